@@ -1,0 +1,369 @@
+"""Every message that crosses the bus, as msgspec Structs.
+
+Two families live here:
+
+* Responses-API items (``message``, ``function_call``, ``function_call_output``,
+  ``reasoning``) and the ``Response`` envelope. Field names and defaults follow
+  NeMo Gym's rollout rows so a row we write is a row NeMo Gym would write. Content
+  parts stay plain dicts: they are passed through untouched, never interpreted.
+* Runtime envelopes (tasks, results, model calls, tool calls, verify, errors).
+  Their tags carry a version (``task.v1``) so a mixed-version cluster fails loudly.
+
+Structs are ``kw_only`` and ``omit_defaults`` (small frames); unknown fields on the
+wire are ignored so newer senders do not break older receivers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+from msgspec import Struct, field
+
+# --------------------------------------------------------------------------- items
+
+
+class _Item(Struct, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Base for Responses items; ``type`` is the tag, as in the OpenAI schema."""
+
+
+class Message(_Item, tag="message"):
+    """An input or output message. ``content`` is a string or a list of content parts."""
+
+    role: str
+    content: str | list[dict[str, Any]] = ""
+    id: str | None = None
+    status: str | None = None
+    # Training fields ride on the last output item of a model call (NeMo Gym contract).
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+
+class FunctionCall(_Item, tag="function_call"):
+    arguments: str
+    call_id: str
+    name: str
+    id: str | None = None
+    status: str | None = None
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+
+class FunctionCallOutput(_Item, tag="function_call_output"):
+    call_id: str
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+class Reasoning(_Item, tag="reasoning"):
+    id: str | None = None
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+
+Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
+KNOWN_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+def message_text(item: Message) -> str:
+    """The plain text of a message, whatever shape its content has."""
+    if isinstance(item.content, str):
+        return item.content
+    return "".join(p.get("text", "") for p in item.content if isinstance(p, dict))
+
+
+def output_text(items: list[Any]) -> str:
+    """Text of the assistant messages in ``items`` (what ``Response.output_text`` gives)."""
+    return "".join(
+        message_text(i) for i in items if isinstance(i, Message) and i.role == "assistant"
+    )
+
+
+def assistant_message(text: str, *, id: str | None = None) -> Message:
+    """An assistant output message shaped like the OpenAI Responses API's."""
+    return Message(
+        role="assistant",
+        id=id,
+        status="completed",
+        content=[{"annotations": [], "text": text, "type": "output_text", "logprobs": []}],
+    )
+
+
+# ----------------------------------------------------------------------- responses
+
+
+class Usage(Struct, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    input_tokens_details: dict[str, Any] = field(default_factory=lambda: {"cached_tokens": 0})
+    output_tokens_details: dict[str, Any] = field(
+        default_factory=lambda: {"reasoning_tokens": 0}
+    )
+
+    def add(self, other: Usage | None) -> None:
+        if other is None:
+            return
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.total_tokens += other.total_tokens
+        for mine, theirs in (
+            (self.input_tokens_details, other.input_tokens_details),
+            (self.output_tokens_details, other.output_tokens_details),
+        ):
+            for k, v in theirs.items():
+                if isinstance(v, (int, float)):
+                    mine[k] = mine.get(k, 0) + v
+
+
+class Response(Struct, kw_only=True):
+    """The Responses-API ``Response`` object, with NeMo Gym's field set and order."""
+
+    id: str
+    created_at: float
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    instructions: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    object: str = "response"
+    output: list[Item] = field(default_factory=list)
+    parallel_tool_calls: bool = True
+    temperature: float | None = None
+    tool_choice: Any = "auto"
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    top_p: float | None = None
+    background: bool | None = False
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    prompt: Any = None
+    reasoning: dict[str, Any] | None = None
+    service_tier: str | None = None
+    status: str | None = "completed"
+    text: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
+    usage: Usage | None = None
+    user: str | None = None
+
+
+class CreateParams(Struct, kw_only=True, omit_defaults=True):
+    """Responses ``create`` parameters as a model worker needs them.
+
+    Anything else the caller set travels in ``extra`` untouched, so adapters can
+    forward provider-specific fields without this Struct knowing them.
+    """
+
+    input: list[Item]
+    tools: list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- envelopes
+
+
+class _Msg(Struct, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """Base for runtime envelopes."""
+
+
+class RolloutTask(_Msg, tag="task.v1"):
+    """One rollout to run: an input row (NeMo Gym format) and its place in the batch."""
+
+    batch: str
+    task_index: int
+    rollout_index: int
+    agent: str
+    row: dict[str, Any]
+
+
+class RolloutResult(_Msg, tag="result.v1"):
+    """The collector's input: a finished row, or a failure with its class."""
+
+    batch: str
+    task_index: int
+    rollout_index: int
+    agent: str
+    row: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    input_row: dict[str, Any] | None = None
+    attempts: int = 1
+
+
+class ModelRequest(_Msg, tag="model.req.v1"):
+    params: CreateParams
+    rollout_key: str | None = None  # affinity: later turns may prefer one replica
+
+
+class ModelResponse(_Msg, tag="model.resp.v1"):
+    response: Response
+
+
+class SeedRequest(_Msg, tag="seed.v1"):
+    row: dict[str, Any]
+
+
+class SeedReply(_Msg, tag="seed.reply.v1"):
+    session: str
+    address: str  # subject prefix of the worker that owns the session
+
+
+class ToolCall(_Msg, tag="tool.v1"):
+    session: str
+    name: str
+    arguments: str
+
+
+class ToolReply(_Msg, tag="tool.reply.v1"):
+    output: str
+    is_error: bool = False
+    done: bool = False
+
+
+class VerifyRequest(_Msg, tag="verify.v1"):
+    session: str | None
+    row: dict[str, Any]
+    response: Response
+
+
+class VerifyReply(_Msg, tag="verify.reply.v1"):
+    reward: float
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class CloseSession(_Msg, tag="close.v1"):
+    session: str
+
+
+ErrorClass = Literal[
+    "timeout",
+    "model_error",
+    "tool_error",
+    "verify_error",
+    "worker_lost",
+    "invalid_task",
+    "internal",
+]
+
+
+class ErrorInfo(Struct, kw_only=True, omit_defaults=True):
+    """A typed error: what went wrong, and whether trying again may help."""
+
+    error_class: ErrorClass
+    message: str
+    retryable: bool = False
+
+
+class ErrorReply(_Msg, tag="error.v1"):
+    error: ErrorInfo
+
+
+Envelope = Union[
+    RolloutTask,
+    RolloutResult,
+    ModelRequest,
+    ModelResponse,
+    SeedRequest,
+    SeedReply,
+    ToolCall,
+    ToolReply,
+    VerifyRequest,
+    VerifyReply,
+    CloseSession,
+    ErrorReply,
+]
+
+__all__ = [
+    "CloseSession",
+    "CreateParams",
+    "Envelope",
+    "ErrorClass",
+    "ErrorInfo",
+    "ErrorReply",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "Item",
+    "KNOWN_ITEM_TYPES",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "Reasoning",
+    "Response",
+    "RolloutResult",
+    "RolloutTask",
+    "SeedReply",
+    "SeedRequest",
+    "ToolCall",
+    "ToolReply",
+    "TRAINING_FIELDS",
+    "Usage",
+    "VerifyReply",
+    "VerifyRequest",
+    "ItemError",
+    "assistant_message",
+    "parse_items",
+    "message_text",
+    "output_text",
+    "msgspec",
+]
+
+
+# ------------------------------------------------------------------ item parsing
+
+_ITEM_TYPES: dict[str, type] = {
+    "message": Message,
+    "function_call": FunctionCall,
+    "function_call_output": FunctionCallOutput,
+    "reasoning": Reasoning,
+}
+
+
+class ItemError(ValueError):
+    """An input item we cannot interpret; the message names its index."""
+
+
+def parse_items(raw: Any) -> list[Item]:
+    """Turn a Responses ``input`` (a string, or a list of item dicts) into Structs.
+
+    Easy input messages may omit ``type`` (NeMo Gym's datasets do); they are
+    messages. Item types other than the four the runtime acts on are refused with
+    a clear error rather than silently dropped.
+    """
+    if isinstance(raw, str):
+        return [Message(role="user", content=raw)]
+    if not isinstance(raw, list):
+        raise ItemError(f"input must be a string or a list of items, got {type(raw).__name__}")
+    items: list[Item] = []
+    for i, d in enumerate(raw):
+        if isinstance(d, _Item):
+            items.append(d)  # type: ignore[arg-type]
+            continue
+        if not isinstance(d, dict):
+            raise ItemError(f"input[{i}] must be an object, got {type(d).__name__}")
+        kind = d.get("type") or ("message" if "role" in d else None)
+        cls = _ITEM_TYPES.get(kind)  # type: ignore[arg-type]
+        if cls is None:
+            raise ItemError(f"input[{i}] has unsupported item type {kind!r}")
+        if "type" not in d:
+            d = {**d, "type": kind}
+        try:
+            items.append(msgspec.convert(d, cls))
+        except msgspec.ValidationError as e:
+            raise ItemError(f"input[{i}]: {e}") from None
+    return items

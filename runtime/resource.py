@@ -1,0 +1,203 @@
+"""The environment author's API: a ``Resource`` class with tools, ``seed`` and ``verify``.
+
+An instance of a Resource *is* one session (an actor): ``seed`` sets its state,
+tool methods read and change it, ``verify`` scores the finished response. The
+runtime creates one instance per rollout on whichever worker took the seed, and
+routes every later call of that rollout to that worker. Authors never see NATS.
+
+Tool arguments are described by the method's type hints: the runtime builds a
+msgspec Struct from the signature, so the JSON schema offered to models and the
+validation of the model's arguments come from the same place.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, get_type_hints
+
+import msgspec
+
+from runtime.messages import Response
+
+_TOOL_MARK = "__gym_tool__"
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str = ""):
+    """Mark an async method of a Resource as a tool the model may call."""
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _TOOL_MARK, (name or f.__name__, description or (inspect.getdoc(f) or "")))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+class Verdict(msgspec.Struct, kw_only=True):
+    """What ``verify`` returns when it has more to say than the reward.
+
+    ``fields`` become top-level fields of the rollout row (NeMo Gym's verifier
+    extras, e.g. ``accuracy`` or ``extracted_answer``).
+    """
+
+    reward: float
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool; the text is fed back to the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    method_name: str
+    args_type: type[msgspec.Struct]
+
+    def schema(self) -> dict[str, Any]:
+        """The Responses-API function tool definition for this tool."""
+        (_, defs) = msgspec.json.schema_components([self.args_type])
+        params = dict(defs[self.args_type.__name__])
+        params.pop("title", None)
+        params.setdefault("properties", {})
+        params.setdefault("required", [])
+        params["additionalProperties"] = False
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": params,
+            "strict": True,
+        }
+
+    def parse(self, arguments: str | bytes) -> dict[str, Any]:
+        """Decode and validate the model's JSON arguments, or raise with a readable reason."""
+        if isinstance(arguments, str):
+            arguments = arguments.encode()
+        if not arguments.strip():
+            arguments = b"{}"
+        try:
+            args = msgspec.json.decode(arguments, type=self.args_type)
+        except msgspec.ValidationError as e:
+            raise ToolArgumentsError(f"arguments do not match the schema of {self.name!r}: {e}") from None
+        except msgspec.DecodeError as e:
+            raise ToolArgumentsError(f"arguments for {self.name!r} are not valid JSON: {e}") from None
+        return {f: getattr(args, f) for f in args.__struct_fields__}
+
+
+def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
+    hints = get_type_hints(fn)
+    fields: list[Any] = []
+    for p in list(inspect.signature(fn).parameters.values())[1:]:  # skip self
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        typ = hints.get(p.name, Any)
+        if p.default is inspect.Parameter.empty:
+            fields.append((p.name, typ))
+        else:
+            fields.append((p.name, typ, p.default))
+    return msgspec.defstruct(
+        f"{cls_name}_{fn.__name__}_args", fields, kw_only=True, forbid_unknown_fields=True
+    )
+
+
+class Resource:
+    """Base class of an environment. Subclass it; one instance serves one session.
+
+    Class attributes:
+      ``options``: the ``options`` mapping from the config (shared, read-only).
+    Hooks (all optional):
+      ``setup(cls, options)``: once per worker process, for shared read-only state.
+      ``seed(self, task)``: start the session from the task row.
+      ``verify(self, task, response)``: reward (float) or a ``Verdict``.
+      ``close(self)``: release session resources.
+    """
+
+    tools: ClassVar[dict[str, ToolSpec]] = {}
+    options: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        specs: dict[str, ToolSpec] = {}
+        for base in reversed(cls.__mro__):
+            for attr, fn in vars(base).items():
+                mark = getattr(fn, _TOOL_MARK, None)
+                if mark is None:
+                    continue
+                if not inspect.iscoroutinefunction(fn):
+                    raise TypeError(f"{cls.__name__}.{attr}: tools must be async methods")
+                tname, desc = mark
+                specs[tname] = ToolSpec(tname, desc, attr, _args_struct(cls.__name__, fn))
+        cls.tools = specs
+
+    @classmethod
+    async def setup(cls, options: dict[str, Any]) -> None:
+        cls.options = options
+
+    async def seed(self, task: dict[str, Any]) -> None:
+        return None
+
+    async def verify(self, task: dict[str, Any], response: Response) -> float | Verdict:
+        raise NotImplementedError(f"{type(self).__name__} does not implement verify")
+
+    async def close(self) -> None:
+        return None
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        """Run one tool call and return its output as the model will see it.
+
+        Unknown tools and bad arguments raise ``ToolArgumentsError``; the caller
+        turns that into a ``function_call_output`` the model can read.
+        """
+        spec = self.tools.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {known}")
+        kwargs = spec.parse(arguments)
+        result = await getattr(self, spec.method_name)(**kwargs)
+        return encode_tool_output(result)
+
+    @classmethod
+    def tool_definitions(cls) -> list[dict[str, Any]]:
+        return [spec.schema() for spec in cls.tools.values()]
+
+
+def encode_tool_output(result: Any) -> str:
+    """Serialize a tool's return value the way NeMo Gym's recorded rollouts show it.
+
+    Strings pass through; anything else is JSON with Python's default separators
+    (``{"count": 42}``), which is what NeMo Gym's tool outputs look like.
+    """
+    if isinstance(result, str):
+        return result
+    if isinstance(result, (bytes, bytearray)):
+        return bytes(result).decode()
+    return json.dumps(msgspec.to_builtins(result))
+
+
+def find_resource_class(module: Any) -> type[Resource]:
+    """The Resource subclass a module defines (or names as ``resource``)."""
+    named = getattr(module, "resource", None)
+    if isinstance(named, type) and issubclass(named, Resource):
+        return named
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Resource) and v is not Resource
+        and v.__module__ == module.__name__
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"module {module.__name__} must define exactly one Resource subclass "
+            f"(or name it as `resource = ...`); found {len(found)}"
+        )
+    return found[0]
+
+
+async def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run CPU-heavy work in a worker thread so the event loop keeps serving."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(fn, *args)
