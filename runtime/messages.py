@@ -18,13 +18,17 @@ from __future__ import annotations
 from typing import Any, Literal, Union
 
 import msgspec
-from msgspec import Struct, field
+from msgspec import UNSET, Struct, UnsetType, field
 
 # --------------------------------------------------------------------------- items
 
 
-class _Item(Struct, kw_only=True, omit_defaults=True, tag_field="type"):
-    """Base for Responses items; ``type`` is the tag, as in the OpenAI schema."""
+class _Item(Struct, kw_only=True, tag_field="type"):
+    """Base for Responses items; ``type`` is the tag, as in the OpenAI schema.
+
+    Defaults are written out (``"id": null``) as NeMo Gym's rows do; the training
+    fields are ``UNSET`` when absent and then left out entirely ("all three or none").
+    """
 
 
 class Message(_Item, tag="message"):
@@ -35,9 +39,9 @@ class Message(_Item, tag="message"):
     id: str | None = None
     status: str | None = None
     # Training fields ride on the last output item of a model call (NeMo Gym contract).
-    prompt_token_ids: list[int] | None = None
-    generation_token_ids: list[int] | None = None
-    generation_log_probs: list[float] | None = None
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    generation_token_ids: list[int] | UnsetType = UNSET
+    generation_log_probs: list[float] | UnsetType = UNSET
 
 
 class FunctionCall(_Item, tag="function_call"):
@@ -46,9 +50,9 @@ class FunctionCall(_Item, tag="function_call"):
     name: str
     id: str | None = None
     status: str | None = None
-    prompt_token_ids: list[int] | None = None
-    generation_token_ids: list[int] | None = None
-    generation_log_probs: list[float] | None = None
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    generation_token_ids: list[int] | UnsetType = UNSET
+    generation_log_probs: list[float] | UnsetType = UNSET
 
 
 class FunctionCallOutput(_Item, tag="function_call_output"):
@@ -64,9 +68,9 @@ class Reasoning(_Item, tag="reasoning"):
     content: list[dict[str, Any]] | None = None
     encrypted_content: str | None = None
     status: str | None = None
-    prompt_token_ids: list[int] | None = None
-    generation_token_ids: list[int] | None = None
-    generation_log_probs: list[float] | None = None
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    generation_token_ids: list[int] | UnsetType = UNSET
+    generation_log_probs: list[float] | UnsetType = UNSET
 
 
 Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
@@ -318,6 +322,7 @@ __all__ = [
     "ItemError",
     "assistant_message",
     "parse_items",
+    "create_params",
     "message_text",
     "output_text",
     "msgspec",
@@ -367,3 +372,34 @@ def parse_items(raw: Any) -> list[Item]:
         except msgspec.ValidationError as e:
             raise ItemError(f"input[{i}]: {e}") from None
     return items
+
+
+_PARAM_FIELDS = frozenset(
+    {"tools", "instructions", "temperature", "top_p", "max_output_tokens", "tool_choice",
+     "parallel_tool_calls", "model"}
+)
+
+
+def create_params(raw: Any) -> CreateParams:
+    """``responses_create_params`` of an input row → ``CreateParams`` (raises ``ItemError``).
+
+    Unset (null) fields are dropped, as NeMo Gym's recorded rows carry many nulls;
+    fields the runtime does not model travel in ``extra`` to the adapter.
+    """
+    if not isinstance(raw, dict):
+        raise ItemError("responses_create_params must be an object")
+    if "input" not in raw:
+        raise ItemError("responses_create_params.input is missing")
+    known: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in raw.items():
+        if v is None or k == "input":
+            continue
+        (known if k in _PARAM_FIELDS else extra)[k] = v
+    known["input"] = parse_items(raw["input"])
+    try:
+        params = msgspec.convert(known, CreateParams, strict=False, from_attributes=True)
+    except msgspec.ValidationError as e:
+        raise ItemError(f"responses_create_params: {e}") from None
+    params.extra = extra
+    return params

@@ -1,0 +1,65 @@
+"""The simple agent: NeMo Gym's ``simple_agent`` loop.
+
+seed a session → loop { model call → run its tool calls in order, appending
+``function_call_output`` items } until the model answers without tool calls, the
+output hit ``max_output_tokens``, or ``max_steps`` model calls were made → verify.
+
+Differences from NeMo Gym, on purpose: a tool call with invalid JSON arguments,
+an unknown tool or arguments that fail the schema is answered with an error
+``function_call_output`` the model can read (NeMo Gym raises on invalid JSON);
+``usage`` is summed over every model call of the rollout (NeMo Gym keeps the
+last call's).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from runtime.agent import AgentContext, AgentFailure, Outcome
+from runtime.messages import (
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    ItemError,
+    Message,
+    Usage,
+    create_params,
+)
+
+
+async def run(ctx: AgentContext) -> Outcome:
+    try:
+        params = create_params(ctx.row.get("responses_create_params"))
+    except ItemError as e:
+        raise AgentFailure("invalid_task", str(e)) from None
+    max_steps = ctx.config.max_steps
+    base_input = params.input
+    outputs: list[Item] = []
+    usage = Usage()
+    step = 0
+    async with await ctx.open_session() as session:
+        while True:
+            step += 1
+            params.input = base_input + outputs
+            resp = await ctx.generate(params)
+            usage.add(resp.usage)
+            outputs.extend(resp.output)
+            last = resp
+            details = resp.incomplete_details
+            if details and details.get("reason") == "max_output_tokens":
+                break
+            calls = [o for o in resp.output if isinstance(o, FunctionCall)]
+            for call in calls:
+                reply = await session.call(call.name, call.arguments)
+                outputs.append(
+                    FunctionCallOutput(call_id=call.call_id, output=reply.output)
+                )
+            if not calls and any(
+                isinstance(o, Message) and o.role == "assistant" for o in resp.output
+            ):
+                break
+            if max_steps and step >= max_steps:
+                break
+        response = msgspec.structs.replace(last, output=outputs, usage=usage)
+        verdict = await session.verify(ctx.row, response)
+    return Outcome(response=response, verdict=verdict)

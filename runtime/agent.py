@@ -1,0 +1,134 @@
+"""The agent author's API: a context that reaches models and resource sessions.
+
+An agent is a module with ``async def run(ctx: AgentContext) -> Outcome``. It
+asks ``ctx.generate`` for model turns and ``ctx.open_session`` for a resource
+session; the runtime does the routing (model work queues, session-pinned
+subjects), tracing and error typing. Agents never touch NATS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from runtime.bus import Bus, RemoteError
+from runtime.config import AgentConfig
+from runtime.messages import (
+    CloseSession,
+    CreateParams,
+    ErrorInfo,
+    ModelRequest,
+    Response,
+    RolloutTask,
+    SeedReply,
+    SeedRequest,
+    ToolCall,
+    ToolReply,
+    VerifyReply,
+    VerifyRequest,
+)
+
+TOOL_TIMEOUT_S = 300.0
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """What an agent returns: the whole-trajectory response and its verification."""
+
+    response: Response
+    verdict: VerifyReply
+    fields: dict[str, Any] = msgspec.field(default_factory=dict)  # agent-side extras
+
+
+class AgentFailure(Exception):
+    """Raise from an agent to fail the rollout with an error class (see ErrorInfo)."""
+
+    def __init__(self, error_class: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.info = ErrorInfo(error_class=error_class, message=message, retryable=retryable)  # type: ignore[arg-type]
+
+
+class Session:
+    """One resource session (an actor on one resource worker)."""
+
+    __slots__ = ("_bus", "id", "address", "_closed")
+
+    def __init__(self, bus: Bus, reply: SeedReply) -> None:
+        self._bus = bus
+        self.id = reply.session
+        self.address = reply.address
+        self._closed = False
+
+    async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
+        return await self._bus.request(
+            self.address + ".tool",
+            ToolCall(session=self.id, name=name, arguments=arguments),
+            timeout=timeout,
+            op=f"tool {name}",
+        )
+
+    async def verify(self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S) -> VerifyReply:
+        return await self._bus.request(
+            self.address + ".verify",
+            VerifyRequest(session=self.id, row=row, response=response),
+            timeout=timeout,
+            op="verify",
+        )
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await self._bus.publish(self.address + ".close", CloseSession(session=self.id))
+            except Exception:  # closing is best-effort; the worker reaps idle sessions
+                pass
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AgentContext:
+    """Everything one rollout may use. Built per task by the agent worker."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        task: RolloutTask,
+        config: AgentConfig,
+        *,
+        model_timeout_s: Callable[[str], float],
+    ) -> None:
+        self._bus = bus
+        self.task = task
+        self.row = task.row
+        self.config = config
+        self._model_timeout_s = model_timeout_s
+        self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
+
+    async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
+        name = model or self.config.model
+        reply = await self._bus.queued_request(
+            self._bus.subject("model", name),
+            ModelRequest(params=params, rollout_key=self.rollout_key),
+            timeout=self._model_timeout_s(name),
+            op=f"generate {name}",
+        )
+        return reply.response
+
+    async def open_session(self, resource: str | None = None) -> Session:
+        name = resource or self.config.resource
+        reply = await self._bus.request(
+            self._bus.subject("res", name, "seed"), SeedRequest(row=self.row), timeout=TOOL_TIMEOUT_S, op="seed"
+        )
+        return Session(self._bus, reply)
+
+
+class AgentFn(Protocol):
+    def __call__(self, ctx: AgentContext) -> Awaitable[Outcome]: ...
+
+
+__all__ = ["AgentContext", "AgentFailure", "AgentFn", "Outcome", "RemoteError", "Session"]

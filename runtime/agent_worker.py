@@ -1,0 +1,169 @@
+"""Runs rollouts: pulls tasks of one agent from ``{ns}.task.{agent}``, one per free slot.
+
+A task is acked only after its result (row or failure) is stored in the result
+stream. Retryable failures (a resource worker that vanished, a model replica
+that returned 5xx) are nak'd with backoff and redelivered; after
+``max_attempts`` deliveries — also when earlier workers died holding the task —
+the task becomes a failure row instead of being dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from typing import Any
+
+import anyio
+from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind, StatusCode
+
+from runtime import logs
+from runtime.agent import AgentContext, AgentFailure, AgentFn, Outcome
+from runtime.bus import MSG_ID_HEADER, Bus, RemoteError
+from runtime.config import AgentConfig, Config
+from runtime.messages import ErrorInfo, RolloutResult, RolloutTask
+from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
+
+log = logs.get("gym.agent")
+
+NAK_BACKOFF_S = (0.2, 1.0, 5.0)
+
+
+def load_agent(module_path: str) -> AgentFn:
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as e:
+        raise ValueError(f"agents.*.agent: cannot import {module_path!r}: {e}") from None
+    fn = getattr(module, "run", None)
+    if fn is None:
+        raise ValueError(f"agent module {module_path} must define `async def run(ctx)`")
+    return fn  # type: ignore[no-any-return]
+
+
+def build_row(task: RolloutTask, outcome: Outcome) -> dict[str, Any]:
+    """The output row, NeMo Gym's shape: params, response, reward, verifier extras, task fields, ids."""
+    src = task.row
+    row: dict[str, Any] = {
+        "responses_create_params": src.get("responses_create_params"),
+        "response": outcome.response,
+        "reward": outcome.verdict.reward,
+    }
+    row.update(outcome.verdict.fields)
+    row.update(outcome.fields)
+    for k, v in src.items():
+        if k not in row and k != "agent_ref":
+            row[k] = v
+    row["_ng_task_index"] = task.task_index
+    row["_ng_rollout_index"] = task.rollout_index
+    row["agent_ref"] = src.get("agent_ref") or {"type": "responses_api_agents", "name": task.agent}
+    return row
+
+
+class AgentWorker:
+    def __init__(self, bus: Bus, name: str, cfg: AgentConfig, config: Config) -> None:
+        self.bus = bus
+        self.name = name
+        self.cfg = cfg
+        self.config = config
+        self.fn = load_agent(cfg.agent)
+        self.worker_id = uuid.uuid4().hex[:12]
+        self.puller: PullWorker | None = None
+        self.completed = 0
+
+    def _model_timeout(self, model: str) -> float:
+        m = self.config.models.get(model)
+        base = m.timeout_s * (m.max_retries + 1) if m else 120.0
+        return base + ACK_WAIT_S + 5.0  # room for one redelivery of a lost model request
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await ensure_streams(self.bus)
+        stream = stream_names(self.bus.ns)["task"]
+        durable = f"agent_{self.name}"
+        await ensure_consumer(self.bus, stream, durable, self.bus.subject("task", self.name), ack_wait=ACK_WAIT_S)
+        self.puller = PullWorker(self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle)
+        log.info("agent.ready", agent=self.name, worker=self.worker_id)
+        task_status.started()
+        await self.puller.run()
+
+    def stop_pulling(self) -> None:
+        if self.puller:
+            self.puller.stop_pulling()
+
+    async def _handle(self, msg: Msg) -> None:
+        parent = self.bus.telemetry.extract(msg.headers)
+        attempt = msg.metadata.num_delivered or 1
+        try:
+            task = self.bus.codec.decode(msg.data, msg.headers)
+            if not isinstance(task, RolloutTask):
+                raise TypeError(f"expected a rollout task, got {type(task).__name__}")
+        except Exception as e:  # a poison message: nothing to retry, nothing to report to
+            log.error("task.undecodable", subject=msg.subject, error=str(e))
+            await msg.term()
+            return
+        attrs = {
+            "messaging.system": "nats",
+            "messaging.destination.name": msg.subject,
+            "gym.batch": task.batch,
+            "gym.task_index": task.task_index,
+            "gym.rollout_index": task.rollout_index,
+            "gym.attempt": attempt,
+        }
+        tel = self.bus.telemetry
+        with tel.span(f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs):
+            with tel.span("rollout", attributes=attrs) as span:
+                trace_id, _ = tel.current_ids()
+                with logs.bound(batch=task.batch, task_index=task.task_index,
+                                rollout_index=task.rollout_index, trace_id=trace_id):
+                    result = await self._run_task(task, attempt, msg)
+                    if result is None:
+                        return  # nak'd for redelivery
+                    if result.error is not None:
+                        span.set_status(StatusCode.ERROR, result.error.message)
+                        log.warning("rollout.failed", error_class=result.error.error_class,
+                                    error=result.error.message, attempt=attempt)
+                    else:
+                        span.set_attribute("gym.reward", float(result.row["reward"]))  # type: ignore[index]
+                    await self._store(task, result)
+                    await msg.ack()
+                    self.completed += 1
+
+    async def _run_task(self, task: RolloutTask, attempt: int, msg: Msg) -> RolloutResult | None:
+        def failure(info: ErrorInfo) -> RolloutResult:
+            return RolloutResult(
+                batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index,
+                agent=task.agent, error=info, input_row=task.row, attempts=attempt,
+            )
+
+        if attempt > self.cfg.max_attempts:
+            return failure(ErrorInfo(
+                error_class="worker_lost",
+                message=f"task was delivered {attempt - 1} times without completing (workers lost or timed out)",
+            ))
+        ctx = AgentContext(self.bus, task, self.cfg, model_timeout_s=self._model_timeout)
+        try:
+            with anyio.fail_after(self.cfg.timeout_s):
+                outcome = await self.fn(ctx)
+        except TimeoutError:
+            return failure(ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"))
+        except (RemoteError, AgentFailure) as e:
+            if e.info.retryable and attempt < self.cfg.max_attempts:
+                delay = NAK_BACKOFF_S[min(attempt - 1, len(NAK_BACKOFF_S) - 1)]
+                log.info("rollout.retry", error=e.info.message, attempt=attempt, delay_s=delay)
+                await msg.nak(delay=delay)
+                return None
+            return failure(e.info)
+        except Exception as e:
+            log.error("rollout.crashed", error=repr(e), exc_info=e)
+            return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
+        return RolloutResult(
+            batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index,
+            agent=task.agent, row=build_row(task, outcome), attempts=attempt,
+        )
+
+    async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
+        headers = self.bus.telemetry.inject(
+            {MSG_ID_HEADER: f"{task.batch}:{task.task_index}:{task.rollout_index}"}
+        )
+        await self.bus.js.publish(
+            self.bus.subject("result", task.batch), self.bus.codec.encode(result), headers=headers
+        )

@@ -1,0 +1,159 @@
+"""Collects a batch's results into NeMo Gym-shaped JSONL plus sidecars.
+
+Results arrive in any order. Each is appended to a spool file as it comes (an
+index of byte offsets is all that stays in memory), duplicates of a
+task×repeat are dropped, and when every expected result is in, the spool is
+rewritten in ``aabbcc`` order to ``OUT``; failures go to ``<out>_failures.jsonl``
+and metrics to ``<out>_aggregate_metrics.json``. Results are read back from the
+result stream from the start, so a collector that is interrupted and run again
+ends with the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+
+from runtime.bus import Bus
+from runtime.messages import RolloutResult
+from runtime.metrics import MetricsAccumulator
+
+_result_dec = msgspec.msgpack.Decoder(RolloutResult)
+_json_enc = msgspec.json.Encoder()
+
+
+def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
+    p = Path(out)
+    stem = str(p.with_suffix("")) if p.suffix == ".jsonl" else str(p)
+    return Path(stem + "_failures.jsonl"), Path(stem + "_aggregate_metrics.json")
+
+
+@dataclass
+class CollectStats:
+    rows: int = 0
+    failures: int = 0
+    duplicates: int = 0
+    reward_sum: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.rows if self.rows else None
+
+
+class Collector:
+    """Consume ``{ns}.result.{batch}`` until ``expected`` distinct results are in."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        batch: str,
+        out: str | Path,
+        *,
+        expected: int,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.batch = batch
+        self.out = Path(out)
+        self.expected = expected
+        self.on_progress = on_progress
+        self.failures_path, self.metrics_path = sidecar_paths(self.out)
+        self.spool_path = Path(str(self.out) + ".partial")
+        self._index: dict[tuple[int, int], tuple[int, int, bool]] = {}  # key -> (offset, size, ok)
+        self.stats = CollectStats()
+        self._done = anyio.Event()
+
+    async def run(self) -> CollectStats:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        with self.spool_path.open("wb") as spool:
+            self._spool = spool
+
+            async def on_msg(msg: Msg) -> None:
+                self._take(msg.data)
+
+            sub = await self.bus.js.subscribe(
+                self.bus.subject("result", self.batch),
+                cb=on_msg,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            )
+            try:
+                if self.expected:
+                    await self._done.wait()
+            finally:
+                await sub.unsubscribe()
+            spool.flush()
+        await anyio.to_thread.run_sync(self._finalize)
+        return self.stats
+
+    def _take(self, data: bytes) -> None:
+        res = _result_dec.decode(data)
+        key = (res.task_index, res.rollout_index)
+        if key in self._index:
+            self.stats.duplicates += 1
+            return
+        ok = res.error is None and res.row is not None
+        if ok:
+            line = _json_enc.encode(res.row)
+        else:
+            info = res.error
+            row = {
+                "_ng_task_index": res.task_index,
+                "_ng_rollout_index": res.rollout_index,
+                "agent_ref": {"type": "responses_api_agents", "name": res.agent},
+                "error_class": info.error_class if info else "internal",
+                "error": info.message if info else "no row and no error",
+                "attempts": res.attempts,
+                "input": res.input_row,
+            }
+            line = _json_enc.encode(row)
+        offset = self._spool.tell()
+        self._spool.write(line)
+        self._spool.write(b"\n")
+        self._index[key] = (offset, len(line), ok)
+        if ok:
+            self.stats.rows += 1
+            reward = res.row.get("reward") if res.row else None  # type: ignore[union-attr]
+            if isinstance(reward, (int, float)):
+                self.stats.reward_sum += float(reward)
+        else:
+            self.stats.failures += 1
+        if self.on_progress:
+            self.on_progress(len(self._index), self.expected)
+        if len(self._index) >= self.expected:
+            self._done.set()
+
+    def _finalize(self) -> None:
+        """Rewrite the spool in task×repeat order; runs in a thread (file I/O)."""
+        metrics = MetricsAccumulator()
+        tmp_out = Path(str(self.out) + ".tmp")
+        tmp_fail = Path(str(self.failures_path) + ".tmp")
+        with self.spool_path.open("rb") as spool, tmp_out.open("wb") as out, tmp_fail.open("wb") as fail:
+            for key in sorted(self._index):
+                offset, size, ok = self._index[key]
+                spool.seek(offset)
+                line = spool.read(size)
+                if ok:
+                    out.write(line + b"\n")
+                    metrics.add(json.loads(line))
+                else:
+                    fail.write(line + b"\n")
+        os.replace(tmp_out, self.out)
+        if self.stats.failures:
+            os.replace(tmp_fail, self.failures_path)
+        else:
+            tmp_fail.unlink()
+            self.failures_path.unlink(missing_ok=True)
+        self.stats.metrics = metrics.result()
+        self.metrics_path.write_text(json.dumps(self.stats.metrics, indent=2) + "\n")
+        self.spool_path.unlink(missing_ok=True)

@@ -1,0 +1,52 @@
+"""structlog set-up: JSON lines on stderr, with task, rollout and trace ids bound per message.
+
+Ids are bound with ``structlog.contextvars`` inside a scope (``bound``), so they
+belong to the task that handles one message and never leak to the next.
+Secrets are scrubbed by key name before anything is rendered.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+from structlog.contextvars import bound_contextvars as bound  # re-export: scoped binding
+
+SECRET_KEYS = ("api_key", "apikey", "token", "password", "secret", "authorization")
+
+
+def _scrub(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    for k in list(event):
+        if any(s in k.lower() for s in SECRET_KEYS):
+            event[k] = "***"
+    return event
+
+
+def configure(level: str = "info", *, json: bool = True) -> None:
+    """Configure structlog for a process (the CLI calls it once at start)."""
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _scrub,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # Quiet libraries that log through stdlib logging (nats-py, httpx).
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)
+
+
+def get(name: str | None = None) -> Any:
+    return structlog.get_logger(name)
+
+
+__all__ = ["bound", "configure", "get"]

@@ -1,0 +1,71 @@
+"""Serves one model: pulls generation requests from ``{ns}.model.{name}`` by free slot.
+
+Each request carries its reply subject in the ``Gym-Reply`` header; the answer
+goes back on core NATS and the request is acked only after the reply is sent.
+If this worker dies mid-request the message is not acked and JetStream
+redelivers it to another replica after ``ack_wait``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+from nats.aio.msg import Msg
+
+from models.base import ModelAdapter, ModelConfig, ModelError, load_adapter
+from runtime import logs
+from runtime.bus import REPLY_HEADER, Bus, HandlerError
+from runtime.messages import ModelRequest, ModelResponse
+from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
+
+log = logs.get("gym.model")
+
+
+class ModelWorker:
+    def __init__(
+        self, bus: Bus, name: str, cfg: ModelConfig, *, base_dir: str | None = None,
+        adapter: ModelAdapter | None = None,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.cfg = cfg
+        self.adapter = adapter or load_adapter(cfg, base_dir=base_dir)
+        self.worker_id = uuid.uuid4().hex[:12]
+        self.puller: PullWorker | None = None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await ensure_streams(self.bus)
+        stream = stream_names(self.bus.ns)["model"]
+        durable = f"model_{self.name}"
+        await ensure_consumer(
+            self.bus, stream, durable, self.bus.subject("model", self.name), ack_wait=ACK_WAIT_S
+        )
+        self.puller = PullWorker(
+            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle
+        )
+        log.info("model.ready", model=self.name, worker=self.worker_id, adapter=self.cfg.adapter)
+        task_status.started()
+        try:
+            await self.puller.run()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.adapter.aclose()
+
+    def stop_pulling(self) -> None:
+        if self.puller:
+            self.puller.stop_pulling()
+
+    async def _generate(self, req: ModelRequest, msg: Msg) -> ModelResponse:
+        try:
+            return ModelResponse(response=await self.adapter.generate(req.params))
+        except ModelError as e:
+            raise HandlerError("model_error", str(e), retryable=e.retryable) from e
+
+    async def _handle(self, msg: Msg) -> None:
+        reply_to = (msg.headers or {}).get(REPLY_HEADER)
+        await self.bus.handle(
+            msg, self._generate, reply_to=reply_to, default_error="model_error",
+            attributes={"gym.model": self.name, "gym.worker": self.worker_id},
+        )
+        await msg.ack()

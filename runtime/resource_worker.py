@@ -1,0 +1,154 @@
+"""Hosts a Resource class on the bus: sessions are actors pinned to this worker.
+
+``{ns}.res.{name}.seed`` (queue group) creates a session here and answers with
+this worker's address; ``{address}.tool|verify|close`` reach the session;
+``{ns}.res.{name}.verify`` (queue group) verifies without a session (re-verify).
+If this worker dies, calls to its address get "no responders" at once, so a
+rollout fails fast and is redelivered instead of hanging. Idle sessions are
+closed after ``session_ttl_s`` so a dead agent cannot leak them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+from typing import Any
+
+import anyio
+from nats.aio.msg import Msg
+
+from runtime import logs
+from runtime.bus import Bus, HandlerError
+from runtime.config import ResourceConfig
+from runtime.messages import (
+    CloseSession,
+    SeedReply,
+    SeedRequest,
+    ToolCall,
+    ToolReply,
+    VerifyReply,
+    VerifyRequest,
+)
+from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+
+log = logs.get("gym.resource")
+
+
+def load_resource_class(module_path: str) -> type[Resource]:
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as e:
+        raise ValueError(f"resources.*.server: cannot import {module_path!r}: {e}") from None
+    return find_resource_class(module)
+
+
+async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
+    try:
+        out = await inst.verify(row, response)
+    except Exception as exc:
+        raise HandlerError("verify_error", f"verify raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(out, Verdict):
+        return VerifyReply(reward=float(out.reward), fields=out.fields)
+    return VerifyReply(reward=float(out))
+
+
+class ResourceWorker:
+    def __init__(self, bus: Bus, name: str, cfg: ResourceConfig) -> None:
+        self.bus = bus
+        self.name = name
+        self.cfg = cfg
+        self.cls = load_resource_class(cfg.server)
+        self.worker_id = uuid.uuid4().hex[:12]
+        self.address = bus.subject("res", name, self.worker_id)
+        self.sessions: dict[str, tuple[Resource, float]] = {}
+        self._subs: list[Any] = []
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.cls.setup(dict(self.cfg.options))
+        async with anyio.create_task_group() as tg:
+            conc = self.cfg.concurrency
+            self._subs = [
+                await self.bus.serve(
+                    tg, self.bus.subject("res", self.name, "seed"), self._seed,
+                    queue=f"res.{self.name}", concurrency=conc,
+                ),
+                await self.bus.serve(
+                    tg, self.address + ".*", self._session_op, concurrency=conc
+                ),
+                await self.bus.serve(
+                    tg, self.bus.subject("res", self.name, "verify"), self._stateless_verify,
+                    queue=f"res.{self.name}", concurrency=conc, default_error="verify_error",
+                ),
+            ]
+            await self.bus.nc.flush()
+            tg.start_soon(self._reap)
+            log.info("resource.ready", resource=self.name, worker=self.worker_id)
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for inst, _ in list(self.sessions.values()):
+                        await inst.close()
+                    self.sessions.clear()
+
+    async def stop_accepting(self) -> None:
+        """Drain: stop taking new sessions; existing sessions keep being served."""
+        if self._subs:
+            await self._subs[0].unsubscribe()
+            await self._subs[2].unsubscribe()
+
+    async def _seed(self, req: SeedRequest, msg: Msg) -> SeedReply:
+        inst = self.cls()
+        try:
+            await inst.seed(req.row)
+        except Exception as exc:
+            raise HandlerError("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+        sid = uuid.uuid4().hex
+        self.sessions[sid] = (inst, time.monotonic())
+        return SeedReply(session=sid, address=self.address)
+
+    def _session(self, sid: str) -> Resource:
+        entry = self.sessions.get(sid)
+        if entry is None:
+            raise HandlerError("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
+        self.sessions[sid] = (entry[0], time.monotonic())
+        return entry[0]
+
+    async def _session_op(self, req: Any, msg: Msg) -> Any:
+        if isinstance(req, ToolCall):
+            inst = self._session(req.session)
+            try:
+                return ToolReply(output=await inst.call_tool(req.name, req.arguments))
+            except ToolArgumentsError as e:
+                return ToolReply(output=f"Error: {e}", is_error=True)
+            except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
+                log.warning("tool.failed", tool=req.name, error=repr(e))
+                return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+        if isinstance(req, VerifyRequest):
+            inst = self._session(req.session) if req.session else self.cls()
+            return await verify_with(inst, req.row, req.response)
+        if isinstance(req, CloseSession):
+            entry = self.sessions.pop(req.session, None)
+            if entry is not None:
+                await entry[0].close()
+            return None
+        raise HandlerError("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
+
+    async def _stateless_verify(self, req: VerifyRequest, msg: Msg) -> VerifyReply:
+        inst = self.cls()
+        await inst.seed(req.row)
+        try:
+            return await verify_with(inst, req.row, req.response)
+        finally:
+            await inst.close()
+
+    async def _reap(self) -> None:
+        while True:
+            await anyio.sleep(min(60.0, self.cfg.session_ttl_s))
+            cutoff = time.monotonic() - self.cfg.session_ttl_s
+            for sid, (inst, seen) in list(self.sessions.items()):
+                if seen < cutoff:
+                    self.sessions.pop(sid, None)
+                    await inst.close()

@@ -1,0 +1,165 @@
+"""Composition: start the workers a config names, and run one batch end to end.
+
+``serve`` is what ``gym-runtime start`` runs (long-lived workers that drain on
+SIGTERM); ``run_batch`` is ``gym-runtime run`` minus the embedded server:
+workers + publish + collect in one process, sharing one NATS connection.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from runtime import logs
+from runtime.agent_worker import AgentWorker
+from runtime.bus import Bus
+from runtime.collector import Collector, CollectStats
+from runtime.config import Config
+from runtime.model_worker import ModelWorker
+from runtime.pull import ensure_streams
+from runtime.resource_worker import ResourceWorker
+from runtime.tasks import publish_tasks, validate
+from runtime.tracing import Telemetry
+
+log = logs.get("gym.runner")
+
+ROLES = ("models", "resources", "agents")
+
+
+def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
+    """(role, name) pairs to start; ``only`` holds ``role.name`` or ``role`` entries."""
+    pairs = [(role, name) for role in ROLES for name in getattr(config, role)]
+    if not only:
+        return pairs
+    out = []
+    for spec in only:
+        role, _, name = spec.partition(".")
+        if role not in ROLES:
+            raise ValueError(f"--only {spec!r}: role must be one of {', '.join(ROLES)}")
+        names = getattr(config, role)
+        if name and name not in names:
+            raise ValueError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
+        out.extend((role, n) for n in ([name] if name else names))
+    return out
+
+
+def make_workers(bus: Bus, config: Config, pairs: list[tuple[str, str]], *, replicas: int | None = None) -> list[Any]:
+    workers: list[Any] = []
+    for role, name in pairs:
+        if role == "models":
+            cfg = config.models[name]
+            workers += [ModelWorker(bus, name, cfg, base_dir=config.base_dir) for _ in range(replicas or cfg.replicas)]
+        elif role == "resources":
+            rcfg = config.resources[name]
+            workers += [ResourceWorker(bus, name, rcfg) for _ in range(replicas or rcfg.replicas)]
+        else:
+            acfg = config.agents[name]
+            workers += [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
+    return workers
+
+
+async def start_workers(tg: TaskGroup, workers: list[Any]) -> None:
+    """Start workers and return once each is subscribed and pulling."""
+    for w in workers:
+        await tg.start(w.run)
+
+
+async def drain(workers: list[Any], timeout: float = 60.0) -> None:
+    """Stop pulling new work; give in-flight rollouts time to finish."""
+    for w in workers:
+        if hasattr(w, "stop_pulling"):
+            w.stop_pulling()
+        elif hasattr(w, "stop_accepting"):
+            await w.stop_accepting()
+    with anyio.move_on_after(timeout):
+        while any(getattr(getattr(w, "puller", None), "busy", 0) for w in workers):
+            await anyio.sleep(0.05)
+
+
+async def serve(
+    config: Config, url: str | list[str], *, only: list[str] | None, telemetry: Telemetry,
+    replicas: int | None = None, ready: Callable[[], None] | None = None,
+) -> None:
+    """Run workers until SIGTERM/SIGINT, then drain and return."""
+    bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-workers")
+    try:
+        workers = make_workers(bus, config, selected(config, only), replicas=replicas)
+        async with anyio.create_task_group() as tg:
+            await start_workers(tg, workers)
+            if ready:
+                ready()
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    log.info("workers.draining")
+                    await drain(workers)
+                    break
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await bus.close()
+
+
+@dataclass
+class RunResult:
+    batch: str
+    tasks: int
+    stats: CollectStats
+    ready_s: float
+    elapsed_s: float
+
+
+async def run_batch(
+    config: Config,
+    url: str | list[str],
+    *,
+    input_path: str | Path,
+    out: str | Path,
+    telemetry: Telemetry,
+    agent: str | None = None,
+    repeats: int = 1,
+    limit: int | None = None,
+    batch: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    start_local_workers: bool = True,
+) -> RunResult:
+    """Validate input, start workers, publish, collect; everything over NATS."""
+    t0 = time.perf_counter()
+    agents = list(config.agents)
+    if not agents:
+        raise ValueError("the config names no agents")
+    plan = validate(input_path, agents, agent=agent, limit=limit)
+    batch = batch or uuid.uuid4().hex[:12]
+    expected = plan.count * repeats
+    bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-run")
+    try:
+        await ensure_streams(bus)
+        async with anyio.create_task_group() as tg:
+            workers = make_workers(bus, config, selected(config, None)) if start_local_workers else []
+            await start_workers(tg, workers)
+            ready_s = time.perf_counter() - t0
+            collector = Collector(bus, batch, out, expected=expected, on_progress=on_progress)
+            result: dict[str, CollectStats] = {}
+            collected = anyio.Event()
+
+            async def collect() -> None:
+                result["stats"] = await collector.run()
+                collected.set()
+
+            tg.start_soon(collect)
+            await publish_tasks(bus, plan, batch=batch, agents=agents, agent=agent, repeats=repeats, limit=limit)
+            await collected.wait()
+            await drain(workers, timeout=5.0)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await bus.close()
+    return RunResult(batch=batch, tasks=expected, stats=result["stats"], ready_s=ready_s,
+                     elapsed_s=time.perf_counter() - t0)

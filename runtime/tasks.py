@@ -1,0 +1,150 @@
+"""Reading input rows and publishing them as rollout tasks.
+
+Every row is validated before anything is published: a malformed line is
+reported with its file and line number, and a file with any bad line publishes
+nothing (so nothing is half-done or lost). Tasks are published with
+``Nats-Msg-Id = {batch}:{task_index}:{rollout_index}`` so a re-run of the same
+publish is deduplicated by the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from runtime.bus import MSG_ID_HEADER, Bus
+from runtime.messages import ItemError, RolloutTask, create_params
+from runtime.pull import ensure_streams
+
+_decoder = msgspec.json.Decoder()
+
+
+class InputError(ValueError):
+    """Bad input rows; ``problems`` lists ``file:line: reason`` for each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        shown = problems[:20]
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__("invalid input rows (nothing was published):\n  " + "\n  ".join(shown) + more)
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a publish will do: rows validated, agent chosen per row."""
+
+    path: Path
+    count: int  # rows that will be used (after --limit)
+    agents: dict[str, int]  # agent name -> rows
+
+
+def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, row) for non-blank lines; raise nothing — see ``validate``."""
+    n = 0
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if limit is not None and n >= limit:
+                return
+            n += 1
+            yield lineno, _decoder.decode(line)
+
+
+def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) -> str:
+    ref = row.get("agent_ref")
+    if isinstance(ref, dict) and ref.get("name") and default is None:
+        name = ref["name"]
+        if name in agents:
+            return str(name)
+        if len(agents) != 1:
+            raise ValueError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)})")
+    if default is not None:
+        if default not in agents:
+            raise ValueError(f"--agent {default!r} is not an agent of this config ({', '.join(agents)})")
+        return default
+    if len(agents) == 1:
+        return agents[0]
+    raise ValueError(f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent")
+
+
+def validate(path: str | Path, agents: list[str], *, agent: str | None = None, limit: int | None = None) -> Plan:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError([f"{p}: file not found"])
+    problems: list[str] = []
+    counts: dict[str, int] = {}
+    n = 0
+    with p.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if limit is not None and n >= limit:
+                break
+            n += 1
+            where = f"{p}:{lineno}"
+            try:
+                row = _decoder.decode(line)
+            except msgspec.DecodeError as e:
+                problems.append(f"{where}: not valid JSON ({e})")
+                continue
+            if not isinstance(row, dict):
+                problems.append(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+                continue
+            if "responses_create_params" not in row:
+                problems.append(f"{where}: missing required field 'responses_create_params'")
+                continue
+            try:
+                create_params(row["responses_create_params"])
+                name = choose_agent(row, agents, agent)
+            except (ItemError, ValueError) as e:
+                problems.append(f"{where}: {e}")
+                continue
+            counts[name] = counts.get(name, 0) + 1
+    if problems:
+        raise InputError(problems)
+    if n == 0:
+        raise InputError([f"{p}: no rows"])
+    return Plan(path=p, count=n, agents=counts)
+
+
+async def publish_tasks(
+    bus: Bus,
+    plan: Plan,
+    *,
+    batch: str,
+    agents: list[str],
+    agent: str | None = None,
+    repeats: int = 1,
+    limit: int | None = None,
+    in_flight: int = 256,
+) -> int:
+    """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks."""
+    await ensure_streams(bus)
+    limiter = anyio.Semaphore(in_flight)
+    sent = 0
+
+    async def send(subject: str, task: RolloutTask) -> None:
+        try:
+            headers = bus.telemetry.inject(
+                {MSG_ID_HEADER: f"{task.batch}:{task.task_index}:{task.rollout_index}"}
+            )
+            await bus.js.publish(subject, bus.codec.encode(task), headers=headers)
+        finally:
+            limiter.release()
+
+    async with anyio.create_task_group() as tg:
+        for index, (_, row) in enumerate(iter_rows(plan.path, limit)):
+            name = choose_agent(row, agents, agent)
+            subject = bus.subject("task", name)
+            for r in range(repeats):
+                await limiter.acquire()
+                task = RolloutTask(batch=batch, task_index=index, rollout_index=r, agent=name, row=row)
+                tg.start_soon(send, subject, task)
+                sent += 1
+    return sent

@@ -1,0 +1,129 @@
+"""OpenTelemetry wiring: an injected tracer provider and W3C trace context in NATS headers.
+
+The provider is never made global (``set_tracer_provider`` works once per
+process and tests build many). Without an exporter we still create spans with a
+sampler that records nothing: they carry real trace and span ids, so every
+message gets a ``traceparent`` header and a downstream exporter can join in,
+at a fraction of the cost of recording.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource as OtelResource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class JsonLinesExporter(SpanExporter):
+    """Writes one JSON object per finished span to a file (appending; many processes may share it)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for s in spans:
+            ctx = s.get_span_context()
+            parent = s.parent
+            lines.append(
+                json.dumps(
+                    {
+                        "name": s.name,
+                        "kind": s.kind.name,
+                        "trace_id": format(ctx.trace_id, "032x"),
+                        "span_id": format(ctx.span_id, "016x"),
+                        "parent_span_id": format(parent.span_id, "016x") if parent else None,
+                        "start_ns": s.start_time,
+                        "end_ns": s.end_time,
+                        "status": s.status.status_code.name,
+                        "attributes": dict(s.attributes or {}),
+                        "links": [format(link.context.span_id, "016x") for link in s.links],
+                        "service": (s.resource.attributes or {}).get("service.name"),
+                    }
+                )
+            )
+        with self._lock, open(self._path, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class Telemetry:
+    """Tracer plus header propagation for one process."""
+
+    def __init__(self, provider: TracerProvider | None = None, *, service: str = "gym-runtime") -> None:
+        self.provider = provider or TracerProvider(
+            sampler=ALWAYS_OFF, resource=OtelResource.create({"service.name": service})
+        )
+        self.tracer = self.provider.get_tracer("gym_runtime")
+
+    @classmethod
+    def from_options(cls, *, trace_file: str | None = None, service: str = "gym-runtime") -> Telemetry:
+        """Export to ``trace_file`` (JSON lines) and/or OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set."""
+        exporters: list[SpanExporter] = []
+        if trace_file:
+            exporters.append(JsonLinesExporter(trace_file))
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        ):
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporters.append(OTLPSpanExporter())
+        if not exporters:
+            return cls(service=service)
+        provider = TracerProvider(
+            sampler=ParentBased(ALWAYS_ON), resource=OtelResource.create({"service.name": service})
+        )
+        for e in exporters:
+            provider.add_span_processor(BatchSpanProcessor(e, schedule_delay_millis=200))
+        return cls(provider, service=service)
+
+    @contextmanager
+    def span(
+        self,
+        name: str,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        parent: otel_context.Context | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> Iterator[Span]:
+        with self.tracer.start_as_current_span(
+            name, context=parent, kind=kind, attributes=attributes, record_exception=True
+        ) as s:
+            yield s
+
+    @staticmethod
+    def inject(headers: dict[str, str]) -> dict[str, str]:
+        _PROPAGATOR.inject(headers)
+        return headers
+
+    @staticmethod
+    def extract(headers: Mapping[str, str] | None) -> otel_context.Context | None:
+        if not headers or "traceparent" not in headers:
+            return None
+        return _PROPAGATOR.extract(headers)
+
+    @staticmethod
+    def current_ids() -> tuple[str, str]:
+        ctx = trace.get_current_span().get_span_context()
+        return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
