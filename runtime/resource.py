@@ -88,7 +88,7 @@ class ToolSpec:
 
 
 def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)
     fields: list[Any] = []
     for p in list(inspect.signature(fn).parameters.values())[1:]:  # skip self
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -105,6 +105,8 @@ def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
 
 class Resource:
     """Base class of an environment. Subclass it; one instance serves one session.
+
+    Subclasses must be constructible with no arguments (state comes from ``seed``).
 
     Class attributes:
       ``options``: the ``options`` mapping from the config (shared, read-only).

@@ -127,8 +127,9 @@ class ResourceWorker:
                 log.warning("tool.failed", tool=req.name, error=repr(e))
                 return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
         if isinstance(req, VerifyRequest):
-            inst = self._session(req.session) if req.session else self.cls()
-            return await verify_with(inst, req.row, req.response)
+            if not req.session:
+                return await self._stateless_verify(req, msg)
+            return await verify_with(self._session(req.session), req.row, req.response)
         if isinstance(req, CloseSession):
             entry = self.sessions.pop(req.session, None)
             if entry is not None:

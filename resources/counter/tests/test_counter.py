@@ -1,0 +1,181 @@
+"""counter against NeMo Gym's recorded example_session_state_mgmt rollouts."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.counter import Counter
+from runtime.config import load_config
+from runtime.messages import FunctionCall, FunctionCallOutput, Response, parse_items
+from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym" / "example_session_state_mgmt"
+ROW_KEYS = ("responses_create_params", "response", "reward")
+ROW = {"initial_count": 3, "expected_count": 6}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compat_dir() -> Path:
+    if not COMPAT.is_dir():
+        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
+    return COMPAT
+
+
+def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """How a rollout finds its task row: the role and content of its input messages."""
+    return tuple(
+        (m["role"], json.dumps(m["content"]))
+        for m in row["responses_create_params"]["input"]
+        if m.get("role") in ("system", "developer", "user")
+    )
+
+
+def joined_rollouts() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(task row, rollout) pairs: the rollouts lack ``initial_count``, their task rows have it."""
+    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
+    rollouts = read_jsonl(compat_dir() / "example_rollouts.jsonl")
+    assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
+    return [(tasks[input_key(r)], r) for r in rollouts]
+
+
+def to_response(raw: dict[str, Any]) -> Response:
+    return msgspec.convert({**raw, "output": parse_items(raw["output"])}, Response)
+
+
+async def replay_tool_calls(inst: Resource, response: Response) -> int:
+    """Run each recorded call in order; each output must equal the recorded one."""
+    produced = {
+        item.call_id: await inst.call_tool(item.name, item.arguments)
+        for item in response.output
+        if isinstance(item, FunctionCall)
+    }
+    recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
+    assert produced == recorded
+    return len(produced)
+
+
+def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
+    return (out.reward, out.fields) if isinstance(out, Verdict) else (out, {})
+
+
+async def new_session(row: dict[str, Any] | None = ROW) -> Counter:
+    """A session as a resource worker makes one: setup once, then seed (``None``: no seed)."""
+    await Counter.setup({})
+    inst = Counter()
+    if row is not None:
+        await inst.seed(row)
+    return inst
+
+
+def empty_response() -> Response:
+    return Response(id="r", created_at=0.0)
+
+
+def test_data_is_nemo_gym_example_unchanged() -> None:
+    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert ours == (compat_dir() / "example.jsonl").read_bytes()
+
+
+async def test_recorded_rollouts_replayed_in_a_seeded_session_reverify_to_recorded_reward() -> None:
+    for i, (task, rollout) in enumerate(joined_rollouts()):
+        inst = await new_session(task)
+        response = to_response(rollout["response"])
+        assert await replay_tool_calls(inst, response) == 3, f"rollout {i}"
+        assert inst.count == task["expected_count"], f"rollout {i}"
+        reward, fields = split_verdict(await inst.verify(task, response))
+        assert isinstance(reward, float)
+        assert reward == rollout["reward"] == 1.0, f"rollout {i}"
+        extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
+        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+
+
+async def test_verify_reads_session_state_not_the_response_text() -> None:
+    """The recorded answers state the right count, but without the tool calls the session disagrees."""
+    for i, (task, rollout) in enumerate(joined_rollouts()):
+        inst = await new_session(task)
+        assert await inst.verify(task, to_response(rollout["response"])) == 0.0, f"rollout {i}"
+
+
+async def test_tool_outputs_and_reward() -> None:
+    inst = await new_session()
+    assert await inst.call_tool("get_counter_value", "") == '{"count": 3}'
+    assert await inst.call_tool("increment_counter", '{"count": 1}') == '{"success": true}'
+    assert await inst.verify(ROW, empty_response()) == 0.0
+    assert await inst.call_tool("increment_counter", '{"count": 2}') == '{"success": true}'
+    assert await inst.call_tool("get_counter_value", "{}") == '{"count": 6}'
+    assert await inst.verify(ROW, empty_response()) == 1.0
+    assert await inst.call_tool("increment_counter", '{"count": -10}') == '{"success": true}'
+    assert await inst.call_tool("get_counter_value", "{}") == '{"count": -4}'
+
+
+async def test_two_sessions_keep_separate_state() -> None:
+    a = await new_session({"initial_count": 3})
+    b = await new_session({"initial_count": 100})
+    await a.call_tool("increment_counter", '{"count": 5}')
+    assert await a.call_tool("get_counter_value", "{}") == '{"count": 8}'
+    assert await b.call_tool("get_counter_value", "{}") == '{"count": 100}'
+    await b.call_tool("increment_counter", '{"count": 1}')
+    assert await a.call_tool("get_counter_value", "{}") == '{"count": 8}'
+    assert await a.verify({"expected_count": 8}, empty_response()) == 1.0
+    assert await b.verify({"expected_count": 8}, empty_response()) == 0.0
+
+
+async def test_unseeded_session_verifies_to_zero_and_counts_from_zero() -> None:
+    inst = await new_session(None)
+    assert await inst.verify({"expected_count": 0}, empty_response()) == 0.0
+    assert await inst.call_tool("increment_counter", '{"count": 2}') == '{"success": true}'
+    assert await inst.call_tool("get_counter_value", "{}") == '{"count": 2}'
+    assert await inst.verify({"expected_count": 2}, empty_response()) == 1.0
+
+
+@pytest.mark.parametrize("row", [{}, {"initial_count": "3"}, {"initial_count": True}, {"initial_count": 1.5}])
+async def test_seed_refuses_a_row_without_an_integer_initial_count(row: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="task row needs an integer 'initial_count'"):
+        await new_session(row)
+
+
+async def test_verify_refuses_a_row_without_an_integer_expected_count() -> None:
+    inst = await new_session()
+    with pytest.raises(ValueError, match="task row needs an integer 'expected_count'"):
+        await inst.verify({"initial_count": 3}, empty_response())
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("increment_counter", '{"count": 1', "'increment_counter' are not valid JSON"),
+        (
+            "decrement_counter",
+            '{"count": 1}',
+            "unknown tool 'decrement_counter'; available tools: get_counter_value, increment_counter",
+        ),
+        ("increment_counter", '{"count": "3"}', "do not match the schema of 'increment_counter'"),
+        ("increment_counter", '{"count": 1.5}', "Expected `int`, got `float`"),
+        ("increment_counter", "{}", "missing required field `count`"),
+        ("get_counter_value", '{"count": 1}', "unknown field `count`"),
+    ],
+)
+async def test_bad_tool_arguments_are_refused_with_a_reason(name: str, arguments: str, message: str) -> None:
+    inst = await new_session()
+    with pytest.raises(ToolArgumentsError, match=re.escape(message)):
+        await inst.call_tool(name, arguments)
+    assert inst.count == 3  # a refused call changes nothing
+
+
+def test_config_loads_and_names_this_resource() -> None:
+    cfg = load_config(ENV_DIR / "config.yaml")
+    assert cfg.models["policy"].adapter == "scripted"
+    assert cfg.agents["counter_agent"].resource == "counter"
+    assert find_resource_class(importlib.import_module(cfg.resources["counter"].server)) is Counter

@@ -1,0 +1,218 @@
+"""multi_step against NeMo Gym's recorded example_multi_step rollouts."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.multi_step import MultiStep
+from runtime.config import load_config
+from runtime.messages import FunctionCall, FunctionCallOutput, Response, parse_items
+from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym" / "example_multi_step"
+ROW_KEYS = ("responses_create_params", "response", "reward")
+TASK = {
+    "id": 0,
+    "expected_synonyms": ["Blazing", "Warm"],
+    "expected_synonym_values": [711, 407],
+    "minefield_label": "Hot",
+    "minefield_label_value": 299,
+}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compat_dir() -> Path:
+    if not COMPAT.is_dir():
+        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
+    return COMPAT
+
+
+def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """How a rollout finds its task row: the role and content of its input messages."""
+    return tuple(
+        (m["role"], json.dumps(m["content"]))
+        for m in row["responses_create_params"]["input"]
+        if m.get("role") in ("system", "developer", "user")
+    )
+
+
+def joined_rollouts() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
+    rollouts = read_jsonl(compat_dir() / "example_rollouts.jsonl")
+    assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
+    return [(tasks[input_key(r)], r) for r in rollouts]
+
+
+def to_response(raw: dict[str, Any]) -> Response:
+    return msgspec.convert({**raw, "output": parse_items(raw["output"])}, Response)
+
+
+async def replay_tool_calls(inst: Resource, response: Response) -> int:
+    """Run each recorded call in order; each output must equal the recorded one."""
+    produced = {
+        item.call_id: await inst.call_tool(item.name, item.arguments)
+        for item in response.output
+        if isinstance(item, FunctionCall)
+    }
+    recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
+    assert produced == recorded
+    return len(produced)
+
+
+def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
+    return (out.reward, out.fields) if isinstance(out, Verdict) else (out, {})
+
+
+async def new_session(row: dict[str, Any] = TASK) -> MultiStep:
+    await MultiStep.setup({})
+    inst = MultiStep()
+    await inst.seed(row)
+    return inst
+
+
+def calls(*arguments: str, name: str = "extract_synonym_values") -> Response:
+    """A response whose output is one function call per argument string."""
+    items = [FunctionCall(name=name, arguments=a, call_id=f"c{i}") for i, a in enumerate(arguments)]
+    return Response(id="r", created_at=0.0, output=list(items))
+
+
+async def verdict(response: Response, task: dict[str, Any] = TASK) -> Verdict:
+    out = await (await new_session(task)).verify(task, response)
+    assert isinstance(out, Verdict)
+    return out
+
+
+def test_data_is_nemo_gym_example_unchanged() -> None:
+    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert ours == (compat_dir() / "example.jsonl").read_bytes()
+
+
+async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
+    for i, (task, rollout) in enumerate(joined_rollouts()):
+        inst = await new_session(task)
+        response = to_response(rollout["response"])
+        assert await replay_tool_calls(inst, response) >= 3, f"rollout {i}"
+        reward, fields = split_verdict(await inst.verify(task, response))
+        assert isinstance(reward, float)
+        assert reward == rollout["reward"], f"rollout {i}"
+        extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
+        assert set(extras) == {
+            "parsed_synonym_values", "accuracy", "set_overlap",
+            "original_term_minefield_hit", "order_instruction_following_failure",
+        }
+        # json.dumps also tells True from 1 and 1.0 from 1.
+        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+
+
+@pytest.mark.parametrize(
+    ("extracted", "reward", "overlap", "minefield", "order_failure"),
+    [
+        ([711, 407], 1.0, 1.0, False, False),
+        ([407, 711], 0.0, 1.0, False, True),  # right values, wrong order
+        ([711, 407, 407], 0.0, 1.0, False, True),  # a duplicate is not accurate either
+        ([299, 711], 0.0, 0.5, True, False),  # the term's own value: the minefield
+        ([711, 407, 299], 0.0, 1.0, True, True),
+        ([], 0.0, 0.0, False, False),
+    ],
+)
+async def test_verify_metrics(
+    extracted: list[int], reward: float, overlap: float, minefield: bool, order_failure: bool
+) -> None:
+    v = await verdict(calls(json.dumps({"synonym_values": extracted})))
+    assert v.reward == reward
+    assert v.fields == {
+        "parsed_synonym_values": extracted,
+        "accuracy": reward == 1.0,
+        "set_overlap": overlap,
+        "original_term_minefield_hit": minefield,
+        "order_instruction_following_failure": order_failure,
+    }
+
+
+async def test_last_extract_call_counts() -> None:
+    v = await verdict(calls('{"synonym_values": [711, 407]}', '{"synonym_values": [407]}'))
+    assert (v.reward, v.fields["parsed_synonym_values"], v.fields["set_overlap"]) == (0.0, [407], 0.5)
+    v = await verdict(calls('{"synonym_values": [407]}', '{"synonym_values": [711, 407]}'))
+    assert v.reward == 1.0
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"synonym_values": [711, 407]', '{"synonym_values": ["711", "407"]}', '{"values": [711, 407]}']
+)
+async def test_extract_call_the_tool_would_refuse_counts_as_empty(arguments: str) -> None:
+    v = await verdict(calls('{"synonym_values": [711, 407]}', arguments))
+    assert (v.reward, v.fields["parsed_synonym_values"]) == (0.0, [])
+
+
+async def test_no_extract_call_scores_zero() -> None:
+    v = await verdict(calls('{"synonym": "Blazing"}', name="get_synonym_value"))
+    assert (v.reward, v.fields["parsed_synonym_values"], v.fields["set_overlap"]) == (0.0, [], 0.0)
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({**TASK, "expected_synonym_values": []}, "expected_synonym_values is empty"),
+        ({k: v for k, v in TASK.items() if k != "minefield_label_value"}, "minefield_label_value"),
+        ({**TASK, "expected_synonym_values": "711"}, "expected_synonym_values"),
+    ],
+)
+async def test_verify_refuses_an_invalid_task_row(task: dict[str, Any], message: str) -> None:
+    inst = await new_session(task)
+    with pytest.raises(ValueError, match=f"task row: .*{message}"):
+        await inst.verify(task, calls('{"synonym_values": [711]}'))
+
+
+async def test_tool_outputs() -> None:
+    inst = await new_session()
+    assert await inst.call_tool("get_synonym_value", '{"synonym": "Blazing"}') == '{"synonym_value": 711}'
+    assert await inst.call_tool("get_synonym_value", '{"synonym": ""}') == '{"synonym_value": 0}'
+    assert await inst.call_tool("extract_synonym_values", '{"synonym_values": []}') == '{"success": true}'
+
+
+def test_tool_schemas_match_the_dataset_tools() -> None:
+    row = read_jsonl(ENV_DIR / "data" / "example.jsonl")[0]
+    ours = {t["name"]: t for t in MultiStep.tool_definitions()}
+    assert set(ours) == {t["name"] for t in row["responses_create_params"]["tools"]}
+    for theirs in row["responses_create_params"]["tools"]:
+        mine = ours[theirs["name"]]
+        assert theirs["description"].startswith(mine["description"])
+        assert mine["parameters"]["required"] == theirs["parameters"]["required"]
+        for prop, schema in theirs["parameters"]["properties"].items():
+            for key in ("type", "items"):
+                assert mine["parameters"]["properties"][prop].get(key) == schema.get(key)
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("get_synonym_value", "{synonym: Warm}", "'get_synonym_value' are not valid JSON"),
+        ("get_value", "{}", "unknown tool 'get_value'; available tools: extract_synonym_values, get_synonym_value"),
+        ("get_synonym_value", '{"synonym": ["Warm"]}', "do not match the schema of 'get_synonym_value'"),
+        ("extract_synonym_values", '{"synonym_values": [1, "2"]}', "at `$.synonym_values[1]`"),
+        ("extract_synonym_values", '{"synonym_values": 711}', "Expected `array`, got `int`"),
+    ],
+)
+async def test_bad_tool_arguments_are_refused_with_a_reason(name: str, arguments: str, message: str) -> None:
+    inst = await new_session()
+    with pytest.raises(ToolArgumentsError, match=re.escape(message)):
+        await inst.call_tool(name, arguments)
+
+
+def test_config_loads_and_names_this_resource() -> None:
+    cfg = load_config(ENV_DIR / "config.yaml")
+    assert cfg.models["policy"].adapter == "scripted"
+    assert cfg.agents["multi_step_agent"].resource == "multi_step"
+    assert find_resource_class(importlib.import_module(cfg.resources["multi_step"].server)) is MultiStep

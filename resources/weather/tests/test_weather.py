@@ -1,0 +1,142 @@
+"""weather against NeMo Gym's recorded example_single_tool_call rollouts."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.weather import Weather
+from runtime.config import load_config
+from runtime.messages import FunctionCall, FunctionCallOutput, Response, parse_items
+from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym" / "example_single_tool_call"
+ROW_KEYS = ("responses_create_params", "response", "reward")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compat_dir() -> Path:
+    if not COMPAT.is_dir():
+        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
+    return COMPAT
+
+
+def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """How a rollout finds its task row: the role and content of its input messages."""
+    return tuple(
+        (m["role"], json.dumps(m["content"]))
+        for m in row["responses_create_params"]["input"]
+        if m.get("role") in ("system", "developer", "user")
+    )
+
+
+def joined_rollouts() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
+    rollouts = read_jsonl(compat_dir() / "example_rollouts.jsonl")
+    assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
+    return [(tasks[input_key(r)], r) for r in rollouts]
+
+
+def to_response(raw: dict[str, Any]) -> Response:
+    return msgspec.convert({**raw, "output": parse_items(raw["output"])}, Response)
+
+
+async def replay_tool_calls(inst: Resource, response: Response) -> int:
+    """Run each recorded call in order; each output must equal the recorded one."""
+    produced = {
+        item.call_id: await inst.call_tool(item.name, item.arguments)
+        for item in response.output
+        if isinstance(item, FunctionCall)
+    }
+    recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
+    assert produced == recorded
+    return len(produced)
+
+
+def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
+    return (out.reward, out.fields) if isinstance(out, Verdict) else (out, {})
+
+
+async def new_session(row: dict[str, Any]) -> Weather:
+    await Weather.setup({})
+    inst = Weather()
+    await inst.seed(row)
+    return inst
+
+
+def test_data_is_nemo_gym_example_unchanged() -> None:
+    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert ours == (compat_dir() / "example.jsonl").read_bytes()
+
+
+async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
+    calls = 0
+    for i, (task, rollout) in enumerate(joined_rollouts()):
+        inst = await new_session(task)
+        response = to_response(rollout["response"])
+        calls += await replay_tool_calls(inst, response)
+        reward, fields = split_verdict(await inst.verify(task, response))
+        assert isinstance(reward, float)
+        assert reward == rollout["reward"], f"rollout {i}"
+        extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
+        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+    assert calls == 3  # three of the five recorded rollouts call get_weather
+
+
+async def test_reward_is_one_even_without_a_tool_call() -> None:
+    """Matches the recorded data: rollouts that only asked for the city scored 1.0."""
+    inst = await new_session({})
+    response = Response(id="r", created_at=0.0, output=parse_items([{"role": "assistant", "content": "Which city?"}]))
+    assert await inst.verify({}, response) == 1.0
+
+
+async def test_tool_output_shape() -> None:
+    inst = await new_session({})
+    out = await inst.call_tool("get_weather", '{"city": "Paris"}')
+    assert out == '{"city": "Paris", "weather_description": "The weather in Paris is cold."}'
+
+
+def test_tool_schema_matches_the_dataset_tools() -> None:
+    row = read_jsonl(ENV_DIR / "data" / "example.jsonl")[0]
+    ours = {t["name"]: t for t in Weather.tool_definitions()}
+    for theirs in row["responses_create_params"]["tools"]:
+        mine = ours[theirs["name"]]["parameters"]
+        assert mine["required"] == theirs["parameters"]["required"]
+        assert mine["additionalProperties"] is False
+        for prop, schema in theirs["parameters"]["properties"].items():
+            assert mine["properties"][prop]["type"] == schema["type"]
+    assert set(ours) == {t["name"] for t in row["responses_create_params"]["tools"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("get_weather", '{"city": ', "'get_weather' are not valid JSON"),
+        ("get_forecast", '{"city": "SF"}', "unknown tool 'get_forecast'; available tools: get_weather"),
+        ("get_weather", '{"city": 42}', "do not match the schema of 'get_weather'"),
+        ("get_weather", "{}", "missing required field `city`"),
+        ("get_weather", '{"city": "SF", "units": "C"}', "unknown field `units`"),
+    ],
+)
+async def test_bad_tool_arguments_are_refused_with_a_reason(name: str, arguments: str, message: str) -> None:
+    inst = await new_session({})
+    with pytest.raises(ToolArgumentsError, match=re.escape(message)):
+        await inst.call_tool(name, arguments)
+
+
+def test_config_loads_and_names_this_resource() -> None:
+    cfg = load_config(ENV_DIR / "config.yaml")
+    assert cfg.models["policy"].adapter == "scripted"
+    assert cfg.agents["weather_agent"].resource == "weather"
+    assert find_resource_class(importlib.import_module(cfg.resources["weather"].server)) is Weather
