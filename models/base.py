@@ -37,6 +37,18 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rollouts: str | None = None  # replay: NeMo Gym rollouts JSONL
     extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
 
+    def _shown(self) -> list[tuple[str, Any]]:
+        return [
+            (f, "***" if f == "api_key" and getattr(self, f) else getattr(self, f))
+            for f in self.__struct_fields__
+        ]
+
+    def __repr__(self) -> str:  # the secret never reaches a log line or a traceback
+        return f"ModelConfig({', '.join(f'{k}={v!r}' for k, v in self._shown())})"
+
+    def __rich_repr__(self) -> Any:
+        yield from self._shown()
+
 
 class ModelError(Exception):
     """A generation failed. ``retryable`` says whether another attempt may succeed."""
