@@ -63,6 +63,7 @@ class ResourceWorker:
         self.address = bus.subject("res", name, self.worker_id)
         self.sessions: dict[str, tuple[Resource, float]] = {}
         self._subs: list[Any] = []
+        self.seeded = 0  # sessions opened here (status, tests)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.cls.setup(dict(self.cfg.options))
@@ -106,6 +107,7 @@ class ResourceWorker:
         except Exception as exc:
             raise HandlerError("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
+        self.seeded += 1
         self.sessions[sid] = (inst, time.monotonic())
         return SeedReply(session=sid, address=self.address)
 

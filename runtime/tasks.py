@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import msgspec
+from opentelemetry.trace import SpanKind
 
 from runtime.bus import MSG_ID_HEADER, Bus
 from runtime.messages import ItemError, RolloutTask, create_params
@@ -130,11 +131,22 @@ async def publish_tasks(
     sent = 0
 
     async def send(subject: str, task: RolloutTask) -> None:
+        msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         try:
-            headers = bus.telemetry.inject(
-                {MSG_ID_HEADER: f"{task.batch}:{task.task_index}:{task.rollout_index}"}
-            )
-            await bus.js.publish(subject, bus.codec.encode(task), headers=headers)
+            with bus.telemetry.span(
+                f"publish {subject}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": "nats",
+                    "messaging.destination.name": subject,
+                    "messaging.message.id": msg_id,
+                    "gym.batch": task.batch,
+                    "gym.task_index": task.task_index,
+                    "gym.rollout_index": task.rollout_index,
+                },
+            ):
+                headers = bus.telemetry.inject({MSG_ID_HEADER: msg_id})
+                await bus.js.publish(subject, bus.codec.encode(task), headers=headers)
         finally:
             limiter.release()
 

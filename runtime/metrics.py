@@ -1,0 +1,530 @@
+"""Aggregate metrics over rollout output rows, laid out like NeMo Gym's ``<out>_aggregate_metrics.json``.
+
+One streaming pass: :meth:`MetricsAccumulator.add` takes each output row as it is written and keeps only
+what the metrics need -- per agent, one ``array('d')`` of floats per numeric field (8 bytes a value; NaN
+marks "absent in this row"), the task and rollout index of each row, and, when the verifier names an
+answer field, that field's value (for ``majority@k``). Whole rows are never kept. :meth:`result` does
+the arithmetic at the end (medians, the combinatorial pass@k estimator, majority votes) and can be
+called any number of times.
+
+Layout (NeMo Gym's, from ``RolloutCollectionHelper._call_aggregate_metrics``): a JSON **list** with one
+entry per agent, sorted by agent name (numbers: the 2 tasks x 4 rollouts of ``tests/test_metrics.py``)::
+
+    [
+      {
+        "agent_ref": {"name": "math_agent"},
+        "num_rollouts": 8,                    # extra to NeMo Gym: rows seen for this agent
+        "num_tasks": 2,                       # extra to NeMo Gym: distinct _ng_task_index values
+        "agent_metrics": {
+          "mean/reward": 0.5, "max/reward": 1.0, "min/reward": 0.0, "median/reward": 0.5,
+          "std/reward": 0.53, "ci_low_95/reward": 0.05, "ci_high_95/reward": 0.95,
+          "mean/input_tokens": 25.0, ...      # the same seven stats for every numeric field
+          "pass@1/reward": 50.0, ..., "pass@4/reward": 100.0,
+          "pass@1[avg-of-1]/reward": 50.0, ..., "pass@1[avg-of-4]/reward": 50.0,
+          "pass@1[avg-of-4]/reward/std_dev_across_runs": 40.82,
+          "pass@1[avg-of-4]/reward/std_err_across_runs": 20.41,
+          "majority@4/reward": 50.0,          # only with answer_field
+          "pass@4/no_answer": 50.0, ...       # only with answer_field
+          "per_sample_aggregate": {"reward": [50.0, 0.0, 100.0, 50.0], "no_answer": [...]}
+        },
+        "key_metrics": {"mean/reward": ..., "pass@1[avg-of-4]/reward": ..., "pass@4/reward": ...},
+        "group_level_metrics": [              # one entry per task, sorted by task index
+          {"_ng_task_index": 0, "num_rollouts": 4, "mean/reward": 0.75, "std/reward": 0.5, ...},
+          ...
+        ]
+      }
+    ]
+
+Conventions (learnt from NeMo Gym's ``nemo_gym/reward_profile.py``; the arithmetic is re-implemented
+here, nothing is imported from it):
+
+* **Numeric fields** are the row's top-level ``int``/``float``/``bool`` values (booleans as 0/1) plus the
+  top-level numeric values of ``response.usage`` under their own names (``input_tokens``,
+  ``output_tokens``, ``total_tokens``; a usage value wins over a same-named top-level one, as NeMo Gym's
+  ``result | usage`` does). Nested dicts (``input_tokens_details``) are not descended into. Fields whose
+  name starts with ``_ng_`` (``_ng_task_index``, ``_ng_rollout_index``, ...) are skipped. ``None``, NaN
+  and infinities count as "absent" (NeMo Gym's pandas drops NaN; infinities would not be valid JSON).
+* **Stats** ``mean/ max/ min/ median/ std/ ci_low_95/ ci_high_95/<field>``: ``std`` is the sample
+  standard deviation (ddof=1, pandas' default) and ``0.0`` for a single value; the 95 % Student-t
+  confidence interval (``mean +- t(0.975, n-1) * std / sqrt(n)``) is omitted when ``n < 2`` or the values
+  are all equal (NeMo Gym's scipy call yields NaN there and NaN entries are dropped). Per-agent stats go
+  to ``agent_metrics``, per-task stats to ``group_level_metrics``. Stats are raw values, not percents.
+* **Score fields** get the accuracy metrics: ``reward`` always, every other numeric field whose values
+  are all 0/1 (booleans included), except the usage token counts and the answer field; with
+  ``answer_field`` set, a synthetic ``no_answer`` score (1 where the answer is ``None``/absent) too.
+  NeMo Gym's servers pick their scores with a ``score_fn`` (often ``{"accuracy": r["reward"]}``, so their
+  ``pass@k/accuracy`` is our ``pass@k/reward``); here the scores are named after their fields.
+* **Accuracy metrics**, in percent (x100), for every k = 1..n, n = the most rollouts any task has; the
+  rollouts of a task are taken in ``_ng_rollout_index`` order (arrival order where it is missing):
+
+  - ``pass@{k}/<score>``: per task with at least k values, if the task's values are all 0/1 the unbiased
+    estimator ``1 - C(n-c, k) / C(n, k)`` (n values, c ones; 1 when n-c < k), else the max of its first
+    k values; averaged over tasks.
+  - ``pass@1[avg-of-{k}]/<score>``: per task the mean over the present values among its first k
+    rollouts; averaged over tasks. ``.../std_dev_across_runs`` and ``.../std_err_across_runs`` (k >= 2):
+    sample std (and std / sqrt(k)) of the first k entries of ``per_sample_aggregate``.
+  - ``per_sample_aggregate[<score>][i]``: the percent mean over tasks of the task's i-th rollout.
+  - ``majority@{k}/<score>`` (only with ``answer_field``): per task, among its first k rollouts with an
+    answer and that score, the most frequent (answer, score) pair; ties average their scores; a task
+    with no answered rollout counts 0. Averaged over tasks.
+
+* ``key_metrics``: every ``mean/*`` entry (NeMo Gym's default) plus the highest-k entries of
+  ``pass@1[avg-of-k]/*``, ``pass@k/*`` and ``majority@k/*`` (no ``no_answer`` for the last two).
+* A row without ``agent_ref.name`` is counted in :attr:`MetricsAccumulator.rows_skipped` and otherwise
+  ignored (NeMo Gym drops it too); a row without ``_ng_task_index`` counts as task 0 (NeMo Gym's default).
+* NeMo Gym also writes per-task ``sample``/``rollout_infos`` (whole rows) and ``repeat_level_metrics``;
+  those are not produced here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from array import array
+from collections import Counter
+from typing import Any
+
+__all__ = ["MetricsAccumulator", "summary_lines"]
+
+_STAT_NAMES = ("mean", "max", "min", "median", "std", "ci_low_95", "ci_high_95")
+_USAGE_TOKEN_FIELDS = frozenset({"input_tokens", "output_tokens", "total_tokens"})
+_NO_ANSWER = "no_answer"
+_VARIANCE_SUFFIXES = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
+_NAN = float("nan")
+
+
+def _as_number(value: Any) -> float | None:
+    """The float a row value counts as, or None when it is not a (finite) number."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _answer_key(value: Any) -> Any:
+    """A hashable stand-in for an answer value (None stays None: no answer)."""
+    if value is None:
+        return None
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return json.dumps(value, sort_keys=True, default=str)
+
+
+def _task_sort_key(task: Any) -> tuple:
+    if isinstance(task, (int, float)) and not isinstance(task, bool):
+        return (0, task, "")
+    return (1, 0, str(task))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Student-t quantile (no scipy): regularised incomplete beta by continued fraction, then bisection.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    c = 1.0
+    d = 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        even = m * (b - m) * x / ((a - 1.0 + m2) * (a + m2))
+        d = 1.0 + even * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + even / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        odd = -(a + m) * (a + b + m) * x / ((a + m2) * (a + 1.0 + m2))
+        d = 1.0 + odd * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + odd / c
+        c = c if abs(c) > tiny else tiny
+        step = d * c
+        h *= step
+        if abs(step - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _regularized_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
+
+
+@functools.lru_cache(maxsize=1024)
+def _t_quantile_975(dof: int) -> float:
+    """t such that P(|T| > t) = 0.05 for Student's t with ``dof`` degrees of freedom."""
+
+    def two_sided_tail(t: float) -> float:
+        return _regularized_beta(dof / 2.0, 0.5, dof / (dof + t * t))
+
+    lo, hi = 0.0, 2.0
+    while two_sided_tail(hi) > 0.05:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if two_sided_tail(mid) > 0.05:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def _describe(values: list[float]) -> dict[str, float]:
+    """mean/max/min/median/std/ci of the (already NaN-free) values; empty dict for no values."""
+    n = len(values)
+    if n == 0:
+        return {}
+    ordered = sorted(values)
+    mean = math.fsum(ordered) / n
+    mid = n // 2
+    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / (n - 1)) if n > 1 else 0.0
+    out = {"mean": mean, "max": ordered[-1], "min": ordered[0], "median": median, "std": std}
+    if n > 1 and std > 0.0:
+        half_width = _t_quantile_975(n - 1) * std / math.sqrt(n)
+        out["ci_low_95"] = mean - half_width
+        out["ci_high_95"] = mean + half_width
+    return out
+
+
+def _put_stats(target: dict[str, Any], field: str, values: list[float]) -> None:
+    stats = _describe(values)
+    for stat in _STAT_NAMES:
+        if stat in stats:
+            target[f"{stat}/{field}"] = stats[stat]
+
+
+def _pct_mean(values: list[float]) -> float:
+    return 100.0 * math.fsum(values) / len(values)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Accumulation
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _AgentColumns:
+    """Column store for one agent: per row a task id, a rollout index, one float per numeric field."""
+
+    __slots__ = ("n", "task_ids", "rollout_idx", "columns", "answers", "task_keys", "task_ids_by_key", "arrivals")
+
+    def __init__(self, with_answers: bool) -> None:
+        self.n = 0
+        self.task_ids = array("q")
+        self.rollout_idx = array("q")
+        self.columns: dict[str, array] = {}
+        self.answers: list[Any] | None = [] if with_answers else None
+        self.task_keys: list[Any] = []  # task id -> the row's _ng_task_index value
+        self.task_ids_by_key: dict[Any, int] = {}
+        self.arrivals: list[int] = []  # task id -> rows seen (stands in for a missing rollout index)
+
+    def add(self, task_key: Any, rollout_index: Any, numbers: dict[str, float], answer: Any) -> None:
+        task_id = self.task_ids_by_key.get(task_key)
+        if task_id is None:
+            task_id = len(self.task_keys)
+            self.task_ids_by_key[task_key] = task_id
+            self.task_keys.append(task_key)
+            self.arrivals.append(0)
+        arrival = self.arrivals[task_id]
+        self.arrivals[task_id] = arrival + 1
+        if isinstance(rollout_index, bool) or not isinstance(rollout_index, int):
+            rollout_index = arrival
+        self.task_ids.append(task_id)
+        self.rollout_idx.append(rollout_index)
+        for name, column in self.columns.items():
+            column.append(numbers.get(name, _NAN))
+        for name, value in numbers.items():
+            if name not in self.columns:
+                column = array("d", [_NAN]) * self.n
+                column.append(value)
+                self.columns[name] = column
+        if self.answers is not None:
+            self.answers.append(answer)
+        self.n += 1
+
+
+class MetricsAccumulator:
+    """Streams rollout output rows into NeMo Gym style aggregate metrics (see the module docstring)."""
+
+    def __init__(self, *, answer_field: str | None = None) -> None:
+        self.answer_field = answer_field
+        self.rows_skipped = 0
+        self._agents: dict[str, _AgentColumns] = {}
+
+    def add(self, row: dict) -> None:
+        agent_ref = row.get("agent_ref")
+        agent_name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
+        if not agent_name:
+            self.rows_skipped += 1
+            return
+        numbers: dict[str, float] = {}
+        for key, value in row.items():
+            if key.startswith("_ng_"):
+                continue
+            number = _as_number(value)
+            if number is not None:
+                numbers[key] = number
+        response = row.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if isinstance(usage, dict):
+            for key, value in usage.items():
+                number = _as_number(value)
+                if number is not None:
+                    numbers[key] = number
+                elif value is None:
+                    numbers.pop(key, None)
+        answer = _answer_key(row.get(self.answer_field)) if self.answer_field else None
+        agent = self._agents.get(agent_name)
+        if agent is None:
+            agent = self._agents[agent_name] = _AgentColumns(self.answer_field is not None)
+        agent.add(row.get("_ng_task_index", 0), row.get("_ng_rollout_index"), numbers, answer)
+
+    def result(self) -> list[dict]:
+        """The content of ``<out>_aggregate_metrics.json``: one entry per agent, sorted by name."""
+        return [self._agent_entry(name, self._agents[name]) for name in sorted(self._agents)]
+
+    # -----------------------------------------------------------------------------------------------------
+
+    def _agent_entry(self, name: str, agent: _AgentColumns) -> dict:
+        # Rows grouped by task (tasks in index order), each task's rollouts in rollout-index order.
+        order = sorted(range(agent.n), key=lambda i: (agent.task_ids[i], agent.rollout_idx[i], i))
+        groups: dict[int, list[int]] = {}
+        for i in order:
+            groups.setdefault(agent.task_ids[i], []).append(i)
+        task_rows = [groups[t] for t in sorted(groups, key=lambda t: _task_sort_key(agent.task_keys[t]))]
+        task_labels = [agent.task_keys[agent.task_ids[rows[0]]] for rows in task_rows]
+
+        agent_metrics: dict[str, Any] = {}
+        group_level: list[dict[str, Any]] = [
+            {"_ng_task_index": label, "num_rollouts": len(rows)} for label, rows in zip(task_labels, task_rows)
+        ]
+        score_columns: dict[str, list[list[float]]] = {}  # score -> per task, per rollout (NaN = absent)
+        for field in sorted(agent.columns):
+            column = agent.columns[field]
+            present = [v for v in column if not math.isnan(v)]
+            if not present:
+                continue
+            _put_stats(agent_metrics, field, present)
+            for entry, rows in zip(group_level, task_rows):
+                _put_stats(entry, field, [column[i] for i in rows if not math.isnan(column[i])])
+            is_score = field == "reward" or (
+                field not in _USAGE_TOKEN_FIELDS
+                and field != self.answer_field
+                and field != _NO_ANSWER
+                and all(v in (0.0, 1.0) for v in present)
+            )
+            if is_score:
+                score_columns[field] = [[column[i] for i in rows] for rows in task_rows]
+
+        task_answers: list[list[Any]] | None = None
+        if agent.answers is not None:
+            task_answers = [[agent.answers[i] for i in rows] for rows in task_rows]
+            score_columns[_NO_ANSWER] = [[1.0 if a is None else 0.0 for a in answers] for answers in task_answers]
+
+        max_k = max((len(rows) for rows in task_rows), default=0)
+        accuracy: dict[str, Any] = {}
+        per_sample: dict[str, list[float]] = {}
+        for score in sorted(score_columns):
+            _score_metrics(accuracy, score, score_columns[score], task_answers, max_k)
+            per_sample_score = _per_sample_aggregate(score_columns[score], max_k)
+            if per_sample_score:
+                per_sample[score] = per_sample_score
+                _variance_across_runs(accuracy, score, per_sample_score, max_k)
+        # Key order as NeMo Gym: k outermost, then score name, then the metric kind.
+        agent_metrics.update(sorted(accuracy.items(), key=lambda item: _accuracy_sort_key(item[0])))
+        if score_columns:
+            agent_metrics["per_sample_aggregate"] = per_sample
+
+        return {
+            "agent_ref": {"name": name},
+            "num_rollouts": agent.n,
+            "num_tasks": len(task_rows),
+            "agent_metrics": agent_metrics,
+            "key_metrics": _key_metrics(agent_metrics),
+            "group_level_metrics": group_level,
+        }
+
+
+def _score_metrics(
+    out: dict[str, Any],
+    score: str,
+    tasks: list[list[float]],
+    task_answers: list[list[Any]] | None,
+    max_k: int,
+) -> None:
+    """pass@k, pass@1[avg-of-k] and majority@k of one score, for k = 1..max_k (percent)."""
+    pass_sums = [0.0] * (max_k + 1)
+    pass_counts = [0] * (max_k + 1)
+    avg_sums = [0.0] * (max_k + 1)
+    avg_counts = [0] * (max_k + 1)
+    maj_sums = [0.0] * (max_k + 1)
+    for t, rollouts in enumerate(tasks):
+        values = [v for v in rollouts if not math.isnan(v)]
+        n = len(values)
+        binary = all(v in (0.0, 1.0) for v in values)
+        wrong = sum(1 for v in values if v == 0.0)
+        running_max = -math.inf
+        for k in range(1, n + 1):
+            if binary:
+                estimate = 1.0 if wrong < k else 1.0 - math.comb(wrong, k) / math.comb(n, k)
+            else:
+                running_max = max(running_max, values[k - 1])
+                estimate = running_max
+            pass_sums[k] += estimate
+            pass_counts[k] += 1
+        # pass@1[avg-of-k]: the present values among the task's first k rollouts.
+        total, present = 0.0, 0
+        for k in range(1, max_k + 1):
+            if k <= len(rollouts) and not math.isnan(rollouts[k - 1]):
+                total += rollouts[k - 1]
+                present += 1
+            if present:
+                avg_sums[k] += total / present
+                avg_counts[k] += 1
+        if task_answers is not None:
+            answers = task_answers[t]
+            votes: Counter = Counter()
+            for k in range(1, max_k + 1):
+                if k <= len(rollouts):
+                    answer, value = answers[k - 1], rollouts[k - 1]
+                    if answer is not None and not math.isnan(value):
+                        votes[(answer, value)] += 1
+                if votes:
+                    top = max(votes.values())
+                    tied = [value for (_, value), count in votes.items() if count == top]
+                    maj_sums[k] += math.fsum(tied) / len(tied)
+    for k in range(1, max_k + 1):
+        if pass_counts[k]:
+            out[f"pass@{k}/{score}"] = 100.0 * pass_sums[k] / pass_counts[k]
+        if avg_counts[k]:
+            out[f"pass@1[avg-of-{k}]/{score}"] = 100.0 * avg_sums[k] / avg_counts[k]
+        if task_answers is not None and tasks:
+            out[f"majority@{k}/{score}"] = 100.0 * maj_sums[k] / len(tasks)
+
+
+def _per_sample_aggregate(tasks: list[list[float]], max_k: int) -> list[float]:
+    """[i] = percent mean over tasks of each task's i-th rollout (where it has the score)."""
+    out = []
+    for i in range(max_k):
+        run = [rollouts[i] for rollouts in tasks if i < len(rollouts) and not math.isnan(rollouts[i])]
+        if run:
+            out.append(_pct_mean(run))
+    return out
+
+
+def _variance_across_runs(out: dict[str, Any], score: str, runs: list[float], max_k: int) -> None:
+    for k in range(2, max_k + 1):
+        first = runs[:k]
+        if len(first) < 2:
+            continue
+        mean = math.fsum(first) / len(first)
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in first) / (len(first) - 1))
+        out[f"pass@1[avg-of-{k}]/{score}/std_dev_across_runs"] = std
+        out[f"pass@1[avg-of-{k}]/{score}/std_err_across_runs"] = std / math.sqrt(len(first))
+
+
+def _split_accuracy_key(key: str) -> tuple[str, int, str] | None:
+    """'pass@4/reward' -> ('pass', 4, 'reward'); 'pass@1[avg-of-4]/r/std...' -> ('avg', 4, 'r/std...')."""
+    head, _, rest = key.partition("/")
+    if head.startswith("pass@1[avg-of-") and head.endswith("]"):
+        kind, k = "avg", head[len("pass@1[avg-of-") : -1]
+    elif head.startswith("pass@"):
+        kind, k = "pass", head[len("pass@") :]
+    elif head.startswith("majority@"):
+        kind, k = "majority", head[len("majority@") :]
+    else:
+        return None
+    return (kind, int(k), rest) if k.isdigit() else None
+
+
+def _accuracy_sort_key(key: str) -> tuple:
+    kind, k, rest = _split_accuracy_key(key) or ("", 0, key)
+    score = rest.split("/", 1)[0]
+    return (k, score, {"pass": 0, "avg": 1, "majority": 2}.get(kind, 3), rest)
+
+
+def _key_metrics(agent_metrics: dict[str, Any]) -> dict[str, Any]:
+    key = {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
+    best: dict[str, list[tuple[int, str]]] = {"avg": [], "pass": [], "majority": []}
+    for metric in agent_metrics:
+        split = _split_accuracy_key(metric)
+        if split is None:
+            continue
+        kind, k, rest = split
+        if "/" in rest or rest.endswith(_VARIANCE_SUFFIXES):
+            continue
+        if kind != "avg" and rest == _NO_ANSWER:
+            continue
+        best[kind].append((k, metric))
+    for kind in ("avg", "pass", "majority"):
+        if best[kind]:
+            top = max(k for k, _ in best[kind])
+            key.update({metric: agent_metrics[metric] for k, metric in best[kind] if k == top})
+    return key
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Human summary
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, percent: bool = False) -> str:
+    if not isinstance(value, (int, float)):
+        return "n/a"
+    return f"{value:.2f}%" if percent else f"{value:.4g}"
+
+
+def summary_lines(result: list[dict] | dict) -> list[str]:
+    """A few human lines per agent: rollouts, tasks, mean reward, pass@k, majority@k, token usage.
+
+    Takes :meth:`MetricsAccumulator.result` (a list of agent entries); a single entry is accepted too.
+    """
+    entries = [result] if isinstance(result, dict) else list(result or [])
+    if not entries:
+        return ["no rollouts: no metrics"]
+    lines: list[str] = []
+    for entry in entries:
+        name = (entry.get("agent_ref") or {}).get("name", "?")
+        metrics = entry.get("agent_metrics") or {}
+        head = f"{name}: {entry.get('num_rollouts', '?')} rollouts over {entry.get('num_tasks', '?')} tasks"
+        if "mean/reward" in metrics:
+            head += f", mean reward {_fmt(metrics['mean/reward'])} (std {_fmt(metrics.get('std/reward'))})"
+        lines.append(head)
+        ks = sorted(
+            {split[1] for m in metrics if (split := _split_accuracy_key(m)) and split[2] == "reward"}
+        )
+        if ks:
+            top = ks[-1]
+            parts = [f"pass@1 {_fmt(metrics.get('pass@1/reward'), True)}"]
+            if top > 1:
+                parts.append(f"pass@{top} {_fmt(metrics.get(f'pass@{top}/reward'), True)}")
+                parts.append(f"pass@1[avg-of-{top}] {_fmt(metrics.get(f'pass@1[avg-of-{top}]/reward'), True)}")
+            if f"majority@{top}/reward" in metrics:
+                parts.append(f"majority@{top} {_fmt(metrics[f'majority@{top}/reward'], True)}")
+            if f"pass@1[avg-of-{top}]/no_answer" in metrics:
+                parts.append(f"no answer {_fmt(metrics[f'pass@1[avg-of-{top}]/no_answer'], True)}")
+            lines.append("  reward: " + " | ".join(parts))
+        tokens = [
+            f"{field.split('_')[0]} {_fmt(metrics[f'mean/{field}'])}"
+            for field in ("input_tokens", "output_tokens", "total_tokens")
+            if f"mean/{field}" in metrics
+        ]
+        if tokens:
+            lines.append("  mean tokens per rollout: " + ", ".join(tokens))
+    return lines

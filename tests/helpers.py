@@ -1,0 +1,56 @@
+"""Small helpers shared by the end-to-end tests (no test doubles here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_jsonl(path: str | Path, rows: list[Any]) -> Path:
+    p = Path(path)
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return p
+
+
+def prompt_key(input_items: Any) -> tuple[tuple[str, str], ...]:
+    """Match a task row to a recorded rollout by role and content of its input messages."""
+    if isinstance(input_items, str):
+        return (("user", input_items),)
+    return tuple((m.get("role", ""), json.dumps(m.get("content"))) for m in input_items)
+
+
+def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `gym-runtime` entry point in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def nats_server_pids() -> set[int]:
+    import psutil
+
+    pids = set()
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if p.info["name"] == "nats-server" or (p.info["cmdline"] or [""])[0].endswith("nats-server"):
+                pids.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return pids

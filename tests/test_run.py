@@ -1,0 +1,220 @@
+"""`gym-runtime run` end to end: real nats-server, real workers, real files.
+
+The only test double is the LLM: the `scripted` policy or `replay` of NeMo Gym's
+recorded model outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.config import load_config
+from runtime.runner import make_workers, run_batch, selected, start_workers
+from runtime.bus import Bus
+from runtime.tracing import Telemetry
+from tests.helpers import COMPAT, REPO, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
+
+ENVS = {
+    "weather": "example_single_tool_call",
+    "counter": "example_session_state_mgmt",
+    "multi_step": "example_multi_step",
+}
+
+
+def test_cli_run_weather_writes_nemo_gym_rows(tmp_path: Path) -> None:
+    """The README's main command: 5 rows, reward 1.0, NeMo Gym's row shape, no server left."""
+    before = nats_server_pids()
+    out = tmp_path / "out.jsonl"
+    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = read_jsonl(out)
+    inputs = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+    assert len(rows) == 5
+    for i, (row, src) in enumerate(zip(rows, inputs, strict=True)):
+        assert row["reward"] == 1.0
+        assert row["_ng_task_index"] == i and row["_ng_rollout_index"] == 0
+        assert row["agent_ref"] == {"type": "responses_api_agents", "name": "weather_agent"}
+        assert row["responses_create_params"] == src["responses_create_params"]
+        resp = row["response"]
+        assert resp["object"] == "response" and resp["status"] == "completed"
+        types = [item["type"] for item in resp["output"]]
+        assert types == ["function_call", "function_call_output", "message"]
+        call, result = resp["output"][0], resp["output"][1]
+        assert call["name"] == "get_weather" and result["call_id"] == call["call_id"]
+        assert json.loads(result["output"])["city"] == json.loads(call["arguments"])["city"]
+        assert resp["usage"]["total_tokens"] > 0
+    assert "mean reward: 1.0000" in res.stdout
+    metrics = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
+    assert metrics, "aggregate metrics sidecar is empty"
+    assert not (tmp_path / "out_failures.jsonl").exists()
+    assert nats_server_pids() <= before, "an embedded nats-server outlived the command"
+
+
+@pytest.mark.parametrize("env", ["counter", "multi_step"])
+async def test_run_scripted_on_each_environment(env: str, nats_server, tmp_path: Path) -> None:
+    cfg = load_config(REPO / f"resources/{env}/config.yaml")
+    data = REPO / f"resources/{env}/data/example.jsonl"
+    out = tmp_path / "out.jsonl"
+    result = await run_batch(cfg, nats_server.url, input_path=data, out=out, telemetry=Telemetry(), repeats=2)
+    rows = read_jsonl(out)
+    n = len(read_jsonl(data))
+    assert result.stats.failures == 0 and len(rows) == 2 * n
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [
+        (t, k) for t in range(n) for k in range(2)
+    ]
+    for r in rows:
+        assert isinstance(r["reward"], float)
+        assert any(i["type"] == "function_call_output" for i in r["response"]["output"])
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+async def test_replay_reproduces_recorded_rewards(env: str, nats_server, tmp_path: Path) -> None:
+    """NeMo Gym's recorded model outputs, replayed through our agent and resources, give its rewards."""
+    compat = COMPAT / ENVS[env]
+    if not compat.is_dir():
+        pytest.skip(f"compat data not found at {compat}")
+    cfg = load_config(
+        REPO / f"resources/{env}/config.yaml",
+        ["models.policy.adapter=replay", f"models.policy.rollouts={compat / 'example_rollouts.jsonl'}"],
+    )
+    out = tmp_path / "out.jsonl"
+    result = await run_batch(cfg, nats_server.url, input_path=compat / "example.jsonl", out=out, telemetry=Telemetry())
+    assert result.stats.failures == 0
+    recorded = {prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example_rollouts.jsonl")}
+    rows = read_jsonl(out)
+    assert len(rows) == len(recorded)
+    for row in rows:
+        rec = recorded[prompt_key(row["responses_create_params"]["input"])]
+        assert row["reward"] == rec["reward"]
+        for k, v in rec.items():
+            if k not in ("response", "responses_create_params"):
+                assert row[k] == v, k
+        # the trajectory is the recorded one, item for item (tool outputs come from our resource)
+        ours = [(i["type"], i.get("name"), i.get("arguments")) for i in row["response"]["output"]]
+        theirs = [(i["type"], i.get("name"), i.get("arguments")) for i in rec["response"]["output"]]
+        assert ours == theirs
+
+
+async def test_two_counter_replicas_keep_each_session_state(nats_server, tmp_path: Path) -> None:
+    cfg = load_config(REPO / "resources/counter/config.yaml", ["resources.counter.replicas=2"])
+    telemetry = Telemetry()
+    bus = await Bus.connect(nats_server.url, namespace=cfg.namespace, telemetry=telemetry, name="test")
+    import anyio
+
+    data = REPO / "resources/counter/data/example.jsonl"
+    out = tmp_path / "out.jsonl"
+    async with anyio.create_task_group() as tg:
+        workers = make_workers(bus, cfg, selected(cfg, ["resources"]))
+        assert len(workers) == 2
+        await start_workers(tg, workers)
+        cfg_no_res = load_config(REPO / "resources/counter/config.yaml")
+        cfg_no_res.resources["counter"].replicas = 0
+        result = await run_batch(cfg_no_res, nats_server.url, input_path=data, out=out, telemetry=telemetry, repeats=8)
+        seeded = [w.seeded for w in workers]
+        tg.cancel_scope.cancel()
+    await bus.close()
+    assert result.stats.failures == 0
+    assert all(s > 0 for s in seeded) and sum(seeded) == 8 * len(read_jsonl(data)), seeded
+    for row in read_jsonl(out):
+        outputs = {i["call_id"]: i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"}
+        calls = [i for i in row["response"]["output"] if i["type"] == "function_call"]
+        increments = sum(json.loads(c["arguments"])["count"] for c in calls if c["name"] == "increment_counter")
+        got = [json.loads(outputs[c["call_id"]])["count"] for c in calls if c["name"] == "get_counter_value"]
+        assert got == [row["initial_count"] + increments]
+
+
+def test_malformed_input_names_file_and_line_and_publishes_nothing(tmp_path: Path) -> None:
+    good = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+    bad = write_jsonl(tmp_path / "bad.jsonl", [good[0], good[1], '{"responses_create_params": {', good[2], {"expected": 1}])
+    out = tmp_path / "out.jsonl"
+    res = cli("run", "resources/weather/config.yaml", "-i", str(bad), "-o", str(out))
+    assert res.returncode == 2
+    assert f"{bad}:3: not valid JSON" in res.stderr
+    assert f"{bad}:5: missing required field 'responses_create_params'" in res.stderr
+    assert not out.exists() and not Path(str(out) + ".partial").exists()
+
+
+def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> None:
+    """A model that emits broken tool-call JSON sees the error and answers; the rollout completes."""
+    task = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+    recording = {
+        "responses_create_params": task["responses_create_params"],
+        "response": {
+            "id": "resp_1", "created_at": 0.0, "model": "recorded", "object": "response",
+            "output": [
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": "},
+                {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
+                {"type": "function_call", "call_id": "c2", "name": "get_wether", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c2", "output": "recorded"},
+                {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": "{\"town\": \"sf\"}"},
+                {"type": "function_call_output", "call_id": "c3", "output": "recorded"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "sorry"}]},
+            ],
+        },
+    }
+    rec = write_jsonl(tmp_path / "recorded.jsonl", [recording])
+    inp = write_jsonl(tmp_path / "in.jsonl", [task])
+    out = tmp_path / "out.jsonl"
+    res = cli("run", "resources/weather/config.yaml", "-i", str(inp), "-o", str(out),
+              "--set", "models.policy.adapter=replay", "--set", f"models.policy.rollouts={rec}")
+    assert res.returncode == 0, res.stderr
+    outputs = [i["output"] for i in read_jsonl(out)[0]["response"]["output"] if i["type"] == "function_call_output"]
+    assert "not valid JSON" in outputs[0]
+    assert "unknown tool 'get_wether'" in outputs[1] and "get_weather" in outputs[1]
+    assert "town" in outputs[2]
+
+
+def test_trace_file_links_one_rollout_across_workers(tmp_path: Path) -> None:
+    out, traces = tmp_path / "out.jsonl", tmp_path / "spans.jsonl"
+    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl",
+              "-o", str(out), "--limit", "1", "--trace-file", str(traces))
+    assert res.returncode == 0, res.stderr
+    spans = read_jsonl(traces)
+    rollout = [s for s in spans if s["name"] == "rollout"]
+    assert len(rollout) == 1
+    trace_id = rollout[0]["trace_id"]
+    in_trace = [s for s in spans if s["trace_id"] == trace_id]
+    names = {s["name"] for s in in_trace}
+    assert any(n.startswith("generate") or n.startswith("publish gym.model") for n in names), names
+    assert any(n.startswith("process gym.model.policy") for n in names), names
+    assert any(n.startswith("tool get_weather") for n in names), names
+    assert any(n.startswith("verify") for n in names), names
+    assert any(n.startswith("process gym.res.weather") for n in names), names
+    by_id = {s["span_id"]: s for s in in_trace}
+    # every span but the publisher's root has its parent in the same trace
+    roots = [s for s in in_trace if s["parent_span_id"] not in by_id]
+    assert len(roots) == 1 and roots[0]["kind"] in ("PRODUCER", "INTERNAL"), roots
+    reward_attr = rollout[0]["attributes"].get("gym.reward")
+    assert reward_attr == 1.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_nats_server_outlives_an_interrupted_run(sig: int, tmp_path: Path) -> None:
+    before = nats_server_pids()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "run", "resources/weather/config.yaml",
+         "-i", "resources/weather/data/example.jsonl", "-o", str(tmp_path / "out.jsonl"),
+         "--set", "models.policy.delay_s=30"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while not (nats_server_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = nats_server_pids() - before
+    assert started, "the run did not start an embedded nats-server"
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    proc.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while (nats_server_pids() & started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (nats_server_pids() & started)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
