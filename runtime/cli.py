@@ -11,8 +11,6 @@ import os
 import sys
 from typing import Any
 
-import anyio
-
 from runtime import logs
 from runtime.config import Config, ConfigError, load_config
 from runtime.server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, ServerError, parse_size
@@ -89,7 +87,7 @@ def _print_summary(result: Any, out: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.runner import run_batch
+    from runtime.runner import run_async, run_batch
 
     cfg = _load(args)
     telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime run")
@@ -110,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             def on_progress(done: int, total: int) -> None:
                 progress.update(bar, completed=done, total=total)
 
-            result = anyio.run(lambda: run_batch(
+            result = run_async(lambda: run_batch(
                 cfg, url, input_path=args.input, out=args.output, telemetry=telemetry, agent=args.agent,
                 repeats=args.repeats, limit=args.limit, batch=args.batch, on_progress=on_progress,
             ))
@@ -128,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from runtime.runner import serve
+    from runtime.runner import run_async, serve
 
     cfg = _load(args)
     url = args.nats or cfg.nats
@@ -137,7 +135,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime workers")
     try:
-        anyio.run(lambda: serve(cfg, url, only=args.only, telemetry=telemetry, replicas=args.replicas,
+        run_async(lambda: serve(cfg, url, only=args.only, telemetry=telemetry, replicas=args.replicas,
                                 ready=lambda: print("workers ready", flush=True)))
     finally:
         telemetry.shutdown()

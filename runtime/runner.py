@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -32,6 +32,19 @@ from runtime.tracing import Telemetry
 log = logs.get("gym.runner")
 
 ROLES = ("models", "resources", "agents")
+
+T = TypeVar("T")
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine function on asyncio, with uvloop where it is installed (faster I/O)."""
+    try:
+        import uvloop  # noqa: F401
+
+        use_uvloop = True
+    except ImportError:
+        use_uvloop = False
+    return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
 
 
 def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:

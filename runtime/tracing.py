@@ -69,6 +69,9 @@ class Telemetry:
     """Tracer plus header propagation for one process."""
 
     def __init__(self, provider: TracerProvider | None = None, *, service: str = "gym-runtime") -> None:
+        # Without an exporter nothing is recorded, so only root spans are created (for
+        # fresh ids); every other message carries its caller's context unchanged.
+        self.recording = provider is not None
         self.provider = provider or TracerProvider(
             sampler=ALWAYS_OFF, resource=OtelResource.create({"service.name": service})
         )
@@ -104,6 +107,18 @@ class Telemetry:
         parent: otel_context.Context | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> Iterator[Span]:
+        if not self.recording:
+            if parent is not None:
+                token = otel_context.attach(parent)
+                try:
+                    yield trace.get_current_span()
+                finally:
+                    otel_context.detach(token)
+                return
+            current = trace.get_current_span()
+            if current.get_span_context().is_valid:
+                yield current
+                return
         with self.tracer.start_as_current_span(
             name, context=parent, kind=kind, attributes=attributes, record_exception=True
         ) as s:

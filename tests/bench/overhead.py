@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from runtime.config import load_config  # noqa: E402
-from runtime.runner import run_batch  # noqa: E402
+from runtime.runner import run_async, run_batch  # noqa: E402
 from runtime.server import EmbeddedServer  # noqa: E402
 from runtime.tracing import Telemetry  # noqa: E402
 
@@ -121,7 +121,7 @@ def one_process(n: int, conc: int, tmp: Path, profile: str | None = None) -> dic
     server_s = time.perf_counter() - t0
     me = psutil.Process()
     server = psutil.Process(srv.pid)
-    cfg = load_config(CONFIG, [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 1)}"])
+    cfg = load_config(CONFIG, [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}"])
     inp = make_input(n, tmp)
     cpu0 = cpu_of([me, server])
     profiler = None
@@ -131,7 +131,7 @@ def one_process(n: int, conc: int, tmp: Path, profile: str | None = None) -> dic
         profiler = Profiler(async_mode="disabled")
         profiler.start()
     with Sampler([me, server]) as sampler:
-        res = anyio.run(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_one_{conc}.jsonl", telemetry=Telemetry()))
+        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_one_{conc}.jsonl", telemetry=Telemetry()))
     if profiler:
         profiler.stop()
         Path(profile).write_text(profiler.output_html())  # type: ignore[arg-type]
@@ -149,7 +149,7 @@ def one_process(n: int, conc: int, tmp: Path, profile: str | None = None) -> dic
 def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
     srv = EmbeddedServer(store_dir=str(tmp / f"js_multi_{conc}"))
     srv.start()
-    sets = [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 1)}"]
+    sets = [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}"]
     procs = []
     for role in ("models", "resources", "agents"):
         args = [sys.executable, "-m", "runtime.cli", "start", str(CONFIG), "--nats", srv.url, "--only", role]
@@ -166,7 +166,7 @@ def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
     inp = make_input(n, tmp)
     cpu0 = cpu_of(ps)
     with Sampler(ps) as sampler:
-        res = anyio.run(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_multi_{conc}.jsonl",
+        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_multi_{conc}.jsonl",
                                           telemetry=Telemetry(), start_local_workers=False))
     cpu = cpu_of(ps) - cpu0
     for p in procs:
