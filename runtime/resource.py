@@ -15,11 +15,11 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, get_type_hints
+from typing import Any, Callable, ClassVar, Literal, Protocol, get_type_hints
 
 import msgspec
 
-from runtime.messages import Response
+from runtime.messages import CreateParams, FunctionCall, Response
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -103,6 +103,12 @@ def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
     )
 
 
+class ModelClient(Protocol):
+    """What a resource sees of the runtime's models (e.g. an LLM judge in ``verify``)."""
+
+    async def generate(self, params: CreateParams, *, model: str) -> Response: ...
+
+
 class Resource:
     """Base class of an environment. Subclass it; one instance serves one session.
 
@@ -115,10 +121,18 @@ class Resource:
       ``seed(self, task)``: start the session from the task row.
       ``verify(self, task, response)``: reward (float) or a ``Verdict``.
       ``close(self)``: release session resources.
+    ``self.models.generate(params, model=NAME)`` reaches a model of the config
+    through its work queue, so a judge model scales like any model worker.
     """
 
     tools: ClassVar[dict[str, ToolSpec]] = {}
     options: ClassVar[dict[str, Any]] = {}
+    # How the session-less verify path (``gym-runtime reverify``) rebuilds state:
+    # "stateless": seed, then verify; "replay": seed, run the response's function
+    # calls through the tools in order, then verify (for stateful environments).
+    reverify: ClassVar[Literal["stateless", "replay"]] = "stateless"
+    # Set by the worker before ``seed``: reach models of the config (LLM judges).
+    models: ModelClient
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -199,7 +213,34 @@ def find_resource_class(module: Any) -> type[Resource]:
 
 
 async def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run CPU-heavy work in a worker thread so the event loop keeps serving."""
+    """Run blocking I/O or GIL-releasing work in a worker thread so the event loop keeps serving."""
     import anyio.to_thread
 
     return await anyio.to_thread.run_sync(fn, *args)
+
+
+async def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float | None = None, limiter: Any = None) -> Any:
+    """Run CPU-heavy pure-Python work (math-verify, checkers) in a worker process.
+
+    ``fn`` must be a picklable top-level function. On timeout the worker process
+    is killed (anyio's ``cancellable=True``) and ``TimeoutError`` is raised, so a
+    runaway verification cannot wedge the resource worker. Processes are reused
+    between calls; ``limiter`` (an ``anyio.CapacityLimiter``) bounds how many run at once.
+    """
+    import anyio
+    import anyio.to_process
+
+    if timeout is None:
+        return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+    with anyio.fail_after(timeout):
+        return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+
+
+async def replay_calls(inst: Resource, response: Response) -> None:
+    """Run a finished response's function calls through a fresh session, in order."""
+    for item in response.output:
+        if isinstance(item, FunctionCall):
+            try:
+                await inst.call_tool(item.name, item.arguments)
+            except ToolArgumentsError:
+                pass  # the model saw an error for this call; state is unchanged

@@ -23,6 +23,9 @@ from runtime.bus import Bus, HandlerError
 from runtime.config import ResourceConfig
 from runtime.messages import (
     CloseSession,
+    CreateParams,
+    ModelRequest,
+    Response,
     SeedReply,
     SeedRequest,
     ToolCall,
@@ -30,9 +33,24 @@ from runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class, replay_calls
 
 log = logs.get("gym.resource")
+
+
+class BusModels:
+    """``Resource.models``: model calls through the models' work queues."""
+
+    def __init__(self, bus: Bus, timeout_s: float = 900.0) -> None:
+        self._bus = bus
+        self._timeout_s = timeout_s
+
+    async def generate(self, params: CreateParams, *, model: str) -> Response:
+        reply = await self._bus.queued_request(
+            self._bus.subject("model", model), ModelRequest(params=params),
+            timeout=self._timeout_s, op=f"generate {model}",
+        )
+        return reply.response
 
 
 def load_resource_class(module_path: str) -> type[Resource]:
@@ -64,6 +82,7 @@ class ResourceWorker:
         self.sessions: dict[str, tuple[Resource, float]] = {}
         self._subs: list[Any] = []
         self.seeded = 0  # sessions opened here (status, tests)
+        self.models = BusModels(bus)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.cls.setup(dict(self.cfg.options))
@@ -100,8 +119,13 @@ class ResourceWorker:
             await self._subs[0].unsubscribe()
             await self._subs[2].unsubscribe()
 
-    async def _seed(self, req: SeedRequest, msg: Msg) -> SeedReply:
+    def _new(self) -> Resource:
         inst = self.cls()
+        inst.models = self.models
+        return inst
+
+    async def _seed(self, req: SeedRequest, msg: Msg) -> SeedReply:
+        inst = self._new()
         try:
             await inst.seed(req.row)
         except Exception as exc:
@@ -140,8 +164,13 @@ class ResourceWorker:
         raise HandlerError("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
     async def _stateless_verify(self, req: VerifyRequest, msg: Msg) -> VerifyReply:
-        inst = self.cls()
-        await inst.seed(req.row)
+        inst = self._new()
+        try:
+            await inst.seed(req.row)
+            if self.cls.reverify == "replay":
+                await replay_calls(inst, req.response)
+        except Exception as exc:
+            raise HandlerError("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
         try:
             return await verify_with(inst, req.row, req.response)
         finally:
