@@ -59,7 +59,10 @@ class ModelError(Exception):
 
 
 class ModelAdapter(Protocol):
-    async def generate(self, params: CreateParams) -> Response: ...
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
+        """One model call. ``rollout_key`` ({batch}:{task}:{rollout}) identifies the rollout:
+        for replica affinity (prefix caches) and for replaying the right recorded repeat."""
+        ...
 
     async def aclose(self) -> None: ...
 

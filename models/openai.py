@@ -547,7 +547,7 @@ class OpenAIModel:
             return build_chat_body(params, model=model, extra_body=self.cfg.extra_body)
         return build_responses_body(params, model=model, extra_body=self.cfg.extra_body)
 
-    async def generate(self, params: CreateParams) -> Response:
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         body = self._body(params)
         attempts = self.cfg.max_retries + 1
         for attempt in range(attempts):

@@ -179,7 +179,7 @@ class ReplayModel:
                 found.append((n, rec))
         return found
 
-    async def generate(self, params: CreateParams) -> Response:
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         items = params.input
         candidates = self._candidates(items)
         if not candidates:

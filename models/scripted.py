@@ -239,7 +239,7 @@ class ScriptedModel:
             args = self._args_cache[key] = example_arguments(parameters)
         return args
 
-    async def generate(self, params: CreateParams) -> Response:
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         if self._delay > 0:
             await anyio.sleep(self._delay)
         n = next(self._ids)

@@ -58,7 +58,7 @@ class ModelWorker:
 
     async def _generate(self, req: ModelRequest, msg: Msg) -> ModelResponse:
         try:
-            return ModelResponse(response=await self.adapter.generate(req.params))
+            return ModelResponse(response=await self.adapter.generate(req.params, rollout_key=req.rollout_key))
         except ModelError as e:
             raise HandlerError("model_error", str(e), retryable=e.retryable) from e
 
