@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from runtime import logs
 from runtime.agent import AgentContext, AgentFailure, AgentFn, Outcome
-from runtime.bus import MSG_ID_HEADER, Bus, RemoteError
+from runtime.bus import Bus, RemoteError
 from runtime.config import AgentConfig, Config
 from runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
@@ -93,7 +93,7 @@ class AgentWorker:
         parent = self.bus.telemetry.extract(msg.headers)
         attempt = msg.metadata.num_delivered or 1
         try:
-            task = self.bus.codec.decode(msg.data, msg.headers)
+            task = await self.bus.decode(msg)
             if not isinstance(task, RolloutTask):
                 raise TypeError(f"expected a rollout task, got {type(task).__name__}")
         except Exception as e:  # a poison message: nothing to retry, nothing to report to
@@ -161,9 +161,7 @@ class AgentWorker:
         )
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
-        headers = self.bus.telemetry.inject(
-            {MSG_ID_HEADER: f"{task.batch}:{task.task_index}:{task.rollout_index}"}
-        )
-        await self.bus.js.publish(
-            self.bus.subject("result", task.batch), self.bus.codec.encode(result), headers=headers
+        await self.bus.js_publish(
+            self.bus.subject("result", task.batch), result,
+            msg_id=f"{task.batch}:{task.task_index}:{task.rollout_index}",
         )

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import nats
-import nats.errors
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -30,6 +30,7 @@ from runtime.tracing import Telemetry
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
 MSG_ID_HEADER = "Nats-Msg-Id"
+BLOB_HEADER = "Gym-Blob"  # the body is in the object store under this key
 
 log = logs.get("gym.bus")
 
@@ -60,7 +61,18 @@ def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
     return ErrorInfo(error_class=default_class, message=f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
 
 
-async def connect(url: str | list[str], *, name: str) -> NATS:
+def _expire(fut: asyncio.Future[Msg], subject: str, op: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(
+            RemoteError(
+                ErrorInfo(error_class="timeout", message=f"no reply to {op} on {subject} within {timeout:g}s", retryable=True)
+            )
+        )
+
+
+async def connect(
+    url: str | list[str], *, name: str, on_reconnect: Callable[[], Awaitable[None]] | None = None
+) -> NATS:
     """Connect with reconnect-forever: long-lived workers ride out server restarts."""
 
     async def on_error(e: Exception) -> None:
@@ -69,8 +81,10 @@ async def connect(url: str | list[str], *, name: str) -> NATS:
     async def on_disconnect() -> None:
         log.info("nats.disconnected", client=name)
 
-    async def on_reconnect() -> None:
+    async def reconnected() -> None:
         log.info("nats.reconnected", client=name)
+        if on_reconnect is not None:
+            await on_reconnect()
 
     servers = url if isinstance(url, list) else [url]
     return await nats.connect(
@@ -81,13 +95,21 @@ async def connect(url: str | list[str], *, name: str) -> NATS:
         connect_timeout=5,
         error_cb=on_error,
         disconnected_cb=on_disconnect,
-        reconnected_cb=on_reconnect,
+        reconnected_cb=reconnected,
         pending_size=64 * 1024 * 1024,
     )
 
 
 class Bus:
-    """A worker's view of NATS: namespaced subjects, codec, tracing, request-reply."""
+    """A worker's view of NATS: namespaced subjects, codec, tracing, request-reply.
+
+    Requests use one wildcard reply subscription per connection and a future per
+    call (cheaper than nats-py's ``request``, and under our control): when the
+    connection drops, every call in flight fails at once as retryable
+    ``worker_lost`` instead of hanging until its timeout. Bodies larger than the
+    server's max payload go through the JetStream Object Store by reference
+    (``Gym-Blob`` header), transparently for senders and receivers.
+    """
 
     def __init__(self, nc: NATS, *, namespace: str, telemetry: Telemetry) -> None:
         self.nc = nc
@@ -98,15 +120,62 @@ class Bus:
         self._replies: dict[str, asyncio.Future[Msg]] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
+        self._blobs: Any = None
 
     @classmethod
     async def connect(
         cls, url: str | list[str], *, namespace: str, telemetry: Telemetry, name: str
     ) -> Bus:
-        return cls(await connect(url, name=name), namespace=namespace, telemetry=telemetry)
+        bus: Bus | None = None
+
+        async def on_reconnect() -> None:
+            if bus is not None:
+                bus.fail_pending("the connection to NATS was lost and re-established")
+
+        nc = await connect(url, name=name, on_reconnect=on_reconnect)
+        bus = cls(nc, namespace=namespace, telemetry=telemetry)
+        return bus
 
     def subject(self, *parts: str) -> str:
         return ".".join((self.ns, *parts))
+
+    # ------------------------------------------------------------------ bodies
+
+    @property
+    def blob_threshold(self) -> int:
+        return max(64 * 1024, (self.nc.max_payload or 1024 * 1024) - 64 * 1024)
+
+    async def _blob_store(self) -> Any:
+        if self._blobs is None:
+            from nats.js.api import ObjectStoreConfig
+
+            name = f"{self.ns.upper().replace('-', '_')}_BLOBS"
+            try:
+                self._blobs = await self.js.object_store(name)
+            except Exception:
+                self._blobs = await self.js.create_object_store(
+                    name, ObjectStoreConfig(bucket=name, ttl=7 * 24 * 3600.0)
+                )
+        return self._blobs
+
+    async def encode(self, payload: Any, headers: dict[str, str]) -> bytes:
+        """Encode ``payload``; a body over the max payload is stored as a blob and referenced."""
+        data = self.codec.encode(payload)
+        if len(data) > self.blob_threshold:
+            key = uuid.uuid4().hex
+            store = await self._blob_store()
+            await store.put(key, data)
+            headers[BLOB_HEADER] = key
+            return b""
+        return data
+
+    async def decode(self, msg: Msg) -> Any:
+        headers = msg.headers
+        if headers and BLOB_HEADER in headers:
+            store = await self._blob_store()
+            obj = await store.get(headers[BLOB_HEADER])
+            return self.codec.decode(obj.data, headers)
+        return self.codec.decode(msg.data, headers)
 
     # ------------------------------------------------------------------ client side
 
@@ -117,12 +186,64 @@ class Bus:
             h.update(extra)
         return h
 
-    def _unwrap(self, msg: Msg) -> Any:
+    async def _unwrap(self, msg: Msg, subject: str) -> Any:
         headers = msg.headers
-        body = self.codec.decode(msg.data, headers)
+        if headers and headers.get("Status") == "503" and not msg.data:
+            raise RemoteError(
+                ErrorInfo(error_class="worker_lost", message=f"no worker is serving {subject}", retryable=True)
+            )
+        body = await self.decode(msg)
         if isinstance(body, ErrorReply):
             raise RemoteError(body.error)
         return body
+
+    async def _ensure_reply_sub(self) -> str:
+        if self._reply_prefix is None:
+            prefix = self.nc.new_inbox()
+            self._reply_prefix = prefix
+            replies = self._replies
+
+            async def on_reply(msg: Msg) -> None:
+                fut = replies.pop(msg.subject, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+            await self.nc.subscribe(prefix + ".*", cb=on_reply)
+        return self._reply_prefix
+
+    def fail_pending(self, reason: str) -> None:
+        """Fail every call in flight as retryable (their replies may never come)."""
+        pending, self._replies = self._replies, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(
+                    RemoteError(ErrorInfo(error_class="worker_lost", message=reason, retryable=True))
+                )
+
+    async def _call(
+        self, subject: str, payload: Any, *, timeout: float, op: str, queued: bool, msg_id: str | None
+    ) -> Any:
+        prefix = await self._ensure_reply_sub()
+        reply = f"{prefix}.{next(self._reply_seq)}"
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Msg] = loop.create_future()
+        self._replies[reply] = fut
+        extra: dict[str, str] = {}
+        if queued:
+            # A reply subject on a stream publish would receive the stream's ack instead.
+            extra[REPLY_HEADER] = reply
+        if msg_id:
+            extra[MSG_ID_HEADER] = msg_id
+        headers = self._headers(extra)
+        timer = loop.call_later(timeout, _expire, fut, subject, op, timeout)
+        try:
+            data = await self.encode(payload, headers)
+            await self.nc.publish(subject, data, reply="" if queued else reply, headers=headers)
+            msg = await fut
+        finally:
+            timer.cancel()
+            self._replies.pop(reply, None)
+        return await self._unwrap(msg, subject)
 
     async def request(self, subject: str, payload: Any, *, timeout: float, op: str) -> Any:
         """Core request-reply with a CLIENT span; typed errors come back as ``RemoteError``."""
@@ -132,89 +253,42 @@ class Bus:
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ) as span:
             try:
-                msg = await self.nc.request(
-                    subject, self.codec.encode(payload), timeout=timeout, headers=self._headers()
-                )
-            except nats.errors.NoRespondersError:
-                span.set_status(StatusCode.ERROR, "no responders")
-                raise RemoteError(
-                    ErrorInfo(
-                        error_class="worker_lost",
-                        message=f"no worker is serving {subject}",
-                        retryable=True,
-                    )
-                ) from None
-            except nats.errors.TimeoutError:
-                span.set_status(StatusCode.ERROR, "timeout")
-                raise RemoteError(
-                    ErrorInfo(
-                        error_class="timeout",
-                        message=f"no reply from {subject} within {timeout:g}s",
-                        retryable=True,
-                    )
-                ) from None
-            return self._unwrap(msg)
-
-    async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None:
-        await self.nc.publish(subject, self.codec.encode(payload), headers=self._headers(headers))
-
-    async def _ensure_reply_sub(self) -> str:
-        if self._reply_prefix is None:
-            prefix = self.nc.new_inbox()
-            self._reply_prefix = prefix
-
-            async def on_reply(msg: Msg) -> None:
-                fut = self._replies.pop(msg.subject, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-
-            await self.nc.subscribe(prefix + ".*", cb=on_reply)
-        return self._reply_prefix
+                return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None)
+            except RemoteError as e:
+                span.set_status(StatusCode.ERROR, e.info.message)
+                raise
 
     async def queued_request(
         self, subject: str, payload: Any, *, timeout: float, op: str, msg_id: str | None = None
     ) -> Any:
-        """Publish a request onto a JetStream work queue and wait for the core-NATS reply.
-
-        The reply subject travels in the ``Gym-Reply`` header: a NATS reply subject on
-        a stream publish would receive the stream's publish ack instead.
-        """
-        prefix = await self._ensure_reply_sub()
-        reply = f"{prefix}.{next(self._reply_seq)}"
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._replies[reply] = fut
+        """Publish a request onto a JetStream work queue and wait for the core-NATS reply."""
         with self.telemetry.span(
             f"publish {subject}",
             kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject, "gym.op": op},
         ) as span:
-            extra = {REPLY_HEADER: reply}
-            if msg_id:
-                extra[MSG_ID_HEADER] = msg_id
             try:
-                await self.nc.publish(subject, self.codec.encode(payload), headers=self._headers(extra))
-                with anyio.fail_after(timeout):
-                    msg = await fut
-            except TimeoutError:
-                span.set_status(StatusCode.ERROR, "timeout")
-                raise RemoteError(
-                    ErrorInfo(
-                        error_class="timeout",
-                        message=f"no reply to {op} on {subject} within {timeout:g}s",
-                        retryable=True,
-                    )
-                ) from None
-            finally:
-                self._replies.pop(reply, None)
-            return self._unwrap(msg)
+                return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id)
+            except RemoteError as e:
+                span.set_status(StatusCode.ERROR, e.info.message)
+                raise
+
+    async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None:
+        h = self._headers(headers)
+        await self.nc.publish(subject, await self.encode(payload, h), headers=h)
+
+    async def js_publish(self, subject: str, payload: Any, *, msg_id: str) -> None:
+        """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack."""
+        h = self._headers({MSG_ID_HEADER: msg_id})
+        await self.js.publish(subject, await self.encode(payload, h), headers=h)
 
     # ------------------------------------------------------------------ server side
 
     async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:
         if not subject:
             return
-        extra = {ERROR_HEADER: "1"} if error else None
-        await self.nc.publish(subject, self.codec.encode(payload), headers=self._headers(extra))
+        h = self._headers({ERROR_HEADER: "1"} if error else None)
+        await self.nc.publish(subject, await self.encode(payload, h), headers=h)
 
     async def handle(
         self,
@@ -234,7 +308,7 @@ class Bus:
             f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs
         ) as span:
             try:
-                body = self.codec.decode(msg.data, msg.headers)
+                body = await self.decode(msg)
                 result = await handler(body, msg)
             except Exception as exc:  # every failure becomes a typed reply, never a hang
                 info = _error_info(exc, default_error)

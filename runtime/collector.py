@@ -27,7 +27,6 @@ from runtime.bus import Bus
 from runtime.messages import RolloutResult
 from runtime.metrics import MetricsAccumulator
 
-_result_dec = msgspec.msgpack.Decoder(RolloutResult)
 _json_enc = msgspec.json.Encoder()
 
 
@@ -79,7 +78,7 @@ class Collector:
             self._spool = spool
 
             async def on_msg(msg: Msg) -> None:
-                self._take(msg.data)
+                self._take(await self.bus.decode(msg))
 
             sub = await self.bus.js.subscribe(
                 self.bus.subject("result", self.batch),
@@ -96,8 +95,7 @@ class Collector:
         await anyio.to_thread.run_sync(self._finalize)
         return self.stats
 
-    def _take(self, data: bytes) -> None:
-        res = _result_dec.decode(data)
+    def _take(self, res: RolloutResult) -> None:
         key = (res.task_index, res.rollout_index)
         if key in self._index:
             self.stats.duplicates += 1

@@ -18,7 +18,7 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
-from runtime.bus import MSG_ID_HEADER, Bus
+from runtime.bus import Bus
 from runtime.messages import ItemError, RolloutTask, create_params
 from runtime.pull import ensure_streams
 
@@ -145,8 +145,7 @@ async def publish_tasks(
                     "gym.rollout_index": task.rollout_index,
                 },
             ):
-                headers = bus.telemetry.inject({MSG_ID_HEADER: msg_id})
-                await bus.js.publish(subject, bus.codec.encode(task), headers=headers)
+                await bus.js_publish(subject, task, msg_id=msg_id)
         finally:
             limiter.release()
 
