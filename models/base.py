@@ -31,6 +31,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 64
     replicas: int = 1
     timeout_s: float = 120.0
+    ack_wait_s: float = 30.0  # a request whose worker went silent this long goes to another replica
     max_retries: int = 3
     retry_backoff_s: float = 0.5
     delay_s: float = 0.0  # scripted: simulated latency per call

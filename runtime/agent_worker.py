@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from runtime import logs
 from runtime.agent import AgentContext, AgentFailure, AgentFn, Outcome
 from runtime.bus import Bus, RemoteError
+from runtime.discovery import register
 from runtime.config import AgentConfig, Config
 from runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
@@ -69,21 +70,39 @@ class AgentWorker:
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0
+        self.failed = 0
+        self.retried = 0
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
-        base = m.timeout_s * (m.max_retries + 1) if m else 120.0
-        return base + ACK_WAIT_S + 5.0  # room for one redelivery of a lost model request
+        if m is None:
+            return 120.0 + ACK_WAIT_S
+        # room for the adapter's own retries and one redelivery of a lost request
+        return m.timeout_s * (m.max_retries + 1) + m.ack_wait_s + 5.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await ensure_streams(self.bus)
         stream = stream_names(self.bus.ns)["task"]
         durable = f"agent_{self.name}"
-        await ensure_consumer(self.bus, stream, durable, self.bus.subject("task", self.name), ack_wait=ACK_WAIT_S)
-        self.puller = PullWorker(self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle)
+        ack_wait = self.cfg.ack_wait_s
+        await ensure_consumer(self.bus, stream, durable, self.bus.subject("task", self.name), ack_wait=ack_wait)
+        self.puller = PullWorker(
+            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle,
+            heartbeat_s=ack_wait / 3,
+        )
+        svc = await register(self.bus, "agent", self.name, self.worker_id, self.stats)
         log.info("agent.ready", agent=self.name, worker=self.worker_id)
         task_status.started()
-        await self.puller.run()
+        try:
+            await self.puller.run()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await svc.stop()
+
+    def stats(self) -> dict[str, Any]:
+        p = self.puller
+        return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency,
+                "completed": self.completed, "failed": self.failed, "retried": self.retried}
 
     def stop_pulling(self) -> None:
         if self.puller:
@@ -116,8 +135,10 @@ class AgentWorker:
                                 rollout_index=task.rollout_index, trace_id=trace_id):
                     result = await self._run_task(task, attempt, msg)
                     if result is None:
+                        self.retried += 1
                         return  # nak'd for redelivery
                     if result.error is not None:
+                        self.failed += 1
                         span.set_status(StatusCode.ERROR, result.error.message)
                         log.warning("rollout.failed", error_class=result.error.error_class,
                                     error=result.error.message, attempt=attempt)

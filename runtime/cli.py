@@ -7,6 +7,7 @@ config or input (nothing was run); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -56,8 +57,34 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
     start.add_argument("--only", action="append", metavar="ROLE.NAME",
                        help="start only these, e.g. models.policy (repeatable)")
-    start.add_argument("--replicas", type=int, help="replicas of each selected worker")
+    start.add_argument("--replicas", type=int, help="processes per selected worker (default: the config's replicas)")
+    start.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
     _common(start)
+
+    pub = sub.add_parser("publish", help="validate and publish a batch of tasks; prints the batch id")
+    pub.add_argument("config")
+    pub.add_argument("-i", "--input", required=True, help="input tasks JSONL (NeMo Gym format)")
+    pub.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
+    pub.add_argument("--batch", help="batch id (default: random); re-publishing the same id is deduplicated")
+    pub.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
+    pub.add_argument("--repeats", type=int, default=1)
+    pub.add_argument("--limit", type=int)
+    _common(pub)
+
+    col = sub.add_parser("collect", help="wait for a batch's results and write JSONL + sidecars")
+    col.add_argument("--batch", required=True)
+    col.add_argument("--nats", required=True)
+    col.add_argument("-o", "--output", required=True)
+    col.add_argument("--namespace", default="gym")
+    col.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the batch to be published")
+    col.add_argument("--no-progress", action="store_true")
+    col.add_argument("--log-level", default=os.environ.get("GYM_LOG_LEVEL", "warning"))
+
+    st = sub.add_parser("status", help="workers per role and replica, queue depths, recent rollouts/s")
+    st.add_argument("--nats", required=True)
+    st.add_argument("--namespace", default="gym")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.add_argument("--log-level", default=os.environ.get("GYM_LOG_LEVEL", "warning"))
 
     server = sub.add_parser("server", help="run the NATS server (JetStream on) in the foreground")
     server.add_argument("--port", type=int, default=4222)
@@ -75,15 +102,24 @@ def _load(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def _print_summary(result: Any, out: str) -> None:
+def _print_stats(batch: str, s: Any, out: str, *, elapsed_s: float | None = None) -> None:
     from runtime.metrics import summary_lines
 
-    s = result.stats
-    print(f"batch {result.batch}: {s.rows} rows, {s.failures} failed, in {result.elapsed_s:.2f}s -> {out}")
+    took = f" in {elapsed_s:.2f}s" if elapsed_s is not None else ""
+    print(f"batch {batch}: {s.rows} rows, {s.failures} failed{took} -> {out}")
     if s.mean_reward is not None:
         print(f"mean reward: {s.mean_reward:.4f}")
     for line in summary_lines(s.metrics):
         print(line)
+
+
+def _failures_exit(stats: Any, out: str) -> int:
+    if stats.failures:
+        from runtime.collector import sidecar_paths
+
+        _err(f"{stats.failures} rollouts failed; see {sidecar_paths(out)[0]}")
+        return EXIT_FAILURES
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -97,12 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         server = EmbeddedServer()
         url = server.start()
     try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        show = not args.no_progress and sys.stderr.isatty()
-        progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            transient=True, disable=not show)
-        with progress:
+        with _progress(args.no_progress) as progress:
             bar = progress.add_task("rollouts", total=None)
 
             def on_progress(done: int, total: int) -> None:
@@ -116,29 +147,115 @@ def cmd_run(args: argparse.Namespace) -> int:
         telemetry.shutdown()
         if server:
             server.stop()
-    _print_summary(result, args.output)
-    if result.stats.failures:
-        from runtime.collector import sidecar_paths
+    _print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
+    return _failures_exit(result.stats, args.output)
 
-        _err(f"{result.stats.failures} rollouts failed; see {sidecar_paths(args.output)[0]}")
-        return EXIT_FAILURES
-    return 0
+
+def _url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
+    url = args.nats or (cfg.nats if cfg else None)
+    if not url or url == "embedded":
+        raise ValueError(f"{args.command} needs --nats URL (start one with `gym-runtime server`)")
+    return url
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from runtime.runner import run_async, serve
+    from runtime.runner import run_async, selected, serve
 
     cfg = _load(args)
-    url = args.nats or cfg.nats
-    if url == "embedded":
-        _err("start needs --nats URL (or a config whose `nats` is a URL); run `gym-runtime server` first")
-        return EXIT_USAGE
-    telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime workers")
+    url = _url(args, cfg)
+    pairs = selected(cfg, args.only)
+    replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
+    if args.in_process or sum(replicas.values()) == 1:
+        telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime workers")
+        try:
+            run_async(lambda: serve(cfg, url, only=args.only, telemetry=telemetry, replicas=args.replicas,
+                                    ready=lambda: print("workers ready", flush=True)))
+        finally:
+            telemetry.shutdown()
+        return 0
+    from runtime.supervisor import Child, child_argv, run_pool
+
+    passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
+    if args.trace_file:
+        passthrough += ["--trace-file", args.trace_file]
+    children = [
+        Child(f"{r}.{n}", child_argv(args.config, url if isinstance(url, str) else ",".join(url), f"{r}.{n}", passthrough))
+        for (r, n), k in replicas.items() for _ in range(k)
+    ]
+    return run_pool(children)
+
+
+def _progress(disabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    show = not disabled and sys.stderr.isatty()
+    return Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=True, disable=not show)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from runtime.bus import Bus
+    from runtime.runner import publish_batch, run_async
+
+    cfg = _load(args)
+    url = _url(args, cfg)
+    telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime publish")
+
+    async def main() -> Any:
+        bus = await Bus.connect(url, namespace=cfg.namespace, telemetry=telemetry, name="gym-publish")
+        try:
+            return await publish_batch(bus, cfg, args.input, agent=args.agent, repeats=args.repeats,
+                                       limit=args.limit, batch=args.batch)
+        finally:
+            await bus.close()
+
     try:
-        run_async(lambda: serve(cfg, url, only=args.only, telemetry=telemetry, replicas=args.replicas,
-                                ready=lambda: print("workers ready", flush=True)))
+        manifest = run_async(main)
     finally:
         telemetry.shutdown()
+    print(f"published {manifest.expected} tasks ({manifest.tasks} rows x {manifest.repeats}) as batch:", file=sys.stderr)
+    print(manifest.batch)
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from runtime.bus import Bus
+    from runtime.runner import collect_batch, run_async
+
+    url = _url(args, None)
+    telemetry = Telemetry()
+    with _progress(args.no_progress) as progress:
+        bar = progress.add_task("rollouts", total=None)
+
+        async def main() -> Any:
+            bus = await Bus.connect(url, namespace=args.namespace, telemetry=telemetry, name="gym-collect")
+            try:
+                return await collect_batch(bus, args.batch, args.output, wait_s=args.wait,
+                                           on_progress=lambda d, t: progress.update(bar, completed=d, total=t))
+            finally:
+                await bus.close()
+
+        stats = run_async(main)
+    _print_stats(args.batch, stats, args.output)
+    return _failures_exit(stats, args.output)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from runtime.bus import Bus
+    from runtime.runner import run_async
+    from runtime.status import gather, render
+
+    url = _url(args, None)
+
+    async def main() -> Any:
+        bus = await Bus.connect(url, namespace=args.namespace, telemetry=Telemetry(), name="gym-status")
+        try:
+            return await gather(bus)
+        finally:
+            await bus.close()
+
+    report = run_async(main)
+    print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
 
@@ -165,7 +282,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level if hasattr(args, "log_level") else "warning")
-    handlers = {"run": cmd_run, "start": cmd_start, "server": cmd_server}
+    handlers = {"run": cmd_run, "start": cmd_start, "server": cmd_server, "publish": cmd_publish,
+                "collect": cmd_collect, "status": cmd_status}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, ServerError, ValueError) as e:

@@ -41,6 +41,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 256
     replicas: int = 1
     max_attempts: int = 3
+    ack_wait_s: float = 30.0  # a task whose worker went silent this long is redelivered
     options: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

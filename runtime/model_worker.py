@@ -9,6 +9,7 @@ redelivers it to another replica after ``ack_wait``.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import anyio
 from nats.aio.msg import Msg
@@ -17,7 +18,8 @@ from models.base import ModelAdapter, ModelConfig, ModelError, load_adapter
 from runtime import logs
 from runtime.bus import REPLY_HEADER, Bus, HandlerError
 from runtime.messages import ModelRequest, ModelResponse
-from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
+from runtime.discovery import register
+from runtime.pull import PullWorker, ensure_consumer, ensure_streams, stream_names
 
 log = logs.get("gym.model")
 
@@ -33,24 +35,31 @@ class ModelWorker:
         self.adapter = adapter or load_adapter(cfg, base_dir=base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
+        self.served = 0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await ensure_streams(self.bus)
         stream = stream_names(self.bus.ns)["model"]
         durable = f"model_{self.name}"
-        await ensure_consumer(
-            self.bus, stream, durable, self.bus.subject("model", self.name), ack_wait=ACK_WAIT_S
-        )
+        ack_wait = self.cfg.ack_wait_s
+        await ensure_consumer(self.bus, stream, durable, self.bus.subject("model", self.name), ack_wait=ack_wait)
         self.puller = PullWorker(
-            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle
+            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle,
+            heartbeat_s=ack_wait / 3,
         )
+        svc = await register(self.bus, "model", self.name, self.worker_id, self.stats)
         log.info("model.ready", model=self.name, worker=self.worker_id, adapter=self.cfg.adapter)
         task_status.started()
         try:
             await self.puller.run()
         finally:
             with anyio.CancelScope(shield=True):
+                await svc.stop()
                 await self.adapter.aclose()
+
+    def stats(self) -> dict[str, Any]:
+        p = self.puller
+        return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency, "served": self.served}
 
     def stop_pulling(self) -> None:
         if self.puller:
@@ -69,3 +78,4 @@ class ModelWorker:
             attributes={"gym.model": self.name, "gym.worker": self.worker_id},
         )
         await msg.ack()
+        self.served += 1

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from runtime import logs
 from runtime.bus import Bus, HandlerError
+from runtime.discovery import register
 from runtime.config import ResourceConfig
 from runtime.messages import (
     CloseSession,
@@ -65,7 +66,8 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     try:
         out = await inst.verify(row, response)
     except Exception as exc:
-        raise HandlerError("verify_error", f"verify raised {type(exc).__name__}: {exc}") from exc
+        # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
+        raise HandlerError("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields)
     return VerifyReply(reward=float(out))
@@ -103,15 +105,20 @@ class ResourceWorker:
             ]
             await self.bus.nc.flush()
             tg.start_soon(self._reap)
+            svc = await register(self.bus, "resource", self.name, self.worker_id, self.stats)
             log.info("resource.ready", resource=self.name, worker=self.worker_id)
             task_status.started()
             try:
                 await anyio.sleep_forever()
             finally:
                 with anyio.CancelScope(shield=True):
+                    await svc.stop()
                     for inst, _ in list(self.sessions.values()):
                         await inst.close()
                     self.sessions.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {"sessions": len(self.sessions), "seeded": self.seeded}
 
     async def stop_accepting(self) -> None:
         """Drain: stop taking new sessions; existing sessions keep being served."""

@@ -20,13 +20,14 @@ from anyio.abc import TaskGroup
 
 from runtime import logs
 from runtime.agent_worker import AgentWorker
+from runtime.batches import Manifest, get_manifest, put_manifest
 from runtime.bus import Bus
 from runtime.collector import Collector, CollectStats
 from runtime.config import Config
 from runtime.model_worker import ModelWorker
 from runtime.pull import ensure_streams
 from runtime.resource_worker import ResourceWorker
-from runtime.tasks import publish_tasks, validate
+from runtime.tasks import Plan, publish_tasks, validate
 from runtime.tracing import Telemetry
 
 log = logs.get("gym.runner")
@@ -129,6 +130,27 @@ class RunResult:
     elapsed_s: float
 
 
+async def publish_batch(
+    bus: Bus, config: Config, input_path: str | Path, *, agent: str | None = None, repeats: int = 1,
+    limit: int | None = None, batch: str | None = None, plan: Plan | None = None,
+) -> Manifest:
+    """Validate every row (unless ``plan`` says it was done), record the manifest, publish rows × repeats."""
+    agents = list(config.agents)
+    if not agents:
+        raise ValueError("the config names no agents")
+    if repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    plan = plan or validate(input_path, agents, agent=agent, limit=limit)
+    manifest = Manifest(
+        batch=batch or uuid.uuid4().hex[:12], expected=plan.count * repeats, tasks=plan.count,
+        repeats=repeats, agents=plan.agents, input=str(Path(input_path).resolve()),
+    )
+    await ensure_streams(bus)
+    await put_manifest(bus, manifest)
+    await publish_tasks(bus, plan, batch=manifest.batch, agents=agents, agent=agent, repeats=repeats, limit=limit)
+    return manifest
+
+
 async def run_batch(
     config: Config,
     url: str | list[str],
@@ -143,14 +165,13 @@ async def run_batch(
     on_progress: Callable[[int, int], None] | None = None,
     start_local_workers: bool = True,
 ) -> RunResult:
-    """Validate input, start workers, publish, collect; everything over NATS."""
+    """Start workers, publish, collect; everything over NATS. Bad input fails before any work."""
     t0 = time.perf_counter()
-    agents = list(config.agents)
-    if not agents:
+    if not config.agents:
         raise ValueError("the config names no agents")
-    plan = validate(input_path, agents, agent=agent, limit=limit)
-    batch = batch or uuid.uuid4().hex[:12]
+    plan = validate(input_path, list(config.agents), agent=agent, limit=limit)  # fail fast, before connecting
     expected = plan.count * repeats
+    batch = batch or uuid.uuid4().hex[:12]
     bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-run")
     try:
         await ensure_streams(bus)
@@ -167,7 +188,7 @@ async def run_batch(
                 collected.set()
 
             tg.start_soon(collect)
-            await publish_tasks(bus, plan, batch=batch, agents=agents, agent=agent, repeats=repeats, limit=limit)
+            await publish_batch(bus, config, input_path, agent=agent, repeats=repeats, limit=limit, batch=batch, plan=plan)
             await collected.wait()
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
@@ -176,3 +197,13 @@ async def run_batch(
             await bus.close()
     return RunResult(batch=batch, tasks=expected, stats=result["stats"], ready_s=ready_s,
                      elapsed_s=time.perf_counter() - t0)
+
+
+async def collect_batch(
+    bus: Bus, batch: str, out: str | Path, *, wait_s: float = 60.0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> CollectStats:
+    manifest = await get_manifest(bus, batch, wait_s=wait_s)
+    if manifest is None:
+        raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
+    return await Collector(bus, batch, out, expected=manifest.expected, on_progress=on_progress).run()

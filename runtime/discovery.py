@@ -1,0 +1,72 @@
+"""Worker discovery and live stats through NATS micro services (``$SRV.*``).
+
+Every worker registers a micro service ``gym_<role>`` whose metadata names its
+namespace, role, config name and worker id, with one endpoint
+``{ns}.status.{worker_id}`` answering its live counters. ``gym-runtime status``
+scatters ``$SRV.INFO`` to find them, then asks each for its counters — no
+registry, nothing to keep in sync.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import nats.micro
+from nats.micro.service import EndpointConfig, ServiceConfig
+
+from runtime.bus import Bus
+
+
+async def register(bus: Bus, role: str, name: str, worker_id: str, stats: Callable[[], dict[str, Any]]) -> Any:
+    """Announce a worker; returns the micro service (stop it on shutdown)."""
+    started = time.time()
+
+    async def handler(req: Any) -> None:
+        await req.respond(json.dumps({**stats(), "uptime_s": round(time.time() - started, 1)}).encode())
+
+    svc = await nats.micro.add_service(
+        bus.nc,
+        ServiceConfig(
+            name=f"gym_{role}",
+            version="0.1.0",
+            description=f"gym-runtime {role} worker",
+            metadata={"namespace": bus.ns, "role": role, "name": name, "worker": worker_id},
+        ),
+    )
+    await svc.add_endpoint(EndpointConfig(name="status", handler=handler, subject=bus.subject("status", worker_id)))
+    return svc
+
+
+async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
+    """Every live worker of this namespace with its counters."""
+    inbox = bus.nc.new_inbox()
+    infos: list[dict[str, Any]] = []
+
+    async def on_info(msg: Any) -> None:
+        try:
+            info = json.loads(msg.data)
+        except ValueError:
+            return
+        meta = info.get("metadata") or {}
+        if meta.get("namespace") == bus.ns:
+            infos.append(meta)
+
+    sub = await bus.nc.subscribe(inbox, cb=on_info)
+    await bus.nc.publish("$SRV.INFO", b"", reply=inbox)
+    await bus.nc.flush()
+    await anyio.sleep(wait_s)
+    await sub.unsubscribe()
+    out = []
+    for meta in infos:
+        try:
+            reply = await bus.nc.request(bus.subject("status", meta["worker"]), b"", timeout=1.0)
+            live = json.loads(reply.data)
+        except Exception:
+            live = {"error": "no answer"}
+        out.append({**meta, **live})
+    out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
+    return out
