@@ -8,6 +8,7 @@ subjects), tracing and error typing. Agents never touch NATS.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -108,6 +109,14 @@ class AgentContext:
         self.config = config
         self._model_timeout_s = model_timeout_s
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
+        # When the runtime cancels this rollout (``timeout_s`` after the context was
+        # built, on ``time.monotonic()``'s clock). Agents that can end early with a
+        # valid result (e.g. a conversation) check ``remaining()`` between steps.
+        self.deadline = time.monotonic() + config.timeout_s
+
+    def remaining(self) -> float:
+        """Seconds left before the runtime cancels this rollout (``timeout_s``)."""
+        return self.deadline - time.monotonic()
 
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model

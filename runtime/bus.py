@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +32,9 @@ ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
 MSG_ID_HEADER = "Nats-Msg-Id"
 BLOB_HEADER = "Gym-Blob"  # the body is in the object store under this key
+PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
+KEEPALIVE_S = 2.0  # a handler still running after this sends progress, and again every KEEPALIVE_S
+LIVENESS_S = 10.0  # a core request with no reply nor progress for this long: the worker is gone
 
 log = logs.get("gym.bus")
 
@@ -59,6 +63,61 @@ def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
     if isinstance(exc, RemoteError):
         return exc.info
     return ErrorInfo(error_class=default_class, message=f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+
+
+class _Pending:
+    """A call in flight: its future, and when its worker last showed signs of life."""
+
+    __slots__ = ("fut", "seen", "resend", "_timer")
+
+    def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
+        self.fut = fut
+        self.seen = seen
+        # queued calls: (subject, body, headers) to publish again after a reconnect
+        self.resend: tuple[str, bytes, dict[str, str]] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop, subject: str) -> None:
+        self._timer = loop.call_later(LIVENESS_S, self._check, loop, subject)
+
+    def _check(self, loop: asyncio.AbstractEventLoop, subject: str) -> None:
+        if self.fut.done():
+            return
+        idle = time.monotonic() - self.seen
+        if idle >= LIVENESS_S:
+            self.fut.set_exception(RemoteError(ErrorInfo(
+                error_class="worker_lost",
+                message=f"the worker serving {subject} stopped answering ({idle:.0f}s without progress)",
+                retryable=True,
+            )))
+        else:
+            self._timer = loop.call_later(LIVENESS_S - idle, self._check, loop, subject)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class _Keepalive:
+    """Tells a core-request caller every KEEPALIVE_S that its request is still being worked on."""
+
+    __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending")
+
+    def __init__(self, nc: NATS, reply_to: str) -> None:
+        self._nc = nc
+        self._reply_to = reply_to
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(KEEPALIVE_S, self._beat)
+        self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
+
+    def _beat(self) -> None:
+        self._sending = self._loop.create_task(
+            self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"})
+        )
+        self._timer = self._loop.call_later(KEEPALIVE_S, self._beat)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def _expire(fut: asyncio.Future[Msg], subject: str, op: str, timeout: float) -> None:
@@ -117,7 +176,7 @@ class Bus:
         self.telemetry = telemetry
         self.codec = Codec()
         self.js = nc.jetstream()
-        self._replies: dict[str, asyncio.Future[Msg]] = {}
+        self._replies: dict[str, _Pending] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self._blobs: Any = None
@@ -130,7 +189,7 @@ class Bus:
 
         async def on_reconnect() -> None:
             if bus is not None:
-                bus.fail_pending("the connection to NATS was lost and re-established")
+                await bus.after_reconnect("the connection to NATS was lost and re-established")
 
         nc = await connect(url, name=name, on_reconnect=on_reconnect)
         bus = cls(nc, namespace=namespace, telemetry=telemetry)
@@ -204,17 +263,40 @@ class Bus:
             replies = self._replies
 
             async def on_reply(msg: Msg) -> None:
-                fut = replies.pop(msg.subject, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                headers = msg.headers
+                if headers and PROGRESS_HEADER in headers:
+                    call = replies.get(msg.subject)
+                    if call is not None:
+                        call.seen = time.monotonic()
+                    return
+                call = replies.pop(msg.subject, None)
+                if call is not None and not call.fut.done():
+                    call.fut.set_result(msg)
 
             await self.nc.subscribe(prefix + ".*", cb=on_reply)
         return self._reply_prefix
 
+    async def after_reconnect(self, reason: str) -> None:
+        """Calls in flight across a reconnect: their requests or replies may be lost.
+
+        Core calls fail as retryable ``worker_lost``. Queued (JetStream) calls are
+        published again (without their dedupe id): a reply sent while we were
+        resubscribing is gone, and a model call done twice is cheaper than a
+        rollout redone; whichever reply comes first is taken.
+        """
+        for call in list(self._replies.values()):
+            if call.resend is not None and not call.fut.done():
+                subject, data, headers = call.resend
+                await self.nc.publish(subject, data, headers=headers)
+        self.fail_pending(reason)
+
     def fail_pending(self, reason: str) -> None:
-        """Fail every call in flight as retryable (their replies may never come)."""
-        pending, self._replies = self._replies, {}
-        for fut in pending.values():
+        """Fail every core call in flight as retryable: its responder may never have got it."""
+        for key, call in list(self._replies.items()):
+            if call.resend is not None:
+                continue
+            del self._replies[key]
+            fut = call.fut
             if not fut.done():
                 fut.set_exception(
                     RemoteError(ErrorInfo(error_class="worker_lost", message=reason, retryable=True))
@@ -227,7 +309,8 @@ class Bus:
         reply = f"{prefix}.{next(self._reply_seq)}"
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
-        self._replies[reply] = fut
+        call = _Pending(fut, time.monotonic())
+        self._replies[reply] = call
         extra: dict[str, str] = {}
         if queued:
             # A reply subject on a stream publish would receive the stream's ack instead.
@@ -236,12 +319,17 @@ class Bus:
             extra[MSG_ID_HEADER] = msg_id
         headers = self._headers(extra)
         timer = loop.call_later(timeout, _expire, fut, subject, op, timeout)
+        if not queued:  # a queued request is redelivered by JetStream instead
+            call.watch(loop, subject)
         try:
             data = await self.encode(payload, headers)
+            if queued:
+                call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
             await self.nc.publish(subject, data, reply="" if queued else reply, headers=headers)
             msg = await fut
         finally:
             timer.cancel()
+            call.stop()
             self._replies.pop(reply, None)
         return await self._unwrap(msg, subject)
 
@@ -307,19 +395,27 @@ class Bus:
         with self.telemetry.span(
             f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs
         ) as span:
+            keepalive = self._keepalive(reply_to) if reply_to and msg.reply == reply_to else None
             try:
                 body = await self.decode(msg)
                 result = await handler(body, msg)
             except Exception as exc:  # every failure becomes a typed reply, never a hang
+                if keepalive:
+                    keepalive.cancel()
                 info = _error_info(exc, default_error)
                 span.set_status(StatusCode.ERROR, info.message)
                 if not isinstance(exc, (HandlerError, RemoteError)):
                     log.warning("handler.failed", subject=msg.subject, error=info.message, exc_info=exc)
                 await self.reply(reply_to, ErrorReply(error=info), error=True)
                 return False
+            if keepalive:
+                keepalive.cancel()
             if result is not None:
                 await self.reply(reply_to, result)
             return True
+
+    def _keepalive(self, reply_to: str) -> _Keepalive:
+        return _Keepalive(self.nc, reply_to)
 
     async def serve(
         self,

@@ -63,7 +63,7 @@ async def ensure_streams(bus: Bus) -> None:
             name=names["model"],
             subjects=[f"{bus.ns}.model.>"],
             retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.MEMORY,
+            storage=StorageType.FILE,  # survives a server restart, with its consumers
             duplicate_window=120.0,
         ),
     ]

@@ -43,13 +43,18 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
     )
 
 
-def nats_server_pids() -> set[int]:
+def nats_server_pids(under: str | Path) -> set[int]:
+    """nats-server processes whose config lives under ``under`` (a test's TMPDIR).
+
+    Filtering by path keeps other test runs' servers on the same machine out.
+    """
     import psutil
 
     pids = set()
     for p in psutil.process_iter(["name", "cmdline"]):
         try:
-            if p.info["name"] == "nats-server" or (p.info["cmdline"] or [""])[0].endswith("nats-server"):
+            cmd = p.info["cmdline"] or [""]
+            if (p.info["name"] == "nats-server" or cmd[0].endswith("nats-server")) and str(under) in " ".join(cmd):
                 pids.add(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -30,9 +30,9 @@ ENVS = {
 
 def test_cli_run_weather_writes_nemo_gym_rows(tmp_path: Path) -> None:
     """The README's main command: 5 rows, reward 1.0, NeMo Gym's row shape, no server left."""
-    before = nats_server_pids()
     out = tmp_path / "out.jsonl"
-    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl", "-o", str(out))
+    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl", "-o", str(out),
+              env={"TMPDIR": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     rows = read_jsonl(out)
     inputs = read_jsonl(REPO / "resources/weather/data/example.jsonl")
@@ -54,7 +54,7 @@ def test_cli_run_weather_writes_nemo_gym_rows(tmp_path: Path) -> None:
     metrics = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
     assert metrics, "aggregate metrics sidecar is empty"
     assert not (tmp_path / "out_failures.jsonl").exists()
-    assert nats_server_pids() <= before, "an embedded nats-server outlived the command"
+    assert not nats_server_pids(tmp_path), "an embedded nats-server outlived the command"
 
 
 @pytest.mark.parametrize("env", ["counter", "multi_step"])
@@ -197,24 +197,25 @@ def test_trace_file_links_one_rollout_across_workers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_no_nats_server_outlives_an_interrupted_run(sig: int, tmp_path: Path) -> None:
-    before = nats_server_pids()
+    import os
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "run", "resources/weather/config.yaml",
          "-i", "resources/weather/data/example.jsonl", "-o", str(tmp_path / "out.jsonl"),
          "--set", "models.policy.delay_s=30"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     deadline = time.monotonic() + 20
-    while not (nats_server_pids() - before) and time.monotonic() < deadline:
+    while not nats_server_pids(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
-    started = nats_server_pids() - before
+    started = nats_server_pids(tmp_path)
     assert started, "the run did not start an embedded nats-server"
     time.sleep(0.5)
     proc.send_signal(sig)
     proc.wait(timeout=20)
     deadline = time.monotonic() + 10
-    while (nats_server_pids() & started) and time.monotonic() < deadline:
+    while nats_server_pids(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not (nats_server_pids() & started)
+    assert not nats_server_pids(tmp_path)
     if sig == signal.SIGINT:
         assert proc.returncode == 130

@@ -1,0 +1,220 @@
+"""Fault tests: real worker processes are SIGKILLed, the real NATS server restarts.
+
+Every batch must end with exactly one row (or failure row) per task×repeat:
+none lost, none duplicated. Only the LLM is a test double (the scripted policy,
+slowed down with ``delay_s`` so that work is in flight when the fault hits).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runtime.server import EmbeddedServer
+from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+
+N_TASKS = 12
+REPEATS = 2
+
+
+def write_config(tmp: Path, *, resource: str = "resources.weather", delay_s: float = 0.3,
+                 agent_concurrency: int = 4, max_attempts: int = 4) -> Path:
+    cfg = {
+        "namespace": "gym",
+        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 2.0, "concurrency": 8}},
+        "resources": {"env": {"server": resource}},
+        "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4,
+                             "timeout_s": 60, "concurrency": agent_concurrency, "ack_wait_s": 2.0,
+                             "max_attempts": max_attempts}},
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def tasks_file(tmp: Path, n: int = N_TASKS, explode: set[int] | None = None) -> Path:
+    base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+    rows = []
+    for i in range(n):
+        row = dict(base[i % len(base)])
+        row["task_id"] = i
+        if explode and i in explode:
+            row["explode"] = True
+        rows.append(row)
+    return write_jsonl(tmp / "tasks.jsonl", rows)
+
+
+class Pool:
+    """Worker processes started with `gym-runtime start --in-process` (one worker each)."""
+
+    def __init__(self, config: Path, url: str) -> None:
+        self.config, self.url = config, url
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, key: str, only: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "start", str(self.config), "--nats", self.url,
+             "--only", only, "--replicas", "1", "--in-process"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert "ready" in line, f"{only} did not start: {line!r}"
+        self.procs[key] = p
+        return p
+
+    def kill(self, key: str) -> None:
+        p = self.procs.pop(key)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def pool_factory(server: EmbeddedServer) -> Iterator[Any]:
+    pools: list[Pool] = []
+
+    def make(config: Path) -> Pool:
+        pool = Pool(config, server.url)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for p in pools:
+        p.stop_all()
+
+
+def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
+    res = cli("publish", str(config), "-i", str(tasks), "--nats", url, "--batch", batch, "--repeats", str(REPEATS))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == batch
+
+
+def start_collect(url: str, batch: str, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "collect", "--batch", batch, "--nats", url, "-o", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def results_stored(url: str) -> int:
+    res = cli("status", "--nats", url, "--json")
+    return int(json.loads(res.stdout)["results_stored"]) if res.returncode == 0 else 0
+
+
+def wait_until(pred: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def assert_exactly_once(out: Path, n: int = N_TASKS, repeats: int = REPEATS) -> list[dict[str, Any]]:
+    rows = read_jsonl(out)
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+    assert keys == [(t, k) for t in range(n) for k in range(repeats)], keys
+    assert [r["task_id"] for r in rows] == [t for t in range(n) for _ in range(repeats)]
+    return rows
+
+
+@pytest.mark.parametrize("victim", ["agents.agent", "models.policy", "resources.env"])
+def test_sigkill_a_worker_mid_batch_loses_and_duplicates_nothing(victim: str, server, pool_factory, tmp_path) -> None:
+    config = write_config(tmp_path)
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only + "#1", only)
+    pool.start(victim + "#2", victim)  # a second replica of the role we are going to kill
+    out = tmp_path / "out.jsonl"
+    publish(config, server.url, tasks_file(tmp_path), "b1")
+    collector = start_collect(server.url, "b1", out)
+    wait_until(lambda: results_stored(server.url) >= 2)
+    pool.kill(victim + "#1")  # work is in flight on it: rollouts, model calls or sessions
+    stdout, stderr = collector.communicate(timeout=90)
+    assert collector.returncode == 0, stderr
+    assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
+    rows = assert_exactly_once(out)
+    assert all(r["reward"] == 1.0 for r in rows)
+
+
+def test_nats_server_restart_mid_batch_completes(server, pool_factory, tmp_path) -> None:
+    config = write_config(tmp_path)
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only, only)
+    publish(config, server.url, tasks_file(tmp_path), "b2")
+    wait_until(lambda: results_stored(server.url) >= 2)
+    server.kill()  # SIGKILL: no graceful shutdown; the store dir stays
+    time.sleep(0.5)
+    server.start()  # same port, same store dir
+    out = tmp_path / "out.jsonl"
+    res = cli("collect", "--batch", "b2", "--nats", server.url, "-o", str(out), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert_exactly_once(out)
+
+
+def test_always_failing_verifier_becomes_failure_rows(server, pool_factory, tmp_path) -> None:
+    config = write_config(tmp_path, resource="tests.envs.flaky", delay_s=0.0, max_attempts=3)
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only, only)
+    explode = {3, 7}
+    publish(config, server.url, tasks_file(tmp_path, explode=explode), "b3")
+    out = tmp_path / "out.jsonl"
+    res = cli("collect", "--batch", "b3", "--nats", server.url, "-o", str(out), timeout=120)
+    assert res.returncode == 1, res.stderr  # failures present
+    rows = read_jsonl(out)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert len(rows) == (N_TASKS - len(explode)) * REPEATS
+    assert sorted({f["_ng_task_index"] for f in failures}) == sorted(explode)
+    assert len(failures) == len(explode) * REPEATS
+    for f in failures:
+        assert f["error_class"] == "verify_error"
+        assert "always fails" in f["error"]
+        assert f["attempts"] == 3
+        assert f["input"]["explode"] is True
+
+
+def test_collector_killed_and_rerun_writes_identical_output(server, pool_factory, tmp_path) -> None:
+    config = write_config(tmp_path, delay_s=0.05)
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only, only)
+    publish(config, server.url, tasks_file(tmp_path), "b4")
+    out = tmp_path / "out.jsonl"
+    first = start_collect(server.url, "b4", out)
+    wait_until(lambda: results_stored(server.url) >= 4)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    again = cli("collect", "--batch", "b4", "--nats", server.url, "-o", str(out), timeout=120)
+    assert again.returncode == 0, again.stderr
+    reference = tmp_path / "reference.jsonl"
+    ref = cli("collect", "--batch", "b4", "--nats", server.url, "-o", str(reference), timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    assert_exactly_once(out)
+    assert out.read_bytes() == reference.read_bytes()
+    assert not Path(str(out) + ".partial").exists()
