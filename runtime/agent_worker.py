@@ -179,6 +179,7 @@ class AgentWorker:
         return RolloutResult(
             batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index,
             agent=task.agent, row=build_row(task, outcome), attempts=attempt,
+            answer_field=outcome.verdict.answer_field,
         )
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:

@@ -71,6 +71,7 @@ class Collector:
         self._index: dict[tuple[int, int], tuple[int, int, bool]] = {}  # key -> (offset, size, ok)
         self.stats = CollectStats()
         self._done = anyio.Event()
+        self._answer_field: str | None = None
 
     async def run(self) -> CollectStats:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +102,8 @@ class Collector:
             self.stats.duplicates += 1
             return
         ok = res.error is None and res.row is not None
+        if res.answer_field and self._answer_field is None:
+            self._answer_field = res.answer_field
         if ok:
             line = _json_enc.encode(res.row)
         else:
@@ -133,7 +136,7 @@ class Collector:
 
     def _finalize(self) -> None:
         """Rewrite the spool in task×repeat order; runs in a thread (file I/O)."""
-        metrics = MetricsAccumulator()
+        metrics = MetricsAccumulator(answer_field=self._answer_field)
         tmp_out = Path(str(self.out) + ".tmp")
         tmp_fail = Path(str(self.failures_path) + ".tmp")
         with self.spool_path.open("rb") as spool, tmp_out.open("wb") as out, tmp_fail.open("wb") as fail:

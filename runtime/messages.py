@@ -208,6 +208,7 @@ class RolloutResult(_Msg, tag="result.v1"):
     error: ErrorInfo | None = None
     input_row: dict[str, Any] | None = None
     attempts: int = 1
+    answer_field: str | None = None
 
 
 class ModelRequest(_Msg, tag="model.req.v1"):
@@ -249,6 +250,7 @@ class VerifyRequest(_Msg, tag="verify.v1"):
 class VerifyReply(_Msg, tag="verify.reply.v1"):
     reward: float
     fields: dict[str, Any] = field(default_factory=dict)
+    answer_field: str | None = None  # the field holding the extracted answer (majority@k)
 
 
 class CloseSession(_Msg, tag="close.v1"):

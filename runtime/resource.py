@@ -131,6 +131,8 @@ class Resource:
     # "stateless": seed, then verify; "replay": seed, run the response's function
     # calls through the tools in order, then verify (for stateful environments).
     reverify: ClassVar[Literal["stateless", "replay"]] = "stateless"
+    # The verdict field holding the model's extracted answer, if any: enables majority@k.
+    answer_field: ClassVar[str | None] = None
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
 
@@ -237,9 +239,13 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float | No
 
 
 async def replay_calls(inst: Resource, response: Response) -> None:
-    """Run a finished response's function calls through a fresh session, in order."""
+    """Run a finished response's function calls through a fresh session, in order.
+
+    Calls to reserved ``gym.*`` names (``runtime.gymnasium``'s reset/step) are
+    skipped: only the runtime makes them, never a model.
+    """
     for item in response.output:
-        if isinstance(item, FunctionCall):
+        if isinstance(item, FunctionCall) and not item.name.startswith("gym."):
             try:
                 await inst.call_tool(item.name, item.arguments)
             except ToolArgumentsError:

@@ -69,8 +69,8 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
         # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
         raise HandlerError("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
     if isinstance(out, Verdict):
-        return VerifyReply(reward=float(out.reward), fields=out.fields)
-    return VerifyReply(reward=float(out))
+        return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
+    return VerifyReply(reward=float(out), answer_field=inst.answer_field)
 
 
 class ResourceWorker:

@@ -219,3 +219,17 @@ def test_no_nats_server_outlives_an_interrupted_run(sig: int, tmp_path: Path) ->
     assert not nats_server_pids(tmp_path)
     if sig == signal.SIGINT:
         assert proc.returncode == 130
+
+
+async def test_twenty_megabyte_payloads_round_trip(nats_server, tmp_path: Path) -> None:
+    """Tool output, model request/response and result row all exceed the 8 MB max payload."""
+    cfg = load_config(REPO / "resources/weather/config.yaml", ["resources.weather.server=tests.envs.big"])
+    out = tmp_path / "out.jsonl"
+    result = await run_batch(cfg, nats_server.url, input_path=REPO / "resources/weather/data/example.jsonl",
+                             out=out, telemetry=Telemetry(), limit=1)
+    assert result.stats.failures == 0
+    row = read_jsonl(out)[0]
+    assert row["reward"] == 1.0
+    tool_output = next(i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output")
+    assert len(tool_output) >= 20 * 1024 * 1024 - 64
+    assert out.stat().st_size > 40 * 1024 * 1024
