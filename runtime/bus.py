@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import nats
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
@@ -26,6 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from runtime import logs
 from runtime.codec import Codec
 from runtime.messages import ErrorInfo, ErrorReply
+from runtime.taskset import TaskSet
 from runtime.tracing import Telemetry
 
 ERROR_HEADER = "Gym-Error"
@@ -427,8 +427,15 @@ class Bus:
         concurrency: int = 256,
         default_error: str = "internal",
     ) -> Any:
-        """Subscribe and run each message in its own task, at most ``concurrency`` at once."""
-        limiter = anyio.Semaphore(concurrency)
+        """Subscribe and run each message in its own task, at most ``concurrency`` at once.
+
+        When all slots are busy the subscription's callback waits, so messages queue
+        in the client (and, past its pending limits, the server) instead of piling up
+        as tasks.
+        """
+        limiter = asyncio.Semaphore(concurrency)
+        tasks = TaskSet()
+        tg.start_soon(tasks.guard)
 
         async def run_one(msg: Msg) -> None:
             try:
@@ -438,7 +445,7 @@ class Bus:
 
         async def on_msg(msg: Msg) -> None:
             await limiter.acquire()
-            tg.start_soon(run_one, msg)
+            tasks.spawn(run_one, msg)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 

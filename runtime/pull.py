@@ -11,7 +11,6 @@ rollouts are not redelivered while they still run.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -29,6 +28,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from runtime import logs
 from runtime.bus import Bus
+from runtime.taskset import TaskSet
 
 log = logs.get("gym.pull")
 
@@ -96,7 +96,13 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
 
 
 class PullWorker:
-    """Pull messages into at most ``slots`` concurrent handler tasks."""
+    """Pull messages into at most ``slots`` concurrent handler tasks.
+
+    Credits are the messages asked for and not yet delivered. A finished handler
+    asks for more straight away (in chunks, so a busy worker does not send one
+    pull request per message); a supervisor loop re-pulls when requests expire
+    or were lost to a reconnect.
+    """
 
     def __init__(
         self,
@@ -120,65 +126,66 @@ class PullWorker:
         self.credits = 0
         self.delivered = 0
         self._inflight: dict[int, Msg] = {}
-        self._wake = anyio.Event()
         self._stopping = False
+        self._last_pull = 0.0
         self._last_answer = 0.0
-        # Re-pull in chunks so a busy worker does not send one request per finished task.
+        self._api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._inbox = ""
+        self._expires_ns = int(expires_s * 1e9)
         self._min_pull = max(1, min(32, self.slots // 8))
+        self._idle = anyio.Event()
 
     def stop_pulling(self) -> None:
         """Drain: ask for nothing more; running handlers finish."""
         self._stopping = True
-        self._wake.set()
+
+    async def _pull(self, *, force: bool = False) -> None:
+        want = self.slots - self.busy - self.credits
+        if self._stopping or want <= 0 or not self.bus.nc.is_connected:
+            return
+        if want < self._min_pull and self.credits and not force:
+            return
+        self.credits += want
+        self._last_pull = time.monotonic()
+        req = b'{"batch":%d,"expires":%d}' % (want, self._expires_ns)
+        await self.bus.nc.publish(self._api, req, reply=self._inbox)
 
     async def run(self) -> None:
         nc = self.bus.nc
-        inbox = nc.new_inbox()
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
-        expires_ns = int(self.expires_s * 1e9)
+        self._inbox = nc.new_inbox()
+        tasks = TaskSet()
         async with anyio.create_task_group() as tg:
+            tg.start_soon(tasks.guard)
 
             async def on_msg(msg: Msg) -> None:
+                self._last_answer = time.monotonic()
                 headers = msg.headers
                 if headers and "Status" in headers and not msg.data:
-                    self._last_answer = time.monotonic()
-                    status = headers.get("Status")
-                    if status in ("408", "409"):
+                    if headers.get("Status") in ("408", "409"):  # request expired or refused
                         pending = int(headers.get("Nats-Pending-Messages", "0") or 0)
                         self.credits = max(0, self.credits - pending) if pending else 0
-                        self._wake.set()
+                        await self._pull(force=True)
                     return
-                self._last_answer = time.monotonic()
                 self.credits = max(0, self.credits - 1)
                 self.busy += 1
                 self.delivered += 1
                 self._inflight[id(msg)] = msg
-                tg.start_soon(self._run_one, msg)
+                tasks.spawn(self._run_one, msg)
 
-            sub = await nc.subscribe(inbox, cb=on_msg)
+            sub = await nc.subscribe(self._inbox, cb=on_msg)
             tg.start_soon(self._heartbeats)
             try:
-                last_pull = 0.0
+                await self._pull(force=True)
                 while not self._stopping:
-                    want = self.slots - self.busy - self.credits
+                    await anyio.sleep(self.expires_s / 2)
                     now = time.monotonic()
-                    if self.credits and now - max(last_pull, self._last_answer) > self.expires_s + 2:
-                        self.credits = 0  # requests lost (server restart): start over
-                        want = self.slots - self.busy
-                    if want >= self._min_pull or (want > 0 and self.credits == 0):
-                        if nc.is_connected:
-                            req = json.dumps({"batch": want, "expires": expires_ns}).encode()
-                            await nc.publish(api, req, reply=inbox)
-                            self.credits += want
-                            last_pull = now
-                    self._wake = anyio.Event()
-                    with anyio.move_on_after(self.expires_s / 2):
-                        await self._wake.wait()
-                # drain: wait for in-flight handlers
-                while self.busy:
-                    self._wake = anyio.Event()
+                    if self.credits and now - max(self._last_pull, self._last_answer) > self.expires_s + 2:
+                        self.credits = 0  # our requests were lost (server restart): start over
+                    await self._pull(force=True)
+                while self.busy:  # drain: let in-flight handlers finish
+                    self._idle = anyio.Event()
                     with anyio.move_on_after(0.5):
-                        await self._wake.wait()
+                        await self._idle.wait()
             finally:
                 await sub.unsubscribe()
                 tg.cancel_scope.cancel()
@@ -191,7 +198,11 @@ class PullWorker:
         finally:
             self._inflight.pop(id(msg), None)
             self.busy -= 1
-            self._wake.set()
+            if self._stopping:
+                if not self.busy:
+                    self._idle.set()
+            else:
+                await self._pull()
 
     async def _heartbeats(self) -> None:
         while True:

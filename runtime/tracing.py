@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -22,10 +22,7 @@ from opentelemetry.sdk.resources import Resource as OtelResource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
-from opentelemetry.trace import Span, SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-_PROPAGATOR = TraceContextTextMapPropagator()
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 
 class JsonLinesExporter(SpanExporter):
@@ -65,6 +62,34 @@ class JsonLinesExporter(SpanExporter):
         return None
 
 
+class _Attached:
+    """Make a remote parent the current context for the duration of a handler."""
+
+    __slots__ = ("_ctx", "_token")
+
+    def __init__(self, ctx: otel_context.Context) -> None:
+        self._ctx = ctx
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(self._ctx)
+        return trace.get_current_span()
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self._token)
+
+
+class _Current:
+    """The current span, unchanged."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return trace.get_current_span()
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class Telemetry:
     """Tracer plus header propagation for one process."""
 
@@ -98,7 +123,6 @@ class Telemetry:
             provider.add_span_processor(BatchSpanProcessor(e, schedule_delay_millis=200))
         return cls(provider, service=service)
 
-    @contextmanager
     def span(
         self,
         name: str,
@@ -106,34 +130,47 @@ class Telemetry:
         kind: SpanKind = SpanKind.INTERNAL,
         parent: otel_context.Context | None = None,
         attributes: Mapping[str, Any] | None = None,
-    ) -> Iterator[Span]:
+    ) -> AbstractContextManager[Span]:
+        """A span as the current span; without an exporter, just the caller's context."""
         if not self.recording:
             if parent is not None:
-                token = otel_context.attach(parent)
-                try:
-                    yield trace.get_current_span()
-                finally:
-                    otel_context.detach(token)
-                return
-            current = trace.get_current_span()
-            if current.get_span_context().is_valid:
-                yield current
-                return
-        with self.tracer.start_as_current_span(
+                return _Attached(parent)
+            if trace.get_current_span().get_span_context().is_valid:
+                return _Current()
+        return self.tracer.start_as_current_span(
             name, context=parent, kind=kind, attributes=attributes, record_exception=True
-        ) as s:
-            yield s
+        )
 
     @staticmethod
     def inject(headers: dict[str, str]) -> dict[str, str]:
-        _PROPAGATOR.inject(headers)
+        """Add ``traceparent`` for the current span (W3C trace context, version 00).
+
+        Formatted here rather than by OpenTelemetry's propagator, which costs ~30 µs
+        a message on the hot path; ``tracestate`` is not used by the runtime.
+        """
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
         return headers
 
     @staticmethod
     def extract(headers: Mapping[str, str] | None) -> otel_context.Context | None:
-        if not headers or "traceparent" not in headers:
+        """The remote parent context carried by ``traceparent``, or None if absent or malformed."""
+        if not headers:
             return None
-        return _PROPAGATOR.extract(headers)
+        tp = headers.get("traceparent")
+        if not tp or len(tp) != 55 or tp[2] != "-" or tp[35] != "-" or tp[52] != "-":
+            return None
+        try:
+            trace_id = int(tp[3:35], 16)
+            span_id = int(tp[36:52], 16)
+            flags = int(tp[53:55], 16)
+        except ValueError:
+            return None
+        if not trace_id or not span_id or tp[:2] == "ff":
+            return None
+        sc = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+        return trace.set_span_in_context(NonRecordingSpan(sc))
 
     @staticmethod
     def current_ids() -> tuple[str, str]:
