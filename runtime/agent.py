@@ -9,6 +9,7 @@ subjects), tracing and error typing. Agents never touch NATS.
 from __future__ import annotations
 
 import time
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -51,39 +52,66 @@ class AgentFailure(Exception):
 
 
 class Session:
-    """One resource session (an actor on one resource worker)."""
+    """One resource session (an actor on one resource worker).
 
-    __slots__ = ("_bus", "id", "address", "_closed")
+    The seed request starts when the session is opened and is awaited by the
+    first call that needs it, so seeding overlaps the rollout's first model call.
+    """
 
-    def __init__(self, bus: Bus, reply: SeedReply) -> None:
+    __slots__ = ("_bus", "_seeding", "_reply", "_closed")
+
+    def __init__(self, bus: Bus, seeding: asyncio.Task[SeedReply]) -> None:
         self._bus = bus
-        self.id = reply.session
-        self.address = reply.address
+        self._seeding = seeding
+        self._reply: SeedReply | None = None
         self._closed = False
 
+    async def _ready(self) -> SeedReply:
+        if self._reply is None:
+            self._reply = await self._seeding
+        return self._reply
+
+    @property
+    def id(self) -> str | None:
+        return self._reply.session if self._reply else None
+
     async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
+        seed = await self._ready()
         return await self._bus.request(
-            self.address + ".tool",
-            ToolCall(session=self.id, name=name, arguments=arguments),
+            seed.address + ".tool",
+            ToolCall(session=seed.session, name=name, arguments=arguments),
             timeout=timeout,
             op=f"tool {name}",
         )
 
-    async def verify(self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S) -> VerifyReply:
-        return await self._bus.request(
-            self.address + ".verify",
-            VerifyRequest(session=self.id, row=row, response=response),
+    async def verify(
+        self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True
+    ) -> VerifyReply:
+        """Score the response; by default the worker also closes the session (no extra message)."""
+        seed = await self._ready()
+        reply = await self._bus.request(
+            seed.address + ".verify",
+            VerifyRequest(session=seed.session, row=row, response=response, close=close),
             timeout=timeout,
             op="verify",
         )
+        self._closed = self._closed or close
+        return reply
 
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                await self._bus.publish(self.address + ".close", CloseSession(session=self.id))
-            except Exception:  # closing is best-effort; the worker reaps idle sessions
-                pass
+        if self._closed:
+            return
+        self._closed = True
+        if not self._seeding.done():
+            self._seeding.cancel()  # a session it may still create is reaped by the worker's TTL
+            return
+        if self._seeding.cancelled() or self._seeding.exception() is not None:
+            return
+        seed = self._seeding.result()
+        try:
+            await self._bus.publish(seed.address + ".close", CloseSession(session=seed.session))
+        except Exception:  # closing is best-effort; the worker reaps idle sessions
+            pass
 
     async def __aenter__(self) -> Session:
         return self
@@ -129,11 +157,14 @@ class AgentContext:
         return reply.response
 
     async def open_session(self, resource: str | None = None) -> Session:
+        """Open a session on the named resource (default: the agent's); use ``async with``."""
         name = resource or self.config.resource
-        reply = await self._bus.request(
-            self._bus.subject("res", name, "seed"), SeedRequest(row=self.row), timeout=TOOL_TIMEOUT_S, op="seed"
+        seeding = asyncio.get_running_loop().create_task(
+            self._bus.request(
+                self._bus.subject("res", name, "seed"), SeedRequest(row=self.row), timeout=TOOL_TIMEOUT_S, op="seed"
+            )
         )
-        return Session(self._bus, reply)
+        return Session(self._bus, seeding)
 
 
 class AgentFn(Protocol):

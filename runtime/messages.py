@@ -245,6 +245,7 @@ class VerifyRequest(_Msg, tag="verify.v1"):
     session: str | None
     row: dict[str, Any]
     response: Response
+    close: bool = False  # close the session after verifying (saves a message)
 
 
 class VerifyReply(_Msg, tag="verify.reply.v1"):

@@ -162,7 +162,12 @@ class ResourceWorker:
         if isinstance(req, VerifyRequest):
             if not req.session:
                 return await self._stateless_verify(req, msg)
-            return await verify_with(self._session(req.session), req.row, req.response)
+            reply = await verify_with(self._session(req.session), req.row, req.response)
+            if req.close:
+                entry = self.sessions.pop(req.session, None)
+                if entry is not None:
+                    await entry[0].close()
+            return reply
         if isinstance(req, CloseSession):
             entry = self.sessions.pop(req.session, None)
             if entry is not None:
