@@ -3,8 +3,16 @@
 Config: ``adapter: replay`` and ``rollouts: PATH`` (relative to the config's
 directory). Each row holds ``responses_create_params`` (the task's input) and
 ``response`` (the whole trajectory). A recorded trajectory is split into model
-calls at its ``function_call_output`` items: everything between two tool outputs
-is what one model call produced.
+calls at the items the model did not produce: ``function_call_output`` items and
+user (or system/developer) messages, i.e. tool results and user turns of a
+multi-turn conversation. Everything between two such items is what one model
+call produced.
+
+Multi-turn recordings replay both sides: the policy's calls as above, and the
+*user simulator's* (``runtime.user_sim``): a request that matches no recorded
+prompt is read as a user-simulator request (the conversation seen from the user's
+side, roles swapped); it is answered with the recorded next user turn, or with
+the stop signal where the recording ends.
 
 Why: it reproduces a real model's behaviour offline and bit-for-bit, so the
 runtime's agent loop, tools and verification can be checked against NeMo Gym's
@@ -34,9 +42,11 @@ from runtime.messages import (
     Reasoning,
     Response,
     Usage,
+    assistant_message,
     message_text,
     parse_items,
 )
+from runtime.user_sim import DEFAULT_STOP_TOKEN, KICKOFF
 
 __all__ = ["ReplayModel", "Recording"]
 
@@ -65,6 +75,20 @@ def _turn_key(item: Item) -> tuple[Any, ...]:
     return _prompt_key(item)
 
 
+def _external(item: Item) -> bool:
+    """An item the model did not produce: a tool result, or a user/system turn."""
+    return isinstance(item, FunctionCallOutput) or (isinstance(item, Message) and item.role != "assistant")
+
+
+def _dialogue(items: list[Item]) -> list[tuple[str, str]]:
+    """(role, text) of the user and assistant messages: the conversation a user simulator sees."""
+    return [
+        (i.role, message_text(i))
+        for i in items
+        if isinstance(i, Message) and i.role in ("user", "assistant") and message_text(i)
+    ]
+
+
 def _short(key: tuple[Any, ...], limit: int = 160) -> str:
     text = repr(key)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -82,6 +106,7 @@ class Recording:
     model: str
     response_id: str
     created_at: float
+    dialogue: tuple[tuple[str, str], ...] = ()  # user/assistant text of prompt + output, in order
 
 
 def _load(path: str) -> list[Recording]:
@@ -128,6 +153,7 @@ def _load(path: str) -> list[Recording]:
                     model=str(response.get("model") or ""),
                     response_id=str(response.get("id") or f"resp_replay_{lineno}"),
                     created_at=float(response.get("created_at") or 0.0),
+                    dialogue=tuple(_dialogue(prompt) + _dialogue(output)),
                 )
             )
     if not recordings:
@@ -144,8 +170,17 @@ class ReplayModel:
     position (function calls by call_id/name/arguments, messages by role/text;
     tool outputs by ``call_id`` only, since their content may legitimately differ).
     With ``k`` items after the prompt, the reply is ``output[k:]`` up to, not
-    including, the next ``function_call_output``. Several matching rows (repeats
-    of one task) resolve to the first in file order.
+    including, the next item the model did not produce (a ``function_call_output``
+    or a user message). Several matching rows (repeats of one task) resolve to the
+    first in file order.
+
+    User-simulator requests (no recorded prompt matches): the request's user and
+    assistant messages, roles swapped back (the kickoff message dropped), must be
+    the start of a recording's dialogue (its prompt's and output's user/assistant
+    messages) and end with an assistant turn. The reply is an assistant message
+    with the recording's next user message; where the recording's dialogue ends
+    it is the stop signal: a call of the request's first function tool if it
+    offers one (a stop tool), else ``runtime.user_sim.DEFAULT_STOP_TOKEN``.
 
     Usage: the recorded usage is a total for the whole trajectory, so the call
     that ends the trajectory carries all of it and earlier calls carry zero usage;
@@ -179,10 +214,54 @@ class ReplayModel:
                 found.append((n, rec))
         return found
 
+    def _user_turn(self, params: CreateParams) -> Response | None:
+        """Answer a user-simulator request from the recordings, or None if none fits."""
+        said = [
+            ("assistant" if role == "user" else "user", text)
+            for role, text in _dialogue(params.input)
+            if not (role == "user" and text == KICKOFF)
+        ]
+        if not said or said[-1][0] != "assistant":
+            return None
+        n = len(said)
+        for rec in self._recordings:
+            if len(rec.dialogue) < n or list(rec.dialogue[:n]) != said:
+                continue
+            if n < len(rec.dialogue) and rec.dialogue[n][0] != "user":
+                continue  # the recorded policy said more in this turn than the live one
+            output: list[Item]
+            if n < len(rec.dialogue):
+                output = [assistant_message(rec.dialogue[n][1], id=f"msg_replay_user_{n}")]
+            else:
+                stop_tool = next(
+                    (t.get("name") for t in params.tools or () if t.get("type", "function") == "function"),
+                    None,
+                )
+                if stop_tool:
+                    output = [FunctionCall(name=stop_tool, arguments="{}", call_id=f"call_replay_stop_{n}",
+                                           id=f"fc_replay_stop_{n}", status="completed")]
+                else:
+                    output = [assistant_message(DEFAULT_STOP_TOKEN, id=f"msg_replay_user_{n}")]
+            return Response(
+                id=f"{rec.response_id}_user_{n}",
+                created_at=time.time(),
+                model=rec.model,
+                output=output,
+                tools=list(params.tools or ()),
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_output_tokens=params.max_output_tokens,
+                usage=Usage(),
+            )
+        return None
+
     async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         items = params.input
         candidates = self._candidates(items)
         if not candidates:
+            user_turn = self._user_turn(params)
+            if user_turn is not None:
+                return user_turn
             first_user = next(
                 (message_text(i) for i in items if isinstance(i, Message) and i.role == "user"),
                 "",
@@ -211,13 +290,14 @@ class ReplayModel:
                 diverged = f"{rec.source}: the recorded trajectory ended, no more model output"
                 continue
             end = k
-            while end < len(rec.output) and not isinstance(rec.output[end], FunctionCallOutput):
+            while end < len(rec.output) and not _external(rec.output[end]):
                 end += 1
             if end == k:
-                diverged = (
-                    f"{rec.source}: the recording expects a tool output (call_id"
-                    f" {rec.turn_keys[k][1]!r}) at item {n + k}, not a model call"
-                )
+                if isinstance(rec.output[k], FunctionCallOutput):
+                    expected = f"a tool output (call_id {rec.turn_keys[k][1]!r})"
+                else:
+                    expected = f"a {rec.turn_keys[k][1]} turn"
+                diverged = f"{rec.source}: the recording expects {expected} at item {n + k}, not a model call"
                 continue
             last = end == len(rec.output)
             usage = (

@@ -1,0 +1,255 @@
+"""calendar: multi-turn scheduling; the verifier checks the final schedule.
+
+Matches NeMo Gym's ``calendar`` resources server. The user asks, turn by turn, to
+add events (with an id and a duration) and to constrain them ("between 10am and
+11:45am", "before 1:45pm", "after 2pm", "at 3pm"); after every user turn the
+assistant prints the whole calendar as a JSON list of
+``{"event_id", "event_name", "start_time", "duration"}``. The task's
+``exp_cal_state`` maps each event id to its duration, constraint and allowed
+window (``min_time``/``max_time``).
+
+Grading of an answer (NeMo Gym's rules, reimplemented): reward 0 if it contains
+``<think>``; 1 if no events are expected; otherwise 0 unless the first JSON list
+of objects in the text has exactly the expected events, none overlapping, each
+with the expected duration, inside the window and satisfying its constraint; any
+malformed value counts as 0. The graded text is that of the *last* output item
+(an answer cut while still reasoning scores 0).
+
+Two task layouts, both run by ``agents.multi_turn`` with ``user: env``:
+
+* **NeMo Gym's** (``data/example.jsonl``): the conversation so far, earlier
+  assistant calendars included, is in ``responses_create_params.input`` and the
+  policy answers its last user turn: one policy turn, graded. This reproduces
+  NeMo Gym's rewards for the same answers.
+* **Interactive** (``data/example_interactive.jsonl``, made by
+  ``interactive_row``): the input holds only the system prompt; the user turns are
+  in ``user_turns``. ``reset`` gives the first one, each ``step`` the next, so the
+  policy keeps the calendar itself over the whole conversation. Every
+  intermediate answer is checked too (no ``<think>``, no overlapping events in a
+  printed calendar); a failed check ends the episode early with reward 0. The
+  final answer is graded as above.
+
+The row carries ``terminated``/``truncated``/``info`` (``info.grade_reason``:
+pass, think_found, no_json_list, different_number_of_events,
+conflicting_events, constraint_violated, error_in_grading, or
+``turn N: ...`` for an early stop).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runtime.gymnasium import Action, GymResource, Step
+from runtime.messages import FunctionCallOutput, Item, Response
+from runtime.resource import Verdict
+
+# ----------------------------------------------------------------------- grading
+
+
+def to_minutes(text: str) -> int:
+    """``"10:30"``, ``"2pm"``, ``"11:45am"`` → minutes after midnight (12am is 0, 12pm is noon)."""
+    s = text.strip()
+    suffix = "am" if "am" in s else ("pm" if "pm" in s else None)
+    if suffix is None:
+        hours, minutes = (int(x) for x in s.split(":"))
+        return hours * 60 + minutes
+    core = s.replace(suffix, "")
+    if ":" in core:
+        hours, minutes = (int(x) for x in core.split(":"))
+    else:
+        hours, minutes = int(core), 0
+    return (0 if hours == 12 else hours * 60) + minutes + (12 * 60 if suffix == "pm" else 0)
+
+
+def _bracket_end(text: str, start: int) -> int:
+    """Index of the ``]`` closing the ``[`` at ``start`` (``{...}`` groups may hide brackets), or -1."""
+    k = start + 1
+    n = len(text)
+    while k < n:
+        c = text[k]
+        if c == "[":
+            return -1
+        if c == "]":
+            return k
+        if c == "{":
+            close = text.find("}", k + 1)
+            if close != -1:
+                k = close + 1
+                continue
+        k += 1
+    return -1
+
+
+def first_json_list(text: str) -> list[Any] | None:
+    """The first bracketed span holding a ``{...}`` object, parsed as JSON (None if absent or invalid).
+
+    Like NeMo Gym's extractor, the first such span decides: if it is not valid
+    JSON the answer has no calendar, even when a later span would parse.
+    """
+    i = text.find("[")
+    while i != -1:
+        end = _bracket_end(text, i)
+        if end != -1:
+            opening = text.find("{", i + 1, end)
+            if opening != -1 and text.find("}", opening + 1, end + 1) != -1:
+                try:
+                    value = json.loads(text[i : end + 1])
+                except json.JSONDecodeError:
+                    return None
+                return value if isinstance(value, list) else None
+        i = text.find("[", i + 1)
+    return None
+
+
+def overlaps_another(events: list[dict[str, Any]], event: dict[str, Any]) -> bool:
+    """Whether ``event`` overlaps an event of ``events`` other than (an equal copy of) itself."""
+    start = to_minutes(event["start_time"])
+    end = start + event["duration"]
+    for other in events:
+        if event and other == event:
+            continue
+        o_start = to_minutes(other["start_time"])
+        o_end = o_start + other["duration"]
+        if start < o_end and o_start < end:
+            return True
+    return False
+
+
+def meets_constraint(event: dict[str, Any], spec: dict[str, Any]) -> bool:
+    if event["duration"] != spec["duration"]:
+        return False
+    start = to_minutes(event["start_time"])
+    end = start + event["duration"]
+    if start < to_minutes(spec["min_time"]) or end > to_minutes(spec["max_time"]):
+        return False
+    constraint = spec["constraint"]
+    if constraint is None:
+        return True
+    for kind in ("before ", "after ", "between ", "at "):
+        if constraint.startswith(kind):
+            rest = constraint.replace(kind, "")
+            break
+    else:
+        return True
+    if kind == "before ":
+        return end <= to_minutes(rest)
+    if kind == "after ":
+        return start >= to_minutes(rest)
+    if kind == "at ":
+        return start == to_minutes(rest)
+    bounds = rest.split(" and ")
+    if len(bounds) != 2:
+        raise ValueError(f"invalid 'between' constraint: {constraint!r}")
+    return start >= to_minutes(bounds[0]) and end <= to_minutes(bounds[1])
+
+
+def grade(text: str, expected: dict[str, Any]) -> tuple[float, str]:
+    """(reward, reason) for an answer against the expected calendar state."""
+    if "<think>" in text:
+        return 0.0, "think_found"
+    if not expected:
+        return 1.0, "pass"
+    try:
+        calendar = first_json_list(text)
+        if not calendar:
+            return 0.0, "no_json_list"
+        by_id = {str(e["event_id"]): e for e in calendar}
+        if len(by_id) != len(expected):
+            return 0.0, "different_number_of_events"
+        if any(overlaps_another(calendar, e) for e in calendar):
+            return 0.0, "conflicting_events"
+        if not all(meets_constraint(by_id[k], spec) for k, spec in expected.items()):
+            return 0.0, "constraint_violated"
+    except Exception:
+        return 0.0, "error_in_grading"
+    return 1.0, "pass"
+
+
+def check_intermediate(text: str) -> str | None:
+    """Why an intermediate answer fails (None if it is acceptable)."""
+    if "<think>" in text:
+        return "think_found"
+    try:
+        calendar = first_json_list(text)
+        if calendar and any(overlaps_another(calendar, e) for e in calendar):
+            return "conflicting_events"
+    except Exception:
+        return None  # an unreadable intermediate calendar is judged at the end, not here
+    return None
+
+
+def graded_text(output: list[Item]) -> str:
+    """The text NeMo Gym grades: the first content part of the last output item, if it has content."""
+    if not output:
+        return ""
+    last = output[-1]
+    if isinstance(last, FunctionCallOutput):
+        return ""
+    content = getattr(last, "content", None)
+    if not content:
+        return ""
+    if isinstance(content, str):
+        return content
+    first = content[0]
+    return str(first.get("text", "")) if isinstance(first, dict) else ""
+
+
+# ------------------------------------------------------------------------ layouts
+
+
+def interactive_row(row: dict[str, Any]) -> dict[str, Any]:
+    """NeMo Gym's history layout → the interactive one.
+
+    System/developer messages stay in the input; the user messages become
+    ``user_turns``; the recorded assistant turns are dropped (the policy writes
+    its own). Other task fields are kept.
+    """
+    params = dict(row["responses_create_params"])
+    raw = params["input"]
+    messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw)
+    params["input"] = [m for m in messages if m.get("role") in ("system", "developer")]
+    turns = [m["content"] for m in messages if m.get("role") == "user"]
+    out = {k: v for k, v in row.items() if k != "responses_create_params"}
+    return {"responses_create_params": params, "user_turns": turns, **out}
+
+
+# ----------------------------------------------------------------------- resource
+
+
+class Calendar(GymResource):
+    async def reset(self, task: dict[str, Any]) -> str | None:
+        turns = task.get("user_turns")
+        if turns is not None and not (isinstance(turns, list) and all(isinstance(t, str) for t in turns)):
+            raise ValueError("user_turns must be a list of strings")
+        self.user_turns: list[str] = list(turns or [])
+        self.next_turn = 1
+        return self.user_turns[0] if self.user_turns else None
+
+    def _expected(self, task: dict[str, Any]) -> dict[str, Any]:
+        expected = task.get("exp_cal_state")
+        if not isinstance(expected, dict):
+            raise ValueError("task row: exp_cal_state must be an object of event id -> expected event")
+        return expected
+
+    async def step(self, action: Action) -> Step:
+        if self.next_turn < len(self.user_turns):
+            failed = check_intermediate(action.text)
+            if failed:
+                return Step(reward=0.0, terminated=True, info={"grade_reason": f"turn {action.turn}: {failed}"})
+            text = self.user_turns[self.next_turn]
+            self.next_turn += 1
+            return Step(observation=text)
+        reward, reason = grade(graded_text(action.output), self._expected(self.task))
+        return Step(reward=reward, terminated=True, info={"grade_reason": reason})
+
+    async def verify(self, task: dict[str, Any], response: Response) -> float | Verdict:
+        if self.steps:
+            return await super().verify(task, response)
+        # No episode (re-verify, or another user source): grade the response's final answer.
+        reward, reason = grade(graded_text(response.output), self._expected(task))
+        return Verdict(reward=reward, fields={"terminated": True, "truncated": False,
+                                              "info": {"grade_reason": reason}})
+
+
+__all__ = ["Calendar", "first_json_list", "grade", "graded_text", "interactive_row", "to_minutes"]

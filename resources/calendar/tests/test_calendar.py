@@ -1,0 +1,178 @@
+"""calendar: grading rules, both task layouts, and NeMo Gym's recorded rewards (no NATS here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.calendar import Calendar, first_json_list, grade, graded_text, interactive_row, to_minutes
+from runtime.config import load_config
+from runtime.gymnasium import RESET, STEP, Action, Reset, Step
+from runtime.messages import Response, assistant_message, parse_items
+from runtime.resource import Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym" / "calendar"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((m["role"], json.dumps(m["content"])) for m in row["responses_create_params"]["input"])
+
+
+def cal(*events: tuple[int, str, int]) -> str:
+    return json.dumps([{"event_id": i, "event_name": f"e{i}", "start_time": t, "duration": d} for i, t, d in events])
+
+
+EXPECTED = {
+    "0": {"event_id": 0, "duration": 60, "constraint": "between 10am and 11:45am", "min_time": "10:00", "max_time": "16:00"},
+    "1": {"event_id": 1, "duration": 30, "constraint": "after 2pm", "min_time": "10:00", "max_time": "16:00"},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [("10:00", 600), ("09:05", 545), ("2pm", 840), ("12pm", 720), ("12am", 0), ("11:45am", 705),
+     ("12:30pm", 750), ("1:45pm", 825), (" 3pm ", 900)],
+)
+def test_times(text: str, minutes: int) -> None:
+    assert to_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("bad", ["10 AM", "ten", "10:00:00"])
+def test_unreadable_times_raise(bad: str) -> None:
+    with pytest.raises(ValueError):
+        to_minutes(bad)
+
+
+def test_first_json_list() -> None:
+    assert first_json_list('Sure!\n\n[{"event_id": 0}]\nDone.') == [{"event_id": 0}]
+    assert first_json_list('ids [1, 2] and then [{"event_id": 3}]') == [{"event_id": 3}]
+    assert first_json_list('[{"event_name": "Review [v2]", "event_id": 1}]') == [{"event_name": "Review [v2]", "event_id": 1}]
+    # the first candidate decides, as in NeMo Gym: invalid JSON there means "no calendar"
+    assert first_json_list('[{event_id: 0}] [{"event_id": 1}]') is None
+    assert first_json_list("no calendar here") is None
+    assert first_json_list("[]") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reward", "reason"),
+    [
+        (cal((0, "10:00", 60), (1, "14:00", 30)), 1.0, "pass"),
+        (cal((0, "10:45", 60), (1, "2:30pm", 30)), 1.0, "pass"),
+        ("<think>hm</think>" + cal((0, "10:00", 60), (1, "14:00", 30)), 0.0, "think_found"),
+        ("I scheduled it.", 0.0, "no_json_list"),
+        (cal((0, "10:00", 60)), 0.0, "different_number_of_events"),
+        (cal((0, "10:00", 60), (1, "10:30", 30)), 0.0, "conflicting_events"),
+        (cal((0, "11:00", 60), (1, "14:00", 30)), 0.0, "constraint_violated"),  # ends 12:00 > 11:45
+        (cal((0, "10:00", 45), (1, "14:00", 30)), 0.0, "constraint_violated"),  # duration
+        (cal((0, "10:00", 60), (1, "15:45", 30)), 0.0, "constraint_violated"),  # past max_time
+        (cal((0, "10:00", 60), (2, "14:00", 30)), 0.0, "error_in_grading"),  # unknown id
+        (cal((0, "10 AM", 60), (1, "14:00", 30)), 0.0, "error_in_grading"),
+    ],
+)
+def test_grading(text: str, reward: float, reason: str) -> None:
+    assert grade(text, EXPECTED) == (reward, reason)
+
+
+def test_constraint_kinds() -> None:
+    spec = {"duration": 30, "min_time": "10:00", "max_time": "16:00"}
+    for constraint, start, ok in [("before 1pm", "12:30", True), ("before 1pm", "12:45", False),
+                                  ("at 2pm", "14:00", True), ("at 2pm", "14:15", False),
+                                  (None, "15:00", True), ("sometime", "15:00", True)]:
+        text = cal((0, start, 30))
+        assert grade(text, {"0": {**spec, "constraint": constraint}})[0] == float(ok), (constraint, start)
+    assert grade("anything", {}) == (1.0, "pass")
+
+
+def test_graded_text_is_the_last_items_first_part() -> None:
+    msg = assistant_message("[1]")
+    reasoning = parse_items([{"type": "reasoning", "summary": [{"type": "summary_text", "text": "x"}]}])[0]
+    call = parse_items([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])[0]
+    assert graded_text([reasoning, msg]) == "[1]"
+    assert graded_text([msg, reasoning]) == ""  # cut while still thinking
+    assert graded_text([msg, call]) == ""
+    assert graded_text([]) == ""
+
+
+@pytest.fixture
+def compat() -> Path:
+    if not COMPAT.is_dir():
+        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
+    return COMPAT
+
+
+def test_data_is_nemo_gyms_and_interactive_layout_is_derived_from_it(compat: Path) -> None:
+    ours = read_jsonl(ENV_DIR / "data" / "example.jsonl")
+    assert ours == read_jsonl(compat / "example.jsonl")
+    assert read_jsonl(ENV_DIR / "data" / "example_interactive.jsonl") == [interactive_row(r) for r in ours]
+    for row in ours:
+        inter = interactive_row(row)
+        assert [m["role"] for m in inter["responses_create_params"]["input"]] == ["system"]
+        users = [m["content"] for m in row["responses_create_params"]["input"] if m["role"] == "user"]
+        assert inter["user_turns"] == users and inter["exp_cal_state"] == row["exp_cal_state"]
+
+
+async def call(inst: Calendar, name: str, payload: Any = None) -> Any:
+    out = await inst.call_tool(name, msgspec.json.encode(payload or {}).decode())
+    return msgspec.json.decode(out, type=Reset if name == RESET else Step)
+
+
+async def test_recorded_rewards_as_an_episode_and_as_a_reverify(compat: Path) -> None:
+    tasks = {key(t): t for t in read_jsonl(compat / "example.jsonl")}
+    for rec in read_jsonl(compat / "example_rollouts.jsonl"):
+        task = tasks[key(rec)]
+        output = parse_items(rec["response"]["output"])
+        response = Response(id="r", created_at=0.0, output=output)
+        # one policy turn: reset (no observation), step with the recorded answer
+        inst = Calendar()
+        await inst.seed(task)
+        assert (await call(inst, RESET)).observation is None
+        step = await call(inst, STEP, Action(text="", output=output, turn=1))
+        assert step.terminated and step.reward == rec["reward"]
+        verdict = await inst.verify(task, response)
+        assert isinstance(verdict, Verdict) and verdict.reward == rec["reward"]
+        assert verdict.fields["terminated"] is True and verdict.fields["truncated"] is False
+        # session-less verification (re-verify) gives the same reward
+        fresh = Calendar()
+        await fresh.seed(task)
+        assert (await fresh.verify(task, response)).reward == rec["reward"]  # type: ignore[union-attr]
+
+
+async def test_interactive_episode_sends_user_turns_and_stops_early_on_a_bad_calendar() -> None:
+    task = {"responses_create_params": {"input": [{"role": "system", "content": "sys"}]},
+            "user_turns": ["add 0", "add 1", "move 1"], "exp_cal_state": EXPECTED}
+    inst = Calendar()
+    await inst.seed(task)
+    assert (await call(inst, RESET)).observation == "add 0"
+    first = await call(inst, STEP, Action(text=cal((0, "10:00", 60)), turn=1))
+    assert first.observation == "add 1" and not first.terminated
+    bad = cal((0, "10:00", 60), (1, "10:30", 30))
+    stop = await call(inst, STEP, Action(text=bad, turn=2))
+    assert stop.terminated and stop.reward == 0.0 and stop.info == {"grade_reason": "turn 2: conflicting_events"}
+
+    await inst.seed(task)
+    await call(inst, RESET)
+    for t, text in enumerate([cal((0, "10:00", 60)), cal((0, "10:00", 60), (1, "11:00", 30))], 1):
+        assert not (await call(inst, STEP, Action(text=text, turn=t))).terminated
+    final = cal((0, "10:00", 60), (1, "14:00", 30))
+    done = await call(inst, STEP, Action(text=final, output=[assistant_message(final)], turn=3))
+    assert done.terminated and done.reward == 1.0 and done.info == {"grade_reason": "pass"}
+
+
+def test_module_and_config() -> None:
+    import resources.calendar as mod
+
+    assert find_resource_class(mod) is Calendar
+    cfg = load_config(ENV_DIR / "config.yaml")
+    (agent,) = cfg.agents.values()
+    assert agent.agent == "agents.multi_turn" and agent.options["user"] == "env"
+    assert cfg.models[agent.model].adapter == "scripted"
