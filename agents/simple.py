@@ -16,6 +16,7 @@ from __future__ import annotations
 import msgspec
 
 from runtime.agent import AgentContext, AgentFailure, Outcome
+from runtime.gymnasium import is_reserved
 from runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
@@ -50,10 +51,11 @@ async def run(ctx: AgentContext) -> Outcome:
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
             for call in calls:
-                reply = await session.call(call.name, call.arguments)
-                outputs.append(
-                    FunctionCallOutput(call_id=call.call_id, output=reply.output)
-                )
+                if is_reserved(call.name):  # runtime-internal names never reach the resource
+                    output = f"Error: unknown tool {call.name!r}"
+                else:
+                    output = (await session.call(call.name, call.arguments)).output
+                outputs.append(FunctionCallOutput(call_id=call.call_id, output=output))
             if not calls and any(
                 isinstance(o, Message) and o.role == "assistant" for o in resp.output
             ):

@@ -129,12 +129,32 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     return config_from_dict(raw, source=str(p))
 
 
+_SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "models": ModelConfig, "resources": ResourceConfig, "agents": AgentConfig,
+}
+
+
 def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
+    # Entries are converted one by one so that errors can name them (msgspec
+    # reports dict keys as `[...]`).
+    sections: dict[str, dict[str, Any]] = {}
+    for section, typ in _SECTIONS.items():
+        entries = raw.get(section) or {}
+        if not isinstance(entries, dict):
+            raise ConfigError(f"{source}: {section}: expected a mapping of name -> settings")
+        sections[section] = {}
+        for name, entry in entries.items():
+            try:
+                sections[section][str(name)] = msgspec.convert(entry, typ, strict=False)
+            except msgspec.ValidationError as e:
+                raise ConfigError(f"{source}: {section}.{name}.{_readable(str(e))}".replace("..", ".")) from None
     try:
-        cfg = msgspec.convert(raw, Config, strict=False)
+        cfg = msgspec.convert({k: v for k, v in raw.items() if k not in _SECTIONS}, Config, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{source}: {_readable(str(e))}") from None
+    cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]  # type: ignore[assignment]
     for name, a in cfg.agents.items():
+        _check_agent_options(name, a, cfg, source)
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
         if a.resource not in cfg.resources:
@@ -142,6 +162,30 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
                 f"{source}: agents.{name}.resource: no resource named {a.resource!r} under resources"
             )
     return cfg
+
+
+def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) -> None:
+    """Let the agent module validate its ``options`` now, not as a failure on every rollout.
+
+    An agent module may define ``check_options(options) -> parsed`` (raising
+    ``ValueError``); any model the options name (``*_model`` keys) must exist.
+    """
+    import importlib
+
+    try:
+        module = importlib.import_module(a.agent)
+    except ImportError as e:
+        raise ConfigError(f"{source}: agents.{name}.agent: cannot import {a.agent!r}: {e}") from None
+    check = getattr(module, "check_options", None)
+    if check is not None:
+        try:
+            check(a.options)
+        except ValueError as e:
+            msg = str(e).removeprefix("options: ")
+            raise ConfigError(f"{source}: agents.{name}.options.{_readable(msg)}") from None
+    for key, value in a.options.items():
+        if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
+            raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
 
 
 def _readable(msg: str) -> str:
@@ -153,7 +197,7 @@ def _readable(msg: str) -> str:
         key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
         return f"{key}: unknown key"
     text = _PATH_RE.sub("", msg).rstrip(" -")
-    return f"{path}: {text}" if path else text
+    return f"{path}: {text}" if path else f": {text}"
 
 
 def redact(cfg: Config) -> dict[str, Any]:
