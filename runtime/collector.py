@@ -11,8 +11,11 @@ ends with the same file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +24,12 @@ from typing import Any
 import anyio
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runtime.bus import Bus
 from runtime.messages import RolloutResult
 from runtime.metrics import MetricsAccumulator
+from runtime.pull import PullWorker, stream_names
 
 _json_enc = msgspec.json.Encoder()
 
@@ -74,24 +78,36 @@ class Collector:
         self._answer_field: str | None = None
 
     async def run(self) -> CollectStats:
+        """Read every result of the batch from the start of the stream; returns when all are in.
+
+        A pull consumer of our own (no acks: the stream keeps the results) bounds
+        what is in memory to one pull's worth, however far behind we start.
+        """
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        stream = stream_names(self.bus.ns)["result"]
+        consumer = f"collect_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
+        await self.bus.js.add_consumer(stream, ConsumerConfig(
+            durable_name=consumer, filter_subject=self.bus.subject("result", self.batch),
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=600.0,
+            max_waiting=64,
+        ))
+
+        async def on_msg(msg: Msg) -> None:
+            self._take(await self.bus.decode(msg))
+
+        puller = PullWorker(self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg,
+                            heartbeat_s=3600.0)
         with self.spool_path.open("wb") as spool:
             self._spool = spool
-
-            async def on_msg(msg: Msg) -> None:
-                self._take(await self.bus.decode(msg))
-
-            sub = await self.bus.js.subscribe(
-                self.bus.subject("result", self.batch),
-                cb=on_msg,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            )
             try:
-                if self.expected:
-                    await self._done.wait()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(puller.run)
+                    if self.expected:
+                        await self._done.wait()
+                    tg.cancel_scope.cancel()
             finally:
-                await sub.unsubscribe()
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self.bus.js.delete_consumer(stream, consumer)
             spool.flush()
         await anyio.to_thread.run_sync(self._finalize)
         return self.stats

@@ -137,7 +137,7 @@ class Response(Struct, kw_only=True):
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, Any] | None = None
     instructions: Any = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = field(default_factory=dict)
     model: str = ""
     object: str = "response"
     output: list[Item] = field(default_factory=list)

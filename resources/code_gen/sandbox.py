@@ -1,0 +1,816 @@
+"""A sandbox for running untrusted (model-written) Python programs, built from the stdlib.
+
+Why not bubblewrap: ``bwrap`` would need a native binary (Debian's package or a
+PyPI wheel that bundles one) on every machine that verifies, and it sets no
+resource limits itself. Everything bwrap would do for us here is a handful of
+Linux system calls, so this module makes them directly (``ctypes`` on libc; the
+stdlib's ``os.unshare`` only exists from Python 3.12) and adds what bwrap lacks:
+rlimits, a process cap and a wall-clock kill. Nothing to install, nothing
+downloaded at run time.
+
+How one run is isolated (parent side: :class:`SandboxRunner`; child side:
+``python -I sandbox.py --child``, which isolates itself *before* it reads any
+untrusted input, and fails closed when a required layer is missing):
+
+- **Own process, own session**: a new process group, killed as a whole
+  (``SIGKILL``) at the wall-clock deadline, after a protocol error, and always at
+  the end; the child also has ``PR_SET_PDEATHSIG`` so it dies with its parent.
+- **Namespaces** (``unshare``; as root directly, otherwise inside a new user
+  namespace): PID (the program's process tree dies with its init: nothing
+  escapes the kill, not even a process that calls ``setsid``), network (an empty
+  network namespace: no interface is up, ``connect`` fails with ENETUNREACH),
+  mount (a private ``/proc`` that shows only the sandbox's processes; a
+  size-limited ``tmpfs`` as the working directory), IPC and UTS.
+- **Environment**: ``env`` is replaced (PATH, LANG, HOME/TMPDIR = the working
+  dir, thread-count pins) and Python runs with ``-I`` (no PYTHON* variables, no
+  user site). The worker's variables are not in the child, and other processes'
+  ``/proc/PID/environ`` are out of reach (PID namespace + private ``/proc`` +
+  Landlock's ptrace scoping + no capabilities).
+- **Landlock** (Linux >= 5.13, unprivileged): the file system becomes read-only
+  and limited to the Python installation (``sys.prefix``/``base_prefix``),
+  ``/usr``, ``/lib*``, ``/bin`` and a few ``/etc`` files; only the throw-away
+  working directory is writable. Where the kernel supports it (ABI >= 4/6) TCP
+  bind/connect, signals to outside processes and abstract UNIX sockets are
+  denied too.
+- **seccomp** (a small BPF filter): ``socket()`` for any family but AF_UNIX fails
+  with EACCES (network denial even without a network namespace), io_uring is
+  refused, and the uid/gid-changing calls are refused (see the process cap).
+- **Privileges**: ``no_new_privs``; every capability dropped (effective,
+  permitted, inheritable, ambient and the bounding set). When the worker runs as
+  root, the child's *real* uid becomes a random unprivileged one (so
+  ``RLIMIT_NPROC`` applies; root is exempt from it) while file access keeps
+  working through the effective uid, which without capabilities and under
+  Landlock grants nothing beyond the rules above.
+- **rlimits**: ``RLIMIT_CPU`` (CPU seconds; SIGXCPU then SIGKILL),
+  ``RLIMIT_AS`` (address space: a big allocation fails with MemoryError),
+  ``RLIMIT_FSIZE`` (largest file the program may write; SIGXFSZ is ignored so a
+  write fails with EFBIG instead of killing), ``RLIMIT_NPROC`` (processes and
+  threads: no fork bombs), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` = 0.
+- **Output**: every message the child sends is read with a byte cap; a child
+  that exceeds it is killed. (The payload caps the program's captured stdout
+  itself, see ``harness.py``.)
+
+Required layers: network denial (network namespace or seccomp), confinement of
+the file system and of other processes (Landlock), and, when root, dropping
+privileges. :func:`probe` reports what this machine offers.
+
+The child speaks newline-delimited JSON: it reads requests on its stdin and
+writes messages on its stdout. Before the payload runs, both channels move to
+private descriptors and fds 0/1 point at ``/dev/null``, so the untrusted program
+cannot read the control channel by accident or corrupt it with stray prints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# ----------------------------------------------------------------------------- constants
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_SECCOMP = 22
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+# filesystem access rights, by the ABI that introduced them
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+LL_FS_ABI1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
+LL_REFER, LL_TRUNCATE, LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1 << 0, 1 << 1
+LL_SCOPE_ABSTRACT_UNIX_SOCKET, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# seccomp / classic BPF
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+AF_UNIX = 1
+# per architecture: audit arch, socket, io_uring_*, set*id calls
+_SYSCALLS = {
+    "x86_64": dict(
+        audit=0xC000003E, socket=41, x32=True,
+        deny=[425, 426, 427, 105, 106, 113, 114, 117, 119, 122, 123],
+    ),
+    "aarch64": dict(
+        audit=0xC00000B7, socket=198, x32=False,
+        deny=[425, 426, 427, 143, 144, 145, 146, 147, 149, 151, 152],
+    ),
+}
+
+SANDBOX_PY = os.path.abspath(__file__)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up (a required isolation layer is missing) or broke down."""
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed run (all enforced by the kernel, plus the wall clock)."""
+
+    wall_s: float = 60.0  # the parent kills the whole process tree after this long
+    cpu_s: float = 60.0  # RLIMIT_CPU per process
+    memory_bytes: int = 4 << 30  # RLIMIT_AS per process
+    file_bytes: int = 64 << 20  # RLIMIT_FSIZE, and the size of the tmpfs working directory
+    message_bytes: int = 64 << 20  # the longest message the parent accepts from the child
+    nproc: int = 64  # RLIMIT_NPROC (processes + threads)
+    nofile: int = 256  # RLIMIT_NOFILE
+
+
+# ----------------------------------------------------------------------------- libc helpers
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return _libc
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return ret
+
+
+def _prctl(option: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0) -> int:
+    return _check(_lib().prctl(option, a, b, c, d), f"prctl({option})")
+
+
+def _unshare(flags: int) -> None:
+    _check(_lib().unshare(flags), f"unshare({flags:#x})")
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    ret = _lib().mount(enc(src), enc(target), enc(fstype), flags, enc(data))
+    _check(ret, f"mount({target})")
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- landlock
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version the kernel offers, 0 when it has none."""
+    if sys.platform != "linux":
+        return 0
+    ret = _lib().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return int(ret) if ret > 0 else 0
+
+
+def _fs_rights(abi: int) -> int:
+    rights = LL_FS_ABI1
+    if abi >= 2:
+        rights |= LL_REFER
+    if abi >= 3:
+        rights |= LL_TRUNCATE
+    if abi >= 5:
+        rights |= LL_IOCTL_DEV
+    return rights
+
+
+def _apply_landlock(abi: int, read_paths: list[str], rw_dirs: list[str], dev_files: list[str]) -> dict[str, bool]:
+    handled_fs = _fs_rights(abi)
+    handled_net = (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL) if abi >= 6 else 0
+    if abi >= 6:
+        attr = struct.pack("=QQQ", handled_fs, handled_net, scoped)
+    elif abi >= 4:
+        attr = struct.pack("=QQ", handled_fs, handled_net)
+    else:
+        attr = struct.pack("=Q", handled_fs)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    lib = _lib()
+    rfd = _check(
+        lib.syscall(SYS_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0)),
+        "landlock_create_ruleset",
+    )
+    file_only = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (LL_TRUNCATE if abi >= 3 else 0) | (
+        LL_IOCTL_DEV if abi >= 5 else 0
+    )
+
+    def add(path: str, rights: int) -> None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return  # absent on this machine: nothing to allow
+        try:
+            if not os.path.isdir(path):
+                rights &= file_only
+            rule = ctypes.create_string_buffer(struct.pack("=Qi", rights & handled_fs, fd), 12)
+            _check(lib.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(rfd), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)), f"landlock_add_rule({path})")
+        finally:
+            os.close(fd)
+
+    try:
+        ro = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+        for p in read_paths:
+            add(p, ro)
+        for p in dev_files:
+            add(p, LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV)
+        for p in rw_dirs:
+            add(p, handled_fs)
+        _check(lib.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(rfd), ctypes.c_uint32(0)), "landlock_restrict_self")
+    finally:
+        os.close(rfd)
+    return {"landlock_fs": True, "landlock_net": bool(handled_net), "landlock_scope": bool(scoped)}
+
+
+# ----------------------------------------------------------------------------- seccomp
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _seccomp_program() -> bytes | None:
+    arch = _SYSCALLS.get(platform.machine())
+    if arch is None:
+        return None
+    ins: list[tuple[int, int, int, int]] = []
+    ret_ok = SECCOMP_RET_ALLOW
+    ret_eperm = SECCOMP_RET_ERRNO | errno.EPERM
+    ret_eacces = SECCOMP_RET_ERRNO | errno.EACCES
+    ins.append((BPF_LD_W_ABS, 0, 0, 4))  # arch
+    ins.append((BPF_JEQ_K, 1, 0, arch["audit"]))
+    ins.append((BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS))  # foreign ABI (e.g. i386 on x86_64)
+    ins.append((BPF_LD_W_ABS, 0, 0, 0))  # syscall number
+    if arch["x32"]:
+        ins.append((BPF_JGE_K, 0, 1, 0x40000000))
+        ins.append((BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS))
+    for nr in arch["deny"]:
+        ins.append((BPF_JEQ_K, 0, 1, nr))
+        ins.append((BPF_RET_K, 0, 0, ret_eperm))
+    ins.append((BPF_JEQ_K, 1, 0, arch["socket"]))
+    ins.append((BPF_RET_K, 0, 0, ret_ok))
+    ins.append((BPF_LD_W_ABS, 0, 0, 16))  # args[0] (low half): the address family
+    ins.append((BPF_JEQ_K, 0, 1, AF_UNIX))
+    ins.append((BPF_RET_K, 0, 0, ret_ok))
+    ins.append((BPF_RET_K, 0, 0, ret_eacces))
+    return b"".join(struct.pack("=HBBI", *i) for i in ins)
+
+
+def _apply_seccomp() -> bool:
+    prog = _seccomp_program()
+    if prog is None:
+        return False
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    ret = _lib().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0)
+    _check(ret, "prctl(PR_SET_SECCOMP)")
+    return True
+
+
+# ----------------------------------------------------------------------------- capabilities
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities() -> None:
+    lib = _lib()
+    for cap in range(64):
+        if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+            # EINVAL: past the last capability this kernel knows. EPERM: no
+            # CAP_SETPCAP, i.e. an unprivileged process that has no capability
+            # to lose (and no_new_privs keeps exec from granting any).
+            if ctypes.get_errno() in (errno.EINVAL, errno.EPERM):
+                break
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+    lib.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _check(lib.capset(ctypes.byref(hdr), data), "capset")
+
+
+# ----------------------------------------------------------------------------- probe
+
+
+@dataclass
+class Layers:
+    """Which isolation layers a child actually got (reported back to the parent)."""
+
+    root: bool = False
+    userns: bool = False
+    pidns: bool = False
+    netns: bool = False
+    mountns: bool = False
+    private_proc: bool = False
+    tmpfs_workdir: bool = False
+    landlock_fs: bool = False
+    landlock_net: bool = False
+    landlock_scope: bool = False
+    seccomp: bool = False
+    caps_dropped: bool = False
+    unprivileged_ruid: bool = False
+    rlimits: bool = False
+    missing: list[str] = field(default_factory=list)
+
+    def check(self) -> list[str]:
+        missing = []
+        if not (self.netns or self.seccomp):
+            missing.append("network denial (network namespace or seccomp)")
+        if not self.landlock_fs:
+            missing.append("file-system and process confinement (Landlock, Linux >= 5.13)")
+        if not self.caps_dropped:
+            missing.append("dropping capabilities")
+        if not self.rlimits:
+            missing.append("resource limits")
+        self.missing = missing
+        return missing
+
+
+def probe() -> dict[str, Any]:
+    """What this machine offers, without starting a sandbox (cheap; for logs and tests)."""
+    return {
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "root": hasattr(os, "geteuid") and os.geteuid() == 0,
+        "landlock_abi": landlock_abi(),
+        "seccomp_arch": platform.machine() in _SYSCALLS,
+    }
+
+
+# ----------------------------------------------------------------------------- child side
+
+
+def _read_only_paths() -> list[str]:
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths |= {os.path.realpath(p) for p in list(paths)}
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    paths |= {"/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin"}
+    paths |= {
+        "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+        "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/mime.types",
+    }
+    return sorted(p for p in paths if p and p != "/")
+
+
+_DEV_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
+
+
+def _set_rlimits(lim: dict[str, Any]) -> None:
+    import resource
+
+    def setlim(which: int, soft: int, hard: int | None = None) -> None:
+        cur_soft, cur_hard = resource.getrlimit(which)
+        hard = soft if hard is None else hard
+        if cur_hard != resource.RLIM_INFINITY:
+            hard = min(hard, cur_hard)
+            soft = min(soft, hard)
+        resource.setrlimit(which, (soft, hard))
+
+    cpu = max(1, math.ceil(lim["cpu_s"]))
+    setlim(resource.RLIMIT_CPU, cpu, cpu + 1)  # SIGXCPU at the soft limit, SIGKILL one second later
+    setlim(resource.RLIMIT_AS, int(lim["memory_bytes"]))
+    setlim(resource.RLIMIT_FSIZE, int(lim["file_bytes"]))
+    setlim(resource.RLIMIT_NOFILE, int(lim["nofile"]))
+    setlim(resource.RLIMIT_CORE, 0)
+    setlim(resource.RLIMIT_NPROC, int(lim["nproc"]))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG instead of killing
+
+
+def _enter_namespaces(layers: Layers) -> None:
+    """Outer child: new namespaces (the PID namespace takes effect for the next fork)."""
+    uid, gid = os.getuid(), os.getgid()
+    rest = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    try:
+        _unshare(rest)
+    except OSError:
+        # not root (or no CAP_SYS_ADMIN): do it inside a new user namespace
+        try:
+            _unshare(CLONE_NEWUSER)
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+            layers.userns = True
+            _unshare(rest)
+        except OSError:
+            # try the namespaces one by one; the network one matters most
+            for flag in (CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUTS):
+                try:
+                    _unshare(flag)
+                except OSError:
+                    continue
+                if flag == CLONE_NEWNET:
+                    layers.netns = True
+                elif flag == CLONE_NEWNS:
+                    layers.mountns = True
+            return
+    layers.pidns = layers.netns = layers.mountns = True
+
+
+def _reap_until(pid: int) -> None:
+    """Wait (reaping any orphan meanwhile) until ``pid`` ends, then exit the way it did."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(1)
+        if done == pid:
+            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _mount_private(lim: dict[str, Any], layers: Layers) -> None:
+    """In the new mount namespace: no propagation, the PID namespace's own /proc, a tmpfs workdir."""
+    workdir = lim["workdir"]
+    if layers.mountns:
+        try:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+            try:
+                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+                layers.private_proc = layers.pidns
+            except OSError:
+                pass
+            try:
+                size = max(1 << 20, int(lim["file_bytes"]))
+                _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes=4096,mode=0700")
+                layers.tmpfs_workdir = True
+            except OSError:
+                pass
+        except OSError:
+            pass
+
+
+def _inner_setup(lim: dict[str, Any], layers: Layers) -> None:
+    """The program's process: limits, privileges, Landlock, seccomp."""
+    workdir = lim["workdir"]
+    if not layers.pidns:
+        _mount_private(lim, layers)  # (with a PID namespace, its init did this)
+    os.chdir(workdir)  # enter the tmpfs mounted over it
+
+    _set_rlimits(lim)
+    layers.rlimits = True
+
+    if layers.root and not layers.userns:
+        # Root is exempt from RLIMIT_NPROC: give the process an unprivileged *real* uid
+        # (file access still goes through the effective uid; seccomp below keeps the
+        # program from changing uids back).
+        os.setresuid(lim["ruid"], 0, 0)
+        layers.unprivileged_ruid = True
+
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    abi = landlock_abi()
+    if abi >= 1:
+        read_paths = _read_only_paths()
+        if layers.private_proc:
+            read_paths.append("/proc")
+        layers.__dict__.update(_apply_landlock(abi, read_paths, [workdir], _DEV_FILES))
+    try:
+        layers.seccomp = _apply_seccomp()
+    except OSError:
+        layers.seccomp = False
+    _drop_capabilities()
+    layers.caps_dropped = True
+
+
+def _send(fd: int, obj: Any) -> None:
+    data = (json.dumps(obj) + "\n").encode("ascii")  # ASCII JSON: even lone surrogates travel
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class Channel:
+    """The child's end of the parent link: newline-delimited JSON over two private fds."""
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self._rfd, self._wfd = rfd, wfd
+        self._buf = b""
+
+    def send(self, obj: Any) -> None:
+        _send(self._wfd, obj)
+
+    def recv(self) -> Any:
+        while b"\n" not in self._buf:
+            chunk = os.read(self._rfd, 1 << 16)
+            if not chunk:
+                raise EOFError("parent closed the channel")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+
+def _child_main(spec_json: str) -> None:
+    lim = json.loads(spec_json)
+    parent = lim["parent_pid"]
+    if sys.platform == "linux":
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(70)  # the parent died before we could arm PDEATHSIG
+    with open(lim["payload"], encoding="utf-8") as f:
+        payload_src = f.read()
+
+    # Move the channels to private fds; 0 and 1 become /dev/null.
+    rfd, wfd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+    layers = Layers(root=os.geteuid() == 0)
+    if sys.platform == "linux":
+        _enter_namespaces(layers)
+    if layers.pidns:
+        pid = os.fork()
+        if pid:
+            # Outer process: hold no channel end, wait for the namespace's init, pass on its fate.
+            os.close(rfd)
+            os.close(wfd)
+            _reap_until(pid)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # We are PID 1 of the new namespace. The kernel shields an init process from
+        # signals it has no handler for (SIGXCPU, SIGTERM from inside, ...), so the
+        # program must not run as PID 1: mount the namespace's /proc here, then fork
+        # once more and stay behind as a reaper that passes on the program's fate.
+        _mount_private(lim, layers)
+        pid = os.fork()
+        if pid:
+            os.close(rfd)
+            os.close(wfd)
+            _reap_until(pid)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    try:
+        if sys.platform != "linux":
+            raise SandboxError(f"no sandbox on {sys.platform}")
+        _inner_setup(lim, layers)
+    except Exception as e:  # report, then fail closed
+        layers.missing = [f"setup failed: {type(e).__name__}: {e}"]
+        _send(wfd, {"kind": "sandbox", "ok": False, "layers": asdict(layers)})
+        os._exit(3)
+    if layers.check():
+        _send(wfd, {"kind": "sandbox", "ok": False, "layers": asdict(layers)})
+        os._exit(3)
+    _send(wfd, {"kind": "sandbox", "ok": True, "layers": asdict(layers)})
+
+    ns: dict[str, Any] = {"__name__": "gym_sandbox_payload", "__file__": lim["payload"]}
+    exec(compile(payload_src, lim["payload"], "exec"), ns)
+    ns[lim.get("entry", "main")](Channel(rfd, wfd))
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def clean_env(workdir: str) -> dict[str, str]:
+    """The complete environment of a sandboxed program: nothing of the worker's."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+class SandboxTimeout(Exception):
+    """The run passed its wall-clock limit; the process tree was killed."""
+
+
+class SandboxExited(Exception):
+    """The child ended (or broke the protocol) before sending what was expected."""
+
+    def __init__(self, message: str, returncode: int | None, stderr: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class SandboxSession:
+    """One running child: send requests, receive messages, all under one wall-clock deadline."""
+
+    def __init__(self, proc: Any, limits: Limits, deadline: float, stderr_file: Any) -> None:
+        from anyio.streams.buffered import BufferedByteReceiveStream
+
+        self.proc = proc
+        self.limits = limits
+        self.deadline = deadline
+        self._stdout = BufferedByteReceiveStream(proc.stdout)
+        self._stderr = stderr_file
+        self.layers: dict[str, Any] = {}
+
+    @property
+    def stderr(self) -> str:
+        """The first 64 KiB the child wrote to its stderr (a file, capped by RLIMIT_FSIZE)."""
+        try:
+            return os.pread(self._stderr.fileno(), 64 << 10, 0).decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+
+    def _remaining(self) -> float:
+        import anyio
+
+        return max(0.0, self.deadline - anyio.current_time())
+
+    async def send(self, obj: Any) -> None:
+        import anyio
+
+        data = (json.dumps(obj) + "\n").encode("ascii")
+        try:
+            with anyio.fail_after(self._remaining()):
+                await self.proc.stdin.send(data)
+        except TimeoutError:
+            raise SandboxTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            raise SandboxExited("child stopped reading", self.proc.returncode, self.stderr) from None
+
+    async def recv(self) -> Any:
+        import anyio
+        from anyio import DelimiterNotFound, IncompleteRead
+
+        try:
+            with anyio.fail_after(self._remaining()):
+                line = await self._stdout.receive_until(b"\n", self.limits.message_bytes)
+        except TimeoutError:
+            raise SandboxTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
+        except DelimiterNotFound:
+            raise SandboxExited(
+                f"message over the limit of {self.limits.message_bytes} bytes", None, self.stderr
+            ) from None
+        except (IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise SandboxExited("child ended", self.proc.returncode, self.stderr) from None
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise SandboxExited("child sent a malformed message", None, self.stderr) from None
+
+
+class SandboxRunner:
+    """Starts sandboxed children; at most ``max_parallel`` at once (the rest wait their turn).
+
+    Usage::
+
+        runner = SandboxRunner(max_parallel=4)
+        async with runner.session("payload.py", Limits(wall_s=10)) as s:
+            await s.send({...}); msg = await s.recv()
+
+    On leaving the block the child's whole process tree is killed and its working
+    directory removed, whatever happened inside.
+    """
+
+    def __init__(self, max_parallel: int = 1, *, python: str | None = None) -> None:
+        import anyio
+
+        self.max_parallel = max(1, int(max_parallel))
+        self.python = python or sys.executable
+        self._sem = anyio.Semaphore(self.max_parallel)
+        self.running = 0  # children alive right now (tests and stats)
+
+    def session(self, payload: str, limits: Limits, *, entry: str = "main") -> Any:
+        return _SessionContext(self, payload, limits, entry)
+
+
+class _SessionContext:
+    def __init__(self, runner: SandboxRunner, payload: str, limits: Limits, entry: str) -> None:
+        self.runner, self.payload, self.limits, self.entry = runner, os.path.abspath(payload), limits, entry
+        self._proc: Any = None
+        self._workdir: str | None = None
+        self._stderr: Any = None
+        self._acquired = False
+
+    async def __aenter__(self) -> SandboxSession:
+        await self.runner._sem.acquire()
+        self._acquired = True
+        try:
+            return await self._start()
+        except BaseException:
+            await self._cleanup()
+            raise
+
+    async def _start(self) -> SandboxSession:
+        import subprocess
+
+        import anyio
+
+        lim = self.limits
+        self._workdir = tempfile.mkdtemp(prefix="gym-sandbox-")
+        spec = {
+            **asdict(lim),
+            "workdir": self._workdir,
+            "payload": self.payload,
+            "entry": self.entry,
+            "parent_pid": os.getpid(),
+            "ruid": 0x10000 + secrets.randbelow(0x3FFF0000),
+        }
+        # stderr goes to a file outside the working directory: nothing to drain, and
+        # RLIMIT_FSIZE caps it.
+        self._stderr = tempfile.TemporaryFile(prefix="gym-sandbox-stderr-")
+        self._proc = await anyio.open_process(
+            [self.runner.python, "-I", SANDBOX_PY, "--child", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=self._workdir,
+            env=clean_env(self._workdir),
+            start_new_session=True,
+        )
+        self.runner.running += 1
+        session = SandboxSession(self._proc, lim, anyio.current_time() + lim.wall_s, self._stderr)
+        try:
+            hello = await session.recv()
+        except (SandboxExited, SandboxTimeout) as e:
+            # before any untrusted input: a broken machine, not a broken program
+            raise SandboxError(f"sandbox did not start ({e}): {session.stderr[-2000:]}") from None
+        if not (isinstance(hello, dict) and hello.get("kind") == "sandbox"):
+            raise SandboxError(f"sandbox did not report its layers: {session.stderr[-2000:]}")
+        session.layers = hello.get("layers") or {}
+        if not hello.get("ok"):
+            raise SandboxError(
+                "sandbox unavailable: missing " + "; ".join(session.layers.get("missing") or ["?"])
+            )
+        return session
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        import anyio
+
+        with anyio.CancelScope(shield=True):
+            proc = self._proc
+            if proc is not None:
+                _killpg(proc.pid)
+                with anyio.move_on_after(10):
+                    try:
+                        await proc.aclose()  # closes the pipes, reaps the child
+                    except Exception:
+                        pass
+                self.runner.running -= 1
+                self._proc = None
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+            if self._workdir is not None:
+                await anyio.to_thread.run_sync(shutil.rmtree, self._workdir, True)
+                self._workdir = None
+            if self._acquired:
+                self._acquired = False
+                self.runner._sem.release()
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child_main(sys.argv[2])
+    else:
+        print(json.dumps(probe(), indent=2))
