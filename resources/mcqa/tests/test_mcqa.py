@@ -1,0 +1,266 @@
+"""mcqa against NeMo Gym's recorded rollouts and differential cases, plus each grading mode."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.mcqa import MCQA, grade
+from runtime.config import load_config
+from runtime.messages import Message, Reasoning, Response, assistant_message, parse_items
+from runtime.resource import Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat"
+NEMO = COMPAT / "nemo_gym" / "mcqa"
+DIFFERENTIAL = COMPAT / "differential" / "mcqa.jsonl"
+CASE_KEYS = ("expected_reward", "expected_fields", "case")
+
+OPTIONS = [{"A": "Circle"}, {"B": "Square"}, {"C": "Triangle"}, {"D": "Square root"}]
+ROW: dict[str, Any] = {"options": OPTIONS, "expected_answer": "B", "grading_mode": "strict_single_letter_boxed"}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"NeMo Gym compat data not found at {path}")
+    return path
+
+
+def to_response(raw: dict[str, Any]) -> Response:
+    return msgspec.convert({**raw, "output": parse_items(raw["output"])}, Response)
+
+
+def answer(*texts: str) -> Response:
+    return Response(id="r", created_at=0.0, output=[assistant_message(t) for t in texts])
+
+
+def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (m["role"], json.dumps(m["content"]))
+        for m in row["responses_create_params"]["input"]
+        if m.get("role") in ("system", "developer", "user")
+    )
+
+
+async def verdict(row: dict[str, Any], response: Response, options: dict[str, Any] | None = None) -> Verdict:
+    await MCQA.setup(options or {})
+    try:
+        inst = MCQA()
+        await inst.seed(row)
+        out = await inst.verify(row, response)
+    finally:
+        await MCQA.setup({})
+    assert isinstance(out, Verdict)
+    return out
+
+
+def extracted(text: str, row: dict[str, Any] = ROW, mode: str | None = None) -> str | None:
+    return grade(row, text, mode)[2]
+
+
+# ------------------------------------------------------------------ parity
+
+
+def test_data_is_nemo_gym_example_unchanged() -> None:
+    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert ours == need(NEMO / "example.jsonl").read_bytes()
+
+
+async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
+    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
+    rollouts = read_jsonl(need(NEMO / "example_rollouts.jsonl"))
+    assert len(rollouts) == len(tasks) == 5
+    for i, rollout in enumerate(rollouts):
+        task = tasks[input_key(rollout)]
+        v = await verdict(task, to_response(rollout["response"]))
+        assert v.reward == rollout["reward"], f"rollout {i}"
+        extras = {k: v for k, v in rollout.items() if k not in ("responses_create_params", "response", "reward")}
+        assert v.fields == extras, f"rollout {i}"
+
+
+async def test_differential_cases_reproduce_nemo_gym() -> None:
+    cases = read_jsonl(need(DIFFERENTIAL))
+    assert len(cases) >= 27
+    for case in cases:
+        row = {k: v for k, v in case.items() if k not in CASE_KEYS}
+        v = await verdict(row, to_response(row.pop("response")))
+        assert (v.reward, v.fields) == (case["expected_reward"], case["expected_fields"]), case["case"]
+
+
+# ------------------------------------------------------------------ strict boxed
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        (r"\boxed{B}", "B"),
+        (r"The answer: $\boxed{ (B) }$.", "B"),
+        (r"\boxed{\text{B}}", "B"),
+        (r"\boxed{\text{\text{ B }}}", "B"),
+        (r"\boxed{B: Square}", "B"),
+        (r"\boxed{B) Square}", "B"),
+        (r"\boxed{A} then, on reflection, \boxed{B}", "B"),  # the last box wins
+        (r"\boxed{B} then \boxed{Z}", None),  # Z is not an option: the last box still decides
+        (r"\boxed{b}", None),  # lower case is not accepted
+        (r"\boxed{B, C}", None),
+        (r"\boxed{Square}", None),
+        (r"\boxed{B", None),  # unclosed
+        ("B", None),
+        ("\\boxed{\nB\n}", "B"),
+        ("\\boxed{\nB: Square\n}", None),  # a label in a box spanning lines (recorded data)
+        (r"\boxed{\frac{1}{2}}", None),
+    ],
+)
+def test_strict_single_letter_boxed(text: str, letter: str | None) -> None:
+    assert extracted(text) == letter
+
+
+def test_reward_needs_the_gold_letter() -> None:
+    assert grade(ROW, r"\boxed{B}") == (1.0, "B", "B")
+    assert grade(ROW, r"\boxed{C}") == (0.0, "B", "C")
+    assert grade({**ROW, "expected_answer": " b "}, r"\boxed{B}") == (1.0, "B", "B")
+    assert grade({**ROW, "expected_answer": None}, r"\boxed{B}") == (0.0, "", "B")
+    assert grade(ROW, "   ") == (0.0, "B", None)
+
+
+def test_letters_come_from_options_with_text() -> None:
+    row = {**ROW, "options": [{"A": "x"}, {"B": None}, {"c": "y"}, {"DD": "z"}]}
+    assert extracted(r"\boxed{B}", row) is None
+    assert extracted(r"\boxed{C}", row) == "C"  # keys are upper-cased
+    assert extracted(r"\boxed{D}", row) is None
+
+
+# ------------------------------------------------------------------ lenient modes
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        (r"\boxed{B}", "B"),
+        (r"\boxed{  TRIANGLE }", "C"),
+        (r"\boxed{\text{circle}}", "A"),
+        (r"\boxed{square}", "B"),  # "Square root" is not inside "square"
+        (r"\boxed{square root}", None),  # contains both B's and D's text
+        (r"\boxed{Hexagon}", None),
+        ("Triangle", None),  # only inside a box
+    ],
+)
+def test_lenient_boxed(text: str, letter: str | None) -> None:
+    assert extracted(text, {**ROW, "grading_mode": "lenient_boxed"}) == letter
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("Answer: B", "B"),
+        ("reasoning\nanswer:   b", "B"),
+        ("Answer: square", "B"),
+        ("Answer: \\text{C}", "C"),
+        ("Answer: C\nAnswer: A", "C"),  # the first Answer: line wins
+        ("Answer: Z", None),
+        ("Answer: B because it has four sides", None),
+        (r"\boxed{B}", None),
+    ],
+)
+def test_lenient_answer_colon(text: str, letter: str | None) -> None:
+    assert extracted(text, {**ROW, "grading_mode": "lenient_answer_colon"}) == letter
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("**Answer:** B", "B"),
+        ("__Answer__: c.", "C"),
+        ("Answer: (c)", None),  # brackets are not stripped, and a lower-case letter is not standalone
+        ("Answer: B because it has four sides", "B"),
+        ("Answer: A or B", None),  # a list of choices is ambiguous
+        ("Answer: A\nthinking again...\nAnswer: D", "D"),  # the last payload wins
+        ("Answer: Ｂ", "B"),  # full-width letters are normalized
+        (r"\boxed{B}", None),  # no prefix in the template: no box fallback
+    ],
+)
+def test_lenient_answer_colon_md_from_config(text: str, letter: str | None) -> None:
+    assert extracted(text, ROW, "lenient_answer_colon_md") == letter
+
+
+def test_lenient_answer_colon_md_answer_prefix_and_box_fallback() -> None:
+    row = {**ROW, "template_metadata": {"answer_prefix": "Final choice:"}}
+    assert extracted("Final choice: c", row, "lenient_answer_colon_md") == "C"
+    assert extracted(r"no line, but \boxed{D}", row, "lenient_answer_colon_md") == "D"
+
+
+async def test_config_grading_mode_overrides_the_row() -> None:
+    row = {**ROW, "grading_mode": "strict_single_letter_boxed"}
+    assert (await verdict(row, answer("Answer: B"))).reward == 0.0
+    v = await verdict(row, answer("Answer: B"), {"grading_mode": "lenient_answer_colon"})
+    assert (v.reward, v.fields) == (1.0, {"expected_answer": "B", "extracted_answer": "B"})
+    with pytest.raises(ValueError, match="grading_mode"):
+        await MCQA.setup({"grading_mode": "loose"})
+    await MCQA.setup({})
+
+
+# ------------------------------------------------------------------ template regex
+
+
+def test_template_regex_takes_priority_and_trusts_letters() -> None:
+    row = {**ROW, "template_metadata": {"output_regex": r"Final Choice:\s*([A-Za-z])"}}
+    assert extracted("Final Choice: b", row) == "B"
+    assert extracted("final choice: Z", row) == "Z"  # trusted even outside the options
+    assert extracted(r"Final Choice: A ... \boxed{B}", row) == "A"
+    assert extracted(r"no template line \boxed{B}", row) == "B"  # falls back to the grading mode
+    assert extracted("Final Choice: C\nFinal Choice: D", row) == "D"  # the last match wins
+
+
+def test_template_regex_option_text_lists_and_bad_patterns() -> None:
+    row = {**ROW, "template_metadata": {"output_regex": [r"Pick:\s*(\w+)", r"Choice=(\w)"]}}
+    assert extracted("Pick: triangle", row) == "C"  # option text, not a letter
+    assert extracted("Pick: hexagon Choice=d", row) == "D"  # the next regex in the list
+    bad = {**ROW, "template_metadata": {"output_regex": "(unclosed"}}
+    assert extracted(r"\boxed{B}", bad) == "B"  # an invalid regex is skipped
+    two_groups = {**ROW, "template_metadata": {"output_regex": r"(A)(B)"}}
+    with pytest.raises(ValueError, match="group"):
+        grade(two_groups, "AB")
+
+
+def test_only_message_output_text_is_graded() -> None:
+    reasoning = Reasoning(summary=[{"type": "summary_text", "text": r"\boxed{B}"}])
+    refusal = Message(role="assistant", content=[{"type": "refusal", "refusal": r"\boxed{B}"}])
+    response = Response(id="r", created_at=0.0, output=[reasoning, refusal, assistant_message("I am not sure.")])
+    from resources.mcqa import graded_text
+
+    assert graded_text(response) == "I am not sure."
+    assert graded_text(answer(r"\boxed{", "B}")) == r"\boxed{B}"  # parts are joined before extraction
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({**ROW, "grading_mode": "lenient_answer_colon_md"}, "grading_mode"),  # config-only mode
+        ({**ROW, "grading_mode": None}, "grading_mode"),
+        ({**ROW, "options": {"A": "x"}}, "options"),
+        ({**ROW, "expected_answer": 2}, "expected_answer"),
+        ({**ROW, "template_metadata": "x"}, "template_metadata"),
+    ],
+)
+async def test_invalid_rows_are_refused(row: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        await verdict(row, answer(r"\boxed{B}"))
+
+
+def test_config_loads_and_names_this_resource() -> None:
+    cfg = load_config(ENV_DIR / "config.yaml")
+    assert cfg.models["policy"].adapter == "scripted"
+    agent = cfg.agents["mcqa_agent"]
+    assert agent.resource == "mcqa"
+    assert find_resource_class(importlib.import_module(cfg.resources["mcqa"].server)) is MCQA
+    assert MCQA.tool_definitions() == []

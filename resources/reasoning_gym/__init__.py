@@ -1,0 +1,122 @@
+"""reasoning_gym: procedurally generated reasoning tasks, scored by the ``reasoning-gym`` package.
+
+Matches NeMo Gym's ``reasoning_gym`` resources server. A task row is a
+reasoning-gym entry: ``question``, ``answer`` (may be null) and ``metadata``, whose
+``source_dataset`` names the task (``python -m resources.reasoning_gym.generate``
+writes such rows for any reasoning-gym task).
+
+The answer is read from the ``output_text`` parts of the message items, joined,
+with ``<think>...</think>`` blocks and a surrounding code fence removed:
+
+1. the last ``<answer>...</answer>`` (stripped);
+2. else the first ``\\boxed{...}`` (to its balanced closing brace, with
+   ``\\frac{a}{b}`` written ``a/b``);
+3. else the whole text (empty when blank).
+
+The score is ``score_answer`` of the task's dataset class with its default config
+(``reasoning_gym.get_score_answer_fn``), run in a worker process with a time limit
+(``options.timeout_s``, default 30 s); a scorer that raises or times out, or an
+unknown task, scores 0. ``reward`` is the score; extra fields ``task_name``,
+``score`` and ``extracted_answer``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from runtime.messages import Message, Response
+from runtime.resource import Resource, Verdict, run_in_process
+
+__all__ = ["ReasoningGym", "extract_answer", "response_text", "score_answer"]
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+_BOXED = re.compile(r"\\boxed\{(.+)\}", re.DOTALL)
+_FRAC = re.compile(r"\\frac\{([^}]+)\}\{([^}]+)\}")
+
+
+def response_text(response: Response) -> str:
+    """The ``output_text`` parts of every message item (a plain-string content whole), joined."""
+    parts: list[str] = []
+    for item in response.output:
+        if not isinstance(item, Message):
+            continue
+        if isinstance(item.content, str):
+            parts.append(item.content)
+        else:
+            parts.extend(
+                p.get("text", "") for p in item.content if isinstance(p, dict) and p.get("type") == "output_text"
+            )
+    return "".join(parts)
+
+
+def _balanced_prefix(s: str) -> str:
+    """``s`` up to its first closing brace that has no opening partner."""
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            if depth == 0:
+                return s[:i]
+            depth -= 1
+    return s
+
+
+def extract_answer(raw: str) -> str:
+    """The model's answer in a response text (see the module docstring for the order)."""
+    text = _THINK.sub("", raw).strip()
+    text = re.sub(r"^```\w*\n?", "", text)
+    text = re.sub(r"\n?```$", "", text)
+    tags = list(_ANSWER_TAG.finditer(text))
+    if tags:
+        return tags[-1].group(1).strip()
+    boxed = _BOXED.search(text)
+    if boxed:
+        content = _balanced_prefix(boxed.group(1).strip()).strip()
+        return _FRAC.sub(r"\1/\2", content)
+    if not text.strip():
+        return ""
+    # Recorded NeMo Gym rollouts keep the untagged text as written (surrounding blank lines included);
+    # only when a think block or a fence was removed is the cleaned text the answer.
+    return raw if text == raw.strip() else text.strip()
+
+
+def score_answer(task_name: str, answer: str, entry: dict[str, Any]) -> float:
+    """reasoning-gym's own score for ``answer`` (0.0 when scoring fails). Runs in a worker process."""
+    try:
+        import reasoning_gym
+
+        return float(reasoning_gym.get_score_answer_fn(task_name)(answer=answer, entry=entry))
+    except Exception:
+        return 0.0
+
+
+def _entry(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    question, metadata = row.get("question"), row.get("metadata")
+    if not isinstance(question, str):
+        raise ValueError("task row: question (a string) is required")
+    if "answer" not in row or not (row["answer"] is None or isinstance(row["answer"], str)):
+        raise ValueError("task row: answer (a string or null) is required")
+    if not isinstance(metadata, dict):
+        raise ValueError("task row: metadata (an object) is required")
+    task_name = metadata.get("source_dataset")
+    if not task_name:
+        raise ValueError(f"task row: no task name (metadata.source_dataset) in metadata: {metadata}")
+    return task_name, {"question": question, "answer": row["answer"], "metadata": metadata}
+
+
+class ReasoningGym(Resource):
+    """Stateless and single-turn: no tools."""
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        task_name, entry = _entry(task)
+        answer = extract_answer(response_text(response))
+        try:
+            score = await run_in_process(
+                score_answer, task_name, answer, entry, timeout=float(self.options.get("timeout_s", 30.0))
+            )
+        except TimeoutError:
+            score = 0.0  # a wedged scorer scores 0, as NeMo Gym's grader pool does
+        return Verdict(reward=score, fields={"task_name": task_name, "score": score, "extracted_answer": answer})

@@ -1,0 +1,207 @@
+"""reasoning_gym against NeMo Gym's recorded rollouts and differential cases; extraction; the generator."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from resources.reasoning_gym import ReasoningGym, extract_answer, response_text, score_answer
+from resources.reasoning_gym.generate import generate, main
+from runtime.config import load_config
+from runtime.messages import Message, Reasoning, Response, assistant_message, parse_items
+from runtime.resource import Verdict, find_resource_class
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+COMPAT = REPO.parent / "shared" / "compat"
+NEMO = COMPAT / "nemo_gym" / "reasoning_gym"
+DIFFERENTIAL = COMPAT / "differential" / "reasoning_gym.jsonl"
+CASE_KEYS = ("expected_reward", "expected_fields", "case")
+FIELDS = ("task_name", "score", "extracted_answer")
+TASK_KEYS = ("responses_create_params", "question", "answer", "metadata")
+
+ARITHMETIC = {"question": "Calculate -5 * -6.", "answer": "30",
+              "metadata": {"source_dataset": "basic_arithmetic", "source_index": 0, "expression": "-5 * -6"}}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"NeMo Gym compat data not found at {path}")
+    return path
+
+
+def to_response(raw: dict[str, Any]) -> Response:
+    # NeMo Gym's recorded rows write unset fields as null (e.g. "metadata": null): take the defaults.
+    fields = {k: v for k, v in raw.items() if v is not None}
+    return msgspec.convert({**fields, "output": parse_items(raw["output"])}, Response)
+
+
+def answer(text: str) -> Response:
+    return Response(id="r", created_at=0.0, output=[assistant_message(text)])
+
+
+def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (m["role"], json.dumps(m["content"]))
+        for m in row["responses_create_params"]["input"]
+        if m.get("role") in ("system", "developer", "user")
+    )
+
+
+async def verdict(row: dict[str, Any], response: Response, options: dict[str, Any] | None = None) -> Verdict:
+    await ReasoningGym.setup(options or {})
+    try:
+        inst = ReasoningGym()
+        await inst.seed(row)
+        out = await inst.verify(row, response)
+    finally:
+        await ReasoningGym.setup({})
+    assert isinstance(out, Verdict)
+    return out
+
+
+# ------------------------------------------------------------------ parity
+
+
+def test_data_is_nemo_gym_example_unchanged() -> None:
+    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert ours == need(NEMO / "example.jsonl").read_bytes()
+
+
+async def test_recorded_rollouts_and_differential_cases_reproduce_nemo_gym() -> None:
+    # One test, so reasoning-gym is imported once into the scoring worker process.
+    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
+    rollouts = read_jsonl(need(NEMO / "example_rollouts.jsonl"))
+    assert len(rollouts) == len(tasks) == 5
+    for i, rollout in enumerate(rollouts):
+        v = await verdict(tasks[input_key(rollout)], to_response(rollout["response"]))
+        assert v.reward == rollout["reward"], f"rollout {i}"
+        assert v.fields == {k: rollout[k] for k in FIELDS}, f"rollout {i}"
+    cases = read_jsonl(need(DIFFERENTIAL))
+    assert len(cases) >= 20
+    for case in cases:
+        row = {k: v for k, v in case.items() if k not in CASE_KEYS}
+        v = await verdict(row, to_response(row.pop("response")))
+        assert v.reward == pytest.approx(case["expected_reward"], abs=1e-9), case["case"]
+        assert v.fields == case["expected_fields"], case["case"]
+
+
+def test_scores_come_from_reasoning_gym() -> None:
+    assert score_answer("basic_arithmetic", "30", ARITHMETIC) == 1.0
+    assert score_answer("basic_arithmetic", "31", ARITHMETIC) == 0.0
+    assert score_answer("no_such_task", "30", ARITHMETIC) == 0.0
+    assert score_answer("basic_arithmetic", None, ARITHMETIC) == 0.0  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ extraction
+
+
+@pytest.mark.parametrize(
+    ("text", "extracted"),
+    [
+        ("reasoning <answer> 30 </answer>", "30"),
+        ("<answer>29</answer> no, <answer>\n30\n</answer>", "30"),  # the last tag wins
+        ("<answer>30</answer> \\boxed{31}", "30"),
+        ("so \\boxed{30} and later \\boxed{31}", "30"),  # the first box, cut at its balanced brace
+        ("\\boxed{ \\frac{1}{2} } done", "1/2"),
+        ("\\boxed{{a}{b}}", "{a}{b}"),
+        ("<think>\\boxed{1}</think>The answer is 2.", "The answer is 2."),
+        ("<think>scratch</think>\n\n  30  \n", "30"),  # cleaned text, stripped
+        ("```\n<answer>30</answer>\n```", "30"),
+        ("```json\n[1, 2]\n```", "[1, 2]"),
+        ("\n\nRiley is a pioneer.\n", "\n\nRiley is a pioneer.\n"),  # untagged text as written (recorded data)
+        ("   \n", ""),
+        ("", ""),
+    ],
+)
+def test_extract_answer(text: str, extracted: str) -> None:
+    assert extract_answer(text) == extracted
+
+
+def test_only_message_output_text_is_read() -> None:
+    response = Response(id="r", created_at=0.0, output=[
+        Reasoning(summary=[{"type": "summary_text", "text": "<answer>wrong</answer>"}]),
+        assistant_message("<answer>3"),
+        Message(role="assistant", content=[
+            {"type": "refusal", "refusal": "x"}, {"type": "output_text", "text": "0</answer>"}]),
+    ])
+    assert response_text(response) == "<answer>30</answer>"
+    assert extract_answer(response_text(response)) == "30"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({**ARITHMETIC, "metadata": {"source_index": 0}}, "source_dataset"),
+        ({**ARITHMETIC, "metadata": None}, "metadata"),
+        ({k: v for k, v in ARITHMETIC.items() if k != "answer"}, "answer"),
+        ({**ARITHMETIC, "question": None}, "question"),
+    ],
+)
+async def test_invalid_rows_are_refused(row: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        await verdict(row, answer("<answer>30</answer>"))
+
+
+async def test_verify_scores_in_a_worker_process_and_a_timeout_scores_zero() -> None:
+    v = await verdict(ARITHMETIC, answer("<answer>30</answer>"))
+    assert (v.reward, v.fields) == (1.0, {"task_name": "basic_arithmetic", "score": 1.0, "extracted_answer": "30"})
+    v = await verdict(ARITHMETIC, answer("<answer>30</answer>"), {"timeout_s": 0.0})
+    assert (v.reward, v.fields["score"]) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------------ generator
+
+
+def test_generator_reproduces_the_example_file_byte_for_byte(tmp_path: Path) -> None:
+    out = tmp_path / "rows" / "kk.jsonl"
+    assert main(["--task", "knights_knaves", "--size", "5", "--seed", "42", "-o", str(out)]) == 0
+    assert out.read_bytes() == (ENV_DIR / "data" / "example.jsonl").read_bytes()
+    assert not list(out.parent.glob("*.partial"))
+
+
+def test_generator_reproduces_the_differential_task_rows() -> None:
+    for case in read_jsonl(need(DIFFERENTIAL)):
+        task, index = case["metadata"]["source_dataset"], case["metadata"]["source_index"]
+        if task == "no_such_task":
+            continue
+        row = list(generate(task, index + 1, 42))[index]
+        assert json.loads(json.dumps(row)) == {k: case[k] for k in TASK_KEYS}, case["case"]
+
+
+def test_generator_stdout_config_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = '{"min_terms": 3, "max_terms": 3}'
+    assert main(["--task", "chain_sum", "--size", "2", "--seed", "7", "--config", config]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert list(row) == list(TASK_KEYS)
+        assert row["responses_create_params"] == {"input": [{"role": "user", "content": row["question"]}]}
+        assert row["metadata"]["source_dataset"] == "chain_sum" and row["metadata"]["num_terms"] == 3
+    out = tmp_path / "x.jsonl"
+    assert main(["--task", "no_such_task", "--size", "2", "-o", str(out)]) == 2
+    assert main(["--task", "chain_sum", "--size", "2", "--config", '{"bogus": 1}', "-o", str(out)]) == 2
+    assert not out.exists()
+    assert "unknown reasoning-gym task" in capsys.readouterr().err
+    assert main(["--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"knights_knaves", "basic_arithmetic", "countdown"} <= set(names)
+    with pytest.raises(SystemExit):
+        main(["--size", "2"])
+
+
+def test_config_loads_and_names_this_resource() -> None:
+    cfg = load_config(ENV_DIR / "config.yaml")
+    assert cfg.models["policy"].adapter == "scripted"
+    assert cfg.agents["reasoning_gym_agent"].resource == "reasoning_gym"
+    assert find_resource_class(importlib.import_module(cfg.resources["reasoning_gym"].server)) is ReasoningGym
+    assert ReasoningGym.tool_definitions() == []
