@@ -171,6 +171,5 @@ class Collector:
         else:
             tmp_fail.unlink()
             self.failures_path.unlink(missing_ok=True)
-        self.stats.metrics = metrics.result()
-        self.metrics_path.write_text(json.dumps(self.stats.metrics, indent=2) + "\n")
+        self.stats.metrics = metrics.write_json(self.metrics_path)
         self.spool_path.unlink(missing_ok=True)

@@ -81,8 +81,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from array import array
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["MetricsAccumulator", "summary_lines"]
@@ -295,9 +297,32 @@ class MetricsAccumulator:
             agent = self._agents[agent_name] = _AgentColumns(self.answer_field is not None)
         agent.add(row.get("_ng_task_index", 0), row.get("_ng_rollout_index"), numbers, answer)
 
-    def result(self) -> list[dict]:
+    def result(self, *, per_task: bool = True) -> list[dict]:
         """The content of ``<out>_aggregate_metrics.json``: one entry per agent, sorted by name."""
-        return [self._agent_entry(name, self._agents[name]) for name in sorted(self._agents)]
+        out = []
+        for name in sorted(self._agents):
+            entry = self._agent_entry(name, self._agents[name])
+            entry["group_level_metrics"] = list(entry["group_level_metrics"]) if per_task else []
+            out.append(entry)
+        return out
+
+    def write_json(self, path: str | os.PathLike[str]) -> list[dict]:
+        """Write the metrics file, per-task entries streamed one at a time (memory stays flat
+        however many tasks); returns the metrics without the per-task entries."""
+        summary = []
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("[")
+            for n, name in enumerate(sorted(self._agents)):
+                entry = self._agent_entry(name, self._agents[name])
+                groups = entry.pop("group_level_metrics")
+                summary.append({**entry, "group_level_metrics": []})
+                head = json.dumps(entry, indent=2)[:-2]  # reopen the object to append the list
+                f.write(("," if n else "") + "\n" + head + ',\n  "group_level_metrics": [')
+                for i, g in enumerate(groups):
+                    f.write(("," if i else "") + "\n    " + json.dumps(g))
+                f.write("\n  ]\n}")
+            f.write("\n]\n")
+        return summary
 
     # -----------------------------------------------------------------------------------------------------
 
@@ -311,18 +336,15 @@ class MetricsAccumulator:
         task_labels = [agent.task_keys[agent.task_ids[rows[0]]] for rows in task_rows]
 
         agent_metrics: dict[str, Any] = {}
-        group_level: list[dict[str, Any]] = [
-            {"_ng_task_index": label, "num_rollouts": len(rows)} for label, rows in zip(task_labels, task_rows)
-        ]
         score_columns: dict[str, list[list[float]]] = {}  # score -> per task, per rollout (NaN = absent)
+        fields_present: list[str] = []
         for field in sorted(agent.columns):
             column = agent.columns[field]
             present = [v for v in column if not math.isnan(v)]
             if not present:
                 continue
+            fields_present.append(field)
             _put_stats(agent_metrics, field, present)
-            for entry, rows in zip(group_level, task_rows):
-                _put_stats(entry, field, [column[i] for i in rows if not math.isnan(column[i])])
             is_score = field == "reward" or (
                 field not in _USAGE_TOKEN_FIELDS
                 and field != self.answer_field
@@ -357,8 +379,18 @@ class MetricsAccumulator:
             "num_tasks": len(task_rows),
             "agent_metrics": agent_metrics,
             "key_metrics": _key_metrics(agent_metrics),
-            "group_level_metrics": group_level,
+            "group_level_metrics": _task_entries(agent, task_labels, task_rows, fields_present),
         }
+
+
+def _task_entries(agent: _AgentColumns, labels: list[Any], task_rows: list[list[int]], fields: list[str]) -> Iterator[dict[str, Any]]:
+    """Per-task stats, one task at a time (a batch of 100k tasks never sits in memory as dicts)."""
+    for label, rows in zip(labels, task_rows):
+        entry: dict[str, Any] = {"_ng_task_index": label, "num_rollouts": len(rows)}
+        for field in fields:
+            column = agent.columns[field]
+            _put_stats(entry, field, [column[i] for i in rows if not math.isnan(column[i])])
+        yield entry
 
 
 def _score_metrics(
