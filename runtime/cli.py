@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from runtime import logs
@@ -79,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the batch to be published")
     col.add_argument("--no-progress", action="store_true")
     col.add_argument("--log-level", default=os.environ.get("GYM_LOG_LEVEL", "warning"))
+
+    rv = sub.add_parser("reverify", help="recompute the rewards of recorded rollouts (any NeMo Gym rollouts file)")
+    rv.add_argument("config")
+    rv.add_argument("-i", "--input", required=True, help="rollouts JSONL (rows with `response`)")
+    rv.add_argument("-o", "--output", required=True, help="re-verified rollouts JSONL")
+    rv.add_argument("--agent", help="whose resource verifies (default: the config's only one)")
+    rv.add_argument("--tasks", help="task rows to join by input messages (older rollout files lack task fields)")
+    rv.add_argument("--replicas", type=int, help="resource workers to start here (default: the config's)")
+    rv.add_argument("--concurrency", type=int, default=64, help="rows in flight")
+    rv.add_argument("--nats", help="use this NATS server instead of an embedded one")
+    _common(rv)
 
     st = sub.add_parser("status", help="workers per role and replica, queue depths, recent rollouts/s")
     st.add_argument("--nats", required=True)
@@ -279,11 +291,38 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reverify(args: argparse.Namespace) -> int:
+    from runtime.runner import reverify_batch, run_async
+
+    cfg = load_config(args.config, args.overrides)
+    telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime reverify")
+    server: EmbeddedServer | None = None
+    url: str | list[str] = args.nats or cfg.nats
+    if url == "embedded":
+        server = EmbeddedServer()
+        url = server.start()
+    try:
+        report = run_async(lambda: reverify_batch(
+            cfg, url, input_path=args.input, out=args.output, telemetry=telemetry, agent=args.agent,
+            replicas=args.replicas, in_flight=args.concurrency, tasks_path=args.tasks,
+        ))
+    finally:
+        telemetry.shutdown()
+        if server:
+            server.stop()
+    for line in report.lines():
+        print(line)
+    if report.failed:
+        _err(f"{report.failed} rows could not be re-verified; see {Path(args.output).with_suffix('')}_failures.jsonl")
+        return EXIT_FAILURES
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level if hasattr(args, "log_level") else "warning")
     handlers = {"run": cmd_run, "start": cmd_start, "server": cmd_server, "publish": cmd_publish,
-                "collect": cmd_collect, "status": cmd_status}
+                "collect": cmd_collect, "status": cmd_status, "reverify": cmd_reverify}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, ServerError, ValueError) as e:

@@ -27,6 +27,7 @@ from runtime.config import Config
 from runtime.model_worker import ModelWorker
 from runtime.pull import ensure_streams
 from runtime.resource_worker import ResourceWorker
+from runtime.reverify import ReverifyReport, load_tasks, reverify_file, validate_rollouts
 from runtime.tasks import Plan, publish_tasks, validate
 from runtime.tracing import Telemetry
 
@@ -207,3 +208,36 @@ async def collect_batch(
     if manifest is None:
         raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
     return await Collector(bus, batch, out, expected=manifest.expected, on_progress=on_progress).run()
+
+
+def resource_for(config: Config, agent: str | None) -> str:
+    """The resource whose verifier re-scores rows: the agent's, or the config's only one."""
+    if agent is not None:
+        if agent not in config.agents:
+            raise ValueError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
+        return config.agents[agent].resource
+    used = sorted({a.resource for a in config.agents.values()}) or sorted(config.resources)
+    if len(used) != 1:
+        raise ValueError(f"the config has several resources ({', '.join(used)}); pass --agent")
+    return used[0]
+
+
+async def reverify_batch(
+    config: Config, url: str | list[str], *, input_path: str | Path, out: str | Path, telemetry: Telemetry,
+    agent: str | None = None, replicas: int | None = None, in_flight: int = 64, tasks_path: str | Path | None = None,
+) -> ReverifyReport:
+    """Start the resource's workers here and re-verify every row of a rollouts file through them."""
+    resource = resource_for(config, agent)
+    validate_rollouts(input_path)
+    tasks = load_tasks(tasks_path) if tasks_path else None
+    bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-reverify")
+    try:
+        async with anyio.create_task_group() as tg:
+            workers = make_workers(bus, config, [("resources", resource)], replicas=replicas)
+            await start_workers(tg, workers)
+            report = await reverify_file(bus, resource, input_path, out, in_flight=in_flight, tasks=tasks)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await bus.close()
+    return report

@@ -29,6 +29,8 @@ def _task_int(task: dict[str, Any], key: str) -> int:
 class Counter(Resource):
     """One instance per rollout, so each rollout has its own counter."""
 
+    reverify = "replay"  # the count comes from the tool calls: re-verifying replays them first
+
     def __init__(self) -> None:
         self.count: int | None = None  # None: not seeded
 

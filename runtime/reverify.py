@@ -1,0 +1,202 @@
+"""``gym-runtime reverify``: recompute the rewards of recorded rollouts.
+
+Each row of a NeMo Gym rollouts file (its task fields + ``response``) goes to
+the resource's stateless verify path — the ``{ns}.res.{name}.verify`` queue
+group, so every replica shares the work. A resource whose state comes from its
+tools (``reverify = "replay"``) rebuilds it by running the response's function
+calls first. Rows are written in input order; at most ``in_flight`` rows are in
+memory at once. The report says how many rewards changed and by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from runtime.bus import Bus, RemoteError
+from runtime.messages import ItemError, Response, VerifyReply, VerifyRequest, parse_items
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+# Fields of a rollout row that are outputs, not task fields.
+_OUTPUT_FIELDS = ("response", "reward")
+
+
+@dataclass
+class ReverifyReport:
+    rows: int = 0
+    changed: int = 0
+    failed: int = 0
+    sum_before: float = 0.0
+    sum_after: float = 0.0
+    sum_abs_delta: float = 0.0
+    max_abs_delta: float = 0.0
+    field_changes: dict[str, int] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        done = self.rows - self.failed
+        out = [f"{self.rows} rows re-verified, {self.failed} failed, {self.changed} rewards changed"]
+        if done:
+            out.append(
+                f"mean reward {self.sum_before / done:.4f} -> {self.sum_after / done:.4f}; "
+                f"|change| mean {self.sum_abs_delta / done:.4f}, max {self.max_abs_delta:.4f}"
+            )
+        for k, n in sorted(self.field_changes.items()):
+            out.append(f"  field {k!r} changed in {n} rows")
+        return out
+
+
+def parse_response(raw: Any, where: str) -> Response:
+    """A recorded ``response`` → ``Response``; nulls NeMo Gym writes for absent fields are accepted."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: 'response' must be an object")
+    try:
+        items = parse_items(raw.get("output") or [])
+    except ItemError as e:
+        raise ValueError(f"{where}: response.output: {e}") from None
+    fields = {k: v for k, v in raw.items() if k != "output" and v is not None}
+    fields.setdefault("id", "resp_reverify")
+    fields.setdefault("created_at", 0.0)
+    try:
+        resp = msgspec.convert(fields, Response, strict=False)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"{where}: response: {e}") from None
+    resp.output = items
+    return resp
+
+
+def prompt_key(params: Any) -> str:
+    """A task's identity in older rollout files: the role and content of its input messages."""
+    items = params.get("input") if isinstance(params, dict) else None
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    pairs = [(m.get("role"), m.get("content")) for m in items or [] if isinstance(m, dict) and "role" in m]
+    return _encoder.encode(pairs).decode()
+
+
+def load_tasks(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Task rows by prompt, to join older NeMo Gym rollouts (which lack task fields) with their tasks."""
+    tasks: dict[str, dict[str, Any]] = {}
+    with Path(path).open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = _decoder.decode(line)
+                except msgspec.DecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                tasks[prompt_key(row.get("responses_create_params"))] = row
+    return tasks
+
+
+def validate_rollouts(path: str | Path) -> int:
+    """Check every line before any work starts; raises ``ValueError`` naming file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: file not found")
+    problems: list[str] = []
+    n = 0
+    with p.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            n += 1
+            try:
+                row = _decoder.decode(line)
+            except msgspec.DecodeError as e:
+                problems.append(f"{p}:{lineno}: not valid JSON ({e})")
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("response"), dict):
+                problems.append(f"{p}:{lineno}: not a rollout row (an object with a 'response' object)")
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ValueError("invalid rollout rows (nothing was re-verified):\n  " + "\n  ".join(problems[:20]) + more)
+    if not n:
+        raise ValueError(f"{p}: no rows")
+    return n
+
+
+async def reverify_file(
+    bus: Bus, resource: str, src: str | Path, out: str | Path, *, in_flight: int = 64, timeout_s: float = 600.0,
+    tasks: dict[str, dict[str, Any]] | None = None,
+) -> ReverifyReport:
+    src, out = Path(src), Path(out)
+    failures_path = Path(str(out.with_suffix("")) + "_failures.jsonl") if out.suffix == ".jsonl" else Path(f"{out}_failures.jsonl")
+    subject = bus.subject("res", resource, "verify")
+    report = ReverifyReport()
+    limiter = anyio.Semaphore(in_flight)
+    results: dict[int, tuple[bytes, bool]] = {}
+    next_to_write = 0
+
+    with src.open("rb") as fin, out.open("wb") as fout, failures_path.open("wb") as ffail:
+
+        def flush() -> None:
+            nonlocal next_to_write
+            while next_to_write in results:
+                line, ok = results.pop(next_to_write)
+                (fout if ok else ffail).write(line + b"\n")
+                next_to_write += 1
+
+        async def one(index: int, lineno: int, row: dict[str, Any]) -> None:
+            try:
+                where = f"{src}:{lineno}"
+                try:
+                    response = parse_response(row.get("response"), where)
+                    task = {k: v for k, v in row.items() if k not in _OUTPUT_FIELDS}
+                    if tasks is not None:
+                        joined = tasks.get(prompt_key(row.get("responses_create_params")))
+                        if joined is None:
+                            raise ValueError(f"{where}: no task row in --tasks has this rollout's input messages")
+                        task = {**joined, **task}
+                    reply: VerifyReply = await bus.request(
+                        subject, VerifyRequest(session=None, row=task, response=response), timeout=timeout_s, op="verify"
+                    )
+                except (ValueError, RemoteError) as e:
+                    report.failed += 1
+                    err = e.info.error_class if isinstance(e, RemoteError) else "invalid_task"
+                    results[index] = (_encoder.encode({"line": lineno, "error_class": err, "error": str(e)}), False)
+                    return
+                before = row.get("reward")
+                new_row = dict(row)
+                new_row["reward"] = reply.reward
+                for k, v in reply.fields.items():
+                    if k in row and row[k] != v:
+                        report.field_changes[k] = report.field_changes.get(k, 0) + 1
+                    new_row[k] = v
+                if isinstance(before, (int, float)):
+                    delta = abs(float(before) - reply.reward)
+                    report.sum_before += float(before)
+                    report.sum_abs_delta += delta
+                    report.max_abs_delta = max(report.max_abs_delta, delta)
+                    report.changed += delta > 1e-9
+                report.sum_after += reply.reward
+                results[index] = (_encoder.encode(new_row), True)
+            finally:
+                flush()
+                limiter.release()
+
+        async with anyio.create_task_group() as tg:
+            index = 0
+            for lineno, line in enumerate(fin, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = _decoder.decode(line)
+                    if not isinstance(row, dict):
+                        raise ValueError("a row must be a JSON object")
+                except (msgspec.DecodeError, ValueError) as e:
+                    raise ValueError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+                await limiter.acquire()
+                report.rows += 1
+                tg.start_soon(one, index, lineno, row)
+                index += 1
+    if not report.failed:
+        failures_path.unlink(missing_ok=True)
+    return report
+
+
+__all__ = ["ReverifyReport", "parse_response", "reverify_file"]
