@@ -1,0 +1,88 @@
+"""Verification throughput: verifies/s per environment with 1 and 2 resource replicas.
+
+Each environment's recorded NeMo Gym rollouts (joined with their task rows) are
+repeated to N rows and re-verified through the stateless verify queue group;
+every replica is its own process (``gym-runtime start --only resources.X``), so
+CPU-heavy verifiers (process pools, sandboxes) scale across cores.
+
+    python tests/bench/verify.py [--n 200] [--envs mcqa code_gen ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from runtime.bus import Bus  # noqa: E402
+from runtime.reverify import load_tasks, reverify_file  # noqa: E402
+from runtime.runner import run_async  # noqa: E402
+from runtime.server import EmbeddedServer  # noqa: E402
+from runtime.tracing import Telemetry  # noqa: E402
+
+COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym"
+# environment -> compat folder holding example_rollouts.jsonl joined with example.jsonl
+ENVS = {
+    "multi_step": "example_multi_step",
+    "counter": "example_session_state_mgmt",
+    "mcqa": "mcqa",
+    "instruction_following": "instruction_following",
+    "reasoning_gym": "reasoning_gym",
+    "math": "math_with_judge",
+    "code_gen": "code_gen",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--envs", nargs="+", default=list(ENVS))
+    args = ap.parse_args()
+    print(f"re-verifying N={args.n} recorded rollouts per environment\n")
+    print(f"{'environment':>22} | {'1 replica /s':>12} | {'2 replicas /s':>13}")
+    with tempfile.TemporaryDirectory() as d, EmbeddedServer(store_dir=str(Path(d) / "js")) as srv:
+        tmp = Path(d)
+        for env in args.envs:
+            folder = COMPAT / ENVS[env]
+            cfg = REPO / "resources" / env / "config.yaml"
+            if not (folder / "example_rollouts.jsonl").is_file() or not cfg.is_file():
+                print(f"{env:>22} | (no data or environment)")
+                continue
+            lines = [x for x in (folder / "example_rollouts.jsonl").read_text().splitlines() if x.strip()]
+            src = tmp / f"{env}.jsonl"
+            src.write_text("".join(lines[i % len(lines)] + "\n" for i in range(args.n)))
+            tasks = load_tasks(folder / "example.jsonl")
+            rates = []
+            for replicas in (1, 2):
+                ns = f"v{env.replace('_', '')}{replicas}"
+                pool = subprocess.Popen(
+                    [sys.executable, "-m", "runtime.cli", "start", str(cfg), "--nats", srv.url, "--only",
+                     f"resources.{env}", "--replicas", str(replicas), "--set", f"namespace={ns}"],
+                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                assert pool.stdout is not None and "ready" in pool.stdout.readline()
+
+                async def go(ns: str = ns, env: str = env) -> float:
+                    bus = await Bus.connect(srv.url, namespace=ns, telemetry=Telemetry(), name="bench")
+                    # warm-up: process pools start and import their libraries on first use
+                    await reverify_file(bus, env, src, tmp / "warm.jsonl", tasks=tasks, in_flight=8)
+                    t0 = time.perf_counter()
+                    report = await reverify_file(bus, env, src, tmp / "out.jsonl", tasks=tasks, in_flight=64)
+                    elapsed = time.perf_counter() - t0
+                    await bus.close()
+                    assert report.failed == 0, report.lines()
+                    return report.rows / elapsed
+
+                rates.append(run_async(go))
+                pool.terminate()
+                pool.wait(60)
+            print(f"{env:>22} | {rates[0]:>12.1f} | {rates[1]:>13.1f}")
+
+
+if __name__ == "__main__":
+    main()
