@@ -144,6 +144,8 @@ class AgentWorker:
                                     error=result.error.message, attempt=attempt)
                     else:
                         span.set_attribute("gym.reward", float(result.row["reward"]))  # type: ignore[index]
+                    if self.puller is not None:
+                        await self.puller.release(msg)  # the next task starts while this one is stored
                     await self._store(task, result)
                     await msg.ack()
                     self.completed += 1

@@ -77,5 +77,7 @@ class ModelWorker:
             msg, self._generate, reply_to=reply_to, default_error="model_error",
             attributes={"gym.model": self.name, "gym.worker": self.worker_id},
         )
+        if self.puller is not None:
+            await self.puller.release(msg)
         await msg.ack()
         self.served += 1

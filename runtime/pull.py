@@ -190,24 +190,33 @@ class PullWorker:
                 await sub.unsubscribe()
                 tg.cancel_scope.cancel()
 
+    async def release(self, msg: Msg) -> None:
+        """Free ``msg``'s slot now (its work is done; only storing/acking remains).
+
+        Pulling the next message overlaps the last round trips of this one, which
+        is what keeps a worker busy at concurrency 1. Idempotent.
+        """
+        if self._inflight.pop(id(msg), None) is None:
+            return
+        self.busy -= 1
+        if self._stopping:
+            if not self.busy:
+                self._idle.set()
+        else:
+            await self._pull()
+
     async def _run_one(self, msg: Msg) -> None:
         try:
             await self.handle(msg)
         except Exception as exc:  # the handler owns acking; a crash here must not kill the loop
             log.error("pull.handler_crashed", consumer=self.consumer, error=repr(exc))
         finally:
-            self._inflight.pop(id(msg), None)
-            self.busy -= 1
-            if self._stopping:
-                if not self.busy:
-                    self._idle.set()
-            else:
-                await self._pull()
+            await self.release(msg)
 
     async def _heartbeats(self) -> None:
         while True:
             await anyio.sleep(self.heartbeat_s)
-            for msg in list(self._inflight.values()):
+            for msg in list(self._inflight.values()):  # released messages are acked within a round trip
                 try:
                     await msg.in_progress()
                 except Exception:  # disconnected: the redelivery path takes over

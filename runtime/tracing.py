@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from random import getrandbits as _random_bits
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -90,6 +91,9 @@ class _Current:
         return None
 
 
+_CURRENT = _Current()
+
+
 class Telemetry:
     """Tracer plus header propagation for one process."""
 
@@ -133,10 +137,9 @@ class Telemetry:
     ) -> AbstractContextManager[Span]:
         """A span as the current span; without an exporter, just the caller's context."""
         if not self.recording:
-            if parent is not None:
-                return _Attached(parent)
-            if trace.get_current_span().get_span_context().is_valid:
-                return _Current()
+            # Nothing is exported: keep the caller's context (``inject`` starts a fresh
+            # trace for a message sent outside any context).
+            return _Attached(parent) if parent is not None else _CURRENT
         return self.tracer.start_as_current_span(
             name, context=parent, kind=kind, attributes=attributes, record_exception=True
         )
@@ -151,6 +154,8 @@ class Telemetry:
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
             headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+        else:  # a message sent outside any span still starts a trace of its own
+            headers["traceparent"] = f"00-{_random_bits(128) or 1:032x}-{_random_bits(64) or 1:016x}-00"
         return headers
 
     @staticmethod
