@@ -233,3 +233,22 @@ async def test_twenty_megabyte_payloads_round_trip(nats_server, tmp_path: Path) 
     tool_output = next(i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output")
     assert len(tool_output) >= 20 * 1024 * 1024 - 64
     assert out.stat().st_size > 40 * 1024 * 1024
+
+
+def test_logs_are_json_with_task_rollout_and_trace_ids(tmp_path: Path) -> None:
+    rows = read_jsonl(REPO / "resources/weather/data/example.jsonl")[:2]
+    rows[1]["explode"] = True  # tests.envs.flaky's verifier raises on this row
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
+    res = cli("run", "resources/weather/config.yaml", "-i", str(inp), "-o", str(tmp_path / "out.jsonl"),
+              "--set", "resources.weather.server=tests.envs.flaky", "--set", "agents.weather_agent.max_attempts=1",
+              "--log-level", "info")
+    assert res.returncode == 1  # one failure row
+    events = [json.loads(line) for line in res.stderr.splitlines() if line.startswith("{")]
+    failed = [e for e in events if e.get("event") == "rollout.failed"]
+    assert len(failed) == 1
+    e = failed[0]
+    assert e["task_index"] == 1 and e["rollout_index"] == 0 and e["error_class"] == "verify_error"
+    assert len(e["trace_id"]) == 32 and int(e["trace_id"], 16) != 0
+    assert e["level"] == "warning" and "timestamp" in e
+    # ids are scoped to their message: the readiness lines carry none
+    assert all("task_index" not in x for x in events if x.get("event", "").endswith(".ready"))
