@@ -181,8 +181,9 @@ def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) ->
         try:
             check(a.options)
         except ValueError as e:
-            msg = str(e).removeprefix("options: ")
-            raise ConfigError(f"{source}: agents.{name}.options.{_readable(msg)}") from None
+            text = _readable(str(e).removeprefix("options: "))
+            sep = "" if text.startswith(":") else "."
+            raise ConfigError(f"{source}: agents.{name}.options{sep}{text}") from None
     for key, value in a.options.items():
         if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")

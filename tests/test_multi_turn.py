@@ -18,6 +18,8 @@ from typing import Any
 
 import anyio
 import pytest
+
+from runtime.config import ConfigError
 import yaml
 
 from runtime.bus import Bus
@@ -483,10 +485,8 @@ async def test_env_mode_on_a_plain_resource_and_bad_options_fail_clearly(nats_se
     (fail,) = read_jsonl(tmp_path / "out_failures.jsonl")
     assert "not a GymResource" in json.dumps(fail)
     raw = config(options={"user": "model"})
-    result = await run(raw, nats_server.url, data, tmp_path / "out2.jsonl")
-    assert result.stats.failures == 1
-    (fail,) = read_jsonl(tmp_path / "out2_failures.jsonl")
-    assert "user_model" in json.dumps(fail)
+    with pytest.raises(ConfigError, match=r"agents\.\w+\.options: .*user_model"):  # refused at load, before any work
+        await run(raw, nats_server.url, data, tmp_path / "out2.jsonl")
 
 
 def test_options_are_checked() -> None:

@@ -241,7 +241,8 @@ async def test_judge_decides_only_when_the_library_says_no_and_asks_both_orders(
 @module_loop
 async def test_judge_flow(replies: list[str], reward: float, evaluations: int) -> None:
     judge = ScriptedJudge([judge_reply(t) for t in replies])
-    out = await (await session({"should_use_judge": True}, judge)).verify(TASK, text_response("\\boxed{3}"))
+    # wide timeouts: this test is about the judge flow, not about a loaded machine's SymPy speed
+    out = await (await session({**PARITY, "should_use_judge": True}, judge)).verify(TASK, text_response("\\boxed{3}"))
     assert out.reward == reward
     assert out.fields["library_reward"] == 0.0 and out.fields["extracted_answer"] == "3"
     assert len(out.fields["judge_evaluations"]) == evaluations
