@@ -232,10 +232,18 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float | No
     import anyio
     import anyio.to_process
 
+    async def call() -> Any:
+        # An idle pooled worker can be dead (killed, or left by a finished event loop);
+        # anyio then raises BrokenWorkerProcess: try once more on a fresh worker.
+        try:
+            return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+        except anyio.BrokenWorkerProcess:
+            return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+
     if timeout is None:
-        return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+        return await call()
     with anyio.fail_after(timeout):
-        return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=limiter)
+        return await call()
 
 
 async def replay_calls(inst: Resource, response: Response) -> None:
