@@ -25,7 +25,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     adapter: str = "scripted"
     model: str | None = None
-    base_url: str | None = None
+    # One URL, or several replicas of one model (openai / vllm: least-loaded choice,
+    # later turns of a rollout prefer the replica of its first turn).
+    base_url: str | list[str] | None = None
     api_key: str | None = None
     api: str = "responses"  # openai adapter: "responses" or "chat"
     concurrency: int = 64
@@ -37,12 +39,35 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     delay_s: float = 0.0  # scripted: simulated latency per call
     rollouts: str | None = None  # replay: NeMo Gym rollouts JSONL
     extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)  # extra HTTP headers
+    replica_cooldown_s: float = 5.0  # a failing replica is skipped this long (doubling)
+    # openai: hosted providers. provider "azure": base_url is the resource endpoint
+    # (https://NAME.openai.azure.com), with api_version and azure_deployment.
+    provider: str = "openai"
+    api_version: str | None = None
+    azure_deployment: str | None = None
+    # vllm / vllm_engine: training data and parsing.
+    return_token_ids: bool = False  # prompt/generation token ids + logprobs on the last item
+    token_in: bool = True  # later turns send the rollout's token ids (contiguous prompts)
+    eos_token_id: int | None = None  # the turn-end token; found from the chat template if unset
+    tool_call_parser: str | None = "hermes"  # parses raw text on the token-in path / in-process
+    # vllm: the server runs one (history reasoning goes in the `reasoning` field);
+    # vllm_engine: the vLLM reasoning parser to run (unset: <think> spans).
+    reasoning_parser: str | None = None
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    chat_template: str | None = None  # vllm_engine: a Jinja file overriding the tokenizer's
+    engine_args: dict[str, Any] = msgspec.field(default_factory=dict)  # vllm_engine: AsyncEngineArgs
 
     def _shown(self) -> list[tuple[str, Any]]:
-        return [
-            (f, "***" if f == "api_key" and getattr(self, f) else getattr(self, f))
-            for f in self.__struct_fields__
-        ]
+        def shown(f: str) -> Any:
+            value = getattr(self, f)
+            if f == "api_key" and value:
+                return "***"
+            if f == "headers" and value:  # may hold credentials (api-key, Authorization)
+                return {k: "***" for k in value}
+            return value
+
+        return [(f, shown(f)) for f in self.__struct_fields__]
 
     def __repr__(self) -> str:  # the secret never reaches a log line or a traceback
         return f"ModelConfig({', '.join(f'{k}={v!r}' for k, v in self._shown())})"
@@ -79,8 +104,18 @@ def load_adapter(cfg: ModelConfig, *, base_dir: str | None = None) -> ModelAdapt
         from models.replay import ReplayModel
 
         return ReplayModel(cfg, base_dir=base_dir)
-    if name in ("openai", "vllm"):
+    if name == "openai":
         from models.openai import OpenAIModel
 
         return OpenAIModel(cfg)
-    raise ValueError(f"models.*.adapter: unknown adapter {name!r} (scripted, replay, openai)")
+    if name == "vllm":
+        from models.vllm import VLLMModel
+
+        return VLLMModel(cfg)
+    if name == "vllm_engine":
+        from models.vllm_engine import VLLMEngineModel
+
+        return VLLMEngineModel(cfg, base_dir=base_dir)
+    raise ValueError(
+        f"models.*.adapter: unknown adapter {name!r} (scripted, replay, openai, vllm, vllm_engine)"
+    )

@@ -207,4 +207,6 @@ def redact(cfg: Config) -> dict[str, Any]:
     for m in data.get("models", {}).values():
         if m.get("api_key"):
             m["api_key"] = "***"
+        if isinstance(m.get("headers"), dict):  # may hold credentials (Authorization, api-key)
+            m["headers"] = {k: "***" for k in m["headers"]}
     return data

@@ -739,7 +739,7 @@ async def test_openai_key_from_env_and_load_adapter(
     stub: StubOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
-    model = load_adapter(ModelConfig(adapter="vllm", api="chat", base_url=stub.base_url, model="tiny"))
+    model = load_adapter(ModelConfig(adapter="openai", api="chat", base_url=stub.base_url, model="tiny"))
     assert isinstance(model, OpenAIModel)
     await model.generate(CreateParams(input=parse_items("hi")))
     assert stub.requests[-1].headers["authorization"] == "Bearer sk-from-env"
@@ -750,3 +750,108 @@ async def test_openai_key_from_env_and_load_adapter(
     with pytest.raises(ValueError, match="api"):
         OpenAIModel(ModelConfig(adapter="openai", api="completions", base_url=stub.base_url))
     assert isinstance(load_adapter(ModelConfig(adapter="scripted")), ScriptedModel)
+
+
+# ============================================== openai: hosted-API hardening
+
+
+async def test_azure_openai_config_routes_to_the_deployment(stub: StubOpenAI) -> None:
+    root = stub.base_url.removesuffix("/v1")
+    model = load_adapter(ModelConfig(
+        adapter="openai", provider="azure", api="chat", base_url=root, api_key=KEY, model="gpt-4o",
+        azure_deployment="gpt4o-prod", api_version="2024-10-21", max_retries=0,
+    ))
+    stub.enqueue(chat_completion("from azure"))
+    r = await model.generate(CreateParams(input=parse_items("hi")))
+    assert message_text(r.output[0]) == "from azure"  # type: ignore[arg-type]
+    req = stub.requests[-1]
+    assert req.path == "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+    assert req.headers["api-key"] == KEY and "authorization" not in req.headers
+    await model.aclose()
+
+    responses = load_adapter(ModelConfig(
+        adapter="openai", provider="azure", api="responses", base_url=root, api_key=KEY, model="gpt-4o",
+        api_version="2025-04-01-preview", max_retries=0,
+    ))
+    stub.enqueue(responses_reply())
+    await responses.generate(CreateParams(input=parse_items("hi")))
+    assert stub.requests[-1].path == "/openai/responses?api-version=2025-04-01-preview"
+    await responses.aclose()
+    with pytest.raises(ValueError, match="api_version"):
+        OpenAIModel(ModelConfig(adapter="openai", provider="azure", base_url=root, api_key=KEY))
+    with pytest.raises(ValueError, match="provider"):
+        OpenAIModel(ModelConfig(adapter="openai", provider="anthropic", api_key=KEY))
+
+
+async def test_rate_limits_shrink_the_window_and_pause_new_calls(stub: StubOpenAI) -> None:
+    model = OpenAIModel(openai_cfg(stub, concurrency=8, max_retries=3))
+    limiter = model.pool.endpoints[0].limiter
+    stub.enqueue(StubReply(status=429, body=error_body(429, "slow down"), headers={"Retry-After": "0.3"}))
+    t0 = time.perf_counter()
+    done: list[float] = []
+
+    async def one() -> None:
+        await model.generate(CreateParams(input=parse_items("hi")))
+        done.append(time.perf_counter() - t0)
+
+    await one()  # 429, waits Retry-After, succeeds
+    assert limiter.limit < 8 and done[0] >= 0.3
+    # a second 429 halves it again and pauses every new call until Retry-After passes
+    stub.enqueue(StubReply(status=429, body=error_body(429, "slow down"), headers={"Retry-After": "0.3"}))
+    t0 = time.perf_counter()
+    done.clear()
+    window = limiter.limit
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        await anyio.sleep(0.05)
+        for _ in range(3):
+            tg.start_soon(one)
+    assert limiter.limit < window and min(done) >= 0.3
+    # successes grow the window back (additive increase)
+    before = limiter.limit
+    for _ in range(5):
+        await one()
+    assert limiter.limit > before
+    # OpenAI's x-ratelimit headers: remaining 0 → pause until the reset, before any 429
+    stub.enqueue(StubReply(body=chat_completion("last one"),
+                           headers={"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "300ms"}))
+    await one()
+    t0 = time.perf_counter()
+    done.clear()
+    await one()
+    assert done[0] >= 0.25
+    await model.aclose()
+
+
+async def test_concurrency_window_bounds_requests_in_flight(stub: StubOpenAI) -> None:
+    import threading
+
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+
+    def handler(req: Any) -> StubReply:
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.03)
+        with lock:
+            state["now"] -= 1
+        return StubReply(body=chat_completion("ok"))
+
+    stub.handler = handler
+    model = OpenAIModel(openai_cfg(stub, concurrency=3))
+    async with anyio.create_task_group() as tg:
+        for _ in range(12):
+            tg.start_soon(model.generate, CreateParams(input=parse_items("hi")))
+    assert state["peak"] == 3
+    await model.aclose()
+
+
+async def test_openai_several_base_urls_fail_over(stub: StubOpenAI) -> None:
+    with StubOpenAI() as other:
+        model = OpenAIModel(openai_cfg(stub, base_url=[stub.base_url, other.base_url], max_retries=1))
+        stub.handler = lambda req: StubReply(status=502)
+        for k in range(4):
+            await model.generate(CreateParams(input=parse_items("hi")), rollout_key=f"r{k}")
+        assert len(other.requests) == 4 and len(stub.requests) == 1
+        await model.aclose()

@@ -1,0 +1,413 @@
+"""HTTP to OpenAI-compatible servers: endpoints, replica choice, retries, rate limits.
+
+Shared by the ``openai`` and ``vllm`` adapters so that both fail the same way:
+
+* **Retries are ours** (the OpenAI client runs with ``max_retries=0``): 408, 409,
+  429 and 5xx answers, timeouts and connection errors are retried at most
+  ``cfg.max_retries`` times with jittered exponential backoff (``Retry-After`` /
+  ``retry-after-ms`` honoured); any other 4xx fails at once with
+  ``retryable=False``. When every attempt fails the ``ModelError`` names the
+  last failure, the endpoint and the number of attempts. ``cfg.timeout_s`` bounds
+  each attempt (all HTTP calls of the attempt together).
+* **Several base URLs** (``base_url: [a, b, ...]``): each call goes to the least
+  loaded healthy endpoint (fewest requests in flight); later calls of a rollout
+  (same ``rollout_key``) prefer the endpoint that served its first call, for the
+  prefix cache. An endpoint that fails (connection error, timeout, 5xx) is
+  skipped for a cooldown that doubles with each consecutive failure
+  (``cfg.replica_cooldown_s``); a retry goes to another endpoint when there is
+  one; when all are cooling down the least recently failed one is tried anyway.
+* **Rate-limit aware concurrency** per endpoint (``AdaptiveLimiter``): at most
+  ``cfg.concurrency`` requests in flight; a 429 halves that window and pauses new
+  requests until the server's ``Retry-After``; successes grow it back by one per
+  window (AIMD). OpenAI/Azure ``x-ratelimit-remaining-requests|tokens: 0`` pauses
+  new requests until the matching ``x-ratelimit-reset-*`` before a 429 happens.
+
+Requests go through ``AsyncOpenAI.post(..., cast_to=httpx2.Response)``: the raw
+body is decoded with msgspec (no pydantic on the hot path; vendor fields such as
+vLLM's token ids are kept) and the headers are read for rate limits. The API
+key is scrubbed from every error message this module produces.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import httpx2
+import msgspec
+import openai
+
+from models.base import ModelConfig, ModelError
+from runtime import logs
+
+log = logs.get("gym.models.transport")
+
+T = TypeVar("T")
+
+RETRY_STATUS = frozenset({408, 409, 429})
+MAX_BACKOFF_S = 30.0
+MAX_RETRY_AFTER_S = 60.0
+MAX_COOLDOWN_S = 60.0
+AFFINITY_SIZE = 200_000  # rollouts remembered for replica affinity (LRU)
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class ContextOverflow(Exception):
+    """The server refused the request because the conversation no longer fits."""
+
+
+def is_context_overflow(err: openai.APIStatusError, body: dict[str, Any]) -> bool:
+    """A 400 that means "the conversation no longer fits" (vLLM / OpenAI wording).
+
+    vLLM: ``maximum context length is N tokens`` (prompt longer than the context),
+    or ``max_tokens must be at least 1, got 0`` when the prompt fills the context
+    exactly and vLLM's cap leaves no room (unless the caller asked for 0 itself).
+    OpenAI: ``context_length_exceeded``.
+    """
+    if err.status_code != 400:
+        return False
+    text = f"{err.message} {err.body}".lower()
+    if "context length" in text or "context_length_exceeded" in text:
+        return True
+    asked = body.get("max_tokens", body.get("max_output_tokens"))
+    return "max_tokens must be at least 1" in text and not (isinstance(asked, int) and asked < 1)
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | None) -> float | None:
+    """``"6m0s"`` / ``"1.5s"`` / ``"20ms"`` / ``"2"`` (seconds) → seconds."""
+    if not text:
+        return None
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_RE.findall(text)
+    if not parts:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait (``retry-after-ms`` or ``retry-after``), capped."""
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return min(float(ms) / 1000, MAX_RETRY_AFTER_S)
+        value = headers.get("retry-after")
+        return min(float(value), MAX_RETRY_AFTER_S) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+class AdaptiveLimiter:
+    """Concurrency window for one endpoint: AIMD on 429s, pauses on rate-limit headers."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = max(1, ceiling)
+        self.limit = float(self.ceiling)
+        self.active = 0
+        self.paused_until = 0.0
+        self._waiters: collections.deque[anyio.Event] = collections.deque()
+
+    @property
+    def window(self) -> int:
+        return max(1, int(self.limit))
+
+    async def acquire(self) -> None:
+        while True:
+            wait = self.paused_until - time.monotonic()
+            if wait > 0:
+                await anyio.sleep(wait)
+                continue
+            if self.active < self.window:
+                self.active += 1
+                return
+            ev = anyio.Event()
+            self._waiters.append(ev)
+            try:
+                await ev.wait()
+            except BaseException:
+                if ev.is_set():  # woken and cancelled: pass the wake-up on
+                    self._wake()
+                else:
+                    self._waiters.remove(ev)
+                raise
+
+    def _wake(self) -> None:
+        while self._waiters and self.active < self.window:
+            ev = self._waiters.popleft()
+            if not ev.is_set():
+                ev.set()
+                return
+
+    def release(self) -> None:
+        self.active -= 1
+        self._wake()
+
+    def on_success(self) -> None:
+        if self.limit < self.ceiling:
+            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+
+    def on_rate_limited(self, wait_s: float | None) -> None:
+        self.limit = max(1.0, self.limit / 2)
+        self.pause(wait_s if wait_s is not None else 1.0)
+
+    def pause(self, wait_s: float) -> None:
+        self.paused_until = max(self.paused_until, time.monotonic() + min(wait_s, MAX_RETRY_AFTER_S))
+
+
+class Endpoint:
+    """One base URL: its client, load and health.
+
+    ``http`` (optional) are plain ``httpx2.AsyncClient``s for OpenAI-compatible servers
+    with bearer auth (vLLM): the same requests without the OpenAI client's per-call
+    machinery (about half the client CPU per call); their errors are raised as the
+    OpenAI client's exception types so that both paths are classified alike. Calls
+    are spread round-robin over the clients: httpcore's pool costs O(connections)
+    per request, so hundreds of concurrent calls use several small pools.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        client: openai.AsyncOpenAI,
+        concurrency: int,
+        *,
+        http: list[httpx2.AsyncClient] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.http = http or None
+        self._turn = 0
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        # vLLM serves /tokenize and /detokenize beside /v1, not under it.
+        self.root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+        self.client = client
+        self.limiter = AdaptiveLimiter(concurrency)
+        self.in_flight = 0
+        self.served = 0
+        self.failures = 0
+        self.down_until = 0.0
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.url!r}, in_flight={self.in_flight}, failures={self.failures})"
+
+    @property
+    def healthy(self) -> bool:
+        return self.down_until <= time.monotonic()
+
+    def mark_failed(self, base_cooldown_s: float) -> None:
+        self.failures += 1
+        cooldown = min(base_cooldown_s * 2 ** (self.failures - 1), MAX_COOLDOWN_S)
+        self.down_until = time.monotonic() + cooldown
+
+    def mark_ok(self) -> None:
+        self.failures = 0
+        self.down_until = 0.0
+
+    async def post(self, path: str, body: dict[str, Any], *, root: bool = False) -> Any:
+        """POST ``body`` as JSON to ``path`` (under the base URL, or the server root)."""
+        if self.http is not None:
+            return await self._post_http(path, body, root=root)
+        # Relative paths go through the client's URL logic (Azure deployments routing).
+        raw: httpx2.Response = await self.client.post(
+            self.root + path if root else path, cast_to=httpx2.Response, body=body
+        )
+        url = (self.root if root else self.url) + path
+        self._read_rate_headers(raw.headers)
+        try:
+            return _decoder.decode(raw.content)
+        except msgspec.DecodeError:
+            raise ModelError(f"{url} answered with a body that is not JSON", retryable=True) from None
+
+    async def _post_http(self, path: str, body: dict[str, Any], *, root: bool) -> Any:
+        assert self.http is not None
+        url = (self.root if root else self.url) + path
+        self._turn += 1
+        client = self.http[self._turn % len(self.http)]
+        try:
+            raw = await client.post(url, content=_encoder.encode(body), headers=self._headers)
+        except httpx2.TimeoutException as e:
+            raise openai.APITimeoutError(request=e.request) from None
+        except httpx2.TransportError as e:
+            raise openai.APIConnectionError(message=f"Connection error: {e}", request=e.request) from None
+        self._read_rate_headers(raw.headers)
+        if raw.status_code >= 400:
+            try:
+                err: Any = _decoder.decode(raw.content)
+            except msgspec.DecodeError:
+                err = raw.text
+            detail = err.get("error", err) if isinstance(err, dict) else err
+            message = detail.get("message", detail) if isinstance(detail, dict) else detail
+            raise openai.APIStatusError(f"Error code: {raw.status_code} - {message}", response=raw, body=err)
+        try:
+            return _decoder.decode(raw.content)
+        except msgspec.DecodeError:
+            raise ModelError(f"{url} answered with a body that is not JSON", retryable=True) from None
+
+    def _read_rate_headers(self, headers: Any) -> None:
+        for kind in ("requests", "tokens"):
+            remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            if remaining is not None and remaining.strip() in ("0", "0.0"):
+                reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}"))
+                if reset:
+                    self.limiter.pause(reset)
+
+
+def base_urls(cfg: ModelConfig) -> list[str]:
+    urls = cfg.base_url if isinstance(cfg.base_url, list) else [cfg.base_url] if cfg.base_url else []
+    return [u for u in urls if u]
+
+
+class EndpointPool:
+    """The endpoints of one model, the replica policy and the retry loop."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        endpoints: list[Endpoint],
+        *,
+        secret: str | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("no endpoint to call")
+        self.cfg = cfg
+        self.endpoints = endpoints
+        self._secret = secret if secret and secret != "EMPTY" else None
+        self._affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._rr = 0
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    # ------------------------------------------------------------- replica choice
+
+    def choose(self, rollout_key: str | None, exclude: set[int]) -> int:
+        eps = self.endpoints
+        if len(eps) == 1:
+            return 0
+        candidates = [i for i in range(len(eps)) if i not in exclude] or list(range(len(eps)))
+        healthy = [i for i in candidates if eps[i].healthy]
+        if rollout_key is not None:
+            pinned = self._affinity.get(rollout_key)
+            if pinned is not None and pinned in healthy:
+                self._affinity.move_to_end(rollout_key)
+                return pinned
+        if not healthy:  # everything is cooling down: try the one that comes back first
+            return min(candidates, key=lambda i: eps[i].down_until)
+        self._rr += 1
+        n = len(eps)
+        # least loaded (relative to its window); ties broken round-robin
+        return min(healthy, key=lambda i: (eps[i].in_flight / eps[i].limiter.window, (i - self._rr) % n))
+
+    def _remember(self, rollout_key: str | None, index: int) -> None:
+        if rollout_key is None or len(self.endpoints) == 1:
+            return
+        if self._affinity.get(rollout_key) != index:
+            self._affinity[rollout_key] = index
+        self._affinity.move_to_end(rollout_key)
+        while len(self._affinity) > AFFINITY_SIZE:
+            self._affinity.popitem(last=False)
+
+    def forget(self, rollout_key: str) -> None:
+        self._affinity.pop(rollout_key, None)
+
+    # --------------------------------------------------------------- retry loop
+
+    async def run(
+        self,
+        attempt_fn: Callable[[Endpoint], Awaitable[T]],
+        *,
+        rollout_key: str | None = None,
+        what: str = "request",
+    ) -> T:
+        """Run ``attempt_fn(endpoint)`` with the retry, replica and rate-limit policy.
+
+        ``attempt_fn`` makes the HTTP calls of one attempt; it raises
+        ``ContextOverflow`` (passed through), ``ModelError`` (passed through; retried
+        only when ``retryable``) or the OpenAI client's errors (classified here).
+        """
+        cfg = self.cfg
+        attempts = cfg.max_retries + 1
+        tried: set[int] = set()
+        for attempt in range(attempts):
+            index = self.choose(rollout_key, tried)
+            ep = self.endpoints[index]
+            wait: float | None = None
+            failure: str
+            replica_fault = True
+            await ep.limiter.acquire()
+            ep.in_flight += 1
+            try:
+                with anyio.fail_after(cfg.timeout_s):
+                    result = await attempt_fn(ep)
+            except openai.APIStatusError as e:
+                status = e.status_code
+                failure = self.scrub(f"HTTP {status} from {ep.url} ({what}): {e.message}"[:1000])
+                if status == 429:
+                    wait = retry_after(e.response.headers)
+                    ep.limiter.on_rate_limited(wait)
+                    replica_fault = False
+                elif not (status in RETRY_STATUS or status >= 500):
+                    raise ModelError(failure, retryable=False) from None
+                else:
+                    wait = retry_after(e.response.headers)
+            except (openai.APITimeoutError, TimeoutError):
+                failure = f"timed out after {cfg.timeout_s}s waiting for {ep.url} ({what})"
+            except openai.APIConnectionError as e:
+                failure = self.scrub(f"cannot reach {ep.url} ({what}): {e}")
+            except ModelError as e:
+                if not e.retryable:
+                    raise
+                failure = self.scrub(str(e))
+                replica_fault = False
+            else:
+                ep.mark_ok()
+                ep.limiter.on_success()
+                ep.served += 1
+                self._remember(rollout_key, index)
+                return result
+            finally:
+                ep.in_flight -= 1
+                ep.limiter.release()
+
+            if replica_fault:
+                ep.mark_failed(cfg.replica_cooldown_s)
+                tried.add(index)
+            if attempt + 1 >= attempts:
+                raise ModelError(
+                    f"{failure} (gave up after {attempts} attempt{'s' if attempts > 1 else ''})",
+                    retryable=True,
+                )
+            backoff = min(cfg.retry_backoff_s * (2**attempt), MAX_BACKOFF_S)
+            backoff *= 0.5 + random.random() / 2  # jitter: concurrent rollouts spread out
+            if wait is not None:
+                backoff = max(backoff, wait)
+            elif replica_fault and any(
+                e.healthy for i, e in enumerate(self.endpoints) if i not in tried
+            ):
+                backoff = 0.0  # another replica is up: fail over at once
+            log.warning(
+                "model.retry", error=failure, retry=attempt + 1, of=attempts - 1, backoff_s=round(backoff, 3)
+            )
+            if backoff:
+                await anyio.sleep(backoff)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        for ep in self.endpoints:
+            await ep.client.close()
+            for http in ep.http or ():
+                await http.aclose()

@@ -1,0 +1,464 @@
+"""``vllm``: vLLM's OpenAI-compatible server over HTTP, training-grade.
+
+Requests are Responses-API params converted to Chat Completions with NeMo Gym's
+semantics (``models.chat_convert``); answers come back as Responses items. HTTP,
+retries (429/5xx, bounded), the per-attempt timeout, several replicas
+(least-loaded, rollout affinity, failover) and rate limits are
+``models.transport``'s, shared with the ``openai`` adapter.
+
+Token ids and logprobs (``return_token_ids: true``)
+--------------------------------------------------
+Each call's last output item carries ``prompt_token_ids``, ``generation_token_ids``
+and ``generation_log_probs`` (all three or none). The request asks vLLM for
+``return_token_ids`` (``prompt_token_ids`` at the top level, ``choices[0].token_ids``)
+and for ``logprobs: true, top_logprobs: 0, return_tokens_as_token_ids: true`` (the
+sampled tokens as ``token_id:N`` with their logprobs). Both sources of the
+generated ids must agree, ``usage`` must agree with both lengths, and when the
+server does not return prompt ids they come from ``/tokenize`` with the same
+messages and tools; any disagreement is a ``ModelError`` — never silently picked.
+
+Token contiguity across turns (how later turns are built)
+---------------------------------------------------------
+A trainer needs every call's ``prompt_token_ids`` to start with all tokens of the
+rollout so far (prompt + generation of the previous call). Re-sending the previous
+turns as chat messages does not give that: the chat template re-tokenizes what the
+model sampled token by token and merges it differently (measured on vLLM 0.32,
+``shared/compat/vllm/chat_tools_text.json``). So, once a rollout has a previous
+call with token ids, the adapter sends token ids, not messages:
+
+1. The rollout's ids so far: ``R = prompt_token_ids + generation_token_ids`` of the
+   last input item that carries them (the previous call's last output item; the
+   items after it — tool results, user turns — are the new messages). When the
+   previous generation did not end with the turn-end token (cut by
+   ``max_tokens`` or a stop string), that token is appended to ``R``: the chat
+   template closes every assistant turn with it.
+2. **The template's ids for the new messages**: ``POST /tokenize`` with the whole
+   conversation as chat messages (tools, ``chat_template_kwargs``,
+   ``add_generation_prompt: true``) — the server's own template and tokenizer, so
+   exactly what ``/v1/chat/completions`` would have rendered. In that rendering
+   the previous assistant turn ends at the *k*-th turn-end token, where *k* is the
+   number of turn-end tokens in ``R`` (each message of the chat template ends with
+   one; what the template did to earlier turns — re-tokenized tool calls, dropped
+   reasoning — changes their ids, never their count). Every id after that token is
+   the template's rendering of the new messages plus the generation prompt (for
+   ChatML: ``\\n<|im_start|>user\\n<tool_response>...<|im_end|>\\n<|im_start|>assistant\\n``).
+3. ``POST /v1/completions`` with ``prompt = R + those ids`` (a token-id prompt) and the
+   same sampling parameters. The prompt starts with ``R`` by construction; vLLM's
+   ``choices[0].prompt_token_ids`` must equal what was sent. This reproduces
+   ``shared/compat/vllm/completions_token_in_turn2.json`` exactly.
+
+The turn-end token is ``eos_token_id`` from the config, else found once from the
+template: ``/tokenize`` of ``[user, assistant "ok"]`` without a generation prompt —
+the token right after the assistant's content.
+
+``/v1/completions`` runs no server-side parsers, so on that path the text is parsed
+here: Hermes tool calls (``tool_call_parser: hermes``, vLLM's ``hermes`` semantics)
+and ``<think>`` reasoning (also when the template opened ``<think>`` itself);
+``tool_choice`` required / named become ``structured_outputs`` as vLLM does for chat.
+The first call of a rollout uses ``/v1/chat/completions`` (server-side parsers).
+
+Failures that are not errors: a context-length or max-tokens 400 (also a token-id
+prompt that no longer fits, checked against ``/tokenize``'s ``max_model_len``)
+becomes an ``incomplete`` response with an empty message, as NeMo Gym does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import uuid4
+
+import msgspec
+import openai
+
+from models.base import ModelConfig, ModelError
+from models.chat_convert import (
+    INCOMPLETE_REASONS,
+    THINK_RE,
+    build_chat_body,
+    chat_completion_to_response,
+    chat_message_to_items,
+    incomplete_response,
+    make_response,
+    normalize_think,
+    parse_hermes_tool_calls,
+    usage_from_chat,
+)
+from models.openai import make_pool
+from models.transport import ContextOverflow, Endpoint, base_urls, is_context_overflow
+from runtime import logs
+from runtime.messages import (
+    CreateParams,
+    FunctionCall,
+    Item,
+    Message,
+    Reasoning,
+    Response,
+)
+
+__all__ = [
+    "VLLMModel",
+    "find_end_token",
+    "last_token_turn",
+    "message_from_raw_text",
+    "splice_prompt",
+    "tool_choice_structured_outputs",
+    "token_fields_from_chat",
+    "token_fields_from_completion",
+]
+
+log = logs.get("gym.models.vllm")
+
+TOKEN_FLAGS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True}
+# Chat-only request keys that /v1/completions does not take.
+_CHAT_ONLY = frozenset(
+    {
+        "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "chat_template",
+        "add_generation_prompt", "continue_final_message", "reasoning_effort", "logprobs", "top_logprobs",
+        "documents", "mm_processor_kwargs", "include_reasoning", "n",
+    }
+)
+_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "chat_template", "mm_processor_kwargs")
+
+
+def last_token_turn(items: list[Item]) -> int | None:
+    """Index of the last input item carrying token ids (the previous call's last item)."""
+    for i in range(len(items) - 1, -1, -1):
+        item = items[i]
+        if isinstance(item, (Message, FunctionCall, Reasoning)) and isinstance(item.prompt_token_ids, list):
+            return i
+    return None
+
+
+def tool_choice_structured_outputs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """What vLLM's chat endpoint does for ``tool_choice`` named / required, for raw prompts:
+    named → the function's parameters as a JSON schema (the output is the arguments);
+    required → a JSON array of ``{"name", "parameters"}`` calls."""
+    choice = body.get("tool_choice")
+    tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or ()}
+    if isinstance(choice, dict) and tools:
+        fn = tools.get((choice.get("function") or {}).get("name"))
+        if fn is None:
+            raise ModelError(f"tool_choice names {choice!r}, which is not among the tools")
+        return {"json": fn.get("parameters") or {"type": "object"}}
+    if choice == "required" and tools:
+        return {"json": {
+            "type": "array", "minItems": 1,
+            "items": {"anyOf": [
+                {"type": "object", "properties": {"name": {"enum": [n]}, "parameters": f.get("parameters") or {}},
+                 "required": ["name", "parameters"]}
+                for n, f in tools.items()
+            ]},
+        }}
+    return None
+
+
+def message_from_raw_text(
+    text: str,
+    body: dict[str, Any],
+    *,
+    parse_tools: Callable[[str], tuple[str | None, list[dict[str, Any]]]] | None,
+    think: bool = True,
+) -> dict[str, Any]:
+    """Raw generated text → a chat assistant message, as vLLM's chat endpoint would build it.
+
+    ``tool_choice`` named: the text is the arguments; required: a JSON array of calls;
+    auto: ``parse_tools`` (e.g. Hermes); none / no tools: all text. ``think``: give a
+    ``</think>`` whose ``<think>`` the template opened its tag back.
+    """
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    calls: list[dict[str, Any]] = []
+    content: str | None = text
+    if tools and isinstance(choice, dict):
+        calls = [{"id": _tool_call_id(), "type": "function",
+                  "function": {"name": choice["function"]["name"], "arguments": text}}]
+        content = None
+    elif tools and choice == "required":
+        try:
+            calls = [{"id": _tool_call_id(), "type": "function",
+                      "function": {"name": c["name"], "arguments": msgspec.json.encode(c["parameters"]).decode()}}
+                     for c in msgspec.json.decode(text)]
+            content = None
+        except (msgspec.DecodeError, TypeError, KeyError):
+            calls = []
+    elif tools and choice != "none" and parse_tools is not None:
+        content, calls = parse_tools(text)
+    if content and think:
+        content = normalize_think(content)
+    return {"role": "assistant", "content": content, "tool_calls": calls}
+
+
+def _tool_call_id() -> str:
+    return f"chatcmpl-tool-{uuid4().hex[:16]}"
+
+
+def splice_prompt(rollout: list[int], template_ids: list[int], eos: int) -> list[int]:
+    """The contiguous prompt: the rollout's ids, then the template's ids after the previous turn.
+
+    ``template_ids`` is the chat template's tokenization of the whole conversation
+    (with the generation prompt). The previous assistant turn ends at its k-th
+    ``eos``, k = the number of ``eos`` in the rollout (the turn-end appended first
+    when the previous generation was cut short). See the module docstring.
+    """
+    prefix = rollout if rollout and rollout[-1] == eos else [*rollout, eos]
+    turns = prefix.count(eos)
+    seen = 0
+    for i, t in enumerate(template_ids):
+        if t == eos:
+            seen += 1
+            if seen == turns:
+                return prefix + template_ids[i + 1 :]
+    raise ModelError(
+        f"token-in: the chat template renders {seen} turn ends but the rollout so far has {turns};"
+        " cannot find the new messages' ids"
+    )
+
+
+def find_end_token(head: list[int], turn: list[int], word: list[int]) -> int | None:
+    """The turn-end token: in ``turn`` (``[user, assistant "ok"]`` rendered without a generation
+    prompt), the token right after ``word`` (``"ok"`` tokenized alone), past ``head`` (the
+    ``[user]`` rendering with the generation prompt)."""
+    start = len(head) if turn[: len(head)] == head else 0
+    for i in range(start, len(turn) - len(word)):
+        if turn[i : i + len(word)] == word:
+            return turn[i + len(word)]
+    return None
+
+
+def _token_id(token: Any, where: str) -> int:
+    if not isinstance(token, str) or not token.startswith("token_id:"):
+        raise ModelError(
+            f"{where}: logprob token {token!r} is not 'token_id:N' (does the server honour return_tokens_as_token_ids?)"
+        )
+    try:
+        return int(token[9:])
+    except ValueError:
+        raise ModelError(f"{where}: logprob token {token!r} is not 'token_id:N'") from None
+
+
+def _check_usage(data: dict[str, Any], prompt: list[int], gen: list[int], where: str) -> None:
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(p, int) and p != len(prompt):
+        raise ModelError(f"{where}: usage.prompt_tokens={p} disagrees with {len(prompt)} prompt token ids")
+    if isinstance(c, int) and c != len(gen):
+        raise ModelError(f"{where}: usage.completion_tokens={c} disagrees with {len(gen)} generated token ids")
+
+
+def token_fields_from_chat(data: dict[str, Any], prompt_ids: list[int] | None = None) -> dict[str, Any]:
+    """The three training fields from a chat completion (``prompt_ids`` from /tokenize if the
+    server sent none). Generated ids from ``token_ids`` and from the logprobs must agree."""
+    choice = data["choices"][0]
+    block = choice.get("logprobs")
+    if not isinstance(block, dict) or not isinstance(block.get("content"), list):
+        raise ModelError("chat completion has no logprobs although they were requested (logprobs=true)")
+    lp_ids = [_token_id(e.get("token"), "chat completion") for e in block["content"]]
+    lps = [float(e["logprob"]) for e in block["content"]]
+    gen = choice.get("token_ids")
+    prompt = data.get("prompt_token_ids")
+    if gen is not None and gen != lp_ids:
+        raise ModelError("chat completion: choices[0].token_ids disagree with the logprob tokens")
+    if prompt is None:
+        prompt = prompt_ids
+    elif prompt_ids is not None and prompt_ids != prompt:
+        raise ModelError("chat completion: prompt_token_ids disagree with /tokenize of the same messages")
+    if prompt is None:
+        raise ModelError("chat completion has no prompt_token_ids")
+    gen = lp_ids if gen is None else gen
+    _check_usage(data, prompt, gen, "chat completion")
+    return {"prompt_token_ids": list(prompt), "generation_token_ids": list(gen), "generation_log_probs": lps}
+
+
+def token_fields_from_completion(data: dict[str, Any], sent_prompt: list[int]) -> dict[str, Any]:
+    """The three training fields from a /v1/completions answer to a token-id prompt."""
+    choice = data["choices"][0]
+    block = choice.get("logprobs")
+    if not isinstance(block, dict) or not isinstance(block.get("tokens"), list):
+        raise ModelError("completion has no logprobs although they were requested (logprobs=0)")
+    lp_ids = [_token_id(t, "completion") for t in block["tokens"]]
+    lps = [float(x) for x in block.get("token_logprobs") or []]
+    if len(lps) != len(lp_ids):
+        raise ModelError("completion: logprobs.tokens and logprobs.token_logprobs differ in length")
+    gen = choice.get("token_ids")
+    if gen is not None and gen != lp_ids:
+        raise ModelError("completion: choices[0].token_ids disagree with the logprob tokens")
+    prompt = choice.get("prompt_token_ids")
+    if prompt is not None and prompt != sent_prompt:
+        raise ModelError("completion: the server's prompt_token_ids differ from the token-id prompt sent")
+    gen = lp_ids if gen is None else gen
+    _check_usage(data, sent_prompt, gen, "completion")
+    return {"prompt_token_ids": list(sent_prompt), "generation_token_ids": list(gen), "generation_log_probs": lps}
+
+
+def _attach(resp: Response, fields: dict[str, Any]) -> Response:
+    last = resp.output[-1]
+    for k, v in fields.items():
+        setattr(last, k, v)
+    return resp
+
+
+def _think_to_reasoning_field(messages: list[dict[str, Any]]) -> None:
+    """With a server-side reasoning parser, history reasoning goes in ``reasoning`` (NeMo Gym)."""
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") != "assistant" or not isinstance(content, str) or "<think>" not in content:
+            continue
+        spans = THINK_RE.findall(content)
+        m["content"] = THINK_RE.sub("", content) or None
+        if spans:
+            m["reasoning"] = m["reasoning_content"] = spans[0]
+
+
+class VLLMModel:
+    """Generation through one or more vLLM OpenAI-compatible servers (see the module doc)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        if not base_urls(cfg):
+            raise ValueError("vllm adapter: base_url is required (one URL or a list of replicas)")
+        self.cfg = cfg
+        self._model = cfg.model
+        self.pool = make_pool(cfg, plain_http=True)
+        self._eos: int | None = cfg.eos_token_id
+
+    def __repr__(self) -> str:
+        urls = ", ".join(ep.url for ep in self.pool.endpoints)
+        return f"VLLMModel(base_url={urls!r}, model={self._model!r}, return_token_ids={self.cfg.return_token_ids})"
+
+    # ------------------------------------------------------------------ requests
+
+    def chat_body(self, params: CreateParams) -> dict[str, Any]:
+        body = build_chat_body(params, model=self._model or params.model)
+        if self.cfg.chat_template_kwargs:
+            body["chat_template_kwargs"] = {**self.cfg.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
+        if self.cfg.reasoning_parser:
+            _think_to_reasoning_field(body["messages"])
+        if self.cfg.extra_body:
+            body.update(self.cfg.extra_body)
+        if self.cfg.return_token_ids:
+            if body.get("n") not in (None, 1):
+                raise ModelError("return_token_ids needs n=1 (one generation per call)")
+            body.update(TOKEN_FLAGS)
+        return body
+
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
+        body = self.chat_body(params)
+        prev = last_token_turn(params.input) if self.cfg.return_token_ids and self.cfg.token_in else None
+        try:
+            if prev is None:
+                return await self.pool.run(
+                    lambda ep: self._chat(ep, body, params), rollout_key=rollout_key, what="/chat/completions"
+                )
+            return await self.pool.run(
+                lambda ep: self._token_in(ep, body, params, prev), rollout_key=rollout_key, what="/completions"
+            )
+        except ContextOverflow as e:
+            log.info("model.context_overflow", model=self._model, detail=str(e)[:200])
+            return incomplete_response(params, model=self._model or params.model or "")
+
+    @staticmethod
+    async def _post(ep: Endpoint, path: str, body: dict[str, Any], *, root: bool = False) -> dict[str, Any]:
+        try:
+            data = await ep.post(path, body, root=root)
+        except openai.APIStatusError as e:
+            if is_context_overflow(e, body):
+                raise ContextOverflow(str(e.message)) from None
+            raise
+        if not isinstance(data, dict):
+            raise ModelError(f"{ep.url}{path} answered with a non-JSON-object body", retryable=True)
+        return data
+
+    def _tokenize_body(self, body: dict[str, Any], *, add_generation_prompt: bool = True) -> dict[str, Any]:
+        out = {k: body[k] for k in _TOKENIZE_KEYS if k in body}
+        out["add_generation_prompt"] = add_generation_prompt
+        return out
+
+    # ------------------------------------------------------------- first turn: chat
+
+    async def _chat(self, ep: Endpoint, body: dict[str, Any], params: CreateParams) -> Response:
+        data = await self._post(ep, "/chat/completions", body)
+        if not data.get("choices"):
+            raise ModelError("chat completion has no choices", retryable=True)
+        resp = chat_completion_to_response(data, params)
+        if self.cfg.return_token_ids:
+            prompt_ids = None
+            if data.get("prompt_token_ids") is None:  # an older server: ask the tokenizer
+                tok = await self._post(ep, "/tokenize", self._tokenize_body(body), root=True)
+                prompt_ids = tok.get("tokens")
+            _attach(resp, token_fields_from_chat(data, prompt_ids))
+        return resp
+
+    # --------------------------------------------------- later turns: token ids in
+
+    async def end_token(self, ep: Endpoint) -> int:
+        """The token that ends an assistant turn in the chat template (cached)."""
+        if self._eos is not None:
+            return self._eos
+        model = {"model": self._model} if self._model else {}
+        user = {"role": "user", "content": "hi"}
+        head = await self._post(ep, "/tokenize", {**model, "messages": [user], "add_generation_prompt": True}, root=True)
+        turn = await self._post(
+            ep, "/tokenize",
+            {**model, "messages": [user, {"role": "assistant", "content": "ok"}], "add_generation_prompt": False},
+            root=True,
+        )
+        word = await self._post(ep, "/tokenize", {**model, "prompt": "ok", "add_special_tokens": False}, root=True)
+        found = find_end_token(head.get("tokens") or [], turn.get("tokens") or [], word.get("tokens") or [])
+        if found is not None:
+            self._eos = found
+            log.info("model.end_token", token=found)
+            return found
+        raise ModelError(
+            "cannot find the chat template's turn-end token from /tokenize; set eos_token_id in the model config"
+        )
+
+    def _completion_body(self, body: dict[str, Any], params: CreateParams, prompt: list[int]) -> dict[str, Any]:
+        out = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
+        out["prompt"] = prompt
+        out.update(logprobs=0, return_tokens_as_token_ids=True, return_token_ids=True)
+        guided = tool_choice_structured_outputs(body)
+        if guided is not None:
+            out["structured_outputs"] = guided
+        return out
+
+    def _message_from_text(self, text: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = self.cfg.tool_call_parser
+        if name not in (None, "hermes", "none"):
+            raise ModelError(f"tool_call_parser {name!r} is not supported on the token-in path (hermes)")
+        return message_from_raw_text(text, body, parse_tools=parse_hermes_tool_calls if name == "hermes" else None)
+
+    async def _token_in(self, ep: Endpoint, body: dict[str, Any], params: CreateParams, prev: int) -> Response:
+        item = params.input[prev]
+        rollout = list(item.prompt_token_ids) + list(item.generation_token_ids)  # type: ignore[union-attr,arg-type]
+        eos = await self.end_token(ep)
+        tok = await self._post(ep, "/tokenize", self._tokenize_body(body), root=True)
+        prompt = splice_prompt(rollout, tok.get("tokens") or [], eos)
+        max_len = tok.get("max_model_len")
+        if isinstance(max_len, int) and len(prompt) >= max_len:
+            raise ContextOverflow(f"token-in prompt of {len(prompt)} tokens fills the context ({max_len})")
+        cbody = self._completion_body(body, params, prompt)
+        data = await self._post(ep, "/completions", cbody)
+        choices = data.get("choices") or []
+        if not choices:
+            raise ModelError("completion has no choices", retryable=True)
+        choice = choices[0]
+        fields = token_fields_from_completion(data, prompt)
+        output = chat_message_to_items(self._message_from_text(choice.get("text") or "", body))
+        reason = INCOMPLETE_REASONS.get(choice.get("finish_reason") or "")
+        resp = make_response(
+            params,
+            id=f"resp_{uuid4().hex}",
+            created_at=float(data.get("created") or time.time()),
+            model=str(data.get("model") or self._model or params.model or ""),
+            output=output,
+            status="incomplete" if reason else "completed",
+            incomplete_details={"reason": reason} if reason else None,
+            usage=usage_from_chat(data.get("usage")),
+        )
+        return _attach(resp, fields)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()

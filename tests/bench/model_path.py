@@ -1,0 +1,184 @@
+"""Model-path benchmark: one generation through the runtime vs straight to the server.
+
+The server is the vLLM emulator (``tests/stub_openai.py``) in its own process, zero
+latency, answering ``/v1/chat/completions`` with token ids and logprobs. The
+adapter is ``vllm`` with ``return_token_ids: true`` (the training path: the reply
+carries prompt ids, generated ids and logprobs).
+
+* **direct**: ``adapter.generate(params)`` from this process, straight to the stub.
+* **runtime**: the agent side (``bus.queued_request`` on ``{ns}.model.policy``, as
+  ``AgentContext.generate`` does) → nats-server (embedded, its own process) →
+  JetStream work queue → a ``ModelWorker`` pulling by free slot (same process,
+  its own NATS connection) → the same adapter → the stub; the reply comes back
+  on core NATS.
+
+Prints per-call latency (mean, p50, p99), calls/s and CPU milliseconds per call
+summed over every process involved (this one, the stub, nats-server) at each
+concurrency. On a small shared machine the CPU column is the steadier number.
+
+    python tests/bench/model_path.py [--concurrency 1 64 512] [--calls 3000] [--latency 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from models.base import ModelConfig, load_adapter  # noqa: E402
+from runtime.bus import Bus  # noqa: E402
+from runtime.messages import CreateParams, ModelRequest, parse_items  # noqa: E402
+from runtime.model_worker import ModelWorker  # noqa: E402
+from runtime.runner import run_async  # noqa: E402
+from runtime.server import EmbeddedServer  # noqa: E402
+from runtime.tracing import Telemetry  # noqa: E402
+
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def params() -> CreateParams:
+    return CreateParams(
+        input=parse_items([{"role": "system", "content": "You are helpful."},
+                           {"role": "user", "content": "what's it like in sf?"}]),
+        tools=[TOOL],
+        max_output_tokens=64,
+    )
+
+
+def start_stub(latency: float) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "stub_openai.py"), "--latency", str(latency), "--text", "It is cold."],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http"), url
+    return proc, url
+
+
+PROCS: list[psutil.Process] = []
+
+
+def cpu_s() -> float:
+    total = 0.0
+    for p in PROCS:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+async def drive(call, n: int, concurrency: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    lat: list[float] = []
+    todo = iter(range(n))
+
+    async def worker() -> None:
+        for i in todo:
+            t = time.perf_counter()
+            await call(i)
+            lat.append(time.perf_counter() - t)
+
+    c0 = cpu_s()
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    wall = time.perf_counter() - t0
+    cpu = cpu_s() - c0
+    lat.sort()
+    return {
+        "rps": n / wall,
+        "cpu_ms": 1000 * cpu / n,
+        "mean_ms": 1000 * statistics.fmean(lat),
+        "p50_ms": 1000 * lat[len(lat) // 2],
+        "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+    }
+
+
+async def bench(url: str, levels: list[int], calls: int) -> list[tuple[int, dict[str, float], dict[str, float]]]:
+    top = max(levels)
+    cfg = ModelConfig(adapter="vllm", base_url=url, model="tiny", return_token_ids=True, concurrency=top,
+                      timeout_s=120, max_retries=0)
+    p = params()
+    rows = []
+    adapter = load_adapter(cfg)
+    await adapter.generate(p)  # warm the connection pool
+    direct: dict[int, dict[str, float]] = {}
+    for c in levels:
+        n = max(200, calls if c > 1 else calls // 10)
+        await drive(lambda i: adapter.generate(p, rollout_key=f"w:{i}:0"), min(n, 200), c)  # warm-up
+        direct[c] = await drive(lambda i: adapter.generate(p, rollout_key=f"b:{i}:0"), n, c)
+    await adapter.aclose()
+
+    with EmbeddedServer() as srv:
+        assert srv.pid is not None
+        PROCS.append(psutil.Process(srv.pid))
+        tel = Telemetry()
+        wbus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-model")
+        abus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-agent")
+        worker = ModelWorker(wbus, "policy", cfg)
+        subject = abus.subject("model", "policy")
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+
+            async def via_runtime(i: int) -> None:
+                await abus.queued_request(subject, ModelRequest(params=p, rollout_key=f"b:{i}:0"),
+                                          timeout=120, op="generate policy")
+
+            await via_runtime(-1)
+            for c in levels:
+                n = max(200, calls if c > 1 else calls // 10)
+                await drive(via_runtime, min(n, 200), c)  # warm-up
+                rows.append((c, direct[c], await drive(via_runtime, n, c)))
+            tg.cancel_scope.cancel()
+        await abus.close()
+        await wbus.close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
+    ap.add_argument("--calls", type=int, default=3000, help="calls per level (a tenth at concurrency 1)")
+    ap.add_argument("--latency", type=float, default=0.0, help="stub latency per reply, seconds")
+    args = ap.parse_args()
+    proc, url = start_stub(args.latency)
+    PROCS[:] = [psutil.Process(), psutil.Process(proc.pid)]
+    try:
+        rows = run_async(lambda: bench(url, args.concurrency, args.calls))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    print(f"\nmodel path, vllm adapter (return_token_ids) → vLLM emulator (own process, latency "
+          f"{args.latency * 1000:.0f} ms), {os.cpu_count()} cores")
+    hdr = (f"{'concurrency':>11} | {'direct calls/s':>14} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
+           f"{'CPU ms/call':>11} | {'runtime calls/s':>15} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
+           f"{'CPU ms/call':>11} | {'added p50 ms':>12} {'added CPU ms':>12}")
+    print(hdr)
+    print("-" * len(hdr))
+    for c, d, r in rows:
+        print(f"{c:>11} | {d['rps']:>14,.0f} {d['mean_ms']:>8.2f} {d['p50_ms']:>7.2f} {d['p99_ms']:>7.2f} "
+              f"{d['cpu_ms']:>11.2f} | {r['rps']:>15,.0f} {r['mean_ms']:>8.2f} {r['p50_ms']:>7.2f} "
+              f"{r['p99_ms']:>7.2f} {r['cpu_ms']:>11.2f} | {r['p50_ms'] - d['p50_ms']:>12.2f} "
+              f"{r['cpu_ms'] - d['cpu_ms']:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

