@@ -12,6 +12,7 @@ ends with the same file.
 from __future__ import annotations
 
 import contextlib
+from array import array
 import json
 import os
 import re
@@ -26,12 +27,14 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from runtime import logs
 from runtime.bus import Bus
 from runtime.messages import RolloutResult
 from runtime.metrics import MetricsAccumulator
 from runtime.pull import PullWorker, stream_names
 
 _json_enc = msgspec.json.Encoder()
+log = logs.get("gym.collector")
 
 
 def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
@@ -63,6 +66,7 @@ class Collector:
         out: str | Path,
         *,
         expected: int,
+        repeats: int = 1,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.bus = bus
@@ -72,7 +76,13 @@ class Collector:
         self.on_progress = on_progress
         self.failures_path, self.metrics_path = sidecar_paths(self.out)
         self.spool_path = Path(str(self.out) + ".partial")
-        self._index: dict[tuple[int, int], tuple[int, int, bool]] = {}  # key -> (offset, size, ok)
+        # Where each task×repeat's line sits in the spool: flat arrays at task * repeats + rollout
+        # (16 bytes a row), so a 100k-row batch costs ~2 MB of index, not rows.
+        self.repeats = max(1, repeats)
+        self._offsets = array("q", [-1]) * expected
+        self._sizes = array("q", [0]) * expected
+        self._ok = bytearray(expected)
+        self._count = 0
         self.stats = CollectStats()
         self._done = anyio.Event()
         self._answer_field: str | None = None
@@ -113,8 +123,11 @@ class Collector:
         return self.stats
 
     def _take(self, res: RolloutResult) -> None:
-        key = (res.task_index, res.rollout_index)
-        if key in self._index:
+        slot = res.task_index * self.repeats + res.rollout_index
+        if not (0 <= slot < self.expected and 0 <= res.rollout_index < self.repeats):
+            log.warning("result.out_of_range", task_index=res.task_index, rollout_index=res.rollout_index)
+            return
+        if self._offsets[slot] >= 0:
             self.stats.duplicates += 1
             return
         ok = res.error is None and res.row is not None
@@ -137,7 +150,10 @@ class Collector:
         offset = self._spool.tell()
         self._spool.write(line)
         self._spool.write(b"\n")
-        self._index[key] = (offset, len(line), ok)
+        self._offsets[slot] = offset
+        self._sizes[slot] = len(line)
+        self._ok[slot] = ok
+        self._count += 1
         if ok:
             self.stats.rows += 1
             reward = res.row.get("reward") if res.row else None  # type: ignore[union-attr]
@@ -146,8 +162,8 @@ class Collector:
         else:
             self.stats.failures += 1
         if self.on_progress:
-            self.on_progress(len(self._index), self.expected)
-        if len(self._index) >= self.expected:
+            self.on_progress(self._count, self.expected)
+        if self._count >= self.expected:
             self._done.set()
 
     def _finalize(self) -> None:
@@ -156,8 +172,8 @@ class Collector:
         tmp_out = Path(str(self.out) + ".tmp")
         tmp_fail = Path(str(self.failures_path) + ".tmp")
         with self.spool_path.open("rb") as spool, tmp_out.open("wb") as out, tmp_fail.open("wb") as fail:
-            for key in sorted(self._index):
-                offset, size, ok = self._index[key]
+            for slot in range(self.expected):
+                offset, size, ok = self._offsets[slot], self._sizes[slot], self._ok[slot]
                 spool.seek(offset)
                 line = spool.read(size)
                 if ok:

@@ -180,7 +180,7 @@ async def run_batch(
             workers = make_workers(bus, config, selected(config, None)) if start_local_workers else []
             await start_workers(tg, workers)
             ready_s = time.perf_counter() - t0
-            collector = Collector(bus, batch, out, expected=expected, on_progress=on_progress)
+            collector = Collector(bus, batch, out, expected=expected, repeats=repeats, on_progress=on_progress)
             result: dict[str, CollectStats] = {}
             collected = anyio.Event()
 
@@ -207,7 +207,8 @@ async def collect_batch(
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
         raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
-    return await Collector(bus, batch, out, expected=manifest.expected, on_progress=on_progress).run()
+    return await Collector(bus, batch, out, expected=manifest.expected, repeats=manifest.repeats,
+                           on_progress=on_progress).run()
 
 
 def resource_for(config: Config, agent: str | None) -> str:
