@@ -6,6 +6,9 @@ every replica is its own process (``gym-runtime start --only resources.X``), so
 CPU-heavy verifiers (process pools, sandboxes) scale across cores.
 
     python tests/bench/verify.py [--n 200] [--envs mcqa code_gen ...]
+
+The N rows repeat the few recorded rollouts, so verifiers that cache per process
+(math-verify parses) look faster on the timed pass than on fresh answers.
 """
 
 from __future__ import annotations

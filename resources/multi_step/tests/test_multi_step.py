@@ -8,17 +8,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from resources.multi_step import MultiStep
+from runtime import testing
 from runtime.config import load_config
-from runtime.messages import FunctionCall, FunctionCallOutput, Response, parse_items
-from runtime.resource import Resource, ToolArgumentsError, Verdict, find_resource_class
+from runtime.messages import FunctionCall, Response
+from runtime.resource import ToolArgumentsError, Verdict, find_resource_class
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 REPO = Path(__file__).resolve().parents[3]
-COMPAT = REPO.parent / "shared" / "compat" / "nemo_gym" / "example_multi_step"
 ROW_KEYS = ("responses_create_params", "response", "reward")
 TASK = {
     "id": 0,
@@ -29,50 +28,18 @@ TASK = {
 }
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def compat_dir() -> Path:
-    if not COMPAT.is_dir():
-        pytest.skip(f"NeMo Gym compat data not found at {COMPAT}")
-    return COMPAT
-
-
-def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """How a rollout finds its task row: the role and content of its input messages."""
-    return tuple(
-        (m["role"], json.dumps(m["content"]))
-        for m in row["responses_create_params"]["input"]
-        if m.get("role") in ("system", "developer", "user")
-    )
+    return testing.compat_dir("nemo_gym", "example_multi_step")
 
 
 def joined_rollouts() -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    tasks = {input_key(t): t for t in read_jsonl(ENV_DIR / "data" / "example.jsonl")}
-    rollouts = read_jsonl(compat_dir() / "example_rollouts.jsonl")
-    assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
-    return [(tasks[input_key(r)], r) for r in rollouts]
+    return testing.joined_rollouts(ENV_DIR / "data" / "example.jsonl", compat_dir() / "example_rollouts.jsonl")
 
 
-def to_response(raw: dict[str, Any]) -> Response:
-    return msgspec.convert({**raw, "output": parse_items(raw["output"])}, Response)
-
-
-async def replay_tool_calls(inst: Resource, response: Response) -> int:
-    """Run each recorded call in order; each output must equal the recorded one."""
-    produced = {
-        item.call_id: await inst.call_tool(item.name, item.arguments)
-        for item in response.output
-        if isinstance(item, FunctionCall)
-    }
-    recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
-    assert produced == recorded
-    return len(produced)
-
-
-def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
-    return (out.reward, out.fields) if isinstance(out, Verdict) else (out, {})
+to_response = testing.recorded_response
+read_jsonl = testing.read_jsonl
+replay_tool_calls = testing.replay_tool_calls
+split_verdict = testing.split_verdict
 
 
 async def new_session(row: dict[str, Any] = TASK) -> MultiStep:
