@@ -8,8 +8,8 @@ subjects), tracing and error typing. Agents never touch NATS.
 
 from __future__ import annotations
 
-import time
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -54,46 +54,50 @@ class AgentFailure(Exception):
 class Session:
     """One resource session (an actor on one resource worker).
 
-    The seed request starts when the session is opened and is awaited by the
-    first call that needs it, so seeding overlaps the rollout's first model call.
+    Nothing is sent when the session is opened: its first operation travels with
+    the seed request to the resource's queue group, and the reply names the worker
+    that now owns the session; later operations go straight to that worker.
     """
 
-    __slots__ = ("_bus", "_seeding", "_reply", "_closed")
+    __slots__ = ("_bus", "_seed_subject", "_row", "_seed", "_lock", "_closed")
 
-    def __init__(self, bus: Bus, seeding: asyncio.Task[SeedReply]) -> None:
+    def __init__(self, bus: Bus, seed_subject: str, row: dict[str, Any]) -> None:
         self._bus = bus
-        self._seeding = seeding
-        self._reply: SeedReply | None = None
+        self._seed_subject = seed_subject
+        self._row = row
+        self._seed: SeedReply | None = None
+        self._lock = asyncio.Lock()
         self._closed = False
-
-    async def _ready(self) -> SeedReply:
-        if self._reply is None:
-            self._reply = await self._seeding
-        return self._reply
 
     @property
     def id(self) -> str | None:
-        return self._reply.session if self._reply else None
+        return self._seed.session if self._seed else None
+
+    async def _op(self, first: ToolCall | VerifyRequest, suffix: str, *, timeout: float, op: str) -> Any:
+        if self._seed is None:
+            async with self._lock:
+                if self._seed is None:
+                    reply: SeedReply = await self._bus.request(
+                        self._seed_subject, SeedRequest(row=self._row, then=first), timeout=timeout, op=op
+                    )
+                    self._seed = reply
+                    return reply.result
+        seed = self._seed
+        return await self._bus.request(
+            seed.address + suffix, msgspec.structs.replace(first, session=seed.session), timeout=timeout, op=op
+        )
 
     async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
-        seed = await self._ready()
-        return await self._bus.request(
-            seed.address + ".tool",
-            ToolCall(session=seed.session, name=name, arguments=arguments),
-            timeout=timeout,
-            op=f"tool {name}",
+        return await self._op(
+            ToolCall(session="", name=name, arguments=arguments), ".tool", timeout=timeout, op=f"tool {name}"
         )
 
     async def verify(
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True
     ) -> VerifyReply:
         """Score the response; by default the worker also closes the session (no extra message)."""
-        seed = await self._ready()
-        reply = await self._bus.request(
-            seed.address + ".verify",
-            VerifyRequest(session=seed.session, row=row, response=response, close=close),
-            timeout=timeout,
-            op="verify",
+        reply = await self._op(
+            VerifyRequest(session="", row=row, response=response, close=close), ".verify", timeout=timeout, op="verify"
         )
         self._closed = self._closed or close
         return reply
@@ -102,14 +106,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if not self._seeding.done():
-            self._seeding.cancel()  # a session it may still create is reaped by the worker's TTL
-            return
-        if self._seeding.cancelled() or self._seeding.exception() is not None:
-            return
-        seed = self._seeding.result()
+        if self._seed is None:
+            return  # never opened on any worker
         try:
-            await self._bus.publish(seed.address + ".close", CloseSession(session=seed.session))
+            await self._bus.publish(self._seed.address + ".close", CloseSession(session=self._seed.session))
         except Exception:  # closing is best-effort; the worker reaps idle sessions
             pass
 
@@ -159,12 +159,7 @@ class AgentContext:
     async def open_session(self, resource: str | None = None) -> Session:
         """Open a session on the named resource (default: the agent's); use ``async with``."""
         name = resource or self.config.resource
-        seeding = asyncio.get_running_loop().create_task(
-            self._bus.request(
-                self._bus.subject("res", name, "seed"), SeedRequest(row=self.row), timeout=TOOL_TIMEOUT_S, op="seed"
-            )
-        )
-        return Session(self._bus, seeding)
+        return Session(self._bus, self._bus.subject("res", name, "seed"), self.row)
 
 
 class AgentFn(Protocol):

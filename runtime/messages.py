@@ -222,11 +222,14 @@ class ModelResponse(_Msg, tag="model.resp.v1"):
 
 class SeedRequest(_Msg, tag="seed.v1"):
     row: dict[str, Any]
+    # The session's first operation, run right after seeding: one round trip fewer per rollout.
+    then: ToolCall | VerifyRequest | None = None
 
 
 class SeedReply(_Msg, tag="seed.reply.v1"):
     session: str
     address: str  # subject prefix of the worker that owns the session
+    result: ToolReply | VerifyReply | None = None  # the reply to ``then``
 
 
 class ToolCall(_Msg, tag="tool.v1"):

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import anyio
+import msgspec
 from nats.aio.msg import Msg
 
 from runtime import logs
@@ -140,7 +141,16 @@ class ResourceWorker:
         sid = uuid.uuid4().hex
         self.seeded += 1
         self.sessions[sid] = (inst, time.monotonic())
-        return SeedReply(session=sid, address=self.address)
+        result = None
+        if req.then is not None:
+            try:
+                result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg)
+            except Exception:
+                entry = self.sessions.pop(sid, None)  # the caller never learns this session
+                if entry is not None:
+                    await entry[0].close()
+                raise
+        return SeedReply(session=sid, address=self.address, result=result)
 
     def _session(self, sid: str) -> Resource:
         entry = self.sessions.get(sid)
