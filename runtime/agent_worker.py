@@ -10,6 +10,7 @@ the task becomes a failure row instead of being dropped.
 from __future__ import annotations
 
 import importlib
+import time
 import uuid
 from typing import Any
 
@@ -72,6 +73,7 @@ class AgentWorker:
         self.completed = 0
         self.failed = 0
         self.retried = 0
+        self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -101,14 +103,17 @@ class AgentWorker:
 
     def stats(self) -> dict[str, Any]:
         p = self.puller
+        done = self.completed
         return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency,
-                "completed": self.completed, "failed": self.failed, "retried": self.retried}
+                "completed": done, "failed": self.failed, "retried": self.retried,
+                "mean_rollout_ms": round(1000 * self.busy_s / done, 2) if done else None}
 
     def stop_pulling(self) -> None:
         if self.puller:
             self.puller.stop_pulling()
 
     async def _handle(self, msg: Msg) -> None:
+        started = time.perf_counter()
         parent = self.bus.telemetry.extract(msg.headers)
         attempt = msg.metadata.num_delivered or 1
         try:
@@ -149,6 +154,7 @@ class AgentWorker:
                     await self._store(task, result)
                     await msg.ack()
                     self.completed += 1
+                    self.busy_s += time.perf_counter() - started
 
     async def _run_task(self, task: RolloutTask, attempt: int, msg: Msg) -> RolloutResult | None:
         def failure(info: ErrorInfo) -> RolloutResult:

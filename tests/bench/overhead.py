@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from runtime.config import load_config  # noqa: E402
-from runtime.runner import run_async, run_batch  # noqa: E402
+from runtime.agent_worker import AgentWorker  # noqa: E402
+from runtime.bus import Bus  # noqa: E402
+from runtime.runner import make_workers, run_async, run_batch, selected, start_workers  # noqa: E402
 from runtime.server import EmbeddedServer  # noqa: E402
 from runtime.tracing import Telemetry  # noqa: E402
 
@@ -179,6 +181,35 @@ def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
     return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "lat_ms": 1000 * work / n, "rss_mb": sampler.peak / 2**20}
 
 
+def rollout_latency(n: int, tmp: Path) -> float:
+    """Mean time one rollout takes at concurrency 1, as its agent sees it: task delivered → result stored.
+
+    The wall-clock figure (elapsed / N) also counts the publisher and collector
+    sharing the same process and cores; this one is the rollout's own latency.
+    """
+    srv = EmbeddedServer(store_dir=str(tmp / "js_latency"))
+    srv.start()
+    cfg = load_config(CONFIG, ["agents.weather_agent.concurrency=1"])
+    inp = make_input(n, tmp)
+
+    async def go() -> float:
+        bus = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="latency")
+        async with anyio.create_task_group() as tg:
+            workers = make_workers(bus, cfg, selected(cfg, None))
+            await start_workers(tg, workers)
+            await run_batch(cfg, srv.url, input_path=inp, out=tmp / "out_latency.jsonl", telemetry=Telemetry(),
+                            start_local_workers=False)
+            agent = next(w for w in workers if isinstance(w, AgentWorker))
+            tg.cancel_scope.cancel()
+        await bus.close()
+        return 1000 * agent.busy_s / agent.completed
+
+    try:
+        return run_async(go)
+    finally:
+        srv.stop()
+
+
 def cli_ready_time(tmp: Path) -> float:
     """Wall time of a whole `gym-runtime run --limit 1` (interpreter start to exit)."""
     t0 = time.perf_counter()
@@ -204,6 +235,7 @@ def main() -> None:
             multi = per_role_processes(args.n, c, tmp)
             rows.append((c, one, multi))
         cli_s = cli_ready_time(tmp)
+        own_latency = rollout_latency(min(args.n, 1000), tmp)
     print(f"\nweather rollouts, scripted model (zero latency), N={args.n}, {os.cpu_count()} cores")
     print(f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s\n")
     hdr = f"{'concurrency':>11} | {'1-proc rollouts/s':>17} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | {'per-role rollouts/s':>19} {'CPU ms/rollout':>14} {'peak RSS MB':>11}"
@@ -214,7 +246,8 @@ def main() -> None:
               f"{multi['rps']:>19,.0f} {multi['cpu_ms']:>14.2f} {multi['rss_mb']:>11.0f}")
     c1 = next((one for c, one, _ in rows if c == 1), None)
     if c1:
-        print(f"\nlatency of one rollout at concurrency 1 (one process): {c1['lat_ms']:.2f} ms")
+        print(f"\nlatency of one rollout at concurrency 1 (one process), wall / N: {c1['lat_ms']:.2f} ms")
+    print(f"latency of one rollout at concurrency 1, task delivered -> result stored: {own_latency:.2f} ms")
     print(f"embedded server started and all workers ready (one process): {rows[0][1]['ready_s'] * 1000:.0f} ms")
     print(f"whole `gym-runtime run --limit 1` command, interpreter start to exit: {cli_s:.2f} s")
     if args.json:
