@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -129,8 +130,45 @@ def _expire(fut: asyncio.Future[Msg], subject: str, op: str, timeout: float) -> 
         )
 
 
+class ServerUnreachable(ConnectionError):
+    """No NATS server of the given URLs accepted a connection in time."""
+
+
+async def _wait_reachable(servers: list[str], timeout: float | None) -> None:
+    """Wait until one server accepts TCP, so a wrong URL fails clearly instead of retrying forever.
+
+    ``timeout=None`` waits forever (long-lived workers may start before the server).
+    """
+    from urllib.parse import urlparse
+
+    import anyio
+
+    addrs = []
+    for s in servers:
+        u = urlparse(s if "://" in s else f"nats://{s}")
+        addrs.append((u.hostname or "127.0.0.1", u.port or 4222))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    warned = False
+    while True:
+        for host, port in addrs:
+            try:
+                with anyio.fail_after(2.0):
+                    stream = await anyio.connect_tcp(host, port)
+                await stream.aclose()
+                return
+            except (OSError, TimeoutError):
+                continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ServerUnreachable(f"cannot reach a NATS server at {', '.join(servers)} (waited {timeout:g}s)")
+        if not warned:
+            log.info("nats.waiting_for_server", servers=servers)
+            warned = True
+        await anyio.sleep(0.5)
+
+
 async def connect(
-    url: str | list[str], *, name: str, on_reconnect: Callable[[], Awaitable[None]] | None = None
+    url: str | list[str], *, name: str, on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    initial_timeout: float | None = -1.0,
 ) -> NATS:
     """Connect with reconnect-forever: long-lived workers ride out server restarts."""
 
@@ -146,6 +184,9 @@ async def connect(
             await on_reconnect()
 
     servers = url if isinstance(url, list) else [url]
+    if initial_timeout is not None and initial_timeout < 0:  # default: 10 s, or GYM_CONNECT_TIMEOUT_S
+        initial_timeout = float(os.environ.get("GYM_CONNECT_TIMEOUT_S", "10"))
+    await _wait_reachable(servers, initial_timeout)
     return await nats.connect(
         servers=servers,
         name=name,
@@ -183,7 +224,8 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str | list[str], *, namespace: str, telemetry: Telemetry, name: str
+        cls, url: str | list[str], *, namespace: str, telemetry: Telemetry, name: str,
+        initial_timeout: float | None = -1.0,
     ) -> Bus:
         bus: Bus | None = None
 
@@ -191,7 +233,7 @@ class Bus:
             if bus is not None:
                 await bus.after_reconnect("the connection to NATS was lost and re-established")
 
-        nc = await connect(url, name=name, on_reconnect=on_reconnect)
+        nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout)
         bus = cls(nc, namespace=namespace, telemetry=telemetry)
         return bus
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime import logs
+from runtime.bus import ServerUnreachable
 from runtime.config import Config, ConfigError, load_config
 from runtime.server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, ServerError, parse_size
 from runtime.tasks import InputError
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 "collect": cmd_collect, "status": cmd_status, "reverify": cmd_reverify}
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, ServerError, ValueError) as e:
+    except (ConfigError, InputError, ServerError, ValueError, ServerUnreachable) as e:
         _err(str(e))
         return EXIT_USAGE
     except KeyboardInterrupt:

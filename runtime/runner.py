@@ -104,7 +104,9 @@ async def serve(
     replicas: int | None = None, ready: Callable[[], None] | None = None,
 ) -> None:
     """Run workers until SIGTERM/SIGINT, then drain and return."""
-    bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-workers")
+    # workers may start before the server: wait for it as long as it takes
+    bus = await Bus.connect(url, namespace=config.namespace, telemetry=telemetry, name="gym-workers",
+                            initial_timeout=None)
     try:
         workers = make_workers(bus, config, selected(config, only), replicas=replicas)
         async with anyio.create_task_group() as tg:

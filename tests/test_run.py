@@ -252,3 +252,13 @@ def test_logs_are_json_with_task_rollout_and_trace_ids(tmp_path: Path) -> None:
     assert e["level"] == "warning" and "timestamp" in e
     # ids are scoped to their message: the readiness lines carry none
     assert all("task_index" not in x for x in events if x.get("event", "").endswith(".ready"))
+
+
+@pytest.mark.parametrize("command", [["status"], ["collect", "--batch", "b", "-o", "x.jsonl"]])
+def test_unreachable_nats_url_fails_clearly(command: list[str], tmp_path: Path) -> None:
+    from runtime.server import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    res = cli(*command, "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "1"}, timeout=30)
+    assert res.returncode == 2
+    assert f"cannot reach a NATS server at {url}" in res.stderr
