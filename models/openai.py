@@ -45,7 +45,7 @@ from models.chat_convert import (
     responses_tools_to_chat,
     split_think,
 )
-from models.transport import ContextOverflow, Endpoint, EndpointPool, base_urls, is_context_overflow
+from models.transport import ContextOverflow, Endpoint, EndpointPool, base_urls, post_object
 from runtime import logs
 from runtime.messages import (
     TRAINING_FIELDS,
@@ -258,15 +258,7 @@ class OpenAIModel:
         body = self._body(params)
 
         async def attempt(ep: Endpoint) -> Any:
-            try:
-                data = await ep.post(self._path, body)
-            except openai.APIStatusError as e:
-                if is_context_overflow(e, body):
-                    raise ContextOverflow(str(e.message)) from None
-                raise
-            if not isinstance(data, dict):
-                raise ModelError(f"{ep.url}{self._path} answered with a non-JSON-object body", retryable=True)
-            return data
+            return await post_object(ep, self._path, body)
 
         try:
             data = await self.pool.run(attempt, rollout_key=rollout_key, what=self._path)

@@ -80,6 +80,19 @@ def is_context_overflow(err: openai.APIStatusError, body: dict[str, Any]) -> boo
     return "max_tokens must be at least 1" in text and not (isinstance(asked, int) and asked < 1)
 
 
+async def post_object(ep: Endpoint, path: str, body: dict[str, Any], *, root: bool = False) -> dict[str, Any]:
+    """POST and return the JSON object answered; a context overflow becomes ``ContextOverflow``."""
+    try:
+        data = await ep.post(path, body, root=root)
+    except openai.APIStatusError as e:
+        if is_context_overflow(e, body):
+            raise ContextOverflow(str(e.message)) from None
+        raise
+    if not isinstance(data, dict):
+        raise ModelError(f"{ep.url}{path} answered with a non-JSON-object body", retryable=True)
+    return data
+
+
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 

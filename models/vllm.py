@@ -70,7 +70,6 @@ from typing import Any
 from uuid import uuid4
 
 import msgspec
-import openai
 
 from models.base import ModelConfig, ModelError
 from models.chat_convert import (
@@ -86,7 +85,7 @@ from models.chat_convert import (
     usage_from_chat,
 )
 from models.openai import make_pool
-from models.transport import ContextOverflow, Endpoint, base_urls, is_context_overflow
+from models.transport import ContextOverflow, Endpoint, base_urls, post_object
 from runtime import logs
 from runtime.messages import (
     CreateParams,
@@ -359,17 +358,7 @@ class VLLMModel:
             log.info("model.context_overflow", model=self._model, detail=str(e)[:200])
             return incomplete_response(params, model=self._model or params.model or "")
 
-    @staticmethod
-    async def _post(ep: Endpoint, path: str, body: dict[str, Any], *, root: bool = False) -> dict[str, Any]:
-        try:
-            data = await ep.post(path, body, root=root)
-        except openai.APIStatusError as e:
-            if is_context_overflow(e, body):
-                raise ContextOverflow(str(e.message)) from None
-            raise
-        if not isinstance(data, dict):
-            raise ModelError(f"{ep.url}{path} answered with a non-JSON-object body", retryable=True)
-        return data
+    _post = staticmethod(post_object)
 
     def _tokenize_body(self, body: dict[str, Any], *, add_generation_prompt: bool = True) -> dict[str, Any]:
         out = {k: body[k] for k in _TOKENIZE_KEYS if k in body}
