@@ -24,7 +24,7 @@ from runtime.bus import Bus, RemoteError
 from runtime.discovery import register
 from runtime.config import AgentConfig, Config
 from runtime.messages import ErrorInfo, RolloutResult, RolloutTask
-from runtime.pull import ACK_WAIT_S, PullWorker, ensure_consumer, ensure_streams, stream_names
+from runtime.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 
 log = logs.get("gym.agent")
 
@@ -83,14 +83,8 @@ class AgentWorker:
         return m.timeout_s * (m.max_retries + 1) + m.ack_wait_s + 5.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await ensure_streams(self.bus)
-        stream = stream_names(self.bus.ns)["task"]
-        durable = f"agent_{self.name}"
-        ack_wait = self.cfg.ack_wait_s
-        await ensure_consumer(self.bus, stream, durable, self.bus.subject("task", self.name), ack_wait=ack_wait)
-        self.puller = PullWorker(
-            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle,
-            heartbeat_s=ack_wait / 3,
+        self.puller = await work_queue_puller(
+            self.bus, "task", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s, handle=self._handle
         )
         svc = await register(self.bus, "agent", self.name, self.worker_id, self.stats)
         log.info("agent.ready", agent=self.name, worker=self.worker_id)

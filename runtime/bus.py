@@ -437,7 +437,7 @@ class Bus:
         with self.telemetry.span(
             f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs
         ) as span:
-            keepalive = self._keepalive(reply_to) if reply_to and msg.reply == reply_to else None
+            keepalive = _Keepalive(self.nc, reply_to) if reply_to and msg.reply == reply_to else None
             try:
                 body = await self.decode(msg)
                 result = await handler(body, msg)
@@ -455,9 +455,6 @@ class Bus:
             if result is not None:
                 await self.reply(reply_to, result)
             return True
-
-    def _keepalive(self, reply_to: str) -> _Keepalive:
-        return _Keepalive(self.nc, reply_to)
 
     async def serve(
         self,

@@ -7,10 +7,11 @@ config or input (nothing was run); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from runtime import logs
@@ -135,18 +136,24 @@ def _failures_exit(stats: Any, out: str) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str]]:
+    """``--nats URL`` or the config's; ``embedded`` starts a server for the command and stops it after."""
+    url: str | list[str] = args.nats or cfg.nats
+    if url != "embedded":
+        yield url
+        return
+    with EmbeddedServer() as server:
+        yield server.url
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runtime.runner import run_async, run_batch
 
     cfg = _load(args)
     telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime run")
-    server: EmbeddedServer | None = None
-    url: str | list[str] = args.nats or cfg.nats
-    if url == "embedded":
-        server = EmbeddedServer()
-        url = server.start()
     try:
-        with _progress(args.no_progress) as progress:
+        with _server_url(args, cfg) as url, _progress(args.no_progress) as progress:
             bar = progress.add_task("rollouts", total=None)
 
             def on_progress(done: int, total: int) -> None:
@@ -158,8 +165,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             ))
     finally:
         telemetry.shutdown()
-        if server:
-            server.stop()
     _print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
     return _failures_exit(result.stats, args.output)
 
@@ -297,24 +302,20 @@ def cmd_reverify(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     telemetry = Telemetry.from_options(trace_file=args.trace_file, service="gym-runtime reverify")
-    server: EmbeddedServer | None = None
-    url: str | list[str] = args.nats or cfg.nats
-    if url == "embedded":
-        server = EmbeddedServer()
-        url = server.start()
     try:
-        report = run_async(lambda: reverify_batch(
-            cfg, url, input_path=args.input, out=args.output, telemetry=telemetry, agent=args.agent,
-            replicas=args.replicas, in_flight=args.concurrency, tasks_path=args.tasks,
-        ))
+        with _server_url(args, cfg) as url:
+            report = run_async(lambda: reverify_batch(
+                cfg, url, input_path=args.input, out=args.output, telemetry=telemetry, agent=args.agent,
+                replicas=args.replicas, in_flight=args.concurrency, tasks_path=args.tasks,
+            ))
     finally:
         telemetry.shutdown()
-        if server:
-            server.stop()
     for line in report.lines():
         print(line)
     if report.failed:
-        _err(f"{report.failed} rows could not be re-verified; see {Path(args.output).with_suffix('')}_failures.jsonl")
+        from runtime.collector import sidecar_paths
+
+        _err(f"{report.failed} rows could not be re-verified; see {sidecar_paths(args.output)[0]}")
         return EXIT_FAILURES
     return 0
 

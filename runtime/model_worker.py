@@ -19,7 +19,7 @@ from runtime import logs
 from runtime.bus import REPLY_HEADER, Bus, HandlerError
 from runtime.messages import ModelRequest, ModelResponse
 from runtime.discovery import register
-from runtime.pull import PullWorker, ensure_consumer, ensure_streams, stream_names
+from runtime.pull import PullWorker, work_queue_puller
 
 log = logs.get("gym.model")
 
@@ -38,14 +38,8 @@ class ModelWorker:
         self.served = 0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await ensure_streams(self.bus)
-        stream = stream_names(self.bus.ns)["model"]
-        durable = f"model_{self.name}"
-        ack_wait = self.cfg.ack_wait_s
-        await ensure_consumer(self.bus, stream, durable, self.bus.subject("model", self.name), ack_wait=ack_wait)
-        self.puller = PullWorker(
-            self.bus, stream=stream, consumer=durable, slots=self.cfg.concurrency, handle=self._handle,
-            heartbeat_s=ack_wait / 3,
+        self.puller = await work_queue_puller(
+            self.bus, "model", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s, handle=self._handle
         )
         svc = await register(self.bus, "model", self.name, self.worker_id, self.stats)
         log.info("model.ready", model=self.name, worker=self.worker_id, adapter=self.cfg.adapter)

@@ -95,6 +95,17 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
         await bus.js.add_consumer(stream, cfg)
 
 
+async def work_queue_puller(
+    bus: Bus, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Msg], Awaitable[None]],
+) -> PullWorker:
+    """A ``PullWorker`` on ``{ns}.{kind}.{name}`` (kind: ``task`` or ``model``), streams and consumer ensured."""
+    await ensure_streams(bus)
+    stream = stream_names(bus.ns)[kind]
+    durable = f"{'agent' if kind == 'task' else kind}_{name}"
+    await ensure_consumer(bus, stream, durable, bus.subject(kind, name), ack_wait=ack_wait)
+    return PullWorker(bus, stream=stream, consumer=durable, slots=slots, handle=handle, heartbeat_s=ack_wait / 3)
+
+
 class PullWorker:
     """Pull messages into at most ``slots`` concurrent handler tasks.
 

@@ -18,6 +18,7 @@ import anyio
 import msgspec
 
 from runtime.bus import Bus, RemoteError
+from runtime.collector import sidecar_paths
 from runtime.messages import ItemError, Response, VerifyReply, VerifyRequest, parse_items
 
 _decoder = msgspec.json.Decoder()
@@ -125,7 +126,7 @@ async def reverify_file(
     tasks: dict[str, dict[str, Any]] | None = None,
 ) -> ReverifyReport:
     src, out = Path(src), Path(out)
-    failures_path = Path(str(out.with_suffix("")) + "_failures.jsonl") if out.suffix == ".jsonl" else Path(f"{out}_failures.jsonl")
+    failures_path = sidecar_paths(out)[0]
     subject = bus.subject("res", resource, "verify")
     report = ReverifyReport()
     limiter = anyio.Semaphore(in_flight)
