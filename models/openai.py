@@ -29,7 +29,6 @@ import time
 from typing import Any, Literal
 from uuid import uuid4
 
-import httpx2
 import msgspec
 import openai
 
@@ -61,6 +60,7 @@ from gym_runtime.models.transport import (
     Endpoint,
     EndpointPool,
     HTTPOptions,
+    PlainHTTP,
     base_urls,
     post_object,
 )
@@ -81,7 +81,6 @@ __all__ = [
 ]
 
 log = logs.get("gym.models.openai")
-POOL_SHARD = 32  # concurrent calls per plain HTTP client (see transport.Endpoint)
 _NEVER_FORWARD = NEVER_FORWARD
 
 
@@ -226,10 +225,13 @@ def make_client(cfg: HTTPOptions, url: str | None, key: str) -> openai.AsyncOpen
     return openai.AsyncOpenAI(base_url=url or None, **common)
 
 
-def make_pool(cfg: HTTPOptions, *, concurrency: int, plain_http: bool = False) -> EndpointPool:
+def make_pool(cfg: HTTPOptions, *, concurrency: int) -> EndpointPool:
     """The endpoints of ``cfg.base_url``, each allowing ``concurrency`` requests in flight.
-    ``plain_http``: requests through a bare ``httpx2`` client (self-hosted
-    OpenAI-compatible servers with bearer auth, e.g. vLLM)."""
+
+    A self-hosted ``base_url`` with the ``openai`` provider (vLLM, any
+    OpenAI-compatible server with bearer auth) is called through plain HTTP
+    (``transport.PlainHTTP``); hosted OpenAI and Azure through the OpenAI client.
+    """
     key = api_key_of(cfg)
     urls: list[str | None] = list(base_urls(cfg)) or [None]
     endpoints = []
@@ -237,16 +239,8 @@ def make_pool(cfg: HTTPOptions, *, concurrency: int, plain_http: bool = False) -
         client = make_client(cfg, url, key)
         http = None
         headers = dict(cfg.headers)
-        if plain_http and url and _provider(cfg) == "openai":
-            shards = -(-concurrency // POOL_SHARD)
-            per = -(-concurrency // shards)
-            http = [
-                httpx2.AsyncClient(
-                    timeout=cfg.timeout_s,
-                    limits=httpx2.Limits(max_connections=per + 8, max_keepalive_connections=per + 8),
-                )
-                for _ in range(shards)
-            ]
+        if url and _provider(cfg) == "openai":
+            http = PlainHTTP(url, limit=concurrency + 8, timeout_s=cfg.timeout_s)
             headers["Authorization"] = f"Bearer {key}"
         endpoints.append(Endpoint(url or str(client.base_url), client, concurrency, http=http, headers=headers))
     return EndpointPool(cfg, endpoints, secret=key)

@@ -216,7 +216,7 @@ class VLLMModel:
             raise ValueError("vllm adapter: base_url is required (one URL or a list of replicas)")
         self.cfg = cfg
         self._model = cfg.model
-        self.pool = make_pool(cfg, concurrency=concurrency, plain_http=True)
+        self.pool = make_pool(cfg, concurrency=concurrency)
         self._eos: int | None = cfg.eos_token_id
 
     def __repr__(self) -> str:
