@@ -32,6 +32,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
+from gym_runtime.model_worker import call_model
 
 TOOL_TIMEOUT_S = 300.0
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
@@ -168,12 +169,11 @@ class AgentContext:
 
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
-        reply = await self._bus.queued_request(
-            self._bus.subject("model", name),
+        reply = await call_model(
+            self._bus, name,
             ModelRequest(params=params, rollout_key=self.rollout_key,
                          fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None),
             timeout=self._model_timeout_s(name),
-            op=f"generate {name}",
         )
         v = reply.policy_version
         if v is not None:

@@ -36,6 +36,7 @@ REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
 MSG_ID_HEADER = "Nats-Msg-Id"
 BLOB_HEADER = "Gym-Blob"  # the body is in the object store under this key
 PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
+BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
 KEEPALIVE_S = 2.0  # a handler still running after this sends progress, and again every KEEPALIVE_S
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
 LIVENESS_S = 10.0  # a core request with no reply nor progress for this long: the worker is gone
@@ -55,6 +56,14 @@ class NoResponders(GymError):
 
     Nothing was delivered, so the call is safe to repeat once a worker is back.
     """
+
+
+class Busy(NoResponders):
+    """The worker that took a direct call has no free slot; nothing ran, so the call may go elsewhere."""
+
+
+DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue this long before asking again
+DIRECT_BUSY_S = 0.05  # after "busy", use the queue this long: calls that wait belong in the queue
 
 
 def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
@@ -349,6 +358,7 @@ class Bus:
         # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
         self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
+        self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
 
     @classmethod
     async def connect(
@@ -432,10 +442,13 @@ class Bus:
 
     async def _unwrap(self, msg: Msg, subject: str) -> Any:
         headers = msg.headers
-        if headers and headers.get("Status") == "503" and not msg.data:
-            raise NoResponders(
-                ErrorInfo(error_class="worker_lost", message=f"no worker is serving {subject}", retryable=True)
-            )
+        if headers and not msg.data:
+            if headers.get("Status") == "503":
+                raise NoResponders(
+                    ErrorInfo(error_class="worker_lost", message=f"no worker is serving {subject}", retryable=True)
+                )
+            if BUSY_HEADER in headers:
+                raise Busy(ErrorInfo(error_class="busy", message=f"no free slot on {subject}", retryable=True))
         body = await self.decode(msg)
         if isinstance(body, ErrorReply):
             raise RemoteError(body.error)
@@ -551,9 +564,39 @@ class Bus:
         ) as span:
             try:
                 return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None)
+            except Busy:
+                raise
             except RemoteError as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise
+
+    async def direct_or_queued(self, direct: str, queued: str, payload: Any, *, timeout: float, op: str) -> Any:
+        """A call to a worker with a free slot right now over core NATS, else through the work queue.
+
+        The direct try costs one round trip and no storage; the queue keeps what it
+        always had: calls that must wait (every worker busy, paused, or none
+        serving direct calls) wait there, visible to autoscalers, and a worker lost
+        mid-call is not a failed call — the call goes to the queue, as a
+        redelivery would. Errors of the call itself come back as they are.
+        """
+        now = time.monotonic()
+        deadline = now + timeout
+        if self._direct_skip.get(direct, 0.0) <= now:
+            try:
+                return await self.request(direct, payload, timeout=timeout, op=op)
+            except Busy:
+                self._direct_skip[direct] = time.monotonic() + DIRECT_BUSY_S
+            except NoResponders:
+                self._direct_skip[direct] = time.monotonic() + DIRECT_ABSENT_S
+            except RemoteError as e:
+                if e.info.error_class != "worker_lost":
+                    raise
+                log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RemoteError(ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s",
+                                        retryable=True))
+        return await self.queued_request(queued, payload, timeout=left, op=op)
 
     async def queued_request(
         self, subject: str, payload: Any, *, timeout: float, op: str, msg_id: str | None = None
@@ -699,6 +742,28 @@ class Bus:
             if result is not None:
                 await self.reply(reply_to, result)
             return True
+
+    async def busy(self, msg: Msg) -> None:
+        """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""
+        if msg.reply:
+            await self.nc.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
+
+    async def serve_direct(
+        self, tg: TaskGroup, subject: str, *, queue: str, admit: Callable[[Msg], bool],
+        run: Callable[[Msg], Awaitable[None]],
+    ) -> Any:
+        """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
+        (``run`` answers it and frees the slot); any other is answered ``busy`` at once."""
+        tasks = TaskSet()
+        tg.start_soon(tasks.guard)
+
+        async def on_msg(msg: Msg) -> None:
+            if admit(msg):
+                tasks.spawn(run, msg)
+            else:
+                await self.busy(msg)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
     async def serve(
         self,

@@ -139,6 +139,11 @@ class Pausable:
         self.active = 0
         self.held = 0
 
+    @property
+    def is_open(self) -> bool:
+        """Not paused: a call entering now runs at once."""
+        return self._open.is_set()
+
     async def enter(self) -> None:
         if not self._open.is_set():
             self.held += 1

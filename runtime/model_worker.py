@@ -1,9 +1,18 @@
-"""Serves one model: pulls generation requests from ``{ns}.model.{name}`` by free slot.
+"""Serves one model: direct calls while it has free slots, else the model's work queue.
 
-Each request carries its reply subject in the ``Gym-Reply`` header; the answer
-goes back on core NATS and the request is acked only after the reply is sent.
-If this worker dies mid-request the message is not acked and JetStream
-redelivers it to another replica after ``ack_wait``.
+Two ways in, one set of slots:
+
+* **direct** (``{ns}.call.model.{name}``, core NATS, queue group ``model.{name}``):
+  a call taken while a slot is free runs at once and is answered on its reply
+  subject — one round trip, nothing stored. With no free slot (or paused, or
+  draining) the worker answers ``busy`` at once and the caller publishes the
+  call to the work queue instead (``Bus.direct_or_queued``).
+* **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
+  carries its reply subject in the ``Gym-Reply`` header; the answer goes back on
+  core NATS and the request is acked only after the reply is sent. If this worker
+  dies mid-request the message is not acked and JetStream redelivers it to
+  another replica after ``ack_wait``; a caller whose direct call loses its
+  worker (no progress for ``bus.LIVENESS_S``) sends it to the queue.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ class ModelWorker:
                 self.bus, "model", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s,
                 handle=self._handle,
             )
+            await self.bus.serve_direct(tg, direct_subject(self.bus, self.name), queue=f"model.{self.name}",
+                                        admit=self._admit, run=self._direct)
             try:
                 await serve_pulled(self.bus, self.puller, role="model", name=self.name, worker_id=self.worker_id,
                                    stats=self.stats, task_status=task_status, log=log, owner=self,
@@ -120,6 +131,19 @@ class ModelWorker:
             stamp(response, version)
         return ModelResponse(response=response, policy_version=version)
 
+    def _admit(self, _: Msg) -> bool:
+        """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
+        return self.gate.is_open and self.puller is not None and self.puller.take_slot()
+
+    async def _direct(self, msg: Msg) -> None:
+        assert self.puller is not None
+        try:
+            await self.bus.handle(msg, self._generate, reply_to=msg.reply, default_error="model_error",
+                                  attributes={"gym.model": self.name, "gym.worker": self.worker_id})
+            self.served += 1
+        finally:
+            await self.puller.give_slot()
+
     async def _handle(self, msg: Msg) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
         meters = self.bus.telemetry.meters
@@ -133,6 +157,18 @@ class ModelWorker:
             await self.puller.release(msg)
         await msg.ack()
         self.served += 1
+
+
+def direct_subject(bus: Bus, model: str) -> str:
+    """Where direct (core NATS) calls to ``model`` go: outside ``{ns}.model.>``, which the work queue stores."""
+    return bus.subject("call", "model", model)
+
+
+async def call_model(bus: Bus, model: str, request: ModelRequest, *, timeout: float) -> ModelResponse:
+    """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
+    return await bus.direct_or_queued(  # type: ignore[no-any-return]
+        direct_subject(bus, model), bus.subject("model", model), request, timeout=timeout, op=f"generate {model}"
+    )
 
 
 def stamp(response: Response, version: int) -> None:

@@ -168,6 +168,27 @@ class PullWorker:
                 await sub.unsubscribe()
                 tg.cancel_scope.cancel()
 
+    def take_slot(self) -> bool:
+        """Reserve a slot for work that arrived another way (a direct call); False when none is free.
+
+        The slot counts like a pulled message's, so the worker pulls less while it
+        is taken (pull requests already out may still deliver: a worker may briefly
+        hold a few more than ``slots``, the adapter's own limit still applies).
+        """
+        if self._stopping or self.busy >= self.slots:
+            return False
+        self.busy += 1
+        return True
+
+    async def give_slot(self) -> None:
+        """Free a slot taken with ``take_slot`` (and pull into it)."""
+        self.busy -= 1
+        if self._stopping:
+            if not self.busy:
+                self._idle.set()
+        else:
+            await self._pull()
+
     async def release(self, msg: Msg) -> None:
         """Free ``msg``'s slot now (its work is done; only storing/acking remains).
 

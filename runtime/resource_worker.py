@@ -35,6 +35,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
+from gym_runtime.model_worker import call_model
 from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,
@@ -54,10 +55,7 @@ class BusModels:
         self._timeout_s = timeout_s
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
-        reply = await self._bus.queued_request(
-            self._bus.subject("model", model), ModelRequest(params=params),
-            timeout=self._timeout_s, op=f"generate {model}",
-        )
+        reply = await call_model(self._bus, model, ModelRequest(params=params), timeout=self._timeout_s)
         return reply.response
 
 

@@ -241,15 +241,17 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
                     "$SRV.>", f"{ns}.status.*",   # status: discovery and live counters
                     f"{ns}.res.*.verify"]          # reverify: the stateless verify group
         elif role == "agent":
-            pub += [f"{ns}.result.>", f"{ns}.model.>", f"{ns}.res.>", *kv_read, *pull(tasks, f"{ns}.task.>")]
+            pub += [f"{ns}.result.>", f"{ns}.model.>", f"{ns}.call.model.>", f"{ns}.res.>", *kv_read,
+                    *pull(tasks, f"{ns}.task.>")]
             sub += worker_sub
         elif role == "model":
             # replies to agents and resources (calls), and to the trainer's pause requests
             pub += [f"{inbox_prefix('agent')}.>", f"{inbox_prefix('resource')}.>", f"{inbox_prefix('publisher')}.>",
                     *kv_read, *pull(model, f"{ns}.model.>")]
-            sub += worker_sub
+            sub += [*worker_sub, f"{ns}.call.model.>"]  # direct calls (core NATS) while a slot is free
         elif role == "resource":
-            pub += [f"{inbox_prefix('agent')}.>", f"{inbox_prefix('publisher')}.>", f"{ns}.model.>"]
+            pub += [f"{inbox_prefix('agent')}.>", f"{inbox_prefix('publisher')}.>", f"{ns}.model.>",
+                    f"{ns}.call.model.>"]
             sub += [*worker_sub, f"{ns}.res.>"]
         else:
             raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")

@@ -1,0 +1,168 @@
+"""Model calls: direct to a replica with a free slot, else through the JetStream work queue.
+
+Real nats-server, real model workers (in this process, or a child process that
+is SIGKILLed), the scripted policy as the LLM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gym_runtime import bus as bus_module
+from gym_runtime.bus import Bus
+from gym_runtime.jetstream import ensure_streams, message_count, stream_names
+from gym_runtime.messages import CreateParams, ModelRequest, parse_items
+from gym_runtime.model import ModelConfig, model_config
+from gym_runtime.model_worker import ModelWorker, call_model
+from gym_runtime.server import EmbeddedServer
+from gym_runtime.tracing import Telemetry
+from tests.helpers import REPO
+
+TOOL = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def request(text: str = "weather in sf?") -> ModelRequest:
+    return ModelRequest(params=CreateParams(input=parse_items(text), tools=[TOOL]))
+
+
+def scripted(*, concurrency: int, delay_s: float = 0.0) -> ModelConfig:
+    return model_config({"adapter": "scripted", "concurrency": concurrency, "delay_s": delay_s})
+
+
+@pytest.fixture
+async def bus(nats_server: EmbeddedServer) -> AsyncIterator[Bus]:
+    b = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="caller")
+    await ensure_streams(b)
+    yield b
+    await b.close()
+
+
+async def stored_calls(bus: Bus) -> int:
+    """Model calls the work queue ever stored (its last sequence number: acked calls are removed)."""
+    info = await bus.js.stream_info(stream_names(bus.ns)["model"])
+    return int(info.state.last_seq)
+
+
+async def test_calls_go_direct_while_a_slot_is_free_and_the_queue_stores_nothing(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
+    worker = ModelWorker(wbus, "policy", scripted(concurrency=8))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        replies = []
+
+        async def one() -> None:
+            replies.append(await call_model(bus, "policy", request(), timeout=10))
+
+        async with anyio.create_task_group() as calls:
+            for _ in range(8):
+                calls.start_soon(one)
+        assert len(replies) == 8
+        assert all(r.response.output[0].name == "get_weather" for r in replies)  # the model's real answer
+        assert worker.served == 8
+        assert await stored_calls(bus) == 0  # not one call went through the queue
+        tg.cancel_scope.cancel()
+    await wbus.close()
+
+
+async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: EmbeddedServer, bus: Bus) -> None:
+    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
+    worker = ModelWorker(wbus, "policy", scripted(concurrency=2, delay_s=0.3))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        replies = []
+
+        async def one() -> None:
+            replies.append(await call_model(bus, "policy", request(), timeout=20))
+
+        async with anyio.create_task_group() as calls:
+            for _ in range(6):
+                calls.start_soon(one)
+            with anyio.fail_after(5):
+                while await message_count(bus, stream_names(bus.ns)["model"]) == 0:
+                    await anyio.sleep(0.02)  # the calls that found no free slot are visible as a backlog
+        assert len(replies) == 6 and worker.served == 6
+        queued = await stored_calls(bus)
+        assert 1 <= queued <= 4  # at least two went direct; the others waited in the queue
+        assert await message_count(bus, stream_names(bus.ns)["model"]) == 0  # and were all acked
+        tg.cancel_scope.cancel()
+    await wbus.close()
+
+
+async def test_a_paused_model_sends_direct_calls_to_the_queue_until_resumed(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
+    worker = ModelWorker(wbus, "policy", scripted(concurrency=8))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await worker.gate.pause()
+        got = []
+
+        async def one() -> None:
+            got.append(await call_model(bus, "policy", request(), timeout=20))
+
+        tg.start_soon(one)
+        await anyio.sleep(0.5)
+        assert got == [] and worker.served == 0  # held: not answered while paused...
+        assert await stored_calls(bus) == 1  # ...and waiting in the queue, not in a worker's memory
+        worker.gate.resume()
+        with anyio.fail_after(5):
+            while not got:
+                await anyio.sleep(0.02)
+        assert worker.served == 1
+        tg.cancel_scope.cancel()
+    await wbus.close()
+
+
+async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queue(
+    nats_server: EmbeddedServer, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replica that took the call dies (SIGKILL) mid-generation: the caller notices the silence
+    and the call goes to the queue, where the next replica answers it. No error reaches the caller."""
+    monkeypatch.setattr(bus_module, "LIVENESS_S", 2.0)  # the caller's patience, shortened for the test
+    config = tmp_path / "config.yaml"
+    config.write_text("namespace: gym\nmodels:\n  policy: {adapter: scripted, delay_s: 30}\n"
+                      "resources: {}\nagents: {}\n")
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", nats_server.url,
+         "--only", "models.policy"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert slow.stdout is not None and "ready" in slow.stdout.readline()
+        got = []
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            async def one() -> None:
+                got.append(await call_model(bus, "policy", request(), timeout=60))
+
+            tg.start_soon(one)
+            await anyio.sleep(0.5)  # the call is on the slow replica (nothing is stored in the queue)
+            assert await stored_calls(bus) == 0
+            os.kill(slow.pid, signal.SIGKILL)
+            slow.wait(10)
+            wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
+            worker = ModelWorker(wbus, "policy", scripted(concurrency=4))
+            await tg.start(worker.run)
+            with anyio.fail_after(20):
+                while not got:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        await wbus.close()
+        assert got[0].response.output[0].name == "get_weather"
+        assert worker.served == 1 and await stored_calls(bus) == 1  # answered from the queue
+        assert time.perf_counter() - t0 < 15
+    finally:
+        if slow.poll() is None:
+            slow.kill()
