@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from gym_runtime.bus import Bus  # noqa: E402
 from gym_runtime.messages import CreateParams, ModelRequest, parse_items  # noqa: E402
+from gym_runtime.model import ModelConfig  # noqa: E402
 from gym_runtime.model_worker import ModelWorker  # noqa: E402
 from gym_runtime.models.vllm import Options as VLLMOptions  # noqa: E402
 from gym_runtime.models.vllm import VLLMModel  # noqa: E402
@@ -133,7 +134,7 @@ async def bench(url: str, levels: list[int], calls: int) -> list[tuple[int, dict
         tel = Telemetry()
         wbus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-model")
         abus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-agent")
-        worker = ModelWorker(wbus, "policy", cfg)
+        worker = ModelWorker(wbus, "policy", ModelConfig(adapter="vllm", concurrency=top, options=cfg))
         subject = abus.subject("model", "policy")
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)

@@ -1,25 +1,38 @@
-"""Runtime overhead benchmark: weather rollouts with a zero-latency scripted model.
+"""Runtime overhead benchmark: weather rollouts with a zero-latency model.
 
-Prints a table: rollouts/s at concurrency 1, 32 and 256, with all roles in one
-process and with each role in its own process; CPU seconds per rollout summed
-over every process (nats-server included); latency of one rollout at
-concurrency 1; time until workers are ready; peak RSS of all processes; and the
-raw nats-py request-reply rate on the same server as the ceiling.
+Two model modes (``--model``): ``scripted`` (the test-double policy, in the
+model worker's process) and ``http`` (the ``openai`` adapter calling
+``tests/bench/mock_openai.py``, a zero-latency OpenAI-compatible test double in
+its own process: both model calls of each rollout go over HTTP; the mock's CPU
+is shown apart and not counted as ours).
 
-    python tests/bench/overhead.py [--n 2000] [--concurrency 1 32 256] [--profile out.html] [--metrics]
+Prints, per mode, a table: rollouts/s at concurrency 1, 32 and 256, with all
+roles in one process and with each role in its own process; CPU milliseconds
+per rollout summed over our processes (nats-server included); peak RSS. Then
+the latency of one rollout at concurrency 1; time until workers are ready; the
+whole ``gym-runtime run`` command on ``--run-n`` rollouts (rollouts/s and CPU
+of every process it started); and the raw nats-py request-reply rate on the
+same server as the ceiling.
+
+    python tests/bench/overhead.py [--n 2000] [--concurrency 1 32 256] [--model scripted http]
+                                   [--run-n 10000] [--profile out.html] [--metrics]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -126,16 +139,39 @@ def bench_telemetry(metrics: bool) -> Telemetry:
     return Telemetry(meters=start(service="gym-runtime.bench", role="bench", port=free_port(), host="127.0.0.1"))
 
 
-def one_process(n: int, conc: int, tmp: Path, profile: str | None = None, metrics: bool = False) -> dict[str, float]:
+@contextlib.contextmanager
+def model_mode(mode: str) -> Iterator[tuple[list[str], psutil.Process | None]]:
+    """``--set`` overrides for the policy model, and the mock's process in ``http`` mode."""
+    if mode == "scripted":
+        yield [], None
+        return
+    mock = subprocess.Popen([sys.executable, str(REPO / "tests/bench/mock_openai.py")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert mock.stdout is not None
+        port = int(mock.stdout.readline().split()[1])
+        yield ["models.policy.adapter=openai", f"models.policy.base_url=http://127.0.0.1:{port}/v1",
+               "models.policy.model=mock"], psutil.Process(mock.pid)
+    finally:
+        mock.terminate()
+        mock.wait(10)
+
+
+def conc_sets(conc: int, model_sets: list[str]) -> list[str]:
+    return [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}", *model_sets]
+
+
+def one_process(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None,
+                profile: str | None = None, metrics: bool = False) -> dict[str, float]:
     srv = EmbeddedServer(store_dir=str(tmp / f"js_one_{conc}"))
     t0 = time.perf_counter()
     srv.start()
     server_s = time.perf_counter() - t0
     me = psutil.Process()
     server = psutil.Process(srv.pid)
-    cfg = load_config(CONFIG, [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}"])
+    cfg = load_config(CONFIG, conc_sets(conc, model_sets))
     inp = make_input(n, tmp)
-    cpu0 = cpu_of([me, server])
+    cpu0, mock0, srv0 = cpu_of([me, server]), cpu_of([mock] if mock else []), cpu_of([server])
     profiler = None
     if profile:
         from pyinstrument import Profiler
@@ -149,21 +185,23 @@ def one_process(n: int, conc: int, tmp: Path, profile: str | None = None, metric
     if profiler:
         profiler.stop()
         Path(profile).write_text(profiler.output_html())  # type: ignore[arg-type]
-    cpu = cpu_of([me, server]) - cpu0
+    cpu, mock_cpu = cpu_of([me, server]) - cpu0, cpu_of([mock] if mock else []) - mock0
+    srv_cpu = cpu_of([server]) - srv0
     srv.stop()
     assert res.stats.rows == n and res.stats.failures == 0, res.stats
     ready = server_s + res.ready_s  # embedded server start + connect + every worker subscribed
     work = res.elapsed_s - res.ready_s
     return {
-        "rps": n / work, "cpu_ms": 1000 * cpu / n, "lat_ms": 1000 * work / n,
-        "ready_s": ready, "rss_mb": sampler.peak / 2**20,
+        "rps": n / work, "cpu_ms": 1000 * cpu / n, "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n,
+        "server_ms": 1000 * srv_cpu / n, "ready_s": ready, "rss_mb": sampler.peak / 2**20,
     }
 
 
-def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
+def per_role_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None
+                       ) -> dict[str, float]:
     srv = EmbeddedServer(store_dir=str(tmp / f"js_multi_{conc}"))
     srv.start()
-    sets = [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}"]
+    sets = conc_sets(conc, model_sets)
     procs = []
     for role in ("models", "resources", "agents"):
         args = [sys.executable, "-m", "gym_runtime.cli", "start", str(CONFIG), "--nats", srv.url, "--only", role]
@@ -178,11 +216,11 @@ def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
     ps = [me, psutil.Process(srv.pid), *(psutil.Process(p.pid) for p in procs)]
     cfg = load_config(CONFIG, sets)
     inp = make_input(n, tmp)
-    cpu0 = cpu_of(ps)
+    cpu0, mock0 = cpu_of(ps), cpu_of([mock] if mock else [])
     with Sampler(ps) as sampler:
         res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_multi_{conc}.jsonl",
                                           telemetry=Telemetry(), start_local_workers=False))
-    cpu = cpu_of(ps) - cpu0
+    cpu, mock_cpu = cpu_of(ps) - cpu0, cpu_of([mock] if mock else []) - mock0
     for p in procs:
         p.terminate()
     for p in procs:
@@ -190,10 +228,11 @@ def per_role_processes(n: int, conc: int, tmp: Path) -> dict[str, float]:
     srv.stop()
     assert res.stats.rows == n and res.stats.failures == 0, res.stats
     work = res.elapsed_s - res.ready_s
-    return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "lat_ms": 1000 * work / n, "rss_mb": sampler.peak / 2**20}
+    return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n,
+            "rss_mb": sampler.peak / 2**20}
 
 
-def rollout_latency(n: int, tmp: Path) -> float:
+def rollout_latency(n: int, tmp: Path, model_sets: list[str]) -> float:
     """Mean time one rollout takes at concurrency 1, as its agent sees it: task delivered → result stored.
 
     The wall-clock figure (elapsed / N) also counts the publisher and collector
@@ -201,7 +240,7 @@ def rollout_latency(n: int, tmp: Path) -> float:
     """
     srv = EmbeddedServer(store_dir=str(tmp / "js_latency"))
     srv.start()
-    cfg = load_config(CONFIG, ["agents.weather_agent.concurrency=1"])
+    cfg = load_config(CONFIG, ["agents.weather_agent.concurrency=1", *model_sets])
     inp = make_input(n, tmp)
 
     async def go() -> float:
@@ -222,6 +261,23 @@ def rollout_latency(n: int, tmp: Path) -> float:
         srv.stop()
 
 
+def whole_run(n: int, tmp: Path, *extra: str) -> dict[str, float]:
+    """The whole ``gym-runtime run`` command on ``n`` weather rollouts: wall time, the rate it reports
+    (rows over its own elapsed time, start-up included) and the CPU of every process it started."""
+    inp = make_input(n, tmp)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "run", str(CONFIG), "-i", str(inp), "-o",
+                          str(tmp / f"run_{n}.jsonl"), "--no-progress", *extra], cwd=REPO, check=True,
+                         capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    took = float(out.split(" in ", 1)[1].split("s", 1)[0])  # "batch B: N rows, 0 failed in 5.41s -> out"
+    assert f"{n} rows, 0 failed" in out, out
+    return {"wall_s": wall, "rps": n / took, "cpu_ms": 1000 * cpu / n}
+
+
 def cli_ready_time(tmp: Path) -> float:
     """Wall time of a whole `gym-runtime run --limit 1` (interpreter start to exit)."""
     t0 = time.perf_counter()
@@ -234,6 +290,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--model", nargs="+", choices=["scripted", "http"], default=["scripted", "http"])
+    ap.add_argument("--run-n", type=int, default=10_000, help="rollouts for the whole `run` command (0: skip)")
+    ap.add_argument("--no-per-role", action="store_true", help="skip the one-process-per-role columns")
     ap.add_argument("--profile", help="pyinstrument HTML of the one-process run at the highest concurrency")
     ap.add_argument("--json", help="also write results as JSON here")
     ap.add_argument("--metrics", action="store_true", help="one-process runs record metrics (Prometheus endpoint)")
@@ -241,33 +300,56 @@ def main() -> None:
     from gym_runtime import logs
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)
+    empty = {"rps": 0.0, "cpu_ms": 0.0, "mock_ms": 0.0, "rss_mb": 0.0}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         with EmbeddedServer(store_dir=str(tmp / "raw")) as srv:
             ceiling = anyio.run(raw_request_reply, srv.url)
-        rows = []
-        for c in args.concurrency:
-            one = one_process(args.n, c, tmp, args.profile if c == max(args.concurrency) else None, args.metrics)
-            multi = per_role_processes(args.n, c, tmp)
-            rows.append((c, one, multi))
+        for mode in args.model:
+            with model_mode(mode) as (sets, mock):
+                rows = []
+                for c in args.concurrency:
+                    prof = args.profile if c == max(args.concurrency) else None
+                    if prof and len(args.model) > 1:
+                        prof = prof.replace(".html", f"_{mode}.html")
+                    one = one_process(args.n, c, tmp, sets, mock, prof, args.metrics)
+                    multi = empty if args.no_per_role else per_role_processes(args.n, c, tmp, sets, mock)
+                    rows.append((c, one, multi))
+                latency = rollout_latency(min(args.n, 1000), tmp, sets)
+            results[mode] = {"rows": rows, "latency_ms": latency}
         cli_s = cli_ready_time(tmp)
-        own_latency = rollout_latency(min(args.n, 1000), tmp)
-    print(f"\nweather rollouts, scripted model (zero latency), N={args.n}, {os.cpu_count()} cores")
-    print(f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s\n")
-    hdr = f"{'concurrency':>11} | {'1-proc rollouts/s':>17} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | {'per-role rollouts/s':>19} {'CPU ms/rollout':>14} {'peak RSS MB':>11}"
-    print(hdr)
-    print("-" * len(hdr))
-    for c, one, multi in rows:
-        print(f"{c:>11} | {one['rps']:>17,.0f} {one['cpu_ms']:>14.2f} {one['rss_mb']:>11.0f} | "
-              f"{multi['rps']:>19,.0f} {multi['cpu_ms']:>14.2f} {multi['rss_mb']:>11.0f}")
-    c1 = next((one for c, one, _ in rows if c == 1), None)
-    if c1:
-        print(f"\nlatency of one rollout at concurrency 1 (one process), wall / N: {c1['lat_ms']:.2f} ms")
-    print(f"latency of one rollout at concurrency 1, task delivered -> result stored: {own_latency:.2f} ms")
-    print(f"embedded server started and all workers ready (one process): {rows[0][1]['ready_s'] * 1000:.0f} ms")
+        run = whole_run(args.run_n, tmp) if args.run_n else None
+    print(f"\nweather rollouts, zero-latency model, N={args.n}, {os.cpu_count()} cores")
+    print(f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s")
+    for mode, r in results.items():
+        what = ("scripted model (in-process test double)" if mode == "scripted" else
+                "`openai` adapter -> HTTP mock (own process; its CPU in the last column, not counted)")
+        print(f"\n{mode}: {what}")
+        hdr = (f"{'concurrency':>11} | {'1-proc rollouts/s':>17} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | "
+               f"{'per-role rollouts/s':>19} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | {'mock CPU ms':>11}")
+        print(hdr)
+        print("-" * len(hdr))
+        for c, one, multi in r["rows"]:
+            print(f"{c:>11} | {one['rps']:>17,.0f} {one['cpu_ms']:>14.2f} {one['rss_mb']:>11.0f} | "
+                  f"{multi['rps']:>19,.0f} {multi['cpu_ms']:>14.2f} {multi['rss_mb']:>11.0f} | "
+                  f"{one['mock_ms']:>11.2f}")
+        c1 = next((one for c, one, _ in r["rows"] if c == 1), None)
+        if c1:
+            print(f"latency of one rollout at concurrency 1 (one process), wall / N: {c1['lat_ms']:.2f} ms")
+        print(f"latency of one rollout at concurrency 1, task delivered -> result stored: {r['latency_ms']:.2f} ms")
+        print(f"  of the ceiling: {max(one['rps'] for _, one, _ in r['rows']) * 7 / ceiling:.0%} "
+              "(best one-process rate x 7 round trips per rollout / raw request-reply rate)")
+    first = next(iter(results.values()))["rows"][0][1]
+    print(f"\nembedded server started and all workers ready (one process): {first['ready_s'] * 1000:.0f} ms")
     print(f"whole `gym-runtime run --limit 1` command, interpreter start to exit: {cli_s:.2f} s")
+    if run:
+        print(f"whole `gym-runtime run` on {args.run_n:,} rollouts (scripted model): {run['rps']:,.0f} rollouts/s "
+              f"as it reports, {run['wall_s']:.2f} s wall, {run['cpu_ms']:.2f} ms CPU per rollout "
+              "(every process it started, nats-server included)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "rows": rows, "cli_s": cli_s}, indent=2))
+        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "modes": results, "cli_s": cli_s, "run": run},
+                                              indent=2))
 
 
 if __name__ == "__main__":
