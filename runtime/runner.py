@@ -230,12 +230,16 @@ async def run_batch(
     on_result: Callable[[bool, float | None], None] | None = None,
     start_local_workers: bool = True,
     auth: Any = None,
+    plan: Plan | None = None,
 ) -> RunResult:
-    """Start workers, publish, collect; everything over NATS. Bad input fails before any work."""
+    """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
+
+    ``plan``: the input already validated (``inputs.validate``) with these arguments."""
     t0 = time.perf_counter()
     if not config.agents:
         raise ValueError("the config names no agents")
-    plan = validate(input_path, list(config.agents), agent=agent, limit=limit)  # fail fast, before connecting
+    # fail fast, before connecting
+    plan = plan or validate(input_path, list(config.agents), agent=agent, limit=limit)
     expected = plan.count * repeats
     batch = batch or uuid.uuid4().hex[:12]
     pairs = selected(config, None) if start_local_workers else []

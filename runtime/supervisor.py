@@ -80,6 +80,55 @@ def _exit_code(c: Child, *, wait_s: float) -> int | None:
         return None
 
 
+class NotStarted(Exception):
+    """A worker process could not start; ``code`` is 2 when it found a user mistake (said in one line)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def start_ready(children: list[Child], ready_timeout: float) -> None:
+    """Start every child and wait until each says it is ready; raise ``NotStarted`` for the first that is not."""
+    for c in children:
+        c.start()
+    for c in children:
+        if not c.wait_ready(ready_timeout):
+            exited = _exit_code(c, wait_s=5.0)
+            reason = (f"exited with code {exited} (its error is above)" if exited is not None
+                      else f"not ready within {ready_timeout:g}s")
+            # a child that found a user mistake (exit 2) has said so in one line: pass its code on
+            raise NotStarted(f"worker {c.spec} {reason}", 2 if exited == 2 else EXIT_NOT_STARTED)
+
+
+def restart_dead(children: list[Child], stopping: threading.Event) -> None:
+    """Start again every child that died on its own (backoff when it keeps dying young)."""
+    for c in children:
+        if c.proc is not None and c.proc.poll() is not None and not stopping.is_set():
+            backoff = min(30.0, 2.0 ** min(c.restarts, 5)) if time.monotonic() - c.started_at < 10 else 0.5
+            log.warning("worker.died", worker=c.spec, code=c.proc.returncode, restart_in_s=backoff)
+            stopping.wait(backoff)
+            if not stopping.is_set():
+                c.restarts += 1
+                c.start()
+
+
+def stop_all(children: list[Child], drain_timeout: float) -> None:
+    """SIGTERM every child (they drain), then wait; kill what is still running at the deadline."""
+    for c in children:
+        if c.proc is not None and c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + drain_timeout
+    for c in children:
+        if c.proc is None:
+            continue
+        try:
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+
+
 def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeout: float = 90.0) -> int:
     stopping = threading.Event()
     code = 0
@@ -89,43 +138,62 @@ def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeou
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for c in children:
-            c.start()
-        for c in children:
-            if not c.wait_ready(ready_timeout):
-                exited = _exit_code(c, wait_s=5.0)
-                reason = (f"exited with code {exited} (its error is above)" if exited is not None
-                          else f"not ready within {ready_timeout:g}s")
-                log.warning("worker.not_started", worker=c.spec, reason=reason)
-                # a child that found a user mistake (exit 2) has said so in one line: pass its code on
-                code = 2 if exited == 2 else EXIT_NOT_STARTED
-                stopping.set()
-                break
-        else:
+        try:
+            start_ready(children, ready_timeout)
             print(f"workers ready ({len(children)} processes)", flush=True)
+        except NotStarted as e:
+            log.warning("worker.not_started", reason=str(e))
+            code = e.code
+            stopping.set()
         while not stopping.is_set():
-            for c in children:
-                if c.proc is not None and c.proc.poll() is not None and not stopping.is_set():
-                    backoff = min(30.0, 2.0 ** min(c.restarts, 5)) if time.monotonic() - c.started_at < 10 else 0.5
-                    log.warning("worker.died", worker=c.spec, code=c.proc.returncode, restart_in_s=backoff)
-                    stopping.wait(backoff)
-                    if not stopping.is_set():
-                        c.restarts += 1
-                        c.start()
+            restart_dead(children, stopping)
             stopping.wait(0.2)
     finally:
-        for c in children:
-            if c.proc is not None and c.proc.poll() is None:
-                c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + drain_timeout
-        for c in children:
-            if c.proc is None:
-                continue
-            try:
-                c.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait()
+        stop_all(children, drain_timeout)
         for s, h in old.items():
             signal.signal(s, h)
     return code
+
+
+def role_argv(configs: list[str], url: str | None, role: str, passthrough: list[str]) -> list[str]:
+    """A child running every worker of one role in one process (``start --in-process --only ROLE``)."""
+    nats = ["--nats", url] if url else []
+    return [sys.executable, "-m", "gym_runtime.cli", "start", *configs, *nats, "--only", role, "--in-process",
+            *passthrough]
+
+
+class RoleProcesses:
+    """A one-shot command's workers in child processes (``run`` on several cores), one per role.
+
+    Entering starts them and returns once every one is ready (``NotStarted`` if
+    one is not); while the batch runs, a child that dies is started again (its
+    work is redelivered); leaving drains and stops them.
+    """
+
+    def __init__(self, children: list[Child], *, ready_timeout: float = 120.0, drain_timeout: float = 30.0) -> None:
+        self.children = children
+        self.ready_timeout = ready_timeout
+        self.drain_timeout = drain_timeout
+        self._stopping = threading.Event()
+        self._watch = threading.Thread(target=self._run, daemon=True, name="gym-role-processes")
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            restart_dead(self.children, self._stopping)
+            self._stopping.wait(0.2)
+
+    def __enter__(self) -> RoleProcesses:
+        try:
+            start_ready(self.children, self.ready_timeout)
+        except BaseException:
+            stop_all(self.children, self.drain_timeout)
+            raise
+        self._watch.start()
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._stopping.set()
+        if self._watch.is_alive():
+            self._watch.join()
+        # after the batch nothing is in flight; interrupted, nothing is worth waiting for
+        stop_all(self.children, self.drain_timeout if exc_type is None else 2.0)

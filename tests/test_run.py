@@ -263,3 +263,41 @@ def test_unreachable_nats_url_fails_clearly(command: list[str], tmp_path: Path) 
     res = cli(*command, "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "1"}, timeout=30)
     assert res.returncode == 2
     assert f"cannot reach a NATS server at {url}" in res.stderr
+
+
+def _processes_with(marker: str) -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and "pytest" not in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_per_role_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
+    """`run --processes per-role` (the default for big batches on several cores): the same rows as one process."""
+    config = tmp_path / "weather.yaml"
+    config.write_text((REPO / "resources/weather/config.yaml").read_text())
+    got = {}
+    for mode in ("one", "per-role"):
+        out = tmp_path / f"{mode}.jsonl"
+        res = cli("run", str(config), "-i", "resources/weather/data/example.jsonl", "-o", str(out),
+                  "--processes", mode, "--repeats", "3", env={"TMPDIR": str(tmp_path)})
+        assert res.returncode == 0, res.stderr
+        got[mode] = [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"],
+                      [item["type"] for item in r["response"]["output"]]) for r in read_jsonl(out)]
+    assert len(got["one"]) == 15 and got["per-role"] == got["one"]
+    assert not _processes_with(str(config)), "a worker process outlived the command"
+    assert not nats_server_pids(tmp_path)
+
+
+def test_a_worker_process_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    res = cli("run", "weather", "-o", str(tmp_path / "out.jsonl"), "--processes", "per-role",
+              "--set", "models.policy.adapter=openai", env={"OPENAI_API_KEY": "", "TMPDIR": str(tmp_path)})
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no API key" in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+    assert not nats_server_pids(tmp_path)
