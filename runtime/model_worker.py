@@ -17,6 +17,7 @@ Two ways in, one set of slots:
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -65,14 +66,16 @@ class ModelWorker:
                 self.bus, "model", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s,
                 handle=self._handle,
             )
-            await self.bus.serve_direct(tg, direct_subject(self.bus, self.name), queue=f"model.{self.name}",
-                                        admit=self._admit, run=self._direct)
+            direct = await self.bus.serve_direct(tg, direct_subject(self.bus, self.name),
+                                                 queue=f"model.{self.name}", admit=self._admit, run=self._direct)
             try:
                 await serve_pulled(self.bus, self.puller, role="model", name=self.name, worker_id=self.worker_id,
                                    stats=self.stats, task_status=task_status, log=log, owner=self,
                                    fingerprint=self.fingerprint, adapter=self.cfg.adapter, slots=self.cfg.concurrency)
             finally:
                 with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(Exception):  # a closed connection has no subscription left
+                        await direct.unsubscribe()
                     await self.adapter.aclose()
                 tg.cancel_scope.cancel()
 

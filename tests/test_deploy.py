@@ -195,8 +195,9 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
             queued = tasks_stream["state"]["messages"]  # a work queue keeps a task until it is acked
             if stored >= n:
                 break
-            # the lag the scaler reads, plus what is in flight, is exactly the queue's backlog ...
-            assert agent["num_pending"] + agent["num_ack_pending"] == queued
+            # the lag the scaler reads, plus what is in flight, is the queue's backlog (a task acked while
+            # /jsz is assembled may already be gone from one side only: at most one per slot) ...
+            assert queued - 4 <= agent["num_pending"] + agent["num_ack_pending"] <= queued
             # ... and the backlog is what was published and not finished (a result stored just
             # before its task's ack may count on both sides, at most one per slot)
             assert n <= queued + stored <= n + 4

@@ -203,6 +203,11 @@ async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) 
                              auth=ClientAuth(node))
     assert result.stats.failures == 0 and result.stats.rows == len(read_jsonl(data))
     assert [r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")] == [1.0] * result.stats.rows
+    reader = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="reader",
+                               auth=ClientAuth(node), role="publisher")
+    model_queue = await reader.js.stream_info(stream_names(cfg.namespace)["model"])
+    await reader.close()
+    assert model_queue.state.last_seq == 0  # the roles' permissions admit direct model calls: none was queued
     (node / "model.creds").unlink()  # a role whose file this node lacks: one clear error, before any work
     with pytest.raises(ValueError, match=r"no model\.creds"):
         await run_batch(cfg, srv.url, input_path=data, out=tmp_path / "out2.jsonl", telemetry=Telemetry(),
