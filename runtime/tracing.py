@@ -75,6 +75,12 @@ class JsonLinesExporter(SpanExporter):
         return None
 
 
+class _Remote(NonRecordingSpan):
+    """A remote parent, with the ``traceparent`` it arrived in (when canonical)."""
+
+    traceparent: str | None = None
+
+
 class _Attached:
     """Make a remote parent the current context for the duration of a handler."""
 
@@ -170,7 +176,12 @@ class Telemetry:
         Formatted here rather than by OpenTelemetry's propagator, which costs ~30 µs
         a message on the hot path; ``tracestate`` is not used by the runtime.
         """
-        ctx = trace.get_current_span().get_span_context()
+        span = trace.get_current_span()
+        tp = getattr(span, "traceparent", None)
+        if tp:  # the remote parent's own header (no span of ours in between): no formatting
+            headers["traceparent"] = tp
+            return headers
+        ctx = span.get_span_context()
         if ctx.is_valid:
             headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
         else:  # a message sent outside any span still starts a trace of its own
@@ -194,7 +205,10 @@ class Telemetry:
         if not trace_id or not span_id or tp[:2] == "ff":
             return None
         sc = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-        return trace.set_span_in_context(NonRecordingSpan(sc))
+        span = _Remote(sc)
+        if tp == tp.lower():  # canonical: messages sent in this context carry it on unchanged
+            span.traceparent = tp
+        return trace.set_span_in_context(span)
 
     @staticmethod
     def current_ids() -> tuple[str, str]:
