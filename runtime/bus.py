@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import nats
 import nats.js.errors
 from anyio.abc import TaskGroup
@@ -125,6 +126,23 @@ class _Keepalive:
 
     def cancel(self) -> None:
         self._timer.cancel()
+
+
+JS_ACK_TIMEOUT_S = 5.0  # nats-py's JetStream default: a stored message's ack not back by then is retried
+
+
+class _PubAck(msgspec.Struct):
+    """The part of JetStream's publish ack we read (stream, seq and duplicate are ignored)."""
+
+    error: dict[str, Any] | None = None
+
+
+_pub_ack = msgspec.json.Decoder(_PubAck)
+
+
+def _no_ack(fut: asyncio.Future[Msg]) -> None:
+    if not fut.done():
+        fut.set_exception(nats.errors.TimeoutError())
 
 
 def _expire(fut: asyncio.Future[Msg], subject: str, op: str, timeout: float) -> None:
@@ -632,13 +650,36 @@ class Bus:
         delay = 0.1
         while True:
             try:
-                await self.js.publish(subject, data, headers=headers)
+                await self._publish_acked(subject, data, headers)
                 return
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
                 if time.monotonic() + delay > give_up:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
+
+    async def _publish_acked(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """One stream publish and its ack, through our reply subscription (nats-py's ``js.publish``
+        costs a request machinery and a PubAck object per message). Raises what ``js.publish`` would."""
+        prefix = await self._ensure_reply_sub()
+        reply = f"{prefix}.{next(self._reply_seq)}"
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Msg] = loop.create_future()
+        self._replies[reply] = _Pending(fut, time.monotonic())
+        timer = loop.call_later(JS_ACK_TIMEOUT_S, _no_ack, fut)
+        try:
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
+            msg = await fut
+        except RemoteError:  # the connection dropped with the ack outstanding: publish again (deduplicated)
+            raise nats.errors.TimeoutError from None
+        finally:
+            timer.cancel()
+            self._replies.pop(reply, None)
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise nats.js.errors.NoStreamResponseError
+        ack = _pub_ack.decode(msg.data)
+        if ack.error is not None:
+            raise nats.js.errors.APIError.from_error(ack.error)
 
     async def flush(self) -> None:
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""

@@ -12,7 +12,6 @@ ends with the same file.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import uuid
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
 _json_enc = msgspec.json.Encoder()
+_json_dec = msgspec.json.Decoder()
 log = logs.get("gym.collector")
 
 
@@ -120,7 +120,7 @@ class Collector:
             self._take(await self.bus.decode(msg))
 
         puller = PullWorker(self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg,
-                            heartbeat_s=3600.0)
+                            heartbeat_s=3600.0, inline=True)
         with self.spool_path.open("wb") as spool:
             self._spool = spool
             try:
@@ -185,7 +185,7 @@ class Collector:
                 line = spool.read(size)
                 if ok:
                     out.write(line + b"\n")
-                    metrics.add(json.loads(line))
+                    metrics.add(_json_dec.decode(line))
                 else:
                     fail.write(line + b"\n")
         os.replace(tmp_out, self.out)

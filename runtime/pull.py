@@ -70,6 +70,7 @@ class PullWorker:
         handle: Callable[[Msg], Awaitable[None]],
         expires_s: float = 2.0,  # short: a request lost in a leader election is re-sent within ~3 s
         heartbeat_s: float = ACK_WAIT_S / 3,
+        inline: bool = False,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -78,6 +79,9 @@ class PullWorker:
         self.handle = handle
         self.expires_s = expires_s
         self.heartbeat_s = heartbeat_s
+        # ``handle`` never waits on anything slow (the collector): run it in the delivery
+        # callback instead of a task of its own per message
+        self.inline = inline
         self.busy = 0
         self.delivered = 0
         self._requests: deque[list[float]] = deque()  # [expires_at, credits left], oldest first
@@ -149,7 +153,10 @@ class PullWorker:
                 self.busy += 1
                 self.delivered += 1
                 self._inflight[id(msg)] = msg
-                tasks.spawn(self._run_one, msg)
+                if self.inline:
+                    await self._run_one(msg)
+                else:
+                    tasks.spawn(self._run_one, msg)
 
             sub = await nc.subscribe(self._inbox, cb=on_msg)
             tg.start_soon(self._heartbeats)
