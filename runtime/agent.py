@@ -148,6 +148,7 @@ class AgentContext:
         *,
         model_timeout_s: Callable[[str], float],
         model_fingerprint: Callable[[str], str | None] | None = None,
+        model_liveness_s: Callable[[str], float | None] | None = None,
     ) -> None:
         self._bus = bus
         self.task = task
@@ -155,6 +156,7 @@ class AgentContext:
         self.config = config
         self._model_timeout_s = model_timeout_s
         self._model_fingerprint = model_fingerprint
+        self._model_liveness_s = model_liveness_s
         # Policy versions that served this rollout's model calls: [min, max] (None: none stamped).
         self.policy_versions: list[int] | None = None
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
@@ -174,6 +176,7 @@ class AgentContext:
             ModelRequest(params=params, rollout_key=self.rollout_key,
                          fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None),
             timeout=self._model_timeout_s(name),
+            liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
         )
         v = reply.policy_version
         if v is not None:

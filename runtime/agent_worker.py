@@ -26,6 +26,7 @@ from gym_runtime.config import AgentConfig, Config
 from gym_runtime.control import ControlView, agent_fingerprint, fingerprint
 from gym_runtime.errors import GymError
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
+from gym_runtime.model_worker import direct_patience
 from gym_runtime.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.worker import drain_puller, serve_pulled
 
@@ -87,6 +88,7 @@ class AgentWorker:
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = agent_fingerprint(config, name)
         self._model_fps = {m: fingerprint(c) for m, c in config.models.items()}
+        self._model_patience = {m: direct_patience(c) for m, c in config.models.items()}
         self.control = ControlView(bus)
 
     def _model_timeout(self, model: str) -> float:
@@ -197,7 +199,7 @@ class AgentWorker:
                 message=f"task was delivered {attempt - 1} times without completing (workers lost or timed out)",
             ))
         ctx = AgentContext(self.bus, task, self.cfg, model_timeout_s=self._model_timeout,
-                           model_fingerprint=self._model_fps.get)
+                           model_fingerprint=self._model_fps.get, model_liveness_s=self._model_patience.get)
         try:
             async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
                 outcome = await self.fn(ctx)

@@ -76,30 +76,32 @@ def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
 class _Pending:
     """A call in flight: its future, and when its worker last showed signs of life."""
 
-    __slots__ = ("fut", "seen", "resend", "_timer")
+    __slots__ = ("fut", "seen", "resend", "_timer", "_liveness")
 
     def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
         self.fut = fut
         self.seen = seen
+        self._liveness = LIVENESS_S
         # queued calls: (subject, body, headers) to publish again after a reconnect
         self.resend: tuple[str, bytes, dict[str, str]] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def watch(self, loop: asyncio.AbstractEventLoop, subject: str) -> None:
-        self._timer = loop.call_later(LIVENESS_S, self._check, loop, subject)
+    def watch(self, loop: asyncio.AbstractEventLoop, subject: str, liveness: float | None = None) -> None:
+        self._liveness = liveness or LIVENESS_S
+        self._timer = loop.call_later(self._liveness, self._check, loop, subject)
 
     def _check(self, loop: asyncio.AbstractEventLoop, subject: str) -> None:
         if self.fut.done():
             return
         idle = time.monotonic() - self.seen
-        if idle >= LIVENESS_S:
+        if idle >= self._liveness:
             self.fut.set_exception(RemoteError(ErrorInfo(
                 error_class="worker_lost",
                 message=f"the worker serving {subject} stopped answering ({idle:.0f}s without progress)",
                 retryable=True,
             )))
         else:
-            self._timer = loop.call_later(LIVENESS_S - idle, self._check, loop, subject)
+            self._timer = loop.call_later(self._liveness - idle, self._check, loop, subject)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -538,7 +540,8 @@ class Bus:
                 )
 
     async def _call(
-        self, subject: str, payload: Any, *, timeout: float, op: str, queued: bool, msg_id: str | None
+        self, subject: str, payload: Any, *, timeout: float, op: str, queued: bool, msg_id: str | None,
+        liveness: float | None = None,
     ) -> Any:
         prefix = await self._ensure_reply_sub()
         reply = f"{prefix}.{next(self._reply_seq)}"
@@ -555,7 +558,7 @@ class Bus:
         headers = self._headers(extra)
         timer = loop.call_later(timeout, _expire, fut, subject, op, timeout)
         if not queued:  # a queued request is redelivered by JetStream instead
-            call.watch(loop, subject)
+            call.watch(loop, subject, liveness)
         try:
             data = await self.encode(payload, headers)
             if queued:
@@ -573,22 +576,30 @@ class Bus:
             self._replies.pop(reply, None)
         return await self._unwrap(msg, subject)
 
-    async def request(self, subject: str, payload: Any, *, timeout: float, op: str) -> Any:
-        """Core request-reply with a CLIENT span; typed errors come back as ``RemoteError``."""
+    async def request(
+        self, subject: str, payload: Any, *, timeout: float, op: str, liveness_s: float | None = None
+    ) -> Any:
+        """Core request-reply with a CLIENT span; typed errors come back as ``RemoteError``.
+
+        ``liveness_s`` (default ``LIVENESS_S``): how long the responder may stay silent (no reply,
+        no keepalive) before the call fails as retryable ``worker_lost``."""
         with self.telemetry.span(
             f"{op} {subject}",
             kind=SpanKind.CLIENT,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ) as span:
             try:
-                return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None)
+                return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None,
+                                        liveness=liveness_s)
             except Busy:
                 raise
             except RemoteError as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise
 
-    async def direct_or_queued(self, direct: str, queued: str, payload: Any, *, timeout: float, op: str) -> Any:
+    async def direct_or_queued(
+        self, direct: str, queued: str, payload: Any, *, timeout: float, op: str, liveness_s: float | None = None
+    ) -> Any:
         """A call to a worker with a free slot right now over core NATS, else through the work queue.
 
         The direct try costs one round trip and no storage; the queue keeps what it
@@ -601,7 +612,7 @@ class Bus:
         deadline = now + timeout
         if self._direct_skip.get(direct, 0.0) <= now:
             try:
-                return await self.request(direct, payload, timeout=timeout, op=op)
+                return await self.request(direct, payload, timeout=timeout, op=op, liveness_s=liveness_s)
             except Busy:
                 self._direct_skip[direct] = time.monotonic() + DIRECT_BUSY_S
             except NoResponders:

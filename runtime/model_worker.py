@@ -167,10 +167,21 @@ def direct_subject(bus: Bus, model: str) -> str:
     return bus.subject("call", "model", model)
 
 
-async def call_model(bus: Bus, model: str, request: ModelRequest, *, timeout: float) -> ModelResponse:
+def direct_patience(cfg: ModelConfig) -> float:
+    """How long a direct call waits on a silent replica before going to the queue: the model's
+    ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most ``bus.LIVENESS_S``."""
+    from gym_runtime import bus
+
+    return min(bus.LIVENESS_S, max(cfg.ack_wait_s, 2 * bus.KEEPALIVE_S))
+
+
+async def call_model(
+    bus: Bus, model: str, request: ModelRequest, *, timeout: float, liveness_s: float | None = None
+) -> ModelResponse:
     """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
     return await bus.direct_or_queued(  # type: ignore[no-any-return]
-        direct_subject(bus, model), bus.subject("model", model), request, timeout=timeout, op=f"generate {model}"
+        direct_subject(bus, model), bus.subject("model", model), request, timeout=timeout, op=f"generate {model}",
+        liveness_s=liveness_s,
     )
 
 

@@ -204,12 +204,7 @@ class PullWorker:
         """
         if self._inflight.pop(id(msg), None) is None:
             return
-        self.busy -= 1
-        if self._stopping:
-            if not self.busy:
-                self._idle.set()
-        else:
-            await self._pull()
+        await self.give_slot()
 
     async def _run_one(self, msg: Msg) -> None:
         try:

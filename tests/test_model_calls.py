@@ -6,12 +6,13 @@ is SIGKILLed), the scripted policy as the LLM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -20,7 +21,7 @@ import pytest
 from gym_runtime import bus as bus_module
 from gym_runtime.bus import Bus
 from gym_runtime.jetstream import ensure_streams, message_count, stream_names
-from gym_runtime.messages import CreateParams, ModelRequest, parse_items
+from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.model_worker import ModelWorker, call_model
 from gym_runtime.server import EmbeddedServer
@@ -53,77 +54,76 @@ async def stored_calls(bus: Bus) -> int:
     return int(info.state.last_seq)
 
 
+@contextlib.asynccontextmanager
+async def serving(url: str, cfg: ModelConfig) -> AsyncIterator[ModelWorker]:
+    """A model worker of ``policy`` on its own connection, in this process, for the block."""
+    wbus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="model")
+    worker = ModelWorker(wbus, "policy", cfg)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            yield worker
+            tg.cancel_scope.cancel()
+    finally:
+        await wbus.close()
+
+
+async def call_many(bus: Bus, n: int, *, timeout: float,
+                    meanwhile: Callable[[], Awaitable[None]] | None = None) -> list[ModelResponse]:
+    """``n`` concurrent model calls (and ``meanwhile`` while they run); their replies."""
+    replies: list[ModelResponse] = []
+
+    async def one() -> None:
+        replies.append(await call_model(bus, "policy", request(), timeout=timeout))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
+        if meanwhile is not None:
+            await meanwhile()
+    return replies
+
+
 async def test_calls_go_direct_while_a_slot_is_free_and_the_queue_stores_nothing(
     nats_server: EmbeddedServer, bus: Bus
 ) -> None:
-    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
-    worker = ModelWorker(wbus, "policy", scripted(concurrency=8))
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        replies = []
-
-        async def one() -> None:
-            replies.append(await call_model(bus, "policy", request(), timeout=10))
-
-        async with anyio.create_task_group() as calls:
-            for _ in range(8):
-                calls.start_soon(one)
+    async with serving(nats_server.url, scripted(concurrency=8)) as worker:
+        replies = await call_many(bus, 8, timeout=10)
         assert len(replies) == 8
         assert all(r.response.output[0].name == "get_weather" for r in replies)  # the model's real answer
         assert worker.served == 8
         assert await stored_calls(bus) == 0  # not one call went through the queue
-        tg.cancel_scope.cancel()
-    await wbus.close()
 
 
 async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: EmbeddedServer, bus: Bus) -> None:
-    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
-    worker = ModelWorker(wbus, "policy", scripted(concurrency=2, delay_s=0.3))
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        replies = []
+    async def backlog_seen() -> None:
+        with anyio.fail_after(5):
+            while await message_count(bus, stream_names(bus.ns)["model"]) == 0:
+                await anyio.sleep(0.02)  # the calls that found no free slot are visible as a backlog
 
-        async def one() -> None:
-            replies.append(await call_model(bus, "policy", request(), timeout=20))
-
-        async with anyio.create_task_group() as calls:
-            for _ in range(6):
-                calls.start_soon(one)
-            with anyio.fail_after(5):
-                while await message_count(bus, stream_names(bus.ns)["model"]) == 0:
-                    await anyio.sleep(0.02)  # the calls that found no free slot are visible as a backlog
+    async with serving(nats_server.url, scripted(concurrency=2, delay_s=0.3)) as worker:
+        replies = await call_many(bus, 6, timeout=20, meanwhile=backlog_seen)
         assert len(replies) == 6 and worker.served == 6
         queued = await stored_calls(bus)
         assert 1 <= queued <= 4  # at least two went direct; the others waited in the queue
         assert await message_count(bus, stream_names(bus.ns)["model"]) == 0  # and were all acked
-        tg.cancel_scope.cancel()
-    await wbus.close()
 
 
 async def test_a_paused_model_sends_direct_calls_to_the_queue_until_resumed(
     nats_server: EmbeddedServer, bus: Bus
 ) -> None:
-    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
-    worker = ModelWorker(wbus, "policy", scripted(concurrency=8))
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
+    async with serving(nats_server.url, scripted(concurrency=8)) as worker:
         await worker.gate.pause()
-        got = []
 
-        async def one() -> None:
-            got.append(await call_model(bus, "policy", request(), timeout=20))
+        async def held_then_resumed() -> None:
+            await anyio.sleep(0.5)
+            assert worker.served == 0  # held: not answered while paused...
+            assert await stored_calls(bus) == 1  # ...and waiting in the queue, not in a worker's memory
+            worker.gate.resume()
 
-        tg.start_soon(one)
-        await anyio.sleep(0.5)
-        assert got == [] and worker.served == 0  # held: not answered while paused...
-        assert await stored_calls(bus) == 1  # ...and waiting in the queue, not in a worker's memory
-        worker.gate.resume()
-        with anyio.fail_after(5):
-            while not got:
-                await anyio.sleep(0.02)
-        assert worker.served == 1
-        tg.cancel_scope.cancel()
-    await wbus.close()
+        with anyio.fail_after(10):
+            got = await call_many(bus, 1, timeout=20, meanwhile=held_then_resumed)
+        assert len(got) == 1 and worker.served == 1
 
 
 async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queue(
@@ -141,7 +141,7 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert slow.stdout is not None and "ready" in slow.stdout.readline()
-        got = []
+        got: list[ModelResponse] = []
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
             async def one() -> None:
@@ -152,14 +152,10 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
             assert await stored_calls(bus) == 0
             os.kill(slow.pid, signal.SIGKILL)
             slow.wait(10)
-            wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="model")
-            worker = ModelWorker(wbus, "policy", scripted(concurrency=4))
-            await tg.start(worker.run)
-            with anyio.fail_after(20):
-                while not got:
-                    await anyio.sleep(0.05)
-            tg.cancel_scope.cancel()
-        await wbus.close()
+            async with serving(nats_server.url, scripted(concurrency=4)) as worker:  # the next replica
+                with anyio.fail_after(20):
+                    while not got:
+                        await anyio.sleep(0.05)
         assert got[0].response.output[0].name == "get_weather"
         assert worker.served == 1 and await stored_calls(bus) == 1  # answered from the queue
         assert time.perf_counter() - t0 < 15
