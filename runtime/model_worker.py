@@ -53,6 +53,9 @@ class ModelWorker:
         self.fingerprint = fingerprint(cfg)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
+        # A pulled call may arrive while direct calls hold every slot (pull requests already out
+        # still deliver): it waits here, so no more than `concurrency` generations ever run.
+        self.running = anyio.Semaphore(max(1, cfg.concurrency))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
@@ -102,15 +105,16 @@ class ModelWorker:
                 f"model worker {self.worker_id} serves another config's entry {self.name!r} "
                 f"(fingerprint {self.fingerprint}, the caller expects {req.fingerprint}): two experiments share "
                 "namespace and model name; give one of them its own `namespace`"))
-        await self.gate.enter()
-        started = time.perf_counter()
-        try:
-            version = await self.control.version(self.name)  # the weights this call starts on
-            response = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
-        except ModelError as e:
-            raise GymError("model_error", str(e), retryable=e.retryable) from e
-        finally:
-            self.gate.exit()
+        async with self.running:  # `concurrency` bounds generations, however the calls arrived
+            await self.gate.enter()
+            started = time.perf_counter()
+            try:
+                version = await self.control.version(self.name)  # the weights this call starts on
+                response = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
+            except ModelError as e:
+                raise GymError("model_error", str(e), retryable=e.retryable) from e
+            finally:
+                self.gate.exit()
         meters = self.bus.telemetry.meters
         usage = response.usage
         if meters.enabled:

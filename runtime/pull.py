@@ -179,8 +179,9 @@ class PullWorker:
         """Reserve a slot for work that arrived another way (a direct call); False when none is free.
 
         The slot counts like a pulled message's, so the worker pulls less while it
-        is taken (pull requests already out may still deliver: a worker may briefly
-        hold a few more than ``slots``, the adapter's own limit still applies).
+        is taken. Pull requests already out may still deliver: a worker may briefly
+        hold a few more than ``slots`` messages, so the handler bounds the work it
+        runs itself (the model worker's ``running``).
         """
         if self._stopping or self.busy >= self.slots:
             return False

@@ -96,14 +96,21 @@ async def test_calls_go_direct_while_a_slot_is_free_and_the_queue_stores_nothing
 
 
 async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: EmbeddedServer, bus: Bus) -> None:
+    most = 0
+
     async def backlog_seen() -> None:
+        nonlocal most
         with anyio.fail_after(5):
             while await message_count(bus, stream_names(bus.ns)["model"]) == 0:
                 await anyio.sleep(0.02)  # the calls that found no free slot are visible as a backlog
+        while worker.served < 6:
+            most = max(most, worker.gate.active)
+            await anyio.sleep(0.01)
 
     async with serving(nats_server.url, scripted(concurrency=2, delay_s=0.3)) as worker:
         replies = await call_many(bus, 6, timeout=20, meanwhile=backlog_seen)
         assert len(replies) == 6 and worker.served == 6
+        assert most == 2  # direct and queued calls together never ran more than `concurrency` at once
         queued = await stored_calls(bus)
         assert 1 <= queued <= 4  # at least two went direct; the others waited in the queue
         assert await message_count(bus, stream_names(bus.ns)["model"]) == 0  # and were all acked
