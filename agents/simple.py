@@ -13,17 +13,13 @@ last call's).
 
 from __future__ import annotations
 
-import msgspec
-
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome
+from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Trajectory
 from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
-    Item,
     ItemError,
     Message,
-    Usage,
     create_params,
 )
 
@@ -34,20 +30,11 @@ async def run(ctx: AgentContext) -> Outcome:
     except ItemError as e:
         raise AgentFailure("invalid_task", str(e)) from None
     max_steps = ctx.config.max_steps
-    base_input = params.input
-    outputs: list[Item] = []
-    usage = Usage()
-    step = 0
+    trajectory = Trajectory(params)
     async with await ctx.open_session() as session:
         while True:
-            step += 1
-            params.input = base_input + outputs
-            resp = await ctx.generate(params)
-            usage.add(resp.usage)
-            outputs.extend(resp.output)
-            last = resp
-            details = resp.incomplete_details
-            if details and details.get("reason") == "max_output_tokens":
+            resp = await trajectory.generate(ctx)
+            if trajectory.hit_token_limit(resp):
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
             for call in calls:
@@ -55,13 +42,13 @@ async def run(ctx: AgentContext) -> Outcome:
                     output = f"Error: unknown tool {call.name!r}"
                 else:
                     output = (await session.call(call.name, call.arguments)).output
-                outputs.append(FunctionCallOutput(call_id=call.call_id, output=output))
+                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
             if not calls and any(
                 isinstance(o, Message) and o.role == "assistant" for o in resp.output
             ):
                 break
-            if max_steps and step >= max_steps:
+            if max_steps and trajectory.steps >= max_steps:
                 break
-        response = msgspec.structs.replace(last, output=outputs, usage=usage)
+        response = trajectory.response()
         verdict = await session.verify(ctx.row, response)
     return Outcome(response=response, verdict=verdict)

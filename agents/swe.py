@@ -27,7 +27,7 @@ import time
 
 import msgspec
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome
+from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Trajectory
 from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
@@ -35,7 +35,6 @@ from gym_runtime.messages import (
     Item,
     ItemError,
     Message,
-    Usage,
     create_params,
     parse_items,
 )
@@ -85,35 +84,27 @@ async def run(ctx: AgentContext) -> Outcome:
     reserve = float(opts.get("grading_reserve_s", min(600.0, ctx.config.timeout_s / 4)))
     time_limit = float(opts.get("time_limit_s", max(1.0, ctx.config.timeout_s - reserve)))
     started = time.monotonic()
-    base_input = params.input
-    outputs: list[Item] = []
-    usage = Usage()
-    step = 0
+    trajectory = Trajectory(params)
     exit_status = "step_limit"
     async with await ctx.open_session() as session:
         while True:
-            step += 1
-            params.input = base_input + outputs
-            resp = await ctx.generate(params)
-            usage.add(resp.usage)
-            outputs.extend(resp.output)
-            last = resp
-            details = resp.incomplete_details
-            if details and details.get("reason") == "max_output_tokens":
+            resp = await trajectory.generate(ctx)
+            if trajectory.hit_token_limit(resp):
                 exit_status = "max_output_tokens"
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
             submitted = False
             for call in calls:
                 if submitted:  # later calls of the submitting turn are answered, not run
-                    outputs.append(FunctionCallOutput(call_id=call.call_id, output="Not run: the task was submitted."))
+                    trajectory.append(FunctionCallOutput(call_id=call.call_id,
+                                                         output="Not run: the task was submitted."))
                     continue
                 if is_reserved(call.name):  # runtime-internal names never reach the resource
                     output = f"Error: unknown tool {call.name!r}"
                 else:
                     reply = await session.call(call.name, call.arguments, timeout=max(30.0, ctx.remaining()))
                     output = reply.output
-                outputs.append(FunctionCallOutput(call_id=call.call_id, output=output))
+                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
                 submitted = call.name == "bash" and is_submit(call)
             if submitted:
                 exit_status = "submitted"
@@ -121,12 +112,12 @@ async def run(ctx: AgentContext) -> Outcome:
             if not calls and any(isinstance(o, Message) and o.role == "assistant" for o in resp.output):
                 exit_status = "answered"
                 break
-            if step >= max_steps:
+            if trajectory.steps >= max_steps:
                 exit_status = "step_limit"
                 break
             if time.monotonic() - started >= time_limit:
                 exit_status = "time_limit"
                 break
-        response = msgspec.structs.replace(last, output=outputs, usage=usage)
+        response = trajectory.response()
         verdict = await session.verify(ctx.row, response, timeout=max(30.0, ctx.remaining()))
-    return Outcome(response=response, verdict=verdict, fields={"exit_status": exit_status, "steps": step})
+    return Outcome(response=response, verdict=verdict, fields={"exit_status": exit_status, "steps": trajectory.steps})

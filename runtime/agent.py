@@ -22,6 +22,7 @@ from gym_runtime.errors import GymError
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
+    Item,
     ModelRequest,
     Response,
     RolloutTask,
@@ -29,6 +30,7 @@ from gym_runtime.messages import (
     SeedRequest,
     ToolCall,
     ToolReply,
+    Usage,
     VerifyReply,
     VerifyRequest,
 )
@@ -191,8 +193,48 @@ class AgentContext:
                        absent_grace_s=self.config.absent_grace_s)
 
 
+class Trajectory:
+    """One rollout's growing trajectory: every model turn sees the prompt plus all output so far.
+
+    ``generate`` makes the next turn and keeps its items and usage; ``append``
+    adds what the agent answers (tool outputs); ``response()`` is the whole
+    trajectory as one ``Response`` (the last turn's, with every item and the
+    usage summed over turns).
+    """
+
+    def __init__(self, params: CreateParams) -> None:
+        self.params = params
+        self.prompt = params.input
+        self.outputs: list[Item] = []
+        self.usage = Usage()
+        self.steps = 0
+        self._last: Response | None = None
+
+    async def generate(self, ctx: AgentContext) -> Response:
+        self.steps += 1
+        self.params.input = self.prompt + self.outputs
+        resp = await ctx.generate(self.params)
+        self.usage.add(resp.usage)
+        self.outputs.extend(resp.output)
+        self._last = resp
+        return resp
+
+    def append(self, item: Item) -> None:
+        self.outputs.append(item)
+
+    @staticmethod
+    def hit_token_limit(resp: Response) -> bool:
+        """The turn stopped at ``max_output_tokens``: the model cannot go on."""
+        details = resp.incomplete_details
+        return bool(details and details.get("reason") == "max_output_tokens")
+
+    def response(self) -> Response:
+        assert self._last is not None, "no model turn yet"
+        return msgspec.structs.replace(self._last, output=self.outputs, usage=self.usage)
+
+
 class AgentFn(Protocol):
     def __call__(self, ctx: AgentContext) -> Awaitable[Outcome]: ...
 
 
-__all__ = ["AgentContext", "AgentFailure", "AgentFn", "GymError", "Outcome", "RemoteError", "Session"]
+__all__ = ["AgentContext", "AgentFailure", "AgentFn", "GymError", "Outcome", "RemoteError", "Session", "Trajectory"]
