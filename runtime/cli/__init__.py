@@ -33,7 +33,7 @@ from gym_runtime.cli import (
     status,
     validate,
 )
-from gym_runtime.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, err, refuse_argv_secrets
+from gym_runtime.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, err, refuse_argv_secrets, tune_gc
 from gym_runtime.config import ConfigError
 from gym_runtime.inputs import InputError
 from gym_runtime.server import ServerError
@@ -79,6 +79,7 @@ def _is_cancel(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level if hasattr(args, "log_level") else "warning")
+    tune_gc()
     try:
         refuse_argv_secrets(args)
         return int(COMMANDS[args.command].main(args))

@@ -19,6 +19,21 @@ from gym_runtime.tracing import Telemetry
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+GC_YOUNG_THRESHOLD = 50_000  # allocations between young-generation collections (CPython's default: 700)
+
+
+def tune_gc() -> None:
+    """Run the cycle collector less often in the processes the CLI owns (a trainer importing us keeps its own).
+
+    Each message allocates a few hundred short-lived objects that reference
+    counting frees at once; at CPython's default threshold the collector still
+    runs every 700 allocations, and its older-generation passes walk the whole
+    heap: about 6% of a model worker's CPU, and its p99 latency spikes.
+    """
+    import gc
+
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
 def err(msg: str) -> None:

@@ -298,8 +298,10 @@ def main() -> None:
     ap.add_argument("--metrics", action="store_true", help="one-process runs record metrics (Prometheus endpoint)")
     args = ap.parse_args()
     from gym_runtime import logs
+    from gym_runtime.cli._common import tune_gc
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)
+    tune_gc()  # and its garbage-collector setting
     empty = {"rps": 0.0, "cpu_ms": 0.0, "mock_ms": 0.0, "rss_mb": 0.0}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
