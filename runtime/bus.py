@@ -74,34 +74,53 @@ def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
 
 
 class _Pending:
-    """A call in flight: its future, and when its worker last showed signs of life."""
+    """A call in flight: its future, and when its worker last showed signs of life.
 
-    __slots__ = ("fut", "seen", "resend", "_timer", "_liveness")
+    One timer per call watches both limits: the call's deadline and, for core
+    requests, the responder's liveness (no reply nor keepalive for too long).
+    """
+
+    __slots__ = ("fut", "seen", "resend", "_timer", "_liveness", "_deadline", "_subject", "_op", "_timeout")
 
     def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
         self.fut = fut
         self.seen = seen
-        self._liveness = LIVENESS_S
         # queued calls: (subject, body, headers) to publish again after a reconnect
         self.resend: tuple[str, bytes, dict[str, str]] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def watch(self, loop: asyncio.AbstractEventLoop, subject: str, liveness: float | None = None) -> None:
-        self._liveness = liveness or LIVENESS_S
-        self._timer = loop.call_later(self._liveness, self._check, loop, subject)
+    def watch(self, loop: asyncio.AbstractEventLoop, subject: str, op: str, timeout: float,
+              liveness: float | None) -> None:
+        """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence."""
+        self._subject, self._op, self._timeout = subject, op, timeout
+        self._liveness = liveness
+        self._deadline = self.seen + timeout
+        first = timeout if liveness is None else min(timeout, liveness)
+        self._timer = loop.call_later(first, self._check, loop)
 
-    def _check(self, loop: asyncio.AbstractEventLoop, subject: str) -> None:
-        if self.fut.done():
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        fut = self.fut
+        if fut.done():
             return
-        idle = time.monotonic() - self.seen
-        if idle >= self._liveness:
-            self.fut.set_exception(RemoteError(ErrorInfo(
-                error_class="worker_lost",
-                message=f"the worker serving {subject} stopped answering ({idle:.0f}s without progress)",
+        now = time.monotonic()
+        if now >= self._deadline:
+            fut.set_exception(RemoteError(ErrorInfo(
+                error_class="timeout", message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
                 retryable=True,
             )))
-        else:
-            self._timer = loop.call_later(self._liveness - idle, self._check, loop, subject)
+            return
+        wake = self._deadline
+        if self._liveness is not None:
+            idle = now - self.seen
+            if idle >= self._liveness:
+                fut.set_exception(RemoteError(ErrorInfo(
+                    error_class="worker_lost",
+                    message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
+                    retryable=True,
+                )))
+                return
+            wake = min(wake, self.seen + self._liveness)
+        self._timer = loop.call_later(wake - now, self._check, loop)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -145,15 +164,6 @@ _pub_ack = msgspec.json.Decoder(_PubAck)
 def _no_ack(fut: asyncio.Future[Msg]) -> None:
     if not fut.done():
         fut.set_exception(nats.errors.TimeoutError())
-
-
-def _expire(fut: asyncio.Future[Msg], subject: str, op: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(
-            RemoteError(
-                ErrorInfo(error_class="timeout", message=f"no reply to {op} on {subject} within {timeout:g}s", retryable=True)
-            )
-        )
 
 
 ATTEMPT_S = 30.0  # a service's connect attempt that has not succeeded by then starts over with a fresh client
@@ -543,22 +553,21 @@ class Bus:
         self, subject: str, payload: Any, *, timeout: float, op: str, queued: bool, msg_id: str | None,
         liveness: float | None = None,
     ) -> Any:
-        prefix = await self._ensure_reply_sub()
+        prefix = self._reply_prefix or await self._ensure_reply_sub()
         reply = f"{prefix}.{next(self._reply_seq)}"
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         call = _Pending(fut, time.monotonic())
         self._replies[reply] = call
-        extra: dict[str, str] = {}
+        headers: dict[str, str] = {}
+        self.telemetry.inject(headers)
         if queued:
             # A reply subject on a stream publish would receive the stream's ack instead.
-            extra[REPLY_HEADER] = reply
+            headers[REPLY_HEADER] = reply
         if msg_id:
-            extra[MSG_ID_HEADER] = msg_id
-        headers = self._headers(extra)
-        timer = loop.call_later(timeout, _expire, fut, subject, op, timeout)
-        if not queued:  # a queued request is redelivered by JetStream instead
-            call.watch(loop, subject, liveness)
+            headers[MSG_ID_HEADER] = msg_id
+        # a queued request is redelivered by JetStream instead of watched for liveness
+        call.watch(loop, subject, op, timeout, None if queued else (liveness or LIVENESS_S))
         try:
             data = await self.encode(payload, headers)
             if queued:
@@ -571,7 +580,6 @@ class Bus:
                 await self.nc.publish(subject, data, reply=reply, headers=headers)
             msg = await fut
         finally:
-            timer.cancel()
             call.stop()
             self._replies.pop(reply, None)
         return await self._unwrap(msg, subject)
@@ -583,6 +591,9 @@ class Bus:
 
         ``liveness_s`` (default ``LIVENESS_S``): how long the responder may stay silent (no reply,
         no keepalive) before the call fails as retryable ``worker_lost``."""
+        if not self.telemetry.recording:  # no span to open or mark: the caller's context is current already
+            return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None,
+                                    liveness=liveness_s)
         with self.telemetry.span(
             f"{op} {subject}",
             kind=SpanKind.CLIENT,
@@ -631,6 +642,8 @@ class Bus:
         self, subject: str, payload: Any, *, timeout: float, op: str, msg_id: str | None = None
     ) -> Any:
         """Publish a request onto a JetStream work queue and wait for the core-NATS reply."""
+        if not self.telemetry.recording:
+            return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id)
         with self.telemetry.span(
             f"publish {subject}",
             kind=SpanKind.PRODUCER,
@@ -672,7 +685,7 @@ class Bus:
     async def _publish_acked(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """One stream publish and its ack, through our reply subscription (nats-py's ``js.publish``
         costs a request machinery and a PubAck object per message). Raises what ``js.publish`` would."""
-        prefix = await self._ensure_reply_sub()
+        prefix = self._reply_prefix or await self._ensure_reply_sub()
         reply = f"{prefix}.{next(self._reply_seq)}"
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
@@ -769,13 +782,16 @@ class Bus:
         attributes: dict[str, Any] | None = None,
     ) -> bool:
         """Decode, run ``handler`` in a CONSUMER span, send its reply. True when it succeeded."""
-        parent = self.telemetry.extract(msg.headers)
-        attrs = {"messaging.system": "nats", "messaging.destination.name": msg.subject}
-        if attributes:
-            attrs.update(attributes)
-        with self.telemetry.span(
-            f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs
-        ) as span:
+        tel = self.telemetry
+        parent = tel.extract(msg.headers)
+        if tel.recording:
+            attrs = {"messaging.system": "nats", "messaging.destination.name": msg.subject}
+            if attributes:
+                attrs.update(attributes)
+            scope = tel.span(f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs)
+        else:  # nothing records: only the caller's context, for the messages this handler sends
+            scope = tel.span("", parent=parent)
+        with scope as span:
             keepalive = _Keepalive(self.nc, reply_to) if reply_to and msg.reply == reply_to else None
             try:
                 body = await self.decode(msg)

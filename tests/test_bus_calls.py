@@ -1,0 +1,90 @@
+"""Core request-reply on the bus: a slow worker that keeps saying "still working" is waited for, a silent
+one is given up as ``worker_lost`` long before the call's timeout, and a call that never ends times out.
+
+Real nats-server; the responders are real bus handlers or plain subscriptions on their own connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from gym_runtime import bus as bus_module
+from gym_runtime.bus import PROGRESS_HEADER, Bus, RemoteError
+from gym_runtime.messages import ToolCall, ToolReply
+from gym_runtime.server import EmbeddedServer
+from gym_runtime.tracing import Telemetry
+
+
+@pytest.fixture
+async def buses(nats_server: EmbeddedServer) -> AsyncIterator[tuple[Bus, Bus]]:
+    caller = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="caller")
+    worker = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="worker")
+    yield caller, worker
+    await caller.close()
+    await worker.close()
+
+
+async def test_a_slow_handler_that_sends_keepalives_is_waited_for(buses: tuple[Bus, Bus], monkeypatch) -> None:
+    caller, worker = buses
+    monkeypatch.setattr(bus_module, "KEEPALIVE_S", 0.2)
+
+    async def slow(call: ToolCall, _msg: object) -> ToolReply:
+        await anyio.sleep(1.5)  # three times the caller's liveness
+        return ToolReply(output=f"done {call.name}")
+
+    async with anyio.create_task_group() as tg:
+        await worker.serve(tg, "gym.slow", slow)
+        await worker.flush()
+        t0 = time.monotonic()
+        out = await caller.request("gym.slow", ToolCall(session="s", name="x", arguments="{}"), timeout=10, op="tool",
+                                   liveness_s=0.5)
+        assert out.output == "done x"
+        assert 1.4 < time.monotonic() - t0 < 5
+        assert not caller._replies  # nothing left waiting
+        tg.cancel_scope.cancel()
+
+
+async def test_a_silent_worker_is_lost_after_liveness_not_at_the_timeout(buses: tuple[Bus, Bus]) -> None:
+    caller, worker = buses
+    got = anyio.Event()
+
+    async def swallow(_msg: object) -> None:  # took the request, then died without a word
+        got.set()
+
+    await worker.nc.subscribe("gym.silent", cb=swallow)
+    await worker.flush()
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError) as e:
+        await caller.request("gym.silent", ToolCall(session="s", name="x", arguments="{}"), timeout=30, op="tool", liveness_s=0.6)
+    took = time.monotonic() - t0
+    assert got.is_set()
+    assert e.value.info.error_class == "worker_lost" and e.value.info.retryable
+    assert 0.5 < took < 3, took
+    assert not caller._replies
+
+
+async def test_a_call_kept_alive_forever_times_out_at_its_deadline(buses: tuple[Bus, Bus]) -> None:
+    caller, worker = buses
+
+    async def forever_busy(msg) -> None:  # type: ignore[no-untyped-def]
+        async def beat() -> None:
+            while True:
+                await worker.nc.publish(msg.reply, b"", headers={PROGRESS_HEADER: "1"})
+                await anyio.sleep(0.1)
+
+        worker._spawn(beat())
+
+    await worker.nc.subscribe("gym.busy", cb=forever_busy)
+    await worker.flush()
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError) as e:
+        await caller.request("gym.busy", ToolCall(session="s", name="x", arguments="{}"), timeout=1.0, op="tool", liveness_s=0.3)
+    took = time.monotonic() - t0
+    assert e.value.info.error_class == "timeout" and "within 1s" in e.value.info.message
+    assert 0.9 < took < 3, took
+    for task in list(worker._background):
+        task.cancel()
