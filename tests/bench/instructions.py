@@ -3,7 +3,8 @@
 CPU time on a shared VM moves by ±20% from run to run, which hides the 1–5%
 changes hot-path work is made of. This runs weather rollouts with every role in
 one process (the scripted model) under valgrind's instruction counter, twice,
-with ``--small`` and ``--large`` rollouts, and prints the difference divided by
+with ``--small`` and ``--large`` rollouts (``--model http``: both model calls
+of each rollout over HTTP to ``mock_openai.py``, whose process is not counted), and prints the difference divided by
 the difference in rollouts: the instructions one rollout costs in our Python
 processes, with start-up and one-time costs cancelled out. nats-server (Go, its
 own process) is not counted. Repeat runs agree within about 1%.
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def one_run(n: int, concurrency: int) -> None:
+def one_run(n: int, concurrency: int, model: str) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -38,14 +39,14 @@ def one_run(n: int, concurrency: int) -> None:
 
     logs.configure("warning")  # as the CLI does
     tune_gc()
-    with tempfile.TemporaryDirectory() as d:
-        overhead.one_process(n, concurrency, Path(d), [], None)
+    with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
+        overhead.one_process(n, concurrency, Path(d), sets, mock)
 
 
-def instructions(n: int, concurrency: int) -> int:
+def instructions(n: int, concurrency: int, model: str) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-         sys.executable, __file__, "--one", str(n), "--concurrency", str(concurrency)],
+         sys.executable, __file__, "--one", str(n), "--concurrency", str(concurrency), "--model", model],
         capture_output=True, text=True, check=True,
     ).stderr
     m = re.search(r"I\s+refs:\s+([\d,]+)", out)
@@ -58,17 +59,19 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=200)
     ap.add_argument("--large", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--model", choices=["scripted", "http"], default="scripted",
+                    help="http: the openai adapter to tests/bench/mock_openai.py (its process is not counted)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(args.one, args.concurrency)
+        one_run(args.one, args.concurrency, args.model)
         return
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    small = instructions(args.small, args.concurrency)
-    large = instructions(args.large, args.concurrency)
+    small = instructions(args.small, args.concurrency, args.model)
+    large = instructions(args.large, args.concurrency, args.model)
     per = (large - small) / (args.large - args.small)
-    print(f"weather rollouts, scripted model, every role in one process, {args.concurrency} in flight")
+    print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")
 
