@@ -14,7 +14,7 @@ import pytest
 
 from gym_runtime import bus as bus_module
 from gym_runtime.bus import PROGRESS_HEADER, Bus, RemoteError
-from gym_runtime.messages import ToolCall, ToolReply
+from gym_runtime.messages import ErrorInfo, ToolCall, ToolReply
 from gym_runtime.server import EmbeddedServer
 from gym_runtime.tracing import Telemetry
 
@@ -26,6 +26,17 @@ async def buses(nats_server: EmbeddedServer) -> AsyncIterator[tuple[Bus, Bus]]:
     yield caller, worker
     await caller.close()
     await worker.close()
+
+
+CALL = ToolCall(session="s", name="x", arguments="{}")
+
+
+async def failed_call(caller: Bus, subject: str, *, timeout: float, liveness_s: float) -> tuple[ErrorInfo, float]:
+    """Call ``subject``, which must fail: the error, and how long the call took to end."""
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError) as e:
+        await caller.request(subject, CALL, timeout=timeout, op="tool", liveness_s=liveness_s)
+    return e.value.info, time.monotonic() - t0
 
 
 async def test_a_slow_handler_that_sends_keepalives_is_waited_for(buses: tuple[Bus, Bus], monkeypatch) -> None:
@@ -40,8 +51,7 @@ async def test_a_slow_handler_that_sends_keepalives_is_waited_for(buses: tuple[B
         await worker.serve(tg, "gym.slow", slow)
         await worker.flush()
         t0 = time.monotonic()
-        out = await caller.request("gym.slow", ToolCall(session="s", name="x", arguments="{}"), timeout=10, op="tool",
-                                   liveness_s=0.5)
+        out = await caller.request("gym.slow", CALL, timeout=10, op="tool", liveness_s=0.5)
         assert out.output == "done x"
         assert 1.4 < time.monotonic() - t0 < 5
         assert not caller._replies  # nothing left waiting
@@ -57,12 +67,9 @@ async def test_a_silent_worker_is_lost_after_liveness_not_at_the_timeout(buses: 
 
     await worker.nc.subscribe("gym.silent", cb=swallow)
     await worker.flush()
-    t0 = time.monotonic()
-    with pytest.raises(RemoteError) as e:
-        await caller.request("gym.silent", ToolCall(session="s", name="x", arguments="{}"), timeout=30, op="tool", liveness_s=0.6)
-    took = time.monotonic() - t0
+    error, took = await failed_call(caller, "gym.silent", timeout=30, liveness_s=0.6)
     assert got.is_set()
-    assert e.value.info.error_class == "worker_lost" and e.value.info.retryable
+    assert error.error_class == "worker_lost" and error.retryable
     assert 0.5 < took < 3, took
     assert not caller._replies
 
@@ -80,11 +87,8 @@ async def test_a_call_kept_alive_forever_times_out_at_its_deadline(buses: tuple[
 
     await worker.nc.subscribe("gym.busy", cb=forever_busy)
     await worker.flush()
-    t0 = time.monotonic()
-    with pytest.raises(RemoteError) as e:
-        await caller.request("gym.busy", ToolCall(session="s", name="x", arguments="{}"), timeout=1.0, op="tool", liveness_s=0.3)
-    took = time.monotonic() - t0
-    assert e.value.info.error_class == "timeout" and "within 1s" in e.value.info.message
+    error, took = await failed_call(caller, "gym.busy", timeout=1.0, liveness_s=0.3)
+    assert error.error_class == "timeout" and "within 1s" in error.message
     assert 0.9 < took < 3, took
     for task in list(worker._background):
         task.cancel()
