@@ -805,6 +805,10 @@ class Bus:
                     log.warning("handler.failed", subject=msg.subject, error=info.message, exc_info=exc)
                 await self.reply(reply_to, ErrorReply(error=info), error=True)
                 return False
+            except BaseException:  # cancelled (the worker stops): no more "still working" for the caller,
+                if keepalive:  # whose liveness then sends the call elsewhere
+                    keepalive.cancel()
+                raise
             if keepalive:
                 keepalive.cancel()
             if result is not None:

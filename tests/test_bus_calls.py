@@ -103,3 +103,32 @@ async def test_a_call_kept_alive_forever_times_out_at_its_deadline(buses: tuple[
     assert 0.9 < took < 3, took
     for task in list(worker._background):
         task.cancel()
+
+
+async def test_a_handler_cancelled_mid_call_stops_its_keepalives(buses: tuple[Bus, Bus], monkeypatch) -> None:
+    """A worker that stops its handlers (but keeps its connection) must not keep its callers waiting."""
+    caller, worker = buses
+    monkeypatch.setattr(bus_module, "KEEPALIVE_S", 0.1)
+    started = anyio.Event()
+
+    async def stuck(_call: ToolCall, _msg: object) -> ToolReply:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with anyio.create_task_group() as caller_tg:
+        outcome: list[tuple[ErrorInfo, float]] = []
+
+        async def make_call() -> None:
+            outcome.append(await failed_call(caller, "gym.stuck", timeout=30, liveness_s=0.5))
+
+        async with anyio.create_task_group() as worker_tg:
+            await worker.serve(worker_tg, "gym.stuck", stuck)
+            await worker.flush()
+            caller_tg.start_soon(make_call)
+            await started.wait()
+            await anyio.sleep(0.3)  # a few keepalives go out
+            worker_tg.cancel_scope.cancel()  # the handlers stop; the connection stays
+    (error, took), = outcome
+    assert error.error_class == "worker_lost", error
+    assert took < 5, took
