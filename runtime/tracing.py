@@ -1,10 +1,11 @@
 """OpenTelemetry wiring: an injected tracer provider and W3C trace context in NATS headers.
 
 The provider is never made global (``set_tracer_provider`` works once per
-process and tests build many). Without an exporter we still create spans with a
-sampler that records nothing: they carry real trace and span ids, so every
-message gets a ``traceparent`` header and a downstream exporter can join in,
-at a fraction of the cost of recording.
+process and tests build many). Without an exporter no span is made: a handler
+passes its message's ``traceparent`` on to what it sends, and a message sent
+outside any context starts a trace of its own, so every message still carries
+a ``traceparent`` and a downstream exporter can join in, at a fraction of the
+cost of recording.
 """
 
 from __future__ import annotations
