@@ -825,15 +825,24 @@ class Bus:
         run: Callable[[Msg], Awaitable[None]],
     ) -> Any:
         """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
-        (``run`` answers it and frees the slot); any other is answered ``busy`` at once."""
+        (``run`` answers it and frees the slot); any other is answered ``busy``.
+
+        Before answering busy, the running calls get one turn of the event loop: calls read
+        in one burst are admitted before any of their tasks has run, so a fast handler's slots
+        may be held only by work that is about to finish (measured: 65% of a fast model's calls
+        went to the queue at 256 in flight, against 0% with this turn). A slow handler's slots
+        are still taken after the turn, and the call is refused as before.
+        """
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
 
         async def on_msg(msg: Msg) -> None:
-            if admit(msg):
-                tasks.spawn(run, msg)
-            else:
-                await self.busy(msg)
+            if not admit(msg):
+                await asyncio.sleep(0)
+                if not admit(msg):
+                    await self.busy(msg)
+                    return
+            tasks.spawn(run, msg)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 

@@ -17,6 +17,7 @@ Two ways in, one set of slots:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -50,12 +51,15 @@ class ModelWorker:
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.served = 0
+        self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.fingerprint = fingerprint(cfg)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
         # still deliver): it waits here, so no more than `concurrency` generations ever run.
-        self.running = anyio.Semaphore(max(1, cfg.concurrency))
+        # asyncio's: taking a free slot does not yield (anyio's does, once per call), so a fast
+        # model's call finishes in the turn it starts; see Bus.serve_direct
+        self.running = asyncio.Semaphore(max(1, cfg.concurrency))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
@@ -94,7 +98,7 @@ class ModelWorker:
     def stats(self) -> dict[str, Any]:
         p = self.puller
         return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency, "served": self.served,
-                "held": self.gate.held}
+                "direct": self.direct, "held": self.gate.held}
 
     async def drain(self) -> None:
         await drain_puller(self.puller)
@@ -148,6 +152,7 @@ class ModelWorker:
             await self.bus.handle(msg, self._generate, reply_to=msg.reply, default_error="model_error",
                                   attributes={"gym.model": self.name, "gym.worker": self.worker_id})
             self.served += 1
+            self.direct += 1
         finally:
             await self.puller.give_slot()
 

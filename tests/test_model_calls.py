@@ -95,6 +95,18 @@ async def test_calls_go_direct_while_a_slot_is_free_and_the_queue_stores_nothing
         assert await stored_calls(bus) == 0  # not one call went through the queue
 
 
+async def test_a_burst_larger_than_the_slots_of_a_fast_model_still_goes_direct(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    """64 calls arrive in one read at a worker with 4 slots and an instant model: the slots are
+    held only by calls not yet scheduled, so none of them is sent to the queue (busy) for that."""
+    async with serving(nats_server.url, scripted(concurrency=4)) as worker:
+        replies = await call_many(bus, 64, timeout=10)
+        assert len(replies) == 64 and worker.served == 64
+        assert worker.direct == 64
+        assert await stored_calls(bus) == 0
+
+
 async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: EmbeddedServer, bus: Bus) -> None:
     most = 0
 
