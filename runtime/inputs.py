@@ -9,6 +9,7 @@ publish is deduplicated by the server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
+from gym_runtime._taskset import TaskSet
 from gym_runtime.bus import Bus
 from gym_runtime.jetstream import ensure_streams
 from gym_runtime.messages import ItemError, RolloutTask, create_params
@@ -166,40 +168,62 @@ async def publish_rows(
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     on_sent: Callable[[], None] | None = None,
 ) -> int:
-    """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task."""
+    """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task.
+
+    At most ``in_flight`` publishes wait for their stream ack at once; the first that fails
+    (after ``Bus.js_publish``'s own retries) stops the rest and is raised. Each publish is a
+    plain task (``TaskSet``) and the window an ``asyncio.Semaphore``, which does not yield
+    while a permit is free, so the publishes of one turn leave in one socket write (10,000
+    tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU each, 1.07 -> 0.34 s).
+    """
     await ensure_streams(bus)
-    limiter = anyio.Semaphore(in_flight)
+    limiter = asyncio.Semaphore(in_flight)
+    failed: list[Exception] = []
     sent = 0
+    tel = bus.telemetry
 
     async def send(subject: str, task: RolloutTask) -> None:
         msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         try:
-            with bus.telemetry.span(
-                f"publish {subject}",
-                kind=SpanKind.PRODUCER,
-                attributes={
+            if tel.recording:
+                with tel.span(f"publish {subject}", kind=SpanKind.PRODUCER, attributes={
                     "messaging.system": "nats",
                     "messaging.destination.name": subject,
                     "messaging.message.id": msg_id,
                     "gym.batch": task.batch,
                     "gym.task_index": task.task_index,
                     "gym.rollout_index": task.rollout_index,
-                },
-            ):
+                }):
+                    await bus.js_publish(subject, task, msg_id=msg_id)
+            else:
                 await bus.js_publish(subject, task, msg_id=msg_id)
             if on_sent is not None:
                 on_sent()
+        except Exception as e:
+            failed.append(e)
         finally:
             limiter.release()
 
     async with anyio.create_task_group() as tg:
+        tasks = TaskSet()
+        tg.start_soon(tasks.guard)
         for index, row in enumerate(rows):
             name = choose_agent(row, agents, agent)
             subject = bus.subject("task", name)
             for r in range(repeats):
                 await limiter.acquire()
+                if failed:
+                    limiter.release()
+                    break
                 task = RolloutTask(batch=batch, task_index=index, rollout_index=r, agent=name, row=row,
                                    **task_fields(name))
-                tg.start_soon(send, subject, task)
+                tasks.spawn(send, subject, task)
                 sent += 1
+            if failed:
+                break
+        for _ in range(in_flight):  # every publish has its ack (or failed)
+            await limiter.acquire()
+        tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
     return sent

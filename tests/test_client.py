@@ -261,3 +261,29 @@ async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Pat
                                  out=out, telemetry=Telemetry(), start_local_workers=False)).stats
     assert stats.failures == 5
     assert {r["error_class"] for r in read_jsonl(tmp_path / "out_failures.jsonl")} == {"config_mismatch"}
+
+
+async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats_server) -> None:
+    """The task stream takes 5 messages and refuses the rest: publishing 40 raises the server's
+    error promptly (no hang waiting for acks that will not come), and nothing past it is sent."""
+    import dataclasses
+
+    import nats.js.errors
+    from nats.js.api import DiscardPolicy
+
+    from gym_runtime.bus import Bus
+    from gym_runtime.inputs import publish_rows
+    from gym_runtime.jetstream import ensure_streams
+    from gym_runtime.tracing import Telemetry
+
+    bus = await Bus.connect(nats_server.url, namespace="fullq", telemetry=Telemetry(), name="publisher")
+    try:
+        await ensure_streams(bus)
+        name = stream_names("fullq")["task"]
+        info = await bus.js.stream_info(name)
+        await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=5, discard=DiscardPolicy.NEW))
+        with anyio.fail_after(20), pytest.raises(nats.js.errors.APIError, match="maximum messages"):
+            await publish_rows(bus, rows(40), batch="b", agents=["weather_agent"], in_flight=4)
+        assert (await bus.js.stream_info(name)).state.messages == 5
+    finally:
+        await bus.close()
