@@ -274,10 +274,11 @@ class ConnectionPool:
         return response
 
     async def aclose(self) -> None:
-        for conn in self._idle:
+        """Close the idle connections; a call still running keeps its connection until it ends."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
             conn.close()
-        self._idle.clear()
-        self._open = 0
+            self._discard(conn)
 
     # ------------------------------------------------------------ the pool
 

@@ -96,6 +96,9 @@ async def test_keep_alive_reuses_one_connection_and_sends_host_and_length(serve)
     assert line == "POST /v1/responses HTTP/1.1"
     assert headers["host"] == f"127.0.0.1:{server.port}" and headers["content-length"] == "8"
     await pool.aclose()
+    assert pool.open_connections == 0
+    await asyncio.sleep(0.05)
+    assert server.open == 0  # the server saw it close
 
 
 @pytest.mark.parametrize("framing", ["chunked", "to-close", "connection-close", "http/1.0", "interim-100",
