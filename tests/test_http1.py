@@ -233,12 +233,18 @@ async def test_a_call_cancelled_mid_answer_leaves_no_late_bytes_for_the_next(ser
     assert pool.open_connections == 1 and server.connections == 2
 
 
-async def test_limit_bounds_connections_and_every_call_is_answered(serve) -> None:
+def delayed(seconds: float) -> Handler:
+    """A length-framed echo that answers after ``seconds``."""
+
     async def slow(body: bytes, w: asyncio.StreamWriter) -> bool:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(seconds)
         return await length_framed(body, w)
 
-    server = await serve(slow)
+    return slow
+
+
+async def test_limit_bounds_connections_and_every_call_is_answered(serve) -> None:
+    server = await serve(delayed(0.02))
     pool = http1.ConnectionPool("127.0.0.1", server.port, limit=3)
     answers = await asyncio.gather(*(call(pool, b"%d" % i) for i in range(30)))
     assert [json.loads(r.body)["echo"] for r in answers] == [str(i) for i in range(30)]
@@ -246,11 +252,7 @@ async def test_limit_bounds_connections_and_every_call_is_answered(serve) -> Non
 
 
 async def test_a_waiter_cancelled_while_the_pool_is_full_does_not_block_the_rest(serve) -> None:
-    async def slow(body: bytes, w: asyncio.StreamWriter) -> bool:
-        await asyncio.sleep(0.2)
-        return await length_framed(body, w)
-
-    server = await serve(slow)
+    server = await serve(delayed(0.2))
     pool = http1.ConnectionPool("127.0.0.1", server.port, limit=1)
     first = asyncio.ensure_future(call(pool, b"1"))
     await asyncio.sleep(0.05)
