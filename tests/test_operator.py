@@ -80,11 +80,16 @@ def test_a_worker_pool_that_cannot_build_a_worker_exits_2(nats_server: EmbeddedS
         (["--limit", "x"], "argument --limit: expected a whole number"),
         (["--progress-every", "0"], "argument --progress-every: must be in (0, 100]"),
         (["--log-level", "loud"], "argument --log-level: invalid choice"),
+        (["--processes", "0"], "argument --processes: expected auto, one, per-role or a number of processes, got '0'"),
+        (["--processes", "many"], "argument --processes: expected auto, one, per-role or a number of processes, "
+                                  "got 'many'"),
     ],
 )
-def test_bad_cli_values_exit_2(tmp_path: Path, argv: list[str], fragment: str) -> None:
+def test_bad_cli_values_are_one_line_exit_2(tmp_path: Path, argv: list[str], fragment: str) -> None:
     res = cli("run", WEATHER, "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), *argv)
-    assert res.returncode == 2 and fragment in res.stderr and "Traceback" not in res.stderr
+    assert_user_error(res, fragment)
+    [line] = res.stderr.strip().splitlines()  # the mistake, not argparse's whole usage block
+    assert line.startswith("gym-runtime run: error: argument ") and line.endswith("(see gym-runtime run --help)")
 
 
 def test_unwritable_output_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 import traceback
+from typing import NoReturn
 from types import ModuleType
 
 from nats.errors import TimeoutError as NatsTimeout
@@ -53,8 +54,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage mistake said in one line (the flag and its value), not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
+    parser = Parser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
     parser.add_argument("--version", action="version", version=f"gym-runtime {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
