@@ -155,15 +155,17 @@ def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeou
     return code
 
 
-def role_argv(configs: list[str], url: str | None, role: str, passthrough: list[str]) -> list[str]:
-    """A child running every worker of one role in one process (``start --in-process --only ROLE``)."""
+def role_argv(configs: list[str], url: str | None, roles: list[str], passthrough: list[str]) -> list[str]:
+    """A child running every worker of ``roles`` (every role when empty) in one process
+    (``start --in-process [--only ROLE ...]``)."""
     nats = ["--nats", url] if url else []
-    return [sys.executable, "-m", "gym_runtime.cli", "start", *configs, *nats, "--only", role, "--in-process",
-            *passthrough]
+    only = [x for r in roles for x in ("--only", r)]
+    return [sys.executable, "-m", "gym_runtime.cli", "start", *configs, *nats, *only, "--in-process", *passthrough]
 
 
 class RoleProcesses:
-    """A one-shot command's workers in child processes (``run`` on several cores), one per role.
+    """A one-shot command's workers in child processes (``run`` on several cores): one per role, or N
+    that each serve every role.
 
     Entering starts them and returns once every one is ready (``NotStarted`` if
     one is not); while the batch runs, a child that dies is started again (its

@@ -277,19 +277,20 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
-def test_per_role_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
-    """`run --processes per-role` (the default for big batches on several cores): the same rows as one process."""
+def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
+    """`run --processes per-role` (the default for big batches on several cores) and `--processes 2` (two
+    processes that each serve every role): the same rows as one process, and no worker outlives the command."""
     config = tmp_path / "weather.yaml"
     config.write_text((REPO / "resources/weather/config.yaml").read_text())
     got = {}
-    for mode in ("one", "per-role"):
+    for mode in ("one", "per-role", "2"):
         out = tmp_path / f"{mode}.jsonl"
         res = cli("run", str(config), "-i", "resources/weather/data/example.jsonl", "-o", str(out),
                   "--processes", mode, "--repeats", "3", env={"TMPDIR": str(tmp_path)})
         assert res.returncode == 0, res.stderr
         got[mode] = [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"],
                       [item["type"] for item in r["response"]["output"]]) for r in read_jsonl(out)]
-    assert len(got["one"]) == 15 and got["per-role"] == got["one"]
+    assert len(got["one"]) == 15 and got["per-role"] == got["one"] and got["2"] == got["one"]
     assert not _processes_with(str(config)), "a worker process outlived the command"
     assert not nats_server_pids(tmp_path)
 

@@ -2,11 +2,13 @@
 
 Where the workers run (``--processes``): ``one`` runs them all in this process;
 ``per-role`` starts one child process per role (models, resources, agents), so
-that the command uses the machine's cores (about 1.5x the rollouts per second
-of one process on 2 cores). ``auto`` (the default) picks ``per-role`` on a
-machine with several cores for a batch of at least ``PER_ROLE_MIN_ROLLOUTS``,
-where the children's start-up (about a second) is paid back; a small batch runs
-in this process.
+that the command uses the machine's cores (1.3x the rollouts per second of one
+process on 2 cores); a number N starts N child processes that each serve every
+role, for a machine with more cores than roles (each adds about one core's worth
+of rollouts until the cores, nats-server's included, are busy). ``auto`` (the
+default) picks ``per-role`` on a machine with several cores for a batch of at
+least ``PER_ROLE_MIN_ROLLOUTS``, where the children's start-up (about a second)
+is paid back; a small batch runs in this process.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=positive_int, help="rollouts in flight per agent worker")
     p.add_argument("--nats", help="use this NATS server instead of starting an embedded one")
     p.add_argument("--batch", help="batch id (default: random)")
-    p.add_argument("--processes", choices=["auto", "one", "per-role"], default="auto",
+    p.add_argument("--processes", type=processes_value, default="auto", metavar="auto|one|per-role|N",
                    help="where the workers run: one = all in this process, per-role = one child process per "
-                        f"role; auto (default) = per-role with several cores and at least {PER_ROLE_MIN_ROLLOUTS:,} "
-                        "rollouts, else one")
+                        "role, N = N child processes that each serve every role; auto (default) = per-role with "
+                        f"several cores and at least {PER_ROLE_MIN_ROLLOUTS:,} rollouts, else one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
     metrics_options(p)
@@ -62,16 +64,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 PER_ROLE_MIN_ROLLOUTS = 1000
 
 
-def per_role(args: argparse.Namespace, cfg: Any, expected: int) -> bool:
-    if args.processes != "auto":
-        return bool(args.processes == "per-role")
-    roles = sum(1 for r in ("models", "resources", "agents") if getattr(cfg, r))
-    return (os.cpu_count() or 1) >= 2 and roles >= 2 and expected >= PER_ROLE_MIN_ROLLOUTS
+def processes_value(text: str) -> str | int:
+    """argparse type of ``--processes``: ``auto``, ``one``, ``per-role`` or a number of worker processes."""
+    if text in ("auto", "one", "per-role"):
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, one, per-role or a number of processes, got {text!r}")
+    return int(text)
+
+
+def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[list[str]] | None:
+    """The roles each worker child serves (``[]``: every role), or None to run the workers in this process."""
+    roles = [r for r in ("models", "resources", "agents") if getattr(cfg, r)]
+    mode = args.processes
+    if mode == "auto":
+        several = (os.cpu_count() or 1) >= 2 and len(roles) >= 2 and expected >= PER_ROLE_MIN_ROLLOUTS
+        mode = "per-role" if several else "one"
+    if mode == "one":
+        return None
+    if mode == "per-role":
+        return [[r] for r in roles]
+    return [[] for _ in range(mode)]
 
 
 @contextlib.contextmanager
-def role_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any) -> Iterator[None]:
-    """One ``start --in-process --only ROLE`` child per role of the config, ready before the batch is published."""
+def worker_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any,
+                     groups: list[list[str]]) -> Iterator[None]:
+    """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli._common import config_path
     from gym_runtime.supervisor import Child, NotStarted, RoleProcesses, role_argv
 
@@ -87,11 +106,11 @@ def role_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], aut
     # the config's (it may carry credentials: never put it in argv)
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
     children = []
-    roles = [r for r in ("models", "resources", "agents") if getattr(cfg, r)]
-    for i, role in enumerate(roles, start=1):
+    for i, roles in enumerate(groups, start=1):
         metrics = [] if args.metrics_port is None else [
             "--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
-        children.append(Child(role, role_argv(configs, child_url, role, passthrough + metrics)))
+        name = ",".join(roles) or f"workers-{i}"
+        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics)))
     try:
         with RoleProcesses(children):
             yield
@@ -116,17 +135,17 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise ValueError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
-    split = per_role(args, cfg, plan.count * args.repeats)
+    groups = worker_groups(args, cfg, plan.count * args.repeats)
     tel = telemetry(args, "run")
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)
-            with role_processes(args, cfg, url, auth) if split else contextlib.nullcontext(), \
+            with worker_processes(args, cfg, url, auth, groups) if groups else contextlib.nullcontext(), \
                     progress.Tracker("run", progress.options_from(args)) as tracker:
                 result = run_async(lambda: run_batch(
                     cfg, url, input_path=args.input, out=args.output, telemetry=tel, agent=args.agent,
                     repeats=args.repeats, limit=args.limit, batch=args.batch, on_progress=tracker,
-                    on_result=tracker.result, auth=auth, start_local_workers=not split, plan=plan,
+                    on_result=tracker.result, auth=auth, start_local_workers=groups is None, plan=plan,
                 ))
     finally:
         tel.shutdown()
