@@ -9,13 +9,17 @@ is shown apart and not counted as ours).
 Prints, per mode, a table: rollouts/s at concurrency 1, 32 and 256, with all
 roles in one process and with each role in its own process; CPU milliseconds
 per rollout summed over our processes (nats-server included); peak RSS. Then
-the latency of one rollout at concurrency 1; time until workers are ready; the
-whole ``gym-runtime run`` command on ``--run-n`` rollouts (rollouts/s and CPU
-of every process it started); and the raw nats-py request-reply rate on the
-same server as the ceiling.
+the latency of one rollout at concurrency 1, and the scaling table: k worker
+processes that each serve every role (k = 1, 2, 4, ... up to the cores), with
+the cores they kept busy. Then the time until workers are ready; the whole
+``gym-runtime run`` command on ``--run-n`` rollouts (rollouts/s and CPU of
+every process it started), by default and with ``--processes one`` and ``2``;
+the raw nats-py request-reply rate on the same server as the ceiling; and the
+issue's targets next to this run's figures.
 
     python tests/bench/overhead.py [--n 2000] [--concurrency 1 32 256] [--model scripted http]
-                                   [--run-n 10000] [--profile out.html] [--metrics]
+                                   [--run-n 10000] [--run-processes one 2] [--scaling 1 2]
+                                   [--profile out.html] [--metrics] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from gym_runtime.runner import (  # noqa: E402
     start_workers,
 )
 from gym_runtime.server import EmbeddedServer  # noqa: E402
+from gym_runtime.supervisor import role_argv  # noqa: E402
 from gym_runtime.tracing import Telemetry  # noqa: E402
 
 CONFIG = REPO / "resources/weather/config.yaml"
@@ -109,6 +114,7 @@ def make_input(n: int, tmp: Path) -> Path:
 async def raw_request_reply(url: str, seconds: float = 2.0, concurrency: int = 64) -> tuple[float, float]:
     """The raw nats-py request-reply rate at ``concurrency`` in flight, and one round trip's ms at 1."""
     import nats
+    import nats.errors
 
     nc_srv = await nats.connect(url)
     nc_cli = await nats.connect(url)
@@ -118,6 +124,12 @@ async def raw_request_reply(url: str, seconds: float = 2.0, concurrency: int = 6
 
     await nc_srv.subscribe("bench.echo", cb=echo)
     await nc_srv.flush()
+    for _ in range(100):  # nats-server 2.15 may not match a subscription flushed on another connection yet
+        try:
+            await nc_cli.request("bench.echo", b"", timeout=5)
+            break
+        except nats.errors.NoRespondersError:
+            await anyio.sleep(0.01)
     count = 0
     stop = time.perf_counter() + seconds
 
@@ -213,30 +225,36 @@ def one_process(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psuti
     }
 
 
-def per_role_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None
-                       ) -> dict[str, float]:
-    srv = EmbeddedServer(store_dir=str(tmp / f"js_multi_{conc}"))
+PER_ROLE: list[list[str]] = [["models"], ["resources"], ["agents"]]
+
+
+def worker_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None,
+                     groups: list[list[str]], tag: str) -> dict[str, float]:
+    """Workers in child processes (``start --in-process``), one per entry of ``groups`` (its ``--only``
+    roles; an empty entry serves every role); this process publishes the batch and collects it.
+
+    ``workers_ms`` is the CPU of the worker processes alone; ``cpu_ms`` adds
+    nats-server and this process (publishing and collecting)."""
+    srv = EmbeddedServer(store_dir=str(tmp / f"js_{tag}_{conc}"))
     srv.start()
     sets = conc_sets(conc, model_sets)
-    procs = []
-    for role in ("models", "resources", "agents"):
-        args = [sys.executable, "-m", "gym_runtime.cli", "start", str(CONFIG), "--nats", srv.url, "--only", role]
-        for s in sets:
-            args += ["--set", s]
-        procs.append(subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    passthrough = [x for s in sets for x in ("--set", s)]
+    procs = [subprocess.Popen(role_argv([str(CONFIG)], srv.url, only, passthrough), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for only in groups]
     for p in procs:
         assert p.stdout is not None
         line = p.stdout.readline()
         assert "ready" in line, line
-    me = psutil.Process()
-    ps = [me, psutil.Process(srv.pid), *(psutil.Process(p.pid) for p in procs)]
+    workers = [psutil.Process(p.pid) for p in procs]
+    ps = [psutil.Process(), psutil.Process(srv.pid), *workers]
     cfg = load_config(CONFIG, sets)
     inp = make_input(n, tmp)
-    cpu0, mock0 = cpu_of(ps), cpu_of([mock] if mock else [])
+    cpu0, workers0, mock0 = cpu_of(ps), cpu_of(workers), cpu_of([mock] if mock else [])
     with Sampler(ps) as sampler:
-        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_multi_{conc}.jsonl",
+        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_{tag}_{conc}.jsonl",
                                           telemetry=Telemetry(), start_local_workers=False))
-    cpu, mock_cpu = cpu_of(ps) - cpu0, cpu_of([mock] if mock else []) - mock0
+    cpu, workers_cpu = cpu_of(ps) - cpu0, cpu_of(workers) - workers0
+    mock_cpu = cpu_of([mock] if mock else []) - mock0
     for p in procs:
         p.terminate()
     for p in procs:
@@ -244,8 +262,15 @@ def per_role_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock
     srv.stop()
     assert res.stats.rows == n and res.stats.failures == 0, res.stats
     work = res.elapsed_s - res.ready_s
-    return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n,
-            "rss_mb": sampler.peak / 2**20}
+    return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "workers_ms": 1000 * workers_cpu / n,
+            "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n, "rss_mb": sampler.peak / 2**20}
+
+
+def scaling(n: int, counts: list[int], tmp: Path, model_sets: list[str], mock: psutil.Process | None
+            ) -> list[tuple[int, dict[str, float]]]:
+    """``k`` worker processes, each serving every role (256 rollouts in flight each), for each ``k``."""
+    return [(k, worker_processes(n, 256, tmp, model_sets, mock, [[] for _ in range(k)], f"scale{k}"))
+            for k in counts]
 
 
 def rollout_latency(n: int, tmp: Path, model_sets: list[str]) -> float:
@@ -314,12 +339,19 @@ def main() -> None:
     ap.add_argument("--profile", help="pyinstrument HTML of the one-process run at the highest concurrency")
     ap.add_argument("--json", help="also write results as JSON here")
     ap.add_argument("--metrics", action="store_true", help="one-process runs record metrics (Prometheus endpoint)")
+    ap.add_argument("--run-processes", nargs="*", default=["one", "2"],
+                    help="also time the whole `run` with these --processes values (the default's is auto)")
+    ap.add_argument("--scaling", type=int, nargs="*", default=None,
+                    help="worker-process counts for the scaling table (default 1, 2, 4, ... up to the cores; "
+                         "the flag alone: skip it)")
     args = ap.parse_args()
     from gym_runtime import logs
     from gym_runtime.cli._common import tune_gc
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)
     tune_gc()  # and its garbage-collector setting
+    counts = args.scaling if args.scaling is not None else [
+        k for k in (1, 2, 4, 8, 16, 32, 64) if k <= (os.cpu_count() or 1)]
     empty = {"rps": 0.0, "cpu_ms": 0.0, "mock_ms": 0.0, "rss_mb": 0.0}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -334,12 +366,14 @@ def main() -> None:
                     if prof and len(args.model) > 1:
                         prof = prof.replace(".html", f"_{mode}.html")
                     one = one_process(args.n, c, tmp, sets, mock, prof, args.metrics)
-                    multi = empty if args.no_per_role else per_role_processes(args.n, c, tmp, sets, mock)
+                    multi = empty if args.no_per_role else worker_processes(args.n, c, tmp, sets, mock, PER_ROLE, "role")
                     rows.append((c, one, multi))
                 latency = rollout_latency(min(args.n, 1000), tmp, sets)
-            results[mode] = {"rows": rows, "latency_ms": latency}
+                scale = scaling(args.n, counts, tmp, sets, mock)
+            results[mode] = {"rows": rows, "latency_ms": latency, "scaling": scale}
         cli_s = cli_ready_time(tmp)
         run = whole_run(args.run_n, tmp) if args.run_n else None
+        run_by = {k: whole_run(args.run_n, tmp, "--processes", k) for k in args.run_processes} if args.run_n else {}
     print(f"\nweather rollouts, zero-latency model, N={args.n}, {os.cpu_count()} cores")
     print(f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s; "
           f"one round trip at concurrency 1: {rtt_ms:.3f} ms")
@@ -362,6 +396,7 @@ def main() -> None:
               f"(its 5 round trips - tool, 2 model calls, verify, store - take {5 * rtt_ms:.2f} ms with the raw client)")
         print(f"  of the ceiling: {max(one['rps'] for _, one, _ in r['rows']) * 7 / ceiling:.0%} "
               "(best one-process rate x 7 round trips per rollout / raw request-reply rate)")
+        print_scaling(r["scaling"])
     first = next(iter(results.values()))["rows"][0][1]
     print(f"\nembedded server started and all workers ready (one process): {first['ready_s'] * 1000:.0f} ms")
     print(f"whole `gym-runtime run --limit 1` command, interpreter start to exit: {cli_s:.2f} s")
@@ -369,10 +404,32 @@ def main() -> None:
         print(f"whole `gym-runtime run` on {args.run_n:,} rollouts (scripted model): {run['rps']:,.0f} rollouts/s "
               f"as it reports, {run['wall_s']:.2f} s wall, {run['cpu_ms']:.2f} ms CPU per rollout "
               "(every process it started, nats-server included)")
+        for k, r in run_by.items():
+            print(f"  with --processes {k}: {r['rps']:,.0f} rollouts/s, {r['wall_s']:.2f} s wall, "
+                  f"{r['cpu_ms']:.2f} ms CPU per rollout")
     print_targets(ceiling, results, run, rtt_ms)
     if args.json:
-        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "rtt_ms": rtt_ms, "modes": results, "cli_s": cli_s, "run": run},
+        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "rtt_ms": rtt_ms, "modes": results, "cli_s": cli_s, "run": run,
+                                               "run_by_processes": run_by},
                                               indent=2))
+
+
+def print_scaling(rows: list[tuple[int, dict[str, float]]]) -> None:
+    """Rollouts/s against worker processes. Throughput grows linearly with processes while CPU per
+    rollout stays flat and cores are free; "cores busy" (CPU of every process over wall time) says
+    when the machine, not the runtime, is the limit."""
+    if not rows:
+        return
+    base = rows[0][1]["rps"] / rows[0][0]
+    print(f"scaling: k worker processes, each serving every role, 256 rollouts in flight each; "
+          f"{os.cpu_count()} cores")
+    hdr = (f"{'processes':>9} | {'rollouts/s':>10} {'x one':>6} {'per process':>11} | "
+           f"{'CPU ms/rollout: workers':>23} {'all':>5} | {'cores busy':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for k, r in rows:
+        print(f"{k:>9} | {r['rps']:>10,.0f} {r['rps'] / base:>6.2f} {r['rps'] / k:>11,.0f} | "
+              f"{r['workers_ms']:>23.2f} {r['cpu_ms']:>5.2f} | {r['rps'] * r['cpu_ms'] / 1000:>10.2f}")
 
 
 def print_targets(ceiling: float, results: dict[str, Any], run: dict[str, float] | None, rtt_ms: float) -> None:
