@@ -32,6 +32,7 @@ same either way):
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 from dataclasses import dataclass
@@ -219,6 +220,11 @@ class Resource:
     # "resource": every function tool a row offers must be a tool of this class;
     # "any": a row's tools are answer channels the verifier grades, never run here.
     row_tools: ClassVar[Literal["resource", "any"]] = "resource"
+    # Top-level import names of the optional packages this resource needs, and what to install for them:
+    # checked before a worker starts (``check_requires``), so that a missing
+    # package is one line, not a verifier that scores 0 in a worker process or a crash at the first call.
+    requires: ClassVar[tuple[str, ...]] = ()
+    install: ClassVar[str] = ""
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
 
@@ -288,6 +294,32 @@ def encode_tool_output(result: Any) -> str:
     if isinstance(result, (bytes, bytearray)):
         return bytes(result).decode()
     return json.dumps(msgspec.to_builtins(result))
+
+
+def load_resource_class(module_path: str, where: str) -> type[Resource]:
+    """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
+    error: one line) that starts with ``where``, the config key that names it."""
+    from gym_runtime._plugins import import_plugin
+
+    try:
+        module = import_plugin(module_path)
+    except ImportError as e:
+        raise ValueError(f"{where}: cannot import {module_path!r}: {e}{_bundled_hint(module_path)}") from None
+    return find_resource_class(module)
+
+
+def check_requires(cls: type[Resource], where: str) -> None:
+    """A ValueError naming the packages of ``cls.requires`` that are not installed, if any. Workers check
+    before they start; validating and publishing rows do not (a publisher node runs no verifier)."""
+    missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
+    if missing:
+        hint = f": {cls.install}" if cls.install else ""
+        raise ValueError(f"{where}: {cls.__module__!r} needs {', '.join(missing)} (not installed{hint})")
+
+
+def _bundled_hint(module_path: str) -> str:
+    bundled = module_path.startswith(("resources.", "gym_runtime.resources."))
+    return " (the bundled environments' verifier packages: pip install 'gym-runtime[envs]')" if bundled else ""
 
 
 def find_resource_class(module: Any) -> type[Resource]:

@@ -19,7 +19,6 @@ import msgspec
 from nats.aio.msg import Msg
 
 from gym_runtime import logs
-from gym_runtime._plugins import import_plugin
 from gym_runtime.bus import Bus, HandlerError
 from gym_runtime.config import ResourceConfig
 from gym_runtime.discovery import register
@@ -40,7 +39,8 @@ from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,
     Verdict,
-    find_resource_class,
+    check_requires,
+    load_resource_class,
     replay_calls,
 )
 
@@ -59,14 +59,6 @@ class BusModels:
         return reply.response
 
 
-def load_resource_class(module_path: str) -> type[Resource]:
-    try:
-        module = import_plugin(module_path)
-    except ImportError as e:
-        raise ValueError(f"resources.*.server: cannot import {module_path!r}: {e}") from None
-    return find_resource_class(module)
-
-
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
@@ -83,7 +75,8 @@ class ResourceWorker:
         self.bus = bus
         self.name = name
         self.cfg = cfg
-        self.cls = load_resource_class(cfg.server)
+        self.cls = load_resource_class(cfg.server, f"resources.{name}.server")
+        check_requires(self.cls, f"resources.{name}.server")
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subject("res", name, self.worker_id)
         self.sessions: dict[str, tuple[Resource, float]] = {}

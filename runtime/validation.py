@@ -18,10 +18,9 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime._plugins import import_plugin
 from gym_runtime.config import Config
 from gym_runtime.messages import ItemError, create_params
-from gym_runtime.resource import Resource, find_resource_class
+from gym_runtime.resource import Resource, load_resource_class
 
 AGENT_REF_TYPE = "responses_api_agents"  # NeMo Gym's agent_ref.type
 _decoder = msgspec.json.Decoder()
@@ -60,11 +59,7 @@ class TaskChecker:
         self.agent = agent
         self.classes: dict[str, type[Resource]] = {}
         for name, a in cfg.agents.items():
-            server = cfg.resources[a.resource].server
-            try:
-                self.classes[name] = find_resource_class(import_plugin(server))
-            except ImportError as e:
-                raise ValueError(f"resources.{a.resource}.server: cannot import {server!r}: {e}") from None
+            self.classes[name] = load_resource_class(cfg.resources[a.resource].server, f"resources.{a.resource}.server")
 
     def route(self, row: dict[str, Any]) -> tuple[str | None, list[str]]:
         """The agent a row goes to, or the problems that stop it from going anywhere."""

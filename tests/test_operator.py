@@ -147,6 +147,34 @@ def _stored_tasks(url: str) -> int:
     return run_async(count)
 
 
+def test_a_missing_optional_package_is_one_line_before_anything_starts(
+        tmp_path: Path, nats_server: EmbeddedServer) -> None:
+    # A verifier that imports its package lazily (in a worker process, at the first verify) would score 0 or
+    # crash mid-batch without it: `requires` makes run and a worker pool say so before any work. Validating
+    # and publishing rows need no verifier (a publisher node may not have its packages).
+    (tmp_path / "needy_env.py").write_text(
+        "from gym_runtime.resources.weather import Weather\n"
+        "class Needy(Weather):\n"
+        "    requires = ('gym_runtime_absent_verifier_pkg', 'json')\n"
+        "    install = \"pip install absent-verifier-pkg\"\n"
+        "    async def verify(self, task, response):\n"
+        "        import gym_runtime_absent_verifier_pkg\n"
+        "        return 1.0\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    line = ("resources.weather.server: 'needy_env' needs gym_runtime_absent_verifier_pkg "
+            "(not installed: pip install absent-verifier-pkg)")
+    out = tmp_path / "out" / "o.jsonl"
+    out.parent.mkdir()
+    sets = ["--set", "resources.weather.server=needy_env"]
+    assert_user_error(cli("run", WEATHER, "-i", EXAMPLE, "-o", str(out), "--nats", nats_server.url, *sets, env=env),
+                      line)
+    assert not list(out.parent.iterdir())
+    assert _stored_tasks(nats_server.url) == 0  # nothing published
+    assert_user_error(cli("start", WEATHER, "--nats", nats_server.url, "--only", "resources", *sets, env=env), line)
+    assert cli("validate", WEATHER, "-i", EXAMPLE, *sets, env=env).returncode == 0
+
+
 def test_an_internal_bug_is_labelled_with_a_traceback(tmp_path: Path) -> None:
     # A resource whose setup() hits a bug (not a config mistake): the user is told it is a bug.
     mod = tmp_path / "buggy_env.py"

@@ -32,6 +32,47 @@ def test_every_bundled_environment_declares_its_task_fields() -> None:
         assert cls.task_fields is not None, env.name
 
 
+def test_bundled_requires_name_packages_of_the_extra_they_tell_users_to_install() -> None:
+    """Each optional package a bundled environment ``requires`` comes from a distribution of the extra its
+    ``install`` line names (extras that name ``gym-runtime[other]`` included), and no core dependency is
+    declared optional; math, instruction_following and structured_outputs verify in worker processes or
+    lazily, where a missing package would otherwise score 0 instead of saying so."""
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    from gym_runtime._plugins import import_plugin
+    from gym_runtime.resource import find_resource_class
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+    def dists(extra: str) -> set[str]:
+        found = names(extras[extra])
+        for r in extras[extra]:
+            if m := re.match(r"gym-runtime\[(\w+)\]", r):
+                found |= dists(m.group(1))
+        return found
+
+    core = names(project["dependencies"])
+    provided = {mod: {d.lower().replace("_", "-") for d in ds} for mod, ds in packages_distributions().items()}
+    declared = {}
+    for env in BUNDLED:
+        cls = find_resource_class(import_plugin(f"resources.{env.name}"))
+        if not cls.requires:
+            continue
+        m = re.fullmatch(r"pip install 'gym-runtime\[(\w+)\]'", cls.install)
+        assert m, (env.name, cls.install)
+        for mod in cls.requires:
+            assert provided.get(mod, set()) & dists(m.group(1)), (env.name, mod, m.group(1))
+            assert not provided.get(mod, set()) & core, (env.name, mod, "is a core dependency")
+        declared[env.name] = cls.requires
+    assert {"math", "instruction_following", "structured_outputs", "reasoning_gym", "google_search"} <= set(declared)
+
+
 def test_all_problems_listed_with_file_and_line(tmp_path: Path) -> None:
     rows = read_jsonl(REPO / "resources/counter/data/example.jsonl")
     rows[0]["initial_count"] = "3"

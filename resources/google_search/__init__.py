@@ -85,6 +85,8 @@ class GoogleSearch(Resource):
     """Stateless sessions; the backend (and its cache and rate limit) is shared per worker and event loop."""
 
     task_fields = GoogleSearchTask
+    requires = ("bm25s", "trafilatura", "pyarrow")
+    install = "pip install 'gym-runtime[search]'"
     tool_arguments = "nemo_gym"
     answer_field = "parsed_option"
 

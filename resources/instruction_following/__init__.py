@@ -82,6 +82,8 @@ class InstructionFollowing(Resource):
     """Stateless and single-turn: no tools."""
 
     task_fields = InstructionTask
+    requires = ("nltk", "punkt", "langdetect")
+    install = "pip install 'gym-runtime[envs]'"
     check_task = staticmethod(verifier_metadata)
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:

@@ -200,6 +200,8 @@ class MathWithJudge(Resource):
     """Stateless; CPU-heavy checking goes to a small pool of worker processes."""
 
     task_fields = MathTask
+    requires = ("math_verify",)
+    install = "pip install 'gym-runtime[envs]'"
 
     _opts: Options = Options()
     _limiter: Any = None

@@ -107,6 +107,8 @@ class ReasoningGym(Resource):
     """Stateless and single-turn: no tools."""
 
     task_fields = ReasoningGymTask
+    requires = ("reasoning_gym",)
+    install = "pip install 'gym-runtime[envs]'"
     check_task = staticmethod(_entry)
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:

@@ -255,6 +255,8 @@ class StructuredOutputs(Resource):
     """Stateless: no tools of its own (tool-call tasks offer theirs in ``responses_create_params.tools``)."""
 
     task_fields = StructuredTask
+    requires = ("openapi_schema_validator", "xmltodict")
+    install = "pip install 'gym-runtime[envs]'"
     check_task = staticmethod(_task)
     row_tools = "any"  # the rows offer answer tools: graded, never run here
 
