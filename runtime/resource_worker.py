@@ -75,8 +75,9 @@ class ResourceWorker:
         self.bus = bus
         self.name = name
         self.cfg = cfg
-        self.cls = load_resource_class(cfg.server, f"resources.{name}.server")
-        check_requires(self.cls, f"resources.{name}.server")
+        where = f"resources.{name}.server"
+        self.cls = load_resource_class(cfg.server, where)
+        check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subject("res", name, self.worker_id)
         self.sessions: dict[str, tuple[Resource, float]] = {}

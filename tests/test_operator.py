@@ -81,8 +81,8 @@ def test_a_worker_pool_that_cannot_build_a_worker_exits_2(nats_server: EmbeddedS
         (["--progress-every", "0"], "argument --progress-every: must be in (0, 100]"),
         (["--log-level", "loud"], "argument --log-level: invalid choice"),
         (["--processes", "0"], "argument --processes: expected auto, one, per-role or a number of processes, got '0'"),
-        (["--processes", "many"], "argument --processes: expected auto, one, per-role or a number of processes, "
-                                  "got 'many'"),
+        (["--processes", "many"], ("argument --processes: expected auto, one, per-role or a number of processes, "
+                                   "got 'many'")),
     ],
 )
 def test_bad_cli_values_are_one_line_exit_2(tmp_path: Path, argv: list[str], fragment: str) -> None:

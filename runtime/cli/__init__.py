@@ -12,8 +12,8 @@ import argparse
 import asyncio
 import sys
 import traceback
-from typing import NoReturn
 from types import ModuleType
+from typing import NoReturn
 
 from nats.errors import TimeoutError as NatsTimeout
 

@@ -39,6 +39,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "bench"))  # overhead.until_answered
 
 from gym_runtime import logs  # noqa: E402
 from gym_runtime.bus import Bus  # noqa: E402
@@ -173,7 +174,7 @@ async def raw_round_trip(url: str, request: bytes, reply: bytes) -> Callable[[in
     the transport's own cost of the one hop a direct model call takes (two connections of this process,
     as the runtime path has)."""
     import nats
-    import nats.errors
+    from overhead import until_answered
 
     server, client = await nats.connect(url), await nats.connect(url)
 
@@ -182,12 +183,7 @@ async def raw_round_trip(url: str, request: bytes, reply: bytes) -> Callable[[in
 
     await server.subscribe("bench.raw", cb=echo)
     await server.flush()
-    for _ in range(100):  # nats-server 2.15 may not match a subscription flushed on another connection yet
-        try:
-            await client.request("bench.raw", request, timeout=5)
-            break
-        except nats.errors.NoRespondersError:
-            await anyio.sleep(0.01)
+    await until_answered(client, "bench.raw", request)
 
     async def call(i: int) -> None:
         await client.request("bench.raw", request, timeout=120)

@@ -111,10 +111,22 @@ def make_input(n: int, tmp: Path) -> Path:
     return path
 
 
+async def until_answered(nc: Any, subject: str, payload: bytes) -> None:
+    """Ask until someone answers: nats-server 2.15 may not yet match a subscription flushed on another
+    connection, and answers "no responders" meanwhile."""
+    import nats.errors
+
+    for _ in range(100):
+        try:
+            await nc.request(subject, payload, timeout=5)
+            return
+        except nats.errors.NoRespondersError:
+            await anyio.sleep(0.01)
+
+
 async def raw_request_reply(url: str, seconds: float = 2.0, concurrency: int = 64) -> tuple[float, float]:
     """The raw nats-py request-reply rate at ``concurrency`` in flight, and one round trip's ms at 1."""
     import nats
-    import nats.errors
 
     nc_srv = await nats.connect(url)
     nc_cli = await nats.connect(url)
@@ -124,12 +136,7 @@ async def raw_request_reply(url: str, seconds: float = 2.0, concurrency: int = 6
 
     await nc_srv.subscribe("bench.echo", cb=echo)
     await nc_srv.flush()
-    for _ in range(100):  # nats-server 2.15 may not match a subscription flushed on another connection yet
-        try:
-            await nc_cli.request("bench.echo", b"", timeout=5)
-            break
-        except nats.errors.NoRespondersError:
-            await anyio.sleep(0.01)
+    await until_answered(nc_cli, "bench.echo", b"")
     count = 0
     stop = time.perf_counter() + seconds
 
