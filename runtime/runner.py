@@ -29,6 +29,7 @@ from gym_runtime.inputs import Plan, publish_tasks, validate
 from gym_runtime.jetstream import ensure_streams
 from gym_runtime.meters import watch_queues
 from gym_runtime.model_worker import ModelWorker
+from gym_runtime.resource import check_requires, load_resource_class
 from gym_runtime.resource_worker import ResourceWorker
 from gym_runtime.reverify import (
     ReverifyReport,
@@ -153,6 +154,12 @@ async def serve(
 ) -> None:
     """Run workers until SIGTERM/SIGINT, then drain and return."""
     pairs = selected(config, only)
+    # what can be known without the server is said before waiting for it (a worker node without a
+    # resource's verifier package would otherwise say nothing until the server answers)
+    for role, name in pairs:
+        if role == "resources":
+            where = f"resources.{name}.server"
+            check_requires(load_resource_class(config.resources[name].server, where), where)
     # workers may start before the server: wait for it as long as it takes
     buses = await open_buses(url, [BUS_ROLE[r] for r, _ in pairs], namespace=config.namespace, telemetry=telemetry,
                              name="gym-workers", auth=auth, initial_timeout=None,

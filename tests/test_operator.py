@@ -172,6 +172,9 @@ def test_a_missing_optional_package_is_one_line_before_anything_starts(
     assert not list(out.parent.iterdir())
     assert _stored_tasks(nats_server.url) == 0  # nothing published
     assert_user_error(cli("start", WEATHER, "--nats", nats_server.url, "--only", "resources", *sets, env=env), line)
+    # a worker node says so before it waits for its server (a service keeps waiting for a dead one)
+    dead = f"nats://127.0.0.1:{free_port()}"
+    assert_user_error(cli("start", WEATHER, "--nats", dead, "--only", "resources", *sets, env=env, timeout=30), line)
     assert cli("validate", WEATHER, "-i", EXAMPLE, *sets, env=env).returncode == 0
 
 
