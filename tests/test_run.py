@@ -295,6 +295,23 @@ def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path
     assert not nats_server_pids(tmp_path)
 
 
+def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`run --processes 2 --nats URL` with nothing there: the one-line error of any one-shot command, not
+    children left waiting for the server until a readiness timeout and an internal error."""
+    from gym_runtime.server import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    config = tmp_path / "weather.yaml"
+    config.write_text((REPO / "resources/weather/config.yaml").read_text())
+    t0 = time.monotonic()
+    res = cli("run", str(config), "-i", "resources/weather/data/example.jsonl", "-o", str(tmp_path / "out.jsonl"),
+              "--processes", "2", "--nats", url, timeout=60)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: cannot reach a NATS server at {url} (waited 10s)"]
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "out.jsonl").exists() and not _processes_with(str(config))
+
+
 def test_a_worker_process_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
     res = cli("run", "weather", "-o", str(tmp_path / "out.jsonl"), "--processes", "per-role",
               "--set", "models.policy.adapter=openai", env={"OPENAI_API_KEY": "", "TMPDIR": str(tmp_path)})

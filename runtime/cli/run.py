@@ -87,6 +87,16 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
     return [[] for _ in range(mode)]
 
 
+async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
+    """Connect as the batch will and let go: a one-shot command says in one line that its server is dead or
+    refuses it, before it starts worker children that (as services) would wait for that server."""
+    from gym_runtime.runner import close_buses, open_buses
+    from gym_runtime.tracing import Telemetry
+
+    await close_buses(await open_buses(url, ["publisher"], namespace=cfg.namespace, telemetry=Telemetry(),
+                                       name="gym-run", auth=auth, jetstream=cfg.jetstream))
+
+
 @contextlib.contextmanager
 def worker_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any,
                      groups: list[list[str]]) -> Iterator[None]:
@@ -140,6 +150,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)
+            if groups:
+                run_async(lambda: server_answers(url, cfg, auth))
             with worker_processes(args, cfg, url, auth, groups) if groups else contextlib.nullcontext(), \
                     progress.Tracker("run", progress.options_from(args)) as tracker:
                 result = run_async(lambda: run_batch(
