@@ -175,9 +175,15 @@ class _Conversation:
 
 async def _ask_user(ctx: AgentContext, opts: Options, conversation: list[Item], *, may_stop: bool) -> UserTurn:
     params = user_sim_params(
-        ctx.row, conversation, instructions=opts.user_instructions, persona_field=opts.persona_field,
-        goal_field=opts.goal_field, stop_token=opts.stop_token, stop_tool=opts.stop_tool,
-        may_stop=may_stop, extra=opts.user_params,
+        ctx.row,
+        conversation,
+        instructions=opts.user_instructions,
+        persona_field=opts.persona_field,
+        goal_field=opts.goal_field,
+        stop_token=opts.stop_token,
+        stop_tool=opts.stop_tool,
+        may_stop=may_stop,
+        extra=opts.user_params,
     )
     resp = await ctx.generate(params, model=opts.user_model)
     return read_user_turn(resp.output, stop_token=opts.stop_token, stop_tool=opts.stop_tool)
@@ -224,9 +230,7 @@ async def run(ctx: AgentContext) -> Outcome:
             if source == "env":
                 reset = await env_reset(session)
                 opening = reset.observation or None
-            elif source == "model" and not any(
-                isinstance(i, Message) and i.role == "user" for i in conv.base_input
-            ):
+            elif source == "model" and not any(isinstance(i, Message) and i.role == "user" for i in conv.base_input):
                 first = await _ask_user(ctx, opts, conv.base_input, may_stop=False)
                 if first.stop or not first.text:
                     raise AgentFailure("model_error", "the user simulator did not open the conversation")
@@ -242,9 +246,15 @@ async def run(ctx: AgentContext) -> Outcome:
                 items, complete = await conv.policy_turn()
                 next_text: str | None = None
                 if source == "env":
-                    step = await env_step(session, Action(
-                        text=output_text(items), output=items, turn=turns, incomplete=not complete,
-                    ))
+                    step = await env_step(
+                        session,
+                        Action(
+                            text=output_text(items),
+                            output=items,
+                            turn=turns,
+                            incomplete=not complete,
+                        ),
+                    )
                     if step.terminated or step.truncated:
                         truncated = truncated or step.truncated
                         break
@@ -264,9 +274,7 @@ async def run(ctx: AgentContext) -> Outcome:
                     if not complete:
                         truncated = True
                         break
-                    said = await _ask_user(
-                        ctx, opts, conv.base_input + conv.outputs, may_stop=turns >= opts.min_turns
-                    )
+                    said = await _ask_user(ctx, opts, conv.base_input + conv.outputs, may_stop=turns >= opts.min_turns)
                     if said.stop:
                         break
                     next_text = said.text

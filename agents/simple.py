@@ -43,9 +43,7 @@ async def run(ctx: AgentContext) -> Outcome:
                 else:
                     output = (await session.call(call.name, call.arguments)).output
                 trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
-            if not calls and any(
-                isinstance(o, Message) and o.role == "assistant" for o in resp.output
-            ):
+            if not calls and any(isinstance(o, Message) and o.role == "assistant" for o in resp.output):
                 break
             if max_steps and trajectory.steps >= max_steps:
                 break

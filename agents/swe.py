@@ -54,10 +54,15 @@ def _prompt(row: dict) -> list[Item]:
     statement = row.get("problem_statement")
     if not isinstance(statement, str) or not statement.strip():
         raise AgentFailure("invalid_task", "a SWE row needs responses_create_params.input or a problem_statement")
-    return parse_items([
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"Resolve this issue in the repository:\n\n<issue>\n{statement.strip()}\n</issue>"},
-    ])
+    return parse_items(
+        [
+            {"role": "system", "content": SYSTEM},
+            {
+                "role": "user",
+                "content": f"Resolve this issue in the repository:\n\n<issue>\n{statement.strip()}\n</issue>",
+            },
+        ]
+    )
 
 
 def is_submit(call: FunctionCall) -> bool:
@@ -96,8 +101,9 @@ async def run(ctx: AgentContext) -> Outcome:
             submitted = False
             for call in calls:
                 if submitted:  # later calls of the submitting turn are answered, not run
-                    trajectory.append(FunctionCallOutput(call_id=call.call_id,
-                                                         output="Not run: the task was submitted."))
+                    trajectory.append(
+                        FunctionCallOutput(call_id=call.call_id, output="Not run: the task was submitted.")
+                    )
                     continue
                 if is_reserved(call.name):  # runtime-internal names never reach the resource
                     output = f"Error: unknown tool {call.name!r}"

@@ -231,9 +231,7 @@ def build_chat_body(
     ``tool_choice`` without tools); other Responses-only fields are dropped; the
     rest of ``params.extra`` passes through; ``extra_body`` (config) wins.
     """
-    body: dict[str, Any] = {
-        "messages": responses_to_chat_messages(params.input, instructions=params.instructions)
-    }
+    body: dict[str, Any] = {"messages": responses_to_chat_messages(params.input, instructions=params.instructions)}
     if model:
         body["model"] = model
     tools = responses_tools_to_chat(params.tools)

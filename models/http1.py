@@ -251,10 +251,15 @@ class ConnectionPool:
 
     async def request(self, method: str, target: str, headers: bytes, body: bytes) -> Response:
         """``headers``: from ``encode_headers`` (Host and Content-Length are added here)."""
-        data = b"".join((
-            f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), self._host_line, headers,
-            b"Content-Length: %d\r\n\r\n" % len(body), body,
-        ))
+        data = b"".join(
+            (
+                f"{method} {target} HTTP/1.1\r\n".encode("latin-1"),
+                self._host_line,
+                headers,
+                b"Content-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         conn, reused = await self._checkout()
         try:
             try:

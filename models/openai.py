@@ -110,8 +110,7 @@ def build_responses_body(
     body: dict[str, Any] = {"input": items}
     if model:
         body["model"] = model
-    for key in ("instructions", "temperature", "top_p", "max_output_tokens", "tool_choice",
-                "parallel_tool_calls"):
+    for key in ("instructions", "temperature", "top_p", "max_output_tokens", "tool_choice", "parallel_tool_calls"):
         value = getattr(params, key)
         if value is not None:
             body[key] = value

@@ -128,11 +128,7 @@ def _load(path: str) -> list[Recording]:
                 output = parse_items(response["output"])
                 raw_usage = response.get("usage")
                 usage = (
-                    msgspec.convert(
-                        {k: v for k, v in raw_usage.items() if v is not None}, Usage
-                    )
-                    if raw_usage
-                    else None
+                    msgspec.convert({k: v for k, v in raw_usage.items() if v is not None}, Usage) if raw_usage else None
                 )
             except msgspec.DecodeError as e:
                 raise ModelError(f"replay: {where}: not valid JSON: {e}") from None
@@ -244,8 +240,15 @@ class ReplayModel:
                     None,
                 )
                 if stop_tool:
-                    output = [FunctionCall(name=stop_tool, arguments="{}", call_id=f"call_replay_stop_{n}",
-                                           id=f"fc_replay_stop_{n}", status="completed")]
+                    output = [
+                        FunctionCall(
+                            name=stop_tool,
+                            arguments="{}",
+                            call_id=f"call_replay_stop_{n}",
+                            id=f"fc_replay_stop_{n}",
+                            status="completed",
+                        )
+                    ]
                 else:
                     output = [assistant_message(DEFAULT_STOP_TOKEN, id=f"msg_replay_user_{n}")]
             return Response(
@@ -273,8 +276,7 @@ class ReplayModel:
                 "",
             )
             raise ModelError(
-                f"replay: no recorded rollout in {self.path} has this prompt"
-                f" (first user message: {first_user[:80]!r})"
+                f"replay: no recorded rollout in {self.path} has this prompt (first user message: {first_user[:80]!r})"
             )
         diverged: str | None = None
         for n, rec in candidates:
@@ -283,9 +285,7 @@ class ReplayModel:
             if k > len(rec.output):
                 diverged = f"{rec.source}: the conversation is longer than the recording"
                 continue
-            bad = next(
-                (j for j, it in enumerate(turn) if _turn_key(it) != rec.turn_keys[j]), None
-            )
+            bad = next((j for j, it in enumerate(turn) if _turn_key(it) != rec.turn_keys[j]), None)
             if bad is not None:
                 diverged = (
                     f"{rec.source}: conversation item {n + bad} is"

@@ -68,14 +68,22 @@ def tool_choice_structured_outputs(body: dict[str, Any]) -> dict[str, Any] | Non
             raise ModelError(f"tool_choice names {choice!r}, which is not among the tools")
         return {"json": fn.get("parameters") or {"type": "object"}}
     if choice == "required" and tools:
-        return {"json": {
-            "type": "array", "minItems": 1,
-            "items": {"anyOf": [
-                {"type": "object", "properties": {"name": {"enum": [n]}, "parameters": f.get("parameters") or {}},
-                 "required": ["name", "parameters"]}
-                for n, f in tools.items()
-            ]},
-        }}
+        return {
+            "json": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {"name": {"enum": [n]}, "parameters": f.get("parameters") or {}},
+                            "required": ["name", "parameters"],
+                        }
+                        for n, f in tools.items()
+                    ]
+                },
+            }
+        }
     return None
 
 
@@ -97,14 +105,24 @@ def message_from_raw_text(
     calls: list[dict[str, Any]] = []
     content: str | None = text
     if tools and isinstance(choice, dict):
-        calls = [{"id": _tool_call_id(), "type": "function",
-                  "function": {"name": choice["function"]["name"], "arguments": text}}]
+        calls = [
+            {
+                "id": _tool_call_id(),
+                "type": "function",
+                "function": {"name": choice["function"]["name"], "arguments": text},
+            }
+        ]
         content = None
     elif tools and choice == "required":
         try:
-            calls = [{"id": _tool_call_id(), "type": "function",
-                      "function": {"name": c["name"], "arguments": msgspec.json.encode(c["parameters"]).decode()}}
-                     for c in msgspec.json.decode(text)]
+            calls = [
+                {
+                    "id": _tool_call_id(),
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": msgspec.json.encode(c["parameters"]).decode()},
+                }
+                for c in msgspec.json.decode(text)
+            ]
             content = None
         except (msgspec.DecodeError, TypeError, KeyError):
             calls = []

@@ -61,7 +61,6 @@ MAX_COOLDOWN_S = 60.0
 AFFINITY_SIZE = 200_000  # rollouts remembered for replica affinity (LRU)
 
 
-
 class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     """The keys every HTTP adapter (``openai``, ``vllm``) reads. ``api_key`` and
     ``headers`` are secrets (never logged, printed or in a repr)."""
@@ -264,7 +263,7 @@ class PlainHTTP:
             if headers is not self._headers:  # encoded once per endpoint, not per call
                 self._encoded = http1.encode_headers(headers)
                 self._headers = headers
-            r = await self._lean.request("POST", url[len(self._origin):] or "/", self._encoded, data)
+            r = await self._lean.request("POST", url[len(self._origin) :] or "/", self._encoded, data)
             return r.status, r.headers, r.body
         async with self.session().post(url, data=data, headers=headers) as raw:
             return raw.status, raw.headers, await raw.read()
@@ -356,8 +355,9 @@ class Endpoint:
                 err = content.decode("utf-8", "replace")
             detail = err.get("error", err) if isinstance(err, dict) else err
             message = detail.get("message", detail) if isinstance(detail, dict) else detail
-            response = httpx2.Response(status, headers=list(headers.items()), content=content,
-                                       request=httpx2.Request("POST", url))
+            response = httpx2.Response(
+                status, headers=list(headers.items()), content=content, request=httpx2.Request("POST", url)
+            )
             raise openai.APIStatusError(f"Error code: {status} - {message}", response=response, body=err)
         try:
             return _decoder.decode(content)
@@ -502,13 +502,9 @@ class EndpointPool:
             backoff *= 0.5 + random.random() / 2  # jitter: concurrent rollouts spread out
             if wait is not None:
                 backoff = max(backoff, wait)
-            elif replica_fault and any(
-                e.healthy for i, e in enumerate(self.endpoints) if i not in tried
-            ):
+            elif replica_fault and any(e.healthy for i, e in enumerate(self.endpoints) if i not in tried):
                 backoff = 0.0  # another replica is up: fail over at once
-            log.warning(
-                "model.retry", error=failure, retry=attempt + 1, of=attempts - 1, backoff_s=round(backoff, 3)
-            )
+            log.warning("model.retry", error=failure, retry=attempt + 1, of=attempts - 1, backoff_s=round(backoff, 3))
             if backoff:
                 await anyio.sleep(backoff)
         raise AssertionError("unreachable")  # pragma: no cover

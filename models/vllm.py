@@ -114,9 +114,21 @@ TOKEN_FLAGS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids"
 # Chat-only request keys that /v1/completions does not take.
 _CHAT_ONLY = frozenset(
     {
-        "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "chat_template",
-        "add_generation_prompt", "continue_final_message", "reasoning_effort", "logprobs", "top_logprobs",
-        "documents", "mm_processor_kwargs", "include_reasoning", "n",
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "chat_template_kwargs",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "reasoning_effort",
+        "logprobs",
+        "top_logprobs",
+        "documents",
+        "mm_processor_kwargs",
+        "include_reasoning",
+        "n",
     }
 )
 _TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "chat_template", "mm_processor_kwargs")
@@ -284,9 +296,12 @@ class VLLMModel:
             return self._eos
         model = {"model": self._model} if self._model else {}
         user = {"role": "user", "content": "hi"}
-        head = await self._post(ep, "/tokenize", {**model, "messages": [user], "add_generation_prompt": True}, root=True)
+        head = await self._post(
+            ep, "/tokenize", {**model, "messages": [user], "add_generation_prompt": True}, root=True
+        )
         turn = await self._post(
-            ep, "/tokenize",
+            ep,
+            "/tokenize",
             {**model, "messages": [user, {"role": "assistant", "content": "ok"}], "add_generation_prompt": False},
             root=True,
         )

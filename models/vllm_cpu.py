@@ -57,5 +57,7 @@ def cpu_kv_cache(engine_args: dict[str, Any]) -> bool:
 def cpu_start_error(e: BaseException) -> ModelError:
     """The engine did not start on CPU: one line that says which option to set."""
     first = (str(e).splitlines() or [type(e).__name__])[0][:200]
-    return ModelError(f"vllm_engine: vLLM could not start on CPU ({first}); when it lacks memory, set "
-                      f"{KV_CACHE_ENV}=<GiB> in the environment or engine_args.gpu_memory_utilization")
+    return ModelError(
+        f"vllm_engine: vLLM could not start on CPU ({first}); when it lacks memory, set "
+        f"{KV_CACHE_ENV}=<GiB> in the environment or engine_args.gpu_memory_utilization"
+    )

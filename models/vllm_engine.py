@@ -80,8 +80,17 @@ Options = msgspec.defstruct(
     forbid_unknown_fields=True,
 )
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-                  "frequency_penalty", "repetition_penalty")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,7 +100,9 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         m = dict(m)
         content = m.get("content")
         if isinstance(content, list):
-            m["content"] = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            m["content"] = "\n".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
         if m.get("tool_calls"):
             calls = []
             for tc in m["tool_calls"]:
@@ -117,7 +128,12 @@ def _ids(value: Any) -> list[int]:
 
 class VLLMEngineModel:
     def __init__(
-        self, cfg: Any, *, concurrency: int = 64, base_dir: str | None = None, engine: Any = None,
+        self,
+        cfg: Any,
+        *,
+        concurrency: int = 64,
+        base_dir: str | None = None,
+        engine: Any = None,
         tokenizer: Any = None,
     ) -> None:
         if engine is None and not cfg.model:
@@ -170,15 +186,21 @@ class VLLMEngineModel:
                 mc = getattr(self._engine, "model_config", None)
                 self._max_len = int(getattr(mc, "max_model_len", 0) or 0) or 1 << 62
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                add_generation_prompt: bool = True) -> list[int]:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool = True
+    ) -> list[int]:
         kwargs: dict[str, Any] = dict(self.cfg.chat_template_kwargs)
         if self._template:
             kwargs["chat_template"] = self._template
-        return _ids(self._tokenizer.apply_chat_template(
-            template_messages(messages), tools=tools or None, add_generation_prompt=add_generation_prompt,
-            tokenize=True, **kwargs,
-        ))
+        return _ids(
+            self._tokenizer.apply_chat_template(
+                template_messages(messages),
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                **kwargs,
+            )
+        )
 
     def end_token(self) -> int:
         if self._eos is not None:
@@ -203,8 +225,13 @@ class VLLMEngineModel:
         if self.cfg.reasoning_parser:
             reasoning, text = self._vllm_reasoning(text, body)
         name = self.cfg.tool_call_parser
-        parse = (parse_hermes_tool_calls if name == "hermes"
-                 else None if name in (None, "none") else (lambda t: self._vllm_tools(t, body)))
+        parse = (
+            parse_hermes_tool_calls
+            if name == "hermes"
+            else None
+            if name in (None, "none")
+            else (lambda t: self._vllm_tools(t, body))
+        )
         msg = message_from_raw_text(text, body, parse_tools=parse, think=not self.cfg.reasoning_parser)
         if reasoning:
             msg["reasoning"] = reasoning
@@ -227,8 +254,11 @@ class VLLMEngineModel:
             self._tool_parser = ToolParserManager.get_tool_parser(self.cfg.tool_call_parser)(self._tokenizer)
         info = self._tool_parser.extract_tool_calls(text, self._request(body))
         calls = [
-            {"id": getattr(tc, "id", None) or f"chatcmpl-tool-{uuid4().hex[:16]}", "type": "function",
-             "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+            {
+                "id": getattr(tc, "id", None) or f"chatcmpl-tool-{uuid4().hex[:16]}",
+                "type": "function",
+                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+            }
             for tc in (info.tool_calls if info.tools_called else [])
         ]
         return info.content, calls

@@ -81,6 +81,8 @@ def example_input(config: Path) -> Path | None:
     """A bundled environment's example tasks (``data/example.jsonl`` beside its config), if any."""
     path = config.parent / "data" / "example.jsonl"
     return path if path.is_file() else None
+
+
 def config_root(name: str, base_dir: str | Path) -> Path | None:
     """The directory that makes ``name`` importable relative to a config in ``base_dir``, if any."""
     top = name.split(".")[0]

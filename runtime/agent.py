@@ -174,9 +174,13 @@ class AgentContext:
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
         reply = await call_model(
-            self._bus, name,
-            ModelRequest(params=params, rollout_key=self.rollout_key,
-                         fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None),
+            self._bus,
+            name,
+            ModelRequest(
+                params=params,
+                rollout_key=self.rollout_key,
+                fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None,
+            ),
             timeout=self._model_timeout_s(name),
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
         )
@@ -189,8 +193,9 @@ class AgentContext:
     async def open_session(self, resource: str | None = None) -> Session:
         """Open a session on the named resource (default: the agent's); use ``async with``."""
         name = resource or self.config.resource
-        return Session(self._bus, self._bus.subject("res", name, "seed"), self.row,
-                       absent_grace_s=self.config.absent_grace_s)
+        return Session(
+            self._bus, self._bus.subject("res", name, "seed"), self.row, absent_grace_s=self.config.absent_grace_s
+        )
 
 
 class Trajectory:

@@ -102,22 +102,42 @@ class AgentWorker:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
             self.puller = await work_queue_puller(
-                self.bus, "task", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s,
+                self.bus,
+                "task",
+                self.name,
+                slots=self.cfg.concurrency,
+                ack_wait=self.cfg.ack_wait_s,
                 handle=self._handle,
             )
             try:
-                await serve_pulled(self.bus, self.puller, role="agent", name=self.name, worker_id=self.worker_id,
-                                   stats=self.stats, task_status=task_status, log=log, owner=self,
-                                   fingerprint=self.fingerprint, slots=self.cfg.concurrency)
+                await serve_pulled(
+                    self.bus,
+                    self.puller,
+                    role="agent",
+                    name=self.name,
+                    worker_id=self.worker_id,
+                    stats=self.stats,
+                    task_status=task_status,
+                    log=log,
+                    owner=self,
+                    fingerprint=self.fingerprint,
+                    slots=self.cfg.concurrency,
+                )
             finally:
                 tg.cancel_scope.cancel()
 
     def stats(self) -> dict[str, Any]:
         p = self.puller
         done = self.completed
-        return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency,
-                "completed": done, "failed": self.failed, "retried": self.retried, "skipped": self.skipped,
-                "mean_rollout_ms": round(1000 * self.busy_s / done, 2) if done else None}
+        return {
+            "in_flight": p.busy if p else 0,
+            "slots": self.cfg.concurrency,
+            "completed": done,
+            "failed": self.failed,
+            "retried": self.retried,
+            "skipped": self.skipped,
+            "mean_rollout_ms": round(1000 * self.busy_s / done, 2) if done else None,
+        }
 
     async def drain(self) -> None:
         await drain_puller(self.puller)
@@ -151,8 +171,9 @@ class AgentWorker:
         with tel.span(f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs):
             with tel.span("rollout", attributes=attrs) as span:
                 trace_id, _ = tel.current_ids()
-                with logs.bound(batch=task.batch, task_index=task.task_index,
-                                rollout_index=task.rollout_index, trace_id=trace_id):
+                with logs.bound(
+                    batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index, trace_id=trace_id
+                ):
                     result = await self._run_task(task, attempt, msg)
                     if result is None:
                         self.retried += 1
@@ -166,15 +187,19 @@ class AgentWorker:
                             meters.rollout_failed(self.name, took, result.error.error_class)
                         (log.info if skipped else log.warning)(
                             "rollout.skipped" if skipped else "rollout.failed",
-                            error_class=result.error.error_class, error=result.error.message, attempt=attempt)
+                            error_class=result.error.error_class,
+                            error=result.error.message,
+                            attempt=attempt,
+                        )
                     else:
                         reward = result.row["reward"]  # type: ignore[index]
                         reward = float(reward) if isinstance(reward, (int, float)) else None
                         if reward is not None:
                             span.set_attribute("gym.reward", reward)
                         meters.rollout_done(self.name, took, reward)
-                        log.debug("rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1),
-                                  attempt=attempt)
+                        log.debug(
+                            "rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1), attempt=attempt
+                        )
                     if self.puller is not None:
                         await self.puller.release(msg)  # the next task starts while this one is stored
                     await self._store(task, result)
@@ -185,8 +210,13 @@ class AgentWorker:
     async def _run_task(self, task: RolloutTask, attempt: int, msg: Msg) -> RolloutResult | None:
         def failure(info: ErrorInfo) -> RolloutResult:
             return RolloutResult(
-                batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index,
-                agent=task.agent, error=info, input_row=task.row, attempts=attempt,
+                batch=task.batch,
+                task_index=task.task_index,
+                rollout_index=task.rollout_index,
+                agent=task.agent,
+                error=info,
+                input_row=task.row,
+                attempts=attempt,
             )
 
         skip = await self._skip_reason(task)
@@ -194,17 +224,27 @@ class AgentWorker:
             self.skipped += 1
             return failure(skip)
         if attempt > self.cfg.max_attempts:
-            return failure(ErrorInfo(
-                error_class="worker_lost",
-                message=f"task was delivered {attempt - 1} times without completing (workers lost or timed out)",
-            ))
-        ctx = AgentContext(self.bus, task, self.cfg, model_timeout_s=self._model_timeout,
-                           model_fingerprint=self._model_fps.get, model_liveness_s=self._model_patience.get)
+            return failure(
+                ErrorInfo(
+                    error_class="worker_lost",
+                    message=f"task was delivered {attempt - 1} times without completing (workers lost or timed out)",
+                )
+            )
+        ctx = AgentContext(
+            self.bus,
+            task,
+            self.cfg,
+            model_timeout_s=self._model_timeout,
+            model_fingerprint=self._model_fps.get,
+            model_liveness_s=self._model_patience.get,
+        )
         try:
             async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
                 outcome = await self.fn(ctx)
         except TimeoutError:
-            return failure(ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"))
+            return failure(
+                ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
+            )
         except GymError as e:
             if e.info.retryable and attempt < self.cfg.max_attempts:
                 delay = NAK_BACKOFF_S[min(attempt - 1, len(NAK_BACKOFF_S) - 1)]
@@ -216,30 +256,43 @@ class AgentWorker:
             log.error("rollout.crashed", error=repr(e), exc_info=e)
             return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
         return RolloutResult(
-            batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index,
-            agent=task.agent, row=build_row(task, outcome, policy_versions=ctx.policy_versions), attempts=attempt,
+            batch=task.batch,
+            task_index=task.task_index,
+            rollout_index=task.rollout_index,
+            agent=task.agent,
+            row=build_row(task, outcome, policy_versions=ctx.policy_versions),
+            attempts=attempt,
             answer_field=outcome.verdict.answer_field,
         )
 
     async def _skip_reason(self, task: RolloutTask) -> ErrorInfo | None:
         """Why a task must not run: another config's task, its batch was cancelled, or it is stale."""
         if task.fingerprint and task.fingerprint != self.fingerprint:
-            return ErrorInfo(error_class="config_mismatch", message=(
-                f"agent worker {self.worker_id} serves another config's {self.name!r} (fingerprint "
-                f"{self.fingerprint}, the task expects {task.fingerprint}): two experiments share namespace "
-                "and agent name; give one of them its own `namespace`"))
+            return ErrorInfo(
+                error_class="config_mismatch",
+                message=(
+                    f"agent worker {self.worker_id} serves another config's {self.name!r} (fingerprint "
+                    f"{self.fingerprint}, the task expects {task.fingerprint}): two experiments share namespace "
+                    "and agent name; give one of them its own `namespace`"
+                ),
+            )
         if await self.control.is_cancelled(task.batch):
             return ErrorInfo(error_class="cancelled", message=f"batch {task.batch} was cancelled before this task ran")
         if task.max_staleness is not None and task.policy_version is not None:
             current = await self.control.version(self.cfg.model)
             if current is not None and current - task.policy_version > task.max_staleness:
-                return ErrorInfo(error_class="stale", message=(
-                    f"policy version {current} is more than max_staleness={task.max_staleness} ahead of the "
-                    f"task's {task.policy_version}; dropped without running"))
+                return ErrorInfo(
+                    error_class="stale",
+                    message=(
+                        f"policy version {current} is more than max_staleness={task.max_staleness} ahead of the "
+                        f"task's {task.policy_version}; dropped without running"
+                    ),
+                )
         return None
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
         await self.bus.js_publish(
-            self.bus.subject("result", task.batch), result,
+            self.bus.subject("result", task.batch),
+            result,
             msg_id=f"{task.batch}:{task.task_index}:{task.rollout_index}",
         )

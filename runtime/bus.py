@@ -89,8 +89,9 @@ class _Pending:
         self.resend: tuple[str, bytes, dict[str, str]] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def watch(self, loop: asyncio.AbstractEventLoop, subject: str, op: str, timeout: float,
-              liveness: float | None) -> None:
+    def watch(
+        self, loop: asyncio.AbstractEventLoop, subject: str, op: str, timeout: float, liveness: float | None
+    ) -> None:
         """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence."""
         self._subject, self._op, self._timeout = subject, op, timeout
         self._liveness = liveness
@@ -104,20 +105,29 @@ class _Pending:
             return
         now = time.monotonic()
         if now >= self._deadline:
-            fut.set_exception(RemoteError(ErrorInfo(
-                error_class="timeout", message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
-                retryable=True,
-            )))
+            fut.set_exception(
+                RemoteError(
+                    ErrorInfo(
+                        error_class="timeout",
+                        message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
+                        retryable=True,
+                    )
+                )
+            )
             return
         wake = self._deadline
         if self._liveness is not None:
             idle = now - self.seen
             if idle >= self._liveness:
-                fut.set_exception(RemoteError(ErrorInfo(
-                    error_class="worker_lost",
-                    message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
-                    retryable=True,
-                )))
+                fut.set_exception(
+                    RemoteError(
+                        ErrorInfo(
+                            error_class="worker_lost",
+                            message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
+                            retryable=True,
+                        )
+                    )
+                )
                 return
             wake = min(wake, self.seen + self._liveness)
         self._timer = loop.call_later(wake - now, self._check, loop)
@@ -140,9 +150,7 @@ class _Keepalive:
         self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
 
     def _beat(self) -> None:
-        self._sending = self._loop.create_task(
-            self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"})
-        )
+        self._sending = self._loop.create_task(self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
         self._timer = self._loop.call_later(KEEPALIVE_S, self._beat)
 
     def cancel(self) -> None:
@@ -175,6 +183,7 @@ def _quiet_ssl_eof() -> None:
 
     lg = logging.getLogger("asyncio")
     if not any(getattr(f, "gym_ssl_eof", False) for f in lg.filters):
+
         class _Filter(logging.Filter):
             gym_ssl_eof = True
 
@@ -221,8 +230,7 @@ def _reason(e: BaseException, *, secured: bool = True) -> str:
     import ssl
 
     if not secured and (isinstance(e, ssl.SSLError) or "tls" in str(e).lower()):
-        return ("the server requires TLS and credentials (`server --secure`): pass --auth-dir DIR "
-                "or set GYM_AUTH_DIR")
+        return "the server requires TLS and credentials (`server --secure`): pass --auth-dir DIR or set GYM_AUTH_DIR"
     if isinstance(e, ssl.SSLCertVerificationError):
         return f"TLS: the server's certificate is not signed by our CA ({e.verify_message}; is --auth-dir's ca.pem this cluster's?)"
     text = str(e).strip().strip("'\"") or type(e).__name__
@@ -285,8 +293,12 @@ async def _wait_reachable(servers: list[str], timeout: float | None) -> None:
 
 
 async def connect(
-    url: str | list[str], *, name: str, on_reconnect: Callable[[], Awaitable[None]] | None = None,
-    initial_timeout: float | None = -1.0, options: dict[str, Any] | None = None,
+    url: str | list[str],
+    *,
+    name: str,
+    on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    initial_timeout: float | None = -1.0,
+    options: dict[str, Any] | None = None,
 ) -> NATS:
     """Connect with reconnect-forever: long-lived workers ride out server restarts.
 
@@ -354,7 +366,11 @@ async def connect(
             with anyio.move_on_after(1.0, shield=True):
                 await nc.close()
             if initial_timeout is not None:
-                why = _reason(state["last"], secured=secured) if state["last"] else f"no NATS handshake within {limit:.0f}s"
+                why = (
+                    _reason(state["last"], secured=secured)
+                    if state["last"]
+                    else f"no NATS handshake within {limit:.0f}s"
+                )
                 raise ServerUnreachable(f"cannot connect to NATS at {shown}: {why}") from None
         except BaseException:
             with anyio.move_on_after(1.0, shield=True):
@@ -392,8 +408,16 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str | list[str], *, namespace: str, telemetry: Telemetry, name: str,
-        initial_timeout: float | None = -1.0, auth: Any = None, role: str | None = None, jetstream: Any = None,
+        cls,
+        url: str | list[str],
+        *,
+        namespace: str,
+        telemetry: Telemetry,
+        name: str,
+        initial_timeout: float | None = -1.0,
+        auth: Any = None,
+        role: str | None = None,
+        jetstream: Any = None,
     ) -> Bus:
         """Connect; with ``auth`` (a ``security.ClientAuth``) as ``role``, over TLS with that role's nkey.
         ``jetstream``: the config's JetStreamConfig, applied to the streams/buckets this client creates."""
@@ -545,12 +569,17 @@ class Bus:
             del self._replies[key]
             fut = call.fut
             if not fut.done():
-                fut.set_exception(
-                    RemoteError(ErrorInfo(error_class="worker_lost", message=reason, retryable=True))
-                )
+                fut.set_exception(RemoteError(ErrorInfo(error_class="worker_lost", message=reason, retryable=True)))
 
     async def _call(
-        self, subject: str, payload: Any, *, timeout: float, op: str, queued: bool, msg_id: str | None,
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        queued: bool,
+        msg_id: str | None,
         liveness: float | None = None,
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
@@ -592,16 +621,18 @@ class Bus:
         ``liveness_s`` (default ``LIVENESS_S``): how long the responder may stay silent (no reply,
         no keepalive) before the call fails as retryable ``worker_lost``."""
         if not self.telemetry.recording:  # no span to open or mark: the caller's context is current already
-            return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None,
-                                    liveness=liveness_s)
+            return await self._call(
+                subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, liveness=liveness_s
+            )
         with self.telemetry.span(
             f"{op} {subject}",
             kind=SpanKind.CLIENT,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ) as span:
             try:
-                return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None,
-                                        liveness=liveness_s)
+                return await self._call(
+                    subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, liveness=liveness_s
+                )
             except Busy:
                 raise
             except RemoteError as e:
@@ -634,8 +665,9 @@ class Bus:
                 log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RemoteError(ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s",
-                                        retryable=True))
+            raise RemoteError(
+                ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
+            )
         return await self.queued_request(queued, payload, timeout=left, op=op)
 
     async def queued_request(
@@ -725,7 +757,12 @@ class Bus:
         return replies
 
     async def gather(
-        self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float,
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        done: Callable[[list[Any]], bool],
+        timeout: float,
     ) -> list[Any]:
         """Publish ``payload`` to every subscriber of ``subject``; collect decoded replies until
         ``done(replies)`` or ``timeout`` (control messages acknowledged by every replica)."""
@@ -821,7 +858,12 @@ class Bus:
             await self.nc.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
 
     async def serve_direct(
-        self, tg: TaskGroup, subject: str, *, queue: str, admit: Callable[[Msg], bool],
+        self,
+        tg: TaskGroup,
+        subject: str,
+        *,
+        queue: str,
+        admit: Callable[[Msg], bool],
         run: Callable[[Msg], Awaitable[None]],
     ) -> Any:
         """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task

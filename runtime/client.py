@@ -90,8 +90,9 @@ class _ResultReader:
             if isinstance(res, RolloutResult):
                 self._on_result(res)
 
-        self._puller = PullWorker(self.bus, stream=self.stream, consumer=self.consumer, slots=self._slots,
-                                  handle=on_msg, heartbeat_s=3600.0)
+        self._puller = PullWorker(
+            self.bus, stream=self.stream, consumer=self.consumer, slots=self._slots, handle=on_msg, heartbeat_s=3600.0
+        )
 
     async def run(self) -> None:
         assert self._puller is not None
@@ -235,8 +236,9 @@ class Client:
             url = self._server.start()
         try:
             kw = self._auth_kwargs()
-            self._bus = await Bus.connect(url, namespace=self.config.namespace, telemetry=self.telemetry,
-                                          name="gym-client", **kw)
+            self._bus = await Bus.connect(
+                url, namespace=self.config.namespace, telemetry=self.telemetry, name="gym-client", **kw
+            )
             await ensure_streams(self._bus)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -244,8 +246,7 @@ class Client:
                 await self._start_children(url)
             elif self.workers_spec:
                 only = None if self.workers_spec is True else list(self.workers_spec)  # type: ignore[arg-type]
-                self.workers = make_workers(self._bus, self.config, selected(self.config, only),
-                                            replicas=self.replicas)
+                self.workers = make_workers(self._bus, self.config, selected(self.config, only), replicas=self.replicas)
                 await start_workers(self._tg, self.workers)
             if self.check_fingerprints:
                 await self.check_cluster()
@@ -302,8 +303,15 @@ class Client:
 
     async def _start_children(self, url: str | list[str]) -> None:
         """``gym-runtime start`` as a child (one process per worker replica): warm until we exit."""
-        argv = [sys.executable, "-m", "gym_runtime.cli", "start", str(self.config_path),
-                "--nats", url if isinstance(url, str) else ",".join(url)]
+        argv = [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            str(self.config_path),
+            "--nats",
+            url if isinstance(url, str) else ",".join(url),
+        ]
         if self.auth_dir is not None:
             argv += ["--auth-dir", str(self.auth_dir)]
         if self.replicas:
@@ -315,8 +323,10 @@ class Client:
             line = await anyio.to_thread.run_sync(proc.stdout.readline)
             if line.startswith(b"workers ready"):
                 return
-        raise ClientError(f"the worker processes did not start (exit code {proc.poll()}); run "
-                          f"`gym-runtime start {self.config_path} --nats URL` to see why")
+        raise ClientError(
+            f"the worker processes did not start (exit code {proc.poll()}); run "
+            f"`gym-runtime start {self.config_path} --nats URL` to see why"
+        )
 
     async def _stop_children(self) -> None:
         for proc in self._children:
@@ -340,11 +350,14 @@ class Client:
             expected = self._fps.get((str(w.get("role")), str(w.get("name"))))
             got = w.get("fingerprint")
             if expected and got and got != expected:
-                problems.append(f"{w['role']} {w['name']!r} (worker {w.get('worker')}: fingerprint {got}, "
-                                f"this config's is {expected})")
+                problems.append(
+                    f"{w['role']} {w['name']!r} (worker {w.get('worker')}: fingerprint {got}, "
+                    f"this config's is {expected})"
+                )
         if problems:
             raise ClientError(
-                f"namespace {self.config.namespace!r} has workers of another config: " + "; ".join(problems)
+                f"namespace {self.config.namespace!r} has workers of another config: "
+                + "; ".join(problems)
                 + ". Give each experiment its own `namespace` (or stop the other workers)."
             )
 
@@ -379,15 +392,19 @@ class Client:
         """
         acked = 0
         for m in self._models(model):
-            live = {str(w["worker"]) for w in await discover(self.bus, wait_s=0.5)
-                    if w.get("role") == "model" and w.get("name") == m}
+            live = {
+                str(w["worker"])
+                for w in await discover(self.bus, wait_s=0.5)
+                if w.get("role") == "model" and w.get("name") == m
+            }
             await control.set_paused(self.bus, m, True)
             replies = await control.send_pause(self.bus, m, live, timeout=timeout)
             got = {getattr(r, "worker", None) for r in replies}
             missing = live - got
             if missing:
-                raise ClientError(f"model {m!r}: replicas {sorted(missing)} did not acknowledge the pause "
-                                  f"within {timeout:g}s")
+                raise ClientError(
+                    f"model {m!r}: replicas {sorted(missing)} did not acknowledge the pause within {timeout:g}s"
+                )
             acked += len(got)
         return acked
 
@@ -414,8 +431,12 @@ class Client:
 
     def _task_fields(self, policy_version: int | None, max_staleness: int | None) -> Any:
         def fields(agent: str) -> dict[str, Any]:
-            return {"policy_version": policy_version, "max_staleness": max_staleness,
-                    "fingerprint": self._fps.get(("agent", agent))}
+            return {
+                "policy_version": policy_version,
+                "max_staleness": max_staleness,
+                "fingerprint": self._fps.get(("agent", agent)),
+            }
+
         return fields
 
     def _version_for(self, policy_version: int | None, max_staleness: int | None) -> int | None:
@@ -455,17 +476,37 @@ class Client:
         for row in rows:
             name = check_row(row, agents, agent)
             counts[name] = counts.get(name, 0) + 1
-        await put_manifest(self.bus, Manifest(batch=handle.batch, expected=handle.expected, tasks=len(rows),
-                                              repeats=repeats, agents=counts, input="(gym_runtime.Client)"))
+        await put_manifest(
+            self.bus,
+            Manifest(
+                batch=handle.batch,
+                expected=handle.expected,
+                tasks=len(rows),
+                repeats=repeats,
+                agents=counts,
+                input="(gym_runtime.Client)",
+            ),
+        )
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
-        await publish_rows(self.bus, rows, batch=handle.batch, agents=agents, agent=agent, repeats=repeats,
-                           task_fields=self._task_fields(version, max_staleness))
+        await publish_rows(
+            self.bus,
+            rows,
+            batch=handle.batch,
+            agents=agents,
+            agent=agent,
+            repeats=repeats,
+            task_fields=self._task_fields(version, max_staleness),
+        )
         return handle
 
     async def run(
-        self, row: dict[str, Any], *, agent: str | None = None, policy_version: int | None = None,
+        self,
+        row: dict[str, Any],
+        *,
+        agent: str | None = None,
+        policy_version: int | None = None,
         max_staleness: int | None = None,
     ) -> dict[str, Any]:
         """One rollout, awaited (what the gateway's ``/run`` does); raises ``RolloutFailed`` on a failure row.
@@ -491,8 +532,14 @@ class Client:
         fut: asyncio.Future[tuple[dict[str, Any], bool]] = asyncio.get_running_loop().create_future()
         self._runs[index] = fut
         try:
-            task = RolloutTask(batch=self._run_batch, task_index=index, rollout_index=0, agent=name, row=row,
-                               **self._task_fields(version, max_staleness)(name))
+            task = RolloutTask(
+                batch=self._run_batch,
+                task_index=index,
+                rollout_index=0,
+                agent=name,
+                row=row,
+                **self._task_fields(version, max_staleness)(name),
+            )
             await self.bus.js_publish(self.bus.subject("task", name), task, msg_id=f"{self._run_batch}:{index}:0")
             out, ok = await fut
         finally:

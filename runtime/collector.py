@@ -119,8 +119,9 @@ class Collector:
         async def on_msg(msg: Msg) -> None:
             self._take(await self.bus.decode(msg))
 
-        puller = PullWorker(self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg,
-                            heartbeat_s=3600.0, inline=True)
+        puller = PullWorker(
+            self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg, heartbeat_s=3600.0, inline=True
+        )
         with self.spool_path.open("wb") as spool:
             self._spool = spool
             try:

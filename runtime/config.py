@@ -208,8 +208,11 @@ def _check_path(raw: dict[str, Any], parts: list[str], *, adding: bool) -> None:
             else:
                 names = sorted(set(choices) | (set(node) if isinstance(node, dict) else set()))
                 near = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
-                hint = f"; did you mean {'.'.join([*parts[:i], near[0]])}?" if near else (
-                    f"; valid keys here: {', '.join(names)}" if names and len(names) <= 12 else "")
+                hint = (
+                    f"; did you mean {'.'.join([*parts[:i], near[0]])}?"
+                    if near
+                    else (f"; valid keys here: {', '.join(names)}" if names and len(names) <= 12 else "")
+                )
                 plus = " (use +KEY.PATH=VALUE to add a new entry)" if isinstance(info, msgspec.inspect.DictType) else ""
                 raise ConfigError(f"--set {'.'.join(parts)}: no key {here}{hint}{plus}")
         if free:
@@ -228,8 +231,14 @@ def _flat_model_entry(info: Any, node: Any) -> Any:
     except ValueError:
         return info  # an unknown adapter is reported when the entry is converted
     worker = [f for f in info.fields if f.encode_name != "options"]
-    return msgspec.inspect.StructType(cls=ModelConfig, fields=tuple(worker) + options.fields,
-                                      tag_field=None, tag=None, array_like=False, forbid_unknown_fields=True)
+    return msgspec.inspect.StructType(
+        cls=ModelConfig,
+        fields=tuple(worker) + options.fields,
+        tag_field=None,
+        tag=None,
+        array_like=False,
+        forbid_unknown_fields=True,
+    )
 
 
 def _structs(info: Any) -> list[Any]:
@@ -281,7 +290,8 @@ def _env_file(config_path: Path) -> dict[str, str]:
 
 
 def load_config(
-    path: str | os.PathLike[str] | list[str | os.PathLike[str]], overrides: list[str] | None = None,
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    overrides: list[str] | None = None,
 ) -> Config:
     """Read, merge (in order), override, substitute, convert.
 
@@ -327,7 +337,9 @@ def _converter(typ: type[msgspec.Struct]) -> Callable[[Any], Any]:
 # How one entry of each section is parsed (a models entry is flat: the worker's
 # keys and its adapter's own Options, see gym_runtime.model).
 _SECTIONS: dict[str, Callable[[Any], Any]] = {
-    "models": model_config, "resources": _converter(ResourceConfig), "agents": _converter(AgentConfig),
+    "models": model_config,
+    "resources": _converter(ResourceConfig),
+    "agents": _converter(AgentConfig),
 }
 
 
@@ -355,9 +367,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
         if a.resource not in cfg.resources:
-            raise ConfigError(
-                f"{source}: agents.{name}.resource: no resource named {a.resource!r} under resources"
-            )
+            raise ConfigError(f"{source}: agents.{name}.resource: no resource named {a.resource!r} under resources")
     return cfg
 
 

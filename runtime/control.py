@@ -28,10 +28,22 @@ from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeM
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
 # timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).
-_DEPLOYMENT = frozenset({
-    "replicas", "concurrency", "base_url", "api_key", "headers", "timeout_s", "ack_wait_s", "max_retries",
-    "retry_backoff_s", "replica_cooldown_s", "max_attempts", "session_ttl_s",
-})
+_DEPLOYMENT = frozenset(
+    {
+        "replicas",
+        "concurrency",
+        "base_url",
+        "api_key",
+        "headers",
+        "timeout_s",
+        "ack_wait_s",
+        "max_retries",
+        "retry_backoff_s",
+        "replica_cooldown_s",
+        "max_attempts",
+        "session_ttl_s",
+    }
+)
 _CACHE_LIMIT = 10_000
 
 
@@ -202,8 +214,9 @@ async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float)
     def done(replies: list[Any]) -> bool:
         return workers <= {getattr(r, "worker", None) for r in replies}
 
-    return await bus.gather(bus.subject("ctl", "model", model, "pause"), PauseModel(model=model),
-                            done=done, timeout=timeout)
+    return await bus.gather(
+        bus.subject("ctl", "model", model, "pause"), PauseModel(model=model), done=done, timeout=timeout
+    )
 
 
 async def send_resume(bus: Bus, model: str) -> None:

@@ -146,8 +146,9 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError:  # the `data` extra is not installed
-        raise PrepareError("Parquet, JSON and Hugging Face sources need the `datasets` library: "
-                           "pip install 'gym-runtime[data]'") from None
+        raise PrepareError(
+            "Parquet, JSON and Hugging Face sources need the `datasets` library: pip install 'gym-runtime[data]'"
+        ) from None
     datasets.disable_progress_bars()  # stdout/stderr stay ours: one summary, problems as lines
     return datasets
 
@@ -238,7 +239,9 @@ def prepare(cfg: Config, sources: list[Source], opts: Options, *, agent: str | N
             raise PrepareError(f"--weights: {', '.join(unknown)} not agents of this config ({', '.join(cfg.agents)})")
     for s in sources:
         if s.agent is not None and s.agent not in cfg.agents:
-            raise PrepareError(f"{s.agent}={s.spec}: {s.agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
+            raise PrepareError(
+                f"{s.agent}={s.spec}: {s.agent!r} is not an agent of this config ({', '.join(cfg.agents)})"
+            )
     by_agent: dict[str, list[dict[str, Any]]] = {}
     fixed_val: dict[str, list[dict[str, Any]]] = {}
     seen: dict[str, set[bytes]] = {}
@@ -353,8 +356,10 @@ def nemo_sources(config_path: str | Path, types: tuple[str, ...] = ("train", "va
             what = f"{agent} dataset {e.get('name')!r}"
             local = e.get("jsonl_fpath")
             if isinstance(local, str):
-                found = next((c for c in (Path.cwd() / local, base / local, *(p / local for p in base.parents))
-                              if c.is_file()), None)
+                found = next(
+                    (c for c in (Path.cwd() / local, base / local, *(p / local for p in base.parents)) if c.is_file()),
+                    None,
+                )
                 if found is not None:
                     sources.append(Source(spec=str(found), kind="jsonl", agent=agent, role=role))
                     continue
@@ -365,11 +370,26 @@ def nemo_sources(config_path: str | Path, types: tuple[str, ...] = ("train", "va
                 raise PrepareError(f"{what}: {local or 'no jsonl_fpath'} not found and no Hugging Face source")
             artifact = hub.get("artifact_fpath")
             if artifact:
-                sources.append(Source(spec=f"{hub['repo_id']}/{artifact}", kind="hub_file", agent=agent, role=role,
-                                      revision=hub.get("revision")))
+                sources.append(
+                    Source(
+                        spec=f"{hub['repo_id']}/{artifact}",
+                        kind="hub_file",
+                        agent=agent,
+                        role=role,
+                        revision=hub.get("revision"),
+                    )
+                )
             else:
-                sources.append(Source(spec=hub["repo_id"], kind="hub", agent=agent, role=role,
-                                      split="validation" if role else "train", revision=hub.get("revision")))
+                sources.append(
+                    Source(
+                        spec=hub["repo_id"],
+                        kind="hub",
+                        agent=agent,
+                        role=role,
+                        split="validation" if role else "train",
+                        revision=hub.get("revision"),
+                    )
+                )
     if not sources:
         raise PrepareError(f"{config_path}: no datasets entries of type {', '.join(types)}")
     return sources

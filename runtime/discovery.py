@@ -20,8 +20,13 @@ from gym_runtime.bus import Bus
 
 
 async def register(
-    bus: Bus, role: str, name: str, worker_id: str, stats: Callable[[], dict[str, Any]],
-    *, fingerprint: str | None = None,
+    bus: Bus,
+    role: str,
+    name: str,
+    worker_id: str,
+    stats: Callable[[], dict[str, Any]],
+    *,
+    fingerprint: str | None = None,
 ) -> Any:
     """Announce a worker; returns the micro service (stop it on shutdown).
 

@@ -17,8 +17,10 @@ class GymError(Exception):
     """
 
     def __init__(self, error: ErrorClass | ErrorInfo, message: str = "", *, retryable: bool = False) -> None:
-        info = error if isinstance(error, ErrorInfo) else ErrorInfo(
-            error_class=error, message=message, retryable=retryable
+        info = (
+            error
+            if isinstance(error, ErrorInfo)
+            else ErrorInfo(error_class=error, message=message, retryable=retryable)
         )
         super().__init__(f"{info.error_class}: {info.message}")
         self.info = info

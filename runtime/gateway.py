@@ -79,13 +79,17 @@ class Gateway:
         cfg = self.client.config
         out: dict[str, Any] = {"head_server": {"host": self.host, "port": self.port}}
         for name, a in cfg.agents.items():
-            out[name] = {"responses_api_agents": {impl_name(a.agent): {
-                "entrypoint": "gym-runtime gateway",
-                "host": self.host,
-                "port": self.port,
-                "resources_server": {"type": "resources_servers", "name": a.resource},
-                "model_server": {"type": "responses_api_models", "name": a.model},
-            }}}
+            out[name] = {
+                "responses_api_agents": {
+                    impl_name(a.agent): {
+                        "entrypoint": "gym-runtime gateway",
+                        "host": self.host,
+                        "port": self.port,
+                        "resources_server": {"type": "resources_servers", "name": a.resource},
+                        "model_server": {"type": "responses_api_models", "name": a.model},
+                    }
+                }
+            }
         return out
 
     def app(self) -> web.Application:
@@ -105,35 +109,54 @@ class Gateway:
 
     async def server_instances(self, _: web.Request) -> web.Response:
         now = time.time()
-        return _json([
-            {"name": name, "server_type": "responses_api_agents", "process_name": name,
-             "entrypoint": "gym-runtime gateway", "host": self.host, "port": self.port,
-             "url": f"http://{self.host}:{self.port}", "status": "success", "start_time": self.started,
-             "uptime_seconds": round(now - self.started, 3)}
-            for name in self.agents
-        ])
+        return _json(
+            [
+                {
+                    "name": name,
+                    "server_type": "responses_api_agents",
+                    "process_name": name,
+                    "entrypoint": "gym-runtime gateway",
+                    "host": self.host,
+                    "port": self.port,
+                    "url": f"http://{self.host}:{self.port}",
+                    "status": "success",
+                    "start_time": self.started,
+                    "uptime_seconds": round(now - self.started, 3),
+                }
+                for name in self.agents
+            ]
+        )
 
     def _agent_of(self, row: dict[str, Any]) -> str:
         ref = row.get("agent_ref")
         name = ref.get("name") if isinstance(ref, dict) else None
         if name:
             if name not in self.agents:
-                raise web.HTTPNotFound(text=_enc.encode(
-                    {"detail": f"agent_ref.name {name!r} is not an agent of this gateway ({', '.join(self.agents)})"}
-                ).decode(), content_type="application/json")
+                raise web.HTTPNotFound(
+                    text=_enc.encode(
+                        {
+                            "detail": f"agent_ref.name {name!r} is not an agent of this gateway ({', '.join(self.agents)})"
+                        }
+                    ).decode(),
+                    content_type="application/json",
+                )
             return str(name)
         if len(self.agents) == 1:
             return self.agents[0]
-        raise web.HTTPUnprocessableEntity(text=_enc.encode(
-            {"detail": f"the row names no agent_ref and this gateway has several agents ({', '.join(self.agents)})"}
-        ).decode(), content_type="application/json")
+        raise web.HTTPUnprocessableEntity(
+            text=_enc.encode(
+                {"detail": f"the row names no agent_ref and this gateway has several agents ({', '.join(self.agents)})"}
+            ).decode(),
+            content_type="application/json",
+        )
 
     async def _body(self, request: web.Request) -> Any:
         try:
             return _dec.decode(await request.read())
         except msgspec.DecodeError as e:
-            raise web.HTTPUnprocessableEntity(text=_enc.encode({"detail": f"body is not JSON: {e}"}).decode(),
-                                              content_type="application/json") from None
+            raise web.HTTPUnprocessableEntity(
+                text=_enc.encode({"detail": f"body is not JSON: {e}"}).decode(), content_type="application/json"
+            ) from None
 
     async def run(self, request: web.Request) -> web.Response:
         row = await self._body(request)
@@ -153,7 +176,7 @@ class Gateway:
         body = await self._body(request)
         rows = body.get("verify_responses") if isinstance(body, dict) else None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            return _json({"detail": "expected {\"verify_responses\": [rows]}"}, 422)
+            return _json({"detail": 'expected {"verify_responses": [rows]}'}, 422)
         acc = MetricsAccumulator()
         for i, r in enumerate(rows):
             ref = r.get("agent_ref")

@@ -96,8 +96,11 @@ def _to_step(out: Any) -> Step:
     if isinstance(out, tuple) and len(out) == 5:
         obs, reward, terminated, truncated, info = out
         return Step(
-            observation=obs, reward=float(reward), terminated=bool(terminated),
-            truncated=bool(truncated), info=dict(info or {}),
+            observation=obs,
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info or {}),
         )
     raise TypeError(f"step must return a Step or (observation, reward, terminated, truncated, info), got {out!r}")
 
@@ -154,9 +157,7 @@ class GymResource(Resource):
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         if name == RESET:
             if not hasattr(self, "task"):
-                raise RuntimeError(
-                    f"{type(self).__name__}.seed did not call super().seed(task); reset has no task"
-                )
+                raise RuntimeError(f"{type(self).__name__}.seed did not call super().seed(task); reset has no task")
             self.total_reward, self.steps, self.last_step = 0.0, 0, None
             out = self.reset(self.task)
             res = _to_reset(await out if inspect.isawaitable(out) else out)

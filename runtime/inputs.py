@@ -152,8 +152,17 @@ async def publish_tasks(
 ) -> int:
     """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks."""
     rows = (row for _, row in iter_rows(plan.path, limit))
-    return await publish_rows(bus, rows, batch=batch, agents=agents, agent=agent, repeats=repeats,
-                              in_flight=in_flight, task_fields=task_fields, on_sent=on_sent)
+    return await publish_rows(
+        bus,
+        rows,
+        batch=batch,
+        agents=agents,
+        agent=agent,
+        repeats=repeats,
+        in_flight=in_flight,
+        task_fields=task_fields,
+        on_sent=on_sent,
+    )
 
 
 async def publish_rows(
@@ -186,14 +195,18 @@ async def publish_rows(
         msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         try:
             if tel.recording:
-                with tel.span(f"publish {subject}", kind=SpanKind.PRODUCER, attributes={
-                    "messaging.system": "nats",
-                    "messaging.destination.name": subject,
-                    "messaging.message.id": msg_id,
-                    "gym.batch": task.batch,
-                    "gym.task_index": task.task_index,
-                    "gym.rollout_index": task.rollout_index,
-                }):
+                with tel.span(
+                    f"publish {subject}",
+                    kind=SpanKind.PRODUCER,
+                    attributes={
+                        "messaging.system": "nats",
+                        "messaging.destination.name": subject,
+                        "messaging.message.id": msg_id,
+                        "gym.batch": task.batch,
+                        "gym.task_index": task.task_index,
+                        "gym.rollout_index": task.rollout_index,
+                    },
+                ):
                     await bus.js_publish(subject, task, msg_id=msg_id)
             else:
                 await bus.js_publish(subject, task, msg_id=msg_id)
@@ -215,8 +228,9 @@ async def publish_rows(
                 if failed:
                     limiter.release()
                     break
-                task = RolloutTask(batch=batch, task_index=index, rollout_index=r, agent=name, row=row,
-                                   **task_fields(name))
+                task = RolloutTask(
+                    batch=batch, task_index=index, rollout_index=r, agent=name, row=row, **task_fields(name)
+                )
                 tasks.spawn(send, subject, task)
                 sent += 1
             if failed:

@@ -64,6 +64,8 @@ def _setup_error(what: str, replicas: int, e: APIError) -> Exception:
             f"it needs a NATS cluster of at least {replicas} nodes (gym-runtime server --cluster NAME --routes ...)"
         )
     return e
+
+
 API_RETRY_S = 20.0  # a stream leader election in a cluster takes seconds; admin calls wait it out
 
 
@@ -84,6 +86,7 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
             log.info("jetstream.retry", call=what, error=type(e).__name__)
             await anyio.sleep(delay)
             delay = min(2.0, delay * 2)
+
 
 MAX_ACK_PENDING = 1_000_000  # consumer-wide cap; must exceed every slot of every replica
 
@@ -176,6 +179,7 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
         max_ack_pending=MAX_ACK_PENDING,
         max_waiting=4096,
     )
+
     async def ensure() -> None:
         try:
             await bus.js.consumer_info(stream, durable)
@@ -188,8 +192,11 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
 async def add_reader(bus: Bus, stream: str, consumer: str, subject: str) -> None:
     """A no-ack consumer that reads ``subject`` from the start (the stream keeps the messages)."""
     cfg = ConsumerConfig(
-        durable_name=consumer, filter_subject=subject,
-        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=600.0,
+        durable_name=consumer,
+        filter_subject=subject,
+        ack_policy=AckPolicy.NONE,
+        deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold=600.0,
         max_waiting=64,
     )
     await retrying(lambda: bus.js.add_consumer(stream, cfg), what=f"consumer {consumer}")
@@ -273,9 +280,15 @@ async def stream_config(bus: Bus, stream: str) -> dict[str, Any] | None:
         return None
     c = info.config
     leader = info.cluster.leader if info.cluster else None
-    return {"name": c.name, "replicas": c.num_replicas or 1, "max_age_s": c.max_age or 0.0,
-            "max_bytes": c.max_bytes, "messages": info.state.messages, "bytes": info.state.bytes,
-            "leader": leader}
+    return {
+        "name": c.name,
+        "replicas": c.num_replicas or 1,
+        "max_age_s": c.max_age or 0.0,
+        "max_bytes": c.max_bytes,
+        "messages": info.state.messages,
+        "bytes": info.state.bytes,
+        "leader": leader,
+    }
 
 
 async def purge_subject(bus: Bus, stream: str, subject: str) -> int:

@@ -133,11 +133,29 @@ def last_item_text(items: list[Any]) -> str:
 
 # Every field of NeMo Gym's pydantic create-params model, with its default.
 _NEMO_PARAMS_FIELDS: dict[str, Any] = {
-    "background": None, "include": None, "input": [], "instructions": None,
-    "max_output_tokens": None, "max_tool_calls": None, "metadata": None, "model": None,
-    "parallel_tool_calls": True, "previous_response_id": None, "prompt": None, "reasoning": None,
-    "service_tier": None, "store": None, "temperature": None, "text": None, "tool_choice": "auto",
-    "tools": [], "top_logprobs": None, "top_p": None, "truncation": None, "user": None, "stream": None,
+    "background": None,
+    "include": None,
+    "input": [],
+    "instructions": None,
+    "max_output_tokens": None,
+    "max_tool_calls": None,
+    "metadata": None,
+    "model": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "prompt": None,
+    "reasoning": None,
+    "service_tier": None,
+    "store": None,
+    "temperature": None,
+    "text": None,
+    "tool_choice": "auto",
+    "tools": [],
+    "top_logprobs": None,
+    "top_p": None,
+    "truncation": None,
+    "user": None,
+    "stream": None,
 }
 
 
@@ -165,9 +183,7 @@ class Usage(Struct, kw_only=True):
     output_tokens: int = 0
     total_tokens: int = 0
     input_tokens_details: dict[str, Any] = field(default_factory=lambda: {"cached_tokens": 0})
-    output_tokens_details: dict[str, Any] = field(
-        default_factory=lambda: {"reasoning_tokens": 0}
-    )
+    output_tokens_details: dict[str, Any] = field(default_factory=lambda: {"reasoning_tokens": 0})
 
     def add(self, other: Usage | None) -> None:
         if other is None:
@@ -487,8 +503,16 @@ def parse_items(raw: Any) -> list[Item]:
 
 
 _PARAM_FIELDS = frozenset(
-    {"tools", "instructions", "temperature", "top_p", "max_output_tokens", "tool_choice",
-     "parallel_tool_calls", "model"}
+    {
+        "tools",
+        "instructions",
+        "temperature",
+        "top_p",
+        "max_output_tokens",
+        "tool_choice",
+        "parallel_tool_calls",
+        "model",
+    }
 )
 
 

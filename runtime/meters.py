@@ -36,7 +36,25 @@ from gym_runtime import logs
 
 log = logs.get("gym.meters")
 
-STAGE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STAGE_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -55,25 +73,52 @@ class Meters:
         self._failed: dict[tuple[str, str], int] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         meter = (provider or NoOpMeterProvider()).get_meter("gym_runtime")
-        meter.create_observable_counter("gym.rollouts.completed", [self._observe_completed], unit="{rollout}",
-                                        description="rollouts that produced a row")
-        meter.create_observable_counter("gym.rollouts.failed", [self._observe_failed], unit="{rollout}",
-                                        description="rollouts that ended as a failure row, by error class")
-        meter.create_observable_counter("gym.model.tokens", [self._observe_tokens], unit="{token}",
-                                        description="model tokens in (prompt) and out (completion)")
-        self.stage = meter.create_histogram("gym.stage.duration", unit="s",
-                                            description="time spent per stage of a rollout")
+        meter.create_observable_counter(
+            "gym.rollouts.completed",
+            [self._observe_completed],
+            unit="{rollout}",
+            description="rollouts that produced a row",
+        )
+        meter.create_observable_counter(
+            "gym.rollouts.failed",
+            [self._observe_failed],
+            unit="{rollout}",
+            description="rollouts that ended as a failure row, by error class",
+        )
+        meter.create_observable_counter(
+            "gym.model.tokens",
+            [self._observe_tokens],
+            unit="{token}",
+            description="model tokens in (prompt) and out (completion)",
+        )
+        self.stage = meter.create_histogram(
+            "gym.stage.duration", unit="s", description="time spent per stage of a rollout"
+        )
         self.reward = meter.create_histogram("gym.reward", unit="1", description="reward of completed rollouts")
-        meter.create_observable_gauge("gym.inflight", [self._observe_inflight], unit="{item}",
-                                      description="rollouts / model calls in progress per worker kind")
-        meter.create_observable_gauge("gym.slots", [self._observe_slots], unit="{slot}",
-                                      description="concurrency slots per worker kind")
-        meter.create_observable_gauge("gym.sessions", [self._observe_sessions], unit="{session}",
-                                      description="open resource sessions")
-        meter.create_observable_gauge("gym.queue.pending", [self._observe_queue("pending")], unit="{message}",
-                                      description="messages waiting in a work queue, per consumer")
-        meter.create_observable_gauge("gym.queue.ack_pending", [self._observe_queue("ack_pending")],
-                                      unit="{message}", description="messages delivered but not yet acked")
+        meter.create_observable_gauge(
+            "gym.inflight",
+            [self._observe_inflight],
+            unit="{item}",
+            description="rollouts / model calls in progress per worker kind",
+        )
+        meter.create_observable_gauge(
+            "gym.slots", [self._observe_slots], unit="{slot}", description="concurrency slots per worker kind"
+        )
+        meter.create_observable_gauge(
+            "gym.sessions", [self._observe_sessions], unit="{session}", description="open resource sessions"
+        )
+        meter.create_observable_gauge(
+            "gym.queue.pending",
+            [self._observe_queue("pending")],
+            unit="{message}",
+            description="messages waiting in a work queue, per consumer",
+        )
+        meter.create_observable_gauge(
+            "gym.queue.ack_pending",
+            [self._observe_queue("ack_pending")],
+            unit="{message}",
+            description="messages delivered but not yet acked",
+        )
 
     # -- recording (hot path) -----------------------------------------------------------------------
     def stage_time(self, stage: str, name: str, seconds: float) -> None:
@@ -105,8 +150,10 @@ class Meters:
         return [Observation(v, {"gym.agent": a, "error.type": e}) for (a, e), v in list(self._failed.items())]
 
     def _observe_tokens(self, _: CallbackOptions) -> list[Observation]:
-        return [Observation(v, {"gen_ai.request.model": m, "gen_ai.token.type": k})
-                for (m, k), v in list(self._tokens.items())]
+        return [
+            Observation(v, {"gen_ai.request.model": m, "gen_ai.token.type": k})
+            for (m, k), v in list(self._tokens.items())
+        ]
 
     # -- workers and queues (read when scraped) -----------------------------------------------------
     def track(self, role: str, name: str, worker: Any) -> None:
@@ -187,8 +234,7 @@ def start(*, service: str, role: str, port: int | None = None, host: str = "0.0.
         metric_readers=readers,
         resource=Resource.create({"service.name": service, "gym.role": role}),
         views=[
-            View(instrument_name="gym.stage.duration",
-                 aggregation=ExplicitBucketHistogramAggregation(STAGE_BUCKETS_S)),
+            View(instrument_name="gym.stage.duration", aggregation=ExplicitBucketHistogramAggregation(STAGE_BUCKETS_S)),
             View(instrument_name="gym.reward", aggregation=ExplicitBucketHistogramAggregation(REWARD_BUCKETS)),
         ],
     )

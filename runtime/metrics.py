@@ -383,7 +383,9 @@ class MetricsAccumulator:
         }
 
 
-def _task_entries(agent: _AgentColumns, labels: list[Any], task_rows: list[list[int]], fields: list[str]) -> Iterator[dict[str, Any]]:
+def _task_entries(
+    agent: _AgentColumns, labels: list[Any], task_rows: list[list[int]], fields: list[str]
+) -> Iterator[dict[str, Any]]:
     """Per-task stats, one task at a time (a batch of 100k tasks never sits in memory as dicts)."""
     for label, rows in zip(labels, task_rows):
         entry: dict[str, Any] = {"_ng_task_index": label, "num_rollouts": len(rows)}
@@ -538,9 +540,7 @@ def summary_lines(result: list[dict] | dict) -> list[str]:
         if "mean/reward" in metrics:
             head += f", mean reward {_fmt(metrics['mean/reward'])} (std {_fmt(metrics.get('std/reward'))})"
         lines.append(head)
-        ks = sorted(
-            {split[1] for m in metrics if (split := _split_accuracy_key(m)) and split[2] == "reward"}
-        )
+        ks = sorted({split[1] for m in metrics if (split := _split_accuracy_key(m)) and split[2] == "reward"})
         if ks:
             top = ks[-1]
             parts = [f"pass@1 {_fmt(metrics.get('pass@1/reward'), True)}"]

@@ -41,7 +41,12 @@ log = logs.get("gym.model")
 
 class ModelWorker:
     def __init__(
-        self, bus: Bus, name: str, cfg: ModelConfig, *, base_dir: str | None = None,
+        self,
+        bus: Bus,
+        name: str,
+        cfg: ModelConfig,
+        *,
+        base_dir: str | None = None,
         adapter: ModelAdapter | None = None,
     ) -> None:
         self.bus = bus
@@ -64,21 +69,40 @@ class ModelWorker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
-            await self.bus.serve(tg, self.bus.subject("ctl", "model", self.name, "pause"), self._on_pause, concurrency=4)
-            await self.bus.serve(tg, self.bus.subject("ctl", "model", self.name, "resume"), self._on_resume,
-                                 concurrency=4)
+            await self.bus.serve(
+                tg, self.bus.subject("ctl", "model", self.name, "pause"), self._on_pause, concurrency=4
+            )
+            await self.bus.serve(
+                tg, self.bus.subject("ctl", "model", self.name, "resume"), self._on_resume, concurrency=4
+            )
             if await self.control.paused(self.name):
                 await self.gate.pause()
             self.puller = await work_queue_puller(
-                self.bus, "model", self.name, slots=self.cfg.concurrency, ack_wait=self.cfg.ack_wait_s,
+                self.bus,
+                "model",
+                self.name,
+                slots=self.cfg.concurrency,
+                ack_wait=self.cfg.ack_wait_s,
                 handle=self._handle,
             )
-            direct = await self.bus.serve_direct(tg, direct_subject(self.bus, self.name),
-                                                 queue=f"model.{self.name}", admit=self._admit, run=self._direct)
+            direct = await self.bus.serve_direct(
+                tg, direct_subject(self.bus, self.name), queue=f"model.{self.name}", admit=self._admit, run=self._direct
+            )
             try:
-                await serve_pulled(self.bus, self.puller, role="model", name=self.name, worker_id=self.worker_id,
-                                   stats=self.stats, task_status=task_status, log=log, owner=self,
-                                   fingerprint=self.fingerprint, adapter=self.cfg.adapter, slots=self.cfg.concurrency)
+                await serve_pulled(
+                    self.bus,
+                    self.puller,
+                    role="model",
+                    name=self.name,
+                    worker_id=self.worker_id,
+                    stats=self.stats,
+                    task_status=task_status,
+                    log=log,
+                    owner=self,
+                    fingerprint=self.fingerprint,
+                    adapter=self.cfg.adapter,
+                    slots=self.cfg.concurrency,
+                )
             finally:
                 with anyio.CancelScope(shield=True):
                     with contextlib.suppress(Exception):  # a closed connection has no subscription left
@@ -97,18 +121,27 @@ class ModelWorker:
 
     def stats(self) -> dict[str, Any]:
         p = self.puller
-        return {"in_flight": p.busy if p else 0, "slots": self.cfg.concurrency, "served": self.served,
-                "direct": self.direct, "held": self.gate.held}
+        return {
+            "in_flight": p.busy if p else 0,
+            "slots": self.cfg.concurrency,
+            "served": self.served,
+            "direct": self.direct,
+            "held": self.gate.held,
+        }
 
     async def drain(self) -> None:
         await drain_puller(self.puller)
 
     async def _generate(self, req: ModelRequest, msg: Msg) -> ModelResponse:
         if req.fingerprint and req.fingerprint != self.fingerprint:
-            raise GymError("config_mismatch", (
-                f"model worker {self.worker_id} serves another config's entry {self.name!r} "
-                f"(fingerprint {self.fingerprint}, the caller expects {req.fingerprint}): two experiments share "
-                "namespace and model name; give one of them its own `namespace`"))
+            raise GymError(
+                "config_mismatch",
+                (
+                    f"model worker {self.worker_id} serves another config's entry {self.name!r} "
+                    f"(fingerprint {self.fingerprint}, the caller expects {req.fingerprint}): two experiments share "
+                    "namespace and model name; give one of them its own `namespace`"
+                ),
+            )
         async with self.running:  # `concurrency` bounds generations, however the calls arrived
             await self.gate.enter()
             started = time.perf_counter()
@@ -129,15 +162,23 @@ class ModelWorker:
         if span.is_recording():  # OTel GenAI semantic conventions
             adapter, opts = self.cfg.adapter, self.cfg.options
             model = getattr(opts, "model", None) or self.name  # options differ per adapter
-            span.set_attributes({
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": getattr(opts, "provider", adapter) if adapter == "openai" else adapter,
-                "gen_ai.request.model": model,
-                "gen_ai.response.model": response.model or model,
-                "gen_ai.response.id": response.id,
-                **({"gen_ai.usage.input_tokens": usage.input_tokens,
-                    "gen_ai.usage.output_tokens": usage.output_tokens} if usage is not None else {}),
-            })
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": getattr(opts, "provider", adapter) if adapter == "openai" else adapter,
+                    "gen_ai.request.model": model,
+                    "gen_ai.response.model": response.model or model,
+                    "gen_ai.response.id": response.id,
+                    **(
+                        {
+                            "gen_ai.usage.input_tokens": usage.input_tokens,
+                            "gen_ai.usage.output_tokens": usage.output_tokens,
+                        }
+                        if usage is not None
+                        else {}
+                    ),
+                }
+            )
         if version is not None:
             stamp(response, version)
         return ModelResponse(response=response, policy_version=version)
@@ -149,8 +190,13 @@ class ModelWorker:
     async def _direct(self, msg: Msg) -> None:
         assert self.puller is not None
         try:
-            await self.bus.handle(msg, self._generate, reply_to=msg.reply, default_error="model_error",
-                                  attributes={"gym.model": self.name, "gym.worker": self.worker_id})
+            await self.bus.handle(
+                msg,
+                self._generate,
+                reply_to=msg.reply,
+                default_error="model_error",
+                attributes={"gym.model": self.name, "gym.worker": self.worker_id},
+            )
             self.served += 1
             self.direct += 1
         finally:
@@ -162,7 +208,10 @@ class ModelWorker:
         if meters.enabled and msg.metadata.timestamp is not None:
             meters.stage_time("queue_wait", self.name, max(0.0, time.time() - msg.metadata.timestamp.timestamp()))
         await self.bus.handle(
-            msg, self._generate, reply_to=reply_to, default_error="model_error",
+            msg,
+            self._generate,
+            reply_to=reply_to,
+            default_error="model_error",
             attributes={"gym.model": self.name, "gym.worker": self.worker_id},
         )
         if self.puller is not None:
@@ -189,7 +238,11 @@ async def call_model(
 ) -> ModelResponse:
     """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
     return await bus.direct_or_queued(  # type: ignore[no-any-return]
-        direct_subject(bus, model), bus.subject("model", model), request, timeout=timeout, op=f"generate {model}",
+        direct_subject(bus, model),
+        bus.subject("model", model),
+        request,
+        timeout=timeout,
+        op=f"generate {model}",
         liveness_s=liveness_s,
     )
 

@@ -75,19 +75,46 @@ AGENTS: dict[str, str] = {"simple_agent": "agents.simple"}
 MODELS: dict[str, str] = {"openai_model": "openai", "vllm_model": "vllm"}
 
 # NeMo Gym's descriptive or process-level settings: they have no meaning here.
-_META = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license", "host", "port",
-         "num_workers", "datasets", "dependencies", "python_version"}
+_META = {
+    "entrypoint",
+    "domain",
+    "verified",
+    "verified_url",
+    "description",
+    "value",
+    "license",
+    "host",
+    "port",
+    "num_workers",
+    "datasets",
+    "dependencies",
+    "python_version",
+}
 # Per-server option names that differ from NeMo Gym's (None: dropped).
 _OPTION_RENAMES: dict[str, dict[str, str | None]] = {
     "code_gen": {"num_processes": "max_parallel", "debug": None},
 }
 _MODEL_FIELDS: dict[str, dict[str, str | None]] = {
-    "openai_model": {"openai_base_url": "base_url", "openai_api_key": "api_key", "openai_model": "model",
-                     "openai_default_headers": "headers", "drop_input_reasoning_items": None},
-    "vllm_model": {"base_url": "base_url", "api_key": "api_key", "model": "model", "default_headers": "headers",
-                   "return_token_id_information": "return_token_ids", "chat_template_kwargs": "chat_template_kwargs",
-                   "extra_body": "extra_body", "request_prompt_and_generation_token_ids": None,
-                   "uses_reasoning_parser": None, "uses_interleaved_reasoning": None, "sampling_overrides": None},
+    "openai_model": {
+        "openai_base_url": "base_url",
+        "openai_api_key": "api_key",
+        "openai_model": "model",
+        "openai_default_headers": "headers",
+        "drop_input_reasoning_items": None,
+    },
+    "vllm_model": {
+        "base_url": "base_url",
+        "api_key": "api_key",
+        "model": "model",
+        "default_headers": "headers",
+        "return_token_id_information": "return_token_ids",
+        "chat_template_kwargs": "chat_template_kwargs",
+        "extra_body": "extra_body",
+        "request_prompt_and_generation_token_ids": None,
+        "uses_reasoning_parser": None,
+        "uses_interleaved_reasoning": None,
+        "sampling_overrides": None,
+    },
 }
 _AGENT_FIELDS = {"resources_server", "model_server", "max_steps"}
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -142,13 +169,15 @@ def _inherit_files(node: Any, here: Path, source: str) -> Any:
 
 
 def _find(ref: str, config_dir: Path) -> Path:
-    candidates = [Path(ref)] if Path(ref).is_absolute() else [
-        Path.cwd() / ref, config_dir / ref, *(parent / ref for parent in config_dir.parents)]
+    candidates = (
+        [Path(ref)]
+        if Path(ref).is_absolute()
+        else [Path.cwd() / ref, config_dir / ref, *(parent / ref for parent in config_dir.parents)]
+    )
     for c in candidates:
         if c.is_file():
             return c
-    raise NemoConfigError(f"config_paths: {ref} not found (tried the current directory, "
-                          f"{config_dir} and its parents)")
+    raise NemoConfigError(f"config_paths: {ref} not found (tried the current directory, {config_dir} and its parents)")
 
 
 def _inherit_paths(node: Any, root: dict[str, Any], where: str) -> Any:
@@ -205,8 +234,10 @@ def _supported(table: dict[str, str]) -> str:
 
 def _resource(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     if impl not in RESOURCES:
-        raise NemoConfigError(f"{where}: NeMo Gym resources server {impl!r} has no gym-runtime equivalent; "
-                              f"supported: {_supported(RESOURCES)}")
+        raise NemoConfigError(
+            f"{where}: NeMo Gym resources server {impl!r} has no gym-runtime equivalent; "
+            f"supported: {_supported(RESOURCES)}"
+        )
     renames = _OPTION_RENAMES.get(impl, {})
     options: dict[str, Any] = {}
     for key, value in body.items():
@@ -226,8 +257,9 @@ def _resource(name: str, impl: str, body: dict[str, Any], where: str) -> dict[st
 
 def _agent(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     if impl not in AGENTS:
-        raise NemoConfigError(f"{where}: NeMo Gym agent {impl!r} has no gym-runtime equivalent; "
-                              f"supported: {_supported(AGENTS)}")
+        raise NemoConfigError(
+            f"{where}: NeMo Gym agent {impl!r} has no gym-runtime equivalent; supported: {_supported(AGENTS)}"
+        )
     unknown = sorted(set(body) - _AGENT_FIELDS - _META)
     if unknown:
         raise NemoConfigError(f"{where}: {', '.join(unknown)}: not supported for {impl}")
@@ -245,8 +277,9 @@ def _agent(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, 
 
 def _model(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     if impl not in MODELS:
-        raise NemoConfigError(f"{where}: NeMo Gym model server {impl!r} has no gym-runtime equivalent; "
-                              f"supported: {_supported(MODELS)}")
+        raise NemoConfigError(
+            f"{where}: NeMo Gym model server {impl!r} has no gym-runtime equivalent; supported: {_supported(MODELS)}"
+        )
     fields = _MODEL_FIELDS[impl]
     entry: dict[str, Any] = {"adapter": MODELS[impl]}
     for key, value in body.items():
@@ -260,8 +293,11 @@ def _model(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, 
     return entry
 
 
-_CONVERTERS = {"resources_servers": ("resources", _resource), "responses_api_agents": ("agents", _agent),
-               "responses_api_models": ("models", _model)}
+_CONVERTERS = {
+    "resources_servers": ("resources", _resource),
+    "responses_api_agents": ("agents", _agent),
+    "responses_api_models": ("models", _model),
+}
 
 
 def merged_dict(path: str | os.PathLike[str], raw: dict[str, Any]) -> dict[str, Any]:
@@ -292,11 +328,13 @@ def convert(ng: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
         if not kinds:
             continue
         if len(kinds) > 1 or len(instance) > 1:
-            raise NemoConfigError(f"{source}: {name}: an instance holds exactly one server type, got {sorted(instance)}")
+            raise NemoConfigError(
+                f"{source}: {name}: an instance holds exactly one server type, got {sorted(instance)}"
+            )
         impls = instance[kinds[0]]
         if not isinstance(impls, dict) or len(impls) != 1:
             raise NemoConfigError(f"{source}: {name}.{kinds[0]}: expected exactly one server, e.g. {{mcqa: {{...}}}}")
-        (impl, body), = impls.items()
+        ((impl, body),) = impls.items()
         section, conv = _CONVERTERS[kinds[0]]
         out[section][str(name)] = conv(str(name), str(impl), body or {}, f"{source}: {name}.{kinds[0]}.{impl}")
     if not (out["resources"] or out["agents"] or out["models"]):
@@ -343,6 +381,10 @@ def data_only_overrides(paths: list[str | os.PathLike[str]]) -> list[str]:
         defined |= set(models) if isinstance(models, dict) else set()
         if is_nemo_gym(raw):
             wanted |= {a["model"] for a in ours["agents"].values()}
-            wanted |= {v for r in ours["resources"].values() for k, v in r.get("options", {}).items()
-                       if k.endswith("_model") and isinstance(v, str)}
+            wanted |= {
+                v
+                for r in ours["resources"].values()
+                for k, v in r.get("options", {}).items()
+                if k.endswith("_model") and isinstance(v, str)
+            }
     return [f"+models.{m}.adapter=scripted" for m in sorted(wanted - defined)]

@@ -29,16 +29,27 @@ class ProgressOptions(msgspec.Struct, kw_only=True, frozen=True):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The progress flags every long command shares."""
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no progress lines")
-    p.add_argument("--progress-every", type=_percent, default=5.0, metavar="PCT",
-                   help="without a terminal: print a progress line every PCT percent (default 5)")
-    p.add_argument("--progress-interval", type=_seconds, default=30.0, metavar="S",
-                   help="without a terminal: print a progress line at least every S seconds (default 30)")
+    p.add_argument(
+        "--progress-every",
+        type=_percent,
+        default=5.0,
+        metavar="PCT",
+        help="without a terminal: print a progress line every PCT percent (default 5)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="without a terminal: print a progress line at least every S seconds (default 30)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> ProgressOptions:
     return ProgressOptions(
         quiet=bool(getattr(args, "quiet", False) or getattr(args, "no_progress", False)),
-        every_pct=getattr(args, "progress_every", 5.0), interval_s=getattr(args, "progress_interval", 30.0),
+        every_pct=getattr(args, "progress_every", 5.0),
+        interval_s=getattr(args, "progress_interval", 30.0),
     )
 
 
@@ -70,8 +81,15 @@ class Tracker:
     does both for producers that count themselves (publish, reverify).
     """
 
-    def __init__(self, label: str, options: ProgressOptions | None = None, *, total: int | None = None,
-                 stream: IO[str] | None = None, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        label: str,
+        options: ProgressOptions | None = None,
+        *,
+        total: int | None = None,
+        stream: IO[str] | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
         self.label = label
         self.options = options or ProgressOptions()
         self.total = total
@@ -132,8 +150,7 @@ class Tracker:
         total = self.total
         count = f"{self.done}/{total} ({100 * self.done / total:.0f}%)" if total else f"{self.done}"
         eta = self.eta_s
-        parts = [f"{self.label}: {count} {self.rate:.1f}/s",
-                 f"ETA {_duration(eta)}" if eta is not None else "ETA ?"]
+        parts = [f"{self.label}: {count} {self.rate:.1f}/s", f"ETA {_duration(eta)}" if eta is not None else "ETA ?"]
         text = " ".join(parts) + f", {self.failed} failed"
         if self.mean_reward is not None:
             text += f", mean reward {self.mean_reward:.4f}"
@@ -146,10 +163,15 @@ class Tracker:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 TextColumn("{task.fields[extra]}"),
-                console=Console(file=self._stream), transient=True,
+                console=Console(file=self._stream),
+                transient=True,
             )
             self._bar.__enter__()
             self._bar_task = self._bar.add_task(self.label, total=self.total, rate="", extra="")
@@ -170,9 +192,11 @@ class Tracker:
             if finished or now - self._last_draw >= 0.1:
                 self._last_draw = now
                 extra = f"{self.failed} failed" + (
-                    f"  mean reward {self.mean_reward:.4f}" if self.mean_reward is not None else "")
-                self._bar.update(self._bar_task, completed=self.done, total=self.total,
-                                 rate=f"{self.rate:.1f}/s", extra=extra)
+                    f"  mean reward {self.mean_reward:.4f}" if self.mean_reward is not None else ""
+                )
+                self._bar.update(
+                    self._bar_task, completed=self.done, total=self.total, rate=f"{self.rate:.1f}/s", extra=extra
+                )
             return
         pct = 100 * self.done / self.total if self.total else 0.0
         due_pct = self.total and pct - self._last_line_pct >= self.options.every_pct

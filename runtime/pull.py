@@ -41,7 +41,13 @@ LOST_SLACK_S = 1.0  # a request unanswered this long past its expiry was lost
 
 
 async def work_queue_puller(
-    bus: Bus, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Msg], Awaitable[None]],
+    bus: Bus,
+    kind: str,
+    name: str,
+    *,
+    slots: int,
+    ack_wait: float,
+    handle: Callable[[Msg], Awaitable[None]],
 ) -> PullWorker:
     """A ``PullWorker`` on ``{ns}.{kind}.{name}`` (kind: ``task`` or ``model``), streams and consumer ensured."""
     await ensure_streams(bus)

@@ -176,9 +176,7 @@ def _pydantic_args(cls_name: str, fn: Callable[..., Any]) -> Any:
 
 def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
     fields: list[Any] = _signature_fields(fn)
-    return msgspec.defstruct(
-        f"{cls_name}_{fn.__name__}_args", fields, kw_only=True, forbid_unknown_fields=True
-    )
+    return msgspec.defstruct(f"{cls_name}_{fn.__name__}_args", fields, kw_only=True, forbid_unknown_fields=True)
 
 
 class ModelClient(Protocol):
@@ -330,8 +328,7 @@ def find_resource_class(module: Any) -> type[Resource]:
     found = [
         v
         for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, Resource) and v is not Resource
-        and v.__module__ == module.__name__
+        if isinstance(v, type) and issubclass(v, Resource) and v is not Resource and v.__module__ == module.__name__
     ]
     if len(found) != 1:
         raise ValueError(

@@ -91,15 +91,20 @@ class ResourceWorker:
             conc = self.cfg.concurrency
             self._subs = [
                 await self.bus.serve(
-                    tg, self.bus.subject("res", self.name, "seed"), self._seed,
-                    queue=f"res.{self.name}", concurrency=conc,
+                    tg,
+                    self.bus.subject("res", self.name, "seed"),
+                    self._seed,
+                    queue=f"res.{self.name}",
+                    concurrency=conc,
                 ),
+                await self.bus.serve(tg, self.address + ".*", self._session_op, concurrency=conc),
                 await self.bus.serve(
-                    tg, self.address + ".*", self._session_op, concurrency=conc
-                ),
-                await self.bus.serve(
-                    tg, self.bus.subject("res", self.name, "verify"), self._stateless_verify,
-                    queue=f"res.{self.name}", concurrency=conc, default_error="verify_error",
+                    tg,
+                    self.bus.subject("res", self.name, "verify"),
+                    self._stateless_verify,
+                    queue=f"res.{self.name}",
+                    concurrency=conc,
+                    default_error="verify_error",
                 ),
             ]
             await self.bus.flush()

@@ -129,7 +129,13 @@ def validate_rollouts(path: str | Path) -> int:
 
 
 async def reverify_file(
-    bus: Bus, resource: str, src: str | Path, out: str | Path, *, in_flight: int = 64, timeout_s: float = 600.0,
+    bus: Bus,
+    resource: str,
+    src: str | Path,
+    out: str | Path,
+    *,
+    in_flight: int = 64,
+    timeout_s: float = 600.0,
     tasks: dict[str, dict[str, Any]] | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
 ) -> ReverifyReport:
@@ -163,7 +169,10 @@ async def reverify_file(
                             raise ValueError(f"{where}: no task row in --tasks has this rollout's input messages")
                         task = {**joined, **task}
                     reply: VerifyReply = await bus.request(
-                        subject, VerifyRequest(session=None, row=task, response=response), timeout=timeout_s, op="verify"
+                        subject,
+                        VerifyRequest(session=None, row=task, response=response),
+                        timeout=timeout_s,
+                        op="verify",
                     )
                 except (ValueError, RemoteError) as e:
                     report.failed += 1

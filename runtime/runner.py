@@ -77,23 +77,43 @@ def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
 
 
 async def open_buses(
-    url: str | list[str], roles: list[str], *, namespace: str, telemetry: Telemetry, name: str,
-    auth: Any = None, initial_timeout: float | None = -1.0, jetstream: Any = None,
+    url: str | list[str],
+    roles: list[str],
+    *,
+    namespace: str,
+    telemetry: Telemetry,
+    name: str,
+    auth: Any = None,
+    initial_timeout: float | None = -1.0,
+    jetstream: Any = None,
 ) -> dict[str, Bus]:
     """One connection for every role, or with ``auth`` (secured bus) one per role, each with its own credential.
 
     So a process running several roles holds exactly the union of their permissions.
     """
     if auth is None:
-        bus = await Bus.connect(url, namespace=namespace, telemetry=telemetry, name=name,
-                                initial_timeout=initial_timeout, jetstream=jetstream)
+        bus = await Bus.connect(
+            url,
+            namespace=namespace,
+            telemetry=telemetry,
+            name=name,
+            initial_timeout=initial_timeout,
+            jetstream=jetstream,
+        )
         return dict.fromkeys(roles, bus)
     buses: dict[str, Bus] = {}
     try:
         for role in dict.fromkeys(roles):
-            buses[role] = await Bus.connect(url, namespace=namespace, telemetry=telemetry, name=f"{name}-{role}",
-                                            initial_timeout=initial_timeout, auth=auth, role=role,
-                                            jetstream=jetstream)
+            buses[role] = await Bus.connect(
+                url,
+                namespace=namespace,
+                telemetry=telemetry,
+                name=f"{name}-{role}",
+                initial_timeout=initial_timeout,
+                auth=auth,
+                role=role,
+                jetstream=jetstream,
+            )
     except BaseException:
         with anyio.CancelScope(shield=True):
             await close_buses(buses)
@@ -107,7 +127,11 @@ async def close_buses(buses: dict[str, Bus]) -> None:
 
 
 def make_workers(
-    bus: Bus | dict[str, Bus], config: Config, pairs: list[tuple[str, str]], *, replicas: int | None = None,
+    bus: Bus | dict[str, Bus],
+    config: Config,
+    pairs: list[tuple[str, str]],
+    *,
+    replicas: int | None = None,
 ) -> list[Worker]:
     """Build (not start) the workers of ``pairs``; ``bus`` may map NATS roles to their own connections
     (``open_buses``). A construction error names the config entry (``models.policy: ...``)."""
@@ -149,8 +173,14 @@ async def drain(workers: list[Worker], timeout: float = 60.0) -> None:
 
 
 async def serve(
-    config: Config, url: str | list[str], *, only: list[str] | None, telemetry: Telemetry,
-    replicas: int | None = None, ready: Callable[[], None] | None = None, auth: Any = None,
+    config: Config,
+    url: str | list[str],
+    *,
+    only: list[str] | None,
+    telemetry: Telemetry,
+    replicas: int | None = None,
+    ready: Callable[[], None] | None = None,
+    auth: Any = None,
 ) -> None:
     """Run workers until SIGTERM/SIGINT, then drain and return."""
     pairs = selected(config, only)
@@ -161,9 +191,16 @@ async def serve(
             where = f"resources.{name}.server"
             check_requires(load_resource_class(config.resources[name].server, where), where)
     # workers may start before the server: wait for it as long as it takes
-    buses = await open_buses(url, [BUS_ROLE[r] for r, _ in pairs], namespace=config.namespace, telemetry=telemetry,
-                             name="gym-workers", auth=auth, initial_timeout=None,
-                             jetstream=config.jetstream)
+    buses = await open_buses(
+        url,
+        [BUS_ROLE[r] for r, _ in pairs],
+        namespace=config.namespace,
+        telemetry=telemetry,
+        name="gym-workers",
+        auth=auth,
+        initial_timeout=None,
+        jetstream=config.jetstream,
+    )
     try:
         # a refused stream set-up is one clear error, before any worker starts
         await ensure_streams(next(iter(buses.values())))
@@ -172,7 +209,9 @@ async def serve(
             await start_workers(tg, workers)
             if telemetry.meters.enabled:
                 tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
-            log.info("workers.ready", workers=len(workers), roles=sorted({f"{r}.{n}" for r, n in selected(config, only)}))
+            log.info(
+                "workers.ready", workers=len(workers), roles=sorted({f"{r}.{n}" for r, n in selected(config, only)})
+            )
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 if ready:  # only now: a SIGTERM right after "ready" must drain, not kill
                     ready()
@@ -197,8 +236,15 @@ class RunResult:
 
 
 async def publish_batch(
-    bus: Bus, config: Config, input_path: str | Path, *, agent: str | None = None, repeats: int = 1,
-    limit: int | None = None, batch: str | None = None, plan: Plan | None = None,
+    bus: Bus,
+    config: Config,
+    input_path: str | Path,
+    *,
+    agent: str | None = None,
+    repeats: int = 1,
+    limit: int | None = None,
+    batch: str | None = None,
+    plan: Plan | None = None,
     on_sent: Callable[[], None] | None = None,
 ) -> Manifest:
     """Validate every row (unless ``plan`` says it was done), record the manifest, publish rows × repeats."""
@@ -209,15 +255,28 @@ async def publish_batch(
         raise ValueError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
     manifest = Manifest(
-        batch=batch or uuid.uuid4().hex[:12], expected=plan.count * repeats, tasks=plan.count,
-        repeats=repeats, agents=plan.agents, input=str(Path(input_path).resolve()),
+        batch=batch or uuid.uuid4().hex[:12],
+        expected=plan.count * repeats,
+        tasks=plan.count,
+        repeats=repeats,
+        agents=plan.agents,
+        input=str(Path(input_path).resolve()),
     )
     await ensure_streams(bus)
     await put_manifest(bus, manifest)
     log.info("batch.publishing", batch=manifest.batch, expected=manifest.expected, agents=manifest.agents)
     fps = {a: {"fingerprint": agent_fingerprint(config, a)} for a in agents}  # isolation: see control.py
-    await publish_tasks(bus, plan, batch=manifest.batch, agents=agents, agent=agent, repeats=repeats, limit=limit,
-                        on_sent=on_sent, task_fields=fps.__getitem__)
+    await publish_tasks(
+        bus,
+        plan,
+        batch=manifest.batch,
+        agents=agents,
+        agent=agent,
+        repeats=repeats,
+        limit=limit,
+        on_sent=on_sent,
+        task_fields=fps.__getitem__,
+    )
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
 
@@ -250,8 +309,15 @@ async def run_batch(
     expected = plan.count * repeats
     batch = batch or uuid.uuid4().hex[:12]
     pairs = selected(config, None) if start_local_workers else []
-    buses = await open_buses(url, ["publisher", *(BUS_ROLE[r] for r, _ in pairs)], namespace=config.namespace,
-                             telemetry=telemetry, name="gym-run", auth=auth, jetstream=config.jetstream)
+    buses = await open_buses(
+        url,
+        ["publisher", *(BUS_ROLE[r] for r, _ in pairs)],
+        namespace=config.namespace,
+        telemetry=telemetry,
+        name="gym-run",
+        auth=auth,
+        jetstream=config.jetstream,
+    )
     bus = buses["publisher"]
     try:
         await ensure_streams(bus)
@@ -261,10 +327,18 @@ async def run_batch(
             if telemetry.meters.enabled:
                 tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
             ready_s = time.perf_counter() - t0
-            log.info("batch.start", batch=batch, rows=plan.count, repeats=repeats, expected=expected,
-                     agents=plan.agents, out=str(out))
-            collector = Collector(bus, batch, out, expected=expected, repeats=repeats, on_progress=on_progress,
-                                  on_result=on_result)
+            log.info(
+                "batch.start",
+                batch=batch,
+                rows=plan.count,
+                repeats=repeats,
+                expected=expected,
+                agents=plan.agents,
+                out=str(out),
+            )
+            collector = Collector(
+                bus, batch, out, expected=expected, repeats=repeats, on_progress=on_progress, on_result=on_result
+            )
             result: dict[str, CollectStats] = {}
             collected = anyio.Event()
 
@@ -273,7 +347,9 @@ async def run_batch(
                 collected.set()
 
             tg.start_soon(collect)
-            await publish_batch(bus, config, input_path, agent=agent, repeats=repeats, limit=limit, batch=batch, plan=plan)
+            await publish_batch(
+                bus, config, input_path, agent=agent, repeats=repeats, limit=limit, batch=batch, plan=plan
+            )
             await collected.wait()
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
@@ -282,13 +358,24 @@ async def run_batch(
             await close_buses(buses)
     stats = result["stats"]
     elapsed = time.perf_counter() - t0
-    log.info("batch.end", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward,
-             elapsed_s=round(elapsed, 3), out=str(out))
+    log.info(
+        "batch.end",
+        batch=batch,
+        rows=stats.rows,
+        failed=stats.failures,
+        mean_reward=stats.mean_reward,
+        elapsed_s=round(elapsed, 3),
+        out=str(out),
+    )
     return RunResult(batch=batch, tasks=expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
 
 
 async def collect_batch(
-    bus: Bus, batch: str, out: str | Path, *, wait_s: float = 60.0,
+    bus: Bus,
+    batch: str,
+    out: str | Path,
+    *,
+    wait_s: float = 60.0,
     on_progress: Callable[[int, int], None] | None = None,
     on_result: Callable[[bool, float | None], None] | None = None,
 ) -> CollectStats:
@@ -296,8 +383,15 @@ async def collect_batch(
     if manifest is None:
         raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
-    stats = await Collector(bus, batch, out, expected=manifest.expected, repeats=manifest.repeats,
-                            on_progress=on_progress, on_result=on_result).run()
+    stats = await Collector(
+        bus,
+        batch,
+        out,
+        expected=manifest.expected,
+        repeats=manifest.repeats,
+        on_progress=on_progress,
+        on_result=on_result,
+    ).run()
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats
 
@@ -315,8 +409,16 @@ def resource_for(config: Config, agent: str | None) -> str:
 
 
 async def reverify_batch(
-    config: Config, url: str | list[str], *, input_path: str | Path, out: str | Path, telemetry: Telemetry,
-    agent: str | None = None, replicas: int | None = None, in_flight: int = 64, tasks_path: str | Path | None = None,
+    config: Config,
+    url: str | list[str],
+    *,
+    input_path: str | Path,
+    out: str | Path,
+    telemetry: Telemetry,
+    agent: str | None = None,
+    replicas: int | None = None,
+    in_flight: int = 64,
+    tasks_path: str | Path | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
     auth: Any = None,
 ) -> ReverifyReport:
@@ -324,15 +426,22 @@ async def reverify_batch(
     resource = resource_for(config, agent)
     validate_rollouts(input_path)  # raises before any work; the CLI counts rows for progress with it
     tasks = load_tasks(tasks_path) if tasks_path else None
-    buses = await open_buses(url, ["publisher", "resource"], namespace=config.namespace, telemetry=telemetry,
-                             name="gym-reverify", auth=auth,
-                             jetstream=config.jetstream)
+    buses = await open_buses(
+        url,
+        ["publisher", "resource"],
+        namespace=config.namespace,
+        telemetry=telemetry,
+        name="gym-reverify",
+        auth=auth,
+        jetstream=config.jetstream,
+    )
     try:
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, [("resources", resource)], replicas=replicas)
             await start_workers(tg, workers)
-            report = await reverify_file(buses["publisher"], resource, input_path, out, in_flight=in_flight,
-                                         tasks=tasks, on_row=on_row)
+            report = await reverify_file(
+                buses["publisher"], resource, input_path, out, in_flight=in_flight, tasks=tasks, on_row=on_row
+            )
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

@@ -85,20 +85,20 @@ _TOOL_STATEFUL = '''    reverify = "replay"  # re-verifying replays the recorded
         return {"cart": self.cart}
 '''
 
-_VERIFY_ANSWER = '''
+_VERIFY_ANSWER = """
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         numbers = re.findall(r"-?\\d+", final_answer(response))
         extracted = numbers[-1] if numbers else None
         return Verdict(reward=float(extracted == task["expected_answer"]), fields={"extracted_answer": extracted})
-'''
+"""
 
-_VERIFY_STATE = '''
+_VERIFY_STATE = """
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         # The state the tools left, not what the model claims: a model that only says "done" scores 0.
         return Verdict(reward=float(self.cart == task["expected_items"]), fields={"final_cart": dict(self.cart)})
-'''
+"""
 
-_VERIFY_JUDGE = '''
+_VERIFY_JUDGE = """
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         answer = final_answer(response)
         prompt = JUDGE_PROMPT.format(expected=task["expected_answer"], answer=answer)
@@ -110,7 +110,7 @@ _VERIFY_JUDGE = '''
         verdict = final_answer(judged)
         reward = float("[[YES]]" in verdict)__STATE_AND__
         return Verdict(reward=reward, fields={"judge_verdict": verdict[:500]})
-'''
+"""
 
 _JUDGE_PROMPT = '''
 
@@ -209,14 +209,14 @@ def test_runs_end_to_end_with_the_scripted_model(tmp_path: Path) -> None:
         assert [c["name"] for c in calls] == ["__TOOL__"]  # the scripted model called the offered tool__E2E_EXTRA__
 '''
 
-_TESTS_STATELESS = '''
+_TESTS_STATELESS = """
 
 def test_tool_counts_letters() -> None:
     out = asyncio.run(__CLASS__().call_tool("count_letter", '{"word": "Strawberry", "letter": "r"}'))
     assert json.loads(out) == {"count": 3}
-__VERIFY_TESTS__'''
+__VERIFY_TESTS__"""
 
-_TESTS_STATEFUL = '''
+_TESTS_STATEFUL = """
 
 async def _session(task: dict[str, Any], calls: list[tuple[str, str]]) -> __CLASS__:
     env = __CLASS__()
@@ -231,9 +231,9 @@ def test_tools_change_the_session_state() -> None:
     assert env.cart == {"apple": 3}
     again = asyncio.run(_session({}, []))
     assert again.cart == {}  # every rollout has its own session
-__VERIFY_TESTS__'''
+__VERIFY_TESTS__"""
 
-_VERIFY_TESTS_ANSWER = '''
+_VERIFY_TESTS_ANSWER = """
 
 def test_verify_rewards_the_right_count_only() -> None:
     task = rows()[0]
@@ -242,9 +242,9 @@ def test_verify_rewards_the_right_count_only() -> None:
     wrong = asyncio.run(env.verify(task, answer("It occurs 99 times.")))
     assert (right.reward, wrong.reward) == (1.0, 0.0)
     assert right.fields["extracted_answer"] == task["expected_answer"]
-'''
+"""
 
-_VERIFY_TESTS_STATE = '''
+_VERIFY_TESTS_STATE = """
 
 def test_verify_grades_the_state_not_the_claim() -> None:
     task = rows()[0]
@@ -253,7 +253,7 @@ def test_verify_grades_the_state_not_the_claim() -> None:
     assert asyncio.run(done.verify(task, answer("done"))).reward == 1.0
     idle = asyncio.run(_session(task, []))
     assert asyncio.run(idle.verify(task, answer("done, all added"))).reward == 0.0
-'''
+"""
 
 _VERIFY_TESTS_JUDGE = '''
 
@@ -283,13 +283,20 @@ def test_verify_asks_the_judge_model() -> None:
 
 # ------------------------------------------------------------------ example rows
 
-_STATELESS_ROWS = [("strawberry", "r", "3"), ("banana", "a", "3"), ("mississippi", "s", "4"),
-                   ("letter", "t", "2"), ("rhythm", "y", "1")]
-_STATEFUL_ROWS = [({}, {"apple": 2, "pear": 1}, "2 apples and 1 pear"),
-                  ({"milk": 1}, {"milk": 1, "bread": 2}, "1 milk and 2 breads"),
-                  ({}, {"egg": 12}, "12 eggs"),
-                  ({"apple": 1}, {"apple": 4}, "4 apples"),
-                  ({}, {"rice": 1, "bean": 3}, "1 rice and 3 beans")]
+_STATELESS_ROWS = [
+    ("strawberry", "r", "3"),
+    ("banana", "a", "3"),
+    ("mississippi", "s", "4"),
+    ("letter", "t", "2"),
+    ("rhythm", "y", "1"),
+]
+_STATEFUL_ROWS = [
+    ({}, {"apple": 2, "pear": 1}, "2 apples and 1 pear"),
+    ({"milk": 1}, {"milk": 1, "bread": 2}, "1 milk and 2 breads"),
+    ({}, {"egg": 12}, "12 eggs"),
+    ({"apple": 1}, {"apple": 4}, "4 apples"),
+    ({}, {"rice": 1, "bean": 3}, "1 rice and 3 beans"),
+]
 _SYSTEM = "You are a helpful assistant. Use the tools you are given, then answer briefly."
 
 
@@ -298,15 +305,27 @@ def _rows(stateful: bool, judge: bool, tools: list[dict]) -> list[dict]:
     if not stateful:
         for word, letter, n in _STATELESS_ROWS:
             prompt = f"How many times does the letter '{letter}' occur in '{word}'? Answer with the number."
-            rows.append({"responses_create_params": {"input": [{"role": "developer", "content": _SYSTEM},
-                         {"role": "user", "content": prompt}], "tools": tools}, "expected_answer": n})
+            rows.append(
+                {
+                    "responses_create_params": {
+                        "input": [{"role": "developer", "content": _SYSTEM}, {"role": "user", "content": prompt}],
+                        "tools": tools,
+                    },
+                    "expected_answer": n,
+                }
+            )
         return rows
     for initial, expected, text in _STATEFUL_ROWS:
         adds = [f"{q - initial.get(k, 0)} {k}" for k, q in expected.items() if q - initial.get(k, 0)]
         prompt = f"My cart holds {json.dumps(initial)}. Add {' and '.join(adds)}, then tell me what it holds."
-        row = {"responses_create_params": {"input": [{"role": "developer", "content": _SYSTEM},
-               {"role": "user", "content": prompt}], "tools": tools},
-               "initial_items": initial, "expected_items": expected}
+        row = {
+            "responses_create_params": {
+                "input": [{"role": "developer", "content": _SYSTEM}, {"role": "user", "content": prompt}],
+                "tools": tools,
+            },
+            "initial_items": initial,
+            "expected_items": expected,
+        }
         if judge:
             row["expected_answer"] = text
         rows.append(row)
@@ -314,6 +333,7 @@ def _rows(stateful: bool, judge: bool, tools: list[dict]) -> list[dict]:
 
 
 # ------------------------------------------------------------------ writing
+
 
 class ScaffoldError(ValueError):
     """A bad name or destination (one line, exit 2)."""
@@ -335,47 +355,75 @@ def render(name: str, *, stateful: bool, judge: bool) -> dict[str, str]:
     cls = class_name(name)
     if stateful:
         summary = "a shopping cart per rollout; the reward checks the cart the tools left behind."
-        fields = ("    initial_items: dict[str, int] = msgspec.field(default_factory=dict)\n"
-                  "    expected_items: dict[str, int]\n")
+        fields = (
+            "    initial_items: dict[str, int] = msgspec.field(default_factory=dict)\n"
+            "    expected_items: dict[str, int]\n"
+        )
         doc = "One instance per rollout: each has its own cart."
         body, tool_name = _TOOL_STATEFUL, "add_item"
     else:
         summary = "count a letter in a word with a tool; the reward checks the number answered."
-        fields, doc, body, tool_name = "", "Stateless: every instance answers the same way.", _TOOL_STATELESS, "count_letter"
+        fields, doc, body, tool_name = (
+            "",
+            "Stateless: every instance answers the same way.",
+            _TOOL_STATELESS,
+            "count_letter",
+        )
     if judge or not stateful:
         fields += "    expected_answer: str\n"
     if judge:
         summary = summary.split(";")[0] + "; an LLM judge model grades the final answer."
-        verify = _VERIFY_JUDGE.replace("__STATE_AND__", "\n        reward *= float(self.cart == task[\"expected_items\"])"
-                                       if stateful else "")
+        verify = _VERIFY_JUDGE.replace(
+            "__STATE_AND__", '\n        reward *= float(self.cart == task["expected_items"])' if stateful else ""
+        )
     else:
         verify = _VERIFY_STATE if stateful else _VERIFY_ANSWER
-    module = (_HEAD.replace("__JUDGE_IMPORT__\n", "from gym_runtime.messages import create_params\n" if judge else "")
-              .replace("__IMPORT_RE__", "" if judge or stateful else "import re\n")
-              .replace("__TASK_FIELDS__", fields).replace("__JUDGE_PROMPT__", _JUDGE_PROMPT if judge else "")
-              .replace("__CLASS_DOC__", doc) + body + verify)
+    module = (
+        _HEAD.replace("__JUDGE_IMPORT__\n", "from gym_runtime.messages import create_params\n" if judge else "")
+        .replace("__IMPORT_RE__", "" if judge or stateful else "import re\n")
+        .replace("__TASK_FIELDS__", fields)
+        .replace("__JUDGE_PROMPT__", _JUDGE_PROMPT if judge else "")
+        .replace("__CLASS_DOC__", doc)
+        + body
+        + verify
+    )
     verify_tests = _VERIFY_TESTS_JUDGE if judge else (_VERIFY_TESTS_STATE if stateful else _VERIFY_TESTS_ANSWER)
-    session = "asyncio.run(_session(task, [(\"add_item\", json.dumps({\"item\": k, \"quantity\": v})) " \
-              "for k, v in task[\"expected_items\"].items()]))" if stateful else "__CLASS__()"
-    tool_tests = ((_TESTS_STATEFUL if stateful else _TESTS_STATELESS)
-                  .replace("__VERIFY_TESTS__", verify_tests).replace("__SESSION__", session))
-    tests = (_TESTS.replace("__TOOL_TESTS__", tool_tests).replace("__TOOL__", tool_name)
-             .replace("__E2E_EXTRA__", "\n        assert row[\"judge_verdict\"]  # the judge model answered" if judge else ""))
-    config = (_CONFIG.replace("__JUDGE_MODEL__", "  judge: {adapter: scripted}\n" if judge else "")
-              .replace("__RES_OPTIONS__", ", options: {judge_model: judge}" if judge else ""))
+    session = (
+        'asyncio.run(_session(task, [("add_item", json.dumps({"item": k, "quantity": v})) '
+        'for k, v in task["expected_items"].items()]))'
+        if stateful
+        else "__CLASS__()"
+    )
+    tool_tests = (
+        (_TESTS_STATEFUL if stateful else _TESTS_STATELESS)
+        .replace("__VERIFY_TESTS__", verify_tests)
+        .replace("__SESSION__", session)
+    )
+    tests = (
+        _TESTS.replace("__TOOL_TESTS__", tool_tests)
+        .replace("__TOOL__", tool_name)
+        .replace("__E2E_EXTRA__", '\n        assert row["judge_verdict"]  # the judge model answered' if judge else "")
+    )
+    config = _CONFIG.replace("__JUDGE_MODEL__", "  judge: {adapter: scripted}\n" if judge else "").replace(
+        "__RES_OPTIONS__", ", options: {judge_model: judge}" if judge else ""
+    )
     variants = [v for v, on in (("--stateful", stateful), ("--judge", judge)) if on]
     readme = _README.replace("__VARIANT__", f" ({' '.join(variants)})" if variants else "")
-    files = {"__init__.py": module, "config.yaml": config, "README.md": readme,
-             f"tests/test_{name}.py": tests}
-    return {path: text.replace("__SUMMARY__", summary[0].upper() + summary[1:]).replace("__CLASS__", cls)
-            .replace("__NAME__", name) for path, text in files.items()}
+    files = {"__init__.py": module, "config.yaml": config, "README.md": readme, f"tests/test_{name}.py": tests}
+    return {
+        path: text.replace("__SUMMARY__", summary[0].upper() + summary[1:])
+        .replace("__CLASS__", cls)
+        .replace("__NAME__", name)
+        for path, text in files.items()
+    }
 
 
 def _tool_definitions(package: Path, name: str) -> list[dict]:
     """The generated class's tool definitions, imported from the new files under a private name."""
     mod_name = f"_gym_scaffold_{name}"
-    spec = importlib.util.spec_from_file_location(mod_name, package / "__init__.py",
-                                                  submodule_search_locations=[str(package)])
+    spec = importlib.util.spec_from_file_location(
+        mod_name, package / "__init__.py", submodule_search_locations=[str(package)]
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module

@@ -82,8 +82,9 @@ def _new_key() -> Any:
 def _key_pem(key: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _make_ca(d: Path) -> None:
@@ -95,13 +96,28 @@ def _make_ca(d: Path) -> None:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gym-runtime cluster CA")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -129,13 +145,17 @@ def _make_server_cert(d: Path, names: list[str]) -> None:
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         # clientAuth too: nodes present this certificate to each other on cluster routes
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                       critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)  # type: ignore[arg-type]
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
@@ -220,43 +240,83 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
         kv, blobs, ctl = f"KV_{b}_BATCHES", f"OBJ_{b}_BLOBS", f"KV_{b}_CONTROL"
         pub += [f"{api}.STREAM.INFO.{s}" for s in (tasks, results, model, kv, blobs, ctl)]
         # bodies over the max payload: the object store (write chunks + meta, read via an ordered consumer)
-        pub += [f"$O.{b}_BLOBS.>", f"{api}.CONSUMER.CREATE.{blobs}", f"{api}.CONSUMER.CREATE.{blobs}.>",
-                f"{api}.CONSUMER.DELETE.{blobs}.>", f"{api}.STREAM.MSG.GET.{blobs}", f"{api}.DIRECT.GET.{blobs}",
-                f"{api}.DIRECT.GET.{blobs}.>", f"$JS.FC.{blobs}.>"]
+        pub += [
+            f"$O.{b}_BLOBS.>",
+            f"{api}.CONSUMER.CREATE.{blobs}",
+            f"{api}.CONSUMER.CREATE.{blobs}.>",
+            f"{api}.CONSUMER.DELETE.{blobs}.>",
+            f"{api}.STREAM.MSG.GET.{blobs}",
+            f"{api}.DIRECT.GET.{blobs}",
+            f"{api}.DIRECT.GET.{blobs}.>",
+            f"$JS.FC.{blobs}.>",
+        ]
 
         def pull(stream: str, subject: str, *, ack: bool = True) -> list[str]:
-            out = [f"{api}.CONSUMER.CREATE.{stream}.*.{subject}", f"{api}.CONSUMER.DURABLE.CREATE.{stream}.*",
-                   f"{api}.CONSUMER.INFO.{stream}.*",
-                   f"{api}.CONSUMER.MSG.NEXT.{stream}.*"]
+            out = [
+                f"{api}.CONSUMER.CREATE.{stream}.*.{subject}",
+                f"{api}.CONSUMER.DURABLE.CREATE.{stream}.*",
+                f"{api}.CONSUMER.INFO.{stream}.*",
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
+            ]
             return out + ([f"$JS.ACK.{stream}.>"] if ack else [])
 
         worker_sub = ["$SRV.>", f"{ns}.status.*", f"{ns}.ctl.>"]
         # the batch manifests and the trainer's control state (policy versions, pauses, cancelled batches)
-        kv_read = [x for k in (kv, ctl) for x in (f"{api}.DIRECT.GET.{k}", f"{api}.DIRECT.GET.{k}.>",
-                                                  f"{api}.STREAM.MSG.GET.{k}")]
+        kv_read = [
+            x
+            for k in (kv, ctl)
+            for x in (f"{api}.DIRECT.GET.{k}", f"{api}.DIRECT.GET.{k}.>", f"{api}.STREAM.MSG.GET.{k}")
+        ]
         if role == "publisher":
-            pub += [f"{ns}.task.>", f"{ns}.ctl.>", f"$KV.{b}_BATCHES.>", f"$KV.{b}_CONTROL.>", *kv_read,
-                    *pull(results, f"{ns}.result.>", ack=False), f"{api}.CONSUMER.DELETE.{results}.*",
-                    f"{api}.CONSUMER.LIST.{tasks}", f"{api}.CONSUMER.LIST.{model}", f"{api}.CONSUMER.LIST.{results}",
-                    "$SRV.>", f"{ns}.status.*",   # status: discovery and live counters
-                    f"{ns}.res.*.verify"]          # reverify: the stateless verify group
+            pub += [
+                f"{ns}.task.>",
+                f"{ns}.ctl.>",
+                f"$KV.{b}_BATCHES.>",
+                f"$KV.{b}_CONTROL.>",
+                *kv_read,
+                *pull(results, f"{ns}.result.>", ack=False),
+                f"{api}.CONSUMER.DELETE.{results}.*",
+                f"{api}.CONSUMER.LIST.{tasks}",
+                f"{api}.CONSUMER.LIST.{model}",
+                f"{api}.CONSUMER.LIST.{results}",
+                "$SRV.>",
+                f"{ns}.status.*",  # status: discovery and live counters
+                f"{ns}.res.*.verify",
+            ]  # reverify: the stateless verify group
         elif role == "agent":
-            pub += [f"{ns}.result.>", f"{ns}.model.>", f"{ns}.call.model.>", f"{ns}.res.>", *kv_read,
-                    *pull(tasks, f"{ns}.task.>")]
+            pub += [
+                f"{ns}.result.>",
+                f"{ns}.model.>",
+                f"{ns}.call.model.>",
+                f"{ns}.res.>",
+                *kv_read,
+                *pull(tasks, f"{ns}.task.>"),
+            ]
             sub += worker_sub
         elif role == "model":
             # replies to agents and resources (calls), and to the trainer's pause requests
-            pub += [f"{inbox_prefix('agent')}.>", f"{inbox_prefix('resource')}.>", f"{inbox_prefix('publisher')}.>",
-                    *kv_read, *pull(model, f"{ns}.model.>")]
+            pub += [
+                f"{inbox_prefix('agent')}.>",
+                f"{inbox_prefix('resource')}.>",
+                f"{inbox_prefix('publisher')}.>",
+                *kv_read,
+                *pull(model, f"{ns}.model.>"),
+            ]
             sub += [*worker_sub, f"{ns}.call.model.>"]  # direct calls (core NATS) while a slot is free
         elif role == "resource":
-            pub += [f"{inbox_prefix('agent')}.>", f"{inbox_prefix('publisher')}.>", f"{ns}.model.>",
-                    f"{ns}.call.model.>"]
+            pub += [
+                f"{inbox_prefix('agent')}.>",
+                f"{inbox_prefix('publisher')}.>",
+                f"{ns}.model.>",
+                f"{ns}.call.model.>",
+            ]
             sub += [*worker_sub, f"{ns}.res.>"]
         else:
             raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
-    perms: dict[str, Any] = {"publish": {"allow": list(dict.fromkeys(pub))},
-                             "subscribe": {"allow": list(dict.fromkeys(sub))}}
+    perms: dict[str, Any] = {
+        "publish": {"allow": list(dict.fromkeys(pub))},
+        "subscribe": {"allow": list(dict.fromkeys(sub))},
+    }
     if role != "publisher":
         perms["allow_responses"] = True  # one answer to $SRV discovery / status requests
     return perms
@@ -270,8 +330,13 @@ def server_config(auth_dir: str | Path, namespaces: list[str]) -> str:
     d = Path(auth_dir).resolve()
     # TLS before any plaintext: our clients never read an INFO (or sign a nonce) that could come from a
     # downgrading impostor; other clients get the plaintext INFO (saying TLS is required) after 300 ms
-    tls = {"cert_file": str(d / SERVER_CERT), "key_file": str(d / SERVER_KEY), "ca_file": str(d / CA_CERT),
-           "timeout": 5, "handshake_first": "300ms"}
+    tls = {
+        "cert_file": str(d / SERVER_CERT),
+        "key_file": str(d / SERVER_KEY),
+        "ca_file": str(d / CA_CERT),
+        "timeout": 5,
+        "handshake_first": "300ms",
+    }
     users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces)} for r in ROLES]
     return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
 
@@ -283,8 +348,13 @@ def route_tls(auth_dir: str | Path) -> dict[str, Any]:
     accepts only peers whose certificate the same CA signed.
     """
     d = Path(auth_dir).resolve()
-    return {"cert_file": str(d / SERVER_CERT), "key_file": str(d / SERVER_KEY), "ca_file": str(d / CA_CERT),
-            "verify": True, "timeout": 5}
+    return {
+        "cert_file": str(d / SERVER_CERT),
+        "key_file": str(d / SERVER_KEY),
+        "ca_file": str(d / CA_CERT),
+        "verify": True,
+        "timeout": 5,
+    }
 
 
 # ------------------------------------------------------------------------------- client side
@@ -304,7 +374,9 @@ class ClientAuth:
             return None
         d = Path(value).expanduser()
         if not (d / CA_CERT).is_file():
-            raise AuthError(f"--auth-dir {d}: no {CA_CERT} there (copy the directory `gym-runtime server --secure` wrote)")
+            raise AuthError(
+                f"--auth-dir {d}: no {CA_CERT} there (copy the directory `gym-runtime server --secure` wrote)"
+            )
         return cls(d)
 
     def creds(self, role: str) -> Path:
@@ -312,20 +384,41 @@ class ClientAuth:
             p = creds_path(self.auth_dir, r)
             if p.is_file():
                 return p
-        raise AuthError(f"--auth-dir {self.auth_dir}: no {role}.creds (nor admin.creds) for the {role} role this "
-                        f"command runs; copy it from the server's --secure directory")
+        raise AuthError(
+            f"--auth-dir {self.auth_dir}: no {role}.creds (nor admin.creds) for the {role} role this "
+            f"command runs; copy it from the server's --secure directory"
+        )
 
     def connect_options(self, role: str) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``: TLS trusting only the cluster CA, the role's nkey."""
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(self.auth_dir / CA_CERT))
-        return {"tls": ctx, "tls_handshake_first": True, "nkeys_seed": str(self.creds(role)),
-                "inbox_prefix": inbox_prefix(role)}
+        return {
+            "tls": ctx,
+            "tls_handshake_first": True,
+            "nkeys_seed": str(self.creds(role)),
+            "inbox_prefix": inbox_prefix(role),
+        }
 
 
 # ------------------------------------------------------------------------------ secrets in argv
 
-SECRET_NAMES = frozenset({"api_key", "apikey", "password", "passwd", "secret", "client_secret", "token", "access_token",
-                          "auth_token", "bearer_token", "authorization", "credential", "credentials"})
+SECRET_NAMES = frozenset(
+    {
+        "api_key",
+        "apikey",
+        "password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "auth_token",
+        "bearer_token",
+        "authorization",
+        "credential",
+        "credentials",
+    }
+)
 SECRET_SUFFIXES = ("_api_key", "_apikey", "_password", "_secret", "_access_token", "_auth_token")
 
 
@@ -353,16 +446,20 @@ def check_argv_secret(option: str, value: str) -> None:
         for part in val.split(","):
             u = urlparse(part.strip())
             if u.username or u.password:
-                raise AuthError(f"{option}: credentials in a URL on the command line are visible to every local "
-                                f"user; use --auth-dir DIR (or ${AUTH_DIR_ENV}) for NATS, or put the URL in the "
-                                f"config / env.yaml")
+                raise AuthError(
+                    f"{option}: credentials in a URL on the command line are visible to every local "
+                    f"user; use --auth-dir DIR (or ${AUTH_DIR_ENV}) for NATS, or put the URL in the "
+                    f"config / env.yaml"
+                )
     if not sep:
         return
     literal = bool(val) and "${" not in val  # a ${VAR} reference is resolved from the environment
     if literal and (_secret_key(key) or val.startswith(("sk-", "Bearer "))):
-        raise AuthError(f"{option} {key.strip()}=...: a literal secret on the command line is visible to every local "
-                        f"user; put it in the environment and pass --set '{key.strip()}=${{MY_VAR}}' (or write it in "
-                        f"env.yaml beside the config)")
+        raise AuthError(
+            f"{option} {key.strip()}=...: a literal secret on the command line is visible to every local "
+            f"user; put it in the environment and pass --set '{key.strip()}=${{MY_VAR}}' (or write it in "
+            f"env.yaml beside the config)"
+        )
 
 
 # ------------------------------------------------------------------------------- provisioning
@@ -379,8 +476,9 @@ async def provision(url: str | list[str], auth: ClientAuth, namespaces: list[str
     from gym_runtime.bus import Bus
     from gym_runtime.tracing import Telemetry
 
-    bus = await Bus.connect(url, namespace=namespaces[0], telemetry=Telemetry(), name="gym-provision",
-                            auth=auth, role="admin")
+    bus = await Bus.connect(
+        url, namespace=namespaces[0], telemetry=Telemetry(), name="gym-provision", auth=auth, role="admin"
+    )
     try:
         deadline = anyio.current_time() + timeout
         while True:
@@ -411,8 +509,10 @@ async def check_provisioned(js: Any, namespace: str, shown: str) -> None:
     try:
         await js.find_stream_name_by_subject(f"{namespace}.task.probe")
     except NotFoundError:
-        raise AuthError(f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
-                        f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)") from None
+        raise AuthError(
+            f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
+            f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)"
+        ) from None
 
 
 def provision_blocking(url: str, auth_dir: str | Path, namespaces: list[str], *, timeout: float = 30.0) -> None:

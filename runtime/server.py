@@ -169,8 +169,13 @@ class EmbeddedServer:
             blocks.append(f'http: "{self.http_host}:{self.http_port}"')
         if self.cluster:
             routes = ", ".join(f'"{r}"' for r in self.routes)
-            inner = [f'name: "{self.cluster}"', f'listen: "{self.cluster_host or self.host}:{self.cluster_port}"',
-                     f"routes: [{routes}]", *self._route_security(), *self.cluster_options]
+            inner = [
+                f'name: "{self.cluster}"',
+                f'listen: "{self.cluster_host or self.host}:{self.cluster_port}"',
+                f"routes: [{routes}]",
+                *self._route_security(),
+                *self.cluster_options,
+            ]
             blocks.append("cluster {\n" + "".join(f"  {line}\n" for line in inner) + "}")
         if self.secure_dir:
             blocks.append(self._security_block())

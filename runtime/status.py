@@ -100,9 +100,14 @@ class BatchWatch:
         pending = max(0, expected - done)
         eta = pending / rate if rate else (0.0 if not pending else None)
         return {
-            "batch": self.manifest.batch, "expected": expected, "done": done, "failed": self.failed,
-            "pending": pending, "rollouts_per_s": None if rate is None else round(rate, 2),
-            "eta_s": None if eta is None else round(eta, 1), "agents": self.manifest.agents,
+            "batch": self.manifest.batch,
+            "expected": expected,
+            "done": done,
+            "failed": self.failed,
+            "pending": pending,
+            "rollouts_per_s": None if rate is None else round(rate, 2),
+            "eta_s": None if eta is None else round(eta, 1),
+            "agents": self.manifest.agents,
             "age_s": round(time.time() - self.manifest.created, 1),
         }
 
@@ -111,8 +116,10 @@ def render_batch(s: dict[str, Any]) -> str:
     rate = "-" if s["rollouts_per_s"] is None else f"{s['rollouts_per_s']}/s"
     eta = "-" if s["eta_s"] is None else _duration(s["eta_s"])
     pct = 100 * s["done"] / s["expected"] if s["expected"] else 100.0
-    return (f"batch {s['batch']}: {s['done']}/{s['expected']} done ({pct:.0f}%), {s['failed']} failed, "
-            f"{s['pending']} pending, rate {rate}, ETA {eta}")
+    return (
+        f"batch {s['batch']}: {s['done']}/{s['expected']} done ({pct:.0f}%), {s['failed']} failed, "
+        f"{s['pending']} pending, rate {rate}, ETA {eta}"
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -121,8 +128,12 @@ def _duration(seconds: float) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"namespace {report['namespace']}: {report['results_stored']} results stored, "
-             f"{report['rollouts_per_s']} rollouts/s (last second)", "", "workers:"]
+    lines = [
+        f"namespace {report['namespace']}: {report['results_stored']} results stored, "
+        f"{report['rollouts_per_s']} rollouts/s (last second)",
+        "",
+        "workers:",
+    ]
     if not report["workers"]:
         lines.append("  (none)")
     by_role: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -131,8 +142,11 @@ def render(report: dict[str, Any]) -> str:
     for (role, name), ws in sorted(by_role.items()):
         lines.append(f"  {role} {name}: {len(ws)} replica(s)")
         for w in ws:
-            extra = ", ".join(f"{k}={'-' if v is None else v}" for k, v in w.items()
-                              if k not in ("role", "name", "namespace", "worker"))
+            extra = ", ".join(
+                f"{k}={'-' if v is None else v}"
+                for k, v in w.items()
+                if k not in ("role", "name", "namespace", "worker")
+            )
             lines.append(f"    {w.get('worker')}: {extra}")
     lines += ["", "queues:"]
     if not report["consumers"]:
@@ -140,6 +154,8 @@ def render(report: dict[str, Any]) -> str:
     serving = {f"{w.get('role')}_{w.get('name')}" for w in report["workers"]}
     for c in report["consumers"]:
         idle = "" if c["consumer"] in serving else "  NO WORKERS"
-        lines.append(f"  {c['consumer']}: pending={c['pending']} ack_pending={c['ack_pending']} "
-                     f"redelivered={c['redelivered']} waiting_pulls={c['waiting_pulls']}{idle}")
+        lines.append(
+            f"  {c['consumer']}: pending={c['pending']} ack_pending={c['ack_pending']} "
+            f"redelivered={c['redelivered']} waiting_pulls={c['waiting_pulls']}{idle}"
+        )
     return "\n".join(lines)

@@ -43,7 +43,10 @@ class Child:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
             preexec_fn=_term_with_parent if sys.platform.startswith("linux") else None,
         )
         self.started_at = time.monotonic()
@@ -67,8 +70,20 @@ def child_argv(config: str | list[str], url: str | None, spec: str, passthrough:
     """A worker child's command line: no secrets here (``ps`` shows it); ``url=None``: the config's."""
     configs = [config] if isinstance(config, str) else list(config)
     nats = ["--nats", url] if url else []
-    return [sys.executable, "-m", "gym_runtime.cli", "start", *configs, *nats, "--only", spec,
-            "--replicas", "1", "--in-process", *passthrough]
+    return [
+        sys.executable,
+        "-m",
+        "gym_runtime.cli",
+        "start",
+        *configs,
+        *nats,
+        "--only",
+        spec,
+        "--replicas",
+        "1",
+        "--in-process",
+        *passthrough,
+    ]
 
 
 def _exit_code(c: Child, *, wait_s: float) -> int | None:
@@ -95,8 +110,11 @@ def start_ready(children: list[Child], ready_timeout: float) -> None:
     for c in children:
         if not c.wait_ready(ready_timeout):
             exited = _exit_code(c, wait_s=5.0)
-            reason = (f"exited with code {exited} (its error is above)" if exited is not None
-                      else f"not ready within {ready_timeout:g}s")
+            reason = (
+                f"exited with code {exited} (its error is above)"
+                if exited is not None
+                else f"not ready within {ready_timeout:g}s"
+            )
             # a child that found a user mistake (exit 2) has said so in one line: pass its code on
             raise NotStarted(f"worker {c.spec} {reason}", 2 if exited == 2 else EXIT_NOT_STARTED)
 

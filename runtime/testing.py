@@ -115,8 +115,12 @@ def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> R
 
 
 async def new_session(
-    cls: type[R], options: dict[str, Any] | None = None, *, row: dict[str, Any] | None = None,
-    seed: bool = True, models: Any = None,
+    cls: type[R],
+    options: dict[str, Any] | None = None,
+    *,
+    row: dict[str, Any] | None = None,
+    seed: bool = True,
+    models: Any = None,
 ) -> R:
     """``cls.setup(options)``, a new instance (``models`` as its ``self.models``), seeded with ``row``."""
     await cls.setup(dict(options or {}))

@@ -159,7 +159,11 @@ class Telemetry:
     """Tracer plus header propagation for one process."""
 
     def __init__(
-        self, provider: TracerProvider | None = None, *, service: str = "gym-runtime", meters: Meters | None = None,
+        self,
+        provider: TracerProvider | None = None,
+        *,
+        service: str = "gym-runtime",
+        meters: Meters | None = None,
     ) -> None:
         # Without an exporter nothing is recorded, so only root spans are created (for
         # fresh ids); every other message carries its caller's context unchanged.
@@ -172,15 +176,17 @@ class Telemetry:
 
     @classmethod
     def from_options(
-        cls, *, trace_file: str | None = None, service: str = "gym-runtime", meters: Meters | None = None,
+        cls,
+        *,
+        trace_file: str | None = None,
+        service: str = "gym-runtime",
+        meters: Meters | None = None,
     ) -> Telemetry:
         """Export to ``trace_file`` (JSON lines) and/or OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set."""
         exporters: list[SpanExporter] = []
         if trace_file:
             exporters.append(JsonLinesExporter(trace_file))
-        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-        ):
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter,
             )
@@ -253,8 +259,9 @@ class Telemetry:
     @staticmethod
     def _otel_parent(tp: str) -> otel_context.Context:
         """An OpenTelemetry context whose span is the remote parent ``tp`` (a valid, canonical header)."""
-        sc = SpanContext(int(tp[3:35], 16), int(tp[36:52], 16), is_remote=True,
-                         trace_flags=TraceFlags(int(tp[53:55], 16)))
+        sc = SpanContext(
+            int(tp[3:35], 16), int(tp[36:52], 16), is_remote=True, trace_flags=TraceFlags(int(tp[53:55], 16))
+        )
         span = _Remote(sc)
         span.traceparent = tp  # messages sent in this context carry it on unchanged
         return trace.set_span_in_context(span)

@@ -119,9 +119,7 @@ def system_prompt(
     persona, goal = _field(row, persona_field), _field(row, goal_field)
     if instructions:
         text = (
-            instructions.replace("{persona}", persona)
-            .replace("{goal}", goal)
-            .replace("{stop_token}", stop_token or "")
+            instructions.replace("{persona}", persona).replace("{goal}", goal).replace("{stop_token}", stop_token or "")
         )
     else:
         parts = [DEFAULT_PROMPT]
@@ -164,8 +162,13 @@ def user_sim_params(
     sys_msg = Message(
         role="system",
         content=system_prompt(
-            row, instructions=instructions, persona_field=persona_field, goal_field=goal_field,
-            stop_token=stop_token, stop_tool=stop_tool, may_stop=may_stop,
+            row,
+            instructions=instructions,
+            persona_field=persona_field,
+            goal_field=goal_field,
+            stop_token=stop_token,
+            stop_tool=stop_tool,
+            may_stop=may_stop,
         ),
     )
     params = CreateParams(input=[sys_msg, *flipped])
@@ -190,9 +193,7 @@ class UserTurn:
 
 
 def read_user_turn(output: list[Item], *, stop_token: str | None, stop_tool: str | None) -> UserTurn:
-    text = "".join(
-        message_text(i) for i in output if isinstance(i, Message) and i.role == "assistant"
-    ).strip()
+    text = "".join(message_text(i) for i in output if isinstance(i, Message) and i.role == "assistant").strip()
     if stop_tool and any(isinstance(i, FunctionCall) and i.name == stop_tool for i in output):
         return UserTurn(text=text, stop=True, reason="stop_tool")
     if stop_token and stop_token in text:

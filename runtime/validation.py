@@ -72,7 +72,9 @@ class TaskChecker:
                 return None, [f"agent_ref.type must be {AGENT_REF_TYPE!r}, got {ref.get('type')!r}"]
             if self.agent is None:
                 if ref["name"] not in self.cfg.agents:
-                    return None, [f"agent_ref.name {ref['name']!r} is not an agent of this config ({', '.join(agents)})"]
+                    return None, [
+                        f"agent_ref.name {ref['name']!r} is not an agent of this config ({', '.join(agents)})"
+                    ]
                 return ref["name"], []
         if self.agent is not None:
             return self.agent, []

@@ -39,8 +39,17 @@ async def drain_puller(puller: PullWorker | None) -> None:
 
 
 async def serve_pulled(
-    bus: Bus, puller: PullWorker, *, role: str, name: str, worker_id: str, stats: Callable[[], dict[str, Any]],
-    task_status: anyio.abc.TaskStatus[None], log: Any, owner: object, fingerprint: str | None = None,
+    bus: Bus,
+    puller: PullWorker,
+    *,
+    role: str,
+    name: str,
+    worker_id: str,
+    stats: Callable[[], dict[str, Any]],
+    task_status: anyio.abc.TaskStatus[None],
+    log: Any,
+    owner: object,
+    fingerprint: str | None = None,
     **ready: Any,
 ) -> None:
     """A work-queue worker's life: announce it (discovery) and its gauges (metrics), report it

@@ -27,12 +27,18 @@ class LocalCluster:
         self.nodes: list[EmbeddedServer] = []
         route_ports = [free_port() for _ in range(size)]
         for i in range(size):
-            self.nodes.append(EmbeddedServer(
-                port=free_port(), store_dir=str(root / f"n{i + 1}"), server_name=f"n{i + 1}",
-                cluster=name if size > 1 else None, cluster_port=route_ports[i] if size > 1 else 0,
-                routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i] if size > 1 else [],
-                http_port=free_port(), log_file=str(root / f"n{i + 1}.log"),
-            ))
+            self.nodes.append(
+                EmbeddedServer(
+                    port=free_port(),
+                    store_dir=str(root / f"n{i + 1}"),
+                    server_name=f"n{i + 1}",
+                    cluster=name if size > 1 else None,
+                    cluster_port=route_ports[i] if size > 1 else 0,
+                    routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i] if size > 1 else [],
+                    http_port=free_port(),
+                    log_file=str(root / f"n{i + 1}.log"),
+                )
+            )
 
     @property
     def urls(self) -> list[str]:

@@ -106,9 +106,7 @@ def chat_completion(
                 "type": "function",
                 "function": {
                     "name": tc["name"],
-                    "arguments": tc["arguments"]
-                    if isinstance(tc["arguments"], str)
-                    else json.dumps(tc["arguments"]),
+                    "arguments": tc["arguments"] if isinstance(tc["arguments"], str) else json.dumps(tc["arguments"]),
                 },
             }
             for tc in tool_calls
@@ -197,13 +195,20 @@ def responses_reply(
     }
 
 
-def error_body(status: int, message: str = "error", *, param: str | None = None,
-               type: str | None = None) -> dict[str, Any]:
+def error_body(
+    status: int, message: str = "error", *, param: str | None = None, type: str | None = None
+) -> dict[str, Any]:
     """An error body shaped like vLLM's (``{"error": {message, type, param, code}}``)."""
-    kinds = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             429: "RateLimitError", 503: "ServiceUnavailableError"}
-    return {"error": {"message": message, "type": type or kinds.get(status, "APIError"),
-                      "param": param, "code": status}}
+    kinds = {
+        400: "BadRequestError",
+        401: "AuthenticationError",
+        404: "NotFoundError",
+        429: "RateLimitError",
+        503: "ServiceUnavailableError",
+    }
+    return {
+        "error": {"message": message, "type": type or kinds.get(status, "APIError"), "param": param, "code": status}
+    }
 
 
 # ============================================================ the tiny tokenizer
@@ -228,14 +233,53 @@ _U2B = {u: b for b, u in _B2U.items()}
 # Merged tokens of the recorded tiny model (id → text), read off tests/compat/vllm
 # (token_strs, logprob bytes, detokenized prompts); ids are BPE merge ranks.
 _MERGES: dict[int, str] = {
-    261: "he", 263: " t", 264: "er", 266: "is", 268: "re", 270: " re", 272: "an", 273: "ar",
-    274: "as", 275: "at", 276: "az", 277: "all", 280: "call", 283: "hat", 286: "ld", 288: "lus",
-    294: "ool", 296: "qu", 298: "st", 299: "su", 300: "sy", 304: "tool", 305: "ur", 307: "what",
-    308: " wo", 310: " is", 311: " as", 313: " call", 315: " ju", 320: " sy", 322: " the",
-    324: "user", 326: " rewar", 328: "own", 329: "stem", 330: "sistan", 332: " fox", 334: " brown",
+    261: "he",
+    263: " t",
+    264: "er",
+    266: "is",
+    268: "re",
+    270: " re",
+    272: "an",
+    273: "ar",
+    274: "as",
+    275: "at",
+    276: "az",
+    277: "all",
+    280: "call",
+    283: "hat",
+    286: "ld",
+    288: "lus",
+    294: "ool",
+    296: "qu",
+    298: "st",
+    299: "su",
+    300: "sy",
+    304: "tool",
+    305: "ur",
+    307: "what",
+    308: " wo",
+    310: " is",
+    311: " as",
+    313: " call",
+    315: " ju",
+    320: " sy",
+    322: " the",
+    324: "user",
+    326: " rewar",
+    328: "own",
+    329: "stem",
+    330: "sistan",
+    332: " fox",
+    334: " brown",
     344: " assistant",
     # Implied by token counts only (ids 262, 269, 271, 278, 279 made up):
-    262: "Be", 267: "ll", 302: "the", 269: "ef", 271: " two", 278: " plus", 279: "hello",
+    262: "Be",
+    267: "ll",
+    302: "the",
+    269: "ef",
+    271: " two",
+    278: " plus",
+    279: "hello",
 }
 _PRETOKEN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
 
@@ -319,9 +363,7 @@ class TinyTokenizer:
         return special.encode() if special is not None else self.id_to_bytes.get(i, b"")
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        out = b"".join(
-            b"" if skip_special_tokens and i in self.special_by_id else self.token_bytes(i) for i in ids
-        )
+        out = b"".join(b"" if skip_special_tokens and i in self.special_by_id else self.token_bytes(i) for i in ids)
         return out.decode("utf-8", "replace")
 
     def token_str(self, i: int) -> str:
@@ -344,8 +386,12 @@ def _content_text(content: Any) -> str:
 
 def _template_tool(tool: dict[str, Any]) -> dict[str, Any]:
     fn = dict(tool.get("function") or {})
-    shaped = {"name": fn.pop("name", None), "description": fn.pop("description", None),
-              "parameters": fn.pop("parameters", None), **fn}
+    shaped = {
+        "name": fn.pop("name", None),
+        "description": fn.pop("description", None),
+        "parameters": fn.pop("parameters", None),
+        **fn,
+    }
     return {"type": tool.get("type", "function"), "function": shaped}
 
 
@@ -363,8 +409,9 @@ def _arguments(raw: Any) -> Any:
     return raw if raw is not None else {}
 
 
-def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
-                add_generation_prompt: bool = True) -> str:
+def render_chat(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, add_generation_prompt: bool = True
+) -> str:
     """``tool_chat_template.jinja`` (tests/compat/vllm) with vLLM's preprocessing, in Python."""
     out: list[str] = []
     start = 1 if messages and messages[0].get("role") in ("system", "developer") else 0
@@ -375,8 +422,10 @@ def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
         out.append("# Tools\n\nFunction signatures are inside <tools></tools>:\n<tools>")
         for tool in tools:
             out.append("\n" + _tojson(_template_tool(tool)))
-        out.append('\n</tools>\n\nTo call a function, answer with a JSON object inside <tool_call></tool_call>:\n'
-                   '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n')
+        out.append(
+            "\n</tools>\n\nTo call a function, answer with a JSON object inside <tool_call></tool_call>:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        )
     elif start:
         out.append("<|im_start|>system\n" + _content_text(messages[0].get("content")) + "<|im_end|>\n")
     rest = messages[start:]
@@ -387,8 +436,13 @@ def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
             out.append(_content_text(m.get("content")))
             for tc in m.get("tool_calls") or []:
                 f = tc.get("function", tc)
-                out.append('<tool_call>\n{"name": "' + str(f.get("name")) + '", "arguments": '
-                           + _tojson(_arguments(f.get("arguments"))) + "}\n</tool_call>")
+                out.append(
+                    '<tool_call>\n{"name": "'
+                    + str(f.get("name"))
+                    + '", "arguments": '
+                    + _tojson(_arguments(f.get("arguments")))
+                    + "}\n</tool_call>"
+                )
             out.append("<|im_end|>\n")
         elif role == "tool":
             if k == 0 or rest[k - 1].get("role") != "tool":
@@ -423,8 +477,10 @@ class _HTTPError(Exception):
 
 
 def _validation_error(loc: str, given: dict[str, Any]) -> _HTTPError:
-    msg = (f"1 validation error:\n  {{'type': 'missing', 'loc': '{loc}', 'msg': 'Field required', "
-           f"'input': '<dict of {len(given)} items>'}}")
+    msg = (
+        f"1 validation error:\n  {{'type': 'missing', 'loc': '{loc}', 'msg': 'Field required', "
+        f"'input': '<dict of {len(given)} items>'}}"
+    )
     return _HTTPError(400, error_body(400, msg, param=loc, type="Bad Request"))
 
 
@@ -439,8 +495,14 @@ _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 class VLLMEmulator:
     """vLLM 0.32's OpenAI server as recorded, over ``TinyTokenizer`` and ``render_chat``."""
 
-    def __init__(self, *, model: str = "tiny", max_model_len: int = 1024,
-                 reasoning_parser: bool = False, fingerprint: str = "vllm-0.32.0-59e96f14") -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "tiny",
+        max_model_len: int = 1024,
+        reasoning_parser: bool = False,
+        fingerprint: str = "vllm-0.32.0-59e96f14",
+    ) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.reasoning_parser = reasoning_parser  # split <think> into message.reasoning
@@ -501,33 +563,58 @@ class VLLMEmulator:
 
     def _models(self) -> dict[str, Any]:
         now = int(time.time())
-        return {"object": "list", "data": [{
-            "id": self.model, "object": "model", "created": now, "owned_by": "vllm", "root": "tinyllm-tools",
-            "parent": None, "max_model_len": self.max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
-                            "created": now, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None,
-                            "is_blocking": False}]}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model,
+                    "object": "model",
+                    "created": now,
+                    "owned_by": "vllm",
+                    "root": "tinyllm-tools",
+                    "parent": None,
+                    "max_model_len": self.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                            "object": "model_permission",
+                            "created": now,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }
 
     def _check_model(self, body: dict[str, Any]) -> None:
         name = body.get("model")
         if name is not None and name != self.model:
-            raise _HTTPError(404, error_body(404, f"The model `{name}` does not exist. Valid aliases: {self.model}.",
-                                             param="model"))
+            raise _HTTPError(
+                404, error_body(404, f"The model `{name}` does not exist. Valid aliases: {self.model}.", param="model")
+            )
 
     def _check_tools(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         tools = body.get("tools")
         if tools is not None:
             if not tools:
-                raise _bad_request("`tools` must not be an empty array. Either provide at least one tool or "
-                                   "omit the field entirely. (parameter=tools)", "tools")
+                raise _bad_request(
+                    "`tools` must not be an empty array. Either provide at least one tool or "
+                    "omit the field entirely. (parameter=tools)",
+                    "tools",
+                )
             for i, t in enumerate(tools):
                 if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
                     raise _validation_error(f"body.tools.{i}.function", t if isinstance(t, dict) else {})
         elif body.get("tool_choice") not in (None, "none"):
-            raise _bad_request("When using `tool_choice`, `tools` must be set. (parameter=tool_choice)",
-                               "tool_choice")
+            raise _bad_request("When using `tool_choice`, `tools` must be set. (parameter=tool_choice)", "tool_choice")
         return tools
 
     def _room(self, prompt_len: int, body: dict[str, Any]) -> int:
@@ -538,13 +625,16 @@ class VLLMEmulator:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
                 f"contains at least {n} input tokens, which exceeds this limit even without any output tokens. "
                 f"Please reduce the length of the input prompt. (parameter=input_tokens, value={n})",
-                "input_tokens")
+                "input_tokens",
+            )
         room = self.max_model_len - prompt_len
         asked = body.get("max_tokens", body.get("max_completion_tokens"))
         max_tokens = room if asked is None else min(int(asked), room)
         if max_tokens < 1:
-            raise _bad_request(f"max_tokens must be at least 1, got {max_tokens}. "
-                               f"(parameter=max_tokens, value={max_tokens})", "max_tokens")
+            raise _bad_request(
+                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
         return max_tokens
 
     def _sample(self, path: str, body: dict[str, Any], max_tokens: int) -> tuple[list[int], str, str]:
@@ -583,8 +673,9 @@ class VLLMEmulator:
         self._check_model(body)
         tools = self._check_tools(body)
         tool_choice = body.get("tool_choice", "auto" if tools else "none")
-        prompt = self.tokenizer.encode(render_chat(body["messages"], tools,
-                                                   add_generation_prompt=body.get("add_generation_prompt", True)))
+        prompt = self.tokenizer.encode(
+            render_chat(body["messages"], tools, add_generation_prompt=body.get("add_generation_prompt", True))
+        )
         max_tokens = self._room(len(prompt), body)
         n = int(body.get("n") or 1)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -595,8 +686,14 @@ class VLLMEmulator:
         for index in range(n):
             ids, finish, text = self._sample("/v1/chat/completions", body, max_tokens)
             completion_tokens += len(ids)
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                                       "audio": None, "function_call": None}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+            }
             reasoning = None
             if self.reasoning_parser and "</think>" in text:
                 head, _, tail = text.partition("</think>")
@@ -605,25 +702,41 @@ class VLLMEmulator:
                 message["content"] = text
             calls: list[dict[str, Any]] = []
             if isinstance(tool_choice, dict):  # named: the output is the arguments JSON
-                calls = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
-                          "function": {"name": tool_choice["function"]["name"], "arguments": text}}]
+                calls = [
+                    {
+                        "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                        "type": "function",
+                        "function": {"name": tool_choice["function"]["name"], "arguments": text},
+                    }
+                ]
                 message["content"] = ""
             elif tool_choice == "required":
                 message["content"] = ""
                 try:
                     for c in json.loads(text):
-                        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
-                                      "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])}})
+                        calls.append(
+                            {
+                                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                                "type": "function",
+                                "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])},
+                            }
+                        )
                 except (ValueError, TypeError, KeyError):
                     calls = []
             elif tools and tool_choice != "none" and "<tool_call>" in text:
                 try:
                     for m in _HERMES_RE.finditer(text):
                         obj = json.loads((m.group(1) if m.group(1) is not None else m.group(2) or "").strip())
-                        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
-                                      "function": {"name": obj["name"],
-                                                   "arguments": json.dumps(obj.get("arguments", {}),
-                                                                           ensure_ascii=False)}})
+                        calls.append(
+                            {
+                                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                                "type": "function",
+                                "function": {
+                                    "name": obj["name"],
+                                    "arguments": json.dumps(obj.get("arguments", {}), ensure_ascii=False),
+                                },
+                            }
+                        )
                     message["content"] = text[: text.index("<tool_call>")] or None
                     if finish == "stop":
                         finish = "tool_calls"
@@ -646,19 +759,38 @@ class VLLMEmulator:
                     entry["top_logprobs"] = tops
                     content.append(entry)
                 logprobs = {"content": content}
-            choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": None, "token_ids": ids if body.get("return_token_ids") else None,
-                            "routed_experts": None})
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": ids if body.get("return_token_ids") else None,
+                    "routed_experts": None,
+                }
+            )
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model, "choices": choices, "service_tier": None,
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": choices,
+            "service_tier": None,
             "system_fingerprint": self.fingerprint,
-            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
-                      "completion_tokens_details": None},
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "total_tokens": len(prompt) + completion_tokens,
+                "completion_tokens": completion_tokens,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if body.get("return_token_ids") else None,
-            "prompt_text": None, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def _completions(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -691,16 +823,35 @@ class VLLMEmulator:
             logprobs = {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
         want_ids = bool(body.get("return_token_ids"))
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
+            "id": f"cmpl-{uuid.uuid4().hex[:16]}",
+            "object": "text_completion",
+            "created": int(time.time()),
             "model": self.model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None,
-                         "token_ids": ids if want_ids else None, "prompt_logprobs": None,
-                         "prompt_token_ids": prompt if want_ids else None, "routed_experts": None}],
-            "service_tier": None, "system_fingerprint": self.fingerprint,
-            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids),
-                      "completion_tokens": len(ids), "prompt_tokens_details": None,
-                      "completion_tokens_details": None},
-            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": ids if want_ids else None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": prompt if want_ids else None,
+                    "routed_experts": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "total_tokens": len(prompt) + len(ids),
+                "completion_tokens": len(ids),
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -742,8 +893,14 @@ class StubOpenAI:
     (a ``VLLMEmulator``). ``latency_s`` delays every reply.
     """
 
-    def __init__(self, handler: Handler | None = None, *, emulator: VLLMEmulator | None = None,
-                 latency_s: float = 0.0, record: bool = True) -> None:
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        *,
+        emulator: VLLMEmulator | None = None,
+        latency_s: float = 0.0,
+        record: bool = True,
+    ) -> None:
         self.handler = handler
         self.emulator = emulator or VLLMEmulator()
         self.latency_s = latency_s
@@ -762,15 +919,30 @@ class StubOpenAI:
             for r in replies:
                 self._queue.append(r if isinstance(r, StubReply) else StubReply(body=r))
 
-    def fail(self, status: int, times: int = 1, *, path: str | None = None, message: str | None = None,
-             headers: dict[str, str] | None = None, delay_s: float = 0.0) -> None:
+    def fail(
+        self,
+        status: int,
+        times: int = 1,
+        *,
+        path: str | None = None,
+        message: str | None = None,
+        headers: dict[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
         """The next ``times`` requests (to ``path``, if given) get an error ``status``."""
         default = {429: "rate limited", 503: "Service Unavailable", 400: "bad request", 500: "internal error"}
-        self.enqueue(*[
-            StubReply(status=status, body=error_body(status, message or default.get(status, "error")),
-                      headers=dict(headers or {}), delay_s=delay_s, path=path)
-            for _ in range(times)
-        ])
+        self.enqueue(
+            *[
+                StubReply(
+                    status=status,
+                    body=error_body(status, message or default.get(status, "error")),
+                    headers=dict(headers or {}),
+                    delay_s=delay_s,
+                    path=path,
+                )
+                for _ in range(times)
+            ]
+        )
 
     def script(self, *gens: Gen | str) -> None:
         self.emulator.script(*gens)
@@ -896,8 +1068,9 @@ class StubOpenAI:
             return [r.body for r in self.requests if path in r.path]
 
 
-async def serve_async(emulator: VLLMEmulator, port: int = 0, *, latency_s: float = 0.0,
-                      ready: Callable[[int], None] | None = None) -> None:
+async def serve_async(
+    emulator: VLLMEmulator, port: int = 0, *, latency_s: float = 0.0, ready: Callable[[int], None] | None = None
+) -> None:
     """The emulator behind a small asyncio HTTP/1.1 keep-alive server (benchmarks: no
     thread per connection). GET/POST with Content-Length bodies only."""
     import asyncio
@@ -921,8 +1094,11 @@ async def serve_async(emulator: VLLMEmulator, port: int = 0, *, latency_s: float
                 if latency_s:
                     await asyncio.sleep(latency_s)
                 data = b"" if out is None else json.dumps(out).encode()
-                writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                             % (status, b"OK" if status < 400 else b"Error", len(data)) + data)
+                writer.write(
+                    b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % (status, b"OK" if status < 400 else b"Error", len(data))
+                    + data
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
@@ -959,8 +1135,11 @@ def main() -> None:  # pragma: no cover - benchmark helper
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve_async(em, args.port, latency_s=args.latency,
-                            ready=lambda port: print(f"http://127.0.0.1:{port}/v1", flush=True)))
+    asyncio.run(
+        serve_async(
+            em, args.port, latency_s=args.latency, ready=lambda port: print(f"http://127.0.0.1:{port}/v1", flush=True)
+        )
+    )
 
 
 if __name__ == "__main__":

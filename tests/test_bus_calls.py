@@ -129,6 +129,6 @@ async def test_a_handler_cancelled_mid_call_stops_its_keepalives(buses: tuple[Bu
             await started.wait()
             await anyio.sleep(0.3)  # a few keepalives go out
             worker_tg.cancel_scope.cancel()  # the handlers stop; the connection stays
-    (error, took), = outcome
+    ((error, took),) = outcome
     assert error.error_class == "worker_lost", error
     assert took < 5, took

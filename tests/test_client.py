@@ -24,13 +24,22 @@ WEATHER = REPO / "resources/weather/config.yaml"
 ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 
 
-def weather(*, delay_s: float = 0.0, agent_concurrency: int | None = None, model_concurrency: int | None = None,
-            model_replicas: int = 1, namespace: str = "gym") -> Config:
+def weather(
+    *,
+    delay_s: float = 0.0,
+    agent_concurrency: int | None = None,
+    model_concurrency: int | None = None,
+    model_replicas: int = 1,
+    namespace: str = "gym",
+) -> Config:
     cfg = load_config(WEATHER)
     m = cfg.models["policy"]
     cfg.models["policy"] = msgspec.structs.replace(
-        m, options=msgspec.structs.replace(m.options, delay_s=delay_s),
-        concurrency=model_concurrency or m.concurrency, replicas=model_replicas)
+        m,
+        options=msgspec.structs.replace(m.options, delay_s=delay_s),
+        concurrency=model_concurrency or m.concurrency,
+        replicas=model_replicas,
+    )
     a = cfg.agents["weather_agent"]
     cfg.agents["weather_agent"] = msgspec.structs.replace(a, concurrency=agent_concurrency or a.concurrency)
     return msgspec.structs.replace(cfg, namespace=namespace)
@@ -199,8 +208,13 @@ def test_sync_client_and_silence(tmp_path: Path, nats_server) -> None:
         "    one = c.run(rows[0])\n"
         "open(sys.argv[1], 'w').write(json.dumps([got, [len(g) for g in groups], one['policy_versions']]))\n"
     )
-    res = subprocess.run([sys.executable, str(script), str(tmp_path / "out.json")], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == "" and res.stderr == ""
     got, groups, versions = json.loads((tmp_path / "out.json").read_text())
@@ -240,8 +254,16 @@ def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
     first = weather()
     first.models["policy"] = model_config(served)
     node = weather(model_concurrency=8, model_replicas=4)
-    node.models["policy"] = model_config({**served, "base_url": "http://gpu7:8000/v1", "api_key": "other",
-                                          "timeout_s": 5.0, "concurrency": 8, "replicas": 4})
+    node.models["policy"] = model_config(
+        {
+            **served,
+            "base_url": "http://gpu7:8000/v1",
+            "api_key": "other",
+            "timeout_s": 5.0,
+            "concurrency": 8,
+            "replicas": 4,
+        }
+    )
     assert config_fingerprints(node) == config_fingerprints(first)  # another node of the same experiment
     base = config_fingerprints(weather())
     other = config_fingerprints(weather(delay_s=0.5))
@@ -257,8 +279,16 @@ async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Pat
 
     async with Client(weather(), nats=nats_server.url):
         out = tmp_path / "out.jsonl"
-        stats = (await run_batch(weather(delay_s=0.01), nats_server.url, input_path=WEATHER.parent / "data/example.jsonl",
-                                 out=out, telemetry=Telemetry(), start_local_workers=False)).stats
+        stats = (
+            await run_batch(
+                weather(delay_s=0.01),
+                nats_server.url,
+                input_path=WEATHER.parent / "data/example.jsonl",
+                out=out,
+                telemetry=Telemetry(),
+                start_local_workers=False,
+            )
+        ).stats
     assert stats.failures == 5
     assert {r["error_class"] for r in read_jsonl(tmp_path / "out_failures.jsonl")} == {"config_mismatch"}
 

@@ -36,8 +36,17 @@ def write_config(tmp: Path, *, replicas: int = 3, agent_concurrency: int = 64, d
         "jetstream": {"replicas": replicas},
         "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 5.0, "concurrency": 256}},
         "resources": {"env": {"server": "resources.weather"}},
-        "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4,
-                             "timeout_s": 60, "concurrency": agent_concurrency, "ack_wait_s": 5.0}},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "max_steps": 4,
+                "timeout_s": 60,
+                "concurrency": agent_concurrency,
+                "ack_wait_s": 5.0,
+            }
+        },
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -51,9 +60,24 @@ def tasks_file(tmp: Path, n: int) -> Path:
 
 def start_worker(config: Path, url: str, only: str) -> subprocess.Popen[str]:
     p = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", url, "--only", only,
-         "--replicas", "1", "--in-process"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            str(config),
+            "--nats",
+            url,
+            "--only",
+            only,
+            "--replicas",
+            "1",
+            "--in-process",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert p.stdout is not None
     assert "ready" in p.stdout.readline(), f"{only} did not start"
@@ -104,8 +128,11 @@ async def _move_leader(url: str, stream: str, to: str) -> None:
     """Ask the stream's leader to step down in favour of server ``to`` (nats-server 2.11+)."""
     bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-setup")
     try:
-        await bus.raw_request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
-                              json.dumps({"placement": {"preferred": to}}).encode(), timeout=10)
+        await bus.raw_request(
+            f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+            json.dumps({"placement": {"preferred": to}}).encode(),
+            timeout=10,
+        )
     finally:
         await bus.close()
 
@@ -117,8 +144,20 @@ def result_count(c: LocalCluster) -> int:
 
 def test_publish_creates_streams_and_buckets_at_three_replicas(cluster: LocalCluster, tmp_path: Path) -> None:
     config = write_config(tmp_path, replicas=1)  # the --set below must win
-    res = cli("publish", str(config), "-i", str(tasks_file(tmp_path, 3)), "--nats", cluster.url, "--batch", "r3",
-              "--set", "jetstream.replicas=3", "--set", "jetstream.max_age_s=3600")
+    res = cli(
+        "publish",
+        str(config),
+        "-i",
+        str(tasks_file(tmp_path, 3)),
+        "--nats",
+        cluster.url,
+        "--batch",
+        "r3",
+        "--set",
+        "jetstream.replicas=3",
+        "--set",
+        "jetstream.max_age_s=3600",
+    )
     assert res.returncode == 0, res.stderr
     info = anyio.run(_stream_info, cluster.urls[1])
     for kind in ("task", "result", "model"):
@@ -131,7 +170,8 @@ def test_publish_creates_streams_and_buckets_at_three_replicas(cluster: LocalClu
 
 
 def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
-    cluster: LocalCluster, tmp_path: Path,
+    cluster: LocalCluster,
+    tmp_path: Path,
 ) -> None:
     # model latency 0.1 s, 32 rollouts in flight per agent worker: ~15 s of work, so the kill is mid-batch
     config = write_config(tmp_path, agent_concurrency=32, delay_s=0.1)
@@ -158,15 +198,39 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
         procs.append(start_worker(config, victim.url, "resources.env"))
         procs.append(start_worker(config, victim.url, "models.policy"))
         print(f"pools ready after {time.monotonic() - t0:.1f} s")
-        res = cli("publish", str(config), "-i", str(tasks_file(tmp_path, N_TASKS)), "--nats", cluster.url,
-                  "--batch", "big", "--repeats", str(REPEATS))
+        res = cli(
+            "publish",
+            str(config),
+            "-i",
+            str(tasks_file(tmp_path, N_TASKS)),
+            "--nats",
+            cluster.url,
+            "--batch",
+            "big",
+            "--repeats",
+            str(REPEATS),
+        )
         assert res.returncode == 0, res.stderr
         print(f"published after {time.monotonic() - t0:.1f} s")
         out = tmp_path / "out.jsonl"
         collector = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "big", "--nats", cluster.url,
-             "-o", str(out), "--no-progress"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "collect",
+                "--batch",
+                "big",
+                "--nats",
+                cluster.url,
+                "-o",
+                str(out),
+                "--no-progress",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         deadline = time.monotonic() + 40
         while result_count(cluster) < 300:

@@ -61,8 +61,10 @@ def test_missing_variable_names_the_key(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLICY_API_KEY", "k")
-    cfg = load_config(write(tmp_path), ["models.policy.adapter=vllm", "agents.weather_agent.max_steps=3",
-                                        "models.policy.timeout_s=0.5"])
+    cfg = load_config(
+        write(tmp_path),
+        ["models.policy.adapter=vllm", "agents.weather_agent.max_steps=3", "models.policy.timeout_s=0.5"],
+    )
     assert cfg.models["policy"].adapter == "vllm"
     assert cfg.agents["weather_agent"].max_steps == 3
     assert cfg.models["policy"].options.timeout_s == 0.5
@@ -78,14 +80,18 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         (("namespace: gym", "namespace: a.b"), "namespace: 'a.b' may only hold"),
         # a models entry is flat: the adapter's own Options validate the keys that are not the worker's
         (("adapter: openai", "adapter: openai\n    base_urll: x"), "models.policy.base_urll: unknown key"),
-        (("adapter: openai", "adapter: openai\n    api: completions"), "models.policy.api: Invalid enum value 'completions'"),
+        (
+            ("adapter: openai", "adapter: openai\n    api: completions"),
+            "models.policy.api: Invalid enum value 'completions'",
+        ),
         (("adapter: openai", "adapter: scripted"), "models.policy.base_url: unknown key"),
         (("adapter: openai", "adapter: nope"), "models.policy.adapter: unknown adapter 'nope'"),
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
     ],
 )
-def test_bad_config_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: tuple[str, str],
-                                  message: str) -> None:
+def test_bad_config_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: tuple[str, str], message: str
+) -> None:
     monkeypatch.setenv("POLICY_API_KEY", "k")
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, BASE.replace(*edit)))

@@ -122,8 +122,10 @@ def test_scaled_objects_validate_against_kedas_crd(rendered: list[dict[str, Any]
 
 def triggers(rendered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Deployment name -> its ScaledObject's first trigger."""
-    return {so["spec"]["scaleTargetRef"]["name"]: so["spec"]["triggers"][0]
-            for so in by_kind(rendered, "ScaledObject").values()}
+    return {
+        so["spec"]["scaleTargetRef"]["name"]: so["spec"]["triggers"][0]
+        for so in by_kind(rendered, "ScaledObject").values()
+    }
 
 
 def role_of(dep: dict[str, Any]) -> str:
@@ -138,7 +140,8 @@ def test_every_role_has_a_scaler_naming_the_runtimes_stream_and_consumer(rendere
     trig = triggers(rendered)
     roles = {role_of(d): n for n, d in deployments.items()}
     assert set(roles) == {f"agents.{a}" for a in cfg.agents} | {f"models.{m}" for m in cfg.models} | {
-        f"resources.{r}" for r in cfg.resources}
+        f"resources.{r}" for r in cfg.resources
+    }
     for spec, dep in roles.items():
         role, name = spec.split(".")
         t = trig[dep]
@@ -168,18 +171,46 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
     worker = None
     try:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "start", str(DEPLOY / "config.yaml"), "--nats", srv.url,
-             "--in-process", "--set", "jetstream.replicas=1", "--set", "models.policy.delay_s=0.1",
-             "--set", "agents.weather_agent.concurrency=4"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "start",
+                str(DEPLOY / "config.yaml"),
+                "--nats",
+                srv.url,
+                "--in-process",
+                "--set",
+                "jetstream.replicas=1",
+                "--set",
+                "models.policy.delay_s=0.1",
+                "--set",
+                "agents.weather_agent.concurrency=4",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert worker.stdout is not None and "ready" in worker.stdout.readline()
         base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
         n = 120
         tasks = write_jsonl(tmp_path / "tasks.jsonl", [base[i % len(base)] for i in range(n)])
         # the workers' config (tasks carry its fingerprint; another config's would be refused)
-        res = cli("publish", str(DEPLOY / "config.yaml"), "-i", str(tasks), "--nats", srv.url, "--batch", "keda",
-                  "--set", "jetstream.replicas=1", "--set", "models.policy.delay_s=0.1")
+        res = cli(
+            "publish",
+            str(DEPLOY / "config.yaml"),
+            "-i",
+            str(tasks),
+            "--nats",
+            srv.url,
+            "--batch",
+            "keda",
+            "--set",
+            "jetstream.replicas=1",
+            "--set",
+            "models.policy.delay_s=0.1",
+        )
         assert res.returncode == 0, res.stderr
         trig = {t["metadata"]["consumer"]: t["metadata"] for t in triggers(rendered).values() if t["type"] != "cpu"}
         samples = 0
@@ -190,7 +221,9 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
                 found = [c["name"] for c in streams[meta["stream"]].get("consumer_detail") or []]
                 assert consumer in found, (meta["stream"], found)
             tasks_stream = streams["GYM_TASKS"]
-            agent = next(c for c in tasks_stream["consumer_detail"] if c["name"] == trig["agent_weather_agent"]["consumer"])
+            agent = next(
+                c for c in tasks_stream["consumer_detail"] if c["name"] == trig["agent_weather_agent"]["consumer"]
+            )
             stored = streams["GYM_RESULTS"]["state"]["messages"] if "GYM_RESULTS" in streams else 0
             queued = tasks_stream["state"]["messages"]  # a work queue keeps a task until it is acked
             if stored >= n:
@@ -226,10 +259,14 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
         cmd = services[s]["command"]
         assert cmd[cmd.index("--routes") + 1] == "nats://nats1:6222,nats://nats2:6222,nats://nats3:6222"
     cfg = deploy_config()
-    only = {svc["command"][svc["command"].index("--only") + 1] for svc in services.values()
-            if "command" in svc and "--only" in svc["command"]}
+    only = {
+        svc["command"][svc["command"].index("--only") + 1]
+        for svc in services.values()
+        if "command" in svc and "--only" in svc["command"]
+    }
     assert only == {f"agents.{a}" for a in cfg.agents} | {f"models.{m}" for m in cfg.models} | {
-        f"resources.{r}" for r in cfg.resources}
+        f"resources.{r}" for r in cfg.resources
+    }
     assert services["jaeger"]["profiles"] == ["tracing"]
     bad = json.loads(json.dumps(compose))
     bad["services"]["agents"]["restrat"] = "always"
@@ -270,25 +307,48 @@ def test_dockerfile_build_steps_run_here(tmp_path: Path) -> None:
     # The RUN step's install, as pip does it in the image (isolated build: setuptools from the
     # index), from the copied context only; dependencies are not downloaded (--no-deps).
     wheels = tmp_path / "wheels"
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                          "-w", str(wheels), str(context)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if res.returncode != 0 and ("NewConnectionError" in res.stderr or "No matching distribution" in res.stderr):
         pytest.skip("pip cannot reach a package index for the isolated build (setuptools)")
     assert res.returncode == 0, res.stderr[-3000:]
     wheel = next(wheels.glob("gym_runtime-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for must in ("gym_runtime/cli/__init__.py", "gym_runtime/resources/weather/config.yaml",
-                 "gym_runtime/agents/simple.py", "gym_runtime/models/scripted.py"):
+    for must in (
+        "gym_runtime/cli/__init__.py",
+        "gym_runtime/resources/weather/config.yaml",
+        "gym_runtime/agents/simple.py",
+        "gym_runtime/models/scripted.py",
+    ):
         assert must in names, must
-    assert "gym-runtime = gym_runtime.cli:main" in zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert (
+        "gym-runtime = gym_runtime.cli:main"
+        in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    )
     target = tmp_path / "site"
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                          str(wheel)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     # the image's entry point, from the installed wheel (dependencies from this environment)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    res = subprocess.run([sys.executable, "-c", "import sys, gym_runtime.cli as c; print(c.__file__); "
-                          "sys.argv=['gym-runtime','start','--help']; c.main()"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, gym_runtime.cli as c; print(c.__file__); sys.argv=['gym-runtime','start','--help']; c.main()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert str(target) in res.stdout and "--only ROLE.NAME" in res.stdout, res.stdout + res.stderr

@@ -26,15 +26,30 @@ N_TASKS = 12
 REPEATS = 2
 
 
-def write_config(tmp: Path, *, resource: str = "resources.weather", delay_s: float = 0.3,
-                 agent_concurrency: int = 4, max_attempts: int = 4) -> Path:
+def write_config(
+    tmp: Path,
+    *,
+    resource: str = "resources.weather",
+    delay_s: float = 0.3,
+    agent_concurrency: int = 4,
+    max_attempts: int = 4,
+) -> Path:
     cfg = {
         "namespace": "gym",
         "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 2.0, "concurrency": 8}},
         "resources": {"env": {"server": resource}},
-        "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4,
-                             "timeout_s": 60, "concurrency": agent_concurrency, "ack_wait_s": 2.0,
-                             "max_attempts": max_attempts}},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "max_steps": 4,
+                "timeout_s": 60,
+                "concurrency": agent_concurrency,
+                "ack_wait_s": 2.0,
+                "max_attempts": max_attempts,
+            }
+        },
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -62,9 +77,24 @@ class Pool:
 
     def start(self, key: str, only: str) -> subprocess.Popen[str]:
         p = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "start", str(self.config), "--nats", self.url,
-             "--only", only, "--replicas", "1", "--in-process"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "start",
+                str(self.config),
+                "--nats",
+                self.url,
+                "--only",
+                only,
+                "--replicas",
+                "1",
+                "--in-process",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -118,7 +148,10 @@ def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
 def start_collect(url: str, batch: str, out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch, "--nats", url, "-o", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

@@ -73,8 +73,14 @@ async def test_a_thousand_concurrent_runs_answer_nemo_gym_rows(gateway, tmp_path
 
     # the reference: the same rows through `collect` (run_batch writes what collect writes)
     out = tmp_path / "ref.jsonl"
-    await run_batch(client.config, client.url, input_path=REPO / "resources/weather/data/example.jsonl", out=out,
-                    telemetry=Telemetry(), start_local_workers=False)
+    await run_batch(
+        client.config,
+        client.url,
+        input_path=REPO / "resources/weather/data/example.jsonl",
+        out=out,
+        telemetry=Telemetry(),
+        start_local_workers=False,
+    )
     ref = read_jsonl(out)[0]
     expected_keys = set(ref) - {"_ng_task_index", "_ng_rollout_index", "agent_ref"}
     by_prompt = {json.dumps(r["responses_create_params"], sort_keys=True): r for r in read_jsonl(out)}
@@ -95,8 +101,12 @@ async def test_a_thousand_concurrent_runs_answer_nemo_gym_rows(gateway, tmp_path
 
 async def test_run_keeps_the_requests_own_ids_and_agent_ref(gateway) -> None:
     head, _ = gateway
-    row = {**ROWS[0], "agent_ref": {"type": "responses_api_agents", "name": "weather_agent"},
-           "_ng_task_index": 41, "_ng_rollout_index": 3}
+    row = {
+        **ROWS[0],
+        "agent_ref": {"type": "responses_api_agents", "name": "weather_agent"},
+        "_ng_task_index": 41,
+        "_ng_rollout_index": 3,
+    }
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{head}/run", json=row) as r:
             body = await r.json()
@@ -140,9 +150,14 @@ async def test_a_failed_rollout_answers_500_naming_the_error_class(nats_server) 
 
 
 def test_cli_gateway_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "gateway", "resources/weather/config.yaml",
-                             "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "TMPDIR": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "gateway", "resources/weather/config.yaml", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("gateway listening on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
@@ -170,8 +185,13 @@ def test_cli_gateway_usage_errors_are_one_line() -> None:
         res = cli("gateway", "resources/weather/config.yaml", "--port", str(taken))
     assert res.returncode == 2 and "cannot listen" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert time.monotonic() - start_t < 60
-    res = cli("gateway", "resources/weather/config.yaml", "--nats", f"nats://127.0.0.1:{taken}",
-              env={"GYM_CONNECT_TIMEOUT_S": "1"})
+    res = cli(
+        "gateway",
+        "resources/weather/config.yaml",
+        "--nats",
+        f"nats://127.0.0.1:{taken}",
+        env={"GYM_CONNECT_TIMEOUT_S": "1"},
+    )
     assert res.returncode == 2 and res.stderr.startswith("gym-runtime: error: cannot reach a NATS server")
 
 
@@ -182,8 +202,10 @@ async def test_several_agents_are_listed_and_routed_by_agent_ref(nats_server) ->
         runner, port = await start(client, host="127.0.0.1", port=0)
         head = f"http://127.0.0.1:{port}"
         try:
-            rows = [{**ROWS[i], "agent_ref": {"type": "responses_api_agents", "name": n}}
-                    for i, n in enumerate(["weather_agent", "second_agent"] * 2)]
+            rows = [
+                {**ROWS[i], "agent_ref": {"type": "responses_api_agents", "name": n}}
+                for i, n in enumerate(["weather_agent", "second_agent"] * 2)
+            ]
             replies, global_cfg = await nemo_gym_client_rollouts(head, rows)
             async with aiohttp.ClientSession() as http, http.post(f"{head}/run", json=ROWS[0]) as r:
                 assert r.status == 422 and "several agents" in (await r.json())["detail"]

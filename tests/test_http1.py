@@ -101,17 +101,21 @@ async def test_keep_alive_reuses_one_connection_and_sends_host_and_length(serve)
     assert server.open == 0  # the server saw it close
 
 
-@pytest.mark.parametrize("framing", ["chunked", "to-close", "connection-close", "http/1.0", "interim-100",
-                                     "byte-by-byte", "no-content"])
+@pytest.mark.parametrize(
+    "framing", ["chunked", "to-close", "connection-close", "http/1.0", "interim-100", "byte-by-byte", "no-content"]
+)
 async def test_every_framing_servers_use_is_read_whole(serve, framing: str) -> None:
     async def handler(body: bytes, w: asyncio.StreamWriter) -> bool:
         data = echo(body)
         if framing == "chunked":
             # two chunks, a chunk extension and a trailer
             half = len(data) // 2
-            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    + b"%x;ext=1\r\n%s\r\n" % (half, data[:half])
-                    + b"%x\r\n%s\r\n" % (len(data) - half, data[half:]) + b"0\r\nX-Trailer: t\r\n\r\n")
+            w.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x;ext=1\r\n%s\r\n" % (half, data[:half])
+                + b"%x\r\n%s\r\n" % (len(data) - half, data[half:])
+                + b"0\r\nX-Trailer: t\r\n\r\n"
+            )
             return True
         if framing == "to-close":
             w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + data)
@@ -184,7 +188,7 @@ async def test_a_kept_connection_closed_as_the_request_goes_out_is_retried_once(
 
 async def test_a_fresh_connection_closed_mid_answer_is_an_error_not_a_retry(serve) -> None:
     async def cut(body: bytes, w: asyncio.StreamWriter) -> bool:
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial")
+        w.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
         return False
 
     server = await serve(cut)
@@ -195,15 +199,20 @@ async def test_a_fresh_connection_closed_mid_answer_is_an_error_not_a_retry(serv
     assert pool.open_connections == 0
 
 
-@pytest.mark.parametrize(("answer", "error"), [
-    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad Content-Length"),
-    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabcd\r\n", "does not end with CRLF"),
-    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (http1.MAX_HEAD + 10), "headers exceed"),
-])
-async def test_a_malformed_answer_is_a_clear_error_and_the_connection_is_dropped(serve, answer: bytes, error: str) -> None:
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabcd\r\n", "does not end with CRLF"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (http1.MAX_HEAD + 10), "headers exceed"),
+    ],
+)
+async def test_a_malformed_answer_is_a_clear_error_and_the_connection_is_dropped(
+    serve, answer: bytes, error: str
+) -> None:
     async def bad(body: bytes, w: asyncio.StreamWriter) -> bool:
         w.write(answer)
         await w.drain()
@@ -290,22 +299,25 @@ async def test_the_adapter_sees_status_headers_and_failures_through_it(serve) ->
         calls += 1
         if calls == 1:
             data = b'{"error": {"message": "slow down"}}'
-            w.write(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0.05\r\nContent-Length: %d\r\n\r\n"
-                    % len(data) + data)
+            w.write(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0.05\r\nContent-Length: %d\r\n\r\n" % len(data) + data
+            )
             return True
         return await length_framed(body, w)
 
     server = await serve(limited)
-    pool = make_pool(Options(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="sk-secret",
-                             retry_backoff_s=0.01), concurrency=4)
+    pool = make_pool(
+        Options(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="sk-secret", retry_backoff_s=0.01), concurrency=4
+    )
     answer = await pool.run(lambda ep: ep.post("/responses", {"input": "hi"}))
     assert answer == {"echo": '{"input":"hi"}'} and calls == 2
     assert server.requests[0][1]["authorization"] == "Bearer sk-secret"
     await pool.aclose()
 
     port = closed_port()
-    pool = make_pool(Options(base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, retry_backoff_s=0.01),
-                     concurrency=4)
+    pool = make_pool(
+        Options(base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, retry_backoff_s=0.01), concurrency=4
+    )
     with pytest.raises(ModelError, match=f"cannot reach http://127.0.0.1:{port}/v1") as err:
         await pool.run(lambda ep: ep.post("/responses", {}))
     assert err.value.retryable and "gave up after 2 attempts" in str(err.value)

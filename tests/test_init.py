@@ -22,8 +22,15 @@ def no_pythonpath() -> dict[str, str]:
 
 def scaffold_tests(package: Path) -> subprocess.CompletedProcess[str]:
     """The package's own tests, run the way its README says, from its own directory."""
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                          cwd=package, capture_output=True, text=True, check=False, timeout=300, env=no_pythonpath())
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=package,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=no_pythonpath(),
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -33,7 +40,12 @@ def test_scaffold_outside_the_repo_passes_its_own_tests(tmp_path: Path, variant:
     assert r.returncode == 0, r.stderr
     package = tmp_path / name
     assert sorted(p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()) == [
-        "README.md", "__init__.py", "config.yaml", "data/example.jsonl", f"tests/test_{name}.py"]
+        "README.md",
+        "__init__.py",
+        "config.yaml",
+        "data/example.jsonl",
+        f"tests/test_{name}.py",
+    ]
     t = scaffold_tests(package)
     assert t.returncode == 0, t.stdout + t.stderr
     assert "4 passed" in t.stdout
@@ -44,9 +56,26 @@ def test_scaffold_runs_from_any_directory_without_pythonpath(tmp_path: Path) -> 
     assert cli("init", "far_env", "--dir", str(tmp_path / "deep" / "er")).returncode == 0
     package = tmp_path / "deep" / "er" / "far_env"
     out = tmp_path / "out.jsonl"
-    r = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "run", str(package / "config.yaml"),
-                        "-i", str(package / "data" / "example.jsonl"), "-o", str(out), "--no-progress"],
-                       cwd="/", capture_output=True, text=True, check=False, timeout=300, env=no_pythonpath())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            str(package / "config.yaml"),
+            "-i",
+            str(package / "data" / "example.jsonl"),
+            "-o",
+            str(out),
+            "--no-progress",
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=no_pythonpath(),
+    )
     assert r.returncode == 0, r.stderr
     assert len(out.read_text().splitlines()) == 5
 
@@ -65,8 +94,11 @@ def test_scaffold_inside_the_repo_passes_its_own_tests() -> None:
 
 
 def test_bad_names_and_existing_directories_are_one_line_errors(tmp_path: Path) -> None:
-    for name, text in (("My-Env", "lowercase Python identifier"), ("class", "lowercase Python identifier"),
-                       ("json", "an importable module already has this name")):
+    for name, text in (
+        ("My-Env", "lowercase Python identifier"),
+        ("class", "lowercase Python identifier"),
+        ("json", "an importable module already has this name"),
+    ):
         r = cli("init", name, "--dir", str(tmp_path))
         assert r.returncode == 2 and text in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1

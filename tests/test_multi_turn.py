@@ -33,8 +33,12 @@ AGENT = "example_multi_turn_gymnasium_agent"
 
 
 def config(
-    *, options: dict[str, Any], resource: str = "resources.multi_turn_gymnasium", policy: dict[str, Any] | None = None,
-    user_sim: dict[str, Any] | None = None, agent: dict[str, Any] | None = None,
+    *,
+    options: dict[str, Any],
+    resource: str = "resources.multi_turn_gymnasium",
+    policy: dict[str, Any] | None = None,
+    user_sim: dict[str, Any] | None = None,
+    agent: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     models: dict[str, Any] = {"policy": policy or {"adapter": "scripted"}}
     if user_sim is not None:
@@ -43,8 +47,17 @@ def config(
         "namespace": "gym",
         "models": models,
         "resources": {"env": {"server": resource}},
-        "agents": {AGENT: {"agent": "agents.multi_turn", "model": "policy", "resource": "env",
-                           "max_steps": 8, "timeout_s": 60, "options": options, **(agent or {})}},
+        "agents": {
+            AGENT: {
+                "agent": "agents.multi_turn",
+                "model": "policy",
+                "resource": "env",
+                "max_steps": 8,
+                "timeout_s": 60,
+                "options": options,
+                **(agent or {}),
+            }
+        },
     }
 
 
@@ -81,8 +94,13 @@ async def test_four_turn_conversation_with_scripted_user_simulator(nats_server, 
     turns (3 per rollout) plus the call that ends each conversation.
     """
     raw = config(
-        options={"user": "model", "user_model": "user_sim", "stop_tool": "end_conversation",
-                 "min_turns": 4, "max_turns": 10},
+        options={
+            "user": "model",
+            "user_model": "user_sim",
+            "stop_tool": "end_conversation",
+            "min_turns": 4,
+            "max_turns": 10,
+        },
         user_sim={"adapter": "scripted", "replicas": 0},
     )
     cfg = config_from_dict(copy.deepcopy(raw))
@@ -152,11 +170,17 @@ async def test_conversation_stops_before_the_deadline(nats_server, tmp_path: Pat
 
 async def test_gym_resource_that_terminates_early(nats_server, tmp_path: Path) -> None:
     """Countdown ends at turn ``stop_at`` of a possible 10: terminated, not truncated; rewards summed."""
-    tick = {"type": "function", "name": "tick", "description": "Count one tick.",
-            "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False}}
+    tick = {
+        "type": "function",
+        "name": "tick",
+        "description": "Count one tick.",
+        "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+    }
     tasks = [
-        {"responses_create_params": {"input": [{"role": "user", "content": "Let's play."}], "tools": [tick]},
-         "stop_at": n}
+        {
+            "responses_create_params": {"input": [{"role": "user", "content": "Let's play."}], "tools": [tick]},
+            "stop_at": n,
+        }
         for n in (1, 2, 3)
     ]
     data = write_jsonl(tmp_path / "in.jsonl", tasks)
@@ -182,17 +206,23 @@ async def test_gym_resource_that_terminates_early(nats_server, tmp_path: Path) -
 async def test_policy_cannot_call_reserved_env_operations(nats_server, tmp_path: Path) -> None:
     task = {"responses_create_params": {"input": [{"role": "user", "content": "Let's play."}]}, "stop_at": 1}
     recording = {
-        "responses_create_params": {"input": [{"role": "user", "content": "Let's play."},
-                                              {"role": "user", "content": "You have 1 turns."}]},
-        "response": {"id": "r", "created_at": 0, "output": [
-            {"type": "function_call", "call_id": "c1", "name": "gym.step", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
-            {"type": "message", "role": "assistant", "content": "done"},
-        ]},
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "Let's play."}, {"role": "user", "content": "You have 1 turns."}]
+        },
+        "response": {
+            "id": "r",
+            "created_at": 0,
+            "output": [
+                {"type": "function_call", "call_id": "c1", "name": "gym.step", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
+                {"type": "message", "role": "assistant", "content": "done"},
+            ],
+        },
     }
     rec = write_jsonl(tmp_path / "rec.jsonl", [recording])
-    raw = config(options={"user": "env"}, resource="tests.envs.countdown",
-                 policy={"adapter": "replay", "rollouts": str(rec)})
+    raw = config(
+        options={"user": "env"}, resource="tests.envs.countdown", policy={"adapter": "replay", "rollouts": str(rec)}
+    )
     out = tmp_path / "out.jsonl"
     result = await run(raw, nats_server.url, write_jsonl(tmp_path / "in.jsonl", [task]), out)
     assert result.stats.failures == 0
@@ -207,6 +237,7 @@ async def test_policy_cannot_call_reserved_env_operations(nats_server, tmp_path:
 def same_items(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> bool:
     """Item for item, ignoring keys that are null (our reasoning items write ``content``/``status``
     as null where NeMo Gym's recordings leave them out)."""
+
     def norm(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in i.items() if v is not None} for i in items]
 
@@ -248,8 +279,11 @@ async def test_multi_turn_gymnasium_replay_reproduces_recorded_rewards(user: str
 async def test_calendar_replay_reproduces_recorded_rewards(nats_server, tmp_path: Path) -> None:
     needs(CAL)
     rollouts = CAL / "example_rollouts.jsonl"
-    raw = config(options={"user": "env", "max_turns": 32}, resource="resources.calendar",
-                 policy={"adapter": "replay", "rollouts": str(rollouts)})
+    raw = config(
+        options={"user": "env", "max_turns": 32},
+        resource="resources.calendar",
+        policy={"adapter": "replay", "rollouts": str(rollouts)},
+    )
     out = tmp_path / "out.jsonl"
     result = await run(raw, nats_server.url, CAL / "example.jsonl", out)
     assert result.stats.failures == 0
@@ -275,12 +309,19 @@ async def test_interactive_calendar_reproduces_recorded_rewards(nats_server, tmp
         msgs = tasks[prompt_key(r["responses_create_params"]["input"])]["responses_create_params"]["input"]
         system = [m for m in msgs if m["role"] == "system"]
         turns = [{"type": "message", **m} for m in msgs if m["role"] != "system"]
-        recordings.append({"responses_create_params": {"input": system},
-                           "response": {**r["response"], "output": turns + r["response"]["output"]}})
+        recordings.append(
+            {
+                "responses_create_params": {"input": system},
+                "response": {**r["response"], "output": turns + r["response"]["output"]},
+            }
+        )
         expected[json.dumps([m["content"] for m in msgs if m["role"] == "user"])] = r["reward"]
     rec = write_jsonl(tmp_path / "rec.jsonl", recordings)
-    raw = config(options={"user": "env", "max_turns": 32}, resource="resources.calendar",
-                 policy={"adapter": "replay", "rollouts": str(rec)})
+    raw = config(
+        options={"user": "env", "max_turns": 32},
+        resource="resources.calendar",
+        policy={"adapter": "replay", "rollouts": str(rec)},
+    )
     out = tmp_path / "out.jsonl"
     result = await run(raw, nats_server.url, REPO / "resources/calendar/data/example_interactive.jsonl", out)
     assert result.stats.failures == 0
@@ -294,17 +335,35 @@ async def test_interactive_calendar_reproduces_recorded_rewards(nats_server, tmp
 
 async def test_training_fields_survive_every_turn(nats_server, tmp_path: Path) -> None:
     """Token ids and log-probs on policy items pass through untouched, turn after turn."""
-    a = {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
-         "content": [{"type": "output_text", "text": "A", "annotations": []}],
-         "prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}
-    b = {"type": "message", "role": "assistant", "id": "m2", "status": "completed",
-         "content": [{"type": "output_text", "text": "B", "annotations": []}],
-         "prompt_token_ids": [1, 2, 3, 4, 5, 6], "generation_token_ids": [7], "generation_log_probs": [-0.3]}
+    a = {
+        "type": "message",
+        "role": "assistant",
+        "id": "m1",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "A", "annotations": []}],
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": [3, 4],
+        "generation_log_probs": [-0.1, -0.2],
+    }
+    b = {
+        "type": "message",
+        "role": "assistant",
+        "id": "m2",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "B", "annotations": []}],
+        "prompt_token_ids": [1, 2, 3, 4, 5, 6],
+        "generation_token_ids": [7],
+        "generation_log_probs": [-0.3],
+    }
     user = {"type": "message", "role": "user", "content": "more"}
-    task = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]},
-            "follow_ups": ["more"], "expected_answer": "b"}
-    rec = write_jsonl(tmp_path / "rec.jsonl", [{**task, "response": {"id": "r", "created_at": 0,
-                                                                       "output": [a, user, b]}}])
+    task = {
+        "responses_create_params": {"input": [{"role": "user", "content": "hi"}]},
+        "follow_ups": ["more"],
+        "expected_answer": "b",
+    }
+    rec = write_jsonl(
+        tmp_path / "rec.jsonl", [{**task, "response": {"id": "r", "created_at": 0, "output": [a, user, b]}}]
+    )
     raw = config(options={"user": "follow_ups"}, policy={"adapter": "replay", "rollouts": str(rec)})
     out = tmp_path / "out.jsonl"
     result = await run(raw, nats_server.url, write_jsonl(tmp_path / "in.jsonl", [task]), out)
@@ -321,8 +380,21 @@ async def test_training_fields_survive_every_turn(nats_server, tmp_path: Path) -
 
 def _start_user_sim(config_path: Path, url: str, log: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", str(config_path), "--nats", url, "--only", "models.user_sim"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "a"), text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            str(config_path),
+            "--nats",
+            url,
+            "--only",
+            "models.user_sim",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=open(log, "a"),
+        text=True,
     )
     ready = threading.Event()
 
@@ -360,8 +432,14 @@ async def test_killed_user_simulator_worker_loses_no_rollout(nats_server, tmp_pa
             box: dict[str, RunResult] = {}
 
             async def batch() -> None:
-                box["r"] = await run(local, nats_server.url, MTG_DATA, out, repeats=repeats,
-                                     on_progress=lambda done, total: progress.append(done))
+                box["r"] = await run(
+                    local,
+                    nats_server.url,
+                    MTG_DATA,
+                    out,
+                    repeats=repeats,
+                    on_progress=lambda done, total: progress.append(done),
+                )
 
             tg.start_soon(batch)
             await anyio.sleep(0.8)  # every rollout is mid-conversation, waiting on the user simulator
@@ -491,8 +569,13 @@ def test_options_are_checked() -> None:
     from gym_runtime.agents.multi_turn import check_options
 
     assert check_options({}).user == "auto"
-    for bad in ({"user": "robot"}, {"max_turns": 0}, {"user": "model"}, {"user_model": "u", "user": "env"},
-                {"max_turn": 3}):
+    for bad in (
+        {"user": "robot"},
+        {"max_turns": 0},
+        {"user": "model"},
+        {"user_model": "u", "user": "env"},
+        {"max_turn": 3},
+    ):
         with pytest.raises(ValueError):
             check_options(bad)
 
@@ -508,14 +591,19 @@ async def test_follow_ups_cut_at_max_turns_are_marked(nats_server, tmp_path: Pat
 
 
 async def test_user_simulator_opens_a_conversation_without_a_user_message(nats_server, tmp_path: Path) -> None:
-    task = {"responses_create_params": {"input": [{"role": "system", "content": "You are a travel agent."}]},
-            "persona": "a tourist", "expected_answer": "OK"}
+    task = {
+        "responses_create_params": {"input": [{"role": "system", "content": "You are a travel agent."}]},
+        "persona": "a tourist",
+        "expected_answer": "OK",
+    }
     raw = config(options={"user": "model", "user_model": "user_sim", "max_turns": 2}, user_sim={"adapter": "scripted"})
     out = tmp_path / "out.jsonl"
     result = await run(raw, nats_server.url, write_jsonl(tmp_path / "in.jsonl", [task]), out)
     assert result.stats.failures == 0
     (row,) = read_jsonl(out)
-    assert row["responses_create_params"]["input"] == [*task["responses_create_params"]["input"],
-                                                       {"role": "user", "content": "OK"}]
+    assert row["responses_create_params"]["input"] == [
+        *task["responses_create_params"]["input"],
+        {"role": "user", "content": "OK"},
+    ]
     assert roles(row) == ["assistant", "user", "assistant"] and row["truncated"] is True
     assert row["reward"] == 1.0

@@ -16,8 +16,12 @@ from tests.helpers import COMPAT, REPO, prompt_key, read_jsonl
 
 CONFIGS = COMPAT / "configs"
 # NeMo Gym resources server → our bundled environment directory
-BUNDLED = {"mcqa": "mcqa", "math_with_judge": "math", "workplace_assistant": "workplace_assistant",
-           "example_single_tool_call": "weather"}
+BUNDLED = {
+    "mcqa": "mcqa",
+    "math_with_judge": "math",
+    "workplace_assistant": "workplace_assistant",
+    "example_single_tool_call": "weather",
+}
 
 
 def nemo_config(server: str) -> Path:
@@ -25,11 +29,29 @@ def nemo_config(server: str) -> Path:
 
 
 def run(config: Path, data: Path, out: Path, *sets: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "gym_runtime.cli", "run", str(config), "-i", str(data), "-o", str(out), "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "gym_runtime.cli",
+        "run",
+        str(config),
+        "-i",
+        str(data),
+        "-o",
+        str(out),
+        "--no-progress",
+    ]
     for s in sets:
         args += ["--set", s]
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=False, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return subprocess.run(
+        args,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
 
 
 def rewards_by_prompt(path: Path) -> dict[tuple, float]:
@@ -45,8 +67,11 @@ def test_nemo_gym_config_maps_onto_the_bundled_environment(server: str) -> None:
     assert (agent.agent, agent.model, agent.resource) == ("agents.simple", "policy_model", server)
     assert cfg.resources[server].server == f"resources.{BUNDLED[server]}"
     if server == "math_with_judge":
-        assert cfg.resources[server].options == {"judge_model": "policy_model", "should_use_judge": False,
-                                                 "judge_responses_create_params": {"input": []}}
+        assert cfg.resources[server].options == {
+            "judge_model": "policy_model",
+            "should_use_judge": False,
+            "judge_responses_create_params": {"input": []},
+        }
     if server == "workplace_assistant":
         assert agent.max_steps == 6
 
@@ -80,17 +105,18 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     root = tmp_path / "gym"
     for sub in ("resources_servers", "responses_api_models"):
         shutil.copytree(CONFIGS / sub, root / sub)
-    (root / "env.yaml").write_text("policy_base_url: http://127.0.0.1:9/v1\npolicy_api_key: sk-secret-123\n"
-                                   "policy_model_name: tiny\n")
-    (root / "weather_variant.yaml").write_text(
-        "weather_again:\n  _inherit_from: example_single_tool_call\n")
+    (root / "env.yaml").write_text(
+        "policy_base_url: http://127.0.0.1:9/v1\npolicy_api_key: sk-secret-123\npolicy_model_name: tiny\n"
+    )
+    (root / "weather_variant.yaml").write_text("weather_again:\n  _inherit_from: example_single_tool_call\n")
     (root / "train.yaml").write_text(
         "config_paths:\n"
         "  - resources_servers/mcqa/configs/mcqa.yaml\n"
         "  - resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml\n"
         "  - responses_api_models/openai_model/configs/openai_model.yaml\n"
         "  - weather_variant.yaml\n"
-        "mcqa_simple_agent:\n  _inherit_from: base_agent.yaml\n")
+        "mcqa_simple_agent:\n  _inherit_from: base_agent.yaml\n"
+    )
     (root / "base_agent.yaml").write_text("responses_api_agents:\n  simple_agent:\n    max_steps: 3\n")
     cwd = Path.cwd()
     os.chdir(root)
@@ -103,7 +129,11 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     assert cfg.resources["weather_again"].server == "resources.weather"
     assert cfg.agents["mcqa_simple_agent"].max_steps == 3 and cfg.agents["mcqa_simple_agent"].resource == "mcqa"
     policy = cfg.models["policy_model"]
-    assert (policy.adapter, policy.options.base_url, policy.options.model) == ("openai", "http://127.0.0.1:9/v1", "tiny")
+    assert (policy.adapter, policy.options.base_url, policy.options.model) == (
+        "openai",
+        "http://127.0.0.1:9/v1",
+        "tiny",
+    )
     assert policy.options.api_key == "sk-secret-123"
     assert "sk-secret-123" not in json.dumps(redact(cfg))
     # End to end: rows of two environments routed by their NeMo Gym agent_ref, the policy swapped for the scripted model.
@@ -117,26 +147,41 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     (root / "train_offline.yaml").write_text(
         "config_paths:\n"
         "  - resources_servers/mcqa/configs/mcqa.yaml\n"
-        "  - resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml\n")
-    r = run(root / "train_offline.yaml", data, tmp_path / "out.jsonl", "+models.policy_model.adapter=scripted",
-            cwd=root)
+        "  - resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml\n"
+    )
+    r = run(
+        root / "train_offline.yaml", data, tmp_path / "out.jsonl", "+models.policy_model.adapter=scripted", cwd=root
+    )
     assert r.returncode == 0, r.stderr
     got = read_jsonl(tmp_path / "out.jsonl")
     assert sorted(row["agent_ref"]["name"] for row in got) == sorted(row["agent_ref"]["name"] for row in rows)
     assert "sk-secret-123" not in r.stdout + r.stderr
 
 
-@pytest.mark.parametrize(("path", "text"), [
-    (CONFIGS / "resources_servers/google_search/configs/google_search.yaml",
-     "NeMo Gym resources server 'google_search' has no gym-runtime equivalent; supported: calendar, code_gen"),
-    (CONFIGS / "responses_api_agents/mini_swe_agent/configs/mini_swe_agent.yaml",
-     "NeMo Gym agent 'mini_swe_agent' has no gym-runtime equivalent; supported: simple_agent"),
-])
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        (
+            CONFIGS / "resources_servers/google_search/configs/google_search.yaml",
+            "NeMo Gym resources server 'google_search' has no gym-runtime equivalent; supported: calendar, code_gen",
+        ),
+        (
+            CONFIGS / "responses_api_agents/mini_swe_agent/configs/mini_swe_agent.yaml",
+            "NeMo Gym agent 'mini_swe_agent' has no gym-runtime equivalent; supported: simple_agent",
+        ),
+    ],
+)
 def test_unknown_nemo_gym_servers_are_one_clear_error(path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match=text):
         load_config(path)
-    r = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "validate", str(path), "-i", "x.jsonl"],
-                       capture_output=True, text=True, check=False, timeout=120, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "validate", str(path), "-i", "x.jsonl"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=REPO,
+    )
     assert r.returncode == 2 and text in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -157,20 +202,71 @@ def test_start_publish_collect_take_a_nemo_gym_config(nats_server, tmp_path: Pat
     config = nemo_config("example_single_tool_call")
     sets = ["--set", "+models.policy_model.adapter=scripted"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    pool = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", nats_server.url,
-                             "--replicas", "1", *sets], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    pool = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            str(config),
+            "--nats",
+            nats_server.url,
+            "--replicas",
+            "1",
+            *sets,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         data = COMPAT / "example_single_tool_call" / "example.jsonl"
-        pub = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "publish", str(config), "-i", str(data),
-                              "--nats", nats_server.url, *sets], cwd=REPO, capture_output=True, text=True,
-                             check=False, timeout=120, env=env)
+        pub = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "publish",
+                str(config),
+                "-i",
+                str(data),
+                "--nats",
+                nats_server.url,
+                *sets,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env=env,
+        )
         assert pub.returncode == 0, pub.stderr
         batch = pub.stdout.strip()
         out = tmp_path / "out.jsonl"
-        col = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch,
-                              "--nats", nats_server.url, "-o", str(out), "--no-progress"],
-                             cwd=REPO, capture_output=True, text=True, check=False, timeout=180, env=env)
+        col = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "collect",
+                "--batch",
+                batch,
+                "--nats",
+                nats_server.url,
+                "-o",
+                str(out),
+                "--no-progress",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=180,
+            env=env,
+        )
         assert col.returncode == 0, col.stderr
         rows = read_jsonl(out)
         assert len(rows) == 5 and {r["agent_ref"]["name"] for r in rows} == {"example_single_tool_call_simple_agent"}
@@ -185,32 +281,69 @@ def test_start_publish_collect_take_a_nemo_gym_config(nats_server, tmp_path: Pat
 
 def test_validate_needs_no_model_server_for_a_nemo_gym_config() -> None:
     """validate/prepare never call a model: NeMo Gym's separate policy model file is not needed for them."""
-    r = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "validate", str(nemo_config("mcqa")),
-                        "-i", str(COMPAT / "mcqa" / "example.jsonl")], cwd=REPO, capture_output=True, text=True,
-                       check=False, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "validate",
+            str(nemo_config("mcqa")),
+            "-i",
+            str(COMPAT / "mcqa" / "example.jsonl"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "5 rows OK (mcqa_simple_agent: 5)"
     # run does call it: there the missing model is still an error
-    r = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "run", str(nemo_config("mcqa")),
-                        "-i", str(COMPAT / "mcqa" / "example.jsonl"), "-o", "/dev/null"], cwd=REPO,
-                       capture_output=True, text=True, check=False, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            str(nemo_config("mcqa")),
+            "-i",
+            str(COMPAT / "mcqa" / "example.jsonl"),
+            "-o",
+            "/dev/null",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert r.returncode == 2 and "no model named 'policy_model'" in r.stderr
 
 
-@pytest.mark.parametrize(("model_file", "adapter", "token_ids"), [
-    ("openai_model/configs/openai_model.yaml", "openai", None),
-    ("vllm_model/configs/vllm_model.yaml", "vllm", False),
-    ("vllm_model/configs/vllm_model_for_training.yaml", "vllm", True),
-])
-def test_nemo_gym_model_servers_map_onto_our_adapters(tmp_path: Path, model_file: str, adapter: str,
-                                                      token_ids: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("model_file", "adapter", "token_ids"),
+    [
+        ("openai_model/configs/openai_model.yaml", "openai", None),
+        ("vllm_model/configs/vllm_model.yaml", "vllm", False),
+        ("vllm_model/configs/vllm_model_for_training.yaml", "vllm", True),
+    ],
+)
+def test_nemo_gym_model_servers_map_onto_our_adapters(
+    tmp_path: Path, model_file: str, adapter: str, token_ids: bool | None
+) -> None:
     (tmp_path / "train.yaml").write_text(
         f"config_paths: [{nemo_config('mcqa')}, {CONFIGS / 'responses_api_models' / model_file}]\n"
-        "policy_base_url: http://127.0.0.1:9/v1\npolicy_api_key: sk-abc-SECRET\npolicy_model_name: tiny\n")
+        "policy_base_url: http://127.0.0.1:9/v1\npolicy_api_key: sk-abc-SECRET\npolicy_model_name: tiny\n"
+    )
     cfg = load_config(tmp_path / "train.yaml")
     m = cfg.models["policy_model"]
     assert (m.adapter, m.options.base_url, m.options.model, m.options.api_key) == (
-        adapter, "http://127.0.0.1:9/v1", "tiny", "sk-abc-SECRET")
+        adapter,
+        "http://127.0.0.1:9/v1",
+        "tiny",
+        "sk-abc-SECRET",
+    )
     if token_ids is not None:
         assert m.options.return_token_ids is token_ids
     assert "sk-abc-SECRET" not in json.dumps(redact(cfg))

@@ -81,8 +81,10 @@ def test_a_worker_pool_that_cannot_build_a_worker_exits_2(nats_server: EmbeddedS
         (["--progress-every", "0"], "argument --progress-every: must be in (0, 100]"),
         (["--log-level", "loud"], "argument --log-level: invalid choice"),
         (["--processes", "0"], "argument --processes: expected auto, one, per-role or a number of processes, got '0'"),
-        (["--processes", "many"], ("argument --processes: expected auto, one, per-role or a number of processes, "
-                                   "got 'many'")),
+        (
+            ["--processes", "many"],
+            ("argument --processes: expected auto, one, per-role or a number of processes, got 'many'"),
+        ),
     ],
 )
 def test_bad_cli_values_are_one_line_exit_2(tmp_path: Path, argv: list[str], fragment: str) -> None:
@@ -107,10 +109,14 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path: Path) -> None:
     ("line", "fragment"),
     [
         (b'{"responses_create_params": {"input": "caf\xe9"}}', ":2: not UTF-8 text (byte 0xe9"),
-        (b'{"responses_create_params": {"input": "x"}, "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-         ":2: nesting too deep"),
-        (json.dumps({"responses_create_params": {"input": "x"}, "agent_ref": {"name": "ghost"}}).encode(),
-         ":2: agent_ref.name 'ghost' is not an agent of this config (weather_agent); pass --agent weather_agent"),
+        (
+            b'{"responses_create_params": {"input": "x"}, "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+            ":2: nesting too deep",
+        ),
+        (
+            json.dumps({"responses_create_params": {"input": "x"}, "agent_ref": {"name": "ghost"}}).encode(),
+            ":2: agent_ref.name 'ghost' is not an agent of this config (weather_agent); pass --agent weather_agent",
+        ),
     ],
 )
 def test_bad_input_rows_name_file_and_line_and_publish_nothing(
@@ -148,7 +154,8 @@ def _stored_tasks(url: str) -> int:
 
 
 def test_a_missing_optional_package_is_one_line_before_anything_starts(
-        tmp_path: Path, nats_server: EmbeddedServer) -> None:
+    tmp_path: Path, nats_server: EmbeddedServer
+) -> None:
     # A verifier that imports its package lazily (in a worker process, at the first verify) would score 0 or
     # crash mid-batch without it: `requires` makes run and a worker pool say so before any work. Validating
     # and publishing rows need no verifier (a publisher node may not have its packages).
@@ -156,19 +163,22 @@ def test_a_missing_optional_package_is_one_line_before_anything_starts(
         "from gym_runtime.resources.weather import Weather\n"
         "class Needy(Weather):\n"
         "    requires = ('gym_runtime_absent_verifier_pkg', 'json')\n"
-        "    install = \"pip install absent-verifier-pkg\"\n"
+        '    install = "pip install absent-verifier-pkg"\n'
         "    async def verify(self, task, response):\n"
         "        import gym_runtime_absent_verifier_pkg\n"
         "        return 1.0\n"
     )
     env = {"PYTHONPATH": str(tmp_path)}
-    line = ("resources.weather.server: 'needy_env' needs gym_runtime_absent_verifier_pkg "
-            "(not installed: pip install absent-verifier-pkg)")
+    line = (
+        "resources.weather.server: 'needy_env' needs gym_runtime_absent_verifier_pkg "
+        "(not installed: pip install absent-verifier-pkg)"
+    )
     out = tmp_path / "out" / "o.jsonl"
     out.parent.mkdir()
     sets = ["--set", "resources.weather.server=needy_env"]
-    assert_user_error(cli("run", WEATHER, "-i", EXAMPLE, "-o", str(out), "--nats", nats_server.url, *sets, env=env),
-                      line)
+    assert_user_error(
+        cli("run", WEATHER, "-i", EXAMPLE, "-o", str(out), "--nats", nats_server.url, *sets, env=env), line
+    )
     assert not list(out.parent.iterdir())
     assert _stored_tasks(nats_server.url) == 0  # nothing published
     assert_user_error(cli("start", WEATHER, "--nats", nats_server.url, "--only", "resources", *sets, env=env), line)
@@ -190,8 +200,17 @@ def test_an_internal_bug_is_labelled_with_a_traceback(tmp_path: Path) -> None:
         "    async def verify(self, task, response):\n"
         "        return 1.0\n"
     )
-    res = cli("run", WEATHER, "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"),
-              "--set", "resources.weather.server=buggy_env", env={"PYTHONPATH": str(tmp_path)})
+    res = cli(
+        "run",
+        WEATHER,
+        "-i",
+        EXAMPLE,
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--set",
+        "resources.weather.server=buggy_env",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert res.returncode == 3, res.stderr
     assert "internal error (this is a bug in gym-runtime" in res.stderr
     assert "Traceback" in res.stderr and "KeyError: 'missing'" in res.stderr
@@ -207,7 +226,8 @@ def test_version_and_help_on_every_option() -> None:
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     missing = [
         f"{name} {a.option_strings or a.dest}"
-        for name, p in sub.choices.items() for a in p._actions
+        for name, p in sub.choices.items()
+        for a in p._actions
         if a.help is None and a.dest != "help"
     ]
     assert missing == []
@@ -218,8 +238,9 @@ def test_version_and_help_on_every_option() -> None:
 
 def test_progress_lines_without_a_terminal(tmp_path: Path) -> None:
     inp = write_jsonl(tmp_path / "in.jsonl", weather_rows(5))
-    res = cli("run", WEATHER, "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--repeats", "4",
-              "--progress-every", "25")  # stderr is a pipe: lines, not a bar
+    res = cli(
+        "run", WEATHER, "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--repeats", "4", "--progress-every", "25"
+    )  # stderr is a pipe: lines, not a bar
     assert res.returncode == 0, res.stderr
     pattern = re.compile(r"^run: (\d+)/20 \((\d+)%\) [\d.]+/s ETA (\d+s|\?), 0 failed, mean reward 1\.0000, elapsed")
     lines = [m for m in map(pattern.match, res.stderr.splitlines()) if m]
@@ -243,11 +264,20 @@ def test_reverify_shows_progress(tmp_path: Path) -> None:
     d = REPO / "tests/compat/nemo_gym/example_multi_step"
     if not d.is_dir():
         raise FileNotFoundError(f"compat data not found at {d} (it ships in tests/compat)")
-    res = cli("reverify", "resources/multi_step/config.yaml", "-i", str(d / "example_rollouts.jsonl"),
-              "--tasks", str(d / "example.jsonl"), "-o", str(tmp_path / "o.jsonl"))
+    res = cli(
+        "reverify",
+        "resources/multi_step/config.yaml",
+        "-i",
+        str(d / "example_rollouts.jsonl"),
+        "--tasks",
+        str(d / "example.jsonl"),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+    )
     assert res.returncode == 0, res.stderr
-    assert re.search(r"^reverify: 5/5 \(100%\) [\d.]+/s ETA 0s, 0 failed, mean reward [\d.]+", res.stderr,
-                     re.MULTILINE), res.stderr
+    assert re.search(
+        r"^reverify: 5/5 \(100%\) [\d.]+/s ETA 0s, 0 failed, mean reward [\d.]+", res.stderr, re.MULTILINE
+    ), res.stderr
 
 
 def test_progress_line_figures() -> None:
@@ -314,26 +344,46 @@ def wait_until_serving(ports: range, timeout: float = 60) -> None:
 
 def total(metrics: dict[str, float], name: str, **labels: str) -> float:
     want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(v for k, v in metrics.items()
-               if (k == name or k.startswith(name + "{")) and all(w in k for w in want))
+    return sum(v for k, v in metrics.items() if (k == name or k.startswith(name + "{")) and all(w in k for w in want))
 
 
 @pytest.mark.slow
-def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(
-    tmp_path: Path, nats_server: EmbeddedServer
-) -> None:
+def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(tmp_path: Path, nats_server: EmbeddedServer) -> None:
     rows = weather_rows(12)
     for r in rows[:3]:
         r["explode"] = True  # tests.envs.flaky's verifier raises on these: failure rows
     inp = write_jsonl(tmp_path / "in.jsonl", rows)
     base = free_ports(3)
     ports = range(base, base + 3)  # the weather config starts a pool: model, resource, agent on P, P+1, P+2
-    sets = ["--set", "resources.weather.server=tests.envs.flaky", "--set", "agents.weather_agent.max_attempts=1",
-            "--set", "models.policy.delay_s=0.4", "--set", "agents.weather_agent.concurrency=4"]
+    sets = [
+        "--set",
+        "resources.weather.server=tests.envs.flaky",
+        "--set",
+        "agents.weather_agent.max_attempts=1",
+        "--set",
+        "models.policy.delay_s=0.4",
+        "--set",
+        "agents.weather_agent.concurrency=4",
+    ]
     workers = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", WEATHER, "--nats", nats_server.url, *sets,
-         "--metrics-port", str(base), "--metrics-host", "127.0.0.1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            WEATHER,
+            "--nats",
+            nats_server.url,
+            *sets,
+            "--metrics-port",
+            str(base),
+            "--metrics-host",
+            "127.0.0.1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert workers.stdout is not None and "ready" in workers.stdout.readline()
@@ -343,8 +393,23 @@ def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(
         assert published.returncode == 0, published.stderr
         out = tmp_path / "out.jsonl"
         collector = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "m1", "--nats", nats_server.url,
-             "-o", str(out), "-q"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "collect",
+                "--batch",
+                "m1",
+                "--nats",
+                nats_server.url,
+                "-o",
+                str(out),
+                "-q",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         during = None
         deadline = time.monotonic() + 60
@@ -401,8 +466,18 @@ def test_metrics_port_in_use_is_a_user_error(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        res = cli("run", WEATHER, "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), "--metrics-port", str(port),
-                  "--metrics-host", "127.0.0.1")
+        res = cli(
+            "run",
+            WEATHER,
+            "-i",
+            EXAMPLE,
+            "-o",
+            str(tmp_path / "o.jsonl"),
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+        )
     assert_user_error(res, f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}")
 
 
@@ -411,8 +486,19 @@ def test_metrics_port_in_use_is_a_user_error(tmp_path: Path) -> None:
 
 def test_model_spans_carry_genai_attributes_and_services_are_named_per_role(tmp_path: Path) -> None:
     spans = tmp_path / "spans.jsonl"
-    res = cli("run", WEATHER, "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), "--trace-file", str(spans), "-q",
-              "--set", "models.policy.model=tiny-policy")
+    res = cli(
+        "run",
+        WEATHER,
+        "-i",
+        EXAMPLE,
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--trace-file",
+        str(spans),
+        "-q",
+        "--set",
+        "models.policy.model=tiny-policy",
+    )
     assert res.returncode == 0, res.stderr
     found = read_jsonl(spans)
     model_spans = [s for s in found if s["attributes"].get("gen_ai.operation.name") == "chat"]
@@ -429,8 +515,16 @@ def test_logs_at_info_and_debug(tmp_path: Path) -> None:
     res = cli("run", WEATHER, "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), "--log-level", "info", "-q")
     events = [json.loads(x) for x in res.stderr.splitlines() if x.startswith("{")]
     names = [e["event"] for e in events]
-    for expected in ("model.ready", "resource.ready", "agent.ready", "batch.start", "batch.end",
-                     "agent.stopped", "model.stopped", "resource.stopped"):
+    for expected in (
+        "model.ready",
+        "resource.ready",
+        "agent.ready",
+        "batch.start",
+        "batch.end",
+        "agent.stopped",
+        "model.stopped",
+        "resource.stopped",
+    ):
         assert expected in names, expected
     assert "rollout.done" not in names  # per-rollout lines only at debug
     end = next(e for e in events if e["event"] == "batch.end")
@@ -477,11 +571,19 @@ def test_set_is_applied_before_variable_substitution_and_plus_adds_entries(
     from gym_runtime.config import ConfigError, load_config
 
     monkeypatch.setenv("JUDGE_KEY", "sk-judge")
-    cfg = load_config(REPO / WEATHER, ["models.policy.model=${POLICY_MODEL:-gpt-4.1}",
-                                       "+models.judge.adapter=openai", "+models.judge.api_key=${JUDGE_KEY}"])
+    cfg = load_config(
+        REPO / WEATHER,
+        [
+            "models.policy.model=${POLICY_MODEL:-gpt-4.1}",
+            "+models.judge.adapter=openai",
+            "+models.judge.api_key=${JUDGE_KEY}",
+        ],
+    )
     assert cfg.models["policy"].options.model == "gpt-4.1"
     assert cfg.models["judge"].options.api_key == "sk-judge" and cfg.models["judge"].adapter == "openai"
-    with pytest.raises(ConfigError, match=r"no key models\.judge; valid keys here: policy \(use \+KEY\.PATH=VALUE to add a new entry\)"):
+    with pytest.raises(
+        ConfigError, match=r"no key models\.judge; valid keys here: policy \(use \+KEY\.PATH=VALUE to add a new entry\)"
+    ):
         load_config(REPO / WEATHER, ["models.judge.adapter=openai"])
     with pytest.raises(ConfigError, match=r"did you mean namespace\?"):
         load_config(REPO / WEATHER, ["namespac=x"])
@@ -491,7 +593,10 @@ def test_several_configs_merge_in_order(tmp_path: Path) -> None:
     from gym_runtime.config import load_config, merge_raw
 
     assert merge_raw([{"a": {"b": 1, "c": [1]}, "d": 1}, {"a": {"c": [2]}, "e": 2}]) == {
-        "a": {"b": 1, "c": [2]}, "d": 1, "e": 2}
+        "a": {"b": 1, "c": [2]},
+        "d": 1,
+        "e": 2,
+    }
     extra = tmp_path / "counter.yaml"
     extra.write_text(
         "resources:\n  counter: {server: resources.counter}\n"
@@ -503,7 +608,8 @@ def test_several_configs_merge_in_order(tmp_path: Path) -> None:
     assert cfg.agents["weather_agent"].max_steps == 3 and cfg.agents["weather_agent"].resource == "weather"
     assert cfg.base_dir == str((REPO / WEATHER).parent)
 
-    res = cli("run", WEATHER, str(extra), "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), "--agent", "weather_agent",
-              "-q")
+    res = cli(
+        "run", WEATHER, str(extra), "-i", EXAMPLE, "-o", str(tmp_path / "o.jsonl"), "--agent", "weather_agent", "-q"
+    )
     assert res.returncode == 0, res.stderr
     assert len(read_jsonl(tmp_path / "o.jsonl")) == 5

@@ -28,8 +28,13 @@ from tests.test_recovery import _publish
 
 
 def popen(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def read_until(stream, needle: str, timeout: float) -> tuple[bool, str]:
@@ -52,8 +57,9 @@ def test_server_with_its_port_taken_exits_2_with_one_line(tmp_path: Path) -> Non
         res = cli("server", "--port", str(port), "--store-dir", str(tmp_path / "js"), timeout=30)
     assert res.returncode == 2
     assert res.stdout == ""
-    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: client port 127.0.0.1:{port} is already in use "
-                                               "(another server running?)"]
+    assert res.stderr.strip().splitlines() == [
+        f"gym-runtime: error: client port 127.0.0.1:{port} is already in use (another server running?)"
+    ]
 
 
 def test_routes_without_cluster_is_a_usage_error() -> None:
@@ -64,9 +70,23 @@ def test_routes_without_cluster_is_a_usage_error() -> None:
 
 def test_clustered_server_serves_monitoring_on_loopback_and_stops_on_sigterm(tmp_path: Path) -> None:
     port, http, route = free_port(), free_port(), free_port()
-    proc = popen("server", "--port", str(port), "--http-port", str(http), "--cluster", "c1",
-                 "--cluster-port", str(route), "--routes", f"nats://127.0.0.1:{route}",
-                 "--name", "solo", "--store-dir", str(tmp_path / "js"))
+    proc = popen(
+        "server",
+        "--port",
+        str(port),
+        "--http-port",
+        str(http),
+        "--cluster",
+        "c1",
+        "--cluster-port",
+        str(route),
+        "--routes",
+        f"nats://127.0.0.1:{route}",
+        "--name",
+        "solo",
+        "--store-dir",
+        str(tmp_path / "js"),
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == f"nats://127.0.0.1:{port}"
@@ -84,16 +104,18 @@ def test_clustered_server_serves_monitoring_on_loopback_and_stops_on_sigterm(tmp
 
 def test_start_exits_non_zero_when_a_role_cannot_start(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     config = write_config(tmp_path, resource="tests.envs.no_such_module")
-    res = cli("start", str(config), "--nats", nats_server.url, "--only", "resources.env", "--replicas", "2",
-              timeout=120)
+    res = cli(
+        "start", str(config), "--nats", nats_server.url, "--only", "resources.env", "--replicas", "2", timeout=120
+    )
     assert res.returncode == 2  # the worker found a user mistake (a module that does not exist): its code, 2
     assert res.stderr.count("worker.not_started") == 1, res.stderr[-3000:]
 
 
 def test_start_with_a_wrong_url_says_so_within_15_s(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    proc = popen("start", str(config), "--nats", f"nats://127.0.0.1:{free_port()}", "--only", "agents.agent",
-                 "--in-process")
+    proc = popen(
+        "start", str(config), "--nats", f"nats://127.0.0.1:{free_port()}", "--only", "agents.agent", "--in-process"
+    )
     try:
         found, seen = read_until(proc.stderr, "nats.unreachable", 15.0)
         assert found, seen
@@ -151,12 +173,32 @@ def test_collect_purge_frees_the_batch_and_purge_reports_counts(nats_server: Emb
     out = tmp_path / "out.jsonl"
     first = cli("collect", "--batch", "long", "--nats", nats_server.url, "-o", str(out), "--no-progress", timeout=120)
     assert first.returncode == 0, first.stderr
-    again = cli("collect", "--batch", "long", "--nats", nats_server.url, "-o", str(tmp_path / "again.jsonl"),
-                "--no-progress", "--purge", timeout=120)
+    again = cli(
+        "collect",
+        "--batch",
+        "long",
+        "--nats",
+        nats_server.url,
+        "-o",
+        str(tmp_path / "again.jsonl"),
+        "--no-progress",
+        "--purge",
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again.jsonl").read_bytes() == out.read_bytes()  # kept until purged: a rerun is the same
-    gone = cli("collect", "--batch", "long", "--nats", nats_server.url, "-o", str(tmp_path / "x.jsonl"),
-               "--wait", "0", timeout=60)
+    gone = cli(
+        "collect",
+        "--batch",
+        "long",
+        "--nats",
+        nats_server.url,
+        "-o",
+        str(tmp_path / "x.jsonl"),
+        "--wait",
+        "0",
+        timeout=60,
+    )
     assert gone.returncode == 2 and "no batch 'long'" in gone.stderr
     anyio.run(lambda: _publish(nats_server.url, range(n, n + 5), manifest=True))  # new ids: no dedupe
     res = cli("purge", "--batch", "long", "--nats", nats_server.url, timeout=60)
@@ -170,7 +212,9 @@ def test_collect_says_when_an_agent_has_no_worker(nats_server: EmbeddedServer, t
     assert worker.stdout is not None and "ready" in worker.stdout.readline()
     worker.send_signal(signal.SIGTERM)  # the agent pool went away; its durable queue stays
     assert worker.wait(30) == 0
-    res = cli("publish", str(config), "-i", str(tasks_file(tmp_path, 2)), "--nats", nats_server.url, "--batch", "lonely")
+    res = cli(
+        "publish", str(config), "-i", str(tasks_file(tmp_path, 2)), "--nats", nats_server.url, "--batch", "lonely"
+    )
     assert res.returncode == 0, res.stderr
     proc = popen("collect", "--batch", "lonely", "--nats", nats_server.url, "-o", str(tmp_path / "o.jsonl"))
     try:
@@ -184,10 +228,21 @@ def test_collect_says_when_an_agent_has_no_worker(nats_server: EmbeddedServer, t
 
 
 def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None:
-    res = cli("run", str(REPO / "resources/weather/config.yaml"), "-i", str(REPO / "resources/weather/data/example.jsonl"),
-              "-o", str(tmp_path / "o.jsonl"), "--set", "jetstream.replicas=3", "--no-progress", timeout=120)
+    res = cli(
+        "run",
+        str(REPO / "resources/weather/config.yaml"),
+        "-i",
+        str(REPO / "resources/weather/data/example.jsonl"),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--set",
+        "jetstream.replicas=3",
+        "--no-progress",
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "gym-runtime: error: stream GYM_TASKS: jetstream.replicas=3 was refused by the server (replicas > 1 not "
         "supported in non-clustered mode); it needs a NATS cluster of at least 3 nodes "
-        "(gym-runtime server --cluster NAME --routes ...)"]
+        "(gym-runtime server --cluster NAME --routes ...)"
+    ]

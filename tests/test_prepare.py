@@ -50,8 +50,17 @@ def sources(tmp_path: Path) -> dict[str, Path]:
 
 
 def prepare(src: dict[str, Path], out: Path, *extra: str):
-    return cli("prepare", str(src["config"]), "-i", f"counter_agent={src['counter']}",
-               "-i", f"weather_agent={src['weather']}", "-o", str(out), *extra)
+    return cli(
+        "prepare",
+        str(src["config"]),
+        "-i",
+        f"counter_agent={src['counter']}",
+        "-i",
+        f"weather_agent={src['weather']}",
+        "-o",
+        str(out),
+        *extra,
+    )
 
 
 def test_counts_split_tags_and_metadata(sources: dict[str, Path], tmp_path: Path) -> None:
@@ -60,8 +69,13 @@ def test_counts_split_tags_and_metadata(sources: dict[str, Path], tmp_path: Path
     train, val = read_jsonl(tmp_path / "out/train.jsonl"), read_jsonl(tmp_path / "out/validation.jsonl")
     meta = json.loads((tmp_path / "out/metadata.json").read_text())
     assert (len(train), len(val)) == (45, 15)  # counter 40 (+5 dups dropped) → 30/10, weather 20 → 15/5
-    assert meta["agents"]["counter_agent"] == {"rows": 45, "duplicates_dropped": 5, "train": 30,
-                                               "train_available": 30, "validation": 10}
+    assert meta["agents"]["counter_agent"] == {
+        "rows": 45,
+        "duplicates_dropped": 5,
+        "train": 30,
+        "train_available": 30,
+        "validation": 10,
+    }
     assert meta["agents"]["weather_agent"]["train"] == 15 and meta["agents"]["weather_agent"]["validation"] == 5
     assert meta["seed"] == 7 and [s["kind"] for s in meta["sources"]] == ["json", "parquet"]
     assert all(s["revision"].startswith("sha256:") for s in meta["sources"])
@@ -72,7 +86,9 @@ def test_counts_split_tags_and_metadata(sources: dict[str, Path], tmp_path: Path
     # No row in both splits; rows came back through Arrow exactly as written (no null-filled keys).
     keys = {json.dumps(r, sort_keys=True) for r in train}
     assert not keys & {json.dumps(r, sort_keys=True) for r in val}
-    assert all(set(r) == {"responses_create_params", "agent_ref"} for r in train if r["agent_ref"]["name"] == "weather_agent")
+    assert all(
+        set(r) == {"responses_create_params", "agent_ref"} for r in train if r["agent_ref"]["name"] == "weather_agent"
+    )
     # The output validates and runs as it is.
     assert cli("validate", str(sources["config"]), "-i", str(tmp_path / "out/train.jsonl")).returncode == 0
 
@@ -102,8 +118,16 @@ def test_bad_rows_reported_and_nothing_written(sources: dict[str, Path], tmp_pat
     rows = counter_rows(3)
     rows[1]["expected_count"] = "many"
     bad = write_jsonl(tmp_path / "bad.jsonl", [*rows, "{oops"])
-    args = ("prepare", str(sources["config"]), "-i", f"counter_agent={bad}",
-            "-i", f"weather_agent={sources['weather']}", "-o", str(tmp_path / "out"))
+    args = (
+        "prepare",
+        str(sources["config"]),
+        "-i",
+        f"counter_agent={bad}",
+        "-i",
+        f"weather_agent={sources['weather']}",
+        "-o",
+        str(tmp_path / "out"),
+    )
     r = cli(*args)
     assert r.returncode == 2
     assert f"{bad}:2: counter: task field 'expected_count': expected int, got str" in r.stderr
@@ -144,7 +168,11 @@ def test_hub_source_syntax() -> None:
     s = parse_source("hf:nvidia/Nemotron-RL-knowledge-mcqa@abc123:validation")
     assert (s.kind, s.spec, s.revision, s.split) == ("hub", "nvidia/Nemotron-RL-knowledge-mcqa", "abc123", "validation")
     s = parse_source("mcqa_agent=hf:nvidia/Nemotron-RL-math-OpenMathReasoning/train.jsonl")
-    assert (s.kind, s.spec, s.agent) == ("hub_file", "nvidia/Nemotron-RL-math-OpenMathReasoning/train.jsonl", "mcqa_agent")
+    assert (s.kind, s.spec, s.agent) == (
+        "hub_file",
+        "nvidia/Nemotron-RL-math-OpenMathReasoning/train.jsonl",
+        "mcqa_agent",
+    )
     assert parse_source("owner/name").kind == "hub"
     with pytest.raises(PrepareError):
         parse_source("data.csv")
@@ -167,8 +195,14 @@ def test_nemo_gym_datasets_entries_as_ng_prepare_data_takes_them(tmp_path: Path)
     write_jsonl(data / "validation.jsonl", rows[4:])
     write_jsonl(data / "example.jsonl", rows)
     config = root / "resources_servers" / "mcqa" / "configs" / "mcqa.yaml"
-    r = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "prepare", str(config), "-o", str(tmp_path / "out")],
-                       cwd=root, capture_output=True, text=True, check=False, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "prepare", str(config), "-o", str(tmp_path / "out")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     train, val = read_jsonl(tmp_path / "out/train.jsonl"), read_jsonl(tmp_path / "out/validation.jsonl")
     assert (len(train), len(val)) == (4, 1)  # the validation entry stays validation, whole
@@ -182,4 +216,6 @@ def test_nemo_gym_datasets_entries_as_ng_prepare_data_takes_them(tmp_path: Path)
     finally:
         os.chdir(cwd)
     assert [(s.kind, s.spec, s.role) for s in srcs] == [
-        ("hub", "nvidia/Nemotron-RL-knowledge-mcqa", None), ("jsonl", str(data / "validation.jsonl"), "validation")]
+        ("hub", "nvidia/Nemotron-RL-knowledge-mcqa", None),
+        ("jsonl", str(data / "validation.jsonl"), "validation"),
+    ]

@@ -29,8 +29,13 @@ N_RESULTS = 3000
 
 
 def result(i: int) -> RolloutResult:
-    return RolloutResult(batch="long", task_index=i, rollout_index=0, agent="agent",
-                         row={"task_id": i, "reward": 1.0, "_ng_task_index": i, "_ng_rollout_index": 0})
+    return RolloutResult(
+        batch="long",
+        task_index=i,
+        rollout_index=0,
+        agent="agent",
+        row={"task_id": i, "reward": 1.0, "_ng_task_index": i, "_ng_rollout_index": 0},
+    )
 
 
 async def _publish(url: str, indexes: range, *, every_s: float = 0.0, manifest: bool = False) -> None:
@@ -38,11 +43,17 @@ async def _publish(url: str, indexes: range, *, every_s: float = 0.0, manifest: 
     try:
         if manifest:
             await ensure_streams(bus)
-            await put_manifest(bus, Manifest(batch="long", expected=N_RESULTS, tasks=N_RESULTS, repeats=1,
-                                             agents={"agent": N_RESULTS}, input="-"))
+            await put_manifest(
+                bus,
+                Manifest(
+                    batch="long", expected=N_RESULTS, tasks=N_RESULTS, repeats=1, agents={"agent": N_RESULTS}, input="-"
+                ),
+            )
         async with anyio.create_task_group() as tg:
             for i in indexes:
-                tg.start_soon(lambda i=i: bus.js_publish(bus.subject("result", "long"), result(i), msg_id=f"long:{i}:0"))
+                tg.start_soon(
+                    lambda i=i: bus.js_publish(bus.subject("result", "long"), result(i), msg_id=f"long:{i}:0")
+                )
                 if every_s:
                     await anyio.sleep(every_s)
     finally:
@@ -57,9 +68,23 @@ def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_p
     try:
         anyio.run(lambda: _publish(srv.url, range(100), manifest=True))
         collector = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "long", "--nats", srv.url,
-             "-o", str(out), "--no-progress"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "collect",
+                "--batch",
+                "long",
+                "--nats",
+                srv.url,
+                "-o",
+                str(out),
+                "--no-progress",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         time.sleep(3.0)  # the collector has read what is there and holds pull requests on the server
         srv.kill()
@@ -103,7 +128,9 @@ def test_resource_pool_down_for_five_seconds_gives_zero_failure_rows(tmp_path: P
         assert f"{n * 2} rows, 0 failed" in res.stdout
         assert not (tmp_path / "out_failures.jsonl").exists()
         rows = read_jsonl(out)
-        assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(t, k) for t in range(n) for k in range(2)]
+        assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [
+            (t, k) for t in range(n) for k in range(2)
+        ]
     finally:
         pool.stop_all()
         srv.stop()

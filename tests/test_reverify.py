@@ -16,12 +16,24 @@ def _compat(name: str) -> Path:
     return d
 
 
-@pytest.mark.parametrize(("env", "data"), [("multi_step", "example_multi_step"), ("counter", "example_session_state_mgmt")])
+@pytest.mark.parametrize(
+    ("env", "data"), [("multi_step", "example_multi_step"), ("counter", "example_session_state_mgmt")]
+)
 def test_recorded_rewards_are_reproduced(env: str, data: str, tmp_path: Path) -> None:
     d = _compat(data)
     out = tmp_path / "out.jsonl"
-    res = cli("reverify", f"resources/{env}/config.yaml", "-i", str(d / "example_rollouts.jsonl"),
-              "--tasks", str(d / "example.jsonl"), "-o", str(out), "--replicas", "2")
+    res = cli(
+        "reverify",
+        f"resources/{env}/config.yaml",
+        "-i",
+        str(d / "example_rollouts.jsonl"),
+        "--tasks",
+        str(d / "example.jsonl"),
+        "-o",
+        str(out),
+        "--replicas",
+        "2",
+    )
     assert res.returncode == 0, res.stderr
     assert "5 rows re-verified, 0 failed, 0 rewards changed" in res.stdout
     recorded = read_jsonl(d / "example_rollouts.jsonl")
@@ -37,8 +49,16 @@ def test_changed_rewards_are_counted_and_rewritten(tmp_path: Path) -> None:
     rows[3]["reward"] = 0.25
     src = write_jsonl(tmp_path / "rollouts.jsonl", rows)
     out = tmp_path / "out.jsonl"
-    res = cli("reverify", "resources/multi_step/config.yaml", "-i", str(src), "--tasks", str(d / "example.jsonl"),
-              "-o", str(out))
+    res = cli(
+        "reverify",
+        "resources/multi_step/config.yaml",
+        "-i",
+        str(src),
+        "--tasks",
+        str(d / "example.jsonl"),
+        "-o",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     assert "2 rewards changed" in res.stdout
     assert "max 1.0000" in res.stdout

@@ -31,8 +31,15 @@ ENVS = {
 def test_cli_run_weather_writes_nemo_gym_rows(tmp_path: Path) -> None:
     """The README's main command: 5 rows, reward 1.0, NeMo Gym's row shape, no server left."""
     out = tmp_path / "out.jsonl"
-    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl", "-o", str(out),
-              env={"TMPDIR": str(tmp_path)})
+    res = cli(
+        "run",
+        "resources/weather/config.yaml",
+        "-i",
+        "resources/weather/data/example.jsonl",
+        "-o",
+        str(out),
+        env={"TMPDIR": str(tmp_path)},
+    )
     assert res.returncode == 0, res.stderr
     rows = read_jsonl(out)
     inputs = read_jsonl(REPO / "resources/weather/data/example.jsonl")
@@ -66,9 +73,7 @@ async def test_run_scripted_on_each_environment(env: str, nats_server, tmp_path:
     rows = read_jsonl(out)
     n = len(read_jsonl(data))
     assert result.stats.failures == 0 and len(rows) == 2 * n
-    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [
-        (t, k) for t in range(n) for k in range(2)
-    ]
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(t, k) for t in range(n) for k in range(2)]
     for r in rows:
         assert isinstance(r["reward"], float)
         assert any(i["type"] == "function_call_output" for i in r["response"]["output"])
@@ -87,7 +92,9 @@ async def test_replay_reproduces_recorded_rewards(env: str, nats_server, tmp_pat
     out = tmp_path / "out.jsonl"
     result = await run_batch(cfg, nats_server.url, input_path=compat / "example.jsonl", out=out, telemetry=Telemetry())
     assert result.stats.failures == 0
-    recorded = {prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example_rollouts.jsonl")}
+    recorded = {
+        prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example_rollouts.jsonl")
+    }
     rows = read_jsonl(out)
     assert len(rows) == len(recorded)
     for row in rows:
@@ -132,7 +139,9 @@ async def test_two_counter_replicas_keep_each_session_state(nats_server, tmp_pat
 
 def test_malformed_input_names_file_and_line_and_publishes_nothing(tmp_path: Path) -> None:
     good = read_jsonl(REPO / "resources/weather/data/example.jsonl")
-    bad = write_jsonl(tmp_path / "bad.jsonl", [good[0], good[1], '{"responses_create_params": {', good[2], {"expected": 1}])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl", [good[0], good[1], '{"responses_create_params": {', good[2], {"expected": 1}]
+    )
     out = tmp_path / "out.jsonl"
     res = cli("run", "resources/weather/config.yaml", "-i", str(bad), "-o", str(out))
     assert res.returncode == 2
@@ -147,13 +156,16 @@ def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> Non
     recording = {
         "responses_create_params": task["responses_create_params"],
         "response": {
-            "id": "resp_1", "created_at": 0.0, "model": "recorded", "object": "response",
+            "id": "resp_1",
+            "created_at": 0.0,
+            "model": "recorded",
+            "object": "response",
             "output": [
-                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": "},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": '},
                 {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
                 {"type": "function_call", "call_id": "c2", "name": "get_wether", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "c2", "output": "recorded"},
-                {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": "{\"town\": \"sf\"}"},
+                {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": '{"town": "sf"}'},
                 {"type": "function_call_output", "call_id": "c3", "output": "recorded"},
                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "sorry"}]},
             ],
@@ -162,8 +174,18 @@ def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> Non
     rec = write_jsonl(tmp_path / "recorded.jsonl", [recording])
     inp = write_jsonl(tmp_path / "in.jsonl", [task])
     out = tmp_path / "out.jsonl"
-    res = cli("run", "resources/weather/config.yaml", "-i", str(inp), "-o", str(out),
-              "--set", "models.policy.adapter=replay", "--set", f"models.policy.rollouts={rec}")
+    res = cli(
+        "run",
+        "resources/weather/config.yaml",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--set",
+        "models.policy.adapter=replay",
+        "--set",
+        f"models.policy.rollouts={rec}",
+    )
     assert res.returncode == 0, res.stderr
     outputs = [i["output"] for i in read_jsonl(out)[0]["response"]["output"] if i["type"] == "function_call_output"]
     assert "not valid JSON" in outputs[0]
@@ -174,8 +196,18 @@ def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> Non
 
 def test_trace_file_links_one_rollout_across_workers(tmp_path: Path) -> None:
     out, traces = tmp_path / "out.jsonl", tmp_path / "spans.jsonl"
-    res = cli("run", "resources/weather/config.yaml", "-i", "resources/weather/data/example.jsonl",
-              "-o", str(out), "--limit", "1", "--trace-file", str(traces))
+    res = cli(
+        "run",
+        "resources/weather/config.yaml",
+        "-i",
+        "resources/weather/data/example.jsonl",
+        "-o",
+        str(out),
+        "--limit",
+        "1",
+        "--trace-file",
+        str(traces),
+    )
     assert res.returncode == 0, res.stderr
     spans = read_jsonl(traces)
     rollout = [s for s in spans if s["name"] == "rollout"]
@@ -202,10 +234,23 @@ def test_no_nats_server_outlives_an_interrupted_run(sig: int, tmp_path: Path) ->
     import os
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "run", "resources/weather/config.yaml",
-         "-i", "resources/weather/data/example.jsonl", "-o", str(tmp_path / "out.jsonl"),
-         "--set", "models.policy.delay_s=30"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)},
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            "resources/weather/config.yaml",
+            "-i",
+            "resources/weather/data/example.jsonl",
+            "-o",
+            str(tmp_path / "out.jsonl"),
+            "--set",
+            "models.policy.delay_s=30",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     deadline = time.monotonic() + 20
     while not nats_server_pids(tmp_path) and time.monotonic() < deadline:
@@ -227,8 +272,14 @@ async def test_twenty_megabyte_payloads_round_trip(nats_server, tmp_path: Path) 
     """Tool output, model request/response and result row all exceed the 8 MB max payload."""
     cfg = load_config(REPO / "resources/weather/config.yaml", ["resources.weather.server=tests.envs.big"])
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=REPO / "resources/weather/data/example.jsonl",
-                             out=out, telemetry=Telemetry(), limit=1)
+    result = await run_batch(
+        cfg,
+        nats_server.url,
+        input_path=REPO / "resources/weather/data/example.jsonl",
+        out=out,
+        telemetry=Telemetry(),
+        limit=1,
+    )
     assert result.stats.failures == 0
     row = read_jsonl(out)[0]
     assert row["reward"] == 1.0
@@ -241,9 +292,20 @@ def test_logs_are_json_with_task_rollout_and_trace_ids(tmp_path: Path) -> None:
     rows = read_jsonl(REPO / "resources/weather/data/example.jsonl")[:2]
     rows[1]["explode"] = True  # tests.envs.flaky's verifier raises on this row
     inp = write_jsonl(tmp_path / "in.jsonl", rows)
-    res = cli("run", "resources/weather/config.yaml", "-i", str(inp), "-o", str(tmp_path / "out.jsonl"),
-              "--set", "resources.weather.server=tests.envs.flaky", "--set", "agents.weather_agent.max_attempts=1",
-              "--log-level", "info")
+    res = cli(
+        "run",
+        "resources/weather/config.yaml",
+        "-i",
+        str(inp),
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        "--set",
+        "resources.weather.server=tests.envs.flaky",
+        "--set",
+        "agents.weather_agent.max_attempts=1",
+        "--log-level",
+        "info",
+    )
     assert res.returncode == 1  # one failure row
     events = [json.loads(line) for line in res.stderr.splitlines() if line.startswith("{")]
     failed = [e for e in events if e.get("event") == "rollout.failed"]
@@ -285,11 +347,29 @@ def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path
     got = {}
     for mode in ("one", "per-role", "2"):
         out = tmp_path / f"{mode}.jsonl"
-        res = cli("run", str(config), "-i", "resources/weather/data/example.jsonl", "-o", str(out),
-                  "--processes", mode, "--repeats", "3", env={"TMPDIR": str(tmp_path)})
+        res = cli(
+            "run",
+            str(config),
+            "-i",
+            "resources/weather/data/example.jsonl",
+            "-o",
+            str(out),
+            "--processes",
+            mode,
+            "--repeats",
+            "3",
+            env={"TMPDIR": str(tmp_path)},
+        )
         assert res.returncode == 0, res.stderr
-        got[mode] = [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"],
-                      [item["type"] for item in r["response"]["output"]]) for r in read_jsonl(out)]
+        got[mode] = [
+            (
+                r["_ng_task_index"],
+                r["_ng_rollout_index"],
+                r["reward"],
+                [item["type"] for item in r["response"]["output"]],
+            )
+            for r in read_jsonl(out)
+        ]
     assert len(got["one"]) == 15 and got["per-role"] == got["one"] and got["2"] == got["one"]
     assert not _processes_with(str(config)), "a worker process outlived the command"
     assert not nats_server_pids(tmp_path)
@@ -304,8 +384,19 @@ def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path
     config = tmp_path / "weather.yaml"
     config.write_text((REPO / "resources/weather/config.yaml").read_text())
     t0 = time.monotonic()
-    res = cli("run", str(config), "-i", "resources/weather/data/example.jsonl", "-o", str(tmp_path / "out.jsonl"),
-              "--processes", "2", "--nats", url, timeout=60)
+    res = cli(
+        "run",
+        str(config),
+        "-i",
+        "resources/weather/data/example.jsonl",
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        "--processes",
+        "2",
+        "--nats",
+        url,
+        timeout=60,
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip().splitlines() == [f"gym-runtime: error: cannot reach a NATS server at {url} (waited 10s)"]
     assert time.monotonic() - t0 < 30
@@ -313,8 +404,17 @@ def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path
 
 
 def test_a_worker_process_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    res = cli("run", "weather", "-o", str(tmp_path / "out.jsonl"), "--processes", "per-role",
-              "--set", "models.policy.adapter=openai", env={"OPENAI_API_KEY": "", "TMPDIR": str(tmp_path)})
+    res = cli(
+        "run",
+        "weather",
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        "--processes",
+        "per-role",
+        "--set",
+        "models.policy.adapter=openai",
+        env={"OPENAI_API_KEY": "", "TMPDIR": str(tmp_path)},
+    )
     assert res.returncode == 2, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no API key" in lines[0] and "Traceback" not in res.stderr, res.stderr

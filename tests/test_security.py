@@ -49,8 +49,15 @@ async def buses(secured: tuple[EmbeddedServer, Path]) -> AsyncIterator[dict[str,
     out: dict[str, Bus] = {}
     try:
         for role in ROLES:
-            out[role] = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name=f"t-{role}",
-                                          auth=ClientAuth(auth), role=role, initial_timeout=5)
+            out[role] = await Bus.connect(
+                srv.url,
+                namespace="gym",
+                telemetry=Telemetry(),
+                name=f"t-{role}",
+                auth=ClientAuth(auth),
+                role=role,
+                initial_timeout=5,
+            )
         yield out
     finally:
         for b in out.values():
@@ -112,15 +119,23 @@ async def test_a_client_with_credentials_refuses_a_server_without_tls(nats_serve
     """No downgrade: with --auth-dir a client speaks TLS first, so a plaintext impostor gets no nonce signed."""
     auth = ensure_auth_dir(tmp_path / "auth")
     with pytest.raises(ServerUnreachable, match="TLS handshake failed"):
-        await connect(nats_server.url, name="downgrade", initial_timeout=5,
-                      options=ClientAuth(auth).connect_options("agent"))
+        await connect(
+            nats_server.url, name="downgrade", initial_timeout=5, options=ClientAuth(auth).connect_options("agent")
+        )
 
 
 async def test_a_namespace_the_secured_server_does_not_serve_is_one_clear_error(secured) -> None:
     srv, auth = secured
     with pytest.raises(ValueError, match="does not serve namespace 'exp2'.*--namespace exp2"):
-        await Bus.connect(srv.url, namespace="exp2", telemetry=Telemetry(), name="t", auth=ClientAuth(auth),
-                          role="publisher", initial_timeout=5)
+        await Bus.connect(
+            srv.url,
+            namespace="exp2",
+            telemetry=Telemetry(),
+            name="t",
+            auth=ClientAuth(auth),
+            role="publisher",
+            initial_timeout=5,
+        )
 
 
 async def test_model_cannot_publish_results_or_tasks_nor_delete_streams(buses: dict[str, Bus]) -> None:
@@ -199,27 +214,44 @@ async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) 
     node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
     cfg = load_config(REPO / "resources/weather/config.yaml")
     data = REPO / "resources/weather/data/example.jsonl"
-    result = await run_batch(cfg, srv.url, input_path=data, out=tmp_path / "out.jsonl", telemetry=Telemetry(),
-                             auth=ClientAuth(node))
+    result = await run_batch(
+        cfg, srv.url, input_path=data, out=tmp_path / "out.jsonl", telemetry=Telemetry(), auth=ClientAuth(node)
+    )
     assert result.stats.failures == 0 and result.stats.rows == len(read_jsonl(data))
     assert [r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")] == [1.0] * result.stats.rows
-    reader = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="reader",
-                               auth=ClientAuth(node), role="publisher")
+    reader = await Bus.connect(
+        srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="reader", auth=ClientAuth(node), role="publisher"
+    )
     model_queue = await reader.js.stream_info(stream_names(cfg.namespace)["model"])
     await reader.close()
     assert model_queue.state.last_seq == 0  # the roles' permissions admit direct model calls: none was queued
     (node / "model.creds").unlink()  # a role whose file this node lacks: one clear error, before any work
     with pytest.raises(ValueError, match=r"no model\.creds"):
-        await run_batch(cfg, srv.url, input_path=data, out=tmp_path / "out2.jsonl", telemetry=Telemetry(),
-                        auth=ClientAuth(node))
+        await run_batch(
+            cfg, srv.url, input_path=data, out=tmp_path / "out2.jsonl", telemetry=Telemetry(), auth=ClientAuth(node)
+        )
 
 
 def _start_server(tmp_path: Path, auth: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "server", "--secure", str(auth), "--port", str(port),
-         "--store-dir", str(tmp_path / "js"), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "server",
+            "--secure",
+            str(auth),
+            "--port",
+            str(port),
+            "--store-dir",
+            str(tmp_path / "js"),
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -249,7 +281,10 @@ def test_secured_batch_across_nodes_with_judge_big_body_status_and_reverify(tmp_
     data = write_jsonl(tmp_path / "tasks.jsonl", rows)
     workers = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "start", JUDGE_CFG, "--nats", url, "--auth-dir", str(workers_node)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert workers.stdout is not None
@@ -257,8 +292,17 @@ def test_secured_batch_across_nodes_with_judge_big_body_status_and_reverify(tmp_
         pub = cli("publish", JUDGE_CFG, "-i", str(data), "--nats", url, "--auth-dir", str(client_node), "--batch", "b1")
         assert pub.returncode == 0, pub.stderr
         out = tmp_path / "out.jsonl"
-        col = cli("collect", "--batch", "b1", "--nats", url, "-o", str(out), "--no-progress",
-                  env={"GYM_AUTH_DIR": str(client_node)})
+        col = cli(
+            "collect",
+            "--batch",
+            "b1",
+            "--nats",
+            url,
+            "-o",
+            str(out),
+            "--no-progress",
+            env={"GYM_AUTH_DIR": str(client_node)},
+        )
         assert col.returncode == 0, col.stderr
         got = read_jsonl(out)
         assert len(got) == len(rows) and not (tmp_path / "out_failures.jsonl").exists()
@@ -272,8 +316,9 @@ def test_secured_batch_across_nodes_with_judge_big_body_status_and_reverify(tmp_
         assert {w["role"] for w in report["workers"]} >= {"agent", "model", "resource"}
         assert report["results_stored"] == len(rows)
         re_out = tmp_path / "re.jsonl"
-        rev = cli("reverify", JUDGE_CFG, "-i", str(out), "-o", str(re_out), "--nats", url,
-                  "--auth-dir", str(reverify_node))
+        rev = cli(
+            "reverify", JUDGE_CFG, "-i", str(out), "-o", str(re_out), "--nats", url, "--auth-dir", str(reverify_node)
+        )
         assert rev.returncode == 0, rev.stderr + rev.stdout
         assert [r["reward"] for r in read_jsonl(re_out)] == [r["reward"] for r in got]
     finally:
@@ -291,8 +336,14 @@ def test_wrong_credentials_exit_2_within_15s(command: str, secured, tmp_path: Pa
         "status": ["status"],
         "collect": ["collect", "--batch", "b1", "-o", str(tmp_path / "o.jsonl")],
         "run": ["run", JUDGE_CFG, "-i", str(JUDGE_DATA), "-o", str(tmp_path / "o.jsonl")],
-        "reverify": ["reverify", JUDGE_CFG, "-i", str(COMPAT / "equivalence_llm_judge/example_rollouts.jsonl"),
-                     "-o", str(tmp_path / "o.jsonl")],
+        "reverify": [
+            "reverify",
+            JUDGE_CFG,
+            "-i",
+            str(COMPAT / "equivalence_llm_judge/example_rollouts.jsonl"),
+            "-o",
+            str(tmp_path / "o.jsonl"),
+        ],
     }[command]
     t0 = time.monotonic()
     res = cli(*args, "--nats", srv.url, "--auth-dir", str(other), timeout=60)
@@ -309,9 +360,23 @@ def test_start_keeps_retrying_a_refusing_server_quietly(secured, tmp_path: Path)
     wrong = node_dir(ensure_auth_dir(tmp_path / "other-cluster"), tmp_path / "wrong", "model")
     shutil.copy(auth / "ca.pem", wrong / "ca.pem")  # the right CA, the wrong seed: refused on every attempt
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", JUDGE_CFG, "--only", "models.policy", "--nats", srv.url,
-         "--auth-dir", str(wrong)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            JUDGE_CFG,
+            "--only",
+            "models.policy",
+            "--nats",
+            srv.url,
+            "--auth-dir",
+            str(wrong),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         time.sleep(5)  # ~20 refused attempts
@@ -325,24 +390,53 @@ def test_start_keeps_retrying_a_refusing_server_quietly(secured, tmp_path: Path)
 
 
 def test_literal_secrets_on_the_command_line_are_refused(tmp_path: Path) -> None:
-    res = cli("run", JUDGE_CFG, "-i", str(JUDGE_DATA), "-o", str(tmp_path / "o.jsonl"),
-              "--set", "models.policy.api_key=sk-live-0123456789")
+    res = cli(
+        "run",
+        JUDGE_CFG,
+        "-i",
+        str(JUDGE_DATA),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--set",
+        "models.policy.api_key=sk-live-0123456789",
+    )
     assert res.returncode == 2 and "sk-live" not in res.stderr
     assert "${MY_VAR}" in res.stderr and "env.yaml" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = cli("status", "--nats", "nats://gym:hunter2@127.0.0.1:4222")
     assert res.returncode == 2 and "hunter2" not in res.stderr and "--auth-dir" in res.stderr
     # a reference to the environment is what we ask for: it passes the check (and fails later, on the input)
-    res = cli("run", JUDGE_CFG, "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o.jsonl"),
-              "--set", "models.policy.adapter=openai", "--set", "models.policy.api_key=${POLICY_API_KEY}",
-              env={"POLICY_API_KEY": "sk-env"})
+    res = cli(
+        "run",
+        JUDGE_CFG,
+        "-i",
+        str(tmp_path / "missing.jsonl"),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--set",
+        "models.policy.adapter=openai",
+        "--set",
+        "models.policy.api_key=${POLICY_API_KEY}",
+        env={"POLICY_API_KEY": "sk-env"},
+    )
     assert res.returncode == 2 and "file not found" in res.stderr and "every local user" not in res.stderr
-    for ok in ("models.policy.model=gpt-4.1", "models.policy.api_key=${KEY}", "agents.a.max_steps=3",
-               "models.policy.max_tokens=512", "resources.r.options.stop_token=[DONE]",
-               "models.x.headers.Authorization=Bearer ${TOKEN}", "models.x.base_url=https://host/v1"):
+    for ok in (
+        "models.policy.model=gpt-4.1",
+        "models.policy.api_key=${KEY}",
+        "agents.a.max_steps=3",
+        "models.policy.max_tokens=512",
+        "resources.r.options.stop_token=[DONE]",
+        "models.x.headers.Authorization=Bearer ${TOKEN}",
+        "models.x.base_url=https://host/v1",
+    ):
         check_argv_secret("--set", ok)
-    for bad in ("resources.r.options.access_token=abc", "models.judge.api_key=EMPTY-but-literal",
-                "models.x.headers.Authorization=Bearer abc", "models.x.headers.api-key=abc",
-                "models.x.temperature=sk-0123456789", "models.x.base_url=https://u:p@host/v1"):
+    for bad in (
+        "resources.r.options.access_token=abc",
+        "models.judge.api_key=EMPTY-but-literal",
+        "models.x.headers.Authorization=Bearer abc",
+        "models.x.headers.api-key=abc",
+        "models.x.temperature=sk-0123456789",
+        "models.x.base_url=https://u:p@host/v1",
+    ):
         with pytest.raises(ValueError):
             check_argv_secret("--set", bad)
 
@@ -357,7 +451,10 @@ def test_start_children_get_no_secret_in_argv(nats_server, tmp_path: Path) -> No
     assert f"nats: {url}" in cfg.read_text()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--only", "models.policy", "--replicas", "2"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "POLICY_API_KEY": "sk-env-only"},
     )
     try:
@@ -386,12 +483,20 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
     def node(name: str, d: Path, peer: str) -> str:
         client, route = ports[name]
         conf = tmp_path / f"{name}.conf"
-        cluster = {"name": "gym", "listen": f"127.0.0.1:{route}", "tls": route_tls(d),
-                   "routes": [f"nats-route://127.0.0.1:{ports[peer][1]}"]}
-        conf.write_text(f'server_name: {name}\nlisten: "127.0.0.1:{client}"\n' + server_config(d, ["gym"])
-                        + f"cluster: {json.dumps(cluster)}\n")
-        procs.append(subprocess.Popen([find_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
+        cluster = {
+            "name": "gym",
+            "listen": f"127.0.0.1:{route}",
+            "tls": route_tls(d),
+            "routes": [f"nats-route://127.0.0.1:{ports[peer][1]}"],
+        }
+        conf.write_text(
+            f'server_name: {name}\nlisten: "127.0.0.1:{client}"\n'
+            + server_config(d, ["gym"])
+            + f"cluster: {json.dumps(cluster)}\n"
+        )
+        procs.append(
+            subprocess.Popen([find_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
         return f"nats://127.0.0.1:{client}"
 
     url_a, url_b, url_c = node("a", auth, "b"), node("b", auth, "a"), node("c", other, "a")
@@ -439,16 +544,25 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
     client_node = node_dir(auth, tmp_path / "client", "publisher")
     ready = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: serve(cfg, srv.url, only=None, telemetry=Telemetry(), auth=ClientAuth(workers_node),
-                                    ready=ready.set))
+        tg.start_soon(
+            lambda: serve(
+                cfg, srv.url, only=None, telemetry=Telemetry(), auth=ClientAuth(workers_node), ready=ready.set
+            )
+        )
         with anyio.fail_after(30):
             await ready.wait()
         srv.kill()
         await anyio.sleep(1.0)
         await anyio.to_thread.run_sync(srv.start)  # same port, store and auth dir
         with anyio.fail_after(60):
-            result = await run_batch(cfg, srv.url, input_path=REPO / "resources/weather/data/example.jsonl",
-                                     out=tmp_path / "out.jsonl", telemetry=Telemetry(),
-                                     auth=ClientAuth(client_node), start_local_workers=False)
+            result = await run_batch(
+                cfg,
+                srv.url,
+                input_path=REPO / "resources/weather/data/example.jsonl",
+                out=tmp_path / "out.jsonl",
+                telemetry=Telemetry(),
+                auth=ClientAuth(client_node),
+                start_local_workers=False,
+            )
         tg.cancel_scope.cancel()
     assert result.stats.failures == 0 and [r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")] == [1.0] * 5

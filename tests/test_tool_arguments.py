@@ -30,8 +30,13 @@ class Lenient(Resource):
 
     @tool
     async def forecast(
-        self, city: str, days: int = 1, metric: bool = False, scale: float = 1.0,
-        tags: list[str] = [], note: str | None = None,  # noqa: B006 - a default the schema shows
+        self,
+        city: str,
+        days: int = 1,
+        metric: bool = False,
+        scale: float = 1.0,
+        tags: list[str] = [],
+        note: str | None = None,  # noqa: B006 - a default the schema shows
     ) -> dict[str, Any]:
         return {"city": city, "days": days, "metric": metric, "scale": scale, "tags": tags, "note": note}
 
@@ -39,8 +44,13 @@ class Lenient(Resource):
 class Strict(Resource):
     @tool
     async def forecast(
-        self, city: str, days: int = 1, metric: bool = False, scale: float = 1.0,
-        tags: list[str] = [], note: str | None = None,  # noqa: B006
+        self,
+        city: str,
+        days: int = 1,
+        metric: bool = False,
+        scale: float = 1.0,
+        tags: list[str] = [],
+        note: str | None = None,  # noqa: B006
     ) -> dict[str, Any]:
         return {"city": city, "days": days, "metric": metric, "scale": scale, "tags": tags, "note": note}
 
@@ -57,12 +67,12 @@ class Mixed(Resource):
 
 CASES = [
     {"city": "Paris"},
-    {"city": "Paris", "units": "C"},                    # unknown key: ignored
-    {"city": "Paris", "days": "3"},                     # numeric string -> int
-    {"city": "Paris", "days": 3.0},                     # integral float -> int
-    {"city": "Paris", "days": 3.5},                     # fractional float: refused
-    {"city": "Paris", "days": " 4 "},                   # whitespace around digits
-    {"city": "Paris", "days": True},                    # bool -> int
+    {"city": "Paris", "units": "C"},  # unknown key: ignored
+    {"city": "Paris", "days": "3"},  # numeric string -> int
+    {"city": "Paris", "days": 3.0},  # integral float -> int
+    {"city": "Paris", "days": 3.5},  # fractional float: refused
+    {"city": "Paris", "days": " 4 "},  # whitespace around digits
+    {"city": "Paris", "days": True},  # bool -> int
     {"city": "Paris", "days": "three"},
     {"city": "Paris", "metric": "yes"},
     {"city": "Paris", "metric": "off"},
@@ -72,11 +82,11 @@ CASES = [
     {"city": "Paris", "scale": "2.5"},
     {"city": "Paris", "tags": ["a", "b"]},
     {"city": "Paris", "tags": "a"},
-    {"city": "Paris", "tags": [1]},                     # int -> str is not coerced
+    {"city": "Paris", "tags": [1]},  # int -> str is not coerced
     {"city": 42},
     {"city": None},
     {"city": "Paris", "note": None},
-    {"days": 2},                                        # missing required
+    {"days": 2},  # missing required
     {},
 ]
 

@@ -33,8 +33,9 @@ async def test_every_message_of_a_rollout_carries_its_task_trace(nats_server: Em
     await spy.subscribe("gym.>", cb=record)
     await spy.subscribe("_INBOX.>", cb=record)  # replies
     await spy.flush()
-    result = await run_batch(load_config(WEATHER), nats_server.url, input_path=ROWS, out=tmp_path / "o.jsonl",
-                             telemetry=Telemetry(), limit=3)
+    result = await run_batch(
+        load_config(WEATHER), nats_server.url, input_path=ROWS, out=tmp_path / "o.jsonl", telemetry=Telemetry(), limit=3
+    )
     await spy.flush()
     await spy.close()
     assert result.stats.rows == 3 and result.stats.failures == 0
@@ -69,7 +70,8 @@ def test_malformed_or_invalid_traceparent_is_not_carried_on() -> None:
         "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # zero span id
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0g",  # not hex
         "00-0af7651916cd43dd8448eb211c80319c_b7ad6b7169203331-01",  # wrong separator
-        good + "0", "",
+        good + "0",
+        "",
     ):
         fresh = carried_on(tel, bad)  # a trace of its own
         assert len(fresh) == 55 and "0af7651916cd43dd8448eb211c80319c" not in fresh, (bad, fresh)

@@ -21,8 +21,14 @@ from stub_openai import StubOpenAI, VLLMEmulator
 
 def trl_sequences(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """TRL-style extraction: prompt ids of the first turn; completion = generations + tool tokens (masked)."""
-    out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": [],
-                                 "rewards": [], "versions": []}
+    out: dict[str, list[Any]] = {
+        "prompt_ids": [],
+        "completion_ids": [],
+        "env_mask": [],
+        "logprobs": [],
+        "rewards": [],
+        "versions": [],
+    }
     for row in rows:
         prompt: list[int] | None = None
         completion: list[int] = []
@@ -37,7 +43,7 @@ def trl_sequences(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
             else:
                 seen = prompt + completion
                 assert ids[: len(seen)] == seen, "token ids are not contiguous across turns"
-                env = ids[len(seen):]  # tool results and the template between turns
+                env = ids[len(seen) :]  # tool results and the template between turns
                 completion += env
                 mask += [0] * len(env)
                 logprobs += [0.0] * len(env)
@@ -58,20 +64,31 @@ def test_trl_rollout_func_multi_turn_token_contiguity() -> None:
         em = stub.emulator
         rollouts = 4
         for _ in range(rollouts):  # each rollout: two tool calls, then the answer (three model turns)
-            em.script(VLLMEmulator.tool_call_text("get_weather", {"city": "sf"}),
-                      VLLMEmulator.tool_call_text("get_weather", {"city": "nyc"}),
-                      "cold in sf")
+            em.script(
+                VLLMEmulator.tool_call_text("get_weather", {"city": "sf"}),
+                VLLMEmulator.tool_call_text("get_weather", {"city": "nyc"}),
+                "cold in sf",
+            )
         cfg = weather(agent_concurrency=1)  # one rollout at a time: the script is consumed in order
-        cfg.models["policy"] = model_config({"adapter": "vllm", "base_url": stub.base_url, "model": "tiny",
-                                            "return_token_ids": True, "eos_token_id": 4, "timeout_s": 10.0})
+        cfg.models["policy"] = model_config(
+            {
+                "adapter": "vllm",
+                "base_url": stub.base_url,
+                "model": "tiny",
+                "return_token_ids": True,
+                "eos_token_id": 4,
+                "timeout_s": 10.0,
+            }
+        )
         cfg = msgspec.structs.replace(cfg)
         with SyncClient(cfg, nats="embedded") as client:
             client.set_policy_version(5)
             rows = client.submit(ROWS[:2], repeats=2).gather()
     seq = trl_sequences(rows)
     assert len(seq["prompt_ids"]) == rollouts
-    for prompt, completion, mask, lps in zip(seq["prompt_ids"], seq["completion_ids"], seq["env_mask"],
-                                             seq["logprobs"], strict=True):
+    for prompt, completion, mask, lps in zip(
+        seq["prompt_ids"], seq["completion_ids"], seq["env_mask"], seq["logprobs"], strict=True
+    ):
         assert prompt and len(completion) == len(mask) == len(lps)
         assert 0 in mask and mask.count(1) > 0  # tool tokens masked out, generations in
     assert seq["versions"] == [5] * (3 * rollouts)  # every token-id item names the weights that made it

@@ -94,8 +94,10 @@ def test_all_problems_listed_with_file_and_line(tmp_path: Path) -> None:
 
 
 def test_an_agent_ref_of_another_config_is_reported_and_agent_overrides_it(tmp_path: Path) -> None:
-    rows = [{**row, "agent_ref": {"type": "responses_api_agents", "name": "someone_elses_agent"}}
-            for row in read_jsonl(REPO / "resources/weather/data/example.jsonl")]
+    rows = [
+        {**row, "agent_ref": {"type": "responses_api_agents", "name": "someone_elses_agent"}}
+        for row in read_jsonl(REPO / "resources/weather/data/example.jsonl")
+    ]
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     r = cli("validate", "resources/weather/config.yaml", "-i", str(data))
     assert r.returncode == 2
@@ -148,10 +150,13 @@ def test_parquet_rows_are_validated_by_index(tmp_path: Path) -> None:
     rows = read_jsonl(REPO / "resources/counter/data/example.jsonl")
     rows[3]["expected_count"] = -1.5
     datasets.Dataset.from_list([{**r, "expected_count": float(r["expected_count"])} for r in rows]).to_parquet(
-        str(tmp_path / "rows.parquet"))
+        str(tmp_path / "rows.parquet")
+    )
     r = cli("validate", "resources/counter/config.yaml", "-i", str(tmp_path / "rows.parquet"))
     assert r.returncode == 2  # an Arrow column is one type: every row's count became a float
     lines = r.stderr.strip().splitlines()
-    assert lines[:5] == [f"{tmp_path / 'rows.parquet'}[{i}]: counter: task field 'expected_count': expected int, got float"
-                         for i in range(5)]
+    assert lines[:5] == [
+        f"{tmp_path / 'rows.parquet'}[{i}]: counter: task field 'expected_count': expected int, got float"
+        for i in range(5)
+    ]
     assert lines[-1] == "gym-runtime: error: 5 problems in 5 rows"

@@ -45,6 +45,7 @@ def need(module: str) -> Any:
         return importlib.import_module(module)  # CI's vLLM venv: a missing or broken vLLM is a failure
     return pytest.importorskip(module, reason=f"{module} is not installed (the vLLM tier: see README, vLLM on CPU)")
 
+
 SYSTEM = "You are a helpful personal assistant that aims to be helpful and reduce any pain points the user has."
 WEATHER = {
     "type": "function",
@@ -67,8 +68,9 @@ def recorded(name: str) -> dict[str, Any]:
 
 def cfg(stub: StubOpenAI | list[StubOpenAI], **kw: Any) -> Any:
     urls = [s.base_url for s in stub] if isinstance(stub, list) else stub.base_url
-    base: dict[str, Any] = dict(base_url=urls, model="tiny", return_token_ids=True,
-                                max_retries=2, retry_backoff_s=0.001, timeout_s=5.0)
+    base: dict[str, Any] = dict(
+        base_url=urls, model="tiny", return_token_ids=True, max_retries=2, retry_backoff_s=0.001, timeout_s=5.0
+    )
     base.update(kw)
     return VLLMOptions(**base)
 
@@ -81,7 +83,9 @@ def stub() -> Any:
 
 def weather_params(**kw: Any) -> CreateParams:
     return CreateParams(
-        input=parse_items([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "what's it like in sf?"}]),
+        input=parse_items(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "what's it like in sf?"}]
+        ),
         tools=[WEATHER],
         **kw,
     )
@@ -161,9 +165,10 @@ def test_nemo_gym_round_trip_through_the_vllm_adapter() -> None:
     model = VLLMModel(VLLMOptions(base_url="http://127.0.0.1:9/v1", model="m"))
     body = model.chat_body(CreateParams(input=items))
     assert body["messages"] == data["expected_output"]["messages"]
-    assert responses_to_chat_messages(items, token_ids=True) == data["expected_output_return_token_id_information"][
-        "messages"
-    ]
+    assert (
+        responses_to_chat_messages(items, token_ids=True)
+        == data["expected_output_return_token_id_information"]["messages"]
+    )
     back = [i for m in body["messages"] if m["role"] == "assistant" for i in chat_message_to_items(m)]
     assert [type(i) for i in back] == [type(i) for i in items[2:] if not isinstance(i, FunctionCallOutput)]
 
@@ -226,8 +231,12 @@ async def test_turn_two_is_sent_token_in_exactly_as_recorded(stub: StubOpenAI) -
         call_id=call.call_id, output='{"city": "sf", "weather_description": "The weather in sf is cold."}'
     )
     r2 = await model.generate(
-        CreateParams(input=[*params.input, *r1.output, out], tools=[WEATHER], max_output_tokens=64,
-                     extra={"seed": 1, "structured_outputs": {"regex": "It\\ is\\ cold\\ in\\ sf\\."}})
+        CreateParams(
+            input=[*params.input, *r1.output, out],
+            tools=[WEATHER],
+            max_output_tokens=64,
+            extra={"seed": 1, "structured_outputs": {"regex": "It\\ is\\ cold\\ in\\ sf\\."}},
+        )
     )
     sent = stub.bodies("/v1/completions")[0]
     assert sent["prompt"] == turn2["request"]["body"]["prompt"]
@@ -263,10 +272,18 @@ async def test_three_turn_tool_rollout_is_token_contiguous(stub: StubOpenAI) -> 
         prompts.append(p)
         gens.append(g)
         conv += r.output
-        conv += [FunctionCallOutput(call_id=i.call_id, output=f"weather {turn}")
-                 for i in r.output if isinstance(i, FunctionCall)]
+        conv += [
+            FunctionCallOutput(call_id=i.call_id, output=f"weather {turn}")
+            for i in r.output
+            if isinstance(i, FunctionCall)
+        ]
     assert [type(i) for i in conv[2:]] == [
-        FunctionCall, FunctionCallOutput, Reasoning, FunctionCall, FunctionCallOutput, Message
+        FunctionCall,
+        FunctionCallOutput,
+        Reasoning,
+        FunctionCall,
+        FunctionCallOutput,
+        Message,
     ]
     assert conv[4].summary == [{"text": "also nyc", "type": "summary_text"}]  # type: ignore[union-attr]
     assert json.loads(conv[5].arguments) == {"city": "nyc"}  # type: ignore[union-attr]
@@ -275,9 +292,14 @@ async def test_three_turn_tool_rollout_is_token_contiguous(stub: StubOpenAI) -> 
     assert paths == ["/v1/chat/completions", "/tokenize", "/v1/completions", "/tokenize", "/v1/completions"]
 
     # What the naive way would have sent: the chat template's re-tokenization is NOT contiguous.
-    _, naive = em.handle("POST", "/tokenize", {"messages": model.chat_body(CreateParams(
-        input=conv[:3] + [conv[3]], tools=[WEATHER]))["messages"], "tools": model.chat_body(
-        CreateParams(input=conv[:1], tools=[WEATHER]))["tools"]})
+    _, naive = em.handle(
+        "POST",
+        "/tokenize",
+        {
+            "messages": model.chat_body(CreateParams(input=conv[:3] + [conv[3]], tools=[WEATHER]))["messages"],
+            "tools": model.chat_body(CreateParams(input=conv[:1], tools=[WEATHER]))["tools"],
+        },
+    )
     assert naive["tokens"][: len(prompts[0]) + len(gens[0])] != prompts[0] + gens[0]
     await model.aclose()
 
@@ -298,14 +320,24 @@ async def test_truncated_turn_gets_its_end_token_and_stays_contiguous(stub: Stub
 
 async def test_prompt_ids_come_from_tokenize_when_the_server_sends_none(stub: StubOpenAI) -> None:
     model = VLLMModel(cfg(stub))
-    _, plain = stub.emulator.handle("POST", "/v1/chat/completions", {
-        **model.chat_body(weather_params()), "return_token_ids": False})
+    _, plain = stub.emulator.handle(
+        "POST", "/v1/chat/completions", {**model.chat_body(weather_params()), "return_token_ids": False}
+    )
     stub.enqueue(StubReply(body=plain, path="/chat/completions"))
     r = await model.generate(weather_params())
     p, g, lp = fields(r.output[-1])
-    assert stub.paths()[-1] == "/tokenize" and p == stub.emulator.handle(
-        "POST", "/tokenize", {"messages": model.chat_body(weather_params())["messages"],
-                              "tools": model.chat_body(weather_params())["tools"]})[1]["tokens"]
+    assert (
+        stub.paths()[-1] == "/tokenize"
+        and p
+        == stub.emulator.handle(
+            "POST",
+            "/tokenize",
+            {
+                "messages": model.chat_body(weather_params())["messages"],
+                "tools": model.chat_body(weather_params())["tools"],
+            },
+        )[1]["tokens"]
+    )
     assert g and len(g) == len(lp)
     await model.aclose()
 
@@ -362,7 +394,9 @@ async def test_reasoning_items_both_ways(stub: StubOpenAI) -> None:
     conv = [*weather_params().input, *r.output, *parse_items("and tomorrow?")]
     await model.generate(CreateParams(input=conv))
     assert stub.bodies("/chat/completions")[-1]["messages"][2] == {
-        "role": "assistant", "content": "<think>via the parser</think>Cold."}
+        "role": "assistant",
+        "content": "<think>via the parser</think>Cold.",
+    }
     # ... or vLLM's reasoning field when the server runs a reasoning parser
     model2 = VLLMModel(cfg(stub, return_token_ids=False, reasoning_parser="deepseek_r1"))
     await model2.generate(CreateParams(input=conv))
@@ -389,8 +423,9 @@ async def test_token_in_tool_choice_becomes_structured_outputs(stub: StubOpenAI)
     conv = list(weather_params().input)
     r = await model.generate(CreateParams(input=conv, tools=[WEATHER]))
     conv += [*r.output, *parse_items("now sf")]
-    r = await model.generate(CreateParams(input=conv, tools=[WEATHER],
-                                          tool_choice={"type": "function", "name": "get_weather"}))
+    r = await model.generate(
+        CreateParams(input=conv, tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"})
+    )
     assert isinstance(r.output[-1], FunctionCall) and json.loads(r.output[-1].arguments) == {"city": "sf"}
     assert stub.bodies("/v1/completions")[-1]["structured_outputs"] == {"json": WEATHER["parameters"]}
     conv += [*r.output, FunctionCallOutput(call_id=r.output[-1].call_id, output="cold")]
@@ -426,8 +461,9 @@ async def test_429_and_5xx_are_retried_then_succeed(stub: StubOpenAI) -> None:
     assert stub.paths() == ["/v1/chat/completions"] * 3
     # a failing /tokenize inside a token-in attempt retries the whole attempt
     stub.fail(503, path="/tokenize")
-    r2 = await model.generate(CreateParams(input=[*weather_params().input, *r.output, *parse_items("ok?")],
-                                           tools=[WEATHER]))
+    r2 = await model.generate(
+        CreateParams(input=[*weather_params().input, *r.output, *parse_items("ok?")], tools=[WEATHER])
+    )
     assert isinstance(r2.output[-1].prompt_token_ids, list)  # type: ignore[union-attr]
     await model.aclose()
 
@@ -521,8 +557,11 @@ async def test_dead_replica_is_skipped() -> None:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     with StubOpenAI() as live:
-        model = VLLMModel(VLLMOptions(base_url=[dead, live.base_url], model="tiny",
-                                      max_retries=2, retry_backoff_s=0.001, timeout_s=2.0))
+        model = VLLMModel(
+            VLLMOptions(
+                base_url=[dead, live.base_url], model="tiny", max_retries=2, retry_backoff_s=0.001, timeout_s=2.0
+            )
+        )
         for k in range(4):
             r = await model.generate(weather_params(), rollout_key=f"r{k}")
             assert r.status == "completed"
@@ -551,8 +590,9 @@ class _FakeTokenizer:
         self.tok, self.render = TinyTokenizer(), render_chat
         self.eos_token_id = TinyTokenizer.EOS
 
-    def apply_chat_template(self, messages: Any, tools: Any = None, add_generation_prompt: bool = True,
-                            tokenize: bool = True, **kw: Any) -> Any:
+    def apply_chat_template(
+        self, messages: Any, tools: Any = None, add_generation_prompt: bool = True, tokenize: bool = True, **kw: Any
+    ) -> Any:
         text = self.render(messages, tools, add_generation_prompt=add_generation_prompt)
         return self.tok.encode(text) if tokenize else text
 
@@ -586,8 +626,12 @@ class _FakeEngine:
         if len(ids) > sp["max_tokens"]:
             ids, finish = ids[: sp["max_tokens"]], "length"
         lps = [{t: self.NS(logprob=-0.25 - 0.01 * i)} for i, t in enumerate(ids)]
-        out = self.NS(token_ids=ids, logprobs=lps if sp.get("logprobs") is not None else None,
-                      text=tok.decode(ids, skip_special_tokens=True), finish_reason=finish)
+        out = self.NS(
+            token_ids=ids,
+            logprobs=lps if sp.get("logprobs") is not None else None,
+            text=tok.decode(ids, skip_special_tokens=True),
+            finish_reason=finish,
+        )
         yield self.NS(prompt_token_ids=prompt["prompt_token_ids"], outputs=[out])
 
 
@@ -603,9 +647,19 @@ async def test_vllm_engine_adapter_with_a_fake_engine_is_token_contiguous() -> N
     call = r1.output[-1]
     assert isinstance(call, FunctionCall) and json.loads(call.arguments) == {"city": "sf"}
     # the first prompt is the chat template with tools: what vLLM's server renders
-    _, served = em.handle("POST", "/tokenize", {"messages": VLLMModel(cfg_for_engine()).chat_body(
-        weather_params())["messages"], "tools": [{"type": "function", "function": {
-            k: WEATHER[k] for k in ("name", "description", "parameters", "strict")}}]})
+    _, served = em.handle(
+        "POST",
+        "/tokenize",
+        {
+            "messages": VLLMModel(cfg_for_engine()).chat_body(weather_params())["messages"],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {k: WEATHER[k] for k in ("name", "description", "parameters", "strict")},
+                }
+            ],
+        },
+    )
     assert call.prompt_token_ids == served["tokens"]
     assert engine.calls[0][1]["temperature"] == 0.7 and engine.calls[0][1]["logprobs"] == 0
     conv += [*r1.output, FunctionCallOutput(call_id=call.call_id, output="cold")]
@@ -613,7 +667,8 @@ async def test_vllm_engine_adapter_with_a_fake_engine_is_token_contiguous() -> N
     assert [type(i) for i in r2.output] == [Reasoning, Message]
     p2, g2, lp2 = fields(r2.output[-1])
     assert p2[: len(call.prompt_token_ids) + len(call.generation_token_ids)] == (  # type: ignore[arg-type,operator]
-        call.prompt_token_ids + call.generation_token_ids)  # type: ignore[operator]
+        call.prompt_token_ids + call.generation_token_ids
+    )  # type: ignore[operator]
     assert len(g2) == len(lp2) and model._eos == EOS
     # a prompt that no longer fits: incomplete, the engine is not called
     n = len(engine.calls)
@@ -636,18 +691,30 @@ def _build_tiny_model(path: Path) -> None:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>", "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["what's it like in sf? It is cold in sf.", "the weather tool call user assistant"],
-                            trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
-                                                bos_token="<|im_start|>", unk_token="<|unk|>")
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(
+        ["what's it like in sf? It is cold in sf.", "the weather tool call user assistant"], trainer
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token="<|im_start|>", unk_token="<|unk|>"
+    )
     fast.chat_template = (VLLM / "tool_chat_template.jinja").read_text()
     fast.save_pretrained(path)
-    config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=1024, eos_token_id=fast.eos_token_id,
-                                      bos_token_id=fast.bos_token_id, pad_token_id=fast.pad_token_id)
+    config = transformers.LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=fast.bos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(path)
 
 
@@ -664,9 +731,13 @@ async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path, monke
     monkeypatch.delenv(KV_CACHE_ENV)
 
     _build_tiny_model(tmp_path / "tiny")
-    model = VLLMEngineModel(VLLMEngineOptions(model=str(tmp_path / "tiny"), return_token_ids=True,
-        engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32"},
-    ))
+    model = VLLMEngineModel(
+        VLLMEngineOptions(
+            model=str(tmp_path / "tiny"),
+            return_token_ids=True,
+            engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32"},
+        )
+    )
     try:
         import re
 
@@ -698,7 +769,8 @@ async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path, monke
 
 @pytest.mark.slow
 async def test_vllm_engine_on_cpu_that_cannot_start_says_what_to_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Asking for 99% of the node's memory: vLLM's worker refuses; the adapter's error is one line naming the options."""
     for module in ("vllm", "transformers", "tokenizers"):
@@ -710,10 +782,17 @@ async def test_vllm_engine_on_cpu_that_cannot_start_says_what_to_set(
     monkeypatch.delenv(KV_CACHE_ENV)  # a fixed KV-cache size would skip vLLM's free-memory check
 
     _build_tiny_model(tmp_path / "tiny")
-    model = VLLMEngineModel(VLLMEngineOptions(
-        model=str(tmp_path / "tiny"),
-        engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32", "gpu_memory_utilization": 0.99},
-    ))
+    model = VLLMEngineModel(
+        VLLMEngineOptions(
+            model=str(tmp_path / "tiny"),
+            engine_args={
+                "max_model_len": 1024,
+                "enforce_eager": True,
+                "dtype": "float32",
+                "gpu_memory_utilization": 0.99,
+            },
+        )
+    )
     with pytest.raises(ModelError) as exc:
         await model.generate(weather_params())
     text = str(exc.value)
@@ -751,13 +830,37 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
         port = s.getsockname()[1]
     log = open(tmp_path / "vllm.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "tiny"),
-         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-         "--dtype", "float32", "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-         "--chat-template", str(VLLM / "tool_chat_template.jinja")],
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-             "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"},
-        stdout=log, stderr=log,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(tmp_path / "tiny"),
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1024",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--chat-template",
+            str(VLLM / "tool_chat_template.jinja"),
+        ],
+        env={
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
+        },
+        stdout=log,
+        stderr=log,
     )
     try:
         deadline = time.monotonic() + 300
@@ -769,8 +872,15 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
             except OSError:
                 assert time.monotonic() < deadline, "vLLM server did not start in 300 s"
                 await anyio.sleep(1)
-        model = VLLMModel(VLLMOptions(base_url=f"http://127.0.0.1:{port}/v1", model="tiny",
-                                      return_token_ids=True, timeout_s=120, max_retries=1))
+        model = VLLMModel(
+            VLLMOptions(
+                base_url=f"http://127.0.0.1:{port}/v1",
+                model="tiny",
+                return_token_ids=True,
+                timeout_s=120,
+                max_retries=1,
+            )
+        )
 
         def steer(text: str) -> dict[str, Any]:
             return {"seed": 1, "structured_outputs": {"regex": re.escape(text)}}
@@ -784,8 +894,9 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
         prompts: list[list[int]] = []
         gens: list[list[int]] = []
         for extra in turns:
-            r = await model.generate(CreateParams(input=conv, tools=[WEATHER], max_output_tokens=96, extra=extra),
-                                     rollout_key="real:0:0")
+            r = await model.generate(
+                CreateParams(input=conv, tools=[WEATHER], max_output_tokens=96, extra=extra), rollout_key="real:0:0"
+            )
             p, g, lp = fields(r.output[-1])
             assert len(g) == len(lp) and all(x <= 0 for x in lp)
             if prompts:
@@ -793,8 +904,11 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
             prompts.append(p)
             gens.append(g)
             conv += r.output
-            conv += [FunctionCallOutput(call_id=i.call_id, output='{"weather": "cold"}')
-                     for i in r.output if isinstance(i, FunctionCall)]
+            conv += [
+                FunctionCallOutput(call_id=i.call_id, output='{"weather": "cold"}')
+                for i in r.output
+                if isinstance(i, FunctionCall)
+            ]
         calls = [i for i in conv if isinstance(i, FunctionCall)]
         assert [json.loads(c.arguments) for c in calls] == [{"city": "sf"}, {"city": "nyc"}]
         assert message_text(conv[-1]) == "It is cold in sf."  # type: ignore[arg-type]

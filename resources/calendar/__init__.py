@@ -181,7 +181,6 @@ def check_intermediate(text: str) -> str | None:
     return None
 
 
-
 # ------------------------------------------------------------------------ layouts
 
 
@@ -244,8 +243,7 @@ class Calendar(GymResource):
             return await super().verify(task, response)
         # No episode (re-verify, or another user source): grade the response's final answer.
         reward, reason = grade(last_item_text(response.output), self._expected(task))
-        return Verdict(reward=reward, fields={"terminated": True, "truncated": False,
-                                              "info": {"grade_reason": reason}})
+        return Verdict(reward=reward, fields={"terminated": True, "truncated": False, "info": {"grade_reason": reason}})
 
 
 __all__ = ["Calendar", "first_json_list", "grade", "interactive_row", "to_minutes"]

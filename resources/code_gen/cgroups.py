@@ -58,7 +58,7 @@ def _own_paths() -> dict[str, str]:
 
 def _join(mount: str, root: str, path: str) -> str:
     if root != "/" and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
+        path = path[len(root) :]
     return os.path.join(mount, path.lstrip("/"))
 
 

@@ -33,7 +33,6 @@ HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 # ----------------------------------------------------------------------------- the response
 
 
-
 def extract_code(text: str) -> str:
     """The lines between the last two lines that contain a code fence; "" with fewer than two.
 

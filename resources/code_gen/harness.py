@@ -54,8 +54,24 @@ from io import StringIO
 from types import ModuleType
 
 _FROM_IMPORTS = (
-    "string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
-    "statistics", "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing",
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+    "builtins",
+    "typing",
 )
 _IMPORTS = _FROM_IMPORTS[:16]  # every module above but builtins and typing, imported by name
 PRELUDE = (
@@ -86,7 +102,7 @@ def shorten(value, length=300):
     text = value if isinstance(value, str) else str(value)
     if len(text) <= length:
         return text
-    return text[: length // 2] + "...(truncated) ..." + text[-length // 2:]
+    return text[: length // 2] + "...(truncated) ..." + text[-length // 2 :]
 
 
 # ----------------------------------------------------------------------- program preparation
@@ -323,10 +339,14 @@ def call_with_input(function, inputs):
 def _error(channel, exc):
     """Report a test that raised: -3 for the per-test timer, else -4 with the traceback."""
     code = -3 if "timeoutexception" in repr(exc).lower() else -4
-    channel.send({
-        "kind": "error", "code": code, "error": repr(exc),
-        "traceback": None if code == -3 else traceback.format_exc(),
-    })
+    channel.send(
+        {
+            "kind": "error",
+            "code": code,
+            "error": repr(exc),
+            "traceback": None if code == -3 else traceback.format_exc(),
+        }
+    )
 
 
 def _prepare(channel, prepare):
@@ -382,7 +402,7 @@ def run_stdio(channel, job):
 # ----------------------------------------------------------------------- call results as plain data
 
 _MAX_DEPTH = 200
-_BIG_INT = 10 ** 4000  # past this an int travels as hex (decimal conversion of huge ints is limited)
+_BIG_INT = 10**4000  # past this an int travels as hex (decimal conversion of huge ints is limited)
 
 
 def encode(value, depth=0, seen=None):
@@ -420,9 +440,10 @@ def encode(value, depth=0, seen=None):
         if isinstance(value, tuple):
             return {"$": "tuple", "items": [encode(v, depth + 1, seen) for v in tuple.__iter__(value)]}
         if isinstance(value, dict):
-            return {"$": "dict", "items": [
-                [encode(k, depth + 1, seen), encode(v, depth + 1, seen)] for k, v in dict.items(value)
-            ]}
+            return {
+                "$": "dict",
+                "items": [[encode(k, depth + 1, seen), encode(v, depth + 1, seen)] for k, v in dict.items(value)],
+            }
         if isinstance(value, (set, frozenset)):
             kind = "frozenset" if isinstance(value, frozenset) else "set"
             return {"$": kind, "items": [encode(v, depth + 1, seen) for v in frozenset.__iter__(frozenset(value))]}
@@ -511,9 +532,32 @@ def guard():
     builtins.quit = None
     os.environ["OMP_NUM_THREADS"] = "1"
     for name in (
-        "kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork",
-        "forkpty", "killpg", "rename", "renames", "truncate", "replace", "unlink", "fchmod",
-        "fchown", "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir",
+        "kill",
+        "system",
+        "putenv",
+        "remove",
+        "removedirs",
+        "rmdir",
+        "fchdir",
+        "setuid",
+        "fork",
+        "forkpty",
+        "killpg",
+        "rename",
+        "renames",
+        "truncate",
+        "replace",
+        "unlink",
+        "fchmod",
+        "fchown",
+        "chmod",
+        "chown",
+        "chroot",
+        "lchflags",
+        "lchmod",
+        "lchown",
+        "getcwd",
+        "chdir",
     ):
         setattr(os, name, None)
     shutil.rmtree = None

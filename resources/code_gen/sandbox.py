@@ -140,20 +140,118 @@ PR_SET_KEEPCAPS, CAP_SETUID = 8, 7
 # file handles; acct, swapon/off, reboot.
 _SYSCALLS = {
     "x86_64": dict(
-        audit=0xC000003E, x32=True, socket=41, socketpair=53, clone=56, clone3=435, fork=[57, 58],
+        audit=0xC000003E,
+        x32=True,
+        socket=41,
+        socketpair=53,
+        clone=56,
+        clone3=435,
+        fork=[57, 58],
         net=[42, 49, 50, 43, 288],  # connect, bind, listen, accept, accept4
-        deny=[425, 426, 427, 105, 106, 113, 114, 116, 117, 119, 122, 123,
-              272, 308, 165, 166, 155, 161, 428, 429, 430, 431, 432, 433, 442,
-              250, 248, 249, 321, 298, 323, 101, 310, 311, 246, 320, 175, 313, 176, 303, 304,
-              163, 167, 168, 169],
+        deny=[
+            425,
+            426,
+            427,
+            105,
+            106,
+            113,
+            114,
+            116,
+            117,
+            119,
+            122,
+            123,
+            272,
+            308,
+            165,
+            166,
+            155,
+            161,
+            428,
+            429,
+            430,
+            431,
+            432,
+            433,
+            442,
+            250,
+            248,
+            249,
+            321,
+            298,
+            323,
+            101,
+            310,
+            311,
+            246,
+            320,
+            175,
+            313,
+            176,
+            303,
+            304,
+            163,
+            167,
+            168,
+            169,
+        ],
     ),
     "aarch64": dict(
-        audit=0xC00000B7, x32=False, socket=198, socketpair=199, clone=220, clone3=435, fork=[],
+        audit=0xC00000B7,
+        x32=False,
+        socket=198,
+        socketpair=199,
+        clone=220,
+        clone3=435,
+        fork=[],
         net=[203, 200, 201, 202, 242],
-        deny=[425, 426, 427, 143, 144, 145, 146, 147, 149, 151, 152, 159,
-              97, 268, 40, 39, 41, 51, 428, 429, 430, 431, 432, 433, 442,
-              219, 217, 218, 280, 241, 282, 117, 270, 271, 104, 294, 105, 273, 106, 264, 265,
-              89, 224, 225, 142],
+        deny=[
+            425,
+            426,
+            427,
+            143,
+            144,
+            145,
+            146,
+            147,
+            149,
+            151,
+            152,
+            159,
+            97,
+            268,
+            40,
+            39,
+            41,
+            51,
+            428,
+            429,
+            430,
+            431,
+            432,
+            433,
+            442,
+            219,
+            217,
+            218,
+            280,
+            241,
+            282,
+            117,
+            270,
+            271,
+            104,
+            294,
+            105,
+            273,
+            106,
+            264,
+            265,
+            89,
+            224,
+            225,
+            142,
+        ],
     ),
 }
 
@@ -236,7 +334,9 @@ def landlock_abi() -> int:
     """The Landlock ABI version the kernel offers, 0 when it has none."""
     if sys.platform != "linux":
         return 0
-    ret = _lib().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    ret = _lib().syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION)
+    )
     return int(ret) if ret > 0 else 0
 
 
@@ -267,8 +367,8 @@ def _apply_landlock(abi: int, read_paths: list[str], rw_dirs: list[str], dev_fil
         lib.syscall(SYS_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0)),
         "landlock_create_ruleset",
     )
-    file_only = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (LL_TRUNCATE if abi >= 3 else 0) | (
-        LL_IOCTL_DEV if abi >= 5 else 0
+    file_only = (
+        LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (LL_TRUNCATE if abi >= 3 else 0) | (LL_IOCTL_DEV if abi >= 5 else 0)
     )
 
     def add(path: str, rights: int) -> None:
@@ -280,7 +380,16 @@ def _apply_landlock(abi: int, read_paths: list[str], rw_dirs: list[str], dev_fil
             if not os.path.isdir(path):
                 rights &= file_only
             rule = ctypes.create_string_buffer(struct.pack("=Qi", rights & handled_fs, fd), 12)
-            _check(lib.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(rfd), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)), f"landlock_add_rule({path})")
+            _check(
+                lib.syscall(
+                    SYS_LANDLOCK_ADD_RULE,
+                    ctypes.c_int(rfd),
+                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                    rule,
+                    ctypes.c_uint32(0),
+                ),
+                f"landlock_add_rule({path})",
+            )
         finally:
             os.close(fd)
 
@@ -337,12 +446,19 @@ def _seccomp_program(single_process: bool = False) -> bytes | None:
         on(nr, [ret(eperm)])
     for nr in [arch["socket"], *arch["net"]]:
         on(nr, [ret(eacces)])
-    on(arch["socketpair"], [
-        load(16), (BPF_JEQ_K, 0, 5, AF_UNIX),
-        load(24), (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
-        (BPF_JEQ_K, 1, 0, SOCK_STREAM), (BPF_JEQ_K, 0, 1, SOCK_SEQPACKET),
-        ret(SECCOMP_RET_ALLOW), ret(eacces),
-    ])
+    on(
+        arch["socketpair"],
+        [
+            load(16),
+            (BPF_JEQ_K, 0, 5, AF_UNIX),
+            load(24),
+            (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+            (BPF_JEQ_K, 1, 0, SOCK_STREAM),
+            (BPF_JEQ_K, 0, 1, SOCK_SEQPACKET),
+            ret(SECCOMP_RET_ALLOW),
+            ret(eacces),
+        ],
+    )
     on(arch["clone3"], [ret(SECCOMP_RET_ERRNO | errno.ENOSYS)])
     clone = [load(16), (BPF_JSET_K, 0, 1, CLONE_NAMESPACES), ret(eperm)]
     if single_process:
@@ -495,8 +611,14 @@ def _read_only_paths() -> list[str]:
     paths.add(os.path.dirname(os.path.realpath(sys.executable)))
     paths |= {"/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin"}
     paths |= {
-        "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-        "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/mime.types",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/localtime",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/nsswitch.conf",
+        "/etc/mime.types",
     }
     return sorted(p for p in paths if p and p != "/")
 
@@ -969,9 +1091,7 @@ class _SessionContext:
             raise SandboxError(f"sandbox did not report its layers: {session.stderr[-2000:]}")
         session.layers = hello.get("layers") or {}
         if not hello.get("ok"):
-            raise SandboxError(
-                "sandbox unavailable: missing " + "; ".join(session.layers.get("missing") or ["?"])
-            )
+            raise SandboxError("sandbox unavailable: missing " + "; ".join(session.layers.get("missing") or ["?"]))
         return session
 
     async def __aexit__(self, *exc: Any) -> None:

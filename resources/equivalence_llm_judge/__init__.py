@@ -107,6 +107,7 @@ GOLD:
 CANDIDATE:
 {generated_answer}"""
 
+
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``resources.<name>.options`` in the config; defaults are NeMo Gym's shipped config."""
 

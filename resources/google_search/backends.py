@@ -238,7 +238,9 @@ class HttpBackend:
                 wait = _retry_after(resp.headers) or wait
                 continue
             if resp.status_code >= 400:
-                raise SearchError(f"{self.name} search answered HTTP {resp.status_code}: {self._scrub(resp.text[:300])}")
+                raise SearchError(
+                    f"{self.name} search answered HTTP {resp.status_code}: {self._scrub(resp.text[:300])}"
+                )
             try:
                 body = json.loads(resp.text)
             except ValueError:

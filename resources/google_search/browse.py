@@ -53,7 +53,9 @@ async def _check_host(url: str, allow_private: bool) -> None:
     if allow_private:
         return
     try:
-        infos = await anyio.getaddrinfo(host, parts.port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
+        infos = await anyio.getaddrinfo(
+            host, parts.port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM
+        )
     except OSError as e:
         raise BrowseError(f"cannot resolve {host}: {e}") from None
     for info in infos:

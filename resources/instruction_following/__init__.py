@@ -58,7 +58,6 @@ def verifier_metadata(row: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-
 def grade(meta: dict[str, Any], text: str) -> tuple[float, bool, list[bool]]:
     """(reward, follow_all_instructions, follow_instruction_list). CPU-bound: run it off the event loop."""
     followed = follow_list(meta["instruction_id_list"], meta["kwargs"], text)
@@ -89,7 +88,9 @@ class InstructionFollowing(Resource):
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         meta = verifier_metadata(task)
         timeout = float(self.options.get("timeout_s", 30.0))
-        reward, all_followed, followed = await run_in_process(grade, meta, last_item_text(response.output), timeout=timeout)
+        reward, all_followed, followed = await run_in_process(
+            grade, meta, last_item_text(response.output), timeout=timeout
+        )
         return Verdict(
             reward=reward,
             fields={"follow_all_instructions": all_followed, "follow_instruction_list": followed},

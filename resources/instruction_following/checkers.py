@@ -44,11 +44,36 @@ __all__ = [
 
 RELATIONS = ("less than", "at least")
 LANGUAGE_CODES = {
-    "en": "English", "es": "Spanish", "pt": "Portuguese", "ar": "Arabic", "hi": "Hindi", "fr": "French",
-    "ru": "Russian", "de": "German", "ja": "Japanese", "it": "Italian", "bn": "Bengali", "uk": "Ukrainian",
-    "th": "Thai", "ur": "Urdu", "ta": "Tamil", "te": "Telugu", "bg": "Bulgarian", "ko": "Korean",
-    "pl": "Polish", "he": "Hebrew", "fa": "Persian", "vi": "Vietnamese", "ne": "Nepali", "sw": "Swahili",
-    "kn": "Kannada", "mr": "Marathi", "gu": "Gujarati", "pa": "Punjabi", "ml": "Malayalam", "fi": "Finnish",
+    "en": "English",
+    "es": "Spanish",
+    "pt": "Portuguese",
+    "ar": "Arabic",
+    "hi": "Hindi",
+    "fr": "French",
+    "ru": "Russian",
+    "de": "German",
+    "ja": "Japanese",
+    "it": "Italian",
+    "bn": "Bengali",
+    "uk": "Ukrainian",
+    "th": "Thai",
+    "ur": "Urdu",
+    "ta": "Tamil",
+    "te": "Telugu",
+    "bg": "Bulgarian",
+    "ko": "Korean",
+    "pl": "Polish",
+    "he": "Hebrew",
+    "fa": "Persian",
+    "vi": "Vietnamese",
+    "ne": "Nepali",
+    "sw": "Swahili",
+    "kn": "Kannada",
+    "mr": "Marathi",
+    "gu": "Gujarati",
+    "pa": "Punjabi",
+    "ml": "Malayalam",
+    "fi": "Finnish",
 }
 CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
@@ -393,7 +418,7 @@ def copy_verbatim(text: str, *, prompt_to_repeat: Any = None) -> bool:
 
 def copy_span_idx(text: str, *, prompt_to_repeat: Any = None, n_start: Any = None, n_end: Any = None) -> bool:
     prompt = _need(prompt_to_repeat, "prompt_to_repeat", falsy=True)
-    span = prompt[_need(n_start, "n_start"):_need(n_end, "n_end")]
+    span = prompt[_need(n_start, "n_start") : _need(n_end, "n_end")]
     return text.strip().lower() == span.strip().lower()
 
 
@@ -532,8 +557,7 @@ def count_increment_word(text: str, *, keyword1: Any = None, keyword2: Any = Non
     once = _need(keyword1, "keyword1", falsy=True).strip()
     twice = _need(keyword2, "keyword2", falsy=True).strip()
     return (
-        len(re.findall(once, text, flags=re.IGNORECASE)) == 1
-        and len(re.findall(twice, text, flags=re.IGNORECASE)) == 2
+        len(re.findall(once, text, flags=re.IGNORECASE)) == 1 and len(re.findall(twice, text, flags=re.IGNORECASE)) == 2
     )
 
 

@@ -66,6 +66,7 @@ NOT_EQUAL_LABEL = "[[A!=B]]"
 WORKER_START_ALLOWANCE_S = 30.0
 TIMEOUT_EXIT_CODE = 124  # a worker process that ran past the deadline exits with this
 
+
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``resources.<name>.options`` in the config; defaults are NeMo Gym's shipped config."""
 
@@ -101,8 +102,8 @@ def strip_math_delimiters(s: str) -> str:
     return s
 
 
-
 # --------------------------------------------------------------- worker process side
+
 
 def _watchdog(deadline_s: float) -> threading.Event:
     """Exit this (worker) process unless the returned event is set within ``deadline_s`` seconds."""
@@ -234,8 +235,13 @@ class MathWithJudge(Resource):
         timeout = self._opts.library_verifier_timeout_seconds
         try:
             return await run_in_process(
-                library_verify, expected_answer, generated, timeout, self._opts.math_verify_timeout_seconds,
-                timeout=timeout + WORKER_START_ALLOWANCE_S, limiter=self._process_limiter(),
+                library_verify,
+                expected_answer,
+                generated,
+                timeout,
+                self._opts.math_verify_timeout_seconds,
+                timeout=timeout + WORKER_START_ALLOWANCE_S,
+                limiter=self._process_limiter(),
             )
         except TimeoutError:
             return 0.0, None
@@ -252,7 +258,10 @@ class MathWithJudge(Resource):
         base = {k: v for k, v in opts.judge_responses_create_params.items() if k != "input"}
         params: CreateParams = create_params({**base, "input": messages})
         response = await self.models.generate(params, model=opts.judge_model)
-        record = {"responses_create_params": recorded_create_params({**base, "input": messages}), "response": msgspec.to_builtins(response)}
+        record = {
+            "responses_create_params": recorded_create_params({**base, "input": messages}),
+            "response": msgspec.to_builtins(response),
+        }
         return judge_says_equal(response), record
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:

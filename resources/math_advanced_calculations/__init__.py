@@ -95,8 +95,7 @@ def return_constant(a):
 
 
 _CALCULATORS: dict[str, Callable[..., Any]] = {
-    f.__name__: f
-    for f in (multiply, divide, add, sin, cos, subtract, power, log, pi, negate, return_constant)
+    f.__name__: f for f in (multiply, divide, add, sin, cos, subtract, power, log, pi, negate, return_constant)
 }
 # The argument names NeMo Gym's request model knows; other keys are dropped unseen.
 _REQUEST_FIELDS = ("a", "b", "radians", "base")

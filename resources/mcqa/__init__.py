@@ -65,13 +65,24 @@ _LIST_SEPARATOR = re.compile(r"(?:\s*[/|&,;]\s*|\s+(?:or|and)\s+|\s+)", re.I)
 _BOX = "\\boxed{"
 # Answer letters written in other scripts, read as A-D (the template regexes are case-insensitive).
 _FOREIGN_LETTERS = str.maketrans(
-    {"أ": " A", "ب": " B", "ج": " C", "د": " D", "অ": " A", "ব": " B", "ড": " C", "ঢ": " D",
-     "Ａ": " A", "Ｂ": " B", "Ｃ": " C", "Ｄ": " D"}
+    {
+        "أ": " A",
+        "ب": " B",
+        "ج": " C",
+        "د": " D",
+        "অ": " A",
+        "ব": " B",
+        "ড": " C",
+        "ঢ": " D",
+        "Ａ": " A",
+        "Ｂ": " B",
+        "Ｃ": " C",
+        "Ｄ": " D",
+    }
 )
 
 
 # ------------------------------------------------------------------ helpers
-
 
 
 def option_letters(options: list[dict[str, str | None]] | None) -> set[str]:
@@ -112,7 +123,7 @@ def last_box(text: str) -> str | None:
             depth += 1
         elif ch == "}":
             if depth == 0:
-                return text[start + len(_BOX):i]
+                return text[start + len(_BOX) : i]
             depth -= 1
     return None
 
@@ -176,7 +187,7 @@ def _lists_several_choices(text: str, letters: set[str]) -> bool:
     """True when distinct option letters are written as a list ("A or B", "A, C")."""
     found = [(m.group(1).upper(), m.span(1)) for m in _LONE_LETTER.finditer(text) if m.group(1).upper() in letters]
     return any(
-        a != b and _LIST_SEPARATOR.fullmatch(text[sa[1]:sb[0]]) is not None
+        a != b and _LIST_SEPARATOR.fullmatch(text[sa[1] : sb[0]]) is not None
         for (a, sa), (b, sb) in zip(found, found[1:], strict=False)
     )
 
@@ -204,7 +215,7 @@ def answer_colon_md(text: str, letters: set[str], prefix: str | None) -> str | N
         pat = re.compile(re.escape(unicodedata.normalize("NFKC", prefix)) + r"\s*", re.IGNORECASE)
         for m in pat.finditer(text):
             end = text.find("\n", m.end())
-            found.append((m.start(), text[m.end():end if end >= 0 else len(text)]))
+            found.append((m.start(), text[m.end() : end if end >= 0 else len(text)]))
     found.sort(key=lambda f: f[0])
     for _, payload in reversed(found):
         if (letter := _choice_letter(payload, letters)) is not None:

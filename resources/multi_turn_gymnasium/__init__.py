@@ -40,7 +40,6 @@ def _task_field(task: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
-
 def answer_reward(task: dict[str, Any], text: str) -> float:
     expected = _task_field(task, "expected_answer", "") or ""
     return 1.0 if expected and str(expected).lower() in text.lower() else 0.0

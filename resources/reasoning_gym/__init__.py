@@ -38,7 +38,6 @@ _BOXED = re.compile(r"\\boxed\{(.+)\}", re.DOTALL)
 _FRAC = re.compile(r"\\frac\{([^}]+)\}\{([^}]+)\}")
 
 
-
 def _balanced_prefix(s: str) -> str:
     """``s`` up to its first closing brace that has no opening partner."""
     depth = 0

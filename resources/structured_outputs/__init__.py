@@ -198,7 +198,6 @@ def evaluate_object(schema_str: str, instance: Any) -> Outcome:
 # ------------------------------------------------------------------ response reading
 
 
-
 def _error_repr(error: dict[str, Any]) -> str:
     """An API error the way the OpenAI SDK prints ``ResponseError``."""
     keys = [k for k in ("code", "message") if k in error] + [k for k in error if k not in ("code", "message")]

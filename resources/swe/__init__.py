@@ -69,15 +69,25 @@ class SWEOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 def make_backend(opts: SWEOptions) -> Backend:
     if opts.backend == "local":
         return LocalBackend(
-            max_parallel=opts.max_parallel, wall_s=opts.lifetime_s, memory_bytes=opts.memory_bytes,
-            disk_bytes=opts.disk_bytes, max_output=4 * opts.max_output_chars,
+            max_parallel=opts.max_parallel,
+            wall_s=opts.lifetime_s,
+            memory_bytes=opts.memory_bytes,
+            disk_bytes=opts.disk_bytes,
+            max_output=4 * opts.max_output_chars,
         )
     cmds = ContainerCommands(
-        engine=opts.backend, binary=opts.engine_binary, flavour=opts.flavour, network=opts.network,
-        memory=opts.memory, cpus=opts.cpus, shell_setup=opts.shell_setup, sif_template=opts.sif_template,
+        engine=opts.backend,
+        binary=opts.engine_binary,
+        flavour=opts.flavour,
+        network=opts.network,
+        memory=opts.memory,
+        cpus=opts.cpus,
+        shell_setup=opts.shell_setup,
+        sif_template=opts.sif_template,
     )
-    return ContainerBackend(cmds, lifetime_s=opts.lifetime_s, start_timeout_s=opts.start_timeout_s,
-                            max_output=4 * opts.max_output_chars)
+    return ContainerBackend(
+        cmds, lifetime_s=opts.lifetime_s, start_timeout_s=opts.start_timeout_s, max_output=4 * opts.max_output_chars
+    )
 
 
 def format_observation(res: CommandResult, max_chars: int, timeout_s: float) -> str:
@@ -148,8 +158,10 @@ class SWE(Resource):
             self.env = await self.backend().start(self.task)
         return self.env
 
-    @tool(description="Run a bash command in the repository (the working directory). Each command runs in a new "
-                      "shell. To finish, run `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.")
+    @tool(
+        description="Run a bash command in the repository (the working directory). Each command runs in a new "
+        "shell. To finish, run `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."
+    )
     async def bash(self, command: Annotated[str, msgspec.Meta(description="The bash command to run")]) -> str:
         if not command.strip():
             raise ToolArgumentsError("the command is empty")
@@ -174,8 +186,9 @@ class SWE(Resource):
         except EnvironmentError_:
             patch = ""
         await self.close()  # free the slot before grading in a fresh environment
-        report = await grade(self.backend(), task, patch, timeout_s=self._opts.eval_timeout_s,
-                             test_command=self._opts.test_command)
+        report = await grade(
+            self.backend(), task, patch, timeout_s=self._opts.eval_timeout_s, test_command=self._opts.test_command
+        )
         fields = {"instance_id": task.get("instance_id"), "model_patch": patch, **report.fields()}
         return Verdict(reward=1.0 if report.resolved else 0.0, fields=fields)
 

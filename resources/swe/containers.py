@@ -95,17 +95,43 @@ class ContainerCommands:
         life = str(max(1, int(lifetime_s)))
         if self.is_apptainer:
             # instances have no --rm: they are stopped by name (remove) or by reap_orphans
-            argv = [self.binary, "instance", "start", "--containall", "--cleanenv", "--writable-tmpfs", "--pwd", WORKDIR]
+            argv = [
+                self.binary,
+                "instance",
+                "start",
+                "--containall",
+                "--cleanenv",
+                "--writable-tmpfs",
+                "--pwd",
+                WORKDIR,
+            ]
             if self.network == "none":
                 argv += ["--net", "--network", "none"]
             return [*argv, *self.extra_run_args, self.image(task), name]
         argv = [
-            self.binary, "run", "-d", "--rm", "--name", name,
-            "--label", f"{OWNER_LABEL}={owner_label()}",
-            "--network", self.network, "--memory", self.memory, "--cpus", self.cpus,
-            "--pids-limit", str(self.pids_limit), "-w", WORKDIR,
+            self.binary,
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            name,
+            "--label",
+            f"{OWNER_LABEL}={owner_label()}",
+            "--network",
+            self.network,
+            "--memory",
+            self.memory,
+            "--cpus",
+            self.cpus,
+            "--pids-limit",
+            str(self.pids_limit),
+            "-w",
+            WORKDIR,
             *self.extra_run_args,
-            "--entrypoint", "sleep", self.image(task), life,
+            "--entrypoint",
+            "sleep",
+            self.image(task),
+            life,
         ]
         return argv
 
@@ -121,7 +147,7 @@ class ContainerCommands:
     def write(self, name: str, path: str) -> list[str]:
         """Write stdin to ``path`` (relative to the repository) inside the container."""
         target = shlex.quote(path if path.startswith("/") else f"{WORKDIR}/{path}")
-        script = f"mkdir -p \"$(dirname {target})\" && cat > {target}"
+        script = f'mkdir -p "$(dirname {target})" && cat > {target}'
         if self.is_apptainer:
             return [self.binary, "exec", f"instance://{name}", "sh", "-c", script]
         return [self.binary, "exec", "-i", name, "sh", "-c", script]
@@ -134,8 +160,15 @@ class ContainerCommands:
     def list_owned(self) -> list[str]:
         if self.is_apptainer:
             return [self.binary, "instance", "list"]
-        return [self.binary, "ps", "-a", "--filter", f"label={OWNER_LABEL}",
-                "--format", "{{.Names}} {{.Label \"" + OWNER_LABEL + "\"}}"]
+        return [
+            self.binary,
+            "ps",
+            "-a",
+            "--filter",
+            f"label={OWNER_LABEL}",
+            "--format",
+            '{{.Names}} {{.Label "' + OWNER_LABEL + '"}}',
+        ]
 
     def orphans(self, listing: str, host: str | None = None) -> list[str]:
         """Names in a ``list_owned`` listing whose owner process on this host is gone."""

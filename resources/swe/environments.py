@@ -107,7 +107,9 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, *, max_parallel: int, wall_s: float, memory_bytes: int, disk_bytes: int, max_output: int) -> None:
+    def __init__(
+        self, *, max_parallel: int, wall_s: float, memory_bytes: int, disk_bytes: int, max_output: int
+    ) -> None:
         from gym_runtime.resources.code_gen.sandbox import Limits, SandboxRunner
 
         self.runner = SandboxRunner(max_parallel)
@@ -119,7 +121,9 @@ class LocalBackend:
 
         files = task.get("repo_files")
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-            raise ValueError("the local backend needs the row's repo_files: {path: text} (the repository at its base commit)")
+            raise ValueError(
+                "the local backend needs the row's repo_files: {path: text} (the repository at its base commit)"
+            )
         ctx = self.runner.session(PAYLOAD, self.limits)
         try:
             session = await ctx.__aenter__()
@@ -142,8 +146,11 @@ async def _exec(argv: list[str], *, stdin: bytes | None = None, timeout_s: float
     import subprocess
 
     proc = await anyio.open_process(
-        argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     out = bytearray()
     truncated = timed_out = False
@@ -180,7 +187,9 @@ class ContainerEnvironment:
         if self.closed:
             raise EnvironmentError_("the environment is closed")
         # the in-container `timeout` kills the command there too; the host side gets a little longer
-        return await _exec(self.cmds.exec(self.name, command, timeout_s), timeout_s=timeout_s + 10, max_output=self.max_output)
+        return await _exec(
+            self.cmds.exec(self.name, command, timeout_s), timeout_s=timeout_s + 10, max_output=self.max_output
+        )
 
     async def write(self, path: str, text: str) -> None:
         res = await _exec(self.cmds.write(self.name, path), stdin=text.encode(), timeout_s=120, max_output=65536)
@@ -208,9 +217,13 @@ class ContainerBackend:
         name = self.cmds.new_name()
         env = ContainerEnvironment(self.cmds, name, self.max_output)
         try:
-            res = await _exec(self.cmds.start(name, task, self.lifetime_s), timeout_s=self.start_timeout_s, max_output=65536)
+            res = await _exec(
+                self.cmds.start(name, task, self.lifetime_s), timeout_s=self.start_timeout_s, max_output=65536
+            )
             if res.returncode != 0:
-                raise EnvironmentError_(f"{self.cmds.engine} could not start {self.cmds.image(task)}: {res.output[-1000:]}")
+                raise EnvironmentError_(
+                    f"{self.cmds.engine} could not start {self.cmds.image(task)}: {res.output[-1000:]}"
+                )
         except BaseException:
             await env.close()  # also after a timeout or cancellation mid-start
             raise
@@ -228,5 +241,11 @@ class ContainerBackend:
 
 
 __all__ = [
-    "Backend", "CommandResult", "ContainerBackend", "Environment", "EnvironmentError_", "LocalBackend", "owner_label",
+    "Backend",
+    "CommandResult",
+    "ContainerBackend",
+    "Environment",
+    "EnvironmentError_",
+    "LocalBackend",
+    "owner_label",
 ]

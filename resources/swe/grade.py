@@ -46,9 +46,7 @@ async def _grade_all(rows: list[dict[str, Any]], field: str, options: dict[str, 
             continue
         report = await grade(SWE.backend(), row, patch, timeout_s=opts.eval_timeout_s, test_command=opts.test_command)
         st = report.tests_status
-        counts = " ".join(
-            f"{k} {len(v['success'])}/{len(v['success']) + len(v['failure'])}" for k, v in st.items()
-        )
+        counts = " ".join(f"{k} {len(v['success'])}/{len(v['success']) + len(v['failure'])}" for k, v in st.items())
         verdict = "resolved" if report.resolved else "UNRESOLVED"
         print(f"{row.get('instance_id', '?')}: {verdict} {counts}{' ' + report.error if report.error else ''}")
         resolved += report.resolved

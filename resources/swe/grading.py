@@ -100,7 +100,9 @@ async def grade(
         for key, tests in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
             ok_ids = [t for t in tests if status.get(t) in PASSING]
             report.tests_status[key] = {"success": ok_ids, "failure": [t for t in tests if t not in ok_ids]}
-        report.resolved = not res.timed_out and all(not v["failure"] for v in report.tests_status.values()) and bool(ids)
+        report.resolved = (
+            not res.timed_out and all(not v["failure"] for v in report.tests_status.values()) and bool(ids)
+        )
         return report
     finally:
         await env.close()

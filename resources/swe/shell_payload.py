@@ -62,8 +62,13 @@ def _kill_group(pgid):
 
 def _run(root, env, command, timeout, max_output):
     proc = subprocess.Popen(
-        ["bash", "-p", "-c", command], cwd=root, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        ["bash", "-p", "-c", command],
+        cwd=root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     out = bytearray()
     truncated = timed_out = False

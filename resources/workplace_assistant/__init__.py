@@ -69,8 +69,11 @@ def _arguments(name: str, arguments: str | bytes) -> dict[str, Any]:
 
 # NeMo Gym's tool classes; a TypeError names the method as ``EmailTool.send_email()``.
 _TOOL_CLASSES = {
-    "company_directory": "CompanyDirectoryTool", "email": "EmailTool", "calendar": "CalendarTool",
-    "analytics": "AnalyticsTool", "project_management": "ProjectManagementTool",
+    "company_directory": "CompanyDirectoryTool",
+    "email": "EmailTool",
+    "calendar": "CalendarTool",
+    "analytics": "AnalyticsTool",
+    "project_management": "ProjectManagementTool",
     "customer_relationship_manager": "CustomerRelationshipManagerTool",
 }
 
@@ -78,7 +81,7 @@ _TOOL_CLASSES = {
 def _as_nemo_gym_names(message: str, name: str) -> str:
     for prefix, cls in _TOOL_CLASSES.items():
         if name.startswith(prefix + "_"):
-            return message.replace(f"Workbench.{name}()", f"{cls}.{name[len(prefix) + 1:]}()")
+            return message.replace(f"Workbench.{name}()", f"{cls}.{name[len(prefix) + 1 :]}()")
     return message
 
 
@@ -139,7 +142,10 @@ class WorkplaceAssistant(Resource):
         predicted = self.bench
         if predicted is None:  # never seeded: rebuild the state from the response, as NeMo Gym's verify does
             predicted = Workbench()
-            run_calls(predicted, [{"name": i.name, "arguments": i.arguments} for i in response.output if isinstance(i, FunctionCall)])
+            run_calls(
+                predicted,
+                [{"name": i.name, "arguments": i.arguments} for i in response.output if isinstance(i, FunctionCall)],
+            )
         reference = Workbench()
         ground_truth = task["ground_truth"]
         run_calls(reference, ground_truth if isinstance(ground_truth, list) else [])
@@ -159,10 +165,17 @@ class WorkplaceAssistant(Resource):
 
     @tool
     async def email_search_emails(
-        self, query: str = "", date_min: str | None = None, date_max: str | None = None, page: int = 1, page_size: int = 5
+        self,
+        query: str = "",
+        date_min: str | None = None,
+        date_max: str | None = None,
+        page: int = 1,
+        page_size: int = 5,
     ) -> Any:
         """Searches for emails matching the given query across subject, body, or sender fields. The function matches an email if all words in the query appear in any of these fields."""
-        return await self._run("email_search_emails", query=query, date_min=date_min, date_max=date_max, page=page, page_size=page_size)
+        return await self._run(
+            "email_search_emails", query=query, date_min=date_min, date_max=date_max, page=page, page_size=page_size
+        )
 
     @tool
     async def email_send_email(self, recipient: str, subject: str, body: str) -> Any:
@@ -191,17 +204,29 @@ class WorkplaceAssistant(Resource):
 
     @tool
     async def calendar_search_events(
-        self, query: str = "", time_min: str | None = None, time_max: str | None = None, page: int = 1, page_size: int = 5
+        self,
+        query: str = "",
+        time_min: str | None = None,
+        time_max: str | None = None,
+        page: int = 1,
+        page_size: int = 5,
     ) -> Any:
         """Returns the events for a given query with pagination support."""
-        return await self._run("calendar_search_events", query=query, time_min=time_min, time_max=time_max, page=page, page_size=page_size)
+        return await self._run(
+            "calendar_search_events", query=query, time_min=time_min, time_max=time_max, page=page, page_size=page_size
+        )
 
     @tool
-    async def calendar_create_event(self, event_name: str, participant_email: str, event_start: str, duration: str) -> Any:
+    async def calendar_create_event(
+        self, event_name: str, participant_email: str, event_start: str, duration: str
+    ) -> Any:
         """Creates a new event."""
         return await self._run(
-            "calendar_create_event", event_name=event_name, participant_email=participant_email,
-            event_start=event_start, duration=duration,
+            "calendar_create_event",
+            event_name=event_name,
+            participant_email=participant_email,
+            event_start=event_start,
+            duration=duration,
         )
 
     @tool
@@ -223,7 +248,11 @@ class WorkplaceAssistant(Resource):
     async def analytics_create_plot(self, time_min: str, time_max: str, value_to_plot: str, plot_type: str) -> Any:
         """Plots the analytics data for a given time range and value."""
         return await self._run(
-            "analytics_create_plot", time_min=time_min, time_max=time_max, value_to_plot=value_to_plot, plot_type=plot_type
+            "analytics_create_plot",
+            time_min=time_min,
+            time_max=time_max,
+            value_to_plot=value_to_plot,
+            plot_type=plot_type,
         )
 
     @tool
@@ -241,10 +270,14 @@ class WorkplaceAssistant(Resource):
         self, time_min: str | None = None, time_max: str | None = None, traffic_source: str | None = None
     ) -> Any:
         """Returns the number of visits from a specific traffic source within a specified time range."""
-        return await self._run("analytics_traffic_source_count", time_min=time_min, time_max=time_max, traffic_source=traffic_source)
+        return await self._run(
+            "analytics_traffic_source_count", time_min=time_min, time_max=time_max, traffic_source=traffic_source
+        )
 
     @tool
-    async def analytics_get_average_session_duration(self, time_min: str | None = None, time_max: str | None = None) -> Any:
+    async def analytics_get_average_session_duration(
+        self, time_min: str | None = None, time_max: str | None = None
+    ) -> Any:
         """Returns the average session duration within a specified time range."""
         return await self._run("analytics_get_average_session_duration", time_min=time_min, time_max=time_max)
 
@@ -255,13 +288,21 @@ class WorkplaceAssistant(Resource):
 
     @tool
     async def project_management_search_tasks(
-        self, task_name: str | None = None, assigned_to_email: str | None = None, list_name: str | None = None,
-        due_date: str | None = None, board: str | None = None,
+        self,
+        task_name: str | None = None,
+        assigned_to_email: str | None = None,
+        list_name: str | None = None,
+        due_date: str | None = None,
+        board: str | None = None,
     ) -> Any:
         """Searches for tasks based on the given parameters."""
         return await self._run(
-            "project_management_search_tasks", task_name=task_name, assigned_to_email=assigned_to_email,
-            list_name=list_name, due_date=due_date, board=board,
+            "project_management_search_tasks",
+            task_name=task_name,
+            assigned_to_email=assigned_to_email,
+            list_name=list_name,
+            due_date=due_date,
+            board=board,
         )
 
     @tool
@@ -270,8 +311,12 @@ class WorkplaceAssistant(Resource):
     ) -> Any:
         """Creates a new task."""
         return await self._run(
-            "project_management_create_task", task_name=task_name, assigned_to_email=assigned_to_email,
-            list_name=list_name, due_date=due_date, board=board,
+            "project_management_create_task",
+            task_name=task_name,
+            assigned_to_email=assigned_to_email,
+            list_name=list_name,
+            due_date=due_date,
+            board=board,
         )
 
     @tool
@@ -286,35 +331,67 @@ class WorkplaceAssistant(Resource):
 
     @tool
     async def customer_relationship_manager_search_customers(
-        self, customer_name: str | None = None, customer_email: str | None = None, product_interest: str | None = None,
-        status: str | None = None, assigned_to_email: str | None = None, last_contact_date_min: str | None = None,
-        last_contact_date_max: str | None = None, follow_up_by_min: str | None = None, follow_up_by_max: str | None = None,
-        page: int = 1, page_size: int = 5,
+        self,
+        customer_name: str | None = None,
+        customer_email: str | None = None,
+        product_interest: str | None = None,
+        status: str | None = None,
+        assigned_to_email: str | None = None,
+        last_contact_date_min: str | None = None,
+        last_contact_date_max: str | None = None,
+        follow_up_by_min: str | None = None,
+        follow_up_by_max: str | None = None,
+        page: int = 1,
+        page_size: int = 5,
     ) -> Any:
         """Searches for customers based on the given parameters with pagination support."""
         return await self._run(
-            "customer_relationship_manager_search_customers", customer_name=customer_name, customer_email=customer_email,
-            product_interest=product_interest, status=status, assigned_to_email=assigned_to_email,
-            last_contact_date_min=last_contact_date_min, last_contact_date_max=last_contact_date_max,
-            follow_up_by_min=follow_up_by_min, follow_up_by_max=follow_up_by_max, page=page, page_size=page_size,
+            "customer_relationship_manager_search_customers",
+            customer_name=customer_name,
+            customer_email=customer_email,
+            product_interest=product_interest,
+            status=status,
+            assigned_to_email=assigned_to_email,
+            last_contact_date_min=last_contact_date_min,
+            last_contact_date_max=last_contact_date_max,
+            follow_up_by_min=follow_up_by_min,
+            follow_up_by_max=follow_up_by_max,
+            page=page,
+            page_size=page_size,
         )
 
     @tool
     async def customer_relationship_manager_update_customer(self, customer_id: str, field: str, new_value: str) -> Any:
         """Updates a customer record by ID."""
-        return await self._run("customer_relationship_manager_update_customer", customer_id=customer_id, field=field, new_value=new_value)
+        return await self._run(
+            "customer_relationship_manager_update_customer", customer_id=customer_id, field=field, new_value=new_value
+        )
 
     @tool
     async def customer_relationship_manager_add_customer(
-        self, customer_name: str, assigned_to_email: str, status: str, customer_email: str | None = None,
-        customer_phone: str | None = None, last_contact_date: str | None = None, product_interest: str | None = None,
-        notes: str = "", follow_up_by: str | None = None,
+        self,
+        customer_name: str,
+        assigned_to_email: str,
+        status: str,
+        customer_email: str | None = None,
+        customer_phone: str | None = None,
+        last_contact_date: str | None = None,
+        product_interest: str | None = None,
+        notes: str = "",
+        follow_up_by: str | None = None,
     ) -> Any:
         """Adds a new customer record."""
         return await self._run(
-            "customer_relationship_manager_add_customer", customer_name=customer_name, assigned_to_email=assigned_to_email,
-            status=status, customer_email=customer_email, customer_phone=customer_phone, last_contact_date=last_contact_date,
-            product_interest=product_interest, notes=notes, follow_up_by=follow_up_by,
+            "customer_relationship_manager_add_customer",
+            customer_name=customer_name,
+            assigned_to_email=assigned_to_email,
+            status=status,
+            customer_email=customer_email,
+            customer_phone=customer_phone,
+            last_contact_date=last_contact_date,
+            product_interest=product_interest,
+            notes=notes,
+            follow_up_by=follow_up_by,
         )
 
     @tool

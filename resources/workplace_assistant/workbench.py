@@ -29,8 +29,13 @@ CURRENT_TIME = pd.to_datetime("2023-11-30T23:59:00")
 CASE_SENSITIVE = frozenset({"status", "list_name", "board"})
 
 PLOT_VALUES = (
-    "total_visits", "session_duration_seconds", "user_engaged", "visits_direct",
-    "visits_referral", "visits_search_engine", "visits_social_media",
+    "total_visits",
+    "session_duration_seconds",
+    "user_engaged",
+    "visits_direct",
+    "visits_referral",
+    "visits_search_engine",
+    "visits_social_media",
 )
 PLOT_TYPES = ("bar", "line", "scatter", "histogram")
 EVENT_FIELDS = ("event_id", "event_name", "participant_email", "event_start", "duration")
@@ -45,16 +50,23 @@ CRM_FIELDS_MSG = (
 EMAIL_PATTERN = r"^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$"
 
 # Operations that only read; the others change the compared state.
-READ_ONLY = frozenset({
-    "company_directory_find_email_address",
-    "email_get_email_information_by_id", "email_search_emails",
-    "calendar_get_event_information_by_id", "calendar_search_events",
-    "analytics_get_visitor_information_by_id", "analytics_total_visits_count",
-    "analytics_engaged_users_count", "analytics_traffic_source_count",
-    "analytics_get_average_session_duration",
-    "project_management_get_task_information_by_id", "project_management_search_tasks",
-    "customer_relationship_manager_search_customers",
-})
+READ_ONLY = frozenset(
+    {
+        "company_directory_find_email_address",
+        "email_get_email_information_by_id",
+        "email_search_emails",
+        "calendar_get_event_information_by_id",
+        "calendar_search_events",
+        "analytics_get_visitor_information_by_id",
+        "analytics_total_visits_count",
+        "analytics_engaged_users_count",
+        "analytics_traffic_source_count",
+        "analytics_get_average_session_duration",
+        "project_management_get_task_information_by_id",
+        "project_management_search_tasks",
+        "customer_relationship_manager_search_customers",
+    }
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,8 +140,13 @@ class Workbench:
         self.directory = tables["directory"]  # never written
 
     def compared_tables(self) -> dict[str, pd.DataFrame]:
-        return {"calendar": self.calendar, "email": self.emails, "analytics": self.plots,
-                "project_management": self.tasks, "customer_relationship_manager": self.crm}
+        return {
+            "calendar": self.calendar,
+            "email": self.emails,
+            "analytics": self.plots,
+            "project_management": self.tasks,
+            "customer_relationship_manager": self.crm,
+        }
 
     # ------------------------------------------------------------------ directory
 
@@ -215,7 +232,9 @@ class Workbench:
                 return "Email not found."
             original = _records(self.emails[self.emails["email_id"] == email_id])[0]
             to = original["sender/recipient"] if recipient is None else recipient.lower()
-            sent = self.email_send_email(to, f"{prefix}: {original['subject']}", original["body"] if body is None else body)
+            sent = self.email_send_email(
+                to, f"{prefix}: {original['subject']}", original["body"] if body is None else body
+            )
             return sent if "Error" in sent or "Invalid" in sent else done
         except Exception as e:  # noqa: BLE001
             return f"{failed}: {e}"
@@ -225,7 +244,9 @@ class Workbench:
             return "Email ID or recipient not provided."
         if "@" not in recipient or "." not in recipient:
             return "Invalid recipient email address."
-        return self._send_based_on(email_id, recipient, "FW", None, "Email forwarded successfully.", "Error forwarding email")
+        return self._send_based_on(
+            email_id, recipient, "FW", None, "Email forwarded successfully.", "Error forwarding email"
+        )
 
     def email_reply_email(self, email_id=None, body=None):
         if not email_id or not body:
@@ -289,18 +310,27 @@ class Workbench:
         return None
 
     def calendar_create_event(self, event_name=None, participant_email=None, event_start=None, duration=None):
-        for value, what in ((event_name, "Event name"), (participant_email, "Participant email"),
-                            (event_start, "Event start"), (duration, "Event duration")):
+        for value, what in (
+            (event_name, "Event name"),
+            (participant_email, "Participant email"),
+            (event_start, "Event start"),
+            (duration, "Event duration"),
+        ):
             if not value:
                 return f"{what} not provided."
         refusal = self._check_event_value("event_start", event_start) or self._check_event_value("duration", duration)
         if refusal:
             return refusal
         event_id = _next_id(self.calendar, "event_id")
-        row = pd.DataFrame({
-            "event_id": [event_id], "event_name": [event_name], "participant_email": [participant_email.lower()],
-            "event_start": [event_start], "duration": [duration],
-        })
+        row = pd.DataFrame(
+            {
+                "event_id": [event_id],
+                "event_name": [event_name],
+                "participant_email": [participant_email.lower()],
+                "event_start": [event_start],
+                "duration": [duration],
+            }
+        )
         self.calendar = pd.concat([self.calendar, row])  # NeMo Gym keeps the new row's own index (0)
         return event_id
 
@@ -361,7 +391,9 @@ class Workbench:
         return data.groupby("date_of_visit").sum()[column].to_dict()
 
     def analytics_engaged_users_count(self, time_min=None, time_max=None):
-        return self._per_day_sum(time_min, time_max, "user_engaged", lambda d: d["user_engaged"].astype(bool).astype(int))
+        return self._per_day_sum(
+            time_min, time_max, "user_engaged", lambda d: d["user_engaged"].astype(bool).astype(int)
+        )
 
     def analytics_traffic_source_count(self, time_min=None, time_max=None, traffic_source=None):
         if not traffic_source:
@@ -389,7 +421,9 @@ class Workbench:
             return "Task not found."
         return {field: found[0][field]} if field in found[0] else "Field not found."
 
-    def project_management_search_tasks(self, task_name=None, assigned_to_email=None, list_name=None, due_date=None, board=None):
+    def project_management_search_tasks(
+        self, task_name=None, assigned_to_email=None, list_name=None, due_date=None, board=None
+    ):
         if not any([task_name, assigned_to_email, list_name, due_date, board]):
             return "No search parameters provided."
         if assigned_to_email and not re.match(EMAIL_PATTERN, assigned_to_email):
@@ -407,7 +441,9 @@ class Workbench:
     def _assignee_known(self, email):
         return email in self.tasks["assigned_to_email"].str.lower().values
 
-    def project_management_create_task(self, task_name=None, assigned_to_email=None, list_name=None, due_date=None, board=None):
+    def project_management_create_task(
+        self, task_name=None, assigned_to_email=None, list_name=None, due_date=None, board=None
+    ):
         if not all([task_name, assigned_to_email, list_name, due_date, board]):
             return "Missing task details."
         assigned_to_email = assigned_to_email.lower()
@@ -418,10 +454,16 @@ class Workbench:
         if board not in BOARDS:
             return "Board not valid. Please choose from: 'Back end', 'Front end', 'Design'."
         task_id = _next_id(self.tasks, "task_id")
-        row = pd.DataFrame({
-            "task_id": [task_id], "task_name": [task_name], "assigned_to_email": [assigned_to_email],
-            "list_name": [list_name], "due_date": [due_date], "board": [board],
-        })
+        row = pd.DataFrame(
+            {
+                "task_id": [task_id],
+                "task_name": [task_name],
+                "assigned_to_email": [assigned_to_email],
+                "list_name": [list_name],
+                "due_date": [due_date],
+                "board": [board],
+            }
+        )
         self.tasks = pd.concat([self.tasks, row], ignore_index=True)
         return task_id
 
@@ -454,12 +496,26 @@ class Workbench:
     # ------------------------------------------------------------------------ CRM
 
     def customer_relationship_manager_search_customers(
-        self, customer_name=None, customer_email=None, product_interest=None, status=None, assigned_to_email=None,
-        last_contact_date_min=None, last_contact_date_max=None, follow_up_by_min=None, follow_up_by_max=None,
-        page=1, page_size=5,
+        self,
+        customer_name=None,
+        customer_email=None,
+        product_interest=None,
+        status=None,
+        assigned_to_email=None,
+        last_contact_date_min=None,
+        last_contact_date_max=None,
+        follow_up_by_min=None,
+        follow_up_by_max=None,
+        page=1,
+        page_size=5,
     ):
-        contains = {"customer_name": customer_name, "customer_email": customer_email,
-                    "product_interest": product_interest, "status": status, "assigned_to_email": assigned_to_email}
+        contains = {
+            "customer_name": customer_name,
+            "customer_email": customer_email,
+            "product_interest": product_interest,
+            "status": status,
+            "assigned_to_email": assigned_to_email,
+        }
         dates = (last_contact_date_min, last_contact_date_max, follow_up_by_min, follow_up_by_max)
         if not any([*contains.values(), *dates]):
             return "No search parameters provided. Please provide at least one parameter."
@@ -492,8 +548,16 @@ class Workbench:
         return "Customer updated successfully."
 
     def customer_relationship_manager_add_customer(
-        self, customer_name=None, assigned_to_email=None, status=None, customer_email=None, customer_phone=None,
-        last_contact_date=None, product_interest=None, notes="", follow_up_by=None,
+        self,
+        customer_name=None,
+        assigned_to_email=None,
+        status=None,
+        customer_email=None,
+        customer_phone=None,
+        last_contact_date=None,
+        product_interest=None,
+        notes="",
+        follow_up_by=None,
     ):
         if not all([customer_name, assigned_to_email, status]):
             return "Please provide all required fields: customer_name, assigned_to_email, status."
@@ -501,12 +565,20 @@ class Workbench:
         if customer_email:
             customer_email = customer_email.lower()
         customer_id = _next_id(self.crm, "customer_id")
-        row = pd.DataFrame({
-            "customer_id": [customer_id], "customer_name": [customer_name], "customer_email": [customer_email],
-            "customer_phone": [customer_phone], "last_contact_date": [last_contact_date],
-            "product_interest": [product_interest], "status": [status], "assigned_to_email": [assigned_to_email],
-            "notes": [notes], "follow_up_by": [follow_up_by],
-        })
+        row = pd.DataFrame(
+            {
+                "customer_id": [customer_id],
+                "customer_name": [customer_name],
+                "customer_email": [customer_email],
+                "customer_phone": [customer_phone],
+                "last_contact_date": [last_contact_date],
+                "product_interest": [product_interest],
+                "status": [status],
+                "assigned_to_email": [assigned_to_email],
+                "notes": [notes],
+                "follow_up_by": [follow_up_by],
+            }
+        )
         self.crm = pd.concat([self.crm, row], ignore_index=True)
         return customer_id
 
@@ -519,9 +591,7 @@ class Workbench:
         return "Customer deleted successfully."
 
 
-OPERATIONS = frozenset(
-    name for name in vars(Workbench) if not name.startswith("_") and name != "compared_tables"
-)
+OPERATIONS = frozenset(name for name in vars(Workbench) if not name.startswith("_") and name != "compared_tables")
 
 
 def _lowercased(frame: pd.DataFrame) -> pd.DataFrame:
@@ -537,5 +607,7 @@ def same_state(a: Workbench, b: Workbench) -> bool:
     """NeMo Gym's state comparison: every table equal (``DataFrame.equals``) after lowercasing."""
     left = {k: _lowercased(v) for k, v in a.compared_tables().items()}
     right = {k: _lowercased(v) for k, v in b.compared_tables().items()}
-    return all(left[k].equals(right[k]) for k in ("calendar", "email", "analytics", "project_management",
-                                                  "customer_relationship_manager"))
+    return all(
+        left[k].equals(right[k])
+        for k in ("calendar", "email", "analytics", "project_management", "customer_relationship_manager")
+    )

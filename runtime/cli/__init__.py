@@ -40,17 +40,33 @@ from gym_runtime.inputs import InputError
 from gym_runtime.server import ServerError
 
 COMMANDS: dict[str, ModuleType] = {
-    "run": run, "start": start, "publish": publish, "collect": collect,
-    "reverify": reverify, "status": status, "server": server,
-    "gateway": gateway, "purge": purge, "health": health,
-    "validate": validate, "prepare": prepare, "init": init,
+    "run": run,
+    "start": start,
+    "publish": publish,
+    "collect": collect,
+    "reverify": reverify,
+    "status": status,
+    "server": server,
+    "gateway": gateway,
+    "purge": purge,
+    "health": health,
+    "validate": validate,
+    "prepare": prepare,
+    "init": init,
 }
 
 EXIT_BUG = 3
 # A user's mistake (config, input, CLI value, path, server address): one line, exit 2.
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, InputError, ServerError, ValueError, ServerUnreachable, FileNotFoundError, PermissionError,
-    IsADirectoryError, NotADirectoryError,
+    ConfigError,
+    InputError,
+    ServerError,
+    ValueError,
+    ServerUnreachable,
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
 )
 
 
@@ -63,8 +79,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
-    parser.add_argument("--version", action="version", version=f"gym-runtime {__version__}",
-                        help="print the version and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"gym-runtime {__version__}", help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS.values():
         module.add_parser(sub)
@@ -100,15 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         timeout = next((e for e in causes if isinstance(e, NatsTimeout)), None)
         if timeout is not None:  # e.g. a request the server's permissions refused: it never gets an answer
-            err(f"a NATS request got no answer ({timeout}); on a `server --secure` bus, see the permissions "
-                "warning above")
+            err(
+                f"a NATS request got no answer ({timeout}); on a `server --secure` bus, see the permissions "
+                "warning above"
+            )
             return EXIT_USAGE
         user = next((e for e in causes if isinstance(e, USER_ERRORS)), None)
         if user is not None and all(isinstance(e, USER_ERRORS) or _is_cancel(e) for e in causes):
             err(user_message(user))
             return EXIT_USAGE
-        print("gym-runtime: internal error (this is a bug in gym-runtime; please report it with the "
-              "traceback below)", file=sys.stderr)
+        print(
+            "gym-runtime: internal error (this is a bug in gym-runtime; please report it with the traceback below)",
+            file=sys.stderr,
+        )
         traceback.print_exception(exc, file=sys.stderr)
         return EXIT_BUG
 

@@ -41,25 +41,39 @@ def err(msg: str) -> None:
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override a config value before ${VAR} substitution, e.g. --set models.policy.model=gpt-4.1; "
-                        "the path must exist (+KEY.PATH=VALUE adds a new entry); repeatable")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value before ${VAR} substitution, e.g. --set models.policy.model=gpt-4.1; "
+        "the path must exist (+KEY.PATH=VALUE adds a new entry); repeatable",
+    )
     log_level_option(p)
     p.add_argument("--trace-file", metavar="PATH", help="write spans as JSON lines to this file")
 
 
 def log_level_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default=os.environ.get("GYM_LOG_LEVEL", "warning"),
-                   choices=["debug", "info", "warning", "error"], type=str.lower,
-                   help="log level of the JSON logs on stderr: info = batch and worker lifecycle, "
-                        "debug = one line per rollout with its ids (default: warning; env GYM_LOG_LEVEL)")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("GYM_LOG_LEVEL", "warning"),
+        choices=["debug", "info", "warning", "error"],
+        type=str.lower,
+        help="log level of the JSON logs on stderr: info = batch and worker lifecycle, "
+        "debug = one line per rollout with its ids (default: warning; env GYM_LOG_LEVEL)",
+    )
 
 
 def auth_option(p: argparse.ArgumentParser) -> None:
     """``--auth-dir DIR``: this node's copy of the ``server --secure`` directory (only its roles' .creds)."""
-    p.add_argument("--auth-dir", default=None, metavar="DIR",
-                   help=f"credentials for a `server --secure` bus: ca.pem + the .creds of the roles this command "
-                        f"runs (default: ${AUTH_DIR_ENV})")
+    p.add_argument(
+        "--auth-dir",
+        default=None,
+        metavar="DIR",
+        help=f"credentials for a `server --secure` bus: ca.pem + the .creds of the roles this command "
+        f"runs (default: ${AUTH_DIR_ENV})",
+    )
 
 
 def client_auth(args: argparse.Namespace) -> ClientAuth | None:
@@ -130,8 +144,12 @@ def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
 
 def config_argument(p: argparse.ArgumentParser, *, bundled: bool = False) -> None:
     extra = " (or a bundled environment's name, e.g. weather)" if bundled else ""
-    p.add_argument("config", nargs="+", metavar="CONFIG",
-                   help=f"config YAML{extra}; several files are merged in order (later ones win, mappings merge)")
+    p.add_argument(
+        "config",
+        nargs="+",
+        metavar="CONFIG",
+        help=f"config YAML{extra}; several files are merged in order (later ones win, mappings merge)",
+    )
 
 
 def positive_int(text: str) -> int:
@@ -172,10 +190,18 @@ def check_output(path: str) -> None:
 
 
 def metrics_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=port_number, metavar="P",
-                   help="serve Prometheus metrics on this port (/metrics); a worker pool uses P, P+1, ...")
-    p.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
-                   help="address for --metrics-port to listen on (default 0.0.0.0)")
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="P",
+        help="serve Prometheus metrics on this port (/metrics); a worker pool uses P, P+1, ...",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address for --metrics-port to listen on (default 0.0.0.0)",
+    )
 
 
 def telemetry(args: argparse.Namespace, role: str, *, port_offset: int = 0) -> Telemetry:
@@ -184,6 +210,10 @@ def telemetry(args: argparse.Namespace, role: str, *, port_offset: int = 0) -> T
 
     service = f"gym-runtime.{role}"
     port = getattr(args, "metrics_port", None)
-    m = meters.start(service=service, role=role, port=None if port is None else port + port_offset,
-                     host=getattr(args, "metrics_host", "0.0.0.0"))
+    m = meters.start(
+        service=service,
+        role=role,
+        port=None if port is None else port + port_offset,
+        host=getattr(args, "metrics_host", "0.0.0.0"),
+    )
     return Telemetry.from_options(trace_file=getattr(args, "trace_file", None), service=service, meters=m)

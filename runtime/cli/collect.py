@@ -27,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the batch to be published")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
-    p.add_argument("--purge", action="store_true",
-                   help="once the file is written, delete the batch's stored results and manifest")
+    p.add_argument(
+        "--purge", action="store_true", help="once the file is written, delete the batch's stored results and manifest"
+    )
     progress.add_arguments(p)
     log_level_option(p)
     auth_option(p)
@@ -53,8 +54,12 @@ async def watch_agents(bus: Any, batch: str) -> None:
         serving = {w.get("name") for w in await discover(bus) if w.get("role") == "agent"}
         for agent in sorted(set(manifest.agents) - serving - told):
             told.add(agent)
-            print(f"gym-runtime: warning: no worker serves agent {agent!r}; batch {batch} waits until one "
-                  f"starts (gym-runtime start CONFIG --only agents.{agent})", file=sys.stderr, flush=True)
+            print(
+                f"gym-runtime: warning: no worker serves agent {agent!r}; batch {batch} waits until one "
+                f"starts (gym-runtime start CONFIG --only agents.{agent})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,15 +73,17 @@ def main(args: argparse.Namespace) -> int:
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
 
         async def go() -> Any:
-            bus = await Bus.connect(url, namespace=args.namespace, telemetry=telemetry, name="gym-collect",
-                                    auth=auth, role="publisher")
+            bus = await Bus.connect(
+                url, namespace=args.namespace, telemetry=telemetry, name="gym-collect", auth=auth, role="publisher"
+            )
             try:
                 import asyncio
 
                 watcher = asyncio.ensure_future(watch_agents(bus, args.batch))  # errors here stay plain
                 try:
-                    stats = await collect_batch(bus, args.batch, args.output, wait_s=args.wait, on_progress=tracker,
-                                                on_result=tracker.result)
+                    stats = await collect_batch(
+                        bus, args.batch, args.output, wait_s=args.wait, on_progress=tracker, on_result=tracker.result
+                    )
                 finally:
                     watcher.cancel()
                 if args.purge:  # only now: the file and sidecars are on disk

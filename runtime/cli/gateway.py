@@ -8,15 +8,26 @@ from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument,
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gateway", help="serve NeMo Gym's HTTP protocol (/global_config_dict_yaml, /run, ...) over the bus")
+    p = sub.add_parser(
+        "gateway", help="serve NeMo Gym's HTTP protocol (/global_config_dict_yaml, /run, ...) over the bus"
+    )
     config_argument(p)
-    p.add_argument("--nats", help="NATS URL of a running cluster (default: the config's `nats`; `embedded` starts "
-                                  "a server and the config's workers here)")
+    p.add_argument(
+        "--nats",
+        help="NATS URL of a running cluster (default: the config's `nats`; `embedded` starts "
+        "a server and the config's workers here)",
+    )
     p.add_argument("--auth-dir", help="NATS credentials directory (from the trust set-up)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=11000, help="port (default: 11000, NeMo Gym's head-server port; 0: free)")
-    p.add_argument("--workers", choices=["auto", "here", "none"], default="auto",
-                   help="start the config's workers in this process: auto = only with an embedded server")
+    p.add_argument(
+        "--port", type=int, default=11000, help="port (default: 11000, NeMo Gym's head-server port; 0: free)"
+    )
+    p.add_argument(
+        "--workers",
+        choices=["auto", "here", "none"],
+        default="auto",
+        help="start the config's workers in this process: auto = only with an embedded server",
+    )
     metrics_options(p)
     common_options(p)
 

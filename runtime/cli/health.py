@@ -29,8 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--role", metavar="ROLE.NAME", help="ready only when workers of this role are registered")
     p.add_argument("--min-workers", type=int, default=1, help="with --role: workers needed to be ready (default 1)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each check (default 5)")
-    p.add_argument("--log-level", default=os.environ.get("GYM_LOG_LEVEL", "error"),
-                   help="log level of the JSON logs on stderr (default: error; env GYM_LOG_LEVEL)")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("GYM_LOG_LEVEL", "error"),
+        help="log level of the JSON logs on stderr (default: error; env GYM_LOG_LEVEL)",
+    )
     auth_option(p)
 
 
@@ -61,8 +64,15 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_UNHEALTHY
 
     async def go() -> str | None:
-        bus = await Bus.connect(url, namespace=args.namespace, telemetry=Telemetry(), name="gym-health",
-                                initial_timeout=args.timeout, auth=client_auth(args), role="publisher")
+        bus = await Bus.connect(
+            url,
+            namespace=args.namespace,
+            telemetry=Telemetry(),
+            name="gym-health",
+            initial_timeout=args.timeout,
+            auth=client_auth(args),
+            role="publisher",
+        )
         try:
             try:
                 await bus.raw_request("$JS.API.INFO", b"", timeout=args.timeout)

@@ -11,13 +11,21 @@ from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument,
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="validate, tag, dedupe, blend, shuffle and split task rows into DIR")
     config_argument(p, bundled=True)
-    p.add_argument("-i", "--input", action="append", metavar="[AGENT=]SRC",
-                   help="a .jsonl/.json/.parquet file or a Hugging Face dataset id "
-                        "(hf:OWNER/NAME[@REV][:SPLIT], or hf:OWNER/NAME[@REV]/FILE.jsonl); "
-                        "AGENT= routes its rows without agent_ref (repeatable); none with a NeMo Gym "
-                        "config: its datasets: entries")
-    p.add_argument("--dataset-types", default="train,validation",
-                   help="NeMo Gym configs without -i: which datasets: entries to use (default: train,validation)")
+    p.add_argument(
+        "-i",
+        "--input",
+        action="append",
+        metavar="[AGENT=]SRC",
+        help="a .jsonl/.json/.parquet file or a Hugging Face dataset id "
+        "(hf:OWNER/NAME[@REV][:SPLIT], or hf:OWNER/NAME[@REV]/FILE.jsonl); "
+        "AGENT= routes its rows without agent_ref (repeatable); none with a NeMo Gym "
+        "config: its datasets: entries",
+    )
+    p.add_argument(
+        "--dataset-types",
+        default="train,validation",
+        help="NeMo Gym configs without -i: which datasets: entries to use (default: train,validation)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--val-fraction", type=float, default=0.0, help="share of each agent's rows for validation")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0): same inputs + seed = same files")
@@ -52,8 +60,12 @@ def main(args: argparse.Namespace) -> int:
         if len(paths) != 1 or not is_nemo_gym(yaml.safe_load(paths[0].read_text()) or {}):
             raise PrepareError("prepare needs -i SRC (only one NeMo Gym config brings its own datasets: entries)")
         sources = nemo_sources(paths[0], tuple(t.strip() for t in args.dataset_types.split(",") if t.strip()))
-    opts = Options(val_fraction=args.val_fraction, seed=args.seed, drop_invalid=args.drop_invalid,
-                   weights=parse_weights(args.weights) if args.weights else None)
+    opts = Options(
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        drop_invalid=args.drop_invalid,
+        weights=parse_weights(args.weights) if args.weights else None,
+    )
     try:
         result = prepare(cfg, sources, opts, agent=args.agent)
     except InvalidRows as e:
@@ -66,7 +78,9 @@ def main(args: argparse.Namespace) -> int:
     write(result, args.output)
     meta = result.metadata
     for agent, c in meta["agents"].items():
-        print(f"{agent}: {c['train']} train, {c['validation']} validation, {c['duplicates_dropped']} duplicates dropped")
+        print(
+            f"{agent}: {c['train']} train, {c['validation']} validation, {c['duplicates_dropped']} duplicates dropped"
+        )
     dropped = f", {meta['invalid_rows_dropped']} invalid rows dropped" if meta["invalid_rows_dropped"] else ""
     print(f"wrote {meta['train']} train and {meta['validation']} validation rows to {args.output}{dropped}")
     return 0

@@ -49,11 +49,27 @@ def main(args: argparse.Namespace) -> int:
     with progress.Tracker("publish", progress.options_from(args), total=plan.count * args.repeats) as tracker:
 
         async def go() -> Any:
-            bus = await Bus.connect(url, namespace=cfg.namespace, telemetry=tel, name="gym-publish",
-                                    auth=auth, role="publisher", jetstream=cfg.jetstream)
+            bus = await Bus.connect(
+                url,
+                namespace=cfg.namespace,
+                telemetry=tel,
+                name="gym-publish",
+                auth=auth,
+                role="publisher",
+                jetstream=cfg.jetstream,
+            )
             try:
-                return await publish_batch(bus, cfg, args.input, agent=args.agent, repeats=args.repeats,
-                                           limit=args.limit, batch=args.batch, plan=plan, on_sent=tracker.advance)
+                return await publish_batch(
+                    bus,
+                    cfg,
+                    args.input,
+                    agent=args.agent,
+                    repeats=args.repeats,
+                    limit=args.limit,
+                    batch=args.batch,
+                    plan=plan,
+                    on_sent=tracker.advance,
+                )
             finally:
                 await bus.close()
 
@@ -61,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
             manifest = run_async(go)
         finally:
             tel.shutdown()
-    print(f"published {manifest.expected} tasks ({manifest.tasks} rows x {manifest.repeats}) as batch:", file=sys.stderr)
+    print(
+        f"published {manifest.expected} tasks ({manifest.tasks} rows x {manifest.repeats}) as batch:", file=sys.stderr
+    )
     print(manifest.batch)
     return 0

@@ -33,8 +33,9 @@ def main(args: argparse.Namespace) -> int:
     auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
 
     async def go() -> Any:
-        bus = await Bus.connect(url, namespace=args.namespace, telemetry=Telemetry(), name="gym-purge",
-                                auth=auth, role="admin")
+        bus = await Bus.connect(
+            url, namespace=args.namespace, telemetry=Telemetry(), name="gym-purge", auth=auth, role="admin"
+        )
         try:
             return [(b, await purge_batch(bus, b)) for b in args.batch]
         finally:

@@ -45,14 +45,26 @@ def main(args: argparse.Namespace) -> int:
     rows = validate_rollouts(args.input)
     tel = telemetry(args, "reverify")
     try:
-        with server_url(args, cfg) as url, \
-                progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker:
+        with (
+            server_url(args, cfg) as url,
+            progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker,
+        ):
             auth = client_auth(args)
-            report = run_async(lambda: reverify_batch(
-                cfg, url, input_path=args.input, out=args.output, telemetry=tel, agent=args.agent,
-                replicas=args.replicas, in_flight=args.concurrency, tasks_path=args.tasks, on_row=tracker.advance,
-                auth=auth,
-            ))
+            report = run_async(
+                lambda: reverify_batch(
+                    cfg,
+                    url,
+                    input_path=args.input,
+                    out=args.output,
+                    telemetry=tel,
+                    agent=args.agent,
+                    replicas=args.replicas,
+                    in_flight=args.concurrency,
+                    tasks_path=args.tasks,
+                    on_row=tracker.advance,
+                    auth=auth,
+                )
+            )
     finally:
         tel.shutdown()
     for line in report.lines():

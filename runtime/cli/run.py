@@ -41,8 +41,11 @@ from gym_runtime.cli._common import (
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="collect verified rollouts for an input file, end to end")
     config_argument(p, bundled=True)
-    p.add_argument("-i", "--input", help="input tasks JSONL (NeMo Gym format); default for a bundled "
-                   "environment's name: its data/example.jsonl")
+    p.add_argument(
+        "-i",
+        "--input",
+        help="input tasks JSONL (NeMo Gym format); default for a bundled environment's name: its data/example.jsonl",
+    )
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
     p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
     p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
@@ -50,10 +53,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=positive_int, help="rollouts in flight per agent worker")
     p.add_argument("--nats", help="use this NATS server instead of starting an embedded one")
     p.add_argument("--batch", help="batch id (default: random)")
-    p.add_argument("--processes", type=processes_value, default="auto", metavar="auto|one|per-role|N",
-                   help="where the workers run: one = all in this process, per-role = one child process per "
-                        "role, N = N child processes that each serve every role; auto (default) = per-role with "
-                        f"several cores and at least {PER_ROLE_MIN_ROLLOUTS:,} rollouts, else one")
+    p.add_argument(
+        "--processes",
+        type=processes_value,
+        default="auto",
+        metavar="auto|one|per-role|N",
+        help="where the workers run: one = all in this process, per-role = one child process per "
+        "role, N = N child processes that each serve every role; auto (default) = per-role with "
+        f"several cores and at least {PER_ROLE_MIN_ROLLOUTS:,} rollouts, else one",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
     metrics_options(p)
@@ -93,13 +101,23 @@ async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
     from gym_runtime.runner import close_buses, open_buses
     from gym_runtime.tracing import Telemetry
 
-    await close_buses(await open_buses(url, ["publisher"], namespace=cfg.namespace, telemetry=Telemetry(),
-                                       name="gym-run", auth=auth, jetstream=cfg.jetstream))
+    await close_buses(
+        await open_buses(
+            url,
+            ["publisher"],
+            namespace=cfg.namespace,
+            telemetry=Telemetry(),
+            name="gym-run",
+            auth=auth,
+            jetstream=cfg.jetstream,
+        )
+    )
 
 
 @contextlib.contextmanager
-def worker_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any,
-                     groups: list[list[str]]) -> Iterator[None]:
+def worker_processes(
+    args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any, groups: list[list[str]]
+) -> Iterator[None]:
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli._common import config_path
     from gym_runtime.supervisor import Child, NotStarted, RoleProcesses, role_argv
@@ -117,8 +135,11 @@ def worker_processes(args: argparse.Namespace, cfg: Any, url: str | list[str], a
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
     children = []
     for i, roles in enumerate(groups, start=1):
-        metrics = [] if args.metrics_port is None else [
-            "--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+        metrics = (
+            []
+            if args.metrics_port is None
+            else ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+        )
         name = ",".join(roles) or f"workers-{i}"
         children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics)))
     try:
@@ -152,13 +173,28 @@ def main(args: argparse.Namespace) -> int:
             auth = client_auth(args)
             if groups:
                 run_async(lambda: server_answers(url, cfg, auth))
-            with worker_processes(args, cfg, url, auth, groups) if groups else contextlib.nullcontext(), \
-                    progress.Tracker("run", progress.options_from(args)) as tracker:
-                result = run_async(lambda: run_batch(
-                    cfg, url, input_path=args.input, out=args.output, telemetry=tel, agent=args.agent,
-                    repeats=args.repeats, limit=args.limit, batch=args.batch, on_progress=tracker,
-                    on_result=tracker.result, auth=auth, start_local_workers=groups is None, plan=plan,
-                ))
+            with (
+                worker_processes(args, cfg, url, auth, groups) if groups else contextlib.nullcontext(),
+                progress.Tracker("run", progress.options_from(args)) as tracker,
+            ):
+                result = run_async(
+                    lambda: run_batch(
+                        cfg,
+                        url,
+                        input_path=args.input,
+                        out=args.output,
+                        telemetry=tel,
+                        agent=args.agent,
+                        repeats=args.repeats,
+                        limit=args.limit,
+                        batch=args.batch,
+                        on_progress=tracker,
+                        on_result=tracker.result,
+                        auth=auth,
+                        start_local_workers=groups is None,
+                        plan=plan,
+                    )
+                )
     finally:
         tel.shutdown()
     print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)

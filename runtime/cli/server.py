@@ -27,22 +27,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=4222, help="client port (default 4222)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--store-dir", help="JetStream store dir (default: a temp dir)")
-    p.add_argument("--max-payload", default=str(DEFAULT_MAX_PAYLOAD),
-                   help="largest message the server accepts, e.g. 8MB")
-    p.add_argument("--secure", metavar="DIR",
-                   help="TLS + nkey authentication + per-role permissions; DIR empty: write a CA, a server "
-                        "certificate and publisher/agent/model/resource/admin.creds there; filled: reuse it")
-    p.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
-                   help="with --secure: namespace whose subjects the roles may use (repeatable; default gym)")
-    p.add_argument("--tls-name", action="append", default=[], metavar="NAME",
-                   help="with --secure: extra DNS name or IP for a new server certificate (the name clients dial)")
+    p.add_argument(
+        "--max-payload", default=str(DEFAULT_MAX_PAYLOAD), help="largest message the server accepts, e.g. 8MB"
+    )
+    p.add_argument(
+        "--secure",
+        metavar="DIR",
+        help="TLS + nkey authentication + per-role permissions; DIR empty: write a CA, a server "
+        "certificate and publisher/agent/model/resource/admin.creds there; filled: reuse it",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="with --secure: namespace whose subjects the roles may use (repeatable; default gym)",
+    )
+    p.add_argument(
+        "--tls-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --secure: extra DNS name or IP for a new server certificate (the name clients dial)",
+    )
     p.add_argument("--name", help="server name (unique in a cluster; default: CLUSTER-PORT)")
     p.add_argument("--cluster", metavar="NAME", help="join the NATS cluster NAME (JetStream replicated)")
     p.add_argument("--cluster-port", type=int, default=6222, help="port for routes from other nodes (default 6222)")
     p.add_argument("--cluster-host", help="address routes listen on (default: --host)")
     p.add_argument("--routes", metavar="URL,...", help="other nodes' route URLs, e.g. nats://n2:6222,nats://n3:6222")
-    p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
-                   help="monitoring port (/healthz, /jsz; default 8222; -1 turns it off)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help="monitoring port (/healthz, /jsz; default 8222; -1 turns it off)",
+    )
     p.add_argument("--http-host", default="127.0.0.1", help="monitoring address (default 127.0.0.1)")
 
 
@@ -56,11 +74,19 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         if "://" not in r:
             raise ValueError(f"--routes {r!r}: expected a URL like nats://host:6222")
     return EmbeddedServer(
-        port=args.port, host=args.host, store_dir=args.store_dir, max_payload=parse_size(args.max_payload),
-        server_name=args.name, cluster=args.cluster, cluster_port=args.cluster_port if args.cluster else 0,
-        cluster_host=args.cluster_host, routes=routes,
-        http_port=None if args.http_port < 0 else args.http_port, http_host=args.http_host,
-        secure_dir=args.secure, namespaces=args.namespaces or ["gym"],
+        port=args.port,
+        host=args.host,
+        store_dir=args.store_dir,
+        max_payload=parse_size(args.max_payload),
+        server_name=args.name,
+        cluster=args.cluster,
+        cluster_port=args.cluster_port if args.cluster else 0,
+        cluster_host=args.cluster_host,
+        routes=routes,
+        http_port=None if args.http_port < 0 else args.http_port,
+        http_host=args.http_host,
+        secure_dir=args.secure,
+        namespaces=args.namespaces or ["gym"],
     )
 
 
@@ -74,19 +100,29 @@ def main(args: argparse.Namespace) -> int:
         ensure_auth_dir(args.secure, host=args.host, names=args.tls_name)
         missing = unnamed(args.secure, args.tls_name)
         if missing:
-            raise ValueError(f"--tls-name {', '.join(missing)}: {args.secure}/server.pem (kept from before) does not "
-                             f"name it; delete server.pem and server-key.pem there to make a new one")
+            raise ValueError(
+                f"--tls-name {', '.join(missing)}: {args.secure}/server.pem (kept from before) does not "
+                f"name it; delete server.pem and server-key.pem there to make a new one"
+            )
     srv = build(args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     srv.start()
     print(srv.url, flush=True)
     if not args.secure and args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"gym-runtime: warning: no authentication on {args.host}: anyone who can reach it reads and writes "
-              f"every subject; use --secure DIR", file=sys.stderr, flush=True)
+        print(
+            f"gym-runtime: warning: no authentication on {args.host}: anyone who can reach it reads and writes "
+            f"every subject; use --secure DIR",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.secure:
-        print(f"secured: TLS + nkey users from {args.secure}; give each node --auth-dir with ca.pem and the "
-              f".creds of the roles it runs", file=sys.stderr, flush=True)
+        print(
+            f"secured: TLS + nkey users from {args.secure}; give each node --auth-dir with ca.pem and the "
+            f".creds of the roles it runs",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         while not stop.is_set() and srv.running:
             stop.wait(0.5)

@@ -21,10 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("start", help="run long-lived workers for the roles a config names")
     config_argument(p)
     p.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
-    p.add_argument("--only", action="append", metavar="ROLE.NAME",
-                   help="start only these, e.g. models.policy (repeatable)")
-    p.add_argument("--replicas", type=positive_int,
-                   help="processes per selected worker (default: the config's replicas)")
+    p.add_argument(
+        "--only", action="append", metavar="ROLE.NAME", help="start only these, e.g. models.policy (repeatable)"
+    )
+    p.add_argument(
+        "--replicas", type=positive_int, help="processes per selected worker (default: the config's replicas)"
+    )
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
     metrics_options(p)
     auth_option(p)
@@ -53,8 +55,17 @@ def main(args: argparse.Namespace) -> int:
     if args.in_process or sum(replicas.values()) == 1:
         telemetry = make_telemetry(args, role_of(pairs))
         try:
-            run_async(lambda: serve(cfg, url, only=args.only, telemetry=telemetry, replicas=args.replicas,
-                                    ready=lambda: print("workers ready", flush=True), auth=auth))
+            run_async(
+                lambda: serve(
+                    cfg,
+                    url,
+                    only=args.only,
+                    telemetry=telemetry,
+                    replicas=args.replicas,
+                    ready=lambda: print("workers ready", flush=True),
+                    auth=auth,
+                )
+            )
         finally:
             telemetry.shutdown()
         return 0
@@ -70,7 +81,10 @@ def main(args: argparse.Namespace) -> int:
     specs = [f"{r}.{n}" for (r, n), k in replicas.items() for _ in range(k)]
     children = []
     for i, spec in enumerate(specs):
-        metrics = [] if args.metrics_port is None else [
-            "--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+        metrics = (
+            []
+            if args.metrics_port is None
+            else ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+        )
         children.append(Child(spec, child_argv(args.config, child_url, spec, passthrough + metrics)))
     return run_pool(children)

@@ -33,8 +33,14 @@ def main(args: argparse.Namespace) -> int:
     auth = client_auth(args)
 
     async def go() -> None:
-        bus = await Bus.connect(url, namespace=args.namespace, telemetry=Telemetry(service="gym-runtime.status"),
-                                name="gym-status", auth=auth, role="publisher")
+        bus = await Bus.connect(
+            url,
+            namespace=args.namespace,
+            telemetry=Telemetry(service="gym-runtime.status"),
+            name="gym-status",
+            auth=auth,
+            role="publisher",
+        )
         try:
             if args.batch:
                 await _batch(bus, args)

@@ -11,7 +11,13 @@ from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument,
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check input rows against the config's environments (nothing runs)")
     config_argument(p, bundled=True)
-    p.add_argument("-i", "--input", action="append", required=True, help="task rows: JSONL, or a .parquet/.json file or hf:OWNER/NAME as prepare reads them (repeatable)")
+    p.add_argument(
+        "-i",
+        "--input",
+        action="append",
+        required=True,
+        help="task rows: JSONL, or a .parquet/.json file or hf:OWNER/NAME as prepare reads them (repeatable)",
+    )
     p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
     common_options(p)
 

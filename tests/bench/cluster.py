@@ -33,12 +33,31 @@ def results(c: LocalCluster) -> int:
 
 
 def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
-    subprocess.run([sys.executable, "-m", "gym_runtime.cli", "publish", str(config), "-i", str(tasks),
-                    "--nats", url, "--batch", batch], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "publish",
+            str(config),
+            "-i",
+            str(tasks),
+            "--nats",
+            url,
+            "--batch",
+            batch,
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
 
 
-def pools(config: Path, c: LocalCluster, roles: tuple[str, ...] = ("agents.agent", "resources.env", "models.policy"),
-          ) -> list[subprocess.Popen[str]]:
+def pools(
+    config: Path,
+    c: LocalCluster,
+    roles: tuple[str, ...] = ("agents.agent", "resources.env", "models.policy"),
+) -> list[subprocess.Popen[str]]:
     return [start_worker(config, c.urls[i % len(c.urls)], r) for i, r in enumerate(roles)]
 
 
@@ -131,9 +150,12 @@ def main() -> None:
                 print(f"| {size} | {size} | {args.rollouts} | {throughput(tmp, size, args.rollouts):.0f} |", flush=True)
         if "recovery" in args.only:
             resumed, before, after, series = recovery(tmp, args.rollouts * 5)
-            print(f"\nresults-stream leader SIGKILLed: results land again after {resumed:.2f} s; "
-                  f"rate {before:.0f}/s before the kill, {after:.0f}/s from resuming to the end of the batch "
-                  f"(per second after resuming: {series})", flush=True)
+            print(
+                f"\nresults-stream leader SIGKILLed: results land again after {resumed:.2f} s; "
+                f"rate {before:.0f}/s before the kill, {after:.0f}/s from resuming to the end of the batch "
+                f"(per second after resuming: {series})",
+                flush=True,
+            )
         if "newpool" in args.only:
             ready, first = new_pool(tmp, 200)
             print(f"\nnew model pool: ready {ready:.2f} s after spawn, first result {first:.2f} s after spawn")

@@ -45,9 +45,23 @@ def one_run(n: int, concurrency: int, model: str) -> None:
 
 def instructions(n: int, concurrency: int, model: str) -> int:
     out = subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-         sys.executable, __file__, "--one", str(n), "--concurrency", str(concurrency), "--model", model],
-        capture_output=True, text=True, check=True,
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--one",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+            "--model",
+            model,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stderr
     m = re.search(r"I\s+refs:\s+([\d,]+)", out)
     assert m, out[-2000:]
@@ -59,8 +73,12 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=200)
     ap.add_argument("--large", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--model", choices=["scripted", "http"], default="scripted",
-                    help="http: the openai adapter to tests/bench/mock_openai.py (its process is not counted)")
+    ap.add_argument(
+        "--model",
+        choices=["scripted", "http"],
+        default="scripted",
+        help="http: the openai adapter to tests/bench/mock_openai.py (its process is not counted)",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:

@@ -22,23 +22,48 @@ import sys
 
 _ids = itertools.count(1)
 _TOOL_NAME = re.compile(rb'"type":\s*"function"[^}]*?"name":\s*"([^"]+)"|"name":\s*"([^"]+)"[^}]*?"type":\s*"function"')
-_USAGE = {"input_tokens": 40, "output_tokens": 12, "total_tokens": 52,
-          "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+_USAGE = {
+    "input_tokens": 40,
+    "output_tokens": 12,
+    "total_tokens": 52,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
 
 
 def answer(body: bytes) -> bytes:
     """The Responses JSON for one request body (a function call first, then a message)."""
     n = next(_ids)
     if b'"function_call_output"' in body:
-        item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
-                "content": [{"type": "output_text", "text": "It is cold there.", "annotations": []}]}
+        item = {
+            "type": "message",
+            "id": f"msg_{n}",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "It is cold there.", "annotations": []}],
+        }
     else:
         m = _TOOL_NAME.search(body)
         name = (m.group(1) or m.group(2)).decode() if m else "get_weather"
-        item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": name,
-                "arguments": '{"city": "San Francisco"}', "status": "completed"}
-    return json.dumps({"id": f"resp_{n}", "object": "response", "created_at": 1700000000, "model": "mock",
-                       "status": "completed", "output": [item], "usage": _USAGE}).encode()
+        item = {
+            "type": "function_call",
+            "id": f"fc_{n}",
+            "call_id": f"call_{n}",
+            "name": name,
+            "arguments": '{"city": "San Francisco"}',
+            "status": "completed",
+        }
+    return json.dumps(
+        {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 1700000000,
+            "model": "mock",
+            "status": "completed",
+            "output": [item],
+            "usage": _USAGE,
+        }
+    ).encode()
 
 
 class _HTTP(asyncio.Protocol):
@@ -61,15 +86,21 @@ class _HTTP(asyncio.Protocol):
                     length = int(line[15:])
             if len(self.buf) < end + 4 + length:
                 return
-            body = self.buf[end + 4:end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
             path = head.split(b" ", 2)[1]
             if path.endswith(b"/responses"):
                 status, out = b"200 OK", answer(body)
             else:
                 status, out = b"404 Not Found", b'{"error": {"message": "not found"}}'
-            self.t.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
-                         + str(len(out)).encode() + b"\r\n\r\n" + out)
+            self.t.write(
+                b"HTTP/1.1 "
+                + status
+                + b"\r\ncontent-type: application/json\r\ncontent-length: "
+                + str(len(out)).encode()
+                + b"\r\n\r\n"
+                + out
+            )
 
 
 async def serve(port: int) -> None:

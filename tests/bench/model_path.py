@@ -63,8 +63,9 @@ TOOL = {
 
 def params() -> CreateParams:
     return CreateParams(
-        input=parse_items([{"role": "system", "content": "You are helpful."},
-                           {"role": "user", "content": "what's it like in sf?"}]),
+        input=parse_items(
+            [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "what's it like in sf?"}]
+        ),
         tools=[TOOL],
         max_output_tokens=64,
     )
@@ -73,7 +74,8 @@ def params() -> CreateParams:
 def start_stub(latency: float) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "stub_openai.py"), "--latency", str(latency), "--text", "It is cold."],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -152,8 +154,9 @@ async def bench(url: str, levels: list[int], calls: int) -> list[tuple[int, dict
                 await call_model(abus, "policy", ModelRequest(params=p, rollout_key=f"b:{i}:0"), timeout=120)
 
             async def queued(i: int) -> None:
-                await abus.queued_request(subject, ModelRequest(params=p, rollout_key=f"q:{i}:0"),
-                                          timeout=120, op="generate policy")
+                await abus.queued_request(
+                    subject, ModelRequest(params=p, rollout_key=f"q:{i}:0"), timeout=120, op="generate policy"
+                )
 
             raw = await raw_round_trip(srv.url, *bodies)
             await runtime(-1)
@@ -206,25 +209,39 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"\nmodel path, vllm adapter (return_token_ids) → vLLM emulator (own process, latency "
-          f"{args.latency * 1000:.0f} ms), {os.cpu_count()} cores")
-    print("runtime = direct core-NATS call to a free replica (what agents do); queued = through the "
-          "JetStream work queue (every replica busy); added = beyond calling the server straight; "
-          "nats = one bare nats-py request-reply with the same bodies and no model (the floor of one hop)")
-    hdr = (f"{'concurrency':>11} | {'path':>7} | {'calls/s':>8} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
-           f"{'CPU ms/call':>11} | {'added p50 ms':>12} {'added CPU ms':>12}")
+    print(
+        f"\nmodel path, vllm adapter (return_token_ids) → vLLM emulator (own process, latency "
+        f"{args.latency * 1000:.0f} ms), {os.cpu_count()} cores"
+    )
+    print(
+        "runtime = direct core-NATS call to a free replica (what agents do); queued = through the "
+        "JetStream work queue (every replica busy); added = beyond calling the server straight; "
+        "nats = one bare nats-py request-reply with the same bodies and no model (the floor of one hop)"
+    )
+    hdr = (
+        f"{'concurrency':>11} | {'path':>7} | {'calls/s':>8} {'mean ms':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'CPU ms/call':>11} | {'added p50 ms':>12} {'added CPU ms':>12}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for c, fig in rows:
         d = fig["direct"]
         for name in ("direct", "nats", "runtime", "queued"):
             r = fig[name]
-            added = (f"{r['p50_ms'] - d['p50_ms']:>12.2f} {r['cpu_ms'] - d['cpu_ms']:>12.2f}"
-                     if name in ("runtime", "queued") else f"{'':>12} {'':>12}")
-            print(f"{c:>11} | {name:>7} | {r['rps']:>8,.0f} {r['mean_ms']:>8.2f} {r['p50_ms']:>7.2f} "
-                  f"{r['p99_ms']:>7.2f} {r['cpu_ms']:>11.2f} | {added}")
-    print("target: added CPU per model call <= 0.3 ms (issue 16); a direct call is one hop, so the added CPU "
-          "cannot go below the nats row's CPU at the same concurrency")
+            added = (
+                f"{r['p50_ms'] - d['p50_ms']:>12.2f} {r['cpu_ms'] - d['cpu_ms']:>12.2f}"
+                if name in ("runtime", "queued")
+                else f"{'':>12} {'':>12}"
+            )
+            print(
+                f"{c:>11} | {name:>7} | {r['rps']:>8,.0f} {r['mean_ms']:>8.2f} {r['p50_ms']:>7.2f} "
+                f"{r['p99_ms']:>7.2f} {r['cpu_ms']:>11.2f} | {added}"
+            )
+    print(
+        "target: added CPU per model call <= 0.3 ms (issue 16); a direct call is one hop, so the added CPU "
+        "cannot go below the nats row's CPU at the same concurrency"
+    )
+
 
 if __name__ == "__main__":
     main()

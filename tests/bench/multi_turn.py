@@ -38,22 +38,42 @@ POLICY_S, USER_S = 0.050, 0.030
 
 
 def config(policy_replicas: int, user_replicas: int, policy_slots: int, user_slots: int) -> Any:
-    return config_from_dict({
-        "namespace": "bench",
-        "models": {
-            "policy": {"adapter": "scripted", "delay_s": POLICY_S, "replicas": policy_replicas,
-                       "concurrency": policy_slots},
-            "user_sim": {"adapter": "scripted", "delay_s": USER_S, "replicas": user_replicas,
-                         "concurrency": user_slots},
-        },
-        "resources": {"env": {"server": "resources.multi_turn_gymnasium"}},
-        "agents": {"chat": {
-            "agent": "agents.multi_turn", "model": "policy", "resource": "env", "concurrency": 512,
-            "options": {"user": "model", "user_model": "user_sim", "stop_tool": "end_conversation",
-                        "min_turns": TURNS, "max_turns": TURNS + 1},
-        }},
-        "base_dir": str(REPO),
-    })
+    return config_from_dict(
+        {
+            "namespace": "bench",
+            "models": {
+                "policy": {
+                    "adapter": "scripted",
+                    "delay_s": POLICY_S,
+                    "replicas": policy_replicas,
+                    "concurrency": policy_slots,
+                },
+                "user_sim": {
+                    "adapter": "scripted",
+                    "delay_s": USER_S,
+                    "replicas": user_replicas,
+                    "concurrency": user_slots,
+                },
+            },
+            "resources": {"env": {"server": "resources.multi_turn_gymnasium"}},
+            "agents": {
+                "chat": {
+                    "agent": "agents.multi_turn",
+                    "model": "policy",
+                    "resource": "env",
+                    "concurrency": 512,
+                    "options": {
+                        "user": "model",
+                        "user_model": "user_sim",
+                        "stop_tool": "end_conversation",
+                        "min_turns": TURNS,
+                        "max_turns": TURNS + 1,
+                    },
+                }
+            },
+            "base_dir": str(REPO),
+        }
+    )
 
 
 def one(n: int, policy_replicas: int, user_replicas: int, policy_slots: int, user_slots: int) -> float:
@@ -64,10 +84,17 @@ def one(n: int, policy_replicas: int, user_replicas: int, policy_slots: int, use
         srv.start()
         try:
             cfg = config(policy_replicas, user_replicas, policy_slots, user_slots)
-            result = run_async(lambda: run_batch(
-                cfg, srv.url, input_path=DATA, out=Path(tmp) / "out.jsonl", telemetry=Telemetry(),
-                repeats=repeats, agent="chat",
-            ))
+            result = run_async(
+                lambda: run_batch(
+                    cfg,
+                    srv.url,
+                    input_path=DATA,
+                    out=Path(tmp) / "out.jsonl",
+                    telemetry=Telemetry(),
+                    repeats=repeats,
+                    agent="chat",
+                )
+            )
         finally:
             srv.stop()
     assert result.stats.failures == 0, result.stats
@@ -82,8 +109,10 @@ def main() -> None:
     args = ap.parse_args()
     logs.configure(level="warning")
 
-    print(f"{args.n} rollouts of {TURNS} policy turns; policy {POLICY_S * 1000:.0f} ms x {args.policy_slots} slots "
-          f"per replica, user simulator {USER_S * 1000:.0f} ms x {args.user_slots} slots per replica\n")
+    print(
+        f"{args.n} rollouts of {TURNS} policy turns; policy {POLICY_S * 1000:.0f} ms x {args.policy_slots} slots "
+        f"per replica, user simulator {USER_S * 1000:.0f} ms x {args.user_slots} slots per replica\n"
+    )
     print("| policy replicas | user-sim replicas | rollouts/s | bound from slots | % of bound |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for p, u in ((1, 1), (1, 2), (2, 1), (2, 2)):

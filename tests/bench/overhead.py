@@ -180,13 +180,20 @@ def model_mode(mode: str) -> Iterator[tuple[list[str], psutil.Process | None]]:
     if mode == "scripted":
         yield [], None
         return
-    mock = subprocess.Popen([sys.executable, str(REPO / "tests/bench/mock_openai.py")], stdout=subprocess.PIPE,
-                            text=True)
+    mock = subprocess.Popen(
+        [sys.executable, str(REPO / "tests/bench/mock_openai.py")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert mock.stdout is not None
         port = int(mock.stdout.readline().split()[1])
-        yield ["models.policy.adapter=openai", f"models.policy.base_url=http://127.0.0.1:{port}/v1",
-               "models.policy.model=mock"], psutil.Process(mock.pid)
+        yield (
+            [
+                "models.policy.adapter=openai",
+                f"models.policy.base_url=http://127.0.0.1:{port}/v1",
+                "models.policy.model=mock",
+            ],
+            psutil.Process(mock.pid),
+        )
     finally:
         mock.terminate()
         mock.wait(10)
@@ -196,8 +203,15 @@ def conc_sets(conc: int, model_sets: list[str]) -> list[str]:
     return [f"agents.weather_agent.concurrency={conc}", f"models.policy.concurrency={max(conc, 64)}", *model_sets]
 
 
-def one_process(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None,
-                profile: str | None = None, metrics: bool = False) -> dict[str, float]:
+def one_process(
+    n: int,
+    conc: int,
+    tmp: Path,
+    model_sets: list[str],
+    mock: psutil.Process | None,
+    profile: str | None = None,
+    metrics: bool = False,
+) -> dict[str, float]:
     srv = EmbeddedServer(store_dir=str(tmp / f"js_one_{conc}"))
     t0 = time.perf_counter()
     srv.start()
@@ -215,7 +229,9 @@ def one_process(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psuti
         profiler.start()
     with Sampler([me, server]) as sampler:
         tel = bench_telemetry(metrics)
-        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_one_{conc}.jsonl", telemetry=tel))
+        res = run_async(
+            lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_one_{conc}.jsonl", telemetry=tel)
+        )
         tel.shutdown()
     if profiler:
         profiler.stop()
@@ -227,16 +243,22 @@ def one_process(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psuti
     ready = server_s + res.ready_s  # embedded server start + connect + every worker subscribed
     work = res.elapsed_s - res.ready_s
     return {
-        "rps": n / work, "cpu_ms": 1000 * cpu / n, "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n,
-        "server_ms": 1000 * srv_cpu / n, "ready_s": ready, "rss_mb": sampler.peak / 2**20,
+        "rps": n / work,
+        "cpu_ms": 1000 * cpu / n,
+        "mock_ms": 1000 * mock_cpu / n,
+        "lat_ms": 1000 * work / n,
+        "server_ms": 1000 * srv_cpu / n,
+        "ready_s": ready,
+        "rss_mb": sampler.peak / 2**20,
     }
 
 
 PER_ROLE: list[list[str]] = [["models"], ["resources"], ["agents"]]
 
 
-def worker_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None,
-                     groups: list[list[str]], tag: str) -> dict[str, float]:
+def worker_processes(
+    n: int, conc: int, tmp: Path, model_sets: list[str], mock: psutil.Process | None, groups: list[list[str]], tag: str
+) -> dict[str, float]:
     """Workers in child processes (``start --in-process``), one per entry of ``groups`` (its ``--only``
     roles; an empty entry serves every role); this process publishes the batch and collects it.
 
@@ -246,8 +268,16 @@ def worker_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: 
     srv.start()
     sets = conc_sets(conc, model_sets)
     passthrough = [x for s in sets for x in ("--set", s)]
-    procs = [subprocess.Popen(role_argv([str(CONFIG)], srv.url, only, passthrough), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for only in groups]
+    procs = [
+        subprocess.Popen(
+            role_argv([str(CONFIG)], srv.url, only, passthrough),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for only in groups
+    ]
     for p in procs:
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -258,8 +288,16 @@ def worker_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: 
     inp = make_input(n, tmp)
     cpu0, workers0, mock0 = cpu_of(ps), cpu_of(workers), cpu_of([mock] if mock else [])
     with Sampler(ps) as sampler:
-        res = run_async(lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_{tag}_{conc}.jsonl",
-                                          telemetry=Telemetry(), start_local_workers=False))
+        res = run_async(
+            lambda: run_batch(
+                cfg,
+                srv.url,
+                input_path=inp,
+                out=tmp / f"out_{tag}_{conc}.jsonl",
+                telemetry=Telemetry(),
+                start_local_workers=False,
+            )
+        )
     cpu, workers_cpu = cpu_of(ps) - cpu0, cpu_of(workers) - workers0
     mock_cpu = cpu_of([mock] if mock else []) - mock0
     for p in procs:
@@ -269,15 +307,21 @@ def worker_processes(n: int, conc: int, tmp: Path, model_sets: list[str], mock: 
     srv.stop()
     assert res.stats.rows == n and res.stats.failures == 0, res.stats
     work = res.elapsed_s - res.ready_s
-    return {"rps": n / work, "cpu_ms": 1000 * cpu / n, "workers_ms": 1000 * workers_cpu / n,
-            "mock_ms": 1000 * mock_cpu / n, "lat_ms": 1000 * work / n, "rss_mb": sampler.peak / 2**20}
+    return {
+        "rps": n / work,
+        "cpu_ms": 1000 * cpu / n,
+        "workers_ms": 1000 * workers_cpu / n,
+        "mock_ms": 1000 * mock_cpu / n,
+        "lat_ms": 1000 * work / n,
+        "rss_mb": sampler.peak / 2**20,
+    }
 
 
-def scaling(n: int, counts: list[int], tmp: Path, model_sets: list[str], mock: psutil.Process | None
-            ) -> list[tuple[int, dict[str, float]]]:
+def scaling(
+    n: int, counts: list[int], tmp: Path, model_sets: list[str], mock: psutil.Process | None
+) -> list[tuple[int, dict[str, float]]]:
     """``k`` worker processes, each serving every role (256 rollouts in flight each), for each ``k``."""
-    return [(k, worker_processes(n, 256, tmp, model_sets, mock, [[] for _ in range(k)], f"scale{k}"))
-            for k in counts]
+    return [(k, worker_processes(n, 256, tmp, model_sets, mock, [[] for _ in range(k)], f"scale{k}")) for k in counts]
 
 
 def rollout_latency(n: int, tmp: Path, model_sets: list[str]) -> float:
@@ -317,9 +361,25 @@ def whole_run(n: int, tmp: Path, *extra: str) -> dict[str, float]:
     inp = make_input(n, tmp)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "run", str(CONFIG), "-i", str(inp), "-o",
-                          str(tmp / f"run_{n}.jsonl"), "--no-progress", *extra], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            str(CONFIG),
+            "-i",
+            str(inp),
+            "-o",
+            str(tmp / f"run_{n}.jsonl"),
+            "--no-progress",
+            *extra,
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -331,8 +391,24 @@ def whole_run(n: int, tmp: Path, *extra: str) -> dict[str, float]:
 def cli_ready_time(tmp: Path) -> float:
     """Wall time of a whole `gym-runtime run --limit 1` (interpreter start to exit)."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gym_runtime.cli", "run", str(CONFIG), "-i", str(DATA), "-o",
-                    str(tmp / "one.jsonl"), "--limit", "1"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            str(CONFIG),
+            "-i",
+            str(DATA),
+            "-o",
+            str(tmp / "one.jsonl"),
+            "--limit",
+            "1",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -346,19 +422,31 @@ def main() -> None:
     ap.add_argument("--profile", help="pyinstrument HTML of the one-process run at the highest concurrency")
     ap.add_argument("--json", help="also write results as JSON here")
     ap.add_argument("--metrics", action="store_true", help="one-process runs record metrics (Prometheus endpoint)")
-    ap.add_argument("--run-processes", nargs="*", default=["one", "2"],
-                    help="also time the whole `run` with these --processes values (the default's is auto)")
-    ap.add_argument("--scaling", type=int, nargs="*", default=None,
-                    help="worker-process counts for the scaling table (default 1, 2, 4, ... up to the cores; "
-                         "the flag alone: skip it)")
+    ap.add_argument(
+        "--run-processes",
+        nargs="*",
+        default=["one", "2"],
+        help="also time the whole `run` with these --processes values (the default's is auto)",
+    )
+    ap.add_argument(
+        "--scaling",
+        type=int,
+        nargs="*",
+        default=None,
+        help="worker-process counts for the scaling table (default 1, 2, 4, ... up to the cores; "
+        "the flag alone: skip it)",
+    )
     args = ap.parse_args()
     from gym_runtime import logs
     from gym_runtime.cli._common import tune_gc
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)
     tune_gc()  # and its garbage-collector setting
-    counts = args.scaling if args.scaling is not None else [
-        k for k in (1, 2, 4, 8, 16, 32, 64) if k <= (os.cpu_count() or 1)]
+    counts = (
+        args.scaling
+        if args.scaling is not None
+        else [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= (os.cpu_count() or 1)]
+    )
     empty = {"rps": 0.0, "cpu_ms": 0.0, "mock_ms": 0.0, "rss_mb": 0.0}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -373,7 +461,9 @@ def main() -> None:
                     if prof and len(args.model) > 1:
                         prof = prof.replace(".html", f"_{mode}.html")
                     one = one_process(args.n, c, tmp, sets, mock, prof, args.metrics)
-                    multi = empty if args.no_per_role else worker_processes(args.n, c, tmp, sets, mock, PER_ROLE, "role")
+                    multi = (
+                        empty if args.no_per_role else worker_processes(args.n, c, tmp, sets, mock, PER_ROLE, "role")
+                    )
                     rows.append((c, one, multi))
                 latency = rollout_latency(min(args.n, 1000), tmp, sets)
                 scale = scaling(args.n, counts, tmp, sets, mock)
@@ -382,43 +472,70 @@ def main() -> None:
         run = whole_run(args.run_n, tmp) if args.run_n else None
         run_by = {k: whole_run(args.run_n, tmp, "--processes", k) for k in args.run_processes} if args.run_n else {}
     print(f"\nweather rollouts, zero-latency model, N={args.n}, {os.cpu_count()} cores")
-    print(f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s; "
-          f"one round trip at concurrency 1: {rtt_ms:.3f} ms")
+    print(
+        f"raw nats-py request-reply ceiling (same server, 64 in flight): {ceiling:,.0f} req/s; "
+        f"one round trip at concurrency 1: {rtt_ms:.3f} ms"
+    )
     for mode, r in results.items():
-        what = ("scripted model (in-process test double)" if mode == "scripted" else
-                "`openai` adapter -> HTTP mock (own process; its CPU in the last column, not counted)")
+        what = (
+            "scripted model (in-process test double)"
+            if mode == "scripted"
+            else "`openai` adapter -> HTTP mock (own process; its CPU in the last column, not counted)"
+        )
         print(f"\n{mode}: {what}")
-        hdr = (f"{'concurrency':>11} | {'1-proc rollouts/s':>17} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | "
-               f"{'per-role rollouts/s':>19} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | {'mock CPU ms':>11}")
+        hdr = (
+            f"{'concurrency':>11} | {'1-proc rollouts/s':>17} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | "
+            f"{'per-role rollouts/s':>19} {'CPU ms/rollout':>14} {'peak RSS MB':>11} | {'mock CPU ms':>11}"
+        )
         print(hdr)
         print("-" * len(hdr))
         for c, one, multi in r["rows"]:
-            print(f"{c:>11} | {one['rps']:>17,.0f} {one['cpu_ms']:>14.2f} {one['rss_mb']:>11.0f} | "
-                  f"{multi['rps']:>19,.0f} {multi['cpu_ms']:>14.2f} {multi['rss_mb']:>11.0f} | "
-                  f"{one['mock_ms']:>11.2f}")
+            print(
+                f"{c:>11} | {one['rps']:>17,.0f} {one['cpu_ms']:>14.2f} {one['rss_mb']:>11.0f} | "
+                f"{multi['rps']:>19,.0f} {multi['cpu_ms']:>14.2f} {multi['rss_mb']:>11.0f} | "
+                f"{one['mock_ms']:>11.2f}"
+            )
         c1 = next((one for c, one, _ in r["rows"] if c == 1), None)
         if c1:
             print(f"latency of one rollout at concurrency 1 (one process), wall / N: {c1['lat_ms']:.2f} ms")
-        print(f"latency of one rollout at concurrency 1, task delivered -> result stored: {r['latency_ms']:.2f} ms "
-              f"(its 5 round trips - tool, 2 model calls, verify, store - take {5 * rtt_ms:.2f} ms with the raw client)")
-        print(f"  of the ceiling: {max(one['rps'] for _, one, _ in r['rows']) * 7 / ceiling:.0%} "
-              "(best one-process rate x 7 round trips per rollout / raw request-reply rate)")
+        print(
+            f"latency of one rollout at concurrency 1, task delivered -> result stored: {r['latency_ms']:.2f} ms "
+            f"(its 5 round trips - tool, 2 model calls, verify, store - take {5 * rtt_ms:.2f} ms with the raw client)"
+        )
+        print(
+            f"  of the ceiling: {max(one['rps'] for _, one, _ in r['rows']) * 7 / ceiling:.0%} "
+            "(best one-process rate x 7 round trips per rollout / raw request-reply rate)"
+        )
         print_scaling(r["scaling"])
     first = next(iter(results.values()))["rows"][0][1]
     print(f"\nembedded server started and all workers ready (one process): {first['ready_s'] * 1000:.0f} ms")
     print(f"whole `gym-runtime run --limit 1` command, interpreter start to exit: {cli_s:.2f} s")
     if run:
-        print(f"whole `gym-runtime run` on {args.run_n:,} rollouts (scripted model): {run['rps']:,.0f} rollouts/s "
-              f"as it reports, {run['wall_s']:.2f} s wall, {run['cpu_ms']:.2f} ms CPU per rollout "
-              "(every process it started, nats-server included)")
+        print(
+            f"whole `gym-runtime run` on {args.run_n:,} rollouts (scripted model): {run['rps']:,.0f} rollouts/s "
+            f"as it reports, {run['wall_s']:.2f} s wall, {run['cpu_ms']:.2f} ms CPU per rollout "
+            "(every process it started, nats-server included)"
+        )
         for k, r in run_by.items():
-            print(f"  with --processes {k}: {r['rps']:,.0f} rollouts/s, {r['wall_s']:.2f} s wall, "
-                  f"{r['cpu_ms']:.2f} ms CPU per rollout")
+            print(
+                f"  with --processes {k}: {r['rps']:,.0f} rollouts/s, {r['wall_s']:.2f} s wall, "
+                f"{r['cpu_ms']:.2f} ms CPU per rollout"
+            )
     print_targets(ceiling, results, run, rtt_ms)
     if args.json:
-        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "rtt_ms": rtt_ms, "modes": results, "cli_s": cli_s, "run": run,
-                                               "run_by_processes": run_by},
-                                              indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "ceiling": ceiling,
+                    "rtt_ms": rtt_ms,
+                    "modes": results,
+                    "cli_s": cli_s,
+                    "run": run,
+                    "run_by_processes": run_by,
+                },
+                indent=2,
+            )
+        )
 
 
 def print_scaling(rows: list[tuple[int, dict[str, float]]]) -> None:
@@ -428,15 +545,18 @@ def print_scaling(rows: list[tuple[int, dict[str, float]]]) -> None:
     if not rows:
         return
     base = rows[0][1]["rps"] / rows[0][0]
-    print(f"scaling: k worker processes, each serving every role, 256 rollouts in flight each; "
-          f"{os.cpu_count()} cores")
-    hdr = (f"{'processes':>9} | {'rollouts/s':>10} {'x one':>6} {'per process':>11} | "
-           f"{'CPU ms/rollout: workers':>23} {'all':>5} | {'cores busy':>10}")
+    print(f"scaling: k worker processes, each serving every role, 256 rollouts in flight each; {os.cpu_count()} cores")
+    hdr = (
+        f"{'processes':>9} | {'rollouts/s':>10} {'x one':>6} {'per process':>11} | "
+        f"{'CPU ms/rollout: workers':>23} {'all':>5} | {'cores busy':>10}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for k, r in rows:
-        print(f"{k:>9} | {r['rps']:>10,.0f} {r['rps'] / base:>6.2f} {r['rps'] / k:>11,.0f} | "
-              f"{r['workers_ms']:>23.2f} {r['cpu_ms']:>5.2f} | {r['rps'] * r['cpu_ms'] / 1000:>10.2f}")
+        print(
+            f"{k:>9} | {r['rps']:>10,.0f} {r['rps'] / base:>6.2f} {r['rps'] / k:>11,.0f} | "
+            f"{r['workers_ms']:>23.2f} {r['cpu_ms']:>5.2f} | {r['rps'] * r['cpu_ms'] / 1000:>10.2f}"
+        )
 
 
 def print_targets(ceiling: float, results: dict[str, Any], run: dict[str, float] | None, rtt_ms: float) -> None:
@@ -450,8 +570,10 @@ def print_targets(ceiling: float, results: dict[str, Any], run: dict[str, float]
         best = max(http["rows"], key=lambda r: r[1]["rps"])
         multi = max(r[2]["rps"] for r in http["rows"])
         c1 = next((one for c, one, _ in http["rows"] if c == 1), None)
-        print(f"  http model: {best[1]['rps']:,.0f} rollouts/s one process ({best[1]['rps'] / allowed:.0%} of allowed), "
-              f"{multi:,.0f} per role; target >= 800 (275 before, on the target machine)")
+        print(
+            f"  http model: {best[1]['rps']:,.0f} rollouts/s one process ({best[1]['rps'] / allowed:.0%} of allowed), "
+            f"{multi:,.0f} per role; target >= 800 (275 before, on the target machine)"
+        )
         print(f"  http model: {best[1]['cpu_ms']:.2f} ms CPU per rollout, our processes; target <= 1.5 (3.95 before)")
         if c1:
             print(f"  http model: one rollout at concurrency 1 {c1['lat_ms']:.2f} ms; target <= 3 (6.7 before)")
@@ -459,12 +581,16 @@ def print_targets(ceiling: float, results: dict[str, Any], run: dict[str, float]
     if scripted:
         c1 = next((one for c, one, _ in scripted["rows"] if c == 1), None)
         if c1:
-            print(f"  scripted: one rollout at concurrency 1 {c1['lat_ms']:.2f} ms wall / N, "
-                  f"{scripted['latency_ms']:.2f} ms as the agent sees it; target <= 2 (2.6 before); "
-                  f"the raw client's 5 round trips alone: {5 * rtt_ms:.2f} ms")
+            print(
+                f"  scripted: one rollout at concurrency 1 {c1['lat_ms']:.2f} ms wall / N, "
+                f"{scripted['latency_ms']:.2f} ms as the agent sees it; target <= 2 (2.6 before); "
+                f"the raw client's 5 round trips alone: {5 * rtt_ms:.2f} ms"
+            )
     if run:
-        print(f"  whole run: {run['rps']:,.0f} rollouts/s ({run['rps'] / allowed:.0%} of allowed); target >= 1,800 "
-              f"and >= 55% (1,112 before)")
+        print(
+            f"  whole run: {run['rps']:,.0f} rollouts/s ({run['rps'] / allowed:.0%} of allowed); target >= 1,800 "
+            f"and >= 55% (1,112 before)"
+        )
         print(f"  whole run: {run['cpu_ms']:.2f} ms CPU per rollout with nats-server; target <= 0.9 (1.14 before)")
 
 

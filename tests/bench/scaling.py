@@ -52,16 +52,28 @@ def make_input(n: int, tmp: Path) -> Path:
     return path
 
 
-async def batch_with_models(url: str, tmp: Path, n: int, delays: list[float], *, add_at_s: float | None = None,
-                            add_delay: float = 0.05, agent_slots: int = 512) -> dict[str, Any]:
+async def batch_with_models(
+    url: str,
+    tmp: Path,
+    n: int,
+    delays: list[float],
+    *,
+    add_at_s: float | None = None,
+    add_delay: float = 0.05,
+    agent_slots: int = 512,
+) -> dict[str, Any]:
     """Run n rollouts with one model replica per entry of ``delays``; agents and resources in-process."""
-    cfg = load_config(CONFIG, [f"agents.weather_agent.concurrency={agent_slots}", f"models.policy.concurrency={MODEL_SLOTS}"])
+    cfg = load_config(
+        CONFIG, [f"agents.weather_agent.concurrency={agent_slots}", f"models.policy.concurrency={MODEL_SLOTS}"]
+    )
     bus = await Bus.connect(url, namespace=cfg.namespace, telemetry=Telemetry(), name="bench")
     timeline: list[tuple[float, int]] = []
     async with anyio.create_task_group() as tg:
         models = []
         for d in delays:
-            mcfg = load_config(CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={d}"]).models["policy"]
+            mcfg = load_config(
+                CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={d}"]
+            ).models["policy"]
             models.append(ModelWorker(bus, "policy", mcfg))
         await start_workers(tg, models + make_workers(bus, cfg, selected(cfg, ["resources", "agents"])))
         t0 = time.perf_counter()
@@ -70,7 +82,9 @@ async def batch_with_models(url: str, tmp: Path, n: int, delays: list[float], *,
         def progress(done: int, total: int) -> None:
             timeline.append((time.perf_counter() - t0, done))
 
-        collector = Collector(bus, f"b{len(delays)}_{n}_{add_at_s}", tmp / "out.jsonl", expected=n, on_progress=progress)
+        collector = Collector(
+            bus, f"b{len(delays)}_{n}_{add_at_s}", tmp / "out.jsonl", expected=n, on_progress=progress
+        )
         done = anyio.Event()
 
         async def collect() -> None:
@@ -81,7 +95,9 @@ async def batch_with_models(url: str, tmp: Path, n: int, delays: list[float], *,
         await publish_batch(bus, cfg, make_input(n, tmp), batch=collector.batch)
         if add_at_s is not None:
             await anyio.sleep(add_at_s - (time.perf_counter() - t0))
-            mcfg = load_config(CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={add_delay}"]).models["policy"]
+            mcfg = load_config(
+                CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={add_delay}"]
+            ).models["policy"]
             extra = ModelWorker(bus, "policy", mcfg)
             added_at = time.perf_counter() - t0
             await tg.start(extra.run)
@@ -132,9 +148,12 @@ def bench_c(url: str, tmp: Path) -> None:
             break
     after = rate_between(tl, added + 1.0, added + 3.0)
     print("\n(c) a second model replica added 3 s into the batch")
-    print(f"  rollouts/s before: {before:.0f}   after: {after:.0f}   "
-          f"throughput rose (>1.5x) {rises:.2f} s after the replica started" if rises is not None
-          else f"  rollouts/s before: {before:.0f}   after: {after:.0f}   (no rise detected)")
+    print(
+        f"  rollouts/s before: {before:.0f}   after: {after:.0f}   "
+        f"throughput rose (>1.5x) {rises:.2f} s after the replica started"
+        if rises is not None
+        else f"  rollouts/s before: {before:.0f}   after: {after:.0f}   (no rise detected)"
+    )
 
 
 class Peak:
@@ -172,16 +191,42 @@ def bench_d(url: str, tmp: Path, sizes: list[int]) -> None:
         sets = ["--set", f"namespace={ns}", "--set", "agents.weather_agent.concurrency=256"]
         procs = {}
         for role in roles:
-            p = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "start", str(CONFIG), "--nats", url, "--only",
-                                  role, *sets], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "gym_runtime.cli", "start", str(CONFIG), "--nats", url, "--only", role, *sets],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             assert p.stdout is not None and "ready" in p.stdout.readline()
             procs[role] = p
         t0 = time.perf_counter()
-        batch = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "publish", str(CONFIG), "-i", str(inp), "--nats",
-                                url, *sets], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        col = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch, "--nats", url,
-                                "--namespace", ns, "-o", str(tmp / f"mem_{n}.jsonl")], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        batch = subprocess.run(
+            [sys.executable, "-m", "gym_runtime.cli", "publish", str(CONFIG), "-i", str(inp), "--nats", url, *sets],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        col = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "collect",
+                "--batch",
+                batch,
+                "--nats",
+                url,
+                "--namespace",
+                ns,
+                "-o",
+                str(tmp / f"mem_{n}.jsonl"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         watched = {"collector": psutil.Process(col.pid), **{r: psutil.Process(p.pid) for r, p in procs.items()}}
         with Peak(watched) as peak:
             col.wait()

@@ -38,27 +38,46 @@ def measure(secure: bool, repeats: int, connects: int) -> dict[str, float]:
         start_s = time.perf_counter() - t0
         auth = ClientAuth(auth_dir) if secure else None
         try:
+
             async def connect_times() -> list[float]:
                 out = []
                 for _ in range(connects):
                     t = time.perf_counter()
-                    bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="bench",
-                                            auth=auth, role="publisher" if auth else None)
+                    bus = await Bus.connect(
+                        srv.url,
+                        namespace="gym",
+                        telemetry=Telemetry(),
+                        name="bench",
+                        auth=auth,
+                        role="publisher" if auth else None,
+                    )
                     out.append(time.perf_counter() - t)
                     await bus.close()
                 return out
 
             conn = run_async(connect_times)
             cfg = load_config(REPO / "resources/weather/config.yaml")
-            result = run_async(lambda: run_batch(
-                cfg, srv.url, input_path=REPO / "resources/weather/data/example.jsonl",
-                out=Path(tmp) / "out.jsonl", telemetry=Telemetry(), repeats=repeats, auth=auth,
-            ))
+            result = run_async(
+                lambda: run_batch(
+                    cfg,
+                    srv.url,
+                    input_path=REPO / "resources/weather/data/example.jsonl",
+                    out=Path(tmp) / "out.jsonl",
+                    telemetry=Telemetry(),
+                    repeats=repeats,
+                    auth=auth,
+                )
+            )
             assert result.stats.failures == 0
         finally:
             srv.stop()
-    return {"start_s": start_s, "connect_ms": statistics.median(conn) * 1e3, "rollouts": result.tasks,
-            "elapsed_s": result.elapsed_s, "per_s": result.tasks / result.elapsed_s}
+    return {
+        "start_s": start_s,
+        "connect_ms": statistics.median(conn) * 1e3,
+        "rollouts": result.tasks,
+        "elapsed_s": result.elapsed_s,
+        "per_s": result.tasks / result.elapsed_s,
+    }
 
 
 def main() -> None:
@@ -70,8 +89,10 @@ def main() -> None:
     print(f"{'bus':<10} {'server start':>13} {'connect p50':>12} {'rollouts':>9} {'elapsed':>9} {'rollouts/s':>11}")
     for secure in (False, True):
         m = measure(secure, args.repeats, args.connects)
-        print(f"{'secured' if secure else 'plain':<10} {m['start_s']:>12.2f}s {m['connect_ms']:>10.1f}ms "
-              f"{m['rollouts']:>9} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f}")
+        print(
+            f"{'secured' if secure else 'plain':<10} {m['start_s']:>12.2f}s {m['connect_ms']:>10.1f}ms "
+            f"{m['rollouts']:>9} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f}"
+        )
 
 
 if __name__ == "__main__":

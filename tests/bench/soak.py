@@ -43,8 +43,18 @@ def main() -> None:
         cfg = {
             "models": {"policy": {"adapter": "scripted", "delay_s": 0.05, "ack_wait_s": 3.0, "concurrency": 32}},
             "resources": {"env": {"server": "resources.counter"}},
-            "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4,
-                                 "concurrency": 32, "ack_wait_s": 3.0, "max_attempts": 10, "timeout_s": 120}},
+            "agents": {
+                "agent": {
+                    "agent": "agents.simple",
+                    "model": "policy",
+                    "resource": "env",
+                    "max_steps": 4,
+                    "concurrency": 32,
+                    "ack_wait_s": 3.0,
+                    "max_attempts": 10,
+                    "timeout_s": 120,
+                }
+            },
         }
         config = tmp / "config.yaml"
         config.write_text(yaml.safe_dump(cfg))
@@ -57,9 +67,26 @@ def main() -> None:
 
         def start(key: str) -> None:
             role = key.split("#")[0]
-            p = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", srv.url,
-                                  "--only", role, "--replicas", "1", "--in-process"], cwd=REPO,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gym_runtime.cli",
+                    "start",
+                    str(config),
+                    "--nats",
+                    srv.url,
+                    "--only",
+                    role,
+                    "--replicas",
+                    "1",
+                    "--in-process",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             assert p.stdout is not None and "ready" in p.stdout.readline()
             procs[key] = p
 
@@ -67,13 +94,33 @@ def main() -> None:
             for i in (1, 2):
                 start(f"{role}#{i}")
         t0 = time.perf_counter()
-        batch = subprocess.run([sys.executable, "-m", "gym_runtime.cli", "publish", str(config), "-i", str(tasks), "--nats",
-                                srv.url, "--repeats", str(args.repeats)], cwd=REPO, check=True, capture_output=True,
-                               text=True).stdout.strip()
+        batch = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "publish",
+                str(config),
+                "-i",
+                str(tasks),
+                "--nats",
+                srv.url,
+                "--repeats",
+                str(args.repeats),
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         out = tmp / "out.jsonl"
-        collector = subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch, "--nats",
-                                      srv.url, "-o", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        collector = subprocess.Popen(
+            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch, "--nats", srv.url, "-o", str(out)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         kills = 0
         restarted = False
         while collector.poll() is None:
@@ -100,11 +147,17 @@ def main() -> None:
         rows = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
         keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
         expected = [(t, k) for t in range(args.tasks) for k in range(args.repeats)]
-        print(f"\nsoak: {args.tasks} tasks x {args.repeats} repeats, {kills} worker SIGKILLs, "
-              f"server restarted: {restarted}, {elapsed:.1f} s")
-        print(f"{'rows expected':>14} | {'rows written':>12} | {'duplicates':>10} | {'missing':>7} | {'collect exit':>12}")
-        print(f"{len(expected):>14} | {len(rows):>12} | {len(keys) - len(set(keys)):>10} | "
-              f"{len(set(expected) - set(keys)):>7} | {collector.returncode:>12}")
+        print(
+            f"\nsoak: {args.tasks} tasks x {args.repeats} repeats, {kills} worker SIGKILLs, "
+            f"server restarted: {restarted}, {elapsed:.1f} s"
+        )
+        print(
+            f"{'rows expected':>14} | {'rows written':>12} | {'duplicates':>10} | {'missing':>7} | {'collect exit':>12}"
+        )
+        print(
+            f"{len(expected):>14} | {len(rows):>12} | {len(keys) - len(set(keys)):>10} | "
+            f"{len(set(expected) - set(keys)):>7} | {collector.returncode:>12}"
+        )
         if keys != expected or collector.returncode != 0:
             print(stderr[-2000:])
             sys.exit(1)

@@ -47,8 +47,13 @@ EXAMPLE = REPO / "resources/weather/data/example.jsonl"
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gym_runtime.cli", *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_line(proc: subprocess.Popen[str], prefix: str) -> str:
@@ -108,7 +113,9 @@ async def bench(args: argparse.Namespace, url: str, gw_url: str, tmp: Path) -> N
             print(f"{'path':<10}{'seconds':>10}{'rollouts/s':>12}{'vs collect':>12}")
             best = {p: min(s for q, s in results if q == p) for p in ("collect", "client", "gateway")}
             for p, s in best.items():
-                print(f"{p:<10}{s:>10.2f}{args.rows / s:>12.0f}{(args.rows / s) / (args.rows / best['collect']):>11.0%}")
+                print(
+                    f"{p:<10}{s:>10.2f}{args.rows / s:>12.0f}{(args.rows / s) / (args.rows / best['collect']):>11.0%}"
+                )
 
             # latency at concurrency 1
             lat: dict[str, list[float]] = {"client.run": [], "POST /run": []}

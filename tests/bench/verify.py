@@ -74,9 +74,26 @@ def main() -> None:
             for replicas in (1, 2):
                 ns = f"v{env.replace('_', '')}{replicas}"
                 pool = subprocess.Popen(
-                    [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", srv.url, "--only",
-                     f"resources.{env}", "--replicas", str(replicas), "--set", f"namespace={ns}"],
-                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "gym_runtime.cli",
+                        "start",
+                        str(cfg),
+                        "--nats",
+                        srv.url,
+                        "--only",
+                        f"resources.{env}",
+                        "--replicas",
+                        str(replicas),
+                        "--set",
+                        f"namespace={ns}",
+                    ],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
                 assert pool.stdout is not None and "ready" in pool.stdout.readline()
 
                 async def go(ns: str = ns, env: str = env) -> float:
@@ -106,8 +123,24 @@ def bench_offline_search(n: int = 2000) -> None:
 
     from gym_runtime.resources.google_search.backends import OfflineBackend, SearchOptions
 
-    words = ["carnot", "efficiency", "coulomb", "force", "charges", "rna", "ubiquitination", "alkyne",
-             "mercury", "hydration", "time", "reversal", "acoustics", "scattering", "heat", "capacity"]
+    words = [
+        "carnot",
+        "efficiency",
+        "coulomb",
+        "force",
+        "charges",
+        "rna",
+        "ubiquitination",
+        "alkyne",
+        "mercury",
+        "hydration",
+        "time",
+        "reversal",
+        "acoustics",
+        "scattering",
+        "heat",
+        "capacity",
+    ]
     queries = [f"{words[i % 16]} {words[(i * 7) % 16]} {words[(i * 11) % 16]} {i}" for i in range(n)]
     backend = OfflineBackend(SearchOptions(top_k=10, cache_size=1))
 
@@ -129,11 +162,17 @@ def bench_swe(url: str, tmp: Path, rollouts: int) -> None:
     rows, rec = rows_and_recordings(tmp, copies=max(1, rollouts // 2))
     print(f"\n{'swe (local backend)':>22} | {'concurrency':>11} | {'rollouts/min':>12} | mean reward")
     for concurrency in (1, 4):
-        cfg = load_config(REPO / "resources" / "swe" / "config.yaml", [
-            "models.policy.adapter=replay", f"models.policy.rollouts={rec}", f"namespace=swe{concurrency}",
-            "resources.swe.options.command_timeout_s=5", f"resources.swe.options.max_parallel={2 * concurrency}",
-            f"agents.swe_agent.concurrency={concurrency}",
-        ])
+        cfg = load_config(
+            REPO / "resources" / "swe" / "config.yaml",
+            [
+                "models.policy.adapter=replay",
+                f"models.policy.rollouts={rec}",
+                f"namespace=swe{concurrency}",
+                "resources.swe.options.command_timeout_s=5",
+                f"resources.swe.options.max_parallel={2 * concurrency}",
+                f"agents.swe_agent.concurrency={concurrency}",
+            ],
+        )
         out = tmp / f"swe{concurrency}.jsonl"
 
         async def go(cfg=cfg, out=out):  # noqa: ANN001, ANN202
@@ -146,7 +185,9 @@ def bench_swe(url: str, tmp: Path, rollouts: int) -> None:
 
         rewards = [json.loads(line)["reward"] for line in out.read_text().splitlines() if line.strip()]
         assert result.stats.failures == 0 and rewards
-        print(f"{'':>22} | {concurrency:>11} | {60 * len(rewards) / elapsed:>12.1f} | {sum(rewards) / len(rewards):.2f}")
+        print(
+            f"{'':>22} | {concurrency:>11} | {60 * len(rewards) / elapsed:>12.1f} | {sum(rewards) / len(rewards):.2f}"
+        )
 
 
 if __name__ == "__main__":

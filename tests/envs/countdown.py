@@ -29,5 +29,6 @@ class Countdown(GymResource):
     async def step(self, action: Action) -> Step:
         if action.turn >= int(self.task["stop_at"]):
             return Step(reward=1.0, terminated=True, info={"ticks": self.ticks, "last_text": action.text})
-        return Step(observation=f"Turn {action.turn} done; {int(self.task['stop_at']) - action.turn} to go.",
-                    reward=0.25)
+        return Step(
+            observation=f"Turn {action.turn} done; {int(self.task['stop_at']) - action.turn} to go.", reward=0.25
+        )

@@ -31,15 +31,30 @@ def cal(*events: tuple[int, str, int]) -> str:
 
 
 EXPECTED = {
-    "0": {"event_id": 0, "duration": 60, "constraint": "between 10am and 11:45am", "min_time": "10:00", "max_time": "16:00"},
+    "0": {
+        "event_id": 0,
+        "duration": 60,
+        "constraint": "between 10am and 11:45am",
+        "min_time": "10:00",
+        "max_time": "16:00",
+    },
     "1": {"event_id": 1, "duration": 30, "constraint": "after 2pm", "min_time": "10:00", "max_time": "16:00"},
 }
 
 
 @pytest.mark.parametrize(
     ("text", "minutes"),
-    [("10:00", 600), ("09:05", 545), ("2pm", 840), ("12pm", 720), ("12am", 0), ("11:45am", 705),
-     ("12:30pm", 750), ("1:45pm", 825), (" 3pm ", 900)],
+    [
+        ("10:00", 600),
+        ("09:05", 545),
+        ("2pm", 840),
+        ("12pm", 720),
+        ("12am", 0),
+        ("11:45am", 705),
+        ("12:30pm", 750),
+        ("1:45pm", 825),
+        (" 3pm ", 900),
+    ],
 )
 def test_times(text: str, minutes: int) -> None:
     assert to_minutes(text) == minutes
@@ -54,7 +69,9 @@ def test_unreadable_times_raise(bad: str) -> None:
 def test_first_json_list() -> None:
     assert first_json_list('Sure!\n\n[{"event_id": 0}]\nDone.') == [{"event_id": 0}]
     assert first_json_list('ids [1, 2] and then [{"event_id": 3}]') == [{"event_id": 3}]
-    assert first_json_list('[{"event_name": "Review [v2]", "event_id": 1}]') == [{"event_name": "Review [v2]", "event_id": 1}]
+    assert first_json_list('[{"event_name": "Review [v2]", "event_id": 1}]') == [
+        {"event_name": "Review [v2]", "event_id": 1}
+    ]
     # the first candidate decides, as in NeMo Gym: invalid JSON there means "no calendar"
     assert first_json_list('[{event_id: 0}] [{"event_id": 1}]') is None
     assert first_json_list("no calendar here") is None
@@ -83,9 +100,14 @@ def test_grading(text: str, reward: float, reason: str) -> None:
 
 def test_constraint_kinds() -> None:
     spec = {"duration": 30, "min_time": "10:00", "max_time": "16:00"}
-    for constraint, start, ok in [("before 1pm", "12:30", True), ("before 1pm", "12:45", False),
-                                  ("at 2pm", "14:00", True), ("at 2pm", "14:15", False),
-                                  (None, "15:00", True), ("sometime", "15:00", True)]:
+    for constraint, start, ok in [
+        ("before 1pm", "12:30", True),
+        ("before 1pm", "12:45", False),
+        ("at 2pm", "14:00", True),
+        ("at 2pm", "14:15", False),
+        (None, "15:00", True),
+        ("sometime", "15:00", True),
+    ]:
         text = cal((0, start, 30))
         assert grade(text, {"0": {**spec, "constraint": constraint}})[0] == float(ok), (constraint, start)
     assert grade("anything", {}) == (1.0, "pass")
@@ -137,8 +159,11 @@ async def test_recorded_rewards_as_an_episode_and_as_a_reverify() -> None:
 
 
 async def test_interactive_episode_sends_user_turns_and_stops_early_on_a_bad_calendar() -> None:
-    task = {"responses_create_params": {"input": [{"role": "system", "content": "sys"}]},
-            "user_turns": ["add 0", "add 1", "move 1"], "exp_cal_state": EXPECTED}
+    task = {
+        "responses_create_params": {"input": [{"role": "system", "content": "sys"}]},
+        "user_turns": ["add 0", "add 1", "move 1"],
+        "exp_cal_state": EXPECTED,
+    }
     inst = Calendar()
     await inst.seed(task)
     assert (await call(inst, RESET)).observation == "add 0"

@@ -330,8 +330,16 @@ async def test_no_new_namespaces_and_no_kernel_attack_surface() -> None:
     out = await graded(env, stdio_task(["\n"], ["escaped\n"]), NS_PROBE)
     got = printed(out).split()
     assert got == [
-        "unshare=EPERM", "unshare-net=EPERM", "clone=EPERM", "setns=EPERM", "mount=EPERM",
-        "keyctl=EPERM", "bpf=EPERM", "perf_event_open=EPERM", "userfaultfd=EPERM", "ptrace=EPERM",
+        "unshare=EPERM",
+        "unshare-net=EPERM",
+        "clone=EPERM",
+        "setns=EPERM",
+        "mount=EPERM",
+        "keyctl=EPERM",
+        "bpf=EPERM",
+        "perf_event_open=EPERM",
+        "userfaultfd=EPERM",
+        "ptrace=EPERM",
     ]
     await still_works(env)
 

@@ -24,8 +24,23 @@ def roundtrip(value):
 
 
 def test_plain_values_survive_the_trip() -> None:
-    for v in [None, True, 0, -5, 2**70, 10**5000, 1.5, "x", [1, [2, "a"]], (1, 2), {1: "a", "b": [2]}, {3, 4},
-              frozenset({5}), 1 + 2j, b"\x00\xff"]:
+    for v in [
+        None,
+        True,
+        0,
+        -5,
+        2**70,
+        10**5000,
+        1.5,
+        "x",
+        [1, [2, "a"]],
+        (1, 2),
+        {1: "a", "b": [2]},
+        {3, 4},
+        frozenset({5}),
+        1 + 2j,
+        b"\x00\xff",
+    ]:
         got = roundtrip(v)
         assert got == v and type(got) is type(v)
     assert math.isnan(roundtrip(float("nan")))

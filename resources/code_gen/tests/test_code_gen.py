@@ -177,7 +177,9 @@ async def test_call_based_and_packed_tests() -> None:
     import zlib
 
     env = await session(**FAST)
-    packed = base64.b64encode(zlib.compress(json.dumps({"inputs": ["[1,2]", "[3]"], "outputs": ["[2, 1]", "[3]"]}).encode()))
+    packed = base64.b64encode(
+        zlib.compress(json.dumps({"inputs": ["[1,2]", "[3]"], "outputs": ["[2, 1]", "[3]"]}).encode())
+    )
     task = {"verifier_metadata": {"unit_tests": {"packed": packed.decode(), "fn_name": "rev"}, "difficulty": "easy"}}
     code = "class Solution:\n    def rev(self, xs):\n        return tuple(reversed(xs))"  # a tuple counts as a list
     out = await env.verify(task, fenced(code))

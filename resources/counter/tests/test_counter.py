@@ -113,7 +113,11 @@ async def test_verify_refuses_a_row_without_an_integer_expected_count() -> None:
             "unknown tool 'decrement_counter'; available tools: get_counter_value, increment_counter",
         ),
         ("increment_counter", '{"count": "three"}', "do not match the schema of 'increment_counter'"),
-        ("increment_counter", '{"count": 1.5}', "count: Input should be a valid integer, got a number with a fractional part"),
+        (
+            "increment_counter",
+            '{"count": 1.5}',
+            "count: Input should be a valid integer, got a number with a fractional part",
+        ),
         ("increment_counter", "{}", "count: Field required"),
         ("increment_counter", "[1]", "must be a JSON object"),
     ],

@@ -45,7 +45,11 @@ EQ, NEQ = "[[A=B]]", "[[A!=B]]"
 
 
 def task(question: str = "Who proposed natural selection?", expected: str = "darwin", **extra: Any) -> dict[str, Any]:
-    return {"responses_create_params": {"input": [{"role": "user", "content": question}]}, "expected_answer": expected, **extra}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": question}]},
+        "expected_answer": expected,
+        **extra,
+    }
 
 
 async def session(judge: ScriptedJudge, **options: Any) -> EquivalenceLLMJudge:
@@ -77,7 +81,9 @@ async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> Non
                 if key in theirs["response"] and key != "output":
                     assert value == theirs["response"][key], key
             ours_text = [p["text"] for i in mine["response"]["output"] if i["type"] == "message" for p in i["content"]]
-            theirs_text = [p["text"] for i in theirs["response"]["output"] if i["type"] == "message" for p in i["content"]]
+            theirs_text = [
+                p["text"] for i in theirs["response"]["output"] if i["type"] == "message" for p in i["content"]
+            ]
             assert ours_text == theirs_text
 
 
@@ -100,9 +106,13 @@ def test_verdict_needs_a_final_message() -> None:
     assert judge_verdict(Response(id="j", created_at=0.0, output=[]), EQ, NEQ) is None
     reasoning_last = Response(id="j", created_at=0.0, output=[*text_response(EQ).output, Reasoning(id="rs")])
     assert judge_verdict(reasoning_last, EQ, NEQ) is None
-    refusal = Response(id="j", created_at=0.0, output=[Message(role="assistant", content=[{"type": "refusal", "refusal": EQ}])])
+    refusal = Response(
+        id="j", created_at=0.0, output=[Message(role="assistant", content=[{"type": "refusal", "refusal": EQ}])]
+    )
     assert judge_verdict(refusal, EQ, NEQ) is None
-    two_parts = Message(role="assistant", content=[{"type": "output_text", "text": EQ}, {"type": "output_text", "text": "hmm"}])
+    two_parts = Message(
+        role="assistant", content=[{"type": "output_text", "text": EQ}, {"type": "output_text", "text": "hmm"}]
+    )
     assert judge_verdict(Response(id="j", created_at=0.0, output=[two_parts]), EQ, NEQ) is None  # the last part only
 
 
@@ -120,14 +130,18 @@ async def test_prompt_is_the_template_filled_with_question_gold_and_candidate() 
     await (await session(judge)).verify(task(), text_response("Charles Darwin.\n\n\\boxed{Darwin}"))
     (prompt,) = judge.prompts()
     assert prompt == DEFAULT_PROMPT_TEMPLATE.format(
-        question="Who proposed natural selection?", expected_answer="darwin", generated_answer="Charles Darwin.\n\n\\boxed{Darwin}"
+        question="Who proposed natural selection?",
+        expected_answer="darwin",
+        generated_answer="Charles Darwin.\n\n\\boxed{Darwin}",
     )
     assert [m.role for m in judge.calls[0].input] == ["user"]  # no system message by default
 
 
 async def test_swap_check_asks_again_with_the_answers_swapped() -> None:
     judge = ScriptedJudge([text_response(EQ), text_response(NEQ)])
-    out = await (await session(judge, check_twice_swap=True, reward_if_swap_fails=-1.0)).verify(task(), text_response("Darwin"))
+    out = await (await session(judge, check_twice_swap=True, reward_if_swap_fails=-1.0)).verify(
+        task(), text_response("Darwin")
+    )
     assert out.reward == -1.0 and len(out.fields["judge_evaluations"]) == 2
     first, second = judge.prompts()
     assert "GOLD:\ndarwin\n\nCANDIDATE:\nDarwin" in first and "GOLD:\nDarwin\n\nCANDIDATE:\ndarwin" in second
@@ -175,7 +189,8 @@ async def test_system_message_labels_and_create_params_options() -> None:
     assert out.reward == 1.0
     params = judge.calls[0]
     assert [(m.role, m.content) for m in params.input] == [  # type: ignore[union-attr]
-        ("system", "Be strict."), ("user", "Q=Who proposed natural selection? G=darwin C=Darwin")
+        ("system", "Be strict."),
+        ("user", "Q=Who proposed natural selection? G=darwin C=Darwin"),
     ]
     assert (params.temperature, params.max_output_tokens) == (0.0, 64)
     dumped = out.fields["judge_evaluations"][0]["responses_create_params"]
@@ -184,7 +199,9 @@ async def test_system_message_labels_and_create_params_options() -> None:
 
 def test_generated_answer_extraction() -> None:
     fail = "[NO VALID ANSWER EXTRACTED]"
-    two_parts = Message(role="assistant", content=[{"type": "output_text", "text": " a "}, {"type": "output_text", "text": "b"}])
+    two_parts = Message(
+        role="assistant", content=[{"type": "output_text", "text": " a "}, {"type": "output_text", "text": "b"}]
+    )
     assert generated_answer(Response(id="r", created_at=0.0, output=[two_parts]), None, fail) == "a \nb"
     assert generated_answer(text_response("first", "  last  "), None, fail) == "last"  # the last assistant message
     assert generated_answer(text_response("   "), None, fail) == fail

@@ -46,7 +46,13 @@ class StubSearch:
             def log_message(self, *a: Any) -> None:
                 pass
 
-            def _send(self, status: int, body: str | bytes, ctype: str = "application/json", headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self,
+                status: int,
+                body: str | bytes,
+                ctype: str = "application/json",
+                headers: dict[str, str] | None = None,
+            ) -> None:
                 data = body.encode() if isinstance(body, str) else body
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
@@ -88,8 +94,14 @@ class StubSearch:
                     body = {
                         "kind": "customsearch#search",
                         "queries": {"request": [{"searchTerms": q}]},
-                        "items": [{"kind": "customsearch#result", "title": f"About {q}", "link": f"https://example.org/{q}",
-                                   "snippet": f"Everything about {q} \u2019s details."}],
+                        "items": [
+                            {
+                                "kind": "customsearch#result",
+                                "title": f"About {q}",
+                                "link": f"https://example.org/{q}",
+                                "snippet": f"Everything about {q} \u2019s details.",
+                            }
+                        ],
                     }
                     self._send(200, json.dumps(body))
                     return
@@ -128,8 +140,12 @@ class StubSearch:
                 if self._misbehave(q):
                     return
                 results = [
-                    {"title": f"Result {i} for {q}", "url": f"https://site{i}.example/{q}", "content": f"Snippet {i}.",
-                     "score": 1.0 - i / 10}
+                    {
+                        "title": f"Result {i} for {q}",
+                        "url": f"https://site{i}.example/{q}",
+                        "content": f"Snippet {i}.",
+                        "score": 1.0 - i / 10,
+                    }
                     for i in range(int(body.get("max_results", 5)))
                 ]
                 self._send(200, json.dumps({"query": q, "results": results, "response_time": 0.01}))

@@ -31,7 +31,9 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def google(stub: StubSearch, **kw: Any) -> GoogleBackend:
-    return GoogleBackend(SearchOptions(backend="google", google_url=f"{stub.url}/customsearch/v1", backoff_s=0.01, **kw))
+    return GoogleBackend(
+        SearchOptions(backend="google", google_url=f"{stub.url}/customsearch/v1", backoff_s=0.01, **kw)
+    )
 
 
 async def session(stub: StubSearch, **options: Any) -> GoogleSearch:
@@ -112,8 +114,11 @@ def test_missing_key_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_keys_from_the_config_as_nemo_gym_names_them(stub: StubSearch, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GOOGLE_API_KEY")
     monkeypatch.delenv("GOOGLE_CX")
-    backend = GoogleBackend(SearchOptions(backend="google", google_url=f"{stub.url}/customsearch/v1",
-                                          google_api_key="cfg-key", google_cx="cfg-cx"))
+    backend = GoogleBackend(
+        SearchOptions(
+            backend="google", google_url=f"{stub.url}/customsearch/v1", google_api_key="cfg-key", google_cx="cfg-cx"
+        )
+    )
     await backend.search("q")
     assert stub.seen_params[-1] == {"key": "cfg-key", "cx": "cfg-cx", "q": "q"}
     await backend.aclose()

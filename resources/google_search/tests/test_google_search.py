@@ -60,8 +60,16 @@ async def test_recorded_backend_reproduces_every_recorded_tool_output_exactly() 
 
 def test_reverify_cli_reproduces_recorded_rewards(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    res = cli("reverify", "resources/google_search/config.yaml", "-i", str(compat() / "example_rollouts.jsonl"),
-              "--tasks", str(compat() / "example.jsonl"), "-o", str(out))
+    res = cli(
+        "reverify",
+        "resources/google_search/config.yaml",
+        "-i",
+        str(compat() / "example_rollouts.jsonl"),
+        "--tasks",
+        str(compat() / "example.jsonl"),
+        "-o",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     assert "5 rows re-verified, 0 failed, 0 rewards changed" in res.stdout
     rows = read_jsonl(out)
@@ -74,11 +82,17 @@ async def test_replay_end_to_end_with_recorded_tool_outputs(nats_server, tmp_pat
     rollouts = compat() / "example_rollouts.jsonl"
     cfg = load_config(
         ENV_DIR / "config.yaml",
-        ["models.policy.adapter=replay", f"models.policy.rollouts={rollouts}",
-         "resources.google_search.options.backend=recorded", f"resources.google_search.options.rollouts={rollouts}"],
+        [
+            "models.policy.adapter=replay",
+            f"models.policy.rollouts={rollouts}",
+            "resources.google_search.options.backend=recorded",
+            f"resources.google_search.options.rollouts={rollouts}",
+        ],
     )
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=compat() / "example.jsonl", out=out, telemetry=Telemetry())
+    result = await run_batch(
+        cfg, nats_server.url, input_path=compat() / "example.jsonl", out=out, telemetry=Telemetry()
+    )
     assert result.stats.failures == 0
     recorded = {prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(rollouts)}
     rows = read_jsonl(out)
@@ -93,8 +107,15 @@ async def test_replay_end_to_end_with_recorded_tool_outputs(nats_server, tmp_pat
 
 def test_run_cli_offline_on_the_bundled_example(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    res = cli("run", "resources/google_search/config.yaml", "-i", "resources/google_search/data/example.jsonl",
-              "-o", str(out), timeout=300)
+    res = cli(
+        "run",
+        "resources/google_search/config.yaml",
+        "-i",
+        "resources/google_search/data/example.jsonl",
+        "-o",
+        str(out),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     rows = read_jsonl(out)
     assert len(rows) == 5
@@ -133,10 +154,12 @@ def test_graded_text_is_the_repr_nemo_gym_searches(text: str, parsed: str | None
 
 async def test_reward_needs_the_last_item_to_be_an_assistant_message() -> None:
     inst = await session()
-    items = parse_items([
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "\\boxed{C}"}]},
-        {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{\"query\": \"x\"}"},
-    ])
+    items = parse_items(
+        [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "\\boxed{C}"}]},
+            {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{"query": "x"}'},
+        ]
+    )
     v = await inst.verify({"expected_answer": "C"}, Response(id="r", created_at=0.0, output=items))
     assert (v.reward, v.fields) == (0.0, {"parsed_option": None})
     v = await inst.verify({"expected_answer": "C"}, Response(id="r", created_at=0.0, output=items[:1]))
@@ -151,7 +174,9 @@ def test_offline_ranking_on_the_bundled_corpus() -> None:
     top = [p.url.removeprefix(CORPUS_URL) for p, _ in backend.rank("Coulomb's law force between two point charges")]
     assert top[0] == "coulombs-law"
     assert [p.url.removeprefix(CORPUS_URL) for p, _ in backend.rank("time reversal mirror")][:2] == [
-        "time-reversal-mirror", "time-reversal-acoustics"]
+        "time-reversal-mirror",
+        "time-reversal-acoustics",
+    ]
     assert backend.rank("Carnot efficiency reservoirs")[0][0].url.endswith("carnot-efficiency")
     assert backend.rank("zzzz qqqq") == []  # no term in the corpus: no results, not arbitrary pages
     scores = [s for _, s in backend.rank("RNA interference ubiquitination")]
@@ -181,7 +206,9 @@ async def test_offline_corpus_from_jsonl_and_parquet(tmp_path: Path) -> None:
         page = json.loads(await inst.call_tool("browse", '{"url": "https://a.test/z"}'))
         assert page == {"page_content": "Penguins cannot fly but swim well."}
         # offline means offline: a URL outside the corpus is never fetched
-        assert json.loads(await inst.call_tool("browse", '{"url": "http://127.0.0.1:9/"}')) == {"page_content": "No HTML found"}
+        assert json.loads(await inst.call_tool("browse", '{"url": "http://127.0.0.1:9/"}')) == {
+            "page_content": "No HTML found"
+        }
 
 
 @pytest.mark.parametrize(

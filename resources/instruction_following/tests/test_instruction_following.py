@@ -88,8 +88,11 @@ def test_every_instruction_id_of_the_data_has_a_checker() -> None:
 
 
 def test_binary_and_fraction_grading() -> None:
-    meta = {"instruction_id_list": ["punctuation:no_comma", "punctuation:punctuation_dot"], "kwargs": [None, {}],
-            "prompt": "p"}
+    meta = {
+        "instruction_id_list": ["punctuation:no_comma", "punctuation:punctuation_dot"],
+        "kwargs": [None, {}],
+        "prompt": "p",
+    }
     assert grade(meta, "a, b") == (0.0, False, [False, True])
     assert grade({**meta, "grading_mode": "fraction"}, "a, b") == (0.5, False, [False, True])
     assert grade({**meta, "grading_mode": "fraction"}, "a b") == (1.0, True, [True, True])
@@ -99,8 +102,14 @@ def test_binary_and_fraction_grading() -> None:
 
 
 def test_verifier_metadata_wins_over_legacy_top_level_fields() -> None:
-    row = {"id": 1, "instruction_id_list": ["a"], "prompt": "top", "kwargs": [{}], "grading_mode": "fraction",
-           "verifier_metadata": {"instruction_id_list": ["b"], "prompt": "nested", "kwargs": [None]}}
+    row = {
+        "id": 1,
+        "instruction_id_list": ["a"],
+        "prompt": "top",
+        "kwargs": [{}],
+        "grading_mode": "fraction",
+        "verifier_metadata": {"instruction_id_list": ["b"], "prompt": "nested", "kwargs": [None]},
+    }
     meta = verifier_metadata(row)
     assert (meta["instruction_id_list"], meta["prompt"], meta["grading_mode"]) == (["b"], "nested", "fraction")
 
@@ -121,8 +130,9 @@ async def test_invalid_rows_are_refused(row: dict[str, Any], message: str) -> No
 
 
 def test_only_the_first_part_of_the_last_item_is_checked() -> None:
-    two_parts = Message(role="assistant", content=[
-        {"type": "output_text", "text": "first"}, {"type": "output_text", "text": "second"}])
+    two_parts = Message(
+        role="assistant", content=[{"type": "output_text", "text": "first"}, {"type": "output_text", "text": "second"}]
+    )
     response = Response(id="r", created_at=0.0, output=[assistant_message("earlier"), two_parts])
     assert last_item_text(response.output) == "first"
     call = FunctionCall(name="f", arguments="{}", call_id="c")
@@ -134,8 +144,13 @@ def test_only_the_first_part_of_the_last_item_is_checked() -> None:
 
 
 async def test_verify_runs_off_the_event_loop_and_returns_the_fields() -> None:
-    row = {"id": 1, "instruction_id_list": ["detectable_format:title", "keywords:does_not_exist"],
-           "kwargs": [None, {}], "prompt": "p", "grading_mode": "fraction"}
+    row = {
+        "id": 1,
+        "instruction_id_list": ["detectable_format:title", "keywords:does_not_exist"],
+        "kwargs": [None, {}],
+        "prompt": "p",
+        "grading_mode": "fraction",
+    }
     v = await verify_once(InstructionFollowing, row, text_response("<<Hi>> there"))
     assert (v.reward, v.fields) == (0.5, {"follow_all_instructions": False, "follow_instruction_list": [True, False]})
 
@@ -167,23 +182,39 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("keywords:forbidden_words", {"forbidden_words": ["part"]}, "A PART of it.", False),
     ("keywords:letter_frequency", {"letter": "Z", "let_frequency": 2, "let_relation": "at least"}, "Zebra dozed", True),
     ("keywords:letter_frequency", {"letter": "zz", "let_frequency": 2, "let_relation": "at least"}, "zzz", False),
-    ("language:response_language", {"language": "fr"},
-     "Le petit village se trouve au bord de la rivière et les habitants se lèvent tôt.", True),
+    (
+        "language:response_language",
+        {"language": "fr"},
+        "Le petit village se trouve au bord de la rivière et les habitants se lèvent tôt.",
+        True,
+    ),
     ("language:response_language", {"language": "de"}, "The small village lies on the bank of the river.", False),
     ("language:response_language", {"language": "xx"}, "anything", False),  # not a supported language code
     ("language:response_language", {"language": "en"}, "12345 !!!", True),  # undetectable counts as followed
-    ("length_constraints:number_sentences", {"num_sentences": 3, "relation": "less than"},
-     "Mr. Smith went to Washington. He stayed.", True),
+    (
+        "length_constraints:number_sentences",
+        {"num_sentences": 3, "relation": "less than"},
+        "Mr. Smith went to Washington. He stayed.",
+        True,
+    ),
     ("length_constraints:number_sentences", {"num_sentences": 2, "relation": "at least"}, "One. Two! Three?", True),
     ("length_constraints:number_sentences", {"num_sentences": 2, "relation": "at least"}, "Dr. Who met Mr. X.", False),
     ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "one\n***\ntwo\n***", True),
     ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "one\n***\n\n***\ntwo", False),
     ("length_constraints:number_words", {"num_words": 5, "relation": "less than"}, "it's a well-known fact", False),
     ("length_constraints:number_words", {"num_words": 10, "relation": "at least"}, " ".join(["w"] * 10), True),
-    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "Crash"},
-     "Start here.\n\n\"Crash!\" it went.", True),
-    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "crash"},
-     "Start here.\n\nCrash it went.", False),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "Crash"},
+        'Start here.\n\n"Crash!" it went.',
+        True,
+    ),
+    (
+        "length_constraints:nth_paragraph_first_word",
+        {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "crash"},
+        "Start here.\n\nCrash it went.",
+        False,
+    ),
     ("detectable_content:number_placeholders", {"num_placeholders": 2}, "[name] lives at [address]", True),
     ("detectable_content:number_placeholders", {"num_placeholders": 2}, "[name] lives here", False),
     ("detectable_content:postscript", {"postscript_marker": "P.S."}, "Body.\n\nP.S. see you", True),
@@ -195,12 +226,20 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("detectable_format:constrained_response", None, "my answer is yes.", False),
     ("detectable_format:number_highlighted_sections", {"num_highlights": 2}, "*one* and **two**", True),
     ("detectable_format:number_highlighted_sections", {"num_highlights": 2}, "*one* and ** **", False),
-    ("detectable_format:multiple_sections", {"section_spliter": "Section", "num_sections": 2},
-     "Section 1\nIntro\nSection 2\nEnd", True),
-    ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 3},
-     "SECTION 1\nIntro\nSECTION 2\nEnd", False),
+    (
+        "detectable_format:multiple_sections",
+        {"section_spliter": "Section", "num_sections": 2},
+        "Section 1\nIntro\nSection 2\nEnd",
+        True,
+    ),
+    (
+        "detectable_format:multiple_sections",
+        {"section_spliter": "SECTION", "num_sections": 3},
+        "SECTION 1\nIntro\nSECTION 2\nEnd",
+        False,
+    ),
     ("detectable_format:json_format", None, '```json\n{"a": 1}\n```', True),
-    ("detectable_format:json_format", None, "Here: {\"a\": 1}", False),
+    ("detectable_format:json_format", None, 'Here: {"a": 1}', False),
     ("detectable_format:title", None, "<<Poem of Joy>>\ntext", True),
     ("detectable_format:title", None, "<< >>\ntext", False),
     ("combination:two_responses", None, "First.\n******\nSecond.", True),
@@ -209,10 +248,18 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("combination:repeat_prompt", {"prompt_to_repeat": "Write a haiku."}, "Sure! Write a haiku.", False),
     ("startend:end_checker", {"end_phrase": "Any other questions?"}, '"Done. any other questions?"', True),
     ("startend:end_checker", {"end_phrase": "Any other questions?"}, "Any other questions? Bye.", False),
-    ("change_case:capital_word_frequency", {"capital_frequency": 3, "capital_relation": "at least"},
-     "NASA and the USA met the EU.", True),
-    ("change_case:capital_word_frequency", {"capital_frequency": 2, "capital_relation": "less than"},
-     "I met NASA people.", False),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 3, "capital_relation": "at least"},
+        "NASA and the USA met the EU.",
+        True,
+    ),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 2, "capital_relation": "less than"},
+        "I met NASA people.",
+        False,
+    ),
     ("change_case:english_capital", None, "THE WEATHER TODAY IS SUNNY AND WARM WITH A LIGHT BREEZE.", True),
     ("change_case:english_capital", None, "THE WEATHER TODAY IS SUNNY and WARM.", False),
     ("change_case:english_lowercase", None, "the weather today is sunny and warm with a light breeze.", True),
@@ -221,10 +268,18 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("punctuation:no_comma", None, "Red, green", False),
     ("startend:quotation", None, '  "Hello there."  ', True),
     ("startend:quotation", None, '"', False),
-    ("copy:repeat_phrase", {"phrase": "The early bird catches the worm", "small_n": 2},
-     "The early cat catches the worm. The early bird eats the worm.", True),
-    ("copy:repeat_phrase", {"phrase": "The early bird catches the worm", "small_n": 2},
-     "The early bird catches the worm. The early bird catches the worm.", False),  # no word replaced
+    (
+        "copy:repeat_phrase",
+        {"phrase": "The early bird catches the worm", "small_n": 2},
+        "The early cat catches the worm. The early bird eats the worm.",
+        True,
+    ),
+    (
+        "copy:repeat_phrase",
+        {"phrase": "The early bird catches the worm", "small_n": 2},
+        "The early bird catches the worm. The early bird catches the worm.",
+        False,
+    ),  # no word replaced
     ("copy:copy", {"prompt_to_repeat": "Say hi."}, "  say HI.  ", True),
     ("copy:copy", {"prompt_to_repeat": "Say hi."}, "Say hi. Hi!", False),
     ("new:copy_span_idx", {"prompt_to_repeat": "Hello brave new world", "n_start": 6, "n_end": 15}, "brave new", True),
@@ -238,8 +293,12 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("detectable_format:square_brackets", None, "[every] word", False),
     ("keywords:word_once", {"keyword": "moon"}, "The Moon is bright.", True),
     ("keywords:word_once", {"keyword": "moon"}, "moon and honeymoon", False),
-    ("keywords:word_count_different_numbers", {"keyword": "cat", "frequency": 2, "relation": "at least"},
-     "cat cat", True),
+    (
+        "keywords:word_count_different_numbers",
+        {"keyword": "cat", "frequency": 2, "relation": "at least"},
+        "cat cat",
+        True,
+    ),
     ("keywords:exclude_word_harder", {"keyword": "fast"}, "fast cars are breakfast.", True),  # only " fast "
     ("keywords:exclude_word_harder", {"keyword": "fast"}, "cars go fast here", False),
     ("paragraphs:paragraphs", None, "one\n***\ntwo", True),
@@ -271,10 +330,18 @@ CASES: list[tuple[str, dict[str, Any] | None, str, bool]] = [
     ("letters:letter_counting", {"N": 3, "relation": "less than"}, "abc", False),
     ("letters:letter_counting", {"N": 3, "relation": "at most"}, "a", False),
     ("letters:letter_counting2", {"letter": "a", "let_frequency": 2, "let_relation": "less than"}, "a cat", False),
-    ("count:counting_composition", {"n_sent": 2, "n_words": 4},  # the final period is a word token
-     "I like it. You do too.\n***\nWe are here. They are there.\n***\nHe is up. She is down.", True),
-    ("count:counting_composition", {"n_sent": 2, "n_words": 4},
-     "***\nI like it. You do too.\n***\nWe are here. They are there.\n***\nHe is up. She is down.", False),
+    (
+        "count:counting_composition",
+        {"n_sent": 2, "n_words": 4},  # the final period is a word token
+        "I like it. You do too.\n***\nWe are here. They are there.\n***\nHe is up. She is down.",
+        True,
+    ),
+    (
+        "count:counting_composition",
+        {"n_sent": 2, "n_words": 4},
+        "***\nI like it. You do too.\n***\nWe are here. They are there.\n***\nHe is up. She is down.",
+        False,
+    ),
     ("count:count_unique", None, "The cat saw the dog", True),
     ("count:count_unique", None, "The cat saw the cat", False),
     ("count:count_increment_word", {"keyword1": "sun", "keyword2": "moon"}, "sun moon moon", True),
@@ -305,10 +372,18 @@ def test_every_checker_has_a_positive_and_a_negative_case() -> None:
 def test_tokenizers_match_nltk_behaviour() -> None:
     text = 'Mr. Smith went to Washington D.C. yesterday. He said "hi!" and left. It costs $3.50, e.g. a lot.'
     assert punkt_sentences(text) == [
-        "Mr. Smith went to Washington D.C. yesterday.", 'He said "hi!"', "and left.", "It costs $3.50, e.g.", "a lot."]
-    assert word_tokens("He said \"hi!\" I can't.") == ["He", "said", "``", "hi", "!", "''", "I", "ca", "n't", "."]
+        "Mr. Smith went to Washington D.C. yesterday.",
+        'He said "hi!"',
+        "and left.",
+        "It costs $3.50, e.g.",
+        "a lot.",
+    ]
+    assert word_tokens('He said "hi!" I can\'t.') == ["He", "said", "``", "hi", "!", "''", "I", "ca", "n't", "."]
     assert regex_sentences("Dr. Who arrived at 3.30 p.m. today... Then he left! Ph.D. students stayed.") == [
-        "Dr. Who arrived at 3.30 p.m. today...", "Then he left!", "Ph.D. students stayed."]
+        "Dr. Who arrived at 3.30 p.m. today...",
+        "Then he left!",
+        "Ph.D. students stayed.",
+    ]
     assert regex_sentences("") == []
 
 

@@ -67,7 +67,11 @@ def test_data_is_nemo_gym_example_unchanged() -> None:
 
 # Parity runs get wide timeouts: on a loaded 2-core machine one recorded rollout needs 5-9 s of
 # SymPy, and a timeout would turn NeMo Gym's 1.0 into 0 (the defaults are NeMo Gym's 10 s budget).
-PARITY = {"library_verifier_max_concurrency": 1, "library_verifier_timeout_seconds": 120.0, "math_verify_timeout_seconds": 60}
+PARITY = {
+    "library_verifier_max_concurrency": 1,
+    "library_verifier_timeout_seconds": 120.0,
+    "math_verify_timeout_seconds": 60,
+}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -91,13 +95,17 @@ async def parity() -> dict[str, Any]:
         runs.append(inst.verify(task, recorded_response(task["response"])))
     for task, rollout in pairs:
         inst = JudgedMath()
-        inst.models = judge = ScriptedJudge([recorded_response(e["response"]) for e in rollout["judge_evaluations"] or []])
+        inst.models = judge = ScriptedJudge(
+            [recorded_response(e["response"]) for e in rollout["judge_evaluations"] or []]
+        )
         judges.append(judge)
         runs.append(inst.verify(task, recorded_response(rollout["response"])))
     outs = await asyncio.gather(*runs, return_exceptions=True)
     return {
         "cases": [(case, out) for (_, case), out in zip(cases, outs[: len(cases)])],
-        "rollouts": [(task, rollout, judge, out) for (task, rollout), judge, out in zip(pairs, judges, outs[len(cases) :])],
+        "rollouts": [
+            (task, rollout, judge, out) for (task, rollout), judge, out in zip(pairs, judges, outs[len(cases) :])
+        ],
     }
 
 
@@ -108,7 +116,9 @@ async def test_differential_cases_reproduce_reward_and_fields_exactly(parity: di
         assert isinstance(out, Verdict), (case["case"], out)
         assert out.reward == case["expected_reward"], case["case"]
         # extracted_answer is SymPy's str(): reproduced exactly, as are library_reward and judge_evaluations.
-        assert json.dumps(out.fields, sort_keys=True) == json.dumps(case["expected_fields"], sort_keys=True), case["case"]
+        assert json.dumps(out.fields, sort_keys=True) == json.dumps(case["expected_fields"], sort_keys=True), case[
+            "case"
+        ]
 
 
 @module_loop
@@ -169,7 +179,9 @@ TASK = {"question": "What is 14 divided by 10?", "expected_answer": "1.4"}
 @module_loop
 async def test_judge_decides_only_when_the_library_says_no_and_asks_both_orders() -> None:
     judge = ScriptedJudge([judge_reply("Sure [[A=B]]"), judge_reply("[[A=B]]")])
-    inst = await session({"should_use_judge": True, "judge_responses_create_params": {"input": [], "temperature": 0.0}}, judge)
+    inst = await session(
+        {"should_use_judge": True, "judge_responses_create_params": {"input": [], "temperature": 0.0}}, judge
+    )
     out = await inst.verify(TASK, text_response("Final answer: seven fifths"))
     assert (out.reward, out.fields["library_reward"]) == (1.0, 0.0)
     assert len(out.fields["judge_evaluations"]) == 2
@@ -237,7 +249,10 @@ async def test_math_verify_timeout_scores_zero_and_the_worker_survives() -> None
     start = time.monotonic()
     out = await inst.verify({"question": "q", "expected_answer": "0"}, text_response(_pathological()))
     assert time.monotonic() - start < 4.0
-    assert (out.reward, out.fields) == (0.0, {"extracted_answer": None, "library_reward": 0.0, "judge_evaluations": None})
+    assert (out.reward, out.fields) == (
+        0.0,
+        {"extracted_answer": None, "library_reward": 0.0, "judge_evaluations": None},
+    )
     # The killed worker process was replaced; the resource keeps verifying.
     out = await inst.verify({"question": "q", "expected_answer": "32"}, text_response("\\boxed{32}"))
     assert (out.reward, out.fields["extracted_answer"]) == (1.0, "32")
@@ -260,9 +275,15 @@ def test_strip_math_delimiters(raw: str, stripped: str) -> None:
 def test_response_text_joins_output_text_parts_of_messages_only() -> None:
     msg = Message(
         role="assistant",
-        content=[{"type": "output_text", "text": "a"}, {"type": "refusal", "refusal": "x"}, {"type": "output_text", "text": "b"}],
+        content=[
+            {"type": "output_text", "text": "a"},
+            {"type": "refusal", "refusal": "x"},
+            {"type": "output_text", "text": "b"},
+        ],
     )
-    response = Response(id="r", created_at=0.0, output=[Reasoning(id="rs", summary=[{"text": "zzz"}]), msg, assistant_message("c")])
+    response = Response(
+        id="r", created_at=0.0, output=[Reasoning(id="rs", summary=[{"text": "zzz"}]), msg, assistant_message("c")]
+    )
     assert output_text(response.output) == "abc"
 
 

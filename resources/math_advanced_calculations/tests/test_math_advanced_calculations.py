@@ -33,7 +33,10 @@ NEMO = COMPAT / "nemo_gym" / "math_advanced_calculations"
 def outputs(*values: str) -> Response:
     items: list[Any] = []
     for i, v in enumerate(values):
-        items += [FunctionCall(name="add", arguments="{}", call_id=f"c{i}"), FunctionCallOutput(call_id=f"c{i}", output=v)]
+        items += [
+            FunctionCall(name="add", arguments="{}", call_id=f"c{i}"),
+            FunctionCallOutput(call_id=f"c{i}", output=v),
+        ]
     return Response(id="r", created_at=0.0, output=items)
 
 
@@ -129,7 +132,9 @@ async def test_failures_answer_with_a_detail_like_nemo_gyms_error_body(name: str
 async def test_complex_and_non_finite_results() -> None:
     inst = await new_session(MathAdvancedCalculations)
     assert "complex" in json.loads(await inst.call_tool("power", '{"a": -8, "b": -1.5}'))["detail"]
-    assert json.loads(await inst.call_tool("power", '{"a": 10, "b": 400}')) == {"detail": "(34, 'Numerical result out of range')"}
+    assert json.loads(await inst.call_tool("power", '{"a": 10, "b": 400}')) == {
+        "detail": "(34, 'Numerical result out of range')"
+    }
     assert json.loads(await inst.call_tool("multiply", '{"a": 1e308, "b": 10}')) == {"solution": None}
 
 
@@ -153,7 +158,10 @@ async def test_unreadable_arguments_are_refused(arguments: str) -> None:
     ],
 )
 async def test_verify_semantics(ground_truth: str, produced: list[str], reward: float) -> None:
-    assert await (await new_session(MathAdvancedCalculations)).verify({"ground_truth": ground_truth}, outputs(*produced)) == reward
+    assert (
+        await (await new_session(MathAdvancedCalculations)).verify({"ground_truth": ground_truth}, outputs(*produced))
+        == reward
+    )
 
 
 async def test_verify_reads_tool_outputs_not_the_final_text() -> None:
@@ -165,7 +173,9 @@ async def test_verify_reads_tool_outputs_not_the_final_text() -> None:
 async def test_ground_truth_must_be_a_json_string(ground_truth: Any) -> None:
     """NeMo Gym's verify fails on a non-string ground truth (json.loads of a list); so does ours."""
     with pytest.raises(ValueError, match="ground_truth"):
-        await (await new_session(MathAdvancedCalculations)).verify({"ground_truth": ground_truth}, outputs('{"solution": 6.2}'))
+        await (await new_session(MathAdvancedCalculations)).verify(
+            {"ground_truth": ground_truth}, outputs('{"solution": 6.2}')
+        )
 
 
 def test_tool_schemas_match_the_dataset_tools() -> None:

@@ -64,8 +64,11 @@ async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> Non
         assert reward == rollout["reward"], f"rollout {i}"
         extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
         assert set(extras) == {
-            "parsed_synonym_values", "accuracy", "set_overlap",
-            "original_term_minefield_hit", "order_instruction_following_failure",
+            "parsed_synonym_values",
+            "accuracy",
+            "set_overlap",
+            "original_term_minefield_hit",
+            "order_instruction_following_failure",
         }
         # json.dumps also tells True from 1 and 1.0 from 1.
         assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
@@ -156,7 +159,11 @@ def test_tool_schemas_match_the_dataset_tools() -> None:
         ("get_synonym_value", "{synonym: Warm}", "'get_synonym_value' are not valid JSON"),
         ("get_value", "{}", "unknown tool 'get_value'; available tools: extract_synonym_values, get_synonym_value"),
         ("get_synonym_value", '{"synonym": ["Warm"]}', "do not match the schema of 'get_synonym_value'"),
-        ("extract_synonym_values", '{"synonym_values": [1, "two"]}', "synonym_values.1: Input should be a valid integer"),
+        (
+            "extract_synonym_values",
+            '{"synonym_values": [1, "two"]}',
+            "synonym_values.1: Input should be a valid integer",
+        ),
         ("extract_synonym_values", '{"synonym_values": 711}', "synonym_values: Input should be a valid list"),
     ],
 )

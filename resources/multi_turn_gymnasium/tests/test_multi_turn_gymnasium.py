@@ -57,14 +57,19 @@ async def test_episode_replays_follow_ups_and_reproduces_recorded_rewards() -> N
         assert total == rec["reward"]
         verdict = await inst.verify(task, Response(id="r", created_at=0.0, output=output))
         assert isinstance(verdict, Verdict)
-        assert (verdict.reward, verdict.fields) == (rec["reward"], {k: rec[k] for k in ("terminated", "truncated", "info")})
+        assert (verdict.reward, verdict.fields) == (
+            rec["reward"],
+            {k: rec[k] for k in ("terminated", "truncated", "info")},
+        )
 
 
 async def test_verify_without_an_episode_scores_the_last_turn() -> None:
     for task, rec in example_rollouts(ENV_DIR, NEMO):
         inst = MultiTurnGymnasium()
         await inst.seed(task)
-        verdict = await inst.verify(task, Response(id="r", created_at=0.0, output=parse_items(rec["response"]["output"])))
+        verdict = await inst.verify(
+            task, Response(id="r", created_at=0.0, output=parse_items(rec["response"]["output"]))
+        )
         assert verdict.reward == rec["reward"]  # type: ignore[union-attr]
 
 
@@ -79,7 +84,9 @@ async def test_expected_answer_is_case_insensitive_and_only_in_the_final_turn() 
     final = Action(text="no idea", output=[assistant_message("no idea")], turn=2)
     step = msgspec.json.decode(await inst.call_tool(STEP, msgspec.json.encode(final)), type=Step)
     assert step.terminated and step.reward == 0.0
-    assert last_turn([assistant_message("a"), Message(role="user", content="q"), assistant_message("EIFFEL")])[0].content
+    assert last_turn([assistant_message("a"), Message(role="user", content="q"), assistant_message("EIFFEL")])[
+        0
+    ].content
 
 
 def test_module_and_config() -> None:

@@ -39,8 +39,11 @@ NEMO = COMPAT / "nemo_gym" / "reasoning_gym"
 FIELDS = ("task_name", "score", "extracted_answer")
 TASK_KEYS = ("responses_create_params", "question", "answer", "metadata")
 
-ARITHMETIC = {"question": "Calculate -5 * -6.", "answer": "30",
-              "metadata": {"source_dataset": "basic_arithmetic", "source_index": 0, "expression": "-5 * -6"}}
+ARITHMETIC = {
+    "question": "Calculate -5 * -6.",
+    "answer": "30",
+    "metadata": {"source_dataset": "basic_arithmetic", "source_index": 0, "expression": "-5 * -6"},
+}
 
 
 # ------------------------------------------------------------------ parity
@@ -100,12 +103,18 @@ def test_extract_answer(text: str, extracted: str) -> None:
 
 
 def test_only_message_output_text_is_read() -> None:
-    response = Response(id="r", created_at=0.0, output=[
-        Reasoning(summary=[{"type": "summary_text", "text": "<answer>wrong</answer>"}]),
-        assistant_message("<answer>3"),
-        Message(role="assistant", content=[
-            {"type": "refusal", "refusal": "x"}, {"type": "output_text", "text": "0</answer>"}]),
-    ])
+    response = Response(
+        id="r",
+        created_at=0.0,
+        output=[
+            Reasoning(summary=[{"type": "summary_text", "text": "<answer>wrong</answer>"}]),
+            assistant_message("<answer>3"),
+            Message(
+                role="assistant",
+                content=[{"type": "refusal", "refusal": "x"}, {"type": "output_text", "text": "0</answer>"}],
+            ),
+        ],
+    )
     assert output_text(response.output) == "<answer>30</answer>"
     assert extract_answer(output_text(response.output)) == "30"
 

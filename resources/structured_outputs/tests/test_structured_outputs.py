@@ -39,15 +39,17 @@ from gym_runtime.testing import (
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "structured_outputs"
 
-PERSON = json.dumps({
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "email": {"type": ["string", "null"], "format": "email"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-})
+PERSON = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "email": {"type": ["string", "null"], "format": "email"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+)
 PEOPLE = json.dumps({"type": "array", "items": json.loads(PERSON)})
 ADA = {"name": "Ada", "age": 36, "email": None, "tags": ["math"]}
 
@@ -91,7 +93,9 @@ async def test_example_rows_refuse_a_null_payload() -> None:
     for row in read_jsonl(ENV_DIR / "data" / "example.jsonl"):
         key = row["tool_payload_key"]
         assert row["response_mode"] == "tool_call"
-        v = await verify_once(StructuredOutputs, row, calls((row["tool_name"], json.dumps({key: None} if key else None))))
+        v = await verify_once(
+            StructuredOutputs, row, calls((row["tool_name"], json.dumps({key: None} if key else None)))
+        )
         assert v.reward == 0.0 and v.fields["error_type"] == "validation_error"
 
 
@@ -125,9 +129,22 @@ def test_xml_coercion_and_list_unwrapping() -> None:
     schema = json.dumps({"type": "object", "properties": {"person": json.loads(PERSON)}})
     xml = "<person><name>Ada</name><age>36</age><email/><tags><t>math</t><t>poetry</t></tags></person>"
     assert evaluate_text("xml", schema, xml) == (1.0, None, None)  # <email/> is null, which the schema allows
-    nullable = json.dumps({"type": "object", "properties": {"person": {
-        "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                         "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {}}}}}})
+    nullable = json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "person": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "age": {"type": "integer"},
+                        "ok": {"type": "boolean"},
+                        "tags": {"type": "array", "items": {}},
+                    },
+                }
+            },
+        }
+    )
     one = "<person><name/><age>36</age><ok>TRUE</ok><tags><t>math</t></tags></person>"
     assert evaluate_text("xml", nullable, one) == (1.0, None, None)  # empty string, int, bool, one-item list
     assert error_type(evaluate_text("xml", nullable, one, False)) == "validation_error"  # no coercion
@@ -137,13 +154,28 @@ def test_xml_coercion_and_list_unwrapping() -> None:
 
 
 def test_csv_cells_are_coerced() -> None:
-    schema = json.dumps({"type": "array", "items": {"type": "object", "properties": {
-        "city": {"type": "string"}, "pop": {"type": "integer"}, "capital": {"type": "boolean"},
-        "area": {"type": ["number", "null"]}}}})
+    schema = json.dumps(
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "pop": {"type": "integer"},
+                    "capital": {"type": "boolean"},
+                    "area": {"type": ["number", "null"]},
+                },
+            },
+        }
+    )
     assert evaluate_text("csv", schema, "city,pop,capital,area\nParis,2100000,true,105.4\nLyon,500000,0,\n") == (
-        1.0, None, None)
+        1.0,
+        None,
+        None,
+    )
     assert error_type(evaluate_text("csv", schema, "city,pop,capital,area\nParis,2.1M,true,1\n")) == (
-        "validation_error")
+        "validation_error"
+    )
     assert error_type(evaluate_text("csv", "[]", "a\n1\n")) == "validation_error"  # a non-object schema
 
 
@@ -155,8 +187,11 @@ def test_schema_errors() -> None:
 
 
 def test_strictify_walks_objects_but_not_lists() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}},
-              "anyOf": [{"properties": {"c": {}}}]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {}}}},
+        "anyOf": [{"properties": {"c": {}}}],
+    }
     strictify(schema)
     assert schema["required"] == ["a"] and schema["additionalProperties"] is False
     assert schema["properties"]["a"]["required"] == ["b"]
@@ -164,19 +199,29 @@ def test_strictify_walks_objects_but_not_lists() -> None:
 
 
 def test_answer_text_joins_output_text_parts_of_all_messages() -> None:
-    response = Response(id="r", created_at=0.0, output=[
-        Reasoning(summary=[{"type": "summary_text", "text": "{}"}]),
-        assistant_message('{"name": "Ad'),
-        Message(role="assistant", content=[
-            {"type": "refusal", "refusal": "no"}, {"type": "output_text", "text": 'a"}'}]),
-    ])
+    response = Response(
+        id="r",
+        created_at=0.0,
+        output=[
+            Reasoning(summary=[{"type": "summary_text", "text": "{}"}]),
+            assistant_message('{"name": "Ad'),
+            Message(
+                role="assistant", content=[{"type": "refusal", "refusal": "no"}, {"type": "output_text", "text": 'a"}'}]
+            ),
+        ],
+    )
     assert output_text(response.output) == '{"name": "Ada"}'
 
 
 # ------------------------------------------------------------------ tool-call mode
 
-TOOL_ROW = {"schema_str": PERSON, "schema_type": "json", "response_mode": "tool_call", "tool_name": "save",
-            "tool_payload_key": "person"}
+TOOL_ROW = {
+    "schema_str": PERSON,
+    "schema_type": "json",
+    "response_mode": "tool_call",
+    "tool_name": "save",
+    "tool_payload_key": "person",
+}
 
 
 @pytest.mark.parametrize(
@@ -187,12 +232,21 @@ TOOL_ROW = {"schema_str": PERSON, "schema_type": "json", "response_mode": "tool_
         (calls(("save", json.dumps(ADA))), "missing_tool_payload_key", "Missing tool payload key: person"),
         (calls(("save", '{"person": {"name"')), "tool_arguments_parse_error", "JSONDecodeError: "),
         (calls(("store", json.dumps({"person": ADA}))), "wrong_tool_name", "Expected tool 'save', got: store"),
-        (calls(("save", "{}"), ("save", "{}")), "multiple_tool_calls",
-         "Expected exactly one function_call, got: save, save"),
-        (Response(id="r", created_at=0.0, output=[assistant_message(json.dumps(ADA))]), "missing_tool_call",
-         "No function_call item found in assistant response"),
-        (calls(("save", json.dumps({"person": ADA})), error={"code": "server_error", "message": "boom"}),
-         "api_error", "ResponseError(code='server_error', message='boom')"),
+        (
+            calls(("save", "{}"), ("save", "{}")),
+            "multiple_tool_calls",
+            "Expected exactly one function_call, got: save, save",
+        ),
+        (
+            Response(id="r", created_at=0.0, output=[assistant_message(json.dumps(ADA))]),
+            "missing_tool_call",
+            "No function_call item found in assistant response",
+        ),
+        (
+            calls(("save", json.dumps({"person": ADA})), error={"code": "server_error", "message": "boom"}),
+            "api_error",
+            "ResponseError(code='server_error', message='boom')",
+        ),
     ],
 )
 def test_tool_call_mode(response: Response, expected: str | None, message: str | None) -> None:
@@ -219,7 +273,11 @@ async def test_verify_grades_tool_calls_in_a_worker_process() -> None:
 
 async def test_options_turn_xml_coercion_off() -> None:
     row = {"schema_str": json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}}), "schema_type": "xml"}
-    assert (await verify_once(StructuredOutputs, row, Response(id="r", created_at=0.0, output=[assistant_message("<n>1</n>")]))).reward == 1.0
+    assert (
+        await verify_once(
+            StructuredOutputs, row, Response(id="r", created_at=0.0, output=[assistant_message("<n>1</n>")])
+        )
+    ).reward == 1.0
     inner = {"type": "object", "properties": {"n": {"type": "integer"}}}
     wrapped = json.dumps({"type": "object", "properties": {"r": inner}})
     row = {**row, "schema_str": wrapped}

@@ -27,7 +27,8 @@ def test_images_are_named_as_swe_gym_and_swe_bench_name_them() -> None:
     assert swe_image(row) == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-7365:latest"
     assert swe_image(row, "swe-bench") == "docker.io/swebench/sweb.eval.x86_64.getmoto_1776_moto-7365:latest"
     assert swe_image({"instance_id": "Project-MONAI__MONAI-6975"}) == (
-        "docker.io/xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6975:latest")
+        "docker.io/xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6975:latest"
+    )
     assert swe_image({**row, "image_name": "registry.local/x:1"}) == "registry.local/x:1"
     for r in swe_gym_rows():
         assert "__" not in swe_image(r)
@@ -75,16 +76,19 @@ def test_apptainer_instances(engine: str) -> None:
 
 def test_orphans_are_containers_whose_owner_process_is_gone() -> None:
     host = "node1"
-    listing = "\n".join([
-        f"gym-swe-1-aa {host}:{os.getpid()}",  # alive: this process
-        f"gym-swe-2-bb {host}:999999999",  # no such pid
-        "gym-swe-3-cc othernode:999999999",  # another host's: not ours to judge
-        "unrelated-container x:1",
-    ])
+    listing = "\n".join(
+        [
+            f"gym-swe-1-aa {host}:{os.getpid()}",  # alive: this process
+            f"gym-swe-2-bb {host}:999999999",  # no such pid
+            "gym-swe-3-cc othernode:999999999",  # another host's: not ours to judge
+            "unrelated-container x:1",
+        ]
+    )
     assert ContainerCommands().orphans(listing, host=host) == ["gym-swe-2-bb"]
     apptainer = ContainerCommands(engine="apptainer")
     assert apptainer.orphans(f"gym-swe-999999999-dd 12 img\ngym-swe-{os.getpid()}-ee 13 img", host=host) == [
-        "gym-swe-999999999-dd"]
+        "gym-swe-999999999-dd"
+    ]
 
 
 def test_options_pick_the_backend() -> None:
@@ -165,8 +169,9 @@ async def test_resource_session_closes_its_container(stub: Path) -> None:
         await SWE.setup({})
 
 
-async def test_the_next_worker_reaps_containers_of_killed_workers(stub: Path, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_next_worker_reaps_containers_of_killed_workers(
+    stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     host = os.uname().nodename
     listing = tmp_path / "ps.txt"
     listing.write_text(f"gym-swe-999999999-aa {host}:999999999\ngym-swe-{os.getpid()}-bb {host}:{os.getpid()}\n")

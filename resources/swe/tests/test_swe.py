@@ -123,9 +123,24 @@ async def test_sandbox_dies_with_a_killed_resource_worker(nats_server, tmp_path:
     from gym_runtime.bus import Bus
 
     worker = subprocess.Popen(  # noqa: ASYNC220 - a real worker process, killed below
-        [sys.executable, "-m", "gym_runtime.cli", "start", "resources/swe/config.yaml", "--nats", nats_server.url,
-         "--only", "resources.swe", "--replicas", "1", "--in-process"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "start",
+            "resources/swe/config.yaml",
+            "--nats",
+            nats_server.url,
+            "--only",
+            "resources.swe",
+            "--replicas",
+            "1",
+            "--in-process",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test")
     try:
@@ -155,10 +170,14 @@ async def test_sandbox_dies_with_a_killed_resource_worker(nats_server, tmp_path:
 
 async def test_replayed_agent_runs_end_to_end(nats_server, tmp_path: Path) -> None:
     rows, rec = rows_and_recordings(tmp_path)
-    cfg = load_config(ENV_DIR / "config.yaml", [
-        "models.policy.adapter=replay", f"models.policy.rollouts={rec}",
-        "resources.swe.options.command_timeout_s=15",  # generous: pytest runs inside it on a loaded machine
-    ])
+    cfg = load_config(
+        ENV_DIR / "config.yaml",
+        [
+            "models.policy.adapter=replay",
+            f"models.policy.rollouts={rec}",
+            "resources.swe.options.command_timeout_s=15",  # generous: pytest runs inside it on a loaded machine
+        ],
+    )
     out = tmp_path / "out.jsonl"
     result = await run_batch(cfg, nats_server.url, input_path=rows, out=out, telemetry=Telemetry())
     assert result.stats.failures == 0
@@ -179,7 +198,9 @@ async def test_step_and_time_limits_end_the_loop_and_grade_the_diff(
     settings: list[str], status: str, nats_server, tmp_path: Path
 ) -> None:
     rows, rec = rows_and_recordings(tmp_path)
-    cfg = load_config(ENV_DIR / "config.yaml", ["models.policy.adapter=replay", f"models.policy.rollouts={rec}", *settings])
+    cfg = load_config(
+        ENV_DIR / "config.yaml", ["models.policy.adapter=replay", f"models.policy.rollouts={rec}", *settings]
+    )
     out = tmp_path / "out.jsonl"
     result = await run_batch(cfg, nats_server.url, input_path=rows, out=out, telemetry=Telemetry(), limit=1)
     assert result.stats.failures == 0
@@ -197,8 +218,19 @@ def test_run_cli_offline_on_the_bundled_example(tmp_path: Path) -> None:
 
 def test_grade_cli_grades_gold_patches(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "gym_runtime.resources.swe.grade", str(ENV_DIR / "data" / "example.jsonl"), "--backend", "local"],
-        cwd=REPO, capture_output=True, text=True, check=False, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.resources.swe.grade",
+            str(ENV_DIR / "data" / "example.jsonl"),
+            "--backend",
+            "local",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr
     assert "tiny__calc-1" in res.stdout and "resolved" in res.stdout and "1/1 resolved" in res.stdout
@@ -207,7 +239,11 @@ def test_grade_cli_grades_gold_patches(tmp_path: Path) -> None:
 def test_grade_cli_user_mistakes_are_one_line(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "gym_runtime.resources.swe.grade", str(tmp_path / "missing.jsonl")],
-        cwd=REPO, capture_output=True, text=True, check=False, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
@@ -241,11 +277,20 @@ async def test_commands_are_confined(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     inst = SWE()
     await inst.seed(task())
     try:
-        out = await inst.call_tool("bash", json.dumps({"command": (
-            f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\""
-        )}))
+        out = await inst.call_tool(
+            "bash",
+            json.dumps(
+                {
+                    "command": (
+                        f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\""
+                    )
+                }
+            ),
+        )
         assert not out.startswith("<returncode>0<") and ("Permission" in out or "unreachable" in out), out
-        out = await inst.call_tool("bash", '{"command": "env; cat /proc/*/environ 2>/dev/null | tr \\"\\\\0\\" \\"\\\\n\\""}')
+        out = await inst.call_tool(
+            "bash", '{"command": "env; cat /proc/*/environ 2>/dev/null | tr \\"\\\\0\\" \\"\\\\n\\""}'
+        )
         assert "s3cr3t-value" not in out
         out = await inst.call_tool("bash", json.dumps({"command": f"echo x > {escape}; echo rc=$?"}))
         assert "rc=0" not in out and not escape.exists()

@@ -18,13 +18,13 @@ CALC = '''def add(a, b):
 def mul(a, b):
     return a * b
 '''
-TESTS = '''from calc import mul
+TESTS = """from calc import mul
 
 
 def test_mul():
     assert mul(3, 4) == 12
-'''
-TESTS_AFTER = '''from calc import add, mul
+"""
+TESTS_AFTER = """from calc import add, mul
 
 
 def test_mul():
@@ -33,7 +33,7 @@ def test_mul():
 
 def test_add():
     assert add(2, 3) == 5
-'''
+"""
 
 
 def _diff(files: dict[str, str], changed: dict[str, str]) -> str:
@@ -42,8 +42,15 @@ def _diff(files: dict[str, str], changed: dict[str, str]) -> str:
         for rel, text in files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
-        env = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": d, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+        env = {
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "HOME": d,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "PATH": "/usr/bin:/bin",
+        }
         subprocess.run("git init -q && git add -A && git commit -q -m base", shell=True, cwd=root, env=env, check=True)
         for rel, text in changed.items():
             (root / rel).write_text(text)
@@ -63,10 +70,12 @@ def task(**extra: Any) -> dict[str, Any]:
         "breaking_patch": _diff(files, {"calc.py": fixed.replace("return a * b", "return a ** b")}),
         "FAIL_TO_PASS": ["test_calc.py::test_add"],
         "PASS_TO_PASS": ["test_calc.py::test_mul"],
-        "responses_create_params": {"input": [
-            {"role": "system", "content": "You fix bugs with bash commands."},
-            {"role": "user", "content": "add(2, 3) returns -1 instead of 5. Fix calc.py."},
-        ]},
+        "responses_create_params": {
+            "input": [
+                {"role": "system", "content": "You fix bugs with bash commands."},
+                {"role": "user", "content": "add(2, 3) returns -1 instead of 5. Fix calc.py."},
+            ]
+        },
         **extra,
     }
 
@@ -75,12 +84,23 @@ def recording(row: dict[str, Any], commands: list[str]) -> dict[str, Any]:
     """A rollout row as NeMo Gym records one: the model's bash calls (outputs are recomputed live)."""
     output: list[dict[str, Any]] = []
     for i, command in enumerate(commands):
-        output.append({"type": "function_call", "call_id": f"c{i}", "name": "bash",
-                       "arguments": json.dumps({"command": command}), "id": f"fc{i}", "status": "completed"})
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": f"c{i}",
+                "name": "bash",
+                "arguments": json.dumps({"command": command}),
+                "id": f"fc{i}",
+                "status": "completed",
+            }
+        )
         output.append({"type": "function_call_output", "call_id": f"c{i}", "output": "recorded"})
     prompt = [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>"},
+        {
+            "role": "user",
+            "content": f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>",
+        },
     ]
     return {"responses_create_params": {"input": prompt}, "response": {"id": "resp", "output": output}, "reward": None}
 
