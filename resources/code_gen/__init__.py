@@ -50,6 +50,7 @@ import msgspec
 
 from gym_runtime.messages import Response, output_text
 from gym_runtime.resource import Resource, Verdict, parse_options
+from gym_runtime.sandbox import Limits, SandboxRunner, probe
 
 from .grading import (
     extract_code,
@@ -58,7 +59,6 @@ from .grading import (
     run_unit_tests,
     unit_tests,
 )
-from .sandbox import Limits, SandboxRunner, probe
 
 __all__ = ["CodeGen", "CodeGenOptions"]
 

@@ -23,9 +23,9 @@ import msgspec
 
 from gym_runtime.messages import Reasoning, Response
 from gym_runtime.resource import run_in_process
+from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxSession, SandboxTimeout
 
 from .calls import DecodeError, judge_call
-from .sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxSession, SandboxTimeout
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 

@@ -3,7 +3,7 @@
 One small interface, :class:`Environment` (run a shell command in the
 repository, write a file, close), made by a :class:`Backend` from a task:
 
-* :class:`LocalBackend`: the project's own sandbox (``resources/code_gen/sandbox.py``:
+* :class:`LocalBackend`: the project's own sandbox (``runtime/sandbox/runner.py``:
   namespaces, no network, Landlock, seccomp, rlimits, a wall clock) with the task's
   repository written into its throw-away working directory from the row's
   ``repo_files``; commands run with the project's Python first on ``PATH``. For
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+
+from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
 
 from .containers import ContainerCommands, owner_label
 
@@ -71,7 +73,6 @@ class LocalEnvironment:
         self.closed = False
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
-        from gym_runtime.resources.code_gen.sandbox import SandboxExited, SandboxTimeout
 
         if self.closed:
             raise EnvironmentError_("the environment is closed")
@@ -110,14 +111,12 @@ class LocalBackend:
     def __init__(
         self, *, max_parallel: int, wall_s: float, memory_bytes: int, disk_bytes: int, max_output: int
     ) -> None:
-        from gym_runtime.resources.code_gen.sandbox import Limits, SandboxRunner
 
         self.runner = SandboxRunner(max_parallel)
         self.limits = Limits(wall_s=wall_s, cpu_s=wall_s, memory_bytes=memory_bytes, file_bytes=disk_bytes, nproc=128)
         self.max_output = max_output
 
     async def start(self, task: dict[str, Any]) -> LocalEnvironment:
-        from gym_runtime.resources.code_gen.sandbox import SandboxError
 
         files = task.get("repo_files")
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):

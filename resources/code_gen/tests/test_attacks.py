@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
-from gym_runtime.resources.code_gen.sandbox import landlock_abi
 from gym_runtime.resources.code_gen.tests.test_code_gen import ADD, FAST, fenced, session, stdio_task, still_works
+from gym_runtime.sandbox import landlock_abi
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
@@ -452,7 +452,7 @@ async def test_child_processes_reach_python_but_not_root_only_files() -> None:
 
 MASK_PROBE = """
 import json, os, sys
-from gym_runtime.resources.code_gen import sandbox as sb
+from gym_runtime.sandbox import runner as sb
 closed, keep = sys.argv[1], sys.argv[2]
 sb._unshare(sb.CLONE_NEWNS)
 sb._mount(None, '/', None, sb.MS_REC | sb.MS_PRIVATE, None)
@@ -592,7 +592,7 @@ async def test_cannot_leave_its_cgroup() -> None:
     out = await graded(env, stdio_task(["\n"], ["moved\n"]), code)
     text = printed(out)
     assert text.startswith("stayed")
-    from gym_runtime.resources.code_gen import cgroups
+    from gym_runtime.sandbox import cgroups
 
     # in its own cgroup, or (no writable cgroup: the single-process mode) still in the worker's
     own = cgroups._own_paths().get("memory")
@@ -602,7 +602,7 @@ async def test_cannot_leave_its_cgroup() -> None:
 
 def cgroups_left() -> list[str]:
     """This worker's sandbox cgroups still present, in every cgroup hierarchy."""
-    from gym_runtime.resources.code_gen import cgroups
+    from gym_runtime.sandbox import cgroups
 
     own = cgroups._own_paths()
     left = []

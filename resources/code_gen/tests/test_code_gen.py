@@ -20,7 +20,7 @@ from gym_runtime.messages import Response
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
-from gym_runtime.resources.code_gen.sandbox import (
+from gym_runtime.sandbox.runner import (
     Layers,
     Limits,
     SandboxError,
