@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.server import EmbeddedServer
+from gym_runtime.ops.nats_server import EmbeddedServer
 
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"

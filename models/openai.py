@@ -32,7 +32,7 @@ from uuid import uuid4
 import msgspec
 import openai
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 from gym_runtime.messages import (
     TRAINING_FIELDS,
     CreateParams,

@@ -46,7 +46,7 @@ import httpx2
 import msgspec
 import openai
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 from gym_runtime.model import AdapterOptions, ModelError
 from gym_runtime.models import http1
 

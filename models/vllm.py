@@ -70,7 +70,7 @@ from uuid import uuid4
 
 import msgspec
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.model import ModelError
 from gym_runtime.models.chat_convert import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 from gym_runtime.model import ModelError
 
 log = logs.get("gym.models.vllm_engine")

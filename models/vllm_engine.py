@@ -38,7 +38,7 @@ from uuid import uuid4
 import anyio
 import msgspec
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 from gym_runtime.messages import CreateParams, Response, Usage
 from gym_runtime.model import AdapterOptions, ModelError
 from gym_runtime.models.chat_convert import (

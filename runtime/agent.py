@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from gym_runtime.bus import Bus, NoResponders, RemoteError
+from gym_runtime.transport.bus import Bus, NoResponders, RemoteError
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import GymError
 from gym_runtime.messages import (
@@ -34,7 +34,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.model_worker import call_model
+from gym_runtime.workers.model_worker import call_model
 
 TOOL_TIMEOUT_S = 300.0
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker

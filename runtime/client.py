@@ -34,19 +34,23 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from gym_runtime import control, jetstream, logs
-from gym_runtime.batches import Manifest, put_manifest
-from gym_runtime.bus import Bus
-from gym_runtime.collector import failure_row
+from gym_runtime.workers import control
+
+from gym_runtime.transport import jetstream
+
+from gym_runtime.observability import logs
+from gym_runtime.data.batches import Manifest, put_manifest
+from gym_runtime.transport.bus import Bus
+from gym_runtime.data.collector import failure_row
 from gym_runtime.config import Config, load_config
-from gym_runtime.discovery import discover
-from gym_runtime.inputs import check_row, publish_rows
-from gym_runtime.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.discovery import discover
+from gym_runtime.data.inputs import check_row, publish_rows
+from gym_runtime.transport.jetstream import ensure_streams, stream_names
 from gym_runtime.messages import RolloutResult, RolloutTask
-from gym_runtime.pull import PullWorker
-from gym_runtime.runner import drain, make_workers, selected, start_workers
-from gym_runtime.server import EmbeddedServer
-from gym_runtime.tracing import Telemetry
+from gym_runtime.transport.pull import PullWorker
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.observability.tracing import Telemetry
 
 __all__ = ["BatchHandle", "Client", "ClientError", "RolloutFailed", "SyncBatch", "SyncClient"]
 
@@ -292,7 +296,7 @@ class Client:
         if "auth" in params:
             import importlib
 
-            security = importlib.import_module("gym_runtime.security")
+            security = importlib.import_module("gym_runtime.ops.security")
             try:
                 auth = security.ClientAuth.resolve(str(self.auth_dir))
             except Exception as e:  # AuthError: the directory is not a trust directory

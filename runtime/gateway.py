@@ -37,7 +37,7 @@ import yaml
 from aiohttp import web
 
 from gym_runtime.client import Client, ClientError, RolloutFailed
-from gym_runtime.metrics import MetricsAccumulator
+from gym_runtime.data.aggregate import MetricsAccumulator
 
 _dec = msgspec.json.Decoder()
 _enc = msgspec.json.Encoder()
@@ -192,7 +192,7 @@ class Gateway:
 
 async def start(client: Client, *, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Listen (port 0: a free one); returns the runner (``await runner.cleanup()`` to stop) and the port."""
-    from gym_runtime.server import free_port
+    from gym_runtime.ops.nats_server import free_port
 
     port = port or free_port()
     runner = web.AppRunner(Gateway(client, host=host, port=port).app(), access_log=None, handle_signals=False)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
-from gym_runtime._plugins import import_plugin
+from gym_runtime.plugins import import_plugin
 from gym_runtime.messages import CreateParams, Response
 
 __all__ = [

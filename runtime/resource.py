@@ -297,7 +297,7 @@ def encode_tool_output(result: Any) -> str:
 def load_resource_class(module_path: str, where: str) -> type[Resource]:
     """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
     error: one line) that starts with ``where``, the config key that names it."""
-    from gym_runtime._plugins import import_plugin
+    from gym_runtime.plugins import import_plugin
 
     try:
         module = import_plugin(module_path)

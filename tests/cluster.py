@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 
 
 def monitor(srv: EmbeddedServer, path: str) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from gym_runtime import bus as bus_module
-from gym_runtime.bus import PROGRESS_HEADER, Bus, NoResponders, RemoteError
+from gym_runtime.transport import bus as bus_module
+from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders, RemoteError
 from gym_runtime.messages import ErrorInfo, ToolCall, ToolReply
-from gym_runtime.server import EmbeddedServer
-from gym_runtime.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.observability.tracing import Telemetry
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gym_runtime.server import EmbeddedServer
+from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 N_TASKS = 12

@@ -1,4 +1,4 @@
-"""gym_runtime.metrics: NeMo Gym style aggregate metrics, checked against hand-computed values."""
+"""gym_runtime.data.aggregate: NeMo Gym style aggregate metrics, checked against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.metrics import MetricsAccumulator, summary_lines
+from gym_runtime.data.aggregate import MetricsAccumulator, summary_lines
 
 approx = pytest.approx
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -138,9 +138,9 @@ def test_bad_input_rows_name_file_and_line_and_publish_nothing(
 
 def _stored_tasks(url: str) -> int:
     async def count() -> int:
-        from gym_runtime.bus import Bus
-        from gym_runtime.jetstream import message_count, stream_names
-        from gym_runtime.tracing import Telemetry
+        from gym_runtime.transport.bus import Bus
+        from gym_runtime.transport.jetstream import message_count, stream_names
+        from gym_runtime.observability.tracing import Telemetry
 
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
         try:
@@ -148,7 +148,7 @@ def _stored_tasks(url: str) -> int:
         finally:
             await bus.close()
 
-    from gym_runtime.runner import run_async
+    from gym_runtime.workers.runner import run_async
 
     return run_async(count)
 
@@ -283,7 +283,7 @@ def test_reverify_shows_progress(tmp_path: Path) -> None:
 def test_progress_line_figures() -> None:
     import io
 
-    from gym_runtime.progress import ProgressOptions, Tracker
+    from gym_runtime.observability.progress import ProgressOptions, Tracker
 
     now = [0.0]
     buf = io.StringIO()

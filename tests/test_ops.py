@@ -21,7 +21,7 @@ import anyio
 import psutil
 import yaml
 
-from gym_runtime.server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl
 from tests.test_faults import tasks_file, write_config
 from tests.test_recovery import _publish

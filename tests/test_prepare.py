@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.dataprep import PrepareError, blend_counts, parse_source
+from gym_runtime.data.prepare import PrepareError, blend_counts, parse_source
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 datasets = pytest.importorskip("datasets", reason="the `data` extra is not installed (pip install -e '.[data]')")
@@ -184,7 +184,7 @@ def test_nemo_gym_datasets_entries_as_ng_prepare_data_takes_them(tmp_path: Path)
     import subprocess
     import sys
 
-    from gym_runtime.dataprep import nemo_sources
+    from gym_runtime.data.prepare import nemo_sources
 
     root = tmp_path / "gym"
     shutil.copytree(COMPAT / "configs" / "resources_servers", root / "resources_servers")

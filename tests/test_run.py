@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.bus import Bus
+from gym_runtime.transport.bus import Bus
 from gym_runtime.config import load_config
-from gym_runtime.runner import make_workers, run_batch, selected, start_workers
-from gym_runtime.tracing import Telemetry
+from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
+from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import COMPAT, REPO, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
 
 ENVS = {
@@ -320,7 +320,7 @@ def test_logs_are_json_with_task_rollout_and_trace_ids(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["status"], ["collect", "--batch", "b", "-o", "x.jsonl"]])
 def test_unreachable_nats_url_fails_clearly(command: list[str], tmp_path: Path) -> None:
-    from gym_runtime.server import free_port
+    from gym_runtime.ops.nats_server import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     res = cli(*command, "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "1"}, timeout=30)
@@ -378,7 +378,7 @@ def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path
 def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path: Path) -> None:
     """`run --processes 2 --nats URL` with nothing there: the one-line error of any one-shot command, not
     children left waiting for the server until a readiness timeout and an internal error."""
-    from gym_runtime.server import free_port
+    from gym_runtime.ops.nats_server import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     config = tmp_path / "weather.yaml"

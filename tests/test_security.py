@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.bus import Bus, ServerUnreachable, connect
-from gym_runtime.jetstream import message_count, stream_names
-from gym_runtime.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
-from gym_runtime.server import EmbeddedServer, free_port
-from gym_runtime.tracing import Telemetry
+from gym_runtime.transport.bus import Bus, ServerUnreachable, connect
+from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.ops.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
@@ -164,7 +164,7 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
     import anyio
     import nats.errors
 
-    from gym_runtime.jetstream import ensure_consumer
+    from gym_runtime.transport.jetstream import ensure_consumer
 
     pub, agent = buses["publisher"], buses["agent"]
     stream = stream_names("gym")["task"]
@@ -208,7 +208,7 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
 async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) -> None:
     """``run --nats`` runs publisher, agent, model and resource: one connection each, no admin seed needed."""
     from gym_runtime.config import load_config
-    from gym_runtime.runner import run_batch
+    from gym_runtime.workers.runner import run_batch
 
     srv, auth = secured
     node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
@@ -473,8 +473,8 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
     """Two nodes with the same DIR form a cluster over TLS routes; a node with another CA cannot join."""
     import anyio
 
-    from gym_runtime.security import route_tls, server_config
-    from gym_runtime.server import find_binary
+    from gym_runtime.ops.security import route_tls, server_config
+    from gym_runtime.ops.nats_server import find_binary
 
     auth, other = ensure_auth_dir(tmp_path / "auth"), ensure_auth_dir(tmp_path / "other")
     ports = {n: (free_port(), free_port()) for n in ("a", "b", "c")}
@@ -536,7 +536,7 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
     import anyio
 
     from gym_runtime.config import load_config
-    from gym_runtime.runner import run_batch, serve
+    from gym_runtime.workers.runner import run_batch, serve
 
     srv, auth = secured
     cfg = load_config(REPO / "resources/weather/config.yaml")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.config import load_config
-from gym_runtime.validation import validate_files
+from gym_runtime.data.validation import validate_files
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 BUNDLED = sorted(Path(p).parent.parent for p in glob.glob(str(REPO / "resources" / "*" / "data" / "example.jsonl")))
@@ -24,7 +24,7 @@ def test_every_bundled_example_is_valid_for_its_environment(env: Path) -> None:
 
 
 def test_every_bundled_environment_declares_its_task_fields() -> None:
-    from gym_runtime._plugins import import_plugin
+    from gym_runtime.plugins import import_plugin
     from gym_runtime.resource import find_resource_class
 
     for env in BUNDLED:
@@ -41,7 +41,7 @@ def test_bundled_requires_name_packages_of_the_extra_they_tell_users_to_install(
     import tomllib
     from importlib.metadata import packages_distributions
 
-    from gym_runtime._plugins import import_plugin
+    from gym_runtime.plugins import import_plugin
     from gym_runtime.resource import find_resource_class
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

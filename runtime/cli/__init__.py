@@ -17,8 +17,10 @@ from typing import NoReturn
 
 from nats.errors import TimeoutError as NatsTimeout
 
-from gym_runtime import __version__, logs
-from gym_runtime.bus import ServerUnreachable
+from gym_runtime import __version__
+
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import ServerUnreachable
 from gym_runtime.cli import (
     collect,
     gateway,
@@ -36,8 +38,8 @@ from gym_runtime.cli import (
 )
 from gym_runtime.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, err, refuse_argv_secrets, tune_gc
 from gym_runtime.config import ConfigError
-from gym_runtime.inputs import InputError
-from gym_runtime.server import ServerError
+from gym_runtime.data.inputs import InputError
+from gym_runtime.ops.nats_server import ServerError
 
 COMMANDS: dict[str, ModuleType] = {
     "run": run,

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime._plugins import config_path
+from gym_runtime.plugins import config_path
 from gym_runtime.config import Config, load_config
-from gym_runtime.security import AUTH_DIR_ENV, ClientAuth, check_argv_secret, ensure_auth_dir
-from gym_runtime.server import EmbeddedServer
-from gym_runtime.tracing import Telemetry
+from gym_runtime.ops.security import AUTH_DIR_ENV, ClientAuth, check_argv_secret, ensure_auth_dir
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.observability.tracing import Telemetry
 
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
@@ -99,7 +99,7 @@ def load(args: argparse.Namespace) -> Config:
 
 
 def print_stats(batch: str, s: Any, out: str, *, elapsed_s: float | None = None) -> None:
-    from gym_runtime.metrics import summary_lines
+    from gym_runtime.data.aggregate import summary_lines
 
     took = f" in {elapsed_s:.2f}s" if elapsed_s is not None else ""
     print(f"batch {batch}: {s.rows} rows, {s.failures} failed{took} -> {out}")
@@ -111,7 +111,7 @@ def print_stats(batch: str, s: Any, out: str, *, elapsed_s: float | None = None)
 
 def failures_exit(stats: Any, out: str) -> int:
     if stats.failures:
-        from gym_runtime.collector import sidecar_paths
+        from gym_runtime.data.collector import sidecar_paths
 
         err(f"{stats.failures} rollouts failed; see {sidecar_paths(out)[0]}")
         return EXIT_FAILURES
@@ -206,7 +206,7 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
 
 def telemetry(args: argparse.Namespace, role: str, *, port_offset: int = 0) -> Telemetry:
     """Traces (``--trace-file`` / OTLP) and metrics (``--metrics-port`` / OTLP), named ``gym-runtime.ROLE``."""
-    from gym_runtime import meters
+    from gym_runtime.observability import meters
 
     service = f"gym-runtime.{role}"
     port = getattr(args, "metrics_port", None)

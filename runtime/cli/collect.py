@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gym_runtime import progress
+from gym_runtime.observability import progress
 from gym_runtime.cli._common import (
     auth_option,
     check_output,
@@ -16,7 +16,7 @@ from gym_runtime.cli._common import (
     need_url,
     print_stats,
 )
-from gym_runtime.tracing import Telemetry
+from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,8 +42,8 @@ async def watch_agents(bus: Any, batch: str) -> None:
     """Say once (stderr) when an agent of the batch has no worker at all: the wait is not a hang."""
     import anyio
 
-    from gym_runtime.batches import get_manifest
-    from gym_runtime.discovery import discover
+    from gym_runtime.data.batches import get_manifest
+    from gym_runtime.transport.discovery import discover
 
     manifest = await get_manifest(bus, batch, wait_s=3600.0)
     if manifest is None:
@@ -63,8 +63,8 @@ async def watch_agents(bus: Any, batch: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.bus import Bus
-    from gym_runtime.runner import collect_batch, run_async
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.workers.runner import collect_batch, run_async
 
     url = need_url(args, None)
     auth = client_auth(args)
@@ -87,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
                 finally:
                     watcher.cancel()
                 if args.purge:  # only now: the file and sidecars are on disk
-                    from gym_runtime.batches import purge_batch
+                    from gym_runtime.data.batches import purge_batch
 
                     await purge_batch(bus, args.batch)
                 return stats

@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 
 from gym_runtime.cli._common import auth_option, client_auth, err, need_url
-from gym_runtime.tracing import Telemetry
+from gym_runtime.observability.tracing import Telemetry
 
 EXIT_UNHEALTHY = 1
 ROLE_NAMES = {"agents": "agent", "models": "model", "resources": "resource"}
@@ -47,9 +47,9 @@ def _role(spec: str | None) -> tuple[str, str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.bus import Bus, ServerUnreachable
-    from gym_runtime.discovery import discover
-    from gym_runtime.runner import run_async
+    from gym_runtime.transport.bus import Bus, ServerUnreachable
+    from gym_runtime.transport.discovery import discover
+    from gym_runtime.workers.runner import run_async
 
     url = need_url(args, None)
     role = _role(args.role)

@@ -14,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.scaffold import write_package
+    from gym_runtime.cli.scaffold import write_package
 
     package = write_package(args.name, args.dir, stateful=args.stateful, judge=args.judge)
     print(f"created {package}/ — try:")

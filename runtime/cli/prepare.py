@@ -36,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime._plugins import config_path
-    from gym_runtime.dataprep import (
+    from gym_runtime.plugins import config_path
+    from gym_runtime.data.prepare import (
         InvalidRows,
         Options,
         PrepareError,
@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         prepare,
         write,
     )
-    from gym_runtime.nemo_config import data_only_overrides, is_nemo_gym
+    from gym_runtime.config.nemo import data_only_overrides, is_nemo_gym
 
     paths = [config_path(c) for c in args.config]
     args.overrides = data_only_overrides(paths) + args.overrides  # no model is called here

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gym_runtime import progress
+from gym_runtime.observability import progress
 from gym_runtime.cli._common import (
     auth_option,
     client_auth,
@@ -34,9 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.bus import Bus
-    from gym_runtime.inputs import validate
-    from gym_runtime.runner import publish_batch, run_async
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.data.inputs import validate
+    from gym_runtime.workers.runner import publish_batch, run_async
 
     cfg = load(args)
     url = need_url(args, cfg)

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url
-from gym_runtime.tracing import Telemetry
+from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,9 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.batches import purge_batch
-    from gym_runtime.bus import Bus
-    from gym_runtime.runner import run_async
+    from gym_runtime.data.batches import purge_batch
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.workers.runner import run_async
 
     url = need_url(args, None)
     auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)

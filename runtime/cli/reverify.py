@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from gym_runtime import progress
-from gym_runtime._plugins import config_path
+from gym_runtime.observability import progress
+from gym_runtime.plugins import config_path
 from gym_runtime.cli._common import (
     EXIT_FAILURES,
     auth_option,
@@ -37,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.reverify import validate_rollouts
-    from gym_runtime.runner import reverify_batch, run_async
+    from gym_runtime.data.reverify import validate_rollouts
+    from gym_runtime.workers.runner import reverify_batch, run_async
 
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     check_output(args.output)
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     if report.failed:
-        from gym_runtime.collector import sidecar_paths
+        from gym_runtime.data.collector import sidecar_paths
 
         err(f"{report.failed} rows could not be re-verified; see {sidecar_paths(args.output)[0]}")
         return EXIT_FAILURES

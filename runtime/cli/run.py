@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime import progress
-from gym_runtime._plugins import example_input
+from gym_runtime.observability import progress
+from gym_runtime.plugins import example_input
 from gym_runtime.cli._common import (
     auth_option,
     check_output,
@@ -98,8 +98,8 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
 async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
     """Connect as the batch will and let go: a one-shot command says in one line that its server is dead or
     refuses it, before it starts worker children that (as services) would wait for that server."""
-    from gym_runtime.runner import close_buses, open_buses
-    from gym_runtime.tracing import Telemetry
+    from gym_runtime.workers.runner import close_buses, open_buses
+    from gym_runtime.observability.tracing import Telemetry
 
     await close_buses(
         await open_buses(
@@ -120,7 +120,7 @@ def worker_processes(
 ) -> Iterator[None]:
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli._common import config_path
-    from gym_runtime.supervisor import Child, NotStarted, RoleProcesses, role_argv
+    from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
@@ -152,8 +152,8 @@ def worker_processes(
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.inputs import validate
-    from gym_runtime.runner import run_async, run_batch
+    from gym_runtime.data.inputs import validate
+    from gym_runtime.workers.runner import run_async, run_batch
 
     cfg = load(args)
     if args.input is None:

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from gym_runtime.cli._common import err
-from gym_runtime.server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, parse_size
+from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, parse_size
 
 DEFAULT_HTTP_PORT = 8222
 
@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     import threading
 
     if args.secure:
-        from gym_runtime.security import ensure_auth_dir, unnamed
+        from gym_runtime.ops.security import ensure_auth_dir, unnamed
 
         ensure_auth_dir(args.secure, host=args.host, names=args.tls_name)
         missing = unnamed(args.secure, args.tls_name)

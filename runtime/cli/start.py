@@ -40,7 +40,7 @@ def role_of(pairs: list[tuple[str, str]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.runner import run_async, selected, serve
+    from gym_runtime.workers.runner import run_async, selected, serve
 
     cfg = load(args)
     url = need_url(args, cfg)
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     pairs = selected(cfg, args.only)
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
-        from gym_runtime.runner import BUS_ROLE
+        from gym_runtime.workers.runner import BUS_ROLE
 
         for r, _ in pairs:
             auth.creds(BUS_ROLE[r])
@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
         finally:
             telemetry.shutdown()
         return 0
-    from gym_runtime.supervisor import Child, child_argv, run_pool
+    from gym_runtime.workers.supervisor import Child, child_argv, run_pool
 
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
     if args.trace_file:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url
-from gym_runtime.tracing import Telemetry
+from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.bus import Bus
-    from gym_runtime.runner import run_async
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.workers.runner import run_async
 
     url = need_url(args, None)
     if args.interval <= 0:
@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _overview(bus: Any, args: argparse.Namespace) -> None:
-    from gym_runtime.status import gather, render
+    from gym_runtime.ops.status import gather, render
 
     with _Screen(args) as screen:
         while True:
@@ -72,7 +72,7 @@ async def _overview(bus: Any, args: argparse.Namespace) -> None:
 async def _batch(bus: Any, args: argparse.Namespace) -> None:
     import anyio
 
-    from gym_runtime.status import BatchWatch, render_batch
+    from gym_runtime.ops.status import BatchWatch, render_batch
 
     async with anyio.create_task_group() as tg:
         watch = await BatchWatch.open(bus, args.batch, tg)

@@ -44,10 +44,10 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.agent_worker import AgentWorker  # noqa: E402
-from gym_runtime.bus import Bus  # noqa: E402
+from gym_runtime.workers.agent_worker import AgentWorker  # noqa: E402
+from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.config import load_config  # noqa: E402
-from gym_runtime.runner import (  # noqa: E402
+from gym_runtime.workers.runner import (  # noqa: E402
     collect_batch,
     make_workers,
     publish_batch,
@@ -56,9 +56,9 @@ from gym_runtime.runner import (  # noqa: E402
     selected,
     start_workers,
 )
-from gym_runtime.server import EmbeddedServer  # noqa: E402
-from gym_runtime.supervisor import role_argv  # noqa: E402
-from gym_runtime.tracing import Telemetry  # noqa: E402
+from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.workers.supervisor import role_argv  # noqa: E402
+from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 
 CONFIG = REPO / "resources/weather/config.yaml"
 DATA = REPO / "resources/weather/data/example.jsonl"
@@ -168,8 +168,8 @@ def bench_telemetry(metrics: bool) -> Telemetry:
     """No exporters (the default), or with ``--metrics`` the OTel SDK recording into a Prometheus endpoint."""
     if not metrics:
         return Telemetry()
-    from gym_runtime.meters import start
-    from gym_runtime.server import free_port
+    from gym_runtime.observability.meters import start
+    from gym_runtime.ops.nats_server import free_port
 
     return Telemetry(meters=start(service="gym-runtime.bench", role="bench", port=free_port(), host="127.0.0.1"))
 
@@ -437,7 +437,7 @@ def main() -> None:
         "the flag alone: skip it)",
     )
     args = ap.parse_args()
-    from gym_runtime import logs
+    from gym_runtime.observability import logs
     from gym_runtime.cli._common import tune_gc
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)

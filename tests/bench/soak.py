@@ -25,7 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.server import EmbeddedServer  # noqa: E402
+from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 
 ROLES = ("agents.agent", "models.policy", "resources.env")
 

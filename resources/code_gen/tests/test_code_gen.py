@@ -404,6 +404,6 @@ def test_config_loads() -> None:
     res = cfg.resources["code_gen"]
     assert res.server == "resources.code_gen"
     msgspec.convert(res.options, CodeGenOptions)
-    from gym_runtime._plugins import import_plugin
+    from gym_runtime.plugins import import_plugin
 
     assert find_resource_class(import_plugin(res.server)) is CodeGen

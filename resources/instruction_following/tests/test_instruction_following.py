@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime._plugins import import_plugin
+from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     FunctionCall,

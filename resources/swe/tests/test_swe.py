@@ -16,8 +16,8 @@ from gym_runtime.config import load_config
 from gym_runtime.messages import Response
 from gym_runtime.resources.swe import SWE
 from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings, task
-from gym_runtime.runner import run_batch
-from gym_runtime.tracing import Telemetry
+from gym_runtime.workers.runner import run_batch
+from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import REPO, cli, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ async def test_sandbox_dies_with_a_killed_resource_worker(nats_server, tmp_path:
     import psutil
 
     from gym_runtime.agent import Session
-    from gym_runtime.bus import Bus
+    from gym_runtime.transport.bus import Bus
 
     worker = subprocess.Popen(  # noqa: ASYNC220 - a real worker process, killed below
         [

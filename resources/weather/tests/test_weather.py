@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime._plugins import import_plugin
+from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response, parse_items
 from gym_runtime.resource import ToolArgumentsError, find_resource_class

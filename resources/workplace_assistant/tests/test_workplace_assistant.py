@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime._plugins import import_plugin
+from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import FunctionCall, FunctionCallOutput, Response
 from gym_runtime.resource import ToolArgumentsError, find_resource_class, replay_calls

@@ -23,8 +23,8 @@ import msgspec
 import msgspec.inspect
 import yaml
 
-from gym_runtime import nemo_config
-from gym_runtime._plugins import import_plugin, use_config_dir
+from gym_runtime.config import nemo as nemo_config
+from gym_runtime.plugins import import_plugin, use_config_dir
 from gym_runtime.model import ModelConfig, adapter_module, model_config
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 
 log = logs.get("gym.meters")
 
@@ -245,7 +245,7 @@ async def watch_queues(bus: Any, meters: Meters, *, every_s: float = 5.0) -> Non
     """Refresh ``meters.queues`` from JetStream's consumer info until cancelled (queue lag gauges)."""
     import anyio
 
-    from gym_runtime import jetstream
+    from gym_runtime.transport import jetstream
 
     names = jetstream.stream_names(bus.ns)
     while True:

@@ -18,27 +18,27 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime import logs
-from gym_runtime.agent_worker import AgentWorker
-from gym_runtime.batches import Manifest, get_manifest, put_manifest
-from gym_runtime.bus import Bus
-from gym_runtime.collector import Collector, CollectStats
+from gym_runtime.observability import logs
+from gym_runtime.workers.agent_worker import AgentWorker
+from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
+from gym_runtime.transport.bus import Bus
+from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.config import Config, ConfigError
-from gym_runtime.control import agent_fingerprint
-from gym_runtime.inputs import Plan, publish_tasks, validate
-from gym_runtime.jetstream import ensure_streams
-from gym_runtime.meters import watch_queues
-from gym_runtime.model_worker import ModelWorker
+from gym_runtime.workers.control import agent_fingerprint
+from gym_runtime.data.inputs import Plan, publish_tasks, validate
+from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.observability.meters import watch_queues
+from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.resource import check_requires, load_resource_class
-from gym_runtime.resource_worker import ResourceWorker
-from gym_runtime.reverify import (
+from gym_runtime.workers.resource_worker import ResourceWorker
+from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
     reverify_file,
     validate_rollouts,
 )
-from gym_runtime.tracing import Telemetry
-from gym_runtime.worker import Worker
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.workers.base import Worker
 
 log = logs.get("gym.runner")
 

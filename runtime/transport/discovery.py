@@ -16,7 +16,7 @@ from typing import Any
 
 from nats.micro.service import EndpointConfig, ServiceConfig
 
-from gym_runtime.bus import Bus
+from gym_runtime.transport.bus import Bus
 
 
 async def register(

@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 import anyio
 from nats.aio.msg import Msg
 
-from gym_runtime import logs
-from gym_runtime._taskset import TaskSet
-from gym_runtime.bus import Bus
-from gym_runtime.jetstream import (
+from gym_runtime.observability import logs
+from gym_runtime.transport.tasks import TaskSet
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import (
     durable_name,
     ensure_consumer,
     ensure_streams,

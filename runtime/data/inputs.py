@@ -19,9 +19,9 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
-from gym_runtime._taskset import TaskSet
-from gym_runtime.bus import Bus
-from gym_runtime.jetstream import ensure_streams
+from gym_runtime.transport.tasks import TaskSet
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.messages import ItemError, RolloutTask, create_params
 
 _decoder = msgspec.json.Decoder()

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from gym_runtime.bus import Bus, RemoteError
-from gym_runtime.collector import sidecar_paths
+from gym_runtime.transport.bus import Bus, RemoteError
+from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.messages import (
     ItemError,
     Response,

@@ -12,8 +12,8 @@ import time
 import anyio
 import msgspec
 
-from gym_runtime import jetstream
-from gym_runtime.bus import Bus
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 
 
 class Manifest(msgspec.Struct, kw_only=True):

@@ -21,8 +21,8 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime import jetstream
-from gym_runtime.bus import Bus
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 from gym_runtime.config import Config
 from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
 

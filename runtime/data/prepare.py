@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
-from gym_runtime.validation import AGENT_REF_TYPE, Report, TaskChecker, check_rows, read_jsonl
+from gym_runtime.data.validation import AGENT_REF_TYPE, Report, TaskChecker, check_rows, read_jsonl
 
 DATASETS_FILE_TYPES = {".parquet": "parquet", ".json": "json"}
 
@@ -344,7 +344,7 @@ def nemo_sources(config_path: str | Path, types: tuple[str, ...] = ("train", "va
     and its parents); else its Hugging Face source (``huggingface_identifier`` or
     ``source: {type: huggingface}``: ``repo_id`` and ``artifact_fpath`` when given).
     """
-    from gym_runtime import nemo_config
+    from gym_runtime.config import nemo as nemo_config
 
     base = Path(config_path).resolve().parent
     sources: list[Source] = []

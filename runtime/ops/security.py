@@ -472,9 +472,13 @@ async def provision(url: str | list[str], auth: ClientAuth, namespaces: list[str
     """
     import anyio
 
-    from gym_runtime import batches, control, jetstream
-    from gym_runtime.bus import Bus
-    from gym_runtime.tracing import Telemetry
+    from gym_runtime.data import batches
+
+    from gym_runtime.workers import control
+
+    from gym_runtime.transport import jetstream
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.observability.tracing import Telemetry
 
     bus = await Bus.connect(
         url, namespace=namespaces[0], telemetry=Telemetry(), name="gym-provision", auth=auth, role="admin"
@@ -519,7 +523,7 @@ def provision_blocking(url: str, auth_dir: str | Path, namespaces: list[str], *,
     """``provision`` from synchronous code, in a thread of its own (the caller may be inside an event loop)."""
     import threading
 
-    from gym_runtime.runner import run_async
+    from gym_runtime.workers.runner import run_async
 
     errors: list[BaseException] = []
     auth = ClientAuth(Path(auth_dir))

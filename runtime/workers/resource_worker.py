@@ -18,10 +18,10 @@ import anyio
 import msgspec
 from nats.aio.msg import Msg
 
-from gym_runtime import logs
-from gym_runtime.bus import Bus, HandlerError
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import Bus, HandlerError
 from gym_runtime.config import ResourceConfig
-from gym_runtime.discovery import register
+from gym_runtime.transport.discovery import register
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
@@ -34,7 +34,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.model_worker import call_model
+from gym_runtime.workers.model_worker import call_model
 from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,

@@ -39,7 +39,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from gym_runtime.meters import Meters
+from gym_runtime.observability.meters import Meters
 
 
 class JsonLinesExporter(SpanExporter):

@@ -42,11 +42,11 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from gym_runtime import logs
-from gym_runtime.server import parse_size
+from gym_runtime.observability import logs
+from gym_runtime.ops.nats_server import parse_size
 
 if TYPE_CHECKING:
-    from gym_runtime.bus import Bus
+    from gym_runtime.transport.bus import Bus
 
 log = logs.get("gym.jetstream")
 

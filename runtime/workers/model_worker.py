@@ -27,14 +27,14 @@ import anyio
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from gym_runtime import logs
-from gym_runtime.bus import REPLY_HEADER, Bus
-from gym_runtime.control import ControlView, Pausable, fingerprint
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import REPLY_HEADER, Bus
+from gym_runtime.workers.control import ControlView, Pausable, fingerprint
 from gym_runtime.errors import GymError
 from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
 from gym_runtime.model import ModelAdapter, ModelConfig, ModelError, load_adapter
-from gym_runtime.pull import PullWorker, work_queue_puller
-from gym_runtime.worker import drain_puller, serve_pulled
+from gym_runtime.transport.pull import PullWorker, work_queue_puller
+from gym_runtime.workers.base import drain_puller, serve_pulled
 
 log = logs.get("gym.model")
 
@@ -228,7 +228,7 @@ def direct_subject(bus: Bus, model: str) -> str:
 def direct_patience(cfg: ModelConfig) -> float:
     """How long a direct call waits on a silent replica before going to the queue: the model's
     ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most ``bus.LIVENESS_S``."""
-    from gym_runtime import bus
+    from gym_runtime.transport import bus
 
     return min(bus.LIVENESS_S, max(cfg.ack_wait_s, 2 * bus.KEEPALIVE_S))
 

@@ -17,13 +17,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime import jetstream
-from gym_runtime.batches import Manifest, get_manifest
-from gym_runtime.bus import Bus
-from gym_runtime.discovery import discover
-from gym_runtime.jetstream import message_count, stream_names
+from gym_runtime.transport import jetstream
+from gym_runtime.data.batches import Manifest, get_manifest
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
+from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.messages import RolloutResult
-from gym_runtime.pull import PullWorker
+from gym_runtime.transport.pull import PullWorker
 
 
 async def gather(bus: Bus, *, window_s: float = 1.0) -> dict[str, Any]:

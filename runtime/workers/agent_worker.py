@@ -18,17 +18,17 @@ import anyio
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gym_runtime import logs
-from gym_runtime._plugins import import_plugin
+from gym_runtime.observability import logs
+from gym_runtime.plugins import import_plugin
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
-from gym_runtime.bus import Bus
+from gym_runtime.transport.bus import Bus
 from gym_runtime.config import AgentConfig, Config
-from gym_runtime.control import ControlView, agent_fingerprint, fingerprint
+from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
 from gym_runtime.errors import GymError
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
-from gym_runtime.model_worker import direct_patience
-from gym_runtime.pull import ACK_WAIT_S, PullWorker, work_queue_puller
-from gym_runtime.worker import drain_puller, serve_pulled
+from gym_runtime.workers.model_worker import direct_patience
+from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
+from gym_runtime.workers.base import drain_puller, serve_pulled
 
 log = logs.get("gym.agent")
 

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from gym_runtime import jetstream, logs
-from gym_runtime.bus import Bus
-from gym_runtime.jetstream import stream_names
+from gym_runtime.transport import jetstream
+
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import stream_names
 from gym_runtime.messages import RolloutResult
-from gym_runtime.metrics import MetricsAccumulator
-from gym_runtime.pull import PullWorker
+from gym_runtime.data.aggregate import MetricsAccumulator
+from gym_runtime.transport.pull import PullWorker
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg

@@ -111,7 +111,7 @@ class EmbeddedServer:
     store_dir: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
     log_file: str | None = None
-    secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.security)
+    secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.ops.security)
     namespaces: list[str] = field(default_factory=lambda: ["gym"])  # whose subjects the roles may use
     server_name: str | None = None  # required (and unique) in a JetStream cluster
     cluster: str | None = None  # cluster name; routes connect nodes of the same name
@@ -185,7 +185,7 @@ class EmbeddedServer:
         """With ``secure_dir``: routes between nodes encrypted and mutually authenticated by the cluster CA."""
         if not self.secure_dir:
             return []
-        from gym_runtime import security
+        from gym_runtime.ops import security
 
         return [f"tls: {json.dumps(security.route_tls(self.secure_dir))}"]
 
@@ -231,7 +231,7 @@ class EmbeddedServer:
                 )
             with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
                 if self.secure_dir:  # no client role may create streams: the admin provisions them now
-                    from gym_runtime.security import provision_blocking
+                    from gym_runtime.ops.security import provision_blocking
 
                     local = self.url if self.host not in ("0.0.0.0", "::") else f"nats://127.0.0.1:{self.port}"
                     provision_blocking(local, self.secure_dir, self.namespaces)
@@ -243,7 +243,7 @@ class EmbeddedServer:
     def _security_block(self) -> str:
         if not self.secure_dir:
             return ""
-        from gym_runtime import security
+        from gym_runtime.ops import security
 
         security.ensure_auth_dir(self.secure_dir, host=self.host)
         return security.server_config(self.secure_dir, self.namespaces).rstrip("\n")

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gym_runtime import logs
+from gym_runtime.observability import logs
 
 log = logs.get("gym.supervisor")
 

@@ -163,7 +163,7 @@ def validate_files(cfg: Config, paths: list[str | Path], *, agent: str | None = 
                 continue
             check_rows(checker, ((f"{p}:{n}", row) for n, row in read_jsonl(p)), report)
         else:
-            from gym_runtime.dataprep import parse_source, read_source
+            from gym_runtime.data.prepare import parse_source, read_source
 
             check_rows(checker, read_source(parse_source(str(p))), report)
         if report.rows == before:

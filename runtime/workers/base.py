@@ -8,9 +8,9 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-from gym_runtime.bus import Bus
-from gym_runtime.discovery import register
-from gym_runtime.pull import PullWorker
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import register
+from gym_runtime.transport.pull import PullWorker
 
 __all__ = ["Worker", "drain_puller", "serve_pulled"]
 

@@ -1,6 +1,6 @@
 """The bus: one NATS connection, typed request-reply, and per-message tasks.
 
-Everything NATS-specific that workers need lives here and in ``gym_runtime.pull``:
+Everything NATS-specific that workers need lives here and in ``gym_runtime.transport.pull``:
 encoding by ``Content-Type``, W3C trace context in headers, typed error replies
 (a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
 fact that nats-py runs one subscription's callbacks one at a time, so handlers
@@ -25,12 +25,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gym_runtime import logs
-from gym_runtime._taskset import TaskSet
-from gym_runtime.codec import Codec
+from gym_runtime.observability import logs
+from gym_runtime.transport.tasks import TaskSet
+from gym_runtime.transport.codec import Codec
 from gym_runtime.errors import GymError
 from gym_runtime.messages import ErrorInfo, ErrorReply
-from gym_runtime.tracing import Telemetry
+from gym_runtime.observability.tracing import Telemetry
 
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
@@ -307,7 +307,7 @@ async def connect(
     ``ServerUnreachable`` naming the URL and the reason. With ``None`` (services)
     it retries forever, logging each distinct reason once and then every 60 s.
     ``options`` are extra ``nats.connect`` arguments (TLS context, nkey seed, inbox
-    prefix: see ``gym_runtime.security.ClientAuth``).
+    prefix: see ``gym_runtime.ops.security.ClientAuth``).
     """
     import anyio
 
@@ -434,7 +434,7 @@ class Bus:
         bus = cls(nc, namespace=namespace, telemetry=telemetry)
         bus.jetstream_config = jetstream
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
-            from gym_runtime.security import check_provisioned
+            from gym_runtime.ops.security import check_provisioned
 
             try:
                 await check_provisioned(bus.js, namespace, _shown(url if isinstance(url, list) else [url]))

@@ -1,0 +1,1 @@
+"""Logs, traces, OpenTelemetry metrics and progress: what every layer reports through."""

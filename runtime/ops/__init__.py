@@ -1,0 +1,1 @@
+"""Operating a cluster: the embedded nats-server, security (PKI, permissions, provisioning) and status."""
