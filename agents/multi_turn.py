@@ -60,7 +60,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Session
+from gym_runtime.agent import AgentContext, Outcome, Session
+from gym_runtime.errors import Failure
 from gym_runtime.gymnasium import Action, EnvError, env_reset, env_step, is_reserved
 from gym_runtime.messages import (
     CreateParams,
@@ -118,7 +119,7 @@ def _follow_ups(row: dict[str, Any], field: str) -> list[str] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise AgentFailure("invalid_task", f"{field} must be a list of user messages")
+        raise Failure("invalid_task", f"{field} must be a list of user messages")
     texts: list[str] = []
     for i, f in enumerate(raw):
         if isinstance(f, str):
@@ -126,7 +127,7 @@ def _follow_ups(row: dict[str, Any], field: str) -> list[str] | None:
         elif isinstance(f, dict) and isinstance(f.get("content"), (str, list)):
             texts.append(message_text(Message(role="user", content=f["content"])))
         else:
-            raise AgentFailure("invalid_task", f"{field}[{i}] must be a string or a message")
+            raise Failure("invalid_task", f"{field}[{i}] must be a string or a message")
     return texts
 
 
@@ -208,16 +209,16 @@ async def run(ctx: AgentContext) -> Outcome:
     try:
         opts = check_options(ctx.config.options)
     except ValueError as e:
-        raise AgentFailure("invalid_task", f"agent {ctx.task.agent}: {e}") from None
+        raise Failure("invalid_task", f"agent {ctx.task.agent}: {e}") from None
     raw_params = ctx.row.get("responses_create_params")
     try:
         params = create_params(raw_params)
     except ItemError as e:
-        raise AgentFailure("invalid_task", str(e)) from None
+        raise Failure("invalid_task", str(e)) from None
     follow_ups = _follow_ups(ctx.row, opts.follow_ups_field) if opts.user in ("auto", "follow_ups") else None
     source = _resolve_source(opts, follow_ups)
     if source == "follow_ups" and follow_ups is None:
-        raise AgentFailure("invalid_task", f"user: follow_ups, but the task has no {opts.follow_ups_field!r}")
+        raise Failure("invalid_task", f"user: follow_ups, but the task has no {opts.follow_ups_field!r}")
     reserve = opts.deadline_reserve_s
     if reserve is None:
         reserve = min(30.0, ctx.config.timeout_s / 10)
@@ -233,7 +234,7 @@ async def run(ctx: AgentContext) -> Outcome:
             elif source == "model" and not any(isinstance(i, Message) and i.role == "user" for i in conv.base_input):
                 first = await _ask_user(ctx, opts, conv.base_input, may_stop=False)
                 if first.stop or not first.text:
-                    raise AgentFailure("model_error", "the user simulator did not open the conversation")
+                    raise Failure("model_error", "the user simulator did not open the conversation")
                 opening = first.text
             if opening:
                 conv.base_input.append(user_message(opening))
@@ -291,7 +292,7 @@ async def run(ctx: AgentContext) -> Outcome:
                 if next_text:
                     conv.add_user_turn(next_text)
         except EnvError as e:
-            raise AgentFailure("tool_error", f"environment: {e}") from None
+            raise Failure("tool_error", f"environment: {e}") from None
 
         assert conv.last is not None
         response = msgspec.structs.replace(conv.last, output=conv.outputs, usage=conv.usage)

@@ -13,7 +13,8 @@ last call's).
 
 from __future__ import annotations
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Trajectory
+from gym_runtime.agent import AgentContext, Outcome, Trajectory
+from gym_runtime.errors import Failure
 from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
@@ -28,7 +29,7 @@ async def run(ctx: AgentContext) -> Outcome:
     try:
         params = create_params(ctx.row.get("responses_create_params"))
     except ItemError as e:
-        raise AgentFailure("invalid_task", str(e)) from None
+        raise Failure("invalid_task", str(e)) from None
     max_steps = ctx.config.max_steps
     trajectory = Trajectory(params)
     async with await ctx.open_session() as session:

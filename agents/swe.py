@@ -27,7 +27,8 @@ import time
 
 import msgspec
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Trajectory
+from gym_runtime.agent import AgentContext, Outcome, Trajectory
+from gym_runtime.errors import Failure
 from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
@@ -53,7 +54,7 @@ SYSTEM = (
 def _prompt(row: dict) -> list[Item]:
     statement = row.get("problem_statement")
     if not isinstance(statement, str) or not statement.strip():
-        raise AgentFailure("invalid_task", "a SWE row needs responses_create_params.input or a problem_statement")
+        raise Failure("invalid_task", "a SWE row needs responses_create_params.input or a problem_statement")
     return parse_items(
         [
             {"role": "system", "content": SYSTEM},
@@ -79,7 +80,7 @@ async def run(ctx: AgentContext) -> Outcome:
     try:
         params = create_params(ctx.row.get("responses_create_params") or {"input": []})
     except ItemError as e:
-        raise AgentFailure("invalid_task", str(e)) from None
+        raise Failure("invalid_task", str(e)) from None
     if not params.input:
         params.input = _prompt(ctx.row)
     if not params.tools:

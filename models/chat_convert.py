@@ -29,6 +29,7 @@ from uuid import uuid4
 
 import msgspec
 
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     TRAINING_FIELDS,
     CreateParams,
@@ -42,7 +43,6 @@ from gym_runtime.messages import (
     assistant_message,
     message_text,
 )
-from gym_runtime.model import ModelError
 
 __all__ = [
     "INCOMPLETE_REASONS",

@@ -32,7 +32,7 @@ from uuid import uuid4
 import msgspec
 import openai
 
-from gym_runtime.observability import logs
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     TRAINING_FIELDS,
     CreateParams,
@@ -43,7 +43,6 @@ from gym_runtime.messages import (
     Response,
     Usage,
 )
-from gym_runtime.model import ModelError
 from gym_runtime.models.chat_convert import (
     NEVER_FORWARD,
     build_chat_body,
@@ -64,6 +63,7 @@ from gym_runtime.models.transport import (
     base_urls,
     post_object,
 )
+from gym_runtime.observability import logs
 
 __all__ = [
     "OpenAIModel",

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -45,7 +46,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import AdapterOptions, ModelError
+from gym_runtime.model import AdapterOptions
 from gym_runtime.user_sim import DEFAULT_STOP_TOKEN, KICKOFF
 
 __all__ = ["Options", "Recording", "ReplayModel", "create"]

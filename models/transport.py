@@ -46,9 +46,10 @@ import httpx2
 import msgspec
 import openai
 
-from gym_runtime.observability import logs
-from gym_runtime.model import AdapterOptions, ModelError
+from gym_runtime.errors import ModelError
+from gym_runtime.model import AdapterOptions
 from gym_runtime.models import http1
+from gym_runtime.observability import logs
 
 log = logs.get("gym.models.transport")
 

@@ -70,9 +70,8 @@ from uuid import uuid4
 
 import msgspec
 
-from gym_runtime.observability import logs
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response
-from gym_runtime.model import ModelError
 from gym_runtime.models.chat_convert import (
     INCOMPLETE_REASONS,
     THINK_RE,
@@ -94,6 +93,7 @@ from gym_runtime.models.tokens import (
     tool_choice_structured_outputs,
 )
 from gym_runtime.models.transport import ContextOverflow, Endpoint, HTTPOptions, base_urls, post_object
+from gym_runtime.observability import logs
 
 __all__ = [
     "Options",

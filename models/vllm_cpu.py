@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gym_runtime.errors import ModelError
 from gym_runtime.observability import logs
-from gym_runtime.model import ModelError
 
 log = logs.get("gym.models.vllm_engine")
 

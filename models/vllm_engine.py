@@ -38,9 +38,9 @@ from uuid import uuid4
 import anyio
 import msgspec
 
-from gym_runtime.observability import logs
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response, Usage
-from gym_runtime.model import AdapterOptions, ModelError
+from gym_runtime.model import AdapterOptions
 from gym_runtime.models.chat_convert import (
     INCOMPLETE_REASONS,
     build_chat_body,
@@ -58,6 +58,7 @@ from gym_runtime.models.tokens import (
     tool_choice_structured_outputs,
 )
 from gym_runtime.models.vllm_cpu import cpu_kv_cache, cpu_start_error
+from gym_runtime.observability import logs
 
 __all__ = ["Options", "VLLMEngineModel", "create", "template_messages"]
 

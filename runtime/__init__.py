@@ -6,7 +6,7 @@ The public API, by who uses it::
     from gym_runtime import Resource, tool, Verdict, run_in_process
 
     # an agent author
-    from gym_runtime import AgentContext, Outcome, AgentFailure
+    from gym_runtime import AgentContext, Outcome, Failure
 
     # a model adapter author (a module with Options and create(); see gym_runtime.model)
     from gym_runtime import AdapterOptions, ModelAdapter, ModelError
@@ -15,94 +15,119 @@ The public API, by who uses it::
     from gym_runtime import Client, SyncClient
 
 Everything listed in ``__all__`` is stable; modules whose names start with an
-underscore, and names not listed here, are internal.
+underscore, and names not listed here, are internal. Names are imported on first
+use (PEP 562), so ``import gym_runtime.messages`` does not pull in NATS,
+OpenTelemetry or the HTTP stack.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome, Session
-from gym_runtime.client import BatchHandle, Client, ClientError, RolloutFailed, SyncBatch, SyncClient
-from gym_runtime.config import Config, ConfigError, load_config
-from gym_runtime.errors import GymError
-from gym_runtime.gymnasium import Action, GymResource, Reset, Step
-from gym_runtime.messages import (
-    CreateParams,
-    ErrorInfo,
-    FunctionCall,
-    FunctionCallOutput,
-    Message,
-    Reasoning,
-    Response,
-    Usage,
-    VerifyReply,
-    assistant_message,
-    create_params,
-    last_item_text,
-    output_text,
-)
-from gym_runtime.model import AdapterOptions, ModelAdapter, ModelError
-from gym_runtime.resource import (
-    ModelClient,
-    Resource,
-    Verdict,
-    run_blocking,
-    run_in_process,
-    tool,
-)
+if TYPE_CHECKING:
+    from gym_runtime.agent import AgentContext, Outcome, Session
+    from gym_runtime.client import BatchHandle, Client, SyncBatch, SyncClient
+    from gym_runtime.config import Config, load_config
+    from gym_runtime.errors import (
+        ClientError,
+        ConfigError,
+        Failure,
+        GymError,
+        InputError,
+        ModelError,
+        RolloutFailed,
+        UserError,
+    )
+    from gym_runtime.gymnasium import Action, GymResource, Reset, Step
+    from gym_runtime.messages import (
+        CreateParams,
+        ErrorInfo,
+        FunctionCall,
+        FunctionCallOutput,
+        Message,
+        Reasoning,
+        Response,
+        Usage,
+        VerifyReply,
+        assistant_message,
+        create_params,
+        last_item_text,
+        output_text,
+    )
+    from gym_runtime.model import AdapterOptions, ModelAdapter
+    from gym_runtime.resource import ModelClient, Resource, Verdict, run_blocking, run_in_process, tool
 
 try:
     __version__ = version("gym-runtime")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = [
+# Where each public name lives (imported on first access).
+_HOME: dict[str, str] = {
     # environment authors
-    "Resource",
-    "tool",
-    "Verdict",
-    "run_in_process",
-    "run_blocking",
-    "ModelClient",
-    "GymResource",
-    "Action",
-    "Reset",
-    "Step",
+    "Resource": "resource",
+    "tool": "resource",
+    "Verdict": "resource",
+    "run_in_process": "resource",
+    "run_blocking": "resource",
+    "ModelClient": "resource",
+    "GymResource": "gymnasium",
+    "Action": "gymnasium",
+    "Reset": "gymnasium",
+    "Step": "gymnasium",
     # agent authors
-    "AgentContext",
-    "Session",
-    "Outcome",
-    "AgentFailure",
-    "GymError",
+    "AgentContext": "agent",
+    "Session": "agent",
+    "Outcome": "agent",
     # model adapter authors
-    "ModelAdapter",
-    "AdapterOptions",
-    "ModelError",
+    "ModelAdapter": "model",
+    "AdapterOptions": "model",
     # messages users touch
-    "CreateParams",
-    "Response",
-    "Message",
-    "FunctionCall",
-    "FunctionCallOutput",
-    "Reasoning",
-    "Usage",
-    "VerifyReply",
-    "ErrorInfo",
-    "assistant_message",
-    "create_params",
-    "output_text",
-    "last_item_text",
+    "CreateParams": "messages",
+    "Response": "messages",
+    "Message": "messages",
+    "FunctionCall": "messages",
+    "FunctionCallOutput": "messages",
+    "Reasoning": "messages",
+    "Usage": "messages",
+    "VerifyReply": "messages",
+    "ErrorInfo": "messages",
+    "assistant_message": "messages",
+    "create_params": "messages",
+    "output_text": "messages",
+    "last_item_text": "messages",
     # trainers
-    "Client",
-    "SyncClient",
-    "BatchHandle",
-    "SyncBatch",
-    "ClientError",
-    "RolloutFailed",
+    "Client": "client",
+    "SyncClient": "client",
+    "BatchHandle": "client",
+    "SyncBatch": "client",
     # configuration
-    "Config",
-    "ConfigError",
-    "load_config",
-    "__version__",
-]
+    "Config": "config",
+    "load_config": "config",
+    # the error tree
+    "GymError": "errors",
+    "Failure": "errors",
+    "UserError": "errors",
+    "ConfigError": "errors",
+    "InputError": "errors",
+    "ModelError": "errors",
+    "ClientError": "errors",
+    "RolloutFailed": "errors",
+}
+
+__all__ = [*_HOME, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gym_runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gym_runtime.{home}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

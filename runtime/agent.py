@@ -16,9 +16,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from gym_runtime.transport.bus import Bus, NoResponders, RemoteError
 from gym_runtime.config import AgentConfig
-from gym_runtime.errors import GymError
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
@@ -34,7 +32,8 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.workers.model_worker import call_model
+from gym_runtime.transport.bus import Bus, NoResponders
+from gym_runtime.transport.model_calls import call_model
 
 TOOL_TIMEOUT_S = 300.0
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
@@ -50,7 +49,6 @@ class Outcome(msgspec.Struct, kw_only=True):
 
 # Raise from an agent to fail the rollout with an error class (retryable ones are
 # retried as a new attempt): the one typed error, under the agent author's name.
-AgentFailure = GymError
 
 
 class Session:
@@ -242,4 +240,4 @@ class AgentFn(Protocol):
     def __call__(self, ctx: AgentContext) -> Awaitable[Outcome]: ...
 
 
-__all__ = ["AgentContext", "AgentFailure", "AgentFn", "GymError", "Outcome", "RemoteError", "Session", "Trajectory"]
+__all__ = ["AgentContext", "AgentFn", "Outcome", "Session", "Trajectory"]

@@ -34,38 +34,28 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from gym_runtime.workers import control
-
-from gym_runtime.transport import jetstream
-
-from gym_runtime.observability import logs
-from gym_runtime.data.batches import Manifest, put_manifest
-from gym_runtime.transport.bus import Bus
-from gym_runtime.data.collector import failure_row
 from gym_runtime.config import Config, load_config
-from gym_runtime.transport.discovery import discover
+from gym_runtime.data.batches import Manifest, put_manifest
+from gym_runtime.data.collector import failure_row
 from gym_runtime.data.inputs import check_row, publish_rows
-from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask
-from gym_runtime.transport.pull import PullWorker
-from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
+from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.pull import PullWorker
+from gym_runtime.workers import control
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
 
 __all__ = ["BatchHandle", "Client", "ClientError", "RolloutFailed", "SyncBatch", "SyncClient"]
 
 
-class ClientError(Exception):
-    """A usage or cluster problem the trainer must fix (bad rows, config mismatch, no replica acked)."""
 
 
-class RolloutFailed(Exception):
-    """``Client.run`` of one row ended in a failure row (``row`` holds it, as ``collect`` writes it)."""
-
-    def __init__(self, row: dict[str, Any]) -> None:
-        super().__init__(f"{row.get('error_class')}: {row.get('error')}")
-        self.error_class = str(row.get("error_class"))
-        self.row = row
 
 
 def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:

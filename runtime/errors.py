@@ -1,18 +1,52 @@
-"""One error type for typed failures, raised and received alike."""
+"""The error tree: every error gym-runtime raises on purpose is a ``GymError``.
+
+::
+
+    GymError
+    ├── Failure            a typed failure with an ErrorInfo; crosses the bus unchanged
+    │   └── NoResponders   (gym_runtime.transport.bus) nobody serves the subject right now
+    ├── UserError          a mistake the user can fix: the CLI prints one line, exit 2
+    │   ├── ConfigError    (+ NemoConfigError) the message names the file and the key
+    │   ├── InputError     bad rows; the message names file:line
+    │   ├── AuthError      a trust directory or credentials file that cannot be used
+    │   └── ...            CLI values, prepare, init, server addresses, stream setup
+    ├── ModelError         a generation failed (adapters raise it)
+    └── ClientError        the trainer's client was used wrongly or the cluster refused
+        └── RolloutFailed  one row ended in a failure row
+
+Anything else that escapes a command is a bug: the CLI says so, prints the traceback, exit 3.
+``UserError`` is also a ``ValueError`` so that code checking values keeps its ``except ValueError``.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gym_runtime.messages import ErrorClass, ErrorInfo
 
-__all__ = ["GymError"]
+__all__ = [
+    "AuthError",
+    "ClientError",
+    "ConfigError",
+    "Failure",
+    "GymError",
+    "InputError",
+    "ModelError",
+    "RolloutFailed",
+    "UserError",
+]
 
 
 class GymError(Exception):
+    """The root of every error gym-runtime raises on purpose."""
+
+
+class Failure(GymError):
     """A failure with an ``ErrorInfo``: error class, message, whether a retry may help.
 
     Raised by a handler or an agent to answer or fail with that error class
-    (``GymError("tool_error", "...", retryable=False)``), and raised by the bus when
-    the other side answered with one or was lost (``GymError(info)``), so one
+    (``Failure("tool_error", "...", retryable=False)``), and raised by the bus when
+    the other side answered with one or was lost (``Failure(info)``), so one
     exception crosses any number of hops unchanged.
     """
 
@@ -24,3 +58,46 @@ class GymError(Exception):
         )
         super().__init__(f"{info.error_class}: {info.message}")
         self.info = info
+
+
+class UserError(GymError, ValueError):
+    """A mistake the user can fix (config, input, credentials, a command's values): one line, exit 2."""
+
+
+class ConfigError(UserError):
+    """A config problem; the message names the file and the key."""
+
+
+class InputError(UserError):
+    """Bad input rows; ``problems`` lists ``file:line: reason`` for each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        shown = problems[:20]
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__("invalid input rows (nothing was published):\n  " + "\n  ".join(shown) + more)
+        self.problems = problems
+
+
+class AuthError(UserError):
+    """A user mistake with an auth dir or a credentials file (missing file, wrong role, bad seed)."""
+
+
+class ModelError(GymError):
+    """A generation failed. ``retryable`` says whether another attempt may succeed."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ClientError(GymError):
+    """A usage or cluster problem the trainer must fix (bad rows, config mismatch, no replica acked)."""
+
+
+class RolloutFailed(GymError):
+    """``Client.run`` of one row ended in a failure row (``row`` holds it, as ``collect`` writes it)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(f"{row.get('error_class')}: {row.get('error')}")
+        self.error_class = str(row.get("error_class"))
+        self.row = row

@@ -36,8 +36,10 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from gym_runtime.client import Client, ClientError, RolloutFailed
+from gym_runtime.client import Client
 from gym_runtime.data.aggregate import MetricsAccumulator
+from gym_runtime.errors import ClientError, RolloutFailed
+from gym_runtime.ops.nats_server import free_port
 
 _dec = msgspec.json.Decoder()
 _enc = msgspec.json.Encoder()
@@ -192,8 +194,6 @@ class Gateway:
 
 async def start(client: Client, *, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Listen (port 0: a free one); returns the runner (``await runner.cleanup()`` to stop) and the port."""
-    from gym_runtime.ops.nats_server import free_port
-
     port = port or free_port()
     runner = web.AppRunner(Gateway(client, host=host, port=port).app(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -25,15 +25,15 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
-from gym_runtime.plugins import import_plugin
+from gym_runtime.errors import UserError
 from gym_runtime.messages import CreateParams, Response
+from gym_runtime.plugins import import_plugin
 
 __all__ = [
     "WORKER_KEYS",
     "AdapterOptions",
     "ModelAdapter",
     "ModelConfig",
-    "ModelError",
     "adapter_module",
     "load_adapter",
     "model_config",
@@ -42,12 +42,6 @@ __all__ = [
 BUNDLED_ADAPTERS = ("scripted", "replay", "openai", "vllm", "vllm_engine")
 
 
-class ModelError(Exception):
-    """A generation failed. ``retryable`` says whether another attempt may succeed."""
-
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
-        super().__init__(message)
-        self.retryable = retryable
 
 
 class ModelAdapter(Protocol):
@@ -130,18 +124,18 @@ def adapter_module(name: str) -> ModuleType:
         module = import_plugin(path)
     except ModuleNotFoundError as e:
         if "." in name or e.name not in (path, f"gym_runtime.{path}", name):
-            raise ValueError(f"cannot import adapter {name!r}: {e}") from None
+            raise UserError(f"cannot import adapter {name!r}: {e}") from None
         try:  # a user's own single-name top-level module
             module = importlib.import_module(name)
         except ModuleNotFoundError:
-            raise ValueError(
+            raise UserError(
                 f"unknown adapter {name!r} (bundled: {', '.join(BUNDLED_ADAPTERS)}; or a module path)"
             ) from None
     options = getattr(module, "Options", None)
     if not (isinstance(options, type) and issubclass(options, AdapterOptions)) or not callable(
         getattr(module, "create", None)
     ):
-        raise ValueError(f"adapter {name!r}: the module must define Options (an AdapterOptions) and create()")
+        raise UserError(f"adapter {name!r}: the module must define Options (an AdapterOptions) and create()")
     return module
 
 

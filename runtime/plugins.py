@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
+from gym_runtime.errors import UserError
+
 BUNDLED_PREFIXES = ("resources.", "agents.", "models.")
 
 
@@ -74,7 +76,7 @@ def config_path(arg: str) -> Path:
     if bundled.is_file():
         return Path(str(bundled))
     names = ", ".join(bundled_environments())
-    raise ValueError(f"{arg}: no such config file, nor a bundled environment ({names})")
+    raise UserError(f"{arg}: no such config file, nor a bundled environment ({names})")
 
 
 def example_input(config: Path) -> Path | None:

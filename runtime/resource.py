@@ -40,7 +40,9 @@ from typing import Any, Callable, ClassVar, Literal, Protocol, TypeVar, get_type
 
 import msgspec
 
+from gym_runtime.errors import UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
+from gym_runtime.plugins import import_plugin
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -62,7 +64,7 @@ def tool(
     ``arguments`` overrides the class's ``tool_arguments`` for this tool (see the module docstring).
     """
     if arguments is not None and arguments not in ARGUMENT_MODES:
-        raise ValueError(f"tool arguments mode must be one of {ARGUMENT_MODES}, not {arguments!r}")
+        raise UserError(f"tool arguments mode must be one of {ARGUMENT_MODES}, not {arguments!r}")
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         setattr(f, _TOOL_MARK, (name or f.__name__, description or (inspect.getdoc(f) or ""), arguments))
@@ -297,12 +299,10 @@ def encode_tool_output(result: Any) -> str:
 def load_resource_class(module_path: str, where: str) -> type[Resource]:
     """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
     error: one line) that starts with ``where``, the config key that names it."""
-    from gym_runtime.plugins import import_plugin
-
     try:
         module = import_plugin(module_path)
     except ImportError as e:
-        raise ValueError(f"{where}: cannot import {module_path!r}: {e}{_bundled_hint(module_path)}") from None
+        raise UserError(f"{where}: cannot import {module_path!r}: {e}{_bundled_hint(module_path)}") from None
     return find_resource_class(module)
 
 
@@ -312,7 +312,7 @@ def check_requires(cls: type[Resource], where: str) -> None:
     missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
     if missing:
         hint = f": {cls.install}" if cls.install else ""
-        raise ValueError(f"{where}: {cls.__module__!r} needs {', '.join(missing)} (not installed{hint})")
+        raise UserError(f"{where}: {cls.__module__!r} needs {', '.join(missing)} (not installed{hint})")
 
 
 def _bundled_hint(module_path: str) -> str:
@@ -331,7 +331,7 @@ def find_resource_class(module: Any) -> type[Resource]:
         if isinstance(v, type) and issubclass(v, Resource) and v is not Resource and v.__module__ == module.__name__
     ]
     if len(found) != 1:
-        raise ValueError(
+        raise UserError(
             f"module {module.__name__} must define exactly one Resource subclass "
             f"(or name it as `resource = ...`); found {len(found)}"
         )
@@ -344,7 +344,7 @@ def parse_options(raw: dict[str, Any] | None, options_type: type[T], env: str) -
     try:
         return msgspec.convert(raw or {}, options_type)
     except (msgspec.ValidationError, ValueError) as e:
-        raise ValueError(f"{env} options: {e}") from None
+        raise UserError(f"{env} options: {e}") from None
 
 
 async def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:

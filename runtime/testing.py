@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gym_runtime.data.reverify import parse_response
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -26,7 +27,6 @@ from gym_runtime.messages import (
     assistant_message,
 )
 from gym_runtime.resource import Resource, Verdict
-from gym_runtime.data.reverify import parse_response
 
 R = TypeVar("R", bound=Resource)
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from gym_runtime.transport import bus as bus_module
-from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders, RemoteError
+from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ToolCall, ToolReply
-from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport import bus as bus_module
+from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ async def call(caller: Bus, subject: str, *, timeout: float, liveness_s: float) 
 async def failed_call(caller: Bus, subject: str, *, timeout: float, liveness_s: float) -> tuple[ErrorInfo, float]:
     """Call ``subject``, which must fail: the error, and how long the call took to end."""
     t0 = time.monotonic()
-    with pytest.raises(RemoteError) as e:
+    with pytest.raises(Failure) as e:
         await call(caller, subject, timeout=timeout, liveness_s=liveness_s)
     return e.value.info, time.monotonic() - t0
 

@@ -247,8 +247,8 @@ async def test_a_worker_started_later_reads_the_current_version(nats_server) -> 
 
 
 def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
-    from gym_runtime.workers.control import config_fingerprints
     from gym_runtime.model import model_config
+    from gym_runtime.workers.control import config_fingerprints
 
     served = {"adapter": "openai", "model": "policy-7b", "base_url": "http://gpu1:8000/v1", "api_key": "k"}
     first = weather()
@@ -274,8 +274,8 @@ def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
 
 async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Path) -> None:
     """`gym-runtime run/publish` of another config into a namespace with these workers: failure rows."""
-    from gym_runtime.workers.runner import run_batch
     from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.workers.runner import run_batch
 
     async with Client(weather(), nats=nats_server.url):
         out = tmp_path / "out.jsonl"
@@ -301,10 +301,10 @@ async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats
     import nats.js.errors
     from nats.js.api import DiscardPolicy
 
-    from gym_runtime.transport.bus import Bus
     from gym_runtime.data.inputs import publish_rows
-    from gym_runtime.transport.jetstream import ensure_streams
     from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.transport.jetstream import ensure_streams
 
     bus = await Bus.connect(nats_server.url, namespace="fullq", telemetry=Telemetry(), name="publisher")
     try:

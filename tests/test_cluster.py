@@ -20,9 +20,9 @@ import anyio
 import pytest
 import yaml
 
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from gym_runtime.observability.tracing import Telemetry
 from tests.cluster import LocalCluster, monitor
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 

@@ -33,8 +33,8 @@ import pytest
 import yaml
 
 from gym_runtime.config import load_config
-from gym_runtime.transport.jetstream import durable_name, stream_names
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport.jetstream import durable_name, stream_names
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 DEPLOY = REPO / "deploy"

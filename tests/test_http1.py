@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import anyio
 import pytest
 
-from gym_runtime.model import ModelError
+from gym_runtime.errors import ModelError
 from gym_runtime.models import http1
 from gym_runtime.models.openai import Options, make_pool
 from gym_runtime.models.transport import PlainHTTP

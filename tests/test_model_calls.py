@@ -18,14 +18,15 @@ from pathlib import Path
 import anyio
 import pytest
 
+from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
+from gym_runtime.model import ModelConfig, model_config
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport import bus as bus_module
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams, message_count, stream_names
-from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
-from gym_runtime.model import ModelConfig, model_config
-from gym_runtime.workers.model_worker import ModelWorker, call_model
-from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.transport.model_calls import call_model
+from gym_runtime.workers.model_worker import ModelWorker
 from tests.helpers import REPO
 
 TOOL = {

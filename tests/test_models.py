@@ -15,6 +15,7 @@ import anyio
 import msgspec
 import pytest
 
+from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -25,7 +26,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import ModelError, load_adapter, model_config
+from gym_runtime.model import load_adapter, model_config
 from gym_runtime.models.openai import (
     OpenAIModel,
     build_chat_body,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.config import ConfigError, load_config, redact
+from gym_runtime.config import load_config, redact
+from gym_runtime.errors import ConfigError
 from tests.helpers import COMPAT, REPO, prompt_key, read_jsonl
 
 CONFIGS = COMPAT / "configs"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gym_runtime.errors import ConfigError
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
@@ -138,9 +139,9 @@ def test_bad_input_rows_name_file_and_line_and_publish_nothing(
 
 def _stored_tasks(url: str) -> int:
     async def count() -> int:
+        from gym_runtime.observability.tracing import Telemetry
         from gym_runtime.transport.bus import Bus
         from gym_runtime.transport.jetstream import message_count, stream_names
-        from gym_runtime.observability.tracing import Telemetry
 
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
         try:
@@ -568,7 +569,7 @@ def test_readme_real_model_example_sends_the_variable_as_the_bearer_token(tmp_pa
 def test_set_is_applied_before_variable_substitution_and_plus_adds_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_runtime.config import ConfigError, load_config
+    from gym_runtime.config import load_config
 
     monkeypatch.setenv("JUDGE_KEY", "sk-judge")
     cfg = load_config(

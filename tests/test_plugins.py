@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.config import ConfigError, load_config
+from gym_runtime.config import load_config
+from gym_runtime.errors import ConfigError
 
 ENV = '''
 from typing import Any

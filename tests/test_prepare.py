@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.data.prepare import PrepareError, blend_counts, parse_source
+from gym_runtime.data.prepare import blend_counts
+from gym_runtime.data.sources import PrepareError, parse_source
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 datasets = pytest.importorskip("datasets", reason="the `data` extra is not installed (pip install -e '.[data]')")

@@ -17,11 +17,11 @@ from pathlib import Path
 import anyio
 
 from gym_runtime.data.batches import Manifest, put_manifest
+from gym_runtime.messages import RolloutResult
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
-from gym_runtime.messages import RolloutResult
-from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import REPO, cli, read_jsonl
 from tests.test_faults import Pool, publish, results_stored, tasks_file, wait_until, write_config
 

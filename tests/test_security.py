@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
 from gym_runtime.transport.bus import Bus, ServerUnreachable, connect
 from gym_runtime.transport.jetstream import message_count, stream_names
-from gym_runtime.ops.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
-from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
@@ -473,8 +473,8 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
     """Two nodes with the same DIR form a cluster over TLS routes; a node with another CA cannot join."""
     import anyio
 
-    from gym_runtime.ops.security import route_tls, server_config
     from gym_runtime.ops.nats_server import find_binary
+    from gym_runtime.ops.security import route_tls, server_config
 
     auth, other = ensure_auth_dir(tmp_path / "auth"), ensure_auth_dir(tmp_path / "other")
     ports = {n: (free_port(), free_port()) for n in ("a", "b", "c")}

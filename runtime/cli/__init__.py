@@ -15,12 +15,7 @@ import traceback
 from types import ModuleType
 from typing import NoReturn
 
-from nats.errors import TimeoutError as NatsTimeout
-
 from gym_runtime import __version__
-
-from gym_runtime.observability import logs
-from gym_runtime.transport.bus import ServerUnreachable
 from gym_runtime.cli import (
     collect,
     gateway,
@@ -37,9 +32,9 @@ from gym_runtime.cli import (
     validate,
 )
 from gym_runtime.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, err, refuse_argv_secrets, tune_gc
-from gym_runtime.config import ConfigError
-from gym_runtime.data.inputs import InputError
-from gym_runtime.ops.nats_server import ServerError
+from gym_runtime.errors import UserError
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import ServerUnreachable, unanswered
 
 COMMANDS: dict[str, ModuleType] = {
     "run": run,
@@ -58,13 +53,10 @@ COMMANDS: dict[str, ModuleType] = {
 }
 
 EXIT_BUG = 3
-# A user's mistake (config, input, CLI value, path, server address): one line, exit 2.
+# A user's mistake (config, input, CLI value, path, server address): one line, exit 2. A bare
+# ValueError is not one: it comes from a bug, and is reported as one (exit 3).
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError,
-    InputError,
-    ServerError,
-    ValueError,
-    ServerUnreachable,
+    UserError,  # config, input, credentials, CLI values, server addresses (gym_runtime.errors)
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,
@@ -117,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if any(isinstance(e, SystemExit) for e in causes):
             raise
-        timeout = next((e for e in causes if isinstance(e, NatsTimeout)), None)
+        timeout = next((e for e in causes if unanswered(e)), None)
         if timeout is not None:  # e.g. a request the server's permissions refused: it never gets an answer
             err(
                 f"a NATS request got no answer ({timeout}); on a `server --secure` bus, see the permissions "

@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.plugins import config_path
 from gym_runtime.config import Config, load_config
-from gym_runtime.ops.security import AUTH_DIR_ENV, ClientAuth, check_argv_secret, ensure_auth_dir
-from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import AUTH_DIR_ENV, ClientAuth, check_argv_secret, ensure_auth_dir
+from gym_runtime.plugins import config_path
 
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
@@ -138,7 +139,7 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
 def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
     url = args.nats or (cfg.nats if cfg else None)
     if not url or url == "embedded":
-        raise ValueError(f"{args.command} needs --nats URL (start one with `gym-runtime server`)")
+        raise UserError(f"{args.command} needs --nats URL (start one with `gym-runtime server`)")
     return url
 
 
@@ -177,14 +178,14 @@ def check_output(path: str) -> None:
     """Fail now, before any work, if ``path`` cannot be written (by trying: ``os.access`` says yes to root)."""
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"-o {path}: is a directory")
+        raise UserError(f"-o {path}: is a directory")
     existed = p.exists()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("ab"):
             pass
     except OSError as e:
-        raise ValueError(f"-o {path}: cannot write it ({e.strerror or e})") from None
+        raise UserError(f"-o {path}: cannot write it ({e.strerror or e})") from None
     if not existed:
         p.unlink(missing_ok=True)
 

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from gym_runtime.observability import progress
 from gym_runtime.cli._common import (
     auth_option,
     check_output,
@@ -16,6 +15,7 @@ from gym_runtime.cli._common import (
     need_url,
     print_stats,
 )
+from gym_runtime.observability import progress
 from gym_runtime.observability.tracing import Telemetry
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load, metrics_options, telemetry
+from gym_runtime.errors import ClientError, UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,15 +38,15 @@ def main(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from gym_runtime.client import Client, ClientError
+    from gym_runtime.client import Client
     from gym_runtime.gateway import start
     from gym_runtime.workers.runner import run_async
 
     cfg = load(args)
     if not cfg.agents:
-        raise ValueError("the config names no agents: the gateway serves agents")
+        raise UserError("the config names no agents: the gateway serves agents")
     if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port {args.port}: not a TCP port")
+        raise UserError(f"--port {args.port}: not a TCP port")
     url = args.nats or cfg.nats
     workers = args.workers == "here" or (args.workers == "auto" and url == "embedded")
     tel = telemetry(args, "gateway")

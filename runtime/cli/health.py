@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 from gym_runtime.cli._common import auth_option, client_auth, err, need_url
+from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
 EXIT_UNHEALTHY = 1
@@ -42,7 +43,7 @@ def _role(spec: str | None) -> tuple[str, str] | None:
         return None
     role, _, name = spec.partition(".")
     if role not in ROLE_NAMES or not name:
-        raise ValueError(f"--role {spec!r}: expected ROLE.NAME with ROLE one of {', '.join(ROLE_NAMES)}")
+        raise UserError(f"--role {spec!r}: expected ROLE.NAME with ROLE one of {', '.join(ROLE_NAMES)}")
     return ROLE_NAMES[role], name
 
 

@@ -36,18 +36,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.plugins import config_path
+    from gym_runtime.config.nemo import data_only_overrides, is_nemo_gym
     from gym_runtime.data.prepare import (
         InvalidRows,
         Options,
-        PrepareError,
         nemo_sources,
-        parse_source,
         parse_weights,
         prepare,
         write,
     )
-    from gym_runtime.config.nemo import data_only_overrides, is_nemo_gym
+    from gym_runtime.data.sources import PrepareError, parse_source
+    from gym_runtime.plugins import config_path
 
     paths = [config_path(c) for c in args.config]
     args.overrides = data_only_overrides(paths) + args.overrides  # no model is called here

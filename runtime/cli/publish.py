@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from gym_runtime.observability import progress
 from gym_runtime.cli._common import (
     auth_option,
     client_auth,
@@ -17,6 +16,8 @@ from gym_runtime.cli._common import (
     positive_int,
     telemetry,
 )
+from gym_runtime.errors import UserError
+from gym_runtime.observability import progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,14 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.transport.bus import Bus
     from gym_runtime.data.inputs import validate
+    from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import publish_batch, run_async
 
     cfg = load(args)
     url = need_url(args, cfg)
     if not cfg.agents:
-        raise ValueError("the config names no agents")
+        raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting
     auth = client_auth(args)
     tel = telemetry(args, "publish")

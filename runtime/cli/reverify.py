@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from gym_runtime.observability import progress
-from gym_runtime.plugins import config_path
 from gym_runtime.cli._common import (
     EXIT_FAILURES,
     auth_option,
@@ -19,6 +17,8 @@ from gym_runtime.cli._common import (
     telemetry,
 )
 from gym_runtime.config import load_config
+from gym_runtime.observability import progress
+from gym_runtime.plugins import config_path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

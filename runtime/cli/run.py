@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.observability import progress
-from gym_runtime.plugins import example_input
 from gym_runtime.cli._common import (
     auth_option,
     check_output,
@@ -36,6 +34,9 @@ from gym_runtime.cli._common import (
     server_url,
     telemetry,
 )
+from gym_runtime.errors import UserError
+from gym_runtime.observability import progress
+from gym_runtime.plugins import example_input
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,8 +99,8 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
 async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
     """Connect as the batch will and let go: a one-shot command says in one line that its server is dead or
     refuses it, before it starts worker children that (as services) would wait for that server."""
-    from gym_runtime.workers.runner import close_buses, open_buses
     from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.workers.runner import close_buses, open_buses
 
     await close_buses(
         await open_buses(
@@ -160,11 +161,11 @@ def main(args: argparse.Namespace) -> int:
         bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
         example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
         if example is None:
-            raise ValueError("run: --input is required (only a bundled environment's name has a default input)")
+            raise UserError("run: --input is required (only a bundled environment's name has a default input)")
         args.input = str(example)
     check_output(args.output)
     if not cfg.agents:
-        raise ValueError("the config names no agents")
+        raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
     groups = worker_groups(args, cfg, plan.count * args.repeats)
     tel = telemetry(args, "run")

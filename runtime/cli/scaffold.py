@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from gym_runtime.errors import UserError
+
 # ------------------------------------------------------------------ module pieces
 
 _HEAD = '''"""__NAME__: __SUMMARY__
@@ -335,7 +337,7 @@ def _rows(stateful: bool, judge: bool, tools: list[dict]) -> list[dict]:
 # ------------------------------------------------------------------ writing
 
 
-class ScaffoldError(ValueError):
+class ScaffoldError(UserError):
     """A bad name or destination (one line, exit 2)."""
 
 

@@ -13,7 +13,9 @@ import argparse
 import sys
 
 from gym_runtime.cli._common import err
-from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, parse_size
+from gym_runtime.errors import UserError
+from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer
+from gym_runtime.transport.jetstream import parse_size
 
 DEFAULT_HTTP_PORT = 8222
 
@@ -67,12 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def build(args: argparse.Namespace) -> EmbeddedServer:
     routes = split_list(args.routes)
     if routes and not args.cluster:
-        raise ValueError("--routes needs --cluster NAME")
+        raise UserError("--routes needs --cluster NAME")
     if args.cluster and not routes:
-        raise ValueError("--cluster needs --routes URL,... (every node's route URL; a node may list itself)")
+        raise UserError("--cluster needs --routes URL,... (every node's route URL; a node may list itself)")
     for r in routes:
         if "://" not in r:
-            raise ValueError(f"--routes {r!r}: expected a URL like nats://host:6222")
+            raise UserError(f"--routes {r!r}: expected a URL like nats://host:6222")
     return EmbeddedServer(
         port=args.port,
         host=args.host,
@@ -100,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         ensure_auth_dir(args.secure, host=args.host, names=args.tls_name)
         missing = unnamed(args.secure, args.tls_name)
         if missing:
-            raise ValueError(
+            raise UserError(
                 f"--tls-name {', '.join(missing)}: {args.secure}/server.pem (kept from before) does not "
                 f"name it; delete server.pem and server-key.pem there to make a new one"
             )

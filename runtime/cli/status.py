@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url
+from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
 
@@ -29,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
 
     url = need_url(args, None)
     if args.interval <= 0:
-        raise ValueError("--interval must be positive")
+        raise UserError("--interval must be positive")
     auth = client_auth(args)
 
     async def go() -> None:

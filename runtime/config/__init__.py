@@ -24,12 +24,9 @@ import msgspec.inspect
 import yaml
 
 from gym_runtime.config import nemo as nemo_config
-from gym_runtime.plugins import import_plugin, use_config_dir
+from gym_runtime.errors import ConfigError
 from gym_runtime.model import ModelConfig, adapter_module, model_config
-
-
-class ConfigError(ValueError):
-    """A config problem; the message names the file and the key."""
+from gym_runtime.plugins import import_plugin, use_config_dir
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -53,6 +53,8 @@ from typing import Any
 
 import yaml
 
+from gym_runtime.errors import ConfigError
+
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models")
 
 RESOURCES: dict[str, str] = {
@@ -121,7 +123,7 @@ _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _OC_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
-class NemoConfigError(ValueError):
+class NemoConfigError(ConfigError):
     """A NeMo Gym config that cannot be mapped; the message names the file and the entry."""
 
 

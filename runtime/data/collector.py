@@ -19,22 +19,19 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import msgspec
 
-from gym_runtime.transport import jetstream
-
-from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import stream_names
-from gym_runtime.messages import RolloutResult
 from gym_runtime.data.aggregate import MetricsAccumulator
+from gym_runtime.messages import RolloutResult
+from gym_runtime.observability import logs
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.jetstream import stream_names
 from gym_runtime.transport.pull import PullWorker
-
-if TYPE_CHECKING:
-    from nats.aio.msg import Msg
 
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
@@ -118,7 +115,7 @@ class Collector:
         consumer = f"collect_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
         await jetstream.add_reader(self.bus, stream, consumer, self.bus.subject("result", self.batch))
 
-        async def on_msg(msg: Msg) -> None:
+        async def on_msg(msg: Delivery) -> None:
             self._take(await self.bus.decode(msg))
 
         puller = PullWorker(

@@ -19,22 +19,15 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
-from gym_runtime.transport.tasks import TaskSet
+from gym_runtime.errors import InputError, UserError
+from gym_runtime.messages import ItemError, RolloutTask, create_params
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
-from gym_runtime.messages import ItemError, RolloutTask, create_params
+from gym_runtime.transport.tasks import TaskSet
 
 _decoder = msgspec.json.Decoder()
 
 
-class InputError(ValueError):
-    """Bad input rows; ``problems`` lists ``file:line: reason`` for each."""
-
-    def __init__(self, problems: list[str]) -> None:
-        shown = problems[:20]
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__("invalid input rows (nothing was published):\n  " + "\n  ".join(shown) + more)
-        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +60,14 @@ def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) ->
         if name in agents:
             return str(name)
         hint = f"; pass --agent {agents[0]} to run such rows with it" if len(agents) == 1 else "; pass --agent NAME"
-        raise ValueError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)}){hint}")
+        raise UserError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)}){hint}")
     if default is not None:
         if default not in agents:
-            raise ValueError(f"--agent {default!r} is not an agent of this config ({', '.join(agents)})")
+            raise UserError(f"--agent {default!r} is not an agent of this config ({', '.join(agents)})")
         return default
     if len(agents) == 1:
         return agents[0]
-    raise ValueError(f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent")
+    raise UserError(f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent")
 
 
 def _bad_utf8(line: bytes) -> str:
@@ -88,13 +81,13 @@ def _bad_utf8(line: bytes) -> str:
 def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
     """Validate one input row; returns the agent it goes to, or raises ``ValueError`` saying why."""
     if not isinstance(row, dict):
-        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+        raise UserError(f"a row must be a JSON object, got {type(row).__name__}")
     if "responses_create_params" not in row:
-        raise ValueError("missing required field 'responses_create_params'")
+        raise UserError("missing required field 'responses_create_params'")
     try:
         create_params(row["responses_create_params"])
     except ItemError as e:
-        raise ValueError(str(e)) from None
+        raise UserError(str(e)) from None
     return choose_agent(row, agents, agent)
 
 

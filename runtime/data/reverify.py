@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from gym_runtime.transport.bus import Bus, RemoteError
 from gym_runtime.data.collector import sidecar_paths
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
     ItemError,
     Response,
@@ -27,6 +27,7 @@ from gym_runtime.messages import (
     VerifyRequest,
     parse_items,
 )
+from gym_runtime.transport.bus import Bus
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -62,18 +63,18 @@ class ReverifyReport:
 def parse_response(raw: Any, where: str) -> Response:
     """A recorded ``response`` → ``Response``; nulls NeMo Gym writes for absent fields are accepted."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: 'response' must be an object")
+        raise UserError(f"{where}: 'response' must be an object")
     try:
         items = parse_items(raw.get("output") or [])
     except ItemError as e:
-        raise ValueError(f"{where}: response.output: {e}") from None
+        raise UserError(f"{where}: response.output: {e}") from None
     fields = {k: v for k, v in raw.items() if k != "output" and v is not None}
     fields.setdefault("id", "resp_reverify")
     fields.setdefault("created_at", 0.0)
     try:
         resp = msgspec.convert(fields, Response, strict=False)
     except msgspec.ValidationError as e:
-        raise ValueError(f"{where}: response: {e}") from None
+        raise UserError(f"{where}: response: {e}") from None
     resp.output = items
     return resp
 
@@ -96,7 +97,7 @@ def load_tasks(path: str | Path) -> dict[str, dict[str, Any]]:
                 try:
                     row = _decoder.decode(line)
                 except msgspec.DecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                    raise UserError(f"{path}:{lineno}: not valid JSON ({e})") from None
                 tasks[prompt_key(row.get("responses_create_params"))] = row
     return tasks
 
@@ -105,7 +106,7 @@ def validate_rollouts(path: str | Path) -> int:
     """Check every line before any work starts; raises ``ValueError`` naming file:line."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: file not found")
+        raise UserError(f"{p}: file not found")
     problems: list[str] = []
     n = 0
     with p.open("rb") as f:
@@ -122,9 +123,9 @@ def validate_rollouts(path: str | Path) -> int:
                 problems.append(f"{p}:{lineno}: not a rollout row (an object with a 'response' object)")
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise ValueError("invalid rollout rows (nothing was re-verified):\n  " + "\n  ".join(problems[:20]) + more)
+        raise UserError("invalid rollout rows (nothing was re-verified):\n  " + "\n  ".join(problems[:20]) + more)
     if not n:
-        raise ValueError(f"{p}: no rows")
+        raise UserError(f"{p}: no rows")
     return n
 
 
@@ -166,7 +167,7 @@ async def reverify_file(
                     if tasks is not None:
                         joined = tasks.get(prompt_key(row.get("responses_create_params")))
                         if joined is None:
-                            raise ValueError(f"{where}: no task row in --tasks has this rollout's input messages")
+                            raise UserError(f"{where}: no task row in --tasks has this rollout's input messages")
                         task = {**joined, **task}
                     reply: VerifyReply = await bus.request(
                         subject,
@@ -174,9 +175,9 @@ async def reverify_file(
                         timeout=timeout_s,
                         op="verify",
                     )
-                except (ValueError, RemoteError) as e:
+                except (ValueError, Failure) as e:
                     report.failed += 1
-                    err = e.info.error_class if isinstance(e, RemoteError) else "invalid_task"
+                    err = e.info.error_class if isinstance(e, Failure) else "invalid_task"
                     results[index] = (_encoder.encode({"line": lineno, "error_class": err, "error": str(e)}), False)
                     if on_row is not None:
                         on_row(False, None)
@@ -210,9 +211,9 @@ async def reverify_file(
                 try:
                     row = _decoder.decode(line)
                     if not isinstance(row, dict):
-                        raise ValueError("a row must be a JSON object")
+                        raise UserError("a row must be a JSON object")
                 except (msgspec.DecodeError, ValueError) as e:
-                    raise ValueError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+                    raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
                 await limiter.acquire()
                 report.rows += 1
                 tg.start_soon(one, index, lineno, row)

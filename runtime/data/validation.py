@@ -11,7 +11,7 @@ not only the first, so a dataset is fixed in one pass.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,12 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
+from gym_runtime.data.sources import parse_source, read_jsonl, read_source
+from gym_runtime.errors import UserError
 from gym_runtime.messages import ItemError, create_params
 from gym_runtime.resource import Resource, load_resource_class
 
 AGENT_REF_TYPE = "responses_api_agents"  # NeMo Gym's agent_ref.type
-_decoder = msgspec.json.Decoder()
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class TaskChecker:
 
     def __init__(self, cfg: Config, *, agent: str | None = None) -> None:
         if agent is not None and agent not in cfg.agents:
-            raise ValueError(f"--agent {agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
+            raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
         self.cfg = cfg
         self.agent = agent
         self.classes: dict[str, type[Resource]] = {}
@@ -123,18 +124,6 @@ class TaskChecker:
         return agent, problems
 
 
-def read_jsonl(path: Path) -> Iterator[tuple[int, Any | msgspec.DecodeError]]:
-    """(line number, row or the decode error) for each non-blank line."""
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, _decoder.decode(line)
-            except msgspec.DecodeError as e:
-                yield lineno, e
-
-
 def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Report | None = None) -> Report:
     """Check ``(where, row)`` pairs; ``where`` prefixes each problem (``file:line``)."""
     report = report or Report()
@@ -163,8 +152,6 @@ def validate_files(cfg: Config, paths: list[str | Path], *, agent: str | None = 
                 continue
             check_rows(checker, ((f"{p}:{n}", row) for n, row in read_jsonl(p)), report)
         else:
-            from gym_runtime.data.prepare import parse_source, read_source
-
             check_rows(checker, read_source(parse_source(str(p))), report)
         if report.rows == before:
             report.problems.append(f"{p}: no rows")

@@ -26,12 +26,12 @@ Every process has its own endpoint: ``start`` with a worker pool gives replica
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
+from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
 
 log = logs.get("gym.meters")
@@ -215,7 +215,7 @@ def start(*, service: str, role: str, port: int | None = None, host: str = "0.0.
         try:
             server, thread = start_http_server(port, addr=host, registry=registry)
         except OSError as e:
-            raise ValueError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+            raise UserError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
 
         def close_http() -> None:
             server.shutdown()
@@ -239,20 +239,3 @@ def start(*, service: str, role: str, port: int | None = None, host: str = "0.0.
         ],
     )
     return Meters(provider, closers=closers)
-
-
-async def watch_queues(bus: Any, meters: Meters, *, every_s: float = 5.0) -> None:
-    """Refresh ``meters.queues`` from JetStream's consumer info until cancelled (queue lag gauges)."""
-    import anyio
-
-    from gym_runtime.transport import jetstream
-
-    names = jetstream.stream_names(bus.ns)
-    while True:
-        t0 = time.monotonic()
-        try:
-            found = await jetstream.consumers(bus, names["task"]) + await jetstream.consumers(bus, names["model"])
-            meters.queues = {c["consumer"]: c for c in found}
-        except Exception as e:  # noqa: BLE001 - a scrape gauge must never take a worker down
-            log.debug("metrics.queue_poll_failed", error=str(e))
-        await anyio.sleep(max(0.5, every_s - (time.monotonic() - t0)))

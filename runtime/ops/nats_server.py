@@ -22,11 +22,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gym_runtime.errors import UserError
+from gym_runtime.ops import security
+from gym_runtime.ops.provision import provision_blocking
+
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 MAX_LOG_BYTES = 16 * 1024 * 1024
 
 
-class ServerError(RuntimeError):
+class ServerError(UserError):
     """The embedded server could not be found or started."""
 
 
@@ -59,20 +63,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def parse_size(text: str | int) -> int:
-    """``8MB`` / ``512KB`` / ``1048576`` → bytes."""
-    if isinstance(text, int):
-        return text
-    t = text.strip().upper().removesuffix("B")
-    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:], 1)
-    if mult != 1:
-        t = t[:-1]
-    try:
-        return int(float(t) * mult)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 8MB)") from None
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -185,8 +175,6 @@ class EmbeddedServer:
         """With ``secure_dir``: routes between nodes encrypted and mutually authenticated by the cluster CA."""
         if not self.secure_dir:
             return []
-        from gym_runtime.ops import security
-
         return [f"tls: {json.dumps(security.route_tls(self.secure_dir))}"]
 
     def start(self, timeout: float = 10.0) -> str:
@@ -231,8 +219,6 @@ class EmbeddedServer:
                 )
             with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
                 if self.secure_dir:  # no client role may create streams: the admin provisions them now
-                    from gym_runtime.ops.security import provision_blocking
-
                     local = self.url if self.host not in ("0.0.0.0", "::") else f"nats://127.0.0.1:{self.port}"
                     provision_blocking(local, self.secure_dir, self.namespaces)
                 return self.url
@@ -243,8 +229,6 @@ class EmbeddedServer:
     def _security_block(self) -> str:
         if not self.secure_dir:
             return ""
-        from gym_runtime.ops import security
-
         security.ensure_auth_dir(self.secure_dir, host=self.host)
         return security.server_config(self.secure_dir, self.namespaces).rstrip("\n")
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gym_runtime.errors import AuthError
+
 ROLES = ("publisher", "agent", "model", "resource", "admin")
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 SERVER_CERT, SERVER_KEY = "server.pem", "server-key.pem"
@@ -45,8 +47,6 @@ AUTH_DIR_ENV = "GYM_AUTH_DIR"
 CERT_DAYS = 5 * 365
 
 
-class AuthError(ValueError):
-    """A user mistake with an auth dir (missing file, wrong role): one line, exit 2."""
 
 
 def inbox_prefix(role: str) -> str:
@@ -460,82 +460,3 @@ def check_argv_secret(option: str, value: str) -> None:
             f"user; put it in the environment and pass --set '{key.strip()}=${{MY_VAR}}' (or write it in "
             f"env.yaml beside the config)"
         )
-
-
-# ------------------------------------------------------------------------------- provisioning
-
-
-async def provision(url: str | list[str], auth: ClientAuth, namespaces: list[str], *, timeout: float = 30.0) -> None:
-    """As admin, create each namespace's streams, batch and control KV buckets and blob store (idempotent).
-
-    Retries for ``timeout`` seconds: a cluster's JetStream needs a meta leader first.
-    """
-    import anyio
-
-    from gym_runtime.data import batches
-
-    from gym_runtime.workers import control
-
-    from gym_runtime.transport import jetstream
-    from gym_runtime.transport.bus import Bus
-    from gym_runtime.observability.tracing import Telemetry
-
-    bus = await Bus.connect(
-        url, namespace=namespaces[0], telemetry=Telemetry(), name="gym-provision", auth=auth, role="admin"
-    )
-    try:
-        deadline = anyio.current_time() + timeout
-        while True:
-            try:
-                for ns in namespaces:
-                    b = Bus(bus.nc, namespace=ns, telemetry=bus.telemetry)
-                    await jetstream.ensure_streams(b)
-                    await batches._kv(b)  # the manifest bucket, created on first use
-                    await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
-                    await b._blob_store()  # bodies over the max payload
-                return
-            except Exception:
-                if anyio.current_time() >= deadline:
-                    raise
-                await anyio.sleep(1.0)
-    finally:
-        await bus.close()
-
-
-async def check_provisioned(js: Any, namespace: str, shown: str) -> None:
-    """Fail clearly when the secured server was not started for ``namespace``.
-
-    Its roles may use only the subjects of the namespaces it provisioned; anything else
-    would be refused request by request, as timeouts.
-    """
-    from nats.js.errors import NotFoundError
-
-    try:
-        await js.find_stream_name_by_subject(f"{namespace}.task.probe")
-    except NotFoundError:
-        raise AuthError(
-            f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
-            f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)"
-        ) from None
-
-
-def provision_blocking(url: str, auth_dir: str | Path, namespaces: list[str], *, timeout: float = 30.0) -> None:
-    """``provision`` from synchronous code, in a thread of its own (the caller may be inside an event loop)."""
-    import threading
-
-    from gym_runtime.workers.runner import run_async
-
-    errors: list[BaseException] = []
-    auth = ClientAuth(Path(auth_dir))
-
-    def go() -> None:
-        try:
-            run_async(lambda: provision(url, auth, namespaces, timeout=timeout))
-        except BaseException as e:  # re-raised in the caller's thread
-            errors.append(e)
-
-    t = threading.Thread(target=go, name="gym-provision")
-    t.start()
-    t.join()
-    if errors:
-        raise errors[0]

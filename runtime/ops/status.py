@@ -17,12 +17,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.transport import jetstream
 from gym_runtime.data.batches import Manifest, get_manifest
+from gym_runtime.errors import UserError
+from gym_runtime.messages import RolloutResult
+from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import message_count, stream_names
-from gym_runtime.messages import RolloutResult
 from gym_runtime.transport.pull import PullWorker
 
 
@@ -59,7 +60,7 @@ class BatchWatch:
     async def open(cls, bus: Bus, batch: str, tg: TaskGroup) -> BatchWatch:
         manifest = await get_manifest(bus, batch)
         if manifest is None:
-            raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
+            raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
         watch = cls(bus, manifest)
         stream = stream_names(bus.ns)["result"]
         consumer = f"status_{re.sub(r'[^A-Za-z0-9_-]', '_', batch)}_{uuid.uuid4().hex[:8]}"

@@ -19,18 +19,20 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 import nats.js.errors
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gym_runtime.observability import logs
-from gym_runtime.transport.tasks import TaskSet
-from gym_runtime.transport.codec import Codec
-from gym_runtime.errors import GymError
+from gym_runtime.errors import AuthError, Failure, UserError
 from gym_runtime.messages import ErrorInfo, ErrorReply
+from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.transport.codec import Codec
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.tasks import TaskSet
 
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
@@ -44,15 +46,14 @@ LIVENESS_S = 10.0  # a core request with no reply nor progress for this long: th
 
 log = logs.get("gym.bus")
 
-Handler = Callable[[Any, Msg], Awaitable[Any]]
+Handler = Callable[[Any, Delivery], Awaitable[Any]]
 
 
 # The one typed error (gym_runtime.errors) under the names the bus has used: a
 # handler raises it to answer with an error class; a caller receives it.
-RemoteError = HandlerError = GymError
 
 
-class NoResponders(GymError):
+class NoResponders(Failure):
     """Nobody subscribes to the subject right now (a role with no worker, e.g. a pool restarting).
 
     Nothing was delivered, so the call is safe to repeat once a worker is back.
@@ -68,7 +69,7 @@ DIRECT_BUSY_S = 0.05  # after "busy", use the queue this long: calls that wait b
 
 
 def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
-    if isinstance(exc, GymError):
+    if isinstance(exc, Failure):
         return exc.info
     return ErrorInfo(error_class=default_class, message=f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
 
@@ -106,7 +107,7 @@ class _Pending:
         now = time.monotonic()
         if now >= self._deadline:
             fut.set_exception(
-                RemoteError(
+                Failure(
                     ErrorInfo(
                         error_class="timeout",
                         message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
@@ -120,7 +121,7 @@ class _Pending:
             idle = now - self.seen
             if idle >= self._liveness:
                 fut.set_exception(
-                    RemoteError(
+                    Failure(
                         ErrorInfo(
                             error_class="worker_lost",
                             message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
@@ -202,7 +203,27 @@ def server_list(url: str | list[str]) -> list[str]:
 WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after this logs a warning
 
 
-class ServerUnreachable(ConnectionError):
+async def check_provisioned(js: Any, namespace: str, shown: str) -> None:
+    """Fail clearly when the secured server was not started for ``namespace``.
+
+    Its roles may use only the subjects of the namespaces it provisioned; anything else
+    would be refused request by request, as timeouts.
+    """
+    try:
+        await js.find_stream_name_by_subject(f"{namespace}.task.probe")
+    except nats.js.errors.NotFoundError:
+        raise AuthError(
+            f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
+            f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)"
+        ) from None
+
+
+def unanswered(exc: BaseException) -> bool:
+    """True for a request that got no answer in time (e.g. one the server's permissions dropped)."""
+    return isinstance(exc, nats.errors.TimeoutError)
+
+
+class ServerUnreachable(UserError, ConnectionError):
     """No NATS server of the given URLs accepted a connection in time."""
 
 
@@ -434,8 +455,6 @@ class Bus:
         bus = cls(nc, namespace=namespace, telemetry=telemetry)
         bus.jetstream_config = jetstream
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
-            from gym_runtime.ops.security import check_provisioned
-
             try:
                 await check_provisioned(bus.js, namespace, _shown(url if isinstance(url, list) else [url]))
             except BaseException:
@@ -477,7 +496,7 @@ class Bus:
             return b""
         return data
 
-    async def decode(self, msg: Msg) -> Any:
+    async def decode(self, msg: Msg | Delivery) -> Any:
         headers = msg.headers
         if headers and BLOB_HEADER in headers:
             store = await self._blob_store()
@@ -505,7 +524,7 @@ class Bus:
                 raise Busy(ErrorInfo(error_class="busy", message=f"no free slot on {subject}", retryable=True))
         body = await self.decode(msg)
         if isinstance(body, ErrorReply):
-            raise RemoteError(body.error)
+            raise Failure(body.error)
         return body
 
     async def _ensure_reply_sub(self) -> str:
@@ -569,7 +588,7 @@ class Bus:
             del self._replies[key]
             fut = call.fut
             if not fut.done():
-                fut.set_exception(RemoteError(ErrorInfo(error_class="worker_lost", message=reason, retryable=True)))
+                fut.set_exception(Failure(ErrorInfo(error_class="worker_lost", message=reason, retryable=True)))
 
     async def _call(
         self,
@@ -616,7 +635,7 @@ class Bus:
     async def request(
         self, subject: str, payload: Any, *, timeout: float, op: str, liveness_s: float | None = None
     ) -> Any:
-        """Core request-reply with a CLIENT span; typed errors come back as ``RemoteError``.
+        """Core request-reply with a CLIENT span; typed errors come back as ``Failure``.
 
         ``liveness_s`` (default ``LIVENESS_S``): how long the responder may stay silent (no reply,
         no keepalive) before the call fails as retryable ``worker_lost``."""
@@ -635,7 +654,7 @@ class Bus:
                 )
             except Busy:
                 raise
-            except RemoteError as e:
+            except Failure as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise
 
@@ -659,13 +678,13 @@ class Bus:
                 self._direct_skip[direct] = time.monotonic() + DIRECT_BUSY_S
             except NoResponders:
                 self._direct_skip[direct] = time.monotonic() + DIRECT_ABSENT_S
-            except RemoteError as e:
+            except Failure as e:
                 if e.info.error_class != "worker_lost":
                     raise
                 log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RemoteError(
+            raise Failure(
                 ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
             )
         return await self.queued_request(queued, payload, timeout=left, op=op)
@@ -683,7 +702,7 @@ class Bus:
         ) as span:
             try:
                 return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id)
-            except RemoteError as e:
+            except Failure as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise
 
@@ -726,7 +745,7 @@ class Bus:
         try:
             await self.nc.publish(subject, data, reply=reply, headers=headers)
             msg = await fut
-        except RemoteError:  # the connection dropped with the ack outstanding: publish again (deduplicated)
+        except Failure:  # the connection dropped with the ack outstanding: publish again (deduplicated)
             raise nats.errors.TimeoutError from None
         finally:
             timer.cancel()
@@ -811,7 +830,7 @@ class Bus:
 
     async def handle(
         self,
-        msg: Msg,
+        msg: Delivery,
         handler: Handler,
         *,
         reply_to: str | None,
@@ -838,7 +857,7 @@ class Bus:
                     keepalive.cancel()
                 info = _error_info(exc, default_error)
                 span.set_status(StatusCode.ERROR, info.message)
-                if not isinstance(exc, (HandlerError, RemoteError)):
+                if not isinstance(exc, Failure):
                     log.warning("handler.failed", subject=msg.subject, error=info.message, exc_info=exc)
                 await self.reply(reply_to, ErrorReply(error=info), error=True)
                 return False
@@ -852,7 +871,7 @@ class Bus:
                 await self.reply(reply_to, result)
             return True
 
-    async def busy(self, msg: Msg) -> None:
+    async def busy(self, msg: Delivery) -> None:
         """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""
         if msg.reply:
             await self.nc.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
@@ -863,8 +882,8 @@ class Bus:
         subject: str,
         *,
         queue: str,
-        admit: Callable[[Msg], bool],
-        run: Callable[[Msg], Awaitable[None]],
+        admit: Callable[[Delivery], bool],
+        run: Callable[[Delivery], Awaitable[None]],
     ) -> Any:
         """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
         (``run`` answers it and frees the slot); any other is answered ``busy``.
@@ -879,12 +898,13 @@ class Bus:
         tg.start_soon(tasks.guard)
 
         async def on_msg(msg: Msg) -> None:
-            if not admit(msg):
+            delivery = Delivery(msg)
+            if not admit(delivery):
                 await asyncio.sleep(0)
-                if not admit(msg):
-                    await self.busy(msg)
+                if not admit(delivery):
+                    await self.busy(delivery)
                     return
-            tasks.spawn(run, msg)
+            tasks.spawn(run, delivery)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
@@ -910,7 +930,7 @@ class Bus:
 
         async def run_one(msg: Msg) -> None:
             try:
-                await self.handle(msg, handler, reply_to=msg.reply, default_error=default_error)
+                await self.handle(Delivery(msg), handler, reply_to=msg.reply, default_error=default_error)
             finally:
                 limiter.release()
 

@@ -42,18 +42,33 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
-from gym_runtime.ops.nats_server import parse_size
 
 if TYPE_CHECKING:
+    from gym_runtime.observability.meters import Meters
     from gym_runtime.transport.bus import Bus
+
+
+def parse_size(text: str | int) -> int:
+    """``8MB`` / ``512KB`` / ``1048576`` → bytes."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().upper().removesuffix("B")
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:], 1)
+    if mult != 1:
+        t = t[:-1]
+    try:
+        return int(float(t) * mult)
+    except ValueError:
+        raise UserError(f"not a size: {text!r} (use e.g. 8MB)") from None
 
 log = logs.get("gym.jetstream")
 
 T = TypeVar("T")
 
 
-class JetStreamSetupError(ValueError):
+class JetStreamSetupError(UserError):
     """A stream or bucket cannot be created as configured (e.g. 3 replicas on one server)."""
 
 
@@ -314,3 +329,16 @@ async def delete_key(bus: Bus, bucket: str, key: str) -> bool:
         return False
     await kv.purge(key)
     return True
+
+
+async def watch_queues(bus: Bus, meters: Meters, *, every_s: float = 5.0) -> None:
+    """Refresh ``meters.queues`` from JetStream's consumer info until cancelled (queue lag gauges)."""
+    names = stream_names(bus.ns)
+    while True:
+        t0 = time.monotonic()
+        try:
+            found = await consumers(bus, names["task"]) + await consumers(bus, names["model"])
+            meters.queues = {c["consumer"]: c for c in found}
+        except Exception as e:  # noqa: BLE001 - a scrape gauge must never take a worker down
+            log.debug("metrics.queue_poll_failed", error=str(e))
+        await anyio.sleep(max(0.5, every_s - (time.monotonic() - t0)))

@@ -24,14 +24,15 @@ import anyio
 from nats.aio.msg import Msg
 
 from gym_runtime.observability import logs
-from gym_runtime.transport.tasks import TaskSet
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.jetstream import (
     durable_name,
     ensure_consumer,
     ensure_streams,
     stream_names,
 )
+from gym_runtime.transport.tasks import TaskSet
 
 log = logs.get("gym.pull")
 
@@ -47,7 +48,7 @@ async def work_queue_puller(
     *,
     slots: int,
     ack_wait: float,
-    handle: Callable[[Msg], Awaitable[None]],
+    handle: Callable[[Delivery], Awaitable[None]],
 ) -> PullWorker:
     """A ``PullWorker`` on ``{ns}.{kind}.{name}`` (kind: ``task`` or ``model``), streams and consumer ensured."""
     await ensure_streams(bus)
@@ -73,7 +74,7 @@ class PullWorker:
         stream: str,
         consumer: str,
         slots: int,
-        handle: Callable[[Msg], Awaitable[None]],
+        handle: Callable[[Delivery], Awaitable[None]],
         expires_s: float = 2.0,  # short: a request lost in a leader election is re-sent within ~3 s
         heartbeat_s: float = ACK_WAIT_S / 3,
         inline: bool = False,
@@ -91,7 +92,7 @@ class PullWorker:
         self.busy = 0
         self.delivered = 0
         self._requests: deque[list[float]] = deque()  # [expires_at, credits left], oldest first
-        self._inflight: dict[int, Msg] = {}
+        self._inflight: dict[int, Delivery] = {}
         self._stopping = False
         self._reconnects = 0
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -158,11 +159,12 @@ class PullWorker:
                 self._consume_credit()
                 self.busy += 1
                 self.delivered += 1
-                self._inflight[id(msg)] = msg
+                delivery = Delivery(msg)
+                self._inflight[id(delivery)] = delivery
                 if self.inline:
-                    await self._run_one(msg)
+                    await self._run_one(delivery)
                 else:
-                    tasks.spawn(self._run_one, msg)
+                    tasks.spawn(self._run_one, delivery)
 
             sub = await nc.subscribe(self._inbox, cb=on_msg)
             tg.start_soon(self._heartbeats)
@@ -203,7 +205,7 @@ class PullWorker:
         else:
             await self._pull()
 
-    async def release(self, msg: Msg) -> None:
+    async def release(self, msg: Delivery) -> None:
         """Free ``msg``'s slot now (its work is done; only storing/acking remains).
 
         Pulling the next message overlaps the last round trips of this one, which
@@ -213,7 +215,7 @@ class PullWorker:
             return
         await self.give_slot()
 
-    async def _run_one(self, msg: Msg) -> None:
+    async def _run_one(self, msg: Delivery) -> None:
         try:
             await self.handle(msg)
         except Exception as exc:  # the handler owns acking; a crash here must not kill the loop

@@ -15,20 +15,20 @@ import uuid
 from typing import Any
 
 import anyio
-from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind, StatusCode
 
+from gym_runtime.agent import AgentContext, AgentFn, Outcome
+from gym_runtime.config import AgentConfig, Config
+from gym_runtime.errors import Failure, UserError
+from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.plugins import import_plugin
-from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.transport.bus import Bus
-from gym_runtime.config import AgentConfig, Config
-from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
-from gym_runtime.errors import GymError
-from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
-from gym_runtime.workers.model_worker import direct_patience
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
+from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
 
 log = logs.get("gym.agent")
 
@@ -39,10 +39,10 @@ def load_agent(module_path: str) -> AgentFn:
     try:
         module = import_plugin(module_path)
     except ImportError as e:
-        raise ValueError(f"agents.*.agent: cannot import {module_path!r}: {e}") from None
+        raise UserError(f"agents.*.agent: cannot import {module_path!r}: {e}") from None
     fn = getattr(module, "run", None)
     if fn is None:
-        raise ValueError(f"agent module {module_path} must define `async def run(ctx)`")
+        raise UserError(f"agent module {module_path} must define `async def run(ctx)`")
     return fn  # type: ignore[no-any-return]
 
 
@@ -88,7 +88,7 @@ class AgentWorker:
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = agent_fingerprint(config, name)
         self._model_fps = {m: fingerprint(c) for m, c in config.models.items()}
-        self._model_patience = {m: direct_patience(c) for m, c in config.models.items()}
+        self._model_patience = {m: direct_patience(c.ack_wait_s) for m, c in config.models.items()}
         self.control = ControlView(bus)
 
     def _model_timeout(self, model: str) -> float:
@@ -142,10 +142,10 @@ class AgentWorker:
     async def drain(self) -> None:
         await drain_puller(self.puller)
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Delivery) -> None:
         started = time.perf_counter()
         parent = self.bus.telemetry.extract(msg.headers)
-        attempt = msg.metadata.num_delivered or 1
+        attempt = msg.attempt
         try:
             task = await self.bus.decode(msg)
             if not isinstance(task, RolloutTask):
@@ -165,9 +165,9 @@ class AgentWorker:
         tel = self.bus.telemetry
         meters = tel.meters
         if meters.enabled:
-            stored = msg.metadata.timestamp  # when JetStream stored the task
+            stored = msg.enqueued_at  # when JetStream stored the task
             if stored is not None:
-                meters.stage_time("queue_wait", self.name, max(0.0, time.time() - stored.timestamp()))
+                meters.stage_time("queue_wait", self.name, max(0.0, time.time() - stored))
         with tel.span(f"process {msg.subject}", kind=SpanKind.CONSUMER, parent=parent, attributes=attrs):
             with tel.span("rollout", attributes=attrs) as span:
                 trace_id, _ = tel.current_ids()
@@ -207,7 +207,7 @@ class AgentWorker:
                     self.completed += 1
                     self.busy_s += time.perf_counter() - started
 
-    async def _run_task(self, task: RolloutTask, attempt: int, msg: Msg) -> RolloutResult | None:
+    async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> RolloutResult | None:
         def failure(info: ErrorInfo) -> RolloutResult:
             return RolloutResult(
                 batch=task.batch,
@@ -245,7 +245,7 @@ class AgentWorker:
             return failure(
                 ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
             )
-        except GymError as e:
+        except Failure as e:
             if e.info.retryable and attempt < self.cfg.max_attempts:
                 delay = NAK_BACKOFF_S[min(attempt - 1, len(NAK_BACKOFF_S) - 1)]
                 log.info("rollout.retry", error=e.info.message, attempt=attempt, delay_s=delay)

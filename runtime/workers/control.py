@@ -21,10 +21,10 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.transport import jetstream
-from gym_runtime.transport.bus import Bus
 from gym_runtime.config import Config
 from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
 # timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).

@@ -24,17 +24,18 @@ import uuid
 from typing import Any
 
 import anyio
-from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from gym_runtime.errors import Failure, ModelError
+from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
+from gym_runtime.model import ModelAdapter, ModelConfig, load_adapter
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import REPLY_HEADER, Bus
-from gym_runtime.workers.control import ControlView, Pausable, fingerprint
-from gym_runtime.errors import GymError
-from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
-from gym_runtime.model import ModelAdapter, ModelConfig, ModelError, load_adapter
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.model_calls import direct_subject
 from gym_runtime.transport.pull import PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
+from gym_runtime.workers.control import ControlView, Pausable, fingerprint
 
 log = logs.get("gym.model")
 
@@ -132,9 +133,9 @@ class ModelWorker:
     async def drain(self) -> None:
         await drain_puller(self.puller)
 
-    async def _generate(self, req: ModelRequest, msg: Msg) -> ModelResponse:
+    async def _generate(self, req: ModelRequest, msg: Delivery) -> ModelResponse:
         if req.fingerprint and req.fingerprint != self.fingerprint:
-            raise GymError(
+            raise Failure(
                 "config_mismatch",
                 (
                     f"model worker {self.worker_id} serves another config's entry {self.name!r} "
@@ -149,7 +150,7 @@ class ModelWorker:
                 version = await self.control.version(self.name)  # the weights this call starts on
                 response = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
             except ModelError as e:
-                raise GymError("model_error", str(e), retryable=e.retryable) from e
+                raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
                 self.gate.exit()
         meters = self.bus.telemetry.meters
@@ -183,11 +184,11 @@ class ModelWorker:
             stamp(response, version)
         return ModelResponse(response=response, policy_version=version)
 
-    def _admit(self, _: Msg) -> bool:
+    def _admit(self, _: Delivery) -> bool:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
         return self.gate.is_open and self.puller is not None and self.puller.take_slot()
 
-    async def _direct(self, msg: Msg) -> None:
+    async def _direct(self, msg: Delivery) -> None:
         assert self.puller is not None
         try:
             await self.bus.handle(
@@ -202,11 +203,12 @@ class ModelWorker:
         finally:
             await self.puller.give_slot()
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
         meters = self.bus.telemetry.meters
-        if meters.enabled and msg.metadata.timestamp is not None:
-            meters.stage_time("queue_wait", self.name, max(0.0, time.time() - msg.metadata.timestamp.timestamp()))
+        stored = msg.enqueued_at if meters.enabled else None
+        if stored is not None:
+            meters.stage_time("queue_wait", self.name, max(0.0, time.time() - stored))
         await self.bus.handle(
             msg,
             self._generate,
@@ -218,33 +220,6 @@ class ModelWorker:
             await self.puller.release(msg)
         await msg.ack()
         self.served += 1
-
-
-def direct_subject(bus: Bus, model: str) -> str:
-    """Where direct (core NATS) calls to ``model`` go: outside ``{ns}.model.>``, which the work queue stores."""
-    return bus.subject("call", "model", model)
-
-
-def direct_patience(cfg: ModelConfig) -> float:
-    """How long a direct call waits on a silent replica before going to the queue: the model's
-    ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most ``bus.LIVENESS_S``."""
-    from gym_runtime.transport import bus
-
-    return min(bus.LIVENESS_S, max(cfg.ack_wait_s, 2 * bus.KEEPALIVE_S))
-
-
-async def call_model(
-    bus: Bus, model: str, request: ModelRequest, *, timeout: float, liveness_s: float | None = None
-) -> ModelResponse:
-    """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
-    return await bus.direct_or_queued(  # type: ignore[no-any-return]
-        direct_subject(bus, model),
-        bus.subject("model", model),
-        request,
-        timeout=timeout,
-        op=f"generate {model}",
-        liveness_s=liveness_s,
-    )
 
 
 def stamp(response: Response, version: int) -> None:

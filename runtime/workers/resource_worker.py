@@ -16,12 +16,9 @@ from typing import Any
 
 import anyio
 import msgspec
-from nats.aio.msg import Msg
 
-from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus, HandlerError
 from gym_runtime.config import ResourceConfig
-from gym_runtime.transport.discovery import register
+from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
@@ -34,7 +31,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.workers.model_worker import call_model
+from gym_runtime.observability import logs
 from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,
@@ -43,6 +40,10 @@ from gym_runtime.resource import (
     load_resource_class,
     replay_calls,
 )
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.discovery import register
+from gym_runtime.transport.model_calls import call_model
 
 log = logs.get("gym.resource")
 
@@ -64,7 +65,7 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
         out = await inst.verify(row, response)
     except Exception as exc:
         # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
-        raise HandlerError("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
+        raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
@@ -138,12 +139,12 @@ class ResourceWorker:
         inst.models = self.models
         return inst
 
-    async def _seed(self, req: SeedRequest, msg: Msg) -> SeedReply:
+    async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
         inst = self._new()
         try:
             await inst.seed(req.row)
         except Exception as exc:
-            raise HandlerError("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+            raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
         self.sessions[sid] = (inst, time.monotonic())
@@ -161,11 +162,11 @@ class ResourceWorker:
     def _session(self, sid: str) -> Resource:
         entry = self.sessions.get(sid)
         if entry is None:
-            raise HandlerError("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
+            raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         self.sessions[sid] = (entry[0], time.monotonic())
         return entry[0]
 
-    async def _session_op(self, req: Any, msg: Msg) -> Any:
+    async def _session_op(self, req: Any, msg: Delivery) -> Any:
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
             return await self._session_op_inner(req, msg)
         started = time.perf_counter()
@@ -175,7 +176,7 @@ class ResourceWorker:
             stage = "tool_call" if isinstance(req, ToolCall) else "verify"
             self.bus.telemetry.meters.stage_time(stage, self.name, time.perf_counter() - started)
 
-    async def _session_op_inner(self, req: Any, msg: Msg) -> Any:
+    async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
             try:
@@ -199,9 +200,9 @@ class ResourceWorker:
             if entry is not None:
                 await entry[0].close()
             return None
-        raise HandlerError("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
+        raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
-    async def _stateless_verify(self, req: VerifyRequest, msg: Msg) -> VerifyReply:
+    async def _stateless_verify(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         if not self.bus.telemetry.meters.enabled:
             return await self._stateless_verify_inner(req, msg)
         started = time.perf_counter()
@@ -210,14 +211,14 @@ class ResourceWorker:
         finally:
             self.bus.telemetry.meters.stage_time("verify", self.name, time.perf_counter() - started)
 
-    async def _stateless_verify_inner(self, req: VerifyRequest, msg: Msg) -> VerifyReply:
+    async def _stateless_verify_inner(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         inst = self._new()
         try:
             await inst.seed(req.row)
             if self.cls.reverify == "replay":
                 await replay_calls(inst, req.response)
         except Exception as exc:
-            raise HandlerError("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
+            raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
         try:
             return await verify_with(inst, req.row, req.response)
         finally:

@@ -18,27 +18,27 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.observability import logs
-from gym_runtime.workers.agent_worker import AgentWorker
+from gym_runtime.config import Config
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
-from gym_runtime.transport.bus import Bus
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.config import Config, ConfigError
-from gym_runtime.workers.control import agent_fingerprint
 from gym_runtime.data.inputs import Plan, publish_tasks, validate
-from gym_runtime.transport.jetstream import ensure_streams
-from gym_runtime.observability.meters import watch_queues
-from gym_runtime.workers.model_worker import ModelWorker
-from gym_runtime.resource import check_requires, load_resource_class
-from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
     reverify_file,
     validate_rollouts,
 )
+from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.resource import check_requires, load_resource_class
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams, watch_queues
+from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
+from gym_runtime.workers.control import agent_fingerprint
+from gym_runtime.workers.model_worker import ModelWorker
+from gym_runtime.workers.resource_worker import ResourceWorker
 
 log = logs.get("gym.runner")
 
@@ -68,10 +68,10 @@ def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
     for spec in only:
         role, _, name = spec.partition(".")
         if role not in ROLES:
-            raise ValueError(f"--only {spec!r}: role must be one of {', '.join(ROLES)}")
+            raise UserError(f"--only {spec!r}: role must be one of {', '.join(ROLES)}")
         names = getattr(config, role)
         if name and name not in names:
-            raise ValueError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
+            raise UserError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
         out.extend((role, n) for n in ([name] if name else names))
     return out
 
@@ -250,9 +250,9 @@ async def publish_batch(
     """Validate every row (unless ``plan`` says it was done), record the manifest, publish rows × repeats."""
     agents = list(config.agents)
     if not agents:
-        raise ValueError("the config names no agents")
+        raise UserError("the config names no agents")
     if repeats < 1:
-        raise ValueError("--repeats must be at least 1")
+        raise UserError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
     manifest = Manifest(
         batch=batch or uuid.uuid4().hex[:12],
@@ -303,7 +303,7 @@ async def run_batch(
     ``plan``: the input already validated (``inputs.validate``) with these arguments."""
     t0 = time.perf_counter()
     if not config.agents:
-        raise ValueError("the config names no agents")
+        raise UserError("the config names no agents")
     # fail fast, before connecting
     plan = plan or validate(input_path, list(config.agents), agent=agent, limit=limit)
     expected = plan.count * repeats
@@ -381,7 +381,7 @@ async def collect_batch(
 ) -> CollectStats:
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
-        raise ValueError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
+        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
     stats = await Collector(
         bus,
@@ -400,11 +400,11 @@ def resource_for(config: Config, agent: str | None) -> str:
     """The resource whose verifier re-scores rows: the agent's, or the config's only one."""
     if agent is not None:
         if agent not in config.agents:
-            raise ValueError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
+            raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
         return config.agents[agent].resource
     used = sorted({a.resource for a in config.agents.values()}) or sorted(config.resources)
     if len(used) != 1:
-        raise ValueError(f"the config has several resources ({', '.join(used)}); pass --agent")
+        raise UserError(f"the config has several resources ({', '.join(used)}); pass --agent")
     return used[0]
 
 

@@ -41,17 +41,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "bench"))  # overhead.until_answered
 
-from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.cli._common import tune_gc  # noqa: E402
 from gym_runtime.messages import CreateParams, ModelRequest, parse_items  # noqa: E402
 from gym_runtime.model import ModelConfig  # noqa: E402
-from gym_runtime.workers.model_worker import ModelWorker, call_model  # noqa: E402
 from gym_runtime.models.vllm import Options as VLLMOptions  # noqa: E402
 from gym_runtime.models.vllm import VLLMModel  # noqa: E402
-from gym_runtime.workers.runner import run_async  # noqa: E402
-from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
+from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.transport.bus import Bus  # noqa: E402
+from gym_runtime.workers.model_worker import ModelWorker, call_model  # noqa: E402
+from gym_runtime.workers.runner import run_async  # noqa: E402
 
 TOOL = {
     "type": "function",

@@ -44,9 +44,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.workers.agent_worker import AgentWorker  # noqa: E402
-from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.config import load_config  # noqa: E402
+from gym_runtime.observability.tracing import Telemetry  # noqa: E402
+from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.transport.bus import Bus  # noqa: E402
+from gym_runtime.workers.agent_worker import AgentWorker  # noqa: E402
 from gym_runtime.workers.runner import (  # noqa: E402
     collect_batch,
     make_workers,
@@ -56,9 +58,7 @@ from gym_runtime.workers.runner import (  # noqa: E402
     selected,
     start_workers,
 )
-from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.workers.supervisor import role_argv  # noqa: E402
-from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 
 CONFIG = REPO / "resources/weather/config.yaml"
 DATA = REPO / "resources/weather/data/example.jsonl"
@@ -437,8 +437,8 @@ def main() -> None:
         "the flag alone: skip it)",
     )
     args = ap.parse_args()
-    from gym_runtime.observability import logs
     from gym_runtime.cli._common import tune_gc
+    from gym_runtime.observability import logs
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)
     tune_gc()  # and its garbage-collector setting

@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime import Client
-from gym_runtime.transport.bus import Bus
-from gym_runtime.data.collector import Collector
 from gym_runtime.config import load_config
+from gym_runtime.data.collector import Collector
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.workers.runner import publish_batch, run_async
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 
 CONFIG = REPO / "resources/weather/config.yaml"
 EXAMPLE = REPO / "resources/weather/data/example.jsonl"

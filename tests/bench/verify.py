@@ -30,11 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.data.reverify import load_tasks, reverify_file  # noqa: E402
-from gym_runtime.workers.runner import run_async  # noqa: E402
-from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
+from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.transport.bus import Bus  # noqa: E402
+from gym_runtime.workers.runner import run_async  # noqa: E402
 
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 # environment -> compat folder holding example_rollouts.jsonl joined with example.jsonl

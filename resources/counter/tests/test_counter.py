@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import ToolArgumentsError, find_resource_class
 from gym_runtime.resources.counter import Counter
 from gym_runtime.testing import (

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     CreateParams,
@@ -19,6 +18,7 @@ from gym_runtime.messages import (
     Reasoning,
     Response,
 )
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.equivalence_llm_judge import (
     DEFAULT_PROMPT_TEMPLATE,

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from gym_runtime import testing
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response, assistant_message, parse_items
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import find_resource_class
 from gym_runtime.resources.google_search import GoogleSearch, box_parser, graded_text, parse_options
 from gym_runtime.resources.google_search.backends import OfflineBackend, SearchOptions
 from gym_runtime.workers.runner import run_batch
-from gym_runtime.observability.tracing import Telemetry
 from tests.helpers import cli, prompt_key, read_jsonl, write_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     FunctionCall,
@@ -17,6 +16,7 @@ from gym_runtime.messages import (
     assistant_message,
     last_item_text,
 )
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import find_resource_class
 from gym_runtime.resources.instruction_following import (
     InstructionFollowing,

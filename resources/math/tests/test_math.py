@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     CreateParams,
@@ -25,6 +24,7 @@ from gym_runtime.messages import (
     assistant_message,
     output_text,
 )
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.math import (
     JUDGE_SYSTEM_MESSAGE,

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     Message,
@@ -16,6 +15,7 @@ from gym_runtime.messages import (
     assistant_message,
     output_text,
 )
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import find_resource_class
 from gym_runtime.resources.mcqa import MCQA, grade
 from gym_runtime.testing import (

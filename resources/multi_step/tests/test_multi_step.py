@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import FunctionCall, Response
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import ToolArgumentsError, Verdict, find_resource_class
 from gym_runtime.resources.multi_step import MultiStep
 from gym_runtime.testing import (

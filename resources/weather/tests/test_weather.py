@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response, parse_items
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import ToolArgumentsError, find_resource_class
 from gym_runtime.resources.weather import Weather
 from gym_runtime.testing import (

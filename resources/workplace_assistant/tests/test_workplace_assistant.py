@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.plugins import import_plugin
 from gym_runtime.config import load_config
 from gym_runtime.messages import FunctionCall, FunctionCallOutput, Response
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import ToolArgumentsError, find_resource_class, replay_calls
 from gym_runtime.resources.workplace_assistant import WorkplaceAssistant
 from gym_runtime.resources.workplace_assistant.workbench import (

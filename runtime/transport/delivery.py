@@ -1,0 +1,71 @@
+"""One delivered message as the layers above the transport see it, never a nats-py object.
+
+Workers answer a work-queue message by acking it (done), nak-ing it (try again, maybe
+later), terminating it (never again) or telling the server it is still in progress; they
+read its subject, headers and body, which attempt this is and when the queue stored it.
+Core request-reply messages arrive as the same type (``attempt`` 1, no enqueue time; their
+replies go through the bus, not through acks).
+"""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+__all__ = ["Delivery"]
+
+
+class Delivery:
+    """A message taken from a subscription, a work queue or a stream (one slot, no copy of the body)."""
+
+    __slots__ = ("_msg",)
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+
+    @property
+    def subject(self) -> str:
+        return self._msg.subject
+
+    @property
+    def data(self) -> bytes:
+        return self._msg.data
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return self._msg.headers
+
+    @property
+    def reply(self) -> str:
+        """The subject a core request's answer goes to ('' when none)."""
+        return self._msg.reply
+
+    @property
+    def attempt(self) -> int:
+        """Which delivery of a work-queue message this is (1 the first time, and for core messages)."""
+        if not self._msg.reply.startswith("$JS.ACK."):
+            return 1
+        return self._msg.metadata.num_delivered or 1
+
+    @property
+    def enqueued_at(self) -> float | None:
+        """When the stream stored the message (seconds since the epoch); None for core messages."""
+        if not self._msg.reply.startswith("$JS.ACK."):
+            return None
+        stored = self._msg.metadata.timestamp
+        return stored.timestamp() if stored is not None else None
+
+    async def ack(self) -> None:
+        """Done: the queue deletes it."""
+        await self._msg.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Not done: deliver it again (after ``delay`` seconds)."""
+        await self._msg.nak(delay=delay)
+
+    async def term(self) -> None:
+        """Never deliver it again (it cannot be decoded or run)."""
+        await self._msg.term()
+
+    async def in_progress(self) -> None:
+        """Still working on it: restart the server's ack timer."""
+        await self._msg.in_progress()

@@ -1,0 +1,37 @@
+"""Model calls as agents and resources make them: direct to a replica with a free slot, else queued.
+
+A model worker serves two subjects with one set of slots (``gym_runtime.workers.model_worker``): the
+direct subject (core NATS, answered only while a slot is free) and the model's work queue. Callers
+live above the transport (agents, resources) and reach both through :func:`call_model`.
+"""
+
+from __future__ import annotations
+
+from gym_runtime.messages import ModelRequest, ModelResponse
+from gym_runtime.transport import bus as timings  # LIVENESS_S and KEEPALIVE_S, read at call time
+from gym_runtime.transport.bus import Bus
+
+
+def direct_subject(bus: Bus, model: str) -> str:
+    """Where direct (core NATS) calls to ``model`` go: outside ``{ns}.model.>``, which the work queue stores."""
+    return bus.subject("call", "model", model)
+
+
+def direct_patience(ack_wait_s: float) -> float:
+    """How long a direct call waits on a silent replica before going to the queue: the model's
+    ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most ``bus.LIVENESS_S``."""
+    return min(timings.LIVENESS_S, max(ack_wait_s, 2 * timings.KEEPALIVE_S))
+
+
+async def call_model(
+    bus: Bus, model: str, request: ModelRequest, *, timeout: float, liveness_s: float | None = None
+) -> ModelResponse:
+    """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
+    return await bus.direct_or_queued(  # type: ignore[no-any-return]
+        direct_subject(bus, model),
+        bus.subject("model", model),
+        request,
+        timeout=timeout,
+        op=f"generate {model}",
+        liveness_s=liveness_s,
+    )
