@@ -19,7 +19,6 @@ The ``models.NAME`` entry stays flat: the worker keys (``WORKER_KEYS``) belong t
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
@@ -27,7 +26,7 @@ import msgspec
 
 from gym_runtime.errors import UserError
 from gym_runtime.messages import CreateParams, Response
-from gym_runtime.plugins import import_plugin
+from gym_runtime.plugins import load_plugin
 
 __all__ = [
     "WORKER_KEYS",
@@ -39,7 +38,6 @@ __all__ = [
     "model_config",
 ]
 
-BUNDLED_ADAPTERS = ("scripted", "replay", "openai", "vllm", "vllm_engine")
 
 
 
@@ -115,22 +113,11 @@ WORKER_KEYS: tuple[str, ...] = tuple(f for f in ModelConfig.__struct_fields__ if
 
 
 def adapter_module(name: str) -> ModuleType:
-    """The module an ``adapter:`` value names: bundled by bare name, else the module path.
+    """The module an ``adapter:`` value names (``gym_runtime.plugins.load_plugin``'s rule).
 
-    Raises ``ValueError`` with a one-line reason when it cannot be used.
+    Raises ``UserError`` with a one-line reason when it cannot be used.
     """
-    path = f"models.{name}" if "." not in name else name
-    try:
-        module = import_plugin(path)
-    except ModuleNotFoundError as e:
-        if "." in name or e.name not in (path, f"gym_runtime.{path}", name):
-            raise UserError(f"cannot import adapter {name!r}: {e}") from None
-        try:  # a user's own single-name top-level module
-            module = importlib.import_module(name)
-        except ModuleNotFoundError:
-            raise UserError(
-                f"unknown adapter {name!r} (bundled: {', '.join(BUNDLED_ADAPTERS)}; or a module path)"
-            ) from None
+    module = load_plugin("adapter", name)
     options = getattr(module, "Options", None)
     if not (isinstance(options, type) and issubclass(options, AdapterOptions)) or not callable(
         getattr(module, "create", None)

@@ -1,9 +1,9 @@
-"""Resolve the names that configs and commands use: modules and bundled environments.
+"""The one plugin loader: the names that configs and commands use for environments, agents and adapters.
 
-Configs keep short names for what ships with gym-runtime (``resources.weather``,
-``agents.simple``, ``models.openai``, or an adapter's bare name such as ``openai``);
-these resolve to ``gym_runtime.<name>``. Any other importable module path (a
-user's own package) is imported as written. A command's CONFIG may also be a
+The three kinds resolve names the same way (:func:`load_plugin`): what ships with gym-runtime by
+its bare name (``weather``, ``simple``, ``openai``) or its folder path (``resources.weather``,
+``agents.simple``, ``models.openai``), both resolving to ``gym_runtime.<folder>.<name>``; any other
+importable module path (a user's own package) as written. A command's CONFIG may also be a
 bundled environment's name (``weather``): its ``config.yaml`` in the installed package.
 
 A module named by a config that is *not* importable as written is looked up
@@ -21,6 +21,7 @@ directories are appended to ``sys.path``, never put in front of it.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.resources
 import importlib.util
@@ -34,21 +35,62 @@ from gym_runtime.errors import UserError
 
 BUNDLED_PREFIXES = ("resources.", "agents.", "models.")
 
+# Each kind of plugin and the folder its bundled modules ship in.
+FOLDERS = {"resource": "resources", "agent": "agents", "adapter": "models"}
 
-def _candidates(path: str) -> list[str]:
+
+def _candidates(path: str, kind: str | None = None) -> list[str]:
     if path.startswith(BUNDLED_PREFIXES):
         return [f"gym_runtime.{path}", path]
+    if kind is not None and "." not in path:  # a bundled one by its bare name, else a top-level module
+        return [f"gym_runtime.{FOLDERS[kind]}.{path}", path]
     return [path]
 
 
-def import_plugin(path: str) -> ModuleType:
+def bundled(kind: str) -> list[str]:
+    """The bare names of the bundled plugins of one kind (``weather``, ``simple``, ``openai``, ...)."""
+    root = importlib.resources.files(f"gym_runtime.{FOLDERS[kind]}")
+    found = []
+    for p in root.iterdir():
+        module = p if p.name.endswith(".py") else p / "__init__.py"
+        if p.name.startswith("_") or not module.is_file():
+            continue
+        if kind == "adapter" and not re.search(r"^(def create\(|create = )", module.read_text(), re.M):
+            continue  # a helper module the adapters share, not an adapter
+        found.append(p.name.removesuffix(".py"))
+    return sorted(found)
+
+
+def load_plugin(kind: str, name: str, where: str = "", *, hint: str = "") -> ModuleType:
+    """The module ``name`` names as a ``kind`` ("resource", "agent" or "adapter"), by one rule for all three.
+
+    A module that does not exist is a ``UserError`` that starts with ``where`` (the config key) and
+    names the nearest bundled plugin; an import error raised *inside* an existing module (a missing
+    optional package) says so, with the module's own words and ``hint`` (what to install).
+    """
+    at = f"{where}: " if where else ""
+    try:
+        return import_plugin(name, kind)
+    except ModuleNotFoundError as e:
+        if e.name == name:  # no such module, under any of the names tried
+            names = bundled(kind)
+            bare = name.removeprefix(f"{FOLDERS[kind]}.")
+            near = difflib.get_close_matches(bare, names, n=1, cutoff=0.75)
+            near_hint = f"; did you mean {near[0]!r}?" if near else f" (bundled: {', '.join(names)}; or a module path)"
+            raise UserError(f"{at}no such {kind} module {name!r}{near_hint}") from None
+        raise UserError(f"{at}cannot import {name!r}: {e}{hint}") from None
+    except ImportError as e:
+        raise UserError(f"{at}cannot import {name!r}: {e}{hint}") from None
+
+
+def import_plugin(path: str, kind: str | None = None) -> ModuleType:
     """Import the module a config names: the bundled one for a short name, else ``path`` itself.
 
     Raises ``ImportError`` naming ``path`` when neither exists; an import error
     raised *inside* an existing module (a missing optional dependency) is kept as is.
     """
     last: ImportError | None = None
-    for name in _candidates(path):
+    for name in _candidates(path, kind):
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as e:

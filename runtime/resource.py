@@ -42,7 +42,7 @@ import msgspec
 
 from gym_runtime.errors import UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
-from gym_runtime.plugins import import_plugin
+from gym_runtime.plugins import load_plugin
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -299,11 +299,7 @@ def encode_tool_output(result: Any) -> str:
 def load_resource_class(module_path: str, where: str) -> type[Resource]:
     """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
     error: one line) that starts with ``where``, the config key that names it."""
-    try:
-        module = import_plugin(module_path)
-    except ImportError as e:
-        raise UserError(f"{where}: cannot import {module_path!r}: {e}{_bundled_hint(module_path)}") from None
-    return find_resource_class(module)
+    return find_resource_class(load_plugin("resource", module_path, where, hint=_bundled_hint(module_path)))
 
 
 def check_requires(cls: type[Resource], where: str) -> None:
@@ -316,7 +312,7 @@ def check_requires(cls: type[Resource], where: str) -> None:
 
 
 def _bundled_hint(module_path: str) -> str:
-    bundled = module_path.startswith(("resources.", "gym_runtime.resources."))
+    bundled = module_path.startswith(("resources.", "gym_runtime.resources.")) or "." not in module_path
     return " (the bundled environments' verifier packages: pip install 'gym-runtime[envs]')" if bundled else ""
 
 

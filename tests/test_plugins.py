@@ -19,6 +19,8 @@ import pytest
 
 from gym_runtime.config import load_config
 from gym_runtime.errors import ConfigError
+from tests import helpers
+from tests.helpers import REPO, read_jsonl
 
 ENV = '''
 from typing import Any
@@ -157,8 +159,34 @@ def test_user_adapter_options_are_validated_at_load_and_secrets_redacted(project
     # --set paths are checked against the adapter's own options (nearest valid key named)
     with pytest.raises(ConfigError, match=r"models\.policy\.prefx: no key .*did you mean models\.policy\.prefix\?"):
         load_config(project / "config.yaml", ["models.policy.prefx=x"])
-    with pytest.raises(ConfigError, match=r"models\.policy\.adapter: cannot import adapter 'mygym\.nope'"):
+    with pytest.raises(ConfigError, match=r"models\.policy\.adapter: no such adapter module 'mygym\.nope'"):
         load_config(project / "config.yaml", ["models.policy.adapter=mygym.nope"])
     res = cli(project, "run", "config.yaml", "-i", "tasks.jsonl", "-o", "o.jsonl", "--set", "models.policy.prefx=1")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "did you mean models.policy.prefix?" in res.stderr
+
+
+def test_environments_agents_and_adapters_resolve_names_by_one_rule(tmp_path: Path) -> None:
+    """Bare bundled names work for all three kinds (``server: weather``, ``agent: simple``,
+    ``adapter: scripted``) and give the same rows as the folder paths; a mistyped one names the
+    nearest bundled plugin in one line, exit 2."""
+    rows = REPO / "resources" / "weather" / "data" / "example.jsonl"
+    base = (REPO / "resources" / "weather" / "config.yaml").read_text()
+    bare = base.replace("server: resources.weather", "server: weather").replace("agent: agents.simple", "agent: simple")
+    assert bare != base
+    (tmp_path / "bare.yaml").write_text(bare)
+    for name in ("bare", "folder"):
+        config = tmp_path / "bare.yaml" if name == "bare" else REPO / "resources" / "weather" / "config.yaml"
+        res = helpers.cli("run", str(config), "-i", str(rows), "-o", str(tmp_path / f"{name}.jsonl"), "--quiet")
+        assert res.returncode == 0, res.stderr
+    strip = ("response",)
+    got = [{k: v for k, v in r.items() if k not in strip} for r in read_jsonl(tmp_path / "bare.jsonl")]
+    want = [{k: v for k, v in r.items() if k not in strip} for r in read_jsonl(tmp_path / "folder.jsonl")]
+    assert got == want and len(got) > 0
+
+    (tmp_path / "typo.yaml").write_text(bare.replace("server: weather", "server: wether"))
+    res = helpers.cli("validate", str(tmp_path / "typo.yaml"), "-i", str(rows))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "gym-runtime: error: resources.weather.server: no such resource module 'wether'; did you mean 'weather'?"
+    ]

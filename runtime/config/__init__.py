@@ -24,9 +24,9 @@ import msgspec.inspect
 import yaml
 
 from gym_runtime.config import nemo as nemo_config
-from gym_runtime.errors import ConfigError
+from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.model import ModelConfig, adapter_module, model_config
-from gym_runtime.plugins import import_plugin, use_config_dir
+from gym_runtime.plugins import load_plugin, use_config_dir
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -375,9 +375,9 @@ def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) ->
     ``ValueError``); any model the options name (``*_model`` keys) must exist.
     """
     try:
-        module = import_plugin(a.agent)
-    except ImportError as e:
-        raise ConfigError(f"{source}: agents.{name}.agent: cannot import {a.agent!r}: {e}") from None
+        module = load_plugin("agent", a.agent, f"agents.{name}.agent")
+    except UserError as e:
+        raise ConfigError(f"{source}: {e}") from None
     check = getattr(module, "check_options", None)
     if check is not None:
         try:

@@ -22,7 +22,7 @@ from gym_runtime.config import AgentConfig, Config
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from gym_runtime.observability import logs
-from gym_runtime.plugins import import_plugin
+from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.model_calls import direct_patience
@@ -36,10 +36,7 @@ NAK_BACKOFF_S = (0.2, 1.0, 5.0)
 
 
 def load_agent(module_path: str) -> AgentFn:
-    try:
-        module = import_plugin(module_path)
-    except ImportError as e:
-        raise UserError(f"agents.*.agent: cannot import {module_path!r}: {e}") from None
+    module = load_plugin("agent", module_path, "agents.*.agent")
     fn = getattr(module, "run", None)
     if fn is None:
         raise UserError(f"agent module {module_path} must define `async def run(ctx)`")
