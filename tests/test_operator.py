@@ -541,9 +541,12 @@ def test_logs_at_info_and_debug(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- config
 
 
+MODELS_PAGE = REPO / "docs" / "models.md"  # where the README's "Point the same config at a real model" moved
+
+
 def readme_real_model_command() -> list[str]:
-    """The README's first command under "Point the same config at a real model", as argv."""
-    text = (REPO / "README.md").read_text()
+    """The first command under "Point the same config at a real model" in docs/models.md, as argv."""
+    text = MODELS_PAGE.read_text()
     section = text.split("## Point the same config at a real model", 1)[1]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     command = " ".join(
@@ -554,7 +557,7 @@ def readme_real_model_command() -> list[str]:
 
 def test_readme_real_model_example_sends_the_variable_as_the_bearer_token(tmp_path: Path) -> None:
     argv = readme_real_model_command()
-    assert argv[0] == "gym-runtime" and "'models.policy.api_key=${POLICY_API_KEY}'" in (REPO / "README.md").read_text()
+    assert argv[0] == "gym-runtime" and "'models.policy.api_key=${POLICY_API_KEY}'" in MODELS_PAGE.read_text()
     argv = [a if a != "out.jsonl" else str(tmp_path / "out.jsonl") for a in argv[1:]]
     secret = "sk-test-from-the-environment"
     with StubOpenAI(handler=lambda req: StubReply()) as stub:  # /v1/responses: a plain text answer

@@ -1,4 +1,4 @@
-"""The README's TRL recipe: a ``rollout_func`` over the client API, the ``vllm`` adapter and the vLLM
+"""The TRL recipe in docs/trainer.md: a ``rollout_func`` over the client API, the ``vllm`` adapter and the vLLM
 emulator (tests/stub_openai.py, the LLM test double). TRL's NeMo Gym integration rebuilds one
 sequence per rollout from the output items that carry token ids and asserts each turn's prompt
 starts with everything before it; that must hold across multi-turn tool rollouts."""

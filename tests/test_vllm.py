@@ -44,7 +44,7 @@ def need(module: str) -> Any:
 
     if os.environ.get("GYM_REQUIRE_VLLM") == "1":
         return importlib.import_module(module)  # CI's vLLM venv: a missing or broken vLLM is a failure
-    return pytest.importorskip(module, reason=f"{module} is not installed (the vLLM tier: see README, vLLM on CPU)")
+    return pytest.importorskip(module, reason=f"{module} is not installed (the vLLM tier: docs/models.md, vLLM on CPU)")
 
 
 SYSTEM = "You are a helpful personal assistant that aims to be helpful and reduce any pain points the user has."

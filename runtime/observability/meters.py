@@ -20,7 +20,7 @@ Instruments (Prometheus names in brackets):
   each work-queue consumer (messages not yet delivered / delivered but not acked)
 
 Every process has its own endpoint: ``start`` with a worker pool gives replica
-*i* the port ``P + i`` (see ``deploy/README.md``).
+*i* the port ``P + i`` (see ``docs/operations.md``, "Metrics and dashboard").
 """
 
 from __future__ import annotations

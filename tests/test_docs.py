@@ -1,0 +1,96 @@
+"""The docs site and the README: the site builds with ``mkdocs build --strict`` (no broken link or anchor,
+every page in ``nav``), and the README stays a short front page whose links all land on pages of the site."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def nav_pages() -> list[str]:
+    """The pages mkdocs.yml lists in ``nav`` (one level: a title and its page)."""
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    return [page for entry in nav for page in entry.values()]
+
+
+def build(site: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about its successor, not a build warning
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml")]
+        + ["--site-dir", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+
+
+def html_of(site: Path, page: str) -> Path:
+    """Where the site puts a page: index.md -> index.html, x.md -> x/index.html."""
+    return site / ("index.html" if page == "index.md" else page.removesuffix(".md") + "/index.html")
+
+
+def fenced(text: str, heading: str) -> str:
+    """The first ```bash block under ``heading``."""
+    section = text.split(heading, 1)[1]
+    return section.split("```bash", 1)[1].split("```", 1)[0]
+
+
+def test_site_builds_strict_with_every_page_in_nav(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    res = build(site)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "WARNING" not in res.stderr, res.stderr
+    pages = nav_pages()
+    assert sorted(pages) == sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    for page in pages:
+        assert html_of(site, page).is_file(), page
+
+
+def test_readme_is_short_and_links_only_to_pages_of_the_site(tmp_path: Path) -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    targets = LINK.findall(text)
+    assert targets, "the README links into docs/"
+    pages = set(nav_pages())
+    site = tmp_path / "site"
+    for target in targets:
+        path, _, anchor = target.partition("#")
+        assert path.startswith("docs/") and path.endswith(".md"), target
+        page = path.removeprefix("docs/")
+        assert (DOCS / page).is_file() and page in pages, target
+        if anchor:  # a heading of that page, as the site spells its ids
+            if not site.exists():
+                assert build(site).returncode == 0
+            assert f'id="{anchor}"' in html_of(site, page).read_text(), target
+    assert {t.partition("#")[0].removeprefix("docs/") for t in targets} == pages  # every page is reachable
+
+
+def test_readme_keeps_the_set_up_and_test_commands() -> None:
+    """The two commands a newcomer copies, which test_run and .ci/run follow, stay in the README as written."""
+    text = README.read_text()
+    setup = fenced(text, "## Set up and run")
+    assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e ." in setup
+    assert "gym-runtime run resources/weather/config.yaml -i resources/weather/data/example.jsonl -o out.jsonl" in setup
+    tests = fenced(text, "## Run the tests")
+    assert "pip install -e '.[dev]'" in tests and "python -m pytest -q" in tests
+
+
+def test_deploy_readme_points_at_pages_that_exist() -> None:
+    deploy = REPO / "deploy" / "README.md"
+    targets = LINK.findall(deploy.read_text())
+    assert targets
+    for target in targets:
+        assert (deploy.parent / target.partition("#")[0]).resolve().is_file(), target
