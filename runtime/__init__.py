@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gym_runtime.agent import AgentContext, Outcome, Session
-    from gym_runtime.client import BatchHandle, Client, SyncBatch, SyncClient
+    from gym_runtime.client import BatchHandle, Client
     from gym_runtime.config import Config, load_config
     from gym_runtime.errors import (
         ClientError,
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     )
     from gym_runtime.model import AdapterOptions, ModelAdapter
     from gym_runtime.resource import ModelClient, Resource, Verdict, run_blocking, run_in_process, tool
+    from gym_runtime.sync_client import SyncBatch, SyncClient
 
 try:
     __version__ = version("gym-runtime")
@@ -100,9 +101,9 @@ _HOME: dict[str, str] = {
     "last_item_text": "messages",
     # trainers
     "Client": "client",
-    "SyncClient": "client",
+    "SyncClient": "sync_client",
     "BatchHandle": "client",
-    "SyncBatch": "client",
+    "SyncBatch": "sync_client",
     # configuration
     "Config": "config",
     "load_config": "config",

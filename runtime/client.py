@@ -18,31 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import math
 import re
-import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
-from functools import partial
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from gym_runtime.config import Config, load_config
 from gym_runtime.data.batches import Manifest, put_manifest
 from gym_runtime.data.collector import failure_row
 from gym_runtime.data.inputs import check_row, publish_rows
-from gym_runtime.errors import ClientError, RolloutFailed
+from gym_runtime.errors import AuthError, ClientError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import ClientAuth
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
@@ -50,12 +45,9 @@ from gym_runtime.transport.jetstream import ensure_streams, stream_names
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from gym_runtime.workers.supervisor import StartProcess
 
-__all__ = ["BatchHandle", "Client", "ClientError", "RolloutFailed", "SyncBatch", "SyncClient"]
-
-
-
-
+__all__ = ["BatchHandle", "Client"]
 
 
 def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
@@ -195,7 +187,7 @@ class Client:
         self.config_path = None if isinstance(config, Config) else str(Path(config).resolve())
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')
-        self._children: list[subprocess.Popen[bytes]] = []
+        self._children: StartProcess | None = None  # workers="processes"
         self.url = nats if nats is not None else self.config.nats
         self.auth_dir = auth_dir
         self.workers_spec = workers
@@ -237,7 +229,10 @@ class Client:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             if self.workers_spec == "processes":
-                await self._start_children(url)
+                assert self.config_path is not None
+                self._children = await StartProcess.open(
+                    self.config_path, url, auth_dir=self.auth_dir, replicas=self.replicas
+                )
             elif self.workers_spec:
                 only = None if self.workers_spec is True else list(self.workers_spec)  # type: ignore[arg-type]
                 self.workers = make_workers(self._bus, self.config, selected(self.config, only), replicas=self.replicas)
@@ -265,7 +260,9 @@ class Client:
             with contextlib.suppress(Exception):
                 await tg.__aexit__(None, None, None)
         with anyio.CancelScope(shield=True):
-            await self._stop_children()
+            if self._children is not None:
+                await self._children.close()
+                self._children = None
             if self._bus is not None:
                 await self._bus.close()
                 self._bus = None
@@ -274,68 +271,19 @@ class Client:
                 self._server = None
 
     def _auth_kwargs(self) -> dict[str, Any]:
-        """Credentials for ``Bus.connect`` from ``auth_dir`` (the trust issue's ``security.ClientAuth``).
+        """Credentials for ``Bus.connect`` from ``auth_dir``.
 
         In-process workers share the client's connection, so it then needs the ``admin`` role; a
-        client alone is a ``publisher``. Written against the signature, so it works on either side of
-        that merge; without credentials support an ``auth_dir`` is a clear error, never ignored.
+        client alone is a ``publisher``.
         """
         if self.auth_dir is None:
             return {}
-        params = inspect.signature(Bus.connect).parameters
-        if "auth" in params:
-            import importlib
-
-            security = importlib.import_module("gym_runtime.ops.security")
-            try:
-                auth = security.ClientAuth.resolve(str(self.auth_dir))
-            except Exception as e:  # AuthError: the directory is not a trust directory
-                raise ClientError(str(e)) from None
-            in_process = bool(self.workers_spec) and self.workers_spec != "processes"
-            return {"auth": auth, "role": "admin" if in_process else "publisher"}
-        raise ClientError("auth_dir needs a gym-runtime with NATS credentials support (--auth-dir)")
-
-    async def _start_children(self, url: str | list[str]) -> None:
-        """``gym-runtime start`` as a child (one process per worker replica): warm until we exit."""
-        argv = [
-            sys.executable,
-            "-m",
-            "gym_runtime.cli",
-            "start",
-            str(self.config_path),
-            "--nats",
-            url if isinstance(url, str) else ",".join(url),
-        ]
-        if self.auth_dir is not None:
-            argv += ["--auth-dir", str(self.auth_dir)]
-        if self.replicas:
-            argv += ["--replicas", str(self.replicas)]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self._children.append(proc)
-        assert proc.stdout is not None
-        with anyio.move_on_after(120):
-            line = await anyio.to_thread.run_sync(proc.stdout.readline)
-            if line.startswith(b"workers ready"):
-                return
-        raise ClientError(
-            f"the worker processes did not start (exit code {proc.poll()}); run "
-            f"`gym-runtime start {self.config_path} --nats URL` to see why"
-        )
-
-    async def _stop_children(self) -> None:
-        for proc in self._children:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # drains: in-flight rollouts finish
-        for proc in self._children:
-            with anyio.move_on_after(30):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        self._children.clear()
+        try:
+            auth = ClientAuth.resolve(str(self.auth_dir))
+        except AuthError as e:  # the directory is not a trust directory
+            raise ClientError(str(e)) from None
+        in_process = bool(self.workers_spec) and self.workers_spec != "processes"
+        return {"auth": auth, "role": "admin" if in_process else "publisher"}
 
     async def check_cluster(self) -> None:
         """Raise ``ClientError`` if a live worker of this namespace serves another config's entry."""
@@ -549,80 +497,3 @@ class Client:
 
 
 # ------------------------------------------------------------------------------------ sync facade
-
-
-class SyncBatch:
-    """``BatchHandle`` for synchronous code: iterate rows, ``groups()``, ``gather()``, ``cancel()``."""
-
-    def __init__(self, portal: BlockingPortal, handle: BatchHandle) -> None:
-        self._portal = portal
-        self.handle = handle
-        self.batch = handle.batch
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while True:
-            try:
-                yield self._portal.call(self.handle.__anext__)
-            except StopAsyncIteration:
-                return
-
-    def groups(self) -> Iterator[list[dict[str, Any]]]:
-        agen = self.handle.groups()
-        while True:
-            try:
-                yield self._portal.call(agen.__anext__)
-            except StopAsyncIteration:
-                return
-
-    def gather(self) -> list[dict[str, Any]]:
-        return self._portal.call(self.handle.gather)
-
-    def cancel(self) -> None:
-        self._portal.call(self.handle.cancel)
-
-
-class SyncClient:
-    """``Client`` for synchronous trainers: same arguments; use ``with SyncClient(config) as client``."""
-
-    def __init__(self, config: Config | str | Path, **kwargs: Any) -> None:
-        self._portal_cm = start_blocking_portal(backend="asyncio")
-        self._portal = self._portal_cm.__enter__()
-        self.client = Client(config, **kwargs)
-        self._cm = self._portal.wrap_async_context_manager(self.client)
-        try:
-            self._cm.__enter__()
-        except BaseException:
-            self._portal_cm.__exit__(None, None, None)
-            raise
-
-    def submit(self, rows: Iterable[dict[str, Any]], **kwargs: Any) -> SyncBatch:
-        rows = list(rows)
-        return SyncBatch(self._portal, self._portal.call(partial(self.client.submit, rows, **kwargs)))
-
-    def run(self, row: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._portal.call(partial(self.client.run, row, **kwargs))
-
-    def set_policy_version(self, version: int, **kwargs: Any) -> None:
-        self._portal.call(partial(self.client.set_policy_version, version, **kwargs))
-
-    def pause(self, **kwargs: Any) -> int:
-        return self._portal.call(partial(self.client.pause, **kwargs))
-
-    def resume(self, **kwargs: Any) -> None:
-        self._portal.call(partial(self.client.resume, **kwargs))
-
-    @property
-    def policy_version(self) -> int | None:
-        return self.client.policy_version
-
-    def close(self) -> None:
-        try:
-            self._cm.__exit__(None, None, None)
-        finally:
-            self._portal_cm.__exit__(None, None, None)
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

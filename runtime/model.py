@@ -39,9 +39,6 @@ __all__ = [
 ]
 
 
-
-
-
 class ModelAdapter(Protocol):
     async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         """One model call. ``rollout_key`` ({batch}:{task}:{rollout}) identifies the rollout:

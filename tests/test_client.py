@@ -228,7 +228,8 @@ def test_sync_client_with_an_embedded_server() -> None:
 
 async def test_workers_as_child_processes_stay_warm_and_stop_with_the_client(nats_server) -> None:
     async with Client(WEATHER, nats=nats_server.url, workers="processes") as client:
-        child = client._children[0]
+        assert client._children is not None
+        child = client._children.proc
         first = {w["worker"] for w in await discover(client.bus)}
         for _ in range(3):
             got = await (await client.submit(ROWS)).gather()

@@ -28,8 +28,6 @@ from gym_runtime.transport.tasks import TaskSet
 _decoder = msgspec.json.Decoder()
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What a publish will do: rows validated, agent chosen per row."""

@@ -31,6 +31,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any | msgspec.DecodeError]]:
             except msgspec.DecodeError as e:
                 yield lineno, e
 
+
 DATASETS_FILE_TYPES = {".parquet": "parquet", ".json": "json"}
 
 

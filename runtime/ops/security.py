@@ -47,8 +47,6 @@ AUTH_DIR_ENV = "GYM_AUTH_DIR"
 CERT_DAYS = 5 * 365
 
 
-
-
 def inbox_prefix(role: str) -> str:
     return f"_INBOX.{role}"
 

@@ -63,6 +63,7 @@ def parse_size(text: str | int) -> int:
     except ValueError:
         raise UserError(f"not a size: {text!r} (use e.g. 8MB)") from None
 
+
 log = logs.get("gym.jetstream")
 
 T = TypeVar("T")

@@ -19,7 +19,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import anyio
+
+from gym_runtime.errors import ClientError
 from gym_runtime.observability import logs
 
 log = logs.get("gym.supervisor")
@@ -217,3 +221,50 @@ class RoleProcesses:
             self._watch.join()
         # after the batch nothing is in flight; interrupted, nothing is worth waiting for
         stop_all(self.children, self.drain_timeout if exc_type is None else 2.0)
+
+
+class StartProcess:
+    """``gym-runtime start CONFIG`` as one child process (one process per worker replica inside it),
+    kept warm until ``close``: what ``Client(workers="processes")`` runs."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], config_path: str) -> None:
+        self.proc = proc
+        self.config_path = config_path
+
+    @classmethod
+    async def open(
+        cls, config_path: str, url: str | list[str], *, auth_dir: str | Path | None, replicas: int | None
+    ) -> StartProcess:
+        """Start it and return once it printed "workers ready" (a ``ClientError`` after 120 s)."""
+        argv = [sys.executable, "-m", "gym_runtime.cli", "start", config_path, "--nats"]
+        argv.append(url if isinstance(url, str) else ",".join(url))
+        if auth_dir is not None:
+            argv += ["--auth-dir", str(auth_dir)]
+        if replicas:
+            argv += ["--replicas", str(replicas)]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        started = cls(proc, config_path)
+        assert proc.stdout is not None
+        with anyio.move_on_after(120):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+            if line.startswith(b"workers ready"):
+                return started
+        await started.close()
+        raise ClientError(
+            f"the worker processes did not start (exit code {proc.poll()}); run "
+            f"`gym-runtime start {config_path} --nats URL` to see why"
+        )
+
+    async def close(self) -> None:
+        """SIGTERM (it drains: rollouts in flight finish), SIGKILL after 30 s."""
+        proc = self.proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(30):
+            while proc.poll() is None:
+                await anyio.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
