@@ -42,7 +42,7 @@ from gym_runtime.workers.resource_worker import ResourceWorker
 
 log = logs.get("gym.runner")
 
-ROLES = ("models", "resources", "agents")
+SECTIONS = ("models", "resources", "agents")  # the config sections that hold workers (not the bus roles of ops.security)
 BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent"}  # config section -> NATS role
 
 T = TypeVar("T")
@@ -61,14 +61,14 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
 
 def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
     """(role, name) pairs to start; ``only`` holds ``role.name`` or ``role`` entries."""
-    pairs = [(role, name) for role in ROLES for name in getattr(config, role)]
+    pairs = [(role, name) for role in SECTIONS for name in getattr(config, role)]
     if not only:
         return pairs
     out = []
     for spec in only:
         role, _, name = spec.partition(".")
-        if role not in ROLES:
-            raise UserError(f"--only {spec!r}: role must be one of {', '.join(ROLES)}")
+        if role not in SECTIONS:
+            raise UserError(f"--only {spec!r}: role must be one of {', '.join(SECTIONS)}")
         names = getattr(config, role)
         if name and name not in names:
             raise UserError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
