@@ -16,8 +16,7 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ToolCall, ToolReply
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport import bus as bus_module
-from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders
+from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders, Timings
 
 
 @pytest.fixture
@@ -51,9 +50,9 @@ async def failed_call(caller: Bus, subject: str, *, timeout: float, liveness_s: 
     return e.value.info, time.monotonic() - t0
 
 
-async def test_a_slow_handler_that_sends_keepalives_is_waited_for(buses: tuple[Bus, Bus], monkeypatch) -> None:
+async def test_a_slow_handler_that_sends_keepalives_is_waited_for(buses: tuple[Bus, Bus]) -> None:
     caller, worker = buses
-    monkeypatch.setattr(bus_module, "KEEPALIVE_S", 0.2)
+    worker.timings = Timings(keepalive_s=0.2)
 
     async def slow(call: ToolCall, _msg: object) -> ToolReply:
         await anyio.sleep(1.5)  # three times the caller's liveness
@@ -106,10 +105,10 @@ async def test_a_call_kept_alive_forever_times_out_at_its_deadline(buses: tuple[
         task.cancel()
 
 
-async def test_a_handler_cancelled_mid_call_stops_its_keepalives(buses: tuple[Bus, Bus], monkeypatch) -> None:
+async def test_a_handler_cancelled_mid_call_stops_its_keepalives(buses: tuple[Bus, Bus]) -> None:
     """A worker that stops its handlers (but keeps its connection) must not keep its callers waiting."""
     caller, worker = buses
-    monkeypatch.setattr(bus_module, "KEEPALIVE_S", 0.1)
+    worker.timings = Timings(keepalive_s=0.1)
     started = anyio.Event()
 
     async def stuck(_call: ToolCall, _msg: object) -> ToolReply:

@@ -86,7 +86,10 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             "models.policy.api: Invalid enum value 'completions'",
         ),
         (("adapter: openai", "adapter: scripted"), "models.policy.base_url: unknown key"),
-        (("adapter: openai", "adapter: nope"), "models.policy.adapter: no such adapter module 'nope' (bundled: openai, replay, scripted, vllm, vllm_engine"),
+        (
+            ("adapter: openai", "adapter: nope"),
+            "models.policy.adapter: no such adapter module 'nope' (bundled: openai, replay, scripted, vllm, vllm_engine",
+        ),
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
     ],
 )

@@ -22,8 +22,7 @@ from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, pars
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport import bus as bus_module
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.bus import Bus, Timings
 from gym_runtime.transport.jetstream import ensure_streams, message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.workers.model_worker import ModelWorker
@@ -151,11 +150,11 @@ async def test_a_paused_model_sends_direct_calls_to_the_queue_until_resumed(
 
 
 async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queue(
-    nats_server: EmbeddedServer, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    nats_server: EmbeddedServer, bus: Bus, tmp_path: Path
 ) -> None:
     """The replica that took the call dies (SIGKILL) mid-generation: the caller notices the silence
     and the call goes to the queue, where the next replica answers it. No error reaches the caller."""
-    monkeypatch.setattr(bus_module, "LIVENESS_S", 2.0)  # the caller's patience, shortened for the test
+    bus.timings = Timings(liveness_s=2.0)  # the caller's patience, shortened for the test
     config = tmp_path / "config.yaml"
     config.write_text(
         "namespace: gym\nmodels:\n  policy: {adapter: scripted, delay_s: 30}\nresources: {}\nagents: {}\n"

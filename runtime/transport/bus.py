@@ -40,13 +40,18 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 BLOB_HEADER = "Gym-Blob"  # the body is in the object store under this key
 PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
-KEEPALIVE_S = 2.0  # a handler still running after this sends progress, and again every KEEPALIVE_S
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
-LIVENESS_S = 10.0  # a core request with no reply nor progress for this long: the worker is gone
 
 log = logs.get("gym.bus")
 
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True):
+    """How soon the two ends of a core request notice each other (a value a bus is given, never patched)."""
+
+    keepalive_s: float = 2.0  # a handler still running after this sends progress, and again every keepalive_s
+    liveness_s: float = 10.0  # a core request with no reply nor progress for this long: the worker is gone
 
 
 # The one typed error (gym_runtime.errors) under the names the bus has used: a
@@ -139,20 +144,21 @@ class _Pending:
 
 
 class _Keepalive:
-    """Tells a core-request caller every KEEPALIVE_S that its request is still being worked on."""
+    """Tells a core-request caller every ``every_s`` that its request is still being worked on."""
 
-    __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending")
+    __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
 
-    def __init__(self, nc: NATS, reply_to: str) -> None:
+    def __init__(self, nc: NATS, reply_to: str, every_s: float) -> None:
         self._nc = nc
         self._reply_to = reply_to
+        self._every_s = every_s
         self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_later(KEEPALIVE_S, self._beat)
+        self._timer = self._loop.call_later(every_s, self._beat)
         self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
 
     def _beat(self) -> None:
         self._sending = self._loop.create_task(self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
-        self._timer = self._loop.call_later(KEEPALIVE_S, self._beat)
+        self._timer = self._loop.call_later(self._every_s, self._beat)
 
     def cancel(self) -> None:
         self._timer.cancel()
@@ -412,8 +418,9 @@ class Bus:
     (``Gym-Blob`` header), transparently for senders and receivers.
     """
 
-    def __init__(self, nc: NATS, *, namespace: str, telemetry: Telemetry) -> None:
+    def __init__(self, nc: NATS, *, namespace: str, telemetry: Telemetry, timings: Timings | None = None) -> None:
         self.nc = nc
+        self.timings = timings or Timings()
         self.ns = namespace
         self.telemetry = telemetry
         self.codec = Codec()
@@ -439,6 +446,7 @@ class Bus:
         auth: Any = None,
         role: str | None = None,
         jetstream: Any = None,
+        timings: Timings | None = None,
     ) -> Bus:
         """Connect; with ``auth`` (a ``security.ClientAuth``) as ``role``, over TLS with that role's nkey.
         ``jetstream``: the config's JetStreamConfig, applied to the streams/buckets this client creates."""
@@ -452,7 +460,7 @@ class Bus:
 
         options = auth.connect_options(role) if auth is not None and role is not None else None
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
-        bus = cls(nc, namespace=namespace, telemetry=telemetry)
+        bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
@@ -615,7 +623,7 @@ class Bus:
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         # a queued request is redelivered by JetStream instead of watched for liveness
-        call.watch(loop, subject, op, timeout, None if queued else (liveness or LIVENESS_S))
+        call.watch(loop, subject, op, timeout, None if queued else (liveness or self.timings.liveness_s))
         try:
             data = await self.encode(payload, headers)
             if queued:
@@ -637,7 +645,7 @@ class Bus:
     ) -> Any:
         """Core request-reply with a CLIENT span; typed errors come back as ``Failure``.
 
-        ``liveness_s`` (default ``LIVENESS_S``): how long the responder may stay silent (no reply,
+        ``liveness_s`` (default ``timings.liveness_s``): how long the responder may stay silent (no reply,
         no keepalive) before the call fails as retryable ``worker_lost``."""
         if not self.telemetry.recording:  # no span to open or mark: the caller's context is current already
             return await self._call(
@@ -848,7 +856,9 @@ class Bus:
         else:  # nothing records: only the caller's context, for the messages this handler sends
             scope = tel.span("", parent=parent)
         with scope as span:
-            keepalive = _Keepalive(self.nc, reply_to) if reply_to and msg.reply == reply_to else None
+            keepalive = (
+                _Keepalive(self.nc, reply_to, self.timings.keepalive_s) if reply_to and msg.reply == reply_to else None
+            )
             try:
                 body = await self.decode(msg)
                 result = await handler(body, msg)

@@ -8,8 +8,7 @@ live above the transport (agents, resources) and reach both through :func:`call_
 from __future__ import annotations
 
 from gym_runtime.messages import ModelRequest, ModelResponse
-from gym_runtime.transport import bus as timings  # LIVENESS_S and KEEPALIVE_S, read at call time
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.bus import Bus, Timings
 
 
 def direct_subject(bus: Bus, model: str) -> str:
@@ -17,10 +16,10 @@ def direct_subject(bus: Bus, model: str) -> str:
     return bus.subject("call", "model", model)
 
 
-def direct_patience(ack_wait_s: float) -> float:
+def direct_patience(ack_wait_s: float, timings: Timings) -> float:
     """How long a direct call waits on a silent replica before going to the queue: the model's
-    ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most ``bus.LIVENESS_S``."""
-    return min(timings.LIVENESS_S, max(ack_wait_s, 2 * timings.KEEPALIVE_S))
+    ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most the liveness."""
+    return min(timings.liveness_s, max(ack_wait_s, 2 * timings.keepalive_s))
 
 
 async def call_model(

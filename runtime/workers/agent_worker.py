@@ -85,7 +85,7 @@ class AgentWorker:
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = agent_fingerprint(config, name)
         self._model_fps = {m: fingerprint(c) for m, c in config.models.items()}
-        self._model_patience = {m: direct_patience(c.ack_wait_s) for m, c in config.models.items()}
+        self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus)
 
     def _model_timeout(self, model: str) -> float:

@@ -12,7 +12,7 @@ Two ways in, one set of slots:
   core NATS and the request is acked only after the reply is sent. If this worker
   dies mid-request the message is not acked and JetStream redelivers it to
   another replica after ``ack_wait``; a caller whose direct call loses its
-  worker (no progress for ``bus.LIVENESS_S``) sends it to the queue.
+  worker (no progress for the bus's ``timings.liveness_s``) sends it to the queue.
 """
 
 from __future__ import annotations

@@ -42,7 +42,11 @@ from gym_runtime.workers.resource_worker import ResourceWorker
 
 log = logs.get("gym.runner")
 
-SECTIONS = ("models", "resources", "agents")  # the config sections that hold workers (not the bus roles of ops.security)
+SECTIONS = (
+    "models",
+    "resources",
+    "agents",
+)  # the config sections that hold workers (not the bus roles of ops.security)
 BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent"}  # config section -> NATS role
 
 T = TypeVar("T")
