@@ -242,16 +242,16 @@ class VLLMEngineModel:
         try:
             from vllm.entrypoints.openai.protocol import ChatCompletionRequest
         except ImportError:  # newer layouts
-            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # type: ignore
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         fields = {k: body[k] for k in ("messages", "tools", "tool_choice") if k in body}
         return ChatCompletionRequest(model=self.cfg.model or "model", **fields)
 
     def _vllm_tools(self, text: str, body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         if self._tool_parser is None:
             try:
-                from vllm.tool_parsers import ToolParserManager  # type: ignore
+                from vllm.tool_parsers import ToolParserManager
             except ImportError:
-                from vllm.entrypoints.openai.tool_parsers import ToolParserManager  # type: ignore
+                from vllm.entrypoints.openai.tool_parsers import ToolParserManager
             self._tool_parser = ToolParserManager.get_tool_parser(self.cfg.tool_call_parser)(self._tokenizer)
         info = self._tool_parser.extract_tool_calls(text, self._request(body))
         calls = [
@@ -266,7 +266,7 @@ class VLLMEngineModel:
 
     def _vllm_reasoning(self, text: str, body: dict[str, Any]) -> tuple[str | None, str]:
         if self._reasoning_parser is None:
-            from vllm.reasoning import ReasoningParserManager  # type: ignore
+            from vllm.reasoning import ReasoningParserManager
 
             self._reasoning_parser = ReasoningParserManager.get_reasoning_parser(self.cfg.reasoning_parser)(
                 self._tokenizer

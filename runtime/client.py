@@ -234,7 +234,7 @@ class Client:
                     self.config_path, url, auth_dir=self.auth_dir, replicas=self.replicas
                 )
             elif self.workers_spec:
-                only = None if self.workers_spec is True else list(self.workers_spec)  # type: ignore[arg-type]
+                only = None if self.workers_spec is True else list(self.workers_spec)
                 self.workers = make_workers(self._bus, self.config, selected(self.config, only), replicas=self.replicas)
                 await start_workers(self._tg, self.workers)
             if self.check_fingerprints:

@@ -351,6 +351,7 @@ ErrorClass = Literal[
     "config_mismatch",  # the worker serves another config's entry of the same name (isolation)
     "cancelled",  # the batch was cancelled before this task started
     "stale",  # the policy moved on more than the task's max_staleness before it started
+    "busy",  # a direct call found no free slot (never in a row: the caller goes to the queue)
 ]
 
 

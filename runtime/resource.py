@@ -246,9 +246,10 @@ class Resource:
                 specs[tname] = ToolSpec(tname, desc, attr, _args_struct(cls.__name__, fn), mode, lenient)
         cls.tools = specs
 
-    @classmethod
-    def check_task(cls, task: dict[str, Any]) -> None:
-        """Raise ``ValueError`` for a row verify would refuse beyond ``task_fields``' types."""
+    @staticmethod
+    def check_task(task: dict[str, Any], /) -> Any:
+        """Raise ``ValueError`` for a row verify would refuse beyond ``task_fields``' types (what it
+        returns, e.g. the parsed task an environment reuses in ``verify``, is not used here)."""
         return None
 
     @classmethod

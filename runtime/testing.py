@@ -167,4 +167,4 @@ class ScriptedJudge:
 
     def prompts(self) -> list[str]:
         """The text of each request's last input message."""
-        return [c.input[-1].content for c in self.calls]  # type: ignore[union-attr]
+        return [str(c.input[-1].content) for c in self.calls]  # type: ignore[union-attr]

@@ -197,8 +197,8 @@ def judge_verdict(response: Response, equal_label: str, not_equal_label: str) ->
     if isinstance(content, str):
         text = content
     elif content and isinstance(content[-1], dict):
-        text = content[-1].get("text")
-        text = text if isinstance(text, str) else ""
+        last = content[-1].get("text")
+        text = last if isinstance(last, str) else ""
     else:
         return None
     eq, neq = text.find(equal_label), text.find(not_equal_label)

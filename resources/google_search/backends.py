@@ -432,7 +432,7 @@ class RecordedBackend:
                 continue
             try:
                 args = json.loads(item.get("arguments") or "{}")
-                result = json.loads(outputs[item["call_id"]])
+                result = json.loads(outputs[item["call_id"]] or "")  # no output: not a result
             except ValueError:
                 continue
             if item.get("name") == "search" and "search_results" in result:

@@ -207,7 +207,7 @@ class ContainerBackend:
 
     def __init__(self, cmds: ContainerCommands, *, lifetime_s: float, start_timeout_s: float, max_output: int) -> None:
         self.cmds = cmds
-        self.name = cmds.engine
+        self.name: str = cmds.engine
         self.lifetime_s = lifetime_s
         self.start_timeout_s = start_timeout_s
         self.max_output = max_output

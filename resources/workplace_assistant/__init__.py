@@ -399,7 +399,7 @@ class WorkplaceAssistant(Resource):
         """Deletes a customer record by ID."""
         return await self._run("customer_relationship_manager_delete_customer", customer_id=customer_id)
 
-    async def _run(self, name: str, **kwargs: Any) -> Any:
+    async def _run(self, name: str, /, **kwargs: Any) -> Any:
         """Direct Python use of a tool method: the operation's result (not JSON-encoded)."""
         if self.bench is None:
             self.bench = Workbench()

@@ -18,6 +18,7 @@ import keyword
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from gym_runtime.errors import UserError
 
@@ -320,7 +321,7 @@ def _rows(stateful: bool, judge: bool, tools: list[dict]) -> list[dict]:
     for initial, expected, text in _STATEFUL_ROWS:
         adds = [f"{q - initial.get(k, 0)} {k}" for k, q in expected.items() if q - initial.get(k, 0)]
         prompt = f"My cart holds {json.dumps(initial)}. Add {' and '.join(adds)}, then tell me what it holds."
-        row = {
+        row: dict[str, Any] = {
             "responses_create_params": {
                 "input": [{"role": "developer", "content": _SYSTEM}, {"role": "user", "content": prompt}],
                 "tools": tools,

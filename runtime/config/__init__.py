@@ -358,7 +358,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         cfg = msgspec.convert({k: v for k, v in raw.items() if k not in _SECTIONS}, Config, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{source}: {_readable(str(e))}") from None
-    cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]  # type: ignore[assignment]
+    cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]
     for name, a in cfg.agents.items():
         _check_agent_options(name, a, cfg, source)
         if a.model not in cfg.models:

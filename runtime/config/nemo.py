@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -363,7 +364,7 @@ def datasets(path: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def data_only_overrides(paths: list[str | os.PathLike[str]]) -> list[str]:
+def data_only_overrides(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """``--set`` entries that stand in for model servers NeMo Gym configs name but do not define.
 
     NeMo Gym keeps the policy model in a file of its own; ``validate`` and ``prepare``

@@ -117,7 +117,7 @@ def _answer_key(value: Any) -> Any:
         return json.dumps(value, sort_keys=True, default=str)
 
 
-def _task_sort_key(task: Any) -> tuple:
+def _task_sort_key(task: Any) -> tuple[int, float, str]:
     if isinstance(task, (int, float)) and not isinstance(task, bool):
         return (0, task, "")
     return (1, 0, str(task))
@@ -230,7 +230,7 @@ class _AgentColumns:
         self.n = 0
         self.task_ids = array("q")
         self.rollout_idx = array("q")
-        self.columns: dict[str, array] = {}
+        self.columns: dict[str, array[float]] = {}
         self.answers: list[Any] | None = [] if with_answers else None
         self.task_keys: list[Any] = []  # task id -> the row's _ng_task_index value
         self.task_ids_by_key: dict[Any, int] = {}
@@ -269,7 +269,7 @@ class MetricsAccumulator:
         self.rows_skipped = 0
         self._agents: dict[str, _AgentColumns] = {}
 
-    def add(self, row: dict) -> None:
+    def add(self, row: dict[str, Any]) -> None:
         agent_ref = row.get("agent_ref")
         agent_name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
         if not agent_name:
@@ -297,7 +297,7 @@ class MetricsAccumulator:
             agent = self._agents[agent_name] = _AgentColumns(self.answer_field is not None)
         agent.add(row.get("_ng_task_index", 0), row.get("_ng_rollout_index"), numbers, answer)
 
-    def result(self, *, per_task: bool = True) -> list[dict]:
+    def result(self, *, per_task: bool = True) -> list[dict[str, Any]]:
         """The content of ``<out>_aggregate_metrics.json``: one entry per agent, sorted by name."""
         out = []
         for name in sorted(self._agents):
@@ -306,7 +306,7 @@ class MetricsAccumulator:
             out.append(entry)
         return out
 
-    def write_json(self, path: str | os.PathLike[str]) -> list[dict]:
+    def write_json(self, path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         """Write the metrics file, per-task entries streamed one at a time (memory stays flat
         however many tasks); returns the metrics without the per-task entries."""
         summary = []
@@ -326,7 +326,7 @@ class MetricsAccumulator:
 
     # -----------------------------------------------------------------------------------------------------
 
-    def _agent_entry(self, name: str, agent: _AgentColumns) -> dict:
+    def _agent_entry(self, name: str, agent: _AgentColumns) -> dict[str, Any]:
         # Rows grouped by task (tasks in index order), each task's rollouts in rollout-index order.
         order = sorted(range(agent.n), key=lambda i: (agent.task_ids[i], agent.rollout_idx[i], i))
         groups: dict[int, list[int]] = {}
@@ -433,7 +433,7 @@ def _score_metrics(
                 avg_counts[k] += 1
         if task_answers is not None:
             answers = task_answers[t]
-            votes: Counter = Counter()
+            votes: Counter[Any] = Counter()
             for k in range(1, max_k + 1):
                 if k <= len(rollouts):
                     answer, value = answers[k - 1], rollouts[k - 1]
@@ -487,7 +487,7 @@ def _split_accuracy_key(key: str) -> tuple[str, int, str] | None:
     return (kind, int(k), rest) if k.isdigit() else None
 
 
-def _accuracy_sort_key(key: str) -> tuple:
+def _accuracy_sort_key(key: str) -> tuple[Any, ...]:
     kind, k, rest = _split_accuracy_key(key) or ("", 0, key)
     score = rest.split("/", 1)[0]
     return (k, score, {"pass": 0, "avg": 1, "majority": 2}.get(kind, 3), rest)
@@ -524,7 +524,7 @@ def _fmt(value: Any, percent: bool = False) -> str:
     return f"{value:.2f}%" if percent else f"{value:.4g}"
 
 
-def summary_lines(result: list[dict] | dict) -> list[str]:
+def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
     """A few human lines per agent: rollouts, tasks, mean reward, pass@k, majority@k, token usage.
 
     Takes :meth:`MetricsAccumulator.result` (a list of agent entries); a single entry is accepted too.

@@ -64,7 +64,7 @@ class CollectStats:
     failures: int = 0
     duplicates: int = 0
     reward_sum: float = 0.0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # per agent, without per-task entries
 
     @property
     def mean_reward(self) -> float | None:
@@ -158,7 +158,7 @@ class Collector:
         self._sizes[slot] = len(line)
         self._ok[slot] = ok
         self._count += 1
-        reward = res.row.get("reward") if ok and res.row else None  # type: ignore[union-attr]
+        reward = res.row.get("reward") if ok and res.row else None
         reward = float(reward) if isinstance(reward, (int, float)) else None
         if ok:
             self.stats.rows += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import structlog
@@ -19,7 +19,7 @@ from structlog.contextvars import bind_contextvars, reset_contextvars
 SECRET_KEYS = ("api_key", "apikey", "token", "password", "secret", "authorization")
 
 
-def _scrub(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for k in list(event):
         if any(s in k.lower() for s in SECRET_KEYS):
             event[k] = "***"

@@ -54,6 +54,8 @@ class JsonLinesExporter(SpanExporter):
         for s in spans:
             ctx = s.get_span_context()
             parent = s.parent
+            if ctx is None:
+                continue
             lines.append(
                 json.dumps(
                     {

@@ -14,7 +14,7 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -380,7 +380,7 @@ async def connect(
                     servers=servers,
                     name=name,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
+                    reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int; sleeps a float
                     connect_timeout=5,
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
@@ -893,7 +893,7 @@ class Bus:
         *,
         queue: str,
         admit: Callable[[Delivery], bool],
-        run: Callable[[Delivery], Awaitable[None]],
+        run: Callable[[Delivery], Coroutine[Any, Any, None]],
     ) -> Any:
         """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
         (``run`` answers it and frees the slot); any other is answered ``busy``.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -163,11 +164,12 @@ async def ensure_streams(bus: Bus) -> None:
         ),
     ]
     for cfg in configs:
-        await retrying(lambda cfg=cfg: _ensure_stream(bus, cfg, replicas), what=f"stream {cfg.name}")
+        await retrying(partial(_ensure_stream, bus, cfg, replicas), what=f"stream {cfg.name}")
 
 
 async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int) -> None:
     try:
+        assert cfg.name is not None
         info = await bus.js.stream_info(cfg.name)
         have = info.config.num_replicas or 1
         if have != replicas:

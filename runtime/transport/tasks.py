@@ -9,7 +9,7 @@ group is cancelled every handler task is cancelled and awaited.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -22,8 +22,8 @@ class TaskSet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.get_running_loop()
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        task = self._loop.create_task(fn(*args))
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        task: asyncio.Task[Any] = self._loop.create_task(fn(*args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

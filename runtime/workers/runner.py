@@ -68,7 +68,7 @@ def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
     pairs = [(role, name) for role in SECTIONS for name in getattr(config, role)]
     if not only:
         return pairs
-    out = []
+    out: list[tuple[str, str]] = []
     for spec in only:
         role, _, name = spec.partition(".")
         if role not in SECTIONS:
