@@ -1,1 +1,3 @@
-"""The transport: the only code that speaks NATS (connections, request-reply with liveness, JetStream streams, pulling, blobs, discovery)."""
+"""The transport: the only code that speaks NATS (connections, request-reply with liveness, JetStream
+streams, pulling, blobs, discovery).
+"""

@@ -1,1 +1,3 @@
-"""The workers: agent, model and resource workers on the transport, their composition (runner) and the process supervisor."""
+"""The workers: agent, model and resource workers on the transport, their composition (runner) and the
+process supervisor.
+"""
