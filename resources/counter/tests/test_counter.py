@@ -9,14 +9,11 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.config import load_config
 from gym_runtime.messages import Response
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import ToolArgumentsError, find_resource_class
+from gym_runtime.resource import ToolArgumentsError
 from gym_runtime.resources.counter import Counter
 from gym_runtime.testing import (
     COMPAT,
-    compat_dir,
     example_rollouts,
     new_session,
     recorded_response,
@@ -32,11 +29,6 @@ ROW = {"initial_count": 3, "expected_count": 6}
 
 def empty_response() -> Response:
     return Response(id="r", created_at=0.0)
-
-
-def test_data_is_nemo_gym_example_unchanged() -> None:
-    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
-    assert ours == compat_dir(NEMO / "example.jsonl").read_bytes()
 
 
 async def test_recorded_rollouts_replayed_in_a_seeded_session_reverify_to_recorded_reward() -> None:
@@ -127,13 +119,6 @@ async def test_bad_tool_arguments_are_refused_with_a_reason(name: str, arguments
     with pytest.raises(ToolArgumentsError, match=re.escape(message)):
         await inst.call_tool(name, arguments)
     assert inst.count == 3  # a refused call changes nothing
-
-
-def test_config_loads_and_names_this_resource() -> None:
-    cfg = load_config(ENV_DIR / "config.yaml")
-    assert cfg.models["policy"].adapter == "scripted"
-    assert cfg.agents["counter_agent"].resource == "counter"
-    assert find_resource_class(import_plugin(cfg.resources["counter"].server)) is Counter
 
 
 async def test_arguments_follow_nemo_gym_pydantic_semantics() -> None:

@@ -18,8 +18,7 @@ from gym_runtime.messages import (
     Reasoning,
     Response,
 )
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import Verdict, find_resource_class
+from gym_runtime.resource import Verdict
 from gym_runtime.resources.equivalence_llm_judge import (
     DEFAULT_PROMPT_TEMPLATE,
     EquivalenceLLMJudge,
@@ -32,7 +31,6 @@ from gym_runtime.resources.equivalence_llm_judge import (
 from gym_runtime.testing import (
     COMPAT,
     ScriptedJudge,
-    compat_dir,
     example_rollouts,
     new_session,
     recorded_response,
@@ -54,10 +52,6 @@ def task(question: str = "Who proposed natural selection?", expected: str = "dar
 
 async def session(judge: ScriptedJudge, **options: Any) -> EquivalenceLLMJudge:
     return await new_session(EquivalenceLLMJudge, options, models=judge)
-
-
-def test_data_is_nemo_gym_example_unchanged() -> None:
-    assert (ENV_DIR / "data" / "example.jsonl").read_bytes() == compat_dir(NEMO / "example.jsonl").read_bytes()
 
 
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
@@ -258,9 +252,7 @@ def test_unknown_options_are_refused() -> None:
         parse_options({"judge_modle": "judge"})
 
 
-def test_config_loads_and_names_this_resource_and_its_judge() -> None:
+def test_config_names_its_judge() -> None:
     cfg = load_config(ENV_DIR / "config.yaml")
     res = cfg.resources["equivalence_llm_judge"]
     assert parse_options(res.options).judge_model in cfg.models
-    assert cfg.agents["equivalence_llm_judge_agent"].resource == "equivalence_llm_judge"
-    assert find_resource_class(import_plugin(res.server)) is EquivalenceLLMJudge

@@ -12,8 +12,6 @@ from gym_runtime import testing
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response, assistant_message, parse_items
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import find_resource_class
 from gym_runtime.resources.google_search import GoogleSearch, box_parser, graded_text, parse_options
 from gym_runtime.resources.google_search.backends import OfflineBackend, SearchOptions
 from gym_runtime.workers.runner import run_batch
@@ -34,10 +32,6 @@ def pairs() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 async def session(options: dict[str, Any] | None = None) -> GoogleSearch:
     await GoogleSearch.setup(options or {})
     return GoogleSearch()
-
-
-def test_data_is_nemo_gym_example_unchanged() -> None:
-    assert (ENV_DIR / "data" / "example.jsonl").read_bytes() == (compat() / "example.jsonl").read_bytes()
 
 
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_parsed_option() -> None:
@@ -230,8 +224,6 @@ def test_options_parse() -> None:
     assert parse_options({"backend": "tavily", "requests_per_s": 2}).requests_per_s == 2.0
 
 
-def test_config_loads_and_names_this_resource() -> None:
+def test_config_options() -> None:
     cfg = load_config(ENV_DIR / "config.yaml")
-    assert cfg.models["policy"].adapter == "scripted"
     assert cfg.resources["google_search"].options["backend"] == "offline"
-    assert find_resource_class(import_plugin(cfg.resources["google_search"].server)) is GoogleSearch

@@ -24,8 +24,7 @@ from gym_runtime.messages import (
     assistant_message,
     output_text,
 )
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import Verdict, find_resource_class
+from gym_runtime.resource import Verdict
 from gym_runtime.resources.math import (
     JUDGE_SYSTEM_MESSAGE,
     MathWithJudge,
@@ -37,7 +36,6 @@ from gym_runtime.resources.math import (
 from gym_runtime.testing import (
     COMPAT,
     ScriptedJudge,
-    compat_dir,
     differential_cases,
     example_rollouts,
     new_session,
@@ -59,10 +57,6 @@ def judge_reply(text: str, *, part_type: str = "output_text") -> Response:
 
 async def session(options: dict[str, Any] | None = None, judge: ScriptedJudge | None = None) -> MathWithJudge:
     return await new_session(MathWithJudge, {**FAST, **(options or {})}, models=judge or ScriptedJudge([]))
-
-
-def test_data_is_nemo_gym_example_unchanged() -> None:
-    assert (ENV_DIR / "data" / "example.jsonl").read_bytes() == compat_dir(NEMO / "example.jsonl").read_bytes()
 
 
 # Parity runs get wide timeouts: on a loaded 2-core machine one recorded rollout needs 5-9 s of
@@ -302,10 +296,7 @@ def test_bad_options_are_refused(options: dict[str, Any]) -> None:
         parse_options(options)
 
 
-def test_config_loads_and_names_this_resource_and_its_judge() -> None:
+def test_config_names_its_judge() -> None:
     cfg = load_config(ENV_DIR / "config.yaml")
-    assert cfg.models["policy"].adapter == "scripted"
     res = cfg.resources["math"]
     assert parse_options(res.options).judge_model in cfg.models
-    assert cfg.agents["math_agent"].resource == "math"
-    assert find_resource_class(import_plugin(res.server)) is MathWithJudge

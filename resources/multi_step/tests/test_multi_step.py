@@ -9,14 +9,11 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.config import load_config
 from gym_runtime.messages import FunctionCall, Response
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import ToolArgumentsError, Verdict, find_resource_class
+from gym_runtime.resource import ToolArgumentsError, Verdict
 from gym_runtime.resources.multi_step import MultiStep
 from gym_runtime.testing import (
     COMPAT,
-    compat_dir,
     example_rollouts,
     new_session,
     read_jsonl,
@@ -47,11 +44,6 @@ async def verdict(response: Response, task: dict[str, Any] = TASK) -> Verdict:
     out = await (await new_session(MultiStep, row=task)).verify(task, response)
     assert isinstance(out, Verdict)
     return out
-
-
-def test_data_is_nemo_gym_example_unchanged() -> None:
-    ours = (ENV_DIR / "data" / "example.jsonl").read_bytes()
-    assert ours == compat_dir(NEMO / "example.jsonl").read_bytes()
 
 
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
@@ -171,10 +163,3 @@ async def test_bad_tool_arguments_are_refused_with_a_reason(name: str, arguments
     inst = await new_session(MultiStep, row=TASK)
     with pytest.raises(ToolArgumentsError, match=re.escape(message)):
         await inst.call_tool(name, arguments)
-
-
-def test_config_loads_and_names_this_resource() -> None:
-    cfg = load_config(ENV_DIR / "config.yaml")
-    assert cfg.models["policy"].adapter == "scripted"
-    assert cfg.agents["multi_step_agent"].resource == "multi_step"
-    assert find_resource_class(import_plugin(cfg.resources["multi_step"].server)) is MultiStep
