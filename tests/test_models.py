@@ -6,7 +6,6 @@ import copy
 import json
 import logging
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,7 @@ from gym_runtime.models.replay import Options as ReplayOptions
 from gym_runtime.models.replay import ReplayModel
 from gym_runtime.models.scripted import Options as ScriptedOptions
 from gym_runtime.models.scripted import ScriptedModel, example_arguments, example_value
-
-sys.path.insert(0, str(Path(__file__).parent))
-from stub_openai import StubOpenAI, StubReply, chat_completion, error_body, responses_reply  # noqa: E402
+from tests.stub_openai import StubOpenAI, StubReply, chat_completion, error_body, responses_reply
 
 COMPAT = Path(__file__).resolve().parent / "compat"
 NEMO = COMPAT / "nemo_gym"

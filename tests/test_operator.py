@@ -24,9 +24,7 @@ import pytest
 from gym_runtime.errors import ConfigError
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
-
-sys.path.insert(0, str(Path(__file__).parent))
-from stub_openai import StubOpenAI, StubReply
+from tests.stub_openai import StubOpenAI, StubReply
 
 WEATHER = "resources/weather/config.yaml"
 EXAMPLE = "resources/weather/data/example.jsonl"

@@ -5,18 +5,14 @@ starts with everything before it; that must hold across multi-turn tool rollouts
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gym_runtime import SyncClient
 from gym_runtime.model import model_config
+from tests.stub_openai import StubOpenAI, VLLMEmulator
 from tests.test_client import ROWS, weather
-
-sys.path.insert(0, str(Path(__file__).parent))
-from stub_openai import StubOpenAI, VLLMEmulator
 
 
 def trl_sequences(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -29,9 +29,7 @@ from gym_runtime.models.chat_convert import chat_message_to_items, parse_hermes_
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
 from gym_runtime.models.vllm_engine import Options as VLLMEngineOptions
-
-sys.path.insert(0, str(Path(__file__).parent))
-from stub_openai import Gen, StubOpenAI, StubReply, VLLMEmulator, error_body  # noqa: E402
+from tests.stub_openai import Gen, StubOpenAI, StubReply, TinyTokenizer, VLLMEmulator, error_body, render_chat
 
 COMPAT = Path(__file__).resolve().parent / "compat"
 VLLM = COMPAT / "vllm"
@@ -575,7 +573,7 @@ def test_load_adapter_and_config_errors() -> None:
     assert isinstance(load_adapter(model_config(dict(adapter="vllm", base_url="http://x/v1"))), VLLMModel)
     with pytest.raises(ValueError, match="base_url"):
         VLLMModel(VLLMOptions())
-    with pytest.raises(ValueError, match="unknown adapter"):
+    with pytest.raises(ValueError, match="no such adapter module .nope."):
         load_adapter(model_config(dict(adapter="nope")))
 
 
@@ -586,8 +584,6 @@ class _FakeTokenizer:
     """The emulator's tokenizer and chat template behind HF's tokenizer interface."""
 
     def __init__(self) -> None:
-        from stub_openai import TinyTokenizer, render_chat
-
         self.tok, self.render = TinyTokenizer(), render_chat
         self.eos_token_id = TinyTokenizer.EOS
 
