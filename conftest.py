@@ -6,12 +6,15 @@ stopped by pid; no NATS piece is ever mocked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams
 
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -25,6 +28,17 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture
+async def bus(nats_server: EmbeddedServer) -> AsyncIterator[Bus]:
+    """A client of ``nats_server`` in namespace ``gym``, its streams created."""
+    b = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test-client")
+    await ensure_streams(b)
+    try:
+        yield b
+    finally:
+        await b.close()
 
 
 @pytest.fixture

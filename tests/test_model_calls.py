@@ -16,14 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
-import pytest
 
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.bus import Bus, Timings
-from gym_runtime.transport.jetstream import ensure_streams, message_count, stream_names
+from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.workers.model_worker import ModelWorker
 from tests.helpers import REPO
@@ -41,14 +40,6 @@ def request(text: str = "weather in sf?") -> ModelRequest:
 
 def scripted(*, concurrency: int, delay_s: float = 0.0) -> ModelConfig:
     return model_config({"adapter": "scripted", "concurrency": concurrency, "delay_s": delay_s})
-
-
-@pytest.fixture
-async def bus(nats_server: EmbeddedServer) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="caller")
-    await ensure_streams(b)
-    yield b
-    await b.close()
 
 
 async def stored_calls(bus: Bus) -> int:

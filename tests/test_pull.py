@@ -1,0 +1,116 @@
+"""transport.pull and transport.delivery: slot-based pulling from a real JetStream work queue.
+
+A worker holds at most ``slots`` messages at once however many wait; what it sees of each is a
+``Delivery`` (attempt, enqueue time, ack/nak/term), never a nats-py object.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from gym_runtime.messages import ToolCall
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.transport.pull import work_queue_puller
+
+
+async def publish(bus: Bus, n: int) -> float:
+    t0 = time.time()
+    for i in range(n):
+        await bus.js.publish(bus.subject("task", "a"), b"%d" % i)
+    return t0
+
+
+async def test_a_worker_never_holds_more_than_its_slots(bus: Bus) -> None:
+    running = peak = 0
+    done: list[bytes] = []
+    all_done = anyio.Event()
+
+    async def handle(d: Delivery) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.05)
+        running -= 1
+        done.append(d.data)
+        await d.ack()
+        if len(done) == 20:
+            all_done.set()
+
+    puller = await work_queue_puller(bus, "task", "a", slots=3, ack_wait=5.0, handle=handle)
+    await publish(bus, 20)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(puller.run)
+        with anyio.fail_after(30):
+            await all_done.wait()
+        tg.cancel_scope.cancel()
+    assert peak == 3 and sorted(done) == sorted(b"%d" % i for i in range(20))
+    with anyio.fail_after(5):  # acked (acks are not waited for): the work queue empties
+        while await message_count(bus, stream_names("gym")["task"]):
+            await anyio.sleep(0.05)
+
+
+async def test_a_delivery_knows_its_attempt_and_when_it_was_queued(bus: Bus) -> None:
+    seen: list[tuple[int, float | None, str]] = []
+    finished = anyio.Event()
+
+    async def handle(d: Delivery) -> None:
+        seen.append((d.attempt, d.enqueued_at, d.subject))
+        if d.attempt < 3:
+            await d.nak()  # again, at once
+        else:
+            await d.ack()
+            finished.set()
+
+    puller = await work_queue_puller(bus, "task", "a", slots=1, ack_wait=5.0, handle=handle)
+    t0 = await publish(bus, 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(puller.run)
+        with anyio.fail_after(30):
+            await finished.wait()
+        tg.cancel_scope.cancel()
+    assert [a for a, _, _ in seen] == [1, 2, 3]
+    assert all(s == "gym.task.a" for _, _, s in seen)
+    stored = {q for _, q, _ in seen}
+    assert len(stored) == 1  # one message, stored once
+    (queued,) = stored
+    assert queued is not None and t0 - 1 < queued < time.time()
+
+
+async def test_a_terminated_delivery_is_never_delivered_again(bus: Bus) -> None:
+    attempts = 0
+
+    async def handle(d: Delivery) -> None:
+        nonlocal attempts
+        attempts += 1
+        await d.term()
+
+    puller = await work_queue_puller(bus, "task", "a", slots=2, ack_wait=1.0, handle=handle)
+    await publish(bus, 1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(puller.run)
+        await anyio.sleep(3.0)  # three ack waits: a redelivery would have come
+        tg.cancel_scope.cancel()
+    assert attempts == 1
+
+
+async def test_a_core_request_arrives_as_a_delivery_of_attempt_one(bus: Bus) -> None:
+    got: list[tuple[int, float | None, str]] = []
+
+    async def handler(body: object, d: Delivery) -> None:
+        got.append((d.attempt, d.enqueued_at, d.subject))
+
+    async with anyio.create_task_group() as tg:
+        await bus.serve(tg, "gym.core.test", handler)
+        await bus.nc.flush()
+        await bus.nc.publish(
+            "gym.core.test", bus.codec.encode(ToolCall(session="s", name="x", arguments="{}")), reply=bus.nc.new_inbox()
+        )
+        with anyio.fail_after(10):
+            while not got:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert got == [(1, None, "gym.core.test")]
