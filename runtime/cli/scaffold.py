@@ -2,7 +2,7 @@
 
 The package is self-contained: ``NAME/__init__.py`` (a Resource with one tool and
 a verifier), ``config.yaml`` (the scripted test-double policy, ``server: NAME``
-resolved relative to the config — see ``_plugins``), ``data/example.jsonl``
+resolved relative to the config — see ``gym_runtime.plugins``), ``data/example.jsonl``
 (tool definitions generated from the class, so they cannot drift), ``README.md``
 and ``tests/``. Variants: ``stateful`` (session state set by ``seed``, graded on
 the state the tools left) and ``judge`` (an LLM judge model of the config grades

@@ -312,7 +312,7 @@ def load_config(
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     raw["base_dir"] = str(paths[0].resolve().parent)
-    use_config_dir(_module_names(raw), raw["base_dir"])  # modules named relative to the config (_plugins)
+    use_config_dir(_module_names(raw), raw["base_dir"])  # modules named relative to the config (gym_runtime.plugins)
     return config_from_dict(raw, source=source)
 
 
