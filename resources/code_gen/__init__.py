@@ -10,7 +10,7 @@ compressed as ``{"packed": base64(zlib(json))}``) and optionally
 2. extracts the program: the lines between the *last two* lines that contain
    a code fence (any language tag); no such pair gives reward 0 with only
    ``extracted_model_output`` set;
-3. runs the program in the sandbox (``sandbox.py``, ``harness.py``): stdin/stdout
+3. runs the program in the sandbox (``gym_runtime.sandbox``, ``harness.py``): stdin/stdout
    tests when ``fn_name`` is null (output compared line by line, tokens as
    ``Decimal``), else calls of ``Solution().<fn_name>`` (or a module function);
    it stops at the first failing test;
@@ -53,6 +53,7 @@ from gym_runtime.resource import Resource, Verdict, parse_options
 from gym_runtime.sandbox import Limits, SandboxRunner, probe
 
 from .grading import (
+    Comparer,
     extract_code,
     global_timeout,
     reasoning_format_violation,
@@ -101,6 +102,7 @@ class CodeGen(Resource):
 
     _opts: CodeGenOptions = CodeGenOptions()
     _runner: SandboxRunner | None = None
+    _comparer: Comparer | None = None
     _runner_loop: Any = None
 
     @classmethod
@@ -117,8 +119,15 @@ class CodeGen(Resource):
         loop = asyncio.get_running_loop()
         if cls._runner is None or cls._runner_loop is not loop:
             cls._runner = SandboxRunner(cls._opts.max_parallel, python=cls._opts.python)
+            cls._comparer = Comparer(max(1, min(cls._opts.max_parallel, (os.cpu_count() or 2) // 2)))
             cls._runner_loop = loop
         return cls._runner
+
+    @classmethod
+    def _get_comparer(cls) -> Comparer:
+        cls._get_runner()
+        assert cls._comparer is not None
+        return cls._comparer
 
     @classmethod
     def sandbox_info(cls) -> dict[str, Any]:
@@ -134,7 +143,7 @@ class CodeGen(Resource):
             cpu_s=o.cpu_time_s if o.cpu_time_s is not None else wall,
             memory_bytes=o.memory_mb << 20,
             file_bytes=o.max_file_mb << 20,
-            message_bytes=6 * cap + (1 << 20),
+            message_bytes=max(1 << 20, min(cap, 4 << 20)),  # headers: errors and tracebacks (bodies: the cap)
             nproc=o.max_processes,
             cgroup=o.use_cgroup,
         )
@@ -168,6 +177,7 @@ class CodeGen(Resource):
             timeout=o.unit_test_timeout_secs,
             limits=self.limits_for(len(tests.inputs)),
             output_cap=int(o.max_output_mb * (1 << 20)),
+            comparer=self._get_comparer(),
         )
         took = time.monotonic() - started
         violation = reasoning_format_violation(response, text)

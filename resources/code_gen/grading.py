@@ -19,11 +19,20 @@ import zlib
 from decimal import Decimal
 from typing import Any, Literal
 
+import anyio
+import anyio.to_process
 import msgspec
 
 from gym_runtime.messages import Reasoning, Response
-from gym_runtime.resource import run_in_process
-from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxSession, SandboxTimeout
+from gym_runtime.sandbox import (
+    Limits,
+    SandboxBodyTooLarge,
+    SandboxError,
+    SandboxExited,
+    SandboxRunner,
+    SandboxSession,
+    SandboxTimeout,
+)
 
 from .calls import DecodeError, judge_call
 
@@ -147,6 +156,10 @@ def global_timeout(timeout: float, n_tests: int) -> float:
     return (timeout + 1) * n_tests + 5
 
 
+class _Loading(msgspec.Struct, tag_field="kind", tag="loading", forbid_unknown_fields=True):
+    pass
+
+
 class _Ready(msgspec.Struct, tag_field="kind", tag="ready", forbid_unknown_fields=True):
     pass
 
@@ -156,11 +169,10 @@ class _Unprepared(msgspec.Struct, tag_field="kind", tag="unprepared", forbid_unk
 
 
 class _Output(msgspec.Struct, tag_field="kind", tag="output", forbid_unknown_fields=True):
-    """One test's raw output: captured stdout, or a call's result as data (``harness.encode``)."""
+    """One test's raw output, in the body: captured stdout (UTF-8), or a call's result as data (JSON)."""
 
-    output: str | None = None
+    body: int
     overflow: bool = False
-    value: Any = None
     text: str | None = None
     text_error: list[str] | None = None
 
@@ -175,30 +187,67 @@ class _Done(msgspec.Struct, tag_field="kind", tag="done", forbid_unknown_fields=
     execution_time: float
 
 
-_Message = _Ready | _Unprepared | _Output | _Error | _Done
+_Message = _Loading | _Ready | _Unprepared | _Output | _Error | _Done
 
 
-async def _expect(s: SandboxSession, *kinds: type) -> Any:
-    """The next message, which must be one of ``kinds``; anything else ends the run without a verdict."""
-    raw = await s.recv()
+class _OutOfTime(Exception):
+    """The worker's own clock for one test (or for loading the program) ran out."""
+
+
+def grace(timeout: float) -> float:
+    """How much longer than ``timeout`` the worker waits for a test's message (its travel, not the program's)."""
+    return 0.25 + 0.1 * timeout
+
+
+async def _expect(s: SandboxSession, *kinds: type, budget: float | None = None, max_body: int = 0) -> Any:
+    """The next message, which must be one of ``kinds``; anything else ends the run without a verdict.
+
+    ``budget``: seconds the worker waits for it (``_OutOfTime`` after). Returns ``(message, body)``.
+    """
+    try:
+        with anyio.fail_after(budget):
+            raw, body = await s.recv(max_body=max_body)
+    except TimeoutError:
+        raise _OutOfTime from None
     try:
         msg = msgspec.convert(raw, _Message)
     except msgspec.ValidationError:
         raise SandboxExited("malformed message", None, "") from None
     if not isinstance(msg, kinds):
         raise SandboxExited(f"unexpected {type(msg).__name__[1:].lower()} message", None, "")
-    return msg
+    return msg, body
 
 
-# Comparisons bigger than this run in a worker process (Decimal-parsing megabytes of
-# output would stall the event loop); smaller ones are faster inline.
-INLINE_COMPARE_CHARS = 1 << 20
+# Outputs bigger than this are decoded and compared in a worker process, under a time budget;
+# smaller ones inline (every step is linear in the size: this bounds what one test costs the loop).
+INLINE_COMPARE_BYTES = 64 << 10
 
 
-async def _off_loop(size: int, fn: Any, *args: Any) -> Any:
-    if size <= INLINE_COMPARE_CHARS:
-        return fn(*args)
-    return await run_in_process(fn, *args)
+def compare_budget(size: int) -> float:
+    """Seconds a comparison in a worker process may take: generous for linear work on ``size`` bytes."""
+    return 10.0 + size / (1 << 20)
+
+
+class Comparer:
+    """Where comparisons run: inline when small, else in worker processes, ``slots`` at once per worker.
+
+    The clock of a comparison starts when it has a process: a queue behind other rollouts'
+    comparisons is not charged to it.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = anyio.CapacityLimiter(max(1, slots))
+        self._pool = anyio.CapacityLimiter(max(1, slots))
+
+    async def __call__(self, size: int, fn: Any, *args: Any) -> Any:
+        if size <= INLINE_COMPARE_BYTES:
+            return fn(*args)
+        async with self._slots:
+            with anyio.fail_after(compare_budget(size)):
+                try:
+                    return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=self._pool)
+                except anyio.BrokenWorkerProcess:  # an idle pooled worker that died: once more, fresh
+                    return await anyio.to_process.run_sync(fn, *args, cancellable=True, limiter=self._pool)
 
 
 def _error_meta(msg: _Error, gt_inp: Any, gt_out: Any) -> dict[str, Any]:
@@ -214,8 +263,24 @@ def _error_meta(msg: _Error, gt_inp: Any, gt_out: Any) -> dict[str, Any]:
     return meta
 
 
+_TIMED_OUT = _Error(code=-3, error="TimeoutException()")
+
+
 def _during_testing(e: BaseException) -> tuple[list[int | bool], dict[str, Any]]:
     return [-4], {"error_code": -4, "error_message": f"Error during testing: {e}"}
+
+
+def stdio_judgement(body: bytes, gt_inp: str, gt_out: str) -> dict[str, Any] | None:
+    """Decode a captured stdout and compare it (a top-level function: it can run in a worker process)."""
+    try:
+        prediction = body.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise _Undecodable from None
+    return compare_stdout(prediction, gt_inp, gt_out)
+
+
+class _Undecodable(ValueError):
+    """The output is not what the harness sends (not UTF-8): the run is broken."""
 
 
 async def run_unit_tests(
@@ -226,19 +291,25 @@ async def run_unit_tests(
     timeout: float,
     limits: Limits,
     output_cap: int,
+    comparer: Comparer | None = None,
 ) -> tuple[list[int | bool], dict[str, Any] | None]:
     """Run ``code`` against ``tests`` in one sandboxed process; NeMo Gym's ``(result, metadata)``.
 
     The sandbox only ever sees the inputs and only ever sends raw outputs: every
     verdict is decided here, test by test (the sandbox waits for "go on" after
-    each, so tests stop at the first failure as under NeMo Gym). A run that ends
-    without a verdict (wall-clock or CPU limit, a crash, ``os._exit``, a broken
-    or forged protocol message) gives ``[-1] * len(inputs)`` and metadata None,
-    as NeMo Gym's global timeout does. ``SandboxError`` (no sandbox could be set
-    up) propagates: that is not the model's fault and must not become a reward.
+    each, so tests stop at the first failure as under NeMo Gym). The worker keeps
+    its own clock: a test whose output does not arrive within ``timeout`` (plus
+    :func:`grace`) is a time limit (-3), a load that does not finish in that time
+    NeMo Gym's failed preparation (``[-4]``), whatever the program did to its
+    timer. A run that ends without a verdict (wall-clock or CPU limit, a crash,
+    ``os._exit``, a broken or forged protocol message, a comparison over its time
+    budget) gives ``[-1] * len(inputs)`` and metadata None, as NeMo Gym's global
+    timeout does. ``SandboxError`` (no sandbox could be set up) propagates: that is
+    not the model's fault and must not become a reward.
     """
     n = len(tests.inputs)
     call_based = tests.fn_name is not None
+    comparer = comparer or Comparer(1)
     job: dict[str, Any] = {
         "mode": "call" if call_based else "stdio",
         "code": code,
@@ -247,10 +318,15 @@ async def run_unit_tests(
         "fn_name": tests.fn_name,
         "inputs": list(tests.inputs),
     }
+    budget = timeout + grace(timeout)
     try:
         async with runner.session(HARNESS, limits) as s:
             await s.send(job)
-            first = await _expect(s, _Ready, _Unprepared)
+            await _expect(s, _Loading)
+            try:
+                first, _ = await _expect(s, _Ready, _Unprepared, budget=budget)
+            except _OutOfTime:
+                return _during_testing(Exception(""))  # a load the timer ended says just this
             if isinstance(first, _Unprepared):
                 return [-4], {"error_code": -4, "error_message": f"Error during testing: {first.error}"}
             if call_based:
@@ -258,36 +334,58 @@ async def run_unit_tests(
                     expected = [json.loads(out) for out in tests.outputs]
                 except Exception as e:
                     return _during_testing(e)
-                return await _run_calls(s, tests, expected)
-            return await _run_stdio(s, tests, output_cap)
-    except (SandboxTimeout, SandboxExited):
+                return await _run_calls(s, tests, expected, budget, output_cap, comparer)
+            return await _run_stdio(s, tests, budget, output_cap, comparer)
+    except (SandboxTimeout, SandboxExited, DecodeError, _Undecodable, TimeoutError):
         return [-1] * n, None
 
 
+def _shorten_bytes(body: bytes) -> str:
+    """``shorten`` of a UTF-8 text, from its first and last bytes only (no decoding of megabytes in the loop)."""
+    if len(body) <= 2400:
+        return shorten(body.decode("utf-8", "replace"))
+    head = body[:600].decode("utf-8", "ignore")[:150]
+    tail = body[-600:].decode("utf-8", "ignore")[-150:]
+    return head + "...(truncated) ..." + tail
+
+
+def _over_the_cap(gt_inp: Any, gt_out: Any, output_cap: int, what: str) -> dict[str, Any]:
+    return {
+        "output": "",
+        "inputs": shorten(gt_inp),
+        "expected": shorten(gt_out),
+        "error_code": -2,
+        "error_message": f"Wrong answer: {what} over the limit of {output_cap} bytes",
+    }
+
+
 async def _run_stdio(
-    s: SandboxSession, tests: UnitTests, output_cap: int
+    s: SandboxSession, tests: UnitTests, budget: float, output_cap: int, compare: Comparer
 ) -> tuple[list[int | bool], dict[str, Any] | None]:
     results: list[int | bool] = []
     for gt_inp, gt_out in zip(tests.inputs, tests.outputs):
-        msg = await _expect(s, _Output, _Error)
+        try:
+            msg, body = await _expect(s, _Output, _Error, budget=budget, max_body=output_cap)
+        except _OutOfTime:
+            results.append(-3)
+            return results, _error_meta(_TIMED_OUT, gt_inp, gt_out)
+        except SandboxBodyTooLarge:  # counted here, in bytes, whatever the program told its harness
+            results.append(-2)
+            return results, _over_the_cap(gt_inp, gt_out, output_cap, "output")
         if isinstance(msg, _Error):
             results.append(msg.code)
             return results, _error_meta(msg, gt_inp, gt_out)
-        prediction = msg.output
-        if not isinstance(prediction, str):
-            raise SandboxExited("output without text", None, "")
+        assert body is not None
         if msg.overflow:
             results.append(-2)
             await s.send({"next": False})
-            return results, {
-                "output": shorten(prediction),
-                "inputs": shorten(gt_inp),
-                "expected": shorten(gt_out),
-                "error_code": -2,
-                "error_message": f"Wrong answer: output over the limit of {output_cap} characters",
-            }
+            meta = _over_the_cap(gt_inp, gt_out, output_cap, "output")
+            meta["output"] = _shorten_bytes(body)
+            return results, meta
         try:
-            wrong = await _off_loop(len(prediction) + len(gt_out), compare_stdout, prediction, gt_inp, gt_out)
+            wrong = await compare(len(body) + len(gt_out), stdio_judgement, body, gt_inp, gt_out)
+        except (_Undecodable, TimeoutError):
+            raise
         except Exception as e:
             return _during_testing(e)
         if wrong is not None:
@@ -296,24 +394,35 @@ async def _run_stdio(
             return results, wrong
         results.append(True)
         await s.send({"next": True})
-    done = await _expect(s, _Done)
+    done, _ = await _expect(s, _Done)
     return results, {"execution time": done.execution_time}
 
 
 async def _run_calls(
-    s: SandboxSession, tests: UnitTests, expected: list[Any]
+    s: SandboxSession, tests: UnitTests, expected: list[Any], budget: float, output_cap: int, compare: Comparer
 ) -> tuple[list[int | bool], dict[str, Any] | None]:
     results: list[int | bool] = []
-    for inp, gt_out in zip(tests.inputs, expected):
-        msg = await _expect(s, _Output, _Error)
+    for inp, gt_out, gt_text in zip(tests.inputs, expected, tests.outputs):
         gt_inp = _call_args(inp)
+        try:
+            msg, body = await _expect(s, _Output, _Error, budget=budget, max_body=output_cap)
+        except _OutOfTime:
+            results.append(-3)
+            return results, _error_meta(_TIMED_OUT, gt_inp, gt_out)
+        except SandboxBodyTooLarge as e:
+            results.append(False)
+            meta = _over_the_cap(gt_inp, gt_out, output_cap, "result")
+            text = e.header.get("text") if isinstance(e.header, dict) else None
+            meta["output"] = text if isinstance(text, str) else ""
+            return results, meta
         if isinstance(msg, _Error):
             results.append(msg.code)
             return results, _error_meta(msg, gt_inp, gt_out)
+        assert body is not None
         try:
-            ok = await _off_loop(len(json.dumps(msg.value)), judge_call, msg.value, gt_out)
-        except DecodeError:
-            raise SandboxExited("undecodable result", None, "") from None
+            ok = await compare(len(body), judge_call, body, gt_text)
+        except (DecodeError, TimeoutError):
+            raise
         except Exception as e:  # e.g. RecursionError comparing: a runtime error, as under NeMo Gym
             results.append(-4)
             return results, _error_meta(_Error(code=-4, error=repr(e)), gt_inp, gt_out)
@@ -334,7 +443,7 @@ async def _run_calls(
             "error_code": -2,
             "error_message": "Wrong Answer",
         }
-    done = await _expect(s, _Done)
+    done, _ = await _expect(s, _Done)
     return results, {"execution time": done.execution_time}
 
 
@@ -348,6 +457,7 @@ def _call_args(inp: str) -> Any:
 
 __all__ = [
     "HARNESS",
+    "Comparer",
     "SandboxError",
     "UnitTests",
     "compare_stdout",

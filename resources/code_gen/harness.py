@@ -1,6 +1,6 @@
 """Runs *inside* the sandbox: executes one program against its unit tests, LiveCodeBench style.
 
-Standard library only: ``sandbox.py`` reads this file before it confines itself
+Standard library only: the sandbox (``child.py``) reads this file before it confines itself
 and runs ``main(channel)`` after. It reproduces how NeMo Gym's ``code_gen``
 (through its LiveCodeBench ``testing_util``) runs a program, because rewards
 depend on those details:
@@ -30,17 +30,20 @@ untrusted program, which can reach every object in it (stack frames, ``gc``) and
 every descriptor, so it is treated as untrusted too. Whatever arrives on the
 channel is read by the worker as *raw output of the current test* only; the
 expected outputs never enter the sandbox; protocol:
-``ready`` | ``unprepared``, then per test ``output`` | ``error`` (the worker
-answers ``{"next": bool}``), then ``done``.
+``loading``, then ``ready`` | ``unprepared``, then per test ``output`` | ``error``
+(the worker answers ``{"next": bool}``), then ``done``. An ``output`` carries its data
+as a raw body after its header line (``child.Channel``): the captured stdout as UTF-8
+bytes, or the call's result as JSON (UTF-8, not escaped), so the worker counts bytes.
 
 Per test a ``SIGALRM`` timer of ``timeout`` seconds raises ``TimeoutException``
-(result -3); any other exception is a runtime error (-4, with ``repr`` and
+(result -3); the program can switch that timer off, so the worker keeps its own
+clock per test and per load and ends the run there with the same verdict. Any other exception is a runtime error (-4, with ``repr`` and
 traceback); a failure while preparing the program ends everything with ``[-4]``
 and ``"Error during testing: <message>"`` (the parent builds it from ``unprepared``). Like LiveCodeBench's
 ``reliability_guard``, destructive helpers (``os.kill``, ``os.system``,
 ``subprocess.Popen``, ``shutil.rmtree``, ...) are set to None first: a program
 that calls them fails the way it does under NeMo Gym. (That is not the security
-boundary; ``sandbox.py`` is.)
+boundary; ``gym_runtime.sandbox`` is.)
 """
 
 import ast
@@ -210,8 +213,18 @@ class OutputLimitExceeded(BaseException):
     """The program printed more than the cap; ends the test (a BaseException: ``except Exception`` won't hide it)."""
 
 
+def utf8(text):
+    """The bytes a text is on the way out (lone surrogates kept: ``surrogatepass``)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 class _CappedStringIO(StringIO):
-    """Captured stdout that keeps at most ``cap`` characters; a write past the cap ends the test."""
+    """Captured stdout that keeps at most ``cap`` bytes (UTF-8); a write past the cap ends the test.
+
+    The size is that of the characters themselves (``str.__str__``), never what a ``str``
+    subclass says its length is. (The parent counts the bytes it receives again: this is
+    where an honest program learns it went over, not the limit itself.)
+    """
 
     def __init__(self, cap):
         super().__init__()
@@ -222,14 +235,17 @@ class _CappedStringIO(StringIO):
     def write(self, s):
         if not isinstance(s, str):
             return super().write(s)
+        s = str.__str__(s)
+        n = len(s) if s.isascii() else len(utf8(s))
         room = self._cap - self._size
-        if len(s) > room:
+        if n > room:
             self.overflow = True
             if room > 0:
-                super().write(s[:room])
-                self._size = self._cap
+                part = utf8(s)[:room].decode("utf-8", "ignore")  # (a character cut in two is left out)
+                super().write(part)
+                self._size += len(utf8(part))
             raise OutputLimitExceeded
-        self._size += len(s)
+        self._size += n
         return super().write(s)
 
 
@@ -336,6 +352,13 @@ def call_with_input(function, inputs):
 # ----------------------------------------------------------------------- the two modes
 
 
+_MAX_TEXT = 128 << 10  # an error's repr or traceback longer than this keeps its head and tail
+
+
+def _clip(text):
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT // 2] + "...(truncated) ..." + text[-_MAX_TEXT // 2 :]
+
+
 def _error(channel, exc):
     """Report a test that raised: -3 for the per-test timer, else -4 with the traceback."""
     code = -3 if "timeoutexception" in repr(exc).lower() else -4
@@ -343,18 +366,23 @@ def _error(channel, exc):
         {
             "kind": "error",
             "code": code,
-            "error": repr(exc),
-            "traceback": None if code == -3 else traceback.format_exc(),
+            "error": _clip(repr(exc)),
+            "traceback": None if code == -3 else _clip(traceback.format_exc()),
         }
     )
 
 
 def _prepare(channel, prepare):
-    """Load the program; report ``ready`` or, when that fails, ``unprepared`` (NeMo Gym's [-4])."""
+    """Load the program; report ``ready`` or, when that fails, ``unprepared`` (NeMo Gym's [-4]).
+
+    ``loading`` goes first, before any of the program's code runs: from then on the
+    parent's clock for the load runs (``timeout``, whatever the program does to the timer).
+    """
+    channel.send({"kind": "loading"})
     try:
         prepared = prepare()
     except Exception as e:
-        channel.send({"kind": "unprepared", "error": str(e)})
+        channel.send({"kind": "unprepared", "error": _clip(str(e))})
         return None
     channel.send({"kind": "ready"})
     return prepared
@@ -393,7 +421,7 @@ def run_stdio(channel, job):
             finally:
                 _disarm()
                 faulthandler.disable()
-        channel.send({"kind": "output", "output": captured[0], "overflow": captured.overflow})
+        channel.send({"kind": "output", "overflow": captured.overflow}, utf8(captured[0]))
         if not channel.recv().get("next"):
             return
     channel.send({"kind": "done", "execution_time": total})
@@ -446,7 +474,8 @@ def encode(value, depth=0, seen=None):
             }
         if isinstance(value, (set, frozenset)):
             kind = "frozenset" if isinstance(value, frozenset) else "set"
-            return {"$": kind, "items": [encode(v, depth + 1, seen) for v in frozenset.__iter__(frozenset(value))]}
+            each = frozenset.__iter__ if kind == "frozenset" else set.__iter__  # (no copy: a copy rehashes)
+            return {"$": kind, "items": [encode(v, depth + 1, seen) for v in each(value)]}
         item = getattr(type(value), "item", None)
         if type(value).__module__ == "numpy" and callable(item) and getattr(value, "ndim", 1) == 0:
             return encode(item(value), depth + 1, seen)  # a numpy scalar: its Python value
@@ -480,11 +509,12 @@ def run_calls(channel, job):
             total += time.time() - start
             if isinstance(prediction, tuple):
                 prediction = list(prediction)
-            message = {"kind": "output", "value": encode(prediction), "text": None, "text_error": None}
+            value = utf8(json.dumps(encode(prediction), ensure_ascii=False))
+            message = {"kind": "output", "text": None, "text_error": None}
             try:
                 message["text"] = shorten(prediction)
             except Exception as e:  # NeMo Gym fails only when it must show a wrong answer
-                message["text_error"] = [repr(e), traceback.format_exc()]
+                message["text_error"] = [_clip(repr(e)), _clip(traceback.format_exc())]
             _disarm()
         except Exception as e:
             _disarm()
@@ -493,7 +523,7 @@ def run_calls(channel, job):
         finally:
             _disarm()
             faulthandler.disable()
-        channel.send(message)
+        channel.send(message, value)
         if not channel.recv().get("next"):
             return
     channel.send({"kind": "done", "execution_time": total})

@@ -73,25 +73,39 @@ class LocalEnvironment:
         self.closed = False
 
     async def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One request, one reply: a small JSON header and, for ``run``, the output as a raw body.
 
+        The reply is the sandbox's (whatever runs in it can write to the channel): the header is
+        read with the sandbox's line cap, the body with ``max_output`` bytes, both in bytes as they
+        arrive; anything else ends the environment.
+        """
         if self.closed:
             raise EnvironmentError_("the environment is closed")
         try:
             await self._s.send(req)
-            reply = await self._s.recv()
+            reply, body = await self._s.recv(max_body=self.max_output)
         except SandboxTimeout as e:
             await self.close()
             raise EnvironmentError_(f"sandbox {e}") from None
         except SandboxExited as e:
             await self.close()
             raise EnvironmentError_(f"sandbox ended: {e}") from None
+        if not isinstance(reply, dict):
+            await self.close()
+            raise EnvironmentError_("sandbox sent a malformed reply")
         if "error" in reply:
-            raise EnvironmentError_(reply["error"])
+            raise EnvironmentError_(str(reply["error"])[:2000])
+        if body is not None:
+            reply["output"] = body.decode("utf-8", "replace")
         return reply
 
     async def run(self, command: str, timeout_s: float) -> CommandResult:
         r = await self._call({"op": "run", "command": command, "timeout": timeout_s, "max_output": self.max_output})
-        return CommandResult(r["returncode"], r["output"], r["timed_out"], r["truncated"])
+        try:
+            return CommandResult(r["returncode"], r["output"], bool(r["timed_out"]), bool(r["truncated"]))
+        except KeyError:
+            await self.close()
+            raise EnvironmentError_("sandbox sent a malformed reply") from None
 
     async def write(self, path: str, text: str) -> None:
         await self._call({"op": "write", "path": path, "text": text})
@@ -113,7 +127,14 @@ class LocalBackend:
     ) -> None:
 
         self.runner = SandboxRunner(max_parallel)
-        self.limits = Limits(wall_s=wall_s, cpu_s=wall_s, memory_bytes=memory_bytes, file_bytes=disk_bytes, nproc=128)
+        self.limits = Limits(
+            wall_s=wall_s,
+            cpu_s=wall_s,
+            memory_bytes=memory_bytes,
+            file_bytes=disk_bytes,
+            nproc=128,
+            exec_workdir=True,  # a repository's scripts run
+        )
         self.max_output = max_output
 
     async def start(self, task: dict[str, Any]) -> LocalEnvironment:

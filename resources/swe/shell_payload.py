@@ -10,7 +10,8 @@ the channel:
   with ``bash -c`` in ``./repo`` in its own process group; stdout and stderr
   together, the first ``max_output`` bytes kept. On the timeout, or when the
   command returns while children it started linger, the whole group is killed.
-  Reply ``{"returncode", "output", "timed_out", "truncated"}``.
+  Reply ``{"returncode", "timed_out", "truncated"}`` with the output as the message's raw body
+  (bytes: the parent counts and decodes them).
 - ``{"op": "write", "path": str, "text": str}``: write a file (relative to ``./repo``).
 
 The sandbox around it provides the real limits (no network, read-only file
@@ -99,12 +100,7 @@ def _run(root, env, command, timeout, max_output):
     except subprocess.TimeoutExpired:
         returncode = None
     proc.stdout.close()
-    return {
-        "returncode": -9 if timed_out else returncode,
-        "output": out.decode("utf-8", "replace"),
-        "timed_out": timed_out,
-        "truncated": truncated,
-    }
+    return {"returncode": -9 if timed_out else returncode, "output": bytes(out), "timed_out": timed_out, "truncated": truncated}
 
 
 def main(channel):
@@ -134,10 +130,11 @@ def main(channel):
                 env = _env(req.get("path") or [])
                 res = _run(root, env, "git init -q && git add -A && git commit -q -m base", 60, 65536)
                 if res["returncode"] != 0:
-                    raise RuntimeError("git init failed: " + res["output"][-2000:])
+                    raise RuntimeError("git init failed: " + res["output"][-2000:].decode("utf-8", "replace"))
                 channel.send({"ok": True})
             elif op == "run":
-                channel.send(_run(root, env, req["command"], float(req["timeout"]), int(req["max_output"])))
+                res = _run(root, env, req["command"], float(req["timeout"]), int(req["max_output"]))
+                channel.send({k: v for k, v in res.items() if k != "output"}, res["output"])  # output: raw bytes
             elif op == "write":
                 full = _safe_path(root, req["path"])
                 os.makedirs(os.path.dirname(full), exist_ok=True)

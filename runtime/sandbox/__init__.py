@@ -2,14 +2,16 @@
 
 ``code_gen`` (a program against unit tests) and ``swe``'s local backend (a
 repository and a shell) both run untrusted code here; neither imports the other.
-The parent side is :class:`SandboxRunner` (``runner.py``); the child side is the
-same file run alone as ``python -I runner.py --child`` (standard library only),
-and ``cgroups.py`` gives each sandbox its memory and process budget.
-``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
+The parent side is :class:`SandboxRunner` (``runner.py``: starts the child, counts
+its CPU and wall time from outside, reads its messages with byte caps); the child
+side is ``child.py``, run alone as ``python -I child.py --child`` (standard library
+only); ``cgroups.py`` gives each sandbox its memory and process budget and counts
+its CPU. ``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
 """
 
 from gym_runtime.sandbox.runner import (
     Limits,
+    SandboxBodyTooLarge,
     SandboxError,
     SandboxExited,
     SandboxRunner,
@@ -21,6 +23,7 @@ from gym_runtime.sandbox.runner import (
 
 __all__ = [
     "Limits",
+    "SandboxBodyTooLarge",
     "SandboxError",
     "SandboxExited",
     "SandboxRunner",

@@ -6,16 +6,20 @@ Per-process rlimits do not add up: six children under a 1 GiB ``RLIMIT_AS`` hold
 - **cgroup v2**, a child of the worker's own cgroup, when that cgroup already
   offers ``memory`` and ``pids`` to its children (a delegated subtree); sets
   ``memory.max``, ``memory.swap.max`` = 0 and ``pids.max``;
-- **cgroup v1**, a child of the worker's ``memory`` (and, if writable, ``pids``)
-  cgroup: ``memory.limit_in_bytes`` (+ ``memory.memsw.limit_in_bytes``) and
-  ``pids.max``.
+- **cgroup v1**, a child of the worker's ``memory`` (and, if writable, ``pids``
+  and ``cpuacct``) cgroup: ``memory.limit_in_bytes`` (+ ``memory.memsw.limit_in_bytes``),
+  ``pids.max``, and ``cpuacct.usage`` to count CPU.
+
+CPU is counted, not limited, here: the parent (``runner._CpuWatch``) reads :meth:`SandboxCgroup.cpu_s`
+(v2 ``cpu.stat``, v1 ``cpuacct.usage``: every process of the sandbox, also those already gone)
+and kills the sandbox when it passes its CPU limit.
 
 Neither writable (an unprivileged worker on most machines): :func:`create`
 returns None and the sandbox falls back to one process (no ``fork``; threads
 stay allowed), so process count x ``RLIMIT_AS`` stays within the budget.
 
 The sandboxed child joins the cgroup itself, first thing, before it forks or reads
-anything untrusted (``sandbox._child_main``); the parent kills what is left and removes the
+anything untrusted (``child._child_main``); the parent kills what is left and removes the
 directory after the run.
 """
 
@@ -73,18 +77,27 @@ class SandboxCgroup:
 
     version: int
     dirs: list[str]
+    cpu_file: str | None = None  # v2 cpu.stat, v1 cpuacct.usage; None: not counted here
 
-    @property
-    def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+    def cpu_s(self) -> float | None:
+        """CPU seconds used by the sandbox so far (every process, also those already gone); None if unknown."""
+        if self.cpu_file is None:
+            return None
+        with open(self.cpu_file, "rb") as f:
+            data = f.read()
+        if self.version == 2:
+            for line in data.splitlines():
+                if line.startswith(b"usage_usec "):
+                    return int(line.split()[1]) / 1e6
+            return None
+        return int(data) / 1e9
 
-    def remove(self) -> bool:
-        """Kill every process still inside, then remove the directories; True when all are gone."""
+    def kill(self) -> None:
+        """SIGKILL every process inside (v2: ``cgroup.kill``)."""
         for d in self.dirs:
-            kill = os.path.join(d, "cgroup.kill")
             try:
-                if self.version == 2 and os.path.exists(kill):
-                    _write(kill, "1")
+                if self.version == 2 and os.path.exists(os.path.join(d, "cgroup.kill")):
+                    _write(os.path.join(d, "cgroup.kill"), "1")
                     continue
                 with open(os.path.join(d, "cgroup.procs")) as f:
                     for pid in f.read().split():
@@ -94,6 +107,14 @@ class SandboxCgroup:
                             pass
             except OSError:
                 pass
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def remove(self) -> bool:
+        """Kill every process still inside, then remove the directories; True when all are gone."""
+        self.kill()
         left = []
         for d in self.dirs:
             try:
@@ -103,6 +124,8 @@ class SandboxCgroup:
             except OSError:
                 left.append(d)
         self.dirs = left
+        if self.cpu_file is not None and os.path.dirname(self.cpu_file) not in left:
+            self.cpu_file = None
         return not left
 
 
@@ -143,6 +166,8 @@ def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
             if os.path.exists(os.path.join(d, "memory.swap.max")):
                 _write(os.path.join(d, "memory.swap.max"), "0")
             _write(os.path.join(d, "pids.max"), str(max_tasks))
+            if os.path.exists(os.path.join(d, "cpu.stat")):  # (a core file of every v2 cgroup)
+                cg.cpu_file = os.path.join(d, "cpu.stat")
             return cg
         except OSError:
             cg.remove()
@@ -152,7 +177,7 @@ def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
 def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:  # type: ignore[no-untyped-def]
     made: list[str] = []
     cg = SandboxCgroup(1, made)
-    for controller in ("memory", "pids"):
+    for controller in ("memory", "pids", "cpuacct"):
         if controller not in own:
             continue
         for root, mount, fstype, opts in mounts:
@@ -169,8 +194,10 @@ def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
                     _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_bytes))
                     if os.path.exists(os.path.join(d, "memory.memsw.limit_in_bytes")):
                         _write(os.path.join(d, "memory.memsw.limit_in_bytes"), str(memory_bytes))
-                else:
+                elif controller == "pids":
                     _write(os.path.join(d, "pids.max"), str(max_tasks))
+                elif os.path.exists(os.path.join(d, "cpuacct.usage")):
+                    cg.cpu_file = os.path.join(d, "cpuacct.usage")
             except OSError:
                 if controller == "memory":
                     cg.remove()

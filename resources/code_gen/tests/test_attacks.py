@@ -452,7 +452,7 @@ async def test_child_processes_reach_python_but_not_root_only_files() -> None:
 
 MASK_PROBE = """
 import json, os, sys
-from gym_runtime.sandbox import runner as sb
+from gym_runtime.sandbox import child as sb
 closed, keep = sys.argv[1], sys.argv[2]
 sb._unshare(sb.CLONE_NEWNS)
 sb._mount(None, '/', None, sb.MS_REC | sb.MS_PRIVATE, None)

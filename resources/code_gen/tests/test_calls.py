@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.resources.code_gen.calls import DecodeError, Opaque, call_matches, decode, judge_call
+from gym_runtime.resources.code_gen.calls import DecodeError, Opaque, Pairs, call_matches, decode, dumps, judge_call
 
 _spec = importlib.util.spec_from_file_location("gym_harness", Path(__file__).resolve().parents[1] / "harness.py")
 harness = importlib.util.module_from_spec(_spec)
@@ -35,15 +35,18 @@ def test_plain_values_survive_the_trip() -> None:
         "x",
         [1, [2, "a"]],
         (1, 2),
-        {1: "a", "b": [2]},
-        {3, 4},
-        frozenset({5}),
         1 + 2j,
         b"\x00\xff",
     ]:
         got = roundtrip(v)
         assert got == v and type(got) is type(v)
     assert math.isnan(roundtrip(float("nan")))
+    # a dict travels as its items in order (no hash table of the model's keys), compared and dumped as a dict
+    got = roundtrip({1: "a", "b": [2]})
+    assert isinstance(got, Pairs) and got.items == [(1, "a"), ("b", [2])]
+    assert call_matches(got, {"1": "a", "b": [2]}) and dumps(got) == json.dumps({1: "a", "b": [2]})
+    # a set can never equal JSON data (nor be dumped as JSON): it is not even looked into
+    assert isinstance(roundtrip({3, 4}), Opaque) and isinstance(roundtrip(frozenset({5})), Opaque)
 
 
 def test_nemo_gym_rules() -> None:
@@ -87,6 +90,23 @@ def test_anything_else_is_opaque_and_equals_nothing() -> None:
 
 
 def test_forged_data_is_rejected() -> None:
-    for bad in [{"$": "eval", "code": "1"}, {"$": "int"}, {"$": "dict", "items": [[[1], 2]]}, {"no": "tag"}]:
+    for bad in [
+        {"$": "eval", "code": "1"},
+        {"$": "int"},
+        {"$": "dict", "items": [[[1], 2]]},
+        {"$": "dict", "items": [["a", 1], ["a", 1]]},  # a key twice: no real dict sends that
+        {"no": "tag"},
+    ]:
         with pytest.raises(DecodeError):
-            judge_call(bad, 1)
+            judge_call(json.dumps(bad).encode(), '{"a": 1, "b": 1}')
+    with pytest.raises(DecodeError):
+        judge_call(b"\xff\xfe", "1")  # not UTF-8
+
+
+def test_dumps_is_json_dumps() -> None:
+    for v in [None, True, 1, -2.5, float("nan"), float("inf"), "é\ud800\n", [1, (2, [3])], {1: 2, "a": None}]:
+        assert dumps(v) == json.dumps(v)
+    assert dumps({1.5: 1, True: 2, None: 3}) == json.dumps({1.5: 1, True: 2, None: 3})
+    for bad in [{1, 2}, b"x", 1j, {(1,): 2}, Opaque("x")]:
+        with pytest.raises(TypeError):
+            dumps(bad)
