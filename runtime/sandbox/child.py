@@ -41,7 +41,13 @@ untrusted input, and fails closed when a required layer is missing):
   stream/seqpacket (asyncio needs it). No new namespaces (``unshare``, ``setns``,
   ``clone`` with namespace flags; ``clone3`` answers ENOSYS so libc uses
   ``clone``), no ``mount``, ``keyctl``, ``bpf``, ``perf_event_open``,
-  ``userfaultfd``, ``ptrace``, io_uring, module/kexec loading, uid/gid changes.
+  ``userfaultfd``, ``ptrace``, io_uring, module/kexec loading, uid/gid changes;
+  no ``seccomp`` (no stacked filters or listeners), ``pidfd_*``, ``modify_ldt``,
+  ``memfd_secret``, ``memfd_create`` and ``execveat`` (no executable image in
+  memory), ``syslog``; ``personality`` only answers the query; ``prctl`` refuses
+  ``PRCTL_DENIED`` (seccomp, dumpable, keepcaps, securebits, mm, ptracer, ...).
+  Without a cgroup System V shared memory is refused too (nothing would charge it).
+  The whole list, and what stays allowed, is in ``resources/code_gen/README.md``.
 - **Privileges**: ``no_new_privs``; every capability dropped (effective,
   permitted, inheritable, ambient and the bounding set). When the worker runs as
   root, every uid and gid of the program becomes a random unprivileged one (so
@@ -55,14 +61,22 @@ untrusted input, and fails closed when a required layer is missing):
   the child before its first fork, so memory and process count hold for the
   sandbox as a whole. Where none is writable, the filter refuses new processes
   (threads stay allowed): one process, one ``RLIMIT_AS``, within the budget.
-- **rlimits**: ``RLIMIT_CPU`` (CPU seconds; SIGXCPU then SIGKILL),
+- **CPU**: counted for the sandbox as a whole by the parent (``runner._CpuWatch``:
+  the cgroup's usage, else the process tree's from ``/proc``), which kills it at
+  ``cpu_s``; per process, ``RLIMIT_CPU`` with soft = hard (SIGKILL; the program
+  cannot raise it).
+- **rlimits**:
   ``RLIMIT_AS`` (address space: a big allocation fails with MemoryError),
   ``RLIMIT_FSIZE`` (largest file the program may write; SIGXFSZ is ignored so a
   write fails with EFBIG instead of killing), ``RLIMIT_NPROC`` (processes and
   threads: no fork bombs), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` = 0.
-- **Output**: every message the child sends is read with a byte cap; a child
-  that exceeds it is killed. (The payload caps the program's captured stdout
-  itself, see ``harness.py``.)
+- **Output**: every message the child sends is a header line read with a byte
+  cap, and maybe a raw body whose announced size the reader checks against its
+  own cap before reading it; a child that breaks this is killed.
+- **No exec of what the program writes**: the working directory has no Landlock
+  EXECUTE right and its tmpfs is ``noexec`` (``Limits.exec_workdir`` lifts both,
+  for a shell over a repository), so neither a file there nor an unnamed one
+  (``O_TMPFILE`` through ``/proc/self/fd``) runs.
 
 Required layers: seccomp, confinement of the file system and of other processes
 (Landlock), dropping capabilities and, when root, leaving root, the rlimits, and a

@@ -454,3 +454,65 @@ async def test_kernel_calls_outside_the_allow_list_are_refused() -> None:
         "a, b = map(int, input().split())\nprint(a + b)"
     )
     assert (await env.verify(ADD, fenced(code))).reward == 1.0
+
+
+# ----------------------------------------------------------------------------- a whole run
+
+
+def _row(i: int, code: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    task = {
+        "responses_create_params": {"input": [{"role": "user", "content": f"Task {i}: add two numbers."}]},
+        **ADD_CALL,
+    }
+    text = f"Here you go.\n\n```python\n{code}\n```\n"
+    message = {
+        "id": f"msg_{i}",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    return task, {**task, "response": {"id": f"resp_{i}", "created_at": 0.0, "output": [message]}}
+
+
+def test_hostile_rollouts_beside_honest_ones_in_a_whole_run(tmp_path: Any) -> None:
+    """`gym-runtime run`, one code_gen worker: 3 hostile rollouts (hash-colliding results) among 8 honest ones.
+
+    On main the hostile comparisons blocked the worker's event loop for seconds each and honest rollouts on
+    the same worker became ``worker_lost`` failure rows. Every honest one must get its 1.0.
+    """
+    from tests.helpers import cli, read_jsonl, write_jsonl
+
+    hostile = {1, 5, 9}
+    pairs = [_row(i, COLLIDING_SET if i in hostile else ADD_CALL_OK) for i in range(11)]
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", [t for t, _ in pairs])
+    recorded = write_jsonl(tmp_path / "recorded.jsonl", [r for _, r in pairs])
+    out = tmp_path / "out.jsonl"
+    res = cli(
+        "run",
+        "resources/code_gen/config.yaml",
+        "-i",
+        str(tasks),
+        "-o",
+        str(out),
+        "-q",
+        "--processes",
+        "one",
+        "--set",
+        "models.policy.adapter=replay",
+        "--set",
+        f"models.policy.rollouts={recorded}",
+        "--set",
+        "resources.code_gen.options.max_parallel=4",
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_jsonl(out)
+    failures = tmp_path / "out_failures.jsonl"
+    lost = [r for r in read_jsonl(failures)] if failures.exists() else []
+    assert lost == [], [r.get("error") for r in lost][:3]
+    by_task = {r["responses_create_params"]["input"][0]["content"]: r for r in rows}
+    assert len(by_task) == 11
+    for i in range(11):
+        row = by_task[f"Task {i}: add two numbers."]
+        assert row["reward"] == (0.0 if i in hostile else 1.0), (i, row.get("result"))
