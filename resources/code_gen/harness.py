@@ -37,7 +37,8 @@ bytes, or the call's result as JSON (UTF-8, not escaped), so the worker counts b
 
 Per test a ``SIGALRM`` timer of ``timeout`` seconds raises ``TimeoutException``
 (result -3); the program can switch that timer off, so the worker keeps its own
-clock per test and per load and ends the run there with the same verdict. Any other exception is a runtime error (-4, with ``repr`` and
+clock per test and per load and ends the run there with the same verdict. Any other exception
+is a runtime error (-4, with ``repr`` and
 traceback); a failure while preparing the program ends everything with ``[-4]``
 and ``"Error during testing: <message>"`` (the parent builds it from ``unprepared``). Like LiveCodeBench's
 ``reliability_guard``, destructive helpers (``os.kill``, ``os.system``,

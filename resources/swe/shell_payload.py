@@ -100,7 +100,12 @@ def _run(root, env, command, timeout, max_output):
     except subprocess.TimeoutExpired:
         returncode = None
     proc.stdout.close()
-    return {"returncode": -9 if timed_out else returncode, "output": bytes(out), "timed_out": timed_out, "truncated": truncated}
+    return {
+        "returncode": -9 if timed_out else returncode,
+        "output": bytes(out),
+        "timed_out": timed_out,
+        "truncated": truncated,
+    }
 
 
 def main(channel):

@@ -102,15 +102,11 @@ import json
 import math
 import os
 import platform
-import secrets
-import shutil
 import signal
 import struct
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
 
 # ----------------------------------------------------------------------------- constants
 
@@ -646,7 +642,6 @@ class Layers:
         return missing
 
 
-
 # ----------------------------------------------------------------------------- child side
 
 
@@ -856,9 +851,7 @@ def _inner_setup(lim: dict[str, Any], layers: Layers) -> None:
         read_paths = _read_only_paths()
         if layers.private_proc:
             read_paths.append("/proc")
-        layers.__dict__.update(
-            _apply_landlock(abi, read_paths, [workdir], _DEV_FILES, bool(lim.get("exec_workdir")))
-        )
+        layers.__dict__.update(_apply_landlock(abi, read_paths, [workdir], _DEV_FILES, bool(lim.get("exec_workdir"))))
     layers.single_process = not layers.cgroup
     try:
         layers.seccomp = _apply_seccomp(layers.single_process)
@@ -881,7 +874,10 @@ def _send(fd: int, obj: Any, body: bytes | None = None) -> None:
 
 
 class Channel:
-    """The child's end of the parent link over two private fds: JSON lines in; JSON lines, each maybe with a raw body, out."""
+    """The child's end of the parent link over two private fds.
+
+    In: JSON lines. Out: JSON header lines, each maybe followed by a raw body (``_send``).
+    """
 
     def __init__(self, rfd: int, wfd: int) -> None:
         self._rfd, self._wfd = rfd, wfd
@@ -950,9 +946,9 @@ def _child_main(spec_json: str) -> None:
 
     try:
         if sys.platform != "linux":
-            raise SandboxError(f"no sandbox on {sys.platform}")
+            raise OSError(f"no sandbox on {sys.platform}")
         if cgroup_error:
-            raise SandboxError(cgroup_error)
+            raise OSError(cgroup_error)
         _inner_setup(lim, layers)
     except Exception as e:  # report, then fail closed
         layers.missing = [f"setup failed: {type(e).__name__}: {e}"]
@@ -967,7 +963,6 @@ def _child_main(spec_json: str) -> None:
     exec(compile(payload_src, lim["payload"], "exec"), ns)
     ns[lim.get("entry", "main")](Channel(rfd, wfd))
     os._exit(0)
-
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ import psutil
 import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
+from gym_runtime.resources.code_gen.calls import judge_call
 from gym_runtime.resources.code_gen.tests.test_code_gen import ADD, FAST, fenced, session, stdio_task, still_works
 from gym_runtime.sandbox import landlock_abi
+from tests.helpers import cli, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
@@ -279,14 +281,24 @@ async def test_hostile_results_cost_no_neighbour_its_reward() -> None:
 
 def test_comparison_has_no_quadratic_path() -> None:
     """Hash collisions, deep nesting and huge repeats: each compare is linear and bounded."""
-    from gym_runtime.resources.code_gen.calls import judge_call
-
     collide = json.dumps({"$": "set", "items": [k * (2**61 - 1) for k in range(1, 40001)]}).encode()
     keys = json.dumps({"$": "dict", "items": [[k * (2**61 - 1), 1] for k in range(1, 40001)]}).encode()
-    tuple_set = json.dumps({"$": "frozenset", "items": [{"$": "tuple", "items": [k * (2**61 - 1)]} for k in range(1, 40001)]}).encode()
+    tuple_set = json.dumps(
+        {"$": "frozenset", "items": [{"$": "tuple", "items": [k * (2**61 - 1)]} for k in range(1, 40001)]}
+    ).encode()
     deep = b'{"$": "tuple", "items": [' * 200 + b"1" + b"]}" * 200
     repeats = json.dumps([[]] * 2_000_000).encode()
-    for data, expected in [(collide, "[1]"), (keys, '{"1": 1}'), (tuple_set, "[]"), (deep, "[1]"), (repeats, "[]")]:
+    big = json.dumps(list(range(40000)))  # an expected output as large: no shortcut by counting values
+    big_dict = json.dumps({str(k): 1 for k in range(40000)})
+    for data, expected in [
+        (collide, "[1]"),
+        (collide, big),
+        (keys, '{"1": 1}'),
+        (keys, big_dict),
+        (tuple_set, big),
+        (deep, "[1]"),
+        (repeats, "[]"),
+    ]:
         start = time.monotonic()
         assert judge_call(data, expected) is False
         assert time.monotonic() - start < 1.0, data[:40]
@@ -481,8 +493,6 @@ def test_hostile_rollouts_beside_honest_ones_in_a_whole_run(tmp_path: Any) -> No
     On main the hostile comparisons blocked the worker's event loop for seconds each and honest rollouts on
     the same worker became ``worker_lost`` failure rows. Every honest one must get its 1.0.
     """
-    from tests.helpers import cli, read_jsonl, write_jsonl
-
     hostile = {1, 5, 9}
     pairs = [_row(i, COLLIDING_SET if i in hostile else ADD_CALL_OK) for i in range(11)]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [t for t, _ in pairs])
