@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from json.encoder import encode_basestring_ascii as _json_str  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 

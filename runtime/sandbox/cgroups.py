@@ -141,7 +141,7 @@ def create(memory_bytes: int, max_tasks: int) -> SandboxCgroup | None:
     return None
 
 
-def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:  # type: ignore[no-untyped-def]
+def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:
     if "" not in own:
         return None
     for root, mount, fstype, _ in mounts:
@@ -174,7 +174,7 @@ def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
     return None
 
 
-def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:  # type: ignore[no-untyped-def]
+def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:
     made: list[str] = []
     cg = SandboxCgroup(1, made)
     for controller in ("memory", "pids", "cpuacct"):

@@ -155,7 +155,7 @@ PRCTL_DENIED = (4, 8, 22, 28, 35, 57, 59, 67, 0x59616D61)
 # pivot_root, chroot, the new mount API); keyctl/add_key/request_key; bpf;
 # perf_event_open; userfaultfd; ptrace and process_vm_*; module and kexec loading;
 # file handles; acct, swapon/off, reboot.
-_SYSCALLS = {
+_SYSCALLS: dict[str, dict[str, Any]] = {
     "x86_64": dict(
         audit=0xC000003E,
         x32=True,
@@ -461,7 +461,7 @@ def _seccomp_program(single_process: bool = False) -> bytes | None:
     (no cgroup): new processes fail with EAGAIN, threads (``CLONE_THREAD``) stay
     allowed, and System V shared memory is refused (nothing would charge it).
     """
-    arch = _SYSCALLS.get(platform.machine())
+    arch: dict[str, Any] | None = _SYSCALLS.get(platform.machine())
     if arch is None:
         return None
     ins: list[tuple[int, int, int, int]] = []

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -132,7 +133,7 @@ def _proc_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid``'s process tree from /proc: each process's own time plus its reaped children's."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
-    todo, seen = [pid], set()
+    todo, seen = [pid], set[int]()
     while todo and len(seen) < 4096:
         p = todo.pop()
         if p in seen:
@@ -218,7 +219,7 @@ class _CpuWatch:
                             _killpg(w.pid)
                             if w.cgroup is not None:
                                 w.cgroup.kill()
-            threading.Event().wait(self.INTERVAL_S)
+            time.sleep(self.INTERVAL_S)
 
 
 class SandboxSession:
