@@ -137,13 +137,11 @@ class CodeGen(Resource):
     def limits_for(cls, n_tests: int) -> Limits:
         o = cls._opts
         wall = o.wall_time_s if o.wall_time_s is not None else global_timeout(o.unit_test_timeout_secs, n_tests)
-        cap = int(o.max_output_mb * (1 << 20))
         return Limits(
             wall_s=wall,
             cpu_s=o.cpu_time_s if o.cpu_time_s is not None else wall,
             memory_bytes=o.memory_mb << 20,
             file_bytes=o.max_file_mb << 20,
-            message_bytes=max(1 << 20, min(cap, 4 << 20)),  # headers: errors and tracebacks (bodies: the cap)
             nproc=o.max_processes,
             cgroup=o.use_cgroup,
         )
