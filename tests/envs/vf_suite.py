@@ -30,6 +30,8 @@ def _dataset() -> Dataset:
 def _text(completion: Any) -> str:
     out = []
     for m in completion:
+        if (m["role"] if isinstance(m, dict) else getattr(m, "role", "")) == "tool":
+            continue  # what the model said, not what the tool answered
         content = m["content"] if isinstance(m, dict) else getattr(m, "content", "")
         if isinstance(content, str):
             out.append(content)
@@ -104,6 +106,8 @@ def load_environment(kind: str = "single") -> vf.Environment:
             return 1.0
 
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[slow]))
+    if kind == "reasoning_gym":  # an environment class that ships inside the verifiers wheel
+        return vf.ReasoningGymEnv(gym="basic_arithmetic", num_train_examples=4, num_eval_examples=2, seed=7)
     if kind == "setup_raises":
         return SetupRaises(dataset=_dataset(), rubric=vf.Rubric(funcs=[exact]))
     raise ValueError(f"unknown kind {kind!r}")
