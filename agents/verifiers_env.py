@@ -505,7 +505,7 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
             states = await env._run_group_states([deepcopy(first) for _ in range(size)], client, model, sampling)
     except GymError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any exception of the foreign environment is a tool_error row
         if calls.error is not None:
             raise calls.error from None
         raise AgentFailure("tool_error", f"the verifiers environment raised {type(e).__name__}: {e}") from None

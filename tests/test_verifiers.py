@@ -86,7 +86,7 @@ def _run_ours(
     write_jsonl(work / "rows.jsonl", rows)
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
     cmd += ["--repeats", str(repeats), *args]
-    return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180)
+    return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180, check=False)
 
 
 def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> list[list[Any]]:
@@ -97,6 +97,7 @@ def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> li
         capture_output=True,
         text=True,
         timeout=180,
+        check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -156,3 +157,27 @@ def test_foreign_failures_are_failure_rows(kind: str, error_class: str, says: st
         assert len(failures) == 3 and not rows, res.stderr[-2000:]
     for f in failures:
         assert f["error_class"] == error_class and says in f["error"], f
+
+
+def test_group_rubric_scores_all_repeats_together_across_two_processes(tmp_path: Path) -> None:
+    """A rubric with a group reward function: each task's K repeats reach one agent as one group task
+    (group_repeats), so the group function sees all K completions (its value carries the group size),
+    even with two worker processes serving the batch; one row per repeat, rewards as verifiers' run_group."""
+    work = _workdir(tmp_path)
+    k = 3
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(
+            work, stub.base_url, "group", ROWS, repeats=k, extra=", group_repeats: true", args=("--processes", "2")
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        theirs = _run_theirs(work, stub.base_url, "group", repeats=k)
+    ours = read_jsonl(work / "out.jsonl")
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in ours] == [
+        (t, i) for t in range(len(ROWS)) for i in range(k)
+    ]
+    for t, group in enumerate(theirs):
+        rows = [r for r in ours if r["_ng_task_index"] == t]
+        assert sorted(r["reward"] for r in rows) == pytest.approx(sorted(g[0] for g in group))
+        for r in rows:
+            assert round(r["rank_in_group"] % 1, 6) == k / 100  # the group function saw K completions
+            assert "vf_advantage" in r

@@ -52,6 +52,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A role with no worker at all (a pool restarting) is waited out, with backoff, this long
     # before the attempt counts: max_attempts counts failures of the work, not absences of a role.
     absent_grace_s: float = 60.0
+    # The batch's repeats of one task reach one agent as one group task (an agent module with
+    # ``run_group(ctx, size)``, e.g. agents.verifiers_env for rubrics that score groups).
+    group_repeats: bool = False
     options: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

@@ -280,6 +280,7 @@ async def publish_batch(
         limit=limit,
         on_sent=on_sent,
         task_fields=fps.__getitem__,
+        grouped=lambda a: config.agents[a].group_repeats,
     )
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
