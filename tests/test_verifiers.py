@@ -26,8 +26,6 @@ from tests.helpers import REPO, read_jsonl, write_jsonl
 from tests.stub_openai import StubOpenAI
 from tests.vf_stub_policy import make_emulator
 
-pytest.importorskip("verifiers")
-
 ROWS = [
     {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
     for c in ("blue", "red", "green")
