@@ -39,20 +39,26 @@ def _emulator() -> VLLMEmulator:
         else:
             p = body.get("prompt")
             s = em.tokenizer.decode(p) if isinstance(p, list) else str(p)
-        a, b = re.findall(r"steps (\d+) (\d+)", s)[0]
+        how, a, b = re.findall(r"(steps|turns) (\d+) (\d+)", s)[0]
         done = s.count("total")  # one per observation the model has read
-        if done < 2:
+        if done < 2 and how == "steps":  # act through the action tool
             return Gen(text=VLLMEmulator.tool_call_text("step", {"delta": int((a, b)[done])}))
+        if done < 2:  # act with the turn's text (agents.multi_turn, user: env)
+            return Gen(text=json.dumps({"delta": int((a, b)[done])}))
         return Gen(text="finished")
 
     em.policy = policy
     return em
 
 
-def _rows(pairs: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def _rows(pairs: list[tuple[int, int]], *, turns: bool = False) -> list[dict[str, Any]]:
     sys.path.insert(0, str(REPO / "tests" / "envs"))
     from openenv_counter import CountAction
 
+    if turns:
+        return [
+            {"responses_create_params": {"input": [{"role": "user", "content": f"turns {a} {b}"}]}} for a, b in pairs
+        ]
     tool = action_tool(CountAction)
     return [
         {"responses_create_params": {"input": [{"role": "user", "content": f"steps {a} {b}"}], "tools": [tool]}}
@@ -111,7 +117,16 @@ def server(work: Path) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def _run(work: Path, base_url: str, options: str, rows: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+TOOLS_AGENT = "{agent: agents.simple, model: policy, resource: counter, max_steps: 6, max_attempts: 1, timeout_s: 60}"
+TURNS_AGENT = (
+    "{agent: agents.multi_turn, model: policy, resource: counter, max_steps: 2, max_attempts: 1, timeout_s: 60,"
+    " options: {user: env, max_turns: 4}}"
+)
+
+
+def _run(
+    work: Path, base_url: str, options: str, rows: list[dict[str, Any]], agent: str = TOOLS_AGENT
+) -> subprocess.CompletedProcess[str]:
     (work / "config.yaml").write_text(
         "nats: embedded\n"
         "models:\n"
@@ -120,7 +135,7 @@ def _run(work: Path, base_url: str, options: str, rows: list[dict[str, Any]]) ->
         "resources:\n"
         f"  counter: {{server: resources.openenv, options: {options}}}\n"
         "agents:\n"
-        "  play: {agent: agents.simple, model: policy, resource: counter, max_steps: 6, max_attempts: 1, timeout_s: 60}\n"
+        f"  play: {agent}\n"
     )
     write_jsonl(work / "rows.jsonl", rows)
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
@@ -166,8 +181,15 @@ def test_rewards_equal_in_process_served_and_own_client(work: Path, server: str)
                     json.loads(i["output"]) for i in r["response"]["output"] if i["type"] == "function_call_output"
                 ]
                 assert [o["done"] for o in outputs] == [False, True]
+        # the same environment driven by policy turns (agents.multi_turn, user: env): each turn's text is the action
+        res = _run(work, stub.base_url, "{env: 'openenv_counter:CountEnv'}", _rows(PAIRS, turns=True), TURNS_AGENT)
+        assert res.returncode == 0, res.stderr[-3000:]
+        rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+        rewards["turns"] = [r["reward"] for r in rows]
+        assert all(r["terminated"] is True and len(r["step_rewards"]) == 2 for r in rows)
     rewards["own_client"] = asyncio.run(_own_client(server, PAIRS))
     assert rewards["in_process"] == rewards["server"] == rewards["own_client"] == [1.0, 0.5, 0.0, 0.5]
+    assert rewards["turns"] == rewards["own_client"]
 
 
 @pytest.mark.parametrize("mode", ["in_process", "server"])

@@ -10,13 +10,20 @@ Two ways to reach it, one session (one environment instance, one episode) per ro
   each session is a WebSocket session of OpenEnv's own client (``GenericEnvClient``); ``/health``
   is checked over HTTP when the worker starts.
 
-The model acts through one tool (``options.tool``, default ``step``) whose arguments are the
-environment's action (its fields as JSON; the row offers the tool with the action's schema,
-``action_tool()`` writes it). Each call is one ``step``; the model reads the observation,
-reward and ``done`` as JSON. After ``done`` further calls are refused (the model reads why).
-``reset`` runs when the session is seeded, with the row's ``openenv_reset`` mapping as its
-keyword arguments. The reward is the sum of the step rewards (``step_rewards`` and ``done``
-are row fields).
+The agent drives it in one of two ways, as the environment suits:
+
+* **tool calls** (``agents.simple``): the model acts through one tool (``options.tool``, default
+  ``step``) whose arguments are the environment's action (its fields as JSON; the row offers
+  the tool with the action's schema, ``action_tool()`` writes it). Each call is one ``step``;
+  the model reads the observation, reward and ``done`` as JSON.
+* **policy turns** (``agents.multi_turn`` with ``user: env``): this is a ``GymResource``; each
+  policy turn is one ``step`` whose action is the turn's text (a JSON object of the action's
+  fields, or the text itself for an action with one string field); the observation (JSON) is
+  the next user turn, ``done`` ends the episode.
+
+After ``done`` further steps are refused (the model reads why). ``reset`` runs when the
+session is seeded, with the row's ``openenv_reset`` mapping as its keyword arguments. The
+reward is the sum of the step rewards (``step_rewards`` and ``done`` are row fields).
 
 Failures: ``reset`` that raises is a ``tool_error`` row (as any seed); ``step`` that raises,
 or takes longer than ``options.step_timeout_s``, is a ``tool_error`` row (OpenEnv's runner
@@ -35,8 +42,10 @@ import anyio
 import msgspec
 
 from gym_runtime.errors import GymError
+from gym_runtime.gymnasium import Action as PolicyTurn
+from gym_runtime.gymnasium import GymResource, Step, is_reserved
 from gym_runtime.messages import Response
-from gym_runtime.resource import Resource, ToolArgumentsError, Verdict, parse_options
+from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options
 
 __all__ = ["OpenEnvResource", "Options", "action_tool"]
 
@@ -91,7 +100,7 @@ def _reward(value: Any) -> float:
     raise GymError("verify_error", f"the environment's step returned reward {value!r}, not a number")
 
 
-class OpenEnvResource(Resource):
+class OpenEnvResource(GymResource):
     row_tools = "any"  # the action tool's schema is the environment's, checked by its Action model
     requires = ("openenv",)
     install = "pip install 'gym-runtime[openenv]'"
@@ -115,6 +124,7 @@ class OpenEnvResource(Resource):
                 health.raise_for_status()
 
     async def seed(self, task: dict[str, Any]) -> None:
+        await super().seed(task)
         self.rewards: list[float] = []
         self.done = False
         reset_args = task.get("openenv_reset") or {}
@@ -140,17 +150,51 @@ class OpenEnvResource(Resource):
             return dict(obs.model_dump(exclude={"reward", "done"}))
         return dict(obs) if isinstance(obs, dict) else {"value": obs}
 
+    async def reset(self, task: dict[str, Any]) -> None:
+        return None  # the episode was reset when the session was seeded; the prompt is the task's input
+
+    async def step(self, action: PolicyTurn) -> Step:
+        """One policy turn as one OpenEnv step (agents.multi_turn with user: env)."""
+        text = action.text.strip()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError:
+            raw = None
+        if not isinstance(raw, dict):
+            field = self._text_field()
+            if field is None:
+                return Step(observation="Error: answer with a JSON object of the action's fields")
+            raw = {field: action.text}
+        try:
+            reward, done, obs = await self._act(raw)
+        except ToolArgumentsError as e:  # the policy reads why, as it would from a tool
+            return Step(observation=f"Error: {e}")
+        return Step(observation=json.dumps(obs), reward=reward, terminated=done)
+
+    def _text_field(self) -> str | None:
+        if self.action_cls is None:
+            return None
+        fields = [n for n, f in self.action_cls.model_fields.items() if n != "metadata" and f.is_required()]
+        return fields[0] if len(fields) == 1 and self.action_cls.model_fields[fields[0]].annotation is str else None
+
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        if is_reserved(name):  # gym.reset / gym.step of a multi_turn agent
+            return await super().call_tool(name, arguments)
         if name != self.opts.tool:
             raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {self.opts.tool}")
-        if self.done:
-            raise ToolArgumentsError("the episode is over (done); no more steps")
         try:
             raw = json.loads(arguments or "{}")
         except json.JSONDecodeError as e:
             raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
         if not isinstance(raw, dict):
             raise ToolArgumentsError(f"arguments of {name!r} must be a JSON object")
+        reward, done, obs = await self._act(raw)
+        return json.dumps({"observation": obs, "reward": reward, "done": done})
+
+    async def _act(self, raw: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
+        """One OpenEnv step: its reward, done and observation."""
+        if self.done:
+            raise ToolArgumentsError("the episode is over (done); no more steps")
         try:
             with anyio.fail_after(self.opts.step_timeout_s):
                 reward, done, obs = await self._step(raw)
@@ -164,7 +208,7 @@ class OpenEnvResource(Resource):
             raise GymError("tool_error", f"the environment's step raised {type(e).__name__}: {e}") from None
         self.rewards.append(reward)
         self.done = done
-        return json.dumps({"observation": obs, "reward": reward, "done": done})
+        return reward, done, obs
 
     async def _step(self, raw: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
         if self.env_cls is not None:
@@ -182,10 +226,14 @@ class OpenEnvResource(Resource):
         result = await self.client.step(raw)
         return _reward(result.reward), bool(result.done), self._observation(result)
 
-    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:  # type: ignore[override]
         return Verdict(
             reward=float(sum(self.rewards)),
-            fields={"step_rewards": list(self.rewards), "done": self.done},
+            fields={
+                "step_rewards": list(self.rewards),
+                "done": self.done,
+                **(self.episode_fields() if self.steps else {}),  # driven by policy turns: NeMo Gym's gymnasium fields
+            },
         )
 
     async def close(self) -> None:
