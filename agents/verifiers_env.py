@@ -62,7 +62,7 @@ from gym_runtime.messages import (
     message_text,
 )
 
-__all__ = ["Options", "check_options", "rows_from_dataset", "run", "run_group"]
+__all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run", "run_group"]
 
 # Fields of a row the rubric's metrics must not overwrite.
 _RESERVED = frozenset({"reward", "response", "responses_create_params", "agent_ref", "policy_versions"})
@@ -415,6 +415,14 @@ def rows_from_dataset(env: Any, *, n: int = -1, split: str = "train") -> list[di
                 vf_fields[key] = ex[key]
         rows.append({"responses_create_params": {"input": prompt}, "verifiers": vf_fields})
     return rows
+
+
+def dataset_rows(options: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """``gym-runtime prepare -i AGENT=env[:SPLIT]``: the agent's environment's dataset (train or eval) as rows."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"a verifiers environment has the splits train and eval, not {split!r}")
+    env = load_environment(check_options(options))
+    return rows_from_dataset(env, split=split)
 
 
 def _step_usage(state: Any) -> Usage:

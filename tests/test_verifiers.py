@@ -179,3 +179,52 @@ def test_group_rubric_scores_all_repeats_together_across_two_processes(tmp_path:
         for r in rows:
             assert round(r["rank_in_group"] % 1, 6) == k / 100  # the group function saw K completions
             assert "vf_advantage" in r
+
+
+def test_prepare_writes_the_environments_dataset_as_rows(tmp_path: Path) -> None:
+    """`prepare -i AGENT=env` writes the verifiers environment's own dataset as rows that run as they are."""
+    work = _workdir(tmp_path)
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(work, stub.base_url, "single", ROWS[:1])  # writes the config
+        assert res.returncode == 0, res.stderr[-3000:]
+        prep = subprocess.run(
+            [sys.executable, "-m", "gym_runtime.cli", "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared"],
+            cwd=work,
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert prep.returncode == 0, prep.stderr[-3000:]
+        rows = read_jsonl(work / "prepared" / "train.jsonl")
+        assert sorted(r["responses_create_params"]["input"][-1]["content"] for r in rows) == [
+            "say blue",
+            "say green",
+            "say red",
+        ]
+        assert all(r["verifiers"]["answer"] in r["responses_create_params"]["input"][-1]["content"] for r in rows)
+        shutil.copy(work / "prepared" / "train.jsonl", work / "rows.jsonl")
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "run",
+                "config.yaml",
+                "-i",
+                "rows.jsonl",
+                "-o",
+                "out2.jsonl",
+                "-q",
+            ],
+            cwd=work,
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    by_color = {r["verifiers"]["answer"]: r["exact"] for r in read_jsonl(work / "out2.jsonl")}
+    assert by_color == {"blue": 1.0, "red": 1.0, "green": 0.0}
