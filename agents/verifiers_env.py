@@ -48,6 +48,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.agent import AgentContext, AgentFailure, Outcome
+from gym_runtime.config import AgentConfig
 from gym_runtime.errors import GymError
 from gym_runtime.messages import (
     CreateParams,
@@ -62,7 +63,7 @@ from gym_runtime.messages import (
     message_text,
 )
 
-__all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run", "run_group"]
+__all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run", "run_group", "setup"]
 
 # Fields of a row the rubric's metrics must not overwrite.
 _RESERVED = frozenset({"reward", "response", "responses_create_params", "agent_ref", "policy_versions"})
@@ -100,7 +101,7 @@ def _load(env_id: str, args_json: str) -> Any:
 def load_environment(options: Options) -> Any:
     try:
         return _load(options.env_id, json.dumps(options.env_args, sort_keys=True))
-    except ImportError as e:
+    except (ImportError, ValueError) as e:  # verifiers says ValueError for an env it cannot import
         raise AgentFailure("invalid_task", f"cannot load verifiers environment {options.env_id!r}: {e}") from None
 
 
@@ -525,6 +526,16 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
     if notes:
         raise AgentFailure(*notes[0])
     return [_outcome(s, model) for s in states]
+
+
+async def setup(config: AgentConfig) -> None:
+    """Load the environment when the worker starts: its first task does not pay for the imports, and an
+    environment that cannot load stops the worker with one line instead of failing every task."""
+    options = check_options(config.options)
+    try:
+        load_environment(options)
+    except AgentFailure as e:
+        raise ValueError(f"agents.*.options.env_id: {e.info.message}") from None
 
 
 async def run(ctx: AgentContext) -> Outcome:

@@ -77,7 +77,9 @@ class AgentWorker:
         self.cfg = cfg
         self.config = config
         self.fn = load_agent(cfg.agent)
-        self.run_group = getattr(load_plugin("agent", cfg.agent, "agents.*.agent"), "run_group", None)  # group tasks
+        module = load_plugin("agent", cfg.agent, "agents.*.agent")
+        self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
+        self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0
@@ -98,6 +100,8 @@ class AgentWorker:
         return m.options.call_budget_s() + m.ack_wait_s + 5.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        if self.setup is not None:
+            await self.setup(self.cfg)
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
             self.puller = await work_queue_puller(
