@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from stub_openai import Gen, VLLMEmulator  # noqa: E402
+from tests.stub_openai import Gen, VLLMEmulator
 
 
 def make_emulator() -> VLLMEmulator:
