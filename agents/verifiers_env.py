@@ -47,9 +47,9 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.agent import AgentContext, AgentFailure, Outcome
+from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.config import AgentConfig
-from gym_runtime.errors import GymError
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -102,7 +102,7 @@ def load_environment(options: Options) -> Any:
     try:
         return _load(options.env_id, json.dumps(options.env_args, sort_keys=True))
     except (ImportError, ValueError) as e:  # verifiers says ValueError for an env it cannot import
-        raise AgentFailure("invalid_task", f"cannot load verifiers environment {options.env_id!r}: {e}") from None
+        raise Failure("invalid_task", f"cannot load verifiers environment {options.env_id!r}: {e}") from None
 
 
 # Failures noted while one task's rollouts run (reward functions that raised or returned no
@@ -274,7 +274,7 @@ _PARAM_KEYS = {"model", "messages", "tools", "temperature", "top_p", "tool_choic
 def chat_body_to_params(body: dict[str, Any]) -> CreateParams:
     """A Chat Completions request body -> our create params (sampling args the Struct lacks ride in ``extra``)."""
     if body.get("n", 1) not in (1, None):
-        raise AgentFailure("invalid_task", f"verifiers asked for n={body['n']} completions per call; one is served")
+        raise Failure("invalid_task", f"verifiers asked for n={body['n']} completions per call; one is served")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     extra = {
         k: v
@@ -352,12 +352,12 @@ class _Calls:
 
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
-        self.error: GymError | None = None
+        self.error: Failure | None = None
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
             resp = await self.ctx.generate(chat_body_to_params(body))
-        except GymError as e:
+        except Failure as e:
             if self.error is None:
                 self.error = e
             raise
@@ -399,7 +399,7 @@ def rollout_input(row: dict[str, Any], index: int) -> dict[str, Any]:
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, list):
-        raise AgentFailure("invalid_task", "the row has no prompt (responses_create_params.input)")
+        raise Failure("invalid_task", "the row has no prompt (responses_create_params.input)")
     prompt = [{"role": m.get("role", "user"), "content": m.get("content", "")} for m in prompt]
     return {"prompt": prompt, "example_id": extra.pop("example_id", index), **extra}
 
@@ -478,7 +478,7 @@ def _fields(state: Any) -> dict[str, Any]:
 def _outcome(state: Any, model: str) -> Outcome:
     reward = state.get("reward")
     if not _is_number(reward):
-        raise AgentFailure("verify_error", f"the rubric left reward {reward!r}, not a number")
+        raise Failure("verify_error", f"the rubric left reward {reward!r}, not a number")
     response = Response(
         id=f"resp_{uuid.uuid4().hex}",
         created_at=time.time(),
@@ -512,19 +512,19 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
             states = [await env._run_rollout_state(first, client, model, sampling)]
         else:
             states = await env._run_group_states([deepcopy(first) for _ in range(size)], client, model, sampling)
-    except GymError:
+    except Failure:
         raise
     except Exception as e:  # noqa: BLE001 - any exception of the foreign environment is a tool_error row
         if calls.error is not None:
             raise calls.error from None
-        raise AgentFailure("tool_error", f"the verifiers environment raised {type(e).__name__}: {e}") from None
+        raise Failure("tool_error", f"the verifiers environment raised {type(e).__name__}: {e}") from None
     finally:
         _NOTES.reset(token)
         await client_obj.close()
     if calls.error is not None:  # verifiers recorded it as its own ModelError; ours has the class and retry
         raise calls.error
     if notes:
-        raise AgentFailure(*notes[0])
+        raise Failure(*notes[0])
     return [_outcome(s, model) for s in states]
 
 
@@ -534,8 +534,8 @@ async def setup(config: AgentConfig) -> None:
     options = check_options(config.options)
     try:
         load_environment(options)
-    except AgentFailure as e:
-        raise ValueError(f"agents.*.options.env_id: {e.info.message}") from None
+    except Failure as e:
+        raise UserError(f"agents.*.options.env_id: {e.info.message}") from None
 
 
 async def run(ctx: AgentContext) -> Outcome:

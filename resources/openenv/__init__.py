@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import anyio
 import msgspec
 
-from gym_runtime.errors import GymError
+from gym_runtime.errors import Failure
 from gym_runtime.gymnasium import Action as PolicyTurn
 from gym_runtime.gymnasium import GymResource, Step, is_reserved
 from gym_runtime.messages import Response
@@ -97,7 +97,7 @@ def _reward(value: Any) -> float:
         return 0.0
     if isinstance(value, numbers.Real):
         return float(value)
-    raise GymError("verify_error", f"the environment's step returned reward {value!r}, not a number")
+    raise Failure("verify_error", f"the environment's step returned reward {value!r}, not a number")
 
 
 class OpenEnvResource(GymResource):
@@ -199,13 +199,13 @@ class OpenEnvResource(GymResource):
             with anyio.fail_after(self.opts.step_timeout_s):
                 reward, done, obs = await self._step(raw)
         except TimeoutError:
-            raise GymError(
+            raise Failure(
                 "tool_error", f"the environment's step took longer than step_timeout_s={self.opts.step_timeout_s:g}"
             ) from None
-        except (GymError, ToolArgumentsError):
+        except (Failure, ToolArgumentsError):
             raise
         except Exception as e:  # noqa: BLE001 - OpenEnv's runner stops on a step that raises: a failure row
-            raise GymError("tool_error", f"the environment's step raised {type(e).__name__}: {e}") from None
+            raise Failure("tool_error", f"the environment's step raised {type(e).__name__}: {e}") from None
         self.rewards.append(reward)
         self.done = done
         return reward, done, obs

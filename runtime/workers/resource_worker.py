@@ -183,7 +183,7 @@ class ResourceWorker:
                 return ToolReply(output=await inst.call_tool(req.name, req.arguments))
             except ToolArgumentsError as e:
                 return ToolReply(output=f"Error: {e}", is_error=True)
-            except HandlerError:  # the resource fails the rollout with a class (e.g. a foreign env's step)
+            except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
                 raise
             except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
                 log.warning("tool.failed", tool=req.name, error=repr(e))
