@@ -51,6 +51,7 @@ from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
+    ErrorClass,
     CreateParams,
     FunctionCall,
     FunctionCallOutput,
@@ -107,10 +108,12 @@ def load_environment(options: Options) -> Any:
 
 # Failures noted while one task's rollouts run (reward functions that raised or returned no
 # number): a list per task, shared by the rollouts of a group (asyncio tasks copy the context).
-_NOTES: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("gym_vf_notes", default=None)
+_NOTES: contextvars.ContextVar[list[tuple[ErrorClass, str]] | None] = contextvars.ContextVar(
+    "gym_vf_notes", default=None
+)
 
 
-def _note(error_class: str, message: str) -> None:
+def _note(error_class: ErrorClass, message: str) -> None:
     notes = _NOTES.get()
     if notes is not None:
         notes.append((error_class, message))
@@ -381,7 +384,8 @@ def _openai_client(calls: _Calls) -> Any:
         api_key="gym-runtime",  # not a secret: nothing leaves the process
         base_url="http://gym-runtime.invalid/v1",
         max_retries=0,  # our model workers retry; a failure is reported once, with its class
-        http_client=httpx.AsyncClient(transport=BusTransport()),
+        # openai 3.x runs on httpx2 and takes a legacy httpx client too, as verifiers' own clients use
+        http_client=httpx.AsyncClient(transport=BusTransport()),  # type: ignore[arg-type]
     )
 
 
@@ -504,7 +508,7 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
     from verifiers.legacy.clients import OpenAIChatCompletionsClient
 
     client = OpenAIChatCompletionsClient(client_obj)
-    notes: list[tuple[str, str]] = []
+    notes: list[tuple[ErrorClass, str]] = []
     token = _NOTES.set(notes)
     try:
         # The environment's own rollout + rubric (what run_rollout / run_group do before serializing).

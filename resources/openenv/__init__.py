@@ -70,7 +70,7 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _action_class(env_cls: type) -> type:
+def _action_class(env_cls: Any) -> Any:
     hints = typing.get_type_hints(env_cls.step)
     action = hints.get("action")
     if not isinstance(action, type):
@@ -78,7 +78,7 @@ def _action_class(env_cls: type) -> type:
     return action
 
 
-def action_tool(action_cls: type, *, name: str = "step", description: str = "") -> dict[str, Any]:
+def action_tool(action_cls: Any, *, name: str = "step", description: str = "") -> dict[str, Any]:
     """The Responses function tool a row offers for an OpenEnv action class."""
     schema = action_cls.model_json_schema()
     schema.pop("title", None)
@@ -105,8 +105,8 @@ class OpenEnvResource(GymResource):
     requires = ("openenv",)
     install = "pip install 'gym-runtime[openenv]'"
     opts: ClassVar[Options]
-    env_cls: ClassVar[type | None] = None
-    action_cls: ClassVar[type | None] = None
+    env_cls: ClassVar[Any] = None  # the OpenEnv Environment class (in process)
+    action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
@@ -226,7 +226,7 @@ class OpenEnvResource(GymResource):
         result = await self.client.step(raw)
         return _reward(result.reward), bool(result.done), self._observation(result)
 
-    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:  # type: ignore[override]
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         return Verdict(
             reward=float(sum(self.rewards)),
             fields={
