@@ -51,8 +51,8 @@ from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
-    ErrorClass,
     CreateParams,
+    ErrorClass,
     FunctionCall,
     FunctionCallOutput,
     Item,
