@@ -440,6 +440,7 @@ class Client:
             agent=agent,
             repeats=repeats,
             task_fields=self._task_fields(version, max_staleness),
+            grouped=lambda a: self.config.agents[a].group_repeats,
         )
         return handle
 

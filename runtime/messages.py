@@ -272,6 +272,10 @@ class RolloutTask(_Msg, tag="task.v1"):
     policy_version: int | None = None
     max_staleness: int | None = None
     fingerprint: str | None = None
+    # A group task (> 1): this one message carries repeats ``rollout_index .. rollout_index + group - 1``
+    # of the task, run together by one agent (a rubric that scores groups sees them all); each repeat
+    # still gives its own result, and a redelivery runs the whole group again.
+    group: int = 0
 
 
 class RolloutResult(_Msg, tag="result.v1"):

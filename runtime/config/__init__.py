@@ -40,7 +40,9 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent: str  # module path, e.g. agents.simple
     model: str
-    resource: str
+    # The resource whose sessions the agent opens; "" for an agent that opens none
+    # (agents.verifiers_env runs a verifiers environment's own loop and rubric).
+    resource: str = ""
     max_steps: int | None = None
     timeout_s: float = 600.0
     concurrency: int = 256
@@ -50,6 +52,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A role with no worker at all (a pool restarting) is waited out, with backoff, this long
     # before the attempt counts: max_attempts counts failures of the work, not absences of a role.
     absent_grace_s: float = 60.0
+    # The batch's repeats of one task reach one agent as one group task (an agent module with
+    # ``run_group(ctx, size)``, e.g. agents.verifiers_env for rubrics that score groups).
+    group_repeats: bool = False
     options: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -363,7 +368,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         _check_agent_options(name, a, cfg, source)
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
-        if a.resource not in cfg.resources:
+        if a.resource and a.resource not in cfg.resources:
             raise ConfigError(f"{source}: agents.{name}.resource: no resource named {a.resource!r} under resources")
     return cfg
 

@@ -140,6 +140,7 @@ async def publish_tasks(
     in_flight: int = 256,
     on_sent: Callable[[], None] | None = None,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
+    grouped: Callable[[str], bool] = lambda _agent: False,
 ) -> int:
     """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks."""
     rows = (row for _, row in iter_rows(plan.path, limit))
@@ -152,6 +153,7 @@ async def publish_tasks(
         repeats=repeats,
         in_flight=in_flight,
         task_fields=task_fields,
+        grouped=grouped,
         on_sent=on_sent,
     )
 
@@ -166,9 +168,13 @@ async def publish_rows(
     repeats: int = 1,
     in_flight: int = 256,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
+    grouped: Callable[[str], bool] = lambda _agent: False,
     on_sent: Callable[[], None] | None = None,
 ) -> int:
     """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task.
+
+    For an agent that takes groups (``grouped(agent)``, its ``group_repeats``), a row's repeats
+    are one group task (``RolloutTask.group``), counted as one task.
 
     At most ``in_flight`` publishes wait for their stream ack at once; the first that fails
     (after ``Bus.js_publish``'s own retries) stops the rest and is raised. Each publish is a
@@ -183,7 +189,7 @@ async def publish_rows(
     tel = bus.telemetry
 
     async def send(subject: str, task: RolloutTask) -> None:
-        msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}"
+        msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}" + (f"+{task.group}" if task.group else "")
         try:
             if tel.recording:
                 with tel.span(
@@ -214,13 +220,20 @@ async def publish_rows(
         for index, row in enumerate(rows):
             name = choose_agent(row, agents, agent)
             subject = bus.subject("task", name)
-            for r in range(repeats):
+            group = repeats if repeats > 1 and grouped(name) else 0
+            for r in range(1 if group else repeats):
                 await limiter.acquire()
                 if failed:
                     limiter.release()
                     break
                 task = RolloutTask(
-                    batch=batch, task_index=index, rollout_index=r, agent=name, row=row, **task_fields(name)
+                    batch=batch,
+                    task_index=index,
+                    rollout_index=r,
+                    agent=name,
+                    row=row,
+                    group=group,
+                    **task_fields(name),
                 )
                 tasks.spawn(send, subject, task)
                 sent += 1

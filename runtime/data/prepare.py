@@ -113,7 +113,7 @@ def prepare(cfg: Config, sources: list[Source], opts: Options, *, agent: str | N
     invalid = 0
     for src in sources:
         checker = TaskChecker(cfg, agent=agent or src.agent)
-        for where, row in read_source(src):
+        for where, row in read_source(src, cfg):
             src.rows += 1
             before = len(report.problems)
             one = check_rows(checker, [(where, row)], Report())

@@ -15,7 +15,9 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.config import Config
 from gym_runtime.errors import UserError
+from gym_runtime.plugins import load_plugin
 
 _decoder = msgspec.json.Decoder()
 
@@ -43,7 +45,7 @@ class Source(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One input as given on the command line, and what was read from it."""
 
     spec: str
-    kind: str  # jsonl | parquet | json | hub | hub_file
+    kind: str  # jsonl | parquet | json | hub | hub_file | env (an agent's environment's own dataset)
     agent: str | None = None
     role: str | None = None  # "validation": every row goes to validation.jsonl (NeMo Gym's dataset types)
     split: str | None = None
@@ -52,10 +54,15 @@ class Source(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 def parse_source(text: str) -> Source:
-    """``[AGENT=]PATH`` or ``[AGENT=]hf:OWNER/NAME[@REV][:SPLIT]`` / ``hf:OWNER/NAME[@REV]/FILE``."""
+    """``[AGENT=]PATH`` or ``[AGENT=]hf:OWNER/NAME[@REV][:SPLIT]`` / ``hf:OWNER/NAME[@REV]/FILE``,
+    or ``AGENT=env[:SPLIT]``: the dataset of the environment the agent runs (e.g. a verifiers environment's)."""
     agent, sep, spec = text.partition("=")
     if not sep or "/" in agent or not agent:
         agent, spec = "", text
+    if spec == "env" or spec.startswith("env:"):
+        if not agent:
+            raise PrepareError(f"{spec}: name the agent whose environment's dataset to read (AGENT=env[:SPLIT])")
+        return Source(spec=spec, kind="env", agent=agent, split=spec.partition(":")[2] or "train")
     path = Path(spec)
     if not spec.startswith("hf:") and (path.exists() or path.suffix in (".jsonl", *DATASETS_FILE_TYPES)):
         kind = "jsonl" if path.suffix == ".jsonl" else DATASETS_FILE_TYPES.get(path.suffix)
@@ -151,8 +158,11 @@ def _hub_file(src: Source) -> Path:
         raise PrepareError(f"{src.spec}: cannot download from the Hugging Face Hub: {str(e).splitlines()[0]}") from None
 
 
-def read_source(src: Source) -> Iterator[tuple[str, Any]]:
+def read_source(src: Source, cfg: Config | None = None) -> Iterator[tuple[str, Any]]:
     """``(where, row)`` for each row; a JSONL line that is not JSON yields its decode error."""
+    if src.kind == "env":
+        yield from _env_rows(src, cfg)
+        return
     if src.kind in ("jsonl", "hub_file"):
         path = Path(src.spec) if src.kind == "jsonl" else _hub_file(src)
         if not path.is_file():
@@ -167,3 +177,19 @@ def read_source(src: Source) -> Iterator[tuple[str, Any]]:
             raise PrepareError(f"{src.spec}: file not found")
         src.revision = _sha256(Path(src.spec))
     yield from _through_datasets(src)
+
+
+def _env_rows(src: Source, cfg: Config | None) -> Iterator[tuple[str, Any]]:
+    """The rows of an agent's environment's own dataset: its module's ``dataset_rows(options, split)``."""
+    if cfg is None or src.agent not in cfg.agents:
+        raise PrepareError(f"{src.agent}={src.spec}: needs a config naming the agent {src.agent!r}")
+    entry = cfg.agents[src.agent]
+    rows_of = getattr(load_plugin("agent", entry.agent, f"agents.{src.agent}.agent"), "dataset_rows", None)
+    if rows_of is None:
+        raise PrepareError(f"{src.agent}={src.spec}: agent {entry.agent} has no dataset of its own (no dataset_rows)")
+    try:
+        rows = rows_of(entry.options, src.split or "train")
+    except ValueError as e:
+        raise PrepareError(f"{src.agent}={src.spec}: {e}") from None
+    for i, row in enumerate(rows):
+        yield f"{src.agent}={src.spec}[{i}]", row

@@ -58,8 +58,11 @@ class TaskChecker:
             raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
         self.cfg = cfg
         self.agent = agent
-        self.classes: dict[str, type[Resource]] = {}
+        self.classes: dict[str, type[Resource] | None] = {}
         for name, a in cfg.agents.items():
+            if not a.resource:  # an agent without resource sessions: no task fields to check
+                self.classes[name] = None
+                continue
             self.classes[name] = load_resource_class(cfg.resources[a.resource].server, f"resources.{a.resource}.server")
 
     def route(self, row: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -104,7 +107,7 @@ class TaskChecker:
             return None, problems
         cls = self.classes[agent]
         env = self.cfg.agents[agent].resource
-        if cls.task_fields is not None:
+        if cls is not None and cls.task_fields is not None:
             try:
                 msgspec.convert(row, cls.task_fields)
             except msgspec.ValidationError as e:
@@ -114,7 +117,7 @@ class TaskChecker:
                     cls.check_task(row)
                 except (ValueError, TypeError, KeyError) as e:
                     problems.append(f"{env}: {str(e).removeprefix('task row: ')}")
-        if cls.row_tools == "resource" and isinstance(params, dict):
+        if cls is not None and cls.row_tools == "resource" and isinstance(params, dict):
             for tool in params.get("tools") or []:
                 if isinstance(tool, dict) and tool.get("type", "function") == "function":
                     name = tool.get("name")

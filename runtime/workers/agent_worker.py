@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import anyio
+import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
@@ -76,6 +77,9 @@ class AgentWorker:
         self.cfg = cfg
         self.config = config
         self.fn = load_agent(cfg.agent)
+        module = load_plugin("agent", cfg.agent, "agents.*.agent")
+        self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
+        self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0
@@ -96,6 +100,8 @@ class AgentWorker:
         return m.options.call_budget_s() + m.ack_wait_s + 5.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        if self.setup is not None:
+            await self.setup(self.cfg)
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
             self.puller = await work_queue_puller(
@@ -171,54 +177,64 @@ class AgentWorker:
                 with logs.bound(
                     batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index, trace_id=trace_id
                 ):
-                    result = await self._run_task(task, attempt, msg)
-                    if result is None:
+                    results = await self._run_task(task, attempt, msg)
+                    if results is None:
                         self.retried += 1
                         return  # nak'd for redelivery
                     took = time.perf_counter() - started
-                    if result.error is not None:
-                        self.failed += 1
-                        span.set_status(StatusCode.ERROR, result.error.message)
-                        skipped = result.error.error_class in ("cancelled", "stale")  # the trainer asked
-                        if not skipped:
-                            meters.rollout_failed(self.name, took, result.error.error_class)
-                        (log.info if skipped else log.warning)(
-                            "rollout.skipped" if skipped else "rollout.failed",
-                            error_class=result.error.error_class,
-                            error=result.error.message,
-                            attempt=attempt,
-                        )
-                    else:
-                        reward = result.row["reward"]  # type: ignore[index]
-                        reward = float(reward) if isinstance(reward, (int, float)) else None
-                        if reward is not None:
-                            span.set_attribute("gym.reward", reward)
-                        meters.rollout_done(self.name, took, reward)
-                        log.debug(
-                            "rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1), attempt=attempt
-                        )
+                    for result in results:
+                        self._account(result, took, attempt, span, meters)
                     if self.puller is not None:
                         await self.puller.release(msg)  # the next task starts while this one is stored
-                    await self._store(task, result)
+                    for result in results:
+                        await self._store(task, result)
                     await msg.ack()
-                    self.completed += 1
-                    self.busy_s += time.perf_counter() - started
+                    self.completed += len(results)
+                    self.busy_s += (time.perf_counter() - started) * len(results)
 
-    async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> RolloutResult | None:
-        def failure(info: ErrorInfo) -> RolloutResult:
-            return RolloutResult(
-                batch=task.batch,
-                task_index=task.task_index,
-                rollout_index=task.rollout_index,
-                agent=task.agent,
-                error=info,
-                input_row=task.row,
-                attempts=attempt,
+    def _account(self, result: RolloutResult, took: float, attempt: int, span: Any, meters: Any) -> None:
+        if result.error is not None:
+            self.failed += 1
+            span.set_status(StatusCode.ERROR, result.error.message)
+            skipped = result.error.error_class in ("cancelled", "stale")  # the trainer asked
+            if not skipped:
+                meters.rollout_failed(self.name, took, result.error.error_class)
+            (log.info if skipped else log.warning)(
+                "rollout.skipped" if skipped else "rollout.failed",
+                error_class=result.error.error_class,
+                error=result.error.message,
+                attempt=attempt,
             )
+        else:
+            reward = result.row["reward"]  # type: ignore[index]
+            reward = float(reward) if isinstance(reward, (int, float)) else None
+            if reward is not None:
+                span.set_attribute("gym.reward", reward)
+            meters.rollout_done(self.name, took, reward)
+            log.debug("rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1), attempt=attempt)
+
+    async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> list[RolloutResult] | None:
+        """The task's results (one per repeat it carries: several for a group task), or None when nak'd."""
+        size = max(task.group, 1)
+        indices = range(task.rollout_index, task.rollout_index + size)
+
+        def failure(info: ErrorInfo) -> list[RolloutResult]:
+            return [
+                RolloutResult(
+                    batch=task.batch,
+                    task_index=task.task_index,
+                    rollout_index=i,
+                    agent=task.agent,
+                    error=info,
+                    input_row=task.row,
+                    attempts=attempt,
+                )
+                for i in indices
+            ]
 
         skip = await self._skip_reason(task)
         if skip is not None:
-            self.skipped += 1
+            self.skipped += size
             return failure(skip)
         if attempt > self.cfg.max_attempts:
             return failure(
@@ -237,7 +253,14 @@ class AgentWorker:
         )
         try:
             async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
-                outcome = await self.fn(ctx)
+                if task.group > 1:
+                    if self.run_group is None:
+                        raise Failure("invalid_task", f"agent {self.cfg.agent} cannot run group tasks (no run_group)")
+                    outcomes = list(await self.run_group(ctx, size))
+                    if len(outcomes) != size:
+                        raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
+                else:
+                    outcomes = [await self.fn(ctx)]
         except TimeoutError:
             return failure(
                 ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
@@ -252,15 +275,21 @@ class AgentWorker:
         except Exception as e:
             log.error("rollout.crashed", error=repr(e), exc_info=e)
             return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
-        return RolloutResult(
-            batch=task.batch,
-            task_index=task.task_index,
-            rollout_index=task.rollout_index,
-            agent=task.agent,
-            row=build_row(task, outcome, policy_versions=ctx.policy_versions),
-            attempts=attempt,
-            answer_field=outcome.verdict.answer_field,
-        )
+        results = []
+        for i, outcome in zip(indices, outcomes, strict=True):
+            each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
+            results.append(
+                RolloutResult(
+                    batch=task.batch,
+                    task_index=task.task_index,
+                    rollout_index=i,
+                    agent=task.agent,
+                    row=build_row(each, outcome, policy_versions=ctx.policy_versions),
+                    attempts=attempt,
+                    answer_field=outcome.verdict.answer_field,
+                )
+            )
+        return results
 
     async def _skip_reason(self, task: RolloutTask) -> ErrorInfo | None:
         """Why a task must not run: another config's task, its batch was cancelled, or it is stale."""
@@ -291,5 +320,5 @@ class AgentWorker:
         await self.bus.js_publish(
             self.bus.subject("result", task.batch),
             result,
-            msg_id=f"{task.batch}:{task.task_index}:{task.rollout_index}",
+            msg_id=f"{result.batch}:{result.task_index}:{result.rollout_index}",
         )

@@ -183,6 +183,8 @@ class ResourceWorker:
                 return ToolReply(output=await inst.call_tool(req.name, req.arguments))
             except ToolArgumentsError as e:
                 return ToolReply(output=f"Error: {e}", is_error=True)
+            except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
+                raise
             except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
                 log.warning("tool.failed", tool=req.name, error=repr(e))
                 return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)

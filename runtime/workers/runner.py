@@ -280,6 +280,7 @@ async def publish_batch(
         limit=limit,
         on_sent=on_sent,
         task_fields=fps.__getitem__,
+        grouped=lambda a: config.agents[a].group_repeats,
     )
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
@@ -406,7 +407,7 @@ def resource_for(config: Config, agent: str | None) -> str:
         if agent not in config.agents:
             raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
         return config.agents[agent].resource
-    used = sorted({a.resource for a in config.agents.values()}) or sorted(config.resources)
+    used = sorted({a.resource for a in config.agents.values() if a.resource}) or sorted(config.resources)
     if len(used) != 1:
         raise UserError(f"the config has several resources ({', '.join(used)}); pass --agent")
     return used[0]

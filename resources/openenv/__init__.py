@@ -1,0 +1,254 @@
+"""openenv: an OpenEnv environment (``reset`` / ``step`` / ``state``) as a gym-runtime resource.
+
+Two ways to reach it, one session (one environment instance, one episode) per rollout:
+
+* **in process** (``options.env: "module:EnvClass"``): the class, written against OpenEnv's
+  ``Environment`` API, is instantiated in the resource worker for each session; sync ``step``/
+  ``reset`` run in a worker thread (as OpenEnv's own server runs them), ``step_async`` when
+  the class overrides it.
+* **a running OpenEnv server** (``options.url: http://host:port``, its container or process):
+  each session is a WebSocket session of OpenEnv's own client (``GenericEnvClient``); ``/health``
+  is checked over HTTP when the worker starts.
+
+The agent drives it in one of two ways, as the environment suits:
+
+* **tool calls** (``agents.simple``): the model acts through one tool (``options.tool``, default
+  ``step``) whose arguments are the environment's action (its fields as JSON; the row offers
+  the tool with the action's schema, ``action_tool()`` writes it). Each call is one ``step``;
+  the model reads the observation, reward and ``done`` as JSON.
+* **policy turns** (``agents.multi_turn`` with ``user: env``): this is a ``GymResource``; each
+  policy turn is one ``step`` whose action is the turn's text (a JSON object of the action's
+  fields, or the text itself for an action with one string field); the observation (JSON) is
+  the next user turn, ``done`` ends the episode.
+
+After ``done`` further steps are refused (the model reads why). ``reset`` runs when the
+session is seeded, with the row's ``openenv_reset`` mapping as its keyword arguments. The
+reward is the sum of the step rewards (``step_rewards`` and ``done`` are row fields).
+
+Failures: ``reset`` that raises is a ``tool_error`` row (as any seed); ``step`` that raises,
+or takes longer than ``options.step_timeout_s``, is a ``tool_error`` row (OpenEnv's runner
+stops on both); a reward that is not a number is a ``verify_error`` row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import numbers
+import typing
+from typing import Any, ClassVar
+
+import anyio
+import msgspec
+
+from gym_runtime.errors import Failure
+from gym_runtime.gymnasium import Action as PolicyTurn
+from gym_runtime.gymnasium import GymResource, Step, is_reserved
+from gym_runtime.messages import Response
+from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options
+
+__all__ = ["OpenEnvResource", "Options", "action_tool"]
+
+
+class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    env: str | None = None  # "module:Class": an OpenEnv Environment run in process
+    action: str | None = None  # "module:Class": its Action (default: the type of step's ``action``)
+    url: str | None = None  # a running OpenEnv server (http:// or ws://)
+    tool: str = "step"  # the tool name the model calls to act
+    step_timeout_s: float = 60.0
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if (self.env is None) == (self.url is None):
+            raise ValueError("give exactly one of env (an Environment class to run in process) or url (a server)")
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"{path!r}: expected module:Class")
+    return getattr(importlib.import_module(module), name)
+
+
+def _action_class(env_cls: Any) -> Any:
+    hints = typing.get_type_hints(env_cls.step)
+    action = hints.get("action")
+    if not isinstance(action, type):
+        raise ValueError(f"{env_cls.__name__}.step has no annotated action type; set options.action")  # noqa: TRY004 - a config problem, one line
+    return action
+
+
+def action_tool(action_cls: Any, *, name: str = "step", description: str = "") -> dict[str, Any]:
+    """The Responses function tool a row offers for an OpenEnv action class."""
+    schema = action_cls.model_json_schema()
+    schema.pop("title", None)
+    props = schema.get("properties", {})
+    props.pop("metadata", None)  # OpenEnv's own bookkeeping, not the model's to set
+    return {
+        "type": "function",
+        "name": name,
+        "description": description or (action_cls.__doc__ or "").strip(),
+        "parameters": schema,
+    }
+
+
+def _reward(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise Failure("verify_error", f"the environment's step returned reward {value!r}, not a number")
+
+
+class OpenEnvResource(GymResource):
+    row_tools = "any"  # the action tool's schema is the environment's, checked by its Action model
+    requires = ("openenv",)
+    install = "pip install 'gym-runtime[openenv]'"
+    opts: ClassVar[Options]
+    env_cls: ClassVar[Any] = None  # the OpenEnv Environment class (in process)
+    action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
+
+    @classmethod
+    async def setup(cls, options: dict[str, Any]) -> None:
+        await super().setup(options)
+        cls.opts = parse_options(options, Options, "openenv")
+        if cls.opts.env is not None:
+            cls.env_cls = _load(cls.opts.env)
+            cls.action_cls = _load(cls.opts.action) if cls.opts.action else _action_class(cls.env_cls)
+        else:
+            import httpx
+
+            base = cls.opts.url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")  # type: ignore[union-attr]
+            async with httpx.AsyncClient(timeout=cls.opts.connect_timeout_s) as http:
+                health = await http.get(f"{base}/health")
+                health.raise_for_status()
+
+    async def seed(self, task: dict[str, Any]) -> None:
+        await super().seed(task)
+        self.rewards: list[float] = []
+        self.done = False
+        reset_args = task.get("openenv_reset") or {}
+        if self.env_cls is not None:
+            self.env = self.env_cls()
+            out = await self._call(self.env.reset, **reset_args)
+        else:
+            from openenv.core.generic_client import GenericEnvClient
+
+            self.client = GenericEnvClient(base_url=self.opts.url, connect_timeout_s=self.opts.connect_timeout_s)
+            await self.client.connect()
+            out = await self.client.reset(**reset_args)
+        self.first_observation = self._observation(out)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A sync OpenEnv method in a worker thread (the loop keeps serving other sessions)."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), abandon_on_cancel=True)
+
+    @staticmethod
+    def _observation(out: Any) -> dict[str, Any]:
+        obs = getattr(out, "observation", out)  # a client StepResult wraps it; an in-process step returns it
+        if hasattr(obs, "model_dump"):  # reward and done travel beside it, as OpenEnv's server sends them
+            return dict(obs.model_dump(exclude={"reward", "done"}))
+        return dict(obs) if isinstance(obs, dict) else {"value": obs}
+
+    async def reset(self, task: dict[str, Any]) -> None:
+        return None  # the episode was reset when the session was seeded; the prompt is the task's input
+
+    async def step(self, action: PolicyTurn) -> Step:
+        """One policy turn as one OpenEnv step (agents.multi_turn with user: env)."""
+        text = action.text.strip()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError:
+            raw = None
+        if not isinstance(raw, dict):
+            field = self._text_field()
+            if field is None:
+                return Step(observation="Error: answer with a JSON object of the action's fields")
+            raw = {field: action.text}
+        try:
+            reward, done, obs = await self._act(raw)
+        except ToolArgumentsError as e:  # the policy reads why, as it would from a tool
+            return Step(observation=f"Error: {e}")
+        return Step(observation=json.dumps(obs), reward=reward, terminated=done)
+
+    def _text_field(self) -> str | None:
+        if self.action_cls is None:
+            return None
+        fields = [n for n, f in self.action_cls.model_fields.items() if n != "metadata" and f.is_required()]
+        return fields[0] if len(fields) == 1 and self.action_cls.model_fields[fields[0]].annotation is str else None
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        if is_reserved(name):  # gym.reset / gym.step of a multi_turn agent
+            return await super().call_tool(name, arguments)
+        if name != self.opts.tool:
+            raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {self.opts.tool}")
+        try:
+            raw = json.loads(arguments or "{}")
+        except json.JSONDecodeError as e:
+            raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ToolArgumentsError(f"arguments of {name!r} must be a JSON object")
+        reward, done, obs = await self._act(raw)
+        return json.dumps({"observation": obs, "reward": reward, "done": done})
+
+    async def _act(self, raw: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
+        """One OpenEnv step: its reward, done and observation."""
+        if self.done:
+            raise ToolArgumentsError("the episode is over (done); no more steps")
+        try:
+            with anyio.fail_after(self.opts.step_timeout_s):
+                reward, done, obs = await self._step(raw)
+        except TimeoutError:
+            raise Failure(
+                "tool_error", f"the environment's step took longer than step_timeout_s={self.opts.step_timeout_s:g}"
+            ) from None
+        except (Failure, ToolArgumentsError):
+            raise
+        except Exception as e:  # noqa: BLE001 - OpenEnv's runner stops on a step that raises: a failure row
+            raise Failure("tool_error", f"the environment's step raised {type(e).__name__}: {e}") from None
+        self.rewards.append(reward)
+        self.done = done
+        return reward, done, obs
+
+    async def _step(self, raw: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
+        if self.env_cls is not None:
+            import pydantic
+
+            assert self.action_cls is not None
+            try:
+                action = self.action_cls.model_validate(raw)
+            except pydantic.ValidationError as e:
+                raise ToolArgumentsError(f"arguments do not match the action: {e}") from None
+            overridden = type(self.env).step_async is not _base_step_async()
+            out = await (self.env.step_async(action) if overridden else self._call(self.env.step, action))
+            obs = self._observation(out)
+            return _reward(getattr(out, "reward", None)), bool(getattr(out, "done", False)), obs
+        result = await self.client.step(raw)
+        return _reward(result.reward), bool(result.done), self._observation(result)
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        return Verdict(
+            reward=float(sum(self.rewards)),
+            fields={
+                "step_rewards": list(self.rewards),
+                "done": self.done,
+                **(self.episode_fields() if self.steps else {}),  # driven by policy turns: NeMo Gym's gymnasium fields
+            },
+        )
+
+    async def close(self) -> None:
+        env = getattr(self, "env", None)
+        if env is not None:
+            await self._call(env.close)
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.close()
+
+
+def _base_step_async() -> Any:
+    from openenv.core.env_server.interfaces import Environment
+
+    return Environment.step_async
+
+
+resource = OpenEnvResource

@@ -1,0 +1,208 @@
+"""OpenEnv environments as gym-runtime resources: in process, and through OpenEnv's own server.
+
+Real parts: `gym-runtime run` in a child process (embedded nats-server, real workers),
+tests/envs/openenv_counter.py written against OpenEnv's ``Environment`` API, OpenEnv's own
+server (its FastAPI app under uvicorn) on loopback and its own client (``GenericEnvClient``).
+The LLM double is the vLLM emulator (tests/stub_openai.py) with a policy that plays the
+deltas the prompt names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym_runtime.resources.openenv import action_tool
+from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
+
+
+def _emulator() -> VLLMEmulator:
+    em = VLLMEmulator()
+
+    def policy(path: str, body: dict[str, Any]) -> Gen:
+        if "messages" in body:
+            s = json.dumps(body["messages"])
+        else:
+            p = body.get("prompt")
+            s = em.tokenizer.decode(p) if isinstance(p, list) else str(p)
+        how, a, b = re.findall(r"(steps|turns) (\d+) (\d+)", s)[0]
+        done = s.count("total")  # one per observation the model has read
+        if done < 2 and how == "steps":  # act through the action tool
+            return Gen(text=VLLMEmulator.tool_call_text("step", {"delta": int((a, b)[done])}))
+        if done < 2:  # act with the turn's text (agents.multi_turn, user: env)
+            return Gen(text=json.dumps({"delta": int((a, b)[done])}))
+        return Gen(text="finished")
+
+    em.policy = policy
+    return em
+
+
+def _rows(pairs: list[tuple[int, int]], *, turns: bool = False) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(REPO / "tests" / "envs"))
+    from openenv_counter import CountAction
+
+    if turns:
+        return [
+            {"responses_create_params": {"input": [{"role": "user", "content": f"turns {a} {b}"}]}} for a, b in pairs
+        ]
+    tool = action_tool(CountAction)
+    return [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"steps {a} {b}"}], "tools": [tool]}}
+        for a, b in pairs
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    w = tmp_path / "work"
+    w.mkdir()
+    shutil.copy(REPO / "tests/envs/openenv_counter.py", w / "openenv_counter.py")
+    return w
+
+
+def _env(work: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(work), "TMPDIR": str(work)}
+
+
+@pytest.fixture
+def server(work: Path) -> Iterator[str]:
+    """OpenEnv's own server for the counter environment, a child process on loopback."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "openenv_counter.py", str(port)],
+        cwd=work,
+        env=_env(work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"OpenEnv server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()  # a step still blocked in the hang test holds uvicorn's shutdown: then kill it
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+TOOLS_AGENT = "{agent: agents.simple, model: policy, resource: counter, max_steps: 6, max_attempts: 1, timeout_s: 60}"
+TURNS_AGENT = (
+    "{agent: agents.multi_turn, model: policy, resource: counter, max_steps: 2, max_attempts: 1, timeout_s: 60,"
+    " options: {user: env, max_turns: 4}}"
+)
+
+
+def _run(
+    work: Path, base_url: str, options: str, rows: list[dict[str, Any]], agent: str = TOOLS_AGENT
+) -> subprocess.CompletedProcess[str]:
+    (work / "config.yaml").write_text(
+        "nats: embedded\n"
+        "models:\n"
+        f"  policy: {{adapter: vllm, base_url: '{base_url}', model: tiny, return_token_ids: true,"
+        " eos_token_id: 4, timeout_s: 20}\n"
+        "resources:\n"
+        f"  counter: {{server: resources.openenv, options: {options}}}\n"
+        "agents:\n"
+        f"  play: {agent}\n"
+    )
+    write_jsonl(work / "rows.jsonl", rows)
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
+    return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180, check=False)
+
+
+async def _own_client(url: str, pairs: list[tuple[int, int]]) -> list[float]:
+    """Drive OpenEnv's server with its own client, the same actions as the rows: the summed rewards."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    out = []
+    for a, b in pairs:
+        client = GenericEnvClient(base_url=url)
+        await client.connect()
+        try:
+            await client.reset()
+            total = 0.0
+            for d in (a, b):
+                result = await client.step({"delta": d})
+                total += result.reward or 0.0
+            out.append(total)
+        finally:
+            await client.close()
+    return out
+
+
+PAIRS = [(2, 3), (2, 2), (1, 1), (4, 2)]
+
+
+def test_rewards_equal_in_process_served_and_own_client(work: Path, server: str) -> None:
+    """The same scripted actions score the same in process, through OpenEnv's server, and with its client."""
+    rewards: dict[str, list[float]] = {}
+    with StubOpenAI(emulator=_emulator()) as stub:
+        for mode, options in (("in_process", "{env: 'openenv_counter:CountEnv'}"), ("server", f"{{url: '{server}'}}")):
+            res = _run(work, stub.base_url, options, _rows(PAIRS))
+            assert res.returncode == 0, res.stderr[-3000:]
+            rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+            rewards[mode] = [r["reward"] for r in rows]
+            for r in rows:
+                calls = [i for i in r["response"]["output"] if i["type"] == "function_call"]
+                assert len(calls) == 2 and r["done"] is True and len(r["step_rewards"]) == 2
+                outputs = [
+                    json.loads(i["output"]) for i in r["response"]["output"] if i["type"] == "function_call_output"
+                ]
+                assert [o["done"] for o in outputs] == [False, True]
+        # the same environment driven by policy turns (agents.multi_turn, user: env): each turn's text is the action
+        res = _run(work, stub.base_url, "{env: 'openenv_counter:CountEnv'}", _rows(PAIRS, turns=True), TURNS_AGENT)
+        assert res.returncode == 0, res.stderr[-3000:]
+        rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+        rewards["turns"] = [r["reward"] for r in rows]
+        assert all(r["terminated"] is True and len(r["step_rewards"]) == 2 for r in rows)
+    rewards["own_client"] = asyncio.run(_own_client(server, PAIRS))
+    assert rewards["in_process"] == rewards["server"] == rewards["own_client"] == [1.0, 0.5, 0.0, 0.5]
+    assert rewards["turns"] == rewards["own_client"]
+
+
+@pytest.mark.parametrize("mode", ["in_process", "server"])
+def test_step_that_raises_hangs_or_pays_no_number_is_a_failure_row(work: Path, server: str, mode: str) -> None:
+    """A step that raises or outlives step_timeout_s is a tool_error row, a non-number reward a verify_error
+    row (never a reward of 0), and the worker serves the good row after them."""
+    pairs = [(99, 1), (77, 1), (2, 55), (2, 3)]
+    where = "env: 'openenv_counter:CountEnv'" if mode == "in_process" else f"url: '{server}'"
+    with StubOpenAI(emulator=_emulator()) as stub:
+        res = _run(work, stub.base_url, f"{{{where}, step_timeout_s: 2}}", _rows(pairs))
+    failures = {f["_ng_task_index"]: f for f in read_jsonl(work / "out_failures.jsonl")}
+    rows = read_jsonl(work / "out.jsonl")
+    assert [r["_ng_task_index"] for r in rows] == [3] and rows[0]["reward"] == 1.0, res.stderr[-2000:]
+    assert failures[0]["error_class"] == "tool_error" and "step exploded" in failures[0]["error"]
+    assert failures[1]["error_class"] == "tool_error" and "step_timeout_s" in failures[1]["error"]
+    assert failures[2]["error_class"] == "verify_error" and "not a number" in failures[2]["error"]

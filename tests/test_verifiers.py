@@ -1,0 +1,230 @@
+"""verifiers environments (0.3.x, the classic ``vf.load_environment`` API) as gym-runtime agents.
+
+Real parts: `gym-runtime run` in a child process (embedded nats-server, real workers), the
+environments of tests/envs/vf_suite.py written against verifiers' public API, verifiers'
+own runner in another child process. The LLM double is the vLLM emulator
+(tests/stub_openai.py) with a deterministic policy (tests/vf_stub_policy.py).
+
+The child processes run outside the repository: its top-level ``agents`` folder would
+shadow the ``agents`` package of openai-agents, which verifiers' ToolEnv imports (an
+installed gym-runtime has no top-level ``agents``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.stub_openai import StubOpenAI
+from tests.vf_stub_policy import make_emulator
+
+ROWS = [
+    {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
+    for c in ("blue", "red", "green")
+]
+
+# verifiers' own runner: the same environment, the same rows, an AsyncOpenAI at the same model.
+OWN_RUNNER = r"""
+import asyncio, json, sys
+import verifiers as vf
+from openai import AsyncOpenAI
+from verifiers.legacy.clients import OpenAIChatCompletionsClient
+
+base_url, kind, rows_path, repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+env = vf.load_environment("vf_suite", kind=kind)
+client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0))
+
+async def main():
+    out = []
+    for i, line in enumerate(open(rows_path)):
+        row = json.loads(line)
+        inp = {"prompt": row["responses_create_params"]["input"], "example_id": i, **row["verifiers"]}
+        if repeats == 1:
+            res = [await env.run_rollout(inp, client, "tiny", env.sampling_args)]
+        else:
+            res = await env.run_group([dict(inp) for _ in range(repeats)], client, "tiny", env.sampling_args)
+        out.append([[r["reward"], r["metrics"]] for r in res])
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def _workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO / "tests/envs/vf_suite.py", work / "vf_suite.py")
+    return work
+
+
+def _env(work: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(work), "TMPDIR": str(work)}
+
+
+def _run_ours(
+    work: Path, base_url: str, kind: str, rows: list[dict[str, Any]], *, repeats: int = 1, extra: str = "", args=()
+) -> subprocess.CompletedProcess[str]:
+    (work / "config.yaml").write_text(
+        "nats: embedded\n"
+        "models:\n"
+        f"  policy: {{adapter: vllm, base_url: '{base_url}', model: tiny, return_token_ids: true,"
+        " eos_token_id: 4, timeout_s: 20}\n"
+        "agents:\n"
+        f"  vf: {{agent: agents.verifiers_env, model: policy, timeout_s: 20, max_attempts: 1{extra},"
+        f" options: {{env_id: vf_suite, env_args: {{kind: {kind}}}}}}}\n"
+    )
+    write_jsonl(work / "rows.jsonl", rows)
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
+    cmd += ["--repeats", str(repeats), *args]
+    return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180, check=False)
+
+
+def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> list[list[Any]]:
+    res = subprocess.run(
+        [sys.executable, "-c", OWN_RUNNER, base_url, kind, str(work / "rows.jsonl"), str(repeats)],
+        cwd=work,
+        env=_env(work),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["single", "tool", "multi", "reasoning_gym"])
+def test_rewards_equal_verifiers_own_runner(kind: str, tmp_path: Path) -> None:
+    """Each environment's rows: the rubric's reward and metrics are what verifiers' own runner gives."""
+    work = _workdir(tmp_path)
+    rows = ROWS
+    if kind == "reasoning_gym":
+        rows = [json.loads(line) for line in (REPO / "tests/data/vf_reasoning_gym.jsonl").read_text().splitlines()]
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(work, stub.base_url, kind, rows)
+        assert res.returncode == 0, res.stderr[-3000:]
+        theirs = _run_theirs(work, stub.base_url, kind)
+    ours = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+    assert len(ours) == len(rows)
+    for row, [[reward, metrics]] in zip(ours, theirs, strict=True):
+        assert row["reward"] == pytest.approx(reward)
+        for name, value in metrics.items():
+            assert row[name] == pytest.approx(value), name
+        turns = [i for i in row["response"]["output"] if "generation_token_ids" in i]
+        assert turns, "no model turn carries token ids"
+        for item in turns:
+            assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) > 0
+    if kind != "reasoning_gym":
+        assert len({r["reward"] for r in ours}) >= 2, "the rows should not all score the same"
+    if kind == "tool":
+        types = [i["type"] for i in ours[0]["response"]["output"]]
+        assert types == ["function_call", "function_call_output", "message"]
+    if kind == "multi":
+        assert all(r["num_turns"] == 3 for r in ours)
+
+
+@pytest.mark.parametrize(
+    ("kind", "error_class", "says"),
+    [
+        ("raises", "verify_error", "reward blew up"),
+        ("not_number", "verify_error", "not a number"),
+        ("setup_raises", "tool_error", "setup broke"),
+        ("hangs", "timeout", "timeout_s"),
+    ],
+)
+def test_foreign_failures_are_failure_rows(kind: str, error_class: str, says: str, tmp_path: Path) -> None:
+    """verifiers scores a raising or non-number reward function as 0; here it is a failure row with its
+    class, and the worker goes on serving the other rows (the hang hits only the row it hangs on)."""
+    work = _workdir(tmp_path)
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(work, stub.base_url, kind, ROWS, extra=", timeout_s: 3" if kind == "hangs" else "")
+    failures = read_jsonl(work / "out_failures.jsonl")
+    rows = read_jsonl(work / "out.jsonl") if (work / "out.jsonl").exists() else []
+    if kind == "hangs":
+        assert len(failures) == 1 and len(rows) == 2, res.stderr[-2000:]  # only "blue" hangs
+        assert all(r["reward"] == 1.0 for r in rows)
+    else:
+        assert len(failures) == 3 and not rows, res.stderr[-2000:]
+    for f in failures:
+        assert f["error_class"] == error_class and says in f["error"], f
+
+
+def test_group_rubric_scores_all_repeats_together_across_two_processes(tmp_path: Path) -> None:
+    """A rubric with a group reward function: each task's K repeats reach one agent as one group task
+    (group_repeats), so the group function sees all K completions (its value carries the group size),
+    even with two worker processes serving the batch; one row per repeat, rewards as verifiers' run_group."""
+    work = _workdir(tmp_path)
+    k = 3
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(
+            work, stub.base_url, "group", ROWS, repeats=k, extra=", group_repeats: true", args=("--processes", "2")
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        theirs = _run_theirs(work, stub.base_url, "group", repeats=k)
+    ours = read_jsonl(work / "out.jsonl")
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in ours] == [
+        (t, i) for t in range(len(ROWS)) for i in range(k)
+    ]
+    for t, group in enumerate(theirs):
+        rows = [r for r in ours if r["_ng_task_index"] == t]
+        assert sorted(r["reward"] for r in rows) == pytest.approx(sorted(g[0] for g in group))
+        for r in rows:
+            assert round(r["rank_in_group"] % 1, 6) == k / 100  # the group function saw K completions
+            assert "vf_advantage" in r
+
+
+def test_prepare_writes_the_environments_dataset_as_rows(tmp_path: Path) -> None:
+    """`prepare -i AGENT=env` writes the verifiers environment's own dataset as rows that run as they are."""
+    work = _workdir(tmp_path)
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(work, stub.base_url, "single", ROWS[:1])  # writes the config
+        assert res.returncode == 0, res.stderr[-3000:]
+        prep = subprocess.run(
+            [sys.executable, "-m", "gym_runtime.cli", "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared"],
+            cwd=work,
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert prep.returncode == 0, prep.stderr[-3000:]
+        rows = read_jsonl(work / "prepared" / "train.jsonl")
+        assert sorted(r["responses_create_params"]["input"][-1]["content"] for r in rows) == [
+            "say blue",
+            "say green",
+            "say red",
+        ]
+        assert all(r["verifiers"]["answer"] in r["responses_create_params"]["input"][-1]["content"] for r in rows)
+        shutil.copy(work / "prepared" / "train.jsonl", work / "rows.jsonl")
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gym_runtime.cli",
+                "run",
+                "config.yaml",
+                "-i",
+                "rows.jsonl",
+                "-o",
+                "out2.jsonl",
+                "-q",
+            ],
+            cwd=work,
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    by_color = {r["verifiers"]["answer"]: r["exact"] for r in read_jsonl(work / "out2.jsonl")}
+    assert by_color == {"blue": 1.0, "red": 1.0, "green": 0.0}
