@@ -31,7 +31,15 @@ from gym_runtime.cli import (
     status,
     validate,
 )
-from gym_runtime.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, err, refuse_argv_secrets, tune_gc
+from gym_runtime.cli._common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    err,
+    quiet_stdout,
+    refuse_argv_secrets,
+    stdout_gone,
+    tune_gc,
+)
 from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import ServerUnreachable, unanswered
@@ -109,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if any(isinstance(e, SystemExit) for e in causes):
             raise
+        if any(isinstance(e, BrokenPipeError) for e in causes) and stdout_gone():
+            quiet_stdout()  # the reader of our output stopped early (`| head`): not an error of ours
+            return 0
         timeout = next((e for e in causes if unanswered(e)), None)
         if timeout is not None:  # e.g. a request the server's permissions refused: it never gets an answer
             err(

@@ -99,15 +99,43 @@ def load(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def stdout_gone() -> bool:
+    """True when stdout is a pipe whose reader has gone (``| head`` after its line)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def quiet_stdout() -> None:
+    """Send what is left for stdout to /dev/null: its reader is gone, and Python's flush at exit would fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def print_stats(batch: str, s: Any, out: str, *, elapsed_s: float | None = None) -> None:
+    """The batch's summary on stdout; a reader that stopped early (``| head -1``) ends it quietly, and the
+    command keeps its exit code (the rows are in the file either way)."""
     from gym_runtime.data.aggregate import summary_lines
 
     took = f" in {elapsed_s:.2f}s" if elapsed_s is not None else ""
-    print(f"batch {batch}: {s.rows} rows, {s.failures} failed{took} -> {out}")
+    lines = [f"batch {batch}: {s.rows} rows, {s.failures} failed{took} -> {out}"]
     if s.mean_reward is not None:
-        print(f"mean reward: {s.mean_reward:.4f}")
-    for line in summary_lines(s.metrics):
-        print(line)
+        lines.append(f"mean reward: {s.mean_reward:.4f}")
+    lines += summary_lines(s.metrics)
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
 
 
 def failures_exit(stats: Any, out: str) -> int:

@@ -358,6 +358,22 @@ def route_tls(auth_dir: str | Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- client side
 
 
+def check_seed(path: Path) -> None:
+    """Raise ``AuthError`` naming ``path`` when it does not hold an nkey seed (truncated or edited): nats-py
+    would fail deep inside its connect, after which every command ends in an internal error."""
+    import nkeys
+
+    try:
+        nkeys.from_seed(bytearray(path.read_bytes().strip()))
+    except OSError as e:
+        raise AuthError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (nkeys.NkeysError, ValueError, TypeError, IndexError):  # bad base32, checksum, length: never quote it
+        raise AuthError(
+            f"{path}: not a valid nkey seed (truncated or edited?); copy it again from the server's --secure "
+            f"directory"
+        ) from None
+
+
 @dataclass(frozen=True)
 class ClientAuth:
     """A node's auth dir: the CA to trust and the role seeds it holds (paths only, never the seeds)."""
@@ -378,9 +394,11 @@ class ClientAuth:
         return cls(d)
 
     def creds(self, role: str) -> Path:
+        """The role's seed file (or admin's), checked now: a damaged seed is the user's file, said by name."""
         for r in (role, "admin"):
             p = creds_path(self.auth_dir, r)
             if p.is_file():
+                check_seed(p)
                 return p
         raise AuthError(
             f"--auth-dir {self.auth_dir}: no {role}.creds (nor admin.creds) for the {role} role this "

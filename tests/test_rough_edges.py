@@ -1,0 +1,97 @@
+"""Issue 25: the rough edges a new user hits between documented paths, each tried as that user would.
+
+Every test runs the real CLI in a subprocess against a real nats-server (or a
+port nothing listens on), with real files; each wait it names has an upper
+bound asserted, so a regression to a silent or long wait fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gym_runtime.security import ensure_auth_dir
+from gym_runtime.server import EmbeddedServer, free_port
+from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+
+WEATHER = "resources/weather/config.yaml"
+EXAMPLE = REPO / "resources/weather/data/example.jsonl"
+
+
+def assert_one_line(res: subprocess.CompletedProcess[str], *fragments: str, code: int = 2) -> None:
+    """A user's mistake: one line (JSON log lines aside), the exit code, no traceback."""
+    assert res.returncode == code, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    assert len(lines) == 1, res.stderr
+    for f in fragments:
+        assert f in res.stderr, (f, res.stderr)
+
+
+def cli_closed_stdout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The CLI with a stdout whose reader is gone, as ``| head -1`` leaves it once head has its line."""
+    r, w = os.pipe()
+    os.close(r)  # every write to stdout now fails with EPIPE (Python ignores SIGPIPE)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gym_runtime.cli", *args],
+            cwd=REPO,
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+        )
+    finally:
+        os.close(w)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", proc.stderr)
+
+
+# ------------------------------------------------------------------------- 1. tracebacks for user actions
+
+
+def test_run_piped_into_head_ends_quietly_with_its_own_exit_code(tmp_path: Path) -> None:
+    res = cli_closed_stdout("run", "weather", "-o", str(tmp_path / "o.jsonl"), "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+    assert len(read_jsonl(tmp_path / "o.jsonl")) == 5  # the work itself was done and written
+
+
+def test_collect_piped_into_head_ends_quietly(tmp_path: Path, nats_server: EmbeddedServer) -> None:
+    pub = cli("run", WEATHER, "-i", str(EXAMPLE), "-o", str(tmp_path / "a.jsonl"), "--nats", nats_server.url,
+              "--batch", "b1", "--quiet")
+    assert pub.returncode == 0, pub.stderr
+    res = cli_closed_stdout("collect", "--batch", "b1", "--nats", nats_server.url, "-o", str(tmp_path / "c.jsonl"),
+                            "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+@pytest.mark.parametrize("command", ["status", "publish", "collect", "purge"])
+def test_a_creds_file_that_is_not_an_nkey_seed_is_one_line_naming_it(
+    command: str, damage: str, tmp_path: Path
+) -> None:
+    auth = tmp_path / "auth"
+    ensure_auth_dir(auth)
+    with EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth)) as srv:
+        for role in ("publisher", "admin"):
+            p = auth / f"{role}.creds"
+            seed = p.read_text().strip()
+            p.write_text(seed[:20] + "\n" if damage == "truncated" else seed[:-3] + "xyz\n")
+        argv = {
+            "status": ["status"],
+            "publish": ["publish", WEATHER, "-i", str(EXAMPLE)],
+            "collect": ["collect", "--batch", "b", "-o", str(tmp_path / "o.jsonl")],
+            "purge": ["purge", "--batch", "b"],
+        }[command]
+        t0 = time.monotonic()
+        res = cli(*argv, "--nats", srv.url, "--auth-dir", str(auth), timeout=60)
+        assert time.monotonic() - t0 < 15
+    role = "admin" if command == "purge" else "publisher"
+    assert_one_line(res, f"{auth}/{role}.creds", "not a valid nkey seed")
+    assert seed[:20] not in res.stderr  # never the secret itself
