@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.security import ensure_auth_dir
-from gym_runtime.server import EmbeddedServer, free_port
+from gym_runtime.server import EmbeddedServer
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
@@ -62,20 +62,30 @@ def test_run_piped_into_head_ends_quietly_with_its_own_exit_code(tmp_path: Path)
 
 
 def test_collect_piped_into_head_ends_quietly(tmp_path: Path, nats_server: EmbeddedServer) -> None:
-    pub = cli("run", WEATHER, "-i", str(EXAMPLE), "-o", str(tmp_path / "a.jsonl"), "--nats", nats_server.url,
-              "--batch", "b1", "--quiet")
+    pub = cli(
+        "run",
+        WEATHER,
+        "-i",
+        str(EXAMPLE),
+        "-o",
+        str(tmp_path / "a.jsonl"),
+        "--nats",
+        nats_server.url,
+        "--batch",
+        "b1",
+        "--quiet",
+    )
     assert pub.returncode == 0, pub.stderr
-    res = cli_closed_stdout("collect", "--batch", "b1", "--nats", nats_server.url, "-o", str(tmp_path / "c.jsonl"),
-                            "--quiet")
+    res = cli_closed_stdout(
+        "collect", "--batch", "b1", "--nats", nats_server.url, "-o", str(tmp_path / "c.jsonl"), "--quiet"
+    )
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("damage", ["truncated", "edited"])
 @pytest.mark.parametrize("command", ["status", "publish", "collect", "purge"])
-def test_a_creds_file_that_is_not_an_nkey_seed_is_one_line_naming_it(
-    command: str, damage: str, tmp_path: Path
-) -> None:
+def test_a_creds_file_that_is_not_an_nkey_seed_is_one_line_naming_it(command: str, damage: str, tmp_path: Path) -> None:
     auth = tmp_path / "auth"
     ensure_auth_dir(auth)
     with EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth)) as srv:
@@ -95,3 +105,107 @@ def test_a_creds_file_that_is_not_an_nkey_seed_is_one_line_naming_it(
     role = "admin" if command == "purge" else "publisher"
     assert_one_line(res, f"{auth}/{role}.creds", "not a valid nkey seed")
     assert seed[:20] not in res.stderr  # never the secret itself
+
+
+# ------------------------------------------------------------------------------------ 6. wrong words
+
+
+WEATHER_YAML = """\
+namespace: gym
+nats: embedded
+models:
+  policy: {adapter: scripted}
+resources:
+  weather: {server: resources.weather, replicas: 1}
+agents:
+  weather_agent: {agent: agents.simple, model: policy, resource: weather, max_steps: 8}
+"""
+
+
+def test_a_config_path_with_dotdot_is_reported_as_given(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "w.yaml").write_text(WEATHER_YAML)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            "../m/w.yaml",
+            "-o",
+            str(tmp_path / "o.jsonl"),
+            "--set",
+            "agents.weather_agent.max_steps=abc",
+        ],
+        cwd=tmp_path / "m",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line(res, "../m/w.yaml: agents.weather_agent.max_steps: Expected `int | null`, got `str`")
+
+
+@pytest.mark.parametrize(
+    ("key", "module", "expected"),
+    [
+        (
+            "resources.weather.server",
+            "resources.wether",
+            "no such module 'resources.wether'; did you mean resources.weather?",
+        ),
+        ("resources.weather.server", "resources.does_not_exist", "no such module 'resources.does_not_exist'"),
+        ("agents.weather_agent.agent", "agents.simpel", "no such module 'agents.simpel'; did you mean agents.simple?"),
+    ],
+)
+def test_a_mistyped_module_is_no_such_module_with_the_nearest_bundled_name(
+    key: str, module: str, expected: str, tmp_path: Path
+) -> None:
+    res = cli("run", "weather", "-o", str(tmp_path / "o.jsonl"), "--set", f"{key}={module}", timeout=60)
+    assert_one_line(res, f"{key}: {expected}")
+    assert "pip install" not in res.stderr  # the verifier packages are installed: the name is wrong
+
+
+@pytest.mark.parametrize(
+    ("typo", "fixed", "suggestion"),
+    [
+        (
+            "max_steps: 8",
+            "max_stepz: 8",
+            "agents.weather_agent.max_stepz: unknown key; did you mean agents.weather_agent.max_steps?",
+        ),
+        (
+            "replicas: 1",
+            "replica: 1",
+            "resources.weather.replica: unknown key; did you mean resources.weather.replicas?",
+        ),
+        (
+            "adapter: scripted",
+            "adaptr: scripted",
+            "models.policy.adaptr: unknown key; did you mean models.policy.adapter?",
+        ),
+        ("namespace: gym", "namespce: gym", "namespce: unknown key; did you mean namespace?"),
+    ],
+)
+def test_a_key_typo_inside_a_config_file_gets_did_you_mean(
+    typo: str, fixed: str, suggestion: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "w.yaml"
+    config.write_text(WEATHER_YAML.replace(typo, fixed))
+    res = cli("validate", str(config), "-i", str(EXAMPLE), timeout=60)
+    assert_one_line(res, f"{config}: {suggestion}")
+
+
+def test_output_under_a_file_says_which_path_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    res = cli("run", "weather", "-o", str(tmp_path / "afile" / "o.jsonl"), timeout=60)
+    assert_one_line(res, f"{tmp_path / 'afile'} is a file, not a directory")
+    assert "File exists" not in res.stderr
+
+
+def test_one_problem_in_one_row_is_singular(tmp_path: Path) -> None:
+    rows = write_jsonl(
+        tmp_path / "rows.jsonl", [{"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "nope"}}]
+    )
+    res = cli("validate", "weather", "-i", str(rows), timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[-1] == "gym-runtime: error: 1 problem in 1 row", res.stderr

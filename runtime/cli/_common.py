@@ -37,6 +37,11 @@ def tune_gc() -> None:
     gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 problem``, ``2 problems``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def err(msg: str) -> None:
     print(f"gym-runtime: error: {msg}", file=sys.stderr)
 
@@ -142,7 +147,7 @@ def failures_exit(stats: Any, out: str) -> int:
     if stats.failures:
         from gym_runtime.data.collector import sidecar_paths
 
-        err(f"{stats.failures} rollouts failed; see {sidecar_paths(out)[0]}")
+        err(f"{plural(stats.failures, 'rollout')} failed; see {sidecar_paths(out)[0]}")
         return EXIT_FAILURES
     return 0
 
@@ -208,6 +213,9 @@ def check_output(path: str) -> None:
     if p.is_dir():
         raise UserError(f"-o {path}: is a directory")
     existed = p.exists()
+    blocking = next((a for a in reversed(p.parents) if a.exists() and not a.is_dir()), None)
+    if blocking is not None:  # mkdir would say "File exists" about the wrong thing
+        raise ValueError(f"-o {path}: {blocking} is a file, not a directory")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("ab"):

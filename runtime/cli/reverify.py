@@ -12,6 +12,7 @@ from gym_runtime.cli._common import (
     common_options,
     config_argument,
     err,
+    plural,
     positive_int,
     server_url,
     telemetry,
@@ -72,6 +73,6 @@ def main(args: argparse.Namespace) -> int:
     if report.failed:
         from gym_runtime.data.collector import sidecar_paths
 
-        err(f"{report.failed} rows could not be re-verified; see {sidecar_paths(args.output)[0]}")
+        err(f"{plural(report.failed, 'row')} could not be re-verified; see {sidecar_paths(args.output)[0]}")
         return EXIT_FAILURES
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load
+from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load, plural
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +32,8 @@ def main(args: argparse.Namespace) -> int:
     if report.problems:
         for line in report.problems:
             print(line, file=sys.stderr)
-        err(f"{len(report.problems)} problems in {report.rows} rows")
+        err(f"{plural(len(report.problems), 'problem')} in {plural(report.rows, 'row')}")
         return EXIT_USAGE
     per_agent = ", ".join(f"{a}: {n}" for a, n in report.agents.items())
-    print(f"{report.rows} rows OK ({per_agent})")
+    print(f"{plural(report.rows, 'row')} OK ({per_agent})")
     return 0

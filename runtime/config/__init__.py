@@ -197,6 +197,15 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
 
 def _check_path(raw: dict[str, Any], parts: list[str], *, adding: bool) -> None:
     """Raise unless every step of ``parts`` is in ``raw`` or allowed by the schema."""
+    problem = _path_problem(raw, parts, adding=adding)
+    if problem is not None:
+        here, hint = problem
+        raise ConfigError(f"--set {'.'.join(parts)}: no key {here}{hint}")
+
+
+def _path_problem(raw: dict[str, Any], parts: list[str], *, adding: bool) -> tuple[str, str] | None:
+    """The first step of ``parts`` that is neither in ``raw`` nor in the schema, with a hint (the nearest
+    key: ``; did you mean ...?``), or None when the path is fine. ``--set`` and the config files share it."""
     info: Any = msgspec.inspect.type_info(Config)
     node: Any = raw
     for i, part in enumerate(parts):
@@ -216,11 +225,34 @@ def _check_path(raw: dict[str, Any], parts: list[str], *, adding: bool) -> None:
                     else (f"; valid keys here: {', '.join(names)}" if names and len(names) <= 12 else "")
                 )
                 plus = " (use +KEY.PATH=VALUE to add a new entry)" if isinstance(info, msgspec.inspect.DictType) else ""
-                raise ConfigError(f"--set {'.'.join(parts)}: no key {here}{hint}{plus}")
+                return here, hint + plus
         if free:
-            return  # free-form mapping (options, headers): anything below goes
+            return None  # free-form mapping (options, headers): anything below goes
         info = _schema_child(info, part)
         node = node.get(part) if isinstance(node, dict) else None
+    return None
+
+
+def _unknown_key_hint(raw: dict[str, Any], path: str) -> str:
+    """``; did you mean agents.a.max_steps?`` for an unknown key a config file spells (``path``), or ``""``."""
+    parts = [p for p in path.split(".") if p]
+    if not parts:
+        return ""
+    # the same mappings along the path, without the key in question (a present key counts as known)
+    copy: dict[str, Any] = dict(raw)
+    node = copy
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            break
+        node[part] = node = dict(child)
+    else:
+        node.pop(parts[-1], None)
+    problem = _path_problem(copy, parts, adding=False)
+    if problem is None:
+        return ""
+    hint = problem[1].split(" (use +", 1)[0]
+    return hint if "did you mean" in hint else ""
 
 
 def _flat_model_entry(info: Any, node: Any) -> Any:
@@ -358,11 +390,14 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
             try:
                 sections[section][str(name)] = parse(entry)
             except msgspec.ValidationError as e:
-                raise ConfigError(f"{source}: {section}.{name}.{_readable(str(e))}".replace("..", ".")) from None
+                text = _readable(str(e))  # "path: problem", or ": problem" for the entry itself
+                where = f"{section}.{name}" + (text if text.startswith(":") else f".{text}")
+                raise ConfigError(f"{source}: {where}{_file_key_hint(raw, f'{section}.{name}', text)}") from None
     try:
         cfg = msgspec.convert({k: v for k, v in raw.items() if k not in _SECTIONS}, Config, strict=False)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{source}: {_readable(str(e))}") from None
+        text = _readable(str(e))
+        raise ConfigError(f"{source}: {text.lstrip(': ')}{_file_key_hint(raw, '', text)}") from None
     cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]
     for name, a in cfg.agents.items():
         _check_agent_options(name, a, cfg, source)
@@ -394,6 +429,14 @@ def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) ->
     for key, value in a.options.items():
         if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
+
+
+def _file_key_hint(raw: dict[str, Any], prefix: str, text: str) -> str:
+    """For ``KEY: unknown key`` (a typo in a file): the nearest valid key, as ``--set`` says it."""
+    if not text.endswith(": unknown key"):
+        return ""
+    key = text.removesuffix(": unknown key")
+    return _unknown_key_hint(raw, f"{prefix}.{key}" if prefix else key)
 
 
 def _readable(msg: str) -> str:

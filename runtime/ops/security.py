@@ -369,8 +369,7 @@ def check_seed(path: Path) -> None:
         raise AuthError(f"{path}: cannot read it ({e.strerror or e})") from None
     except (nkeys.NkeysError, ValueError, TypeError, IndexError):  # bad base32, checksum, length: never quote it
         raise AuthError(
-            f"{path}: not a valid nkey seed (truncated or edited?); copy it again from the server's --secure "
-            f"directory"
+            f"{path}: not a valid nkey seed (truncated or edited?); copy it again from the server's --secure directory"
         ) from None
 
 
