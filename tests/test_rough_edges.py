@@ -8,6 +8,7 @@ bound asserted, so a regression to a silent or long wait fails here.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.security import ensure_auth_dir
-from gym_runtime.server import EmbeddedServer
+from gym_runtime.server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
@@ -209,3 +210,101 @@ def test_one_problem_in_one_row_is_singular(tmp_path: Path) -> None:
     res = cli("validate", "weather", "-i", str(rows), timeout=60)
     assert res.returncode == 2, res.stderr
     assert res.stderr.splitlines()[-1] == "gym-runtime: error: 1 problem in 1 row", res.stderr
+
+
+# ------------------------------------------------------------------------------------- 8. interrupts
+
+
+def popen_cli(*args: str, cwd: Path = REPO) -> subprocess.Popen[str]:
+    """The CLI as a terminal starts it (SIGINT not ignored, unlike a shell's background job)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.01)
+
+
+def stop_and_time(proc: subprocess.Popen[str], sig: int, timeout: float = 30) -> tuple[int, float, str, str]:
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, time.monotonic() - t0, out, err
+
+
+@pytest.mark.parametrize("when", ["while rollouts arrive", "while the file is written"])
+def test_ctrl_c_during_run_exits_130_at_once_and_leaves_no_partial_file(when: str, tmp_path: Path) -> None:
+    """--repeats 4000 (20,000 rollouts, one process): Ctrl-C is acted on within 2 s whether it comes while
+    results arrive or while the file and its pass@k for every k up to 4,000 are being written; the spool
+    (<out>.partial: results in arrival order, no index, nothing can resume from it) is removed."""
+    out = tmp_path / "o.jsonl"
+    proc = popen_cli("run", "weather", "-o", str(out), "--repeats", "4000", "--processes", "one", "--quiet")
+    spool, tmp = Path(f"{out}.partial"), Path(f"{out}.tmp")
+    if when == "while rollouts arrive":
+        wait_for(lambda: spool.exists() and spool.stat().st_size > 1_000_000, 120, "results spooled")
+    else:
+        wait_for(lambda: tmp.exists(), 120, "the file being written")
+    code, took, _, err = stop_and_time(proc, signal.SIGINT)
+    assert code == 130, err[-2000:]
+    assert took < 2.0, took
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "gym-runtime: error: interrupted"
+    assert not spool.exists() and not tmp.exists() and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_start_exits_130_on_ctrl_c_and_0_on_sigterm(pool: bool, nats_server: EmbeddedServer) -> None:
+    replicas = ["--replicas", "2"] if pool else []
+    for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
+        proc = popen_cli("start", WEATHER, "--nats", nats_server.url, "--only", "resources.weather", *replicas)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "workers ready"
+        assert "ready" in line, proc.stderr.read() if proc.stderr else ""
+        code, took, _, err = stop_and_time(proc, sig)
+        assert code == expected, (sig, err[-2000:])
+        assert took < 15, took
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_start_stopped_while_still_connecting_stops_at_once_without_blaming_anyone(pool: bool) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    replicas = ["--replicas", "2"] if pool else []
+    proc = popen_cli("start", WEATHER, "--nats", dead, "--only", "resources.weather", *replicas)
+    time.sleep(4)  # the workers wait for a server that is not there
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM)
+    assert code == 0, err[-2000:]
+    assert took < 5, took
+    assert "its error is above" not in err and "not_started" not in err, err
+
+
+def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    res = cli(
+        "run",
+        WEATHER,
+        "-i",
+        str(EXAMPLE),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--nats",
+        nats_server.url,
+        "--batch",
+        "done1",
+        "--quiet",
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    proc = popen_cli("status", "--nats", nats_server.url, "--batch", "done1", "--watch", "--interval", "0.5")
+    time.sleep(5)
+    assert proc.poll() is None, proc.communicate()  # pending is 0 from the start: it still watches
+    code, took, out, err = stop_and_time(proc, signal.SIGINT)
+    assert code == 0, err
+    assert took < 3
+    assert out.count("pending") >= 3, out  # refreshed several times

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from gym_runtime.cli._common import (
+    EXIT_INTERRUPTED,
     auth_option,
     client_auth,
     common_options,
@@ -55,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     if args.in_process or sum(replicas.values()) == 1:
         telemetry = make_telemetry(args, role_of(pairs))
         try:
-            run_async(
+            stopped_by = run_async(
                 lambda: serve(
                     cfg,
                     url,
@@ -68,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
             )
         finally:
             telemetry.shutdown()
-        return 0
+        return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop
     from gym_runtime.workers.supervisor import Child, child_argv, run_pool
 
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]

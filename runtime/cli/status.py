@@ -17,7 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", required=True, help="NATS URL of the running system")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     p.add_argument("--batch", metavar="ID", help="one batch: done, failed, pending, rate and ETA")
-    p.add_argument("--watch", action="store_true", help="refresh until interrupted (a live table on a terminal)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh until interrupted (Ctrl-C ends it, exit 0; a live table on a terminal)",
+    )
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch refresh period (default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     log_level_option(p)
@@ -82,7 +86,7 @@ async def _batch(bus: Any, args: argparse.Namespace) -> None:
             while True:
                 snap = watch.snapshot()
                 screen.show(json.dumps(snap) if args.json else render_batch(snap))
-                if not args.watch or snap["pending"] == 0:
+                if not args.watch:  # --watch: until interrupted, past the batch's end too (as its help says)
                     break
                 await _sleep(args.interval)
         tg.cancel_scope.cancel()

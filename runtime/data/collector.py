@@ -11,9 +11,11 @@ ends with the same file.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
+import threading
 import uuid
 from array import array
 from collections.abc import Callable
@@ -103,6 +105,7 @@ class Collector:
         self.stats = CollectStats()
         self._done = anyio.Event()
         self._answer_field: str | None = None
+        self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
 
     async def run(self) -> CollectStats:
         """Read every result of the batch from the start of the stream; returns when all are in.
@@ -121,19 +124,27 @@ class Collector:
         puller = PullWorker(
             self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg, heartbeat_s=3600.0, inline=True
         )
-        with self.spool_path.open("wb") as spool:
-            self._spool = spool
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(puller.run)
-                    if self.expected:
-                        await self._done.wait()
-                    tg.cancel_scope.cancel()
-            finally:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await jetstream.delete_consumer(self.bus, stream, consumer)
-            spool.flush()
-        await anyio.to_thread.run_sync(self._finalize)
+        try:
+            with self.spool_path.open("wb") as spool:
+                self._spool = spool
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(puller.run)
+                        if self.expected:
+                            await self._done.wait()
+                        tg.cancel_scope.cancel()
+                finally:
+                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                        await jetstream.delete_consumer(self.bus, stream, consumer)
+                spool.flush()
+            await _in_daemon_thread(self._finalize)
+        except BaseException:
+            # interrupted (Ctrl-C) or failed: the spool holds results in arrival order with no index, so
+            # nothing can resume from it; it goes, and -o is only ever written whole
+            self._stop.set()
+            for leftover in (self.spool_path, Path(f"{self.out}.tmp"), Path(f"{self.failures_path}.tmp")):
+                leftover.unlink(missing_ok=True)
+            raise
         return self.stats
 
     def _take(self, res: RolloutResult) -> None:
@@ -174,12 +185,15 @@ class Collector:
             self._done.set()
 
     def _finalize(self) -> None:
-        """Rewrite the spool in task×repeat order; runs in a thread (file I/O)."""
+        """Rewrite the spool in task×repeat order, then the metrics; runs in a thread (file I/O, pass@k for
+        every k up to the repeats: seconds at 4,000 repeats), which an interrupt does not wait for."""
         metrics = MetricsAccumulator(answer_field=self._answer_field)
         tmp_out = Path(str(self.out) + ".tmp")
         tmp_fail = Path(str(self.failures_path) + ".tmp")
         with self.spool_path.open("rb") as spool, tmp_out.open("wb") as out, tmp_fail.open("wb") as fail:
             for slot in range(self.expected):
+                if slot % 4096 == 0 and self._stop.is_set():
+                    return
                 offset, size, ok = self._offsets[slot], self._sizes[slot], self._ok[slot]
                 spool.seek(offset)
                 line = spool.read(size)
@@ -188,6 +202,8 @@ class Collector:
                     metrics.add(_json_dec.decode(line))
                 else:
                     fail.write(line + b"\n")
+        if self._stop.is_set():
+            return
         os.replace(tmp_out, self.out)
         if self.stats.failures:
             os.replace(tmp_fail, self.failures_path)
@@ -196,3 +212,30 @@ class Collector:
             self.failures_path.unlink(missing_ok=True)
         self.stats.metrics = metrics.write_json(self.metrics_path)
         self.spool_path.unlink(missing_ok=True)
+
+
+async def _in_daemon_thread(fn: Callable[[], None]) -> None:
+    """``fn()`` in a daemon thread: awaiting it is cancellable (Ctrl-C is acted on at once), and an
+    abandoned thread does not hold the process open at exit, as a worker thread of anyio's would."""
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if finished.done():
+            return
+        if error is None:
+            finished.set_result(None)
+        else:
+            finished.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        try:
+            fn()
+        except BaseException as e:  # handed to the awaiting task
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=target, name="gym-collect-finalize", daemon=True).start()
+    await finished

@@ -185,8 +185,11 @@ async def serve(
     replicas: int | None = None,
     ready: Callable[[], None] | None = None,
     auth: Any = None,
-) -> None:
-    """Run workers until SIGTERM/SIGINT, then drain and return."""
+) -> int | None:
+    """Run workers until SIGTERM/SIGINT, then drain and return the signal that stopped them.
+
+    A signal while the workers still wait for their server stops the wait at once (nothing to drain):
+    a scheduler's SIGTERM, or Ctrl-C on a worker node whose server is not up, is acted on then too."""
     pairs = selected(config, only)
     # what can be known without the server is said before waiting for it (a worker node without a
     # resource's verifier package would otherwise say nothing until the server answers)
@@ -194,40 +197,59 @@ async def serve(
         if role == "resources":
             where = f"resources.{name}.server"
             check_requires(load_resource_class(config.resources[name].server, where), where)
-    # workers may start before the server: wait for it as long as it takes
-    buses = await open_buses(
-        url,
-        [BUS_ROLE[r] for r, _ in pairs],
-        namespace=config.namespace,
-        telemetry=telemetry,
-        name="gym-workers",
-        auth=auth,
-        initial_timeout=None,
-        jetstream=config.jetstream,
-    )
-    try:
-        # a refused stream set-up is one clear error, before any worker starts
-        await ensure_streams(next(iter(buses.values())))
-        workers = make_workers(buses, config, pairs, replicas=replicas)
-        async with anyio.create_task_group() as tg:
-            await start_workers(tg, workers)
-            if telemetry.meters.enabled:
-                tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
-            log.info(
-                "workers.ready", workers=len(workers), roles=sorted({f"{r}.{n}" for r, n in selected(config, only)})
+    stopped: list[int] = []
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        buses: dict[str, Bus] | None = None
+        async with anyio.create_task_group() as connecting:
+
+            async def stop_waiting() -> None:
+                async for signum in signals:
+                    stopped.append(signum)
+                    connecting.cancel_scope.cancel()
+                    return
+
+            connecting.start_soon(stop_waiting)
+            # workers may start before the server: wait for it as long as it takes
+            buses = await open_buses(
+                url,
+                [BUS_ROLE[r] for r, _ in pairs],
+                namespace=config.namespace,
+                telemetry=telemetry,
+                name="gym-workers",
+                auth=auth,
+                initial_timeout=None,
+                jetstream=config.jetstream,
             )
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            connecting.cancel_scope.cancel()
+        if stopped or buses is None:
+            log.info("workers.stopped", before="ready")
+            return stopped[0] if stopped else None
+        try:
+            # a refused stream set-up is one clear error, before any worker starts
+            await ensure_streams(next(iter(buses.values())))
+            workers = make_workers(buses, config, pairs, replicas=replicas)
+            async with anyio.create_task_group() as tg:
+                await start_workers(tg, workers)
+                if telemetry.meters.enabled:
+                    tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
+                log.info(
+                    "workers.ready",
+                    workers=len(workers),
+                    roles=sorted({f"{r}.{n}" for r, n in selected(config, only)}),
+                )
                 if ready:  # only now: a SIGTERM right after "ready" must drain, not kill
                     ready()
-                async for _ in signals:
+                async for signum in signals:
+                    stopped.append(signum)
                     log.info("workers.draining")
                     await drain(workers)
                     log.info("workers.stopped")
                     break
-            tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await close_buses(buses)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await close_buses(buses)
+    return stopped[0] if stopped else None
 
 
 @dataclass

@@ -29,6 +29,7 @@ from gym_runtime.observability import logs
 log = logs.get("gym.supervisor")
 
 EXIT_NOT_STARTED = 1
+EXIT_INTERRUPTED = 130
 
 
 def _term_with_parent() -> None:  # runs in the child between fork and exec
@@ -55,7 +56,9 @@ class Child:
         )
         self.started_at = time.monotonic()
 
-    def wait_ready(self, timeout: float) -> bool:
+    def wait_ready(self, timeout: float, stopping: threading.Event | None = None) -> bool:
+        """True once the child prints ``ready``; False when it does not within ``timeout``, exits first, or
+        ``stopping`` is set (the supervisor was told to stop while its children were still starting)."""
         assert self.proc and self.proc.stdout
         done = threading.Event()
         ok: list[bool] = []
@@ -66,7 +69,10 @@ class Child:
             done.set()
 
         threading.Thread(target=read, daemon=True).start()
-        done.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline or (stopping is not None and stopping.is_set()):
+                break
         return bool(ok and ok[0])
 
 
@@ -107,12 +113,20 @@ class NotStarted(Exception):
         self.code = code
 
 
-def start_ready(children: list[Child], ready_timeout: float) -> None:
-    """Start every child and wait until each says it is ready; raise ``NotStarted`` for the first that is not."""
+class Stopped(Exception):
+    """The supervisor was told to stop (SIGTERM/SIGINT) before its children were all ready: no error."""
+
+
+def start_ready(children: list[Child], ready_timeout: float, stopping: threading.Event | None = None) -> None:
+    """Start every child and wait until each says it is ready; raise ``NotStarted`` for the first that is not,
+    or ``Stopped`` when ``stopping`` is set meanwhile (a child that stopped then has no error to show)."""
     for c in children:
         c.start()
     for c in children:
-        if not c.wait_ready(ready_timeout):
+        ready = c.wait_ready(ready_timeout, stopping)
+        if stopping is not None and stopping.is_set():
+            raise Stopped
+        if not ready:
             exited = _exit_code(c, wait_s=5.0)
             reason = (
                 f"exited with code {exited} (its error is above)"
@@ -155,14 +169,19 @@ def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeou
     stopping = threading.Event()
     code = 0
 
+    signals: list[int] = []
+
     def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
         stopping.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            start_ready(children, ready_timeout)
+            start_ready(children, ready_timeout, stopping)
             print(f"workers ready ({len(children)} processes)", flush=True)
+        except Stopped:
+            log.info("workers.stopped", before="ready")
         except NotStarted as e:
             log.warning("worker.not_started", reason=str(e))
             code = e.code
@@ -174,6 +193,8 @@ def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeou
         stop_all(children, drain_timeout)
         for s, h in old.items():
             signal.signal(s, h)
+    if code == 0 and signal.SIGINT in signals:
+        return EXIT_INTERRUPTED  # Ctrl-C, as every command says it; SIGTERM is a scheduler's normal stop
     return code
 
 
