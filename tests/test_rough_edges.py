@@ -308,3 +308,70 @@ def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: Emb
     assert code == 0, err
     assert took < 3
     assert out.count("pending") >= 3, out  # refreshed several times
+
+
+# --------------------------------------------------------------------------------- 2. silent or long waits
+
+
+def test_start_all_roles_with_a_mistyped_module_against_a_dead_server_says_so_at_once(tmp_path: Path) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    res = cli("start", WEATHER, "--nats", dead, "--set", "resources.weather.server=resources.wether", timeout=90)
+    took = time.monotonic() - t0
+    assert_one_line(res, "resources.weather.server: no such module 'resources.wether'; did you mean resources.weather?")
+    assert took < 10, took
+    assert "models.policy" not in res.stderr
+
+
+def test_collect_of_an_unknown_batch_says_so_at_once(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    res = cli("collect", "--batch", "nope", "--nats", nats_server.url, "-o", str(tmp_path / "o.jsonl"), timeout=90)
+    assert time.monotonic() - t0 < 10
+    assert_one_line(res, "no batch 'nope' in namespace 'gym'", "--wait S")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_purge_of_an_unknown_batch_is_an_error_not_purged_0(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    res = cli("purge", "--batch", "nope", "--nats", nats_server.url, timeout=60)
+    assert_one_line(res, "no batch 'nope' in namespace 'gym'")
+    assert "purged 0" not in res.stdout
+
+
+def test_a_dead_nats_url_says_why(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    res = cli("status", "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "2"}, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert_one_line(res, f"cannot reach a NATS server at {url}: connection refused", "(waited 2s)")
+
+
+def test_a_name_that_does_not_resolve_is_said_so() -> None:
+    # the reason only: a real lookup would leave loopback (this machine's resolver is on the network)
+    import socket
+
+    from gym_runtime.bus import _tcp_reason
+
+    e = OSError("All connection attempts failed")
+    e.__cause__ = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    assert _tcp_reason(e, "nast1", 4222) == "the name 'nast1' does not resolve"
+
+
+@pytest.mark.parametrize("command", [["status"], ["collect", "--batch", "b", "-o", "o.jsonl"], ["start", WEATHER]])
+def test_an_http_url_is_refused_as_a_bad_flag(command: list[str]) -> None:
+    t0 = time.monotonic()
+    res = cli(*command, "--nats", "http://127.0.0.1:8222", timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert_one_line(res, "--nats http://127.0.0.1:8222: not a NATS URL", "monitoring port")
+
+
+def test_a_pool_logs_nats_unreachable_once_with_a_reason(tmp_path: Path) -> None:
+    import json
+
+    proc = popen_cli("start", WEATHER, "--nats", f"nats://127.0.0.1:{free_port()}", "--replicas", "2")
+    time.sleep(13)  # past the 8 s after which a waiting service warns
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM)
+    assert code == 0 and took < 5, err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    unreachable = [x for x in lines if x.get("event") == "nats.unreachable"]
+    assert len(unreachable) == 1, err
+    assert "connection refused" in unreachable[0]["reason"]

@@ -25,7 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", required=True, help="NATS URL the batch was published to")
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the batch to be published")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds to wait for a batch that is not published yet (default 0: an unknown id is an error at "
+        "once; publish returns only once its batch is stored)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     p.add_argument(
         "--purge", action="store_true", help="once the file is written, delete the batch's stored results and manifest"

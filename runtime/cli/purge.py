@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url
+from gym_runtime.cli._common import EXIT_USAGE, auth_option, client_auth, err, log_level_option, need_url, plural
+from gym_runtime.data.batches import get_manifest
 from gym_runtime.observability.tracing import Telemetry
 
 
@@ -37,10 +38,22 @@ def main(args: argparse.Namespace) -> int:
             url, namespace=args.namespace, telemetry=Telemetry(), name="gym-purge", auth=auth, role="admin"
         )
         try:
-            return [(b, await purge_batch(bus, b)) for b in args.batch]
+            done = []
+            for b in args.batch:
+                known = await get_manifest(bus, b) is not None
+                done.append((b, known, await purge_batch(bus, b)))
+            return done
         finally:
             await bus.close()
 
-    for batch, removed in run_async(go):
-        print(f"batch {batch}: purged {removed} results")
+    unknown = []
+    for batch, known, removed in run_async(go):
+        if known or removed:
+            print(f"batch {batch}: purged {plural(removed, 'result')}")
+        else:
+            unknown.append(batch)
+    if unknown:  # a mistyped id, or one purged before: said, not "purged 0 results"
+        names = ", ".join(repr(b) for b in unknown)
+        err(f"no batch {names} in namespace {args.namespace!r} (nothing stored under it; purged already?)")
+        return EXIT_USAGE
     return 0

@@ -42,12 +42,13 @@ def role_of(pairs: list[tuple[str, str]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.workers.runner import run_async, selected, serve
+    from gym_runtime.workers.runner import check_resources, run_async, selected, serve, wait_for_server
 
     cfg = load(args)
     url = need_url(args, cfg)
     auth = client_auth(args)
     pairs = selected(cfg, args.only)
+    check_resources(cfg, pairs)  # a mistyped module: one line now, whatever the server
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
         from gym_runtime.workers.runner import BUS_ROLE
@@ -72,6 +73,11 @@ def main(args: argparse.Namespace) -> int:
             telemetry.shutdown()
         return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop
     from gym_runtime.workers.supervisor import Child, child_argv, run_pool
+
+    # the pool waits for its server once (one nats.unreachable line, with the reason), not once per child
+    stopped_by = run_async(lambda: wait_for_server(url))
+    if stopped_by is not None:
+        return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0
 
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
     if args.trace_file:

@@ -200,10 +200,24 @@ def _quiet_ssl_eof() -> None:
         lg.addFilter(_Filter())
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
 def server_list(url: str | list[str]) -> list[str]:
-    """Server URLs from a list and/or comma-separated strings (``a,b`` is two servers, not one)."""
+    """Server URLs from a list and/or comma-separated strings (``a,b`` is two servers, not one).
+
+    A URL of another scheme (``http://host:8222`` is the monitoring port) is a ``ValueError`` now: waited on,
+    it looked like a server that does not answer."""
     items = url if isinstance(url, list) else [url]
-    return [u.strip() for item in items for u in str(item).split(",") if u.strip()]
+    servers = [u.strip() for item in items for u in str(item).split(",") if u.strip()]
+    for s in servers:
+        scheme = s.split("://", 1)[0].lower() if "://" in s else "nats"
+        if scheme not in NATS_SCHEMES:
+            raise ValueError(
+                f"--nats {_shown([s])}: not a NATS URL (expected nats://HOST:4222"
+                f"{'; http:// is the monitoring port, for health --monitor' if scheme.startswith('http') else ''})"
+            )
+    return servers
 
 
 WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after this logs a warning
@@ -284,7 +298,7 @@ class _Throttle:
         return True
 
 
-async def _wait_reachable(servers: list[str], timeout: float | None) -> None:
+async def wait_reachable(servers: list[str], timeout: float | None) -> None:
     """Wait until one server accepts TCP, so a wrong URL fails clearly instead of retrying forever.
 
     ``timeout=None`` waits forever (long-lived workers may start before the server).
@@ -300,6 +314,7 @@ async def _wait_reachable(servers: list[str], timeout: float | None) -> None:
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     warned = False
+    why: dict[tuple[str, int], str] = {}
     while True:
         for host, port in addrs:
             try:
@@ -307,16 +322,43 @@ async def _wait_reachable(servers: list[str], timeout: float | None) -> None:
                     stream = await anyio.connect_tcp(host, port)
                 await stream.aclose()
                 return
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError) as e:
+                why[(host, port)] = _tcp_reason(e, host, port)
                 continue
+        reason = "; ".join(dict.fromkeys(why.values()))
         if deadline is not None and time.monotonic() >= deadline:
-            raise ServerUnreachable(f"cannot reach a NATS server at {_shown(servers)} (waited {timeout:g}s)")
+            raise ServerUnreachable(f"cannot reach a NATS server at {_shown(servers)}: {reason} (waited {timeout:g}s)")
         if timeout is None and not warned and time.monotonic() - started >= WARN_UNREACHABLE_S:
             # a service reports it once, at warning, well within 15 s: a wrong URL must not look like a
             # slow start (a one-shot command ends with its own one-line error instead)
-            log.warning("nats.unreachable", servers=_shown(servers), waited_s=WARN_UNREACHABLE_S, still_trying=True)
+            log.warning(
+                "nats.unreachable",
+                servers=_shown(servers),
+                reason=reason,
+                waited_s=WARN_UNREACHABLE_S,
+                still_trying=True,
+            )
             warned = True
         await anyio.sleep(0.5)
+
+
+def _tcp_reason(e: BaseException, host: str, port: int) -> str:
+    """Why a TCP connect failed, in the words a user acts on: a name that does not resolve, a port nothing
+    listens on, or no answer at all (a firewall, a wrong address)."""
+    import socket
+
+    cause = e.__cause__  # anyio: "All connection attempts failed", from the attempts' own errors
+    if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+        e = cause.exceptions[0]
+    elif isinstance(cause, OSError):
+        e = cause
+    if isinstance(e, socket.gaierror) or "name or service not known" in str(e).lower():
+        return f"the name {host!r} does not resolve"
+    if isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower():
+        return f"connection refused at {host}:{port} (no server listens there)"
+    if isinstance(e, TimeoutError):
+        return f"no answer from {host}:{port} within 2s (firewall or wrong address?)"
+    return f"{host}:{port}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
 
 
 async def connect(
@@ -368,7 +410,7 @@ async def connect(
     if options and options.get("tls") is not None:
         _quiet_ssl_eof()
     t0 = time.monotonic()
-    await _wait_reachable(servers, initial_timeout)
+    await wait_reachable(servers, initial_timeout)
     while True:
         nc = NATS()
         # nats-py can stall for good after a failed TLS handshake (it waits for a socket that never

@@ -32,7 +32,7 @@ from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, load_resource_class
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.bus import Bus, server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
@@ -176,6 +176,35 @@ async def drain(workers: list[Worker], timeout: float = 60.0) -> None:
                 tg.start_soon(w.drain)
 
 
+def check_resources(config: Config, pairs: list[tuple[str, str]]) -> None:
+    """What can be known without the server, said before waiting for it: a resource module that does not
+    import (a typo) or lacks its verifier package would otherwise say nothing until the server answers."""
+    for role, name in pairs:
+        if role == "resources":
+            where = f"resources.{name}.server"
+            check_requires(load_resource_class(config.resources[name].server, where), where)
+
+
+async def wait_for_server(url: str | list[str]) -> int | None:
+    """Wait until a server of ``url`` accepts connections (logging ``nats.unreachable`` with the reason once);
+    returns the signal that ended the wait instead, if any (SIGTERM/SIGINT), or None once it is reachable.
+    A process pool waits here, once, before its children start."""
+    stopped: list[int] = []
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    stopped.append(signum)
+                    tg.cancel_scope.cancel()
+                    return
+
+            tg.start_soon(on_signal)
+            await wait_reachable(server_list(url), None)
+            tg.cancel_scope.cancel()
+    return stopped[0] if stopped else None
+
+
 async def serve(
     config: Config,
     url: str | list[str],
@@ -191,12 +220,7 @@ async def serve(
     A signal while the workers still wait for their server stops the wait at once (nothing to drain):
     a scheduler's SIGTERM, or Ctrl-C on a worker node whose server is not up, is acted on then too."""
     pairs = selected(config, only)
-    # what can be known without the server is said before waiting for it (a worker node without a
-    # resource's verifier package would otherwise say nothing until the server answers)
-    for role, name in pairs:
-        if role == "resources":
-            where = f"resources.{name}.server"
-            check_requires(load_resource_class(config.resources[name].server, where), where)
+    check_resources(config, pairs)
     stopped: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         buses: dict[str, Bus] | None = None
@@ -408,7 +432,8 @@ async def collect_batch(
 ) -> CollectStats:
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
-        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
+        waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
+        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
     stats = await Collector(
         bus,

@@ -45,6 +45,7 @@ class Child:
     proc: subprocess.Popen[str] | None = None
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    ready: bool = False  # its first line said ready (see watch_ready)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -56,24 +57,20 @@ class Child:
         )
         self.started_at = time.monotonic()
 
-    def wait_ready(self, timeout: float, stopping: threading.Event | None = None) -> bool:
-        """True once the child prints ``ready``; False when it does not within ``timeout``, exits first, or
-        ``stopping`` is set (the supervisor was told to stop while its children were still starting)."""
+    def watch_ready(self) -> threading.Event:
+        """An event set once the child's first line is in (``self.ready`` says whether it was ``ready``) or
+        its stdout closed (it exited before)."""
         assert self.proc and self.proc.stdout
         done = threading.Event()
-        ok: list[bool] = []
+        self.ready = False  # until this start's first line says so
 
         def read() -> None:
             line = self.proc.stdout.readline() if self.proc and self.proc.stdout else ""
-            ok.append("ready" in line)
+            self.ready = "ready" in line
             done.set()
 
         threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while not done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline or (stopping is not None and stopping.is_set()):
-                break
-        return bool(ok and ok[0])
+        return done
 
 
 def child_argv(config: str | list[str], url: str | None, spec: str, passthrough: list[str]) -> list[str]:
@@ -118,23 +115,31 @@ class Stopped(Exception):
 
 
 def start_ready(children: list[Child], ready_timeout: float, stopping: threading.Event | None = None) -> None:
-    """Start every child and wait until each says it is ready; raise ``NotStarted`` for the first that is not,
-    or ``Stopped`` when ``stopping`` is set meanwhile (a child that stopped then has no error to show)."""
+    """Start every child and wait until each says it is ready; raise ``NotStarted`` for the first that exits
+    without (whichever it is: a resource with a mistyped module must not wait on a model that waits for its
+    server), or that is not ready in time; ``Stopped`` when ``stopping`` is set meanwhile."""
     for c in children:
         c.start()
-    for c in children:
-        ready = c.wait_ready(ready_timeout, stopping)
+    pending = {id(c): (c, c.watch_ready()) for c in children}
+    deadline = time.monotonic() + ready_timeout
+    while pending:
         if stopping is not None and stopping.is_set():
             raise Stopped
-        if not ready:
-            exited = _exit_code(c, wait_s=5.0)
-            reason = (
-                f"exited with code {exited} (its error is above)"
-                if exited is not None
-                else f"not ready within {ready_timeout:g}s"
-            )
-            # a child that found a user mistake (exit 2) has said so in one line: pass its code on
-            raise NotStarted(f"worker {c.spec} {reason}", 2 if exited == 2 else EXIT_NOT_STARTED)
+        for key, (c, done) in list(pending.items()):
+            if not done.is_set():
+                continue
+            del pending[key]
+            if not c.ready:
+                exited = _exit_code(c, wait_s=5.0)
+                # a child that found a user mistake (exit 2) has said so in one line: pass its code on
+                raise NotStarted(
+                    f"worker {c.spec} exited with code {exited} (its error is above)",
+                    2 if exited == 2 else EXIT_NOT_STARTED,
+                )
+        if pending and time.monotonic() >= deadline:
+            c = next(iter(pending.values()))[0]
+            raise NotStarted(f"worker {c.spec} not ready within {ready_timeout:g}s", EXIT_NOT_STARTED)
+        time.sleep(0.05)
 
 
 def restart_dead(children: list[Child], stopping: threading.Event) -> None:
