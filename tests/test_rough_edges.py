@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.security import ensure_auth_dir
-from gym_runtime.server import EmbeddedServer, free_port
+from gym_runtime.server import EmbeddedServer, free_port, port_taken
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
@@ -375,3 +375,75 @@ def test_a_pool_logs_nats_unreachable_once_with_a_reason(tmp_path: Path) -> None
     unreachable = [x for x in lines if x.get("event") == "nats.unreachable"]
     assert len(unreachable) == 1, err
     assert "connection refused" in unreachable[0]["reason"]
+
+
+# ---------------------------------------------------------------------------- 4. a second server on one machine
+
+
+def test_a_second_server_on_the_machine_starts_and_says_where_its_monitoring_is(tmp_path: Path) -> None:
+    import urllib.request
+
+    first = popen_cli("server", "--port", str(free_port()), "--store-dir", str(tmp_path / "a"))
+    second = None
+    try:
+        assert first.stdout is not None and first.stdout.readline().startswith("nats://")
+        # the second one's default monitoring port is free or not: it starts either way, and says where
+        port = free_port()
+        t0 = time.monotonic()
+        second = popen_cli("server", "--port", str(port), "--store-dir", str(tmp_path / "b"))
+        assert second.stdout is not None
+        assert second.stdout.readline().strip() == f"nats://127.0.0.1:{port}", second.stderr.read()  # type: ignore[union-attr]
+        assert time.monotonic() - t0 < 10
+        assert second.stderr is not None
+        line = second.stderr.readline()
+        assert line.startswith("monitoring: http://127.0.0.1:"), line
+        monitor = line.split()[1]
+        with urllib.request.urlopen(f"{monitor}/jsz", timeout=5) as r:  # KEDA's endpoint answers there
+            assert r.status == 200
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(15)
+
+
+def test_a_taken_default_monitoring_port_falls_back_but_an_explicit_one_is_an_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # something else holds what would be the default (client port + 4000)
+        port = free_port()
+        while port + 4000 > 65535:
+            port = free_port()
+        s.bind(("127.0.0.1", port + 4000))
+        s.listen()
+        proc = popen_cli("server", "--port", str(port), "--store-dir", str(tmp_path / "a"))
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == f"nats://127.0.0.1:{port}"
+            assert proc.stderr is not None and f":{port + 4000} " not in proc.stderr.readline()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+        res = cli(
+            "server",
+            "--port",
+            str(free_port()),
+            "--http-port",
+            str(port + 4000),
+            "--store-dir",
+            str(tmp_path / "b"),
+            timeout=30,
+        )
+    assert_one_line(res, f"monitoring port 127.0.0.1:{port + 4000} is already in use")
+
+
+def test_the_default_monitoring_port_is_8222_for_4222_where_the_deploy_files_read_jsz() -> None:
+    from gym_runtime.cli import build_parser
+    from gym_runtime.cli.server import monitoring_port
+
+    args = build_parser().parse_args(["server"])
+    expected = 8222 if not port_taken("127.0.0.1", 8222) else 0
+    assert monitoring_port(args) == expected
+    # the deploy files name 8222 for /jsz: Slurm passes it explicitly, compose and the Helm values set it
+    sbatch = (REPO / "deploy/slurm/gym-runtime.sbatch").read_text()
+    assert "--http-port 8222" in sbatch and "http://$n:8222" in sbatch
+    assert "nats.nats.svc.cluster.local:8222" in (REPO / "deploy/k8s/keda.yaml").read_text()

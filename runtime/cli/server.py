@@ -14,10 +14,11 @@ import sys
 
 from gym_runtime.cli._common import err
 from gym_runtime.errors import UserError
-from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer
+from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
 from gym_runtime.transport.jetstream import parse_size
 
 DEFAULT_HTTP_PORT = 8222
+HTTP_PORT_OFFSET = DEFAULT_HTTP_PORT - 4222  # NATS's own pairing: client 4222, monitoring 8222
 
 
 def split_list(text: str | None) -> list[str]:
@@ -60,10 +61,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--http-port",
         type=int,
-        default=DEFAULT_HTTP_PORT,
-        help="monitoring port (/healthz, /jsz; default 8222; -1 turns it off)",
+        default=None,
+        help=f"monitoring port (/healthz, /jsz; -1 turns it off). Default: the client port + {HTTP_PORT_OFFSET} "
+        f"(4222 -> {DEFAULT_HTTP_PORT}, where KEDA and the deploy files read /jsz), or a free port if that one is "
+        "taken (a second server on the machine); the URL is printed on stderr",
     )
     p.add_argument("--http-host", default="127.0.0.1", help="monitoring address (default 127.0.0.1)")
+
+
+def monitoring_port(args: argparse.Namespace) -> int | None:
+    """``--http-port`` as given (a taken port is then an error), else the client port + 4000, or a free port
+    (0) when that one is taken: monitoring nobody asked for must not stop a second server on the machine."""
+    if args.http_port is not None:
+        return None if args.http_port < 0 else args.http_port
+    derived = args.port + HTTP_PORT_OFFSET if args.port else 0
+    if not 0 < derived <= 65535 or port_taken(args.http_host, derived):
+        return 0
+    return derived
 
 
 def build(args: argparse.Namespace) -> EmbeddedServer:
@@ -85,7 +99,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         cluster_port=args.cluster_port if args.cluster else 0,
         cluster_host=args.cluster_host,
         routes=routes,
-        http_port=None if args.http_port < 0 else args.http_port,
+        http_port=monitoring_port(args),
         http_host=args.http_host,
         secure_dir=args.secure,
         namespaces=args.namespaces or ["gym"],
@@ -111,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     srv.start()
     print(srv.url, flush=True)
+    if srv.monitor_url:
+        print(f"monitoring: {srv.monitor_url} (/healthz, /jsz)", file=sys.stderr, flush=True)
     if not args.secure and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"gym-runtime: warning: no authentication on {args.host}: anyone who can reach it reads and writes "
