@@ -14,6 +14,7 @@ from gym_runtime.resource import ToolArgumentsError, Verdict
 from gym_runtime.resources.multi_step import MultiStep
 from gym_runtime.testing import (
     COMPAT,
+    differential_cases,
     example_rollouts,
     new_session,
     read_jsonl,
@@ -98,12 +99,54 @@ async def test_last_extract_call_counts() -> None:
     assert v.reward == 1.0
 
 
-@pytest.mark.parametrize(
-    "arguments", ['{"synonym_values": [711, 407]', '{"synonym_values": ["711", "407"]}', '{"values": [711, 407]}']
-)
-async def test_extract_call_the_tool_would_refuse_counts_as_empty(arguments: str) -> None:
-    v = await verdict(calls('{"synonym_values": [711, 407]}', arguments))
-    assert (v.reward, v.fields["parsed_synonym_values"]) == (0.0, [])
+# NeMo Gym's verify reads the last extract call with json.loads(arguments)["synonym_values"] and compares with
+# Python's ==, set() and `in`; its response model reports parsed_synonym_values as pydantic List[int] (lax).
+# Each case: the arguments of the last call -> what that gives (reward, parsed, set_overlap, minefield hit,
+# order failure), or None where NeMo Gym's verify raises (no reward at all: a failed rollout there, a
+# verify_error failure row here).
+LAX_AND_MALFORMED = [
+    ('{"synonym_values": [711.0, 407.0]}', (1.0, [711, 407], 1.0, False, False)),  # 711.0 == 711
+    ('{"synonym_values": ["711", "407"]}', (0.0, [711, 407], 0.0, False, False)),  # "711" != 711; reported as int
+    ('{"synonym_values": [" 711 ", "+407"]}', (0.0, [711, 407], 0.0, False, False)),
+    ('{"synonym_values": [711, 407], "note": "x"}', (1.0, [711, 407], 1.0, False, False)),  # extra keys ignored
+    ('{"synonym_values": [true, 407]}', (0.0, [1, 407], 0.5, False, False)),
+    ('{"synonym_values": ["Hot", 711]}', None),  # the label is a hit there, but "Hot" is no List[int]: it raises
+    ('{"synonym_values": [711, 407]', None),  # not JSON
+    ('{"values": [711, 407]}', None),  # no synonym_values
+    ('{"synonym_values": 711}', None),  # set(711) fails
+    ('{"synonym_values": [711.5]}', None),  # not an integer for List[int]
+    ('{"synonym_values": [[711]]}', None),  # unhashable
+    ('["synonym_values"]', None),
+]
+
+
+@pytest.mark.parametrize(("arguments", "expected"), LAX_AND_MALFORMED)
+async def test_lax_and_malformed_extract_arguments_give_nemo_gyms_reward(arguments: str, expected: Any) -> None:
+    response = calls('{"synonym_values": [711, 407]}', arguments)  # only the last call counts
+    if expected is None:
+        with pytest.raises(ValueError, match="extract_synonym_values"):
+            await verdict(response)
+        return
+    reward, parsed, overlap, minefield, order_failure = expected
+    v = await verdict(response)
+    assert v.reward == reward
+    assert v.fields == {
+        "parsed_synonym_values": parsed,
+        "accuracy": reward == 1.0,
+        "set_overlap": overlap,
+        "original_term_minefield_hit": minefield,
+        "order_instruction_following_failure": order_failure,
+    }
+
+
+async def test_differential_cases_reproduce_nemo_gyms_reward_and_fields() -> None:
+    cases = differential_cases("example_multi_step")
+    assert len(cases) >= 19
+    for row, case in cases:
+        task = {k: v for k, v in row.items() if k != "response"}
+        reward, fields = split_verdict(await verdict(recorded_response(row["response"]), task))
+        assert reward == case["expected_reward"], case["case"]
+        assert json.dumps(fields, sort_keys=True) == json.dumps(case["expected_fields"], sort_keys=True), case["case"]
 
 
 async def test_no_extract_call_scores_zero() -> None:
