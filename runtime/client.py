@@ -32,7 +32,8 @@ from gym_runtime.config import Config, load_config
 from gym_runtime.data.batches import Manifest, put_manifest
 from gym_runtime.data.collector import failure_row
 from gym_runtime.data.inputs import check_row, publish_rows
-from gym_runtime.errors import AuthError, ClientError, RolloutFailed
+from gym_runtime.data.validation import check_before_publish
+from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
@@ -399,8 +400,13 @@ class Client:
         max_staleness: int | None = None,
         agent: str | None = None,
         batch: str | None = None,
+        any_tools: bool = False,
     ) -> BatchHandle:
         """Publish rows × ``repeats`` as one batch; returns its handle at once.
+
+        Rows are checked as ``gym-runtime validate`` checks them (task fields, tools of the environment;
+        ``any_tools=True`` lets rows offer tools the environment does not have: answer channels); a bad row
+        is a ``ClientError`` and nothing is published.
 
         ``policy_version`` defaults to the current one; with ``max_staleness=S`` a task that has not
         started when the current version is more than S past its own is dropped (a ``stale`` row).
@@ -411,6 +417,13 @@ class Client:
         if not rows:
             raise ClientError("no rows to submit")
         self._check_rows(rows, agent)
+        try:
+            check_before_publish(
+                self.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
+            )
+        except InputError as e:
+            more = f" (and {len(e.problems) - 5} more)" if len(e.problems) > 5 else ""
+            raise ClientError("invalid rows, nothing was submitted: " + "; ".join(e.problems[:5]) + more) from None
         version = self._version_for(policy_version, max_staleness)
         agents = list(self.config.agents)
         handle = BatchHandle(self, batch or uuid.uuid4().hex[:12], tasks=len(rows), repeats=repeats)

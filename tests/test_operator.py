@@ -208,6 +208,7 @@ def test_an_internal_bug_is_labelled_with_a_traceback(tmp_path: Path) -> None:
         str(tmp_path / "o.jsonl"),
         "--set",
         "resources.weather.server=buggy_env",
+        "--any-tools",  # Buggy has no get_weather: the rows' tool is refused otherwise, before the bug shows
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert res.returncode == 3, res.stderr

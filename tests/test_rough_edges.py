@@ -447,3 +447,50 @@ def test_the_default_monitoring_port_is_8222_for_4222_where_the_deploy_files_rea
     sbatch = (REPO / "deploy/slurm/gym-runtime.sbatch").read_text()
     assert "--http-port 8222" in sbatch and "http://$n:8222" in sbatch
     assert "nats.nats.svc.cluster.local:8222" in (REPO / "deploy/k8s/keda.yaml").read_text()
+
+
+# ------------------------------------------------------------- 5. rows run/publish/submit take but validate refuses
+
+
+def wether_rows(tmp_path: Path) -> Path:
+    rows = read_jsonl(EXAMPLE)
+    rows[0]["responses_create_params"]["tools"][0]["name"] = "get_wether"  # not a tool of weather
+    return write_jsonl(tmp_path / "rows.jsonl", rows)
+
+
+def test_validate_run_and_publish_refuse_the_same_row(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    rows = wether_rows(tmp_path)
+    said = f"{rows}:1: weather: tool 'get_wether' is not a tool of this environment"
+    v = cli("validate", WEATHER, "-i", str(rows), timeout=60)
+    assert v.returncode == 2 and said in v.stderr, v.stderr
+    for argv in (
+        ["run", WEATHER, "-i", str(rows), "-o", str(tmp_path / "o.jsonl")],
+        ["publish", WEATHER, "-i", str(rows), "--nats", nats_server.url],
+    ):
+        res = cli(*argv, timeout=60)
+        assert res.returncode == 2, (argv, res.stderr)
+        assert said in res.stderr and "nothing was published" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+    status = cli("status", "--nats", nats_server.url, "--json", timeout=60)
+    assert '"results_stored": 0' in status.stdout, status.stdout
+
+
+def test_any_tools_runs_rows_whose_tools_are_answer_channels(tmp_path: Path) -> None:
+    rows = wether_rows(tmp_path)
+    assert cli("validate", WEATHER, "-i", str(rows), "--any-tools", timeout=60).returncode == 0
+    res = cli("run", WEATHER, "-i", str(rows), "-o", str(tmp_path / "o.jsonl"), "--any-tools", "--quiet", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert len(read_jsonl(tmp_path / "o.jsonl")) == 5
+
+
+async def test_client_submit_refuses_what_validate_refuses(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    from gym_runtime.client import Client, ClientError
+    from gym_runtime.config import load_config
+
+    rows = read_jsonl(wether_rows(tmp_path))
+    async with Client(load_config(REPO / WEATHER), nats=nats_server.url) as client:
+        with pytest.raises(ClientError, match="row 0: weather: tool 'get_wether' is not a tool of this environment"):
+            await client.submit(rows)
+        batch = await client.submit(rows, any_tools=True)
+        assert len(await batch.gather()) == 5

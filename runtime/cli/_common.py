@@ -71,6 +71,17 @@ def log_level_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def any_tools_option(p: argparse.ArgumentParser) -> None:
+    """``--any-tools``: rows may offer tools the environment does not have (answer channels)."""
+    p.add_argument(
+        "--any-tools",
+        action="store_true",
+        help="rows may offer tools that are not tools of the environment (answer channels the verifier reads "
+        "from the call, as an environment with row_tools = 'any' declares for itself); default: such a row "
+        "is refused, as validate refuses it",
+    )
+
+
 def auth_option(p: argparse.ArgumentParser) -> None:
     """``--auth-dir DIR``: this node's copy of the ``server --secure`` directory (only its roles' .creds)."""
     p.add_argument(

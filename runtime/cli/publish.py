@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from gym_runtime.cli._common import (
+    any_tools_option,
     auth_option,
     client_auth,
     common_options,
@@ -16,6 +17,7 @@ from gym_runtime.cli._common import (
     positive_int,
     telemetry,
 )
+from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 
@@ -30,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
     p.add_argument("--limit", type=positive_int, help="use only the first N rows")
     progress.add_arguments(p)
+    any_tools_option(p)
     auth_option(p)
     common_options(p)
 
@@ -44,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting
+    # and what `validate` checks against each environment (task fields, tools): the same rows pass both
+    check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
     auth = client_auth(args)
     tel = telemetry(args, "publish")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime.cli._common import (
+    any_tools_option,
     auth_option,
     check_output,
     client_auth,
@@ -34,6 +35,7 @@ from gym_runtime.cli._common import (
     server_url,
     telemetry,
 )
+from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 from gym_runtime.plugins import example_input
@@ -66,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
     metrics_options(p)
+    any_tools_option(p)
     auth_option(p)
     common_options(p)
 
@@ -167,6 +170,8 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
+    # and what `validate` checks against each environment (task fields, tools): the same rows pass both
+    check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
     groups = worker_groups(args, cfg, plan.count * args.repeats)
     tel = telemetry(args, "run")
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load, plural
+from gym_runtime.cli._common import EXIT_USAGE, any_tools_option, common_options, config_argument, err, load, plural
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="task rows: JSONL, or a .parquet/.json file or hf:OWNER/NAME as prepare reads them (repeatable)",
     )
     p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
+    any_tools_option(p)
     common_options(p)
 
 
@@ -28,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
 
     args.overrides = data_only_overrides(args.config) + args.overrides  # no model is called here
     cfg = load(args)
-    report = validate_files(cfg, args.input, agent=args.agent)
+    report = validate_files(cfg, args.input, agent=args.agent, any_tools=args.any_tools)
     if report.problems:
         for line in report.problems:
             print(line, file=sys.stderr)

@@ -20,7 +20,7 @@ import msgspec
 
 from gym_runtime.config import Config
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
-from gym_runtime.errors import UserError
+from gym_runtime.errors import InputError, UserError
 from gym_runtime.messages import ItemError, create_params
 from gym_runtime.resource import Resource, load_resource_class
 
@@ -53,17 +53,31 @@ def _struct_error(e: msgspec.ValidationError) -> str:
 class TaskChecker:
     """Checks rows against a config: routing, create params, task fields, tools."""
 
-    def __init__(self, cfg: Config, *, agent: str | None = None) -> None:
+    def __init__(
+        self, cfg: Config, *, agent: str | None = None, any_tools: bool = False, importable_only: bool = False
+    ) -> None:
+        """``any_tools``: rows may offer tools the environment does not have (answer channels the verifier
+        reads from the call), for every environment, as a class's ``row_tools = "any"`` says for its own.
+        ``importable_only``: an environment this process cannot import (it is installed on the worker nodes
+        only) is not checked here; without it, that is an error (``validate``)."""
         if agent is not None and agent not in cfg.agents:
             raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
         self.cfg = cfg
         self.agent = agent
+        self.any_tools = any_tools
         self.classes: dict[str, type[Resource] | None] = {}
         for name, a in cfg.agents.items():
             if not a.resource:  # an agent without resource sessions: no task fields to check
                 self.classes[name] = None
                 continue
-            self.classes[name] = load_resource_class(cfg.resources[a.resource].server, f"resources.{a.resource}.server")
+            try:
+                self.classes[name] = load_resource_class(
+                    cfg.resources[a.resource].server, f"resources.{a.resource}.server"
+                )
+            except ValueError:
+                if not importable_only:
+                    raise
+                self.classes[name] = None
 
     def route(self, row: dict[str, Any]) -> tuple[str | None, list[str]]:
         """The agent a row goes to, or the problems that stop it from going anywhere."""
@@ -106,6 +120,8 @@ class TaskChecker:
         if agent is None:
             return None, problems
         cls = self.classes[agent]
+        if cls is None:  # not importable here: its workers check what it needs
+            return agent, problems
         env = self.cfg.agents[agent].resource
         if cls is not None and cls.task_fields is not None:
             try:
@@ -117,7 +133,7 @@ class TaskChecker:
                     cls.check_task(row)
                 except (ValueError, TypeError, KeyError) as e:
                     problems.append(f"{env}: {str(e).removeprefix('task row: ')}")
-        if cls is not None and cls.row_tools == "resource" and isinstance(params, dict):
+        if cls is not None and cls.row_tools == "resource" and not self.any_tools and isinstance(params, dict):
             for tool in params.get("tools") or []:
                 if isinstance(tool, dict) and tool.get("type", "function") == "function":
                     name = tool.get("name")
@@ -142,10 +158,31 @@ def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Re
     return report
 
 
-def validate_files(cfg: Config, paths: list[str | Path], *, agent: str | None = None) -> Report:
+def check_before_publish(
+    cfg: Config, rows: Iterable[tuple[str, Any]], *, agent: str | None = None, any_tools: bool = False
+) -> None:
+    """The checks of ``validate`` on rows about to be published (``run``, ``publish``, ``Client.submit``):
+    ``InputError`` listing every problem, so nothing is published that ``validate`` would refuse."""
+    report = check_rows(TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True), rows)
+    if report.problems:
+        raise InputError(report.problems)
+
+
+def file_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[str, Any]]:
+    """``(file:line, row)`` of a JSONL file's first ``limit`` rows, for ``check_before_publish``."""
+    p = Path(path)
+    for n, (lineno, row) in enumerate(read_jsonl(p)):
+        if limit is not None and n >= limit:
+            return
+        yield f"{p}:{lineno}", row
+
+
+def validate_files(
+    cfg: Config, paths: list[str | Path], *, agent: str | None = None, any_tools: bool = False
+) -> Report:
     """Check every row against ``cfg``; problems as ``file:line: reason`` (``file[index]`` for rows
     read through ``datasets``: Parquet, JSON or a hub id, as ``prepare`` takes them)."""
-    checker = TaskChecker(cfg, agent=agent)
+    checker = TaskChecker(cfg, agent=agent, any_tools=any_tools)
     report = Report()
     for p in map(Path, paths):
         before = report.rows
