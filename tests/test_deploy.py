@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,7 @@ import pytest
 import yaml
 
 from gym_runtime.config import load_config
-from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from gym_runtime.transport.jetstream import durable_name, stream_names
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
@@ -352,3 +353,97 @@ def test_dockerfile_build_steps_run_here(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert str(target) in res.stdout and "--only ROLE.NAME" in res.stdout, res.stdout + res.stderr
+
+
+# ------------------------------------------------------------------------------------------------ Slurm
+
+SBATCH = REPO / "deploy/slurm/gym-runtime.sbatch"
+
+
+def sbatch_dry_run(env: dict[str, str], *args: str) -> list[tuple[str, str, list[str]]]:
+    """The recipe's command lines, from its own arrays: (where: on|here, node, argv) in the order it runs them."""
+    res = subprocess.run(
+        ["bash", str(SBATCH), *args],
+        env={**os.environ, **env, "GYM_DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    out = []
+    for line in res.stdout.splitlines():
+        head, _, cmd = line.partition(": ")
+        where, _, node = head.partition(" ")
+        out.append((where, node, shlex.split(cmd)))
+    return out
+
+
+def test_slurm_header_gpu_node_arithmetic_matches_the_script() -> None:
+    header = SBATCH.read_text()
+    assert "GYM_GPU_NODES [number of nodes - 4, at least 1" in header
+    for nodes, gpus in ((4, 1), (5, 1), (6, 2), (8, 4)):
+        names = " ".join(f"n{i}" for i in range(nodes))
+        lines = sbatch_dry_run({"GYM_NODES": names, "GYM_VENV": "/v"}, "c.yaml", "in.jsonl", "out.jsonl")
+        model_nodes = {node for where, node, argv in lines if where == "on" and "models.policy" in " ".join(argv)}
+        assert len(model_nodes) == max(1, nodes - 4), (nodes, model_nodes)
+        assert len(model_nodes) == gpus
+
+
+def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) -> None:
+    """Every command the recipe's dry run prints, executed as printed: three secured NATS nodes (loopback
+    addresses 127.0.0.2-4 stand in for node names), health, model and agent/resource workers, publish, collect."""
+    auth = tmp_path / "auth"  # empty: the first server writes it, naming every NATS node
+    ports = {k: free_port() for k in ("GYM_NATS_PORT", "GYM_ROUTE_PORT", "GYM_MONITOR_PORT")}
+    env = {
+        "GYM_NODES": "127.0.0.2 127.0.0.3 127.0.0.4 127.0.0.5",
+        "GYM_VENV": str(Path(sys.executable).parent.parent),
+        "GYM_SECURE_DIR": str(auth),
+        "GYM_STORE": str(tmp_path / "store"),
+        "GYM_LISTEN": "node",  # three servers on one machine: each on its own address
+        "GYM_VLLM": "0",  # the config's scripted policy: no vLLM server to start
+        "GYM_REPLICAS": "1",
+        "GYM_BATCH": "slurm1",
+        **{k: str(v) for k, v in ports.items()},
+    }
+    out = tmp_path / "out.jsonl"
+    lines = sbatch_dry_run(env, "deploy/config.yaml", "resources/weather/data/example.jsonl", str(out))
+    clients = [argv for _, _, argv in lines if argv[1] != "server"]
+    assert clients and all(argv[-2:] == ["--auth-dir", str(auth)] for argv in clients), clients
+    assert sum(1 for _, _, argv in lines if argv[1] == "server" and "--secure" in argv) == 3
+
+    steps: list[subprocess.Popen[str]] = []
+    logs: list[Path] = []
+    try:
+        servers = 0
+        for where, node, argv in lines:
+            if where == "on":  # an srun step: in the background, as srun ... & runs it
+                log = tmp_path / f"step{len(steps)}.log"
+                logs.append(log)
+                steps.append(subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("w")))
+                if argv[1] == "server":
+                    servers += 1
+                    deadline = time.monotonic() + 30
+                    while servers == 1 and not (auth / "server.pem").exists():  # as the script waits
+                        assert time.monotonic() < deadline, log.read_text()
+                        time.sleep(0.2)
+                continue
+            if argv[1] == "health":  # the script retries until healthy
+                deadline = time.monotonic() + 90
+                while (res := subprocess.run(argv, cwd=REPO, capture_output=True, text=True)).returncode != 0:
+                    assert time.monotonic() < deadline, (res.stderr, [p.read_text()[-1500:] for p in logs])
+                    time.sleep(1)
+                continue
+            res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+            assert res.returncode == 0, (argv[1], res.stderr[-3000:], [p.read_text()[-1500:] for p in logs])
+        rows = read_jsonl(out)
+        assert len(rows) == 5 and all(r["reward"] == 1.0 for r in rows)
+    finally:
+        for p in steps:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in steps:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

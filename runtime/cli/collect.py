@@ -75,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
 
     url = need_url(args, None)
     auth = client_auth(args)
+    if args.purge and auth is not None:  # on a `server --secure` bus purging is the admin's: say so before collecting
+        auth.creds("admin")
     check_output(args.output)
     telemetry = Telemetry(service="gym-runtime.collect")
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
@@ -96,7 +98,21 @@ def main(args: argparse.Namespace) -> int:
                 if args.purge:  # only now: the file and sidecars are on disk
                     from gym_runtime.data.batches import purge_batch
 
-                    await purge_batch(bus, args.batch)
+                    if auth is None:
+                        await purge_batch(bus, args.batch)
+                    else:  # the publisher role may not purge a stream: the admin's credentials do
+                        admin = await Bus.connect(
+                            url,
+                            namespace=args.namespace,
+                            telemetry=telemetry,
+                            name="gym-purge",
+                            auth=auth,
+                            role="admin",
+                        )
+                        try:
+                            await purge_batch(admin, args.batch)
+                        finally:
+                            await admin.close()
                 return stats
             finally:
                 await bus.close()
