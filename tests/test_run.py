@@ -398,7 +398,11 @@ def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path
         timeout=60,
     )
     assert res.returncode == 2, res.stderr[-2000:]
-    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: cannot reach a NATS server at {url} (waited 10s)"]
+    port = url.rsplit(":", 1)[1]
+    assert res.stderr.strip().splitlines() == [
+        f"gym-runtime: error: cannot reach a NATS server at {url}: connection refused, no server listens on "
+        f"127.0.0.1:{port} (waited 10s)"
+    ]
     assert time.monotonic() - t0 < 30
     assert not (tmp_path / "out.jsonl").exists() and not _processes_with(str(config))
 

@@ -355,9 +355,9 @@ def _tcp_reason(e: BaseException, host: str, port: int) -> str:
     if isinstance(e, socket.gaierror) or "name or service not known" in str(e).lower():
         return f"the name {host!r} does not resolve"
     if isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower():
-        return f"connection refused at {host}:{port} (no server listens there)"
+        return f"connection refused, no server listens on {host}:{port}"
     if isinstance(e, TimeoutError):
-        return f"no answer from {host}:{port} within 2s (firewall or wrong address?)"
+        return f"no answer from {host}:{port} within 2s, a firewall or a wrong address"
     return f"{host}:{port}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
 
 
