@@ -494,3 +494,67 @@ async def test_client_submit_refuses_what_validate_refuses(nats_server: Embedded
             await client.submit(rows)
         batch = await client.submit(rows, any_tools=True)
         assert len(await batch.gather()) == 5
+
+
+# ------------------------------------------------------------------------------------------ 3. metrics on run
+
+
+def scrape_families(port: int) -> dict[str, list]:  # type: ignore[type-arg]
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    families: dict[str, list] = {}  # type: ignore[type-arg]
+    for fam in text_string_to_metric_families(text):
+        assert fam.name not in families, f"family {fam.name} twice: not a valid exposition"
+        families[fam.name] = fam.samples
+    return families
+
+
+@pytest.mark.parametrize("processes", ["per-role", "2"])
+def test_run_serves_the_runs_rollout_metrics_on_its_port_whatever_the_process_mode(
+    processes: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "w.yaml"
+    config.write_text(WEATHER_YAML.replace("adapter: scripted}", "adapter: scripted, delay_s: 0.05, concurrency: 4}"))
+    port = free_port()
+    proc = popen_cli(
+        "run",
+        str(config),
+        "-i",
+        str(EXAMPLE),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--repeats",
+        "40",
+        "--processes",
+        processes,
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+        "--quiet",
+    )
+    seen: dict[str, list] = {}  # type: ignore[type-arg]
+    deadline = time.monotonic() + 90
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                families = scrape_families(port)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            completed = sum(s.value for s in families.get("gym_rollouts_completed", []) if s.name.endswith("_total"))
+            if completed > 0:
+                seen = families
+                break
+            time.sleep(0.2)
+        assert seen, "no rollout counter on the run's --metrics-port during the batch"
+        inflight_roles = {s.labels.get("gym_role") for s in seen.get("gym_inflight", [])}
+        assert {"agent", "model"} <= inflight_roles, inflight_roles  # the children's series, on the one port
+        assert "gym_queue_pending" in seen
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]

@@ -242,7 +242,8 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=port_number,
         metavar="P",
-        help="serve Prometheus metrics on this port (/metrics); a worker pool uses P, P+1, ...",
+        help="serve Prometheus metrics on this port (/metrics); a `start` worker pool uses P, P+1, ...; `run` "
+        "serves its worker processes' metrics merged with its own there",
     )
     p.add_argument(
         "--metrics-host",
@@ -252,8 +253,11 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def telemetry(args: argparse.Namespace, role: str, *, port_offset: int = 0) -> Telemetry:
-    """Traces (``--trace-file`` / OTLP) and metrics (``--metrics-port`` / OTLP), named ``gym-runtime.ROLE``."""
+def telemetry(
+    args: argparse.Namespace, role: str, *, port_offset: int = 0, children: list[str] | None = None
+) -> Telemetry:
+    """Traces (``--trace-file`` / OTLP) and metrics (``--metrics-port`` / OTLP), named ``gym-runtime.ROLE``;
+    ``children``: worker processes' ``/metrics`` URLs, merged into this process's endpoint."""
     from gym_runtime.observability import meters
 
     service = f"gym-runtime.{role}"
@@ -263,5 +267,6 @@ def telemetry(args: argparse.Namespace, role: str, *, port_offset: int = 0) -> T
         role=role,
         port=None if port is None else port + port_offset,
         host=getattr(args, "metrics_host", "0.0.0.0"),
+        children=children,
     )
     return Telemetry.from_options(trace_file=getattr(args, "trace_file", None), service=service, meters=m)

@@ -39,6 +39,7 @@ from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 from gym_runtime.plugins import example_input
+from gym_runtime.ops.nats_server import free_port
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -120,7 +121,12 @@ async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
 
 @contextlib.contextmanager
 def worker_processes(
-    args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any, groups: list[list[str]]
+    args: argparse.Namespace,
+    cfg: Any,
+    url: str | list[str],
+    auth: Any,
+    groups: list[list[str]],
+    metrics_ports: list[int] | None = None,
 ) -> Iterator[None]:
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli._common import config_path
@@ -139,10 +145,9 @@ def worker_processes(
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
     children = []
     for i, roles in enumerate(groups, start=1):
+        # each child serves its metrics on loopback only; this process merges them on --metrics-port
         metrics = (
-            []
-            if args.metrics_port is None
-            else ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
+            [] if not metrics_ports else ["--metrics-port", str(metrics_ports[i - 1]), "--metrics-host", "127.0.0.1"]
         )
         name = ",".join(roles) or f"workers-{i}"
         children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics)))
@@ -173,14 +178,16 @@ def main(args: argparse.Namespace) -> int:
     # and what `validate` checks against each environment (task fields, tools): the same rows pass both
     check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
     groups = worker_groups(args, cfg, plan.count * args.repeats)
-    tel = telemetry(args, "run")
+    # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
+    child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
+    tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)
             if groups:
                 run_async(lambda: server_answers(url, cfg, auth))
             with (
-                worker_processes(args, cfg, url, auth, groups) if groups else contextlib.nullcontext(),
+                worker_processes(args, cfg, url, auth, groups, child_ports) if groups else contextlib.nullcontext(),
                 progress.Tracker("run", progress.options_from(args)) as tracker,
             ):
                 result = run_async(

@@ -20,7 +20,8 @@ Instruments (Prometheus names in brackets):
   each work-queue consumer (messages not yet delivered / delivered but not acked)
 
 Every process has its own endpoint: ``start`` with a worker pool gives replica
-*i* the port ``P + i`` (see ``docs/operations.md``, "Metrics and dashboard").
+*i* the port ``P + i`` (see ``docs/operations.md``, "Metrics and dashboard"); ``run`` with worker
+processes serves theirs merged with its own on its one port (``MergedMetrics``).
 """
 
 from __future__ import annotations
@@ -194,9 +195,63 @@ class Meters:
         self.provider = None
 
 
-def start(*, service: str, role: str, port: int | None = None, host: str = "0.0.0.0") -> Meters:
+class MergedMetrics:
+    """A prometheus_client collector: this process's own metrics plus those of the ``/metrics`` URLs of
+    worker processes it started (``run --processes``), merged so that the user's one port shows the whole
+    run: the same series from several processes are summed (counters, histograms), or the largest kept
+    (gauges: the queue lag every process reports); a process that does not answer is left out."""
+
+    def __init__(self, own: Any, urls: list[str]) -> None:
+        self.own = own
+        self.urls = urls
+
+    def _families(self) -> list[Any]:
+        import urllib.request
+
+        from prometheus_client import generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+
+        # this process's own through the same text round trip, so that family names and types match
+        families = list(text_string_to_metric_families(generate_latest(self.own).decode()))
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url, timeout=2.0) as r:
+                    families += list(text_string_to_metric_families(r.read().decode()))
+            except (OSError, ValueError):
+                continue  # starting or stopping: its series come back with the next scrape
+        return families
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import Metric
+
+        merged: dict[str, Any] = {}
+        values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for fam in self._families():
+            out = merged.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type, fam.unit))
+            acc = values.setdefault(fam.name, {})
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in acc:
+                    acc[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    acc[key] = min(acc[key], sample.value)
+                elif out.type == "gauge":
+                    acc[key] = max(acc[key], sample.value)
+                else:
+                    acc[key] += sample.value
+        for name, out in merged.items():
+            for (sample_name, labels), value in values[name].items():
+                out.add_sample(sample_name, dict(labels), value)
+            yield out
+
+
+def start(
+    *, service: str, role: str, port: int | None = None, host: str = "0.0.0.0", children: list[str] | None = None
+) -> Meters:
     """Meters for this process: a Prometheus endpoint on ``host:port`` when ``port`` is given, OTLP
     metrics when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._METRICS_ENDPOINT``) is set, else no-op.
+    ``children``: the ``/metrics`` URLs of worker processes this one started, served merged on ``port``
+    (see ``MergedMetrics``).
 
     This is also the hook for other long-lived processes (e.g. a gateway) to expose the same metrics.
     """
@@ -212,8 +267,12 @@ def start(*, service: str, role: str, port: int | None = None, host: str = "0.0.
 
         registry = CollectorRegistry()  # per process, not prometheus_client's global one
         readers.append(PrometheusMetricReader(registry=registry))
+        served = registry
+        if children:
+            served = CollectorRegistry(auto_describe=False)
+            served.register(MergedMetrics(registry, children))
         try:
-            server, thread = start_http_server(port, addr=host, registry=registry)
+            server, thread = start_http_server(port, addr=host, registry=served)
         except OSError as e:
             raise UserError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
 
