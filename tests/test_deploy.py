@@ -415,7 +415,7 @@ def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) ->
     logs: list[Path] = []
     try:
         servers = 0
-        for where, node, argv in lines:
+        for where, _node, argv in lines:
             if where == "on":  # an srun step: in the background, as srun ... & runs it
                 log = tmp_path / f"step{len(steps)}.log"
                 logs.append(log)

@@ -52,7 +52,7 @@ def assert_user_error(res: subprocess.CompletedProcess[str], *fragments: str) ->
     [
         (["models.policy.adapter=nope"], ["models.policy.adapter: unknown adapter 'nope'"]),
         (["models.policy.adapter=openai"], ["models.policy", "no API key"]),
-        (["resources.weather.server=resources.does_not_exist"], ["resources.weather.server: no such module"]),
+        (["resources.weather.server=resources.does_not_exist"], ["resources.weather.server: no such resource module"]),
         (["models.polcy.adapter=openai"], ["no key models.polcy", "did you mean models.policy?"]),
         (["agents.weather_agent.max_stepz=3"], ["did you mean agents.weather_agent.max_steps?"]),
         (["a=[1,"], ["--set a: the value '[1,' is not valid YAML"]),

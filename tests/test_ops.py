@@ -108,7 +108,7 @@ def test_start_exits_non_zero_when_a_role_cannot_start(nats_server: EmbeddedServ
         "start", str(config), "--nats", nats_server.url, "--only", "resources.env", "--replicas", "2", timeout=120
     )
     assert res.returncode == 2  # a user mistake (a module that does not exist): said before any child starts
-    assert res.stderr.count("no such module 'tests.envs.no_such_module'") == 1, res.stderr[-3000:]
+    assert res.stderr.count("no such resource module 'tests.envs.no_such_module'") == 1, res.stderr[-3000:]
 
 
 def test_start_with_a_wrong_url_says_so_within_15_s(tmp_path: Path) -> None:

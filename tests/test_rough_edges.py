@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.security import ensure_auth_dir
-from gym_runtime.server import EmbeddedServer, free_port, port_taken
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port, port_taken
+from gym_runtime.ops.security import ensure_auth_dir
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
@@ -152,10 +152,10 @@ def test_a_config_path_with_dotdot_is_reported_as_given(tmp_path: Path) -> None:
         (
             "resources.weather.server",
             "resources.wether",
-            "no such module 'resources.wether'; did you mean resources.weather?",
+            "no such resource module 'resources.wether'; did you mean 'weather'?",
         ),
-        ("resources.weather.server", "resources.does_not_exist", "no such module 'resources.does_not_exist'"),
-        ("agents.weather_agent.agent", "agents.simpel", "no such module 'agents.simpel'; did you mean agents.simple?"),
+        ("resources.weather.server", "resources.does_not_exist", "no such resource module 'resources.does_not_exist'"),
+        ("agents.weather_agent.agent", "agents.simpel", "no such agent module 'agents.simpel'; did you mean 'simple'?"),
     ],
 )
 def test_a_mistyped_module_is_no_such_module_with_the_nearest_bundled_name(
@@ -318,7 +318,9 @@ def test_start_all_roles_with_a_mistyped_module_against_a_dead_server_says_so_at
     t0 = time.monotonic()
     res = cli("start", WEATHER, "--nats", dead, "--set", "resources.weather.server=resources.wether", timeout=90)
     took = time.monotonic() - t0
-    assert_one_line(res, "resources.weather.server: no such module 'resources.wether'; did you mean resources.weather?")
+    assert_one_line(
+        res, "resources.weather.server: no such resource module 'resources.wether'; did you mean 'weather'?"
+    )
     assert took < 10, took
     assert "models.policy" not in res.stderr
 
@@ -349,7 +351,7 @@ def test_a_name_that_does_not_resolve_is_said_so() -> None:
     # the reason only: a real lookup would leave loopback (this machine's resolver is on the network)
     import socket
 
-    from gym_runtime.bus import _tcp_reason
+    from gym_runtime.transport.bus import _tcp_reason
 
     e = OSError("All connection attempts failed")
     e.__cause__ = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -444,8 +446,14 @@ def test_the_default_monitoring_port_is_8222_for_4222_where_the_deploy_files_rea
     expected = 8222 if not port_taken("127.0.0.1", 8222) else 0
     assert monitoring_port(args) == expected
     # the deploy files name 8222 for /jsz: Slurm passes it explicitly, compose and the Helm values set it
-    sbatch = (REPO / "deploy/slurm/gym-runtime.sbatch").read_text()
-    assert "--http-port 8222" in sbatch and "http://$n:8222" in sbatch
+    dry = subprocess.run(
+        ["bash", str(REPO / "deploy/slurm/gym-runtime.sbatch"), "c.yaml", "in.jsonl", "out.jsonl"],
+        env={**os.environ, "GYM_DRY_RUN": "1", "GYM_NODES": "n1 n2 n3 n4", "GYM_VENV": "/v"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert dry.count("--http-port 8222") == 3 and "--monitor http://n1:8222" in dry
     assert "nats.nats.svc.cluster.local:8222" in (REPO / "deploy/k8s/keda.yaml").read_text()
 
 
@@ -485,8 +493,9 @@ def test_any_tools_runs_rows_whose_tools_are_answer_channels(tmp_path: Path) -> 
 
 
 async def test_client_submit_refuses_what_validate_refuses(nats_server: EmbeddedServer, tmp_path: Path) -> None:
-    from gym_runtime.client import Client, ClientError
+    from gym_runtime.client import Client
     from gym_runtime.config import load_config
+    from gym_runtime.errors import ClientError
 
     rows = read_jsonl(wether_rows(tmp_path))
     async with Client(load_config(REPO / WEATHER), nats=nats_server.url) as client:

@@ -226,7 +226,7 @@ def check_output(path: str) -> None:
     existed = p.exists()
     blocking = next((a for a in reversed(p.parents) if a.exists() and not a.is_dir()), None)
     if blocking is not None:  # mkdir would say "File exists" about the wrong thing
-        raise ValueError(f"-o {path}: {blocking} is a file, not a directory")
+        raise UserError(f"-o {path}: {blocking} is a file, not a directory")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("ab"):

@@ -206,14 +206,14 @@ NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 def server_list(url: str | list[str]) -> list[str]:
     """Server URLs from a list and/or comma-separated strings (``a,b`` is two servers, not one).
 
-    A URL of another scheme (``http://host:8222`` is the monitoring port) is a ``ValueError`` now: waited on,
+    A URL of another scheme (``http://host:8222`` is the monitoring port) is a ``UserError`` now: waited on,
     it looked like a server that does not answer."""
     items = url if isinstance(url, list) else [url]
     servers = [u.strip() for item in items for u in str(item).split(",") if u.strip()]
     for s in servers:
         scheme = s.split("://", 1)[0].lower() if "://" in s else "nats"
         if scheme not in NATS_SCHEMES:
-            raise ValueError(
+            raise UserError(
                 f"--nats {_shown([s])}: not a NATS URL (expected nats://HOST:4222"
                 f"{'; http:// is the monitoring port, for health --monitor' if scheme.startswith('http') else ''})"
             )
