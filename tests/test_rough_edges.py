@@ -424,7 +424,7 @@ def test_a_taken_default_monitoring_port_falls_back_but_an_explicit_one_is_an_er
             assert proc.stderr is not None and f":{port + 4000} " not in proc.stderr.readline()
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(15)
+            proc.wait(60)
         res = cli(
             "server",
             "--port",
@@ -433,7 +433,7 @@ def test_a_taken_default_monitoring_port_falls_back_but_an_explicit_one_is_an_er
             str(port + 4000),
             "--store-dir",
             str(tmp_path / "b"),
-            timeout=30,
+            timeout=90,
         )
     assert_one_line(res, f"monitoring port 127.0.0.1:{port + 4000} is already in use")
 
