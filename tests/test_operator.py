@@ -50,7 +50,7 @@ def assert_user_error(res: subprocess.CompletedProcess[str], *fragments: str) ->
 @pytest.mark.parametrize(
     ("sets", "fragments"),
     [
-        (["models.policy.adapter=nope"], ["models.policy.adapter: unknown adapter 'nope'"]),
+        (["models.policy.adapter=nope"], ["models.policy.adapter: no such adapter module 'nope'"]),
         (["models.policy.adapter=openai"], ["models.policy", "no API key"]),
         (["resources.weather.server=resources.does_not_exist"], ["resources.weather.server: no such resource module"]),
         (["models.polcy.adapter=openai"], ["no key models.polcy", "did you mean models.policy?"]),
@@ -69,7 +69,7 @@ def test_config_and_worker_mistakes_are_one_line_exit_2(tmp_path: Path, sets: li
 def test_a_worker_pool_that_cannot_build_a_worker_exits_2(nats_server: EmbeddedServer) -> None:
     # the weather config starts three processes; the model's fails on the adapter name
     res = cli("start", WEATHER, "--nats", nats_server.url, "--set", "models.policy.adapter=nope")
-    assert_user_error(res, "models.policy.adapter: unknown adapter 'nope'")
+    assert_user_error(res, "models.policy.adapter: no such adapter module 'nope'")
 
 
 @pytest.mark.parametrize(
