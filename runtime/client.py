@@ -358,7 +358,8 @@ class Client:
 
     # ---------------------------------------------------------------------------- work
 
-    def _check_rows(self, rows: list[Any], agent: str | None) -> None:
+    def _check_rows(self, rows: list[Any], agent: str | None, *, any_tools: bool = False) -> None:
+        """The checks ``gym-runtime validate`` makes (``ClientError`` naming the first rows that fail)."""
         agents = list(self.config.agents)
         if not agents:
             raise ClientError("the config names no agents")
@@ -368,6 +369,13 @@ class Client:
                 check_row(row, agents, agent)
             except ValueError as e:
                 problems.append(f"row {i}: {e}")
+        if not problems:
+            try:
+                check_before_publish(
+                    self.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
+                )
+            except InputError as e:
+                problems = e.problems
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ClientError("invalid rows, nothing was submitted: " + "; ".join(problems[:5]) + more)
@@ -416,14 +424,7 @@ class Client:
             raise ClientError("repeats must be at least 1")
         if not rows:
             raise ClientError("no rows to submit")
-        self._check_rows(rows, agent)
-        try:
-            check_before_publish(
-                self.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
-            )
-        except InputError as e:
-            more = f" (and {len(e.problems) - 5} more)" if len(e.problems) > 5 else ""
-            raise ClientError("invalid rows, nothing was submitted: " + "; ".join(e.problems[:5]) + more) from None
+        self._check_rows(rows, agent, any_tools=any_tools)
         version = self._version_for(policy_version, max_staleness)
         agents = list(self.config.agents)
         handle = BatchHandle(self, batch or uuid.uuid4().hex[:12], tasks=len(rows), repeats=repeats)
@@ -464,16 +465,17 @@ class Client:
         agent: str | None = None,
         policy_version: int | None = None,
         max_staleness: int | None = None,
+        any_tools: bool = False,
     ) -> dict[str, Any]:
         """One rollout, awaited (what the gateway's ``/run`` does); raises ``RolloutFailed`` on a failure row.
+
+        The row is checked as ``submit`` checks rows (a ``ClientError``, nothing published).
 
         All ``run`` calls of a client share one open-ended batch and one result reader, so a call
         costs one task publish and one result message.
         """
-        try:
-            name = check_row(row, list(self.config.agents), agent)
-        except ValueError as e:
-            raise ClientError(f"invalid row: {e}") from None
+        self._check_rows([row], agent, any_tools=any_tools)
+        name = check_row(row, list(self.config.agents), agent)
         version = self._version_for(policy_version, max_staleness)
         if self._run_reader is None:
             async with self._run_lock:

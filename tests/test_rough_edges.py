@@ -503,6 +503,10 @@ async def test_client_submit_refuses_what_validate_refuses(nats_server: Embedded
             await client.submit(rows)
         batch = await client.submit(rows, any_tools=True)
         assert len(await batch.gather()) == 5
+        # one rollout at a time (the gateway's /run) is checked the same way
+        with pytest.raises(ClientError, match="row 0: weather: tool 'get_wether' is not a tool of this environment"):
+            await client.run(rows[0])
+        assert (await client.run(rows[0], any_tools=True))["reward"] == 1.0
 
 
 # ------------------------------------------------------------------------------------------ 3. metrics on run
