@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, load_config
 from gym_runtime.data.batches import Manifest, put_manifest
-from gym_runtime.data.collector import failure_row
+from gym_runtime.data.collector import failure_row, unreadable_result
 from gym_runtime.data.inputs import check_row, publish_rows
 from gym_runtime.data.validation import check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
@@ -42,7 +42,7 @@ from gym_runtime.ops.security import ClientAuth
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
@@ -58,7 +58,7 @@ def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
 
 
 class _ResultReader:
-    """Reads ``{ns}.result.{batch}`` from the start with a consumer of its own (no acks)."""
+    """Reads ``{ns}.result.*.{batch}`` from the start with a consumer of its own (no acks)."""
 
     def __init__(self, bus: Bus, batch: str, on_result: Any, *, slots: int = 512) -> None:
         self.bus = bus
@@ -70,10 +70,13 @@ class _ResultReader:
         self._puller: PullWorker | None = None
 
     async def open(self) -> None:
-        await jetstream.add_reader(self.bus, self.stream, self.consumer, self.bus.subject("result", self.batch))
+        await jetstream.add_reader(self.bus, self.stream, self.consumer, batch_results(self.bus.ns, self.batch))
 
         async def on_msg(msg: Any) -> None:
-            res = await self.bus.decode(msg)
+            try:
+                res = await self.bus.decode(msg)
+            except Exception as e:  # a tampered or missing body: a failure, never a reward, never a hang
+                res = unreadable_result(msg, e)
             if isinstance(res, RolloutResult):
                 self._on_result(res)
 

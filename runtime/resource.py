@@ -35,8 +35,9 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Protocol, TypeVar, get_type_hints
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
 
 import msgspec
 

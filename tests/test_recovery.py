@@ -21,7 +21,7 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.jetstream import ensure_streams, result_subject
 from tests.helpers import REPO, cli, read_jsonl
 from tests.test_faults import Pool, publish, results_stored, tasks_file, wait_until, write_config
 
@@ -52,7 +52,7 @@ async def _publish(url: str, indexes: range, *, every_s: float = 0.0, manifest: 
         async with anyio.create_task_group() as tg:
             for i in indexes:
                 tg.start_soon(
-                    lambda i=i: bus.js_publish(bus.subject("result", "long"), result(i), msg_id=f"long:{i}:0")
+                    lambda i=i: bus.js_publish(result_subject(bus.ns, "agent", "long"), result(i), msg_id=f"long:{i}:0")
                 )
                 if every_s:
                     await anyio.sleep(every_s)

@@ -156,7 +156,7 @@ async def test_model_cannot_publish_results_or_tasks_nor_delete_streams(buses: d
     assert await message_count(admin, names["task"]) == 0
     assert (await admin.js.stream_info(names["task"])).config.name == names["task"]
     # the role that may does: an agent's result is stored
-    await agent.js.publish("gym.result.b1", b"{}", timeout=5.0)
+    await agent.js.publish("gym.result.a.b1", b"{}", timeout=5.0)
     assert await message_count(admin, names["result"]) == 1
 
 

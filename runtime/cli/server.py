@@ -53,6 +53,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="with --secure: extra DNS name or IP for a new server certificate (the name clients dial)",
     )
+    p.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="SECTION.NAME",
+        help="with --secure: also write SECTION.NAME's own credential (agents.NAME, resources.NAME, models.NAME "
+        "-> agent.NAME.creds ...), allowed only that entry's queue, results, calls and replies (repeatable)",
+    )
     p.add_argument("--name", help="server name (unique in a cluster; default: CLUSTER-PORT)")
     p.add_argument("--cluster", metavar="NAME", help="join the NATS cluster NAME (JetStream replicated)")
     p.add_argument("--cluster-port", type=int, default=6222, help="port for routes from other nodes (default 6222)")
@@ -111,9 +119,9 @@ def main(args: argparse.Namespace) -> int:
     import threading
 
     if args.secure:
-        from gym_runtime.ops.security import ensure_auth_dir, unnamed
+        from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
 
-        ensure_auth_dir(args.secure, host=args.host, names=args.tls_name)
+        ensure_auth_dir(args.secure, host=args.host, names=args.tls_name, pools=[parse_pool(p) for p in args.pool])
         missing = unnamed(args.secure, args.tls_name)
         if missing:
             raise UserError(

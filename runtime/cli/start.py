@@ -53,8 +53,9 @@ def main(args: argparse.Namespace) -> int:
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
         from gym_runtime.workers.runner import BUS_ROLE
 
-        for r, _ in pairs:
-            auth.creds(BUS_ROLE[r])
+        for r, n in pairs:
+            if auth.pool_creds(BUS_ROLE[r], n) is None:  # an entry's pool credential, else the role's
+                auth.creds(BUS_ROLE[r])
     if args.in_process or sum(replicas.values()) == 1:
         telemetry = make_telemetry(args, role_of(pairs))
         try:

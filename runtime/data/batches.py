@@ -58,6 +58,8 @@ async def purge_batch(bus: Bus, batch: str) -> int:
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
     """
-    removed = await jetstream.purge_subject(bus, jetstream.stream_names(bus.ns)["result"], bus.subject("result", batch))
+    removed = await jetstream.purge_subject(
+        bus, jetstream.stream_names(bus.ns)["result"], jetstream.batch_results(bus.ns, batch)
+    )
     await jetstream.delete_key(bus, _bucket(bus), batch)
     return removed

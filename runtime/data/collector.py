@@ -27,12 +27,13 @@ import anyio
 import msgspec
 
 from gym_runtime.data.aggregate import MetricsAccumulator
-from gym_runtime.messages import RolloutResult
+from gym_runtime.errors import Failure
+from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import stream_names
+from gym_runtime.transport.jetstream import batch_results, stream_names
 from gym_runtime.transport.pull import PullWorker
 
 _json_enc = msgspec.json.Encoder()
@@ -60,6 +61,23 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     }
 
 
+def unreadable_result(msg: Delivery, e: Exception) -> RolloutResult | None:
+    """The failure of a stored result whose body cannot be read, named by its ``Nats-Msg-Id``
+    (``{batch}:{task}:{rollout}``); ``None`` when even that is missing (logged: not a result of ours)."""
+    parts = (msg.headers or {}).get("Nats-Msg-Id", "").rsplit(":", 2)
+    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        log.warning("result.unreadable", subject=msg.subject, error=str(e))
+        return None
+    info = e.info if isinstance(e, Failure) else ErrorInfo(error_class="integrity", message=str(e))
+    return RolloutResult(
+        batch=parts[0],
+        task_index=int(parts[1]),
+        rollout_index=int(parts[2]),
+        agent=msg.subject.split(".")[-2] if msg.subject.count(".") >= 3 else "",
+        error=ErrorInfo(error_class="integrity", message=f"the stored result cannot be read: {info.message}"),
+    )
+
+
 @dataclass
 class CollectStats:
     rows: int = 0
@@ -74,7 +92,7 @@ class CollectStats:
 
 
 class Collector:
-    """Consume ``{ns}.result.{batch}`` until ``expected`` distinct results are in."""
+    """Consume ``{ns}.result.*.{batch}`` until ``expected`` distinct results are in."""
 
     def __init__(
         self,
@@ -116,13 +134,33 @@ class Collector:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         stream = stream_names(self.bus.ns)["result"]
         consumer = f"collect_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
-        await jetstream.add_reader(self.bus, stream, consumer, self.bus.subject("result", self.batch))
+        subject = batch_results(self.bus.ns, self.batch)
+        await jetstream.add_reader(self.bus, stream, consumer, subject)
+        last_seq = 0
+
+        async def recreate() -> None:  # deleted by someone else: read on from where we were
+            await jetstream.add_reader(self.bus, stream, consumer, subject, start_seq=last_seq + 1)
 
         async def on_msg(msg: Delivery) -> None:
-            self._take(await self.bus.decode(msg))
+            nonlocal last_seq
+            last_seq = max(last_seq, msg.stream_seq)
+            try:
+                res = await self.bus.decode(msg)
+            except Exception as e:  # a tampered or missing body: a failure row, never a reward, never a hang
+                res = unreadable_result(msg, e)
+                if res is None:
+                    return
+            self._take(res)
 
         puller = PullWorker(
-            self.bus, stream=stream, consumer=consumer, slots=512, handle=on_msg, heartbeat_s=3600.0, inline=True
+            self.bus,
+            stream=stream,
+            consumer=consumer,
+            slots=512,
+            handle=on_msg,
+            heartbeat_s=3600.0,
+            inline=True,
+            recreate=recreate,
         )
         try:
             with self.spool_path.open("wb") as spool:

@@ -38,7 +38,7 @@ async def provision(url: str | list[str], auth: ClientAuth, namespaces: list[str
                     await jetstream.ensure_streams(b)
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
-                    await b._blob_store()  # bodies over the max payload
+                    await jetstream.ensure_blob_stream(b)  # bodies over the max payload
                 return
             except Exception:
                 if anyio.current_time() >= deadline:

@@ -20,10 +20,25 @@ on the results stream.
 
 A process running several roles opens one connection per role, each with that
 role's credential (so it holds exactly their union); ``admin.creds`` may stand
-in for any role. Every role connection uses the inbox prefix ``_INBOX.{role}``,
-so a role can only read replies addressed to itself and responders may only
-publish into the inboxes of the roles that call them (replies and keepalives
-go to the subject in the ``Gym-Reply`` header, several per request).
+in for any role.
+
+Pools (``server --secure DIR --pool agents.NAME`` ...): a credential
+``{role}.{NAME}.creds`` scoped to one entry of the config. An agent pool pulls
+only its own durable (``agent_NAME``) and stores only its own results
+(``{ns}.result.NAME.>``); a resource pool serves only ``{ns}.res.NAME.>``; a
+model pool only its own queue and direct calls. A node holding a pool's file
+connects with it for that entry (one connection per pool) and falls back to
+the role's file for entries it has no pool file for. What stays shared inside
+one pool: its replicas hold one key, so one replica can do what any other can.
+
+Replies: every connection's inbox prefix is ``_INBOX.{role}.{pool or _}`` (a
+pool may subscribe only to its own), and each call's reply subject names the
+callee: ``{inbox}.{nuid}.res.{resource}.{n}`` or ``{inbox}.{nuid}.model.{model}.{n}``.
+A resource pool may publish only into ``_INBOX.*.*.*.res.{its name}.*`` and a
+model pool only into ``...model.{its name}.*``, so the server refuses a model
+answering a verify call or one environment answering another's (replies and
+keepalives go to the subject in the ``Gym-Reply`` header, several per request;
+one-off answers to ``$SRV``, status and pause requests use ``allow_responses``).
 """
 
 from __future__ import annotations
@@ -47,12 +62,34 @@ AUTH_DIR_ENV = "GYM_AUTH_DIR"
 CERT_DAYS = 5 * 365
 
 
-def inbox_prefix(role: str) -> str:
-    return f"_INBOX.{role}"
+POOL_ROLES = {"agents": "agent", "resources": "resource", "models": "model"}  # config section -> role
 
 
-def creds_path(auth_dir: str | Path, role: str) -> Path:
-    return Path(auth_dir) / f"{role}.creds"
+def inbox_prefix(role: str, pool: str | None = None) -> str:
+    return f"_INBOX.{role}.{pool or '_'}"
+
+
+def creds_path(auth_dir: str | Path, role: str, pool: str | None = None) -> Path:
+    return Path(auth_dir) / (f"{role}.{pool}.creds" if pool else f"{role}.creds")
+
+
+def parse_pool(spec: str) -> tuple[str, str]:
+    """``agents.NAME`` (or ``agent.NAME``) -> ("agent", "NAME"); a NAME must be one subject token."""
+    section, _, name = spec.partition(".")
+    role = POOL_ROLES.get(section, section)
+    if role not in POOL_ROLES.values() or not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise AuthError(f"--pool {spec!r}: expected agents.NAME, resources.NAME or models.NAME (NAME a config entry)")
+    return role, name
+
+
+def pools_in(auth_dir: str | Path) -> list[tuple[str, str]]:
+    """The pool credentials issued in ``auth_dir``: (role, name) of every ``{role}.{name}.creds``."""
+    out = []
+    for p in sorted(Path(auth_dir).glob("*.*.creds")):
+        role, _, name = p.name[: -len(".creds")].partition(".")
+        if role in POOL_ROLES.values() and name:
+            out.append((role, name))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- files
@@ -161,7 +198,13 @@ def _make_server_cert(d: Path, names: list[str]) -> None:
     (d / SERVER_CERT).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def ensure_auth_dir(auth_dir: str | Path, *, host: str | None = None, names: list[str] | None = None) -> Path:
+def ensure_auth_dir(
+    auth_dir: str | Path,
+    *,
+    host: str | None = None,
+    names: list[str] | None = None,
+    pools: list[tuple[str, str]] | None = None,
+) -> Path:
     """Create whatever is missing in ``auth_dir`` (CA, server cert, role seeds); keep what is there.
 
     A node given a copy without ``server.pem`` gets its own certificate for its own
@@ -177,8 +220,8 @@ def ensure_auth_dir(auth_dir: str | Path, *, host: str | None = None, names: lis
         _make_ca(d)
     if not (d / SERVER_CERT).is_file() or not (d / SERVER_KEY).is_file():
         _make_server_cert(d, list(dict.fromkeys([*(names or []), *_default_names(host)])))
-    for role in ROLES:
-        p = creds_path(d, role)
+    for role, pool in [*((r, None) for r in ROLES), *(pools or [])]:
+        p = creds_path(d, role, pool)
         if not p.is_file():
             # a user nkey seed (``SU...``): nkeys' own encoding of 32 random bytes
             _write_secret(p, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) + b"\n")
@@ -204,10 +247,10 @@ def unnamed(auth_dir: str | Path, names: list[str]) -> list[str]:
     return out
 
 
-def public_key(auth_dir: str | Path, role: str) -> str:
+def public_key(auth_dir: str | Path, role: str, pool: str | None = None) -> str:
     import nkeys
 
-    kp = nkeys.from_seed(bytearray(creds_path(auth_dir, role).read_bytes().strip()))
+    kp = nkeys.from_seed(bytearray(creds_path(auth_dir, role, pool).read_bytes().strip()))
     try:
         return kp.public_key.decode()
     finally:
@@ -221,8 +264,8 @@ def _base(ns: str) -> str:
     return ns.upper().replace("-", "_")
 
 
-def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
-    """What ``role`` may publish and subscribe to, for every namespace it works in.
+def permissions(role: str, namespaces: list[str], pool: str | None = None) -> dict[str, Any]:
+    """What ``role`` (or one ``pool`` of it) may publish and subscribe to, in every namespace it works in.
 
     Allow-lists only: anything not listed is refused by the server (so e.g. no
     role but admin can create or delete a stream, and only agents publish results).
@@ -230,33 +273,29 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     api = "$JS.API"
-    pub: list[str] = [f"{api}.INFO", f"{api}.STREAM.NAMES"]  # names: nats-py finds a subject's stream
-    sub: list[str] = [f"{inbox_prefix(role)}.>"]
+    # nats-py finds a subject's stream by name; the inbox: the role's, or only the pool's own
+    pub: list[str] = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
+    sub: list[str] = [f"{inbox_prefix(role, pool)}.>" if pool else f"_INBOX.{role}.>"]
+    mine = pool or "*"  # the entry this user serves (a role credential: every entry)
     for ns in namespaces:
         b = _base(ns)
         tasks, results, model = f"{b}_TASKS", f"{b}_RESULTS", f"{b}_MODEL"
-        kv, blobs, ctl = f"KV_{b}_BATCHES", f"OBJ_{b}_BLOBS", f"KV_{b}_CONTROL"
-        pub += [f"{api}.STREAM.INFO.{s}" for s in (tasks, results, model, kv, blobs, ctl)]
-        # bodies over the max payload: the object store (write chunks + meta, read via an ordered consumer)
-        pub += [
-            f"$O.{b}_BLOBS.>",
-            f"{api}.CONSUMER.CREATE.{blobs}",
-            f"{api}.CONSUMER.CREATE.{blobs}.>",
-            f"{api}.CONSUMER.DELETE.{blobs}.>",
-            f"{api}.STREAM.MSG.GET.{blobs}",
-            f"{api}.DIRECT.GET.{blobs}",
-            f"{api}.DIRECT.GET.{blobs}.>",
-            f"$JS.FC.{blobs}.>",
-        ]
+        kv, blobs, ctl = f"KV_{b}_BATCHES", f"{b}_BLOBS", f"KV_{b}_CONTROL"
+        pub += [f"{api}.STREAM.INFO.{s}" for s in (tasks, results, model, kv, ctl)]
+        # bodies over the max payload: write-once chunks, read only by the key their message carries (a
+        # last-by-subject direct get); no stream info (its subjects_filter lists keys), consumer or get by
+        # sequence on the blob stream, so no role can list or read bodies it was not sent
+        pub += [f"{ns}.blob.>", f"{api}.DIRECT.GET.{blobs}.{ns}.blob.>"]
 
-        def pull(stream: str, subject: str, *, ack: bool = True) -> list[str]:
+        def pull(stream: str, subject: str, durable: str = "*", *, ack: bool = True) -> list[str]:
             out = [
-                f"{api}.CONSUMER.CREATE.{stream}.*.{subject}",
-                f"{api}.CONSUMER.DURABLE.CREATE.{stream}.*",
-                f"{api}.CONSUMER.INFO.{stream}.*",
-                f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
+                # named creation only: the filter is in the API subject, so the server checks it against the allow
+                # list (the legacy DURABLE.CREATE carries it in the body, where a pool could name any queue)
+                f"{api}.CONSUMER.CREATE.{stream}.{durable}.{subject}",
+                f"{api}.CONSUMER.INFO.{stream}.{durable}",
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
             ]
-            return out + ([f"$JS.ACK.{stream}.>"] if ack else [])
+            return out + ([f"$JS.ACK.{stream}.{durable}.>"] if ack else [])
 
         worker_sub = ["$SRV.>", f"{ns}.status.*", f"{ns}.ctl.>"]
         # the batch manifests and the trainer's control state (policy versions, pauses, cancelled batches)
@@ -265,6 +304,7 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
             for k in (kv, ctl)
             for x in (f"{api}.DIRECT.GET.{k}", f"{api}.DIRECT.GET.{k}.>", f"{api}.STREAM.MSG.GET.{k}")
         ]
+        calls_models = [f"{ns}.model.>", f"{ns}.call.model.>"]
         if role == "publisher":
             pub += [
                 f"{ns}.task.>",
@@ -282,33 +322,18 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
                 f"{ns}.res.*.verify",
             ]  # reverify: the stateless verify group
         elif role == "agent":
-            pub += [
-                f"{ns}.result.>",
-                f"{ns}.model.>",
-                f"{ns}.call.model.>",
-                f"{ns}.res.>",
-                *kv_read,
-                *pull(tasks, f"{ns}.task.>"),
-            ]
+            queue = pull(tasks, f"{ns}.task.{pool}", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
+            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue]
             sub += worker_sub
         elif role == "model":
-            # replies to agents and resources (calls), and to the trainer's pause requests
-            pub += [
-                f"{inbox_prefix('agent')}.>",
-                f"{inbox_prefix('resource')}.>",
-                f"{inbox_prefix('publisher')}.>",
-                *kv_read,
-                *pull(model, f"{ns}.model.>"),
-            ]
-            sub += [*worker_sub, f"{ns}.call.model.>"]  # direct calls (core NATS) while a slot is free
+            queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")
+            # replies (and keepalives) only into the reply subjects of calls made to this model
+            pub += [f"_INBOX.*.*.*.model.{mine}.*", *kv_read, *queue]
+            sub += [*worker_sub, f"{ns}.call.model.{mine}"]  # direct calls (core NATS) while a slot is free
         elif role == "resource":
-            pub += [
-                f"{inbox_prefix('agent')}.>",
-                f"{inbox_prefix('publisher')}.>",
-                f"{ns}.model.>",
-                f"{ns}.call.model.>",
-            ]
-            sub += [*worker_sub, f"{ns}.res.>"]
+            # replies only into calls made to this environment; models for LLM judges and user simulators
+            pub += [f"_INBOX.*.*.*.res.{mine}.*", *calls_models]
+            sub += [*worker_sub, f"{ns}.res.{mine}.>"]
         else:
             raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
     perms: dict[str, Any] = {
@@ -316,7 +341,7 @@ def permissions(role: str, namespaces: list[str]) -> dict[str, Any]:
         "subscribe": {"allow": list(dict.fromkeys(sub))},
     }
     if role != "publisher":
-        perms["allow_responses"] = True  # one answer to $SRV discovery / status requests
+        perms["allow_responses"] = True  # one answer to $SRV discovery, status and pause requests
     return perms
 
 
@@ -336,6 +361,9 @@ def server_config(auth_dir: str | Path, namespaces: list[str]) -> str:
         "handshake_first": "300ms",
     }
     users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces)} for r in ROLES]
+    users += [
+        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool)} for r, pool in pools_in(d)
+    ]
     return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
 
 
@@ -392,6 +420,11 @@ class ClientAuth:
             )
         return cls(d)
 
+    def pool_creds(self, role: str, pool: str | None) -> Path | None:
+        """This node's credential scoped to one entry (``{role}.{pool}.creds``), if it holds one."""
+        p = creds_path(self.auth_dir, role, pool) if pool else None
+        return p if p is not None and p.is_file() else None
+
     def creds(self, role: str) -> Path:
         """The role's seed file (or admin's), checked now: a damaged seed is the user's file, said by name."""
         for r in (role, "admin"):
@@ -404,14 +437,16 @@ class ClientAuth:
             f"command runs; copy it from the server's --secure directory"
         )
 
-    def connect_options(self, role: str) -> dict[str, Any]:
-        """Keyword arguments for ``nats.connect``: TLS trusting only the cluster CA, the role's nkey."""
+    def connect_options(self, role: str, pool: str | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect``: TLS trusting only the cluster CA, the pool's nkey when
+        this node holds one (its inbox then the pool's own), else the role's."""
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(self.auth_dir / CA_CERT))
+        scoped = self.pool_creds(role, pool)
         return {
             "tls": ctx,
             "tls_handshake_first": True,
-            "nkeys_seed": str(self.creds(role)),
-            "inbox_prefix": inbox_prefix(role),
+            "nkeys_seed": str(scoped or self.creds(role)),
+            "inbox_prefix": inbox_prefix(role, pool if scoped else None),
         }
 
 

@@ -23,7 +23,7 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.transport.jetstream import batch_results, message_count, stream_names
 from gym_runtime.transport.pull import PullWorker
 
 
@@ -64,7 +64,7 @@ class BatchWatch:
         watch = cls(bus, manifest)
         stream = stream_names(bus.ns)["result"]
         consumer = f"status_{re.sub(r'[^A-Za-z0-9_-]', '_', batch)}_{uuid.uuid4().hex[:8]}"
-        await jetstream.add_reader(bus, stream, consumer, bus.subject("result", batch))
+        await jetstream.add_reader(bus, stream, consumer, batch_results(bus.ns, batch))
 
         async def take(msg: Any) -> None:
             watch.take(await bus.decode(msg))

@@ -10,6 +10,7 @@ are handed to tasks bounded by the worker's concurrency.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 import time
@@ -32,15 +33,19 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.jetstream import blob_stream_name, ensure_blob_stream
 from gym_runtime.transport.tasks import TaskSet
 
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
 MSG_ID_HEADER = "Nats-Msg-Id"
-BLOB_HEADER = "Gym-Blob"  # the body is in the object store under this key
+BLOB_HEADER = "Gym-Blob"  # the body is in the blob stream: "{key}.{chunks}.{sha256 hex}"
+MAX_BLOB_BYTES = 256 * 1024 * 1024  # a referenced body larger than this is refused before it is read
 PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
+JUNK_LOG_S = 10.0  # a cause of refused requests is logged at most once per this many seconds
+_UNSET: Any = object()
 
 log = logs.get("gym.bus")
 
@@ -470,11 +475,17 @@ class Bus:
         self._replies: dict[str, _Pending] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
-        self._blobs: Any = None
+        self._blobs_ready = False  # the blob stream exists (provisioned, or created on first use)
+        self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
+        self.max_blob_bytes = MAX_BLOB_BYTES
         # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
         self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
         self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
+        # requests that cannot be read or fail unexpectedly, counted per cause and logged at most once per
+        # JUNK_LOG_S per cause (a flood of junk costs a counter each, not a log line or a traceback each)
+        self.junk: dict[str, int] = {}
+        self._junk_logged: dict[str, tuple[float, int]] = {}
 
     @classmethod
     async def connect(
@@ -487,10 +498,12 @@ class Bus:
         initial_timeout: float | None = -1.0,
         auth: Any = None,
         role: str | None = None,
+        pool: str | None = None,
         jetstream: Any = None,
         timings: Timings | None = None,
     ) -> Bus:
-        """Connect; with ``auth`` (a ``security.ClientAuth``) as ``role``, over TLS with that role's nkey.
+        """Connect; with ``auth`` (a ``security.ClientAuth``) as ``role``, over TLS with that role's nkey
+        (or ``pool``'s, the one config entry this connection serves, when the node holds that credential).
         ``jetstream``: the config's JetStreamConfig, applied to the streams/buckets this client creates."""
         if auth is not None and role is None:
             raise TypeError("a secured connection needs the role it acts as (role='agent', ...)")
@@ -500,10 +513,11 @@ class Bus:
             if bus is not None:
                 await bus.after_reconnect("the connection to NATS was lost and re-established")
 
-        options = auth.connect_options(role) if auth is not None and role is not None else None
+        options = auth.connect_options(role, pool) if auth is not None and role is not None else None
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
+        bus.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
                 await check_provisioned(bus.js, namespace, _shown(url if isinstance(url, list) else [url]))
@@ -521,37 +535,67 @@ class Bus:
     def blob_threshold(self) -> int:
         return max(64 * 1024, (self.nc.max_payload or 1024 * 1024) - 64 * 1024)
 
-    async def _blob_store(self) -> Any:
-        if self._blobs is None:
-            from nats.js.api import ObjectStoreConfig
+    def _blob_subject(self, key: str, chunk: int) -> str:
+        return f"{self.ns}.blob.{key}.{chunk}"
 
-            name = f"{self.ns.upper().replace('-', '_')}_BLOBS"
-            try:
-                self._blobs = await self.js.object_store(name)
-            except Exception:
-                replicas = getattr(self.jetstream_config, "replicas", 1)
-                self._blobs = await self.js.create_object_store(
-                    name, ObjectStoreConfig(bucket=name, ttl=7 * 24 * 3600.0, replicas=replicas)
-                )
-        return self._blobs
+    async def _put_blob(self, data: bytes) -> str:
+        """Store ``data`` as write-once chunks under a fresh key; returns the ``Gym-Blob`` header value.
+
+        The header carries the chunk count and the body's SHA-256, so a reader checks
+        that what it read is what the sender stored (a swapped body is refused).
+        """
+        if not self._blobs_ready:
+            if not self.secured:
+                await ensure_blob_stream(self)
+            self._blobs_ready = True
+        key = uuid.uuid4().hex
+        size = self.blob_threshold
+        chunks = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+
+        async def put(i: int, chunk: bytes) -> None:
+            subject = self._blob_subject(key, i)
+            await self._store(subject, chunk, {MSG_ID_HEADER: subject})
+
+        await asyncio.gather(*(put(i, c) for i, c in enumerate(chunks)))
+        return f"{key}.{len(chunks)}.{hashlib.sha256(data).hexdigest()}"
+
+    async def _get_blob(self, ref: str) -> bytes:
+        """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not)."""
+        key, _, rest = ref.partition(".")
+        n_text, _, digest = rest.partition(".")
+        if not (key.isalnum() and n_text.isdigit() and len(digest) == 64):
+            raise Failure("integrity", f"malformed {BLOB_HEADER} header")
+        n = int(n_text)
+        if n < 1 or (n - 1) * 64 * 1024 > self.max_blob_bytes:
+            raise Failure("integrity", f"a referenced body of {n} chunks is over the {self.max_blob_bytes} B limit")
+        api = f"$JS.API.DIRECT.GET.{blob_stream_name(self.ns)}."
+
+        async def get(i: int) -> bytes:
+            msg = await self.nc.request(api + self._blob_subject(key, i), b"", timeout=JS_ACK_TIMEOUT_S)
+            if msg.headers and msg.headers.get("Status"):
+                raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
+            return msg.data
+
+        parts = await asyncio.gather(*(get(i) for i in range(n)))
+        data = b"".join(parts)
+        if len(data) > self.max_blob_bytes:
+            raise Failure("integrity", f"a referenced body of {len(data)} B is over the {self.max_blob_bytes} B limit")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise Failure("integrity", "a referenced body does not match the digest its message carries (tampered)")
+        return data
 
     async def encode(self, payload: Any, headers: dict[str, str]) -> bytes:
         """Encode ``payload``; a body over the max payload is stored as a blob and referenced."""
         data = self.codec.encode(payload)
         if len(data) > self.blob_threshold:
-            key = uuid.uuid4().hex
-            store = await self._blob_store()
-            await store.put(key, data)
-            headers[BLOB_HEADER] = key
+            headers[BLOB_HEADER] = await self._put_blob(data)
             return b""
         return data
 
     async def decode(self, msg: Msg | Delivery) -> Any:
         headers = msg.headers
         if headers and BLOB_HEADER in headers:
-            store = await self._blob_store()
-            obj = await store.get(headers[BLOB_HEADER])
-            return self.codec.decode(obj.data, headers)
+            return self.codec.decode(await self._get_blob(headers[BLOB_HEADER]), headers)
         return self.codec.decode(msg.data, headers)
 
     # ------------------------------------------------------------------ client side
@@ -594,7 +638,7 @@ class Bus:
                 if call is not None and not call.fut.done():
                     call.fut.set_result(msg)
 
-            await self.nc.subscribe(prefix + ".*", cb=on_reply)
+            await self.nc.subscribe(prefix + ".>", cb=on_reply)
         return self._reply_prefix
 
     async def after_reconnect(self, reason: str) -> None:
@@ -640,6 +684,16 @@ class Bus:
             if not fut.done():
                 fut.set_exception(Failure(ErrorInfo(error_class="worker_lost", message=reason, retryable=True)))
 
+    def _lane(self, subject: str) -> str:
+        """Which callee a reply subject is for (``res.{resource}`` or ``model.{model}``): on a secured bus a
+        responder may publish only into its own lane, so no other node can answer this call."""
+        t = subject.split(".", 5)
+        if len(t) > 3 and t[0] == self.ns and t[1] in ("call", "ctl"):
+            return f"{t[2]}.{t[3]}"  # {ns}.call.model.{m}, {ns}.ctl.model.{m}.pause
+        if len(t) > 2 and t[0] == self.ns:
+            return f"{t[1]}.{t[2]}"  # {ns}.model.{m}, {ns}.res.{r}.seed, {ns}.res.{r}.{worker}.{op}
+        return "x.x"
+
     async def _call(
         self,
         subject: str,
@@ -652,7 +706,7 @@ class Bus:
         liveness: float | None = None,
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
-        reply = f"{prefix}.{next(self._reply_seq)}"
+        reply = f"{prefix}.{self._lane(subject)}.{next(self._reply_seq)}"
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         call = _Pending(fut, time.monotonic())
@@ -787,7 +841,7 @@ class Bus:
         """One stream publish and its ack, through our reply subscription (nats-py's ``js.publish``
         costs a request machinery and a PubAck object per message). Raises what ``js.publish`` would."""
         prefix = self._reply_prefix or await self._ensure_reply_sub()
-        reply = f"{prefix}.{next(self._reply_seq)}"
+        reply = f"{prefix}.js.ack.{next(self._reply_seq)}"  # answered by the server itself
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         self._replies[reply] = _Pending(fut, time.monotonic())
@@ -854,7 +908,7 @@ class Bus:
             if not done(replies):
                 try:
                     await asyncio.wait_for(finished.wait(), timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             await sub.unsubscribe()
@@ -878,6 +932,34 @@ class Bus:
         h = self._headers({ERROR_HEADER: "1"} if error else None)
         await self.nc.publish(subject, await self.encode(payload, h), headers=h)
 
+    def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None:
+        """Count a refused request under ``cause``; log the cause once per ``JUNK_LOG_S`` with how many came
+        since (the first of a cause with its traceback when ``exc`` is an unexpected error)."""
+        n = self.junk.get(cause, 0) + 1
+        self.junk[cause] = n
+        now = time.monotonic()
+        last, logged_n = self._junk_logged.get(cause, (-1e18, 0))
+        if now - last < JUNK_LOG_S:
+            return
+        self._junk_logged[cause] = (now, n)
+        first = logged_n == 0
+        log.warning(
+            "requests.refused",
+            subject=subject,
+            cause=cause,
+            count=n - logged_n,
+            total=n,
+            every_s=JUNK_LOG_S,
+            exc_info=exc if first and exc is not None else None,
+        )
+
+    def _reply_bad_request(self, msg: Msg, exc: Exception) -> Awaitable[None] | None:
+        self.count_junk(msg.subject, f"undecodable: {type(exc).__name__}")
+        if msg.reply:  # a caller that made a mistake learns it at once; junk gets one small error back
+            info = ErrorInfo(error_class="invalid_task", message=f"request cannot be decoded: {type(exc).__name__}")
+            return self.nc.publish(msg.reply, self.codec.encode(ErrorReply(error=info)), headers={ERROR_HEADER: "1"})
+        return None
+
     async def handle(
         self,
         msg: Delivery,
@@ -886,8 +968,10 @@ class Bus:
         reply_to: str | None,
         default_error: str,
         attributes: dict[str, Any] | None = None,
+        body: Any = _UNSET,
     ) -> bool:
-        """Decode, run ``handler`` in a CONSUMER span, send its reply. True when it succeeded."""
+        """Decode (unless ``body`` is given), run ``handler`` in a CONSUMER span, send its reply.
+        True when it succeeded."""
         tel = self.telemetry
         parent = tel.extract(msg.headers)
         if tel.recording:
@@ -902,15 +986,16 @@ class Bus:
                 _Keepalive(self.nc, reply_to, self.timings.keepalive_s) if reply_to and msg.reply == reply_to else None
             )
             try:
-                body = await self.decode(msg)
+                if body is _UNSET:
+                    body = await self.decode(msg)
                 result = await handler(body, msg)
             except Exception as exc:  # every failure becomes a typed reply, never a hang
                 if keepalive:
                     keepalive.cancel()
                 info = _error_info(exc, default_error)
                 span.set_status(StatusCode.ERROR, info.message)
-                if not isinstance(exc, Failure):
-                    log.warning("handler.failed", subject=msg.subject, error=info.message, exc_info=exc)
+                if not isinstance(exc, Failure):  # counted, logged once per cause and interval
+                    self.count_junk(msg.subject, f"handler: {type(exc).__name__}", exc)
                 await self.reply(reply_to, ErrorReply(error=info), error=True)
                 return False
             except BaseException:  # cancelled (the worker stops): no more "still working" for the caller,
@@ -980,15 +1065,25 @@ class Bus:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
 
-        async def run_one(msg: Msg) -> None:
+        async def run_one(msg: Msg, body: Any) -> None:
             try:
-                await self.handle(Delivery(msg), handler, reply_to=msg.reply, default_error=default_error)
+                await self.handle(Delivery(msg), handler, reply_to=msg.reply, default_error=default_error, body=body)
             finally:
                 limiter.release()
 
         async def on_msg(msg: Msg) -> None:
+            headers = msg.headers
+            body = _UNSET
+            if not (headers and BLOB_HEADER in headers):  # decoded here: junk costs no task, span or slot
+                try:
+                    body = self.codec.decode(msg.data, headers)
+                except Exception as exc:
+                    sent = self._reply_bad_request(msg, exc)
+                    if sent is not None:
+                        await sent
+                    return
             await limiter.acquire()
-            tasks.spawn(run_one, msg)
+            tasks.spawn(run_one, msg, body)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 

@@ -47,6 +47,13 @@ class Delivery:
         return self._msg.metadata.num_delivered or 1
 
     @property
+    def stream_seq(self) -> int:
+        """The message's sequence in its stream (0 for core messages): where a reader made again reads on."""
+        if not self._msg.reply.startswith("$JS.ACK."):
+            return 0
+        return int(self._msg.metadata.sequence.stream)
+
+    @property
     def enqueued_at(self) -> float | None:
         """When the stream stored the message (seconds since the epoch); None for core messages."""
         if not self._msg.reply.startswith("$JS.ACK."):

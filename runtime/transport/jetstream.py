@@ -7,7 +7,7 @@ contract (KEDA's ``nats-jetstream`` scaler and ``/jsz`` read them):
 
 * streams ``{NS}_TASKS``, ``{NS}_RESULTS``, ``{NS}_MODEL`` (``NS`` = namespace upper-cased, ``-`` → ``_``);
 * durable consumers ``agent_{agent}`` on ``{NS}_TASKS`` and ``model_{model}`` on ``{NS}_MODEL``;
-* KV bucket ``{NS}_BATCHES`` (manifests), object store ``{NS}_BLOBS`` (large bodies).
+* KV bucket ``{NS}_BATCHES`` (manifests), stream ``{NS}_BLOBS`` (large bodies, ``{ns}.blob.{key}.{chunk}``).
 
 Every stream and bucket is created with the config's ``jetstream`` settings
 (replicas, max age, max bytes); an existing one keeps its own (a warning names
@@ -113,6 +113,46 @@ def stream_names(ns: str) -> dict[str, str]:
     return {"task": f"{base}_TASKS", "result": f"{base}_RESULTS", "model": f"{base}_MODEL"}
 
 
+def result_subject(ns: str, agent: str, batch: str) -> str:
+    """Where an agent pool stores a batch's results: one subject per (agent, batch), so a pool's
+    credentials can be allowed to write its own results and no other pool's."""
+    return f"{ns}.result.{agent}.{batch}"
+
+
+def batch_results(ns: str, batch: str) -> str:
+    """Every agent's results of ``batch`` (the readers' filter)."""
+    return f"{ns}.result.*.{batch}"
+
+
+def blob_stream_name(ns: str) -> str:
+    return f"{ns.upper().replace('-', '_')}_BLOBS"
+
+
+async def ensure_blob_stream(bus: Bus) -> None:
+    """The stream of bodies over the max payload: one message per chunk, each subject written once.
+
+    ``discard_new_per_subject`` with one message per subject makes every chunk
+    write-once (an overwrite is refused by the server); reads are direct gets of
+    a subject whose key only the referring message carries (no role may list it).
+    """
+    replicas, max_age, max_bytes = settings(bus)
+    cfg = StreamConfig(
+        name=blob_stream_name(bus.ns),
+        subjects=[f"{bus.ns}.blob.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,  # a chunk published again after a lost ack is a duplicate, not a refusal
+        num_replicas=replicas,
+        max_age=max_age or 7 * 24 * 3600.0,
+        max_bytes=max_bytes,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.NEW,
+        discard_new_per_subject=True,
+        allow_direct=True,
+    )
+    await retrying(lambda: _ensure_stream(bus, cfg, replicas), what=f"stream {cfg.name}")
+
+
 def durable_name(kind: str, name: str) -> str:
     """The durable consumer of a work queue: ``agent_{name}`` (tasks) or ``model_{name}``."""
     return f"{'agent' if kind == 'task' else kind}_{name}"
@@ -188,6 +228,7 @@ async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int) -> None:
 
 async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, ack_wait: float) -> None:
     cfg = ConsumerConfig(
+        name=durable,  # named: created as CONSUMER.CREATE.{stream}.{name}.{filter}, which a pool may be allowed
         durable_name=durable,
         filter_subject=subject,
         ack_policy=AckPolicy.EXPLICIT,
@@ -207,13 +248,15 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
     await retrying(ensure, what=f"consumer {durable}")
 
 
-async def add_reader(bus: Bus, stream: str, consumer: str, subject: str) -> None:
-    """A no-ack consumer that reads ``subject`` from the start (the stream keeps the messages)."""
+async def add_reader(bus: Bus, stream: str, consumer: str, subject: str, *, start_seq: int | None = None) -> None:
+    """A no-ack consumer that reads ``subject`` from the start, or from stream sequence ``start_seq`` on."""
     cfg = ConsumerConfig(
+        name=consumer,
         durable_name=consumer,
         filter_subject=subject,
         ack_policy=AckPolicy.NONE,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.ALL if start_seq is None else DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=start_seq,
         inactive_threshold=600.0,
         max_waiting=64,
     )

@@ -78,6 +78,7 @@ class PullWorker:
         expires_s: float = 2.0,  # short: a request lost in a leader election is re-sent within ~3 s
         heartbeat_s: float = ACK_WAIT_S / 3,
         inline: bool = False,
+        recreate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -89,6 +90,9 @@ class PullWorker:
         # ``handle`` never waits on anything slow (the collector): run it in the delivery
         # callback instead of a task of its own per message
         self.inline = inline
+        # the consumer was deleted under us (no responders to our pulls): make it again, or fail with one line
+        self.recreate = recreate
+        self._recreating = False
         self.busy = 0
         self.delivered = 0
         self._requests: deque[list[float]] = deque()  # [expires_at, credits left], oldest first
@@ -152,6 +156,11 @@ class PullWorker:
                         if self._requests and self._requests[0][0] <= time.monotonic() + 1.0:
                             self._requests.popleft()
                         await self._pull(force=True)
+                    elif status == "503" or (status == "409" and "Deleted" in headers.get("Description", "")):
+                        self._requests.clear()  # no consumer answers: it was deleted
+                        if self.recreate is not None and not self._recreating:
+                            self._recreating = True
+                            tg.start_soon(self._make_again)
                     elif status == "409":  # refused or voided (leader change, max waiting)
                         self._requests.clear()
                         await self._pull(force=True)
@@ -182,6 +191,15 @@ class PullWorker:
             finally:
                 await sub.unsubscribe()
                 tg.cancel_scope.cancel()
+
+    async def _make_again(self) -> None:
+        assert self.recreate is not None
+        log.warning("pull.consumer_gone", stream=self.stream, consumer=self.consumer, then="recreating it")
+        try:
+            await self.recreate()
+        finally:
+            self._recreating = False
+        await self._pull(force=True)
 
     def take_slot(self) -> bool:
         """Reserve a slot for work that arrived another way (a direct call); False when none is free.

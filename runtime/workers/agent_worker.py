@@ -26,6 +26,7 @@ from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.jetstream import result_subject
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
@@ -153,9 +154,8 @@ class AgentWorker:
             task = await self.bus.decode(msg)
             if not isinstance(task, RolloutTask):
                 raise TypeError(f"expected a rollout task, got {type(task).__name__}")
-        except Exception as e:  # a poison message: nothing to retry, nothing to report to
-            log.error("task.undecodable", subject=msg.subject, error=str(e))
-            await msg.term()
+        except Exception as e:  # a poison message: nothing to retry; its batch gets a failure row if it names one
+            await self._undecodable(msg, e)
             return
         attrs = {
             "messaging.system": "nats",
@@ -191,6 +191,34 @@ class AgentWorker:
                     await msg.ack()
                     self.completed += len(results)
                     self.busy_s += (time.perf_counter() - started) * len(results)
+
+    async def _undecodable(self, msg: Delivery, e: Exception) -> None:
+        """A task whose body cannot be read (tampered, expired, malformed): a failure row for each repeat
+        its message id names (``{batch}:{task}:{rollout}`` or ``...+{group}``), so ``collect`` finishes;
+        a message without one is dropped."""
+        msg_id, _, group = (msg.headers or {}).get("Nats-Msg-Id", "").partition("+")
+        parts = msg_id.rsplit(":", 2)
+        error_class = e.info.error_class if isinstance(e, Failure) else "invalid_task"
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and (not group or group.isdigit()):
+            log.warning("task.undecodable", subject=msg.subject, error=str(e), then="failure row")
+            batch, task_index, first = parts[0], int(parts[1]), int(parts[2])
+            for i in range(first, first + max(1, int(group or 1))):
+                result = RolloutResult(
+                    batch=batch,
+                    task_index=task_index,
+                    rollout_index=i,
+                    agent=self.name,
+                    error=ErrorInfo(error_class=error_class, message=f"the task cannot be read: {e}"),
+                    attempts=msg.attempt,
+                )
+                await self.bus.js_publish(
+                    result_subject(self.bus.ns, self.name, batch), result, msg_id=f"{batch}:{task_index}:{i}"
+                )
+                self.failed += 1
+            await msg.ack()
+        else:
+            log.error("task.undecodable", subject=msg.subject, error=str(e), then="dropped")
+            await msg.term()
 
     def _account(self, result: RolloutResult, took: float, attempt: int, span: Any, meters: Any) -> None:
         if result.error is not None:
@@ -318,7 +346,7 @@ class AgentWorker:
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
         await self.bus.js_publish(
-            self.bus.subject("result", task.batch),
+            result_subject(self.bus.ns, self.name, task.batch),
             result,
             msg_id=f"{result.batch}:{result.task_index}:{result.rollout_index}",
         )

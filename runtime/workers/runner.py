@@ -63,6 +63,11 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
 
 
+def pool_key(section: str, name: str) -> str:
+    """The ``open_buses`` entry of one config entry: ``agent.NAME`` (its pool's connection, or the role's)."""
+    return f"{BUS_ROLE[section]}.{name}"
+
+
 def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
     """(role, name) pairs to start; ``only`` holds ``role.name`` or ``role`` entries."""
     pairs = [(role, name) for role in SECTIONS for name in getattr(config, role)]
@@ -93,7 +98,9 @@ async def open_buses(
 ) -> dict[str, Bus]:
     """One connection for every role, or with ``auth`` (secured bus) one per role, each with its own credential.
 
-    So a process running several roles holds exactly the union of their permissions.
+    So a process running several roles holds exactly the union of their permissions. A ``role.NAME`` entry
+    (``pool_key``) gets a connection of its own when the node holds that pool's credential
+    (``{role}.{NAME}.creds``), else shares the role's.
     """
     if auth is None:
         bus = await Bus.connect(
@@ -107,17 +114,36 @@ async def open_buses(
         return dict.fromkeys(roles, bus)
     buses: dict[str, Bus] = {}
     try:
-        for role in dict.fromkeys(roles):
-            buses[role] = await Bus.connect(
+        for key in dict.fromkeys(roles):
+            role, _, pool = key.partition(".")
+            if pool and auth.pool_creds(role, pool) is None:
+                continue  # served by the role's connection, opened below
+            buses[key] = await Bus.connect(
                 url,
                 namespace=namespace,
                 telemetry=telemetry,
-                name=f"{name}-{role}",
+                name=f"{name}-{key}",
                 initial_timeout=initial_timeout,
                 auth=auth,
                 role=role,
+                pool=pool or None,
                 jetstream=jetstream,
             )
+        for key in dict.fromkeys(roles):
+            role = key.partition(".")[0]
+            if key not in buses:
+                if role not in buses:
+                    buses[role] = await Bus.connect(
+                        url,
+                        namespace=namespace,
+                        telemetry=telemetry,
+                        name=f"{name}-{role}",
+                        initial_timeout=initial_timeout,
+                        auth=auth,
+                        role=role,
+                        jetstream=jetstream,
+                    )
+                buses[key] = buses[role]
     except BaseException:
         with anyio.CancelScope(shield=True):
             await close_buses(buses)
@@ -140,7 +166,7 @@ def make_workers(
     """Build (not start) the workers of ``pairs``; ``bus`` may map NATS roles to their own connections
     (``open_buses``). A construction error names the config entry (``models.policy: ...``)."""
     if isinstance(bus, dict):
-        return [w for p in pairs for w in make_workers(bus[BUS_ROLE[p[0]]], config, [p], replicas=replicas)]
+        return [w for p in pairs for w in make_workers(bus[pool_key(*p)], config, [p], replicas=replicas)]
     workers: list[Worker] = []
     for role, name in pairs:
         try:
@@ -236,7 +262,7 @@ async def serve(
             # workers may start before the server: wait for it as long as it takes
             buses = await open_buses(
                 url,
-                [BUS_ROLE[r] for r, _ in pairs],
+                [pool_key(r, n) for r, n in pairs],
                 namespace=config.namespace,
                 telemetry=telemetry,
                 name="gym-workers",
@@ -362,7 +388,7 @@ async def run_batch(
     pairs = selected(config, None) if start_local_workers else []
     buses = await open_buses(
         url,
-        ["publisher", *(BUS_ROLE[r] for r, _ in pairs)],
+        ["publisher", *(pool_key(r, n) for r, n in pairs)],
         namespace=config.namespace,
         telemetry=telemetry,
         name="gym-run",
@@ -480,7 +506,7 @@ async def reverify_batch(
     tasks = load_tasks(tasks_path) if tasks_path else None
     buses = await open_buses(
         url,
-        ["publisher", "resource"],
+        ["publisher", pool_key("resources", resource)],
         namespace=config.namespace,
         telemetry=telemetry,
         name="gym-reverify",

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def one_run(n: int, concurrency: int, model: str) -> None:
+def one_run(n: int, concurrency: int, model: str, secure: bool = False) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -40,10 +40,10 @@ def one_run(n: int, concurrency: int, model: str) -> None:
     logs.configure("warning")  # as the CLI does
     tune_gc()
     with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
-        overhead.one_process(n, concurrency, Path(d), sets, mock)
+        overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure)
 
 
-def instructions(n: int, concurrency: int, model: str) -> int:
+def instructions(n: int, concurrency: int, model: str, secure: bool = False) -> int:
     out = subprocess.run(
         [
             "valgrind",
@@ -58,6 +58,7 @@ def instructions(n: int, concurrency: int, model: str) -> int:
             str(concurrency),
             "--model",
             model,
+            *(["--secure"] if secure else []),
         ],
         capture_output=True,
         text=True,
@@ -79,17 +80,19 @@ def main() -> None:
         default="scripted",
         help="http: the openai adapter to tests/bench/mock_openai.py (its process is not counted)",
     )
+    ap.add_argument("--secure", action="store_true", help="a --secure server: TLS, nkeys, one connection per role")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(args.one, args.concurrency, args.model)
+        one_run(args.one, args.concurrency, args.model, args.secure)
         return
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    small = instructions(args.small, args.concurrency, args.model)
-    large = instructions(args.large, args.concurrency, args.model)
+    small = instructions(args.small, args.concurrency, args.model, args.secure)
+    large = instructions(args.large, args.concurrency, args.model, args.secure)
     per = (large - small) / (args.large - args.small)
-    print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight")
+    secured = ", --secure server" if args.secure else ""
+    print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight{secured}")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")
 

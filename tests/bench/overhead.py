@@ -211,8 +211,13 @@ def one_process(
     mock: psutil.Process | None,
     profile: str | None = None,
     metrics: bool = False,
+    secure: bool = False,
 ) -> dict[str, float]:
-    srv = EmbeddedServer(store_dir=str(tmp / f"js_one_{conc}"))
+    """``secure``: a ``--secure`` server (TLS, nkeys, per-role permissions) and one connection per role."""
+    from gym_runtime.ops.security import ClientAuth
+
+    auth_dir = tmp / "auth" if secure else None
+    srv = EmbeddedServer(store_dir=str(tmp / f"js_one_{conc}"), secure_dir=str(auth_dir) if auth_dir else None)
     t0 = time.perf_counter()
     srv.start()
     server_s = time.perf_counter() - t0
@@ -230,7 +235,14 @@ def one_process(
     with Sampler([me, server]) as sampler:
         tel = bench_telemetry(metrics)
         res = run_async(
-            lambda: run_batch(cfg, srv.url, input_path=inp, out=tmp / f"out_one_{conc}.jsonl", telemetry=tel)
+            lambda: run_batch(
+                cfg,
+                srv.url,
+                input_path=inp,
+                out=tmp / f"out_one_{conc}.jsonl",
+                telemetry=tel,
+                auth=ClientAuth(auth_dir) if auth_dir else None,
+            )
         )
         tel.shutdown()
     if profiler:

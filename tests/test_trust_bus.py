@@ -1,0 +1,345 @@
+"""Attacks by nodes holding one role's valid credentials on a ``server --secure`` bus (issue 26, items 4-8).
+
+Each attack runs for real: a secured nats-server, the attacker connected with
+another role's genuine seed, replaying genuine headers it observed. What must
+hold: no role lists or reads bodies it was not sent, nothing stored can be
+overwritten, and a swapped body is a failure row, never a reward.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import msgspec
+import nats.errors
+import pytest
+
+from gym_runtime.data.collector import Collector
+from gym_runtime.messages import RolloutResult, VerifyReply
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import ClientAuth, ensure_auth_dir
+from gym_runtime.transport.bus import BLOB_HEADER, Bus
+from gym_runtime.transport.jetstream import stream_names
+from tests.helpers import REPO, read_jsonl
+from tests.test_security import buses, secured  # noqa: F401  (fixtures: a secured server, one bus per role)
+
+MARKER = "confidential-trajectory-7f3a"
+
+
+async def _replies(bus: Bus, subject: str, body: bytes) -> list[bytes]:
+    """Everything that comes back within 0.3 s of a raw request (headers and body), refused or not."""
+    inbox = bus.nc.new_inbox()
+    sub = await bus.nc.subscribe(inbox)
+    await bus.nc.publish(subject, body, reply=inbox)
+    got: list[bytes] = []
+    with anyio.move_on_after(0.3):
+        while True:
+            m = await sub.next_msg(timeout=0.3)
+            got.append(json.dumps(m.headers or {}).encode() + m.data)
+    await sub.unsubscribe()
+    return got
+
+
+async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict[str, Bus], tmp_path: Path) -> None:  # noqa: F811
+    agent, admin, model = buses["agent"], buses["admin"], buses["model"]
+    big = {"reward": 0.0, "notes": MARKER + "x" * (agent.blob_threshold + 1000)}
+    genuine = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row=big)
+    await agent.js_publish("gym.result.a.b1", genuine, msg_id="b1:0:0")
+    stored = await admin.js.get_last_msg(stream_names("gym")["result"], "gym.result.a.b1")
+    ref = (stored.headers or {})[BLOB_HEADER]  # the genuine header: every attacker below knows it
+    key = ref.split(".")[0]
+
+    # listing or reading by sequence: refused for every role but the admin, whatever the stream is called
+    leaks: list[bytes] = []
+    for attacker in (model, buses["resource"], buses["publisher"], agent):
+        for stream in ("GYM_BLOBS", "OBJ_GYM_BLOBS"):
+            api = "$JS.API"
+            for subject, body in [
+                (f"{api}.STREAM.INFO.{stream}", b'{"subjects_filter": ">"}'),
+                (f"{api}.DIRECT.GET.{stream}", b'{"seq": 1}'),
+                (f"{api}.DIRECT.GET.{stream}", b'{"multi_last": [">"], "batch": 100}'),
+                (f"{api}.DIRECT.GET.{stream}.gym.blob.x", b'{"seq": 1}'),
+                (f"{api}.DIRECT.GET.{stream}.gym.blob.x", b'{"next_by_subj": ">", "seq": 1}'),
+                (f"{api}.STREAM.MSG.GET.{stream}", b'{"seq": 1}'),
+                (f"{api}.CONSUMER.CREATE.{stream}", b'{"stream_name": "%s", "config": {}}' % stream.encode()),
+            ]:
+                leaks += [
+                    r for r in await _replies(attacker, subject, body) if MARKER.encode() in r or key.encode() in r
+                ]
+    assert leaks == []
+
+    # overwriting a chunk under the genuine key: refused by the server, even for the admin
+    forged = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row={"reward": 1337.0})
+    for attacker in (model, agent, admin):
+        with pytest.raises((nats.js.errors.APIError, nats.errors.TimeoutError)):
+            await attacker.js.publish(f"gym.blob.{key}.0", attacker.codec.encode(forged), timeout=1.0)
+
+    # the admin purges the chunks and stores a forged body under the key: the digest refuses it
+    n = int(ref.split(".")[1])
+    blobs = "GYM_BLOBS"
+    for i in range(n):
+        await admin.js.purge_stream(blobs, subject=f"gym.blob.{key}.{i}")
+        await admin.js.publish(f"gym.blob.{key}.{i}", admin.codec.encode(forged) if i == 0 else b"", timeout=5.0)
+    out = tmp_path / "out.jsonl"
+    pub = buses["publisher"]
+    with anyio.fail_after(20):
+        stats = await Collector(pub, "b1", out, expected=1).run()
+    assert stats.rows == 0 and stats.failures == 1
+    (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert failure["error_class"] == "integrity" and failure["_ng_task_index"] == 0
+    assert read_jsonl(out) == []
+
+
+# ------------------------------------------------------------------------- least privilege per pool
+
+WEATHER_POOLS = [("agent", "weather_agent"), ("resource", "weather"), ("model", "policy")]
+ATTACKER_POOLS = [("agent", "other_agent"), ("resource", "other_env"), ("model", "other_model")]
+
+
+@pytest.fixture
+def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
+    """A secured server whose directory also holds per-entry credentials (``server --secure DIR --pool ...``)."""
+    auth = tmp_path / "auth"
+    ensure_auth_dir(auth, pools=[*WEATHER_POOLS, *ATTACKER_POOLS])
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
+    srv.start()
+    try:
+        yield srv, auth
+    finally:
+        srv.stop()
+
+
+async def _pool_bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None) -> Bus:
+    return await Bus.connect(
+        srv.url,
+        namespace="gym",
+        telemetry=Telemetry(),
+        name=f"attacker-{role}-{pool}",
+        auth=ClientAuth(auth),
+        role=role,
+        pool=pool,
+        initial_timeout=5,
+    )
+
+
+async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
+    """Nodes of other entries (valid pool credentials) attack a weather batch run with the weather pools' files."""
+    from gym_runtime.config import load_config
+    from gym_runtime.workers.runner import run_batch
+
+    srv, auth = pooled
+    node = tmp_path / "node"  # the honest node: publisher + the weather entries' pool files, no role-wide file
+    node.mkdir()
+    for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in WEATHER_POOLS)]:
+        shutil.copy(auth / name, node / name)
+    admin = await _pool_bus(srv, auth, "admin", None)
+    res_thief = await _pool_bus(srv, auth, "resource", "other_env")
+    model_thief = await _pool_bus(srv, auth, "model", "other_model")
+    agent_thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    sniffed: list[str] = []
+    forged_seen: list[str] = []
+    replies: list[tuple[str, dict[str, str]]] = []
+
+    async def sniff(msg) -> None:  # type: ignore[no-untyped-def]
+        sniffed.append(msg.subject)
+
+    async def spy(msg) -> None:  # type: ignore[no-untyped-def]  # the admin sees every genuine reply subject
+        if (msg.headers or {}).get("Forged"):
+            forged_seen.append(msg.subject)
+        else:
+            replies.append((msg.subject, dict(msg.headers or {})))
+
+    for subject in ("gym.res.weather.>", "gym.res.>", "gym.call.model.policy", "_INBOX.agent.>", "_INBOX.>"):
+        await res_thief.nc.subscribe(subject, cb=sniff)
+        await model_thief.nc.subscribe(subject, cb=sniff)
+    await admin.nc.subscribe("_INBOX.>", cb=spy)
+    forged_verdict = VerifyReply(reward=1337.0)
+    sent = 0
+
+    async def spray() -> None:
+        """Replay every genuine reply subject with a forged verdict from the other pools' credentials."""
+        nonlocal sent
+        done = 0
+        while True:
+            for subject, headers in replies[done:]:
+                for thief in (model_thief, res_thief):
+                    h = {**headers, "Forged": "1"}
+                    h.pop("Gym-Progress", None)
+                    await thief.nc.publish(subject, thief.codec.encode(forged_verdict), headers=h)
+                    # the next calls' subjects: the same lane, the next numbers
+                    base, _, n = subject.rpartition(".")
+                    if n.isdigit():
+                        for k in range(1, 4):
+                            await thief.nc.publish(
+                                f"{base}.{int(n) + k}", thief.codec.encode(forged_verdict), headers=h
+                            )
+                    sent += 1
+            done = len(replies)
+            await anyio.sleep(0.01)
+
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    data = REPO / "resources/weather/data/example.jsonl"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(spray)
+            result = await run_batch(
+                cfg,
+                srv.url,
+                input_path=data,
+                out=tmp_path / "out.jsonl",
+                telemetry=Telemetry(),
+                auth=ClientAuth(node),
+                repeats=4,
+                batch="b1",
+            )
+            tg.cancel_scope.cancel()
+        assert result.stats.failures == 0 and result.stats.rows == 4 * len(read_jsonl(data))
+        assert {r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")} == {1.0}
+        assert sent > 0 and forged_seen == [] and sniffed == []  # every forged reply and subscription refused
+
+        # another agent pool: no result under the weather agent's name, no pull or +TERM on its durable
+        forged = RolloutResult(batch="b2", task_index=0, rollout_index=0, agent="weather_agent", row={"reward": 1.0})
+        with pytest.raises((nats.js.errors.APIError, nats.errors.TimeoutError)):
+            await agent_thief.js.publish("gym.result.weather_agent.b2", agent_thief.codec.encode(forged), timeout=1.0)
+        await agent_thief.js.publish("gym.result.other_agent.b2", agent_thief.codec.encode(forged), timeout=5.0)
+        stream = stream_names("gym")["task"]
+        await admin.js.publish("gym.task.weather_agent", b"t", timeout=5.0)
+        pulled = await _replies(
+            agent_thief,
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_weather_agent",
+            b'{"batch": 1, "expires": 500000000}',
+        )
+        assert pulled == []  # refused: not even a "no messages" status comes back
+        with pytest.raises(nats.errors.TimeoutError):  # nor a consumer of its own on the weather agent's tasks
+            await agent_thief.js.add_consumer(
+                stream, durable_name="agent_other_agent", filter_subject="gym.task.weather_agent", timeout=1.0
+            )
+    finally:
+        for b in (admin, res_thief, model_thief, agent_thief):
+            await b.close()
+
+
+# ------------------------------------------------------------------------------- nothing hangs
+
+
+async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:  # noqa: F811
+    """Another publisher deletes a running collector's reader: the collector recreates it and finishes."""
+    agent, thief = buses["agent"], buses["publisher"]
+    results = stream_names("gym")["result"]
+
+    def result(i: int) -> RolloutResult:
+        return RolloutResult(batch="b1", task_index=i, rollout_index=0, agent="a", row={"reward": 1.0})
+
+    await agent.js_publish("gym.result.a.b1", result(0), msg_id="b1:0:0")
+    collector = Collector(buses["publisher"], "b1", tmp_path / "out.jsonl", expected=3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collector.run)
+        with anyio.fail_after(10):
+            while collector.stats.rows < 1:
+                await anyio.sleep(0.05)
+        listed = await thief.nc.request(f"$JS.API.CONSUMER.LIST.{results}", b"{}", timeout=5.0)
+        names = [c["name"] for c in json.loads(listed.data)["consumers"]]
+        assert names
+        for name in names:
+            await thief.js.delete_consumer(results, name)
+        await agent.js_publish("gym.result.a.b1", result(1), msg_id="b1:1:0")
+        await agent.js_publish("gym.result.a.b1", result(2), msg_id="b1:2:0")
+        with anyio.fail_after(15):  # before: it waited forever on a consumer that no longer exists
+            while collector.stats.rows < 3:
+                await anyio.sleep(0.05)
+    assert collector.stats.rows == 3 and collector.stats.duplicates == 0
+
+
+async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
+    """Before: the agent +TERMed an unreadable task and ``collect`` waited for it forever."""
+    from gym_runtime.config import load_config
+    from gym_runtime.messages import RolloutTask
+    from gym_runtime.transport.jetstream import ensure_streams
+    from gym_runtime.workers.runner import make_workers, start_workers
+
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
+    try:
+        await ensure_streams(bus)
+        row = {**read_jsonl(REPO / "resources/weather/data/example.jsonl")[0], "pad": "x" * (bus.blob_threshold + 10)}
+        task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
+        await bus.js_publish("gym.task.weather_agent", task, msg_id="b9:0:0")
+        stored = await bus.js.get_last_msg(stream_names("gym")["task"], "gym.task.weather_agent")
+        key, n, _ = stored.headers[BLOB_HEADER].split(".")
+        forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
+        for i in range(int(n)):  # an attacker with the admin's powers swaps the body
+            await bus.js.purge_stream("GYM_BLOBS", subject=f"gym.blob.{key}.{i}")
+            await bus.js.publish(f"gym.blob.{key}.{i}", forged if i == 0 else b"", timeout=5.0)
+        async with anyio.create_task_group() as tg:
+            await start_workers(tg, make_workers(bus, cfg, [("agents", "weather_agent")]))
+            with anyio.fail_after(20):
+                stats = await Collector(bus, "b9", tmp_path / "out.jsonl", expected=1).run()
+            tg.cancel_scope.cancel()
+        assert stats.rows == 0 and stats.failures == 1
+        (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
+        assert failure["error_class"] == "integrity" and "digest" in failure["error"]
+    finally:
+        await bus.close()
+
+
+# ----------------------------------------------------------------------------- bounded cost per message
+
+
+FLOODER = """
+import asyncio, sys, time
+import msgspec, nats
+
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    junk = [b"\\xff\\x00junk", b'{"not": "a seed"}', msgspec.msgpack.encode({"session": 1}), b""]
+    inbox, sent, end = nc.new_inbox(), 0, time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        for _ in range(500):
+            await nc.publish("gym.res.weather.seed", junk[sent % 4], reply=inbox)
+            sent += 1
+        await nc.flush()
+    print(sent)
+    await nc.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
+    """12 s of junk seed requests (another process) against a resource pool, then a batch: every rollout succeeds."""
+    import sys
+
+    from gym_runtime.config import load_config
+    from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
+
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    data = REPO / "resources/weather/data/example.jsonl"
+    bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="pool")
+    try:
+        async with anyio.create_task_group() as tg:
+            await start_workers(tg, make_workers(bus, cfg, selected(cfg, None)))
+            flood = await anyio.run_process([sys.executable, "-c", FLOODER, nats_server.url, "12"], check=True)
+            sent = int(flood.stdout)
+            with anyio.fail_after(60):
+                result = await run_batch(
+                    cfg,
+                    nats_server.url,
+                    input_path=data,
+                    out=tmp_path / "out.jsonl",
+                    telemetry=Telemetry(),
+                    repeats=4,
+                    start_local_workers=False,
+                )
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+    out = capfd.readouterr()
+    lines = (out.out + out.err).count("\n")
+    assert sent > 100_000
+    assert result.stats.failures == 0 and result.stats.rows == 4 * len(read_jsonl(data))
+    assert lines < 200, f"{lines} log lines for {sent} junk requests"
