@@ -251,3 +251,28 @@ def test_collector_killed_and_rerun_writes_identical_output(server, pool_factory
     assert_exactly_once(out)
     assert out.read_bytes() == reference.read_bytes()
     assert not Path(str(out) + ".partial").exists()
+
+
+def test_a_killed_agents_tasks_are_redelivered_in_seconds_not_ack_wait(server, pool_factory, tmp_path) -> None:
+    """With ack_wait 30 s, the tasks a SIGKILLed agent held come back within seconds: its peer hears it fall
+    silent (liveness beacons, one message a second per worker) and naks them on its behalf."""
+    config = write_config(tmp_path, agent_concurrency=4, delay_s=1.0)  # rollouts of ~2 s: some are in flight
+    cfg = yaml.safe_load(config.read_text())
+    cfg["agents"]["agent"]["ack_wait_s"] = 30.0
+    config.write_text(yaml.safe_dump(cfg))
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only + "#1", only)
+    pool.start("agents.agent#2", "agents.agent")
+    out = tmp_path / "out.jsonl"
+    publish(config, server.url, tasks_file(tmp_path), "b1")
+    collector = start_collect(server.url, "b1", out)
+    wait_until(lambda: results_stored(server.url) >= 2)
+    pool.kill("agents.agent#1")  # it held rollouts
+    killed = time.monotonic()
+    stdout, stderr = collector.communicate(timeout=90)
+    took = time.monotonic() - killed
+    assert collector.returncode == 0, stderr
+    assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
+    assert_exactly_once(out)
+    assert took < 15.0, f"the batch finished {took:.1f} s after the kill (ack_wait is 30 s)"

@@ -323,13 +323,16 @@ def permissions(role: str, namespaces: list[str], pool: str | None = None) -> di
             ]  # reverify: the stateless verify group
         elif role == "agent":
             queue = pull(tasks, f"{ns}.task.{pool}", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
-            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue]
-            sub += worker_sub
+            # the pool's liveness beacons (a dead peer's tasks are nak'd at once)
+            live = f"{ns}.live.agent_{pool}" if pool else f"{ns}.live.*"
+            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live]
+            sub += [*worker_sub, live]
         elif role == "model":
             queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")
             # replies (and keepalives) only into the reply subjects of calls made to this model
-            pub += [f"_INBOX.*.*.*.model.{mine}.*", *kv_read, *queue]
-            sub += [*worker_sub, f"{ns}.call.model.{mine}"]  # direct calls (core NATS) while a slot is free
+            live = f"{ns}.live.model_{pool}" if pool else f"{ns}.live.*"
+            pub += [f"_INBOX.*.*.*.model.{mine}.*", *kv_read, *queue, live]
+            sub += [*worker_sub, f"{ns}.call.model.{mine}", live]  # direct calls (core NATS) while a slot is free
         elif role == "resource":
             # replies only into calls made to this environment; models for LLM judges and user simulators
             pub += [f"_INBOX.*.*.*.res.{mine}.*", *calls_models]

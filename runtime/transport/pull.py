@@ -17,10 +17,12 @@ trickle of answers keeps arriving — and returns to full speed within seconds.
 from __future__ import annotations
 
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import anyio
+import msgspec
 from nats.aio.msg import Msg
 
 from gym_runtime.observability import logs
@@ -39,6 +41,24 @@ log = logs.get("gym.pull")
 ACK_WAIT_S = 30.0
 SUPERVISE_S = 0.5  # how often lost requests are forgotten and credit is topped up
 LOST_SLACK_S = 1.0  # a request unanswered this long past its expiry was lost
+LIVE_S = 1.0  # a work-queue worker says which messages it holds this often: one message, not one per task
+LIVE_SOON_S = 0.1  # ... and this soon after it took new ones (at most 10 beacons a second, whatever the load)
+DEAD_S = 3.5  # a peer silent this long is dead: its messages are nak'd on its behalf (redelivered at once)
+FULL_EVERY = 10  # every FULL_EVERY * LIVE_S a beacon lists everything held (a peer that joined late learns it)
+
+
+class Beacon(msgspec.Struct, array_like=True):
+    """What one worker of a pool holds: ack subjects taken and finished since its last beacon."""
+
+    worker: str
+    add: list[str]
+    done: list[str]
+    full: bool = False
+    bye: bool = False  # stopping: it holds nothing, nothing to nak
+
+
+_beacon_enc = msgspec.msgpack.Encoder()
+_beacon_dec = msgspec.msgpack.Decoder(Beacon)
 
 
 async def work_queue_puller(
@@ -55,7 +75,15 @@ async def work_queue_puller(
     stream = stream_names(bus.ns)[kind]
     durable = durable_name(kind, name)
     await ensure_consumer(bus, stream, durable, bus.subject(kind, name), ack_wait=ack_wait)
-    return PullWorker(bus, stream=stream, consumer=durable, slots=slots, handle=handle, heartbeat_s=ack_wait / 3)
+    return PullWorker(
+        bus,
+        stream=stream,
+        consumer=durable,
+        slots=slots,
+        handle=handle,
+        heartbeat_s=ack_wait / 3,
+        liveness=bus.subject("live", durable),
+    )
 
 
 class PullWorker:
@@ -79,6 +107,7 @@ class PullWorker:
         heartbeat_s: float = ACK_WAIT_S / 3,
         inline: bool = False,
         recreate: Callable[[], Awaitable[None]] | None = None,
+        liveness: str | None = None,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -93,6 +122,15 @@ class PullWorker:
         # the consumer was deleted under us (no responders to our pulls): make it again, or fail with one line
         self.recreate = recreate
         self._recreating = False
+        # worker liveness on a pool subject: a peer that falls silent has its messages nak'd by the others,
+        # so they are redelivered within seconds instead of after ack_wait (no per-message traffic)
+        self.liveness = liveness
+        self._me = uuid.uuid4().hex[:12]
+        self._held: dict[str, None] = {}  # ack subjects of the messages this worker holds
+        self._added: list[str] = []
+        self._done: list[str] = []
+        self._peers: dict[str, tuple[float, set[str]]] = {}
+        self.nakked_for_peers = 0
         self.busy = 0
         self.delivered = 0
         self._requests: deque[list[float]] = deque()  # [expires_at, credits left], oldest first
@@ -170,6 +208,9 @@ class PullWorker:
                 self.delivered += 1
                 delivery = Delivery(msg)
                 self._inflight[id(delivery)] = delivery
+                if self.liveness is not None:
+                    self._held[msg.reply] = None
+                    self._added.append(msg.reply)
                 if self.inline:
                     await self._run_one(delivery)
                 else:
@@ -177,6 +218,10 @@ class PullWorker:
 
             sub = await nc.subscribe(self._inbox, cb=on_msg)
             tg.start_soon(self._heartbeats)
+            live_sub = None
+            if self.liveness is not None:
+                live_sub = await nc.subscribe(self.liveness, cb=self._on_beacon)
+                tg.start_soon(self._beacon_loop)
             try:
                 self._reconnects = int(nc.stats.get("reconnects", 0))
                 await self._pull(force=True)
@@ -190,6 +235,12 @@ class PullWorker:
                         await self._idle.wait()
             finally:
                 await sub.unsubscribe()
+                if live_sub is not None:
+                    with anyio.CancelScope(shield=True):
+                        await live_sub.unsubscribe()
+                        if nc.is_connected and not self.busy:  # nothing held: the peers forget us now
+                            bye = _beacon_enc.encode(Beacon(self._me, [], [], bye=True))
+                            await nc.publish(self.liveness or "", bye)
                 tg.cancel_scope.cancel()
 
     async def _make_again(self) -> None:
@@ -239,7 +290,60 @@ class PullWorker:
         except Exception as exc:  # the handler owns acking; a crash here must not kill the loop
             log.error("pull.handler_crashed", consumer=self.consumer, error=repr(exc))
         finally:
+            if self.liveness is not None and self._held.pop(msg.reply, 0) is None:
+                self._done.append(msg.reply)
             await self.release(msg)
+
+    async def _on_beacon(self, msg: Msg) -> None:
+        try:
+            b = _beacon_dec.decode(msg.data)
+        except msgspec.DecodeError:
+            return
+        if b.worker == self._me:
+            return
+        if b.bye:
+            self._peers.pop(b.worker, None)
+            return
+        _, held = self._peers.get(b.worker, (0.0, set()))
+        if b.full:
+            held = set(b.add)
+        else:
+            held.update(b.add)
+        held.difference_update(b.done)
+        self._peers[b.worker] = (time.monotonic(), held)
+
+    async def _beacon_loop(self) -> None:
+        """Say what this worker holds every ``LIVE_S``; nak on behalf of a peer silent for ``DEAD_S``."""
+        nc = self.bus.nc
+        last = last_full = time.monotonic()
+        while True:
+            await anyio.sleep(LIVE_SOON_S)
+            now = time.monotonic()
+            if now - last < LIVE_S and not self._added:
+                continue
+            last = now
+            full = now - last_full >= FULL_EVERY * LIVE_S
+            if full:
+                last_full = now
+            add = list(self._held) if full else self._added
+            beacon = Beacon(self._me, add, [] if full else self._done, full=full)
+            self._added, self._done = [], []
+            if not nc.is_connected:
+                continue
+            try:
+                await nc.publish(self.liveness or "", _beacon_enc.encode(beacon))
+            except Exception:  # disconnected meanwhile: the next beacon says it all again
+                continue
+            now = time.monotonic()
+            for worker, (seen, held) in list(self._peers.items()):
+                if now - seen < DEAD_S:
+                    continue
+                del self._peers[worker]
+                if held:
+                    log.info("pull.peer_lost", consumer=self.consumer, peer=worker, redelivered=len(held))
+                for ack in held:  # every peer may do this; a second nak of one delivery changes nothing
+                    await nc.publish(ack, b"-NAK")
+                self.nakked_for_peers += len(held)
 
     async def _heartbeats(self) -> None:
         while True:
