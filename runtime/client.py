@@ -70,9 +70,16 @@ class _ResultReader:
         self._puller: PullWorker | None = None
 
     async def open(self) -> None:
-        await jetstream.add_reader(self.bus, self.stream, self.consumer, batch_results(self.bus.ns, self.batch))
+        subject = batch_results(self.bus.ns, self.batch)
+        await jetstream.add_reader(self.bus, self.stream, self.consumer, subject)
+        last_seq = 0
+
+        async def recreate() -> None:  # deleted by someone else: read on from where we were
+            await jetstream.add_reader(self.bus, self.stream, self.consumer, subject, start_seq=last_seq + 1)
 
         async def on_msg(msg: Any) -> None:
+            nonlocal last_seq
+            last_seq = max(last_seq, msg.stream_seq)
             try:
                 res = await self.bus.decode(msg)
             except Exception as e:  # a tampered or missing body: a failure, never a reward, never a hang
@@ -81,7 +88,13 @@ class _ResultReader:
                 self._on_result(res)
 
         self._puller = PullWorker(
-            self.bus, stream=self.stream, consumer=self.consumer, slots=self._slots, handle=on_msg, heartbeat_s=3600.0
+            self.bus,
+            stream=self.stream,
+            consumer=self.consumer,
+            slots=self._slots,
+            handle=on_msg,
+            heartbeat_s=3600.0,
+            recreate=recreate,
         )
 
     async def run(self) -> None:

@@ -343,3 +343,33 @@ async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tm
     assert sent > 100_000
     assert result.stats.failures == 0 and result.stats.rows == 4 * len(read_jsonl(data))
     assert lines < 200, f"{lines} log lines for {sent} junk requests"
+
+
+async def test_replayed_seed_requests_cannot_pile_up_sessions(nats_server) -> None:
+    """One genuine seed request replayed 60 times: the worker keeps at most max_sessions open (the least
+    recently used closed first); before, every replay kept a session for session_ttl_s (an hour)."""
+    from gym_runtime.config import ResourceConfig
+    from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
+    from gym_runtime.workers.resource_worker import ResourceWorker
+    from gym_runtime.workers.runner import start_workers
+
+    bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
+    try:
+        worker = ResourceWorker(bus, "weather", ResourceConfig(server="resources.weather", max_sessions=8))
+        row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+        async with anyio.create_task_group() as tg:
+            await start_workers(tg, [worker])  # type: ignore[list-item]
+            honest = await bus.request("gym.res.weather.seed", SeedRequest(row=row), timeout=10.0, op="seed")
+            assert isinstance(honest, SeedReply)
+            for i in range(60):
+                await bus.request("gym.res.weather.seed", SeedRequest(row=row), timeout=10.0, op="seed")
+                if i % 4 == 0:  # the honest rollout keeps using its session meanwhile
+                    call = ToolCall(session=honest.session, name="get_weather", arguments='{"city": "Paris"}')
+                    reply = await bus.request(f"{honest.address}.tool", call, timeout=10.0, op="tool")
+                    assert isinstance(reply, ToolReply)
+            assert len(worker.sessions) <= 8 and worker.evicted >= 53
+            assert honest.session in worker.sessions  # in use, so never the least recently used
+            assert bus.junk  # counted (and logged once per interval), not a line per replay
+            tg.cancel_scope.cancel()
+    finally:
+        await bus.close()

@@ -34,6 +34,9 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: int = 1
     concurrency: int = 1024
     session_ttl_s: float = 3600.0
+    # open sessions one worker keeps; past it the least recently used is closed (replayed seeds cannot
+    # pile up sessions for an hour)
+    max_sessions: int = 20_000
     options: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

@@ -84,6 +84,7 @@ class ResourceWorker:
         self.sessions: dict[str, tuple[Resource, float]] = {}
         self._subs: list[Any] = []
         self.seeded = 0  # sessions opened here (status, tests)
+        self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -147,6 +148,12 @@ class ResourceWorker:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
+        while len(self.sessions) >= max(1, self.cfg.max_sessions):  # full: the least recently used goes
+            old, (old_inst, _) = next(iter(self.sessions.items()))
+            del self.sessions[old]
+            self.evicted += 1
+            self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
+            await old_inst.close()
         self.sessions[sid] = (inst, time.monotonic())
         result = None
         if req.then is not None:
@@ -163,6 +170,7 @@ class ResourceWorker:
         entry = self.sessions.get(sid)
         if entry is None:
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
+        del self.sessions[sid]  # re-inserted last: the dict's order is least recently used first
         self.sessions[sid] = (entry[0], time.monotonic())
         return entry[0]
 
