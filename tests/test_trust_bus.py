@@ -1,15 +1,18 @@
 """Attacks by nodes holding one role's valid credentials on a ``server --secure`` bus (issue 26, items 4-8).
 
 Each attack runs for real: a secured nats-server, the attacker connected with
-another role's genuine seed, replaying genuine headers it observed. What must
-hold: no role lists or reads bodies it was not sent, nothing stored can be
-overwritten, and a swapped body is a failure row, never a reward.
+another role's (or another pool's) genuine seed, replaying genuine headers it
+observed. What must hold: no role lists or reads bodies it was not sent, nothing
+stored can be overwritten, a swapped body is a failure row, never a reward; no
+node answers or reads another entry's calls; a deleted reader or an unreadable
+task never hangs ``collect``; junk and replays cost a counter, not the pool.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +21,24 @@ import msgspec
 import nats.errors
 import pytest
 
+from gym_runtime.config import ResourceConfig, load_config
 from gym_runtime.data.collector import Collector
-from gym_runtime.messages import RolloutResult, VerifyReply
+from gym_runtime.messages import (
+    RolloutResult,
+    RolloutTask,
+    SeedReply,
+    SeedRequest,
+    ToolCall,
+    ToolReply,
+    VerifyReply,
+)
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ClientAuth, ensure_auth_dir
 from gym_runtime.transport.bus import BLOB_HEADER, Bus
-from gym_runtime.transport.jetstream import stream_names
+from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.workers.resource_worker import ResourceWorker
+from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl
 from tests.test_security import buses, secured  # noqa: F401  (fixtures: a secured server, one bus per role)
 
@@ -129,8 +143,6 @@ async def _pool_bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None
 
 async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
     """Nodes of other entries (valid pool credentials) attack a weather batch run with the weather pools' files."""
-    from gym_runtime.config import load_config
-    from gym_runtime.workers.runner import run_batch
 
     srv, auth = pooled
     node = tmp_path / "node"  # the honest node: publisher + the weather entries' pool files, no role-wide file
@@ -257,10 +269,6 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
 
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
     """Before: the agent +TERMed an unreadable task and ``collect`` waited for it forever."""
-    from gym_runtime.config import load_config
-    from gym_runtime.messages import RolloutTask
-    from gym_runtime.transport.jetstream import ensure_streams
-    from gym_runtime.workers.runner import make_workers, start_workers
 
     cfg = load_config(REPO / "resources/weather/config.yaml")
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
@@ -312,10 +320,6 @@ asyncio.run(main())
 
 async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
     """12 s of junk seed requests (another process) against a resource pool, then a batch: every rollout succeeds."""
-    import sys
-
-    from gym_runtime.config import load_config
-    from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 
     cfg = load_config(REPO / "resources/weather/config.yaml")
     data = REPO / "resources/weather/data/example.jsonl"
@@ -348,10 +352,6 @@ async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tm
 async def test_replayed_seed_requests_cannot_pile_up_sessions(nats_server) -> None:
     """One genuine seed request replayed 60 times: the worker keeps at most max_sessions open (the least
     recently used closed first); before, every replay kept a session for session_ttl_s (an hour)."""
-    from gym_runtime.config import ResourceConfig
-    from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
-    from gym_runtime.workers.resource_worker import ResourceWorker
-    from gym_runtime.workers.runner import start_workers
 
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
     try:
