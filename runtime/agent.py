@@ -32,8 +32,9 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.transport.bus import Bus, NoResponders
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.rpc import NoResponders
 
 TOOL_TIMEOUT_S = 300.0
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker

@@ -16,7 +16,9 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ToolCall, ToolReply
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport.bus import PROGRESS_HEADER, Bus, NoResponders, Timings
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.headers import PROGRESS_HEADER
+from gym_runtime.transport.rpc import NoResponders, Timings
 
 
 @pytest.fixture

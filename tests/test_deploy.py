@@ -277,7 +277,7 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
 def test_deploy_config_loads_with_a_cluster_url_list(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GYM_NATS", "nats://a:4222,nats://b:4222")
     cfg = deploy_config()
-    from gym_runtime.transport.bus import server_list
+    from gym_runtime.transport.connect import server_list
 
     assert server_list(cfg.nats) == ["nats://a:4222", "nats://b:4222"]
     assert cfg.jetstream.replicas == 3

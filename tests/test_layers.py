@@ -21,8 +21,9 @@ from gym_runtime.config.nemo import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
 from gym_runtime.data.sources import PrepareError
 from gym_runtime.ops.nats_server import ServerError
-from gym_runtime.transport.bus import NoResponders, ServerUnreachable
+from gym_runtime.transport.connect import ServerUnreachable
 from gym_runtime.transport.jetstream import JetStreamSetupError
+from gym_runtime.transport.rpc import NoResponders
 from tests.helpers import REPO
 
 RUNTIME = REPO / "runtime"

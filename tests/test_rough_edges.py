@@ -351,7 +351,7 @@ def test_a_name_that_does_not_resolve_is_said_so() -> None:
     # the reason only: a real lookup would leave loopback (this machine's resolver is on the network)
     import socket
 
-    from gym_runtime.transport.bus import _tcp_reason
+    from gym_runtime.transport.connect import _tcp_reason
 
     e = OSError("All connection attempts failed")
     e.__cause__ = socket.gaierror(socket.EAI_NONAME, "Name or service not known")

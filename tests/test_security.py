@@ -24,7 +24,8 @@ import pytest
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from gym_runtime.ops.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
-from gym_runtime.transport.bus import Bus, ServerUnreachable, connect
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.connect import ServerUnreachable, connect
 from gym_runtime.transport.jetstream import message_count, stream_names
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 

@@ -35,7 +35,8 @@ from gym_runtime.messages import (
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ClientAuth, ensure_auth_dir
-from gym_runtime.transport.bus import BLOB_HEADER, Bus
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.headers import BLOB_HEADER
 from gym_runtime.transport.jetstream import ensure_streams, stream_names
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers

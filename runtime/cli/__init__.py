@@ -42,7 +42,7 @@ from gym_runtime.cli._common import (
 )
 from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
-from gym_runtime.transport.bus import ServerUnreachable, unanswered
+from gym_runtime.transport.connect import ServerUnreachable, unanswered
 
 COMMANDS: dict[str, ModuleType] = {
     "run": run,

@@ -48,7 +48,8 @@ def _role(spec: str | None) -> tuple[str, str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.transport.bus import Bus, ServerUnreachable
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.transport.connect import ServerUnreachable
     from gym_runtime.transport.discovery import discover
     from gym_runtime.workers.runner import run_async
 

@@ -8,7 +8,8 @@ live above the transport (agents, resources) and reach both through :func:`call_
 from __future__ import annotations
 
 from gym_runtime.messages import ModelRequest, ModelResponse
-from gym_runtime.transport.bus import Bus, Timings
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.rpc import Timings
 
 
 def direct_subject(bus: Bus, model: str) -> str:

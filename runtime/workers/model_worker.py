@@ -30,8 +30,9 @@ from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
 from gym_runtime.model import ModelAdapter, ModelConfig, load_adapter
 from gym_runtime.observability import logs
-from gym_runtime.transport.bus import REPLY_HEADER, Bus
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.headers import REPLY_HEADER
 from gym_runtime.transport.model_calls import direct_subject
 from gym_runtime.transport.pull import PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled

@@ -32,7 +32,8 @@ from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, load_resource_class
-from gym_runtime.transport.bus import Bus, server_list, wait_reachable
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker

@@ -1,0 +1,291 @@
+"""Connecting to NATS: server lists, waiting for a server that is not up yet, and saying why not.
+
+A long-lived worker waits for its server forever (logging why, once); a one-shot command gives
+up after its timeout with one line that tells a refused connection from a name that does not
+resolve, a TLS or credentials problem, or a server that never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+
+from gym_runtime.errors import AuthError, UserError
+from gym_runtime.observability import logs
+
+log = logs.get("gym.bus")
+
+
+ATTEMPT_S = 30.0  # a service's connect attempt that has not succeeded by then starts over with a fresh client
+
+
+def _quiet_ssl_eof() -> None:
+    """asyncio warns on every TLS connection close (a harmless protocol quirk); keep stderr to real news."""
+    import logging
+
+    lg = logging.getLogger("asyncio")
+    if not any(getattr(f, "gym_ssl_eof", False) for f in lg.filters):
+
+        class _Filter(logging.Filter):
+            gym_ssl_eof = True
+
+            def filter(self, record: logging.LogRecord) -> bool:
+                return "eof_received()" not in record.getMessage()
+
+        lg.addFilter(_Filter())
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def server_list(url: str | list[str]) -> list[str]:
+    """Server URLs from a list and/or comma-separated strings (``a,b`` is two servers, not one).
+
+    A URL of another scheme (``http://host:8222`` is the monitoring port) is a ``UserError`` now: waited on,
+    it looked like a server that does not answer."""
+    items = url if isinstance(url, list) else [url]
+    servers = [u.strip() for item in items for u in str(item).split(",") if u.strip()]
+    for s in servers:
+        scheme = s.split("://", 1)[0].lower() if "://" in s else "nats"
+        if scheme not in NATS_SCHEMES:
+            raise UserError(
+                f"--nats {_shown([s])}: not a NATS URL (expected nats://HOST:4222"
+                f"{'; http:// is the monitoring port, for health --monitor' if scheme.startswith('http') else ''})"
+            )
+    return servers
+
+
+WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after this logs a warning
+
+
+async def check_provisioned(js: Any, namespace: str, shown: str) -> None:
+    """Fail clearly when the secured server was not started for ``namespace``.
+
+    Its roles may use only the subjects of the namespaces it provisioned; anything else
+    would be refused request by request, as timeouts.
+    """
+    try:
+        await js.find_stream_name_by_subject(f"{namespace}.task.probe")
+    except nats.js.errors.NotFoundError:
+        raise AuthError(
+            f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
+            f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)"
+        ) from None
+
+
+def unanswered(exc: BaseException) -> bool:
+    """True for a request that got no answer in time (e.g. one the server's permissions dropped)."""
+    return isinstance(exc, nats.errors.TimeoutError)
+
+
+class ServerUnreachable(UserError, ConnectionError):
+    """No NATS server of the given URLs accepted a connection in time."""
+
+
+def _shown(servers: list[str]) -> str:
+    """The URLs for messages and logs, without any user:password part."""
+    from urllib.parse import urlparse
+
+    out = []
+    for s in servers:
+        u = urlparse(s if "://" in s else f"nats://{s}")
+        out.append(f"{u.scheme}://{u.hostname}:{u.port or 4222}" if u.username or u.password else s)
+    return ", ".join(out)
+
+
+def _refusal(e: BaseException) -> bool:
+    """The server said no (authentication, TLS): retrying will not help a one-shot command."""
+    import ssl
+
+    low = str(e).lower()
+    return isinstance(e, ssl.SSLError) or any(w in low for w in ("authorization", "authentication", "tls"))
+
+
+def _reason(e: BaseException, *, secured: bool = True) -> str:
+    """A connect failure in a few words, with the likely fix."""
+    import ssl
+
+    if not secured and (isinstance(e, ssl.SSLError) or "tls" in str(e).lower()):
+        return "the server requires TLS and credentials (`server --secure`): pass --auth-dir DIR or set GYM_AUTH_DIR"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"TLS: the server's certificate is not signed by our CA ({e.verify_message}; is --auth-dir's ca.pem this cluster's?)"
+    text = str(e).strip().strip("'\"") or type(e).__name__
+    low = text.lower()
+    if "authorization" in low or "authentication" in low:
+        return f"{text.removeprefix('nats: ').strip(chr(39))} (wrong or missing credentials: check --auth-dir / GYM_AUTH_DIR)"
+    if isinstance(e, ssl.SSLError) or "tls" in low or "ssl" in low or "certificate" in low:
+        return f"TLS handshake failed: {text} (is it a `server --secure` server? --auth-dir needs one)"
+    return text
+
+
+class _Throttle:
+    """Say the same thing once, then at most every ``every_s``: a refusing server must not flood the log."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def __call__(self, key: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(key, -1e18) < self.every_s:
+            return False
+        self._last[key] = now
+        return True
+
+
+async def wait_reachable(servers: list[str], timeout: float | None) -> None:
+    """Wait until one server accepts TCP, so a wrong URL fails clearly instead of retrying forever.
+
+    ``timeout=None`` waits forever (long-lived workers may start before the server).
+    """
+    from urllib.parse import urlparse
+
+    import anyio
+
+    addrs = []
+    for s in servers:
+        u = urlparse(s if "://" in s else f"nats://{s}")
+        addrs.append((u.hostname or "127.0.0.1", u.port or 4222))
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    warned = False
+    why: dict[tuple[str, int], str] = {}
+    while True:
+        for host, port in addrs:
+            try:
+                with anyio.fail_after(2.0):
+                    stream = await anyio.connect_tcp(host, port)
+                await stream.aclose()
+                return
+            except (OSError, TimeoutError) as e:
+                why[(host, port)] = _tcp_reason(e, host, port)
+                continue
+        reason = "; ".join(dict.fromkeys(why.values()))
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ServerUnreachable(f"cannot reach a NATS server at {_shown(servers)}: {reason} (waited {timeout:g}s)")
+        if timeout is None and not warned and time.monotonic() - started >= WARN_UNREACHABLE_S:
+            # a service reports it once, at warning, well within 15 s: a wrong URL must not look like a
+            # slow start (a one-shot command ends with its own one-line error instead)
+            log.warning(
+                "nats.unreachable",
+                servers=_shown(servers),
+                reason=reason,
+                waited_s=WARN_UNREACHABLE_S,
+                still_trying=True,
+            )
+            warned = True
+        await anyio.sleep(0.5)
+
+
+def _tcp_reason(e: BaseException, host: str, port: int) -> str:
+    """Why a TCP connect failed, in the words a user acts on: a name that does not resolve, a port nothing
+    listens on, or no answer at all (a firewall, a wrong address)."""
+    import socket
+
+    cause = e.__cause__  # anyio: "All connection attempts failed", from the attempts' own errors
+    if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+        e = cause.exceptions[0]
+    elif isinstance(cause, OSError):
+        e = cause
+    if isinstance(e, socket.gaierror) or "name or service not known" in str(e).lower():
+        return f"the name {host!r} does not resolve"
+    if isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower():
+        return f"connection refused, no server listens on {host}:{port}"
+    if isinstance(e, TimeoutError):
+        return f"no answer from {host}:{port} within 2s, a firewall or a wrong address"
+    return f"{host}:{port}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+
+
+async def connect(
+    url: str | list[str],
+    *,
+    name: str,
+    on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    initial_timeout: float | None = -1.0,
+    options: dict[str, Any] | None = None,
+) -> NATS:
+    """Connect with reconnect-forever: long-lived workers ride out server restarts.
+
+    With ``initial_timeout`` (one-shot commands) the first connection must
+    succeed within it: a refusal (authentication, TLS) ends it at once as
+    ``ServerUnreachable`` naming the URL and the reason. With ``None`` (services)
+    it retries forever, logging each distinct reason once and then every 60 s.
+    ``options`` are extra ``nats.connect`` arguments (TLS context, nkey seed, inbox
+    prefix: see ``gym_runtime.ops.security.ClientAuth``).
+    """
+    import anyio
+
+    servers = server_list(url)
+    shown = _shown(servers)
+    throttle = _Throttle()
+    state: dict[str, Any] = {"connected": False, "last": None}
+    one_shot = initial_timeout is not None
+    secured = bool(options and options.get("tls") is not None)
+
+    async def on_error(e: Exception) -> None:
+        if not state["connected"] and one_shot:
+            state["last"] = e
+            if _refusal(e):  # raised out of nats-py's first-connect loop: no retry
+                raise ServerUnreachable(f"cannot connect to NATS at {shown}: {_reason(e, secured=secured)}") from e
+            return  # e.g. a reset while the server closes on us: the next attempt says why
+        if throttle(str(e)):
+            log.warning("nats.error", error=_reason(e, secured=secured), client=name, servers=shown)
+
+    async def on_disconnect() -> None:
+        if throttle("disconnected"):
+            log.info("nats.disconnected", client=name)
+
+    async def reconnected() -> None:
+        log.info("nats.reconnected", client=name)
+        if on_reconnect is not None:
+            await on_reconnect()
+
+    if initial_timeout is not None and initial_timeout < 0:  # default: 10 s, or GYM_CONNECT_TIMEOUT_S
+        initial_timeout = float(os.environ.get("GYM_CONNECT_TIMEOUT_S", "10"))
+    if options and options.get("tls") is not None:
+        _quiet_ssl_eof()
+    t0 = time.monotonic()
+    await wait_reachable(servers, initial_timeout)
+    while True:
+        nc = NATS()
+        # nats-py can stall for good after a failed TLS handshake (it waits for a socket that never
+        # closes): a one-shot command gives up at its deadline, a service starts a fresh client
+        limit = ATTEMPT_S if initial_timeout is None else max(3.0, initial_timeout - (time.monotonic() - t0))
+        try:
+            with anyio.fail_after(limit):
+                await nc.connect(
+                    servers=servers,
+                    name=name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int; sleeps a float
+                    connect_timeout=5,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=reconnected,
+                    pending_size=64 * 1024 * 1024,
+                    **(options or {}),
+                )
+            break
+        except TimeoutError:
+            with anyio.move_on_after(1.0, shield=True):
+                await nc.close()
+            if initial_timeout is not None:
+                why = (
+                    _reason(state["last"], secured=secured)
+                    if state["last"]
+                    else f"no NATS handshake within {limit:.0f}s"
+                )
+                raise ServerUnreachable(f"cannot connect to NATS at {shown}: {why}") from None
+        except BaseException:
+            with anyio.move_on_after(1.0, shield=True):
+                await nc.close()
+            raise
+    state["connected"] = True
+    return nc

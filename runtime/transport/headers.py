@@ -1,0 +1,8 @@
+"""The NATS headers the runtime's messages carry (names only: one place, so permissions and tools agree)."""
+
+ERROR_HEADER = "Gym-Error"
+REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
+MSG_ID_HEADER = "Nats-Msg-Id"
+BLOB_HEADER = "Gym-Blob"  # the body is in the blob stream: "{key}.{chunks}.{sha256 hex}"
+PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
+BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead

@@ -1,0 +1,154 @@
+"""Request-reply with liveness: the pieces a call is made of.
+
+A caller's call is a future watched by one timer for both its deadline and its responder's
+liveness (``_Pending``); a handler that runs long tells its caller so every ``keepalive_s``
+(``_Keepalive``); ``Timings`` says how soon each side gives up on the other. A call that
+nobody serves right now is ``NoResponders`` (``Busy`` when a direct call found no free slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from gym_runtime.errors import Failure
+from gym_runtime.messages import ErrorInfo
+from gym_runtime.transport.headers import (
+    PROGRESS_HEADER,
+)
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True):
+    """How soon the two ends of a core request notice each other (a value a bus is given, never patched)."""
+
+    keepalive_s: float = 2.0  # a handler still running after this sends progress, and again every keepalive_s
+    liveness_s: float = 10.0  # a core request with no reply nor progress for this long: the worker is gone
+
+
+class NoResponders(Failure):
+    """Nobody subscribes to the subject right now (a role with no worker, e.g. a pool restarting).
+
+    Nothing was delivered, so the call is safe to repeat once a worker is back.
+    """
+
+
+class Busy(NoResponders):
+    """The worker that took a direct call has no free slot; nothing ran, so the call may go elsewhere."""
+
+
+DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue this long before asking again
+
+DIRECT_BUSY_S = 0.05  # after "busy", use the queue this long: calls that wait belong in the queue
+
+
+def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
+    if isinstance(exc, Failure):
+        return exc.info
+    return ErrorInfo(error_class=default_class, message=f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+
+
+class _Pending:
+    """A call in flight: its future, and when its worker last showed signs of life.
+
+    One timer per call watches both limits: the call's deadline and, for core
+    requests, the responder's liveness (no reply nor keepalive for too long).
+    """
+
+    __slots__ = ("fut", "seen", "resend", "_timer", "_liveness", "_deadline", "_subject", "_op", "_timeout")
+
+    def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
+        self.fut = fut
+        self.seen = seen
+        # queued calls: (subject, body, headers) to publish again after a reconnect
+        self.resend: tuple[str, bytes, dict[str, str]] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(
+        self, loop: asyncio.AbstractEventLoop, subject: str, op: str, timeout: float, liveness: float | None
+    ) -> None:
+        """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence."""
+        self._subject, self._op, self._timeout = subject, op, timeout
+        self._liveness = liveness
+        self._deadline = self.seen + timeout
+        first = timeout if liveness is None else min(timeout, liveness)
+        self._timer = loop.call_later(first, self._check, loop)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        fut = self.fut
+        if fut.done():
+            return
+        now = time.monotonic()
+        if now >= self._deadline:
+            fut.set_exception(
+                Failure(
+                    ErrorInfo(
+                        error_class="timeout",
+                        message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
+                        retryable=True,
+                    )
+                )
+            )
+            return
+        wake = self._deadline
+        if self._liveness is not None:
+            idle = now - self.seen
+            if idle >= self._liveness:
+                fut.set_exception(
+                    Failure(
+                        ErrorInfo(
+                            error_class="worker_lost",
+                            message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
+                            retryable=True,
+                        )
+                    )
+                )
+                return
+            wake = min(wake, self.seen + self._liveness)
+        self._timer = loop.call_later(wake - now, self._check, loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class _Keepalive:
+    """Tells a core-request caller every ``every_s`` that its request is still being worked on."""
+
+    __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
+
+    def __init__(self, nc: NATS, reply_to: str, every_s: float) -> None:
+        self._nc = nc
+        self._reply_to = reply_to
+        self._every_s = every_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(every_s, self._beat)
+        self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
+
+    def _beat(self) -> None:
+        self._sending = self._loop.create_task(self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
+        self._timer = self._loop.call_later(self._every_s, self._beat)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+JS_ACK_TIMEOUT_S = 5.0  # nats-py's JetStream default: a stored message's ack not back by then is retried
+
+
+class _PubAck(msgspec.Struct):
+    """The part of JetStream's publish ack we read (stream, seq and duplicate are ignored)."""
+
+    error: dict[str, Any] | None = None
+
+
+def _no_ack(fut: asyncio.Future[Msg]) -> None:
+    if not fut.done():
+        fut.set_exception(nats.errors.TimeoutError())
