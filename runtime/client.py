@@ -37,8 +37,8 @@ from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.security import ClientAuth
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover

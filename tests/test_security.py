@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
-from gym_runtime.ops.security import ROLES, ClientAuth, check_argv_secret, ensure_auth_dir, unnamed
+from gym_runtime.ops.secrets import check_argv_secret
+from gym_runtime.ops.security import ROLES, ensure_auth_dir, unnamed
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import ServerUnreachable, connect
 from gym_runtime.transport.jetstream import message_count, stream_names
@@ -475,7 +477,7 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
     import anyio
 
     from gym_runtime.ops.nats_server import find_binary
-    from gym_runtime.ops.security import route_tls, server_config
+    from gym_runtime.ops.permissions import route_tls, server_config
 
     auth, other = ensure_auth_dir(tmp_path / "auth"), ensure_auth_dir(tmp_path / "other")
     ports = {n: (free_port(), free_port()) for n in ("a", "b", "c")}

@@ -33,8 +33,9 @@ from gym_runtime.messages import (
     VerifyReply,
 )
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.security import ClientAuth, ensure_auth_dir
+from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
 from gym_runtime.transport.jetstream import ensure_streams, stream_names

@@ -13,8 +13,10 @@ from typing import Any
 from gym_runtime.config import Config, load_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.security import AUTH_DIR_ENV, ClientAuth, check_argv_secret, ensure_auth_dir
+from gym_runtime.ops.secrets import check_argv_secret
+from gym_runtime.ops.security import AUTH_DIR_ENV, ensure_auth_dir
 from gym_runtime.plugins import config_path
 
 EXIT_FAILURES = 1

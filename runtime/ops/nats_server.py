@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gym_runtime.errors import UserError
-from gym_runtime.ops import security
+from gym_runtime.ops import permissions, security
 from gym_runtime.ops.provision import provision_blocking
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
@@ -175,7 +175,7 @@ class EmbeddedServer:
         """With ``secure_dir``: routes between nodes encrypted and mutually authenticated by the cluster CA."""
         if not self.secure_dir:
             return []
-        return [f"tls: {json.dumps(security.route_tls(self.secure_dir))}"]
+        return [f"tls: {json.dumps(permissions.route_tls(self.secure_dir))}"]
 
     def start(self, timeout: float = 10.0) -> str:
         binary = find_binary()
@@ -230,7 +230,7 @@ class EmbeddedServer:
         if not self.secure_dir:
             return ""
         security.ensure_auth_dir(self.secure_dir, host=self.host)
-        return security.server_config(self.secure_dir, self.namespaces).rstrip("\n")
+        return permissions.server_config(self.secure_dir, self.namespaces).rstrip("\n")
 
     def stop(self, timeout: float = 5.0) -> None:
         proc, self._proc = self._proc, None

@@ -13,7 +13,7 @@ import anyio
 
 from gym_runtime.data import batches
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.ops.security import ClientAuth
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers import control

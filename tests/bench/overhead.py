@@ -214,7 +214,7 @@ def one_process(
     secure: bool = False,
 ) -> dict[str, float]:
     """``secure``: a ``--secure`` server (TLS, nkeys, per-role permissions) and one connection per role."""
-    from gym_runtime.ops.security import ClientAuth
+    from gym_runtime.ops.credentials import ClientAuth
 
     auth_dir = tmp / "auth" if secure else None
     srv = EmbeddedServer(store_dir=str(tmp / f"js_one_{conc}"), secure_dir=str(auth_dir) if auth_dir else None)

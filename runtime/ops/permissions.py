@@ -1,0 +1,138 @@
+"""What each role and pool may do on the bus: NATS subject permissions, and the server config that holds them.
+
+Derived from the runtime's subjects (``{ns}.task``, ``{ns}.result``, ``{ns}.res``, ``{ns}.model``,
+``{ns}.call``, inboxes and ``$JS`` API subjects); the rules and why they are so are in
+``gym_runtime.ops.security``'s docstring and docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym_runtime.errors import AuthError
+from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, inbox_prefix, pools_in, public_key
+
+
+def _base(ns: str) -> str:
+    return ns.upper().replace("-", "_")
+
+
+def permissions(role: str, namespaces: list[str], pool: str | None = None) -> dict[str, Any]:
+    """What ``role`` (or one ``pool`` of it) may publish and subscribe to, in every namespace it works in.
+
+    Allow-lists only: anything not listed is refused by the server (so e.g. no
+    role but admin can create or delete a stream, and only agents publish results).
+    """
+    if role == "admin":
+        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    api = "$JS.API"
+    # nats-py finds a subject's stream by name; the inbox: the role's, or only the pool's own
+    pub: list[str] = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
+    sub: list[str] = [f"{inbox_prefix(role, pool)}.>" if pool else f"_INBOX.{role}.>"]
+    mine = pool or "*"  # the entry this user serves (a role credential: every entry)
+    for ns in namespaces:
+        b = _base(ns)
+        tasks, results, model = f"{b}_TASKS", f"{b}_RESULTS", f"{b}_MODEL"
+        kv, blobs, ctl = f"KV_{b}_BATCHES", f"{b}_BLOBS", f"KV_{b}_CONTROL"
+        pub += [f"{api}.STREAM.INFO.{s}" for s in (tasks, results, model, kv, ctl)]
+        # bodies over the max payload: write-once chunks, read only by the key their message carries (a
+        # last-by-subject direct get); no stream info (its subjects_filter lists keys), consumer or get by
+        # sequence on the blob stream, so no role can list or read bodies it was not sent
+        pub += [f"{ns}.blob.>", f"{api}.DIRECT.GET.{blobs}.{ns}.blob.>"]
+
+        def pull(stream: str, subject: str, durable: str = "*", *, ack: bool = True) -> list[str]:
+            out = [
+                # named creation only: the filter is in the API subject, so the server checks it against the allow
+                # list (the legacy DURABLE.CREATE carries it in the body, where a pool could name any queue)
+                f"{api}.CONSUMER.CREATE.{stream}.{durable}.{subject}",
+                f"{api}.CONSUMER.INFO.{stream}.{durable}",
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            ]
+            return out + ([f"$JS.ACK.{stream}.{durable}.>"] if ack else [])
+
+        worker_sub = ["$SRV.>", f"{ns}.status.*", f"{ns}.ctl.>"]
+        # the batch manifests and the trainer's control state (policy versions, pauses, cancelled batches)
+        kv_read = [
+            x
+            for k in (kv, ctl)
+            for x in (f"{api}.DIRECT.GET.{k}", f"{api}.DIRECT.GET.{k}.>", f"{api}.STREAM.MSG.GET.{k}")
+        ]
+        calls_models = [f"{ns}.model.>", f"{ns}.call.model.>"]
+        if role == "publisher":
+            pub += [
+                f"{ns}.task.>",
+                f"{ns}.ctl.>",
+                f"$KV.{b}_BATCHES.>",
+                f"$KV.{b}_CONTROL.>",
+                *kv_read,
+                *pull(results, f"{ns}.result.>", ack=False),
+                f"{api}.CONSUMER.DELETE.{results}.*",
+                f"{api}.CONSUMER.LIST.{tasks}",
+                f"{api}.CONSUMER.LIST.{model}",
+                f"{api}.CONSUMER.LIST.{results}",
+                "$SRV.>",
+                f"{ns}.status.*",  # status: discovery and live counters
+                f"{ns}.res.*.verify",
+            ]  # reverify: the stateless verify group
+        elif role == "agent":
+            queue = pull(tasks, f"{ns}.task.{pool}", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
+            # the pool's liveness beacons (a dead peer's tasks are nak'd at once)
+            live = f"{ns}.live.agent_{pool}" if pool else f"{ns}.live.*"
+            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live]
+            sub += [*worker_sub, live]
+        elif role == "model":
+            queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")
+            # replies (and keepalives) only into the reply subjects of calls made to this model
+            live = f"{ns}.live.model_{pool}" if pool else f"{ns}.live.*"
+            pub += [f"_INBOX.*.*.*.model.{mine}.*", *kv_read, *queue, live]
+            sub += [*worker_sub, f"{ns}.call.model.{mine}", live]  # direct calls (core NATS) while a slot is free
+        elif role == "resource":
+            # replies only into calls made to this environment; models for LLM judges and user simulators
+            pub += [f"_INBOX.*.*.*.res.{mine}.*", *calls_models]
+            sub += [*worker_sub, f"{ns}.res.{mine}.>"]
+        else:
+            raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    perms: dict[str, Any] = {
+        "publish": {"allow": list(dict.fromkeys(pub))},
+        "subscribe": {"allow": list(dict.fromkeys(sub))},
+    }
+    if role != "publisher":
+        perms["allow_responses"] = True  # one answer to $SRV discovery, status and pause requests
+    return perms
+
+
+def server_config(auth_dir: str | Path, namespaces: list[str]) -> str:
+    """The ``tls`` and ``authorization`` blocks of a secured ``nats-server`` config (JSON values)."""
+    d = Path(auth_dir).resolve()
+    # TLS before any plaintext: our clients never read an INFO (or sign a nonce) that could come from a
+    # downgrading impostor; other clients get the plaintext INFO (saying TLS is required) after 300 ms
+    tls = {
+        "cert_file": str(d / SERVER_CERT),
+        "key_file": str(d / SERVER_KEY),
+        "ca_file": str(d / CA_CERT),
+        "timeout": 5,
+        "handshake_first": "300ms",
+    }
+    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces)} for r in ROLES]
+    users += [
+        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool)} for r, pool in pools_in(d)
+    ]
+    return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
+
+
+def route_tls(auth_dir: str | Path) -> dict[str, Any]:
+    """The ``cluster { tls {...} }`` value: routes encrypted and mutually authenticated by the cluster CA.
+
+    Every node presents the server certificate (it carries clientAuth) and
+    accepts only peers whose certificate the same CA signed.
+    """
+    d = Path(auth_dir).resolve()
+    return {
+        "cert_file": str(d / SERVER_CERT),
+        "key_file": str(d / SERVER_KEY),
+        "ca_file": str(d / CA_CERT),
+        "verify": True,
+        "timeout": 5,
+    }
