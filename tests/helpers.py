@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from gym_runtime.config import Config, load_config
+
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
@@ -59,3 +63,34 @@ def nats_server_pids(under: str | Path) -> set[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return pids
+
+
+WEATHER = REPO / "resources/weather/config.yaml"
+
+
+ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+
+
+def weather(
+    *,
+    delay_s: float = 0.0,
+    agent_concurrency: int | None = None,
+    model_concurrency: int | None = None,
+    model_replicas: int = 1,
+    namespace: str = "gym",
+) -> Config:
+    cfg = load_config(WEATHER)
+    m = cfg.models["policy"]
+    cfg.models["policy"] = msgspec.structs.replace(
+        m,
+        options=msgspec.structs.replace(m.options, delay_s=delay_s),
+        concurrency=model_concurrency or m.concurrency,
+        replicas=model_replicas,
+    )
+    a = cfg.agents["weather_agent"]
+    cfg.agents["weather_agent"] = msgspec.structs.replace(a, concurrency=agent_concurrency or a.concurrency)
+    return msgspec.structs.replace(cfg, namespace=namespace)
+
+
+def rows(n: int) -> list[dict[str, Any]]:
+    return [ROWS[i % len(ROWS)] for i in range(n)]

@@ -10,43 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
-from gym_runtime.config import Config, load_config
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import consumers, stream_names
 from gym_runtime.workers.runner import collect_batch
-from tests.helpers import REPO, read_jsonl
-
-WEATHER = REPO / "resources/weather/config.yaml"
-ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
-
-
-def weather(
-    *,
-    delay_s: float = 0.0,
-    agent_concurrency: int | None = None,
-    model_concurrency: int | None = None,
-    model_replicas: int = 1,
-    namespace: str = "gym",
-) -> Config:
-    cfg = load_config(WEATHER)
-    m = cfg.models["policy"]
-    cfg.models["policy"] = msgspec.structs.replace(
-        m,
-        options=msgspec.structs.replace(m.options, delay_s=delay_s),
-        concurrency=model_concurrency or m.concurrency,
-        replicas=model_replicas,
-    )
-    a = cfg.agents["weather_agent"]
-    cfg.agents["weather_agent"] = msgspec.structs.replace(a, concurrency=agent_concurrency or a.concurrency)
-    return msgspec.structs.replace(cfg, namespace=namespace)
-
-
-def rows(n: int) -> list[dict[str, Any]]:
-    return [ROWS[i % len(ROWS)] for i in range(n)]
+from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
 
 async def test_rows_stream_in_completion_order_and_equal_collects(nats_server, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ task×repeat, and rollouts must complete again within seconds of the kill.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -18,81 +17,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-import yaml
 
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from tests.cluster import LocalCluster, monitor
-from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+from tests.cluster import LocalCluster, monitor, start_worker, stop, tasks_file, write_config
+from tests.helpers import REPO, cli, read_jsonl
 
 N_TASKS = 1000
 REPEATS = 2
-
-
-def write_config(tmp: Path, *, replicas: int = 3, agent_concurrency: int = 64, delay_s: float = 0.0) -> Path:
-    cfg = {
-        "namespace": "gym",
-        "jetstream": {"replicas": replicas},
-        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 5.0, "concurrency": 256}},
-        "resources": {"env": {"server": "resources.weather"}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "max_steps": 4,
-                "timeout_s": 60,
-                "concurrency": agent_concurrency,
-                "ack_wait_s": 5.0,
-            }
-        },
-    }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def tasks_file(tmp: Path, n: int) -> Path:
-    base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
-    return write_jsonl(tmp / "tasks.jsonl", [{**base[i % len(base)], "task_id": i} for i in range(n)])
-
-
-def start_worker(config: Path, url: str, only: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gym_runtime.cli",
-            "start",
-            str(config),
-            "--nats",
-            url,
-            "--only",
-            only,
-            "--replicas",
-            "1",
-            "--in-process",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert p.stdout is not None
-    assert "ready" in p.stdout.readline(), f"{only} did not start"
-    return p
-
-
-def stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 @pytest.fixture

@@ -7,10 +7,7 @@ slowed down with ``delay_s`` so that work is in flight when the fault hits).
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,101 +17,19 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import REPO, cli, read_jsonl, write_jsonl
-
-N_TASKS = 12
-REPEATS = 2
-
-
-def write_config(
-    tmp: Path,
-    *,
-    resource: str = "resources.weather",
-    delay_s: float = 0.3,
-    agent_concurrency: int = 4,
-    max_attempts: int = 4,
-) -> Path:
-    cfg = {
-        "namespace": "gym",
-        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 2.0, "concurrency": 8}},
-        "resources": {"env": {"server": resource}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "max_steps": 4,
-                "timeout_s": 60,
-                "concurrency": agent_concurrency,
-                "ack_wait_s": 2.0,
-                "max_attempts": max_attempts,
-            }
-        },
-    }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def tasks_file(tmp: Path, n: int = N_TASKS, explode: set[int] | None = None) -> Path:
-    base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
-    rows = []
-    for i in range(n):
-        row = dict(base[i % len(base)])
-        row["task_id"] = i
-        if explode and i in explode:
-            row["explode"] = True
-        rows.append(row)
-    return write_jsonl(tmp / "tasks.jsonl", rows)
-
-
-class Pool:
-    """Worker processes started with `gym-runtime start --in-process` (one worker each)."""
-
-    def __init__(self, config: Path, url: str) -> None:
-        self.config, self.url = config, url
-        self.procs: dict[str, subprocess.Popen[str]] = {}
-
-    def start(self, key: str, only: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gym_runtime.cli",
-                "start",
-                str(self.config),
-                "--nats",
-                self.url,
-                "--only",
-                only,
-                "--replicas",
-                "1",
-                "--in-process",
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert "ready" in line, f"{only} did not start: {line!r}"
-        self.procs[key] = p
-        return p
-
-    def kill(self, key: str) -> None:
-        p = self.procs.pop(key)
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+from tests.helpers import cli, read_jsonl
+from tests.pools import (
+    N_TASKS,
+    REPEATS,
+    Pool,
+    assert_exactly_once,
+    publish,
+    results_stored,
+    start_collect,
+    tasks_file,
+    wait_until,
+    write_config,
+)
 
 
 @pytest.fixture
@@ -137,42 +52,6 @@ def pool_factory(server: EmbeddedServer) -> Iterator[Any]:
     yield make
     for p in pools:
         p.stop_all()
-
-
-def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
-    res = cli("publish", str(config), "-i", str(tasks), "--nats", url, "--batch", batch, "--repeats", str(REPEATS))
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == batch
-
-
-def start_collect(url: str, batch: str, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", batch, "--nats", url, "-o", str(out)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def results_stored(url: str) -> int:
-    res = cli("status", "--nats", url, "--json")
-    return int(json.loads(res.stdout)["results_stored"]) if res.returncode == 0 else 0
-
-
-def wait_until(pred: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
-
-
-def assert_exactly_once(out: Path, n: int = N_TASKS, repeats: int = REPEATS) -> list[dict[str, Any]]:
-    rows = read_jsonl(out)
-    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
-    assert keys == [(t, k) for t in range(n) for k in range(repeats)], keys
-    assert [r["task_id"] for r in rows] == [t for t in range(n) for _ in range(repeats)]
-    return rows
 
 
 @pytest.mark.parametrize("victim", ["agents.agent", "models.policy", "resources.env"])

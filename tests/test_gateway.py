@@ -27,8 +27,7 @@ from gym_runtime.gateway import start
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.discovery import discover
 from gym_runtime.workers.runner import run_batch
-from tests.helpers import REPO, cli, read_jsonl
-from tests.test_client import ROWS, weather
+from tests.helpers import REPO, ROWS, cli, read_jsonl, weather
 
 
 def agent_url(global_cfg: dict[str, Any], name: str) -> str:

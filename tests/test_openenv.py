@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from gym_runtime.resources.openenv import action_tool
+from tests.envs.openenv_counter import CountAction
 from tests.helpers import REPO, read_jsonl, write_jsonl
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
@@ -52,9 +53,6 @@ def _emulator() -> VLLMEmulator:
 
 
 def _rows(pairs: list[tuple[int, int]], *, turns: bool = False) -> list[dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "tests" / "envs"))
-    from openenv_counter import CountAction
-
     if turns:
         return [
             {"responses_create_params": {"input": [{"role": "user", "content": f"turns {a} {b}"}]}} for a, b in pairs

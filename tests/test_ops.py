@@ -23,8 +23,7 @@ import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl
-from tests.test_faults import tasks_file, write_config
-from tests.test_recovery import _publish
+from tests.pools import publish_results, tasks_file, write_config
 
 
 def popen(*args: str) -> subprocess.Popen[str]:
@@ -169,7 +168,7 @@ def test_collect_purge_frees_the_batch_and_purge_reports_counts(nats_server: Emb
     from tests import test_recovery
 
     n = test_recovery.N_RESULTS
-    anyio.run(lambda: _publish(nats_server.url, range(n), manifest=True))
+    anyio.run(lambda: publish_results(nats_server.url, range(n), manifest=True))
     out = tmp_path / "out.jsonl"
     first = cli("collect", "--batch", "long", "--nats", nats_server.url, "-o", str(out), "--no-progress", timeout=120)
     assert first.returncode == 0, first.stderr
@@ -200,7 +199,7 @@ def test_collect_purge_frees_the_batch_and_purge_reports_counts(nats_server: Emb
         timeout=60,
     )
     assert gone.returncode == 2 and "no batch 'long'" in gone.stderr
-    anyio.run(lambda: _publish(nats_server.url, range(n, n + 5), manifest=True))  # new ids: no dedupe
+    anyio.run(lambda: publish_results(nats_server.url, range(n, n + 5), manifest=True))  # new ids: no dedupe
     res = cli("purge", "--batch", "long", "--nats", nats_server.url, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "batch long: purged 5 results"
     assert len(read_jsonl(out)) == n

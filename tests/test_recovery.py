@@ -16,48 +16,18 @@ from pathlib import Path
 
 import anyio
 
-from gym_runtime.data.batches import Manifest, put_manifest
-from gym_runtime.messages import RolloutResult
-from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_subject
 from tests.helpers import REPO, cli, read_jsonl
-from tests.test_faults import Pool, publish, results_stored, tasks_file, wait_until, write_config
-
-N_RESULTS = 3000
-
-
-def result(i: int) -> RolloutResult:
-    return RolloutResult(
-        batch="long",
-        task_index=i,
-        rollout_index=0,
-        agent="agent",
-        row={"task_id": i, "reward": 1.0, "_ng_task_index": i, "_ng_rollout_index": 0},
-    )
-
-
-async def _publish(url: str, indexes: range, *, every_s: float = 0.0, manifest: bool = False) -> None:
-    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-results")
-    try:
-        if manifest:
-            await ensure_streams(bus)
-            await put_manifest(
-                bus,
-                Manifest(
-                    batch="long", expected=N_RESULTS, tasks=N_RESULTS, repeats=1, agents={"agent": N_RESULTS}, input="-"
-                ),
-            )
-        async with anyio.create_task_group() as tg:
-            for i in indexes:
-                tg.start_soon(
-                    lambda i=i: bus.js_publish(result_subject(bus.ns, "agent", "long"), result(i), msg_id=f"long:{i}:0")
-                )
-                if every_s:
-                    await anyio.sleep(every_s)
-    finally:
-        await bus.close()
+from tests.pools import (
+    N_RESULTS,
+    Pool,
+    publish,
+    publish_results,
+    results_stored,
+    tasks_file,
+    wait_until,
+    write_config,
+)
 
 
 def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_path: Path) -> None:
@@ -66,7 +36,7 @@ def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_p
     out = tmp_path / "out.jsonl"
     collector = None
     try:
-        anyio.run(lambda: _publish(srv.url, range(100), manifest=True))
+        anyio.run(lambda: publish_results(srv.url, range(100), manifest=True))
         collector = subprocess.Popen(
             [
                 sys.executable,
@@ -91,10 +61,10 @@ def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_p
         time.sleep(0.5)
         srv.start()  # same port, same store; the collector reconnects
         # a trickle keeps answers arriving (this used to pin the lost credits for good) ...
-        anyio.run(lambda: _publish(srv.url, range(100, 130), every_s=0.2))
+        anyio.run(lambda: publish_results(srv.url, range(100, 130), every_s=0.2))
         # ... then the bulk of the batch lands at once
         t0 = time.monotonic()
-        anyio.run(lambda: _publish(srv.url, range(130, N_RESULTS)))
+        anyio.run(lambda: publish_results(srv.url, range(130, N_RESULTS)))
         stdout, stderr = collector.communicate(timeout=60)
         took = time.monotonic() - t0
         assert collector.returncode == 0, stderr[-2000:]

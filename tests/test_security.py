@@ -16,14 +16,13 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import free_port
 from gym_runtime.ops.secrets import check_argv_secret
 from gym_runtime.ops.security import ROLES, ensure_auth_dir, unnamed
 from gym_runtime.transport.bus import Bus
@@ -33,38 +32,6 @@ from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
 JUDGE_DATA = REPO / "resources/equivalence_llm_judge/data/example.jsonl"
-
-
-@pytest.fixture
-def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
-    auth = tmp_path / "auth"
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
-    srv.start()
-    try:
-        yield srv, auth
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-async def buses(secured: tuple[EmbeddedServer, Path]) -> AsyncIterator[dict[str, Bus]]:
-    srv, auth = secured
-    out: dict[str, Bus] = {}
-    try:
-        for role in ROLES:
-            out[role] = await Bus.connect(
-                srv.url,
-                namespace="gym",
-                telemetry=Telemetry(),
-                name=f"t-{role}",
-                auth=ClientAuth(auth),
-                role=role,
-                initial_timeout=5,
-            )
-        yield out
-    finally:
-        for b in out.values():
-            await b.close()
 
 
 def node_dir(src: Path, dst: Path, *roles: str) -> Path:

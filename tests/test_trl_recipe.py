@@ -11,8 +11,8 @@ import msgspec
 
 from gym_runtime import SyncClient
 from gym_runtime.model import model_config
+from tests.helpers import ROWS, weather
 from tests.stub_openai import StubOpenAI, VLLMEmulator
-from tests.test_client import ROWS, weather
 
 
 def trl_sequences(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

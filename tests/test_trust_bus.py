@@ -42,7 +42,6 @@ from gym_runtime.transport.jetstream import ensure_streams, stream_names
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl
-from tests.test_security import buses, secured  # noqa: F401  (fixtures: a secured server, one bus per role)
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -61,7 +60,7 @@ async def _replies(bus: Bus, subject: str, body: bytes) -> list[bytes]:
     return got
 
 
-async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict[str, Bus], tmp_path: Path) -> None:  # noqa: F811
+async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict[str, Bus], tmp_path: Path) -> None:
     agent, admin, model = buses["agent"], buses["admin"], buses["model"]
     big = {"reward": 0.0, "notes": MARKER + "x" * (agent.blob_threshold + 1000)}
     genuine = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row=big)
@@ -241,7 +240,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
 # ------------------------------------------------------------------------------- nothing hangs
 
 
-async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:  # noqa: F811
+async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:
     """Another publisher deletes a running collector's reader: the collector recreates it and finishes."""
     agent, thief = buses["agent"], buses["publisher"]
     results = stream_names("gym")["result"]

@@ -23,8 +23,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import LocalCluster  # noqa: E402
-from tests.test_cluster import start_worker, stop, tasks_file, write_config  # noqa: E402
+from tests.cluster import (
+    LocalCluster,  # noqa: E402
+    start_worker,
+    stop,
+    tasks_file,
+    write_config,
+)
 
 
 def results(c: LocalCluster) -> int:

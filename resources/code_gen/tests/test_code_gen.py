@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from gym_runtime.config import load_config
-from gym_runtime.messages import Response
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
+from gym_runtime.resources.code_gen.tests.programs import ADD, ADD_OK, FAST, fenced, session, stdio_task, still_works
 from gym_runtime.sandbox.runner import (
     Layers,
     Limits,
@@ -45,39 +45,12 @@ SECRET = "gym-test-secret-7f3a9c"
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
 
-def fenced(code: str) -> Response:
-    return text_response(f"Here you go.\n\n```python\n{code}\n```\n")
-
-
 def stable(fields: dict[str, Any]) -> dict[str, Any]:
     out = dict(fields)
     out.pop("unit_tests_time_taken", None)
     if isinstance(out.get("metadata"), dict):
         out["metadata"] = {k: v for k, v in out["metadata"].items() if k not in VOLATILE_METADATA}
     return out
-
-
-async def session(**options: Any) -> CodeGen:
-    await CodeGen.setup(options)
-    return CodeGen()
-
-
-def stdio_task(inputs: list[str], outputs: list[str]) -> dict[str, Any]:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": "solve"}]},
-        "verifier_metadata": {"unit_tests": {"inputs": inputs, "outputs": outputs, "fn_name": None}},
-    }
-
-
-ADD = stdio_task(["1 2\n", "10 -3\n"], ["3\n", "7\n"])
-ADD_OK = "a, b = map(int, input().split())\nprint(a + b)"
-FAST = {"unit_test_timeout_secs": 0.5, "wall_time_s": 3, "memory_mb": 1024, "max_parallel": 2}
-
-
-async def still_works(env: CodeGen) -> None:
-    """The worker survived: the next verify runs and grades a correct program."""
-    out = await env.verify(ADD, fenced(ADD_OK))
-    assert out.reward == 1.0 and out.fields["result"] == [True, True]
 
 
 def no_sandbox_left(before: set[str]) -> None:
