@@ -137,7 +137,9 @@ class Gateway:
                 raise web.HTTPNotFound(
                     text=_enc.encode(
                         {
-                            "detail": f"agent_ref.name {name!r} is not an agent of this gateway ({', '.join(self.agents)})"
+                            "detail": (
+                                f"agent_ref.name {name!r} is not an agent of this gateway ({', '.join(self.agents)})"
+                            )
                         }
                     ).decode(),
                     content_type="application/json",

@@ -15,7 +15,7 @@ wire are ignored so newer senders do not break older receivers.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
@@ -76,7 +76,7 @@ class Reasoning(_Item, tag="reasoning"):
     policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
+Item = Message | FunctionCall | FunctionCallOutput | Reasoning
 KNOWN_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
@@ -405,25 +405,25 @@ class CancelBatch(_Msg, tag="ctl.cancel.v1"):
     batch: str
 
 
-Envelope = Union[
-    RolloutTask,
-    RolloutResult,
-    ModelRequest,
-    ModelResponse,
-    SeedRequest,
-    SeedReply,
-    ToolCall,
-    ToolReply,
-    VerifyRequest,
-    VerifyReply,
-    CloseSession,
-    ErrorReply,
-    PolicyVersion,
-    PauseModel,
-    ResumeModel,
-    PauseAck,
-    CancelBatch,
-]
+Envelope = (
+    RolloutTask
+    | RolloutResult
+    | ModelRequest
+    | ModelResponse
+    | SeedRequest
+    | SeedReply
+    | ToolCall
+    | ToolReply
+    | VerifyRequest
+    | VerifyReply
+    | CloseSession
+    | ErrorReply
+    | PolicyVersion
+    | PauseModel
+    | ResumeModel
+    | PauseAck
+    | CancelBatch
+)
 
 __all__ = [
     "CloseSession",

@@ -88,7 +88,8 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         (("adapter: openai", "adapter: scripted"), "models.policy.base_url: unknown key"),
         (
             ("adapter: openai", "adapter: nope"),
-            "models.policy.adapter: no such adapter module 'nope' (bundled: openai, replay, scripted, vllm, vllm_engine",
+            "models.policy.adapter: no such adapter module 'nope' "
+            "(bundled: openai, replay, scripted, vllm, vllm_engine",
         ),
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
     ],
@@ -125,7 +126,8 @@ def test_vllm_engine_options_validate_without_vllm_installed(tmp_path: Path) -> 
         "import sys; sys.modules['vllm'] = None\n"  # any `import vllm` now fails
         "from gym_runtime.config import load_config\n"
         f"m = load_config({str(cfg)!r}).models['policy']\n"
-        "print(type(m.options).__module__, m.options.engine_args['max_model_len'], 'vllm' in sys.modules and sys.modules['vllm'] is not None)"
+        "print(type(m.options).__module__, m.options.engine_args['max_model_len'],"
+        " 'vllm' in sys.modules and sys.modules['vllm'] is not None)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr

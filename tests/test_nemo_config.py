@@ -137,7 +137,8 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     )
     assert policy.options.api_key == "sk-secret-123"
     assert "sk-secret-123" not in json.dumps(redact(cfg))
-    # End to end: rows of two environments routed by their NeMo Gym agent_ref, the policy swapped for the scripted model.
+    # End to end: rows of two environments routed by their NeMo Gym agent_ref, the policy swapped for the
+    # scripted model.
     rows = []
     for server in ("mcqa", "example_single_tool_call"):
         for row in read_jsonl(COMPAT / server / "example.jsonl")[:2]:

@@ -59,7 +59,8 @@ async def run(ctx: AgentContext) -> Outcome:
             if not calls:
                 break
             for c in calls:
-                outputs.append(FunctionCallOutput(call_id=c.call_id, output=(await session.call(c.name, c.arguments)).output))
+                reply = await session.call(c.name, c.arguments)
+                outputs.append(FunctionCallOutput(call_id=c.call_id, output=reply.output))
         response = msgspec.structs.replace(resp, output=outputs)
         return Outcome(response=response, verdict=await session.verify(ctx.row, response))
 '''

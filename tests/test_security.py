@@ -240,7 +240,8 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_secured_batch_across_nodes_with_judge_big_body_status_and_reverify(tmp_path: Path) -> None:
-    """The secured walkthrough of docs/security.md: server, workers, publisher and re-verifier each with their own files."""
+    """The secured walkthrough of docs/security.md: server, workers, publisher and re-verifier each with
+    their own files."""
     auth = tmp_path / "auth"
     server, url = _start_server(tmp_path, auth, "--max-payload", "1MB")
     workers_node = node_dir(auth, tmp_path / "workers-node", "agent", "model", "resource")

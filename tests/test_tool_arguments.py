@@ -35,8 +35,8 @@ class Lenient(Resource):
         days: int = 1,
         metric: bool = False,
         scale: float = 1.0,
-        tags: list[str] = [],
-        note: str | None = None,  # noqa: B006 - a default the schema shows
+        tags: list[str] = [],  # noqa: B006 - a default the schema shows
+        note: str | None = None,
     ) -> dict[str, Any]:
         return {"city": city, "days": days, "metric": metric, "scale": scale, "tags": tags, "note": note}
 
@@ -49,8 +49,8 @@ class Strict(Resource):
         days: int = 1,
         metric: bool = False,
         scale: float = 1.0,
-        tags: list[str] = [],
-        note: str | None = None,  # noqa: B006
+        tags: list[str] = [],  # noqa: B006 - a default the schema shows
+        note: str | None = None,
     ) -> dict[str, Any]:
         return {"city": city, "days": days, "metric": metric, "scale": scale, "tags": tags, "note": note}
 

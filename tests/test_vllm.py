@@ -769,7 +769,8 @@ async def test_vllm_engine_on_cpu_that_cannot_start_says_what_to_set(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Asking for 99% of the node's memory: vLLM's worker refuses; the adapter's error is one line naming the options."""
+    """Asking for 99% of the node's memory: vLLM's worker refuses; the adapter's error is one line naming
+    the options."""
     for module in ("vllm", "transformers", "tokenizers"):
         need(module)
     from gym_runtime.models.vllm_cpu import KV_CACHE_ENV

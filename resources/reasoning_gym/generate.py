@@ -1,6 +1,7 @@
 """Write NeMo Gym-format task rows for any reasoning-gym task.
 
-    python -m gym_runtime.resources.reasoning_gym.generate --task knights_knaves --size 500 --seed 42 -o data/train.jsonl
+    python -m gym_runtime.resources.reasoning_gym.generate --task knights_knaves --size 500 --seed 42 \
+        -o data/train.jsonl
     python -m gym_runtime.resources.reasoning_gym.generate --task chain_sum --size 10 --config '{"min_terms": 3}'
     python -m gym_runtime.resources.reasoning_gym.generate --list
 

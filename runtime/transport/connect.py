@@ -115,11 +115,15 @@ def _reason(e: BaseException, *, secured: bool = True) -> str:
     if not secured and (isinstance(e, ssl.SSLError) or "tls" in str(e).lower()):
         return "the server requires TLS and credentials (`server --secure`): pass --auth-dir DIR or set GYM_AUTH_DIR"
     if isinstance(e, ssl.SSLCertVerificationError):
-        return f"TLS: the server's certificate is not signed by our CA ({e.verify_message}; is --auth-dir's ca.pem this cluster's?)"
+        return (
+            f"TLS: the server's certificate is not signed by our CA ({e.verify_message}; "
+            "is --auth-dir's ca.pem this cluster's?)"
+        )
     text = str(e).strip().strip("'\"") or type(e).__name__
     low = text.lower()
     if "authorization" in low or "authentication" in low:
-        return f"{text.removeprefix('nats: ').strip(chr(39))} (wrong or missing credentials: check --auth-dir / GYM_AUTH_DIR)"
+        said = text.removeprefix("nats: ").strip(chr(39))
+        return f"{said} (wrong or missing credentials: check --auth-dir / GYM_AUTH_DIR)"
     if isinstance(e, ssl.SSLError) or "tls" in low or "ssl" in low or "certificate" in low:
         return f"TLS handshake failed: {text} (is it a `server --secure` server? --auth-dir needs one)"
     return text

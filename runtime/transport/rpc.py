@@ -105,7 +105,9 @@ class _Pending:
                     Failure(
                         ErrorInfo(
                             error_class="worker_lost",
-                            message=f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)",
+                            message=(
+                                f"the worker serving {self._subject} stopped answering ({idle:.0f}s without progress)"
+                            ),
                             retryable=True,
                         )
                     )

@@ -121,7 +121,7 @@ def bench_a(url: str, tmp: Path) -> None:
     print(f"{'model replicas':>14} | {'rollouts/s':>10} | {'ideal':>6}")
     for k in (1, 2, 4):
         n = 160 * k
-        r = run_async(lambda: batch_with_models(url, tmp, n, [0.05] * k))
+        r = run_async(lambda n=n, k=k: batch_with_models(url, tmp, n, [0.05] * k))
         ideal = k * MODEL_SLOTS / 0.05 / 2
         print(f"{k:>14} | {r['rps']:>10.1f} | {ideal:>6.0f}")
 

@@ -96,7 +96,7 @@ def main() -> None:
                 )
                 assert pool.stdout is not None and "ready" in pool.stdout.readline()
 
-                async def go(ns: str = ns, env: str = env) -> float:
+                async def go(ns: str = ns, env: str = env, src: Path = src, tasks: Path | None = tasks) -> float:
                     bus = await Bus.connect(srv.url, namespace=ns, telemetry=Telemetry(), name="bench")
                     # warm-up: process pools start and import their libraries on first use
                     await reverify_file(bus, env, src, tmp / "warm.jsonl", tasks=tasks, in_flight=8)
