@@ -8,7 +8,7 @@ the arithmetic at the end (medians, the combinatorial pass@k estimator, majority
 called any number of times.
 
 Layout (NeMo Gym's, from ``RolloutCollectionHelper._call_aggregate_metrics``): a JSON **list** with one
-entry per agent, sorted by agent name (numbers: the 2 tasks x 4 rollouts of ``tests/test_metrics.py``)::
+entry per agent, sorted by agent name (numbers: the 2 tasks x 4 rollouts of ``tests/test_aggregate.py``)::
 
     [
       {

@@ -1,4 +1,4 @@
-"""A small environment written against OpenEnv's ``Environment`` API, for tests/test_openenv.py.
+"""A small environment written against OpenEnv's ``Environment`` API, for tests/e2e/test_openenv.py.
 
 Two steps add to a running total; the second step ends the episode and pays 1.0 for a total
 of exactly 5, 0.5 for one off, else 0.0 (the reward depends on the state across steps).

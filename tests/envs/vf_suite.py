@@ -1,4 +1,4 @@
-"""verifiers environments written against verifiers' public API (0.3.x), for tests/test_verifiers.py.
+"""verifiers environments written against verifiers' public API (0.3.x), for tests/e2e/test_verifiers.py.
 
 ``vf.load_environment("tests.envs.vf_suite", kind=...)`` picks one: ``single`` (a
 single-turn env with a rubric), ``tool`` (a ToolEnv), ``multi`` (a MultiTurnEnv whose

@@ -451,7 +451,7 @@ def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(tmp_path: Pat
         done = cli("status", "--nats", nats_server.url, "--batch", "m1", "--json")
         snap = json.loads(done.stdout)
         assert (snap["done"], snap["failed"], snap["pending"]) == (12, 3, 0)
-        # (--watch runs until interrupted, a finished batch too: tests/test_rough_edges.py)
+        # (--watch runs until interrupted, a finished batch too: tests/e2e/test_new_user_edges.py)
         watched = cli("status", "--nats", nats_server.url, "--batch", "m1")
         assert watched.returncode == 0
         assert watched.stdout.strip().splitlines()[-1].startswith("batch m1: 12/12 done (100%), 3 failed, 0 pending")
