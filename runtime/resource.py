@@ -257,6 +257,11 @@ class Resource:
     async def setup(cls, options: dict[str, Any]) -> None:
         cls.options = options
 
+    @classmethod
+    async def teardown(cls) -> None:
+        """Once per worker process, when it stops (after its sessions are closed)."""
+        return
+
     async def seed(self, task: dict[str, Any]) -> None:
         return None
 
@@ -302,6 +307,20 @@ def load_resource_class(module_path: str, where: str) -> type[Resource]:
     """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
     error: one line) that starts with ``where``, the config key that names it."""
     return find_resource_class(load_plugin("resource", module_path, where, hint=_bundled_hint(module_path)))
+
+
+class HostedStandIn(Resource):
+    """A hosted NeMo Gym server (``resources.NAME.nemo_gym``) where its code is not loaded (publishing,
+    validating rows): the server's own request models check rows when its workers take them."""
+
+    row_tools = "any"
+
+
+def config_resource_class(rcfg: Any, where: str) -> type[Resource]:
+    """The Resource class a ``resources`` entry names, for checks outside its workers."""
+    if getattr(rcfg, "nemo_gym", ""):
+        return HostedStandIn
+    return load_resource_class(rcfg.server, where)
 
 
 def check_requires(cls: type[Resource], where: str) -> None:

@@ -40,6 +40,8 @@ from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 from gym_runtime.ops.nats_server import free_port
 from gym_runtime.plugins import example_input
+from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
+from gym_runtime.hosting.env import ensure as hosted_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -160,6 +162,40 @@ def worker_processes(
         raise RuntimeError(str(e)) from None
 
 
+def _passthrough(args: argparse.Namespace, cfg: Any, auth: Any) -> list[str]:
+    passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
+    if args.concurrency:
+        passthrough += [x for a in cfg.agents for x in ("--set", f"agents.{a}.concurrency={args.concurrency}")]
+    if args.trace_file:
+        passthrough += ["--trace-file", args.trace_file]
+    if auth is not None:  # a path, never a secret
+        passthrough += ["--auth-dir", str(auth.auth_dir)]
+    return passthrough
+
+
+@contextlib.contextmanager
+def hosted_processes(
+    args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any, hosted: dict[str, HostedEnv]
+) -> Iterator[None]:
+    """One ``start --in-process --only resources.NAME`` child per hosted resource, on its environment's Python."""
+    from gym_runtime.cli._common import config_path
+    from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
+
+    configs = [str(config_path(c)) for c in args.config]
+    child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
+    children = []
+    for name, env in hosted.items():
+        argv = role_argv(configs, child_url, [f"resources.{name}"], _passthrough(args, cfg, auth))
+        children.append(Child(f"resources.{name}", [env.python, *argv[1:]], env={HOSTED_ENV: env.prefix}))
+    try:
+        with RoleProcesses(children):
+            yield
+    except NotStarted as e:
+        if e.code == 2:  # the child said what is wrong, in one line
+            raise SystemExit(2) from None
+        raise RuntimeError(str(e)) from None
+
+
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
     from gym_runtime.workers.runner import run_async, run_batch
@@ -177,17 +213,21 @@ def main(args: argparse.Namespace) -> int:
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
     # and what `validate` checks against each environment (task fields, tools): the same rows pass both
     check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
-    groups = worker_groups(args, cfg, plan.count * args.repeats)
+    # hosted NeMo Gym servers: their environments built (or found) now; their workers run in child processes
+    # on those environments' interpreters, the other workers in this process
+    hosted = {n: hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted}
+    groups = None if hosted else worker_groups(args, cfg, plan.count * args.repeats)
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
     tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)
-            if groups:
+            if groups or hosted:
                 run_async(lambda: server_answers(url, cfg, auth))
             with (
                 worker_processes(args, cfg, url, auth, groups, child_ports) if groups else contextlib.nullcontext(),
+                hosted_processes(args, cfg, url, auth, hosted) if hosted else contextlib.nullcontext(),
                 progress.Tracker("run", progress.options_from(args)) as tracker,
             ):
                 result = run_async(
@@ -206,6 +246,7 @@ def main(args: argparse.Namespace) -> int:
                         auth=auth,
                         start_local_workers=groups is None,
                         plan=plan,
+                        elsewhere=frozenset(("resources", n) for n in hosted),
                     )
                 )
     finally:

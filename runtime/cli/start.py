@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 
 from gym_runtime.cli._common import (
     EXIT_INTERRUPTED,
@@ -17,6 +18,8 @@ from gym_runtime.cli._common import (
     positive_int,
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
+from gym_runtime.hosting.env import HOSTED_ENV, in_hosted_env
+from gym_runtime.hosting.env import ensure as hosted_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +59,19 @@ def main(args: argparse.Namespace) -> int:
         for r, n in pairs:
             if auth.pool_creds(BUS_ROLE[r], n) is None:  # an entry's pool credential, else the role's
                 auth.creds(BUS_ROLE[r])
-    if args.in_process or sum(replicas.values()) == 1:
+    # hosted NeMo Gym servers run in their built environments: built (or found) now, before any worker starts
+    here = in_hosted_env()
+    hosted = (
+        {}
+        if here
+        else {
+            n: hosted_env(cfg.resources[n].nemo_gym) for r, n in pairs if r == "resources" and cfg.resources[n].hosted
+        }
+    )
+    if (args.in_process or sum(replicas.values()) == 1) and not hosted:
+        ready_out = sys.stdout
+        if here:  # hosted server code prints freely: only our ready line goes to the supervisor's pipe
+            sys.stdout = sys.stderr
         telemetry = make_telemetry(args, role_of(pairs))
         try:
             stopped_by = run_async(
@@ -66,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
                     only=args.only,
                     telemetry=telemetry,
                     replicas=args.replicas,
-                    ready=lambda: print("workers ready", flush=True),
+                    ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
                 )
             )
@@ -95,5 +110,7 @@ def main(args: argparse.Namespace) -> int:
             if args.metrics_port is None
             else ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
         )
-        children.append(Child(spec, child_argv(args.config, child_url, spec, passthrough + metrics)))
+        env = hosted.get(spec.split(".", 1)[1]) if spec.startswith("resources.") else None
+        argv = child_argv(args.config, child_url, spec, passthrough + metrics, env.python if env else None)
+        children.append(Child(spec, argv, env={HOSTED_ENV: env.prefix} if env else None))
     return run_pool(children)

@@ -30,7 +30,11 @@ from gym_runtime.plugins import load_plugin, use_config_dir
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    server: str  # module path that defines one Resource subclass
+    server: str = ""  # module path that defines one Resource subclass
+    # Hosted instead of native: a NeMo Gym resources server (a catalogue name such as ``mcqa``, or
+    # a server directory of a NeMo Gym checkout) whose own code runs in this resource's workers,
+    # in its built environment (gym_runtime.hosting); ``options`` are that server's config fields.
+    nemo_gym: str = ""
     replicas: int = 1
     concurrency: int = 1024
     session_ttl_s: float = 3600.0
@@ -38,6 +42,14 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # pile up sessions for an hour)
     max_sessions: int = 20_000
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bool(self.server) == bool(self.nemo_gym):
+            raise ValueError("give exactly one of server (a gym-runtime Resource module) or nemo_gym (a hosted server)")
+
+    @property
+    def hosted(self) -> bool:
+        return bool(self.nemo_gym)
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -22,7 +22,7 @@ from gym_runtime.config import Config
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
 from gym_runtime.errors import InputError, UserError
 from gym_runtime.messages import ItemError, create_params
-from gym_runtime.resource import Resource, load_resource_class
+from gym_runtime.resource import Resource, config_resource_class
 
 AGENT_REF_TYPE = "responses_api_agents"  # NeMo Gym's agent_ref.type
 
@@ -71,9 +71,7 @@ class TaskChecker:
                 self.classes[name] = None
                 continue
             try:
-                self.classes[name] = load_resource_class(
-                    cfg.resources[a.resource].server, f"resources.{a.resource}.server"
-                )
+                self.classes[name] = config_resource_class(cfg.resources[a.resource], f"resources.{a.resource}.server")
             except ValueError:
                 if not importable_only:
                     raise

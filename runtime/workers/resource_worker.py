@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -19,6 +20,7 @@ import msgspec
 
 from gym_runtime.config import ResourceConfig
 from gym_runtime.errors import Failure
+from gym_runtime.hosting.host import hosted_class
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
@@ -72,13 +74,16 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
 
 
 class ResourceWorker:
-    def __init__(self, bus: Bus, name: str, cfg: ResourceConfig) -> None:
+    def __init__(self, bus: Bus, name: str, cfg: ResourceConfig, model_names: Iterable[str] = ()) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg
         where = f"resources.{name}.server"
-        self.cls = load_resource_class(cfg.server, where)
-        check_requires(self.cls, where)
+        if cfg.hosted:  # NeMo Gym's own server code, in this worker's built environment
+            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names))
+        else:
+            self.cls = load_resource_class(cfg.server, where)
+            check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subject("res", name, self.worker_id)
         self.sessions: dict[str, tuple[Resource, float]] = {}
@@ -125,6 +130,7 @@ class ResourceWorker:
                     for inst, _ in list(self.sessions.values()):
                         await inst.close()
                     self.sessions.clear()
+                    await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "seeded": self.seeded}

@@ -184,7 +184,7 @@ def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) 
         return [ModelWorker(bus, name, cfg, base_dir=config.base_dir) for _ in range(replicas or cfg.replicas)]
     if role == "resources":
         rcfg = config.resources[name]
-        return [ResourceWorker(bus, name, rcfg) for _ in range(replicas or rcfg.replicas)]
+        return [ResourceWorker(bus, name, rcfg, config.models) for _ in range(replicas or rcfg.replicas)]
     acfg = config.agents[name]
     return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
 
@@ -207,7 +207,7 @@ def check_resources(config: Config, pairs: list[tuple[str, str]]) -> None:
     """What can be known without the server, said before waiting for it: a resource module that does not
     import (a typo) or lacks its verifier package would otherwise say nothing until the server answers."""
     for role, name in pairs:
-        if role == "resources":
+        if role == "resources" and not config.resources[name].hosted:  # a hosted one: its environment's check
             where = f"resources.{name}.server"
             check_requires(load_resource_class(config.resources[name].server, where), where)
 
@@ -375,10 +375,12 @@ async def run_batch(
     start_local_workers: bool = True,
     auth: Any = None,
     plan: Plan | None = None,
+    elsewhere: frozenset[tuple[str, str]] = frozenset(),
 ) -> RunResult:
     """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
 
-    ``plan``: the input already validated (``inputs.validate``) with these arguments."""
+    ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
+    (role, name) workers that run in child processes of their own (hosted NeMo Gym servers)."""
     t0 = time.perf_counter()
     if not config.agents:
         raise UserError("the config names no agents")
@@ -386,7 +388,7 @@ async def run_batch(
     plan = plan or validate(input_path, list(config.agents), agent=agent, limit=limit)
     expected = plan.count * repeats
     batch = batch or uuid.uuid4().hex[:12]
-    pairs = selected(config, None) if start_local_workers else []
+    pairs = [p for p in selected(config, None) if p not in elsewhere] if start_local_workers else []
     buses = await open_buses(
         url,
         ["publisher", *(pool_key(r, n) for r, n in pairs)],

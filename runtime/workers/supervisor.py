@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ class Child:
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
     ready: bool = False  # its first line said ready (see watch_ready)
+    env: dict[str, str] | None = None  # added to the inherited environment (a hosted worker's layer)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -53,6 +55,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
+            env=None if self.env is None else {**os.environ, **self.env},
             preexec_fn=_term_with_parent if sys.platform.startswith("linux") else None,
         )
         self.started_at = time.monotonic()
@@ -73,12 +76,16 @@ class Child:
         return done
 
 
-def child_argv(config: str | list[str], url: str | None, spec: str, passthrough: list[str]) -> list[str]:
-    """A worker child's command line: no secrets here (``ps`` shows it); ``url=None``: the config's."""
+def child_argv(
+    config: str | list[str], url: str | None, spec: str, passthrough: list[str], python: str | None = None
+) -> list[str]:
+    """A worker child's command line: no secrets here (``ps`` shows it); ``url=None``: the config's.
+
+    ``python``: the interpreter (a hosted NeMo Gym server's built environment; default this one)."""
     configs = [config] if isinstance(config, str) else list(config)
     nats = ["--nats", url] if url else []
     return [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "gym_runtime.cli",
         "start",

@@ -1,0 +1,11 @@
+"""Hosting NeMo Gym's own resources servers, unchanged, in gym-runtime resource workers.
+
+``env``: the environment a server runs in (a Python >= 3.13 venv with nemo-gym, the
+server's requirements and gym-runtime), built once and cached by content hash.
+``host``: the server's FastAPI app driven in process (``httpx.ASGITransport``, no
+port) behind our ``Resource`` protocol; imported only inside that environment.
+``parity``: replays a server's recorded rollouts and compares rewards and tool outputs.
+
+A config chooses hosting with one key, ``resources.NAME.nemo_gym: SERVER`` (instead
+of ``server:``); see ``docs`` in the README.
+"""

@@ -1,0 +1,350 @@
+"""The environment a hosted NeMo Gym resources server runs in: built once, cached by content hash.
+
+NeMo Gym builds one venv per server (``uv venv`` + its ``requirements.txt``, whose
+first line installs the Gym repository itself). Here the environments are layered so
+that 80 servers do not mean 80 copies of ray:
+
+* **base** (``base-<hash>``): a venv on a Python >= 3.13 interpreter with nemo-gym
+  (pinned version) and gym-runtime's own dependencies. Shared by every server. Key:
+  the interpreter's version and path, the nemo-gym version, our dependency list.
+* **server layer** (``env-<hash>``): a pip-less venv on the same interpreter whose
+  ``site-packages`` adds the base's (a ``.pth`` line), holding only what the server
+  needs beyond the base (requirements the base does not satisfy) and gym-runtime itself
+  (editable, from this repository). Key: the base key, those extra requirements and the
+  repository path, so servers whose requirements the base satisfies share one layer, and
+  two servers with conflicting pins get separate layers.
+
+A build is resumable (each step leaves a marker; an interrupted build continues where it
+stopped), locked against concurrent builders, and logged (``build.log`` in the layer,
+progress lines on stderr). Requirements that cannot be installed here (git sources,
+options pip cannot take from a requirements file) are an ``EnvError``: one line naming them.
+
+Everything here is standard library: the publisher side never needs the hosted packages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+NEMO_GYM_VERSION = "0.7.0"
+MIN_PYTHON = (3, 13)
+PYTHON_ENV = "GYM_NEMO_PYTHON"  # the interpreter to build on (else one is searched for)
+CACHE_ENV = "GYM_ENV_CACHE"  # where environments are kept (default ~/.cache/gym-runtime/envs)
+VERSION_ENV = "GYM_NEMO_GYM_VERSION"  # the nemo-gym version to install (default NEMO_GYM_VERSION)
+HOSTED_ENV = "GYM_NEMO_ENV"  # set for a hosted worker child: the layer it runs in
+_NEMO_LINE = re.compile(r"^-e\s+nemo-gym(\[[^\]]*\])?\s*@\s*\S+$|^nemo-gym(\[[^\]]*\])?\s*@\s*(\.\./|file:)")
+_GIT = re.compile(r"git\+|\.git(@|$)|@\s*git")
+
+Log = Callable[[str], None]
+
+
+class EnvError(ValueError):
+    """An environment that cannot be built here; the message is one line naming what is missing."""
+
+
+@dataclass(frozen=True)
+class HostedEnv:
+    """A built environment: its interpreter, the server's directory, the layers and their size."""
+
+    server: str
+    python: str  # the server layer's interpreter
+    prefix: str  # the server layer (sys.prefix of a worker running in it)
+    base: str
+    server_dir: str
+    extras: tuple[str, ...]  # requirements installed in the server layer beyond the base
+    built_s: float  # time spent building now (0.0: everything was cached)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gym-runtime" / "envs")
+
+
+def nemo_gym_version() -> str:
+    return os.environ.get(VERSION_ENV) or NEMO_GYM_VERSION
+
+
+def repo_root() -> Path:
+    """This gym-runtime's source tree (the editable install's target); hosting needs one."""
+    here = Path(__file__).resolve().parents[2]
+    if not (here / "pyproject.toml").is_file() or not (here / "runtime").is_dir():
+        raise EnvError(f"hosting NeMo Gym servers needs gym-runtime installed from its source tree; {here} is not one")
+    return here
+
+
+def runtime_dependencies(repo: Path) -> list[str]:
+    """gym-runtime's core dependencies, as its pyproject.toml names them (the base installs these)."""
+    data = tomllib.loads((repo / "pyproject.toml").read_text())
+    return list(data["project"]["dependencies"])
+
+
+def _python_version(python: str) -> tuple[int, ...] | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(*sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return tuple(int(x) for x in out.split())
+
+
+def find_python(configured: str | None = None) -> str:
+    """A Python >= 3.13 interpreter: ``configured`` / ``$GYM_NEMO_PYTHON``, else one on PATH or under pyenv."""
+    want = configured or os.environ.get(PYTHON_ENV)
+    if want:
+        version = _python_version(want)
+        if version is None:
+            raise EnvError(f"{want}: not a Python interpreter (from --python or ${PYTHON_ENV})")
+        if version < MIN_PYTHON:
+            raise EnvError(f"{want} is Python {'.'.join(map(str, version))}; nemo-gym needs Python >= 3.13")
+        return str(Path(want).absolute())
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(20, MIN_PYTHON[1] - 1, -1)]
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if pyenv.is_dir():
+        candidates += [str(p / "bin" / "python") for p in sorted(pyenv.iterdir(), reverse=True)]
+    for c in candidates:
+        if c and Path(c).is_file() and (v := _python_version(c)) is not None and v >= MIN_PYTHON:
+            return c
+    raise EnvError(f"no Python >= 3.13 found for NeMo Gym servers (nemo-gym needs it); set ${PYTHON_ENV} or --python")
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder per layer at a time (another process waits, then finds the layer built)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _site_packages(prefix: Path) -> Path:
+    found = sorted((prefix / "lib").glob("python3.*/site-packages"))
+    if not found:
+        raise EnvError(f"{prefix}: no site-packages (a broken environment; delete it to rebuild)")
+    return found[0]
+
+
+def _pip(python: Path, args: list[str], log_path: Path, log: Log, label: str) -> None:
+    """Run pip, its output in ``log_path``; a progress line every few packages; one-line error on failure."""
+    cmd = [str(python), "-m", "pip", "install", "--progress-bar", "off", *args]
+    collected = 0
+    with open(log_path, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        last = ""
+        for line in proc.stdout:
+            out.write(line)
+            if line.startswith("Collecting "):
+                collected += 1
+                if collected % 20 == 0:
+                    log(f"{label}: {collected} packages resolved ...")
+            elif line.startswith("Installing collected packages"):
+                log(f"{label}: installing {collected} packages ...")
+            if line.strip() and not line.startswith("WARNING: Location"):
+                last = line.strip()
+        code = proc.wait()
+    if code != 0:
+        raise EnvError(f"{label}: pip install failed ({last[:200]}); see {log_path}")
+
+
+def _step(prefix: Path, name: str) -> Path:
+    return prefix / f".step-{name}"
+
+
+def build_base(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
+    """The shared layer: nemo-gym and gym-runtime's dependencies (no gym-runtime code). Returns (path, build s)."""
+    deps = sorted(runtime_dependencies(repo))
+    prefix = cache_dir() / f"base-{_key(_python_version(python), os.path.realpath(python), version, deps)}"
+    if (prefix / ".complete").is_file():
+        return prefix, 0.0
+    t0 = time.monotonic()
+    with _locked(prefix):
+        if (prefix / ".complete").is_file():
+            return prefix, 0.0
+        log(f"env: building the base layer {prefix.name} (nemo-gym=={version} + gym-runtime's dependencies)")
+        if not _step(prefix, "venv").is_file():
+            subprocess.run([python, "-m", "venv", str(prefix)], check=True, capture_output=True)
+            _step(prefix, "venv").touch()
+        py = prefix / "bin" / "python"
+        if not _step(prefix, "packages").is_file():
+            # nemo-gym's metadata asks for Python >= 3.13.14; the 3.13 line runs it (measured)
+            _pip(py, ["--ignore-requires-python", f"nemo-gym=={version}", *deps], prefix / "build.log", log, "base")
+            _step(prefix, "packages").touch()
+        (prefix / ".complete").write_text(json.dumps({"nemo_gym": version, "python": python, "deps": deps}))
+    took = time.monotonic() - t0
+    log(f"env: base layer built in {took:.0f}s ({disk_mb(prefix):.0f} MB)")
+    return prefix, took
+
+
+def servers_root(base: Path) -> Path:
+    """The installed catalogue: nemo-gym's ``resources_servers`` directory in the base layer."""
+    root = _site_packages(base) / "resources_servers"
+    if not root.is_dir():
+        raise EnvError(f"{base}: nemo-gym ships no resources_servers directory")
+    return root
+
+
+def server_dir(base: Path, server: str) -> Path:
+    """A catalogue name (``mcqa``) or a path to a server directory of a NeMo Gym checkout."""
+    path = Path(server)
+    if path.is_dir() and (path / "app.py").is_file():
+        return path.resolve()
+    if not re.fullmatch(r"[A-Za-z0-9_]+", server):
+        raise EnvError(f"{server}: not a NeMo Gym resources server (no app.py there)")
+    found = servers_root(base) / server
+    if not (found / "app.py").is_file():
+        raise EnvError(f"{server}: no such resources server in nemo-gym {nemo_gym_version()}")
+    return found
+
+
+def requirements(sdir: Path) -> list[str]:
+    """The server's requirements beyond nemo-gym itself; ``EnvError`` for ones that cannot be installed here."""
+    lines: list[str] = []
+    req = sdir / "requirements.txt"
+    if req.is_file():
+        lines = [ln.split(" #")[0].strip() for ln in req.read_text().splitlines()]
+    elif (sdir / "pyproject.toml").is_file():
+        project = tomllib.loads((sdir / "pyproject.toml").read_text())
+        lines = list(project.get("project", {}).get("dependencies", []))
+        sources = project.get("tool", {}).get("uv", {}).get("sources", {})
+        for name, src in sources.items():
+            if isinstance(src, dict) and "git" in src:
+                raise EnvError(f"{sdir.name}: needs {name} from git ({src['git']}), which cannot be installed here")
+    out: list[str] = []
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        if _NEMO_LINE.match(line) or re.match(r"^nemo-gym(\[[^\]]*\])?$", line):
+            continue  # NeMo Gym installs its own repository here; the base has the installed version
+        if _GIT.search(line):
+            raise EnvError(f"{sdir.name}: needs {line!r} (a git source), which cannot be installed here")
+        if line.startswith("-"):
+            raise EnvError(f"{sdir.name}: requirements.txt line {line!r} cannot be installed here")
+        out.append(line)
+    return out
+
+
+_CHECK = """
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+missing = []
+for line in json.loads(sys.argv[1]):
+    try:
+        req = Requirement(line)
+    except Exception:
+        missing.append(line); continue
+    if req.marker is not None and not req.marker.evaluate():
+        continue
+    try:
+        have = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        missing.append(line); continue
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        missing.append(line)
+print(json.dumps(missing))
+"""
+
+
+def unsatisfied(base: Path, reqs: list[str]) -> list[str]:
+    """The requirements the base layer does not satisfy (so the server layer installs them)."""
+    if not reqs:
+        return []
+    out = subprocess.run(
+        [str(base / "bin" / "python"), "-c", _CHECK, json.dumps(reqs)], capture_output=True, text=True, check=True
+    )
+    return sorted(json.loads(out.stdout))
+
+
+def build_server_layer(base: Path, python: str, extras: list[str], repo: Path, log: Log) -> tuple[Path, float]:
+    prefix = cache_dir() / f"env-{_key(base.name, extras, str(repo))}"
+    if (prefix / ".complete").is_file():
+        return prefix, 0.0
+    t0 = time.monotonic()
+    with _locked(prefix):
+        if (prefix / ".complete").is_file():
+            return prefix, 0.0
+        what = f" + {', '.join(extras)}" if extras else ""
+        log(f"env: building the server layer {prefix.name} (gym-runtime from {repo}{what})")
+        if not _step(prefix, "venv").is_file():
+            subprocess.run([python, "-m", "venv", "--without-pip", str(prefix)], check=True, capture_output=True)
+            # the base's packages (pip included) come after this layer's own on sys.path
+            base_site = _site_packages(base)
+            (_site_packages(prefix) / "_gym_base_layer.pth").write_text(
+                f"import site; site.addsitedir({str(base_site)!r})\n"
+            )
+            _step(prefix, "venv").touch()
+        py = prefix / "bin" / "python"
+        if extras and not _step(prefix, "extras").is_file():
+            _pip(py, ["--ignore-requires-python", *extras], prefix / "build.log", log, "server layer")
+            _step(prefix, "extras").touch()
+        if not _step(prefix, "runtime").is_file():
+            _pip(py, ["--no-deps", "-e", str(repo)], prefix / "build.log", log, "gym-runtime")
+            _step(prefix, "runtime").touch()
+        (prefix / ".complete").write_text(json.dumps({"base": base.name, "extras": extras, "repo": str(repo)}))
+    took = time.monotonic() - t0
+    log(f"env: server layer built in {took:.0f}s ({disk_mb(prefix):.1f} MB)")
+    return prefix, took
+
+
+def disk_mb(path: Path) -> float:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total / 1e6
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def ensure(server: str, *, python: str | None = None, log: Log = _stderr) -> HostedEnv:
+    """The environment of NeMo Gym server ``server``, built now if it is not cached. ``EnvError``: one line."""
+    repo = repo_root()
+    interp = find_python(python)
+    version = nemo_gym_version()
+    base, t_base = build_base(interp, version, repo, log)
+    sdir = server_dir(base, server)
+    extras = unsatisfied(base, requirements(sdir))
+    layer, t_layer = build_server_layer(base, interp, extras, repo, log)
+    return HostedEnv(
+        server=server,
+        python=str(layer / "bin" / "python"),
+        prefix=str(layer),
+        base=str(base),
+        server_dir=str(sdir),
+        extras=tuple(extras),
+        built_s=t_base + t_layer,
+    )
+
+
+def in_hosted_env() -> bool:
+    """This process is a hosted worker child running in its built layer."""
+    return bool(os.environ.get(HOSTED_ENV)) and os.path.realpath(os.environ[HOSTED_ENV]) == os.path.realpath(sys.prefix)

@@ -1,0 +1,408 @@
+"""A NeMo Gym resources server's own code, in process, behind gym-runtime's ``Resource`` protocol.
+
+The server class is built as NeMo Gym's ``run_webserver`` builds it (its config class
+from its YAML defaults plus the config's ``options``, a ``ServerClient`` over a global
+config dict, ``setup_webserver()``, its exception middleware), then driven through
+``httpx.ASGITransport``: no port is opened, no head server or Ray is started by us.
+
+* one ``httpx.AsyncClient`` (so one cookie jar, so one NeMo Gym session) per rollout;
+  the session is an actor pinned to its worker like every session;
+* ``seed`` → ``POST /seed_session`` (the whole row); a tool → ``POST /<tool>`` with the
+  model's arguments as the body, the reply body as the tool output: a crashing tool is
+  NeMo Gym's HTTP 500 whose body is ``repr(e)``, which is what its simple agent shows the
+  model; ``verify`` → ``POST /verify`` (row | response); every field the server answers
+  beyond the request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...)
+  becomes a field of the row;
+* gymnasium-style servers (``/reset``, ``/step``) are a ``GymResource``;
+* lifespan hooks run for the life of the worker (``setup`` enters, ``teardown`` leaves);
+* the server's ``server_client`` calls to a model the config names (a judge, a user
+  simulator) go to that model's workers over the bus (``Resource.models``), and so does
+  an OpenAI client the server opens on the base URL we put in its config.
+
+Imported only by a worker running in the server's built environment (``hosting.env``):
+nemo-gym, fastapi and httpx are imported when a server is loaded, never at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+
+from gym_runtime.gymnasium import Action, GymResource, Reset, Step
+from gym_runtime.messages import Response, create_params
+from gym_runtime.resource import ModelClient, Resource, Verdict
+
+BASE_URL = "http://nemo-gym.hosted"  # never resolved: every request goes through the ASGI transport
+MODEL_HOST = "gym-runtime.models"  # a model's "host" in the server's global config (never resolved)
+_ENDPOINTS = {
+    "/seed_session",
+    "/verify",
+    "/aggregate_metrics",
+    "/close_session",
+    "/reverify_mode",
+    "/reset",
+    "/step",
+    "/close",
+    "/",
+}
+_ECHOED = ("responses_create_params", "response", "reward")
+_DESCRIPTIVE = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license"}
+
+
+class HostedServerError(RuntimeError):
+    """The hosted server answered a protocol call (seed, verify, reset, step) with an error status."""
+
+
+class _Reply:
+    """The part of aiohttp's ``ClientResponse`` NeMo Gym servers read from ``server_client`` calls."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.ok = status < 400
+        self._body = body
+        self.cookies: dict[str, Any] = {}
+        self.headers: dict[str, str] = {"content-type": "application/json"}
+        self.content = self
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def json(self, **_: Any) -> Any:
+        return json.loads(self._body)
+
+    async def text(self, **_: Any) -> str:
+        return self._body.decode()
+
+    def raise_for_status(self) -> None:
+        if not self.ok:
+            raise HostedServerError(f"model call failed with HTTP {self.status}: {self._body[:500].decode()}")
+
+    def release(self) -> None:
+        return None
+
+
+def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
+    """The server's own config fields from its ``configs/*.yaml`` (the first block naming it)."""
+    import yaml
+
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for inst in data.values() if isinstance(data, dict) else []:
+            block = inst.get("resources_servers", {}).get(impl) if isinstance(inst, dict) else None
+            if isinstance(block, dict):
+                return {k: v for k, v in block.items() if not isinstance(v, str) or "${" not in v}
+    return {}
+
+
+class ServerHost:
+    """One NeMo Gym server class, built once per worker process; hands out per-rollout clients."""
+
+    def __init__(self, server: str, name: str, options: dict[str, Any], model_names: list[str]) -> None:
+        self.server = server
+        self.name = name
+        self.options = dict(options)
+        self.model_names = list(model_names)
+        self.models: ModelClient | None = None
+        self.app: Any = None
+        self.instance: Any = None
+        self.gymnasium = False
+        self.server_cls: Any = None
+        self.impl = ""
+        self.fields: dict[str, Any] = {}
+        self.global_config: dict[str, Any] = {}
+        self.calls: dict[str, int] = {}  # model calls routed over the bus, by model name (tests, status)
+        self._stack = contextlib.AsyncExitStack()
+
+    def _server_dir(self) -> Path:
+        path = Path(self.server)
+        if path.is_dir():
+            return path.resolve()
+        import resources_servers
+
+        return Path(next(iter(resources_servers.__path__))) / self.server
+
+    def _global_config(self, impl: str, fields: dict[str, Any]) -> dict[str, Any]:
+        models = {
+            m: {"responses_api_models": {"gym_runtime": {"host": MODEL_HOST, "port": 80, "entrypoint": "-"}}}
+            for m in self.model_names
+        }
+        return {
+            "head_server": {"host": "127.0.0.1", "port": 0},
+            **models,
+            self.name: {"resources_servers": {impl: {**fields, "host": "127.0.0.1", "port": 0}}},
+        }
+
+    def prepare(self) -> type:
+        """Import the server's module (its directory becomes the working directory) and return its class."""
+        from nemo_gym.server_utils import SimpleServer
+
+        if self.server_cls is not None:
+            return self.server_cls
+        sdir = self._server_dir()
+        self.impl = sdir.name
+        os.chdir(sdir)  # servers open data files by relative path, as under NeMo Gym
+        if str(sdir.parent.parent) not in sys.path:
+            sys.path.append(str(sdir.parent.parent))
+        fields = {**_yaml_defaults(sdir, self.impl), **self.options}
+        fields = {k: v for k, v in fields.items() if k not in _DESCRIPTIVE}
+        fields.update(entrypoint="app.py", name=self.name, host="127.0.0.1", port=0)
+        self.fields = fields
+        self.global_config = self._global_config(self.impl, fields)
+        # servers that read the global config (get_global_config_dict) find it here, as in a NeMo Gym child
+        import yaml
+
+        os.environ["NEMO_GYM_CONFIG_DICT"] = yaml.safe_dump(self.global_config)
+        os.environ["NEMO_GYM_CONFIG_PATH"] = self.name
+        module = importlib.import_module(f"{sdir.parent.name}.{self.impl}.app")
+        self.server_cls = _server_class(module, SimpleServer)
+        self.gymnasium = any(c.__name__ == "GymnasiumServer" for c in self.server_cls.__mro__)
+        return self.server_cls
+
+    async def start(self) -> None:
+        """Build the server as NeMo Gym's run_webserver does, minus the port; run its lifespan hooks."""
+        from nemo_gym.server_utils import BaseServerConfig
+        from omegaconf import OmegaConf
+
+        cls = self.prepare()
+        config = cls.model_fields["config"].annotation.model_validate(self.fields)
+        client = _bus_server_client()(
+            head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
+            global_config_dict=OmegaConf.create(self.global_config),
+        )
+        client._gym_host = self
+        self.instance = cls(config=config, server_client=client)
+        app = self.instance.setup_webserver()
+        self.instance.setup_exception_middleware(app)
+        self.app = app
+        await self._stack.enter_async_context(app.router.lifespan_context(app))
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    def client(self) -> Any:
+        import httpx
+
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=BASE_URL, timeout=None)
+
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
+        spec = self.app.openapi()
+        comps = spec.get("components", {}).get("schemas", {})
+        tools = []
+        for path, ops in spec.get("paths", {}).items():
+            post = ops.get("post")
+            if post is None or path in _ENDPOINTS or "{" in path:
+                continue
+            schema = post.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            params = _resolve(schema, comps) if schema else {"type": "object", "properties": {}}
+            params.pop("title", None)
+            tools.append(
+                {
+                    "type": "function",
+                    "name": path.lstrip("/"),
+                    "description": post.get("description", ""),
+                    "parameters": params,
+                }
+            )
+        return tools
+
+    async def model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
+        """A server's call to a model by name: that model's workers over the bus (the Responses API)."""
+        self.calls[server_name] = self.calls.get(server_name, 0) + 1
+        if self.models is None:
+            return _Reply(503, b'"no model client in this worker"')
+        if not url_path.endswith("/v1/responses"):
+            msg = f"{url_path}: hosted servers reach models through the Responses API only (/v1/responses)"
+            return _Reply(501, json.dumps(msg).encode())
+        raw = dict(body or {})
+        raw.pop("model", None)
+        if isinstance(raw.get("input"), str):
+            raw["input"] = [{"role": "user", "content": raw["input"]}]
+        resp = await self.models.generate(create_params(raw), model=server_name)
+        return _Reply(200, msgspec.json.encode(resp))
+
+
+def _server_class(module: Any, base: type) -> type:
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__
+    ]
+    if not found:
+        raise ValueError(f"{module.__name__}: no NeMo Gym server class defined there")
+    # the most derived one (an app module may define a base and its subclass)
+    return next(c for c in found if not any(o is not c and issubclass(o, c) for o in found))
+
+
+def _resolve(node: Any, comps: dict[str, Any], depth: int = 0) -> Any:
+    if depth > 20:
+        return {}
+    if isinstance(node, dict):
+        if "$ref" in node and isinstance(node["$ref"], str):
+            return _resolve(dict(comps.get(node["$ref"].rsplit("/", 1)[-1], {})), comps, depth + 1)
+        return {k: _resolve(v, comps, depth + 1) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, comps, depth + 1) for v in node]
+    return node
+
+
+_CLIENT_CLS: list[type] = []
+
+
+def _bus_server_client() -> type:
+    """NeMo Gym's ``ServerClient`` whose calls to a model the config names go over the bus instead of HTTP."""
+    if _CLIENT_CLS:
+        return _CLIENT_CLS[0]
+    from nemo_gym.server_utils import ServerClient
+    from pydantic import PrivateAttr
+
+    class BusServerClient(ServerClient):
+        _gym_host: Any = PrivateAttr(default=None)
+
+        async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
+            host = self._gym_host
+            if host is not None and server_name in host.model_names:
+                return await host.model_call(server_name, url_path, kwargs.get("json"))
+            return await super().request(server_name=server_name, url_path=url_path, method=method, **kwargs)
+
+    _CLIENT_CLS.append(BusServerClient)
+    return BusServerClient
+
+
+async def _post(client: Any, path: str, body: Any) -> Any:
+    reply = await client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    if reply.status_code >= 400:
+        raise HostedServerError(f"{path}: HTTP {reply.status_code}: {reply.text[:500]}")
+    return reply.json()
+
+
+def _response_dict(response: Response) -> dict[str, Any]:
+    """Our Response as NeMo Gym's schema requires it (output item ids, statuses and annotations filled in)."""
+    out = msgspec.to_builtins(response)
+    out["output"] = _output_items(out.get("output") or [])
+    return out
+
+
+def _output_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    fixed = []
+    for i, item in enumerate(items):
+        item = dict(item)
+        kind = item.get("type")
+        if kind in ("message", "function_call", "reasoning") and not item.get("id"):
+            item["id"] = f"{kind[:3]}_{i}"
+        if kind in ("message", "function_call") and item.get("status") is None:
+            item["status"] = "completed"
+        if kind == "message" and isinstance(item.get("content"), list):
+            item["content"] = [
+                {"annotations": [], **part} if part.get("type") == "output_text" else part for part in item["content"]
+            ]
+        fixed.append(item)
+    return fixed
+
+
+class HostedResource(Resource):
+    """A NeMo Gym server's session (``host`` is set on the class made by ``hosted_class``)."""
+
+    host: ClassVar[ServerHost]
+    row_tools = "any"  # the rows' tools are the server's routes; the server itself answers unknown ones
+    reverify = "replay"
+
+    @classmethod
+    async def setup(cls, options: dict[str, Any]) -> None:
+        cls.options = options
+        await cls.host.start()
+
+    @classmethod
+    async def teardown(cls) -> None:
+        await cls.host.stop()
+
+    @classmethod
+    def tool_definitions(cls) -> list[dict[str, Any]]:
+        return cls.host.tool_definitions()
+
+    async def seed(self, task: dict[str, Any]) -> None:
+        self.host.models = self.models
+        self.client = self.host.client()
+        await _post(self.client, "/seed_session", task)
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        body = arguments.encode() if isinstance(arguments, str) else arguments
+        reply = await self.client.post(f"/{name}", content=body or b"{}", headers={"content-type": "application/json"})
+        return reply.text  # NeMo Gym's simple agent shows the model the body, a 500's repr(e) included
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        out = await _post(self.client, "/verify", {**task, "response": _response_dict(response)})
+        return _verdict(out)
+
+    async def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.aclose()
+
+
+def _verdict(out: dict[str, Any]) -> Verdict:
+    return Verdict(reward=float(out.get("reward") or 0.0), fields={k: v for k, v in out.items() if k not in _ECHOED})
+
+
+class HostedGymResource(GymResource):
+    """A gymnasium-style NeMo Gym server (``/reset`` + ``/step``) as a ``GymResource``."""
+
+    host: ClassVar[ServerHost]
+    row_tools = "any"
+
+    setup = HostedResource.setup
+    teardown = HostedResource.teardown
+    tool_definitions = HostedResource.tool_definitions
+    close = HostedResource.close
+
+    async def seed(self, task: dict[str, Any]) -> None:
+        await super().seed(task)
+        self.host.models = self.models
+        self.client = self.host.client()
+
+    async def reset(self, task: dict[str, Any]) -> Reset:
+        out = await _post(self.client, "/reset", task)
+        return Reset(observation=out.get("observation"), info=out.get("info") or {})
+
+    async def step(self, action: Action) -> Step:
+        response = {
+            "id": f"step-{action.turn}",
+            "created_at": 0,
+            "model": "",
+            "object": "response",
+            "output": _output_items(msgspec.to_builtins(action.output)),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }
+        out = await _post(self.client, "/step", {**self.task, "response": response})
+        return Step(
+            observation=out.get("observation"),
+            reward=float(out.get("reward") or 0.0),
+            terminated=bool(out.get("terminated")),
+            truncated=bool(out.get("truncated")),
+            info=out.get("info") or {},
+        )
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        if name.startswith("gym."):
+            return await super().call_tool(name, arguments)
+        return await HostedResource.call_tool(self, name, arguments)  # type: ignore[arg-type]
+
+
+def hosted_class(server: str, name: str, options: dict[str, Any], model_names: list[str]) -> type[Resource]:
+    """The Resource class of a hosted server for one worker (its host is built by ``setup``)."""
+    host = ServerHost(server, name, options, model_names)
+    host.prepare()
+    base: type[Resource] = HostedGymResource if host.gymnasium else HostedResource
+    return type(f"Hosted_{Path(server).name}", (base,), {"host": host, "__module__": __name__})
