@@ -18,6 +18,7 @@ from typing import NoReturn
 from gym_runtime import __version__
 from gym_runtime.cli import (
     collect,
+    env,
     gateway,
     health,
     init,
@@ -58,6 +59,7 @@ COMMANDS: dict[str, ModuleType] = {
     "validate": validate,
     "prepare": prepare,
     "init": init,
+    "env": env,
 }
 
 EXIT_BUG = 3

@@ -40,7 +40,8 @@ responses_api_models: vllm_model           models: {adapter: vllm}
 
 Server settings other than NeMo Gym's descriptive ones (``entrypoint``, ``domain``,
 ``description``, ...) become the resource's ``options``; ``*_model_server: {name}``
-becomes ``*_model: name``. An unknown server is an error that lists the supported ones.
+becomes ``*_model: name``. Any other resources server is *hosted*: ``resources: {nemo_gym: NAME,
+options: <its settings as written>}`` runs NeMo Gym's own code in our workers (``gym_runtime.hosting``).
 """
 
 from __future__ import annotations
@@ -237,10 +238,9 @@ def _supported(table: dict[str, str]) -> str:
 
 def _resource(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     if impl not in RESOURCES:
-        raise NemoConfigError(
-            f"{where}: NeMo Gym resources server {impl!r} has no gym-runtime equivalent; "
-            f"supported: {_supported(RESOURCES)}"
-        )
+        # no port of ours: NeMo Gym's own server code is hosted, its settings passed through as they are
+        options = {k: v for k, v in body.items() if k not in _META and v is not None}
+        return {"nemo_gym": impl, **({"options": options} if options else {})}
     renames = _OPTION_RENAMES.get(impl, {})
     options: dict[str, Any] = {}
     for key, value in body.items():

@@ -164,10 +164,6 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     ("path", "text"),
     [
         (
-            CONFIGS / "resources_servers/google_search/configs/google_search.yaml",
-            "NeMo Gym resources server 'google_search' has no gym-runtime equivalent; supported: calendar, code_gen",
-        ),
-        (
             CONFIGS / "responses_api_agents/mini_swe_agent/configs/mini_swe_agent.yaml",
             "NeMo Gym agent 'mini_swe_agent' has no gym-runtime equivalent; supported: simple_agent",
         ),
@@ -185,6 +181,19 @@ def test_unknown_nemo_gym_servers_are_one_clear_error(path: Path, text: str) -> 
         cwd=REPO,
     )
     assert r.returncode == 2 and text in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_resources_server_without_a_port_is_hosted() -> None:
+    """A catalogue server we did not port is hosted (its own code in our workers), its settings kept as written;
+    a ported one stays native."""
+    cfg = load_config(
+        CONFIGS / "resources_servers/google_search/configs/google_search.yaml", ["+models.policy_model.adapter=scripted"]
+    )
+    (res,) = cfg.resources.values()
+    assert res.nemo_gym == "google_search" and res.server == ""
+    assert "entrypoint" not in res.options and "domain" not in res.options
+    cfg = load_config(nemo_config("mcqa"), ["+models.policy_model.adapter=scripted"])
+    assert cfg.resources["mcqa"].server == "resources.mcqa" and not cfg.resources["mcqa"].hosted
 
 
 def test_missing_config_path_and_bad_inherit_are_errors(tmp_path: Path) -> None:
