@@ -22,6 +22,7 @@ from gym_runtime.cli import (
     gateway,
     health,
     init,
+    parity,
     prepare,
     publish,
     purge,
@@ -60,6 +61,7 @@ COMMANDS: dict[str, ModuleType] = {
     "prepare": prepare,
     "init": init,
     "env": env,
+    "parity": parity,
 }
 
 EXIT_BUG = 3

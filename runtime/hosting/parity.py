@@ -1,0 +1,160 @@
+"""Parity: replay a NeMo Gym server's recorded rollouts through its hosted code and compare.
+
+The recorded policy (every model call, tool calls included) is answered by the replay
+model, so the server re-executes the recorded tool calls in order; recorded judge
+outputs (``judge_responses_create_params`` + ``judge_response``, or
+``judge_evaluations[]``) answer its judge calls through a second replay model.
+Input rows are joined as NeMo Gym's own reverify builds them:
+``example_rollouts_materialized_inputs.jsonl`` by task index, else ``example.jsonl``
+by prompt, else the rollout row's own task fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gym_runtime.hosting.env import HostedEnv
+
+_NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _prompt(row: dict[str, Any]) -> str:
+    """The prompt by role and content only (recordings add ``type``, ids and nulls to the input items)."""
+    items = (row.get("responses_create_params") or {}).get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    return json.dumps([(m.get("role"), m.get("content")) for m in items or [] if isinstance(m, dict)])
+
+
+def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One input row per rollout, joined as NeMo Gym's reverify does."""
+    data = sdir / "data"
+    mat = data / "example_rollouts_materialized_inputs.jsonl"
+    by_index: dict[Any, dict[str, Any]] = {}
+    if mat.is_file():
+        by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
+    by_prompt = {_prompt(r): r for r in _read(data / "example.jsonl")} if (data / "example.jsonl").is_file() else {}
+    out = []
+    for rec in rollouts:
+        row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
+        base = {k: v for k, v in rec.items() if k not in _NOT_TASK}
+        row = {**base, **(row or {})}
+        row.pop("agent_ref", None)
+        out.append(row)  # line i: its replayed row's _ng_task_index is i
+    return out
+
+
+def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded judge calls as replay rows (request → response)."""
+    found = []
+    for r in rollouts:
+        if isinstance(r.get("judge_responses_create_params"), dict) and isinstance(r.get("judge_response"), dict):
+            found.append(
+                {"responses_create_params": r["judge_responses_create_params"], "response": r["judge_response"]}
+            )
+        for ev in r.get("judge_evaluations") or []:
+            if isinstance(ev, dict) and isinstance(ev.get("responses_create_params"), dict) and ev.get("response"):
+                found.append({"responses_create_params": ev["responses_create_params"], "response": ev["response"]})
+    return found
+
+
+def judge_option(sdir: Path) -> str | None:
+    """The server's judge config key (``judge_model_server`` ...), from its own YAML, if it has one."""
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        text = path.read_text()
+        for line in text.splitlines():
+            key = line.strip().split(":")[0]
+            if key.endswith("_model_server") and key != "model_server":
+                return key
+    return None
+
+
+def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
+    sdir = Path(env.server_dir)
+    rollouts = [r for r in _read(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
+    if not rollouts:
+        raise ValueError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
+    models: dict[str, Any] = {
+        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")}
+    }
+    options: dict[str, Any] = {}
+    judged = judge_recordings(rollouts)
+    key = judge_option(sdir)
+    if key is not None:
+        jpath = work / "judge.jsonl"
+        jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
+        models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
+        options[key] = {"type": "responses_api_models", "name": "judge"}
+    cfg = {
+        "models": models,
+        "resources": {"env": {"nemo_gym": env.server, **({"options": options} if options else {})}},
+        "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 50}},
+    }
+    cfg_path = work / "parity.yaml"
+    cfg_path.write_text(json.dumps(cfg))
+    in_path = work / "inputs.jsonl"
+    in_path.write_text("".join(json.dumps(r) + "\n" for r in inputs(sdir, rollouts)))
+    return cfg_path, in_path, rollouts
+
+
+@dataclass
+class ParityReport:
+    server: str
+    rows: list[tuple[int, float | None, float | None, int, int]] = field(default_factory=list)  # i, rec, got, same, n
+
+    @property
+    def matched(self) -> int:
+        return sum(
+            1 for _, rec, got, _, _ in self.rows if rec is not None and got is not None and abs(rec - got) < 1e-6
+        )
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and self.matched == len(self.rows)
+
+    def lines(self) -> list[str]:
+        out = [f"{'rollout':>7}  {'recorded':>8}  {'replayed':>8}  tool outputs"]
+        for i, rec, got, same, n in self.rows:
+            tools = f"{same}/{n} identical" if n else "-"
+            out.append(f"{i:>7}  {_fmt(rec):>8}  {_fmt(got):>8}  {tools}")
+        drift = sum(n - same for *_, same, n in self.rows)
+        out.append(f"{self.server}: parity {self.matched}/{len(self.rows)} rewards; tool-output drift {drift}")
+        return out
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def _tool_outputs(row: dict[str, Any]) -> list[str]:
+    return [
+        o.get("output")
+        for o in (row.get("response") or {}).get("output", [])
+        if o.get("type") == "function_call_output"
+    ]
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def compare(server: str, rollouts: list[dict[str, Any]], replayed: list[dict[str, Any]]) -> ParityReport:
+    got = {r.get("_ng_task_index"): r for r in replayed}
+    report = ParityReport(server)
+    for i, rec in enumerate(rollouts):
+        row = got.get(i)
+        want, have = _tool_outputs(rec), _tool_outputs(row or {})
+        same = sum(1 for a, b in zip(want, have, strict=False) if _same(a, b))
+        report.rows.append((i, rec.get("reward"), None if row is None else row.get("reward"), same, len(want)))
+    return report
