@@ -55,6 +55,13 @@ def config(tmp_path: Path, resource: dict[str, Any], *, policy: dict[str, Any], 
     return path
 
 
+def prompt(row: dict[str, Any]) -> str:
+    """A row's prompt by role and text (recordings add item types and ids)."""
+    items = row["responses_create_params"]["input"]
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    return json.dumps([(m.get("role"), m.get("content")) for m in items])
+
+
 def outputs(row: dict[str, Any]) -> list[str]:
     return [o["output"] for o in row["response"]["output"] if o["type"] == "function_call_output"]
 
@@ -74,10 +81,11 @@ def test_session_state_server_hosted_reproduces_its_recordings(catalogue: Path, 
     assert "building" not in r.stderr  # the environment was built once, before; run found it
     got = read_jsonl(tmp_path / "out.jsonl")
     assert len(got) == len(recorded) == 5
-    by_task = {row["_ng_task_index"]: row for row in got}
-    for i, rec in enumerate(recorded):
-        assert by_task[i]["reward"] == rec["reward"] == 1.0
-        assert outputs(by_task[i]) == outputs(rec)
+    by_prompt = {prompt(row): row for row in got}
+    for rec in recorded:
+        row = by_prompt[prompt(rec)]
+        assert row["reward"] == rec["reward"] == 1.0
+        assert [json.loads(o) for o in outputs(row)] == [json.loads(o) for o in outputs(rec)]
 
 
 def test_mcqa_hosted_is_stateless_and_keeps_the_servers_fields(catalogue: Path, tmp_path: Path) -> None:
@@ -90,9 +98,13 @@ def test_mcqa_hosted_is_stateless_and_keeps_the_servers_fields(catalogue: Path, 
     )
     r = cli("run", str(cfg), "-i", str(sdir / "data" / "example.jsonl"), "-o", str(tmp_path / "out.jsonl"), timeout=600)
     assert r.returncode == 0, r.stderr
-    got = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda row: row["_ng_task_index"])
-    # recorded 0,1,0,1,1; NeMo Gym's grader accepts `\boxed{C: text}` since the recording (catalogue note)
-    assert [row["reward"] for row in got] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    got = {prompt(row): row for row in read_jsonl(tmp_path / "out.jsonl")}
+    recorded = {prompt(row): row["reward"] for row in read_jsonl(sdir / "data" / "example_rollouts.jsonl")}
+    # recorded 0,1,0,1,1; NeMo Gym's grader accepts `\\boxed{C: text}` since the recording (one 0 became 1)
+    assert sorted(recorded.values()) == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(got[p]["reward"] == 1.0 for p, reward in recorded.items() if reward == 1.0)
+    assert sum(row["reward"] for row in got.values()) == 4.0
+    got = list(got.values())
     assert all("extracted_answer" in row and "expected_answer" in row for row in got)
 
 
@@ -123,14 +135,11 @@ def test_gymnasium_server_hosted_on_our_gym_resource(catalogue: Path, tmp_path: 
     assert r.returncode == 0, r.stderr
     r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), timeout=300)
     assert r.returncode == 0, r.stderr
-    recorded = {
-        json.dumps(row["responses_create_params"]["input"]): row["reward"]
-        for row in read_jsonl(sdir / "data" / "example_rollouts.jsonl")
-    }
+    recorded = {prompt(row): row["reward"] for row in read_jsonl(sdir / "data" / "example_rollouts.jsonl")}
     got = read_jsonl(tmp_path / "out.jsonl")
     assert len(got) == len(rows)
     for row in got:
-        assert row["reward"] == recorded[json.dumps(row["responses_create_params"]["input"])]
+        assert row["reward"] == recorded[prompt(row)]
 
 
 def test_crashing_tool_lifespan_and_failure_class(catalogue: Path, tmp_path: Path) -> None:
@@ -145,15 +154,17 @@ def test_crashing_tool_lifespan_and_failure_class(catalogue: Path, tmp_path: Pat
         {
             "type": "function",
             "name": "boom",
-            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            "strict": True,
         },
-        {"type": "function", "name": "started", "parameters": {"type": "object", "properties": {}}},
+        {"type": "function", "name": "started", "parameters": {"type": "object", "properties": {}}, "strict": True},
     ]
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "go", "tools": tools}}])
     r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), timeout=600)
     assert r.returncode == 0, r.stderr
     (row,) = read_jsonl(tmp_path / "out.jsonl")
-    boom, started = outputs(row)
+    calls = [o["name"] for o in row["response"]["output"] if o["type"] == "function_call"]
+    boom, started = (dict(zip(calls, outputs(row), strict=True))[n] for n in ("boom", "started"))
     assert json.loads(boom).startswith("ValueError('boom ")
     assert json.loads(started) == {"lifespan_ran": True, "label": "from-config"}
     assert row["reward"] == 0.25 and row["_ng_failure_class"] == "crashy_verdict"
@@ -180,11 +191,9 @@ def test_nemo_gym_config_of_an_unported_server_runs_unchanged(catalogue: Path, t
     )
     assert r.returncode == 0, r.stderr
     got = read_jsonl(tmp_path / "out.jsonl")
-    recorded = {json.dumps(row["responses_create_params"]["input"]): row["reward"] for row in read_jsonl(rollouts)}
+    recorded = {prompt(row): row["reward"] for row in read_jsonl(rollouts)}
     assert len(got) == 5
-    assert [row["reward"] for row in got] == [
-        recorded[json.dumps(row["responses_create_params"]["input"])] for row in got
-    ]
+    assert [row["reward"] for row in got] == [recorded[prompt(row)] for row in got]
 
 
 def test_environment_is_built_once_and_reused(catalogue: Path) -> None:

@@ -360,9 +360,19 @@ class HostedGymResource(GymResource):
     host: ClassVar[ServerHost]
     row_tools = "any"
 
-    setup = HostedResource.setup
-    teardown = HostedResource.teardown
-    tool_definitions = HostedResource.tool_definitions
+    @classmethod
+    async def setup(cls, options: dict[str, Any]) -> None:
+        cls.options = options
+        await cls.host.start()
+
+    @classmethod
+    async def teardown(cls) -> None:
+        await cls.host.stop()
+
+    @classmethod
+    def tool_definitions(cls) -> list[dict[str, Any]]:
+        return cls.host.tool_definitions()
+
     close = HostedResource.close
 
     async def seed(self, task: dict[str, Any]) -> None:
