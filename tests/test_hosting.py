@@ -262,3 +262,36 @@ def test_judge_calls_of_a_hosted_server_are_served_by_our_model_workers(catalogu
     spans = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
     judged = [s for s in spans if "gen_ai.request.model" in json.dumps(s) and '"judge"' in json.dumps(s)]
     assert len(judged) == len(recorded)
+
+
+def test_start_runs_a_hosted_worker_on_its_environment_with_no_port_of_its_own(
+    catalogue: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    """`start` puts the hosted server's worker in a child process on the environment's interpreter; that
+    process listens on no socket and talks to nothing but the loopback bus (its sockets listed while it runs)."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    cfg = config(tmp_path, {"nemo_gym": "example_session_state_mgmt"}, policy={"adapter": "scripted"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--only", "resources"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "workers ready" in proc.stdout.readline()
+        (child,) = psutil.Process(proc.pid).children()
+        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
+        socks = child.net_connections(kind="inet")
+        assert socks, "the worker holds its bus connection"
+        assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
+        assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
