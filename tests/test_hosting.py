@@ -295,3 +295,19 @@ def test_start_runs_a_hosted_worker_on_its_environment_with_no_port_of_its_own(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+@pytest.mark.parametrize(
+    ("server", "code", "summary"),
+    [
+        ("example_session_state_mgmt", 0, "parity 5/5 rewards; tool-output drift 0"),
+        ("example_multi_turn_gymnasium", 0, "parity 5/5 rewards"),
+        ("aalcr", 0, "parity 5/5 rewards"),  # its judge answered from the recorded judge outputs
+        ("mcqa", 1, "parity 4/5 rewards"),  # the grader changed after the recording (catalogue note)
+    ],
+)
+def test_parity_command(catalogue: Path, server: str, code: int, summary: str) -> None:
+    r = cli("parity", server, timeout=600)
+    assert r.returncode == code, r.stderr
+    assert summary in r.stdout
+    assert len([line for line in r.stdout.splitlines() if line.strip()[:1].isdigit()]) == 5  # one line per rollout

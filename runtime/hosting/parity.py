@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gym_runtime.hosting.env import HostedEnv
 
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
@@ -76,6 +78,27 @@ def judge_option(sdir: Path) -> str | None:
     return None
 
 
+def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
+    """The agent NeMo Gym recorded with, as ours: (module, options, max_steps) from the server's own YAML."""
+    gym = "GymnasiumServer" in (sdir / "app.py").read_text()
+    max_steps = None
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for inst in data.values() if isinstance(data, dict) else []:
+            agents = inst.get("responses_api_agents") if isinstance(inst, dict) else None
+            for body in agents.values() if isinstance(agents, dict) else []:
+                if isinstance(body, dict) and isinstance(body.get("max_steps"), int):
+                    max_steps = body["max_steps"]
+        if max_steps is not None:
+            break
+    if gym:  # NeMo Gym's gymnasium_agent: max_steps counts environment steps
+        return "agents.multi_turn", {"user": "env", "max_turns": max_steps or 10}, 8
+    return "agents.simple", {}, max_steps or 50
+
+
 def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
     sdir = Path(env.server_dir)
@@ -93,10 +116,19 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
         jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
         models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
         options[key] = {"type": "responses_api_models", "name": "judge"}
+    agent, agent_options, max_steps = agent_settings(sdir)
     cfg = {
         "models": models,
         "resources": {"env": {"nemo_gym": env.server, **({"options": options} if options else {})}},
-        "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 50}},
+        "agents": {
+            "env_agent": {
+                "agent": agent,
+                "model": "policy",
+                "resource": "env",
+                "max_steps": max_steps,
+                **({"options": agent_options} if agent_options else {}),
+            }
+        },
     }
     cfg_path = work / "parity.yaml"
     cfg_path.write_text(json.dumps(cfg))
