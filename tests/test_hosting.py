@@ -311,3 +311,17 @@ def test_parity_command(catalogue: Path, server: str, code: int, summary: str) -
     assert r.returncode == code, r.stderr
     assert summary in r.stdout
     assert len([line for line in r.stdout.splitlines() if line.strip()[:1].isdigit()]) == 5  # one line per rollout
+
+
+def test_publisher_side_never_needs_the_hosted_environment(tmp_path: Path) -> None:
+    """validate (like publish and the client) reads a hosted config without nemo-gym or a built environment;
+    a command that would run a hosted worker in its own process says why it cannot, in one line."""
+    cfg = config(tmp_path, {"nemo_gym": "no_such_server_built_here"}, policy={"adapter": "scripted"})
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "x"}, "anything": 1}])
+    r = cli("validate", str(cfg), "-i", str(data), env={hosting_env.CACHE_ENV: str(tmp_path / "no-cache")})
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "no-cache").exists()
+    rollouts = write_jsonl(tmp_path / "r.jsonl", [{"responses_create_params": {"input": "x"}, "response": {}}])
+    r = cli("reverify", str(cfg), "-i", str(rollouts), "-o", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2
+    assert "runs in its built environment" in r.stderr and len(r.stderr.strip().splitlines()) == 1

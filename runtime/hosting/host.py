@@ -412,6 +412,13 @@ class HostedGymResource(GymResource):
 
 def hosted_class(server: str, name: str, options: dict[str, Any], model_names: list[str]) -> type[Resource]:
     """The Resource class of a hosted server for one worker (its host is built by ``setup``)."""
+    try:
+        import nemo_gym  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"resources.{name}: the hosted NeMo Gym server {server!r} runs in its built environment, which "
+            "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
+        ) from None
     host = ServerHost(server, name, options, model_names)
     host.prepare()
     base: type[Resource] = HostedGymResource if host.gymnasium else HostedResource
