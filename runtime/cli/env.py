@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from gym_runtime.cli._common import load, log_level_option
+from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import disk_mb, ensure
 
 
@@ -31,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = load(args)
         servers += [r.nemo_gym for r in cfg.resources.values() if r.hosted]
     if not servers:
-        raise ValueError("env build: no hosted servers (give a config with resources.NAME.nemo_gym, or --server)")
+        raise UserError("env build: no hosted servers (give a config with resources.NAME.nemo_gym, or --server)")
     for server in dict.fromkeys(servers):
         env = ensure(server, python=args.python)
         how = f"built in {env.built_s:.0f}s" if env.built_s else "cached"

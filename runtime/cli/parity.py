@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
+from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import ensure
 from gym_runtime.hosting.parity import compare, parity_config
 
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         replayed = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
         if run.returncode not in (0, 1) or not replayed:
             tail = (run.stderr.strip().splitlines() or ["no rows"])[-1]
-            raise ValueError(f"parity {args.server}: the replay did not run ({tail})")
+            raise UserError(f"parity {args.server}: the replay did not run ({tail})")
         report = compare(args.server, rollouts, replayed)
     for line in report.lines():
         print(line)

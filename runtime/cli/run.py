@@ -37,11 +37,11 @@ from gym_runtime.cli._common import (
 )
 from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
+from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
+from gym_runtime.hosting.env import ensure as hosted_env
 from gym_runtime.observability import progress
 from gym_runtime.ops.nats_server import free_port
 from gym_runtime.plugins import example_input
-from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
-from gym_runtime.hosting.env import ensure as hosted_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

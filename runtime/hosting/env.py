@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gym_runtime.errors import UserError
+
 NEMO_GYM_VERSION = "0.7.0"
 MIN_PYTHON = (3, 13)
 PYTHON_ENV = "GYM_NEMO_PYTHON"  # the interpreter to build on (else one is searched for)
@@ -51,7 +53,7 @@ _GIT = re.compile(r"git\+|\.git(@|$)|@\s*git")
 Log = Callable[[str], None]
 
 
-class EnvError(ValueError):
+class EnvError(UserError):
     """An environment that cannot be built here; the message is one line naming what is missing."""
 
 

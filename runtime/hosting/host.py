@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from gym_runtime.errors import UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, Verdict
@@ -239,7 +240,7 @@ def _server_class(module: Any, base: type) -> type:
         if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__
     ]
     if not found:
-        raise ValueError(f"{module.__name__}: no NeMo Gym server class defined there")
+        raise UserError(f"{module.__name__}: no NeMo Gym server class defined there")
     # the most derived one (an app module may define a base and its subclass)
     return next(c for c in found if not any(o is not c and issubclass(o, c) for o in found))
 
@@ -415,7 +416,7 @@ def hosted_class(server: str, name: str, options: dict[str, Any], model_names: l
     try:
         import nemo_gym  # noqa: F401
     except ImportError:
-        raise ValueError(
+        raise UserError(
             f"resources.{name}: the hosted NeMo Gym server {server!r} runs in its built environment, which "
             "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
         ) from None

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HostedEnv
 
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
@@ -104,7 +105,7 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
     sdir = Path(env.server_dir)
     rollouts = [r for r in _read(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
     if not rollouts:
-        raise ValueError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
+        raise UserError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
     models: dict[str, Any] = {
         "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")}
     }

@@ -187,7 +187,8 @@ def test_a_resources_server_without_a_port_is_hosted() -> None:
     """A catalogue server we did not port is hosted (its own code in our workers), its settings kept as written;
     a ported one stays native."""
     cfg = load_config(
-        CONFIGS / "resources_servers/google_search/configs/google_search.yaml", ["+models.policy_model.adapter=scripted"]
+        CONFIGS / "resources_servers/google_search/configs/google_search.yaml",
+        ["+models.policy_model.adapter=scripted"],
     )
     (res,) = cfg.resources.values()
     assert res.nemo_gym == "google_search" and res.server == ""
