@@ -175,7 +175,7 @@ class ServerHost:
         from omegaconf import OmegaConf
 
         cls = self.prepare()
-        config = cls.model_fields["config"].annotation.model_validate(self.fields)
+        config = cls.model_fields["config"].annotation.model_validate(self.fields)  # type: ignore[attr-defined]
         client = _bus_server_client()(
             head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
             global_config_dict=OmegaConf.create(self.global_config),
