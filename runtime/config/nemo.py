@@ -239,8 +239,8 @@ def _supported(table: dict[str, str]) -> str:
 def _resource(name: str, impl: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     if impl not in RESOURCES:
         # no port of ours: NeMo Gym's own server code is hosted, its settings passed through as they are
-        options = {k: v for k, v in body.items() if k not in _META and v is not None}
-        return {"nemo_gym": impl, **({"options": options} if options else {})}
+        settings = {k: v for k, v in body.items() if k not in _META and v is not None}
+        return {"nemo_gym": impl, **({"options": settings} if settings else {})}
     renames = _OPTION_RENAMES.get(impl, {})
     options: dict[str, Any] = {}
     for key, value in body.items():

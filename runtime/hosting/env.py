@@ -241,7 +241,7 @@ def requirements(sdir: Path) -> list[str]:
     for line in lines:
         if not line or line.startswith("#"):
             continue
-        if _NEMO_LINE.match(line) or re.match(r"^nemo-gym(\[[^\]]*\])?$", line):
+        if _NEMO_LINE.match(line) or re.match(r"^nemo-gym(\[[^\]]*\])?$|^-e\s+(\.\./)+\.?\.?/?$", line):
             continue  # NeMo Gym installs its own repository here; the base has the installed version
         if _GIT.search(line):
             raise EnvError(f"{sdir.name}: needs {line!r} (a git source), which cannot be installed here")

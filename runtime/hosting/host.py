@@ -154,6 +154,8 @@ class ServerHost:
         os.chdir(sdir)  # servers open data files by relative path, as under NeMo Gym
         if str(sdir.parent.parent) not in sys.path:
             sys.path.append(str(sdir.parent.parent))
+        if str(sdir) not in sys.path:  # `python app.py` puts the server's directory first: sibling modules import
+            sys.path.insert(0, str(sdir))
         fields = {**_yaml_defaults(sdir, self.impl), **self.options}
         fields = {k: v for k, v in fields.items() if k not in _DESCRIPTIVE}
         fields.update(entrypoint="app.py", name=self.name, host="127.0.0.1", port=0)

@@ -8,9 +8,8 @@ the model); ``started`` reports whether the lifespan hook ran; ``verify`` tags i
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from pydantic import BaseModel
-
 from nemo_gym.base_resources_server import BaseResourcesServerConfig, BaseVerifyRequest, SimpleResourcesServer
+from pydantic import BaseModel
 
 
 class BoomRequest(BaseModel):
