@@ -47,8 +47,9 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for rec in rollouts:
         row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
-        base = {k: v for k, v in rec.items() if k not in _NOT_TASK}
-        row = {**base, **(row or {})}
+        # the joined input row as it is; the rollout's own fields only when nothing joins (they include the
+        # verifier's outputs, which a server's response model may refuse to receive twice)
+        row = dict(row) if row is not None else {k: v for k, v in rec.items() if k not in _NOT_TASK}
         row.pop("agent_ref", None)
         out.append(row)  # line i: its replayed row's _ng_task_index is i
     return out
