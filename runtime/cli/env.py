@@ -17,12 +17,14 @@ from gym_runtime.hosting.env import disk_mb, ensure
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="build the environments of hosted NeMo Gym resources servers")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB", help="build: build the environments")
     b = verbs.add_parser("build", help="build (or find, cached by content hash) the environments a config needs")
     b.add_argument("config", nargs="*", metavar="CONFIG", help="config YAML(s) naming resources.NAME.nemo_gym")
     b.add_argument("--server", action="append", default=[], metavar="NAME", help="a NeMo Gym server (repeatable)")
     b.add_argument("--python", help="the Python >= 3.13 to build on (default: $GYM_NEMO_PYTHON, else searched)")
-    b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    b.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value"
+    )
     log_level_option(b)
 
 
