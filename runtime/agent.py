@@ -24,6 +24,7 @@ from gym_runtime.messages import (
     ModelRequest,
     Response,
     RolloutTask,
+    RowCheck,
     SeedReply,
     SeedRequest,
     ToolCall,
@@ -60,10 +61,19 @@ class Session:
     that now owns the session; later operations go straight to that worker.
     """
 
-    __slots__ = ("_bus", "_seed_subject", "_row", "_seed", "_lock", "_closed", "_absent_grace_s")
+    __slots__ = ("_bus", "_seed_subject", "_row", "_seed", "_lock", "_closed", "_absent_grace_s", "_check")
 
-    def __init__(self, bus: Bus, seed_subject: str, row: dict[str, Any], *, absent_grace_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        seed_subject: str,
+        row: dict[str, Any],
+        *,
+        absent_grace_s: float = 0.0,
+        check: RowCheck | None = None,
+    ) -> None:
         self._bus = bus
+        self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self._absent_grace_s = absent_grace_s
         self._seed_subject = seed_subject
         self._row = row
@@ -96,7 +106,10 @@ class Session:
         while True:
             try:
                 return await self._bus.request(
-                    self._seed_subject, SeedRequest(row=self._row, then=first), timeout=timeout, op=op
+                    self._seed_subject,
+                    SeedRequest(row=self._row, then=first, check=self._check),
+                    timeout=timeout,
+                    op=op,
                 )
             except NoResponders:
                 delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
@@ -193,7 +206,11 @@ class AgentContext:
         """Open a session on the named resource (default: the agent's); use ``async with``."""
         name = resource or self.config.resource
         return Session(
-            self._bus, self._bus.subject("res", name, "seed"), self.row, absent_grace_s=self.config.absent_grace_s
+            self._bus,
+            self._bus.subject("res", name, "seed"),
+            self.row,
+            absent_grace_s=self.config.absent_grace_s,
+            check=self.task.check,
         )
 
 

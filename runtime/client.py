@@ -34,7 +34,7 @@ from gym_runtime.data.collector import failure_row, unreadable_result
 from gym_runtime.data.inputs import check_row, publish_rows
 from gym_runtime.data.validation import check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
-from gym_runtime.messages import RolloutResult, RolloutTask
+from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -374,8 +374,9 @@ class Client:
 
     # ---------------------------------------------------------------------------- work
 
-    def _check_rows(self, rows: list[Any], agent: str | None, *, any_tools: bool = False) -> None:
-        """The checks ``gym-runtime validate`` makes (``ClientError`` naming the first rows that fail)."""
+    def _check_rows(self, rows: list[Any], agent: str | None, *, any_tools: bool = False) -> dict[str, RowCheck]:
+        """The checks ``gym-runtime validate`` makes (``ClientError`` naming the first rows that fail); the
+        agents whose rows their resource workers check at seed time (environments not importable here)."""
         agents = list(self.config.agents)
         if not agents:
             raise ClientError("the config names no agents")
@@ -385,9 +386,10 @@ class Client:
                 check_row(row, agents, agent)
             except ValueError as e:
                 problems.append(f"row {i}: {e}")
+        checks: dict[str, RowCheck] = {}
         if not problems:
             try:
-                check_before_publish(
+                checks = check_before_publish(
                     self.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
                 )
             except InputError as e:
@@ -395,13 +397,17 @@ class Client:
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ClientError("invalid rows, nothing was submitted: " + "; ".join(problems[:5]) + more)
+        return checks
 
-    def _task_fields(self, policy_version: int | None, max_staleness: int | None) -> Any:
+    def _task_fields(
+        self, policy_version: int | None, max_staleness: int | None, checks: dict[str, RowCheck] | None = None
+    ) -> Any:
         def fields(agent: str) -> dict[str, Any]:
             return {
                 "policy_version": policy_version,
                 "max_staleness": max_staleness,
                 "fingerprint": self._fps.get(("agent", agent)),
+                "check": (checks or {}).get(agent),
             }
 
         return fields
@@ -440,7 +446,7 @@ class Client:
             raise ClientError("repeats must be at least 1")
         if not rows:
             raise ClientError("no rows to submit")
-        self._check_rows(rows, agent, any_tools=any_tools)
+        checks = self._check_rows(rows, agent, any_tools=any_tools)
         version = self._version_for(policy_version, max_staleness)
         agents = list(self.config.agents)
         handle = BatchHandle(self, batch or uuid.uuid4().hex[:12], tasks=len(rows), repeats=repeats)
@@ -469,7 +475,7 @@ class Client:
             agents=agents,
             agent=agent,
             repeats=repeats,
-            task_fields=self._task_fields(version, max_staleness),
+            task_fields=self._task_fields(version, max_staleness, checks),
             grouped=lambda a: self.config.agents[a].group_repeats,
         )
         return handle
@@ -490,7 +496,7 @@ class Client:
         All ``run`` calls of a client share one open-ended batch and one result reader, so a call
         costs one task publish and one result message.
         """
-        self._check_rows([row], agent, any_tools=any_tools)
+        checks = self._check_rows([row], agent, any_tools=any_tools)
         name = check_row(row, list(self.config.agents), agent)
         version = self._version_for(policy_version, max_staleness)
         if self._run_reader is None:
@@ -512,7 +518,7 @@ class Client:
                 rollout_index=0,
                 agent=name,
                 row=row,
-                **self._task_fields(version, max_staleness)(name),
+                **self._task_fields(version, max_staleness, checks)(name),
             )
             await self.bus.js_publish(self.bus.subject("task", name), task, msg_id=f"{self._run_batch}:{index}:0")
             out, ok = await fut

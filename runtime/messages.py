@@ -276,6 +276,16 @@ class RolloutTask(_Msg, tag="task.v1"):
     # of the task, run together by one agent (a rubric that scores groups sees them all); each repeat
     # still gives its own result, and a redelivery runs the whole group again.
     group: int = 0
+    # The publisher could not check the row against its environment (it cannot import it: a hosted
+    # environment, or one installed on the worker nodes only): the resource worker checks it when it
+    # opens the session, as ``validate`` would (``any_tools``: answer-channel tools were allowed).
+    check: RowCheck | None = None
+
+
+class RowCheck(Struct, kw_only=True, omit_defaults=True):
+    """What a resource worker checks of a row at seed time (``RolloutTask.check``)."""
+
+    any_tools: bool = False
 
 
 class RolloutResult(_Msg, tag="result.v1"):
@@ -307,6 +317,7 @@ class SeedRequest(_Msg, tag="seed.v1"):
     row: dict[str, Any]
     # The session's first operation, run right after seeding: one round trip fewer per rollout.
     then: ToolCall | VerifyRequest | None = None
+    check: RowCheck | None = None  # check the row first (RolloutTask.check); a bad one is invalid_task
 
 
 class SeedReply(_Msg, tag="seed.reply.v1"):
@@ -443,6 +454,7 @@ __all__ = [
     "Response",
     "RolloutResult",
     "RolloutTask",
+    "RowCheck",
     "SeedReply",
     "SeedRequest",
     "ToolCall",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -48,7 +49,10 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting
     # and what `validate` checks against each environment (task fields, tools): the same rows pass both
-    check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
+    seed_checks = check_before_publish(
+        cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
+    )
+    plan = dataclasses.replace(plan, seed_checks=seed_checks)
     auth = client_auth(args)
     tel = telemetry(args, "publish")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,7 +213,10 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
     # and what `validate` checks against each environment (task fields, tools): the same rows pass both
-    check_before_publish(cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools)
+    seed_checks = check_before_publish(
+        cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
+    )
+    plan = dataclasses.replace(plan, seed_checks=seed_checks)
     # hosted NeMo Gym servers: their environments built (or found) now; their workers run in child processes
     # on those environments' interpreters, the other workers in this process
     hosted = {n: hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted}

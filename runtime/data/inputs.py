@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import msgspec
 from opentelemetry.trace import SpanKind
 
 from gym_runtime.errors import InputError, UserError
-from gym_runtime.messages import ItemError, RolloutTask, create_params
+from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.transport.tasks import TaskSet
@@ -35,6 +35,8 @@ class Plan:
     path: Path
     count: int  # rows that will be used (after --limit)
     agents: dict[str, int]  # agent name -> rows
+    # agents whose rows this process could not check against their environment: checked at seed time
+    seed_checks: dict[str, RowCheck] = field(default_factory=dict)
 
 
 def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -21,7 +21,7 @@ import msgspec
 from gym_runtime.config import Config
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
 from gym_runtime.errors import InputError, UserError
-from gym_runtime.messages import ItemError, create_params
+from gym_runtime.messages import ItemError, RowCheck, create_params
 from gym_runtime.resource import Resource, config_resource_class
 
 AGENT_REF_TYPE = "responses_api_agents"  # NeMo Gym's agent_ref.type
@@ -120,25 +120,33 @@ class TaskChecker:
         cls = self.classes[agent]
         if cls is None:  # not importable here: its workers check what it needs
             return agent, problems
-        env = self.cfg.agents[agent].resource
-        if cls is not None and cls.task_fields is not None:
-            try:
-                msgspec.convert(row, cls.task_fields)
-            except msgspec.ValidationError as e:
-                problems.append(f"{env}: {_struct_error(e)}")
-            else:
-                try:
-                    cls.check_task(row)
-                except (ValueError, TypeError, KeyError) as e:
-                    problems.append(f"{env}: {str(e).removeprefix('task row: ')}")
-        if cls is not None and cls.row_tools == "resource" and not self.any_tools and isinstance(params, dict):
-            for tool in params.get("tools") or []:
-                if isinstance(tool, dict) and tool.get("type", "function") == "function":
-                    name = tool.get("name")
-                    if name not in cls.tools:
-                        have = ", ".join(sorted(cls.tools)) or "none"
-                        problems.append(f"{env}: tool {name!r} is not a tool of this environment (it has: {have})")
+        problems += row_problems(cls, self.cfg.agents[agent].resource, row, params, any_tools=self.any_tools)
         return agent, problems
+
+
+def row_problems(cls: type[Resource], env: str, row: dict[str, Any], params: Any, *, any_tools: bool) -> list[str]:
+    """What ``env``'s class refuses in ``row``: its task fields, its ``check_task``, tools it does not have
+    (unless ``any_tools``). Publishers run it; a resource worker runs it at seed time for rows its
+    publisher could not check (``RolloutTask.check``)."""
+    problems: list[str] = []
+    if cls.task_fields is not None:
+        try:
+            msgspec.convert(row, cls.task_fields)
+        except msgspec.ValidationError as e:
+            problems.append(f"{env}: {_struct_error(e)}")
+        else:
+            try:
+                cls.check_task(row)
+            except (ValueError, TypeError, KeyError) as e:
+                problems.append(f"{env}: {str(e).removeprefix('task row: ')}")
+    if cls.row_tools == "resource" and not any_tools and isinstance(params, dict):
+        for tool in params.get("tools") or []:
+            if isinstance(tool, dict) and tool.get("type", "function") == "function":
+                name = tool.get("name")
+                if name not in cls.tools:
+                    have = ", ".join(sorted(cls.tools)) or "none"
+                    problems.append(f"{env}: tool {name!r} is not a tool of this environment (it has: {have})")
+    return problems
 
 
 def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Report | None = None) -> Report:
@@ -158,12 +166,21 @@ def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Re
 
 def check_before_publish(
     cfg: Config, rows: Iterable[tuple[str, Any]], *, agent: str | None = None, any_tools: bool = False
-) -> None:
+) -> dict[str, RowCheck]:
     """The checks of ``validate`` on rows about to be published (``run``, ``publish``, ``Client.submit``):
-    ``InputError`` listing every problem, so nothing is published that ``validate`` would refuse."""
-    report = check_rows(TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True), rows)
+    ``InputError`` listing every problem, so nothing is published that ``validate`` would refuse.
+
+    Returns the agents whose environment this process cannot import (hosted, or installed on the
+    worker nodes only) with the check their resource workers make at seed time instead."""
+    checker = TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True)
+    report = check_rows(checker, rows)
     if report.problems:
         raise InputError(report.problems)
+    return {
+        name: RowCheck(any_tools=any_tools)
+        for name, cls in checker.classes.items()
+        if cls is None and cfg.agents[name].resource
+    }
 
 
 def file_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[str, Any]]:

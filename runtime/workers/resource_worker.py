@@ -19,6 +19,7 @@ import anyio
 import msgspec
 
 from gym_runtime.config import ResourceConfig
+from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure
 from gym_runtime.hosting.host import hosted_class
 from gym_runtime.messages import (
@@ -147,6 +148,11 @@ class ResourceWorker:
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
+        if req.check is not None:  # its publisher could not check the row: check it as validate would
+            params = req.row.get("responses_create_params")
+            problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
+            if problems:
+                raise Failure("invalid_task", "; ".join(problems))
         inst = self._new()
         try:
             await inst.seed(req.row)

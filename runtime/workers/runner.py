@@ -342,7 +342,9 @@ async def publish_batch(
     await ensure_streams(bus)
     await put_manifest(bus, manifest)
     log.info("batch.publishing", batch=manifest.batch, expected=manifest.expected, agents=manifest.agents)
-    fps = {a: {"fingerprint": agent_fingerprint(config, a)} for a in agents}  # isolation: see control.py
+    fps: dict[str, dict[str, Any]] = {a: {"fingerprint": agent_fingerprint(config, a)} for a in agents}  # isolation
+    for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
+        fps[a]["check"] = check
     await publish_tasks(
         bus,
         plan,

@@ -492,6 +492,53 @@ def test_any_tools_runs_rows_whose_tools_are_answer_channels(tmp_path: Path) -> 
     assert len(read_jsonl(tmp_path / "o.jsonl")) == 5
 
 
+def test_an_environment_the_publisher_cannot_import_is_checked_by_its_workers(
+    nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Its module is installed on the worker nodes only: publish takes the rows, and the resource worker
+    applies validate's checks when it opens the session, so the bad row is an invalid_task failure row
+    (never a reward) and the others run; with --any-tools the same row runs."""
+    workers_only = tmp_path / "workers_only"
+    workers_only.mkdir()
+    (workers_only / "wx_nodes.py").write_text("from gym_runtime.resources.weather import Weather\n\nresource = Weather\n")
+    (tmp_path / "cfg").mkdir()
+    config = tmp_path / "cfg" / "config.yaml"
+    config.write_text((REPO / WEATHER).read_text().replace("server: resources.weather", "server: wx_nodes"))
+    rows = wether_rows(tmp_path)
+    here = cli("validate", str(config), "-i", str(rows), timeout=60)  # this node cannot import it: validate says so
+    assert here.returncode == 2 and "wx_nodes" in here.stderr, here.stderr
+    env = {**os.environ, "PYTHONPATH": str(workers_only)}
+    start = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", nats_server.url],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert start.stdout is not None and "ready" in start.stdout.readline()
+        for batch, extra in (("strict", []), ("lax", ["--any-tools"])):
+            pub = cli("publish", str(config), "-i", str(rows), "--nats", nats_server.url, "--batch", batch, *extra)
+            assert pub.returncode == 0, pub.stderr
+            out = tmp_path / f"{batch}.jsonl"
+            col = cli("collect", "--batch", batch, "--nats", nats_server.url, "-o", str(out), "--wait", "60")
+            got = read_jsonl(out)
+            failed = read_jsonl(tmp_path / f"{batch}_failures.jsonl") if batch == "strict" else []
+            if batch == "strict":
+                assert col.returncode == 1, col.stderr  # a batch with failure rows
+                assert len(got) == 4 and all(r["reward"] == 1.0 for r in got)
+                (bad,) = failed
+                assert bad["error_class"] == "invalid_task" and bad["_ng_task_index"] == 0
+                assert "tool 'get_wether' is not a tool of this environment" in bad["error"]
+            else:
+                assert col.returncode == 0, col.stderr
+                assert len(got) == 5 and all(r["reward"] == 1.0 for r in got)
+    finally:
+        start.send_signal(signal.SIGTERM)
+        start.wait(timeout=60)
+
+
 async def test_client_submit_refuses_what_validate_refuses(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     from gym_runtime.client import Client
     from gym_runtime.config import load_config
