@@ -325,3 +325,60 @@ def test_publisher_side_never_needs_the_hosted_environment(tmp_path: Path) -> No
     r = cli("reverify", str(cfg), "-i", str(rollouts), "-o", str(tmp_path / "o.jsonl"))
     assert r.returncode == 2
     assert "runs in its built environment" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# Lax and malformed final answers: what a policy may write in extract_synonym_values' arguments.
+SYNONYM_VARIANTS = {
+    "as_recorded": lambda values: {"synonym_values": values},
+    "floats": lambda values: {"synonym_values": [float(v) for v in values]},
+    "strings": lambda values: {"synonym_values": [str(v) for v in values]},
+    "reordered": lambda values: {"synonym_values": list(reversed(values))},
+    "extra_key": lambda values: {"synonym_values": values, "note": "x"},
+    "missing_key": lambda values: {"values": values},
+    "not_a_list": lambda values: {"synonym_values": values[0] if values else 0},
+    "not_json": None,
+}
+
+
+def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """Issue 25, item 9: the same lax or malformed extract_synonym_values arguments sent to our multi_step
+    and to NeMo Gym's example_multi_step (hosted, its own code) give the same reward, or the same error
+    class where its verify raises."""
+    from gym_runtime.hosting.parity import inputs
+
+    sdir = catalogue / "example_multi_step"
+    recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
+    rows, rollouts = [], []
+    for name, make in SYNONYM_VARIANTS.items():
+        for row, rec in zip(inputs(sdir, recorded), recorded):
+            rec, row = json.loads(json.dumps(rec)), json.loads(json.dumps(row))
+            last = [o for o in rec["response"]["output"] if o.get("name") == "extract_synonym_values"][-1]
+            values = json.loads(last["arguments"])["synonym_values"]
+            last["arguments"] = '{"synonym_values": [' if make is None else json.dumps(make(values))
+            for r in (rec, row):  # one prompt per variant: the replay model answers by prompt
+                msgs = r["responses_create_params"]["input"]
+                msgs[-1]["content"] = f"{msgs[-1]['content']} ({name})"
+            rows.append(row)
+            rollouts.append(rec)
+    write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
+    got: dict[str, dict[int, Any]] = {}
+    for side, resource in (("ours", {"server": "multi_step"}), ("nemo_gym", {"nemo_gym": "example_multi_step"})):
+        work = tmp_path / side
+        work.mkdir()
+        cfg = config(work, resource, policy=policy)
+        r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(work / "out.jsonl"), timeout=600)
+        assert r.returncode in (0, 1), r.stderr  # 1: some variants are failure rows
+        out: dict[int, Any] = {x["_ng_task_index"]: x["reward"] for x in read_jsonl(work / "out.jsonl")}
+        failed = work / "out_failures.jsonl"
+        for x in read_jsonl(failed) if failed.exists() else []:
+            out[x["_ng_task_index"]] = x["error_class"]
+        assert len(out) == len(rows)
+        got[side] = out
+    names = [n for n in SYNONYM_VARIANTS for _ in recorded]
+    differ = {
+        (i, names[i]): (got["ours"][i], got["nemo_gym"][i]) for i in got["ours"] if got["ours"][i] != got["nemo_gym"][i]
+    }
+    assert differ == {}
+    assert len(set(got["ours"].values())) > 1  # the variants really differ in outcome
