@@ -313,12 +313,11 @@ def _output_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fixed
 
 
-class HostedResource(Resource):
-    """A NeMo Gym server's session (``host`` is set on the class made by ``hosted_class``)."""
+class _Hosted:
+    """What both hosted classes share: the server starts with the worker and offers its routes as tools."""
 
     host: ClassVar[ServerHost]
-    row_tools = "any"  # the rows' tools are the server's routes; the server itself answers unknown ones
-    reverify = "replay"
+    options: ClassVar[dict[str, Any]]
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
@@ -332,6 +331,13 @@ class HostedResource(Resource):
     @classmethod
     def tool_definitions(cls) -> list[dict[str, Any]]:
         return cls.host.tool_definitions()
+
+
+class HostedResource(_Hosted, Resource):
+    """A NeMo Gym server's session (``host`` is set on the class made by ``hosted_class``)."""
+
+    row_tools = "any"  # the rows' tools are the server's routes; the server itself answers unknown ones
+    reverify = "replay"
 
     async def seed(self, task: dict[str, Any]) -> None:
         self.host.models = self.models
@@ -357,25 +363,10 @@ def _verdict(out: dict[str, Any]) -> Verdict:
     return Verdict(reward=float(out.get("reward") or 0.0), fields={k: v for k, v in out.items() if k not in _ECHOED})
 
 
-class HostedGymResource(GymResource):
+class HostedGymResource(_Hosted, GymResource):
     """A gymnasium-style NeMo Gym server (``/reset`` + ``/step``) as a ``GymResource``."""
 
-    host: ClassVar[ServerHost]
     row_tools = "any"
-
-    @classmethod
-    async def setup(cls, options: dict[str, Any]) -> None:
-        cls.options = options
-        await cls.host.start()
-
-    @classmethod
-    async def teardown(cls) -> None:
-        await cls.host.stop()
-
-    @classmethod
-    def tool_definitions(cls) -> list[dict[str, Any]]:
-        return cls.host.tool_definitions()
-
     close = HostedResource.close
 
     async def seed(self, task: dict[str, Any]) -> None:
