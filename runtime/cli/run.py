@@ -132,6 +132,7 @@ def worker_processes(
     metrics_ports: list[int] | None = None,
 ) -> Iterator[None]:
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
+    from gym_runtime.cli import main as cli_main
     from gym_runtime.cli._common import config_path
     from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
 
@@ -153,7 +154,7 @@ def worker_processes(
             [] if not metrics_ports else ["--metrics-port", str(metrics_ports[i - 1]), "--metrics-host", "127.0.0.1"]
         )
         name = ",".join(roles) or f"workers-{i}"
-        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics)))
+        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics), entry=cli_main))
     try:
         with RoleProcesses(children):
             yield
