@@ -2,13 +2,15 @@
 
 Where the workers run (``--processes``): ``one`` runs them all in this process;
 ``per-role`` starts one child process per role (models, resources, agents), so
-that the command uses the machine's cores (1.3x the rollouts per second of one
-process on 2 cores); a number N starts N child processes that each serve every
-role, for a machine with more cores than roles (each adds about one core's worth
-of rollouts until the cores, nats-server's included, are busy). ``auto`` (the
-default) picks ``per-role`` on a machine with several cores for a batch of at
-least ``PER_ROLE_MIN_ROLLOUTS``, where the children's start-up (about a second)
-is paid back; a small batch runs in this process.
+that the command uses the machine's cores; a number N starts N child processes
+that each serve every role, for a machine with more cores than roles (each adds
+about one core's worth of rollouts until the cores, nats-server's included, are
+busy). The children are forks of this command, which has already imported the
+stack: ready 0.17-0.35 s after the fork on a 2-core machine at load 8-10, where
+fresh interpreters took 4.2-4.8 s at the same load. ``auto`` (the default) picks ``per-role`` on a machine
+with several cores for a batch of at least ``PER_ROLE_MIN_ROLLOUTS`` (measured with
+``tests/bench/process_modes.py``: below it the children's start-up is not paid
+back and one process is as fast or faster); a small batch runs in this process.
 """
 
 from __future__ import annotations

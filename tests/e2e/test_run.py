@@ -426,9 +426,9 @@ def test_a_worker_process_that_cannot_start_is_one_line_and_exit_2(tmp_path: Pat
     assert not nats_server_pids(tmp_path)
 
 
-# Forked worker children were ready 0.15-0.35 s after the fork on this 2-core machine at load 8-9 (a fresh
-# interpreter: 1.5-2.5 s); the bound leaves room for a loaded CI machine and still fails a child that imports the
-# stack again.
+# Forked worker children were ready 0.17-0.35 s after the fork on this 2-core machine at load 8-10 (fresh
+# interpreters: 4.2-4.8 s at the same load); the bound leaves room for a loaded CI machine and still fails a child
+# that imports the stack again.
 FORKED_READY_BOUND_S = 1.0
 
 
