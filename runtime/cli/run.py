@@ -7,13 +7,15 @@ that each serve every role, for a machine with more cores than roles (each adds
 about one core's worth of rollouts until the cores, nats-server's included, are
 busy). The children are forks of this command, which has already imported the
 stack: ready 0.17-0.35 s after the fork on a 2-core machine at load 8-10, where
-fresh interpreters took 4.2-4.8 s at the same load. ``auto`` (the default) picks ``per-role`` for a batch of at least
-``PER_ROLE_MIN_ROLLOUTS`` when at least ``MIN_IDLE_CORES`` cores are idle (cores minus
-the 1-minute load average), else ``one``: measured with ``tests/bench/process_modes.py``,
-child processes pay only where there are idle cores for them (on an idle 2-core
-machine more processes ran 1.2-1.3x the rollouts/s of one, docs/benchmarks.md; at
-load 7-9 on 2 cores per-role was no faster at any size, and slower at 1,000), and below
-``PER_ROLE_MIN_ROLLOUTS`` their start-up is not paid back.
+fresh interpreters took 4.2-4.8 s at the same load.
+
+``auto`` (the default) runs a batch of at least ``MULTI_PROCESS_MIN_ROLLOUTS`` in one
+child process per core, each serving every role, and a smaller one in this process:
+measured with ``tests/bench/process_modes.py`` (the whole command, per mode and batch
+size, on 2 cores): one process was as fast as any mode up to 5,000 rollouts (the
+children's start-up and the extra round trips are not paid back), two processes that
+each serve every role ran 10,000 rollouts 1.19x faster than one (load 1), and
+``per-role`` (three children on two cores) was never the fastest.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         metavar="auto|one|per-role|N",
         help="where the workers run: one = all in this process, per-role = one child process per "
-        "role, N = N child processes that each serve every role; auto (default) = per-role with "
-        f"at least {MIN_IDLE_CORES:g} idle cores and {PER_ROLE_MIN_ROLLOUTS:,} rollouts, else one",
+        "role, N = N child processes that each serve every role; auto (default) = one process per core, "
+        f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores, else one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
@@ -82,19 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common_options(p)
 
 
-PER_ROLE_MIN_ROLLOUTS = 1000
-MIN_IDLE_CORES = 1.5  # per-role kept 1.9 of 2 idle cores busy; at load 7-9 on 2 cores it was no faster than one
-
-
-def idle_cores() -> float:
-    """Cores no other work is using now (cores minus the 1-minute load average): child processes only pay
-    when there is an idle core for them; on a busy machine they add context switches and round trips."""
-    cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not available here: assume an idle machine
-        load = 0.0
-    return cores - load
+MULTI_PROCESS_MIN_ROLLOUTS = 5000  # where `--processes N` (N = cores) started to beat one process here
 
 
 def processes_value(text: str) -> str | int:
@@ -111,11 +101,8 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
     roles = [r for r in ("models", "resources", "agents") if getattr(cfg, r)]
     mode = args.processes
     if mode == "auto":
-        mode = (
-            "per-role"
-            if len(roles) >= 2 and expected >= PER_ROLE_MIN_ROLLOUTS and idle_cores() >= MIN_IDLE_CORES
-            else "one"
-        )
+        cores = os.cpu_count() or 1
+        mode = cores if cores >= 2 and len(roles) >= 2 and expected >= MULTI_PROCESS_MIN_ROLLOUTS else "one"
     if mode == "one":
         return None
     if mode == "per-role":

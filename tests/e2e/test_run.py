@@ -340,7 +340,7 @@ def _processes_with(marker: str) -> list[str]:
 
 
 def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
-    """`run --processes per-role` (the default for big batches on several cores) and `--processes 2` (two
+    """`run --processes per-role` (one child per role) and `--processes 2` (two
     processes that each serve every role): the same rows as one process, and no worker outlives the command."""
     config = tmp_path / "weather.yaml"
     config.write_text((REPO / "resources/weather/config.yaml").read_text())
