@@ -476,3 +476,50 @@ def _json_or_none(line: str) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def test_a_forked_worker_child_killed_mid_batch_is_started_again_and_the_batch_completes(tmp_path: Path) -> None:
+    """SIGKILL one of `run --processes 2`'s forked children while results arrive: it is started again (as a
+    fresh interpreter: the command now runs an event loop, so it does not fork), its work is redelivered,
+    and every rollout is in the file once."""
+    import psutil
+
+    out = tmp_path / "o.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "run",
+            "weather",
+            "-o",
+            str(out),
+            "--repeats",
+            "600",
+            "--processes",
+            "2",
+            "--quiet",
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "TMPDIR": str(tmp_path)},
+    )
+    spool = Path(f"{out}.partial")
+    deadline = time.monotonic() + 120
+    while not (spool.exists() and spool.stat().st_size > 20_000):
+        assert time.monotonic() < deadline and proc.poll() is None, "no results spooled"
+        time.sleep(0.01)
+    workers = [c for c in psutil.Process(proc.pid).children() if "nats-server" not in c.name()]
+    assert len(workers) == 2, workers
+    workers[0].kill()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-2000:]
+    rows = read_jsonl(out)
+    assert len(rows) == 3000 and len({(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows}) == 3000
+    events = [e for e in map(_json_or_none, err.splitlines()) if e]
+    assert any(e.get("event") == "worker.died" for e in events), err[-2000:]
+    assert [e["forked"] for e in events if e.get("event") == "worker.ready"] == [True, True]
