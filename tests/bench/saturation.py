@@ -443,7 +443,7 @@ def main() -> None:
     grid = (
         [tuple(int(x) if i != 2 else x for i, x in enumerate(args.point)) + (args.slow,)]
         if args.point
-        else (GRID if args.grid == "default" else [])
+        else (GRID if args.grid == "default" else APART)
     )
     print(f"{args.env}, lognormal sigma {args.sigma}; load average {psutil.getloadavg()[0]:.1f}\n")
     print(HEADER)
