@@ -2,13 +2,20 @@
 
 Where the workers run (``--processes``): ``one`` runs them all in this process;
 ``per-role`` starts one child process per role (models, resources, agents), so
-that the command uses the machine's cores (1.3x the rollouts per second of one
-process on 2 cores); a number N starts N child processes that each serve every
-role, for a machine with more cores than roles (each adds about one core's worth
-of rollouts until the cores, nats-server's included, are busy). ``auto`` (the
-default) picks ``per-role`` on a machine with several cores for a batch of at
-least ``PER_ROLE_MIN_ROLLOUTS``, where the children's start-up (about a second)
-is paid back; a small batch runs in this process.
+that the command uses the machine's cores; a number N starts N child processes
+that each serve every role, for a machine with more cores than roles (each adds
+about one core's worth of rollouts until the cores, nats-server's included, are
+busy). The children are forks of this command, which has already imported the
+stack: ready 0.17-0.35 s after the fork on a 2-core machine at load 8-10, where
+fresh interpreters took 4.2-4.8 s at the same load.
+
+``auto`` (the default) runs a batch of at least ``MULTI_PROCESS_MIN_ROLLOUTS`` in one
+child process per core, each serving every role, and a smaller one in this process:
+measured with ``tests/bench/process_modes.py`` (the whole command, per mode and batch
+size, on 2 cores): one process was as fast as any mode up to 5,000 rollouts (the
+children's start-up and the extra round trips are not paid back), two processes that
+each serve every role ran 10,000 rollouts 1.19x faster than one (load 1), and
+``per-role`` (three children on two cores) was never the fastest.
 """
 
 from __future__ import annotations
@@ -66,8 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         metavar="auto|one|per-role|N",
         help="where the workers run: one = all in this process, per-role = one child process per "
-        "role, N = N child processes that each serve every role; auto (default) = per-role with "
-        f"several cores and at least {PER_ROLE_MIN_ROLLOUTS:,} rollouts, else one",
+        "role, N = N child processes that each serve every role; auto (default) = one process per core, "
+        f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores, else one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
@@ -77,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common_options(p)
 
 
-PER_ROLE_MIN_ROLLOUTS = 1000
+MULTI_PROCESS_MIN_ROLLOUTS = 5000  # where `--processes N` (N = cores) started to beat one process here
 
 
 def processes_value(text: str) -> str | int:
@@ -94,8 +101,8 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
     roles = [r for r in ("models", "resources", "agents") if getattr(cfg, r)]
     mode = args.processes
     if mode == "auto":
-        several = (os.cpu_count() or 1) >= 2 and len(roles) >= 2 and expected >= PER_ROLE_MIN_ROLLOUTS
-        mode = "per-role" if several else "one"
+        cores = os.cpu_count() or 1
+        mode = cores if cores >= 2 and len(roles) >= 2 and expected >= MULTI_PROCESS_MIN_ROLLOUTS else "one"
     if mode == "one":
         return None
     if mode == "per-role":
@@ -132,6 +139,7 @@ def worker_processes(
     metrics_ports: list[int] | None = None,
 ) -> Iterator[None]:
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
+    from gym_runtime.cli import main as cli_main
     from gym_runtime.cli._common import config_path
     from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
 
@@ -153,7 +161,7 @@ def worker_processes(
             [] if not metrics_ports else ["--metrics-port", str(metrics_ports[i - 1]), "--metrics-host", "127.0.0.1"]
         )
         name = ",".join(roles) or f"workers-{i}"
-        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics)))
+        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics), entry=cli_main))
     try:
         with RoleProcesses(children):
             yield

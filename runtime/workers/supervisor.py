@@ -11,6 +11,7 @@ A worker that cannot start makes ``start`` exit 1 (reason logged once).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -19,8 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import anyio
 
@@ -39,17 +43,111 @@ def _term_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class Forked:
+    """A worker child forked from this process (the subset of ``Popen`` the pool uses).
+
+    Why: a fresh interpreter spends most of a second importing the stack before it
+    takes work; a fork of a parent that already imported it is ready in a fraction
+    of that. Only forked while this process has one thread and no event loop
+    running (``can_fork``), so the child inherits no lock held by another thread
+    and no live connection.
+    """
+
+    def __init__(self, pid: int, stdout: IO[str]) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, entry: Callable[[list[str]], int], args: list[str]) -> Forked:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(r)
+                os.dup2(w, 1)
+                os.close(w)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.close(devnull)
+                for s in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(s, signal.SIG_DFL)
+                if sys.platform.startswith("linux"):
+                    _term_with_parent()
+                code = entry(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        os.close(w)
+        return cls(pid, os.fdopen(r, "r"))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def can_fork() -> bool:
+    """Forking is safe here: POSIX, one thread, no event loop running in it."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
+
+
 @dataclass
 class Child:
+    """One worker child: ``argv`` is its command line (``python -m gym_runtime.cli ...``); with ``entry`` (that
+    CLI's ``main``) it is forked from this process and runs ``entry(argv[3:])`` when that is safe
+    (``can_fork``), else started as a fresh interpreter (a restart during a batch, a threaded parent)."""
+
     spec: str  # ROLE.NAME
     argv: list[str]
-    proc: subprocess.Popen[str] | None = None
+    proc: subprocess.Popen[str] | Forked | None = None
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
     ready: bool = False  # its first line said ready (see watch_ready)
     env: dict[str, str] | None = None  # added to the inherited environment (a hosted worker's layer)
+    entry: Callable[[list[str]], int] | None = None
 
     def start(self) -> None:
+        if self.entry is not None and self.env is None and self.argv[0] == sys.executable and can_fork():
+            self.proc = Forked.start(self.entry, self.argv[3:])
+            self.started_at = time.monotonic()
+            return
         self.proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
@@ -70,6 +168,9 @@ class Child:
         def read() -> None:
             line = self.proc.stdout.readline() if self.proc and self.proc.stdout else ""
             self.ready = "ready" in line
+            if self.ready:
+                took = round(time.monotonic() - self.started_at, 3)
+                log.info("worker.ready", worker=self.spec, forked=isinstance(self.proc, Forked), ready_s=took)
             done.set()
 
         threading.Thread(target=read, daemon=True).start()
