@@ -500,7 +500,8 @@ def test_an_environment_the_publisher_cannot_import_is_checked_by_its_workers(
     (never a reward) and the others run; with --any-tools the same row runs."""
     workers_only = tmp_path / "workers_only"
     workers_only.mkdir()
-    (workers_only / "wx_nodes.py").write_text("from gym_runtime.resources.weather import Weather\n\nresource = Weather\n")
+    module = "from gym_runtime.resources.weather import Weather\n\nresource = Weather\n"
+    (workers_only / "wx_nodes.py").write_text(module)
     (tmp_path / "cfg").mkdir()
     config = tmp_path / "cfg" / "config.yaml"
     config.write_text((REPO / WEATHER).read_text().replace("server: resources.weather", "server: wx_nodes"))
