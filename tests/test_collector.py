@@ -1,0 +1,62 @@
+"""data.collector: a batch's results, in any order and any number of times, into NeMo Gym-shaped files.
+
+Results are stored on a real server out of order, some twice, one as a failure; the collector
+writes each task×repeat once, laid out ``aabbcc``, failures in their sidecar, metrics beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import anyio
+
+from gym_runtime.data.collector import Collector
+from gym_runtime.messages import ErrorInfo, RolloutResult
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams, result_subject
+from tests.helpers import read_jsonl
+
+TASKS, REPEATS = 4, 2
+
+
+def result(task: int, rollout: int) -> RolloutResult:
+    if (task, rollout) == (2, 1):
+        error = ErrorInfo(error_class="tool_error", message="the tool broke")
+        return RolloutResult(batch="b", task_index=task, rollout_index=rollout, agent="a", error=error, attempts=3)
+    row = {
+        "task": task,
+        "reward": float(task % 2),
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "agent_ref": {"type": "responses_api_agents", "name": "a"},
+    }
+    return RolloutResult(batch="b", task_index=task, rollout_index=rollout, agent="a", row=row)
+
+
+async def store_all(bus: Bus) -> None:
+    order = [(t, r) for t in range(TASKS) for r in range(REPEATS)]
+    random.Random(7).shuffle(order)
+    for t, r in [*order, *order[:3]]:  # three of them stored twice (a redelivered rollout)
+        await bus.js_publish(result_subject("gym", "a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
+
+
+async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:
+    await ensure_streams(bus)
+    await store_all(bus)
+    out = tmp_path / "out.jsonl"
+    collector = Collector(bus, "b", out, expected=TASKS * REPEATS, repeats=REPEATS)
+    with anyio.fail_after(30):
+        stats = await collector.run()
+    rows = read_jsonl(out)
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [
+        (t, r) for t in range(TASKS) for r in range(REPEATS) if (t, r) != (2, 1)
+    ]
+    (failed,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert failed["error_class"] == "tool_error" and (failed["_ng_task_index"], failed["_ng_rollout_index"]) == (2, 1)
+    assert (stats.rows, stats.failures, stats.duplicates) == (7, 1, 3)
+    (metrics,) = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
+    assert (metrics["num_rollouts"], metrics["num_tasks"]) == (7, 4)  # the failure is not a row
+    assert metrics["agent_metrics"]["mean/reward"] == 4 / 7  # tasks 1 and 3 score 1.0, twice each
+    assert not (tmp_path / "out.jsonl.partial").exists()
