@@ -1,0 +1,56 @@
+"""workers.agent_worker: a task pulled, run, its result stored before the ack; failures retried, then a row.
+
+Real workers in this process on a real server (the scripted policy is the only double): rows come
+back in NeMo Gym's shape; a verifier that keeps raising costs the task ``max_attempts`` attempts and
+then becomes a ``verify_error`` failure row, while the other tasks of the batch complete.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+
+from gym_runtime.config import config_from_dict
+from gym_runtime.data.collector import Collector
+from gym_runtime.data.inputs import publish_rows
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from tests.helpers import ROWS, read_jsonl
+
+CONFIG = {
+    "namespace": "gym",
+    "models": {"policy": {"adapter": "scripted"}},
+    "resources": {"env": {"server": "tests.envs.flaky"}},
+    "agents": {
+        "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 2}
+    },
+}
+
+
+async def test_rows_come_back_in_nemo_gym_shape_and_a_failing_verifier_becomes_a_failure_row(
+    bus: Bus, tmp_path: Path
+) -> None:
+    cfg = config_from_dict({**CONFIG, "base_dir": str(tmp_path)})
+    rows = [ROWS[0], {**ROWS[1], "explode": True}, ROWS[2]]
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, rows, batch="b", agents=["agent"])
+        with anyio.fail_after(60):
+            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=3).run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    got = read_jsonl(tmp_path / "out.jsonl")
+    assert [r["_ng_task_index"] for r in got] == [0, 2] and all(r["reward"] == 1.0 for r in got)
+    for row, sent in zip(got, (ROWS[0], ROWS[2]), strict=True):
+        assert row["agent_ref"] == {"type": "responses_api_agents", "name": "agent"}
+        assert row["responses_create_params"]["input"] == sent["responses_create_params"]["input"]
+        kinds = [item["type"] for item in row["response"]["output"]]
+        assert "function_call" in kinds and "function_call_output" in kinds and kinds[-1] == "message"
+    (failed,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert failed["_ng_task_index"] == 1 and failed["error_class"] == "verify_error"
+    assert failed["attempts"] == 2 and "always fails" in failed["error"]
+    assert stats.rows == 2 and stats.failures == 1
+    assert json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
