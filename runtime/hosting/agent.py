@@ -13,8 +13,10 @@ Its ``server_client`` calls by name are routed here instead of over HTTP:
   policy versions, token ids, retries, traces as for any agent);
 * the agent's resource: the rollout's one ``Session`` (hosted or native resource workers),
   in place of NeMo Gym's cookie: ``/seed_session`` opens it with the row (sent with the first
-  operation, as every session's seed is), ``/<tool>`` is a ``ToolCall`` with the posted
-  arguments, ``/verify`` a ``VerifyRequest`` with the posted response.
+  operation, as every session's seed is; the reply is ``{}``), ``/<tool>`` is a ``ToolCall`` with
+  the posted arguments, ``/verify`` a ``VerifyRequest`` with the posted response, ``/reset`` and
+  ``/step`` our ``GymResource`` operations (``gym.reset``, ``gym.step`` with the turn as an
+  ``Action``), ``/close`` nothing (the session closes when the rollout ends).
 
 Which rollout a call belongs to is a context variable set around the ``/run`` call: the
 handler runs in that task (ASGITransport awaits the app), and tasks it starts copy it. A bus
@@ -41,8 +43,9 @@ import msgspec
 from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.gymnasium import RESET, STEP, Action
 from gym_runtime.hosting.host import MODEL_HOST, HostedServerError, _Reply, _server_class
-from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params
+from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
 
 BASE_URL = "http://nemo-gym-agent.hosted"  # never resolved: every request goes through the ASGI transport
 _ECHOED = ("responses_create_params", "response", "reward")
@@ -51,13 +54,14 @@ _ECHOED = ("responses_create_params", "response", "reward")
 class _Rollout:
     """One rollout's routing state: its context, its resource session, what the resource answered."""
 
-    __slots__ = ("ctx", "session", "verdict", "error")
+    __slots__ = ("ctx", "session", "verdict", "error", "turns")
 
     def __init__(self, ctx: AgentContext, session: Session) -> None:
         self.ctx = ctx
         self.session = session
         self.verdict: VerifyReply | None = None
         self.error: BaseException | None = None
+        self.turns = 0  # gymnasium steps so far
 
 
 _CURRENT: contextvars.ContextVar[_Rollout | None] = contextvars.ContextVar("gym_hosted_agent_rollout", default=None)
@@ -227,10 +231,26 @@ class AgentHost:
             rollout.verdict = verdict
             out = {**(body or {}), "reward": verdict.reward, **verdict.fields}
             return _Reply(200, json.dumps(out).encode())
-        if path in ("/aggregate_metrics", "/close_session", "/reset", "/step"):
+        if path == "/reset":  # a GymResource episode (hosted /reset + /step servers, or a native one)
+            rollout.turns = 0
+            return _Reply(200, (await self._gym(rollout, RESET, "{}")).encode())
+        if path == "/step":
+            items = parse_items((body or {}).get("response", {}).get("output") or [])
+            rollout.turns += 1
+            action = Action(text=output_text(items), output=items, turn=rollout.turns)
+            return _Reply(200, (await self._gym(rollout, STEP, msgspec.json.encode(action).decode())).encode())
+        if path == "/close":
+            return _Reply(200, b"{}")  # the session closes when the rollout ends
+        if path in ("/aggregate_metrics", "/close_session"):
             return _Reply(501, json.dumps(f"{path}: not routed for hosted agents").encode())
         reply = await rollout.session.call(path.lstrip("/"), json.dumps(body if body is not None else {}))
         return _Reply(200, reply.output.encode())
+
+    async def _gym(self, rollout: _Rollout, op: str, arguments: str) -> str:
+        reply = await rollout.session.call(op, arguments)
+        if reply.is_error:  # not a GymResource, or its reset/step raised: our tool_error, not a reward 0
+            raise Failure("tool_error", f"{op}: {reply.output}")
+        return reply.output
 
 
 _CLIENT_CLS: list[type] = []

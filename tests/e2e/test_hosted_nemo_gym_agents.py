@@ -244,3 +244,81 @@ def test_an_unknown_nemo_gym_agent_is_one_line_exit_2(catalogue: Path, tmp_path:
     r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"))
     assert r.returncode == 2, r.stderr
     assert "no_such_agent: no such agent server" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_start_runs_a_hosted_agent_on_its_environment_with_no_port_of_its_own(
+    catalogue: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    """`start --only agents.NAME` puts the hosted agent's worker in a child on the built layer's interpreter;
+    that process listens on no socket (the agent's app runs through ASGITransport) and talks only to the bus."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"env": {"server": "resources.weather"}},
+                "agents": {"ng": {"nemo_gym": "simple_agent", "model": "policy", "resource": "env"}},
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--only", "agents.ng"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "workers ready" in proc.stdout.readline()
+        (child,) = psutil.Process(proc.pid).children()
+        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
+        socks = child.net_connections(kind="inet")
+        assert socks, "the worker holds its bus connection"
+        assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
+        assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def turns(row: dict[str, Any]) -> list[Any]:
+    """A trajectory's items by type, role and text (NeMo Gym writes ``id``/``status`` nulls on user turns)."""
+    out = []
+    for o in row["response"]["output"]:
+        content = o.get("content")
+        text = content if isinstance(content, str) else [p.get("text") for p in content or []]
+        out.append((o["type"], o.get("role"), text, o.get("call_id"), o.get("output")))
+    return out
+
+
+def test_gymnasium_agent_on_a_hosted_gym_server_equals_agents_multi_turn(catalogue: Path, tmp_path: Path) -> None:
+    """NeMo Gym's gymnasium_agent, unchanged: its /reset and /step reach our GymResource protocol (here NeMo
+    Gym's example_multi_turn_gymnasium, hosted), its reward is the sum of step rewards; the trajectory,
+    reward and episode fields equal our agents.multi_turn's on the same replayed recording."""
+    sdir = catalogue / "example_multi_turn_gymnasium" / "data"
+    rows_in = [{k: v for k, v in row.items() if k != "agent_ref"} for row in read_jsonl(sdir / "example.jsonl")]
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": "example_multi_turn_gymnasium"},
+        {"adapter": "replay", "rollouts": str(sdir / "example_rollouts.jsonl")},
+        write_jsonl(tmp_path / "in.jsonl", rows_in),
+        {
+            "ng": {"nemo_gym": "gymnasium_agent", "max_steps": 8},
+            "ours": {"agent": "agents.multi_turn", "max_steps": 8, "options": {"user": "env", "max_turns": 5}},
+        },
+    )
+    assert len(rows["ng"]) == len(rows["ours"]) == 5
+    for ng, ours in zip(rows["ng"], rows["ours"], strict=True):
+        assert turns(ng) == turns(ours)
+        assert len(turns(ng)) > 2  # several turns: the server's observations became user turns
+        for key in ("reward", "terminated", "truncated", "info", "expected_answer"):
+            assert ng[key] == ours[key], key
+    recorded = sorted(r["reward"] for r in read_jsonl(sdir / "example_rollouts.jsonl"))
+    assert sorted(r["reward"] for r in rows["ng"]) == recorded
