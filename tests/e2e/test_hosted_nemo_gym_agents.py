@@ -26,14 +26,15 @@ CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 
 @pytest.fixture(scope="module")
 def catalogue() -> Path:
-    """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing."""
+    """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing
+    (with simple_agent's environment: `env build --agent`)."""
     try:
         hosting_env.find_python()
     except hosting_env.EnvError as e:
         if os.environ.get("GYM_REQUIRE_HOSTING") == "1":
             raise
         pytest.skip(f"hosting needs a Python >= 3.13: {e}")
-    r = cli("env", "build", "--server", "example_single_tool_call", timeout=900)
+    r = cli("env", "build", "--server", "example_single_tool_call", "--agent", "simple_agent", timeout=900)
     assert r.returncode == 0, r.stderr
     return hosting_env.servers_root(
         next(p for p in hosting_env.cache_dir().glob("base-*") if (p / ".complete").is_file())
