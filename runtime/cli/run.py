@@ -186,16 +186,17 @@ def _passthrough(args: argparse.Namespace, cfg: Any, auth: Any) -> list[str]:
 def hosted_processes(
     args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any, hosted: dict[str, HostedEnv]
 ) -> Iterator[None]:
-    """One ``start --in-process --only resources.NAME`` child per hosted resource, on its environment's Python."""
+    """One ``start --in-process --only ROLE.NAME`` child per hosted resource or agent (``hosted`` is keyed
+    by ``ROLE.NAME``), on its environment's Python."""
     from gym_runtime.cli._common import config_path
     from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
     children = []
-    for name, env in hosted.items():
-        argv = role_argv(configs, child_url, [f"resources.{name}"], _passthrough(args, cfg, auth))
-        children.append(Child(f"resources.{name}", [env.python, *argv[1:]], env={HOSTED_ENV: env.prefix}))
+    for spec, env in hosted.items():
+        argv = role_argv(configs, child_url, [spec], _passthrough(args, cfg, auth))
+        children.append(Child(spec, [env.python, *argv[1:]], env={HOSTED_ENV: env.prefix}))
     try:
         with RoleProcesses(children):
             yield
@@ -227,7 +228,10 @@ def main(args: argparse.Namespace) -> int:
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
     # hosted NeMo Gym servers: their environments built (or found) now; their workers run in child processes
     # on those environments' interpreters, the other workers in this process
-    hosted = {n: hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted}
+    hosted = {f"resources.{n}": hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted}
+    hosted.update(
+        {f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents") for n, a in cfg.agents.items() if a.hosted}
+    )
     groups = None if hosted else worker_groups(args, cfg, plan.count * args.repeats)
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
@@ -258,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
                         auth=auth,
                         start_local_workers=groups is None,
                         plan=plan,
-                        elsewhere=frozenset(("resources", n) for n in hosted),
+                        elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
                     )
                 )
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Any
 
 from gym_runtime.cli._common import (
     EXIT_INTERRUPTED,
@@ -18,7 +19,7 @@ from gym_runtime.cli._common import (
     positive_int,
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
-from gym_runtime.hosting.env import HOSTED_ENV, in_hosted_env
+from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env
 
 
@@ -44,6 +45,15 @@ def role_of(pairs: list[tuple[str, str]]) -> str:
     return next(iter(roles))[:-1] if len(roles) == 1 else "workers"
 
 
+def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
+    """The built environment of a hosted NeMo Gym resource or agent (built now if missing); None: native."""
+    if role == "resources" and cfg.resources[name].hosted:
+        return hosted_env(cfg.resources[name].nemo_gym)
+    if role == "agents" and cfg.agents[name].hosted:
+        return hosted_env(cfg.agents[name].nemo_gym, kind="responses_api_agents")
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.workers.runner import check_resources, run_async, selected, serve, wait_for_server
 
@@ -61,13 +71,7 @@ def main(args: argparse.Namespace) -> int:
                 auth.creds(BUS_ROLE[r])
     # hosted NeMo Gym servers run in their built environments: built (or found) now, before any worker starts
     here = in_hosted_env()
-    hosted = (
-        {}
-        if here
-        else {
-            n: hosted_env(cfg.resources[n].nemo_gym) for r, n in pairs if r == "resources" and cfg.resources[n].hosted
-        }
-    )
+    hosted = {} if here else {f"{r}.{n}": env for r, n in pairs if (env := _hosted_env(cfg, r, n)) is not None}
     if (args.in_process or sum(replicas.values()) == 1) and not hosted:
         ready_out = sys.stdout
         if here:  # hosted server code prints freely: only our ready line goes to the supervisor's pipe
@@ -110,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
             if args.metrics_port is None
             else ["--metrics-port", str(args.metrics_port + i), "--metrics-host", args.metrics_host]
         )
-        env = hosted.get(spec.split(".", 1)[1]) if spec.startswith("resources.") else None
+        env = hosted.get(spec)
         argv = child_argv(args.config, child_url, spec, passthrough + metrics, env.python if env else None)
         children.append(Child(spec, argv, env={HOSTED_ENV: env.prefix} if env else None))
     return run_pool(children)

@@ -52,9 +52,16 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return bool(self.nemo_gym)
 
 
+HOSTED_AGENT_MODULE = "gym_runtime.hosting.agent"
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    agent: str  # module path, e.g. agents.simple
+    agent: str = ""  # module path, e.g. agents.simple
     model: str
+    # Hosted instead of an agent module: a NeMo Gym agent server (``simple_agent``, ... or the
+    # directory of one in a NeMo Gym checkout) whose own ``/run`` runs in this agent's workers,
+    # in its built environment (gym_runtime.hosting.agent); ``options`` are its config fields.
+    nemo_gym: str = ""
     # The resource whose sessions the agent opens; "" for an agent that opens none
     # (agents.verifiers_env runs a verifiers environment's own loop and rubric).
     resource: str = ""
@@ -71,6 +78,16 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # ``run_group(ctx, size)``, e.g. agents.verifiers_env for rubrics that score groups).
     group_repeats: bool = False
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent == HOSTED_AGENT_MODULE):
+            raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
+        if self.nemo_gym:
+            self.agent = HOSTED_AGENT_MODULE  # the module that drives it (its checks, its fingerprint)
+
+    @property
+    def hosted(self) -> bool:
+        return bool(self.nemo_gym)
 
 
 class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -38,6 +38,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gym_runtime.errors import UserError
 
@@ -203,24 +204,28 @@ def build_base(python: str, version: str, repo: Path, log: Log) -> tuple[Path, f
     return prefix, took
 
 
-def servers_root(base: Path) -> Path:
-    """The installed catalogue: nemo-gym's ``resources_servers`` directory in the base layer."""
-    root = _site_packages(base) / "resources_servers"
+ServerKind = Literal["resources_servers", "responses_api_agents"]
+
+
+def servers_root(base: Path, kind: ServerKind = "resources_servers") -> Path:
+    """The installed catalogue: nemo-gym's ``resources_servers`` (or ``responses_api_agents``) directory."""
+    root = _site_packages(base) / kind
     if not root.is_dir():
-        raise EnvError(f"{base}: nemo-gym ships no resources_servers directory")
+        raise EnvError(f"{base}: nemo-gym ships no {kind} directory")
     return root
 
 
-def server_dir(base: Path, server: str) -> Path:
-    """A catalogue name (``mcqa``) or a path to a server directory of a NeMo Gym checkout."""
+def server_dir(base: Path, server: str, kind: ServerKind = "resources_servers") -> Path:
+    """A catalogue name (``mcqa``, ``simple_agent``) or a path to a server directory of a NeMo Gym checkout."""
+    what = "resources server" if kind == "resources_servers" else "agent server"
     path = Path(server)
     if path.is_dir() and (path / "app.py").is_file():
         return path.resolve()
     if not re.fullmatch(r"[A-Za-z0-9_]+", server):
-        raise EnvError(f"{server}: not a NeMo Gym resources server (no app.py there)")
-    found = servers_root(base) / server
+        raise EnvError(f"{server}: not a NeMo Gym {what} (no app.py there)")
+    found = servers_root(base, kind) / server
     if not (found / "app.py").is_file():
-        raise EnvError(f"{server}: no such resources server in nemo-gym {nemo_gym_version()}")
+        raise EnvError(f"{server}: no such {what} in nemo-gym {nemo_gym_version()}")
     return found
 
 
@@ -327,13 +332,16 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def ensure(server: str, *, python: str | None = None, log: Log = _stderr) -> HostedEnv:
-    """The environment of NeMo Gym server ``server``, built now if it is not cached. ``EnvError``: one line."""
+def ensure(
+    server: str, *, python: str | None = None, log: Log = _stderr, kind: ServerKind = "resources_servers"
+) -> HostedEnv:
+    """The environment of NeMo Gym server ``server`` (a resources server, or an agent server with
+    ``kind="responses_api_agents"``), built now if it is not cached. ``EnvError``: one line."""
     repo = repo_root()
     interp = find_python(python)
     version = nemo_gym_version()
     base, t_base = build_base(interp, version, repo, log)
-    sdir = server_dir(base, server)
+    sdir = server_dir(base, server, kind)
     extras = unsatisfied(base, requirements(sdir))
     layer, t_layer = build_server_layer(base, interp, extras, repo, log)
     return HostedEnv(

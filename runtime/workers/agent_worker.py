@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import AgentConfig, Config
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.hosting.agent import hosted_agent
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
@@ -77,10 +78,16 @@ class AgentWorker:
         self.name = name
         self.cfg = cfg
         self.config = config
-        self.fn = load_agent(cfg.agent)
-        module = load_plugin("agent", cfg.agent, "agents.*.agent")
-        self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
-        self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
+        if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
+            host = hosted_agent(name, cfg, list(config.models))
+            self.fn: AgentFn = host.run
+            self.run_group = None
+            self.setup: Any = host.setup
+        else:
+            self.fn = load_agent(cfg.agent)
+            module = load_plugin("agent", cfg.agent, "agents.*.agent")
+            self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
+            self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0

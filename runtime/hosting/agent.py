@@ -1,0 +1,294 @@
+"""A NeMo Gym agent server's own code (``simple_agent``, ...), in process, as a gym-runtime agent.
+
+Chosen with ``agents.NAME.nemo_gym: AGENT`` (instead of ``agent:``); the config's ``model``
+and ``resource`` are the agent's ``model_server`` and ``resources_server``, ``max_steps`` its
+``max_steps``, ``options`` its other config fields. The agent class is built as NeMo Gym's
+``run_webserver`` builds it, minus the port, and each rollout is one ``POST /run`` through
+``httpx.ASGITransport`` with the task's row as the body: the agent's own handler runs unchanged.
+
+Its ``server_client`` calls by name are routed here instead of over HTTP:
+
+* the agent's own name (its ``/run`` calling its ``/v1/responses``): the same app, in process;
+* a model the config names: that model's workers over the bus (``AgentContext.generate``:
+  policy versions, token ids, retries, traces as for any agent);
+* the agent's resource: the rollout's one ``Session`` (hosted or native resource workers),
+  in place of NeMo Gym's cookie: ``/seed_session`` opens it with the row (sent with the first
+  operation, as every session's seed is; the reply is ``{}``), ``/<tool>`` is a ``ToolCall`` with
+  the posted arguments, ``/verify`` a ``VerifyRequest`` with the posted response, ``/reset`` and
+  ``/step`` our ``GymResource`` operations (``gym.reset``, ``gym.step`` with the turn as an
+  ``Action``), ``/close`` nothing (the session closes when the rollout ends).
+
+Which rollout a call belongs to is a context variable set around the ``/run`` call: the
+handler runs in that task (ASGITransport awaits the app), and tasks it starts copy it. A bus
+failure inside the handler (a tool or verify error class) is re-raised as itself after
+``/run`` returns, so the row has our error class, not the agent's HTTP 500.
+
+Imported everywhere (config checks load it by name); nemo-gym, fastapi and httpx are
+imported only when an agent is built, which happens in the agent's built environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gym_runtime.agent import AgentContext, Outcome, Session
+from gym_runtime.config import AgentConfig
+from gym_runtime.errors import Failure, UserError
+from gym_runtime.gymnasium import RESET, STEP, Action
+from gym_runtime.hosting.host import MODEL_HOST, HostedServerError, _Reply, _server_class
+from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
+
+BASE_URL = "http://nemo-gym-agent.hosted"  # never resolved: every request goes through the ASGI transport
+_ECHOED = ("responses_create_params", "response", "reward")
+
+
+class _Rollout:
+    """One rollout's routing state: its context, its resource session, what the resource answered."""
+
+    __slots__ = ("ctx", "session", "verdict", "error", "turns")
+
+    def __init__(self, ctx: AgentContext, session: Session) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.verdict: VerifyReply | None = None
+        self.error: BaseException | None = None
+        self.turns = 0  # gymnasium steps so far
+
+
+_CURRENT: contextvars.ContextVar[_Rollout | None] = contextvars.ContextVar("gym_hosted_agent_rollout", default=None)
+
+
+def _yaml_defaults(adir: Path, impl: str) -> dict[str, Any]:
+    """The agent's own config fields from its ``configs/*.yaml`` (the first block naming it)."""
+    import yaml
+
+    for path in sorted((adir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for inst in data.values() if isinstance(data, dict) else []:
+            block = inst.get("responses_api_agents", {}).get(impl) if isinstance(inst, dict) else None
+            if isinstance(block, dict):
+                return {k: v for k, v in block.items() if not (isinstance(v, str) and ("${" in v or v == "???"))}
+    return {}
+
+
+def _plain(body: Any) -> Any:
+    """A ``json=`` argument as NeMo Gym's client sends it (pydantic models dumped, unset fields left out)."""
+    dump = getattr(body, "model_dump", None)
+    return dump(mode="json", exclude_unset=True) if dump is not None else body
+
+
+class AgentHost:
+    """One NeMo Gym agent class, built once per worker process; ``run`` is the worker's agent function."""
+
+    def __init__(self, name: str, cfg: AgentConfig, model_names: list[str]) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.model_names = list(model_names)
+        self.app: Any = None
+        self.client: Any = None
+        self.impl = ""
+        self._stack = contextlib.AsyncExitStack()
+
+    def _agent_dir(self) -> Path:
+        path = Path(self.cfg.nemo_gym)
+        if path.is_dir():
+            return path.resolve()
+        import responses_api_agents
+
+        found = Path(next(iter(responses_api_agents.__path__))) / self.cfg.nemo_gym
+        if not (found / "app.py").is_file():
+            raise UserError(f"agents.{self.name}.nemo_gym: no NeMo Gym agent server named {self.cfg.nemo_gym!r}")
+        return found
+
+    def _fields(self, adir: Path) -> dict[str, Any]:
+        fields = {**_yaml_defaults(adir, self.impl), **self.cfg.options}
+        fields["model_server"] = {"type": "responses_api_models", "name": self.cfg.model}
+        if self.cfg.resource:
+            fields["resources_server"] = {"type": "resources_servers", "name": self.cfg.resource}
+        if self.cfg.max_steps is not None:
+            fields["max_steps"] = self.cfg.max_steps
+        fields.update(entrypoint="app.py", name=self.name, host="127.0.0.1", port=0)
+        return fields
+
+    async def setup(self, _cfg: AgentConfig) -> None:
+        """Import and build the agent as NeMo Gym's run_webserver does, minus the port; run its lifespan."""
+        import httpx
+        import yaml
+        from nemo_gym.server_utils import BaseServerConfig, SimpleServer
+        from omegaconf import OmegaConf
+
+        adir = self._agent_dir()
+        self.impl = adir.name
+        if str(adir.parent.parent) not in sys.path:
+            sys.path.append(str(adir.parent.parent))
+        if str(adir) not in sys.path:
+            sys.path.insert(0, str(adir))
+        fields = self._fields(adir)
+        here = {"host": MODEL_HOST, "port": 80, "entrypoint": "-"}
+        global_config: dict[str, Any] = {
+            "head_server": {"host": "127.0.0.1", "port": 0},
+            **{m: {"responses_api_models": {"gym_runtime": here}} for m in self.model_names},
+            self.name: {"responses_api_agents": {self.impl: fields}},
+        }
+        if self.cfg.resource:
+            global_config[self.cfg.resource] = {"resources_servers": {"gym_runtime": here}}
+        os.environ["NEMO_GYM_CONFIG_DICT"] = yaml.safe_dump(global_config)
+        os.environ["NEMO_GYM_CONFIG_PATH"] = self.name
+        module = importlib.import_module(f"{adir.parent.name}.{self.impl}.app")
+        cls = _server_class(module, SimpleServer)
+        config = cls.model_fields["config"].annotation.model_validate(fields)  # type: ignore[attr-defined]
+        client = _routed_client()(
+            head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
+            global_config_dict=OmegaConf.create(global_config),
+        )
+        client._gym_host = self
+        instance = cls(config=config, server_client=client)
+        app = instance.setup_webserver()
+        instance.setup_exception_middleware(app)
+        self.app = app
+        await self._stack.enter_async_context(app.router.lifespan_context(app))
+        self.client = await self._stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL, timeout=None)
+        )
+
+    async def run(self, ctx: AgentContext) -> Outcome:
+        """One rollout: ``POST /run`` with the row; the row that comes back is built from our replies."""
+        async with await ctx.open_session() as session:
+            rollout = _Rollout(ctx, session)
+            token = _CURRENT.set(rollout)
+            try:
+                reply = await self.client.post(
+                    "/run", content=json.dumps(ctx.row).encode(), headers={"content-type": "application/json"}
+                )
+            finally:
+                _CURRENT.reset(token)
+        if rollout.error is not None:
+            raise rollout.error
+        if reply.status_code >= 400:
+            kind: ErrorClass = "invalid_task" if reply.status_code == 422 else "internal"
+            raise Failure(kind, f"{self.cfg.nemo_gym} /run: HTTP {reply.status_code}: {reply.text[:500]}")
+        out = reply.json()
+        response = msgspec.convert(out.get("response") or {}, Response, strict=False)
+        verdict = rollout.verdict
+        if verdict is None:  # the agent skipped verification (skip_verification): its own reward
+            extras = {k: v for k, v in out.items() if k not in _ECHOED and k not in ctx.row}
+            verdict = VerifyReply(reward=float(out.get("reward") or 0.0), fields=extras)
+        return Outcome(response=response, verdict=verdict)
+
+    async def route(self, server_name: str, url_path: str, method: str, body: Any) -> _Reply:
+        """A ``server_client`` call by name: the agent itself, a model, or the rollout's resource session."""
+        if server_name == self.name:
+            reply = await self.client.request(
+                method, url_path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+            )
+            return _Reply(reply.status_code, reply.content)
+        rollout = _CURRENT.get()
+        if rollout is None:
+            return _Reply(500, json.dumps(f"{server_name}{url_path}: called outside a rollout").encode())
+        try:
+            if server_name in self.model_names:
+                return await self._model(rollout, server_name, url_path, body)
+            if server_name == self.cfg.resource:
+                return await self._resource(rollout, url_path, body)
+        except Exception as e:  # our error class, re-raised by run() after the handler answers
+            rollout.error = e
+            raise
+        msg = f"{server_name}{url_path}: not a model or the resource of agents.{self.name}"
+        return _Reply(501, json.dumps(msg).encode())
+
+    async def _model(self, rollout: _Rollout, server_name: str, url_path: str, body: Any) -> _Reply:
+        if not url_path.endswith("/v1/responses"):
+            msg = f"{url_path}: hosted agents reach models through the Responses API only (/v1/responses)"
+            return _Reply(501, json.dumps(msg).encode())
+        raw = dict(body or {})
+        raw.pop("model", None)
+        if isinstance(raw.get("input"), str):
+            raw["input"] = [{"role": "user", "content": raw["input"]}]
+        resp = await rollout.ctx.generate(create_params(raw), model=server_name)
+        return _Reply(200, msgspec.json.encode(resp))
+
+    async def _resource(self, rollout: _Rollout, url_path: str, body: Any) -> _Reply:
+        path = url_path.split("?", 1)[0].rstrip("/")
+        path = "/" + path.rsplit("/", 1)[-1] if path.startswith("/ng-rollout/") else path
+        if path == "/seed_session":
+            return _Reply(200, b"{}")  # the seed (the task's row) travels with the session's first operation
+        if path == "/verify":
+            row = dict(body or {})
+            response = msgspec.convert(row.pop("response", None) or {}, Response, strict=False)
+            verdict = await rollout.session.verify(rollout.ctx.row, response)
+            rollout.verdict = verdict
+            out = {**(body or {}), "reward": verdict.reward, **verdict.fields}
+            return _Reply(200, json.dumps(out).encode())
+        if path == "/reset":  # a GymResource episode (hosted /reset + /step servers, or a native one)
+            rollout.turns = 0
+            return _Reply(200, (await self._gym(rollout, RESET, "{}")).encode())
+        if path == "/step":
+            items = parse_items((body or {}).get("response", {}).get("output") or [])
+            rollout.turns += 1
+            action = Action(text=output_text(items), output=items, turn=rollout.turns)
+            return _Reply(200, (await self._gym(rollout, STEP, msgspec.json.encode(action).decode())).encode())
+        if path == "/close":
+            return _Reply(200, b"{}")  # the session closes when the rollout ends
+        if path in ("/aggregate_metrics", "/close_session"):
+            return _Reply(501, json.dumps(f"{path}: not routed for hosted agents").encode())
+        reply = await rollout.session.call(path.lstrip("/"), json.dumps(body if body is not None else {}))
+        return _Reply(200, reply.output.encode())
+
+    async def _gym(self, rollout: _Rollout, op: str, arguments: str) -> str:
+        reply = await rollout.session.call(op, arguments)
+        if reply.is_error:  # not a GymResource, or its reset/step raised: our tool_error, not a reward 0
+            raise Failure("tool_error", f"{op}: {reply.output}")
+        return reply.output
+
+
+_CLIENT_CLS: list[type] = []
+
+
+def _routed_client() -> type:
+    """NeMo Gym's ``ServerClient`` whose calls by name are routed by ``AgentHost.route``."""
+    if _CLIENT_CLS:
+        return _CLIENT_CLS[0]
+    from nemo_gym.server_utils import ServerClient
+    from pydantic import PrivateAttr
+
+    class RoutedServerClient(ServerClient):
+        _gym_host: Any = PrivateAttr(default=None)
+
+        async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
+            return await self._gym_host.route(server_name, url_path, method, _plain(kwargs.get("json")))
+
+    _CLIENT_CLS.append(RoutedServerClient)
+    return RoutedServerClient
+
+
+def hosted_agent(name: str, cfg: AgentConfig, model_names: list[str]) -> AgentHost:
+    """The host of agents.NAME's NeMo Gym agent (built by its ``setup``); one line if nemo-gym is absent."""
+    try:
+        import nemo_gym  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"agents.{name}: the hosted NeMo Gym agent {cfg.nemo_gym!r} runs in its built environment, which "
+            "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
+        ) from None
+    return AgentHost(name, cfg, model_names)
+
+
+async def run(ctx: AgentContext) -> Outcome:
+    """Never called: the agent worker runs ``AgentHost.run`` for ``nemo_gym`` agents (this module is their
+    ``agent`` so that config checks find a module)."""
+    raise Failure("internal", f"agents: {ctx.config.nemo_gym!r} is hosted; its worker runs AgentHost.run")
+
+
+__all__ = ["AgentHost", "HostedServerError", "hosted_agent"]

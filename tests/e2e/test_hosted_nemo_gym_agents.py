@@ -1,0 +1,325 @@
+"""Hosted NeMo Gym agent servers (nemo-gym 0.7.0's ``simple_agent`` ...) as gym-runtime agent workers.
+
+Real parts only: the real `gym-runtime` CLI in subprocesses, a real nats-server, the agent's own
+code in a worker child on its built environment (Python >= 3.13, the shared base layer), native
+and hosted resource workers; the replay and scripted models are the only doubles. The reference
+for every row is our own ``agents.simple`` run on the same config, the same input and the same
+replayed model outputs.
+
+Without a Python >= 3.13 on the machine these tests skip, unless GYM_REQUIRE_HOSTING=1 (CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym_runtime.hosting import env as hosting_env
+from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+
+CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> Path:
+    """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing
+    (with simple_agent's environment: `env build --agent`)."""
+    try:
+        hosting_env.find_python()
+    except hosting_env.EnvError as e:
+        if os.environ.get("GYM_REQUIRE_HOSTING") == "1":
+            raise
+        pytest.skip(f"hosting needs a Python >= 3.13: {e}")
+    r = cli("env", "build", "--server", "example_single_tool_call", "--agent", "simple_agent", timeout=900)
+    assert r.returncode == 0, r.stderr
+    return hosting_env.servers_root(
+        next(p for p in hosting_env.cache_dir().glob("base-*") if (p / ".complete").is_file())
+    )
+
+
+def with_token_ids(src: Path, dst: Path) -> Path:
+    """The recording with token ids on the last item of every model turn (contiguous, as a trainer's
+    model returns them), so the rows show whether ids survive NeMo Gym's own agent."""
+    rows = []
+    for row in read_jsonl(src):
+        items, ids, nxt = row["response"]["output"], [1, 2, 3], 10
+        for i, item in enumerate(items):
+            if item["type"] == "function_call_output":
+                ids, nxt = [*ids, nxt], nxt + 1
+                continue
+            if i + 1 == len(items) or items[i + 1]["type"] == "function_call_output":
+                gen, nxt = [nxt, nxt + 1], nxt + 2
+                item.update(prompt_token_ids=list(ids), generation_token_ids=gen, generation_log_probs=[-0.5, -0.25])
+                ids = [*ids, *gen]
+        rows.append(row)
+    return write_jsonl(dst, rows)
+
+
+def run_agents(
+    tmp_path: Path,
+    resource: dict[str, Any],
+    policy: dict[str, Any],
+    data: Path,
+    agents: dict[str, dict[str, Any]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Run each agent of one config over ``data``; its rows, by task index."""
+    cfg = tmp_path / "config.yaml"
+    entries = {
+        n: {"model": "policy", "resource": "env", "max_steps": 10, "max_attempts": 1, **a} for n, a in agents.items()
+    }
+    cfg.write_text(json.dumps({"models": {"policy": policy}, "resources": {"env": resource}, "agents": entries}))
+    out = {}
+    for name in agents:
+        path = tmp_path / f"{name}.jsonl"
+        r = cli("run", str(cfg), "-i", str(data), "-o", str(path), "--agent", name, timeout=600)
+        assert r.returncode in (0, 1), r.stderr  # 1: some rows are failure rows (checked by the caller)
+        out[name] = sorted(read_jsonl(path), key=lambda row: row["_ng_task_index"])
+    return out
+
+
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    """A row less what differs by design: the agent's name, the response's creation time, and the null
+    optional fields (``defer_loading``, ``description``) NeMo Gym's Responses schema adds to each tool it echoes."""
+    row = {k: v for k, v in row.items() if k != "agent_ref"}
+    response = {k: v for k, v in row["response"].items() if k != "created_at"}
+    response["tools"] = [{k: v for k, v in t.items() if v is not None} for t in response["tools"]]
+    return {**row, "response": response}
+
+
+def token_ids(row: dict[str, Any]) -> list[Any]:
+    return [
+        (o["type"], o.get("prompt_token_ids"), o.get("generation_token_ids"), o.get("generation_log_probs"))
+        for o in row["response"]["output"]
+    ]
+
+
+def test_simple_agent_on_a_native_resource_rows_equal_agents_simple(catalogue: Path, tmp_path: Path) -> None:
+    """NeMo Gym's simple_agent, unchanged, against our native weather port: its tool calls reach our resource
+    workers over the bus, its model calls our model workers (token ids kept per turn); every row equals
+    agents.simple's for the same replayed outputs."""
+    sdir = catalogue / "example_single_tool_call" / "data"
+    rollouts = with_token_ids(sdir / "example_rollouts.jsonl", tmp_path / "rollouts.jsonl")
+    rows = run_agents(
+        tmp_path,
+        {"server": "resources.weather"},
+        {"adapter": "replay", "rollouts": str(rollouts)},
+        sdir / "example.jsonl",
+        {"ng": {"nemo_gym": "simple_agent"}, "ours": {"agent": "agents.simple"}},
+    )
+    assert len(rows["ng"]) == len(rows["ours"]) == 5
+    assert [r["agent_ref"]["name"] for r in rows["ng"]] == ["ng"] * 5
+    assert [comparable(r) for r in rows["ng"]] == [comparable(r) for r in rows["ours"]]
+    assert [r["reward"] for r in rows["ng"]] == [1.0] * 5
+    calls = [o for r in rows["ng"] for o in r["response"]["output"] if o["type"] == "function_call_output"]
+    assert calls and all("weather_description" in json.loads(o["output"]) for o in calls)  # our tool answered
+    first = token_ids(rows["ng"][0])
+    assert first[0] == ("function_call", [1, 2, 3], [10, 11], [-0.5, -0.25])
+    assert first == token_ids(rows["ours"][0])
+
+
+def test_simple_agent_on_a_hosted_resource_rows_equal_agents_simple(catalogue: Path, tmp_path: Path) -> None:
+    """The same against NeMo Gym's own example_single_tool_call, hosted: two hosted children (agent and
+    resource) talking over our bus; rewards are the recording's (3 of 5), rows equal agents.simple's."""
+    sdir = catalogue / "example_single_tool_call" / "data"
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": "example_single_tool_call"},
+        {"adapter": "replay", "rollouts": str(sdir / "example_rollouts.jsonl")},
+        sdir / "example.jsonl",
+        {"ng": {"nemo_gym": "simple_agent"}, "ours": {"agent": "agents.simple"}},
+    )
+    assert [comparable(r) for r in rows["ng"]] == [comparable(r) for r in rows["ours"]]
+    assert sorted(r["reward"] for r in rows["ng"]) == sorted(
+        r["reward"] for r in read_jsonl(sdir / "example_rollouts.jsonl")
+    )
+    assert all("failure_kind" in r for r in rows["ng"])  # the hosted server's verify fields stay in the row
+
+
+def test_single_turn_agents_on_hosted_mcqa_rows_equal_agents_simple(catalogue: Path, tmp_path: Path) -> None:
+    """simple_agent, non_executing_simple_agent and tool_simulation_agent (one model call, then /verify; the
+    last with no /seed_session: our session is seeded with the verify) on NeMo Gym's mcqa, hosted."""
+    sdir = catalogue / "mcqa" / "data"
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": "mcqa"},
+        {"adapter": "replay", "rollouts": str(sdir / "example_rollouts.jsonl")},
+        sdir / "example.jsonl",
+        {
+            "ours": {"agent": "agents.simple"},
+            "simple": {"nemo_gym": "simple_agent"},
+            "non_executing": {"nemo_gym": "non_executing_simple_agent"},
+            "tool_simulation": {"nemo_gym": "tool_simulation_agent"},
+        },
+    )
+    want = [comparable(r) for r in rows["ours"]]
+    assert len(want) == 5 and sum(r["reward"] for r in want) == 4.0
+    for name in ("simple", "non_executing", "tool_simulation"):
+        assert [comparable(r) for r in rows[name]] == want, name
+
+
+def test_a_crashing_tool_is_answered_as_nemo_gyms_runner_answers(catalogue: Path, tmp_path: Path) -> None:
+    """A hosted server's crashing tool: the model reads its repr(e) under simple_agent as under agents.simple;
+    the server's own failure marker (_ng_failure_class) stays in the row."""
+    tools = [
+        {
+            "type": "function",
+            "name": "boom",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            "strict": True,
+        },
+        {"type": "function", "name": "started", "parameters": {"type": "object", "properties": {}}, "strict": True},
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "go", "tools": tools}}])
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": str(CRASHY), "options": {"label": "from-config"}},
+        {"adapter": "scripted"},
+        data,
+        {"ng": {"nemo_gym": "simple_agent"}, "ours": {"agent": "agents.simple"}},
+    )
+    (ng,), (ours,) = rows["ng"], rows["ours"]
+    outs = [o["output"] for o in ng["response"]["output"] if o["type"] == "function_call_output"]
+    assert any(json.loads(o).startswith("ValueError('boom ") for o in outs)
+    assert ng["reward"] == 0.25 and ng["_ng_failure_class"] == "crashy_verdict"
+    assert comparable(ng) == comparable(ours)
+
+
+def test_a_verifier_that_raises_is_a_verify_error_row_and_the_worker_keeps_serving(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """A native resource whose verify raises: the hosted agent's row is our verify_error failure row (not
+    NeMo Gym's HTTP 500, not a reward 0), and the same worker goes on to score the other rows."""
+    rows_in = [
+        {"responses_create_params": {"input": f"weather in city {i}?"}, **({"explode": True} if i == 1 else {})}
+        for i in range(3)
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", rows_in)
+    rows = run_agents(
+        tmp_path,
+        {"server": "tests.envs.flaky"},
+        {"adapter": "scripted"},
+        data,
+        {"ng": {"nemo_gym": "simple_agent"}},
+    )
+    assert [(r["_ng_task_index"], r["reward"]) for r in rows["ng"]] == [(0, 1.0), (2, 1.0)]
+    (failure,) = read_jsonl(tmp_path / "ng_failures.jsonl")
+    assert failure["_ng_task_index"] == 1 and failure["error_class"] == "verify_error"
+    assert "this verifier always fails" in failure["error"]
+
+
+def test_agent_and_nemo_gym_together_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"env": {"server": "resources.weather"}},
+                "agents": {
+                    "a": {"agent": "agents.simple", "nemo_gym": "simple_agent", "model": "policy", "resource": "env"}
+                },
+            }
+        )
+    )
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "hi"}}])
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"))
+    assert r.returncode == 2, r.stderr
+    assert "exactly one of agent" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_unknown_nemo_gym_agent_is_one_line_exit_2(catalogue: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"env": {"server": "resources.weather"}},
+                "agents": {"a": {"nemo_gym": "no_such_agent", "model": "policy", "resource": "env"}},
+            }
+        )
+    )
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "hi"}}])
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"))
+    assert r.returncode == 2, r.stderr
+    assert "no_such_agent: no such agent server" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_start_runs_a_hosted_agent_on_its_environment_with_no_port_of_its_own(
+    catalogue: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    """`start --only agents.NAME` puts the hosted agent's worker in a child on the built layer's interpreter;
+    that process listens on no socket (the agent's app runs through ASGITransport) and talks only to the bus."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"env": {"server": "resources.weather"}},
+                "agents": {"ng": {"nemo_gym": "simple_agent", "model": "policy", "resource": "env"}},
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--only", "agents.ng"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "workers ready" in proc.stdout.readline()
+        (child,) = psutil.Process(proc.pid).children()
+        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
+        socks = child.net_connections(kind="inet")
+        assert socks, "the worker holds its bus connection"
+        assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
+        assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def turns(row: dict[str, Any]) -> list[Any]:
+    """A trajectory's items by type, role and text (NeMo Gym writes ``id``/``status`` nulls on user turns)."""
+    out = []
+    for o in row["response"]["output"]:
+        content = o.get("content")
+        text = content if isinstance(content, str) else [p.get("text") for p in content or []]
+        out.append((o["type"], o.get("role"), text, o.get("call_id"), o.get("output")))
+    return out
+
+
+def test_gymnasium_agent_on_a_hosted_gym_server_equals_agents_multi_turn(catalogue: Path, tmp_path: Path) -> None:
+    """NeMo Gym's gymnasium_agent, unchanged: its /reset and /step reach our GymResource protocol (here NeMo
+    Gym's example_multi_turn_gymnasium, hosted), its reward is the sum of step rewards; the trajectory,
+    reward and episode fields equal our agents.multi_turn's on the same replayed recording."""
+    sdir = catalogue / "example_multi_turn_gymnasium" / "data"
+    rows_in = [{k: v for k, v in row.items() if k != "agent_ref"} for row in read_jsonl(sdir / "example.jsonl")]
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": "example_multi_turn_gymnasium"},
+        {"adapter": "replay", "rollouts": str(sdir / "example_rollouts.jsonl")},
+        write_jsonl(tmp_path / "in.jsonl", rows_in),
+        {
+            "ng": {"nemo_gym": "gymnasium_agent", "max_steps": 8},
+            "ours": {"agent": "agents.multi_turn", "max_steps": 8, "options": {"user": "env", "max_turns": 5}},
+        },
+    )
+    assert len(rows["ng"]) == len(rows["ours"]) == 5
+    for ng, ours in zip(rows["ng"], rows["ours"], strict=True):
+        assert turns(ng) == turns(ours)
+        assert len(turns(ng)) > 2  # several turns: the server's observations became user turns
+        for key in ("reward", "terminated", "truncated", "info", "expected_answer"):
+            assert ng[key] == ours[key], key
+    recorded = sorted(r["reward"] for r in read_jsonl(sdir / "example_rollouts.jsonl"))
+    assert sorted(r["reward"] for r in rows["ng"]) == recorded
