@@ -23,7 +23,7 @@ import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl
-from tests.pools import publish_results, tasks_file, write_config
+from tests.pools import N_RESULTS, publish_results, tasks_file, write_config
 
 
 def popen(*args: str) -> subprocess.Popen[str]:
@@ -165,9 +165,7 @@ def test_health_for_liveness_and_readiness(nats_server: EmbeddedServer, tmp_path
 
 
 def test_collect_purge_frees_the_batch_and_purge_reports_counts(nats_server: EmbeddedServer, tmp_path: Path) -> None:
-    from tests import test_recovery
-
-    n = test_recovery.N_RESULTS
+    n = N_RESULTS
     anyio.run(lambda: publish_results(nats_server.url, range(n), manifest=True))
     out = tmp_path / "out.jsonl"
     first = cli("collect", "--batch", "long", "--nats", nats_server.url, "-o", str(out), "--no-progress", timeout=120)
