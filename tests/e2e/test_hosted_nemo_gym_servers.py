@@ -21,6 +21,7 @@ import pytest
 
 from gym_runtime.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+from tests.hosting import assert_hosted_worker_opens_no_port
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 
@@ -269,32 +270,9 @@ def test_start_runs_a_hosted_worker_on_its_environment_with_no_port_of_its_own(
 ) -> None:
     """`start` puts the hosted server's worker in a child process on the environment's interpreter; that
     process listens on no socket and talks to nothing but the loopback bus (its sockets listed while it runs)."""
-    import signal
-    import subprocess
-    import sys
-
-    import psutil
 
     cfg = config(tmp_path, {"nemo_gym": "example_session_state_mgmt"}, policy={"adapter": "scripted"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--only", "resources"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stdout is not None
-        assert "workers ready" in proc.stdout.readline()
-        (child,) = psutil.Process(proc.pid).children()
-        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
-        socks = child.net_connections(kind="inet")
-        assert socks, "the worker holds its bus connection"
-        assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
-        assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    assert_hosted_worker_opens_no_port(cfg, nats_server.url, "resources")
 
 
 @pytest.mark.parametrize(

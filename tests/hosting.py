@@ -1,0 +1,37 @@
+"""What the hosted-environment tests share: a `start` child on its built environment, checked for ports."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from gym_runtime.hosting import env as hosting_env
+from tests.helpers import REPO
+
+
+def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> None:
+    """`start --only ONLY` runs the hosted worker in a child on its built layer's interpreter, whose
+    sockets (listed while it runs) are loopback connections to the bus and no listener."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", url, "--only", only],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "workers ready" in proc.stdout.readline()
+        (child,) = psutil.Process(proc.pid).children()
+        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
+        socks = child.net_connections(kind="inet")
+        assert socks, "the worker holds its bus connection"
+        assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
+        assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
