@@ -141,7 +141,7 @@ def worker_processes(
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli import main as cli_main
     from gym_runtime.cli._common import config_path
-    from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
+    from gym_runtime.workers.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
@@ -162,6 +162,15 @@ def worker_processes(
         )
         name = ",".join(roles) or f"workers-{i}"
         children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics), entry=cli_main))
+    with _supervised(children):
+        yield
+
+
+@contextlib.contextmanager
+def _supervised(children: list[Any]) -> Iterator[None]:
+    """The children kept for the block; one that says in one line why it cannot start ends the run, exit 2."""
+    from gym_runtime.workers.supervisor import NotStarted, RoleProcesses
+
     try:
         with RoleProcesses(children):
             yield
@@ -189,7 +198,7 @@ def hosted_processes(
     """One ``start --in-process --only ROLE.NAME`` child per hosted resource or agent (``hosted`` is keyed
     by ``ROLE.NAME``), on its environment's Python."""
     from gym_runtime.cli._common import config_path
-    from gym_runtime.workers.supervisor import Child, NotStarted, RoleProcesses, role_argv
+    from gym_runtime.workers.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
@@ -197,13 +206,8 @@ def hosted_processes(
     for spec, env in hosted.items():
         argv = role_argv(configs, child_url, [spec], _passthrough(args, cfg, auth))
         children.append(Child(spec, [env.python, *argv[1:]], env={HOSTED_ENV: env.prefix}))
-    try:
-        with RoleProcesses(children):
-            yield
-    except NotStarted as e:
-        if e.code == 2:  # the child said what is wrong, in one line
-            raise SystemExit(2) from None
-        raise RuntimeError(str(e)) from None
+    with _supervised(children):
+        yield
 
 
 def main(args: argparse.Namespace) -> int:
