@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -218,18 +218,27 @@ async def wait_for_server(url: str | list[str]) -> int | None:
     A process pool waits here, once, before its children start."""
     stopped: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with anyio.create_task_group() as tg:
-
-            async def on_signal() -> None:
-                async for signum in signals:
-                    stopped.append(signum)
-                    tg.cancel_scope.cancel()
-                    return
-
-            tg.start_soon(on_signal)
-            await wait_reachable(server_list(url), None)
-            tg.cancel_scope.cancel()
+        await unless_signalled(signals, stopped, lambda: wait_reachable(server_list(url), None))
     return stopped[0] if stopped else None
+
+
+async def unless_signalled(
+    signals: AsyncIterator[int], stopped: list[int], wait: Callable[[], Awaitable[T]]
+) -> T | None:
+    """``wait()``, given up at once when a signal arrives (recorded in ``stopped``; None returned then)."""
+    result: list[T] = []
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            async for signum in signals:
+                stopped.append(signum)
+                tg.cancel_scope.cancel()
+                return
+
+        tg.start_soon(on_signal)
+        result.append(await wait())
+        tg.cancel_scope.cancel()
+    return result[0] if result else None
 
 
 async def serve(
@@ -250,18 +259,11 @@ async def serve(
     check_resources(config, pairs)
     stopped: list[int] = []
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        buses: dict[str, Bus] | None = None
-        async with anyio.create_task_group() as connecting:
-
-            async def stop_waiting() -> None:
-                async for signum in signals:
-                    stopped.append(signum)
-                    connecting.cancel_scope.cancel()
-                    return
-
-            connecting.start_soon(stop_waiting)
-            # workers may start before the server: wait for it as long as it takes
-            buses = await open_buses(
+        # workers may start before the server: wait for it as long as it takes, or until a signal
+        buses = await unless_signalled(
+            signals,
+            stopped,
+            lambda: open_buses(
                 url,
                 [pool_key(r, n) for r, n in pairs],
                 namespace=config.namespace,
@@ -270,8 +272,8 @@ async def serve(
                 auth=auth,
                 initial_timeout=None,
                 jetstream=config.jetstream,
-            )
-            connecting.cancel_scope.cancel()
+            ),
+        )
         if stopped or buses is None:
             log.info("workers.stopped", before="ready")
             return stopped[0] if stopped else None
