@@ -248,6 +248,10 @@ class PullWorker:
         log.warning("pull.consumer_gone", stream=self.stream, consumer=self.consumer, then="recreating it")
         try:
             await self.recreate()
+        except Exception as e:  # it was not gone: a stream leader election answers 503 too (the consumer
+            # exists, "deliver policy can not be updated"), or the server is busy: pull on, ask again later
+            log.info("pull.consumer_kept", stream=self.stream, consumer=self.consumer, reason=str(e))
+            await anyio.sleep(1.0)
         finally:
             self._recreating = False
         await self._pull(force=True)
