@@ -74,7 +74,15 @@ class JetStreamSetupError(UserError):
     """A stream or bucket cannot be created as configured (e.g. 3 replicas on one server)."""
 
 
+INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes cannot be reserved
+
+
 def _setup_error(what: str, replicas: int, e: APIError) -> Exception:
+    if e.err_code == INSUFFICIENT_STORAGE:  # every stream's max_bytes is reserved on the server's disk
+        return JetStreamSetupError(
+            f"{what}: the server cannot reserve jetstream.max_bytes for it ({e.description}); "
+            "lower jetstream.max_bytes (it is reserved per stream) or give the server more storage"
+        )
     if replicas > 1:
         return JetStreamSetupError(
             f"{what}: jetstream.replicas={replicas} was refused by the server ({e.description}); "

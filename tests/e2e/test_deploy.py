@@ -170,6 +170,8 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
     srv = EmbeddedServer(store_dir=str(tmp_path / "js"), http_port=0)
     srv.start()
     worker = None
+    err_path = tmp_path / "start.err"
+    err = err_path.open("w")
     try:
         worker = subprocess.Popen(
             [
@@ -187,13 +189,15 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
                 "models.policy.delay_s=0.1",
                 "--set",
                 "agents.weather_agent.concurrency=4",
+                "--set",
+                "jetstream.max_bytes=1GB",  # the file's 20GB per stream is reserved on disk: a CI box may lack it
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             text=True,
         )
-        assert worker.stdout is not None and "ready" in worker.stdout.readline()
+        assert worker.stdout is not None and "ready" in worker.stdout.readline(), err_path.read_text()[-2000:]
         base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
         n = 120
         tasks = write_jsonl(tmp_path / "tasks.jsonl", [base[i % len(base)] for i in range(n)])
@@ -211,6 +215,8 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
             "jetstream.replicas=1",
             "--set",
             "models.policy.delay_s=0.1",
+            "--set",
+            "jetstream.max_bytes=1GB",
         )
         assert res.returncode == 0, res.stderr
         trig = {t["metadata"]["consumer"]: t["metadata"] for t in triggers(rendered).values() if t["type"] != "cpu"}
@@ -244,6 +250,7 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
             worker.wait(30)
+        err.close()
         srv.stop()
 
 

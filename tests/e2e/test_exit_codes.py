@@ -243,3 +243,25 @@ def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None
         "supported in non-clustered mode); it needs a NATS cluster of at least 3 nodes "
         "(gym-runtime server --cluster NAME --routes ...)"
     ]
+
+
+def test_a_max_bytes_the_server_cannot_reserve_is_one_clear_error(tmp_path: Path) -> None:
+    """JetStream reserves every stream's max_bytes on the server's disk: more than it has is the config's
+    mistake (a 20GB deploy config on a small disk failed CI with a traceback)."""
+    res = cli(
+        "run",
+        str(REPO / "resources/weather/config.yaml"),
+        "-i",
+        str(REPO / "resources/weather/data/example.jsonl"),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--set",
+        "jetstream.max_bytes=100000GB",
+        "--no-progress",
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gym-runtime: error: stream GYM_"), lines
+    assert "cannot reserve jetstream.max_bytes" in lines[0] and "Traceback" not in res.stderr
+    assert not (tmp_path / "o.jsonl").exists() or not (tmp_path / "o.jsonl").read_text()
