@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gym_runtime.agent import AgentContext, Outcome, Session
     from gym_runtime.client import BatchHandle, Client
-    from gym_runtime.config import Config, load_config
+    from gym_runtime.config import Config, load_config, resolve_config
     from gym_runtime.errors import (
         ClientError,
         ConfigError,
@@ -107,6 +107,7 @@ _HOME: dict[str, str] = {
     # configuration
     "Config": "config",
     "load_config": "config",
+    "resolve_config": "config",
     # the error tree
     "GymError": "errors",
     "Failure": "errors",

@@ -8,17 +8,20 @@ bounds their concurrency.
 An adapter is a module (a plugin, like agents and resources) that defines:
 
 * ``Options``: a ``msgspec.Struct`` subclass of ``AdapterOptions`` — the adapter's
-  own config keys, validated when the config loads;
+  own config keys, validated when the config is resolved (``gym_runtime.config.resolve_config``,
+  before any worker starts; loading a config imports no adapter);
 * ``create(options, *, concurrency, base_dir) -> ModelAdapter``.
 
 A config names it by a bundled name (``adapter: openai`` →
 ``gym_runtime.models.openai``) or by any importable module path (a user's own).
 The ``models.NAME`` entry stays flat: the worker keys (``WORKER_KEYS``) belong to
-``ModelConfig``, every other key to the adapter's ``Options``.
+``ModelConfig``, every other key to the adapter's ``Options``. Until the entry is resolved
+(``resolve_model``) those keys are held as written (``WrittenOptions``), their secrets hidden by name.
 """
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
@@ -33,9 +36,13 @@ __all__ = [
     "AdapterOptions",
     "ModelAdapter",
     "ModelConfig",
+    "WrittenOptions",
     "adapter_module",
     "load_adapter",
+    "looks_secret",
     "model_config",
+    "resolve_model",
+    "written_model_config",
 ]
 
 
@@ -64,19 +71,57 @@ class AdapterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def redacted(self) -> dict[str, Any]:
         """The options as builtins with every secret replaced, safe to print."""
-        return {k: _hide(v) if k in self.secret_fields else msgspec.to_builtins(v) for k, v in self._pairs()}
+        return {k: _hide(v) if self._secret(k) else msgspec.to_builtins(v) for k, v in self._pairs()}
+
+    def _secret(self, key: str) -> bool:
+        return key in self.secret_fields
 
     def _pairs(self) -> list[tuple[str, Any]]:
         return [(f, getattr(self, f)) for f in self.__struct_fields__]
 
     def _shown(self) -> list[tuple[str, Any]]:
-        return [(k, _hide(v) if k in self.secret_fields else v) for k, v in self._pairs()]
+        return [(k, _hide(v) if self._secret(k) else v) for k, v in self._pairs()]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._shown())})"
 
     def __rich_repr__(self) -> Any:
         yield from self._shown()
+
+
+# Words that make an option key a secret while no adapter has said which of its keys are
+# (``api_key``, ``hf_token``, ``headers``, ``db_password``, ...): hiding too much is the safe side.
+_SECRET_WORDS = frozenset(
+    "key apikey token secret secrets password passwd pass credential credentials auth authorization "
+    "header headers cookie cookies bearer".split()
+)
+
+
+def looks_secret(key: str) -> bool:
+    """Whether an option key names a secret by its words (``api_key``, ``access_token``, ``headers``)."""
+    return any(w in _SECRET_WORDS for w in re.split(r"[_\-.]+", key.lower()))
+
+
+class WrittenOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
+    """An adapter's keys as the config wrote them, held unparsed until ``resolve_model`` imports the adapter.
+
+    Loading a config imports no plugin, so no adapter has said yet which keys are secret: a key that
+    ``looks_secret``, or whose value came from a ``${VAR}`` (``from_env``), is hidden in ``repr`` and
+    ``redacted()``. Once resolved, the adapter's own ``secret_fields`` decide, as before.
+    """
+
+    values: dict[str, Any] = msgspec.field(default_factory=dict)
+    from_env: frozenset[str] = frozenset()  # keys whose value was substituted from ${VAR}
+    from_set: frozenset[str] = frozenset()  # keys a --set override wrote (their errors name the --set)
+
+    def call_budget_s(self) -> float:
+        raise RuntimeError("the model entry is not resolved: call gym_runtime.config.resolve_config first")
+
+    def _secret(self, key: str) -> bool:
+        return looks_secret(key) or key in self.from_env
+
+    def _pairs(self) -> list[tuple[str, Any]]:
+        return list(self.values.items())
 
 
 def _hide(value: Any) -> Any:
@@ -123,26 +168,44 @@ def adapter_module(name: str) -> ModuleType:
     return module
 
 
-def model_config(entry: dict[str, Any]) -> ModelConfig:
-    """A flat ``models.NAME`` mapping → ``ModelConfig`` with the adapter's ``Options``.
+def written_model_config(entry: dict[str, Any]) -> ModelConfig:
+    """A flat ``models.NAME`` mapping → ``ModelConfig`` with the adapter's keys held as written (no import).
 
-    Raises ``msgspec.ValidationError`` whose path names the key (``$.base_urll``).
+    Raises ``msgspec.ValidationError`` whose path names a worker key (``$.concurrency``).
     """
     if not isinstance(entry, dict):
         raise msgspec.ValidationError("Expected `object`, got `" + type(entry).__name__ + "`")
     common = {k: v for k, v in entry.items() if k in WORKER_KEYS}
-    rest = {k: v for k, v in entry.items() if k not in WORKER_KEYS}
     cfg = msgspec.convert(common, ModelConfig, strict=False)
+    cfg.options = WrittenOptions(values={k: v for k, v in entry.items() if k not in WORKER_KEYS})
+    return cfg
+
+
+def resolve_model(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with its adapter's ``Options`` parsed (the adapter module imported); as is if already parsed.
+
+    Raises ``msgspec.ValidationError`` whose path names the key (``$.base_urll``, ``$.adapter``).
+    """
+    if not isinstance(cfg.options, WrittenOptions):
+        return cfg
     try:
         module = adapter_module(cfg.adapter)
     except ValueError as e:
         raise msgspec.ValidationError(f"{e} - at `$.adapter`") from None
-    cfg.options = msgspec.convert(rest, module.Options, strict=False)
-    return cfg
+    return msgspec.structs.replace(cfg, options=msgspec.convert(cfg.options.values, module.Options, strict=False))
+
+
+def model_config(entry: dict[str, Any]) -> ModelConfig:
+    """A flat ``models.NAME`` mapping → ``ModelConfig`` with the adapter's ``Options`` (written, then resolved).
+
+    Raises ``msgspec.ValidationError`` whose path names the key (``$.base_urll``).
+    """
+    return resolve_model(written_model_config(entry))
 
 
 def load_adapter(cfg: ModelConfig, *, base_dir: str | None = None) -> ModelAdapter:
     """Build the adapter a config names. ``base_dir`` resolves relative paths."""
+    cfg = resolve_model(cfg)
     module = adapter_module(cfg.adapter)
     options = cfg.options
     if not isinstance(options, module.Options):  # built by hand with the default options

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.config import Config, load_config
+from gym_runtime.config import Config, load_config, resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -79,7 +79,7 @@ def weather(
     model_replicas: int = 1,
     namespace: str = "gym",
 ) -> Config:
-    cfg = load_config(WEATHER)
+    cfg = resolve_config(load_config(WEATHER))
     m = cfg.models["policy"]
     cfg.models["policy"] = msgspec.structs.replace(
         m,

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gym_runtime.config import load_config, redact
+from gym_runtime.config import load_config, redact, resolve_config
 from gym_runtime.errors import ConfigError
-from tests.helpers import cli
+from tests.helpers import REPO, cli
 
 BASE = """\
 namespace: gym
@@ -39,7 +41,7 @@ def write(tmp: Path, text: str = BASE, env_yaml: str | None = None) -> Path:
 def test_variables_from_environment_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLICY_API_KEY", "sk-test-123")
     monkeypatch.setenv("POLICY_CONCURRENCY", "32")
-    cfg = load_config(write(tmp_path))
+    cfg = resolve_config(load_config(write(tmp_path)))
     policy = cfg.models["policy"]
     assert policy.options.api_key == "sk-test-123"
     assert policy.options.base_url == "http://localhost:8000/v1" and policy.options.model == "gpt-4.1"
@@ -49,7 +51,9 @@ def test_variables_from_environment_and_defaults(tmp_path: Path, monkeypatch: py
 
 def test_env_yaml_beside_the_config_fills_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("POLICY_API_KEY", raising=False)
-    cfg = load_config(write(tmp_path, env_yaml="POLICY_API_KEY: from-env-yaml\nPOLICY_MODEL: my-model\n"))
+    cfg = resolve_config(
+        load_config(write(tmp_path, env_yaml="POLICY_API_KEY: from-env-yaml\nPOLICY_MODEL: my-model\n"))
+    )
     assert cfg.models["policy"].options.api_key == "from-env-yaml"
     assert cfg.models["policy"].options.model == "my-model"
 
@@ -62,9 +66,11 @@ def test_missing_variable_names_the_key(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLICY_API_KEY", "k")
-    cfg = load_config(
-        write(tmp_path),
-        ["models.policy.adapter=vllm", "agents.weather_agent.max_steps=3", "models.policy.timeout_s=0.5"],
+    cfg = resolve_config(
+        load_config(
+            write(tmp_path),
+            ["models.policy.adapter=vllm", "agents.weather_agent.max_steps=3", "models.policy.timeout_s=0.5"],
+        )
     )
     assert cfg.models["policy"].adapter == "vllm"
     assert cfg.agents["weather_agent"].max_steps == 3
@@ -99,7 +105,7 @@ def test_bad_config_names_the_key(
 ) -> None:
     monkeypatch.setenv("POLICY_API_KEY", "k")
     with pytest.raises(ConfigError) as err:
-        load_config(write(tmp_path, BASE.replace(*edit)))
+        resolve_config(load_config(write(tmp_path, BASE.replace(*edit))))
     assert message in str(err.value)
     assert str(tmp_path / "config.yaml") in str(err.value)
 
@@ -119,16 +125,110 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path: Path) -> None:
 
 
 def test_vllm_engine_options_validate_without_vllm_installed(tmp_path: Path) -> None:
-    """The adapter's options import and check at load time even where the heavy extra is absent."""
+    """The adapter's options import and check when resolved even where the heavy extra is absent."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text("models:\n  policy: {adapter: vllm_engine, model: /m, engine_args: {max_model_len: 1024}}\n")
     code = (
         "import sys; sys.modules['vllm'] = None\n"  # any `import vllm` now fails
-        "from gym_runtime.config import load_config\n"
-        f"m = load_config({str(cfg)!r}).models['policy']\n"
+        "from gym_runtime.config import load_config, resolve_config\n"
+        f"m = resolve_config(load_config({str(cfg)!r})).models['policy']\n"
         "print(type(m.options).__module__, m.options.engine_args['max_model_len'],"
         " 'vllm' in sys.modules and sys.modules['vllm'] is not None)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["gym_runtime.models.vllm_engine", "1024", "False"]
+
+
+# ------------------------------------------------------------------ loading imports no plugin
+
+# Prints the modules a load imported that are plugins (bundled environments, agents, adapters, the
+# hosted-server drivers, the user's own package) or their heavy dependencies; then what resolving says.
+PURITY = """\
+import json, sys
+from gym_runtime.config import load_config, redact, resolve_config
+before = set(sys.modules)
+cfg = load_config(sys.argv[1:])
+json.dumps(redact(cfg)), repr(cfg)  # printing an unresolved config imports nothing either
+plugins = ("gym_runtime.agents.", "gym_runtime.resources.", "gym_runtime.models.", "gym_runtime.hosting",
+           "boom", "nosuch", "openai", "vllm", "verifiers", "openenv", "math_verify", "datasets")
+print(json.dumps(sorted(m for m in set(sys.modules) - before if m.startswith(plugins))))
+try:
+    resolve_config(cfg)
+    print("resolved")
+except Exception as e:
+    print(f"error: {type(e).__name__}: {e}")
+"""
+
+
+def loaded_plugins(*configs: Path, cwd: Path | None = None) -> tuple[list[str], str]:
+    env = {**os.environ, "POLICY_API_KEY": "k", "JUDGE_API_KEY": "k", "POLICY_BASE_URL": "http://127.0.0.1:9/v1"}
+    res = subprocess.run(
+        [sys.executable, "-c", PURITY, *map(str, configs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    imported, resolved = res.stdout.splitlines()
+    return json.loads(imported), resolved
+
+
+BUNDLED_CONFIGS = sorted(REPO.glob("resources/*/config.yaml")) + [REPO / "deploy" / "config.yaml"]
+
+
+@pytest.mark.parametrize("config", BUNDLED_CONFIGS, ids=lambda p: p.parent.name)
+def test_loading_a_bundled_config_imports_no_plugin(config: Path) -> None:
+    imported, _ = loaded_plugins(config)
+    assert imported == []
+
+
+def test_loading_imports_no_plugin_even_a_missing_or_broken_one(tmp_path: Path) -> None:
+    """A config naming modules that do not exist or raise on import loads (it is data); resolving it is
+    where they are imported: the missing one named in one line, as loading named it before."""
+    (tmp_path / "boom").mkdir()
+    (tmp_path / "boom" / "__init__.py").write_text("raise RuntimeError('a plugin was imported')\n")
+    entries = {
+        "broken": ("boom.model", "boom.env", "boom.agent"),
+        "missing": ("nosuch.adapter", "nosuch.env", "nosuch.agent"),
+    }
+    for name, (adapter, server, agent) in entries.items():
+        (tmp_path / f"{name}.yaml").write_text(
+            f"models:\n  policy: {{adapter: {adapter}, api_key: sk-LITERAL-1, token: '${{JUDGE_API_KEY}}'}}\n"
+            f"resources:\n  env: {{server: {server}}}\n"
+            f"agents:\n  a: {{agent: {agent}, model: policy, resource: env, options: {{user_model: policy}}}}\n"
+        )
+    imported, resolved = loaded_plugins(tmp_path / "broken.yaml", cwd=tmp_path)
+    assert imported == [] and resolved == "error: RuntimeError: a plugin was imported"
+    imported, resolved = loaded_plugins(tmp_path / "missing.yaml", cwd=tmp_path)
+    assert imported == []
+    assert resolved.startswith("error: ConfigError: ") and "no such adapter module 'nosuch.adapter'" in resolved
+
+
+def test_unresolved_options_hide_what_looks_secret_and_what_came_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before any adapter says which of its keys are secrets, a key named like one, or one whose value
+    came from ${VAR}, is redacted in repr and redact(); once resolved, the adapter decides, as before."""
+    monkeypatch.setenv("ODD_SECRET", "sk-from-env-2")
+    path = write(tmp_path, BASE.replace("${POLICY_API_KEY}", "sk-literal-1"))
+    judge = [
+        "+models.judge.adapter=openai",
+        "+models.judge.model=${ODD_SECRET}",
+        "+models.judge.headers={X-Key: hdr-secret-3}",
+        "+models.judge.base_url=http://judge:8000/v1",
+    ]
+    cfg = load_config(path, judge)
+    shown = repr(cfg) + json.dumps(redact(cfg))
+    for secret in ("sk-literal-1", "sk-from-env-2", "hdr-secret-3"):
+        assert secret not in shown
+    assert redact(cfg)["models"]["judge"]["headers"] == {"X-Key": "***"}
+    assert redact(cfg)["models"]["judge"]["base_url"] == "http://judge:8000/v1"  # a plain value stays readable
+    assert redact(cfg)["models"]["policy"]["model"] == "***"  # ${POLICY_MODEL:-gpt-4.1}: from the environment
+    resolve_config(cfg)
+    shown = repr(cfg) + json.dumps(redact(cfg))
+    assert "sk-literal-1" not in shown and "hdr-secret-3" not in shown
+    assert cfg.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule

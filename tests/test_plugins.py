@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.errors import ConfigError
 from tests import helpers
 from tests.helpers import REPO, read_jsonl
@@ -153,15 +153,15 @@ def test_user_environment_agent_and_adapter_run_end_to_end(project: Path) -> Non
 
 
 def test_user_adapter_options_are_validated_at_load_and_secrets_redacted(project: Path) -> None:
-    cfg = load_config(project / "config.yaml")
+    cfg = resolve_config(load_config(project / "config.yaml"))
     policy = cfg.models["policy"]
     assert (policy.adapter, policy.concurrency, policy.options.prefix) == ("mygym.echo_model", 4, "shouted")
     assert "tok-SECRET-1" not in repr(cfg) and "token='***'" in repr(policy.options)
     # --set paths are checked against the adapter's own options (nearest valid key named)
     with pytest.raises(ConfigError, match=r"models\.policy\.prefx: no key .*did you mean models\.policy\.prefix\?"):
-        load_config(project / "config.yaml", ["models.policy.prefx=x"])
+        resolve_config(load_config(project / "config.yaml", ["models.policy.prefx=x"]))
     with pytest.raises(ConfigError, match=r"models\.policy\.adapter: no such adapter module 'mygym\.nope'"):
-        load_config(project / "config.yaml", ["models.policy.adapter=mygym.nope"])
+        resolve_config(load_config(project / "config.yaml", ["models.policy.adapter=mygym.nope"]))
     res = cli(project, "run", "config.yaml", "-i", "tasks.jsonl", "-o", "o.jsonl", "--set", "models.policy.prefx=1")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "did you mean models.policy.prefix?" in res.stderr

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.config import Config, load_config
+from gym_runtime.config import Config, load_config, resolve_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -109,12 +109,14 @@ def refuse_argv_secrets(args: argparse.Namespace) -> None:
         check_argv_secret("--nats", nats)
 
 
-def load(args: argparse.Namespace) -> Config:
+def load(args: argparse.Namespace, *, resolve: bool = False) -> Config:
+    """The command's config; ``resolve``: also import its plugins and check their options (``resolve_config``),
+    as every command that starts workers or checks rows against environments does before any work."""
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     if getattr(args, "concurrency", None):
         for a in cfg.agents.values():
             a.concurrency = args.concurrency
-    return cfg
+    return resolve_config(cfg) if resolve else cfg
 
 
 def stdout_gone() -> bool:

@@ -17,7 +17,7 @@ from gym_runtime.cli._common import (
     server_url,
     telemetry,
 )
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability import progress
 from gym_runtime.plugins import config_path
 
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.reverify import validate_rollouts
     from gym_runtime.workers.runner import reverify_batch, run_async
 
-    cfg = load_config([config_path(c) for c in args.config], args.overrides)
+    cfg = resolve_config(load_config([config_path(c) for c in args.config], args.overrides))
     check_output(args.output)
     rows = validate_rollouts(args.input)
     tel = telemetry(args, "reverify")

@@ -214,7 +214,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
     from gym_runtime.workers.runner import run_async, run_batch
 
-    cfg = load(args)
+    cfg = load(args, resolve=True)
     if args.input is None:
         bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
         example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None

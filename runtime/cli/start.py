@@ -57,7 +57,7 @@ def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.workers.runner import check_resources, run_async, selected, serve, wait_for_server
 
-    cfg = load(args)
+    cfg = load(args, resolve=True)
     url = need_url(args, cfg)
     auth = client_auth(args)
     pairs = selected(cfg, args.only)

@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.validation import validate_files
 
     args.overrides = data_only_overrides(args.config) + args.overrides  # no model is called here
-    cfg = load(args)
+    cfg = load(args, resolve=True)
     report = validate_files(cfg, args.input, agent=args.agent, any_tools=args.any_tools)
     if report.problems:
         for line in report.problems:

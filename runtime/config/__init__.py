@@ -7,6 +7,14 @@ interpolate ``${VAR}`` / ``${VAR:-default}`` (from the environment, then an
 ``env.yaml`` beside the configs) → convert to Structs. Unknown or wrong-typed keys are errors
 that name the key's path (``agents.weather_agent.max_steps``). Secrets stay in
 the Structs but are redacted from anything printed.
+
+Loading is pure data: it imports no agent, resource or adapter module, so a publisher needs none of
+their dependencies. What only a plugin can check — an adapter's own keys (a ``models`` entry is flat),
+an agent's ``check_options``, that the modules exist — is checked by ``resolve_config``, which every
+path that starts workers calls before anything is published or any worker takes work. Until then an
+adapter's keys are held as written (``gym_runtime.model.WrittenOptions``): a key whose name looks like
+a secret (``api_key``, ``token``, ``headers``, ...) or whose value came from ``${VAR}`` is redacted;
+once resolved, the adapter's own ``secret_fields`` decide.
 """
 
 from __future__ import annotations
@@ -25,7 +33,14 @@ import yaml
 
 from gym_runtime.config import nemo as nemo_config
 from gym_runtime.errors import ConfigError, UserError
-from gym_runtime.model import ModelConfig, adapter_module, model_config
+from gym_runtime.model import (
+    WORKER_KEYS,
+    ModelConfig,
+    WrittenOptions,
+    adapter_module,
+    resolve_model,
+    written_model_config,
+)
 from gym_runtime.plugins import load_plugin, use_config_dir
 
 
@@ -117,6 +132,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
     base_dir: str = "."  # set by the loader: relative paths in the config resolve here
+    source: str = "config"  # set by the loader: the file(s) that errors found later (resolve_config) name
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", self.namespace):
@@ -235,15 +251,23 @@ def _check_path(raw: dict[str, Any], parts: list[str], *, adding: bool) -> None:
         raise ConfigError(f"--set {'.'.join(parts)}: no key {here}{hint}")
 
 
-def _path_problem(raw: dict[str, Any], parts: list[str], *, adding: bool) -> tuple[str, str] | None:
+OptionsOf = Callable[[str], Any]  # an adapter's name → its Options type (imports it: resolve_config only)
+
+
+def _path_problem(
+    raw: dict[str, Any], parts: list[str], *, adding: bool, options_of: OptionsOf | None = None
+) -> tuple[str, str] | None:
     """The first step of ``parts`` that is neither in ``raw`` nor in the schema, with a hint (the nearest
-    key: ``; did you mean ...?``), or None when the path is fine. ``--set`` and the config files share it."""
+    key: ``; did you mean ...?``), or None when the path is fine. ``--set`` and the config files share it.
+    Without ``options_of`` (loading: no adapter imported) an adapter's key of a models entry passes."""
     info: Any = msgspec.inspect.type_info(Config)
     node: Any = raw
     for i, part in enumerate(parts):
         here = ".".join(parts[: i + 1])
         present = isinstance(node, dict) and part in node
-        info = _flat_model_entry(info, node)
+        if _is_model_entry(info) and options_of is None and part not in WORKER_KEYS:
+            return None  # an adapter's own key: resolve_config checks it against the adapter's Options
+        info = _flat_model_entry(info, node, options_of)
         known, free, choices = _schema_step(info, part)
         if not present and not known and not free:
             if isinstance(info, msgspec.inspect.DictType) and adding:
@@ -265,7 +289,7 @@ def _path_problem(raw: dict[str, Any], parts: list[str], *, adding: bool) -> tup
     return None
 
 
-def _unknown_key_hint(raw: dict[str, Any], path: str) -> str:
+def _unknown_key_hint(raw: dict[str, Any], path: str, options_of: OptionsOf | None = None) -> str:
     """``; did you mean agents.a.max_steps?`` for an unknown key a config file spells (``path``), or ``""``."""
     parts = [p for p in path.split(".") if p]
     if not parts:
@@ -280,20 +304,24 @@ def _unknown_key_hint(raw: dict[str, Any], path: str) -> str:
         node[part] = node = dict(child)
     else:
         node.pop(parts[-1], None)
-    problem = _path_problem(copy, parts, adding=False)
+    problem = _path_problem(copy, parts, adding=False, options_of=options_of)
     if problem is None:
         return ""
     hint = problem[1].split(" (use +", 1)[0]
     return hint if "did you mean" in hint else ""
 
 
-def _flat_model_entry(info: Any, node: Any) -> Any:
+def _is_model_entry(info: Any) -> bool:
+    return isinstance(info, msgspec.inspect.StructType) and info.cls is ModelConfig
+
+
+def _flat_model_entry(info: Any, node: Any, options_of: OptionsOf | None) -> Any:
     """A ``models.NAME`` entry is flat in YAML: the worker's keys plus its adapter's option fields."""
-    if not (isinstance(info, msgspec.inspect.StructType) and info.cls is ModelConfig):
+    if not _is_model_entry(info) or options_of is None:
         return info
     adapter = node.get("adapter", "scripted") if isinstance(node, dict) else "scripted"
     try:
-        options: Any = msgspec.inspect.type_info(adapter_module(str(adapter)).Options)
+        options: Any = msgspec.inspect.type_info(options_of(str(adapter)))
     except ValueError:
         return info  # an unknown adapter is reported when the entry is converted
     worker = [f for f in info.fields if f.encode_name != "options"]
@@ -372,6 +400,8 @@ def load_config(
     source = ", ".join(str(p) for p in paths)
     for o in overrides or []:
         apply_override(raw, o)
+    from_set = _adapter_keys_set(overrides or [])
+    from_env = _adapter_keys_from_env(raw)
     env: dict[str, str] = {}
     for p in paths:
         env.update(_env_file(p))
@@ -382,7 +412,41 @@ def load_config(
         raise ConfigError(f"{source}: {e}") from None
     raw["base_dir"] = str(paths[0].resolve().parent)
     use_config_dir(_module_names(raw), raw["base_dir"])  # modules named relative to the config (gym_runtime.plugins)
-    return config_from_dict(raw, source=source)
+    cfg = config_from_dict(raw, source=source)
+    for name, m in cfg.models.items():
+        if isinstance(m.options, WrittenOptions):
+            m.options = msgspec.structs.replace(
+                m.options, from_env=from_env.get(name, frozenset()), from_set=from_set.get(name, frozenset())
+            )
+    return cfg
+
+
+def _adapter_keys_set(overrides: list[str]) -> dict[str, frozenset[str]]:
+    """models entry → the adapter keys that ``--set`` overrides wrote (their errors name the ``--set``)."""
+    out: dict[str, set[str]] = {}
+    for o in overrides:
+        parts = o.partition("=")[0].removeprefix("+").split(".")
+        if len(parts) >= 3 and parts[0] == "models" and parts[2] not in WORKER_KEYS:
+            out.setdefault(parts[1], set()).add(parts[2])
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _adapter_keys_from_env(raw: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """models entry → the keys whose value (anywhere inside) is a ``${VAR}`` reference: held as secrets."""
+
+    def refers(value: Any) -> bool:
+        if isinstance(value, dict):
+            return any(refers(v) for v in value.values())
+        if isinstance(value, list):
+            return any(refers(v) for v in value)
+        return isinstance(value, str) and _VAR.search(value) is not None
+
+    models = raw.get("models")
+    return {
+        str(name): frozenset(k for k, v in entry.items() if refers(v))
+        for name, entry in (models.items() if isinstance(models, dict) else [])
+        if isinstance(entry, dict)
+    }
 
 
 def _module_names(raw: dict[str, Any]) -> list[str]:
@@ -401,15 +465,16 @@ def _converter(typ: type[msgspec.Struct]) -> Callable[[Any], Any]:
 
 
 # How one entry of each section is parsed (a models entry is flat: the worker's
-# keys and its adapter's own Options, see gym_runtime.model).
+# keys, and its adapter's keys held as written until resolve_config, see gym_runtime.model).
 _SECTIONS: dict[str, Callable[[Any], Any]] = {
-    "models": model_config,
+    "models": written_model_config,
     "resources": _converter(ResourceConfig),
     "agents": _converter(AgentConfig),
 }
 
 
 def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
+    """Plain data → ``Config``, checked as far as data alone allows (no plugin imported: ``resolve_config``)."""
     # Entries are converted one by one so that errors can name them (msgspec
     # reports dict keys as `[...]`).
     sections: dict[str, dict[str, Any]] = {}
@@ -431,20 +496,57 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         text = _readable(str(e))
         raise ConfigError(f"{source}: {text.lstrip(': ')}{_file_key_hint(raw, '', text)}") from None
     cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]
+    cfg.source = source
     for name, a in cfg.agents.items():
-        _check_agent_options(name, a, cfg, source)
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
         if a.resource and a.resource not in cfg.resources:
             raise ConfigError(f"{source}: agents.{name}.resource: no resource named {a.resource!r} under resources")
+        for key, value in a.options.items():  # any model the options name (``*_model`` keys) must exist
+            if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
+                raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
     return cfg
 
 
-def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) -> None:
+def resolve_config(cfg: Config) -> Config:
+    """Import the adapters and agents ``cfg`` names and let them check their options; returns ``cfg``.
+
+    The step between loading (pure data) and starting workers: ``start``, ``run``, ``validate``,
+    ``Client`` and the worker composition (``gym_runtime.workers.runner``) call it, so a bad option
+    is one ``ConfigError`` naming the key before anything is published or any worker takes work.
+    Each ``models`` entry's options become its adapter's ``Options`` (once; calling again is cheap).
+    """
+    for name, m in cfg.models.items():
+        try:
+            cfg.models[name] = resolve_model(m)
+        except msgspec.ValidationError as e:
+            raise ConfigError(_model_error(cfg, name, m, _readable(str(e)))) from None
+    for name, a in cfg.agents.items():
+        _check_agent_options(name, a, cfg.source)
+    return cfg
+
+
+def _model_error(cfg: Config, name: str, m: ModelConfig, text: str) -> str:
+    """A models entry's option error as loading used to say it: the key's path and the nearest valid key;
+    a key a ``--set`` wrote is named as that ``--set`` (``--set models.p.prefx: no key ...; did you mean``)."""
+    written = m.options.values if isinstance(m.options, WrittenOptions) else {}
+    raw = {"models": {name: {**{k: getattr(m, k) for k in WORKER_KEYS}, **written}}}
+    where = f"models.{name}" + (text if text.startswith(":") else f".{text}")
+    key = text.removesuffix(": unknown key")
+    hint = _file_key_hint(raw, f"models.{name}", text, _adapter_options)
+    if isinstance(m.options, WrittenOptions) and text.endswith(": unknown key") and key in m.options.from_set:
+        return f"--set models.{name}.{key}: no key models.{name}.{key}{hint}"
+    return f"{cfg.source}: {where}{hint}"
+
+
+def _adapter_options(name: str) -> Any:
+    return adapter_module(name).Options
+
+
+def _check_agent_options(name: str, a: AgentConfig, source: str) -> None:
     """Let the agent module validate its ``options`` now, not as a failure on every rollout.
 
-    An agent module may define ``check_options(options) -> parsed`` (raising
-    ``ValueError``); any model the options name (``*_model`` keys) must exist.
+    An agent module may define ``check_options(options) -> parsed`` (raising ``ValueError``).
     """
     try:
         module = load_plugin("agent", a.agent, f"agents.{name}.agent")
@@ -458,17 +560,14 @@ def _check_agent_options(name: str, a: AgentConfig, cfg: Config, source: str) ->
             text = _readable(str(e).removeprefix("options: "))
             sep = "" if text.startswith(":") else "."
             raise ConfigError(f"{source}: agents.{name}.options{sep}{text}") from None
-    for key, value in a.options.items():
-        if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
-            raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
 
 
-def _file_key_hint(raw: dict[str, Any], prefix: str, text: str) -> str:
+def _file_key_hint(raw: dict[str, Any], prefix: str, text: str, options_of: OptionsOf | None = None) -> str:
     """For ``KEY: unknown key`` (a typo in a file): the nearest valid key, as ``--set`` says it."""
     if not text.endswith(": unknown key"):
         return ""
     key = text.removesuffix(": unknown key")
-    return _unknown_key_hint(raw, f"{prefix}.{key}" if prefix else key)
+    return _unknown_key_hint(raw, f"{prefix}.{key}" if prefix else key, options_of)
 
 
 def _readable(msg: str) -> str:

@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config
 from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.model import WrittenOptions
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 
@@ -51,6 +52,8 @@ def fingerprint(entry: msgspec.Struct) -> str:
     """12 hex digits over a config entry's fields, deployment fields excluded."""
     raw = msgspec.structs.asdict(entry)
     options = raw.get("options")
+    if isinstance(options, WrittenOptions):  # a bug: workers and Client resolve their config first
+        raise RuntimeError("fingerprint of an unresolved models entry: resolve_config(config) first")
     if isinstance(options, msgspec.Struct):  # a model entry: the adapter's own options, flattened
         del raw["options"]
         raw.update(msgspec.structs.asdict(options))

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config
+from gym_runtime.config import Config, resolve_config
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, publish_tasks, validate
@@ -165,7 +165,9 @@ def make_workers(
     replicas: int | None = None,
 ) -> list[Worker]:
     """Build (not start) the workers of ``pairs``; ``bus`` may map NATS roles to their own connections
-    (``open_buses``). A construction error names the config entry (``models.policy: ...``)."""
+    (``open_buses``). A construction error names the config entry (``models.policy: ...``); the config is
+    resolved first (``resolve_config``: its plugins' option checks, as ``serve`` and ``run_batch`` do)."""
+    resolve_config(config)
     if isinstance(bus, dict):
         return [w for p in pairs for w in make_workers(bus[pool_key(*p)], config, [p], replicas=replicas)]
     workers: list[Worker] = []
@@ -255,6 +257,7 @@ async def serve(
 
     A signal while the workers still wait for their server stops the wait at once (nothing to drain):
     a scheduler's SIGTERM, or Ctrl-C on a worker node whose server is not up, is acted on then too."""
+    resolve_config(config)  # a bad option: one error now, not after waiting for the server
     pairs = selected(config, only)
     check_resources(config, pairs)
     stopped: list[int] = []
@@ -386,6 +389,7 @@ async def run_batch(
     ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
     (role, name) workers that run in child processes of their own (hosted NeMo Gym servers)."""
     t0 = time.perf_counter()
+    resolve_config(config)  # the plugins' option checks, before anything is published
     if not config.agents:
         raise UserError("the config names no agents")
     # fail fast, before connecting

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.config import load_config, redact
+from gym_runtime.config import load_config, redact, resolve_config
 from gym_runtime.errors import ConfigError
 from tests.helpers import COMPAT, REPO, prompt_key, read_jsonl
 
@@ -122,7 +122,7 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
     cwd = Path.cwd()
     os.chdir(root)
     try:
-        cfg = load_config(root / "train.yaml")
+        cfg = resolve_config(load_config(root / "train.yaml"))
     finally:
         os.chdir(cwd)
     assert set(cfg.agents) == {"mcqa_simple_agent", "example_single_tool_call_simple_agent"}
@@ -348,7 +348,7 @@ def test_nemo_gym_model_servers_map_onto_our_adapters(
         f"config_paths: [{nemo_config('mcqa')}, {CONFIGS / 'responses_api_models' / model_file}]\n"
         "policy_base_url: http://127.0.0.1:9/v1\npolicy_api_key: sk-abc-SECRET\npolicy_model_name: tiny\n"
     )
-    cfg = load_config(tmp_path / "train.yaml")
+    cfg = resolve_config(load_config(tmp_path / "train.yaml"))
     m = cfg.models["policy_model"]
     assert (m.adapter, m.options.base_url, m.options.model, m.options.api_key) == (
         adapter,

@@ -572,16 +572,18 @@ def test_readme_real_model_example_sends_the_variable_as_the_bearer_token(tmp_pa
 def test_set_is_applied_before_variable_substitution_and_plus_adds_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_runtime.config import load_config
+    from gym_runtime.config import load_config, resolve_config
 
     monkeypatch.setenv("JUDGE_KEY", "sk-judge")
-    cfg = load_config(
-        REPO / WEATHER,
-        [
-            "models.policy.model=${POLICY_MODEL:-gpt-4.1}",
-            "+models.judge.adapter=openai",
-            "+models.judge.api_key=${JUDGE_KEY}",
-        ],
+    cfg = resolve_config(
+        load_config(
+            REPO / WEATHER,
+            [
+                "models.policy.model=${POLICY_MODEL:-gpt-4.1}",
+                "+models.judge.adapter=openai",
+                "+models.judge.api_key=${JUDGE_KEY}",
+            ],
+        )
     )
     assert cfg.models["policy"].options.model == "gpt-4.1"
     assert cfg.models["judge"].options.api_key == "sk-judge" and cfg.models["judge"].adapter == "openai"
