@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.config import Config, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, put_manifest
 from gym_runtime.data.collector import failure_row, unreadable_result
 from gym_runtime.data.inputs import check_row, publish_rows
@@ -200,8 +200,11 @@ class Client:
         telemetry: Telemetry | None = None,
         check_fingerprints: bool = True,
     ) -> None:
-        # resolved here (its plugins' option checks): the fingerprints below are of the adapters' parsed options
-        self.config = resolve_config(config if isinstance(config, Config) else load_config(config))
+        # Resolved here: the fingerprints below hash the adapters' parsed options; workers started in this
+        # process need their agents' option checks too (a client that only submits imports no agent module).
+        cfg = config if isinstance(config, Config) else load_config(config)
+        in_process = workers is True or isinstance(workers, list)
+        self.config = resolve_config(cfg) if in_process else resolve_models(cfg)
         self.config_path = None if isinstance(config, Config) else str(Path(config).resolve())
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')

@@ -18,6 +18,7 @@ from gym_runtime.cli._common import (
     positive_int,
     telemetry,
 )
+from gym_runtime.config import resolve_models
 from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
@@ -43,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import publish_batch, run_async
 
-    cfg = load(args)
+    cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
     url = need_url(args, cfg)
     if not cfg.agents:
         raise UserError("the config names no agents")

@@ -8,10 +8,11 @@ interpolate ``${VAR}`` / ``${VAR:-default}`` (from the environment, then an
 that name the key's path (``agents.weather_agent.max_steps``). Secrets stay in
 the Structs but are redacted from anything printed.
 
-Loading is pure data: it imports no agent, resource or adapter module, so a publisher needs none of
-their dependencies. What only a plugin can check — an adapter's own keys (a ``models`` entry is flat),
-an agent's ``check_options``, that the modules exist — is checked by ``resolve_config``, which every
-path that starts workers calls before anything is published or any worker takes work. Until then an
+Loading is pure data: it imports no agent, resource or adapter module. What only a plugin can
+check — an adapter's own keys (a ``models`` entry is flat), an agent's ``check_options``, that the
+modules exist — is checked by ``resolve_config``, which every path that starts workers calls before
+anything is published or any worker takes work (a publisher imports only the adapters,
+``resolve_models``: its tasks' fingerprints hash their parsed options). Until then an
 adapter's keys are held as written (``gym_runtime.model.WrittenOptions``): a key whose name looks like
 a secret (``api_key``, ``token``, ``headers``, ...) or whose value came from ``${VAR}`` is redacted;
 once resolved, the adapter's own ``secret_fields`` decide.
@@ -516,13 +517,24 @@ def resolve_config(cfg: Config) -> Config:
     is one ``ConfigError`` naming the key before anything is published or any worker takes work.
     Each ``models`` entry's options become its adapter's ``Options`` (once; calling again is cheap).
     """
+    resolve_models(cfg)
+    for name, a in cfg.agents.items():
+        _check_agent_options(name, a, cfg.source)
+    return cfg
+
+
+def resolve_models(cfg: Config) -> Config:
+    """The adapters' half of ``resolve_config``: each ``models`` entry's options parsed by its adapter.
+
+    Publishing needs this much (a task carries its agent's fingerprint, which hashes the adapters'
+    parsed options, defaults included, as the workers see them), so ``publish`` imports the adapters,
+    as loading did before; never an agent or environment module.
+    """
     for name, m in cfg.models.items():
         try:
             cfg.models[name] = resolve_model(m)
         except msgspec.ValidationError as e:
             raise ConfigError(_model_error(cfg, name, m, _readable(str(e)))) from None
-    for name, a in cfg.agents.items():
-        _check_agent_options(name, a, cfg.source)
     return cfg
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config, resolve_config
+from gym_runtime.config import Config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, publish_tasks, validate
@@ -336,6 +336,7 @@ async def publish_batch(
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
+    resolve_models(config)  # the tasks' fingerprints hash the adapters' options (a bad one: exit 2, nothing sent)
     manifest = Manifest(
         batch=batch or uuid.uuid4().hex[:12],
         expected=plan.count * repeats,
