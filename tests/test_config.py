@@ -146,7 +146,7 @@ def test_vllm_engine_options_validate_without_vllm_installed(tmp_path: Path) -> 
 # hosted-server drivers, the user's own package) or their heavy dependencies; then what resolving says.
 PURITY = """\
 import json, sys
-from gym_runtime.config import load_config, redact, resolve_config
+from gym_runtime.config import load_config, redact, resolve_config, resolve_models
 before = set(sys.modules)
 cfg = load_config(sys.argv[1:])
 json.dumps(redact(cfg)), repr(cfg)  # printing an unresolved config imports nothing either
@@ -154,6 +154,8 @@ plugins = ("gym_runtime.agents.", "gym_runtime.resources.", "gym_runtime.models.
            "boom", "nosuch", "openai", "vllm", "verifiers", "openenv", "math_verify", "datasets")
 print(json.dumps(sorted(m for m in set(sys.modules) - before if m.startswith(plugins))))
 try:
+    resolve_models(cfg)  # what a publisher resolves: the adapters, never an agent or environment
+    print(json.dumps(sorted(m for m in set(sys.modules) - before if m.startswith(plugins[:2]))))
     resolve_config(cfg)
     print("resolved")
 except Exception as e:
@@ -173,7 +175,8 @@ def loaded_plugins(*configs: Path, cwd: Path | None = None) -> tuple[list[str], 
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    imported, resolved = res.stdout.splitlines()
+    imported, *published, resolved = res.stdout.splitlines()
+    assert published in ([], ["[]"])  # publishing imported no agent or environment module either
     return json.loads(imported), resolved
 
 

@@ -19,7 +19,7 @@ import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
-from gym_runtime.config import AgentConfig, Config
+from gym_runtime.config import AgentConfig, Config, resolve_models
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.hosting.agent import hosted_agent
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
@@ -77,7 +77,7 @@ class AgentWorker:
         self.bus = bus
         self.name = name
         self.cfg = cfg
-        self.config = config
+        self.config = resolve_models(config)  # its fingerprints hash the adapters' parsed options
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
             host = hosted_agent(name, cfg, list(config.models))
             self.fn: AgentFn = host.run

@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
-from gym_runtime.model import ModelAdapter, ModelConfig, load_adapter
+from gym_runtime.model import ModelAdapter, ModelConfig, load_adapter, resolve_model
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
@@ -53,7 +53,7 @@ class ModelWorker:
     ) -> None:
         self.bus = bus
         self.name = name
-        self.cfg = cfg
+        self.cfg = cfg = resolve_model(cfg)  # the adapter's options parsed (its fingerprint hashes them)
         self.adapter = adapter or load_adapter(cfg, base_dir=base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
