@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import cli, read_jsonl
+from tests.helpers import cli, read_jsonl, write_jsonl
 from tests.pools import (
     N_TASKS,
     REPEATS,
@@ -155,3 +155,66 @@ def test_a_killed_agents_tasks_are_redelivered_in_seconds_not_ack_wait(server, p
     assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
     assert_exactly_once(out)
     assert took < 15.0, f"the batch finished {took:.1f} s after the kill (ack_wait is 30 s)"
+
+
+def _agent_settings(config: Path, **settings: Any) -> None:
+    cfg = yaml.safe_load(config.read_text())
+    cfg["agents"]["agent"].update(settings)
+    config.write_text(yaml.safe_dump(cfg))
+
+
+def test_a_rollout_whose_worker_is_killed_is_not_charged_an_attempt(server, pool_factory, tmp_path) -> None:
+    """max_attempts 1: a rollout may fail once. Its agent worker SIGKILLed mid-rollout is a worker loss,
+    not a failed attempt: the rollouts it held run again on the other worker and score, no failure row."""
+    config = write_config(tmp_path, agent_concurrency=4, delay_s=1.0, max_attempts=1)
+    pool = pool_factory(config)
+    for only in ("agents.agent", "models.policy", "resources.env"):
+        pool.start(only + "#1", only)
+    pool.start("agents.agent#2", "agents.agent")
+    out = tmp_path / "out.jsonl"
+    publish(config, server.url, tasks_file(tmp_path), "b1")
+    collector = start_collect(server.url, "b1", out)
+    wait_until(lambda: results_stored(server.url) >= 2)
+    pool.kill("agents.agent#1")  # it held rollouts (4 slots, ~2 s each)
+    stdout, stderr = collector.communicate(timeout=90)
+    assert collector.returncode == 0, stderr + stdout
+    assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
+    rows = assert_exactly_once(out)
+    assert all(r["reward"] == 1.0 for r in rows)
+    assert not (tmp_path / "out_failures.jsonl").exists()
+
+
+def test_a_task_that_kills_every_worker_ends_as_one_worker_lost_row(server, pool_factory, tmp_path) -> None:
+    """A poison task (its agent calls os._exit) kills each worker that takes it; restarted workers take it
+    again until its budget of worker losses (max_worker_losses, counted apart from max_attempts) is spent:
+    then it is one failure row of class worker_lost, and every other rollout of the batch is a row."""
+    config = write_config(tmp_path, agent_concurrency=4, delay_s=0.0, max_attempts=1)
+    _agent_settings(config, agent="tests.envs.poison_agent", max_worker_losses=2)
+    rows_in = read_jsonl(tasks_file(tmp_path))
+    rows_in[5]["poison"] = True
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows_in)
+    pool = pool_factory(config)
+    for only in ("models.policy", "resources.env"):
+        pool.start(only, only)
+    pool.start("agents.agent", "agents.agent")
+    out = tmp_path / "out.jsonl"
+    cli_res = cli("publish", str(config), "-i", str(tasks), "--nats", server.url, "--batch", "p1")
+    assert cli_res.returncode == 0, cli_res.stderr
+    collector = start_collect(server.url, "p1", out)
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while collector.poll() is None:  # the test is the supervisor: a dead agent worker is started again
+        assert time.monotonic() < deadline, f"collect did not finish ({deaths} worker deaths)"
+        if pool.procs["agents.agent"].poll() is not None:
+            deaths += 1
+            pool.procs.pop("agents.agent")
+            pool.start("agents.agent", "agents.agent")
+        time.sleep(0.2)
+    stdout, stderr = collector.communicate()
+    assert collector.returncode == 1, stderr + stdout  # a failure row is present
+    rows = read_jsonl(out)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == [i for i in range(N_TASKS) if i != 5]
+    assert [(f["_ng_task_index"], f["error_class"]) for f in failures] == [(5, "worker_lost")]
+    assert "2" in failures[0]["error"] and "worker" in failures[0]["error"]
+    assert deaths == 3  # the first delivery and two more (the budget), then the failure row
