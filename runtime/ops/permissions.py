@@ -80,7 +80,9 @@ def permissions(role: str, namespaces: list[str], pool: str | None = None) -> di
             queue = pull(tasks, f"{ns}.task.{pool}", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
             # the pool's liveness beacons (a dead peer's tasks are nak'd at once)
             live = f"{ns}.live.agent_{pool}" if pool else f"{ns}.live.*"
-            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live]
+            # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
+            failed = f"$KV.{b}_CONTROL.failed.{mine}.>"
+            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live, failed]
             sub += [*worker_sub, live]
         elif role == "model":
             queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")

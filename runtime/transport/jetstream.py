@@ -322,6 +322,9 @@ class KV:
     async def put(self, key: str, value: bytes) -> None:
         await retrying(lambda: self._kv.put(key, value), what="kv put")
 
+    async def delete(self, key: str) -> None:
+        await retrying(lambda: self._kv.delete(key), what="kv delete")
+
 
 async def kv_bucket(bus: Bus, bucket: str) -> KV:
     """The bucket, created on first use (history 1)."""

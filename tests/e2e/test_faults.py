@@ -188,7 +188,9 @@ def test_a_task_that_kills_every_worker_ends_as_one_worker_lost_row(server, pool
     """A poison task (its agent calls os._exit) kills each worker that takes it; restarted workers take it
     again until its budget of worker losses (max_worker_losses, counted apart from max_attempts) is spent:
     then it is one failure row of class worker_lost, and every other rollout of the batch is a row."""
-    config = write_config(tmp_path, agent_concurrency=4, delay_s=0.0, max_attempts=1)
+    # one slot: the rollouts beside the poison one would share each of its worker's deaths (each a loss
+    # of theirs too: the reason the default budget of losses is larger than that of attempts)
+    config = write_config(tmp_path, agent_concurrency=1, delay_s=0.0, max_attempts=1)
     _agent_settings(config, agent="tests.envs.poison_agent", max_worker_losses=2)
     rows_in = read_jsonl(tasks_file(tmp_path))
     rows_in[5]["poison"] = True
