@@ -39,6 +39,7 @@ from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
 from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl
@@ -234,6 +235,28 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             )
     finally:
         for b in (admin, res_thief, model_thief, agent_thief):
+            await b.close()
+
+
+async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_only(pooled) -> None:
+    """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
+    writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
+    srv, auth = pooled
+    mine = await _pool_bus(srv, auth, "agent", "weather_agent")
+    thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    try:
+        view = ControlView(mine)
+        view._kv = await control_kv(mine)
+        key = failed_key("weather_agent", "b1", 3, 0)
+        await view.count_failed(key, 2)
+        assert await view.failed_attempts(key) == 2
+        with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
+            await thief.js.publish(f"$KV.GYM_CONTROL.{key}", b"0", timeout=1.0)
+        assert await view.failed_attempts(key) == 2
+        await view.count_failed(key, 0)  # the rollout finished: the record goes
+        assert await view.failed_attempts(key) == 0
+    finally:
+        for b in (mine, thief):
             await b.close()
 
 
