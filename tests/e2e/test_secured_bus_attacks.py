@@ -15,6 +15,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -38,11 +39,15 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
-from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
-from tests.helpers import REPO, read_jsonl
+from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
+from tests.helpers import REPO, read_jsonl, write_jsonl
+
+
+def task_filter(ns: str, agent: str) -> str:  # main's task subject, for the run before the fix
+    return f"{ns}.task.{agent}"
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -289,6 +294,52 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
             while collector.stats.rows < 3:
                 await anyio.sleep(0.05)
     assert collector.stats.rows == 3 and collector.stats.duplicates == 0
+
+
+async def _terminate(bus: Bus, stream: str, durable: str, n: int) -> int:
+    """Pull ``n`` tasks from a durable as a (buggy or hostile) worker would, and +TERM each without a result."""
+    got: list[str] = []
+    inbox = bus.nc.new_inbox()
+
+    async def take(msg: Any) -> None:
+        if msg.reply:
+            got.append(msg.reply)
+
+    sub = await bus.nc.subscribe(inbox, cb=take)
+    await bus.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", b'{"batch": %d}' % n, reply=inbox)
+    with anyio.fail_after(5):
+        while len(got) < n:
+            await anyio.sleep(0.02)
+    for ack in got:
+        await bus.nc.publish(ack, b"+TERM")
+    await bus.nc.flush()
+    await sub.unsubscribe()
+    return len(got)
+
+
+async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """A worker with the agent role's credentials pulls tasks of a batch and +TERMs them (no result): the
+    collector hears it (JetStream's terminated advisory), writes one failure row for each, and finishes.
+    Before: those rollouts never ran and ``collect`` waited for them forever."""
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    publisher, thief = buses["publisher"], buses["agent"]
+    data = tmp_path / "in.jsonl"
+    write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl")[:6])
+    stream = stream_names("gym")["task"]
+    await ensure_streams(publisher)
+    await ensure_consumer(thief, stream, "agent_weather_agent", task_filter("gym", "weather_agent"), ack_wait=30.0)
+    manifest = await publish_batch(publisher, cfg, data, batch="t1")
+    assert await _terminate(thief, stream, "agent_weather_agent", 2) == 2
+    pools = {"agent.weather_agent": thief, "model.policy": buses["model"], "resource.weather": buses["resource"]}
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, make_workers(pools, cfg, selected(cfg, None)))
+        with anyio.fail_after(30):
+            stats = await Collector(publisher, "t1", tmp_path / "out.jsonl", expected=manifest.expected).run()
+        tg.cancel_scope.cancel()
+    assert stats.rows == 4 and stats.failures == 2 and stats.duplicates == 0
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert [f["error_class"] for f in failures] == ["terminated", "terminated"]
+    assert sorted(r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl") + failures) == list(range(6))
 
 
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
