@@ -42,7 +42,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names
+from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names, task_subject
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
@@ -520,7 +520,9 @@ class Client:
                 row=row,
                 **self._task_fields(version, max_staleness, checks)(name),
             )
-            await self.bus.js_publish(self.bus.subject("task", name), task, msg_id=f"{self._run_batch}:{index}:0")
+            await self.bus.js_publish(
+                task_subject(self.bus.ns, name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
+            )
             out, ok = await fut
         finally:
             self._runs.pop(index, None)

@@ -39,15 +39,12 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names, task_filter
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl, write_jsonl
 
-
-def task_filter(ns: str, agent: str) -> str:  # main's task subject, for the run before the fix
-    return f"{ns}.task.{agent}"
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -324,7 +321,7 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
     cfg = load_config(REPO / "resources/weather/config.yaml")
     publisher, thief = buses["publisher"], buses["agent"]
     data = tmp_path / "in.jsonl"
-    write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl")[:6])
+    write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl") * 2)
     stream = stream_names("gym")["task"]
     await ensure_streams(publisher)
     await ensure_consumer(thief, stream, "agent_weather_agent", task_filter("gym", "weather_agent"), ack_wait=30.0)
@@ -336,10 +333,21 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
         with anyio.fail_after(30):
             stats = await Collector(publisher, "t1", tmp_path / "out.jsonl", expected=manifest.expected).run()
         tg.cancel_scope.cancel()
-    assert stats.rows == 4 and stats.failures == 2 and stats.duplicates == 0
+    assert stats.rows == manifest.expected - 2 and stats.failures == 2 and stats.duplicates == 0
     failures = read_jsonl(tmp_path / "out_failures.jsonl")
     assert [f["error_class"] for f in failures] == ["terminated", "terminated"]
-    assert sorted(r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl") + failures) == list(range(6))
+    everything = read_jsonl(tmp_path / "out.jsonl") + failures
+    assert sorted(r["_ng_task_index"] for r in everything) == list(range(manifest.expected))
+
+    # exactly once: a real result that comes after the failure row (a worker still running a terminated task)
+    # is a duplicate of it in the stream, so every collector of the batch writes the same single row
+    late = RolloutResult(batch="t1", task_index=failures[0]["_ng_task_index"], rollout_index=0, agent="weather_agent")
+    late = msgspec.structs.replace(late, row={"reward": 1.0, "_ng_task_index": late.task_index})
+    await thief.js_publish("gym.result.weather_agent.t1", late, msg_id=f"t1:{late.task_index}:0")
+    with anyio.fail_after(30):
+        again = await Collector(publisher, "t1", tmp_path / "again.jsonl", expected=manifest.expected).run()
+    assert (again.rows, again.failures, again.duplicates) == (stats.rows, 2, 0)
+    assert read_jsonl(tmp_path / "again_failures.jsonl") == failures
 
 
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
