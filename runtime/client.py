@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, load_config
@@ -454,17 +455,15 @@ class Client:
         for row in rows:
             name = check_row(row, agents, agent)
             counts[name] = counts.get(name, 0) + 1
-        await put_manifest(
-            self.bus,
-            Manifest(
-                batch=handle.batch,
-                expected=handle.expected,
-                tasks=len(rows),
-                repeats=repeats,
-                agents=counts,
-                input="(gym_runtime.Client)",
-            ),
+        manifest = Manifest(
+            batch=handle.batch,
+            expected=handle.expected,
+            tasks=len(rows),
+            repeats=repeats,
+            agents=counts,
+            input="(gym_runtime.Client)",
         )
+        await put_manifest(self.bus, manifest)
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
@@ -478,6 +477,7 @@ class Client:
             task_fields=self._task_fields(version, max_staleness, checks),
             grouped=lambda a: self.config.agents[a].group_repeats,
         )
+        await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
 
     async def run(

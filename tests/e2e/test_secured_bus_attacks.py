@@ -39,12 +39,11 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names, task_filter
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names, task_filter, task_subject
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl, write_jsonl
-
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -224,7 +223,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             await agent_thief.js.publish("gym.result.weather_agent.b2", agent_thief.codec.encode(forged), timeout=1.0)
         await agent_thief.js.publish("gym.result.other_agent.b2", agent_thief.codec.encode(forged), timeout=5.0)
         stream = stream_names("gym")["task"]
-        await admin.js.publish("gym.task.weather_agent", b"t", timeout=5.0)
+        await admin.js.publish(task_subject("gym", "weather_agent", "b2"), b"t", timeout=5.0)
         pulled = await _replies(
             agent_thief,
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_weather_agent",
@@ -233,7 +232,10 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
         assert pulled == []  # refused: not even a "no messages" status comes back
         with pytest.raises(nats.errors.TimeoutError):  # nor a consumer of its own on the weather agent's tasks
             await agent_thief.js.add_consumer(
-                stream, durable_name="agent_other_agent", filter_subject="gym.task.weather_agent", timeout=1.0
+                stream,
+                durable_name="agent_other_agent",
+                filter_subject=task_filter("gym", "weather_agent"),
+                timeout=1.0,
             )
     finally:
         for b in (admin, res_thief, model_thief, agent_thief):
@@ -359,8 +361,8 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         await ensure_streams(bus)
         row = {**read_jsonl(REPO / "resources/weather/data/example.jsonl")[0], "pad": "x" * (bus.blob_threshold + 10)}
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
-        await bus.js_publish("gym.task.weather_agent", task, msg_id="b9:0:0")
-        stored = await bus.js.get_last_msg(stream_names("gym")["task"], "gym.task.weather_agent")
+        await bus.js_publish(task_subject("gym", "weather_agent", "b9"), task, msg_id="b9:0:0")
+        stored = await bus.js.get_last_msg(stream_names("gym")["task"], task_subject("gym", "weather_agent", "b9"))
         key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body
