@@ -151,7 +151,9 @@ class Collector:
                 res = unreadable_result(msg, e)
             if res is not None and msg.subject.split(".")[-2] == jetstream.LOST and res.error is None:
                 # the lost-task subject carries failure rows only (its writers are not the agent pools)
-                res = msgspec.structs.replace(res, row=None, error=ErrorInfo("integrity", "a row on the lost subject"))
+                res = msgspec.structs.replace(
+                    res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
+                )
             if res is not None:
                 self._take(res)
             last_seq = max(last_seq, msg.stream_seq)  # handled: what settle_lost waits for

@@ -39,7 +39,14 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, stream_names, task_filter, task_subject
+from gym_runtime.transport.jetstream import (
+    ensure_consumer,
+    ensure_streams,
+    lost_subject,
+    stream_names,
+    task_filter,
+    task_subject,
+)
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
@@ -350,6 +357,17 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
         again = await Collector(publisher, "t1", tmp_path / "again.jsonl", expected=manifest.expected).run()
     assert (again.rows, again.failures, again.duplicates) == (stats.rows, 2, 0)
     assert read_jsonl(tmp_path / "again_failures.jsonl") == failures
+
+
+async def test_a_row_on_the_lost_subject_is_never_a_reward(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """The publisher role may store failure rows of lost tasks; a reward it stores there is read as a failure."""
+    publisher = buses["publisher"]
+    forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="weather_agent", row={"reward": 1.0})
+    await publisher.js_publish(lost_subject("gym", "f1"), forged, msg_id="f1:0:0")
+    with anyio.fail_after(10):
+        stats = await Collector(publisher, "f1", tmp_path / "out.jsonl", expected=1).run()
+    assert (stats.rows, stats.failures) == (0, 1)
+    assert read_jsonl(tmp_path / "out_failures.jsonl")[0]["error_class"] == "integrity"
 
 
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
