@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, load_config, resolve_config, resolve_models
@@ -42,7 +43,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names
+from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names, task_subject
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
@@ -458,17 +459,15 @@ class Client:
         for row in rows:
             name = check_row(row, agents, agent)
             counts[name] = counts.get(name, 0) + 1
-        await put_manifest(
-            self.bus,
-            Manifest(
-                batch=handle.batch,
-                expected=handle.expected,
-                tasks=len(rows),
-                repeats=repeats,
-                agents=counts,
-                input="(gym_runtime.Client)",
-            ),
+        manifest = Manifest(
+            batch=handle.batch,
+            expected=handle.expected,
+            tasks=len(rows),
+            repeats=repeats,
+            agents=counts,
+            input="(gym_runtime.Client)",
         )
+        await put_manifest(self.bus, manifest)
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
@@ -482,6 +481,7 @@ class Client:
             task_fields=self._task_fields(version, max_staleness, checks),
             grouped=lambda a: self.config.agents[a].group_repeats,
         )
+        await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
 
     async def run(
@@ -524,7 +524,9 @@ class Client:
                 row=row,
                 **self._task_fields(version, max_staleness, checks)(name),
             )
-            await self.bus.js_publish(self.bus.subject("task", name), task, msg_id=f"{self._run_batch}:{index}:0")
+            await self.bus.js_publish(
+                task_subject(self.bus.ns, name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
+            )
             out, ok = await fut
         finally:
             self._runs.pop(index, None)

@@ -13,14 +13,14 @@ import anyio
 from gym_runtime.messages import ToolCall
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.transport.jetstream import message_count, stream_names, task_subject
 from gym_runtime.transport.pull import work_queue_puller
 
 
 async def publish(bus: Bus, n: int) -> float:
     t0 = time.time()
     for i in range(n):
-        await bus.js.publish(bus.subject("task", "a"), b"%d" % i)
+        await bus.js.publish(task_subject(bus.ns, "a", "b1"), b"%d" % i)
     return t0
 
 
@@ -73,7 +73,7 @@ async def test_a_delivery_knows_its_attempt_and_when_it_was_queued(bus: Bus) -> 
             await finished.wait()
         tg.cancel_scope.cancel()
     assert [a for a, _, _ in seen] == [1, 2, 3]
-    assert all(s == "gym.task.a" for _, _, s in seen)
+    assert all(s == "gym.task.a.b1" for _, _, s in seen)
     stored = {q for _, q, _ in seen}
     assert len(stored) == 1  # one message, stored once
     (queued,) = stored

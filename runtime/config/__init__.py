@@ -85,7 +85,11 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timeout_s: float = 600.0
     concurrency: int = 256
     replicas: int = 1
-    max_attempts: int = 3
+    max_attempts: int = 3  # failures of the rollout itself (a retryable error), not lost workers
+    # Deliveries whose worker vanished holding the task (killed, node lost, hung past ack_wait): a budget of
+    # their own, so a fault costs a rollout nothing, while a task that kills every worker still ends as a
+    # worker_lost failure row after this many losses.
+    max_worker_losses: int = 5
     ack_wait_s: float = 30.0  # a task whose worker went silent this long is redelivered
     # A role with no worker at all (a pool restarting) is waited out, with backoff, this long
     # before the attempt counts: max_attempts counts failures of the work, not absences of a role.
@@ -98,6 +102,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent == HOSTED_AGENT_MODULE):
             raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
+        if self.max_attempts < 1 or self.max_worker_losses < 0:
+            raise ValueError("max_attempts must be at least 1 and max_worker_losses at least 0")
         if self.nemo_gym:
             self.agent = HOSTED_AGENT_MODULE  # the module that drives it (its checks, its fingerprint)
 

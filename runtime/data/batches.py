@@ -24,6 +24,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     agents: dict[str, int]
     input: str
     created: float = msgspec.field(default_factory=time.time)
+    # every task is queued (written again after the last one): from then on, a task no longer queued
+    # whose result never came was removed without one (terminated), and collect writes its failure row
+    published: bool = False
 
 
 def _bucket(bus: Bus) -> str:

@@ -27,6 +27,7 @@ import anyio
 import msgspec
 
 from gym_runtime.data.aggregate import MetricsAccumulator
+from gym_runtime.data.batches import get_manifest
 from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
@@ -39,6 +40,7 @@ from gym_runtime.transport.pull import PullWorker
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
 log = logs.get("gym.collector")
+LOST_CHECK_S = 5.0  # with no result for this long, look for tasks that left the queue without one
 
 
 def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
@@ -143,14 +145,18 @@ class Collector:
 
         async def on_msg(msg: Delivery) -> None:
             nonlocal last_seq
-            last_seq = max(last_seq, msg.stream_seq)
             try:
                 res = await self.bus.decode(msg)
             except Exception as e:  # a tampered or missing body: a failure row, never a reward, never a hang
                 res = unreadable_result(msg, e)
-                if res is None:
-                    return
-            self._take(res)
+            if res is not None and msg.subject.split(".")[-2] == jetstream.LOST and res.error is None:
+                # the lost-task subject carries failure rows only (its writers are not the agent pools)
+                res = msgspec.structs.replace(
+                    res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
+                )
+            if res is not None:
+                self._take(res)
+            last_seq = max(last_seq, msg.stream_seq)  # handled: what settle_lost waits for
 
         puller = PullWorker(
             self.bus,
@@ -168,6 +174,7 @@ class Collector:
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(puller.run)
+                        tg.start_soon(self._watch_lost, stream, consumer, lambda: last_seq)
                         if self.expected:
                             await self._done.wait()
                         tg.cancel_scope.cancel()
@@ -184,6 +191,72 @@ class Collector:
                 leftover.unlink(missing_ok=True)
             raise
         return self.stats
+
+    async def _watch_lost(self, results: str, reader: str, handled: Callable[[], int]) -> None:
+        """Write a failure row for each task that left the queue without a result, so the batch finishes.
+
+        A task is removed from the work queue when it is acked (after its result is stored) or
+        terminated (``+TERM`` by a buggy or hostile worker, or past a consumer's max deliveries). Looked
+        at when JetStream announces a termination, and every ``LOST_CHECK_S`` while no result arrives:
+        once the batch is wholly published, none of its tasks is queued or held any more, and this
+        reader has handled every stored result, the slots still empty were lost.
+        """
+        tasks = stream_names(self.bus.ns)["task"]
+        poke = anyio.Event()
+
+        async def on_advisory(_: Any) -> None:
+            poke.set()
+
+        subs = [
+            await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
+            for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
+        ]
+        try:
+            seen = -1
+            while True:
+                with anyio.move_on_after(LOST_CHECK_S):
+                    await poke.wait()
+                if not poke.is_set() and self._count != seen:  # results are arriving: nothing is stuck
+                    seen = self._count
+                    continue
+                poke = anyio.Event()
+                seen = self._count
+                try:
+                    await self._settle_lost(tasks, results, reader, handled)
+                except Exception as e:  # the server is busy or restarting: look again later
+                    log.info("collect.lost_check_failed", batch=self.batch, error=str(e))
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                for sub in subs:
+                    await sub.unsubscribe()
+
+    async def _settle_lost(self, tasks: str, results: str, reader: str, handled: Callable[[], int]) -> None:
+        if self._count >= self.expected:
+            return
+        manifest = await get_manifest(self.bus, self.batch)
+        if manifest is None or not manifest.published:  # tasks may still be on their way
+            return
+        if await jetstream.subject_count(self.bus, tasks, jetstream.task_subject(self.bus.ns, "*", self.batch)):
+            return  # queued or held: a worker may still store its result
+        # a result is stored before its task is acked: every result is in the stream now; all read?
+        if not await jetstream.read_to_end(self.bus, results, reader, handled()):
+            return
+        missing = [slot for slot in range(self.expected) if self._offsets[slot] < 0]
+        if not missing:
+            return
+        log.warning("collect.tasks_lost", batch=self.batch, lost=len(missing), then="failure rows")
+        agent = next(iter(manifest.agents)) if len(manifest.agents) == 1 else ""
+        info = ErrorInfo(
+            error_class="terminated",
+            message="the task left the queue without a result: terminated by a worker, or past max deliveries",
+        )
+        subject = jetstream.lost_subject(self.bus.ns, self.batch)
+        for slot in missing:  # stored with the result's own id: a real result stored first wins, once
+            task_index, rollout_index = divmod(slot, self.repeats)
+            lost = RolloutResult(
+                batch=self.batch, task_index=task_index, rollout_index=rollout_index, agent=agent, error=info
+            )
+            await self.bus.js_publish(subject, lost, msg_id=f"{self.batch}:{task_index}:{rollout_index}")
 
     def _take(self, res: RolloutResult) -> None:
         slot = res.task_index * self.repeats + res.rollout_index

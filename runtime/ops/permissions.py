@@ -74,13 +74,19 @@ def permissions(role: str, namespaces: list[str], pool: str | None = None) -> di
                 f"{api}.CONSUMER.LIST.{results}",
                 "$SRV.>",
                 f"{ns}.status.*",  # status: discovery and live counters
-                f"{ns}.res.*.verify",
-            ]  # reverify: the stateless verify group
+                f"{ns}.res.*.verify",  # reverify: the stateless verify group
+                # collect: failure rows of tasks removed from the queue without a result (read as failures only)
+                f"{ns}.result._lost.>",
+            ]
+            # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
+            sub += [f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>" for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
         elif role == "agent":
-            queue = pull(tasks, f"{ns}.task.{pool}", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
+            queue = pull(tasks, f"{ns}.task.{pool}.>", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
             # the pool's liveness beacons (a dead peer's tasks are nak'd at once)
             live = f"{ns}.live.agent_{pool}" if pool else f"{ns}.live.*"
-            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live]
+            # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
+            failed = f"$KV.{b}_CONTROL.failed.{mine}.>"
+            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live, failed]
             sub += [*worker_sub, live]
         elif role == "model":
             queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")

@@ -127,6 +127,26 @@ def result_subject(ns: str, agent: str, batch: str) -> str:
     return f"{ns}.result.{agent}.{batch}"
 
 
+def task_subject(ns: str, agent: str, batch: str) -> str:
+    """Where a batch's tasks for one agent are queued: one subject per (agent, batch), so the server can say
+    how many of a batch's tasks are still queued or held (a task leaves only when acked or terminated)."""
+    return f"{ns}.task.{agent}.{batch}"
+
+
+def task_filter(ns: str, agent: str) -> str:
+    """The agent's work queue: its tasks of every batch (the durable ``agent_{agent}`` filters on it)."""
+    return f"{ns}.task.{agent}.>"
+
+
+LOST = "_lost"  # the result subject's agent token for failure rows of tasks that left the queue without a result
+
+
+def lost_subject(ns: str, batch: str) -> str:
+    """Where a collector stores the failure rows of a batch's tasks that were removed without a result; a
+    message on it is only ever read as a failure row, so a role allowed to write it can forge no reward."""
+    return f"{ns}.result.{LOST}.{batch}"
+
+
 def batch_results(ns: str, batch: str) -> str:
     """Every agent's results of ``batch`` (the readers' filter)."""
     return f"{ns}.result.*.{batch}"
@@ -249,8 +269,12 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
 
     async def ensure() -> None:
         try:
-            await bus.js.consumer_info(stream, durable)
+            info = await bus.js.consumer_info(stream, durable)
         except NotFoundError:
+            await bus.js.add_consumer(stream, cfg)
+            return
+        if info.config.filter_subject != subject:  # made by an older version (tasks were not per batch)
+            log.info("consumer.filter_updated", consumer=durable, was=info.config.filter_subject, now=subject)
             await bus.js.add_consumer(stream, cfg)
 
     await retrying(ensure, what=f"consumer {durable}")
@@ -294,6 +318,22 @@ async def consumers(bus: Bus, stream: str) -> list[dict[str, Any]]:
     ]
 
 
+async def subject_count(bus: Bus, stream: str, subjects: str) -> int:
+    """Messages stored in ``stream`` on subjects matching ``subjects`` (0 when it does not exist)."""
+    try:
+        info = await bus.js.stream_info(stream, subjects_filter=subjects)
+    except NotFoundError:
+        return 0
+    return sum((info.state.subjects or {}).values())
+
+
+async def read_to_end(bus: Bus, stream: str, consumer: str, handled_seq: int) -> bool:
+    """Whether a reader has nothing left to deliver and its handler saw everything it delivered."""
+    info = await bus.js.consumer_info(stream, consumer)
+    delivered = info.delivered.stream_seq if info.delivered else 0
+    return not info.num_pending and (delivered or 0) <= handled_seq
+
+
 async def message_count(bus: Bus, stream: str) -> int:
     """Messages stored in ``stream`` (0 when it does not exist yet)."""
     try:
@@ -321,6 +361,9 @@ class KV:
 
     async def put(self, key: str, value: bytes) -> None:
         await retrying(lambda: self._kv.put(key, value), what="kv put")
+
+    async def delete(self, key: str) -> None:
+        await retrying(lambda: self._kv.delete(key), what="kv delete")
 
 
 async def kv_bucket(bus: Bus, bucket: str) -> KV:

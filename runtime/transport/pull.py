@@ -33,6 +33,7 @@ from gym_runtime.transport.jetstream import (
     ensure_consumer,
     ensure_streams,
     stream_names,
+    task_filter,
 )
 from gym_runtime.transport.tasks import TaskSet
 
@@ -74,7 +75,8 @@ async def work_queue_puller(
     await ensure_streams(bus)
     stream = stream_names(bus.ns)[kind]
     durable = durable_name(kind, name)
-    await ensure_consumer(bus, stream, durable, bus.subject(kind, name), ack_wait=ack_wait)
+    subject = task_filter(bus.ns, name) if kind == "task" else bus.subject(kind, name)
+    await ensure_consumer(bus, stream, durable, subject, ack_wait=ack_wait)
     return PullWorker(
         bus,
         stream=stream,

@@ -2,9 +2,11 @@
 
 A task is acked only after its result (row or failure) is stored in the result
 stream. Retryable failures (a resource worker that vanished, a model replica
-that returned 5xx) are nak'd with backoff and redelivered; after
-``max_attempts`` deliveries — also when earlier workers died holding the task —
-the task becomes a failure row instead of being dropped.
+that returned 5xx) are nak'd with backoff and redelivered; after ``max_attempts``
+such failures the task becomes a failure row instead of being dropped. A worker
+that died holding a task (killed, node lost) costs it no attempt: those losses
+have a budget of their own (``max_worker_losses``), so only a task that kills
+every worker that takes it ends as a ``worker_lost`` row.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gym_runtime.transport.jetstream import result_subject
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
+from gym_runtime.workers.control import ControlView, agent_fingerprint, failed_key, fingerprint
 
 log = logs.get("gym.agent")
 
@@ -271,11 +273,20 @@ class AgentWorker:
         if skip is not None:
             self.skipped += size
             return failure(skip)
-        if attempt > self.cfg.max_attempts:
+        # JetStream counts deliveries; the attempts that failed by the rollout's own doing are counted by us
+        # (only when one failed, so a first delivery reads nothing): every other earlier delivery was a lost
+        # worker (killed, node gone, hung past ack_wait), charged to a budget of its own, not to max_attempts
+        key = failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
+        failed = await self.control.failed_attempts(key) if attempt > 1 else 0
+        lost = attempt - 1 - failed
+        if lost > self.cfg.max_worker_losses:
             return failure(
                 ErrorInfo(
                     error_class="worker_lost",
-                    message=f"task was delivered {attempt - 1} times without completing (workers lost or timed out)",
+                    message=(
+                        f"the workers running this task were lost {lost} times (max_worker_losses="
+                        f"{self.cfg.max_worker_losses}): killed, out of memory, or hung past ack_wait"
+                    ),
                 )
             )
         ctx = AgentContext(
@@ -286,45 +297,54 @@ class AgentWorker:
             model_fingerprint=self._model_fps.get,
             model_liveness_s=self._model_patience.get,
         )
+        retrying = False
         try:
-            async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
-                if task.group > 1:
-                    if self.run_group is None:
-                        raise Failure("invalid_task", f"agent {self.cfg.agent} cannot run group tasks (no run_group)")
-                    outcomes = list(await self.run_group(ctx, size))
-                    if len(outcomes) != size:
-                        raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
-                else:
-                    outcomes = [await self.fn(ctx)]
-        except TimeoutError:
-            return failure(
-                ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
-            )
-        except Failure as e:
-            if e.info.retryable and attempt < self.cfg.max_attempts:
-                delay = NAK_BACKOFF_S[min(attempt - 1, len(NAK_BACKOFF_S) - 1)]
-                log.info("rollout.retry", error=e.info.message, attempt=attempt, delay_s=delay)
-                await msg.nak(delay=delay)
-                return None
-            return failure(e.info)
-        except Exception as e:
-            log.error("rollout.crashed", error=repr(e), exc_info=e)
-            return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
-        results = []
-        for i, outcome in zip(indices, outcomes, strict=True):
-            each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
-            results.append(
-                RolloutResult(
-                    batch=task.batch,
-                    task_index=task.task_index,
-                    rollout_index=i,
-                    agent=task.agent,
-                    row=build_row(each, outcome, policy_versions=ctx.policy_versions),
-                    attempts=attempt,
-                    answer_field=outcome.verdict.answer_field,
+            try:
+                async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
+                    if task.group > 1:
+                        if self.run_group is None:
+                            raise Failure(
+                                "invalid_task", f"agent {self.cfg.agent} cannot run group tasks (no run_group)"
+                            )
+                        outcomes = list(await self.run_group(ctx, size))
+                        if len(outcomes) != size:
+                            raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
+                    else:
+                        outcomes = [await self.fn(ctx)]
+            except TimeoutError:
+                return failure(
+                    ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
                 )
-            )
-        return results
+            except Failure as e:
+                if e.info.retryable and failed + 1 < self.cfg.max_attempts:
+                    delay = NAK_BACKOFF_S[min(failed, len(NAK_BACKOFF_S) - 1)]
+                    log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)
+                    await self.control.count_failed(key, failed + 1)
+                    retrying = True
+                    await msg.nak(delay=delay)
+                    return None
+                return failure(e.info)
+            except Exception as e:
+                log.error("rollout.crashed", error=repr(e), exc_info=e)
+                return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
+            results = []
+            for i, outcome in zip(indices, outcomes, strict=True):
+                each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
+                results.append(
+                    RolloutResult(
+                        batch=task.batch,
+                        task_index=task.task_index,
+                        rollout_index=i,
+                        agent=task.agent,
+                        row=build_row(each, outcome, policy_versions=ctx.policy_versions),
+                        attempts=attempt,
+                        answer_field=outcome.verdict.answer_field,
+                    )
+                )
+            return results
+        finally:
+            if failed and not retrying:  # finished: its count of failed attempts is not needed again
+                await self.control.count_failed(key, 0)
 
     async def _skip_reason(self, task: RolloutTask) -> ErrorInfo | None:
         """Why a task must not run: another config's task, its batch was cancelled, or it is stale."""

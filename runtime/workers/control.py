@@ -15,6 +15,7 @@ both name a model ``policy`` in one namespace cannot serve each other's calls by
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import anyio
@@ -42,6 +43,7 @@ _DEPLOYMENT = frozenset(
         "retry_backoff_s",
         "replica_cooldown_s",
         "max_attempts",
+        "max_worker_losses",
         "session_ttl_s",
     }
 )
@@ -90,6 +92,13 @@ def version_key(model: str) -> str:
     return f"model.{model}.version"
 
 
+def failed_key(agent: str, batch: str, task_index: int, rollout_index: int) -> str:
+    """Where an agent pool counts a rollout's failed attempts (its workers may write only their own agent's)."""
+    if not re.fullmatch(r"[-_A-Za-z0-9]+", batch):  # a KV key allows fewer characters than a batch id
+        batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
+    return f"failed.{agent}.{batch}.{task_index}.{rollout_index}"
+
+
 class ControlView:
     """A worker's cached view of control state: KV read once per key, then kept by announcements."""
 
@@ -135,6 +144,20 @@ class ControlView:
             if await self._kv.get(f"batch.{batch}.cancelled") is not None:
                 self._cancelled.add(batch)
         return batch in self._cancelled
+
+    async def failed_attempts(self, key: str) -> int:
+        """How many attempts of a rollout failed by its own doing (retryable errors); 0 when none did."""
+        raw = await self._kv.get(key) if self._kv is not None else None
+        return int(raw) if raw and raw.isdigit() else 0
+
+    async def count_failed(self, key: str, failed: int) -> None:
+        """Record ``failed`` attempts of a rollout before it is nak'd (0: it is done, the record goes)."""
+        if self._kv is None:
+            return
+        if failed:
+            await self._kv.put(key, str(failed).encode())
+        else:
+            await self._kv.delete(key)
 
     async def paused(self, model: str) -> bool:
         """Whether ``model`` was left paused (a replica starting mid-pause holds its calls too)."""

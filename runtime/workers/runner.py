@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, resolve_config, resolve_models
@@ -363,6 +364,8 @@ async def publish_batch(
         task_fields=fps.__getitem__,
         grouped=lambda a: config.agents[a].group_repeats,
     )
+    manifest = msgspec.structs.replace(manifest, published=True)
+    await put_manifest(bus, manifest)
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
 

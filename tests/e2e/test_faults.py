@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import cli, read_jsonl
+from tests.helpers import cli, read_jsonl, write_jsonl
 from tests.pools import (
     N_TASKS,
     REPEATS,
@@ -132,13 +132,19 @@ def test_collector_killed_and_rerun_writes_identical_output(server, pool_factory
     assert not Path(str(out) + ".partial").exists()
 
 
-def test_a_killed_agents_tasks_are_redelivered_in_seconds_not_ack_wait(server, pool_factory, tmp_path) -> None:
-    """With ack_wait 30 s, the tasks a SIGKILLed agent held come back within seconds: its peer hears it fall
-    silent (liveness beacons, one message a second per worker) and naks them on its behalf."""
-    config = write_config(tmp_path, agent_concurrency=4, delay_s=1.0)  # rollouts of ~2 s: some are in flight
+def _agent_settings(config: Path, **settings: Any) -> None:
     cfg = yaml.safe_load(config.read_text())
-    cfg["agents"]["agent"]["ack_wait_s"] = 30.0
+    cfg["agents"]["agent"].update(settings)
     config.write_text(yaml.safe_dump(cfg))
+
+
+def test_a_killed_agents_tasks_come_back_in_seconds_and_cost_no_attempt(server, pool_factory, tmp_path) -> None:
+    """With ack_wait 30 s, the tasks a SIGKILLed agent held come back within seconds: its peer hears it fall
+    silent (liveness beacons, one message a second per worker) and naks them on its behalf. With max_attempts
+    1 they still score: a worker killed from outside is a worker loss, not a failed attempt (before: the
+    rollouts it held became worker_lost failure rows)."""
+    config = write_config(tmp_path, agent_concurrency=4, delay_s=1.0, max_attempts=1)  # rollouts of ~2 s
+    _agent_settings(config, ack_wait_s=30.0)
     pool = pool_factory(config)
     for only in ("agents.agent", "models.policy", "resources.env"):
         pool.start(only + "#1", only)
@@ -147,11 +153,51 @@ def test_a_killed_agents_tasks_are_redelivered_in_seconds_not_ack_wait(server, p
     publish(config, server.url, tasks_file(tmp_path), "b1")
     collector = start_collect(server.url, "b1", out)
     wait_until(lambda: results_stored(server.url) >= 2)
-    pool.kill("agents.agent#1")  # it held rollouts
+    pool.kill("agents.agent#1")  # it held rollouts (4 slots, ~2 s each)
     killed = time.monotonic()
     stdout, stderr = collector.communicate(timeout=90)
     took = time.monotonic() - killed
-    assert collector.returncode == 0, stderr
+    assert collector.returncode == 0, stderr + stdout
     assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
-    assert_exactly_once(out)
+    rows = assert_exactly_once(out)
+    assert all(r["reward"] == 1.0 for r in rows)
+    assert not (tmp_path / "out_failures.jsonl").exists()
     assert took < 15.0, f"the batch finished {took:.1f} s after the kill (ack_wait is 30 s)"
+
+
+def test_a_task_that_kills_every_worker_ends_as_one_worker_lost_row(server, pool_factory, tmp_path) -> None:
+    """A poison task (its agent calls os._exit) kills each worker that takes it; restarted workers take it
+    again until its budget of worker losses (max_worker_losses, counted apart from max_attempts) is spent:
+    then it is one failure row of class worker_lost, and every other rollout of the batch is a row."""
+    # one slot: the rollouts beside the poison one would share each of its worker's deaths (each a loss
+    # of theirs too: the reason the default budget of losses is larger than that of attempts)
+    config = write_config(tmp_path, agent_concurrency=1, delay_s=0.0, max_attempts=1)
+    _agent_settings(config, agent="tests.envs.poison_agent", max_worker_losses=2)
+    rows_in = read_jsonl(tasks_file(tmp_path))
+    rows_in[5]["poison"] = True
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows_in)
+    pool = pool_factory(config)
+    for only in ("models.policy", "resources.env"):
+        pool.start(only, only)
+    pool.start("agents.agent", "agents.agent")
+    out = tmp_path / "out.jsonl"
+    cli_res = cli("publish", str(config), "-i", str(tasks), "--nats", server.url, "--batch", "p1")
+    assert cli_res.returncode == 0, cli_res.stderr
+    collector = start_collect(server.url, "p1", out)
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while collector.poll() is None:  # the test is the supervisor: a dead agent worker is started again
+        assert time.monotonic() < deadline, f"collect did not finish ({deaths} worker deaths)"
+        if pool.procs["agents.agent"].poll() is not None:
+            deaths += 1
+            pool.procs.pop("agents.agent")
+            pool.start("agents.agent", "agents.agent")
+        time.sleep(0.2)
+    stdout, stderr = collector.communicate()
+    assert collector.returncode == 1, stderr + stdout  # a failure row is present
+    rows = read_jsonl(out)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == [i for i in range(N_TASKS) if i != 5]
+    assert [(f["_ng_task_index"], f["error_class"]) for f in failures] == [(5, "worker_lost")]
+    assert "2" in failures[0]["error"] and "worker" in failures[0]["error"]
+    assert deaths == 3  # the first delivery and two more (the budget), then the failure row

@@ -15,6 +15,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -38,10 +39,18 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.jetstream import (
+    ensure_consumer,
+    ensure_streams,
+    lost_subject,
+    stream_names,
+    task_filter,
+    task_subject,
+)
+from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
-from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
-from tests.helpers import REPO, read_jsonl
+from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
+from tests.helpers import REPO, read_jsonl, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -221,7 +230,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             await agent_thief.js.publish("gym.result.weather_agent.b2", agent_thief.codec.encode(forged), timeout=1.0)
         await agent_thief.js.publish("gym.result.other_agent.b2", agent_thief.codec.encode(forged), timeout=5.0)
         stream = stream_names("gym")["task"]
-        await admin.js.publish("gym.task.weather_agent", b"t", timeout=5.0)
+        await admin.js.publish(task_subject("gym", "weather_agent", "b2"), b"t", timeout=5.0)
         pulled = await _replies(
             agent_thief,
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_weather_agent",
@@ -230,10 +239,35 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
         assert pulled == []  # refused: not even a "no messages" status comes back
         with pytest.raises(nats.errors.TimeoutError):  # nor a consumer of its own on the weather agent's tasks
             await agent_thief.js.add_consumer(
-                stream, durable_name="agent_other_agent", filter_subject="gym.task.weather_agent", timeout=1.0
+                stream,
+                durable_name="agent_other_agent",
+                filter_subject=task_filter("gym", "weather_agent"),
+                timeout=1.0,
             )
     finally:
         for b in (admin, res_thief, model_thief, agent_thief):
+            await b.close()
+
+
+async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_only(pooled) -> None:
+    """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
+    writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
+    srv, auth = pooled
+    mine = await _pool_bus(srv, auth, "agent", "weather_agent")
+    thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    try:
+        view = ControlView(mine)
+        view._kv = await control_kv(mine)
+        key = failed_key("weather_agent", "b1", 3, 0)
+        await view.count_failed(key, 2)
+        assert await view.failed_attempts(key) == 2
+        with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
+            await thief.js.publish(f"$KV.GYM_CONTROL.{key}", b"0", timeout=1.0)
+        assert await view.failed_attempts(key) == 2
+        await view.count_failed(key, 0)  # the rollout finished: the record goes
+        assert await view.failed_attempts(key) == 0
+    finally:
+        for b in (mine, thief):
             await b.close()
 
 
@@ -268,6 +302,74 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
     assert collector.stats.rows == 3 and collector.stats.duplicates == 0
 
 
+async def _terminate(bus: Bus, stream: str, durable: str, n: int) -> int:
+    """Pull ``n`` tasks from a durable as a (buggy or hostile) worker would, and +TERM each without a result."""
+    got: list[str] = []
+    inbox = bus.nc.new_inbox()
+
+    async def take(msg: Any) -> None:
+        if msg.reply:
+            got.append(msg.reply)
+
+    sub = await bus.nc.subscribe(inbox, cb=take)
+    await bus.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", b'{"batch": %d}' % n, reply=inbox)
+    with anyio.fail_after(5):
+        while len(got) < n:
+            await anyio.sleep(0.02)
+    for ack in got:
+        await bus.nc.publish(ack, b"+TERM")
+    await bus.nc.flush()
+    await sub.unsubscribe()
+    return len(got)
+
+
+async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """A worker with the agent role's credentials pulls tasks of a batch and +TERMs them (no result): the
+    collector hears it (JetStream's terminated advisory), writes one failure row for each, and finishes.
+    Before: those rollouts never ran and ``collect`` waited for them forever."""
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    publisher, thief = buses["publisher"], buses["agent"]
+    data = tmp_path / "in.jsonl"
+    write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl") * 2)
+    stream = stream_names("gym")["task"]
+    await ensure_streams(publisher)
+    await ensure_consumer(thief, stream, "agent_weather_agent", task_filter("gym", "weather_agent"), ack_wait=30.0)
+    manifest = await publish_batch(publisher, cfg, data, batch="t1")
+    assert await _terminate(thief, stream, "agent_weather_agent", 2) == 2
+    pools = {"agent.weather_agent": thief, "model.policy": buses["model"], "resource.weather": buses["resource"]}
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, make_workers(pools, cfg, selected(cfg, None)))
+        with anyio.fail_after(30):
+            stats = await Collector(publisher, "t1", tmp_path / "out.jsonl", expected=manifest.expected).run()
+        tg.cancel_scope.cancel()
+    assert stats.rows == manifest.expected - 2 and stats.failures == 2 and stats.duplicates == 0
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert [f["error_class"] for f in failures] == ["terminated", "terminated"]
+    everything = read_jsonl(tmp_path / "out.jsonl") + failures
+    assert sorted(r["_ng_task_index"] for r in everything) == list(range(manifest.expected))
+
+    # exactly once: a real result that comes after the failure row (a worker still running a terminated task)
+    # is a duplicate of it in the stream, so every collector of the batch writes the same single row
+    late = RolloutResult(batch="t1", task_index=failures[0]["_ng_task_index"], rollout_index=0, agent="weather_agent")
+    late = msgspec.structs.replace(late, row={"reward": 1.0, "_ng_task_index": late.task_index})
+    await thief.js_publish("gym.result.weather_agent.t1", late, msg_id=f"t1:{late.task_index}:0")
+    with anyio.fail_after(30):
+        again = await Collector(publisher, "t1", tmp_path / "again.jsonl", expected=manifest.expected).run()
+    assert (again.rows, again.failures, again.duplicates) == (stats.rows, 2, 0)
+    assert read_jsonl(tmp_path / "again_failures.jsonl") == failures
+
+
+async def test_a_row_on_the_lost_subject_is_never_a_reward(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """The publisher role may store failure rows of lost tasks; a reward it stores there is read as a failure."""
+    publisher = buses["publisher"]
+    forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="weather_agent", row={"reward": 1.0})
+    await publisher.js_publish(lost_subject("gym", "f1"), forged, msg_id="f1:0:0")
+    with anyio.fail_after(10):
+        stats = await Collector(publisher, "f1", tmp_path / "out.jsonl", expected=1).run()
+    assert (stats.rows, stats.failures) == (0, 1)
+    assert read_jsonl(tmp_path / "out_failures.jsonl")[0]["error_class"] == "integrity"
+
+
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
     """Before: the agent +TERMed an unreadable task and ``collect`` waited for it forever."""
 
@@ -277,8 +379,8 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         await ensure_streams(bus)
         row = {**read_jsonl(REPO / "resources/weather/data/example.jsonl")[0], "pad": "x" * (bus.blob_threshold + 10)}
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
-        await bus.js_publish("gym.task.weather_agent", task, msg_id="b9:0:0")
-        stored = await bus.js.get_last_msg(stream_names("gym")["task"], "gym.task.weather_agent")
+        await bus.js_publish(task_subject("gym", "weather_agent", "b9"), task, msg_id="b9:0:0")
+        stored = await bus.js.get_last_msg(stream_names("gym")["task"], task_subject("gym", "weather_agent", "b9"))
         key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body
