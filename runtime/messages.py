@@ -368,6 +368,7 @@ ErrorClass = Literal[
     "stale",  # the policy moved on more than the task's max_staleness before it started
     "busy",  # a direct call found no free slot (never in a row: the caller goes to the queue)
     "integrity",  # a stored body or result does not match what its message says (tampered, or missing)
+    "storage_full",  # a stream was at its size limit (jetstream.*_max_bytes) when a body or result was stored
 ]
 
 
