@@ -84,14 +84,15 @@ class JetStreamSetupError(UserError):
 
 INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes cannot be reserved
 
-# Default size limit per stream (``jetstream.{tasks,results,model,blobs}_max_bytes``). A weather rollout
-# stores a 626-byte task and a 1,818-byte result (measured, headers included): the defaults hold a
-# 1,000,000-rollout batch of tasks up to 3.2 KB and results up to 4.2 KB each (weather: 5.1 M tasks,
-# 2.4 M results), and together (12 GiB) fit the ~15 GB JetStream grants itself on a disk with 20 GB
-# free. JetStream reserves every stream's max_bytes when it is created: a default the server cannot
-# reserve is halved until it can, then halved once more to leave room for the streams after it (down to
-# MIN_DEFAULT_BYTES), so a small disk still starts.
-STREAM_LIMITS: dict[str, int] = {"tasks": 3 << 30, "results": 4 << 30, "model": 1 << 30, "blobs": 4 << 30}
+# Default size limit per stream (``jetstream.{tasks,results,model,blobs}_max_bytes``), from a weather
+# rollout measured in the streams (headers included): 626 B per task, 1,818 B per result, 652 B per queued
+# model call. A 1,000,000-rollout batch published at once fits with tasks up to 2.1 KB and results up to
+# 6.4 KB each (weather: 3.4 M tasks, 3.5 M results); 100,000 rollouts in flight all waiting on the model
+# queue fit with requests up to 10 KB. Together (12 GiB) they fit the ~15 GB JetStream grants itself on a
+# disk with 20 GB free. JetStream reserves every stream's max_bytes when it is created: a default the
+# server cannot reserve is halved until it can, then halved once more to leave room for the streams after
+# it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
+STREAM_LIMITS: dict[str, int] = {"tasks": 2 << 30, "results": 6 << 30, "model": 1 << 30, "blobs": 3 << 30}
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes)
 MIN_DEFAULT_BYTES = 64 << 20
 
