@@ -77,13 +77,13 @@ async def test_defaults_start_on_a_small_disk_and_an_explicit_limit_it_cannot_ho
     tmp_path: Path,
 ) -> None:
     """JetStream reserves every stream's max_bytes: the defaults (12 GiB together) are lowered to what a
-    2 GiB server holds, so a plain run on a small laptop disk starts; a limit the user set is not lowered."""
-    with small_server(tmp_path, 2 << 30) as srv:
+    3 GiB server holds, so a plain run on a small laptop disk starts; a limit the user set is not lowered."""
+    with small_server(tmp_path, 3 << 30) as srv:
         bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="t")
         try:
             limits = await _limits(bus)
-            assert all(0 < size <= 2 << 30 for size in limits.values()), limits
-            assert sum(limits.values()) <= 2 << 30
+            assert all(64 << 20 <= size <= 2 << 30 for size in limits.values()), limits
+            assert sum(limits.values()) <= 3 << 30
             bus2 = Bus(bus.nc, namespace="other", telemetry=bus.telemetry)
             bus2.jetstream_config = config_from_dict({"jetstream": {"tasks_max_bytes": "5GB"}}).jetstream
             with pytest.raises(jetstream.JetStreamSetupError, match=r"cannot reserve jetstream\.tasks_max_bytes"):

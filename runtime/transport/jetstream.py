@@ -93,7 +93,8 @@ INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes can
 # server cannot reserve is halved until it can, then halved once more to leave room for the streams after
 # it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
 STREAM_LIMITS: dict[str, int] = {"tasks": 2 << 30, "results": 6 << 30, "model": 1 << 30, "blobs": 3 << 30}
-KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes)
+KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
+KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
 MIN_DEFAULT_BYTES = 64 << 20
 
 
@@ -427,12 +428,16 @@ async def kv_bucket(bus: Bus, bucket: str) -> KV:
             return KV(await bus.js.key_value(bucket))
         except BucketNotFoundError:
             cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES)
-            try:
-                return KV(await bus.js.create_key_value(cfg))
-            except APIError as e:
-                if isinstance(e, ServiceUnavailableError):
-                    raise  # a leader election: retried
-                raise _setup_error(f"bucket {bucket}", replicas, e) from None
+            while True:
+                try:
+                    return KV(await bus.js.create_key_value(cfg))
+                except APIError as e:
+                    if isinstance(e, ServiceUnavailableError):
+                        raise  # a leader election: retried
+                    if e.err_code == INSUFFICIENT_STORAGE and cfg.max_bytes and cfg.max_bytes > KV_MIN_BYTES:
+                        cfg.max_bytes //= 4  # a small disk: manifests are small
+                        continue
+                    raise _setup_error(f"bucket {bucket}", replicas, e) from None
 
     return await retrying(open_or_create, what=f"bucket {bucket}")
 
