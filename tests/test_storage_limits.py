@@ -149,3 +149,34 @@ def test_a_full_blob_stream_makes_failure_rows_not_a_hang(tmp_path: Path) -> Non
     assert all("raise jetstream.blobs_max_bytes" in f["error"] for f in failures)
     assert res.returncode == 1  # rollouts failed (not a crash: 3, not a usage error: 2)
     assert res.stderr.count("storage") < 10, res.stderr[-3000:]  # the cause once per interval, not per rollout
+
+
+def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path: Path) -> None:
+    """One slow model slot, 20 rollouts: calls wait in the model queue, which holds ~6 of them (4 KB).
+    A refused call is a ``storage_full`` failure row at once (it was dropped silently before: a discard-old
+    queue and an unacked publish); the others complete."""
+    out = tmp_path / "o.jsonl"
+    res = cli(
+        "run",
+        str(WEATHER),
+        "-i",
+        str(REPO / "resources/weather/data/example.jsonl"),
+        "-o",
+        str(out),
+        "--repeats",
+        "4",
+        "--no-progress",
+        "--set",
+        "models.policy.concurrency=1",
+        "--set",
+        "models.policy.delay_s=0.05",
+        "--set",
+        "jetstream.model_max_bytes=4KB",
+        timeout=180,
+    )
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    rows = read_jsonl(out)
+    failures = read_jsonl(tmp_path / "o_failures.jsonl")
+    assert len(rows) + len(failures) == 20 and rows and failures, res.stderr[-2000:]
+    assert {f["error_class"] for f in failures} == {"storage_full"}, failures[:1]
+    assert all("raise jetstream.model_max_bytes" in f["error"] for f in failures)
