@@ -8,6 +8,7 @@ subprocesses; the scripted policy is the only double.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -120,42 +121,11 @@ def test_a_full_task_stream_is_one_line_naming_the_key_exit_2(command: str, tmp_
     assert 100 < stored < 2000  # ~626 B each in 200 KB: said, not silent
 
 
-def test_a_full_blob_stream_makes_failure_rows_not_a_hang(tmp_path: Path) -> None:
-    """Bodies over the max payload (9 MB each, several per rollout) fill a 40 MB blob stream: the rollouts
-    that cannot store theirs end as ``storage_full`` failure rows naming the key; the command finishes, logs
-    the cause a few times, not per rollout, and prints no traceback."""
+def run_full(tmp_path: Path, key: str, *sets: str, repeats: int = 1) -> tuple[Any, list[dict[str, Any]]]:
+    """``gym-runtime run`` of the weather rows with ``--set``s; (the process, its rows), after
+    checking that it printed no traceback and that every failure is a ``storage_full`` naming ``key``."""
     out = tmp_path / "o.jsonl"
-    res = cli(
-        "run",
-        str(WEATHER),
-        "-i",
-        str(REPO / "resources/weather/data/example.jsonl"),
-        "-o",
-        str(out),
-        "--no-progress",
-        "--set",
-        "resources.weather.server=tests.envs.big",
-        "--set",
-        "resources.weather.options.size=9000000",
-        "--set",
-        "jetstream.blobs_max_bytes=40MB",
-        timeout=180,
-    )
-    assert "Traceback" not in res.stderr, res.stderr[-3000:]
-    rows = read_jsonl(out) if out.exists() else []
-    failures = read_jsonl(tmp_path / "o_failures.jsonl")
-    assert len(rows) + len(failures) == 5, res.stderr[-2000:]
-    assert failures and all(f["error_class"] == "storage_full" for f in failures), failures[:1]
-    assert all("raise jetstream.blobs_max_bytes" in f["error"] for f in failures)
-    assert res.returncode == 1  # rollouts failed (not a crash: 3, not a usage error: 2)
-    assert res.stderr.count("storage") < 10, res.stderr[-3000:]  # the cause once per interval, not per rollout
-
-
-def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path: Path) -> None:
-    """One slow model slot, 20 rollouts: calls wait in the model queue, which holds ~6 of them (4 KB).
-    A refused call is a ``storage_full`` failure row at once (it was dropped silently before: a discard-old
-    queue and an unacked publish); the others complete."""
-    out = tmp_path / "o.jsonl"
+    overrides = [x for kv in sets for x in ("--set", kv)]
     res = cli(
         "run",
         str(WEATHER),
@@ -164,19 +134,45 @@ def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path:
         "-o",
         str(out),
         "--repeats",
-        "4",
+        str(repeats),
         "--no-progress",
-        "--set",
-        "models.policy.concurrency=1",
-        "--set",
-        "models.policy.delay_s=0.05",
-        "--set",
-        "jetstream.model_max_bytes=4KB",
+        *overrides,
         timeout=180,
     )
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
-    rows = read_jsonl(out)
+    rows = read_jsonl(out) if out.exists() else []
     failures = read_jsonl(tmp_path / "o_failures.jsonl")
-    assert len(rows) + len(failures) == 20 and rows and failures, res.stderr[-2000:]
-    assert {f["error_class"] for f in failures} == {"storage_full"}, failures[:1]
-    assert all("raise jetstream.model_max_bytes" in f["error"] for f in failures)
+    assert len(rows) + len(failures) == repeats * len(WEATHER_ROWS), res.stderr[-2000:]
+    assert failures and {f["error_class"] for f in failures} == {"storage_full"}, failures[:1]
+    assert all(f"raise jetstream.{key}" in f["error"] for f in failures)
+    return res, rows
+
+
+def test_a_full_blob_stream_makes_failure_rows_not_a_hang(tmp_path: Path) -> None:
+    """Bodies over the max payload (9 MB each, several per rollout) fill a 40 MB blob stream: the rollouts
+    that cannot store theirs end as ``storage_full`` failure rows naming the key; the command finishes, logs
+    the cause a few times, not per rollout, and prints no traceback."""
+    res, _ = run_full(
+        tmp_path,
+        "blobs_max_bytes",
+        "resources.weather.server=tests.envs.big",
+        "resources.weather.options.size=9000000",
+        "jetstream.blobs_max_bytes=40MB",
+    )
+    assert res.returncode == 1  # rollouts failed (not a crash: 3, not a usage error: 2)
+    assert res.stderr.count("storage") < 10, res.stderr[-3000:]  # the cause once per interval, not per rollout
+
+
+def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path: Path) -> None:
+    """One slow model slot, 20 rollouts: calls wait in the model queue, which holds ~6 of them (4 KB).
+    A refused call is a ``storage_full`` failure row at once (it was dropped silently before: a discard-old
+    queue and an unacked publish); the others complete."""
+    res, rows = run_full(
+        tmp_path,
+        "model_max_bytes",
+        "models.policy.concurrency=1",
+        "models.policy.delay_s=0.05",
+        "jetstream.model_max_bytes=4KB",
+        repeats=4,
+    )
+    assert rows and res.stderr.count("storage") < 10, res.stderr[-3000:]
