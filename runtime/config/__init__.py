@@ -138,7 +138,8 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             except UserError as e:
                 raise ConfigError(f"jetstream.{key}: {e}") from None
             if not ok:
-                raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB) or -1")
+                unbounded = "" if key == "blob_bytes_in_flight" else " or -1 (unbounded)"
+                raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB){unbounded}")
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
