@@ -4,7 +4,8 @@
 
     GymError
     ├── Failure            a typed failure with an ErrorInfo; crosses the bus unchanged
-    │   └── NoResponders   (gym_runtime.transport.bus) nobody serves the subject right now
+    │   ├── NoResponders   (gym_runtime.transport.bus) nobody serves the subject right now
+    │   └── StorageFull    a stream at its size limit (also a UserError: a command says which key to raise)
     ├── UserError          a mistake the user can fix: the CLI prints one line, exit 2
     │   ├── ConfigError    (+ NemoConfigError) the message names the file and the key
     │   ├── InputError     bad rows; the message names file:line
@@ -33,6 +34,7 @@ __all__ = [
     "InputError",
     "ModelError",
     "RolloutFailed",
+    "StorageFull",
     "UserError",
 ]
 
@@ -62,6 +64,17 @@ class Failure(GymError):
 
 class UserError(GymError, ValueError):
     """A mistake the user can fix (config, input, credentials, a command's values): one line, exit 2."""
+
+
+class StorageFull(Failure, UserError):
+    """A stream refused a store: it is at its size limit. A worker turns it into a ``storage_full``
+    failure row; a command prints it as one line (exit 2). The message names the key that raises it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("storage_full", message)
+
+    def __str__(self) -> str:
+        return self.info.message
 
 
 class ConfigError(UserError):

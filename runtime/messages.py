@@ -369,6 +369,7 @@ ErrorClass = Literal[
     "busy",  # a direct call found no free slot (never in a row: the caller goes to the queue)
     "integrity",  # a stored body or result does not match what its message says (tampered, or missing)
     "terminated",  # the task left the queue without a result (+TERM by a worker, or past max deliveries)
+    "storage_full",  # a stream was at its size limit (jetstream.*_max_bytes) when a body or result was stored
 ]
 
 

@@ -48,12 +48,15 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.errors import Failure
 from gym_runtime.messages import Response, output_text
 from gym_runtime.resource import Resource, Verdict, parse_options
 from gym_runtime.sandbox import Limits, SandboxRunner, probe
 
 from .grading import (
+    MAX_UNPACKED_MB,
     Comparer,
+    UnitTests,
     extract_code,
     global_timeout,
     reasoning_format_violation,
@@ -73,6 +76,7 @@ class CodeGenOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     memory_mb: int = 4096
     max_output_mb: float = 16
     max_file_mb: int = 64
+    max_unit_tests_mb: float = MAX_UNPACKED_MB  # a packed unit_tests unpacking to more is an invalid_task
     max_processes: int = 64
     use_cgroup: bool = True
     python: str | None = None
@@ -82,6 +86,8 @@ class CodeGenOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("unit_test_timeout_secs must be > 0")
         if self.max_parallel < 1:
             raise ValueError("max_parallel must be >= 1")
+        if self.max_unit_tests_mb <= 0:
+            raise ValueError("max_unit_tests_mb must be > 0")
 
 
 def _options(raw: dict[str, Any]) -> CodeGenOptions:
@@ -98,7 +104,11 @@ class CodeGen(Resource):
     """Stateless: every instance grades the same way; sandboxes are shared per worker."""
 
     task_fields = CodeGenTask
-    check_task = staticmethod(unit_tests)
+
+    @staticmethod
+    def check_task(task: dict[str, Any], /) -> UnitTests:
+        """The row's tests (a publisher has not run ``setup``: the default ``max_unit_tests_mb`` applies)."""
+        return unit_tests(task, max_mb=CodeGen._opts.max_unit_tests_mb)
 
     _opts: CodeGenOptions = CodeGenOptions()
     _runner: SandboxRunner | None = None
@@ -161,7 +171,10 @@ class CodeGen(Resource):
         }
         if not text or not text.strip():
             return Verdict(reward=0.0, fields=fields)
-        tests = unit_tests(task)
+        try:
+            tests = unit_tests(task, max_mb=o.max_unit_tests_mb)
+        except ValueError as e:  # the row, not the program: no attempt can help
+            raise Failure("invalid_task", str(e)) from None
         code = extract_code(text)
         fields["extracted_model_output"] = text
         if not code:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 import zlib
@@ -80,19 +81,54 @@ class UnitTests(msgspec.Struct):
     fn_name: str | None = None
 
 
-def unit_tests(task: dict[str, Any]) -> UnitTests:
-    """The task's ``verifier_metadata.unit_tests``, also in the compressed ``{"packed": ...}`` form."""
+MAX_UNPACKED_MB = 64.0  # default max_unit_tests_mb: what a packed unit_tests may unpack to
+
+
+def unit_tests(task: dict[str, Any], *, max_mb: float = MAX_UNPACKED_MB) -> UnitTests:
+    """The task's ``verifier_metadata.unit_tests``, also in the compressed ``{"packed": ...}`` form, which
+    may unpack to at most ``max_mb`` MB (a zip bomb is a ``ValueError``, never the worker's memory)."""
     meta = task.get("verifier_metadata")
     if not isinstance(meta, dict) or "unit_tests" not in meta:
         raise ValueError("task row: verifier_metadata.unit_tests is missing")
     raw = meta["unit_tests"]
     if isinstance(raw, dict) and "packed" in raw:
-        decoded = json.loads(zlib.decompress(base64.b64decode(raw["packed"])))
+        decoded = _unpack(raw["packed"], max_mb)
+        if not isinstance(decoded, dict) or "inputs" not in decoded or "outputs" not in decoded:
+            raise ValueError("task row: verifier_metadata.unit_tests.packed: not {inputs, outputs}")
         raw = {"inputs": decoded["inputs"], "outputs": decoded["outputs"], "fn_name": raw.get("fn_name")}
     try:
         return msgspec.convert(raw, UnitTests)
     except msgspec.ValidationError as e:
         raise ValueError(f"task row: verifier_metadata.unit_tests: {e}") from None
+
+
+def _unpack(packed: Any, max_mb: float) -> Any:
+    """base64(zlib(json)) → the JSON value, unpacking at most ``max_mb`` MB.
+
+    The size is counted first, 1 MiB at a time with nothing kept, so a zip bomb costs 1 MiB and stops at the
+    bound; a body within it is then unpacked in one buffer of its exact size.
+    """
+    where = "task row: verifier_metadata.unit_tests.packed"
+    limit = int(max_mb * (1 << 20))
+    try:
+        compressed = base64.b64decode(packed, validate=True)
+        inflate = zlib.decompressobj()
+        size = len(inflate.decompress(compressed, 1 << 20))
+        while inflate.unconsumed_tail and size <= limit:
+            size += len(inflate.decompress(inflate.unconsumed_tail, 1 << 20))
+        if size > limit:
+            raise ValueError(f"{where}: unpacks to more than {max_mb:g} MB (code_gen's max_unit_tests_mb)")
+        if not inflate.eof:
+            raise ValueError(f"{where}: the compressed data is truncated")
+        data = zlib.decompress(compressed, bufsize=max(size, 1))
+    except zlib.error as e:
+        raise ValueError(f"{where}: not base64(zlib(json)): {e}") from None
+    except (TypeError, binascii.Error) as e:
+        raise ValueError(f"{where}: not base64(zlib(json)): {e}") from None
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ValueError(f"{where}: not JSON: {e}") from None
 
 
 def shorten(value: Any, length: int = 300) -> str:

@@ -43,6 +43,7 @@ from gym_runtime.model import (
     written_model_config,
 )
 from gym_runtime.plugins import load_plugin, use_config_dir
+from gym_runtime.transport.jetstream import STREAM_LIMITS, parse_size
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -122,13 +123,29 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     replicas: int = 1  # 3 on a 3-node cluster: losing a node loses nothing
     max_age_s: float = 7 * 24 * 3600.0  # results/tasks older than this are dropped (0 = forever)
-    max_bytes: int | str = -1  # per stream, e.g. 10GB (-1 = unbounded); oldest results go first
+    # Size limits (e.g. 10GB; -1 = unbounded). ``max_bytes`` sets every stream's; the per-stream keys win
+    # over it. Unset: the defaults below (docs/operations.md, "Storage limits", says how they were sized).
+    max_bytes: int | str | None = None
+    tasks_max_bytes: int | str | None = None  # {NS}_TASKS: a full queue refuses new tasks
+    results_max_bytes: int | str | None = None  # {NS}_RESULTS: the oldest results go first
+    model_max_bytes: int | str | None = None  # {NS}_MODEL: a full queue refuses new queued model calls
+    blobs_max_bytes: int | str | None = None  # {NS}_BLOBS: a full store refuses new large bodies
+    blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.replicas > 5:
             raise ConfigError(f"jetstream.replicas: {self.replicas} must be between 1 and 5")
         if self.max_age_s < 0:
             raise ConfigError("jetstream.max_age_s: must be >= 0 (0 keeps messages forever)")
+        for key in ("max_bytes", *(f"{s}_max_bytes" for s in STREAM_LIMITS), "blob_bytes_in_flight"):
+            value = getattr(self, key)
+            try:
+                ok = value is None or value == -1 and key != "blob_bytes_in_flight" or parse_size(value) > 0
+            except UserError as e:
+                raise ConfigError(f"jetstream.{key}: {e}") from None
+            if not ok:
+                unbounded = "" if key == "blob_bytes_in_flight" else " or -1 (unbounded)"
+                raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB){unbounded}")
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

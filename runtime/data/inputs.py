@@ -19,7 +19,7 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
-from gym_runtime.errors import InputError, UserError
+from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams, task_subject
@@ -188,9 +188,11 @@ async def publish_rows(
     limiter = asyncio.Semaphore(in_flight)
     failed: list[Exception] = []
     sent = 0
+    stored = 0
     tel = bus.telemetry
 
     async def send(subject: str, task: RolloutTask) -> None:
+        nonlocal stored
         msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}" + (f"+{task.group}" if task.group else "")
         try:
             if tel.recording:
@@ -209,6 +211,7 @@ async def publish_rows(
                     await bus.js_publish(subject, task, msg_id=msg_id)
             else:
                 await bus.js_publish(subject, task, msg_id=msg_id)
+            stored += 1
             if on_sent is not None:
                 on_sent()
         except Exception as e:
@@ -245,5 +248,10 @@ async def publish_rows(
             await limiter.acquire()
         tg.cancel_scope.cancel()
     if failed:
+        if isinstance(failed[0], StorageFull):  # say what is in: nothing half-published silently
+            raise StorageFull(
+                f"{failed[0]}; {stored} tasks of batch {batch} were stored before it (publishing the same "
+                "batch id again adds only the rest)"
+            ) from None
         raise failed[0]
     return sent

@@ -100,6 +100,7 @@ class EmbeddedServer:
     host: str = "127.0.0.1"
     store_dir: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
+    max_store: int | None = None  # JetStream's file storage in bytes (default: the server's, 75% of the free disk)
     log_file: str | None = None
     secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.ops.security)
     namespaces: list[str] = field(default_factory=lambda: ["gym"])  # whose subjects the roles may use
@@ -151,7 +152,9 @@ class EmbeddedServer:
         blocks = [
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
-            f'jetstream {{ store_dir: "{self.store_dir}" }}',
+            f'jetstream {{ store_dir: "{self.store_dir}"'
+            + (f", max_file_store: {self.max_store}" if self.max_store else "")
+            + " }",
         ]
         if self.server_name:
             blocks.append(f'server_name: "{self.server_name}"')

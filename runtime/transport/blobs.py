@@ -8,8 +8,11 @@ but admin may list the stream). ``Bodies`` is the part of ``Bus`` that encodes a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
+from collections import deque
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
 from nats.aio.client import Client as NATS
@@ -29,6 +32,57 @@ if TYPE_CHECKING:
     from gym_runtime.transport.bus import Bus
 
 MAX_BLOB_BYTES = 256 * 1024 * 1024  # a referenced body larger than this is refused before it is read
+BLOB_BYTES_IN_FLIGHT = 128 * 1024 * 1024  # default jetstream.blob_bytes_in_flight
+
+
+class ByteBudget:
+    """At most ``cap`` bytes of large bodies held at once by one connection's stores and reads.
+
+    A taker that does not fit waits its turn (first come, first served): back-pressure, never a drop.
+    A body larger than the whole cap goes alone, when nothing else is held. ``peak`` is the most held.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.held = 0
+        self.peak = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, n: int) -> bool:
+        return self.held == 0 or self.held + n <= self.cap
+
+    def _take(self, n: int) -> None:
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, fut = self._waiters.popleft()
+            if not fut.done():
+                self._take(n)
+                fut.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        if not self._waiters and self._fits(n):
+            self._take(n)
+        else:
+            entry = (n, asyncio.get_running_loop().create_future())
+            self._waiters.append(entry)
+            try:
+                await entry[1]
+            except asyncio.CancelledError:
+                if entry[1].done() and not entry[1].cancelled():  # granted as it was cancelled: give it back
+                    self.held -= n
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+                self._wake()
+                raise
+        try:
+            yield
+        finally:
+            self.held -= n
+            self._wake()
 
 
 class Bodies:
@@ -39,6 +93,7 @@ class Bodies:
     codec: Codec
     secured: bool
     max_blob_bytes: int
+    blob_budget: ByteBudget
     _blobs_ready: bool
 
     async def _store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
@@ -69,11 +124,12 @@ class Bodies:
             subject = self._blob_subject(key, i)
             await self._store(subject, chunk, {MSG_ID_HEADER: subject})
 
-        await asyncio.gather(*(put(i, c) for i, c in enumerate(chunks)))
+        async with self.blob_budget.hold(len(data)):
+            await asyncio.gather(*(put(i, c) for i, c in enumerate(chunks)))
         return f"{key}.{len(chunks)}.{hashlib.sha256(data).hexdigest()}"
 
-    async def _get_blob(self, ref: str) -> bytes:
-        """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not)."""
+    def _blob_ref(self, ref: str) -> tuple[str, int, str]:
+        """(key, chunks, digest) of a ``Gym-Blob`` header (an ``integrity`` error if it is malformed or too big)."""
         key, _, rest = ref.partition(".")
         n_text, _, digest = rest.partition(".")
         if not (key.isalnum() and n_text.isdigit() and len(digest) == 64):
@@ -81,6 +137,11 @@ class Bodies:
         n = int(n_text)
         if n < 1 or (n - 1) * 64 * 1024 > self.max_blob_bytes:
             raise Failure("integrity", f"a referenced body of {n} chunks is over the {self.max_blob_bytes} B limit")
+        return key, n, digest
+
+    async def _get_blob(self, ref: str) -> bytes:
+        """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not)."""
+        key, n, digest = self._blob_ref(ref)
         api = f"$JS.API.DIRECT.GET.{blob_stream_name(self.ns)}."
 
         async def get(i: int) -> bytes:
@@ -108,5 +169,8 @@ class Bodies:
     async def decode(self, msg: Msg | Delivery) -> Any:
         headers = msg.headers
         if headers and BLOB_HEADER in headers:
-            return self.codec.decode(await self._get_blob(headers[BLOB_HEADER]), headers)
+            ref = headers[BLOB_HEADER]
+            _, n, _ = self._blob_ref(ref)  # held from the read until it is decoded: at most n chunks
+            async with self.blob_budget.hold(min(n * self.blob_threshold, self.max_blob_bytes)):
+                return self.codec.decode(await self._get_blob(ref), headers)
         return self.codec.decode(msg.data, headers)

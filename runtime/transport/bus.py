@@ -32,7 +32,7 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ErrorReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.transport.blobs import MAX_BLOB_BYTES, Bodies
+from gym_runtime.transport.blobs import BLOB_BYTES_IN_FLIGHT, MAX_BLOB_BYTES, Bodies, ByteBudget
 from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.connect import _shown, check_provisioned, connect
 from gym_runtime.transport.headers import (
@@ -41,6 +41,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
+from gym_runtime.transport.jetstream import full_error, parse_size
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
@@ -86,6 +87,7 @@ class Bus(Bodies, Serving):
         self._blobs_ready = False  # the blob stream exists (provisioned, or created on first use)
         self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
         self.max_blob_bytes = MAX_BLOB_BYTES
+        self.blob_budget = ByteBudget(BLOB_BYTES_IN_FLIGHT)  # large bodies held at once (back-pressure beyond)
         # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
         self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
@@ -125,6 +127,8 @@ class Bus(Bodies, Serving):
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
+        if jetstream is not None:
+            bus.blob_budget.cap = parse_size(jetstream.blob_bytes_in_flight)
         bus.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
@@ -195,13 +199,6 @@ class Bus(Bodies, Serving):
                 self._spawn(self._resend(call))
         self.fail_pending(reason)
 
-    def _clustered(self) -> bool:
-        """Connected to a NATS cluster (replicated streams elect leaders), per config or server INFO."""
-        if getattr(self.jetstream_config, "replicas", 1) > 1:
-            return True
-        info = getattr(self.nc, "_server_info", None) or {}  # nats-py keeps INFO here (no public accessor)
-        return bool(info.get("cluster"))
-
     async def _resend(self, call: _Pending) -> None:
         assert call.resend is not None
         subject, data, headers = call.resend
@@ -265,10 +262,8 @@ class Bus(Bodies, Serving):
             data = await self.encode(payload, headers)
             if queued:
                 call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
-            if queued and self._clustered():  # stored with the stream's ack: a publish lost in a
-                await self._store(subject, data, headers)  # leader election is retried
-            elif queued:  # one server: nothing to elect; a restart is covered by after_reconnect
-                await self.nc.publish(subject, data, headers=headers)
+            if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
+                await self._store(subject, data, headers)  # drop); a publish lost in a leader election is retried
             else:
                 await self.nc.publish(subject, data, reply=reply, headers=headers)
             msg = await fut
@@ -399,7 +394,7 @@ class Bus(Bodies, Serving):
             raise nats.js.errors.NoStreamResponseError
         ack = _pub_ack.decode(msg.data)
         if ack.error is not None:
-            raise nats.js.errors.APIError.from_error(ack.error)
+            raise full_error(self, subject, ack.error) or nats.js.errors.APIError.from_error(ack.error)
 
     async def flush(self) -> None:
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""

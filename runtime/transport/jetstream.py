@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import anyio
 from nats.errors import NoRespondersError
@@ -43,7 +43,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from gym_runtime.errors import UserError
+from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
 
 if TYPE_CHECKING:
@@ -56,13 +56,21 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         return text
     t = text.strip().upper().removesuffix("B")
-    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(t[-1:], 1)
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:], 1)
     if mult != 1:
         t = t[:-1]
     try:
         return int(float(t) * mult)
     except ValueError:
         raise UserError(f"not a size: {text!r} (use e.g. 8MB)") from None
+
+
+def size_text(n: int) -> str:
+    """Bytes as ``parse_size`` reads them back, rounded: ``3GB``, ``40MB``, ``200KB``."""
+    for unit, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= mult:
+            return f"{n / mult:.4g}{unit}"
+    return f"{n}B"
 
 
 log = logs.get("gym.jetstream")
@@ -76,12 +84,71 @@ class JetStreamSetupError(UserError):
 
 INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes cannot be reserved
 
+# Default size limit per stream (``jetstream.{tasks,results,model,blobs}_max_bytes``), from a weather
+# rollout measured in the streams (headers included): 626 B per task, 1,818 B per result, 652 B per queued
+# model call. A 1,000,000-rollout batch published at once fits with tasks up to 2.1 KB and results up to
+# 6.4 KB each (weather: 3.4 M tasks, 3.5 M results); 100,000 rollouts in flight all waiting on the model
+# queue fit with requests up to 10 KB. Together (12 GiB) they fit the ~15 GB JetStream grants itself on a
+# disk with 20 GB free. JetStream reserves every stream's max_bytes when it is created: a default the
+# server cannot reserve is halved until it can, then halved once more to leave room for the streams after
+# it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
+STREAM_LIMITS: dict[str, int] = {"tasks": 2 << 30, "results": 6 << 30, "model": 1 << 30, "blobs": 3 << 30}
+KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
+KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
+MIN_DEFAULT_BYTES = 64 << 20
 
-def _setup_error(what: str, replicas: int, e: APIError) -> Exception:
+
+class Limit(NamedTuple):
+    """A stream's size limit, the config key that sets it, and whether the user set it."""
+
+    max_bytes: int
+    key: str
+    explicit: bool
+
+
+def limit(bus: Bus, stream: str) -> Limit:
+    """The size limit of ``stream`` (``tasks``/``results``/``model``/``blobs``) from the bus's JetStreamConfig:
+    its own key, else ``max_bytes``, else the default."""
+    key = f"{stream}_max_bytes"
+    for name in (key, "max_bytes"):
+        value = getattr(bus.jetstream_config, name, None)
+        if value is not None:
+            return Limit(-1 if value == -1 else parse_size(value), f"jetstream.{name}", True)
+    return Limit(STREAM_LIMITS[stream], f"jetstream.{key}", False)
+
+
+# what a stream at its limit answers a publish (discard new); "maximum messages per subject exceeded" (a blob
+# chunk written twice) is not one of them
+_FULL = ("maximum bytes exceeded", "maximum messages exceeded", "resource limits exceeded", "insufficient resources")
+
+
+def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | None:
+    """The ``StorageFull`` a refused publish to ``subject`` means (None when it was refused for another reason):
+    its message names the stream, its limit and the key that raises it."""
+    description = str(error.get("description", ""))
+    if not any(description.startswith(f) for f in _FULL):
+        return None
+    kind = subject.removeprefix(f"{bus.ns}.").split(".", 1)[0]
+    stream = {"task": "tasks", "result": "results", "model": "model", "blob": "blobs"}.get(kind)
+    if stream is None:
+        return StorageFull(f"the stream of {subject} is full ({description})")
+    size = limit(bus, stream)
+    name = blob_stream_name(bus.ns) if stream == "blobs" else stream_names(bus.ns)[kind]
+    limit_text = "-1 (unbounded)" if size.max_bytes < 0 else size_text(size.max_bytes)
+    free = {
+        "tasks": "let workers drain it",
+        "results": "collect and purge finished batches (gym-runtime purge --batch ID)",
+        "model": "let the model's workers drain it",
+        "blobs": "bodies leave it after jetstream.max_age_s",
+    }[stream]
+    return StorageFull(f"stream {name} is full ({description}; {size.key} = {limit_text}): raise {size.key}, or {free}")
+
+
+def _setup_error(what: str, replicas: int, e: APIError, key: str = "jetstream.max_bytes") -> Exception:
     if e.err_code == INSUFFICIENT_STORAGE:  # every stream's max_bytes is reserved on the server's disk
         return JetStreamSetupError(
-            f"{what}: the server cannot reserve jetstream.max_bytes for it ({e.description}); "
-            "lower jetstream.max_bytes (it is reserved per stream) or give the server more storage"
+            f"{what}: the server cannot reserve {key} for it ({e.description}); "
+            f"lower {key} (it is reserved per stream) or give the server more storage"
         )
     if replicas > 1:
         return JetStreamSetupError(
@@ -163,7 +230,8 @@ async def ensure_blob_stream(bus: Bus) -> None:
     write-once (an overwrite is refused by the server); reads are direct gets of
     a subject whose key only the referring message carries (no role may list it).
     """
-    replicas, max_age, max_bytes = settings(bus)
+    replicas, max_age = settings(bus)
+    size = limit(bus, "blobs")
     cfg = StreamConfig(
         name=blob_stream_name(bus.ns),
         subjects=[f"{bus.ns}.blob.>"],
@@ -172,13 +240,13 @@ async def ensure_blob_stream(bus: Bus) -> None:
         duplicate_window=120.0,  # a chunk published again after a lost ack is a duplicate, not a refusal
         num_replicas=replicas,
         max_age=max_age or 7 * 24 * 3600.0,
-        max_bytes=max_bytes,
+        max_bytes=size.max_bytes,
         max_msgs_per_subject=1,
         discard=DiscardPolicy.NEW,
         discard_new_per_subject=True,
         allow_direct=True,
     )
-    await retrying(lambda: _ensure_stream(bus, cfg, replicas), what=f"stream {cfg.name}")
+    await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
 def durable_name(kind: str, name: str) -> str:
@@ -186,19 +254,19 @@ def durable_name(kind: str, name: str) -> str:
     return f"{'agent' if kind == 'task' else kind}_{name}"
 
 
-def settings(bus: Bus) -> tuple[int, float | None, int]:
-    """(replicas, max_age seconds or None, max_bytes) from the bus's JetStreamConfig."""
+def settings(bus: Bus) -> tuple[int, float | None]:
+    """(replicas, max_age seconds or None) from the bus's JetStreamConfig."""
     cfg = bus.jetstream_config
     if cfg is None:
-        return 1, 7 * 24 * 3600.0, -1
-    max_age = float(cfg.max_age_s) or None
-    return int(cfg.replicas), max_age, parse_size(cfg.max_bytes) if cfg.max_bytes != -1 else -1
+        return 1, 7 * 24 * 3600.0
+    return int(cfg.replicas), float(cfg.max_age_s) or None
 
 
 async def ensure_streams(bus: Bus) -> None:
     """Create (idempotently) the task, result and model-call streams of a namespace."""
     names = stream_names(bus.ns)
-    replicas, max_age, max_bytes = settings(bus)
+    replicas, max_age = settings(bus)
+    tasks, results, model = limit(bus, "tasks"), limit(bus, "results"), limit(bus, "model")
     configs = [
         StreamConfig(
             name=names["task"],
@@ -208,7 +276,7 @@ async def ensure_streams(bus: Bus) -> None:
             duplicate_window=3600.0,
             num_replicas=replicas,
             max_age=max_age,
-            max_bytes=max_bytes,
+            max_bytes=tasks.max_bytes,
             discard=DiscardPolicy.NEW,  # a full task queue refuses new tasks; it never drops queued ones
         ),
         StreamConfig(
@@ -219,7 +287,7 @@ async def ensure_streams(bus: Bus) -> None:
             duplicate_window=3600.0,
             num_replicas=replicas,
             max_age=max_age,
-            max_bytes=max_bytes,
+            max_bytes=results.max_bytes,
             discard=DiscardPolicy.OLD,  # the oldest batches' results go first
         ),
         StreamConfig(
@@ -229,13 +297,15 @@ async def ensure_streams(bus: Bus) -> None:
             storage=StorageType.FILE,  # survives a server restart, with its consumers
             duplicate_window=120.0,
             num_replicas=replicas,
+            max_bytes=model.max_bytes,
+            discard=DiscardPolicy.NEW,  # a full queue refuses a new call (the caller fails it); never drops one
         ),
     ]
-    for cfg in configs:
-        await retrying(partial(_ensure_stream, bus, cfg, replicas), what=f"stream {cfg.name}")
+    for cfg, size in zip(configs, (tasks, results, model), strict=True):
+        await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int) -> None:
+async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int, size: Limit) -> None:
     try:
         assert cfg.name is not None
         info = await bus.js.stream_info(cfg.name)
@@ -243,15 +313,41 @@ async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int) -> None:
         if have != replicas:
             log.warning("stream.replicas_differ", stream=cfg.name, existing=have, configured=replicas)
     except NotFoundError:
-        try:
-            await bus.js.add_stream(cfg)
-        except BadRequestError as e:  # another process created it first
-            if "already in use" not in str(e):
-                raise _setup_error(f"stream {cfg.name}", replicas, e) from None
-        except APIError as e:
-            if isinstance(e, ServiceUnavailableError):
-                raise  # a leader election: retried
-            raise _setup_error(f"stream {cfg.name}", replicas, e) from None
+        while True:
+            try:
+                await bus.js.add_stream(cfg)
+            except BadRequestError as e:  # another process created it first
+                if "already in use" not in str(e):
+                    raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
+            except APIError as e:
+                if isinstance(e, ServiceUnavailableError):
+                    raise  # a leader election: retried
+                if _smaller_default(cfg, size, e):
+                    continue
+                raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
+            if cfg.max_bytes != size.max_bytes and cfg.max_bytes is not None:
+                # the server holds less than twice this: take half of it, so the streams after this one fit too
+                cfg.max_bytes = max(MIN_DEFAULT_BYTES, cfg.max_bytes // 2)
+                await bus.js.update_stream(cfg)
+                log.warning(
+                    "stream.limit_lowered",
+                    stream=cfg.name,
+                    max_bytes=cfg.max_bytes,
+                    default=size.max_bytes,
+                    why="the server cannot reserve the default on its disk",
+                    key=size.key,
+                )
+            return
+
+
+def _smaller_default(cfg: StreamConfig, size: Limit, e: APIError) -> bool:
+    """Halve a default limit the server cannot reserve (not one the user set); False at the floor."""
+    if e.err_code != INSUFFICIENT_STORAGE or size.explicit or cfg.max_bytes is None:
+        return False
+    if cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
+        return False
+    cfg.max_bytes //= 2
+    return True
 
 
 async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, ack_wait: float) -> None:
@@ -368,18 +464,23 @@ class KV:
 
 async def kv_bucket(bus: Bus, bucket: str) -> KV:
     """The bucket, created on first use (history 1)."""
-    replicas, _, _ = settings(bus)
+    replicas, _ = settings(bus)
 
     async def open_or_create() -> KV:
         try:
             return KV(await bus.js.key_value(bucket))
         except BucketNotFoundError:
-            try:
-                return KV(await bus.js.create_key_value(KeyValueConfig(bucket=bucket, history=1, replicas=replicas)))
-            except APIError as e:
-                if isinstance(e, ServiceUnavailableError):
-                    raise  # a leader election: retried
-                raise _setup_error(f"bucket {bucket}", replicas, e) from None
+            cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES)
+            while True:
+                try:
+                    return KV(await bus.js.create_key_value(cfg))
+                except APIError as e:
+                    if isinstance(e, ServiceUnavailableError):
+                        raise  # a leader election: retried
+                    if e.err_code == INSUFFICIENT_STORAGE and cfg.max_bytes and cfg.max_bytes > KV_MIN_BYTES:
+                        cfg.max_bytes //= 4  # a small disk: manifests are small
+                        continue
+                    raise _setup_error(f"bucket {bucket}", replicas, e) from None
 
     return await retrying(open_or_create, what=f"bucket {bucket}")
 

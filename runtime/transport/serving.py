@@ -67,6 +67,10 @@ class Serving:
     def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None:
         """Count a refused request under ``cause``; log the cause once per ``JUNK_LOG_S`` with how many came
         since (the first of a cause with its traceback when ``exc`` is an unexpected error)."""
+        self.warn_limited("requests.refused", cause, subject=subject, exc=exc)
+
+    def warn_limited(self, event: str, cause: str, *, subject: str, exc: BaseException | None = None) -> None:
+        """Count ``cause`` and log ``event`` for it at most once per ``JUNK_LOG_S`` (with the count since)."""
         n = self.junk.get(cause, 0) + 1
         self.junk[cause] = n
         now = time.monotonic()
@@ -76,7 +80,7 @@ class Serving:
         self._junk_logged[cause] = (now, n)
         first = logged_n == 0
         log.warning(
-            "requests.refused",
+            event,
             subject=subject,
             cause=cause,
             count=n - logged_n,
@@ -137,7 +141,13 @@ class Serving:
             if keepalive:
                 keepalive.cancel()
             if result is not None:
-                await self.reply(reply_to, result)
+                try:
+                    await self.reply(reply_to, result)
+                except Failure as exc:  # its body could not be stored (a full blob stream): the caller learns why
+                    self.warn_limited("reply.not_stored", exc.info.message, subject=msg.subject)
+                    span.set_status(StatusCode.ERROR, exc.info.message)
+                    await self.reply(reply_to, ErrorReply(error=exc.info), error=True)
+                    return False
             return True
 
     async def busy(self, msg: Delivery) -> None:

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import AgentConfig, Config, resolve_models
-from gym_runtime.errors import Failure, UserError
+from gym_runtime.errors import Failure, StorageFull, UserError
 from gym_runtime.hosting.agent import hosted_agent
 from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
 from gym_runtime.observability import logs
@@ -236,6 +236,9 @@ class AgentWorker:
             skipped = result.error.error_class in ("cancelled", "stale")  # the trainer asked
             if not skipped:
                 meters.rollout_failed(self.name, took, result.error.error_class)
+            if result.error.error_class == "storage_full":  # the same cause for every rollout: logged once
+                self.bus.warn_limited("rollout.failed", result.error.message, subject=self.name)
+                return
             (log.info if skipped else log.warning)(
                 "rollout.skipped" if skipped else "rollout.failed",
                 error_class=result.error.error_class,
@@ -372,8 +375,19 @@ class AgentWorker:
         return None
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
-        await self.bus.js_publish(
-            result_subject(self.bus.ns, self.name, task.batch),
-            result,
-            msg_id=f"{result.batch}:{result.task_index}:{result.rollout_index}",
-        )
+        """Store the result; one a full stream refuses (its body needs the blob stream) is stored as a
+        ``storage_full`` failure row instead (without its input when that is what does not fit)."""
+        subject = result_subject(self.bus.ns, self.name, task.batch)
+        msg_id = f"{result.batch}:{result.task_index}:{result.rollout_index}"
+        try:
+            await self.bus.js_publish(subject, result, msg_id=msg_id)
+            return
+        except StorageFull as e:
+            self.bus.warn_limited("result.not_stored", e.info.message, subject=subject)
+            info = e.info
+        self.failed += result.error is None
+        failed = msgspec.structs.replace(result, row=None, error=info, answer_field=None, input_row=task.row)
+        try:
+            await self.bus.js_publish(subject, failed, msg_id=msg_id)
+        except StorageFull:
+            await self.bus.js_publish(subject, msgspec.structs.replace(failed, input_row=None), msg_id=msg_id)

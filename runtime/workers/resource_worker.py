@@ -67,6 +67,8 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     try:
         out = await inst.verify(row, response)
     except Exception as exc:
+        if isinstance(exc, Failure) and exc.info.error_class == "invalid_task":  # a row verify cannot grade
+            raise
         # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
         raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
     if isinstance(out, Verdict):

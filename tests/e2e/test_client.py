@@ -265,14 +265,15 @@ async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Pat
 
 
 async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats_server) -> None:
-    """The task stream takes 5 messages and refuses the rest: publishing 40 raises the server's
-    error promptly (no hang waiting for acks that will not come), and nothing past it is sent."""
+    """The task stream takes 5 messages and refuses the rest: publishing 40 raises StorageFull
+    promptly (no hang waiting for acks that will not come), saying how many were stored, and nothing
+    past it is sent."""
     import dataclasses
 
-    import nats.js.errors
     from nats.js.api import DiscardPolicy
 
     from gym_runtime.data.inputs import publish_rows
+    from gym_runtime.errors import StorageFull
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.transport.bus import Bus
     from gym_runtime.transport.jetstream import ensure_streams
@@ -283,7 +284,10 @@ async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats
         name = stream_names("fullq")["task"]
         info = await bus.js.stream_info(name)
         await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=5, discard=DiscardPolicy.NEW))
-        with anyio.fail_after(20), pytest.raises(nats.js.errors.APIError, match="maximum messages"):
+        with (
+            anyio.fail_after(20),
+            pytest.raises(StorageFull, match=r"FULLQ_TASKS is full \(maximum messages.*; 5 tasks"),
+        ):
             await publish_rows(bus, rows(40), batch="b", agents=["weather_agent"], in_flight=4)
         assert (await bus.js.stream_info(name)).state.messages == 5
     finally:

@@ -189,8 +189,10 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
                 "models.policy.delay_s=0.1",
                 "--set",
                 "agents.weather_agent.concurrency=4",
+                "--set",  # the file's 20GB per stream is reserved on disk: a CI box may lack it
+                "jetstream.tasks_max_bytes=1GB",
                 "--set",
-                "jetstream.max_bytes=1GB",  # the file's 20GB per stream is reserved on disk: a CI box may lack it
+                "jetstream.results_max_bytes=1GB",
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -216,7 +218,9 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
             "--set",
             "models.policy.delay_s=0.1",
             "--set",
-            "jetstream.max_bytes=1GB",
+            "jetstream.tasks_max_bytes=1GB",
+            "--set",
+            "jetstream.results_max_bytes=1GB",
         )
         assert res.returncode == 0, res.stderr
         trig = {t["metadata"]["consumer"]: t["metadata"] for t in triggers(rendered).values() if t["type"] != "cpu"}

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from gym_runtime.config import load_config
+from gym_runtime.errors import Failure
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
@@ -164,8 +165,8 @@ async def test_call_based_and_packed_tests() -> None:
 
 async def test_bad_task_rows_raise() -> None:
     env = await session(**FAST)
-    with pytest.raises(ValueError, match="unit_tests"):
-        await env.verify({"verifier_metadata": {}}, fenced(ADD_OK))
+    with pytest.raises(Failure, match="invalid_task: task row: verifier_metadata.unit_tests is missing"):
+        await env.verify({"verifier_metadata": {}}, fenced(ADD_OK))  # the row, not the program: not retried
     with pytest.raises(ValueError, match="unknown field"):
         await CodeGen.setup({"num_procs": 3})
 

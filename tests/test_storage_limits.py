@@ -1,0 +1,178 @@
+"""Storage limits: every stream has a default size limit, sized from measured message sizes, that starts on a
+small disk; a full stream is one clear line for a command and a ``storage_full`` failure row for a worker.
+
+Real nats-server (a small one: ``max_file_store``), real workers in this process, real ``gym-runtime``
+subprocesses; the scripted policy is the only double.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from gym_runtime.config import config_from_dict, load_config
+from gym_runtime.data import batches
+from gym_runtime.data.collector import Collector
+from gym_runtime.data.inputs import publish_rows
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from tests.helpers import REPO, cli, read_jsonl
+
+WEATHER = REPO / "resources/weather/config.yaml"
+WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+
+
+async def _limits(bus: Bus) -> dict[str, int]:
+    await jetstream.ensure_streams(bus)
+    await jetstream.ensure_blob_stream(bus)
+    await batches._kv(bus)
+    names = [*jetstream.stream_names(bus.ns).values(), jetstream.blob_stream_name(bus.ns), "KV_GYM_BATCHES"]
+    out = {}
+    for name in names:
+        cfg = await jetstream.stream_config(bus, name)
+        assert cfg is not None, name
+        out[name] = cfg["max_bytes"]
+    return out
+
+
+async def test_every_stream_and_bucket_has_a_size_limit_by_default(bus: Bus) -> None:
+    limits = await _limits(bus)
+    assert all(size > 0 for size in limits.values()), limits  # was -1 (unbounded) for every one
+
+
+async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bus: Bus, tmp_path: Path) -> None:
+    """Tasks and results of a real weather batch, measured in the streams: a 1,000,000-rollout batch's
+    tasks (published at once) and results fit the default limits."""
+    repeats = 40
+    n = repeats * len(WEATHER_ROWS)
+    cfg = load_config(WEATHER, [])
+    names = jetstream.stream_names("gym")
+    await publish_rows(bus, WEATHER_ROWS, batch="m", agents=["weather_agent"], repeats=repeats)
+    task_bytes = (await jetstream.stream_config(bus, names["task"]) or {})["bytes"] / n
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        with anyio.fail_after(60):
+            stats = await Collector(bus, "m", tmp_path / "o.jsonl", expected=n, repeats=repeats).run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    assert stats.rows == n
+    result_bytes = (await jetstream.stream_config(bus, names["result"]) or {})["bytes"] / n
+    limits = await _limits(bus)
+    assert 300 < task_bytes < 2_000 and 800 < result_bytes < 4_000, (task_bytes, result_bytes)
+    assert limits[names["task"]] >= 1_000_000 * task_bytes * 2  # rows twice a weather row's size fit too
+    assert limits[names["result"]] >= 1_000_000 * result_bytes * 2
+
+
+def small_server(tmp_path: Path, store: int) -> EmbeddedServer:
+    return EmbeddedServer(store_dir=str(tmp_path / "js"), max_store=store)
+
+
+async def test_defaults_start_on_a_small_disk_and_an_explicit_limit_it_cannot_hold_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """JetStream reserves every stream's max_bytes: the defaults (12 GiB together) are lowered to what a
+    3 GiB server holds, so a plain run on a small laptop disk starts; a limit the user set is not lowered."""
+    with small_server(tmp_path, 3 << 30) as srv:
+        bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="t")
+        try:
+            limits = await _limits(bus)
+            assert all(64 << 20 <= size <= 2 << 30 for size in limits.values()), limits
+            assert sum(limits.values()) <= 3 << 30
+            bus2 = Bus(bus.nc, namespace="other", telemetry=bus.telemetry)
+            bus2.jetstream_config = config_from_dict({"jetstream": {"tasks_max_bytes": "5GB"}}).jetstream
+            with pytest.raises(jetstream.JetStreamSetupError, match=r"cannot reserve jetstream\.tasks_max_bytes"):
+                await jetstream.ensure_streams(bus2)
+        finally:
+            await bus.close()
+
+
+@pytest.mark.parametrize("command", ["publish", "run"])
+def test_a_full_task_stream_is_one_line_naming_the_key_exit_2(command: str, tmp_path: Path) -> None:
+    """2,000 tasks of ~626 B into a 200 KB task stream (``run``'s workers drain it meanwhile, not fast enough)."""
+    with EmbeddedServer(store_dir=str(tmp_path / "js")) as srv:
+        how = ["--batch", "full", "-q"] if command == "publish" else ["-o", str(tmp_path / "o.jsonl"), "--no-progress"]
+        res = cli(
+            command,
+            str(WEATHER),
+            "-i",
+            str(REPO / "resources/weather/data/example.jsonl"),
+            "--repeats",
+            "400",
+            "--nats",
+            srv.url,
+            *how,
+            "--set",
+            "jetstream.tasks_max_bytes=200KB",
+        )
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    line = lines[0]
+    assert line.startswith("gym-runtime: error: stream GYM_TASKS is full"), line
+    assert "raise jetstream.tasks_max_bytes" in line
+    stored = int(line.split("; ")[-1].split(" tasks of batch ")[0])
+    assert 100 < stored < 2000  # ~626 B each in 200 KB: said, not silent
+
+
+def run_full(tmp_path: Path, key: str, *sets: str, repeats: int = 1) -> tuple[Any, list[dict[str, Any]]]:
+    """``gym-runtime run`` of the weather rows with ``--set``s; (the process, its rows), after
+    checking that it printed no traceback and that every failure is a ``storage_full`` naming ``key``."""
+    out = tmp_path / "o.jsonl"
+    overrides = [x for kv in sets for x in ("--set", kv)]
+    res = cli(
+        "run",
+        str(WEATHER),
+        "-i",
+        str(REPO / "resources/weather/data/example.jsonl"),
+        "-o",
+        str(out),
+        "--repeats",
+        str(repeats),
+        "--no-progress",
+        *overrides,
+        timeout=180,
+    )
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    rows = read_jsonl(out) if out.exists() else []
+    failures = read_jsonl(tmp_path / "o_failures.jsonl")
+    assert len(rows) + len(failures) == repeats * len(WEATHER_ROWS), res.stderr[-2000:]
+    assert failures and {f["error_class"] for f in failures} == {"storage_full"}, failures[:1]
+    assert all(f"raise jetstream.{key}" in f["error"] for f in failures)
+    return res, rows
+
+
+def test_a_full_blob_stream_makes_failure_rows_not_a_hang(tmp_path: Path) -> None:
+    """Bodies over the max payload (9 MB each, several per rollout) fill a 40 MB blob stream: the rollouts
+    that cannot store theirs end as ``storage_full`` failure rows naming the key; the command finishes, logs
+    the cause a few times, not per rollout, and prints no traceback."""
+    res, _ = run_full(
+        tmp_path,
+        "blobs_max_bytes",
+        "resources.weather.server=tests.envs.big",
+        "resources.weather.options.size=9000000",
+        "jetstream.blobs_max_bytes=40MB",
+    )
+    assert res.returncode == 1  # rollouts failed (not a crash: 3, not a usage error: 2)
+    assert res.stderr.count("storage") < 10, res.stderr[-3000:]  # the cause once per interval, not per rollout
+
+
+def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path: Path) -> None:
+    """One slow model slot, 20 rollouts: calls wait in the model queue, which holds ~6 of them (4 KB).
+    A refused call is a ``storage_full`` failure row at once (it was dropped silently before: a discard-old
+    queue and an unacked publish); the others complete."""
+    res, rows = run_full(
+        tmp_path,
+        "model_max_bytes",
+        "models.policy.concurrency=1",
+        "models.policy.delay_s=0.05",
+        "jetstream.model_max_bytes=4KB",
+        repeats=4,
+    )
+    assert rows and res.stderr.count("storage") < 10, res.stderr[-3000:]
