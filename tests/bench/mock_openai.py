@@ -19,11 +19,9 @@ import argparse
 import asyncio
 import itertools
 import json
-import re
 import sys
 
 _ids = itertools.count(1)
-_TOOL_NAME = re.compile(rb'"type":\s*"function"[^}]*?"name":\s*"([^"]+)"|"name":\s*"([^"]+)"[^}]*?"type":\s*"function"')
 _USAGE = {
     "input_tokens": 40,
     "output_tokens": 12,
@@ -33,11 +31,21 @@ _USAGE = {
 }
 
 
+def first_tool(body: bytes) -> str | None:
+    """The name of the first function tool the request offers (Responses or chat form), if any."""
+    if b'"tools"' not in body:
+        return None
+    for tool in json.loads(body).get("tools") or []:
+        if tool.get("type") == "function":
+            return str(tool.get("name") or tool.get("function", {}).get("name"))
+    return None
+
+
 def answer(body: bytes, text: str = "It is cold there.", args: str = '{"city": "San Francisco"}') -> bytes:
     """The Responses JSON for one request body (a call to the first tool offered, then a message)."""
     n = next(_ids)
-    m = None if b'"function_call_output"' in body else _TOOL_NAME.search(body)
-    if m is None:
+    name = None if b'"function_call_output"' in body else first_tool(body)
+    if name is None:
         item = {
             "type": "message",
             "id": f"msg_{n}",
@@ -50,7 +58,7 @@ def answer(body: bytes, text: str = "It is cold there.", args: str = '{"city": "
             "type": "function_call",
             "id": f"fc_{n}",
             "call_id": f"call_{n}",
-            "name": (m.group(1) or m.group(2)).decode(),
+            "name": name,
             "arguments": args,
             "status": "completed",
         }
