@@ -5,10 +5,12 @@ injection, a stdlib threaded server at ~1 ms of CPU per request); this one is
 built to cost as little as possible so that a benchmark measures *our*
 processes: a bare asyncio protocol on keep-alive connections, one canned answer
 per turn. ``POST .../responses`` answers a ``function_call`` to the first tool
-offered when the request holds no ``function_call_output`` yet, else an
-assistant message. Anything else is 404.
+offered when the request holds no ``function_call_output`` yet, else (and when
+no tool is offered) an assistant message. Anything else is 404. ``--text`` and
+``--args`` fix the message text and the tool call's arguments (e.g. an answer a
+grader parses, arguments a server's tool validates).
 
-    python tests/bench/mock_openai.py [--port N]      # prints "listening PORT", serves until killed
+    python tests/bench/mock_openai.py [--port N] [--text T] [--args JSON]   # prints "listening PORT"
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ import argparse
 import asyncio
 import itertools
 import json
-import re
 import sys
 
 _ids = itertools.count(1)
-_TOOL_NAME = re.compile(rb'"type":\s*"function"[^}]*?"name":\s*"([^"]+)"|"name":\s*"([^"]+)"[^}]*?"type":\s*"function"')
 _USAGE = {
     "input_tokens": 40,
     "output_tokens": 12,
@@ -31,26 +31,35 @@ _USAGE = {
 }
 
 
-def answer(body: bytes) -> bytes:
-    """The Responses JSON for one request body (a function call first, then a message)."""
+def first_tool(body: bytes) -> str | None:
+    """The name of the first function tool the request offers (Responses or chat form), if any."""
+    if b'"tools"' not in body:
+        return None
+    for tool in json.loads(body).get("tools") or []:
+        if tool.get("type") == "function":
+            return str(tool.get("name") or tool.get("function", {}).get("name"))
+    return None
+
+
+def answer(body: bytes, text: str = "It is cold there.", args: str = '{"city": "San Francisco"}') -> bytes:
+    """The Responses JSON for one request body (a call to the first tool offered, then a message)."""
     n = next(_ids)
-    if b'"function_call_output"' in body:
+    name = None if b'"function_call_output"' in body else first_tool(body)
+    if name is None:
         item = {
             "type": "message",
             "id": f"msg_{n}",
             "role": "assistant",
             "status": "completed",
-            "content": [{"type": "output_text", "text": "It is cold there.", "annotations": []}],
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
         }
     else:
-        m = _TOOL_NAME.search(body)
-        name = (m.group(1) or m.group(2)).decode() if m else "get_weather"
         item = {
             "type": "function_call",
             "id": f"fc_{n}",
             "call_id": f"call_{n}",
             "name": name,
-            "arguments": '{"city": "San Francisco"}',
+            "arguments": args,
             "status": "completed",
         }
     return json.dumps(
@@ -61,6 +70,9 @@ def answer(body: bytes) -> bytes:
             "model": "mock",
             "status": "completed",
             "output": [item],
+            "parallel_tool_calls": True,  # the OpenAI SDK's Response requires these three (NeMo Gym validates it)
+            "tool_choice": "auto",
+            "tools": [],
             "usage": _USAGE,
         }
     ).encode()
@@ -68,6 +80,9 @@ def answer(body: bytes) -> bytes:
 
 class _HTTP(asyncio.Protocol):
     """HTTP/1.1 with keep-alive and Content-Length bodies (what httpx sends); no chunked uploads."""
+
+    text = "It is cold there."
+    args = '{"city": "San Francisco"}'
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.t: asyncio.Transport = transport  # type: ignore[assignment]
@@ -90,7 +105,7 @@ class _HTTP(asyncio.Protocol):
             self.buf = self.buf[end + 4 + length :]
             path = head.split(b" ", 2)[1]
             if path.endswith(b"/responses"):
-                status, out = b"200 OK", answer(body)
+                status, out = b"200 OK", answer(body, self.text, self.args)
             else:
                 status, out = b"404 Not Found", b'{"error": {"message": "not found"}}'
             self.t.write(
@@ -113,7 +128,10 @@ async def serve(port: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--text", default=_HTTP.text, help="the assistant message's text")
+    ap.add_argument("--args", default=_HTTP.args, help="the tool call's arguments (a JSON object)")
     args = ap.parse_args()
+    _HTTP.text, _HTTP.args = args.text, args.args
     try:
         asyncio.run(serve(args.port))
     except KeyboardInterrupt:
