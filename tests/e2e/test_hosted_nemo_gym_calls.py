@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gym_runtime.hosting.parity import inputs
 from gym_runtime.ops.permissions import permissions
 from gym_runtime.ops.security import ensure_auth_dir
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
@@ -85,6 +86,39 @@ def test_chat_completions_judge_calls_are_served_by_our_model_workers(catalogue:
     assert got == [(i, rec["reward"]) for i, rec in enumerate(recorded)]
     assert paths == ["/v1/chat/completions"] * len(recorded)  # what our model worker sent the judge
     assert len(model_worker_spans(trace, "judge-llm")) == len(recorded)
+
+
+def test_a_servers_own_openai_client_reaches_our_model_workers(catalogue: Path, tmp_path: Path) -> None:
+    """verifif opens its own NeMoGymAsyncOpenAI judge client on ``get_server_url(judge_server_name) + "/v1"``
+    (its LLM-judge validators; it swallows a failed judge call into a fallback verdict, so only the judge's side
+    tells whether the calls arrived): every judge request the stub saw came from our model worker (one span
+    each, with the model entry's name), and every recorded rollout yields a row."""
+    sdir = catalogue / "verifif"
+    recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
+    data = write_jsonl(tmp_path / "in.jsonl", inputs(sdir, recorded))
+    trace = tmp_path / "trace.jsonl"
+    with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("YES"))) as stub:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")},
+                        "judge": {"adapter": "openai", "api": "chat", "base_url": stub.base_url, "model": "judge-llm"},
+                    },
+                    "resources": {"env": {"nemo_gym": "verifif", "options": {"judge_server_name": "judge"}}},
+                    "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+                }
+            )
+        )
+        r = cli("env", "build", str(cfg), timeout=600)
+        assert r.returncode == 0, r.stderr
+        r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), "--trace-file", str(trace))
+        assert r.returncode == 0, r.stderr
+        paths = [q.path for q in stub.requests]
+    assert len(read_jsonl(tmp_path / "out.jsonl")) == len(recorded)
+    assert paths and set(paths) == {"/v1/chat/completions"}
+    assert len(model_worker_spans(trace, "judge-llm")) == len(paths)
 
 
 def logs(stderr: str) -> list[dict[str, Any]]:
