@@ -23,10 +23,11 @@ config dict, ``setup_webserver()``, its exception middleware), then driven throu
   model's host is ``NAME.models.gym-runtime.invalid`` (``get_server_url(NAME)``), and a
   base URL option may name it too (``http://judge.models.gym-runtime.invalid/v1``).
   NeMo Gym's one shared aiohttp session (``nemo_gym.server_utils.request``, which its
-  ``NeMoGymAsyncOpenAI`` uses) is wrapped so that requests to those hosts never leave the
-  process; any other host goes out as before. No port is opened for this, and the
-  ``.invalid`` domain never resolves, so a client we do not wrap fails instead of
-  reaching the network;
+  ``NeMoGymAsyncOpenAI`` uses) is wrapped, and httpx's transports (the ``openai``
+  package's clients) patched, so that requests to those hosts never leave the process
+  (made for the server whose request is being handled: ``_CURRENT``); any other host goes
+  out as before. No port is opened for this, and the ``.invalid`` domain never resolves,
+  so a client none of this reaches fails instead of reaching the network;
 * calls to another resources server of the config by name (``server_client.post(NAME,
   path)``) reach that server's workers over the bus as a session of ours: ``/seed_session``
   opens it, its reply carries a cookie naming it, so the calls that send that cookie back
@@ -41,6 +42,7 @@ nemo-gym, fastapi and httpx are imported when a server is loaded, never at impor
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import json
 import os
@@ -156,6 +158,15 @@ def _cookie(cookies: Any, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The hosted server whose request is being handled (set around each ASGI call): process-wide clients
+# (NeMo Gym's shared session, httpx's transports) route a request to our hosts through that server's host.
+_CURRENT: contextvars.ContextVar[ServerHost | None] = contextvars.ContextVar("gym_hosted_server", default=None)
+
+
+def _ours(host: str | None) -> bool:
+    return (host or "").endswith(".gym-runtime.invalid")
+
+
 class _BusSession:
     """NeMo Gym's shared aiohttp session, except that a request to one of our hosts
     (``NAME.models.gym-runtime.invalid``, ``NAME.resources.gym-runtime.invalid``) goes over the bus."""
@@ -168,12 +179,13 @@ class _BusSession:
         import yarl
 
         u = yarl.URL(str(url))
-        if not (u.host or "").endswith(".gym-runtime.invalid"):
+        if not _ours(u.host):
             return self._inner.request(method, url, **kwargs)
         body = kwargs.get("json")
         if body is None and kwargs.get("data"):
             body = json.loads(kwargs["data"])
-        return _Pending(self._host.url_call(u.host or "", method, u.path, body))
+        host = _CURRENT.get() or self._host
+        return _Pending(host.url_call(u.host or "", method, u.path, body))
 
     def get(self, url: Any, **kwargs: Any) -> Any:
         return self.request("GET", url, **kwargs)
@@ -183,6 +195,44 @@ class _BusSession:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _route_httpx(first: ServerHost) -> None:
+    """The ``openai`` package's own clients (httpx) too: httpx's transports send a request to one of our
+    hosts over the bus and any other as before. A synchronous client waits on the worker's loop from its
+    own thread (gdpval calls its sync ``OpenAI`` in ``asyncio.to_thread``); on the loop's thread it cannot."""
+    import asyncio
+
+    import httpx
+
+    if getattr(httpx.AsyncHTTPTransport.handle_async_request, "_gym_routed", False):
+        return
+    loop = asyncio.get_running_loop()
+    send_async = httpx.AsyncHTTPTransport.handle_async_request
+    send_sync = httpx.HTTPTransport.handle_request
+
+    async def call(request: httpx.Request, body: bytes, host: ServerHost) -> httpx.Response:
+        reply = await host.url_call(request.url.host, request.method, request.url.path, json.loads(body or b"null"))
+        return httpx.Response(reply.status, content=await reply.read(), headers=reply.headers)
+
+    async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        if not _ours(request.url.host):
+            return await send_async(self, request)
+        return await call(request, await request.aread(), _CURRENT.get() or first)
+
+    def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        if not _ours(request.url.host):
+            return send_sync(self, request)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a thread of its own: wait for the loop to make the call
+            host = _CURRENT.get() or first
+            return asyncio.run_coroutine_threadsafe(call(request, request.read(), host), loop).result()
+        raise RuntimeError(f"{request.url}: a synchronous client on the event loop's thread cannot wait for the bus")
+
+    handle_async_request._gym_routed = True  # type: ignore[attr-defined]
+    httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+    httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
 
 
 def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
@@ -311,11 +361,24 @@ class ServerHost:
         inner = server_utils.get_global_aiohttp_client()
         if not isinstance(inner, _BusSession):
             server_utils._GLOBAL_AIOHTTP_CLIENT = _BusSession(self, inner)
+        _route_httpx(self)
 
     def client(self) -> Any:
         import httpx
 
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=BASE_URL, timeout=None)
+        host = self
+
+        class Transport(httpx.ASGITransport):
+            """The app in process; while it handles a request, its own clients' calls are this server's."""
+
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                token = _CURRENT.set(host)
+                try:
+                    return await super().handle_async_request(request)
+                finally:
+                    _CURRENT.reset(token)
+
+        return httpx.AsyncClient(transport=Transport(app=self.app), base_url=BASE_URL, timeout=None)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
@@ -359,7 +422,8 @@ class ServerHost:
                 resp = await self.models.generate(chat_body_to_params(raw), model=server_name)
                 return _Reply(200, json.dumps(response_to_chat(resp, server_name)).encode())
         except Failure as e:  # the model's own error class, as an HTTP error NeMo Gym's judges handle
-            return _error(400 if e.info.error_class == "invalid_task" else 502, f"{e.info.error_class}: {e.info.message}")
+            status = 400 if e.info.error_class == "invalid_task" else 502
+            return _error(status, f"{e.info.error_class}: {e.info.message}")
         msg = f"{url_path}: hosted servers reach models at /v1/responses and /v1/chat/completions"
         return _error(404, msg)
 

@@ -153,6 +153,7 @@ def caller_config(tmp_path: Path, *, judge_url: str, calls: list[str]) -> Path:
                             "grader": "counter",
                             "other": "other",
                             "judge_base_url": "http://judge.models.gym-runtime.invalid/v1",
+                            "openai_base_url": "http://judge.models.gym-runtime.invalid/v1",
                         },
                     },
                     "counter": {"nemo_gym": "example_session_state_mgmt"},
@@ -167,8 +168,9 @@ def caller_config(tmp_path: Path, *, judge_url: str, calls: list[str]) -> Path:
 
 def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, tmp_path: Path) -> None:
     """A hosted server's calls to other resources servers by name reach their workers as sessions of ours (seed,
-    tool and verify with the seed's cookies land on one session: the counter is 3 + 2), and its own OpenAI-style
-    client on a base URL naming a model of the config reaches that model's worker (its span), no port opened."""
+    tool and verify with the seed's cookies land on one session: the counter is 3 + 2), and its own clients on a
+    base URL naming a model of the config (NeMo Gym's NeMoGymAsyncOpenAI, the openai package's AsyncOpenAI and,
+    in a thread, OpenAI) reach that model's worker (a span per request), no port opened."""
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": f"go {i}"}} for i in range(3)])
     trace = tmp_path / "trace.jsonl"
     with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("looks right"))) as stub:
@@ -180,10 +182,11 @@ def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, 
         paths = [q.path for q in stub.requests]
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert [row["reward"] for row in rows] == [1.0] * 3
-    assert {row["judge_said"] for row in rows} == {"looks right"}
+    for said in ("judge_said", "openai_said", "openai_sync_said"):  # NeMo Gym's client, openai's async and sync
+        assert {row[said] for row in rows} == {"looks right"}
     assert {row["other_status"] for row in rows} == {200}
-    assert paths == ["/v1/chat/completions"] * 3
-    assert len(model_worker_spans(trace, "judge-llm")) == 3
+    assert paths == ["/v1/chat/completions"] * 9
+    assert len(model_worker_spans(trace, "judge-llm")) == 9
     served = {s["name"].split()[-1] for s in spans(trace) if s["name"].startswith(("seed ", "tool ", "verify "))}
     assert {"gym.res.counter.seed", "gym.res.other.seed"} <= served
 

@@ -4,9 +4,13 @@ Its ``verify`` does what catalogue servers do with other servers (ns_tools, judg
 ``server_client.post`` to another resources server by name, as one session (seed, a tool,
 verify, the seed's cookies carried as NeMo Gym's agents carry them); a request of its own
 ``NeMoGymAsyncOpenAI`` client on a base URL from its config (as verifif's judge client);
-and a call to a third server (``other``), whose HTTP status it reports.
+the ``openai`` package's own clients, async and sync (in a thread, as gdpval's), on a base URL
+from its config; and a call to a third server (``other``), whose HTTP status it reports.
 """
 
+import asyncio
+
+import openai
 from nemo_gym.base_resources_server import BaseResourcesServerConfig, BaseVerifyRequest, SimpleResourcesServer
 from nemo_gym.openai_utils import NeMoGymAsyncOpenAI
 
@@ -15,6 +19,7 @@ class CallerConfig(BaseResourcesServerConfig):
     grader: str = "counter"
     other: str | None = None
     judge_base_url: str | None = None
+    openai_base_url: str | None = None
 
 
 class CallerServer(SimpleResourcesServer):
@@ -43,6 +48,14 @@ class CallerServer(SimpleResourcesServer):
                 model="any", messages=[{"role": "user", "content": "grade this"}], max_tokens=16
             )
             out["judge_said"] = chat["choices"][0]["message"]["content"]
+        if self.config.openai_base_url:
+            messages = [{"role": "user", "content": "grade this"}]
+            aclient = openai.AsyncOpenAI(base_url=self.config.openai_base_url, api_key="unused", max_retries=0)
+            chat = await aclient.chat.completions.create(model="any", messages=messages)
+            out["openai_said"] = chat.choices[0].message.content
+            sclient = openai.OpenAI(base_url=self.config.openai_base_url, api_key="unused", max_retries=0)
+            chat = await asyncio.to_thread(sclient.chat.completions.create, model="any", messages=messages)
+            out["openai_sync_said"] = chat.choices[0].message.content
         if self.config.other:
             reply = await self.server_client.post(
                 server_name=self.config.other,
