@@ -40,6 +40,23 @@ def model_worker_spans(trace: Path, model: str) -> list[dict[str, Any]]:
     return [s for s in spans(trace) if (s.get("attributes") or {}).get("gen_ai.request.model") == model]
 
 
+def judge_model(base_url: str) -> dict[str, Any]:
+    """Our model entry for a judge: the openai adapter, chat API, on the stub."""
+    return {"adapter": "openai", "api": "chat", "base_url": base_url, "model": "judge-llm"}
+
+
+def build_and_run(tmp_path: Path, config: dict[str, Any], data: Path) -> Path:
+    """Build the config's hosted environments, run it on ``data``; the trace file of the run."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps(config))
+    r = cli("env", "build", str(cfg), timeout=600)
+    assert r.returncode == 0, r.stderr
+    trace = tmp_path / "trace.jsonl"
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), "--trace-file", str(trace))
+    assert r.returncode == 0, r.stderr
+    return trace
+
+
 def test_chat_completions_judge_calls_are_served_by_our_model_workers(catalogue: Path, tmp_path: Path) -> None:
     """omniscience asks its judge through ``server_client.post(judge, /v1/chat/completions)`` (its own YAML sets
     use_chat_completions_for_judge). The judge's name maps to a model entry of ours (the openai adapter, chat API,
@@ -57,30 +74,21 @@ def test_chat_completions_judge_calls_are_served_by_our_model_workers(catalogue:
     # its example.jsonl no longer holds the recorded tasks: the rollouts' own task fields are the input rows
     task = ("id", "domain", "topic", "question", "expected_answer", "responses_create_params")
     data = write_jsonl(tmp_path / "in.jsonl", [{k: r[k] for k in task} for r in recorded])
-    trace = tmp_path / "trace.jsonl"
     with StubOpenAI(handler=judge) as stub:
-        cfg = tmp_path / "config.yaml"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "models": {
-                        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")},
-                        "judge": {"adapter": "openai", "api": "chat", "base_url": stub.base_url, "model": "judge-llm"},
-                    },
-                    "resources": {
-                        "env": {
-                            "nemo_gym": "omniscience",
-                            "options": {"judge_model_server": {"type": "responses_api_models", "name": "judge"}},
-                        }
-                    },
-                    "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+        config = {
+            "models": {
+                "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")},
+                "judge": judge_model(stub.base_url),
+            },
+            "resources": {
+                "env": {
+                    "nemo_gym": "omniscience",
+                    "options": {"judge_model_server": {"type": "responses_api_models", "name": "judge"}},
                 }
-            )
-        )
-        r = cli("env", "build", str(cfg), timeout=600)
-        assert r.returncode == 0, r.stderr
-        r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), "--trace-file", str(trace))
-        assert r.returncode == 0, r.stderr
+            },
+            "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+        }
+        trace = build_and_run(tmp_path, config, data)
         paths = [q.path for q in stub.requests]
     got = sorted((row["_ng_task_index"], row["reward"]) for row in read_jsonl(tmp_path / "out.jsonl"))
     assert got == [(i, rec["reward"]) for i, rec in enumerate(recorded)]
@@ -96,25 +104,16 @@ def test_a_servers_own_openai_client_reaches_our_model_workers(catalogue: Path, 
     sdir = catalogue / "verifif"
     recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
     data = write_jsonl(tmp_path / "in.jsonl", inputs(sdir, recorded))
-    trace = tmp_path / "trace.jsonl"
     with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("YES"))) as stub:
-        cfg = tmp_path / "config.yaml"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "models": {
-                        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")},
-                        "judge": {"adapter": "openai", "api": "chat", "base_url": stub.base_url, "model": "judge-llm"},
-                    },
-                    "resources": {"env": {"nemo_gym": "verifif", "options": {"judge_server_name": "judge"}}},
-                    "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
-                }
-            )
-        )
-        r = cli("env", "build", str(cfg), timeout=600)
-        assert r.returncode == 0, r.stderr
-        r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), "--trace-file", str(trace))
-        assert r.returncode == 0, r.stderr
+        config = {
+            "models": {
+                "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")},
+                "judge": judge_model(stub.base_url),
+            },
+            "resources": {"env": {"nemo_gym": "verifif", "options": {"judge_server_name": "judge"}}},
+            "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+        }
+        trace = build_and_run(tmp_path, config, data)
         paths = [q.path for q in stub.requests]
     assert len(read_jsonl(tmp_path / "out.jsonl")) == len(recorded)
     assert paths and set(paths) == {"/v1/chat/completions"}
@@ -134,36 +133,23 @@ def logs(stderr: str) -> list[dict[str, Any]]:
     return out
 
 
-def caller_config(tmp_path: Path, *, judge_url: str, calls: list[str]) -> Path:
+def caller_config(*, judge_url: str, calls: list[str]) -> dict[str, Any]:
     """caller (a NeMo Gym server of a checkout) calls counter (example_session_state_mgmt, hosted) as a session,
-    other (another instance of it) by name, and a judge through its own client on a base URL."""
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        json.dumps(
-            {
-                "models": {
-                    "policy": {"adapter": "scripted"},
-                    "judge": {"adapter": "openai", "api": "chat", "base_url": judge_url, "model": "judge-llm"},
-                },
-                "resources": {
-                    "caller": {
-                        "nemo_gym": str(CALLER),
-                        "calls": calls,
-                        "options": {
-                            "grader": "counter",
-                            "other": "other",
-                            "judge_base_url": "http://judge.models.gym-runtime.invalid/v1",
-                            "openai_base_url": "http://judge.models.gym-runtime.invalid/v1",
-                        },
-                    },
-                    "counter": {"nemo_gym": "example_session_state_mgmt"},
-                    "other": {"nemo_gym": "example_session_state_mgmt"},
-                },
-                "agents": {"caller_agent": {"agent": "agents.simple", "model": "policy", "resource": "caller"}},
-            }
-        )
-    )
-    return path
+    other (another instance of it) by name, and a judge through its own clients on a base URL."""
+    judge = "http://judge.models.gym-runtime.invalid/v1"
+    return {
+        "models": {"policy": {"adapter": "scripted"}, "judge": judge_model(judge_url)},
+        "resources": {
+            "caller": {
+                "nemo_gym": str(CALLER),
+                "calls": calls,
+                "options": {"grader": "counter", "other": "other", "judge_base_url": judge, "openai_base_url": judge},
+            },
+            "counter": {"nemo_gym": "example_session_state_mgmt"},
+            "other": {"nemo_gym": "example_session_state_mgmt"},
+        },
+        "agents": {"caller_agent": {"agent": "agents.simple", "model": "policy", "resource": "caller"}},
+    }
 
 
 def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, tmp_path: Path) -> None:
@@ -172,13 +158,8 @@ def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, 
     base URL naming a model of the config (NeMo Gym's NeMoGymAsyncOpenAI, the openai package's AsyncOpenAI and,
     in a thread, OpenAI) reach that model's worker (a span per request), no port opened."""
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": f"go {i}"}} for i in range(3)])
-    trace = tmp_path / "trace.jsonl"
     with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("looks right"))) as stub:
-        cfg = caller_config(tmp_path, judge_url=stub.base_url, calls=["counter", "other"])
-        r = cli("env", "build", str(cfg), timeout=600)
-        assert r.returncode == 0, r.stderr
-        r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), "--trace-file", str(trace))
-        assert r.returncode == 0, r.stderr
+        trace = build_and_run(tmp_path, caller_config(judge_url=stub.base_url, calls=["counter", "other"]), data)
         paths = [q.path for q in stub.requests]
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert [row["reward"] for row in rows] == [1.0] * 3
@@ -200,7 +181,8 @@ def test_under_secure_a_server_may_call_only_the_environments_its_config_names(c
     pools = [("agent", "caller_agent"), ("resource", "caller"), ("resource", "counter"), ("resource", "other")]
     ensure_auth_dir(auth, pools=[*pools, ("model", "policy"), ("model", "judge")])
     with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("looks right"))) as stub:
-        cfg = caller_config(tmp_path, judge_url=stub.base_url, calls=["counter"])
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(json.dumps(caller_config(judge_url=stub.base_url, calls=["counter"])))
         r = cli("env", "build", str(cfg), timeout=600)
         assert r.returncode == 0, r.stderr
         server = subprocess.Popen(
