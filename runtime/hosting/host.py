@@ -69,6 +69,7 @@ MODELS_DOMAIN = "models.gym-runtime.invalid"
 RESOURCES_DOMAIN = "resources.gym-runtime.invalid"
 SESSION_COOKIE = "gym_runtime_session"  # the cookie naming a session opened on another resources server
 CALL_TIMEOUT_S = 300.0  # one call to another resources server (its worker's liveness still applies)
+MAX_CALLED_SESSIONS = 20_000  # sessions a worker keeps open on other servers; past it the oldest is closed
 _ENDPOINTS = {
     "/seed_session",
     "/verify",
@@ -455,6 +456,8 @@ class ServerHost:
             seed_row = row if path in ("/seed_session", "/verify") else {}
             session = Session(self.bus, self.bus.subject("res", server_name, "seed"), seed_row)
             self.sessions[token] = session
+            while len(self.sessions) > MAX_CALLED_SESSIONS:  # seeded but never verified: the oldest goes
+                await self.sessions.pop(next(iter(self.sessions))).close()
         jar = {SESSION_COOKIE: token}
         try:
             if path == "/seed_session":  # sent with the session's first operation, as every seed is
