@@ -50,18 +50,16 @@ import msgspec
 from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.hosting.chat import chat_body_to_params, chat_to_items, get_field, response_to_chat
 from gym_runtime.messages import (
-    CreateParams,
     ErrorClass,
     FunctionCall,
-    FunctionCallOutput,
     Item,
     Message,
     Reasoning,
     Response,
     Usage,
     VerifyReply,
-    message_text,
 )
 
 __all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run", "run_group", "setup"]
@@ -189,167 +187,6 @@ def _watch_rubric(rubric: Any) -> None:
 # ----------------------------------------------------------------- the model client
 
 
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def _chat_content_to_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for p in content:
-        text = _get(p, "text")
-        if isinstance(text, str):
-            parts.append(text)
-    return "".join(parts)
-
-
-def _input_parts(content: Any) -> str | list[dict[str, Any]]:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    out: list[dict[str, Any]] = []
-    for p in content:
-        d = p if isinstance(p, dict) else p.model_dump()
-        if d.get("type") == "text":
-            out.append({"type": "input_text", "text": d.get("text", "")})
-        else:
-            out.append(d)
-    return out
-
-
-def chat_to_items(messages: list[Any]) -> list[Item]:
-    """Chat Completions messages (dicts or verifiers' message models) -> Responses items."""
-    items: list[Item] = []
-    for m in messages:
-        role = _get(m, "role")
-        if role == "assistant":
-            reasoning = _get(m, "reasoning_content")
-            if isinstance(reasoning, str) and reasoning:
-                items.append(Reasoning(summary=[{"type": "summary_text", "text": reasoning}]))
-            text = _chat_content_to_text(_get(m, "content"))
-            if text:
-                items.append(
-                    Message(
-                        role="assistant",
-                        status="completed",
-                        content=[{"annotations": [], "text": text, "type": "output_text"}],
-                    )
-                )
-            for call in _get(m, "tool_calls") or []:
-                fn = _get(call, "function")
-                name = _get(fn, "name") if fn is not None else _get(call, "name")
-                args = _get(fn, "arguments") if fn is not None else _get(call, "arguments")
-                items.append(FunctionCall(call_id=str(_get(call, "id")), name=str(name), arguments=str(args or "")))
-        elif role == "tool":
-            items.append(
-                FunctionCallOutput(
-                    call_id=str(_get(m, "tool_call_id")), output=_chat_content_to_text(_get(m, "content"))
-                )
-            )
-        else:
-            items.append(Message(role=str(role or "user"), content=_input_parts(_get(m, "content"))))
-    return items
-
-
-def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    out = []
-    for t in tools:
-        fn = t.get("function", t)
-        tool = {"type": "function", "name": fn["name"], "description": fn.get("description") or ""}
-        tool["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
-        if fn.get("strict") is not None:
-            tool["strict"] = fn["strict"]
-        out.append(tool)
-    return out
-
-
-_PARAM_KEYS = {"model", "messages", "tools", "temperature", "top_p", "tool_choice", "parallel_tool_calls"}
-
-
-def chat_body_to_params(body: dict[str, Any]) -> CreateParams:
-    """A Chat Completions request body -> our create params (sampling args the Struct lacks ride in ``extra``)."""
-    if body.get("n", 1) not in (1, None):
-        raise Failure("invalid_task", f"verifiers asked for n={body['n']} completions per call; one is served")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    extra = {
-        k: v
-        for k, v in body.items()
-        if k not in _PARAM_KEYS and k not in ("max_tokens", "max_completion_tokens", "n") and v is not None
-    }
-    return CreateParams(
-        input=chat_to_items(body.get("messages") or []),
-        tools=_chat_tools(body.get("tools")),
-        temperature=body.get("temperature"),
-        top_p=body.get("top_p"),
-        max_output_tokens=max_tokens,
-        tool_choice=body.get("tool_choice"),
-        parallel_tool_calls=body.get("parallel_tool_calls"),
-        extra=extra,
-    )
-
-
-def response_to_chat(resp: Response, model: str) -> dict[str, Any]:
-    """Our ``Response`` -> a ``chat.completion`` body (vLLM's token-id fields where the model gave ids)."""
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    reasoning: list[str] = []
-    trained: Any = None
-    for item in resp.output:
-        if isinstance(item, Message):
-            texts.append(message_text(item))
-        elif isinstance(item, FunctionCall):
-            calls.append(
-                {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-            )
-        elif isinstance(item, Reasoning):
-            reasoning.extend(p.get("text", "") for p in item.summary if isinstance(p, dict))
-        if isinstance(item, (Message, FunctionCall, Reasoning)) and item.generation_token_ids is not msgspec.UNSET:
-            trained = item
-    incomplete = resp.status == "incomplete"
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": message,
-        "finish_reason": "length" if incomplete else ("tool_calls" if calls else "stop"),
-        "logprobs": None,
-    }
-    body: dict[str, Any] = {
-        "id": resp.id,
-        "object": "chat.completion",
-        "created": int(resp.created_at),
-        "model": resp.model or model,
-        "choices": [choice],
-    }
-    if resp.usage is not None:
-        body["usage"] = {
-            "prompt_tokens": resp.usage.input_tokens,
-            "completion_tokens": resp.usage.output_tokens,
-            "total_tokens": resp.usage.total_tokens,
-        }
-    if trained is not None:
-        body["prompt_token_ids"] = list(trained.prompt_token_ids)
-        choice["token_ids"] = list(trained.generation_token_ids)
-        choice["logprobs"] = {
-            "content": [
-                {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(trained.generation_token_ids, trained.generation_log_probs or [], strict=False)
-            ]
-        }
-    return body
-
-
 class _Calls:
     """What one task's model calls share: its context, and the first failure on our side."""
 
@@ -433,11 +270,11 @@ def dataset_rows(options: dict[str, Any], split: str) -> list[dict[str, Any]]:
 def _step_usage(state: Any) -> Usage:
     usage = Usage()
     for step in state.get("trajectory") or []:
-        u = _get(step.get("response"), "usage")
+        u = get_field(step.get("response"), "usage")
         if u is None:
             continue
-        inp = int(_get(u, "prompt_tokens", 0) or 0)
-        out = int(_get(u, "completion_tokens", 0) or 0)
+        inp = int(get_field(u, "prompt_tokens", 0) or 0)
+        out = int(get_field(u, "completion_tokens", 0) or 0)
         usage.add(Usage(input_tokens=inp, output_tokens=out, total_tokens=inp + out))
     return usage
 
@@ -450,7 +287,7 @@ def _state_items(state: Any) -> list[Item]:
     for m in state.get("completion") or []:
         before = len(items)
         items.extend(chat_to_items([m]))
-        if _get(m, "role") != "assistant":
+        if get_field(m, "role") != "assistant":
             continue
         tokens = steps[turn].get("tokens") if turn < len(steps) else None
         turn += 1

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from gym_runtime.hosting import env as hosting_env
-from tests.helpers import REPO
+from tests.helpers import REPO, cli
+
+
+def catalogue_root(*build: str) -> Path:
+    """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing
+    (``build``: what ``env build`` builds first); skips without a Python >= 3.13, unless GYM_REQUIRE_HOSTING=1."""
+    try:
+        hosting_env.find_python()
+    except hosting_env.EnvError as e:
+        if os.environ.get("GYM_REQUIRE_HOSTING") == "1":
+            raise
+        pytest.skip(f"hosting needs a Python >= 3.13: {e}")
+    r = cli("env", "build", *build, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return hosting_env.servers_root(
+        next(p for p in hosting_env.cache_dir().glob("base-*") if (p / ".complete").is_file())
+    )
 
 
 def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.config import Config, load_config, resolve_config, resource_calls
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -180,7 +180,7 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     secure = getattr(args, "auth_dir", None) or os.environ.get(AUTH_DIR_ENV) or None
     if secure:
         ensure_auth_dir(secure)
-    with EmbeddedServer(secure_dir=secure, namespaces=[cfg.namespace]) as server:
+    with EmbeddedServer(secure_dir=secure, namespaces=[cfg.namespace], calls=resource_calls(cfg)) as server:
         yield server.url
 
 

@@ -61,6 +61,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --secure: also write SECTION.NAME's own credential (agents.NAME, resources.NAME, models.NAME "
         "-> agent.NAME.creds ...), allowed only that entry's queue, results, calls and replies (repeatable)",
     )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="CONFIG",
+        help="with --secure: the run's config YAML(s), merged in order; each resources.NAME.calls there lets that "
+        "environment's pool (and the role-wide resource credential) call the environments it lists (repeatable)",
+    )
     p.add_argument("--name", help="server name (unique in a cluster; default: CLUSTER-PORT)")
     p.add_argument("--cluster", metavar="NAME", help="join the NATS cluster NAME (JetStream replicated)")
     p.add_argument("--cluster-port", type=int, default=6222, help="port for routes from other nodes (default 6222)")
@@ -89,6 +97,13 @@ def monitoring_port(args: argparse.Namespace) -> int | None:
 
 
 def build(args: argparse.Namespace) -> EmbeddedServer:
+    if args.config and not args.secure:
+        raise UserError("--config is read for the permissions of --secure DIR; without --secure it has no effect")
+    calls: dict[str, list[str]] = {}
+    if args.config:
+        from gym_runtime.config import load_config, resource_calls
+
+        calls = resource_calls(load_config(args.config))
     routes = split_list(args.routes)
     if routes and not args.cluster:
         raise UserError("--routes needs --cluster NAME")
@@ -111,6 +126,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         http_host=args.http_host,
         secure_dir=args.secure,
         namespaces=args.namespaces or ["gym"],
+        calls=calls,
     )
 
 

@@ -59,6 +59,9 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # pile up sessions for an hour)
     max_sessions: int = 20_000
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Other resources entries this one's code calls by name (a hosted NeMo Gym server's
+    # ``server_client.post(NAME, ...)``): under ``server --secure`` its pool may call only these.
+    calls: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if bool(self.server) == bool(self.nemo_gym):
@@ -529,7 +532,16 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         for key, value in a.options.items():  # any model the options name (``*_model`` keys) must exist
             if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
                 raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
+    for name, r in cfg.resources.items():
+        for other in r.calls:
+            if other not in cfg.resources or other == name:
+                raise ConfigError(f"{source}: resources.{name}.calls: {other!r} is not another entry under resources")
     return cfg
+
+
+def resource_calls(cfg: Config) -> dict[str, list[str]]:
+    """Which resources each resources entry may call (``resources.NAME.calls``), for the server's permissions."""
+    return {name: list(r.calls) for name, r in cfg.resources.items() if r.calls}
 
 
 def resolve_config(cfg: Config) -> Config:

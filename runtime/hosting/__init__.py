@@ -4,6 +4,8 @@
 server's requirements and gym-runtime), built once and cached by content hash.
 ``host``: the server's FastAPI app driven in process (``httpx.ASGITransport``, no
 port) behind our ``Resource`` protocol; imported only inside that environment.
+``chat``: Chat Completions served to hosted code (verifiers' client, NeMo Gym judges) from
+our model calls.
 ``parity``: replays a server's recorded rollouts and compares rewards and tool outputs.
 
 A config chooses hosting with one key, ``resources.NAME.nemo_gym: SERVER`` (instead

@@ -44,7 +44,7 @@ from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
-from gym_runtime.hosting.host import MODEL_HOST, HostedServerError, _Reply, _server_class
+from gym_runtime.hosting.host import MODEL_HOST, HostedServerError, _Reply, _server_class, plain
 from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
 
 BASE_URL = "http://nemo-gym-agent.hosted"  # never resolved: every request goes through the ASGI transport
@@ -81,12 +81,6 @@ def _yaml_defaults(adir: Path, impl: str) -> dict[str, Any]:
             if isinstance(block, dict):
                 return {k: v for k, v in block.items() if not (isinstance(v, str) and ("${" in v or v == "???"))}
     return {}
-
-
-def _plain(body: Any) -> Any:
-    """A ``json=`` argument as NeMo Gym's client sends it (pydantic models dumped, unset fields left out)."""
-    dump = getattr(body, "model_dump", None)
-    return dump(mode="json", exclude_unset=True) if dump is not None else body
 
 
 class AgentHost:
@@ -267,7 +261,7 @@ def _routed_client() -> type:
         _gym_host: Any = PrivateAttr(default=None)
 
         async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
-            return await self._gym_host.route(server_name, url_path, method, _plain(kwargs.get("json")))
+            return await self._gym_host.route(server_name, url_path, method, plain(kwargs.get("json")))
 
     _CLIENT_CLS.append(RoutedServerClient)
     return RoutedServerClient

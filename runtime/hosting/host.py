@@ -16,8 +16,24 @@ config dict, ``setup_webserver()``, its exception middleware), then driven throu
 * gymnasium-style servers (``/reset``, ``/step``) are a ``GymResource``;
 * lifespan hooks run for the life of the worker (``setup`` enters, ``teardown`` leaves);
 * the server's ``server_client`` calls to a model the config names (a judge, a user
-  simulator) go to that model's workers over the bus (``Resource.models``), and so does
-  an OpenAI client the server opens on the base URL we put in its config.
+  simulator), ``/v1/responses`` or ``/v1/chat/completions``, go to that model's workers
+  over the bus (``Resource.models``: token ids, policy versions, retries and traces as for
+  any model call);
+* so do requests of the server's own clients to a model's URL: in its global config a
+  model's host is ``NAME.models.gym-runtime.invalid`` (``get_server_url(NAME)``), and a
+  base URL option may name it too (``http://judge.models.gym-runtime.invalid/v1``).
+  NeMo Gym's one shared aiohttp session (``nemo_gym.server_utils.request``, which its
+  ``NeMoGymAsyncOpenAI`` uses) is wrapped, and httpx's transports (the ``openai``
+  package's clients) patched, so that requests to those hosts never leave the process
+  (made for the server whose request is being handled: ``_CURRENT``); any other host goes
+  out as before. No port is opened for this, and the ``.invalid`` domain never resolves,
+  so a client none of this reaches fails instead of reaching the network;
+* calls to another resources server of the config by name (``server_client.post(NAME,
+  path)``) reach that server's workers over the bus as a session of ours: ``/seed_session``
+  opens it, its reply carries a cookie naming it, so the calls that send that cookie back
+  (tools, ``/verify``) reach the same session; a ``/verify`` or tool call without one
+  opens a fresh session. Under ``server --secure`` the server permits a pool only the
+  environments its ``resources.NAME.calls`` names (``gym_runtime.ops.permissions``).
 
 Imported only by a worker running in the server's built environment (``hosting.env``):
 nemo-gym, fastapi and httpx are imported when a server is loaded, never at import time.
@@ -26,22 +42,34 @@ nemo-gym, fastapi and httpx are imported when a server is loaded, never at impor
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import msgspec
 
-from gym_runtime.errors import UserError
+from gym_runtime.agent import Session
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
+from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, Verdict
+from gym_runtime.transport.bus import Bus
 
 BASE_URL = "http://nemo-gym.hosted"  # never resolved: every request goes through the ASGI transport
-MODEL_HOST = "gym-runtime.models"  # a model's "host" in the server's global config (never resolved)
+MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
+# A model's host in a hosted server's global config, NAME.models.gym-runtime.invalid, and another
+# resources server's, NAME.resources.gym-runtime.invalid: .invalid names never resolve (RFC 2606).
+MODELS_DOMAIN = "models.gym-runtime.invalid"
+RESOURCES_DOMAIN = "resources.gym-runtime.invalid"
+SESSION_COOKIE = "gym_runtime_session"  # the cookie naming a session opened on another resources server
+CALL_TIMEOUT_S = 300.0  # one call to another resources server (its worker's liveness still applies)
+MAX_CALLED_SESSIONS = 20_000  # sessions a worker keeps open on other servers; past it the oldest is closed
 _ENDPOINTS = {
     "/seed_session",
     "/verify",
@@ -61,14 +89,20 @@ class HostedServerError(RuntimeError):
     """The hosted server answered a protocol call (seed, verify, reset, step) with an error status."""
 
 
+def plain(body: Any) -> Any:
+    """A ``json=`` argument as NeMo Gym's client sends it (pydantic models dumped, unset fields left out)."""
+    dump = getattr(body, "model_dump", None)
+    return dump(mode="json", exclude_unset=True) if dump is not None else body
+
+
 class _Reply:
     """The part of aiohttp's ``ClientResponse`` NeMo Gym servers read from ``server_client`` calls."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, cookies: dict[str, Any] | None = None) -> None:
         self.status = status
         self.ok = status < 400
         self._body = body
-        self.cookies: dict[str, Any] = {}
+        self.cookies: dict[str, Any] = cookies or {}
         self.headers: dict[str, str] = {"content-type": "application/json"}
         self.content = self
 
@@ -87,6 +121,119 @@ class _Reply:
 
     def release(self) -> None:
         return None
+
+    def close(self) -> None:
+        return None
+
+    async def wait_for_close(self) -> None:
+        return None
+
+
+def _error(status: int, message: str) -> _Reply:
+    return _Reply(status, json.dumps({"error": {"message": message}}).encode())
+
+
+class _Pending:
+    """What aiohttp's ``session.request(...)`` returns: awaitable, or an ``async with`` context."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._reply: _Reply | None = None
+
+    def __await__(self) -> Any:
+        return self._call.__await__()
+
+    async def __aenter__(self) -> _Reply:
+        self._reply = await self._call
+        return self._reply
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._reply is not None:
+            self._reply.release()
+
+
+def _cookie(cookies: Any, key: str) -> str | None:
+    """One cookie's value from what a caller passes as ``cookies=`` (a dict, aiohttp's morsels, None)."""
+    value = cookies.get(key) if hasattr(cookies, "get") else None
+    value = getattr(value, "value", value)
+    return value if isinstance(value, str) else None
+
+
+# The hosted server whose request is being handled (set around each ASGI call): process-wide clients
+# (NeMo Gym's shared session, httpx's transports) route a request to our hosts through that server's host.
+_CURRENT: contextvars.ContextVar[ServerHost | None] = contextvars.ContextVar("gym_hosted_server", default=None)
+
+
+def _ours(host: str | None) -> bool:
+    return (host or "").endswith(".gym-runtime.invalid")
+
+
+class _BusSession:
+    """NeMo Gym's shared aiohttp session, except that a request to one of our hosts
+    (``NAME.models.gym-runtime.invalid``, ``NAME.resources.gym-runtime.invalid``) goes over the bus."""
+
+    def __init__(self, host: ServerHost, inner: Any) -> None:
+        self._host = host
+        self._inner = inner
+
+    def request(self, method: str, url: Any, **kwargs: Any) -> Any:
+        import yarl
+
+        u = yarl.URL(str(url))
+        if not _ours(u.host):
+            return self._inner.request(method, url, **kwargs)
+        body = kwargs.get("json")
+        if body is None and kwargs.get("data"):
+            body = json.loads(kwargs["data"])
+        host = _CURRENT.get() or self._host
+        return _Pending(host.url_call(u.host or "", method, u.path, body))
+
+    def get(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: Any, **kwargs: Any) -> Any:
+        return self.request("POST", url, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _route_httpx(first: ServerHost) -> None:
+    """The ``openai`` package's own clients (httpx) too: httpx's transports send a request to one of our
+    hosts over the bus and any other as before. A synchronous client waits on the worker's loop from its
+    own thread (gdpval calls its sync ``OpenAI`` in ``asyncio.to_thread``); on the loop's thread it cannot."""
+    import asyncio
+
+    import httpx
+
+    if getattr(httpx.AsyncHTTPTransport.handle_async_request, "_gym_routed", False):
+        return
+    loop = asyncio.get_running_loop()
+    send_async = httpx.AsyncHTTPTransport.handle_async_request
+    send_sync = httpx.HTTPTransport.handle_request
+
+    async def call(request: httpx.Request, body: bytes, host: ServerHost) -> httpx.Response:
+        reply = await host.url_call(request.url.host, request.method, request.url.path, json.loads(body or b"null"))
+        return httpx.Response(reply.status, content=await reply.read(), headers=reply.headers)
+
+    async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        if not _ours(request.url.host):
+            return await send_async(self, request)
+        return await call(request, await request.aread(), _CURRENT.get() or first)
+
+    def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        if not _ours(request.url.host):
+            return send_sync(self, request)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a thread of its own: wait for the loop to make the call
+            host = _CURRENT.get() or first
+            return asyncio.run_coroutine_threadsafe(call(request, request.read(), host), loop).result()
+        raise RuntimeError(f"{request.url}: a synchronous client on the event loop's thread cannot wait for the bus")
+
+    handle_async_request._gym_routed = True  # type: ignore[attr-defined]
+    httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+    httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
 
 
 def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
@@ -108,12 +255,23 @@ def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
 class ServerHost:
     """One NeMo Gym server class, built once per worker process; hands out per-rollout clients."""
 
-    def __init__(self, server: str, name: str, options: dict[str, Any], model_names: list[str]) -> None:
+    def __init__(
+        self,
+        server: str,
+        name: str,
+        options: dict[str, Any],
+        model_names: list[str],
+        resource_names: Iterable[str] = (),
+        bus: Bus | None = None,
+    ) -> None:
         self.server = server
         self.name = name
         self.options = dict(options)
         self.model_names = list(model_names)
+        self.resource_names = [r for r in resource_names if r != name]
+        self.bus = bus  # calls to other resources servers open sessions on it
         self.models: ModelClient | None = None
+        self.sessions: dict[str, Session] = {}  # sessions on other resources servers, by cookie value
         self.app: Any = None
         self.instance: Any = None
         self.gymnasium = False
@@ -121,7 +279,7 @@ class ServerHost:
         self.impl = ""
         self.fields: dict[str, Any] = {}
         self.global_config: dict[str, Any] = {}
-        self.calls: dict[str, int] = {}  # model calls routed over the bus, by model name (tests, status)
+        self.calls: dict[str, int] = {}  # calls routed over the bus, by model or resource name (tests, status)
         self._stack = contextlib.AsyncExitStack()
 
     def _server_dir(self) -> Path:
@@ -133,13 +291,13 @@ class ServerHost:
         return Path(next(iter(resources_servers.__path__))) / self.server
 
     def _global_config(self, impl: str, fields: dict[str, Any]) -> dict[str, Any]:
-        models = {
-            m: {"responses_api_models": {"gym_runtime": {"host": MODEL_HOST, "port": 80, "entrypoint": "-"}}}
-            for m in self.model_names
-        }
+        def entry(kind: str, name: str, domain: str) -> dict[str, Any]:
+            return {kind: {"gym_runtime": {"host": f"{name}.{domain}", "port": 80, "entrypoint": "-"}}}
+
         return {
             "head_server": {"host": "127.0.0.1", "port": 0},
-            **models,
+            **{m: entry("responses_api_models", m, MODELS_DOMAIN) for m in self.model_names},
+            **{r: entry("resources_servers", r, RESOURCES_DOMAIN) for r in self.resource_names},
             self.name: {"resources_servers": {impl: {**fields, "host": "127.0.0.1", "port": 0}}},
         }
 
@@ -183,6 +341,7 @@ class ServerHost:
             global_config_dict=OmegaConf.create(self.global_config),
         )
         client._gym_host = self
+        self._wrap_shared_session()
         self.instance = cls(config=config, server_client=client)
         app = self.instance.setup_webserver()
         self.instance.setup_exception_middleware(app)
@@ -191,11 +350,36 @@ class ServerHost:
 
     async def stop(self) -> None:
         await self._stack.aclose()
+        for session in list(self.sessions.values()):
+            await session.close()
+        self.sessions.clear()
+
+    def _wrap_shared_session(self) -> None:
+        """NeMo Gym's one aiohttp session (built from the global config as it would be), wrapped so that
+        requests to our models' hosts go over the bus (``url_call``) and any other goes out unchanged."""
+        from nemo_gym import server_utils
+
+        inner = server_utils.get_global_aiohttp_client()
+        if not isinstance(inner, _BusSession):
+            server_utils._GLOBAL_AIOHTTP_CLIENT = _BusSession(self, inner)
+        _route_httpx(self)
 
     def client(self) -> Any:
         import httpx
 
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=BASE_URL, timeout=None)
+        host = self
+
+        class Transport(httpx.ASGITransport):
+            """The app in process; while it handles a request, its own clients' calls are this server's."""
+
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                token = _CURRENT.set(host)
+                try:
+                    return await super().handle_async_request(request)
+                finally:
+                    _CURRENT.reset(token)
+
+        return httpx.AsyncClient(transport=Transport(app=self.app), base_url=BASE_URL, timeout=None)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
@@ -220,19 +404,76 @@ class ServerHost:
         return tools
 
     async def model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
-        """A server's call to a model by name: that model's workers over the bus (the Responses API)."""
+        """A server's call to a model: that model's workers over the bus, in the Responses API
+        (``/v1/responses``) or Chat Completions (``/v1/chat/completions``, converted both ways)."""
         self.calls[server_name] = self.calls.get(server_name, 0) + 1
         if self.models is None:
-            return _Reply(503, b'"no model client in this worker"')
-        if not url_path.endswith("/v1/responses"):
-            msg = f"{url_path}: hosted servers reach models through the Responses API only (/v1/responses)"
-            return _Reply(501, json.dumps(msg).encode())
-        raw = dict(body or {})
+            return _error(503, "no model client in this worker")
+        path = url_path.partition("?")[0].rstrip("/")
+        raw = dict(plain(body) or {})
         raw.pop("model", None)
-        if isinstance(raw.get("input"), str):
-            raw["input"] = [{"role": "user", "content": raw["input"]}]
-        resp = await self.models.generate(create_params(raw), model=server_name)
-        return _Reply(200, msgspec.json.encode(resp))
+        raw.pop("stream", None)
+        try:
+            if path.endswith("/responses"):
+                if isinstance(raw.get("input"), str):
+                    raw["input"] = [{"role": "user", "content": raw["input"]}]
+                resp = await self.models.generate(create_params(raw), model=server_name)
+                return _Reply(200, msgspec.json.encode(resp))
+            if path.endswith("/chat/completions"):
+                resp = await self.models.generate(chat_body_to_params(raw), model=server_name)
+                return _Reply(200, json.dumps(response_to_chat(resp, server_name)).encode())
+        except Failure as e:  # the model's own error class, as an HTTP error NeMo Gym's judges handle
+            status = 400 if e.info.error_class == "invalid_task" else 502
+            return _error(status, f"{e.info.error_class}: {e.info.message}")
+        msg = f"{url_path}: hosted servers reach models at /v1/responses and /v1/chat/completions"
+        return _error(404, msg)
+
+    async def url_call(self, host: str, method: str, url_path: str, body: Any) -> _Reply:
+        """A request of the server's own client to one of our hosts (``url_call`` of ``_BusSession``)."""
+        name, _, domain = host.partition(".")
+        if domain == MODELS_DOMAIN and name in self.model_names and method.upper() == "POST":
+            return await self.model_call(name, url_path, body)
+        if domain == RESOURCES_DOMAIN and name in self.resource_names:
+            return await self.resource_call(name, url_path, body, {})
+        return _error(404, f"{method} http://{host}{url_path}: no model or resources server of the config here")
+
+    async def resource_call(self, server_name: str, url_path: str, body: Any, cookies: Any) -> _Reply:
+        """A server's call to another resources server by name: a session of ours on its workers."""
+        self.calls[server_name] = self.calls.get(server_name, 0) + 1
+        if self.bus is None:
+            return _error(503, "no bus in this worker")
+        path = url_path.partition("?")[0]
+        row = dict(plain(body) or {})
+        try:
+            response = msgspec.convert(row.pop("response", None), Response) if path == "/verify" else None
+        except msgspec.ValidationError as e:
+            return _error(422, f"{server_name}{path}: response: {e}")
+        token = _cookie(cookies, SESSION_COOKIE) or ""
+        session = self.sessions.get(token)
+        if path == "/seed_session" or session is None:
+            # no session yet: a fresh one, seeded with the row (a verify's: seeded then verified, as reverify does)
+            token = f"{server_name}.{os.urandom(8).hex()}"
+            seed_row = row if path in ("/seed_session", "/verify") else {}
+            session = Session(self.bus, self.bus.subject("res", server_name, "seed"), seed_row)
+            self.sessions[token] = session
+            while len(self.sessions) > MAX_CALLED_SESSIONS:  # seeded but never verified: the oldest goes
+                await self.sessions.pop(next(iter(self.sessions))).close()
+        jar = {SESSION_COOKIE: token}
+        try:
+            if path == "/seed_session":  # sent with the session's first operation, as every seed is
+                return _Reply(200, b"{}", jar)
+            if response is not None:
+                verdict = await session.verify(row, response, timeout=CALL_TIMEOUT_S)
+                self.sessions.pop(token, None)  # verify closes the session
+                out = {**row, "response": _response_dict(response), **verdict.fields, "reward": verdict.reward}
+                return _Reply(200, json.dumps(out).encode(), jar)
+            if path.count("/") == 1 and path not in _ENDPOINTS:
+                reply = await session.call(path[1:], json.dumps(row), timeout=CALL_TIMEOUT_S)
+                return _Reply(500 if reply.is_error else 200, reply.output.encode(), jar)
+        except Failure as e:
+            self.sessions.pop(token, None)
+            return _error(502, f"{server_name}{path}: {e.info.error_class}: {e.info.message}")
+        return _error(404, f"{server_name}{path}: not served to other servers (seed_session, verify, tools)")
 
 
 def _server_class(module: Any, base: type) -> type:
@@ -276,6 +517,8 @@ def _bus_server_client() -> type:
             host = self._gym_host
             if host is not None and server_name in host.model_names:
                 return await host.model_call(server_name, url_path, kwargs.get("json"))
+            if host is not None and server_name in host.resource_names:
+                return await host.resource_call(server_name, url_path, kwargs.get("json"), kwargs.get("cookies"))
             return await super().request(server_name=server_name, url_path=url_path, method=method, **kwargs)
 
     _CLIENT_CLS.append(BusServerClient)
@@ -404,8 +647,16 @@ class HostedGymResource(_Hosted, GymResource):
         return await HostedResource.call_tool(self, name, arguments)  # type: ignore[arg-type]
 
 
-def hosted_class(server: str, name: str, options: dict[str, Any], model_names: list[str]) -> type[Resource]:
-    """The Resource class of a hosted server for one worker (its host is built by ``setup``)."""
+def hosted_class(
+    server: str,
+    name: str,
+    options: dict[str, Any],
+    model_names: list[str],
+    resource_names: Iterable[str] = (),
+    bus: Bus | None = None,
+) -> type[Resource]:
+    """The Resource class of a hosted server for one worker (its host is built by ``setup``); its calls
+    to ``model_names`` and ``resource_names`` by name go over ``bus``."""
     try:
         import nemo_gym  # noqa: F401
     except ImportError:
@@ -413,7 +664,7 @@ def hosted_class(server: str, name: str, options: dict[str, Any], model_names: l
             f"resources.{name}: the hosted NeMo Gym server {server!r} runs in its built environment, which "
             "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
         ) from None
-    host = ServerHost(server, name, options, model_names)
+    host = ServerHost(server, name, options, model_names, resource_names, bus)
     host.prepare()
     base: type[Resource] = HostedGymResource if host.gymnasium else HostedResource
     return type(f"Hosted_{Path(server).name}", (base,), {"host": host, "__module__": __name__})

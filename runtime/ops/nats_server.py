@@ -104,6 +104,7 @@ class EmbeddedServer:
     log_file: str | None = None
     secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.ops.security)
     namespaces: list[str] = field(default_factory=lambda: ["gym"])  # whose subjects the roles may use
+    calls: dict[str, list[str]] = field(default_factory=dict)  # with secure_dir: resources.NAME.calls of the config
     server_name: str | None = None  # required (and unique) in a JetStream cluster
     cluster: str | None = None  # cluster name; routes connect nodes of the same name
     cluster_port: int = 0
@@ -233,7 +234,7 @@ class EmbeddedServer:
         if not self.secure_dir:
             return ""
         security.ensure_auth_dir(self.secure_dir, host=self.host)
-        return permissions.server_config(self.secure_dir, self.namespaces).rstrip("\n")
+        return permissions.server_config(self.secure_dir, self.namespaces, self.calls).rstrip("\n")
 
     def stop(self, timeout: float = 5.0) -> None:
         proc, self._proc = self._proc, None

@@ -19,11 +19,16 @@ def _base(ns: str) -> str:
     return ns.upper().replace("-", "_")
 
 
-def permissions(role: str, namespaces: list[str], pool: str | None = None) -> dict[str, Any]:
+def permissions(
+    role: str, namespaces: list[str], pool: str | None = None, calls: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """What ``role`` (or one ``pool`` of it) may publish and subscribe to, in every namespace it works in.
 
     Allow-lists only: anything not listed is refused by the server (so e.g. no
     role but admin can create or delete a stream, and only agents publish results).
+    ``calls`` (``resources.NAME.calls`` of the config): the other environments a resource
+    pool may call (seed, tools, verify); the role-wide resource credential may call every
+    environment some entry calls. With none given, no environment calls another.
     """
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
@@ -97,6 +102,9 @@ def permissions(role: str, namespaces: list[str], pool: str | None = None) -> di
         elif role == "resource":
             # replies only into calls made to this environment; models for LLM judges and user simulators
             pub += [f"_INBOX.*.*.*.res.{mine}.*", *calls_models]
+            # the environments this one calls by name (its replies come into its own inbox, as any call's)
+            callees = (calls or {}).get(pool, []) if pool else sorted({c for cs in (calls or {}).values() for c in cs})
+            pub += [f"{ns}.res.{other}.>" for other in callees]
             sub += [*worker_sub, f"{ns}.res.{mine}.>"]
         else:
             raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
@@ -109,8 +117,9 @@ def permissions(role: str, namespaces: list[str], pool: str | None = None) -> di
     return perms
 
 
-def server_config(auth_dir: str | Path, namespaces: list[str]) -> str:
-    """The ``tls`` and ``authorization`` blocks of a secured ``nats-server`` config (JSON values)."""
+def server_config(auth_dir: str | Path, namespaces: list[str], calls: dict[str, list[str]] | None = None) -> str:
+    """The ``tls`` and ``authorization`` blocks of a secured ``nats-server`` config (JSON values);
+    ``calls``: which environments each resources entry may call (``permissions``)."""
     d = Path(auth_dir).resolve()
     # TLS before any plaintext: our clients never read an INFO (or sign a nonce) that could come from a
     # downgrading impostor; other clients get the plaintext INFO (saying TLS is required) after 300 ms
@@ -121,9 +130,10 @@ def server_config(auth_dir: str | Path, namespaces: list[str]) -> str:
         "timeout": 5,
         "handshake_first": "300ms",
     }
-    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces)} for r in ROLES]
+    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, calls=calls)} for r in ROLES]
     users += [
-        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool)} for r, pool in pools_in(d)
+        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, calls)}
+        for r, pool in pools_in(d)
     ]
     return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
 

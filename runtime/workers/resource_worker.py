@@ -77,13 +77,21 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
 
 
 class ResourceWorker:
-    def __init__(self, bus: Bus, name: str, cfg: ResourceConfig, model_names: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        cfg: ResourceConfig,
+        model_names: Iterable[str] = (),
+        resource_names: Iterable[str] = (),
+    ) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg
         where = f"resources.{name}.server"
         if cfg.hosted:  # NeMo Gym's own server code, in this worker's built environment
-            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names))
+            # its calls by name to the config's models and other resources go over this worker's bus
+            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), list(resource_names), bus)
         else:
             self.cls = load_resource_class(cfg.server, where)
             check_requires(self.cls, where)

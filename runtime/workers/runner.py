@@ -187,7 +187,9 @@ def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) 
         return [ModelWorker(bus, name, cfg, base_dir=config.base_dir) for _ in range(replicas or cfg.replicas)]
     if role == "resources":
         rcfg = config.resources[name]
-        return [ResourceWorker(bus, name, rcfg, config.models) for _ in range(replicas or rcfg.replicas)]
+        return [
+            ResourceWorker(bus, name, rcfg, config.models, config.resources) for _ in range(replicas or rcfg.replicas)
+        ]
     acfg = config.agents[name]
     return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
 

@@ -12,7 +12,6 @@ Without a Python >= 3.13 on the machine these tests skip, unless GYM_REQUIRE_HOS
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 from gym_runtime.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
-from tests.hosting import assert_hosted_worker_opens_no_port
+from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 
@@ -29,17 +28,7 @@ CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 @pytest.fixture(scope="module")
 def catalogue() -> Path:
     """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing."""
-    try:
-        hosting_env.find_python()
-    except hosting_env.EnvError as e:
-        if os.environ.get("GYM_REQUIRE_HOSTING") == "1":
-            raise
-        pytest.skip(f"hosting needs a Python >= 3.13: {e}")
-    r = cli("env", "build", "--server", "example_session_state_mgmt", timeout=900)
-    assert r.returncode == 0, r.stderr
-    return hosting_env.servers_root(
-        next(p for p in hosting_env.cache_dir().glob("base-*") if (p / ".complete").is_file())
-    )
+    return catalogue_root("--server", "example_session_state_mgmt")
 
 
 def config(tmp_path: Path, resource: dict[str, Any], *, policy: dict[str, Any], agent: str = "agents.simple") -> Path:
