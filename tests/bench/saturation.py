@@ -53,7 +53,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.cli._common import tune_gc  # noqa: E402
+from gym_runtime.cli._common import freeze_startup, tune_gc  # noqa: E402
 from gym_runtime.config import config_from_dict  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
@@ -180,6 +180,9 @@ def point(
     out["gc_s"] = sum(d for _, d in pauses)
     out["gc_max_ms"] = 1000 * max((d for _, d in pauses), default=0.0)
     out["gc_old"] = sum(1 for g, _ in pauses if g == 2)
+    old = [1000 * d for g, d in pauses if g == 2]
+    out["gc_old_p50_ms"] = pct(old, 0.5)
+    out["gc_young_p99_ms"] = pct([1000 * d for g, d in pauses if g < 2], 0.99)
     return out
 
 
@@ -362,7 +365,8 @@ def flat(n: int) -> None:
     """A batch of ``n`` rollouts through a fast stand-in (4 replicas x 64 slots, 20 ms) with 10,000 in flight:
     every process's RSS sampled each 5 s; flat means the last third's mean is within 10% of the middle third's."""
     run = f"flat_{time.monotonic_ns()}"
-    cfg = config("weather", run, 4, 64, 0.02, 10_000, sigma=0.5)
+    # record=False: the stand-in's own per-call record (~0.6 KiB per rollout) is not the runtime's memory
+    cfg = config("weather", run, 4, 64, 0.02, 10_000, sigma=0.5, record=False)
     samples: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
     with tempfile.TemporaryDirectory() as tmp_s:
@@ -425,10 +429,13 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, help="memory per rollout in flight at this many rollouts")
     ap.add_argument("--inflight-median", type=float, default=60.0, help="call time of the slow stand-in (s)")
     ap.add_argument("--through", type=int, default=0, help="then a batch of this many rollouts: memory flat?")
+    ap.add_argument("--no-freeze", action="store_true", help="leave start-up's objects to the collector (before)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     logs.configure(level="warning")
     tune_gc()  # as the CLI does in the processes it owns
+    if not args.no_freeze:
+        freeze_startup()  # as `run` and `start` do once everything is imported
     if args.inflight:
         inflight(args.inflight, args.inflight_median, args.through)
         return
@@ -462,7 +469,8 @@ def main() -> None:
         print(fmt(label, r), flush=True)
         print(
             f"|   event loop lag (call held longer than drawn) {r['loop_lag_ms']:.0f} ms mean; GC {r['gc_s']:.2f} s "
-            f"in all, longest pause {r['gc_max_ms']:.0f} ms, {r['gc_old']} oldest-generation passes; load "
+            f"in all, longest pause {r['gc_max_ms']:.0f} ms, {r['gc_old']} oldest-generation passes (median "
+            f"{r['gc_old_p50_ms']:.0f} ms; younger passes p99 {r['gc_young_p99_ms']:.0f} ms); load "
             f"{psutil.getloadavg()[0]:.1f} | | | | | | | |"
         )
         for k, (got, want) in r["share"].items():

@@ -42,6 +42,7 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     slow_factor: float = 2.0
     seed: int = 0
     run: str = "default"  # which Recorder the replicas of this run report to
+    record: bool = True  # False: keep no Call per call (a long batch's memory is then the runtime's alone)
 
 
 @dataclass
@@ -91,7 +92,8 @@ class SlotReplica:
             drawn = self.call_time()
             await anyio.sleep(drawn)
             ended = time.monotonic()
-        self.rec.calls.append(Call(self.index, rollout_key, arrived, started, ended, drawn))
+        if self.cfg.record:
+            self.rec.calls.append(Call(self.index, rollout_key, arrived, started, ended, drawn))
         return await self.inner.generate(params, rollout_key=rollout_key)
 
     async def aclose(self) -> None:
