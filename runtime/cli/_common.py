@@ -39,6 +39,22 @@ def tune_gc() -> None:
     gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
+def freeze_startup() -> None:
+    """Take what start-up made (the stack and the environments imported, the config) out of the cycle
+    collector's sight, in the processes the CLI owns, once nothing of a batch exists yet.
+
+    Every oldest-generation pass walks every tracked object: ~75,000 of them are
+    start-up's and live for the whole process, which at the default 1,024 rollouts
+    in flight is as many as the rollouts' own. Frozen objects are still freed by
+    reference counting; children forked afterwards share those pages instead of
+    writing to each object's header on their first pass.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def plural(n: int, noun: str) -> str:
     """``1 problem``, ``2 problems``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -36,6 +36,7 @@ from gym_runtime.cli._common import (
     common_options,
     config_argument,
     failures_exit,
+    freeze_startup,
     load,
     metrics_options,
     positive_int,
@@ -240,6 +241,7 @@ def main(args: argparse.Namespace) -> int:
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
     tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])
+    freeze_startup()  # everything imported and checked, nothing of the batch made yet (children fork after)
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)

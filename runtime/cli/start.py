@@ -13,6 +13,7 @@ from gym_runtime.cli._common import (
     client_auth,
     common_options,
     config_argument,
+    freeze_startup,
     load,
     metrics_options,
     need_url,
@@ -62,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
     auth = client_auth(args)
     pairs = selected(cfg, args.only)
     check_resources(cfg, pairs)  # a mistyped module: one line now, whatever the server
+    freeze_startup()  # the environments are imported now; nothing of a rollout exists yet
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
         from gym_runtime.workers.runner import BUS_ROLE

@@ -7,6 +7,7 @@ recorded model outputs.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -523,3 +524,35 @@ def test_a_forked_worker_child_killed_mid_batch_is_started_again_and_the_batch_c
     events = [e for e in map(_json_or_none, err.splitlines()) if e]
     assert any(e.get("event") == "worker.died" for e in events), err[-2000:]
     assert [e["forked"] for e in events if e.get("event") == "worker.ready"] == [True, True]
+
+
+def test_run_freezes_start_up_and_still_collects_the_cycles_made_after_it(tmp_path: Path) -> None:
+    """`run` takes start-up's objects out of the cycle collector's passes (gc.freeze, once everything is
+    imported): the rows are right, the frozen count is start-up's size, and a reference cycle made after
+    start-up is still found and freed by the collector (a frozen heap must not turn cycles into leaks)."""
+    out = tmp_path / "out.jsonl"
+    script = (
+        "import gc, sys, json\n"
+        "from gym_runtime.cli import main\n"
+        "code = main(['run', 'resources/weather/config.yaml', '-i', 'resources/weather/data/example.jsonl',\n"
+        f"             '-o', {str(out)!r}, '--processes', 'one'])\n"
+        "frozen = gc.get_freeze_count()\n"
+        "class Node: pass\n"
+        "a, b = Node(), Node(); a.other, b.other = b, a\n"
+        "del a, b\n"
+        "freed = gc.collect()\n"
+        "print(json.dumps({'code': code, 'frozen': frozen, 'freed': freed}))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["code"] == 0 and len(read_jsonl(out)) == 5
+    assert got["frozen"] > 10_000, got  # the stack, the environment and the config: tens of thousands
+    assert got["freed"] >= 2, got  # the two nodes (and their dicts) of the cycle made after start-up
