@@ -128,6 +128,14 @@ def main() -> None:
                     "server_heap": go_heap(prof),
                 }
             )
+            last = samples[-1]
+            print(  # as it goes: a run cut short still shows its curve
+                f"{n:,} done at {last['t_s']:.0f} s: workers RSS {last['workers_rss'] / 2**20:.1f} MiB, "
+                f"{tracked / 1000:.0f}k tracked; nats-server RSS {last['server_rss'] / 2**20:.1f} MiB, "
+                f"Go heap {last['server_heap'] / 2**20:.1f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
 
         def on_result(_ok: bool, _reward: float | None) -> None:
             done[0] += 1
