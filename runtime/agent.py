@@ -202,13 +202,14 @@ class AgentContext:
             self.policy_versions = [min(pv[0], v), max(pv[1], v)] if pv else [v, v]
         return reply.response
 
-    async def open_session(self, resource: str | None = None) -> Session:
-        """Open a session on the named resource (default: the agent's); use ``async with``."""
+    async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
+        """Open a session on the named resource (default: the agent's); use ``async with``. ``row`` seeds
+        it in place of the task's row (one repeat of a group task, with its own rollout index)."""
         name = resource or self.config.resource
         return Session(
             self._bus,
             self._bus.subject("res", name, "seed"),
-            self.row,
+            self.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
             check=self.task.check,
         )

@@ -21,6 +21,13 @@ The agent drives it in one of two ways, as the environment suits:
   fields, or the text itself for an action with one string field); the observation (JSON) is
   the next user turn, ``done`` ends the episode.
 
+**MCP tools** (an ``MCPEnvironment``, or a server of one): each tool it lists (OpenEnv's
+``ListToolsAction``) is a function tool the model may call (``mcp_tools()`` writes them for the
+row, as ``action_tool()`` writes the action tool); a call is one ``CallToolAction`` through the
+environment's own ``step`` (so its MCP server runs the tool and its step sets reward and
+``done``), and the model reads what OpenEnv's ``MCPToolClient.call_tool`` returns: the tool's
+data, or that client's ``Tool '...' failed: ...`` text for a tool that raised.
+
 After ``done`` further steps are refused (the model reads why). ``reset`` runs when the
 session is seeded, with the row's ``openenv_reset`` mapping as its keyword arguments. The
 reward is the sum of the step rewards (``step_rewards`` and ``done`` are row fields).
@@ -47,7 +54,7 @@ from gym_runtime.gymnasium import GymResource, Step, is_reserved
 from gym_runtime.messages import Response
 from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options
 
-__all__ = ["OpenEnvResource", "Options", "action_tool"]
+__all__ = ["OpenEnvResource", "Options", "action_tool", "mcp_tools"]
 
 
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -92,6 +99,66 @@ def action_tool(action_cls: Any, *, name: str = "step", description: str = "") -
     }
 
 
+def _function_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """OpenEnv's MCP ``Tool``s (objects or their JSON) as Responses function tools."""
+    out = []
+    for t in tools:
+        t = t.model_dump() if hasattr(t, "model_dump") else dict(t)
+        out.append(
+            {
+                "type": "function",
+                "name": t["name"],
+                "description": t.get("description") or "",
+                "parameters": t.get("input_schema") or t.get("inputSchema") or {"type": "object"},
+            }
+        )
+    return out
+
+
+def mcp_tools(source: str) -> list[dict[str, Any]]:
+    """The function tools a row offers for an OpenEnv environment's MCP tools, as the environment lists
+    them (``ListToolsAction``): ``source`` is its class (``module:Class``) or a server's URL."""
+    from openenv.core.env_server.mcp_types import ListToolsAction
+
+    if "://" not in source:
+        env = _load(source)()
+        try:
+            return _function_tools(env.step(ListToolsAction()).tools)
+        finally:
+            env.close()
+
+    async def listed() -> list[Any]:
+        from openenv.core.generic_client import GenericEnvClient
+
+        client = GenericEnvClient(base_url=source)
+        await client.connect()
+        try:
+            return list((await client.step({"type": "list_tools"})).observation.get("tools") or [])
+        finally:
+            await client.close()
+
+    return _function_tools(anyio.run(listed))
+
+
+def _tool_output(name: str, obs: dict[str, Any]) -> str:
+    """What OpenEnv's MCPToolClient.call_tool gives for this observation: the tool's data, or its error."""
+    error = obs.get("error")
+    if error:
+        kind = error.get("error_type")
+        kind = getattr(kind, "value", kind)
+        return f"Tool '{name}' failed: {error.get('message')} (type: {kind})"
+    result = obs.get("result")
+    if isinstance(result, dict) and "data" in result:
+        result = result["data"]
+    return result if isinstance(result, str) else json.dumps(result)
+
+
+def _is_mcp(env_cls: type) -> bool:
+    """An MCPEnvironment, told without importing OpenEnv's MCP module (it imports fastmcp: seconds, which
+    a worker must not spend in its event loop for an environment that has no MCP tools)."""
+    return any(c.__name__ == "MCPEnvironment" and c.__module__.startswith("openenv.") for c in env_cls.__mro__)
+
+
 def _reward(value: Any) -> float:
     if value is None:
         return 0.0
@@ -107,6 +174,8 @@ class OpenEnvResource(GymResource):
     opts: ClassVar[Options]
     env_cls: ClassVar[Any] = None  # the OpenEnv Environment class (in process)
     action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
+    mcp_names: ClassVar[frozenset[str] | None] = None  # its MCP tools, listed at the first seed
+    mcp_server: ClassVar[bool] = False  # the server (url) takes MCP actions (its /schema says so)
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
@@ -122,6 +191,9 @@ class OpenEnvResource(GymResource):
             async with httpx.AsyncClient(timeout=cls.opts.connect_timeout_s) as http:
                 health = await http.get(f"{base}/health")
                 health.raise_for_status()
+                schema = await http.get(f"{base}/schema")  # an MCP server's action is CallToolAction
+                action = schema.json().get("action") if schema.status_code == 200 else None
+                cls.mcp_server = "tool_name" in ((action or {}).get("properties") or {})
 
     async def seed(self, task: dict[str, Any]) -> None:
         await super().seed(task)
@@ -138,6 +210,22 @@ class OpenEnvResource(GymResource):
             await self.client.connect()
             out = await self.client.reset(**reset_args)
         self.first_observation = self._observation(out)
+        if type(self).mcp_names is None:
+            type(self).mcp_names = frozenset(await self._list_mcp())
+
+    async def _list_mcp(self) -> list[str]:
+        """The names of the MCP tools the environment lists (none when it is not an MCP environment)."""
+        if self.env_cls is not None:
+            if not _is_mcp(self.env_cls):
+                return []
+            from openenv.core.env_server.mcp_types import ListToolsAction
+
+            obs = await self.env.step_async(ListToolsAction())
+            return [t.name for t in obs.tools]
+        if not self.mcp_server:
+            return []
+        result = await self.client.step({"type": "list_tools"})
+        return [t["name"] for t in self._observation(result).get("tools") or []]
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A sync OpenEnv method in a worker thread (the loop keeps serving other sessions)."""
@@ -180,24 +268,28 @@ class OpenEnvResource(GymResource):
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         if is_reserved(name):  # gym.reset / gym.step of a multi_turn agent
             return await super().call_tool(name, arguments)
-        if name != self.opts.tool:
-            raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {self.opts.tool}")
+        mcp = name != self.opts.tool and name in (self.mcp_names or ())  # OpenEnv reserves "step" for itself
+        if name != self.opts.tool and not mcp:
+            known = ", ".join(sorted({self.opts.tool, *(self.mcp_names or ())}))
+            raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {known}")
         try:
             raw = json.loads(arguments or "{}")
         except json.JSONDecodeError as e:
             raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
         if not isinstance(raw, dict):
             raise ToolArgumentsError(f"arguments of {name!r} must be a JSON object")
-        reward, done, obs = await self._act(raw)
+        reward, done, obs = await self._act(raw, mcp=name if mcp else None)
+        if mcp:
+            return _tool_output(name, obs)
         return json.dumps({"observation": obs, "reward": reward, "done": done})
 
-    async def _act(self, raw: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
-        """One OpenEnv step: its reward, done and observation."""
+    async def _act(self, raw: dict[str, Any], *, mcp: str | None = None) -> tuple[float, bool, dict[str, Any]]:
+        """One OpenEnv step (an MCP tool's ``CallToolAction`` when ``mcp`` names it): reward, done, observation."""
         if self.done:
             raise ToolArgumentsError("the episode is over (done); no more steps")
         try:
             with anyio.fail_after(self.opts.step_timeout_s):
-                reward, done, obs = await self._step(raw)
+                reward, done, obs = await (self._step(raw) if mcp is None else self._call_mcp(mcp, raw))
         except TimeoutError:
             raise Failure(
                 "tool_error", f"the environment's step took longer than step_timeout_s={self.opts.step_timeout_s:g}"
@@ -224,6 +316,16 @@ class OpenEnvResource(GymResource):
             obs = self._observation(out)
             return _reward(getattr(out, "reward", None)), bool(getattr(out, "done", False)), obs
         result = await self.client.step(raw)
+        return _reward(result.reward), bool(result.done), self._observation(result)
+
+    async def _call_mcp(self, name: str, arguments: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
+        if self.env_cls is not None:
+            from openenv.core.env_server.mcp_types import CallToolAction
+
+            out = await self.env.step_async(CallToolAction(tool_name=name, arguments=arguments))
+            obs = self._observation(out)
+            return _reward(getattr(out, "reward", None)), bool(getattr(out, "done", False)), obs
+        result = await self.client.step({"type": "call_tool", "tool_name": name, "arguments": arguments})
         return _reward(result.reward), bool(result.done), self._observation(result)
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:

@@ -99,7 +99,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # before the attempt counts: max_attempts counts failures of the work, not absences of a role.
     absent_grace_s: float = 60.0
     # The batch's repeats of one task reach one agent as one group task (an agent module with
-    # ``run_group(ctx, size)``, e.g. agents.verifiers_env for rubrics that score groups).
+    # ``run_group(ctx, size)``, e.g. agents.verifiers_env for rubrics that score groups, or a hosted
+    # NeMo Gym agent: K concurrent ``/run`` calls, for servers that score a task's repeats together).
     group_repeats: bool = False
     options: dict[str, Any] = msgspec.field(default_factory=dict)
 

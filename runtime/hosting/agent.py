@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 from gym_runtime.agent import AgentContext, Outcome, Session
@@ -54,10 +55,11 @@ _ECHOED = ("responses_create_params", "response", "reward")
 class _Rollout:
     """One rollout's routing state: its context, its resource session, what the resource answered."""
 
-    __slots__ = ("ctx", "session", "verdict", "error", "turns")
+    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns")
 
-    def __init__(self, ctx: AgentContext, session: Session) -> None:
+    def __init__(self, ctx: AgentContext, row: dict[str, Any], session: Session) -> None:
         self.ctx = ctx
+        self.row = row  # the body of its /run (a group's repeat carries its own indices)
         self.session = session
         self.verdict: VerifyReply | None = None
         self.error: BaseException | None = None
@@ -159,12 +161,39 @@ class AgentHost:
 
     async def run(self, ctx: AgentContext) -> Outcome:
         """One rollout: ``POST /run`` with the row; the row that comes back is built from our replies."""
-        async with await ctx.open_session() as session:
-            rollout = _Rollout(ctx, session)
+        return await self._run_one(ctx, ctx.row)
+
+    async def run_group(self, ctx: AgentContext, size: int) -> list[Outcome]:
+        """A group task's K repeats as NeMo Gym's own runner sends them: K concurrent ``/run`` calls, each
+        row with its ``_ng_task_index`` and ``_ng_rollout_index``, each in its own session. Concurrent, so a
+        server that scores a task's repeats together (a cohort held until all K verified, as
+        genrm_compare's) sees all K; one outcome per repeat; one failing repeat fails the group (redelivered
+        or failure rows as a whole), after its siblings finished."""
+        task = ctx.task
+        outcomes: list[Outcome | None] = [None] * size
+        errors: list[BaseException] = []
+
+        async def one(i: int) -> None:
+            row = {**ctx.row, "_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index + i}
+            try:
+                outcomes[i] = await self._run_one(ctx, row)
+            except Exception as e:
+                errors.append(e)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(size):
+                tg.start_soon(one, i)
+        if errors:
+            raise errors[0]
+        return [o for o in outcomes if o is not None]
+
+    async def _run_one(self, ctx: AgentContext, row: dict[str, Any]) -> Outcome:
+        async with await ctx.open_session(row=row) as session:
+            rollout = _Rollout(ctx, row, session)
             token = _CURRENT.set(rollout)
             try:
                 reply = await self.client.post(
-                    "/run", content=json.dumps(ctx.row).encode(), headers={"content-type": "application/json"}
+                    "/run", content=json.dumps(row).encode(), headers={"content-type": "application/json"}
                 )
             finally:
                 _CURRENT.reset(token)
@@ -177,7 +206,7 @@ class AgentHost:
         response = msgspec.convert(out.get("response") or {}, Response, strict=False)
         verdict = rollout.verdict
         if verdict is None:  # the agent skipped verification (skip_verification): its own reward
-            extras = {k: v for k, v in out.items() if k not in _ECHOED and k not in ctx.row}
+            extras = {k: v for k, v in out.items() if k not in _ECHOED and k not in row}
             verdict = VerifyReply(reward=float(out.get("reward") or 0.0), fields=extras)
         return Outcome(response=response, verdict=verdict)
 
@@ -221,7 +250,7 @@ class AgentHost:
         if path == "/verify":
             row = dict(body or {})
             response = msgspec.convert(row.pop("response", None) or {}, Response, strict=False)
-            verdict = await rollout.session.verify(rollout.ctx.row, response)
+            verdict = await rollout.session.verify(rollout.row, response)
             rollout.verdict = verdict
             out = {**(body or {}), "reward": verdict.reward, **verdict.fields}
             return _Reply(200, json.dumps(out).encode())

@@ -83,7 +83,7 @@ class AgentWorker:
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
             host = hosted_agent(name, cfg, list(config.models))
             self.fn: AgentFn = host.run
-            self.run_group = None
+            self.run_group: Any = host.run_group  # a group task's K repeats: K concurrent /run calls
             self.setup: Any = host.setup
         else:
             self.fn = load_agent(cfg.agent)

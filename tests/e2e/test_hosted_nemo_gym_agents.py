@@ -12,13 +12,20 @@ Without a Python >= 3.13 on the machine these tests skip, unless GYM_REQUIRE_HOS
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from gym_runtime.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
+from tests.pools import start_collect, wait_until
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 
@@ -68,6 +75,27 @@ def run_agents(
         assert r.returncode in (0, 1), r.stderr  # 1: some rows are failure rows (checked by the caller)
         out[name] = sorted(read_jsonl(path), key=lambda row: row["_ng_task_index"])
     return out
+
+
+def write_config(path: Path, agents: dict[str, Any], *, server: str, model: dict[str, Any] | None = None) -> Path:
+    """A config of one scripted model ``policy``, one native resource ``env`` and ``agents``."""
+    cfg = {"models": {"policy": model or {"adapter": "scripted"}}, "resources": {"env": {"server": server}}}
+    path.write_text(json.dumps({**cfg, "agents": agents}))
+    return path
+
+
+def start_workers(cfg: Path, url: str, *only: str) -> subprocess.Popen[str]:
+    """`gym-runtime start` (of ``only``, or every entry) on the bus at ``url``, once its workers are ready."""
+    args = [a for o in only for a in ("--only", o)]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", url, *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert p.stdout is not None and "ready" in p.stdout.readline()
+    return p
 
 
 def comparable(row: dict[str, Any]) -> dict[str, Any]:
@@ -289,3 +317,112 @@ def test_gymnasium_agent_on_a_hosted_gym_server_equals_agents_multi_turn(catalog
             assert ng[key] == ours[key], key
     recorded = sorted(r["reward"] for r in read_jsonl(sdir / "example_rollouts.jsonl"))
     assert sorted(r["reward"] for r in rows["ng"]) == recorded
+
+
+def test_group_repeats_reach_a_cohort_scoring_server_together(catalogue: Path, tmp_path: Path) -> None:
+    """`group_repeats` for a hosted agent: a task's K repeats are one group task, run as K concurrent `/run`
+    calls of simple_agent (rows carrying `_ng_task_index`/`_ng_rollout_index`, as NeMo Gym's runner sends
+    them), so a server that holds each verify until its task's K repeats arrived (genrm_compare's cohort)
+    scores them together, even with one slot per agent; one row per repeat, exactly once."""
+    k = 3
+    rows_in = [{"responses_create_params": {"input": f"weather in city {i}?"}, "cohort_size": k} for i in range(2)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows_in)
+    agent = {"nemo_gym": "simple_agent", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 1}
+    cfg = write_config(
+        tmp_path / "config.yaml", {"ng": {**agent, "group_repeats": True, "concurrency": 1}}, server="tests.envs.cohort"
+    )
+    out = tmp_path / "out.jsonl"
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(out), "--repeats", str(k), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = sorted(read_jsonl(out), key=lambda row: (row["_ng_task_index"], row["_ng_rollout_index"]))
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(t, i) for t in range(2) for i in range(k)]
+    assert [r["cohort"] for r in rows] == [[0, 1, 2]] * (2 * k)  # each verify saw its task's K repeats
+    assert [r["reward"] for r in rows] == [1.0] * (2 * k)
+
+
+def test_a_group_whose_worker_is_killed_mid_group_ends_with_k_rows_from_one_run(
+    catalogue: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    """A hosted agent's group task whose worker is SIGKILLed while the group is in flight (two repeats
+    scored, the last one held by the environment): the group is redelivered whole to a new worker and ends
+    with exactly K rows, none duplicated, all from the redelivered run (the killed run stored none: rows
+    are stored after the whole group ran; a worker killed within the stores themselves leaves a mixed
+    group, tests/test_group_store.py)."""
+    k = 3
+    hold = tmp_path / "hold"
+    hold.touch()
+    data = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"responses_create_params": {"input": "weather in city 0?"}, "hold_file": str(hold), "hold_index": k - 1}],
+    )
+    agent = {"nemo_gym": "simple_agent", "model": "policy", "resource": "env", "max_steps": 4}
+    cfg = write_config(
+        tmp_path / "config.yaml",
+        {"ng": {**agent, "group_repeats": True, "ack_wait_s": 2.0, "max_attempts": 4}},
+        server="tests.envs.cohort",
+    )
+
+    def start(*only: str) -> subprocess.Popen[str]:
+        return start_workers(cfg, nats_server.url, *only)
+
+    procs = [start("models.policy", "resources.env"), start("agents.ng")]
+    collect = None
+    try:
+        r = cli("publish", str(cfg), "-i", str(data), "--nats", nats_server.url, "--batch", "g", "--repeats", str(k))
+        assert r.returncode == 0, r.stderr
+        collect = start_collect(nats_server.url, "g", tmp_path / "out.jsonl")
+        wait_until(lambda: Path(str(hold) + ".held").exists(), timeout=60)
+        killed = procs.pop()
+        workers = psutil.Process(killed.pid).children(recursive=True)
+        for p in [killed, *workers]:
+            os.kill(p.pid, signal.SIGKILL)
+        killed.wait(10)
+        hold.unlink()
+        procs.append(start("agents.ng"))
+        _, err = collect.communicate(timeout=120)
+        assert collect.returncode == 0, err
+    finally:
+        for p in [*procs, *([collect] if collect else [])]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(60)
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(0, i) for i in range(k)]
+    assert [r["first_run"] for r in rows] == [False] * k  # every row from the redelivered run
+
+
+def test_start_with_a_hosted_agent_at_replicas_2_serves_one_batch_from_both_exactly_once(
+    catalogue: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    """`replicas: 2` on a hosted agent: `start` runs two worker children on the built environment, both pull
+    from the agent's one work queue, and a batch of 40 ends with 40 rows, each once, served by both."""
+    n = 40
+    data = write_jsonl(
+        tmp_path / "in.jsonl", [{"responses_create_params": {"input": f"weather in city {i}?"}} for i in range(n)]
+    )
+    agent = {"nemo_gym": "simple_agent", "model": "policy", "resource": "env", "max_steps": 4}
+    cfg = write_config(
+        tmp_path / "config.yaml",
+        {"ng": {**agent, "replicas": 2, "concurrency": 2}},
+        server="resources.weather",
+        model={"adapter": "scripted", "delay_s": 0.05},
+    )
+    proc = start_workers(cfg, nats_server.url)
+    try:
+        hosted = [
+            c for c in psutil.Process(proc.pid).children() if c.cmdline()[0].startswith(str(hosting_env.cache_dir()))
+        ]
+        assert len(hosted) == 2  # one child per replica, on the built layer's interpreter
+        r = cli("publish", str(cfg), "-i", str(data), "--nats", nats_server.url, "--batch", "r2")
+        assert r.returncode == 0, r.stderr
+        r = cli("collect", "--batch", "r2", "--nats", nats_server.url, "-o", str(tmp_path / "out.jsonl"), timeout=300)
+        assert r.returncode == 0, r.stderr
+        status = json.loads(cli("status", "--nats", nats_server.url, "--json").stdout)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == list(range(n))
+    assert [r["reward"] for r in rows] == [1.0] * n
+    served = sorted(w["completed"] for w in status["workers"] if w.get("role") == "agent" and w.get("name") == "ng")
+    assert len(served) == 2 and sum(served) == n and served[0] > 0, served  # both replicas served the batch

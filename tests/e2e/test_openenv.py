@@ -31,15 +31,19 @@ from tests.helpers import REPO, read_jsonl, write_jsonl
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
 
+def _prompt_text(em: VLLMEmulator, body: dict[str, Any]) -> str:
+    """What the model was shown: the chat messages as JSON, or the decoded prompt."""
+    if "messages" in body:
+        return json.dumps(body["messages"])
+    p = body.get("prompt")
+    return em.tokenizer.decode(p) if isinstance(p, list) else str(p)
+
+
 def _emulator() -> VLLMEmulator:
     em = VLLMEmulator()
 
     def policy(path: str, body: dict[str, Any]) -> Gen:
-        if "messages" in body:
-            s = json.dumps(body["messages"])
-        else:
-            p = body.get("prompt")
-            s = em.tokenizer.decode(p) if isinstance(p, list) else str(p)
+        s = _prompt_text(em, body)
         how, a, b = re.findall(r"(steps|turns) (\d+) (\d+)", s)[0]
         done = s.count("total")  # one per observation the model has read
         if done < 2 and how == "steps":  # act through the action tool
@@ -85,9 +89,20 @@ def _env(work: Path) -> dict[str, str]:
 @pytest.fixture
 def server(work: Path) -> Iterator[str]:
     """OpenEnv's own server for the counter environment, a child process on loopback."""
+    yield from _serve(work, "openenv_counter.py")
+
+
+@pytest.fixture
+def mcp_server(work: Path) -> Iterator[str]:
+    """OpenEnv's own server for the MCP environment, a child process on loopback."""
+    shutil.copy(REPO / "tests/envs/openenv_mcp.py", work / "openenv_mcp.py")
+    yield from _serve(work, "openenv_mcp.py")
+
+
+def _serve(work: Path, script: str) -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "openenv_counter.py", str(port)],
+        [sys.executable, script, str(port)],
         cwd=work,
         env=_env(work),
         stdout=subprocess.DEVNULL,
@@ -204,3 +219,68 @@ def test_step_that_raises_hangs_or_pays_no_number_is_a_failure_row(work: Path, s
     assert failures[0]["error_class"] == "tool_error" and "step exploded" in failures[0]["error"]
     assert failures[1]["error_class"] == "tool_error" and "step_timeout_s" in failures[1]["error"]
     assert failures[2]["error_class"] == "verify_error" and "not a number" in failures[2]["error"]
+
+
+def _mcp_emulator() -> VLLMEmulator:
+    """A policy that adds the two numbers the prompt names through the MCP tool `add`, then calls `submit`."""
+    em = VLLMEmulator()
+
+    def policy(path: str, body: dict[str, Any]) -> Gen:
+        s = _prompt_text(em, body)
+        a, b = re.findall(r"tally (-?\d+) (-?\d+)", s)[0]
+        read = s.count('"role": "tool"') + s.count("<tool_response>")  # tool answers the model has read
+        if read < 2:
+            return Gen(text=VLLMEmulator.tool_call_text("add", {"n": int((a, b)[read])}))
+        if read == 2:
+            return Gen(text=VLLMEmulator.tool_call_text("submit", {}))
+        return Gen(text="finished")
+
+    em.policy = policy
+    return em
+
+
+def test_mcp_tools_are_offered_to_the_model_and_run_through_the_environment(work: Path, mcp_server: str) -> None:
+    """An OpenEnv MCPEnvironment (FastMCP tools `add` and `submit`), in process and through OpenEnv's own
+    server: its tools, as the environment lists them, are the row's function tools; each call is a
+    CallToolAction through the environment's own step, the model reads what OpenEnv's MCPToolClient
+    returns (the data, or its failure text for a raising tool); rewards equal in both modes and equal to
+    driving the environment with OpenEnv's own actions."""
+    from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
+
+    from gym_runtime.resources.openenv import mcp_tools
+
+    shutil.copy(REPO / "tests/envs/openenv_mcp.py", work / "openenv_mcp.py")
+    sys.path.insert(0, str(work))
+    try:
+        from openenv_mcp import TallyEnv  # type: ignore[import-not-found]
+
+        tools = mcp_tools("openenv_mcp:TallyEnv")
+        listed = TallyEnv().step(ListToolsAction()).tools
+        pairs = [(2, 3), (2, 2), (1, 1), (13, 4)]
+        own = []
+        for a, b in pairs:  # OpenEnv's own API, the same calls
+            env = TallyEnv()
+            env.reset()
+            for n in (a, b):
+                env.step(CallToolAction(tool_name="add", arguments={"n": n}))
+            own.append(env.step(CallToolAction(tool_name="submit", arguments={})).reward)
+    finally:
+        sys.path.remove(str(work))
+    assert [(t["name"], t["description"], t["parameters"]) for t in tools] == [
+        (t.name, t.description, t.input_schema) for t in listed
+    ]
+    assert mcp_tools(mcp_server) == tools  # the server lists the same
+    rows = [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"tally {a} {b}"}], "tools": tools}}
+        for a, b in pairs
+    ]
+    for options in ("{env: 'openenv_mcp:TallyEnv'}", f"{{url: '{mcp_server}'}}"):
+        with StubOpenAI(emulator=_mcp_emulator()) as stub:
+            res = _run(work, stub.base_url, options, rows)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+        assert [r["reward"] for r in out] == own == [1.0, 0.5, 0.0, 0.5], options  # 13 raised: 4 is one off
+        assert all(r["done"] is True for r in out)
+        outputs = [[i["output"] for i in r["response"]["output"] if i["type"] == "function_call_output"] for r in out]
+        assert outputs[0] == ["2", "5", "submitted 5"]
+        assert outputs[3][0] == "Tool 'add' failed: Error calling tool 'add': unlucky number (type: execution_error)"
