@@ -44,8 +44,8 @@ class CountEnv(Environment[CountAction, CountObservation, State]):
     def step(self, action: CountAction, timeout_s: float | None = None, **kwargs: Any) -> CountObservation:
         if action.delta == 99:
             raise RuntimeError("step exploded")
-        if action.delta == 77:
-            time.sleep(10)
+        if action.delta == 77:  # past the tests' step_timeout_s (2 s); short, since OpenEnv's own server holds
+            time.sleep(4)  # the hung session (one of its max_concurrent_envs) until the step returns
         self.total += action.delta
         self._state.step_count += 1
         done = self._state.step_count >= 2
