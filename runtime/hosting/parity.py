@@ -25,7 +25,16 @@ _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The file's JSON-object lines (a recording may hold placeholder lines: ``<PLACEHOLDER ROW>``)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _prompt(row: dict[str, Any]) -> str:
@@ -63,9 +72,14 @@ def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             found.append(
                 {"responses_create_params": r["judge_responses_create_params"], "response": r["judge_response"]}
             )
-        for ev in r.get("judge_evaluations") or []:
-            if isinstance(ev, dict) and isinstance(ev.get("responses_create_params"), dict) and ev.get("response"):
-                found.append({"responses_create_params": ev["responses_create_params"], "response": ev["response"]})
+        # any other field holding a call (request + response) or a list of them: `judge_evaluations` (most
+        # judge servers), `judge_evaluation` (aegis_v4_safety), `games` (arena's pairwise judgements)
+        for key, value in r.items():
+            if key in ("responses_create_params", "response"):
+                continue
+            for ev in value if isinstance(value, list) else [value]:
+                if isinstance(ev, dict) and isinstance(ev.get("responses_create_params"), dict) and ev.get("response"):
+                    found.append({"responses_create_params": ev["responses_create_params"], "response": ev["response"]})
     return found
 
 
@@ -78,6 +92,26 @@ def judge_option(sdir: Path) -> str | None:
             if key.endswith("_model_server") and key != "model_server":
                 return key
     return None
+
+
+def recorded_options(sdir: Path, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server's fields from the config file its recordings were made with: the YAML that defines the
+    agent the rows name (``agent_ref.name``), or one of its instances by prefix. A server may ship several
+    (arena: lmarena_v2 and lmarena_v3, whose judge prompts differ); the host's defaults come from the first."""
+    names = {str(r["agent_ref"].get("name")) for r in rollouts if isinstance(r.get("agent_ref"), dict)}
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        # the agent itself, or an instance whose name starts the agent's (lmarena_v3 → lmarena_v3_benchmark_agent)
+        if not isinstance(data, dict) or not any(n == k or n.startswith(f"{k}_") for n in names for k in data):
+            continue
+        for inst in data.values():
+            block = inst.get("resources_servers", {}).get(sdir.name) if isinstance(inst, dict) else None
+            if isinstance(block, dict):
+                return {k: v for k, v in block.items() if k != "entrypoint" and "${" not in json.dumps(v, default=str)}
+    return {}
 
 
 def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
@@ -110,7 +144,7 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
     models: dict[str, Any] = {
         "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")}
     }
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = recorded_options(sdir, rollouts)
     judged = judge_recordings(rollouts)
     key = judge_option(sdir)
     if key is not None:
