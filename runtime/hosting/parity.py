@@ -42,7 +42,15 @@ def _prompt(row: dict[str, Any]) -> str:
     items = (row.get("responses_create_params") or {}).get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    return json.dumps([(m.get("role"), m.get("content")) for m in items or [] if isinstance(m, dict)])
+    return json.dumps([(m.get("role"), _text(m.get("content"))) for m in items or [] if isinstance(m, dict)])
+
+
+def _text(content: Any) -> Any:
+    """A message's content as text: recordings write content parts with their keys in another order
+    (``{"text", "type"}`` vs ``{"type", "text"}``), which made string_match's rows join nothing."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return content
 
 
 def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
