@@ -71,3 +71,12 @@ def test_options_come_from_the_config_file_the_recordings_were_made_with(tmp_pat
     got = parity.recorded_options(tmp_path, [_rollout("q", agent_ref={"name": "lmarena_v3_benchmark_agent"})])
     assert got == {"verdict_weight": 1}
     assert parity.recorded_options(tmp_path, [_rollout("q")]) == {}
+
+
+def test_a_row_that_joins_nothing_sends_only_task_fields_back(tmp_path: Path) -> None:
+    """iheval's recorded task 2 is not in example.jsonl: its rollout row carries the task and the verifier's
+    outputs (`row_id`, `generation`), which the server refuses to receive again (duplicate keyword)."""
+    task = {"responses_create_params": _rollout("another")["responses_create_params"], "id": 7, "task": "t"}
+    _jsonl(tmp_path / "data" / "example.jsonl", [task])
+    rows = parity.inputs(tmp_path, [_rollout("q", id=1, task="x", row_id="1", generation="...", reward=0.5)])
+    assert set(rows[0]) == {"responses_create_params", "id", "task"}

@@ -60,13 +60,20 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_index: dict[Any, dict[str, Any]] = {}
     if mat.is_file():
         by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
-    by_prompt = {_prompt(r): r for r in _read(data / "example.jsonl")} if (data / "example.jsonl").is_file() else {}
+    examples = _read(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
+    by_prompt = {_prompt(r): r for r in examples}
+    task_keys = {k for r in examples for k in r} | {"responses_create_params"} if examples else set()
     out = []
     for rec in rollouts:
         row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
         # the joined input row as it is; the rollout's own fields only when nothing joins (they include the
         # verifier's outputs, which a server's response model may refuse to receive twice)
-        row = dict(row) if row is not None else {k: v for k, v in rec.items() if k not in _NOT_TASK}
+        if row is not None:
+            row = dict(row)
+        elif task_keys:  # only the fields tasks have (iheval refuses its own `row_id` output sent back to it)
+            row = {k: v for k, v in rec.items() if k in task_keys}
+        else:
+            row = {k: v for k, v in rec.items() if k not in _NOT_TASK}
         row.pop("agent_ref", None)
         out.append(row)  # line i: its replayed row's _ng_task_index is i
     return out
