@@ -150,6 +150,24 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
     return "agents.simple", {}, max_steps or 50
 
 
+def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """A run config hosting ``server`` under the agent NeMo Gym recorded it with, its policy model ``policy``."""
+    agent, agent_options, max_steps = agent_settings(sdir)
+    return {
+        "models": models,
+        "resources": {"env": {"nemo_gym": server, **({"options": options} if options else {})}},
+        "agents": {
+            "env_agent": {
+                "agent": agent,
+                "model": "policy",
+                "resource": "env",
+                "max_steps": max_steps,
+                **({"options": agent_options} if agent_options else {}),
+            }
+        },
+    }
+
+
 def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
     sdir = Path(env.server_dir)
@@ -167,20 +185,7 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
         jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
         models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
         options[key] = {"type": "responses_api_models", "name": "judge"}
-    agent, agent_options, max_steps = agent_settings(sdir)
-    cfg = {
-        "models": models,
-        "resources": {"env": {"nemo_gym": env.server, **({"options": options} if options else {})}},
-        "agents": {
-            "env_agent": {
-                "agent": agent,
-                "model": "policy",
-                "resource": "env",
-                "max_steps": max_steps,
-                **({"options": agent_options} if agent_options else {}),
-            }
-        },
-    }
+    cfg = run_config(env.server, sdir, models, options)
     cfg_path = work / "parity.yaml"
     cfg_path.write_text(json.dumps(cfg))
     in_path = work / "inputs.jsonl"

@@ -120,15 +120,7 @@ def classify(sdir: Path) -> str | None:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
+    return hosting_parity._read(path) if path.is_file() else []
 
 
 def recordings(sdir: Path) -> tuple[bool, str]:
@@ -238,26 +230,10 @@ def smoke(
     sdir: Path, work: Path, timeout: float, out: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], str]:
     """`gym-runtime run` over example.jsonl with the scripted policy (and judge): every row a row, none failed?"""
-    agent, agent_options, max_steps = hosting_parity.agent_settings(sdir)
     key = hosting_parity.judge_option(sdir)
-    cfg = {
-        "models": {"policy": {"adapter": "scripted"}, **({"judge": {"adapter": "scripted"}} if key else {})},
-        "resources": {
-            "env": {
-                "nemo_gym": sdir.name,
-                **({"options": {key: {"type": "responses_api_models", "name": "judge"}}} if key else {}),
-            }
-        },
-        "agents": {
-            "env_agent": {
-                "agent": agent,
-                "model": "policy",
-                "resource": "env",
-                "max_steps": max_steps,
-                **({"options": agent_options} if agent_options else {}),
-            }
-        },
-    }
+    models = {"policy": {"adapter": "scripted"}, **({"judge": {"adapter": "scripted"}} if key else {})}
+    options = {key: {"type": "responses_api_models", "name": "judge"}} if key else {}
+    cfg = hosting_parity.run_config(sdir.name, sdir, models, options)
     (work / "smoke.yaml").write_text(json.dumps(cfg))
     rows_in = [r for r in _read(sdir / "data" / "example.jsonl") if isinstance(r.get("responses_create_params"), dict)]
     for r in rows_in:
