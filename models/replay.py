@@ -55,7 +55,7 @@ __all__ = ["Options", "Recording", "ReplayModel", "create"]
 def _prompt_key(item: Item) -> tuple[Any, ...]:
     """How a prompt item is compared: messages by role and text (not ``type`` or ``id``)."""
     if isinstance(item, Message):
-        return ("message", item.role, message_text(item))
+        return ("message", item.role, message_text(item), _media(item))
     if isinstance(item, FunctionCall):
         return ("function_call", item.call_id, item.name, item.arguments)
     if isinstance(item, FunctionCallOutput):
@@ -63,6 +63,18 @@ def _prompt_key(item: Item) -> tuple[Any, ...]:
     if isinstance(item, Reasoning):
         return ("reasoning", tuple(s.get("text", "") for s in item.summary))
     return (type(item).__name__,)
+
+
+def _media(item: Message) -> tuple[str, ...]:
+    """A message's images and files: prompts of the same text over different images (circle_count's five
+    rows) are different prompts."""
+    if isinstance(item.content, str):
+        return ()
+    return tuple(
+        str(p.get("image_url") or p.get("file_data") or p.get("file_url") or p.get("file_id") or "")
+        for p in item.content
+        if isinstance(p, dict) and p.get("type") in ("input_image", "input_file")
+    )
 
 
 def _turn_key(item: Item) -> tuple[Any, ...]:

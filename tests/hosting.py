@@ -53,3 +53,45 @@ def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> Non
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def listeners_while_running(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 600
+) -> tuple[subprocess.CompletedProcess[str], set[tuple[str, str, int]], set[str]]:
+    """Run ``argv`` and list, every 0.2 s while it runs, the listening TCP sockets of its whole process tree
+    (foreign processes it starts included): (the finished process, {(process name, ip, port)}, process names)."""
+    import os
+    import time
+
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})}
+    )
+    seen: set[tuple[str, str, int]] = set()
+    names: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.Error:
+                break
+            for p in tree:
+                try:
+                    names.add(p.name())
+                    seen |= {
+                        (p.name(), c.laddr.ip, c.laddr.port)
+                        for c in p.net_connections(kind="inet")
+                        if c.status == psutil.CONN_LISTEN
+                    }
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), seen, names

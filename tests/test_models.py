@@ -311,6 +311,26 @@ async def test_replay_is_stateless_under_concurrency_and_repeats() -> None:
         assert produced == [msgspec.to_builtins(x) for x in recorded if not isinstance(x, FunctionCallOutput)]
 
 
+async def test_replay_tells_prompts_apart_by_their_images(tmp_path: Path) -> None:
+    """circle_count's rows ask the same question over different images: each image gets its own recording
+    (matching by text alone answered row 3 with row 1's count)."""
+
+    def row(image: str, answer: str) -> dict[str, Any]:
+        content = [{"type": "input_text", "text": "How many circles?"}, {"type": "input_image", "image_url": image}]
+        return {
+            "responses_create_params": {"input": [{"role": "user", "content": content}]},
+            "response": {"output": [{"type": "message", "role": "assistant", "content": answer}]},
+        }
+
+    recorded = [row("data:image/png;base64,AAAA", "\\boxed{3}"), row("data:image/png;base64,BBBB", "\\boxed{1}")]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recorded))
+    model = ReplayModel(ReplayOptions(rollouts=str(path)))
+    for r in recorded:
+        produced, _, _ = await replay_rollout(model, r)
+        assert [msgspec.to_builtins(i)["content"] for i in produced] == [r["response"]["output"][0]["content"]]
+
+
 async def test_replay_errors_are_clear(tmp_path: Path) -> None:
     path = NEMO / "example_session_state_mgmt" / "example_rollouts.jsonl"
     model = load_adapter(model_config(dict(adapter="replay", rollouts=str(path))))

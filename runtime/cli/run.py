@@ -168,12 +168,12 @@ def worker_processes(
 
 
 @contextlib.contextmanager
-def _supervised(children: list[Any]) -> Iterator[None]:
+def _supervised(children: list[Any], ready_timeout: float = 120.0) -> Iterator[None]:
     """The children kept for the block; one that says in one line why it cannot start ends the run, exit 2."""
     from gym_runtime.workers.supervisor import NotStarted, RoleProcesses
 
     try:
-        with RoleProcesses(children):
+        with RoleProcesses(children, ready_timeout=ready_timeout):
             yield
     except NotStarted as e:
         if e.code == 2:  # the child said what is wrong, in one line
@@ -192,6 +192,9 @@ def _passthrough(args: argparse.Namespace, cfg: Any, auth: Any) -> list[str]:
     return passthrough
 
 
+HOSTED_READY_S = 300.0  # seconds a hosted server's worker child has to be ready (its own start-up code)
+
+
 @contextlib.contextmanager
 def hosted_processes(
     args: argparse.Namespace, cfg: Any, url: str | list[str], auth: Any, hosted: dict[str, HostedEnv]
@@ -207,7 +210,9 @@ def hosted_processes(
     for spec, env in hosted.items():
         argv = role_argv(configs, child_url, [spec], _passthrough(args, cfg, auth))
         children.append(Child(spec, [env.python, *argv[1:]], env={HOSTED_ENV: env.prefix}))
-    with _supervised(children):
+    # a hosted server's start is its own code (Ray's start, large imports: tens of seconds on a loaded
+    # machine, gdpval and code_gen passed 120 s at load 20), so its children get longer to be ready
+    with _supervised(children, ready_timeout=HOSTED_READY_S):
         yield
 
 

@@ -3,7 +3,8 @@
 The server class is built as NeMo Gym's ``run_webserver`` builds it (its config class
 from its YAML defaults plus the config's ``options``, a ``ServerClient`` over a global
 config dict, ``setup_webserver()``, its exception middleware), then driven through
-``httpx.ASGITransport``: no port is opened, no head server or Ray is started by us.
+``httpx.ASGITransport``: no port is opened, no head server or Ray is started by us (a
+server whose own code starts Ray gets a Ray on loopback only, see ``prepare``).
 
 * one ``httpx.AsyncClient`` (so one cookie jar, so one NeMo Gym session) per rollout;
   the session is an actor pinned to its worker like every session;
@@ -81,6 +82,7 @@ _ENDPOINTS = {
     "/close",
     "/",
 }
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a Ray started here uses loopback only
 _ECHOED = ("responses_create_params", "response", "reward")
 _DESCRIPTIVE = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license"}
 
@@ -301,6 +303,14 @@ class ServerHost:
             self.name: {"resources_servers": {impl: {**fields, "host": "127.0.0.1", "port": 0}}},
         }
 
+    def _export_global_config(self) -> None:
+        """Servers that read the global config (get_global_config_dict) find it here, as in a NeMo Gym child."""
+        import yaml
+
+        self.global_config = self._global_config(self.impl, self.fields)
+        os.environ["NEMO_GYM_CONFIG_DICT"] = yaml.safe_dump(self.global_config)
+        os.environ["NEMO_GYM_CONFIG_PATH"] = self.name
+
     def prepare(self) -> type:
         """Import the server's module (its directory becomes the working directory) and return its class."""
         from nemo_gym.server_utils import SimpleServer
@@ -315,17 +325,21 @@ class ServerHost:
         if str(sdir) not in sys.path:  # `python app.py` puts the server's directory first: sibling modules import
             sys.path.insert(0, str(sdir))
         fields = {**_yaml_defaults(sdir, self.impl), **self.options}
-        fields = {k: v for k, v in fields.items() if k not in _DESCRIPTIVE}
         fields.update(entrypoint="app.py", name=self.name, host="127.0.0.1", port=0)
         self.fields = fields
-        self.global_config = self._global_config(self.impl, fields)
-        # servers that read the global config (get_global_config_dict) find it here, as in a NeMo Gym child
-        import yaml
-
-        os.environ["NEMO_GYM_CONFIG_DICT"] = yaml.safe_dump(self.global_config)
-        os.environ["NEMO_GYM_CONFIG_PATH"] = self.name
+        self._export_global_config()
+        # a server whose code starts Ray (code_gen's `.remote()` calls) would otherwise bind Ray's gRPC servers
+        # and agents to every interface and its node IP (measured: `::`, 0.0.0.0, the host's address); with
+        # this Ray's node IP is 127.0.0.1 and every one of its listeners is on loopback. Read when ray is
+        # imported, so set before the server's module is; an explicit setting in the environment wins.
+        os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
         module = importlib.import_module(f"{sdir.parent.name}.{self.impl}.app")
         self.server_cls = _server_class(module, SimpleServer)
+        # descriptive YAML fields stay out of the server's config unless its config class asks for them
+        # (arena's requires domain, verified, description and value)
+        declared = getattr(self.server_cls.model_fields["config"].annotation, "model_fields", {})
+        self.fields = {k: v for k, v in self.fields.items() if k not in _DESCRIPTIVE or k in declared}
+        self._export_global_config()
         self.gymnasium = any(c.__name__ == "GymnasiumServer" for c in self.server_cls.__mro__)
         return self.server_cls
 
@@ -335,6 +349,12 @@ class ServerHost:
         from omegaconf import OmegaConf
 
         cls = self.prepare()
+        if getattr(cls, "ray_enabled", None) is True:
+            # as run_webserver does before serving: Ray's start takes tens of seconds, which inside the first
+            # verify's `.remote()` call blocks the event loop so long that peers take the worker for dead
+            from nemo_gym.server_utils import initialize_ray
+
+            initialize_ray()
         config = cls.model_fields["config"].annotation.model_validate(self.fields)  # type: ignore[attr-defined]
         client = _bus_server_client()(
             head_server_config=BaseServerConfig(host="127.0.0.1", port=0),

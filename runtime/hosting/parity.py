@@ -25,7 +25,16 @@ _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The file's JSON-object lines (a recording may hold placeholder lines: ``<PLACEHOLDER ROW>``)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _prompt(row: dict[str, Any]) -> str:
@@ -33,7 +42,15 @@ def _prompt(row: dict[str, Any]) -> str:
     items = (row.get("responses_create_params") or {}).get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    return json.dumps([(m.get("role"), m.get("content")) for m in items or [] if isinstance(m, dict)])
+    return json.dumps([(m.get("role"), _text(m.get("content"))) for m in items or [] if isinstance(m, dict)])
+
+
+def _text(content: Any) -> Any:
+    """A message's content as text: recordings write content parts with their keys in another order
+    (``{"text", "type"}`` vs ``{"type", "text"}``), which made string_match's rows join nothing."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return content
 
 
 def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -43,13 +60,20 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_index: dict[Any, dict[str, Any]] = {}
     if mat.is_file():
         by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
-    by_prompt = {_prompt(r): r for r in _read(data / "example.jsonl")} if (data / "example.jsonl").is_file() else {}
+    examples = _read(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
+    by_prompt = {_prompt(r): r for r in examples}
+    task_keys = {k for r in examples for k in r} | {"responses_create_params"} if examples else set()
     out = []
     for rec in rollouts:
         row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
         # the joined input row as it is; the rollout's own fields only when nothing joins (they include the
         # verifier's outputs, which a server's response model may refuse to receive twice)
-        row = dict(row) if row is not None else {k: v for k, v in rec.items() if k not in _NOT_TASK}
+        if row is not None:
+            row = dict(row)
+        elif task_keys:  # only the fields tasks have (iheval refuses its own `row_id` output sent back to it)
+            row = {k: v for k, v in rec.items() if k in task_keys}
+        else:
+            row = {k: v for k, v in rec.items() if k not in _NOT_TASK}
         row.pop("agent_ref", None)
         out.append(row)  # line i: its replayed row's _ng_task_index is i
     return out
@@ -63,9 +87,14 @@ def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             found.append(
                 {"responses_create_params": r["judge_responses_create_params"], "response": r["judge_response"]}
             )
-        for ev in r.get("judge_evaluations") or []:
-            if isinstance(ev, dict) and isinstance(ev.get("responses_create_params"), dict) and ev.get("response"):
-                found.append({"responses_create_params": ev["responses_create_params"], "response": ev["response"]})
+        # any other field holding a call (request + response) or a list of them: `judge_evaluations` (most
+        # judge servers), `judge_evaluation` (aegis_v4_safety), `games` (arena's pairwise judgements)
+        for key, value in r.items():
+            if key in ("responses_create_params", "response"):
+                continue
+            for ev in value if isinstance(value, list) else [value]:
+                if isinstance(ev, dict) and isinstance(ev.get("responses_create_params"), dict) and ev.get("response"):
+                    found.append({"responses_create_params": ev["responses_create_params"], "response": ev["response"]})
     return found
 
 
@@ -78,6 +107,26 @@ def judge_option(sdir: Path) -> str | None:
             if key.endswith("_model_server") and key != "model_server":
                 return key
     return None
+
+
+def recorded_options(sdir: Path, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server's fields from the config file its recordings were made with: the YAML that defines the
+    agent the rows name (``agent_ref.name``), or one of its instances by prefix. A server may ship several
+    (arena: lmarena_v2 and lmarena_v3, whose judge prompts differ); the host's defaults come from the first."""
+    names = {str(r["agent_ref"].get("name")) for r in rollouts if isinstance(r.get("agent_ref"), dict)}
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        # the agent itself, or an instance whose name starts the agent's (lmarena_v3 → lmarena_v3_benchmark_agent)
+        if not isinstance(data, dict) or not any(n == k or n.startswith(f"{k}_") for n in names for k in data):
+            continue
+        for inst in data.values():
+            block = inst.get("resources_servers", {}).get(sdir.name) if isinstance(inst, dict) else None
+            if isinstance(block, dict):
+                return {k: v for k, v in block.items() if k != "entrypoint" and "${" not in json.dumps(v, default=str)}
+    return {}
 
 
 def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
@@ -101,27 +150,12 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
     return "agents.simple", {}, max_steps or 50
 
 
-def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
-    """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
-    sdir = Path(env.server_dir)
-    rollouts = [r for r in _read(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
-    if not rollouts:
-        raise UserError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
-    models: dict[str, Any] = {
-        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")}
-    }
-    options: dict[str, Any] = {}
-    judged = judge_recordings(rollouts)
-    key = judge_option(sdir)
-    if key is not None:
-        jpath = work / "judge.jsonl"
-        jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
-        models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
-        options[key] = {"type": "responses_api_models", "name": "judge"}
+def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """A run config hosting ``server`` under the agent NeMo Gym recorded it with, its policy model ``policy``."""
     agent, agent_options, max_steps = agent_settings(sdir)
-    cfg = {
+    return {
         "models": models,
-        "resources": {"env": {"nemo_gym": env.server, **({"options": options} if options else {})}},
+        "resources": {"env": {"nemo_gym": server, **({"options": options} if options else {})}},
         "agents": {
             "env_agent": {
                 "agent": agent,
@@ -132,6 +166,26 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
             }
         },
     }
+
+
+def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
+    sdir = Path(env.server_dir)
+    rollouts = [r for r in _read(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
+    if not rollouts:
+        raise UserError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
+    models: dict[str, Any] = {
+        "policy": {"adapter": "replay", "rollouts": str(sdir / "data" / "example_rollouts.jsonl")}
+    }
+    options: dict[str, Any] = recorded_options(sdir, rollouts)
+    judged = judge_recordings(rollouts)
+    key = judge_option(sdir)
+    if key is not None:
+        jpath = work / "judge.jsonl"
+        jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
+        models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
+        options[key] = {"type": "responses_api_models", "name": "judge"}
+    cfg = run_config(env.server, sdir, models, options)
     cfg_path = work / "parity.yaml"
     cfg_path.write_text(json.dumps(cfg))
     in_path = work / "inputs.jsonl"

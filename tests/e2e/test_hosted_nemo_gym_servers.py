@@ -12,6 +12,8 @@ Without a Python >= 3.13 on the machine these tests skip, unless GYM_REQUIRE_HOS
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ from typing import Any
 import pytest
 
 from gym_runtime.hosting import env as hosting_env
+from gym_runtime.hosting import parity as hosting_parity
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
-from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
+from tests.hosting import LOOPBACK, assert_hosted_worker_opens_no_port, catalogue_root, listeners_while_running
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 
@@ -262,6 +265,36 @@ def test_start_runs_a_hosted_worker_on_its_environment_with_no_port_of_its_own(
 
     cfg = config(tmp_path, {"nemo_gym": "example_session_state_mgmt"}, policy={"adapter": "scripted"})
     assert_hosted_worker_opens_no_port(cfg, nats_server.url, "resources")
+
+
+def test_ray_started_by_a_hosted_server_stays_on_loopback(catalogue: Path, tmp_path: Path) -> None:
+    """code_gen's verify runs the model's program as a Ray task, so its code starts Ray inside the hosted worker
+    (GCS, raylet, agents, Ray workers: ports of their own, on every interface and the host's address by default).
+    Listed every 0.2 s while `run` replays code_gen's recordings, every listening socket of the run's whole
+    process tree, Ray's included, is bound to loopback; the rewards are the recorded ones."""
+    env = hosting_env.ensure("code_gen", log=lambda _line: None)
+    cfg, data, recorded = hosting_parity.parity_config(env, tmp_path)
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(data), "-o", str(out), "--no-progress"]
+    run, listening, names = listeners_while_running(argv, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert {"gcs_server", "raylet"} <= names, names  # Ray did start, under the hosted worker
+    assert len({port for name, _, port in listening if name in ("gcs_server", "raylet")}) >= 2, listening
+    assert [s for s in listening if s[1] not in LOOPBACK] == []
+    assert hosting_parity.compare("code_gen", recorded, read_jsonl(out)).ok
+
+
+def test_parity_on_placeholder_recordings_is_one_line(catalogue: Path, tmp_path: Path) -> None:
+    """over_refusal_detection and jailbreak_detection ship `<PLACEHOLDER ROW>` lines as their recordings: parity
+    says there is nothing to replay in one line, exit 2 (it was a JSONDecodeError traceback)."""
+    server = tmp_path / "placeholder_server"
+    shutil.copytree(CRASHY, server)
+    (server / "data").mkdir()
+    (server / "data" / "example_rollouts.jsonl").write_text("<PLACEHOLDER ROW>\n" * 5)
+    r = cli("parity", str(server), timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "example_rollouts.jsonl holds no recorded responses" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,82 @@
+"""How `gym-runtime parity` reads a NeMo Gym server's recordings: rows joined, judge calls found, config chosen.
+
+Real files in a temporary server directory shaped as the catalogue's (data/*.jsonl, configs/*.yaml);
+the cases are the ones the whole-catalogue run found (string_match, aegis_v4_safety, arena).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym_runtime.hosting import parity
+
+
+def _jsonl(path: Path, rows: list[Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def _rollout(text: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": [{"text": text, "type": "input_text"}]}]},
+        "response": {"output": [{"type": "message", "role": "assistant", "content": []}]},
+        "reward": 1.0,
+        **fields,
+    }
+
+
+def test_rows_join_their_task_whatever_the_key_order_of_content_parts(tmp_path: Path) -> None:
+    """string_match's example.jsonl writes content parts as {type, text}, its recordings as {text, type}: the
+    task (with its extraction_mode) must still join, else the server grades with its default mode."""
+    task = {
+        "responses_create_params": {
+            "input": [
+                {"role": "user", "type": "message", "content": [{"type": "input_text", "text": "Largest ocean?"}]}
+            ]
+        },
+        "expected_answer": "Pacific Ocean",
+        "extraction_mode": "last_line",
+    }
+    _jsonl(tmp_path / "data" / "example.jsonl", [task])
+    rows = parity.inputs(tmp_path, [_rollout("Largest ocean?", expected_answer="Pacific Ocean")])
+    assert rows[0]["extraction_mode"] == "last_line"
+
+
+def test_placeholder_lines_are_not_rows(tmp_path: Path) -> None:
+    _jsonl(tmp_path / "r.jsonl", ["<PLACEHOLDER ROW>", _rollout("q"), "<PLACEHOLDER ROW>"])
+    assert len(parity._read(tmp_path / "r.jsonl")) == 1
+
+
+def test_judge_calls_recorded_under_any_field_are_found() -> None:
+    call = {"responses_create_params": {"input": "judge this"}, "response": {"output": []}}
+    rows = [
+        _rollout("a", judge_evaluation=call),  # aegis_v4_safety
+        _rollout("b", games=[call, call]),  # arena: two swapped games
+        _rollout("c", judge_evaluations=[call]),
+        _rollout("d", judge_output="CORRECT"),  # the judge's text only: nothing to answer a request with
+    ]
+    assert len(parity.judge_recordings(rows)) == 4
+
+
+def test_options_come_from_the_config_file_the_recordings_were_made_with(tmp_path: Path) -> None:
+    """arena ships lmarena_v2.yaml and lmarena_v3.yaml; its rows name lmarena_v3_benchmark_agent."""
+    (tmp_path / "configs").mkdir()
+    for v, weight in (("v2", 3), ("v3", 1)):
+        (tmp_path / "configs" / f"lmarena_{v}.yaml").write_text(
+            f"lmarena_{v}:\n  resources_servers:\n    {tmp_path.name}:\n      entrypoint: app.py\n"
+            f"      verdict_weight: {weight}\n      judge_url: ${{judge_url}}\n"
+        )
+    got = parity.recorded_options(tmp_path, [_rollout("q", agent_ref={"name": "lmarena_v3_benchmark_agent"})])
+    assert got == {"verdict_weight": 1}
+    assert parity.recorded_options(tmp_path, [_rollout("q")]) == {}
+
+
+def test_a_row_that_joins_nothing_sends_only_task_fields_back(tmp_path: Path) -> None:
+    """iheval's recorded task 2 is not in example.jsonl: its rollout row carries the task and the verifier's
+    outputs (`row_id`, `generation`), which the server refuses to receive again (duplicate keyword)."""
+    task = {"responses_create_params": _rollout("another")["responses_create_params"], "id": 7, "task": "t"}
+    _jsonl(tmp_path / "data" / "example.jsonl", [task])
+    rows = parity.inputs(tmp_path, [_rollout("q", id=1, task="x", row_id="1", generation="...", reward=0.5)])
+    assert set(rows[0]) == {"responses_create_params", "id", "task"}
