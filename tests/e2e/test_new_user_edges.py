@@ -233,6 +233,13 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.01)
 
 
+def handles(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``sig`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (sig - 1) & 1)
+
+
 def stop_and_time(proc: subprocess.Popen[str], sig: int, timeout: float = 30) -> tuple[int, float, str, str]:
     t0 = time.monotonic()
     proc.send_signal(sig)
@@ -278,7 +285,10 @@ def test_start_stopped_while_still_connecting_stops_at_once_without_blaming_anyo
     dead = f"nats://127.0.0.1:{free_port()}"
     replicas = ["--replicas", "2"] if pool else []
     proc = popen_cli("start", WEATHER, "--nats", dead, "--only", "resources.weather", *replicas)
-    time.sleep(4)  # the workers wait for a server that is not there
+    # the workers wait for a server that is not there: once start handles SIGTERM (past its imports, which a
+    # loaded machine may take seconds over), it is waiting to connect
+    wait_for(lambda: handles(proc.pid, signal.SIGTERM), 60, "start handling SIGTERM")
+    time.sleep(1)
     code, took, _, err = stop_and_time(proc, signal.SIGTERM)
     assert code == 0, err[-2000:]
     assert took < 5, took

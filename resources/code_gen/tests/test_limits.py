@@ -301,7 +301,7 @@ def test_comparison_has_no_quadratic_path() -> None:
     ]:
         start = time.monotonic()
         assert judge_call(data, expected) is False
-        assert time.monotonic() - start < 1.0, data[:40]
+        assert time.monotonic() - start < 5.0, data[:40]  # linear: < 0.3 s idle; the quadratic path took 17.6 s
 
 
 # ----------------------------------------------------------------------------- the rest of the sandbox
