@@ -34,7 +34,10 @@ CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 def catalogue() -> Path:
     """The installed catalogue (nemo-gym's resources_servers) in the shared base layer, built if missing
     (with simple_agent's environment: `env build --agent`)."""
-    return catalogue_root("--server", "example_single_tool_call", "--agent", "simple_agent")
+    return catalogue_root(
+        "--server", "example_single_tool_call", "--agent", "simple_agent", "--server", "toolsandbox",
+        "--agent", "toolsandbox_agent",
+    )  # fmt: skip
 
 
 def with_token_ids(src: Path, dst: Path) -> Path:
@@ -426,3 +429,49 @@ def test_start_with_a_hosted_agent_at_replicas_2_serves_one_batch_from_both_exac
     assert [r["reward"] for r in rows] == [1.0] * n
     served = sorted(w["completed"] for w in status["workers"] if w.get("role") == "agent" and w.get("name") == "ng")
     assert len(served) == 2 and sum(served) == n and served[0] > 0, served  # both replicas served the batch
+
+
+def test_toolsandbox_agent_on_its_hosted_server_scores_every_row(catalogue: Path, tmp_path: Path) -> None:
+    """NeMo Gym's toolsandbox_agent and toolsandbox server, both unchanged and hosted: the agent's own protocol
+    (/seed_session's env_id, observations and tools; /step and /close by env_id; /verify reading
+    response.env_id) reaches the server as it sent it, and the server's user simulator calls our model workers
+    at /v1/chat/completions. Every row of the server's example.jsonl ends with the milestone score the server's
+    own evaluation computed at /close (scripted answers for policy and user simulator alike); a row the
+    server's seed refuses is a tool_error failure row with the server's message, not a reward 0."""
+    refused = {"task_idx": 99999, "responses_create_params": {"input": []}}
+    rows_in = [*read_jsonl(catalogue / "toolsandbox" / "data" / "example.jsonl"), refused]
+    cfg = tmp_path / "config.yaml"
+    user = {"type": "responses_api_models", "name": "policy"}
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"env": {"nemo_gym": "toolsandbox", "options": {"user_model_server": user}}},
+                "agents": {"ng": {"nemo_gym": "toolsandbox_agent", "model": "policy", "resource": "env"}},
+            }
+        )
+    )
+    out, trace = tmp_path / "out.jsonl", tmp_path / "trace.jsonl"
+    data = write_jsonl(tmp_path / "in.jsonl", rows_in)
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(out), "--agent", "ng", "--trace-file", str(trace), timeout=600)
+    assert r.returncode == 1, r.stderr  # one failure row, below
+    rows = sorted(read_jsonl(out), key=lambda row: row["_ng_task_index"])
+    assert [r["task_idx"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[0]["scenario"] == "add_contact_with_name_and_phone_number"
+    for row in rows:
+        assert row["exception_type"] is None, row  # scored by the server's own Evaluation at /close
+        assert row["reward"] == row["similarity"] == row["milestone_similarity"] and 0.0 < row["reward"] < 1.0
+        kinds = [o["type"] for o in row["response"]["output"]]
+        assert kinds[0] == "function_call" and "function_call_output" in kinds  # the sandbox ran its tools
+        assert kinds[-1] == "message"  # the agent's text went to the user simulator, which ended the episode
+    assert len({r["reward"] for r in rows}) >= 2  # the scenarios score differently
+    (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert failure["error_class"] == "tool_error" and "task_idx=99999 out of range" in failure["error"]
+    spans = {s["span_id"]: s for s in read_jsonl(trace)}
+    user_calls = [
+        s
+        for s in spans.values()
+        if s["name"] == "generate policy gym.call.model.policy"
+        and spans.get(s["parent_span_id"], {}).get("name", "").startswith("process gym.res.env.")
+    ]
+    assert len(user_calls) >= 5  # the user simulator's calls, made from the resource worker: one per rollout at least
