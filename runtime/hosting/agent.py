@@ -16,7 +16,13 @@ Its ``server_client`` calls by name are routed here instead of over HTTP:
   operation, as every session's seed is; the reply is ``{}``), ``/<tool>`` is a ``ToolCall`` with
   the posted arguments, ``/verify`` a ``VerifyRequest`` with the posted response, ``/reset`` and
   ``/step`` our ``GymResource`` operations (``gym.reset``, ``gym.step`` with the turn as an
-  ``Action``), ``/close`` nothing (the session closes when the rollout ends).
+  ``Action``), ``/close`` nothing (the session closes when the rollout ends);
+* a hosted resource that is not a gymnasium server: ``/seed_session`` answers the server's own
+  seed reply, and ``/step``, ``/reset`` and ``/close`` are posted to the server unchanged (one
+  ``PASSTHROUGH`` session op each), so an agent speaking its server's own protocol
+  (``toolsandbox_agent``: ``env_id`` from the seed reply, ``/step`` and ``/close`` by it) runs
+  as under NeMo Gym; its ``/verify`` carries the response's fields our ``Response`` drops
+  (``response.env_id``) to the server's verify. Tools stay our ``ToolCall``s.
 
 Which rollout a call belongs to is a context variable set around the ``/run`` call: the
 handler runs in that task (ASGITransport awaits the app), and tasks it starts copy it. A bus
@@ -45,7 +51,15 @@ from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
-from gym_runtime.hosting.host import MODEL_HOST, HostedServerError, _Reply, _server_class, plain
+from gym_runtime.hosting.host import (
+    MODEL_HOST,
+    PASSTHROUGH,
+    RESPONSE_EXTRA,
+    HostedServerError,
+    _Reply,
+    _server_class,
+    plain,
+)
 from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
 
 BASE_URL = "http://nemo-gym-agent.hosted"  # never resolved: every request goes through the ASGI transport
@@ -55,7 +69,7 @@ _ECHOED = ("responses_create_params", "response", "reward")
 class _Rollout:
     """One rollout's routing state: its context, its resource session, what the resource answered."""
 
-    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns")
+    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns", "passthrough")
 
     def __init__(self, ctx: AgentContext, row: dict[str, Any], session: Session) -> None:
         self.ctx = ctx
@@ -64,6 +78,7 @@ class _Rollout:
         self.verdict: VerifyReply | None = None
         self.error: BaseException | None = None
         self.turns = 0  # gymnasium steps so far
+        self.passthrough = False  # a hosted, non-gymnasium resource: its own protocol's paths go to it as sent
 
 
 _CURRENT: contextvars.ContextVar[_Rollout | None] = contextvars.ContextVar("gym_hosted_agent_rollout", default=None)
@@ -88,10 +103,11 @@ def _yaml_defaults(adir: Path, impl: str) -> dict[str, Any]:
 class AgentHost:
     """One NeMo Gym agent class, built once per worker process; ``run`` is the worker's agent function."""
 
-    def __init__(self, name: str, cfg: AgentConfig, model_names: list[str]) -> None:
+    def __init__(self, name: str, cfg: AgentConfig, model_names: list[str], resource_hosted: bool = False) -> None:
         self.name = name
         self.cfg = cfg
         self.model_names = list(model_names)
+        self.resource_hosted = resource_hosted  # its resource is a hosted NeMo Gym server (may pass through)
         self.app: Any = None
         self.client: Any = None
         self.impl = ""
@@ -246,11 +262,18 @@ class AgentHost:
         path = url_path.split("?", 1)[0].rstrip("/")
         path = "/" + path.rsplit("/", 1)[-1] if path.startswith("/ng-rollout/") else path
         if path == "/seed_session":
+            if self.resource_hosted:  # its own seed reply (env_id, observations, tools), unless a gymnasium server
+                return await self._passthrough(rollout, path, body)
             return _Reply(200, b"{}")  # the seed (the task's row) travels with the session's first operation
+        if rollout.passthrough and path in ("/reset", "/step", "/close"):
+            return await self._passthrough(rollout, path, body)
         if path == "/verify":
             row = dict(body or {})
-            response = msgspec.convert(row.pop("response", None) or {}, Response, strict=False)
-            verdict = await rollout.session.verify(rollout.row, response)
+            posted = row.pop("response", None) or {}
+            response = msgspec.convert(posted, Response, strict=False)
+            extra = {k: v for k, v in posted.items() if k not in Response.__struct_fields__}
+            seed = {**rollout.row, RESPONSE_EXTRA: extra} if rollout.passthrough and extra else rollout.row
+            verdict = await rollout.session.verify(seed, response)
             rollout.verdict = verdict
             out = {**(body or {}), "reward": verdict.reward, **verdict.fields}
             return _Reply(200, json.dumps(out).encode())
@@ -268,6 +291,22 @@ class AgentHost:
             return _Reply(501, json.dumps(f"{path}: not routed for hosted agents").encode())
         reply = await rollout.session.call(path.lstrip("/"), json.dumps(body if body is not None else {}))
         return _Reply(200, reply.output.encode())
+
+    async def _passthrough(self, rollout: _Rollout, path: str, body: Any) -> _Reply:
+        """The agent's call posted to its hosted server as sent; the server's status and body as they are. A
+        gymnasium server refuses (its /reset and /step are our gym operations): the seed reply is then ``{}``.
+        A server error (5xx) on the server's own protocol fails the rollout as a tool_error."""
+        reply = await rollout.session.call(PASSTHROUGH, json.dumps({"path": path, "body": body}))
+        if reply.is_error:
+            if path == "/seed_session":
+                return _Reply(200, b"{}")
+            raise Failure("tool_error", f"{path}: {reply.output}")
+        rollout.passthrough = True
+        out = json.loads(reply.output)
+        status, text = int(out["status"]), str(out["body"])
+        if status >= 500:
+            rollout.error = Failure("tool_error", f"{self.cfg.resource}{path}: HTTP {status}: {text[:500]}")
+        return _Reply(status, text.encode())
 
     async def _gym(self, rollout: _Rollout, op: str, arguments: str) -> str:
         reply = await rollout.session.call(op, arguments)
@@ -296,7 +335,7 @@ def _routed_client() -> type:
     return RoutedServerClient
 
 
-def hosted_agent(name: str, cfg: AgentConfig, model_names: list[str]) -> AgentHost:
+def hosted_agent(name: str, cfg: AgentConfig, model_names: list[str], resource_hosted: bool = False) -> AgentHost:
     """The host of agents.NAME's NeMo Gym agent (built by its ``setup``); one line if nemo-gym is absent."""
     try:
         import nemo_gym  # noqa: F401
@@ -305,7 +344,7 @@ def hosted_agent(name: str, cfg: AgentConfig, model_names: list[str]) -> AgentHo
             f"agents.{name}: the hosted NeMo Gym agent {cfg.nemo_gym!r} runs in its built environment, which "
             "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
         ) from None
-    return AgentHost(name, cfg, model_names)
+    return AgentHost(name, cfg, model_names, resource_hosted)
 
 
 async def run(ctx: AgentContext) -> Outcome:

@@ -15,6 +15,12 @@ server whose own code starts Ray gets a Ray on loopback only, see ``prepare``).
   beyond the request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...)
   becomes a field of the row;
 * gymnasium-style servers (``/reset``, ``/step``) are a ``GymResource``;
+* a hosted NeMo Gym agent that speaks its server's own protocol (``toolsandbox_agent``:
+  ``/seed_session``'s ``env_id``, ``/step`` and ``/close`` by ``env_id``) reaches it through
+  one session op, ``PASSTHROUGH``: the agent's path and body posted as they are, the status
+  and body answered as they are (``/seed_session``: the reply to the seed the session opened
+  with); a ``/verify`` row may carry the posted response's fields our ``Response`` does not
+  hold (``RESPONSE_EXTRA``), put back into the response the server reads;
 * lifespan hooks run for the life of the worker (``setup`` enters, ``teardown`` leaves);
 * the server's ``server_client`` calls to a model the config names (a judge, a user
   simulator), ``/v1/responses`` or ``/v1/chat/completions``, go to that model's workers
@@ -59,7 +65,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.messages import Response, create_params
-from gym_runtime.resource import ModelClient, Resource, Verdict
+from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
 from gym_runtime.transport.bus import Bus
 
 BASE_URL = "http://nemo-gym.hosted"  # never resolved: every request goes through the ASGI transport
@@ -70,6 +76,8 @@ MODELS_DOMAIN = "models.gym-runtime.invalid"
 RESOURCES_DOMAIN = "resources.gym-runtime.invalid"
 SESSION_COOKIE = "gym_runtime_session"  # the cookie naming a session opened on another resources server
 CALL_TIMEOUT_S = 300.0  # one call to another resources server (its worker's liveness still applies)
+PASSTHROUGH = "nemo_gym.http"  # session op: a hosted agent's call to its hosted server's route, unchanged
+RESPONSE_EXTRA = "_ng_response_extra"  # verify row key: the posted response's fields beyond our Response
 MAX_CALLED_SESSIONS = 20_000  # sessions a worker keeps open on other servers; past it the oldest is closed
 _ENDPOINTS = {
     "/seed_session",
@@ -601,19 +609,40 @@ class HostedResource(_Hosted, Resource):
 
     row_tools = "any"  # the rows' tools are the server's routes; the server itself answers unknown ones
     reverify = "replay"
+    seeded: Any = None  # the server's reply to /seed_session (what a hosted agent's own /seed_session gets)
 
     async def seed(self, task: dict[str, Any]) -> None:
         self.host.models = self.models
         self.client = self.host.client()
-        await _post(self.client, "/seed_session", task)
+        self.seeded = await _post(self.client, "/seed_session", task)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        if name == PASSTHROUGH:
+            return await self._passthrough(arguments)
         body = arguments.encode() if isinstance(arguments, str) else arguments
         reply = await self.client.post(f"/{name}", content=body or b"{}", headers={"content-type": "application/json"})
         return reply.text  # NeMo Gym's simple agent shows the model the body, a 500's repr(e) included
 
+    async def _passthrough(self, arguments: str | bytes) -> str:
+        """``{"path", "body"}`` posted to the server as it is; ``{"status", "body"}`` (the body as text) back.
+        ``/seed_session`` is not posted again: the session was seeded with the agent's row when it opened."""
+        try:
+            req = json.loads(arguments)
+            path = req["path"]
+        except (ValueError, TypeError, KeyError):
+            raise ToolArgumentsError(f"{PASSTHROUGH}: arguments must be {{path, body}}") from None
+        if not isinstance(path, str) or not path.startswith("/") or path.startswith("//"):
+            raise ToolArgumentsError(f"{PASSTHROUGH}: path must be a server path, not {path!r}")
+        if path == "/seed_session":
+            return json.dumps({"status": 200, "body": json.dumps(self.seeded)})
+        body = json.dumps(req.get("body")).encode()
+        reply = await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        return json.dumps({"status": reply.status_code, "body": reply.text})
+
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
-        out = await _post(self.client, "/verify", {**task, "response": _response_dict(response)})
+        task = dict(task)
+        extra = task.pop(RESPONSE_EXTRA, None) or {}
+        out = await _post(self.client, "/verify", {**task, "response": {**_response_dict(response), **extra}})
         return _verdict(out)
 
     async def close(self) -> None:
@@ -664,6 +693,8 @@ class HostedGymResource(_Hosted, GymResource):
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         if name.startswith("gym."):
             return await super().call_tool(name, arguments)
+        if name == PASSTHROUGH:  # its agents reach it through /reset and /step, our gym operations
+            raise ToolArgumentsError(f"{PASSTHROUGH}: a gymnasium server is reached through gym.reset and gym.step")
         return await HostedResource.call_tool(self, name, arguments)  # type: ignore[arg-type]
 
 

@@ -81,7 +81,8 @@ class AgentWorker:
         self.cfg = cfg
         self.config = resolve_models(config)  # its fingerprints hash the adapters' parsed options
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
-            host = hosted_agent(name, cfg, list(config.models))
+            res = config.resources.get(cfg.resource or "")
+            host = hosted_agent(name, cfg, list(config.models), resource_hosted=res is not None and res.hosted)
             self.fn: AgentFn = host.run
             self.run_group: Any = host.run_group  # a group task's K repeats: K concurrent /run calls
             self.setup: Any = host.setup
