@@ -28,6 +28,7 @@ from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
 from tests.pools import start_collect, wait_until
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
+EPISODES = REPO / "tests" / "data" / "nemo_servers" / "episodes"
 
 
 @pytest.fixture(scope="module")
@@ -475,3 +476,26 @@ def test_toolsandbox_agent_on_its_hosted_server_scores_every_row(catalogue: Path
         and spans.get(s["parent_span_id"], {}).get("name", "").startswith("process gym.res.env.")
     ]
     assert len(user_calls) >= 5  # the user simulator's calls, made from the resource worker: one per rollout at least
+
+
+def test_an_agents_own_protocol_passes_through_and_a_step_that_raises_is_a_tool_error_row(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """toolsandbox_agent against a small server of the same protocol (tests/data/nemo_servers/episodes): the
+    env_id of its seed reply addresses /step and /close, its /verify finds the score by response.env_id (no
+    env_id there: reward 0); a /step that raises (HTTP 500) makes a tool_error failure row, and the same
+    workers go on to score the next row."""
+    rows_in = [{"task_idx": i, "responses_create_params": {"input": []}} for i in range(3)]
+    rows = run_agents(
+        tmp_path,
+        {"nemo_gym": str(EPISODES)},
+        {"adapter": "scripted"},
+        write_jsonl(tmp_path / "in.jsonl", rows_in),
+        {"ng": {"nemo_gym": "toolsandbox_agent"}},
+    )["ng"]
+    assert [(r["task_idx"], r["reward"], r["steps"]) for r in rows] == [(0, 0.1, 2), (2, 0.1, 2)]
+    outputs = [o.get("output") for o in rows[0]["response"]["output"] if o["type"] == "function_call_output"]
+    assert outputs == ["added 1"]
+    (failure,) = read_jsonl(tmp_path / "ng_failures.jsonl")
+    assert failure["_ng_task_index"] == 1 and failure["error_class"] == "tool_error"
+    assert "/step: HTTP 500" in failure["error"] and "the episode exploded" in failure["error"]
