@@ -347,7 +347,8 @@ class _SessionContext:
 
     async def _start(self) -> SandboxSession:
         lim = self.limits
-        self._workdir = tempfile.mkdtemp(prefix="gym-sandbox-")
+        # named for the worker process, as its cgroups are: what a process left behind is told apart
+        self._workdir = tempfile.mkdtemp(prefix=f"gym-sandbox-{os.getpid()}-")
         if lim.cgroup:
             # + 4: the sandbox's own helper processes (outer child, PID-namespace init)
             self._cgroup = await anyio.to_thread.run_sync(cgroups.create, lim.memory_bytes, lim.nproc + 4)

@@ -54,14 +54,19 @@ def stable(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def own_sandbox_dirs() -> set[str]:
+    """This process's sandbox directories (named for its pid: other test workers' come and go beside them)."""
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"gym-sandbox-{os.getpid()}-")}
+
+
 def no_sandbox_left(before: set[str]) -> None:
     assert psutil.Process().children(recursive=True) == []
-    assert {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gym-sandbox-")} <= before
+    assert own_sandbox_dirs() <= before
 
 
 @pytest.fixture
 def sandbox_dirs() -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gym-sandbox-")}
+    return own_sandbox_dirs()
 
 
 # ----------------------------------------------------------------------------- parity
