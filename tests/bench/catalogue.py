@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "catalogue_nemo_gym_0.7.0.json"
 
 # Why a server cannot run here (PyPI packages and a CPU only, loopback network). From reading each
-# server's app.py, requirements and README (and, for the older ones, ../shared/notes/nemo-gym-catalogue.md).
+# server's app.py, requirements and README in the installed nemo-gym wheel.
 SANDBOX = "containers: a sandbox per task (OpenSandbox / Docker / Apptainer task images)"
 EXCLUDED: dict[str, str] = {
     "gymnasium": "not a server: the abstract base class of the gymnasium-style servers (no app.py)",
