@@ -224,8 +224,9 @@ def test_collect_says_when_an_agent_has_no_worker(nats_server: EmbeddedServer, t
     assert "agent_agent: pending=2 ack_pending=0 redelivered=0 waiting_pulls=0  NO WORKERS" in status.stdout
 
 
-def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None:
-    res = cli(
+def run_weather_with(tmp_path: Path, setting: str) -> subprocess.CompletedProcess[str]:
+    """``gym-runtime run`` on weather's example rows with one ``--set``."""
+    return cli(
         "run",
         str(REPO / "resources/weather/config.yaml"),
         "-i",
@@ -233,10 +234,14 @@ def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None
         "-o",
         str(tmp_path / "o.jsonl"),
         "--set",
-        "jetstream.replicas=3",
+        setting,
         "--no-progress",
         timeout=120,
     )
+
+
+def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None:
+    res = run_weather_with(tmp_path, "jetstream.replicas=3")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "gym-runtime: error: stream GYM_TASKS: jetstream.replicas=3 was refused by the server (replicas > 1 not "
@@ -248,18 +253,7 @@ def test_three_replicas_on_one_server_is_one_clear_error(tmp_path: Path) -> None
 def test_a_max_bytes_the_server_cannot_reserve_is_one_clear_error(tmp_path: Path) -> None:
     """JetStream reserves every stream's max_bytes on the server's disk: more than it has is the config's
     mistake (a 20GB deploy config on a small disk failed CI with a traceback)."""
-    res = cli(
-        "run",
-        str(REPO / "resources/weather/config.yaml"),
-        "-i",
-        str(REPO / "resources/weather/data/example.jsonl"),
-        "-o",
-        str(tmp_path / "o.jsonl"),
-        "--set",
-        "jetstream.max_bytes=100000GB",
-        "--no-progress",
-        timeout=120,
-    )
+    res = run_weather_with(tmp_path, "jetstream.max_bytes=100000GB")
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gym-runtime: error: stream GYM_"), lines
