@@ -209,20 +209,15 @@ class _Progress:
         if self.srv.provisioned:
             self.pending = False
             replicas = self.srv.jetstream.replicas if self.srv.jetstream else 1
-            print(
-                f"provisioned namespace {', '.join(self.srv.namespaces)}: streams, buckets and blob store at "
-                f"{replicas} replica{'s' if replicas > 1 else ''}",
-                file=sys.stderr,
-                flush=True,
-            )
+            what = f"{replicas} replica{'s' if replicas > 1 else ''}"
+            said = f"provisioned namespace {', '.join(self.srv.namespaces)}: streams, buckets and blob store at {what}"
         elif not self.said_wait and time.monotonic() - self.since > PROVISION_QUIET_S:
             self.said_wait = True
-            print(
-                f"provisioning waits for the cluster's other nodes "
-                f"({self.srv.provisioning_waits_for or 'JetStream does not answer yet'})",
-                file=sys.stderr,
-                flush=True,
-            )
+            why = self.srv.provisioning_waits_for or "JetStream does not answer yet: are a quorum of nodes up?"
+            said = f"provisioning is not done yet, still trying: {why}"
+        else:
+            return
+        print(said, file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -119,30 +119,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredCluster
     for i in range(NODES):
         port, http = free_port(), free_port()
         name = f"s{i + 1}"
-        argv = [
-            sys.executable,
-            "-m",
-            "gym_runtime.cli",
-            "server",
-            "--secure",
-            str(auth),
-            "--config",
-            str(server_config),
-            "--port",
-            str(port),
-            "--name",
-            name,
-            "--cluster",
-            "gymsec",
-            "--cluster-port",
-            str(route_ports[i]),
-            "--routes",
-            routes,
-            "--http-port",
-            str(http),
-            "--store-dir",
-            str(tmp / "store" / name),
-        ]
+        argv = [sys.executable, "-m", "gym_runtime.cli", "server", "--secure", str(auth), "--config",
+                str(server_config), "--port", str(port), "--name", name, "--cluster", "gymsec", "--cluster-port",
+                str(route_ports[i]), "--routes", routes, "--http-port", str(http), "--store-dir",
+                str(tmp / "store" / name)]  # fmt: skip
         c.nodes.append(Node(name, argv, f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{http}", tmp / f"{name}.log"))
     try:
         for n in c.nodes:  # one after another, each waited for, as a user in three terminals would
@@ -188,8 +168,11 @@ def test_nodes_started_one_after_another_provision_every_stream_at_three_replica
     assert streams["GYM_RESULTS"]["config"]["max_bytes"] == 256 * 1024**2
     assert streams["GYM_TASKS"]["config"]["max_bytes"] == 128 * 1024**2
     assert streams["GYM_RESULTS"]["config"]["max_age"] == 3600 * 10**9  # nanoseconds
-    for n in secured.nodes:
-        assert "stream.replicas_differ" not in n.log.read_text()
+    said = "provisioned namespace gym: streams, buckets and blob store at 3 replicas"
+    while not all(said in n.log.read_text() for n in secured.nodes):  # every node tried, and says so
+        assert time.monotonic() < deadline + 10, [n.log.read_text()[-1000:] for n in secured.nodes]
+        time.sleep(0.2)
+    assert not any("stream.replicas_differ" in n.log.read_text() for n in secured.nodes)
 
 
 def test_killing_the_results_leader_mid_batch_loses_nothing(secured: SecuredCluster, tmp_path: Path) -> None:
