@@ -204,7 +204,9 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     secure = getattr(args, "auth_dir", None) or os.environ.get(AUTH_DIR_ENV) or None
     if secure:
         ensure_auth_dir(secure)
-    with EmbeddedServer(secure_dir=secure, namespaces=[cfg.namespace], calls=resource_calls(cfg)) as server:
+    with EmbeddedServer(
+        secure_dir=secure, namespaces=[cfg.namespace], calls=resource_calls(cfg), jetstream=cfg.jetstream
+    ) as server:
         yield server.url
 
 

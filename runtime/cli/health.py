@@ -49,7 +49,7 @@ def _role(spec: str | None) -> tuple[str, str] | None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
-    from gym_runtime.transport.connect import ServerUnreachable
+    from gym_runtime.transport.connect import JetStreamNotReady, NotProvisioned, ServerUnreachable
     from gym_runtime.transport.discovery import discover
     from gym_runtime.workers.runner import run_async
 
@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         problem = run_async(go)
-    except ServerUnreachable as e:
+    except (ServerUnreachable, NotProvisioned, JetStreamNotReady) as e:  # not up, or not ready yet: unhealthy
         problem = str(e)
     if problem:
         err(f"unhealthy: {problem}")

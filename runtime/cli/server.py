@@ -1,7 +1,9 @@
 """``gym-runtime server``: the NATS server (JetStream on) in the foreground.
 
 ``--cluster NAME --routes ...`` joins a NATS cluster (JetStream replicated by
-the server's own Raft, nothing home-made); the monitoring endpoint
+the server's own Raft, nothing home-made); with ``--secure`` the server provisions
+the streams and buckets itself, with ``--replicas``, the ``--config``'s ``jetstream:``
+block, or on a cluster min(3, nodes) replicas (``provision_settings``); the monitoring endpoint
 (``/healthz``, ``/jsz``) is on by default, on loopback unless ``--http-host``
 says otherwise. A port already in use is a usage error (exit 2), so a
 scheduler never mistakes a server that did not start for one that did.
@@ -10,11 +12,20 @@ scheduler never mistakes a server that did not start for one that did.
 from __future__ import annotations
 
 import argparse
+import signal
+import socket
 import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+import msgspec
 
 from gym_runtime.cli._common import err
+from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw, resource_calls
 from gym_runtime.errors import UserError
 from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
+from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
 from gym_runtime.transport.jetstream import parse_size
 
 DEFAULT_HTTP_PORT = 8222
@@ -67,7 +78,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="CONFIG",
         help="with --secure: the run's config YAML(s), merged in order; each resources.NAME.calls there lets that "
-        "environment's pool (and the role-wide resource credential) call the environments it lists (repeatable)",
+        "environment's pool (and the role-wide resource credential) call the environments it lists, and its "
+        "jetstream: block sets the replicas and size limits of what the server provisions (repeatable)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="with --secure: replicas of every stream, KV bucket and the blob store the server provisions "
+        "(default: the --config's jetstream.replicas if it sets one, else min(3, nodes) with --cluster, 1 without)",
     )
     p.add_argument("--name", help="server name (unique in a cluster; default: CLUSTER-PORT)")
     p.add_argument("--cluster", metavar="NAME", help="join the NATS cluster NAME (JetStream replicated)")
@@ -96,14 +115,56 @@ def monitoring_port(args: argparse.Namespace) -> int | None:
     return derived
 
 
-def build(args: argparse.Namespace) -> EmbeddedServer:
-    if args.config and not args.secure:
-        raise UserError("--config is read for the permissions of --secure DIR; without --secure it has no effect")
-    calls: dict[str, list[str]] = {}
-    if args.config:
-        from gym_runtime.config import load_config, resource_calls
+def _is_local(host: str) -> bool:
+    """``host`` names an address of this machine (we may bind it)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, _, _, addr in infos:
+        with socket.socket(family, kind) as s:
+            try:
+                s.bind((addr[0], 0))
+            except OSError:
+                continue
+            return True
+    return False
 
-        calls = resource_calls(load_config(args.config))
+
+def cluster_size(routes: list[str], cluster_port: int) -> int:
+    """The nodes ``--routes`` names, this one counted once whether it lists itself or not."""
+    listed = {(u.hostname or "", u.port or 6222) for u in map(urlparse, routes)}
+    itself = any(port == cluster_port and _is_local(host) for host, port in listed)
+    return len(listed) + (0 if itself else 1)
+
+
+def provision_settings(args: argparse.Namespace, cfg: Config | None, nodes: int) -> JetStreamConfig:
+    """What a secured server provisions with: the config's ``jetstream:`` block (or the defaults), its replicas
+    from ``--replicas``, else the config if it sets them, else min(3, nodes): on a cluster, losing a node
+    loses nothing unless somebody said otherwise."""
+    settings = cfg.jetstream if cfg is not None else JetStreamConfig()
+    if args.replicas is not None:
+        replicas, said = args.replicas, f"--replicas {args.replicas}"
+        if not 1 <= replicas <= 5:
+            raise UserError(f"{said}: must be between 1 and 5")
+    elif args.config and "replicas" in (merge_raw([load_raw(p) for p in args.config]).get("jetstream") or {}):
+        replicas, said = settings.replicas, f"jetstream.replicas: {settings.replicas} in {', '.join(args.config)}"
+    else:
+        replicas, said = min(3, nodes), ""
+    if replicas > nodes:
+        where = f"a cluster of {nodes} nodes (--routes)" if args.cluster else "a single server (no --cluster)"
+        raise UserError(f"{said}: {where} cannot hold {replicas} replicas; pass --replicas {nodes} or add nodes")
+    return msgspec.structs.replace(settings, replicas=replicas)
+
+
+def build(args: argparse.Namespace) -> EmbeddedServer:
+    for flag, given in (("--config", args.config), ("--replicas", args.replicas is not None)):
+        if given and not args.secure:
+            raise UserError(
+                f"{flag} is read for what --secure DIR provisions; without --secure it has no effect (clients "
+                "create the streams with their own config's jetstream: block)"
+            )
+    cfg = load_config(args.config) if args.config else None
     routes = split_list(args.routes)
     if routes and not args.cluster:
         raise UserError("--routes needs --cluster NAME")
@@ -112,6 +173,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
     for r in routes:
         if "://" not in r:
             raise UserError(f"--routes {r!r}: expected a URL like nats://host:6222")
+    nodes = cluster_size(routes, args.cluster_port) if args.cluster else 1
     return EmbeddedServer(
         port=args.port,
         host=args.host,
@@ -126,17 +188,40 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         http_host=args.http_host,
         secure_dir=args.secure,
         namespaces=args.namespaces or ["gym"],
-        calls=calls,
+        calls=resource_calls(cfg) if cfg is not None else {},
+        jetstream=provision_settings(args, cfg, nodes) if args.secure else None,
     )
 
 
+PROVISION_QUIET_S = 15.0  # a cluster node still provisioning after this says what it waits for
+
+
+class _Progress:
+    """A secured cluster node's provisioning on stderr: what it waits for (once, if it takes a while), then done."""
+
+    def __init__(self, srv: EmbeddedServer) -> None:
+        self.srv, self.since, self.said_wait = srv, time.monotonic(), False
+        self.pending = bool(srv.secure_dir and srv.cluster)
+
+    def check(self) -> None:
+        if not self.pending:
+            return
+        if self.srv.provisioned:
+            self.pending = False
+            replicas = self.srv.jetstream.replicas if self.srv.jetstream else 1
+            what = f"{replicas} replica{'s' if replicas > 1 else ''}"
+            said = f"provisioned namespace {', '.join(self.srv.namespaces)}: streams, buckets and blob store at {what}"
+        elif not self.said_wait and time.monotonic() - self.since > PROVISION_QUIET_S:
+            self.said_wait = True
+            why = self.srv.provisioning_waits_for or "JetStream does not answer yet: are a quorum of nodes up?"
+            said = f"provisioning is not done yet, still trying: {why}"
+        else:
+            return
+        print(said, file=sys.stderr, flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     if args.secure:
-        from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
-
         ensure_auth_dir(args.secure, host=args.host, names=args.tls_name, pools=[parse_pool(p) for p in args.pool])
         missing = unnamed(args.secure, args.tls_name)
         if missing:
@@ -165,9 +250,11 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    progress = _Progress(srv)
     try:
         while not stop.is_set() and srv.running:
             stop.wait(0.5)
+            progress.check()
         if not stop.is_set():
             err(f"nats-server exited unexpectedly (code {srv._proc.returncode if srv._proc else '?'})")
             return 1

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gym_runtime.config import JetStreamConfig
 from gym_runtime.errors import UserError
 from gym_runtime.ops import permissions, security
-from gym_runtime.ops.provision import provision_blocking
+from gym_runtime.ops.provision import Provisioner, provision_blocking
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 MAX_LOG_BYTES = 16 * 1024 * 1024
@@ -105,6 +106,8 @@ class EmbeddedServer:
     secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.ops.security)
     namespaces: list[str] = field(default_factory=lambda: ["gym"])  # whose subjects the roles may use
     calls: dict[str, list[str]] = field(default_factory=dict)  # with secure_dir: resources.NAME.calls of the config
+    # with secure_dir: the run's ``jetstream:`` settings (replicas, limits) for what the admin provisions
+    jetstream: JetStreamConfig | None = None
     server_name: str | None = None  # required (and unique) in a JetStream cluster
     cluster: str | None = None  # cluster name; routes connect nodes of the same name
     cluster_port: int = 0
@@ -116,6 +119,7 @@ class EmbeddedServer:
     cluster_options: list[str] = field(default_factory=list)  # lines inside ``cluster {}`` (e.g. route TLS)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+    _provisioner: Provisioner | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -222,13 +226,32 @@ class EmbeddedServer:
                     f"(port {self.port}, store {self.store_dir}){_fatal_line(log_path)}"
                 )
             with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
-                if self.secure_dir:  # no client role may create streams: the admin provisions them now
-                    local = self.url if self.host not in ("0.0.0.0", "::") else f"nats://127.0.0.1:{self.port}"
-                    provision_blocking(local, self.secure_dir, self.namespaces)
+                if self.secure_dir:  # no client role may create streams: the admin provisions them
+                    self._provision()
                 return self.url
             time.sleep(0.005)
         self.stop()
         raise ServerError(f"nats-server did not start listening on {self.url} within {timeout}s")
+
+    def _provision(self) -> None:
+        """A single server now; a cluster node in the background, since its replicated streams need the
+        nodes started after it (``provisioned`` says when it is done)."""
+        assert self.secure_dir is not None
+        local = self.url if self.host not in ("0.0.0.0", "::") else f"nats://127.0.0.1:{self.port}"
+        if self.cluster:
+            self._provisioner = Provisioner(local, self.secure_dir, self.namespaces, self.jetstream).start()
+        else:
+            provision_blocking(local, self.secure_dir, self.namespaces, settings=self.jetstream)
+
+    @property
+    def provisioned(self) -> bool:
+        """A secured server's namespaces are provisioned (always true of an unsecured or single one once started)."""
+        return self._provisioner is None or self._provisioner.done.is_set()
+
+    @property
+    def provisioning_waits_for(self) -> str | None:
+        """Why a cluster node's provisioning is still waiting (the last error), or None."""
+        return None if self._provisioner is None or self.provisioned else self._provisioner.waiting_for
 
     def _security_block(self) -> str:
         if not self.secure_dir:
@@ -236,7 +259,13 @@ class EmbeddedServer:
         security.ensure_auth_dir(self.secure_dir, host=self.host)
         return permissions.server_config(self.secure_dir, self.namespaces, self.calls).rstrip("\n")
 
+    def _stop_provisioning(self) -> None:
+        provisioner, self._provisioner = self._provisioner, None
+        if provisioner is not None:
+            provisioner.stop()
+
     def stop(self, timeout: float = 5.0) -> None:
+        self._stop_provisioning()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -252,6 +281,7 @@ class EmbeddedServer:
 
     def kill(self) -> None:
         """SIGKILL the server (fault tests); the store dir is kept for a restart."""
+        self._stop_provisioning()
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()

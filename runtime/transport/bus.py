@@ -41,7 +41,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.jetstream import full_error, parse_size
+from gym_runtime.transport.jetstream import API_RETRY_S, full_error, parse_size
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
@@ -132,7 +132,10 @@ class Bus(Bodies, Serving):
         bus.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
-                await check_provisioned(bus.js, namespace, _shown(url if isinstance(url, list) else [url]))
+                within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else API_RETRY_S
+                await check_provisioned(
+                    bus.js, namespace, _shown(url if isinstance(url, list) else [url]), within_s=within
+                )
             except BaseException:
                 await bus.close()
                 raise

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import nats
 import nats.errors
 import nats.js.errors
@@ -65,19 +66,41 @@ def server_list(url: str | list[str]) -> list[str]:
 WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after this logs a warning
 
 
-async def check_provisioned(js: Any, namespace: str, shown: str) -> None:
+class NotProvisioned(AuthError):
+    """A secured server that does not serve the namespace (not one of its ``--namespace``, or not provisioned yet)."""
+
+
+class JetStreamNotReady(UserError):
+    """JetStream does not answer yet: a cluster without a meta leader (fewer than a quorum of nodes up)."""
+
+
+async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: float = 20.0) -> None:
     """Fail clearly when the secured server was not started for ``namespace``.
 
     Its roles may use only the subjects of the namespaces it provisioned; anything else
-    would be refused request by request, as timeouts.
+    would be refused request by request, as timeouts. A cluster still electing its JetStream
+    leader is waited for ``within_s`` seconds, then said in one line.
     """
-    try:
-        await js.find_stream_name_by_subject(f"{namespace}.task.probe")
-    except nats.js.errors.NotFoundError:
-        raise AuthError(
-            f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
-            f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable)"
-        ) from None
+    give_up = time.monotonic() + within_s
+    while True:
+        try:
+            # the blob stream is provisioned last: once it is there, so is everything else
+            await js.find_stream_name_by_subject(f"{namespace}.blob.probe")
+            return
+        except nats.js.errors.NotFoundError:
+            raise NotProvisioned(
+                f"the secured server at {shown} does not serve namespace {namespace!r}: start it with "
+                f"`gym-runtime server --secure DIR --namespace {namespace}` (repeatable); a cluster's servers "
+                "provision it once enough nodes are up for its replicas, and say so"
+            ) from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as e:
+            if time.monotonic() >= give_up:
+                said = getattr(e, "description", None) or str(e) or type(e).__name__
+                raise JetStreamNotReady(
+                    f"JetStream at {shown} does not answer yet ({said}): a cluster answers once a quorum of its "
+                    "nodes is up"
+                ) from None
+            await anyio.sleep(0.5)
 
 
 def unanswered(exc: BaseException) -> bool:

@@ -145,7 +145,8 @@ def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | N
 
 
 def _setup_error(what: str, replicas: int, e: APIError, key: str = "jetstream.max_bytes") -> Exception:
-    if e.err_code == INSUFFICIENT_STORAGE:  # every stream's max_bytes is reserved on the server's disk
+    # every stream's max_bytes is reserved on the server's disk (a cluster: on each replica's, "no suitable peers")
+    if e.err_code == INSUFFICIENT_STORAGE or "insufficient storage" in (e.description or ""):
         return JetStreamSetupError(
             f"{what}: the server cannot reserve {key} for it ({e.description}); "
             f"lower {key} (it is reserved per stream) or give the server more storage"

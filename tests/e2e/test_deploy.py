@@ -417,13 +417,17 @@ def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) ->
         **{k: str(v) for k, v in ports.items()},
     }
     out = tmp_path / "out.jsonl"
-    lines = sbatch_dry_run(env, "deploy/config.yaml", "resources/weather/data/example.jsonl", str(out))
+    # deploy/config.yaml, its 20GB stream limits lowered: the secured servers reserve them (three times on one disk)
+    config = tmp_path / "config.yaml"
+    config.write_text((REPO / "deploy/config.yaml").read_text().replace("_max_bytes: 20GB", "_max_bytes: 1GB"))
+    lines = sbatch_dry_run(env, str(config), "resources/weather/data/example.jsonl", str(out))
     clients = [argv for _, _, argv in lines if argv[1] != "server"]
     assert clients and all(argv[-2:] == ["--auth-dir", str(auth)] for argv in clients), clients
     assert sum(1 for _, _, argv in lines if argv[1] == "server" and "--secure" in argv) == 3
 
     steps: list[subprocess.Popen[str]] = []
     logs: list[Path] = []
+    said: list[str] = []  # the stderr of the batch script's own commands
     try:
         servers = 0
         for where, _node, argv in lines:
@@ -446,8 +450,18 @@ def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) ->
                 continue
             res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
             assert res.returncode == 0, (argv[1], res.stderr[-3000:], [p.read_text()[-1500:] for p in logs])
+            said.append(res.stderr)
         rows = read_jsonl(out)
         assert len(rows) == 5 and all(r["reward"] == 1.0 for r in rows)
+        # the servers provisioned what the clients' `--set jetstream.replicas=3` asks: no client found less
+        said += [p.read_text() for p in logs]
+        assert not [line for text in said for line in text.splitlines() if "stream.replicas_differ" in line]
+        jsz = f"http://127.0.0.4:{ports['GYM_MONITOR_PORT']}/jsz?streams=true&config=true"
+        with urllib.request.urlopen(jsz, timeout=5) as r:
+            streams = [s for a in json.loads(r.read())["account_details"] for s in a.get("stream_detail") or []]
+        assert len(streams) >= 6 and {s["config"]["num_replicas"] for s in streams} == {3}, streams
+        limits = {s["name"]: s["config"]["max_bytes"] for s in streams}
+        assert limits["GYM_TASKS"] == limits["GYM_RESULTS"] == 1024**3, limits  # the config's, not the defaults
     finally:
         for p in steps:
             if p.poll() is None:
