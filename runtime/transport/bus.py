@@ -15,6 +15,7 @@ are handed to tasks bounded by the worker's concurrency.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -465,9 +466,14 @@ class Bus(Bodies, Serving):
 
     # ------------------------------------------------------------------ server side
 
-    async def close(self) -> None:
-        if not self.nc.is_closed:
-            try:
-                await self.nc.drain()
-            except Exception:  # closing a dead connection is not an error worth raising
-                await self.nc.close()
+    async def close(self, timeout: float = 10.0) -> None:
+        """Drain (let handlers finish, flush) and close, each within ``timeout``. A connection whose server
+        went away is closed as it is: nats-py's own close can raise on the dead socket, and a process told to
+        stop after its server died (the end of a job) must still stop, quietly."""
+        if self.nc.is_closed:
+            return
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except Exception:  # draining a dead or reconnecting connection: nothing left to flush
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.close(), timeout)

@@ -295,6 +295,27 @@ def test_start_stopped_while_still_connecting_stops_at_once_without_blaming_anyo
     assert "its error is above" not in err and "not_started" not in err, err
 
 
+@pytest.mark.parametrize("pool", [False, True])
+def test_start_stopped_after_its_server_died_exits_quietly(pool: bool, tmp_path: Path) -> None:
+    """The scheduler's SIGTERM (or the parent-death signal) after the server went away first, as at the end
+    of a job: the workers drain what they can and exit 0, without an internal error about a closed socket."""
+    replicas = ["--replicas", "2"] if pool else []
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    try:
+        proc = popen_cli("start", WEATHER, "--nats", srv.url, "--only", "resources.weather", *replicas)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "workers ready"
+        assert "ready" in line, proc.stderr.read() if proc.stderr else ""
+    finally:
+        srv.stop()
+    time.sleep(1)  # the workers see the connection drop and start reconnecting
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM)
+    assert "internal error" not in err and "Traceback" not in err, err[-3000:]
+    assert code == 0, err[-2000:]
+    assert took < 15, took
+
+
 def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     res = cli(
         "run",
