@@ -38,11 +38,25 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 def _prompt(row: dict[str, Any]) -> str:
-    """The prompt by role and content only (recordings add ``type``, ids and nulls to the input items)."""
+    """The prompt by role, text and media only (recordings add ``type``, ids and nulls to the input items)."""
     items = (row.get("responses_create_params") or {}).get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    return json.dumps([(m.get("role"), _text(m.get("content"))) for m in items or [] if isinstance(m, dict)])
+    return json.dumps(
+        [(m.get("role"), _text(m.get("content")), _media(m.get("content"))) for m in items or [] if isinstance(m, dict)]
+    )
+
+
+def _media(content: Any) -> list[str]:
+    """A message's images and files: gui_coordinate's tasks 0 and 1 ask the same text over different images."""
+    if not isinstance(content, list):
+        return []
+    keys = ("image_url", "file_data", "file_url", "file_id")
+    return [
+        str(next((p[k] for k in keys if p.get(k)), ""))
+        for p in content
+        if isinstance(p, dict) and p.get("type") in ("input_image", "input_file")
+    ]
 
 
 def _text(content: Any) -> Any:
@@ -61,11 +75,15 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if mat.is_file():
         by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
     examples = _read(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
-    by_prompt = {_prompt(r): r for r in examples}
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for r in examples:
+        by_prompt.setdefault(_prompt(r), []).append(r)
     task_keys = {k for r in examples for k in r} | {"responses_create_params"} if examples else set()
     out = []
     for rec in rollouts:
-        row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
+        row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or _same_task(
+            rec, by_prompt.get(_prompt(rec), [])
+        )
         # the joined input row as it is; the rollout's own fields only when nothing joins (they include the
         # verifier's outputs, which a server's response model may refuse to receive twice)
         if row is not None:
@@ -77,6 +95,15 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row.pop("agent_ref", None)
         out.append(row)  # line i: its replayed row's _ng_task_index is i
     return out
+
+
+def _same_task(rec: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the tasks with the rollout's prompt, the first whose own fields the rollout row holds unchanged
+    (two tasks may share a prompt and differ in their answer), else the first."""
+    for task in tasks:
+        if all(rec.get(k, v) == v for k, v in task.items() if k not in ("responses_create_params", "agent_ref")):
+            return task
+    return tasks[0] if tasks else None
 
 
 def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
