@@ -105,3 +105,31 @@ def test_tasks_sharing_a_prompt_join_the_one_whose_fields_the_rollout_holds(tmp_
     )
     rows = parity.inputs(tmp_path, [_rollout("same", expected_answer="2"), _rollout("same", expected_answer="1")])
     assert [r["expected_answer"] for r in rows] == ["2", "1"]
+
+
+def _server_with_agents(tmp_path: Path, agents: dict[str, str]) -> Path:
+    """A server directory whose configs define one agent instance per YAML file ({file stem: agent impl})."""
+    sdir = tmp_path / "my_server"
+    (sdir / "configs").mkdir(parents=True)
+    (sdir / "app.py").write_text("class S: ...\n")
+    for stem, impl in agents.items():
+        (sdir / "configs" / f"{stem}.yaml").write_text(
+            f"{stem}_agent:\n  responses_api_agents:\n    {impl}:\n      entrypoint: app.py\n"
+        )
+    return sdir
+
+
+def test_a_tool_simulation_servers_recordings_are_replayed_by_that_agent_not_agents_simple(tmp_path: Path) -> None:
+    """single_step_tool_use_with_argument_comparison records with tool_simulation_agent: one model call whose
+    tool call is the answer, never run. Under agents.simple the call ran and the model was asked again, which
+    the recording does not hold (rollout 1: "the conversation is longer than the recording")."""
+    sdir = _server_with_agents(tmp_path, {"a_variant": "simple_agent", "my_server": "tool_simulation_agent"})
+    agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
+    assert agent == {"nemo_gym": "tool_simulation_agent", "model": "policy", "resource": "env"}
+
+
+def test_the_agent_the_rows_name_wins_and_simple_agent_stays_ours(tmp_path: Path) -> None:
+    sdir = _server_with_agents(tmp_path, {"my_server": "tool_simulation_agent", "other": "simple_agent"})
+    _jsonl(sdir / "data" / "example_rollouts.jsonl", [_rollout("q", agent_ref={"name": "other_agent"})])
+    agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
+    assert agent["agent"] == "agents.simple" and "nemo_gym" not in agent

@@ -177,22 +177,46 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
     return "agents.simple", {}, max_steps or 50
 
 
+# NeMo Gym agents that make one model call and verify it without running its tool calls (the call is the
+# answer): replayed by their own code, hosted, since agents.simple would run the call and ask again.
+NON_EXECUTING = ("tool_simulation_agent", "non_executing_simple_agent")
+
+
+def recorded_agent(sdir: Path) -> str | None:
+    """The NeMo Gym agent the recordings were made with, from the server's YAML: the instance the rows
+    name (``agent_ref.name``), else one in the YAML named for the server, else the first defined."""
+    rollouts = sdir / "data" / "example_rollouts.jsonl"
+    rows = _read(rollouts) if rollouts.is_file() else []
+    names = {str(r["agent_ref"].get("name")) for r in rows if isinstance(r.get("agent_ref"), dict)}
+    found: list[tuple[int, str]] = []
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for inst_name, inst in data.items() if isinstance(data, dict) else []:
+            agents = inst.get("responses_api_agents") if isinstance(inst, dict) else None
+            for impl in agents if isinstance(agents, dict) else []:
+                found.append((0 if inst_name in names else 1 if path.stem == sdir.name else 2, str(impl)))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
 def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """A run config hosting ``server`` under the agent NeMo Gym recorded it with, its policy model ``policy``."""
-    agent, agent_options, max_steps = agent_settings(sdir)
-    return {
-        "models": models,
-        "resources": {"env": {"nemo_gym": server, **({"options": options} if options else {})}},
-        "agents": {
-            "env_agent": {
-                "agent": agent,
-                "model": "policy",
-                "resource": "env",
-                "max_steps": max_steps,
-                **({"options": agent_options} if agent_options else {}),
-            }
-        },
-    }
+    resources = {"env": {"nemo_gym": server, **({"options": options} if options else {})}}
+    impl = recorded_agent(sdir)
+    if impl in NON_EXECUTING:
+        agent = {"nemo_gym": impl, "model": "policy", "resource": "env"}
+    else:
+        module, agent_options, max_steps = agent_settings(sdir)
+        agent = {
+            "agent": module,
+            "model": "policy",
+            "resource": "env",
+            "max_steps": max_steps,
+            **({"options": agent_options} if agent_options else {}),
+        }
+    return {"models": models, "resources": resources, "agents": {"env_agent": agent}}
 
 
 def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
