@@ -205,6 +205,7 @@ def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[st
     """A run config hosting ``server`` under the agent NeMo Gym recorded it with, its policy model ``policy``."""
     resources = {"env": {"nemo_gym": server, **({"options": options} if options else {})}}
     impl = recorded_agent(sdir)
+    agent: dict[str, Any]
     if impl in NON_EXECUTING:
         agent = {"nemo_gym": impl, "model": "policy", "resource": "env"}
     else:
