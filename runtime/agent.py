@@ -61,7 +61,17 @@ class Session:
     that now owns the session; later operations go straight to that worker.
     """
 
-    __slots__ = ("_bus", "_seed_subject", "_row", "_seed", "_lock", "_closed", "_absent_grace_s", "_check")
+    __slots__ = (
+        "_bus",
+        "_seed_subject",
+        "_row",
+        "_seed",
+        "_lock",
+        "_closed",
+        "_absent_grace_s",
+        "_check",
+        "_indices",
+    )
 
     def __init__(
         self,
@@ -71,12 +81,17 @@ class Session:
         *,
         absent_grace_s: float = 0.0,
         check: RowCheck | None = None,
+        indices: dict[str, int] | None = None,
     ) -> None:
         self._bus = bus
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self._absent_grace_s = absent_grace_s
         self._seed_subject = seed_subject
-        self._row = row
+        # The rollout's place (``_ng_task_index``, ``_ng_rollout_index``) on the rows the resource gets at seed
+        # and verify where the row has none, as NeMo Gym's runner puts them on every row its agents forward:
+        # a server that scores a task's repeats together (genrm_compare's cohorts) reads them there.
+        self._indices = indices or {}
+        self._row = {**self._indices, **row} if self._indices else row
         self._seed: SeedReply | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -127,6 +142,7 @@ class Session:
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True
     ) -> VerifyReply:
         """Score the response; by default the worker also closes the session (no extra message)."""
+        row = {**self._indices, **row} if self._indices else row
         reply = await self._op(
             VerifyRequest(session="", row=row, response=response, close=close), ".verify", timeout=timeout, op="verify"
         )
@@ -206,12 +222,17 @@ class AgentContext:
         """Open a session on the named resource (default: the agent's); use ``async with``. ``row`` seeds
         it in place of the task's row (one repeat of a group task, with its own rollout index)."""
         name = resource or self.config.resource
+        task = self.task
         return Session(
             self._bus,
             self._bus.subject("res", name, "seed"),
             self.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
-            check=self.task.check,
+            check=task.check,
+            # a group's repeat (``row``) carries its own indices; the task's row gets the task's
+            indices=None
+            if row is not None
+            else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
         )
 
 

@@ -54,3 +54,34 @@ async def test_rows_come_back_in_nemo_gym_shape_and_a_failing_verifier_becomes_a
     assert failed["attempts"] == 2 and "always fails" in failed["error"]
     assert stats.rows == 2 and stats.failures == 1
     assert json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
+
+
+async def test_a_resource_sees_each_rollouts_task_and_rollout_index_at_seed_and_verify(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """NeMo Gym's runner puts `_ng_task_index` and `_ng_rollout_index` on every row its agents forward to
+    /seed_session and /verify; genrm_compare refuses a verify without them (HTTP 422) and gathers a task's
+    repeats by them. tests.envs.cohort holds each verify until its task's 3 repeats arrived, by those keys:
+    without them the two tasks' six rollouts fell into one cohort of rollout index -1."""
+    cfg = config_from_dict(
+        {
+            **CONFIG,
+            "resources": {"env": {"server": "tests.envs.cohort"}},
+            "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4}},
+            "base_dir": str(tmp_path),
+        }
+    )
+    rows = [{**ROWS[i], "cohort_size": 3, "cohort_wait_s": 20.0, "batch_key": str(tmp_path)} for i in (0, 1)]
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, rows, batch="b", agents=["agent"], repeats=3)
+        with anyio.fail_after(60):
+            await Collector(bus, "b", tmp_path / "out.jsonl", expected=6, repeats=3).run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    got = read_jsonl(tmp_path / "out.jsonl")
+    assert sorted((r["_ng_task_index"], r["_ng_rollout_index"], r["cohort"]) for r in got) == [
+        (t, i, [0, 1, 2]) for t in (0, 1) for i in range(3)
+    ]
+    assert all(r["reward"] == 1.0 for r in got)

@@ -80,3 +80,56 @@ def test_a_row_that_joins_nothing_sends_only_task_fields_back(tmp_path: Path) ->
     _jsonl(tmp_path / "data" / "example.jsonl", [task])
     rows = parity.inputs(tmp_path, [_rollout("q", id=1, task="x", row_id="1", generation="...", reward=0.5)])
     assert set(rows[0]) == {"responses_create_params", "id", "task"}
+
+
+def _image_task(image: str, answer: str) -> dict[str, Any]:
+    parts = [{"type": "input_image", "image_url": image, "detail": "auto"}, {"type": "input_text", "text": "Point"}]
+    return {"responses_create_params": {"input": [{"role": "user", "content": parts}]}, "expected_answer": answer}
+
+
+def test_tasks_with_the_same_text_over_different_images_join_their_own_rows(tmp_path: Path) -> None:
+    """gui_coordinate's tasks 0 and 1 ask the same text over two images: rollout 3 (task 0's image) joined
+    task 1 and was graded against task 1's point (0.0607 replayed, 0.0667 recorded)."""
+    tasks = [_image_task("data:a", "0.66,0.84"), _image_task("data:b", "0.53,0.71")]
+    _jsonl(tmp_path / "data" / "example.jsonl", tasks)
+    rollouts = [{"responses_create_params": t["responses_create_params"], "response": {"output": []}} for t in tasks]
+    rows = parity.inputs(tmp_path, rollouts[::-1])
+    assert [r["expected_answer"] for r in rows] == ["0.53,0.71", "0.66,0.84"]
+
+
+def test_tasks_sharing_a_prompt_join_the_one_whose_fields_the_rollout_holds(tmp_path: Path) -> None:
+    """Two tasks with one prompt and different answers: each rollout row carries its task's answer."""
+    params = _rollout("same")["responses_create_params"]
+    _jsonl(
+        tmp_path / "data" / "example.jsonl", [{"responses_create_params": params, "expected_answer": a} for a in "12"]
+    )
+    rows = parity.inputs(tmp_path, [_rollout("same", expected_answer="2"), _rollout("same", expected_answer="1")])
+    assert [r["expected_answer"] for r in rows] == ["2", "1"]
+
+
+def _server_with_agents(tmp_path: Path, agents: dict[str, str]) -> Path:
+    """A server directory whose configs define one agent instance per YAML file ({file stem: agent impl})."""
+    sdir = tmp_path / "my_server"
+    (sdir / "configs").mkdir(parents=True)
+    (sdir / "app.py").write_text("class S: ...\n")
+    for stem, impl in agents.items():
+        (sdir / "configs" / f"{stem}.yaml").write_text(
+            f"{stem}_agent:\n  responses_api_agents:\n    {impl}:\n      entrypoint: app.py\n"
+        )
+    return sdir
+
+
+def test_a_tool_simulation_servers_recordings_are_replayed_by_that_agent_not_agents_simple(tmp_path: Path) -> None:
+    """single_step_tool_use_with_argument_comparison records with tool_simulation_agent: one model call whose
+    tool call is the answer, never run. Under agents.simple the call ran and the model was asked again, which
+    the recording does not hold (rollout 1: "the conversation is longer than the recording")."""
+    sdir = _server_with_agents(tmp_path, {"a_variant": "simple_agent", "my_server": "tool_simulation_agent"})
+    agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
+    assert agent == {"nemo_gym": "tool_simulation_agent", "model": "policy", "resource": "env"}
+
+
+def test_the_agent_the_rows_name_wins_and_simple_agent_stays_ours(tmp_path: Path) -> None:
+    sdir = _server_with_agents(tmp_path, {"my_server": "tool_simulation_agent", "other": "simple_agent"})
+    _jsonl(sdir / "data" / "example_rollouts.jsonl", [_rollout("q", agent_ref={"name": "other_agent"})])
+    agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
+    assert agent["agent"] == "agents.simple" and "nemo_gym" not in agent

@@ -176,8 +176,12 @@ class AgentHost:
         )
 
     async def run(self, ctx: AgentContext) -> Outcome:
-        """One rollout: ``POST /run`` with the row; the row that comes back is built from our replies."""
-        return await self._run_one(ctx, ctx.row)
+        """One rollout: ``POST /run`` with the row and its ``_ng_task_index``/``_ng_rollout_index`` (as NeMo Gym's
+        runner sends them, where the row has none); the row that comes back is built from our replies."""
+        task = ctx.task
+        return await self._run_one(
+            ctx, {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index, **ctx.row}
+        )
 
     async def run_group(self, ctx: AgentContext, size: int) -> list[Outcome]:
         """A group task's K repeats as NeMo Gym's own runner sends them: K concurrent ``/run`` calls, each

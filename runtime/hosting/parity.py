@@ -38,11 +38,25 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 def _prompt(row: dict[str, Any]) -> str:
-    """The prompt by role and content only (recordings add ``type``, ids and nulls to the input items)."""
+    """The prompt by role, text and media only (recordings add ``type``, ids and nulls to the input items)."""
     items = (row.get("responses_create_params") or {}).get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
-    return json.dumps([(m.get("role"), _text(m.get("content"))) for m in items or [] if isinstance(m, dict)])
+    return json.dumps(
+        [(m.get("role"), _text(m.get("content")), _media(m.get("content"))) for m in items or [] if isinstance(m, dict)]
+    )
+
+
+def _media(content: Any) -> list[str]:
+    """A message's images and files: gui_coordinate's tasks 0 and 1 ask the same text over different images."""
+    if not isinstance(content, list):
+        return []
+    keys = ("image_url", "file_data", "file_url", "file_id")
+    return [
+        str(next((p[k] for k in keys if p.get(k)), ""))
+        for p in content
+        if isinstance(p, dict) and p.get("type") in ("input_image", "input_file")
+    ]
 
 
 def _text(content: Any) -> Any:
@@ -61,11 +75,15 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if mat.is_file():
         by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
     examples = _read(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
-    by_prompt = {_prompt(r): r for r in examples}
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for r in examples:
+        by_prompt.setdefault(_prompt(r), []).append(r)
     task_keys = {k for r in examples for k in r} | {"responses_create_params"} if examples else set()
     out = []
     for rec in rollouts:
-        row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or by_prompt.get(_prompt(rec))
+        row = by_index.get((rec.get("_ng_task_index"), rec.get("_ng_rollout_index"))) or _same_task(
+            rec, by_prompt.get(_prompt(rec), [])
+        )
         # the joined input row as it is; the rollout's own fields only when nothing joins (they include the
         # verifier's outputs, which a server's response model may refuse to receive twice)
         if row is not None:
@@ -77,6 +95,15 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row.pop("agent_ref", None)
         out.append(row)  # line i: its replayed row's _ng_task_index is i
     return out
+
+
+def _same_task(rec: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the tasks with the rollout's prompt, the first whose own fields the rollout row holds unchanged
+    (two tasks may share a prompt and differ in their answer), else the first."""
+    for task in tasks:
+        if all(rec.get(k, v) == v for k, v in task.items() if k not in ("responses_create_params", "agent_ref")):
+            return task
+    return tasks[0] if tasks else None
 
 
 def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -150,22 +177,47 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
     return "agents.simple", {}, max_steps or 50
 
 
+# NeMo Gym agents that make one model call and verify it without running its tool calls (the call is the
+# answer): replayed by their own code, hosted, since agents.simple would run the call and ask again.
+NON_EXECUTING = ("tool_simulation_agent", "non_executing_simple_agent")
+
+
+def recorded_agent(sdir: Path) -> str | None:
+    """The NeMo Gym agent the recordings were made with, from the server's YAML: the instance the rows
+    name (``agent_ref.name``), else one in the YAML named for the server, else the first defined."""
+    rollouts = sdir / "data" / "example_rollouts.jsonl"
+    rows = _read(rollouts) if rollouts.is_file() else []
+    names = {str(r["agent_ref"].get("name")) for r in rows if isinstance(r.get("agent_ref"), dict)}
+    found: list[tuple[int, str]] = []
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for inst_name, inst in data.items() if isinstance(data, dict) else []:
+            agents = inst.get("responses_api_agents") if isinstance(inst, dict) else None
+            for impl in agents if isinstance(agents, dict) else []:
+                found.append((0 if inst_name in names else 1 if path.stem == sdir.name else 2, str(impl)))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
 def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """A run config hosting ``server`` under the agent NeMo Gym recorded it with, its policy model ``policy``."""
-    agent, agent_options, max_steps = agent_settings(sdir)
-    return {
-        "models": models,
-        "resources": {"env": {"nemo_gym": server, **({"options": options} if options else {})}},
-        "agents": {
-            "env_agent": {
-                "agent": agent,
-                "model": "policy",
-                "resource": "env",
-                "max_steps": max_steps,
-                **({"options": agent_options} if agent_options else {}),
-            }
-        },
-    }
+    resources = {"env": {"nemo_gym": server, **({"options": options} if options else {})}}
+    impl = recorded_agent(sdir)
+    agent: dict[str, Any]
+    if impl in NON_EXECUTING:
+        agent = {"nemo_gym": impl, "model": "policy", "resource": "env"}
+    else:
+        module, agent_options, max_steps = agent_settings(sdir)
+        agent = {
+            "agent": module,
+            "model": "policy",
+            "resource": "env",
+            "max_steps": max_steps,
+            **({"options": agent_options} if agent_options else {}),
+        }
+    return {"models": models, "resources": resources, "agents": {"env_agent": agent}}
 
 
 def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:

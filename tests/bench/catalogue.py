@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gym_runtime.hosting import env as hosting_env
 from gym_runtime.hosting import parity as hosting_parity
 
@@ -94,10 +96,27 @@ WHY: dict[str, str] = {
     "there, our agents.simple asks the model again and the replay has nothing more (an agent difference)",
     "gdpval": "recorded with stirrup_agent (a system item inside the output), which agents.simple cannot replay",
     "bbq": "no recorded responses; its judge speaks /v1/chat/completions, which hosted servers cannot reach yet (501)",
-    "genrm_compare": "no recorded responses; its verify needs _ng_rollout_index in the body (cohorts), which our "
-    "host does not send",
     "math_advanced_calculations": "verify refuses the request our agent sends back (422 on responses_create_params."
     "tool_choice); the recorded tasks are no longer in example.jsonl",
+    "grl_tetris": "unseeded RNG: TetrisEnv.__init__ calls reset() unseeded (tetris_env/tetris_env.py:127), which "
+    "draws 17 pieces from the process's `random` and leaves the shape counts that weight the seeded reset's draws "
+    "(lines 132-133; reset does not clear them): seed 60494's first board is `__XX` or `XX__` by process (3 of 6 "
+    "fresh processes each; recorded `__XX`)",
+    "lc_niah": "grader changed after the recording: every recorded reasoning_overlap is the LCS overlap (its "
+    "overlap_lcs field), the wheel computes ngram16 (app.py:66, configs/lc_niah.yaml); rollout 0: 1 x (1 - 0.0123) "
+    "= 0.9877 recorded, 1 x (1 - 0) = 1 replayed",
+    "math_with_judge": "load-dependent: math_verify compares rollout 1's (2+-sqrt3)^2016 forms under a 5 s "
+    "wall-clock alarm (math-verify 0.8.0, grader.py:750); it needs 3.1 s of CPU here, 7.8 s at load 13 on 2 cores: "
+    "`Timeout during comparison`, library_reward 0 (recorded 1); should_use_judge is false, so no judge makes up "
+    "for it",
+}
+
+# Recordings that hold every field but are not an agent's rollouts (from reading the server's own code): counted
+# as incomplete recordings, with the reason.
+NOT_ROLLOUTS: dict[str, str] = {
+    "openair_congestion": "written by the server's generate_example_rollouts.py, a scripted policy posting /reset "
+    "and /step itself (no agent, no model): `response` holds only the last step's action, the first one is only "
+    "in `trajectory`; that script, run here on the installed server, reproduces all 5 rewards",
 }
 
 
@@ -125,6 +144,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def recordings(sdir: Path) -> tuple[bool, str]:
     """Complete recordings? (responses present, task fields joinable, judge outputs recorded) and why not."""
+    if sdir.name in NOT_ROLLOUTS:
+        return False, NOT_ROLLOUTS[sdir.name]
     data = sdir / "data"
     rows = _read(data / "example_rollouts.jsonl")
     lines = [ln for ln in (data / "example_rollouts.jsonl").read_text().splitlines() if ln.strip()]
@@ -248,6 +269,11 @@ def smoke(
         "-i",
         str(work / "smoke_in.jsonl"),
     ]
+    # a server that scores a task's repeats together (genrm_compare's cohorts) waits for all of them
+    repeats = cohort_size(sdir)
+    if repeats > 1:
+        argv += ["--repeats", str(repeats)]
+        rows_in = [r for r in rows_in for _ in range(repeats)]
     try:
         subprocess.run(
             [*argv, "-o", str(work / "smoke_out.jsonl"), "--no-progress"],
@@ -259,6 +285,17 @@ def smoke(
     except subprocess.TimeoutExpired:
         pass
     return rows_in, _read(work / "smoke_out.jsonl"), _read(work / "smoke_out_failures.jsonl"), out
+
+
+def cohort_size(sdir: Path) -> int:
+    """``num_rollouts_per_prompt`` from the server's own YAML: how many repeats it scores together (1: none)."""
+    for path in sorted((sdir / "configs").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        for inst in data.values() if isinstance(data, dict) else []:
+            block = inst.get("resources_servers", {}).get(sdir.name) if isinstance(inst, dict) else None
+            if isinstance(block, dict) and isinstance(block.get("num_rollouts_per_prompt"), int):
+                return int(block["num_rollouts_per_prompt"])
+    return 1
 
 
 def why(r: dict[str, Any]) -> str:

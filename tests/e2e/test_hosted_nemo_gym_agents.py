@@ -499,3 +499,17 @@ def test_an_agents_own_protocol_passes_through_and_a_step_that_raises_is_a_tool_
     (failure,) = read_jsonl(tmp_path / "ng_failures.jsonl")
     assert failure["_ng_task_index"] == 1 and failure["error_class"] == "tool_error"
     assert "/step: HTTP 500" in failure["error"] and "the episode exploded" in failure["error"]
+
+
+def test_each_rollout_reaches_the_server_with_its_task_and_rollout_index(catalogue: Path, tmp_path: Path) -> None:
+    """Without group_repeats too, simple_agent's /run body carries `_ng_task_index`/`_ng_rollout_index` as NeMo
+    Gym's runner sends them, so its /seed_session and /verify do (genrm_compare answers 422 without them):
+    tests.envs.cohort's verify reports the rollout indices its task's cohort read (-1: none)."""
+    row = {"responses_create_params": {"input": "weather in city 0?"}, "cohort_size": 2, "cohort_wait_s": 60.0}
+    data = write_jsonl(tmp_path / "in.jsonl", [row])
+    agent = {"nemo_gym": "simple_agent", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 1}
+    cfg = write_config(tmp_path / "config.yaml", {"ng": agent}, server="tests.envs.cohort")
+    out = tmp_path / "out.jsonl"
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(out), "--repeats", "2", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [r["cohort"] for r in read_jsonl(out)] == [[0, 1], [0, 1]]
