@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from gym_runtime import Client
+from gym_runtime.config import config_from_dict
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import StorageFull
@@ -132,5 +133,19 @@ async def test_a_publish_run_again_after_the_window_adds_only_what_it_had_not_st
         info = await bus.js.stream_info(tasks)
         ids = [(await bus.js.get_msg(tasks, seq)).headers["Nats-Msg-Id"] for seq in range(1, info.state.last_seq + 1)]
         assert sorted(ids) == sorted(f"p:{t}:{r}" for t in range(len(ROWS)) for r in range(4))
+    finally:
+        await bus.close()
+
+
+async def test_a_retention_shorter_than_the_window_caps_it(nats_server) -> None:
+    """``max_age_s: 60``: the streams are created with a 60 s window (the server refuses one longer than
+    the retention). Before: the fixed one-hour window made any ``max_age_s`` under 3600 a setup error."""
+    jetstream = config_from_dict({"jetstream": {"max_age_s": 60}}).jetstream
+    bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test", jetstream=jetstream)
+    try:
+        await ensure_streams(bus)
+        for kind in ("task", "result"):
+            info = await bus.js.stream_info(stream_names("gym")[kind])
+            assert (info.config.duplicate_window, info.config.max_age) == (60.0, 60.0)
     finally:
         await bus.close()
