@@ -244,8 +244,13 @@ class Client:
             url = self._server.start()
         try:
             kw = self._auth_kwargs()
-            self._bus = await Bus.connect(
-                url, namespace=self.config.namespace, telemetry=self.telemetry, name="gym-client", **kw
+            self._bus = await Bus.connect(  # the config's jetstream: settings for the streams it creates
+                url,
+                namespace=self.config.namespace,
+                telemetry=self.telemetry,
+                name="gym-client",
+                jetstream=self.config.jetstream,
+                **kw,
             )
             await ensure_streams(self._bus)
             self._tg = anyio.create_task_group()

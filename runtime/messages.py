@@ -178,7 +178,10 @@ def assistant_message(text: str, *, id: str | None = None) -> Message:
 # ----------------------------------------------------------------------- responses
 
 
-class Usage(Struct, kw_only=True):
+class Usage(Struct, kw_only=True, gc=False):
+    """Token counts. Not tracked by the cycle collector (``gc=False``): it holds numbers and dicts of
+    numbers, so it can be in no reference cycle, and one lives per model response in flight."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
@@ -373,8 +376,9 @@ ErrorClass = Literal[
 ]
 
 
-class ErrorInfo(Struct, kw_only=True, omit_defaults=True):
-    """A typed error: what went wrong, and whether trying again may help."""
+class ErrorInfo(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """A typed error: what went wrong, and whether trying again may help (strings and a flag: in no
+    reference cycle, so not tracked by the cycle collector)."""
 
     error_class: ErrorClass
     message: str

@@ -43,7 +43,7 @@ from gym_runtime.model import (
     written_model_config,
 )
 from gym_runtime.plugins import load_plugin, use_config_dir
-from gym_runtime.transport.jetstream import STREAM_LIMITS, parse_size
+from gym_runtime.transport.jetstream import DUPLICATE_WINDOW_S, STREAM_LIMITS, parse_size
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -127,6 +127,10 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     replicas: int = 1  # 3 on a 3-node cluster: losing a node loses nothing
     max_age_s: float = 7 * 24 * 3600.0  # results/tasks older than this are dropped (0 = forever)
+    # How long the task and result streams remember a message id (JetStream's duplicate window): a
+    # publish retried after a lost ack is dropped within it. The server holds ~250 B per id for this
+    # long, two ids a rollout; readers drop a later duplicate result themselves (docs/architecture.md).
+    duplicate_window_s: float = DUPLICATE_WINDOW_S
     # Size limits (e.g. 10GB; -1 = unbounded). ``max_bytes`` sets every stream's; the per-stream keys win
     # over it. Unset: the defaults below (docs/operations.md, "Storage limits", says how they were sized).
     max_bytes: int | str | None = None
@@ -141,6 +145,8 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"jetstream.replicas: {self.replicas} must be between 1 and 5")
         if self.max_age_s < 0:
             raise ConfigError("jetstream.max_age_s: must be >= 0 (0 keeps messages forever)")
+        if not self.duplicate_window_s > 0:
+            raise ConfigError(f"jetstream.duplicate_window_s: {self.duplicate_window_s!r} must be > 0 seconds")
         for key in ("max_bytes", *(f"{s}_max_bytes" for s in STREAM_LIMITS), "blob_bytes_in_flight"):
             value = getattr(self, key)
             try:

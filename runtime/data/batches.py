@@ -27,6 +27,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     # every task is queued (written again after the last one): from then on, a task no longer queued
     # whose result never came was removed without one (terminated), and collect writes its failure row
     published: bool = False
+    # tasks, in publish order, stored with every one before them: a publish of this batch run again (after
+    # a crash, or a full stream) starts after them, whatever the streams' duplicate window
+    stored: int = 0
 
 
 def _bucket(bus: Bus) -> str:

@@ -3,8 +3,10 @@
 Every row is validated before anything is published: a malformed line is
 reported with its file and line number, and a file with any bad line publishes
 nothing (so nothing is half-done or lost). Tasks are published with
-``Nats-Msg-Id = {batch}:{task_index}:{rollout_index}`` so a re-run of the same
-publish is deduplicated by the server.
+``Nats-Msg-Id = {batch}:{task_index}:{rollout_index}``: a publish retried after a lost
+ack is deduplicated by the server (within the stream's duplicate window). A publish
+of the same batch run again later starts after its ``Watermark`` (kept in the batch's
+manifest), not on the server's memory of ids.
 """
 
 from __future__ import annotations
@@ -37,6 +39,31 @@ class Plan:
     agents: dict[str, int]  # agent name -> rows
     # agents whose rows this process could not check against their environment: checked at seed time
     seed_checks: dict[str, RowCheck] = field(default_factory=dict)
+
+
+@dataclass
+class Watermark:
+    """How far a publish got, counted in tasks in publish order: every task before ``through()`` was
+    stored (it has its stream ack); a publish of the same batch run again starts there (``start``)."""
+
+    start: int = 0
+    _next: int = 0  # the ordinal of the next task in publish order
+    _open: set[int] = field(default_factory=set)  # sent, not acknowledged (or failed)
+
+    def take(self) -> int | None:
+        """The next task's ordinal, to send it; ``None``: stored by an earlier run, skip it."""
+        ordinal = self._next
+        self._next += 1
+        if ordinal < self.start:
+            return None
+        self._open.add(ordinal)
+        return ordinal
+
+    def stored(self, ordinal: int) -> None:
+        self._open.discard(ordinal)
+
+    def through(self) -> int:
+        return min(self._open) if self._open else max(self._next, self.start)
 
 
 def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -143,6 +170,7 @@ async def publish_tasks(
     on_sent: Callable[[], None] | None = None,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     grouped: Callable[[str], bool] = lambda _agent: False,
+    mark: Watermark | None = None,
 ) -> int:
     """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks."""
     rows = (row for _, row in iter_rows(plan.path, limit))
@@ -157,6 +185,7 @@ async def publish_tasks(
         task_fields=task_fields,
         grouped=grouped,
         on_sent=on_sent,
+        mark=mark,
     )
 
 
@@ -172,8 +201,12 @@ async def publish_rows(
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     grouped: Callable[[str], bool] = lambda _agent: False,
     on_sent: Callable[[], None] | None = None,
+    mark: Watermark | None = None,
 ) -> int:
     """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task.
+
+    ``mark``: the tasks before ``mark.start`` (in publish order) are stored already and are skipped
+    (counted as sent); the publish keeps ``mark`` up to date as its acks come.
 
     For an agent that takes groups (``grouped(agent)``, its ``group_repeats``), a row's repeats
     are one group task (``RolloutTask.group``), counted as one task.
@@ -190,8 +223,9 @@ async def publish_rows(
     sent = 0
     stored = 0
     tel = bus.telemetry
+    mark = mark or Watermark()
 
-    async def send(subject: str, task: RolloutTask) -> None:
+    async def send(subject: str, task: RolloutTask, ordinal: int) -> None:
         nonlocal stored
         msg_id = f"{task.batch}:{task.task_index}:{task.rollout_index}" + (f"+{task.group}" if task.group else "")
         try:
@@ -212,6 +246,7 @@ async def publish_rows(
             else:
                 await bus.js_publish(subject, task, msg_id=msg_id)
             stored += 1
+            mark.stored(ordinal)
             if on_sent is not None:
                 on_sent()
         except Exception as e:
@@ -231,6 +266,13 @@ async def publish_rows(
                 if failed:
                     limiter.release()
                     break
+                ordinal = mark.take()
+                if ordinal is None:  # stored by an earlier run of this publish
+                    limiter.release()
+                    sent += 1
+                    if on_sent is not None:
+                        on_sent()
+                    continue
                 task = RolloutTask(
                     batch=batch,
                     task_index=index,
@@ -240,7 +282,7 @@ async def publish_rows(
                     group=group,
                     **task_fields(name),
                 )
-                tasks.spawn(send, subject, task)
+                tasks.spawn(send, subject, task, ordinal)
                 sent += 1
             if failed:
                 break
@@ -250,7 +292,7 @@ async def publish_rows(
     if failed:
         if isinstance(failed[0], StorageFull):  # say what is in: nothing half-published silently
             raise StorageFull(
-                f"{failed[0]}; {stored} tasks of batch {batch} were stored before it (publishing the same "
+                f"{failed[0]}; {mark.start + stored} tasks of batch {batch} were stored before it (publishing the same "
                 "batch id again adds only the rest)"
             ) from None
         raise failed[0]

@@ -96,6 +96,9 @@ STREAM_LIMITS: dict[str, int] = {"tasks": 2 << 30, "results": 6 << 30, "model": 
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
 KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
 MIN_DEFAULT_BYTES = 64 << 20
+# The task and result streams' default duplicate window (``jetstream.duplicate_window_s``): it covers a
+# publish retried after a lost ack (``Bus.js_publish`` gives up after 20 s); readers drop later duplicates.
+DUPLICATE_WINDOW_S = 120.0
 
 
 class Limit(NamedTuple):
@@ -255,6 +258,14 @@ def durable_name(kind: str, name: str) -> str:
     return f"{'agent' if kind == 'task' else kind}_{name}"
 
 
+def duplicate_window(bus: Bus, max_age: float | None) -> float:
+    """The task and result streams' duplicate window: ``jetstream.duplicate_window_s``, at most ``max_age``
+    (the server refuses a longer one)."""
+    cfg = bus.jetstream_config
+    window = float(cfg.duplicate_window_s) if cfg is not None else DUPLICATE_WINDOW_S
+    return min(window, max_age) if max_age else window
+
+
 def settings(bus: Bus) -> tuple[int, float | None]:
     """(replicas, max_age seconds or None) from the bus's JetStreamConfig."""
     cfg = bus.jetstream_config
@@ -268,13 +279,14 @@ async def ensure_streams(bus: Bus) -> None:
     names = stream_names(bus.ns)
     replicas, max_age = settings(bus)
     tasks, results, model = limit(bus, "tasks"), limit(bus, "results"), limit(bus, "model")
+    window = duplicate_window(bus, max_age)
     configs = [
         StreamConfig(
             name=names["task"],
             subjects=[f"{bus.ns}.task.>"],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
-            duplicate_window=3600.0,
+            duplicate_window=window,
             num_replicas=replicas,
             max_age=max_age,
             max_bytes=tasks.max_bytes,
@@ -285,7 +297,7 @@ async def ensure_streams(bus: Bus) -> None:
             subjects=[f"{bus.ns}.result.>"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            duplicate_window=3600.0,
+            duplicate_window=window,
             num_replicas=replicas,
             max_age=max_age,
             max_bytes=results.max_bytes,

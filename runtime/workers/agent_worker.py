@@ -257,26 +257,10 @@ class AgentWorker:
     async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> list[RolloutResult] | None:
         """The task's results (one per repeat it carries: several for a group task), or None when nak'd."""
         size = max(task.group, 1)
-        indices = range(task.rollout_index, task.rollout_index + size)
-
-        def failure(info: ErrorInfo) -> list[RolloutResult]:
-            return [
-                RolloutResult(
-                    batch=task.batch,
-                    task_index=task.task_index,
-                    rollout_index=i,
-                    agent=task.agent,
-                    error=info,
-                    input_row=task.row,
-                    attempts=attempt,
-                )
-                for i in indices
-            ]
-
         skip = await self._skip_reason(task)
         if skip is not None:
             self.skipped += size
-            return failure(skip)
+            return _failures(task, attempt, skip)
         # JetStream counts deliveries; the attempts that failed by the rollout's own doing are counted by us
         # (only when one failed, so a first delivery reads nothing): every other earlier delivery was a lost
         # worker (killed, node gone, hung past ack_wait), charged to a budget of its own, not to max_attempts
@@ -284,14 +268,16 @@ class AgentWorker:
         failed = await self.control.failed_attempts(key) if attempt > 1 else 0
         lost = attempt - 1 - failed
         if lost > self.cfg.max_worker_losses:
-            return failure(
+            return _failures(
+                task,
+                attempt,
                 ErrorInfo(
                     error_class="worker_lost",
                     message=(
                         f"the workers running this task were lost {lost} times (max_worker_losses="
                         f"{self.cfg.max_worker_losses}): killed, out of memory, or hung past ack_wait"
                     ),
-                )
+                ),
             )
         ctx = AgentContext(
             self.bus,
@@ -316,8 +302,10 @@ class AgentWorker:
                     else:
                         outcomes = [await self.fn(ctx)]
             except TimeoutError:
-                return failure(
-                    ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
+                return _failures(
+                    task,
+                    attempt,
+                    ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"),
                 )
             except Failure as e:
                 if e.info.retryable and failed + 1 < self.cfg.max_attempts:
@@ -327,12 +315,12 @@ class AgentWorker:
                     retrying = True
                     await msg.nak(delay=delay)
                     return None
-                return failure(e.info)
+                return _failures(task, attempt, e.info)
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
-                return failure(ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
+                return _failures(task, attempt, ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
             results = []
-            for i, outcome in zip(indices, outcomes, strict=True):
+            for i, outcome in zip(range(task.rollout_index, task.rollout_index + size), outcomes, strict=True):
                 each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
                 results.append(
                     RolloutResult(
@@ -392,3 +380,20 @@ class AgentWorker:
             await self.bus.js_publish(subject, failed, msg_id=msg_id)
         except StorageFull:
             await self.bus.js_publish(subject, msgspec.structs.replace(failed, input_row=None), msg_id=msg_id)
+
+
+def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:
+    """A failure row for each repeat the task carries (a module function: a closure per rollout was a
+    function, its cells and their tuple kept alive for the whole rollout)."""
+    return [
+        RolloutResult(
+            batch=task.batch,
+            task_index=task.task_index,
+            rollout_index=i,
+            agent=task.agent,
+            error=info,
+            input_row=task.row,
+            attempts=attempt,
+        )
+        for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
+    ]

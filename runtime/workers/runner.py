@@ -7,6 +7,7 @@ workers + publish + collect in one process, sharing one NATS connection.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 import uuid
@@ -22,7 +23,7 @@ from anyio.abc import TaskGroup
 from gym_runtime.config import Config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, publish_tasks, validate
+from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
@@ -320,6 +321,14 @@ class RunResult:
     elapsed_s: float
 
 
+MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
+
+
+def _same_batch(a: Manifest, b: Manifest) -> bool:
+    """The same publish: the same input, rows, repeats and agents (else a re-publish starts over)."""
+    return (a.input, a.tasks, a.repeats, a.expected, a.agents) == (b.input, b.tasks, b.repeats, b.expected, b.agents)
+
+
 async def publish_batch(
     bus: Bus,
     config: Config,
@@ -349,23 +358,63 @@ async def publish_batch(
         input=str(Path(input_path).resolve()),
     )
     await ensure_streams(bus)
+    earlier = await get_manifest(bus, batch) if batch else None
+    if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
+        if earlier.published:
+            log.info("batch.already_published", batch=manifest.batch, expected=manifest.expected)
+            return earlier
+        manifest = msgspec.structs.replace(manifest, stored=earlier.stored)
     await put_manifest(bus, manifest)
-    log.info("batch.publishing", batch=manifest.batch, expected=manifest.expected, agents=manifest.agents)
+    log.info(
+        "batch.publishing",
+        batch=manifest.batch,
+        expected=manifest.expected,
+        agents=manifest.agents,
+        skip=manifest.stored,
+    )
     fps: dict[str, dict[str, Any]] = {a: {"fingerprint": agent_fingerprint(config, a)} for a in agents}  # isolation
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
-    await publish_tasks(
-        bus,
-        plan,
-        batch=manifest.batch,
-        agents=agents,
-        agent=agent,
-        repeats=repeats,
-        limit=limit,
-        on_sent=on_sent,
-        task_fields=fps.__getitem__,
-        grouped=lambda a: config.agents[a].group_repeats,
-    )
+    mark = Watermark(start=manifest.stored)
+
+    async def record() -> None:
+        nonlocal manifest
+        if mark.through() != manifest.stored:
+            now = msgspec.structs.replace(manifest, stored=mark.through())
+            await put_manifest(bus, now)
+            manifest = now
+
+    async def checkpoints() -> None:  # a publish killed outright starts again at most this far back
+        while True:
+            await anyio.sleep(MARK_EVERY_S)
+            await record()
+
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(checkpoints)
+            try:
+                await publish_tasks(
+                    bus,
+                    plan,
+                    batch=manifest.batch,
+                    agents=agents,
+                    agent=agent,
+                    repeats=repeats,
+                    limit=limit,
+                    on_sent=on_sent,
+                    task_fields=fps.__getitem__,
+                    grouped=lambda a: config.agents[a].group_repeats,
+                    mark=mark,
+                )
+            except Exception as e:  # raised as it is below, not inside the task group's exception group
+                failure = e
+            tg.cancel_scope.cancel()
+    finally:  # a full stream, Ctrl-C: the next run of this publish starts where this one got
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await record()
+    if failure is not None:
+        raise failure
     manifest = msgspec.structs.replace(manifest, published=True)
     await put_manifest(bus, manifest)
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)

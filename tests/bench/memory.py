@@ -14,7 +14,8 @@ Flat means the last quarter grows by (close to) nothing per finished rollout;
 the results the stream stores are expected to cost the server something each
 (retention and purge as they are). Also prints the cycle collector's pauses.
 
-    python tests/bench/memory.py [--rollouts 200000] [--every 10000] [--in-flight 1024] [--json out.json]
+    python tests/bench/memory.py [--rollouts 200000] [--every 10000] [--in-flight 1024] [--duplicate-window S]
+                                 [--json out.json]
 """
 
 from __future__ import annotations
@@ -48,13 +49,15 @@ from gym_runtime.workers.runner import run_async, run_batch  # noqa: E402
 DATA = REPO / "resources/weather/data/example.jsonl"
 
 
-def heap_profile(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/heap?debug=1", timeout=10).read().decode()
+def heap_profile(port: int, *, collect: bool = False) -> str:
+    query = "debug=1&gc=1" if collect else "debug=1"
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pprof/heap?{query}", timeout=10).read().decode()
 
 
-def go_heap(port: int) -> int:
-    """nats-server's Go heap in use (bytes), from its profiling port."""
-    text = heap_profile(port)
+def go_heap(port: int, *, collect: bool = False) -> int:
+    """nats-server's Go heap in use (bytes), from its profiling port; ``collect``: right after a forced
+    Go collection, so what is live, whenever its collector last ran (what a table of ids holds)."""
+    text = heap_profile(port, collect=collect)
     m = re.search(r"# HeapInuse = (\d+)", text)
     return int(m.group(1)) if m else -1
 
@@ -64,6 +67,11 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=200_000)
     ap.add_argument("--every", type=int, default=10_000)
     ap.add_argument("--in-flight", type=int, default=1024, help="agent concurrency (default: the config default)")
+    ap.add_argument(
+        "--duplicate-window",
+        type=float,
+        help="jetstream.duplicate_window_s (default: the config default; 3600 was the default before)",
+    )
     ap.add_argument("--no-freeze", action="store_true", help="leave start-up's objects to the collector (before)")
     ap.add_argument("--json", help="write the samples here")
     ap.add_argument("--server-profile", help="write nats-server's heap profile (text) at the end here")
@@ -85,6 +93,7 @@ def main() -> None:
                 }
             },
             "base_dir": str(REPO),
+            **({"jetstream": {"duplicate_window_s": args.duplicate_window}} if args.duplicate_window else {}),
         }
     )
     pauses: list[tuple[int, float]] = []  # (generation, seconds)
@@ -126,13 +135,14 @@ def main() -> None:
                     "workers_tracked": tracked,  # what an oldest-generation pass walks (frozen objects not)
                     "server_rss": server.memory_info().rss,
                     "server_heap": go_heap(prof),
+                    "server_live": go_heap(prof, collect=True),  # last: the forced collection moves nothing above
                 }
             )
             last = samples[-1]
             print(  # as it goes: a run cut short still shows its curve
                 f"{n:,} done at {last['t_s']:.0f} s: workers RSS {last['workers_rss'] / 2**20:.1f} MiB, "
                 f"{tracked / 1000:.0f}k tracked; nats-server RSS {last['server_rss'] / 2**20:.1f} MiB, "
-                f"Go heap {last['server_heap'] / 2**20:.1f} MiB",
+                f"Go heap {last['server_heap'] / 2**20:.1f} MiB, live {last['server_live'] / 2**20:.1f} MiB",
                 file=sys.stderr,
                 flush=True,
             )
@@ -185,14 +195,14 @@ def main() -> None:
     )
     print(
         "| rollouts | workers RSS MiB | workers live blocks (k) | GC-tracked objects (k) | nats-server RSS MiB "
-        "| nats-server Go heap MiB |"
+        "| nats-server Go heap MiB | nats-server Go heap after a collection MiB |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in samples:
         print(
             f"| {s['rollouts']:,} | {s['workers_rss'] / 2**20:.1f} | {s['workers_blocks'] / 1000:.0f} | "
             f"{s['workers_tracked'] / 1000:.0f} | "
-            f"{s['server_rss'] / 2**20:.1f} | {s['server_heap'] / 2**20:.1f} |"
+            f"{s['server_rss'] / 2**20:.1f} | {s['server_heap'] / 2**20:.1f} | {s['server_live'] / 2**20:.1f} |"
         )
     q = max(1, len(samples) // 4)
     a, b = samples[-1 - q], samples[-1]
@@ -203,7 +213,8 @@ def main() -> None:
             f"{(b['workers_rss'] - a['workers_rss']) / span:+.0f} B, live blocks "
             f"{(b['workers_blocks'] - a['workers_blocks']) / span:+.2f}; nats-server RSS "
             f"{(b['server_rss'] - a['server_rss']) / span:+.0f} B, "
-            f"Go heap {(b['server_heap'] - a['server_heap']) / span:+.0f} B"
+            f"Go heap {(b['server_heap'] - a['server_heap']) / span:+.0f} B, "
+            f"after a collection {(b['server_live'] - a['server_live']) / span:+.0f} B"
         )
     for label, gens in (("young and middle", (0, 1)), ("oldest", (2,))):
         ms = sorted(1000 * d for g, d in pauses if g in gens)
