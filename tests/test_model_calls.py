@@ -17,6 +17,9 @@ from pathlib import Path
 
 import anyio
 
+from gym_runtime.config import config_from_dict
+from gym_runtime.data.collector import Collector
+from gym_runtime.data.inputs import publish_rows
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
@@ -26,7 +29,8 @@ from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
-from tests.helpers import REPO
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from tests.helpers import REPO, ROWS
 
 TOOL = {
     "type": "function",
@@ -193,3 +197,34 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
     finally:
         if slow.poll() is None:
             slow.kill()
+
+
+async def test_a_call_queued_longer_than_its_budget_is_served_once_and_its_rollout_completes(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A call's budget is for the call, not for its wait behind other rollouts' calls. 12 weather rollouts
+    on one slot, 0.8 s per call: the last calls wait ~9 s in the queue, past the 7 s an agent gives a call
+    (budget 0 + ack_wait 2 + 5). Every rollout completes and the model runs each of the 24 calls once (before:
+    calls timed out in the queue, their rollouts were retried, and the orphaned calls still ran)."""
+    model = {"adapter": "scripted", "concurrency": 1, "delay_s": 0.8, "budget_s": 0.0, "ack_wait_s": 2.0}
+    agent = {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 12, "max_steps": 4}
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": model},
+            "resources": {"env": {"server": "resources.weather"}},
+            "agents": {"agent": agent},
+            "base_dir": str(REPO),
+        }
+    )
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    (served,) = [w for w in workers if isinstance(w, ModelWorker)]
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(12)], batch="b", agents=["agent"])
+        with anyio.fail_after(90):
+            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=12).run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    assert (stats.rows, stats.failures) == (12, 0)
+    assert served.served == 24

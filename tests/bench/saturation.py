@@ -445,11 +445,14 @@ def shared(
     sigma: float = 0.8,
     long: list[float] | None = None,
     ack_wait: float | None = None,
+    budget: float | None = None,
 ) -> dict[str, Any]:
     """Agents (or batches of one agent) sharing one model: ``demand[i]`` rollouts in flight for the i-th,
     every batch published at once. Returns the shares, waits, ends and the redeliveries counted."""
     run = f"share_{time.monotonic_ns()}"
     model: dict[str, Any] = {"sigma": sigma, **({"uniform_s": long} if long else {})}
+    if budget:
+        model["budget_s"] = budget
     waits: dict[str, Any] = {"ack_wait_s": ack_wait} if ack_wait else {}
     raw = config_dict("weather", run, replicas, slots, median_s, sum(demand), **model, **waits)
     agent = raw["agents"].pop("agent")
@@ -646,6 +649,7 @@ def main() -> None:
     ap.add_argument("--batches", action="store_true", help="with --share: one agent, one batch per N")
     ap.add_argument("--long", nargs=2, type=float, metavar=("LO", "HI"), help="call time uniform in LO..HI s")
     ap.add_argument("--ack-wait", type=float, help="every model's and agent's ack_wait_s (default: the config's)")
+    ap.add_argument("--budget", type=float, help="the stand-in's call budget (s): callers wait this + ack_wait + 5 s")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     logs.configure(level="warning")
@@ -667,11 +671,13 @@ def main() -> None:
             sigma=args.sigma,
             long=args.long,
             ack_wait=args.ack_wait,
+            budget=args.budget,
         )
         calls = f"uniform {args.long[0]:g}-{args.long[1]:g} s" if args.long else f"median {args.median:g} s"
         print_shared(
             f"{'batches of one agent' if args.batches else 'agents'} {args.share} on {args.model[0]} x "
-            f"{args.model[1]} slots, calls {calls}, ack_wait_s {args.ack_wait or 'default'}; load "
+            f"{args.model[1]} slots, calls {calls}, ack_wait_s {args.ack_wait or 'default'}, call budget "
+            f"{args.budget or 480:g} s; load "
             f"{psutil.getloadavg()[0]:.1f}",
             r,
         )

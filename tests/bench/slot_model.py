@@ -46,6 +46,10 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     run: str = "default"  # which Recorder the replicas of this run report to
     record: bool = True  # False: keep no Call per call (a long batch's memory is then the runtime's alone)
     uniform_s: list[float] = []  # [lo, hi]: call time uniform in lo..hi seconds (long calls), not lognormal
+    budget_s: float = 480.0  # what one call may take (an HTTP adapter's timeout_s x attempts): the callers' patience
+
+    def call_budget_s(self) -> float:
+        return self.budget_s
 
 
 @dataclass
