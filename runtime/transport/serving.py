@@ -27,6 +27,7 @@ from gym_runtime.transport.headers import (
     BLOB_HEADER,
     BUSY_HEADER,
     ERROR_HEADER,
+    PROGRESS_HEADER,
 )
 from gym_runtime.transport.rpc import Timings, _error_info, _Keepalive
 from gym_runtime.transport.tasks import TaskSet
@@ -149,6 +150,12 @@ class Serving:
                     await self.reply(reply_to, ErrorReply(error=exc.info), error=True)
                     return False
             return True
+
+    async def taken(self, reply_to: str | None) -> None:
+        """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
+        when it was queued (``Bus.queued_request``)."""
+        if reply_to:
+            await self.nc.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
 
     async def busy(self, msg: Delivery) -> None:
         """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""

@@ -8,8 +8,10 @@ Two ways in, one set of slots:
   draining) the worker answers ``busy`` at once and the caller publishes the
   call to the work queue instead (``Bus.direct_or_queued``).
 * **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
-  carries its reply subject in the ``Gym-Reply`` header; the answer goes back on
-  core NATS and the request is acked only after the reply is sent. If this worker
+  carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
+  when it takes the request (the call's timeout counts from then, not from its wait
+  in the queue), the answer goes back on core NATS and the request is acked only
+  after the reply is sent. If this worker
   dies mid-request the message is not acked and JetStream redelivers it to
   another replica after ``ack_wait``; a caller whose direct call loses its
   worker (no progress for the bus's ``timings.liveness_s``) sends it to the queue.
@@ -206,6 +208,7 @@ class ModelWorker:
 
     async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
+        await self.bus.taken(reply_to)  # the caller's timeout starts now: its wait in the queue was not the call's
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None
         if stored is not None:

@@ -531,7 +531,9 @@ async def _shared(
             async with anyio.create_task_group() as jg:
                 for job in jobs:
                     jg.start_soon(one, *job)
-            delivered = {c: (await bus.js.consumer_info(s, c)).delivered.consumer_seq for s, c in consumers}
+            infos = {c: await bus.js.consumer_info(s, c) for s, c in consumers}
+            # deliveries (consumer_seq counts each one, redeliveries included) against the messages delivered
+            delivered = {c: i.delivered.consumer_seq + i.num_pending for c, i in infos.items()}
             queued = (await bus.js.stream_info(names["model"])).state.last_seq
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
@@ -558,7 +560,10 @@ def analyse_shared(
 ) -> dict[str, Any]:
     """Each batch's share of the slot-seconds while every batch still had work, its waits and its end."""
     total_slots = sum(s for s, _ in rec.replicas.values())
-    first_end = min(max(d) for d in done.values())
+    # steady: from every slot filled once to the first batch's end, or fewer unfinished rollouts than slots
+    ends = sorted(t for d in done.values() for t in d)
+    n = len(ends)
+    first_end = min(min(max(d) for d in done.values()), ends[max(0, n - total_slots)] if n > total_slots else ends[-1])
     starts = sorted(c.started for c in rec.calls)
     w0 = starts[min(len(starts) - 1, total_slots - 1)]  # every slot filled once
     by_batch: dict[str, list[slot_model.Call]] = defaultdict(list)
@@ -609,7 +614,7 @@ def analyse_shared(
 def print_shared(label: str, r: dict[str, Any]) -> None:
     print(
         f"\n{label}: median call {r['median_call_s']:.2f} s; occupancy {100 * r['occupancy']:.1f}% over the "
-        f"{r['window_s']:.0f} s every batch had work"
+        f"{r['window_s']:.0f} s every batch had work and the slots could all be busy"
     )
     print(
         "| batch (agent) | rollouts in flight | share of demand | share of slot-seconds | "
