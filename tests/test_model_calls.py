@@ -228,3 +228,34 @@ async def test_a_call_queued_longer_than_its_budget_is_served_once_and_its_rollo
         tg.cancel_scope.cancel()
     assert (stats.rows, stats.failures) == (12, 0)
     assert served.served == 24
+
+
+async def test_calls_left_in_the_queue_by_rollouts_that_timed_out_are_not_run(bus: Bus, tmp_path: Path) -> None:
+    """8 weather rollouts with timeout_s 3 on one slot of 1 s calls: the calls still queued when their
+    rollouts time out are answered by nobody, so the model skips them (before: it ran every one, a slot
+    busy for ~5 s more for nobody, the wait of the next batch's calls)."""
+    model = {"adapter": "scripted", "concurrency": 1, "delay_s": 1.0}
+    agent = {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 8, "timeout_s": 3.0}
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": model},
+            "resources": {"env": {"server": "resources.weather"}},
+            "agents": {"agent": agent},
+            "base_dir": str(REPO),
+        }
+    )
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    (served,) = [w for w in workers if isinstance(w, ModelWorker)]
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(8)], batch="b", agents=["agent"])
+        with anyio.fail_after(60):
+            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=8).run()
+            while await message_count(bus, stream_names(bus.ns)["model"]):  # the queue drains, run or skipped
+                await anyio.sleep(0.2)
+            await anyio.sleep(1.5)  # a call taken last ends
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    assert stats.failures >= 4  # the rollouts that timed out
+    assert served.served <= 4  # 3 s of 1 s calls (+1 under way at the deadline): nothing after

@@ -38,6 +38,7 @@ from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.connect import _shown, check_provisioned, connect
 from gym_runtime.transport.headers import (
     BUSY_HEADER,
+    EXPIRES_HEADER,
     MSG_ID_HEADER,
     PROGRESS_HEADER,
     REPLY_HEADER,
@@ -259,12 +260,14 @@ class Bus(Bodies, Serving):
         if queued:
             # A reply subject on a stream publish would receive the stream's ack instead.
             headers[REPLY_HEADER] = reply
+            # when this caller stops waiting for a worker: a worker taking it later does not run it
+            headers[EXPIRES_HEADER] = f"{time.time() + (timeout if wait_s is None else wait_s):.3f}"
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         # a queued request is redelivered by JetStream instead of watched for liveness; it may wait for a
         # worker up to wait_s, and its timeout runs from when a worker takes it (Serving.taken)
         if queued:
-            call.watch(loop, subject, op, timeout, None, queued=wait_s or timeout)
+            call.watch(loop, subject, op, timeout, None, queued=timeout if wait_s is None else wait_s)
         else:
             call.watch(loop, subject, op, timeout, liveness or self.timings.liveness_s)
         try:
@@ -360,8 +363,8 @@ class Bus(Bodies, Serving):
         """Publish a request onto a JetStream work queue and wait for the core-NATS reply.
 
         ``timeout`` counts from when a worker takes the request (its ``taken``); until then the request
-        may wait in the queue up to ``wait_s`` (default and at least ``timeout``): behind other callers'
-        work it is queued, not lost, and giving up on it would leave it to run for nobody."""
+        may wait in the queue up to ``wait_s`` (default ``timeout``): behind other callers' work it is
+        queued, not lost. A worker that takes it after that does not run it (``Serving.expired``)."""
         if not self.telemetry.recording:
             return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id, wait_s=wait_s)
         with self.telemetry.span(

@@ -98,12 +98,12 @@ class _Pending:
     ) -> None:
         """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence.
 
-        ``queued``: a work-queue call, which may wait this long (at least ``timeout``) for a worker;
-        its ``timeout`` then counts from when a worker says it took the call (``alive``), so a wait
-        behind other callers' work is not charged to the call itself."""
+        ``queued``: a work-queue call, which may wait this long for a worker; its ``timeout`` then
+        counts from when a worker says it took the call (``alive``), so a wait behind other callers'
+        work is not charged to the call itself."""
         self._subject, self._op, self._timeout, self._loop = subject, op, timeout, loop
         self._liveness = liveness
-        self._queued = None if queued is None else max(timeout, queued)
+        self._queued = queued
         patience = timeout if self._queued is None else self._queued
         self._deadline = self.seen + patience
         first = patience if liveness is None else min(patience, liveness)

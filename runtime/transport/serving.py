@@ -27,6 +27,7 @@ from gym_runtime.transport.headers import (
     BLOB_HEADER,
     BUSY_HEADER,
     ERROR_HEADER,
+    EXPIRES_HEADER,
     PROGRESS_HEADER,
 )
 from gym_runtime.transport.rpc import Timings, _error_info, _Keepalive
@@ -150,6 +151,22 @@ class Serving:
                     await self.reply(reply_to, ErrorReply(error=exc.info), error=True)
                     return False
             return True
+
+    async def expired(self, msg: Delivery, reply_to: str | None) -> bool:
+        """True for a queued request whose caller stopped waiting before a worker took it (its rollout
+        timed out or was cancelled): nobody reads its answer, so it is not run. A caller still there
+        (a redelivery after its worker died) gets a retryable timeout at once."""
+        raw = (msg.headers or {}).get(EXPIRES_HEADER)
+        try:
+            late = raw is not None and time.time() > float(raw)
+        except ValueError:
+            return False
+        if late:
+            info = ErrorInfo(
+                error_class="timeout", message=f"{msg.subject}: taken after its caller stopped waiting", retryable=True
+            )
+            await self.reply(reply_to, ErrorReply(error=info), error=True)
+        return late
 
     async def taken(self, reply_to: str | None) -> None:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from

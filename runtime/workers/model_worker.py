@@ -61,6 +61,7 @@ class ModelWorker:
         self.puller: PullWorker | None = None
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
+        self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.fingerprint = fingerprint(cfg)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
@@ -130,6 +131,7 @@ class ModelWorker:
             "slots": self.cfg.concurrency,
             "served": self.served,
             "direct": self.direct,
+            "expired": self.expired,
             "held": self.gate.held,
         }
 
@@ -208,6 +210,12 @@ class ModelWorker:
 
     async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
+        if await self.bus.expired(msg, reply_to):  # its caller is gone: a slot spent on it would serve nobody
+            self.expired += 1
+            if self.puller is not None:
+                await self.puller.release(msg)
+            await msg.ack()
+            return
         await self.bus.taken(reply_to)  # the caller's timeout starts now: its wait in the queue was not the call's
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None
