@@ -446,6 +446,7 @@ def shared(
     long: list[float] | None = None,
     ack_wait: float | None = None,
     budget: float | None = None,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """Agents (or batches of one agent) sharing one model: ``demand[i]`` rollouts in flight for the i-th,
     every batch published at once. Returns the shares, waits, ends and the redeliveries counted."""
@@ -460,6 +461,8 @@ def shared(
     for i, n in enumerate(demand):
         name = "agent" if batches else f"agent{i}"
         raw["agents"][name] = {**agent, "concurrency": sum(demand) if batches else n, **waits}
+        if timeout:
+            raw["agents"][name]["timeout_s"] = timeout
         jobs.append((name, f"b{i}", n))
     cfg = config_from_dict(raw)
     done: dict[str, list[float]] = {b: [] for _, b, _ in jobs}
@@ -584,6 +587,7 @@ def analyse_shared(
         "window_s": window,
         "calls_per_rollout": per_rollout,
         "calls_rerun": rerun,
+        "calls_run": len(rec.calls),
         "median_call_s": statistics.median(c.ended - c.started for c in rec.calls),
         **js,
         "batches": {},
@@ -630,7 +634,8 @@ def print_shared(label: str, r: dict[str, Any]) -> None:
     print(
         f"redeliveries (JetStream): model calls {r['model_redelivered']} of {r['queued_calls']:,} queued, tasks "
         f"{r['task_redelivered']}; pending redeliveries at most {r['peak_pending_redelivered']}; model calls run "
-        f"more than once (stand-in): {r['calls_rerun']} ({r['calls_per_rollout']} per rollout)"
+        f"more than once (stand-in): {r['calls_rerun']} ({r['calls_per_rollout']} per rollout); model calls run in "
+        f"all: {r['calls_run']:,} for {sum(x['rows'][0] for x in r['batches'].values()):,} completed rollouts"
     )
 
 
@@ -655,6 +660,7 @@ def main() -> None:
     ap.add_argument("--long", nargs=2, type=float, metavar=("LO", "HI"), help="call time uniform in LO..HI s")
     ap.add_argument("--ack-wait", type=float, help="every model's and agent's ack_wait_s (default: the config's)")
     ap.add_argument("--budget", type=float, help="the stand-in's call budget (s): callers wait this + ack_wait + 5 s")
+    ap.add_argument("--timeout", type=float, help="with --share: the agents' timeout_s (default 3600)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     logs.configure(level="warning")
@@ -677,12 +683,13 @@ def main() -> None:
             long=args.long,
             ack_wait=args.ack_wait,
             budget=args.budget,
+            timeout=args.timeout,
         )
         calls = f"uniform {args.long[0]:g}-{args.long[1]:g} s" if args.long else f"median {args.median:g} s"
         print_shared(
             f"{'batches of one agent' if args.batches else 'agents'} {args.share} on {args.model[0]} x "
             f"{args.model[1]} slots, calls {calls}, ack_wait_s {args.ack_wait or 'default'}, call budget "
-            f"{args.budget or 480:g} s; load "
+            f"{args.budget or 480:g} s, rollout timeout_s {args.timeout or 3600:g}; load "
             f"{psutil.getloadavg()[0]:.1f}",
             r,
         )
