@@ -447,6 +447,7 @@ def shared(
     ack_wait: float | None = None,
     budget: float | None = None,
     timeout: float | None = None,
+    agent_slots: int | None = None,
 ) -> dict[str, Any]:
     """Agents (or batches of one agent) sharing one model: ``demand[i]`` rollouts in flight for the i-th,
     every batch published at once. Returns the shares, waits, ends and the redeliveries counted."""
@@ -460,7 +461,8 @@ def shared(
     jobs: list[tuple[str, str, int]] = []  # (agent, batch, rollouts)
     for i, n in enumerate(demand):
         name = "agent" if batches else f"agent{i}"
-        raw["agents"][name] = {**agent, "concurrency": sum(demand) if batches else n, **waits}
+        slots_here = agent_slots or (sum(demand) if batches else n)
+        raw["agents"][name] = {**agent, "concurrency": slots_here, **waits}
         if timeout:
             raw["agents"][name]["timeout_s"] = timeout
         jobs.append((name, f"b{i}", n))
@@ -661,6 +663,7 @@ def main() -> None:
     ap.add_argument("--ack-wait", type=float, help="every model's and agent's ack_wait_s (default: the config's)")
     ap.add_argument("--budget", type=float, help="the stand-in's call budget (s): callers wait this + ack_wait + 5 s")
     ap.add_argument("--timeout", type=float, help="with --share: the agents' timeout_s (default 3600)")
+    ap.add_argument("--agent-slots", type=int, help="with --share: each agent's concurrency (default: its N)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     logs.configure(level="warning")
@@ -684,12 +687,14 @@ def main() -> None:
             ack_wait=args.ack_wait,
             budget=args.budget,
             timeout=args.timeout,
+            agent_slots=args.agent_slots,
         )
         calls = f"uniform {args.long[0]:g}-{args.long[1]:g} s" if args.long else f"median {args.median:g} s"
         print_shared(
             f"{'batches of one agent' if args.batches else 'agents'} {args.share} on {args.model[0]} x "
             f"{args.model[1]} slots, calls {calls}, ack_wait_s {args.ack_wait or 'default'}, call budget "
-            f"{args.budget or 480:g} s, rollout timeout_s {args.timeout or 3600:g}; load "
+            f"{args.budget or 480:g} s, rollout timeout_s {args.timeout or 3600:g}, agent concurrency "
+            f"{args.agent_slots or 'N'}; load "
             f"{psutil.getloadavg()[0]:.1f}",
             r,
         )
