@@ -70,6 +70,7 @@ from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.transport.jetstream import durable_name, ensure_streams, stream_names  # noqa: E402
+from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 from gym_runtime.workers.runner import (  # noqa: E402
     close_buses,
     drain,
@@ -536,6 +537,16 @@ async def _shared(
             async with anyio.create_task_group() as jg:
                 for job in jobs:
                     jg.start_soon(one, *job)
+            # the model's work left when every batch has ended (calls of rollouts that timed out): how long
+            # the slots stay busy for nobody, up to 120 s
+            ended = time.monotonic()
+            models = [w for w in workers if isinstance(w, ModelWorker)]
+            with anyio.move_on_after(120):
+                while (await bus.js.stream_info(names["model"])).state.messages or any(
+                    w.stats()["in_flight"] for w in models
+                ):
+                    await anyio.sleep(0.2)
+            busy_after = time.monotonic() - ended
             infos = {c: await bus.js.consumer_info(s, c) for s, c in consumers}
             # deliveries (consumer_seq counts each one, redeliveries included) against the messages delivered
             delivered = {c: i.delivered.consumer_seq + i.num_pending for c, i in infos.items()}
@@ -553,6 +564,8 @@ async def _shared(
         "model_redelivered": delivered[model_c] - queued,
         "task_redelivered": sum(v for c, v in delivered.items() if c != model_c) - tasks,
         "peak_pending_redelivered": dict(peak),
+        "model_busy_after_s": busy_after,
+        "expired": sum(getattr(w, "expired", 0) for w in models),
     }
 
 
@@ -637,7 +650,10 @@ def print_shared(label: str, r: dict[str, Any]) -> None:
         f"redeliveries (JetStream): model calls {r['model_redelivered']} of {r['queued_calls']:,} queued, tasks "
         f"{r['task_redelivered']}; pending redeliveries at most {r['peak_pending_redelivered']}; model calls run "
         f"more than once (stand-in): {r['calls_rerun']} ({r['calls_per_rollout']} per rollout); model calls run in "
-        f"all: {r['calls_run']:,} for {sum(x['rows'][0] for x in r['batches'].values()):,} completed rollouts"
+        f"all: {r['calls_run']:,} for {sum(x['rows'][0] for x in r['batches'].values()):,} completed rollouts; "
+        f"the model "
+        f"was busy {r['model_busy_after_s']:.1f} s after the last batch ended; queued calls not run (expired): "
+        f"{r['expired']}"
     )
 
 
