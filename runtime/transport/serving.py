@@ -152,21 +152,15 @@ class Serving:
                     return False
             return True
 
-    async def expired(self, msg: Delivery, reply_to: str | None) -> bool:
+    def expired(self, msg: Delivery) -> bool:
         """True for a queued request whose caller stopped waiting before a worker took it (its rollout
-        timed out or was cancelled): nobody reads its answer, so it is not run. A caller still there
-        (a redelivery after its worker died) gets a retryable timeout at once."""
+        timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
+        then the caller's own deadline has passed, and it fails the call as it always did."""
         raw = (msg.headers or {}).get(EXPIRES_HEADER)
         try:
-            late = raw is not None and time.time() > float(raw)
+            return raw is not None and time.time() > float(raw)
         except ValueError:
             return False
-        if late:
-            info = ErrorInfo(
-                error_class="timeout", message=f"{msg.subject}: taken after its caller stopped waiting", retryable=True
-            )
-            await self.reply(reply_to, ErrorReply(error=info), error=True)
-        return late
 
     async def taken(self, reply_to: str | None) -> None:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from

@@ -149,6 +149,9 @@ class ModelWorker:
                 ),
             )
         async with self.running:  # `concurrency` bounds generations, however the calls arrived
+            # a queued call has a slot: its caller's timeout starts now (its wait in the queue, and behind
+            # direct calls that took this replica's slots after it was pulled, was not the call's)
+            await self.bus.taken((msg.headers or {}).get(REPLY_HEADER))
             await self.gate.enter()
             started = time.perf_counter()
             try:
@@ -210,13 +213,12 @@ class ModelWorker:
 
     async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
-        if await self.bus.expired(msg, reply_to):  # its caller is gone: a slot spent on it would serve nobody
+        if self.bus.expired(msg):  # its caller is gone: a slot spent on it would serve nobody
             self.expired += 1
             if self.puller is not None:
                 await self.puller.release(msg)
             await msg.ack()
             return
-        await self.bus.taken(reply_to)  # the caller's timeout starts now: its wait in the queue was not the call's
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None
         if stored is not None:

@@ -680,9 +680,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, help="the stand-in's call budget (s): callers wait this + ack_wait + 5 s")
     ap.add_argument("--timeout", type=float, help="with --share: the agents' timeout_s (default 3600)")
     ap.add_argument("--agent-slots", type=int, help="with --share: each agent's concurrency (default: its N)")
+    ap.add_argument("--log", default="warning", help="log level of the workers (default warning)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    logs.configure(level="warning")
+    logs.configure(level=args.log)
     tune_gc()  # as the CLI does in the processes it owns
     if not args.no_freeze:
         freeze_startup()  # as `run` and `start` do once everything is imported
