@@ -208,6 +208,10 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
 
     model: str | None = None  # the model name put on responses
     delay_s: float = 0.0  # simulated latency per call
+    budget_s: float = 480.0  # how long one call may take (its callers' patience): small in tests of slow calls
+
+    def call_budget_s(self) -> float:
+        return self.budget_s
 
 
 class ScriptedModel:

@@ -211,6 +211,7 @@ class AgentContext:
             ),
             timeout=self._model_timeout_s(name),
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
+            wait_s=max(0.0, self.remaining()),  # queued behind other rollouts' calls: as long as the rollout may
         )
         v = reply.policy_version
         if v is not None:

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import anyio
 
+from gym_runtime.config import config_from_dict
+from gym_runtime.data.collector import Collector, CollectStats
+from gym_runtime.data.inputs import publish_rows
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
@@ -26,7 +29,8 @@ from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
-from tests.helpers import REPO
+from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
+from tests.helpers import REPO, ROWS
 
 TOOL = {
     "type": "function",
@@ -193,3 +197,59 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
     finally:
         if slow.poll() is None:
             slow.kill()
+
+
+async def weather_on_one_slot(
+    bus: Bus, tmp_path: Path, n: int, *, delay_s: float, model: dict[str, float], agent: dict[str, float]
+) -> tuple[CollectStats, int]:
+    """``n`` weather rollouts at once on one slot of ``delay_s`` calls, until the model's queue is empty
+    (its calls run or skipped) and the last one taken has ended: the batch's stats and the calls the
+    model ran."""
+    entry = {"adapter": "scripted", "concurrency": 1, "delay_s": delay_s, **model}
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": entry},
+            "resources": {"env": {"server": "resources.weather"}},
+            "agents": {
+                "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": n, **agent}
+            },
+            "base_dir": str(REPO),
+        }
+    )
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    (served,) = [w for w in workers if isinstance(w, ModelWorker)]
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
+        with anyio.fail_after(90):
+            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=n).run()
+            while await message_count(bus, stream_names(bus.ns)["model"]):
+                await anyio.sleep(0.2)
+            await anyio.sleep(delay_s + 0.5)
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    return stats, served.served
+
+
+async def test_a_call_queued_longer_than_its_budget_is_served_once_and_its_rollout_completes(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A call's budget is for the call, not for its wait behind other rollouts' calls. 12 weather rollouts
+    on one slot, 0.8 s per call: the last calls wait ~9 s in the queue, past the 7 s an agent gives a call
+    (budget 0 + ack_wait 2 + 5). Every rollout completes and the model runs each of the 24 calls once (before:
+    calls timed out in the queue, their rollouts were retried, and the orphaned calls still ran)."""
+    stats, served = await weather_on_one_slot(
+        bus, tmp_path, 12, delay_s=0.8, model={"budget_s": 0.0, "ack_wait_s": 2.0}, agent={"max_steps": 4}
+    )
+    assert (stats.rows, stats.failures) == (12, 0)
+    assert served == 24
+
+
+async def test_calls_left_in_the_queue_by_rollouts_that_timed_out_are_not_run(bus: Bus, tmp_path: Path) -> None:
+    """8 weather rollouts with timeout_s 3 on one slot of 1 s calls: the calls still queued when their
+    rollouts time out are answered by nobody, so the model skips them (before: it ran every one, a slot
+    busy for ~5 s more for nobody, the wait of the next batch's calls)."""
+    stats, served = await weather_on_one_slot(bus, tmp_path, 8, delay_s=1.0, model={}, agent={"timeout_s": 3.0})
+    assert stats.failures >= 4  # the rollouts that timed out
+    assert served <= 4  # 3 s of 1 s calls (+1 under way at the deadline): nothing after

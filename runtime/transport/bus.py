@@ -38,6 +38,7 @@ from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.connect import _shown, check_provisioned, connect
 from gym_runtime.transport.headers import (
     BUSY_HEADER,
+    EXPIRES_HEADER,
     MSG_ID_HEADER,
     PROGRESS_HEADER,
     REPLY_HEADER,
@@ -181,7 +182,7 @@ class Bus(Bodies, Serving):
                 if headers and PROGRESS_HEADER in headers:
                     call = replies.get(msg.subject)
                     if call is not None:
-                        call.seen = time.monotonic()
+                        call.alive(time.monotonic())
                     return
                 call = replies.pop(msg.subject, None)
                 if call is not None and not call.fut.done():
@@ -246,6 +247,7 @@ class Bus(Bodies, Serving):
         queued: bool,
         msg_id: str | None,
         liveness: float | None = None,
+        wait_s: float | None = None,
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         reply = f"{prefix}.{self._lane(subject)}.{next(self._reply_seq)}"
@@ -258,10 +260,16 @@ class Bus(Bodies, Serving):
         if queued:
             # A reply subject on a stream publish would receive the stream's ack instead.
             headers[REPLY_HEADER] = reply
+            # when this caller stops waiting for a worker: a worker taking it later does not run it
+            headers[EXPIRES_HEADER] = f"{time.time() + (timeout if wait_s is None else wait_s):.3f}"
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
-        # a queued request is redelivered by JetStream instead of watched for liveness
-        call.watch(loop, subject, op, timeout, None if queued else (liveness or self.timings.liveness_s))
+        # a queued request is redelivered by JetStream instead of watched for liveness; it may wait for a
+        # worker up to wait_s, and its timeout runs from when a worker takes it (Serving.taken)
+        if queued:
+            call.watch(loop, subject, op, timeout, None, queued=timeout if wait_s is None else wait_s)
+        else:
+            call.watch(loop, subject, op, timeout, liveness or self.timings.liveness_s)
         try:
             data = await self.encode(payload, headers)
             if queued:
@@ -303,7 +311,15 @@ class Bus(Bodies, Serving):
                 raise
 
     async def direct_or_queued(
-        self, direct: str, queued: str, payload: Any, *, timeout: float, op: str, liveness_s: float | None = None
+        self,
+        direct: str,
+        queued: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        wait_s: float | None = None,
     ) -> Any:
         """A call to a worker with a free slot right now over core NATS, else through the work queue.
 
@@ -311,7 +327,8 @@ class Bus(Bodies, Serving):
         always had: calls that must wait (every worker busy, paused, or none
         serving direct calls) wait there, visible to autoscalers, and a worker lost
         mid-call is not a failed call — the call goes to the queue, as a
-        redelivery would. Errors of the call itself come back as they are.
+        redelivery would. Errors of the call itself come back as they are. ``timeout`` bounds the
+        call once a worker has it; a queued call may wait up to ``wait_s`` for one (``queued_request``).
         """
         now = time.monotonic()
         deadline = now + timeout
@@ -331,21 +348,34 @@ class Bus(Bodies, Serving):
             raise Failure(
                 ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
             )
-        return await self.queued_request(queued, payload, timeout=left, op=op)
+        return await self.queued_request(queued, payload, timeout=left, op=op, wait_s=wait_s)
 
     async def queued_request(
-        self, subject: str, payload: Any, *, timeout: float, op: str, msg_id: str | None = None
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        msg_id: str | None = None,
+        wait_s: float | None = None,
     ) -> Any:
-        """Publish a request onto a JetStream work queue and wait for the core-NATS reply."""
+        """Publish a request onto a JetStream work queue and wait for the core-NATS reply.
+
+        ``timeout`` counts from when a worker takes the request (its ``taken``); until then the request
+        may wait in the queue up to ``wait_s`` (default ``timeout``): behind other callers' work it is
+        queued, not lost. A worker that takes it after that does not run it (``Serving.expired``)."""
         if not self.telemetry.recording:
-            return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id)
+            return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id, wait_s=wait_s)
         with self.telemetry.span(
             f"publish {subject}",
             kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject, "gym.op": op},
         ) as span:
             try:
-                return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id)
+                return await self._call(
+                    subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id, wait_s=wait_s
+                )
             except Failure as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise

@@ -6,3 +6,4 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 BLOB_HEADER = "Gym-Blob"  # the body is in the blob stream: "{key}.{chunks}.{sha256 hex}"
 PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
+EXPIRES_HEADER = "Gym-Expires"  # a queued request's caller stops waiting for a worker then (epoch seconds)

@@ -24,9 +24,18 @@ def direct_patience(ack_wait_s: float, timings: Timings) -> float:
 
 
 async def call_model(
-    bus: Bus, model: str, request: ModelRequest, *, timeout: float, liveness_s: float | None = None
+    bus: Bus,
+    model: str,
+    request: ModelRequest,
+    *,
+    timeout: float,
+    liveness_s: float | None = None,
+    wait_s: float | None = None,
 ) -> ModelResponse:
-    """One model call as agents and resources make it: direct to a replica with a free slot, else queued."""
+    """One model call as agents and resources make it: direct to a replica with a free slot, else queued.
+
+    ``timeout`` bounds the call once a replica has it; queued behind other calls it may wait up to
+    ``wait_s`` (an agent passes its rollout's remaining time) for a replica to take it."""
     return await bus.direct_or_queued(  # type: ignore[no-any-return]
         direct_subject(bus, model),
         bus.subject("model", model),
@@ -34,4 +43,5 @@ async def call_model(
         timeout=timeout,
         op=f"generate {model}",
         liveness_s=liveness_s,
+        wait_s=wait_s,
     )

@@ -62,7 +62,20 @@ class _Pending:
     requests, the responder's liveness (no reply nor keepalive for too long).
     """
 
-    __slots__ = ("fut", "seen", "resend", "_timer", "_liveness", "_deadline", "_subject", "_op", "_timeout")
+    __slots__ = (
+        "fut",
+        "seen",
+        "resend",
+        "_timer",
+        "_liveness",
+        "_deadline",
+        "_subject",
+        "_op",
+        "_timeout",
+        "_queued",
+        "_taken",
+        "_loop",
+    )
 
     def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
         self.fut = fut
@@ -70,16 +83,42 @@ class _Pending:
         # queued calls: (subject, body, headers) to publish again after a reconnect
         self.resend: tuple[str, bytes, dict[str, str]] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._queued: float | None = None  # a queued call: how long it may wait for a worker to take it
+        self._taken = False
 
     def watch(
-        self, loop: asyncio.AbstractEventLoop, subject: str, op: str, timeout: float, liveness: float | None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        subject: str,
+        op: str,
+        timeout: float,
+        liveness: float | None,
+        *,
+        queued: float | None = None,
     ) -> None:
-        """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence."""
-        self._subject, self._op, self._timeout = subject, op, timeout
+        """Fail the call at ``timeout``, or as ``worker_lost`` after ``liveness`` seconds of silence.
+
+        ``queued``: a work-queue call, which may wait this long for a worker; its ``timeout`` then
+        counts from when a worker says it took the call (``alive``), so a wait behind other callers'
+        work is not charged to the call itself."""
+        self._subject, self._op, self._timeout, self._loop = subject, op, timeout, loop
         self._liveness = liveness
-        self._deadline = self.seen + timeout
-        first = timeout if liveness is None else min(timeout, liveness)
+        self._queued = queued
+        patience = timeout if self._queued is None else self._queued
+        self._deadline = self.seen + patience
+        first = patience if liveness is None else min(patience, liveness)
         self._timer = loop.call_later(first, self._check, loop)
+
+    def alive(self, now: float) -> None:
+        """A sign of life from the worker: a core call's liveness restarts; a queued call was taken
+        (again, after a redelivery), and its ``timeout`` starts now."""
+        self.seen = now
+        if self._queued is None or self._timer is None or self.fut.done():
+            return
+        self._taken = True
+        self._deadline = now + self._timeout
+        self._timer.cancel()
+        self._timer = self._loop.call_later(self._timeout, self._check, self._loop)
 
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         fut = self.fut
@@ -87,11 +126,16 @@ class _Pending:
             return
         now = time.monotonic()
         if now >= self._deadline:
+            waited = self._queued is not None and not self._taken
             fut.set_exception(
                 Failure(
                     ErrorInfo(
                         error_class="timeout",
-                        message=f"no reply to {self._op} on {self._subject} within {self._timeout:g}s",
+                        message=(
+                            f"no worker took {self._op} from {self._subject} within {self._queued:g}s"
+                            if waited
+                            else f"no reply to {self._op} on {self._subject} within {self._timeout:g}s"
+                        ),
                         retryable=True,
                     )
                 )

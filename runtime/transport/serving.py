@@ -27,6 +27,8 @@ from gym_runtime.transport.headers import (
     BLOB_HEADER,
     BUSY_HEADER,
     ERROR_HEADER,
+    EXPIRES_HEADER,
+    PROGRESS_HEADER,
 )
 from gym_runtime.transport.rpc import Timings, _error_info, _Keepalive
 from gym_runtime.transport.tasks import TaskSet
@@ -149,6 +151,22 @@ class Serving:
                     await self.reply(reply_to, ErrorReply(error=exc.info), error=True)
                     return False
             return True
+
+    def expired(self, msg: Delivery) -> bool:
+        """True for a queued request whose caller stopped waiting before a worker took it (its rollout
+        timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
+        then the caller's own deadline has passed, and it fails the call as it always did."""
+        raw = (msg.headers or {}).get(EXPIRES_HEADER)
+        try:
+            return raw is not None and time.time() > float(raw)
+        except ValueError:
+            return False
+
+    async def taken(self, reply_to: str | None) -> None:
+        """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
+        when it was queued (``Bus.queued_request``)."""
+        if reply_to:
+            await self.nc.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
 
     async def busy(self, msg: Delivery) -> None:
         """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""

@@ -8,8 +8,10 @@ Two ways in, one set of slots:
   draining) the worker answers ``busy`` at once and the caller publishes the
   call to the work queue instead (``Bus.direct_or_queued``).
 * **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
-  carries its reply subject in the ``Gym-Reply`` header; the answer goes back on
-  core NATS and the request is acked only after the reply is sent. If this worker
+  carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
+  when it takes the request (the call's timeout counts from then, not from its wait
+  in the queue), the answer goes back on core NATS and the request is acked only
+  after the reply is sent. If this worker
   dies mid-request the message is not acked and JetStream redelivers it to
   another replica after ``ack_wait``; a caller whose direct call loses its
   worker (no progress for the bus's ``timings.liveness_s``) sends it to the queue.
@@ -59,6 +61,7 @@ class ModelWorker:
         self.puller: PullWorker | None = None
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
+        self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.fingerprint = fingerprint(cfg)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
@@ -128,6 +131,7 @@ class ModelWorker:
             "slots": self.cfg.concurrency,
             "served": self.served,
             "direct": self.direct,
+            "expired": self.expired,
             "held": self.gate.held,
         }
 
@@ -145,6 +149,9 @@ class ModelWorker:
                 ),
             )
         async with self.running:  # `concurrency` bounds generations, however the calls arrived
+            # a queued call has a slot: its caller's timeout starts now (its wait in the queue, and behind
+            # direct calls that took this replica's slots after it was pulled, was not the call's)
+            await self.bus.taken((msg.headers or {}).get(REPLY_HEADER))
             await self.gate.enter()
             started = time.perf_counter()
             try:
@@ -206,6 +213,12 @@ class ModelWorker:
 
     async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
+        if self.bus.expired(msg):  # its caller is gone: a slot spent on it would serve nobody
+            self.expired += 1
+            if self.puller is not None:
+                await self.puller.release(msg)
+            await msg.ack()
+            return
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None
         if stored is not None:

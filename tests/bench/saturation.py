@@ -31,6 +31,15 @@ Printed per grid point:
     python tests/bench/saturation.py [--grid default|ceiling] [--json out.json]
     python tests/bench/saturation.py --point REPLICAS SLOTS MEDIAN_S IN_FLIGHT [--slow K --factor F]
     python tests/bench/saturation.py --inflight 100000 [--through 200000]   # memory per rollout in flight
+    python tests/bench/saturation.py --share 400 100 --model 1 64 [--batches] [--long 30 120] [--ack-wait S]
+
+``--share N1 N2 ...``: agents sharing one model (``--model REPLICAS SLOTS``), agent i with Ni rollouts
+in flight, all batches published at once (``--batches``: one agent, one batch per Ni instead). Printed
+per agent: its share of the model's slot-seconds while every agent still had work, against its share
+of the demand (rollouts in flight); queue waits; when its batch ended. ``--long LO HI`` draws call
+times uniformly from LO..HI s (long generations); ``--ack-wait S`` sets every model's and agent's
+``ack_wait_s``. Redeliveries are counted from JetStream (each consumer's deliveries against the
+messages it was given) and from the stand-in (model calls run more than once per rollout).
 """
 
 from __future__ import annotations
@@ -55,14 +64,19 @@ sys.path.insert(0, str(REPO))
 
 from gym_runtime.cli._common import freeze_startup, tune_gc  # noqa: E402
 from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.transport.jetstream import ensure_streams, stream_names  # noqa: E402
+from gym_runtime.transport.jetstream import durable_name, ensure_streams, stream_names  # noqa: E402
+from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 from gym_runtime.workers.runner import (  # noqa: E402
+    close_buses,
     drain,
     make_workers,
+    open_buses,
+    pool_key,
     publish_batch,
     run_async,
     run_batch,
@@ -83,41 +97,45 @@ ENVS = {
 
 
 def config(env: str, run: str, replicas: int, slots: int, median_s: float, in_flight: int, **model: Any) -> Any:
+    return config_from_dict(config_dict(env, run, replicas, slots, median_s, in_flight, **model))
+
+
+def config_dict(
+    env: str, run: str, replicas: int, slots: int, median_s: float, in_flight: int, **model: Any
+) -> dict[str, Any]:
     server, agent, _, extra = ENVS[env]
-    return config_from_dict(
-        {
-            "namespace": "sat" + "".join(ch if ch.isalnum() else "_" for ch in run)[-40:],
-            "models": {
-                "policy": {
-                    "adapter": "tests.bench.slot_model",
-                    "replicas": replicas,
-                    "concurrency": slots,
-                    "slots": slots,
-                    "median_s": median_s,
-                    "run": run,
-                    **model,
-                }
-            },
-            "resources": {"env": {"server": server}},
-            "agents": {
-                "agent": {
-                    "agent": agent,
-                    "model": "policy",
-                    "resource": "env",
-                    "concurrency": in_flight,
-                    "max_steps": 8,
-                    "timeout_s": 3600,
-                    **extra,
-                }
-            },
-            "base_dir": str(REPO),
-        }
-    )
+    return {
+        "namespace": "sat" + "".join(ch if ch.isalnum() else "_" for ch in run)[-40:],
+        "models": {
+            "policy": {
+                "adapter": "tests.bench.slot_model",
+                "replicas": replicas,
+                "concurrency": slots,
+                "slots": slots,
+                "median_s": median_s,
+                "run": run,
+                **model,
+            }
+        },
+        "resources": {"env": {"server": server}},
+        "agents": {
+            "agent": {
+                "agent": agent,
+                "model": "policy",
+                "resource": "env",
+                "concurrency": in_flight,
+                "max_steps": 8,
+                "timeout_s": 3600,
+                **extra,
+            }
+        },
+        "base_dir": str(REPO),
+    }
 
 
-def make_input(env: str, n: int, tmp: Path) -> Path:
+def make_input(env: str, n: int, tmp: Path, tag: str = "") -> Path:
     rows = ENVS[env][2].read_text().splitlines()
-    path = tmp / f"in_{env}_{n}.jsonl"
+    path = tmp / f"in_{env}_{n}{tag}.jsonl"
     path.write_text("".join(rows[i % len(rows)] + "\n" for i in range(n)))
     return path
 
@@ -418,6 +436,227 @@ def flat(n: int) -> None:
         )
 
 
+def shared(
+    demand: list[int],
+    replicas: int,
+    slots: int,
+    *,
+    batches: bool = False,
+    median_s: float = 0.5,
+    sigma: float = 0.8,
+    long: list[float] | None = None,
+    ack_wait: float | None = None,
+    budget: float | None = None,
+    timeout: float | None = None,
+    agent_slots: int | None = None,
+) -> dict[str, Any]:
+    """Agents (or batches of one agent) sharing one model: ``demand[i]`` rollouts in flight for the i-th,
+    every batch published at once. Returns the shares, waits, ends and the redeliveries counted."""
+    run = f"share_{time.monotonic_ns()}"
+    model: dict[str, Any] = {"sigma": sigma, **({"uniform_s": long} if long else {})}
+    if budget:
+        model["budget_s"] = budget
+    waits: dict[str, Any] = {"ack_wait_s": ack_wait} if ack_wait else {}
+    raw = config_dict("weather", run, replicas, slots, median_s, sum(demand), **model, **waits)
+    agent = raw["agents"].pop("agent")
+    jobs: list[tuple[str, str, int]] = []  # (agent, batch, rollouts)
+    for i, n in enumerate(demand):
+        name = "agent" if batches else f"agent{i}"
+        slots_here = agent_slots or (sum(demand) if batches else n)
+        raw["agents"][name] = {**agent, "concurrency": slots_here, **waits}
+        if timeout:
+            raw["agents"][name]["timeout_s"] = timeout
+        jobs.append((name, f"b{i}", n))
+    cfg = config_from_dict(raw)
+    done: dict[str, list[float]] = {b: [] for _, b, _ in jobs}
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        srv = EmbeddedServer(store_dir=str(tmp / "js"))
+        srv.start()
+        try:
+            t_start = time.monotonic()
+            js = run_async(lambda: _shared(cfg, srv.url, tmp, jobs, done))
+        finally:
+            srv.stop()
+    rec = slot_model.RECORDERS.pop(run)
+    return analyse_shared(rec, jobs, done, t_start, js)
+
+
+async def _shared(
+    cfg: Any, url: str, tmp: Path, jobs: list[tuple[str, str, int]], done: dict[str, list[float]]
+) -> dict[str, Any]:
+    pairs = selected(cfg, None)
+    buses = await open_buses(
+        url,
+        ["publisher", *(pool_key(r, n) for r, n in pairs)],
+        namespace=cfg.namespace,
+        telemetry=Telemetry(),
+        name="sat-share",
+    )
+    bus = buses["publisher"]
+    names = stream_names(cfg.namespace)
+    consumers = [(names["model"], durable_name("model", "policy"))] + [
+        (names["task"], durable_name("task", a)) for a in sorted({a for a, _, _ in jobs})
+    ]
+    peak: dict[str, int] = defaultdict(int)  # num_redelivered (pending redeliveries) seen, sampled each second
+    rows: dict[str, tuple[int, int]] = {}
+    try:
+        await ensure_streams(bus)
+        async with anyio.create_task_group() as tg:
+            workers = make_workers(buses, cfg, pairs)
+            await start_workers(tg, workers)
+
+            async def watch() -> None:
+                while True:
+                    for stream, c in consumers:
+                        info = await bus.js.consumer_info(stream, c)
+                        peak[c] = max(peak[c], info.num_redelivered)
+                    await anyio.sleep(1.0)
+
+            tg.start_soon(watch)
+
+            async def one(agent: str, batch: str, n: int) -> None:
+                inp = make_input("weather", n, tmp, tag=batch)
+                col = Collector(
+                    bus,
+                    batch,
+                    tmp / f"{batch}.jsonl",
+                    expected=n,
+                    on_result=lambda ok, _r: done[batch].append(time.monotonic()),
+                )
+                async with anyio.create_task_group() as g:
+                    got: dict[str, Any] = {}
+
+                    async def collect() -> None:
+                        got["stats"] = await col.run()
+
+                    g.start_soon(collect)
+                    await publish_batch(bus, cfg, inp, agent=agent, batch=batch)
+                rows[batch] = (got["stats"].rows, got["stats"].failures)
+
+            async with anyio.create_task_group() as jg:
+                for job in jobs:
+                    jg.start_soon(one, *job)
+            # the model's work left when every batch has ended (calls of rollouts that timed out): how long
+            # the slots stay busy for nobody, up to 120 s
+            ended = time.monotonic()
+            models = [w for w in workers if isinstance(w, ModelWorker)]
+            with anyio.move_on_after(120):
+                while (await bus.js.stream_info(names["model"])).state.messages or any(
+                    w.stats()["in_flight"] for w in models
+                ):
+                    await anyio.sleep(0.2)
+            busy_after = time.monotonic() - ended
+            infos = {c: await bus.js.consumer_info(s, c) for s, c in consumers}
+            # deliveries (consumer_seq counts each one, redeliveries included) against the messages delivered
+            delivered = {c: i.delivered.consumer_seq + i.num_pending for c, i in infos.items()}
+            queued = (await bus.js.stream_info(names["model"])).state.last_seq
+            await drain(workers, timeout=5.0)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await close_buses(buses)
+    model_c = consumers[0][1]
+    tasks = sum(n for _, _, n in jobs)
+    return {
+        "rows": rows,
+        "queued_calls": queued,
+        "model_redelivered": delivered[model_c] - queued,
+        "task_redelivered": sum(v for c, v in delivered.items() if c != model_c) - tasks,
+        "peak_pending_redelivered": dict(peak),
+        "model_busy_after_s": busy_after,
+        "expired": sum(getattr(w, "expired", 0) for w in models),
+    }
+
+
+def analyse_shared(
+    rec: slot_model.Recorder,
+    jobs: list[tuple[str, str, int]],
+    done: dict[str, list[float]],
+    t0: float,
+    js: dict[str, Any],
+) -> dict[str, Any]:
+    """Each batch's share of the slot-seconds while every batch still had work, its waits and its end."""
+    total_slots = sum(s for s, _ in rec.replicas.values())
+    # steady: from every slot filled once to the first batch's end, or fewer unfinished rollouts than slots
+    ends = sorted(t for d in done.values() for t in d)
+    n = len(ends)
+    first_end = min(min(max(d) for d in done.values()), ends[max(0, n - total_slots)] if n > total_slots else ends[-1])
+    starts = sorted(c.started for c in rec.calls)
+    w0 = starts[min(len(starts) - 1, total_slots - 1)]  # every slot filled once
+    by_batch: dict[str, list[slot_model.Call]] = defaultdict(list)
+    by_key: dict[str | None, list[slot_model.Call]] = defaultdict(list)
+    for c in rec.calls:
+        by_batch[(c.key or "").split(":")[0]].append(c)
+        by_key[c.key].append(c)
+    per_rollout = statistics.mode(len(cs) for cs in by_key.values())
+    rerun = sum(max(0, len(cs) - per_rollout) for cs in by_key.values())
+    window = max(1e-9, first_end - w0)
+
+    def busy(cs: list[slot_model.Call]) -> float:
+        return sum(max(0.0, min(c.ended, first_end) - max(c.started, w0)) for c in cs)
+
+    all_busy = busy(rec.calls)
+    out: dict[str, Any] = {
+        "occupancy": all_busy / (total_slots * window),
+        "window_s": window,
+        "calls_per_rollout": per_rollout,
+        "calls_rerun": rerun,
+        "calls_run": len(rec.calls),
+        "median_call_s": statistics.median(c.ended - c.started for c in rec.calls),
+        **js,
+        "batches": {},
+    }
+    demand = sum(n for _, _, n in jobs)
+    for agent, batch, n in jobs:
+        cs = by_batch[batch]
+        waits: list[float] = []
+        for key in {c.key for c in cs}:
+            ks = sorted(by_key[key], key=lambda c: c.started)
+            waits += [b.started - a.ended for a, b in zip(ks, ks[1:], strict=False)]
+        out["batches"][batch] = {
+            "agent": agent,
+            "n": n,
+            "demand": n / demand,
+            "share": busy(cs) / all_busy if all_busy else float("nan"),
+            "first_wait_p50": pct(
+                [c.started - t0 for c in cs if c is min(by_key[c.key], key=lambda k: k.started)], 0.5
+            ),
+            "wait_p50": pct(waits, 0.5),
+            "wait_p99": pct(waits, 0.99),
+            "end_s": max(done[batch]) - t0,
+            "rows": js["rows"][batch],
+        }
+    return out
+
+
+def print_shared(label: str, r: dict[str, Any]) -> None:
+    print(
+        f"\n{label}: median call {r['median_call_s']:.2f} s; occupancy {100 * r['occupancy']:.1f}% over the "
+        f"{r['window_s']:.0f} s every batch had work and the slots could all be busy"
+    )
+    print(
+        "| batch (agent) | rollouts in flight | share of demand | share of slot-seconds | "
+        "first call starts p50 s | queue wait p50 / p99 s | batch ends s | rows / failed |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for b, x in r["batches"].items():
+        print(
+            f"| {b} ({x['agent']}) | {x['n']:,} | {100 * x['demand']:.1f}% | {100 * x['share']:.1f}% | "
+            f"{x['first_wait_p50']:.1f} | {x['wait_p50']:.2f} / {x['wait_p99']:.2f} | {x['end_s']:.1f} | "
+            f"{x['rows'][0]:,} / {x['rows'][1]} |"
+        )
+    print(
+        f"redeliveries (JetStream): model calls {r['model_redelivered']} of {r['queued_calls']:,} queued, tasks "
+        f"{r['task_redelivered']}; pending redeliveries at most {r['peak_pending_redelivered']}; model calls run "
+        f"more than once (stand-in): {r['calls_rerun']} ({r['calls_per_rollout']} per rollout); model calls run in "
+        f"all: {r['calls_run']:,} for {sum(x['rows'][0] for x in r['batches'].values()):,} completed rollouts; "
+        f"the model "
+        f"was busy {r['model_busy_after_s']:.1f} s after the last batch ended; queued calls not run (expired): "
+        f"{r['expired']}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", choices=sorted(ENVS), default="weather")
@@ -430,9 +669,21 @@ def main() -> None:
     ap.add_argument("--inflight-median", type=float, default=60.0, help="call time of the slow stand-in (s)")
     ap.add_argument("--through", type=int, default=0, help="then a batch of this many rollouts: memory flat?")
     ap.add_argument("--no-freeze", action="store_true", help="leave start-up's objects to the collector (before)")
+    ap.add_argument(
+        "--share", nargs="+", type=int, metavar="N", help="agents sharing one model: rollouts in flight each"
+    )
+    ap.add_argument("--model", nargs=2, type=int, default=[1, 64], metavar=("REPLICAS", "SLOTS"), help="with --share")
+    ap.add_argument("--median", type=float, default=0.5, help="with --share: median call time (s)")
+    ap.add_argument("--batches", action="store_true", help="with --share: one agent, one batch per N")
+    ap.add_argument("--long", nargs=2, type=float, metavar=("LO", "HI"), help="call time uniform in LO..HI s")
+    ap.add_argument("--ack-wait", type=float, help="every model's and agent's ack_wait_s (default: the config's)")
+    ap.add_argument("--budget", type=float, help="the stand-in's call budget (s): callers wait this + ack_wait + 5 s")
+    ap.add_argument("--timeout", type=float, help="with --share: the agents' timeout_s (default 3600)")
+    ap.add_argument("--agent-slots", type=int, help="with --share: each agent's concurrency (default: its N)")
+    ap.add_argument("--log", default="warning", help="log level of the workers (default warning)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    logs.configure(level="warning")
+    logs.configure(level=args.log)
     tune_gc()  # as the CLI does in the processes it owns
     if not args.no_freeze:
         freeze_startup()  # as `run` and `start` do once everything is imported
@@ -441,6 +692,31 @@ def main() -> None:
         return
     if args.through:
         flat(args.through)
+        return
+    if args.share:
+        r = shared(
+            args.share,
+            *args.model,
+            batches=args.batches,
+            median_s=args.median,
+            sigma=args.sigma,
+            long=args.long,
+            ack_wait=args.ack_wait,
+            budget=args.budget,
+            timeout=args.timeout,
+            agent_slots=args.agent_slots,
+        )
+        calls = f"uniform {args.long[0]:g}-{args.long[1]:g} s" if args.long else f"median {args.median:g} s"
+        print_shared(
+            f"{'batches of one agent' if args.batches else 'agents'} {args.share} on {args.model[0]} x "
+            f"{args.model[1]} slots, calls {calls}, ack_wait_s {args.ack_wait or 'default'}, call budget "
+            f"{args.budget or 480:g} s, rollout timeout_s {args.timeout or 3600:g}, agent concurrency "
+            f"{args.agent_slots or 'N'}; load "
+            f"{psutil.getloadavg()[0]:.1f}",
+            r,
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=1))
         return
     results: list[dict[str, Any]] = []
     if args.grid == "ceiling":

@@ -6,8 +6,10 @@ adapter instance is one replica: ``slots`` calls run at once (like vLLM's
 A call holds its slot for ``tokens * s_per_token`` seconds, with ``tokens`` drawn
 from a lognormal distribution (median ``median_tokens``, shape ``sigma``, capped
 at ``max_tokens`` like a request's ``max_tokens``): a heavy tail scaled by output
-tokens. Replica ``i`` (in creation order) is ``slow_factor`` times slower when
-``i < slow_replicas``. The answer itself is the ``scripted`` test double's.
+tokens. ``uniform_s: [lo, hi]`` draws the call time uniformly from ``lo``..``hi``
+seconds instead (long generations: 30-120 s). Replica ``i`` (in creation order) is
+``slow_factor`` times slower when ``i < slow_replicas``. The answer itself is the
+``scripted`` test double's.
 
 Every call is recorded on the replica (``Recorder``): when it arrived, when it
 got a slot, when it ended, and its rollout key; the benchmark reads them in the
@@ -43,6 +45,11 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     seed: int = 0
     run: str = "default"  # which Recorder the replicas of this run report to
     record: bool = True  # False: keep no Call per call (a long batch's memory is then the runtime's alone)
+    uniform_s: list[float] = []  # [lo, hi]: call time uniform in lo..hi seconds (long calls), not lognormal
+    budget_s: float = 480.0  # what one call may take (an HTTP adapter's timeout_s x attempts): the callers' patience
+
+    def call_budget_s(self) -> float:
+        return self.budget_s
 
 
 @dataclass
@@ -82,6 +89,9 @@ class SlotReplica:
         self.inner = ScriptedModel(ScriptedOptions(model="slot-model"))
 
     def call_time(self) -> float:
+        if self.cfg.uniform_s:
+            lo, hi = self.cfg.uniform_s
+            return self.rng.uniform(lo, hi) * self.slowness
         tokens = min(self.cfg.max_tokens, self.cfg.median_tokens * math.exp(self.rng.gauss(0.0, self.cfg.sigma)))
         return tokens * self.s_per_token
 
