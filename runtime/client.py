@@ -31,7 +31,7 @@ from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, put_manifest
-from gym_runtime.data.collector import failure_row, unreadable_result
+from gym_runtime.data.collector import failure_row, read_result
 from gym_runtime.data.inputs import check_row, publish_rows
 from gym_runtime.data.validation import check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
@@ -81,11 +81,8 @@ class _ResultReader:
         async def on_msg(msg: Any) -> None:
             nonlocal last_seq
             last_seq = max(last_seq, msg.stream_seq)
-            try:
-                res = await self.bus.decode(msg)
-            except Exception as e:  # a tampered or missing body: a failure, never a reward, never a hang
-                res = unreadable_result(msg, e)
-            if isinstance(res, RolloutResult):
+            res = await read_result(self.bus, msg)
+            if res is not None:
                 self._on_result(res)
 
         self._puller = PullWorker(

@@ -10,7 +10,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.ops.status import BatchWatch, gather, render_batch
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import result_subject
+from gym_runtime.transport.jetstream import lost_subject, result_subject
 
 
 async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
@@ -54,3 +54,22 @@ async def test_the_overview_counts_stored_results(bus: Bus) -> None:
     await store(bus, 0)
     report = await gather(bus, window_s=0.2)
     assert report["namespace"] == "gym" and report["results_stored"] == 1 and report["workers"] == []
+
+
+async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_as_failed(bus: Bus) -> None:
+    """The lost subject's writers are not the agent pools: a row there is a failure whatever it claims, as
+    ``collect`` reads it; a body that does not decode is a failure too, not a watch that dies."""
+    await put_manifest(bus, Manifest(batch="w", expected=3, tasks=3, repeats=1, agents={"a": 3}, input="-"))
+    forged = RolloutResult(batch="w", task_index=0, rollout_index=0, agent="a", row={"reward": 1.0})
+    await bus.js_publish(lost_subject(bus.ns, "w"), forged, msg_id="w:0:0")
+    await bus.nc.publish(result_subject(bus.ns, "a", "w"), b"not a result", headers={"Nats-Msg-Id": "w:1:0"})
+    await bus.nc.flush()
+    await store(bus, 2)
+    async with anyio.create_task_group() as tg:
+        watch = await BatchWatch.open(bus, "w", tg)
+        with anyio.fail_after(10):
+            while watch.snapshot()["done"] < 3:
+                await anyio.sleep(0.05)
+        snap = watch.snapshot()
+        tg.cancel_scope.cancel()
+    assert (snap["done"], snap["failed"]) == (3, 2)

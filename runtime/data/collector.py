@@ -63,6 +63,24 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     }
 
 
+async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:
+    """A stored result as every reader of the results stream must see it (collect, the client, status): a
+    body that cannot be read is a failure row, and a row on the lost subject is a failure whatever it claims
+    (its writers are not the agent pools, so it can carry no reward)."""
+    try:
+        res = await bus.decode(msg)
+    except Exception as e:  # a tampered or missing body: a failure row, never a reward, never a hang
+        return unreadable_result(msg, e)
+    if not isinstance(res, RolloutResult):
+        log.warning("result.unexpected", subject=msg.subject, type=type(res).__name__)
+        return None
+    if res.error is None and msg.subject.split(".")[-2] == jetstream.LOST:
+        return msgspec.structs.replace(
+            res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
+        )
+    return res
+
+
 def unreadable_result(msg: Delivery, e: Exception) -> RolloutResult | None:
     """The failure of a stored result whose body cannot be read, named by its ``Nats-Msg-Id``
     (``{batch}:{task}:{rollout}``); ``None`` when even that is missing (logged: not a result of ours)."""
@@ -145,15 +163,7 @@ class Collector:
 
         async def on_msg(msg: Delivery) -> None:
             nonlocal last_seq
-            try:
-                res = await self.bus.decode(msg)
-            except Exception as e:  # a tampered or missing body: a failure row, never a reward, never a hang
-                res = unreadable_result(msg, e)
-            if res is not None and msg.subject.split(".")[-2] == jetstream.LOST and res.error is None:
-                # the lost-task subject carries failure rows only (its writers are not the agent pools)
-                res = msgspec.structs.replace(
-                    res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
-                )
+            res = await read_result(self.bus, msg)
             if res is not None:
                 self._take(res)
             last_seq = max(last_seq, msg.stream_seq)  # handled: what settle_lost waits for

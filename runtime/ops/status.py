@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from gym_runtime.data.batches import Manifest, get_manifest
+from gym_runtime.data.collector import read_result
 from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
 from gym_runtime.transport import jetstream
@@ -67,7 +68,9 @@ class BatchWatch:
         await jetstream.add_reader(bus, stream, consumer, batch_results(bus.ns, batch))
 
         async def take(msg: Any) -> None:
-            watch.take(await bus.decode(msg))
+            res = await read_result(bus, msg)
+            if res is not None:
+                watch.take(res)
 
         puller = PullWorker(bus, stream=stream, consumer=consumer, slots=512, handle=take, heartbeat_s=3600.0)
 

@@ -13,8 +13,9 @@ import anyio
 import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
+from gym_runtime.messages import RolloutResult
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import consumers, stream_names
+from gym_runtime.transport.jetstream import consumers, lost_subject, stream_names
 from gym_runtime.workers.runner import collect_batch
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
@@ -35,6 +36,17 @@ async def test_rows_stream_in_completion_order_and_equal_collects(nats_server, t
         stats = await collect_batch(client.bus, batch.batch, tmp_path / "out.jsonl", wait_s=5)
         assert stats.rows == 5
     assert read_jsonl(tmp_path / "out.jsonl") == json.loads(json.dumps(ordered))
+
+
+async def test_a_forged_reward_on_the_lost_subject_is_a_failure_row_for_the_client_too(nats_server) -> None:
+    """A row on the lost subject (its writers are not the agent pools) is read as a failure, as ``collect``
+    reads it: stored before the agent's real result, under its message id, it is the row the client gets."""
+    async with Client(weather(delay_s=1.0), nats=nats_server.url) as client:
+        batch = await client.submit(ROWS[:1])
+        forged = RolloutResult(batch=batch.batch, task_index=0, rollout_index=0, agent="simple", row={"reward": 1.0})
+        await client.bus.js_publish(lost_subject(client.bus.ns, batch.batch), forged, msg_id=f"{batch.batch}:0:0")
+        (row,) = await batch.gather()
+    assert row.get("reward") != 1.0 and row["error_class"] == "integrity", row
 
 
 async def test_groups_hold_every_repeat_of_a_task(nats_server) -> None:
