@@ -1,7 +1,8 @@
 """The simple agent: NeMo Gym's ``simple_agent`` loop.
 
 seed a session → loop { model call → run its tool calls in order, appending
-``function_call_output`` items } until the model answers without tool calls, the
+``function_call_output`` items } until the model answers without tool calls (a
+message, or only reasoning: NeMo Gym marks that rollout incomplete but ends it too), the
 output hit ``max_output_tokens``, or ``max_steps`` model calls were made → verify.
 
 Differences from NeMo Gym, on purpose: a tool call with invalid JSON arguments,
@@ -20,7 +21,6 @@ from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
     ItemError,
-    Message,
     create_params,
 )
 
@@ -44,7 +44,7 @@ async def run(ctx: AgentContext) -> Outcome:
                 else:
                     output = (await session.call(call.name, call.arguments)).output
                 trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
-            if not calls and any(isinstance(o, Message) and o.role == "assistant" for o in resp.output):
+            if not calls:  # an answer, or a turn with no message (reasoning only): NeMo Gym ends there too
                 break
             if max_steps and trajectory.steps >= max_steps:
                 break

@@ -195,6 +195,44 @@ def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> Non
     assert "city" in outputs[2] and "Field required" in outputs[2]
 
 
+def test_a_reasoning_only_answer_ends_the_rollout_as_in_nemo_gyms_simple_agent(tmp_path: Path) -> None:
+    """NeMo Gym's simple_agent stops at a model output without tool calls, even one with no message (a turn
+    cut to its reasoning: equivalence_rule's recorded rollout 2): the rollout is verified as it stands. Asking
+    the model again ran past the recording (replay: 'the conversation diverged', a failure row)."""
+    task = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Which city?"}]}
+    recording = {
+        "responses_create_params": task["responses_create_params"],
+        "response": {
+            "id": "resp_1",
+            "created_at": 0.0,
+            "model": "recorded",
+            "object": "response",
+            "output": [reasoning],
+        },
+    }
+    rec = write_jsonl(tmp_path / "recorded.jsonl", [recording])
+    inp = write_jsonl(tmp_path / "in.jsonl", [task])
+    out = tmp_path / "out.jsonl"
+    res = cli(
+        "run",
+        "resources/weather/config.yaml",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--set",
+        "models.policy.adapter=replay",
+        "--set",
+        f"models.policy.rollouts={rec}",
+    )
+    assert res.returncode == 0, res.stderr
+    rows = read_jsonl(out)
+    assert [i["type"] for i in rows[0]["response"]["output"]] == ["reasoning"]
+    assert isinstance(rows[0]["reward"], float)  # verified as it stands
+    assert not (tmp_path / "out_failures.jsonl").exists()
+
+
 def test_trace_file_links_one_rollout_across_workers(tmp_path: Path) -> None:
     out, traces = tmp_path / "out.jsonl", tmp_path / "spans.jsonl"
     res = cli(
