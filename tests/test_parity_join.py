@@ -133,3 +133,12 @@ def test_the_agent_the_rows_name_wins_and_simple_agent_stays_ours(tmp_path: Path
     _jsonl(sdir / "data" / "example_rollouts.jsonl", [_rollout("q", agent_ref={"name": "other_agent"})])
     agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
     assert agent["agent"] == "agents.simple" and "nemo_gym" not in agent
+
+
+def test_a_server_recorded_with_its_own_protocols_agent_runs_under_that_agent_hosted(tmp_path: Path) -> None:
+    """toolsandbox records with toolsandbox_agent, whose /seed_session, /step and /close speak the server's
+    own protocol (env_id): under agents.simple its verify refused every row (HTTP 422: response.env_id
+    missing)."""
+    sdir = _server_with_agents(tmp_path, {"my_server": "toolsandbox_agent"})
+    agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
+    assert agent == {"nemo_gym": "toolsandbox_agent", "model": "policy", "resource": "env"}

@@ -180,6 +180,8 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
 # NeMo Gym agents that make one model call and verify it without running its tool calls (the call is the
 # answer): replayed by their own code, hosted, since agents.simple would run the call and ask again.
 NON_EXECUTING = ("tool_simulation_agent", "non_executing_simple_agent")
+# NeMo Gym agents that speak their server's own protocol (toolsandbox_agent: env_id, /step, /close), hosted.
+OWN_PROTOCOL = ("toolsandbox_agent",)
 
 
 def recorded_agent(sdir: Path) -> str | None:
@@ -206,7 +208,7 @@ def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[st
     resources = {"env": {"nemo_gym": server, **({"options": options} if options else {})}}
     impl = recorded_agent(sdir)
     agent: dict[str, Any]
-    if impl in NON_EXECUTING:
+    if impl in NON_EXECUTING or impl in OWN_PROTOCOL:
         agent = {"nemo_gym": impl, "model": "policy", "resource": "env"}
     else:
         module, agent_options, max_steps = agent_settings(sdir)
