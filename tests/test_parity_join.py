@@ -142,3 +142,15 @@ def test_a_server_recorded_with_its_own_protocols_agent_runs_under_that_agent_ho
     sdir = _server_with_agents(tmp_path, {"my_server": "toolsandbox_agent"})
     agent = parity.run_config("my_server", sdir, {}, {})["agents"]["env_agent"]
     assert agent == {"nemo_gym": "toolsandbox_agent", "model": "policy", "resource": "env"}
+
+
+def test_a_judge_named_by_base_url_is_pointed_at_our_judge_model(tmp_path: Path) -> None:
+    """verifif's own OpenAI client takes its judge's URL from `judge_base_url` (no `*_model_server` key): it
+    was left at its default, api.openai.com, and every replay waited on it until the catalogue's timeout."""
+    sdir = _server_with_agents(tmp_path, {"my_server": "simple_agent"})
+    (sdir / "app.py").write_text("class Config:\n    judge_base_url: str | None = None\n")
+    assert parity.judge_options(sdir) == {"judge_base_url": "http://judge.models.gym-runtime.invalid/v1"}
+    (sdir / "configs" / "judged.yaml").write_text(
+        "x:\n  resources_servers:\n    my_server:\n      judge_model_server: {}\n"
+    )
+    assert parity.judge_options(sdir) == {"judge_model_server": {"type": "responses_api_models", "name": "judge"}}

@@ -20,6 +20,7 @@ import yaml
 
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HostedEnv
+from gym_runtime.hosting.host import MODELS_DOMAIN
 
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
 
@@ -126,14 +127,27 @@ def judge_recordings(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def judge_option(sdir: Path) -> str | None:
-    """The server's judge config key (``judge_model_server`` ...), from its own YAML, if it has one."""
+    """The server's judge config key (``judge_model_server`` ...), from its own YAML, if it has one; else
+    ``judge_base_url`` where its own OpenAI client takes the judge's URL from that field (verifif)."""
     for path in sorted((sdir / "configs").glob("*.yaml")):
         text = path.read_text()
         for line in text.splitlines():
             key = line.strip().split(":")[0]
             if key.endswith("_model_server") and key != "model_server":
                 return key
-    return None
+    app = sdir / "app.py"
+    return "judge_base_url" if app.is_file() and "judge_base_url" in app.read_text() else None
+
+
+def judge_options(sdir: Path, model: str = "judge") -> dict[str, Any]:
+    """The server option that points its judge at our model entry ``model``: a server reference, or for
+    a base URL option that model's URL, which the host routes to its workers (``host.MODELS_DOMAIN``)."""
+    key = judge_option(sdir)
+    if key is None:
+        return {}
+    if key.endswith("_base_url"):
+        return {key: f"http://{model}.{MODELS_DOMAIN}/v1"}
+    return {key: {"type": "responses_api_models", "name": model}}
 
 
 def recorded_options(sdir: Path, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -233,12 +247,12 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
     }
     options: dict[str, Any] = recorded_options(sdir, rollouts)
     judged = judge_recordings(rollouts)
-    key = judge_option(sdir)
-    if key is not None:
+    judge = judge_options(sdir)
+    if judge:
         jpath = work / "judge.jsonl"
         jpath.write_text("".join(json.dumps(r) + "\n" for r in judged) or "")
         models["judge"] = {"adapter": "replay", "rollouts": str(jpath)} if judged else {"adapter": "scripted"}
-        options[key] = {"type": "responses_api_models", "name": "judge"}
+        options.update(judge)
     cfg = run_config(env.server, sdir, models, options)
     cfg_path = work / "parity.yaml"
     cfg_path.write_text(json.dumps(cfg))
