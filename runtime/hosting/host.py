@@ -246,6 +246,50 @@ def _route_httpx(first: ServerHost) -> None:
     httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
 
 
+def _route_requests(first: ServerHost) -> None:
+    """The ``requests`` package too: xstest probes its judge with it in ``setup_webserver`` (a GET of the
+    judge's URL, a POST to its ``/v1/responses``; any HTTP answer will do) and retries for ever while the
+    name does not resolve. From a thread of its own a request to one of our hosts waits on the worker's loop
+    for the bus; on the loop's thread, where it cannot wait, it is answered 503 at once (an answer, no call)."""
+    import asyncio
+    from urllib.parse import urlsplit
+
+    import requests
+    from requests.structures import CaseInsensitiveDict
+
+    adapter = requests.adapters.HTTPAdapter
+    if getattr(adapter.send, "_gym_routed", False):
+        return
+    loop = asyncio.get_running_loop()
+    send = adapter.send
+
+    async def call(host: ServerHost, name: str, method: str, path: str, body: Any) -> tuple[int, bytes, Any]:
+        reply = await host.url_call(name, method, path, body)
+        return reply.status, await reply.read(), reply.headers
+
+    def routed(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        url = urlsplit(request.url)
+        if not _ours(url.hostname):
+            return send(self, request, *args, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a thread of its own: the loop makes the call
+            host = _CURRENT.get() or first
+            body = json.loads(request.body or b"null")
+            coro = call(host, url.hostname or "", request.method, url.path, body)
+            status, content, headers = asyncio.run_coroutine_threadsafe(coro, loop).result()
+        else:
+            msg = f"{request.url}: a synchronous client on the event loop's thread cannot wait for the bus"
+            status, content, headers = 503, json.dumps({"error": {"message": msg}}).encode(), {}
+        resp = requests.Response()
+        resp.status_code, resp._content, resp.url, resp.request = status, content, request.url, request
+        resp.headers = CaseInsensitiveDict(dict(headers or {}))
+        return resp
+
+    routed._gym_routed = True  # type: ignore[attr-defined]
+    adapter.send = routed  # type: ignore[method-assign]
+
+
 def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
     """The server's own config fields from its ``configs/*.yaml`` (the first block naming it)."""
     import yaml
@@ -391,6 +435,7 @@ class ServerHost:
         if not isinstance(inner, _BusSession):
             server_utils._GLOBAL_AIOHTTP_CLIENT = _BusSession(self, inner)
         _route_httpx(self)
+        _route_requests(self)
 
     def client(self) -> Any:
         import httpx

@@ -246,3 +246,28 @@ def test_calls_naming_no_other_environment_is_one_line_exit_2(tmp_path: Path) ->
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "resources.caller.calls: 'countr' is not another entry under resources" in line
+
+
+PROBER = REPO / "tests" / "data" / "nemo_servers" / "prober"
+
+
+def test_a_server_that_probes_its_judge_with_requests_before_serving_starts(catalogue: Path, tmp_path: Path) -> None:
+    """xstest's setup_webserver waits until a `requests` GET of its judge's URL (poll_for_status) and a POST to
+    its /v1/responses get any HTTP answer, retrying for ever: `requests` to our model hosts failed to resolve,
+    so its worker never became ready. The probe (tests/data/nemo_servers/prober, which tries once) gets an
+    answer, the worker starts, and its judge calls through server_client reach our model worker."""
+    config = {
+        "models": {"policy": {"adapter": "scripted"}, "judge": {"adapter": "scripted"}},
+        "resources": {
+            "env": {
+                "nemo_gym": str(PROBER),
+                "options": {"judge_model_server": {"type": "responses_api_models", "name": "judge"}},
+            }
+        },
+        "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+    }
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": f"go {i}"}} for i in range(2)])
+    trace = build_and_run(tmp_path, config, data)
+    assert [row["reward"] for row in read_jsonl(tmp_path / "out.jsonl")] == [1.0, 1.0]
+    judged = [s for s in spans(trace) if s["name"] == "generate judge gym.call.model.judge"]
+    assert len(judged) == 2  # one judge call per verify, served by the judge's model worker
