@@ -58,6 +58,8 @@ EXCLUDED: dict[str, str] = {
     "finance_sec_search": "download at start: sec.gov filings; tools call live web APIs",
     "google_search": "paid external API: Google search in its tools",
     "ifbench": "git clone at start",
+    "indian_banking": "download at start: db.json and kb.json from the HF dataset NPCI/nemo-gym-indian-banking "
+    "(not in the wheel; /reset raises FileNotFoundError naming them)",
     "interactive_browser": "download: Playwright's Chromium (not on PyPI) for a live browser per session",
     "job_bench": SANDBOX + "; HF snapshot download",
     "legal_agent_bench": "download from GitHub + containers",
@@ -83,19 +85,28 @@ EXCLUDED: dict[str, str] = {
     "vibench": SANDBOX + " + Playwright",
     "vlm_eval_kit": "git clone at start",
     "wmt_translation": "GPU by default + a tokenizer model download",
+    "wordle": "download before serving: data/guesses.txt, which generate_data.py makes from the ENABLE word list "
+    "on GitHub (not in the wheel; /reset raises FileNotFoundError naming it)",
     "workspace_bench": SANDBOX + "; HF snapshot download",
 }
 
 # One line per server whose replayed rewards differ from the recording (or that does not run), where the
 # cause is known. Servers missing here print "not explained".
 WHY: dict[str, str] = {
-    "blackjack": "unseeded RNG in reset(): the deals differ from the recording",
+    "blackjack": "unseeded RNG: reset() deals from `random.Random()` with no seed (app.py:55), so every replay's "
+    "cards differ from the recording's and the replayed policy's next recorded move has no matching state",
     "mcqa": "grader changed after the recording (`\\boxed{C: text}` accepted since)",
     "workplace_assistant": "rollouts lack ground_truth and example.jsonl no longer holds the recorded tasks",
     "equivalence_rule": "rollout 2 recorded a reasoning-only turn (cut short): NeMo Gym's simple_agent ends "
     "there, our agents.simple asks the model again and the replay has nothing more (an agent difference)",
     "gdpval": "recorded with stirrup_agent (a system item inside the output), which agents.simple cannot replay",
-    "bbq": "no recorded responses; its judge speaks /v1/chat/completions, which hosted servers cannot reach yet (501)",
+    "bbq": "needs a real judge: no recorded responses or judge calls, and verify raises JudgeOutputError on a "
+    "scripted judge's answer ('OK' is not the one JSON object its Answer Check wants; a schema-valid object, tried, "
+    "fails ExplanationJudgment.validate_flags, util.py:237: a true safety flag requires 'unacceptable')",
+    "text_to_sql": "grader changed after the recording: the judge's system message (prompts.py:19, "
+    "SQL_JUDGE_SYSTEM_MESSAGE) was rewritten since; every recorded judge request holds the old one ('would "
+    "produce identical result sets'), so no recorded verdict answers today's request (judge_failed, reward 0); "
+    "the user prompt, rebuilt from the row and the wheel's template, is the recorded one",
     "math_advanced_calculations": "verify refuses the request our agent sends back (422 on responses_create_params."
     "tool_choice); the recorded tasks are no longer in example.jsonl",
     "grl_tetris": "unseeded RNG: TetrisEnv.__init__ calls reset() unseeded (tetris_env/tetris_env.py:127), which "
@@ -229,7 +240,10 @@ def assess(sdir: Path, timeout: float) -> dict[str, Any]:
         rows = _read(Path(tmp) / "replayed.jsonl")
         failures = _read(Path(tmp) / "replayed_failures.jsonl")
         replay_failed = bool(failures) and all(f.get("error_class") == "model_error" for f in failures)
-        if "holds no recorded responses" in out or replay_failed:  # does it run at all? (scripted policy)
+        # incomplete recordings cannot drive the example rows (a task field missing, no response): whether
+        # the server runs is then judged on example.jsonl itself, with the scripted policy
+        unreplayable = bool(failures) and not result["complete"]
+        if "holds no recorded responses" in out or replay_failed or unreplayable:
             inputs, rows, failures, out = smoke(sdir, Path(tmp), timeout, out)
     result["parity_s"] = round(time.monotonic() - t1, 1)
     result["rows"], result["inputs"], result["failures"] = len(rows), len(inputs), len(failures)
@@ -251,9 +265,8 @@ def smoke(
     sdir: Path, work: Path, timeout: float, out: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], str]:
     """`gym-runtime run` over example.jsonl with the scripted policy (and judge): every row a row, none failed?"""
-    key = hosting_parity.judge_option(sdir)
-    models = {"policy": {"adapter": "scripted"}, **({"judge": {"adapter": "scripted"}} if key else {})}
-    options = {key: {"type": "responses_api_models", "name": "judge"}} if key else {}
+    options = hosting_parity.judge_options(sdir)
+    models = {"policy": {"adapter": "scripted"}, **({"judge": {"adapter": "scripted"}} if options else {})}
     cfg = hosting_parity.run_config(sdir.name, sdir, models, options)
     (work / "smoke.yaml").write_text(json.dumps(cfg))
     rows_in = [r for r in _read(sdir / "data" / "example.jsonl") if isinstance(r.get("responses_create_params"), dict)]
