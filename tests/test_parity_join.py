@@ -46,7 +46,7 @@ def test_rows_join_their_task_whatever_the_key_order_of_content_parts(tmp_path: 
 
 def test_placeholder_lines_are_not_rows(tmp_path: Path) -> None:
     _jsonl(tmp_path / "r.jsonl", ["<PLACEHOLDER ROW>", _rollout("q"), "<PLACEHOLDER ROW>"])
-    assert len(parity._read(tmp_path / "r.jsonl")) == 1
+    assert len(parity.read_rows(tmp_path / "r.jsonl")) == 1
 
 
 def test_judge_calls_recorded_under_any_field_are_found() -> None:
@@ -154,3 +154,14 @@ def test_a_judge_named_by_base_url_is_pointed_at_our_judge_model(tmp_path: Path)
         "x:\n  resources_servers:\n    my_server:\n      judge_model_server: {}\n"
     )
     assert parity.judge_options(sdir) == {"judge_model_server": {"type": "responses_api_models", "name": "judge"}}
+
+
+def test_a_row_holding_a_unicode_line_separator_is_one_row(tmp_path: Path) -> None:
+    """JSON leaves U+2028 unescaped inside strings; gdpval's rows carry it (rubric text), and reading lines with
+    str.splitlines cut such a row in two, so the catalogue counted 4 rows of 5 and called the server not running."""
+    rows = [_rollout("a\u2028b"), _rollout("c")]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    assert [parity._prompt(r) for r in parity.read_rows(tmp_path / "r.jsonl")] == [
+        parity._prompt(_rollout("a\u2028b")),
+        parity._prompt(_rollout("c")),
+    ]

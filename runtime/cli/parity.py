@@ -8,7 +8,6 @@ server cannot be hosted here.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import ensure
-from gym_runtime.hosting.parity import compare, parity_config
+from gym_runtime.hosting.parity import compare, parity_config, read_rows
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
             text=True,
             check=False,
         )
-        replayed = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
+        replayed = read_rows(out) if out.is_file() else []
         if run.returncode not in (0, 1) or not replayed:
             tail = (run.stderr.strip().splitlines() or ["no rows"])[-1]
             raise UserError(f"parity {args.server}: the replay did not run ({tail})")

@@ -25,10 +25,11 @@ from gym_runtime.hosting.host import MODELS_DOMAIN
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
-    """The file's JSON-object lines (a recording may hold placeholder lines: ``<PLACEHOLDER ROW>``)."""
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The file's JSON-object lines (a recording may hold placeholder lines: ``<PLACEHOLDER ROW>``). Lines end
+    at ``\n`` only: ``str.splitlines`` also cuts at U+2028 and other separators JSON leaves inside strings."""
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n"):
         try:
             row = json.loads(line)
         except ValueError:
@@ -74,8 +75,8 @@ def inputs(sdir: Path, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     mat = data / "example_rollouts_materialized_inputs.jsonl"
     by_index: dict[Any, dict[str, Any]] = {}
     if mat.is_file():
-        by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in _read(mat)}
-    examples = _read(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
+        by_index = {(r.get("_ng_task_index"), r.get("_ng_rollout_index")): r for r in read_rows(mat)}
+    examples = read_rows(data / "example.jsonl") if (data / "example.jsonl").is_file() else []
     by_prompt: dict[str, list[dict[str, Any]]] = {}
     for r in examples:
         by_prompt.setdefault(_prompt(r), []).append(r)
@@ -202,7 +203,7 @@ def recorded_agent(sdir: Path) -> str | None:
     """The NeMo Gym agent the recordings were made with, from the server's YAML: the instance the rows
     name (``agent_ref.name``), else one in the YAML named for the server, else the first defined."""
     rollouts = sdir / "data" / "example_rollouts.jsonl"
-    rows = _read(rollouts) if rollouts.is_file() else []
+    rows = read_rows(rollouts) if rollouts.is_file() else []
     names = {str(r["agent_ref"].get("name")) for r in rows if isinstance(r.get("agent_ref"), dict)}
     found: list[tuple[int, str]] = []
     for path in sorted((sdir / "configs").glob("*.yaml")):
@@ -239,7 +240,7 @@ def run_config(server: str, sdir: Path, models: dict[str, Any], options: dict[st
 def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """A run config (replayed policy, replayed judge) and its input file for ``env``'s server."""
     sdir = Path(env.server_dir)
-    rollouts = [r for r in _read(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
+    rollouts = [r for r in read_rows(sdir / "data" / "example_rollouts.jsonl") if isinstance(r.get("response"), dict)]
     if not rollouts:
         raise UserError(f"{env.server}: example_rollouts.jsonl holds no recorded responses")
     models: dict[str, Any] = {
