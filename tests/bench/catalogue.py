@@ -67,6 +67,8 @@ EXCLUDED: dict[str, str] = {
     "math_formal_lean": "sandbox service (Lean 4)",
     "newton_bench": "git clone + an external LLM API",
     "osworld": "containers: remote Docker/QEMU desktop VMs",
+    "rolemrc": "download at start: NLTK's wordnet, omw-1.4, punkt and punkt_tab (nltk.download in "
+    "_ensure_nltk_data, app.py:229-247; the worker exits with LookupError here) and BERTScore's model from HF",
     "scale_swe": SANDBOX,
     "scicode": "download: a large test-data file (h5) not in the wheel",
     "speed_bench": "a live vLLM server (GPU)",
@@ -95,10 +97,10 @@ EXCLUDED: dict[str, str] = {
 WHY: dict[str, str] = {
     "blackjack": "unseeded RNG: reset() deals from `random.Random()` with no seed (app.py:55), so every replay's "
     "cards differ from the recording's and the replayed policy's next recorded move has no matching state",
-    "mcqa": "grader changed after the recording (`\\boxed{C: text}` accepted since)",
+    "mcqa": "grader changed after the recording: rollout 2 answers `\\boxed{\\nC: <option text>\\n}` (expected C), "
+    "recorded 0 with no extracted_answer; the wheel's strict boxed parser takes a leading letter with option text "
+    "after it (app.py:92-97, `\\boxed{E: ...}`), replayed 1",
     "workplace_assistant": "rollouts lack ground_truth and example.jsonl no longer holds the recorded tasks",
-    "equivalence_rule": "rollout 2 recorded a reasoning-only turn (cut short): NeMo Gym's simple_agent ends "
-    "there, our agents.simple asks the model again and the replay has nothing more (an agent difference)",
     "gdpval": "recorded with stirrup_agent (a system item inside the output), which agents.simple cannot replay",
     "bbq": "needs a real judge: no recorded responses or judge calls, and verify raises JudgeOutputError on a "
     "scripted judge's answer ('OK' is not the one JSON object its Answer Check wants; a schema-valid object, tried, "
@@ -107,12 +109,14 @@ WHY: dict[str, str] = {
     "SQL_JUDGE_SYSTEM_MESSAGE) was rewritten since; every recorded judge request holds the old one ('would "
     "produce identical result sets'), so no recorded verdict answers today's request (judge_failed, reward 0); "
     "the user prompt, rebuilt from the row and the wheel's template, is the recorded one",
-    "math_advanced_calculations": "verify refuses the request our agent sends back (422 on responses_create_params."
-    "tool_choice); the recorded tasks are no longer in example.jsonl",
+    "math_advanced_calculations": "recorded with an older NeMo Gym: every rollout's responses_create_params holds "
+    "`tool_choice: null`, which 0.7.0's verify request model refuses (HTTP 422, literal 'none'/'auto'/'required'), "
+    "and the recorded tasks are no longer in example.jsonl; on example.jsonl it runs",
     "grl_tetris": "unseeded RNG: TetrisEnv.__init__ calls reset() unseeded (tetris_env/tetris_env.py:127), which "
     "draws 17 pieces from the process's `random` and leaves the shape counts that weight the seeded reset's draws "
     "(lines 132-133; reset does not clear them): seed 60494's first board is `__XX` or `XX__` by process (3 of 6 "
-    "fresh processes each; recorded `__XX`)",
+    "fresh processes each; recorded `__XX`); not 'runs': the diverged rollouts' boards have no recorded answer, and "
+    "on example.jsonl the scripted policy's text has no `<action>` tag, which /step refuses (HTTP 400)",
     "lc_niah": "grader changed after the recording: every recorded reasoning_overlap is the LCS overlap (its "
     "overlap_lcs field), the wheel computes ngram16 (app.py:66, configs/lc_niah.yaml); rollout 0: 1 x (1 - 0.0123) "
     "= 0.9877 recorded, 1 x (1 - 0) = 1 replayed",
@@ -150,7 +154,7 @@ def classify(sdir: Path) -> str | None:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    return hosting_parity._read(path) if path.is_file() else []
+    return hosting_parity.read_rows(path) if path.is_file() else []
 
 
 def recordings(sdir: Path) -> tuple[bool, str]:
@@ -159,7 +163,7 @@ def recordings(sdir: Path) -> tuple[bool, str]:
         return False, NOT_ROLLOUTS[sdir.name]
     data = sdir / "data"
     rows = _read(data / "example_rollouts.jsonl")
-    lines = [ln for ln in (data / "example_rollouts.jsonl").read_text().splitlines() if ln.strip()]
+    lines = [ln for ln in (data / "example_rollouts.jsonl").read_text().split("\n") if ln.strip()]
     with_response = [r for r in rows if isinstance(r.get("response"), dict) and r["response"].get("output")]
     if not lines or len(with_response) < len(lines):
         placeholders = sum(1 for ln in lines if "PLACEHOLDER" in ln)
@@ -353,7 +357,7 @@ def summary(results: dict[str, dict[str, Any]], names: list[str]) -> list[str]:
         f"{len(done) - len(inst)} excluded, {len(inst)} installable here",
         f"installable: {len(runs)} run (every example row a row, none failed); "
         f"{len(complete)} have complete recordings; {len(full)} of those reproduce every recorded reward"
-        + (f" ({100 * len(full) / len(complete):.0f}%)" if complete else ""),
+        + (f" ({100 * len(full) / len(complete):.1f}%)" if complete else ""),
         f"server layers: {len(layers)} distinct, {sum(layers.values()):.0f} MB in all "
         f"(the shared base layer not counted); parity run per server: median "
         f"{times[len(times) // 2] if times else 0:.0f} s, max {max(times) if times else 0:.0f} s",
