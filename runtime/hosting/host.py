@@ -629,6 +629,12 @@ def _output_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fixed
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: its type and its message's first line with words (NLTK's open with stars)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip().strip("*")]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
 class _Hosted:
     """What both hosted classes share: the server starts with the worker and offers its routes as tools."""
 
@@ -638,7 +644,13 @@ class _Hosted:
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
         cls.options = options
-        await cls.host.start()
+        try:
+            await cls.host.start()
+        except UserError:
+            raise
+        except Exception as e:  # its own start-up code (rolemrc: NLTK corpora it would download): one line
+            server = f"{cls.host.name} ({cls.host.impl or '?'})"
+            raise UserError(f"hosted server {server} cannot start here: {_one_line(e)}") from None
 
     @classmethod
     async def teardown(cls) -> None:

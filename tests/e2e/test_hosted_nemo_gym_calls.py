@@ -271,3 +271,25 @@ def test_a_server_that_probes_its_judge_with_requests_before_serving_starts(cata
     assert [row["reward"] for row in read_jsonl(tmp_path / "out.jsonl")] == [1.0, 1.0]
     judged = [s for s in spans(trace) if s["name"] == "generate judge gym.call.model.judge"]
     assert len(judged) == 2  # one judge call per verify, served by the judge's model worker
+
+
+def test_a_server_whose_start_fails_is_one_line_and_exit_2(catalogue: Path, tmp_path: Path) -> None:
+    """rolemrc's start looks up NLTK corpora it would download (LookupError): `run` said "internal error (this is
+    a bug in gym-runtime ...)" with a traceback and exit 3. A hosted server that cannot start here fails before
+    any task with one line naming what it lacks, exit 2."""
+    judge = {"type": "responses_api_models", "name": "judge"}
+    config = {
+        "models": {"policy": {"adapter": "scripted"}, "judge": {"adapter": "scripted"}},
+        "resources": {"env": {"nemo_gym": str(PROBER), "options": {"judge_model_server": judge, "missing": "wordnet"}}},
+        "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
+    }
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps(config))
+    assert cli("env", "build", str(cfg), timeout=600).returncode == 0
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "go"}}])
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"))
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("{")]
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert any("LookupError" in line and "Resource 'wordnet' not found." in line for line in errors), errors
+    assert not (tmp_path / "out.jsonl").exists()

@@ -3,7 +3,8 @@
 xstest's ``setup_webserver`` waits until ``server_client.poll_for_status(judge)`` (a ``requests.get`` of the
 judge's base URL) succeeds and a ``requests.post`` to its ``/v1/responses`` gets any HTTP answer, retrying
 every 10 s for ever; this one tries once and raises, so a probe that cannot get through fails fast. Its
-``verify`` asks the judge through ``server_client`` and rewards any answer.
+``verify`` asks the judge through ``server_client`` and rewards any answer. With ``missing`` set, its start
+fails as rolemrc's does here (NLTK's LookupError for a corpus it would download).
 """
 
 import requests
@@ -14,12 +15,15 @@ from nemo_gym.global_config import get_first_server_config_dict
 
 class ProberConfig(BaseResourcesServerConfig):
     judge_model_server: ModelServerRef
+    missing: str | None = None  # a resource its start looks up and does not find (as rolemrc's NLTK corpora)
 
 
 class ProberServer(SimpleResourcesServer):
     config: ProberConfig
 
     def setup_webserver(self):
+        if self.config.missing:
+            raise LookupError(f"\n{'*' * 20}\n  Resource {self.config.missing!r} not found.\n  Please download it.\n")
         name = self.config.judge_model_server.name
         status = self.server_client.poll_for_status(name)
         if status != "success":
