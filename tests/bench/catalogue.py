@@ -120,7 +120,8 @@ WHY: dict[str, str] = {
     "lc_niah": "grader changed after the recording: every recorded reasoning_overlap is the LCS overlap (its "
     "overlap_lcs field), the wheel computes ngram16 (app.py:66, configs/lc_niah.yaml); rollout 0: 1 x (1 - 0.0123) "
     "= 0.9877 recorded, 1 x (1 - 0) = 1 replayed",
-    "math_with_judge": "load-dependent: math_verify compares rollout 1's (2+-sqrt3)^2016 forms under a 5 s "
+    "math_with_judge": "load-dependent (5/5 at load 1.5, 4/5 at load 10-13, 2026-11-25): math_verify compares "
+    "rollout 1's (2+-sqrt3)^2016 forms under a 5 s "
     "wall-clock alarm (math-verify 0.8.0, grader.py:750); it needs 3.1 s of CPU here, 7.8 s at load 13 on 2 cores: "
     "`Timeout during comparison`, library_reward 0 (recorded 1); should_use_judge is false, so no judge makes up "
     "for it",
