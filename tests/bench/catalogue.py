@@ -9,7 +9,8 @@ sandbox service, a GPU, a download at start, a paid external API; git sources ar
 in its requirements, the rest is ``EXCLUDED`` below, from reading each server's code and
 README) or *installable* here (PyPI + a CPU): then its environment is built
 (``gym-runtime env build``) and ``gym-runtime parity`` replays its recordings, and the
-table says whether it **runs** (every replayed example row yields a row, none fails),
+table says whether it **runs** (every replayed example row yields a row, none fails; where
+the recordings cannot drive the rows, none or incomplete, example.jsonl with the scripted policy),
 whether its recordings are **complete** (responses present, task fields joinable, judge
 outputs recorded where it has a judge), parity n/m, and one line per mismatch (``WHY``).
 
