@@ -2,12 +2,17 @@
 
 The server class is built as NeMo Gym's ``run_webserver`` builds it (its config class
 from its YAML defaults plus the config's ``options``, a ``ServerClient`` over a global
-config dict, ``setup_webserver()``, its exception middleware), then driven through
-``httpx.ASGITransport``: no port is opened, no head server or Ray is started by us (a
-server whose own code starts Ray gets a Ray on loopback only, see ``prepare``).
+config dict, ``setup_webserver()``, its exception middleware), then called in process
+with one ASGI request per call (``hosting.asgi``): no port is opened, no head server or
+Ray is started by us (a server whose own code starts Ray gets a Ray on loopback only, see
+``prepare``). The app, its lifespan and every task its code starts run on an event loop of
+their own (``hosting.asgi.AppLoop``, a thread), never on the worker's bus loop: a server that
+blocks its loop (a synchronous grader) delays its own requests, not the worker's keepalives
+or its bus traffic; what server code asks of the bus (model calls, other servers) hops to the
+bus loop and back.
 
-* one ``httpx.AsyncClient`` (so one cookie jar, so one NeMo Gym session) per rollout;
-  the session is an actor pinned to its worker like every session;
+* one cookie jar (so one NeMo Gym session) per rollout; the session is an actor pinned to
+  its worker like every session;
 * ``seed`` → ``POST /seed_session`` (the whole row); a tool → ``POST /<tool>`` with the
   model's arguments as the body, the reply body as the tool output: a crashing tool is
   NeMo Gym's HTTP 500 whose body is ``repr(e)``, which is what its simple agent shows the
@@ -33,8 +38,10 @@ server whose own code starts Ray gets a Ray on loopback only, see ``prepare``).
   ``NeMoGymAsyncOpenAI`` uses) is wrapped, and httpx's transports (the ``openai``
   package's clients) patched, so that requests to those hosts never leave the process
   (made for the server whose request is being handled: ``_CURRENT``); any other host goes
-  out as before. No port is opened for this, and the ``.invalid`` domain never resolves,
-  so a client none of this reaches fails instead of reaching the network;
+  out as before. A synchronous client waits for the bus loop from the server's loop or a
+  thread of its own alike (gdpval calls its sync ``OpenAI`` in ``asyncio.to_thread``). No
+  port is opened for this, and the ``.invalid`` domain never resolves, so a client none of
+  this reaches fails instead of reaching the network;
 * calls to another resources server of the config by name (``server_client.post(NAME,
   path)``) reach that server's workers over the bus as a session of ours: ``/seed_session``
   opens it, its reply carries a cookie naming it, so the calls that send that cookie back
@@ -48,7 +55,8 @@ nemo-gym, fastapi and httpx are imported when a server is loaded, never at impor
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import concurrent.futures
 import contextvars
 import importlib
 import json
@@ -63,12 +71,12 @@ import msgspec
 from gym_runtime.agent import Session
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
+from gym_runtime.hosting.asgi import AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
 from gym_runtime.transport.bus import Bus
 
-BASE_URL = "http://nemo-gym.hosted"  # never resolved: every request goes through the ASGI transport
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
 # A model's host in a hosted server's global config, NAME.models.gym-runtime.invalid, and another
 # resources server's, NAME.resources.gym-runtime.invalid: .invalid names never resolve (RFC 2606).
@@ -169,7 +177,7 @@ def _cookie(cookies: Any, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-# The hosted server whose request is being handled (set around each ASGI call): process-wide clients
+# The hosted server whose request is being handled (set around each ASGI request): process-wide clients
 # (NeMo Gym's shared session, httpx's transports) route a request to our hosts through that server's host.
 _CURRENT: contextvars.ContextVar[ServerHost | None] = contextvars.ContextVar("gym_hosted_server", default=None)
 
@@ -210,15 +218,12 @@ class _BusSession:
 
 def _route_httpx(first: ServerHost) -> None:
     """The ``openai`` package's own clients (httpx) too: httpx's transports send a request to one of our
-    hosts over the bus and any other as before. A synchronous client waits on the worker's loop from its
-    own thread (gdpval calls its sync ``OpenAI`` in ``asyncio.to_thread``); on the loop's thread it cannot."""
-    import asyncio
-
+    hosts over the bus and any other as before. A synchronous client waits for the bus loop from the
+    server's loop (blocking it, as under NeMo Gym) or from a thread of its own (gdpval's ``to_thread``)."""
     import httpx
 
     if getattr(httpx.AsyncHTTPTransport.handle_async_request, "_gym_routed", False):
         return
-    loop = asyncio.get_running_loop()
     send_async = httpx.AsyncHTTPTransport.handle_async_request
     send_sync = httpx.HTTPTransport.handle_request
 
@@ -234,12 +239,15 @@ def _route_httpx(first: ServerHost) -> None:
     def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
         if not _ours(request.url.host):
             return send_sync(self, request)
+        host = _CURRENT.get() or first
+        loop = host.bus_loop
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # a thread of its own: wait for the loop to make the call
-            host = _CURRENT.get() or first
-            return asyncio.run_coroutine_threadsafe(call(request, request.read(), host), loop).result()
-        raise RuntimeError(f"{request.url}: a synchronous client on the event loop's thread cannot wait for the bus")
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            raise RuntimeError(f"{request.url}: a synchronous client on the bus loop's thread cannot wait for the bus")
+        return asyncio.run_coroutine_threadsafe(call(request, request.read(), host), loop).result()
 
     handle_async_request._gym_routed = True  # type: ignore[attr-defined]
     httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
@@ -249,9 +257,9 @@ def _route_httpx(first: ServerHost) -> None:
 def _route_requests(first: ServerHost) -> None:
     """The ``requests`` package too: xstest probes its judge with it in ``setup_webserver`` (a GET of the
     judge's URL, a POST to its ``/v1/responses``; any HTTP answer will do) and retries for ever while the
-    name does not resolve. From a thread of its own a request to one of our hosts waits on the worker's loop
-    for the bus; on the loop's thread, where it cannot wait, it is answered 503 at once (an answer, no call)."""
-    import asyncio
+    name does not resolve. A request to one of our hosts waits for the bus loop, from the server's loop
+    (blocking it, as under NeMo Gym) or from a thread of its own; on the bus loop's thread, where it cannot
+    wait, it is answered 503 at once (an answer, no call)."""
     from urllib.parse import urlsplit
 
     import requests
@@ -260,7 +268,6 @@ def _route_requests(first: ServerHost) -> None:
     adapter = requests.adapters.HTTPAdapter
     if getattr(adapter.send, "_gym_routed", False):
         return
-    loop = asyncio.get_running_loop()
     send = adapter.send
 
     async def call(host: ServerHost, name: str, method: str, path: str, body: Any) -> tuple[int, bytes, Any]:
@@ -271,16 +278,19 @@ def _route_requests(first: ServerHost) -> None:
         url = urlsplit(request.url)
         if not _ours(url.hostname):
             return send(self, request, *args, **kwargs)
+        host = _CURRENT.get() or first
+        loop = host.bus_loop
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # a thread of its own: the loop makes the call
-            host = _CURRENT.get() or first
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            msg = f"{request.url}: a synchronous client on the bus loop's thread cannot wait for the bus"
+            status, content, headers = 503, json.dumps({"error": {"message": msg}}).encode(), {}
+        else:
             body = json.loads(request.body or b"null")
             coro = call(host, url.hostname or "", request.method, url.path, body)
             status, content, headers = asyncio.run_coroutine_threadsafe(coro, loop).result()
-        else:
-            msg = f"{request.url}: a synchronous client on the event loop's thread cannot wait for the bus"
-            status, content, headers = 503, json.dumps({"error": {"message": msg}}).encode(), {}
         resp = requests.Response()
         resp.status_code, resp._content, resp.url, resp.request = status, content, request.url, request
         resp.headers = CaseInsensitiveDict(dict(headers or {}))
@@ -307,7 +317,8 @@ def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
 
 
 class ServerHost:
-    """One NeMo Gym server class, built once per worker process; hands out per-rollout clients."""
+    """One NeMo Gym server class, built once per worker process, run on the process's app loop; its
+    requests are made for per-rollout cookie jars (``post``)."""
 
     def __init__(
         self,
@@ -334,7 +345,10 @@ class ServerHost:
         self.fields: dict[str, Any] = {}
         self.global_config: dict[str, Any] = {}
         self.calls: dict[str, int] = {}  # calls routed over the bus, by model or resource name (tests, status)
-        self._stack = contextlib.AsyncExitStack()
+        self.bus_loop: asyncio.AbstractEventLoop | None = None  # the worker's: what server code asks of the bus
+        self.loop: AppLoop | None = None  # the app's own
+        self._serving: concurrent.futures.Future[None] | None = None  # the app's life on its loop (``_serve``)
+        self._stopping: asyncio.Event | None = None
 
     def _server_dir(self) -> Path:
         path = Path(self.server)
@@ -396,14 +410,36 @@ class ServerHost:
         return self.server_cls
 
     async def start(self) -> None:
-        """Build the server as NeMo Gym's run_webserver does, minus the port; run its lifespan hooks."""
+        """Build the server on the app's loop as NeMo Gym's run_webserver does, minus the port; enter its
+        lifespan there (left by ``stop``). Returns once the app is ready; an error building it is raised here."""
+        self.bus_loop = asyncio.get_running_loop()
+        self.loop = app_loop()
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._serving = self.loop.submit(self._serve(ready))
+        await asyncio.wrap_future(ready)
+
+    async def _serve(self, ready: concurrent.futures.Future[None]) -> None:
+        """On the app's loop, for the life of the worker: the app built, its lifespan hooks run in one task
+        (as uvicorn runs them) from start to stop."""
+        try:
+            app = self._build()
+            self._stopping = asyncio.Event()
+            async with app.router.lifespan_context(app):
+                ready.set_result(None)
+                await self._stopping.wait()
+        except BaseException as e:
+            if ready.done():
+                raise
+            ready.set_exception(e)
+
+    def _build(self) -> Any:
         from nemo_gym.server_utils import BaseServerConfig
         from omegaconf import OmegaConf
 
         cls = self.prepare()
         if getattr(cls, "ray_enabled", None) is True:
             # as run_webserver does before serving: Ray's start takes tens of seconds, which inside the first
-            # verify's `.remote()` call blocks the event loop so long that peers take the worker for dead
+            # verify's `.remote()` call would hold that verify (and every request behind it) so long
             from nemo_gym.server_utils import initialize_ray
 
             initialize_ray()
@@ -418,10 +454,12 @@ class ServerHost:
         app = self.instance.setup_webserver()
         self.instance.setup_exception_middleware(app)
         self.app = app
-        await self._stack.enter_async_context(app.router.lifespan_context(app))
+        return app
 
     async def stop(self) -> None:
-        await self._stack.aclose()
+        if self._serving is not None and self.loop is not None and self._stopping is not None:
+            self.loop.loop.call_soon_threadsafe(self._stopping.set)
+            await asyncio.wrap_future(self._serving)
         for session in list(self.sessions.values()):
             await session.close()
         self.sessions.clear()
@@ -437,22 +475,17 @@ class ServerHost:
         _route_httpx(self)
         _route_requests(self)
 
-    def client(self) -> Any:
-        import httpx
+    async def post(self, jar: Jar, path: str, body: bytes) -> tuple[int, bytes]:
+        """``POST path`` with a JSON body to the app, on its loop, with and into one rollout's cookies."""
+        assert self.loop is not None, "the hosted server is not started"
+        status, cookies, out = await self.loop.run(self._request(path, body, jar.header()))
+        if cookies:
+            jar.update(cookies)
+        return status, out
 
-        host = self
-
-        class Transport(httpx.ASGITransport):
-            """The app in process; while it handles a request, its own clients' calls are this server's."""
-
-            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-                token = _CURRENT.set(host)
-                try:
-                    return await super().handle_async_request(request)
-                finally:
-                    _CURRENT.reset(token)
-
-        return httpx.AsyncClient(transport=Transport(app=self.app), base_url=BASE_URL, timeout=None)
+    async def _request(self, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
+        _CURRENT.set(self)  # this task's own context: the server's clients' calls while it runs are ours
+        return await request(self.app, path, body, cookie)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
@@ -479,11 +512,14 @@ class ServerHost:
     async def model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
         """A server's call to a model: that model's workers over the bus, in the Responses API
         (``/v1/responses``) or Chat Completions (``/v1/chat/completions``, converted both ways)."""
+        return await on_loop(self.bus_loop, self._model_call(server_name, url_path, plain(body)))
+
+    async def _model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
         self.calls[server_name] = self.calls.get(server_name, 0) + 1
         if self.models is None:
             return _error(503, "no model client in this worker")
         path = url_path.partition("?")[0].rstrip("/")
-        raw = dict(plain(body) or {})
+        raw = dict(body or {})
         raw.pop("model", None)
         raw.pop("stream", None)
         try:
@@ -512,16 +548,19 @@ class ServerHost:
 
     async def resource_call(self, server_name: str, url_path: str, body: Any, cookies: Any) -> _Reply:
         """A server's call to another resources server by name: a session of ours on its workers."""
+        token = _cookie(cookies, SESSION_COOKIE) or ""
+        return await on_loop(self.bus_loop, self._resource_call(server_name, url_path, plain(body), token))
+
+    async def _resource_call(self, server_name: str, url_path: str, body: Any, token: str) -> _Reply:
         self.calls[server_name] = self.calls.get(server_name, 0) + 1
         if self.bus is None:
             return _error(503, "no bus in this worker")
         path = url_path.partition("?")[0]
-        row = dict(plain(body) or {})
+        row = dict(body or {})
         try:
             response = msgspec.convert(row.pop("response", None), Response) if path == "/verify" else None
         except msgspec.ValidationError as e:
             return _error(422, f"{server_name}{path}: response: {e}")
-        token = _cookie(cookies, SESSION_COOKIE) or ""
         session = self.sessions.get(token)
         if path == "/seed_session" or session is None:
             # no session yet: a fresh one, seeded with the row (a verify's: seeded then verified, as reverify does)
@@ -598,11 +637,12 @@ def _bus_server_client() -> type:
     return BusServerClient
 
 
-async def _post(client: Any, path: str, body: Any) -> Any:
-    reply = await client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    if reply.status_code >= 400:
-        raise HostedServerError(f"{path}: HTTP {reply.status_code}: {reply.text[:500]}")
-    return reply.json()
+async def _post(host: ServerHost, jar: Jar, path: str, body: Any) -> Any:
+    """A protocol call (seed, verify, reset, step): its JSON reply, or ``HostedServerError`` on an error status."""
+    status, out = await host.post(jar, path, msgspec.json.encode(body))
+    if status >= 400:
+        raise HostedServerError(f"{path}: HTTP {status}: {out[:500].decode(errors='replace')}")
+    return msgspec.json.decode(out)
 
 
 def _response_dict(response: Response) -> dict[str, Any]:
@@ -640,6 +680,7 @@ class _Hosted:
 
     host: ClassVar[ServerHost]
     options: ClassVar[dict[str, Any]]
+    jar: Jar  # the rollout's cookies (its NeMo Gym session), made by its seed
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
@@ -670,15 +711,15 @@ class HostedResource(_Hosted, Resource):
 
     async def seed(self, task: dict[str, Any]) -> None:
         self.host.models = self.models
-        self.client = self.host.client()
-        self.seeded = await _post(self.client, "/seed_session", task)
+        self.jar = Jar()
+        self.seeded = await _post(self.host, self.jar, "/seed_session", task)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         if name == PASSTHROUGH:
             return await self._passthrough(arguments)
         body = arguments.encode() if isinstance(arguments, str) else arguments
-        reply = await self.client.post(f"/{name}", content=body or b"{}", headers={"content-type": "application/json"})
-        return reply.text  # NeMo Gym's simple agent shows the model the body, a 500's repr(e) included
+        _, out = await self.host.post(self.jar, f"/{name}", body or b"{}")
+        return out.decode(errors="replace")  # NeMo Gym's simple agent shows the model the body, a 500's repr(e) too
 
     async def _passthrough(self, arguments: str | bytes) -> str:
         """``{"path", "body"}`` posted to the server as it is; ``{"status", "body"}`` (the body as text) back.
@@ -692,20 +733,14 @@ class HostedResource(_Hosted, Resource):
             raise ToolArgumentsError(f"{PASSTHROUGH}: path must be a server path, not {path!r}")
         if path == "/seed_session":
             return json.dumps({"status": 200, "body": json.dumps(self.seeded)})
-        body = json.dumps(req.get("body")).encode()
-        reply = await self.client.post(path, content=body, headers={"content-type": "application/json"})
-        return json.dumps({"status": reply.status_code, "body": reply.text})
+        status, out = await self.host.post(self.jar, path, msgspec.json.encode(req.get("body")))
+        return json.dumps({"status": status, "body": out.decode(errors="replace")})
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         task = dict(task)
         extra = task.pop(RESPONSE_EXTRA, None) or {}
-        out = await _post(self.client, "/verify", {**task, "response": {**_response_dict(response), **extra}})
+        out = await _post(self.host, self.jar, "/verify", {**task, "response": {**_response_dict(response), **extra}})
         return _verdict(out)
-
-    async def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            await client.aclose()
 
 
 def _verdict(out: dict[str, Any]) -> Verdict:
@@ -716,15 +751,14 @@ class HostedGymResource(_Hosted, GymResource):
     """A gymnasium-style NeMo Gym server (``/reset`` + ``/step``) as a ``GymResource``."""
 
     row_tools = "any"
-    close = HostedResource.close
 
     async def seed(self, task: dict[str, Any]) -> None:
         await super().seed(task)
         self.host.models = self.models
-        self.client = self.host.client()
+        self.jar = Jar()
 
     async def reset(self, task: dict[str, Any]) -> Reset:
-        out = await _post(self.client, "/reset", task)
+        out = await _post(self.host, self.jar, "/reset", task)
         return Reset(observation=out.get("observation"), info=out.get("info") or {})
 
     async def step(self, action: Action) -> Step:
@@ -738,7 +772,7 @@ class HostedGymResource(_Hosted, GymResource):
             "tool_choice": "auto",
             "tools": [],
         }
-        out = await _post(self.client, "/step", {**self.task, "response": response})
+        out = await _post(self.host, self.jar, "/step", {**self.task, "response": response})
         return Step(
             observation=out.get("observation"),
             reward=float(out.get("reward") or 0.0),

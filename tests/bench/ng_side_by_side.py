@@ -112,7 +112,8 @@ class Deployment:
             with contextlib.suppress(psutil.Error):
                 cmd = q.cmdline()
                 script = next((Path(a).name for a in cmd[1:3] if a.endswith(".py") or "/" in a), "")
-                out[key] = (f"{q.name()} {script}".strip(), cpu_of(q))
+                only = cmd[cmd.index("--only") + 1] if "--only" in cmd[:-1] else ""  # a pool's worker child
+                out[key] = (f"{q.name()} {script} {only}".strip(), cpu_of(q))
         return out
 
     def stop(self) -> None:
@@ -348,6 +349,11 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=500)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument(
+        "--only-gym-runtime",
+        action="store_true",
+        help="gym-runtime's side alone (its CPU per process; before/after a change of ours, no NeMo Gym deployment)",
+    )
     args = ap.parse_args()
     table = []
     loads = []
@@ -356,13 +362,14 @@ def main() -> None:
             tmp = Path(tmp_s) / server
             tmp.mkdir()
             with mock(server, tmp) as port:
-                ng = NemoGym(server, port, tmp)
-                systems: list[NemoGym | GymRuntime] = [ng, GymRuntime(server, port, tmp, args.concurrency)]
+                sdir = Path(hosting_env.ensure(server).server_dir)
+                systems: list[NemoGym | GymRuntime] = [GymRuntime(server, port, tmp, args.concurrency)]
+                if not args.only_gym_runtime:
+                    systems.insert(0, NemoGym(server, port, tmp))
                 try:
                     for s in systems:
                         s.start()
                         print(f"{server}: {s.dep.name} ready in {s.dep.ready_s:.1f} s", file=sys.stderr, flush=True)
-                    sdir = ng.sdir
                     warm, inp = inputs(sdir, 10, tmp), inputs(sdir, args.rollouts, tmp)
                     for s in systems:  # first requests (imports, connections) out of the measured batches
                         s.batch(warm, 10, args.concurrency, -1)
@@ -397,10 +404,13 @@ def main() -> None:
     print("| server | system | rollouts | wall s | rollouts/s | CPU s/rollout | ratio | mean reward | ready s |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for server, med, ready in table:
-        (ng_wall, ng_cpu, _), (gr_wall, gr_cpu, _) = med["NeMo Gym (ng_run)"], med["gym-runtime"]
+        ng_wall, ng_cpu, _ = med.get("NeMo Gym (ng_run)", (0.0, 0.0, 0.0))
+        gr_wall, gr_cpu, _ = med["gym-runtime"]
         for name, (wall, cpu, reward) in med.items():
             ratio = (
-                "1" if name.startswith("NeMo") else f"{ng_wall / gr_wall:.1f}x throughput, {gr_cpu / ng_cpu:.2f}x CPU"
+                "1"
+                if name.startswith("NeMo") or not ng_wall
+                else f"{ng_wall / gr_wall:.1f}x throughput, {gr_cpu / ng_cpu:.2f}x CPU"
             )
             print(
                 f"| {server} | {name} | {n} | {wall:.1f} | {n / wall:.0f} | {cpu / n * 1000:.1f} ms | {ratio} "

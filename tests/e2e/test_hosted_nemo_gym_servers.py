@@ -26,6 +26,7 @@ from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.hosting import LOOPBACK, assert_hosted_worker_opens_no_port, catalogue_root, listeners_while_running
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
+SLEEPY = REPO / "tests" / "data" / "nemo_servers" / "sleepy"
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +162,28 @@ def test_crashing_tool_lifespan_and_failure_class(catalogue: Path, tmp_path: Pat
     assert json.loads(boom).startswith("ValueError('boom ")
     assert json.loads(started) == {"lifespan_ran": True, "label": "from-config"}
     assert row["reward"] == 0.25 and row["_ng_failure_class"] == "crashy_verdict"
+
+
+def test_a_server_that_blocks_its_loop_past_the_liveness_window_loses_no_rollout(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """A hosted server's verify that blocks its own event loop (time.sleep 12 s, past the bus's 10 s liveness
+    window, as toolsandbox's /close scores on its loop) while five other rollouts are in flight: the worker
+    keeps answering on the bus (keepalives), so every row is scored, none is worker_lost (one attempt each)."""
+    cfg = config(tmp_path, {"nemo_gym": str(SLEEPY)}, policy={"adapter": "scripted"})
+    entry = json.loads(cfg.read_text())
+    entry["agents"]["env_agent"]["max_attempts"] = 1  # a lost call is a failure row, not a retry
+    cfg.write_text(json.dumps(entry))
+    rows_in = [{"responses_create_params": {"input": f"go {i}"}, "block_s": 12.0 if i == 0 else 0.0} for i in range(6)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows_in)
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), timeout=600)
+    failures = tmp_path / "out_failures.jsonl"
+    lost = [(f["_ng_task_index"], f["error_class"]) for f in read_jsonl(failures)] if failures.exists() else []
+    assert r.returncode == 0 and not lost, (lost, r.stderr[-2000:])
+    rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda row: row["_ng_task_index"])
+    assert [(row["_ng_task_index"], row["reward"], row["blocked_s"]) for row in rows] == [
+        (i, 1.0, 12.0 if i == 0 else 0.0) for i in range(6)
+    ]
 
 
 def test_nemo_gym_config_of_an_unported_server_runs_unchanged(catalogue: Path, tmp_path: Path) -> None:

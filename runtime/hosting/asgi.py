@@ -1,0 +1,182 @@
+"""A hosted NeMo Gym app on an event loop of its own, called with one minimal ASGI request at a time.
+
+NeMo Gym's servers are its code, and some block their event loop: toolsandbox's ``/close``
+scores an episode synchronously for 13-45 s. On the worker's own loop that silenced the bus
+(no keepalives, no other session's calls) past its 10 s liveness window, and the rollouts in
+flight became ``worker_lost``. So the app runs on ``AppLoop``: a thread with an asyncio loop
+of its own (uvloop where installed, as uvicorn would run it), where its requests, its lifespan
+and the tasks its code starts live, while the worker's bus loop only waits on futures. One per
+process, not per server: NeMo Gym's shared aiohttp session is process-wide, bound to the loop
+that made it. Context variables cross with each call both ways (``run_coroutine_threadsafe``
+copies the caller's context), so a server's model calls keep the span of the call that made them.
+
+``request`` is what ``httpx.ASGITransport`` sent, without httpx's request and response objects
+(measured: most of our own CPU per hosted rollout): a scope, the body as one message, the
+response's status, ``set-cookie`` values and body. ``Jar`` is one rollout's cookies (NeMo Gym's
+session cookie, signed by Starlette's ``SessionMiddleware``), kept as a browser keeps one host's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SERVER = ("nemo-gym.hosted", 80)  # never resolved: no request leaves the process
+CLIENT = ("127.0.0.1", 123)  # what httpx.ASGITransport tells the app its client is
+_ASGI = {"version": "3.0"}
+_HEADERS = [(b"host", b"nemo-gym.hosted"), (b"content-type", b"application/json")]
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class AppLoop:
+    """The hosted apps' event loop, run by a daemon thread for the life of the process."""
+
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self._thread = threading.Thread(target=self._run, name="nemo-gym-app", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro`` run on the app's loop and awaited from the caller's (cancelling the wait cancels it there)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+
+_APP_LOOP: list[AppLoop] = []
+
+
+def app_loop() -> AppLoop:
+    """This process's app loop, started on first use."""
+    if not _APP_LOOP:
+        _APP_LOOP.append(AppLoop())
+    return _APP_LOOP[0]
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run on ``loop`` (the worker's bus loop), from whichever loop awaits it: a hop from another."""
+    if loop is None or asyncio.get_running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def request(app: Any, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
+    """``POST path`` with a JSON ``body`` through ``app``, on the running loop: (status, set-cookie values,
+    body). An exception the app raises (no exception middleware caught it) propagates, as httpx's did."""
+    headers = [*_HEADERS, (b"content-length", str(len(body)).encode())]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    scope = {
+        "type": "http",
+        "asgi": _ASGI,
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "server": SERVER,
+        "client": CLIENT,
+    }
+    status = 500
+    cookies: list[bytes] = []
+    chunks: list[bytes] = []
+    sent = complete = False
+    waiter: asyncio.Future[None] | None = None
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent, waiter
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not complete:  # the body was read: a disconnect only once the response is complete
+            waiter = waiter or asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        kind = message["type"]
+        if kind == "http.response.start":
+            status = message["status"]
+            cookies.extend(v for k, v in message.get("headers") or () if k.lower() == b"set-cookie")
+        elif kind == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                _complete()
+
+    def _complete() -> None:
+        nonlocal complete
+        complete = True
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        _complete()
+    return status, cookies, b"".join(chunks)
+
+
+class Jar:
+    """One rollout's cookies for the one host it talks to (NeMo Gym's session cookie)."""
+
+    __slots__ = ("_cookies",)
+
+    def __init__(self) -> None:
+        self._cookies: dict[str, str] = {}
+
+    def header(self) -> bytes | None:
+        if not self._cookies:
+            return None
+        return "; ".join(f"{k}={v}" for k, v in self._cookies.items()).encode("latin-1")
+
+    def update(self, set_cookies: list[bytes]) -> None:
+        """The response's ``set-cookie`` values: each sets its cookie, or deletes it if already expired."""
+        for raw in set_cookies:
+            first, *attrs = raw.decode("latin-1").split(";")
+            name, _, value = first.partition("=")
+            if _expired(attrs):
+                self._cookies.pop(name.strip(), None)
+            else:
+                self._cookies[name.strip()] = value.strip()
+
+
+def _expired(attrs: list[str]) -> bool:
+    """Whether a cookie's attributes say it has expired (``Max-Age`` first, then ``Expires``, as browsers do)."""
+    found = {}
+    for attr in attrs:
+        key, _, value = attr.strip().partition("=")
+        found[key.lower()] = value.strip()
+    if "max-age" in found:
+        try:
+            return int(found["max-age"]) <= 0
+        except ValueError:
+            pass
+    if "expires" in found:
+        try:
+            return email.utils.parsedate_to_datetime(found["expires"]).timestamp() <= time.time()
+        except (TypeError, ValueError):
+            pass
+    return False
