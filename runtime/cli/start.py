@@ -20,6 +20,7 @@ from gym_runtime.cli._common import (
     positive_int,
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
+from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env
 
@@ -79,8 +80,9 @@ def main(args: argparse.Namespace) -> int:
         if here:  # hosted server code prints freely: only our ready line goes to the supervisor's pipe
             sys.stdout = sys.stderr
         telemetry = make_telemetry(args, role_of(pairs))
-        try:
-            stopped_by = run_async(
+
+        def workers(signals: ForwardedSignals | None = None) -> int | None:
+            return run_async(
                 lambda: serve(
                     cfg,
                     url,
@@ -89,8 +91,13 @@ def main(args: argparse.Namespace) -> int:
                     replicas=args.replicas,
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
+                    **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )
+
+        try:
+            # a hosted server's app keeps the main thread, as under uvicorn (signal.alarm timeouts need it)
+            stopped_by = beside_main(workers) if here else workers()
         finally:
             telemetry.shutdown()
         return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import email.utils
+import signal
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -43,12 +45,13 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 class AppLoop:
-    """The hosted apps' event loop, run by a daemon thread for the life of the process."""
+    """The hosted apps' event loop: run by a daemon thread for the life of the process, or (``thread=False``)
+    by whoever calls ``run_forever`` on it: the main thread of a hosted worker's process (``beside_main``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, thread: bool = True) -> None:
         self.loop = _new_loop()
-        self._thread = threading.Thread(target=self._run, name="nemo-gym-app", daemon=True)
-        self._thread.start()
+        if thread:
+            threading.Thread(target=self._run, name="nemo-gym-app", daemon=True).start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -66,10 +69,85 @@ _APP_LOOP: list[AppLoop] = []
 
 
 def app_loop() -> AppLoop:
-    """This process's app loop, started on first use."""
+    """This process's app loop, started on first use (on a thread, unless ``beside_main`` made it)."""
     if not _APP_LOOP:
         _APP_LOOP.append(AppLoop())
     return _APP_LOOP[0]
+
+
+class ForwardedSignals:
+    """SIGTERM/SIGINT received by the main thread's loop, handed to the bus loop on another thread: what
+    ``anyio.open_signal_receiver`` gives a worker on the main thread (signals arriving before it listens wait)."""
+
+    def __init__(self) -> None:
+        self._early: list[int] = []
+        self._queue: asyncio.Queue[int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def deliver(self, signum: int) -> None:
+        if self._queue is None or self._loop is None:
+            self._early.append(signum)
+        else:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, signum)
+
+    @contextlib.contextmanager
+    def receiver(self, *_signals: int) -> Iterator[AsyncIterator[int]]:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for signum in self._early:
+            queue.put_nowait(signum)
+        self._loop, self._queue = asyncio.get_running_loop(), queue
+
+        try:
+            yield _Received(queue)
+        finally:
+            self._queue = None
+
+
+class _Received:
+    """The signals as they arrive. An iterator object, not an async generator: a wait cancelled in the
+    middle (the worker stops waiting for its server) must leave it usable for the next ``async for``."""
+
+    def __init__(self, queue: asyncio.Queue[int]) -> None:
+        self._queue = queue
+
+    def __aiter__(self) -> _Received:
+        return self
+
+    async def __anext__(self) -> int:
+        return await self._queue.get()
+
+
+def beside_main(work: Callable[[ForwardedSignals], T]) -> T:
+    """``work`` (the worker: its bus loop) on a thread, while this, the main thread, runs the hosted apps' loop.
+
+    NeMo Gym's servers run on uvicorn's main thread, and some of their code relies on it: ``signal.alarm``
+    timeouts (math-verify in imo_proofbench_judge's and physics_judge's verify, nvarc) work on the main
+    thread only ("signal only works in main thread"). So in a hosted worker's process the app keeps the main
+    thread and the bus gets the other; SIGTERM and SIGINT reach the worker through ``ForwardedSignals``."""
+    app = AppLoop(thread=False)
+    _APP_LOOP[:] = [app]
+    signals = ForwardedSignals()
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            done.append(work(signals))
+        except BaseException as e:  # re-raised on the main thread, as if work had run there
+            failed.append(e)
+        finally:
+            app.loop.call_soon_threadsafe(app.loop.stop)
+
+    asyncio.set_event_loop(app.loop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        app.loop.add_signal_handler(signum, signals.deliver, signum)
+    bus = threading.Thread(target=target, name="gym-bus")
+    bus.start()
+    app.loop.run_forever()
+    bus.join()
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:

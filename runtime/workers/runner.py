@@ -12,6 +12,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -256,8 +257,10 @@ async def serve(
     replicas: int | None = None,
     ready: Callable[[], None] | None = None,
     auth: Any = None,
+    signal_receiver: Callable[..., AbstractContextManager[AsyncIterator[int]]] = anyio.open_signal_receiver,
 ) -> int | None:
     """Run workers until SIGTERM/SIGINT, then drain and return the signal that stopped them.
+    (``signal_receiver``: where the signals come from, when the workers are not on the main thread.)
 
     A signal while the workers still wait for their server stops the wait at once (nothing to drain):
     a scheduler's SIGTERM, or Ctrl-C on a worker node whose server is not up, is acted on then too."""
@@ -265,7 +268,7 @@ async def serve(
     pairs = selected(config, only)
     check_resources(config, pairs)
     stopped: list[int] = []
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         # workers may start before the server: wait for it as long as it takes, or until a signal
         buses = await unless_signalled(
             signals,

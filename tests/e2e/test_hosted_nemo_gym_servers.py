@@ -169,20 +169,23 @@ def test_a_server_that_blocks_its_loop_past_the_liveness_window_loses_no_rollout
 ) -> None:
     """A hosted server's verify that blocks its own event loop (time.sleep 12 s, past the bus's 10 s liveness
     window, as toolsandbox's /close scores on its loop) while five other rollouts are in flight: the worker
-    keeps answering on the bus (keepalives), so every row is scored, none is worker_lost (one attempt each)."""
+    keeps answering on the bus (keepalives), so every row is scored, none is worker_lost (one attempt each).
+    And the app keeps the main thread, as under uvicorn: a signal.alarm timeout in its verify (math-verify's
+    kind) fires there (off the main thread, signal.signal raises ValueError: an HTTP 500)."""
     cfg = config(tmp_path, {"nemo_gym": str(SLEEPY)}, policy={"adapter": "scripted"})
     entry = json.loads(cfg.read_text())
     entry["agents"]["env_agent"]["max_attempts"] = 1  # a lost call is a failure row, not a retry
     cfg.write_text(json.dumps(entry))
     rows_in = [{"responses_create_params": {"input": f"go {i}"}, "block_s": 12.0 if i == 0 else 0.0} for i in range(6)]
+    rows_in[1].update(block_s=30.0, alarm_s=1)  # cut short after 1 s by its alarm
     data = write_jsonl(tmp_path / "in.jsonl", rows_in)
     r = cli("run", str(cfg), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), timeout=600)
     failures = tmp_path / "out_failures.jsonl"
     lost = [(f["_ng_task_index"], f["error_class"]) for f in read_jsonl(failures)] if failures.exists() else []
     assert r.returncode == 0 and not lost, (lost, r.stderr[-2000:])
     rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda row: row["_ng_task_index"])
-    assert [(row["_ng_task_index"], row["reward"], row["blocked_s"]) for row in rows] == [
-        (i, 1.0, 12.0 if i == 0 else 0.0) for i in range(6)
+    assert [(row["_ng_task_index"], row["reward"], row["blocked_s"], row["alarm_fired"]) for row in rows] == [
+        (i, 1.0, {0: 12.0, 1: 30.0}.get(i, 0.0), i == 1) for i in range(6)
     ]
 
 
