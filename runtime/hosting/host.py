@@ -6,8 +6,8 @@ config dict, ``setup_webserver()``, its exception middleware), then called in pr
 with one ASGI request per call (``hosting.asgi``): no port is opened, no head server or
 Ray is started by us (a server whose own code starts Ray gets a Ray on loopback only, see
 ``prepare``). The app, its lifespan and every task its code starts run on an event loop of
-their own (``hosting.asgi.AppLoop``, a thread), never on the worker's bus loop: a server that
-blocks its loop (a synchronous grader) delays its own requests, not the worker's keepalives
+their own (``hosting.asgi.AppLoop``; the main thread in a hosted worker's process, see
+``beside_main``), never on the worker's bus loop: a server that blocks its loop (a synchronous grader) delays its own requests, not the worker's keepalives
 or its bus traffic; what server code asks of the bus (model calls, other servers) hops to the
 bus loop and back.
 
