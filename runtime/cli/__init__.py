@@ -15,7 +15,7 @@ import traceback
 from types import ModuleType
 from typing import NoReturn
 
-from gym_runtime import __version__
+import gym_runtime
 from gym_runtime.cli import (
     collect,
     env,
@@ -76,6 +76,17 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class VersionAction(argparse.Action):
+    """``--version``: the version looked up when asked for (``importlib.metadata`` is not a cost of every
+    command's start-up)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        parser.exit(0, f"gym-runtime {gym_runtime.__version__}\n")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a usage mistake said in one line (the flag and its value), not the whole usage block."""
 
@@ -85,9 +96,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
-    parser.add_argument(
-        "--version", action="version", version=f"gym-runtime {__version__}", help="print the version and exit"
-    )
+    parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS.values():
         module.add_parser(sub)
