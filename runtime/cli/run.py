@@ -36,7 +36,6 @@ from gym_runtime.cli._common import (
     common_options,
     config_argument,
     failures_exit,
-    freeze_startup,
     load,
     metrics_options,
     positive_int,
@@ -44,6 +43,7 @@ from gym_runtime.cli._common import (
     server_url,
     telemetry,
 )
+from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
