@@ -1,5 +1,3 @@
-import sys
+from gym_runtime.cli import program
 
-from gym_runtime.cli import main
-
-sys.exit(main())
+program()
