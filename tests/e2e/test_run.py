@@ -553,9 +553,9 @@ def _weather_run_in_a_fresh_python(tmp_path: Path, out: Path, more_args: str, af
 
 def test_run_start_up_imports_only_what_the_run_uses_and_tunes_the_collector_first(tmp_path: Path) -> None:
     """A `run` of weather with the `openai` adapter on a self-hosted base URL and no metrics endpoint never
-    imports the `openai` package (with pydantic's models of the whole OpenAI API, ~half of start-up's imports)
-    nor the metrics SDK, and the cycle collector is tuned before the stack is imported (at CPython's default
-    it made ~150 passes over start-up's growing heap)."""
+    imports the `openai` package (with pydantic's models of the whole OpenAI API, ~half of start-up's
+    imports) nor the metrics or tracing SDKs (nothing records), and the cycle collector is tuned before the
+    stack is imported (at CPython's default it made ~150 passes over start-up's growing heap)."""
     out = tmp_path / "out.jsonl"
     with StubOpenAI(handler=lambda req: StubReply(body=responses_reply())) as stub:
         got = _weather_run_in_a_fresh_python(
@@ -563,7 +563,8 @@ def test_run_start_up_imports_only_what_the_run_uses_and_tunes_the_collector_fir
             out,
             f"'--set', 'models.policy.adapter=openai', '--set', 'models.policy.base_url={stub.base_url}', "
             "'--set', 'models.policy.model=m'",
-            "loaded = [m for m in ('openai', 'opentelemetry.sdk.metrics') if m in sys.modules]\n"
+            "heavy = ('openai', 'opentelemetry.sdk.metrics', 'opentelemetry.sdk.trace', 'psutil')\n"
+            "loaded = [m for m in heavy if m in sys.modules]\n"
             "report = {'loaded': loaded, 'passes': sum(s['collections'] for s in gc.get_stats())}\n",
         )
         assert len([r for r in stub.requests if r.path.endswith("/responses")]) == 5  # every rollout called it
