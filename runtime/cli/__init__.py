@@ -9,12 +9,8 @@ bug: the traceback is printed, labelled as such); 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import importlib
-import os
 import sys
-import threading
 import traceback
 from types import ModuleType
 from typing import NoReturn
@@ -159,19 +155,3 @@ def user_message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, ServerUnreachable):
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
-
-
-def program() -> NoReturn:
-    """The ``gym-runtime`` program (its console script and ``python -m gym_runtime.cli``): ``main``, then the
-    atexit handlers and the standard streams flushed, and the exit without the interpreter's teardown of
-    every module and object it imported, memory the OS takes back anyway (40-70 ms after a ``run`` on 2
-    loaded cores, 3-15 ms without it). A thread still running (none after the commands here) gets the
-    ordinary exit, which waits for it."""
-    code = main()
-    if threading.active_count() > 1:
-        sys.exit(code)
-    atexit._run_exitfuncs()  # logging's flush among them, as at an ordinary exit
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader that went away (`| head`)
-            stream.flush()
-    os._exit(code)

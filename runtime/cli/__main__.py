@@ -1,3 +1,5 @@
-from gym_runtime.cli import program
+import sys
 
-program()
+from gym_runtime.cli import main
+
+sys.exit(main())

@@ -338,7 +338,7 @@ def test_dockerfile_build_steps_run_here(tmp_path: Path) -> None:
     ):
         assert must in names, must
     assert (
-        "gym-runtime = gym_runtime.cli:program"
+        "gym-runtime = gym_runtime.cli:main"
         in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     )
     target = tmp_path / "site"
