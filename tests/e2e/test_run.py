@@ -6,6 +6,7 @@ recorded model outputs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
@@ -340,6 +341,27 @@ def _processes_with(marker: str) -> list[str]:
         if marker in cmd and "pytest" not in cmd:
             found.append(cmd)
     return found
+
+
+def test_auto_spreads_a_batch_over_the_cores_sooner_when_a_model_is_called_over_http(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--processes auto` on 2 cores: one process below 5,000 rollouts with the in-process scripted model,
+    one per core from 2,000 when the policy is called over HTTP (measured: docs/benchmarks.md, Process modes)."""
+    from gym_runtime.cli.run import worker_groups
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    scripted = resolve_config(load_config([REPO / "resources/weather/config.yaml"]))
+    http = resolve_config(
+        load_config(
+            [REPO / "resources/weather/config.yaml"],
+            ["models.policy.adapter=openai", "models.policy.base_url=http://127.0.0.1:9/v1"],
+        )
+    )
+    auto = argparse.Namespace(processes="auto")
+    assert [worker_groups(auto, scripted, n) for n in (1999, 2000, 4999)] == [None, None, None]
+    assert worker_groups(auto, scripted, 5000) == [[], []]
+    assert worker_groups(auto, http, 1999) is None and worker_groups(auto, http, 2000) == [[], []]
 
 
 def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
