@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
 import msgspec
-import openai
 
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
@@ -64,6 +63,9 @@ from gym_runtime.models.transport import (
     post_object,
 )
 from gym_runtime.observability import logs
+
+if TYPE_CHECKING:
+    import openai
 
 __all__ = [
     "OpenAIModel",
@@ -202,7 +204,10 @@ def api_key_of(cfg: HTTPOptions) -> str:
 
 
 def make_client(cfg: HTTPOptions, url: str | None, key: str) -> openai.AsyncOpenAI:
-    """One client per endpoint; its own retries off (the pool retries)."""
+    """One client per hosted endpoint (OpenAI, Azure); its own retries off (the pool retries). The
+    ``openai`` package is imported here, not with the module: a self-hosted ``base_url`` never needs it."""
+    import openai
+
     common: dict[str, Any] = dict(
         api_key=key, timeout=cfg.timeout_s, max_retries=0, default_headers=cfg.headers or None
     )
@@ -235,13 +240,14 @@ def make_pool(cfg: HTTPOptions, *, concurrency: int) -> EndpointPool:
     urls: list[str | None] = list(base_urls(cfg)) or [None]
     endpoints = []
     for url in urls:
-        client = make_client(cfg, url, key)
-        http = None
         headers = dict(cfg.headers)
         if url and _provider(cfg) == "openai":
             http = PlainHTTP(url, limit=concurrency + 8, timeout_s=cfg.timeout_s)
             headers["Authorization"] = f"Bearer {key}"
-        endpoints.append(Endpoint(url or str(client.base_url), client, concurrency, http=http, headers=headers))
+            endpoints.append(Endpoint(url, None, concurrency, http=http, headers=headers))
+        else:
+            client = make_client(cfg, url, key)
+            endpoints.append(Endpoint(url or str(client.base_url), client, concurrency, headers=headers))
     return EndpointPool(cfg, endpoints, secret=key)
 
 

@@ -27,8 +27,11 @@ bearer auth) go through ``PlainHTTP``: the lean ``http1`` client for ``http://``
 a keep-alive ``aiohttp`` session for ``https://`` and proxies; hosted OpenAI and Azure through ``AsyncOpenAI.post(...,
 cast_to=httpx2.Response)``. Either way the raw body is decoded with msgspec (no
 pydantic on the hot path; vendor fields such as vLLM's token ids are kept) and
-the headers are read for rate limits. The API
-key is scrubbed from every error message this module produces.
+the headers are read for rate limits. Both paths fail with this module's
+``HTTPStatusError`` / ``HTTPTimeout`` / ``HTTPUnreachable``, so the retry loop
+classifies them alike, and the ``openai`` package (about half of a command's
+imports, pydantic included) is imported only when a hosted endpoint needs its
+client. The API key is scrubbed from every error message this module produces.
 """
 
 from __future__ import annotations
@@ -38,18 +41,19 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import aiohttp
 import anyio
-import httpx2
 import msgspec
-import openai
 
 from gym_runtime.errors import ModelError
 from gym_runtime.model import AdapterOptions
 from gym_runtime.models import http1
 from gym_runtime.observability import logs
+
+if TYPE_CHECKING:
+    import openai
 
 log = logs.get("gym.models.transport")
 
@@ -92,7 +96,27 @@ class ContextOverflow(Exception):
     """The server refused the request because the conversation no longer fits."""
 
 
-def is_context_overflow(err: openai.APIStatusError, body: dict[str, Any]) -> bool:
+class HTTPStatusError(Exception):
+    """An endpoint answered an error status: what the retry loop classifies (``message`` as the
+    OpenAI client words it, ``body`` the parsed error body, ``headers`` for ``Retry-After``)."""
+
+    def __init__(self, message: str, *, status_code: int, body: Any, headers: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.body = body
+        self.headers = headers
+
+
+class HTTPTimeout(Exception):
+    """An attempt's request timed out."""
+
+
+class HTTPUnreachable(Exception):
+    """The endpoint could not be reached or dropped the connection."""
+
+
+def is_context_overflow(err: HTTPStatusError, body: dict[str, Any]) -> bool:
     """A 400 that means "the conversation no longer fits" (vLLM / OpenAI wording).
 
     vLLM: ``maximum context length is N tokens`` (prompt longer than the context),
@@ -113,7 +137,7 @@ async def post_object(ep: Endpoint, path: str, body: dict[str, Any], *, root: bo
     """POST and return the JSON object answered; a context overflow becomes ``ContextOverflow``."""
     try:
         data = await ep.post(path, body, root=root)
-    except openai.APIStatusError as e:
+    except HTTPStatusError as e:
         if is_context_overflow(e, body):
             raise ContextOverflow(str(e.message)) from None
         raise
@@ -281,20 +305,21 @@ class Endpoint:
 
     ``http`` (optional): a ``PlainHTTP`` session for OpenAI-compatible servers with
     bearer auth (vLLM, self-hosted ``base_url``): the same requests without the
-    OpenAI client's per-call machinery (a fifteenth of its client CPU per call);
-    its errors are raised as the OpenAI client's exception types so that both
-    paths are classified alike.
+    OpenAI client's per-call machinery (a fifteenth of its client CPU per call).
+    ``client``: the OpenAI client of a hosted endpoint (OpenAI, Azure); ``None`` with ``http``.
     """
 
     def __init__(
         self,
         url: str,
-        client: openai.AsyncOpenAI,
+        client: openai.AsyncOpenAI | None,
         concurrency: int,
         *,
         http: PlainHTTP | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if client is None and http is None:
+            raise ValueError(f"endpoint {url}: neither an OpenAI client nor plain HTTP")
         self.url = url.rstrip("/")
         self.http = http
         self._headers = {"Content-Type": "application/json", **(headers or {})}
@@ -327,11 +352,9 @@ class Endpoint:
         """POST ``body`` as JSON to ``path`` (under the base URL, or the server root)."""
         if self.http is not None:
             return await self._post_http(self.http, path, body, root=root)
-        # Relative paths go through the client's URL logic (Azure deployments routing).
-        raw: httpx2.Response = await self.client.post(
-            self.root + path if root else path, cast_to=httpx2.Response, body=body
-        )
+        assert self.client is not None
         url = (self.root if root else self.url) + path
+        raw = await _client_post(self.client, self.root + path if root else path, body)
         self._read_rate_headers(raw.headers)
         try:
             return _decoder.decode(raw.content)
@@ -343,11 +366,9 @@ class Endpoint:
         try:
             status, headers, content = await http.post(url, _encoder.encode(body), self._headers)
         except TimeoutError:
-            raise openai.APITimeoutError(request=httpx2.Request("POST", url)) from None
+            raise HTTPTimeout(f"Request timed out: POST {url}") from None
         except (aiohttp.ClientError, OSError) as e:
-            raise openai.APIConnectionError(
-                message=f"Connection error: {type(e).__name__}: {e}", request=httpx2.Request("POST", url)
-            ) from None
+            raise HTTPUnreachable(f"Connection error: {type(e).__name__}: {e}") from None
         self._read_rate_headers(headers)
         if status >= 400:
             try:
@@ -356,10 +377,7 @@ class Endpoint:
                 err = content.decode("utf-8", "replace")
             detail = err.get("error", err) if isinstance(err, dict) else err
             message = detail.get("message", detail) if isinstance(detail, dict) else detail
-            response = httpx2.Response(
-                status, headers=list(headers.items()), content=content, request=httpx2.Request("POST", url)
-            )
-            raise openai.APIStatusError(f"Error code: {status} - {message}", response=response, body=err)
+            raise HTTPStatusError(f"Error code: {status} - {message}", status_code=status, body=err, headers=headers)
         try:
             return _decoder.decode(content)
         except msgspec.DecodeError:
@@ -372,6 +390,22 @@ class Endpoint:
                 reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}"))
                 if reset:
                     self.limiter.pause(reset)
+
+
+async def _client_post(client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> Any:
+    """POST through the OpenAI client (relative paths take its URL logic: Azure deployments), its
+    failures raised as this module's errors; the raw ``httpx`` response (no pydantic parsing)."""
+    import httpx2
+    import openai
+
+    try:
+        return await client.post(path, cast_to=httpx2.Response, body=body)
+    except openai.APIStatusError as e:
+        raise HTTPStatusError(e.message, status_code=e.status_code, body=e.body, headers=e.response.headers) from None
+    except openai.APITimeoutError as e:  # before APIConnectionError: a subclass of it
+        raise HTTPTimeout(str(e)) from None
+    except openai.APIConnectionError as e:
+        raise HTTPUnreachable(str(e)) from None
 
 
 def base_urls(cfg: HTTPOptions) -> list[str]:
@@ -445,7 +479,8 @@ class EndpointPool:
 
         ``attempt_fn`` makes the HTTP calls of one attempt; it raises
         ``ContextOverflow`` (passed through), ``ModelError`` (passed through; retried
-        only when ``retryable``) or the OpenAI client's errors (classified here).
+        only when ``retryable``) or ``HTTPStatusError`` / ``HTTPTimeout`` / ``HTTPUnreachable``
+        (classified here).
         """
         cfg = self.cfg
         attempts = cfg.max_retries + 1
@@ -461,20 +496,20 @@ class EndpointPool:
             try:
                 with anyio.fail_after(cfg.timeout_s):
                     result = await attempt_fn(ep)
-            except openai.APIStatusError as e:
+            except HTTPStatusError as e:
                 status = e.status_code
                 failure = self.scrub(f"HTTP {status} from {ep.url} ({what}): {e.message}"[:1000])
                 if status == 429:
-                    wait = retry_after(e.response.headers)
+                    wait = retry_after(e.headers)
                     ep.limiter.on_rate_limited(wait)
                     replica_fault = False
                 elif not (status in RETRY_STATUS or status >= 500):
                     raise ModelError(failure, retryable=False) from None
                 else:
-                    wait = retry_after(e.response.headers)
-            except (openai.APITimeoutError, TimeoutError):
+                    wait = retry_after(e.headers)
+            except (HTTPTimeout, TimeoutError):
                 failure = f"timed out after {cfg.timeout_s}s waiting for {ep.url} ({what})"
-            except openai.APIConnectionError as e:
+            except HTTPUnreachable as e:
                 failure = self.scrub(f"cannot reach {ep.url} ({what}): {e}")
             except ModelError as e:
                 if not e.retryable:
@@ -512,6 +547,7 @@ class EndpointPool:
 
     async def aclose(self) -> None:
         for ep in self.endpoints:
-            await ep.client.close()
+            if ep.client is not None:
+                await ep.client.close()
             if ep.http is not None:
                 await ep.http.aclose()

@@ -23,7 +23,6 @@ OpenTelemetry or the HTTP stack.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -60,10 +59,7 @@ if TYPE_CHECKING:
     from gym_runtime.resource import ModelClient, Resource, Verdict, run_blocking, run_in_process, tool
     from gym_runtime.sync_client import SyncBatch, SyncClient
 
-try:
-    __version__ = version("gym-runtime")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+__version__: str  # the installed distribution's, looked up on first access (``__getattr__``)
 
 # Where each public name lives (imported on first access).
 _HOME: dict[str, str] = {
@@ -122,7 +118,23 @@ _HOME: dict[str, str] = {
 __all__ = [*_HOME, "__version__"]
 
 
+def _version() -> str:
+    """The installed distribution's version, looked up on first use: ``importlib.metadata`` and its
+    scan of the installed distributions cost every command ~30 ms of start-up, and only ``--version``
+    and callers of ``gym_runtime.__version__`` read it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gym-runtime")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = _version()
+        globals()[name] = value
+        return value
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module 'gym_runtime' has no attribute {name!r}")

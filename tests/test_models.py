@@ -838,6 +838,38 @@ async def test_azure_openai_config_routes_to_the_deployment(stub: StubOpenAI) ->
         OpenAIModel(OpenAIOptions(provider="anthropic", api_key=KEY))
 
 
+async def test_a_hosted_endpoints_failures_are_classified_as_a_self_hosted_ones(stub: StubOpenAI) -> None:
+    """Azure goes through the OpenAI client, whose errors the pool reads as its own: a 503 is retried
+    (after its Retry-After), a 401 fails at once, a full context is an incomplete response, and a port
+    nobody listens on is 'cannot reach'."""
+    root = stub.base_url.removesuffix("/v1")
+    azure = dict(adapter="openai", provider="azure", api="chat", api_key=KEY, api_version="2024-10-21")
+    model = load_adapter(model_config(dict(azure, base_url=root, model="gpt-4o", max_retries=1)))
+    assert isinstance(model, OpenAIModel) and model.pool.endpoints[0].client is not None
+    stub.enqueue(StubReply(status=503, body=error_body(503, "busy"), headers={"Retry-After": "0.2"}))
+    stub.enqueue(chat_completion("second try"))
+    t0 = time.perf_counter()
+    r = await model.generate(CreateParams(input=parse_items("hi")))
+    assert message_text(r.output[0]) == "second try" and time.perf_counter() - t0 >= 0.2  # type: ignore[arg-type]
+    stub.enqueue(StubReply(status=401, body=error_body(401, "bad key")))
+    with pytest.raises(ModelError, match="HTTP 401 .*bad key") as exc:
+        await model.generate(CreateParams(input=parse_items("hi")))
+    assert exc.value.retryable is False and len(stub.requests) == 3
+    msg = "This model's maximum context length is 1024 tokens. However, your prompt contains at least 1025"
+    stub.enqueue(StubReply(status=400, body=error_body(400, msg)))
+    r = await model.generate(CreateParams(input=parse_items("long " * 2000)))
+    assert r.status == "incomplete" and r.incomplete_details == {"reason": "max_output_tokens"}
+    await model.aclose()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    unreachable = load_adapter(model_config(dict(azure, base_url=dead, model="gpt-4o", max_retries=0)))
+    with pytest.raises(ModelError, match="cannot reach") as exc:
+        await unreachable.generate(CreateParams(input=parse_items("hi")))
+    assert exc.value.retryable is True
+    await unreachable.aclose()
+
+
 async def test_rate_limits_shrink_the_window_and_pause_new_calls(stub: StubOpenAI) -> None:
     model = OpenAIModel(openai_cfg(stub, max_retries=3), concurrency=8)
     limiter = model.pool.endpoints[0].limiter

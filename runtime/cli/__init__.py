@@ -9,71 +9,63 @@ bug: the traceback is printed, labelled as such); 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import sys
 import traceback
 from types import ModuleType
 from typing import NoReturn
 
-from gym_runtime import __version__
-from gym_runtime.cli import (
-    collect,
-    env,
-    gateway,
-    health,
-    init,
-    parity,
-    prepare,
-    publish,
-    purge,
-    reverify,
-    run,
-    server,
-    start,
-    status,
-    validate,
-)
-from gym_runtime.cli._common import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    err,
-    quiet_stdout,
-    refuse_argv_secrets,
-    stdout_gone,
-    tune_gc,
-)
-from gym_runtime.errors import UserError
-from gym_runtime.observability import logs
-from gym_runtime.transport.connect import ServerUnreachable, unanswered
+import gym_runtime
+from gym_runtime.cli._gc import tune_gc
 
-COMMANDS: dict[str, ModuleType] = {
-    "run": run,
-    "start": start,
-    "publish": publish,
-    "collect": collect,
-    "reverify": reverify,
-    "status": status,
-    "server": server,
-    "gateway": gateway,
-    "purge": purge,
-    "health": health,
-    "validate": validate,
-    "prepare": prepare,
-    "init": init,
-    "env": env,
-    "parity": parity,
-}
+# The commands, each a module of this package; imported by ``commands()`` once ``main`` has tuned the
+# cycle collector (importing this package stays light: ``main`` imports the stack, not the import).
+COMMAND_NAMES = (
+    "run",
+    "start",
+    "publish",
+    "collect",
+    "reverify",
+    "status",
+    "server",
+    "gateway",
+    "purge",
+    "health",
+    "validate",
+    "prepare",
+    "init",
+    "env",
+    "parity",
+)
+
+
+def commands() -> dict[str, ModuleType]:
+    """Every command's module by name (imported on first call)."""
+    return {name: importlib.import_module(f"gym_runtime.cli.{name}") for name in COMMAND_NAMES}
+
 
 EXIT_BUG = 3
 # A user's mistake (config, input, CLI value, path, server address): one line, exit 2. A bare
-# ValueError is not one: it comes from a bug, and is reported as one (exit 3).
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    UserError,  # config, input, credentials, CLI values, server addresses (gym_runtime.errors)
+# ValueError is not one: it comes from a bug, and is reported as one (exit 3). With these, ``main``
+# counts gym_runtime.errors.UserError (config, input, credentials, CLI values, server addresses).
+PATH_ERRORS: tuple[type[BaseException], ...] = (
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,
     NotADirectoryError,
 )
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the version looked up when asked for (``importlib.metadata`` is not a cost of every
+    command's start-up)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"gym-runtime {gym_runtime.__version__}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 class Parser(argparse.ArgumentParser):
@@ -85,11 +77,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
-    parser.add_argument(
-        "--version", action="version", version=f"gym-runtime {__version__}", help="print the version and exit"
-    )
+    parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
+    for module in commands().values():
         module.add_parser(sub)
     return parser
 
@@ -104,16 +94,32 @@ def leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+
     return isinstance(exc, asyncio.CancelledError)
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_gc()  # before the commands import the stack: the collector's passes over it cost start-up time
+    from gym_runtime.cli._common import (
+        EXIT_INTERRUPTED,
+        EXIT_USAGE,
+        err,
+        quiet_stdout,
+        refuse_argv_secrets,
+        stdout_gone,
+    )
+    from gym_runtime.errors import UserError
+    from gym_runtime.observability import logs
+    from gym_runtime.transport.connect import unanswered
+
+    user_errors: tuple[type[BaseException], ...] = (UserError, *PATH_ERRORS)
+
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level if hasattr(args, "log_level") else "warning")
-    tune_gc()
     try:
         refuse_argv_secrets(args)
-        return int(COMMANDS[args.command].main(args))
+        return int(commands()[args.command].main(args))
     except BaseException as exc:  # classified below; SystemExit is re-raised
         causes = leaves(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in causes):
@@ -131,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 "warning above"
             )
             return EXIT_USAGE
-        user = next((e for e in causes if isinstance(e, USER_ERRORS)), None)
-        if user is not None and all(isinstance(e, USER_ERRORS) or _is_cancel(e) for e in causes):
+        user = next((e for e in causes if isinstance(e, user_errors)), None)
+        if user is not None and all(isinstance(e, user_errors) or _is_cancel(e) for e in causes):
             err(user_message(user))
             return EXIT_USAGE
         print(
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def user_message(exc: BaseException) -> str:
+    from gym_runtime.transport.connect import ServerUnreachable
+
     if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, ServerUnreachable):
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)

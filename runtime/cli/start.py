@@ -13,13 +13,13 @@ from gym_runtime.cli._common import (
     client_auth,
     common_options,
     config_argument,
-    freeze_startup,
     load,
     metrics_options,
     need_url,
     positive_int,
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
+from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env

@@ -18,18 +18,10 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from random import getrandbits as _random_bits
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource as OtelResource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import (
     INVALID_SPAN,
     NonRecordingSpan,
@@ -41,15 +33,26 @@ from opentelemetry.trace import (
 
 from gym_runtime.observability.meters import Meters
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-class JsonLinesExporter(SpanExporter):
-    """Writes one JSON object per finished span to a file (appending; many processes may share it)."""
+
+class JsonLinesExporter:
+    """Writes one JSON object per finished span to a file (appending; many processes may share it).
+
+    An OpenTelemetry ``SpanExporter`` by its methods, not by its base class: the tracing SDK (and its
+    resource detection, psutil included: 25-50 ms of every command's start-up on 2 loaded cores) is
+    imported only when something records.
+    """
 
     def __init__(self, path: str) -> None:
         self._path = path
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
         lines = []
         for s in spans:
             ctx = s.get_span_context()
@@ -79,6 +82,9 @@ class JsonLinesExporter(SpanExporter):
 
     def shutdown(self) -> None:
         return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True  # every export is written when it is made
 
 
 class _Remote(NonRecordingSpan):
@@ -167,13 +173,11 @@ class Telemetry:
         service: str = "gym-runtime",
         meters: Meters | None = None,
     ) -> None:
-        # Without an exporter nothing is recorded, so only root spans are created (for
-        # fresh ids); every other message carries its caller's context unchanged.
+        # Without an exporter nothing is recorded and no span is made (messages carry their caller's
+        # context, or a fresh one), so there is no provider either.
         self.recording = provider is not None
-        self.provider = provider or TracerProvider(
-            sampler=ALWAYS_OFF, resource=OtelResource.create({"service.name": service})
-        )
-        self.tracer = self.provider.get_tracer("gym_runtime")
+        self.provider = provider
+        self.tracer = provider.get_tracer("gym_runtime") if provider is not None else None
         self.meters = meters or Meters()  # metric instruments (no-op unless an endpoint was asked for)
 
     @classmethod
@@ -187,7 +191,7 @@ class Telemetry:
         """Export to ``trace_file`` (JSON lines) and/or OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set."""
         exporters: list[SpanExporter] = []
         if trace_file:
-            exporters.append(JsonLinesExporter(trace_file))
+            exporters.append(cast("SpanExporter", JsonLinesExporter(trace_file)))
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter,
@@ -196,6 +200,11 @@ class Telemetry:
             exporters.append(OTLPSpanExporter())
         if not exporters:
             return cls(service=service, meters=meters)
+        from opentelemetry.sdk.resources import Resource as OtelResource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
         provider = TracerProvider(
             sampler=ParentBased(ALWAYS_ON), resource=OtelResource.create({"service.name": service})
         )
@@ -221,6 +230,7 @@ class Telemetry:
             return _Attached(parent) if parent is not None else _CURRENT
         if isinstance(parent, str):
             parent = self._otel_parent(parent)
+        assert self.tracer is not None  # recording
         return self.tracer.start_as_current_span(
             name, context=parent, kind=kind, attributes=attributes, record_exception=True
         )
@@ -277,5 +287,6 @@ class Telemetry:
         return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        if self.provider is not None:
+            self.provider.shutdown()
         self.meters.shutdown()

@@ -265,10 +265,13 @@ class EmbeddedServer:
             provisioner.stop()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server: gracefully (SIGTERM: JetStream writes its store out) when the store is kept,
+        at once (SIGKILL) when it is a temporary one deleted right after (``run``'s embedded server: its
+        graceful stop took ~0.2 s of the command's wall time after a batch, for files nobody reads)."""
         self._stop_provisioning()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGKILL if self._tmp is not None else signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:

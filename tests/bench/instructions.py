@@ -34,7 +34,7 @@ def one_run(n: int, concurrency: int, model: str, secure: bool = False) -> None:
     sys.path.insert(0, str(REPO / "tests" / "bench"))
     import overhead
 
-    from gym_runtime.cli._common import tune_gc
+    from gym_runtime.cli._gc import tune_gc
     from gym_runtime.observability import logs
 
     logs.configure("warning")  # as the CLI does

@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "bench"))  # overhead.until_answered
 
-from gym_runtime.cli._common import tune_gc  # noqa: E402
+from gym_runtime.cli._gc import tune_gc  # noqa: E402
 from gym_runtime.messages import CreateParams, ModelRequest, parse_items  # noqa: E402
 from gym_runtime.model import ModelConfig  # noqa: E402
 from gym_runtime.models.vllm import Options as VLLMOptions  # noqa: E402

@@ -449,7 +449,7 @@ def main() -> None:
         "the flag alone: skip it)",
     )
     args = ap.parse_args()
-    from gym_runtime.cli._common import tune_gc
+    from gym_runtime.cli._gc import tune_gc
     from gym_runtime.observability import logs
 
     logs.configure("warning")  # as the CLI does by default (unconfigured structlog prints every debug line)

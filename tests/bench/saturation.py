@@ -62,7 +62,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.cli._common import freeze_startup, tune_gc  # noqa: E402
+from gym_runtime.cli._gc import freeze_startup, tune_gc  # noqa: E402
 from gym_runtime.config import config_from_dict  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402

@@ -6,6 +6,7 @@ recorded model outputs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -13,14 +14,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 from tests.helpers import COMPAT, REPO, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
+from tests.stub_openai import StubOpenAI, StubReply, responses_reply
 
 ENVS = {
     "weather": "example_single_tool_call",
@@ -378,6 +381,27 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
+def test_auto_spreads_a_batch_over_the_cores_sooner_when_a_model_is_called_over_http(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--processes auto` on 2 cores: one process below 5,000 rollouts with the in-process scripted model,
+    one per core from 2,000 when the policy is called over HTTP (measured: docs/benchmarks.md, Process modes)."""
+    from gym_runtime.cli.run import worker_groups
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    scripted = resolve_config(load_config([REPO / "resources/weather/config.yaml"]))
+    http = resolve_config(
+        load_config(
+            [REPO / "resources/weather/config.yaml"],
+            ["models.policy.adapter=openai", "models.policy.base_url=http://127.0.0.1:9/v1"],
+        )
+    )
+    auto = argparse.Namespace(processes="auto")
+    assert [worker_groups(auto, scripted, n) for n in (1999, 2000, 4999)] == [None, None, None]
+    assert worker_groups(auto, scripted, 5000) == [[], []]
+    assert worker_groups(auto, http, 1999) is None and worker_groups(auto, http, 2000) == [[], []]
+
+
 def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
     """`run --processes per-role` (one child per role) and `--processes 2` (two
     processes that each serve every role): the same rows as one process, and no worker outlives the command."""
@@ -564,22 +588,16 @@ def test_a_forked_worker_child_killed_mid_batch_is_started_again_and_the_batch_c
     assert [e["forked"] for e in events if e.get("event") == "worker.ready"] == [True, True]
 
 
-def test_run_freezes_start_up_and_still_collects_the_cycles_made_after_it(tmp_path: Path) -> None:
-    """`run` takes start-up's objects out of the cycle collector's passes (gc.freeze, once everything is
-    imported): the rows are right, the frozen count is start-up's size, and a reference cycle made after
-    start-up is still found and freed by the collector (a frozen heap must not turn cycles into leaks)."""
-    out = tmp_path / "out.jsonl"
+def _weather_run_in_a_fresh_python(tmp_path: Path, out: Path, more_args: str, after: str) -> dict[str, Any]:
+    """``main(['run', weather, ..., more_args])`` (``--processes one``) in a fresh interpreter, then the code
+    ``after``, which sets ``report``: the exit code with ``report``, as the JSON the interpreter printed."""
     script = (
         "import gc, sys, json\n"
         "from gym_runtime.cli import main\n"
         "code = main(['run', 'resources/weather/config.yaml', '-i', 'resources/weather/data/example.jsonl',\n"
-        f"             '-o', {str(out)!r}, '--processes', 'one'])\n"
-        "frozen = gc.get_freeze_count()\n"
-        "class Node: pass\n"
-        "a, b = Node(), Node(); a.other, b.other = b, a\n"
-        "del a, b\n"
-        "freed = gc.collect()\n"
-        "print(json.dumps({'code': code, 'frozen': frozen, 'freed': freed}))\n"
+        f"             '-o', {str(out)!r}, '--processes', 'one', {more_args}])\n"
+        f"{after}"
+        "print(json.dumps({'code': code, **report}))\n"
     )
     res = subprocess.run(
         [sys.executable, "-c", script],
@@ -590,7 +608,54 @@ def test_run_freezes_start_up_and_still_collects_the_cycles_made_after_it(tmp_pa
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def test_run_start_up_imports_only_what_the_run_uses_and_tunes_the_collector_first(tmp_path: Path) -> None:
+    """A `run` of weather with the `openai` adapter on a self-hosted base URL and no metrics endpoint never
+    imports the `openai` package (with pydantic's models of the whole OpenAI API, ~half of start-up's
+    imports) nor the metrics or tracing SDKs (nothing records), and the cycle collector is tuned before the
+    stack is imported (at CPython's default it made ~150 passes over start-up's growing heap)."""
+    out = tmp_path / "out.jsonl"
+    with StubOpenAI(handler=lambda req: StubReply(body=responses_reply())) as stub:
+        got = _weather_run_in_a_fresh_python(
+            tmp_path,
+            out,
+            f"'--set', 'models.policy.adapter=openai', '--set', 'models.policy.base_url={stub.base_url}', "
+            "'--set', 'models.policy.model=m'",
+            "heavy = ('openai', 'opentelemetry.sdk.metrics', 'opentelemetry.sdk.trace', 'psutil')\n"
+            "loaded = [m for m in heavy if m in sys.modules]\n"
+            "report = {'loaded': loaded, 'passes': sum(s['collections'] for s in gc.get_stats())}\n",
+        )
+        assert len([r for r in stub.requests if r.path.endswith("/responses")]) == 5  # every rollout called it
+    assert got["code"] == 0 and len(read_jsonl(out)) == 5
+    assert got["loaded"] == [], got
+    bare = subprocess.run(  # the interpreter's own start-up (site, the editable install's finder)
+        [sys.executable, "-c", "import gc; print(sum(s['collections'] for s in gc.get_stats()))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    # the whole command on top of a bare interpreter: a handful of passes, not one per 700 allocations
+    assert got["passes"] - int(bare.stdout) < 15, (got, bare.stdout)
+
+
+def test_run_freezes_start_up_and_still_collects_the_cycles_made_after_it(tmp_path: Path) -> None:
+    """`run` takes start-up's objects out of the cycle collector's passes (gc.freeze, once everything is
+    imported): the rows are right, the frozen count is start-up's size, and a reference cycle made after
+    start-up is still found and freed by the collector (a frozen heap must not turn cycles into leaks)."""
+    out = tmp_path / "out.jsonl"
+    got = _weather_run_in_a_fresh_python(
+        tmp_path,
+        out,
+        "",
+        "frozen = gc.get_freeze_count()\n"
+        "class Node: pass\n"
+        "a, b = Node(), Node(); a.other, b.other = b, a\n"
+        "del a, b\n"
+        "report = {'frozen': frozen, 'freed': gc.collect()}\n",
+    )
     assert got["code"] == 0 and len(read_jsonl(out)) == 5
     assert got["frozen"] > 10_000, got  # the stack, the environment and the config: tens of thousands
     assert got["freed"] >= 2, got  # the two nodes (and their dicts) of the cycle made after start-up
