@@ -382,3 +382,120 @@ def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(c
     }
     assert differ == {}
     assert len(set(got["ours"].values())) > 1  # the variants really differ in outcome
+
+
+# ------------------------------------------------------------------ issue 25, item 9, every mirrored environment
+# The same lax or malformed model outputs sent to our environment and to NeMo Gym's original, hosted (nemo-gym
+# 0.7.0's own code): one `run` per side, every variant a row whose prompt carries the variant's name (the replay
+# model answers by prompt). Where nemo-gym 0.7.0 changed a verify after the commit our differential cases come from
+# (07d6b0d0), ours keeps that commit's behaviour: those variants are listed, and must differ exactly so.
+
+DIFFERENTIAL = REPO / "tests" / "compat" / "differential"
+
+
+def message(*texts: str) -> dict[str, Any]:
+    """An assistant message whose output_text parts are ``texts``."""
+    parts = [{"type": "output_text", "text": t, "annotations": []} for t in texts]
+    return {"type": "message", "role": "assistant", "id": "msg_v", "status": "completed", "content": parts}
+
+
+def reasoning(text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": "rs_v", "summary": [{"type": "summary_text", "text": text}]}
+
+
+def call(name: str, arguments: str, n: int = 0) -> dict[str, Any]:
+    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": f"call_{n}", "id": f"fc_{n}"}
+
+
+def both_sides(
+    tmp_path: Path,
+    variants: list[tuple[str, dict[str, Any], list[dict[str, Any]]]],
+    ours: dict[str, Any],
+    nemo_gym: dict[str, Any],
+) -> dict[str, tuple[Any, Any]]:
+    """{variant: (our reward, NeMo Gym's reward)} for (name, task row, model output items) variants; a failure
+    row counts as its error_class. The two runs share one replay file and one input file."""
+    rows, rollouts = [], []
+    for name, row, output in variants:
+        row = json.loads(json.dumps(row))
+        items = row["responses_create_params"]["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        items[-1]["content"] = f"{items[-1]['content']} ({name})"
+        row["responses_create_params"]["input"] = items
+        rows.append(row)
+        response = {"id": "resp_v", "created_at": 0.0, "model": "m", "object": "response", "output": output}
+        rollouts.append({"responses_create_params": row["responses_create_params"], "response": response})
+    write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
+    got: dict[str, dict[int, Any]] = {}
+    for side, resource in (("ours", ours), ("nemo_gym", nemo_gym)):
+        work = tmp_path / side
+        work.mkdir()
+        cfg = config(work, resource, policy=policy)
+        r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(work / "out.jsonl"), timeout=600)
+        assert r.returncode in (0, 1), r.stderr  # 1: some variants are failure rows
+        out: dict[int, Any] = {x["_ng_task_index"]: x["reward"] for x in read_jsonl(work / "out.jsonl")}
+        failed = work / "out_failures.jsonl"
+        for x in read_jsonl(failed) if failed.exists() else []:
+            out[x["_ng_task_index"]] = x["error_class"]
+        assert len(out) == len(rows)
+        got[side] = out
+    return {name: (got["ours"][i], got["nemo_gym"][i]) for i, (name, _, _) in enumerate(variants)}
+
+
+def assert_same_rewards(got: dict[str, tuple[Any, Any]], newer_in_0_7_0: dict[str, tuple[Any, Any]] = {}) -> None:  # noqa: B006
+    differ = {name: pair for name, pair in got.items() if pair[0] != pair[1]}
+    assert differ == newer_in_0_7_0
+    assert len({ours for ours, _ in got.values()}) > 1  # the variants really differ in outcome
+
+
+def mcqa_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Every answer form below, for one task of each grading mode (and one with a template regex)."""
+    cases = read_jsonl(DIFFERENTIAL / "mcqa.jsonl")
+    tasks: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        mode = "template" if case.get("template_metadata") else case.get("grading_mode", "strict_single_letter_boxed")
+        tasks.setdefault(
+            mode, {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+        )
+    out = []
+    for mode, task in tasks.items():
+        gold = task["expected_answer"]
+        text = next(v for o in task["options"] for k, v in o.items() if k == gold)
+        other = next(k for o in task["options"] for k in o if k != gold)
+        answers: dict[str, list[dict[str, Any]]] = {
+            "boxed": [message(f"So \\boxed{{{gold}}}")],
+            "boxed_lowercase": [message(f"\\boxed{{{gold.lower()}}}")],
+            "boxed_label": [message(f"\\boxed{{{gold}: {text}}}")],
+            "boxed_label_multiline": [message(f"\\boxed{{\n{gold}: {text}\n}}")],
+            "boxed_dot_label": [message(f"\\boxed{{{gold}. {text}}}")],
+            "boxed_parens": [message(f"\\boxed{{({gold})}}")],
+            "boxed_text": [message(f"\\boxed{{\\text{{ {gold} }}}}")],
+            "boxed_textbf": [message(f"\\boxed{{\\textbf{{{gold}}}}}")],
+            "boxed_fullwidth": [message("\\boxed{" + chr(0xFF21 + ord(gold) - 65) + "}")],
+            "boxed_option_text": [message(f"\\boxed{{{text}}}")],
+            "boxed_option_text_upper": [message(f"\\boxed{{ {text.upper()} }}")],
+            "two_boxes_last_wrong": [message(f"\\boxed{{{gold}}} or rather \\boxed{{{other}}}")],
+            "two_letters": [message(f"\\boxed{{{gold}, {other}}}")],
+            "unclosed_box": [message(f"\\boxed{{{gold}")],
+            "box_split_over_parts": [message(f"\\boxed{{{gold}", "}")],
+            "box_split_over_messages": [message("\\boxed{"), message(f"{gold}}}")],
+            "box_in_reasoning_only": [reasoning(f"\\boxed{{{gold}}}"), message("done")],
+            "reasoning_then_box": [reasoning(f"\\boxed{{{other}}}"), message(f"\\boxed{{{gold}}}")],
+            "answer_colon": [message(f"Answer: {gold}")],
+            "answer_colon_lower": [message(f"answer:  {gold.lower()}")],
+            "answer_colon_text": [message(f"Answer: {text.lower()}")],
+            "answer_colon_markdown": [message(f"**Answer:** {gold}")],
+            "answer_is": [message(f"The answer is {gold}.")],
+            "whitespace_only": [message("  \n ")],
+        }
+        out += [(f"{mode}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_mcqa_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """mcqa: boxes (lowercase, labels on one line or several, \\text, full-width, option text, two, unclosed,
+    split over parts or messages, only in reasoning), Answer: lines, blank text; four grading modes."""
+    got = both_sides(tmp_path, mcqa_variants(), {"server": "mcqa"}, {"nemo_gym": "mcqa"})
+    assert_same_rewards(got)
