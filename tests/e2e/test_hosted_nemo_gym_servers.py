@@ -499,3 +499,48 @@ def test_mcqa_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalog
     split over parts or messages, only in reasoning), Answer: lines, blank text; four grading modes."""
     got = both_sides(tmp_path, mcqa_variants(), {"server": "mcqa"}, {"nemo_gym": "mcqa"})
     assert_same_rewards(got)
+
+
+def reasoning_gym_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Tags, boxes, think blocks, fences and splits around a basic_arithmetic answer (30) and a word_sorting one."""
+    cases = read_jsonl(DIFFERENTIAL / "reasoning_gym.jsonl")
+    out = []
+    for source in ("basic_arithmetic", "word_sorting"):
+        case = next(c for c in cases if c["metadata"]["source_dataset"] == source)
+        task = {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+        gold, wrong = task["answer"], "31" if source == "basic_arithmetic" else "zzz"
+        answers: dict[str, list[dict[str, Any]]] = {
+            "tag": [message(f"<answer>{gold}</answer>")],
+            "tag_padded": [message(f"<answer>  {gold}  </answer>")],
+            "tag_newlines": [message(f"<answer>\n{gold}\n</answer>")],
+            "tags_last_wins": [message(f"<answer>{wrong}</answer> no: <answer>{gold}</answer>")],
+            "tags_last_wrong": [message(f"<answer>{gold}</answer> no: <answer>{wrong}</answer>")],
+            "tag_upper_case": [message(f"<ANSWER>{gold}</ANSWER>")],
+            "tag_unclosed": [message(f"<answer>{gold}")],
+            "tag_split_over_parts": [message("<answer>", f"{gold}</answer>")],
+            "tag_split_over_messages": [message(f"<answer>{gold}"), message("</answer>")],
+            "tag_in_reasoning_only": [reasoning(f"<answer>{gold}</answer>"), message(f"{wrong}")],
+            "boxed": [message(f"so \\boxed{{{gold}}}")],
+            "boxed_padded": [message(f"\\boxed{{  {gold} }}")],
+            "boxed_first_wins": [message(f"\\boxed{{{gold}}} then \\boxed{{{wrong}}}")],
+            "boxed_empty_then": [message(f"\\boxed{{}} then \\boxed{{{gold}}}")],
+            "boxed_nested": [message(f"\\boxed{{\\text{{{gold}}}}}")],
+            "boxed_frac": [message("\\boxed{\\frac{60}{2}}")],
+            "think_box_then_box": [message(f"<think>\\boxed{{{wrong}}}</think>\\boxed{{{gold}}}")],
+            "think_then_plain": [message(f"<think>hmm {wrong}</think>{gold}")],
+            "fenced": [message(f"```\n{gold}\n```")],
+            "blank_lines": [message(f"\n\n{gold}\n\n")],
+            "plain_with_prose": [message(f"The answer is {gold}.")],
+            "empty": [message("")],
+        }
+        out += [(f"{source}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_reasoning_gym_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """reasoning_gym: <answer> tags (padded, several, upper case, unclosed, split, only in reasoning), boxes (first,
+    empty, nested, \\frac), <think> blocks, fences, blank lines, prose; two tasks."""
+    got = both_sides(tmp_path, reasoning_gym_variants(), {"server": "reasoning_gym"}, {"nemo_gym": "reasoning_gym"})
+    assert_same_rewards(got)
