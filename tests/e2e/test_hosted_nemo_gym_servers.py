@@ -544,3 +544,66 @@ def test_reasoning_gym_reads_lax_and_malformed_answers_as_nemo_gyms_original_doe
     empty, nested, \\frac), <think> blocks, fences, blank lines, prose; two tasks."""
     got = both_sides(tmp_path, reasoning_gym_variants(), {"server": "reasoning_gym"}, {"nemo_gym": "reasoning_gym"})
     assert_same_rewards(got)
+
+
+def calendar_variants(sdir: Path) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """The recorded calendars (two right, three wrong), reshaped: nested lists, brackets in names, fences, prose,
+    <think>, a text part before the list, reasoning last, cut off, types and spellings of the fields."""
+    from gym_runtime.hosting.parity import inputs
+
+    recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
+    out = []
+    for i, (row, rec) in enumerate(zip(inputs(sdir, recorded), recorded, strict=True)):
+        text = rec["response"]["output"][-1]["content"][0]["text"]
+        start = text.index('[{"event_id"')
+        events = json.loads(text[start : text.index("}]", start) + 2])
+        first = events[0]
+        listed = json.dumps(events)
+        answers: dict[str, list[dict[str, Any]]] = {
+            "as_recorded": [message(text)],
+            "list_only": [message(listed)],
+            "nested_list": [message(json.dumps([{**first, "tags": ["a"]}, *events[1:]]))],
+            "nested_list_last": [message(json.dumps([*events[:-1], {**events[-1], "tags": ["a"]}]))],
+            "bracket_in_name": [message(json.dumps([{**first, "event_name": "Review [v2]"}, *events[1:]]))],
+            "nested_object": [message(json.dumps([{**first, "meta": {"room": 1}}, *events[1:]]))],
+            "fenced": [message(f"```json\n{listed}\n```")],
+            "prose_around": [message(f"Here is the calendar:\n{listed}\nLet me know!")],
+            "think": [message(f"<think>ok</think>{listed}")],
+            "prose_part_first": [message("Here is the calendar:", listed)],
+            "reasoning_last": [message(listed), reasoning("done")],
+            "two_messages": [message(listed), message("Anything else?")],
+            "cut_off": [message(listed[:-1])],
+            "invalid_list_first": [message("[{event_id: 0}] " + listed)],
+            "note_with_a_list_first": [message('Notes: [{"todo": ["call Bob"]}]\n' + listed)],
+            "note_with_a_bracket_first": [message('Notes: [{"todo": "see [1]"}]\n' + listed)],
+            "empty_list": [message("[]")],
+            "float_durations": [message(json.dumps([{**e, "duration": float(e["duration"])} for e in events]))],
+            "string_ids": [message(json.dumps([{**e, "event_id": str(e["event_id"])} for e in events]))],
+            "seconds_in_times": [message(json.dumps([{**e, "start_time": e["start_time"] + ":00"} for e in events]))],
+            "twelve_hour_times": [
+                message(json.dumps([{**e, "start_time": twelve_hour(e["start_time"])} for e in events]))
+            ],
+            "upper_case_am_pm": [
+                message(json.dumps([{**e, "start_time": twelve_hour(e["start_time"]).upper()} for e in events]))
+            ],
+            "missing_duration": [
+                message(json.dumps([{k: v for k, v in first.items() if k != "duration"}, *events[1:]]))
+            ],
+            "duplicate_event": [message(json.dumps([*events, first]))],
+        }
+        out += [(f"{i}/{name}", row, output) for name, output in answers.items()]
+    return out
+
+
+def twelve_hour(hhmm: str) -> str:
+    hours, minutes = (int(x) for x in hhmm.split(":"))
+    return f"{(hours - 1) % 12 + 1}:{minutes:02d}{'am' if hours < 12 else 'pm'}"
+
+
+def test_calendar_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """calendar: where the calendar list is found (nested lists and objects, brackets in strings, fences, prose,
+    <think>, a prose part first, reasoning last, cut off, an invalid list or a note first) and how its fields are
+    read."""
+    variants = calendar_variants(catalogue / "calendar")
+    got = both_sides(tmp_path, variants, {"server": "calendar"}, {"nemo_gym": "calendar"})
+    assert_same_rewards(got)
