@@ -607,3 +607,64 @@ def test_calendar_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(cat
     variants = calendar_variants(catalogue / "calendar")
     got = both_sides(tmp_path, variants, {"server": "calendar"}, {"nemo_gym": "calendar"})
     assert_same_rewards(got)
+
+
+def structured_outputs_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """A valid JSON answer and a valid XML one, reshaped: fences, prose, splits over parts and messages, reasoning,
+    JSON5-isms, extra, missing and retyped fields, a list or two objects, blank text."""
+    cases = read_jsonl(DIFFERENTIAL / "structured_outputs.jsonl")
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    out = []
+    for kind, case_name in (("json", "json text: valid pretty-printed"), ("xml", "xml: valid with type coercion")):
+        case = next(c for c in cases if c["case"].startswith(case_name))
+        task = {k: v for k, v in case.items() if k not in skip}
+        text = "".join(p["text"] for o in case["response"]["output"] if o["type"] == "message" for p in o["content"])
+        half = len(text) // 2
+        answers: dict[str, list[dict[str, Any]]] = {
+            "as_given": [message(text)],
+            "padded": [message(f"\n\n  {text}  \n")],
+            "fenced": [message(f"```{kind}\n{text}\n```")],
+            "prose_before": [message(f"Here you go:\n{text}")],
+            "split_over_parts": [message(text[:half], text[half:])],
+            "split_over_messages": [message(text[:half]), message(text[half:])],
+            "reasoning_then_answer": [reasoning("{}"), message(text)],
+            "only_in_reasoning": [reasoning(text), message("done")],
+            "doubled": [message(text + text)],
+            "cut_off": [message(text[:-3])],
+            "empty": [message("")],
+        }
+        if kind == "json":
+            value = json.loads(text)
+            answers |= {
+                "compact": [message(json.dumps(value, separators=(",", ":")))],
+                "trailing_comma": [message(json.dumps(value)[:-1] + ",}")],
+                "single_quotes": [message(json.dumps(value).replace('"', "'"))],
+                "extra_field": [message(json.dumps({**value, "note": "x"}))],
+                "missing_field": [message(json.dumps({k: v for k, v in value.items() if k != "email"}))],
+                "age_as_float": [message(json.dumps({**value, "age": 36.0}))],
+                "age_as_string": [message(json.dumps({**value, "age": "36"}))],
+                "age_as_bool": [message(json.dumps({**value, "age": True}))],
+                "age_nan": [message(json.dumps({**value, "age": float("nan")}))],
+                "email_null": [message(json.dumps({**value, "email": None}))],
+                "in_a_list": [message(json.dumps([value]))],
+                "yaml_instead": [message("\n".join(f"{k}: {json.dumps(v)}" for k, v in value.items()))],
+            }
+        else:
+            answers |= {
+                "xml_declaration": [message('<?xml version="1.0"?>' + text)],
+                "age_not_a_number": [message(text.replace("<age>36</age>", "<age>thirty</age>"))],
+                "age_as_float_text": [message(text.replace("<age>36</age>", "<age>36.0</age>"))],
+                "one_skill": [message(text.replace("<skill>poetry</skill>", ""))],
+                "no_root": [message(text.replace("<person>", "").replace("</person>", ""))],
+            }
+        out += [(f"{kind}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_structured_outputs_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """structured_outputs (text mode, JSON and XML): which text is parsed (parts and messages joined, reasoning
+    skipped, no fence or prose stripping) and how strictly (JSON5-isms, types, extra and missing fields)."""
+    ours, nemo_gym = {"server": "structured_outputs"}, {"nemo_gym": "structured_outputs"}
+    assert_same_rewards(both_sides(tmp_path, structured_outputs_variants(), ours, nemo_gym))
