@@ -668,3 +668,37 @@ def test_structured_outputs_reads_lax_and_malformed_answers_as_nemo_gyms_origina
     skipped, no fence or prose stripping) and how strictly (JSON5-isms, types, extra and missing fields)."""
     ours, nemo_gym = {"server": "structured_outputs"}, {"nemo_gym": "structured_outputs"}
     assert_same_rewards(both_sides(tmp_path, structured_outputs_variants(), ours, nemo_gym))
+
+
+def called(name: str, arguments: str, answer: str = "done", n: int = 0) -> list[dict[str, Any]]:
+    """A function call, the output a replay records for it (the live one replaces it) and a final message."""
+    output = {"type": "function_call_output", "call_id": f"call_{n}", "output": "{}"}
+    return [call(name, arguments, n), output, message(answer)]
+
+
+def test_weather_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """weather: lax get_weather arguments score alike. Without a get_weather call nemo-gym 0.7.0 scores 0; at
+    07d6b0d0 (our differential cases' commit, and NeMo Gym's recordings, where two rollouts ask a question and score
+    1) every rollout scores 1: ours keeps that, so exactly those variants differ."""
+    row = read_jsonl(catalogue / "example_single_tool_call" / "data" / "example.jsonl")[0]
+    row = {k: v for k, v in row.items() if k != "agent_ref"}
+    variants = {
+        "as_asked": called("get_weather", '{"city": "Paris"}'),
+        "extra_key": called("get_weather", '{"city": "Paris", "units": "C"}'),
+        "city_a_number": called("get_weather", '{"city": 7}'),
+        "no_city": called("get_weather", "{}"),
+        "not_json": called("get_weather", '{"city": '),
+        "two_calls": called("get_weather", '{"city": "Paris"}')[:2] + called("get_weather", '{"city": "Rome"}', n=1),
+        "no_call": [message("Which city?")],
+        "misspelt_tool": called("get_wether", '{"city": "Paris"}'),
+        "call_only_in_reasoning": [reasoning('get_weather({"city": "Paris"})'), message("It is cold.")],
+    }
+    got = both_sides(
+        tmp_path,
+        [(name, row, output) for name, output in variants.items()],
+        {"server": "weather"},
+        {"nemo_gym": "example_single_tool_call"},
+    )
+    newer = {name: (1.0, 0.0) for name in ("no_call", "misspelt_tool", "call_only_in_reasoning")}
+    differ = {name: pair for name, pair in got.items() if pair[0] != pair[1]}
+    assert differ == newer
