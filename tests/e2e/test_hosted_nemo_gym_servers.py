@@ -702,3 +702,53 @@ def test_weather_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(catalo
     newer = {name: (1.0, 0.0) for name in ("no_call", "misspelt_tool", "call_only_in_reasoning")}
     differ = {name: pair for name, pair in got.items() if pair[0] != pair[1]}
     assert differ == newer
+
+
+def workplace_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Each right trajectory of the differential cases, its last call's arguments reshaped: extra, null, missing
+    and retyped arguments, case and padding, not JSON, not an object, repeated; NeMo Gym's verify replays them."""
+    out = []
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    for n, case in enumerate(read_jsonl(DIFFERENTIAL / "workplace_assistant.jsonl")):
+        calls = [i for i, o in enumerate(case["response"]["output"]) if o["type"] == "function_call"]
+        if case["expected_reward"] != 1.0 or not calls:
+            continue
+        task = {k: v for k, v in case.items() if k not in skip}
+        last = calls[-1]
+        args = json.loads(case["response"]["output"][last]["arguments"])
+        key = next(k for k, v in sorted(args.items(), key=lambda kv: str(kv[1]).isdigit()) if isinstance(v, str))
+        id_key = next((k for k in args if k.endswith("_id")), key)
+        arguments = {
+            "as_given": json.dumps(args),
+            "compact": json.dumps(args, separators=(",", ":")),
+            "extra_argument": json.dumps({**args, "note": "x"}),
+            "null_argument": json.dumps({**args, key: None}),
+            "missing_argument": json.dumps({k: v for k, v in args.items() if k != key}),
+            "upper_case_value": json.dumps({**args, key: args[key].upper()}),
+            "padded_value": json.dumps({**args, key: f" {args[key]} "}),
+            "number_for_id": json.dumps({**args, id_key: int(args[id_key]) if args[id_key].isdigit() else 7}),
+            "list_value": json.dumps({**args, key: [args[key]]}),
+            "not_json": json.dumps(args)[:-1],
+            "not_an_object": json.dumps([args]),
+            "ascii_escaped": json.dumps(args, ensure_ascii=True).replace("e", "\\u0065", 1),
+        }
+        for name, text in arguments.items():
+            output = json.loads(json.dumps(case["response"]["output"]))
+            output[last]["arguments"] = text
+            out.append((f"{n}/{name}", task, output))
+        repeated = json.loads(json.dumps(case["response"]["output"]))
+        twice = [
+            dict(repeated[last], call_id="call_again"),
+            {"type": "function_call_output", "call_id": "call_again", "output": "{}"},
+        ]
+        out.append((f"{n}/repeated", task, repeated[: last + 2] + twice + repeated[last + 2 :]))
+    return out
+
+
+def test_workplace_assistant_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """workplace_assistant: our verify grades the session's state; NeMo Gym's replays the response's calls on a
+    fresh copy. Lax and malformed arguments of the state-changing call must end in the same reward."""
+    ours, nemo_gym = {"server": "workplace_assistant"}, {"nemo_gym": "workplace_assistant"}
+    assert_same_rewards(both_sides(tmp_path, workplace_variants(), ours, nemo_gym))
