@@ -752,3 +752,40 @@ def test_workplace_assistant_reads_lax_and_malformed_calls_as_nemo_gyms_original
     fresh copy. Lax and malformed arguments of the state-changing call must end in the same reward."""
     ours, nemo_gym = {"server": "workplace_assistant"}, {"nemo_gym": "workplace_assistant"}
     assert_same_rewards(both_sides(tmp_path, workplace_variants(), ours, nemo_gym))
+
+
+def math_advanced_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """The full right trajectories, every call's numbers rewritten: strings, ints, exponents, booleans, nulls,
+    extra and missing keys, not JSON. The tools answer (ours, or the original's) and verify reads their outputs."""
+    rewrites = {
+        "as_given": lambda a: a,
+        "numbers_as_strings": lambda a: {k: str(v) for k, v in a.items()},
+        "integral_as_int": lambda a: {k: int(v) if float(v).is_integer() else v for k, v in a.items()},
+        "exponent_strings": lambda a: {k: f"{v:e}" for k, v in a.items()},
+        "booleans": lambda a: {k: True for k in a},
+        "nulls": lambda a: {k: None for k in a},
+        "extra_key": lambda a: {**a, "note": 1},
+        "missing_key": lambda a: dict(list(a.items())[1:]),
+        "not_json": None,
+    }
+    out = []
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    for n, case in enumerate(read_jsonl(DIFFERENTIAL / "math_advanced_calculations.jsonl")):
+        if not case["case"].endswith("full correct tool trajectory"):
+            continue
+        task = {k: v for k, v in case.items() if k not in skip}
+        for name, rewrite in rewrites.items():
+            output = json.loads(json.dumps(case["response"]["output"]))
+            for item in output:
+                if item["type"] == "function_call":
+                    args = json.loads(item["arguments"])
+                    item["arguments"] = json.dumps(rewrite(args)) if rewrite else item["arguments"][:-1]
+            out.append((f"{n}/{name}", task, output))
+    return out
+
+
+def test_math_advanced_calculations_reads_lax_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """math_advanced_calculations: lax tool arguments (numbers as strings or exponents, booleans, nulls, extra or
+    missing keys, not JSON) make the same tool outputs on both sides, and verify reads them alike."""
+    ours, nemo_gym = {"server": "math_advanced_calculations"}, {"nemo_gym": "math_advanced_calculations"}
+    assert_same_rewards(both_sides(tmp_path, math_advanced_variants(), ours, nemo_gym))
