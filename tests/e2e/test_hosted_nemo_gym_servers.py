@@ -789,3 +789,71 @@ def test_math_advanced_calculations_reads_lax_calls_as_nemo_gyms_original_does(c
     missing keys, not JSON) make the same tool outputs on both sides, and verify reads them alike."""
     ours, nemo_gym = {"server": "math_advanced_calculations"}, {"nemo_gym": "math_advanced_calculations"}
     assert_same_rewards(both_sides(tmp_path, math_advanced_variants(), ours, nemo_gym))
+
+
+def math_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Forms of 1/2 (and of 32): boxed or not, \\frac, \\dfrac, decimals, percent, $...$, several boxes, split
+    over parts and messages, only in reasoning, \\boxed{} empty, unclosed, with units."""
+    row = read_jsonl(DIFFERENTIAL / "math_with_judge.jsonl")[0]
+    base = {k: v for k, v in row.items() if k in ("responses_create_params", "question")}
+    half, whole = {**base, "expected_answer": "\\frac{1}{2}"}, {**base, "expected_answer": "32"}
+    forms = {
+        "boxed_frac": "So \\boxed{\\frac{1}{2}}.",
+        "boxed_dfrac": "\\boxed{\\dfrac12}",
+        "boxed_decimal": "\\boxed{0.5}",
+        "boxed_slash": "\\boxed{1/2}",
+        "boxed_percent": "\\boxed{50\\%}",
+        "boxed_padded": "\\boxed{  \\frac{1}{2}  }",
+        "boxed_in_dollars": "$\\boxed{\\frac{1}{2}}$",
+        "boxed_text": "\\boxed{\\text{1/2}}",
+        "boxed_wrong_then_right": "\\boxed{1} no: \\boxed{\\frac{1}{2}}",
+        "boxed_right_then_wrong": "\\boxed{\\frac{1}{2}} no: \\boxed{1}",
+        "boxed_empty": "\\boxed{}",
+        "boxed_blank_then_plain": "\\boxed{ } so 1/2",
+        "boxed_unclosed": "\\boxed{\\frac{1}{2}",
+        "fbox": "\\fbox{\\frac{1}{2}}",
+        "plain_decimal": "The answer is 0.5",
+        "plain_latex": "$\\frac{1}{2}$",
+        "approximate": "\\boxed{0.50001}",
+        "empty": "",
+    }
+    out = [(f"half/{name}", half, [message(text)]) for name, text in forms.items()]
+    out += [
+        ("half/split_over_parts", half, [message("\\boxed{\\frac{1}", "{2}}")]),
+        ("half/split_over_messages", half, [message("\\boxed{\\frac{1}"), message("{2}}")]),
+        ("half/only_in_reasoning", half, [reasoning("\\boxed{\\frac{1}{2}}"), message("done")]),
+        ("whole/boxed", whole, [message("\\boxed{32}")]),
+        ("whole/plain", whole, [message("The answer is 32.")]),
+        ("whole/boxed_float", whole, [message("\\boxed{32.0}")]),
+        ("whole/boxed_with_unit", whole, [message("\\boxed{32\\text{ cm}}")]),
+        ("whole/boxed_thousands", whole, [message("\\boxed{32,000}")]),
+    ]
+    return out
+
+
+# nemo-gym 0.7.0 scores an answer without a closed, non-empty \boxed{} 0 before math-verify sees it; at 07d6b0d0 (our
+# differential cases: "int: correct, no box (plain text)" is 1.0) math-verify reads the whole text, as ours does.
+MATH_BOX_REQUIRED_IN_0_7_0 = (
+    "half/plain_decimal",
+    "half/plain_latex",
+    "half/boxed_blank_then_plain",
+    "half/boxed_unclosed",
+    "half/fbox",
+    "whole/plain",
+)
+
+
+def test_math_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """math (math_with_judge, library only): which text math-verify reads and how; unboxed right answers are the
+    one difference, nemo-gym 0.7.0's newer box requirement."""
+    judge = {"type": "responses_api_models", "name": "policy"}
+    nemo_gym = {
+        "nemo_gym": "math_with_judge",
+        "options": {
+            "should_use_judge": False,
+            "judge_model_server": judge,
+            "judge_responses_create_params": {"input": []},
+        },
+    }
+    got = both_sides(tmp_path, math_variants(), {"server": "math"}, nemo_gym)
+    assert_same_rewards(got, {name: (1.0, 0.0) for name in MATH_BOX_REQUIRED_IN_0_7_0})
