@@ -857,3 +857,41 @@ def test_math_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalog
     }
     got = both_sides(tmp_path, math_variants(), {"server": "math"}, nemo_gym)
     assert_same_rewards(got, {name: (1.0, 0.0) for name in MATH_BOX_REQUIRED_IN_0_7_0})
+
+
+def code_gen_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """A right a+b program, fenced and placed every which way, plus <think> tags in the answer or the reasoning."""
+    case = next(c for c in read_jsonl(DIFFERENTIAL / "code_gen.jsonl") if c["case"] == "stdio: correct")
+    task = {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+    code, wrong = "a, b = map(int, input().split())\nprint(a + b)", "print(0)"
+    texts = {
+        "python_fence": f"Here:\n```python\n{code}\n```\n",
+        "bare_fence": f"```\n{code}\n```",
+        "cpp_tag": f"```cpp\n{code}\n```",
+        "no_fence": code,
+        "one_fence": f"```python\n{code}",
+        "two_blocks_last_right": f"```python\n{wrong}\n```\nbetter:\n```python\n{code}\n```",
+        "two_blocks_last_wrong": f"```python\n{code}\n```\nor:\n```python\n{wrong}\n```",
+        "fence_inline_with_code": f"```python {code.splitlines()[0]}\n{code.splitlines()[1]}\n```",
+        "indented_fences": f"  ```python\n{code}\n  ```",
+        "crlf": f"```python\r\n{code.replace(chr(10), chr(13) + chr(10))}\r\n```",
+        "think_in_answer": f"<think>easy</think>\n```python\n{code}\n```",
+        "blank": "  \n",
+    }
+    out = [(name, task, [message(text)]) for name, text in texts.items()]
+    fenced = f"```python\n{code}\n```"
+    out += [
+        ("split_over_parts", task, [message("```python\n" + code[:10], code[10:] + "\n```")]),
+        ("split_over_messages", task, [message("```python\n" + code[:10]), message(code[10:] + "\n```")]),
+        ("only_in_reasoning", task, [reasoning(fenced), message("done")]),
+        ("one_think_in_reasoning", task, [reasoning("<think>x</think>"), message(fenced)]),
+        ("two_thinks_in_reasoning", task, [reasoning("<think>x</think><think>y</think>"), message(fenced)]),
+    ]
+    return out
+
+
+def test_code_gen_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """code_gen: which fenced block is the program (last two fence lines, tag ignored, none without two fences),
+    split answers, reasoning, and the <think>-tag penalty."""
+    got = both_sides(tmp_path, code_gen_variants(), {"server": "code_gen"}, {"nemo_gym": "code_gen"})
+    assert_same_rewards(got)
