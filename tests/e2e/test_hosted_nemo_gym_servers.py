@@ -895,3 +895,31 @@ def test_code_gen_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(cat
     split answers, reasoning, and the <think>-tag penalty."""
     got = both_sides(tmp_path, code_gen_variants(), {"server": "code_gen"}, {"nemo_gym": "code_gen"})
     assert_same_rewards(got)
+
+
+def test_counter_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """counter (example_session_state_mgmt): verify reads the session's count, so what counts is how the
+    increment_counter arguments are read: strings, floats, booleans, extra or missing keys, not JSON."""
+    row = read_jsonl(catalogue / "example_session_state_mgmt" / "data" / "example.jsonl")[0]  # 3 -> 6
+    step = row["expected_count"] - row["initial_count"]
+    forms = {
+        "int": f'{{"count": {step}}}',
+        "string": f'{{"count": "{step}"}}',
+        "padded_string": f'{{"count": " {step} "}}',
+        "float": f'{{"count": {step}.0}}',
+        "fraction": f'{{"count": {step}.5}}',
+        "exponent": f'{{"count": {step}e0}}',
+        "bool": '{"count": true}',
+        "null": '{"count": null}',
+        "extra_key": f'{{"count": {step}, "note": 1}}',
+        "other_key": f'{{"amount": {step}}}',
+        "not_json": f'{{"count": {step}',
+        "a_list": f"[{step}]",
+    }
+    variants = [
+        (name, row, called("increment_counter", args, answer=str(row["expected_count"])))
+        for name, args in forms.items()
+    ]
+    variants.append(("no_call", row, [message(str(row["expected_count"]))]))
+    ours, nemo_gym = {"server": "counter"}, {"nemo_gym": "example_session_state_mgmt"}
+    assert_same_rewards(both_sides(tmp_path, variants, ours, nemo_gym))
