@@ -348,40 +348,15 @@ def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(c
 
     sdir = catalogue / "example_multi_step"
     recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
-    rows, rollouts = [], []
+    variants = []
     for name, make in SYNONYM_VARIANTS.items():
-        for row, rec in zip(inputs(sdir, recorded), recorded):
-            rec, row = json.loads(json.dumps(rec)), json.loads(json.dumps(row))
-            last = [o for o in rec["response"]["output"] if o.get("name") == "extract_synonym_values"][-1]
+        for n, (row, rec) in enumerate(zip(inputs(sdir, recorded), recorded, strict=True)):
+            output = json.loads(json.dumps(rec["response"]["output"]))
+            last = [o for o in output if o.get("name") == "extract_synonym_values"][-1]
             values = json.loads(last["arguments"])["synonym_values"]
             last["arguments"] = '{"synonym_values": [' if make is None else json.dumps(make(values))
-            for r in (rec, row):  # one prompt per variant: the replay model answers by prompt
-                msgs = r["responses_create_params"]["input"]
-                msgs[-1]["content"] = f"{msgs[-1]['content']} ({name})"
-            rows.append(row)
-            rollouts.append(rec)
-    write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
-    write_jsonl(tmp_path / "rows.jsonl", rows)
-    policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
-    got: dict[str, dict[int, Any]] = {}
-    for side, resource in (("ours", {"server": "multi_step"}), ("nemo_gym", {"nemo_gym": "example_multi_step"})):
-        work = tmp_path / side
-        work.mkdir()
-        cfg = config(work, resource, policy=policy)
-        r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(work / "out.jsonl"), timeout=600)
-        assert r.returncode in (0, 1), r.stderr  # 1: some variants are failure rows
-        out: dict[int, Any] = {x["_ng_task_index"]: x["reward"] for x in read_jsonl(work / "out.jsonl")}
-        failed = work / "out_failures.jsonl"
-        for x in read_jsonl(failed) if failed.exists() else []:
-            out[x["_ng_task_index"]] = x["error_class"]
-        assert len(out) == len(rows)
-        got[side] = out
-    names = [n for n in SYNONYM_VARIANTS for _ in recorded]
-    differ = {
-        (i, names[i]): (got["ours"][i], got["nemo_gym"][i]) for i in got["ours"] if got["ours"][i] != got["nemo_gym"][i]
-    }
-    assert differ == {}
-    assert len(set(got["ours"].values())) > 1  # the variants really differ in outcome
+            variants.append((f"{name}/{n}", row, output))
+    assert_same_rewards(both_sides(tmp_path, variants, {"server": "multi_step"}, {"nemo_gym": "example_multi_step"}))
 
 
 # ------------------------------------------------------------------ issue 25, item 9, every mirrored environment
