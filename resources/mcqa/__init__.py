@@ -18,8 +18,8 @@ Extraction, first hit wins:
    - ``strict_single_letter_boxed`` (default): the last ``\\boxed{...}`` (braces
      counted, ``\\text{}`` wrappers removed) must hold one upper-case letter with
      nothing but non-letters around it (``\\boxed{[C]}``), or start with a letter
-     followed by ``:`` ``)`` ``.`` or ``-`` (``\\boxed{B: option text}``, only
-     when the box's content is on one line); the letter must be one of the options.
+     followed by ``:`` ``)`` ``.`` or ``-`` (``\\boxed{B: option text}``, on one
+     line or several); the letter must be one of the options.
    - ``lenient_boxed``: strict first, else the text inside the last box must
      contain exactly one option's text.
    - ``lenient_answer_colon``: the first ``Answer: ...`` line; a single option
@@ -145,11 +145,8 @@ def strict_boxed(text: str, letters: set[str]) -> str | None:
     inner = last_box(text)
     if inner is None:
         return None
-    one_line = "\n" not in inner
     inner = _unwrap_text(inner.strip())
-    m = _BOX_LETTER_ONLY.match(inner)
-    if m is None and one_line:  # the recorded data reads no label from a box spanning lines
-        m = _BOX_LETTER_LABEL.match(inner)
+    m = _BOX_LETTER_ONLY.match(inner) or _BOX_LETTER_LABEL.match(inner)
     if m is None:
         return None
     letter = m.group(1).upper()

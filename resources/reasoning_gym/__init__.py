@@ -5,13 +5,15 @@ reasoning-gym entry: ``question``, ``answer`` (may be null) and ``metadata``, wh
 ``source_dataset`` names the task (``python -m gym_runtime.resources.reasoning_gym.generate``
 writes such rows for any reasoning-gym task).
 
-The answer is read from the ``output_text`` parts of the message items, joined,
-with ``<think>...</think>`` blocks and a surrounding code fence removed:
+The answer is read as NeMo Gym's verify reads it, from the ``output_text`` parts
+of the message items, joined (reasoning items and ``<think>`` text are not
+removed or treated apart):
 
-1. the last ``<answer>...</answer>`` (stripped);
-2. else the first ``\\boxed{...}`` (to its balanced closing brace, with
-   ``\\frac{a}{b}`` written ``a/b``);
-3. else the whole text (empty when blank).
+1. the last ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``: one
+   space or newline trimmed inside the tags, then stripped);
+2. else the first ``\\boxed{...}`` holding no ``}`` (up to the first closing
+   brace, stripped; ``\\boxed{}`` is no box);
+3. else the whole text, stripped (empty when blank).
 
 The score is ``score_answer`` of the task's dataset class with its default config
 (``reasoning_gym.get_score_answer_fn``), run in a worker process with a time limit
@@ -32,42 +34,19 @@ from gym_runtime.resource import Resource, Verdict, run_in_process
 
 __all__ = ["ReasoningGym", "extract_answer", "score_answer"]
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
-_BOXED = re.compile(r"\\boxed\{(.+)\}", re.DOTALL)
-_FRAC = re.compile(r"\\frac\{([^}]+)\}\{([^}]+)\}")
+_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
 
 
-def _balanced_prefix(s: str) -> str:
-    """``s`` up to its first closing brace that has no opening partner."""
-    depth = 0
-    for i, ch in enumerate(s):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            if depth == 0:
-                return s[:i]
-            depth -= 1
-    return s
-
-
-def extract_answer(raw: str) -> str:
+def extract_answer(text: str) -> str:
     """The model's answer in a response text (see the module docstring for the order)."""
-    text = _THINK.sub("", raw).strip()
-    text = re.sub(r"^```\w*\n?", "", text)
-    text = re.sub(r"\n?```$", "", text)
     tags = list(_ANSWER_TAG.finditer(text))
     if tags:
         return tags[-1].group(1).strip()
     boxed = _BOXED.search(text)
     if boxed:
-        content = _balanced_prefix(boxed.group(1).strip()).strip()
-        return _FRAC.sub(r"\1/\2", content)
-    if not text.strip():
-        return ""
-    # Recorded NeMo Gym rollouts keep the untagged text as written (surrounding blank lines included);
-    # only when a think block or a fence was removed is the cleaned text the answer.
-    return raw if text == raw.strip() else text.strip()
+        return boxed.group(1).strip()
+    return text.strip()
 
 
 def score_answer(task_name: str, answer: str, entry: dict[str, Any]) -> float:

@@ -374,23 +374,63 @@ def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(c
 
     sdir = catalogue / "example_multi_step"
     recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
-    rows, rollouts = [], []
+    variants = []
     for name, make in SYNONYM_VARIANTS.items():
-        for row, rec in zip(inputs(sdir, recorded), recorded):
-            rec, row = json.loads(json.dumps(rec)), json.loads(json.dumps(row))
-            last = [o for o in rec["response"]["output"] if o.get("name") == "extract_synonym_values"][-1]
+        for n, (row, rec) in enumerate(zip(inputs(sdir, recorded), recorded, strict=True)):
+            output = json.loads(json.dumps(rec["response"]["output"]))
+            last = [o for o in output if o.get("name") == "extract_synonym_values"][-1]
             values = json.loads(last["arguments"])["synonym_values"]
             last["arguments"] = '{"synonym_values": [' if make is None else json.dumps(make(values))
-            for r in (rec, row):  # one prompt per variant: the replay model answers by prompt
-                msgs = r["responses_create_params"]["input"]
-                msgs[-1]["content"] = f"{msgs[-1]['content']} ({name})"
-            rows.append(row)
-            rollouts.append(rec)
+            variants.append((f"{name}/{n}", row, output))
+    assert_same_rewards(both_sides(tmp_path, variants, {"server": "multi_step"}, {"nemo_gym": "example_multi_step"}))
+
+
+# ------------------------------------------------------------------ issue 25, item 9, every mirrored environment
+# The same lax or malformed model outputs sent to our environment and to NeMo Gym's original, hosted (nemo-gym
+# 0.7.0's own code): one `run` per side, every variant a row whose prompt carries the variant's name (the replay
+# model answers by prompt). Where nemo-gym 0.7.0 changed a verify after the commit our differential cases come from
+# (07d6b0d0), ours keeps that commit's behaviour: those variants are listed, and must differ exactly so.
+
+DIFFERENTIAL = REPO / "tests" / "compat" / "differential"
+
+
+def message(*texts: str) -> dict[str, Any]:
+    """An assistant message whose output_text parts are ``texts``."""
+    parts = [{"type": "output_text", "text": t, "annotations": []} for t in texts]
+    return {"type": "message", "role": "assistant", "id": "msg_v", "status": "completed", "content": parts}
+
+
+def reasoning(text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": "rs_v", "summary": [{"type": "summary_text", "text": text}]}
+
+
+def call(name: str, arguments: str, n: int = 0) -> dict[str, Any]:
+    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": f"call_{n}", "id": f"fc_{n}"}
+
+
+def both_sides(
+    tmp_path: Path,
+    variants: list[tuple[str, dict[str, Any], list[dict[str, Any]]]],
+    ours: dict[str, Any],
+    nemo_gym: dict[str, Any],
+) -> dict[str, tuple[Any, Any]]:
+    """{variant: (our reward, NeMo Gym's reward)} for (name, task row, model output items) variants; a failure
+    row counts as its error_class. The two runs share one replay file and one input file."""
+    rows, rollouts = [], []
+    for name, row, output in variants:
+        row = json.loads(json.dumps(row))
+        items = row["responses_create_params"]["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        items[-1]["content"] = f"{items[-1]['content']} ({name})"
+        row["responses_create_params"]["input"] = items
+        rows.append(row)
+        response = {"id": "resp_v", "created_at": 0.0, "model": "m", "object": "response", "output": output}
+        rollouts.append({"responses_create_params": row["responses_create_params"], "response": response})
     write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
     write_jsonl(tmp_path / "rows.jsonl", rows)
     policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
     got: dict[str, dict[int, Any]] = {}
-    for side, resource in (("ours", {"server": "multi_step"}), ("nemo_gym", {"nemo_gym": "example_multi_step"})):
+    for side, resource in (("ours", ours), ("nemo_gym", nemo_gym)):
         work = tmp_path / side
         work.mkdir()
         cfg = config(work, resource, policy=policy)
@@ -402,9 +442,485 @@ def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(c
             out[x["_ng_task_index"]] = x["error_class"]
         assert len(out) == len(rows)
         got[side] = out
-    names = [n for n in SYNONYM_VARIANTS for _ in recorded]
-    differ = {
-        (i, names[i]): (got["ours"][i], got["nemo_gym"][i]) for i in got["ours"] if got["ours"][i] != got["nemo_gym"][i]
+    return {name: (got["ours"][i], got["nemo_gym"][i]) for i, (name, _, _) in enumerate(variants)}
+
+
+def assert_same_rewards(got: dict[str, tuple[Any, Any]], newer_in_0_7_0: dict[str, tuple[Any, Any]] = {}) -> None:  # noqa: B006
+    differ = {name: pair for name, pair in got.items() if pair[0] != pair[1]}
+    assert differ == newer_in_0_7_0
+    assert len({ours for ours, _ in got.values()}) > 1  # the variants really differ in outcome
+
+
+def mcqa_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Every answer form below, for one task of each grading mode (and one with a template regex)."""
+    cases = read_jsonl(DIFFERENTIAL / "mcqa.jsonl")
+    tasks: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        mode = "template" if case.get("template_metadata") else case.get("grading_mode", "strict_single_letter_boxed")
+        tasks.setdefault(
+            mode, {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+        )
+    out = []
+    for mode, task in tasks.items():
+        gold = task["expected_answer"]
+        text = next(v for o in task["options"] for k, v in o.items() if k == gold)
+        other = next(k for o in task["options"] for k in o if k != gold)
+        answers: dict[str, list[dict[str, Any]]] = {
+            "boxed": [message(f"So \\boxed{{{gold}}}")],
+            "boxed_lowercase": [message(f"\\boxed{{{gold.lower()}}}")],
+            "boxed_label": [message(f"\\boxed{{{gold}: {text}}}")],
+            "boxed_label_multiline": [message(f"\\boxed{{\n{gold}: {text}\n}}")],
+            "boxed_dot_label": [message(f"\\boxed{{{gold}. {text}}}")],
+            "boxed_parens": [message(f"\\boxed{{({gold})}}")],
+            "boxed_text": [message(f"\\boxed{{\\text{{ {gold} }}}}")],
+            "boxed_textbf": [message(f"\\boxed{{\\textbf{{{gold}}}}}")],
+            "boxed_fullwidth": [message("\\boxed{" + chr(0xFF21 + ord(gold) - 65) + "}")],
+            "boxed_option_text": [message(f"\\boxed{{{text}}}")],
+            "boxed_option_text_upper": [message(f"\\boxed{{ {text.upper()} }}")],
+            "two_boxes_last_wrong": [message(f"\\boxed{{{gold}}} or rather \\boxed{{{other}}}")],
+            "two_letters": [message(f"\\boxed{{{gold}, {other}}}")],
+            "unclosed_box": [message(f"\\boxed{{{gold}")],
+            "box_split_over_parts": [message(f"\\boxed{{{gold}", "}")],
+            "box_split_over_messages": [message("\\boxed{"), message(f"{gold}}}")],
+            "box_in_reasoning_only": [reasoning(f"\\boxed{{{gold}}}"), message("done")],
+            "reasoning_then_box": [reasoning(f"\\boxed{{{other}}}"), message(f"\\boxed{{{gold}}}")],
+            "answer_colon": [message(f"Answer: {gold}")],
+            "answer_colon_lower": [message(f"answer:  {gold.lower()}")],
+            "answer_colon_text": [message(f"Answer: {text.lower()}")],
+            "answer_colon_markdown": [message(f"**Answer:** {gold}")],
+            "answer_is": [message(f"The answer is {gold}.")],
+            "whitespace_only": [message("  \n ")],
+        }
+        out += [(f"{mode}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_mcqa_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """mcqa: boxes (lowercase, labels on one line or several, \\text, full-width, option text, two, unclosed,
+    split over parts or messages, only in reasoning), Answer: lines, blank text; four grading modes."""
+    got = both_sides(tmp_path, mcqa_variants(), {"server": "mcqa"}, {"nemo_gym": "mcqa"})
+    assert_same_rewards(got)
+
+
+def reasoning_gym_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Tags, boxes, think blocks, fences and splits around a basic_arithmetic answer (30) and a word_sorting one."""
+    cases = read_jsonl(DIFFERENTIAL / "reasoning_gym.jsonl")
+    out = []
+    for source in ("basic_arithmetic", "word_sorting"):
+        case = next(c for c in cases if c["metadata"]["source_dataset"] == source)
+        task = {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+        gold, wrong = task["answer"], "31" if source == "basic_arithmetic" else "zzz"
+        answers: dict[str, list[dict[str, Any]]] = {
+            "tag": [message(f"<answer>{gold}</answer>")],
+            "tag_padded": [message(f"<answer>  {gold}  </answer>")],
+            "tag_newlines": [message(f"<answer>\n{gold}\n</answer>")],
+            "tags_last_wins": [message(f"<answer>{wrong}</answer> no: <answer>{gold}</answer>")],
+            "tags_last_wrong": [message(f"<answer>{gold}</answer> no: <answer>{wrong}</answer>")],
+            "tag_upper_case": [message(f"<ANSWER>{gold}</ANSWER>")],
+            "tag_unclosed": [message(f"<answer>{gold}")],
+            "tag_split_over_parts": [message("<answer>", f"{gold}</answer>")],
+            "tag_split_over_messages": [message(f"<answer>{gold}"), message("</answer>")],
+            "tag_in_reasoning_only": [reasoning(f"<answer>{gold}</answer>"), message(f"{wrong}")],
+            "boxed": [message(f"so \\boxed{{{gold}}}")],
+            "boxed_padded": [message(f"\\boxed{{  {gold} }}")],
+            "boxed_first_wins": [message(f"\\boxed{{{gold}}} then \\boxed{{{wrong}}}")],
+            "boxed_empty_then": [message(f"\\boxed{{}} then \\boxed{{{gold}}}")],
+            "boxed_nested": [message(f"\\boxed{{\\text{{{gold}}}}}")],
+            "boxed_frac": [message("\\boxed{\\frac{60}{2}}")],
+            "think_box_then_box": [message(f"<think>\\boxed{{{wrong}}}</think>\\boxed{{{gold}}}")],
+            "think_then_plain": [message(f"<think>hmm {wrong}</think>{gold}")],
+            "fenced": [message(f"```\n{gold}\n```")],
+            "blank_lines": [message(f"\n\n{gold}\n\n")],
+            "plain_with_prose": [message(f"The answer is {gold}.")],
+            "empty": [message("")],
+        }
+        out += [(f"{source}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_reasoning_gym_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """reasoning_gym: <answer> tags (padded, several, upper case, unclosed, split, only in reasoning), boxes (first,
+    empty, nested, \\frac), <think> blocks, fences, blank lines, prose; two tasks."""
+    got = both_sides(tmp_path, reasoning_gym_variants(), {"server": "reasoning_gym"}, {"nemo_gym": "reasoning_gym"})
+    assert_same_rewards(got)
+
+
+def calendar_variants(sdir: Path) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """The recorded calendars (two right, three wrong), reshaped: nested lists, brackets in names, fences, prose,
+    <think>, a text part before the list, reasoning last, cut off, types and spellings of the fields."""
+    from gym_runtime.hosting.parity import inputs
+
+    recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
+    out = []
+    for i, (row, rec) in enumerate(zip(inputs(sdir, recorded), recorded, strict=True)):
+        text = rec["response"]["output"][-1]["content"][0]["text"]
+        start = text.index('[{"event_id"')
+        events = json.loads(text[start : text.index("}]", start) + 2])
+        first = events[0]
+        listed = json.dumps(events)
+        answers: dict[str, list[dict[str, Any]]] = {
+            "as_recorded": [message(text)],
+            "list_only": [message(listed)],
+            "nested_list": [message(json.dumps([{**first, "tags": ["a"]}, *events[1:]]))],
+            "nested_list_last": [message(json.dumps([*events[:-1], {**events[-1], "tags": ["a"]}]))],
+            "bracket_in_name": [message(json.dumps([{**first, "event_name": "Review [v2]"}, *events[1:]]))],
+            "nested_object": [message(json.dumps([{**first, "meta": {"room": 1}}, *events[1:]]))],
+            "fenced": [message(f"```json\n{listed}\n```")],
+            "prose_around": [message(f"Here is the calendar:\n{listed}\nLet me know!")],
+            "think": [message(f"<think>ok</think>{listed}")],
+            "prose_part_first": [message("Here is the calendar:", listed)],
+            "reasoning_last": [message(listed), reasoning("done")],
+            "two_messages": [message(listed), message("Anything else?")],
+            "cut_off": [message(listed[:-1])],
+            "invalid_list_first": [message("[{event_id: 0}] " + listed)],
+            "note_with_a_list_first": [message('Notes: [{"todo": ["call Bob"]}]\n' + listed)],
+            "note_with_a_bracket_first": [message('Notes: [{"todo": "see [1]"}]\n' + listed)],
+            "empty_list": [message("[]")],
+            "float_durations": [message(json.dumps([{**e, "duration": float(e["duration"])} for e in events]))],
+            "string_ids": [message(json.dumps([{**e, "event_id": str(e["event_id"])} for e in events]))],
+            "seconds_in_times": [message(json.dumps([{**e, "start_time": e["start_time"] + ":00"} for e in events]))],
+            "twelve_hour_times": [
+                message(json.dumps([{**e, "start_time": twelve_hour(e["start_time"])} for e in events]))
+            ],
+            "upper_case_am_pm": [
+                message(json.dumps([{**e, "start_time": twelve_hour(e["start_time"]).upper()} for e in events]))
+            ],
+            "missing_duration": [
+                message(json.dumps([{k: v for k, v in first.items() if k != "duration"}, *events[1:]]))
+            ],
+            "duplicate_event": [message(json.dumps([*events, first]))],
+        }
+        out += [(f"{i}/{name}", row, output) for name, output in answers.items()]
+    return out
+
+
+def twelve_hour(hhmm: str) -> str:
+    hours, minutes = (int(x) for x in hhmm.split(":"))
+    return f"{(hours - 1) % 12 + 1}:{minutes:02d}{'am' if hours < 12 else 'pm'}"
+
+
+def test_calendar_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """calendar: where the calendar list is found (nested lists and objects, brackets in strings, fences, prose,
+    <think>, a prose part first, reasoning last, cut off, an invalid list or a note first) and how its fields are
+    read."""
+    variants = calendar_variants(catalogue / "calendar")
+    got = both_sides(tmp_path, variants, {"server": "calendar"}, {"nemo_gym": "calendar"})
+    assert_same_rewards(got)
+
+
+def structured_outputs_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """A valid JSON answer and a valid XML one, reshaped: fences, prose, splits over parts and messages, reasoning,
+    JSON5-isms, extra, missing and retyped fields, a list or two objects, blank text."""
+    cases = read_jsonl(DIFFERENTIAL / "structured_outputs.jsonl")
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    out = []
+    for kind, case_name in (("json", "json text: valid pretty-printed"), ("xml", "xml: valid with type coercion")):
+        case = next(c for c in cases if c["case"].startswith(case_name))
+        task = {k: v for k, v in case.items() if k not in skip}
+        text = "".join(p["text"] for o in case["response"]["output"] if o["type"] == "message" for p in o["content"])
+        half = len(text) // 2
+        answers: dict[str, list[dict[str, Any]]] = {
+            "as_given": [message(text)],
+            "padded": [message(f"\n\n  {text}  \n")],
+            "fenced": [message(f"```{kind}\n{text}\n```")],
+            "prose_before": [message(f"Here you go:\n{text}")],
+            "split_over_parts": [message(text[:half], text[half:])],
+            "split_over_messages": [message(text[:half]), message(text[half:])],
+            "reasoning_then_answer": [reasoning("{}"), message(text)],
+            "only_in_reasoning": [reasoning(text), message("done")],
+            "doubled": [message(text + text)],
+            "cut_off": [message(text[:-3])],
+            "empty": [message("")],
+        }
+        if kind == "json":
+            value = json.loads(text)
+            answers |= {
+                "compact": [message(json.dumps(value, separators=(",", ":")))],
+                "trailing_comma": [message(json.dumps(value)[:-1] + ",}")],
+                "single_quotes": [message(json.dumps(value).replace('"', "'"))],
+                "extra_field": [message(json.dumps({**value, "note": "x"}))],
+                "missing_field": [message(json.dumps({k: v for k, v in value.items() if k != "email"}))],
+                "age_as_float": [message(json.dumps({**value, "age": 36.0}))],
+                "age_as_string": [message(json.dumps({**value, "age": "36"}))],
+                "age_as_bool": [message(json.dumps({**value, "age": True}))],
+                "age_nan": [message(json.dumps({**value, "age": float("nan")}))],
+                "email_null": [message(json.dumps({**value, "email": None}))],
+                "in_a_list": [message(json.dumps([value]))],
+                "yaml_instead": [message("\n".join(f"{k}: {json.dumps(v)}" for k, v in value.items()))],
+            }
+        else:
+            answers |= {
+                "xml_declaration": [message('<?xml version="1.0"?>' + text)],
+                "age_not_a_number": [message(text.replace("<age>36</age>", "<age>thirty</age>"))],
+                "age_as_float_text": [message(text.replace("<age>36</age>", "<age>36.0</age>"))],
+                "one_skill": [message(text.replace("<skill>poetry</skill>", ""))],
+                "no_root": [message(text.replace("<person>", "").replace("</person>", ""))],
+            }
+        out += [(f"{kind}/{name}", task, output) for name, output in answers.items()]
+    return out
+
+
+def test_structured_outputs_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """structured_outputs (text mode, JSON and XML): which text is parsed (parts and messages joined, reasoning
+    skipped, no fence or prose stripping) and how strictly (JSON5-isms, types, extra and missing fields)."""
+    ours, nemo_gym = {"server": "structured_outputs"}, {"nemo_gym": "structured_outputs"}
+    assert_same_rewards(both_sides(tmp_path, structured_outputs_variants(), ours, nemo_gym))
+
+
+def called(name: str, arguments: str, answer: str = "done", n: int = 0) -> list[dict[str, Any]]:
+    """A function call, the output a replay records for it (the live one replaces it) and a final message."""
+    output = {"type": "function_call_output", "call_id": f"call_{n}", "output": "{}"}
+    return [call(name, arguments, n), output, message(answer)]
+
+
+def test_weather_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """weather: lax get_weather arguments score alike. Without a get_weather call nemo-gym 0.7.0 scores 0; at
+    07d6b0d0 (our differential cases' commit, and NeMo Gym's recordings, where two rollouts ask a question and score
+    1) every rollout scores 1: ours keeps that, so exactly those variants differ."""
+    row = read_jsonl(catalogue / "example_single_tool_call" / "data" / "example.jsonl")[0]
+    row = {k: v for k, v in row.items() if k != "agent_ref"}
+    variants = {
+        "as_asked": called("get_weather", '{"city": "Paris"}'),
+        "extra_key": called("get_weather", '{"city": "Paris", "units": "C"}'),
+        "city_a_number": called("get_weather", '{"city": 7}'),
+        "no_city": called("get_weather", "{}"),
+        "not_json": called("get_weather", '{"city": '),
+        "two_calls": called("get_weather", '{"city": "Paris"}')[:2] + called("get_weather", '{"city": "Rome"}', n=1),
+        "no_call": [message("Which city?")],
+        "misspelt_tool": called("get_wether", '{"city": "Paris"}'),
+        "call_only_in_reasoning": [reasoning('get_weather({"city": "Paris"})'), message("It is cold.")],
     }
-    assert differ == {}
-    assert len(set(got["ours"].values())) > 1  # the variants really differ in outcome
+    got = both_sides(
+        tmp_path,
+        [(name, row, output) for name, output in variants.items()],
+        {"server": "weather"},
+        {"nemo_gym": "example_single_tool_call"},
+    )
+    newer = {name: (1.0, 0.0) for name in ("no_call", "misspelt_tool", "call_only_in_reasoning")}
+    differ = {name: pair for name, pair in got.items() if pair[0] != pair[1]}
+    assert differ == newer
+
+
+def workplace_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Each right trajectory of the differential cases, its last call's arguments reshaped: extra, null, missing
+    and retyped arguments, case and padding, not JSON, not an object, repeated; NeMo Gym's verify replays them."""
+    out = []
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    for n, case in enumerate(read_jsonl(DIFFERENTIAL / "workplace_assistant.jsonl")):
+        calls = [i for i, o in enumerate(case["response"]["output"]) if o["type"] == "function_call"]
+        if case["expected_reward"] != 1.0 or not calls:
+            continue
+        task = {k: v for k, v in case.items() if k not in skip}
+        last = calls[-1]
+        args = json.loads(case["response"]["output"][last]["arguments"])
+        key = next(k for k, v in sorted(args.items(), key=lambda kv: str(kv[1]).isdigit()) if isinstance(v, str))
+        id_key = next((k for k in args if k.endswith("_id")), key)
+        arguments = {
+            "as_given": json.dumps(args),
+            "compact": json.dumps(args, separators=(",", ":")),
+            "extra_argument": json.dumps({**args, "note": "x"}),
+            "null_argument": json.dumps({**args, key: None}),
+            "missing_argument": json.dumps({k: v for k, v in args.items() if k != key}),
+            "upper_case_value": json.dumps({**args, key: args[key].upper()}),
+            "padded_value": json.dumps({**args, key: f" {args[key]} "}),
+            "number_for_id": json.dumps({**args, id_key: int(args[id_key]) if args[id_key].isdigit() else 7}),
+            "list_value": json.dumps({**args, key: [args[key]]}),
+            "not_json": json.dumps(args)[:-1],
+            "not_an_object": json.dumps([args]),
+            "ascii_escaped": json.dumps(args, ensure_ascii=True).replace("e", "\\u0065", 1),
+        }
+        for name, text in arguments.items():
+            output = json.loads(json.dumps(case["response"]["output"]))
+            output[last]["arguments"] = text
+            out.append((f"{n}/{name}", task, output))
+        repeated = json.loads(json.dumps(case["response"]["output"]))
+        twice = [
+            dict(repeated[last], call_id="call_again"),
+            {"type": "function_call_output", "call_id": "call_again", "output": "{}"},
+        ]
+        out.append((f"{n}/repeated", task, repeated[: last + 2] + twice + repeated[last + 2 :]))
+    return out
+
+
+def test_workplace_assistant_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """workplace_assistant: our verify grades the session's state; NeMo Gym's replays the response's calls on a
+    fresh copy. Lax and malformed arguments of the state-changing call must end in the same reward."""
+    ours, nemo_gym = {"server": "workplace_assistant"}, {"nemo_gym": "workplace_assistant"}
+    assert_same_rewards(both_sides(tmp_path, workplace_variants(), ours, nemo_gym))
+
+
+def math_advanced_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """The full right trajectories, every call's numbers rewritten: strings, ints, exponents, booleans, nulls,
+    extra and missing keys, not JSON. The tools answer (ours, or the original's) and verify reads their outputs."""
+    rewrites = {
+        "as_given": lambda a: a,
+        "numbers_as_strings": lambda a: {k: str(v) for k, v in a.items()},
+        "integral_as_int": lambda a: {k: int(v) if float(v).is_integer() else v for k, v in a.items()},
+        "exponent_strings": lambda a: {k: f"{v:e}" for k, v in a.items()},
+        "booleans": lambda a: {k: True for k in a},
+        "nulls": lambda a: {k: None for k in a},
+        "extra_key": lambda a: {**a, "note": 1},
+        "missing_key": lambda a: dict(list(a.items())[1:]),
+        "not_json": None,
+    }
+    out = []
+    skip = ("response", "expected_reward", "expected_fields", "case")
+    for n, case in enumerate(read_jsonl(DIFFERENTIAL / "math_advanced_calculations.jsonl")):
+        if not case["case"].endswith("full correct tool trajectory"):
+            continue
+        task = {k: v for k, v in case.items() if k not in skip}
+        for name, rewrite in rewrites.items():
+            output = json.loads(json.dumps(case["response"]["output"]))
+            for item in output:
+                if item["type"] == "function_call":
+                    args = json.loads(item["arguments"])
+                    item["arguments"] = json.dumps(rewrite(args)) if rewrite else item["arguments"][:-1]
+            out.append((f"{n}/{name}", task, output))
+    return out
+
+
+def test_math_advanced_calculations_reads_lax_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """math_advanced_calculations: lax tool arguments (numbers as strings or exponents, booleans, nulls, extra or
+    missing keys, not JSON) make the same tool outputs on both sides, and verify reads them alike."""
+    ours, nemo_gym = {"server": "math_advanced_calculations"}, {"nemo_gym": "math_advanced_calculations"}
+    assert_same_rewards(both_sides(tmp_path, math_advanced_variants(), ours, nemo_gym))
+
+
+def math_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Forms of 1/2 (and of 32): boxed or not, \\frac, \\dfrac, decimals, percent, $...$, several boxes, split
+    over parts and messages, only in reasoning, \\boxed{} empty, unclosed, with units."""
+    row = read_jsonl(DIFFERENTIAL / "math_with_judge.jsonl")[0]
+    base = {k: v for k, v in row.items() if k in ("responses_create_params", "question")}
+    half, whole = {**base, "expected_answer": "\\frac{1}{2}"}, {**base, "expected_answer": "32"}
+    forms = {
+        "boxed_frac": "So \\boxed{\\frac{1}{2}}.",
+        "boxed_dfrac": "\\boxed{\\dfrac12}",
+        "boxed_decimal": "\\boxed{0.5}",
+        "boxed_slash": "\\boxed{1/2}",
+        "boxed_percent": "\\boxed{50\\%}",
+        "boxed_padded": "\\boxed{  \\frac{1}{2}  }",
+        "boxed_in_dollars": "$\\boxed{\\frac{1}{2}}$",
+        "boxed_text": "\\boxed{\\text{1/2}}",
+        "boxed_wrong_then_right": "\\boxed{1} no: \\boxed{\\frac{1}{2}}",
+        "boxed_right_then_wrong": "\\boxed{\\frac{1}{2}} no: \\boxed{1}",
+        "boxed_empty": "\\boxed{}",
+        "boxed_blank_then_plain": "\\boxed{ } so 1/2",
+        "boxed_unclosed": "\\boxed{\\frac{1}{2}",
+        "fbox": "\\fbox{\\frac{1}{2}}",
+        "plain_decimal": "The answer is 0.5",
+        "plain_latex": "$\\frac{1}{2}$",
+        "approximate": "\\boxed{0.50001}",
+        "empty": "",
+    }
+    out = [(f"half/{name}", half, [message(text)]) for name, text in forms.items()]
+    out += [
+        ("half/split_over_parts", half, [message("\\boxed{\\frac{1}", "{2}}")]),
+        ("half/split_over_messages", half, [message("\\boxed{\\frac{1}"), message("{2}}")]),
+        ("half/only_in_reasoning", half, [reasoning("\\boxed{\\frac{1}{2}}"), message("done")]),
+        ("whole/boxed", whole, [message("\\boxed{32}")]),
+        ("whole/plain", whole, [message("The answer is 32.")]),
+        ("whole/boxed_float", whole, [message("\\boxed{32.0}")]),
+        ("whole/boxed_with_unit", whole, [message("\\boxed{32\\text{ cm}}")]),
+        ("whole/boxed_thousands", whole, [message("\\boxed{32,000}")]),
+    ]
+    return out
+
+
+# nemo-gym 0.7.0 scores an answer without a closed, non-empty \boxed{} 0 before math-verify sees it; at 07d6b0d0 (our
+# differential cases: "int: correct, no box (plain text)" is 1.0) math-verify reads the whole text, as ours does.
+MATH_BOX_REQUIRED_IN_0_7_0 = (
+    "half/plain_decimal",
+    "half/plain_latex",
+    "half/boxed_blank_then_plain",
+    "half/boxed_unclosed",
+    "half/fbox",
+    "whole/plain",
+)
+
+
+def test_math_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """math (math_with_judge, library only): which text math-verify reads and how; unboxed right answers are the
+    one difference, nemo-gym 0.7.0's newer box requirement."""
+    judge = {"type": "responses_api_models", "name": "policy"}
+    nemo_gym = {
+        "nemo_gym": "math_with_judge",
+        "options": {
+            "should_use_judge": False,
+            "judge_model_server": judge,
+            "judge_responses_create_params": {"input": []},
+        },
+    }
+    got = both_sides(tmp_path, math_variants(), {"server": "math"}, nemo_gym)
+    assert_same_rewards(got, {name: (1.0, 0.0) for name in MATH_BOX_REQUIRED_IN_0_7_0})
+
+
+def code_gen_variants() -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """A right a+b program, fenced and placed every which way, plus <think> tags in the answer or the reasoning."""
+    case = next(c for c in read_jsonl(DIFFERENTIAL / "code_gen.jsonl") if c["case"] == "stdio: correct")
+    task = {k: v for k, v in case.items() if k not in ("response", "expected_reward", "expected_fields", "case")}
+    code, wrong = "a, b = map(int, input().split())\nprint(a + b)", "print(0)"
+    texts = {
+        "python_fence": f"Here:\n```python\n{code}\n```\n",
+        "bare_fence": f"```\n{code}\n```",
+        "cpp_tag": f"```cpp\n{code}\n```",
+        "no_fence": code,
+        "one_fence": f"```python\n{code}",
+        "two_blocks_last_right": f"```python\n{wrong}\n```\nbetter:\n```python\n{code}\n```",
+        "two_blocks_last_wrong": f"```python\n{code}\n```\nor:\n```python\n{wrong}\n```",
+        "fence_inline_with_code": f"```python {code.splitlines()[0]}\n{code.splitlines()[1]}\n```",
+        "indented_fences": f"  ```python\n{code}\n  ```",
+        "crlf": f"```python\r\n{code.replace(chr(10), chr(13) + chr(10))}\r\n```",
+        "think_in_answer": f"<think>easy</think>\n```python\n{code}\n```",
+        "blank": "  \n",
+    }
+    out = [(name, task, [message(text)]) for name, text in texts.items()]
+    fenced = f"```python\n{code}\n```"
+    out += [
+        ("split_over_parts", task, [message("```python\n" + code[:10], code[10:] + "\n```")]),
+        ("split_over_messages", task, [message("```python\n" + code[:10]), message(code[10:] + "\n```")]),
+        ("only_in_reasoning", task, [reasoning(fenced), message("done")]),
+        ("one_think_in_reasoning", task, [reasoning("<think>x</think>"), message(fenced)]),
+        ("two_thinks_in_reasoning", task, [reasoning("<think>x</think><think>y</think>"), message(fenced)]),
+    ]
+    return out
+
+
+def test_code_gen_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """code_gen: which fenced block is the program (last two fence lines, tag ignored, none without two fences),
+    split answers, reasoning, and the <think>-tag penalty."""
+    got = both_sides(tmp_path, code_gen_variants(), {"server": "code_gen"}, {"nemo_gym": "code_gen"})
+    assert_same_rewards(got)
+
+
+def test_counter_reads_lax_and_malformed_calls_as_nemo_gyms_original_does(catalogue: Path, tmp_path: Path) -> None:
+    """counter (example_session_state_mgmt): verify reads the session's count, so what counts is how the
+    increment_counter arguments are read: strings, floats, booleans, extra or missing keys, not JSON."""
+    row = read_jsonl(catalogue / "example_session_state_mgmt" / "data" / "example.jsonl")[0]  # 3 -> 6
+    step = row["expected_count"] - row["initial_count"]
+    forms = {
+        "int": f'{{"count": {step}}}',
+        "string": f'{{"count": "{step}"}}',
+        "padded_string": f'{{"count": " {step} "}}',
+        "float": f'{{"count": {step}.0}}',
+        "fraction": f'{{"count": {step}.5}}',
+        "exponent": f'{{"count": {step}e0}}',
+        "bool": '{"count": true}',
+        "null": '{"count": null}',
+        "extra_key": f'{{"count": {step}, "note": 1}}',
+        "other_key": f'{{"amount": {step}}}',
+        "not_json": f'{{"count": {step}',
+        "a_list": f"[{step}]",
+    }
+    variants = [
+        (name, row, called("increment_counter", args, answer=str(row["expected_count"])))
+        for name, args in forms.items()
+    ]
+    variants.append(("no_call", row, [message(str(row["expected_count"]))]))
+    ours, nemo_gym = {"server": "counter"}, {"nemo_gym": "example_session_state_mgmt"}
+    assert_same_rewards(both_sides(tmp_path, variants, ours, nemo_gym))

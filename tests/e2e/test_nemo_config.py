@@ -97,8 +97,12 @@ def test_nemo_gym_config_runs_end_to_end_like_the_bundled_config(server: str, tm
     assert len(nemo) == 5 and nemo == ours
     rows = read_jsonl(tmp_path / "nemo.jsonl")
     assert {row["agent_ref"]["name"] for row in rows} == {f"{server}_simple_agent"}
-    if server in ("mcqa", "example_single_tool_call"):  # recorded without a judge: NeMo Gym's own rewards
+    if server == "example_single_tool_call":  # recorded without a judge: NeMo Gym's own rewards
         assert nemo == rewards_by_prompt(recorded)
+    if server == "mcqa":  # NeMo Gym's grader reads `\\boxed{\nC: text\n}` since the recording (one 0 became 1)
+        old = rewards_by_prompt(recorded)
+        assert [p for p in old if old[p] != nemo[p]] == [p for p in old if old[p] == 0.0 and nemo[p] == 1.0]
+        assert sum(nemo.values()) == sum(old.values()) + 1
 
 
 def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: Path) -> None:

@@ -659,3 +659,14 @@ def test_run_freezes_start_up_and_still_collects_the_cycles_made_after_it(tmp_pa
     assert got["code"] == 0 and len(read_jsonl(out)) == 5
     assert got["frozen"] > 10_000, got  # the stack, the environment and the config: tens of thousands
     assert got["freed"] >= 2, got  # the two nodes (and their dicts) of the cycle made after start-up
+
+
+def test_python_dash_m_cli_runs_an_environment_that_scores_in_worker_processes(tmp_path: Path) -> None:
+    """`python -m gym_runtime.cli run` on reasoning_gym (scoring in anyio worker processes, which re-run the
+    parent's main module): every row is verified, none is a verify_error (all were, BrokenWorkerProcess,
+    while the CLI's __main__ ran unguarded)."""
+    out = tmp_path / "out.jsonl"
+    data = "resources/reasoning_gym/data/example.jsonl"
+    res = cli("run", "resources/reasoning_gym/config.yaml", "-i", data, "-o", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(read_jsonl(out)) == 5 and not (tmp_path / "out_failures.jsonl").exists()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from gym_runtime.messages import Response, assistant_message, last_item_text, pa
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.calendar import (
     Calendar,
+    _json_list_span,
     first_json_list,
     grade,
     interactive_row,
@@ -69,13 +73,35 @@ def test_unreadable_times_raise(bad: str) -> None:
 def test_first_json_list() -> None:
     assert first_json_list('Sure!\n\n[{"event_id": 0}]\nDone.') == [{"event_id": 0}]
     assert first_json_list('ids [1, 2] and then [{"event_id": 3}]') == [{"event_id": 3}]
-    assert first_json_list('[{"event_name": "Review [v2]", "event_id": 1}]') == [
-        {"event_name": "Review [v2]", "event_id": 1}
+    # NeMo Gym's regex takes a bracket only inside {...} up to its first "}": these are no calendar there
+    assert first_json_list('[{"event_name": "Review [v2]", "event_id": 1}]') is None
+    assert first_json_list('[{"event_id": 1, "tags": ["a"]}]') is None
+    assert first_json_list('[{"event_id": 1, "tags": ["a"]}, {"event_id": 2}]') == [
+        {"event_id": 1, "tags": ["a"]},
+        {"event_id": 2},
     ]
     # the first candidate decides, as in NeMo Gym: invalid JSON there means "no calendar"
     assert first_json_list('[{event_id: 0}] [{"event_id": 1}]') is None
     assert first_json_list("no calendar here") is None
     assert first_json_list("[]") is None
+
+
+# NeMo Gym's calendar/utils.py extract_json_list pattern, the reference for where a calendar is found.
+NEMO_GYM_LIST = re.compile(r"\[(?:[^\[\]]|\{[^}]*\})*\{(?:[^\[\]]|\{[^}]*\})*\}(?:[^\[\]]|\{[^}]*\})*\]", re.DOTALL)
+
+
+def test_the_calendar_is_found_where_nemo_gyms_regex_finds_it() -> None:
+    """40,000 random short texts of brackets, braces and quotes: the same span as NeMo Gym's regex (re.search),
+    or none where it finds none; and a cut-off 5,000-event answer, on which that regex backtracks for ages."""
+    rng = random.Random(25)
+    for length in range(12):
+        for _ in range(3500):
+            text = "".join(rng.choice('[]{}a"') for _ in range(length))
+            m = NEMO_GYM_LIST.search(text)
+            assert _json_list_span(text) == (m.span() if m else None), text
+    started = time.monotonic()
+    assert first_json_list("[" + '{"event_id": 0}, ' * 5000 + '{"event_id": 1} [') is None
+    assert time.monotonic() - started < 1.0
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,9 @@ async def test_recorded_rollouts_and_differential_cases_reproduce_nemo_gym() -> 
     for i, (task, rollout) in enumerate(pairs):
         v = await verify_once(ReasoningGym, task, recorded_response(rollout["response"]))
         assert v.reward == rollout["reward"], f"rollout {i}"
-        assert v.fields == {k: rollout[k] for k in FIELDS}, f"rollout {i}"
+        # recorded by an older NeMo Gym that kept untagged text unstripped; its current verify strips it
+        recorded = {**{k: rollout[k] for k in FIELDS}, "extracted_answer": rollout["extracted_answer"].strip()}
+        assert v.fields == recorded, f"rollout {i}"
     cases = differential_cases("reasoning_gym")
     assert len(cases) >= 20
     for row, case in cases:
@@ -77,14 +79,14 @@ def test_scores_come_from_reasoning_gym() -> None:
         ("reasoning <answer> 30 </answer>", "30"),
         ("<answer>29</answer> no, <answer>\n30\n</answer>", "30"),  # the last tag wins
         ("<answer>30</answer> \\boxed{31}", "30"),
-        ("so \\boxed{30} and later \\boxed{31}", "30"),  # the first box, cut at its balanced brace
-        ("\\boxed{ \\frac{1}{2} } done", "1/2"),
-        ("\\boxed{{a}{b}}", "{a}{b}"),
-        ("<think>\\boxed{1}</think>The answer is 2.", "The answer is 2."),
-        ("<think>scratch</think>\n\n  30  \n", "30"),  # cleaned text, stripped
+        ("so \\boxed{30} and later \\boxed{31}", "30"),  # the first box, up to its first closing brace
+        ("\\boxed{ \\frac{1}{2} } done", "\\frac{1"),  # as NeMo Gym's regex reads it
+        ("\\boxed{} then \\boxed{7}", "7"),  # an empty box is no box
+        ("<think>\\boxed{1}</think>The answer is 2.", "1"),  # think text is read like any other text
+        ("<think><answer>1</answer></think><answer>2</answer>", "2"),
         ("```\n<answer>30</answer>\n```", "30"),
-        ("```json\n[1, 2]\n```", "[1, 2]"),
-        ("\n\nRiley is a pioneer.\n", "\n\nRiley is a pioneer.\n"),  # untagged text as written (recorded data)
+        ("```json\n[1, 2]\n```", "```json\n[1, 2]\n```"),  # a fence is not removed
+        ("\n\nRiley is a pioneer.\n", "Riley is a pioneer."),  # untagged text, stripped
         ("   \n", ""),
         ("", ""),
     ],
