@@ -5,11 +5,12 @@ from its YAML defaults plus the config's ``options``, a ``ServerClient`` over a 
 config dict, ``setup_webserver()``, its exception middleware), then called in process
 with one ASGI request per call (``hosting.asgi``): no port is opened, no head server or
 Ray is started by us (a server whose own code starts Ray gets a Ray on loopback only, see
-``prepare``). The app, its lifespan and every task its code starts run on an event loop of
-their own (``hosting.asgi.AppLoop``; the main thread in a hosted worker's process, see
-``beside_main``), never on the worker's bus loop: a server that blocks its loop (a synchronous grader) delays its own requests, not the worker's keepalives
-or its bus traffic; what server code asks of the bus (model calls, other servers) hops to the
-bus loop and back.
+``prepare``). The app, its lifespan and every task its code starts run on an event loop
+of their own (``hosting.asgi.AppLoop``; the main thread in a hosted worker's process, see
+``beside_main``), never on the worker's bus loop: a server that blocks its loop (a
+synchronous grader) delays its own requests, not the worker's keepalives or its bus
+traffic; what server code asks of the bus (model calls, other servers) hops to the bus
+loop and back.
 
 * one cookie jar (so one NeMo Gym session) per rollout; the session is an actor pinned to
   its worker like every session;
@@ -284,6 +285,7 @@ def _route_requests(first: ServerHost) -> None:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
+        headers: Any
         if loop is None or running is loop:
             msg = f"{request.url}: a synchronous client on the bus loop's thread cannot wait for the bus"
             status, content, headers = 503, json.dumps({"error": {"message": msg}}).encode(), {}
