@@ -245,9 +245,8 @@ async def weather_on_one_slot(
         await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
         with anyio.fail_after(90):
             stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=n).run()
-            while await message_count(bus, stream_names(bus.ns)["model"]):
-                await anyio.sleep(0.2)
-            await anyio.sleep(delay_s + 0.5)
+            while await message_count(bus, stream_names(bus.ns)["model"]) or served.gate.active:
+                await anyio.sleep(0.1)  # a queued call leaves the queue when it ends; a direct one is only active
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     return stats, served.served
