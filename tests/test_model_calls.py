@@ -25,6 +25,7 @@ from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
@@ -51,6 +52,13 @@ async def stored_calls(bus: Bus) -> int:
     """Model calls the work queue ever stored (its last sequence number: acked calls are removed)."""
     info = await bus.js.stream_info(stream_names(bus.ns)["model"])
     return int(info.state.last_seq)
+
+
+async def until(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
+    """Wait for a state the test can see (not a fixed time a loaded machine stretches); fail after ``within``."""
+    with anyio.fail_after(within):
+        while not await check():
+            await anyio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -112,9 +120,11 @@ async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: Embedd
 
     async def backlog_seen() -> None:
         nonlocal most
-        with anyio.fail_after(5):
-            while await message_count(bus, stream_names(bus.ns)["model"]) == 0:
-                await anyio.sleep(0.02)  # the calls that found no free slot are visible as a backlog
+
+        async def queued() -> bool:  # a call that found no free slot was stored (the count only grows)
+            return await stored_calls(bus) > 0
+
+        await until(queued)
         while worker.served < 6:
             most = max(most, worker.gate.active)
             await anyio.sleep(0.01)
@@ -125,7 +135,11 @@ async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: Embedd
         assert most == 2  # direct and queued calls together never ran more than `concurrency` at once
         queued = await stored_calls(bus)
         assert 1 <= queued <= 4  # at least two went direct; the others waited in the queue
-        assert await message_count(bus, stream_names(bus.ns)["model"]) == 0  # and were all acked
+
+        async def acked() -> bool:  # an ack is a publish: the queue deletes the call when the server reads it
+            return await message_count(bus, stream_names(bus.ns)["model"]) == 0
+
+        await until(acked, within=10)  # and were all acked
 
 
 async def test_a_paused_model_sends_direct_calls_to_the_queue_until_resumed(
@@ -135,12 +149,15 @@ async def test_a_paused_model_sends_direct_calls_to_the_queue_until_resumed(
         await worker.gate.pause()
 
         async def held_then_resumed() -> None:
-            await anyio.sleep(0.5)
+            async def arrived() -> bool:  # refused direct (paused), it came through the queue to the gate
+                return worker.gate.held > 0 or worker.served > 0
+
+            await until(arrived)
             assert worker.served == 0  # held: not answered while paused...
             assert await stored_calls(bus) == 1  # ...and waiting in the queue, not in a worker's memory
             worker.gate.resume()
 
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             got = await call_many(bus, 1, timeout=20, meanwhile=held_then_resumed)
         assert len(got) == 1 and worker.served == 1
 
@@ -176,16 +193,20 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
     try:
         assert slow.stdout is not None and "ready" in slow.stdout.readline()
         got: list[ModelResponse] = []
-        t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
 
             async def one() -> None:
                 got.append(await call_model(bus, "policy", request(), timeout=60))
 
             tg.start_soon(one)
-            await anyio.sleep(0.5)  # the call is on the slow replica (nothing is stored in the queue)
-            assert await stored_calls(bus) == 0
+
+            async def on_the_slow_replica() -> bool:  # its status says it holds a call
+                return any(w.get("in_flight") for w in await discover(bus, wait_s=0.2) if w.get("role") == "model")
+
+            await until(on_the_slow_replica)
+            assert await stored_calls(bus) == 0  # it came direct: nothing is stored in the queue
             os.kill(slow.pid, signal.SIGKILL)
+            killed = time.perf_counter()
             slow.wait(10)
             async with serving(nats_server.url, scripted(concurrency=4)) as worker:  # the next replica
                 with anyio.fail_after(20):
@@ -193,7 +214,7 @@ async def test_a_direct_call_whose_worker_is_killed_is_answered_through_the_queu
                         await anyio.sleep(0.05)
         assert got[0].response.output[0].name == "get_weather"
         assert worker.served == 1 and await stored_calls(bus) == 1  # answered from the queue
-        assert time.perf_counter() - t0 < 15
+        assert time.perf_counter() - killed < 15  # the caller's liveness (2 s), not the call's 30 s or timeout 60 s
     finally:
         if slow.poll() is None:
             slow.kill()
@@ -224,9 +245,8 @@ async def weather_on_one_slot(
         await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
         with anyio.fail_after(90):
             stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=n).run()
-            while await message_count(bus, stream_names(bus.ns)["model"]):
-                await anyio.sleep(0.2)
-            await anyio.sleep(delay_s + 0.5)
+            while await message_count(bus, stream_names(bus.ns)["model"]) or served.gate.active:
+                await anyio.sleep(0.1)  # a queued call leaves the queue when it ends; a direct one is only active
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     return stats, served.served

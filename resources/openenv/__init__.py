@@ -176,6 +176,7 @@ class OpenEnvResource(GymResource):
     action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
     mcp_names: ClassVar[frozenset[str] | None] = None  # its MCP tools, listed at the first seed
     mcp_server: ClassVar[bool] = False  # the server (url) takes MCP actions (its /schema says so)
+    client_cls: ClassVar[Any] = None  # OpenEnv's GenericEnvClient (url), imported at setup
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:
@@ -187,6 +188,11 @@ class OpenEnvResource(GymResource):
         else:
             import httpx
 
+            # imported here, before the worker serves: at the first seed it held the event loop 2.6 s at load 4
+            # (over the bus's 10 s liveness at load 15: the waiting seeds were worker_lost rows)
+            from openenv.core.generic_client import GenericEnvClient
+
+            cls.client_cls = GenericEnvClient
             base = cls.opts.url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")  # type: ignore[union-attr]
             async with httpx.AsyncClient(timeout=cls.opts.connect_timeout_s) as http:
                 health = await http.get(f"{base}/health")
@@ -204,9 +210,7 @@ class OpenEnvResource(GymResource):
             self.env = self.env_cls()
             out = await self._call(self.env.reset, **reset_args)
         else:
-            from openenv.core.generic_client import GenericEnvClient
-
-            self.client = GenericEnvClient(base_url=self.opts.url, connect_timeout_s=self.opts.connect_timeout_s)
+            self.client = self.client_cls(base_url=self.opts.url, connect_timeout_s=self.opts.connect_timeout_s)
             await self.client.connect()
             out = await self.client.reset(**reset_args)
         self.first_observation = self._observation(out)

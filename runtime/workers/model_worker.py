@@ -93,6 +93,9 @@ class ModelWorker:
             direct = await self.bus.serve_direct(
                 tg, direct_subject(self.bus, self.name), queue=f"model.{self.name}", admit=self._admit, run=self._direct
             )
+            # ready means the server routes direct calls here: a call sent on another connection before the
+            # server read this SUB finds no responders and skips every direct try for DIRECT_ABSENT_S
+            await self.bus.flush()
             try:
                 await serve_pulled(
                     self.bus,

@@ -178,6 +178,32 @@ async def _own_client(url: str, pairs: list[tuple[int, int]]) -> list[float]:
 PAIRS = [(2, 3), (2, 2), (1, 1), (4, 2)]
 
 
+SEED_IMPORTS = """
+import sys, anyio
+from gym_runtime.resources.openenv import OpenEnvResource
+
+async def main():
+    await OpenEnvResource.setup({"url": sys.argv[1]})
+    before = set(sys.modules)
+    inst = OpenEnvResource()
+    await inst.seed({})
+    await inst.close()
+    print(sorted(set(sys.modules) - before))
+
+anyio.run(main)
+"""
+
+
+def test_a_served_environments_seed_imports_nothing_in_the_event_loop(work: Path, server: str) -> None:
+    """Setup imports OpenEnv's client, not the first seed: an import holds the worker's event loop (2.6 s at
+    load 4), and seeds waiting behind it past the bus's liveness were worker_lost rows under load."""
+    res = subprocess.run(
+        [sys.executable, "-c", SEED_IMPORTS, server], env=_env(work), capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
+
+
 def test_rewards_equal_in_process_served_and_own_client(work: Path, server: str) -> None:
     """The same scripted actions score the same in process, through OpenEnv's server, and with its client."""
     rewards: dict[str, list[float]] = {}
