@@ -154,65 +154,12 @@ def test_malformed_input_names_file_and_line_and_publishes_nothing(tmp_path: Pat
     assert not out.exists() and not Path(str(out) + ".partial").exists()
 
 
-def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> None:
-    """A model that emits broken tool-call JSON sees the error and answers; the rollout completes."""
+def replayed_weather_rollout(tmp_path: Path, output: list[dict[str, Any]]) -> dict[str, Any]:
+    """weather's first example row run with the replay model answering ``output`` (one recorded response)."""
     task = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
     recording = {
         "responses_create_params": task["responses_create_params"],
-        "response": {
-            "id": "resp_1",
-            "created_at": 0.0,
-            "model": "recorded",
-            "object": "response",
-            "output": [
-                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": '},
-                {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
-                {"type": "function_call", "call_id": "c2", "name": "get_wether", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": "c2", "output": "recorded"},
-                {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": '{"town": "sf"}'},
-                {"type": "function_call_output", "call_id": "c3", "output": "recorded"},
-                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "sorry"}]},
-            ],
-        },
-    }
-    rec = write_jsonl(tmp_path / "recorded.jsonl", [recording])
-    inp = write_jsonl(tmp_path / "in.jsonl", [task])
-    out = tmp_path / "out.jsonl"
-    res = cli(
-        "run",
-        "resources/weather/config.yaml",
-        "-i",
-        str(inp),
-        "-o",
-        str(out),
-        "--set",
-        "models.policy.adapter=replay",
-        "--set",
-        f"models.policy.rollouts={rec}",
-    )
-    assert res.returncode == 0, res.stderr
-    outputs = [i["output"] for i in read_jsonl(out)[0]["response"]["output"] if i["type"] == "function_call_output"]
-    assert "not valid JSON" in outputs[0]
-    assert "unknown tool 'get_wether'" in outputs[1] and "get_weather" in outputs[1]
-    # weather follows NeMo Gym's (pydantic) argument semantics: the unknown key is ignored, the missing one named
-    assert "city" in outputs[2] and "Field required" in outputs[2]
-
-
-def test_a_reasoning_only_answer_ends_the_rollout_as_in_nemo_gyms_simple_agent(tmp_path: Path) -> None:
-    """NeMo Gym's simple_agent stops at a model output without tool calls, even one with no message (a turn
-    cut to its reasoning: equivalence_rule's recorded rollout 2): the rollout is verified as it stands. Asking
-    the model again ran past the recording (replay: 'the conversation diverged', a failure row)."""
-    task = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Which city?"}]}
-    recording = {
-        "responses_create_params": task["responses_create_params"],
-        "response": {
-            "id": "resp_1",
-            "created_at": 0.0,
-            "model": "recorded",
-            "object": "response",
-            "output": [reasoning],
-        },
+        "response": {"id": "resp_1", "created_at": 0.0, "model": "recorded", "object": "response", "output": output},
     }
     rec = write_jsonl(tmp_path / "recorded.jsonl", [recording])
     inp = write_jsonl(tmp_path / "in.jsonl", [task])
@@ -231,8 +178,39 @@ def test_a_reasoning_only_answer_ends_the_rollout_as_in_nemo_gyms_simple_agent(t
     )
     assert res.returncode == 0, res.stderr
     rows = read_jsonl(out)
-    assert [i["type"] for i in rows[0]["response"]["output"]] == ["reasoning"]
-    assert isinstance(rows[0]["reward"], float)  # verified as it stands
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_invalid_tool_arguments_are_fed_back_to_the_model(tmp_path: Path) -> None:
+    """A model that emits broken tool-call JSON sees the error and answers; the rollout completes."""
+    row = replayed_weather_rollout(
+        tmp_path,
+        [
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": '},
+            {"type": "function_call_output", "call_id": "c1", "output": "recorded"},
+            {"type": "function_call", "call_id": "c2", "name": "get_wether", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c2", "output": "recorded"},
+            {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": '{"town": "sf"}'},
+            {"type": "function_call_output", "call_id": "c3", "output": "recorded"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "sorry"}]},
+        ],
+    )
+    outputs = [i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"]
+    assert "not valid JSON" in outputs[0]
+    assert "unknown tool 'get_wether'" in outputs[1] and "get_weather" in outputs[1]
+    # weather follows NeMo Gym's (pydantic) argument semantics: the unknown key is ignored, the missing one named
+    assert "city" in outputs[2] and "Field required" in outputs[2]
+
+
+def test_a_reasoning_only_answer_ends_the_rollout_as_in_nemo_gyms_simple_agent(tmp_path: Path) -> None:
+    """NeMo Gym's simple_agent stops at a model output without tool calls, even one with no message (a turn
+    cut to its reasoning: equivalence_rule's recorded rollout 2): the rollout is verified as it stands. Asking
+    the model again ran past the recording (replay: 'the conversation diverged', a failure row)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Which city?"}]}
+    row = replayed_weather_rollout(tmp_path, [reasoning])
+    assert [i["type"] for i in row["response"]["output"]] == ["reasoning"]
+    assert isinstance(row["reward"], float)  # verified as it stands
     assert not (tmp_path / "out_failures.jsonl").exists()
 
 
