@@ -74,7 +74,11 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
         assert info.state.messages == 2 * expected  # the server kept both runs' results
 
         again = await collect_batch(bus, "w", tmp_path / "again.jsonl")
-        assert (again.rows, again.failures, again.duplicates) == (expected, 0, expected)
+        # every slot once; the second copies handled before the last slot filled count as duplicates: how
+        # many depends on how the reader's pulls split the stream (it stops once every slot has its row: all
+        # 10 read in one pull serially, 8 of 10 once at -n 4), never a row twice
+        assert (again.rows, again.failures) == (expected, 0)
+        assert again.duplicates <= expected
         assert read_jsonl(tmp_path / "again.jsonl") == read_jsonl(first)
 
         async with anyio.create_task_group() as tg:
