@@ -98,7 +98,9 @@ def test_clustered_server_serves_monitoring_on_loopback_and_stops_on_sigterm(tmp
         assert 'http: "127.0.0.1:%d"' % http in conf
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+        # 0.5 s alone; once past 15 s in CI's fresh-clone suite (4 xdist workers beside it): the bound is for
+        # a hang, the exit code is what the test checks
+        assert proc.wait(60) == 0
 
 
 def test_start_exits_non_zero_when_a_role_cannot_start(nats_server: EmbeddedServer, tmp_path: Path) -> None:
