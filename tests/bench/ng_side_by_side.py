@@ -12,7 +12,11 @@ tool call where tools are offered):
   same interpreter and packages both sides), driven by NeMo Gym's ``ng_collect_rollouts``.
 * **gym-runtime**: ``gym-runtime server`` (nats-server) and ``gym-runtime start`` (a pool: the
   hosted server in a resource worker, ``agents.simple``, the ``openai`` model adapter), driven by
-  ``gym-runtime publish`` + ``collect``.
+  ``gym-runtime publish`` + ``collect``. Measured twice by default (``--replicas 1 2``): as
+  configured with nothing added, and with ``replicas: 2`` on the hosted server's resource (two
+  worker processes on the one bus: how gym-runtime scales a role, which ``ng_run`` cannot do for
+  one server). The hosted server's own stack (FastAPI, its middlewares, pydantic) is most of
+  gym-runtime's CPU per rollout, and one process runs it on one core at most.
 
 Both deployments are started and made ready first (not timed; their ready times are printed), then
 the measured batches alternate between the two systems (``--reps`` each). A batch's **wall** runs
@@ -25,6 +29,7 @@ cycled to ``--rollouts``) and the same concurrency (``num_samples_in_parallel`` 
 
     python tests/bench/ng_side_by_side.py [--servers mcqa example_session_state_mgmt]
                                           [--rollouts 500] [--concurrency 32] [--reps 2]
+                                          [--replicas 1 2]
 """
 
 from __future__ import annotations
@@ -242,8 +247,8 @@ def _yaml(path: Path) -> dict[str, object]:
 
 
 class GymRuntime:
-    def __init__(self, server: str, port: int, tmp: Path, concurrency: int) -> None:
-        self.tmp = tmp / "gr"
+    def __init__(self, server: str, port: int, tmp: Path, concurrency: int, replicas: int = 1) -> None:
+        self.tmp = tmp / f"gr{replicas}"
         self.tmp.mkdir()
         self.nats_port = free_port()
         self.url = f"nats://127.0.0.1:{self.nats_port}"
@@ -254,7 +259,7 @@ class GymRuntime:
                     "models": {
                         "policy": {"adapter": "openai", "base_url": f"http://127.0.0.1:{port}/v1", "model": "mock"}
                     },
-                    "resources": {"env": {"nemo_gym": server}},
+                    "resources": {"env": {"nemo_gym": server, "replicas": replicas}},
                     "agents": {
                         "env_agent": {
                             "agent": "agents.simple",
@@ -269,7 +274,8 @@ class GymRuntime:
         )
         self.cli = [sys.executable, "-m", "gym_runtime.cli"]
         self.env = {"OPENAI_API_KEY": "mock"}
-        self.dep = Deployment("gym-runtime")
+        name = "gym-runtime" if replicas == 1 else f"gym-runtime, {replicas} server processes"
+        self.dep = Deployment(name)
 
     def start(self) -> None:
         t0 = time.perf_counter()
@@ -350,6 +356,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="gym-runtime deployments to measure, by the hosted server's worker processes (config `replicas`)",
+    )
+    ap.add_argument(
         "--only-gym-runtime",
         action="store_true",
         help="gym-runtime's side alone (its CPU per process; before/after a change of ours, no NeMo Gym deployment)",
@@ -363,7 +376,9 @@ def main() -> None:
             tmp.mkdir()
             with mock(server, tmp) as port:
                 sdir = Path(hosting_env.ensure(server).server_dir)
-                systems: list[NemoGym | GymRuntime] = [GymRuntime(server, port, tmp, args.concurrency)]
+                systems: list[NemoGym | GymRuntime] = [
+                    GymRuntime(server, port, tmp, args.concurrency, r) for r in args.replicas
+                ]
                 if not args.only_gym_runtime:
                     systems.insert(0, NemoGym(server, port, tmp))
                 try:
@@ -405,12 +420,11 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for server, med, ready in table:
         ng_wall, ng_cpu, _ = med.get("NeMo Gym (ng_run)", (0.0, 0.0, 0.0))
-        gr_wall, gr_cpu, _ = med["gym-runtime"]
         for name, (wall, cpu, reward) in med.items():
             ratio = (
                 "1"
                 if name.startswith("NeMo") or not ng_wall
-                else f"{ng_wall / gr_wall:.1f}x throughput, {gr_cpu / ng_cpu:.2f}x CPU"
+                else f"{ng_wall / wall:.1f}x throughput, {cpu / ng_cpu:.2f}x CPU"
             )
             print(
                 f"| {server} | {name} | {n} | {wall:.1f} | {n / wall:.0f} | {cpu / n * 1000:.1f} ms | {ratio} "
