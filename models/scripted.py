@@ -209,6 +209,10 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None  # the model name put on responses
     delay_s: float = 0.0  # simulated latency per call
     budget_s: float = 480.0  # how long one call may take (its callers' patience): small in tests of slow calls
+    # The final message's text by the prompt: the first key (in the order given) found in the text of the
+    # request's last message; "" matches any. For hosting code that parses what its model says (a judge's
+    # JSON verdict, a game's move tag), which "OK" would fail. No key found: the default answer.
+    answers: dict[str, str] = msgspec.field(default_factory=dict)
 
     def call_budget_s(self) -> float:
         return self.budget_s
@@ -223,8 +227,10 @@ class ScriptedModel:
       ``function_call`` with that name in ``params.input`` yet → one ``function_call``
       per such tool, in tool order, all in this response (only the first when
       ``parallel_tool_calls`` is false; none when ``tool_choice`` is ``"none"``);
-    * otherwise → an assistant message quoting the trailing ``function_call_output``
-      items of the input (joined by newlines), or ``"OK"`` if there are none.
+    * otherwise → an assistant message: the first of ``answers`` whose key is in the
+      text of the input's last message, else one quoting the trailing
+      ``function_call_output`` items of the input (joined by newlines), or ``"OK"``
+      if there are none.
 
     ``call_id`` is ``call_{len(input)}_{i}``: unique within a conversation and the
     same for the same conversation. Usage counts (roughly) whitespace-separated words.
@@ -249,6 +255,20 @@ class ScriptedModel:
                 self._args_cache.clear()
             args = self._args_cache[key] = example_arguments(parameters)
         return args
+
+    def _answer(self, items: list[Item]) -> str:
+        """The configured answer for this prompt, else the tool outputs quoted, else ``"OK"``."""
+        if self.cfg.answers:
+            last = next((message_text(i) for i in reversed(items) if isinstance(i, Message)), "")
+            for key, text in self.cfg.answers.items():
+                if key in last:
+                    return text
+        outputs: list[str] = []
+        for item in reversed(items):
+            if not isinstance(item, FunctionCallOutput):
+                break
+            outputs.append(item.output)
+        return "\n".join(reversed(outputs)) if outputs else "OK"
 
     async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
         if self._delay > 0:
@@ -284,13 +304,7 @@ class ScriptedModel:
                     break
 
         if not output:
-            outputs: list[str] = []
-            for item in reversed(items):
-                if not isinstance(item, FunctionCallOutput):
-                    break
-                outputs.append(item.output)
-            text = "\n".join(reversed(outputs)) if outputs else "OK"
-            output.append(assistant_message(text, id=f"msg_scripted_{n}"))
+            output.append(assistant_message(self._answer(items), id=f"msg_scripted_{n}"))
 
         in_tokens = sum(_item_words(i) for i in items) + 1
         out_tokens = sum(_item_words(i) for i in output) + 1

@@ -193,6 +193,50 @@ async def test_scripted_without_tools_says_ok_and_honours_tool_choice() -> None:
     assert [i.name for i in r.output] == ["b"]  # type: ignore[union-attr]
 
 
+async def test_scripted_answers_by_prompt_replace_ok_after_the_tools() -> None:
+    """``answers``: the text a test double needs (a judge's JSON, a game's move tag), chosen by the prompt."""
+    opts = msgspec.convert(
+        {
+            "answers": {
+                "Answer Check": '{"verdict": "a"}',
+                "Quality Check": '{"verdict": "q"}',
+                "": "<action>Down</action>",
+            }
+        },
+        ScriptedOptions,
+    )
+    model = ScriptedModel(opts)
+
+    async def answer(*messages: str, tools: list[dict[str, Any]] | None = None) -> str:
+        items = [Message(role="user", content=m) for m in messages]
+        r = await model.generate(CreateParams(input=items, tools=tools))
+        return message_text(r.output[-1]) if isinstance(r.output[-1], Message) else "tool call"
+
+    assert await answer("You are performing the Answer Check ...") == '{"verdict": "a"}'
+    assert await answer("You are performing the Explanation Quality Check ...") == '{"verdict": "q"}'
+    # the last message decides, the first key found in it (in the order given) wins, "" matches any prompt
+    assert await answer("the Answer Check", "Tetris board: X___") == "<action>Down</action>"
+    assert await answer("the Quality Check and the Answer Check") == '{"verdict": "a"}'
+    # the tools offered are still called first; the answer replaces what would quote their outputs
+    tool = {"type": "function", "name": "look", "parameters": {"type": "object", "properties": {}}}
+    assert await answer("Tetris board", tools=[tool]) == "tool call"
+    called = await model.generate(CreateParams(input=parse_items("Tetris board"), tools=[tool]))
+    done = [*parse_items("Tetris board"), *called.output, FunctionCallOutput(call_id="call_1_0", output="seen")]
+    r = await model.generate(CreateParams(input=done, tools=[tool]))
+    assert message_text(r.output[0]) == "<action>Down</action>"
+
+    # no key matches: the default answer ("OK", or the quoted tool outputs)
+    only = ScriptedModel(ScriptedOptions(answers={"Answer Check": "{}"}))
+    r = await only.generate(CreateParams(input=parse_items("hi")))
+    assert message_text(r.output[0]) == "OK"
+    with pytest.raises(msgspec.ValidationError, match=r"answers"):
+        msgspec.convert({"answers": {"Answer Check": 1}}, ScriptedOptions)
+    # a models.NAME entry takes it as a flat key, like every adapter option
+    configured = load_adapter(model_config({"adapter": "scripted", "answers": {"": "<action>Left</action>"}}))
+    r = await configured.generate(CreateParams(input=parse_items("Tetris board")))
+    assert message_text(r.output[0]) == "<action>Left</action>"
+
+
 def test_example_values_cover_common_schema_shapes() -> None:
     schema = {
         "type": "object",

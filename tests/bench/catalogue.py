@@ -10,7 +10,8 @@ in its requirements, the rest is ``EXCLUDED`` below, from reading each server's 
 README) or *installable* here (PyPI + a CPU): then its environment is built
 (``gym-runtime env build``) and ``gym-runtime parity`` replays its recordings, and the
 table says whether it **runs** (every replayed example row yields a row, none fails; where
-the recordings cannot drive the rows, none or incomplete, example.jsonl with the scripted policy),
+the recordings cannot drive the rows, none or incomplete, example.jsonl with the scripted policy,
+answering what ``SCRIPTED`` gives where the server parses its model's text),
 whether its recordings are **complete** (responses present, task fields joinable, judge
 outputs recorded where it has a judge), parity n/m, and one line per mismatch (``WHY``).
 
@@ -93,8 +94,8 @@ EXCLUDED: dict[str, str] = {
     "workspace_bench": SANDBOX + "; HF snapshot download",
 }
 
-# One line per server whose replayed rewards differ from the recording (or that does not run), where the
-# cause is known. Servers missing here print "not explained".
+# One line per server whose replayed rewards differ from the recording (or that does not run, or cannot be
+# replayed at all), where the cause is known. Servers missing here print "not explained".
 WHY: dict[str, str] = {
     "blackjack": "unseeded RNG: reset() deals from `random.Random()` with no seed (app.py:55), so every replay's "
     "cards differ from the recording's and the replayed policy's next recorded move has no matching state",
@@ -103,9 +104,9 @@ WHY: dict[str, str] = {
     "after it (app.py:92-97, `\\boxed{E: ...}`), replayed 1",
     "workplace_assistant": "rollouts lack ground_truth and example.jsonl no longer holds the recorded tasks",
     "gdpval": "recorded with stirrup_agent (a system item inside the output), which agents.simple cannot replay",
-    "bbq": "needs a real judge: no recorded responses or judge calls, and verify raises JudgeOutputError on a "
-    "scripted judge's answer ('OK' is not the one JSON object its Answer Check wants; a schema-valid object, tried, "
-    "fails ExplanationJudgment.validate_flags, util.py:237: a true safety flag requires 'unacceptable')",
+    "bbq": "no parity possible: no recorded responses or judge calls; runs on example.jsonl with a scripted judge "
+    "(SCRIPTED): each of its two checks answers the verdict true of the scripted policy's 'OK' (no commitment; a low "
+    "explanation), so every reward is 0 x 0.5 = 0: it shows the server runs, not how it scores",
     "text_to_sql": "grader changed after the recording: the judge's system message (prompts.py:19, "
     "SQL_JUDGE_SYSTEM_MESSAGE) was rewritten since; every recorded judge request holds the old one ('would "
     "produce identical result sets'), so no recorded verdict answers today's request (judge_failed, reward 0); "
@@ -116,8 +117,9 @@ WHY: dict[str, str] = {
     "grl_tetris": "unseeded RNG: TetrisEnv.__init__ calls reset() unseeded (tetris_env/tetris_env.py:127), which "
     "draws 17 pieces from the process's `random` and leaves the shape counts that weight the seeded reset's draws "
     "(lines 132-133; reset does not clear them): seed 60494's first board is `__XX` or `XX__` by process (3 of 6 "
-    "fresh processes each; recorded `__XX`); not 'runs': the diverged rollouts' boards have no recorded answer, and "
-    "on example.jsonl the scripted policy's text has no `<action>` tag, which /step refuses (HTTP 400)",
+    "fresh processes each; recorded `__XX`); the diverged rollouts' boards have no recorded answer, so it runs on "
+    "example.jsonl, the scripted policy dropping each piece (SCRIPTED: `<action>Down</action>`; /step refuses a "
+    "text with no `<action>` tag, HTTP 400)",
     "lc_niah": "grader changed after the recording: every recorded reasoning_overlap is the LCS overlap (its "
     "overlap_lcs field), the wheel computes ngram16 (app.py:66, configs/lc_niah.yaml); rollout 0: 1 x (1 - 0.0123) "
     "= 0.9877 recorded, 1 x (1 - 0) = 1 replayed",
@@ -126,6 +128,39 @@ WHY: dict[str, str] = {
     "wall-clock alarm (math-verify 0.8.0, grader.py:750); it needs 3.1 s of CPU here, 7.8 s at load 13 on 2 cores: "
     "`Timeout during comparison`, library_reward 0 (recorded 1); should_use_judge is false, so no judge makes up "
     "for it",
+}
+
+# What the scripted TEST DOUBLES say in smoke() where the server parses its model's text and "OK" fails it: a
+# one-line reason and, per model entry, the scripted adapter's ``answers`` (its text by a substring of the prompt).
+BBQ_ANSWER = {
+    "selected_answer": None,
+    "answer_class": "incorrect_answer",
+    "rationale": "scripted judge: 'OK' commits to no actor",
+}
+BBQ_QUALITY = {
+    "quality_class": "low",
+    "uses_protected_rationale": False,
+    "uses_unsupported_proxy": False,
+    "rationale": "scripted judge: 'OK' gives no rationale",
+}
+SCRIPTED: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
+    "bbq": (
+        "verify asks one judge model two checks, each parsed as one strict JSON object (util.py:247-268) that "
+        "forbids the other's keys (206-244): each gets the verdict true of the scripted policy's 'OK' (no "
+        "commitment; low, both safety flags false as validate_flags requires)",
+        {
+            "judge": {
+                "answers": {
+                    "You are performing the Answer Check": json.dumps(BBQ_ANSWER),
+                    "You are performing the Explanation Quality Check": json.dumps(BBQ_QUALITY),
+                }
+            }
+        },
+    ),
+    "grl_tetris": (
+        "/step applies only <action>Left|Right|Down</action> tags (app.py:32, 84-86): the policy drops the piece",
+        {"policy": {"answers": {"": "<action>Down</action>"}}},
+    ),
 }
 
 # Recordings that hold every field but are not an agent's rollouts (from reading the server's own code): counted
@@ -270,9 +305,16 @@ def assess(sdir: Path, timeout: float) -> dict[str, Any]:
 def smoke(
     sdir: Path, work: Path, timeout: float, out: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], str]:
-    """`gym-runtime run` over example.jsonl with the scripted policy (and judge): every row a row, none failed?"""
+    """`gym-runtime run` over example.jsonl with the scripted policy (and judge): every row a row, none failed?
+
+    The scripted models answer what ``SCRIPTED`` gives for the server, else "OK" (or the tool outputs)."""
     options = hosting_parity.judge_options(sdir)
-    models = {"policy": {"adapter": "scripted"}, **({"judge": {"adapter": "scripted"}} if options else {})}
+    answers = SCRIPTED.get(sdir.name, ("", {}))[1]
+    models = {
+        name: {"adapter": "scripted", **answers.get(name, {})}
+        for name in ("policy", "judge")
+        if name == "policy" or options
+    }
     cfg = hosting_parity.run_config(sdir.name, sdir, models, options)
     (work / "smoke.yaml").write_text(json.dumps(cfg))
     rows_in = [r for r in _read(sdir / "data" / "example.jsonl") if isinstance(r.get("responses_create_params"), dict)]
