@@ -65,6 +65,40 @@ class AppLoop:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
 
+class AppLife:
+    """An app's life on an ``AppLoop``, as uvicorn runs one: built there (``build``; ``start`` raises what
+    building or the lifespan's startup raised) and its lifespan hooks run in one task from ``start`` to ``stop``."""
+
+    def __init__(self, loop: AppLoop, build: Callable[[], Any]) -> None:
+        self.loop = loop
+        self._build = build
+        self._life: concurrent.futures.Future[None] | None = None
+        self._stopping: asyncio.Event | None = None
+
+    async def start(self) -> None:
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._life = self.loop.submit(self._serve(ready))
+        await asyncio.wrap_future(ready)
+
+    async def _serve(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            app = self._build()
+            self._stopping = asyncio.Event()
+            async with app.router.lifespan_context(app):
+                ready.set_result(None)
+                await self._stopping.wait()
+        except BaseException as e:
+            if ready.done():
+                raise
+            ready.set_exception(e)
+
+    async def stop(self) -> None:
+        """The lifespan's shutdown hooks run (on the app's loop), once; a no-op if it never started."""
+        if self._life is not None and self._stopping is not None:
+            self.loop.loop.call_soon_threadsafe(self._stopping.set)
+            await asyncio.wrap_future(self._life)
+
+
 _APP_LOOP: list[AppLoop] = []
 
 
@@ -157,9 +191,13 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, A
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
-async def request(app: Any, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
-    """``POST path`` with a JSON ``body`` through ``app``, on the running loop: (status, set-cookie values,
-    body). An exception the app raises (no exception middleware caught it) propagates, as httpx's did."""
+async def request(
+    app: Any, path: str, body: bytes, cookie: bytes | None, method: str = "POST"
+) -> tuple[int, list[bytes], bytes]:
+    """``POST path`` (or ``method``) with a JSON ``body`` through ``app``, on the running loop: (status,
+    set-cookie values, body). An exception the app raises (no exception middleware caught it) propagates,
+    as httpx's did."""
+    path, _, query = path.partition("?")
     headers = [*_HEADERS, (b"content-length", str(len(body)).encode())]
     if cookie:
         headers.append((b"cookie", cookie))
@@ -167,11 +205,11 @@ async def request(app: Any, path: str, body: bytes, cookie: bytes | None) -> tup
         "type": "http",
         "asgi": _ASGI,
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "headers": headers,
         "server": SERVER,

@@ -298,7 +298,8 @@ def test_start_runs_a_hosted_agent_on_its_environment_with_no_port_of_its_own(
     catalogue: Path, nats_server: Any, tmp_path: Path
 ) -> None:
     """`start --only agents.NAME` puts the hosted agent's worker in a child on the built layer's interpreter;
-    that process listens on no socket (the agent's app runs through ASGITransport) and talks only to the bus."""
+    that process listens on no socket (the agent's app is called with one ASGI request a rollout) and talks
+    only to the bus."""
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
