@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -174,3 +175,33 @@ async def test_a_call_reaches_the_app_with_its_method_and_query() -> None:
         await send({"type": "http.response.body", "body": body})
 
     assert await request(echo, "/v1/responses?x=1", b"{}", None, "GET") == (200, [], b"GET /v1/responses x=1")
+
+
+async def test_an_error_a_cancelled_call_ends_with_is_not_logged_as_never_retrieved() -> None:
+    """Starlette's BaseHTTPMiddleware answers a cancellation with RuntimeError("No response returned."): once
+    the caller stopped waiting (a rollout's timeout), that error has no one to reach and is dropped, where
+    asyncio would log it with its traceback ("Task exception was never retrieved") for each such rollout."""
+    unretrieved: list[str] = []
+    loop = app_loop().loop
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context["message"]))
+    started = asyncio.Event()
+    caller = asyncio.get_running_loop()
+
+    async def answers_cancel_with_an_error() -> None:
+        caller.call_soon_threadsafe(started.set)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("No response returned.") from None
+
+    try:
+        task = asyncio.create_task(app_loop().run(answers_cancel_with_an_error()))
+        await started.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0.1)
+        await app_loop().run(asyncio.sleep(0))  # the app's loop has run the cancelled call's end
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert unretrieved == []

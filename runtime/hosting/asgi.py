@@ -62,7 +62,20 @@ class AppLoop:
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """``coro`` run on the app's loop and awaited from the caller's (cancelling the wait cancels it there)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(coro), self.loop))
+
+
+async def _awaited(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, as a call from another loop runs it: an error it ends with once its caller stopped waiting
+    (Starlette's ``BaseHTTPMiddleware`` answers a cancellation with "No response returned.") ends it as
+    cancelled, since no one is left to read it; asyncio would log it, traceback and all, as never retrieved."""
+    try:
+        return await coro
+    except Exception:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError from None
+        raise
 
 
 class AppLife:
@@ -188,7 +201,7 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, A
     """``coro`` run on ``loop`` (the worker's bus loop), from whichever loop awaits it: a hop from another."""
     if loop is None or asyncio.get_running_loop() is loop:
         return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(coro), loop))
 
 
 async def request(
