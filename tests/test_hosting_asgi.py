@@ -1,16 +1,21 @@
 """hosting.asgi: a hosted app's own loop and the ASGI call, with plain ASGI apps (no NeMo Gym needed).
 
-The hosted servers themselves (their cookies, lifespan, exception middleware, a verify that blocks
-its loop for 12 s) are tested end to end in tests/e2e/test_hosted_nemo_gym_*.py.
+The hosted servers and agents themselves (their cookies, lifespan, exception middleware, a verify or
+an agent's /run that blocks its loop past the liveness window) are tested end to end in
+tests/e2e/test_hosted_nemo_gym_*.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import gc
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-from gym_runtime.hosting.asgi import Jar, app_loop, request
+from gym_runtime.hosting.asgi import AppLife, Jar, app_loop, request
 
 
 async def test_code_that_blocks_the_apps_loop_leaves_the_callers_loop_running() -> None:
@@ -105,3 +110,98 @@ async def test_an_exception_the_app_raises_reaches_the_caller() -> None:
         assert str(e) == "boom"
     else:
         raise AssertionError("no exception")
+
+
+async def test_a_context_variable_set_by_the_caller_reaches_the_tasks_the_app_starts() -> None:
+    """What finds a hosted agent's rollout inside its handler: the caller's context crosses to the app's
+    loop with the call, and a task the app starts there copies it."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def spawns() -> tuple[str, bool]:
+        return await asyncio.create_task(reads())
+
+    async def reads() -> tuple[str, bool]:
+        return var.get(), asyncio.get_running_loop() is app_loop().loop
+
+    var.set("rollout 7")
+    assert await app_loop().run(spawns()) == ("rollout 7", True)
+
+
+async def test_an_apps_life_runs_on_the_apps_loop_from_start_to_stop() -> None:
+    """Built and its lifespan's startup and shutdown run on the app's loop, in one task; a build error is
+    what start raises."""
+    seen: list[tuple[str, bool, asyncio.Task[Any] | None]] = []
+
+    def mark(what: str) -> None:
+        seen.append((what, asyncio.get_running_loop() is app_loop().loop, asyncio.current_task()))
+
+    class App:
+        def __init__(self) -> None:
+            self.router = self
+
+        @contextlib.asynccontextmanager
+        async def lifespan_context(self, app: Any) -> AsyncIterator[None]:
+            mark("up")
+            yield
+            mark("down")
+
+    def build() -> App:
+        mark("built")
+        return App()
+
+    life = AppLife(app_loop(), build)
+    await life.start()
+    assert [w for w, *_ in seen] == ["built", "up"]
+    await life.stop()
+    assert [w for w, *_ in seen] == ["built", "up", "down"]
+    assert all(on_app for _, on_app, _ in seen) and len({task for *_, task in seen}) == 1
+
+    def fails() -> App:
+        raise RuntimeError("no such agent")
+
+    try:
+        await AppLife(app_loop(), fails).start()
+    except RuntimeError as e:
+        assert str(e) == "no such agent"
+    else:
+        raise AssertionError("no exception")
+
+
+async def test_a_call_reaches_the_app_with_its_method_and_query() -> None:
+    async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        body = f"{scope['method']} {scope['path']} {scope['query_string'].decode()}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    assert await request(echo, "/v1/responses?x=1", b"{}", None, "GET") == (200, [], b"GET /v1/responses x=1")
+
+
+async def test_an_error_a_cancelled_call_ends_with_is_not_logged_as_never_retrieved() -> None:
+    """Starlette's BaseHTTPMiddleware answers a cancellation with RuntimeError("No response returned."): once
+    the caller stopped waiting (a rollout's timeout), that error has no one to reach and is dropped, where
+    asyncio would log it with its traceback ("Task exception was never retrieved") for each such rollout."""
+    unretrieved: list[str] = []
+    loop = app_loop().loop
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context["message"]))
+    started = asyncio.Event()
+    caller = asyncio.get_running_loop()
+
+    async def answers_cancel_with_an_error() -> None:
+        caller.call_soon_threadsafe(started.set)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("No response returned.") from None
+
+    try:
+        task = asyncio.create_task(app_loop().run(answers_cancel_with_an_error()))
+        await started.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0.1)
+        await app_loop().run(asyncio.sleep(0))  # the app's loop has run the cancelled call's end
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert unretrieved == []

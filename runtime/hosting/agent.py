@@ -3,12 +3,18 @@
 Chosen with ``agents.NAME.nemo_gym: AGENT`` (instead of ``agent:``); the config's ``model``
 and ``resource`` are the agent's ``model_server`` and ``resources_server``, ``max_steps`` its
 ``max_steps``, ``options`` its other config fields. The agent class is built as NeMo Gym's
-``run_webserver`` builds it, minus the port, and each rollout is one ``POST /run`` through
-``httpx.ASGITransport`` with the task's row as the body: the agent's own handler runs unchanged.
+``run_webserver`` builds it, minus the port, and each rollout is one ``POST /run`` (one minimal
+ASGI request, ``hosting.asgi``) with the task's row as the body: the agent's own handler runs
+unchanged. The app, its lifespan and every task its code starts run on the process's app loop
+(``hosting.asgi.AppLoop``; the main thread in a hosted worker's process), never on the worker's
+bus loop: an agent that blocks its loop (synchronous code in its handler) delays its own
+rollouts, not the worker's keepalives or the replies to its other rollouts' calls. What the
+handler asks of the bus (models, the resource) hops to the bus loop and back; cancelling a
+rollout cancels its ``/run``.
 
 Its ``server_client`` calls by name are routed here instead of over HTTP:
 
-* the agent's own name (its ``/run`` calling its ``/v1/responses``): the same app, in process;
+* the agent's own name (its ``/run`` calling its ``/v1/responses``): the same app, on its loop;
 * a model the config names: that model's workers over the bus (``AgentContext.generate``:
   policy versions, token ids, retries, traces as for any agent);
 * the agent's resource: the rollout's one ``Session`` (hosted or native resource workers),
@@ -24,18 +30,18 @@ Its ``server_client`` calls by name are routed here instead of over HTTP:
   as under NeMo Gym; its ``/verify`` carries the response's fields our ``Response`` drops
   (``response.env_id``) to the server's verify. Tools stay our ``ToolCall``s.
 
-Which rollout a call belongs to is a context variable set around the ``/run`` call: the
-handler runs in that task (ASGITransport awaits the app), and tasks it starts copy it. A bus
+Which rollout a call belongs to is a context variable set in the app-loop task that makes the
+``/run`` call: the handler runs in that task, and tasks it starts copy its context. A bus
 failure inside the handler (a tool or verify error class) is re-raised as itself after
 ``/run`` returns, so the row has our error class, not the agent's HTTP 500.
 
-Imported everywhere (config checks load it by name); nemo-gym, fastapi and httpx are
-imported only when an agent is built, which happens in the agent's built environment.
+Imported everywhere (config checks load it by name); nemo-gym and fastapi are imported only
+when an agent is built, which happens in the agent's built environment.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import contextvars
 import importlib
 import json
@@ -51,6 +57,7 @@ from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
+from gym_runtime.hosting.asgi import AppLife, AppLoop, app_loop, on_loop, request
 from gym_runtime.hosting.host import (
     MODEL_HOST,
     PASSTHROUGH,
@@ -62,7 +69,6 @@ from gym_runtime.hosting.host import (
 )
 from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
 
-BASE_URL = "http://nemo-gym-agent.hosted"  # never resolved: every request goes through the ASGI transport
 _ECHOED = ("responses_create_params", "response", "reward")
 
 
@@ -109,9 +115,10 @@ class AgentHost:
         self.model_names = list(model_names)
         self.resource_hosted = resource_hosted  # its resource is a hosted NeMo Gym server (may pass through)
         self.app: Any = None
-        self.client: Any = None
         self.impl = ""
-        self._stack = contextlib.AsyncExitStack()
+        self.bus_loop: asyncio.AbstractEventLoop | None = None  # the worker's: what the handler asks of the bus
+        self.loop: AppLoop | None = None  # the app's own
+        self._life: AppLife | None = None  # the app's life on its loop, lifespan included
 
     def _agent_dir(self) -> Path:
         path = Path(self.cfg.nemo_gym)
@@ -135,8 +142,19 @@ class AgentHost:
         return fields
 
     async def setup(self, _cfg: AgentConfig) -> None:
-        """Import and build the agent as NeMo Gym's run_webserver does, minus the port; run its lifespan."""
-        import httpx
+        """Build the agent on the app's loop as NeMo Gym's run_webserver does, minus the port; enter its
+        lifespan there (left by ``stop``). An error building it is raised here."""
+        self.bus_loop = asyncio.get_running_loop()
+        self.loop = app_loop()
+        self._life = AppLife(self.loop, self._build)
+        await self._life.start()
+
+    async def stop(self) -> None:
+        """The agent's lifespan left, on the app's loop (the worker stops)."""
+        if self._life is not None:
+            await self._life.stop()
+
+    def _build(self) -> Any:
         import yaml
         from nemo_gym.server_utils import BaseServerConfig, SimpleServer
         from omegaconf import OmegaConf
@@ -170,10 +188,7 @@ class AgentHost:
         app = instance.setup_webserver()
         instance.setup_exception_middleware(app)
         self.app = app
-        await self._stack.enter_async_context(app.router.lifespan_context(app))
-        self.client = await self._stack.enter_async_context(
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL, timeout=None)
-        )
+        return app
 
     async def run(self, ctx: AgentContext) -> Outcome:
         """One rollout: ``POST /run`` with the row and its ``_ng_task_index``/``_ng_rollout_index`` (as NeMo Gym's
@@ -208,38 +223,45 @@ class AgentHost:
         return [o for o in outcomes if o is not None]
 
     async def _run_one(self, ctx: AgentContext, row: dict[str, Any]) -> Outcome:
+        assert self.loop is not None, "the hosted agent is not set up"
         async with await ctx.open_session(row=row) as session:
             rollout = _Rollout(ctx, row, session)
-            token = _CURRENT.set(rollout)
-            try:
-                reply = await self.client.post(
-                    "/run", content=json.dumps(row).encode(), headers={"content-type": "application/json"}
-                )
-            finally:
-                _CURRENT.reset(token)
+            status, out = await self.loop.run(self._post_run(rollout, msgspec.json.encode(row)))
         if rollout.error is not None:
             raise rollout.error
-        if reply.status_code >= 400:
-            kind: ErrorClass = "invalid_task" if reply.status_code == 422 else "internal"
-            raise Failure(kind, f"{self.cfg.nemo_gym} /run: HTTP {reply.status_code}: {reply.text[:500]}")
-        out = reply.json()
-        response = msgspec.convert(out.get("response") or {}, Response, strict=False)
+        if status >= 400:
+            kind: ErrorClass = "invalid_task" if status == 422 else "internal"
+            raise Failure(kind, f"{self.cfg.nemo_gym} /run: HTTP {status}: {out[:500].decode(errors='replace')}")
+        result: dict[str, Any] = msgspec.json.decode(out)
+        response = msgspec.convert(result.get("response") or {}, Response, strict=False)
         verdict = rollout.verdict
         if verdict is None:  # the agent skipped verification (skip_verification): its own reward
-            extras = {k: v for k, v in out.items() if k not in _ECHOED and k not in row}
-            verdict = VerifyReply(reward=float(out.get("reward") or 0.0), fields=extras)
+            extras = {k: v for k, v in result.items() if k not in _ECHOED and k not in row}
+            verdict = VerifyReply(reward=float(result.get("reward") or 0.0), fields=extras)
         return Outcome(response=response, verdict=verdict)
 
+    async def _post_run(self, rollout: _Rollout, body: bytes) -> tuple[int, bytes]:
+        """On the app's loop: ``POST /run``, in a task whose context (and so its handler's, and the tasks the
+        handler starts) names the rollout."""
+        _CURRENT.set(rollout)
+        status, _, out = await request(self.app, "/run", body, None)
+        return status, out
+
     async def route(self, server_name: str, url_path: str, method: str, body: Any) -> _Reply:
-        """A ``server_client`` call by name: the agent itself, a model, or the rollout's resource session."""
+        """A ``server_client`` call by name, made by the handler on the app's loop: the agent itself (on that
+        loop), or a model or the rollout's resource session (on the bus loop, and back)."""
+        assert self.loop is not None, "the hosted agent is not set up"
         if server_name == self.name:
-            reply = await self.client.request(
-                method, url_path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
-            )
-            return _Reply(reply.status_code, reply.content)
+            call = request(self.app, url_path, msgspec.json.encode(body), None, method.upper())
+            status, _, out = await on_loop(self.loop.loop, call)
+            return _Reply(status, out)
         rollout = _CURRENT.get()
         if rollout is None:
             return _Reply(500, json.dumps(f"{server_name}{url_path}: called outside a rollout").encode())
+        return await on_loop(self.bus_loop, self._on_bus(rollout, server_name, url_path, body))
+
+    async def _on_bus(self, rollout: _Rollout, server_name: str, url_path: str, body: Any) -> _Reply:
+        """A call to a model or the resource, on the bus loop (the rollout's context and session live there)."""
         try:
             if server_name in self.model_names:
                 return await self._model(rollout, server_name, url_path, body)

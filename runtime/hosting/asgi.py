@@ -62,7 +62,54 @@ class AppLoop:
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """``coro`` run on the app's loop and awaited from the caller's (cancelling the wait cancels it there)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(coro), self.loop))
+
+
+async def _awaited(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, as a call from another loop runs it: an error it ends with once its caller stopped waiting
+    (Starlette's ``BaseHTTPMiddleware`` answers a cancellation with "No response returned.") ends it as
+    cancelled, since no one is left to read it; asyncio would log it, traceback and all, as never retrieved."""
+    try:
+        return await coro
+    except Exception:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError from None
+        raise
+
+
+class AppLife:
+    """An app's life on an ``AppLoop``, as uvicorn runs one: built there (``build``; ``start`` raises what
+    building or the lifespan's startup raised) and its lifespan hooks run in one task from ``start`` to ``stop``."""
+
+    def __init__(self, loop: AppLoop, build: Callable[[], Any]) -> None:
+        self.loop = loop
+        self._build = build
+        self._life: concurrent.futures.Future[None] | None = None
+        self._stopping: asyncio.Event | None = None
+
+    async def start(self) -> None:
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._life = self.loop.submit(self._serve(ready))
+        await asyncio.wrap_future(ready)
+
+    async def _serve(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            app = self._build()
+            self._stopping = asyncio.Event()
+            async with app.router.lifespan_context(app):
+                ready.set_result(None)
+                await self._stopping.wait()
+        except BaseException as e:
+            if ready.done():
+                raise
+            ready.set_exception(e)
+
+    async def stop(self) -> None:
+        """The lifespan's shutdown hooks run (on the app's loop), once; a no-op if it never started."""
+        if self._life is not None and self._stopping is not None:
+            self.loop.loop.call_soon_threadsafe(self._stopping.set)
+            await asyncio.wrap_future(self._life)
 
 
 _APP_LOOP: list[AppLoop] = []
@@ -154,12 +201,16 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, A
     """``coro`` run on ``loop`` (the worker's bus loop), from whichever loop awaits it: a hop from another."""
     if loop is None or asyncio.get_running_loop() is loop:
         return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(coro), loop))
 
 
-async def request(app: Any, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
-    """``POST path`` with a JSON ``body`` through ``app``, on the running loop: (status, set-cookie values,
-    body). An exception the app raises (no exception middleware caught it) propagates, as httpx's did."""
+async def request(
+    app: Any, path: str, body: bytes, cookie: bytes | None, method: str = "POST"
+) -> tuple[int, list[bytes], bytes]:
+    """``POST path`` (or ``method``) with a JSON ``body`` through ``app``, on the running loop: (status,
+    set-cookie values, body). An exception the app raises (no exception middleware caught it) propagates,
+    as httpx's did."""
+    path, _, query = path.partition("?")
     headers = [*_HEADERS, (b"content-length", str(len(body)).encode())]
     if cookie:
         headers.append((b"cookie", cookie))
@@ -167,11 +218,11 @@ async def request(app: Any, path: str, body: bytes, cookie: bytes | None) -> tup
         "type": "http",
         "asgi": _ASGI,
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "headers": headers,
         "server": SERVER,

@@ -57,7 +57,6 @@ nemo-gym, fastapi and httpx are imported when a server is loaded, never at impor
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import importlib
 import json
@@ -72,7 +71,7 @@ import msgspec
 from gym_runtime.agent import Session
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
-from gym_runtime.hosting.asgi import AppLoop, Jar, app_loop, on_loop, request
+from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
@@ -349,8 +348,7 @@ class ServerHost:
         self.calls: dict[str, int] = {}  # calls routed over the bus, by model or resource name (tests, status)
         self.bus_loop: asyncio.AbstractEventLoop | None = None  # the worker's: what server code asks of the bus
         self.loop: AppLoop | None = None  # the app's own
-        self._serving: concurrent.futures.Future[None] | None = None  # the app's life on its loop (``_serve``)
-        self._stopping: asyncio.Event | None = None
+        self._life: AppLife | None = None  # the app's life on its loop, lifespan included
 
     def _server_dir(self) -> Path:
         path = Path(self.server)
@@ -416,23 +414,8 @@ class ServerHost:
         lifespan there (left by ``stop``). Returns once the app is ready; an error building it is raised here."""
         self.bus_loop = asyncio.get_running_loop()
         self.loop = app_loop()
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._serving = self.loop.submit(self._serve(ready))
-        await asyncio.wrap_future(ready)
-
-    async def _serve(self, ready: concurrent.futures.Future[None]) -> None:
-        """On the app's loop, for the life of the worker: the app built, its lifespan hooks run in one task
-        (as uvicorn runs them) from start to stop."""
-        try:
-            app = self._build()
-            self._stopping = asyncio.Event()
-            async with app.router.lifespan_context(app):
-                ready.set_result(None)
-                await self._stopping.wait()
-        except BaseException as e:
-            if ready.done():
-                raise
-            ready.set_exception(e)
+        self._life = AppLife(self.loop, self._build)
+        await self._life.start()
 
     def _build(self) -> Any:
         from nemo_gym.server_utils import BaseServerConfig
@@ -459,9 +442,8 @@ class ServerHost:
         return app
 
     async def stop(self) -> None:
-        if self._serving is not None and self.loop is not None and self._stopping is not None:
-            self.loop.loop.call_soon_threadsafe(self._stopping.set)
-            await asyncio.wrap_future(self._serving)
+        if self._life is not None:
+            await self._life.stop()
         for session in list(self.sessions.values()):
             await session.close()
         self.sessions.clear()

@@ -86,11 +86,13 @@ class AgentWorker:
             self.fn: AgentFn = host.run
             self.run_group: Any = host.run_group  # a group task's K repeats: K concurrent /run calls
             self.setup: Any = host.setup
+            self.teardown: Any = host.stop  # its lifespan left on its loop when the worker stops
         else:
             self.fn = load_agent(cfg.agent)
             module = load_plugin("agent", cfg.agent, "agents.*.agent")
             self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
             self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
+            self.teardown = None
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0
@@ -113,6 +115,14 @@ class AgentWorker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.setup is not None:
             await self.setup(self.cfg)
+        try:
+            await self._serve(task_status)
+        finally:
+            if self.teardown is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.teardown()
+
+    async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
             self.puller = await work_queue_puller(

@@ -29,6 +29,7 @@ from tests.pools import start_collect, wait_until
 
 CRASHY = REPO / "tests" / "data" / "nemo_servers" / "crashy"
 EPISODES = REPO / "tests" / "data" / "nemo_servers" / "episodes"
+SLEEPY_AGENT = REPO / "tests" / "data" / "nemo_agents" / "sleepy_agent"
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +233,31 @@ def test_a_verifier_that_raises_is_a_verify_error_row_and_the_worker_keeps_servi
     assert "this verifier always fails" in failure["error"]
 
 
+def test_an_agent_that_blocks_its_loop_past_the_liveness_window_loses_no_rollout(
+    catalogue: Path, tmp_path: Path
+) -> None:
+    """A hosted agent whose /run blocks its own event loop (time.sleep 11 s, past the bus's 10 s liveness
+    window) while another rollout's /verify is out: the worker's bus loop is not the agent's, so it reads
+    the verify's reply and sends its keepalives meanwhile; every row is scored, none is worker_lost (one
+    attempt each)."""
+    rows_in = [{"responses_create_params": {"input": f"weather in city {i}?"}} for i in range(4)]
+    rows_in[0]["block_s"] = 11.0
+    rows = run_agents(
+        tmp_path,
+        {"server": "resources.weather"},
+        {"adapter": "scripted"},
+        write_jsonl(tmp_path / "in.jsonl", rows_in),
+        {"ng": {"nemo_gym": str(SLEEPY_AGENT)}},
+    )["ng"]
+    failures = tmp_path / "ng_failures.jsonl"
+    lost = [(f["_ng_task_index"], f["error_class"]) for f in read_jsonl(failures)] if failures.exists() else []
+    assert not lost
+    assert [(r["_ng_task_index"], r["reward"], r.get("block_s")) for r in rows] == [
+        (0, 1.0, 11.0),
+        *((i, 1.0, None) for i in range(1, 4)),
+    ]
+
+
 def test_agent_and_nemo_gym_together_is_one_line_exit_2(tmp_path: Path) -> None:
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
@@ -272,7 +298,8 @@ def test_start_runs_a_hosted_agent_on_its_environment_with_no_port_of_its_own(
     catalogue: Path, nats_server: Any, tmp_path: Path
 ) -> None:
     """`start --only agents.NAME` puts the hosted agent's worker in a child on the built layer's interpreter;
-    that process listens on no socket (the agent's app runs through ASGITransport) and talks only to the bus."""
+    that process listens on no socket (the agent's app is called with one ASGI request a rollout) and talks
+    only to the bus."""
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
