@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import gym_runtime
 from gym_runtime.cli._gc import tune_gc
+from gym_runtime.cli._lazy import defer_imports
 
 # The commands, each a module of this package; imported by ``commands()`` once ``main`` has tuned the
 # cycle collector (importing this package stays light: ``main`` imports the stack, not the import).
@@ -101,6 +102,7 @@ def _is_cancel(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     tune_gc()  # before the commands import the stack: the collector's passes over it cost start-up time
+    defer_imports()  # aiohttp, which nats-py imports for a transport we do not use: run where it is used
     from gym_runtime.cli._common import (
         EXIT_INTERRUPTED,
         EXIT_USAGE,
