@@ -9,16 +9,16 @@ busy). The children are forks of this command, which has already imported the
 stack: ready 0.17-0.35 s after the fork on a 2-core machine at load 8-10, where
 fresh interpreters took 4.2-4.8 s at the same load.
 
-``auto`` (the default) runs a batch of at least ``MULTI_PROCESS_MIN_ROLLOUTS`` (or, when a
-model is called over HTTP, ``MULTI_PROCESS_MIN_ROLLOUTS_HTTP``) in one child process per core,
-each serving every role, and a smaller one in this process: measured with
-``tests/bench/process_modes.py`` (the whole command, per mode and batch size, on 2 cores):
-with the in-process scripted model one process was as fast as any mode up to 5,000 rollouts
-(the children's start-up and the extra round trips are not paid back), two processes that
-each serve every role ran 10,000 rollouts 1.19x faster than one (load 1); with the ``openai``
-adapter to a local server two processes were 3-13% faster than one from 2,000 rollouts (the
+``auto`` (the default) runs a batch of at least ``MULTI_PROCESS_MIN_ROLLOUTS`` in one child
+process per core, each serving every role, and a smaller one in this process: measured with
+``tests/bench/process_modes.py`` (the whole command, per mode and batch size, on 2 cores, with
+nothing else running): at 1,000 rollouts every mode was within 2% (the children's start-up and
+extra round trips are not paid back yet); from 2,000 two processes were the fastest, with the
+in-process scripted model (2,000: 1,255/s against one's 1,135; 10,000: 1,945 against 1,573;
+100,000: 2,299 against 1,677) and with the ``openai`` adapter to a local server alike (the
 HTTP client's work is spread too); ``per-role`` (three children on two cores) was never the
-fastest.
+fastest. On a machine busy with other work one process can be ahead at 2,000 (up to 18% at
+load 3): the rule is for a machine given to the run.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
 from gym_runtime.hosting.env import ensure as hosted_env
-from gym_runtime.models.transport import HTTPOptions
 from gym_runtime.observability import progress
 from gym_runtime.ops.nats_server import free_port
 from gym_runtime.plugins import example_input
@@ -79,8 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="auto|one|per-role|N",
         help="where the workers run: one = all in this process, per-role = one child process per "
         "role, N = N child processes that each serve every role; auto (default) = one process per core, "
-        f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores "
-        f"({MULTI_PROCESS_MIN_ROLLOUTS_HTTP:,} with a model called over HTTP), else one",
+        f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores, else one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     progress.add_arguments(p)
@@ -90,11 +88,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common_options(p)
 
 
-MULTI_PROCESS_MIN_ROLLOUTS = 5000  # where `--processes N` (N = cores) started to beat one process here
-# ... and with a model called over HTTP, whose client work (encoding, the HTTP exchange, decoding) a second
-# process takes off the command's: two processes ran the 2,000-rollout HTTP run 3-13% faster than one in
-# each of three sets (load 1.2-3.7), where with the in-process scripted model one was as fast or faster
-MULTI_PROCESS_MIN_ROLLOUTS_HTTP = 2000
+# where `--processes N` (N = cores) started to beat one process here, with the scripted model and over HTTP
+# alike (2026-11-25, nothing else running: 2,000 scripted rollouts 1,255/s against 1,135, over HTTP 1,009
+# against 877; at 1,000 every mode within 2%)
+MULTI_PROCESS_MIN_ROLLOUTS = 2000
 
 
 def processes_value(text: str) -> str | int:
@@ -112,9 +109,7 @@ def worker_groups(args: argparse.Namespace, cfg: Any, expected: int) -> list[lis
     mode = args.processes
     if mode == "auto":
         cores = os.cpu_count() or 1
-        http = any(isinstance(m.options, HTTPOptions) for m in cfg.models.values())
-        least = MULTI_PROCESS_MIN_ROLLOUTS_HTTP if http else MULTI_PROCESS_MIN_ROLLOUTS
-        mode = cores if cores >= 2 and len(roles) >= 2 and expected >= least else "one"
+        mode = cores if cores >= 2 and len(roles) >= 2 and expected >= MULTI_PROCESS_MIN_ROLLOUTS else "one"
     if mode == "one":
         return None
     if mode == "per-role":

@@ -359,11 +359,10 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
-def test_auto_spreads_a_batch_over_the_cores_sooner_when_a_model_is_called_over_http(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`--processes auto` on 2 cores: one process below 5,000 rollouts with the in-process scripted model,
-    one per core from 2,000 when the policy is called over HTTP (measured: docs/benchmarks.md, Process modes)."""
+def test_auto_spreads_a_batch_of_2000_or_more_over_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--processes auto` on 2 cores: one process below 2,000 rollouts, one per core from 2,000, whether the
+    policy is the in-process scripted model or called over HTTP (measured: docs/benchmarks.md, Process modes);
+    one process on a single core."""
     from gym_runtime.cli.run import worker_groups
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -375,9 +374,11 @@ def test_auto_spreads_a_batch_over_the_cores_sooner_when_a_model_is_called_over_
         )
     )
     auto = argparse.Namespace(processes="auto")
-    assert [worker_groups(auto, scripted, n) for n in (1999, 2000, 4999)] == [None, None, None]
-    assert worker_groups(auto, scripted, 5000) == [[], []]
-    assert worker_groups(auto, http, 1999) is None and worker_groups(auto, http, 2000) == [[], []]
+    for cfg in (scripted, http):
+        assert [worker_groups(auto, cfg, n) for n in (100, 1999)] == [None, None]
+        assert worker_groups(auto, cfg, 2000) == [[], []] and worker_groups(auto, cfg, 100_000) == [[], []]
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert worker_groups(auto, scripted, 100_000) is None
 
 
 def test_worker_processes_write_the_same_rows_and_leave_nothing_running(tmp_path: Path) -> None:
