@@ -67,6 +67,7 @@ from gym_runtime.hosting.host import (
     _server_class,
     plain,
 )
+from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
 
 _ECHOED = ("responses_create_params", "response", "reward")
@@ -186,7 +187,7 @@ class AgentHost:
         client._gym_host = self
         instance = cls(config=config, server_client=client)
         app = instance.setup_webserver()
-        instance.setup_exception_middleware(app)
+        lighten(app, instance)
         self.app = app
         return app
 

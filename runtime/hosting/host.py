@@ -2,7 +2,8 @@
 
 The server class is built as NeMo Gym's ``run_webserver`` builds it (its config class
 from its YAML defaults plus the config's ``options``, a ``ServerClient`` over a global
-config dict, ``setup_webserver()``, its exception middleware), then called in process
+config dict, ``setup_webserver()``, its exception middleware (both function middlewares as plain ASGI:
+``hosting.middleware``), then called in process
 with one ASGI request per call (``hosting.asgi``): no port is opened, no head server or
 Ray is started by us (a server whose own code starts Ray gets a Ray on loopback only, see
 ``prepare``). The app, its lifespan and every task its code starts run on an event loop
@@ -73,6 +74,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
+from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
 from gym_runtime.transport.bus import Bus
@@ -437,7 +439,7 @@ class ServerHost:
         self._wrap_shared_session()
         self.instance = cls(config=config, server_client=client)
         app = self.instance.setup_webserver()
-        self.instance.setup_exception_middleware(app)
+        lighten(app, self.instance)
         self.app = app
         return app
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -162,6 +163,36 @@ def test_crashing_tool_lifespan_and_failure_class(catalogue: Path, tmp_path: Pat
     assert json.loads(boom).startswith("ValueError('boom ")
     assert json.loads(started) == {"lifespan_ran": True, "label": "from-config"}
     assert row["reward"] == 0.25 and row["_ng_failure_class"] == "crashy_verdict"
+
+
+def test_nemo_gyms_function_middlewares_as_plain_asgi_answer_as_nemo_gyms_own(catalogue: Path) -> None:
+    """The crashy server's app as we host it (NeMo Gym's ``add_session_id`` and exception middleware as plain
+    ASGI layers) and as NeMo Gym's run_webserver builds it: the same status, body and cookie for a crashing
+    tool, a malformed argument, an inner server's error, an unknown path, a plain call, and one session id
+    kept across a client's calls; a cancellation inside the server's code is the one answer that differs,
+    on purpose (ours says what NeMo Gym's middleware means to; Starlette's BaseHTTPMiddleware turns it into
+    "No response returned.")."""
+    python = hosting_env.ensure(str(CRASHY)).python
+    r = subprocess.run(
+        [python, str(CRASHY.parent / "middleware_parity.py"), str(CRASHY)],
+        capture_output=True,
+        text=True,
+        cwd=CRASHY,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])  # NeMo Gym's middleware prints its errors before it
+    ours, theirs = got["ours"], got["nemo_gym"]
+    assert got["layers"] == ["ErrorsAsReplies", "RolloutContextMiddleware", "SessionMiddleware", "SessionId"]
+    assert ours.pop("/cancelled {}") == [500, '"Request was cancelled"', False]
+    assert theirs.pop("/cancelled {}") == [500, "\"RuntimeError('No response returned.')\"", False]
+    assert ours == theirs
+    assert ours['/boom {"n": 3}'] == [500, "\"ValueError('boom 3')\"", False]
+    assert (
+        ours["/inner {}"][1]
+        == "\"Hit an exception in CrashyServer___env calling an inner server: b'the judge is down'\""
+    )
+    assert ours["session cookie sent"] == [True, True, True] and ours["session ids"] == [1, True]
 
 
 def test_a_server_that_blocks_its_loop_past_the_liveness_window_loses_no_rollout(
