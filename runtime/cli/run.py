@@ -136,6 +136,18 @@ async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
     )
 
 
+def _passthrough(args: argparse.Namespace, cfg: Any, auth: Any) -> list[str]:
+    """The flags of this command every worker child gets too (no secret: ``ps`` shows them)."""
+    passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
+    if args.concurrency:
+        passthrough += [x for a in cfg.agents for x in ("--set", f"agents.{a}.concurrency={args.concurrency}")]
+    if args.trace_file:
+        passthrough += ["--trace-file", args.trace_file]
+    if auth is not None:  # a path, never a secret
+        passthrough += ["--auth-dir", str(auth.auth_dir)]
+    return passthrough
+
+
 @contextlib.contextmanager
 def worker_processes(
     args: argparse.Namespace,
@@ -151,13 +163,7 @@ def worker_processes(
     from gym_runtime.workers.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
-    passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
-    if args.concurrency:
-        passthrough += [x for a in cfg.agents for x in ("--set", f"agents.{a}.concurrency={args.concurrency}")]
-    if args.trace_file:
-        passthrough += ["--trace-file", args.trace_file]
-    if auth is not None:  # a path, never a secret
-        passthrough += ["--auth-dir", str(auth.auth_dir)]
+    passthrough = _passthrough(args, cfg, auth)
     # the URL of this command's own server, or the one named on its command line; else the children read
     # the config's (it may carry credentials: never put it in argv)
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
@@ -185,17 +191,6 @@ def _supervised(children: list[Any], ready_timeout: float = 120.0) -> Iterator[N
         if e.code == 2:  # the child said what is wrong, in one line
             raise SystemExit(2) from None
         raise RuntimeError(str(e)) from None
-
-
-def _passthrough(args: argparse.Namespace, cfg: Any, auth: Any) -> list[str]:
-    passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
-    if args.concurrency:
-        passthrough += [x for a in cfg.agents for x in ("--set", f"agents.{a}.concurrency={args.concurrency}")]
-    if args.trace_file:
-        passthrough += ["--trace-file", args.trace_file]
-    if auth is not None:  # a path, never a secret
-        passthrough += ["--auth-dir", str(auth.auth_dir)]
-    return passthrough
 
 
 HOSTED_READY_S = 300.0  # seconds a hosted server's worker child has to be ready (its own start-up code)
