@@ -7,6 +7,10 @@ Runs alternate between the modes (and the interpreters of ``--python``, e.g. a
 checkout before a change) so that a loaded machine's drift hits every mode
 alike; the table shows the median of ``--reps`` runs and the load average.
 
+Each interpreter's checkout is byte-compiled first (``compileall``), as a checkout is after its first
+run: where ``PYTHONDONTWRITEBYTECODE`` is set (this project's 2-core machines set it) every command
+would otherwise compile the repository's modules again, ~0.1 CPU-s a command that no user pays.
+
     python tests/bench/process_modes.py [--sizes 100 1000 2000 10000] [--modes auto one per-role 2]
                                         [--reps 3] [--http] [--python before=/path/to/python ...]
 """
@@ -90,6 +94,13 @@ def whole_run(python: str, n: int, mode: str, tmp: Path, extra: list[str]) -> fl
     return n / wall
 
 
+# byte-compiles the gym_runtime checkout an interpreter imports (its packages, not its venvs)
+COMPILE = (
+    "import compileall, pathlib, gym_runtime; root = pathlib.Path(gym_runtime.__file__).resolve().parents[1]; "
+    "[compileall.compile_dir(root / d, quiet=1) for d in ('runtime', 'agents', 'resources', 'models')]"
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 2000, 10000])
@@ -99,6 +110,8 @@ def main() -> None:
     ap.add_argument("--python", nargs="+", default=[f"now={sys.executable}"], metavar="LABEL=PATH")
     args = ap.parse_args()
     pythons = [p.split("=", 1) for p in args.python]
+    for _, py in pythons:
+        subprocess.run([py, "-c", COMPILE], check=True, capture_output=True)
     with tempfile.TemporaryDirectory() as tmp_s, mock_server() if args.http else contextlib.nullcontext([]) as extra:
         tmp = Path(tmp_s)
         print(
