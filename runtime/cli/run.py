@@ -251,7 +251,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         with server_url(args, cfg) as url:
             auth = client_auth(args)
-            if groups or hosted:
+            # an open embedded server was started and found ready just now: only another one (or credentials)
+            # can be dead or refuse us
+            ours = args.nats is None and cfg.nats == "embedded" and auth is None
+            if (groups or hosted) and not ours:
                 run_async(lambda: server_answers(url, cfg, auth))
             with (
                 worker_processes(args, cfg, url, auth, groups, child_ports) if groups else contextlib.nullcontext(),
