@@ -89,6 +89,13 @@ def test_nemo_gym_config_runs_end_to_end_like_the_bundled_config(server: str, tm
     if replay:
         nemo_sets.append(f"+models.policy_model.rollouts={recorded}")
         ours_sets.append(f"models.policy.rollouts={recorded}")
+    if server == "math_with_judge":
+        # one example row (x_2016, powers of 2 + sqrt 3) takes math-verify ~4 s of CPU on an idle core, so under
+        # the suite's load its 10 s default timeout scored it 0.0 in one run of a pair: time is not what this
+        # compares, so both runs get the same generous limits
+        limits = {"library_verifier_timeout_seconds": 120, "math_verify_timeout_seconds": 60}
+        nemo_sets += [f"+resources.math_with_judge.options.{k}={v}" for k, v in limits.items()]
+        ours_sets += [f"+resources.math.options.{k}={v}" for k, v in limits.items()]
     r = run(nemo_config(server), data, tmp_path / "nemo.jsonl", *nemo_sets)
     assert r.returncode == 0, r.stderr
     r = run(REPO / "resources" / BUNDLED[server] / "config.yaml", data, tmp_path / "ours.jsonl", *ours_sets)
