@@ -44,9 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sync",
         choices=("always", "interval"),
-        help="always (the default, or the --config's jetstream.sync): every write on disk before the server acknowledges it, so an OS crash or power "
-        "cut loses nothing acknowledged; interval: nats-server's 2-minute sync, faster, and such a crash loses "
-        "up to the last 2 minutes (docs/operations.md, What survives what)",
+        help="always (the default, or the --config's jetstream.sync): every write on disk before the server "
+        "acknowledges it, so an OS crash or power cut loses nothing acknowledged; interval: nats-server's "
+        "2-minute sync, faster, and such a crash loses up to the last 2 minutes (docs/operations.md)",
     )
     p.add_argument(
         "--max-payload", default=str(DEFAULT_MAX_PAYLOAD), help="largest message the server accepts, e.g. 8MB"
