@@ -27,6 +27,12 @@ def test_a_started_server_syncs_before_acknowledging_unless_told_interval(tmp_pa
         assert not _sync_always(srv)
 
 
+def test_a_temporary_store_deleted_at_stop_is_not_synced() -> None:
+    """``run``'s and ``Client``'s embedded store: nothing reads it after a crash, so a sync would buy nothing."""
+    with EmbeddedServer(http_port=0) as srv:
+        assert not _sync_always(srv)
+
+
 def test_jetstream_sync_is_read_from_the_config_and_a_wrong_value_names_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("jetstream: {sync: interval}\n")
