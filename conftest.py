@@ -22,7 +22,9 @@ COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    # no test of this fixture crashes the OS: nats-server's 2-minute sync (tests/test_durability.py and the
+    # crash tests check the default, sync before acknowledging, on servers of their own)
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), sync="interval")
     srv.start()
     try:
         yield srv

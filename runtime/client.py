@@ -237,7 +237,7 @@ class Client:
         logs.library_mode()
         url = self.url
         if url == "embedded":
-            self._server = EmbeddedServer()
+            self._server = EmbeddedServer(sync=self.config.jetstream.sync)
             url = self._server.start()
         try:
             kw = self._auth_kwargs()

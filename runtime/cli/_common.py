@@ -166,7 +166,11 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     if secure:
         ensure_auth_dir(secure)
     with EmbeddedServer(
-        secure_dir=secure, namespaces=[cfg.namespace], calls=resource_calls(cfg), jetstream=cfg.jetstream
+        secure_dir=secure,
+        namespaces=[cfg.namespace],
+        calls=resource_calls(cfg),
+        jetstream=cfg.jetstream,
+        sync=cfg.jetstream.sync,
     ) as server:
         yield server.url
 

@@ -42,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--store-dir", help="JetStream store dir (default: a temp dir)")
     p.add_argument(
+        "--sync",
+        choices=("always", "interval"),
+        help="always (the default, or the --config's jetstream.sync): every write on disk before the server "
+        "acknowledges it, so an OS crash or power cut loses nothing acknowledged; interval: nats-server's "
+        "2-minute sync, faster, and such a crash loses up to the last 2 minutes (docs/operations.md)",
+    )
+    p.add_argument(
         "--max-payload", default=str(DEFAULT_MAX_PAYLOAD), help="largest message the server accepts, e.g. 8MB"
     )
     p.add_argument(
@@ -178,6 +185,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         port=args.port,
         host=args.host,
         store_dir=args.store_dir,
+        sync=args.sync or (cfg.jetstream.sync if cfg is not None else "always"),
         max_payload=parse_size(args.max_payload),
         server_name=args.name,
         cluster=args.cluster,

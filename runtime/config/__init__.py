@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import msgspec.inspect
@@ -139,6 +139,10 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_max_bytes: int | str | None = None  # {NS}_MODEL: a full queue refuses new queued model calls
     blobs_max_bytes: int | str | None = None  # {NS}_BLOBS: a full store refuses new large bodies
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
+    # When a server this config starts (``run``, ``Client``, ``server --secure --config``) writes its store to
+    # disk: ``always`` syncs before it acknowledges (an OS crash or power cut loses no acknowledged message),
+    # ``interval`` every 2 minutes (nats-server's default: faster, and such a crash loses what it had not synced).
+    sync: Literal["always", "interval"] = "always"
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.replicas > 5:

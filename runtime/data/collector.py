@@ -28,6 +28,7 @@ import msgspec
 
 from gym_runtime.data.aggregate import MetricsAccumulator
 from gym_runtime.data.batches import get_manifest
+from gym_runtime.data.durable import sync_paths
 from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
@@ -333,6 +334,8 @@ class Collector:
             self.failures_path.unlink(missing_ok=True)
         self.stats.metrics = metrics.write_json(self.metrics_path)
         self.spool_path.unlink(missing_ok=True)
+        # acknowledged means on disk: the command exits 0 (and may purge the batch's results) only after this
+        sync_paths((self.out, self.failures_path, self.metrics_path))
 
 
 async def _in_daemon_thread(fn: Callable[[], None]) -> None:

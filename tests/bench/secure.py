@@ -5,12 +5,16 @@ the ``weather`` environment, all workers in this process (one connection per rol
 when secured, one shared connection when not), so the difference is TLS, nkey
 signing and the server's permission checks.
 
-    python tests/bench/secure.py [--repeats 40] [--connects 20]
+With ``--sync always interval`` it also shows what syncing every write before its acknowledgement
+costs (the server's ``sync_interval``; ``always`` is the default of a server with a kept store).
+
+    python tests/bench/secure.py [--repeats 40] [--connects 20] [--sync always interval] [--reps 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -29,10 +33,10 @@ from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.workers.runner import run_async, run_batch  # noqa: E402
 
 
-def measure(secure: bool, repeats: int, connects: int) -> dict[str, float]:
+def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         auth_dir = Path(tmp) / "auth"
-        srv = EmbeddedServer(store_dir=str(Path(tmp) / "js"), secure_dir=str(auth_dir) if secure else None)
+        srv = EmbeddedServer(store_dir=str(Path(tmp) / "js"), secure_dir=str(auth_dir) if secure else None, sync=sync)
         t0 = time.perf_counter()
         srv.start()
         start_s = time.perf_counter() - t0
@@ -84,14 +88,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=40, help="rollouts per weather task (5 tasks)")
     ap.add_argument("--connects", type=int, default=20)
+    ap.add_argument("--sync", nargs="+", default=["always"], choices=("always", "interval"))
+    ap.add_argument("--reps", type=int, default=1, help="alternated runs of each; the table shows medians")
     args = ap.parse_args()
     logs.configure("warning")
-    print(f"{'bus':<10} {'server start':>13} {'connect p50':>12} {'rollouts':>9} {'elapsed':>9} {'rollouts/s':>11}")
-    for secure in (False, True):
-        m = measure(secure, args.repeats, args.connects)
+    runs: dict[tuple[bool, str], list[dict[str, float]]] = {}
+    for _ in range(args.reps):  # alternated, so a loaded machine's drift hits every variant alike
+        for secure in (False, True):
+            for sync in args.sync:
+                runs.setdefault((secure, sync), []).append(measure(secure, args.repeats, args.connects, sync))
+    print(f"medians of {args.reps}; load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{'bus':<10} {'sync':<9} {'server start':>13} {'connect p50':>12} {'rollouts':>9} {'elapsed':>9} "
+        f"{'rollouts/s':>11}"
+    )
+    for (secure, sync), ms in runs.items():
+        m = {k: statistics.median(x[k] for x in ms) for k in ms[0]}
         print(
-            f"{'secured' if secure else 'plain':<10} {m['start_s']:>12.2f}s {m['connect_ms']:>10.1f}ms "
-            f"{m['rollouts']:>9} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f}"
+            f"{'secured' if secure else 'plain':<10} {sync:<9} {m['start_s']:>12.2f}s {m['connect_ms']:>10.1f}ms "
+            f"{m['rollouts']:>9.0f} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f}"
         )
 
 

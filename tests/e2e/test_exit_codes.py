@@ -94,6 +94,7 @@ def test_clustered_server_serves_monitoring_on_loopback_and_stops_on_sigterm(tmp
         assert varz["server_name"] == "solo" and varz["cluster"]["name"] == "c1"
         assert varz["cluster"]["addr"] == "127.0.0.1" and varz["cluster"]["cluster_port"] == route
         assert varz["http_host"] == "127.0.0.1" and varz["http_port"] == http
+        assert varz["jetstream"]["config"].get("sync_always") is True  # acknowledged means on disk, by default
         conf = (tmp_path / "js" / "nats-server.conf").read_text()
         assert 'http: "127.0.0.1:%d"' % http in conf
     finally:
