@@ -238,9 +238,10 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="127.0.0.1",
         metavar="ADDR",
-        help="address for --metrics-port to listen on (default 0.0.0.0)",
+        help="address for --metrics-port to listen on (default 127.0.0.1, loopback, as `server`'s; 0.0.0.0 for "
+        "a collector on another host)",
     )
 
 
@@ -257,7 +258,7 @@ def telemetry(
         service=service,
         role=role,
         port=None if port is None else port + port_offset,
-        host=getattr(args, "metrics_host", "0.0.0.0"),
+        host=getattr(args, "metrics_host", "127.0.0.1"),
         children=children,
     )
     return Telemetry.from_options(trace_file=getattr(args, "trace_file", None), service=service, meters=m)
