@@ -14,6 +14,7 @@ from gym_runtime.cli._common import (
     log_level_option,
     need_url,
     print_stats,
+    reach,
 )
 from gym_runtime.observability import progress
 from gym_runtime.observability.tracing import Telemetry
@@ -73,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import collect_batch, run_async
 
-    url = need_url(args, None)
+    url = reach(need_url(args, None))
     auth = client_auth(args)
     if args.purge and auth is not None:  # on a `server --secure` bus purging is the admin's: say so before collecting
         auth.creds("admin")

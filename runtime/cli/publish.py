@@ -16,6 +16,7 @@ from gym_runtime.cli._common import (
     load,
     need_url,
     positive_int,
+    reach,
     telemetry,
 )
 from gym_runtime.config import resolve_models
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.workers.runner import publish_batch, run_async
 
     cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
-    url = need_url(args, cfg)
+    url = reach(need_url(args, cfg))
     if not cfg.agents:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting

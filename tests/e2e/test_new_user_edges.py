@@ -25,10 +25,15 @@ EXAMPLE = REPO / "resources/weather/data/example.jsonl"
 
 
 def assert_one_line(res: subprocess.CompletedProcess[str], *fragments: str, code: int = 2) -> None:
-    """A user's mistake: one line (JSON log lines aside), the exit code, no traceback."""
+    """A user's mistake: one line (JSON log lines aside, and the notice of a server being tried again), the
+    exit code, no traceback."""
     assert res.returncode == code, (res.returncode, res.stderr[-2000:])
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    lines = [
+        line
+        for line in res.stderr.splitlines()
+        if line.strip() and not line.startswith("{") and "yet (" not in line.partition("no NATS server answers")[2]
+    ]
     assert len(lines) == 1, res.stderr
     for f in fragments:
         assert f in res.stderr, (f, res.stderr)
@@ -376,6 +381,38 @@ def test_a_dead_nats_url_says_why(tmp_path: Path) -> None:
     res = cli("status", "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "2"}, timeout=60)
     assert time.monotonic() - t0 < 10
     assert_one_line(res, f"cannot reach a NATS server at {url}: connection refused", "(waited 2s)")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["publish", str(REPO / WEATHER), "-i", str(EXAMPLE)],
+        ["collect", "--batch", "b", "-o", "o.jsonl"],
+        ["run", str(REPO / WEATHER), "-i", str(EXAMPLE), "-o", "o.jsonl"],
+    ],
+)
+def test_a_dead_nats_url_is_said_at_once_with_what_is_tried(command: list[str], tmp_path: Path) -> None:
+    """Not ~10 s of silence: the first failed try says what is tried and for how long, while it goes on."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *command, "--nats", url],
+        cwd=tmp_path,
+        env={**os.environ, "GYM_CONNECT_TIMEOUT_S": "30"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert proc.poll() is None, first  # said while still trying, not at the end
+        assert first.strip() == (
+            f"gym-runtime: no NATS server answers at {url} yet (connection refused, no server listens on "
+            f"127.0.0.1:{url.rsplit(':', 1)[1]}); trying again for up to 30s (GYM_CONNECT_TIMEOUT_S)"
+        )
+    finally:
+        proc.kill()
+        proc.wait(30)
 
 
 def test_a_name_that_does_not_resolve_is_said_so() -> None:
