@@ -74,11 +74,12 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import collect_batch, run_async
 
-    url = reach(need_url(args, None))
+    url = need_url(args, None)
     auth = client_auth(args)
     if args.purge and auth is not None:  # on a `server --secure` bus purging is the admin's: say so before collecting
         auth.creds("admin")
     check_output(args.output)
+    reach(url)
     telemetry = Telemetry(service="gym-runtime.collect")
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
 

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.workers.runner import publish_batch, run_async
 
     cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
-    url = reach(need_url(args, cfg))
+    url = need_url(args, cfg)
     if not cfg.agents:
         raise UserError("the config names no agents")
     plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting
@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
         cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
     auth = client_auth(args)
     tel = telemetry(args, "publish")
 

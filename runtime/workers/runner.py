@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from gym_runtime.config import Config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.data.inputs import Plan, Watermark, check_agent_flag, publish_tasks, validate
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
@@ -546,8 +546,7 @@ async def collect_batch(
 def resource_for(config: Config, agent: str | None) -> str:
     """The resource whose verifier re-scores rows: the agent's, or the config's only one."""
     if agent is not None:
-        if agent not in config.agents:
-            raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
+        check_agent_flag(agent, config.agents)
         return config.agents[agent].resource
     used = sorted({a.resource for a in config.agents.values() if a.resource}) or sorted(config.resources)
     if len(used) != 1:

@@ -171,6 +171,16 @@ def test_a_mistyped_module_is_no_such_module_with_the_nearest_bundled_name(
     assert "pip install" not in res.stderr  # the verifier packages are installed: the name is wrong
 
 
+@pytest.mark.parametrize("command", ["run", "publish", "validate"])
+def test_an_unknown_agent_flag_is_one_line_with_the_nearest_name(command: str, tmp_path: Path) -> None:
+    """Not one line per row: the flag is checked once, before any row is read."""
+    extra = {"run": ["-o", str(tmp_path / "o.jsonl")], "publish": ["--nats", "nats://127.0.0.1:1"], "validate": []}
+    res = cli(command, WEATHER, "-i", str(EXAMPLE), "--agent", "weather_agnt", *extra[command])
+    assert_one_line(
+        res, "--agent 'weather_agnt' is not an agent of this config (weather_agent); did you mean weather_agent?"
+    )
+
+
 @pytest.mark.parametrize(
     ("typo", "fixed", "suggestion"),
     [
