@@ -34,7 +34,7 @@ from gym_runtime.data.reverify import (
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.resource import check_requires, load_resource_class
+from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
@@ -585,8 +585,17 @@ async def reverify_batch(
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, [("resources", resource)], replicas=replicas)
             await start_workers(tg, workers)
+            read = config_resource_class(config.resources[resource], f"resources.{resource}.server").task_fields
+            fields = tuple(f.name for f in msgspec.structs.fields(read)) if read is not None else ()
             report = await reverify_file(
-                buses["publisher"], resource, input_path, out, in_flight=in_flight, tasks=tasks, on_row=on_row
+                buses["publisher"],
+                resource,
+                input_path,
+                out,
+                in_flight=in_flight,
+                tasks=tasks,
+                on_row=on_row,
+                task_fields=fields,
             )
             tg.cancel_scope.cancel()
     finally:
