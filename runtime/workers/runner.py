@@ -202,12 +202,44 @@ async def start_workers(tg: TaskGroup, workers: list[Worker]) -> None:
         await tg.start(w.run)
 
 
-async def drain(workers: list[Worker], timeout: float = 60.0) -> None:
-    """Stop taking new work everywhere; give in-flight work up to ``timeout`` to finish."""
+DRAIN_OFFLINE_S = 2.0  # a drain whose server has been gone this long stops waiting (``drain``)
+
+
+async def drain(workers: list[Worker], timeout: float = 60.0, *, online: Callable[[], bool] | None = None) -> None:
+    """Stop taking new work everywhere; give in-flight work up to ``timeout`` to finish.
+
+    With ``online`` (is the bus connected?): once the server has been gone for ``DRAIN_OFFLINE_S``, stop
+    waiting. In-flight work can then neither finish nor be handed back, and nothing of it is lost: its
+    tasks were never acknowledged, so the store delivers them again to whoever serves next. A whole job
+    cancelled by its scheduler stops its servers together with its workers: waiting on would only run
+    into the scheduler's SIGKILL.
+    """
+
+    async def drains(scope: anyio.CancelScope) -> None:
+        async with anyio.create_task_group() as each:
+            for w in workers:
+                each.start_soon(w.drain)
+        scope.cancel()
+
+    async def server_gone(scope: anyio.CancelScope) -> None:
+        assert online is not None
+        since: float | None = None
+        while True:
+            await anyio.sleep(0.2)
+            if online():
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= DRAIN_OFFLINE_S:
+                log.warning("workers.drain_stopped", reason="the NATS server is gone", then="unacked tasks redelivered")
+                scope.cancel()
+                return
+
     with anyio.move_on_after(timeout):
         async with anyio.create_task_group() as tg:
-            for w in workers:
-                tg.start_soon(w.drain)
+            tg.start_soon(drains, tg.cancel_scope)
+            if online is not None:
+                tg.start_soon(server_gone, tg.cancel_scope)
 
 
 def check_resources(config: Config, pairs: list[tuple[str, str]]) -> None:
@@ -305,7 +337,7 @@ async def serve(
                 async for signum in signals:
                     stopped.append(signum)
                     log.info("workers.draining")
-                    await drain(workers)
+                    await drain(workers, online=lambda: any(b.nc.is_connected for b in buses.values()))
                     log.info("workers.stopped")
                     break
                 tg.cancel_scope.cancel()

@@ -7,6 +7,7 @@ bound asserted, so a regression to a silent or long wait fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -329,6 +330,36 @@ def test_start_stopped_after_its_server_died_exits_quietly(pool: bool, tmp_path:
     assert "internal error" not in err and "Traceback" not in err, err[-3000:]
     assert code == 0, err[-2000:]
     assert took < 15, took
+
+
+def test_start_whose_server_stops_with_it_mid_batch_exits_within_seconds(tmp_path: Path) -> None:
+    """A scheduler cancelling a whole job stops its server together with its workers (Slurm: SIGTERM to every
+    step at once, SIGKILL after KillWait, 30 s by default): rollouts in flight can neither finish nor be handed
+    back, so the drain stops waiting once the server is gone, and the pool exits 0 well within KillWait (it
+    waited for its calls' timeouts and stores, and was SIGKILLed); the tasks stay unacknowledged in the store."""
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    slow = ["--set", "models.policy.delay_s=30"]
+    proc = popen_cli("start", WEATHER, "--nats", srv.url, *slow)
+    try:
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        published = cli("publish", WEATHER, "-i", str(EXAMPLE), "--nats", srv.url, "-q", *slow)
+        assert published.returncode == 0, published.stderr
+        wait_for(lambda: _in_flight(srv.url) > 0, 30, "rollouts in flight")
+    finally:
+        srv.stop()  # the server and the pool stop together, as a cancelled job's steps do
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM, timeout=90)
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    assert took < 10, took
+
+
+def _in_flight(url: str) -> int:
+    """Tasks delivered to the agent and not yet acknowledged (its durable's ack pending)."""
+    res = cli("status", "--nats", url, "--json", timeout=30)
+    if res.returncode != 0:
+        return 0
+    consumers = json.loads(res.stdout)["consumers"]
+    return sum(int(c["ack_pending"]) for c in consumers if str(c["consumer"]).startswith("agent_"))
 
 
 def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: EmbeddedServer, tmp_path: Path) -> None:
