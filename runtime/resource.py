@@ -194,9 +194,10 @@ class Resource:
     Subclasses must be constructible with no arguments (state comes from ``seed``).
 
     Class attributes:
-      ``options``: the ``options`` mapping from the config (shared, read-only).
+      ``options``: the ``options`` mapping from the config entry (shared, read-only).
     Hooks (all optional):
-      ``setup(cls, options)``: once per worker process, for shared read-only state.
+      ``setup(cls, options)``: once per worker process, for shared read-only state; ``cls`` is the
+      entry's own subclass (``entry_class``), so two entries of one environment keep apart what it sets.
       ``seed(self, task)``: start the session from the task row.
       ``verify(self, task, response)``: reward (float) or a ``Verdict``.
       ``close(self)``: release session resources.
@@ -303,10 +304,22 @@ def encode_tool_output(result: Any) -> str:
     return json.dumps(msgspec.to_builtins(result))
 
 
-def load_resource_class(module_path: str, where: str) -> type[Resource]:
+def load_resource_class(module_path: str, where: str, entry: str | None = None) -> type[Resource]:
     """The Resource class of ``module_path``; a module that cannot be imported is a ValueError (a user
-    error: one line) that starts with ``where``, the config key that names it."""
-    return find_resource_class(load_plugin("resource", module_path, where, hint=_bundled_hint(module_path)))
+    error: one line) that starts with ``where``, the config key that names it. With ``entry`` (the config
+    entry a worker serves): a subclass of that entry's own (``entry_class``)."""
+    cls = find_resource_class(load_plugin("resource", module_path, where, hint=_bundled_hint(module_path)))
+    return cls if entry is None else entry_class(cls, entry)
+
+
+def entry_class(cls: type[Resource], entry: str) -> type[Resource]:
+    """``cls`` for one config entry: a subclass of its own, so what ``setup`` keeps on the class it is called
+    on (``cls.options``, parsed options, clients) belongs to that entry alone. Two entries of one environment
+    in one process (``run``, a ``Client``) then never serve each other's rows, and ``setup`` stays as
+    authors write it."""
+    return type(
+        cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+    )
 
 
 class HostedStandIn(Resource):

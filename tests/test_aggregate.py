@@ -330,6 +330,18 @@ def test_summary_lines(result_a):
     assert summary_lines(result_a[0]) == lines  # a single entry works too
 
 
+def test_summary_lines_with_rewards_outside_0_1_show_mean_scores_not_percentages():
+    """A reward of 1.8 (a score, not a pass) made the summary say ``pass@1 180.00%``: meaningless as a rate."""
+    acc = MetricsAccumulator()
+    for task, rewards in enumerate(([2.0, 1.6], [1.8, 1.8])):
+        for i, r in enumerate(rewards):
+            acc.add(_row("a", task, i, r))
+    text = "\n".join(summary_lines(acc.result()))
+    assert "%" not in text
+    assert "pass@1[avg-of-2] 1.8 (" in text and "pass@2 1.9 |" in text
+    assert text.endswith("(means of the rewards, not rates: rewards are not all in [0, 1])")
+
+
 COMPAT = Path(__file__).resolve().parent / "compat" / "nemo_gym"
 
 

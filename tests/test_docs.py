@@ -96,3 +96,38 @@ def test_deploy_readme_points_at_pages_that_exist() -> None:
     assert targets
     for target in targets:
         assert (deploy.parent / target.partition("#")[0]).resolve().is_file(), target
+
+
+def test_the_index_page_lists_every_page_of_the_site() -> None:
+    """The front page's table is how a reader finds a page: each page of ``nav`` has its row."""
+    linked = set(LINK.findall((DOCS / "index.md").read_text()))
+    assert set(nav_pages()) - {"index.md"} <= {t.partition("#")[0] for t in linked}
+
+
+def test_long_command_lines_wrap_instead_of_being_cut_at_the_column_edge(tmp_path: Path) -> None:
+    """A code block's long command line is read whole: the site's stylesheet wraps it."""
+    site = tmp_path / "site"
+    assert build(site).returncode == 0
+    css = [s for s in yaml.safe_load((REPO / "mkdocs.yml").read_text()).get("extra_css", [])]
+    assert css, "mkdocs.yml names no extra stylesheet"
+    page = html_of(site, "operations.md").read_text()
+    assert all(href in page for href in css)
+    rules = " ".join((site / href).read_text() for href in css)
+    assert re.search(r"pre\s*>\s*code[^{]*\{[^}]*white-space:\s*pre-wrap", rules), rules
+
+
+def test_the_readme_says_what_its_distributed_example_prints_and_why(tmp_path: Path) -> None:
+    """The counter batch with the bundled scripted policy scores 0: the README says so, with the figure."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "run", "resources/counter/config.yaml"]
+        + ["-i", "resources/counter/data/example.jsonl", "--repeats", "4", "-o", str(tmp_path / "o.jsonl")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    printed = re.search(r"mean reward: [0-9.]+", run.stdout)
+    assert run.returncode == 0 and printed, run.stdout + run.stderr
+    section = README.read_text().split("Terminal 3", 1)[1].split("##", 1)[0]
+    assert f"`{printed.group(0)}`" in section and "scripted" in section

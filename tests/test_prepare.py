@@ -155,6 +155,8 @@ def test_user_mistakes_are_one_line(sources: dict[str, Path], tmp_path: Path) ->
     cases = {
         ("-i", str(tmp_path / "missing.jsonl")): "missing.jsonl: file not found",
         ("-i", "notanid"): "notanid: no such file, and not a Hugging Face dataset id",
+        # an agent's environment's own dataset is AGENT=env: said where a name was meant as one
+        ("-i", "counter_agent=my_vf"): "counter_agent=env[:SPLIT] reads the dataset of the agent's environment",
         ("-i", f"nobody={sources['counter']}"): "'nobody' is not an agent of this config",
         ("-i", f"counter_agent={sources['counter']}", "--weights", "x=1"): "--weights: x not agents",
         ("-i", f"counter_agent={sources['counter']}", "--val-fraction", "1.5"): "--val-fraction 1.5",
@@ -163,6 +165,24 @@ def test_user_mistakes_are_one_line(sources: dict[str, Path], tmp_path: Path) ->
         r = cli(*base, *extra)
         assert r.returncode == 2 and text in r.stderr, (extra, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_small_input_still_gets_validation_rows_or_says_why_not(tmp_path: Path) -> None:
+    """--val-fraction 0.1 of 4 rows rounds to 0: one row goes to validation; an agent with one row says so."""
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(CONFIG)
+    few, one = tmp_path / "few.jsonl", tmp_path / "one.jsonl"
+    write_jsonl(few, counter_rows(4))
+    write_jsonl(one, weather_rows(1))
+    r = cli(
+        "prepare", str(cfg), "-i", f"counter_agent={few}", "-i", f"weather_agent={one}", "-o", str(tmp_path / "out"),
+        "--val-fraction", "0.1",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "out/metadata.json").read_text())
+    assert meta["agents"]["counter_agent"]["validation"] == 1 and meta["agents"]["counter_agent"]["train"] == 3
+    assert meta["agents"]["weather_agent"]["validation"] == 0
+    assert "weather_agent: 1 row, none left for validation (--val-fraction 0.1)" in r.stderr
 
 
 def test_hub_source_syntax() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from gym_runtime.config import Config, load_config, resolve_config, resource_calls
 from gym_runtime.errors import UserError
@@ -18,6 +21,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.secrets import check_argv_secret
 from gym_runtime.ops.security import AUTH_DIR_ENV, ensure_auth_dir
 from gym_runtime.plugins import config_path
+from gym_runtime.transport.connect import connect_timeout_s, server_list, wait_reachable
 
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
@@ -160,6 +164,7 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     """
     url: str | list[str] = args.nats or cfg.nats
     if url != "embedded":
+        reach(url)
         yield url
         return
     secure = getattr(args, "auth_dir", None) or os.environ.get(AUTH_DIR_ENV) or None
@@ -180,6 +185,18 @@ def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
     if not url or url == "embedded":
         raise UserError(f"{args.command} needs --nats URL (start one with `gym-runtime server`)")
     return url
+
+
+def reach(url: str | list[str]) -> str | list[str]:
+    """A one-shot command's server (not a service's, which waits for it), reached first: a dead or wrong
+    URL is said at once (what is tried, for how long), then ends in one error line, not ~10 s of silence."""
+    anyio.run(functools.partial(wait_reachable, server_list(url), connect_timeout_s(), on_wait=say))
+    return url
+
+
+def say(line: str) -> None:
+    """A notice for the user on stderr (not an error: the command goes on)."""
+    print(f"gym-runtime: {line}", file=sys.stderr, flush=True)
 
 
 def config_argument(p: argparse.ArgumentParser, *, bundled: bool = False) -> None:
@@ -242,9 +259,10 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="127.0.0.1",
         metavar="ADDR",
-        help="address for --metrics-port to listen on (default 0.0.0.0)",
+        help="address for --metrics-port to listen on (default 127.0.0.1, loopback, as `server`'s; 0.0.0.0 for "
+        "a collector on another host)",
     )
 
 
@@ -261,7 +279,7 @@ def telemetry(
         service=service,
         role=role,
         port=None if port is None else port + port_offset,
-        host=getattr(args, "metrics_host", "0.0.0.0"),
+        host=getattr(args, "metrics_host", "127.0.0.1"),
         children=children,
     )
     return Telemetry.from_options(trace_file=getattr(args, "trace_file", None), service=service, meters=m)

@@ -14,6 +14,7 @@ from gym_runtime.cli._common import (
     log_level_option,
     need_url,
     print_stats,
+    reach,
 )
 from gym_runtime.observability import progress
 from gym_runtime.observability.tracing import Telemetry
@@ -78,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if args.purge and auth is not None:  # on a `server --secure` bus purging is the admin's: say so before collecting
         auth.creds("admin")
     check_output(args.output)
+    reach(url)
     telemetry = Telemetry(service="gym-runtime.collect")
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
 

@@ -16,6 +16,7 @@ from gym_runtime.cli._common import (
     load,
     need_url,
     positive_int,
+    reach,
     telemetry,
 )
 from gym_runtime.config import resolve_models
@@ -54,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
         cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
     auth = client_auth(args)
     tel = telemetry(args, "publish")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gym_runtime.cli._common import EXIT_USAGE, auth_option, client_auth, err, log_level_option, need_url, plural
+from gym_runtime.cli._common import EXIT_USAGE, auth_option, client_auth, err, log_level_option, need_url, plural, reach
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.observability.tracing import Telemetry
 
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import run_async
 
-    url = need_url(args, None)
+    url = reach(need_url(args, None))
     auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
 
     async def go() -> Any:

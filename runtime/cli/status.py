@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url
+from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url, reach
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.workers.runner import run_async
 
-    url = need_url(args, None)
+    url = reach(need_url(args, None))
     if args.interval <= 0:
         raise UserError("--interval must be positive")
     auth = client_auth(args)

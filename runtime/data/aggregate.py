@@ -524,6 +524,11 @@ def _fmt(value: Any, percent: bool = False) -> str:
     return f"{value:.2f}%" if percent else f"{value:.4g}"
 
 
+def _accuracy(metrics: dict[str, Any], rate: bool, key: str) -> str:
+    v = metrics.get(key)
+    return _fmt(v, True) if rate or not isinstance(v, (int, float)) else _fmt(v / 100)
+
+
 def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
     """A few human lines per agent: rollouts, tasks, mean reward, pass@k, majority@k, token usage.
 
@@ -543,15 +548,21 @@ def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
         ks = sorted({split[1] for m in metrics if (split := _split_accuracy_key(m)) and split[2] == "reward"})
         if ks:
             top = ks[-1]
-            parts = [f"pass@1 {_fmt(metrics.get('pass@1/reward'), True)}"]
+            # NeMo Gym's accuracy metrics are percentages (x100) whatever the rewards: a rate only when every
+            # reward is in [0, 1]; otherwise show the means they are (1.8, not "180.00%")
+            rate = 0 <= metrics.get("min/reward", 0) and metrics.get("max/reward", 1) <= 1
+            acc = functools.partial(_accuracy, metrics, rate)
+
+            parts = [f"pass@1 {acc('pass@1/reward')}"]
             if top > 1:
-                parts.append(f"pass@{top} {_fmt(metrics.get(f'pass@{top}/reward'), True)}")
-                parts.append(f"pass@1[avg-of-{top}] {_fmt(metrics.get(f'pass@1[avg-of-{top}]/reward'), True)}")
+                parts.append(f"pass@{top} {acc(f'pass@{top}/reward')}")
+                parts.append(f"pass@1[avg-of-{top}] {acc(f'pass@1[avg-of-{top}]/reward')}")
             if f"majority@{top}/reward" in metrics:
-                parts.append(f"majority@{top} {_fmt(metrics[f'majority@{top}/reward'], True)}")
+                parts.append(f"majority@{top} {acc(f'majority@{top}/reward')}")
             if f"pass@1[avg-of-{top}]/no_answer" in metrics:
                 parts.append(f"no answer {_fmt(metrics[f'pass@1[avg-of-{top}]/no_answer'], True)}")
-            lines.append("  reward: " + " | ".join(parts))
+            note = "" if rate else " (means of the rewards, not rates: rewards are not all in [0, 1])"
+            lines.append("  reward: " + " | ".join(parts) + note)
         tokens = [
             f"{field.split('_')[0]} {_fmt(metrics[f'mean/{field}'])}"
             for field in ("input_tokens", "output_tokens", "total_tokens")

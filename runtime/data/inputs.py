@@ -12,6 +12,7 @@ manifest), not on the server's memory of ids.
 from __future__ import annotations
 
 import asyncio
+import difflib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,16 @@ def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[
             yield lineno, _decoder.decode(line)
 
 
+def check_agent_flag(agent: str | None, agents: Iterable[str]) -> None:
+    """``--agent NAME`` names an agent of the config: said once, with the nearest name, before any row is read."""
+    names = list(agents)
+    if agent is None or agent in names:
+        return
+    near = difflib.get_close_matches(agent, names, n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(names)}){hint}")
+
+
 def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) -> str:
     """``--agent`` if given, else the row's ``agent_ref.name`` (which must be an agent of the config)."""
     ref = row.get("agent_ref")
@@ -89,8 +100,7 @@ def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) ->
         hint = f"; pass --agent {agents[0]} to run such rows with it" if len(agents) == 1 else "; pass --agent NAME"
         raise UserError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)}){hint}")
     if default is not None:
-        if default not in agents:
-            raise UserError(f"--agent {default!r} is not an agent of this config ({', '.join(agents)})")
+        check_agent_flag(default, agents)
         return default
     if len(agents) == 1:
         return agents[0]
@@ -119,6 +129,7 @@ def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
 
 
 def validate(path: str | Path, agents: list[str], *, agent: str | None = None, limit: int | None = None) -> Plan:
+    check_agent_flag(agent, agents)
     p = Path(path)
     if not p.is_file():
         raise InputError([f"{p}: file not found"])

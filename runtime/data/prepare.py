@@ -141,10 +141,15 @@ def prepare(cfg: Config, sources: list[Source], opts: Options, *, agent: str | N
     rng = random.Random(opts.seed)
     train: dict[str, list[dict[str, Any]]] = {}
     validation: list[dict[str, Any]] = []
+    notes: list[str] = []
     for name in sorted(by_agent):
         rows = by_agent[name]
         rng.shuffle(rows)
         n_val = round(len(rows) * opts.val_fraction)
+        if opts.val_fraction and not n_val:  # a small input: one row, rather than a validation split with none
+            n_val = 1 if len(rows) > 1 else 0
+            if not n_val:
+                notes.append(f"{name}: 1 row, none left for validation (--val-fraction {opts.val_fraction:g})")
         validation += rows[:n_val] + fixed_val.get(name, [])
         train[name] = rows[n_val:]
     available = {a: len(r) for a, r in train.items()}
@@ -178,7 +183,7 @@ def prepare(cfg: Config, sources: list[Source], opts: Options, *, agent: str | N
         "agents": counts,
         "sources": [msgspec.to_builtins(s) for s in sources],
     }
-    return Result(train=blended, validation=validation, metadata=metadata, problems=report.problems)
+    return Result(train=blended, validation=validation, metadata=metadata, problems=report.problems + notes)
 
 
 def write(result: Result, out_dir: str | Path) -> list[Path]:

@@ -46,6 +46,10 @@ class ReverifyReport:
     sum_abs_delta: float = 0.0
     max_abs_delta: float = 0.0
     field_changes: dict[str, int] = field(default_factory=dict)
+    # task fields the environment reads that rows lacked (older NeMo Gym rollout files keep none), and whether
+    # task rows were joined (--tasks): a changed reward with fields missing is most likely that
+    lacking: dict[str, int] = field(default_factory=dict)
+    joined: bool = False
 
     def lines(self) -> list[str]:
         done = self.rows - self.failed
@@ -57,6 +61,13 @@ class ReverifyReport:
             )
         for k, n in sorted(self.field_changes.items()):
             out.append(f"  field {k!r} changed in {n} rows")
+        if self.changed and self.lacking and not self.joined:
+            counts = ", ".join(f"{k!r} in {n}" for k, n in sorted(self.lacking.items()))
+            out.append(
+                f"the rows lack task fields the environment reads ({counts} rows): rollout files written without "
+                "them (NeMo Gym's older ones) re-verify against defaults; pass --tasks with the task rows "
+                "(joined by input messages)"
+            )
         return out
 
 
@@ -139,12 +150,14 @@ async def reverify_file(
     timeout_s: float = 600.0,
     tasks: dict[str, dict[str, Any]] | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
+    task_fields: tuple[str, ...] = (),
 ) -> ReverifyReport:
-    """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress)."""
+    """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress). ``task_fields``:
+    the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them."""
     src, out = Path(src), Path(out)
     failures_path = sidecar_paths(out)[0]
     subject = bus.subject("res", resource, "verify")
-    report = ReverifyReport()
+    report = ReverifyReport(joined=tasks is not None)
     limiter = anyio.Semaphore(in_flight)
     results: dict[int, tuple[bytes, bool]] = {}
     next_to_write = 0
@@ -169,6 +182,9 @@ async def reverify_file(
                         if joined is None:
                             raise UserError(f"{where}: no task row in --tasks has this rollout's input messages")
                         task = {**joined, **task}
+                    for name in task_fields:
+                        if name not in task:
+                            report.lacking[name] = report.lacking.get(name, 0) + 1
                     reply: VerifyReply = await bus.request(
                         subject,
                         VerifyRequest(session=None, row=task, response=response),

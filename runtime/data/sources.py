@@ -72,7 +72,8 @@ def parse_source(text: str) -> Source:
     repo = spec.removeprefix("hf:")
     parts = repo.split("/")
     if len(parts) < 2 or not all(parts[:2]):
-        raise PrepareError(f"{spec}: no such file, and not a Hugging Face dataset id (OWNER/NAME)")
+        env = f"; {agent}=env[:SPLIT] reads the dataset of the agent's environment (a verifiers one's)" if agent else ""
+        raise PrepareError(f"{spec}: no such file, and not a Hugging Face dataset id (OWNER/NAME){env}")
     repo_id, rest = "/".join(parts[:2]), "/".join(parts[2:])
     split = None
     if not rest and ":" in repo_id.split("/")[1]:

@@ -19,8 +19,9 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
+from gym_runtime.data.inputs import check_agent_flag
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
-from gym_runtime.errors import InputError, UserError
+from gym_runtime.errors import InputError
 from gym_runtime.messages import ItemError, RowCheck, create_params
 from gym_runtime.resource import Resource, config_resource_class
 
@@ -60,8 +61,7 @@ class TaskChecker:
         reads from the call), for every environment, as a class's ``row_tools = "any"`` says for its own.
         ``importable_only``: an environment this process cannot import (it is installed on the worker nodes
         only) is not checked here; without it, that is an error (``validate``)."""
-        if agent is not None and agent not in cfg.agents:
-            raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(cfg.agents)})")
+        check_agent_flag(agent, cfg.agents)
         self.cfg = cfg
         self.agent = agent
         self.any_tools = any_tools

@@ -246,7 +246,7 @@ class MergedMetrics:
 
 
 def start(
-    *, service: str, role: str, port: int | None = None, host: str = "0.0.0.0", children: list[str] | None = None
+    *, service: str, role: str, port: int | None = None, host: str = "127.0.0.1", children: list[str] | None = None
 ) -> Meters:
     """Meters for this process: a Prometheus endpoint on ``host:port`` when ``port`` is given, OTLP
     metrics when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._METRICS_ENDPOINT``) is set, else no-op.

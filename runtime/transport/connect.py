@@ -167,10 +167,18 @@ class _Throttle:
         return True
 
 
-async def wait_reachable(servers: list[str], timeout: float | None) -> None:
+def connect_timeout_s() -> float:
+    """How long a one-shot command tries to reach its server: 10 s, or ``GYM_CONNECT_TIMEOUT_S``."""
+    return float(os.environ.get("GYM_CONNECT_TIMEOUT_S", "10"))
+
+
+async def wait_reachable(
+    servers: list[str], timeout: float | None, on_wait: Callable[[str], None] | None = None
+) -> None:
     """Wait until one server accepts TCP, so a wrong URL fails clearly instead of retrying forever.
 
-    ``timeout=None`` waits forever (long-lived workers may start before the server).
+    ``timeout=None`` waits forever (long-lived workers may start before the server). ``on_wait`` is told
+    once, when the first try fails, what is being tried and for how long (a command's user, at once).
     """
     from urllib.parse import urlparse
 
@@ -195,6 +203,10 @@ async def wait_reachable(servers: list[str], timeout: float | None) -> None:
                 why[(host, port)] = _tcp_reason(e, host, port)
                 continue
         reason = "; ".join(dict.fromkeys(why.values()))
+        if on_wait is not None:
+            until = "" if timeout is None else f" for up to {timeout:g}s (GYM_CONNECT_TIMEOUT_S)"
+            on_wait(f"no NATS server answers at {_shown(servers)} yet ({reason}); trying again{until}")
+            on_wait = None
         if deadline is not None and time.monotonic() >= deadline:
             raise ServerUnreachable(f"cannot reach a NATS server at {_shown(servers)}: {reason} (waited {timeout:g}s)")
         if timeout is None and not warned and time.monotonic() - started >= WARN_UNREACHABLE_S:
@@ -275,7 +287,7 @@ async def connect(
             await on_reconnect()
 
     if initial_timeout is not None and initial_timeout < 0:  # default: 10 s, or GYM_CONNECT_TIMEOUT_S
-        initial_timeout = float(os.environ.get("GYM_CONNECT_TIMEOUT_S", "10"))
+        initial_timeout = connect_timeout_s()
     if options and options.get("tls") is not None:
         _quiet_ssl_eof()
     t0 = time.monotonic()

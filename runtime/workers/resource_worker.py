@@ -93,7 +93,7 @@ class ResourceWorker:
             # its calls by name to the config's models and other resources go over this worker's bus
             self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), list(resource_names), bus)
         else:
-            self.cls = load_resource_class(cfg.server, where)
+            self.cls = load_resource_class(cfg.server, where, entry=name)
             check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subject("res", name, self.worker_id)

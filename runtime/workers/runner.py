@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from gym_runtime.config import Config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.data.inputs import Plan, Watermark, check_agent_flag, publish_tasks, validate
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
@@ -34,7 +34,7 @@ from gym_runtime.data.reverify import (
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.resource import check_requires, load_resource_class
+from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
@@ -202,12 +202,44 @@ async def start_workers(tg: TaskGroup, workers: list[Worker]) -> None:
         await tg.start(w.run)
 
 
-async def drain(workers: list[Worker], timeout: float = 60.0) -> None:
-    """Stop taking new work everywhere; give in-flight work up to ``timeout`` to finish."""
+DRAIN_OFFLINE_S = 2.0  # a drain whose server has been gone this long stops waiting (``drain``)
+
+
+async def drain(workers: list[Worker], timeout: float = 60.0, *, online: Callable[[], bool] | None = None) -> None:
+    """Stop taking new work everywhere; give in-flight work up to ``timeout`` to finish.
+
+    With ``online`` (is the bus connected?): once the server has been gone for ``DRAIN_OFFLINE_S``, stop
+    waiting. In-flight work can then neither finish nor be handed back, and nothing of it is lost: its
+    tasks were never acknowledged, so the store delivers them again to whoever serves next. A whole job
+    cancelled by its scheduler stops its servers together with its workers: waiting on would only run
+    into the scheduler's SIGKILL.
+    """
+
+    async def drains(scope: anyio.CancelScope) -> None:
+        async with anyio.create_task_group() as each:
+            for w in workers:
+                each.start_soon(w.drain)
+        scope.cancel()
+
+    async def server_gone(scope: anyio.CancelScope) -> None:
+        assert online is not None
+        since: float | None = None
+        while True:
+            await anyio.sleep(0.2)
+            if online():
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= DRAIN_OFFLINE_S:
+                log.warning("workers.drain_stopped", reason="the NATS server is gone", then="unacked tasks redelivered")
+                scope.cancel()
+                return
+
     with anyio.move_on_after(timeout):
         async with anyio.create_task_group() as tg:
-            for w in workers:
-                tg.start_soon(w.drain)
+            tg.start_soon(drains, tg.cancel_scope)
+            if online is not None:
+                tg.start_soon(server_gone, tg.cancel_scope)
 
 
 def check_resources(config: Config, pairs: list[tuple[str, str]]) -> None:
@@ -305,7 +337,7 @@ async def serve(
                 async for signum in signals:
                     stopped.append(signum)
                     log.info("workers.draining")
-                    await drain(workers)
+                    await drain(workers, online=lambda: any(b.nc.is_connected for b in buses.values()))
                     log.info("workers.stopped")
                     break
                 tg.cancel_scope.cancel()
@@ -546,8 +578,7 @@ async def collect_batch(
 def resource_for(config: Config, agent: str | None) -> str:
     """The resource whose verifier re-scores rows: the agent's, or the config's only one."""
     if agent is not None:
-        if agent not in config.agents:
-            raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(config.agents)})")
+        check_agent_flag(agent, config.agents)
         return config.agents[agent].resource
     used = sorted({a.resource for a in config.agents.values() if a.resource}) or sorted(config.resources)
     if len(used) != 1:
@@ -586,8 +617,17 @@ async def reverify_batch(
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, [("resources", resource)], replicas=replicas)
             await start_workers(tg, workers)
+            read = config_resource_class(config.resources[resource], f"resources.{resource}.server").task_fields
+            fields = tuple(f.name for f in msgspec.structs.fields(read)) if read is not None else ()
             report = await reverify_file(
-                buses["publisher"], resource, input_path, out, in_flight=in_flight, tasks=tasks, on_row=on_row
+                buses["publisher"],
+                resource,
+                input_path,
+                out,
+                in_flight=in_flight,
+                tasks=tasks,
+                on_row=on_row,
+                task_fields=fields,
             )
             tg.cancel_scope.cancel()
     finally:

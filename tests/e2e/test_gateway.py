@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import requests
 import yaml
 
 from gym_runtime import Client
@@ -61,6 +62,19 @@ async def gateway(nats_server) -> AsyncIterator[tuple[str, Client]]:
             yield f"http://127.0.0.1:{port}", client
         finally:
             await runner.cleanup()
+
+
+async def test_the_docs_client_snippet_runs_a_bundled_row_as_written(gateway) -> None:
+    """docs/trainer.md's client lines, run as written (with requests) on the bundled example row, which names
+    no agent_ref (rows from `prepare` do)."""
+    head, _ = gateway
+    text = (REPO / "docs/trainer.md").read_text()
+    snippet = text.split("What such a client does, unchanged", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+    assert "agent_ref" not in row
+    scope: dict[str, Any] = {"json": json, "yaml": yaml, "requests": requests, "head": head, "row": row}
+    await asyncio.to_thread(exec, snippet, scope)
+    assert scope["result"]["reward"] == 1.0
 
 
 async def test_a_thousand_concurrent_runs_answer_nemo_gym_rows(gateway, tmp_path: Path) -> None:

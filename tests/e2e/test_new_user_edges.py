@@ -7,6 +7,7 @@ bound asserted, so a regression to a silent or long wait fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,10 +26,15 @@ EXAMPLE = REPO / "resources/weather/data/example.jsonl"
 
 
 def assert_one_line(res: subprocess.CompletedProcess[str], *fragments: str, code: int = 2) -> None:
-    """A user's mistake: one line (JSON log lines aside), the exit code, no traceback."""
+    """A user's mistake: one line (JSON log lines aside, and the notice of a server being tried again), the
+    exit code, no traceback."""
     assert res.returncode == code, (res.returncode, res.stderr[-2000:])
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    lines = [
+        line
+        for line in res.stderr.splitlines()
+        if line.strip() and not line.startswith("{") and "yet (" not in line.partition("no NATS server answers")[2]
+    ]
     assert len(lines) == 1, res.stderr
     for f in fragments:
         assert f in res.stderr, (f, res.stderr)
@@ -164,6 +170,16 @@ def test_a_mistyped_module_is_no_such_module_with_the_nearest_bundled_name(
     res = cli("run", "weather", "-o", str(tmp_path / "o.jsonl"), "--set", f"{key}={module}", timeout=60)
     assert_one_line(res, f"{key}: {expected}")
     assert "pip install" not in res.stderr  # the verifier packages are installed: the name is wrong
+
+
+@pytest.mark.parametrize("command", ["run", "publish", "validate"])
+def test_an_unknown_agent_flag_is_one_line_with_the_nearest_name(command: str, tmp_path: Path) -> None:
+    """Not one line per row: the flag is checked once, before any row is read."""
+    extra = {"run": ["-o", str(tmp_path / "o.jsonl")], "publish": ["--nats", "nats://127.0.0.1:1"], "validate": []}
+    res = cli(command, WEATHER, "-i", str(EXAMPLE), "--agent", "weather_agnt", *extra[command])
+    assert_one_line(
+        res, "--agent 'weather_agnt' is not an agent of this config (weather_agent); did you mean weather_agent?"
+    )
 
 
 @pytest.mark.parametrize(
@@ -316,6 +332,36 @@ def test_start_stopped_after_its_server_died_exits_quietly(pool: bool, tmp_path:
     assert took < 15, took
 
 
+def test_start_whose_server_stops_with_it_mid_batch_exits_within_seconds(tmp_path: Path) -> None:
+    """A scheduler cancelling a whole job stops its server together with its workers (Slurm: SIGTERM to every
+    step at once, SIGKILL after KillWait, 30 s by default): rollouts in flight can neither finish nor be handed
+    back, so the drain stops waiting once the server is gone, and the pool exits 0 well within KillWait (it
+    waited for its calls' timeouts and stores, and was SIGKILLed); the tasks stay unacknowledged in the store."""
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    slow = ["--set", "models.policy.delay_s=30"]
+    proc = popen_cli("start", WEATHER, "--nats", srv.url, *slow)
+    try:
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        published = cli("publish", WEATHER, "-i", str(EXAMPLE), "--nats", srv.url, "-q", *slow)
+        assert published.returncode == 0, published.stderr
+        wait_for(lambda: _in_flight(srv.url) > 0, 30, "rollouts in flight")
+    finally:
+        srv.stop()  # the server and the pool stop together, as a cancelled job's steps do
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM, timeout=90)
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    assert took < 10, took
+
+
+def _in_flight(url: str) -> int:
+    """Tasks delivered to the agent and not yet acknowledged (its durable's ack pending)."""
+    res = cli("status", "--nats", url, "--json", timeout=30)
+    if res.returncode != 0:
+        return 0
+    consumers = json.loads(res.stdout)["consumers"]
+    return sum(int(c["ack_pending"]) for c in consumers if str(c["consumer"]).startswith("agent_"))
+
+
 def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     res = cli(
         "run",
@@ -376,6 +422,38 @@ def test_a_dead_nats_url_says_why(tmp_path: Path) -> None:
     res = cli("status", "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "2"}, timeout=60)
     assert time.monotonic() - t0 < 10
     assert_one_line(res, f"cannot reach a NATS server at {url}: connection refused", "(waited 2s)")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["publish", str(REPO / WEATHER), "-i", str(EXAMPLE)],
+        ["collect", "--batch", "b", "-o", "o.jsonl"],
+        ["run", str(REPO / WEATHER), "-i", str(EXAMPLE), "-o", "o.jsonl"],
+    ],
+)
+def test_a_dead_nats_url_is_said_at_once_with_what_is_tried(command: list[str], tmp_path: Path) -> None:
+    """Not ~10 s of silence: the first failed try says what is tried and for how long, while it goes on."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *command, "--nats", url],
+        cwd=tmp_path,
+        env={**os.environ, "GYM_CONNECT_TIMEOUT_S": "30"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert proc.poll() is None, first  # said while still trying, not at the end
+        assert first.strip() == (
+            f"gym-runtime: no NATS server answers at {url} yet (connection refused, no server listens on "
+            f"127.0.0.1:{url.rsplit(':', 1)[1]}); trying again for up to 30s (GYM_CONNECT_TIMEOUT_S)"
+        )
+    finally:
+        proc.kill()
+        proc.wait(30)
 
 
 def test_a_name_that_does_not_resolve_is_said_so() -> None:

@@ -460,7 +460,7 @@ def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(tmp_path: Pat
         workers.wait(60)
 
 
-def test_metrics_port_in_use_is_a_user_error(tmp_path: Path) -> None:
+def test_metrics_port_in_use_is_a_user_error_and_the_default_address_is_loopback(tmp_path: Path) -> None:
     import socket
 
     with socket.socket() as s:
@@ -476,9 +476,8 @@ def test_metrics_port_in_use_is_a_user_error(tmp_path: Path) -> None:
             str(tmp_path / "o.jsonl"),
             "--metrics-port",
             str(port),
-            "--metrics-host",
-            "127.0.0.1",
         )
+    # loopback unless asked (--metrics-host), like `server`: the default address is the one it names
     assert_user_error(res, f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}")
 
 

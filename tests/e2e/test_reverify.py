@@ -84,3 +84,19 @@ def test_malformed_line_is_named(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert f"{src}:2: not valid JSON" in res.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_rows_without_task_fields_say_why_their_rewards_changed(tmp_path: Path) -> None:
+    """NeMo Gym's recorded mcqa rollouts keep no `options`: verified without them every reward drops to 0;
+    the report says which fields were missing and that --tasks joins them (and with --tasks it does not)."""
+    rollouts = COMPAT / "mcqa" / "example_rollouts.jsonl"
+    res = cli("reverify", "resources/mcqa/config.yaml", "-i", str(rollouts), "-o", str(tmp_path / "o.jsonl"), "-q")
+    assert res.returncode == 0, res.stderr
+    assert "mean reward 0.6000 -> 0.0000" in res.stdout
+    assert "the rows lack task fields the environment reads (" in res.stdout and "'options' in 5" in res.stdout
+    assert "pass --tasks with the task rows" in res.stdout
+    joined = cli(
+        "reverify", "resources/mcqa/config.yaml", "-i", str(rollouts), "-o", str(tmp_path / "j.jsonl"), "-q",
+        "--tasks", str(COMPAT / "mcqa" / "example.jsonl"),
+    )  # fmt: skip
+    assert joined.returncode == 0 and "lack task fields" not in joined.stdout, joined.stdout
