@@ -12,6 +12,9 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -94,3 +97,15 @@ def weather(
 
 def rows(n: int) -> list[dict[str, Any]]:
     return [ROWS[i % len(ROWS)] for i in range(n)]
+
+
+async def put_batch(
+    bus: Bus, batch: str, tasks: int, *, repeats: int = 1, agent: str = "a", published: bool = True
+) -> Manifest:
+    """The manifest ``publish`` stores, for a test that stores a batch's tasks or results itself: ``tasks``
+    tasks of ``agent``, wholly ``published`` (then put it once they are stored: a reader may settle lost slots)."""
+    manifest = new_manifest(batch, Owners.one(agent, tasks), repeats=repeats, input_path="-")
+    manifest = msgspec.structs.replace(manifest, published=published)
+    await ensure_streams(bus)
+    await put_manifest(bus, manifest)
+    return manifest

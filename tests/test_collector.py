@@ -16,7 +16,7 @@ from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams, result_subject
-from tests.helpers import read_jsonl
+from tests.helpers import put_batch, read_jsonl
 
 TASKS, REPEATS = 4, 2
 
@@ -46,7 +46,7 @@ async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus
     await ensure_streams(bus)
     await store_all(bus)
     out = tmp_path / "out.jsonl"
-    collector = Collector(bus, "b", out, expected=TASKS * REPEATS, repeats=REPEATS)
+    collector = Collector(bus, await put_batch(bus, "b", TASKS, repeats=REPEATS), out)
     with anyio.fail_after(30):
         stats = await collector.run()
     rows = read_jsonl(out)

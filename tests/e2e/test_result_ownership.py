@@ -109,19 +109,17 @@ def _guessed_ids(batch: str, task: int, rollout: int) -> list[str]:
 
 
 async def _forge(
-    thief: Bus, batch: str, slots: list[tuple[int, int]], owner: str, changes: dict[str, Any] | None = None
+    thief: Bus, batch: str, slots: list[tuple[int, int]], claim: str, changes: dict[str, Any] | None = None
 ) -> int:
-    """Store forged rows of ``slots`` on the thief's own result subject: as the owner under every guessable id,
-    and under its own name; returns how many were stored."""
+    """Store forged rows of ``slots`` on the thief's own result subject, claiming agent ``claim``, under every
+    guessable id; returns how many the server stored (an id it has seen is dropped)."""
     subject = result_subject("gym", "other_agent", batch)
     stored = 0
     for task, rollout in slots:
         for msg_id in _guessed_ids(batch, task, rollout):
-            res = msgspec.structs.replace(_forged(batch, task, rollout, owner), **(changes or {}))
-            await thief.js_publish(subject, res, msg_id=msg_id)
-            stored += 1
-        await thief.js_publish(subject, _forged(batch, task, rollout, "other_agent"), msg_id=uuid.uuid4().hex)
-        stored += 1
+            res = msgspec.structs.replace(_forged(batch, task, rollout, claim), **(changes or {}))
+            ack = await thief.js.publish(subject, thief.codec.encode(res), headers={"Nats-Msg-Id": msg_id})
+            stored += not ack.duplicate
     return stored
 
 
@@ -136,7 +134,8 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
         seen = await get_manifest(thief, "b1")  # every role may read the batch manifests
         assert seen is not None and seen.expected == 10
         slots = [(t, r) for t in range(seen.tasks) for r in range(seen.repeats)]
-        forged = await _forge(thief, "b1", slots, "weather_agent")
+        forged = await _forge(thief, "b1", slots, "weather_agent")  # as the owner, pre-empting its ids
+        forged += await _forge(thief, "b1", slots, "other_agent")  # as itself
         with anyio.fail_after(120):  # the weather pools now run the batch (already published) and collect it
             result = await run_batch(
                 cfg,
@@ -166,7 +165,10 @@ async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_p
     owners = ["weather_agent" if i % 2 == 0 else "other_agent" for i in range(len(ROWS))]
     data = write_jsonl(
         tmp_path / "in.jsonl",
-        [{**row, "agent_ref": {"type": "responses_api_agents", "name": a}} for row, a in zip(ROWS, owners, strict=True)],
+        [
+            {**row, "agent_ref": {"type": "responses_api_agents", "name": a}}
+            for row, a in zip(ROWS, owners, strict=True)
+        ],
     )
     publisher = await _bus(srv, node, "publisher")
     thief = await _bus(srv, auth, "agent", "other_agent")
@@ -174,7 +176,8 @@ async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_p
         manifest = await publish_batch(publisher, cfg, data, batch="b2", repeats=2)
         theirs = [(t, r) for t in range(5) for r in range(2) if owners[t] == "weather_agent"]
         mine = [(t, r) for t in range(5) for r in range(2) if owners[t] == "other_agent"]
-        forged = await _forge(thief, "b2", theirs, "weather_agent")  # another agent's tasks
+        forged = await _forge(thief, "b2", theirs, "weather_agent")  # another agent's tasks, as their owner
+        forged += await _forge(thief, "b2", theirs, "other_agent")  # ... and as itself
         forged += await _forge(thief, "b2", mine, "weather_agent")  # res.agent is not its subject's agent
         forged += await _forge(thief, "b2", mine, "other_agent", {"batch": "zz"})  # res.batch is not its subject's
         outside = [(5, 0), (-1, 0), (1, 2), (3, -1), (10**6, 0)]  # slots the batch does not have
@@ -206,7 +209,12 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
     thief = await _bus(srv, auth, "agent", "other_agent")
     pairs = selected(cfg, None)
     honest = await open_buses(
-        srv.url, [pool_key(*p) for p in pairs], namespace="gym", telemetry=Telemetry(), name="honest", auth=ClientAuth(node)
+        srv.url,
+        [pool_key(*p) for p in pairs],
+        namespace="gym",
+        telemetry=Telemetry(),
+        name="honest",
+        auth=ClientAuth(node),
     )
     try:
         async with Client(cfg, nats=srv.url, auth_dir=node, workers=False) as client:
@@ -219,9 +227,8 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
                 assert [r["reward"] for r in rows] == [1.0] * 10
                 # run(): the thief finds the client's open batch in the stream's subjects and forges what comes next
                 first = await client.run(ROWS[0])
-                info = await thief.js.stream_info(stream_names("gym")["result"], subjects_filter="gym.result.*.run-*")
-                (subject,) = info.state.subjects or {}
-                run_batch_id = subject.split(".")[-1]
+                info = await thief.js.stream_info(stream_names("gym")["result"], subjects_filter="gym.result.*.*")
+                (run_batch_id,) = {s.split(".")[-1] for s in info.state.subjects or {} if ".run-" in s}
                 await _forge(thief, run_batch_id, [(i, 0) for i in range(1, 6)], "weather_agent")
                 with anyio.fail_after(60):
                     later = [await client.run(ROWS[i % 5]) for i in range(1, 6)]
@@ -234,7 +241,17 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
 
 def _collect(srv: EmbeddedServer, node: Path, batch: str, out: Path) -> Any:
     return cli(
-        "collect", "--batch", batch, "--nats", srv.url, "-o", str(out), "--auth-dir", str(node), "--no-progress", timeout=90
+        "collect",
+        "--batch",
+        batch,
+        "--nats",
+        srv.url,
+        "-o",
+        str(out),
+        "--auth-dir",
+        str(node),
+        "--no-progress",
+        timeout=90,
     )
 
 
