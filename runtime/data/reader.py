@@ -37,8 +37,8 @@ from gym_runtime.transport.pull import PullWorker
 
 log = logs.get("gym.reader")
 
-LOST_CHECK_S = 5.0  # how often a reader with empty slots asks the server whether they will ever fill
-ACK_EVERY = 256  # a reader acks at least every this many messages (and whenever it has caught up)
+TICK_S = 5.0  # how often a reader acks what it handled and, with empty slots, asks whether they will ever fill
+ACK_EVERY = 256  # ... and it acks every this many messages (one ack covers all before it)
 RECORD_IN_FLIGHT = 256  # lost records stored at once
 
 LOST = ErrorInfo(
@@ -75,6 +75,7 @@ class BatchReader:
         self.stream = jetstream.stream_names(bus.ns)["result"]
         self.consumer = f"{name}_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
         self.handled = 0  # messages handled (taken, refused or unreadable)
+        self.taken = 0  # ... of which the intake admitted
         self._last_seq = 0  # the stream sequence of the last one: where a reader made again reads on
         self._unacked: Delivery | None = None  # handled, not acked yet (every message before it is acked)
         self._puller: PullWorker | None = None
@@ -122,8 +123,7 @@ class BatchReader:
         assert self._puller is not None
         try:
             async with anyio.create_task_group() as tg:
-                if self._empty is not None:
-                    tg.start_soon(self._watch_lost)
+                tg.start_soon(self._tick)
                 await self._puller.run()
                 tg.cancel_scope.cancel()
         finally:
@@ -139,10 +139,11 @@ class BatchReader:
         if res is not None:
             slot = self.intake.slot(res, msg.subject)
             if slot is not None:
+                self.taken += 1
                 self._take(res, slot)
         self.handled += 1
         self._last_seq = max(self._last_seq, msg.stream_seq)
-        if msg.pending == 0 or self.handled % ACK_EVERY == 0:
+        if self.handled % ACK_EVERY == 0:
             self._unacked = None
             await msg.ack()
         else:
@@ -153,24 +154,33 @@ class BatchReader:
         if msg is not None:
             await msg.ack()
 
-    async def _watch_lost(self) -> None:
-        """Settle lost slots every ``LOST_CHECK_S``, and as soon as JetStream announces a terminated task."""
+    async def _tick(self) -> None:
+        """Every ``TICK_S``: ack what was handled; with empty slots and no result taken since the last tick,
+        settle lost slots (at once, too, when JetStream announces a terminated task)."""
         tasks = jetstream.stream_names(self.bus.ns)["task"]
         poke = anyio.Event()
 
         async def on_advisory(_: Any) -> None:
             poke.set()
 
-        subs = [
-            await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
-            for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
-        ]
+        subs = []
+        if self._empty is not None:
+            subs = [
+                await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
+                for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
+            ]
         try:
+            seen = 0
             while True:
-                with anyio.move_on_after(LOST_CHECK_S):
+                with anyio.move_on_after(TICK_S):
                     await poke.wait()
-                poke = anyio.Event()
                 try:
+                    await self._ack_handled()
+                    if self._empty is None or (not poke.is_set() and self.taken != seen):
+                        seen = self.taken  # results are coming in: nothing is stuck
+                        continue
+                    poke = anyio.Event()
+                    seen = self.taken
                     await self._settle_lost(tasks)
                 except Exception as e:  # the server is busy or restarting: look again later
                     log.info("reader.lost_check_failed", batch=self.batch, error=str(e))

@@ -54,13 +54,6 @@ class Delivery:
         return int(self._msg.metadata.sequence.stream)
 
     @property
-    def pending(self) -> int:
-        """How many messages of its consumer were still undelivered when this one left (0 for core messages)."""
-        if not self._msg.reply.startswith("$JS.ACK."):
-            return 0
-        return int(self._msg.metadata.num_pending or 0)
-
-    @property
     def enqueued_at(self) -> float | None:
         """When the stream stored the message (seconds since the epoch); None for core messages."""
         if not self._msg.reply.startswith("$JS.ACK."):
