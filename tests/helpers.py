@@ -13,6 +13,8 @@ import msgspec
 
 from gym_runtime.config import Config, load_config, resolve_config
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
 
@@ -109,3 +111,17 @@ async def put_batch(
     await ensure_streams(bus)
     await put_manifest(bus, manifest)
     return manifest
+
+
+async def pool_bus(url: str, auth: str | Path, role: str, pool: str | None = None) -> Bus:
+    """A connection to a secured server with one role's (or one pool's, ``agent.NAME.creds``) credentials."""
+    return await Bus.connect(
+        url,
+        namespace="gym",
+        telemetry=Telemetry(),
+        name=f"t-{role}-{pool}",
+        auth=ClientAuth(str(auth)),
+        role=role,
+        pool=pool,
+        initial_timeout=5,
+    )

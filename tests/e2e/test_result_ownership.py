@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from gym_runtime.client import Client
-from gym_runtime.config import JetStreamConfig, config_from_dict, load_config
+from gym_runtime.config import Config, JetStreamConfig, config_from_dict, load_config
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
@@ -31,6 +31,7 @@ from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import result_subject, stream_names
 from gym_runtime.workers.runner import (
+    RunResult,
     close_buses,
     make_workers,
     open_buses,
@@ -40,7 +41,7 @@ from gym_runtime.workers.runner import (
     selected,
     start_workers,
 )
-from tests.helpers import REPO, ROWS, WEATHER, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, ROWS, WEATHER, cli, pool_bus, read_jsonl, write_jsonl
 
 DATA = REPO / "resources/weather/data/example.jsonl"
 POOLS = [("agent", "weather_agent"), ("agent", "other_agent"), ("resource", "weather"), ("model", "policy")]
@@ -79,16 +80,11 @@ def owned(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path, Path]]:
         srv.stop()
 
 
-async def _bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None = None) -> Bus:
-    return await Bus.connect(
-        srv.url,
-        namespace="gym",
-        telemetry=Telemetry(),
-        name=f"t-{role}-{pool}",
-        auth=ClientAuth(auth),
-        role=role,
-        pool=pool,
-        initial_timeout=5,
+async def _run(srv: EmbeddedServer, node: Path, cfg: Config, data: Path, batch: str, out: Path) -> RunResult:
+    """``run`` of ``data`` × 2 as batch ``batch`` on the honest node's credentials (its publish finds a batch
+    already published and only collects it)."""
+    return await run_batch(
+        cfg, srv.url, input_path=data, out=out, telemetry=Telemetry(), auth=ClientAuth(node), repeats=2, batch=batch
     )
 
 
@@ -127,8 +123,8 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
     """Before: 10 of 10 collected rows carried the forged reward; the genuine ones were dropped as duplicates."""
     srv, auth, node = owned
     cfg = load_config(WEATHER)
-    publisher = await _bus(srv, node, "publisher")
-    thief = await _bus(srv, auth, "agent", "other_agent")
+    publisher = await pool_bus(srv.url, node, "publisher")
+    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
         await publish_batch(publisher, cfg, DATA, batch="b1", repeats=2)
         seen = await get_manifest(thief, "b1")  # every role may read the batch manifests
@@ -137,16 +133,7 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
         forged = await _forge(thief, "b1", slots, "weather_agent")  # as the owner, pre-empting its ids
         forged += await _forge(thief, "b1", slots, "other_agent")  # as itself
         with anyio.fail_after(120):  # the weather pools now run the batch (already published) and collect it
-            result = await run_batch(
-                cfg,
-                srv.url,
-                input_path=DATA,
-                out=tmp_path / "out.jsonl",
-                telemetry=Telemetry(),
-                auth=ClientAuth(node),
-                repeats=2,
-                batch="b1",
-            )
+            result = await _run(srv, node, cfg, DATA, "b1", tmp_path / "out.jsonl")
     finally:
         await publisher.close()
         await thief.close()
@@ -170,8 +157,8 @@ async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_p
             for row, a in zip(ROWS, owners, strict=True)
         ],
     )
-    publisher = await _bus(srv, node, "publisher")
-    thief = await _bus(srv, auth, "agent", "other_agent")
+    publisher = await pool_bus(srv.url, node, "publisher")
+    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
         manifest = await publish_batch(publisher, cfg, data, batch="b2", repeats=2)
         theirs = [(t, r) for t in range(5) for r in range(2) if owners[t] == "weather_agent"]
@@ -183,16 +170,7 @@ async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_p
         outside = [(5, 0), (-1, 0), (1, 2), (3, -1), (10**6, 0)]  # slots the batch does not have
         forged += await _forge(thief, "b2", outside, "other_agent")
         with anyio.fail_after(120):
-            result = await run_batch(
-                cfg,
-                srv.url,
-                input_path=data,
-                out=tmp_path / "out.jsonl",
-                telemetry=Telemetry(),
-                auth=ClientAuth(node),
-                repeats=2,
-                batch="b2",
-            )
+            result = await _run(srv, node, cfg, data, "b2", tmp_path / "out.jsonl")
     finally:
         await publisher.close()
         await thief.close()
@@ -206,7 +184,7 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
     """The trainer's client reads results itself: a forger's rows never reach ``gather()`` nor ``run()``."""
     srv, auth, node = owned
     cfg = load_config(WEATHER)
-    thief = await _bus(srv, auth, "agent", "other_agent")
+    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     pairs = selected(cfg, None)
     honest = await open_buses(
         srv.url,
@@ -262,17 +240,8 @@ async def test_collect_ends_when_stored_results_were_purged(owned, tmp_path: Pat
     srv, _, node = owned
     cfg = load_config(WEATHER)
     with anyio.fail_after(120):
-        await run_batch(
-            cfg,
-            srv.url,
-            input_path=DATA,
-            out=tmp_path / "first.jsonl",
-            telemetry=Telemetry(),
-            auth=ClientAuth(node),
-            repeats=2,
-            batch="b3",
-        )
-    admin = await _bus(srv, tmp_path / "auth", "admin")
+        await _run(srv, node, cfg, DATA, "b3", tmp_path / "first.jsonl")
+    admin = await pool_bus(srv.url, tmp_path / "auth", "admin")
     try:  # the oldest six results go
         await admin.js.purge_stream(stream_names("gym")["result"], subject="gym.result.weather_agent.b3", keep=4)
     finally:
@@ -295,19 +264,10 @@ async def test_collect_ends_when_another_pool_floods_the_results_stream(tmp_path
     srv, auth, node = _start(tmp_path, JetStreamConfig(results_max_bytes="1MB"))
     try:
         cfg = load_config(WEATHER)
-        thief = await _bus(srv, auth, "agent", "other_agent")
+        thief = await pool_bus(srv.url, auth, "agent", "other_agent")
         try:
             with anyio.fail_after(120):
-                await run_batch(
-                    cfg,
-                    srv.url,
-                    input_path=DATA,
-                    out=tmp_path / "first.jsonl",
-                    telemetry=Telemetry(),
-                    auth=ClientAuth(node),
-                    repeats=2,
-                    batch="b4",
-                )
+                await _run(srv, node, cfg, DATA, "b4", tmp_path / "first.jsonl")
             pad = "x" * 1000
             flood = 0
             for i in range(3000):

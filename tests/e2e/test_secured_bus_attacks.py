@@ -51,7 +51,7 @@ from gym_runtime.transport.jetstream import (
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
-from tests.helpers import REPO, put_batch, read_jsonl, write_jsonl
+from tests.helpers import REPO, pool_bus, put_batch, read_jsonl, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -139,19 +139,6 @@ def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
         srv.stop()
 
 
-async def _pool_bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None) -> Bus:
-    return await Bus.connect(
-        srv.url,
-        namespace="gym",
-        telemetry=Telemetry(),
-        name=f"attacker-{role}-{pool}",
-        auth=ClientAuth(auth),
-        role=role,
-        pool=pool,
-        initial_timeout=5,
-    )
-
-
 async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
     """Nodes of other entries (valid pool credentials) attack a weather batch run with the weather pools' files."""
 
@@ -160,10 +147,10 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
     node.mkdir()
     for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in WEATHER_POOLS)]:
         shutil.copy(auth / name, node / name)
-    admin = await _pool_bus(srv, auth, "admin", None)
-    res_thief = await _pool_bus(srv, auth, "resource", "other_env")
-    model_thief = await _pool_bus(srv, auth, "model", "other_model")
-    agent_thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    admin = await pool_bus(srv.url, auth, "admin")
+    res_thief = await pool_bus(srv.url, auth, "resource", "other_env")
+    model_thief = await pool_bus(srv.url, auth, "model", "other_model")
+    agent_thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     sniffed: list[str] = []
     forged_seen: list[str] = []
     replies: list[tuple[str, dict[str, str]]] = []
@@ -254,8 +241,8 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
     """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
     writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
     srv, auth = pooled
-    mine = await _pool_bus(srv, auth, "agent", "weather_agent")
-    thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    mine = await pool_bus(srv.url, auth, "agent", "weather_agent")
+    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
         view = ControlView(mine)
         view._kv = await control_kv(mine)
