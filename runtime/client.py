@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -30,9 +29,11 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, load_config, resolve_config, resolve_models
-from gym_runtime.data.batches import Manifest, put_manifest
-from gym_runtime.data.collector import failure_row, read_result
+from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.data.collector import failure_row
 from gym_runtime.data.inputs import check_row, publish_rows
+from gym_runtime.data.intake import Intake, replaces
+from gym_runtime.data.reader import BatchReader
 from gym_runtime.data.validation import check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
@@ -40,11 +41,9 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names, task_subject
-from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.jetstream import ensure_streams, task_subject
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
 from gym_runtime.workers.supervisor import StartProcess
@@ -58,84 +57,50 @@ def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
     return failure_row(res), False
 
 
-class _ResultReader:
-    """Reads ``{ns}.result.*.{batch}`` from the start with a consumer of its own (no acks)."""
-
-    def __init__(self, bus: Bus, batch: str, on_result: Any, *, slots: int = 512) -> None:
-        self.bus = bus
-        self.batch = batch
-        self.stream = stream_names(bus.ns)["result"]
-        self.consumer = f"client_{re.sub(r'[^A-Za-z0-9_-]', '_', batch)}_{uuid.uuid4().hex[:8]}"
-        self._on_result = on_result
-        self._slots = slots
-        self._puller: PullWorker | None = None
-
-    async def open(self) -> None:
-        subject = batch_results(self.bus.ns, self.batch)
-        await jetstream.add_reader(self.bus, self.stream, self.consumer, subject)
-        last_seq = 0
-
-        async def recreate() -> None:  # deleted by someone else: read on from where we were
-            await jetstream.add_reader(self.bus, self.stream, self.consumer, subject, start_seq=last_seq + 1)
-
-        async def on_msg(msg: Any) -> None:
-            nonlocal last_seq
-            last_seq = max(last_seq, msg.stream_seq)
-            res = await read_result(self.bus, msg)
-            if res is not None:
-                self._on_result(res)
-
-        self._puller = PullWorker(
-            self.bus,
-            stream=self.stream,
-            consumer=self.consumer,
-            slots=self._slots,
-            handle=on_msg,
-            heartbeat_s=3600.0,
-            recreate=recreate,
-        )
-
-    async def run(self) -> None:
-        assert self._puller is not None
-        try:
-            await self._puller.run()
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await jetstream.delete_consumer(self.bus, self.stream, self.consumer)
-
-    def stop(self) -> None:
-        if self._puller is not None:
-            self._puller.stop_pulling()
-
-
 class BatchHandle:
     """One submitted batch: async-iterate rows in completion order, ``groups()``, ``gather()``, ``cancel()``.
 
-    Iteration ends when every task×repeat has a row (or failure row), or at once after ``cancel()``.
+    Iteration ends when every task×repeat has a row (or failure row: ``lost`` for a slot whose task left the
+    queue without a result), or at once after ``cancel()``. Only the owning agent's results count (the
+    manifest's owners, as ``collect`` checks them). Each slot is yielded once; in the rare case that a later
+    attempt's row replaces a failure row already yielded (a worker lost after storing it), ``gather()``
+    returns the replacement, as ``collect`` writes it.
     """
 
-    def __init__(self, client: Client, batch: str, *, tasks: int, repeats: int) -> None:
+    def __init__(self, client: Client, manifest: Manifest) -> None:
         self.client = client
-        self.batch = batch
-        self.tasks = tasks
-        self.repeats = repeats
-        self.expected = tasks * repeats
+        self.batch = manifest.batch
+        self.tasks = manifest.tasks
+        self.repeats = manifest.repeats
+        self.expected = manifest.expected
         self.cancelled = False
-        self._rows: dict[int, dict[str, Any]] = {}
+        self._rows: dict[int, tuple[dict[str, Any], bool, int]] = {}  # slot -> (row, ok, attempt)
         self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
-        self._reader = _ResultReader(client.bus, batch, self._take)
+        self._reader = BatchReader.of(client.bus, manifest, self._take, self._empty, name="client")
         self._finished = anyio.Event()
 
     @property
     def done(self) -> bool:
         return self._finished.is_set()
 
-    def _take(self, res: RolloutResult) -> None:
-        slot = res.task_index * self.repeats + res.rollout_index
-        if self.cancelled or slot in self._rows or not 0 <= slot < self.expected:
-            return  # a duplicate (redelivery) or late: each task×repeat is yielded once
-        row, _ = _result_row(res)
-        self._rows[slot] = row
+    @property
+    def refused(self) -> int:
+        """Stored results of this batch that were not its owners' (or named no slot of it): dropped."""
+        return self._reader.intake.refused
+
+    def _empty(self) -> list[int]:
+        return [] if self.cancelled else [s for s in range(self.expected) if s not in self._rows]
+
+    def _take(self, res: RolloutResult, slot: int) -> None:
+        if self.cancelled:
+            return  # late: iteration has ended
+        held = self._rows.get(slot)
+        if held is not None:
+            if replaces(held[1], held[2], res):
+                self._rows[slot] = (*_result_row(res), res.attempts)
+            return
+        row, ok = _result_row(res)
+        self._rows[slot] = (row, ok, res.attempts)
         self._send.send_nowait(row)
         if len(self._rows) >= self.expected:
             self._finish()
@@ -169,7 +134,7 @@ class BatchHandle:
         """Wait for the whole batch; every row received, in ``aabbcc`` order (as ``collect`` writes)."""
         async for _ in self:
             pass
-        return [self._rows[s] for s in sorted(self._rows)]
+        return [self._rows[s][0] for s in sorted(self._rows)]
 
     async def cancel(self) -> None:
         """Tasks of this batch not yet started are never run; iteration ends now."""
@@ -218,10 +183,11 @@ class Client:
         self._server: EmbeddedServer | None = None
         self._bus: Bus | None = None
         self._tg: TaskGroup | None = None
-        self._runs: dict[int, asyncio.Future[tuple[dict[str, Any], bool]]] = {}
+        # pending run() calls: index -> (its answer, the agent that runs it)
+        self._runs: dict[int, tuple[asyncio.Future[tuple[dict[str, Any], bool]], str]] = {}
         self._run_batch = f"run-{uuid.uuid4().hex[:12]}"
         self._run_seq = 0
-        self._run_reader: _ResultReader | None = None
+        self._run_reader: BatchReader | None = None
         self._run_lock = anyio.Lock()
         self._fps = control.config_fingerprints(self.config)
 
@@ -272,7 +238,7 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for fut in self._runs.values():
+        for fut, _ in self._runs.values():
             if not fut.done():
                 fut.cancel()
         if self.workers:
@@ -456,19 +422,13 @@ class Client:
         checks = self._check_rows(rows, agent, any_tools=any_tools)
         version = self._version_for(policy_version, max_staleness)
         agents = list(self.config.agents)
-        handle = BatchHandle(self, batch or uuid.uuid4().hex[:12], tasks=len(rows), repeats=repeats)
-        counts: dict[str, int] = {}
+        owners = Owners()
         for row in rows:
-            name = check_row(row, agents, agent)
-            counts[name] = counts.get(name, 0) + 1
-        manifest = Manifest(
-            batch=handle.batch,
-            expected=handle.expected,
-            tasks=len(rows),
-            repeats=repeats,
-            agents=counts,
-            input="(gym_runtime.Client)",
+            owners.add(check_row(row, agents, agent))
+        manifest = new_manifest(
+            batch or uuid.uuid4().hex[:12], owners, repeats=repeats, input_path="(gym_runtime.Client)"
         )
+        handle = BatchHandle(self, manifest)
         await put_manifest(self.bus, manifest)
         await handle._reader.open()
         assert self._tg is not None
@@ -508,7 +468,8 @@ class Client:
         if self._run_reader is None:
             async with self._run_lock:
                 if self._run_reader is None:
-                    reader = _ResultReader(self.bus, self._run_batch, self._take_run, slots=4096)
+                    intake = Intake(self.bus, self._run_batch, repeats=1, tasks=None, allows=self._run_owned)
+                    reader = BatchReader(self.bus, intake, self._take_run, name="client")
                     await reader.open()
                     assert self._tg is not None
                     self._tg.start_soon(reader.run)
@@ -516,7 +477,7 @@ class Client:
         index = self._run_seq
         self._run_seq += 1
         fut: asyncio.Future[tuple[dict[str, Any], bool]] = asyncio.get_running_loop().create_future()
-        self._runs[index] = fut
+        self._runs[index] = (fut, name)
         try:
             task = RolloutTask(
                 batch=self._run_batch,
@@ -536,9 +497,14 @@ class Client:
             raise RolloutFailed(out)
         return out
 
-    def _take_run(self, res: RolloutResult) -> None:
-        fut = self._runs.get(res.task_index)
-        if fut is not None and not fut.done():
+    def _run_owned(self, index: int, agent: str) -> bool:
+        """Whether ``agent`` ran the pending ``run`` call ``index`` (its results are the only ones taken)."""
+        pending = self._runs.get(index)
+        return pending is not None and pending[1] == agent
+
+    def _take_run(self, res: RolloutResult, index: int) -> None:
+        fut = self._runs[index][0]  # pending: the intake checked it
+        if not fut.done():
             fut.set_result(_result_row(res))
 
 

@@ -371,7 +371,8 @@ ErrorClass = Literal[
     "stale",  # the policy moved on more than the task's max_staleness before it started
     "busy",  # a direct call found no free slot (never in a row: the caller goes to the queue)
     "integrity",  # a stored body or result does not match what its message says (tampered, or missing)
-    "terminated",  # the task left the queue without a result (+TERM by a worker, or past max deliveries)
+    "lost",  # no result of the slot is stored, and none of its batch's tasks is queued or running any more
+    "terminated",  # what "lost" was called before (a row stored by an older version may carry it)
     "storage_full",  # a stream was at its size limit (jetstream.*_max_bytes) when a body or result was stored
 ]
 

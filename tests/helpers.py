@@ -12,6 +12,11 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -94,3 +99,29 @@ def weather(
 
 def rows(n: int) -> list[dict[str, Any]]:
     return [ROWS[i % len(ROWS)] for i in range(n)]
+
+
+async def put_batch(
+    bus: Bus, batch: str, tasks: int, *, repeats: int = 1, agent: str = "a", published: bool = True
+) -> Manifest:
+    """The manifest ``publish`` stores, for a test that stores a batch's tasks or results itself: ``tasks``
+    tasks of ``agent``, wholly ``published`` (then put it once they are stored: a reader may settle lost slots)."""
+    manifest = new_manifest(batch, Owners.one(agent, tasks), repeats=repeats, input_path="-")
+    manifest = msgspec.structs.replace(manifest, published=published)
+    await ensure_streams(bus)
+    await put_manifest(bus, manifest)
+    return manifest
+
+
+async def pool_bus(url: str, auth: str | Path, role: str, pool: str | None = None) -> Bus:
+    """A connection to a secured server with one role's (or one pool's, ``agent.NAME.creds``) credentials."""
+    return await Bus.connect(
+        url,
+        namespace="gym",
+        telemetry=Telemetry(),
+        name=f"t-{role}-{pool}",
+        auth=ClientAuth(Path(auth)),
+        role=role,
+        pool=pool,
+        initial_timeout=5,
+    )

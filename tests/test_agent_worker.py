@@ -17,7 +17,7 @@ from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from tests.helpers import ROWS, read_jsonl
+from tests.helpers import ROWS, put_batch, read_jsonl
 
 CONFIG = {
     "namespace": "gym",
@@ -39,7 +39,7 @@ async def test_rows_come_back_in_nemo_gym_shape_and_a_failing_verifier_becomes_a
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="b", agents=["agent"])
         with anyio.fail_after(60):
-            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=3).run()
+            stats = await Collector(bus, await put_batch(bus, "b", 3, agent="agent"), tmp_path / "out.jsonl").run()
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     got = read_jsonl(tmp_path / "out.jsonl")
@@ -77,7 +77,7 @@ async def test_a_resource_sees_each_rollouts_task_and_rollout_index_at_seed_and_
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="b", agents=["agent"], repeats=3)
         with anyio.fail_after(60):
-            await Collector(bus, "b", tmp_path / "out.jsonl", expected=6, repeats=3).run()
+            await Collector(bus, await put_batch(bus, "b", 2, repeats=3, agent="agent"), tmp_path / "out.jsonl").run()
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     got = read_jsonl(tmp_path / "out.jsonl")

@@ -19,7 +19,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.blobs import ByteBudget
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from tests.helpers import REPO, read_jsonl
+from tests.helpers import REPO, put_batch, read_jsonl
 
 SIZE = 9_000_000
 CAP = 40 << 20
@@ -45,7 +45,8 @@ async def test_many_large_bodies_at_once_hold_at_most_the_cap_and_all_complete(
             await start_workers(tg, workers)
             await publish_rows(bus, rows[:3], batch="big", agents=["weather_agent"], repeats=2)
             with anyio.fail_after(120):
-                stats = await Collector(bus, "big", tmp_path / "o.jsonl", expected=n, repeats=2).run()
+                manifest = await put_batch(bus, "big", 3, repeats=2, agent="weather_agent")
+                stats = await Collector(bus, manifest, tmp_path / "o.jsonl").run()
             await drain(workers, timeout=5)
             tg.cancel_scope.cancel()
         budget = bus.blob_budget

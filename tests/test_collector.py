@@ -11,12 +11,13 @@ import random
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_subject
-from tests.helpers import read_jsonl
+from gym_runtime.transport.jetstream import ensure_streams, result_msg_id, result_subject
+from tests.helpers import put_batch, read_jsonl
 
 TASKS, REPEATS = 4, 2
 
@@ -46,7 +47,7 @@ async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus
     await ensure_streams(bus)
     await store_all(bus)
     out = tmp_path / "out.jsonl"
-    collector = Collector(bus, "b", out, expected=TASKS * REPEATS, repeats=REPEATS)
+    collector = Collector(bus, await put_batch(bus, "b", TASKS, repeats=REPEATS), out)
     with anyio.fail_after(30):
         stats = await collector.run()
     rows = read_jsonl(out)
@@ -60,3 +61,35 @@ async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus
     assert (metrics["num_rollouts"], metrics["num_tasks"]) == (7, 4)  # the failure is not a row
     assert metrics["agent_metrics"]["mean/reward"] == 4 / 7  # tasks 1 and 3 score 1.0, twice each
     assert not (tmp_path / "out.jsonl.partial").exists()
+
+
+async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_attempt(bus: Bus, tmp_path: Path) -> None:
+    """The rule for later attempts, as the stream delivers rows in any order: slot 0 gets a failure of attempt
+    1, then a result of attempt 2 (kept); slot 1 a result, then a failure of a later attempt (the result
+    stays); slot 2 failures of attempts 2 then 1 (the later attempt's stays)."""
+    await ensure_streams(bus)
+    fail = ErrorInfo(error_class="timeout", message="attempt ran out")
+
+    def row(task: int, attempt: int, ok: bool) -> RolloutResult:
+        body = {"reward": 1.0, "_ng_task_index": task, "_ng_rollout_index": 0} if ok else None
+        error = None if ok else msgspec.structs.replace(fail, message=f"attempt {attempt} ran out")
+        return RolloutResult(
+            batch="r", task_index=task, rollout_index=0, agent="a", row=body, error=error, attempts=attempt
+        )
+
+    for res in [
+        row(0, 1, False),
+        row(0, 2, True),
+        row(1, 1, True),
+        row(1, 3, False),
+        row(2, 2, False),
+        row(2, 1, False),
+    ]:
+        msg_id = result_msg_id("r", res.task_index, 0, res.attempts)
+        await bus.js_publish(result_subject("gym", "a", "r"), res, msg_id=msg_id)
+    with anyio.fail_after(30):
+        stats = await Collector(bus, await put_batch(bus, "r", 3), tmp_path / "out.jsonl").run()
+    assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl")] == [0, 1]
+    (failed,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert (failed["_ng_task_index"], failed["error"]) == (2, "attempt 2 ran out")
+    assert (stats.rows, stats.failures, stats.duplicates) == (2, 1, 2)

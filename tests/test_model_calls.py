@@ -31,7 +31,7 @@ from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from tests.helpers import REPO, ROWS
+from tests.helpers import REPO, ROWS, put_batch
 
 TOOL = {
     "type": "function",
@@ -244,7 +244,7 @@ async def weather_on_one_slot(
         await start_workers(tg, workers)
         await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
         with anyio.fail_after(90):
-            stats = await Collector(bus, "b", tmp_path / "out.jsonl", expected=n).run()
+            stats = await Collector(bus, await put_batch(bus, "b", n, agent="agent"), tmp_path / "out.jsonl").run()
             while await message_count(bus, stream_names(bus.ns)["model"]) or served.gate.active:
                 await anyio.sleep(0.1)  # a queued call leaves the queue when it ends; a direct one is only active
         await drain(workers, timeout=5)

@@ -22,7 +22,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from tests.helpers import REPO, cli, read_jsonl
+from tests.helpers import REPO, cli, put_batch, read_jsonl
 
 WEATHER = REPO / "resources/weather/config.yaml"
 WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
@@ -59,7 +59,8 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         with anyio.fail_after(60):
-            stats = await Collector(bus, "m", tmp_path / "o.jsonl", expected=n, repeats=repeats).run()
+            manifest = await put_batch(bus, "m", len(WEATHER_ROWS), repeats=repeats, agent="weather_agent")
+            stats = await Collector(bus, manifest, tmp_path / "o.jsonl").run()
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     assert stats.rows == n

@@ -138,6 +138,8 @@ def print_stats(batch: str, s: Any, out: str, *, elapsed_s: float | None = None)
     lines = [f"batch {batch}: {s.rows} rows, {s.failures} failed{took} -> {out}"]
     if s.mean_reward is not None:
         lines.append(f"mean reward: {s.mean_reward:.4f}")
+    if s.refused:
+        lines.append(f"refused: {s.refused} stored results not from their task's agent, or of no slot of the batch")
     lines += summary_lines(s.metrics)
     try:
         for line in lines:

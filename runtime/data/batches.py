@@ -2,18 +2,64 @@
 
 ``publish`` writes the manifest (a JetStream key-value entry keyed by batch id)
 before it publishes the first task; ``collect`` reads it to know how many
-task×repeat results make the batch complete.
+task×repeat results make the batch complete, and which agent owns each task
+(a reader takes a task's results from that agent's result subject only).
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
 
 import anyio
 import msgspec
 
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
+
+
+class Owners(msgspec.Struct, kw_only=True):
+    """Which agent runs each task of a batch, as index ranges in task order: ``runs`` holds pairs (position in
+    ``names``, how many consecutive tasks), so a one-agent batch is one pair, and rows that alternate between
+    agents cost ~4 bytes each (1,000,000 of them: 4 MB, under the 8 MB max payload)."""
+
+    names: list[str] = msgspec.field(default_factory=list)
+    runs: list[int] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def one(cls, agent: str, tasks: int) -> Owners:
+        """Every one of ``tasks`` tasks is ``agent``'s."""
+        return cls(names=[agent], runs=[0, tasks])
+
+    def add(self, agent: str) -> None:
+        """The next task is ``agent``'s."""
+        if self.runs and self.names[self.runs[-2]] == agent:
+            self.runs[-1] += 1
+            return
+        if agent not in self.names:
+            self.names.append(agent)
+        self.runs += [self.names.index(agent), 1]
+
+    def ranges(self) -> Iterator[tuple[int, int, str]]:
+        """(first task, end, agent) of each range, in task order."""
+        start = 0
+        for i in range(0, len(self.runs), 2):
+            end = start + self.runs[i + 1]
+            yield start, end, self.names[self.runs[i]]
+            start = end
+
+    @property
+    def tasks(self) -> int:
+        return sum(self.runs[1::2])
+
+    def counts(self) -> dict[str, int]:
+        """Tasks per agent (the manifest's ``agents``)."""
+        out: dict[str, int] = {}
+        for start, end, agent in self.ranges():
+            out[agent] = out.get(agent, 0) + end - start
+        return out
 
 
 class Manifest(msgspec.Struct, kw_only=True):
@@ -23,6 +69,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     repeats: int
     agents: dict[str, int]
     input: str
+    # each task's agent (None in a manifest written before owners were recorded: see TaskOwners)
+    owners: Owners | None = None
     created: float = msgspec.field(default_factory=time.time)
     # every task is queued (written again after the last one): from then on, a task no longer queued
     # whose result never came was removed without one (terminated), and collect writes its failure row
@@ -30,6 +78,52 @@ class Manifest(msgspec.Struct, kw_only=True):
     # tasks, in publish order, stored with every one before them: a publish of this batch run again (after
     # a crash, or a full stream) starts after them, whatever the streams' duplicate window
     stored: int = 0
+
+
+def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str) -> Manifest:
+    """The manifest of a batch about to be published: ``owners`` says whose each task is."""
+    tasks = owners.tasks
+    return Manifest(
+        batch=batch,
+        expected=tasks * repeats,
+        tasks=tasks,
+        repeats=repeats,
+        agents=owners.counts(),
+        input=input_path,
+        owners=owners,
+    )
+
+
+class TaskOwners:
+    """Each task's agent, resolved once from a manifest (a bisect over its ranges): the agent whose result
+    subject alone may carry the task's results. A manifest written before owners were recorded names its
+    agents only: one agent owns every task; with several, any of them may answer any task."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.tasks = manifest.tasks
+        owners = manifest.owners
+        if owners is None and len(manifest.agents) == 1:
+            owners = Owners.one(next(iter(manifest.agents)), manifest.tasks)
+        self._any = None if owners is not None else frozenset(manifest.agents)
+        self._starts = array("q")
+        self._names: list[str] = []
+        for start, _, agent in owners.ranges() if owners is not None else ():
+            self._starts.append(start)
+            self._names.append(agent)
+
+    def owner(self, task: int) -> str:
+        """The task's agent ('' when the manifest does not say, or the batch has no such task)."""
+        if self._any is not None or not 0 <= task < self.tasks:
+            return ""
+        return self._names[bisect_right(self._starts, task) - 1]
+
+    def allows(self, task: int, agent: str) -> bool:
+        """Whether ``agent`` may store results of ``task`` (a task of the batch, owned by that agent)."""
+        if not 0 <= task < self.tasks:
+            return False
+        if self._any is not None:
+            return agent in self._any
+        return self._names[bisect_right(self._starts, task) - 1] == agent
 
 
 def _bucket(bus: Bus) -> str:

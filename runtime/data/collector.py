@@ -1,12 +1,12 @@
 """Collects a batch's results into NeMo Gym-shaped JSONL plus sidecars.
 
-Results arrive in any order. Each is appended to a spool file as it comes (an
-index of byte offsets is all that stays in memory), duplicates of a
-task×repeat are dropped, and when every expected result is in, the spool is
-rewritten in ``aabbcc`` order to ``OUT``; failures go to ``<out>_failures.jsonl``
-and metrics to ``<out>_aggregate_metrics.json``. Results are read back from the
-result stream from the start, so a collector that is interrupted and run again
-ends with the same file.
+Results arrive in any order (``BatchReader``: only the task's owner's, checked against the manifest). Each
+is appended to a spool file as it comes (an index of byte offsets is all that stays in memory); a slot
+keeps one row by the rule for attempts (``intake.replaces``: a result is never replaced, a failure row
+gives way to a later attempt's). When every slot has a row (or a ``lost`` failure row), the spool is
+rewritten in ``aabbcc`` order to ``OUT``; failures go to ``<out>_failures.jsonl`` and metrics to
+``<out>_aggregate_metrics.json``. Results are read back from the result stream from the start, so a
+collector that is interrupted and run again ends with the same file.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import threading
-import uuid
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,21 +25,17 @@ import anyio
 import msgspec
 
 from gym_runtime.data.aggregate import MetricsAccumulator
-from gym_runtime.data.batches import get_manifest
+from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
-from gym_runtime.errors import Failure
-from gym_runtime.messages import ErrorInfo, RolloutResult
+from gym_runtime.data.intake import is_ok, replaces
+from gym_runtime.data.reader import BatchReader
+from gym_runtime.messages import RolloutResult
 from gym_runtime.observability import logs
-from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import batch_results, stream_names
-from gym_runtime.transport.pull import PullWorker
 
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
 log = logs.get("gym.collector")
-LOST_CHECK_S = 5.0  # with no result for this long, look for tasks that left the queue without one
 
 
 def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
@@ -64,46 +58,12 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     }
 
 
-async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:
-    """A stored result as every reader of the results stream must see it (collect, the client, status): a
-    body that cannot be read is a failure row, and a row on the lost subject is a failure whatever it claims
-    (its writers are not the agent pools, so it can carry no reward)."""
-    try:
-        res = await bus.decode(msg)
-    except Exception as e:  # a tampered or missing body: a failure row, never a reward, never a hang
-        return unreadable_result(msg, e)
-    if not isinstance(res, RolloutResult):
-        log.warning("result.unexpected", subject=msg.subject, type=type(res).__name__)
-        return None
-    if res.error is None and msg.subject.split(".")[-2] == jetstream.LOST:
-        return msgspec.structs.replace(
-            res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
-        )
-    return res
-
-
-def unreadable_result(msg: Delivery, e: Exception) -> RolloutResult | None:
-    """The failure of a stored result whose body cannot be read, named by its ``Nats-Msg-Id``
-    (``{batch}:{task}:{rollout}``); ``None`` when even that is missing (logged: not a result of ours)."""
-    parts = (msg.headers or {}).get("Nats-Msg-Id", "").rsplit(":", 2)
-    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
-        log.warning("result.unreadable", subject=msg.subject, error=str(e))
-        return None
-    info = e.info if isinstance(e, Failure) else ErrorInfo(error_class="integrity", message=str(e))
-    return RolloutResult(
-        batch=parts[0],
-        task_index=int(parts[1]),
-        rollout_index=int(parts[2]),
-        agent=msg.subject.split(".")[-2] if msg.subject.count(".") >= 3 else "",
-        error=ErrorInfo(error_class="integrity", message=f"the stored result cannot be read: {info.message}"),
-    )
-
-
 @dataclass
 class CollectStats:
     rows: int = 0
     failures: int = 0
     duplicates: int = 0
+    refused: int = 0  # stored results no reader may take (another agent's, another batch's, no such slot)
     reward_sum: float = 0.0
     metrics: list[dict[str, Any]] = field(default_factory=list)  # per agent, without per-task entries
 
@@ -113,86 +73,55 @@ class CollectStats:
 
 
 class Collector:
-    """Consume ``{ns}.result.*.{batch}`` until ``expected`` distinct results are in."""
+    """Read ``{ns}.result.*.{batch}`` until every slot of the manifest's batch has a row (or a failure row)."""
 
     def __init__(
         self,
         bus: Bus,
-        batch: str,
+        manifest: Manifest,
         out: str | Path,
         *,
-        expected: int,
-        repeats: int = 1,
         on_progress: Callable[[int, int], None] | None = None,
         on_result: Callable[[bool, float | None], None] | None = None,
     ) -> None:
         self.bus = bus
-        self.batch = batch
+        self.batch = manifest.batch
         self.out = Path(out)
-        self.expected = expected
+        self.expected = expected = manifest.expected
         self.on_progress = on_progress
-        self.on_result = on_result  # (ok, reward) per distinct result: failures and running reward
+        self.on_result = on_result  # (ok, reward) per slot's first row: failures and running reward
         self.failures_path, self.metrics_path = sidecar_paths(self.out)
         self.spool_path = Path(str(self.out) + ".partial")
         # Where each task×repeat's line sits in the spool: flat arrays at task * repeats + rollout
-        # (16 bytes a row), so a 100k-row batch costs ~2 MB of index, not rows.
-        self.repeats = max(1, repeats)
+        # (20 bytes a row), so a 100k-row batch costs ~2 MB of index, not rows.
+        self.repeats = max(1, manifest.repeats)
         self._offsets = array("q", [-1]) * expected
         self._sizes = array("q", [0]) * expected
+        self._attempts = array("i", [0]) * expected
         self._ok = bytearray(expected)
         self._count = 0
         self.stats = CollectStats()
         self._done = anyio.Event()
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
+        self.reader = BatchReader.of(bus, manifest, self._take, self._empty, name="collect")
 
     async def run(self) -> CollectStats:
-        """Read every result of the batch from the start of the stream; returns when all are in.
+        """Read every result of the batch from the start of the stream; returns when every slot has a row.
 
-        A pull consumer of our own (no acks: the stream keeps the results) bounds
-        what is in memory to one pull's worth, however far behind we start.
+        A pull consumer of our own bounds what is in memory to one pull's worth, however far behind we start.
         """
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        stream = stream_names(self.bus.ns)["result"]
-        consumer = f"collect_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
-        subject = batch_results(self.bus.ns, self.batch)
-        await jetstream.add_reader(self.bus, stream, consumer, subject)
-        last_seq = 0
-
-        async def recreate() -> None:  # deleted by someone else: read on from where we were
-            await jetstream.add_reader(self.bus, stream, consumer, subject, start_seq=last_seq + 1)
-
-        async def on_msg(msg: Delivery) -> None:
-            nonlocal last_seq
-            res = await read_result(self.bus, msg)
-            if res is not None:
-                self._take(res)
-            last_seq = max(last_seq, msg.stream_seq)  # handled: what settle_lost waits for
-
-        puller = PullWorker(
-            self.bus,
-            stream=stream,
-            consumer=consumer,
-            slots=512,
-            handle=on_msg,
-            heartbeat_s=3600.0,
-            inline=True,
-            recreate=recreate,
-        )
         try:
             with self.spool_path.open("wb") as spool:
                 self._spool = spool
-                try:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(puller.run)
-                        tg.start_soon(self._watch_lost, stream, consumer, lambda: last_seq)
-                        if self.expected:
-                            await self._done.wait()
-                        tg.cancel_scope.cancel()
-                finally:
-                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                        await jetstream.delete_consumer(self.bus, stream, consumer)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.reader.run)
+                    if self.expected:
+                        await self._done.wait()
+                    tg.cancel_scope.cancel()
                 spool.flush()
+            self.stats.refused = self.reader.intake.refused
             await _in_daemon_thread(self._finalize)
         except BaseException:
             # interrupted (Ctrl-C) or failed: the spool holds results in arrival order with no index, so
@@ -203,94 +132,26 @@ class Collector:
             raise
         return self.stats
 
-    async def _watch_lost(self, results: str, reader: str, handled: Callable[[], int]) -> None:
-        """Write a failure row for each task that left the queue without a result, so the batch finishes.
+    def _empty(self) -> list[int]:
+        return [slot for slot in range(self.expected) if self._offsets[slot] < 0] if self._count < self.expected else []
 
-        A task is removed from the work queue when it is acked (after its result is stored) or
-        terminated (``+TERM`` by a buggy or hostile worker, or past a consumer's max deliveries). Looked
-        at when JetStream announces a termination, and every ``LOST_CHECK_S`` while no result arrives:
-        once the batch is wholly published, none of its tasks is queued or held any more, and this
-        reader has handled every stored result, the slots still empty were lost.
-        """
-        tasks = stream_names(self.bus.ns)["task"]
-        poke = anyio.Event()
-
-        async def on_advisory(_: Any) -> None:
-            poke.set()
-
-        subs = [
-            await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
-            for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
-        ]
-        try:
-            seen = -1
-            while True:
-                with anyio.move_on_after(LOST_CHECK_S):
-                    await poke.wait()
-                if not poke.is_set() and self._count != seen:  # results are arriving: nothing is stuck
-                    seen = self._count
-                    continue
-                poke = anyio.Event()
-                seen = self._count
-                try:
-                    await self._settle_lost(tasks, results, reader, handled)
-                except Exception as e:  # the server is busy or restarting: look again later
-                    log.info("collect.lost_check_failed", batch=self.batch, error=str(e))
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                for sub in subs:
-                    await sub.unsubscribe()
-
-    async def _settle_lost(self, tasks: str, results: str, reader: str, handled: Callable[[], int]) -> None:
-        if self._count >= self.expected:
-            return
-        manifest = await get_manifest(self.bus, self.batch)
-        if manifest is None or not manifest.published:  # tasks may still be on their way
-            return
-        if await jetstream.subject_count(self.bus, tasks, jetstream.task_subject(self.bus.ns, "*", self.batch)):
-            return  # queued or held: a worker may still store its result
-        # a result is stored before its task is acked: every result is in the stream now; all read?
-        if not await jetstream.read_to_end(self.bus, results, reader, handled()):
-            return
-        missing = [slot for slot in range(self.expected) if self._offsets[slot] < 0]
-        if not missing:
-            return
-        log.warning("collect.tasks_lost", batch=self.batch, lost=len(missing), then="failure rows")
-        agent = next(iter(manifest.agents)) if len(manifest.agents) == 1 else ""
-        info = ErrorInfo(
-            error_class="terminated",
-            message="the task left the queue without a result: terminated by a worker, or past max deliveries",
-        )
-        subject = jetstream.lost_subject(self.bus.ns, self.batch)
-        for slot in missing:  # stored with the result's own id: a real result stored first wins, once
-            task_index, rollout_index = divmod(slot, self.repeats)
-            lost = RolloutResult(
-                batch=self.batch, task_index=task_index, rollout_index=rollout_index, agent=agent, error=info
-            )
-            await self.bus.js_publish(subject, lost, msg_id=f"{self.batch}:{task_index}:{rollout_index}")
-
-    def _take(self, res: RolloutResult) -> None:
-        slot = res.task_index * self.repeats + res.rollout_index
-        if not (0 <= slot < self.expected and 0 <= res.rollout_index < self.repeats):
-            log.warning("result.out_of_range", task_index=res.task_index, rollout_index=res.rollout_index)
-            return
-        if self._offsets[slot] >= 0:
+    def _take(self, res: RolloutResult, slot: int) -> None:
+        """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
+        held = self._offsets[slot] >= 0
+        if held and not replaces(bool(self._ok[slot]), self._attempts[slot], res):
             self.stats.duplicates += 1
             return
-        ok = res.error is None and res.row is not None
+        ok = is_ok(res)
         if res.answer_field and self._answer_field is None:
             self._answer_field = res.answer_field
-        if ok:
-            line = _json_enc.encode(res.row)
-        else:
-            line = _json_enc.encode(failure_row(res))
+        line = _json_enc.encode(res.row if ok else failure_row(res))
         offset = self._spool.tell()
         self._spool.write(line)
         self._spool.write(b"\n")
         self._offsets[slot] = offset
         self._sizes[slot] = len(line)
+        self._attempts[slot] = res.attempts
         self._ok[slot] = ok
-        self._count += 1
         reward = res.row.get("reward") if ok and res.row else None
         reward = float(reward) if isinstance(reward, (int, float)) else None
         if ok:
@@ -299,6 +160,10 @@ class Collector:
                 self.stats.reward_sum += reward
         else:
             self.stats.failures += 1
+        if held:  # a failure row gave way to a later attempt's row: the slot was counted already
+            self.stats.failures -= 1
+            return
+        self._count += 1
         if self.on_result:
             self.on_result(ok, reward)
         if self.on_progress:

@@ -22,6 +22,7 @@ import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
+from gym_runtime.data.batches import Owners
 from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
@@ -37,9 +38,14 @@ class Plan:
 
     path: Path
     count: int  # rows that will be used (after --limit)
-    agents: dict[str, int]  # agent name -> rows
+    owners: Owners  # each row's agent, as index ranges (the batch manifest records it)
     # agents whose rows this process could not check against their environment: checked at seed time
     seed_checks: dict[str, RowCheck] = field(default_factory=dict)
+
+    @property
+    def agents(self) -> dict[str, int]:
+        """Rows per agent."""
+        return self.owners.counts()
 
 
 @dataclass
@@ -134,7 +140,7 @@ def validate(path: str | Path, agents: list[str], *, agent: str | None = None, l
     if not p.is_file():
         raise InputError([f"{p}: file not found"])
     problems: list[str] = []
-    counts: dict[str, int] = {}
+    owners = Owners()
     n = 0
     with p.open("rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -160,12 +166,12 @@ def validate(path: str | Path, agents: list[str], *, agent: str | None = None, l
             except ValueError as e:
                 problems.append(f"{where}: {e}")
                 continue
-            counts[name] = counts.get(name, 0) + 1
+            owners.add(name)
     if problems:
         raise InputError(problems)
     if n == 0:
         raise InputError([f"{p}: no rows"])
-    return Plan(path=p, count=n, agents=counts)
+    return Plan(path=p, count=n, owners=owners)
 
 
 async def publish_tasks(

@@ -47,7 +47,7 @@ def permissions(
         # sequence on the blob stream, so no role can list or read bodies it was not sent
         pub += [f"{ns}.blob.>", f"{api}.DIRECT.GET.{blobs}.{ns}.blob.>"]
 
-        def pull(stream: str, subject: str, durable: str = "*", *, ack: bool = True) -> list[str]:
+        def pull(stream: str, subject: str, durable: str = "*") -> list[str]:
             out = [
                 # named creation only: the filter is in the API subject, so the server checks it against the allow
                 # list (the legacy DURABLE.CREATE carries it in the body, where a pool could name any queue)
@@ -55,7 +55,7 @@ def permissions(
                 f"{api}.CONSUMER.INFO.{stream}.{durable}",
                 f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
             ]
-            return out + ([f"$JS.ACK.{stream}.{durable}.>"] if ack else [])
+            return [*out, f"$JS.ACK.{stream}.{durable}.>"]
 
         worker_sub = ["$SRV.>", f"{ns}.status.*", f"{ns}.ctl.>"]
         # the batch manifests and the trainer's control state (policy versions, pauses, cancelled batches)
@@ -72,7 +72,9 @@ def permissions(
                 f"$KV.{b}_BATCHES.>",
                 f"$KV.{b}_CONTROL.>",
                 *kv_read,
-                *pull(results, f"{ns}.result.>", ack=False),
+                # readers of batches (collect, the client) ack what they handled: the server then says when it
+                # holds nothing more for them (acks on a no-retention results stream delete nothing)
+                *pull(results, f"{ns}.result.>"),
                 f"{api}.CONSUMER.DELETE.{results}.*",
                 f"{api}.CONSUMER.LIST.{tasks}",
                 f"{api}.CONSUMER.LIST.{model}",

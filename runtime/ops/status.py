@@ -2,7 +2,9 @@
 
 ``BatchWatch`` follows one batch: it reads the batch's results from the start
 with a no-ack consumer of its own (kept open across refreshes, so ``--watch``
-only reads what is new) and counts done and failed task×repeat slots.
+only reads what is new) and counts done and failed task×repeat slots, taking a
+result only as ``collect`` would (``data.intake``: its owner's, by the rule for
+attempts) and a reader's record of a lost slot as a failure.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from collections import deque
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.data.batches import Manifest, get_manifest
-from gym_runtime.data.collector import read_result
+from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
+from gym_runtime.data.intake import Intake, is_ok, read_result, replaces
 from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
 from gym_runtime.transport import jetstream
@@ -51,7 +54,10 @@ class BatchWatch:
         self.bus = bus
         self.manifest = manifest
         self.repeats = max(1, manifest.repeats)
-        self._seen: set[int] = set()
+        self.intake = Intake(
+            bus, manifest.batch, repeats=self.repeats, tasks=manifest.tasks, allows=TaskOwners(manifest).allows
+        )
+        self._seen: dict[int, tuple[bool, int]] = {}  # slot -> (a result, attempt)
         self.failed = 0
         self._samples: deque[tuple[float, int]] = deque()
         self._window = rate_window_s
@@ -69,8 +75,14 @@ class BatchWatch:
 
         async def take(msg: Any) -> None:
             res = await read_result(bus, msg)
-            if res is not None:
-                watch.take(res)
+            if res is None:
+                return
+            slot = watch.intake.slot(res, msg.subject)
+            if slot is None:
+                slot = watch.intake.lost_record(res, msg.subject)
+                res = msgspec.structs.replace(res, row=None, attempts=0) if slot is not None else res
+            if slot is not None:
+                watch.take(res, slot)
 
         puller = PullWorker(bus, stream=stream, consumer=consumer, slots=512, handle=take, heartbeat_s=3600.0)
 
@@ -84,13 +96,13 @@ class BatchWatch:
         tg.start_soon(run)
         return watch
 
-    def take(self, res: RolloutResult) -> None:
-        slot = res.task_index * self.repeats + res.rollout_index
-        if slot in self._seen:
+    def take(self, res: RolloutResult, slot: int) -> None:
+        held = self._seen.get(slot)
+        if held is not None and not replaces(*held, res):
             return
-        self._seen.add(slot)
-        if res.error is not None or res.row is None:
-            self.failed += 1
+        ok = is_ok(res)
+        self._seen[slot] = (ok, res.attempts)
+        self.failed += (not ok) - (held is not None and not held[0])
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()

@@ -16,6 +16,7 @@ the difference), so a client with default settings never downgrades a cluster's.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -196,6 +197,42 @@ def result_subject(ns: str, agent: str, batch: str) -> str:
     """Where an agent pool stores a batch's results: one subject per (agent, batch), so a pool's
     credentials can be allowed to write its own results and no other pool's."""
     return f"{ns}.result.{agent}.{batch}"
+
+
+def result_subject_parts(ns: str, subject: str) -> tuple[str, str] | None:
+    """(agent, batch) of a result subject ``{ns}.result.{agent}.{batch}``; None for any other subject."""
+    prefix = f"{ns}.result."
+    agent, dot, batch = subject.removeprefix(prefix).partition(".")
+    if not subject.startswith(prefix) or not dot or not agent or not batch or "." in batch:
+        return None
+    return agent, batch
+
+
+def result_msg_id(batch: str, task: int, rollout: int, attempt: int) -> str:
+    """A stored result's ``Nats-Msg-Id``: its slot, its attempt, and 64 bits the storing worker draws.
+
+    The server drops any later message whose id it has seen (the duplicate window), whatever the subject:
+    an id another pool could predict is one it could store first, and the genuine result would be dropped
+    as a duplicate. No pool can predict these. A publish retried after a lost ack reuses its id (it is one
+    call), which is all the window is for; readers choose between two rows of a slot themselves.
+    """
+    return f"{batch}:{task}:{rollout}:{attempt}:{secrets.token_hex(8)}"
+
+
+def lost_msg_id(batch: str, task: int, rollout: int) -> str:
+    """The id of a reader's record of a lost slot: attempt ``lost``, which no result's id has."""
+    return f"{batch}:{task}:{rollout}:lost:{secrets.token_hex(8)}"
+
+
+def result_id_slot(msg_id: str) -> tuple[str, int, int] | None:
+    """(batch, task, rollout) a result's id names (``result_msg_id``, or ``{batch}:{task}:{rollout}`` as
+    stored before); None when it names none."""
+    parts = msg_id.rsplit(":", 4)
+    if len(parts) != 5 or not (parts[3].isdigit() or parts[3] == "lost"):
+        parts = msg_id.rsplit(":", 2)
+    if len(parts) < 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
 
 
 def task_subject(ns: str, agent: str, batch: str) -> str:
@@ -389,13 +426,25 @@ async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, 
     await retrying(ensure, what=f"consumer {durable}")
 
 
-async def add_reader(bus: Bus, stream: str, consumer: str, subject: str, *, start_seq: int | None = None) -> None:
-    """A no-ack consumer that reads ``subject`` from the start, or from stream sequence ``start_seq`` on."""
+READER_ACK_WAIT_S = 600.0  # an acking reader acks what it handled at least this often (else it is sent again)
+READER_MAX_ACK_PENDING = 16_384  # handled in order and acked every few hundred: never reached by a live reader
+
+
+async def add_reader(
+    bus: Bus, stream: str, consumer: str, subject: str, *, start_seq: int | None = None, acked: bool = False
+) -> None:
+    """A consumer that reads ``subject`` from the start, or from stream sequence ``start_seq`` on.
+
+    ``acked``: its reader acks what it has handled (ack-all: one ack covers every message before it), so
+    the server can say when it holds nothing more for it (``reader_settled``); else no acks at all.
+    """
     cfg = ConsumerConfig(
         name=consumer,
         durable_name=consumer,
         filter_subject=subject,
-        ack_policy=AckPolicy.NONE,
+        ack_policy=AckPolicy.ALL if acked else AckPolicy.NONE,
+        ack_wait=READER_ACK_WAIT_S if acked else None,
+        max_ack_pending=READER_MAX_ACK_PENDING if acked else None,
         deliver_policy=DeliverPolicy.ALL if start_seq is None else DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=start_seq,
         inactive_threshold=600.0,
@@ -436,11 +485,11 @@ async def subject_count(bus: Bus, stream: str, subjects: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
-async def read_to_end(bus: Bus, stream: str, consumer: str, handled_seq: int) -> bool:
-    """Whether a reader has nothing left to deliver and its handler saw everything it delivered."""
+async def reader_settled(bus: Bus, stream: str, consumer: str) -> bool:
+    """Whether the server holds nothing more for an acked reader: no message of its filter undelivered, none
+    delivered and not yet acked (handled). What was purged or evicted is in neither count."""
     info = await bus.js.consumer_info(stream, consumer)
-    delivered = info.delivered.stream_seq if info.delivered else 0
-    return not info.num_pending and (delivered or 0) <= handled_seq
+    return not info.num_pending and not info.num_ack_pending
 
 
 async def message_count(bus: Bus, stream: str) -> int:

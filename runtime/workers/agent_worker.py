@@ -29,7 +29,7 @@ from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import result_subject
+from gym_runtime.transport.jetstream import result_msg_id, result_subject
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
@@ -232,7 +232,9 @@ class AgentWorker:
                     attempts=msg.attempt,
                 )
                 await self.bus.js_publish(
-                    result_subject(self.bus.ns, self.name, batch), result, msg_id=f"{batch}:{task_index}:{i}"
+                    result_subject(self.bus.ns, self.name, batch),
+                    result,
+                    msg_id=result_msg_id(batch, task_index, i, msg.attempt),
                 )
                 self.failed += 1
             await msg.ack()
@@ -375,9 +377,14 @@ class AgentWorker:
 
     async def _store(self, task: RolloutTask, result: RolloutResult) -> None:
         """Store the result; one a full stream refuses (its body needs the blob stream) is stored as a
-        ``storage_full`` failure row instead (without its input when that is what does not fit)."""
+        ``storage_full`` failure row instead (without its input when that is what does not fit).
+
+        Its id names its slot and attempt, with a part no other pool can predict (``result_msg_id``): a row
+        another pool stored first under a guessed id cannot make this one a duplicate. A redelivered task
+        stores its row under its new attempt; readers keep a slot's result over any later row of it.
+        """
         subject = result_subject(self.bus.ns, self.name, task.batch)
-        msg_id = f"{result.batch}:{result.task_index}:{result.rollout_index}"
+        msg_id = result_msg_id(result.batch, result.task_index, result.rollout_index, result.attempts)
         try:
             await self.bus.js_publish(subject, result, msg_id=msg_id)
             return

@@ -22,7 +22,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, resolve_config, resolve_models
-from gym_runtime.data.batches import Manifest, get_manifest, put_manifest
+from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, Watermark, check_agent_flag, publish_tasks, validate
 from gym_runtime.data.reverify import (
@@ -361,7 +361,7 @@ MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
 
 def _same_batch(a: Manifest, b: Manifest) -> bool:
     """The same publish: the same input, rows, repeats and agents (else a re-publish starts over)."""
-    return (a.input, a.tasks, a.repeats, a.expected, a.agents) == (b.input, b.tasks, b.repeats, b.expected, b.agents)
+    return (a.input, a.repeats, a.expected, a.owners) == (b.input, b.repeats, b.expected, b.owners)
 
 
 async def publish_batch(
@@ -384,13 +384,8 @@ async def publish_batch(
         raise UserError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
     resolve_models(config)  # the tasks' fingerprints hash the adapters' options (a bad one: exit 2, nothing sent)
-    manifest = Manifest(
-        batch=batch or uuid.uuid4().hex[:12],
-        expected=plan.count * repeats,
-        tasks=plan.count,
-        repeats=repeats,
-        agents=plan.agents,
-        input=str(Path(input_path).resolve()),
+    manifest = new_manifest(
+        batch or uuid.uuid4().hex[:12], plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve())
     )
     await ensure_streams(bus)
     earlier = await get_manifest(bus, batch) if batch else None
@@ -514,9 +509,8 @@ async def run_batch(
                 agents=plan.agents,
                 out=str(out),
             )
-            collector = Collector(
-                bus, batch, out, expected=expected, repeats=repeats, on_progress=on_progress, on_result=on_result
-            )
+            manifest = new_manifest(batch, plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve()))
+            collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result)
             result: dict[str, CollectStats] = {}
             collected = anyio.Event()
 
@@ -562,15 +556,7 @@ async def collect_batch(
         waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
         raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
-    stats = await Collector(
-        bus,
-        batch,
-        out,
-        expected=manifest.expected,
-        repeats=manifest.repeats,
-        on_progress=on_progress,
-        on_result=on_result,
-    ).run()
+    stats = await Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result).run()
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats
 

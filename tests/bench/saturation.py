@@ -64,6 +64,7 @@ sys.path.insert(0, str(REPO))
 
 from gym_runtime.cli._gc import freeze_startup, tune_gc  # noqa: E402
 from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.data.batches import Owners, new_manifest  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
@@ -519,9 +520,8 @@ async def _shared(
                 inp = make_input("weather", n, tmp, tag=batch)
                 col = Collector(
                     bus,
-                    batch,
+                    new_manifest(batch, Owners.one(agent, n), repeats=1, input_path=str(inp)),
                     tmp / f"{batch}.jsonl",
-                    expected=n,
                     on_result=lambda ok, _r: done[batch].append(time.monotonic()),
                 )
                 async with anyio.create_task_group() as g:

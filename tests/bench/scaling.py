@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime.config import load_config  # noqa: E402
+from gym_runtime.data.batches import Owners, new_manifest  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
@@ -82,9 +83,9 @@ async def batch_with_models(
         def progress(done: int, total: int) -> None:
             timeline.append((time.perf_counter() - t0, done))
 
-        collector = Collector(
-            bus, f"b{len(delays)}_{n}_{add_at_s}", tmp / "out.jsonl", expected=n, on_progress=progress
-        )
+        batch = f"b{len(delays)}_{n}_{add_at_s}"
+        manifest = new_manifest(batch, Owners.one("weather_agent", n), repeats=1, input_path="-")
+        collector = Collector(bus, manifest, tmp / "out.jsonl", on_progress=progress)
         done = anyio.Event()
 
         async def collect() -> None:

@@ -88,7 +88,7 @@ async def bench(args: argparse.Namespace, url: str, gw_url: str, tmp: Path) -> N
                 # collect
                 t0 = time.perf_counter()
                 m = await publish_batch(client.bus, cfg, data)
-                stats = await Collector(client.bus, m.batch, tmp / f"out{rep}.jsonl", expected=m.expected).run()
+                stats = await Collector(client.bus, m, tmp / f"out{rep}.jsonl").run()
                 assert stats.rows == args.rows, stats
                 results.append(("collect", time.perf_counter() - t0))
 

@@ -38,15 +38,16 @@ async def test_rows_stream_in_completion_order_and_equal_collects(nats_server, t
     assert read_jsonl(tmp_path / "out.jsonl") == json.loads(json.dumps(ordered))
 
 
-async def test_a_forged_reward_on_the_lost_subject_is_a_failure_row_for_the_client_too(nats_server) -> None:
-    """A row on the lost subject (its writers are not the agent pools) is read as a failure, as ``collect``
-    reads it: stored before the agent's real result, under its message id, it is the row the client gets."""
+async def test_a_row_on_the_lost_subject_is_never_the_clients_row(nats_server) -> None:
+    """A row on the lost subject (its writers are not the agent pools) is no reader's row, as for ``collect``:
+    stored before the agent's real result, under the id results had before, it neither is the row the client
+    gets nor keeps the real result out; a slot is lost only when the server says its task left the queue."""
     async with Client(weather(delay_s=1.0), nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
-        forged = RolloutResult(batch=batch.batch, task_index=0, rollout_index=0, agent="simple", row={"reward": 1.0})
+        forged = RolloutResult(batch=batch.batch, task_index=0, rollout_index=0, agent="simple", row={"reward": 7.0})
         await client.bus.js_publish(lost_subject(client.bus.ns, batch.batch), forged, msg_id=f"{batch.batch}:0:0")
         (row,) = await batch.gather()
-    assert row.get("reward") != 1.0 and row["error_class"] == "integrity", row
+    assert row["reward"] == 1.0 and batch.refused == 0, row
 
 
 async def test_groups_hold_every_repeat_of_a_task(nats_server) -> None:

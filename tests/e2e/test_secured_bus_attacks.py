@@ -43,6 +43,7 @@ from gym_runtime.transport.jetstream import (
     ensure_consumer,
     ensure_streams,
     lost_subject,
+    result_msg_id,
     stream_names,
     task_filter,
     task_subject,
@@ -50,7 +51,7 @@ from gym_runtime.transport.jetstream import (
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, pool_bus, put_batch, read_jsonl, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -112,7 +113,7 @@ async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict
     out = tmp_path / "out.jsonl"
     pub = buses["publisher"]
     with anyio.fail_after(20):
-        stats = await Collector(pub, "b1", out, expected=1).run()
+        stats = await Collector(pub, await put_batch(pub, "b1", 1), out).run()
     assert stats.rows == 0 and stats.failures == 1
     (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
     assert failure["error_class"] == "integrity" and failure["_ng_task_index"] == 0
@@ -138,19 +139,6 @@ def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
         srv.stop()
 
 
-async def _pool_bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None) -> Bus:
-    return await Bus.connect(
-        srv.url,
-        namespace="gym",
-        telemetry=Telemetry(),
-        name=f"attacker-{role}-{pool}",
-        auth=ClientAuth(auth),
-        role=role,
-        pool=pool,
-        initial_timeout=5,
-    )
-
-
 async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
     """Nodes of other entries (valid pool credentials) attack a weather batch run with the weather pools' files."""
 
@@ -159,10 +147,10 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
     node.mkdir()
     for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in WEATHER_POOLS)]:
         shutil.copy(auth / name, node / name)
-    admin = await _pool_bus(srv, auth, "admin", None)
-    res_thief = await _pool_bus(srv, auth, "resource", "other_env")
-    model_thief = await _pool_bus(srv, auth, "model", "other_model")
-    agent_thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    admin = await pool_bus(srv.url, auth, "admin")
+    res_thief = await pool_bus(srv.url, auth, "resource", "other_env")
+    model_thief = await pool_bus(srv.url, auth, "model", "other_model")
+    agent_thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     sniffed: list[str] = []
     forged_seen: list[str] = []
     replies: list[tuple[str, dict[str, str]]] = []
@@ -253,8 +241,8 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
     """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
     writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
     srv, auth = pooled
-    mine = await _pool_bus(srv, auth, "agent", "weather_agent")
-    thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    mine = await pool_bus(srv.url, auth, "agent", "weather_agent")
+    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
         view = ControlView(mine)
         view._kv = await control_kv(mine)
@@ -283,7 +271,8 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
         return RolloutResult(batch="b1", task_index=i, rollout_index=0, agent="a", row={"reward": 1.0})
 
     await agent.js_publish("gym.result.a.b1", result(0), msg_id="b1:0:0")
-    collector = Collector(buses["publisher"], "b1", tmp_path / "out.jsonl", expected=3)
+    batch = await put_batch(buses["publisher"], "b1", 3, published=False)  # no slot settles as lost meanwhile
+    collector = Collector(buses["publisher"], batch, tmp_path / "out.jsonl")
     async with anyio.create_task_group() as tg:
         tg.start_soon(collector.run)
         with anyio.fail_after(10):
@@ -340,34 +329,36 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
     async with anyio.create_task_group() as tg:
         await start_workers(tg, make_workers(pools, cfg, selected(cfg, None)))
         with anyio.fail_after(30):
-            stats = await Collector(publisher, "t1", tmp_path / "out.jsonl", expected=manifest.expected).run()
+            stats = await Collector(publisher, manifest, tmp_path / "out.jsonl").run()
         tg.cancel_scope.cancel()
     assert stats.rows == manifest.expected - 2 and stats.failures == 2 and stats.duplicates == 0
     failures = read_jsonl(tmp_path / "out_failures.jsonl")
-    assert [f["error_class"] for f in failures] == ["terminated", "terminated"]
+    assert [f["error_class"] for f in failures] == ["lost", "lost"]
     everything = read_jsonl(tmp_path / "out.jsonl") + failures
     assert sorted(r["_ng_task_index"] for r in everything) == list(range(manifest.expected))
 
-    # exactly once: a real result that comes after the failure row (a worker still running a terminated task)
-    # is a duplicate of it in the stream, so every collector of the batch writes the same single row
+    # one row a slot, by the rule for attempts: a real result that comes after the lost row (a worker still
+    # running a terminated task) is stored (the lost row's record has an id of its own), and every later
+    # collection takes it in place of the lost row; the other slot is lost again
     late = RolloutResult(batch="t1", task_index=failures[0]["_ng_task_index"], rollout_index=0, agent="weather_agent")
     late = msgspec.structs.replace(late, row={"reward": 1.0, "_ng_task_index": late.task_index})
-    await thief.js_publish("gym.result.weather_agent.t1", late, msg_id=f"t1:{late.task_index}:0")
+    await thief.js_publish("gym.result.weather_agent.t1", late, msg_id=result_msg_id("t1", late.task_index, 0, 1))
     with anyio.fail_after(30):
-        again = await Collector(publisher, "t1", tmp_path / "again.jsonl", expected=manifest.expected).run()
-    assert (again.rows, again.failures, again.duplicates) == (stats.rows, 2, 0)
-    assert read_jsonl(tmp_path / "again_failures.jsonl") == failures
+        again = await Collector(publisher, manifest, tmp_path / "again.jsonl").run()
+    assert (again.rows, again.failures, again.duplicates) == (stats.rows + 1, 1, 0)
+    assert read_jsonl(tmp_path / "again_failures.jsonl") == failures[1:]
 
 
 async def test_a_row_on_the_lost_subject_is_never_a_reward(buses: dict[str, Bus], tmp_path: Path) -> None:
-    """The publisher role may store failure rows of lost tasks; a reward it stores there is read as a failure."""
+    """The publisher role may store records of lost slots; no reader takes one as a row (a reward stored there,
+    or a failure that would end the batch early): a slot is lost only when the server says so."""
     publisher = buses["publisher"]
-    forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="weather_agent", row={"reward": 1.0})
+    forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="a", row={"reward": 1.0})
     await publisher.js_publish(lost_subject("gym", "f1"), forged, msg_id="f1:0:0")
-    with anyio.fail_after(10):
-        stats = await Collector(publisher, "f1", tmp_path / "out.jsonl", expected=1).run()
-    assert (stats.rows, stats.failures) == (0, 1)
-    assert read_jsonl(tmp_path / "out_failures.jsonl")[0]["error_class"] == "integrity"
+    with anyio.fail_after(30):
+        stats = await Collector(publisher, await put_batch(publisher, "f1", 1), tmp_path / "out.jsonl").run()
+    assert (stats.rows, stats.failures, stats.refused) == (0, 1, 0)
+    assert read_jsonl(tmp_path / "out_failures.jsonl")[0]["error_class"] == "lost"
 
 
 async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_path: Path) -> None:
@@ -389,7 +380,8 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, cfg, [("agents", "weather_agent")]))
             with anyio.fail_after(20):
-                stats = await Collector(bus, "b9", tmp_path / "out.jsonl", expected=1).run()
+                manifest = await put_batch(bus, "b9", 1, agent="weather_agent")
+                stats = await Collector(bus, manifest, tmp_path / "out.jsonl").run()
             tg.cancel_scope.cancel()
         assert stats.rows == 0 and stats.failures == 1
         (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
