@@ -29,14 +29,19 @@ def monitor(srv: EmbeddedServer, path: str) -> dict[str, Any]:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, size: int = 3, name: str = "gymc") -> None:
+    def __init__(
+        self, root: Path, size: int = 3, name: str = "gymc", *, stores: list[Path] | None = None, sync: str = "always"
+    ) -> None:
+        """``stores``: each node's store dir (default: ``root/n1`` ...), e.g. on a crash-testing file system."""
         self.nodes: list[EmbeddedServer] = []
+        root.mkdir(parents=True, exist_ok=True)  # the nodes' logs
         route_ports = [free_port() for _ in range(size)]
         for i in range(size):
             self.nodes.append(
                 EmbeddedServer(
                     port=free_port(),
-                    store_dir=str(root / f"n{i + 1}"),
+                    store_dir=str(stores[i] if stores else root / f"n{i + 1}"),
+                    sync=sync,
                     server_name=f"n{i + 1}",
                     cluster=name if size > 1 else None,
                     cluster_port=route_ports[i] if size > 1 else 0,
