@@ -7,6 +7,7 @@ SIGKILLed and restarted on the same ports and store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -17,9 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import nats.errors
+import nats.js.errors
 import yaml
 
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, read_jsonl, write_jsonl
 
 
@@ -109,6 +115,27 @@ class LocalCluster:
                 return str(s["cluster"]["leader"])
         return None
 
+    def move_leader(self, stream: str, to: str, timeout: float = 20.0) -> None:
+        """Ask ``stream``'s leader to step down in favour of server ``to`` (nats-server 2.11+); until it has."""
+
+        async def ask() -> None:
+            bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
+            try:
+                await bus.raw_request(
+                    f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                    json.dumps({"placement": {"preferred": to}}).encode(),
+                    timeout=10,
+                )
+            finally:
+                await bus.close()
+
+        anyio.run(ask)
+        deadline = time.monotonic() + timeout
+        while self.stream_leader(stream) != to:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{stream} leader did not move to {to}")
+            time.sleep(0.1)
+
     def stored(self, stream: str) -> int:
         """Messages in ``stream`` on the most up-to-date live node (a restarted node catches up); -1: none."""
         return max((int(s["state"]["messages"]) for s in self.stream_details(stream)), default=-1)
@@ -116,6 +143,32 @@ class LocalCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+def stream_messages(urls: list[str], stream: str) -> dict[int, bytes] | None:
+    """Every message of ``stream``, read through its leader: sequence -> body; None when the stream is gone."""
+
+    async def read() -> dict[int, bytes] | None:
+        bus = await Bus.connect(urls, namespace="gym", telemetry=Telemetry(), name="test-read")
+        try:
+            with anyio.fail_after(60):
+                while True:  # after a restart the stream may still be electing its leader
+                    try:
+                        info = await bus.js.stream_info(stream)
+                        break
+                    except nats.js.errors.NotFoundError:
+                        return None
+                    except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                        await anyio.sleep(0.2)
+            out = {}
+            for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):  # empty: 0, 0
+                with contextlib.suppress(nats.js.errors.NotFoundError):  # a deleted (or lost) sequence
+                    out[seq] = (await bus.js.get_msg(stream, seq)).data or b""
+            return out
+        finally:
+            await bus.close()
+
+    return anyio.run(read)
 
 
 def write_config(tmp: Path, *, replicas: int = 3, agent_concurrency: int = 64, delay_s: float = 0.0) -> Path:

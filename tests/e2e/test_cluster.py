@@ -8,7 +8,6 @@ task×repeat, and rollouts must complete again within seconds of the kill.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -57,19 +56,6 @@ async def _create_streams(url: str) -> None:
         await bus.close()
 
 
-async def _move_leader(url: str, stream: str, to: str) -> None:
-    """Ask the stream's leader to step down in favour of server ``to`` (nats-server 2.11+)."""
-    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-setup")
-    try:
-        await bus.raw_request(
-            f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
-            json.dumps({"placement": {"preferred": to}}).encode(),
-            timeout=10,
-        )
-    finally:
-        await bus.close()
-
-
 def result_count(c: LocalCluster) -> int:
     """Results stored, as the most up-to-date live node reports it (a restarted node catches up)."""
     return c.stored("GYM_RESULTS")
@@ -114,11 +100,7 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
     victim = cluster.node(leader)
     # the task and model-call queues are led from the same node: the kill hits all three at once
     for stream in ("GYM_TASKS", "GYM_MODEL"):
-        anyio.run(_move_leader, cluster.url, stream, leader)
-        deadline = time.monotonic() + 20
-        while cluster.stream_leader(stream) != leader:
-            assert time.monotonic() < deadline, f"{stream} leader did not move to {leader}"
-            time.sleep(0.1)
+        cluster.move_leader(stream, leader)
     other = next(n for n in cluster.nodes if n is not victim)
     procs: list[subprocess.Popen[str]] = []
     t0 = time.monotonic()

@@ -2,8 +2,8 @@
 
 Every disk here is a ``tests/lazyfs.py`` mount (names journaled as ext4, XFS and btrfs do: see that module).
 A batch runs on real `gym-runtime` workers; once some results are stored, the test notes each stored
-result (stream sequence and task x repeat slot: the server stored and synced it before acknowledging
-it to the agent pool), SIGKILLs every process on the machine, crashes the file system and starts the
+result (its stream sequence and body: the server stored, and with ``sync: always`` synced, it before
+acknowledging it to the agent pool), SIGKILLs every process on the machine, crashes the file system and starts the
 server again on what survived. With ``sync: always`` every noted result is there at its sequence, the batch
 then completes with exactly one row per slot, and the collector's output survives a second crash; with
 ``sync: interval`` the same test shows the loss the docs describe (nothing had been synced: the streams
@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import nats.js.errors
 import pytest
 
-from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport.bus import Bus
-from tests.cluster import LocalCluster, start_worker, stop, tasks_file, write_config
+from gym_runtime.transport.codec import Codec
+from tests.cluster import LocalCluster, start_worker, stop, stream_messages, tasks_file, write_config
 from tests.helpers import REPO, cli
 from tests.lazyfs import LazyFS, require_fuse
 from tests.pools import assert_exactly_once, publish_results, wait_until
@@ -52,31 +51,8 @@ def disks(tmp_path: Path) -> Iterator[list[LazyFS]]:
             d.unmount()
 
 
-async def _stored(urls: list[str]) -> dict[int, tuple[int, int]] | None:
-    """Each result in the results stream: sequence -> (task, repeat); None when the stream is gone."""
-    bus = await Bus.connect(urls, namespace="gym", telemetry=Telemetry(), name="test-crash")
-    try:
-        with anyio.fail_after(60):
-            while True:  # after a restart the stream may still be electing its leader
-                try:
-                    info = await bus.js.stream_info(RESULTS)
-                    break
-                except nats.js.errors.NotFoundError:
-                    return None
-                except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-                    await anyio.sleep(0.2)
-        out = {}
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            msg = await bus.js.get_msg(RESULTS, seq)
-            res = bus.codec.decode(msg.data or b"", msg.headers)
-            out[seq] = (res.task_index, res.rollout_index)
-        return out
-    finally:
-        await bus.close()
-
-
-def stored(urls: list[str]) -> dict[int, tuple[int, int]] | None:
-    return anyio.run(_stored, urls)
+def stored(urls: list[str]) -> dict[int, bytes] | None:
+    return stream_messages(urls, RESULTS)
 
 
 def _count(urls: list[str]) -> int:
@@ -142,14 +118,16 @@ class Machine:
             self.procs = []
 
 
-def _survivors(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]] | None) -> list[int]:
-    """The sequences of ``before`` that are not in ``after`` as they were (the lost acknowledged results)."""
+def lost(before: dict[int, bytes], after: dict[int, bytes] | None) -> list[int]:
+    """The sequences of ``before`` not in ``after`` as they were: the acknowledged results lost."""
     after = after or {}
-    return sorted(seq for seq, slot in before.items() if after.get(seq) != slot)
+    return sorted(seq for seq, body in before.items() if after.get(seq) != body)
 
 
-def _assert_once(after: dict[int, tuple[int, int]] | None) -> None:
-    slots = list((after or {}).values())
+def assert_once(after: dict[int, bytes] | None) -> None:
+    """No task x repeat slot is stored twice."""
+    codec = Codec()
+    slots = [(r.task_index, r.rollout_index) for r in (codec.decode(b, None) for b in (after or {}).values())]
     assert len(slots) == len(set(slots)), "a slot is stored twice"
 
 
@@ -172,12 +150,12 @@ def test_power_loss_of_the_server_keeps_every_acknowledged_result(
         disk.crash()
         srv.start()
         after = stored([srv.url])
-        lost = _survivors(acked, after)
+        gone = lost(acked, after)
         if sync == "interval":  # nothing was synced: the docs' "an OS crash loses what came since the last sync"
-            assert lost, f"{len(acked)} results stored before the crash, all still there: the disk lost nothing"
+            assert gone, f"{len(acked)} results stored before the crash, all still there: the disk lost nothing"
             return
-        assert not lost, f"{len(lost)} of {len(acked)} acknowledged results lost: sequences {lost[:10]}"
-        _assert_once(after)
+        assert not gone, f"{len(gone)} of {len(acked)} acknowledged results lost: sequences {gone[:10]}"
+        assert_once(after)
         machine.finish()
         disk.crash()  # collect synced its output before it exited 0: the rows survive the next crash too
         assert_exactly_once(machine.out, N_TASKS, REPEATS)
@@ -201,6 +179,7 @@ def test_power_loss_of_one_node_loses_nothing(lazy_cluster: LocalCluster, disks:
     Its two peers hold every acknowledged write, whatever the sync setting; it catches up from them."""
     c = lazy_cluster
     machine = Machine(tmp_path, c.url, tmp_path / "out.jsonl", replicas=3)
+    t0 = time.monotonic()
     try:
         machine.start_workers()
         machine.publish_and_collect()
@@ -210,15 +189,18 @@ def test_power_loss_of_one_node_loses_nothing(lazy_cluster: LocalCluster, disks:
         i = next(i for i, n in enumerate(c.nodes) if n.server_name == leader)
         acked = stored(c.urls)
         assert acked
+        print(f"{len(acked)} results stored after {time.monotonic() - t0:.1f} s; {leader} loses power")
         c.nodes[i].kill()
         disks[i].crash()
         c.nodes[i].start()
         c.wait_ready(60)
         after = stored(c.urls)
-        assert not _survivors(acked, after)
-        _assert_once(after)
+        print(f"back after {time.monotonic() - t0:.1f} s")
+        assert not lost(acked, after)
+        assert_once(after)
         machine.kill()
         machine.finish()
+        print(f"batch collected after {time.monotonic() - t0:.1f} s")
         # the crashed node caught up: its replica holds every result too
         wait_until(lambda: len({s["state"]["last_seq"] for s in c.stream_details(RESULTS)}) == 1, timeout=60)
     finally:
@@ -247,17 +229,27 @@ def test_power_loss_of_all_three_nodes_keeps_every_acknowledged_result(
             n.start()
         c.wait_ready(60)
         after = stored(c.urls)
-        lost = _survivors(acked, after)
+        gone = lost(acked, after)
         if sync == "interval":
-            assert lost, f"{len(acked)} results stored before the crash, all still there: the disks lost nothing"
+            assert gone, f"{len(acked)} results stored before the crash, all still there: the disks lost nothing"
             return
-        assert not lost, f"{len(lost)} of {len(acked)} acknowledged results lost: sequences {lost[:10]}"
-        _assert_once(after)
+        assert not gone, f"{len(gone)} of {len(acked)} acknowledged results lost: sequences {gone[:10]}"
+        assert_once(after)
         machine.finish()
         disks[0].crash()
         assert_exactly_once(machine.out, N_TASKS, REPEATS)
     finally:
         machine.kill()
+
+
+def test_a_run_that_exited_0_keeps_its_rows_through_a_power_cut(disks: list[LazyFS], tmp_path: Path) -> None:
+    """``run`` syncs its output before it exits 0; its own JetStream store is temporary, never read again."""
+    out = disks[0].mnt / "out.jsonl"
+    config, tasks = write_config(tmp_path, replicas=1), tasks_file(tmp_path, 10)
+    res = cli("run", str(config), "-i", str(tasks), "-o", str(out), "--quiet")
+    assert res.returncode == 0, res.stderr
+    disks[0].crash()
+    assert_exactly_once(out, 10, 1)
 
 
 @pytest.mark.xfail(
@@ -279,6 +271,6 @@ def test_power_loss_on_strict_posix_names_keeps_a_new_stream(tmp_path: Path) -> 
             srv.kill()
             disk.crash()
             srv.start()
-            assert not _survivors(acked, stored([srv.url]))
+            assert not lost(acked, stored([srv.url]))
         finally:
             srv.stop()
