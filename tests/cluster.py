@@ -23,8 +23,10 @@ import nats.errors
 import nats.js.errors
 import yaml
 
+from gym_runtime.config import JetStreamConfig
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, read_jsonl, write_jsonl
 
@@ -135,6 +137,19 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{stream} leader did not move to {to}")
             time.sleep(0.1)
+
+    def create_streams(self, replicas: int = 3) -> None:
+        """The namespace ``gym``'s streams and buckets, at ``replicas`` (as a first ``publish`` creates them)."""
+
+        async def create() -> None:
+            bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
+            try:
+                bus.jetstream_config = JetStreamConfig(replicas=replicas)
+                await jetstream.ensure_streams(bus)
+            finally:
+                await bus.close()
+
+        anyio.run(create)
 
     def stored(self, stream: str) -> int:
         """Messages in ``stream`` on the most up-to-date live node (a restarted node catches up); -1: none."""

@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gym_runtime.data.durable import fsync_dir
 from tests.lazyfs import LazyFS, require_fuse
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write(path: Path, data: bytes, *, sync: bool) -> None:

@@ -45,17 +45,6 @@ async def _stream_info(url: str) -> dict[str, dict]:
         await bus.close()
 
 
-async def _create_streams(url: str) -> None:
-    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-setup")
-    try:
-        from gym_runtime.config import JetStreamConfig
-
-        bus.jetstream_config = JetStreamConfig(replicas=3)
-        await jetstream.ensure_streams(bus)
-    finally:
-        await bus.close()
-
-
 def result_count(c: LocalCluster) -> int:
     """Results stored, as the most up-to-date live node reports it (a restarted node catches up)."""
     return c.stored("GYM_RESULTS")
@@ -94,7 +83,7 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
 ) -> None:
     # model latency 0.1 s, 32 rollouts in flight per agent worker: ~15 s of work, so the kill is mid-batch
     config = write_config(tmp_path, agent_concurrency=32, delay_s=0.1)
-    anyio.run(_create_streams, cluster.url)
+    cluster.create_streams()
     leader = cluster.stream_leader("GYM_RESULTS")
     assert leader is not None
     victim = cluster.node(leader)

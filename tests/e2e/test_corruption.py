@@ -26,11 +26,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gym_runtime.config import JetStreamConfig
-from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.transport import jetstream
-from gym_runtime.transport.bus import Bus
 from tests.cluster import LocalCluster, monitor, stream_messages
 from tests.pools import publish_results, wait_until
 
@@ -38,20 +34,11 @@ RESULTS = "GYM_RESULTS"
 N = 300
 
 
-async def _create_streams(urls: list[str]) -> None:
-    bus = await Bus.connect(urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
-    try:
-        bus.jetstream_config = JetStreamConfig(replicas=3)
-        await jetstream.ensure_streams(bus)
-    finally:
-        await bus.close()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path / "nats", size=3).start()
     try:
-        anyio.run(_create_streams, c.urls)
+        c.create_streams()
         anyio.run(lambda: publish_results(c.urls, range(N)))
         yield c
     finally:
