@@ -161,25 +161,29 @@ class LocalCluster:
 
 
 def stream_messages(urls: list[str], stream: str) -> dict[int, bytes] | None:
-    """Every message of ``stream``, read through its leader: sequence -> body; None when the stream is gone."""
+    """Every message of ``stream``, read through its leader: sequence -> body; None when the stream is gone.
+    After a restart the stream may still be electing its leader: a read that fails so is tried again."""
+
+    async def read_once(bus: Bus) -> dict[int, bytes] | None:
+        try:
+            info = await bus.js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return None
+        out = {}
+        for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):  # empty: 0, 0
+            with contextlib.suppress(nats.js.errors.NotFoundError):  # a deleted (or lost) sequence
+                out[seq] = (await bus.js.get_msg(stream, seq)).data or b""
+        return out
 
     async def read() -> dict[int, bytes] | None:
         bus = await Bus.connect(urls, namespace="gym", telemetry=Telemetry(), name="test-read")
         try:
             with anyio.fail_after(60):
-                while True:  # after a restart the stream may still be electing its leader
+                while True:
                     try:
-                        info = await bus.js.stream_info(stream)
-                        break
-                    except nats.js.errors.NotFoundError:
-                        return None
-                    except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                        return await read_once(bus)
+                    except nats.errors.Error:  # no leader yet, no responders, a timeout
                         await anyio.sleep(0.2)
-            out = {}
-            for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):  # empty: 0, 0
-                with contextlib.suppress(nats.js.errors.NotFoundError):  # a deleted (or lost) sequence
-                    out[seq] = (await bus.js.get_msg(stream, seq)).data or b""
-            return out
         finally:
             await bus.close()
 

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -249,7 +250,8 @@ def _operations(live: Path, store: Store, ids: dict[int, str], names: str) -> An
             self.fds: dict[int, str] = {}  # open fd -> file id
             self.sync_fds: set[int] = set()  # opened O_SYNC / O_DSYNC: every write is synced
             self.dirty: dict[str, list[tuple[int, int]]] = {}  # file id -> ranges written since its last sync
-            self.renamed = False  # journaled: a name changed since the last snapshot
+            self.changed: set[str] = set()  # journaled: folders whose names changed since the last snapshot
+            self.moved_folder = False  # ... and a renamed folder, whose old path no longer leads to it
 
         def _p(self, path: str) -> str:
             return str(live) + path
@@ -257,11 +259,14 @@ def _operations(live: Path, store: Store, ids: dict[int, str], names: str) -> An
         def _new_id(self, path: str) -> None:
             trace("create", path)
             ids[os.lstat(self._p(path)).st_ino] = uuid.uuid4().hex
-            self.renamed = True
+            self._changed(path)
 
         def _id(self, path: str) -> str:
             ino = os.lstat(self._p(path)).st_ino
             return ids.setdefault(ino, uuid.uuid4().hex)
+
+        def _changed(self, path: str) -> None:
+            self.changed.add(os.path.dirname(path))
 
         def _mark(self, file_id: str, a: int, b: int) -> None:
             self.dirty.setdefault(file_id, []).append((a, b))
@@ -281,17 +286,19 @@ def _operations(live: Path, store: Store, ids: dict[int, str], names: str) -> An
             for name in os.listdir(self._p(path)):
                 sub = f"{path.rstrip('/')}/{name}"
                 st = os.lstat(self._p(sub))
-                entries[name] = {"id": self._id(sub), "dir": os.path.isdir(self._p(sub)), "mode": st.st_mode}
+                entries[name] = {"id": self._id(sub), "dir": stat.S_ISDIR(st.st_mode), "mode": st.st_mode}
             store.set_entries(self._id(path), entries)
 
         def _journal(self) -> None:
             """Journaled names: every change of name made so far is persisted (ext4, XFS, btrfs in practice)."""
-            if not self.renamed:
-                return
-            for dirpath, _dirs, _files in os.walk(live):
-                rel = os.path.relpath(dirpath, live)
-                self._snapshot("/" if rel == "." else "/" + rel)
-            self.renamed = False
+            folders, self.changed = self.changed, set()
+            if self.moved_folder:
+                rels = (os.path.relpath(d, live) for d, _, _ in os.walk(live))
+                folders = {"/" if rel == "." else "/" + rel for rel in rels}
+                self.moved_folder = False
+            for folder in folders:
+                if os.path.isdir(self._p(folder)):  # else removed: its parent's snapshot drops it
+                    self._snapshot(folder)
 
         # -- names
         def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
@@ -307,23 +314,25 @@ def _operations(live: Path, store: Store, ids: dict[int, str], names: str) -> An
 
         def rmdir(self, path: str) -> int:
             os.rmdir(self._p(path))
-            self.renamed = True
+            self._changed(path)
             return 0
 
         def unlink(self, path: str) -> int:
             os.unlink(self._p(path))
-            self.renamed = True
+            self._changed(path)
             return 0
 
         def rename(self, old: str, new: str) -> int:
             trace("rename", old, new)
             os.rename(self._p(old), self._p(new))
-            self.renamed = True
+            self._changed(old)
+            self._changed(new)
+            self.moved_folder |= os.path.isdir(self._p(new))
             return 0
 
         def link(self, target: str, source: str) -> int:
             os.link(self._p(source), self._p(target))
-            self.renamed = True
+            self._changed(target)
             return 0
 
         def chmod(self, path: str, mode: int) -> int:

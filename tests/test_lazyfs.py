@@ -85,3 +85,15 @@ def test_o_sync_writes_and_truncates_are_persisted_as_synced(fs: LazyFS) -> None
         os.close(fd)
     fs.crash()
     assert f.read_bytes() == b"0123\0\0xy"
+
+
+def test_journaled_names_follow_a_folder_renamed_before_the_sync(tmp_path: Path) -> None:
+    require_fuse()
+    with LazyFS(tmp_path / "disk", names="journaled") as fs:
+        (fs.mnt / "d").mkdir()
+        write(fs.mnt / "d" / "f", b"f", sync=False)
+        os.rename(fs.mnt / "d", fs.mnt / "e")
+        write(fs.mnt / "g", b"g", sync=True)  # commits every name change so far, not f's data
+        fs.crash()
+        assert sorted(os.listdir(fs.mnt)) == ["e", "g"]
+        assert (fs.mnt / "e" / "f").read_bytes() == b""

@@ -32,7 +32,7 @@ from tests.helpers import REPO, cli
 from tests.lazyfs import LazyFS, require_fuse
 from tests.pools import assert_exactly_once, publish_results, wait_until
 
-N_TASKS, REPEATS = 40, 2
+N_TASKS, REPEATS = 24, 2
 ROLES = ("agents.agent", "models.policy", "resources.env")
 RESULTS = "GYM_RESULTS"
 
@@ -142,7 +142,7 @@ def test_power_loss_of_the_server_keeps_every_acknowledged_result(
     try:
         machine.start_workers()
         machine.publish_and_collect()
-        wait_until(lambda: _count([srv.url]) >= 20, timeout=60)
+        wait_until(lambda: _count([srv.url]) >= 12, timeout=120)
         acked = stored([srv.url])
         assert acked
         machine.kill()
@@ -161,7 +161,7 @@ def test_power_loss_of_the_server_keeps_every_acknowledged_result(
         assert_exactly_once(machine.out, N_TASKS, REPEATS)
     finally:
         machine.kill()
-        srv.stop()
+        srv.kill()
 
 
 @pytest.fixture
@@ -170,7 +170,8 @@ def lazy_cluster(disks: list[LazyFS], tmp_path: Path, request: pytest.FixtureReq
     try:
         yield c
     finally:
-        c.stop()
+        for n in c.nodes:  # the disks are thrown away: no graceful stop (~10 s on them)
+            n.kill()
 
 
 @pytest.mark.parametrize("lazy_cluster", ["always", "interval"], indirect=True)
@@ -183,7 +184,7 @@ def test_power_loss_of_one_node_loses_nothing(lazy_cluster: LocalCluster, disks:
     try:
         machine.start_workers()
         machine.publish_and_collect()
-        wait_until(lambda: _count(c.urls) >= 20, timeout=60)
+        wait_until(lambda: _count(c.urls) >= 12, timeout=120)
         leader = c.stream_leader(RESULTS)
         assert leader is not None
         i = next(i for i, n in enumerate(c.nodes) if n.server_name == leader)
@@ -217,7 +218,7 @@ def test_power_loss_of_all_three_nodes_keeps_every_acknowledged_result(
     try:
         machine.start_workers()
         machine.publish_and_collect()
-        wait_until(lambda: _count(c.urls) >= 20, timeout=60)
+        wait_until(lambda: _count(c.urls) >= 12, timeout=120)
         acked = stored(c.urls)
         assert acked
         machine.kill()
