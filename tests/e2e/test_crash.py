@@ -10,8 +10,8 @@ then completes with exactly one row per slot, and the collector's output survive
 themselves are gone). A cluster node whose disk crashes alone loses nothing either way: its two peers hold
 every write and it catches up.
 
-The file takes ~100 s at -n 2 on 2 shared cores under a load of 20 (a cluster test 20-50 s). Without FUSE they skip (one line), unless
-GYM_REQUIRE_FUSE=1 (CI), which turns the skip into a failure.
+The file takes ~100 s at -n 2 on 2 shared cores under a load of 20 (a cluster test 20-50 s). Without
+FUSE they skip (one line), unless GYM_REQUIRE_FUSE=1 (CI), which turns the skip into a failure.
 """
 
 from __future__ import annotations
