@@ -7,6 +7,7 @@ SIGKILLed and restarted on the same ports and store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -17,9 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import nats.errors
+import nats.js.errors
 import yaml
 
+from gym_runtime.config import JetStreamConfig
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, read_jsonl, write_jsonl
 
 
@@ -29,14 +37,19 @@ def monitor(srv: EmbeddedServer, path: str) -> dict[str, Any]:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, size: int = 3, name: str = "gymc") -> None:
+    def __init__(
+        self, root: Path, size: int = 3, name: str = "gymc", *, stores: list[Path] | None = None, sync: str = "always"
+    ) -> None:
+        """``stores``: each node's store dir (default: ``root/n1`` ...), e.g. on a crash-testing file system."""
         self.nodes: list[EmbeddedServer] = []
+        root.mkdir(parents=True, exist_ok=True)  # the nodes' logs
         route_ports = [free_port() for _ in range(size)]
         for i in range(size):
             self.nodes.append(
                 EmbeddedServer(
                     port=free_port(),
-                    store_dir=str(root / f"n{i + 1}"),
+                    store_dir=str(stores[i] if stores else root / f"n{i + 1}"),
+                    sync=sync,
                     server_name=f"n{i + 1}",
                     cluster=name if size > 1 else None,
                     cluster_port=route_ports[i] if size > 1 else 0,
@@ -104,6 +117,40 @@ class LocalCluster:
                 return str(s["cluster"]["leader"])
         return None
 
+    def move_leader(self, stream: str, to: str, timeout: float = 20.0) -> None:
+        """Ask ``stream``'s leader to step down in favour of server ``to`` (nats-server 2.11+); until it has."""
+
+        async def ask() -> None:
+            bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
+            try:
+                await bus.raw_request(
+                    f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                    json.dumps({"placement": {"preferred": to}}).encode(),
+                    timeout=10,
+                )
+            finally:
+                await bus.close()
+
+        anyio.run(ask)
+        deadline = time.monotonic() + timeout
+        while self.stream_leader(stream) != to:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{stream} leader did not move to {to}")
+            time.sleep(0.1)
+
+    def create_streams(self, replicas: int = 3) -> None:
+        """The namespace ``gym``'s streams and buckets, at ``replicas`` (as a first ``publish`` creates them)."""
+
+        async def create() -> None:
+            bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
+            try:
+                bus.jetstream_config = JetStreamConfig(replicas=replicas)
+                await jetstream.ensure_streams(bus)
+            finally:
+                await bus.close()
+
+        anyio.run(create)
+
     def stored(self, stream: str) -> int:
         """Messages in ``stream`` on the most up-to-date live node (a restarted node catches up); -1: none."""
         return max((int(s["state"]["messages"]) for s in self.stream_details(stream)), default=-1)
@@ -111,6 +158,36 @@ class LocalCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+def stream_messages(urls: list[str], stream: str) -> dict[int, bytes] | None:
+    """Every message of ``stream``, read through its leader: sequence -> body; None when the stream is gone.
+    After a restart the stream may still be electing its leader: a read that fails so is tried again."""
+
+    async def read_once(bus: Bus) -> dict[int, bytes] | None:
+        try:
+            info = await bus.js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return None
+        out = {}
+        for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):  # empty: 0, 0
+            with contextlib.suppress(nats.js.errors.NotFoundError):  # a deleted (or lost) sequence
+                out[seq] = (await bus.js.get_msg(stream, seq)).data or b""
+        return out
+
+    async def read() -> dict[int, bytes] | None:
+        bus = await Bus.connect(urls, namespace="gym", telemetry=Telemetry(), name="test-read")
+        try:
+            with anyio.fail_after(60):
+                while True:
+                    try:
+                        return await read_once(bus)
+                    except nats.errors.Error:  # no leader yet, no responders, a timeout
+                        await anyio.sleep(0.2)
+        finally:
+            await bus.close()
+
+    return anyio.run(read)
 
 
 def write_config(tmp: Path, *, replicas: int = 3, agent_concurrency: int = 64, delay_s: float = 0.0) -> Path:

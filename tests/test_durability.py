@@ -4,14 +4,20 @@ unless the config or ``server --sync`` asks for nats-server's 2-minute interval.
 from __future__ import annotations
 
 import json
+import tempfile
 import urllib.request
 from pathlib import Path
 
+import anyio
 import pytest
 
+from gym_runtime import SyncClient
 from gym_runtime.config import load_config
 from gym_runtime.errors import ConfigError
 from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.cluster import stream_messages
+from tests.helpers import ROWS, WEATHER
+from tests.pools import publish_results
 
 
 def _sync_always(srv: EmbeddedServer) -> bool:
@@ -40,3 +46,29 @@ def test_jetstream_sync_is_read_from_the_config_and_a_wrong_value_names_the_key(
     cfg.write_text("jetstream: {sync: sometimes}\n")
     with pytest.raises(ConfigError, match="jetstream.sync"):
         load_config(str(cfg))
+
+
+@pytest.mark.parametrize("sync", ["always", "interval"])
+def test_a_killed_server_loses_nothing_with_either_setting(tmp_path: Path, sync: str) -> None:
+    """A process kill is not a crash: the kernel holds every write the server made, synced or not."""
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), sync=sync)
+    srv.start()
+    try:
+        anyio.run(lambda: publish_results(srv.url, range(200), manifest=True))
+        acked = stream_messages([srv.url], "GYM_RESULTS")
+        assert acked is not None and len(acked) == 200
+        srv.kill()
+        srv.start()
+        assert stream_messages([srv.url], "GYM_RESULTS") == acked
+    finally:
+        srv.stop()
+
+
+def test_a_client_with_an_embedded_server_leaves_no_store_behind(tmp_path: Path, monkeypatch) -> None:
+    """What a Client promises after a crash: nothing to resume. Its JetStream lives in a temporary
+    directory that is removed when it exits; the rows it returned are all there is (keep them)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with SyncClient(WEATHER, nats="embedded") as c:
+        assert [r["reward"] for r in c.submit(ROWS[:2]).gather()] == [1.0, 1.0]
+        assert [p.name.startswith("gym-nats-") for p in tmp_path.iterdir()] == [True]
+    assert not list(tmp_path.iterdir())

@@ -8,7 +8,6 @@ task×repeat, and rollouts must complete again within seconds of the kill.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -42,30 +41,6 @@ async def _stream_info(url: str) -> dict[str, dict]:
     try:
         names = jetstream.stream_names("gym")
         return {k: await jetstream.stream_config(bus, v) for k, v in names.items()}
-    finally:
-        await bus.close()
-
-
-async def _create_streams(url: str) -> None:
-    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-setup")
-    try:
-        from gym_runtime.config import JetStreamConfig
-
-        bus.jetstream_config = JetStreamConfig(replicas=3)
-        await jetstream.ensure_streams(bus)
-    finally:
-        await bus.close()
-
-
-async def _move_leader(url: str, stream: str, to: str) -> None:
-    """Ask the stream's leader to step down in favour of server ``to`` (nats-server 2.11+)."""
-    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-setup")
-    try:
-        await bus.raw_request(
-            f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
-            json.dumps({"placement": {"preferred": to}}).encode(),
-            timeout=10,
-        )
     finally:
         await bus.close()
 
@@ -108,17 +83,13 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
 ) -> None:
     # model latency 0.1 s, 32 rollouts in flight per agent worker: ~15 s of work, so the kill is mid-batch
     config = write_config(tmp_path, agent_concurrency=32, delay_s=0.1)
-    anyio.run(_create_streams, cluster.url)
+    cluster.create_streams()
     leader = cluster.stream_leader("GYM_RESULTS")
     assert leader is not None
     victim = cluster.node(leader)
     # the task and model-call queues are led from the same node: the kill hits all three at once
     for stream in ("GYM_TASKS", "GYM_MODEL"):
-        anyio.run(_move_leader, cluster.url, stream, leader)
-        deadline = time.monotonic() + 20
-        while cluster.stream_leader(stream) != leader:
-            assert time.monotonic() < deadline, f"{stream} leader did not move to {leader}"
-            time.sleep(0.1)
+        cluster.move_leader(stream, leader)
     other = next(n for n in cluster.nodes if n is not victim)
     procs: list[subprocess.Popen[str]] = []
     t0 = time.monotonic()
