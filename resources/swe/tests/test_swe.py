@@ -17,7 +17,7 @@ from gym_runtime.messages import Response
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.swe import SWE
 from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings, task
-from gym_runtime.workers.runner import run_batch
+from gym_runtime.service.runner import run_batch
 from tests.helpers import REPO, cli, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
