@@ -30,7 +30,7 @@ RUNTIME = REPO / "runtime"
 
 
 def test_the_import_linter_contracts_hold() -> None:
-    """Layers (cli > client/gateway > ops > workers > data > author APIs > transport > ...) and
+    """Layers (cli > client/gateway > ops > service > workers > data > author APIs > transport > ...) and
     "only the transport imports nats"."""
     res = subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
@@ -76,6 +76,16 @@ def test_importing_messages_loads_no_transport_telemetry_or_http() -> None:
         "import sys, gym_runtime.messages\n"
         "heavy = [m for m in ('nats', 'aiohttp', 'opentelemetry', 'openai') if m in sys.modules]\n"
         "print(heavy)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert res.stdout.strip() == "[]"
+
+
+def test_the_commands_event_loop_loads_no_worker() -> None:
+    """``run_async`` (every command, and ``ops``) comes from the batch service without importing a worker."""
+    code = (
+        "import sys, gym_runtime.service.loop\n"
+        "print([m for m in sys.modules if m.startswith(('gym_runtime.workers', 'gym_runtime.transport', 'nats'))])\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert res.stdout.strip() == "[]"

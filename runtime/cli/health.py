@@ -48,7 +48,7 @@ def _role(spec: str | None) -> tuple[str, str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.service.runner import run_async
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
     from gym_runtime.transport.connect import JetStreamNotReady, NotProvisioned, ServerUnreachable
     from gym_runtime.transport.discovery import discover

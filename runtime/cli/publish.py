@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
-    from gym_runtime.service.runner import publish_batch, run_async
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import publish_batch
     from gym_runtime.transport.bus import Bus
 
     cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)

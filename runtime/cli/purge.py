@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.batches import purge_batch
-    from gym_runtime.service.runner import run_async
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
     url = need_url(args, None)

@@ -219,7 +219,8 @@ def hosted_processes(
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
-    from gym_runtime.service.runner import run_async, run_batch
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import run_batch
 
     cfg = load(args, resolve=True)
     if args.input is None:

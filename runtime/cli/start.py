@@ -57,7 +57,8 @@ def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.service.runner import check_resources, run_async, selected, serve, wait_for_server
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import check_resources, selected, serve, wait_for_server
 
     cfg = load(args, resolve=True)
     url = need_url(args, cfg)

@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.service.runner import run_async
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
     url = need_url(args, None)

@@ -34,7 +34,8 @@ from gym_runtime.config import load_config  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
-from gym_runtime.service.runner import make_workers, publish_batch, run_async, selected, start_workers  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
+from gym_runtime.service.runner import make_workers, publish_batch, selected, start_workers  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 

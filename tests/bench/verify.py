@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from gym_runtime.data.reverify import load_tasks, reverify_file  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
-from gym_runtime.service.runner import run_async  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
