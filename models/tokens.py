@@ -16,9 +16,9 @@ from uuid import uuid4
 
 import msgspec
 
+from gym_runtime.chat import normalize_think
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import FunctionCall, Item, Message, Reasoning
-from gym_runtime.models.chat_convert import normalize_think
 
 __all__ = [
     "TOKEN_FIELDS",

@@ -1,7 +1,7 @@
 """``vllm``: vLLM's OpenAI-compatible server over HTTP, training-grade.
 
 Requests are Responses-API params converted to Chat Completions with NeMo Gym's
-semantics (``models.chat_convert``); answers come back as Responses items. HTTP,
+semantics (``gym_runtime.chat``); answers come back as Responses items. HTTP,
 retries (429/5xx, bounded), the per-attempt timeout, several replicas
 (least-loaded, rollout affinity, failover) and rate limits are
 ``models.transport``'s, shared with the ``openai`` adapter.
@@ -70,9 +70,7 @@ from uuid import uuid4
 
 import msgspec
 
-from gym_runtime.errors import ModelError
-from gym_runtime.messages import CreateParams, Response
-from gym_runtime.models.chat_convert import (
+from gym_runtime.chat import (
     INCOMPLETE_REASONS,
     THINK_RE,
     build_chat_body,
@@ -83,6 +81,8 @@ from gym_runtime.models.chat_convert import (
     parse_hermes_tool_calls,
     usage_from_chat,
 )
+from gym_runtime.errors import ModelError
+from gym_runtime.messages import CreateParams, Response
 from gym_runtime.models.openai import make_pool
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,

@@ -4,7 +4,7 @@ Hosted code that speaks Chat Completions (a verifiers environment's ``AsyncOpenA
 NeMo Gym server's judge call to ``/v1/chat/completions``) gets its request turned into
 our create params and our ``Response`` turned back into a ``chat.completion`` body, with
 vLLM's token-id fields where the model gave ids. (The other direction, a Chat Completions
-server behind a model adapter, is ``gym_runtime.models.chat_convert``.)
+server behind a model adapter, is ``gym_runtime.chat``.)
 """
 
 from __future__ import annotations
