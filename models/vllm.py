@@ -78,7 +78,6 @@ from gym_runtime.chat import (
     chat_message_to_items,
     incomplete_response,
     make_response,
-    parse_hermes_tool_calls,
     usage_from_chat,
 )
 from gym_runtime.errors import ModelError
@@ -89,6 +88,7 @@ from gym_runtime.models.tokens import (
     find_end_token,
     last_token_turn,
     message_from_raw_text,
+    parse_hermes_tool_calls,
     splice_prompt,
     tool_choice_structured_outputs,
 )
@@ -215,7 +215,7 @@ def _think_to_reasoning_field(messages: list[dict[str, Any]]) -> None:
         if m.get("role") != "assistant" or not isinstance(content, str) or "<think>" not in content:
             continue
         spans = THINK_RE.findall(content)
-        m["content"] = THINK_RE.sub("", content) or None
+        m["content"] = THINK_RE.sub("", content)  # "" when only reasoning is left, as NeMo Gym sends it
         if spans:
             m["reasoning"] = m["reasoning_content"] = spans[0]
 

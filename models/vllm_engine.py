@@ -44,7 +44,6 @@ from gym_runtime.chat import (
     chat_message_to_items,
     incomplete_response,
     make_response,
-    parse_hermes_tool_calls,
 )
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response, Usage
@@ -54,6 +53,7 @@ from gym_runtime.models.tokens import (
     find_end_token,
     last_token_turn,
     message_from_raw_text,
+    parse_hermes_tool_calls,
     splice_prompt,
     tool_choice_structured_outputs,
 )
