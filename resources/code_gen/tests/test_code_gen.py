@@ -17,6 +17,7 @@ import pytest
 
 from gym_runtime.config import load_config
 from gym_runtime.errors import Failure
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
@@ -383,6 +384,4 @@ def test_config_loads() -> None:
     res = cfg.resources["code_gen"]
     assert res.server == "resources.code_gen"
     msgspec.convert(res.options, CodeGenOptions)
-    from gym_runtime.plugins import import_plugin
-
     assert find_resource_class(import_plugin(res.server)) is CodeGen
