@@ -2,14 +2,17 @@
 
 These are what keep the tree readable after this round: the import-linter contracts
 (``.importlinter``), no ``gym_runtime`` import hidden inside a function outside the CLI,
-and a lazy package ``__init__`` (PEP 562).
+a lazy package ``__init__`` (PEP 562), and one mapping of folders to ``gym_runtime`` that every
+tool reads (pyproject.toml's ``[tool.setuptools.package-dir]``, through the editable install).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,37 @@ from gym_runtime.transport.jetstream import JetStreamSetupError
 from gym_runtime.transport.rpc import NoResponders
 from tests.helpers import REPO
 
-FOLDERS = [REPO / folder for folder in ("runtime", "agents", "models", "resources")]  # gym_runtime and its plugins
+# The one declaration of which folder imports as what: gym_runtime <- runtime/, gym_runtime.agents <- agents/, ...
+PACKAGE_DIR: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+FOLDERS = [REPO / folder for folder in PACKAGE_DIR.values()]
+
+
+def test_the_editable_install_is_the_tree_the_declaration_makes() -> None:
+    """``pip install -e .`` links every module of every declared folder into one ``gym_runtime/`` tree (strict
+    mode, set in pyproject.toml): the tree import-linter and mypy read, as they read no import hook. A module
+    added since the install (or an install made with setuptools' default import hook) would leave them blind to
+    it, so ``.ci/checks`` runs this first."""
+    unseen = []
+    for pkg, folder in PACKAGE_DIR.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO / folder).with_suffix("")
+            if "tests" in rel.parts:  # not in the package (setup.py)
+                continue
+            parts = [*pkg.split("."), *rel.parts]
+            name = ".".join(parts).removesuffix(".__init__")
+            spec = importlib.util.find_spec(name)
+            where = Path(spec.origin) if spec is not None and spec.origin else None
+            # in the tree: .../gym_runtime/agents/swe.py, a link to agents/swe.py
+            if where is None or where.parts[-len(parts) :] != (*parts[:-1], parts[-1] + ".py"):
+                unseen.append(f"{name} ({path.relative_to(REPO)})")
+            elif where.resolve() != path.resolve():
+                unseen.append(f"{name} (from {where}, not {path.relative_to(REPO)})")
+    tree = Path(gym_runtime.__file__).parent
+    dangling = [str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_symlink() and not p.exists()]
+    assert unseen == [] and dangling == [], (
+        f"the editable install is not the tree pyproject.toml declares; run `pip install -e .` "
+        f"(not linked: {unseen[:5]}{' ...' if len(unseen) > 5 else ''}; removed since: {dangling[:5]})"
+    )
 
 
 def test_the_import_linter_contracts_hold() -> None:

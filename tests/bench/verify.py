@@ -156,8 +156,8 @@ def bench_offline_search(n: int = 2000) -> None:
 def bench_swe(url: str, tmp: Path, rollouts: int) -> None:
     """Rollouts/min of agents.swe on the local backend (sandboxed shell + grading), replayed policy."""
     from gym_runtime.config import load_config
-    from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings
     from gym_runtime.service.runner import run_batch
+    from resources.swe.tests.tiny_repo import rows_and_recordings  # a test helper: the checkout, not the package
 
     rows, rec = rows_and_recordings(tmp, copies=max(1, rollouts // 2))
     print(f"\n{'swe (local backend)':>22} | {'concurrency':>11} | {'rollouts/min':>12} | mean reward")

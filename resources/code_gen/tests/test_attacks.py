@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
-from gym_runtime.resources.code_gen.tests.programs import ADD, FAST, fenced, session, stdio_task, still_works
 from gym_runtime.sandbox import cgroups, landlock_abi
+
+from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 

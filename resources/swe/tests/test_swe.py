@@ -17,10 +17,11 @@ from gym_runtime.config import load_config
 from gym_runtime.messages import Response
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.swe import SWE
-from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings, task
 from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, cli, read_jsonl
+
+from .tiny_repo import rows_and_recordings, task
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 EMPTY = Response(id="r", created_at=0.0, output=[])
