@@ -496,7 +496,7 @@ def response_to_chat(resp: Response, model: str, *, reasoning: Literal["think", 
     ``<think>`` spans in its content (``"think"``: what ``vllm_model`` answers NeMo Gym's hosted code with),
     or the ``reasoning_content`` field (``"field"``: what vLLM with a reasoning parser answers, which is what
     a verifiers environment reads when it runs on its own)."""
-    output = [i for i in resp.output if not isinstance(i, FunctionCallOutput)]
+    output: list[Item] = [i for i in resp.output if not isinstance(i, FunctionCallOutput)]
     thoughts = [t for i in output if isinstance(i, Reasoning) for t in _reasoning_texts(i) if t]
     if reasoning == "field":
         output = [i for i in output if not isinstance(i, Reasoning)]
@@ -507,14 +507,10 @@ def response_to_chat(resp: Response, model: str, *, reasoning: Literal["think", 
         message["content"] = ""
     if reasoning == "field" and thoughts:
         message["reasoning_content"] = "".join(thoughts)
-    trained = next(
-        (
-            i
-            for i in reversed(resp.output)
-            if isinstance(i, (Message, FunctionCall, Reasoning)) and i.generation_token_ids is not msgspec.UNSET
-        ),
-        None,
-    )
+    trained: Any = None  # the last item with the model's token ids
+    for item in resp.output:
+        if not isinstance(item, FunctionCallOutput) and item.generation_token_ids is not msgspec.UNSET:
+            trained = item
     choice: dict[str, Any] = {
         "index": 0,
         "message": message,

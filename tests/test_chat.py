@@ -160,3 +160,18 @@ def test_verifiers_message_models_and_flat_tool_calls_read_as_dicts() -> None:
         ("message", "assistant", "ok"),
         ("function_call", "c", "f", "{}"),
     ]
+
+
+def test_served_answers_carry_vllms_token_id_fields_from_the_last_item_with_ids() -> None:
+    """What vLLM returns with ``return_token_ids`` (verifiers reads a turn's ids from these)."""
+    items = chat_message_to_items(ANSWERS["reasoning_and_call"]["message"])
+    items[-1].prompt_token_ids, items[-1].generation_token_ids = [1, 2], [7, 8]  # type: ignore[union-attr]
+    items[-1].generation_log_probs = [-0.5, -0.25]  # type: ignore[union-attr]
+    body = response_to_chat(Response(id="resp_1", created_at=1.0, model="m", output=items), "m", reasoning="field")
+    choice = body["choices"][0]
+    assert body["prompt_token_ids"] == [1, 2] and choice["token_ids"] == [7, 8]
+    assert [(c["token"], c["logprob"]) for c in choice["logprobs"]["content"]] == [
+        ("token_id:7", -0.5),
+        ("token_id:8", -0.25),
+    ]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"] == "need sf"
