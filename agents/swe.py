@@ -39,6 +39,7 @@ from gym_runtime.messages import (
     create_params,
     parse_items,
 )
+from gym_runtime.resources.swe import SWE
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 DEFAULT_STEPS = 250
@@ -75,8 +76,6 @@ def is_submit(call: FunctionCall) -> bool:
 
 
 async def run(ctx: AgentContext) -> Outcome:
-    from gym_runtime.resources.swe import SWE
-
     try:
         params = create_params(ctx.row.get("responses_create_params") or {"input": []})
     except ItemError as e:

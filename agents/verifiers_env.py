@@ -48,9 +48,9 @@ from typing import Any
 import msgspec
 
 from gym_runtime.agent import AgentContext, Outcome
+from gym_runtime.chat import chat_body_to_params, chat_to_items, response_to_chat
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.chat import chat_body_to_params, chat_to_items, get_field, response_to_chat
 from gym_runtime.messages import (
     ErrorClass,
     FunctionCall,
@@ -201,7 +201,7 @@ class _Calls:
             if self.error is None:
                 self.error = e
             raise
-        return response_to_chat(resp, str(body.get("model") or ""))
+        return response_to_chat(resp, str(body.get("model") or ""), reasoning="field")
 
 
 def _openai_client(calls: _Calls) -> Any:
@@ -265,6 +265,13 @@ def dataset_rows(options: dict[str, Any], split: str) -> list[dict[str, Any]]:
         raise ValueError(f"a verifiers environment has the splits train and eval, not {split!r}")
     env = load_environment(check_options(options))
     return rows_from_dataset(env, split=split)
+
+
+def get_field(obj: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a dict, or the attribute of an object (verifiers hands us both)."""
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
 
 
 def _step_usage(state: Any) -> Usage:

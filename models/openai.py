@@ -2,7 +2,7 @@
 
 ``api == "responses"`` posts the Responses request as is (hosted models are
 Responses-native); ``api == "chat"`` converts it to Chat Completions and the
-completion back to Responses items with NeMo Gym's semantics (``models.chat_convert``).
+completion back to Responses items with NeMo Gym's semantics (``gym_runtime.chat``).
 
 Hosted APIs:
 
@@ -31,6 +31,17 @@ from uuid import uuid4
 
 import msgspec
 
+from gym_runtime.chat import (
+    NEVER_FORWARD,
+    build_chat_body,
+    chat_completion_to_response,
+    chat_message_to_items,
+    incomplete_response,
+    make_response,
+    responses_to_chat_messages,
+    responses_tools_to_chat,
+    split_think,
+)
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     TRAINING_FIELDS,
@@ -41,17 +52,6 @@ from gym_runtime.messages import (
     Reasoning,
     Response,
     Usage,
-)
-from gym_runtime.models.chat_convert import (
-    NEVER_FORWARD,
-    build_chat_body,
-    chat_completion_to_response,
-    chat_message_to_items,
-    incomplete_response,
-    make_response,
-    responses_to_chat_messages,
-    responses_tools_to_chat,
-    split_think,
 )
 from gym_runtime.models.transport import (
     ContextOverflow,

@@ -4,12 +4,16 @@ Both build later turns of a rollout token-contiguously (the rollout's ids, then
 the chat template's ids after the previous turn's end token: ``splice_prompt``;
 the construction is explained in ``gym_runtime.models.vllm``'s docstring), find
 the turn-end token the same way and turn raw generated text back into a chat
-message as vLLM's chat endpoint would. ``TOKEN_FIELDS`` are the option keys both
+message as vLLM's chat endpoint would (``/v1/completions`` runs no server-side
+parser: a Hermes tool-call parser with vLLM's ``hermes`` semantics and ``<think>``
+normalisation are here). ``TOKEN_FIELDS`` are the option keys both
 adapters read; this module imports without vLLM installed.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 from uuid import uuid4
@@ -18,13 +22,14 @@ import msgspec
 
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import FunctionCall, Item, Message, Reasoning
-from gym_runtime.models.chat_convert import normalize_think
 
 __all__ = [
     "TOKEN_FIELDS",
     "find_end_token",
     "last_token_turn",
     "message_from_raw_text",
+    "normalize_think",
+    "parse_hermes_tool_calls",
     "splice_prompt",
     "tool_choice_structured_outputs",
 ]
@@ -168,3 +173,49 @@ def find_end_token(head: list[int], turn: list[int], word: list[int]) -> int | N
         if turn[i : i + len(word)] == word:
             return turn[i + len(word)]
     return None
+
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(?!.*</tool_call>)(.*)", re.DOTALL)
+
+
+def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """vLLM's ``hermes`` tool parser on raw text: ``(content, tool_calls)``.
+
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks become chat
+    ``tool_calls`` (arguments re-serialised with ``json.dumps(..., ensure_ascii=False)``
+    as vLLM does); ``content`` is the text before the first block, ``None`` when
+    empty. Text that does not parse stays content with no calls, as in vLLM.
+    """
+    if "<tool_call>" not in text:
+        return text, []
+    calls: list[dict[str, Any]] = []
+    try:
+        for m in _TOOL_CALL_RE.finditer(text):
+            raw = (m.group(1) if m.group(1) is not None else m.group(2) or "").strip()
+            obj = json.loads(raw)
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return text, []
+            args = obj.get("arguments", obj.get("parameters", {}))
+            calls.append(
+                {
+                    "id": f"chatcmpl-tool-{uuid4().hex[:16]}",
+                    "type": "function",
+                    "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+                }
+            )
+    except (ValueError, TypeError):
+        return text, []
+    content = text[: text.index("<tool_call>")]
+    return (content or None), calls
+
+
+def normalize_think(text: str) -> str:
+    """Give a reasoning span whose ``<think>`` was opened by the chat template its tag back.
+
+    Templates such as Qwen3's put ``<think>`` in the generation prompt, so the model's
+    text holds only ``...</think>answer``; NeMo Gym's ``<think>`` convention needs both.
+    """
+    head, sep, _ = text.partition("</think>")
+    if sep and "<think>" not in head:
+        return "<think>" + text
+    return text

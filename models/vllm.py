@@ -1,7 +1,7 @@
 """``vllm``: vLLM's OpenAI-compatible server over HTTP, training-grade.
 
 Requests are Responses-API params converted to Chat Completions with NeMo Gym's
-semantics (``models.chat_convert``); answers come back as Responses items. HTTP,
+semantics (``gym_runtime.chat``); answers come back as Responses items. HTTP,
 retries (429/5xx, bounded), the per-attempt timeout, several replicas
 (least-loaded, rollout affinity, failover) and rate limits are
 ``models.transport``'s, shared with the ``openai`` adapter.
@@ -70,9 +70,7 @@ from uuid import uuid4
 
 import msgspec
 
-from gym_runtime.errors import ModelError
-from gym_runtime.messages import CreateParams, Response
-from gym_runtime.models.chat_convert import (
+from gym_runtime.chat import (
     INCOMPLETE_REASONS,
     THINK_RE,
     build_chat_body,
@@ -80,15 +78,17 @@ from gym_runtime.models.chat_convert import (
     chat_message_to_items,
     incomplete_response,
     make_response,
-    parse_hermes_tool_calls,
     usage_from_chat,
 )
+from gym_runtime.errors import ModelError
+from gym_runtime.messages import CreateParams, Response
 from gym_runtime.models.openai import make_pool
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,
     find_end_token,
     last_token_turn,
     message_from_raw_text,
+    parse_hermes_tool_calls,
     splice_prompt,
     tool_choice_structured_outputs,
 )
@@ -215,7 +215,7 @@ def _think_to_reasoning_field(messages: list[dict[str, Any]]) -> None:
         if m.get("role") != "assistant" or not isinstance(content, str) or "<think>" not in content:
             continue
         spans = THINK_RE.findall(content)
-        m["content"] = THINK_RE.sub("", content) or None
+        m["content"] = THINK_RE.sub("", content)  # "" when only reasoning is left, as NeMo Gym sends it
         if spans:
             m["reasoning"] = m["reasoning_content"] = spans[0]
 

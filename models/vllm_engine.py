@@ -38,22 +38,22 @@ from uuid import uuid4
 import anyio
 import msgspec
 
-from gym_runtime.errors import ModelError
-from gym_runtime.messages import CreateParams, Response, Usage
-from gym_runtime.model import AdapterOptions
-from gym_runtime.models.chat_convert import (
+from gym_runtime.chat import (
     INCOMPLETE_REASONS,
     build_chat_body,
     chat_message_to_items,
     incomplete_response,
     make_response,
-    parse_hermes_tool_calls,
 )
+from gym_runtime.errors import ModelError
+from gym_runtime.messages import CreateParams, Response, Usage
+from gym_runtime.model import AdapterOptions
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,
     find_end_token,
     last_token_turn,
     message_from_raw_text,
+    parse_hermes_tool_calls,
     splice_prompt,
     tool_choice_structured_outputs,
 )

@@ -41,12 +41,12 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.service.runner import drain, make_workers, selected, start_workers
+from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_streams, task_subject
 from gym_runtime.workers import control
-from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
-from gym_runtime.workers.supervisor import StartProcess
 
 __all__ = ["BatchHandle", "Client"]
 

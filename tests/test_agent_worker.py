@@ -15,8 +15,8 @@ import anyio
 from gym_runtime.config import config_from_dict
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
+from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
 from tests.helpers import ROWS, put_batch, read_jsonl
 
 CONFIG = {

@@ -24,13 +24,13 @@ from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, pars
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import message_count, stream_names
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
-from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
 from tests.helpers import REPO, ROWS, put_batch
 
 TOOL = {

@@ -540,11 +540,11 @@ def test_chat_completion_to_responses_items() -> None:
             "role": "assistant",
             "content": None,
             "reasoning_content": "hmm",
-            "tool_calls": [{"id": "t2", "function": {"name": "f", "arguments": {"a": 1}}}],
+            "tool_calls": [{"id": "t2", "function": {"name": "f", "arguments": '{"a": 1}'}}],
         }
     )
     assert [type(i) for i in items] == [Reasoning, FunctionCall]
-    assert items[1].arguments == '{"a":1}'  # type: ignore[union-attr]
+    assert items[1].arguments == '{"a": 1}'  # type: ignore[union-attr]
     # Nothing at all: an empty assistant message (so the trajectory still ends in a message).
     items = chat_message_to_items({"role": "assistant", "content": None})
     assert len(items) == 1 and message_text(items[0]) == ""  # type: ignore[arg-type]

@@ -19,9 +19,9 @@ from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
 from tests.helpers import REPO, cli, put_batch, read_jsonl
 
 WEATHER = REPO / "resources/weather/config.yaml"

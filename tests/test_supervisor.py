@@ -1,4 +1,4 @@
-"""workers.supervisor: the child processes `start`, `run` and `Client` keep (real processes, real server)."""
+"""service.supervisor: the child processes `start`, `run` and `Client` keep (real processes, real server)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from gym_runtime.errors import ClientError
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.workers.supervisor import StartProcess
 from tests.helpers import REPO
 
 WEATHER = str(REPO / "resources" / "weather" / "config.yaml")

@@ -14,7 +14,7 @@ import nats
 from gym_runtime.config import load_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.workers.runner import run_batch
+from gym_runtime.service.runner import run_batch
 from tests.helpers import REPO
 
 WEATHER = REPO / "resources/weather/config.yaml"

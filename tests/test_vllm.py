@@ -14,6 +14,7 @@ import anyio
 import msgspec
 import pytest
 
+from gym_runtime.chat import chat_message_to_items, responses_to_chat_messages
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import (
     CreateParams,
@@ -25,7 +26,7 @@ from gym_runtime.messages import (
     parse_items,
 )
 from gym_runtime.model import load_adapter, model_config
-from gym_runtime.models.chat_convert import chat_message_to_items, parse_hermes_tool_calls, responses_to_chat_messages
+from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
 from gym_runtime.models.vllm_engine import Options as VLLMEngineOptions

@@ -71,8 +71,9 @@ async def watch_agents(bus: Any, batch: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import collect_batch
     from gym_runtime.transport.bus import Bus
-    from gym_runtime.workers.runner import collect_batch, run_async
 
     url = need_url(args, None)
     auth = client_auth(args)

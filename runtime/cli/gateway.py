@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gym_runtime.client import Client
     from gym_runtime.gateway import start
-    from gym_runtime.workers.runner import run_async
+    from gym_runtime.service.loop import run_async
 
     cfg = load(args)
     if not cfg.agents:

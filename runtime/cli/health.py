@@ -48,10 +48,10 @@ def _role(spec: str | None) -> tuple[str, str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
     from gym_runtime.transport.connect import JetStreamNotReady, NotProvisioned, ServerUnreachable
     from gym_runtime.transport.discovery import discover
-    from gym_runtime.workers.runner import run_async
 
     url = need_url(args, None)
     role = _role(args.role)

@@ -42,8 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import publish_batch
     from gym_runtime.transport.bus import Bus
-    from gym_runtime.workers.runner import publish_batch, run_async
 
     cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
     url = need_url(args, cfg)

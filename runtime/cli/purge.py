@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.batches import purge_batch
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
-    from gym_runtime.workers.runner import run_async
 
     url = reach(need_url(args, None))
     auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)

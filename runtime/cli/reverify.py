@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.reverify import validate_rollouts
-    from gym_runtime.workers.runner import reverify_batch, run_async
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import reverify_batch
 
     cfg = resolve_config(load_config([config_path(c) for c in args.config], args.overrides))
     check_output(args.output)

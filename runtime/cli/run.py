@@ -121,7 +121,7 @@ async def server_answers(url: str | list[str], cfg: Any, auth: Any) -> None:
     """Connect as the batch will and let go: a one-shot command says in one line that its server is dead or
     refuses it, before it starts worker children that (as services) would wait for that server."""
     from gym_runtime.observability.tracing import Telemetry
-    from gym_runtime.workers.runner import close_buses, open_buses
+    from gym_runtime.service.runner import close_buses, open_buses
 
     await close_buses(
         await open_buses(
@@ -160,7 +160,7 @@ def worker_processes(
     """One ``start --in-process`` child per entry of ``groups``, every one ready before the batch is published."""
     from gym_runtime.cli import main as cli_main
     from gym_runtime.cli._common import config_path
-    from gym_runtime.workers.supervisor import Child, role_argv
+    from gym_runtime.service.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     passthrough = _passthrough(args, cfg, auth)
@@ -182,7 +182,7 @@ def worker_processes(
 @contextlib.contextmanager
 def _supervised(children: list[Any], ready_timeout: float = 120.0) -> Iterator[None]:
     """The children kept for the block; one that says in one line why it cannot start ends the run, exit 2."""
-    from gym_runtime.workers.supervisor import NotStarted, RoleProcesses
+    from gym_runtime.service.supervisor import NotStarted, RoleProcesses
 
     try:
         with RoleProcesses(children, ready_timeout=ready_timeout):
@@ -203,7 +203,7 @@ def hosted_processes(
     """One ``start --in-process --only ROLE.NAME`` child per hosted resource or agent (``hosted`` is keyed
     by ``ROLE.NAME``), on its environment's Python."""
     from gym_runtime.cli._common import config_path
-    from gym_runtime.workers.supervisor import Child, role_argv
+    from gym_runtime.service.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
     child_url = args.nats or (url if cfg.nats == "embedded" and isinstance(url, str) else None)
@@ -219,7 +219,8 @@ def hosted_processes(
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.inputs import validate
-    from gym_runtime.workers.runner import run_async, run_batch
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import run_batch
 
     cfg = load(args, resolve=True)
     if args.input is None:

@@ -57,7 +57,8 @@ def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.workers.runner import check_resources, run_async, selected, serve, wait_for_server
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import check_resources, selected, serve, wait_for_server
 
     cfg = load(args, resolve=True)
     url = need_url(args, cfg)
@@ -67,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     freeze_startup()  # the environments are imported now; nothing of a rollout exists yet
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
-        from gym_runtime.workers.runner import BUS_ROLE
+        from gym_runtime.service.runner import BUS_ROLE
 
         for r, n in pairs:
             if auth.pool_creds(BUS_ROLE[r], n) is None:  # an entry's pool credential, else the role's
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         finally:
             telemetry.shutdown()
         return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop
-    from gym_runtime.workers.supervisor import Child, child_argv, run_pool
+    from gym_runtime.service.supervisor import Child, child_argv, run_pool
 
     # the pool waits for its server once (one nats.unreachable line, with the reason), not once per child
     stopped_by = run_async(lambda: wait_for_server(url))

@@ -29,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
-    from gym_runtime.workers.runner import run_async
 
     url = reach(need_url(args, None))
     if args.interval <= 0:

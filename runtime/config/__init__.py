@@ -559,7 +559,7 @@ def resolve_config(cfg: Config) -> Config:
     """Import the adapters and agents ``cfg`` names and let them check their options; returns ``cfg``.
 
     The step between loading (pure data) and starting workers: ``start``, ``run``, ``validate``,
-    ``Client`` and the worker composition (``gym_runtime.workers.runner``) call it, so a bad option
+    ``Client`` and the worker composition (``gym_runtime.service.runner``) call it, so a bad option
     is one ``ConfigError`` naming the key before anything is published or any worker takes work.
     Each ``models`` entry's options become its adapter's ``Options`` (once; calling again is cheap).
     """

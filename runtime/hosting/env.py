@@ -311,7 +311,10 @@ def build_server_layer(base: Path, python: str, extras: list[str], repo: Path, l
             _pip(py, ["--ignore-requires-python", *extras], prefix / "build.log", log, "server layer")
             _step(prefix, "extras").touch()
         if not _step(prefix, "runtime").is_file():
-            _pip(py, ["--no-deps", "-e", str(repo)], prefix / "build.log", log, "gym-runtime")
+            # an import hook (lenient), not the link tree under the checkout's build/ that the checkout's own
+            # editable install uses: rebuilding that tree here would pull files from under running workers
+            editable = ["--config-settings", "editable_mode=lenient", "-e", str(repo)]
+            _pip(py, ["--no-deps", *editable], prefix / "build.log", log, "gym-runtime")
             _step(prefix, "runtime").touch()
         (prefix / ".complete").write_text(json.dumps({"base": base.name, "extras": extras, "repo": str(repo)}))
     took = time.monotonic() - t0

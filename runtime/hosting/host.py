@@ -70,10 +70,10 @@ from typing import Any, ClassVar
 import msgspec
 
 from gym_runtime.agent import Session
+from gym_runtime.chat import chat_body_to_params, response_to_chat
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
-from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict

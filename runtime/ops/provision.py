@@ -22,10 +22,10 @@ from gym_runtime.config import JetStreamConfig
 from gym_runtime.data import batches
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.service.loop import run_async
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers import control
-from gym_runtime.workers.runner import run_async
 
 
 async def provision(

@@ -1,3 +1,4 @@
-"""The workers: agent, model and resource workers on the transport, their composition (runner) and the
-process supervisor.
+"""The workers: agent, model and resource workers on the transport, the loop they share and control messages.
+
+(Composing them into a running service, and the batch commands, are ``gym_runtime.service``.)
 """

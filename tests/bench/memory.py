@@ -42,9 +42,10 @@ from gym_runtime.config import config_from_dict  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
+from gym_runtime.service.runner import run_batch  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.transport.jetstream import stream_names  # noqa: E402
-from gym_runtime.workers.runner import run_async, run_batch  # noqa: E402
 
 DATA = REPO / "resources/weather/data/example.jsonl"
 

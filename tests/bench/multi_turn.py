@@ -30,7 +30,8 @@ from gym_runtime.config import config_from_dict  # noqa: E402
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
-from gym_runtime.workers.runner import run_async, run_batch  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
+from gym_runtime.service.runner import run_batch  # noqa: E402
 
 DATA = REPO / "resources/multi_turn_gymnasium/data/example.jsonl"
 TURNS = 4

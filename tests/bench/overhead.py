@@ -47,9 +47,7 @@ sys.path.insert(0, str(REPO))
 from gym_runtime.config import load_config  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
-from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.workers.agent_worker import AgentWorker  # noqa: E402
-from gym_runtime.workers.runner import (  # noqa: E402
+from gym_runtime.service.runner import (  # noqa: E402
     collect_batch,
     make_workers,
     publish_batch,
@@ -58,7 +56,9 @@ from gym_runtime.workers.runner import (  # noqa: E402
     selected,
     start_workers,
 )
-from gym_runtime.workers.supervisor import role_argv  # noqa: E402
+from gym_runtime.service.supervisor import role_argv  # noqa: E402
+from gym_runtime.transport.bus import Bus  # noqa: E402
+from gym_runtime.workers.agent_worker import AgentWorker  # noqa: E402
 
 CONFIG = REPO / "resources/weather/config.yaml"
 DATA = REPO / "resources/weather/data/example.jsonl"

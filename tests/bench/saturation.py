@@ -69,10 +69,7 @@ from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
-from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.transport.jetstream import durable_name, ensure_streams, stream_names  # noqa: E402
-from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
-from gym_runtime.workers.runner import (  # noqa: E402
+from gym_runtime.service.runner import (  # noqa: E402
     close_buses,
     drain,
     make_workers,
@@ -84,6 +81,9 @@ from gym_runtime.workers.runner import (  # noqa: E402
     selected,
     start_workers,
 )
+from gym_runtime.transport.bus import Bus  # noqa: E402
+from gym_runtime.transport.jetstream import durable_name, ensure_streams, stream_names  # noqa: E402
+from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 from tests.bench import slot_model  # noqa: E402
 
 ENVS = {

@@ -35,9 +35,10 @@ from gym_runtime.data.batches import Owners, new_manifest  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
+from gym_runtime.service.runner import make_workers, publish_batch, selected, start_workers  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
-from gym_runtime.workers.runner import make_workers, publish_batch, run_async, selected, start_workers  # noqa: E402
 
 CONFIG = REPO / "resources/weather/config.yaml"
 DATA = REPO / "resources/weather/data/example.jsonl"

@@ -29,8 +29,9 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.credentials import ClientAuth  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
+from gym_runtime.service.runner import run_batch  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.workers.runner import run_async, run_batch  # noqa: E402
 
 
 def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> dict[str, float]:

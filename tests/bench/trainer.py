@@ -38,9 +38,10 @@ from gym_runtime import Client
 from gym_runtime.config import load_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.service.loop import run_async
+from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.workers.runner import publish_batch, run_async
 
 CONFIG = REPO / "resources/weather/config.yaml"
 EXAMPLE = REPO / "resources/weather/data/example.jsonl"

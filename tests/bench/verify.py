@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from gym_runtime.data.reverify import load_tasks, reverify_file  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.workers.runner import run_async  # noqa: E402
 
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 # environment -> compat folder holding example_rollouts.jsonl joined with example.jsonl
@@ -156,8 +156,8 @@ def bench_offline_search(n: int = 2000) -> None:
 def bench_swe(url: str, tmp: Path, rollouts: int) -> None:
     """Rollouts/min of agents.swe on the local backend (sandboxed shell + grading), replayed policy."""
     from gym_runtime.config import load_config
-    from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings
-    from gym_runtime.workers.runner import run_batch
+    from gym_runtime.service.runner import run_batch
+    from resources.swe.tests.tiny_repo import rows_and_recordings  # a test helper: the checkout, not the package
 
     rows, rec = rows_and_recordings(tmp, copies=max(1, rollouts // 2))
     print(f"\n{'swe (local backend)':>22} | {'concurrency':>11} | {'rollouts/min':>12} | mean reward")

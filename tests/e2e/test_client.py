@@ -14,9 +14,9 @@ import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.messages import RolloutResult
+from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import consumers, lost_subject, stream_names
-from gym_runtime.workers.runner import collect_batch
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
 
@@ -259,7 +259,7 @@ def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
 async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Path) -> None:
     """`gym-runtime run/publish` of another config into a namespace with these workers: failure rows."""
     from gym_runtime.observability.tracing import Telemetry
-    from gym_runtime.workers.runner import run_batch
+    from gym_runtime.service.runner import run_batch
 
     async with Client(weather(), nats=nats_server.url):
         out = tmp_path / "out.jsonl"

@@ -23,10 +23,10 @@ from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import StorageFull
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.status import BatchWatch
+from gym_runtime.service.runner import collect_batch, make_workers, publish_batch, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams, stream_names
 from gym_runtime.workers.control import agent_fingerprint
-from gym_runtime.workers.runner import collect_batch, make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, ROWS, read_jsonl, weather
 
 WINDOW_S = 1.0

@@ -26,8 +26,8 @@ import yaml
 from gym_runtime import Client
 from gym_runtime.gateway import start
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.discovery import discover
-from gym_runtime.workers.runner import run_batch
 from tests.helpers import REPO, ROWS, cli, read_jsonl, weather
 
 

@@ -23,8 +23,8 @@ import yaml
 from gym_runtime.config import Config, config_from_dict
 from gym_runtime.errors import ConfigError
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.service.runner import RunResult, make_workers, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from gym_runtime.workers.runner import RunResult, make_workers, run_batch, selected, start_workers
 from tests.helpers import COMPAT, REPO, prompt_key, read_jsonl, write_jsonl
 
 MTG = COMPAT / "example_multi_turn_gymnasium"

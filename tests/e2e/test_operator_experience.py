@@ -147,7 +147,7 @@ def _stored_tasks(url: str) -> int:
         finally:
             await bus.close()
 
-    from gym_runtime.workers.runner import run_async
+    from gym_runtime.service.loop import run_async
 
     return run_async(count)
 

@@ -28,9 +28,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
-from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import result_subject, stream_names
-from gym_runtime.workers.runner import (
+from gym_runtime.service.runner import (
     RunResult,
     close_buses,
     make_workers,
@@ -41,6 +39,8 @@ from gym_runtime.workers.runner import (
     selected,
     start_workers,
 )
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import result_subject, stream_names
 from tests.helpers import REPO, ROWS, WEATHER, cli, pool_bus, read_jsonl, write_jsonl
 
 DATA = REPO / "resources/weather/data/example.jsonl"

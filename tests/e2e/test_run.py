@@ -20,8 +20,8 @@ import pytest
 
 from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.service.runner import make_workers, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from gym_runtime.workers.runner import make_workers, run_batch, selected, start_workers
 from tests.helpers import COMPAT, REPO, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
 from tests.stub_openai import StubOpenAI, StubReply, responses_reply
 

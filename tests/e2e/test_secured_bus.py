@@ -178,7 +178,7 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
 async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) -> None:
     """``run --nats`` runs publisher, agent, model and resource: one connection each, no admin seed needed."""
     from gym_runtime.config import load_config
-    from gym_runtime.workers.runner import run_batch
+    from gym_runtime.service.runner import run_batch
 
     srv, auth = secured
     node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
@@ -507,7 +507,7 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
     import anyio
 
     from gym_runtime.config import load_config
-    from gym_runtime.workers.runner import run_batch, serve
+    from gym_runtime.service.runner import run_batch, serve
 
     srv, auth = secured
     cfg = load_config(REPO / "resources/weather/config.yaml")

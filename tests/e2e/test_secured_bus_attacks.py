@@ -37,6 +37,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.service.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
 from gym_runtime.transport.jetstream import (
@@ -50,7 +51,6 @@ from gym_runtime.transport.jetstream import (
 )
 from gym_runtime.workers.control import ControlView, control_kv, failed_key
 from gym_runtime.workers.resource_worker import ResourceWorker
-from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, pool_bus, put_batch, read_jsonl, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"

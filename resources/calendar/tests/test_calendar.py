@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import gym_runtime.resources.calendar as calendar_module
 from gym_runtime.config import load_config
 from gym_runtime.gymnasium import RESET, STEP, Action, Reset, Step
 from gym_runtime.messages import Response, assistant_message, last_item_text, parse_items
@@ -209,9 +210,7 @@ async def test_interactive_episode_sends_user_turns_and_stops_early_on_a_bad_cal
 
 
 def test_module_and_config() -> None:
-    import gym_runtime.resources.calendar as mod
-
-    assert find_resource_class(mod) is Calendar
+    assert find_resource_class(calendar_module) is Calendar
     cfg = load_config(ENV_DIR / "config.yaml")
     (agent,) = cfg.agents.values()
     assert agent.agent == "agents.multi_turn" and agent.options["user"] == "env"

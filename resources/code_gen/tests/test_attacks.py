@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
-from gym_runtime.resources.code_gen.tests.programs import ADD, FAST, fenced, session, stdio_task, still_works
-from gym_runtime.sandbox import landlock_abi
+from gym_runtime.sandbox import cgroups, landlock_abi
+
+from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
@@ -592,8 +593,6 @@ async def test_cannot_leave_its_cgroup() -> None:
     out = await graded(env, stdio_task(["\n"], ["moved\n"]), code)
     text = printed(out)
     assert text.startswith("stayed")
-    from gym_runtime.sandbox import cgroups
-
     # in its own cgroup, or (no writable cgroup: the single-process mode) still in the worker's
     own = cgroups._own_paths().get("memory")
     assert "gym-sandbox-" in text or (own is not None and repr(own + "\n") in text) or own is None
@@ -602,8 +601,6 @@ async def test_cannot_leave_its_cgroup() -> None:
 
 def cgroups_left() -> list[str]:
     """This worker's sandbox cgroups still present, in every cgroup hierarchy."""
-    from gym_runtime.sandbox import cgroups
-
     own = cgroups._own_paths()
     left = []
     for root, mount, fstype, opts in cgroups._mounts():

@@ -17,10 +17,10 @@ import pytest
 
 from gym_runtime.config import load_config
 from gym_runtime.errors import Failure
+from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
-from gym_runtime.resources.code_gen.tests.programs import ADD, ADD_OK, FAST, fenced, session, stdio_task, still_works
 from gym_runtime.sandbox.runner import (
     Layers,
     Limits,
@@ -36,6 +36,8 @@ from gym_runtime.testing import (
     recorded_response,
     text_response,
 )
+
+from .programs import ADD, ADD_OK, FAST, fenced, session, stdio_task, still_works
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 REPO = ENV_DIR.parents[1]
@@ -383,6 +385,4 @@ def test_config_loads() -> None:
     res = cfg.resources["code_gen"]
     assert res.server == "resources.code_gen"
     msgspec.convert(res.options, CodeGenOptions)
-    from gym_runtime.plugins import import_plugin
-
     assert find_resource_class(import_plugin(res.server)) is CodeGen

@@ -18,9 +18,10 @@ import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.calls import judge_call
-from gym_runtime.resources.code_gen.tests.programs import ADD, FAST, fenced, session, stdio_task, still_works
 from gym_runtime.sandbox import landlock_abi
 from tests.helpers import cli, read_jsonl, write_jsonl
+
+from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 

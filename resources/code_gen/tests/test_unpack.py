@@ -19,9 +19,10 @@ import pytest
 
 from gym_runtime.errors import Failure
 from gym_runtime.resources.code_gen.grading import unit_tests
-from gym_runtime.resources.code_gen.tests.programs import ADD_OK, FAST, fenced, session
 from gym_runtime.workers.resource_worker import verify_with
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+
+from .programs import ADD_OK, FAST, fenced, session
 
 GIB = 1 << 30
 

@@ -12,7 +12,8 @@ import pytest
 
 from gym_runtime.resources.google_search import GoogleSearch
 from gym_runtime.resources.google_search.backends import GoogleBackend, SearchOptions, TavilyBackend
-from gym_runtime.resources.google_search.tests.stub_search import StubSearch
+
+from .stub_search import StubSearch
 
 KEY = "stub-key-s3cr3t"
 

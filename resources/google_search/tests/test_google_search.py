@@ -14,7 +14,7 @@ from gym_runtime.messages import Response, assistant_message, parse_items
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.google_search import GoogleSearch, box_parser, graded_text, parse_options
 from gym_runtime.resources.google_search.backends import OfflineBackend, SearchOptions
-from gym_runtime.workers.runner import run_batch
+from gym_runtime.service.runner import run_batch
 from tests.helpers import cli, prompt_key, read_jsonl, write_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]

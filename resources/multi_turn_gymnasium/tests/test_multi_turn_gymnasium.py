@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+import gym_runtime.resources.multi_turn_gymnasium as multi_turn_gymnasium
 from gym_runtime.config import load_config
 from gym_runtime.gymnasium import RESET, STEP, Action, Reset, Step
 from gym_runtime.messages import Message, Response, assistant_message, output_text, parse_items
@@ -90,9 +91,7 @@ async def test_expected_answer_is_case_insensitive_and_only_in_the_final_turn() 
 
 
 def test_module_and_config() -> None:
-    import gym_runtime.resources.multi_turn_gymnasium as mod
-
-    assert find_resource_class(mod) is MultiTurnGymnasium
+    assert find_resource_class(multi_turn_gymnasium) is MultiTurnGymnasium
     cfg = load_config(ENV_DIR / "config.yaml")
     assert list(cfg.agents) == ["example_multi_turn_gymnasium_agent"]  # the data's agent_ref
     agent = cfg.agents["example_multi_turn_gymnasium_agent"]

@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 
+from gym_runtime.agent import Session
 from gym_runtime.config import load_config
 from gym_runtime.messages import Response
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.swe import SWE
-from gym_runtime.resources.swe.tests.tiny_repo import rows_and_recordings, task
-from gym_runtime.workers.runner import run_batch
+from gym_runtime.service.runner import run_batch
+from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, cli, read_jsonl
+
+from .tiny_repo import rows_and_recordings, task
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 EMPTY = Response(id="r", created_at=0.0, output=[])
@@ -118,9 +121,6 @@ async def test_sandbox_dies_with_a_killed_resource_worker(nats_server, tmp_path:
     """SIGKILL the resource worker holding a session mid-command: its sandbox and the command go too."""
     import anyio
     import psutil
-
-    from gym_runtime.agent import Session
-    from gym_runtime.transport.bus import Bus
 
     worker = subprocess.Popen(  # noqa: ASYNC220 - a real worker process, killed below
         [

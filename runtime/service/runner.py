@@ -56,17 +56,6 @@ BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent"}  # co
 T = TypeVar("T")
 
 
-def run_async(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine function on asyncio, with uvloop where it is installed (faster I/O)."""
-    try:
-        import uvloop  # noqa: F401
-
-        use_uvloop = True
-    except ImportError:
-        use_uvloop = False
-    return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
-
-
 def pool_key(section: str, name: str) -> str:
     """The ``open_buses`` entry of one config entry: ``agent.NAME`` (its pool's connection, or the role's)."""
     return f"{BUS_ROLE[section]}.{name}"

@@ -1,35 +1,38 @@
-"""Responses API ↔ Chat Completions conversion, with NeMo Gym's ``vllm_model`` semantics.
+"""Chat Completions ↔ Responses, with the semantics of NeMo Gym's own model servers (``vllm_model``).
 
-Shared by the ``openai`` adapter (``api: chat``), the ``vllm`` adapter and the
-in-process ``vllm_engine`` adapter, so all three build the same chat messages
-from the same items and read the same items back:
+One converter for both sides of the runtime: the model adapters that send Chat Completions requests and
+read the answers (``openai`` with ``api: chat``, ``vllm``, ``vllm_engine``), and the hosting of foreign
+code that speaks Chat Completions to our models (a NeMo Gym server's ``/v1/chat/completions``, a verifiers
+environment's ``AsyncOpenAI``). So a rollout reads the same whichever way its model was reached:
 
 * ``instructions`` → a leading ``system`` message; input messages keep their role;
-* reasoning items ↔ ``<think>...</think>`` spans at the start of the assistant
-  content (or vLLM's ``reasoning`` / ``reasoning_content`` field when a reasoning
-  parser runs on the server);
-* an assistant turn's text and its ``function_call`` items ↔ ONE assistant message
-  with ``tool_calls``; ``function_call_output`` ↔ ``tool`` messages;
-* ``max_output_tokens`` → ``max_tokens``; ``finish_reason: length`` →
-  ``status: incomplete`` with ``incomplete_details.reason = max_output_tokens``;
-  ``usage`` mapped field by field.
+* reasoning items ↔ ``<think>...</think>`` spans at the start of the assistant content. Read back, every
+  span becomes one summary of one reasoning item and the text around them is kept verbatim; a reasoning
+  parser's field (``reasoning_content``, or ``reasoning`` from vLLM 0.16) is read as a leading span, as
+  ``vllm_model`` folds it into the content. Served to hosted NeMo Gym code, reasoning is ``<think>``
+  spans in the content, as ``vllm_model``'s ``/v1/chat/completions`` answers (a verifiers environment
+  gets the ``reasoning_content`` field, as from vLLM with a reasoning parser);
+* an assistant turn's text and its ``function_call`` items ↔ ONE assistant message with ``tool_calls``;
+  ``function_call_output`` ↔ ``tool`` messages. Tool-call arguments are JSON text: any other value is
+  refused, as NeMo Gym's models refuse it (``ModelError`` for a model's answer, ``invalid_task`` for a
+  request);
+* ``max_output_tokens`` → ``max_tokens``; ``finish_reason: length`` → ``status: incomplete`` with
+  ``incomplete_details.reason = max_output_tokens``; ``usage`` mapped field by field.
 
-It also holds what the token-in path of the ``vllm`` adapter needs to read raw
-generated text (``/v1/completions`` runs no server-side parser): a Hermes
-tool-call parser with vLLM's ``hermes`` semantics and ``<think>`` normalisation.
+``tests/test_chat.py`` holds these to what NeMo Gym's server does (recorded in
+``tests/compat/nemo_gym/vllm_model/chat_cases.json``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 from uuid import uuid4
 
 import msgspec
 
-from gym_runtime.errors import ModelError
+from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import (
     TRAINING_FIELDS,
     CreateParams,
@@ -47,12 +50,13 @@ from gym_runtime.messages import (
 __all__ = [
     "INCOMPLETE_REASONS",
     "build_chat_body",
+    "chat_body_to_params",
     "chat_completion_to_response",
     "chat_message_to_items",
+    "chat_to_items",
     "incomplete_response",
     "make_response",
-    "normalize_think",
-    "parse_hermes_tool_calls",
+    "response_to_chat",
     "responses_to_chat_messages",
     "responses_tools_to_chat",
     "split_think",
@@ -281,17 +285,21 @@ def split_think(content: str) -> tuple[list[str], str]:
     return THINK_RE.findall(content), THINK_RE.sub("", content)
 
 
-def chat_message_to_items(message: dict[str, Any]) -> list[Item]:
-    """One chat assistant message → Responses output items.
+def _text(content: Any) -> str:
+    """The text of a chat message's content: a string, or the ``text`` of each of its parts."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
 
-    Order: a reasoning item (from ``reasoning_content`` / ``reasoning`` and any
-    ``<think>`` spans), an assistant message (when there is text, or nothing
-    else at all), then one function_call per tool call.
+
+def chat_message_to_items(message: dict[str, Any], *, ids: bool = True) -> list[Item]:
+    """One chat assistant message → Responses items (``ids``: mint ``rs_``/``msg_`` ids, as for an answer).
+
+    Order: one reasoning item (the ``reasoning_content`` or ``reasoning`` field first, then every
+    ``<think>`` span), an assistant message (when there is text, or nothing else at all), then one
+    function_call per tool call. Arguments that are not a string raise ``ModelError``.
     """
-    raw = message.get("content") or ""
-    if isinstance(raw, list):
-        raw = "".join(p.get("text", "") for p in raw if isinstance(p, dict))
-    thoughts, text = split_think(raw)
+    thoughts, text = split_think(_text(message.get("content")))
     field_reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(field_reasoning, str) and field_reasoning:
         thoughts.insert(0, field_reasoning)
@@ -302,28 +310,23 @@ def chat_message_to_items(message: dict[str, Any]) -> list[Item]:
     if thoughts:
         items.append(
             Reasoning(
-                id=f"rs_{uuid4().hex}",
+                id=f"rs_{uuid4().hex}" if ids else None,
                 summary=[{"text": t, "type": "summary_text"} for t in thoughts],
                 status="completed",
             )
         )
     if text or not (items or tool_calls):
-        items.append(assistant_message(text, id=f"msg_{uuid4().hex}"))
+        items.append(assistant_message(text, id=f"msg_{uuid4().hex}" if ids else None))
     for tc in tool_calls:
-        fn = tc.get("function") or {}
-        args = fn.get("arguments")
+        fn = tc.get("function") or tc  # or flat, as verifiers' ToolCall model is
+        name, args = fn.get("name") or "", fn.get("arguments")
         if not isinstance(args, str):
-            args = msgspec.json.encode(args if args is not None else {}).decode()
-        call_id = tc.get("id") or f"call_{uuid4().hex}"
-        items.append(
-            FunctionCall(
-                name=fn.get("name") or "",
-                arguments=args,
-                call_id=call_id,
-                id=call_id,
-                status="completed",
+            raise ModelError(
+                f"tool call {name!r}: arguments must be a JSON string, not {type(args).__name__} "
+                "(as Chat Completions sends them; NeMo Gym refuses these too)"
             )
-        )
+        call_id = tc.get("id") or f"call_{uuid4().hex}"
+        items.append(FunctionCall(name=name, arguments=args, call_id=call_id, id=call_id, status="completed"))
     return items
 
 
@@ -402,49 +405,138 @@ def incomplete_response(params: CreateParams, *, model: str, reason: str = "max_
     )
 
 
-# ============================================== raw generated text (token-in path)
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(?!.*</tool_call>)(.*)", re.DOTALL)
+# ================================================ serving Chat Completions from our model calls
 
 
-def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """vLLM's ``hermes`` tool parser on raw text: ``(content, tool_calls)``.
+def _as_dict(obj: Any, where: str) -> dict[str, Any]:
+    """A message or part as a dict: hosted code may hand us dicts or pydantic models (verifiers, openai)."""
+    if isinstance(obj, dict):
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dict(dump())
+    raise Failure("invalid_task", f"{where}: expected an object, not {type(obj).__name__}")
 
-    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks become chat
-    ``tool_calls`` (arguments re-serialised with ``json.dumps(..., ensure_ascii=False)``
-    as vLLM does); ``content`` is the text before the first block, ``None`` when
-    empty. Text that does not parse stays content with no calls, as in vLLM.
+
+def _input_parts(content: Any) -> str | list[dict[str, Any]]:
+    if content is None or isinstance(content, str):
+        return content or ""
+    out: list[dict[str, Any]] = []
+    for part in content:
+        d = _as_dict(part, "a content part")
+        out.append({"type": "input_text", "text": d.get("text", "")} if d.get("type") == "text" else d)
+    return out
+
+
+def chat_to_items(messages: list[Any]) -> list[Item]:
+    """Chat Completions messages (dicts or message models) → Responses items, without ids.
+
+    Assistant turns read as a model's answer does (``chat_message_to_items``: ``<think>`` spans and the
+    reasoning fields become a reasoning item); ``tool`` messages become ``function_call_output`` items.
     """
-    if "<tool_call>" not in text:
-        return text, []
-    calls: list[dict[str, Any]] = []
-    try:
-        for m in _TOOL_CALL_RE.finditer(text):
-            raw = (m.group(1) if m.group(1) is not None else m.group(2) or "").strip()
-            obj = json.loads(raw)
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return text, []
-            args = obj.get("arguments", obj.get("parameters", {}))
-            calls.append(
-                {
-                    "id": f"chatcmpl-tool-{uuid4().hex[:16]}",
-                    "type": "function",
-                    "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
-                }
-            )
-    except (ValueError, TypeError):
-        return text, []
-    content = text[: text.index("<tool_call>")]
-    return (content or None), calls
+    items: list[Item] = []
+    for i, raw in enumerate(messages):
+        m = _as_dict(raw, f"messages[{i}]")
+        role = m.get("role")
+        if role == "assistant":
+            try:
+                items += chat_message_to_items(m, ids=False)
+            except ModelError as e:
+                raise Failure("invalid_task", f"messages[{i}]: {e}") from None
+        elif role == "tool":
+            items.append(FunctionCallOutput(call_id=str(m.get("tool_call_id")), output=_text(m.get("content"))))
+        else:
+            items.append(Message(role=str(role or "user"), content=_input_parts(m.get("content"))))
+    return items
 
 
-def normalize_think(text: str) -> str:
-    """Give a reasoning span whose ``<think>`` was opened by the chat template its tag back.
+def _responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    out = []
+    for t in tools:
+        fn = t.get("function", t)
+        tool = {"type": "function", "name": fn["name"], "description": fn.get("description") or ""}
+        tool["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+        if fn.get("strict") is not None:
+            tool["strict"] = fn["strict"]
+        out.append(tool)
+    return out
 
-    Templates such as Qwen3's put ``<think>`` in the generation prompt, so the model's
-    text holds only ``...</think>answer``; NeMo Gym's ``<think>`` convention needs both.
-    """
-    head, sep, _ = text.partition("</think>")
-    if sep and "<think>" not in head:
-        return "<think>" + text
-    return text
+
+_PARAM_KEYS = {"model", "messages", "tools", "temperature", "top_p", "tool_choice", "parallel_tool_calls"}
+
+
+def chat_body_to_params(body: dict[str, Any]) -> CreateParams:
+    """A Chat Completions request body → our create params (sampling args the Struct lacks ride in ``extra``)."""
+    if body.get("n", 1) not in (1, None):
+        raise Failure("invalid_task", f"n={body['n']} completions per call were asked for; one is served")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    extra = {
+        k: v
+        for k, v in body.items()
+        if k not in _PARAM_KEYS and k not in ("max_tokens", "max_completion_tokens", "n") and v is not None
+    }
+    return CreateParams(
+        input=chat_to_items(body.get("messages") or []),
+        tools=_responses_tools(body.get("tools")),
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        max_output_tokens=max_tokens,
+        tool_choice=body.get("tool_choice"),
+        parallel_tool_calls=body.get("parallel_tool_calls"),
+        extra=extra,
+    )
+
+
+def response_to_chat(resp: Response, model: str, *, reasoning: Literal["think", "field"] = "think") -> dict[str, Any]:
+    """Our ``Response`` → a ``chat.completion`` body (vLLM's token-id fields where the model gave ids).
+
+    The message is the assistant turn as ``responses_to_chat_messages`` sends it to a server. Reasoning is
+    ``<think>`` spans in its content (``"think"``: what ``vllm_model`` answers NeMo Gym's hosted code with),
+    or the ``reasoning_content`` field (``"field"``: what vLLM with a reasoning parser answers, which is what
+    a verifiers environment reads when it runs on its own)."""
+    output: list[Item] = [i for i in resp.output if not isinstance(i, FunctionCallOutput)]
+    thoughts = [t for i in output if isinstance(i, Reasoning) for t in _reasoning_texts(i) if t]
+    if reasoning == "field":
+        output = [i for i in output if not isinstance(i, Reasoning)]
+    turn = responses_to_chat_messages(output)
+    message: dict[str, Any] = turn[-1] if turn else {"role": "assistant", "content": None}
+    calls = message.get("tool_calls") or []
+    if message["content"] is None and not calls:
+        message["content"] = ""
+    if reasoning == "field" and thoughts:
+        message["reasoning_content"] = "".join(thoughts)
+    trained: Any = None  # the last item with the model's token ids
+    for item in resp.output:
+        if not isinstance(item, FunctionCallOutput) and item.generation_token_ids is not msgspec.UNSET:
+            trained = item
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "length" if resp.status == "incomplete" else ("tool_calls" if calls else "stop"),
+        "logprobs": None,
+    }
+    body: dict[str, Any] = {
+        "id": resp.id,
+        "object": "chat.completion",
+        "created": int(resp.created_at),
+        "model": resp.model or model,
+        "choices": [choice],
+    }
+    if resp.usage is not None:
+        body["usage"] = {
+            "prompt_tokens": resp.usage.input_tokens,
+            "completion_tokens": resp.usage.output_tokens,
+            "total_tokens": resp.usage.total_tokens,
+        }
+    if trained is not None:
+        body["prompt_token_ids"] = list(trained.prompt_token_ids)
+        choice["token_ids"] = list(trained.generation_token_ids)
+        choice["logprobs"] = {
+            "content": [
+                {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(trained.generation_token_ids, trained.generation_log_probs or [], strict=False)
+            ]
+        }
+    return body
