@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -43,7 +42,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import batch_results, ensure_streams, stream_names, task_subject
+from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.workers import control
 from gym_runtime.workers.runner import drain, make_workers, selected, start_workers
@@ -59,19 +58,19 @@ def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
 
 
 class _ResultReader:
-    """Reads ``{ns}.result.*.{batch}`` from the start with a consumer of its own (no acks)."""
+    """Reads a batch's results (``Subjects.batch_results``) from the start with a consumer of its own (no acks)."""
 
     def __init__(self, bus: Bus, batch: str, on_result: Any, *, slots: int = 512) -> None:
         self.bus = bus
         self.batch = batch
-        self.stream = stream_names(bus.ns)["result"]
-        self.consumer = f"client_{re.sub(r'[^A-Za-z0-9_-]', '_', batch)}_{uuid.uuid4().hex[:8]}"
+        self.stream = bus.subjects.results_stream
+        self.consumer = bus.subjects.reader("client", batch)
         self._on_result = on_result
         self._slots = slots
         self._puller: PullWorker | None = None
 
     async def open(self) -> None:
-        subject = batch_results(self.bus.ns, self.batch)
+        subject = self.bus.subjects.batch_results(self.batch)
         await jetstream.add_reader(self.bus, self.stream, self.consumer, subject)
         last_seq = 0
 
@@ -527,7 +526,7 @@ class Client:
                 **self._task_fields(version, max_staleness, checks)(name),
             )
             await self.bus.js_publish(
-                task_subject(self.bus.ns, name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
+                self.bus.subjects.task(name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
             )
             out, ok = await fut
         finally:

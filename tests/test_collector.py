@@ -15,7 +15,8 @@ import anyio
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_subject
+from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import read_jsonl
 
 TASKS, REPEATS = 4, 2
@@ -39,7 +40,7 @@ async def store_all(bus: Bus) -> None:
     order = [(t, r) for t in range(TASKS) for r in range(REPEATS)]
     random.Random(7).shuffle(order)
     for t, r in [*order, *order[:3]]:  # three of them stored twice (a redelivered rollout)
-        await bus.js_publish(result_subject("gym", "a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
+        await bus.js_publish(Subjects("gym").result("a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
 
 
 async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:

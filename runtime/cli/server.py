@@ -22,9 +22,10 @@ from urllib.parse import urlparse
 import msgspec
 
 from gym_runtime.cli._common import err
-from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw, resource_calls
+from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw
 from gym_runtime.errors import UserError
 from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
 from gym_runtime.transport.jetstream import parse_size
 
@@ -188,7 +189,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         http_host=args.http_host,
         secure_dir=args.secure,
         namespaces=args.namespaces or ["gym"],
-        calls=resource_calls(cfg) if cfg is not None else {},
+        reach=Reach.of(cfg),
         jetstream=provision_settings(args, cfg, nodes) if args.secure else None,
     )
 

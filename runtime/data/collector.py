@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import threading
-import uuid
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,8 +32,8 @@ from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import batch_results, stream_names
 from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.subjects import LOST, advisory
 
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
@@ -74,7 +72,7 @@ async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:
     if not isinstance(res, RolloutResult):
         log.warning("result.unexpected", subject=msg.subject, type=type(res).__name__)
         return None
-    if res.error is None and msg.subject.split(".")[-2] == jetstream.LOST:
+    if res.error is None and bus.subjects.result_agent(msg.subject) == LOST:
         return msgspec.structs.replace(
             res, row=None, error=ErrorInfo(error_class="integrity", message="a row on the lost subject")
         )
@@ -152,9 +150,10 @@ class Collector:
         what is in memory to one pull's worth, however far behind we start.
         """
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        stream = stream_names(self.bus.ns)["result"]
-        consumer = f"collect_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
-        subject = batch_results(self.bus.ns, self.batch)
+        names = self.bus.subjects
+        stream = names.results_stream
+        consumer = names.reader("collect", self.batch)
+        subject = names.batch_results(self.batch)
         await jetstream.add_reader(self.bus, stream, consumer, subject)
         last_seq = 0
 
@@ -211,14 +210,14 @@ class Collector:
         once the batch is wholly published, none of its tasks is queued or held any more, and this
         reader has handled every stored result, the slots still empty were lost.
         """
-        tasks = stream_names(self.bus.ns)["task"]
+        tasks = self.bus.subjects.tasks_stream
         poke = anyio.Event()
 
         async def on_advisory(_: Any) -> None:
             poke.set()
 
         subs = [
-            await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
+            await self.bus.nc.subscribe(advisory(e, tasks), cb=on_advisory)
             for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
         ]
         try:
@@ -246,7 +245,7 @@ class Collector:
         manifest = await get_manifest(self.bus, self.batch)
         if manifest is None or not manifest.published:  # tasks may still be on their way
             return
-        if await jetstream.subject_count(self.bus, tasks, jetstream.task_subject(self.bus.ns, "*", self.batch)):
+        if await jetstream.subject_count(self.bus, tasks, self.bus.subjects.batch_tasks(self.batch)):
             return  # queued or held: a worker may still store its result
         # a result is stored before its task is acked: every result is in the stream now; all read?
         if not await jetstream.read_to_end(self.bus, results, reader, handled()):
@@ -260,7 +259,7 @@ class Collector:
             error_class="terminated",
             message="the task left the queue without a result: terminated by a worker, or past max deliveries",
         )
-        subject = jetstream.lost_subject(self.bus.ns, self.batch)
+        subject = self.bus.subjects.lost(self.batch)
         for slot in missing:  # stored with the result's own id: a real result stored first wins, once
             task_index, rollout_index = divmod(slot, self.repeats)
             lost = RolloutResult(

@@ -1,7 +1,7 @@
 """``gym-runtime reverify``: recompute the rewards of recorded rollouts.
 
 Each row of a NeMo Gym rollouts file (its task fields + ``response``) goes to
-the resource's stateless verify path — the ``{ns}.res.{name}.verify`` queue
+the resource's stateless verify path — the ``Subjects.stateless_verify`` queue
 group, so every replica shares the work. A resource whose state comes from its
 tools (``reverify = "replay"``) rebuilds it by running the response's function
 calls first. Rows are written in input order; at most ``in_flight`` rows are in
@@ -143,7 +143,7 @@ async def reverify_file(
     """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress)."""
     src, out = Path(src), Path(out)
     failures_path = sidecar_paths(out)[0]
-    subject = bus.subject("res", resource, "verify")
+    subject = bus.subjects.stateless_verify(resource)
     report = ReverifyReport()
     limiter = anyio.Semaphore(in_flight)
     results: dict[int, tuple[bytes, bool]] = {}

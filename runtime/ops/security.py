@@ -63,10 +63,6 @@ CERT_DAYS = 5 * 365
 POOL_ROLES = {"agents": "agent", "resources": "resource", "models": "model"}  # config section -> role
 
 
-def inbox_prefix(role: str, pool: str | None = None) -> str:
-    return f"_INBOX.{role}.{pool or '_'}"
-
-
 def creds_path(auth_dir: str | Path, role: str, pool: str | None = None) -> Path:
     return Path(auth_dir) / (f"{role}.{pool}.creds" if pool else f"{role}.creds")
 

@@ -36,18 +36,13 @@ from gym_runtime.messages import (
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import (
-    ensure_consumer,
-    ensure_streams,
-    lost_subject,
-    stream_names,
-    task_filter,
-    task_subject,
-)
-from gym_runtime.workers.control import ControlView, control_kv, failed_key
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
+from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.control import ControlView, control_kv
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl, write_jsonl
@@ -74,7 +69,7 @@ async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict
     big = {"reward": 0.0, "notes": MARKER + "x" * (agent.blob_threshold + 1000)}
     genuine = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row=big)
     await agent.js_publish("gym.result.a.b1", genuine, msg_id="b1:0:0")
-    stored = await admin.js.get_last_msg(stream_names("gym")["result"], "gym.result.a.b1")
+    stored = await admin.js.get_last_msg(Subjects("gym").results_stream, "gym.result.a.b1")
     ref = (stored.headers or {})[BLOB_HEADER]  # the genuine header: every attacker below knows it
     key = ref.split(".")[0]
 
@@ -130,7 +125,8 @@ def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
     """A secured server whose directory also holds per-entry credentials (``server --secure DIR --pool ...``)."""
     auth = tmp_path / "auth"
     ensure_auth_dir(auth, pools=[*WEATHER_POOLS, *ATTACKER_POOLS])
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
+    reach = Reach(agents={"weather_agent": ("weather",), "other_agent": ("other_env",)})  # each agent's environment
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), reach=reach)
     srv.start()
     try:
         yield srv, auth
@@ -229,8 +225,8 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
         with pytest.raises((nats.js.errors.APIError, nats.errors.TimeoutError)):
             await agent_thief.js.publish("gym.result.weather_agent.b2", agent_thief.codec.encode(forged), timeout=1.0)
         await agent_thief.js.publish("gym.result.other_agent.b2", agent_thief.codec.encode(forged), timeout=5.0)
-        stream = stream_names("gym")["task"]
-        await admin.js.publish(task_subject("gym", "weather_agent", "b2"), b"t", timeout=5.0)
+        stream = Subjects("gym").tasks_stream
+        await admin.js.publish(Subjects("gym").task("weather_agent", "b2"), b"t", timeout=5.0)
         pulled = await _replies(
             agent_thief,
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_weather_agent",
@@ -241,7 +237,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             await agent_thief.js.add_consumer(
                 stream,
                 durable_name="agent_other_agent",
-                filter_subject=task_filter("gym", "weather_agent"),
+                filter_subject=Subjects("gym").agent_tasks("weather_agent"),
                 timeout=1.0,
             )
     finally:
@@ -258,7 +254,7 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
     try:
         view = ControlView(mine)
         view._kv = await control_kv(mine)
-        key = failed_key("weather_agent", "b1", 3, 0)
+        key = Subjects.failed_key("weather_agent", "b1", 3, 0)
         await view.count_failed(key, 2)
         assert await view.failed_attempts(key) == 2
         with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
@@ -277,7 +273,7 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
 async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:
     """Another publisher deletes a running collector's reader: the collector recreates it and finishes."""
     agent, thief = buses["agent"], buses["publisher"]
-    results = stream_names("gym")["result"]
+    results = Subjects("gym").results_stream
 
     def result(i: int) -> RolloutResult:
         return RolloutResult(batch="b1", task_index=i, rollout_index=0, agent="a", row={"reward": 1.0})
@@ -331,9 +327,11 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
     publisher, thief = buses["publisher"], buses["agent"]
     data = tmp_path / "in.jsonl"
     write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl") * 2)
-    stream = stream_names("gym")["task"]
+    stream = Subjects("gym").tasks_stream
     await ensure_streams(publisher)
-    await ensure_consumer(thief, stream, "agent_weather_agent", task_filter("gym", "weather_agent"), ack_wait=30.0)
+    await ensure_consumer(
+        thief, stream, "agent_weather_agent", Subjects("gym").agent_tasks("weather_agent"), ack_wait=30.0
+    )
     manifest = await publish_batch(publisher, cfg, data, batch="t1")
     assert await _terminate(thief, stream, "agent_weather_agent", 2) == 2
     pools = {"agent.weather_agent": thief, "model.policy": buses["model"], "resource.weather": buses["resource"]}
@@ -363,7 +361,7 @@ async def test_a_row_on_the_lost_subject_is_never_a_reward(buses: dict[str, Bus]
     """The publisher role may store failure rows of lost tasks; a reward it stores there is read as a failure."""
     publisher = buses["publisher"]
     forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="weather_agent", row={"reward": 1.0})
-    await publisher.js_publish(lost_subject("gym", "f1"), forged, msg_id="f1:0:0")
+    await publisher.js_publish(Subjects("gym").lost("f1"), forged, msg_id="f1:0:0")
     with anyio.fail_after(10):
         stats = await Collector(publisher, "f1", tmp_path / "out.jsonl", expected=1).run()
     assert (stats.rows, stats.failures) == (0, 1)
@@ -379,8 +377,8 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         await ensure_streams(bus)
         row = {**read_jsonl(REPO / "resources/weather/data/example.jsonl")[0], "pad": "x" * (bus.blob_threshold + 10)}
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
-        await bus.js_publish(task_subject("gym", "weather_agent", "b9"), task, msg_id="b9:0:0")
-        stored = await bus.js.get_last_msg(stream_names("gym")["task"], task_subject("gym", "weather_agent", "b9"))
+        await bus.js_publish(Subjects("gym").task("weather_agent", "b9"), task, msg_id="b9:0:0")
+        stored = await bus.js.get_last_msg(Subjects("gym").tasks_stream, Subjects("gym").task("weather_agent", "b9"))
         key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body
