@@ -78,9 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="CONFIG",
-        help="with --secure: the run's config YAML(s), merged in order; each resources.NAME.calls there lets that "
-        "environment's pool (and the role-wide resource credential) call the environments it lists, and its "
-        "jetstream: block sets the replicas and size limits of what the server provisions (repeatable)",
+        help="with --secure: the run's config YAML(s), merged in order; each agent's pool may call only its own "
+        "resource there (needed for --pool agents.NAME), each resources.NAME.calls lets that environment's pool "
+        "(and the role-wide resource credential) call the environments it lists, and its jetstream: block sets "
+        "the replicas and size limits of what the server provisions (repeatable)",
     )
     p.add_argument(
         "--replicas",

@@ -71,6 +71,7 @@ def permissions(
     reach = reach or Reach()
     # nats-py finds a subject's stream by name; the inbox: the role's, or only the pool's own
     pub: list[str] = [sj.js_info(), sj.stream_names()]
+    deny: list[str] = []  # within what ``pub`` allows
     sub: list[str] = [sj.inbox(role, pool)]
     mine = pool or "*"  # the entry this user serves (a role credential: every entry)
     for ns in namespaces:
@@ -123,7 +124,8 @@ def permissions(
                 *_pull(s, "task", pool),
                 sj.lane_replies(sj.lane("agent", mine)),  # status answers
             ]
-            sub += [s.status, *control_news, s.live(s.durable("task", pool) if pool else "*")]
+            sub += [s.status, *control_news, s.live("task", mine)]
+            deny.append(s.lost(">"))  # another agent's results, as far as a role-wide ``*`` goes: never a lost row
         elif role == "model":
             pub += [
                 *streams,
@@ -139,7 +141,7 @@ def permissions(
                 s.model_direct(mine),  # direct calls (core NATS) while a slot is free
                 s.pause(mine),
                 s.resume(mine),
-                s.live(s.durable("model", pool) if pool else "*"),
+                s.live("model", mine),
             ]
         else:  # resource
             # models for LLM judges and user simulators; the environments this one calls by name (their replies
@@ -148,10 +150,10 @@ def permissions(
             # replies (and keepalives) only into calls made to this environment, and status answers
             pub.append(sj.lane_replies(sj.lane("resource", mine)))
             sub += [s.status, s.resource(mine)]
-    return {
-        "publish": {"allow": list(dict.fromkeys(pub))},
-        "subscribe": {"allow": list(dict.fromkeys(sub))},
-    }
+    publish: dict[str, list[str]] = {"allow": list(dict.fromkeys(pub))}
+    if deny:
+        publish["deny"] = deny
+    return {"publish": publish, "subscribe": {"allow": list(dict.fromkeys(sub))}}
 
 
 def _read_kv(*buckets: str) -> list[str]:
@@ -177,7 +179,7 @@ def _pull(s: Subjects, kind: str, pool: str | None) -> list[str]:
         sj.consumer_info(stream, durable),
         sj.pull_next(stream, durable),
         sj.acks(stream, durable),
-        s.live(durable),
+        s.live(kind, pool or "*"),
     ]
 
 

@@ -79,7 +79,7 @@ async def work_queue_puller(
         slots=slots,
         handle=handle,
         heartbeat_s=ack_wait / 3,
-        liveness=names.live(durable),
+        liveness=names.live(kind, name),
     )
 
 

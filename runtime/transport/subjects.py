@@ -362,9 +362,11 @@ class Subjects:
         """A fresh name for a no-ack reader of a batch's results (``collect``, the client, ``status``)."""
         return f"{who}_{_NOT_NAME.sub('_', batch)}_{uuid.uuid4().hex[:8]}"
 
-    def live(self, durable: str) -> str:
-        """Liveness beacons of one pool's workers: tasks taken and finished, so peers nak a dead one's."""
-        return f"{self.ns}.live.{durable}"
+    def live(self, kind: str, name: str) -> str:
+        """Liveness beacons of the workers of one work queue's pool (``kind`` ``task`` or ``model``): what
+        each took and finished, so peers nak a dead one's at once. Per role, so no role hears or forges
+        another's."""
+        return f"{self.ns}.live.{'agent' if kind == 'task' else kind}.{name}"
 
     # -- trainer control
 

@@ -25,7 +25,7 @@ from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import stream_config
-from tests.helpers import read_jsonl
+from tests.helpers import cli, read_jsonl
 
 POOLS = [("agent", "a"), ("agent", "b"), ("resource", "env_a"), ("resource", "env_b"), ("model", "m")]
 REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
@@ -37,12 +37,12 @@ TARGETS = ["gym.result.b.victim", "$JS.API.STREAM.PURGE.GYM_TASKS", "gym.res.env
 # the subjects each credential may both publish and subscribe (or that it would try): its pool's liveness
 # lane and its own reply lane, named as a pool of each kind and as the role-wide credential
 LOOPS = {
-    ("agent", "a"): ["gym.live.agent_a", "_INBOX.agent.a.x.agent.a.0"],
-    ("agent", None): ["gym.live.agent_a", "_INBOX.agent._.x.agent.a.0"],
+    ("agent", "a"): ["gym.live.agent.a", "_INBOX.agent.a.x.agent.a.0"],
+    ("agent", None): ["gym.live.agent.a", "_INBOX.agent._.x.agent.a.0"],
     ("resource", "env_a"): ["_INBOX.resource.env_a.x.res.env_a.0"],
     ("resource", None): ["_INBOX.resource._.x.res.env_a.0"],
-    ("model", "m"): ["gym.live.model_m", "_INBOX.model.m.x.model.m.0"],
-    ("model", None): ["gym.live.model_m", "_INBOX.model._.x.model.m.0"],
+    ("model", "m"): ["gym.live.model.m", "_INBOX.model.m.x.model.m.0"],
+    ("model", None): ["gym.live.model.m", "_INBOX.model._.x.model.m.0"],
     ("publisher", None): ["_INBOX.publisher._.x.res.env_a.0", "gym.status"],
 }
 
@@ -124,10 +124,10 @@ async def test_no_credential_can_borrow_a_reply_to_publish_elsewhere(pooled) -> 
         assert (await admin.js.stream_info("GYM_TASKS")).state.messages == 3
         # the loops themselves worked where a credential may both publish and subscribe: only the answer failed
         for key in [
-            ("agent", "a", "gym.live.agent_a"),
-            ("agent", None, "gym.live.agent_a"),
-            ("model", "m", "gym.live.model_m"),
-            ("model", None, "gym.live.model_m"),
+            ("agent", "a", "gym.live.agent.a"),
+            ("agent", None, "gym.live.agent.a"),
+            ("model", "m", "gym.live.model.m"),
+            ("model", None, "gym.live.model.m"),
             ("agent", "a", "_INBOX.agent.a.x.agent.a.0"),
             ("resource", "env_a", "_INBOX.resource.env_a.x.res.env_a.0"),
             ("model", "m", "_INBOX.model.m.x.model.m.0"),
@@ -181,3 +181,14 @@ async def test_a_direct_get_answer_cannot_store_a_result_as_another_agent(pooled
     finally:
         await thief.close()
         await admin.close()
+
+
+def test_an_agent_pool_without_the_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    """An agent pool may call only its own environment, which only the run's config names."""
+    auth = str(tmp_path / "auth")
+    for extra, said in [
+        ([], "give the server the config (--config CONFIG)"),
+        (["--config", "resources/counter/config.yaml"], "the config has no agents.weather_agent"),
+    ]:
+        r = cli("server", "--secure", auth, "--port", "0", "--pool", "agents.weather_agent", *extra, timeout=60)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -24,6 +24,7 @@ import pytest
 
 from gym_runtime.config import ResourceConfig, load_config
 from gym_runtime.data.collector import Collector
+from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     RolloutResult,
     RolloutTask,
@@ -39,10 +40,11 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.headers import BLOB_HEADER
 from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers.control import ControlView, control_kv
+from gym_runtime.workers.control import ControlView, control_kv, send_pause, send_resume
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from tests.helpers import REPO, read_jsonl, write_jsonl
@@ -264,6 +266,49 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
         assert await view.failed_attempts(key) == 0
     finally:
         for b in (mine, thief):
+            await b.close()
+
+
+async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_only_its_environment(pooled) -> None:
+    """What ``allow_responses`` carried before (discovery, status and pause answers) comes back with every
+    worker on its pool's credential, each answering into its own lane; an agent pool's seed request to its
+    own environment is answered, to another environment's refused by the server (issue 33, items 1 and 4)."""
+    srv, auth = pooled
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    pools = {f"{r}.{p}": await _pool_bus(srv, auth, r, p) for r, p in WEATHER_POOLS}
+    pub = await _pool_bus(srv, auth, "publisher", None)
+    other_agent = await _pool_bus(srv, auth, "agent", "other_agent")
+    other_env = await _pool_bus(srv, auth, "resource", "other_env")
+    row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+    try:
+        async with anyio.create_task_group() as tg:
+            weather = make_workers(pools, cfg, selected(cfg, None))
+            other = ResourceWorker(other_env, "other_env", ResourceConfig(server="resources.weather"))
+            await start_workers(tg, [*weather, other])  # type: ignore[list-item]
+            workers = await discover(pub)
+            assert {(w["role"], w["name"]) for w in workers} == {
+                ("agent", "weather_agent"),
+                ("model", "policy"),
+                ("resource", "weather"),
+                ("resource", "other_env"),
+            }
+            assert all("uptime_s" in w for w in workers)  # each with its live counters
+            replica = next(str(w["worker"]) for w in workers if w["role"] == "model")
+            acks = await send_pause(pub, "policy", {replica}, timeout=10.0)  # every replica acknowledges
+            assert [a.worker for a in acks] == [replica]
+            await send_resume(pub, "policy")
+
+            seeded = [w for w in weather if isinstance(w, ResourceWorker)][0]
+            reply = await other_agent.request(
+                other_env.subjects.seed("other_env"), SeedRequest(row=row), timeout=10.0, op="seed"
+            )
+            assert isinstance(reply, SeedReply) and other.seeded == 1
+            with pytest.raises(Failure, match="no reply"):  # the server drops it: nobody hears it, nothing answers
+                await other_agent.request(pub.subjects.seed("weather"), SeedRequest(row=row), timeout=2.0, op="seed")
+            assert seeded.seeded == 0
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (*pools.values(), pub, other_agent, other_env):
             await b.close()
 
 
