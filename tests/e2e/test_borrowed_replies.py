@@ -35,14 +35,14 @@ REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
 TARGETS = ["gym.result.b.victim", "$JS.API.STREAM.PURGE.GYM_TASKS", "gym.res.env_b.seed", "gym.ctl.batch.victim.cancel"]
 
 # the subjects each credential may both publish and subscribe (or that it would try): its pool's liveness
-# lane and its own reply lane, named as a pool of each kind and as the role-wide credential
+# lane (as spelled now, and before this round) and its own reply lane, as a pool and as the role-wide credential
 LOOPS = {
-    ("agent", "a"): ["gym.live.agent.a", "_INBOX.agent.a.x.agent.a.0"],
-    ("agent", None): ["gym.live.agent.a", "_INBOX.agent._.x.agent.a.0"],
+    ("agent", "a"): ["gym.live.agent.a", "gym.live.agent_a", "_INBOX.agent.a.x.agent.a.0"],
+    ("agent", None): ["gym.live.agent.a", "gym.live.agent_a", "_INBOX.agent._.x.agent.a.0"],
     ("resource", "env_a"): ["_INBOX.resource.env_a.x.res.env_a.0"],
     ("resource", None): ["_INBOX.resource._.x.res.env_a.0"],
-    ("model", "m"): ["gym.live.model.m", "_INBOX.model.m.x.model.m.0"],
-    ("model", None): ["gym.live.model.m", "_INBOX.model._.x.model.m.0"],
+    ("model", "m"): ["gym.live.model.m", "gym.live.model_m", "_INBOX.model.m.x.model.m.0"],
+    ("model", None): ["gym.live.model.m", "gym.live.model_m", "_INBOX.model._.x.model.m.0"],
     ("publisher", None): ["_INBOX.publisher._.x.res.env_a.0", "gym.status"],
 }
 
