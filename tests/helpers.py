@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.permissions import Reach
+from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.transport.bus import Bus
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -94,3 +102,32 @@ def weather(
 
 def rows(n: int) -> list[dict[str, Any]]:
     return [ROWS[i % len(ROWS)] for i in range(n)]
+
+
+@contextlib.contextmanager
+def secured_server(
+    tmp_path: Path, pools: list[tuple[str, str]] | None = None, reach: Reach | None = None
+) -> Iterator[tuple[EmbeddedServer, Path]]:
+    """A ``server --secure`` server and its trust directory, with per-entry credentials for ``pools``
+    (``server --secure DIR --pool ...``) and the environments each entry may call (``reach``)."""
+    auth = ensure_auth_dir(tmp_path / "auth", pools=pools or [])
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), reach=reach)
+    srv.start()
+    try:
+        yield srv, auth
+    finally:
+        srv.stop()
+
+
+async def connect_as(srv: EmbeddedServer, auth: Path, role: str, pool: str | None = None) -> Bus:
+    """A bus on a secured server with ``role``'s credential (or one ``pool``'s)."""
+    return await Bus.connect(
+        srv.url,
+        namespace="gym",
+        telemetry=Telemetry(),
+        name=f"t-{role}" + (f".{pool}" if pool else ""),
+        auth=ClientAuth(auth),
+        role=role,
+        pool=pool,
+        initial_timeout=5,
+    )

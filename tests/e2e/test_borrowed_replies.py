@@ -18,14 +18,10 @@ import pytest
 
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import RolloutResult
-from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
-from gym_runtime.ops.security import ensure_auth_dir
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import stream_config
-from tests.helpers import cli, read_jsonl
+from tests.helpers import cli, connect_as, read_jsonl, secured_server
 
 POOLS = [("agent", "a"), ("agent", "b"), ("resource", "env_a"), ("resource", "env_b"), ("model", "m")]
 REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
@@ -54,31 +50,13 @@ OWN = {"agent.None": {"gym.result.b.victim", "gym.res.env_b.seed"}}
 
 @pytest.fixture
 def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
-    auth = ensure_auth_dir(tmp_path / "auth", pools=POOLS)
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), reach=REACH)
-    srv.start()
-    try:
+    with secured_server(tmp_path, POOLS, REACH) as (srv, auth):
         yield srv, auth
-    finally:
-        srv.stop()
-
-
-async def _connect(srv: EmbeddedServer, auth: Path, role: str, pool: str | None) -> Bus:
-    return await Bus.connect(
-        srv.url,
-        namespace="gym",
-        telemetry=Telemetry(),
-        name=f"attacker-{role}-{pool}",
-        auth=ClientAuth(auth),
-        role=role,
-        pool=pool,
-        initial_timeout=5,
-    )
 
 
 async def test_no_credential_can_borrow_a_reply_to_publish_elsewhere(pooled) -> None:
     srv, auth = pooled
-    admin = await _connect(srv, auth, "admin", None)
+    admin = await connect_as(srv, auth, "admin", None)
     arrived: list[tuple[str, str]] = []  # (target, which credential's answer)
 
     async def spy(msg) -> None:  # type: ignore[no-untyped-def]
@@ -93,7 +71,7 @@ async def test_no_credential_can_borrow_a_reply_to_publish_elsewhere(pooled) -> 
     looped: dict[tuple[str, str | None, str], int] = {}
     try:
         for (role, pool), loops in LOOPS.items():
-            attacker = await _connect(srv, auth, role, pool)
+            attacker = await connect_as(srv, auth, role, pool)
             who = f"{role}.{pool}".encode()  # what its borrowed answer says
             try:
                 for loop in loops:
@@ -149,7 +127,7 @@ async def test_no_credential_can_borrow_a_reply_to_publish_elsewhere(pooled) -> 
 @pytest.mark.xfail(strict=True, reason="JetStream publishes its answers to any reply subject (docs/security.md)")
 async def test_a_direct_get_answer_cannot_delete_a_stream(pooled) -> None:
     srv, auth = pooled
-    admin, model = await _connect(srv, auth, "admin", None), await _connect(srv, auth, "model", "m")
+    admin, model = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "model", "m")
     try:
         # a blob that does not exist: the answer is a header-only 404, which the API reads as an empty request
         await model.nc.publish(
@@ -166,7 +144,7 @@ async def test_a_direct_get_answer_cannot_delete_a_stream(pooled) -> None:
 @pytest.mark.xfail(strict=True, reason="JetStream publishes its answers to any reply subject (docs/security.md)")
 async def test_a_direct_get_answer_cannot_store_a_result_as_another_agent(pooled, tmp_path: Path) -> None:
     srv, auth = pooled
-    admin, thief = await _connect(srv, auth, "admin", None), await _connect(srv, auth, "agent", "a")
+    admin, thief = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "agent", "a")
     try:
         forged = RolloutResult(batch="victim", task_index=0, rollout_index=0, agent="b", row={"reward": 1337.0})
         await thief.js.publish("gym.blob.forged.0", thief.codec.encode(forged), timeout=5.0)  # its own chunk

@@ -38,7 +38,6 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
-from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.headers import BLOB_HEADER
@@ -47,7 +46,7 @@ from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import ControlView, control_kv, send_pause, send_resume
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.runner import make_workers, publish_batch, run_batch, selected, start_workers
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, connect_as, read_jsonl, secured_server, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -125,28 +124,9 @@ ATTACKER_POOLS = [("agent", "other_agent"), ("resource", "other_env"), ("model",
 @pytest.fixture
 def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
     """A secured server whose directory also holds per-entry credentials (``server --secure DIR --pool ...``)."""
-    auth = tmp_path / "auth"
-    ensure_auth_dir(auth, pools=[*WEATHER_POOLS, *ATTACKER_POOLS])
     reach = Reach(agents={"weather_agent": ("weather",), "other_agent": ("other_env",)})  # each agent's environment
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), reach=reach)
-    srv.start()
-    try:
+    with secured_server(tmp_path, [*WEATHER_POOLS, *ATTACKER_POOLS], reach) as (srv, auth):
         yield srv, auth
-    finally:
-        srv.stop()
-
-
-async def _pool_bus(srv: EmbeddedServer, auth: Path, role: str, pool: str | None) -> Bus:
-    return await Bus.connect(
-        srv.url,
-        namespace="gym",
-        telemetry=Telemetry(),
-        name=f"attacker-{role}-{pool}",
-        auth=ClientAuth(auth),
-        role=role,
-        pool=pool,
-        initial_timeout=5,
-    )
 
 
 async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
@@ -157,10 +137,10 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
     node.mkdir()
     for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in WEATHER_POOLS)]:
         shutil.copy(auth / name, node / name)
-    admin = await _pool_bus(srv, auth, "admin", None)
-    res_thief = await _pool_bus(srv, auth, "resource", "other_env")
-    model_thief = await _pool_bus(srv, auth, "model", "other_model")
-    agent_thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    admin = await connect_as(srv, auth, "admin", None)
+    res_thief = await connect_as(srv, auth, "resource", "other_env")
+    model_thief = await connect_as(srv, auth, "model", "other_model")
+    agent_thief = await connect_as(srv, auth, "agent", "other_agent")
     sniffed: list[str] = []
     forged_seen: list[str] = []
     replies: list[tuple[str, dict[str, str]]] = []
@@ -251,8 +231,8 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
     """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
     writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
     srv, auth = pooled
-    mine = await _pool_bus(srv, auth, "agent", "weather_agent")
-    thief = await _pool_bus(srv, auth, "agent", "other_agent")
+    mine = await connect_as(srv, auth, "agent", "weather_agent")
+    thief = await connect_as(srv, auth, "agent", "other_agent")
     try:
         view = ControlView(mine)
         view._kv = await control_kv(mine)
@@ -275,10 +255,10 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
     own environment is answered, to another environment's refused by the server (issue 33, items 1 and 4)."""
     srv, auth = pooled
     cfg = load_config(REPO / "resources/weather/config.yaml")
-    pools = {f"{r}.{p}": await _pool_bus(srv, auth, r, p) for r, p in WEATHER_POOLS}
-    pub = await _pool_bus(srv, auth, "publisher", None)
-    other_agent = await _pool_bus(srv, auth, "agent", "other_agent")
-    other_env = await _pool_bus(srv, auth, "resource", "other_env")
+    pools = {f"{r}.{p}": await connect_as(srv, auth, r, p) for r, p in WEATHER_POOLS}
+    pub = await connect_as(srv, auth, "publisher", None)
+    other_agent = await connect_as(srv, auth, "agent", "other_agent")
+    other_env = await connect_as(srv, auth, "resource", "other_env")
     row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
     try:
         async with anyio.create_task_group() as tg:
