@@ -253,7 +253,8 @@ def test_an_agent_pool_reaches_only_its_own_environment_and_needs_the_config_to_
         server_config(auth, ["gym"], Reach(agents={"b": ("env_b",)}))
 
 
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+REPO = Path(__file__).resolve().parents[1]
+CODE = [REPO / d for d in ("runtime", "agents", "models", "resources")]  # the package and its plugins
 # a subject's spelling: a namespace-relative f-string, NATS's own prefixes, an inbox
 SPELLED = re.compile(
     r"\{(?:[\w.]*\.)?ns\}\.|\$JS\.|\$KV\.|\$SRV|_INBOX|_TASKS|_RESULTS|_BATCHES|_CONTROL|_BLOBS|\.live\.|\.ctl\."
@@ -263,8 +264,8 @@ SPELLED = re.compile(
 def test_no_subject_is_spelled_outside_the_subjects_module() -> None:
     """Docstrings and comments may name subjects; code builds every one with the subjects module."""
     found = []
-    for path in RUNTIME.rglob("*.py"):
-        if path.name == "subjects.py" and path.parent.name == "transport":
+    for path in (p for root in CODE for p in root.rglob("*.py")):
+        if path == REPO / "runtime/transport/subjects.py" or "tests" in path.relative_to(REPO).parts:
             continue
         tree = ast.parse(path.read_text())
         docstrings = {
@@ -283,5 +284,5 @@ def test_no_subject_is_spelled_outside_the_subjects_module() -> None:
             else:
                 continue
             if SPELLED.search(text):
-                found.append(f"{path.relative_to(RUNTIME)}:{node.lineno}: {text[:80]}")
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text[:80]}")
     assert found == []

@@ -422,14 +422,15 @@ class Bus(Bodies, Serving):
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""
         await self.nc.flush()
 
-    async def scatter(self, subject: str, *, wait_s: float) -> list[bytes]:
+    async def scatter(self, subject: str, *, wait_s: float) -> list[tuple[str, bytes]]:
         """Send an empty request to every subscriber of ``subject`` and gather the raw answers for ``wait_s``
-        seconds: each responder answers into its own lane under the request's reply root (``answer``)."""
+        seconds, each with the subject it came on: each responder answers into its own lane under the
+        request's reply root (``answer``), which on a secured bus only it may publish into."""
         root = self.nc.new_inbox()
-        got: list[bytes] = []
+        got: list[tuple[str, bytes]] = []
 
         async def on_answer(msg: Msg) -> None:
-            got.append(msg.data)
+            got.append((msg.subject, msg.data))
 
         sub = await self.nc.subscribe(answers(root), cb=on_answer)
         await self.nc.publish(subject, b"", reply=root)

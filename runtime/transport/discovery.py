@@ -62,14 +62,17 @@ async def register(
 
 
 async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
-    """Every live worker of this namespace with its counters."""
+    """Every live worker of this namespace with its counters. An answer that claims a role and name other
+    than the lane it came in is dropped: on a secured bus only that entry's pool may answer there, so no
+    pool can pass itself off as another's workers (a model replica a pause would wait for, say)."""
     out = []
-    for data in await bus.scatter(bus.subjects.status, wait_s=wait_s):
+    for subject, data in await bus.scatter(bus.subjects.status, wait_s=wait_s):
         try:
             info = json.loads(data)
-        except ValueError:
+            claimed = answer("", lane(str(info["role"]), str(info["name"])))
+        except (ValueError, TypeError, KeyError):
             continue
-        if isinstance(info, dict) and info.get("namespace") == bus.ns:
+        if info.get("namespace") == bus.ns and subject.endswith(claimed):
             out.append(info)
     out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
     return out

@@ -251,11 +251,12 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
 
 async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_only_its_environment(pooled) -> None:
     """What ``allow_responses`` carried before (discovery, status and pause answers) comes back with every
-    worker on its pool's credential, each answering into its own lane; an agent pool's seed request to its
-    own environment is answered, to another environment's refused by the server (issue 33, items 1 and 4)."""
+    worker on its pool's credential, each answering into its own lane, and an answer claiming another lane's
+    worker is not believed; an agent pool's seed request to its own environment is answered, to another
+    environment's refused by the server (issue 33, items 1 and 4)."""
     srv, auth = pooled
     cfg = load_config(REPO / "resources/weather/config.yaml")
-    pools = {f"{r}.{p}": await connect_as(srv, auth, r, p) for r, p in WEATHER_POOLS}
+    pools = {f"{r}.{p}": await connect_as(srv, auth, r, p) for r, p in WEATHER_POOLS}  # the honest nodes
     pub = await connect_as(srv, auth, "publisher", None)
     other_agent = await connect_as(srv, auth, "agent", "other_agent")
     other_env = await connect_as(srv, auth, "resource", "other_env")
@@ -265,6 +266,13 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
             weather = make_workers(pools, cfg, selected(cfg, None))
             other = ResourceWorker(other_env, "other_env", ResourceConfig(server="resources.weather"))
             await start_workers(tg, [*weather, other])  # type: ignore[list-item]
+            forged = {"namespace": "gym", "role": "model", "name": "policy", "worker": "ghost", "uptime_s": 1.0}
+
+            async def pose(msg: Any) -> None:  # another pool passes itself off as a replica a pause would wait for
+                for lane in ("agent.other_agent", "model.policy"):  # its own lane, and the model's (refused)
+                    await other_agent.nc.publish(f"{msg.reply}.{lane}.0", json.dumps(forged).encode())
+
+            await other_agent.nc.subscribe("gym.status", cb=pose)
             workers = await discover(pub)
             assert {(w["role"], w["name"]) for w in workers} == {
                 ("agent", "weather_agent"),
@@ -273,6 +281,7 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
                 ("resource", "other_env"),
             }
             assert all("uptime_s" in w for w in workers)  # each with its live counters
+            assert "ghost" not in {w["worker"] for w in workers}
             replica = next(str(w["worker"]) for w in workers if w["role"] == "model")
             acks = await send_pause(pub, "policy", {replica}, timeout=10.0)  # every replica acknowledges
             assert [a.worker for a in acks] == [replica]
