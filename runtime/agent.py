@@ -36,6 +36,7 @@ from gym_runtime.messages import (
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import NoResponders
+from gym_runtime.transport.subjects import Subjects
 
 TOOL_TIMEOUT_S = 300.0
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
@@ -100,7 +101,7 @@ class Session:
     def id(self) -> str | None:
         return self._seed.session if self._seed else None
 
-    async def _op(self, first: ToolCall | VerifyRequest, suffix: str, *, timeout: float, op: str) -> Any:
+    async def _op(self, first: ToolCall | VerifyRequest, kind: str, *, timeout: float, op: str) -> Any:
         if self._seed is None:
             async with self._lock:
                 if self._seed is None:
@@ -109,7 +110,10 @@ class Session:
                     return reply.result
         seed = self._seed
         return await self._bus.request(
-            seed.address + suffix, msgspec.structs.replace(first, session=seed.session), timeout=timeout, op=op
+            Subjects.session_op(seed.address, kind),
+            msgspec.structs.replace(first, session=seed.session),
+            timeout=timeout,
+            op=op,
         )
 
     async def _first(self, first: ToolCall | VerifyRequest, *, timeout: float, op: str) -> SeedReply:
@@ -135,7 +139,7 @@ class Session:
 
     async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         return await self._op(
-            ToolCall(session="", name=name, arguments=arguments), ".tool", timeout=timeout, op=f"tool {name}"
+            ToolCall(session="", name=name, arguments=arguments), "tool", timeout=timeout, op=f"tool {name}"
         )
 
     async def verify(
@@ -144,7 +148,7 @@ class Session:
         """Score the response; by default the worker also closes the session (no extra message)."""
         row = {**self._indices, **row} if self._indices else row
         reply = await self._op(
-            VerifyRequest(session="", row=row, response=response, close=close), ".verify", timeout=timeout, op="verify"
+            VerifyRequest(session="", row=row, response=response, close=close), "verify", timeout=timeout, op="verify"
         )
         self._closed = self._closed or close
         return reply
@@ -156,7 +160,8 @@ class Session:
         if self._seed is None:
             return  # never opened on any worker
         try:
-            await self._bus.publish(self._seed.address + ".close", CloseSession(session=self._seed.session))
+            close = CloseSession(session=self._seed.session)
+            await self._bus.publish(Subjects.session_op(self._seed.address, "close"), close)
         except Exception:  # closing is best-effort; the worker reaps idle sessions
             pass
 
@@ -226,7 +231,7 @@ class AgentContext:
         task = self.task
         return Session(
             self._bus,
-            self._bus.subject("res", name, "seed"),
+            self._bus.subjects.seed(name),
             self.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
             check=task.check,

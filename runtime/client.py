@@ -45,7 +45,7 @@ from gym_runtime.service.runner import drain, make_workers, selected, start_work
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import ensure_streams, task_subject
+from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
@@ -488,7 +488,7 @@ class Client:
                 **self._task_fields(version, max_staleness, checks)(name),
             )
             await self.bus.js_publish(
-                task_subject(self.bus.ns, name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
+                self.bus.subjects.task(name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
             )
             out, ok = await fut
         finally:

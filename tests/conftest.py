@@ -7,23 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ROLES
 from gym_runtime.transport.bus import Bus
+from tests.helpers import connect_as, secured_server
 
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
     """A ``server --secure`` server and its trust directory."""
-    auth = tmp_path / "auth"
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
-    srv.start()
-    try:
+    with secured_server(tmp_path) as (srv, auth):
         yield srv, auth
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
@@ -33,15 +27,7 @@ async def buses(secured: tuple[EmbeddedServer, Path]) -> AsyncIterator[dict[str,
     out: dict[str, Bus] = {}
     try:
         for role in ROLES:
-            out[role] = await Bus.connect(
-                srv.url,
-                namespace="gym",
-                telemetry=Telemetry(),
-                name=f"t-{role}",
-                auth=ClientAuth(auth),
-                role=role,
-                initial_timeout=5,
-            )
+            out[role] = await connect_as(srv, auth, role)
         yield out
     finally:
         for b in out.values():

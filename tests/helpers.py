@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from gym_runtime.config import Config, load_config, resolve_config
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.permissions import Reach
+from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
 
@@ -125,3 +130,23 @@ async def pool_bus(url: str, auth: str | Path, role: str, pool: str | None = Non
         pool=pool,
         initial_timeout=5,
     )
+
+
+@contextlib.contextmanager
+def secured_server(
+    tmp_path: Path, pools: list[tuple[str, str]] | None = None, reach: Reach | None = None
+) -> Iterator[tuple[EmbeddedServer, Path]]:
+    """A ``server --secure`` server and its trust directory, with per-entry credentials for ``pools``
+    (``server --secure DIR --pool ...``) and the environments each entry may call (``reach``)."""
+    auth = ensure_auth_dir(tmp_path / "auth", pools=pools or [])
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), reach=reach)
+    srv.start()
+    try:
+        yield srv, auth
+    finally:
+        srv.stop()
+
+
+async def connect_as(srv: EmbeddedServer, auth: Path, role: str, pool: str | None = None) -> Bus:
+    """A bus on a secured server (``secured_server``) with ``role``'s credential (or one ``pool``'s)."""
+    return await pool_bus(srv.url, auth, role, pool)

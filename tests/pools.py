@@ -21,7 +21,7 @@ from gym_runtime.data.batches import Manifest, put_manifest
 from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_subject
+from gym_runtime.transport.jetstream import ensure_streams
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 N_TASKS = 12
@@ -184,7 +184,7 @@ async def publish_results(url: str, indexes: range, *, every_s: float = 0.0, man
         async with anyio.create_task_group() as tg:
             for i in indexes:
                 tg.start_soon(
-                    lambda i=i: bus.js_publish(result_subject(bus.ns, "agent", "long"), result(i), msg_id=f"long:{i}:0")
+                    lambda i=i: bus.js_publish(bus.subjects.result("agent", "long"), result(i), msg_id=f"long:{i}:0")
                 )
                 if every_s:
                     await anyio.sleep(every_s)

@@ -16,7 +16,8 @@ import msgspec
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_msg_id, result_subject
+from gym_runtime.transport.jetstream import ensure_streams, result_msg_id
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import put_batch, read_jsonl
 
 TASKS, REPEATS = 4, 2
@@ -40,7 +41,7 @@ async def store_all(bus: Bus) -> None:
     order = [(t, r) for t in range(TASKS) for r in range(REPEATS)]
     random.Random(7).shuffle(order)
     for t, r in [*order, *order[:3]]:  # three of them stored twice (a redelivered rollout)
-        await bus.js_publish(result_subject("gym", "a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
+        await bus.js_publish(Subjects("gym").result("a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
 
 
 async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_att
         row(2, 1, False),
     ]:
         msg_id = result_msg_id("r", res.task_index, 0, res.attempts)
-        await bus.js_publish(result_subject("gym", "a", "r"), res, msg_id=msg_id)
+        await bus.js_publish(Subjects("gym").result("a", "r"), res, msg_id=msg_id)
     with anyio.fail_after(30):
         stats = await Collector(bus, await put_batch(bus, "r", 3), tmp_path / "out.jsonl").run()
     assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl")] == [0, 1]

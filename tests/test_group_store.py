@@ -12,10 +12,10 @@ import anyio
 
 from gym_runtime.messages import RolloutResult
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import result_subject, stream_names
+from gym_runtime.transport.subjects import Subjects
 
 K = 3
-SUBJECT = result_subject("gym", "agent", "b")
+SUBJECT = Subjects("gym").result("agent", "b")
 
 
 def row(i: int, run: int) -> tuple[RolloutResult, str]:
@@ -25,7 +25,7 @@ def row(i: int, run: int) -> tuple[RolloutResult, str]:
 
 async def stored(bus: Bus) -> list[tuple[int, Any]]:
     """(rollout index, run) of every result stored, in stream order."""
-    info = await bus.js.stream_info(stream_names("gym")["result"])
+    info = await bus.js.stream_info(Subjects("gym").results_stream)
     sub = await bus.js.subscribe(SUBJECT, ordered_consumer=True)
     out = []
     for _ in range(info.state.messages):

@@ -27,7 +27,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
@@ -50,7 +50,7 @@ def scripted(*, concurrency: int, delay_s: float = 0.0) -> ModelConfig:
 
 async def stored_calls(bus: Bus) -> int:
     """Model calls the work queue ever stored (its last sequence number: acked calls are removed)."""
-    info = await bus.js.stream_info(stream_names(bus.ns)["model"])
+    info = await bus.js.stream_info(bus.subjects.model_stream)
     return int(info.state.last_seq)
 
 
@@ -137,7 +137,7 @@ async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: Embedd
         assert 1 <= queued <= 4  # at least two went direct; the others waited in the queue
 
         async def acked() -> bool:  # an ack is a publish: the queue deletes the call when the server reads it
-            return await message_count(bus, stream_names(bus.ns)["model"]) == 0
+            return await message_count(bus, bus.subjects.model_stream) == 0
 
         await until(acked, within=10)  # and were all acked
 
@@ -245,7 +245,7 @@ async def weather_on_one_slot(
         await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
         with anyio.fail_after(90):
             stats = await Collector(bus, await put_batch(bus, "b", n, agent="agent"), tmp_path / "out.jsonl").run()
-            while await message_count(bus, stream_names(bus.ns)["model"]) or served.gate.active:
+            while await message_count(bus, bus.subjects.model_stream) or served.gate.active:
                 await anyio.sleep(0.1)  # a queued call leaves the queue when it ends; a direct one is only active
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()

@@ -13,14 +13,15 @@ import anyio
 from gym_runtime.messages import ToolCall
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import message_count, stream_names, task_subject
+from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.pull import work_queue_puller
+from gym_runtime.transport.subjects import Subjects
 
 
 async def publish(bus: Bus, n: int) -> float:
     t0 = time.time()
     for i in range(n):
-        await bus.js.publish(task_subject(bus.ns, "a", "b1"), b"%d" % i)
+        await bus.js.publish(bus.subjects.task("a", "b1"), b"%d" % i)
     return t0
 
 
@@ -49,7 +50,7 @@ async def test_a_worker_never_holds_more_than_its_slots(bus: Bus) -> None:
         tg.cancel_scope.cancel()
     assert peak == 3 and sorted(done) == sorted(b"%d" % i for i in range(20))
     with anyio.fail_after(5):  # acked (acks are not waited for): the work queue empties
-        while await message_count(bus, stream_names("gym")["task"]):
+        while await message_count(bus, Subjects("gym").tasks_stream):
             await anyio.sleep(0.05)
 
 

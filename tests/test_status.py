@@ -10,7 +10,6 @@ from gym_runtime.errors import UserError
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.ops.status import BatchWatch, gather, render_batch
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import lost_subject, result_subject
 
 
 async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
@@ -22,7 +21,7 @@ async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
         row=None if failed else {"reward": 1.0},
         error=ErrorInfo(error_class="tool_error", message="x") if failed else None,
     )
-    await bus.js_publish(result_subject(bus.ns, "a", "w"), res, msg_id=f"w:{task}:0")
+    await bus.js_publish(bus.subjects.result("a", "w"), res, msg_id=f"w:{task}:0")
 
 
 async def test_a_batch_is_counted_as_its_results_land(bus: Bus) -> None:
@@ -61,8 +60,8 @@ async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_
     ``collect`` reads it; a body that does not decode is a failure too, not a watch that dies."""
     await put_manifest(bus, Manifest(batch="w", expected=3, tasks=3, repeats=1, agents={"a": 3}, input="-"))
     forged = RolloutResult(batch="w", task_index=0, rollout_index=0, agent="a", row={"reward": 1.0})
-    await bus.js_publish(lost_subject(bus.ns, "w"), forged, msg_id="w:0:0")
-    await bus.nc.publish(result_subject(bus.ns, "a", "w"), b"not a result", headers={"Nats-Msg-Id": "w:1:0"})
+    await bus.js_publish(bus.subjects.lost("w"), forged, msg_id="w:0:0")
+    await bus.nc.publish(bus.subjects.result("a", "w"), b"not a result", headers={"Nats-Msg-Id": "w:1:0"})
     await bus.nc.flush()
     await store(bus, 2)
     async with anyio.create_task_group() as tg:

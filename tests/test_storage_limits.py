@@ -32,7 +32,8 @@ async def _limits(bus: Bus) -> dict[str, int]:
     await jetstream.ensure_streams(bus)
     await jetstream.ensure_blob_stream(bus)
     await batches._kv(bus)
-    names = [*jetstream.stream_names(bus.ns).values(), jetstream.blob_stream_name(bus.ns), "KV_GYM_BATCHES"]
+    s = bus.subjects
+    names = [s.tasks_stream, s.results_stream, s.model_stream, s.blob_stream, "KV_GYM_BATCHES"]
     out = {}
     for name in names:
         cfg = await jetstream.stream_config(bus, name)
@@ -52,9 +53,9 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
     repeats = 40
     n = repeats * len(WEATHER_ROWS)
     cfg = load_config(WEATHER, [])
-    names = jetstream.stream_names("gym")
+    names = bus.subjects
     await publish_rows(bus, WEATHER_ROWS, batch="m", agents=["weather_agent"], repeats=repeats)
-    task_bytes = (await jetstream.stream_config(bus, names["task"]) or {})["bytes"] / n
+    task_bytes = (await jetstream.stream_config(bus, names.tasks_stream) or {})["bytes"] / n
     workers = make_workers(bus, cfg, selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
@@ -64,11 +65,11 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     assert stats.rows == n
-    result_bytes = (await jetstream.stream_config(bus, names["result"]) or {})["bytes"] / n
+    result_bytes = (await jetstream.stream_config(bus, names.results_stream) or {})["bytes"] / n
     limits = await _limits(bus)
     assert 300 < task_bytes < 2_000 and 800 < result_bytes < 4_000, (task_bytes, result_bytes)
-    assert limits[names["task"]] >= 1_000_000 * task_bytes * 2  # rows twice a weather row's size fit too
-    assert limits[names["result"]] >= 1_000_000 * result_bytes * 2
+    assert limits[names.tasks_stream] >= 1_000_000 * task_bytes * 2  # rows twice a weather row's size fit too
+    assert limits[names.results_stream] >= 1_000_000 * result_bytes * 2
 
 
 def small_server(tmp_path: Path, store: int) -> EmbeddedServer:

@@ -13,11 +13,12 @@ from typing import Any
 
 import anyio
 
-from gym_runtime.config import Config, load_config, resolve_config, resource_calls
+from gym_runtime.config import Config, load_config, resolve_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.secrets import check_argv_secret
 from gym_runtime.ops.security import AUTH_DIR_ENV, ensure_auth_dir
 from gym_runtime.plugins import config_path
@@ -175,7 +176,7 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     with EmbeddedServer(
         secure_dir=secure,
         namespaces=[cfg.namespace],
-        calls=resource_calls(cfg),
+        reach=Reach.of(cfg),
         jetstream=cfg.jetstream,
         sync=cfg.jetstream.sync,
     ) as server:

@@ -52,6 +52,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.bus import Bus
     from gym_runtime.transport.connect import JetStreamNotReady, NotProvisioned, ServerUnreachable
     from gym_runtime.transport.discovery import discover
+    from gym_runtime.transport.subjects import js_info
 
     url = need_url(args, None)
     role = _role(args.role)
@@ -77,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
         )
         try:
             try:
-                await bus.raw_request("$JS.API.INFO", b"", timeout=args.timeout)
+                await bus.raw_request(js_info(), b"", timeout=args.timeout)
             except Exception as e:
                 return f"JetStream does not answer: {type(e).__name__}"
             if role is not None:

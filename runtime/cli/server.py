@@ -22,9 +22,10 @@ from urllib.parse import urlparse
 import msgspec
 
 from gym_runtime.cli._common import err
-from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw, resource_calls
+from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw
 from gym_runtime.errors import UserError
 from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
 from gym_runtime.transport.jetstream import parse_size
 
@@ -84,9 +85,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="CONFIG",
-        help="with --secure: the run's config YAML(s), merged in order; each resources.NAME.calls there lets that "
-        "environment's pool (and the role-wide resource credential) call the environments it lists, and its "
-        "jetstream: block sets the replicas and size limits of what the server provisions (repeatable)",
+        help="with --secure: the run's config YAML(s), merged in order; each agent's pool may call only its own "
+        "resource there (needed for --pool agents.NAME), each resources.NAME.calls lets that environment's pool "
+        "(and the role-wide resource credential) call the environments it lists, and its jetstream: block sets "
+        "the replicas and size limits of what the server provisions (repeatable)",
     )
     p.add_argument(
         "--replicas",
@@ -196,7 +198,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         http_host=args.http_host,
         secure_dir=args.secure,
         namespaces=args.namespaces or ["gym"],
-        calls=resource_calls(cfg) if cfg is not None else {},
+        reach=Reach.of(cfg),
         jetstream=provision_settings(args, cfg, nodes) if args.secure else None,
     )
 

@@ -550,11 +550,6 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     return cfg
 
 
-def resource_calls(cfg: Config) -> dict[str, list[str]]:
-    """Which resources each resources entry may call (``resources.NAME.calls``), for the server's permissions."""
-    return {name: list(r.calls) for name, r in cfg.resources.items() if r.calls}
-
-
 def resolve_config(cfg: Config) -> Config:
     """Import the adapters and agents ``cfg`` names and let them check their options; returns ``cfg``.
 

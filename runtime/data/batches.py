@@ -126,17 +126,13 @@ class TaskOwners:
         return self._names[bisect_right(self._starts, task) - 1] == agent
 
 
-def _bucket(bus: Bus) -> str:
-    return f"{bus.ns.upper().replace('-', '_')}_BATCHES"
-
-
 async def _kv(bus: Bus) -> jetstream.KV:
-    return await jetstream.kv_bucket(bus, _bucket(bus))
+    return await jetstream.kv_bucket(bus, bus.subjects.batches_bucket)
 
 
 async def put_manifest(bus: Bus, manifest: Manifest) -> None:
     kv = await _kv(bus)
-    await kv.put(manifest.batch, msgspec.json.encode(manifest))
+    await kv.put(bus.subjects.manifest_key(manifest.batch), msgspec.json.encode(manifest))
 
 
 async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest | None:
@@ -144,7 +140,7 @@ async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest
     kv = await _kv(bus)
     deadline = time.monotonic() + wait_s
     while True:
-        value = await kv.get(batch)
+        value = await kv.get(bus.subjects.manifest_key(batch))
         if value is not None:
             return msgspec.json.decode(value, type=Manifest)
         if time.monotonic() >= deadline:
@@ -158,8 +154,7 @@ async def purge_batch(bus: Bus, batch: str) -> int:
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
     """
-    removed = await jetstream.purge_subject(
-        bus, jetstream.stream_names(bus.ns)["result"], jetstream.batch_results(bus.ns, batch)
-    )
-    await jetstream.delete_key(bus, _bucket(bus), batch)
+    names = bus.subjects
+    removed = await jetstream.purge_subject(bus, names.results_stream, names.batch_results(batch))
+    await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

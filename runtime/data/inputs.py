@@ -26,7 +26,7 @@ from gym_runtime.data.batches import Owners
 from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, task_subject
+from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.transport.tasks import TaskSet
 
 _decoder = msgspec.json.Decoder()
@@ -276,7 +276,7 @@ async def publish_rows(
         tg.start_soon(tasks.guard)
         for index, row in enumerate(rows):
             name = choose_agent(row, agents, agent)
-            subject = task_subject(bus.ns, name, batch)
+            subject = bus.subjects.task(name, batch)
             group = repeats if repeats > 1 and grouped(name) else 0
             for r in range(1 if group else repeats):
                 await limiter.acquire()

@@ -23,6 +23,7 @@ from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import MSG_ID_HEADER
+from gym_runtime.transport.subjects import LOST
 
 log = logs.get("gym.intake")
 
@@ -57,8 +58,8 @@ class Intake:
         self.refused = 0
 
     def slot(self, res: RolloutResult, subject: str) -> int | None:
-        parts = jetstream.result_subject_parts(self.bus.ns, subject)
-        if parts is not None and parts[0] == jetstream.LOST:
+        parts = self.bus.subjects.result_parts(subject)
+        if parts is not None and parts[0] == LOST:
             return None  # a reader's record of a lost slot: each reader decides that from the server's counts
         cause = self._refusal(res, parts)
         if cause is not None:
@@ -85,8 +86,8 @@ class Intake:
 
     def lost_record(self, res: RolloutResult, subject: str) -> int | None:
         """The slot a reader's record of a lost slot names (``status`` shows it as failed), else None."""
-        parts = jetstream.result_subject_parts(self.bus.ns, subject)
-        if parts != (jetstream.LOST, self.batch) or res.batch != self.batch:
+        parts = self.bus.subjects.result_parts(subject)
+        if parts != (LOST, self.batch) or res.batch != self.batch:
             return None
         if not 0 <= res.rollout_index < self.repeats or res.task_index < 0:
             return None
@@ -112,7 +113,7 @@ def unreadable_result(bus: Bus, msg: Delivery, e: Exception) -> RolloutResult | 
     """The failure of a stored result whose body cannot be read, named by its ``Nats-Msg-Id`` and subject;
     ``None`` when they name none (logged: not a result of ours)."""
     slot = jetstream.result_id_slot((msg.headers or {}).get(MSG_ID_HEADER, ""))
-    parts = jetstream.result_subject_parts(bus.ns, msg.subject)
+    parts = bus.subjects.result_parts(msg.subject)
     if slot is None or parts is None:
         log.warning("result.unreadable", subject=msg.subject, error=str(e))
         return None

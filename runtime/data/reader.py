@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +32,7 @@ from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.subjects import advisory
 
 log = logs.get("gym.reader")
 
@@ -72,8 +71,8 @@ class BatchReader:
         self._take = take
         self._empty = empty
         self._owner = owner
-        self.stream = jetstream.stream_names(bus.ns)["result"]
-        self.consumer = f"{name}_{re.sub(r'[^A-Za-z0-9_-]', '_', self.batch)}_{uuid.uuid4().hex[:8]}"
+        self.stream = bus.subjects.results_stream
+        self.consumer = bus.subjects.reader(name, self.batch)
         self.handled = 0  # messages handled (taken, refused or unreadable)
         self.taken = 0  # ... of which the intake admitted
         self._last_seq = 0  # the stream sequence of the last one: where a reader made again reads on
@@ -97,7 +96,7 @@ class BatchReader:
 
     async def open(self) -> None:
         """Make the consumer (it reads from the start of the stream, whenever ``run`` starts)."""
-        subject = jetstream.batch_results(self.bus.ns, self.batch)
+        subject = self.bus.subjects.batch_results(self.batch)
         await jetstream.add_reader(self.bus, self.stream, self.consumer, subject, acked=True)
 
         async def recreate() -> None:  # deleted by someone else: read on from where we were
@@ -157,7 +156,7 @@ class BatchReader:
     async def _tick(self) -> None:
         """Every ``TICK_S``: ack what was handled; with empty slots and no result taken since the last tick,
         settle lost slots (at once, too, when JetStream announces a terminated task)."""
-        tasks = jetstream.stream_names(self.bus.ns)["task"]
+        tasks = self.bus.subjects.tasks_stream
         poke = anyio.Event()
 
         async def on_advisory(_: Any) -> None:
@@ -166,7 +165,7 @@ class BatchReader:
         subs = []
         if self._empty is not None:
             subs = [
-                await self.bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>", cb=on_advisory)
+                await self.bus.nc.subscribe(advisory(e, tasks), cb=on_advisory)
                 for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
             ]
         try:
@@ -194,7 +193,7 @@ class BatchReader:
         manifest = await get_manifest(self.bus, self.batch)
         if manifest is None or not manifest.published:  # tasks may still be on their way
             return
-        if await jetstream.subject_count(self.bus, tasks, jetstream.task_subject(self.bus.ns, "*", self.batch)):
+        if await jetstream.subject_count(self.bus, tasks, self.bus.subjects.batch_tasks(self.batch)):
             return  # queued or held: a worker may still store its result
         # every result is stored before its task is acked: all that will come is in the stream now
         await self._ack_handled()
@@ -220,7 +219,7 @@ class BatchReader:
 
     async def _record(self, lost: list[RolloutResult]) -> None:
         """Store a record of each lost slot, under an id no result has (best effort: the rows are taken anyway)."""
-        subject = jetstream.lost_subject(self.bus.ns, self.batch)
+        subject = self.bus.subjects.lost(self.batch)
         try:
             for i in range(0, len(lost), RECORD_IN_FLIGHT):
                 await asyncio.gather(

@@ -1,7 +1,7 @@
 """``gym-runtime reverify``: recompute the rewards of recorded rollouts.
 
 Each row of a NeMo Gym rollouts file (its task fields + ``response``) goes to
-the resource's stateless verify path — the ``{ns}.res.{name}.verify`` queue
+the resource's stateless verify path — the ``Subjects.stateless_verify`` queue
 group, so every replica shares the work. A resource whose state comes from its
 tools (``reverify = "replay"``) rebuilds it by running the response's function
 calls first. Rows are written in input order; at most ``in_flight`` rows are in
@@ -156,7 +156,7 @@ async def reverify_file(
     the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them."""
     src, out = Path(src), Path(out)
     failures_path = sidecar_paths(out)[0]
-    subject = bus.subject("res", resource, "verify")
+    subject = bus.subjects.stateless_verify(resource)
     report = ReverifyReport(joined=tasks is not None)
     limiter = anyio.Semaphore(in_flight)
     results: dict[int, tuple[bytes, bool]] = {}

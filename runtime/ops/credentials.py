@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime.errors import AuthError
-from gym_runtime.ops.security import AUTH_DIR_ENV, CA_CERT, creds_path, inbox_prefix
+from gym_runtime.ops.security import AUTH_DIR_ENV, CA_CERT, creds_path
+from gym_runtime.transport.subjects import inbox_prefix
 
 
 def check_seed(path: Path) -> None:

@@ -110,7 +110,8 @@ class EmbeddedServer:
     log_file: str | None = None
     secure_dir: str | None = None  # TLS + nkey users + per-role permissions (gym_runtime.ops.security)
     namespaces: list[str] = field(default_factory=lambda: ["gym"])  # whose subjects the roles may use
-    calls: dict[str, list[str]] = field(default_factory=dict)  # with secure_dir: resources.NAME.calls of the config
+    # with secure_dir: which environments each agent and resources entry may call (from the run's config)
+    reach: permissions.Reach | None = None
     # with secure_dir: the run's ``jetstream:`` settings (replicas, limits) for what the admin provisions
     jetstream: JetStreamConfig | None = None
     server_name: str | None = None  # required (and unique) in a JetStream cluster
@@ -263,7 +264,7 @@ class EmbeddedServer:
         if not self.secure_dir:
             return ""
         security.ensure_auth_dir(self.secure_dir, host=self.host)
-        return permissions.server_config(self.secure_dir, self.namespaces, self.calls).rstrip("\n")
+        return permissions.server_config(self.secure_dir, self.namespaces, self.reach).rstrip("\n")
 
     def _stop_provisioning(self) -> None:
         provisioner, self._provisioner = self._provisioner, None

@@ -1,8 +1,11 @@
 """What each role and pool may do on the bus: NATS subject permissions, and the server config that holds them.
 
-Derived from the runtime's subjects (``{ns}.task``, ``{ns}.result``, ``{ns}.res``, ``{ns}.model``,
-``{ns}.call``, inboxes and ``$JS`` API subjects); the rules and why they are so are in
-``gym_runtime.ops.security``'s docstring and docs/security.md.
+Derived from the subjects module (``gym_runtime.transport.subjects``), the one the code publishes and
+subscribes with, so a role is allowed exactly what its code does (``tests/test_subjects.py`` checks
+every subject against every role). No role has ``allow_responses``: a credential that may both
+publish and subscribe a subject could send itself a message whose reply names any subject and then
+publish there. Every answer goes into a reply lane that names its responder instead. The rules and why
+they are so: ``gym_runtime.ops.security``'s docstring and docs/security.md.
 """
 
 from __future__ import annotations
@@ -11,118 +14,197 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from gym_runtime.config import Config
 from gym_runtime.errors import AuthError
-from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, inbox_prefix, pools_in, public_key
+from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, pools_in, public_key
+from gym_runtime.transport import subjects as sj
+from gym_runtime.transport.subjects import Subjects
 
 
-def _base(ns: str) -> str:
-    return ns.upper().replace("-", "_")
+class Reach(msgspec.Struct, frozen=True, kw_only=True):
+    """Which environments each config entry may call, from the run's config (``Reach.of``).
+
+    ``agents``: an agent's own resource (None: no config was given, and the role-wide agent credential
+    may call every environment; an agent pool then has none to be scoped by, which ``server_config``
+    refuses). ``resources``: the environments a resources entry's ``calls`` lists (none: it calls none).
+    """
+
+    agents: dict[str, tuple[str, ...]] | None = None
+    resources: dict[str, tuple[str, ...]] = {}
+
+    @classmethod
+    def of(cls, cfg: Config | None) -> Reach:
+        if cfg is None:
+            return cls()
+        return cls(
+            agents={name: (a.resource,) if a.resource else () for name, a in cfg.agents.items()},
+            resources={name: tuple(r.calls) for name, r in cfg.resources.items() if r.calls},
+        )
+
+    def environments(self, role: str, pool: str | None) -> list[str] | None:
+        """The environments ``role`` (one ``pool`` of it, or the role-wide credential: the union) may call;
+        None: every one."""
+        table = self.agents if role == "agent" else self.resources
+        if table is None:
+            return None
+        if pool is not None:
+            return list(table.get(pool, ()))
+        return sorted({env for envs in table.values() for env in envs})
 
 
 def permissions(
-    role: str, namespaces: list[str], pool: str | None = None, calls: dict[str, list[str]] | None = None
+    role: str, namespaces: list[str], pool: str | None = None, reach: Reach | None = None
 ) -> dict[str, Any]:
     """What ``role`` (or one ``pool`` of it) may publish and subscribe to, in every namespace it works in.
 
-    Allow-lists only: anything not listed is refused by the server (so e.g. no
-    role but admin can create or delete a stream, and only agents publish results).
-    ``calls`` (``resources.NAME.calls`` of the config): the other environments a resource
-    pool may call (seed, tools, verify); the role-wide resource credential may call every
-    environment some entry calls. With none given, no environment calls another.
+    Allow-lists only: anything not listed is refused by the server (so e.g. no role but admin can
+    create or delete a stream, and only agents publish results). ``reach``: the environments an agent
+    or resource entry may call (``Reach``); none given: no environment calls another, and agents may
+    call every environment.
     """
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
-    api = "$JS.API"
+    if role not in ROLES:
+        raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    reach = reach or Reach()
     # nats-py finds a subject's stream by name; the inbox: the role's, or only the pool's own
-    pub: list[str] = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
-    sub: list[str] = [f"{inbox_prefix(role, pool)}.>" if pool else f"_INBOX.{role}.>"]
+    pub: list[str] = [sj.js_info(), sj.stream_names()]
+    deny: list[str] = []  # within what ``pub`` allows
+    sub: list[str] = [sj.inbox(role, pool)]
     mine = pool or "*"  # the entry this user serves (a role credential: every entry)
     for ns in namespaces:
-        b = _base(ns)
-        tasks, results, model = f"{b}_TASKS", f"{b}_RESULTS", f"{b}_MODEL"
-        kv, blobs, ctl = f"KV_{b}_BATCHES", f"{b}_BLOBS", f"KV_{b}_CONTROL"
-        pub += [f"{api}.STREAM.INFO.{s}" for s in (tasks, results, model, kv, ctl)]
+        s = Subjects(ns)
+        control, batches = s.control_bucket, s.batches_bucket
         # bodies over the max payload: write-once chunks, read only by the key their message carries (a
         # last-by-subject direct get); no stream info (its subjects_filter lists keys), consumer or get by
         # sequence on the blob stream, so no role can list or read bodies it was not sent
-        pub += [f"{ns}.blob.>", f"{api}.DIRECT.GET.{blobs}.{ns}.blob.>"]
+        pub += [s.all_blobs, sj.direct_get(s.blob_stream, s.all_blobs)]
+        models = [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
 
-        def pull(stream: str, subject: str, durable: str = "*") -> list[str]:
-            out = [
-                # named creation only: the filter is in the API subject, so the server checks it against the allow
-                # list (the legacy DURABLE.CREATE carries it in the body, where a pool could name any queue)
-                f"{api}.CONSUMER.CREATE.{stream}.{durable}.{subject}",
-                f"{api}.CONSUMER.INFO.{stream}.{durable}",
-                f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
-            ]
-            return [*out, f"$JS.ACK.{stream}.{durable}.>"]
-
-        worker_sub = ["$SRV.>", f"{ns}.status.*", f"{ns}.ctl.>"]
-        # the batch manifests and the trainer's control state (policy versions, pauses, cancelled batches)
-        kv_read = [
-            x
-            for k in (kv, ctl)
-            for x in (f"{api}.DIRECT.GET.{k}", f"{api}.DIRECT.GET.{k}.>", f"{api}.STREAM.MSG.GET.{k}")
-        ]
-        calls_models = [f"{ns}.model.>", f"{ns}.call.model.>"]
+        # the streams every process checks are there before it starts (``ensure_streams``)
+        streams = [sj.stream_info(x) for x in (s.tasks_stream, s.results_stream, s.model_stream)]
+        control_news = [s.policy_version("*"), s.cancel("*")]  # what every worker's ControlView hears
         if role == "publisher":
             pub += [
-                f"{ns}.task.>",
-                f"{ns}.ctl.>",
-                f"$KV.{b}_BATCHES.>",
-                f"$KV.{b}_CONTROL.>",
-                *kv_read,
-                # readers of batches (collect, the client) ack what they handled: the server then says when it
-                # holds nothing more for them (acks on a no-retention results stream delete nothing)
-                *pull(results, f"{ns}.result.>"),
-                f"{api}.CONSUMER.DELETE.{results}.*",
-                f"{api}.CONSUMER.LIST.{tasks}",
-                f"{api}.CONSUMER.LIST.{model}",
-                f"{api}.CONSUMER.LIST.{results}",
-                "$SRV.>",
-                f"{ns}.status.*",  # status: discovery and live counters
-                f"{ns}.res.*.verify",  # reverify: the stateless verify group
+                *streams,
+                s.task("*", ">"),
+                s.policy_version("*"),
+                s.pause("*"),
+                s.resume("*"),
+                s.cancel("*"),
+                sj.kv_key(batches, ">"),
+                *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
+                *_read_kv(batches, control),
+                # its readers of the results stream (collect, the client, status) ack what they handled: the
+                # server then says when it holds nothing more for them (acks on a no-retention results stream
+                # delete nothing); and their removal
+                sj.consumer_create(s.results_stream, "*", s.all_results),
+                sj.consumer_info(s.results_stream, "*"),
+                sj.pull_next(s.results_stream, "*"),
+                sj.acks(s.results_stream, "*"),
+                sj.consumer_delete(s.results_stream, "*"),
+                *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream, s.results_stream)),
+                s.status,  # status: every worker answers into its own lane of this user's inbox
+                s.stateless_verify("*"),  # reverify
                 # collect: failure rows of tasks removed from the queue without a result (read as failures only)
-                f"{ns}.result._lost.>",
+                s.lost(">"),
             ]
             # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
-            sub += [f"$JS.EVENT.ADVISORY.CONSUMER.{e}.{tasks}.>" for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
+            sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
         elif role == "agent":
-            queue = pull(tasks, f"{ns}.task.{pool}.>", f"agent_{pool}") if pool else pull(tasks, f"{ns}.task.>")
-            # the pool's liveness beacons (a dead peer's tasks are nak'd at once)
-            live = f"{ns}.live.agent_{pool}" if pool else f"{ns}.live.*"
-            # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
-            failed = f"$KV.{b}_CONTROL.failed.{mine}.>"
-            pub += [f"{ns}.result.{mine}.>", *calls_models, f"{ns}.res.>", *kv_read, *queue, live, failed]
-            sub += [*worker_sub, live]
+            envs = reach.environments("agent", pool)
+            calls = [s.all_resources] if envs is None else [s.resource(env) for env in envs]
+            pub += [
+                *streams,
+                s.agent_results(mine),
+                *models,
+                *calls,  # its own environment (the role-wide credential: every agent's)
+                *_read_kv(control),
+                # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
+                sj.kv_key(control, s.failed_keys(mine)),
+                *_pull(s, "task", pool),
+                sj.lane_replies(sj.lane("agent", mine)),  # status answers
+            ]
+            sub += [s.status, *control_news, s.live("task", mine)]
+            deny.append(s.lost(">"))  # another agent's results, as far as a role-wide ``*`` goes: never a lost row
         elif role == "model":
-            queue = pull(model, f"{ns}.model.{pool}", f"model_{pool}") if pool else pull(model, f"{ns}.model.>")
-            # replies (and keepalives) only into the reply subjects of calls made to this model
-            live = f"{ns}.live.model_{pool}" if pool else f"{ns}.live.*"
-            pub += [f"_INBOX.*.*.*.model.{mine}.*", *kv_read, *queue, live]
-            sub += [*worker_sub, f"{ns}.call.model.{mine}", live]  # direct calls (core NATS) while a slot is free
-        elif role == "resource":
-            # replies only into calls made to this environment; models for LLM judges and user simulators
-            pub += [f"_INBOX.*.*.*.res.{mine}.*", *calls_models]
-            # the environments this one calls by name (its replies come into its own inbox, as any call's)
-            callees = (calls or {}).get(pool, []) if pool else sorted({c for cs in (calls or {}).values() for c in cs})
-            pub += [f"{ns}.res.{other}.>" for other in callees]
-            sub += [*worker_sub, f"{ns}.res.{mine}.>"]
-        else:
-            raise AuthError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
-    perms: dict[str, Any] = {
-        "publish": {"allow": list(dict.fromkeys(pub))},
-        "subscribe": {"allow": list(dict.fromkeys(sub))},
-    }
-    if role != "publisher":
-        perms["allow_responses"] = True  # one answer to $SRV discovery, status and pause requests
-    return perms
+            pub += [
+                *streams,
+                *_read_kv(control),
+                *_pull(s, "model", pool),
+                # replies (and keepalives) only into the reply subjects of calls made to this model; status
+                # answers and pause acknowledgements too
+                sj.lane_replies(sj.lane("model", mine)),
+            ]
+            sub += [
+                s.status,
+                *control_news,
+                s.model_direct(mine),  # direct calls (core NATS) while a slot is free
+                s.pause(mine),
+                s.resume(mine),
+                s.live("model", mine),
+            ]
+        else:  # resource
+            # models for LLM judges and user simulators; the environments this one calls by name (their replies
+            # come into its own inbox, as any call's)
+            pub += [*streams, *models, *(s.resource(env) for env in reach.environments("resource", pool) or ())]
+            # replies (and keepalives) only into calls made to this environment, and status answers
+            pub.append(sj.lane_replies(sj.lane("resource", mine)))
+            sub += [s.status, s.resource(mine)]
+    publish: dict[str, list[str]] = {"allow": list(dict.fromkeys(pub))}
+    if deny:
+        publish["deny"] = deny
+    return {"publish": publish, "subscribe": {"allow": list(dict.fromkeys(sub))}}
 
 
-def server_config(auth_dir: str | Path, namespaces: list[str], calls: dict[str, list[str]] | None = None) -> str:
+def _read_kv(*buckets: str) -> list[str]:
+    """Reading keys of a bucket (nats-py: the stream's info, then direct gets or message gets)."""
+    out = []
+    for b in map(sj.kv_stream, buckets):
+        out += [sj.stream_info(b), sj.direct_get(b), sj.direct_get(b, ">"), sj.msg_get(b)]
+    return out
+
+
+def _pull(s: Subjects, kind: str, pool: str | None) -> list[str]:
+    """Pulling from the work queue of ``kind`` as this user's durable (a role credential: any): named creation
+    only, the filter in the API subject, which the server checks against the allow-list (the legacy
+    DURABLE.CREATE carries it in the body, where a pool could name any queue); and its pool's liveness
+    beacons (a dead peer's work is nak'd at once)."""
+    stream = s.stream(kind)
+    if pool:
+        durable, queue = s.durable(kind, pool), s.queue_filter(kind, pool)
+    else:
+        durable, queue = "*", s.stream_subjects(kind)
+    return [
+        sj.consumer_create(stream, durable, queue),
+        sj.consumer_info(stream, durable),
+        sj.pull_next(stream, durable),
+        sj.acks(stream, durable),
+        s.live(kind, pool or "*"),
+    ]
+
+
+def server_config(auth_dir: str | Path, namespaces: list[str], reach: Reach | None = None) -> str:
     """The ``tls`` and ``authorization`` blocks of a secured ``nats-server`` config (JSON values);
-    ``calls``: which environments each resources entry may call (``permissions``)."""
+    ``reach``: which environments each agent and resources entry may call (``permissions``)."""
     d = Path(auth_dir).resolve()
+    reach = reach or Reach()
+    pools = pools_in(d)
+    for role, pool in pools:
+        if role != "agent":
+            continue
+        if reach.agents is None:
+            raise AuthError(
+                f"{d}/agent.{pool}.creds: an agent pool may call only its own environment, which the run's "
+                "config names: give the server the config (--config CONFIG)"
+            )
+        if pool not in reach.agents:
+            raise AuthError(
+                f"{d}/agent.{pool}.creds: the config has no agents.{pool} (its environment decides what the "
+                "pool may call); give the config that has it, or remove the file"
+            )
     # TLS before any plaintext: our clients never read an INFO (or sign a nonce) that could come from a
     # downgrading impostor; other clients get the plaintext INFO (saying TLS is required) after 300 ms
     tls = {
@@ -132,10 +214,9 @@ def server_config(auth_dir: str | Path, namespaces: list[str], calls: dict[str, 
         "timeout": 5,
         "handshake_first": "300ms",
     }
-    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, calls=calls)} for r in ROLES]
+    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, reach=reach)} for r in ROLES]
     users += [
-        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, calls)}
-        for r, pool in pools_in(d)
+        {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, reach)} for r, pool in pools
     ]
     return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
 

@@ -24,21 +24,32 @@ in for any role.
 
 Pools (``server --secure DIR --pool agents.NAME`` ...): a credential
 ``{role}.{NAME}.creds`` scoped to one entry of the config. An agent pool pulls
-only its own durable (``agent_NAME``) and stores only its own results
-(``{ns}.result.NAME.>``); a resource pool serves only ``{ns}.res.NAME.>``; a
-model pool only its own queue and direct calls. A node holding a pool's file
-connects with it for that entry (one connection per pool) and falls back to
-the role's file for entries it has no pool file for. What stays shared inside
-one pool: its replicas hold one key, so one replica can do what any other can.
+only its own durable (``agent_NAME``), stores only its own results
+(``{ns}.result.NAME.>``) and calls only its own environment (from the config the
+server is given: ``permissions.Reach``); a resource pool serves only
+``{ns}.res.NAME.>`` and calls only what its ``calls`` lists; a model pool only
+its own queue and direct calls. A node holding a pool's file connects with it
+for that entry (one connection per pool) and falls back to the role's file for
+entries it has no pool file for. What stays shared inside one pool: its
+replicas hold one key, so one replica can do what any other can.
 
 Replies: every connection's inbox prefix is ``_INBOX.{role}.{pool or _}`` (a
-pool may subscribe only to its own), and each call's reply subject names the
-callee: ``{inbox}.{nuid}.res.{resource}.{n}`` or ``{inbox}.{nuid}.model.{model}.{n}``.
-A resource pool may publish only into ``_INBOX.*.*.*.res.{its name}.*`` and a
-model pool only into ``...model.{its name}.*``, so the server refuses a model
-answering a verify call or one environment answering another's (replies and
-keepalives go to the subject in the ``Gym-Reply`` header, several per request;
-one-off answers to ``$SRV``, status and pause requests use ``allow_responses``).
+pool may subscribe only to its own), and each reply subject names who answers
+(its lane): ``{inbox}.{nuid}.res.{resource}.{n}``, ``...model.{model}.{n}`` or
+``...agent.{agent}.{n}``. A pool may publish only into its own lane
+(``_INBOX.*.*.*.res.{its name}.*`` ...), so the server refuses a model answering a
+verify call or one environment answering another's. No role has NATS's
+``allow_responses``: with it, a credential that may both publish and subscribe a
+subject (its liveness beacons, its own lane) could send itself a message whose
+reply names any subject, and answer it there (the borrowed reply). So every
+answer goes into a lane: call replies and keepalives to the subject the caller
+named (``Gym-Reply`` for queued calls), a pause's acknowledgements into the
+model's lane, discovery answers (``{ns}.status``) to the request's reply root
+plus the worker's own lane. All names come from ``gym_runtime.transport.subjects``.
+
+Not closed by permissions: JetStream publishes its own answers (acks, direct
+gets, pull statuses) to whatever reply subject a request names, past every
+permission (docs/security.md, "the server's own answers, borrowed").
 """
 
 from __future__ import annotations
@@ -61,10 +72,6 @@ AUTH_DIR_ENV = "GYM_AUTH_DIR"
 CERT_DAYS = 5 * 365
 
 POOL_ROLES = {"agents": "agent", "resources": "resource", "models": "model"}  # config section -> role
-
-
-def inbox_prefix(role: str, pool: str | None = None) -> str:
-    return f"_INBOX.{role}.{pool or '_'}"
 
 
 def creds_path(auth_dir: str | Path, role: str, pool: str | None = None) -> Path:

@@ -10,9 +10,7 @@ attempts) and a reader's record of a lost slot as a failure.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
-import uuid
 from collections import deque
 from typing import Any
 
@@ -27,17 +25,17 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import batch_results, message_count, stream_names
+from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.pull import PullWorker
 
 
 async def gather(bus: Bus, *, window_s: float = 1.0) -> dict[str, Any]:
-    t0, before = time.monotonic(), await message_count(bus, stream_names(bus.ns)["result"])
+    names = bus.subjects
+    t0, before = time.monotonic(), await message_count(bus, names.results_stream)
     workers = await discover(bus)
-    names = stream_names(bus.ns)
-    consumers = await jetstream.consumers(bus, names["task"]) + await jetstream.consumers(bus, names["model"])
+    consumers = await jetstream.consumers(bus, names.tasks_stream) + await jetstream.consumers(bus, names.model_stream)
     await anyio.sleep(max(0.0, window_s - (time.monotonic() - t0)))
-    after = await message_count(bus, stream_names(bus.ns)["result"])
+    after = await message_count(bus, names.results_stream)
     return {
         "namespace": bus.ns,
         "workers": workers,
@@ -69,9 +67,9 @@ class BatchWatch:
         if manifest is None:
             raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
         watch = cls(bus, manifest)
-        stream = stream_names(bus.ns)["result"]
-        consumer = f"status_{re.sub(r'[^A-Za-z0-9_-]', '_', batch)}_{uuid.uuid4().hex[:8]}"
-        await jetstream.add_reader(bus, stream, consumer, batch_results(bus.ns, batch))
+        stream = bus.subjects.results_stream
+        consumer = bus.subjects.reader("status", batch)
+        await jetstream.add_reader(bus, stream, consumer, bus.subjects.batch_results(batch))
 
         async def take(msg: Any) -> None:
             res = await read_result(bus, msg)

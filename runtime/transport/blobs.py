@@ -25,8 +25,9 @@ from gym_runtime.transport.headers import (
     BLOB_HEADER,
     MSG_ID_HEADER,
 )
-from gym_runtime.transport.jetstream import blob_stream_name, ensure_blob_stream
+from gym_runtime.transport.jetstream import ensure_blob_stream
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
+from gym_runtime.transport.subjects import Subjects
 
 if TYPE_CHECKING:
     from gym_runtime.transport.bus import Bus
@@ -89,7 +90,7 @@ class Bodies:
     """Encoding and decoding message bodies, large ones by reference (a part of ``Bus``)."""
 
     nc: NATS
-    ns: str
+    subjects: Subjects
     codec: Codec
     secured: bool
     max_blob_bytes: int
@@ -102,9 +103,6 @@ class Bodies:
     @property
     def blob_threshold(self) -> int:
         return max(64 * 1024, (self.nc.max_payload or 1024 * 1024) - 64 * 1024)
-
-    def _blob_subject(self, key: str, chunk: int) -> str:
-        return f"{self.ns}.blob.{key}.{chunk}"
 
     async def _put_blob(self, data: bytes) -> str:
         """Store ``data`` as write-once chunks under a fresh key; returns the ``Gym-Blob`` header value.
@@ -121,7 +119,7 @@ class Bodies:
         chunks = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
 
         async def put(i: int, chunk: bytes) -> None:
-            subject = self._blob_subject(key, i)
+            subject = self.subjects.blob(key, i)
             await self._store(subject, chunk, {MSG_ID_HEADER: subject})
 
         async with self.blob_budget.hold(len(data)):
@@ -142,10 +140,9 @@ class Bodies:
     async def _get_blob(self, ref: str) -> bytes:
         """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not)."""
         key, n, digest = self._blob_ref(ref)
-        api = f"$JS.API.DIRECT.GET.{blob_stream_name(self.ns)}."
 
         async def get(i: int) -> bytes:
-            msg = await self.nc.request(api + self._blob_subject(key, i), b"", timeout=JS_ACK_TIMEOUT_S)
+            msg = await self.nc.request(self.subjects.blob_get(key, i), b"", timeout=JS_ACK_TIMEOUT_S)
             if msg.headers and msg.headers.get("Status"):
                 raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
             return msg.data

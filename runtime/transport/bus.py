@@ -56,6 +56,7 @@ from gym_runtime.transport.rpc import (
     _PubAck,
 )
 from gym_runtime.transport.serving import Serving
+from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, reply
 
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
 
@@ -80,6 +81,7 @@ class Bus(Bodies, Serving):
         self.nc = nc
         self.timings = timings or Timings()
         self.ns = namespace
+        self.subjects = Subjects(namespace)  # every name this bus publishes and subscribes with
         self.telemetry = telemetry
         self.codec = Codec()
         self.js = nc.jetstream()
@@ -143,11 +145,6 @@ class Bus(Bodies, Serving):
                 raise
         return bus
 
-    def subject(self, *parts: str) -> str:
-        return ".".join((self.ns, *parts))
-
-    # ------------------------------------------------------------------ bodies
-
     # ------------------------------------------------------------------ client side
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -188,7 +185,7 @@ class Bus(Bodies, Serving):
                 if call is not None and not call.fut.done():
                     call.fut.set_result(msg)
 
-            await self.nc.subscribe(prefix + ".>", cb=on_reply)
+            await self.nc.subscribe(answers(prefix), cb=on_reply)
         return self._reply_prefix
 
     async def after_reconnect(self, reason: str) -> None:
@@ -227,16 +224,6 @@ class Bus(Bodies, Serving):
             if not fut.done():
                 fut.set_exception(Failure(ErrorInfo(error_class="worker_lost", message=reason, retryable=True)))
 
-    def _lane(self, subject: str) -> str:
-        """Which callee a reply subject is for (``res.{resource}`` or ``model.{model}``): on a secured bus a
-        responder may publish only into its own lane, so no other node can answer this call."""
-        t = subject.split(".", 5)
-        if len(t) > 3 and t[0] == self.ns and t[1] in ("call", "ctl"):
-            return f"{t[2]}.{t[3]}"  # {ns}.call.model.{m}, {ns}.ctl.model.{m}.pause
-        if len(t) > 2 and t[0] == self.ns:
-            return f"{t[1]}.{t[2]}"  # {ns}.model.{m}, {ns}.res.{r}.seed, {ns}.res.{r}.{worker}.{op}
-        return "x.x"
-
     async def _call(
         self,
         subject: str,
@@ -250,16 +237,17 @@ class Bus(Bodies, Serving):
         wait_s: float | None = None,
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
-        reply = f"{prefix}.{self._lane(subject)}.{next(self._reply_seq)}"
+        # the callee's lane: on a secured bus only the callee may answer into it
+        reply_to = reply(prefix, self.subjects.callee_lane(subject), next(self._reply_seq))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         call = _Pending(fut, time.monotonic())
-        self._replies[reply] = call
+        self._replies[reply_to] = call
         headers: dict[str, str] = {}
         self.telemetry.inject(headers)
         if queued:
             # A reply subject on a stream publish would receive the stream's ack instead.
-            headers[REPLY_HEADER] = reply
+            headers[REPLY_HEADER] = reply_to
             # when this caller stops waiting for a worker: a worker taking it later does not run it
             headers[EXPIRES_HEADER] = f"{time.time() + (timeout if wait_s is None else wait_s):.3f}"
         if msg_id:
@@ -277,11 +265,11 @@ class Bus(Bodies, Serving):
             if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
                 await self._store(subject, data, headers)  # drop); a publish lost in a leader election is retried
             else:
-                await self.nc.publish(subject, data, reply=reply, headers=headers)
+                await self.nc.publish(subject, data, reply=reply_to, headers=headers)
             msg = await fut
         finally:
             call.stop()
-            self._replies.pop(reply, None)
+            self._replies.pop(reply_to, None)
         return await self._unwrap(msg, subject)
 
     async def request(
@@ -411,19 +399,19 @@ class Bus(Bodies, Serving):
         """One stream publish and its ack, through our reply subscription (nats-py's ``js.publish``
         costs a request machinery and a PubAck object per message). Raises what ``js.publish`` would."""
         prefix = self._reply_prefix or await self._ensure_reply_sub()
-        reply = f"{prefix}.js.ack.{next(self._reply_seq)}"  # answered by the server itself
+        ack_to = reply(prefix, SERVER_LANE, next(self._reply_seq))  # answered by the server itself
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
-        self._replies[reply] = _Pending(fut, time.monotonic())
+        self._replies[ack_to] = _Pending(fut, time.monotonic())
         timer = loop.call_later(JS_ACK_TIMEOUT_S, _no_ack, fut)
         try:
-            await self.nc.publish(subject, data, reply=reply, headers=headers)
+            await self.nc.publish(subject, data, reply=ack_to, headers=headers)
             msg = await fut
         except Failure:  # the connection dropped with the ack outstanding: publish again (deduplicated)
             raise nats.errors.TimeoutError from None
         finally:
             timer.cancel()
-            self._replies.pop(reply, None)
+            self._replies.pop(ack_to, None)
         if msg.headers and msg.headers.get("Status") == "503":
             raise nats.js.errors.NoStreamResponseError
         ack = _pub_ack.decode(msg.data)
@@ -434,20 +422,22 @@ class Bus(Bodies, Serving):
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""
         await self.nc.flush()
 
-    async def scatter(self, subject: str, *, wait_s: float) -> list[bytes]:
-        """Send an empty request to ``subject`` and gather every raw reply for ``wait_s`` seconds."""
-        inbox = self.nc.new_inbox()
-        replies: list[bytes] = []
+    async def scatter(self, subject: str, *, wait_s: float) -> list[tuple[str, bytes]]:
+        """Send an empty request to every subscriber of ``subject`` and gather the raw answers for ``wait_s``
+        seconds, each with the subject it came on: each responder answers into its own lane under the
+        request's reply root (``answer``), which on a secured bus only it may publish into."""
+        root = self.nc.new_inbox()
+        got: list[tuple[str, bytes]] = []
 
-        async def on_reply(msg: Msg) -> None:
-            replies.append(msg.data)
+        async def on_answer(msg: Msg) -> None:
+            got.append((msg.subject, msg.data))
 
-        sub = await self.nc.subscribe(inbox, cb=on_reply)
-        await self.nc.publish(subject, b"", reply=inbox)
+        sub = await self.nc.subscribe(answers(root), cb=on_answer)
+        await self.nc.publish(subject, b"", reply=root)
         await self.nc.flush()
         await asyncio.sleep(wait_s)
         await sub.unsubscribe()
-        return replies
+        return got
 
     async def gather(
         self,
@@ -458,8 +448,9 @@ class Bus(Bodies, Serving):
         timeout: float,
     ) -> list[Any]:
         """Publish ``payload`` to every subscriber of ``subject``; collect decoded replies until
-        ``done(replies)`` or ``timeout`` (control messages acknowledged by every replica)."""
-        inbox = self.nc.new_inbox()
+        ``done(replies)`` or ``timeout`` (control messages acknowledged by every replica). The replies
+        come in the callee's lane (``model.{model}`` for a pause), which only its replicas may answer into."""
+        reply_to = reply(self.nc.new_inbox(), self.subjects.callee_lane(subject), 0)
         replies: list[Any] = []
         finished = asyncio.Event()
 
@@ -471,10 +462,10 @@ class Bus(Bodies, Serving):
             if done(replies):
                 finished.set()
 
-        sub = await self.nc.subscribe(inbox, cb=on_reply)
+        sub = await self.nc.subscribe(reply_to, cb=on_reply)
         try:
             h = self._headers()
-            await self.nc.publish(subject, await self.encode(payload, h), reply=inbox, headers=h)
+            await self.nc.publish(subject, await self.encode(payload, h), reply=reply_to, headers=h)
             if not done(replies):
                 try:
                     await asyncio.wait_for(finished.wait(), timeout)
@@ -485,14 +476,8 @@ class Bus(Bodies, Serving):
         return replies
 
     async def raw_request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
-        """A plain core request (no envelope): for ``$SRV`` endpoints and other non-runtime peers."""
+        """A plain core request (no envelope): for the server's own API (``js_info``)."""
         return bytes((await self.nc.request(subject, data, timeout=timeout)).data)
-
-    async def add_service(self, config: Any) -> Any:
-        """Register a ``nats.micro`` service (discovery through ``$SRV.*``); returns it."""
-        import nats.micro
-
-        return await nats.micro.add_service(self.nc, config)
 
     # ------------------------------------------------------------------ server side
 

@@ -8,6 +8,7 @@ resolve, a TLS or credentials problem, or a server that never answers.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,6 +21,7 @@ from nats.aio.client import Client as NATS
 
 from gym_runtime.errors import AuthError, UserError
 from gym_runtime.observability import logs
+from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.bus")
 
@@ -85,7 +87,7 @@ async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: fl
     while True:
         try:
             # the blob stream is provisioned last: once it is there, so is everything else
-            await js.find_stream_name_by_subject(f"{namespace}.blob.probe")
+            await js.find_stream_name_by_subject(Subjects(namespace).blob("probe", 0))
             return
         except nats.js.errors.NotFoundError:
             raise NotProvisioned(
@@ -150,6 +152,9 @@ def _reason(e: BaseException, *, secured: bool = True) -> str:
     if isinstance(e, ssl.SSLError) or "tls" in low or "ssl" in low or "certificate" in low:
         return f"TLS handshake failed: {text} (is it a `server --secure` server? --auth-dir needs one)"
     return text
+
+
+_QUOTED = re.compile(r'"[^"]*"')
 
 
 class _Throttle:
@@ -274,7 +279,9 @@ async def connect(
             if _refusal(e):  # raised out of nats-py's first-connect loop: no retry
                 raise ServerUnreachable(f"cannot connect to NATS at {shown}: {_reason(e, secured=secured)}") from e
             return  # e.g. a reset while the server closes on us: the next attempt says why
-        if throttle(str(e)):
+        # keyed without the subject: refusals of many subjects (a flood of requests whose replies the server
+        # refuses) are one line per interval, not one per subject
+        if throttle(_QUOTED.sub('"…"', str(e))):
             log.warning("nats.error", error=_reason(e, secured=secured), client=name, servers=shown)
 
     async def on_disconnect() -> None:

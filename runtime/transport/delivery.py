@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
+from gym_runtime.transport.subjects import JS_ACK_PREFIX
+
 __all__ = ["Delivery"]
 
 
@@ -42,21 +44,21 @@ class Delivery:
     @property
     def attempt(self) -> int:
         """Which delivery of a work-queue message this is (1 the first time, and for core messages)."""
-        if not self._msg.reply.startswith("$JS.ACK."):
+        if not self._msg.reply.startswith(JS_ACK_PREFIX):
             return 1
         return self._msg.metadata.num_delivered or 1
 
     @property
     def stream_seq(self) -> int:
         """The message's sequence in its stream (0 for core messages): where a reader made again reads on."""
-        if not self._msg.reply.startswith("$JS.ACK."):
+        if not self._msg.reply.startswith(JS_ACK_PREFIX):
             return 0
         return int(self._msg.metadata.sequence.stream)
 
     @property
     def enqueued_at(self) -> float | None:
         """When the stream stored the message (seconds since the epoch); None for core messages."""
-        if not self._msg.reply.startswith("$JS.ACK."):
+        if not self._msg.reply.startswith(JS_ACK_PREFIX):
             return None
         stored = self._msg.metadata.timestamp
         return stored.timestamp() if stored is not None else None

@@ -1,10 +1,11 @@
-"""Worker discovery and live stats through NATS micro services (``$SRV.*``).
+"""Worker discovery and live stats on the namespace's own subject (``Subjects.status``).
 
-Every worker registers a micro service ``gym_<role>`` whose metadata names its
-namespace, role, config name and worker id, with one endpoint
-``{ns}.status.{worker_id}`` answering its live counters. ``gym-runtime status``
-scatters ``$SRV.INFO`` to find them, then asks each for its counters — no
-registry, nothing to keep in sync.
+Every worker subscribes to ``{ns}.status``; a request there (``gym-runtime status``, the client's checks)
+is answered by each live worker with what it serves (namespace, role, config name, worker id,
+fingerprint) and its live counters, in one round, into its own reply lane (``subjects.answer``): a
+secured bus lets a worker publish into no other, so no answer can be borrowed to publish elsewhere
+(NATS micro services answer into whatever reply subject a request names, which needs the server's
+``allow_responses``). No registry, nothing to keep in sync.
 """
 
 from __future__ import annotations
@@ -14,9 +15,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nats.micro.service import EndpointConfig, ServiceConfig
+from nats.aio.msg import Msg
 
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import answer, lane
+
+
+class Registration:
+    """A worker's announcement; ``stop()`` withdraws it (the worker no longer answers discovery)."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def stop(self) -> None:
+        await self._sub.unsubscribe()
 
 
 async def register(
@@ -27,8 +39,8 @@ async def register(
     stats: Callable[[], dict[str, Any]],
     *,
     fingerprint: str | None = None,
-) -> Any:
-    """Announce a worker; returns the micro service (stop it on shutdown).
+) -> Registration:
+    """Announce a worker until ``stop()``.
 
     ``fingerprint`` (of the config entry served) lets publishers see workers of another config.
     """
@@ -36,39 +48,31 @@ async def register(
     if fingerprint:
         meta["fingerprint"] = fingerprint
     started = time.time()
+    mine = lane(role, name)
 
-    async def handler(req: Any) -> None:
-        await req.respond(json.dumps({**stats(), "uptime_s": round(time.time() - started, 1)}).encode())
+    async def on_request(msg: Msg) -> None:
+        if not msg.reply:
+            return
+        body = {**meta, **stats(), "uptime_s": round(time.time() - started, 1)}
+        await bus.nc.publish(answer(msg.reply, mine), json.dumps(body).encode())
 
-    svc = await bus.add_service(
-        ServiceConfig(
-            name=f"gym_{role}",
-            version="0.1.0",
-            description=f"gym-runtime {role} worker",
-            metadata=meta,
-        ),
-    )
-    await svc.add_endpoint(EndpointConfig(name="status", handler=handler, subject=bus.subject("status", worker_id)))
-    return svc
+    sub = await bus.nc.subscribe(bus.subjects.status, cb=on_request)
+    await bus.flush()  # announced once this returns: a discovery right after finds the worker
+    return Registration(sub)
 
 
 async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
-    """Every live worker of this namespace with its counters."""
-    infos: list[dict[str, Any]] = []
-    for data in await bus.scatter("$SRV.INFO", wait_s=wait_s):
+    """Every live worker of this namespace with its counters. An answer that claims a role and name other
+    than the lane it came in is dropped: on a secured bus only that entry's pool may answer there, so no
+    pool can pass itself off as another's workers (a model replica a pause would wait for, say)."""
+    out = []
+    for subject, data in await bus.scatter(bus.subjects.status, wait_s=wait_s):
         try:
             info = json.loads(data)
-        except ValueError:
+            claimed = answer("", lane(str(info["role"]), str(info["name"])))
+        except (ValueError, TypeError, KeyError):
             continue
-        meta = info.get("metadata") or {}
-        if meta.get("namespace") == bus.ns:
-            infos.append(meta)
-    out = []
-    for meta in infos:
-        try:
-            live = json.loads(await bus.raw_request(bus.subject("status", meta["worker"]), b"", timeout=1.0))
-        except Exception:
-            live = {"error": "no answer"}
-        out.append({**meta, **live})
+        if info.get("namespace") == bus.ns and subject.endswith(claimed):
+            out.append(info)
     out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
     return out

@@ -2,12 +2,9 @@
 
 With ``bus`` (messages) and ``pull`` (slot-based pulling), this is the only
 module that handles nats-py objects; collector, batches, status and discovery
-speak to it in plain Python values. Stream and durable consumer names are a
-contract (KEDA's ``nats-jetstream`` scaler and ``/jsz`` read them):
-
-* streams ``{NS}_TASKS``, ``{NS}_RESULTS``, ``{NS}_MODEL`` (``NS`` = namespace upper-cased, ``-`` → ``_``);
-* durable consumers ``agent_{agent}`` on ``{NS}_TASKS`` and ``model_{model}`` on ``{NS}_MODEL``;
-* KV bucket ``{NS}_BATCHES`` (manifests), stream ``{NS}_BLOBS`` (large bodies, ``{ns}.blob.{key}.{chunk}``).
+speak to it in plain Python values. Stream, durable consumer and bucket names are a
+contract (KEDA's ``nats-jetstream`` scaler and ``/jsz`` read them); they are built by
+``gym_runtime.transport.subjects`` (``bus.subjects``), as every subject is.
 
 Every stream and bucket is created with the config's ``jetstream`` settings
 (replicas, max age, max bytes); an existing one keeps its own (a warning names
@@ -132,12 +129,12 @@ def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | N
     description = str(error.get("description", ""))
     if not any(description.startswith(f) for f in _FULL):
         return None
-    kind = subject.removeprefix(f"{bus.ns}.").split(".", 1)[0]
+    kind = bus.subjects.kind(subject)
     stream = {"task": "tasks", "result": "results", "model": "model", "blob": "blobs"}.get(kind)
     if stream is None:
         return StorageFull(f"the stream of {subject} is full ({description})")
     size = limit(bus, stream)
-    name = blob_stream_name(bus.ns) if stream == "blobs" else stream_names(bus.ns)[kind]
+    name = bus.subjects.blob_stream if stream == "blobs" else bus.subjects.stream(kind)
     limit_text = "-1 (unbounded)" if size.max_bytes < 0 else size_text(size.max_bytes)
     free = {
         "tasks": "let workers drain it",
@@ -188,26 +185,6 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
 MAX_ACK_PENDING = 1_000_000  # consumer-wide cap; must exceed every slot of every replica
 
 
-def stream_names(ns: str) -> dict[str, str]:
-    base = ns.upper().replace("-", "_")
-    return {"task": f"{base}_TASKS", "result": f"{base}_RESULTS", "model": f"{base}_MODEL"}
-
-
-def result_subject(ns: str, agent: str, batch: str) -> str:
-    """Where an agent pool stores a batch's results: one subject per (agent, batch), so a pool's
-    credentials can be allowed to write its own results and no other pool's."""
-    return f"{ns}.result.{agent}.{batch}"
-
-
-def result_subject_parts(ns: str, subject: str) -> tuple[str, str] | None:
-    """(agent, batch) of a result subject ``{ns}.result.{agent}.{batch}``; None for any other subject."""
-    prefix = f"{ns}.result."
-    agent, dot, batch = subject.removeprefix(prefix).partition(".")
-    if not subject.startswith(prefix) or not dot or not agent or not batch or "." in batch:
-        return None
-    return agent, batch
-
-
 def result_msg_id(batch: str, task: int, rollout: int, attempt: int) -> str:
     """A stored result's ``Nats-Msg-Id``: its slot, its attempt, and 64 bits the storing worker draws.
 
@@ -235,35 +212,6 @@ def result_id_slot(msg_id: str) -> tuple[str, int, int] | None:
     return parts[0], int(parts[1]), int(parts[2])
 
 
-def task_subject(ns: str, agent: str, batch: str) -> str:
-    """Where a batch's tasks for one agent are queued: one subject per (agent, batch), so the server can say
-    how many of a batch's tasks are still queued or held (a task leaves only when acked or terminated)."""
-    return f"{ns}.task.{agent}.{batch}"
-
-
-def task_filter(ns: str, agent: str) -> str:
-    """The agent's work queue: its tasks of every batch (the durable ``agent_{agent}`` filters on it)."""
-    return f"{ns}.task.{agent}.>"
-
-
-LOST = "_lost"  # the result subject's agent token for failure rows of tasks that left the queue without a result
-
-
-def lost_subject(ns: str, batch: str) -> str:
-    """Where a collector stores the failure rows of a batch's tasks that were removed without a result; a
-    message on it is only ever read as a failure row, so a role allowed to write it can forge no reward."""
-    return f"{ns}.result.{LOST}.{batch}"
-
-
-def batch_results(ns: str, batch: str) -> str:
-    """Every agent's results of ``batch`` (the readers' filter)."""
-    return f"{ns}.result.*.{batch}"
-
-
-def blob_stream_name(ns: str) -> str:
-    return f"{ns.upper().replace('-', '_')}_BLOBS"
-
-
 async def ensure_blob_stream(bus: Bus) -> None:
     """The stream of bodies over the max payload: one message per chunk, each subject written once.
 
@@ -274,8 +222,8 @@ async def ensure_blob_stream(bus: Bus) -> None:
     replicas, max_age = settings(bus)
     size = limit(bus, "blobs")
     cfg = StreamConfig(
-        name=blob_stream_name(bus.ns),
-        subjects=[f"{bus.ns}.blob.>"],
+        name=bus.subjects.blob_stream,
+        subjects=[bus.subjects.all_blobs],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         duplicate_window=120.0,  # a chunk published again after a lost ack is a duplicate, not a refusal
@@ -288,11 +236,6 @@ async def ensure_blob_stream(bus: Bus) -> None:
         allow_direct=True,
     )
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
-
-
-def durable_name(kind: str, name: str) -> str:
-    """The durable consumer of a work queue: ``agent_{name}`` (tasks) or ``model_{name}``."""
-    return f"{'agent' if kind == 'task' else kind}_{name}"
 
 
 def duplicate_window(bus: Bus, max_age: float | None) -> float:
@@ -313,14 +256,14 @@ def settings(bus: Bus) -> tuple[int, float | None]:
 
 async def ensure_streams(bus: Bus) -> None:
     """Create (idempotently) the task, result and model-call streams of a namespace."""
-    names = stream_names(bus.ns)
+    names = bus.subjects
     replicas, max_age = settings(bus)
     tasks, results, model = limit(bus, "tasks"), limit(bus, "results"), limit(bus, "model")
     window = duplicate_window(bus, max_age)
     configs = [
         StreamConfig(
-            name=names["task"],
-            subjects=[f"{bus.ns}.task.>"],
+            name=names.tasks_stream,
+            subjects=[names.all_tasks],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             duplicate_window=window,
@@ -330,8 +273,8 @@ async def ensure_streams(bus: Bus) -> None:
             discard=DiscardPolicy.NEW,  # a full task queue refuses new tasks; it never drops queued ones
         ),
         StreamConfig(
-            name=names["result"],
-            subjects=[f"{bus.ns}.result.>"],
+            name=names.results_stream,
+            subjects=[names.all_results],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             duplicate_window=window,
@@ -341,8 +284,8 @@ async def ensure_streams(bus: Bus) -> None:
             discard=DiscardPolicy.OLD,  # the oldest batches' results go first
         ),
         StreamConfig(
-            name=names["model"],
-            subjects=[f"{bus.ns}.model.>"],
+            name=names.model_stream,
+            subjects=[names.all_model_queues],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,  # survives a server restart, with its consumers
             duplicate_window=120.0,
@@ -593,11 +536,11 @@ async def delete_key(bus: Bus, bucket: str, key: str) -> bool:
 
 async def watch_queues(bus: Bus, meters: Meters, *, every_s: float = 5.0) -> None:
     """Refresh ``meters.queues`` from JetStream's consumer info until cancelled (queue lag gauges)."""
-    names = stream_names(bus.ns)
+    names = bus.subjects
     while True:
         t0 = time.monotonic()
         try:
-            found = await consumers(bus, names["task"]) + await consumers(bus, names["model"])
+            found = await consumers(bus, names.tasks_stream) + await consumers(bus, names.model_stream)
             meters.queues = {c["consumer"]: c for c in found}
         except Exception as e:  # noqa: BLE001 - a scrape gauge must never take a worker down
             log.debug("metrics.queue_poll_failed", error=str(e))

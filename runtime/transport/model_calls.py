@@ -12,11 +12,6 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import Timings
 
 
-def direct_subject(bus: Bus, model: str) -> str:
-    """Where direct (core NATS) calls to ``model`` go: outside ``{ns}.model.>``, which the work queue stores."""
-    return bus.subject("call", "model", model)
-
-
 def direct_patience(ack_wait_s: float, timings: Timings) -> float:
     """How long a direct call waits on a silent replica before going to the queue: the model's
     ``ack_wait_s`` (the queue's own patience), at least two keepalives, at most the liveness."""
@@ -37,8 +32,8 @@ async def call_model(
     ``timeout`` bounds the call once a replica has it; queued behind other calls it may wait up to
     ``wait_s`` (an agent passes its rollout's remaining time) for a replica to take it."""
     return await bus.direct_or_queued(  # type: ignore[no-any-return]
-        direct_subject(bus, model),
-        bus.subject("model", model),
+        bus.subjects.model_direct(model),
+        bus.subjects.model_queue(model),
         request,
         timeout=timeout,
         op=f"generate {model}",

@@ -28,13 +28,8 @@ from nats.aio.msg import Msg
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import (
-    durable_name,
-    ensure_consumer,
-    ensure_streams,
-    stream_names,
-    task_filter,
-)
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
+from gym_runtime.transport.subjects import pull_next
 from gym_runtime.transport.tasks import TaskSet
 
 log = logs.get("gym.pull")
@@ -73,10 +68,10 @@ async def work_queue_puller(
 ) -> PullWorker:
     """A ``PullWorker`` on ``{ns}.{kind}.{name}`` (kind: ``task`` or ``model``), streams and consumer ensured."""
     await ensure_streams(bus)
-    stream = stream_names(bus.ns)[kind]
-    durable = durable_name(kind, name)
-    subject = task_filter(bus.ns, name) if kind == "task" else bus.subject(kind, name)
-    await ensure_consumer(bus, stream, durable, subject, ack_wait=ack_wait)
+    names = bus.subjects
+    stream = names.stream(kind)
+    durable = names.durable(kind, name)
+    await ensure_consumer(bus, stream, durable, names.queue_filter(kind, name), ack_wait=ack_wait)
     return PullWorker(
         bus,
         stream=stream,
@@ -84,7 +79,7 @@ async def work_queue_puller(
         slots=slots,
         handle=handle,
         heartbeat_s=ack_wait / 3,
-        liveness=bus.subject("live", durable),
+        liveness=names.live(kind, name),
     )
 
 
@@ -139,7 +134,7 @@ class PullWorker:
         self._inflight: dict[int, Delivery] = {}
         self._stopping = False
         self._reconnects = 0
-        self._api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._api = pull_next(stream, consumer)
         self._inbox = ""
         self._expires_ns = int(expires_s * 1e9)
         self._min_pull = max(1, min(32, self.slots // 8))

@@ -29,11 +29,11 @@ from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import result_msg_id, result_subject
+from gym_runtime.transport.jetstream import result_msg_id
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, agent_fingerprint, failed_key, fingerprint
+from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
 
 log = logs.get("gym.agent")
 
@@ -232,7 +232,7 @@ class AgentWorker:
                     attempts=msg.attempt,
                 )
                 await self.bus.js_publish(
-                    result_subject(self.bus.ns, self.name, batch),
+                    self.bus.subjects.result(self.name, batch),
                     result,
                     msg_id=result_msg_id(batch, task_index, i, msg.attempt),
                 )
@@ -276,7 +276,7 @@ class AgentWorker:
         # JetStream counts deliveries; the attempts that failed by the rollout's own doing are counted by us
         # (only when one failed, so a first delivery reads nothing): every other earlier delivery was a lost
         # worker (killed, node gone, hung past ack_wait), charged to a budget of its own, not to max_attempts
-        key = failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
+        key = self.bus.subjects.failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
         failed = await self.control.failed_attempts(key) if attempt > 1 else 0
         lost = attempt - 1 - failed
         if lost > self.cfg.max_worker_losses:
@@ -383,7 +383,7 @@ class AgentWorker:
         another pool stored first under a guessed id cannot make this one a duplicate. A redelivered task
         stores its row under its new attempt; readers keep a slot's result over any later row of it.
         """
-        subject = result_subject(self.bus.ns, self.name, task.batch)
+        subject = self.bus.subjects.result(self.name, task.batch)
         msg_id = result_msg_id(result.batch, result.task_index, result.rollout_index, result.attempts)
         try:
             await self.bus.js_publish(subject, result, msg_id=msg_id)

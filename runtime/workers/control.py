@@ -1,12 +1,13 @@
 """Trainer control on the bus: policy versions, pause/resume of a model, batch cancel, fingerprints.
 
-State lives in one KV bucket ``{NS}_CONTROL`` (so a worker that starts later reads it) and changes
-are announced on control subjects (so running workers learn them at once):
+State lives in one KV bucket (``Subjects.control_bucket``, so a worker that starts later reads it) and
+changes are announced on control subjects (so running workers learn them at once):
 
-* ``{ns}.ctl.model.{model}.version`` — ``PolicyVersion``; KV key ``model.{model}.version``;
-* ``{ns}.ctl.model.{model}.pause|resume`` — ``PauseModel`` (every live replica answers ``PauseAck``
-  once it holds new calls and has none in flight) / ``ResumeModel``; KV key ``model.{model}.paused``;
-* ``{ns}.ctl.batch.{batch}.cancel`` — ``CancelBatch``; KV key ``batch.{batch}.cancelled``.
+* ``Subjects.policy_version`` — ``PolicyVersion``; KV key ``version_key``;
+* ``Subjects.pause|resume`` — ``PauseModel`` (every live replica answers ``PauseAck`` into the caller's
+  ``model.{model}`` lane once it holds new calls and has none in flight) / ``ResumeModel``; KV key
+  ``paused_key``;
+* ``Subjects.cancel`` — ``CancelBatch``; KV key ``cancelled_key``.
 
 Fingerprints: a short hash of a config entry (scaling fields left out), so two experiments that
 both name a model ``policy`` in one namespace cannot serve each other's calls by accident.
@@ -15,7 +16,6 @@ both name a model ``policy`` in one namespace cannot serve each other's calls by
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
 import anyio
@@ -27,6 +27,7 @@ from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeM
 from gym_runtime.model import WrittenOptions
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
 # timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).
@@ -80,23 +81,8 @@ def config_fingerprints(config: Config) -> dict[tuple[str, str], str]:
     return out
 
 
-def _bucket(bus: Bus) -> str:
-    return f"{bus.ns.upper().replace('-', '_')}_CONTROL"
-
-
 async def control_kv(bus: Bus) -> jetstream.KV:
-    return await jetstream.kv_bucket(bus, _bucket(bus))
-
-
-def version_key(model: str) -> str:
-    return f"model.{model}.version"
-
-
-def failed_key(agent: str, batch: str, task_index: int, rollout_index: int) -> str:
-    """Where an agent pool counts a rollout's failed attempts (its workers may write only their own agent's)."""
-    if not re.fullmatch(r"[-_A-Za-z0-9]+", batch):  # a KV key allows fewer characters than a batch id
-        batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
-    return f"failed.{agent}.{batch}.{task_index}.{rollout_index}"
+    return await jetstream.kv_bucket(bus, bus.subjects.control_bucket)
 
 
 class ControlView:
@@ -113,8 +99,8 @@ class ControlView:
     async def start(self, tg: TaskGroup) -> None:
         """Listen to version announcements and batch cancels (before any KV read: no gap)."""
         self._kv = await control_kv(self.bus)
-        await self.bus.serve(tg, self.bus.subject("ctl", "model", "*", "version"), self._on_version, concurrency=16)
-        await self.bus.serve(tg, self.bus.subject("ctl", "batch", "*", "cancel"), self._on_cancel, concurrency=16)
+        await self.bus.serve(tg, self.bus.subjects.policy_version("*"), self._on_version, concurrency=16)
+        await self.bus.serve(tg, self.bus.subjects.cancel("*"), self._on_cancel, concurrency=16)
         await self.bus.flush()
 
     async def _on_version(self, msg: Any, _: Any) -> None:
@@ -129,7 +115,7 @@ class ControlView:
         """The current policy version of ``model`` (None: the trainer never set one)."""
         if model not in self._read and self._kv is not None:
             self._read.add(model)  # once: later changes arrive as announcements
-            raw = await self._kv.get(version_key(model))
+            raw = await self._kv.get(Subjects.version_key(model))
             if raw is not None:
                 self._versions[model] = max(int(raw), self._versions.get(model, 0))
         return self._versions.get(model)
@@ -141,7 +127,7 @@ class ControlView:
             if len(self._checked) > _CACHE_LIMIT:
                 self._checked.clear()
             self._checked.add(batch)
-            if await self._kv.get(f"batch.{batch}.cancelled") is not None:
+            if await self._kv.get(Subjects.cancelled_key(batch)) is not None:
                 self._cancelled.add(batch)
         return batch in self._cancelled
 
@@ -163,7 +149,7 @@ class ControlView:
         """Whether ``model`` was left paused (a replica starting mid-pause holds its calls too)."""
         if self._kv is None:
             return False
-        return await self._kv.get(f"model.{model}.paused") == b"1"
+        return await self._kv.get(Subjects.paused_key(model)) == b"1"
 
 
 class Pausable:
@@ -212,26 +198,26 @@ class Pausable:
 
 async def publish_version(bus: Bus, model: str, version: int) -> None:
     kv = await control_kv(bus)
-    await kv.put(version_key(model), str(version).encode())
-    await bus.publish(bus.subject("ctl", "model", model, "version"), PolicyVersion(model=model, version=version))
+    await kv.put(Subjects.version_key(model), str(version).encode())
+    await bus.publish(bus.subjects.policy_version(model), PolicyVersion(model=model, version=version))
     await bus.flush()
 
 
 async def read_version(bus: Bus, model: str) -> int | None:
-    raw = await (await control_kv(bus)).get(version_key(model))
+    raw = await (await control_kv(bus)).get(Subjects.version_key(model))
     return int(raw) if raw is not None else None
 
 
 async def cancel_batch(bus: Bus, batch: str) -> None:
     kv = await control_kv(bus)
-    await kv.put(f"batch.{batch}.cancelled", b"1")
-    await bus.publish(bus.subject("ctl", "batch", batch, "cancel"), CancelBatch(batch=batch))
+    await kv.put(Subjects.cancelled_key(batch), b"1")
+    await bus.publish(bus.subjects.cancel(batch), CancelBatch(batch=batch))
     await bus.flush()
 
 
 async def set_paused(bus: Bus, model: str, paused: bool) -> None:
     kv = await control_kv(bus)
-    await kv.put(f"model.{model}.paused", b"1" if paused else b"0")
+    await kv.put(Subjects.paused_key(model), b"1" if paused else b"0")
 
 
 async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float) -> list[Any]:
@@ -240,11 +226,9 @@ async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float)
     def done(replies: list[Any]) -> bool:
         return workers <= {getattr(r, "worker", None) for r in replies}
 
-    return await bus.gather(
-        bus.subject("ctl", "model", model, "pause"), PauseModel(model=model), done=done, timeout=timeout
-    )
+    return await bus.gather(bus.subjects.pause(model), PauseModel(model=model), done=done, timeout=timeout)
 
 
 async def send_resume(bus: Bus, model: str) -> None:
-    await bus.publish(bus.subject("ctl", "model", model, "resume"), ResumeModel(model=model))
+    await bus.publish(bus.subjects.resume(model), ResumeModel(model=model))
     await bus.flush()

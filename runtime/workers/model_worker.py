@@ -35,7 +35,6 @@ from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
-from gym_runtime.transport.model_calls import direct_subject
 from gym_runtime.transport.pull import PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Pausable, fingerprint
@@ -74,12 +73,8 @@ class ModelWorker:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
-            await self.bus.serve(
-                tg, self.bus.subject("ctl", "model", self.name, "pause"), self._on_pause, concurrency=4
-            )
-            await self.bus.serve(
-                tg, self.bus.subject("ctl", "model", self.name, "resume"), self._on_resume, concurrency=4
-            )
+            await self.bus.serve(tg, self.bus.subjects.pause(self.name), self._on_pause, concurrency=4)
+            await self.bus.serve(tg, self.bus.subjects.resume(self.name), self._on_resume, concurrency=4)
             if await self.control.paused(self.name):
                 await self.gate.pause()
             self.puller = await work_queue_puller(
@@ -91,7 +86,11 @@ class ModelWorker:
                 handle=self._handle,
             )
             direct = await self.bus.serve_direct(
-                tg, direct_subject(self.bus, self.name), queue=f"model.{self.name}", admit=self._admit, run=self._direct
+                tg,
+                self.bus.subjects.model_direct(self.name),
+                queue=self.bus.subjects.model_group(self.name),
+                admit=self._admit,
+                run=self._direct,
             )
             # ready means the server routes direct calls here: a call sent on another connection before the
             # server read this SUB finds no responders and skips every direct try for DIRECT_ABSENT_S

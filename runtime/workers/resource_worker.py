@@ -47,6 +47,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.resource")
 
@@ -96,7 +97,7 @@ class ResourceWorker:
             self.cls = load_resource_class(cfg.server, where, entry=name)
             check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
-        self.address = bus.subject("res", name, self.worker_id)
+        self.address = bus.subjects.session(name, self.worker_id)
         self.sessions: dict[str, tuple[Resource, float]] = {}
         self._subs: list[Any] = []
         self.seeded = 0  # sessions opened here (status, tests)
@@ -110,17 +111,17 @@ class ResourceWorker:
             self._subs = [
                 await self.bus.serve(
                     tg,
-                    self.bus.subject("res", self.name, "seed"),
+                    self.bus.subjects.seed(self.name),
                     self._seed,
-                    queue=f"res.{self.name}",
+                    queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
                 ),
-                await self.bus.serve(tg, self.address + ".*", self._session_op, concurrency=conc),
+                await self.bus.serve(tg, Subjects.session_op(self.address, "*"), self._session_op, concurrency=conc),
                 await self.bus.serve(
                     tg,
-                    self.bus.subject("res", self.name, "verify"),
+                    self.bus.subjects.stateless_verify(self.name),
                     self._stateless_verify,
-                    queue=f"res.{self.name}",
+                    queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
                     default_error="verify_error",
                 ),

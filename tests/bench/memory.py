@@ -45,7 +45,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer, free_port  # noqa: E402
 from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.service.runner import run_batch  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.transport.jetstream import stream_names  # noqa: E402
+from gym_runtime.transport.subjects import Subjects  # noqa: E402
 
 DATA = REPO / "resources/weather/data/example.jsonl"
 
@@ -177,7 +177,8 @@ def main() -> None:
             async def stored() -> int:
                 bus = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="mem")
                 try:
-                    names = stream_names(cfg.namespace).values()
+                    s = Subjects(cfg.namespace)
+                    names = (s.tasks_stream, s.results_stream, s.model_stream)
                     return sum([(await bus.js.stream_info(s)).state.bytes for s in names])
                 finally:
                     await bus.close()

@@ -146,7 +146,7 @@ async def bench(url: str, levels: list[int], calls: int) -> list[tuple[int, dict
         wbus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-model")
         abus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-agent")
         worker = ModelWorker(wbus, "policy", ModelConfig(adapter="vllm", concurrency=top, options=cfg))
-        subject = abus.subject("model", "policy")
+        subject = abus.subjects.model_queue("policy")
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)
 

@@ -82,7 +82,8 @@ from gym_runtime.service.runner import (  # noqa: E402
     start_workers,
 )
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.transport.jetstream import durable_name, ensure_streams, stream_names  # noqa: E402
+from gym_runtime.transport.jetstream import ensure_streams  # noqa: E402
+from gym_runtime.transport.subjects import Subjects  # noqa: E402
 from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 from tests.bench import slot_model  # noqa: E402
 
@@ -330,11 +331,11 @@ def inflight(n: int, median_s: float, through: int) -> None:
                     idle = rss(procs)
                     t0 = time.monotonic()
                     await publish_batch(bus, cfg, inp, agent="agent")
-                    names = stream_names(cfg.namespace)
+                    names = Subjects(cfg.namespace)
                     js = bus.js
                     # every rollout in flight: the agent holds all n tasks (each waits on a model call)
                     while True:
-                        info = await js.consumer_info(names["task"], "agent_agent")
+                        info = await js.consumer_info(names.tasks_stream, "agent_agent")
                         if info.num_pending == 0 and info.num_ack_pending >= n:
                             break
                         await anyio.sleep(0.5)
@@ -495,9 +496,9 @@ async def _shared(
         name="sat-share",
     )
     bus = buses["publisher"]
-    names = stream_names(cfg.namespace)
-    consumers = [(names["model"], durable_name("model", "policy"))] + [
-        (names["task"], durable_name("task", a)) for a in sorted({a for a, _, _ in jobs})
+    names = Subjects(cfg.namespace)
+    consumers = [(names.model_stream, Subjects.durable("model", "policy"))] + [
+        (names.tasks_stream, Subjects.durable("task", a)) for a in sorted({a for a, _, _ in jobs})
     ]
     peak: dict[str, int] = defaultdict(int)  # num_redelivered (pending redeliveries) seen, sampled each second
     rows: dict[str, tuple[int, int]] = {}
@@ -542,7 +543,7 @@ async def _shared(
             ended = time.monotonic()
             models = [w for w in workers if isinstance(w, ModelWorker)]
             with anyio.move_on_after(120):
-                while (await bus.js.stream_info(names["model"])).state.messages or any(
+                while (await bus.js.stream_info(names.model_stream)).state.messages or any(
                     w.stats()["in_flight"] for w in models
                 ):
                     await anyio.sleep(0.2)
@@ -550,7 +551,7 @@ async def _shared(
             infos = {c: await bus.js.consumer_info(s, c) for s, c in consumers}
             # deliveries (consumer_seq counts each one, redeliveries included) against the messages delivered
             delivered = {c: i.delivered.consumer_seq + i.num_pending for c, i in infos.items()}
-            queued = (await bus.js.stream_info(names["model"])).state.last_seq
+            queued = (await bus.js.stream_info(names.model_stream)).state.last_seq
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:

@@ -16,7 +16,8 @@ from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import consumers, lost_subject, stream_names
+from gym_runtime.transport.jetstream import consumers
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
 
@@ -45,7 +46,7 @@ async def test_a_row_on_the_lost_subject_is_never_the_clients_row(nats_server) -
     async with Client(weather(delay_s=1.0), nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         forged = RolloutResult(batch=batch.batch, task_index=0, rollout_index=0, agent="simple", row={"reward": 7.0})
-        await client.bus.js_publish(lost_subject(client.bus.ns, batch.batch), forged, msg_id=f"{batch.batch}:0:0")
+        await client.bus.js_publish(client.bus.subjects.lost(batch.batch), forged, msg_id=f"{batch.batch}:0:0")
         (row,) = await batch.gather()
     assert row["reward"] == 1.0 and batch.refused == 0, row
 
@@ -108,7 +109,7 @@ async def test_cancel_drops_unstarted_tasks_and_drains_the_queue(nats_server) ->
         with anyio.fail_after(30):  # every task is accounted for: run, or acked without running
             while agent.completed < 12:
                 await anyio.sleep(0.05)
-        lag = {c["consumer"]: c for c in await consumers(client.bus, stream_names("gym")["task"])}
+        lag = {c["consumer"]: c for c in await consumers(client.bus, Subjects("gym").tasks_stream)}
     assert agent.skipped >= 8, (agent.skipped, agent.completed)  # 12 tasks, one slot: most never ran
     assert lag["agent_weather_agent"]["pending"] == 0 and lag["agent_weather_agent"]["ack_pending"] == 0
 
@@ -294,7 +295,7 @@ async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats
     bus = await Bus.connect(nats_server.url, namespace="fullq", telemetry=Telemetry(), name="publisher")
     try:
         await ensure_streams(bus)
-        name = stream_names("fullq")["task"]
+        name = Subjects("fullq").tasks_stream
         info = await bus.js.stream_info(name)
         await bus.js.update_stream(dataclasses.replace(info.config, max_msgs=5, discard=DiscardPolicy.NEW))
         with (

@@ -39,8 +39,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 async def _stream_info(url: str) -> dict[str, dict]:
     bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
     try:
-        names = jetstream.stream_names("gym")
-        return {k: await jetstream.stream_config(bus, v) for k, v in names.items()}
+        return {k: await jetstream.stream_config(bus, bus.subjects.stream(k)) for k in ("task", "result", "model")}
     finally:
         await bus.close()
 

@@ -35,7 +35,7 @@ import yaml
 
 from gym_runtime.config import load_config
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
-from gym_runtime.transport.jetstream import durable_name, stream_names
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 DEPLOY = REPO / "deploy"
@@ -136,7 +136,7 @@ def role_of(dep: dict[str, Any]) -> str:
 
 def test_every_role_has_a_scaler_naming_the_runtimes_stream_and_consumer(rendered: list[dict[str, Any]]) -> None:
     cfg = deploy_config()
-    names = stream_names(cfg.namespace)
+    names = Subjects(cfg.namespace)
     deployments = by_kind(rendered, "Deployment")
     trig = triggers(rendered)
     roles = {role_of(d): n for n, d in deployments.items()}
@@ -151,7 +151,10 @@ def test_every_role_has_a_scaler_naming_the_runtimes_stream_and_consumer(rendere
             continue
         kind = "task" if role == "agents" else "model"
         assert t["type"] == "nats-jetstream"
-        assert (t["metadata"]["stream"], t["metadata"]["consumer"]) == (names[kind], durable_name(kind, name))
+        assert (t["metadata"]["stream"], t["metadata"]["consumer"]) == (
+            names.stream(kind),
+            Subjects.durable(kind, name),
+        )
         assert t["metadata"]["account"] == "$G"
 
 

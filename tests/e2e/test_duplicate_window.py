@@ -25,7 +25,8 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.status import BatchWatch
 from gym_runtime.service.runner import collect_batch, make_workers, publish_batch, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, stream_names
+from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import agent_fingerprint
 from tests.helpers import REPO, ROWS, read_jsonl, weather
 
@@ -51,7 +52,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
     bus = await Bus.connect(
         nats_server.url, namespace="gym", telemetry=Telemetry(), name="test", jetstream=cfg.jetstream
     )
-    results = stream_names("gym")["result"]
+    results = Subjects("gym").results_stream
     try:
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, cfg, selected(cfg, None)))
@@ -101,7 +102,7 @@ async def test_a_client_creates_the_streams_with_its_configs_settings(nats_serve
     cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
     async with Client(cfg, nats=nats_server.url, workers=False) as client:
         for kind in ("task", "result"):
-            info = await client.bus.js.stream_info(stream_names("gym")[kind])
+            info = await client.bus.js.stream_info(Subjects("gym").stream(kind))
             assert info.config.duplicate_window == WINDOW_S
 
 
@@ -113,7 +114,7 @@ async def test_a_publish_run_again_after_the_window_adds_only_what_it_had_not_st
     cfg = weather()
     cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
     data = REPO / "resources/weather/data/example.jsonl"
-    tasks = stream_names("gym")["task"]
+    tasks = Subjects("gym").tasks_stream
     bus = await Bus.connect(
         nats_server.url, namespace="gym", telemetry=Telemetry(), name="test", jetstream=cfg.jetstream
     )
@@ -149,7 +150,7 @@ async def test_a_retention_shorter_than_the_window_caps_it(nats_server) -> None:
     try:
         await ensure_streams(bus)
         for kind in ("task", "result"):
-            info = await bus.js.stream_info(stream_names("gym")[kind])
+            info = await bus.js.stream_info(Subjects("gym").stream(kind))
             assert (info.config.duplicate_window, info.config.max_age) == (60.0, 60.0)
     finally:
         await bus.close()

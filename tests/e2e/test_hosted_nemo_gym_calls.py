@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gym_runtime.hosting.parity import inputs
-from gym_runtime.ops.permissions import permissions
+from gym_runtime.ops.permissions import Reach, permissions
 from gym_runtime.ops.security import ensure_auth_dir
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.hosting import catalogue_root
@@ -218,10 +218,10 @@ def test_calls_grant_publish_rights_only_towards_the_named_environments() -> Non
     """What the secured server is given: a resource pool may publish into the subjects of the environments its
     ``calls`` names and no other; the role-wide resource credential into every environment some entry calls;
     without calls, no environment may call another (as before)."""
-    calls = {"caller": ["counter"], "judge_env": ["grader"]}
+    calls = {"caller": ("counter",), "judge_env": ("grader",)}
 
-    def res_publish(pool: str | None, given: dict[str, list[str]] | None) -> set[str]:
-        allowed = permissions("resource", ["gym"], pool, given)["publish"]["allow"]
+    def res_publish(pool: str | None, given: dict[str, tuple[str, ...]] | None) -> set[str]:
+        allowed = permissions("resource", ["gym"], pool, Reach(resources=given or {}))["publish"]["allow"]
         return {s for s in allowed if s.startswith("gym.res.")}
 
     assert res_publish("caller", calls) == {"gym.res.counter.>"}

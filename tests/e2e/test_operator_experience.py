@@ -139,11 +139,12 @@ def _stored_tasks(url: str) -> int:
     async def count() -> int:
         from gym_runtime.observability.tracing import Telemetry
         from gym_runtime.transport.bus import Bus
-        from gym_runtime.transport.jetstream import message_count, stream_names
+        from gym_runtime.transport.jetstream import message_count
+        from gym_runtime.transport.subjects import Subjects
 
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
         try:
-            return await message_count(bus, stream_names("gym")["task"])
+            return await message_count(bus, Subjects("gym").tasks_stream)
         finally:
             await bus.close()
 

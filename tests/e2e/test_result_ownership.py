@@ -1,7 +1,8 @@
 """Results only from their owner, and a ``collect`` that always ends (issue 33, items 2 and 3).
 
 Attacks by a node holding one agent pool's genuine credentials on a ``server --secure`` bus, against
-real workers: the pool reads a batch's manifest (its role may) and, using only the result subject its
+real workers: the pool knows a batch's slots (indices from 0; it may no longer read the manifests, and is
+handed them here) and, using only the result subject its
 credentials allow, stores rows for every slot of another agent's batch first, under every message id the
 runtime could use. What must hold: collect, the client's batch and its ``run`` take only the owner's
 results, every genuine row is kept, the forged ones are counted and dropped; a batch whose stored
@@ -27,6 +28,7 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.service.runner import (
     RunResult,
@@ -40,10 +42,11 @@ from gym_runtime.service.runner import (
     start_workers,
 )
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import result_subject, stream_names
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import REPO, ROWS, WEATHER, cli, pool_bus, read_jsonl, write_jsonl
 
 DATA = REPO / "resources/weather/data/example.jsonl"
+S = Subjects("gym")
 POOLS = [("agent", "weather_agent"), ("agent", "other_agent"), ("resource", "weather"), ("model", "policy")]
 FORGED_REWARD = 1337.0
 # two agents of one config sharing the weather environment: the thief is the other agent's pool
@@ -66,7 +69,8 @@ def _start(tmp_path: Path, jetstream: JetStreamConfig | None = None) -> tuple[Em
     node.mkdir()
     for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in POOLS)]:
         shutil.copy(auth / name, node / name)
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), jetstream=jetstream)
+    reach = Reach.of(config_from_dict(TWO_AGENTS))  # each agent pool may call its own environment
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth), jetstream=jetstream, reach=reach)
     srv.start()
     return srv, auth, node
 
@@ -109,7 +113,7 @@ async def _forge(
 ) -> int:
     """Store forged rows of ``slots`` on the thief's own result subject, claiming agent ``claim``, under every
     guessable id; returns how many the server stored (an id it has seen is dropped)."""
-    subject = result_subject("gym", "other_agent", batch)
+    subject = S.result("other_agent", batch)
     stored = 0
     for task, rollout in slots:
         for msg_id in _guessed_ids(batch, task, rollout):
@@ -127,7 +131,9 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
     thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
         await publish_batch(publisher, cfg, DATA, batch="b1", repeats=2)
-        seen = await get_manifest(thief, "b1")  # every role may read the batch manifests
+        # only the publisher's credential reads the manifests now (tests/test_subjects.py); the slots are
+        # indices from 0, so the thief is handed them as a guess would find them
+        seen = await get_manifest(publisher, "b1")
         assert seen is not None and seen.expected == 10
         slots = [(t, r) for t in range(seen.tasks) for r in range(seen.repeats)]
         forged = await _forge(thief, "b1", slots, "weather_agent")  # as the owner, pre-empting its ids
@@ -205,7 +211,7 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
                 assert [r["reward"] for r in rows] == [1.0] * 10
                 # run(): the thief finds the client's open batch in the stream's subjects and forges what comes next
                 first = await client.run(ROWS[0])
-                info = await thief.js.stream_info(stream_names("gym")["result"], subjects_filter="gym.result.*.*")
+                info = await thief.js.stream_info(S.results_stream, subjects_filter="gym.result.*.*")
                 (run_batch_id,) = {s.split(".")[-1] for s in info.state.subjects or {} if ".run-" in s}
                 await _forge(thief, run_batch_id, [(i, 0) for i in range(1, 6)], "weather_agent")
                 with anyio.fail_after(60):
@@ -243,7 +249,7 @@ async def test_collect_ends_when_stored_results_were_purged(owned, tmp_path: Pat
         await _run(srv, node, cfg, DATA, "b3", tmp_path / "first.jsonl")
     admin = await pool_bus(srv.url, tmp_path / "auth", "admin")
     try:  # the oldest six results go
-        await admin.js.purge_stream(stream_names("gym")["result"], subject="gym.result.weather_agent.b3", keep=4)
+        await admin.js.purge_stream(S.results_stream, subject="gym.result.weather_agent.b3", keep=4)
     finally:
         await admin.close()
     out = tmp_path / "out.jsonl"
@@ -274,7 +280,7 @@ async def test_collect_ends_when_another_pool_floods_the_results_stream(tmp_path
                 res = _forged("zz", i, 0, "other_agent")
                 res = msgspec.structs.replace(res, row={**(res.row or {}), "pad": pad})
                 try:
-                    await thief.js_publish(result_subject("gym", "other_agent", "zz"), res, msg_id=uuid.uuid4().hex)
+                    await thief.js_publish(S.result("other_agent", "zz"), res, msg_id=uuid.uuid4().hex)
                 except Exception:  # a full stream that refuses new messages
                     break
                 flood += 1

@@ -27,7 +27,8 @@ from gym_runtime.ops.secrets import check_argv_secret
 from gym_runtime.ops.security import ROLES, ensure_auth_dir, unnamed
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import ServerUnreachable, connect
-from gym_runtime.transport.jetstream import message_count, stream_names
+from gym_runtime.transport.jetstream import message_count
+from gym_runtime.transport.subjects import Subjects
 from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
@@ -112,7 +113,7 @@ async def test_model_cannot_publish_results_or_tasks_nor_delete_streams(buses: d
     import nats.errors
 
     model, admin, agent = buses["model"], buses["admin"], buses["agent"]
-    names = stream_names("gym")
+    names = Subjects("gym")
     forged = json.dumps({"reward": 1337}).encode()
     await model.nc.publish("gym.result.b1", forged)  # core publish: the stream would store it
     await model.nc.publish("gym.task.weather_agent", forged)
@@ -120,14 +121,14 @@ async def test_model_cannot_publish_results_or_tasks_nor_delete_streams(buses: d
         with pytest.raises(nats.errors.TimeoutError):  # no stream ack: the server dropped it
             await model.js.publish(subject, forged, timeout=1.0)
     with pytest.raises(nats.errors.TimeoutError):
-        await model.nc.request(f"$JS.API.STREAM.DELETE.{names['task']}", b"", timeout=1.0)
+        await model.nc.request(f"$JS.API.STREAM.DELETE.{names.tasks_stream}", b"", timeout=1.0)
     await model.flush()
-    assert await message_count(admin, names["result"]) == 0
-    assert await message_count(admin, names["task"]) == 0
-    assert (await admin.js.stream_info(names["task"])).config.name == names["task"]
+    assert await message_count(admin, names.results_stream) == 0
+    assert await message_count(admin, names.tasks_stream) == 0
+    assert (await admin.js.stream_info(names.tasks_stream)).config.name == names.tasks_stream
     # the role that may does: an agent's result is stored
     await agent.js.publish("gym.result.a.b1", b"{}", timeout=5.0)
-    assert await message_count(admin, names["result"]) == 1
+    assert await message_count(admin, names.results_stream) == 1
 
 
 async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> None:
@@ -137,7 +138,7 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
     from gym_runtime.transport.jetstream import ensure_consumer
 
     pub, agent = buses["publisher"], buses["agent"]
-    stream = stream_names("gym")["task"]
+    stream = Subjects("gym").tasks_stream
     seen: list[str] = []
 
     async def spy(msg) -> None:  # type: ignore[no-untyped-def]
@@ -145,8 +146,8 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
 
     for subject in ("gym.task.>", "_INBOX.>", "_INBOX.agent.>"):
         await pub.nc.subscribe(subject, cb=spy)  # refused by the server: nothing is ever delivered
-    await ensure_consumer(agent, stream, "agent_a", "gym.task.a", ack_wait=30.0)
-    await pub.js.publish("gym.task.a", b"task-0", timeout=5.0)  # publishing tasks is the publisher's job
+    await ensure_consumer(agent, stream, "agent_a", "gym.task.a.>", ack_wait=30.0)
+    await pub.js.publish("gym.task.a.b1", b"task-0", timeout=5.0)  # publishing tasks is the publisher's job
     req = json.dumps({"batch": 1, "expires": 1_000_000_000}).encode()
 
     async def pull(bus: Bus) -> list[bytes]:
@@ -166,7 +167,7 @@ async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> No
 
     assert await pull(pub) == []  # refused: not even a "no messages" status comes back
     with pytest.raises(nats.errors.TimeoutError):  # nor may it create a consumer of its own on the tasks
-        await pub.js.add_consumer(stream, durable_name="thief", filter_subject="gym.task.a", timeout=1.0)
+        await pub.js.add_consumer(stream, durable_name="thief", filter_subject="gym.task.a.>", timeout=1.0)
     got = await pull(agent)
     msg = got[-1]
     assert msg.data == b"task-0"  # the agent gets the task the publisher could not
@@ -192,7 +193,7 @@ async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) 
     reader = await Bus.connect(
         srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="reader", auth=ClientAuth(node), role="publisher"
     )
-    model_queue = await reader.js.stream_info(stream_names(cfg.namespace)["model"])
+    model_queue = await reader.js.stream_info(Subjects(cfg.namespace).model_stream)
     await reader.close()
     assert model_queue.state.last_seq == 0  # the roles' permissions admit direct model calls: none was queued
     (node / "model.creds").unlink()  # a role whose file this node lacks: one clear error, before any work

@@ -24,6 +24,7 @@ import pytest
 
 from gym_runtime.config import ResourceConfig, load_config
 from gym_runtime.data.collector import Collector
+from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     RolloutResult,
     RolloutTask,
@@ -36,22 +37,16 @@ from gym_runtime.messages import (
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.ops.permissions import Reach
 from gym_runtime.service.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.headers import BLOB_HEADER
-from gym_runtime.transport.jetstream import (
-    ensure_consumer,
-    ensure_streams,
-    lost_subject,
-    result_msg_id,
-    stream_names,
-    task_filter,
-    task_subject,
-)
-from gym_runtime.workers.control import ControlView, control_kv, failed_key
+from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, result_msg_id
+from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.control import ControlView, control_kv, send_pause, send_resume
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import REPO, pool_bus, put_batch, read_jsonl, write_jsonl
+from tests.helpers import REPO, connect_as, put_batch, read_jsonl, secured_server, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -75,7 +70,7 @@ async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict
     big = {"reward": 0.0, "notes": MARKER + "x" * (agent.blob_threshold + 1000)}
     genuine = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row=big)
     await agent.js_publish("gym.result.a.b1", genuine, msg_id="b1:0:0")
-    stored = await admin.js.get_last_msg(stream_names("gym")["result"], "gym.result.a.b1")
+    stored = await admin.js.get_last_msg(Subjects("gym").results_stream, "gym.result.a.b1")
     ref = (stored.headers or {})[BLOB_HEADER]  # the genuine header: every attacker below knows it
     key = ref.split(".")[0]
 
@@ -129,14 +124,9 @@ ATTACKER_POOLS = [("agent", "other_agent"), ("resource", "other_env"), ("model",
 @pytest.fixture
 def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
     """A secured server whose directory also holds per-entry credentials (``server --secure DIR --pool ...``)."""
-    auth = tmp_path / "auth"
-    ensure_auth_dir(auth, pools=[*WEATHER_POOLS, *ATTACKER_POOLS])
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
-    srv.start()
-    try:
+    reach = Reach(agents={"weather_agent": ("weather",), "other_agent": ("other_env",)})  # each agent's environment
+    with secured_server(tmp_path, [*WEATHER_POOLS, *ATTACKER_POOLS], reach) as (srv, auth):
         yield srv, auth
-    finally:
-        srv.stop()
 
 
 async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(pooled, tmp_path: Path) -> None:
@@ -147,10 +137,10 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
     node.mkdir()
     for name in ["ca.pem", "publisher.creds", *(f"{r}.{p}.creds" for r, p in WEATHER_POOLS)]:
         shutil.copy(auth / name, node / name)
-    admin = await pool_bus(srv.url, auth, "admin")
-    res_thief = await pool_bus(srv.url, auth, "resource", "other_env")
-    model_thief = await pool_bus(srv.url, auth, "model", "other_model")
-    agent_thief = await pool_bus(srv.url, auth, "agent", "other_agent")
+    admin = await connect_as(srv, auth, "admin", None)
+    res_thief = await connect_as(srv, auth, "resource", "other_env")
+    model_thief = await connect_as(srv, auth, "model", "other_model")
+    agent_thief = await connect_as(srv, auth, "agent", "other_agent")
     sniffed: list[str] = []
     forged_seen: list[str] = []
     replies: list[tuple[str, dict[str, str]]] = []
@@ -217,8 +207,8 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
         with pytest.raises((nats.js.errors.APIError, nats.errors.TimeoutError)):
             await agent_thief.js.publish("gym.result.weather_agent.b2", agent_thief.codec.encode(forged), timeout=1.0)
         await agent_thief.js.publish("gym.result.other_agent.b2", agent_thief.codec.encode(forged), timeout=5.0)
-        stream = stream_names("gym")["task"]
-        await admin.js.publish(task_subject("gym", "weather_agent", "b2"), b"t", timeout=5.0)
+        stream = Subjects("gym").tasks_stream
+        await admin.js.publish(Subjects("gym").task("weather_agent", "b2"), b"t", timeout=5.0)
         pulled = await _replies(
             agent_thief,
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_weather_agent",
@@ -229,7 +219,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             await agent_thief.js.add_consumer(
                 stream,
                 durable_name="agent_other_agent",
-                filter_subject=task_filter("gym", "weather_agent"),
+                filter_subject=Subjects("gym").agent_tasks("weather_agent"),
                 timeout=1.0,
             )
     finally:
@@ -241,12 +231,12 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
     """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
     writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
     srv, auth = pooled
-    mine = await pool_bus(srv.url, auth, "agent", "weather_agent")
-    thief = await pool_bus(srv.url, auth, "agent", "other_agent")
+    mine = await connect_as(srv, auth, "agent", "weather_agent")
+    thief = await connect_as(srv, auth, "agent", "other_agent")
     try:
         view = ControlView(mine)
         view._kv = await control_kv(mine)
-        key = failed_key("weather_agent", "b1", 3, 0)
+        key = Subjects.failed_key("weather_agent", "b1", 3, 0)
         await view.count_failed(key, 2)
         assert await view.failed_attempts(key) == 2
         with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
@@ -259,13 +249,65 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
             await b.close()
 
 
+async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_only_its_environment(pooled) -> None:
+    """What ``allow_responses`` carried before (discovery, status and pause answers) comes back with every
+    worker on its pool's credential, each answering into its own lane, and an answer claiming another lane's
+    worker is not believed; an agent pool's seed request to its own environment is answered, to another
+    environment's refused by the server (issue 33, items 1 and 4)."""
+    srv, auth = pooled
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    pools = {f"{r}.{p}": await connect_as(srv, auth, r, p) for r, p in WEATHER_POOLS}  # the honest nodes
+    pub = await connect_as(srv, auth, "publisher", None)
+    other_agent = await connect_as(srv, auth, "agent", "other_agent")
+    other_env = await connect_as(srv, auth, "resource", "other_env")
+    row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
+    try:
+        async with anyio.create_task_group() as tg:
+            weather = make_workers(pools, cfg, selected(cfg, None))
+            other = ResourceWorker(other_env, "other_env", ResourceConfig(server="resources.weather"))
+            await start_workers(tg, [*weather, other])  # type: ignore[list-item]
+            forged = {"namespace": "gym", "role": "model", "name": "policy", "worker": "ghost", "uptime_s": 1.0}
+
+            async def pose(msg: Any) -> None:  # another pool passes itself off as a replica a pause would wait for
+                for lane in ("agent.other_agent", "model.policy"):  # its own lane, and the model's (refused)
+                    await other_agent.nc.publish(f"{msg.reply}.{lane}.0", json.dumps(forged).encode())
+
+            await other_agent.nc.subscribe("gym.status", cb=pose)
+            workers = await discover(pub)
+            assert {(w["role"], w["name"]) for w in workers} == {
+                ("agent", "weather_agent"),
+                ("model", "policy"),
+                ("resource", "weather"),
+                ("resource", "other_env"),
+            }
+            assert all("uptime_s" in w for w in workers)  # each with its live counters
+            assert "ghost" not in {w["worker"] for w in workers}
+            replica = next(str(w["worker"]) for w in workers if w["role"] == "model")
+            acks = await send_pause(pub, "policy", {replica}, timeout=10.0)  # every replica acknowledges
+            assert [a.worker for a in acks] == [replica]
+            await send_resume(pub, "policy")
+
+            seeded = [w for w in weather if isinstance(w, ResourceWorker)][0]
+            reply = await other_agent.request(
+                other_env.subjects.seed("other_env"), SeedRequest(row=row), timeout=10.0, op="seed"
+            )
+            assert isinstance(reply, SeedReply) and other.seeded == 1
+            with pytest.raises(Failure, match="no reply"):  # the server drops it: nobody hears it, nothing answers
+                await other_agent.request(pub.subjects.seed("weather"), SeedRequest(row=row), timeout=2.0, op="seed")
+            assert seeded.seeded == 0
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (*pools.values(), pub, other_agent, other_env):
+            await b.close()
+
+
 # ------------------------------------------------------------------------------- nothing hangs
 
 
 async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:
     """Another publisher deletes a running collector's reader: the collector recreates it and finishes."""
     agent, thief = buses["agent"], buses["publisher"]
-    results = stream_names("gym")["result"]
+    results = Subjects("gym").results_stream
 
     def result(i: int) -> RolloutResult:
         return RolloutResult(batch="b1", task_index=i, rollout_index=0, agent="a", row={"reward": 1.0})
@@ -320,9 +362,11 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
     publisher, thief = buses["publisher"], buses["agent"]
     data = tmp_path / "in.jsonl"
     write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl") * 2)
-    stream = stream_names("gym")["task"]
+    stream = Subjects("gym").tasks_stream
     await ensure_streams(publisher)
-    await ensure_consumer(thief, stream, "agent_weather_agent", task_filter("gym", "weather_agent"), ack_wait=30.0)
+    await ensure_consumer(
+        thief, stream, "agent_weather_agent", Subjects("gym").agent_tasks("weather_agent"), ack_wait=30.0
+    )
     manifest = await publish_batch(publisher, cfg, data, batch="t1")
     assert await _terminate(thief, stream, "agent_weather_agent", 2) == 2
     pools = {"agent.weather_agent": thief, "model.policy": buses["model"], "resource.weather": buses["resource"]}
@@ -354,7 +398,7 @@ async def test_a_row_on_the_lost_subject_is_never_a_reward(buses: dict[str, Bus]
     or a failure that would end the batch early): a slot is lost only when the server says so."""
     publisher = buses["publisher"]
     forged = RolloutResult(batch="f1", task_index=0, rollout_index=0, agent="a", row={"reward": 1.0})
-    await publisher.js_publish(lost_subject("gym", "f1"), forged, msg_id="f1:0:0")
+    await publisher.js_publish(Subjects("gym").lost("f1"), forged, msg_id="f1:0:0")
     with anyio.fail_after(30):
         stats = await Collector(publisher, await put_batch(publisher, "f1", 1), tmp_path / "out.jsonl").run()
     assert (stats.rows, stats.failures, stats.refused) == (0, 1, 0)
@@ -370,8 +414,8 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         await ensure_streams(bus)
         row = {**read_jsonl(REPO / "resources/weather/data/example.jsonl")[0], "pad": "x" * (bus.blob_threshold + 10)}
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
-        await bus.js_publish(task_subject("gym", "weather_agent", "b9"), task, msg_id="b9:0:0")
-        stored = await bus.js.get_last_msg(stream_names("gym")["task"], task_subject("gym", "weather_agent", "b9"))
+        await bus.js_publish(Subjects("gym").task("weather_agent", "b9"), task, msg_id="b9:0:0")
+        stored = await bus.js.get_last_msg(Subjects("gym").tasks_stream, Subjects("gym").task("weather_agent", "b9"))
         key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body

@@ -1,0 +1,444 @@
+"""Every name the runtime gives NATS, built here and nowhere else: subjects, streams, durable consumers,
+KV buckets and keys, queue groups, inboxes and reply lanes.
+
+Workers, the collector, the client and the commands publish and subscribe with these functions, and
+``gym_runtime.ops.permissions`` derives each role's allow-lists from the same ones, so what a role's
+code does and what its credential may do cannot drift (``tests/test_subjects.py`` checks every
+function against every role). A name argument may be a NATS wildcard where a permission needs one
+(``"*"``; ``">"`` in the last token).
+
+**Reply lanes.** A reply subject is ``{inbox}.{lane}.{n}``: the caller's inbox
+(``_INBOX.{role}.{pool or _}.{nuid}`` on a secured bus) and a lane naming who answers
+(``res.{resource}``, ``model.{model}``, ``agent.{agent}``). A responder may publish only into its own
+lane (``lane_replies``), so the server refuses an answer from anyone else, and no role may publish
+into another's whole inbox. An answer to a request many workers receive (``status``) goes to
+``answer(reply, lane)``: the request's reply root with the responder's own lane appended.
+
+It imports nothing of the runtime: every layer may use it (plain strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+
+__all__ = [
+    "INBOX",
+    "JS_ACK_PREFIX",
+    "LOST",
+    "SERVER_LANE",
+    "Subjects",
+    "acks",
+    "advisory",
+    "answer",
+    "answers",
+    "consumer_create",
+    "consumer_delete",
+    "consumer_info",
+    "consumer_list",
+    "direct_get",
+    "inbox",
+    "inbox_prefix",
+    "js_info",
+    "kv_key",
+    "kv_stream",
+    "lane",
+    "lane_replies",
+    "msg_get",
+    "pull_next",
+    "reply",
+    "stream_info",
+    "stream_names",
+]
+
+INBOX = "_INBOX"
+LOST = "_lost"  # a result subject's agent token for the failure rows of tasks that left the queue without a result
+JS_ACK_PREFIX = "$JS.ACK."  # the reply subject of a message a JetStream consumer delivered
+_JS_API = "$JS.API"
+
+# the token a role's answers carry in their lane (``res`` predates the others: reply subjects of resource calls)
+_LANE_KINDS = {"agent": "agent", "resource": "res", "model": "model"}
+SERVER_LANE = "js.ack"  # the lane of what the server itself answers (a stream's ack of a stored message)
+
+_KV_KEY = re.compile(r"[-_A-Za-z0-9]+")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+# ------------------------------------------------------------------------------- inboxes and reply lanes
+
+
+def inbox_prefix(role: str, pool: str | None = None) -> str:
+    """A connection's inbox prefix on a secured bus: its role's, narrowed to its pool when it holds one."""
+    return f"{INBOX}.{role}.{pool or '_'}"
+
+
+def inbox(role: str, pool: str | None = None) -> str:
+    """Every subject a connection of ``role`` (or of one ``pool``) receives replies on."""
+    return f"{inbox_prefix(role, pool)}.>" if pool else f"{INBOX}.{role}.>"
+
+
+def lane(role: str, name: str) -> str:
+    """The lane of the answers a worker of ``role`` serving entry ``name`` gives: ``res.weather``, ..."""
+    return f"{_LANE_KINDS[role]}.{name}"
+
+
+def reply(prefix: str, lane: str, n: int | str) -> str:
+    """A call's reply subject: the caller's ``prefix`` (its inbox and connection), the callee's lane, a number."""
+    return f"{prefix}.{lane}.{n}"
+
+
+def answer(root: str, lane: str) -> str:
+    """Where a worker answers a request sent to many (``status``): the request's reply root, its own lane."""
+    return f"{root}.{lane}.0"
+
+
+def answers(root: str) -> str:
+    """Every reply under ``root`` (a connection's reply prefix, or the reply root of a request sent to many)."""
+    return f"{root}.>"
+
+
+def lane_replies(lane: str) -> str:
+    """Every reply subject in ``lane``, whoever the caller: what a responder may publish into."""
+    return f"{INBOX}.*.*.*.{lane}.*"
+
+
+# ------------------------------------------------------------------------------- NATS's own API subjects
+
+
+def js_info() -> str:
+    """JetStream's account info (nats-py asks it on connect; ``health`` asks it)."""
+    return f"{_JS_API}.INFO"
+
+
+def stream_names() -> str:
+    """Which stream holds a subject (nats-py's ``find_stream_name_by_subject``)."""
+    return f"{_JS_API}.STREAM.NAMES"
+
+
+def stream_info(stream: str) -> str:
+    return f"{_JS_API}.STREAM.INFO.{stream}"
+
+
+def consumer_create(stream: str, name: str, filter_subject: str) -> str:
+    """A named consumer's creation, its filter in the subject (as nats-py sends it), so a permission can
+    allow one queue and no other (the legacy DURABLE.CREATE carries the filter in the body)."""
+    return f"{_JS_API}.CONSUMER.CREATE.{stream}.{name}.{filter_subject}"
+
+
+def consumer_info(stream: str, name: str) -> str:
+    return f"{_JS_API}.CONSUMER.INFO.{stream}.{name}"
+
+
+def consumer_delete(stream: str, name: str) -> str:
+    return f"{_JS_API}.CONSUMER.DELETE.{stream}.{name}"
+
+
+def consumer_list(stream: str) -> str:
+    return f"{_JS_API}.CONSUMER.LIST.{stream}"
+
+
+def pull_next(stream: str, consumer: str) -> str:
+    """A pull request: up to N messages of a consumer, delivered to the request's reply subject."""
+    return f"{_JS_API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
+def acks(stream: str, consumer: str) -> str:
+    """The ack (nak, term, in-progress) subjects of a consumer's deliveries."""
+    return f"{JS_ACK_PREFIX}{stream}.{consumer}.>"
+
+
+def direct_get(stream: str, subject: str | None = None) -> str:
+    """A direct get from ``stream``: by sequence or request body, or the last message of ``subject``."""
+    return f"{_JS_API}.DIRECT.GET.{stream}" + (f".{subject}" if subject else "")
+
+
+def msg_get(stream: str) -> str:
+    """A stored message by sequence or subject (nats-py's KV get on a stream without direct gets)."""
+    return f"{_JS_API}.STREAM.MSG.GET.{stream}"
+
+
+def advisory(event: str, stream: str) -> str:
+    """JetStream's advisories of one kind about ``stream``'s consumers (``MSG_TERMINATED``, ...)."""
+    return f"$JS.EVENT.ADVISORY.CONSUMER.{event}.{stream}.>"
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream behind a KV bucket."""
+    return f"KV_{bucket}"
+
+
+def kv_key(bucket: str, key: str) -> str:
+    """The subject a KV bucket's ``key`` is written to."""
+    return f"$KV.{bucket}.{key}"
+
+
+# ------------------------------------------------------------------------------- one namespace's names
+
+
+class Subjects:
+    """The names of one namespace (``gym`` by default; experiments that share a cluster each have their own).
+
+    Resolved once per bus (``Bus.subjects``) and carried, never re-derived at a call site.
+    """
+
+    __slots__ = ("ns", "_base", "_dot")
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        self._base = ns.upper().replace("-", "_")
+        self._dot = ns + "."
+
+    def __repr__(self) -> str:
+        return f"Subjects({self.ns!r})"
+
+    # -- streams and buckets (names are a contract: KEDA's nats-jetstream scaler and /jsz read them)
+
+    @property
+    def tasks_stream(self) -> str:
+        """The work queue of rollout tasks (every agent's, every batch's)."""
+        return f"{self._base}_TASKS"
+
+    @property
+    def results_stream(self) -> str:
+        return f"{self._base}_RESULTS"
+
+    @property
+    def model_stream(self) -> str:
+        """The work queue of model calls no replica had a free slot for."""
+        return f"{self._base}_MODEL"
+
+    @property
+    def blob_stream(self) -> str:
+        """Bodies over the max payload, as write-once chunks."""
+        return f"{self._base}_BLOBS"
+
+    @property
+    def batches_bucket(self) -> str:
+        """The KV bucket of batch manifests."""
+        return f"{self._base}_BATCHES"
+
+    @property
+    def control_bucket(self) -> str:
+        """The KV bucket of the trainer's control state (versions, pauses, cancels) and failed-attempt counts."""
+        return f"{self._base}_CONTROL"
+
+    def stream(self, kind: str) -> str:
+        """The stream of ``kind``: ``task``, ``result`` or ``model``."""
+        return {"task": self.tasks_stream, "result": self.results_stream, "model": self.model_stream}[kind]
+
+    def stream_subjects(self, kind: str) -> str:
+        """What the stream of ``kind`` (``task``, ``result``, ``model``) stores."""
+        return {"task": self.all_tasks, "result": self.all_results, "model": self.all_model_queues}[kind]
+
+    # -- rollout tasks
+
+    def task(self, agent: str, batch: str) -> str:
+        """Where a batch's tasks for one agent are queued: per (agent, batch), so the server can say how many
+        of a batch's tasks are still queued or held (a task leaves only when acked or terminated)."""
+        return f"{self.ns}.task.{agent}.{batch}"
+
+    def agent_tasks(self, agent: str) -> str:
+        """An agent's work queue: its tasks of every batch (the filter of its durable)."""
+        return f"{self.ns}.task.{agent}.>"
+
+    def batch_tasks(self, batch: str) -> str:
+        """Every agent's queued tasks of ``batch``."""
+        return f"{self.ns}.task.*.{batch}"
+
+    @property
+    def all_tasks(self) -> str:
+        """The tasks stream's subjects."""
+        return f"{self.ns}.task.>"
+
+    # -- results
+
+    def result(self, agent: str, batch: str) -> str:
+        """Where an agent pool stores a batch's results: per (agent, batch), so a pool's credential can be
+        allowed its own results and no other pool's."""
+        return f"{self.ns}.result.{agent}.{batch}"
+
+    def lost(self, batch: str) -> str:
+        """Where a collector stores failure rows of a batch's tasks that were removed without a result; a
+        message there is only ever read as a failure row, so whoever may write it can forge no reward."""
+        return self.result(LOST, batch)
+
+    def batch_results(self, batch: str) -> str:
+        """Every agent's results of ``batch`` (the readers' filter)."""
+        return f"{self.ns}.result.*.{batch}"
+
+    def agent_results(self, agent: str) -> str:
+        """Every result an agent's pool may store."""
+        return f"{self.ns}.result.{agent}.>"
+
+    @property
+    def all_results(self) -> str:
+        """The results stream's subjects."""
+        return f"{self.ns}.result.>"
+
+    def result_parts(self, subject: str) -> tuple[str, str] | None:
+        """(agent, batch) of a result subject ``{ns}.result.{agent}.{batch}`` (agent ``LOST`` for a reader's
+        record of a lost slot); None for any other subject."""
+        prefix = f"{self.ns}.result."
+        agent, dot, batch = subject.removeprefix(prefix).partition(".")
+        if not subject.startswith(prefix) or not dot or not agent or not batch or "." in batch:
+            return None
+        return agent, batch
+
+    # -- model calls
+
+    def model_queue(self, model: str) -> str:
+        """A model's work queue (calls waiting for a free slot)."""
+        return f"{self.ns}.model.{model}"
+
+    @property
+    def all_model_queues(self) -> str:
+        """The model stream's subjects."""
+        return f"{self.ns}.model.>"
+
+    def model_direct(self, model: str) -> str:
+        """Direct (core) calls to a replica with a free slot: outside the model stream's subjects."""
+        return f"{self.ns}.call.model.{model}"
+
+    def model_group(self, model: str) -> str:
+        """The queue group of a model's replicas on its direct subject."""
+        return f"model.{model}"
+
+    # -- environments (resources)
+
+    def seed(self, resource: str) -> str:
+        """Opening a session (a queue group of the environment's workers; the reply names the session)."""
+        return f"{self.ns}.res.{resource}.seed"
+
+    def stateless_verify(self, resource: str) -> str:
+        """Verification without a session (``reverify``), a queue group."""
+        return f"{self.ns}.res.{resource}.verify"
+
+    def session(self, resource: str, worker: str) -> str:
+        """The address of the worker that holds a session (its ops go to ``session_op``)."""
+        return f"{self.ns}.res.{resource}.{worker}"
+
+    @staticmethod
+    def session_op(address: str, op: str) -> str:
+        """One operation on a session: ``tool``, ``verify`` or ``close`` (``*``: every one)."""
+        return f"{address}.{op}"
+
+    def resource(self, resource: str) -> str:
+        """Every subject of one environment (what an agent or a calling environment may publish to)."""
+        return f"{self.ns}.res.{resource}.>"
+
+    @property
+    def all_resources(self) -> str:
+        """Every environment's subjects."""
+        return f"{self.ns}.res.>"
+
+    def resource_group(self, resource: str) -> str:
+        """The queue group of an environment's workers on its seed and stateless-verify subjects."""
+        return f"res.{resource}"
+
+    # -- large bodies
+
+    def blob(self, key: str, chunk: int | str) -> str:
+        return f"{self.ns}.blob.{key}.{chunk}"
+
+    @property
+    def all_blobs(self) -> str:
+        """The blob stream's subjects."""
+        return f"{self.ns}.blob.>"
+
+    def blob_get(self, key: str, chunk: int | str) -> str:
+        """A chunk read by its key (a last-by-subject direct get): the only way a body is read."""
+        return direct_get(self.blob_stream, self.blob(key, chunk))
+
+    # -- work-queue consumers and their pools' liveness
+
+    @staticmethod
+    def durable(kind: str, name: str) -> str:
+        """The durable consumer of a work queue: ``agent_{name}`` on the tasks, ``model_{name}`` on the model
+        queue (a contract: autoscalers read them)."""
+        return f"{'agent' if kind == 'task' else kind}_{name}"
+
+    def queue_filter(self, kind: str, name: str) -> str:
+        """What the durable of ``kind`` (``task`` or ``model``) for ``name`` takes from its stream."""
+        return self.agent_tasks(name) if kind == "task" else self.model_queue(name)
+
+    @staticmethod
+    def reader(who: str, batch: str) -> str:
+        """A fresh name for a no-ack reader of a batch's results (``collect``, the client, ``status``)."""
+        return f"{who}_{_NOT_NAME.sub('_', batch)}_{uuid.uuid4().hex[:8]}"
+
+    def live(self, kind: str, name: str) -> str:
+        """Liveness beacons of the workers of one work queue's pool (``kind`` ``task`` or ``model``): what
+        each took and finished, so peers nak a dead one's at once. Per role, so no role hears or forges
+        another's."""
+        return f"{self.ns}.live.{'agent' if kind == 'task' else kind}.{name}"
+
+    # -- trainer control
+
+    def policy_version(self, model: str) -> str:
+        return f"{self.ns}.ctl.model.{model}.version"
+
+    def pause(self, model: str) -> str:
+        """Every live replica acknowledges into the caller's ``model.{model}`` lane."""
+        return f"{self.ns}.ctl.model.{model}.pause"
+
+    def resume(self, model: str) -> str:
+        return f"{self.ns}.ctl.model.{model}.resume"
+
+    def cancel(self, batch: str) -> str:
+        return f"{self.ns}.ctl.batch.{batch}.cancel"
+
+    # keys of the control bucket (a KV key allows fewer characters than a batch id: those are hashed)
+
+    @staticmethod
+    def version_key(model: str) -> str:
+        return f"model.{model}.version"
+
+    @staticmethod
+    def paused_key(model: str) -> str:
+        return f"model.{model}.paused"
+
+    @staticmethod
+    def cancelled_key(batch: str) -> str:
+        return f"batch.{batch}.cancelled"
+
+    @staticmethod
+    def failed_key(agent: str, batch: str, task_index: int | str, rollout_index: int | str) -> str:
+        """Where an agent pool counts a rollout's failed attempts (its workers may write only their own
+        agent's: ``failed_keys``)."""
+        if batch not in ("*", ">") and not _KV_KEY.fullmatch(batch):
+            batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
+        return f"failed.{agent}.{batch}.{task_index}.{rollout_index}"
+
+    @staticmethod
+    def failed_keys(agent: str) -> str:
+        return f"failed.{agent}.>"
+
+    @staticmethod
+    def manifest_key(batch: str) -> str:
+        """A batch's manifest in the batches bucket."""
+        return batch
+
+    # -- discovery
+
+    @property
+    def status(self) -> str:
+        """Every live worker answers with what it serves and its counters (``answer``: into its own lane)."""
+        return f"{self.ns}.status"
+
+    # -- reading a subject back
+
+    def kind(self, subject: str) -> str:
+        """What a subject of this namespace is for: its first token after the namespace (``task``, ``result``,
+        ``model``, ``blob``, ``res``, ...)."""
+        return subject[len(self._dot) :].split(".", 1)[0] if subject.startswith(self._dot) else ""
+
+    def callee_lane(self, subject: str) -> str:
+        """The lane a call to ``subject`` is answered in (``res.{resource}`` or ``model.{model}``; ``x.x``: none):
+        on a secured bus only that callee may publish into it."""
+        t = subject.split(".", 5)
+        if len(t) > 3 and t[0] == self.ns and t[1] in ("call", "ctl"):
+            return f"{t[2]}.{t[3]}"  # {ns}.call.model.{m}, {ns}.ctl.model.{m}.pause
+        if len(t) > 2 and t[0] == self.ns:
+            return f"{t[1]}.{t[2]}"  # {ns}.model.{m}, {ns}.res.{r}.seed, {ns}.res.{r}.{worker}.{op}
+        return "x.x"
