@@ -69,6 +69,7 @@ from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.service.runner import (  # noqa: E402
     close_buses,
     drain,
@@ -76,7 +77,6 @@ from gym_runtime.service.runner import (  # noqa: E402
     open_buses,
     pool_key,
     publish_batch,
-    run_async,
     run_batch,
     selected,
     start_workers,
