@@ -173,6 +173,20 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"namespace: {self.namespace!r} may only hold letters, digits, _ and -")
 
 
+# An entry's name is a token of every subject and credential that names it (``{ns}.task.{agent}.{batch}``,
+# ``{ns}.res.{name}.seed``, ``agent.{name}.creds``): no ``.``, ``*``, ``>`` or space can be in it, and a
+# leading ``_`` is the runtime's own (``{ns}.result._lost``: failure rows, never results).
+ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+NAME_RULE = "letters, digits, _ and -, starting with a letter or digit (_ starts the runtime's own names)"
+
+
+def check_name(name: str, where: str) -> str:
+    """``name`` if it is a valid entry name, else a ``ConfigError`` starting with ``where`` (the key)."""
+    if ENTRY_NAME.fullmatch(name) is None:
+        raise ConfigError(f"{where}: {name!r} is not a valid name: {NAME_RULE}")
+    return name
+
+
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 _PATH_RE = re.compile(r"at `\$((?:\.[^`\[]+|\[\d+\])*)`")
 
@@ -518,6 +532,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
             raise ConfigError(f"{source}: {section}: expected a mapping of name -> settings")
         sections[section] = {}
         for name, entry in entries.items():
+            check_name(str(name), f"{source}: {section}")
             try:
                 sections[section][str(name)] = parse(entry)
             except msgspec.ValidationError as e:
