@@ -55,8 +55,9 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: int = 1
     concurrency: int = 1024
     session_ttl_s: float = 3600.0
-    # open sessions one worker keeps; past it the least recently used is closed (replayed seeds cannot
-    # pile up sessions for an hour)
+    # open sessions one worker keeps per caller (the agent or environment pool that opened them); past it
+    # that caller's least recently used is closed: replayed seeds cannot pile up sessions for an hour, and
+    # one pool's flood closes only its own (gym_runtime.workers.sessions)
     max_sessions: int = 20_000
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     # Other resources entries this one's code calls by name (a hosted NeMo Gym server's

@@ -40,6 +40,15 @@ class Delivery:
         return self._msg.reply
 
     @property
+    def caller(self) -> str:
+        """Whose core request this is: ``{role}.{pool}`` from its reply subject (``_INBOX.{role}.{pool}...``;
+        ``{pool}`` is ``_`` for a role-wide credential), '' for a reply of another form. On a secured bus a
+        pool subscribes only to its own inbox, so an answer reaches only it; but the reply subject is the
+        publisher's choice (the server checks subjects, not replies): a name to share limits by, not proof."""
+        parts = self._msg.reply.split(".", 3)
+        return f"{parts[1]}.{parts[2]}" if len(parts) == 4 and parts[0] == "_INBOX" else ""
+
+    @property
     def attempt(self) -> int:
         """Which delivery of a work-queue message this is (1 the first time, and for core messages)."""
         if not self._msg.reply.startswith("$JS.ACK."):

@@ -79,6 +79,8 @@ def test_a_bad_pool_name_is_refused(spec: str) -> None:
 
 def test_server_issues_no_credential_for_a_bad_pool_name(tmp_path: Path) -> None:
     auth = tmp_path / "auth"
-    res = cli("server", "--secure", str(auth), "--pool", "agents._lost", "--store-dir", str(tmp_path / "js"), timeout=60)
+    res = cli(
+        "server", "--secure", str(auth), "--pool", "agents._lost", "--store-dir", str(tmp_path / "js"), timeout=60
+    )
     assert_one_line(res, "--pool 'agents._lost'", "letters, digits, _ and -")
     assert not auth.exists() or not list(auth.glob("*.creds"))

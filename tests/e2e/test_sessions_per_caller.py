@@ -1,0 +1,167 @@
+"""A resource worker's session limit is per caller (issue 33, "Agents reach only their environments").
+
+The caller is the pool its reply subject names (``_INBOX.{role}.{pool}...``; on a ``server --secure`` bus a
+pool may subscribe only to its own inbox). Before, ``max_sessions`` evicted the least recently used session
+of the whole worker: one pool's flood of seed requests (25,000 in the red team's run) closed other pools'
+live sessions and their rollouts became ``worker_lost`` rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gym_runtime.config import ResourceConfig
+from gym_runtime.errors import Failure
+from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.resource_worker import ResourceWorker
+from tests.helpers import ROWS
+
+LIMIT = 8
+POOLS = [("agent", "weather_agent"), ("agent", "other_agent"), ("resource", "weather")]
+
+
+@pytest.fixture
+def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
+    auth = tmp_path / "auth"
+    ensure_auth_dir(auth, pools=POOLS)
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
+    srv.start()
+    try:
+        yield srv, auth
+    finally:
+        srv.stop()
+
+
+async def connect(srv: EmbeddedServer, auth: Path, role: str, pool: str) -> Bus:
+    return await Bus.connect(
+        srv.url,
+        namespace="gym",
+        telemetry=Telemetry(),
+        name=f"{role}-{pool}",
+        auth=ClientAuth(auth),
+        role=role,
+        pool=pool,
+    )
+
+
+def call(session: str) -> ToolCall:
+    return ToolCall(session=session, name="get_weather", arguments=json.dumps({"city": "Paris"}))
+
+
+async def seed(bus: Bus) -> SeedReply:
+    reply = await bus.request("gym.res.weather.seed", SeedRequest(row=ROWS[0]), timeout=10, op="seed")
+    assert isinstance(reply, SeedReply)
+    return reply
+
+
+async def seeded(worker: ResourceWorker, n: int) -> None:
+    """Until the worker has opened ``n`` sessions (requests published without waiting for their replies)."""
+    with anyio.fail_after(30):
+        while worker.seeded < n:
+            await anyio.sleep(0.01)
+
+
+async def still_open(bus: Bus, sessions: list[SeedReply]) -> int:
+    alive = 0
+    for s in sessions:
+        try:
+            reply = await bus.request(f"{s.address}.tool", call(s.session), timeout=10, op="tool")
+        except Failure as e:
+            assert e.info.error_class == "worker_lost"
+            continue
+        assert isinstance(reply, ToolReply) and "Paris" in reply.output
+        alive += 1
+    return alive
+
+
+async def test_one_pools_seed_flood_evicts_only_its_own_sessions(pooled) -> None:
+    srv, auth = pooled
+    res_bus = await connect(srv, auth, "resource", "weather")
+    honest = await connect(srv, auth, "agent", "weather_agent")
+    flooder = await connect(srv, auth, "agent", "other_agent")
+    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
+    worker = ResourceWorker(
+        res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent", "other_agent"]
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            mine = [await seed(honest) for _ in range(LIMIT // 2)]
+            flood = [await seed(flooder) for _ in range(20 * LIMIT)]
+            assert await still_open(honest, mine) == len(mine)  # before: 0 (the flood closed them all)
+            # the flooder's own sessions are bounded: its least recently used went first
+            assert await still_open(flooder, flood[-LIMIT:]) == LIMIT
+            assert await still_open(flooder, flood[:-LIMIT]) == 0
+            assert len(worker.sessions) == len(mine) + LIMIT
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (res_bus, honest, flooder):
+            await b.close()
+
+
+async def test_callers_not_in_the_config_share_one_bounded_table(pooled) -> None:
+    """A reply subject is chosen by whoever publishes the request: inboxes naming no pool of the config (made
+    up, one per request) are one caller, so they cannot multiply the worker's sessions either."""
+    srv, auth = pooled
+    res_bus = await connect(srv, auth, "resource", "weather")
+    honest = await connect(srv, auth, "agent", "weather_agent")
+    flooder = await connect(srv, auth, "agent", "other_agent")
+    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
+    worker = ResourceWorker(res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent"])
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            mine = [await seed(honest) for _ in range(LIMIT // 2)]
+            body = flooder.codec.encode(SeedRequest(row=ROWS[0]))
+            for i in range(20 * LIMIT):
+                await flooder.nc.publish(
+                    "gym.res.weather.seed", body, reply=f"_INBOX.agent.made_up_{i}.x.res.weather.1"
+                )
+            await seeded(worker, len(mine) + 20 * LIMIT)
+            assert await still_open(honest, mine) == len(mine)
+            assert len(worker.sessions) == len(mine) + LIMIT
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (res_bus, honest, flooder):
+            await b.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a request's reply subject is the publisher's choice: NATS checks the subject of a publish, not its "
+    "reply, so a pool can name another pool's inbox. An unforgeable caller needs it in a subject the server "
+    "checks (e.g. {ns}.res.{R}.seed.{role}.{pool}, each pool allowed only its own): the subjects module's job",
+)
+async def test_a_pool_naming_another_pools_inbox_cannot_evict_its_sessions(pooled) -> None:
+    srv, auth = pooled
+    res_bus = await connect(srv, auth, "resource", "weather")
+    honest = await connect(srv, auth, "agent", "weather_agent")
+    forger = await connect(srv, auth, "agent", "other_agent")
+    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
+    worker = ResourceWorker(
+        res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent", "other_agent"]
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            mine = [await seed(honest) for _ in range(LIMIT // 2)]
+            body = forger.codec.encode(SeedRequest(row=ROWS[0]))
+            for i in range(4 * LIMIT):
+                inbox = f"_INBOX.agent.weather_agent.forged.res.weather.{i}"
+                await forger.nc.publish("gym.res.weather.seed", body, reply=inbox)
+            await seeded(worker, len(mine) + 4 * LIMIT)
+            assert await still_open(honest, mine) == len(mine)
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (res_bus, honest, forger):
+            await b.close()
