@@ -207,8 +207,9 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            try:
-                return ToolReply(output=await inst.call_tool(req.name, req.arguments))
+            try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
+                run = inst.call_operation if req.protocol else inst.call_tool
+                return ToolReply(output=await run(req.name, req.arguments))
             except ToolArgumentsError as e:
                 return ToolReply(output=f"Error: {e}", is_error=True)
             except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
