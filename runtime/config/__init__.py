@@ -159,10 +159,24 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB){unbounded}")
 
 
+class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Bounds of ``gym-runtime gateway`` (docs/operations.md, "The gateway")."""
+
+    # Rows one POST /aggregate_metrics may carry (413 past it). Its pass@k arithmetic, NeMo Gym's, grows with
+    # the square of a task's rollouts: 20,000 rows of one task take ~1.5 min of a core (off the event loop),
+    # 20,000 rows of 16-rollout tasks 0.05 s.
+    aggregate_metrics_max_rows: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.aggregate_metrics_max_rows < 1:
+            raise ConfigError(f"gateway.aggregate_metrics_max_rows: {self.aggregate_metrics_max_rows} must be >= 1")
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     namespace: str = "gym"
     nats: str | list[str] = "embedded"
     jetstream: JetStreamConfig = msgspec.field(default_factory=JetStreamConfig)
+    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
