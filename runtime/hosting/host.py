@@ -19,17 +19,19 @@ loop and back.
   model's arguments as the body, the reply body as the tool output: a crashing tool is
   NeMo Gym's HTTP 500 whose body is ``repr(e)``, which is what its simple agent shows the
   model. Only the server's tool routes (``tool_definitions``) are tools: a model's call named
-  ``verify``, ``seed_session``, ``nemo_gym.http`` or anything else that is not one reads FastAPI's
-  404 body, ``{"detail":"Not Found"}``, and never reaches the endpoint; ``verify`` → ``POST /verify`` (row | response); every field the server answers
-  beyond the request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...)
-  becomes a field of the row;
+  ``verify``, ``seed_session``, ``nemo_gym.http`` or anything else that is not one reads
+  FastAPI's 404 body, ``{"detail":"Not Found"}``, and never reaches the endpoint;
+* ``verify`` → ``POST /verify`` (row | response); every field the server answers beyond the
+  request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...) becomes a field
+  of the row;
 * gymnasium-style servers (``/reset``, ``/step``) are a ``GymResource``;
 * a hosted NeMo Gym agent that speaks its server's own protocol (``toolsandbox_agent``:
   ``/seed_session``'s ``env_id``, ``/step`` and ``/close`` by ``env_id``) reaches it through
-  one session operation (``Session.operate``, never a model's call), ``PASSTHROUGH``: the agent's path and body posted as they are, the status
-  and body answered as they are (``/seed_session``: the reply to the seed the session opened
-  with); a ``/verify`` row may carry the posted response's fields our ``Response`` does not
-  hold (``RESPONSE_EXTRA``), put back into the response the server reads;
+  one session operation (``Session.operate``, never a model's call), ``PASSTHROUGH``: the
+  agent's path and body posted as they are, the status and body answered as they are
+  (``/seed_session``: the reply to the seed the session opened with); a ``/verify`` row may
+  carry the posted response's fields our ``Response`` does not hold (``RESPONSE_EXTRA``), put
+  back into the response the server reads;
 * lifespan hooks run for the life of the worker (``setup`` enters, ``teardown`` leaves);
 * the server's ``server_client`` calls to a model the config names (a judge, a user
   simulator), ``/v1/responses`` or ``/v1/chat/completions``, go to that model's workers
