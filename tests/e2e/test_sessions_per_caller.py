@@ -9,7 +9,8 @@ live sessions and their rollouts became ``worker_lost`` rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -21,25 +22,12 @@ from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
+from tests.e2e.test_secured_bus_attacks import pooled  # noqa: F401 - the fixture: weather's pools and other_agent's
 from tests.helpers import ROWS
 
 LIMIT = 8
-POOLS = [("agent", "weather_agent"), ("agent", "other_agent"), ("resource", "weather")]
-
-
-@pytest.fixture
-def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
-    auth = tmp_path / "auth"
-    ensure_auth_dir(auth, pools=POOLS)
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), secure_dir=str(auth))
-    srv.start()
-    try:
-        yield srv, auth
-    finally:
-        srv.stop()
 
 
 async def connect(srv: EmbeddedServer, auth: Path, role: str, pool: str) -> Bus:
@@ -52,6 +40,29 @@ async def connect(srv: EmbeddedServer, auth: Path, role: str, pool: str) -> Bus:
         role=role,
         pool=pool,
     )
+
+
+@asynccontextmanager
+async def weather_pools(
+    server: tuple[EmbeddedServer, Path], agents: list[str]
+) -> AsyncIterator[tuple[ResourceWorker, Bus, Bus]]:
+    """A weather worker (``LIMIT`` sessions per caller; ``agents``: the config's agents) on the weather
+    pool's credential, and buses of the weather_agent pool (honest) and the other_agent pool."""
+    srv, auth = server
+    buses = [await connect(srv, auth, role, pool) for role, pool in POOLS]
+    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
+    worker = ResourceWorker(buses[0], "weather", cfg, resource_names=["weather"], agent_names=agents)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            yield worker, buses[1], buses[2]
+            tg.cancel_scope.cancel()
+    finally:
+        for b in buses:
+            await b.close()
+
+
+POOLS = [("resource", "weather"), ("agent", "weather_agent"), ("agent", "other_agent")]
 
 
 def call(session: str) -> ToolCall:
@@ -84,56 +95,28 @@ async def still_open(bus: Bus, sessions: list[SeedReply]) -> int:
     return alive
 
 
-async def test_one_pools_seed_flood_evicts_only_its_own_sessions(pooled) -> None:
-    srv, auth = pooled
-    res_bus = await connect(srv, auth, "resource", "weather")
-    honest = await connect(srv, auth, "agent", "weather_agent")
-    flooder = await connect(srv, auth, "agent", "other_agent")
-    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
-    worker = ResourceWorker(
-        res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent", "other_agent"]
-    )
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            mine = [await seed(honest) for _ in range(LIMIT // 2)]
-            flood = [await seed(flooder) for _ in range(20 * LIMIT)]
-            assert await still_open(honest, mine) == len(mine)  # before: 0 (the flood closed them all)
-            # the flooder's own sessions are bounded: its least recently used went first
-            assert await still_open(flooder, flood[-LIMIT:]) == LIMIT
-            assert await still_open(flooder, flood[:-LIMIT]) == 0
-            assert len(worker.sessions) == len(mine) + LIMIT
-            tg.cancel_scope.cancel()
-    finally:
-        for b in (res_bus, honest, flooder):
-            await b.close()
+async def test_one_pools_seed_flood_evicts_only_its_own_sessions(pooled) -> None:  # noqa: F811
+    async with weather_pools(pooled, ["weather_agent", "other_agent"]) as (worker, honest, flooder):
+        mine = [await seed(honest) for _ in range(LIMIT // 2)]
+        flood = [await seed(flooder) for _ in range(20 * LIMIT)]
+        assert await still_open(honest, mine) == len(mine)  # before: 0 (the flood closed them all)
+        # the flooder's own sessions are bounded: its least recently used went first
+        assert await still_open(flooder, flood[-LIMIT:]) == LIMIT
+        assert await still_open(flooder, flood[:-LIMIT]) == 0
+        assert len(worker.sessions) == len(mine) + LIMIT
 
 
-async def test_callers_not_in_the_config_share_one_bounded_table(pooled) -> None:
+async def test_callers_not_in_the_config_share_one_bounded_table(pooled) -> None:  # noqa: F811
     """A reply subject is chosen by whoever publishes the request: inboxes naming no pool of the config (made
     up, one per request) are one caller, so they cannot multiply the worker's sessions either."""
-    srv, auth = pooled
-    res_bus = await connect(srv, auth, "resource", "weather")
-    honest = await connect(srv, auth, "agent", "weather_agent")
-    flooder = await connect(srv, auth, "agent", "other_agent")
-    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
-    worker = ResourceWorker(res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent"])
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            mine = [await seed(honest) for _ in range(LIMIT // 2)]
-            body = flooder.codec.encode(SeedRequest(row=ROWS[0]))
-            for i in range(20 * LIMIT):
-                await flooder.nc.publish(
-                    "gym.res.weather.seed", body, reply=f"_INBOX.agent.made_up_{i}.x.res.weather.1"
-                )
-            await seeded(worker, len(mine) + 20 * LIMIT)
-            assert await still_open(honest, mine) == len(mine)
-            assert len(worker.sessions) == len(mine) + LIMIT
-            tg.cancel_scope.cancel()
-    finally:
-        for b in (res_bus, honest, flooder):
-            await b.close()
+    async with weather_pools(pooled, ["weather_agent"]) as (worker, honest, flooder):
+        mine = [await seed(honest) for _ in range(LIMIT // 2)]
+        body = flooder.codec.encode(SeedRequest(row=ROWS[0]))
+        for i in range(20 * LIMIT):
+            await flooder.nc.publish("gym.res.weather.seed", body, reply=f"_INBOX.agent.made_up_{i}.x.res.weather.1")
+        await seeded(worker, len(mine) + 20 * LIMIT)
+        assert await still_open(honest, mine) == len(mine)
+        assert len(worker.sessions) == len(mine) + LIMIT
 
 
 @pytest.mark.xfail(
@@ -142,26 +125,11 @@ async def test_callers_not_in_the_config_share_one_bounded_table(pooled) -> None
     "reply, so a pool can name another pool's inbox. An unforgeable caller needs it in a subject the server "
     "checks (e.g. {ns}.res.{R}.seed.{role}.{pool}, each pool allowed only its own): the subjects module's job",
 )
-async def test_a_pool_naming_another_pools_inbox_cannot_evict_its_sessions(pooled) -> None:
-    srv, auth = pooled
-    res_bus = await connect(srv, auth, "resource", "weather")
-    honest = await connect(srv, auth, "agent", "weather_agent")
-    forger = await connect(srv, auth, "agent", "other_agent")
-    cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
-    worker = ResourceWorker(
-        res_bus, "weather", cfg, resource_names=["weather"], agent_names=["weather_agent", "other_agent"]
-    )
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            mine = [await seed(honest) for _ in range(LIMIT // 2)]
-            body = forger.codec.encode(SeedRequest(row=ROWS[0]))
-            for i in range(4 * LIMIT):
-                inbox = f"_INBOX.agent.weather_agent.forged.res.weather.{i}"
-                await forger.nc.publish("gym.res.weather.seed", body, reply=inbox)
-            await seeded(worker, len(mine) + 4 * LIMIT)
-            assert await still_open(honest, mine) == len(mine)
-            tg.cancel_scope.cancel()
-    finally:
-        for b in (res_bus, honest, forger):
-            await b.close()
+async def test_a_pool_naming_another_pools_inbox_cannot_evict_its_sessions(pooled) -> None:  # noqa: F811
+    async with weather_pools(pooled, ["weather_agent", "other_agent"]) as (worker, honest, forger):
+        mine = [await seed(honest) for _ in range(LIMIT // 2)]
+        body = forger.codec.encode(SeedRequest(row=ROWS[0]))
+        for i in range(4 * LIMIT):
+            await forger.nc.publish("gym.res.weather.seed", body, reply=f"_INBOX.agent.weather_agent.f.res.weather.{i}")
+        await seeded(worker, len(mine) + 4 * LIMIT)
+        assert await still_open(honest, mine) == len(mine)
