@@ -18,7 +18,8 @@ loop and back.
 * ``seed`` → ``POST /seed_session`` (the whole row); a tool → ``POST /<tool>`` with the
   model's arguments as the body, the reply body as the tool output: a crashing tool is
   NeMo Gym's HTTP 500 whose body is ``repr(e)``, which is what its simple agent shows the
-  model. Only the server's tool routes (``tool_definitions``) are tools: a model's call named
+  model. Only the server's tool routes (``tool_definitions``; with a catch-all ``POST
+  /{tool_name}``, any one-segment name outside its protocol) are tools: a model's call named
   ``verify``, ``seed_session``, ``nemo_gym.http`` or anything else that is not one reads
   FastAPI's 404 body, ``{"detail":"Not Found"}``, and never reaches the endpoint;
 * ``verify`` → ``POST /verify`` (row | response); every field the server answers beyond the
@@ -66,6 +67,7 @@ import contextvars
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -80,7 +82,7 @@ from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, r
 from gym_runtime.hosting.chat import chat_body_to_params, response_to_chat
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
-from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
+from gym_runtime.resource import OPERATION_PREFIXES, ModelClient, Resource, ToolArgumentsError, Verdict
 from gym_runtime.transport.bus import Bus
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
@@ -105,6 +107,8 @@ _ENDPOINTS = {
     "/close",
     "/",
 }
+_CATCH_ALL = re.compile(r"/\{[^/{}]+\}")  # POST /{tool_name}: a server whose rows name its tools
+_ONE_SEGMENT = re.compile(r"[^/?#%\s]+")  # a name a catch-all route takes as it is
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a Ray started here uses loopback only
 _ECHOED = ("responses_create_params", "response", "reward")
 _DESCRIPTIVE = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license"}
@@ -353,7 +357,8 @@ class ServerHost:
         self.fields: dict[str, Any] = {}
         self.global_config: dict[str, Any] = {}
         self.calls: dict[str, int] = {}  # calls routed over the bus, by model or resource name (tests, status)
-        self.tool_names: frozenset[str] = frozenset()  # the routes a model's call may reach: set by start
+        self.tool_names: frozenset[str] = frozenset()  # its tool routes (set by start)
+        self.catch_all = False  # it declares its tools by one route, POST /{tool_name} (set by start)
         self.bus_loop: asyncio.AbstractEventLoop | None = None  # the worker's: what server code asks of the bus
         self.loop: AppLoop | None = None  # the app's own
         self._life: AppLife | None = None  # the app's life on its loop, lifespan included
@@ -426,6 +431,21 @@ class ServerHost:
         await self._life.start()
         # its OpenAPI schema, built once now (seconds for a large app under load), not on the first tool call
         self.tool_names = frozenset(t["name"] for t in self.tool_definitions())
+        paths = self.app.openapi().get("paths", {})
+        self.catch_all = any("post" in ops and _CATCH_ALL.fullmatch(path) for path, ops in paths.items())
+
+    def is_tool(self, name: str) -> bool:
+        """Whether a model's call named ``name`` goes to the server: one of its tool routes, or, where it
+        declares its tools by one catch-all route (its rows name them, its handler answers unknown ones),
+        any one-segment name that is not its protocol's (``/verify``, ``/seed_session``, ...) nor ours."""
+        if name in self.tool_names:
+            return True
+        return (
+            self.catch_all
+            and _ONE_SEGMENT.fullmatch(name) is not None
+            and f"/{name}" not in _ENDPOINTS
+            and not name.startswith(OPERATION_PREFIXES)
+        )
 
     def _build(self) -> Any:
         from nemo_gym.server_utils import BaseServerConfig
@@ -709,7 +729,7 @@ class HostedResource(_Hosted, Resource):
         self.seeded = await _post(self.host, self.jar, "/seed_session", task)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
-        if name not in self.host.tool_names:  # /verify, /seed_session, ... and paths that are no route
+        if not self.host.is_tool(name):  # /verify, /seed_session, ... and paths that are no route
             return NOT_FOUND.decode()
         body = arguments.encode() if isinstance(arguments, str) else arguments
         _, out = await self.host.post(self.jar, f"/{name}", body or b"{}")

@@ -31,7 +31,7 @@ from gym_runtime.gymnasium import Action, env_reset, env_step
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.e2e.test_hosted_nemo_gym_servers import call, message
-from tests.helpers import ROWS, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, ROWS, cli, read_jsonl, write_jsonl
 from tests.hosting import catalogue_root
 
 NOT_FOUND = '{"detail":"Not Found"}'  # FastAPI's answer to a path that is not a route
@@ -101,6 +101,52 @@ def catalogue() -> Path:
 
 
 HOSTILE = [*PROTOCOL, "close_session", "verify?x=1", "verify/", "ng-rollout/verify", "./verify", "%76erify"]
+CATCHALL = REPO / "tests" / "data" / "nemo_servers" / "catchall"
+
+
+def run_policy(
+    tmp_path: Path, resource: dict[str, Any], agent: dict[str, Any], task: dict[str, Any], calls: list[Any]
+) -> list[tuple[str, str, float]]:
+    """One rollout per ``(name, arguments)`` of ``calls``: a recorded policy that calls it once and then
+    answers ``no``. (name, the tool output the model read, the rollout's reward) of each."""
+    rows, rollouts = [], []
+    for n, (name, body) in enumerate(calls):
+        row = json.loads(json.dumps(task))
+        row["responses_create_params"]["input"][-1]["content"] += f" ({n})"
+        output = [
+            call(name, json.dumps(body)),
+            {"type": "function_call_output", "call_id": "call_0", "output": "{}"},
+            message("no"),
+        ]
+        rows.append(row)
+        recorded = {"id": "r", "created_at": 0.0, "model": "m", "object": "response", "output": output}
+        rollouts.append({"responses_create_params": row["responses_create_params"], "response": recorded})
+    write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    cfg = tmp_path / "config.yaml"
+    entry = {"model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 1, **agent}
+    policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
+    cfg.write_text(json.dumps({"models": {"policy": policy}, "resources": {"env": resource}, "agents": {"a": entry}}))
+    r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "out.jsonl"), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda row: row["_ng_task_index"])
+    assert len(got) == len(calls)
+    out = []
+    for (name, _), row in zip(calls, got):
+        (tool_output,) = [o["output"] for o in row["response"]["output"] if o["type"] == "function_call_output"]
+        out.append((name, tool_output, row["reward"]))
+    return out
+
+
+def verify_request(task: dict[str, Any], answer: str) -> dict[str, Any]:
+    """A whole verify request that grades ``answer``: what a policy probing /verify sends."""
+    response = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": [message(answer)]}
+    return {**task, "response": {**response, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}}
+
+
+def probes(task: dict[str, Any], answer: str, names: list[str]) -> list[tuple[str, Any]]:
+    probe = verify_request(task, answer)
+    return [(name, {"path": "/verify", "body": probe} if name == "nemo_gym.http" else probe) for name in names]
 
 
 @pytest.mark.parametrize("agent", [{"agent": "agents.simple"}, {"nemo_gym": "simple_agent"}], ids=["ours", "nemo_gym"])
@@ -109,46 +155,27 @@ def test_a_hosted_servers_endpoints_are_not_tools(catalogue: Path, tmp_path: Pat
     Every protocol name (and paths that normalise to one) now reads FastAPI's 404, and the rollout's own verify
     still grades its final answer."""
     task = {k: v for k, v in read_jsonl(catalogue / "mcqa" / "data" / "example.jsonl")[0].items() if k != "agent_ref"}
-    gold, wrong = task["expected_answer"], "A" if task["expected_answer"] != "A" else "C"
-    response = {
-        "id": "r",
-        "created_at": 0,
-        "model": "m",
-        "object": "response",
-        "output": [message(f"\\boxed{{{gold}}}")],
-    }
-    probe = {**task, "response": {**response, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}}
-    rows, rollouts = [], []
-    for n, name in enumerate(HOSTILE):
-        row = json.loads(json.dumps(task))
-        row["responses_create_params"]["input"][-1]["content"] += f" ({n})"
-        body = {"path": "/verify", "body": probe} if name == "nemo_gym.http" else probe
-        output = [
-            call(name, json.dumps(body)),
-            {"type": "function_call_output", "call_id": "call_0", "output": "{}"},
-            message(f"\\boxed{{{wrong}}}"),
-        ]
-        rows.append(row)
-        recorded = {"id": "r", "created_at": 0.0, "model": "m", "object": "response", "output": output}
-        rollouts.append({"responses_create_params": row["responses_create_params"], "response": recorded})
-    write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
-    write_jsonl(tmp_path / "rows.jsonl", rows)
-    cfg = tmp_path / "config.yaml"
-    entry = {"model": "policy", "resource": "mcqa", "max_steps": 4, "max_attempts": 1, **agent}
-    cfg.write_text(
-        json.dumps(
-            {
-                "models": {"policy": {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}},
-                "resources": {"mcqa": {"nemo_gym": "mcqa"}},
-                "agents": {"player": entry},
-            }
-        )
+    got = run_policy(
+        tmp_path, {"nemo_gym": "mcqa"}, agent, task, probes(task, f"\\boxed{{{task['expected_answer']}}}", HOSTILE)
     )
-    r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "out.jsonl"), timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda row: row["_ng_task_index"])
-    assert len(got) == len(HOSTILE)
-    for name, row in zip(HOSTILE, got):
-        (tool_output,) = [o["output"] for o in row["response"]["output"] if o["type"] == "function_call_output"]
-        assert (name, tool_output) == (name, NOT_FOUND)
-        assert row["reward"] == 0.0  # its own final answer, graded once
+    assert got == [(name, NOT_FOUND, 0.0) for name in HOSTILE]  # the reward: its own final answer's, graded once
+
+
+def test_a_catch_all_servers_tools_stay_open_and_its_endpoints_closed(catalogue: Path, tmp_path: Path) -> None:
+    """A server that declares its tools by one ``POST /{tool_name}`` route (its rows name them) still gets every
+    other name and answers unknown ones itself; its protocol stays out of reach."""
+    task = {"responses_create_params": {"input": [{"role": "user", "content": "what is the secret?"}]}}
+    refused = [
+        "verify",
+        "verify?x=1",
+        "seed_session",
+        "aggregate_metrics",
+        "nemo_gym.http",
+        "gym.step",
+        "a/b",
+        "%76erify",
+    ]
+    calls = [("lookup", {}), ("xyz", {}), *probes(task, "the secret", refused)]
+    got = run_policy(tmp_path, {"nemo_gym": str(CATCHALL)}, {"agent": "agents.simple"}, task, calls)
+    answers = [('{"tool":"lookup"}', 0.0), ('{"detail":"no tool xyz"}', 0.0), *[(NOT_FOUND, 0.0) for _ in refused]]
+    assert got == [(name, *answer) for (name, _), answer in zip(calls, answers)]
