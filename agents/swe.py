@@ -29,7 +29,6 @@ import msgspec
 
 from gym_runtime.agent import AgentContext, Outcome, Trajectory
 from gym_runtime.errors import Failure
-from gym_runtime.gymnasium import is_reserved
 from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
@@ -105,12 +104,8 @@ async def run(ctx: AgentContext) -> Outcome:
                         FunctionCallOutput(call_id=call.call_id, output="Not run: the task was submitted.")
                     )
                     continue
-                if is_reserved(call.name):  # runtime-internal names never reach the resource
-                    output = f"Error: unknown tool {call.name!r}"
-                else:
-                    reply = await session.call(call.name, call.arguments, timeout=max(30.0, ctx.remaining()))
-                    output = reply.output
-                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
+                reply = await session.call(call.name, call.arguments, timeout=max(30.0, ctx.remaining()))
+                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
                 submitted = call.name == "bash" and is_submit(call)
             if submitted:
                 exit_status = "submitted"

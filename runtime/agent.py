@@ -138,9 +138,15 @@ class Session:
                 await anyio.sleep(delay)
 
     async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
+        """A model's tool call: it reaches only a tool the environment declares, whatever its name."""
         return await self._op(
             ToolCall(session="", name=name, arguments=arguments), "tool", timeout=timeout, op=f"tool {name}"
         )
+
+    async def operate(self, op: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
+        """One of the runtime's own session operations (``gym.reset``, ``gym.step``, ...), never a model's call."""
+        call = ToolCall(session="", name=op, arguments=arguments, protocol=True)
+        return await self._op(call, "tool", timeout=timeout, op=op)
 
     async def verify(
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True

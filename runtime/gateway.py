@@ -21,7 +21,11 @@ Reply shapes, decided from NeMo Gym's code (``nemo_gym/server_utils.py``, ``simp
   answers 500 with ``repr(e)`` — plus a ``Gym-Error-Class`` header; a body that is not a task row
   answers 422 ``{"detail": ...}`` like FastAPI's validation error.
 * ``POST /aggregate_metrics`` with ``{"verify_responses": [rows]}`` → the agent's entry of
-  ``<out>_aggregate_metrics.json`` (``agent_metrics``, ``key_metrics``, ``group_level_metrics``).
+  ``<out>_aggregate_metrics.json`` (``agent_metrics``, ``key_metrics``, ``group_level_metrics``),
+  decoded and computed in a worker thread, one request at a time (pass@k for every k costs the square
+  of a task's rollouts: the event loop keeps serving ``/run`` meanwhile); past
+  ``gateway.aggregate_metrics_max_rows`` rows, 413.
+* A body that cannot be decoded (not JSON, not UTF-8, nested past the decoder's depth) answers 422.
 
 aiohttp: one well-kept dependency that is both a fast asyncio HTTP server and the client our tests
 and NeMo Gym itself use; no ASGI layer between the request and the bus.
@@ -32,6 +36,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import msgspec
 import yaml
 from aiohttp import web
@@ -76,6 +82,8 @@ class Gateway:
         self.port = port
         self.agents = list(client.config.agents)
         self.started = time.time()
+        self.max_rows = client.config.gateway.aggregate_metrics_max_rows
+        self._aggregating = anyio.CapacityLimiter(1)  # each may hold a core for seconds
 
     def global_config(self) -> dict[str, Any]:
         cfg = self.client.config
@@ -155,12 +163,7 @@ class Gateway:
         )
 
     async def _body(self, request: web.Request) -> Any:
-        try:
-            return _dec.decode(await request.read())
-        except msgspec.DecodeError as e:
-            raise web.HTTPUnprocessableEntity(
-                text=_enc.encode({"detail": f"body is not JSON: {e}"}).decode(), content_type="application/json"
-            ) from None
+        return _decoded(await request.read())
 
     async def run(self, request: web.Request) -> web.Response:
         row = await self._body(request)
@@ -177,10 +180,22 @@ class Gateway:
         return _json(run_reply(out, row))
 
     async def aggregate_metrics(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        raw = await request.read()
+        status, answer = await anyio.to_thread.run_sync(self._aggregate, raw, limiter=self._aggregating)
+        return _json(answer, status)
+
+    def _aggregate(self, raw: bytes) -> tuple[int, Any]:
+        """``/aggregate_metrics``' status and body, from its raw body (in a worker thread)."""
+        body = _decoded(raw)
         rows = body.get("verify_responses") if isinstance(body, dict) else None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            return _json({"detail": 'expected {"verify_responses": [rows]}'}, 422)
+            return 422, {"detail": 'expected {"verify_responses": [rows]}'}
+        if len(rows) > self.max_rows:
+            detail = (
+                f"{len(rows)} rows: more than gateway.aggregate_metrics_max_rows ({self.max_rows}); post fewer "
+                "(per agent, or per part of the batch), or raise it in the config"
+            )
+            return 413, {"detail": detail}
         acc = MetricsAccumulator()
         for i, r in enumerate(rows):
             ref = r.get("agent_ref")
@@ -188,10 +203,21 @@ class Gateway:
             acc.add({**r, "agent_ref": {"name": name}, "_ng_task_index": r.get("_ng_task_index", i)})
         entries = acc.result()
         if len(entries) > 1:
-            return _json({"detail": "rows of several agents: post each agent's rows separately"}, 422)
+            return 422, {"detail": "rows of several agents: post each agent's rows separately"}
         if not entries:
-            return _json({"agent_metrics": {}, "key_metrics": {}, "group_level_metrics": []})
-        return _json(entries[0])
+            return 200, {"agent_metrics": {}, "key_metrics": {}, "group_level_metrics": []}
+        return 200, entries[0]
+
+
+def _decoded(raw: bytes) -> Any:
+    """A request's JSON body, or FastAPI's 422 for one that is not JSON, not UTF-8 or nested too deep."""
+    try:
+        return _dec.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
+        what = "nested too deep" if isinstance(e, RecursionError) else f"not JSON: {e}"
+        raise web.HTTPUnprocessableEntity(
+            text=_enc.encode({"detail": f"body is {what}"}).decode(), content_type="application/json"
+        ) from None
 
 
 async def start(client: Client, *, host: str, port: int) -> tuple[web.AppRunner, int]:

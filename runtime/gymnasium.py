@@ -21,11 +21,11 @@ NeMo Gym's gymnasium rows carry: ``terminated``, ``truncated`` and ``info`` (the
 last step's). Override ``verify`` to score the whole trajectory instead, or to
 support verification without steps (``gym-runtime reverify``).
 
-Transport: no new message types. ``reset`` and ``step`` travel as session tool
-calls with reserved names (``gym.reset``, ``gym.step``; a dot can never appear in
-an OpenAI function name, so no model tool can collide), their results as JSON in
-the tool reply. Agents use ``env_reset`` / ``env_step`` below and must never
-forward a policy's call to a reserved name (``is_reserved``).
+Transport: ``reset`` and ``step`` travel as the session's operations ``gym.reset`` and
+``gym.step`` (a ``ToolCall`` marked ``protocol``, sent by ``Session.operate``: agents use
+``env_reset`` / ``env_step`` below), their results as JSON in the reply. A model's tool call
+is never an operation, whatever its name: an agent may forward every call the policy makes,
+and one named ``gym.step`` is an unknown tool (``Resource.call_operation``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.messages import Item, Response
-from gym_runtime.resource import Resource, ToolArgumentsError, Verdict
+from gym_runtime.resource import OPERATION_PREFIXES, Resource, ToolArgumentsError, Verdict
 
 __all__ = [
     "RESERVED_PREFIX",
@@ -58,8 +58,8 @@ STEP = "gym.step"
 
 
 def is_reserved(tool_name: str) -> bool:
-    """A tool name the runtime keeps for itself; never forward a model's call to it."""
-    return tool_name.startswith(RESERVED_PREFIX)
+    """A name of the runtime's own operations (no tool has one; a model's call so named is an unknown tool)."""
+    return tool_name.startswith(OPERATION_PREFIXES)
 
 
 class Action(msgspec.Struct, kw_only=True):
@@ -154,7 +154,7 @@ class GymResource(Resource):
             )
         return Verdict(reward=self.total_reward, fields=self.episode_fields())
 
-    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+    async def call_operation(self, name: str, arguments: str | bytes) -> str:
         if name == RESET:
             if not hasattr(self, "task"):
                 raise RuntimeError(f"{type(self).__name__}.seed did not call super().seed(task); reset has no task")
@@ -173,9 +173,7 @@ class GymResource(Resource):
             self.total_reward += step.reward
             self.last_step = step
             return msgspec.json.encode(step).decode()
-        if is_reserved(name):
-            raise ToolArgumentsError(f"unknown reserved operation {name!r}")
-        return await super().call_tool(name, arguments)
+        return await super().call_operation(name, arguments)
 
 
 # ------------------------------------------------------------------ agent side
@@ -183,20 +181,20 @@ class GymResource(Resource):
 
 async def env_reset(session: Any) -> Reset:
     """Reset the episode of a GymResource session (``gym_runtime.agent.Session``)."""
-    reply = await session.call(RESET, "{}")
+    reply = await session.operate(RESET, "{}")
     if reply.is_error:
         raise EnvError(_explain(reply.output))
     return msgspec.json.decode(reply.output, type=Reset)
 
 
 async def env_step(session: Any, action: Action) -> Step:
-    reply = await session.call(STEP, msgspec.json.encode(action).decode())
+    reply = await session.operate(STEP, msgspec.json.encode(action).decode())
     if reply.is_error:
         raise EnvError(_explain(reply.output))
     return msgspec.json.decode(reply.output, type=Step)
 
 
 def _explain(output: str) -> str:
-    if "unknown tool 'gym." in output:
+    if "unknown operation 'gym." in output:
         return f"the resource is not a GymResource (it has no reset/step): {output}"
     return output

@@ -333,6 +333,9 @@ class ToolCall(_Msg, tag="tool.v1"):
     session: str
     name: str
     arguments: str
+    # One of the runtime's own session operations (``gym.reset``, ``gym.step``, ``nemo_gym.http``), sent by
+    # ``Session.operate``; a model's call is never one, whatever its name (``Resource.call_operation``).
+    protocol: bool = False
 
 
 class ToolReply(_Msg, tag="tool.reply.v1"):

@@ -47,6 +47,10 @@ from gym_runtime.plugins import load_plugin
 
 _TOOL_MARK = "__gym_tool__"
 
+# The runtime's own session operations (``gym.reset``, ``gym.step``, ``nemo_gym.http``) are named under these;
+# they travel as operations (``Session.operate``), never as a model's tool call, and no tool may be named so.
+OPERATION_PREFIXES = ("gym.", "nemo_gym.")
+
 ArgumentMode = Literal["strict", "nemo_gym"]
 ARGUMENT_MODES: tuple[str, ...] = ("strict", "nemo_gym")
 
@@ -241,6 +245,8 @@ class Resource:
                 if not inspect.iscoroutinefunction(fn):
                     raise TypeError(f"{cls.__name__}.{attr}: tools must be async methods")
                 tname, desc, mode = mark
+                if tname.startswith(OPERATION_PREFIXES):
+                    raise TypeError(f"{cls.__name__}.{attr}: {tname!r} is a name of the runtime's own operations")
                 mode = mode or cls.tool_arguments
                 if mode not in ARGUMENT_MODES:
                     raise TypeError(f"{cls.__name__}.tool_arguments must be one of {ARGUMENT_MODES}, not {mode!r}")
@@ -285,6 +291,12 @@ class Resource:
         kwargs = spec.parse(arguments)
         result = await getattr(self, spec.method_name)(**kwargs)
         return encode_tool_output(result)
+
+    async def call_operation(self, op: str, arguments: str | bytes) -> str:
+        """One of the runtime's own session operations (``Session.operate``); a model's tool call never is one,
+        whatever its name, so a policy cannot drive them. Environments that have some override this
+        (``GymResource``: ``gym.reset`` and ``gym.step``)."""
+        raise ToolArgumentsError(f"unknown operation {op!r}")
 
     @classmethod
     def tool_definitions(cls) -> list[dict[str, Any]]:
@@ -410,13 +422,10 @@ async def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float | No
 
 
 async def replay_calls(inst: Resource, response: Response) -> None:
-    """Run a finished response's function calls through a fresh session, in order.
-
-    Calls to reserved ``gym.*`` names (``gym_runtime.gymnasium``'s reset/step) are
-    skipped: only the runtime makes them, never a model.
-    """
+    """Run a finished response's function calls through a fresh session, in order, as the tool calls they were
+    (a call named like one of the runtime's operations reached none live, and reaches none here)."""
     for item in response.output:
-        if isinstance(item, FunctionCall) and not item.name.startswith("gym."):
+        if isinstance(item, FunctionCall):
             try:
                 await inst.call_tool(item.name, item.arguments)
             except ToolArgumentsError:

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import os
+import re
 import zlib
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -138,15 +141,64 @@ def shorten(value: Any, length: int = 300) -> str:
     return text[: length // 2] + "...(truncated) ..." + text[-length // 2 :]
 
 
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.strip().split("\n")]
+# The output is compared where it lies, by bounds (a program's output may be the cap's size: a copy of each
+# line, or a Decimal per token, multiplied it ~70x); whitespace is str.strip's and str.split's (re's \s is too).
+_NON_SPACE = re.compile(r"\S")
+_TOKEN = re.compile(r"\S+")
 
 
-def _decimals(line: str) -> list[Decimal] | None:
+def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
+    """The bounds of ``text[start:end].strip()``, copying at most 4 KiB of it."""
+    first = _NON_SPACE.search(text, start, end)
+    if first is None:
+        return start, start
+    start = first.start()
+    while True:  # back over the trailing whitespace a chunk at a time; text[start] is not whitespace
+        chunk = text[max(start, end - 4096) : end]
+        kept = len(chunk.rstrip())
+        if kept:
+            return start, end - len(chunk) + kept
+        end -= len(chunk)
+
+
+def _lines(text: str) -> Iterator[tuple[int, int]]:
+    """The bounds of each of ``[line.strip() for line in text.strip().split("\n")]``."""
+    start, end = _stripped(text, 0, len(text))
+    while True:
+        nl = text.find("\n", start, end)
+        yield _stripped(text, start, end if nl < 0 else nl)
+        if nl < 0:
+            return
+        start = nl + 1
+
+
+def _numbers(tokens: Iterator[re.Match[str]]) -> bool:
     try:
-        return [Decimal(tok) for tok in line.split()]
-    except Exception:
-        return None
+        for tok in tokens:
+            Decimal(tok.group())
+    except Exception:  # as NeMo Gym's rule: whatever Decimal refuses is not a number
+        return False
+    return True
+
+
+def _same_numbers(text: str, start: int, end: int, want: str) -> bool:
+    """NeMo Gym's rule for a line that differs as text: as many tokens as ``want``, every one of both a
+    ``Decimal``, equal in order (an sNaN compared raises there too). Reads no more of the line than ``want``
+    has tokens, and holds one token of it at a time."""
+    n = sum(1 for _ in _TOKEN.finditer(want))
+    if sum(1 for _ in itertools.islice(_TOKEN.finditer(text, start, end), n + 1)) != n:
+        return False
+    if not (_numbers(_TOKEN.finditer(text, start, end)) and _numbers(_TOKEN.finditer(want))):
+        return False
+    pairs = zip(_TOKEN.finditer(text, start, end), _TOKEN.finditer(want))
+    return all(Decimal(g.group()) == Decimal(w.group()) for g, w in pairs)
+
+
+def _shorten_span(text: str, start: int, end: int, length: int = 300) -> str:
+    """``shorten(text[start:end])`` without copying more of it than it keeps."""
+    if end - start <= length:
+        return text[start:end]
+    return text[start : start + length // 2] + "...(truncated) ..." + text[end - length // 2 : end]
 
 
 def compare_stdout(prediction: str, gt_inp: str, gt_out: str) -> dict[str, Any] | None:
@@ -157,29 +209,26 @@ def compare_stdout(prediction: str, gt_inp: str, gt_out: str) -> dict[str, Any] 
     ``Decimal`` numbers (so ``3.0`` equals ``3``, ``1e3`` equals ``1000``; no
     tolerance). May raise (e.g. ``decimal.InvalidOperation`` comparing an sNaN),
     which, as under NeMo Gym, fails the whole run with ``Error during testing``.
+    Memory beyond the output itself is linear in the expected output (plus one token).
     """
-    got, want = _lines(prediction), _lines(gt_out)
+    want = [gt_out[s:e] for s, e in _lines(gt_out)]
     meta: dict[str, Any] = {
         "output": shorten(prediction),
         "inputs": shorten(gt_inp),
         "expected": shorten(gt_out),
         "error_code": -2,
     }
-    if len(got) != len(want):
+    start, end = _stripped(prediction, 0, len(prediction))
+    if prediction.count("\n", start, end) + 1 != len(want):
         meta["error_message"] = "Wrong answer: mismatched output length"
         return meta
-    for idx, (g, w) in enumerate(zip(got, want)):
-        if g == w:
+    for idx, ((s, e), w) in enumerate(zip(_lines(prediction), want)):
+        if e - s == len(w) and prediction.startswith(w, s, e):
             continue
-        meta["error_message"] = f"Wrong answer at output_line_idx={idx}: {shorten(g)} != {shorten(w)}"
-        dg = _decimals(g)
-        if dg is None:
-            return meta
-        dw = _decimals(w)
-        if dw is None:
-            return meta
-        if dg == dw:
+        if _same_numbers(prediction, s, e, w):
             continue
+        got = _shorten_span(prediction, s, e)
+        meta["error_message"] = f"Wrong answer at output_line_idx={idx}: {got} != {shorten(w)}"
         return meta
     return None
 

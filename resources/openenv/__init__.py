@@ -50,7 +50,7 @@ import msgspec
 
 from gym_runtime.errors import Failure
 from gym_runtime.gymnasium import Action as PolicyTurn
-from gym_runtime.gymnasium import GymResource, Step, is_reserved
+from gym_runtime.gymnasium import GymResource, Step
 from gym_runtime.messages import Response
 from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options
 
@@ -270,8 +270,6 @@ class OpenEnvResource(GymResource):
         return fields[0] if len(fields) == 1 and self.action_cls.model_fields[fields[0]].annotation is str else None
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
-        if is_reserved(name):  # gym.reset / gym.step of a multi_turn agent
-            return await super().call_tool(name, arguments)
         mcp = name != self.opts.tool and name in (self.mcp_names or ())  # OpenEnv reserves "step" for itself
         if name != self.opts.tool and not mcp:
             known = ", ".join(sorted({self.opts.tool, *(self.mcp_names or ())}))

@@ -55,8 +55,9 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: int = 1
     concurrency: int = 1024
     session_ttl_s: float = 3600.0
-    # open sessions one worker keeps; past it the least recently used is closed (replayed seeds cannot
-    # pile up sessions for an hour)
+    # open sessions one worker keeps per caller (the agent or environment pool that opened them); past it
+    # that caller's least recently used is closed: replayed seeds cannot pile up sessions for an hour, and
+    # one pool's flood closes only its own (gym_runtime.workers.sessions)
     max_sessions: int = 20_000
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     # Other resources entries this one's code calls by name (a hosted NeMo Gym server's
@@ -162,10 +163,24 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB){unbounded}")
 
 
+class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Bounds of ``gym-runtime gateway`` (docs/operations.md, "The gateway")."""
+
+    # Rows one POST /aggregate_metrics may carry (413 past it). Its pass@k arithmetic, NeMo Gym's, grows with
+    # the square of a task's rollouts: 20,000 rows of one task take ~1.5 min of a core (off the event loop),
+    # 20,000 rows of 16-rollout tasks 0.05 s.
+    aggregate_metrics_max_rows: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.aggregate_metrics_max_rows < 1:
+            raise ConfigError(f"gateway.aggregate_metrics_max_rows: {self.aggregate_metrics_max_rows} must be >= 1")
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     namespace: str = "gym"
     nats: str | list[str] = "embedded"
     jetstream: JetStreamConfig = msgspec.field(default_factory=JetStreamConfig)
+    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
@@ -175,6 +190,20 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", self.namespace):
             raise ConfigError(f"namespace: {self.namespace!r} may only hold letters, digits, _ and -")
+
+
+# An entry's name is a token of every subject and credential that names it (``{ns}.task.{agent}.{batch}``,
+# ``{ns}.res.{name}.seed``, ``agent.{name}.creds``): no ``.``, ``*``, ``>`` or space can be in it, and a
+# leading ``_`` is the runtime's own (``{ns}.result._lost``: failure rows, never results).
+ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+NAME_RULE = "letters, digits, _ and -, starting with a letter or digit (_ starts the runtime's own names)"
+
+
+def check_name(name: str, where: str) -> str:
+    """``name`` if it is a valid entry name, else a ``ConfigError`` starting with ``where`` (the key)."""
+    if ENTRY_NAME.fullmatch(name) is None:
+        raise ConfigError(f"{where}: {name!r} is not a valid name: {NAME_RULE}")
+    return name
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
@@ -522,6 +551,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
             raise ConfigError(f"{source}: {section}: expected a mapping of name -> settings")
         sections[section] = {}
         for name, entry in entries.items():
+            check_name(str(name), f"{source}: {section}")
             try:
                 sections[section][str(name)] = parse(entry)
             except msgspec.ValidationError as e:

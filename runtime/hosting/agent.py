@@ -28,7 +28,10 @@ Its ``server_client`` calls by name are routed here instead of over HTTP:
   ``PASSTHROUGH`` session op each), so an agent speaking its server's own protocol
   (``toolsandbox_agent``: ``env_id`` from the seed reply, ``/step`` and ``/close`` by it) runs
   as under NeMo Gym; its ``/verify`` carries the response's fields our ``Response`` drops
-  (``response.env_id``) to the server's verify. Tools stay our ``ToolCall``s.
+  (``response.env_id``) to the server's verify. Tools stay our ``ToolCall``s;
+* a request that carries out one of the model's function calls (``/NAME`` with that call's
+  arguments, as NeMo Gym's simple agent posts it) is a tool call whatever ``NAME`` is: a model
+  calling ``verify`` reaches the resource's answer to an unknown tool, never its ``/verify``.
 
 Which rollout a call belongs to is a context variable set in the app-loop task that makes the
 ``/run`` call: the handler runs in that task, and tasks it starts copy its context. A bus
@@ -68,15 +71,33 @@ from gym_runtime.hosting.host import (
     plain,
 )
 from gym_runtime.hosting.middleware import lighten
-from gym_runtime.messages import ErrorClass, Response, VerifyReply, create_params, output_text, parse_items
+from gym_runtime.messages import (
+    ErrorClass,
+    FunctionCall,
+    Response,
+    VerifyReply,
+    create_params,
+    output_text,
+    parse_items,
+)
 
 _ECHOED = ("responses_create_params", "response", "reward")
+
+
+_UNPARSED = object()  # arguments that are not JSON: equal to no body
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return _UNPARSED
 
 
 class _Rollout:
     """One rollout's routing state: its context, its resource session, what the resource answered."""
 
-    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns", "passthrough")
+    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns", "passthrough", "calls")
 
     def __init__(self, ctx: AgentContext, row: dict[str, Any], session: Session) -> None:
         self.ctx = ctx
@@ -86,6 +107,17 @@ class _Rollout:
         self.error: BaseException | None = None
         self.turns = 0  # gymnasium steps so far
         self.passthrough = False  # a hosted, non-gymnasium resource: its own protocol's paths go to it as sent
+        self.calls: list[tuple[str, Any]] = []  # the latest model turn's function calls not yet carried out
+
+    def policy_call(self, url_path: str, body: Any) -> str | None:
+        """The model's function call that a request to the resource carries out, if it is one: the agent posts
+        ``/NAME`` with the call's arguments (NeMo Gym's simple agent does). Such a request is a tool call,
+        whatever its name: a model calling ``verify`` reaches no /verify (an oracle of its reward)."""
+        for i, (name, arguments) in enumerate(self.calls):
+            if url_path == f"/{name}" and arguments == body:
+                del self.calls[i]
+                return name
+        return None
 
 
 _CURRENT: contextvars.ContextVar[_Rollout | None] = contextvars.ContextVar("gym_hosted_agent_rollout", default=None)
@@ -283,9 +315,14 @@ class AgentHost:
         if isinstance(raw.get("input"), str):
             raw["input"] = [{"role": "user", "content": raw["input"]}]
         resp = await rollout.ctx.generate(create_params(raw), model=server_name)
+        rollout.calls = [(o.name, _parsed(o.arguments)) for o in resp.output if isinstance(o, FunctionCall)]
         return _Reply(200, msgspec.json.encode(resp))
 
     async def _resource(self, rollout: _Rollout, url_path: str, body: Any) -> _Reply:
+        called = rollout.policy_call(url_path, body)
+        if called is not None:  # reaches only a tool the resource declares, never its protocol
+            reply = await rollout.session.call(called, json.dumps(body))
+            return _Reply(200, reply.output.encode())
         path = url_path.split("?", 1)[0].rstrip("/")
         path = "/" + path.rsplit("/", 1)[-1] if path.startswith("/ng-rollout/") else path
         if path == "/seed_session":
@@ -323,7 +360,7 @@ class AgentHost:
         """The agent's call posted to its hosted server as sent; the server's status and body as they are. A
         gymnasium server refuses (its /reset and /step are our gym operations): the seed reply is then ``{}``.
         A server error (5xx) on the server's own protocol fails the rollout as a tool_error."""
-        reply = await rollout.session.call(PASSTHROUGH, json.dumps({"path": path, "body": body}))
+        reply = await rollout.session.operate(PASSTHROUGH, json.dumps({"path": path, "body": body}))
         if reply.is_error:
             if path == "/seed_session":
                 return _Reply(200, b"{}")
@@ -336,7 +373,7 @@ class AgentHost:
         return _Reply(status, text.encode())
 
     async def _gym(self, rollout: _Rollout, op: str, arguments: str) -> str:
-        reply = await rollout.session.call(op, arguments)
+        reply = await rollout.session.operate(op, arguments)
         if reply.is_error:  # not a GymResource, or its reset/step raised: our tool_error, not a reward 0
             raise Failure("tool_error", f"{op}: {reply.output}")
         return reply.output

@@ -18,16 +18,21 @@ loop and back.
 * ``seed`` → ``POST /seed_session`` (the whole row); a tool → ``POST /<tool>`` with the
   model's arguments as the body, the reply body as the tool output: a crashing tool is
   NeMo Gym's HTTP 500 whose body is ``repr(e)``, which is what its simple agent shows the
-  model; ``verify`` → ``POST /verify`` (row | response); every field the server answers
-  beyond the request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...)
-  becomes a field of the row;
+  model. Only the server's tool routes (``tool_definitions``; with a catch-all ``POST
+  /{tool_name}``, any one-segment name outside its protocol) are tools: a model's call named
+  ``verify``, ``seed_session``, ``nemo_gym.http`` or anything else that is not one reads
+  FastAPI's 404 body, ``{"detail":"Not Found"}``, and never reaches the endpoint;
+* ``verify`` → ``POST /verify`` (row | response); every field the server answers beyond the
+  request (``_ng_failure_class``, ``failure_kind``, ``extracted_answer`` ...) becomes a field
+  of the row;
 * gymnasium-style servers (``/reset``, ``/step``) are a ``GymResource``;
 * a hosted NeMo Gym agent that speaks its server's own protocol (``toolsandbox_agent``:
   ``/seed_session``'s ``env_id``, ``/step`` and ``/close`` by ``env_id``) reaches it through
-  one session op, ``PASSTHROUGH``: the agent's path and body posted as they are, the status
-  and body answered as they are (``/seed_session``: the reply to the seed the session opened
-  with); a ``/verify`` row may carry the posted response's fields our ``Response`` does not
-  hold (``RESPONSE_EXTRA``), put back into the response the server reads;
+  one session operation (``Session.operate``, never a model's call), ``PASSTHROUGH``: the
+  agent's path and body posted as they are, the status and body answered as they are
+  (``/seed_session``: the reply to the seed the session opened with); a ``/verify`` row may
+  carry the posted response's fields our ``Response`` does not hold (``RESPONSE_EXTRA``), put
+  back into the response the server reads;
 * lifespan hooks run for the life of the worker (``setup`` enters, ``teardown`` leaves);
 * the server's ``server_client`` calls to a model the config names (a judge, a user
   simulator), ``/v1/responses`` or ``/v1/chat/completions``, go to that model's workers
@@ -62,6 +67,7 @@ import contextvars
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -76,7 +82,7 @@ from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
-from gym_runtime.resource import ModelClient, Resource, ToolArgumentsError, Verdict
+from gym_runtime.resource import OPERATION_PREFIXES, ModelClient, Resource, ToolArgumentsError, Verdict
 from gym_runtime.transport.bus import Bus
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
@@ -88,6 +94,7 @@ SESSION_COOKIE = "gym_runtime_session"  # the cookie naming a session opened on 
 CALL_TIMEOUT_S = 300.0  # one call to another resources server (its worker's liveness still applies)
 PASSTHROUGH = "nemo_gym.http"  # session op: a hosted agent's call to its hosted server's route, unchanged
 RESPONSE_EXTRA = "_ng_response_extra"  # verify row key: the posted response's fields beyond our Response
+NOT_FOUND = b'{"detail":"Not Found"}'  # FastAPI's answer to a path that is not a route: a tool it does not declare
 MAX_CALLED_SESSIONS = 20_000  # sessions a worker keeps open on other servers; past it the oldest is closed
 _ENDPOINTS = {
     "/seed_session",
@@ -100,6 +107,8 @@ _ENDPOINTS = {
     "/close",
     "/",
 }
+_CATCH_ALL = re.compile(r"/\{[^/{}]+\}")  # POST /{tool_name}: a server whose rows name its tools
+_ONE_SEGMENT = re.compile(r"[^/?#%\s]+")  # a name a catch-all route takes as it is
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a Ray started here uses loopback only
 _ECHOED = ("responses_create_params", "response", "reward")
 _DESCRIPTIVE = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license"}
@@ -348,6 +357,8 @@ class ServerHost:
         self.fields: dict[str, Any] = {}
         self.global_config: dict[str, Any] = {}
         self.calls: dict[str, int] = {}  # calls routed over the bus, by model or resource name (tests, status)
+        self.tool_names: frozenset[str] = frozenset()  # its tool routes (set by start)
+        self.catch_all = False  # it declares its tools by one route, POST /{tool_name} (set by start)
         self.bus_loop: asyncio.AbstractEventLoop | None = None  # the worker's: what server code asks of the bus
         self.loop: AppLoop | None = None  # the app's own
         self._life: AppLife | None = None  # the app's life on its loop, lifespan included
@@ -418,6 +429,23 @@ class ServerHost:
         self.loop = app_loop()
         self._life = AppLife(self.loop, self._build)
         await self._life.start()
+        # its OpenAPI schema, built once now (seconds for a large app under load), not on the first tool call
+        self.tool_names = frozenset(t["name"] for t in self.tool_definitions())
+        paths = self.app.openapi().get("paths", {})
+        self.catch_all = any("post" in ops and _CATCH_ALL.fullmatch(path) for path, ops in paths.items())
+
+    def is_tool(self, name: str) -> bool:
+        """Whether a model's call named ``name`` goes to the server: one of its tool routes, or, where it
+        declares its tools by one catch-all route (its rows name them, its handler answers unknown ones),
+        any one-segment name that is not its protocol's (``/verify``, ``/seed_session``, ...) nor ours."""
+        if name in self.tool_names:
+            return True
+        return (
+            self.catch_all
+            and _ONE_SEGMENT.fullmatch(name) is not None
+            and f"/{name}" not in _ENDPOINTS
+            and not name.startswith(OPERATION_PREFIXES)
+        )
 
     def _build(self) -> Any:
         from nemo_gym.server_utils import BaseServerConfig
@@ -701,11 +729,16 @@ class HostedResource(_Hosted, Resource):
         self.seeded = await _post(self.host, self.jar, "/seed_session", task)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
-        if name == PASSTHROUGH:
-            return await self._passthrough(arguments)
+        if not self.host.is_tool(name):  # /verify, /seed_session, ... and paths that are no route
+            return NOT_FOUND.decode()
         body = arguments.encode() if isinstance(arguments, str) else arguments
         _, out = await self.host.post(self.jar, f"/{name}", body or b"{}")
         return out.decode(errors="replace")  # NeMo Gym's simple agent shows the model the body, a 500's repr(e) too
+
+    async def call_operation(self, op: str, arguments: str | bytes) -> str:
+        if op == PASSTHROUGH:
+            return await self._passthrough(arguments)
+        return await super().call_operation(op, arguments)
 
     async def _passthrough(self, arguments: str | bytes) -> str:
         """``{"path", "body"}`` posted to the server as it is; ``{"status", "body"}`` (the body as text) back.
@@ -768,11 +801,12 @@ class HostedGymResource(_Hosted, GymResource):
         )
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
-        if name.startswith("gym."):
-            return await super().call_tool(name, arguments)
-        if name == PASSTHROUGH:  # its agents reach it through /reset and /step, our gym operations
-            raise ToolArgumentsError(f"{PASSTHROUGH}: a gymnasium server is reached through gym.reset and gym.step")
         return await HostedResource.call_tool(self, name, arguments)  # type: ignore[arg-type]
+
+    async def call_operation(self, op: str, arguments: str | bytes) -> str:
+        if op == PASSTHROUGH:  # its agents reach it through /reset and /step, our gym operations
+            raise ToolArgumentsError(f"{PASSTHROUGH}: a gymnasium server is reached through gym.reset and gym.step")
+        return await super().call_operation(op, arguments)
 
 
 def hosted_class(

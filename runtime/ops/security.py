@@ -61,6 +61,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gym_runtime.config import ENTRY_NAME, NAME_RULE
 from gym_runtime.errors import AuthError
 
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
@@ -79,11 +80,14 @@ def creds_path(auth_dir: str | Path, role: str, pool: str | None = None) -> Path
 
 
 def parse_pool(spec: str) -> tuple[str, str]:
-    """``agents.NAME`` (or ``agent.NAME``) -> ("agent", "NAME"); a NAME must be one subject token."""
+    """``agents.NAME`` (or ``agent.NAME``) -> ("agent", "NAME"); NAME follows the config's rule for entry names
+    (one subject token, none of the runtime's own ``_`` names)."""
     section, _, name = spec.partition(".")
     role = POOL_ROLES.get(section, section)
-    if role not in POOL_ROLES.values() or not name or not all(c.isalnum() or c in "_-" for c in name):
+    if role not in POOL_ROLES.values() or not name:
         raise AuthError(f"--pool {spec!r}: expected agents.NAME, resources.NAME or models.NAME (NAME a config entry)")
+    if ENTRY_NAME.fullmatch(name) is None:
+        raise AuthError(f"--pool {spec!r}: {name!r} is not a valid name: {NAME_RULE}")
     return role, name
 
 

@@ -179,7 +179,8 @@ def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) 
     if role == "resources":
         rcfg = config.resources[name]
         return [
-            ResourceWorker(bus, name, rcfg, config.models, config.resources) for _ in range(replicas or rcfg.replicas)
+            ResourceWorker(bus, name, rcfg, config.models, config.resources, config.agents)
+            for _ in range(replicas or rcfg.replicas)
         ]
     acfg = config.agents[name]
     return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
+from gym_runtime.transport import subjects
 from gym_runtime.transport.subjects import JS_ACK_PREFIX
 
 __all__ = ["Delivery"]
@@ -40,6 +41,14 @@ class Delivery:
     def reply(self) -> str:
         """The subject a core request's answer goes to ('' when none)."""
         return self._msg.reply
+
+    @property
+    def caller(self) -> str:
+        """Whose core request this is: ``{role}.{pool}`` from its reply subject (``_INBOX.{role}.{pool}...``;
+        ``{pool}`` is ``_`` for a role-wide credential), '' for a reply of another form. On a secured bus a
+        pool subscribes only to its own inbox, so an answer reaches only it; but the reply subject is the
+        publisher's choice (the server checks subjects, not replies): a name to share limits by, not proof."""
+        return subjects.caller(self._msg.reply)
 
     @property
     def attempt(self) -> int:

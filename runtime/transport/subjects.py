@@ -78,6 +78,12 @@ def inbox(role: str, pool: str | None = None) -> str:
     return f"{inbox_prefix(role, pool)}.>" if pool else f"{INBOX}.{role}.>"
 
 
+def caller(reply_subject: str) -> str:
+    """Whose inbox a reply subject is: ``{role}.{pool}`` of ``_INBOX.{role}.{pool}...`` ('' for another form)."""
+    parts = reply_subject.split(".", 3)
+    return f"{parts[1]}.{parts[2]}" if len(parts) == 4 and parts[0] == INBOX else ""
+
+
 def lane(role: str, name: str) -> str:
     """The lane of the answers a worker of ``role`` serving entry ``name`` gives: ``res.weather``, ..."""
     return f"{_LANE_KINDS[role]}.{name}"

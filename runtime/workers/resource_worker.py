@@ -48,6 +48,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
 
@@ -85,20 +86,23 @@ class ResourceWorker:
         cfg: ResourceConfig,
         model_names: Iterable[str] = (),
         resource_names: Iterable[str] = (),
+        agent_names: Iterable[str] = (),
     ) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg
         where = f"resources.{name}.server"
+        resource_names = list(resource_names)
         if cfg.hosted:  # NeMo Gym's own server code, in this worker's built environment
             # its calls by name to the config's models and other resources go over this worker's bus
-            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), list(resource_names), bus)
+            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), resource_names, bus)
         else:
             self.cls = load_resource_class(cfg.server, where, entry=name)
             check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
-        self.sessions: dict[str, tuple[Resource, float]] = {}
+        # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's
+        self.sessions: Sessions[Resource] = Sessions(cfg.max_sessions, config_callers(agent_names, resource_names))
         self._subs: list[Any] = []
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
@@ -139,9 +143,8 @@ class ResourceWorker:
                 log.info("resource.stopped", resource=self.name, worker=self.worker_id, seeded=self.seeded)
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
-                    for inst, _ in list(self.sessions.values()):
+                    for inst in self.sessions.pop_all():
                         await inst.close()
-                    self.sessions.clear()
                     await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
@@ -171,31 +174,26 @@ class ResourceWorker:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
-        while len(self.sessions) >= max(1, self.cfg.max_sessions):  # full: the least recently used goes
-            old, (old_inst, _) = next(iter(self.sessions.items()))
-            del self.sessions[old]
+        for old in self.sessions.open(sid, inst, msg.caller):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
-            await old_inst.close()
-        self.sessions[sid] = (inst, time.monotonic())
+            await old.close()
         result = None
         if req.then is not None:
             try:
                 result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg)
             except Exception:
-                entry = self.sessions.pop(sid, None)  # the caller never learns this session
-                if entry is not None:
-                    await entry[0].close()
+                opened = self.sessions.pop(sid)  # the caller never learns this session
+                if opened is not None:
+                    await opened.close()
                 raise
         return SeedReply(session=sid, address=self.address, result=result)
 
     def _session(self, sid: str) -> Resource:
-        entry = self.sessions.get(sid)
-        if entry is None:
+        inst = self.sessions.use(sid)
+        if inst is None:
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
-        del self.sessions[sid]  # re-inserted last: the dict's order is least recently used first
-        self.sessions[sid] = (entry[0], time.monotonic())
-        return entry[0]
+        return inst
 
     async def _session_op(self, req: Any, msg: Delivery) -> Any:
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
@@ -210,8 +208,9 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            try:
-                return ToolReply(output=await inst.call_tool(req.name, req.arguments))
+            try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
+                run = inst.call_operation if req.protocol else inst.call_tool
+                return ToolReply(output=await run(req.name, req.arguments))
             except ToolArgumentsError as e:
                 return ToolReply(output=f"Error: {e}", is_error=True)
             except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
@@ -224,14 +223,14 @@ class ResourceWorker:
                 return await self._stateless_verify_inner(req, msg)
             reply = await verify_with(self._session(req.session), req.row, req.response)
             if req.close:
-                entry = self.sessions.pop(req.session, None)
-                if entry is not None:
-                    await entry[0].close()
+                closing = self.sessions.pop(req.session)
+                if closing is not None:
+                    await closing.close()
             return reply
         if isinstance(req, CloseSession):
-            entry = self.sessions.pop(req.session, None)
-            if entry is not None:
-                await entry[0].close()
+            closing = self.sessions.pop(req.session)
+            if closing is not None:
+                await closing.close()
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
@@ -260,8 +259,5 @@ class ResourceWorker:
     async def _reap(self) -> None:
         while True:
             await anyio.sleep(min(60.0, self.cfg.session_ttl_s))
-            cutoff = time.monotonic() - self.cfg.session_ttl_s
-            for sid, (inst, seen) in list(self.sessions.items()):
-                if seen < cutoff:
-                    self.sessions.pop(sid, None)
-                    await inst.close()
+            for inst in self.sessions.idle_since(time.monotonic() - self.cfg.session_ttl_s):
+                await inst.close()

@@ -162,7 +162,7 @@ def test_data_is_nemo_gyms_and_interactive_layout_is_derived_from_it() -> None:
 
 
 async def call(inst: Calendar, name: str, payload: Any = None) -> Any:
-    out = await inst.call_tool(name, msgspec.json.encode(payload or {}).decode())
+    out = await inst.call_operation(name, msgspec.json.encode(payload or {}).decode())
     return msgspec.json.decode(out, type=Reset if name == RESET else Step)
 
 

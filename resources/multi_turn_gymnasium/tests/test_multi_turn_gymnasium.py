@@ -43,12 +43,12 @@ async def test_episode_replays_follow_ups_and_reproduces_recorded_rewards() -> N
         recorded_users = [i.content for i in output if isinstance(i, Message) and i.role == "user"]
         inst = MultiTurnGymnasium()
         await inst.seed(task)
-        reset = msgspec.json.decode(await inst.call_tool(RESET, "{}"), type=Reset)
+        reset = msgspec.json.decode(await inst.call_operation(RESET, "{}"), type=Reset)
         assert reset.observation is None
         observations, total = [], 0.0
         for n, items in enumerate(turns(output), 1):
             action = Action(text=output_text(items), output=items, turn=n)
-            step = msgspec.json.decode(await inst.call_tool(STEP, msgspec.json.encode(action)), type=Step)
+            step = msgspec.json.decode(await inst.call_operation(STEP, msgspec.json.encode(action)), type=Step)
             total += step.reward
             if step.terminated:
                 assert n == len(task["follow_ups"]) + 1
@@ -78,12 +78,12 @@ async def test_expected_answer_is_case_insensitive_and_only_in_the_final_turn() 
     task = {"verifier_metadata": {"follow_ups": ["and?"], "expected_answer": "Eiffel"}}
     inst = MultiTurnGymnasium()
     await inst.seed(task)
-    await inst.call_tool(RESET, "{}")
+    await inst.call_operation(RESET, "{}")
     first = Action(text="the eiffel tower", output=[assistant_message("the eiffel tower")], turn=1)
-    step = msgspec.json.decode(await inst.call_tool(STEP, msgspec.json.encode(first)), type=Step)
+    step = msgspec.json.decode(await inst.call_operation(STEP, msgspec.json.encode(first)), type=Step)
     assert step.observation == "and?" and step.reward == 0.0  # the answer counts only after the follow-ups
     final = Action(text="no idea", output=[assistant_message("no idea")], turn=2)
-    step = msgspec.json.decode(await inst.call_tool(STEP, msgspec.json.encode(final)), type=Step)
+    step = msgspec.json.decode(await inst.call_operation(STEP, msgspec.json.encode(final)), type=Step)
     assert step.terminated and step.reward == 0.0
     assert last_turn([assistant_message("a"), Message(role="user", content="q"), assistant_message("EIFFEL")])[
         0

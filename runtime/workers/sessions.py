@@ -1,0 +1,100 @@
+"""The open sessions of one resource worker, bounded per caller.
+
+Past ``max_sessions`` the least recently used session is closed (so replayed seed requests cannot pile
+up sessions for ``session_ttl_s``), but only among the sessions of the caller that opened one more: one
+pool's flood of seeds closes its own sessions, never another pool's live ones. A caller is the pool its
+request's reply subject names (``Delivery.caller``); only the pools a config can have count as callers
+(``agent.NAME`` for its agents, ``resource.NAME`` for its environments calling one another, ``_`` for a
+role-wide credential), and every other reply (an unsecured bus's, or one made up per request) shares one
+table, so made-up names cannot multiply the sessions a worker holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+OTHERS = ""  # the table of every reply that names no pool of the config
+
+
+def config_callers(agent_names: Iterable[str], resource_names: Iterable[str]) -> frozenset[str]:
+    """The callers that get a table of their own: the pools that open sessions (agents, and environments
+    calling others), and the role-wide credentials of both roles."""
+    return frozenset(
+        [*(f"agent.{a}" for a in agent_names), *(f"resource.{r}" for r in resource_names), "agent._", "resource._"]
+    )
+
+
+class Sessions(Generic[T]):
+    """Session id -> session, each caller's table in least-recently-used order (dicts keep insertion order)."""
+
+    __slots__ = ("limit", "_callers", "_tables", "_owner")
+
+    def __init__(self, limit: int, callers: frozenset[str] = frozenset()) -> None:
+        self.limit = max(1, limit)
+        self._callers = callers
+        self._tables: dict[str, dict[str, tuple[T, float]]] = {}
+        self._owner: dict[str, str] = {}  # session id -> its caller's table
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._owner
+
+    def open(self, sid: str, session: T, caller: str) -> list[T]:
+        """Hold a new session for ``caller``; returns the sessions it pushed out (to be closed)."""
+        key = caller if caller in self._callers else OTHERS
+        table = self._tables.setdefault(key, {})
+        evicted = []
+        while len(table) >= self.limit:
+            old = next(iter(table))
+            evicted.append(table.pop(old)[0])
+            del self._owner[old]
+        table[sid] = (session, time.monotonic())
+        self._owner[sid] = key
+        return evicted
+
+    def use(self, sid: str) -> T | None:
+        """The session, now its caller's most recently used; None when it is not held here."""
+        key = self._owner.get(sid)
+        if key is None:
+            return None
+        table = self._tables[key]
+        session, _ = table.pop(sid)
+        table[sid] = (session, time.monotonic())
+        return session
+
+    def pop(self, sid: str) -> T | None:
+        key = self._owner.pop(sid, None)
+        if key is None:
+            return None
+        table = self._tables[key]
+        session = table.pop(sid)[0]
+        if not table:
+            del self._tables[key]
+        return session
+
+    def idle_since(self, cutoff: float) -> list[T]:
+        """Remove and return every session last used before ``cutoff`` (``time.monotonic()``)."""
+        out = []
+        for table in self._tables.values():
+            for sid, (_, seen) in list(table.items()):
+                if seen >= cutoff:
+                    break  # least recently used first: the rest are newer
+                out.append(self._take(table, sid))
+        self._tables = {k: t for k, t in self._tables.items() if t}
+        return out
+
+    def _take(self, table: dict[str, tuple[T, float]], sid: str) -> T:
+        del self._owner[sid]
+        return table.pop(sid)[0]
+
+    def pop_all(self) -> list[T]:
+        out = [session for table in self._tables.values() for session, _ in table.values()]
+        self._tables.clear()
+        self._owner.clear()
+        return out
