@@ -24,16 +24,7 @@ import pytest
 from gym_runtime.client import Client
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.service.runner import (
-    close_buses,
-    make_workers,
-    open_buses,
-    pool_key,
-    publish_batch,
-    run_batch,
-    selected,
-    start_workers,
-)
+from gym_runtime.service import runner
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.discovery import register
@@ -49,17 +40,9 @@ SLOTS = N_TASKS * REPEATS
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def pool(server: EmbeddedServer, tmp_path: Path) -> Iterator[Pool]:
+def pool(nats_server: EmbeddedServer, tmp_path: Path) -> Iterator[Pool]:
     """The three roles' workers, one process each."""
-    p = Pool(write_config(tmp_path, delay_s=0.0), server.url)
+    p = Pool(write_config(tmp_path, delay_s=0.0), nats_server.url)
     try:
         for only in ("agents.agent", "models.policy", "resources.env"):
             p.start(only, only)
@@ -92,42 +75,44 @@ def _same_rows(rows: list[dict[str, Any]], before: list[dict[str, Any]]) -> None
 
 
 def test_collect_gets_back_every_row_whose_stored_result_was_purged(
-    server: EmbeddedServer, pool: Pool, tmp_path: Path
+    nats_server: EmbeddedServer, pool: Pool, tmp_path: Path
 ) -> None:
     """14 of 24 acknowledged results are purged (their tasks left the queue long before). Before: 14 ``lost``
     failure rows, exit 1."""
-    before = _done_batch(pool, server.url, tmp_path, "p1")
+    before = _done_batch(pool, nats_server.url, tmp_path, "p1")
 
     async def purge() -> None:
-        bus = await Bus.connect(server.url, namespace="gym", telemetry=Telemetry(), name="test-admin")
+        bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test-admin")
         try:  # the oldest 14 results go
             await bus.js.purge_stream(RESULTS, subject="gym.result.agent.p1", keep=SLOTS - 14)
         finally:
             await bus.close()
 
     anyio.run(purge)
-    assert len(_slots_stored([server.url])) == SLOTS - 14
+    assert len(_slots_stored([nats_server.url])) == SLOTS - 14
     out = tmp_path / "out.jsonl"
-    res = _collect(server.url, "p1", out)
+    res = _collect(nats_server.url, "p1", out)
     assert res.returncode == 0, res.stderr
     assert f"{SLOTS} rows, 0 failed" in res.stdout
     assert not (tmp_path / "out_failures.jsonl").exists()
     _same_rows(assert_exactly_once(out), before)
-    assert _slots_stored([server.url]) == {(t, r) for t in range(N_TASKS) for r in range(REPEATS)}
+    assert _slots_stored([nats_server.url]) == {(t, r) for t in range(N_TASKS) for r in range(REPEATS)}
 
 
-def test_collect_gets_back_the_rows_a_truncated_store_lost(server: EmbeddedServer, pool: Pool, tmp_path: Path) -> None:
+def test_collect_gets_back_the_rows_a_truncated_store_lost(
+    nats_server: EmbeddedServer, pool: Pool, tmp_path: Path
+) -> None:
     """The server is stopped, the last file of its results stream cut in half, and started again on it: the
     results in the lost half are gone (nats-server 2.15.1 keeps them as deleted sequences). Before: a ``lost``
     failure row for each, exit 1."""
-    before = _done_batch(pool, server.url, tmp_path, "t1")
-    server.stop()
-    cut_last_block(server, RESULTS)
-    server.start()
-    left = _slots_stored([server.url])
+    before = _done_batch(pool, nats_server.url, tmp_path, "t1")
+    nats_server.stop()
+    cut_last_block(nats_server, RESULTS)
+    nats_server.start()
+    left = _slots_stored([nats_server.url])
     assert 0 < len(left) < SLOTS, len(left)  # acknowledged results were lost
     out = tmp_path / "out.jsonl"
-    res = _collect(server.url, "t1", out)
+    res = _collect(nats_server.url, "t1", out)
     assert res.returncode == 0, res.stderr
     assert f"{SLOTS} rows, 0 failed" in res.stdout
     _same_rows(assert_exactly_once(out), before)
@@ -161,23 +146,23 @@ async def test_a_clients_batch_gets_back_the_rows_of_tasks_acked_without_a_resul
     """A pool acks three of a client's tasks without storing their results; the honest workers start after:
     ``gather()`` returns every slot's row, once. Before: three ``lost`` rows."""
     cfg = weather()
-    pairs = selected(cfg, None)
+    pairs = runner.selected(cfg, None)
     async with Client(cfg, nats=nats_server.url, workers=False) as client:
         batch = await client.submit(ROWS, repeats=2, batch="c1")
         seen: list[str] = []
         with anyio.fail_after(30):
             await _ack_without_results(nats_server.url, "weather_agent", count=3, seen=seen)
-        honest = await open_buses(
-            nats_server.url, [pool_key(*p) for p in pairs], namespace="gym", telemetry=Telemetry(), name="honest"
+        honest = await runner.open_buses(
+            nats_server.url, [runner.pool_key(*p) for p in pairs], namespace="gym", telemetry=Telemetry(), name="honest"
         )
         try:
             async with anyio.create_task_group() as tg:
-                await start_workers(tg, make_workers(honest, cfg, pairs))
+                await runner.start_workers(tg, runner.make_workers(honest, cfg, pairs))
                 with anyio.fail_after(90):
                     rows = await batch.gather()
                 tg.cancel_scope.cancel()
         finally:
-            await close_buses(honest)
+            await runner.close_buses(honest)
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(t, k) for t in range(5) for k in range(2)]
     assert [r["reward"] for r in rows] == [1.0] * 10
     assert len(seen) == 3 and all("/" not in s for s in seen)  # the first publish's tasks
@@ -190,14 +175,14 @@ async def test_run_gets_back_the_rows_of_tasks_acked_without_a_result(nats_serve
     data = write_jsonl(tmp_path / "in.jsonl", ROWS)
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test-publisher")
     try:
-        await publish_batch(bus, cfg, data, batch="u1", repeats=2)
+        await runner.publish_batch(bus, cfg, data, batch="u1", repeats=2)
     finally:
         await bus.close()
     seen: list[str] = []
     with anyio.fail_after(30):
         await _ack_without_results(nats_server.url, "weather_agent", count=3, seen=seen)
     with anyio.fail_after(90):
-        result = await run_batch(
+        result = await runner.run_batch(
             cfg,
             nats_server.url,
             input_path=data,
@@ -223,7 +208,7 @@ async def test_a_slot_whose_result_keeps_being_lost_ends_as_a_lost_row(nats_serv
             tg.start_soon(lambda: _ack_without_results(nats_server.url, "weather_agent", count=None, seen=seen))
             data = tmp_path / "in.jsonl"
             data.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in ROWS[:2]))
-            manifest = await publish_batch(bus, cfg, data, batch="r1", repeats=2)
+            manifest = await runner.publish_batch(bus, cfg, data, batch="r1", repeats=2)
             assert manifest.max_republish == cfg.jetstream.max_republish == 2
             out = tmp_path / "out.jsonl"
             t0 = time.monotonic()
