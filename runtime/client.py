@@ -45,7 +45,7 @@ from gym_runtime.service.runner import drain, make_workers, selected, start_work
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.jetstream import ensure_streams, task_msg_id
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
@@ -426,7 +426,11 @@ class Client:
         for row in rows:
             owners.add(check_row(row, agents, agent))
         manifest = new_manifest(
-            batch or uuid.uuid4().hex[:12], owners, repeats=repeats, input_path="(gym_runtime.Client)"
+            batch or uuid.uuid4().hex[:12],
+            owners,
+            repeats=repeats,
+            input_path="(gym_runtime.Client)",
+            max_republish=self.config.jetstream.max_republish,
         )
         handle = BatchHandle(self, manifest)
         await put_manifest(self.bus, manifest)
@@ -442,6 +446,7 @@ class Client:
             repeats=repeats,
             task_fields=self._task_fields(version, max_staleness, checks),
             grouped=lambda a: self.config.agents[a].group_repeats,
+            keep=manifest.max_republish > 0,
         )
         await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
@@ -488,7 +493,7 @@ class Client:
                 **self._task_fields(version, max_staleness, checks)(name),
             )
             await self.bus.js_publish(
-                self.bus.subjects.task(name, self._run_batch), task, msg_id=f"{self._run_batch}:{index}:0"
+                self.bus.subjects.task(name, self._run_batch), task, msg_id=task_msg_id(self._run_batch, index, 0)
             )
             out, ok = await fut
         finally:

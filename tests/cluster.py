@@ -31,6 +31,19 @@ from gym_runtime.transport.bus import Bus
 from tests.helpers import REPO, read_jsonl, write_jsonl
 
 
+def stream_dir(node: EmbeddedServer, stream: str) -> Path:
+    """The folder of ``node``'s copy of ``stream`` (its message blocks are in ``msgs/``)."""
+    return Path(node.store_dir or "") / "jetstream" / "$G" / "streams" / stream
+
+
+def cut_last_block(node: EmbeddedServer, stream: str) -> None:
+    """Cut the last message block of ``node``'s copy of ``stream`` in half (the node is stopped)."""
+    blocks = sorted((stream_dir(node, stream) / "msgs").glob("*.blk"))
+    assert blocks
+    with open(blocks[-1], "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+
+
 def monitor(srv: EmbeddedServer, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"{srv.monitor_url}{path}", timeout=5) as r:
         return json.loads(r.read())

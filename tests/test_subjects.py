@@ -134,6 +134,11 @@ USES = [
     Use("blob", s.blob("k1", 0), EVERYONE, set()),
     Use("blob_get", s.blob_get("k1", 0), EVERYONE, set()),
     Use("direct_get", sj.direct_get(s.blob_stream), set(), set()),
+    # the bodies a batch keeps: the publisher writes them with its tasks and reads one back by its subject alone
+    Use("kept", s.kept("b1", 3), {"publisher"}, set()),
+    Use("kept_get", s.kept_get("b1", 3), {"publisher"}, set()),
+    Use("direct_get", sj.direct_get(s.kept_stream), set(), set()),
+    Use("stream_info", sj.stream_info(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.blob_stream), set(), set()),
     # trainer control: the publisher announces, workers hear (the ControlView's subscriptions)
     Use("policy_version", s.policy_version("m"), {"publisher"}, AGENTS | MODELS),
@@ -181,8 +186,9 @@ USES = [
 
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
-    "tasks_stream", "results_stream", "model_stream", "blob_stream", "batches_bucket", "control_bucket",
-    "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_resources",
+    "tasks_stream", "results_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
+    "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
+    "all_resources",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",

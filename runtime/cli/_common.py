@@ -214,12 +214,21 @@ def config_argument(p: argparse.ArgumentParser, *, bundled: bool = False) -> Non
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (``--repeats 0`` is a usage error, not an empty batch)."""
+    return _at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 

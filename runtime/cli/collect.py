@@ -13,6 +13,7 @@ from gym_runtime.cli._common import (
     failures_exit,
     log_level_option,
     need_url,
+    non_negative_int,
     print_stats,
     reach,
 )
@@ -36,7 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
     p.add_argument(
-        "--purge", action="store_true", help="once the file is written, delete the batch's stored results and manifest"
+        "--purge",
+        action="store_true",
+        help="once the file is written, delete the batch's stored results, kept tasks and manifest",
+    )
+    p.add_argument(
+        "--max-republish",
+        type=non_negative_int,
+        metavar="N",
+        help="publish the tasks of slots whose stored results were lost again at most N times before they become "
+        "`lost` failure rows (default: the batch's jetstream.max_republish, recorded when it was published)",
     )
     progress.add_arguments(p)
     log_level_option(p)
@@ -94,7 +104,13 @@ def main(args: argparse.Namespace) -> int:
                 watcher = asyncio.ensure_future(watch_agents(bus, args.batch))  # errors here stay plain
                 try:
                     stats = await collect_batch(
-                        bus, args.batch, args.output, wait_s=args.wait, on_progress=tracker, on_result=tracker.result
+                        bus,
+                        args.batch,
+                        args.output,
+                        wait_s=args.wait,
+                        on_progress=tracker,
+                        on_result=tracker.result,
+                        max_republish=args.max_republish,
                     )
                 finally:
                     watcher.cancel()

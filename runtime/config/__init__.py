@@ -139,17 +139,24 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     results_max_bytes: int | str | None = None  # {NS}_RESULTS: the oldest results go first
     model_max_bytes: int | str | None = None  # {NS}_MODEL: a full queue refuses new queued model calls
     blobs_max_bytes: int | str | None = None  # {NS}_BLOBS: a full store refuses new large bodies
+    kept_max_bytes: int | str | None = None  # {NS}_KEPT: each task's body until purge; the oldest batches' go first
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
     # When a server this config starts (``run``, ``Client``, ``server --secure --config``) writes its store to
     # disk: ``always`` syncs before it acknowledges (an OS crash or power cut loses no acknowledged message),
     # ``interval`` every 2 minutes (nats-server's default: faster, and such a crash loses what it had not synced).
     sync: Literal["always", "interval"] = "always"
+    # How many times a batch's reader (collect, run, the client) publishes again the tasks of slots whose stored
+    # result the broker lost (acknowledged, then gone) before they become ``lost`` failure rows. Recorded in the
+    # batch's manifest; each task's body is kept ({NS}_KEPT) until the batch is purged, unless it is 0.
+    max_republish: int = 2
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.replicas > 5:
             raise ConfigError(f"jetstream.replicas: {self.replicas} must be between 1 and 5")
         if self.max_age_s < 0:
             raise ConfigError("jetstream.max_age_s: must be >= 0 (0 keeps messages forever)")
+        if not 0 <= self.max_republish <= 100:
+            raise ConfigError(f"jetstream.max_republish: {self.max_republish} must be between 0 and 100")
         if not self.duplicate_window_s > 0:
             raise ConfigError(f"jetstream.duplicate_window_s: {self.duplicate_window_s!r} must be > 0 seconds")
         for key in ("max_bytes", *(f"{s}_max_bytes" for s in STREAM_LIMITS), "blob_bytes_in_flight"):

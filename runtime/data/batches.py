@@ -78,9 +78,12 @@ class Manifest(msgspec.Struct, kw_only=True):
     # tasks, in publish order, stored with every one before them: a publish of this batch run again (after
     # a crash, or a full stream) starts after them, whatever the streams' duplicate window
     stored: int = 0
+    # how many times a reader publishes again the tasks of slots whose stored results were lost
+    # (``jetstream.max_republish``); each task's body is kept (``Subjects.kept``) only when > 0
+    max_republish: int = 0
 
 
-def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str) -> Manifest:
+def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str, max_republish: int = 0) -> Manifest:
     """The manifest of a batch about to be published: ``owners`` says whose each task is."""
     tasks = owners.tasks
     return Manifest(
@@ -91,6 +94,7 @@ def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str) -
         agents=owners.counts(),
         input=input_path,
         owners=owners,
+        max_republish=max_republish,
     )
 
 
@@ -149,12 +153,13 @@ async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest
 
 
 async def purge_batch(bus: Bus, batch: str) -> int:
-    """Remove a batch's results and manifest; returns how many results were removed.
+    """Remove a batch's results, kept tasks and manifest; returns how many results were removed.
 
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
     """
     names = bus.subjects
     removed = await jetstream.purge_subject(bus, names.results_stream, names.batch_results(batch))
+    await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

@@ -83,7 +83,10 @@ class Collector:
         *,
         on_progress: Callable[[int, int], None] | None = None,
         on_result: Callable[[bool, float | None], None] | None = None,
+        max_republish: int | None = None,
     ) -> None:
+        """``max_republish``: rounds of publishing again the tasks of slots whose results were lost (None: the
+        manifest's)."""
         self.bus = bus
         self.batch = manifest.batch
         self.out = Path(out)
@@ -104,7 +107,9 @@ class Collector:
         self._done = anyio.Event()
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
-        self.reader = BatchReader.of(bus, manifest, self._take, self._empty, name="collect")
+        self.reader = BatchReader.of(
+            bus, manifest, self._take, self._empty, name="collect", max_republish=max_republish
+        )
 
     async def run(self) -> CollectStats:
         """Read every result of the batch from the start of the stream; returns when every slot has a row.

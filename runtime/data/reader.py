@@ -10,9 +10,11 @@ stream emptied or flooded under a reader never makes it wait for what is gone.
 **Lost slots.** A task leaves the work queue when it is acked (its result is stored first) or terminated
 (``+TERM`` by a buggy or hostile worker, or past max deliveries). Once the batch is wholly published, the
 server counts none of its tasks on ``{ns}.task.*.{batch}`` (queued or held), and the reader holds nothing
-pending, a slot still without a row will never get one: the reader takes a ``lost`` failure row for it and
-stores a record of it on ``{ns}.result._lost.{batch}`` under an id of its own (``lost_msg_id``). Readers
-never take such records as rows, so no credential can end another reader's batch early with them.
+pending, a slot still without a row will never get one. Its task is published again from the body the batch
+keeps (``data.republish``), at most ``max_republish`` rounds (the manifest's, or the reader's own); a slot that
+cannot be, or is still empty after the last round, gets a ``lost`` failure row saying why, and a record of it
+is stored on ``{ns}.result._lost.{batch}`` under an id of its own (``lost_msg_id``). Readers never take such
+records as rows, so no credential can end another reader's batch early with them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import anyio
 
 from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
 from gym_runtime.data.intake import Intake, read_result
+from gym_runtime.data.republish import NOT_KEPT, republish
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
@@ -40,13 +43,10 @@ TICK_S = 5.0  # how often a reader acks what it handled and, with empty slots, a
 ACK_EVERY = 256  # ... and it acks every this many messages (one ack covers all before it)
 RECORD_IN_FLIGHT = 256  # lost records stored at once
 
-LOST = ErrorInfo(
-    error_class="lost",
-    message=(
-        "no result of this slot is stored and none of the batch's tasks is queued or running any more: its task "
-        "was terminated (+TERM by a worker, or past max deliveries), or its stored result was removed (purged, "
-        "or evicted from a full stream)"
-    ),
+LOST = (
+    "no result of this slot is stored and none of the batch's tasks is queued or running any more: its task "
+    "was terminated (+TERM by a worker, or past max deliveries), or its stored result was removed (purged, "
+    "evicted from a full stream, or lost with a damaged replica)"
 )
 
 
@@ -64,6 +64,7 @@ class BatchReader:
         name: str,
         empty: Callable[[], list[int]] | None = None,
         owner: Callable[[int], str] = lambda _task: "",
+        max_republish: int | None = None,
     ) -> None:
         self.bus = bus
         self.intake = intake
@@ -71,6 +72,8 @@ class BatchReader:
         self._take = take
         self._empty = empty
         self._owner = owner
+        self._max_republish = max_republish  # None: the manifest's
+        self.republished = 0  # rounds of tasks published again
         self.stream = bus.subjects.results_stream
         self.consumer = bus.subjects.reader(name, self.batch)
         self.handled = 0  # messages handled (taken, refused or unreadable)
@@ -88,11 +91,13 @@ class BatchReader:
         empty: Callable[[], list[int]],
         *,
         name: str,
+        max_republish: int | None = None,
     ) -> BatchReader:
-        """The reader of a published batch: results checked against its manifest's owners, lost slots settled."""
+        """The reader of a published batch: results checked against its manifest's owners, lost slots published
+        again (``max_republish`` rounds, default the manifest's), then settled."""
         owners = TaskOwners(manifest)
         intake = Intake(bus, manifest.batch, repeats=manifest.repeats, tasks=manifest.tasks, allows=owners.allows)
-        return cls(bus, intake, take, name=name, empty=empty, owner=owners.owner)
+        return cls(bus, intake, take, name=name, empty=empty, owner=owners.owner, max_republish=max_republish)
 
     async def open(self) -> None:
         """Make the consumer (it reads from the start of the stream, whenever ``run`` starts)."""
@@ -202,20 +207,42 @@ class BatchReader:
         empty = self._empty()
         if not empty:
             return
-        log.warning("batch.slots_lost", batch=self.batch, lost=len(empty), then="failure rows")
+        why = await self._again(manifest, empty)
+        if not why:
+            return  # every one is published again: their rows come, or the next round looks again
+        log.warning("batch.slots_lost", batch=self.batch, lost=len(why), then="failure rows")
         repeats = self.intake.repeats
+        errors: dict[str, ErrorInfo] = {}
         lost = []
-        for slot in empty:
+        for slot, reason in why.items():
             task, rollout = divmod(slot, repeats)
-            agent = self._owner(task)
+            error = errors.get(reason) or errors.setdefault(
+                reason, ErrorInfo(error_class="lost", message=f"{LOST}; {reason}")
+            )
             lost.append(
                 RolloutResult(
-                    batch=self.batch, task_index=task, rollout_index=rollout, agent=agent, error=LOST, attempts=0
+                    batch=self.batch,
+                    task_index=task,
+                    rollout_index=rollout,
+                    agent=self._owner(task),
+                    error=error,
+                    attempts=0,
                 )
             )
         await self._record(lost)
-        for slot, res in zip(empty, lost, strict=True):
+        for slot, res in zip(why, lost, strict=True):
             self._take(res, slot)
+
+    async def _again(self, manifest: Manifest, empty: list[int]) -> dict[int, str]:
+        """Publish the tasks of ``empty`` slots again while rounds are left; the slots that were not, with why."""
+        limit = manifest.max_republish if self._max_republish is None else self._max_republish
+        if manifest.max_republish <= 0:
+            return dict.fromkeys(empty, NOT_KEPT)
+        if self.republished >= limit:
+            done = f"published again {self.republished} times" if self.republished else "not published again"
+            return dict.fromkeys(empty, f"{done} (max_republish={limit}) and no result of it is stored")
+        self.republished += 1
+        return await republish(self.bus, manifest, empty, self.republished, self._owner)
 
     async def _record(self, lost: list[RolloutResult]) -> None:
         """Store a record of each lost slot, under an id no result has (best effort: the rows are taken anyway)."""

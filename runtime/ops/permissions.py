@@ -110,6 +110,10 @@ def permissions(
                 s.stateless_verify("*"),  # reverify
                 # collect: failure rows of tasks removed from the queue without a result (read as failures only)
                 s.lost(">"),
+                # each task's body, kept with its first publish and read back (a last-by-subject direct get only,
+                # as for blobs) to publish again a task whose stored result was lost (data.republish)
+                s.kept("*", "*"),
+                s.kept_get("*", "*"),
             ]
             # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]

@@ -57,6 +57,7 @@ async def provision(
                     await jetstream.ensure_streams(b)
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
+                    await jetstream.ensure_kept_stream(b)  # each published task's body until its batch is purged
                     await jetstream.ensure_blob_stream(b)  # last: clients take it for "provisioned"
                 return
             finally:

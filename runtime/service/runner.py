@@ -375,7 +375,11 @@ async def publish_batch(
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
     resolve_models(config)  # the tasks' fingerprints hash the adapters' options (a bad one: exit 2, nothing sent)
     manifest = new_manifest(
-        batch or uuid.uuid4().hex[:12], plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve())
+        batch or uuid.uuid4().hex[:12],
+        plan.owners,
+        repeats=repeats,
+        input_path=str(Path(input_path).resolve()),
+        max_republish=config.jetstream.max_republish,
     )
     await ensure_streams(bus)
     earlier = await get_manifest(bus, batch) if batch else None
@@ -426,6 +430,7 @@ async def publish_batch(
                     task_fields=fps.__getitem__,
                     grouped=lambda a: config.agents[a].group_repeats,
                     mark=mark,
+                    keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
                 )
             except Exception as e:  # raised as it is below, not inside the task group's exception group
                 failure = e
@@ -540,13 +545,15 @@ async def collect_batch(
     wait_s: float = 60.0,
     on_progress: Callable[[int, int], None] | None = None,
     on_result: Callable[[bool, float | None], None] | None = None,
+    max_republish: int | None = None,
 ) -> CollectStats:
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
         waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
         raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
-    stats = await Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result).run()
+    collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
+    stats = await collector.run()
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats
 

@@ -372,10 +372,16 @@ class Bus(Bodies, Serving):
         h = self._headers(headers)
         await self.nc.publish(subject, await self.encode(payload, h), headers=h)
 
-    async def js_publish(self, subject: str, payload: Any, *, msg_id: str) -> None:
-        """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack."""
+    async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
+        """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack.
+
+        ``keep``: a subject that stores the same body too (a batch's kept task: encoded once, and a large body's
+        blob is referenced by both), after ``subject``: concurrent publishes leave in the order they were made."""
         h = self._headers({MSG_ID_HEADER: msg_id})
-        await self._store(subject, await self.encode(payload, h), h)
+        data = await self.encode(payload, h)
+        await self._store(subject, data, h)
+        if keep is not None:
+            await self._store(keep, data, {k: v for k, v in h.items() if k != MSG_ID_HEADER})
 
     async def _store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """Publish into a stream and wait for its ack, riding out a stream leader election.
@@ -422,21 +428,30 @@ class Bus(Bodies, Serving):
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""
         await self.nc.flush()
 
-    async def scatter(self, subject: str, *, wait_s: float) -> list[tuple[str, bytes]]:
+    async def scatter(
+        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
         """Send an empty request to every subscriber of ``subject`` and gather the raw answers for ``wait_s``
-        seconds, each with the subject it came on: each responder answers into its own lane under the
-        request's reply root (``answer``), which on a secured bus only it may publish into."""
+        seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
+        subject it came on: each responder answers into its own lane under the request's reply root
+        (``answer``), which on a secured bus only it may publish into."""
         root = self.nc.new_inbox()
         got: list[tuple[str, bytes]] = []
+        enough = asyncio.Event()
 
         async def on_answer(msg: Msg) -> None:
             got.append((msg.subject, msg.data))
+            if until is not None and until(msg.subject, msg.data):
+                enough.set()
 
         sub = await self.nc.subscribe(answers(root), cb=on_answer)
-        await self.nc.publish(subject, b"", reply=root)
-        await self.nc.flush()
-        await asyncio.sleep(wait_s)
-        await sub.unsubscribe()
+        try:
+            await self.nc.publish(subject, b"", reply=root)
+            await self.nc.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), wait_s)
+        finally:
+            await sub.unsubscribe()
         return got
 
     async def gather(

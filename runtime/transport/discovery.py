@@ -65,14 +65,32 @@ async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
     """Every live worker of this namespace with its counters. An answer that claims a role and name other
     than the lane it came in is dropped: on a secured bus only that entry's pool may answer there, so no
     pool can pass itself off as another's workers (a model replica a pause would wait for, say)."""
-    out = []
-    for subject, data in await bus.scatter(bus.subjects.status, wait_s=wait_s):
-        try:
-            info = json.loads(data)
-            claimed = answer("", lane(str(info["role"]), str(info["name"])))
-        except (ValueError, TypeError, KeyError):
-            continue
-        if info.get("namespace") == bus.ns and subject.endswith(claimed):
-            out.append(info)
+    out = [w for w in (_worker(bus, *got) for got in await bus.scatter(bus.subjects.status, wait_s=wait_s)) if w]
     out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
     return out
+
+
+async def serving(bus: Bus, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
+    """Which of ``names`` (config entries of ``role``) a live worker of this namespace serves: the answers to
+    a discovery, gathered until each name has one, or for ``wait_s``."""
+    found: set[str] = set()
+
+    def each(subject: str, data: bytes) -> bool:
+        w = _worker(bus, subject, data)
+        if w is not None and w["role"] == role and w["name"] in names:
+            found.add(w["name"])
+        return found >= names
+
+    if names:
+        await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)
+    return found
+
+
+def _worker(bus: Bus, subject: str, data: bytes) -> dict[str, Any] | None:
+    """A worker's answer to a discovery, if it came in the lane of the role and name it claims."""
+    try:
+        info = json.loads(data)
+        claimed = answer("", lane(str(info["role"]), str(info["name"])))
+    except (ValueError, TypeError, KeyError):
+        return None
+    return info if info.get("namespace") == bus.ns and subject.endswith(claimed) else None

@@ -45,6 +45,8 @@ from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
 
 if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
     from gym_runtime.observability.meters import Meters
     from gym_runtime.transport.bus import Bus
 
@@ -90,7 +92,15 @@ INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes can
 # disk with 20 GB free. JetStream reserves every stream's max_bytes when it is created: a default the
 # server cannot reserve is halved until it can, then halved once more to leave room for the streams after
 # it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
-STREAM_LIMITS: dict[str, int] = {"tasks": 2 << 30, "results": 6 << 30, "model": 1 << 30, "blobs": 3 << 30}
+# The kept tasks (one body per task, not per repeat: 626 B each for weather, less than a task's share of the
+# task stream) hold a 1,000,000-task batch's bodies up to 1 KB each.
+STREAM_LIMITS: dict[str, int] = {
+    "tasks": 2 << 30,
+    "results": 6 << 30,
+    "model": 1 << 30,
+    "blobs": 3 << 30,
+    "kept": 1 << 30,
+}
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
 KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
 MIN_DEFAULT_BYTES = 64 << 20
@@ -130,17 +140,19 @@ def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | N
     if not any(description.startswith(f) for f in _FULL):
         return None
     kind = bus.subjects.kind(subject)
-    stream = {"task": "tasks", "result": "results", "model": "model", "blob": "blobs"}.get(kind)
+    stream = {"task": "tasks", "result": "results", "model": "model", "blob": "blobs", "kept": "kept"}.get(kind)
     if stream is None:
         return StorageFull(f"the stream of {subject} is full ({description})")
     size = limit(bus, stream)
-    name = bus.subjects.blob_stream if stream == "blobs" else bus.subjects.stream(kind)
+    names = {"blobs": bus.subjects.blob_stream, "kept": bus.subjects.kept_stream}
+    name = names.get(stream) or bus.subjects.stream(kind)
     limit_text = "-1 (unbounded)" if size.max_bytes < 0 else size_text(size.max_bytes)
     free = {
         "tasks": "let workers drain it",
         "results": "collect and purge finished batches (gym-runtime purge --batch ID)",
         "model": "let the model's workers drain it",
         "blobs": "bodies leave it after jetstream.max_age_s",
+        "kept": "purge finished batches (gym-runtime purge --batch ID)",
     }[stream]
     return StorageFull(f"stream {name} is full ({description}; {size.key} = {limit_text}): raise {size.key}, or {free}")
 
@@ -210,6 +222,69 @@ def result_id_slot(msg_id: str) -> tuple[str, int, int] | None:
     if len(parts) < 3 or not (parts[1].isdigit() and parts[2].isdigit()):
         return None
     return parts[0], int(parts[1]), int(parts[2])
+
+
+def task_msg_id(batch: str, task: int, rollout: int, group: int = 0, again: int = 0) -> str:
+    """A task's ``Nats-Msg-Id``: its slot, ``+{group}`` for a group task (the repeats it carries), and ``/{again}``
+    for a task published again after its stored result was lost (round ``again``: an id of its own, which the
+    stream's duplicate window does not drop as the first publish's, and which a retried round reuses)."""
+    return f"{batch}:{task}:{rollout}" + (f"+{group}" if group else "") + (f"/{again}" if again else "")
+
+
+def task_id_slots(msg_id: str) -> tuple[str, int, int, int] | None:
+    """(batch, task, first rollout, repeats) a task's ``task_msg_id`` names; None when it names none."""
+    parts = msg_id.rsplit(":", 2)
+    if len(parts) != 3:
+        return None
+    batch, task, rest = parts
+    rollout, _, group = rest.partition("/")[0].partition("+")
+    if not (task.isdigit() and rollout.isdigit() and (not group or group.isdigit())):
+        return None
+    return batch, int(task), int(rollout), max(1, int(group or 1))
+
+
+async def ensure_kept_stream(bus: Bus) -> None:
+    """The stream of kept tasks (``Subjects.kept``): one message per task (written again, the last one stays),
+    read back by a last-by-subject direct get.
+
+    Bounded as the results are (``jetstream.kept_max_bytes``, ``max_age_s``; when full the oldest batches'
+    bodies go first: their lost slots are then lost rows, as before bodies were kept). On a ``--secure`` bus
+    the admin provisioned it; a server provisioned by an older version has none, which is said in one line.
+    """
+    names = bus.subjects
+    if bus.secured:
+        try:
+            await bus.js.find_stream_name_by_subject(names.kept("probe", 0))
+        except NotFoundError:
+            raise UserError(
+                f"the secured server has no stream {names.kept_stream} (kept tasks): it was provisioned by "
+                "an older gym-runtime; restart it (gym-runtime server --secure ...) to provision it"
+            ) from None
+        return
+    replicas, max_age = settings(bus)
+    size = limit(bus, "kept")
+    cfg = StreamConfig(
+        name=names.kept_stream,
+        subjects=[names.all_kept],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age,
+        max_bytes=size.max_bytes,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+        allow_direct=True,
+    )
+    await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+
+
+async def last_message(bus: Bus, get: str) -> Msg | None:
+    """What a last-by-subject direct get (``get``: ``subjects.direct_get(stream, subject)``) answers: the
+    message with its headers as stored; None when the subject has none."""
+    msg = await retrying(lambda: bus.nc.request(get, b"", timeout=5.0), what="direct get")
+    if msg.headers and msg.headers.get("Status"):
+        return None
+    return msg
 
 
 async def ensure_blob_stream(bus: Bus) -> None:
@@ -509,15 +584,15 @@ async def stream_config(bus: Bus, stream: str) -> dict[str, Any] | None:
     }
 
 
-async def purge_subject(bus: Bus, stream: str, subject: str) -> int:
-    """Remove every message of ``subject`` from ``stream``; returns how many were removed."""
+async def purge_subject(bus: Bus, stream: str, subject: str, *, count: bool = True) -> int:
+    """Remove every message of ``subject`` from ``stream``; returns how many were removed (0 without ``count``:
+    counting lists every subject it matches, one per task for the kept tasks)."""
     try:
-        before = await bus.js.stream_info(stream, subjects_filter=subject)
+        before = await bus.js.stream_info(stream, subjects_filter=subject) if count else None
+        await bus.js.purge_stream(stream, subject=subject)
     except NotFoundError:
         return 0
-    count = sum((before.state.subjects or {}).values()) if before.state.subjects else 0
-    await bus.js.purge_stream(stream, subject=subject)
-    return count
+    return sum((before.state.subjects or {}).values()) if before and before.state.subjects else 0
 
 
 async def delete_key(bus: Bus, bucket: str, key: str) -> bool:

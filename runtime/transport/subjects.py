@@ -356,6 +356,25 @@ class Subjects:
         """A chunk read by its key (a last-by-subject direct get): the only way a body is read."""
         return direct_get(self.blob_stream, self.blob(key, chunk))
 
+    # -- the bodies a batch keeps (a task whose stored result the broker lost is published again from its own)
+
+    @property
+    def kept_stream(self) -> str:
+        return f"{self._base}_KEPT"
+
+    def kept(self, batch: str, task: int | str) -> str:
+        """Where ``publish`` keeps a task's body until its batch is purged (``*``: every task of the batch)."""
+        return f"{self.ns}.kept.{batch}.{task}"
+
+    @property
+    def all_kept(self) -> str:
+        """The kept stream's subjects."""
+        return f"{self.ns}.kept.>"
+
+    def kept_get(self, batch: str, task: int | str) -> str:
+        """A kept body read back (a last-by-subject direct get): no listing, no consumer."""
+        return direct_get(self.kept_stream, self.kept(batch, task))
+
     # -- work-queue consumers and their pools' liveness
 
     @staticmethod

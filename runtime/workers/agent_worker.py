@@ -29,7 +29,7 @@ from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import result_msg_id
+from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
@@ -214,15 +214,14 @@ class AgentWorker:
 
     async def _undecodable(self, msg: Delivery, e: Exception) -> None:
         """A task whose body cannot be read (tampered, expired, malformed): a failure row for each repeat
-        its message id names (``{batch}:{task}:{rollout}`` or ``...+{group}``), so ``collect`` finishes;
+        its message id names (``task_msg_id``: a slot, or a group's), so ``collect`` finishes;
         a message without one is dropped."""
-        msg_id, _, group = (msg.headers or {}).get("Nats-Msg-Id", "").partition("+")
-        parts = msg_id.rsplit(":", 2)
+        slots = task_id_slots((msg.headers or {}).get("Nats-Msg-Id", ""))
         error_class = e.info.error_class if isinstance(e, Failure) else "invalid_task"
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and (not group or group.isdigit()):
+        if slots is not None:
             log.warning("task.undecodable", subject=msg.subject, error=str(e), then="failure row")
-            batch, task_index, first = parts[0], int(parts[1]), int(parts[2])
-            for i in range(first, first + max(1, int(group or 1))):
+            batch, task_index, first, repeats = slots
+            for i in range(first, first + repeats):
                 result = RolloutResult(
                     batch=batch,
                     task_index=task_index,

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.cluster import LocalCluster, monitor, stream_messages
+from tests.cluster import LocalCluster, cut_last_block, monitor, stream_dir, stream_messages
 from tests.pools import publish_results, wait_until
 
 RESULTS = "GYM_RESULTS"
@@ -49,10 +49,6 @@ def _replica(c: LocalCluster, node: EmbeddedServer) -> dict:
     """``node``'s own copy of the results stream, as its monitoring endpoint reports it."""
     data = monitor(node, "/jsz?streams=true")
     return next(s for a in data["account_details"] for s in a["stream_detail"] if s["name"] == RESULTS)
-
-
-def _stream_dir(node: EmbeddedServer) -> Path:
-    return Path(node.store_dir or "") / "jetstream" / "$G" / "streams" / RESULTS
 
 
 def _raft_dir(c: LocalCluster, node: EmbeddedServer) -> Path:
@@ -77,13 +73,12 @@ def _damage(c: LocalCluster, how: str) -> EmbeddedServer:
     leader = c.stream_leader(RESULTS)
     victim = next(n for n in c.nodes if n.server_name != leader)
     victim.stop()
-    blocks = sorted((_stream_dir(victim) / "msgs").glob("*.blk"))
-    assert blocks
     if how == "flip":
+        blocks = sorted((stream_dir(victim, RESULTS) / "msgs").glob("*.blk"))
+        assert blocks
         _flip(blocks[-1])
     else:
-        with open(blocks[-1], "r+b") as f:
-            f.truncate(f.seek(0, 2) // 2)
+        cut_last_block(victim, RESULTS)
     victim.start()
     c.wait_ready(60)
     return victim
@@ -114,7 +109,7 @@ def test_a_truncated_block_on_one_node_shows_in_its_jsz_and_a_resync_repairs_it(
     # the repair: the node's copy of the stream removed while it is stopped; it copies it back from its peers
     raft = _raft_dir(cluster, victim)
     victim.stop()
-    shutil.rmtree(_stream_dir(victim))
+    shutil.rmtree(stream_dir(victim, RESULTS))
     shutil.rmtree(raft)
     victim.start()
     cluster.wait_ready(60)

@@ -23,6 +23,7 @@ import nats.errors
 import pytest
 
 from gym_runtime.config import ResourceConfig, load_config
+from gym_runtime.data.batches import Manifest
 from gym_runtime.data.collector import Collector
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
@@ -354,11 +355,11 @@ async def _terminate(bus: Bus, stream: str, durable: str, n: int) -> int:
     return len(got)
 
 
-async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict[str, Bus], tmp_path: Path) -> None:
-    """A worker with the agent role's credentials pulls tasks of a batch and +TERMs them (no result): the
-    collector hears it (JetStream's terminated advisory), writes one failure row for each, and finishes.
-    Before: those rollouts never ran and ``collect`` waited for them forever."""
+async def _terminated_batch(buses: dict[str, Bus], tmp_path: Path, max_republish: int) -> tuple[Manifest, Any]:
+    """A worker with the agent role's credentials pulls two tasks of a batch and +TERMs them (no result); then
+    the honest pools run the batch and ``collect`` reads it: the manifest and the collect's stats."""
     cfg = load_config(REPO / "resources/weather/config.yaml")
+    cfg.jetstream.max_republish = max_republish
     publisher, thief = buses["publisher"], buses["agent"]
     data = tmp_path / "in.jsonl"
     write_jsonl(data, read_jsonl(REPO / "resources/weather/data/example.jsonl") * 2)
@@ -375,6 +376,24 @@ async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict
         with anyio.fail_after(30):
             stats = await Collector(publisher, manifest, tmp_path / "out.jsonl").run()
         tg.cancel_scope.cancel()
+    return manifest, stats
+
+
+async def test_tasks_terminated_without_a_result_are_run_again(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """The collector hears of the terminations (JetStream's advisory), publishes the two tasks again from the
+    bodies the batch keeps (the publisher role's only new rights: store and read ``{ns}.kept``) and writes every
+    row. Before: two ``lost`` rows, those rollouts never ran."""
+    manifest, stats = await _terminated_batch(buses, tmp_path, max_republish=2)
+    assert (stats.rows, stats.failures, stats.duplicates) == (manifest.expected, 0, 0)
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert [r["_ng_task_index"] for r in rows] == list(range(manifest.expected))
+
+
+async def test_tasks_terminated_without_a_result_become_failure_rows(buses: dict[str, Bus], tmp_path: Path) -> None:
+    """With ``jetstream.max_republish: 0``: the collector writes one failure row for each terminated task, and
+    finishes. Before: those rollouts never ran and ``collect`` waited for them forever."""
+    manifest, stats = await _terminated_batch(buses, tmp_path, max_republish=0)
+    publisher, thief = buses["publisher"], buses["agent"]
     assert stats.rows == manifest.expected - 2 and stats.failures == 2 and stats.duplicates == 0
     failures = read_jsonl(tmp_path / "out_failures.jsonl")
     assert [f["error_class"] for f in failures] == ["lost", "lost"]
