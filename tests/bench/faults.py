@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -93,9 +94,15 @@ class Redelivery:
 
 
 def one_run(
-    tmp: Path, tasks: Path, cfg: Path, repeats: int, kill_after: float | None, kills: tuple[tuple[str, float], ...]
+    tmp: Path,
+    tasks: Path,
+    cfg: Path,
+    repeats: int,
+    kill_after: float | None,
+    kills: tuple[tuple[str, float], ...],
+    sync: str = "always",
 ) -> dict[str, Any]:
-    srv = EmbeddedServer(store_dir=str(tmp / f"js-{kill_after is not None}"))
+    srv = EmbeddedServer(store_dir=str(tmp / f"js-{kill_after is not None}-{sync}"), sync=sync)
     srv.start()
     pool = Pool(cfg, srv.url)
 
@@ -148,6 +155,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="slots per agent worker (two workers)")
     ap.add_argument("--delay", type=float, default=0.2, help="the scripted model's seconds per call")
     ap.add_argument("--kill", default="agents,models,resources", help="the roles one replica of which is killed")
+    ap.add_argument("--sync", choices=("always", "interval"), default="always", help="the server's jetstream.sync")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -156,10 +164,13 @@ def main() -> None:
         tasks = tmp / "tasks.jsonl"
         tasks.write_text("".join(json.dumps({**base[i % len(base)], "task_id": i}) + "\n" for i in range(args.tasks)))
         kills = tuple((key, at) for key, at in KILLS if key.split(".")[0] in args.kill.split(","))
-        calm = one_run(tmp, tasks, cfg, args.repeats, None, kills)
-        hit = one_run(tmp, tasks, cfg, args.repeats, calm["wall_s"], kills)
+        calm = one_run(tmp, tasks, cfg, args.repeats, None, kills, args.sync)
+        hit = one_run(tmp, tasks, cfg, args.repeats, calm["wall_s"], kills, args.sync)
     n = args.tasks * args.repeats
-    print(f"\nfaults: {n} rollouts, 2 workers per role, agent slots {args.concurrency}, model call {args.delay:g} s")
+    print(
+        f"\nfaults: {n} rollouts, 2 workers per role, agent slots {args.concurrency}, model call {args.delay:g} s, "
+        f"sync {args.sync}, load {os.getloadavg()[0]:.1f}"
+    )
     head = f"{'run':<12} | {'wall s':>6} | {'rows':>5} | {'failures':>8} | {'kills':>5} | {'restart s':>9} | "
     print(head + f"{'redelivery s':>12} | ratio")
     for name, r in (("undisturbed", calm), ("faulted", hit)):
