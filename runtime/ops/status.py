@@ -159,7 +159,7 @@ def render(report: dict[str, Any]) -> str:
             extra = ", ".join(
                 f"{k}={'-' if v is None else v}"
                 for k, v in w.items()
-                if k not in ("role", "name", "namespace", "worker")
+                if k not in ("role", "name", "namespace", "worker", "fields")  # fields: for publish's check
             )
             lines.append(f"    {w.get('worker')}: {extra}")
     lines += ["", "queues:"]

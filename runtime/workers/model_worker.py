@@ -37,7 +37,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
 from gym_runtime.transport.pull import PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, Pausable, fingerprint
+from gym_runtime.workers.control import ControlView, Pausable, entry_fields, fingerprint
 
 log = logs.get("gym.model")
 
@@ -107,6 +107,7 @@ class ModelWorker:
                     log=log,
                     owner=self,
                     fingerprint=self.fingerprint,
+                    fields=entry_fields(f"models.{self.name}", self.cfg),
                     adapter=self.cfg.adapter,
                     slots=self.cfg.concurrency,
                 )
@@ -145,9 +146,9 @@ class ModelWorker:
             raise Failure(
                 "config_mismatch",
                 (
-                    f"model worker {self.worker_id} serves another config's entry {self.name!r} "
-                    f"(fingerprint {self.fingerprint}, the caller expects {req.fingerprint}): two experiments share "
-                    "namespace and model name; give one of them its own `namespace`"
+                    f"model worker {self.worker_id} was started with another config for {self.name!r} than its "
+                    f"caller's (fingerprint {self.fingerprint}, the caller's {req.fingerprint}): start every worker "
+                    "with the same config and --set values, or give each experiment its own `namespace`"
                 ),
             )
         async with self.running:  # `concurrency` bounds generations, however the calls arrived

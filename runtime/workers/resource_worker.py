@@ -48,6 +48,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.control import entry_fields, fingerprint
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
@@ -132,7 +133,15 @@ class ResourceWorker:
             ]
             await self.bus.flush()
             tg.start_soon(self._reap)
-            svc = await register(self.bus, "resource", self.name, self.worker_id, self.stats)
+            svc = await register(
+                self.bus,
+                "resource",
+                self.name,
+                self.worker_id,
+                self.stats,
+                fingerprint=fingerprint(self.cfg),
+                fields=entry_fields(f"resources.{self.name}", self.cfg),
+            )
             self.bus.telemetry.meters.track("resource", self.name, self)
             log.info("resource.ready", resource=self.name, worker=self.worker_id)
             task_status.started()
