@@ -364,6 +364,14 @@ async def check_live_workers(bus: Bus, config: Config, agents: list[str]) -> Non
             + ". Publish with the config (and --set values) the workers were started with, or restart them with "
             "this one; two experiments need a `namespace` each. Nothing was published."
         )
+    models = {config.agents[a].model for a in agents if a in config.agents}
+    unusable = [
+        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
+        for w in workers
+        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
+    ]
+    if unusable:
+        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
     serving = {str(w.get("name")) for w in workers if w.get("role") == "agent"}
     waiting = [a for a in agents if a not in serving]
     if waiting:
@@ -526,6 +534,13 @@ async def run_batch(
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, pairs)
             await start_workers(tg, workers)
+            unusable = [
+                f"model {w.name!r}: {w.endpoint_problem}"
+                for w in workers
+                if isinstance(w, ModelWorker) and w.endpoint_problem
+            ]
+            if unusable:  # every rollout would fail as model_error: say why once, publish nothing
+                raise ConfigError("; ".join(unusable) + ". Nothing was published.")
             if telemetry.meters.enabled:
                 tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
             ready_s = time.perf_counter() - t0

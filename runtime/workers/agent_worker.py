@@ -249,7 +249,7 @@ class AgentWorker:
             skipped = result.error.error_class in ("cancelled", "stale")  # the trainer asked
             if not skipped:
                 meters.rollout_failed(self.name, took, result.error.error_class)
-            if result.error.error_class in ("storage_full", "config_mismatch"):  # one cause for every rollout: once
+            if result.error.error_class in ("storage_full", "config_mismatch", "model_error"):  # a cause shared: once
                 self.bus.warn_limited("rollout.failed", result.error.message, subject=self.name)
                 return
             (log.info if skipped else log.warning)(
