@@ -639,14 +639,16 @@ async def reverify_batch(
     tasks_path: str | Path | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
     auth: Any = None,
+    local_workers: bool = True,
 ) -> ReverifyReport:
-    """Start the resource's workers here and re-verify every row of a rollouts file through them."""
+    """Start the resource's workers here (unless ``local_workers`` is False: a hosted NeMo Gym server's
+    run in a child on its built environment) and re-verify every row of a rollouts file through them."""
     resource = resource_for(config, agent)
     validate_rollouts(input_path)  # raises before any work; the CLI counts rows for progress with it
     tasks = load_tasks(tasks_path) if tasks_path else None
     buses = await open_buses(
         url,
-        ["publisher", pool_key("resources", resource)],
+        ["publisher", *([pool_key("resources", resource)] if local_workers else [])],
         namespace=config.namespace,
         telemetry=telemetry,
         name="gym-reverify",
@@ -655,8 +657,8 @@ async def reverify_batch(
     )
     try:
         async with anyio.create_task_group() as tg:
-            workers = make_workers(buses, config, [("resources", resource)], replicas=replicas)
-            await start_workers(tg, workers)
+            if local_workers:
+                await start_workers(tg, make_workers(buses, config, [("resources", resource)], replicas=replicas))
             read = config_resource_class(config.resources[resource], f"resources.{resource}.server").task_fields
             fields = tuple(f.name for f in msgspec.structs.fields(read)) if read is not None else ()
             report = await reverify_file(
