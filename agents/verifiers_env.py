@@ -67,6 +67,9 @@ __all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run
 # Fields of a row the rubric's metrics must not overwrite.
 _RESERVED = frozenset({"reward", "response", "responses_create_params", "agent_ref", "policy_versions"})
 
+# Input fields verifiers reads with a default (``state.get("answer", "")``): a null column is left out.
+_OPTIONAL_INPUTS = frozenset({"answer", "info", "task"})
+
 
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``agents.NAME.options`` of a verifiers agent."""
@@ -250,12 +253,13 @@ def rows_from_dataset(env: Any, *, n: int = -1, split: str = "train") -> list[di
     ds = env.get_eval_dataset(n=n) if split == "eval" else env.get_dataset(n=n)
     rows = []
     for i, ex in enumerate(ds):
-        prompt = ex["prompt"]
-        vf_fields: dict[str, Any] = {"example_id": ex.get("example_id", i)}
-        for key in ("answer", "info", "task"):
-            if key in ex and ex[key] is not None:
-                vf_fields[key] = ex[key]
-        rows.append({"responses_create_params": {"input": prompt}, "verifiers": vf_fields})
+        # Every column: verifiers hands a reward function each column of its input row by name
+        # (``Rubric.task_score_fields``), not only answer/info/task; ``rollout_input`` puts them back.
+        vf_fields: dict[str, Any] = {"example_id": i}
+        for key, value in ex.items():
+            if key != "prompt" and not (value is None and key in _OPTIONAL_INPUTS):
+                vf_fields[key] = value
+        rows.append({"responses_create_params": {"input": ex["prompt"]}, "verifiers": vf_fields})
     return rows
 
 
