@@ -42,6 +42,7 @@ import json
 import numbers
 import time
 import uuid
+from collections.abc import Mapping
 from copy import deepcopy
 from typing import Any
 
@@ -185,6 +186,39 @@ def _watch_rubric(rubric: Any) -> None:
         rubric.funcs = [_watch(f) for f in funcs]
     for sub in getattr(rubric, "rubrics", None) or []:
         _watch_rubric(sub)
+    for child in _children(rubric).values():  # an EnvGroup's rubric scores a row with its child's own rubric
+        _watch_rubric(child.rubric)
+
+
+def _children(rubric: Any) -> Mapping[str, Any]:
+    """The child environments by name of an EnvGroup's rubric (``EnvGroupRubric.env_map``); none otherwise."""
+    env_map = getattr(rubric, "env_map", None)
+    return env_map if isinstance(env_map, Mapping) else {}
+
+
+def _route(state: Any) -> tuple[str, ...]:
+    """The row's route through nested EnvGroups (``info["env_id"]``: a name or a list of names)."""
+    info = state.get("info")
+    value = info.get("env_id") if isinstance(info, Mapping) else None
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else ()
+
+
+def _others_metrics(rubric: Any, route: tuple[str, ...]) -> set[str]:
+    """The metrics an EnvGroup pads with 0.0 for its other children (``EnvGroupRubric`` gives every row
+    every child's reward names): not the row's own, so not its fields."""
+    children = _children(rubric)
+    if children:
+        child = children.get(route[0]) if route else None
+        if child is None:
+            return set()
+        mine = set(child.rubric._get_reward_func_names())
+        return (set(rubric._get_reward_func_names()) - mine) | _others_metrics(child.rubric, route[1:])
+    out: set[str] = set()
+    for sub in getattr(rubric, "rubrics", None) or []:
+        out |= _others_metrics(sub, route)
+    return out
 
 
 # ----------------------------------------------------------------- the model client
@@ -311,10 +345,10 @@ def _state_items(state: Any) -> list[Item]:
     return items
 
 
-def _fields(state: Any) -> dict[str, Any]:
+def _fields(state: Any, drop: set[str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for k, v in (state.get("metrics") or {}).items():
-        if k not in _RESERVED:
+        if k not in _RESERVED and k not in drop:
             fields[k] = v
     err = state.get("error")
     if err is not None:
@@ -327,7 +361,7 @@ def _fields(state: Any) -> dict[str, Any]:
     return fields
 
 
-def _outcome(state: Any, model: str) -> Outcome:
+def _outcome(state: Any, model: str, rubric: Any) -> Outcome:
     reward = state.get("reward")
     if not _is_number(reward):
         raise Failure("verify_error", f"the rubric left reward {reward!r}, not a number")
@@ -339,7 +373,8 @@ def _outcome(state: Any, model: str) -> Outcome:
         usage=_step_usage(state),
         status="incomplete" if state.get("is_truncated") else "completed",
     )
-    return Outcome(response=response, verdict=VerifyReply(reward=float(reward), fields=_fields(state)))
+    fields = _fields(state, _others_metrics(rubric, _route(state)))
+    return Outcome(response=response, verdict=VerifyReply(reward=float(reward), fields=fields))
 
 
 # ----------------------------------------------------------------------------- agent
@@ -377,7 +412,7 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
         raise calls.error
     if notes:
         raise Failure(*notes[0])
-    return [_outcome(s, model) for s in states]
+    return [_outcome(s, model, env.rubric) for s in states]
 
 
 async def setup(config: AgentConfig) -> None:
