@@ -17,8 +17,9 @@ Config (``agents.NAME``)::
 
 Tasks: a row's ``responses_create_params.input`` is the prompt (chat messages) and
 ``verifiers`` holds the rest of the verifiers input (``answer``, ``info``,
-``example_id``, ``task``); ``rows_from_dataset`` writes the environment's own dataset
-in that shape (what ``prepare`` writes).
+``example_id``, ``task`` and every other column of the dataset, which verifiers passes to a
+reward function by name); ``rows_from_dataset`` writes the environment's own dataset in that
+shape (what ``prepare`` writes).
 
 Groups: when the rubric scores groups (a reward function over ``states``/
 ``completions``), the batch's K repeats of one task arrive as one group task
@@ -26,7 +27,9 @@ Groups: when the rubric scores groups (a reward function over ``states``/
 repeat still gives its own row.
 
 Failures: verifiers turns an exception in a reward function into reward 0 and a log
-line; here it is a ``verify_error`` failure row (so is a reward that is not a number).
+line; here it is a ``verify_error`` failure row (so is a reward that is not a number), inside an
+``EnvGroup``'s children too. An ``EnvGroup`` row carries its own child's metrics only, not the
+0.0 that verifiers' ``EnvGroupRubric`` pads in for the other children's reward functions.
 An exception from the environment's setup or step (not a verifiers error) is a
 ``tool_error`` row. Errors verifiers records itself (``state["error"]``) stay in the
 row as ``vf_error``. A model call that fails on our side fails the rollout with its own

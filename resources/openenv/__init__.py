@@ -8,7 +8,10 @@ Two ways to reach it, one session (one environment instance, one episode) per ro
   the class overrides it.
 * **a running OpenEnv server** (``options.url: http://host:port``, its container or process):
   each session is a WebSocket session of OpenEnv's own client (``GenericEnvClient``); ``/health``
-  is checked over HTTP when the worker starts.
+  is checked and ``/schema`` read over HTTP when the worker starts. A server at its
+  ``max_concurrent_envs`` (1 in OpenEnv's template) refuses a session with ``CAPACITY_REACHED``:
+  the session asks again with jittered backoff up to ``options.capacity_wait_s`` (no HTTP route
+  tells the capacity), so the rows queue at the server's width instead of failing.
 
 The agent drives it in one of two ways, as the environment suits:
 
@@ -18,8 +21,10 @@ The agent drives it in one of two ways, as the environment suits:
   the model reads the observation, reward and ``done`` as JSON.
 * **policy turns** (``agents.multi_turn`` with ``user: env``): this is a ``GymResource``; each
   policy turn is one ``step`` whose action is the turn's text (a JSON object of the action's
-  fields, or the text itself for an action with one string field); the observation (JSON) is
-  the next user turn, ``done`` ends the episode.
+  fields, or the text itself for an action with one required string field, read from the action's
+  schema: its class in process, the server's ``/schema``); the observation (JSON) is the next user
+  turn, ``done`` ends the episode. An episode in which no turn was an action is a ``verify_error``
+  row naming the action's fields, not a silent reward of 0.
 
 **MCP tools** (an ``MCPEnvironment``, or a server of one): each tool it lists (OpenEnv's
 ``ListToolsAction``) is a function tool the model may call (``mcp_tools()`` writes them for the
@@ -31,6 +36,9 @@ data, or that client's ``Tool '...' failed: ...`` text for a tool that raised.
 After ``done`` further steps are refused (the model reads why). ``reset`` runs when the
 session is seeded, with the row's ``openenv_reset`` mapping as its keyword arguments. The
 reward is the sum of the step rewards (``step_rewards`` and ``done`` are row fields).
+
+``options.action`` names the Action class where ``step`` does not annotate it (without it, the
+worker stops with one line naming the key, exit 2).
 
 Failures: ``reset`` that raises is a ``tool_error`` row (as any seed); ``step`` that raises,
 or takes longer than ``options.step_timeout_s``, is a ``tool_error`` row (OpenEnv's runner
@@ -69,7 +77,7 @@ class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool: str = "step"  # the tool name the model calls to act
     step_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
-    capacity_wait_s: float = 60.0  # how long a session waits for a server at max_concurrent_envs to take it
+    capacity_wait_s: float = 120.0  # how long a session waits for a server at max_concurrent_envs to take it
 
     def __post_init__(self) -> None:
         if (self.env is None) == (self.url is None):
