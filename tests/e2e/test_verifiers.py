@@ -280,7 +280,8 @@ def test_env_group_rows_carry_their_own_childs_metrics_and_a_raising_reward_is_v
         assert f["error_class"] == "verify_error" and "reward blew up" in f["error"], f
     assert sorted(child[r["_ng_task_index"]] for r in out) == ["exact_env"] * 3 + ["short_env"] * 3
     for r in out:
-        mine, others = ("exact", "length_penalty") if child[r["_ng_task_index"]] == "exact_env" else ("length_penalty", "exact")
+        exact_row = child[r["_ng_task_index"]] == "exact_env"
+        mine, others = ("exact", "length_penalty") if exact_row else ("length_penalty", "exact")
         assert mine in r and others not in r and "broken" not in r, r
     assert {r["reward"] for r in out if "exact" in r} == {0.0, 1.0}
     assert all(r["reward"] < 0 for r in out if "length_penalty" in r)
