@@ -382,13 +382,15 @@ def test_plain_text_turns_that_are_no_action_fail_the_row_and_say_why(work: Path
 
 def test_a_step_without_an_annotated_action_is_a_config_error_naming_options_action(work: Path) -> None:
     """An Environment whose ``step`` does not annotate its action: one line naming options.action, exit 2;
-    naming the action class there runs it."""
+    naming the action class there runs it (a class that cannot be loaded: one line naming its key)."""
     with StubOpenAI(emulator=_emulator()) as stub:
         res = _run(work, stub.base_url, "{env: 'openenv_counter:UnannotatedEnv'}", _rows(PAIRS[:1]))
         assert res.returncode == 2, res.stderr[-3000:]
         lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "options.action" in lines[0] and "Traceback" not in res.stderr, res.stderr
         assert "UnannotatedEnv" in lines[0]
+        res = _run(work, stub.base_url, "{env: 'openenv_counter:NoSuchEnv'}", _rows(PAIRS[:1]))
+        assert res.returncode == 2 and "options.env" in res.stderr and "Traceback" not in res.stderr, res.stderr
         options = "{env: 'openenv_counter:UnannotatedEnv', action: 'openenv_counter:CountAction'}"
         res = _run(work, stub.base_url, options, _rows(PAIRS[:1]))
     assert res.returncode == 0, res.stderr[-3000:]
