@@ -44,6 +44,7 @@ import msgspec
 from gym_runtime.errors import UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
 from gym_runtime.plugins import load_plugin
+from gym_runtime.sandboxes.client import Sandboxes
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -233,6 +234,26 @@ class Resource:
     install: ClassVar[str] = ""
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
+    # Set by the worker before ``seed``: this session's sandboxes (the entry's ``sandbox`` pool), removed
+    # when the session closes.
+    sandboxes: Sandboxes = Sandboxes(None, "", lease="")
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        """A sandbox of the entry's pool (``resources.NAME.sandbox``) for this session: ``async with
+        self.sandbox(image=...) as box`` then ``await box.exec(cmd)`` (docs/sandboxes.md)."""
+        return self.sandboxes.sandbox(
+            image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env
+        )
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
