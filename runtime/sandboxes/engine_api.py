@@ -18,6 +18,7 @@ group dies at the wall clock) and the host kills it too if the stream outlives t
 
 from __future__ import annotations
 
+import resource
 import time
 import uuid
 
@@ -28,6 +29,8 @@ from gym_runtime.sandboxes.spec import Capabilities, ExecResult
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
 WRITABLE = ("/work", "/tmp", "/root")
+NOFILE = 4096  # open files per process in a sandbox
+_NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # this host's own hard limit (RLIM_INFINITY is -1)
 KEEP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 
@@ -64,6 +67,12 @@ class EngineBackend:
                 "CapAdd": KEEP_CAPS,
                 "SecurityOpt": ["no-new-privileges"],
                 "Init": True,
+                # set, not left to the engine: Podman asks for more than many hosts' hard limits allow (the
+                # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
+                "Ulimits": [
+                    {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
+                    {"Name": "nproc", "Soft": _NPROC, "Hard": _NPROC},
+                ],
                 "Binds": [],
                 "Mounts": [],
                 "Privileged": False,

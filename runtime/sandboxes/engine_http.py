@@ -130,7 +130,8 @@ class Engine:
         raw = await self._call(
             "POST",
             "/images/create",
-            params={"fromSrc": "-", "repo": repo, "tag": tag},
+            # the tag in ``repo`` (the API allows it): Podman's compatible service ignores a ``tag`` parameter
+            params={"fromSrc": "-", "repo": f"{repo}:{tag}"},
             data=chunks,
             headers={"Content-Type": "application/x-tar"},
             timeout_s=600,
