@@ -41,10 +41,9 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
 
 import msgspec
 
-from gym_runtime.errors import UserError
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
 from gym_runtime.plugins import load_plugin
-from gym_runtime.sandboxes.client import Sandboxes
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -193,6 +192,45 @@ class ModelClient(Protocol):
     async def generate(self, params: CreateParams, *, model: str) -> Response: ...
 
 
+class SandboxClient(Protocol):
+    """What a resource sees of the sandbox fleet (``gym_runtime.sandboxes.client.Sandboxes``, set by its
+    worker: typed here so that importing the author API loads no transport)."""
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any: ...
+
+    async def close_all(self) -> None: ...
+
+
+class _NoSandboxes:
+    """A resource outside a worker (a test, ``validate``): no pool to ask."""
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        raise Failure("tool_error", "no sandbox pool: this environment runs outside a resource worker")
+
+    async def close_all(self) -> None:
+        return None
+
+
 class Resource:
     """Base class of an environment. Subclass it; one instance serves one session.
 
@@ -236,7 +274,7 @@ class Resource:
     models: ModelClient
     # Set by the worker before ``seed``: this session's sandboxes (the entry's ``sandbox`` pool), removed
     # when the session closes.
-    sandboxes: Sandboxes = Sandboxes(None, "", lease="")
+    sandboxes: SandboxClient = _NoSandboxes()
 
     def sandbox(
         self,
