@@ -95,8 +95,9 @@ class SandboxLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A pool of sandbox workers (``gym-runtime start --only sandboxes.NAME``): docs/sandboxes.md."""
 
-    backend: Literal["docker", "podman", "process"] = "docker"
-    # the engine's socket; "": $DOCKER_HOST (docker), $CONTAINER_HOST or /run/podman/podman.sock (podman)
+    backend: Literal["docker", "podman", "process", "daytona"] = "docker"
+    # the engine's socket; "": $DOCKER_HOST (docker), $CONTAINER_HOST or /run/podman/podman.sock (podman);
+    # daytona: the provider's API URL (its key from $DAYTONA_API_KEY)
     engine: str = ""
     image: str = "base"  # a spec's default image; "base": the Debian 12 base, built here if missing
     images: list[str] = msgspec.field(default_factory=list)  # other images a spec may name (empty: any the engine has)

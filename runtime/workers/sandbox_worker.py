@@ -23,6 +23,7 @@ from gym_runtime.errors import ConfigError, Failure
 from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Resolved
+from gym_runtime.sandboxes.daytona import DaytonaBackend
 from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 from gym_runtime.sandboxes.images import ensure_base
@@ -63,6 +64,8 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
     where = f"sandboxes.{pool}"
     if cfg.backend == "process":
         return ProcessBackend(pool=pool), cfg.image
+    if cfg.backend == "daytona":  # a hosted provider: its images (snapshots) are its own to check
+        return DaytonaBackend(cfg.engine, pool=f"{namespace}.{pool}", where=where), cfg.image
     engine = Engine(engine_socket(cfg, where))
     await engine.__aenter__()
     try:
@@ -128,6 +131,11 @@ class SandboxWorker:
                         await svc.stop()
         finally:
             with anyio.CancelScope(shield=True):
+                for sub in self._subs:  # no call reaches a backend that is closing
+                    try:
+                        await sub.unsubscribe()
+                    except Exception:
+                        pass
                 for sid in list(self.held):  # a stopped worker's sandboxes can no longer be reached
                     await self._remove(sid)
                 await self.backend.aclose()
