@@ -7,11 +7,14 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import pytest
 
-from gym_runtime.config import SandboxConfig, SandboxLimits
+from gym_runtime.config import SandboxConfig, SandboxLimits, config_from_dict
+from gym_runtime.data.collector import Collector
+from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
 from gym_runtime.sandboxes.backend import Resolved
@@ -19,8 +22,10 @@ from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL, EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.reaper import DEAD_AFTER_S
+from gym_runtime.service.runner import make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import SandboxWorker
+from tests.helpers import ROWS, put_batch, read_jsonl
 
 
 @pytest.fixture
@@ -123,3 +128,41 @@ async def test_an_idle_sandbox_whose_holder_vanished_is_removed(
         assert w.stats()["sandboxes"] == 0
         with pytest.raises(Failure, match="not held"):
             await box.exec("true")
+
+
+async def test_a_rollouts_sandboxes_end_with_it_scored_failed_or_timed_out(
+    bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
+) -> None:
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": {"adapter": "scripted"}},
+            "sandboxes": {pool: {"engine": f"unix://{engine.socket_path}"}},
+            "resources": {"env": {"server": "resources.weather"}},
+            "agents": {
+                "agent": {
+                    "agent": "tests.envs.sandbox_leases",
+                    "model": "policy",
+                    "resource": "env",
+                    "sandbox": pool,
+                    "timeout_s": 3,
+                    "max_attempts": 1,
+                }
+            },
+            "base_dir": str(tmp_path),
+        }
+    )
+    rows = [{**ROWS[i], "end": end} for i, end in enumerate(("scored", "failed", "timeout"))]
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, rows, batch="b", agents=["agent"])
+        with anyio.fail_after(60):
+            await Collector(bus, await put_batch(bus, "b", 3, agent="agent"), tmp_path / "out.jsonl").run()
+        [sandboxes] = [w for w in workers if isinstance(w, SandboxWorker)]
+        assert sandboxes.created == 3
+        assert await engine.containers({POOL: f"gym.{pool}"}) == []  # removed as each rollout ended
+        tg.cancel_scope.cancel()
+    assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl")] == [0]
+    failures = {r["_ng_task_index"]: r["error_class"] for r in read_jsonl(tmp_path / "out_failures.jsonl")}
+    assert failures == {1: "tool_error", 2: "timeout"}
