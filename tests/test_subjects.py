@@ -24,7 +24,12 @@ from gym_runtime.transport import subjects as sj
 from gym_runtime.transport.subjects import Subjects
 
 s = Subjects("gym")
-REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={"caller": ("env_a",)})
+REACH = Reach(
+    agents={"a": ("env_a",), "b": ("env_b",)},
+    resources={"caller": ("env_a",)},
+    agent_sandboxes={"a": ("box",), "b": ()},
+    resource_sandboxes={"caller": ("box",)},
+)
 CREDS = [
     "publisher",
     "agent",
@@ -37,13 +42,17 @@ CREDS = [
     "model",
     "model.m",
     "model.n",
+    "sandbox",
+    "sandbox.box",
+    "sandbox.other",
 ]
 WORKERS = {"agent", "agent.a", "agent.b", "resource", "resource.env_a", "resource.env_b", "resource.caller"}
-WORKERS |= {"model", "model.m", "model.n"}
+WORKERS |= {"model", "model.m", "model.n", "sandbox", "sandbox.box", "sandbox.other"}
 EVERYONE = {"publisher", *WORKERS}
 AGENTS = {c for c in CREDS if c.startswith("agent")}
 MODELS = {c for c in CREDS if c.startswith("model")}
 RESOURCES = {c for c in CREDS if c.startswith("resource")}
+BOX_USERS = {"agent", "agent.a", "resource", "resource.caller"}  # the config's users of sandbox pool "box"
 
 
 def of(role: str, *pools: str) -> set[str]:
@@ -130,6 +139,15 @@ USES = [
     ),
     Use("session_op", s.session_op(s.session("env_b", "w1"), "close"), of("agent", "b"), of("resource", "env_b")),
     Use("resource", s.resource("env_a"), set(), of("resource", "env_a")),
+    # sandboxes: the agents and environments whose entry names pool "box" create there and drive what they hold
+    Use("sandbox_create", s.sandbox_create("box"), BOX_USERS, of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("other"), set(), of("sandbox", "other")),
+    Use("sandbox_worker", s.session_op(s.sandbox_worker("box", "w1"), "exec"), BOX_USERS, of("sandbox", "box")),
+    Use("sandbox_worker", s.session_op(s.sandbox_worker("other", "w1"), "exec"), set(), of("sandbox", "other")),
+    Use("sandboxes", s.sandboxes("box"), set(), of("sandbox", "box")),
+    Use("live", s.live("sandbox", "box"), of("sandbox", "box"), of("sandbox", "box")),
+    Use("reply", sj.reply(AGENT_A, sj.lane("sandbox", "box"), 5), of("sandbox", "box"), of("agent", "a")),
+    Use("answer", sj.answer(PUB, sj.lane("sandbox", "box")), of("sandbox", "box"), {"publisher"}),
     # large bodies: every role writes chunks and reads them by key; nobody lists them
     Use("blob", s.blob("k1", 0), EVERYONE, set()),
     Use("blob_get", s.blob_get("k1", 0), EVERYONE, set()),
@@ -188,7 +206,7 @@ USES = [
 NAMES_ONLY = {
     "tasks_stream", "results_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
-    "all_resources",
+    "all_resources", "all_sandboxes", "sandbox_group",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
@@ -251,7 +269,7 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a"), ("resource", "env_a"), ("model", "m")])
     config = server_config(auth, ["gym"], REACH)
     users = json.loads(config.split("authorization: ", 1)[1])["users"]
-    assert len(users) == 8 and all("allow_responses" not in u["permissions"] for u in users)
+    assert len(users) == 9 and all("allow_responses" not in u["permissions"] for u in users)
     for cred in CREDS:
         perms = _perms(cred)
         role, _, pool = cred.partition(".")

@@ -18,7 +18,7 @@ import msgspec
 
 from gym_runtime.config import Config
 from gym_runtime.errors import AuthError
-from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, pools_in, public_key
+from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, creds_path, pools_in, public_key
 from gym_runtime.transport import subjects as sj
 from gym_runtime.transport.subjects import Subjects
 
@@ -33,6 +33,10 @@ class Reach(msgspec.Struct, frozen=True, kw_only=True):
 
     agents: dict[str, tuple[str, ...]] | None = None
     resources: dict[str, tuple[str, ...]] = {}
+    # the sandbox pool each agents or resources entry uses (its ``sandbox``); None: no config was given, and
+    # the role-wide agent credential may use every pool (a resource none)
+    agent_sandboxes: dict[str, tuple[str, ...]] | None = None
+    resource_sandboxes: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def of(cls, cfg: Config | None) -> Reach:
@@ -41,7 +45,18 @@ class Reach(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             agents={name: (a.resource,) if a.resource else () for name, a in cfg.agents.items()},
             resources={name: tuple(r.calls) for name, r in cfg.resources.items() if r.calls},
+            agent_sandboxes={name: (a.sandbox,) if a.sandbox else () for name, a in cfg.agents.items()},
+            resource_sandboxes={name: (r.sandbox,) for name, r in cfg.resources.items() if r.sandbox},
         )
+
+    def sandbox_pools(self, role: str, pool: str | None) -> list[str] | None:
+        """The sandbox pools ``role`` (one ``pool`` of it, or the role-wide credential) may use; None: every one."""
+        table = self.agent_sandboxes if role == "agent" else self.resource_sandboxes
+        if table is None:
+            return None
+        if pool is not None:
+            return list(table.get(pool, ()))
+        return sorted({p for pools in table.values() for p in pools})
 
     def environments(self, role: str, pool: str | None) -> list[str] | None:
         """The environments ``role`` (one ``pool`` of it, or the role-wide credential: the union) may call;
@@ -120,6 +135,8 @@ def permissions(
         elif role == "agent":
             envs = reach.environments("agent", pool)
             calls = [s.all_resources] if envs is None else [s.resource(env) for env in envs]
+            boxes = reach.sandbox_pools("agent", pool)
+            calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
             pub += [
                 *streams,
                 s.agent_results(mine),
@@ -150,10 +167,16 @@ def permissions(
                 s.resume(mine),
                 s.live("model", mine),
             ]
+        elif role == "sandbox":
+            # its pool's subjects only: creates (a queue group) and the operations on what it holds; answers
+            # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
+            pub += [*streams, sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
+            sub += [s.status, s.sandboxes(mine), s.live("sandbox", mine)]
         else:  # resource
             # models for LLM judges and user simulators; the environments this one calls by name (their replies
-            # come into its own inbox, as any call's)
+            # come into its own inbox, as any call's), and the sandbox pool it uses
             pub += [*streams, *models, *(s.resource(env) for env in reach.environments("resource", pool) or ())]
+            pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
             # replies (and keepalives) only into calls made to this environment, and status answers
             pub.append(sj.lane_replies(sj.lane("resource", mine)))
             sub += [s.status, s.resource(mine)]
@@ -218,7 +241,9 @@ def server_config(auth_dir: str | Path, namespaces: list[str], reach: Reach | No
         "timeout": 5,
         "handshake_first": "300ms",
     }
-    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, reach=reach)} for r in ROLES]
+    # a trust directory made before the sandbox role has no sandbox.creds: that role then has no user
+    roles = [r for r in ROLES if r != "sandbox" or creds_path(d, r).is_file()]
+    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, reach=reach)} for r in roles]
     users += [
         {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, reach)} for r, pool in pools
     ]

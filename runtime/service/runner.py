@@ -44,15 +44,17 @@ from gym_runtime.workers.base import Worker
 from gym_runtime.workers.control import agent_fingerprint, mismatches
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
+from gym_runtime.workers.sandbox_worker import SandboxWorker
 
 log = logs.get("gym.runner")
 
 SECTIONS = (
+    "sandboxes",
     "models",
     "resources",
     "agents",
-)  # the config sections that hold workers (not the bus roles of ops.security)
-BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent"}  # config section -> NATS role
+)  # the config sections that hold workers (not the bus roles of ops.security); sandboxes first: ready before use
+BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent", "sandboxes": "sandbox"}  # section -> role
 
 T = TypeVar("T")
 
@@ -74,7 +76,8 @@ def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
             raise UserError(f"--only {spec!r}: role must be one of {', '.join(SECTIONS)}")
         names = getattr(config, role)
         if name and name not in names:
-            raise UserError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
+            entry = "sandbox pool" if role == "sandboxes" else role[:-1]
+            raise UserError(f"--only {spec!r}: no {entry} named {name!r} in the config")
         out.extend((role, n) for n in ([name] if name else names))
     return out
 
@@ -183,6 +186,9 @@ def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) 
             ResourceWorker(bus, name, rcfg, config.models, config.resources, config.agents)
             for _ in range(replicas or rcfg.replicas)
         ]
+    if role == "sandboxes":
+        scfg = config.sandboxes[name]
+        return [SandboxWorker(bus, name, scfg) for _ in range(replicas or scfg.replicas)]
     acfg = config.agents[name]
     return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
 

@@ -58,7 +58,7 @@ JS_ACK_PREFIX = "$JS.ACK."  # the reply subject of a message a JetStream consume
 _JS_API = "$JS.API"
 
 # the token a role's answers carry in their lane (``res`` predates the others: reply subjects of resource calls)
-_LANE_KINDS = {"agent": "agent", "resource": "res", "model": "model"}
+_LANE_KINDS = {"agent": "agent", "resource": "res", "model": "model", "sandbox": "sbx"}
 SERVER_LANE = "js.ack"  # the lane of what the server itself answers (a stream's ack of a stored message)
 
 _KV_KEY = re.compile(r"[-_A-Za-z0-9]+")
@@ -342,6 +342,29 @@ class Subjects:
         """The queue group of an environment's workers on its seed and stateless-verify subjects."""
         return f"res.{resource}"
 
+    # -- sandboxes (containers the sandbox workers hold for rollouts)
+
+    def sandbox_create(self, pool: str) -> str:
+        """Creating a sandbox (a queue group of the pool's workers; the reply names the worker that holds it)."""
+        return f"{self.ns}.sbx.{pool}.create"
+
+    def sandbox_worker(self, pool: str, worker: str) -> str:
+        """The address of the sandbox worker that holds a sandbox (its ops go to ``session_op``:
+        ``exec``, ``write``, ``read``, ``close``; ``*``: every one)."""
+        return f"{self.ns}.sbx.{pool}.{worker}"
+
+    def sandboxes(self, pool: str) -> str:
+        """Every subject of one sandbox pool (what an agent or environment that uses it may publish to)."""
+        return f"{self.ns}.sbx.{pool}.>"
+
+    @property
+    def all_sandboxes(self) -> str:
+        return f"{self.ns}.sbx.>"
+
+    def sandbox_group(self, pool: str) -> str:
+        """The queue group of a sandbox pool's workers on its create subject."""
+        return f"sbx.{pool}"
+
     # -- large bodies
 
     def blob(self, key: str, chunk: int | str) -> str:
@@ -393,9 +416,9 @@ class Subjects:
         return f"{who}_{_NOT_NAME.sub('_', batch)}_{uuid.uuid4().hex[:8]}"
 
     def live(self, kind: str, name: str) -> str:
-        """Liveness beacons of the workers of one work queue's pool (``kind`` ``task`` or ``model``): what
-        each took and finished, so peers nak a dead one's at once. Per role, so no role hears or forges
-        another's."""
+        """Liveness beacons of the workers of one pool (``kind`` ``task`` or ``model``: what each took and
+        finished, so peers nak a dead one's at once; ``sandbox``: which workers are alive, so peers reap a
+        dead one's containers). Per role, so no role hears or forges another's."""
         return f"{self.ns}.live.{'agent' if kind == 'task' else kind}.{name}"
 
     # -- trainer control
@@ -455,11 +478,12 @@ class Subjects:
 
     def kind(self, subject: str) -> str:
         """What a subject of this namespace is for: its first token after the namespace (``task``, ``result``,
-        ``model``, ``blob``, ``res``, ...)."""
+        ``model``, ``blob``, ``res``, ``sbx``, ...)."""
         return subject[len(self._dot) :].split(".", 1)[0] if subject.startswith(self._dot) else ""
 
     def callee_lane(self, subject: str) -> str:
-        """The lane a call to ``subject`` is answered in (``res.{resource}`` or ``model.{model}``; ``x.x``: none):
+        """The lane a call to ``subject`` is answered in (``res.{resource}``, ``model.{model}`` or ``sbx.{pool}``;
+        ``x.x``: none):
         on a secured bus only that callee may publish into it."""
         t = subject.split(".", 5)
         if len(t) > 3 and t[0] == self.ns and t[1] in ("call", "ctl"):

@@ -347,6 +347,8 @@ class AgentWorker:
                 )
             return results
         finally:
+            with anyio.CancelScope(shield=True):  # the rollout ended, whichever way: so does its sandboxes' lease
+                await ctx.sandboxes.close_all()
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
 

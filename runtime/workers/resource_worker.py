@@ -43,6 +43,7 @@ from gym_runtime.resource import (
     load_resource_class,
     replay_calls,
 )
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -77,6 +78,14 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
+
+
+async def _close(inst: Resource) -> None:
+    """End a session: the environment's own ``close``, then its sandboxes' lease."""
+    try:
+        await inst.close()
+    finally:
+        await inst.sandboxes.close_all()
 
 
 class ResourceWorker:
@@ -153,7 +162,7 @@ class ResourceWorker:
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
                     for inst in self.sessions.pop_all():
-                        await inst.close()
+                        await _close(inst)
                     await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
@@ -168,6 +177,13 @@ class ResourceWorker:
     def _new(self) -> Resource:
         inst = self.cls()
         inst.models = self.models
+        inst.sandboxes = Sandboxes(
+            self.bus,
+            self.cfg.sandbox,
+            lease=f"{self.name}:{uuid.uuid4().hex[:12]}",
+            deadline=time.time() + self.cfg.session_ttl_s,
+            where=f"resources.{self.name}",
+        )
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
@@ -186,7 +202,7 @@ class ResourceWorker:
         for old in self.sessions.open(sid, inst, msg.caller):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
-            await old.close()
+            await _close(old)
         result = None
         if req.then is not None:
             try:
@@ -194,7 +210,7 @@ class ResourceWorker:
             except Exception:
                 opened = self.sessions.pop(sid)  # the caller never learns this session
                 if opened is not None:
-                    await opened.close()
+                    await _close(opened)
                 raise
         return SeedReply(session=sid, address=self.address, result=result)
 
@@ -234,12 +250,12 @@ class ResourceWorker:
             if req.close:
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
-                    await closing.close()
+                    await _close(closing)
             return reply
         if isinstance(req, CloseSession):
             closing = self.sessions.pop(req.session)
             if closing is not None:
-                await closing.close()
+                await _close(closing)
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
@@ -263,10 +279,10 @@ class ResourceWorker:
         try:
             return await verify_with(inst, req.row, req.response)
         finally:
-            await inst.close()
+            await _close(inst)
 
     async def _reap(self) -> None:
         while True:
             await anyio.sleep(min(60.0, self.cfg.session_ttl_s))
             for inst in self.sessions.idle_since(time.monotonic() - self.cfg.session_ttl_s):
-                await inst.close()
+                await _close(inst)
