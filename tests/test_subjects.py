@@ -193,6 +193,7 @@ NAMES_ONLY = {
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
+    "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
 }  # fmt: skip
 
 
@@ -250,7 +251,7 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
     liveness lane and its own lanes (a pool calling itself), and they stay so."""
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a"), ("resource", "env_a"), ("model", "m")])
     config = server_config(auth, ["gym"], REACH)
-    users = json.loads(config.split("authorization: ", 1)[1])["users"]
+    users = json.loads(config.split("accounts: ", 1)[1].split("\n", 1)[0])[sj.APP_ACCOUNT]["users"]
     assert len(users) == 8 and all("allow_responses" not in u["permissions"] for u in users)
     for cred in CREDS:
         perms = _perms(cred)

@@ -222,7 +222,43 @@ def server_config(auth_dir: str | Path, namespaces: list[str], reach: Reach | No
     users += [
         {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, reach)} for r, pool in pools
     ]
-    return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
+    return (
+        f"tls: {json.dumps(tls)}\n"
+        f"accounts: {json.dumps(accounts(namespaces, users))}\n"
+        f"authorization: {json.dumps({'timeout': 5})}\n"
+    )
+
+
+def accounts(namespaces: list[str], users: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two accounts: ``JS`` holds JetStream and no user; ``APP`` holds every user (``users``) and imports from JS
+    exactly what they use: the JetStream API (``subjects.jetstream_api``; pulls answered with a stream of
+    messages), acks of delivered messages, the subjects the streams store, and the advisories the collector
+    hears.
+
+    Why: JetStream answers a request (a stored message's ack, a direct get, a pull's status) by publishing to
+    the reply subject the requester named, past every permission. Across accounts that answer is a service
+    response: the server delivers it to the subscribers of that subject in APP and never through APP's imports,
+    so no answer reaches the JetStream API, a stream or an ack subject, whatever reply a requester names
+    (``tests/e2e/test_borrowed_replies.py``). Per-user permissions still decide what each user publishes.
+    """
+    services = [*sj.jetstream_api(), sj.acks("*", "*")]
+    streams: list[str] = []
+    for ns in namespaces:
+        s = Subjects(ns)
+        services += s.stored
+        streams += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
+    streamed = [sj.pull_next("*", "*")]  # a pull's messages (and its heartbeats, its status) answer one request
+    exports: list[dict[str, Any]] = [{"service": x} for x in dict.fromkeys(services)]
+    exports += [{"service": x, "response_type": "stream"} for x in streamed]
+    exports += [{"stream": x} for x in streams]
+    imports: list[dict[str, Any]] = [
+        {"service": {"account": sj.JS_ACCOUNT, "subject": x}} for x in [*dict.fromkeys(services), *streamed]
+    ]
+    imports += [{"stream": {"account": sj.JS_ACCOUNT, "subject": x}} for x in streams]
+    return {
+        sj.JS_ACCOUNT: {"jetstream": "enabled", "exports": exports},
+        sj.APP_ACCOUNT: {"users": users, "imports": imports},
+    }
 
 
 def route_tls(auth_dir: str | Path) -> dict[str, Any]:
