@@ -11,6 +11,7 @@ they are so: ``gym_runtime.ops.security``'s docstring and docs/security.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def permissions(
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
         elif role == "agent":
             envs = reach.environments("agent", pool)
-            calls = [s.all_resources] if envs is None else [s.resource(env) for env in envs]
+            calls = [s.all_resources] if envs is None else _calls(s, envs, "agent", pool)
             pub += [
                 *streams,
                 s.agent_results(mine),
@@ -153,7 +154,7 @@ def permissions(
         else:  # resource
             # models for LLM judges and user simulators; the environments this one calls by name (their replies
             # come into its own inbox, as any call's)
-            pub += [*streams, *models, *(s.resource(env) for env in reach.environments("resource", pool) or ())]
+            pub += [*streams, *models, *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
             # replies (and keepalives) only into calls made to this environment, and status answers
             pub.append(sj.lane_replies(sj.lane("resource", mine)))
             sub += [s.status, s.resource(mine)]
@@ -161,6 +162,17 @@ def permissions(
     if deny:
         publish["deny"] = deny
     return {"publish": publish, "subscribe": {"allow": list(dict.fromkeys(sub))}}
+
+
+def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> list[str]:
+    """Calling environments ``envs`` as ``role`` (one ``pool`` of it): seeds only as itself (the caller a
+    worker bounds sessions by is in the subject: ``Subjects.seed``; a role-wide credential may be any pool of its
+    role, as it may do what each does), then its sessions' operations and stateless verifies."""
+    me = sj.caller_of(role, pool or "*")
+    out = []
+    for env in envs:
+        out += [s.seed(env, me), s.session_op(s.session(env, "*"), "*"), s.stateless_verify(env)]
+    return out
 
 
 def _read_kv(*buckets: str) -> list[str]:

@@ -35,6 +35,7 @@ __all__ = [
     "advisory",
     "answer",
     "answers",
+    "caller_of",
     "consumer_create",
     "consumer_delete",
     "consumer_info",
@@ -89,6 +90,12 @@ def caller(reply_subject: str) -> str:
     """Whose inbox a reply subject is: ``{role}.{pool}`` of ``_INBOX.{role}.{pool}...`` ('' for another form)."""
     parts = reply_subject.split(".", 3)
     return f"{parts[1]}.{parts[2]}" if len(parts) == 4 and parts[0] == INBOX else ""
+
+
+def caller_of(role: str | None, pool: str | None) -> str:
+    """Who a connection calls as: ``{role}.{pool}`` (``_`` for a role-wide credential, or no role on an unsecured
+    bus); the two tokens a seed request's subject ends with (``Subjects.seed``)."""
+    return f"{role or '_'}.{pool or '_'}"
 
 
 def lane(role: str, name: str) -> str:
@@ -354,9 +361,20 @@ class Subjects:
 
     # -- environments (resources)
 
-    def seed(self, resource: str) -> str:
-        """Opening a session (a queue group of the environment's workers; the reply names the session)."""
-        return f"{self.ns}.res.{resource}.seed"
+    def seed(self, resource: str, caller: str) -> str:
+        """Opening a session (a queue group of the environment's workers; the reply names the session), as
+        ``caller`` (``caller_of``: ``agent.NAME``, ``resource.NAME``; ``*.*`` for the workers' subscription, or
+        ``agent.*`` for a role-wide credential's permission). The caller is in the subject, which the server
+        checks (each pool may publish only its own), not in the reply, which the publisher chooses: a worker
+        bounds sessions per caller by it."""
+        return f"{self.ns}.res.{resource}.seed.{caller}"
+
+    def seed_caller(self, subject: str) -> str:
+        """The caller a seed request's subject names (``Subjects.seed``), '' for another subject."""
+        t = subject.split(".")
+        if len(t) == 6 and t[0] == self.ns and t[1] == "res" and t[3] == "seed":
+            return f"{t[4]}.{t[5]}"
+        return ""
 
     def stateless_verify(self, resource: str) -> str:
         """Verification without a session (``reverify``), a queue group."""

@@ -27,7 +27,7 @@ REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
 
 # where a borrowed answer would go: another agent's results, the tasks stream's purge, another environment's
 # sessions, a batch's cancel
-TARGETS = ["gym.result.b.victim", "$JS.API.STREAM.PURGE.GYM_TASKS", "gym.res.env_b.seed", "gym.ctl.batch.victim.cancel"]
+TARGETS = ["gym.result.b.victim", "$JS.API.STREAM.PURGE.GYM_TASKS", "gym.res.env_b.seed.agent.b", "gym.ctl.batch.victim.cancel"]
 
 # the subjects each credential may both publish and subscribe (or that it would try): its pool's liveness
 # lane (as spelled now, and before this round) and its own reply lane, as a pool and as the role-wide credential
@@ -44,7 +44,7 @@ LOOPS = {
 
 # what a credential may publish to itself, so nothing to borrow: the role-wide agent credential stores any
 # agent's results and calls every agent's environment
-OWN = {"agent.None": {"gym.result.b.victim", "gym.res.env_b.seed"}}
+OWN = {"agent.None": {"gym.result.b.victim", "gym.res.env_b.seed.agent.b"}}
 
 
 @pytest.fixture
