@@ -15,8 +15,8 @@ import msgspec
 
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport import subjects as sj
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_blob_stream, ensure_streams, result_msg_id
 from gym_runtime.transport.subjects import Subjects
 from tests.helpers import put_batch, read_jsonl
@@ -109,7 +109,9 @@ async def test_a_result_not_stored_as_an_agent_stores_one_is_refused(bus: Bus, t
     get = sj.direct_get(Subjects("gym").blob_stream, Subjects("gym").blob("forged", 0))
     await bus.nc.publish(get, b"", reply=subject)  # the answer with its headers (Nats-Stream, ...)
     await bus.nc.publish(get, b'{"no_hdr": true}', reply=subject)  # the body alone: no message id
-    await bus.js.publish(subject, body, headers={"Nats-Msg-Id": result_msg_id("m", 0, 1, 0)}, timeout=5.0)  # not its slot
+    await bus.js.publish(
+        subject, body, headers={"Nats-Msg-Id": result_msg_id("m", 0, 1, 0)}, timeout=5.0
+    )  # not its slot
     with anyio.fail_after(10):  # the borrowed answers are stored (one account): the attack is real here
         while (await bus.js.stream_info(Subjects("gym").results_stream)).state.messages < 3:
             await anyio.sleep(0.02)

@@ -199,7 +199,8 @@ NAMES_ONLY = {
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
-    "stored", "jetstream_api", "caller_of", "seed_caller",  # what the JS account exports to the users' account (ops.permissions.accounts)
+    "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
+    "caller_of", "seed_caller",
 }  # fmt: skip
 
 
@@ -274,7 +275,9 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
 def test_an_agent_pool_reaches_only_its_own_environment_and_needs_the_config_to_know_it(tmp_path: Path) -> None:
     reach = Reach.of(None)
     role_wide = permissions("agent", ["gym"], None, reach)["publish"]["allow"]
-    assert any(_covers(p, s.seed("anything", "agent._")) for p in role_wide)  # no config: the role-wide credential, as before
+    assert any(
+        _covers(p, s.seed("anything", "agent._")) for p in role_wide
+    )  # no config: the role-wide credential, as before
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a")])
     with pytest.raises(ValueError, match=r"agent\.a\.creds: an agent pool may call only its own environment.*--config"):
         server_config(auth, ["gym"], reach)

@@ -132,7 +132,7 @@ class Bus(Bodies, Serving):
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
-        # the pool's name only when it connects with the pool's credential (else the role-wide one's ``_``), as its inbox
+        # the pool's name only with the pool's credential (else the role-wide one's ``_``), as its inbox says
         bus.caller = caller(options["inbox_prefix"] + ".x") if options else caller_of(role, pool)
         if jetstream is not None:
             bus.blob_budget.cap = parse_size(jetstream.blob_bytes_in_flight)

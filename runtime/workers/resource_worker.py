@@ -177,7 +177,9 @@ class ResourceWorker:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
-        for old in self.sessions.open(sid, inst, self.bus.subjects.seed_caller(msg.subject)):  # the caller's least recently used, past its limit
+        for old in self.sessions.open(
+            sid, inst, self.bus.subjects.seed_caller(msg.subject)
+        ):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
             await old.close()

@@ -27,7 +27,12 @@ REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
 
 # where a borrowed answer would go: another agent's results, the tasks stream's purge, another environment's
 # sessions, a batch's cancel
-TARGETS = ["gym.result.b.victim", "$JS.API.STREAM.PURGE.GYM_TASKS", "gym.res.env_b.seed.agent.b", "gym.ctl.batch.victim.cancel"]
+TARGETS = [
+    "gym.result.b.victim",
+    "$JS.API.STREAM.PURGE.GYM_TASKS",
+    "gym.res.env_b.seed.agent.b",
+    "gym.ctl.batch.victim.cancel",
+]
 
 # the subjects each credential may both publish and subscribe (or that it would try): its pool's liveness
 # lane (as spelled now, and before this round) and its own reply lane, as a pool and as the role-wide credential

@@ -85,7 +85,9 @@ async def test_a_policy_cannot_drive_a_gymnasium_episode(bus: Bus) -> None:
 async def test_a_policy_cannot_drive_an_openenv_episode(bus: Bus) -> None:
     cfg = ResourceConfig(server="resources.openenv", options={"env": "tests.envs.openenv_counter:CountEnv"})
     async with serving(bus, "counter", cfg):
-        async with Session(bus, bus.subjects.seed("counter", bus.caller), {"responses_create_params": {"input": "add"}}) as s:
+        async with Session(
+            bus, bus.subjects.seed("counter", bus.caller), {"responses_create_params": {"input": "add"}}
+        ) as s:
             for name in ("gym.reset", "gym.step", "nemo_gym.http"):
                 reply = await s.call(name, arguments(name))
                 assert reply.is_error and reply.output == f"Error: unknown tool {name!r}; available tools: step"
