@@ -16,10 +16,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gym_runtime.messages import RolloutResult
+from gym_runtime.messages import CancelBatch, PolicyVersion, RolloutResult
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.transport.jetstream import stream_config
+from gym_runtime.workers.control import ControlView, cancel_batch, publish_version
 from tests.helpers import cli, connect_as, secured_server
 
 POOLS = [("agent", "a"), ("agent", "b"), ("resource", "env_a"), ("resource", "env_b"), ("model", "m")]
@@ -210,6 +211,53 @@ async def test_a_borrowed_answer_cannot_ack_another_pools_task(pooled) -> None:
         assert info.num_ack_pending == 1  # still the owner's, unacked
     finally:
         for b in (thief, owner, admin):
+            await b.close()
+
+
+async def test_a_direct_get_answer_cannot_cancel_a_batch_or_set_a_policy_version(pooled) -> None:
+    """Inside the users' account a server's answer still reaches the subscribers of the subject it is sent to: a
+    cancel or a version announcement with the requester's own body. Workers take an announcement as a hint and
+    read what it says from the control bucket, which no answer can write."""
+    srv, auth = pooled
+    admin, thief = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "agent", "a")
+    worker = await connect_as(srv, auth, "agent", "b")
+    try:
+        async with anyio.create_task_group() as tg:
+            view = ControlView(worker)
+            await view.start(tg)
+            heard: list[str] = []
+
+            async def spy(msg) -> None:  # type: ignore[no-untyped-def]
+                heard.append(msg.subject)
+
+            await admin.nc.subscribe(admin.subjects.cancel("*"), cb=spy)
+            await admin.nc.subscribe(admin.subjects.policy_version("*"), cb=spy)
+            await admin.flush()
+            for i, (subject, body) in enumerate(
+                [
+                    (thief.subjects.cancel("victim"), CancelBatch(batch="victim")),
+                    (thief.subjects.policy_version("m"), PolicyVersion(model="m", version=99)),
+                ]
+            ):
+                await thief.js.publish(f"gym.blob.forged{i}.0", thief.codec.encode(body), timeout=5.0)
+                await thief.nc.publish(
+                    f"$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.forged{i}.0", b'{"no_hdr": true}', reply=subject
+                )
+            with anyio.fail_after(10):  # both delivered: the attack reaches the workers' subjects
+                while len(heard) < 2:
+                    await anyio.sleep(0.01)
+            # and genuine ones after them: once their handlers have run (seen in the view's own state, which only
+            # the handlers set for names never asked about), the forged ones' have too
+            await cancel_batch(admin, "genuine")
+            await publish_version(admin, "n", 3)
+            with anyio.fail_after(10):
+                while "genuine" not in view._cancelled or view._versions.get("n") != 3:
+                    await anyio.sleep(0.01)
+            assert not await view.is_cancelled("victim")  # before: cancelled on every worker
+            assert await view.version("m") is None  # before: 99
+            tg.cancel_scope.cancel()
+    finally:
+        for b in (worker, thief, admin):
             await b.close()
 
 
