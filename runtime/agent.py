@@ -265,7 +265,7 @@ class AgentContext:
         task = self.task
         return Session(
             self._bus,
-            self._bus.subjects.seed(name),
+            self._bus.subjects.seed(name, self._bus.caller),
             self.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
             check=task.check,

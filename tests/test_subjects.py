@@ -123,8 +123,14 @@ USES = [
     Use("acks", f"$JS.ACK.{s.model_stream}.model_m.{ACK}", of("model", "m"), set()),
     Use("live", s.live("model", "m"), of("model", "m"), of("model", "m")),
     # environments: an agent calls its own; an environment those its calls names; reverify the stateless verify
-    Use("seed", s.seed("env_a"), of("agent", "a") | of("resource", "caller"), of("resource", "env_a")),
-    Use("seed", s.seed("env_b"), of("agent", "b"), of("resource", "env_b")),
+    # a seed names its caller in the subject (the server checks it): each pool only its own, a role-wide any of its role
+    Use("seed", s.seed("env_a", "agent.a"), of("agent", "a"), of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "agent._"), {"agent"}, of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "agent.b"), {"agent"}, of("resource", "env_a")),  # b's pool: not its environment
+    Use("seed", s.seed("env_a", "resource.caller"), of("resource", "caller"), of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "resource.env_b"), {"resource"}, of("resource", "env_a")),
+    Use("seed", s.seed("env_b", "agent.b"), of("agent", "b"), of("resource", "env_b")),
+    Use("seed", s.seed("env_b", "agent.a"), {"agent"}, of("resource", "env_b")),
     Use(
         "stateless_verify",
         s.stateless_verify("env_a"),
@@ -211,6 +217,8 @@ NAMES_ONLY = {
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
+    "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
+    "caller_of", "seed_caller",
 }  # fmt: skip
 
 
@@ -268,7 +276,7 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
     liveness lane and its own lanes (a pool calling itself), and they stay so."""
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a"), ("resource", "env_a"), ("model", "m")])
     config = server_config(auth, ["gym"], REACH)
-    users = json.loads(config.split("authorization: ", 1)[1])["users"]
+    users = json.loads(config.split("accounts: ", 1)[1].split("\n", 1)[0])[sj.APP_ACCOUNT]["users"]
     assert len(users) == 9 and all("allow_responses" not in u["permissions"] for u in users)
     for cred in CREDS:
         perms = _perms(cred)
@@ -285,7 +293,9 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
 def test_an_agent_pool_reaches_only_its_own_environment_and_needs_the_config_to_know_it(tmp_path: Path) -> None:
     reach = Reach.of(None)
     role_wide = permissions("agent", ["gym"], None, reach)["publish"]["allow"]
-    assert any(_covers(p, s.seed("anything")) for p in role_wide)  # no config: the role-wide credential, as before
+    assert any(
+        _covers(p, s.seed("anything", "agent._")) for p in role_wide
+    )  # no config: the role-wide credential, as before
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a")])
     with pytest.raises(ValueError, match=r"agent\.a\.creds: an agent pool may call only its own environment.*--config"):
         server_config(auth, ["gym"], reach)

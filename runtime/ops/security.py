@@ -47,9 +47,13 @@ named (``Gym-Reply`` for queued calls), a pause's acknowledgements into the
 model's lane, discovery answers (``{ns}.status``) to the request's reply root
 plus the worker's own lane. All names come from ``gym_runtime.transport.subjects``.
 
-Not closed by permissions: JetStream publishes its own answers (acks, direct
-gets, pull statuses) to whatever reply subject a request names, past every
-permission (docs/security.md, "the server's own answers, borrowed").
+JetStream publishes its own answers (acks, direct gets, pull statuses) to
+whatever reply subject a request names, past every permission. So it lives in
+an account of its own (``JS``) and every user in ``APP``, which imports what
+they use (``permissions.accounts``): an answer comes back as a service response,
+delivered to subscribers only, never through an import into JetStream. A seed
+request names its caller in its subject (``{ns}.res.{R}.seed.{role}.{pool}``,
+each pool allowed only its own), which a worker bounds sessions by.
 """
 
 from __future__ import annotations

@@ -75,9 +75,9 @@ class BatchWatch:
             res = await read_result(bus, msg)
             if res is None:
                 return
-            slot = watch.intake.slot(res, msg.subject)
+            slot = watch.intake.slot(res, msg.subject, msg.headers)
             if slot is None:
-                slot = watch.intake.lost_record(res, msg.subject)
+                slot = watch.intake.lost_record(res, msg.subject, msg.headers)
                 res = msgspec.structs.replace(res, row=None, attempts=0) if slot is not None else res
             if slot is not None:
                 watch.take(res, slot)

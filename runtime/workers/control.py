@@ -161,13 +161,25 @@ class ControlView:
         await self.bus.serve(tg, self.bus.subjects.cancel("*"), self._on_cancel, concurrency=16)
         await self.bus.flush()
 
+    # An announcement says only where to look: what it announces is read from the KV bucket, which the trainer
+    # writes first. A core message is one a server's answer can be sent into (a direct get whose reply names
+    # this subject, its body the requester's own), while the bucket takes no such answer (``ops.permissions``'
+    # accounts): so a forged announcement cancels no batch and sets no version.
+
     async def _on_version(self, msg: Any, _: Any) -> None:
-        if isinstance(msg, PolicyVersion):
-            self._versions[msg.model] = max(msg.version, self._versions.get(msg.model, msg.version))
+        if isinstance(msg, PolicyVersion) and self._kv is not None:
+            raw = await self._kv.get(Subjects.version_key(msg.model))
+            if raw is not None and raw.isdigit():
+                self._versions[msg.model] = max(int(raw), self._versions.get(msg.model, 0))
+            else:  # not there (yet: a replica behind the leader): read it again when next asked
+                self._read.discard(msg.model)
 
     async def _on_cancel(self, msg: Any, _: Any) -> None:
-        if isinstance(msg, CancelBatch):
-            self._cancelled.add(msg.batch)
+        if isinstance(msg, CancelBatch) and self._kv is not None:
+            if await self._kv.get(Subjects.cancelled_key(msg.batch)) is not None:
+                self._cancelled.add(msg.batch)
+            else:  # not there (yet: a replica behind the leader): read it again when next asked
+                self._checked.discard(msg.batch)
 
     async def version(self, model: str) -> int | None:
         """The current policy version of ``model`` (None: the trainer never set one)."""

@@ -1,6 +1,6 @@
 """Hosts a Resource class on the bus: sessions are actors pinned to this worker.
 
-``{ns}.res.{name}.seed`` (queue group) creates a session here and answers with
+``{ns}.res.{name}.seed.{role}.{pool}`` (queue group) creates a session here for that caller and answers with
 this worker's address; ``{address}.tool|verify|close`` reach the session;
 ``{ns}.res.{name}.verify`` (queue group) verifies without a session (re-verify).
 If this worker dies, calls to its address get "no responders" at once, so a
@@ -125,7 +125,7 @@ class ResourceWorker:
             self._subs = [
                 await self.bus.serve(
                     tg,
-                    self.bus.subjects.seed(self.name),
+                    self.bus.subjects.seed(self.name, "*.*"),
                     self._seed,
                     queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
@@ -187,6 +187,9 @@ class ResourceWorker:
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
+        if not msg.reply:  # no one to learn the session (e.g. a server's answer borrowed onto this subject): none
+            self.bus.count_junk(self.address, "seed requests without a reply (nothing opened)")
+            raise Failure("invalid_task", "a seed request without a reply subject")
         if req.check is not None:  # its publisher could not check the row: check it as validate would
             params = req.row.get("responses_create_params")
             problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
@@ -199,7 +202,9 @@ class ResourceWorker:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
-        for old in self.sessions.open(sid, inst, msg.caller):  # the caller's least recently used, past its limit
+        for old in self.sessions.open(
+            sid, inst, self.bus.subjects.seed_caller(msg.subject)
+        ):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
             await _close(old)

@@ -168,7 +168,12 @@ def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, 
     assert {row["other_status"] for row in rows} == {200}
     assert paths == ["/v1/chat/completions"] * 9
     assert len(model_worker_spans(trace, "judge-llm")) == 9
-    served = {s["name"].split()[-1] for s in spans(trace) if s["name"].startswith(("seed ", "tool ", "verify "))}
+    # a seed's subject ends with its caller (``Subjects.seed``): the environment's part of it
+    served = {
+        ".".join(s["name"].split()[-1].split(".")[:4])
+        for s in spans(trace)
+        if s["name"].startswith(("seed ", "tool ", "verify "))
+    }
     assert {"gym.res.counter.seed", "gym.res.other.seed"} <= served
 
 
@@ -224,9 +229,12 @@ def test_calls_grant_publish_rights_only_towards_the_named_environments() -> Non
         allowed = permissions("resource", ["gym"], pool, Reach(resources=given or {}))["publish"]["allow"]
         return {s for s in allowed if s.startswith("gym.res.")}
 
-    assert res_publish("caller", calls) == {"gym.res.counter.>"}
+    def towards(env: str, caller: str) -> set[str]:  # seeds as itself, its sessions' operations, stateless verifies
+        return {f"gym.res.{env}.seed.{caller}", f"gym.res.{env}.*.*", f"gym.res.{env}.verify"}
+
+    assert res_publish("caller", calls) == towards("counter", "resource.caller")
     assert res_publish("counter", calls) == set()
-    assert res_publish(None, calls) == {"gym.res.counter.>", "gym.res.grader.>"}
+    assert res_publish(None, calls) == towards("counter", "resource.*") | towards("grader", "resource.*")
     assert res_publish("caller", None) == res_publish(None, None) == set()
 
 
