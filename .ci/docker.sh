@@ -10,10 +10,12 @@ pidfile="$dir/dockerd.pid"
 
 case "${1:-}" in
 start)
-    if ! command -v /usr/sbin/dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+    # docker-compose (Debian's 1.29, v1): the deploy test runs deploy/compose.host.yaml with it
+    if ! command -v /usr/sbin/dockerd >/dev/null || ! command -v debootstrap >/dev/null \
+        || ! command -v /usr/bin/docker-compose >/dev/null; then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq >&2
-        apt-get install -y -qq docker.io debootstrap >/dev/null
+        apt-get install -y -qq docker.io debootstrap docker-compose >/dev/null
     fi
     # a leftover default bridge (172.17.0.0/16) from an engine started without --bridge=none
     if ip link show docker0 >/dev/null 2>&1; then

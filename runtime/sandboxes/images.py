@@ -32,7 +32,8 @@ class BaseImage(msgspec.Struct, frozen=True, kw_only=True):
 
     suite: str = "bookworm"
     variant: str = "minbase"
-    packages: tuple[str, ...] = ("python3",)
+    # python3-venv too: the deploy image (deploy/Dockerfile's PYTHON_IMAGE) builds on this same base
+    packages: tuple[str, ...] = ("python3", "python3-venv")
     mirror: str = "http://deb.debian.org/debian"
 
     @property

@@ -50,7 +50,9 @@ async def test_only_the_pools_an_entry_names_may_create_and_the_sandbox_role_rea
                 assert worker.created == 1
                 # the sandbox credential may not call an environment or a model, nor store a result
                 with pytest.raises(Failure):
-                    await sbx.request(sbx.subjects.seed("env"), SeedRequest(row={}), timeout=3, op="seed", liveness_s=2)
+                    await sbx.request(
+                        sbx.subjects.seed("env", sbx.caller), SeedRequest(row={}), timeout=3, op="seed", liveness_s=2
+                    )
                 # (a store the server allowed would be acknowledged by JetStream at once)
                 with pytest.raises(nats.errors.TimeoutError):
                     await sbx.nc.request(sbx.subjects.result("a", "b1"), b"{}", timeout=1)

@@ -1,0 +1,131 @@
+"""The Docker deploy files as written, on the real engine here: the image built on a local base, the
+host-network Compose file brought up with Debian's docker-compose (v1), a batch scored, `stop` draining.
+
+The image builds on the debootstrap base the sandbox fleet uses (``gym_runtime.sandboxes.images``: Debian 12
+with python3 and python3-venv, no registry), with BuildKit and ``--network host`` (a build's RUN steps have
+no network under ``dockerd --bridge=none``); the machine's CA bundle goes in as a build secret, for a
+TLS-intercepting proxy. ``deploy/compose.host.yaml`` and ``deploy/config.yaml`` are copied unchanged
+beside a work folder; only the ports (free ones) and the image name come from the environment, as the file
+documents. Without an engine or docker-compose the test skips with one line (a failure under
+GYM_REQUIRE_DOCKER=1, CI's first pass).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+from gym_runtime.ops.nats_server import free_port
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.images import ensure_base
+from tests.docker import _unavailable, docker_socket
+from tests.helpers import REPO, read_jsonl
+
+DOCKER, COMPOSE = "/usr/bin/docker", "/usr/bin/docker-compose"  # Debian's, not whatever is first on PATH
+IMAGE = "gym-runtime:deploy-test"
+CA = Path("/etc/ssl/certs/ca-certificates.crt")
+N_ROWS = 6
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    sock = docker_socket()
+    if not (os.access(DOCKER, os.X_OK) and os.access(COMPOSE, os.X_OK)):
+        _unavailable(f"{DOCKER} or {COMPOSE} is missing (.ci/docker.sh installs docker.io and docker-compose)")
+
+    async def base() -> str:
+        async with Engine(sock) as engine:
+            return await ensure_base(engine)
+
+    ref = anyio.run(base)
+    secret = ["--secret", f"id=pip_cert,src={CA}"] if CA.is_file() else []
+    build = subprocess.run(
+        [DOCKER, "build", "-q", "--network", "host", *secret, "--build-arg", f"PYTHON_IMAGE={ref}",
+         "-f", "deploy/Dockerfile", "-t", IMAGE, "."],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    return IMAGE
+
+
+class Stack:
+    """deploy/compose.host.yaml brought up as a project of its own, on free loopback ports."""
+
+    def __init__(self, tmp: Path, image: str) -> None:
+        self.dir = tmp
+        shutil.copy(REPO / "deploy/compose.host.yaml", tmp / "compose.host.yaml")
+        config = yaml.safe_load((REPO / "deploy/config.yaml").read_text())
+        config["models"]["policy"]["delay_s"] = 5.0  # rollouts in flight (~10 s each) when `stop` comes
+        (tmp / "config.yaml").write_text(json.dumps(config))
+        (tmp / "work").mkdir()
+        rows = (REPO / "resources/weather/data/example.jsonl").read_text().splitlines()
+        (tmp / "work/tasks.jsonl").write_text("\n".join((rows * 2)[:N_ROWS]) + "\n")
+        ports = {f"GYM_{kind}{i}": str(free_port()) for kind in ("PORT", "ROUTE", "HTTP") for i in (1, 2, 3)}
+        self.nats = ",".join(f"nats://127.0.0.1:{ports[f'GYM_PORT{i}']}" for i in (1, 2, 3))
+        self.env = {**os.environ, **ports, "GYM_IMAGE": image, "GYM_UID": str(os.getuid()), "GYM_GID": str(os.getgid())}
+        self.project = f"gymdeploy{os.getpid()}"
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [COMPOSE, "-p", self.project, "-f", "compose.host.yaml", *args],
+            cwd=self.dir, capture_output=True, text=True, timeout=timeout, env=self.env,
+        )  # fmt: skip
+
+    def driver(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.compose("run", "--rm", "driver", *args, timeout=timeout)
+
+    def workers(self) -> list[dict[str, object]]:
+        """The live workers' status answers (``gym-runtime status --json``, from the driver)."""
+        res = self.driver("status", "--nats", self.nats, "--json")
+        return list(json.loads(res.stdout)["workers"]) if res.returncode == 0 else []
+
+    def exit_codes(self, *services: str) -> dict[str, int]:
+        out = {}
+        for s in services:
+            cid = self.compose("ps", "-q", s).stdout.split()
+            state = subprocess.run(
+                [DOCKER, "inspect", "-f", "{{.State.ExitCode}}", *cid], capture_output=True, text=True
+            )
+            out[s] = max(int(x) for x in state.stdout.split())
+        return out
+
+
+@pytest.fixture
+def stack(tmp_path: Path, image: str) -> Iterator[Stack]:
+    s = Stack(tmp_path, image)
+    try:
+        yield s
+    finally:
+        s.compose("down", "-v", "--timeout", "5")
+
+
+def test_compose_on_host_networking_scores_a_batch_and_stop_drains_every_worker(stack: Stack) -> None:
+    up = stack.compose("up", "-d", "--scale", "agents=2")
+    assert up.returncode == 0, up.stderr
+    pub = stack.driver("publish", "/config/config.yaml", "-i", "/work/tasks.jsonl", "--batch", "b1")
+    assert pub.returncode == 0, pub.stderr[-2000:]
+    # SIGTERM every worker while rollouts are in flight (each model call takes 5 s)
+    deadline = time.monotonic() + 120
+    while not any(w.get("role") == "agent" and w.get("in_flight") for w in stack.workers()):
+        assert time.monotonic() < deadline, "no rollout ever in flight"
+    stopped = stack.compose("stop", "agents", "resources", "models", timeout=200)
+    assert stopped.returncode == 0, stopped.stderr
+    codes = stack.exit_codes("agents", "resources", "models")
+    assert codes == {"agents": 0, "resources": 0, "models": 0}, codes  # drained, not killed (137)
+    again = stack.compose("up", "-d", "--scale", "agents=2")
+    assert again.returncode == 0, again.stderr
+    col = stack.driver("collect", "--batch", "b1", "-o", "/work/out.jsonl", "--nats", stack.nats)
+    assert col.returncode == 0, col.stderr[-2000:]
+    rows = read_jsonl(stack.dir / "work/out.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == list(range(N_ROWS))  # every row once, none lost
+    assert all(r["reward"] == 1.0 for r in rows)
+    assert os.stat(stack.dir / "work/out.jsonl").st_uid == os.getuid()  # written as the user, not root or 10001
