@@ -26,7 +26,7 @@ def workers(nats_server) -> Iterator[subprocess.Popen[str]]:
     p = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "start", str(WEATHER), "--nats", nats_server.url,
          "--set", "models.policy.delay_s=0.05", "--in-process"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert p.stdout is not None
@@ -61,3 +61,25 @@ def test_a_publish_with_no_worker_yet_says_so_once(nats_server) -> None:
     res = cli("publish", str(WEATHER), "-i", str(ROWS), "--nats", nats_server.url, "--batch", "b1")
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("no live worker serves") == 1, res.stderr
+
+
+def test_a_worker_that_gets_another_configs_tasks_says_so_once(nats_server, workers) -> None:
+    """A publish that skipped the check (a Client with ``check_fingerprints=False``): every row is a
+    ``config_mismatch`` failure, and the worker logs the cause once, not once per task."""
+    import anyio
+
+    from gym_runtime import Client
+    from tests.helpers import ROWS as TASKS
+    from tests.helpers import weather
+
+    async def submit() -> list[dict]:
+        async with Client(weather(), nats=nats_server.url, workers=False, check_fingerprints=False) as c:
+            return await (await c.submit(TASKS * 4)).gather()
+
+    got = anyio.run(submit)
+    assert len(got) == 20 and {r["error_class"] for r in got} == {"config_mismatch"}
+    assert "publish` names the keys" in got[0]["error"]
+    workers.terminate()
+    _, err = workers.communicate(timeout=30)
+    said = [line for line in err.splitlines() if "config_mismatch" in line or "another config" in line]
+    assert len(said) == 1, err[-3000:]
