@@ -474,7 +474,8 @@ class Client:
             async with self._run_lock:
                 if self._run_reader is None:
                     intake = Intake(self.bus, self._run_batch, repeats=1, tasks=None, allows=self._run_owned)
-                    reader = BatchReader(self.bus, intake, self._take_run, name="client")
+                    agents = list(self.config.agents)
+                    reader = BatchReader(self.bus, intake, self._take_run, name="client", agents=agents)
                     await reader.open()
                     assert self._tg is not None
                     self._tg.start_soon(reader.run)
