@@ -11,7 +11,7 @@ from gym_runtime.data.republish import kept_task
 from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import subject_count, task_id_slots, task_msg_id
-from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.subjects import Subjects, blob_role
 from tests.helpers import REPO, ROWS, weather
 
 DATA = REPO / "resources/weather/data/example.jsonl"
@@ -35,7 +35,7 @@ async def test_a_large_tasks_body_is_kept_by_its_blob_key(bus: Bus) -> None:
     row = {**ROWS[0], "pad": "x" * size}
     await publish_rows(bus, [row], batch="big", agents=["weather_agent"], keep=True)
     kept = await bus.js.stream_info(s.kept_stream)
-    blobs = await bus.js.stream_info(s.blob_stream)
+    blobs = await bus.js.stream_info(s.blob_stream(blob_role(bus.blob_space)))
     assert kept.state.messages == 1 and kept.state.bytes < 1000
     assert size < blobs.state.bytes < size * 1.1  # once, not twice
     body = await kept_task(bus, "big", 0)

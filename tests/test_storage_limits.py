@@ -30,10 +30,17 @@ WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 
 async def _limits(bus: Bus) -> dict[str, int]:
     await jetstream.ensure_streams(bus)
-    await jetstream.ensure_blob_stream(bus)
+    await jetstream.ensure_results_stream(bus, "weather_agent")
+    await jetstream.ensure_blob_stream(bus, "agent")
     await batches._kv(bus)
     s = bus.subjects
-    names = [s.tasks_stream, s.results_stream, s.model_stream, s.blob_stream, "KV_GYM_BATCHES"]
+    names = [
+        s.tasks_stream,
+        s.results_stream("weather_agent"),
+        s.model_stream,
+        s.blob_stream("agent"),
+        "KV_GYM_BATCHES",
+    ]
     out = {}
     for name in names:
         cfg = await jetstream.stream_config(bus, name)
@@ -65,11 +72,11 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     assert stats.rows == n
-    result_bytes = (await jetstream.stream_config(bus, names.results_stream) or {})["bytes"] / n
+    result_bytes = (await jetstream.stream_config(bus, names.results_stream("weather_agent")) or {})["bytes"] / n
     limits = await _limits(bus)
     assert 300 < task_bytes < 2_000 and 800 < result_bytes < 4_000, (task_bytes, result_bytes)
     assert limits[names.tasks_stream] >= 1_000_000 * task_bytes * 2  # rows twice a weather row's size fit too
-    assert limits[names.results_stream] >= 1_000_000 * result_bytes * 2
+    assert limits[names.results_stream("weather_agent")] >= 1_000_000 * result_bytes * 2  # per agent
 
 
 def small_server(tmp_path: Path, store: int) -> EmbeddedServer:

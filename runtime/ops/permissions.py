@@ -82,7 +82,7 @@ def permissions(
         # direct get); no stream info (its subjects_filter lists keys), consumer or get by sequence on a blob
         # stream, so no role can list or read bodies it was not sent
         pub.append(s.pool_blobs(role, mine))
-        pub += [sj.direct_get(s.blob_stream(r), s.role_blobs(r)) for r in sj.BLOB_ROLES if r != "any"]
+        pub += [sj.direct_get(s.blob_stream(r), s.role_blobs(r)) for r in sj.BLOB_ROLES]
         models = [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
 
         # the streams every process checks are there before it starts (``ensure_streams``)

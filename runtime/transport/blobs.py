@@ -29,7 +29,7 @@ from gym_runtime.transport.headers import (
 )
 from gym_runtime.transport.jetstream import ensure_blob_stream
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
-from gym_runtime.transport.subjects import BLOB_ROLES, Subjects, blob_role
+from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, Subjects, blob_role
 
 if TYPE_CHECKING:
     from gym_runtime.transport.bus import Bus
@@ -148,7 +148,9 @@ class Bodies:
         if len(parts) != 5:
             raise Failure("integrity", f"malformed {BLOB_HEADER} header")
         role, pool, key, n_text, digest = parts
-        if not (role in BLOB_ROLES and _NAME.fullmatch(pool) and key.isalnum() and n_text.isdigit()):
+        if not (
+            (role in BLOB_ROLES or role == ANY_ROLE) and _NAME.fullmatch(pool) and key.isalnum() and n_text.isdigit()
+        ):
             raise Failure("integrity", f"malformed {BLOB_HEADER} header")
         if len(digest) != 64 or len(n_text) > 9:
             raise Failure("integrity", f"malformed {BLOB_HEADER} header")

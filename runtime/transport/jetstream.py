@@ -98,11 +98,12 @@ INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes can
 # The kept tasks (one body per task, not per repeat: 626 B each for weather, less than a task's share of the
 # task stream) hold a 1,000,000-task batch's bodies up to 1 KB each.
 # Results and blobs are bounded per writer (a stream per agent, a blob stream per role) since one pool may
-# not evict or starve another's data: 2 GiB an agent holds a 1,000,000-rollout batch with results up to
-# 2.1 KB each; 512 MiB a role holds a few of the largest bodies (256 MiB each) in flight at once.
+# not evict or starve another's data: 4 GiB an agent holds a 1,000,000-rollout batch with results up to
+# 4.3 KB each (weather: 1.8 KB); 512 MiB a role holds two of the largest bodies (256 MiB each) at once. A
+# server that cannot reserve a default for one more agent's stream halves it (below).
 STREAM_LIMITS: dict[str, int] = {
     "tasks": 2 << 30,
-    "results": 2 << 30,
+    "results": 4 << 30,
     "model": 1 << 30,
     "blobs": 512 << 20,
     "kept": 1 << 30,

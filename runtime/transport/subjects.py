@@ -24,6 +24,7 @@ import re
 import uuid
 
 __all__ = [
+    "ANY_ROLE",
     "BLOB_ROLES",
     "INBOX",
     "JS_ACK_PREFIX",
@@ -70,12 +71,13 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 # ------------------------------------------------------------------------------- large bodies' key spaces
 
-BLOB_ROLES = ("publisher", "agent", "model", "resource", "any")  # "any": an unsecured connection of no role
+BLOB_ROLES = ("publisher", "agent", "model", "resource")  # the roles that send large bodies: a secured server's
+ANY_ROLE = "any"  # the blob key spaces of an unsecured connection that names no role
 
 
 def blob_space(role: str | None, pool: str | None) -> str:
     """The key space a connection writes its large bodies into: its role's stream, its pool's keys."""
-    return f"{role if role in BLOB_ROLES else 'any'}.{pool or '_'}"
+    return f"{role if role in BLOB_ROLES else ANY_ROLE}.{pool or '_'}"
 
 
 def blob_role(space: str) -> str:
