@@ -99,41 +99,29 @@ def child(role: str, url: str, config: Path, batch: str, out: Path) -> dict[str,
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=45_000_000, help="bytes of the tool's answer (the row: ~2×)")
-    ap.add_argument("--load", type=int, default=0, help="busy-looping processes running meanwhile")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+def measure(size: int, load: int = 0) -> dict[str, Any]:
+    """Run one row of ``size`` through the pools, a client and ``collect``: each process's (idle, peak) bytes,
+    the row's size, and the client's error if the rollout failed."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "config.yaml"
-            config.write_text(CONFIG.format(size=args.size))
+            config.write_text(CONFIG.format(size=size))
             srv = EmbeddedServer(store_dir=str(Path(tmp) / "js"))
             srv.start()
             try:
                 for pool in POOLS:
                     procs.append(
                         subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "gym_runtime.cli",
-                                "start",
-                                str(config),
-                                "--nats",
-                                srv.url,
-                                "--only",
-                                pool,
-                            ],
+                            [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", srv.url]
+                            + ["--only", pool],
                             cwd=REPO,
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
                             env={**os.environ, "GYM_LOG_LEVEL": "warning", "PYTHONPATH": str(REPO)},
                         )
                     )
-                time.sleep(1.0)
                 _wait_up(srv.url)
                 idle = {pool: hwm_kb(p.pid) * 1024 for pool, p in zip(POOLS, procs, strict=True)}
                 t0 = time.perf_counter()
@@ -148,23 +136,38 @@ def main() -> None:
             p.terminate()
         for p in [*procs, *hogs]:
             p.wait()
-    row = client["row_bytes"] if client["error"] is None else 2 * args.size  # a failure row: the row it would be
-    rows = {
-        "agent worker": (idle[POOLS[0]], peak[POOLS[0]]),
-        "environment worker": (idle[POOLS[1]], peak[POOLS[1]]),
-        "model worker": (idle[POOLS[2]], peak[POOLS[2]]),
-        "client (gather)": (client["idle"], client["peak"]),
-        "collector": (collect["idle"], collect["peak"]),
+    return {
+        "row_bytes": client["row_bytes"] if client["error"] is None else 2 * size,  # a failure row: what it would be
+        "error": client["error"],
+        "seconds": took,
+        "load": os.getloadavg()[0],
+        "processes": {
+            "agent worker": (idle[POOLS[0]], peak[POOLS[0]]),
+            "environment worker": (idle[POOLS[1]], peak[POOLS[1]]),
+            "model worker": (idle[POOLS[2]], peak[POOLS[2]]),
+            "client (gather)": (client["idle"], client["peak"]),
+            "collector": (collect["idle"], collect["peak"]),
+        },
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=45_000_000, help="bytes of the tool's answer (the row: ~2×)")
+    ap.add_argument("--load", type=int, default=0, help="busy-looping processes running meanwhile")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    got = measure(args.size, args.load)
+    row = got["row_bytes"]
     mb = 1 / 1e6
-    print(f"row {row * mb:.1f} MB (JSON); load {os.getloadavg()[0]:.1f} ({args.load} busy loops); {took:.1f} s")
-    if client["error"]:
-        print(f"the rollout FAILED: {client['error']}")
+    print(f"row {row * mb:.1f} MB (JSON); load {got['load']:.1f} ({args.load} busy loops); {got['seconds']:.1f} s")
+    if got["error"]:
+        print(f"the rollout FAILED: {got['error']}")
     print(f"{'process':<20} {'idle MB':>9} {'peak MB':>9} {'above idle':>11} {'× row':>7}")
-    for name, (i, p) in rows.items():
+    for name, (i, p) in got["processes"].items():
         print(f"{name:<20} {i * mb:>9.1f} {p * mb:>9.1f} {(p - i) * mb:>11.1f} {(p - i) / row:>7.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"row_bytes": row, "load": args.load, "processes": rows}, indent=1))
+        args.json.write_text(json.dumps(got, indent=1))
 
 
 def _wait_up(url: str) -> None:
