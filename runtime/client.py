@@ -215,7 +215,7 @@ class Client:
                 jetstream=self.config.jetstream,
                 **kw,
             )
-            await ensure_streams(self._bus)
+            await ensure_streams(self._bus, self.config.agents)  # and each agent's results stream
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             if self.workers_spec == "processes":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -346,8 +346,9 @@ def settings(bus: Bus) -> tuple[int, float | None]:
     return int(cfg.replicas), float(cfg.max_age_s) or None
 
 
-async def ensure_streams(bus: Bus) -> None:
-    """Create (idempotently) the task and model-call streams of a namespace (results: ``ensure_results_stream``)."""
+async def ensure_streams(bus: Bus, agents: Iterable[str] = ()) -> None:
+    """Create (idempotently) the task and model-call streams of a namespace, and the results stream of each of
+    ``agents`` (``ensure_results_stream``: on a secured bus, checked to be there)."""
     names = bus.subjects
     replicas, max_age = settings(bus)
     tasks, model = limit(bus, "tasks"), limit(bus, "model")
@@ -377,6 +378,8 @@ async def ensure_streams(bus: Bus) -> None:
     ]
     for cfg, size in zip(configs, (tasks, model), strict=True):
         await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
+    for agent in agents:
+        await ensure_results_stream(bus, agent)
 
 
 def results_config(bus: Bus, agent: str | None) -> StreamConfig:

@@ -131,11 +131,13 @@ async def test_a_direct_get_answer_cannot_delete_a_stream(pooled) -> None:
     try:
         # a blob that does not exist: the answer is a header-only 404, which the API reads as an empty request
         await model.nc.publish(
-            "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0", b"", reply="$JS.API.STREAM.DELETE.GYM_RESULTS"
+            "$JS.API.DIRECT.GET.GYM_BLOBS_MODEL.gym.blob.model.m.nokey.0",
+            b"",
+            reply="$JS.API.STREAM.DELETE.GYM_RESULTS_b",
         )
         await model.flush()
         await anyio.sleep(0.5)
-        assert await stream_config(admin, "GYM_RESULTS") is not None  # None: deleted
+        assert await stream_config(admin, "GYM_RESULTS_b") is not None  # None: deleted
     finally:
         await model.close()
         await admin.close()
@@ -147,10 +149,12 @@ async def test_a_direct_get_answer_cannot_store_a_result_as_another_agent(pooled
     admin, thief = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "agent", "a")
     try:
         forged = RolloutResult(batch="victim", task_index=0, rollout_index=0, agent="b", row={"reward": 1337.0})
-        await thief.js.publish("gym.blob.forged.0", thief.codec.encode(forged), timeout=5.0)  # its own chunk
+        await thief.js.publish("gym.blob.agent.a.forged.0", thief.codec.encode(forged), timeout=5.0)  # its own chunk
         # read back headerless (no_hdr) into agent b's result subject, which only b's pool may publish to
         await thief.nc.publish(
-            "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.forged.0", b'{"no_hdr": true}', reply="gym.result.b.victim"
+            "$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.forged.0",
+            b'{"no_hdr": true}',
+            reply="gym.result.b.victim",
         )
         await thief.flush()
         with anyio.fail_after(20):

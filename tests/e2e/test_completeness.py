@@ -35,7 +35,7 @@ from tests.cluster import write_config as cluster_config
 from tests.helpers import ROWS, cli, read_jsonl, weather, write_jsonl
 from tests.pools import N_TASKS, REPEATS, Pool, assert_exactly_once, publish, tasks_file, write_config
 
-RESULTS = "GYM_RESULTS"
+RESULTS = "GYM_RESULTS_agent"
 SLOTS = N_TASKS * REPEATS
 
 

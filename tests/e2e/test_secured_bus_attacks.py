@@ -436,11 +436,12 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
         await bus.js_publish(Subjects("gym").task("weather_agent", "b9"), task, msg_id="b9:0:0")
         stored = await bus.js.get_last_msg(Subjects("gym").tasks_stream, Subjects("gym").task("weather_agent", "b9"))
-        key, n, _ = stored.headers[BLOB_HEADER].split(".")
+        role, pool, key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body
-            await bus.js.purge_stream("GYM_BLOBS", subject=f"gym.blob.{key}.{i}")
-            await bus.js.publish(f"gym.blob.{key}.{i}", forged if i == 0 else b"", timeout=5.0)
+            chunk = f"gym.blob.{role}.{pool}.{key}.{i}"
+            await bus.js.purge_stream(bus.subjects.blob_stream(role), subject=chunk)
+            await bus.js.publish(chunk, forged if i == 0 else b"", timeout=5.0)
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, cfg, [("agents", "weather_agent")]))
             with anyio.fail_after(20):
