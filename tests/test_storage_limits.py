@@ -29,8 +29,7 @@ WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 
 
 async def _limits(bus: Bus) -> dict[str, int]:
-    await jetstream.ensure_streams(bus)
-    await jetstream.ensure_results_stream(bus, "weather_agent")
+    await jetstream.ensure_streams(bus, ["weather_agent"])
     await jetstream.ensure_blob_stream(bus, "agent")
     await batches._kv(bus)
     s = bus.subjects

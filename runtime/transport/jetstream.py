@@ -376,10 +376,11 @@ async def ensure_streams(bus: Bus, agents: Iterable[str] = ()) -> None:
             discard=DiscardPolicy.NEW,  # a full queue refuses a new call (the caller fails it); never drops one
         ),
     ]
-    for cfg, size in zip(configs, (tasks, model), strict=True):
+    for i, (cfg, size) in enumerate(zip(configs, (tasks, model), strict=True)):
+        if i == 1:  # the results before the model queue, as they were created when there was one shared stream
+            for agent in agents:
+                await ensure_results_stream(bus, agent)
         await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
-    for agent in agents:
-        await ensure_results_stream(bus, agent)
 
 
 def results_config(bus: Bus, agent: str | None) -> StreamConfig:
