@@ -45,7 +45,7 @@ async def store_all(bus: Bus) -> None:
 
 
 async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:
-    await ensure_streams(bus)
+    await ensure_streams(bus, ["a"])
     await store_all(bus)
     out = tmp_path / "out.jsonl"
     collector = Collector(bus, await put_batch(bus, "b", TASKS, repeats=REPEATS), out)
@@ -68,7 +68,7 @@ async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_att
     """The rule for later attempts, as the stream delivers rows in any order: slot 0 gets a failure of attempt
     1, then a result of attempt 2 (kept); slot 1 a result, then a failure of a later attempt (the result
     stays); slot 2 failures of attempts 2 then 1 (the later attempt's stays)."""
-    await ensure_streams(bus)
+    await ensure_streams(bus, ["a"])
     fail = ErrorInfo(error_class="timeout", message="attempt ran out")
 
     def row(task: int, attempt: int, ok: bool) -> RolloutResult:
