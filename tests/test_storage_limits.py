@@ -184,3 +184,16 @@ def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path:
         repeats=4,
     )
     assert rows and res.stderr.count("storage") < 10, res.stderr[-3000:]
+
+
+def test_an_agents_full_results_stream_makes_its_slots_storage_full_rows(tmp_path: Path) -> None:
+    """20 weather results (~1.8 KB each) into a 16 KB results stream of the agent's own: the stream refuses the
+    rest (it never drops a stored result to make room), the worker says so in a line every 10 s, not per
+    rollout, and ``run`` ends with every slot a row or a ``storage_full`` failure row naming the stream, exit 1.
+    Before: a shared discard-old stream dropped the oldest results, which became ``lost`` rows."""
+    res, rows = run_full(tmp_path, "results_max_bytes", "jetstream.results_max_bytes=16KB", repeats=4)
+    assert res.returncode == 1, res.stderr[-3000:]
+    failures = read_jsonl(tmp_path / "o_failures.jsonl")
+    assert 0 < len(rows) < 20 and len(rows) + len(failures) == 20
+    assert all("GYM_RESULTS_weather_agent" in f["error"] for f in failures), failures[0]
+    assert res.stderr.count("result.not_stored") < 5, res.stderr[-3000:]

@@ -45,8 +45,8 @@ from gym_runtime.transport.subjects import advisory
 log = logs.get("gym.reader")
 
 STORAGE_FULL = (
-    "no result of this slot is stored: its agent's results stream {stream} is full and refuses its pool's results "
-    "(jetstream.results_max_bytes, per agent; collect and purge that agent's finished batches)"
+    "no result of this slot is stored: its agent's results stream {stream} is full and refuses its pool's results: "
+    "raise jetstream.results_max_bytes (per agent), or collect and purge that agent's finished batches"
 )
 
 TICK_S = 5.0  # how often a reader acks what it handled and, with empty slots, asks whether they will ever fill
