@@ -39,7 +39,9 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 async def _stream_info(url: str) -> dict[str, dict]:
     bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
     try:
-        return {k: await jetstream.stream_config(bus, bus.subjects.stream(k)) for k in ("task", "result", "model")}
+        s = bus.subjects
+        streams = {"task": s.tasks_stream, "result": s.results_stream("agent"), "model": s.model_stream}
+        return {k: await jetstream.stream_config(bus, name) for k, name in streams.items()}
     finally:
         await bus.close()
 
