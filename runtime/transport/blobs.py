@@ -166,20 +166,24 @@ class Bodies:
     async def _get_blob(self, ref: str) -> bytearray:
         """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not).
 
-        Chunks are fetched ``BLOB_CHUNKS_IN_FLIGHT`` at a time and appended in order as they come, hashed on
+        Chunks are fetched ``BLOB_CHUNKS_IN_FLIGHT`` at a time and written in order as they come, hashed on
         the way: the body and a couple of chunks are all that is held (a fetch of every chunk at once made the
         server drop the reader as a slow consumer, and held each chunk twice)."""
         space, key, n, digest = self._blob_ref(ref)
-        limit = self.max_blob_bytes
-        body = bytearray()
+        limit, size = self.max_blob_bytes, self.blob_threshold
+        # one buffer of what n chunks can hold, filled in place and cut to size: a buffer grown chunk by chunk
+        # moved once it outgrew the allocator's heap and left the old copy's pages behind (+1× the body in RSS)
+        body = bytearray(min(n * size, limit))
+        view = memoryview(body)
+        filled = 0
         sha = hashlib.sha256()
 
         async def get(i: int) -> bytes:
             msg = await self.nc.request(self.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
             if msg.headers and msg.headers.get("Status"):
                 raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
-            if len(msg.data) > self.blob_threshold or len(body) + len(msg.data) > limit:
-                raise Failure("integrity", f"a referenced body is over the {limit} B limit")
+            if len(msg.data) > size:
+                raise Failure("integrity", f"a referenced body's chunk {i} is larger than a chunk")
             return msg.data
 
         ahead: deque[asyncio.Future[bytes]] = deque()
@@ -190,13 +194,16 @@ class Bodies:
                     ahead.append(asyncio.ensure_future(get(nxt)))
                     nxt += 1
                 chunk = await ahead.popleft()
-                if len(body) + len(chunk) > limit:
+                if filled + len(chunk) > len(body):
                     raise Failure("integrity", f"a referenced body is over the {limit} B limit")
                 sha.update(chunk)
-                body += chunk
+                view[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
         finally:
             for t in ahead:
                 t.cancel()
+            view.release()
+        del body[filled:]
         if sha.hexdigest() != digest:
             raise Failure("integrity", "a referenced body does not match the digest its message carries (tampered)")
         return body
