@@ -1,8 +1,10 @@
-"""Bodies over the max payload: write-once chunks in the blob stream, referenced from the message.
+"""Bodies over the max payload: write-once chunks in the sender's role's blob stream, referenced from the message.
 
-The ``Gym-Blob`` header carries the key, the chunk count and the body's SHA-256, so a reader checks
-that what it read is what the sender stored; only the key a message carries reads a body (no role
-but admin may list the stream). ``Bodies`` is the part of ``Bus`` that encodes and decodes.
+Each connection writes into its own key space (``{role}.{pool}``) of its role's stream, so a pool that fills
+it refuses no other role's bodies. The ``Gym-Blob`` header carries the key space, the key, the chunk count
+and the body's SHA-256, so a reader checks that what it read is what the sender stored; only the key a
+message carries reads a body (no role but admin may list a stream), and a count more chunks than the body
+limit allows is refused before any is fetched. ``Bodies`` is the part of ``Bus`` that encodes and decodes.
 """
 
 from __future__ import annotations
