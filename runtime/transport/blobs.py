@@ -31,7 +31,7 @@ from gym_runtime.transport.headers import (
 )
 from gym_runtime.transport.jetstream import ensure_blob_stream
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
-from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, Subjects, blob_role
+from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, Subjects, blob_role, blob_space
 
 if TYPE_CHECKING:
     from gym_runtime.transport.bus import Bus
@@ -163,7 +163,7 @@ class Bodies:
                 "integrity",
                 f"a referenced body of {n} chunks of {self.blob_threshold} B is over the {self.max_blob_bytes} B limit",
             )
-        return f"{role}.{pool}", key, n, digest
+        return blob_space(role, pool), key, n, digest
 
     async def _get_blob(self, ref: str) -> bytearray:
         """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not).
