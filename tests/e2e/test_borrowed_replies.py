@@ -21,7 +21,7 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.transport.jetstream import stream_config
-from tests.helpers import cli, connect_as, read_jsonl, secured_server
+from tests.helpers import cli, connect_as, put_batch, read_jsonl, secured_server
 
 POOLS = [("agent", "a"), ("agent", "b"), ("resource", "env_a"), ("resource", "env_b"), ("model", "m")]
 REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={})
@@ -158,7 +158,7 @@ async def test_a_direct_get_answer_cannot_store_a_result_as_another_agent(pooled
         )
         await thief.flush()
         with anyio.fail_after(20):
-            await Collector(admin, "victim", tmp_path / "out.jsonl", expected=1).run()
+            await Collector(admin, await put_batch(admin, "victim", 1, agent="b"), tmp_path / "out.jsonl").run()
         assert [r.get("reward") for r in read_jsonl(tmp_path / "out.jsonl")] != [1337.0]
     finally:
         await thief.close()
