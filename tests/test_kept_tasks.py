@@ -4,10 +4,13 @@ task, a large one by its blob's key, gone with the batch's purge; and the task i
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from gym_runtime.data.batches import Manifest, purge_batch
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.data.republish import kept_task
+from gym_runtime.errors import UserError
+from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import subject_count, task_id_slots, task_msg_id
@@ -73,3 +76,12 @@ def test_a_task_published_again_has_an_id_of_its_own_naming_the_same_slots() -> 
 def test_a_manifest_written_before_bodies_were_kept_publishes_nothing_again() -> None:
     old = b'{"batch":"o","expected":2,"tasks":2,"repeats":1,"agents":{"a":2},"input":"-","published":true}'
     assert msgspec.json.decode(old, type=Manifest).max_republish == 0
+
+
+async def test_an_earlier_versions_blob_store_is_one_line_saying_what_to_do(bus: Bus) -> None:
+    """A kept store from before blob streams per role holds ``GYM_BLOBS`` on every blob subject: a large body
+    is one line naming it and how to free its subjects, not an API error."""
+    await bus.js.add_stream(name="GYM_BLOBS", subjects=["gym.blob.>"])
+    big = RolloutResult(batch="b", task_index=0, rollout_index=0, agent="a", row={"p": "x" * (bus.blob_threshold + 1)})
+    with pytest.raises(UserError, match=r"holds GYM_BLOBS, the blob store of an earlier gym-runtime.*nats stream rm"):
+        await bus.encode(big, {})

@@ -327,7 +327,17 @@ async def ensure_blob_stream(bus: Bus, role: str) -> None:
         allow_direct=True,
         allow_msg_ttl=True,
     )
-    await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+    try:
+        await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+    except BadRequestError as e:
+        if "overlap" not in str(e):
+            raise
+        old = bus.subjects.legacy_blob_stream  # the single blob stream of an earlier version: every role's subjects
+        raise UserError(
+            f"stream {cfg.name} cannot be made: the server holds {old}, the blob store of an earlier gym-runtime; "
+            f"once the batches whose bodies it holds are collected, delete it (nats stream rm {old}) or start on "
+            "a fresh store"
+        ) from None
 
 
 def duplicate_window(bus: Bus, max_age: float | None) -> float:

@@ -277,6 +277,11 @@ class Subjects:
         """The work queue of model calls no replica had a free slot for."""
         return f"{self._base}_MODEL"
 
+    @property
+    def legacy_blob_stream(self) -> str:
+        """The one blob stream of every role an earlier version made (its subjects overlap every role's)."""
+        return f"{self._base}_BLOBS"
+
     def blob_stream(self, role: str) -> str:
         """Bodies over the max payload that ``role`` sent (one of ``BLOB_ROLES``), as write-once chunks: a
         stream per role, so one role's flood never refuses another's bodies."""
