@@ -219,7 +219,7 @@ class Client:
                 jetstream=self.config.jetstream,
                 **kw,
             )
-            await ensure_streams(self._bus)
+            await ensure_streams(self._bus, self.config.agents)  # and each agent's results stream
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             if self.workers_spec == "processes":
@@ -492,7 +492,8 @@ class Client:
             async with self._run_lock:
                 if self._run_reader is None:
                     intake = Intake(self.bus, self._run_batch, repeats=1, tasks=None, allows=self._run_owned)
-                    reader = BatchReader(self.bus, intake, self._take_run, name="client")
+                    agents = list(self.config.agents)
+                    reader = BatchReader(self.bus, intake, self._take_run, name="client", agents=agents)
                     await reader.open()
                     assert self._tg is not None
                     self._tg.start_soon(reader.run)

@@ -158,7 +158,7 @@ class LocalCluster:
             bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
             try:
                 bus.jetstream_config = JetStreamConfig(replicas=replicas)
-                await jetstream.ensure_streams(bus)
+                await jetstream.ensure_streams(bus, ["agent"])  # the agent of write_config
             finally:
                 await bus.close()
 

@@ -21,7 +21,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.jetstream import ensure_results_stream, ensure_streams
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
@@ -114,6 +114,8 @@ async def put_batch(
     manifest = new_manifest(batch, Owners.one(agent, tasks), repeats=repeats, input_path="-")
     manifest = msgspec.structs.replace(manifest, published=published)
     await ensure_streams(bus)
+    if not bus.secured:  # a secured server provisioned it (from its config's agents, or one shared by all)
+        await ensure_results_stream(bus, agent)
     await put_manifest(bus, manifest)
     return manifest
 

@@ -174,7 +174,7 @@ async def publish_results(url: str, indexes: range, *, every_s: float = 0.0, man
     bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-results")
     try:
         if manifest:
-            await ensure_streams(bus)
+            await ensure_streams(bus, ["agent"])
             await put_manifest(
                 bus,
                 Manifest(

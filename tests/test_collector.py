@@ -46,7 +46,7 @@ async def store_all(bus: Bus) -> None:
 
 
 async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:
-    await ensure_streams(bus)
+    await ensure_streams(bus, ["a"])
     await store_all(bus)
     out = tmp_path / "out.jsonl"
     collector = Collector(bus, await put_batch(bus, "b", TASKS, repeats=REPEATS), out)
@@ -69,7 +69,7 @@ async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_att
     """The rule for later attempts, as the stream delivers rows in any order: slot 0 gets a failure of attempt
     1, then a result of attempt 2 (kept); slot 1 a result, then a failure of a later attempt (the result
     stays); slot 2 failures of attempts 2 then 1 (the later attempt's stays)."""
-    await ensure_streams(bus)
+    await ensure_streams(bus, ["a"])
     fail = ErrorInfo(error_class="timeout", message="attempt ran out")
 
     def row(task: int, attempt: int, ok: bool) -> RolloutResult:
@@ -100,20 +100,21 @@ async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_att
 async def test_a_result_not_stored_as_an_agent_stores_one_is_refused(bus: Bus, tmp_path: Path) -> None:
     """Issue 33: a direct get's answer sent into a result subject (a borrowed reply; on one account the server
     stores it) is refused, as is a row without a message id naming its slot: counted, never written."""
-    await ensure_streams(bus)
-    await ensure_blob_stream(bus)
+    await ensure_streams(bus, ["a"])
+    await ensure_blob_stream(bus, "agent")
     subject = Subjects("gym").result("a", "m")
     forged = RolloutResult(batch="m", task_index=0, rollout_index=0, agent="a", row={"reward": 1337.0})
     body = bus.codec.encode(forged)
-    await bus.js.publish(Subjects("gym").blob("forged", 0), body, timeout=5.0)
-    get = sj.direct_get(Subjects("gym").blob_stream, Subjects("gym").blob("forged", 0))
+    chunk = Subjects("gym").blob("agent.a", "forged", 0)
+    await bus.js.publish(chunk, body, timeout=5.0)
+    get = sj.direct_get(Subjects("gym").blob_stream("agent"), chunk)
     await bus.nc.publish(get, b"", reply=subject)  # the answer with its headers (Nats-Stream, ...)
     await bus.nc.publish(get, b'{"no_hdr": true}', reply=subject)  # the body alone: no message id
     await bus.js.publish(
         subject, body, headers={"Nats-Msg-Id": result_msg_id("m", 0, 1, 0)}, timeout=5.0
     )  # not its slot
     with anyio.fail_after(10):  # the borrowed answers are stored (one account): the attack is real here
-        while (await bus.js.stream_info(Subjects("gym").results_stream)).state.messages < 3:
+        while (await bus.js.stream_info(Subjects("gym").results_stream("a"))).state.messages < 3:
             await anyio.sleep(0.02)
     genuine = msgspec.structs.replace(forged, row={"reward": 1.0})
     await bus.js_publish(subject, genuine, msg_id=result_msg_id("m", 0, 0, 1))

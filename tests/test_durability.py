@@ -55,11 +55,11 @@ def test_a_killed_server_loses_nothing_with_either_setting(tmp_path: Path, sync:
     srv.start()
     try:
         anyio.run(lambda: publish_results(srv.url, range(200), manifest=True))
-        acked = stream_messages([srv.url], "GYM_RESULTS")
+        acked = stream_messages([srv.url], "GYM_RESULTS_agent")
         assert acked is not None and len(acked) == 200
         srv.kill()
         srv.start()
-        assert stream_messages([srv.url], "GYM_RESULTS") == acked
+        assert stream_messages([srv.url], "GYM_RESULTS_agent") == acked
     finally:
         srv.stop()
 

@@ -12,6 +12,7 @@ import anyio
 
 from gym_runtime.messages import RolloutResult
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_results_stream
 from gym_runtime.transport.subjects import Subjects
 
 K = 3
@@ -25,7 +26,7 @@ def row(i: int, run: int) -> tuple[RolloutResult, str]:
 
 async def stored(bus: Bus) -> list[tuple[int, Any]]:
     """(rollout index, run) of every result stored, in stream order."""
-    info = await bus.js.stream_info(Subjects("gym").results_stream)
+    info = await bus.js.stream_info(Subjects("gym").results_stream("agent"))
     sub = await bus.js.subscribe(SUBJECT, ordered_consumer=True)
     out = []
     for _ in range(info.state.messages):
@@ -39,6 +40,7 @@ async def test_a_partly_stored_group_ends_with_k_rows_none_twice_mixing_the_two_
     """The dead run stored rows 0 and 1 of 3; the redelivered run stores its 3 rows as the agent worker
     does (each under its (batch, task, repeat) id): rows 0 and 1 stay the dead run's, row 2 is the new
     run's; a third run's store (an ack lost) adds nothing."""
+    await ensure_results_stream(bus, "agent")
     for i in range(K - 1):
         res, msg_id = row(i, run=1)
         await bus.js_publish(SUBJECT, res, msg_id=msg_id)

@@ -4,14 +4,17 @@ task, a large one by its blob's key, gone with the batch's purge; and the task i
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from gym_runtime.data.batches import Manifest, purge_batch
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.data.republish import kept_task
+from gym_runtime.errors import UserError
+from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import subject_count, task_id_slots, task_msg_id
-from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.subjects import Subjects, blob_role
 from tests.helpers import REPO, ROWS, weather
 
 DATA = REPO / "resources/weather/data/example.jsonl"
@@ -35,7 +38,7 @@ async def test_a_large_tasks_body_is_kept_by_its_blob_key(bus: Bus) -> None:
     row = {**ROWS[0], "pad": "x" * size}
     await publish_rows(bus, [row], batch="big", agents=["weather_agent"], keep=True)
     kept = await bus.js.stream_info(s.kept_stream)
-    blobs = await bus.js.stream_info(s.blob_stream)
+    blobs = await bus.js.stream_info(s.blob_stream(blob_role(bus.blob_space)))
     assert kept.state.messages == 1 and kept.state.bytes < 1000
     assert size < blobs.state.bytes < size * 1.1  # once, not twice
     body = await kept_task(bus, "big", 0)
@@ -73,3 +76,12 @@ def test_a_task_published_again_has_an_id_of_its_own_naming_the_same_slots() -> 
 def test_a_manifest_written_before_bodies_were_kept_publishes_nothing_again() -> None:
     old = b'{"batch":"o","expected":2,"tasks":2,"repeats":1,"agents":{"a":2},"input":"-","published":true}'
     assert msgspec.json.decode(old, type=Manifest).max_republish == 0
+
+
+async def test_an_earlier_versions_blob_store_is_one_line_saying_what_to_do(bus: Bus) -> None:
+    """A kept store from before blob streams per role holds ``GYM_BLOBS`` on every blob subject: a large body
+    is one line naming it and how to free its subjects, not an API error."""
+    await bus.js.add_stream(name="GYM_BLOBS", subjects=["gym.blob.>"])
+    big = RolloutResult(batch="b", task_index=0, rollout_index=0, agent="a", row={"p": "x" * (bus.blob_threshold + 1)})
+    with pytest.raises(UserError, match=r"holds GYM_BLOBS, the blob store of an earlier gym-runtime.*nats stream rm"):
+        await bus.encode(big, {})

@@ -10,6 +10,8 @@ from gym_runtime.errors import UserError
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.ops.status import BatchWatch, gather, render_batch
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_results_stream
+from gym_runtime.transport.subjects import LOST
 
 
 async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
@@ -21,6 +23,7 @@ async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
         row=None if failed else {"reward": 1.0},
         error=ErrorInfo(error_class="tool_error", message="x") if failed else None,
     )
+    await ensure_results_stream(bus, "a")
     await bus.js_publish(bus.subjects.result("a", "w"), res, msg_id=f"w:{task}:0")
 
 
@@ -60,6 +63,8 @@ async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_
     ``collect`` reads it; a body that does not decode is a failure too, not a watch that dies."""
     await put_manifest(bus, Manifest(batch="w", expected=3, tasks=3, repeats=1, agents={"a": 3}, input="-"))
     forged = RolloutResult(batch="w", task_index=0, rollout_index=0, agent="a", row={"reward": 1.0})
+    await ensure_results_stream(bus, LOST)
+    await ensure_results_stream(bus, "a")
     await bus.js_publish(bus.subjects.lost("w"), forged, msg_id="w:0:0")
     await bus.nc.publish(bus.subjects.result("a", "w"), b"not a result", headers={"Nats-Msg-Id": "w:1:0"})
     await bus.nc.flush()

@@ -29,11 +29,17 @@ WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 
 
 async def _limits(bus: Bus) -> dict[str, int]:
-    await jetstream.ensure_streams(bus)
-    await jetstream.ensure_blob_stream(bus)
+    await jetstream.ensure_streams(bus, ["weather_agent"])
+    await jetstream.ensure_blob_stream(bus, "agent")
     await batches._kv(bus)
     s = bus.subjects
-    names = [s.tasks_stream, s.results_stream, s.model_stream, s.blob_stream, "KV_GYM_BATCHES"]
+    names = [
+        s.tasks_stream,
+        s.results_stream("weather_agent"),
+        s.model_stream,
+        s.blob_stream("agent"),
+        "KV_GYM_BATCHES",
+    ]
     out = {}
     for name in names:
         cfg = await jetstream.stream_config(bus, name)
@@ -65,11 +71,11 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
         await drain(workers, timeout=5)
         tg.cancel_scope.cancel()
     assert stats.rows == n
-    result_bytes = (await jetstream.stream_config(bus, names.results_stream) or {})["bytes"] / n
+    result_bytes = (await jetstream.stream_config(bus, names.results_stream("weather_agent")) or {})["bytes"] / n
     limits = await _limits(bus)
     assert 300 < task_bytes < 2_000 and 800 < result_bytes < 4_000, (task_bytes, result_bytes)
     assert limits[names.tasks_stream] >= 1_000_000 * task_bytes * 2  # rows twice a weather row's size fit too
-    assert limits[names.results_stream] >= 1_000_000 * result_bytes * 2
+    assert limits[names.results_stream("weather_agent")] >= 1_000_000 * result_bytes * 2  # per agent
 
 
 def small_server(tmp_path: Path, store: int) -> EmbeddedServer:
@@ -178,3 +184,16 @@ def test_a_full_model_queue_fails_the_calls_it_refuses_as_storage_full(tmp_path:
         repeats=4,
     )
     assert rows and res.stderr.count("storage") < 10, res.stderr[-3000:]
+
+
+def test_an_agents_full_results_stream_makes_its_slots_storage_full_rows(tmp_path: Path) -> None:
+    """20 weather results (~1.8 KB each) into a 16 KB results stream of the agent's own: the stream refuses the
+    rest (it never drops a stored result to make room), the worker says so in a line every 10 s, not per
+    rollout, and ``run`` ends with every slot a row or a ``storage_full`` failure row naming the stream, exit 1.
+    Before: a shared discard-old stream dropped the oldest results, which became ``lost`` rows."""
+    res, rows = run_full(tmp_path, "results_max_bytes", "jetstream.results_max_bytes=16KB", repeats=4)
+    assert res.returncode == 1, res.stderr[-3000:]
+    failures = read_jsonl(tmp_path / "o_failures.jsonl")
+    assert 0 < len(rows) < 20 and len(rows) + len(failures) == 20
+    assert all("GYM_RESULTS_weather_agent" in f["error"] for f in failures), failures[0]
+    assert res.stderr.count("result.not_stored") < 5, res.stderr[-3000:]

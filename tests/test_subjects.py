@@ -86,31 +86,38 @@ USES = [
     Use("result", s.result("a", "b1"), of("agent", "a"), set()),
     Use("result", s.result("b", "b1"), of("agent", "b"), set()),
     Use("lost", s.lost("b1"), {"publisher"}, set()),  # a reader's records of lost slots: never an agent's
-    # every reader of a batch (collect, the client, status): a durable of its own on the results stream
+    # every reader of a batch (collect, the client, status): a durable of its own on each agent's results stream
     *(
         Use(
             "reader",
-            sj.consumer_create(s.results_stream, s.reader(who, "b1"), s.batch_results("b1")),
+            sj.consumer_create(s.results_stream(a), s.reader(who, "b1"), s.result(a, "b1")),
             {"publisher"},
             set(),
         )
         for who in ("collect", "client", "status")
+        for a in ("a", "b", sj.LOST)
     ),
     *(
-        Use("reader", f"$JS.ACK.{s.results_stream}.{s.reader(who, 'b1')}.{ACK}", {"publisher"}, set())
+        Use("reader", f"$JS.ACK.{s.results_stream('a')}.{s.reader(who, 'b1')}.{ACK}", {"publisher"}, set())
         for who in ("collect", "client")
     ),
+    # ... never one that takes another agent's results out of an agent's stream (nor a stream nobody has)
+    Use("results_stream", sj.consumer_create(s.results_stream("a"), "x", s.result("b", "b1")), set(), set()),
+    Use("results_stream", sj.consumer_create(s.results_stream("zz"), "x", s.result("zz", "b1")), set(), set()),
+    Use("shared_results_stream", sj.stream_info(s.shared_results_stream), set(), set()),
     Use(
         "batch_results",
-        sj.consumer_create(s.results_stream, "collect_b1_x", s.batch_results("b1")),
-        {"publisher"},
+        sj.consumer_create(s.results_stream("a"), "collect_b1_x", s.batch_results("b1")),
+        set(),
         set(),
     ),
-    Use("consumer_info", sj.consumer_info(s.results_stream, "collect_b1_x"), {"publisher"}, set()),
-    Use("pull_next", sj.pull_next(s.results_stream, "collect_b1_x"), {"publisher"}, set()),
+    Use("consumer_info", sj.consumer_info(s.results_stream("a"), "collect_b1_x"), {"publisher"}, set()),
+    Use("pull_next", sj.pull_next(s.results_stream("b"), "collect_b1_x"), {"publisher"}, set()),
     # ... which ack what they handled (so the server can say when nothing more is on its way to them)
-    Use("acks", f"$JS.ACK.{s.results_stream}.collect_b1_x.{ACK}", {"publisher"}, set()),
-    Use("consumer_delete", sj.consumer_delete(s.results_stream, "collect_b1_x"), {"publisher"}, set()),
+    Use("acks", f"$JS.ACK.{s.results_stream('a')}.collect_b1_x.{ACK}", {"publisher"}, set()),
+    Use("consumer_delete", sj.consumer_delete(s.results_stream("a"), "collect_b1_x"), {"publisher"}, set()),
+    # ... and how full each is (a full one's empty slots are storage_full rows)
+    Use("stream_info", sj.stream_info(s.results_stream("a")), {"publisher"}, set()),
     Use("consumer_delete", sj.consumer_delete(s.tasks_stream, "agent_a"), set(), set()),
     Use("advisory", sj.advisory("MSG_TERMINATED", s.tasks_stream), set(), {"publisher"}),
     Use("advisory", sj.advisory("MAX_DELIVERIES", s.tasks_stream), set(), {"publisher"}),
@@ -154,16 +161,25 @@ USES = [
     Use("live", s.live("sandbox", "box"), of("sandbox", "box"), of("sandbox", "box")),
     Use("reply", sj.reply(AGENT_A, sj.lane("sandbox", "box"), 5), of("sandbox", "box"), of("agent", "a")),
     Use("answer", sj.answer(PUB, sj.lane("sandbox", "box")), of("sandbox", "box"), {"publisher"}),
-    # large bodies: every role writes chunks and reads them by key; nobody lists them
-    Use("blob", s.blob("k1", 0), EVERYONE, set()),
-    Use("blob_get", s.blob_get("k1", 0), EVERYONE, set()),
-    Use("direct_get", sj.direct_get(s.blob_stream), set(), set()),
+    # large bodies: each credential writes chunks into its own key space of its role's stream, and every role
+    # reads them by key; nobody lists them
+    Use("blob", s.blob(sj.blob_space("publisher", None), "k1", 0), {"publisher"}, set()),
+    Use("blob", s.blob(sj.blob_space("agent", "a"), "k1", 0), of("agent", "a"), set()),
+    Use("blob", s.blob(sj.blob_space("agent", None), "k1", 0), {"agent"}, set()),
+    Use("blob", s.blob(sj.blob_space("model", "m"), "k1", 0), of("model", "m"), set()),
+    Use("blob", s.blob(sj.blob_space("resource", "env_a"), "k1", 0), of("resource", "env_a"), set()),
+    Use("blob", s.blob(sj.blob_space(None, None), "k1", 0), set(), set()),  # an unsecured bus's
+    Use("blob_get", s.blob_get(sj.blob_space("agent", "a"), "k1", 0), EVERYONE, set()),
+    Use("blob_get", s.blob_get(sj.blob_space("model", "m"), "k1", 0), EVERYONE, set()),
+    Use("direct_get", sj.direct_get(s.blob_stream("agent")), set(), set()),
+    Use("pool_blobs", s.pool_blobs("agent", "a"), set(), set()),
+    Use("blob", s.blob(sj.blob_space("sandbox", "box"), "k1", 0), of("sandbox", "box"), set()),
     # the bodies a batch keeps: the publisher writes them with its tasks and reads one back by its subject alone
     Use("kept", s.kept("b1", 3), {"publisher"}, set()),
     Use("kept_get", s.kept_get("b1", 3), {"publisher"}, set()),
     Use("direct_get", sj.direct_get(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.kept_stream), set(), set()),
-    Use("stream_info", sj.stream_info(s.blob_stream), set(), set()),
+    Use("stream_info", sj.stream_info(s.blob_stream("model")), set(), set()),
     # trainer control: the publisher announces, workers hear (the ControlView's subscriptions)
     Use("policy_version", s.policy_version("m"), {"publisher"}, AGENTS | MODELS),
     Use("policy_version", s.policy_version("*"), set(), AGENTS | MODELS),
@@ -210,7 +226,8 @@ USES = [
 
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
-    "tasks_stream", "results_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
+    "tasks_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
+    "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
     "all_resources", "all_sandboxes", "sandbox_group",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)

@@ -174,11 +174,15 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # over it. Unset: the defaults below (docs/operations.md, "Storage limits", says how they were sized).
     max_bytes: int | str | None = None
     tasks_max_bytes: int | str | None = None  # {NS}_TASKS: a full queue refuses new tasks
-    results_max_bytes: int | str | None = None  # {NS}_RESULTS: the oldest results go first
+    # {NS}_RESULTS_{agent}, per agent: a full one refuses that agent's new results (storage_full), never evicts
+    results_max_bytes: int | str | None = None
     model_max_bytes: int | str | None = None  # {NS}_MODEL: a full queue refuses new queued model calls
-    blobs_max_bytes: int | str | None = None  # {NS}_BLOBS: a full store refuses new large bodies
+    blobs_max_bytes: int | str | None = None  # {NS}_BLOBS_{ROLE}, per role: a full one refuses that role's bodies
     kept_max_bytes: int | str | None = None  # {NS}_KEPT: each task's body until purge; the oldest batches' go first
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
+    # How long a large body of a call or reply (not a stored task's or result's, which live as long as their
+    # message) stays in its blob stream: it is read at once, so an unreferenced chunk expires after this.
+    blob_ttl_s: float = 3600.0
     # When a server this config starts (``run``, ``Client``, ``server --secure --config``) writes its store to
     # disk: ``always`` syncs before it acknowledges (an OS crash or power cut loses no acknowledged message),
     # ``interval`` every 2 minutes (nats-server's default: faster, and such a crash loses what it had not synced).
@@ -195,6 +199,8 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError("jetstream.max_age_s: must be >= 0 (0 keeps messages forever)")
         if not 0 <= self.max_republish <= 100:
             raise ConfigError(f"jetstream.max_republish: {self.max_republish} must be between 0 and 100")
+        if not self.blob_ttl_s >= 1:
+            raise ConfigError(f"jetstream.blob_ttl_s: {self.blob_ttl_s!r} must be >= 1 second")
         if not self.duplicate_window_s > 0:
             raise ConfigError(f"jetstream.duplicate_window_s: {self.duplicate_window_s!r} must be > 0 seconds")
         for key in ("max_bytes", *(f"{s}_max_bytes" for s in STREAM_LIMITS), "blob_bytes_in_flight"):

@@ -159,7 +159,9 @@ async def purge_batch(bus: Bus, batch: str) -> int:
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
     """
     names = bus.subjects
-    removed = await jetstream.purge_subject(bus, names.results_stream, names.batch_results(batch))
+    removed = 0
+    for stream in await jetstream.results_streams(bus):  # each agent's, and the lost records'
+        removed += await jetstream.purge_subject(bus, stream, names.batch_results(batch))
     await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

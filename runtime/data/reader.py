@@ -1,7 +1,8 @@
 """Reading one batch's stored results, and knowing from the server when no more will come.
 
-A reader has a consumer of its own on the results stream, filtered to the batch (``{ns}.result.*.{batch}``)
-and read from the start in stream order, so a collector interrupted and run again ends with the same file.
+Every agent's results are in a stream of its own (``{NS}_RESULTS_{agent}``: a pool that fills it is refused
+there and never evicts another's). A reader has a consumer of its own on the stream of each agent of the
+batch, filtered to the batch (``{ns}.result.{agent}.{batch}``) and read from the start in stream order.
 It acks what it has handled (ack-all: one ack covers every message before it), so the consumer's counts
 say whether anything stored is still on its way to it: nothing undelivered (``num_pending``), nothing
 delivered and unhandled (``num_ack_pending``). Neither counts a message that was purged or evicted, so a
@@ -10,11 +11,13 @@ stream emptied or flooded under a reader never makes it wait for what is gone.
 **Lost slots.** A task leaves the work queue when it is acked (its result is stored first) or terminated
 (``+TERM`` by a buggy or hostile worker, or past max deliveries). Once the batch is wholly published, the
 server counts none of its tasks on ``{ns}.task.*.{batch}`` (queued or held), and the reader holds nothing
-pending, a slot still without a row will never get one. Its task is published again from the body the batch
+pending, a slot still without a row will never get one. When its agent's results stream is full, it gets a
+``storage_full`` failure row at once (its pool's results are refused until that agent's batches are purged).
+Otherwise its task is published again from the body the batch
 keeps (``data.republish``), at most ``max_republish`` rounds (the manifest's, or the reader's own); a slot that
 cannot be, or is still empty after the last round, gets a ``lost`` failure row saying why, and a record of it
-is stored on ``{ns}.result._lost.{batch}`` under an id of its own (``lost_msg_id``). Readers never take such
-records as rows, so no credential can end another reader's batch early with them.
+is stored on ``{ns}.result._lost.{batch}`` (a stream of its own) under an id of its own (``lost_msg_id``).
+Readers never take such records as rows, so no credential can end another reader's batch early with them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -29,15 +33,21 @@ import anyio
 from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
 from gym_runtime.data.intake import Intake, read_result
 from gym_runtime.data.republish import NOT_KEPT, republish
-from gym_runtime.messages import ErrorInfo, RolloutResult
+from gym_runtime.messages import ErrorClass, ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.subjects import LOST as LOST_AGENT
 from gym_runtime.transport.subjects import advisory
 
 log = logs.get("gym.reader")
+
+STORAGE_FULL = (
+    "no result of this slot is stored: its agent's results stream {stream} is full and refuses its pool's results: "
+    "raise jetstream.results_max_bytes (per agent), or collect and purge that agent's finished batches"
+)
 
 TICK_S = 5.0  # how often a reader acks what it handled and, with empty slots, asks whether they will ever fill
 ACK_EVERY = 256  # ... and it acks every this many messages (one ack covers all before it)
@@ -50,10 +60,24 @@ LOST = (
 )
 
 
+class _Lane:
+    """One results stream a reader reads (one agent's): its consumer, its puller and where it is."""
+
+    __slots__ = ("agent", "stream", "consumer", "subject", "puller", "last_seq", "handled", "unacked")
+
+    def __init__(self, agent: str, stream: str, consumer: str, subject: str) -> None:
+        self.agent, self.stream, self.consumer, self.subject = agent, stream, consumer, subject
+        self.puller: PullWorker | None = None
+        self.last_seq = 0  # the stream sequence of the last one handled: where a consumer made again reads on
+        self.handled = 0
+        self.unacked: Delivery | None = None  # handled, not acked yet (every message before it is acked)
+
+
 class BatchReader:
-    """Reads a batch's stored results; ``take(result, slot)`` gets each one its ``Intake`` admits (the owner of
-    ``take`` applies the slot rule). With ``empty`` (the slots still without a row), lost slots are settled:
-    ``take`` gets a ``lost`` failure row for each (attempt 0)."""
+    """Reads a batch's stored results, from the results stream of each of its ``agents``; ``take(result, slot)``
+    gets each one its ``Intake`` admits (the owner of ``take`` applies the slot rule). With ``empty`` (the slots
+    still without a row), lost slots are settled: ``take`` gets a ``lost`` (or ``storage_full``) failure row for
+    each (attempt 0)."""
 
     def __init__(
         self,
@@ -62,6 +86,7 @@ class BatchReader:
         take: Callable[[RolloutResult, int], None],
         *,
         name: str,
+        agents: list[str],
         empty: Callable[[], list[int]] | None = None,
         owner: Callable[[int], str] = lambda _task: "",
         max_republish: int | None = None,
@@ -74,13 +99,12 @@ class BatchReader:
         self._owner = owner
         self._max_republish = max_republish  # None: the manifest's
         self.republished = 0  # rounds of tasks published again
-        self.stream = bus.subjects.results_stream
-        self.consumer = bus.subjects.reader(name, self.batch)
+        self.agents = list(dict.fromkeys(agents))
+        self.name = name
         self.handled = 0  # messages handled (taken, refused or unreadable)
         self.taken = 0  # ... of which the intake admitted
-        self._last_seq = 0  # the stream sequence of the last one: where a reader made again reads on
-        self._unacked: Delivery | None = None  # handled, not acked yet (every message before it is acked)
-        self._puller: PullWorker | None = None
+        self._lanes: list[_Lane] = []
+        self._lost_ready = False
 
     @classmethod
     def of(
@@ -97,48 +121,66 @@ class BatchReader:
         again (``max_republish`` rounds, default the manifest's), then settled."""
         owners = TaskOwners(manifest)
         intake = Intake(bus, manifest.batch, repeats=manifest.repeats, tasks=manifest.tasks, allows=owners.allows)
-        return cls(bus, intake, take, name=name, empty=empty, owner=owners.owner, max_republish=max_republish)
+        return cls(
+            bus,
+            intake,
+            take,
+            name=name,
+            agents=sorted(manifest.agents),
+            empty=empty,
+            owner=owners.owner,
+            max_republish=max_republish,
+        )
 
     async def open(self) -> None:
-        """Make the consumer (it reads from the start of the stream, whenever ``run`` starts)."""
-        subject = self.bus.subjects.batch_results(self.batch)
-        await jetstream.add_reader(self.bus, self.stream, self.consumer, subject, acked=True)
-
-        async def recreate() -> None:  # deleted by someone else: read on from where we were
-            await jetstream.add_reader(
-                self.bus, self.stream, self.consumer, subject, start_seq=self._last_seq + 1, acked=True
+        """Make the consumers (each reads its stream from the start, whenever ``run`` starts)."""
+        names = self.bus.subjects
+        for agent in self.agents:
+            stream = await jetstream.ensure_results_stream(self.bus, agent)
+            lane = _Lane(agent, stream, names.reader(self.name, self.batch), names.result(agent, self.batch))
+            await jetstream.add_reader(self.bus, lane.stream, lane.consumer, lane.subject, acked=True)
+            lane.puller = PullWorker(
+                self.bus,
+                stream=lane.stream,
+                consumer=lane.consumer,
+                slots=512,
+                handle=partial(self._on_msg, lane),
+                heartbeat_s=3600.0,
+                inline=True,  # in stream order, one at a time: an ack of one message says every one before was handled
+                recreate=partial(self._recreate, lane),
             )
+            self._lanes.append(lane)
 
-        self._puller = PullWorker(
-            self.bus,
-            stream=self.stream,
-            consumer=self.consumer,
-            slots=512,
-            handle=self._on_msg,
-            heartbeat_s=3600.0,
-            inline=True,  # in stream order, one at a time: an ack of one message says every one before was handled
-            recreate=recreate,
+    async def _recreate(self, lane: _Lane) -> None:
+        """Its consumer was deleted by someone else: read on from where it was."""
+        await jetstream.add_reader(
+            self.bus, lane.stream, lane.consumer, lane.subject, start_seq=lane.last_seq + 1, acked=True
         )
 
     async def run(self) -> None:
-        """Read until ``stop()`` or cancelled; the consumer is deleted on the way out."""
-        if self._puller is None:
+        """Read until ``stop()`` or cancelled; the consumers are deleted on the way out."""
+        if not self._lanes:
             await self.open()
-        assert self._puller is not None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._tick)
-                await self._puller.run()
+                async with anyio.create_task_group() as readers:
+                    for lane in self._lanes:
+                        assert lane.puller is not None
+                        readers.start_soon(lane.puller.run)
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await jetstream.delete_consumer(self.bus, self.stream, self.consumer)
+            with anyio.CancelScope(shield=True):
+                for lane in self._lanes:
+                    with contextlib.suppress(Exception):
+                        await jetstream.delete_consumer(self.bus, lane.stream, lane.consumer)
 
     def stop(self) -> None:
-        if self._puller is not None:
-            self._puller.stop_pulling()
+        for lane in self._lanes:
+            if lane.puller is not None:
+                lane.puller.stop_pulling()
 
-    async def _on_msg(self, msg: Delivery) -> None:
+    async def _on_msg(self, lane: _Lane, msg: Delivery) -> None:
         res = await read_result(self.bus, msg)
         if res is not None:
             slot = self.intake.slot(res, msg.subject, msg.headers)
@@ -146,17 +188,19 @@ class BatchReader:
                 self.taken += 1
                 self._take(res, slot)
         self.handled += 1
-        self._last_seq = max(self._last_seq, msg.stream_seq)
-        if self.handled % ACK_EVERY == 0:
-            self._unacked = None
+        lane.handled += 1
+        lane.last_seq = max(lane.last_seq, msg.stream_seq)
+        if lane.handled % ACK_EVERY == 0:
+            lane.unacked = None
             await msg.ack()
         else:
-            self._unacked = msg
+            lane.unacked = msg
 
     async def _ack_handled(self) -> None:
-        msg, self._unacked = self._unacked, None
-        if msg is not None:
-            await msg.ack()
+        for lane in self._lanes:
+            msg, lane.unacked = lane.unacked, None
+            if msg is not None:
+                await msg.ack()
 
     async def _tick(self) -> None:
         """Every ``TICK_S``: ack what was handled; with empty slots and no result taken since the last tick,
@@ -200,25 +244,34 @@ class BatchReader:
             return
         if await jetstream.subject_count(self.bus, tasks, self.bus.subjects.batch_tasks(self.batch)):
             return  # queued or held: a worker may still store its result
-        # every result is stored before its task is acked: all that will come is in the stream now
+        # every result is stored before its task is acked: all that will come is in the streams now
         await self._ack_handled()
-        if not await jetstream.reader_settled(self.bus, self.stream, self.consumer):
-            return  # some are still on their way to this reader
+        for lane in self._lanes:
+            if not await jetstream.reader_settled(self.bus, lane.stream, lane.consumer):
+                return  # some are still on their way to this reader
         empty = self._empty()
         if not empty:
             return
-        why = await self._again(manifest, empty)
+        repeats = self.intake.repeats
+        full = {lane.agent: lane.stream for lane in self._lanes if await jetstream.stream_full(self.bus, lane.stream)}
+        why: dict[int, tuple[ErrorClass, str]] = {}  # slot -> (error class, message)
+        for s in empty:  # a full stream's slots are not published again: they would be refused again
+            agent = self._owner(s // repeats)
+            if agent in full:
+                why[s] = ("storage_full", STORAGE_FULL.format(stream=full[agent]))
+        if full:
+            log.warning("batch.results_stream_full", batch=self.batch, streams=sorted(full.values()), slots=len(why))
+        rest = [s for s in empty if s not in why]
+        for s, text in (await self._again(manifest, rest) if rest else {}).items():
+            why[s] = ("lost", f"{LOST}; {text}")
         if not why:
             return  # every one is published again: their rows come, or the next round looks again
         log.warning("batch.slots_lost", batch=self.batch, lost=len(why), then="failure rows")
-        repeats = self.intake.repeats
-        errors: dict[str, ErrorInfo] = {}
+        errors: dict[tuple[ErrorClass, str], ErrorInfo] = {}
         lost = []
         for slot, reason in why.items():
             task, rollout = divmod(slot, repeats)
-            error = errors.get(reason) or errors.setdefault(
-                reason, ErrorInfo(error_class="lost", message=f"{LOST}; {reason}")
-            )
+            error = errors.get(reason) or errors.setdefault(reason, ErrorInfo(error_class=reason[0], message=reason[1]))
             lost.append(
                 RolloutResult(
                     batch=self.batch,
@@ -248,6 +301,9 @@ class BatchReader:
         """Store a record of each lost slot, under an id no result has (best effort: the rows are taken anyway)."""
         subject = self.bus.subjects.lost(self.batch)
         try:
+            if not self._lost_ready:
+                await jetstream.ensure_results_stream(self.bus, LOST_AGENT)
+                self._lost_ready = True
             for i in range(0, len(lost), RECORD_IN_FLIGHT):
                 await asyncio.gather(
                     *(

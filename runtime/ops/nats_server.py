@@ -245,10 +245,11 @@ class EmbeddedServer:
         nodes started after it (``provisioned`` says when it is done)."""
         assert self.secure_dir is not None
         local = self.url if self.host not in ("0.0.0.0", "::") else f"nats://127.0.0.1:{self.port}"
+        agents = None if self.reach is None or self.reach.agents is None else sorted(self.reach.agents)
         if self.cluster:
-            self._provisioner = Provisioner(local, self.secure_dir, self.namespaces, self.jetstream).start()
+            self._provisioner = Provisioner(local, self.secure_dir, self.namespaces, self.jetstream, agents).start()
         else:
-            provision_blocking(local, self.secure_dir, self.namespaces, settings=self.jetstream)
+            provision_blocking(local, self.secure_dir, self.namespaces, settings=self.jetstream, agents=agents)
 
     @property
     def provisioned(self) -> bool:

@@ -93,14 +93,16 @@ def permissions(
     for ns in namespaces:
         s = Subjects(ns)
         control, batches = s.control_bucket, s.batches_bucket
-        # bodies over the max payload: write-once chunks, read only by the key their message carries (a
-        # last-by-subject direct get); no stream info (its subjects_filter lists keys), consumer or get by
-        # sequence on the blob stream, so no role can list or read bodies it was not sent
-        pub += [s.all_blobs, sj.direct_get(s.blob_stream, s.all_blobs)]
+        # bodies over the max payload: write-once chunks, written only into this credential's own key space of
+        # its role's blob stream (``blob_space``), read only by the key their message carries (a last-by-subject
+        # direct get); no stream info (its subjects_filter lists keys), consumer or get by sequence on a blob
+        # stream, so no role can list or read bodies it was not sent
+        pub.append(s.pool_blobs(role, mine))
+        pub += [sj.direct_get(s.blob_stream(r), s.role_blobs(r)) for r in sj.BLOB_ROLES]
         models = [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
 
         # the streams every process checks are there before it starts (``ensure_streams``)
-        streams = [sj.stream_info(x) for x in (s.tasks_stream, s.results_stream, s.model_stream)]
+        streams = [sj.stream_info(x) for x in (s.tasks_stream, s.model_stream)]
         control_news = [s.policy_version("*"), s.cancel("*")]  # what every worker's ControlView hears
         if role == "publisher":
             pub += [
@@ -113,15 +115,8 @@ def permissions(
                 sj.kv_key(batches, ">"),
                 *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
                 *_read_kv(batches, control),
-                # its readers of the results stream (collect, the client, status) ack what they handled: the
-                # server then says when it holds nothing more for them (acks on a no-retention results stream
-                # delete nothing); and their removal
-                sj.consumer_create(s.results_stream, "*", s.all_results),
-                sj.consumer_info(s.results_stream, "*"),
-                sj.pull_next(s.results_stream, "*"),
-                sj.acks(s.results_stream, "*"),
-                sj.consumer_delete(s.results_stream, "*"),
-                *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream, s.results_stream)),
+                *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream)),
+                *_read_results(s, reach),
                 s.status,  # status: every worker answers into its own lane of this user's inbox
                 s.stateless_verify("*"),  # reverify
                 # collect: failure rows of tasks removed from the queue without a result (read as failures only)
@@ -195,6 +190,29 @@ def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> lis
     out = []
     for env in envs:
         out += [s.seed(env, me), s.session_op(s.session(env, "*"), "*"), s.stateless_verify(env)]
+    return out
+
+
+def _read_results(s: Subjects, reach: Reach) -> list[str]:
+    """The publisher's readers of the results streams (collect, the client, status): one per agent of a batch
+    (a stream per agent, and one of the lost records; a server given no config: one shared stream). They ack
+    what they handled: the server then says when it holds nothing more for them (acks on a no-retention
+    stream delete nothing); and their removal, and each stream's fill (a full one's slots are ``storage_full``)."""
+    if reach.agents is None:
+        streams = [(s.shared_results_stream, s.all_results)]
+    else:
+        streams = [(s.results_stream(a), s.agent_results(a)) for a in [*reach.agents, sj.LOST]]
+    out = []
+    for stream, subjects in streams:
+        out += [
+            sj.stream_info(stream),
+            sj.consumer_create(stream, "*", subjects),
+            sj.consumer_info(stream, "*"),
+            sj.pull_next(stream, "*"),
+            sj.acks(stream, "*"),
+            sj.consumer_delete(stream, "*"),
+            sj.consumer_list(stream),
+        ]
     return out
 
 

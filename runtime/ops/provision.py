@@ -25,6 +25,7 @@ from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.service.loop import run_async
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import BLOB_ROLES
 from gym_runtime.workers import control
 
 
@@ -36,10 +37,13 @@ async def provision(
     settings: JetStreamConfig | None = None,
     timeout: float | None = 30.0,
     waiting: Callable[[str], None] | None = None,
+    agents: list[str] | None = None,
 ) -> None:
     """As admin, create each namespace's streams, batch and control KV buckets and blob store (idempotent).
 
-    ``settings``: the run's ``jetstream:`` block (None: one replica, the default limits). Retries for
+    ``settings``: the run's ``jetstream:`` block (None: one replica, the default limits). ``agents``: the
+    config's agents, each given a results stream of its own (None: no config, one stream for every agent's,
+    as there are no agent pools to keep apart). Retries for
     ``timeout`` seconds (a cluster's JetStream needs a meta leader first), or with ``timeout=None``
     until it succeeds, also through setup errors (3 replicas while only two nodes are up), telling
     ``waiting`` why each time it waits.
@@ -55,10 +59,12 @@ async def provision(
                     b = Bus(bus.nc, namespace=ns, telemetry=bus.telemetry)
                     b.jetstream_config = settings
                     await jetstream.ensure_streams(b)
+                    await jetstream.provision_results(b, agents)  # a stream per agent (None: one shared)
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
                     await jetstream.ensure_kept_stream(b)  # each published task's body until its batch is purged
-                    await jetstream.ensure_blob_stream(b)  # last: clients take it for "provisioned"
+                    for role in BLOB_ROLES:  # a stream per role; the last: clients take it for "provisioned"
+                        await jetstream.ensure_blob_stream(b, role)
                 return
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -79,6 +85,7 @@ def provision_blocking(
     *,
     settings: JetStreamConfig | None = None,
     timeout: float = 30.0,
+    agents: list[str] | None = None,
 ) -> None:
     """``provision`` from synchronous code, in a thread of its own (the caller may be inside an event loop)."""
     errors: list[BaseException] = []
@@ -86,7 +93,7 @@ def provision_blocking(
 
     def go() -> None:
         try:
-            run_async(lambda: provision(url, auth, namespaces, settings=settings, timeout=timeout))
+            run_async(lambda: provision(url, auth, namespaces, settings=settings, timeout=timeout, agents=agents))
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
@@ -103,8 +110,16 @@ class Provisioner:
     ``done`` is set once the namespaces are provisioned; ``waiting_for`` says why it is not yet.
     """
 
-    def __init__(self, url: str, auth_dir: str | Path, namespaces: list[str], settings: JetStreamConfig | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        auth_dir: str | Path,
+        namespaces: list[str],
+        settings: JetStreamConfig | None,
+        agents: list[str] | None = None,
+    ) -> None:
         self.url, self.auth_dir, self.namespaces, self.settings = url, Path(auth_dir), namespaces, settings
+        self.agents = agents
         self.done = threading.Event()
         self.waiting_for: str | None = None
         self._stopped = threading.Event()
@@ -134,7 +149,13 @@ class Provisioner:
                 tg.start_soon(watch)
                 auth = ClientAuth(self.auth_dir)
                 await provision(
-                    self.url, auth, self.namespaces, settings=self.settings, timeout=None, waiting=self._said
+                    self.url,
+                    auth,
+                    self.namespaces,
+                    settings=self.settings,
+                    timeout=None,
+                    waiting=self._said,
+                    agents=self.agents,
                 )
                 self.waiting_for = None
                 self.done.set()

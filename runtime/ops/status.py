@@ -27,15 +27,21 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.subjects import LOST
 
 
 async def gather(bus: Bus, *, window_s: float = 1.0) -> dict[str, Any]:
     names = bus.subjects
-    t0, before = time.monotonic(), await message_count(bus, names.results_stream)
+    results = await jetstream.results_streams(bus)  # each agent's (and the lost records')
+
+    async def stored() -> int:
+        return sum([await message_count(bus, r) for r in results])
+
+    t0, before = time.monotonic(), await stored()
     workers = await discover(bus)
     consumers = await jetstream.consumers(bus, names.tasks_stream) + await jetstream.consumers(bus, names.model_stream)
     await anyio.sleep(max(0.0, window_s - (time.monotonic() - t0)))
-    after = await message_count(bus, names.results_stream)
+    after = await stored()
     return {
         "namespace": bus.ns,
         "workers": workers,
@@ -67,9 +73,7 @@ class BatchWatch:
         if manifest is None:
             raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
         watch = cls(bus, manifest)
-        stream = bus.subjects.results_stream
-        consumer = bus.subjects.reader("status", batch)
-        await jetstream.add_reader(bus, stream, consumer, bus.subjects.batch_results(batch))
+        names = bus.subjects
 
         async def take(msg: Any) -> None:
             res = await read_result(bus, msg)
@@ -82,14 +86,29 @@ class BatchWatch:
             if slot is not None:
                 watch.take(res, slot)
 
-        puller = PullWorker(bus, stream=stream, consumer=consumer, slots=512, handle=take, heartbeat_s=3600.0)
+        # each agent's results stream, and the lost records' (only a reader that settled lost slots wrote any)
+        lanes = []
+        for agent in [*sorted(manifest.agents), LOST]:
+            stream = await jetstream.find_results_stream(bus, agent)
+            if stream is None:
+                continue  # nothing of it was ever stored
+            consumer = names.reader("status", batch)
+            await jetstream.add_reader(bus, stream, consumer, names.result(agent, batch))
+            lanes.append((stream, consumer))
 
         async def run() -> None:
             try:
-                await puller.run()
+                async with anyio.create_task_group() as readers:
+                    for stream, consumer in lanes:
+                        puller = PullWorker(
+                            bus, stream=stream, consumer=consumer, slots=512, handle=take, heartbeat_s=3600.0
+                        )
+                        readers.start_soon(puller.run)
             finally:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await jetstream.delete_consumer(bus, stream, consumer)
+                with anyio.CancelScope(shield=True):
+                    for stream, consumer in lanes:
+                        with contextlib.suppress(Exception):
+                            await jetstream.delete_consumer(bus, stream, consumer)
 
         tg.start_soon(run)
         return watch

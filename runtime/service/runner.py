@@ -318,7 +318,7 @@ async def serve(
             return stopped[0] if stopped else None
         try:
             # a refused stream set-up is one clear error, before any worker starts
-            await ensure_streams(next(iter(buses.values())))
+            await ensure_streams(next(iter(buses.values())), [n for r, n in pairs if r == "agents"])
             workers = make_workers(buses, config, pairs, replicas=replicas)
             async with anyio.create_task_group() as tg:
                 await start_workers(tg, workers)
@@ -424,7 +424,7 @@ async def publish_batch(
         input_path=str(Path(input_path).resolve()),
         max_republish=config.jetstream.max_republish,
     )
-    await ensure_streams(bus)
+    await ensure_streams(bus, agents)
     earlier = await get_manifest(bus, batch) if batch else None
     if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
         if earlier.published:
@@ -533,7 +533,7 @@ async def run_batch(
     )
     bus = buses["publisher"]
     try:
-        await ensure_streams(bus)
+        await ensure_streams(bus, config.agents)
         if check_workers:  # before this run's own workers start: only others can differ
             resolve_models(config)
             await check_live_workers(bus, config, list(plan.agents) if not pairs else [])

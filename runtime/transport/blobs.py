@@ -1,8 +1,10 @@
-"""Bodies over the max payload: write-once chunks in the blob stream, referenced from the message.
+"""Bodies over the max payload: write-once chunks in the sender's role's blob stream, referenced from the message.
 
-The ``Gym-Blob`` header carries the key, the chunk count and the body's SHA-256, so a reader checks
-that what it read is what the sender stored; only the key a message carries reads a body (no role
-but admin may list the stream). ``Bodies`` is the part of ``Bus`` that encodes and decodes.
+Each connection writes into its own key space (``{role}.{pool}``) of its role's stream, so a pool that fills
+it refuses no other role's bodies. The ``Gym-Blob`` header carries the key space, the key, the chunk count
+and the body's SHA-256, so a reader checks that what it read is what the sender stored; only the key a
+message carries reads a body (no role but admin may list a stream), and a count more chunks than the body
+limit allows is refused before any is fetched. ``Bodies`` is the part of ``Bus`` that encodes and decodes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -24,16 +27,20 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import (
     BLOB_HEADER,
     MSG_ID_HEADER,
+    TTL_HEADER,
 )
 from gym_runtime.transport.jetstream import ensure_blob_stream
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
-from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, Subjects, blob_role, blob_space
 
 if TYPE_CHECKING:
     from gym_runtime.transport.bus import Bus
 
 MAX_BLOB_BYTES = 256 * 1024 * 1024  # a referenced body larger than this is refused before it is read
 BLOB_BYTES_IN_FLIGHT = 128 * 1024 * 1024  # default jetstream.blob_bytes_in_flight
+BLOB_CHUNKS_IN_FLIGHT = 2  # chunks of one body stored or fetched at once
+BLOB_TTL_S = 3600.0  # default jetstream.blob_ttl_s
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class ByteBudget:
@@ -95,6 +102,8 @@ class Bodies:
     secured: bool
     max_blob_bytes: int
     blob_budget: ByteBudget
+    blob_space: str  # ``{role}.{pool}``: the key space this connection writes (``subjects.blob_space``)
+    blob_ttl_s: float
     _blobs_ready: bool
 
     async def _store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
@@ -104,62 +113,109 @@ class Bodies:
     def blob_threshold(self) -> int:
         return max(64 * 1024, (self.nc.max_payload or 1024 * 1024) - 64 * 1024)
 
-    async def _put_blob(self, data: bytes) -> str:
-        """Store ``data`` as write-once chunks under a fresh key; returns the ``Gym-Blob`` header value.
+    async def _put_blob(self, data: bytes, *, ttl: bool) -> str:
+        """Store ``data`` as write-once chunks under a fresh key in this connection's key space; returns the
+        ``Gym-Blob`` header value.
 
-        The header carries the chunk count and the body's SHA-256, so a reader checks
-        that what it read is what the sender stored (a swapped body is refused).
+        The header carries the key space, the chunk count and the body's SHA-256, so a reader checks that what
+        it read is what the sender stored (a swapped body is refused). ``ttl``: the body of a call or a reply,
+        read at once; its chunks expire after ``blob_ttl_s`` (a stored message's live as long as it may).
+        At most ``BLOB_CHUNKS_IN_FLIGHT`` chunks are copied out and on their way at once.
         """
+        space = self.blob_space
         if not self._blobs_ready:
             if not self.secured:
-                await ensure_blob_stream(cast("Bus", self))  # a Bodies is always a Bus's part
+                await ensure_blob_stream(cast("Bus", self), blob_role(space))  # a Bodies is always a Bus's part
             self._blobs_ready = True
         key = uuid.uuid4().hex
         size = self.blob_threshold
-        chunks = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+        view = memoryview(data)
+        n = max(1, -(-len(data) // size))
+        extra = {TTL_HEADER: str(int(self.blob_ttl_s))} if ttl else {}
+        gate = asyncio.Semaphore(BLOB_CHUNKS_IN_FLIGHT)
 
-        async def put(i: int, chunk: bytes) -> None:
-            subject = self.subjects.blob(key, i)
-            await self._store(subject, chunk, {MSG_ID_HEADER: subject})
+        async def put(i: int) -> None:
+            async with gate:
+                subject = self.subjects.blob(space, key, i)
+                await self._store(subject, bytes(view[i * size : (i + 1) * size]), {MSG_ID_HEADER: subject, **extra})
 
         async with self.blob_budget.hold(len(data)):
-            await asyncio.gather(*(put(i, c) for i, c in enumerate(chunks)))
-        return f"{key}.{len(chunks)}.{hashlib.sha256(data).hexdigest()}"
+            await asyncio.gather(*(put(i) for i in range(n)))
+        return f"{space}.{key}.{n}.{hashlib.sha256(data).hexdigest()}"
 
-    def _blob_ref(self, ref: str) -> tuple[str, int, str]:
-        """(key, chunks, digest) of a ``Gym-Blob`` header (an ``integrity`` error if it is malformed or too big)."""
-        key, _, rest = ref.partition(".")
-        n_text, _, digest = rest.partition(".")
-        if not (key.isalnum() and n_text.isdigit() and len(digest) == 64):
+    def _blob_ref(self, ref: str) -> tuple[str, str, int, str]:
+        """(space, key, chunks, digest) of a ``Gym-Blob`` header; an ``integrity`` error if it is malformed, or
+        if its chunk count × the chunk size is over the body limit (refused before any chunk is fetched)."""
+        parts = ref.split(".")
+        if len(parts) != 5:
+            raise Failure("integrity", f"malformed {BLOB_HEADER} header")
+        role, pool, key, n_text, digest = parts
+        if not (
+            (role in BLOB_ROLES or role == ANY_ROLE) and _NAME.fullmatch(pool) and key.isalnum() and n_text.isdigit()
+        ):
+            raise Failure("integrity", f"malformed {BLOB_HEADER} header")
+        if len(digest) != 64 or len(n_text) > 9:
             raise Failure("integrity", f"malformed {BLOB_HEADER} header")
         n = int(n_text)
-        if n < 1 or (n - 1) * 64 * 1024 > self.max_blob_bytes:
-            raise Failure("integrity", f"a referenced body of {n} chunks is over the {self.max_blob_bytes} B limit")
-        return key, n, digest
+        # every chunk but the last is a full one: more chunks than the limit's share is a lie, or too big
+        if n < 1 or (n - 1) * self.blob_threshold >= self.max_blob_bytes:
+            raise Failure(
+                "integrity",
+                f"a referenced body of {n} chunks of {self.blob_threshold} B is over the {self.max_blob_bytes} B limit",
+            )
+        return blob_space(role, pool), key, n, digest
 
-    async def _get_blob(self, ref: str) -> bytes:
-        """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not)."""
-        key, n, digest = self._blob_ref(ref)
+    async def _get_blob(self, ref: str) -> bytearray:
+        """The body a ``Gym-Blob`` header refers to, checked against its digest (``integrity`` error if not).
+
+        Chunks are fetched ``BLOB_CHUNKS_IN_FLIGHT`` at a time and written in order as they come, hashed on
+        the way: the body and a couple of chunks are all that is held (a fetch of every chunk at once made the
+        server drop the reader as a slow consumer, and held each chunk twice)."""
+        space, key, n, digest = self._blob_ref(ref)
+        limit, size = self.max_blob_bytes, self.blob_threshold
+        # one buffer of what n chunks can hold, filled in place and cut to size: a buffer grown chunk by chunk
+        # moved once it outgrew the allocator's heap and left the old copy's pages behind (+1× the body in RSS)
+        body = bytearray(min(n * size, limit))
+        view = memoryview(body)
+        filled = 0
+        sha = hashlib.sha256()
 
         async def get(i: int) -> bytes:
-            msg = await self.nc.request(self.subjects.blob_get(key, i), b"", timeout=JS_ACK_TIMEOUT_S)
+            msg = await self.nc.request(self.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
             if msg.headers and msg.headers.get("Status"):
                 raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
+            if len(msg.data) > size:
+                raise Failure("integrity", f"a referenced body's chunk {i} is larger than a chunk")
             return msg.data
 
-        parts = await asyncio.gather(*(get(i) for i in range(n)))
-        data = b"".join(parts)
-        if len(data) > self.max_blob_bytes:
-            raise Failure("integrity", f"a referenced body of {len(data)} B is over the {self.max_blob_bytes} B limit")
-        if hashlib.sha256(data).hexdigest() != digest:
+        ahead: deque[asyncio.Future[bytes]] = deque()
+        nxt = 0
+        try:
+            while nxt < n or ahead:
+                while nxt < n and len(ahead) < BLOB_CHUNKS_IN_FLIGHT:
+                    ahead.append(asyncio.ensure_future(get(nxt)))
+                    nxt += 1
+                chunk = await ahead.popleft()
+                if filled + len(chunk) > len(body):
+                    raise Failure("integrity", f"a referenced body is over the {limit} B limit")
+                sha.update(chunk)
+                view[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
+        finally:
+            for t in ahead:
+                t.cancel()
+            view.release()
+        del body[filled:]
+        if sha.hexdigest() != digest:
             raise Failure("integrity", "a referenced body does not match the digest its message carries (tampered)")
-        return data
+        return body
 
-    async def encode(self, payload: Any, headers: dict[str, str]) -> bytes:
-        """Encode ``payload``; a body over the max payload is stored as a blob and referenced."""
+    async def encode(self, payload: Any, headers: dict[str, str], *, stored: bool = False) -> bytes:
+        """Encode ``payload``; a body over the max payload is stored as a blob and referenced. ``stored``: the
+        message is kept in a stream (a task, a result), so its body lives as long as it; else it expires."""
         data = self.codec.encode(payload)
         if len(data) > self.blob_threshold:
-            headers[BLOB_HEADER] = await self._put_blob(data)
+            headers[BLOB_HEADER] = await self._put_blob(data, ttl=not stored)
             return b""
         return data
 
@@ -167,7 +223,7 @@ class Bodies:
         headers = msg.headers
         if headers and BLOB_HEADER in headers:
             ref = headers[BLOB_HEADER]
-            _, n, _ = self._blob_ref(ref)  # held from the read until it is decoded: at most n chunks
+            _, _, n, _ = self._blob_ref(ref)  # held from the read until it is decoded: at most n chunks
             async with self.blob_budget.hold(min(n * self.blob_threshold, self.max_blob_bytes)):
                 return self.codec.decode(await self._get_blob(ref), headers)
         return self.codec.decode(msg.data, headers)

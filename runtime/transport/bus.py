@@ -33,7 +33,7 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ErrorReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.transport.blobs import BLOB_BYTES_IN_FLIGHT, MAX_BLOB_BYTES, Bodies, ByteBudget
+from gym_runtime.transport.blobs import BLOB_BYTES_IN_FLIGHT, BLOB_TTL_S, MAX_BLOB_BYTES, Bodies, ByteBudget
 from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.connect import _shown, check_provisioned, connect
 from gym_runtime.transport.headers import (
@@ -56,7 +56,7 @@ from gym_runtime.transport.rpc import (
     _PubAck,
 )
 from gym_runtime.transport.serving import Serving
-from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, caller, caller_of, reply
+from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, blob_space, caller, caller_of, reply
 
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
 
@@ -92,6 +92,8 @@ class Bus(Bodies, Serving):
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
         self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
         self.max_blob_bytes = MAX_BLOB_BYTES
+        self.blob_space = blob_space(None, None)  # whose key space this connection's large bodies go to
+        self.blob_ttl_s = BLOB_TTL_S
         self.blob_budget = ByteBudget(BLOB_BYTES_IN_FLIGHT)  # large bodies held at once (back-pressure beyond)
         # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
         self.jetstream_config: Any = None
@@ -132,10 +134,12 @@ class Bus(Bodies, Serving):
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
+        bus.blob_space = blob_space(role, pool)
         # the pool's name only with the pool's credential (else the role-wide one's ``_``), as its inbox says
         bus.caller = caller(options["inbox_prefix"] + ".x") if options else caller_of(role, pool)
         if jetstream is not None:
             bus.blob_budget.cap = parse_size(jetstream.blob_bytes_in_flight)
+            bus.blob_ttl_s = float(jetstream.blob_ttl_s)
         bus.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
@@ -262,7 +266,7 @@ class Bus(Bodies, Serving):
         else:
             call.watch(loop, subject, op, timeout, liveness or self.timings.liveness_s)
         try:
-            data = await self.encode(payload, headers)
+            data = await self.encode(payload, headers, stored=queued)  # a queued call may wait long for a worker
             if queued:
                 call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
             if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
@@ -381,7 +385,7 @@ class Bus(Bodies, Serving):
         ``keep``: a subject that stores the same body too (a batch's kept task: encoded once, and a large body's
         blob is referenced by both), after ``subject``: concurrent publishes leave in the order they were made."""
         h = self._headers({MSG_ID_HEADER: msg_id})
-        data = await self.encode(payload, h)
+        data = await self.encode(payload, h, stored=True)
         await self._store(subject, data, h)
         if keep is not None:
             await self._store(keep, data, {k: v for k, v in h.items() if k != MSG_ID_HEADER})

@@ -32,7 +32,7 @@ class Codec:
     def encode(self, msg: Any, *, json: bool = False) -> bytes:
         return self._js_enc.encode(msg) if json else self._mp_enc.encode(msg)
 
-    def decode(self, data: bytes, headers: dict[str, str] | None) -> Any:
+    def decode(self, data: bytes | bytearray, headers: dict[str, str] | None) -> Any:
         if headers and headers.get(CONTENT_TYPE) == JSON:
             return self._js_dec.decode(data)
         return self._mp_dec.decode(data)

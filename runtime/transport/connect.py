@@ -87,7 +87,7 @@ async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: fl
     while True:
         try:
             # the blob stream is provisioned last: once it is there, so is everything else
-            await js.find_stream_name_by_subject(Subjects(namespace).blob("probe", 0))
+            await js.find_stream_name_by_subject(Subjects(namespace).blob_probe)
             return
         except nats.js.errors.NotFoundError:
             raise NotProvisioned(

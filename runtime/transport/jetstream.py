@@ -13,9 +13,10 @@ the difference), so a client with default settings never downgrades a cluster's.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -43,6 +44,8 @@ from nats.js.errors import (
 
 from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
+from gym_runtime.transport.subjects import LOST, blob_role
+from gym_runtime.transport.subjects import stream_names as stream_names_subject
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -94,11 +97,15 @@ INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the stream's max_bytes can
 # it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
 # The kept tasks (one body per task, not per repeat: 626 B each for weather, less than a task's share of the
 # task stream) hold a 1,000,000-task batch's bodies up to 1 KB each.
+# Results and blobs are bounded per writer (a stream per agent, a blob stream per role) since one pool may
+# not evict or starve another's data: 4 GiB an agent holds a 1,000,000-rollout batch with results up to
+# 4.3 KB each (weather: 1.8 KB); 512 MiB a role holds two of the largest bodies (256 MiB each) at once. A
+# server that cannot reserve a default for one more agent's stream halves it (below).
 STREAM_LIMITS: dict[str, int] = {
     "tasks": 2 << 30,
-    "results": 6 << 30,
+    "results": 4 << 30,
     "model": 1 << 30,
-    "blobs": 3 << 30,
+    "blobs": 512 << 20,
     "kept": 1 << 30,
 }
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
@@ -139,19 +146,25 @@ def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | N
     description = str(error.get("description", ""))
     if not any(description.startswith(f) for f in _FULL):
         return None
-    kind = bus.subjects.kind(subject)
+    names = bus.subjects
+    kind = names.kind(subject)
     stream = {"task": "tasks", "result": "results", "model": "model", "blob": "blobs", "kept": "kept"}.get(kind)
     if stream is None:
         return StorageFull(f"the stream of {subject} is full ({description})")
     size = limit(bus, stream)
-    names = {"blobs": bus.subjects.blob_stream, "kept": bus.subjects.kept_stream}
-    name = names.get(stream) or bus.subjects.stream(kind)
+    if stream == "results":
+        name = names.results_stream((names.result_parts(subject) or ("?", ""))[0])
+    elif stream == "blobs":
+        name = names.blob_stream(blob_role(subject[len(names.ns) + len(".blob.") :]))
+    else:
+        name = names.kept_stream if stream == "kept" else names.stream(kind)
     limit_text = "-1 (unbounded)" if size.max_bytes < 0 else size_text(size.max_bytes)
     free = {
         "tasks": "let workers drain it",
-        "results": "collect and purge finished batches (gym-runtime purge --batch ID)",
+        "results": "collect and purge this agent's finished batches (gym-runtime purge --batch ID); other "
+        "agents' results are not affected",
         "model": "let the model's workers drain it",
-        "blobs": "bodies leave it after jetstream.max_age_s",
+        "blobs": "bodies of calls leave it after jetstream.blob_ttl_s, stored ones after jetstream.max_age_s",
         "kept": "purge finished batches (gym-runtime purge --batch ID)",
     }[stream]
     return StorageFull(f"stream {name} is full ({description}; {size.key} = {limit_text}): raise {size.key}, or {free}")
@@ -287,18 +300,21 @@ async def last_message(bus: Bus, get: str) -> Msg | None:
     return msg
 
 
-async def ensure_blob_stream(bus: Bus) -> None:
-    """The stream of bodies over the max payload: one message per chunk, each subject written once.
+async def ensure_blob_stream(bus: Bus, role: str) -> None:
+    """The stream of the bodies over the max payload that ``role`` sends: one message per chunk, each
+    subject written once.
 
-    ``discard_new_per_subject`` with one message per subject makes every chunk
-    write-once (an overwrite is refused by the server); reads are direct gets of
-    a subject whose key only the referring message carries (no role may list it).
+    ``discard_new_per_subject`` with one message per subject makes every chunk write-once (an overwrite is
+    refused by the server); reads are direct gets of a subject whose key only the referring message carries
+    (no role may list it). A stream per role, bounded by ``jetstream.blobs_max_bytes`` and refusing new chunks
+    when full (never dropping stored ones): a role that fills its own never starves another's. Chunks of calls
+    and replies carry a per-message TTL (``Nats-TTL``, ``jetstream.blob_ttl_s``) and leave once read.
     """
     replicas, max_age = settings(bus)
     size = limit(bus, "blobs")
     cfg = StreamConfig(
-        name=bus.subjects.blob_stream,
-        subjects=[bus.subjects.all_blobs],
+        name=bus.subjects.blob_stream(role),
+        subjects=[bus.subjects.role_blobs(role)],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         duplicate_window=120.0,  # a chunk published again after a lost ack is a duplicate, not a refusal
@@ -309,8 +325,19 @@ async def ensure_blob_stream(bus: Bus) -> None:
         discard=DiscardPolicy.NEW,
         discard_new_per_subject=True,
         allow_direct=True,
+        allow_msg_ttl=True,
     )
-    await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+    try:
+        await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+    except BadRequestError as e:
+        if "overlap" not in str(e):
+            raise
+        old = bus.subjects.legacy_blob_stream  # the single blob stream of an earlier version: every role's subjects
+        raise UserError(
+            f"stream {cfg.name} cannot be made: the server holds {old}, the blob store of an earlier gym-runtime; "
+            f"once the batches whose bodies it holds are collected, delete it (nats stream rm {old}) or start on "
+            "a fresh store"
+        ) from None
 
 
 def duplicate_window(bus: Bus, max_age: float | None) -> float:
@@ -329,11 +356,12 @@ def settings(bus: Bus) -> tuple[int, float | None]:
     return int(cfg.replicas), float(cfg.max_age_s) or None
 
 
-async def ensure_streams(bus: Bus) -> None:
-    """Create (idempotently) the task, result and model-call streams of a namespace."""
+async def ensure_streams(bus: Bus, agents: Iterable[str] = ()) -> None:
+    """Create (idempotently) the task and model-call streams of a namespace, and the results stream of each of
+    ``agents`` (``ensure_results_stream``: on a secured bus, checked to be there)."""
     names = bus.subjects
     replicas, max_age = settings(bus)
-    tasks, results, model = limit(bus, "tasks"), limit(bus, "results"), limit(bus, "model")
+    tasks, model = limit(bus, "tasks"), limit(bus, "model")
     window = duplicate_window(bus, max_age)
     configs = [
         StreamConfig(
@@ -348,17 +376,6 @@ async def ensure_streams(bus: Bus) -> None:
             discard=DiscardPolicy.NEW,  # a full task queue refuses new tasks; it never drops queued ones
         ),
         StreamConfig(
-            name=names.results_stream,
-            subjects=[names.all_results],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            duplicate_window=window,
-            num_replicas=replicas,
-            max_age=max_age,
-            max_bytes=results.max_bytes,
-            discard=DiscardPolicy.OLD,  # the oldest batches' results go first
-        ),
-        StreamConfig(
             name=names.model_stream,
             subjects=[names.all_model_queues],
             retention=RetentionPolicy.WORK_QUEUE,
@@ -369,8 +386,91 @@ async def ensure_streams(bus: Bus) -> None:
             discard=DiscardPolicy.NEW,  # a full queue refuses a new call (the caller fails it); never drops one
         ),
     ]
-    for cfg, size in zip(configs, (tasks, results, model), strict=True):
+    for i, (cfg, size) in enumerate(zip(configs, (tasks, model), strict=True)):
+        if i == 1:  # the results before the model queue, as they were created when there was one shared stream
+            for agent in agents:
+                await ensure_results_stream(bus, agent)
         await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
+
+
+def results_config(bus: Bus, agent: str | None) -> StreamConfig:
+    """The results stream of ``agent`` (``LOST``: the reader's records of lost slots; None: one stream shared
+    by every agent, ``Subjects.shared_results_stream``). Full, it refuses new results (discard new): stored
+    results are never dropped to make room, and the agent's own results alone are refused."""
+    names = bus.subjects
+    replicas, max_age = settings(bus)
+    return StreamConfig(
+        name=names.shared_results_stream if agent is None else names.results_stream(agent),
+        subjects=[names.all_results if agent is None else names.agent_results(agent)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=duplicate_window(bus, max_age),
+        num_replicas=replicas,
+        max_age=max_age,
+        max_bytes=limit(bus, "results").max_bytes,
+        discard=DiscardPolicy.NEW,
+    )
+
+
+async def provision_results(bus: Bus, agents: list[str] | None) -> None:
+    """As admin: the results stream of every agent and of the lost records (``agents`` None: the shared one)."""
+    size = limit(bus, "results")
+    for agent in [*agents, LOST] if agents is not None else [None]:
+        cfg = results_config(bus, agent)
+        await retrying(partial(_ensure_stream, bus, cfg, cfg.num_replicas or 1, size), what=f"stream {cfg.name}")
+
+
+async def ensure_results_stream(bus: Bus, agent: str) -> str:
+    """The name of the stream that stores ``agent``'s results (``LOST``: lost records), created when missing
+    on an unsecured bus. Found by subject: an older version's (or a config-less secured server's) shared
+    stream serves every agent."""
+    found = await find_results_stream(bus, agent)
+    if found is not None:
+        return found
+    if bus.secured:
+        raise UserError(
+            f"the secured server has no results stream for agent {agent!r}: start it with the config that "
+            "names the agent (gym-runtime server --secure DIR --config CONFIG)"
+        )
+    cfg = results_config(bus, agent)
+    size = limit(bus, "results")
+    await retrying(partial(_ensure_stream, bus, cfg, cfg.num_replicas or 1, size), what=f"stream {cfg.name}")
+    assert cfg.name is not None
+    return cfg.name
+
+
+async def find_results_stream(bus: Bus, agent: str) -> str | None:
+    """The stream that stores ``agent``'s results (its own, or a shared one); None when there is none."""
+    subject = bus.subjects.result(agent, "probe")
+    try:
+        return str(await retrying(lambda: bus.js.find_stream_name_by_subject(subject), what="stream lookup"))
+    except NotFoundError:
+        return None
+
+
+async def results_streams(bus: Bus) -> list[str]:
+    """Every stream that stores results in this namespace (the agents', the lost records', a shared one)."""
+    return await _stream_names(bus, bus.subjects.all_results)
+
+
+async def _stream_names(bus: Bus, subject: str) -> list[str]:
+    """The streams whose subjects overlap ``subject`` (JetStream's STREAM.NAMES with a subject filter)."""
+    msg = await retrying(
+        lambda: bus.nc.request(stream_names_subject(), json.dumps({"subject": subject}).encode(), timeout=5.0),
+        what="stream names",
+    )
+    body = json.loads(msg.data or b"{}")
+    return sorted(body.get("streams") or [])
+
+
+async def stream_full(bus: Bus, stream: str) -> bool:
+    """Whether ``stream`` is at its size limit (within one max payload of it): a writer's next store is refused."""
+    try:
+        info = await bus.js.stream_info(stream)
+    except NotFoundError:
+        return False
+    cap = info.config.max_bytes or -1
+    return cap > 0 and info.state.bytes + (bus.nc.max_payload or 1 << 20) > cap
 
 
 async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int, size: Limit) -> None:

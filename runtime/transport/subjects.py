@@ -24,7 +24,9 @@ import re
 import uuid
 
 __all__ = [
+    "ANY_ROLE",
     "APP_ACCOUNT",
+    "BLOB_ROLES",
     "INBOX",
     "JS_ACCOUNT",
     "JS_ACK_PREFIX",
@@ -35,6 +37,8 @@ __all__ = [
     "advisory",
     "answer",
     "answers",
+    "blob_role",
+    "blob_space",
     "caller_of",
     "consumer_create",
     "consumer_delete",
@@ -71,6 +75,23 @@ APP_ACCOUNT = "APP"
 
 _KV_KEY = re.compile(r"[-_A-Za-z0-9]+")
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+# ------------------------------------------------------------------------------- large bodies' key spaces
+
+# the roles that send large bodies, each with a blob stream of its own (a secured server provisions each)
+BLOB_ROLES = ("publisher", "agent", "model", "sandbox", "resource")
+ANY_ROLE = "any"  # the blob key spaces of an unsecured connection that names no role
+
+
+def blob_space(role: str | None, pool: str | None) -> str:
+    """The key space a connection writes its large bodies into: its role's stream, its pool's keys."""
+    return f"{role if role in BLOB_ROLES else ANY_ROLE}.{pool or '_'}"
+
+
+def blob_role(space: str) -> str:
+    """The role whose blob stream holds a key space (``blob_space``)."""
+    return space.partition(".")[0]
 
 
 # ------------------------------------------------------------------------------- inboxes and reply lanes
@@ -240,8 +261,15 @@ class Subjects:
         """The work queue of rollout tasks (every agent's, every batch's)."""
         return f"{self._base}_TASKS"
 
+    def results_stream(self, agent: str) -> str:
+        """The stream of one agent's results (``LOST``: the reader's records of lost slots): a stream per
+        writer, so a pool that fills its own is refused there and never evicts or starves another's."""
+        return f"{self._base}_RESULTS_{agent}"
+
     @property
-    def results_stream(self) -> str:
+    def shared_results_stream(self) -> str:
+        """One stream of every agent's results: what a secured server started without a config (so with no
+        agent pools to keep apart) provisions, and what an older version made."""
         return f"{self._base}_RESULTS"
 
     @property
@@ -250,9 +278,14 @@ class Subjects:
         return f"{self._base}_MODEL"
 
     @property
-    def blob_stream(self) -> str:
-        """Bodies over the max payload, as write-once chunks."""
+    def legacy_blob_stream(self) -> str:
+        """The one blob stream of every role an earlier version made (its subjects overlap every role's)."""
         return f"{self._base}_BLOBS"
+
+    def blob_stream(self, role: str) -> str:
+        """Bodies over the max payload that ``role`` sent (one of ``BLOB_ROLES``), as write-once chunks: a
+        stream per role, so one role's flood never refuses another's bodies."""
+        return f"{self._base}_BLOBS_{role.upper()}"
 
     @property
     def batches_bucket(self) -> str:
@@ -279,12 +312,12 @@ class Subjects:
         ]
 
     def stream(self, kind: str) -> str:
-        """The stream of ``kind``: ``task``, ``result`` or ``model``."""
-        return {"task": self.tasks_stream, "result": self.results_stream, "model": self.model_stream}[kind]
+        """The work-queue stream of ``kind``: ``task`` or ``model``."""
+        return {"task": self.tasks_stream, "model": self.model_stream}[kind]
 
     def stream_subjects(self, kind: str) -> str:
-        """What the stream of ``kind`` (``task``, ``result``, ``model``) stores."""
-        return {"task": self.all_tasks, "result": self.all_results, "model": self.all_model_queues}[kind]
+        """What the work-queue stream of ``kind`` (``task``, ``model``) stores."""
+        return {"task": self.all_tasks, "model": self.all_model_queues}[kind]
 
     # -- rollout tasks
 
@@ -425,19 +458,32 @@ class Subjects:
         """The queue group of a sandbox pool's workers on its create subject."""
         return f"sbx.{pool}"
 
-    # -- large bodies
+    # -- large bodies (``space``: ``{role}.{pool}``, the sender's own key space; ``blob_space``)
 
-    def blob(self, key: str, chunk: int | str) -> str:
-        return f"{self.ns}.blob.{key}.{chunk}"
+    def blob(self, space: str, key: str, chunk: int | str) -> str:
+        return f"{self.ns}.blob.{space}.{key}.{chunk}"
+
+    def role_blobs(self, role: str) -> str:
+        """What the blob stream of ``role`` stores (every pool's key space of that role)."""
+        return f"{self.ns}.blob.{role}.>"
+
+    def pool_blobs(self, role: str, pool: str) -> str:
+        """The key space one credential may write (``pool`` ``*``: every pool's, a role-wide credential's)."""
+        return f"{self.ns}.blob.{role}.{pool}.>"
 
     @property
     def all_blobs(self) -> str:
-        """The blob stream's subjects."""
+        """Every blob stream's subjects."""
         return f"{self.ns}.blob.>"
 
-    def blob_get(self, key: str, chunk: int | str) -> str:
+    def blob_get(self, space: str, key: str, chunk: int | str) -> str:
         """A chunk read by its key (a last-by-subject direct get): the only way a body is read."""
-        return direct_get(self.blob_stream, self.blob(key, chunk))
+        return direct_get(self.blob_stream(blob_role(space)), self.blob(space, key, chunk))
+
+    @property
+    def blob_probe(self) -> str:
+        """A subject of the blob stream provisioned last: once it has a stream, every stream is there."""
+        return self.blob(blob_space(BLOB_ROLES[-1], None), "probe", 0)
 
     # -- the bodies a batch keeps (a task whose stored result the broker lost is published again from its own)
 

@@ -29,7 +29,7 @@ from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
+from gym_runtime.transport.jetstream import ensure_results_stream, result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
@@ -125,6 +125,7 @@ class AgentWorker:
     async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
+            await ensure_results_stream(self.bus, self.name)  # its own: results are stored there before a task is acked
             self.puller = await work_queue_puller(
                 self.bus,
                 "task",
@@ -399,7 +400,13 @@ class AgentWorker:
         try:
             await self.bus.js_publish(subject, failed, msg_id=msg_id)
         except StorageFull:
-            await self.bus.js_publish(subject, msgspec.structs.replace(failed, input_row=None), msg_id=msg_id)
+            try:
+                await self.bus.js_publish(subject, msgspec.structs.replace(failed, input_row=None), msg_id=msg_id)
+            except StorageFull as e:
+                # this agent's own results stream is full: nothing of its pool is stored until its batches are
+                # purged; the task is acked (running it again would be refused again) and the batch's reader
+                # writes the slot's storage_full row. Other agents' streams are untouched.
+                self.bus.warn_limited("result.not_stored", e.info.message, subject=subject)
 
 
 def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:

@@ -34,7 +34,7 @@ from tests.cluster import (
 
 def results(c: LocalCluster) -> int:
     """Results stored, as the most up-to-date live node reports it (a restarted node catches up)."""
-    return c.stored("GYM_RESULTS")
+    return c.stored("GYM_RESULTS_agent")
 
 
 def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
@@ -102,7 +102,7 @@ def recovery(tmp: Path, n: int) -> tuple[float, float, float, list[int]]:
         a = results(c)
         time.sleep(3)
         before = (results(c) - a) / 3
-        victim = c.node(c.stream_leader("GYM_RESULTS") or "n1")
+        victim = c.node(c.stream_leader("GYM_RESULTS_agent") or "n1")
         k = results(c)
         victim.kill()
         t_kill = time.monotonic()

@@ -44,6 +44,7 @@ from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port  # noqa: E402
 from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.service.runner import run_batch  # noqa: E402
+from gym_runtime.transport import jetstream  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.transport.subjects import Subjects  # noqa: E402
 
@@ -178,7 +179,7 @@ def main() -> None:
                 bus = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="mem")
                 try:
                     s = Subjects(cfg.namespace)
-                    names = (s.tasks_stream, s.results_stream, s.model_stream)
+                    names = (s.tasks_stream, s.model_stream, *await jetstream.results_streams(bus))
                     return sum([(await bus.js.stream_info(s)).state.bytes for s in names])
                 finally:
                     await bus.close()

@@ -143,12 +143,14 @@ async def test_a_direct_get_answer_cannot_delete_a_stream(pooled) -> None:
     admin, model = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "model", "m")
     try:
         # a blob that does not exist: the answer is a header-only 404, which the API reads as an empty request
-        for victim in ("GYM_RESULTS", "GYM_TASKS"):
+        for victim in ("GYM_RESULTS_b", "GYM_TASKS"):
             await model.nc.publish(
-                "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0", b"", reply=f"$JS.API.STREAM.DELETE.{victim}"
+                "$JS.API.DIRECT.GET.GYM_BLOBS_MODEL.gym.blob.model.m.nokey.0",
+                b"",
+                reply=f"$JS.API.STREAM.DELETE.{victim}",
             )
-        await _answered(model, "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0")
-        for victim in ("GYM_RESULTS", "GYM_TASKS"):
+        await _answered(model, "$JS.API.DIRECT.GET.GYM_BLOBS_MODEL.gym.blob.model.m.nokey.0")
+        for victim in ("GYM_RESULTS_b", "GYM_TASKS"):
             assert await stream_config(admin, victim) is not None  # before: None, deleted
     finally:
         await model.close()
@@ -162,11 +164,11 @@ async def test_a_pull_status_answer_cannot_delete_a_stream(pooled) -> None:
     try:
         await agent.js.pull_subscribe("gym.task.a.>", durable="agent_a", stream="GYM_TASKS")  # its own durable
         pull = "$JS.API.CONSUMER.MSG.NEXT.GYM_TASKS.agent_a"
-        await agent.nc.publish(pull, b'{"batch":1,"no_wait":true}', reply="$JS.API.STREAM.DELETE.GYM_RESULTS")
+        await agent.nc.publish(pull, b'{"batch":1,"no_wait":true}', reply="$JS.API.STREAM.DELETE.GYM_RESULTS_b")
         status = await agent.nc.request(pull, b'{"batch":1,"no_wait":true}', timeout=10)  # the same, answered here
         assert status.headers is not None and status.headers.get("Status") == "404"
-        await _answered(agent, "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0")
-        assert await stream_config(admin, "GYM_RESULTS") is not None
+        await _answered(agent, "$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.nokey.0")
+        assert await stream_config(admin, "GYM_RESULTS_b") is not None
     finally:
         await agent.close()
         await admin.close()
@@ -177,15 +179,15 @@ async def test_a_direct_get_answer_cannot_store_a_result_as_another_agent(pooled
     admin, thief = await connect_as(srv, auth, "admin", None), await connect_as(srv, auth, "agent", "a")
     try:
         forged = RolloutResult(batch="victim", task_index=0, rollout_index=0, agent="b", row={"reward": 1337.0})
-        await thief.js.publish("gym.blob.forged.0", thief.codec.encode(forged), timeout=5.0)  # its own chunk
+        await thief.js.publish("gym.blob.agent.a.forged.0", thief.codec.encode(forged), timeout=5.0)  # its own chunk
         # read back headerless (no_hdr) into agent b's result subject, which only b's pool may publish to; and
         # with its headers into the control bucket and a batch manifest
-        get = "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.forged.0"
+        get = "$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.forged.0"
         for reply in ("gym.result.b.victim", "$KV.GYM_BATCHES.victim", "$KV.GYM_CONTROL.batch.victim.cancelled"):
             await thief.nc.publish(get, b'{"no_hdr": true}', reply=reply)
             await thief.nc.publish(get, b"", reply=reply)
         await _answered(thief, get, b'{"no_hdr": true}')
-        for stream in ("GYM_RESULTS", "KV_GYM_BATCHES", "KV_GYM_CONTROL"):
+        for stream in ("GYM_RESULTS_b", "KV_GYM_BATCHES", "KV_GYM_CONTROL"):
             assert (await admin.js.stream_info(stream)).state.messages == 0, stream  # before: the forged row
     finally:
         await thief.close()
@@ -202,9 +204,9 @@ async def test_a_borrowed_answer_cannot_ack_another_pools_task(pooled) -> None:
         await admin.js.publish("gym.task.b.victim", b"t", timeout=5.0)
         sub = await owner.js.pull_subscribe("gym.task.b.>", durable="agent_b", stream="GYM_TASKS")
         (task,) = await sub.fetch(1, timeout=10)
-        await thief.nc.publish("$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0", b"", reply=task.reply)
+        await thief.nc.publish("$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.nokey.0", b"", reply=task.reply)
         with pytest.raises(Exception):  # noqa: B017 - the server closes nothing: it says "permissions violation"
-            await _answered(thief, "$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.nokey.0")
+            await _answered(thief, "$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.nokey.0")
             await thief.nc.flush()
             raise AssertionError("no violation")
         info = await admin.js.consumer_info("GYM_TASKS", "agent_b")
@@ -239,9 +241,11 @@ async def test_a_direct_get_answer_cannot_cancel_a_batch_or_set_a_policy_version
                     (thief.subjects.policy_version("m"), PolicyVersion(model="m", version=99)),
                 ]
             ):
-                await thief.js.publish(f"gym.blob.forged{i}.0", thief.codec.encode(body), timeout=5.0)
+                await thief.js.publish(f"gym.blob.agent.a.forged{i}.0", thief.codec.encode(body), timeout=5.0)
                 await thief.nc.publish(
-                    f"$JS.API.DIRECT.GET.GYM_BLOBS.gym.blob.forged{i}.0", b'{"no_hdr": true}', reply=subject
+                    f"$JS.API.DIRECT.GET.GYM_BLOBS_AGENT.gym.blob.agent.a.forged{i}.0",
+                    b'{"no_hdr": true}',
+                    reply=subject,
                 )
             with anyio.fail_after(10):  # both delivered: the attack reaches the workers' subjects
                 while len(heard) < 2:

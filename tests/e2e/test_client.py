@@ -16,8 +16,8 @@ from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import consumers, subject_count
-from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.jetstream import consumers, ensure_results_stream, subject_count
+from gym_runtime.transport.subjects import LOST, Subjects
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
 
@@ -46,6 +46,7 @@ async def test_a_row_on_the_lost_subject_is_never_the_clients_row(nats_server) -
     async with Client(weather(delay_s=1.0), nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         forged = RolloutResult(batch=batch.batch, task_index=0, rollout_index=0, agent="simple", row={"reward": 7.0})
+        await ensure_results_stream(client.bus, LOST)
         await client.bus.js_publish(client.bus.subjects.lost(batch.batch), forged, msg_id=f"{batch.batch}:0:0")
         (row,) = await batch.gather()
     assert row["reward"] == 1.0 and batch.refused == 0, row

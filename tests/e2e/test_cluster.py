@@ -39,14 +39,16 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 async def _stream_info(url: str) -> dict[str, dict]:
     bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
     try:
-        return {k: await jetstream.stream_config(bus, bus.subjects.stream(k)) for k in ("task", "result", "model")}
+        s = bus.subjects
+        streams = {"task": s.tasks_stream, "result": s.results_stream("agent"), "model": s.model_stream}
+        return {k: await jetstream.stream_config(bus, name) for k, name in streams.items()}
     finally:
         await bus.close()
 
 
 def result_count(c: LocalCluster) -> int:
     """Results stored, as the most up-to-date live node reports it (a restarted node catches up)."""
-    return c.stored("GYM_RESULTS")
+    return c.stored("GYM_RESULTS_agent")
 
 
 def test_publish_creates_streams_and_buckets_at_three_replicas(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -73,7 +75,7 @@ def test_publish_creates_streams_and_buckets_at_three_replicas(cluster: LocalClu
     kv = monitor(cluster.nodes[2], "/jsz?streams=true&config=true")
     streams = {s["name"]: s for a in kv["account_details"] for s in a["stream_detail"]}
     assert streams["KV_GYM_BATCHES"]["config"]["num_replicas"] == 3
-    assert len(streams["GYM_RESULTS"]["cluster"]["replicas"]) == 2  # the leader plus two followers
+    assert len(streams["GYM_RESULTS_agent"]["cluster"]["replicas"]) == 2  # the leader plus two followers
 
 
 def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
@@ -83,7 +85,7 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
     # model latency 0.1 s, 32 rollouts in flight per agent worker: ~15 s of work, so the kill is mid-batch
     config = write_config(tmp_path, agent_concurrency=32, delay_s=0.1)
     cluster.create_streams()
-    leader = cluster.stream_leader("GYM_RESULTS")
+    leader = cluster.stream_leader("GYM_RESULTS_agent")
     assert leader is not None
     victim = cluster.node(leader)
     # the task and model-call queues are led from the same node: the kill hits all three at once
@@ -139,7 +141,7 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
         while result_count(cluster) < 300:
             assert time.monotonic() < deadline, "the batch did not get going"
             time.sleep(0.1)
-        assert cluster.stream_leader("GYM_RESULTS") == leader
+        assert cluster.stream_leader("GYM_RESULTS_agent") == leader
         victim.kill()
         killed_at = time.monotonic()
         survivors = [n for n in cluster.nodes if n is not victim]

@@ -35,7 +35,7 @@ from tests.cluster import write_config as cluster_config
 from tests.helpers import ROWS, cli, read_jsonl, weather, write_jsonl
 from tests.pools import N_TASKS, REPEATS, Pool, assert_exactly_once, publish, tasks_file, write_config
 
-RESULTS = "GYM_RESULTS"
+RESULTS = "GYM_RESULTS_agent"
 SLOTS = N_TASKS * REPEATS
 
 
@@ -205,11 +205,12 @@ async def test_a_slot_whose_result_keeps_being_lost_ends_as_a_lost_row(nats_serv
     seen: list[str] = []
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _ack_without_results(nats_server.url, "weather_agent", count=None, seen=seen))
             data = tmp_path / "in.jsonl"
             data.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in ROWS[:2]))
             manifest = await runner.publish_batch(bus, cfg, data, batch="r1", repeats=2)
             assert manifest.max_republish == cfg.jetstream.max_republish == 2
+            # after the publish: it makes the streams the rogue pulls from (and checks live workers first)
+            tg.start_soon(lambda: _ack_without_results(nats_server.url, "weather_agent", count=None, seen=seen))
             out = tmp_path / "out.jsonl"
             t0 = time.monotonic()
             res = await anyio.to_thread.run_sync(lambda: _collect(nats_server.url, "r1", out, "--max-republish", "2"))

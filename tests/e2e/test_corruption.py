@@ -30,7 +30,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.cluster import LocalCluster, cut_last_block, monitor, stream_dir, stream_messages
 from tests.pools import publish_results, wait_until
 
-RESULTS = "GYM_RESULTS"
+RESULTS = "GYM_RESULTS_agent"
 N = 300
 
 

@@ -34,7 +34,7 @@ from tests.pools import assert_exactly_once, publish_results, wait_until
 
 N_TASKS, REPEATS = 24, 2
 ROLES = ("agents.agent", "models.policy", "resources.env")
-RESULTS = "GYM_RESULTS"
+RESULTS = "GYM_RESULTS_agent"
 
 
 @pytest.fixture

@@ -238,7 +238,11 @@ def test_scaler_lag_from_live_jsz_matches_the_real_backlog(rendered: list[dict[s
             agent = next(
                 c for c in tasks_stream["consumer_detail"] if c["name"] == trig["agent_weather_agent"]["consumer"]
             )
-            stored = streams["GYM_RESULTS"]["state"]["messages"] if "GYM_RESULTS" in streams else 0
+            stored = (
+                streams["GYM_RESULTS_weather_agent"]["state"]["messages"]
+                if "GYM_RESULTS_weather_agent" in streams
+                else 0
+            )
             queued = tasks_stream["state"]["messages"]  # a work queue keeps a task until it is acked
             if stored >= n:
                 break
@@ -464,7 +468,9 @@ def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) ->
             streams = [s for a in json.loads(r.read())["account_details"] for s in a.get("stream_detail") or []]
         assert len(streams) >= 6 and {s["config"]["num_replicas"] for s in streams} == {3}, streams
         limits = {s["name"]: s["config"]["max_bytes"] for s in streams}
-        assert limits["GYM_TASKS"] == limits["GYM_RESULTS"] == 1024**3, limits  # the config's, not the defaults
+        assert limits["GYM_TASKS"] == limits["GYM_RESULTS_weather_agent"] == 1024**3, (
+            limits
+        )  # the config's, not the defaults
     finally:
         for p in steps:
             if p.poll() is None:

@@ -52,7 +52,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
     bus = await Bus.connect(
         nats_server.url, namespace="gym", telemetry=Telemetry(), name="test", jetstream=cfg.jetstream
     )
-    results = Subjects("gym").results_stream
+    results = Subjects("gym").results_stream("weather_agent")
     try:
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, cfg, selected(cfg, None)))
@@ -101,8 +101,8 @@ async def test_a_client_creates_the_streams_with_its_configs_settings(nats_serve
     cfg = weather()
     cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
     async with Client(cfg, nats=nats_server.url, workers=False) as client:
-        for kind in ("task", "result"):
-            info = await client.bus.js.stream_info(Subjects("gym").stream(kind))
+        for stream in (Subjects("gym").tasks_stream, Subjects("gym").results_stream("weather_agent")):
+            info = await client.bus.js.stream_info(stream)
             assert info.config.duplicate_window == WINDOW_S
 
 
@@ -148,9 +148,9 @@ async def test_a_retention_shorter_than_the_window_caps_it(nats_server) -> None:
     jetstream = config_from_dict({"jetstream": {"max_age_s": 60}}).jetstream
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test", jetstream=jetstream)
     try:
-        await ensure_streams(bus)
-        for kind in ("task", "result"):
-            info = await bus.js.stream_info(Subjects("gym").stream(kind))
+        await ensure_streams(bus, ["a"])
+        for stream in (Subjects("gym").tasks_stream, Subjects("gym").results_stream("a")):
+            info = await bus.js.stream_info(stream)
             assert (info.config.duplicate_window, info.config.max_age) == (60.0, 60.0)
     finally:
         await bus.close()

@@ -24,6 +24,7 @@ import pytest
 from gym_runtime.client import Client
 from gym_runtime.config import Config, JetStreamConfig, config_from_dict, load_config
 from gym_runtime.data.batches import get_manifest
+from gym_runtime.errors import StorageFull
 from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -146,7 +147,8 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert [r["reward"] for r in rows] == [1.0] * 10
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == slots
-    assert (result.stats.rows, result.stats.failures, result.stats.refused) == (10, 0, forged)
+    # stored in the thief's own results stream, which a reader of a batch of weather_agent's never opens
+    assert forged == 30 and (result.stats.rows, result.stats.failures, result.stats.refused) == (10, 0, 0)
 
 
 async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_path: Path) -> None:
@@ -209,11 +211,10 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
                 with anyio.fail_after(60):
                     rows = await batch.gather()
                 assert [r["reward"] for r in rows] == [1.0] * 10
-                # run(): the thief finds the client's open batch in the stream's subjects and forges what comes next
+                # run(): the thief is handed the client's open batch (it can no longer list another agent's
+                # results stream to find it) and forges what comes next
                 first = await client.run(ROWS[0])
-                info = await thief.js.stream_info(S.results_stream, subjects_filter="gym.result.*.*")
-                (run_batch_id,) = {s.split(".")[-1] for s in info.state.subjects or {} if ".run-" in s}
-                await _forge(thief, run_batch_id, [(i, 0) for i in range(1, 6)], "weather_agent")
+                await _forge(thief, client._run_batch, [(i, 0) for i in range(1, 6)], "weather_agent")
                 with anyio.fail_after(60):
                     later = [await client.run(ROWS[i % 5]) for i in range(1, 6)]
                 tg.cancel_scope.cancel()
@@ -249,7 +250,7 @@ async def test_collect_ends_when_stored_results_were_purged(owned, tmp_path: Pat
         await _run(srv, node, cfg, DATA, "b3", tmp_path / "first.jsonl")
     admin = await pool_bus(srv.url, tmp_path / "auth", "admin")
     try:  # the oldest six results go
-        await admin.js.purge_stream(S.results_stream, subject="gym.result.weather_agent.b3", keep=4)
+        await admin.js.purge_stream(S.results_stream("weather_agent"), subject="gym.result.weather_agent.b3", keep=4)
     finally:
         await admin.close()
     out = tmp_path / "out.jsonl"
@@ -262,38 +263,44 @@ async def test_collect_ends_when_stored_results_were_purged(owned, tmp_path: Pat
     assert slots == [(t, r) for t in range(5) for r in range(2)]
 
 
-async def test_collect_ends_when_another_pool_floods_the_results_stream(tmp_path: Path) -> None:
-    """Another agent pool writes 3 MB of its own results into a 1 MB results stream once a batch is done:
-    whatever the stream then keeps (discard-old evicts the batch's results, discard-new refuses the flood),
-    ``collect`` ends, every slot a genuine row or a ``lost`` failure, exit 1 exactly when one is lost. Before:
-    its lost rows reused the evicted results' ids, the duplicate window dropped them, it never finished."""
-    srv, auth, node = _start(tmp_path, JetStreamConfig(results_max_bytes="1MB"))
+async def test_a_pool_flooding_its_results_evicts_nothing_of_another_agent_and_collect_finishes(
+    tmp_path: Path,
+) -> None:
+    """Another agent pool writes its own results as fast as it can into 2 MB results streams once a batch is
+    done (the red team wrote 80 MB in 0.4 s): it is refused once its own stream is full (its flood counts
+    ``storage_full`` for it alone), every stored result of the weather agent survives, ``collect`` ends with
+    all 10 rows and exit 0, and a batch run after the flood is stored and collected whole. Before: one shared
+    discard-old stream, the flood evicted the batch's results, and they became ``lost`` rows (exit 1)."""
+    srv, auth, node = _start(tmp_path, JetStreamConfig(results_max_bytes="2MB"))
     try:
         cfg = load_config(WEATHER)
         thief = await pool_bus(srv.url, auth, "agent", "other_agent")
         try:
             with anyio.fail_after(120):
                 await _run(srv, node, cfg, DATA, "b4", tmp_path / "first.jsonl")
-            pad = "x" * 1000
-            flood = 0
-            for i in range(3000):
+            pad = "x" * 8000
+            flood, refused = 0, None
+            for i in range(2000):  # 16 MB: eight times the stream
                 res = _forged("zz", i, 0, "other_agent")
                 res = msgspec.structs.replace(res, row={**(res.row or {}), "pad": pad})
                 try:
                     await thief.js_publish(S.result("other_agent", "zz"), res, msg_id=uuid.uuid4().hex)
-                except Exception:  # a full stream that refuses new messages
+                except StorageFull as e:  # its own stream is full: refused, nothing dropped to make room
+                    refused = e
                     break
                 flood += 1
         finally:
             await thief.close()
-        assert flood > 500
+        assert flood > 100 and refused is not None
+        assert S.results_stream("other_agent") in str(refused) and "jetstream.results_max_bytes" in str(refused)
         out = tmp_path / "out.jsonl"
         res = await anyio.to_thread.run_sync(lambda: _collect(srv, node, "b4", out))
-        failures_path = tmp_path / "out_failures.jsonl"
-        rows, lost = read_jsonl(out), read_jsonl(failures_path) if failures_path.exists() else []
-        assert res.returncode == (1 if lost else 0), res.stderr
-        assert {r["reward"] for r in rows} <= {1.0} and {f["error_class"] for f in lost} <= {"lost"}
-        slots = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows + lost)
-        assert slots == [(t, r) for t in range(5) for r in range(2)]
+        assert res.returncode == 0, res.stderr
+        rows = read_jsonl(out)
+        assert [r["reward"] for r in rows] == [1.0] * 10
+        assert not (tmp_path / "out_failures.jsonl").exists() or read_jsonl(tmp_path / "out_failures.jsonl") == []
+        with anyio.fail_after(120):  # the weather agent still stores and collects a batch after the flood
+            after = await _run(srv, node, cfg, DATA, "b5", tmp_path / "after.jsonl")
+        assert (after.stats.rows, after.stats.failures) == (10, 0)
     finally:
         srv.stop()

@@ -123,12 +123,12 @@ async def test_model_cannot_publish_results_or_tasks_nor_delete_streams(buses: d
     with pytest.raises(nats.errors.TimeoutError):
         await model.nc.request(f"$JS.API.STREAM.DELETE.{names.tasks_stream}", b"", timeout=1.0)
     await model.flush()
-    assert await message_count(admin, names.results_stream) == 0
+    assert await message_count(admin, names.shared_results_stream) == 0
     assert await message_count(admin, names.tasks_stream) == 0
     assert (await admin.js.stream_info(names.tasks_stream)).config.name == names.tasks_stream
     # the role that may does: an agent's result is stored
     await agent.js.publish("gym.result.a.b1", b"{}", timeout=5.0)
-    assert await message_count(admin, names.results_stream) == 1
+    assert await message_count(admin, names.shared_results_stream) == 1
 
 
 async def test_publisher_cannot_pull_or_sniff_tasks(buses: dict[str, Bus]) -> None:

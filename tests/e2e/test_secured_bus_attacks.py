@@ -71,14 +71,14 @@ async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict
     big = {"reward": 0.0, "notes": MARKER + "x" * (agent.blob_threshold + 1000)}
     genuine = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row=big)
     await agent.js_publish("gym.result.a.b1", genuine, msg_id="b1:0:0")
-    stored = await admin.js.get_last_msg(Subjects("gym").results_stream, "gym.result.a.b1")
+    stored = await admin.js.get_last_msg(Subjects("gym").shared_results_stream, "gym.result.a.b1")
     ref = (stored.headers or {})[BLOB_HEADER]  # the genuine header: every attacker below knows it
-    key = ref.split(".")[0]
+    space, key = ref.rsplit(".", 3)[0], ref.split(".")[2]  # the agent's key space: agent._ (role-wide)
 
     # listing or reading by sequence: refused for every role but the admin, whatever the stream is called
     leaks: list[bytes] = []
     for attacker in (model, buses["resource"], buses["publisher"], agent):
-        for stream in ("GYM_BLOBS", "OBJ_GYM_BLOBS"):
+        for stream in ("GYM_BLOBS", "OBJ_GYM_BLOBS", "GYM_BLOBS_AGENT", "GYM_BLOBS_PUBLISHER"):
             api = "$JS.API"
             for subject, body in [
                 (f"{api}.STREAM.INFO.{stream}", b'{"subjects_filter": ">"}'),
@@ -98,14 +98,15 @@ async def test_stored_bodies_cannot_be_listed_overwritten_or_swapped(buses: dict
     forged = RolloutResult(batch="b1", task_index=0, rollout_index=0, agent="a", row={"reward": 1337.0})
     for attacker in (model, agent, admin):
         with pytest.raises((nats.js.errors.APIError, nats.errors.TimeoutError)):
-            await attacker.js.publish(f"gym.blob.{key}.0", attacker.codec.encode(forged), timeout=1.0)
+            await attacker.js.publish(f"gym.blob.{space}.{key}.0", attacker.codec.encode(forged), timeout=1.0)
 
     # the admin purges the chunks and stores a forged body under the key: the digest refuses it
-    n = int(ref.split(".")[1])
-    blobs = "GYM_BLOBS"
+    n = int(ref.split(".")[3])
+    blobs = "GYM_BLOBS_AGENT"
     for i in range(n):
-        await admin.js.purge_stream(blobs, subject=f"gym.blob.{key}.{i}")
-        await admin.js.publish(f"gym.blob.{key}.{i}", admin.codec.encode(forged) if i == 0 else b"", timeout=5.0)
+        await admin.js.purge_stream(blobs, subject=f"gym.blob.{space}.{key}.{i}")
+        chunk = admin.codec.encode(forged) if i == 0 else b""
+        await admin.js.publish(f"gym.blob.{space}.{key}.{i}", chunk, timeout=5.0)
     out = tmp_path / "out.jsonl"
     pub = buses["publisher"]
     with anyio.fail_after(20):
@@ -310,7 +311,7 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
 async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_path: Path) -> None:
     """Another publisher deletes a running collector's reader: the collector recreates it and finishes."""
     agent, thief = buses["agent"], buses["publisher"]
-    results = Subjects("gym").results_stream
+    results = Subjects("gym").shared_results_stream
 
     def result(i: int) -> RolloutResult:
         return RolloutResult(batch="b1", task_index=i, rollout_index=0, agent="a", row={"reward": 1.0})
@@ -437,11 +438,12 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
         task = RolloutTask(batch="b9", task_index=0, rollout_index=0, agent="weather_agent", row=row)
         await bus.js_publish(Subjects("gym").task("weather_agent", "b9"), task, msg_id="b9:0:0")
         stored = await bus.js.get_last_msg(Subjects("gym").tasks_stream, Subjects("gym").task("weather_agent", "b9"))
-        key, n, _ = stored.headers[BLOB_HEADER].split(".")
+        role, pool, key, n, _ = stored.headers[BLOB_HEADER].split(".")
         forged = bus.codec.encode(msgspec.structs.replace(task, row={**row, "pad": "y" * 10}))
         for i in range(int(n)):  # an attacker with the admin's powers swaps the body
-            await bus.js.purge_stream("GYM_BLOBS", subject=f"gym.blob.{key}.{i}")
-            await bus.js.publish(f"gym.blob.{key}.{i}", forged if i == 0 else b"", timeout=5.0)
+            chunk = f"gym.blob.{role}.{pool}.{key}.{i}"
+            await bus.js.purge_stream(bus.subjects.blob_stream(role), subject=chunk)
+            await bus.js.publish(chunk, forged if i == 0 else b"", timeout=5.0)
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, cfg, [("agents", "weather_agent")]))
             with anyio.fail_after(20):

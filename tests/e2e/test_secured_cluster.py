@@ -28,7 +28,7 @@ from tests.helpers import REPO, cli, read_jsonl
 
 NODES = 3
 N_TASKS = 300
-STREAMS = ("GYM_TASKS", "GYM_RESULTS", "GYM_MODEL", "GYM_BLOBS", "KV_GYM_BATCHES", "KV_GYM_CONTROL")
+STREAMS = ("GYM_TASKS", "GYM_RESULTS_agent", "GYM_MODEL", "GYM_BLOBS_AGENT", "KV_GYM_BATCHES", "KV_GYM_CONTROL")
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -98,7 +98,7 @@ class SecuredCluster:
         best = -1
         for n in self.nodes:
             if n.proc is not None and n.proc.poll() is None:
-                s = self.streams(n).get("GYM_RESULTS")
+                s = self.streams(n).get("GYM_RESULTS_agent")
                 best = max(best, s["state"]["messages"] if s else -1)
         return best
 
@@ -165,9 +165,9 @@ def test_nodes_started_one_after_another_provision_every_stream_at_three_replica
         time.sleep(0.2)
     streams = views[0]
     # the size limits of the servers' --config, not the defaults
-    assert streams["GYM_RESULTS"]["config"]["max_bytes"] == 256 * 1024**2
+    assert streams["GYM_RESULTS_agent"]["config"]["max_bytes"] == 256 * 1024**2
     assert streams["GYM_TASKS"]["config"]["max_bytes"] == 128 * 1024**2
-    assert streams["GYM_RESULTS"]["config"]["max_age"] == 3600 * 10**9  # nanoseconds
+    assert streams["GYM_RESULTS_agent"]["config"]["max_age"] == 3600 * 10**9  # nanoseconds
     said = "provisioned namespace gym: streams, buckets and blob store at 3 replicas"
     while not all(said in n.log.read_text() for n in secured.nodes):  # every node tried, and says so
         assert time.monotonic() < deadline + 10, [n.log.read_text()[-1000:] for n in secured.nodes]
@@ -199,7 +199,7 @@ def test_killing_the_results_leader_mid_batch_loses_nothing(secured: SecuredClus
         while secured.stored_results() < N_TASKS // 5:
             assert time.monotonic() < deadline, "the batch did not get going"
             time.sleep(0.05)
-        leader_name = secured.streams()["GYM_RESULTS"]["cluster"]["leader"]
+        leader_name = secured.streams()["GYM_RESULTS_agent"]["cluster"]["leader"]
         victim = next(n for n in secured.nodes if n.name == leader_name)
         victim.kill()
         before = secured.stored_results()

@@ -86,7 +86,7 @@ def _acked_results(monitor: str) -> int:
     with urllib.request.urlopen(f"{monitor}/jsz?streams=true", timeout=5) as r:
         jsz = json.loads(r.read())
     streams = [s for a in jsz.get("account_details", []) for s in a.get("stream_detail", [])]
-    return sum(s["state"]["messages"] for s in streams if s["name"] == "GYM_RESULTS")
+    return sum(s["state"]["messages"] for s in streams if s["name"] == "GYM_RESULTS_weather_agent")
 
 
 def test_a_cancelled_job_drains_and_the_same_job_again_finishes_the_batch(slurm: Cluster, tmp_path: Path) -> None:
