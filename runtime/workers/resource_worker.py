@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -48,6 +48,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
@@ -68,6 +69,8 @@ class BusModels:
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
+    except GuestFailure:  # its guest process ended the call (overran, or lost): not the verifier's error
+        raise
     except Exception as exc:
         if isinstance(exc, Failure) and exc.info.error_class == "invalid_task":  # a row verify cannot grade
             raise
@@ -107,10 +110,18 @@ class ResourceWorker:
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
+        # where the environment's code runs: a guest process (the bus stays here) or this one
+        isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
+        self.guest = None
+        if isolation == "process":
+            self.guest = Guest(cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.cls.setup(dict(self.cfg.options))
+        if self.guest is None:
+            await self.cls.setup(dict(self.cfg.options))
         async with anyio.create_task_group() as tg:
+            if self.guest is not None:  # its setup runs there; it closes its sessions and tears down when it stops
+                await tg.start(self.guest.run)
             conc = self.cfg.concurrency
             self._subs = [
                 await self.bus.serve(
@@ -143,12 +154,16 @@ class ResourceWorker:
                 log.info("resource.stopped", resource=self.name, worker=self.worker_id, seeded=self.seeded)
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
-                    for inst in self.sessions.pop_all():
-                        await inst.close()
-                    await self.cls.teardown()
+                    if self.guest is None:
+                        for inst in self.sessions.pop_all():
+                            await inst.close()
+                        await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
-        return {"sessions": len(self.sessions), "seeded": self.seeded}
+        out: dict[str, Any] = {"sessions": len(self.sessions), "seeded": self.seeded}
+        if self.guest is not None:
+            out["guest_restarts"] = self.guest.restarts
+        return out
 
     async def drain(self) -> None:
         """Stop taking new sessions and return; existing sessions keep being served."""
@@ -157,6 +172,8 @@ class ResourceWorker:
             await self._subs[2].unsubscribe()
 
     def _new(self) -> Resource:
+        if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
+            return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
         inst = self.cls()
         inst.models = self.models
         return inst
@@ -170,6 +187,8 @@ class ResourceWorker:
         inst = self._new()
         try:
             await inst.seed(req.row)
+        except GuestFailure:
+            raise
         except Exception as exc:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
@@ -249,6 +268,8 @@ class ResourceWorker:
             await inst.seed(req.row)
             if self.cls.reverify == "replay":
                 await replay_calls(inst, req.response)
+        except GuestFailure:
+            raise
         except Exception as exc:
             raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
         try:

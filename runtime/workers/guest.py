@@ -1,0 +1,322 @@
+"""A resource worker's guest process (``isolation: process``): the environment's code runs there, the bus here.
+
+Environment code that holds the GIL (Python's ``re`` on a quadratic pattern, a sync OpenEnv ``step``, native
+code that never yields) stops every thread of its process. In the worker's own process that silenced the bus:
+keepalives stopped and every call in flight on the worker became ``worker_lost``. In a guest process it stops
+only the guest: the worker keeps answering, and when one call runs past ``call_timeout_s`` it kills the guest
+and starts another. The call that overran fails as ``timeout`` (its rollout's row); the other calls in flight
+there, and every later call to a session that lived there, fail as a retryable ``worker_lost``, so their
+rollouts run again as new attempts; sessions opened after the restart are served as before.
+
+Which call overran: the guest writes the id of the call whose code its event loop is running, and of the call
+whose code a thread (``resource.run_blocking``) runs, into a page both processes map (``guest_main.Marked``,
+``guest_main.thread_mark``). When a call's time is up the worker reads it: a guest stuck in another call (the
+one that holds the GIL; the calls waiting behind it overran only because of it) is that call's fault; a guest
+stuck in none is the fault of the call whose time is up.
+
+``GuestSession`` stands for one session in the guest with the methods the worker calls on a ``Resource``
+(``seed``, ``call_tool``, ``call_operation``, ``verify``, ``close``), so the worker serves both alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from gym_runtime.errors import Failure, UserError
+from gym_runtime.messages import ErrorInfo, Response
+from gym_runtime.observability import logs
+from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
+from gym_runtime.workers.guest_wire import (
+    RUNNING,
+    Close,
+    Done,
+    Frames,
+    FromGuest,
+    Generate,
+    Generated,
+    Raised,
+    Seed,
+    Start,
+    Tool,
+    Verify,
+)
+
+__all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession"]
+
+log = logs.get("gym.resource")
+
+GUEST_MODULE = "gym_runtime.workers.guest_main"
+Call = Seed | Tool | Verify | Close
+START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
+STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
+
+
+class GuestFailure(Failure):
+    """The guest, not the environment's code, ended the call: it overran (``timeout``) or its process was lost
+    (``worker_lost``, retryable). The worker passes it on as it is, never as the environment's own error."""
+
+
+class GuestError(Exception):
+    """An exception of the environment's code in the guest; its subclasses carry the original type's name, so
+    the messages rows show (``verify raised ValueError: ...``) read as they do in process."""
+
+
+def _rebuilt(r: Raised) -> BaseException:
+    if r.kind == "failure" and r.info is not None:
+        return Failure(r.info)
+    if r.kind == "arguments":
+        return ToolArgumentsError(r.message)
+    return type(r.type_name, (GuestError,), {})(r.message)
+
+
+class _Child:
+    """One guest process: its frames, its generation (sessions opened in it carry it) and why it ended."""
+
+    def __init__(self, process: anyio.abc.Process, frames: Frames, page: mmap.mmap, generation: int) -> None:
+        self.process = process
+        self.frames = frames
+        self.page = page
+        self.generation = generation
+        self.lost = ""  # why the worker killed it ("" while it is alive or when it died by itself)
+
+
+class Guest:
+    """The parent side: starts the guest, sends it calls, bounds each by ``call_timeout_s``, restarts it."""
+
+    def __init__(
+        self, server: str, entry: str, options: dict[str, Any], models: ModelClient, call_timeout_s: float
+    ) -> None:
+        self.server = server
+        self.entry = entry
+        self.options = options
+        self.models = models
+        self.call_timeout_s = call_timeout_s
+        self.restarts = 0  # guests killed or lost and started again (status, tests)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[anyio.Event, list[Done | Raised | Failure], int]] = {}
+        self._child: _Child | None = None
+        self._ready = anyio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.process.pid if self._child is not None else None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep a guest running until cancelled; ``started`` once the first one has run ``setup``."""
+        generation = 0
+        async with anyio.create_task_group() as tg:
+            while True:
+                generation += 1
+                child = await self._spawn(generation)
+                self._child = child
+                self._ready.set()
+                if generation == 1:
+                    task_status.started()
+                try:
+                    await self._read(child, tg)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        self._ready = anyio.Event()
+                        await self._stop(child)
+                        self._lose(child)
+                self.restarts += 1
+                log.warning("guest.restarted", resource=self.entry, reason=child.lost or "the guest process exited")
+
+    async def _spawn(self, generation: int) -> _Child:
+        mine, theirs = socket.socketpair()
+        with tempfile.TemporaryFile() as shared:
+            shared.truncate(RUNNING.size)
+            page = mmap.mmap(shared.fileno(), RUNNING.size)  # zeros: no call runs
+            try:
+                process = await anyio.open_process(
+                    [sys.executable, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=None,
+                    stderr=None,
+                    pass_fds=(theirs.fileno(), shared.fileno()),
+                )
+            finally:
+                theirs.close()
+        frames = Frames(await anyio.abc.SocketStream.from_socket(mine), FromGuest)
+        child = _Child(process, frames, page, generation)
+        try:
+            await frames.send(Start(server=self.server, entry=self.entry, options=self.options))
+            ready = await frames.receive()
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+            await self._stop(child)
+            raise RuntimeError(
+                f"resources.{self.entry}: its guest process exited while starting (code {process.returncode})"
+            ) from None
+        if isinstance(ready, Raised):
+            await self._stop(child)
+            if ready.kind == "failure" or ready.type_name.endswith(("UserError", "ConfigError")):
+                raise UserError(ready.message)
+            raise RuntimeError(f"resources.{self.entry}: setup raised {ready.type_name}: {ready.message}")
+        return child
+
+    async def _read(self, child: _Child, tg: anyio.abc.TaskGroup) -> None:
+        """Hand each answer to its caller and serve the guest's model calls, until the guest is gone."""
+        while True:
+            try:
+                msg = await child.frames.receive()
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            if isinstance(msg, Generate):
+                tg.start_soon(self._generate, child, msg)
+                continue
+            waiting = self._waiting.get(msg.id)
+            if waiting is not None:
+                waiting[1].append(msg)
+                waiting[0].set()
+
+    async def _generate(self, child: _Child, req: Generate) -> None:
+        try:
+            reply = Generated(id=req.id, response=await self.models.generate(req.params, model=req.model))
+        except Failure as e:
+            reply = Generated(id=req.id, error=e.info)
+        except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
+            reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+        try:
+            await child.frames.send(reply)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # that guest is gone; its caller was answered with worker_lost
+
+    def _lose(self, child: _Child) -> None:
+        """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
+        why = child.lost or f"the guest process exited (code {child.process.returncode})"
+        for done, box, generation in list(self._waiting.values()):
+            if generation == child.generation and not box:
+                box.append(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+                done.set()
+
+    async def _stop(self, child: _Child) -> None:
+        """End ``child``: close its socket (it runs its teardown and exits), kill it if it does not."""
+        await child.frames.aclose()
+        with anyio.move_on_after(0 if child.lost else STOP_GRACE_S):
+            await child.process.wait()
+        if child.process.returncode is None:
+            child.process.kill()
+            await child.process.wait()
+
+    def _kill(self, child: _Child, why: str) -> None:
+        if not child.lost and child.process.returncode is None:
+            child.lost = why
+            child.process.kill()  # its socket closes with it: ``_read`` ends, ``run`` starts another
+
+    async def call(self, make: Callable[[int], Call], generation: int | None) -> tuple[Done, int]:
+        """Send one call and wait for its answer (and the generation of the guest that gave it). ``generation``:
+        the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``)."""
+        with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
+            await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
+        if not self._ready.is_set():
+            raise GuestFailure(
+                "worker_lost", f"resources.{self.entry}: its guest process is not started", retryable=True
+            )
+        child = self._child
+        assert child is not None
+        if generation is not None and generation != child.generation:
+            raise GuestFailure(
+                "worker_lost",
+                f"resources.{self.entry}: this session's guest process was restarted (another call overran)",
+                retryable=True,
+            )
+        call_id = next(self._ids)
+        done, box = anyio.Event(), []  # type: ignore[var-annotated]
+        self._waiting[call_id] = (done, box, child.generation)
+        try:
+            msg = make(call_id)
+            try:
+                await child.frames.send(msg)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the guest is gone: ``_lose`` answers this call
+            with anyio.move_on_after(self.call_timeout_s):
+                await done.wait()
+        finally:
+            self._waiting.pop(call_id, None)
+        if not box:
+            self._overran(child, call_id, msg)
+        reply = box[0]
+        if isinstance(reply, Failure):
+            raise reply
+        if isinstance(reply, Raised):
+            raise _rebuilt(reply)
+        return reply, child.generation
+
+    def _overran(self, child: _Child, call_id: int, msg: Call) -> None:
+        """``call_id``'s time is up: stop the guest, and fail the call at fault as ``timeout`` (module docstring)."""
+        if child.lost:  # another call's overrun stopped it first: this one was not at fault
+            raise GuestFailure("worker_lost", f"resources.{self.entry}: {child.lost}", retryable=True)
+        in_loop, in_thread = RUNNING.unpack_from(child.page)
+        stuck_in = in_loop or in_thread
+        culprit = self._waiting.get(stuck_in)
+        what = type(msg).__name__.lower()
+        blame = GuestFailure(
+            "timeout",
+            f"resources.{self.entry}: the environment's code ran past call_timeout_s={self.call_timeout_s:g} "
+            "(its guest process was stopped)",
+        )
+        if stuck_in == call_id or culprit is None or culprit[2] != child.generation or culprit[1]:
+            self._kill(child, f"a {what} call ran past call_timeout_s={self.call_timeout_s:g}")
+            raise blame
+        culprit[1].append(blame)  # the call the guest is stuck in: its caller reads the timeout
+        culprit[0].set()
+        self._kill(child, f"a call held the guest past call_timeout_s={self.call_timeout_s:g}")
+        raise GuestFailure(
+            "worker_lost",
+            f"resources.{self.entry}: another session's call held the guest past call_timeout_s",
+            retryable=True,
+        )
+
+
+class GuestSession:
+    """One session in the guest, with the methods the worker calls on a ``Resource`` instance."""
+
+    __slots__ = ("_guest", "session", "generation", "answer_field")
+
+    def __init__(self, guest: Guest, answer_field: str | None) -> None:
+        self._guest = guest
+        self.session = uuid.uuid4().hex
+        self.generation: int | None = None  # the guest it lives in, once seeded
+        self.answer_field = answer_field
+
+    async def seed(self, row: dict[str, Any]) -> None:
+        _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        return await self._tool(name, arguments, protocol=False)
+
+    async def call_operation(self, op: str, arguments: str | bytes) -> str:
+        return await self._tool(op, arguments, protocol=True)
+
+    async def _tool(self, name: str, arguments: str | bytes, *, protocol: bool) -> str:
+        text = arguments.decode() if isinstance(arguments, bytes) else arguments
+        done, _ = await self._guest.call(
+            lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
+        )
+        return done.output
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        done, _ = await self._guest.call(
+            lambda i: Verify(id=i, session=self.session, row=task, response=response), self.generation
+        )
+        assert done.verdict is not None
+        return done.verdict
+
+    async def close(self) -> None:
+        if self.generation is None:
+            return
+        try:
+            await self._guest.call(lambda i: Close(id=i, session=self.session), self.generation)
+        except GuestFailure:
+            pass  # its guest is gone, and the session with it

@@ -1,0 +1,133 @@
+"""The messages between a resource worker and its guest process (``isolation: process``), and their framing.
+
+One socket pair, msgpack frames with a 4-byte length in front. The worker sends ``Start`` once, then calls
+(``Seed``, ``Tool``, ``Verify``, ``Close``) each with an id; the guest answers each id with ``Done`` or
+``Raised``. The guest asks the worker for model calls (``Generate``, answered by ``Generated``), since the
+bus stays in the worker. Typed both ways, so a guest cannot send the worker anything else.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal
+
+import anyio.abc
+import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from gym_runtime.messages import CreateParams, ErrorInfo, Response
+from gym_runtime.resource import Verdict
+
+__all__ = [
+    "Close",
+    "Done",
+    "Frames",
+    "RUNNING",
+    "Generate",
+    "Generated",
+    "Raised",
+    "Seed",
+    "Start",
+    "Tool",
+    "Verify",
+]
+
+_LEN = struct.Struct(">I")
+# A page both processes map, readable by the worker while the guest is stuck and can answer nothing: the call
+# whose code the guest's event loop runs right now (0: none), then the call whose code a thread (``run_blocking``)
+# started to run last and has not finished (0: none).
+RUNNING = struct.Struct("<qq")
+MAX_FRAME = 1 << 31  # a frame's length field; a row or response this large is refused by the bus long before
+
+
+class Start(msgspec.Struct, tag=True):
+    """What the guest serves: the resource module, its config entry, its options (``setup``)."""
+
+    server: str
+    entry: str
+    options: dict[str, Any]
+
+
+class Seed(msgspec.Struct, tag=True):
+    id: int
+    session: str
+    row: dict[str, Any]
+
+
+class Tool(msgspec.Struct, tag=True):
+    id: int
+    session: str
+    name: str
+    arguments: str
+    protocol: bool = False  # one of the runtime's own operations (``Resource.call_operation``)
+
+
+class Verify(msgspec.Struct, tag=True):
+    id: int
+    session: str
+    row: dict[str, Any]
+    response: Response
+
+
+class Close(msgspec.Struct, tag=True):
+    id: int
+    session: str
+
+
+class Generate(msgspec.Struct, tag=True):
+    """Guest to worker: a model call of environment code (an LLM judge), made over the worker's bus."""
+
+    id: int
+    model: str
+    params: CreateParams
+
+
+class Done(msgspec.Struct, tag=True):
+    id: int
+    output: str = ""  # a tool's output
+    verdict: Verdict | None = None  # verify's
+
+
+class Raised(msgspec.Struct, tag=True):
+    """Environment code raised: ``failure`` (a ``Failure``, its info), ``arguments`` (``ToolArgumentsError``,
+    shown to the model) or ``error`` (anything else, its type's name kept for the messages rows show)."""
+
+    id: int
+    kind: Literal["failure", "arguments", "error"]
+    type_name: str
+    message: str
+    info: ErrorInfo | None = None
+
+
+class Generated(msgspec.Struct, tag=True):
+    id: int
+    response: Response | None = None
+    error: ErrorInfo | None = None
+
+
+ToGuest = Start | Seed | Tool | Verify | Close | Generated
+FromGuest = Done | Raised | Generate
+
+
+class Frames:
+    """Length-prefixed msgpack over one stream; ``send`` is safe from many tasks at once."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, receives: Any) -> None:
+        self._stream = stream
+        self._in = BufferedByteReceiveStream(stream)
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(receives)
+        self._lock = anyio.Lock()
+
+    async def send(self, msg: Any) -> None:
+        body = self._enc.encode(msg)
+        async with self._lock:
+            await self._stream.send(_LEN.pack(len(body)) + body)
+
+    async def receive(self) -> Any:
+        """The next message; ``anyio.EndOfStream`` (or ``IncompleteRead``) when the other side is gone."""
+        (size,) = _LEN.unpack(await self._in.receive_exactly(_LEN.size))
+        return self._dec.decode(await self._in.receive_exactly(size))
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
