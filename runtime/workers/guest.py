@@ -8,11 +8,12 @@ and starts another. The call that overran fails as ``timeout`` (its rollout's ro
 there, and every later call to a session that lived there, fail as a retryable ``worker_lost``, so their
 rollouts run again as new attempts; sessions opened after the restart are served as before.
 
-Which call overran: the guest writes the id of the call whose code its event loop is running, and of the call
-whose code a thread (``resource.run_blocking``) runs, into a page both processes map (``guest_main.Marked``,
-``guest_main.thread_mark``). When a call's time is up the worker reads it: a guest stuck in another call (the
-one that holds the GIL; the calls waiting behind it overran only because of it) is that call's fault; a guest
-stuck in none is the fault of the call whose time is up.
+Which call overran: the guest writes the id of the call whose code its event loop is running, and for each
+thread running environment code (``resource.run_blocking``) its call's, into a page both processes map
+(``guest_wire.Page``). When a call's time is up the worker looks at which of the guest's threads is running
+(``/proc``: the one holding the GIL runs, the ones waiting for it sleep) and reads its call from the page
+(``stuck_in``): a guest stuck in another call is that call's fault (the calls waiting behind it overran only
+because of it); a guest stuck in none (it waits) is the fault of the call whose time is up.
 
 ``GuestSession`` stands for one session in the guest with the methods the worker calls on a ``Resource``
 (``seed``, ``call_tool``, ``call_operation``, ``verify``, ``close``), so the worker serves both alike.
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -38,13 +41,13 @@ from gym_runtime.messages import ErrorInfo, Response
 from gym_runtime.observability import logs
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.workers.guest_wire import (
-    RUNNING,
     Close,
     Done,
     Frames,
     FromGuest,
     Generate,
     Generated,
+    Page,
     Raised,
     Seed,
     Start,
@@ -83,7 +86,7 @@ def _rebuilt(r: Raised) -> BaseException:
 class _Child:
     """One guest process: its frames, its generation (sessions opened in it carry it) and why it ended."""
 
-    def __init__(self, process: anyio.abc.Process, frames: Frames, page: mmap.mmap, generation: int) -> None:
+    def __init__(self, process: anyio.abc.Process, frames: Frames, page: Page, generation: int) -> None:
         self.process = process
         self.frames = frames
         self.page = page
@@ -112,6 +115,12 @@ class Guest:
     def pid(self) -> int | None:
         return self._child.process.pid if self._child is not None else None
 
+    @property
+    def running(self) -> int:
+        """The call the guest's CPU-bound thread runs now (its loop's, or a ``run_blocking`` thread's); 0: none."""
+        child = self._child
+        return stuck_in(child.process.pid, child.page) if child is not None else 0
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep a guest running until cancelled; ``started`` once the first one has run ``setup``."""
         generation = 0
@@ -136,8 +145,8 @@ class Guest:
     async def _spawn(self, generation: int) -> _Child:
         mine, theirs = socket.socketpair()
         with tempfile.TemporaryFile() as shared:
-            shared.truncate(RUNNING.size)
-            page = mmap.mmap(shared.fileno(), RUNNING.size)  # zeros: no call runs
+            shared.truncate(Page.SIZE)
+            page = Page(mmap.mmap(shared.fileno(), Page.SIZE))  # zeros: no call runs
             try:
                 process = await anyio.open_process(
                     [sys.executable, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
@@ -257,16 +266,15 @@ class Guest:
         """``call_id``'s time is up: stop the guest, and fail the call at fault as ``timeout`` (module docstring)."""
         if child.lost:  # another call's overrun stopped it first: this one was not at fault
             raise GuestFailure("worker_lost", f"resources.{self.entry}: {child.lost}", retryable=True)
-        in_loop, in_thread = RUNNING.unpack_from(child.page)
-        stuck_in = in_loop or in_thread
-        culprit = self._waiting.get(stuck_in)
+        at_fault = stuck_in(child.process.pid, child.page)
+        culprit = self._waiting.get(at_fault)
         what = type(msg).__name__.lower()
         blame = GuestFailure(
             "timeout",
             f"resources.{self.entry}: the environment's code ran past call_timeout_s={self.call_timeout_s:g} "
             "(its guest process was stopped)",
         )
-        if stuck_in == call_id or culprit is None or culprit[2] != child.generation or culprit[1]:
+        if at_fault == call_id or culprit is None or culprit[2] != child.generation or culprit[1]:
             self._kill(child, f"a {what} call ran past call_timeout_s={self.call_timeout_s:g}")
             raise blame
         culprit[1].append(blame)  # the call the guest is stuck in: its caller reads the timeout
@@ -277,6 +285,38 @@ class Guest:
             f"resources.{self.entry}: another session's call held the guest past call_timeout_s",
             retryable=True,
         )
+
+
+def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
+    """The call whose code keeps one of the guest's threads running (``R`` in ``/proc``; the threads waiting for
+    the GIL sleep), as the page names it: the loop's call for the main thread, a thread's own call for another;
+    0 when no thread runs code of a call (the guest waits: a call that overran is slow, not stuck)."""
+    seen: dict[int, int] = {}
+    for i in range(samples):
+        for tid in _running_threads(pid):
+            call_id = page.loop() if tid == pid else page.thread(tid)
+            if call_id:
+                seen[call_id] = seen.get(call_id, 0) + 1
+        if i + 1 < samples:
+            time.sleep(0.002)
+    return max(seen, key=seen.__getitem__) if seen else 0
+
+
+def _running_threads(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone, or no /proc (not Linux): no thread is known to run
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[:1] == ["R"]:
+            out.append(int(tid))
+    return out
 
 
 class GuestSession:

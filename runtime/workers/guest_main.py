@@ -14,8 +14,8 @@ import itertools
 import mmap
 import os
 import socket
-import struct
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
@@ -26,12 +26,12 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.resource import ENV_THREAD, Resource, ToolArgumentsError, Verdict, load_resource_class
 from gym_runtime.workers.guest_wire import (
-    RUNNING,
     Close,
     Done,
     Frames,
     Generate,
     Generated,
+    Page,
     Raised,
     Seed,
     Start,
@@ -71,21 +71,13 @@ class WorkerModels:
             waiting[0].set()
 
 
-LOOP = struct.Struct("<q")  # the first field of ``RUNNING``: the call the event loop runs
-THREAD_AT = LOOP.size  # the second: the call a thread runs
-
-
-def thread_mark(page: mmap.mmap, call_id: int) -> Callable[[], Callable[[], None]]:
-    """``ENV_THREAD`` for one call: a thread starting its code writes the call's id, and clears it when done."""
+def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
+    """``ENV_THREAD`` for one call: a thread starting its code notes its call in its slot, and clears it when done."""
 
     def mark() -> Callable[[], None]:
-        LOOP.pack_into(page, THREAD_AT, call_id)
-
-        def undo() -> None:
-            if LOOP.unpack_from(page, THREAD_AT)[0] == call_id:
-                LOOP.pack_into(page, THREAD_AT, 0)
-
-        return undo
+        tid = threading.get_native_id()
+        page.set_thread(tid, call_id)
+        return lambda: page.clear_thread(tid, call_id)
 
     return mark
 
@@ -96,19 +88,19 @@ class Marked:
 
     __slots__ = ("_coro", "_id", "_page")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], call_id: int, page: mmap.mmap) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], call_id: int, page: Page) -> None:
         self._coro, self._id, self._page = coro, call_id, page
 
     def __await__(self) -> Generator[Any, Any, Any]:
         step, page, value, error = self._coro.__await__(), self._page, None, None
         while True:
-            LOOP.pack_into(page, 0, self._id)
+            page.set_loop(self._id)
             try:
                 yielded = step.send(value) if error is None else step.throw(error)
             except StopIteration as done:
                 return done.value
             finally:
-                LOOP.pack_into(page, 0, 0)
+                page.set_loop(0)
             try:
                 value, error = (yield yielded), None
             except BaseException as e:  # noqa: BLE001 - thrown in (a cancellation): passed to the call
@@ -118,7 +110,7 @@ class Marked:
 class Guest:
     """The sessions of one worker's resource, each an instance of its class, keyed by the worker's session id."""
 
-    def __init__(self, cls: type[Resource], frames: Frames, page: mmap.mmap) -> None:
+    def __init__(self, cls: type[Resource], frames: Frames, page: Page) -> None:
         self.cls = cls
         self.frames = frames
         self.page = page
@@ -181,7 +173,7 @@ class Guest:
 
 
 async def serve(fd: int, running_fd: int) -> None:
-    page = mmap.mmap(running_fd, RUNNING.size)
+    page = Page(mmap.mmap(running_fd, Page.SIZE))
     stream = await anyio.abc.SocketStream.from_socket(socket.socket(fileno=fd))
     frames = Frames(stream, ToGuest)
     start = await frames.receive()

@@ -8,6 +8,7 @@ bus stays in the worker. Typed both ways, so a guest cannot send the worker anyt
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ __all__ = [
     "Close",
     "Done",
     "Frames",
-    "RUNNING",
+    "Page",
     "Generate",
     "Generated",
     "Raised",
@@ -33,10 +34,43 @@ __all__ = [
 ]
 
 _LEN = struct.Struct(">I")
-# A page both processes map, readable by the worker while the guest is stuck and can answer nothing: the call
-# whose code the guest's event loop runs right now (0: none), then the call whose code a thread (``run_blocking``)
-# started to run last and has not finished (0: none).
-RUNNING = struct.Struct("<qq")
+_ONE = struct.Struct("<q")
+_PAIR = struct.Struct("<qq")
+
+
+class Page:
+    """A page both processes map, which the worker reads while the guest is stuck and can answer nothing: the
+    call whose code the guest's event loop runs right now, and for each thread running environment code
+    (``resource.run_blocking``) its id and its call's (a slot per thread id modulo ``SLOTS``); 0 is none."""
+
+    SLOTS = 256
+    SIZE = _ONE.size + SLOTS * _PAIR.size
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self._m = mapped
+
+    def set_loop(self, call_id: int) -> None:
+        _ONE.pack_into(self._m, 0, call_id)
+
+    def loop(self) -> int:
+        return int(_ONE.unpack_from(self._m, 0)[0])
+
+    def _at(self, tid: int) -> int:
+        return _ONE.size + (tid % self.SLOTS) * _PAIR.size
+
+    def set_thread(self, tid: int, call_id: int) -> None:
+        _PAIR.pack_into(self._m, self._at(tid), tid, call_id)
+
+    def clear_thread(self, tid: int, call_id: int) -> None:
+        if _PAIR.unpack_from(self._m, self._at(tid)) == (tid, call_id):
+            _PAIR.pack_into(self._m, self._at(tid), 0, 0)
+
+    def thread(self, tid: int) -> int:
+        """The call thread ``tid`` runs (0: none, or its slot was taken by another thread's)."""
+        held, call_id = _PAIR.unpack_from(self._m, self._at(tid))
+        return int(call_id) if held == tid else 0
+
+
 MAX_FRAME = 1 << 31  # a frame's length field; a row or response this large is refused by the bus long before
 
 
