@@ -119,6 +119,10 @@ async def test_a_stuck_guest_is_stopped_and_the_next_serves(bus: Bus) -> None:
             tg.start_soon(call, "bystander", bystander.address + ".tool", waits)
         assert results["hog"][0] == "timeout" and "call_timeout_s=2" in results["hog"][1], results
         assert results["bystander"][0] == "worker_lost" and results["bystander"][2] is True, results
+        with anyio.fail_after(60):
+            while guest.restarts < 1:  # the stopped guest is reaped and its sessions dropped
+                await anyio.sleep(0.01)
+        assert hog.session not in worker.sessions and bystander.session not in worker.sessions  # gone with it
         lost = await outcome(bus.request(bystander.address + ".tool", waits, timeout=30, op="tool"))
         assert lost[0] == "worker_lost" and lost[2] is True
         fresh = await seed(bus, ROWS[2])

@@ -98,8 +98,15 @@ class Guest:
     """The parent side: starts the guest, sends it calls, bounds each by ``call_timeout_s``, restarts it."""
 
     def __init__(
-        self, server: str, entry: str, options: dict[str, Any], models: ModelClient, call_timeout_s: float
+        self,
+        server: str,
+        entry: str,
+        options: dict[str, Any],
+        models: ModelClient,
+        call_timeout_s: float,
+        on_lost: Callable[[int], None] = lambda generation: None,
     ) -> None:
+        self.on_lost = on_lost  # told the generation of each guest that is gone (its sessions went with it)
         self.server = server
         self.entry = entry
         self.options = options
@@ -139,6 +146,7 @@ class Guest:
                         self._ready = anyio.Event()
                         await self._stop(child)
                         self._lose(child)
+                        self.on_lost(child.generation)
                 self.restarts += 1
                 log.warning("guest.restarted", resource=self.entry, reason=child.lost or "the guest process exited")
 

@@ -114,7 +114,9 @@ class ResourceWorker:
         isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
         self.guest = None
         if isolation == "process":
-            self.guest = Guest(cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s)
+            self.guest = Guest(
+                cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s, on_lost=self._guest_lost
+            )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.guest is None:
@@ -170,6 +172,10 @@ class ResourceWorker:
         if self._subs:
             await self._subs[0].unsubscribe()
             await self._subs[2].unsubscribe()
+
+    def _guest_lost(self, generation: int) -> None:
+        """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
+        self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
     def _new(self) -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
