@@ -46,7 +46,7 @@ def one_run(n: int, concurrency: int, model: str, secure: bool = False, isolatio
 
 
 def instructions(n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none") -> int:
-    out = subprocess.run(
+    proc = subprocess.run(
         [
             "valgrind",
             "--tool=cachegrind",
@@ -69,8 +69,11 @@ def instructions(n: int, concurrency: int, model: str, secure: bool = False, iso
         ],
         capture_output=True,
         text=True,
-        check=True,
-    ).stderr
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"the measured run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = proc.stderr
     found = re.findall(r"I\s+refs:\s+([\d,]+)", out)  # one per traced process
     assert found, out[-2000:]
     return sum(int(m.replace(",", "")) for m in found)
