@@ -80,7 +80,8 @@ def _rebuilt(r: Raised) -> BaseException:
         return Failure(r.info)
     if r.kind == "arguments":
         return ToolArgumentsError(r.message)
-    return type(r.type_name, (GuestError,), {})(r.message)
+    error: BaseException = type(r.type_name, (GuestError,), {})(r.message)
+    return error
 
 
 class _Child:
