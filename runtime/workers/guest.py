@@ -21,6 +21,7 @@ because of it); a guest stuck in none (it waits) is the fault of the call whose 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import mmap
 import os
@@ -61,6 +62,7 @@ log = logs.get("gym.resource")
 
 GUEST_MODULE = "gym_runtime.workers.guest_main"
 Call = Seed | Tool | Verify | Close
+WATCH_S = 0.25  # how often calls are checked against their deadline
 START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
 STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
 
@@ -95,6 +97,18 @@ class _Child:
         self.lost = ""  # why the worker killed it ("" while it is alive or when it died by itself)
 
 
+class _Call:
+    """A call sent to a guest and not answered yet."""
+
+    __slots__ = ("answer", "generation", "deadline", "what")
+
+    def __init__(self, answer: asyncio.Future[Done | Raised], generation: int, deadline: float, what: str) -> None:
+        self.answer = answer
+        self.generation = generation
+        self.deadline = deadline
+        self.what = what
+
+
 class Guest:
     """The parent side: starts the guest, sends it calls, bounds each by ``call_timeout_s``, restarts it."""
 
@@ -115,7 +129,7 @@ class Guest:
         self.call_timeout_s = call_timeout_s
         self.restarts = 0  # guests killed or lost and started again (status, tests)
         self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[anyio.Event, list[Done | Raised | Failure], int]] = {}
+        self._waiting: dict[int, _Call] = {}
         self._child: _Child | None = None
         self._ready = anyio.Event()
 
@@ -133,6 +147,7 @@ class Guest:
         """Keep a guest running until cancelled; ``started`` once the first one has run ``setup``."""
         generation = 0
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch)
             while True:
                 generation += 1
                 child = await self._spawn(generation)
@@ -166,37 +181,36 @@ class Guest:
                 )
             finally:
                 theirs.close()
-        frames = Frames(await anyio.abc.SocketStream.from_socket(mine), FromGuest)
-        child = _Child(process, frames, page, generation)
+        child = _Child(process, await Frames.open(mine, FromGuest), page, generation)
         try:
-            await frames.send(Start(server=self.server, entry=self.entry, options=self.options))
-            ready = await frames.receive()
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+            child.frames.send(Start(server=self.server, entry=self.entry, options=self.options))
+            ready = await child.frames.receive()
+        except (EOFError, ConnectionError):
             await self._stop(child)
             raise RuntimeError(
                 f"resources.{self.entry}: its guest process exited while starting (code {process.returncode})"
             ) from None
         if isinstance(ready, Raised):
             await self._stop(child)
-            if ready.kind == "failure" or ready.type_name.endswith(("UserError", "ConfigError")):
+            if ready.kind == "failure":
                 raise UserError(ready.message)
             raise RuntimeError(f"resources.{self.entry}: setup raised {ready.type_name}: {ready.message}")
         return child
 
     async def _read(self, child: _Child, tg: anyio.abc.TaskGroup) -> None:
         """Hand each answer to its caller and serve the guest's model calls, until the guest is gone."""
+        waiting = self._waiting
         while True:
             try:
                 msg = await child.frames.receive()
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except EOFError:
                 return
             if isinstance(msg, Generate):
                 tg.start_soon(self._generate, child, msg)
                 continue
-            waiting = self._waiting.get(msg.id)
-            if waiting is not None:
-                waiting[1].append(msg)
-                waiting[0].set()
+            call = waiting.get(msg.id)
+            if call is not None and not call.answer.done():
+                call.answer.set_result(msg)
 
     async def _generate(self, child: _Child, req: Generate) -> None:
         try:
@@ -206,21 +220,20 @@ class Guest:
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
             reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
         try:
-            await child.frames.send(reply)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            child.frames.send(reply)
+        except ConnectionError:
             pass  # that guest is gone; its caller was answered with worker_lost
 
     def _lose(self, child: _Child) -> None:
         """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
         why = child.lost or f"the guest process exited (code {child.process.returncode})"
-        for done, box, generation in list(self._waiting.values()):
-            if generation == child.generation and not box:
-                box.append(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
-                done.set()
+        for call in list(self._waiting.values()):
+            if call.generation == child.generation and not call.answer.done():
+                call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
 
     async def _stop(self, child: _Child) -> None:
         """End ``child``: close its socket (it runs its teardown and exits), kill it if it does not."""
-        await child.frames.aclose()
+        child.frames.close()
         with anyio.move_on_after(0 if child.lost else STOP_GRACE_S):
             await child.process.wait()
         if child.process.returncode is None:
@@ -235,65 +248,68 @@ class Guest:
     async def call(self, make: Callable[[int], Call], generation: int | None) -> tuple[Done, int]:
         """Send one call and wait for its answer (and the generation of the guest that gave it). ``generation``:
         the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``)."""
-        with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
-            await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
         if not self._ready.is_set():
-            raise GuestFailure(
-                "worker_lost", f"resources.{self.entry}: its guest process is not started", retryable=True
-            )
+            with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
+                await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
+            if not self._ready.is_set():
+                raise GuestFailure(
+                    "worker_lost", f"resources.{self.entry}: its guest process is not started", retryable=True
+                )
         child = self._child
         assert child is not None
-        if generation is not None and generation != child.generation:
+        if (generation is not None and generation != child.generation) or child.lost:
             raise GuestFailure(
                 "worker_lost",
                 f"resources.{self.entry}: this session's guest process was restarted (another call overran)",
                 retryable=True,
             )
         call_id = next(self._ids)
-        done, box = anyio.Event(), []  # type: ignore[var-annotated]
-        self._waiting[call_id] = (done, box, child.generation)
+        msg = make(call_id)
+        answer: asyncio.Future[Done | Raised] = asyncio.get_running_loop().create_future()
+        deadline = time.monotonic() + self.call_timeout_s
+        self._waiting[call_id] = _Call(answer, child.generation, deadline, type(msg).__name__.lower())
         try:
-            msg = make(call_id)
             try:
-                await child.frames.send(msg)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                child.frames.send(msg)
+            except ConnectionError:
                 pass  # the guest is gone: ``_lose`` answers this call
-            with anyio.move_on_after(self.call_timeout_s):
-                await done.wait()
+            reply = await answer  # ``_watch`` answers it when its time is up
         finally:
             self._waiting.pop(call_id, None)
-        if not box:
-            self._overran(child, call_id, msg)
-        reply = box[0]
-        if isinstance(reply, Failure):
-            raise reply
         if isinstance(reply, Raised):
             raise _rebuilt(reply)
         return reply, child.generation
 
-    def _overran(self, child: _Child, call_id: int, msg: Call) -> None:
-        """``call_id``'s time is up: stop the guest, and fail the call at fault as ``timeout`` (module docstring)."""
-        if child.lost:  # another call's overrun stopped it first: this one was not at fault
-            raise GuestFailure("worker_lost", f"resources.{self.entry}: {child.lost}", retryable=True)
+    async def _watch(self) -> None:
+        """Every ``WATCH_S``: a call past its deadline stops its guest (one asyncio timer for all calls, not a
+        cancel scope per call)."""
+        while True:
+            await anyio.sleep(WATCH_S)
+            now = time.monotonic()
+            for call_id, call in list(self._waiting.items()):
+                if call.deadline <= now and not call.answer.done():
+                    self._overran(call_id, call)
+
+    def _overran(self, call_id: int, call: _Call) -> None:
+        """``call_id``'s time is up: stop its guest, and fail the call at fault as ``timeout`` (module docstring)."""
+        child = self._child
+        if child is None or child.generation != call.generation or child.lost:
+            why = child.lost if child is not None and child.lost else "its guest process is gone"
+            call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+            return
         at_fault = stuck_in(child.process.pid, child.page)
         culprit = self._waiting.get(at_fault)
-        what = type(msg).__name__.lower()
-        blame = GuestFailure(
-            "timeout",
-            f"resources.{self.entry}: the environment's code ran past call_timeout_s={self.call_timeout_s:g} "
-            "(its guest process was stopped)",
+        if culprit is None or culprit.generation != child.generation or culprit.answer.done():
+            culprit = call  # stuck in no call (or a finished one): the call whose time is up is slow, not stuck
+        culprit.answer.set_exception(
+            GuestFailure(
+                "timeout",
+                f"resources.{self.entry}: the environment's {culprit.what} ran past "
+                f"call_timeout_s={self.call_timeout_s:g} (its guest process was stopped)",
+            )
         )
-        if at_fault == call_id or culprit is None or culprit[2] != child.generation or culprit[1]:
-            self._kill(child, f"a {what} call ran past call_timeout_s={self.call_timeout_s:g}")
-            raise blame
-        culprit[1].append(blame)  # the call the guest is stuck in: its caller reads the timeout
-        culprit[0].set()
-        self._kill(child, f"a call held the guest past call_timeout_s={self.call_timeout_s:g}")
-        raise GuestFailure(
-            "worker_lost",
-            f"resources.{self.entry}: another session's call held the guest past call_timeout_s",
-            retryable=True,
-        )
+        self._kill(child, f"a {culprit.what} call ran past call_timeout_s={self.call_timeout_s:g}")
+        self._lose(child)  # the others in it, at once
 
 
 def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
@@ -331,13 +347,14 @@ def _running_threads(pid: int) -> list[int]:
 class GuestSession:
     """One session in the guest, with the methods the worker calls on a ``Resource`` instance."""
 
-    __slots__ = ("_guest", "session", "generation", "answer_field")
+    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify")
 
     def __init__(self, guest: Guest, answer_field: str | None) -> None:
         self._guest = guest
         self.session = uuid.uuid4().hex
         self.generation: int | None = None  # the guest it lives in, once seeded
         self.answer_field = answer_field
+        self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
 
     async def seed(self, row: dict[str, Any]) -> None:
         _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
@@ -357,7 +374,8 @@ class GuestSession:
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         done, _ = await self._guest.call(
-            lambda i: Verify(id=i, session=self.session, row=task, response=response), self.generation
+            lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
+            self.generation,
         )
         assert done.verdict is not None
         return done.verdict

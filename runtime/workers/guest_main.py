@@ -10,6 +10,7 @@ Standard output is sent to standard error: a print in environment code cannot co
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import mmap
 import os
@@ -20,7 +21,6 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, Response
@@ -47,28 +47,25 @@ class WorkerModels:
     def __init__(self, frames: Frames) -> None:
         self._frames = frames
         self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[anyio.Event, list[Generated]]] = {}
+        self._waiting: dict[int, asyncio.Future[Generated]] = {}
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
         call_id = next(self._ids)
-        done, box = anyio.Event(), list[Generated]()
-        self._waiting[call_id] = (done, box)
+        answer = self._waiting[call_id] = asyncio.get_running_loop().create_future()
         try:
-            await self._frames.send(Generate(id=call_id, model=model, params=params))
-            await done.wait()
+            self._frames.send(Generate(id=call_id, model=model, params=params))
+            reply = await answer
         finally:
             self._waiting.pop(call_id, None)
-        reply = box[0]
         if reply.error is not None:
             raise Failure(reply.error)
         assert reply.response is not None
         return reply.response
 
     def answered(self, reply: Generated) -> None:
-        waiting = self._waiting.get(reply.id)
-        if waiting is not None:
-            waiting[1].append(reply)
-            waiting[0].set()
+        answer = self._waiting.get(reply.id)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
 
 
 def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
@@ -118,17 +115,26 @@ class Guest:
         self.sessions: dict[str, Resource] = {}
 
     async def serve(self) -> None:
-        async with anyio.create_task_group() as tg:
+        """Answer calls, each in a task of its own (asyncio's: a call's whole cost on a cheap environment is a
+        few of these), until the worker is gone; then the calls still running are cancelled."""
+        loop = asyncio.get_running_loop()
+        running: set[asyncio.Task[None]] = set()
+        try:
             while True:
                 try:
                     msg = await self.frames.receive()
-                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
-                    tg.cancel_scope.cancel()  # the worker is gone: so is this process
-                    return
+                except EOFError:
+                    return  # the worker is gone: so is this process
                 if isinstance(msg, Generated):
                     self.models.answered(msg)
                 else:
-                    tg.start_soon(self._answer, msg)
+                    task = loop.create_task(self._answer(msg))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _answer(self, msg: Seed | Tool | Verify | Close) -> None:
         ENV_THREAD.set(thread_mark(self.page, msg.id))  # this task's own context: its threads carry it
@@ -141,8 +147,8 @@ class Guest:
         except Exception as e:  # noqa: BLE001 - the worker turns it into the row's error class, as in process
             reply = Raised(id=msg.id, kind="error", type_name=type(e).__name__, message=str(e))
         try:
-            await self.frames.send(reply)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.frames.send(reply)
+        except ConnectionError:
             pass  # the worker is gone
 
     async def _run(self, msg: Seed | Tool | Verify | Close) -> Done:
@@ -167,15 +173,18 @@ class Guest:
         if isinstance(msg, Tool):
             run = held.call_operation if msg.protocol else held.call_tool
             return Done(id=msg.id, output=await run(msg.name, msg.arguments))
-        out = await held.verify(msg.row, msg.response)
+        try:
+            out = await held.verify(msg.row, msg.response)
+        finally:
+            if msg.close and self.sessions.pop(msg.session, None) is not None:
+                await held.close()
         verdict = out if isinstance(out, Verdict) else Verdict(reward=float(out))
         return Done(id=msg.id, verdict=verdict)
 
 
 async def serve(fd: int, running_fd: int) -> None:
     page = Page(mmap.mmap(running_fd, Page.SIZE))
-    stream = await anyio.abc.SocketStream.from_socket(socket.socket(fileno=fd))
-    frames = Frames(stream, ToGuest)
+    frames = await Frames.open(socket.socket(fileno=fd), ToGuest)
     start = await frames.receive()
     if not isinstance(start, Start):
         raise SystemExit(f"guest: expected Start first, got {type(start).__name__}")
@@ -184,9 +193,10 @@ async def serve(fd: int, running_fd: int) -> None:
         await cls.setup(dict(start.options))
     except Exception as e:  # noqa: BLE001 - the worker reports it (one line for a user's mistake) and stops
         user = isinstance(e, UserError)
-        await frames.send(Raised(id=0, kind="failure" if user else "error", type_name=type(e).__name__, message=str(e)))
+        frames.send(Raised(id=0, kind="failure" if user else "error", type_name=type(e).__name__, message=str(e)))
+        await frames.aclose()
         return
-    await frames.send(Done(id=0))  # ready
+    frames.send(Done(id=0))  # ready
     guest = Guest(cls, frames, page)
     try:
         await guest.serve()

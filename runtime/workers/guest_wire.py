@@ -8,13 +8,13 @@ bus stays in the worker. Typed both ways, so a guest cannot send the worker anyt
 
 from __future__ import annotations
 
+import asyncio
 import mmap
+import socket
 import struct
 from typing import Any, Literal
 
-import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from gym_runtime.messages import CreateParams, ErrorInfo, Response
 from gym_runtime.resource import Verdict
@@ -71,9 +71,6 @@ class Page:
         return int(call_id) if held == tid else 0
 
 
-MAX_FRAME = 1 << 31  # a frame's length field; a row or response this large is refused by the bus long before
-
-
 class Start(msgspec.Struct, tag=True):
     """What the guest serves: the resource module, its config entry, its options (``setup``)."""
 
@@ -101,6 +98,7 @@ class Verify(msgspec.Struct, tag=True):
     session: str
     row: dict[str, Any]
     response: Response
+    close: bool = False  # close the session once verified (the worker has dropped it: one message, not two)
 
 
 class Close(msgspec.Struct, tag=True):
@@ -144,24 +142,47 @@ FromGuest = Done | Raised | Generate
 
 
 class Frames:
-    """Length-prefixed msgpack over one stream; ``send`` is safe from many tasks at once."""
+    """Length-prefixed msgpack over one socket. ``send`` only buffers (no await, so no lock between the tasks
+    that send); asyncio's own streams, as the hot path of every call: an anyio stream and lock cost more than
+    the call's own work on a cheap environment."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, receives: Any) -> None:
-        self._stream = stream
-        self._in = BufferedByteReceiveStream(stream)
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, receives: Any) -> None:
+        self._reader = reader
+        self._writer = writer
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(receives)
-        self._lock = anyio.Lock()
 
-    async def send(self, msg: Any) -> None:
+    @classmethod
+    async def open(cls, sock: socket.socket, receives: Any) -> Frames:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        return cls(reader, writer, receives)
+
+    @property
+    def closed(self) -> bool:
+        return self._writer.is_closing()
+
+    def send(self, msg: Any) -> None:
+        """Queue ``msg``; ``ConnectionError`` when the other side is gone."""
+        if self._writer.is_closing():
+            raise ConnectionResetError("the other side of the guest's socket is gone")
         body = self._enc.encode(msg)
-        async with self._lock:
-            await self._stream.send(_LEN.pack(len(body)) + body)
+        self._writer.write(_LEN.pack(len(body)) + body)
 
     async def receive(self) -> Any:
-        """The next message; ``anyio.EndOfStream`` (or ``IncompleteRead``) when the other side is gone."""
-        (size,) = _LEN.unpack(await self._in.receive_exactly(_LEN.size))
-        return self._dec.decode(await self._in.receive_exactly(size))
+        """The next message; ``EOFError`` when the other side is gone."""
+        try:
+            (size,) = _LEN.unpack(await self._reader.readexactly(_LEN.size))
+            return self._dec.decode(await self._reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise EOFError("the guest's socket closed") from e
+
+    def close(self) -> None:
+        self._writer.close()
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        """Close once what was sent is written."""
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except ConnectionError:
+            pass

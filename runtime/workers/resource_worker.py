@@ -246,7 +246,12 @@ class ResourceWorker:
         if isinstance(req, VerifyRequest):
             if not req.session:
                 return await self._stateless_verify_inner(req, msg)
-            reply = await verify_with(self._session(req.session), req.row, req.response)
+            inst = self._session(req.session)
+            if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
+                self.sessions.pop(req.session)
+                inst.close_on_verify = True
+                return await verify_with(inst, req.row, req.response)
+            reply = await verify_with(inst, req.row, req.response)
             if req.close:
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
