@@ -143,14 +143,16 @@ FromGuest = Done | Raised | Generate
 
 class Frames:
     """Length-prefixed msgpack over one socket. ``send`` only buffers (no await, so no lock between the tasks
-    that send); asyncio's own streams, as the hot path of every call: an anyio stream and lock cost more than
-    the call's own work on a cheap environment."""
+    that send), and what the tasks of one turn of the event loop send goes out in one write (a system call per
+    message was most of a call's cost); asyncio's own streams, as the hot path of every call: an anyio stream
+    and lock cost more than the call's own work on a cheap environment."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, receives: Any) -> None:
         self._reader = reader
         self._writer = writer
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(receives)
+        self._out: list[bytes] = []
 
     @classmethod
     async def open(cls, sock: socket.socket, receives: Any) -> Frames:
@@ -166,7 +168,14 @@ class Frames:
         if self._writer.is_closing():
             raise ConnectionResetError("the other side of the guest's socket is gone")
         body = self._enc.encode(msg)
-        self._writer.write(_LEN.pack(len(body)) + body)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out += (_LEN.pack(len(body)), body)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if not self._writer.is_closing():
+            self._writer.write(b"".join(out))
 
     async def receive(self) -> Any:
         """The next message; ``EOFError`` when the other side is gone."""
@@ -181,6 +190,7 @@ class Frames:
 
     async def aclose(self) -> None:
         """Close once what was sent is written."""
+        self._flush()
         self._writer.close()
         try:
             await self._writer.wait_closed()
