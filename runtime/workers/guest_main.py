@@ -51,7 +51,8 @@ class WorkerModels:
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
         call_id = next(self._ids)
-        answer = self._waiting[call_id] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = answer
         try:
             self._frames.send(Generate(id=call_id, model=model, params=params))
             reply = await answer
