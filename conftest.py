@@ -19,6 +19,8 @@ from gym_runtime.transport.jetstream import ensure_streams
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
+pytest_plugins = ["tests.docker"]  # engine and base_image: a real Docker engine, or one skip line
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:

@@ -17,8 +17,9 @@ Config (``agents.NAME``)::
 
 Tasks: a row's ``responses_create_params.input`` is the prompt (chat messages) and
 ``verifiers`` holds the rest of the verifiers input (``answer``, ``info``,
-``example_id``, ``task``); ``rows_from_dataset`` writes the environment's own dataset
-in that shape (what ``prepare`` writes).
+``example_id``, ``task`` and every other column of the dataset, which verifiers passes to a
+reward function by name); ``rows_from_dataset`` writes the environment's own dataset in that
+shape (what ``prepare`` writes).
 
 Groups: when the rubric scores groups (a reward function over ``states``/
 ``completions``), the batch's K repeats of one task arrive as one group task
@@ -26,7 +27,9 @@ Groups: when the rubric scores groups (a reward function over ``states``/
 repeat still gives its own row.
 
 Failures: verifiers turns an exception in a reward function into reward 0 and a log
-line; here it is a ``verify_error`` failure row (so is a reward that is not a number).
+line; here it is a ``verify_error`` failure row (so is a reward that is not a number), inside an
+``EnvGroup``'s children too. An ``EnvGroup`` row carries its own child's metrics only, not the
+0.0 that verifiers' ``EnvGroupRubric`` pads in for the other children's reward functions.
 An exception from the environment's setup or step (not a verifiers error) is a
 ``tool_error`` row. Errors verifiers records itself (``state["error"]``) stay in the
 row as ``vf_error``. A model call that fails on our side fails the rollout with its own
@@ -42,6 +45,7 @@ import json
 import numbers
 import time
 import uuid
+from collections.abc import Mapping
 from copy import deepcopy
 from typing import Any
 
@@ -66,6 +70,9 @@ __all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run
 
 # Fields of a row the rubric's metrics must not overwrite.
 _RESERVED = frozenset({"reward", "response", "responses_create_params", "agent_ref", "policy_versions"})
+
+# Input fields verifiers reads with a default (``state.get("answer", "")``): a null column is left out.
+_OPTIONAL_INPUTS = frozenset({"answer", "info", "task"})
 
 
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -182,6 +189,39 @@ def _watch_rubric(rubric: Any) -> None:
         rubric.funcs = [_watch(f) for f in funcs]
     for sub in getattr(rubric, "rubrics", None) or []:
         _watch_rubric(sub)
+    for child in _children(rubric).values():  # an EnvGroup's rubric scores a row with its child's own rubric
+        _watch_rubric(child.rubric)
+
+
+def _children(rubric: Any) -> Mapping[str, Any]:
+    """The child environments by name of an EnvGroup's rubric (``EnvGroupRubric.env_map``); none otherwise."""
+    env_map = getattr(rubric, "env_map", None)
+    return env_map if isinstance(env_map, Mapping) else {}
+
+
+def _route(state: Any) -> tuple[str, ...]:
+    """The row's route through nested EnvGroups (``info["env_id"]``: a name or a list of names)."""
+    info = state.get("info")
+    value = info.get("env_id") if isinstance(info, Mapping) else None
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else ()
+
+
+def _others_metrics(rubric: Any, route: tuple[str, ...]) -> set[str]:
+    """The metrics an EnvGroup pads with 0.0 for its other children (``EnvGroupRubric`` gives every row
+    every child's reward names): not the row's own, so not its fields."""
+    children = _children(rubric)
+    if children:
+        child = children.get(route[0]) if route else None
+        if child is None:
+            return set()
+        mine = set(child.rubric._get_reward_func_names())
+        return (set(rubric._get_reward_func_names()) - mine) | _others_metrics(child.rubric, route[1:])
+    out: set[str] = set()
+    for sub in getattr(rubric, "rubrics", None) or []:
+        out |= _others_metrics(sub, route)
+    return out
 
 
 # ----------------------------------------------------------------- the model client
@@ -250,12 +290,13 @@ def rows_from_dataset(env: Any, *, n: int = -1, split: str = "train") -> list[di
     ds = env.get_eval_dataset(n=n) if split == "eval" else env.get_dataset(n=n)
     rows = []
     for i, ex in enumerate(ds):
-        prompt = ex["prompt"]
-        vf_fields: dict[str, Any] = {"example_id": ex.get("example_id", i)}
-        for key in ("answer", "info", "task"):
-            if key in ex and ex[key] is not None:
-                vf_fields[key] = ex[key]
-        rows.append({"responses_create_params": {"input": prompt}, "verifiers": vf_fields})
+        # Every column: verifiers hands a reward function each column of its input row by name
+        # (``Rubric.task_score_fields``), not only answer/info/task; ``rollout_input`` puts them back.
+        vf_fields: dict[str, Any] = {"example_id": i}
+        for key, value in ex.items():
+            if key != "prompt" and not (value is None and key in _OPTIONAL_INPUTS):
+                vf_fields[key] = value
+        rows.append({"responses_create_params": {"input": ex["prompt"]}, "verifiers": vf_fields})
     return rows
 
 
@@ -307,10 +348,10 @@ def _state_items(state: Any) -> list[Item]:
     return items
 
 
-def _fields(state: Any) -> dict[str, Any]:
+def _fields(state: Any, drop: set[str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for k, v in (state.get("metrics") or {}).items():
-        if k not in _RESERVED:
+        if k not in _RESERVED and k not in drop:
             fields[k] = v
     err = state.get("error")
     if err is not None:
@@ -323,7 +364,7 @@ def _fields(state: Any) -> dict[str, Any]:
     return fields
 
 
-def _outcome(state: Any, model: str) -> Outcome:
+def _outcome(state: Any, model: str, rubric: Any) -> Outcome:
     reward = state.get("reward")
     if not _is_number(reward):
         raise Failure("verify_error", f"the rubric left reward {reward!r}, not a number")
@@ -335,7 +376,8 @@ def _outcome(state: Any, model: str) -> Outcome:
         usage=_step_usage(state),
         status="incomplete" if state.get("is_truncated") else "completed",
     )
-    return Outcome(response=response, verdict=VerifyReply(reward=float(reward), fields=_fields(state)))
+    fields = _fields(state, _others_metrics(rubric, _route(state)))
+    return Outcome(response=response, verdict=VerifyReply(reward=float(reward), fields=fields))
 
 
 # ----------------------------------------------------------------------------- agent
@@ -373,7 +415,7 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
         raise calls.error
     if notes:
         raise Failure(*notes[0])
-    return [_outcome(s, model) for s in states]
+    return [_outcome(s, model, env.rubric) for s in states]
 
 
 async def setup(config: AgentConfig) -> None:

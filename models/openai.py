@@ -295,6 +295,10 @@ class OpenAIModel:
             return chat_completion_to_response(data, params)
         return responses_json_to_response(data, params)
 
+    async def check(self) -> str | None:
+        """Why the endpoint cannot serve this model (the model worker asks once at start), or None."""
+        return await self.pool.probe(self._model)
+
     async def aclose(self) -> None:
         await self.pool.aclose()
 

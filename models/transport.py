@@ -61,6 +61,8 @@ T = TypeVar("T")
 
 RETRY_STATUS = frozenset({408, 409, 429})
 MAX_BACKOFF_S = 30.0
+RETRY_LOG_S = 30.0  # one endpoint's retries are logged at most this often (with their count since)
+PROBE_TIMEOUT_S = 10.0  # a start-up probe of an endpoint (``EndpointPool.probe``) waits at most this long
 MAX_RETRY_AFTER_S = 60.0
 MAX_COOLDOWN_S = 60.0
 AFFINITY_SIZE = 200_000  # rollouts remembered for replica affinity (LRU)
@@ -293,6 +295,11 @@ class PlainHTTP:
         async with self.session().post(url, data=data, headers=headers) as raw:
             return raw.status, raw.headers, await raw.read()
 
+    async def get(self, url: str, headers: dict[str, str], *, timeout_s: float) -> tuple[int, bytes]:
+        """GET ``url`` (a probe, not the hot path: aiohttp only): status and body."""
+        async with self.session().get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as raw:
+            return raw.status, await raw.read()
+
     async def aclose(self) -> None:
         if self._lean is not None:
             await self._lean.aclose()
@@ -334,6 +341,9 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, in_flight={self.in_flight}, failures={self.failures})"
+
+    def probe_headers(self) -> dict[str, str]:
+        return {k: v for k, v in self._headers.items() if k != "Content-Type"}
 
     @property
     def healthy(self) -> bool:
@@ -430,9 +440,53 @@ class EndpointPool:
         self._secret = secret if secret and secret != "EMPTY" else None
         self._affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._rr = 0
+        self._retries_logged: dict[str, tuple[float, int]] = {}  # endpoint -> (last logged, retries since)
 
     def scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
+
+    def _log_retry(self, url: str, failure: str) -> None:
+        """An endpoint that went away fails every call alike: say why once per ``RETRY_LOG_S``, with the
+        number of retries since, not once per call."""
+        now = time.monotonic()
+        last, count = self._retries_logged.get(url, (-1e18, 0))
+        if now - last < RETRY_LOG_S:
+            self._retries_logged[url] = (last, count + 1)
+            return
+        self._retries_logged[url] = (now, 0)
+        log.warning("model.retry", endpoint=url, error=failure, retries_since_last=count, every_s=RETRY_LOG_S)
+
+    async def probe(self, model: str | None) -> str | None:
+        """Why the self-hosted endpoints cannot serve ``model`` (one line naming the URL), or None.
+
+        One ``GET {base_url}/models`` each (OpenAI-compatible servers, vLLM included, list what they serve):
+        connection refused or timed out, credentials refused, or ``model`` not among those listed. An
+        answer this cannot read (no ``/models`` route, another status) is not held against the endpoint.
+        Hosted OpenAI and Azure endpoints are not probed (an account's models list is not the deployments)."""
+        for ep in self.endpoints:
+            if ep.http is None:
+                continue
+            url = f"{ep.url}/models"
+            wait_s = min(self.cfg.timeout_s, PROBE_TIMEOUT_S)
+            try:
+                status, body = await ep.http.get(url, ep.probe_headers(), timeout_s=wait_s)
+            except aiohttp.ClientConnectorError as e:
+                return self.scrub(f"cannot connect to {ep.url}: {e.os_error.strerror or e}")
+            except (aiohttp.ClientError, OSError) as e:
+                return self.scrub(f"cannot connect to {ep.url}: {e}")
+            except TimeoutError:
+                return f"{ep.url} did not answer within {wait_s} s"
+            if status in (401, 403):
+                return f"{ep.url} refused the credentials (HTTP {status} on GET /models): check api_key"
+            if status != 200 or not model:
+                continue
+            try:
+                served = [str(m.get("id")) for m in msgspec.json.decode(body).get("data", []) if isinstance(m, dict)]
+            except (msgspec.DecodeError, AttributeError):
+                continue
+            if served and model not in served:
+                return f"{ep.url} does not serve model {model!r} (it serves: {', '.join(served[:5])})"
+        return None
 
     # ------------------------------------------------------------- replica choice
 
@@ -540,7 +594,7 @@ class EndpointPool:
                 backoff = max(backoff, wait)
             elif replica_fault and any(e.healthy for i, e in enumerate(self.endpoints) if i not in tried):
                 backoff = 0.0  # another replica is up: fail over at once
-            log.warning("model.retry", error=failure, retry=attempt + 1, of=attempts - 1, backoff_s=round(backoff, 3))
+            self._log_retry(ep.url, failure)
             if backoff:
                 await anyio.sleep(backoff)
         raise AssertionError("unreachable")  # pragma: no cover

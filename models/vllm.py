@@ -360,6 +360,10 @@ class VLLMModel:
         )
         return _attach(resp, fields)
 
+    async def check(self) -> str | None:
+        """Why the servers cannot serve this model (the model worker asks once at start), or None."""
+        return await self.pool.probe(self._model)
+
     async def aclose(self) -> None:
         await self.pool.aclose()
 

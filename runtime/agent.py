@@ -33,6 +33,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import NoResponders
@@ -205,6 +206,33 @@ class AgentContext:
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
         # valid result (e.g. a conversation) check ``remaining()`` between steps.
         self.deadline = time.monotonic() + config.timeout_s
+        # the rollout's sandboxes: one lease (this rollout), ended by the worker when the rollout ends
+        self.sandboxes = Sandboxes(
+            bus,
+            config.sandbox,
+            lease=self.rollout_key,
+            deadline=time.time() + config.timeout_s,
+            where=f"agents.{task.agent}",
+            absent_grace_s=config.absent_grace_s,
+        )
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
+        ctx.sandbox(image=...) as box`` then ``await box.exec(cmd)``, ``box.write``, ``box.read``
+        (docs/sandboxes.md). Whatever is left open is removed when the rollout ends."""
+        return self.sandboxes.sandbox(
+            image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env
+        )
 
     def remaining(self) -> float:
         """Seconds left before the runtime cancels this rollout (``timeout_s``)."""
@@ -237,7 +265,7 @@ class AgentContext:
         task = self.task
         return Session(
             self._bus,
-            self._bus.subjects.seed(name),
+            self._bus.subjects.seed(name, self._bus.caller),
             self.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
             check=task.check,

@@ -50,6 +50,9 @@ from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
 
+log = logs.get("gym.client")
+CLUSTER_CHECK_S = 5.0  # how often a client looks for workers of another config that started after it
+
 
 def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
     if res.error is None and res.row is not None:
@@ -190,6 +193,7 @@ class Client:
         self._run_reader: BatchReader | None = None
         self._run_lock = anyio.Lock()
         self._fps = control.config_fingerprints(self.config)
+        self._mismatch: ClientError | None = None  # what the last cluster check found (``_watch_cluster``)
 
     @property
     def bus(self) -> Bus:
@@ -229,6 +233,7 @@ class Client:
                 await start_workers(self._tg, self.workers)
             if self.check_fingerprints:
                 await self.check_cluster()
+                self._tg.start_soon(self._watch_cluster)
             models = self.policy_models()
             if models:
                 self.policy_version = await control.read_version(self._bus, models[0])
@@ -276,22 +281,33 @@ class Client:
         return {"auth": auth, "role": "admin" if in_process else "publisher"}
 
     async def check_cluster(self) -> None:
-        """Raise ``ClientError`` if a live worker of this namespace serves another config's entry."""
-        problems = []
-        for w in await discover(self.bus, wait_s=0.3):
-            expected = self._fps.get((str(w.get("role")), str(w.get("name"))))
-            got = w.get("fingerprint")
-            if expected and got and got != expected:
-                problems.append(
-                    f"{w['role']} {w['name']!r} (worker {w.get('worker')}: fingerprint {got}, "
-                    f"this config's is {expected})"
-                )
+        """Raise ``ClientError`` if a live worker of this namespace serves another config's entry,
+        naming the config keys that differ."""
+        problems = control.mismatches(self.config, await discover(self.bus, wait_s=0.3))
         if problems:
             raise ClientError(
-                f"namespace {self.config.namespace!r} has workers of another config: "
+                f"namespace {self.config.namespace!r} has live workers started with another config than this "
+                "client's: "
                 + "; ".join(problems)
-                + ". Give each experiment its own `namespace` (or stop the other workers)."
+                + ". Start the workers with this config (and --set values), or give each experiment its own "
+                "`namespace`."
             )
+
+    async def _watch_cluster(self) -> None:
+        """Workers that start after the client are checked too: the next ``submit``/``run`` raises what a
+        check finds (a worker of another config would fail every task it takes)."""
+        while self._mismatch is None:
+            await anyio.sleep(CLUSTER_CHECK_S)
+            try:
+                await self.check_cluster()
+            except ClientError as e:
+                self._mismatch = e
+            except Exception as e:  # a reconnecting bus: the next round tries again
+                log.debug("client.cluster_check", error=str(e))
+
+    def _raise_mismatch(self) -> None:
+        if self._mismatch is not None:
+            raise self._mismatch
 
     # ---------------------------------------------------------------------------- policy
 
@@ -414,6 +430,7 @@ class Client:
         ``policy_version`` defaults to the current one; with ``max_staleness=S`` a task that has not
         started when the current version is more than S past its own is dropped (a ``stale`` row).
         """
+        self._raise_mismatch()
         rows = list(rows)
         if repeats < 1:
             raise ClientError("repeats must be at least 1")
@@ -467,6 +484,7 @@ class Client:
         All ``run`` calls of a client share one open-ended batch and one result reader, so a call
         costs one task publish and one result message.
         """
+        self._raise_mismatch()
         checks = self._check_rows([row], agent, any_tools=any_tools)
         name = check_row(row, list(self.config.agents), agent)
         version = self._version_for(policy_version, max_staleness)

@@ -426,6 +426,53 @@ class CancelBatch(_Msg, tag="ctl.cancel.v1"):
     batch: str
 
 
+# ------------------------------------------------------------------ sandboxes ({ns}.sbx.>)
+
+
+class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One sandbox's image and limits (``gym_runtime.sandboxes.spec``). ``None``: the pool's default.
+
+    ``disk_mb`` caps the writable paths (``/work``, ``/tmp``, ``/root``; the rest is read-only),
+    ``timeout_s`` is the longest one exec may run; ``network`` must stay False (docs/sandboxes.md).
+    """
+
+    image: str | None = None
+    cpu: float | None = None
+    memory_mb: int | None = None
+    pids: int | None = None
+    disk_mb: int | None = None
+    timeout_s: float | None = None
+    env: dict[str, str] = {}
+    network: bool = False
+
+
+class SandboxCall(_Msg, tag="sbx.call.v1"):
+    """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (the
+    rollout) and when it ends; ``exec``/``write``/``read``/``close`` go to the worker that holds ``sandbox``."""
+
+    op: Literal["create", "exec", "write", "read", "close"]
+    sandbox: str = ""
+    spec: SandboxSpec | None = None
+    lease: str = ""
+    expires: float = 0.0  # unix time the lease ends (the rollout's deadline); 0: the pool's max_lease_s
+    argv: list[str] = []
+    timeout_s: float | None = None
+    path: str = ""
+    data: bytes = b""
+
+
+class SandboxReply(_Msg, tag="sbx.reply.v1"):
+    sandbox: str = ""
+    address: str = ""  # create: where this sandbox's operations go
+    exit_code: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+    data: bytes = b""
+
+
 Envelope = (
     RolloutTask
     | RolloutResult
@@ -444,6 +491,8 @@ Envelope = (
     | ResumeModel
     | PauseAck
     | CancelBatch
+    | SandboxCall
+    | SandboxReply
 )
 
 __all__ = [
@@ -474,6 +523,9 @@ __all__ = [
     "VerifyReply",
     "VerifyRequest",
     "ItemError",
+    "SandboxCall",
+    "SandboxReply",
+    "SandboxSpec",
     "assistant_message",
     "parse_items",
     "create_params",

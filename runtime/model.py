@@ -38,6 +38,7 @@ __all__ = [
     "ModelConfig",
     "WrittenOptions",
     "adapter_module",
+    "check_adapter",
     "load_adapter",
     "looks_secret",
     "model_config",
@@ -53,6 +54,13 @@ class ModelAdapter(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def check_adapter(adapter: object) -> str | None:
+    """Why an adapter's endpoint cannot serve it (one line naming the URL), or None. An adapter may define
+    ``async def check(self) -> str | None``; one without it (in process, scripted) is not checked."""
+    check = getattr(adapter, "check", None)
+    return await check() if check is not None else None
 
 
 class AdapterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

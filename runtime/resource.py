@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
 
 import msgspec
 
-from gym_runtime.errors import UserError
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
 from gym_runtime.plugins import load_plugin
 
@@ -193,6 +193,45 @@ class ModelClient(Protocol):
     async def generate(self, params: CreateParams, *, model: str) -> Response: ...
 
 
+class SandboxClient(Protocol):
+    """What a resource sees of the sandbox fleet (``gym_runtime.sandboxes.client.Sandboxes``, set by its
+    worker: typed here so that importing the author API loads no transport)."""
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any: ...
+
+    async def close_all(self) -> None: ...
+
+
+class _NoSandboxes:
+    """A resource outside a worker (a test, ``validate``): no pool to ask."""
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        raise Failure("tool_error", "no sandbox pool: this environment runs outside a resource worker")
+
+    async def close_all(self) -> None:
+        return None
+
+
 class Resource:
     """Base class of an environment. Subclass it; one instance serves one session.
 
@@ -238,6 +277,26 @@ class Resource:
     isolation: ClassVar[Literal["process", "none"]] = "none"
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
+    # Set by the worker before ``seed``: this session's sandboxes (the entry's ``sandbox`` pool), removed
+    # when the session closes.
+    sandboxes: SandboxClient = _NoSandboxes()
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        """A sandbox of the entry's pool (``resources.NAME.sandbox``) for this session: ``async with
+        self.sandbox(image=...) as box`` then ``await box.exec(cmd)`` (docs/sandboxes.md)."""
+        return self.sandboxes.sandbox(
+            image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env
+        )
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -34,6 +34,9 @@ Fault injection: ``enqueue(StubReply(status=429|503|400, delay_s=..., path=...))
 or ``fail(status, times, path)``; ``latency_s`` delays every reply. Every request
 is recorded (method, path, headers, JSON body).
 
+With a ``handler`` the stub is a generic OpenAI double, not vLLM: it answers every GET 404 (no
+``/v1/models`` list, so a model worker's start-up check of the model name passes whatever it is called).
+
 Pure stdlib, no dependencies. ``python tests/stub_openai.py --port N`` serves
 the emulator standalone (benchmarks).
 """
@@ -998,6 +1001,8 @@ class StubOpenAI:
                 reply = stub._take(self.path) if method == "POST" else None
                 if reply is None and stub.handler is not None and method == "POST":
                     reply = stub.handler(req)
+                elif reply is None and stub.handler is not None:  # a handler's double lists no models
+                    reply = StubReply(status=404, body={"detail": "Not Found"})
                 if reply is None:
                     status, out = stub.emulator.handle(method, self.path, body)
                     reply = StubReply(status=status, body=out)

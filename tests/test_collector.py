@@ -15,8 +15,9 @@ import msgspec
 
 from gym_runtime.data.collector import Collector
 from gym_runtime.messages import ErrorInfo, RolloutResult
+from gym_runtime.transport import subjects as sj
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import ensure_streams, result_msg_id
+from gym_runtime.transport.jetstream import ensure_blob_stream, ensure_streams, result_msg_id
 from gym_runtime.transport.subjects import Subjects
 from tests.helpers import put_batch, read_jsonl
 
@@ -41,7 +42,7 @@ async def store_all(bus: Bus) -> None:
     order = [(t, r) for t in range(TASKS) for r in range(REPEATS)]
     random.Random(7).shuffle(order)
     for t, r in [*order, *order[:3]]:  # three of them stored twice (a redelivered rollout)
-        await bus.js_publish(Subjects("gym").result("a", "b"), result(t, r), msg_id=f"b:{t}:{r}:{random.random()}")
+        await bus.js_publish(Subjects("gym").result("a", "b"), result(t, r), msg_id=result_msg_id("b", t, r, 0))
 
 
 async def test_results_in_any_order_and_twice_are_written_once_in_task_order(bus: Bus, tmp_path: Path) -> None:
@@ -94,3 +95,29 @@ async def test_a_result_is_never_replaced_and_a_failure_gives_way_to_a_later_att
     (failed,) = read_jsonl(tmp_path / "out_failures.jsonl")
     assert (failed["_ng_task_index"], failed["error"]) == (2, "attempt 2 ran out")
     assert (stats.rows, stats.failures, stats.duplicates) == (2, 1, 2)
+
+
+async def test_a_result_not_stored_as_an_agent_stores_one_is_refused(bus: Bus, tmp_path: Path) -> None:
+    """Issue 33: a direct get's answer sent into a result subject (a borrowed reply; on one account the server
+    stores it) is refused, as is a row without a message id naming its slot: counted, never written."""
+    await ensure_streams(bus)
+    await ensure_blob_stream(bus)
+    subject = Subjects("gym").result("a", "m")
+    forged = RolloutResult(batch="m", task_index=0, rollout_index=0, agent="a", row={"reward": 1337.0})
+    body = bus.codec.encode(forged)
+    await bus.js.publish(Subjects("gym").blob("forged", 0), body, timeout=5.0)
+    get = sj.direct_get(Subjects("gym").blob_stream, Subjects("gym").blob("forged", 0))
+    await bus.nc.publish(get, b"", reply=subject)  # the answer with its headers (Nats-Stream, ...)
+    await bus.nc.publish(get, b'{"no_hdr": true}', reply=subject)  # the body alone: no message id
+    await bus.js.publish(
+        subject, body, headers={"Nats-Msg-Id": result_msg_id("m", 0, 1, 0)}, timeout=5.0
+    )  # not its slot
+    with anyio.fail_after(10):  # the borrowed answers are stored (one account): the attack is real here
+        while (await bus.js.stream_info(Subjects("gym").results_stream)).state.messages < 3:
+            await anyio.sleep(0.02)
+    genuine = msgspec.structs.replace(forged, row={"reward": 1.0})
+    await bus.js_publish(subject, genuine, msg_id=result_msg_id("m", 0, 0, 1))
+    with anyio.fail_after(30):
+        stats = await Collector(bus, await put_batch(bus, "m", 1), tmp_path / "out.jsonl").run()
+    assert [r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")] == [1.0]
+    assert stats.refused == 3

@@ -98,6 +98,15 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             "(bundled: openai, replay, scripted, vllm, vllm_engine",
         ),
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
+        (("max_steps: 8", "max_steps: 8, sandbox: box"), "agents.weather_agent.sandbox: no sandbox pool named 'box'"),
+        (
+            ("namespace: gym", "namespace: gym\nsandboxes: {box: {backend: lxc}}"),
+            "sandboxes.box.backend: Invalid enum value 'lxc'",
+        ),
+        (
+            ("namespace: gym", "namespace: gym\nsandboxes: {box: {limits: {memory_mb: 0}}}"),
+            "sandboxes.box.limits: limits must be positive",
+        ),
         (("replicas: 2", "replicas: 2, isolation: thread"), "resources.weather.isolation: Invalid enum value 'thread'"),
         (("replicas: 2", "replicas: 2, call_timeout_s: 0"), "call_timeout_s must be > 0"),
         (

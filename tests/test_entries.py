@@ -57,7 +57,7 @@ async def test_each_entry_of_an_environment_keeps_its_own_options(bus: Bus, serv
 
 
 async def _verify(bus: Bus, entry: str, row: dict[str, Any], answer: str) -> float:
-    seeded = await bus.request(bus.subjects.seed(entry), SeedRequest(row=row), timeout=30, op="seed")
+    seeded = await bus.request(bus.subjects.seed(entry, bus.caller), SeedRequest(row=row), timeout=30, op="seed")
     assert isinstance(seeded, SeedReply)
     response = text_response(answer)
     reply = await bus.request(

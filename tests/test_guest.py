@@ -48,7 +48,7 @@ async def outcome(coro: Any) -> Any:
 
 
 async def seed(bus: Bus, row: dict[str, Any]) -> Any:
-    return await outcome(bus.request(bus.subjects.seed("hog"), SeedRequest(row=row), timeout=30, op="seed"))
+    return await outcome(bus.request(bus.subjects.seed("hog", bus.caller), SeedRequest(row=row), timeout=30, op="seed"))
 
 
 async def everything(bus: Bus) -> list[Any]:

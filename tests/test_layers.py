@@ -107,9 +107,12 @@ def test_no_gym_runtime_import_hides_inside_a_function_outside_the_cli() -> None
     assert hidden == []
 
 
-def test_importing_messages_loads_no_transport_telemetry_or_http() -> None:
+@pytest.mark.parametrize("module", ["gym_runtime.messages", "gym_runtime.resource"])
+def test_importing_messages_loads_no_transport_telemetry_or_http(module: str) -> None:
+    """Nor the environment author's API: its sandboxes (``Resource.sandbox``) are typed there, the client
+    that reaches the fleet is set by the worker."""
     code = (
-        "import sys, gym_runtime.messages\n"
+        f"import sys, {module}\n"
         "heavy = [m for m in ('nats', 'aiohttp', 'opentelemetry', 'openai') if m in sys.modules]\n"
         "print(heavy)\n"
     )

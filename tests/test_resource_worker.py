@@ -43,7 +43,7 @@ async def seed(
     bus: Bus, *, row: dict[str, Any], then: ToolCall | None = None, check: RowCheck | None = None
 ) -> SeedReply:
     request = SeedRequest(row=row, then=then, check=check)
-    reply = await bus.request(bus.subjects.seed("weather"), request, timeout=10, op="seed")
+    reply = await bus.request(bus.subjects.seed("weather", bus.caller), request, timeout=10, op="seed")
     assert isinstance(reply, SeedReply)
     return reply
 

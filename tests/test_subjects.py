@@ -24,7 +24,12 @@ from gym_runtime.transport import subjects as sj
 from gym_runtime.transport.subjects import Subjects
 
 s = Subjects("gym")
-REACH = Reach(agents={"a": ("env_a",), "b": ("env_b",)}, resources={"caller": ("env_a",)})
+REACH = Reach(
+    agents={"a": ("env_a",), "b": ("env_b",)},
+    resources={"caller": ("env_a",)},
+    agent_sandboxes={"a": ("box",), "b": ()},
+    resource_sandboxes={"caller": ("box",)},
+)
 CREDS = [
     "publisher",
     "agent",
@@ -37,13 +42,17 @@ CREDS = [
     "model",
     "model.m",
     "model.n",
+    "sandbox",
+    "sandbox.box",
+    "sandbox.other",
 ]
 WORKERS = {"agent", "agent.a", "agent.b", "resource", "resource.env_a", "resource.env_b", "resource.caller"}
-WORKERS |= {"model", "model.m", "model.n"}
+WORKERS |= {"model", "model.m", "model.n", "sandbox", "sandbox.box", "sandbox.other"}
 EVERYONE = {"publisher", *WORKERS}
 AGENTS = {c for c in CREDS if c.startswith("agent")}
 MODELS = {c for c in CREDS if c.startswith("model")}
 RESOURCES = {c for c in CREDS if c.startswith("resource")}
+BOX_USERS = {"agent", "agent.a", "resource", "resource.caller"}  # the config's users of sandbox pool "box"
 
 
 def of(role: str, *pools: str) -> set[str]:
@@ -114,8 +123,14 @@ USES = [
     Use("acks", f"$JS.ACK.{s.model_stream}.model_m.{ACK}", of("model", "m"), set()),
     Use("live", s.live("model", "m"), of("model", "m"), of("model", "m")),
     # environments: an agent calls its own; an environment those its calls names; reverify the stateless verify
-    Use("seed", s.seed("env_a"), of("agent", "a") | of("resource", "caller"), of("resource", "env_a")),
-    Use("seed", s.seed("env_b"), of("agent", "b"), of("resource", "env_b")),
+    # a seed names its caller in the subject (the server checks it): each pool only its own, a role-wide any of its role
+    Use("seed", s.seed("env_a", "agent.a"), of("agent", "a"), of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "agent._"), {"agent"}, of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "agent.b"), {"agent"}, of("resource", "env_a")),  # b's pool: not its environment
+    Use("seed", s.seed("env_a", "resource.caller"), of("resource", "caller"), of("resource", "env_a")),
+    Use("seed", s.seed("env_a", "resource.env_b"), {"resource"}, of("resource", "env_a")),
+    Use("seed", s.seed("env_b", "agent.b"), of("agent", "b"), of("resource", "env_b")),
+    Use("seed", s.seed("env_b", "agent.a"), {"agent"}, of("resource", "env_b")),
     Use(
         "stateless_verify",
         s.stateless_verify("env_a"),
@@ -130,6 +145,15 @@ USES = [
     ),
     Use("session_op", s.session_op(s.session("env_b", "w1"), "close"), of("agent", "b"), of("resource", "env_b")),
     Use("resource", s.resource("env_a"), set(), of("resource", "env_a")),
+    # sandboxes: the agents and environments whose entry names pool "box" create there and drive what they hold
+    Use("sandbox_create", s.sandbox_create("box"), BOX_USERS, of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("other"), set(), of("sandbox", "other")),
+    Use("sandbox_worker", s.session_op(s.sandbox_worker("box", "w1"), "exec"), BOX_USERS, of("sandbox", "box")),
+    Use("sandbox_worker", s.session_op(s.sandbox_worker("other", "w1"), "exec"), set(), of("sandbox", "other")),
+    Use("sandboxes", s.sandboxes("box"), set(), of("sandbox", "box")),
+    Use("live", s.live("sandbox", "box"), of("sandbox", "box"), of("sandbox", "box")),
+    Use("reply", sj.reply(AGENT_A, sj.lane("sandbox", "box"), 5), of("sandbox", "box"), of("agent", "a")),
+    Use("answer", sj.answer(PUB, sj.lane("sandbox", "box")), of("sandbox", "box"), {"publisher"}),
     # large bodies: every role writes chunks and reads them by key; nobody lists them
     Use("blob", s.blob("k1", 0), EVERYONE, set()),
     Use("blob_get", s.blob_get("k1", 0), EVERYONE, set()),
@@ -188,11 +212,13 @@ USES = [
 NAMES_ONLY = {
     "tasks_stream", "results_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
-    "all_resources",
+    "all_resources", "all_sandboxes", "sandbox_group",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
+    "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
+    "caller_of", "seed_caller",
 }  # fmt: skip
 
 
@@ -250,8 +276,8 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
     liveness lane and its own lanes (a pool calling itself), and they stay so."""
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a"), ("resource", "env_a"), ("model", "m")])
     config = server_config(auth, ["gym"], REACH)
-    users = json.loads(config.split("authorization: ", 1)[1])["users"]
-    assert len(users) == 8 and all("allow_responses" not in u["permissions"] for u in users)
+    users = json.loads(config.split("accounts: ", 1)[1].split("\n", 1)[0])[sj.APP_ACCOUNT]["users"]
+    assert len(users) == 9 and all("allow_responses" not in u["permissions"] for u in users)
     for cred in CREDS:
         perms = _perms(cred)
         role, _, pool = cred.partition(".")
@@ -267,7 +293,9 @@ def test_no_credential_may_both_publish_and_subscribe_where_a_reply_could_be_bor
 def test_an_agent_pool_reaches_only_its_own_environment_and_needs_the_config_to_know_it(tmp_path: Path) -> None:
     reach = Reach.of(None)
     role_wide = permissions("agent", ["gym"], None, reach)["publish"]["allow"]
-    assert any(_covers(p, s.seed("anything")) for p in role_wide)  # no config: the role-wide credential, as before
+    assert any(
+        _covers(p, s.seed("anything", "agent._")) for p in role_wide
+    )  # no config: the role-wide credential, as before
     auth = ensure_auth_dir(tmp_path / "auth", pools=[("agent", "a")])
     with pytest.raises(ValueError, match=r"agent\.a\.creds: an agent pool may call only its own environment.*--config"):
         server_config(auth, ["gym"], reach)

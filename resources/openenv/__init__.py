@@ -8,7 +8,10 @@ Two ways to reach it, one session (one environment instance, one episode) per ro
   the class overrides it.
 * **a running OpenEnv server** (``options.url: http://host:port``, its container or process):
   each session is a WebSocket session of OpenEnv's own client (``GenericEnvClient``); ``/health``
-  is checked over HTTP when the worker starts.
+  is checked and ``/schema`` read over HTTP when the worker starts. A server at its
+  ``max_concurrent_envs`` (1 in OpenEnv's template) refuses a session with ``CAPACITY_REACHED``:
+  the session asks again with jittered backoff up to ``options.capacity_wait_s`` (no HTTP route
+  tells the capacity), so the rows queue at the server's width instead of failing.
 
 The agent drives it in one of two ways, as the environment suits:
 
@@ -18,8 +21,10 @@ The agent drives it in one of two ways, as the environment suits:
   the model reads the observation, reward and ``done`` as JSON.
 * **policy turns** (``agents.multi_turn`` with ``user: env``): this is a ``GymResource``; each
   policy turn is one ``step`` whose action is the turn's text (a JSON object of the action's
-  fields, or the text itself for an action with one string field); the observation (JSON) is
-  the next user turn, ``done`` ends the episode.
+  fields, or the text itself for an action with one required string field, read from the action's
+  schema: its class in process, the server's ``/schema``); the observation (JSON) is the next user
+  turn, ``done`` ends the episode. An episode in which no turn was an action is a ``verify_error``
+  row naming the action's fields, not a silent reward of 0.
 
 **MCP tools** (an ``MCPEnvironment``, or a server of one): each tool it lists (OpenEnv's
 ``ListToolsAction``) is a function tool the model may call (``mcp_tools()`` writes them for the
@@ -32,6 +37,9 @@ After ``done`` further steps are refused (the model reads why). ``reset`` runs w
 session is seeded, with the row's ``openenv_reset`` mapping as its keyword arguments. The
 reward is the sum of the step rewards (``step_rewards`` and ``done`` are row fields).
 
+``options.action`` names the Action class where ``step`` does not annotate it (without it, the
+worker stops with one line naming the key, exit 2).
+
 Failures: ``reset`` that raises is a ``tool_error`` row (as any seed); ``step`` that raises,
 or takes longer than ``options.step_timeout_s``, is a ``tool_error`` row (OpenEnv's runner
 stops on both); a reward that is not a number is a ``verify_error`` row.
@@ -39,22 +47,27 @@ stops on both); a reward that is not a number is a ``verify_error`` row.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import numbers
+import random
+import time
 import typing
 from typing import Any, ClassVar
 
 import anyio
 import msgspec
 
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action as PolicyTurn
 from gym_runtime.gymnasium import GymResource, Step
 from gym_runtime.messages import Response
 from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options, run_blocking
 
 __all__ = ["OpenEnvResource", "Options", "action_tool", "mcp_tools"]
+
+_CAPACITY_BACKOFF_S = (0.05, 1.0)  # first and longest wait between asks of a server at capacity
 
 
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +77,7 @@ class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool: str = "step"  # the tool name the model calls to act
     step_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
+    capacity_wait_s: float = 120.0  # how long a session waits for a server at max_concurrent_envs to take it
 
     def __post_init__(self) -> None:
         if (self.env is None) == (self.url is None):
@@ -77,12 +91,56 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _load_option(key: str, path: str) -> Any:
+    """``options.KEY`` (``module:Class``) loaded; one that cannot be is a config error naming the key."""
+    try:
+        return _load(path)
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything on import: one line
+        raise UserError(f"openenv options.{key}: cannot load {path!r}: {type(e).__name__}: {e}") from None
+
+
 def _action_class(env_cls: Any) -> Any:
-    hints = typing.get_type_hints(env_cls.step)
-    action = hints.get("action")
+    """The action type ``step`` annotates; without one, a config error naming ``options.action``."""
+    try:
+        action = typing.get_type_hints(env_cls.step).get("action")
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve (a name only under TYPE_CHECKING)
+        action = None
     if not isinstance(action, type):
-        raise ValueError(f"{env_cls.__name__}.step has no annotated action type; set options.action")  # noqa: TRY004 - a config problem, one line
+        raise UserError(
+            f"openenv options.action: {env_cls.__name__}.step has no annotated action type;"
+            " name its Action class there (action: 'module:ActionClass')"
+        )
     return action
+
+
+def _text_field(schema: dict[str, Any] | None) -> str | None:
+    """The action's one required string field (a plain-text policy turn is its value), from its JSON schema."""
+    if not schema:
+        return None
+    required = [n for n in schema.get("required") or [] if n != "metadata"]
+    if len(required) != 1:
+        return None
+    return required[0] if (schema.get("properties") or {}).get(required[0], {}).get("type") == "string" else None
+
+
+def _fields_text(schema: dict[str, Any] | None) -> str:
+    """The action's fields as the policy and the user read them: ``delta (integer), note (string, optional)``."""
+    if not schema:
+        return "(unknown: the server has no /schema)"
+    required = set(schema.get("required") or [])
+    out = []
+    for name, prop in (schema.get("properties") or {}).items():
+        if name == "metadata":
+            continue
+        kind = prop.get("type") or "/".join(str(p.get("type", "object")) for p in prop.get("anyOf") or []) or "object"
+        out.append(f"{name} ({kind}{'' if name in required else ', optional'})")
+    return ", ".join(out) or "(none)"
+
+
+def _at_capacity(e: Exception) -> bool:
+    """OpenEnv's server refused the session: it holds max_concurrent_envs sessions already (its client
+    raises RuntimeError with the error frame's code)."""
+    return isinstance(e, RuntimeError) and "CAPACITY_REACHED" in str(e)
 
 
 def action_tool(action_cls: Any, *, name: str = "step", description: str = "") -> dict[str, Any]:
@@ -179,6 +237,7 @@ class OpenEnvResource(GymResource):
     action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
     mcp_names: ClassVar[frozenset[str] | None] = None  # its MCP tools, listed at the first seed
     mcp_server: ClassVar[bool] = False  # the server (url) takes MCP actions (its /schema says so)
+    action_schema: ClassVar[dict[str, Any] | None] = None  # the action's JSON schema (its class's, or /schema's)
     client_cls: ClassVar[Any] = None  # OpenEnv's GenericEnvClient (url), imported at setup
 
     @classmethod
@@ -186,8 +245,9 @@ class OpenEnvResource(GymResource):
         await super().setup(options)
         cls.opts = parse_options(options, Options, "openenv")
         if cls.opts.env is not None:
-            cls.env_cls = _load(cls.opts.env)
-            cls.action_cls = _load(cls.opts.action) if cls.opts.action else _action_class(cls.env_cls)
+            cls.env_cls = _load_option("env", cls.opts.env)
+            cls.action_cls = _load_option("action", cls.opts.action) if cls.opts.action else _action_class(cls.env_cls)
+            cls.action_schema = cls.action_cls.model_json_schema()
         else:
             import httpx
 
@@ -202,23 +262,51 @@ class OpenEnvResource(GymResource):
                 health.raise_for_status()
                 schema = await http.get(f"{base}/schema")  # an MCP server's action is CallToolAction
                 action = schema.json().get("action") if schema.status_code == 200 else None
+                cls.action_schema = action if isinstance(action, dict) else None
                 cls.mcp_server = "tool_name" in ((action or {}).get("properties") or {})
 
     async def seed(self, task: dict[str, Any]) -> None:
         await super().seed(task)
         self.rewards: list[float] = []
         self.done = False
+        self.not_actions = 0  # policy turns that were no action (plain text for an action of several fields)
         reset_args = task.get("openenv_reset") or {}
         if self.env_cls is not None:
             self.env = self.env_cls()
             out = await self._call(self.env.reset, **reset_args)
         else:
-            self.client = self.client_cls(base_url=self.opts.url, connect_timeout_s=self.opts.connect_timeout_s)
-            await self.client.connect()
-            out = await self.client.reset(**reset_args)
+            out = await self._open(reset_args)
         self.first_observation = self._observation(out)
         if type(self).mcp_names is None:
             type(self).mcp_names = frozenset(await self._list_mcp())
+
+    async def _open(self, reset_args: dict[str, Any]) -> Any:
+        """A server session, reset. A server at ``max_concurrent_envs`` (1 in OpenEnv's template) refuses it
+        with CAPACITY_REACHED and does not say when a session frees up (no HTTP route tells its capacity):
+        ask again with backoff, up to ``capacity_wait_s``, instead of failing the rollout."""
+        give_up = time.monotonic() + self.opts.capacity_wait_s
+        delay = _CAPACITY_BACKOFF_S[0]
+        while True:
+            client = self.client_cls(base_url=self.opts.url, connect_timeout_s=self.opts.connect_timeout_s)
+            try:
+                await client.connect()
+                out = await client.reset(**reset_args)
+            except Exception as e:
+                with contextlib.suppress(Exception):  # the refused socket is closed already
+                    await client.close()
+                if not _at_capacity(e):
+                    raise
+                if time.monotonic() + delay > give_up:
+                    raise Failure(
+                        "tool_error",
+                        f"the OpenEnv server stayed at its capacity (max_concurrent_envs) for"
+                        f" capacity_wait_s={self.opts.capacity_wait_s:g}: {e}",
+                    ) from None
+                await anyio.sleep(delay * random.uniform(0.5, 1.0))  # jittered: waiting sessions do not ask in step
+                delay = min(delay * 2, _CAPACITY_BACKOFF_S[1])
+                continue
+            self.client = client
+            return out
 
     async def _list_mcp(self) -> list[str]:
         """The names of the MCP tools the environment lists (none when it is not an MCP environment)."""
@@ -256,9 +344,10 @@ class OpenEnvResource(GymResource):
         except json.JSONDecodeError:
             raw = None
         if not isinstance(raw, dict):
-            field = self._text_field()
+            field = _text_field(self.action_schema)
             if field is None:
-                return Step(observation="Error: answer with a JSON object of the action's fields")
+                self.not_actions += 1
+                return Step(observation=f"Error: answer with a JSON object of the action's fields: {self._fields()}")
             raw = {field: action.text}
         try:
             reward, done, obs = await self._act(raw)
@@ -266,11 +355,8 @@ class OpenEnvResource(GymResource):
             return Step(observation=f"Error: {e}")
         return Step(observation=json.dumps(obs), reward=reward, terminated=done)
 
-    def _text_field(self) -> str | None:
-        if self.action_cls is None:
-            return None
-        fields = [n for n, f in self.action_cls.model_fields.items() if n != "metadata" and f.is_required()]
-        return fields[0] if len(fields) == 1 and self.action_cls.model_fields[fields[0]].annotation is str else None
+    def _fields(self) -> str:
+        return _fields_text(self.action_schema)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         mcp = name != self.opts.tool and name in (self.mcp_names or ())  # OpenEnv reserves "step" for itself
@@ -334,6 +420,12 @@ class OpenEnvResource(GymResource):
         return _reward(result.reward), bool(result.done), self._observation(result)
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        if self.not_actions and not self.rewards:  # a reward of 0 here would hide that nothing was played
+            raise Failure(
+                "verify_error",
+                f"no policy turn was an action: {self.not_actions} turn(s) were not a JSON object of the action's"
+                f" fields: {self._fields()} (say so in the prompt, e.g. 'answer with a JSON object')",
+            )
         return Verdict(
             reward=float(sum(self.rewards)),
             fields={

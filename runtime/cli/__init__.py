@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         EXIT_INTERRUPTED,
         EXIT_USAGE,
         err,
+        log_level_of,
         quiet_stdout,
         refuse_argv_secrets,
         stdout_gone,
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     user_errors: tuple[type[BaseException], ...] = (UserError, *PATH_ERRORS)
 
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level if hasattr(args, "log_level") else "warning")
+    if hasattr(args, "log_level"):
+        args.log_level = log_level_of(args)  # resolved once: children started with it get the same
+    logs.configure(getattr(args, "log_level", "warning"))
     try:
         refuse_argv_secrets(args)
         return int(commands()[args.command].main(args))

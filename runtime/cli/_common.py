@@ -55,12 +55,21 @@ def common_options(p: argparse.ArgumentParser) -> None:
 def log_level_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level",
-        default=os.environ.get("GYM_LOG_LEVEL", "warning"),
+        default=None,
         choices=["debug", "info", "warning", "error"],
         type=str.lower,
         help="log level of the JSON logs on stderr: info = batch and worker lifecycle, "
-        "debug = one line per rollout with its ids (default: warning; env GYM_LOG_LEVEL)",
+        "debug = one line per rollout with its ids (default: warning, error with --quiet; env GYM_LOG_LEVEL)",
     )
+
+
+def log_level_of(args: argparse.Namespace) -> str:
+    """``--log-level``, else ``GYM_LOG_LEVEL``, else ``error`` under ``--quiet`` (quiet means quiet: no
+    per-row warnings either; a user error is still its one line) and ``warning`` otherwise."""
+    given = getattr(args, "log_level", None) or os.environ.get("GYM_LOG_LEVEL", "").lower()
+    if given:
+        return str(given)
+    return "error" if getattr(args, "quiet", False) else "warning"
 
 
 def any_tools_option(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from gym_runtime.cli._common import (
     EXIT_FAILURES,
@@ -38,17 +39,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.cli.run import hosted_processes
     from gym_runtime.data.reverify import validate_rollouts
+    from gym_runtime.hosting.env import ensure as hosted_env
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import reverify_batch
+    from gym_runtime.service.runner import resource_for, reverify_batch
 
     cfg = resolve_config(load_config([config_path(c) for c in args.config], args.overrides))
     check_output(args.output)
     rows = validate_rollouts(args.input)
+    resource = resource_for(cfg, args.agent)
+    entry = cfg.resources[resource]
+    # a hosted NeMo Gym server verifies in its built environment (built now if missing), in a worker child
+    hosted = {f"resources.{resource}": hosted_env(entry.nemo_gym)} if entry.hosted else {}
     tel = telemetry(args, "reverify")
     try:
         with (
             server_url(args, cfg) as url,
+            hosted_processes(args, cfg, url, client_auth(args), hosted) if hosted else contextlib.nullcontext(),
             progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker,
         ):
             auth = client_auth(args)
@@ -65,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
                     tasks_path=args.tasks,
                     on_row=tracker.advance,
                     auth=auth,
+                    local_workers=not hosted,
                 )
             )
     finally:

@@ -279,6 +279,7 @@ def main(args: argparse.Namespace) -> int:
                         start_local_workers=groups is None,
                         plan=plan,
                         elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
+                        check_workers=not ours,
                     )
                 )
     finally:

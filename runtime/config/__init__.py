@@ -63,6 +63,7 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Other resources entries this one's code calls by name (a hosted NeMo Gym server's
     # ``server_client.post(NAME, ...)``): under ``server --secure`` its pool may call only these.
     calls: list[str] = msgspec.field(default_factory=list)
+    sandbox: str = ""  # the sandboxes entry its code's ``self.sandbox(...)`` uses (docs/sandboxes.md)
     # Where the environment's code runs (gym_runtime.workers.guest): "process", a guest process per worker,
     # killed and started again when one call (seed, a tool, verify) runs past call_timeout_s, so code that
     # holds the GIL cannot silence the worker's bus; "none", the worker's own process. Unset: the
@@ -89,8 +90,45 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 HOSTED_AGENT_MODULE = "gym_runtime.hosting.agent"
 
 
+class SandboxLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A sandbox pool's limits: what a sandbox gets when its spec names none, and the most it may ask."""
+
+    cpu: float = 1.0
+    memory_mb: int = 512
+    pids: int = 256
+    disk_mb: int = 256  # each writable path (tmpfs: /work, /tmp, /root)
+    timeout_s: float = 600.0  # the longest one exec may run
+    max_output: int = 1 << 20  # bytes kept of each of stdout and stderr, and the largest file read
+
+    def __post_init__(self) -> None:
+        if self.cpu <= 0 or min(self.memory_mb, self.pids, self.disk_mb, self.max_output) <= 0 or self.timeout_s <= 0:
+            raise ValueError("limits must be positive")
+
+
+class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A pool of sandbox workers (``gym-runtime start --only sandboxes.NAME``): docs/sandboxes.md."""
+
+    backend: Literal["docker", "podman", "process", "daytona"] = "docker"
+    # the engine's socket; "": $DOCKER_HOST (docker), $CONTAINER_HOST or /run/podman/podman.sock (podman);
+    # daytona: the provider's API URL (its key from $DAYTONA_API_KEY)
+    engine: str = ""
+    image: str = "base"  # a spec's default image; "base": the Debian 12 base, built here if missing
+    images: list[str] = msgspec.field(default_factory=list)  # other images a spec may name (empty: any the engine has)
+    capacity: int = 64  # live sandboxes one worker holds; past it a create is refused (retryable)
+    replicas: int = 1
+    limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+    idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
+    max_lease_s: float = 3600.0  # a lease that names no end ends after this long
+    reap_interval_s: float = 10.0  # how often the reaper looks for dead workers' containers and ended leases
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.replicas < 0:
+            raise ValueError("capacity must be at least 1")
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent: str = ""  # module path, e.g. agents.simple
+    sandbox: str = ""  # the sandboxes entry ``ctx.sandbox(...)`` uses (docs/sandboxes.md)
     model: str
     # Hosted instead of an agent module: a NeMo Gym agent server (``simple_agent``, ... or the
     # directory of one in a NeMo Gym checkout) whose own ``/run`` runs in this agent's workers,
@@ -204,6 +242,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
+    sandboxes: dict[str, SandboxConfig] = msgspec.field(default_factory=dict)
     base_dir: str = "."  # set by the loader: relative paths in the config resolve here
     source: str = "config"  # set by the loader: the file(s) that errors found later (resolve_config) name
 
@@ -557,6 +596,7 @@ _SECTIONS: dict[str, Callable[[Any], Any]] = {
     "models": written_model_config,
     "resources": _converter(ResourceConfig),
     "agents": _converter(AgentConfig),
+    "sandboxes": _converter(SandboxConfig),
 }
 
 
@@ -584,7 +624,12 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         text = _readable(str(e))
         raise ConfigError(f"{source}: {text.lstrip(': ')}{_file_key_hint(raw, '', text)}") from None
     cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]
+    cfg.sandboxes = sections["sandboxes"]
     cfg.source = source
+    users = [("agents", n, a.sandbox) for n, a in cfg.agents.items()]
+    for section, name, pool in users + [("resources", n, r.sandbox) for n, r in cfg.resources.items()]:
+        if pool and pool not in cfg.sandboxes:
+            raise ConfigError(f"{source}: {section}.{name}.sandbox: no sandbox pool named {pool!r} under sandboxes")
     for name, a in cfg.agents.items():
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")

@@ -7,6 +7,12 @@ manifest's ranges), the result says the same agent and batch as its subject, and
 exist in the batch. Anything else is counted and logged once per interval, and never written: it does not
 take the slot, so it cannot make the genuine result a duplicate.
 
+A result is also stored the way an agent stores one, or not taken: with a ``Nats-Msg-Id`` naming its slot
+(``result_msg_id``), and without the headers JetStream puts on a direct get's answer (``Nats-Stream``,
+``Nats-Sequence``, ``Nats-Subject``): a stored message that carries them is a server's answer that a requester
+sent into a result subject (a borrowed reply; the secured server's accounts keep such answers out of the
+streams, this is the check that does not depend on it).
+
 **The rule for later attempts.** A result's message id names its slot and attempt (``result_msg_id``); a
 slot holds one row. A stored result is never replaced. A failure row gives way to a row of a later attempt
 (a lost slot is attempt 0, so any row of the slot's own runs replaces it).
@@ -14,7 +20,7 @@ slot holds one row. A stored result is never replaced. A failure row gives way t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, RolloutResult
@@ -22,7 +28,7 @@ from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.headers import MSG_ID_HEADER
+from gym_runtime.transport.headers import DIRECT_GET_HEADERS, MSG_ID_HEADER
 from gym_runtime.transport.subjects import LOST
 
 log = logs.get("gym.intake")
@@ -57,11 +63,11 @@ class Intake:
         self.allows = allows
         self.refused = 0
 
-    def slot(self, res: RolloutResult, subject: str) -> int | None:
+    def slot(self, res: RolloutResult, subject: str, headers: Mapping[str, str] | None) -> int | None:
         parts = self.bus.subjects.result_parts(subject)
         if parts is not None and parts[0] == LOST:
             return None  # a reader's record of a lost slot: each reader decides that from the server's counts
-        cause = self._refusal(res, parts)
+        cause = _not_stored_by_an_agent(res, headers or {}) or self._refusal(res, parts)
         if cause is not None:
             self.refused += 1
             self.bus.warn_limited("result.refused", cause, subject=subject)
@@ -84,16 +90,28 @@ class Intake:
             return "not from the agent that owns the task"
         return None
 
-    def lost_record(self, res: RolloutResult, subject: str) -> int | None:
+    def lost_record(self, res: RolloutResult, subject: str, headers: Mapping[str, str] | None) -> int | None:
         """The slot a reader's record of a lost slot names (``status`` shows it as failed), else None."""
         parts = self.bus.subjects.result_parts(subject)
-        if parts != (LOST, self.batch) or res.batch != self.batch:
+        if parts != (LOST, self.batch) or res.batch != self.batch or _not_stored_by_an_agent(res, headers or {}):
             return None
         if not 0 <= res.rollout_index < self.repeats or res.task_index < 0:
             return None
         if self.tasks is not None and res.task_index >= self.tasks:
             return None
         return res.task_index * self.repeats + res.rollout_index
+
+
+def _not_stored_by_an_agent(res: RolloutResult, headers: Mapping[str, str]) -> str | None:
+    """Why a stored message is not one a worker stored (``js_publish`` with the slot's id), or None."""
+    if any(h in headers for h in DIRECT_GET_HEADERS):
+        return "a server's answer (a direct get's headers), not a stored result"
+    slot = jetstream.result_id_slot(headers.get(MSG_ID_HEADER, ""))
+    if slot is None:
+        return "no message id naming its slot"
+    if slot != (res.batch, res.task_index, res.rollout_index):
+        return "its message id names another slot"
+    return None
 
 
 async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:

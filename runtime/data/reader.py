@@ -141,7 +141,7 @@ class BatchReader:
     async def _on_msg(self, msg: Delivery) -> None:
         res = await read_result(self.bus, msg)
         if res is not None:
-            slot = self.intake.slot(res, msg.subject)
+            slot = self.intake.slot(res, msg.subject, msg.headers)
             if slot is not None:
                 self.taken += 1
                 self._take(res, slot)

@@ -580,7 +580,7 @@ class ServerHost:
             # no session yet: a fresh one, seeded with the row (a verify's: seeded then verified, as reverify does)
             token = f"{server_name}.{os.urandom(8).hex()}"
             seed_row = row if path in ("/seed_session", "/verify") else {}
-            session = Session(self.bus, self.bus.subjects.seed(server_name), seed_row)
+            session = Session(self.bus, self.bus.subjects.seed(server_name, self.bus.caller), seed_row)
             self.sessions[token] = session
             while len(self.sessions) > MAX_CALLED_SESSIONS:  # seeded but never verified: the oldest goes
                 await self.sessions.pop(next(iter(self.sessions))).close()
@@ -726,7 +726,7 @@ class HostedResource(_Hosted, Resource):
     async def seed(self, task: dict[str, Any]) -> None:
         self.host.models = self.models
         self.jar = Jar()
-        self.seeded = await _post(self.host, self.jar, "/seed_session", task)
+        self.seeded = await _post(self.host, self.jar, "/seed_session", _as_request(task))
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         if not self.host.is_tool(name):  # /verify, /seed_session, ... and paths that are no route
@@ -758,8 +758,21 @@ class HostedResource(_Hosted, Resource):
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         task = dict(task)
         extra = task.pop(RESPONSE_EXTRA, None) or {}
-        out = await _post(self.host, self.jar, "/verify", {**task, "response": {**_response_dict(response), **extra}})
+        out = await _post(
+            self.host, self.jar, "/verify", {**_as_request(task), "response": {**_response_dict(response), **extra}}
+        )
         return _verdict(out)
+
+
+def _as_request(task: dict[str, Any]) -> dict[str, Any]:
+    """A task row as the server's request model takes it. NeMo Gym's rollout files dump
+    ``responses_create_params`` with every unset field as null, and its request model refuses some of those
+    nulls (``parallel_tool_calls``, ``tool_choice``: HTTP 422); a field left out means what it meant when
+    the row was recorded (its default), so a recorded row re-verifies (``reverify``)."""
+    params = task.get("responses_create_params")
+    if not isinstance(params, dict) or None not in params.values():
+        return task
+    return {**task, "responses_create_params": {k: v for k, v in params.items() if v is not None}}
 
 
 def _verdict(out: dict[str, Any]) -> Verdict:

@@ -11,6 +11,7 @@ they are so: ``gym_runtime.ops.security``'s docstring and docs/security.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import msgspec
 
 from gym_runtime.config import Config
 from gym_runtime.errors import AuthError
-from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, pools_in, public_key
+from gym_runtime.ops.security import CA_CERT, ROLES, SERVER_CERT, SERVER_KEY, creds_path, pools_in, public_key
 from gym_runtime.transport import subjects as sj
 from gym_runtime.transport.subjects import Subjects
 
@@ -33,6 +34,10 @@ class Reach(msgspec.Struct, frozen=True, kw_only=True):
 
     agents: dict[str, tuple[str, ...]] | None = None
     resources: dict[str, tuple[str, ...]] = {}
+    # the sandbox pool each agents or resources entry uses (its ``sandbox``); None: no config was given, and
+    # the role-wide agent credential may use every pool (a resource none)
+    agent_sandboxes: dict[str, tuple[str, ...]] | None = None
+    resource_sandboxes: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def of(cls, cfg: Config | None) -> Reach:
@@ -41,7 +46,18 @@ class Reach(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             agents={name: (a.resource,) if a.resource else () for name, a in cfg.agents.items()},
             resources={name: tuple(r.calls) for name, r in cfg.resources.items() if r.calls},
+            agent_sandboxes={name: (a.sandbox,) if a.sandbox else () for name, a in cfg.agents.items()},
+            resource_sandboxes={name: (r.sandbox,) for name, r in cfg.resources.items() if r.sandbox},
         )
+
+    def sandbox_pools(self, role: str, pool: str | None) -> list[str] | None:
+        """The sandbox pools ``role`` (one ``pool`` of it, or the role-wide credential) may use; None: every one."""
+        table = self.agent_sandboxes if role == "agent" else self.resource_sandboxes
+        if table is None:
+            return None
+        if pool is not None:
+            return list(table.get(pool, ()))
+        return sorted({p for pools in table.values() for p in pools})
 
     def environments(self, role: str, pool: str | None) -> list[str] | None:
         """The environments ``role`` (one ``pool`` of it, or the role-wide credential: the union) may call;
@@ -119,7 +135,9 @@ def permissions(
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
         elif role == "agent":
             envs = reach.environments("agent", pool)
-            calls = [s.all_resources] if envs is None else [s.resource(env) for env in envs]
+            calls = [s.all_resources] if envs is None else _calls(s, envs, "agent", pool)
+            boxes = reach.sandbox_pools("agent", pool)
+            calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
             pub += [
                 *streams,
                 s.agent_results(mine),
@@ -150,10 +168,16 @@ def permissions(
                 s.resume(mine),
                 s.live("model", mine),
             ]
+        elif role == "sandbox":
+            # its pool's subjects only: creates (a queue group) and the operations on what it holds; answers
+            # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
+            pub += [*streams, sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
+            sub += [s.status, s.sandboxes(mine), s.live("sandbox", mine)]
         else:  # resource
             # models for LLM judges and user simulators; the environments this one calls by name (their replies
-            # come into its own inbox, as any call's)
-            pub += [*streams, *models, *(s.resource(env) for env in reach.environments("resource", pool) or ())]
+            # come into its own inbox, as any call's), and the sandbox pool it uses
+            pub += [*streams, *models, *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
+            pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
             # replies (and keepalives) only into calls made to this environment, and status answers
             pub.append(sj.lane_replies(sj.lane("resource", mine)))
             sub += [s.status, s.resource(mine)]
@@ -161,6 +185,17 @@ def permissions(
     if deny:
         publish["deny"] = deny
     return {"publish": publish, "subscribe": {"allow": list(dict.fromkeys(sub))}}
+
+
+def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> list[str]:
+    """Calling environments ``envs`` as ``role`` (one ``pool`` of it): seeds only as itself (the caller a
+    worker bounds sessions by is in the subject: ``Subjects.seed``; a role-wide credential may be any pool of its
+    role, as it may do what each does), then its sessions' operations and stateless verifies."""
+    me = sj.caller_of(role, pool or "*")
+    out = []
+    for env in envs:
+        out += [s.seed(env, me), s.session_op(s.session(env, "*"), "*"), s.stateless_verify(env)]
+    return out
 
 
 def _read_kv(*buckets: str) -> list[str]:
@@ -218,11 +253,49 @@ def server_config(auth_dir: str | Path, namespaces: list[str], reach: Reach | No
         "timeout": 5,
         "handshake_first": "300ms",
     }
-    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, reach=reach)} for r in ROLES]
+    # a trust directory made before the sandbox role has no sandbox.creds: that role then has no user
+    roles = [r for r in ROLES if r != "sandbox" or creds_path(d, r).is_file()]
+    users = [{"nkey": public_key(d, r), "permissions": permissions(r, namespaces, reach=reach)} for r in roles]
     users += [
         {"nkey": public_key(d, r, pool), "permissions": permissions(r, namespaces, pool, reach)} for r, pool in pools
     ]
-    return f"tls: {json.dumps(tls)}\nauthorization: {json.dumps({'users': users, 'timeout': 5})}\n"
+    return (
+        f"tls: {json.dumps(tls)}\n"
+        f"accounts: {json.dumps(accounts(namespaces, users))}\n"
+        f"authorization: {json.dumps({'timeout': 5})}\n"
+    )
+
+
+def accounts(namespaces: list[str], users: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two accounts: ``JS`` holds JetStream and no user; ``APP`` holds every user (``users``) and imports from JS
+    exactly what they use: the JetStream API (``subjects.jetstream_api``; pulls answered with a stream of
+    messages), acks of delivered messages, the subjects the streams store, and the advisories the collector
+    hears.
+
+    Why: JetStream answers a request (a stored message's ack, a direct get, a pull's status) by publishing to
+    the reply subject the requester named, past every permission. Across accounts that answer is a service
+    response: the server delivers it to the subscribers of that subject in APP and never through APP's imports,
+    so no answer reaches the JetStream API, a stream or an ack subject, whatever reply a requester names
+    (``tests/e2e/test_borrowed_replies.py``). Per-user permissions still decide what each user publishes.
+    """
+    services = [*sj.jetstream_api(), sj.acks("*", "*")]
+    streams: list[str] = []
+    for ns in namespaces:
+        s = Subjects(ns)
+        services += s.stored
+        streams += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
+    streamed = [sj.pull_next("*", "*")]  # a pull's messages (and its heartbeats, its status) answer one request
+    exports: list[dict[str, Any]] = [{"service": x} for x in dict.fromkeys(services)]
+    exports += [{"service": x, "response_type": "stream"} for x in streamed]
+    exports += [{"stream": x} for x in streams]
+    imports: list[dict[str, Any]] = [
+        {"service": {"account": sj.JS_ACCOUNT, "subject": x}} for x in [*dict.fromkeys(services), *streamed]
+    ]
+    imports += [{"stream": {"account": sj.JS_ACCOUNT, "subject": x}} for x in streams]
+    return {
+        sj.JS_ACCOUNT: {"jetstream": "enabled", "exports": exports},
+        sj.APP_ACCOUNT: {"users": users, "imports": imports},
+    }
 
 
 def route_tls(auth_dir: str | Path) -> dict[str, Any]:

@@ -47,9 +47,13 @@ named (``Gym-Reply`` for queued calls), a pause's acknowledgements into the
 model's lane, discovery answers (``{ns}.status``) to the request's reply root
 plus the worker's own lane. All names come from ``gym_runtime.transport.subjects``.
 
-Not closed by permissions: JetStream publishes its own answers (acks, direct
-gets, pull statuses) to whatever reply subject a request names, past every
-permission (docs/security.md, "the server's own answers, borrowed").
+JetStream publishes its own answers (acks, direct gets, pull statuses) to
+whatever reply subject a request names, past every permission. So it lives in
+an account of its own (``JS``) and every user in ``APP``, which imports what
+they use (``permissions.accounts``): an answer comes back as a service response,
+delivered to subscribers only, never through an import into JetStream. A seed
+request names its caller in its subject (``{ns}.res.{R}.seed.{role}.{pool}``,
+each pool allowed only its own), which a worker bounds sessions by.
 """
 
 from __future__ import annotations
@@ -66,13 +70,13 @@ from gym_runtime.errors import AuthError
 
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 SERVER_CERT, SERVER_KEY = "server.pem", "server-key.pem"
-ROLES = ("publisher", "agent", "model", "resource", "admin")
+ROLES = ("publisher", "agent", "model", "resource", "sandbox", "admin")
 
 AUTH_DIR_ENV = "GYM_AUTH_DIR"
 
 CERT_DAYS = 5 * 365
 
-POOL_ROLES = {"agents": "agent", "resources": "resource", "models": "model"}  # config section -> role
+POOL_ROLES = {"agents": "agent", "resources": "resource", "models": "model", "sandboxes": "sandbox"}  # section -> role
 
 
 def creds_path(auth_dir: str | Path, role: str, pool: str | None = None) -> Path:
@@ -85,7 +89,10 @@ def parse_pool(spec: str) -> tuple[str, str]:
     section, _, name = spec.partition(".")
     role = POOL_ROLES.get(section, section)
     if role not in POOL_ROLES.values() or not name:
-        raise AuthError(f"--pool {spec!r}: expected agents.NAME, resources.NAME or models.NAME (NAME a config entry)")
+        raise AuthError(
+            f"--pool {spec!r}: expected agents.NAME, resources.NAME, models.NAME or sandboxes.NAME "
+            "(NAME a config entry)"
+        )
     if ENTRY_NAME.fullmatch(name) is None:
         raise AuthError(f"--pool {spec!r}: {name!r} is not a valid name: {NAME_RULE}")
     return role, name

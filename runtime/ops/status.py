@@ -75,9 +75,9 @@ class BatchWatch:
             res = await read_result(bus, msg)
             if res is None:
                 return
-            slot = watch.intake.slot(res, msg.subject)
+            slot = watch.intake.slot(res, msg.subject, msg.headers)
             if slot is None:
-                slot = watch.intake.lost_record(res, msg.subject)
+                slot = watch.intake.lost_record(res, msg.subject, msg.headers)
                 res = msgspec.structs.replace(res, row=None, attempts=0) if slot is not None else res
             if slot is not None:
                 watch.take(res, slot)
@@ -159,7 +159,7 @@ def render(report: dict[str, Any]) -> str:
             extra = ", ".join(
                 f"{k}={'-' if v is None else v}"
                 for k, v in w.items()
-                if k not in ("role", "name", "namespace", "worker")
+                if k not in ("role", "name", "namespace", "worker", "fields")  # fields: for publish's check
             )
             lines.append(f"    {w.get('worker')}: {extra}")
     lines += ["", "queues:"]

@@ -37,21 +37,24 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
+from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
-from gym_runtime.workers.control import agent_fingerprint
+from gym_runtime.workers.control import agent_fingerprint, mismatches
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
+from gym_runtime.workers.sandbox_worker import SandboxWorker
 
 log = logs.get("gym.runner")
 
 SECTIONS = (
+    "sandboxes",
     "models",
     "resources",
     "agents",
-)  # the config sections that hold workers (not the bus roles of ops.security)
-BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent"}  # config section -> NATS role
+)  # the config sections that hold workers (not the bus roles of ops.security); sandboxes first: ready before use
+BUS_ROLE = {"models": "model", "resources": "resource", "agents": "agent", "sandboxes": "sandbox"}  # section -> role
 
 T = TypeVar("T")
 
@@ -73,7 +76,8 @@ def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
             raise UserError(f"--only {spec!r}: role must be one of {', '.join(SECTIONS)}")
         names = getattr(config, role)
         if name and name not in names:
-            raise UserError(f"--only {spec!r}: no {role[:-1]} named {name!r} in the config")
+            entry = "sandbox pool" if role == "sandboxes" else role[:-1]
+            raise UserError(f"--only {spec!r}: no {entry} named {name!r} in the config")
         out.extend((role, n) for n in ([name] if name else names))
     return out
 
@@ -182,6 +186,9 @@ def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) 
             ResourceWorker(bus, name, rcfg, config.models, config.resources, config.agents)
             for _ in range(replicas or rcfg.replicas)
         ]
+    if role == "sandboxes":
+        scfg = config.sandboxes[name]
+        return [SandboxWorker(bus, name, scfg) for _ in range(replicas or scfg.replicas)]
     acfg = config.agents[name]
     return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
 
@@ -347,6 +354,38 @@ class RunResult:
 
 
 MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
+DISCOVERY_WAIT_S = 0.3  # how long a publish gathers the live workers' answers (they answer in ~1 ms)
+
+
+async def check_live_workers(bus: Bus, config: Config, agents: list[str]) -> None:
+    """Refuse to publish to workers started with another config (each would fail every task it takes as
+    ``config_mismatch``): one line naming the keys that differ. With no worker of ``agents`` yet the tasks
+    wait in the queue; say so once."""
+    workers = await discover(bus, wait_s=DISCOVERY_WAIT_S)
+    problems = mismatches(config, workers)
+    if problems:
+        raise ConfigError(
+            f"namespace {config.namespace!r} has live workers started with another config than this one: "
+            + "; ".join(problems)
+            + ". Publish with the config (and --set values) the workers were started with, or restart them with "
+            "this one; two experiments need a `namespace` each. Nothing was published."
+        )
+    models = {config.agents[a].model for a in agents if a in config.agents}
+    unusable = [
+        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
+        for w in workers
+        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
+    ]
+    if unusable:
+        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    serving = {str(w.get("name")) for w in workers if w.get("role") == "agent"}
+    waiting = [a for a in agents if a not in serving]
+    if waiting:
+        log.warning(
+            "batch.no_workers",
+            agents=waiting,
+            detail="no live worker serves these agents yet: their tasks wait in the queue until one starts",
+        )
 
 
 def _same_batch(a: Manifest, b: Manifest) -> bool:
@@ -365,8 +404,10 @@ async def publish_batch(
     batch: str | None = None,
     plan: Plan | None = None,
     on_sent: Callable[[], None] | None = None,
+    check_workers: bool = True,
 ) -> Manifest:
-    """Validate every row (unless ``plan`` says it was done), record the manifest, publish rows × repeats."""
+    """Validate every row (unless ``plan`` says it was done), check the live workers serve this config
+    (``check_workers``), record the manifest, publish rows × repeats."""
     agents = list(config.agents)
     if not agents:
         raise UserError("the config names no agents")
@@ -374,6 +415,8 @@ async def publish_batch(
         raise UserError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
     resolve_models(config)  # the tasks' fingerprints hash the adapters' options (a bad one: exit 2, nothing sent)
+    if check_workers:
+        await check_live_workers(bus, config, list(plan.agents))
     manifest = new_manifest(
         batch or uuid.uuid4().hex[:12],
         plan.owners,
@@ -463,11 +506,13 @@ async def run_batch(
     auth: Any = None,
     plan: Plan | None = None,
     elsewhere: frozenset[tuple[str, str]] = frozenset(),
+    check_workers: bool = True,
 ) -> RunResult:
     """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
 
     ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
-    (role, name) workers that run in child processes of their own (hosted NeMo Gym servers)."""
+    (role, name) workers that run in child processes of their own (hosted NeMo Gym servers); ``check_workers``:
+    look for live workers of another config before publishing (not needed on a server this run started)."""
     t0 = time.perf_counter()
     resolve_config(config)  # the plugins' option checks, before anything is published
     if not config.agents:
@@ -489,9 +534,19 @@ async def run_batch(
     bus = buses["publisher"]
     try:
         await ensure_streams(bus)
+        if check_workers:  # before this run's own workers start: only others can differ
+            resolve_models(config)
+            await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, pairs)
             await start_workers(tg, workers)
+            unusable = [
+                f"model {w.name!r}: {w.endpoint_problem}"
+                for w in workers
+                if isinstance(w, ModelWorker) and w.endpoint_problem
+            ]
+            if unusable:  # every rollout would fail as model_error: say why once, publish nothing
+                raise ConfigError("; ".join(unusable) + ". Nothing was published.")
             if telemetry.meters.enabled:
                 tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
             ready_s = time.perf_counter() - t0
@@ -515,7 +570,15 @@ async def run_batch(
 
             tg.start_soon(collect)
             await publish_batch(
-                bus, config, input_path, agent=agent, repeats=repeats, limit=limit, batch=batch, plan=plan
+                bus,
+                config,
+                input_path,
+                agent=agent,
+                repeats=repeats,
+                limit=limit,
+                batch=batch,
+                plan=plan,
+                check_workers=False,  # checked above
             )
             await collected.wait()
             await drain(workers, timeout=5.0)
@@ -582,14 +645,16 @@ async def reverify_batch(
     tasks_path: str | Path | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
     auth: Any = None,
+    local_workers: bool = True,
 ) -> ReverifyReport:
-    """Start the resource's workers here and re-verify every row of a rollouts file through them."""
+    """Start the resource's workers here (unless ``local_workers`` is False: a hosted NeMo Gym server's
+    run in a child on its built environment) and re-verify every row of a rollouts file through them."""
     resource = resource_for(config, agent)
     validate_rollouts(input_path)  # raises before any work; the CLI counts rows for progress with it
     tasks = load_tasks(tasks_path) if tasks_path else None
     buses = await open_buses(
         url,
-        ["publisher", pool_key("resources", resource)],
+        ["publisher", *([pool_key("resources", resource)] if local_workers else [])],
         namespace=config.namespace,
         telemetry=telemetry,
         name="gym-reverify",
@@ -598,8 +663,8 @@ async def reverify_batch(
     )
     try:
         async with anyio.create_task_group() as tg:
-            workers = make_workers(buses, config, [("resources", resource)], replicas=replicas)
-            await start_workers(tg, workers)
+            if local_workers:
+                await start_workers(tg, make_workers(buses, config, [("resources", resource)], replicas=replicas))
             read = config_resource_class(config.resources[resource], f"resources.{resource}.server").task_fields
             fields = tuple(f.name for f in msgspec.structs.fields(read)) if read is not None else ()
             report = await reverify_file(

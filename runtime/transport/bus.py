@@ -56,7 +56,7 @@ from gym_runtime.transport.rpc import (
     _PubAck,
 )
 from gym_runtime.transport.serving import Serving
-from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, reply
+from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, caller, caller_of, reply
 
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
 
@@ -89,6 +89,7 @@ class Bus(Bodies, Serving):
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self._blobs_ready = False  # the blob stream exists (provisioned, or created on first use)
+        self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
         self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
         self.max_blob_bytes = MAX_BLOB_BYTES
         self.blob_budget = ByteBudget(BLOB_BYTES_IN_FLIGHT)  # large bodies held at once (back-pressure beyond)
@@ -131,6 +132,8 @@ class Bus(Bodies, Serving):
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
+        # the pool's name only with the pool's credential (else the role-wide one's ``_``), as its inbox says
+        bus.caller = caller(options["inbox_prefix"] + ".x") if options else caller_of(role, pool)
         if jetstream is not None:
             bus.blob_budget.cap = parse_size(jetstream.blob_bytes_in_flight)
         bus.secured = auth is not None and role != "admin"

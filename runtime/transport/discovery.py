@@ -39,14 +39,18 @@ async def register(
     stats: Callable[[], dict[str, Any]],
     *,
     fingerprint: str | None = None,
+    fields: dict[str, str] | None = None,
 ) -> Registration:
     """Announce a worker until ``stop()``.
 
-    ``fingerprint`` (of the config entry served) lets publishers see workers of another config.
+    ``fingerprint`` (of the config entry served) lets publishers see workers of another config, and
+    ``fields`` (each config key's digest) which keys differ.
     """
-    meta = {"namespace": bus.ns, "role": role, "name": name, "worker": worker_id}
+    meta: dict[str, Any] = {"namespace": bus.ns, "role": role, "name": name, "worker": worker_id}
     if fingerprint:
         meta["fingerprint"] = fingerprint
+    if fields:
+        meta["fields"] = fields
     started = time.time()
     mine = lane(role, name)
 

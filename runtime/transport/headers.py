@@ -3,6 +3,8 @@
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
 MSG_ID_HEADER = "Nats-Msg-Id"
+# what JetStream sets on a direct get's answer (never on a message a client stores)
+DIRECT_GET_HEADERS = ("Nats-Stream", "Nats-Sequence", "Nats-Subject")
 BLOB_HEADER = "Gym-Blob"  # the body is in the blob stream: "{key}.{chunks}.{sha256 hex}"
 PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness timer alive
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead

@@ -24,7 +24,9 @@ import re
 import uuid
 
 __all__ = [
+    "APP_ACCOUNT",
     "INBOX",
+    "JS_ACCOUNT",
     "JS_ACK_PREFIX",
     "LOST",
     "SERVER_LANE",
@@ -33,6 +35,7 @@ __all__ = [
     "advisory",
     "answer",
     "answers",
+    "caller_of",
     "consumer_create",
     "consumer_delete",
     "consumer_info",
@@ -40,6 +43,7 @@ __all__ = [
     "direct_get",
     "inbox",
     "inbox_prefix",
+    "jetstream_api",
     "js_info",
     "kv_key",
     "kv_stream",
@@ -58,8 +62,12 @@ JS_ACK_PREFIX = "$JS.ACK."  # the reply subject of a message a JetStream consume
 _JS_API = "$JS.API"
 
 # the token a role's answers carry in their lane (``res`` predates the others: reply subjects of resource calls)
-_LANE_KINDS = {"agent": "agent", "resource": "res", "model": "model"}
+_LANE_KINDS = {"agent": "agent", "resource": "res", "model": "model", "sandbox": "sbx"}
 SERVER_LANE = "js.ack"  # the lane of what the server itself answers (a stream's ack of a stored message)
+
+# the two accounts of a secured server (``gym_runtime.ops.permissions``): JetStream lives in JS, every user in APP
+JS_ACCOUNT = "JS"
+APP_ACCOUNT = "APP"
 
 _KV_KEY = re.compile(r"[-_A-Za-z0-9]+")
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -82,6 +90,12 @@ def caller(reply_subject: str) -> str:
     """Whose inbox a reply subject is: ``{role}.{pool}`` of ``_INBOX.{role}.{pool}...`` ('' for another form)."""
     parts = reply_subject.split(".", 3)
     return f"{parts[1]}.{parts[2]}" if len(parts) == 4 and parts[0] == INBOX else ""
+
+
+def caller_of(role: str | None, pool: str | None) -> str:
+    """Who a connection calls as: ``{role}.{pool}`` (``_`` for a role-wide credential, or no role on an unsecured
+    bus); the two tokens a seed request's subject ends with (``Subjects.seed``)."""
+    return f"{role or '_'}.{pool or '_'}"
 
 
 def lane(role: str, name: str) -> str:
@@ -164,6 +178,27 @@ def msg_get(stream: str) -> str:
     return f"{_JS_API}.STREAM.MSG.GET.{stream}"
 
 
+def jetstream_api() -> list[str]:
+    """The JetStream API a secured server's APP account imports from the JS account (answered one message each;
+    pulls, answered with a stream of messages, are ``pull_next("*", "*")``): what the roles and the admin use,
+    and nothing else (no snapshots, restores, account purges, server or peer removals, leader changes)."""
+    return [
+        js_info(),
+        stream_names(),
+        f"{_JS_API}.STREAM.LIST",
+        stream_info("*"),
+        *(f"{_JS_API}.STREAM.{op}.*" for op in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET", "MSG.DELETE")),
+        direct_get("*"),
+        direct_get("*", ">"),
+        f"{_JS_API}.CONSUMER.CREATE.>",
+        f"{_JS_API}.CONSUMER.DURABLE.CREATE.>",
+        consumer_info("*", "*"),
+        consumer_delete("*", "*"),
+        consumer_list("*"),
+        f"{_JS_API}.CONSUMER.NAMES.*",
+    ]
+
+
 def advisory(event: str, stream: str) -> str:
     """JetStream's advisories of one kind about ``stream``'s consumers (``MSG_TERMINATED``, ...)."""
     return f"$JS.EVENT.ADVISORY.CONSUMER.{event}.{stream}.>"
@@ -228,6 +263,20 @@ class Subjects:
     def control_bucket(self) -> str:
         """The KV bucket of the trainer's control state (versions, pauses, cancels) and failed-attempt counts."""
         return f"{self._base}_CONTROL"
+
+    @property
+    def stored(self) -> list[str]:
+        """Every subject a stream of this namespace stores (the streams', the KV buckets' and the kept bodies'):
+        what a secured server's APP account publishes into the JS account, which holds JetStream."""
+        return [
+            self.all_tasks,
+            self.all_results,
+            self.all_model_queues,
+            self.all_blobs,
+            self.all_kept,
+            kv_key(self.batches_bucket, ">"),
+            kv_key(self.control_bucket, ">"),
+        ]
 
     def stream(self, kind: str) -> str:
         """The stream of ``kind``: ``task``, ``result`` or ``model``."""
@@ -312,9 +361,20 @@ class Subjects:
 
     # -- environments (resources)
 
-    def seed(self, resource: str) -> str:
-        """Opening a session (a queue group of the environment's workers; the reply names the session)."""
-        return f"{self.ns}.res.{resource}.seed"
+    def seed(self, resource: str, caller: str) -> str:
+        """Opening a session (a queue group of the environment's workers; the reply names the session), as
+        ``caller`` (``caller_of``: ``agent.NAME``, ``resource.NAME``; ``*.*`` for the workers' subscription, or
+        ``agent.*`` for a role-wide credential's permission). The caller is in the subject, which the server
+        checks (each pool may publish only its own), not in the reply, which the publisher chooses: a worker
+        bounds sessions per caller by it."""
+        return f"{self.ns}.res.{resource}.seed.{caller}"
+
+    def seed_caller(self, subject: str) -> str:
+        """The caller a seed request's subject names (``Subjects.seed``), '' for another subject."""
+        t = subject.split(".")
+        if len(t) == 6 and t[0] == self.ns and t[1] == "res" and t[3] == "seed":
+            return f"{t[4]}.{t[5]}"
+        return ""
 
     def stateless_verify(self, resource: str) -> str:
         """Verification without a session (``reverify``), a queue group."""
@@ -341,6 +401,29 @@ class Subjects:
     def resource_group(self, resource: str) -> str:
         """The queue group of an environment's workers on its seed and stateless-verify subjects."""
         return f"res.{resource}"
+
+    # -- sandboxes (containers the sandbox workers hold for rollouts)
+
+    def sandbox_create(self, pool: str) -> str:
+        """Creating a sandbox (a queue group of the pool's workers; the reply names the worker that holds it)."""
+        return f"{self.ns}.sbx.{pool}.create"
+
+    def sandbox_worker(self, pool: str, worker: str) -> str:
+        """The address of the sandbox worker that holds a sandbox (its ops go to ``session_op``:
+        ``exec``, ``write``, ``read``, ``close``; ``*``: every one)."""
+        return f"{self.ns}.sbx.{pool}.{worker}"
+
+    def sandboxes(self, pool: str) -> str:
+        """Every subject of one sandbox pool (what an agent or environment that uses it may publish to)."""
+        return f"{self.ns}.sbx.{pool}.>"
+
+    @property
+    def all_sandboxes(self) -> str:
+        return f"{self.ns}.sbx.>"
+
+    def sandbox_group(self, pool: str) -> str:
+        """The queue group of a sandbox pool's workers on its create subject."""
+        return f"sbx.{pool}"
 
     # -- large bodies
 
@@ -393,9 +476,9 @@ class Subjects:
         return f"{who}_{_NOT_NAME.sub('_', batch)}_{uuid.uuid4().hex[:8]}"
 
     def live(self, kind: str, name: str) -> str:
-        """Liveness beacons of the workers of one work queue's pool (``kind`` ``task`` or ``model``): what
-        each took and finished, so peers nak a dead one's at once. Per role, so no role hears or forges
-        another's."""
+        """Liveness beacons of the workers of one pool (``kind`` ``task`` or ``model``: what each took and
+        finished, so peers nak a dead one's at once; ``sandbox``: which workers are alive, so peers reap a
+        dead one's containers). Per role, so no role hears or forges another's."""
         return f"{self.ns}.live.{'agent' if kind == 'task' else kind}.{name}"
 
     # -- trainer control
@@ -455,11 +538,12 @@ class Subjects:
 
     def kind(self, subject: str) -> str:
         """What a subject of this namespace is for: its first token after the namespace (``task``, ``result``,
-        ``model``, ``blob``, ``res``, ...)."""
+        ``model``, ``blob``, ``res``, ``sbx``, ...)."""
         return subject[len(self._dot) :].split(".", 1)[0] if subject.startswith(self._dot) else ""
 
     def callee_lane(self, subject: str) -> str:
-        """The lane a call to ``subject`` is answered in (``res.{resource}`` or ``model.{model}``; ``x.x``: none):
+        """The lane a call to ``subject`` is answered in (``res.{resource}``, ``model.{model}`` or ``sbx.{pool}``;
+        ``x.x``: none):
         on a secured bus only that callee may publish into it."""
         t = subject.split(".", 5)
         if len(t) > 3 and t[0] == self.ns and t[1] in ("call", "ctl"):

@@ -33,7 +33,7 @@ from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, agent_fingerprint, fingerprint
+from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint
 
 log = logs.get("gym.agent")
 
@@ -145,6 +145,7 @@ class AgentWorker:
                     log=log,
                     owner=self,
                     fingerprint=self.fingerprint,
+                    fields=agent_fields(self.config, self.name),
                     slots=self.cfg.concurrency,
                 )
             finally:
@@ -248,7 +249,7 @@ class AgentWorker:
             skipped = result.error.error_class in ("cancelled", "stale")  # the trainer asked
             if not skipped:
                 meters.rollout_failed(self.name, took, result.error.error_class)
-            if result.error.error_class == "storage_full":  # the same cause for every rollout: logged once
+            if result.error.error_class in ("storage_full", "config_mismatch", "model_error"):  # a cause shared: once
                 self.bus.warn_limited("rollout.failed", result.error.message, subject=self.name)
                 return
             (log.info if skipped else log.warning)(
@@ -346,6 +347,8 @@ class AgentWorker:
                 )
             return results
         finally:
+            with anyio.CancelScope(shield=True):  # the rollout ended, whichever way: so does its sandboxes' lease
+                await ctx.sandboxes.close_all()
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
 
@@ -355,9 +358,10 @@ class AgentWorker:
             return ErrorInfo(
                 error_class="config_mismatch",
                 message=(
-                    f"agent worker {self.worker_id} serves another config's {self.name!r} (fingerprint "
-                    f"{self.fingerprint}, the task expects {task.fingerprint}): two experiments share namespace "
-                    "and agent name; give one of them its own `namespace`"
+                    f"agent worker {self.worker_id} was started with another config for {self.name!r} than the "
+                    f"batch was published with (fingerprint {self.fingerprint}, the task's {task.fingerprint}): "
+                    "start the workers and publish with the same config and --set values (`publish` names the "
+                    "keys that differ), or give each experiment its own `namespace`"
                 ),
             )
         if await self.control.is_cancelled(task.batch):

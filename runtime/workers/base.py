@@ -50,11 +50,12 @@ async def serve_pulled(
     log: Any,
     owner: object,
     fingerprint: str | None = None,
+    fields: dict[str, str] | None = None,
     **ready: Any,
 ) -> None:
     """A work-queue worker's life: announce it (discovery) and its gauges (metrics), report it
     started, pull until cancelled, then withdraw both. ``ready`` adds fields to the ready log line."""
-    svc = await register(bus, role, name, worker_id, stats, fingerprint=fingerprint)
+    svc = await register(bus, role, name, worker_id, stats, fingerprint=fingerprint, fields=fields)
     bus.telemetry.meters.track(role, name, owner)
     log.info(f"{role}.ready", **{role: name}, worker=worker_id, **ready)
     task_status.started()

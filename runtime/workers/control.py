@@ -51,8 +51,8 @@ _DEPLOYMENT = frozenset(
 _CACHE_LIMIT = 10_000
 
 
-def fingerprint(entry: msgspec.Struct) -> str:
-    """12 hex digits over a config entry's fields, deployment fields excluded."""
+def _served(entry: msgspec.Struct) -> dict[str, Any]:
+    """A config entry's fields that say *what* is served (deployment fields left out), a model's options flat."""
     raw = msgspec.structs.asdict(entry)
     options = raw.get("options")
     if isinstance(options, WrittenOptions):  # a bug: workers and Client resolve their config first
@@ -60,8 +60,22 @@ def fingerprint(entry: msgspec.Struct) -> str:
     if isinstance(options, msgspec.Struct):  # a model entry: the adapter's own options, flattened
         del raw["options"]
         raw.update(msgspec.structs.asdict(options))
-    fields = {k: v for k, v in raw.items() if k not in _DEPLOYMENT}
-    return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()[:12]
+    return {k: v for k, v in raw.items() if k not in _DEPLOYMENT}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()[:12]
+
+
+def fingerprint(entry: msgspec.Struct) -> str:
+    """12 hex digits over a config entry's fields, deployment fields excluded."""
+    return _digest(_served(entry))
+
+
+def entry_fields(key: str, entry: msgspec.Struct) -> dict[str, str]:
+    """Each served field's digest under its config key (``models.policy.temperature``): a worker announces
+    these, so a publisher with another config names the keys that differ, never seeing a value."""
+    return {f"{key}.{k}": _digest(v) for k, v in _served(entry).items()}
 
 
 def agent_fingerprint(config: Config, agent: str) -> str:
@@ -73,12 +87,56 @@ def agent_fingerprint(config: Config, agent: str) -> str:
     return hashlib.sha256(":".join(parts).encode()).hexdigest()[:12]
 
 
+def agent_fields(config: Config, agent: str) -> dict[str, str]:
+    """``entry_fields`` of an agent's entry and of the model and resource entries it uses (its fingerprint's parts)."""
+    a = config.agents[agent]
+    out = entry_fields(f"agents.{agent}", a)
+    for section, table, name in (("models", config.models, a.model), ("resources", config.resources, a.resource)):
+        if name in table:
+            out.update(entry_fields(f"{section}.{name}", table[name]))
+    return out
+
+
 def config_fingerprints(config: Config) -> dict[tuple[str, str], str]:
     """(role, name) → fingerprint for every entry of a config (roles as in worker registration)."""
     out = {("model", n): fingerprint(m) for n, m in config.models.items()}
     out.update({("resource", n): fingerprint(r) for n, r in config.resources.items()})
     out.update({("agent", n): agent_fingerprint(config, n) for n in config.agents})
     return out
+
+
+def config_fields(config: Config, role: str, name: str) -> dict[str, str]:
+    """What ``role`` ``name``'s workers announce as their fields, for this config."""
+    if role == "agent":
+        return agent_fields(config, name)
+    section, table = ("models", config.models) if role == "model" else ("resources", config.resources)
+    return entry_fields(f"{section}.{name}", table[name])
+
+
+def mismatches(config: Config, workers: list[dict[str, Any]]) -> list[str]:
+    """One phrase per config entry that live workers serve with another config: the keys that differ (or,
+    for a worker that announces no fields, the two fingerprints). Workers of entries this config lacks are
+    another experiment's business, not a mismatch."""
+    mine = config_fingerprints(config)
+    seen: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
+    for w in workers:
+        role, name = str(w.get("role")), str(w.get("name"))
+        expected, got = mine.get((role, name)), w.get("fingerprint")
+        if expected is None or got is None or got == expected:
+            continue
+        keys, ids = seen.setdefault((role, name), (set(), []))
+        ids.append(str(w.get("worker")))
+        theirs = w.get("fields")
+        if isinstance(theirs, dict):
+            ours = config_fields(config, role, name)
+            keys.update(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        else:
+            keys.add(f"fingerprint {got}, this config's {expected}")
+    return [
+        f"{role} {name!r} ({len(ids)} worker{'s' if len(ids) > 1 else ''}: {', '.join(ids[:3])}) differs in "
+        + ", ".join(sorted(keys))
+        for (role, name), (keys, ids) in sorted(seen.items())
+    ]
 
 
 async def control_kv(bus: Bus) -> jetstream.KV:
@@ -103,13 +161,25 @@ class ControlView:
         await self.bus.serve(tg, self.bus.subjects.cancel("*"), self._on_cancel, concurrency=16)
         await self.bus.flush()
 
+    # An announcement says only where to look: what it announces is read from the KV bucket, which the trainer
+    # writes first. A core message is one a server's answer can be sent into (a direct get whose reply names
+    # this subject, its body the requester's own), while the bucket takes no such answer (``ops.permissions``'
+    # accounts): so a forged announcement cancels no batch and sets no version.
+
     async def _on_version(self, msg: Any, _: Any) -> None:
-        if isinstance(msg, PolicyVersion):
-            self._versions[msg.model] = max(msg.version, self._versions.get(msg.model, msg.version))
+        if isinstance(msg, PolicyVersion) and self._kv is not None:
+            raw = await self._kv.get(Subjects.version_key(msg.model))
+            if raw is not None and raw.isdigit():
+                self._versions[msg.model] = max(int(raw), self._versions.get(msg.model, 0))
+            else:  # not there (yet: a replica behind the leader): read it again when next asked
+                self._read.discard(msg.model)
 
     async def _on_cancel(self, msg: Any, _: Any) -> None:
-        if isinstance(msg, CancelBatch):
-            self._cancelled.add(msg.batch)
+        if isinstance(msg, CancelBatch) and self._kv is not None:
+            if await self._kv.get(Subjects.cancelled_key(msg.batch)) is not None:
+                self._cancelled.add(msg.batch)
+            else:  # not there (yet: a replica behind the leader): read it again when next asked
+                self._checked.discard(msg.batch)
 
     async def version(self, model: str) -> int | None:
         """The current policy version of ``model`` (None: the trainer never set one)."""

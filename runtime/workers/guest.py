@@ -344,8 +344,17 @@ def _running_threads(pid: int) -> list[int]:
     return out
 
 
+class _NoLease:
+    """A guest session's ``sandboxes``: none (an entry with ``sandbox`` runs with ``isolation: none``)."""
+
+    async def close_all(self) -> None:
+        return None
+
+
 class GuestSession:
     """One session in the guest, with the methods the worker calls on a ``Resource`` instance."""
+
+    sandboxes = _NoLease()
 
     __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify")
 

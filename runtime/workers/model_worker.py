@@ -30,16 +30,17 @@ from opentelemetry import trace
 
 from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
-from gym_runtime.model import ModelAdapter, ModelConfig, load_adapter, resolve_model
+from gym_runtime.model import ModelAdapter, ModelConfig, check_adapter, load_adapter, resolve_model
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
 from gym_runtime.transport.pull import PullWorker, work_queue_puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, Pausable, fingerprint
+from gym_runtime.workers.control import ControlView, Pausable, entry_fields, fingerprint
 
 log = logs.get("gym.model")
+ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
 
 
 class ModelWorker:
@@ -62,6 +63,7 @@ class ModelWorker:
         self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.fingerprint = fingerprint(cfg)
+        self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
@@ -72,6 +74,9 @@ class ModelWorker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
+            await self._check_endpoint()
+            if self.endpoint_problem is not None:
+                tg.start_soon(self._recheck_endpoint)
             await self.control.start(tg)
             await self.bus.serve(tg, self.bus.subjects.pause(self.name), self._on_pause, concurrency=4)
             await self.bus.serve(tg, self.bus.subjects.resume(self.name), self._on_resume, concurrency=4)
@@ -107,6 +112,7 @@ class ModelWorker:
                     log=log,
                     owner=self,
                     fingerprint=self.fingerprint,
+                    fields=entry_fields(f"models.{self.name}", self.cfg),
                     adapter=self.cfg.adapter,
                     slots=self.cfg.concurrency,
                 )
@@ -116,6 +122,26 @@ class ModelWorker:
                         await direct.unsubscribe()
                     await self.adapter.aclose()
                 tg.cancel_scope.cancel()
+
+    async def _check_endpoint(self) -> None:
+        """Ask the adapter once whether its endpoint serves the model: the verdict is in this worker's
+        discovery answer, so ``run`` and ``publish`` refuse a dead endpoint before anything is published
+        (a ``base_url`` may resolve only on this worker's node). Said once when it changes, not per call."""
+        before = self.endpoint_problem
+        try:
+            self.endpoint_problem = await check_adapter(self.adapter)
+        except Exception as e:  # a probe that breaks is not a verdict on the endpoint
+            log.debug("model.endpoint_check", model=self.name, error=str(e))
+            self.endpoint_problem = None
+        if self.endpoint_problem is not None and self.endpoint_problem != before:
+            log.warning("model.endpoint_unusable", model=self.name, worker=self.worker_id, cause=self.endpoint_problem)
+        elif before is not None and self.endpoint_problem is None:
+            log.info("model.endpoint_ok", model=self.name, worker=self.worker_id)
+
+    async def _recheck_endpoint(self) -> None:
+        while self.endpoint_problem is not None:
+            await anyio.sleep(ENDPOINT_RECHECK_S)
+            await self._check_endpoint()
 
     async def _on_pause(self, _: object, __: object) -> PauseAck:
         await self.gate.pause()
@@ -131,6 +157,7 @@ class ModelWorker:
         return {
             "in_flight": p.busy if p else 0,
             "slots": self.cfg.concurrency,
+            "endpoint_problem": self.endpoint_problem,
             "served": self.served,
             "direct": self.direct,
             "expired": self.expired,
@@ -145,9 +172,9 @@ class ModelWorker:
             raise Failure(
                 "config_mismatch",
                 (
-                    f"model worker {self.worker_id} serves another config's entry {self.name!r} "
-                    f"(fingerprint {self.fingerprint}, the caller expects {req.fingerprint}): two experiments share "
-                    "namespace and model name; give one of them its own `namespace`"
+                    f"model worker {self.worker_id} was started with another config for {self.name!r} than its "
+                    f"caller's (fingerprint {self.fingerprint}, the caller's {req.fingerprint}): start every worker "
+                    "with the same config and --set values, or give each experiment its own `namespace`"
                 ),
             )
         async with self.running:  # `concurrency` bounds generations, however the calls arrived

@@ -1,6 +1,6 @@
 """Hosts a Resource class on the bus: sessions are actors pinned to this worker.
 
-``{ns}.res.{name}.seed`` (queue group) creates a session here and answers with
+``{ns}.res.{name}.seed.{role}.{pool}`` (queue group) creates a session here for that caller and answers with
 this worker's address; ``{address}.tool|verify|close`` reach the session;
 ``{ns}.res.{name}.verify`` (queue group) verifies without a session (re-verify).
 If this worker dies, calls to its address get "no responders" at once, so a
@@ -20,7 +20,7 @@ import msgspec
 
 from gym_runtime.config import ResourceConfig
 from gym_runtime.data.validation import row_problems
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.hosting.host import hosted_class
 from gym_runtime.messages import (
     CloseSession,
@@ -43,11 +43,13 @@ from gym_runtime.resource import (
     load_resource_class,
     replay_calls,
 )
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.control import entry_fields, fingerprint
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
 from gym_runtime.workers.sessions import Sessions, config_callers
 
@@ -79,6 +81,14 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
+
+
+async def _close(inst: Resource) -> None:
+    """End a session: the environment's own ``close``, then its sandboxes' lease."""
+    try:
+        await inst.close()
+    finally:
+        await inst.sandboxes.close_all()
 
 
 class ResourceWorker:
@@ -113,6 +123,8 @@ class ResourceWorker:
         # where the environment's code runs: a guest process (the bus stays here) or this one
         isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
         self.guest = None
+        if isolation == "process" and cfg.sandbox:  # its sandbox client lives on the bus, not in the guest
+            raise UserError(f"resources.{name}: isolation: process with a sandbox pool is not supported yet")
         if isolation == "process":
             self.guest = Guest(
                 cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s, on_lost=self._guest_lost
@@ -128,7 +140,7 @@ class ResourceWorker:
             self._subs = [
                 await self.bus.serve(
                     tg,
-                    self.bus.subjects.seed(self.name),
+                    self.bus.subjects.seed(self.name, "*.*"),
                     self._seed,
                     queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
@@ -145,7 +157,15 @@ class ResourceWorker:
             ]
             await self.bus.flush()
             tg.start_soon(self._reap)
-            svc = await register(self.bus, "resource", self.name, self.worker_id, self.stats)
+            svc = await register(
+                self.bus,
+                "resource",
+                self.name,
+                self.worker_id,
+                self.stats,
+                fingerprint=fingerprint(self.cfg),
+                fields=entry_fields(f"resources.{self.name}", self.cfg),
+            )
             self.bus.telemetry.meters.track("resource", self.name, self)
             log.info("resource.ready", resource=self.name, worker=self.worker_id)
             task_status.started()
@@ -156,9 +176,9 @@ class ResourceWorker:
                 log.info("resource.stopped", resource=self.name, worker=self.worker_id, seeded=self.seeded)
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
-                    if self.guest is None:
+                    if self.guest is None:  # a guest closes its sessions and tears down when it stops
                         for inst in self.sessions.pop_all():
-                            await inst.close()
+                            await _close(inst)
                         await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
@@ -182,9 +202,19 @@ class ResourceWorker:
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
         inst = self.cls()
         inst.models = self.models
+        inst.sandboxes = Sandboxes(
+            self.bus,
+            self.cfg.sandbox,
+            lease=f"{self.name}:{uuid.uuid4().hex[:12]}",
+            deadline=time.time() + self.cfg.session_ttl_s,
+            where=f"resources.{self.name}",
+        )
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
+        if not msg.reply:  # no one to learn the session (e.g. a server's answer borrowed onto this subject): none
+            self.bus.count_junk(self.address, "seed requests without a reply (nothing opened)")
+            raise Failure("invalid_task", "a seed request without a reply subject")
         if req.check is not None:  # its publisher could not check the row: check it as validate would
             params = req.row.get("responses_create_params")
             problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
@@ -199,10 +229,12 @@ class ResourceWorker:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
         self.seeded += 1
-        for old in self.sessions.open(sid, inst, msg.caller):  # the caller's least recently used, past its limit
+        for old in self.sessions.open(
+            sid, inst, self.bus.subjects.seed_caller(msg.subject)
+        ):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
-            await old.close()
+            await _close(old)
         result = None
         if req.then is not None:
             try:
@@ -210,7 +242,7 @@ class ResourceWorker:
             except Exception:
                 opened = self.sessions.pop(sid)  # the caller never learns this session
                 if opened is not None:
-                    await opened.close()
+                    await _close(opened)
                 raise
         return SeedReply(session=sid, address=self.address, result=result)
 
@@ -255,12 +287,12 @@ class ResourceWorker:
             if req.close:
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
-                    await closing.close()
+                    await _close(closing)
             return reply
         if isinstance(req, CloseSession):
             closing = self.sessions.pop(req.session)
             if closing is not None:
-                await closing.close()
+                await _close(closing)
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
@@ -286,10 +318,10 @@ class ResourceWorker:
         try:
             return await verify_with(inst, req.row, req.response)
         finally:
-            await inst.close()
+            await _close(inst)
 
     async def _reap(self) -> None:
         while True:
             await anyio.sleep(min(60.0, self.cfg.session_ttl_s))
             for inst in self.sessions.idle_since(time.monotonic() - self.cfg.session_ttl_s):
-                await inst.close()
+                await _close(inst)

@@ -3,10 +3,12 @@
 Past ``max_sessions`` the least recently used session is closed (so replayed seed requests cannot pile
 up sessions for ``session_ttl_s``), but only among the sessions of the caller that opened one more: one
 pool's flood of seeds closes its own sessions, never another pool's live ones. A caller is the pool its
-request's reply subject names (``Delivery.caller``); only the pools a config can have count as callers
-(``agent.NAME`` for its agents, ``resource.NAME`` for its environments calling one another, ``_`` for a
-role-wide credential), and every other reply (an unsecured bus's, or one made up per request) shares one
-table, so made-up names cannot multiply the sessions a worker holds.
+seed request's subject names (``Subjects.seed``: ``{ns}.res.{R}.seed.{role}.{pool}``, which a secured server
+allows each pool only its own; the reply subject is the publisher's choice, so it is never the caller). Only
+the pools a config can have count as callers (``agent.NAME`` for its agents, ``resource.NAME`` for its
+environments calling one another, ``_`` for a role-wide credential); every other name (a role-wide
+credential's made-up pools, an unsecured bus's clients) shares one table, so made-up names cannot multiply
+the sessions a worker holds.
 """
 
 from __future__ import annotations

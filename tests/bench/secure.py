@@ -62,6 +62,7 @@ def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> 
 
             conn = run_async(connect_times)
             cfg = load_config(REPO / "resources/weather/config.yaml")
+            server0, ours0 = _cpu_s(srv.pid), time.process_time()
             result = run_async(
                 lambda: run_batch(
                     cfg,
@@ -74,6 +75,7 @@ def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> 
                 )
             )
             assert result.stats.failures == 0
+            server_cpu, ours_cpu = _cpu_s(srv.pid) - server0, time.process_time() - ours0
         finally:
             srv.stop()
     return {
@@ -82,7 +84,17 @@ def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> 
         "rollouts": result.tasks,
         "elapsed_s": result.elapsed_s,
         "per_s": result.tasks / result.elapsed_s,
+        # CPU time moves less than wall time on a loaded machine: nats-server's (where accounts and permissions
+        # are checked) and this process's (every role), per rollout
+        "server_us": server_cpu / result.tasks * 1e6,
+        "ours_us": ours_cpu / result.tasks * 1e6,
     }
+
+
+def _cpu_s(pid: int | None) -> float:
+    """A process's user + system CPU seconds (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -101,13 +113,14 @@ def main() -> None:
     print(f"medians of {args.reps}; load {os.getloadavg()[0]:.1f}")
     print(
         f"{'bus':<10} {'sync':<9} {'server start':>13} {'connect p50':>12} {'rollouts':>9} {'elapsed':>9} "
-        f"{'rollouts/s':>11}"
+        f"{'rollouts/s':>11} {'server CPU/rollout':>19} {'ours CPU/rollout':>17}"
     )
     for (secure, sync), ms in runs.items():
         m = {k: statistics.median(x[k] for x in ms) for k in ms[0]}
         print(
             f"{'secured' if secure else 'plain':<10} {sync:<9} {m['start_s']:>12.2f}s {m['connect_ms']:>10.1f}ms "
-            f"{m['rollouts']:>9.0f} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f}"
+            f"{m['rollouts']:>9.0f} {m['elapsed_s']:>8.2f}s {m['per_s']:>11.1f} {m['server_us']:>16.0f} us "
+            f"{m['ours_us']:>14.0f} us"
         )
 
 

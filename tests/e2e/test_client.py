@@ -16,7 +16,7 @@ from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import consumers
+from gym_runtime.transport.jetstream import consumers, subject_count
 from gym_runtime.transport.subjects import Subjects
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
 
@@ -258,24 +258,47 @@ def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
 
 
 async def test_cli_style_publish_is_fingerprinted_too(nats_server, tmp_path: Path) -> None:
-    """`gym-runtime run/publish` of another config into a namespace with these workers: failure rows."""
+    """`gym-runtime run/publish` of another config into a namespace with these workers: refused before
+    anything is published, naming the key that differs; a publish that skips the check gets failure rows."""
+    from gym_runtime.errors import ConfigError
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.service.runner import run_batch
 
-    async with Client(weather(), nats=nats_server.url):
-        out = tmp_path / "out.jsonl"
-        stats = (
-            await run_batch(
-                weather(delay_s=0.01),
-                nats_server.url,
-                input_path=WEATHER.parent / "data/example.jsonl",
-                out=out,
-                telemetry=Telemetry(),
-                start_local_workers=False,
-            )
-        ).stats
+    async def run(check: bool) -> Any:
+        return await run_batch(
+            weather(delay_s=0.01),
+            nats_server.url,
+            input_path=WEATHER.parent / "data/example.jsonl",
+            out=tmp_path / "out.jsonl",
+            telemetry=Telemetry(),
+            start_local_workers=False,
+            check_workers=check,
+        )
+
+    async with Client(weather(), nats=nats_server.url) as client:
+        with pytest.raises(ConfigError, match=r"agent 'weather_agent' .*differs in models\.policy\.delay_s"):
+            await run(True)
+        subjects = client.bus.subjects
+        assert await subject_count(client.bus, subjects.tasks_stream, subjects.stream_subjects("task")) == 0
+        stats = (await run(False)).stats
     assert stats.failures == 5
     assert {r["error_class"] for r in read_jsonl(tmp_path / "out_failures.jsonl")} == {"config_mismatch"}
+
+
+async def test_a_worker_of_another_config_that_starts_later_is_refused_at_the_next_submit(nats_server) -> None:
+    """A client checks the cluster at start and again every few seconds: the other experiment's workers
+    that start after it are named (with the key that differs) at its next submit, before any row is sent."""
+    async with Client(weather(), nats=nats_server.url, workers=False) as client:
+        async with Client(weather(delay_s=0.01), nats=nats_server.url, check_fingerprints=False):
+            with anyio.fail_after(60):
+                while True:
+                    with pytest.raises(ClientError) as got:
+                        await client.submit([])  # no rows: refused either way, the cluster check first
+                    if "differs in models.policy.delay_s" in str(got.value):
+                        break
+                    await anyio.sleep(0.2)
+            with pytest.raises(ClientError, match="started with another config"):
+                await client.submit(ROWS[:1])
 
 
 async def test_a_publish_the_stream_refuses_fails_the_whole_publish_at_once(nats_server) -> None:

@@ -89,7 +89,7 @@ def test_chat_completions_judge_calls_are_served_by_our_model_workers(catalogue:
             "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
         }
         trace = build_and_run(tmp_path, config, data)
-        paths = [q.path for q in stub.requests]
+        paths = [q.path for q in stub.requests if q.method == "POST"]  # not the model worker's GET /v1/models
     got = sorted((row["_ng_task_index"], row["reward"]) for row in read_jsonl(tmp_path / "out.jsonl"))
     assert got == [(i, rec["reward"]) for i, rec in enumerate(recorded)]
     assert paths == ["/v1/chat/completions"] * len(recorded)  # what our model worker sent the judge
@@ -114,7 +114,7 @@ def test_a_servers_own_openai_client_reaches_our_model_workers(catalogue: Path, 
             "agents": {"env_agent": {"agent": "agents.simple", "model": "policy", "resource": "env"}},
         }
         trace = build_and_run(tmp_path, config, data)
-        paths = [q.path for q in stub.requests]
+        paths = [q.path for q in stub.requests if q.method == "POST"]  # not the model worker's GET /v1/models
     assert len(read_jsonl(tmp_path / "out.jsonl")) == len(recorded)
     assert paths and set(paths) == {"/v1/chat/completions"}
     assert len(model_worker_spans(trace, "judge-llm")) == len(paths)
@@ -160,7 +160,7 @@ def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, 
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": f"go {i}"}} for i in range(3)])
     with StubOpenAI(handler=lambda req: StubReply(body=chat_completion("looks right"))) as stub:
         trace = build_and_run(tmp_path, caller_config(judge_url=stub.base_url, calls=["counter", "other"]), data)
-        paths = [q.path for q in stub.requests]
+        paths = [q.path for q in stub.requests if q.method == "POST"]  # not the model worker's GET /v1/models
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert [row["reward"] for row in rows] == [1.0] * 3
     for said in ("judge_said", "openai_said", "openai_sync_said"):  # NeMo Gym's client, openai's async and sync
@@ -168,7 +168,12 @@ def test_calls_to_other_servers_and_a_base_url_go_over_the_bus(catalogue: Path, 
     assert {row["other_status"] for row in rows} == {200}
     assert paths == ["/v1/chat/completions"] * 9
     assert len(model_worker_spans(trace, "judge-llm")) == 9
-    served = {s["name"].split()[-1] for s in spans(trace) if s["name"].startswith(("seed ", "tool ", "verify "))}
+    # a seed's subject ends with its caller (``Subjects.seed``): the environment's part of it
+    served = {
+        ".".join(s["name"].split()[-1].split(".")[:4])
+        for s in spans(trace)
+        if s["name"].startswith(("seed ", "tool ", "verify "))
+    }
     assert {"gym.res.counter.seed", "gym.res.other.seed"} <= served
 
 
@@ -224,9 +229,12 @@ def test_calls_grant_publish_rights_only_towards_the_named_environments() -> Non
         allowed = permissions("resource", ["gym"], pool, Reach(resources=given or {}))["publish"]["allow"]
         return {s for s in allowed if s.startswith("gym.res.")}
 
-    assert res_publish("caller", calls) == {"gym.res.counter.>"}
+    def towards(env: str, caller: str) -> set[str]:  # seeds as itself, its sessions' operations, stateless verifies
+        return {f"gym.res.{env}.seed.{caller}", f"gym.res.{env}.*.*", f"gym.res.{env}.verify"}
+
+    assert res_publish("caller", calls) == towards("counter", "resource.caller")
     assert res_publish("counter", calls) == set()
-    assert res_publish(None, calls) == {"gym.res.counter.>", "gym.res.grader.>"}
+    assert res_publish(None, calls) == towards("counter", "resource.*") | towards("grader", "resource.*")
     assert res_publish("caller", None) == res_publish(None, None) == set()
 
 

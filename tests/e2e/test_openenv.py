@@ -99,10 +99,22 @@ def mcp_server(work: Path) -> Iterator[str]:
     yield from _serve(work, "openenv_mcp.py")
 
 
-def _serve(work: Path, script: str) -> Iterator[str]:
+@pytest.fixture
+def narrow_server(work: Path) -> Iterator[str]:
+    """OpenEnv's own server for the counter at its template's default capacity: one session at a time."""
+    yield from _serve(work, "openenv_counter.py", "counter", "1")
+
+
+@pytest.fixture
+def say_server(work: Path) -> Iterator[str]:
+    """OpenEnv's own server for an environment whose action is one string field."""
+    yield from _serve(work, "openenv_counter.py", "say")
+
+
+def _serve(work: Path, script: str, *args: str) -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, script, str(port)],
+        [sys.executable, script, str(port), *args],
         cwd=work,
         env=_env(work),
         stdout=subprocess.DEVNULL,
@@ -310,3 +322,76 @@ def test_mcp_tools_are_offered_to_the_model_and_run_through_the_environment(work
         outputs = [[i["output"] for i in r["response"]["output"] if i["type"] == "function_call_output"] for r in out]
         assert outputs[0] == ["2", "5", "submitted 5"]
         assert outputs[3][0] == "Tool 'add' failed: Error calling tool 'add': unlucky number (type: execution_error)"
+
+
+def test_a_server_that_takes_one_session_at_a_time_serves_every_row(work: Path, narrow_server: str) -> None:
+    """OpenEnv's server template takes one session at a time (max_concurrent_envs=1) and refuses the others
+    with CAPACITY_REACHED: the rows wait for the session to free up instead of failing."""
+    with StubOpenAI(emulator=_emulator()) as stub:
+        res = _run(work, stub.base_url, f"{{url: '{narrow_server}'}}", _rows(PAIRS))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not (work / "out_failures.jsonl").exists() or not read_jsonl(work / "out_failures.jsonl")
+    rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+    assert [r["reward"] for r in rows] == [1.0, 0.5, 0.0, 0.5]
+
+
+def _plain_emulator() -> VLLMEmulator:
+    """A policy that answers in plain text, never a JSON object: ``say WORD`` says WORD, ``count`` says 'add two'."""
+    em = VLLMEmulator()
+
+    def policy(path: str, body: dict[str, Any]) -> Gen:
+        s = _prompt_text(em, body)
+        said = re.findall(r"say (\w+)", s)
+        return Gen(text=said[0] if said else "add two")
+
+    em.policy = policy
+    return em
+
+
+def _plain_rows(prompts: list[str]) -> list[dict[str, Any]]:
+    return [{"responses_create_params": {"input": [{"role": "user", "content": p}]}} for p in prompts]
+
+
+def test_plain_text_turns_are_the_action_of_one_string_field_on_a_server(work: Path, say_server: str) -> None:
+    """Policy turns in plain text against a served environment whose action is one string field: the text
+    is that field (read from the server's /schema), as in process, so the turn scores."""
+    with StubOpenAI(emulator=_plain_emulator()) as stub:
+        for options in ("{env: 'openenv_counter:SayEnv'}", f"{{url: '{say_server}'}}"):
+            res = _run(work, stub.base_url, options, _plain_rows(["say five", "say four"]), TURNS_AGENT)
+            assert res.returncode == 0, res.stderr[-3000:]
+            rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+            assert [r["reward"] for r in rows] == [1.0, 0.0], options
+            assert all(r["done"] is True and len(r["step_rewards"]) == 1 for r in rows)
+
+
+@pytest.mark.parametrize("mode", ["in_process", "server"])
+def test_plain_text_turns_that_are_no_action_fail_the_row_and_say_why(work: Path, server: str, mode: str) -> None:
+    """Policy turns in plain text against an environment whose action is a JSON object (the counter's
+    ``delta``): when no turn ever reached the environment, the row is a failure that names the action's
+    fields, not a silent reward of 0."""
+    where = "env: 'openenv_counter:CountEnv'" if mode == "in_process" else f"url: '{server}'"
+    with StubOpenAI(emulator=_plain_emulator()) as stub:
+        _run(work, stub.base_url, f"{{{where}}}", _plain_rows(["count", "count"]), TURNS_AGENT)
+    assert not (work / "out.jsonl").exists() or not read_jsonl(work / "out.jsonl")
+    failures = read_jsonl(work / "out_failures.jsonl")
+    assert len(failures) == 2
+    for f in failures:
+        assert f["error_class"] == "verify_error", f
+        assert "no policy turn was an action" in f["error"] and "delta (integer)" in f["error"], f["error"]
+
+
+def test_a_step_without_an_annotated_action_is_a_config_error_naming_options_action(work: Path) -> None:
+    """An Environment whose ``step`` does not annotate its action: one line naming options.action, exit 2;
+    naming the action class there runs it (a class that cannot be loaded: one line naming its key)."""
+    with StubOpenAI(emulator=_emulator()) as stub:
+        res = _run(work, stub.base_url, "{env: 'openenv_counter:UnannotatedEnv'}", _rows(PAIRS[:1]))
+        assert res.returncode == 2, res.stderr[-3000:]
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "options.action" in lines[0] and "Traceback" not in res.stderr, res.stderr
+        assert "UnannotatedEnv" in lines[0]
+        res = _run(work, stub.base_url, "{env: 'openenv_counter:NoSuchEnv'}", _rows(PAIRS[:1]))
+        assert res.returncode == 2 and "options.env" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        options = "{env: 'openenv_counter:UnannotatedEnv', action: 'openenv_counter:CountAction'}"
+        res = _run(work, stub.base_url, options, _rows(PAIRS[:1]))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["reward"] for r in read_jsonl(work / "out.jsonl")] == [1.0]

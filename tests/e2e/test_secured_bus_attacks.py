@@ -290,11 +290,13 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
 
             seeded = [w for w in weather if isinstance(w, ResourceWorker)][0]
             reply = await other_agent.request(
-                other_env.subjects.seed("other_env"), SeedRequest(row=row), timeout=10.0, op="seed"
+                other_env.subjects.seed("other_env", other_agent.caller), SeedRequest(row=row), timeout=10.0, op="seed"
             )
             assert isinstance(reply, SeedReply) and other.seeded == 1
             with pytest.raises(Failure, match="no reply"):  # the server drops it: nobody hears it, nothing answers
-                await other_agent.request(pub.subjects.seed("weather"), SeedRequest(row=row), timeout=2.0, op="seed")
+                await other_agent.request(
+                    pub.subjects.seed("weather", other_agent.caller), SeedRequest(row=row), timeout=2.0, op="seed"
+                )
             assert seeded.seeded == 0
             tg.cancel_scope.cancel()
     finally:
@@ -466,7 +468,7 @@ async def main():
     inbox, sent, end = nc.new_inbox(), 0, time.monotonic() + float(sys.argv[2])
     while time.monotonic() < end:
         for _ in range(500):
-            await nc.publish("gym.res.weather.seed", junk[sent % 4], reply=inbox)
+            await nc.publish("gym.res.weather.seed._._", junk[sent % 4], reply=inbox)
             sent += 1
         await nc.flush()
     print(sent)
@@ -517,10 +519,14 @@ async def test_replayed_seed_requests_cannot_pile_up_sessions(nats_server) -> No
         row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
         async with anyio.create_task_group() as tg:
             await start_workers(tg, [worker])  # type: ignore[list-item]
-            honest = await bus.request("gym.res.weather.seed", SeedRequest(row=row), timeout=10.0, op="seed")
+            honest = await bus.request(
+                bus.subjects.seed("weather", bus.caller), SeedRequest(row=row), timeout=10.0, op="seed"
+            )
             assert isinstance(honest, SeedReply)
             for i in range(60):
-                await bus.request("gym.res.weather.seed", SeedRequest(row=row), timeout=10.0, op="seed")
+                await bus.request(
+                    bus.subjects.seed("weather", bus.caller), SeedRequest(row=row), timeout=10.0, op="seed"
+                )
                 if i % 4 == 0:  # the honest rollout keeps using its session meanwhile
                     call = ToolCall(session=honest.session, name="get_weather", arguments='{"city": "Paris"}')
                     reply = await bus.request(f"{honest.address}.tool", call, timeout=10.0, op="tool")

@@ -64,7 +64,7 @@ def call(session: str) -> ToolCall:
 
 
 async def seed(bus: Bus) -> SeedReply:
-    reply = await bus.request("gym.res.weather.seed", SeedRequest(row=ROWS[0]), timeout=10, op="seed")
+    reply = await bus.request(bus.subjects.seed("weather", bus.caller), SeedRequest(row=ROWS[0]), timeout=10, op="seed")
     assert isinstance(reply, SeedReply)
     return reply
 
@@ -106,24 +106,26 @@ async def test_callers_not_in_the_config_share_one_bounded_table(pooled) -> None
     async with weather_pools(pooled, ["weather_agent"]) as (worker, honest, flooder):
         mine = [await seed(honest) for _ in range(LIMIT // 2)]
         body = flooder.codec.encode(SeedRequest(row=ROWS[0]))
+        own = flooder.subjects.seed("weather", flooder.caller)  # its own seed subject: the server allows no other
         for i in range(20 * LIMIT):
-            await flooder.nc.publish("gym.res.weather.seed", body, reply=f"_INBOX.agent.made_up_{i}.x.res.weather.1")
+            await flooder.nc.publish(own, body, reply=f"_INBOX.agent.made_up_{i}.x.res.weather.1")
         await seeded(worker, len(mine) + 20 * LIMIT)
         assert await still_open(honest, mine) == len(mine)
         assert len(worker.sessions) == len(mine) + LIMIT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request's reply subject is the publisher's choice: NATS checks the subject of a publish, not its "
-    "reply, so a pool can name another pool's inbox. An unforgeable caller needs it in a subject the server "
-    "checks (e.g. {ns}.res.{R}.seed.{role}.{pool}, each pool allowed only its own): the subjects module's job",
-)
 async def test_a_pool_naming_another_pools_inbox_cannot_evict_its_sessions(pooled) -> None:  # noqa: F811
+    """A request's reply subject is the publisher's choice (NATS checks the subject of a publish, not its reply):
+    so the caller a worker counts is in the seed subject, ``{ns}.res.{R}.seed.{role}.{pool}``, each pool allowed
+    only its own. Naming the victim's inbox, or publishing on the victim's seed subject, evicts nothing."""
     async with weather_pools(pooled, ["weather_agent", "other_agent"]) as (worker, honest, forger):
         mine = [await seed(honest) for _ in range(LIMIT // 2)]
         body = forger.codec.encode(SeedRequest(row=ROWS[0]))
+        victims = honest.subjects.seed("weather", honest.caller)
+        own = forger.subjects.seed("weather", forger.caller)
         for i in range(4 * LIMIT):
-            await forger.nc.publish("gym.res.weather.seed", body, reply=f"_INBOX.agent.weather_agent.f.res.weather.{i}")
-        await seeded(worker, len(mine) + 4 * LIMIT)
-        assert await still_open(honest, mine) == len(mine)
+            await forger.nc.publish(victims, body, reply=f"_INBOX.agent.weather_agent.f.res.weather.{i}")  # refused
+            await forger.nc.publish(own, body, reply=f"_INBOX.agent.weather_agent.f.res.weather.{i}")
+        await seeded(worker, len(mine) + 4 * LIMIT)  # the ones on its own subject, counted as its own
+        assert await still_open(honest, mine) == len(mine)  # before: evicted (the reply named weather_agent)
+        assert len(worker.sessions) == len(mine) + LIMIT

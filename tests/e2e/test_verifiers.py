@@ -228,3 +228,60 @@ def test_prepare_writes_the_environments_dataset_as_rows(tmp_path: Path) -> None
         assert run.returncode == 0, run.stderr[-3000:]
     by_color = {r["verifiers"]["answer"]: r["exact"] for r in read_jsonl(work / "out2.jsonl")}
     assert by_color == {"blue": 1.0, "red": 1.0, "green": 0.0}
+
+
+def _prepare(work: Path) -> list[dict[str, Any]]:
+    """`gym-runtime prepare config.yaml -i vf=env`: the environment's own train split as rows."""
+    prep = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared"],
+        cwd=work,
+        env=_env(work),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    return read_jsonl(work / "prepared" / "train.jsonl") + read_jsonl(work / "prepared" / "validation.jsonl")
+
+
+def test_prepared_rows_keep_the_columns_a_reward_function_takes_by_name(tmp_path: Path) -> None:
+    """verifiers passes every dataset column to a reward function by name (``difficulty`` here):
+    `prepare -i vf=env` keeps them, so the prepared rows score as verifiers' own runner scores them."""
+    work = _workdir(tmp_path)
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        (work / "rows.jsonl").write_text("")
+        _run_ours(work, stub.base_url, "columns", [])  # writes the config
+        rows = _prepare(work)
+        assert sorted(r["verifiers"]["difficulty"] for r in rows) == [1, 2, 3]
+        res = _run_ours(work, stub.base_url, "columns", rows)
+        assert res.returncode == 0, res.stderr[-3000:]
+        theirs = _run_theirs(work, stub.base_url, "columns")
+    assert not (work / "out_failures.jsonl").exists() or not read_jsonl(work / "out_failures.jsonl")
+    ours = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+    assert [r["reward"] for r in ours] == [t[0][0] for t in theirs]
+    assert {r["verifiers"]["answer"]: r["reward"] for r in ours} == {"blue": 1.0, "red": 2.0, "green": 0.0}
+
+
+def test_env_group_rows_carry_their_own_childs_metrics_and_a_raising_reward_is_verify_error(tmp_path: Path) -> None:
+    """An EnvGroup of three children: a row has its own child's metrics only (verifiers pads the others'
+    with 0.0), and a reward function raising inside a child is a verify_error row, not a reward of 0."""
+    work = _workdir(tmp_path)
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        _run_ours(work, stub.base_url, "env_group", [])  # writes the config
+        rows = _prepare(work)
+        assert len(rows) == 9
+        _run_ours(work, stub.base_url, "env_group", rows)
+    child = {i: r["verifiers"]["info"]["env_id"] for i, r in enumerate(rows)}
+    out = read_jsonl(work / "out.jsonl")
+    failures = read_jsonl(work / "out_failures.jsonl")
+    assert sorted(child[f["_ng_task_index"]] for f in failures) == ["broken_env"] * 3
+    for f in failures:
+        assert f["error_class"] == "verify_error" and "reward blew up" in f["error"], f
+    assert sorted(child[r["_ng_task_index"]] for r in out) == ["exact_env"] * 3 + ["short_env"] * 3
+    for r in out:
+        exact_row = child[r["_ng_task_index"]] == "exact_env"
+        mine, others = ("exact", "length_penalty") if exact_row else ("length_penalty", "exact")
+        assert mine in r and others not in r and "broken" not in r, r
+    assert {r["reward"] for r in out if "exact" in r} == {0.0, 1.0}
+    assert all(r["reward"] < 0 for r in out if "length_penalty" in r)

@@ -61,16 +61,59 @@ class CountEnv(Environment[CountAction, CountObservation, State]):
         return self._state
 
 
-def serve(port: int) -> None:
-    """OpenEnv's own server for this environment (its FastAPI app under uvicorn) on loopback."""
+class SayAction(Action):
+    """Say something."""
+
+    text: str
+
+
+class SayObservation(Observation):
+    heard: str = ""
+
+
+class SayEnv(Environment[SayAction, SayObservation, State]):
+    """One step: pays 1.0 for saying exactly the target number in words (an action of one string field)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(episode_id=uuid.uuid4().hex, step_count=0)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> SayObservation:
+        return SayObservation()
+
+    def step(self, action: SayAction, timeout_s: float | None = None, **kwargs: Any) -> SayObservation:
+        self._state.step_count += 1
+        return SayObservation(heard=action.text, done=True, reward=1.0 if action.text.strip() == "five" else 0.0)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class UnannotatedEnv(CountEnv):
+    """The counter with a ``step`` whose action has no type annotation (the action class must be named)."""
+
+    def step(self, action, timeout_s=None, **kwargs):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+        return super().step(action, timeout_s, **kwargs)
+
+
+ENVS = {"counter": (CountEnv, CountAction, CountObservation), "say": (SayEnv, SayAction, SayObservation)}
+
+
+def serve(port: int, env: str = "counter", max_concurrent_envs: int = 64) -> None:
+    """OpenEnv's own server for one of these environments (its FastAPI app under uvicorn) on loopback;
+    ``max_concurrent_envs=1`` is the default of OpenEnv's server template."""
     import uvicorn
     from openenv.core.env_server.http_server import create_app
 
-    app = create_app(CountEnv, CountAction, CountObservation, env_name="counter", max_concurrent_envs=64)
+    env_cls, action_cls, obs_cls = ENVS[env]
+    app = create_app(env_cls, action_cls, obs_cls, env_name=env, max_concurrent_envs=max_concurrent_envs)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 if __name__ == "__main__":
     import sys
 
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), *sys.argv[2:3], *[int(a) for a in sys.argv[3:4]])

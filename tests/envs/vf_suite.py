@@ -3,7 +3,9 @@
 ``vf.load_environment("tests.envs.vf_suite", kind=...)`` picks one: ``single`` (a
 single-turn env with a rubric), ``tool`` (a ToolEnv), ``multi`` (a MultiTurnEnv whose
 user answers twice), ``group`` (a rubric with a group reward function), ``raises`` /
-``not_number`` / ``hangs`` (a reward function that fails in that way), ``setup_raises``.
+``not_number`` / ``hangs`` (a reward function that fails in that way), ``setup_raises``,
+``columns`` (a reward function that takes a dataset column by name), ``env_group`` (an EnvGroup of
+three children with their own rubrics, one of whose reward function raises).
 """
 
 from __future__ import annotations
@@ -69,6 +71,24 @@ class SetupRaises(vf.SingleTurnEnv):
         raise RuntimeError("setup broke")
 
 
+def weighted(completion: Any, answer: str, difficulty: int) -> float:
+    """Takes the dataset's own ``difficulty`` column by name, as verifiers passes every column."""
+    return float(difficulty) if answer in _text(completion).lower() else 0.0
+
+
+def _columns_dataset() -> Dataset:
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"], "difficulty": i + 1}
+            for i, r in enumerate(ROWS)
+        ]
+    )
+
+
+def broken(completion: Any, **kwargs: Any) -> float:
+    raise ValueError("reward blew up")
+
+
 def load_environment(kind: str = "single") -> vf.Environment:
     if kind == "single":
         rubric = vf.Rubric(funcs=[exact, length_penalty], weights=[1.0, 0.5])
@@ -87,10 +107,6 @@ def load_environment(kind: str = "single") -> vf.Environment:
 
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[exact, rank_in_group]))
     if kind == "raises":
-
-        def broken(completion: Any, **kwargs: Any) -> float:
-            raise ValueError("reward blew up")
-
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[broken]))
     if kind == "not_number":
 
@@ -110,4 +126,13 @@ def load_environment(kind: str = "single") -> vf.Environment:
         return vf.ReasoningGymEnv(gym="basic_arithmetic", num_train_examples=4, num_eval_examples=2, seed=7)
     if kind == "setup_raises":
         return SetupRaises(dataset=_dataset(), rubric=vf.Rubric(funcs=[exact]))
+    if kind == "columns":
+        return vf.SingleTurnEnv(dataset=_columns_dataset(), rubric=vf.Rubric(funcs=[weighted]))
+    if kind == "env_group":
+        children = [
+            vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[exact])),
+            vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[length_penalty])),
+            vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[broken])),
+        ]
+        return vf.EnvGroup(envs=children, env_names=["exact_env", "short_env", "broken_env"])
     raise ValueError(f"unknown kind {kind!r}")

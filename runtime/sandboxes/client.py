@@ -1,0 +1,178 @@
+"""The author's side of the fleet: ``async with ctx.sandbox(image=...) as box`` and ``box.exec(...)``.
+
+Every call travels over the bus: ``create`` to the pool's queue group (whichever worker has room), then
+``exec``/``write``/``read``/``close`` to the worker that holds the container, as resource sessions are
+pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
+when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
+reaper. No author touches Docker or NATS.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from gym_runtime.errors import Failure
+from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
+from gym_runtime.sandboxes.spec import ExecResult
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.rpc import NoResponders
+from gym_runtime.transport.subjects import Subjects
+
+CREATE_TIMEOUT_S = 300.0  # a cold create on a loaded engine
+OP_SLACK_S = 60.0  # beyond an exec's own timeout: the engine's start and teardown
+ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between creates while the pool has no worker
+
+
+class Sandbox:
+    """One sandbox (a container on one sandbox worker). Close it, or let its rollout's end do so."""
+
+    def __init__(self, owner: Sandboxes, sid: str, address: str) -> None:
+        self._owner, self.id, self._address = owner, sid, address
+        self.closed = False
+
+    async def _op(self, call: SandboxCall, timeout: float) -> SandboxReply:
+        if self.closed:
+            raise Failure("tool_error", f"sandbox {self.id[:12]} is closed")
+        reply: SandboxReply = await self._owner._bus.request(
+            Subjects.session_op(self._address, call.op), call, timeout=timeout, op=f"sandbox.{call.op}"
+        )
+        return reply
+
+    async def exec(self, cmd: str | list[str], *, timeout_s: float | None = None) -> ExecResult:
+        """Run ``cmd`` (a string: through ``sh -c``) in ``/work``; stdout and stderr each capped by the pool's
+        ``max_output``; past ``timeout_s`` (default: the sandbox's) it is killed (``exit_code`` None)."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        call = SandboxCall(op="exec", sandbox=self.id, argv=argv, timeout_s=timeout_s)
+        r = await self._op(call, (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S)
+        return ExecResult(
+            exit_code=r.exit_code,
+            stdout=r.stdout,
+            stderr=r.stderr,
+            truncated=r.truncated,
+            timed_out=r.timed_out,
+            duration_s=r.duration_s,
+        )
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        """Write a file (a relative path: under ``/work``), its directories made as needed."""
+        body = data.encode() if isinstance(data, str) else bytes(data)
+        await self._op(SandboxCall(op="write", sandbox=self.id, path=path, data=body), CREATE_TIMEOUT_S)
+
+    async def read(self, path: str) -> bytes:
+        """A file's bytes (at most the pool's ``max_output``: a larger file is an error)."""
+        return (await self._op(SandboxCall(op="read", sandbox=self.id, path=path), CREATE_TIMEOUT_S)).data
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._owner._open.pop(self.id, None)
+        try:
+            await self._owner._bus.request(
+                Subjects.session_op(self._address, "close"),
+                SandboxCall(op="close", sandbox=self.id),
+                timeout=60,
+                op="sandbox.close",
+            )
+        except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
+            pass
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Opening:
+    """``async with sandboxes.sandbox(...) as box`` (or ``box = await sandboxes.sandbox(...)``)."""
+
+    def __init__(self, owner: Sandboxes, spec: SandboxSpec) -> None:
+        self._owner, self._spec = owner, spec
+        self._box: Any = None
+
+    def __await__(self) -> Any:
+        return self._owner.create(self._spec).__await__()
+
+    async def __aenter__(self) -> Sandbox:
+        self._box = await self._owner.create(self._spec)
+        return self._box
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._box.close()
+
+
+class Sandboxes:
+    """The sandboxes of one lease (a rollout, or an environment's session) in one pool."""
+
+    def __init__(
+        self,
+        bus: Bus | None,
+        pool: str,
+        *,
+        lease: str,
+        deadline: float = 0.0,
+        where: str = "",
+        exec_timeout_s: float = 600.0,
+        absent_grace_s: float = 30.0,
+    ) -> None:
+        self._bus: Any = bus
+        self.pool = pool
+        self.lease = lease
+        self.deadline = deadline  # unix time the lease ends (0: the pool's max_lease_s)
+        self.where = where  # the config key that names the pool (for the error when there is none)
+        self.exec_timeout_s = exec_timeout_s
+        self.absent_grace_s = absent_grace_s
+        self._open: dict[str, Sandbox] = {}
+
+    def sandbox(
+        self,
+        image: str | None = None,
+        *,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> _Opening:
+        spec = SandboxSpec(
+            image=image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env or {}
+        )
+        return _Opening(self, spec)
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        if not self.pool or self._bus is None:
+            where = self.where or "the entry"
+            raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
+        call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=self.deadline)
+        give_up, waits = time.monotonic() + self.absent_grace_s, 0
+        while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
+            try:
+                reply: SandboxReply = await self._bus.request(
+                    self._bus.subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
+                )
+                break
+            except NoResponders:
+                delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
+                if time.monotonic() + delay > give_up:
+                    raise
+                waits += 1
+                await anyio.sleep(delay)
+        box = Sandbox(self, reply.sandbox, reply.address)
+        self._open[box.id] = box
+        if spec.timeout_s:
+            self.exec_timeout_s = spec.timeout_s
+        return box
+
+    async def close_all(self) -> None:
+        """End the lease: remove every sandbox still open (the rollout ended, whichever way)."""
+        for box in list(self._open.values()):
+            await box.close()
+
+    @staticmethod
+    def deadline_in(seconds: float) -> float:
+        return time.time() + max(0.0, seconds)

@@ -1,0 +1,161 @@
+"""The ``docker`` and ``podman`` backends: containers through the Engine API (``engine_http``).
+
+Every container is made safe by construction, whatever the spec asks:
+
+- ``NetworkMode: none``: a loopback interface and nothing else (these machines flag bridge traffic);
+- no mounts of the host (no engine socket, no credentials): only tmpfs mounts of its own;
+- a read-only root file system; the writable paths (``/work``, ``/tmp``, ``/root``) are tmpfs mounts of
+  ``disk_mb`` each: the disk limit (the engines' ``--storage-opt size`` needs xfs with project quotas,
+  and these machines' root file system is ext4), charged to the container's memory as they fill;
+- cpu (``NanoCpus``), memory (swap off) and pids limits, all capabilities dropped but the few a shell
+  needs, ``no-new-privileges``, an init that reaps orphans;
+- labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (the rollout), ``gym-runtime.pool``
+  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads.
+
+Exec output is capped while it is read; a command is wrapped in ``timeout -s KILL`` (its whole process
+group dies at the wall clock) and the host kills it too if the stream outlives that.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+import uuid
+
+from gym_runtime.errors import Failure
+from gym_runtime.sandboxes.backend import Owned, Resolved
+from gym_runtime.sandboxes.engine_http import Engine, EngineError
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+
+OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
+WRITABLE = ("/work", "/tmp", "/root")
+NOFILE = 4096  # open files per process in a sandbox
+_NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # this host's own hard limit (RLIM_INFINITY is -1)
+KEEP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
+_WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
+
+
+class EngineBackend:
+    """Containers of one pool on one engine (Docker or Podman's compatible service)."""
+
+    capabilities = Capabilities(exec=True, file_transfer=True, images=True)
+
+    def __init__(self, engine: Engine, *, name: str, pool: str) -> None:
+        self.engine = engine
+        self.name = name  # docker | podman
+        self.pool = pool
+
+    def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
+        mem = spec.memory_mb << 20
+        tmpfs = {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
+        return {
+            "Image": spec.image,
+            "Cmd": ["sleep", "infinity"],
+            "WorkingDir": "/work",
+            "Env": [f"{k}={v}" for k, v in spec.env.items()] + ["HOME=/root"],
+            "NetworkDisabled": True,
+            "Labels": {OWNER: owner, LEASE: lease, POOL: self.pool, EXPIRES: f"{expires:.0f}"},
+            "HostConfig": {
+                "NetworkMode": "none",
+                "Memory": mem,
+                "MemorySwap": mem,
+                "NanoCpus": int(spec.cpu * 1e9),
+                "PidsLimit": spec.pids,
+                "ReadonlyRootfs": True,
+                "Tmpfs": tmpfs,
+                "CapDrop": ["ALL"],
+                "CapAdd": KEEP_CAPS,
+                "SecurityOpt": ["no-new-privileges"],
+                "Init": True,
+                # set, not left to the engine: Podman asks for more than many hosts' hard limits allow (the
+                # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
+                "Ulimits": [
+                    {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
+                    {"Name": "nproc", "Soft": _NPROC, "Hard": _NPROC},
+                ],
+                "Binds": [],
+                "Mounts": [],
+                "Privileged": False,
+            },
+        }
+
+    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
+        expires = time.time() + 3600 if expires is None else expires
+        body = self.container_body(spec, owner=owner, lease=lease, expires=expires)
+        try:
+            cid = await self.engine.create(body, name=f"gym-{self.pool}-{uuid.uuid4().hex[:12]}")
+        except EngineError as e:
+            if e.status == 404:
+                raise Failure("tool_error", f"sandbox image {spec.image!r} is not in the {self.name} engine") from e
+            raise Failure("tool_error", f"creating a sandbox failed: {e}", retryable=True) from e
+        try:
+            await self.engine.start(cid)
+        except EngineError as e:
+            await self.engine.remove(cid)
+            raise Failure("tool_error", f"starting a sandbox failed: {e}", retryable=True) from e
+        return cid
+
+    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult:
+        wrapped = ["timeout", "-s", "KILL", f"{timeout_s:g}", *argv]
+        try:
+            out = await self.engine.exec(sid, wrapped, timeout_s=timeout_s + 5, max_output=max_output)
+        except EngineError as e:
+            raise _gone(e, sid) from e
+        timed_out = out.timed_out or (out.exit_code == 137 and out.duration_s >= timeout_s * 0.98)
+        return ExecResult(
+            exit_code=None if timed_out else out.exit_code,
+            stdout=out.stdout,
+            stderr=out.stderr,
+            truncated=out.truncated,
+            timed_out=timed_out,
+            duration_s=out.duration_s,
+        )
+
+    async def write(self, sid: str, path: str, data: bytes) -> None:
+        # through an exec, not the archive API: that one cannot write into tmpfs mounts
+        try:
+            out = await self.engine.exec(
+                sid, ["sh", "-c", _WRITE, "sh", path], stdin=data, timeout_s=120, max_output=4096
+            )
+        except EngineError as e:
+            raise _gone(e, sid) from e
+        if out.exit_code != 0:
+            raise Failure("tool_error", f"writing {path} failed: {out.stderr.decode(errors='replace').strip()}")
+
+    async def read(self, sid: str, path: str, *, max_bytes: int) -> bytes:
+        try:
+            out = await self.engine.exec(sid, ["cat", "--", path], timeout_s=120, max_output=max_bytes)
+        except EngineError as e:
+            raise _gone(e, sid) from e
+        if out.exit_code != 0:
+            raise Failure("tool_error", f"reading {path} failed: {out.stderr.decode(errors='replace').strip()}")
+        if out.truncated:
+            raise Failure("tool_error", f"{path} is larger than {max_bytes} bytes (the pool's max_output)")
+        return out.stdout
+
+    async def close(self, sid: str) -> None:
+        await self.engine.remove(sid)
+
+    async def list_owned(self) -> list[Owned]:
+        out = []
+        for c in await self.engine.containers({POOL: self.pool}):
+            labels = c.get("Labels") or {}
+            out.append(
+                Owned(
+                    id=c["Id"],
+                    owner=labels.get(OWNER, ""),
+                    lease=labels.get(LEASE, ""),
+                    pool=self.pool,
+                    expires=float(labels.get(EXPIRES) or 0),
+                )
+            )
+        return out
+
+    async def aclose(self) -> None:
+        await self.engine.close()
+
+
+def _gone(e: EngineError, sid: str) -> Failure:
+    if e.status in (404, 409):  # removed (reaped), or no longer running (e.g. killed with its pids)
+        return Failure("tool_error", f"sandbox {sid[:12]} is gone: {e}")
+    return Failure("tool_error", f"the engine failed: {e}", retryable=True)

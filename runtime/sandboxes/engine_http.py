@@ -1,0 +1,275 @@
+"""A Docker Engine API client over the engine's unix socket (Docker, and Podman's compatible service).
+
+Why the API and not a ``docker`` command: the CLI first on ``PATH`` may be newer than the engine (on
+these machines ``/usr/local/bin/docker`` is, beside Debian's 20.10 engine), a command per call costs a
+process, and its output has no byte cap. Why aiohttp and not the ``docker`` SDK: aiohttp is already a
+dependency and is async (the SDK blocks a thread per call), and the one call it cannot make, an exec
+with its stdin and a capped output, needs the raw hijacked connection, written here in a few lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+import anyio
+import msgspec
+
+API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
+
+
+class EngineError(RuntimeError):
+    """The engine refused a call (its status and message) or cannot be reached."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ExecOutput(msgspec.Struct, kw_only=True):
+    """One command's outcome: exit code (None: killed at the wall clock), capped output."""
+
+    exit_code: int | None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    truncated: bool = False  # more output came than the cap kept
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+def socket_of(host: str) -> str:
+    """The socket path of a ``DOCKER_HOST``-style address (``unix:///path`` or a bare path)."""
+    if host.startswith("unix://"):
+        return host[len("unix://") :]
+    if "://" in host:
+        raise EngineError(f"only unix sockets are supported, not {host!r} (the engine stays on this machine)")
+    return host
+
+
+class Engine:
+    """One engine, one connection pool. Use ``async with Engine(socket) as e``."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Engine:
+        conn = aiohttp.UnixConnector(path=self.socket_path, limit=64)
+        self._session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+        raw: bool = False,
+    ) -> Any:
+        if self._session is None:
+            raise EngineError("the engine client is not open")
+        url = f"http://engine{API}{path}" + (f"?{urlencode(params)}" if params else "")
+        if body is not None:
+            data, headers = json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
+        try:
+            async with self._session.request(
+                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                got = await r.read()
+                if r.status >= 400:
+                    try:
+                        msg = json.loads(got).get("message", got.decode(errors="replace"))
+                    except ValueError:
+                        msg = got.decode(errors="replace")
+                    raise EngineError(f"{method} {path}: {r.status} {msg}", r.status)
+                if not raw and r.content_type == "application/json" and got:
+                    return json.loads(got)
+                return got
+        except aiohttp.ClientError as e:
+            raise EngineError(f"the engine at {self.socket_path} cannot be reached: {e}") from e
+
+    # ---------------------------------------------------------------- engine and images
+
+    async def ping(self) -> None:
+        await self._call("GET", "/_ping", timeout_s=5)
+
+    async def version(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._call("GET", "/version", timeout_s=5)
+        return out
+
+    async def image_exists(self, ref: str) -> bool:
+        try:
+            await self._call("GET", f"/images/{quote(ref, safe='')}/json")
+        except EngineError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def import_image(self, chunks: AsyncIterator[bytes], repo: str, tag: str) -> None:
+        """``docker import``: a root file system's tar stream becomes image ``repo:tag``."""
+        raw = await self._call(
+            "POST",
+            "/images/create",
+            # the tag in ``repo`` (the API allows it): Podman's compatible service ignores a ``tag`` parameter
+            params={"fromSrc": "-", "repo": f"{repo}:{tag}"},
+            data=chunks,
+            headers={"Content-Type": "application/x-tar"},
+            timeout_s=600,
+            raw=True,
+        )
+        for line in raw.splitlines():  # a progress stream; an error is a line of its own
+            if line.strip() and b'"error"' in line:
+                raise EngineError(f"importing {repo}:{tag}: {json.loads(line).get('error')}")
+
+    # ---------------------------------------------------------------- containers
+
+    async def create(self, body: dict[str, Any], name: str | None = None) -> str:
+        out = await self._call("POST", "/containers/create", params={"name": name} if name else None, body=body)
+        return str(out["Id"])
+
+    async def start(self, cid: str) -> None:
+        await self._call("POST", f"/containers/{cid}/start")
+
+    async def remove(self, cid: str) -> bool:
+        """Kill and remove a container with its anonymous volumes; False: it was not there."""
+        try:
+            await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+        except EngineError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def containers(self, labels: dict[str, str | None]) -> list[dict[str, Any]]:
+        """Every container (running or not) carrying these labels (a None value: the label, any value)."""
+        want = [k if v is None else f"{k}={v}" for k, v in labels.items()]
+        out: list[dict[str, Any]] = await self._call(
+            "GET", "/containers/json", params={"all": "true", "filters": json.dumps({"label": want})}
+        )
+        return out
+
+    async def inspect(self, cid: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._call("GET", f"/containers/{cid}/json")
+        return out
+
+    # ---------------------------------------------------------------- exec
+
+    async def exec(
+        self,
+        cid: str,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        max_output: int,
+        env: list[str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecOutput:
+        """Run ``argv`` in the container; keep at most ``max_output`` bytes of each stream (the rest is
+        read and dropped, never held); past ``timeout_s`` the command is killed (exit_code None)."""
+        started = time.monotonic()
+        body: dict[str, Any] = {
+            "Cmd": argv,
+            "AttachStdin": stdin is not None,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+        }
+        if env:
+            body["Env"] = env
+        if workdir:
+            body["WorkingDir"] = workdir
+        eid = (await self._call("POST", f"/containers/{cid}/exec", body=body))["Id"]
+        kept: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        truncated = False
+        with anyio.move_on_after(timeout_s) as scope:
+            async for stream, chunk in self._exec_stream(eid, stdin):
+                buf = kept.get(stream)
+                if buf is None:
+                    continue
+                room = max_output - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                if len(chunk) > room:
+                    truncated = True
+        timed_out = scope.cancelled_caught
+        if timed_out:
+            await self._kill_exec(eid)
+            code: int | None = None
+        else:
+            info = await self._call("GET", f"/exec/{eid}/json")
+            code = info.get("ExitCode")
+        return ExecOutput(
+            exit_code=code,
+            stdout=bytes(kept[1]),
+            stderr=bytes(kept[2]),
+            truncated=truncated,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def _kill_exec(self, eid: str) -> None:
+        """The Engine API cannot stop an exec: kill its process from the host (a local engine; the
+        in-container ``timeout`` wrapper of ``EngineBackend`` has usually done it already)."""
+        try:
+            pid = (await self._call("GET", f"/exec/{eid}/json")).get("Pid") or 0
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)
+        except (EngineError, ProcessLookupError, PermissionError):
+            pass
+
+    async def _exec_stream(self, eid: str, stdin: bytes | None) -> AsyncIterator[tuple[int, bytes]]:
+        """Start an exec on a hijacked connection: send ``stdin`` and close our side, then yield the
+        multiplexed frames (stream 1 stdout, 2 stderr) until the command ends."""
+        payload = json.dumps({"Detach": False, "Tty": False}).encode()
+        request = (
+            f"POST {API}/exec/{eid}/start HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+            f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        async with await anyio.connect_unix(self.socket_path) as sock:
+            await sock.send(request)
+            buf = bytearray()
+            while b"\r\n\r\n" not in buf:
+                chunk = await sock.receive()
+                buf += chunk
+            head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+            status = head.split(b" ", 2)[1:2]
+            if status not in ([b"101"], [b"200"]):
+                raise EngineError(f"exec start: {head.decode(errors='replace').splitlines()[0]}")
+            if stdin is not None:
+                if stdin:
+                    await sock.send(stdin)
+                await sock.send_eof()
+            buf = bytearray(rest)
+            while True:
+                while len(buf) >= 8:
+                    stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
+                    if len(buf) < 8 + size:
+                        break
+                    yield stream, bytes(buf[8 : 8 + size])
+                    del buf[: 8 + size]
+                try:
+                    chunk = await sock.receive(1 << 16)
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                buf += chunk

@@ -1,0 +1,97 @@
+"""The ``process`` backend: the project's own process sandbox (``gym_runtime.sandbox``: namespaces,
+seccomp, Landlock, a cgroup) for machines without a container engine.
+
+One sandboxed child per sandbox, serving ``process_payload``. It has no image: commands run on the host's
+own (read-only) file system in a private tmpfs working directory, so ``SandboxSpec.image`` is ignored
+(``Capabilities.images`` is False). A child dies with its worker (PDEATHSIG), so nothing outlives a
+SIGKILLed worker and ``list_owned`` has nothing to reap.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gym_runtime.errors import Failure
+from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
+from gym_runtime.sandboxes.backend import Owned, Resolved
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+
+PAYLOAD = str(Path(__file__).with_name("process_payload.py"))
+SESSION_S = 24 * 3600.0  # the child's own wall clock; a lease ends long before
+
+
+class ProcessBackend:
+    name = "process"
+    capabilities = Capabilities(exec=True, file_transfer=True, images=False)
+
+    def __init__(self, *, pool: str, max_parallel: int = 1024) -> None:
+        self.pool = pool
+        self.runner = SandboxRunner(max_parallel)
+        self._boxes: dict[str, tuple[Any, Any]] = {}  # id -> (context, session)
+
+    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
+        limits = Limits(
+            wall_s=SESSION_S,
+            cpu_s=SESSION_S,
+            memory_bytes=spec.memory_mb << 20,
+            file_bytes=spec.disk_mb << 20,
+            nproc=spec.pids,
+            exec_workdir=True,
+        )
+        ctx = self.runner.session(PAYLOAD, limits)
+        try:
+            session = await ctx.__aenter__()
+        except SandboxError as e:
+            raise Failure("tool_error", f"the process sandbox is unavailable here: {e}") from None
+        sid = uuid.uuid4().hex
+        self._boxes[sid] = (ctx, session)
+        return sid
+
+    async def _call(self, sid: str, req: dict[str, Any], max_body: int) -> tuple[dict[str, Any], bytes]:
+        box = self._boxes.get(sid)
+        if box is None:
+            raise Failure("tool_error", f"sandbox {sid[:12]} is gone")
+        try:
+            await box[1].send(req)
+            head, body = await box[1].recv(max_body=max_body)
+        except (SandboxExited, SandboxTimeout) as e:
+            await self.close(sid)
+            raise Failure("tool_error", f"sandbox {sid[:12]} ended: {e}") from None
+        if not isinstance(head, dict):
+            await self.close(sid)
+            raise Failure("tool_error", "the sandbox sent a malformed reply")
+        if "error" in head:
+            raise Failure("tool_error", str(head["error"])[:2000])
+        return head, body or b""
+
+    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult:
+        req = {"op": "exec", "argv": argv, "timeout": timeout_s, "max_output": max_output}
+        head, body = await self._call(sid, req, 2 * max_output)
+        n = int(head.get("stdout", 0))
+        return ExecResult(
+            exit_code=head.get("exit_code"),
+            stdout=body[:n],
+            stderr=body[n:],
+            truncated=bool(head.get("truncated")),
+            timed_out=bool(head.get("timed_out")),
+        )
+
+    async def write(self, sid: str, path: str, data: bytes) -> None:
+        await self._call(sid, {"op": "write", "path": path, "data": data.decode("latin-1")}, 0)
+
+    async def read(self, sid: str, path: str, *, max_bytes: int) -> bytes:
+        return (await self._call(sid, {"op": "read", "path": path, "max": max_bytes}, max_bytes))[1]
+
+    async def close(self, sid: str) -> None:
+        box = self._boxes.pop(sid, None)
+        if box is not None:
+            await box[0].__aexit__(None, None, None)
+
+    async def list_owned(self) -> list[Owned]:
+        return []
+
+    async def aclose(self) -> None:
+        for sid in list(self._boxes):
+            await self.close(sid)

@@ -1,0 +1,108 @@
+"""Runs *inside* the project's process sandbox (``gym_runtime.sandbox``) for the ``process`` backend.
+
+Standard library only. ``main(channel)`` serves requests until the parent closes the channel:
+
+- ``{"op": "exec", "argv": [...], "timeout": s, "max_output": n}``: run ``argv`` in the working directory in
+  its own process group, stdout and stderr each capped at ``n`` bytes; at the timeout, or when the command
+  ends while children linger, the whole group is killed. Reply ``{"exit_code", "timed_out", "truncated",
+  "stdout": len}`` with stdout then stderr as the message's body.
+- ``{"op": "write", "path": p, "data": s}`` (the bytes as a latin-1 string): write a file.
+- ``{"op": "read", "path": p, "max": n}``: the file's bytes as the body (an error past ``n``).
+"""
+
+import os
+import signal
+import subprocess
+import time
+
+
+def _kill(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exec(argv, timeout, cap):
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    open_fds = set(kept)
+    truncated = timed_out = False
+    deadline = time.monotonic() + timeout
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+    while open_fds:
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        progressed = False
+        for fd in list(open_fds):
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            progressed = True
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            room = cap - len(kept[fd])
+            if room > 0:
+                kept[fd] += chunk[:room]
+            truncated = truncated or len(chunk) > room
+        if not progressed:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.005)
+    _kill(proc.pid)
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code = None
+    out, err = (bytes(kept[f.fileno()]) for f in (proc.stdout, proc.stderr))
+    proc.stdout.close()
+    proc.stderr.close()
+    return {"exit_code": None if timed_out else code, "timed_out": timed_out, "truncated": truncated}, out, err
+
+
+def _path(rel):
+    root = os.path.realpath(os.getcwd())
+    full = os.path.realpath(os.path.join(root, rel.lstrip("/") if rel.startswith("/work/") else rel))
+    if not (full == root or full.startswith(root + os.sep)):
+        raise ValueError(f"path {rel!r} leaves the working directory")
+    return full
+
+
+def main(channel):
+    # as root the sandbox runs us under a random uid with file-system uid 0 for this process only: the
+    # commands we start lose it at execve, so the working directory must be open to them (it is ours alone)
+    os.umask(0)
+    os.chmod(os.getcwd(), 0o777)
+    while True:
+        try:
+            req = channel.recv()
+        except EOFError:
+            return
+        op = req.get("op")
+        try:
+            if op == "exec":
+                head, out, err = _exec(req["argv"], float(req["timeout"]), int(req["max_output"]))
+                head["stdout"] = len(out)
+                channel.send(head, out + err)
+            elif op == "write":
+                full = _path(req["path"])
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "wb") as f:
+                    f.write(req["data"].encode("latin-1"))
+                channel.send({"ok": True})
+            elif op == "read":
+                with open(_path(req["path"]), "rb") as f:
+                    data = f.read(int(req["max"]) + 1)
+                if len(data) > int(req["max"]):
+                    raise ValueError(f"{req['path']} is larger than {req['max']} bytes (the pool's max_output)")
+                channel.send({"ok": True}, data)
+            else:
+                channel.send({"error": f"unknown op {op!r}"})
+        except Exception as e:
+            channel.send({"error": f"{type(e).__name__}: {e}"})

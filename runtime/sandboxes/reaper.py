@@ -1,0 +1,94 @@
+"""Nothing leaks: containers of dead workers and ended leases are removed, on start-up and on a timer.
+
+Every sandbox worker of a pool beacons its id on the pool's liveness subject (``Subjects.live("sandbox",
+pool)``) and hears its peers'. A container's labels name the worker that created it and when its lease
+ends; a sweep removes each container of the pool whose owner has not been heard for ``DEAD_AFTER_S`` (it
+was SIGKILLed, its node lost) or whose lease has ended. A worker that starts listens for that long
+before its first sweep, so a live peer is never taken for dead. Sandboxes a live holder stopped using
+(an agent killed mid-rollout) end with the pool's ``idle_ttl_s`` (the owner closes them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from gym_runtime.observability import logs
+from gym_runtime.sandboxes.backend import Backend, Owned
+from gym_runtime.transport.bus import Bus
+
+BEACON_S = 1.0
+DEAD_AFTER_S = 4.0  # a worker unheard this long is dead (four beacons missed)
+
+log = logs.get("gym.sandbox")
+
+
+class Peers:
+    """The workers of one pool this one has heard, and when (``time.monotonic``)."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.seen: dict[str, float] = {me: math.inf}
+
+    def heard(self, worker: str) -> None:
+        if worker != self.me:
+            self.seen[worker] = time.monotonic()
+
+    def alive(self, worker: str) -> bool:
+        return time.monotonic() - self.seen.get(worker, -math.inf) < DEAD_AFTER_S
+
+
+async def beacons(bus: Bus, subject: str, peers: Peers) -> None:
+    """Say this worker is alive every ``BEACON_S``, and hear the pool's other workers (until cancelled)."""
+
+    async def on_beacon(msg: Any) -> None:
+        peers.heard(msg.data.decode(errors="replace"))
+
+    sub = await bus.nc.subscribe(subject, cb=on_beacon)
+    try:
+        while True:
+            try:
+                await bus.nc.publish(subject, peers.me.encode())
+            except Exception:  # disconnected meanwhile: the next beacon says it again
+                pass
+            await anyio.sleep(BEACON_S)
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+
+class Reaper:
+    """One pool's sweeps over one backend."""
+
+    def __init__(self, backend: Backend, peers: Peers, *, now: Callable[[], float] = time.time) -> None:
+        self.backend = backend
+        self.peers = peers
+        self.now = now
+        self.reaped = 0  # containers removed (status, metrics)
+
+    def doomed(self, c: Owned) -> str:
+        """Why container ``c`` must go ('' : it stays)."""
+        if not self.peers.alive(c.owner):
+            return "owner dead"
+        if c.expires and c.expires < self.now():
+            return "lease ended"
+        return ""
+
+    async def sweep(self) -> list[str]:
+        """Remove every doomed container of the pool; their ids."""
+        gone = []
+        for c in await self.backend.list_owned():
+            why = self.doomed(c)
+            if why:
+                await self.backend.close(c.id)
+                gone.append(c.id)
+                log.info("sandbox.reaped", sandbox=c.id[:12], owner=c.owner, lease=c.lease, why=why)
+        self.reaped += len(gone)
+        return gone

@@ -1,0 +1,41 @@
+"""What a sandbox is asked to be (``SandboxSpec``) and what a backend can do (``Capabilities``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gym_runtime.messages import SandboxSpec
+
+__all__ = ["Capabilities", "ExecResult", "SandboxSpec"]  # SandboxSpec travels in SandboxCall: defined there
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend offers, declared (an author's call that needs a missing one fails with one line)."""
+
+    exec: bool = True
+    file_transfer: bool = True
+    pty: bool = False
+    background: bool = False  # processes that outlive the exec that started them
+    pause: bool = False
+    network: bool = False  # never, on these machines
+    images: bool = True  # False: the host's own file system (the process backend)
+
+
+class ExecResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One command's outcome as an author sees it: ``exit_code`` None when the wall clock killed it."""
+
+    exit_code: int | None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        """stdout decoded (invalid UTF-8 replaced)."""
+        return self.stdout.decode("utf-8", "replace")

@@ -1,0 +1,61 @@
+"""The sandbox role on a ``server --secure`` bus, for real: a secured nats-server, a sandbox worker of pool
+``box`` with its own credential, a real Docker engine. An agent pool whose entry names ``box`` uses it;
+one whose entry names none is refused by the server; the sandbox worker's credential can reach nothing but
+its own pool's subjects."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import anyio
+import nats.errors
+import pytest
+
+from gym_runtime.config import SandboxConfig
+from gym_runtime.errors import Failure
+from gym_runtime.messages import SandboxCall, SandboxSpec, SeedRequest
+from gym_runtime.ops.permissions import Reach
+from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.engine_api import POOL
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.workers.sandbox_worker import SandboxWorker
+from tests.helpers import connect_as, secured_server
+
+
+async def test_only_the_pools_an_entry_names_may_create_and_the_sandbox_role_reaches_only_its_own(
+    tmp_path: Path, engine: Engine, base_image: str
+) -> None:
+    box = f"box{uuid.uuid4().hex[:6]}"
+    reach = Reach(agents={"a": (), "b": ()}, agent_sandboxes={"a": (box,), "b": ()})
+    pools = [("agent", "a"), ("agent", "b"), ("sandbox", box)]
+    with secured_server(tmp_path, pools, reach) as (srv, auth):
+        admin = await connect_as(srv, auth, "admin")
+        await ensure_streams(admin)
+        await admin.close()
+        sbx = await connect_as(srv, auth, "sandbox", box)
+        a = await connect_as(srv, auth, "agent", "a")
+        b = await connect_as(srv, auth, "agent", "b")
+        worker = SandboxWorker(sbx, box, SandboxConfig(engine=f"unix://{engine.socket_path}"))
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                async with Sandboxes(a, box, lease="a:0:0").sandbox() as sandbox:
+                    assert (await sandbox.exec("echo from-a")).stdout == b"from-a\n"
+                # agent pool b's entry names no sandbox pool: the server drops its create, nobody answers
+                call = SandboxCall(op="create", spec=SandboxSpec(), lease="b:0:0")
+                with pytest.raises(Failure):
+                    await b.request(b.subjects.sandbox_create(box), call, timeout=3, op="create", liveness_s=2)
+                assert worker.created == 1
+                # the sandbox credential may not call an environment or a model, nor store a result
+                with pytest.raises(Failure):
+                    await sbx.request(sbx.subjects.seed("env"), SeedRequest(row={}), timeout=3, op="seed", liveness_s=2)
+                # (a store the server allowed would be acknowledged by JetStream at once)
+                with pytest.raises(nats.errors.TimeoutError):
+                    await sbx.nc.request(sbx.subjects.result("a", "b1"), b"{}", timeout=1)
+                tg.cancel_scope.cancel()
+        finally:
+            for bus in (sbx, a, b):
+                await bus.close()
+    assert await engine.containers({POOL: f"gym.{box}"}) == []

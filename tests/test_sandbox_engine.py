@@ -1,0 +1,116 @@
+"""The docker backend against a real engine (``.ci/docker.sh start``): round trips, limits, isolation.
+
+Each test creates its containers with a test-owned pool label and removes them; a few seconds each.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gym_runtime.errors import Failure
+from gym_runtime.sandboxes.backend import Resolved
+from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.images import BaseImage, cache_dir
+
+
+@pytest.fixture
+async def backend(engine: Engine) -> AsyncIterator[EngineBackend]:
+    b = EngineBackend(engine, name="docker", pool=f"test{uuid.uuid4().hex[:8]}")
+    try:
+        yield b
+    finally:
+        for c in await b.list_owned():
+            await b.close(c.id)
+
+
+def spec(image: str, **kw: object) -> Resolved:
+    base: dict[str, object] = dict(
+        image=image, cpu=1.0, memory_mb=128, pids=64, disk_mb=16, timeout_s=30.0, max_output=1 << 16
+    )
+    base.update(kw)
+    return Resolved(**base)  # type: ignore[arg-type]
+
+
+async def test_the_base_image_is_built_once_and_cached_by_content(base_image: str) -> None:
+    spec_ = BaseImage()
+    assert base_image == spec_.ref
+    assert (cache_dir() / f"debian-{spec_.suite}-{spec_.digest}.tar").is_file()
+    assert BaseImage(packages=("python3", "git")).digest != spec_.digest
+
+
+async def test_exec_round_trip_and_files(backend: EngineBackend, base_image: str) -> None:
+    sid = await backend.create(spec(base_image), owner="w1", lease="b:0:0")
+    r = await backend.exec(
+        sid, ["python3", "-c", "import sys; print('hi'); print('err', file=sys.stderr)"], timeout_s=20, max_output=1024
+    )
+    assert (r.exit_code, r.stdout, r.stderr, r.truncated) == (0, b"hi\n", b"err\n", False)
+    r = await backend.exec(sid, ["sh", "-c", "exit 3"], timeout_s=20, max_output=1024)
+    assert r.exit_code == 3
+    blob = bytes(range(256)) * 100
+    await backend.write(sid, "sub/dir/data.bin", blob)
+    assert await backend.read(sid, "/work/sub/dir/data.bin", max_bytes=1 << 20) == blob
+    with pytest.raises(Failure, match="larger than"):
+        await backend.read(sid, "sub/dir/data.bin", max_bytes=100)
+    with pytest.raises(Failure, match="No such file"):
+        await backend.read(sid, "/nope", max_bytes=100)
+    [owned] = await backend.list_owned()
+    assert (owned.id, owned.owner, owned.lease) == (sid, "w1", "b:0:0")
+    await backend.close(sid)
+    assert await backend.list_owned() == []
+    with pytest.raises(Failure, match="gone"):
+        await backend.exec(sid, ["true"], timeout_s=5, max_output=10)
+
+
+async def test_limits_memory_pids_wall_clock_output_disk(backend: EngineBackend, base_image: str) -> None:
+    sid = await backend.create(spec(base_image, memory_mb=64, pids=32, disk_mb=4), owner="w1", lease="l")
+    # memory: a 256 MiB allocation in a 64 MiB sandbox is killed by the kernel
+    r = await backend.exec(
+        sid, ["python3", "-c", "b = bytearray(256 << 20); print('survived')"], timeout_s=20, max_output=1024
+    )
+    assert r.exit_code == 137 and b"survived" not in r.stdout and not r.timed_out
+    # pids: forking stops at the limit
+    forks = (
+        "import os, time\nkids = []\ntry:\n    while len(kids) < 500:\n        pid = os.fork()\n"
+        "        if pid == 0:\n            time.sleep(30)\n            os._exit(0)\n        kids.append(pid)\n"
+        "except OSError:\n    print('refused at', len(kids))\nfor k in kids:\n    os.kill(k, 9)\n"
+    )
+    r = await backend.exec(sid, ["python3", "-c", forks], timeout_s=20, max_output=1024)
+    assert r.stdout.startswith(b"refused at") and int(r.stdout.split()[-1]) < 32, r
+    # wall clock: the command and its children die at timeout_s
+    r = await backend.exec(sid, ["sh", "-c", "sleep 30 & sleep 30"], timeout_s=1, max_output=64)
+    assert r.timed_out and r.exit_code is None and r.duration_s < 10
+    # output: capped while read
+    r = await backend.exec(sid, ["sh", "-c", "head -c 5000000 /dev/zero"], timeout_s=20, max_output=1000)
+    assert r.truncated and len(r.stdout) == 1000 and r.exit_code == 0
+    # disk: the writable paths are 4 MiB tmpfs mounts; the root file system is read-only
+    r = await backend.exec(sid, ["sh", "-c", "head -c 8000000 /dev/zero > /work/big"], timeout_s=20, max_output=1024)
+    assert r.exit_code != 0 and b"No space left" in r.stderr
+    r = await backend.exec(sid, ["sh", "-c", "echo x > /etc/x"], timeout_s=20, max_output=1024)
+    assert r.exit_code != 0 and b"Read-only" in r.stderr
+
+
+async def test_no_network_no_engine_socket_no_host_mounts(
+    backend: EngineBackend, engine: Engine, base_image: str
+) -> None:
+    sid = await backend.create(spec(base_image), owner="w1", lease="l")
+    r = await backend.exec(sid, ["ls", "/sys/class/net"], timeout_s=20, max_output=1024)
+    assert r.stdout.split() == [b"lo"]
+    probe = (
+        "import os, socket\n"
+        "hits = [p for p in ('/var/run/docker.sock', '/run/docker.sock', '/var/run/podman') if os.path.exists(p)]\n"
+        "hits += [k for k in os.environ if 'NATS' in k or 'DOCKER' in k or 'GYM' in k]\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); hits.append('net')\n"
+        "except OSError: pass\n"
+        "print(hits)\n"
+    )
+    r = await backend.exec(sid, ["python3", "-c", probe], timeout_s=20, max_output=1024)
+    assert r.stdout.strip() == b"[]"
+    info = await engine.inspect(sid)
+    assert info["HostConfig"]["NetworkMode"] == "none"
+    assert [m["Type"] for m in info["Mounts"]] == []  # tmpfs mounts are HostConfig.Tmpfs, nothing bound
+    assert info["HostConfig"]["Binds"] in (None, [])
+    assert info["Config"]["Labels"][OWNER] == "w1"

@@ -1,0 +1,53 @@
+"""The ``process`` backend (the project's code sandbox) for machines without an engine: the same calls as
+a container's, no image, no network, a private working directory."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from gym_runtime.config import SandboxConfig
+from gym_runtime.errors import Failure
+from gym_runtime.sandboxes.backend import Resolved
+from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.process import ProcessBackend
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.sandbox_worker import SandboxWorker
+
+SPEC = Resolved(image="", cpu=1.0, memory_mb=256, pids=64, disk_mb=16, timeout_s=10, max_output=1000)
+
+
+async def test_exec_files_caps_and_wall_clock_in_the_process_sandbox() -> None:
+    b = ProcessBackend(pool="p")
+    sid = await b.create(SPEC, owner="w", lease="l")
+    try:
+        r = await b.exec(sid, ["sh", "-c", "echo hi; echo err >&2; exit 3"], timeout_s=10, max_output=1000)
+        assert (r.exit_code, r.stdout, r.stderr) == (3, b"hi\n", b"err\n")
+        await b.write(sid, "d/x.bin", bytes(range(256)))
+        assert await b.read(sid, "d/x.bin", max_bytes=1000) == bytes(range(256))
+        with pytest.raises(Failure, match="leaves the working directory"):
+            await b.read(sid, "../../etc/passwd", max_bytes=1000)
+        r = await b.exec(sid, ["sh", "-c", "head -c 5000 /dev/zero"], timeout_s=10, max_output=1000)
+        assert r.truncated and len(r.stdout) == 1000
+        r = await b.exec(sid, ["sleep", "30"], timeout_s=1, max_output=1000)
+        assert r.timed_out and r.exit_code is None
+        r = await b.exec(sid, ["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"],
+                         timeout_s=10, max_output=1000)  # fmt: skip
+        assert r.exit_code != 0
+    finally:
+        await b.close(sid)
+    with pytest.raises(Failure, match="gone"):
+        await b.exec(sid, ["true"], timeout_s=1, max_output=10)
+
+
+async def test_a_process_pool_serves_the_authors_api_without_an_engine(bus: Bus) -> None:
+    worker = SandboxWorker(bus, "proc", SandboxConfig(backend="process"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        boxes = Sandboxes(bus, "proc", lease="b:0:0")
+        async with boxes.sandbox(memory_mb=128) as box:
+            await box.write("grade.py", "print(6 * 7)")
+            r = await box.exec("python3 grade.py")
+            assert (r.exit_code, r.stdout) == (0, b"42\n")
+        assert worker.stats()["sandboxes"] == 0
+        tg.cancel_scope.cancel()
