@@ -36,6 +36,7 @@ import importlib.util
 import inspect
 import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
 
@@ -270,6 +271,10 @@ class Resource:
     # package is one line, not a verifier that scores 0 in a worker process or a crash at the first call.
     requires: ClassVar[tuple[str, ...]] = ()
     install: ClassVar[str] = ""
+    # Where this environment's code runs when its config entry does not say (``resources.NAME.isolation``):
+    # "none", the worker's own process; "process", a guest process the worker kills when a call overruns
+    # (gym_runtime.workers.guest), for code that may hold the GIL past the bus's liveness window.
+    isolation: ClassVar[Literal["process", "none"]] = "none"
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
     # Set by the worker before ``seed``: this session's sandboxes (the entry's ``sandbox`` pool), removed
@@ -448,11 +453,28 @@ def parse_options(raw: dict[str, Any] | None, options_type: type[T], env: str) -
         raise UserError(f"{env} options: {e}") from None
 
 
-async def run_blocking(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run blocking I/O or GIL-releasing work in a worker thread so the event loop keeps serving."""
+# Set per call in a guest process (``workers.guest_main``): called in a thread as it starts to run environment
+# code, it notes which call the thread runs for (and returns the undo), so that a thread stuck holding the GIL
+# is blamed on its own call, not on the calls waiting behind it. Unset (None) in a worker's own process.
+ENV_THREAD: ContextVar[Callable[[], Callable[[], None]] | None] = ContextVar("gym_env_thread", default=None)
+
+
+def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    mark = ENV_THREAD.get()
+    undo = mark() if mark is not None else None
+    try:
+        return fn(*args)
+    finally:
+        if undo is not None:
+            undo()
+
+
+async def run_blocking(fn: Callable[..., Any], *args: Any, abandon: bool = False) -> Any:
+    """Run blocking I/O or sync environment code in a worker thread so the event loop keeps serving.
+    ``abandon``: a cancelled caller stops waiting (the thread runs on; only a guest process can be stopped)."""
     import anyio.to_thread
 
-    return await anyio.to_thread.run_sync(fn, *args)
+    return await anyio.to_thread.run_sync(_in_thread, fn, args, abandon_on_cancel=abandon)
 
 
 async def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float | None = None, limiter: Any = None) -> Any:

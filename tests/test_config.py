@@ -107,6 +107,12 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ("namespace: gym", "namespace: gym\nsandboxes: {box: {limits: {memory_mb: 0}}}"),
             "sandboxes.box.limits: limits must be positive",
         ),
+        (("replicas: 2", "replicas: 2, isolation: thread"), "resources.weather.isolation: Invalid enum value 'thread'"),
+        (("replicas: 2", "replicas: 2, call_timeout_s: 0"), "call_timeout_s must be > 0"),
+        (
+            ("server: resources.weather", "nemo_gym: mcqa, isolation: process"),
+            "isolation: process is for native environments",
+        ),
     ],
 )
 def test_bad_config_names_the_key(

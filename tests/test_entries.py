@@ -36,9 +36,11 @@ TWO_ENTRIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 @contextlib.asynccontextmanager
 async def two_entries(bus: Bus, server: str) -> AsyncIterator[tuple[ResourceWorker, ResourceWorker]]:
     a, b = TWO_ENTRIES[server]
+    # in this process (isolation: none, also for OpenEnv): two entries' setups share one process here; in guest
+    # processes (OpenEnv's default) each entry's setup runs in a process of its own
     workers = (
-        ResourceWorker(bus, f"{server}_a", ResourceConfig(server=f"resources.{server}", options=a)),
-        ResourceWorker(bus, f"{server}_b", ResourceConfig(server=f"resources.{server}", options=b)),
+        ResourceWorker(bus, f"{server}_a", ResourceConfig(server=f"resources.{server}", options=a, isolation="none")),
+        ResourceWorker(bus, f"{server}_b", ResourceConfig(server=f"resources.{server}", options=b, isolation="none")),
     )
     async with anyio.create_task_group() as tg:
         for w in workers:  # both set up before either serves: the second setup used to overwrite the first

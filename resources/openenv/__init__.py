@@ -63,7 +63,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action as PolicyTurn
 from gym_runtime.gymnasium import GymResource, Step
 from gym_runtime.messages import Response
-from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options
+from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options, run_blocking
 
 __all__ = ["OpenEnvResource", "Options", "action_tool", "mcp_tools"]
 
@@ -229,6 +229,9 @@ class OpenEnvResource(GymResource):
     row_tools = "any"  # the action tool's schema is the environment's, checked by its Action model
     requires = ("openenv",)
     install = "pip install 'gym-runtime[openenv]'"
+    # an in-process step is the environment's own code, sync, in a thread step_timeout_s cannot stop: it runs
+    # in a guest process the worker can kill, so a step that holds the GIL cannot silence the worker
+    isolation = "process"
     opts: ClassVar[Options]
     env_cls: ClassVar[Any] = None  # the OpenEnv Environment class (in process)
     action_cls: ClassVar[Any] = None  # its Action (a pydantic model)
@@ -321,7 +324,7 @@ class OpenEnvResource(GymResource):
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A sync OpenEnv method in a worker thread (the loop keeps serving other sessions)."""
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), abandon_on_cancel=True)
+        return await run_blocking(lambda: fn(*args, **kwargs), abandon=True)
 
     @staticmethod
     def _observation(out: Any) -> dict[str, Any]:

@@ -64,10 +64,23 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # ``server_client.post(NAME, ...)``): under ``server --secure`` its pool may call only these.
     calls: list[str] = msgspec.field(default_factory=list)
     sandbox: str = ""  # the sandboxes entry its code's ``self.sandbox(...)`` uses (docs/sandboxes.md)
+    # Where the environment's code runs (gym_runtime.workers.guest): "process", a guest process per worker,
+    # killed and started again when one call (seed, a tool, verify) runs past call_timeout_s, so code that
+    # holds the GIL cannot silence the worker's bus; "none", the worker's own process. Unset: the
+    # environment's default (``Resource.isolation``: "none" for native environments, "process" for OpenEnv).
+    isolation: Literal["process", "none"] | None = None
+    # isolation: process: the longest one call of environment code may run; past it the guest is killed, that
+    # call's rollout is a ``timeout`` row and the other sessions of that guest run again. Keep it under the
+    # agents' timeout_s (and a tool call's 300 s), so that those sessions' rollouts have time left to rerun.
+    call_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if self.call_timeout_s <= 0:
+            raise ValueError("call_timeout_s must be > 0")
         if bool(self.server) == bool(self.nemo_gym):
             raise ValueError("give exactly one of server (a gym-runtime Resource module) or nemo_gym (a hosted server)")
+        if self.nemo_gym and self.isolation == "process":
+            raise ValueError("isolation: process is for native environments (server:); not yet for nemo_gym servers")
 
     @property
     def hosted(self) -> bool:

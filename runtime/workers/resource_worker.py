@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
 
 from gym_runtime.config import ResourceConfig
 from gym_runtime.data.validation import row_problems
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, UserError
 from gym_runtime.hosting.host import hosted_class
 from gym_runtime.messages import (
     CloseSession,
@@ -50,6 +50,7 @@ from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import entry_fields, fingerprint
+from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
@@ -70,6 +71,8 @@ class BusModels:
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
+    except GuestFailure:  # its guest process ended the call (overran, or lost): not the verifier's error
+        raise
     except Exception as exc:
         if isinstance(exc, Failure) and exc.info.error_class == "invalid_task":  # a row verify cannot grade
             raise
@@ -117,10 +120,22 @@ class ResourceWorker:
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
+        # where the environment's code runs: a guest process (the bus stays here) or this one
+        isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
+        self.guest = None
+        if isolation == "process" and cfg.sandbox:  # its sandbox client lives on the bus, not in the guest
+            raise UserError(f"resources.{name}: isolation: process with a sandbox pool is not supported yet")
+        if isolation == "process":
+            self.guest = Guest(
+                cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s, on_lost=self._guest_lost
+            )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.cls.setup(dict(self.cfg.options))
+        if self.guest is None:
+            await self.cls.setup(dict(self.cfg.options))
         async with anyio.create_task_group() as tg:
+            if self.guest is not None:  # its setup runs there; it closes its sessions and tears down when it stops
+                await tg.start(self.guest.run)
             conc = self.cfg.concurrency
             self._subs = [
                 await self.bus.serve(
@@ -161,12 +176,16 @@ class ResourceWorker:
                 log.info("resource.stopped", resource=self.name, worker=self.worker_id, seeded=self.seeded)
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
-                    for inst in self.sessions.pop_all():
-                        await _close(inst)
-                    await self.cls.teardown()
+                    if self.guest is None:  # a guest closes its sessions and tears down when it stops
+                        for inst in self.sessions.pop_all():
+                            await _close(inst)
+                        await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
-        return {"sessions": len(self.sessions), "seeded": self.seeded}
+        out: dict[str, Any] = {"sessions": len(self.sessions), "seeded": self.seeded}
+        if self.guest is not None:
+            out["guest_restarts"] = self.guest.restarts
+        return out
 
     async def drain(self) -> None:
         """Stop taking new sessions and return; existing sessions keep being served."""
@@ -174,7 +193,13 @@ class ResourceWorker:
             await self._subs[0].unsubscribe()
             await self._subs[2].unsubscribe()
 
+    def _guest_lost(self, generation: int) -> None:
+        """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
+        self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
+
     def _new(self) -> Resource:
+        if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
+            return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
         inst = self.cls()
         inst.models = self.models
         inst.sandboxes = Sandboxes(
@@ -198,6 +223,8 @@ class ResourceWorker:
         inst = self._new()
         try:
             await inst.seed(req.row)
+        except GuestFailure:
+            raise
         except Exception as exc:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         sid = uuid.uuid4().hex
@@ -251,7 +278,12 @@ class ResourceWorker:
         if isinstance(req, VerifyRequest):
             if not req.session:
                 return await self._stateless_verify_inner(req, msg)
-            reply = await verify_with(self._session(req.session), req.row, req.response)
+            inst = self._session(req.session)
+            if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
+                self.sessions.pop(req.session)
+                inst.close_on_verify = True
+                return await verify_with(inst, req.row, req.response)
+            reply = await verify_with(inst, req.row, req.response)
             if req.close:
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
@@ -279,6 +311,8 @@ class ResourceWorker:
             await inst.seed(req.row)
             if self.cls.reverify == "replay":
                 await replay_calls(inst, req.response)
+        except GuestFailure:
+            raise
         except Exception as exc:
             raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
         try:

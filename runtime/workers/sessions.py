@@ -14,7 +14,7 @@ the sessions a worker holds.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -94,6 +94,16 @@ class Sessions(Generic[T]):
     def _take(self, table: dict[str, tuple[T, float]], sid: str) -> T:
         del self._owner[sid]
         return table.pop(sid)[0]
+
+    def pop_where(self, lost: Callable[[T], bool]) -> list[T]:
+        """Remove and return every session ``lost`` says is gone (those of a stopped guest process)."""
+        out = []
+        for table in self._tables.values():
+            for sid, (session, _) in list(table.items()):
+                if lost(session):
+                    out.append(self._take(table, sid))
+        self._tables = {k: t for k, t in self._tables.items() if t}
+        return out
 
     def pop_all(self) -> list[T]:
         out = [session for table in self._tables.values() for session, _ in table.values()]

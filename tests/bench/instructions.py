@@ -2,7 +2,8 @@
 
 CPU time on a shared VM moves by ±20% from run to run, which hides the 1–5%
 changes hot-path work is made of. This runs weather rollouts with every role in
-one process (the scripted model) under valgrind's instruction counter, twice,
+one process (the scripted model; ``--isolation process``: weather's code in its guest process, counted too)
+under valgrind's instruction counter, twice,
 with ``--small`` and ``--large`` rollouts (``--model http``: both model calls
 of each rollout over HTTP to ``mock_openai.py``, whose process is not counted), and prints the difference divided by
 the difference in rollouts: the instructions one rollout costs in our Python
@@ -28,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def one_run(n: int, concurrency: int, model: str, secure: bool = False) -> None:
+def one_run(n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none") -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -40,16 +41,20 @@ def one_run(n: int, concurrency: int, model: str, secure: bool = False) -> None:
     logs.configure("warning")  # as the CLI does
     tune_gc()
     with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
+        sets = [*sets, f"resources.weather.isolation={isolation}"]
         overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure)
 
 
-def instructions(n: int, concurrency: int, model: str, secure: bool = False) -> int:
-    out = subprocess.run(
+def instructions(n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none") -> int:
+    proc = subprocess.run(
         [
             "valgrind",
             "--tool=cachegrind",
             "--cache-sim=no",
             "--cachegrind-out-file=/dev/null",
+            # our Python children too (an isolation: process guest), never nats-server
+            "--trace-children=yes",
+            "--trace-children-skip=*nats-server*",
             sys.executable,
             __file__,
             "--one",
@@ -59,14 +64,19 @@ def instructions(n: int, concurrency: int, model: str, secure: bool = False) -> 
             "--model",
             model,
             *(["--secure"] if secure else []),
+            "--isolation",
+            isolation,
         ],
         capture_output=True,
         text=True,
-        check=True,
-    ).stderr
-    m = re.search(r"I\s+refs:\s+([\d,]+)", out)
-    assert m, out[-2000:]
-    return int(m.group(1).replace(",", ""))
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"the measured run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = proc.stderr
+    found = re.findall(r"I\s+refs:\s+([\d,]+)", out)  # one per traced process
+    assert found, out[-2000:]
+    return sum(int(m.replace(",", "")) for m in found)
 
 
 def main() -> None:
@@ -81,17 +91,20 @@ def main() -> None:
         help="http: the openai adapter to tests/bench/mock_openai.py (its process is not counted)",
     )
     ap.add_argument("--secure", action="store_true", help="a --secure server: TLS, nkeys, one connection per role")
+    ap.add_argument(
+        "--isolation", choices=["none", "process"], default="none", help="process: weather's code in a guest process"
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(args.one, args.concurrency, args.model, args.secure)
+        one_run(args.one, args.concurrency, args.model, args.secure, args.isolation)
         return
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    small = instructions(args.small, args.concurrency, args.model, args.secure)
-    large = instructions(args.large, args.concurrency, args.model, args.secure)
+    small = instructions(args.small, args.concurrency, args.model, args.secure, args.isolation)
+    large = instructions(args.large, args.concurrency, args.model, args.secure, args.isolation)
     per = (large - small) / (args.large - args.small)
-    secured = ", --secure server" if args.secure else ""
+    secured = (", --secure server" if args.secure else "") + f", isolation: {args.isolation}"
     print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight{secured}")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")

@@ -1,0 +1,398 @@
+"""A resource worker's guest process (``isolation: process``): the environment's code runs there, the bus here.
+
+Environment code that holds the GIL (Python's ``re`` on a quadratic pattern, a sync OpenEnv ``step``, native
+code that never yields) stops every thread of its process. In the worker's own process that silenced the bus:
+keepalives stopped and every call in flight on the worker became ``worker_lost``. In a guest process it stops
+only the guest: the worker keeps answering, and when one call runs past ``call_timeout_s`` it kills the guest
+and starts another. The call that overran fails as ``timeout`` (its rollout's row); the other calls in flight
+there, and every later call to a session that lived there, fail as a retryable ``worker_lost``, so their
+rollouts run again as new attempts; sessions opened after the restart are served as before.
+
+Which call overran: the guest writes the id of the call whose code its event loop is running, and for each
+thread running environment code (``resource.run_blocking``) its call's, into a page both processes map
+(``guest_wire.Page``). When a call's time is up the worker looks at which of the guest's threads is running
+(``/proc``: the one holding the GIL runs, the ones waiting for it sleep) and reads its call from the page
+(``stuck_in``): a guest stuck in another call is that call's fault (the calls waiting behind it overran only
+because of it); a guest stuck in none (it waits) is the fault of the call whose time is up.
+
+``GuestSession`` stands for one session in the guest with the methods the worker calls on a ``Resource``
+(``seed``, ``call_tool``, ``call_operation``, ``verify``, ``close``), so the worker serves both alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from gym_runtime.errors import Failure, UserError
+from gym_runtime.messages import ErrorInfo, Response
+from gym_runtime.observability import logs
+from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
+from gym_runtime.workers.guest_wire import (
+    Close,
+    Done,
+    Frames,
+    FromGuest,
+    Generate,
+    Generated,
+    Page,
+    Raised,
+    Seed,
+    Start,
+    Tool,
+    Verify,
+)
+
+__all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession"]
+
+log = logs.get("gym.resource")
+
+GUEST_MODULE = "gym_runtime.workers.guest_main"
+Call = Seed | Tool | Verify | Close
+WATCH_S = 0.25  # how often calls are checked against their deadline
+START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
+STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
+
+
+class GuestFailure(Failure):
+    """The guest, not the environment's code, ended the call: it overran (``timeout``) or its process was lost
+    (``worker_lost``, retryable). The worker passes it on as it is, never as the environment's own error."""
+
+
+class GuestError(Exception):
+    """An exception of the environment's code in the guest; its subclasses carry the original type's name, so
+    the messages rows show (``verify raised ValueError: ...``) read as they do in process."""
+
+
+def _rebuilt(r: Raised) -> BaseException:
+    if r.kind == "failure" and r.info is not None:
+        return Failure(r.info)
+    if r.kind == "arguments":
+        return ToolArgumentsError(r.message)
+    error: BaseException = type(r.type_name, (GuestError,), {})(r.message)
+    return error
+
+
+class _Child:
+    """One guest process: its frames, its generation (sessions opened in it carry it) and why it ended."""
+
+    def __init__(self, process: anyio.abc.Process, frames: Frames, page: Page, generation: int) -> None:
+        self.process = process
+        self.frames = frames
+        self.page = page
+        self.generation = generation
+        self.lost = ""  # why the worker killed it ("" while it is alive or when it died by itself)
+
+
+class _Call:
+    """A call sent to a guest and not answered yet."""
+
+    __slots__ = ("answer", "generation", "deadline", "what")
+
+    def __init__(self, answer: asyncio.Future[Done | Raised], generation: int, deadline: float, what: str) -> None:
+        self.answer = answer
+        self.generation = generation
+        self.deadline = deadline
+        self.what = what
+
+
+class Guest:
+    """The parent side: starts the guest, sends it calls, bounds each by ``call_timeout_s``, restarts it."""
+
+    def __init__(
+        self,
+        server: str,
+        entry: str,
+        options: dict[str, Any],
+        models: ModelClient,
+        call_timeout_s: float,
+        on_lost: Callable[[int], None] = lambda generation: None,
+    ) -> None:
+        self.on_lost = on_lost  # told the generation of each guest that is gone (its sessions went with it)
+        self.server = server
+        self.entry = entry
+        self.options = options
+        self.models = models
+        self.call_timeout_s = call_timeout_s
+        self.restarts = 0  # guests killed or lost and started again (status, tests)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, _Call] = {}
+        self._child: _Child | None = None
+        self._ready = anyio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.process.pid if self._child is not None else None
+
+    @property
+    def running(self) -> int:
+        """The call the guest's CPU-bound thread runs now (its loop's, or a ``run_blocking`` thread's); 0: none."""
+        child = self._child
+        return stuck_in(child.process.pid, child.page) if child is not None else 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep a guest running until cancelled; ``started`` once the first one has run ``setup``."""
+        generation = 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch)
+            while True:
+                generation += 1
+                child = await self._spawn(generation)
+                self._child = child
+                self._ready.set()
+                if generation == 1:
+                    task_status.started()
+                try:
+                    await self._read(child, tg)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        self._ready = anyio.Event()
+                        await self._stop(child)
+                        self._lose(child)
+                        self.on_lost(child.generation)
+                self.restarts += 1
+                log.warning("guest.restarted", resource=self.entry, reason=child.lost or "the guest process exited")
+
+    async def _spawn(self, generation: int) -> _Child:
+        mine, theirs = socket.socketpair()
+        with tempfile.TemporaryFile() as shared:
+            shared.truncate(Page.SIZE)
+            page = Page(mmap.mmap(shared.fileno(), Page.SIZE))  # zeros: no call runs
+            try:
+                process = await anyio.open_process(
+                    [sys.executable, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=None,
+                    stderr=None,
+                    pass_fds=(theirs.fileno(), shared.fileno()),
+                )
+            finally:
+                theirs.close()
+        child = _Child(process, await Frames.open(mine, FromGuest), page, generation)
+        try:
+            child.frames.send(Start(server=self.server, entry=self.entry, options=self.options))
+            ready = await child.frames.receive()
+        except (EOFError, ConnectionError):
+            await self._stop(child)
+            raise RuntimeError(
+                f"resources.{self.entry}: its guest process exited while starting (code {process.returncode})"
+            ) from None
+        if isinstance(ready, Raised):
+            await self._stop(child)
+            if ready.kind == "failure":
+                raise UserError(ready.message)
+            raise RuntimeError(f"resources.{self.entry}: setup raised {ready.type_name}: {ready.message}")
+        return child
+
+    async def _read(self, child: _Child, tg: anyio.abc.TaskGroup) -> None:
+        """Hand each answer to its caller and serve the guest's model calls, until the guest is gone."""
+        waiting = self._waiting
+        while True:
+            try:
+                msg = await child.frames.receive()
+            except EOFError:
+                return
+            if isinstance(msg, Generate):
+                tg.start_soon(self._generate, child, msg)
+                continue
+            call = waiting.get(msg.id)
+            if call is not None and not call.answer.done():
+                call.answer.set_result(msg)
+
+    async def _generate(self, child: _Child, req: Generate) -> None:
+        try:
+            reply = Generated(id=req.id, response=await self.models.generate(req.params, model=req.model))
+        except Failure as e:
+            reply = Generated(id=req.id, error=e.info)
+        except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
+            reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+        try:
+            child.frames.send(reply)
+        except ConnectionError:
+            pass  # that guest is gone; its caller was answered with worker_lost
+
+    def _lose(self, child: _Child) -> None:
+        """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
+        why = child.lost or f"the guest process exited (code {child.process.returncode})"
+        for call in list(self._waiting.values()):
+            if call.generation == child.generation and not call.answer.done():
+                call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+
+    async def _stop(self, child: _Child) -> None:
+        """End ``child``: close its socket (it runs its teardown and exits), kill it if it does not."""
+        child.frames.close()
+        with anyio.move_on_after(0 if child.lost else STOP_GRACE_S):
+            await child.process.wait()
+        if child.process.returncode is None:
+            child.process.kill()
+            await child.process.wait()
+
+    def _kill(self, child: _Child, why: str) -> None:
+        if not child.lost and child.process.returncode is None:
+            child.lost = why
+            child.process.kill()  # its socket closes with it: ``_read`` ends, ``run`` starts another
+
+    async def call(self, make: Callable[[int], Call], generation: int | None) -> tuple[Done, int]:
+        """Send one call and wait for its answer (and the generation of the guest that gave it). ``generation``:
+        the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``)."""
+        if not self._ready.is_set():
+            with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
+                await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
+            if not self._ready.is_set():
+                raise GuestFailure(
+                    "worker_lost", f"resources.{self.entry}: its guest process is not started", retryable=True
+                )
+        child = self._child
+        assert child is not None
+        if (generation is not None and generation != child.generation) or child.lost:
+            raise GuestFailure(
+                "worker_lost",
+                f"resources.{self.entry}: this session's guest process was restarted (another call overran)",
+                retryable=True,
+            )
+        call_id = next(self._ids)
+        msg = make(call_id)
+        answer: asyncio.Future[Done | Raised] = asyncio.get_running_loop().create_future()
+        deadline = time.monotonic() + self.call_timeout_s
+        self._waiting[call_id] = _Call(answer, child.generation, deadline, type(msg).__name__.lower())
+        try:
+            try:
+                child.frames.send(msg)
+            except ConnectionError:
+                pass  # the guest is gone: ``_lose`` answers this call
+            reply = await answer  # ``_watch`` answers it when its time is up
+        finally:
+            self._waiting.pop(call_id, None)
+        if isinstance(reply, Raised):
+            raise _rebuilt(reply)
+        return reply, child.generation
+
+    async def _watch(self) -> None:
+        """Every ``WATCH_S``: a call past its deadline stops its guest (one asyncio timer for all calls, not a
+        cancel scope per call)."""
+        while True:
+            await anyio.sleep(WATCH_S)
+            now = time.monotonic()
+            for call_id, call in list(self._waiting.items()):
+                if call.deadline <= now and not call.answer.done():
+                    self._overran(call_id, call)
+
+    def _overran(self, call_id: int, call: _Call) -> None:
+        """``call_id``'s time is up: stop its guest, and fail the call at fault as ``timeout`` (module docstring)."""
+        child = self._child
+        if child is None or child.generation != call.generation or child.lost:
+            why = child.lost if child is not None and child.lost else "its guest process is gone"
+            call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+            return
+        at_fault = stuck_in(child.process.pid, child.page)
+        culprit = self._waiting.get(at_fault)
+        if culprit is None or culprit.generation != child.generation or culprit.answer.done():
+            culprit = call  # stuck in no call (or a finished one): the call whose time is up is slow, not stuck
+        culprit.answer.set_exception(
+            GuestFailure(
+                "timeout",
+                f"resources.{self.entry}: the environment's {culprit.what} ran past "
+                f"call_timeout_s={self.call_timeout_s:g} (its guest process was stopped)",
+            )
+        )
+        self._kill(child, f"a {culprit.what} call ran past call_timeout_s={self.call_timeout_s:g}")
+        self._lose(child)  # the others in it, at once
+
+
+def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
+    """The call whose code keeps one of the guest's threads running (``R`` in ``/proc``; the threads waiting for
+    the GIL sleep), as the page names it: the loop's call for the main thread, a thread's own call for another;
+    0 when no thread runs code of a call (the guest waits: a call that overran is slow, not stuck)."""
+    seen: dict[int, int] = {}
+    for i in range(samples):
+        for tid in _running_threads(pid):
+            call_id = page.loop() if tid == pid else page.thread(tid)
+            if call_id:
+                seen[call_id] = seen.get(call_id, 0) + 1
+        if i + 1 < samples:
+            time.sleep(0.002)
+    return max(seen, key=seen.__getitem__) if seen else 0
+
+
+def _running_threads(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone, or no /proc (not Linux): no thread is known to run
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[:1] == ["R"]:
+            out.append(int(tid))
+    return out
+
+
+class _NoLease:
+    """A guest session's ``sandboxes``: none (an entry with ``sandbox`` runs with ``isolation: none``)."""
+
+    async def close_all(self) -> None:
+        return None
+
+
+class GuestSession:
+    """One session in the guest, with the methods the worker calls on a ``Resource`` instance."""
+
+    sandboxes = _NoLease()
+
+    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify")
+
+    def __init__(self, guest: Guest, answer_field: str | None) -> None:
+        self._guest = guest
+        self.session = uuid.uuid4().hex
+        self.generation: int | None = None  # the guest it lives in, once seeded
+        self.answer_field = answer_field
+        self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
+
+    async def seed(self, row: dict[str, Any]) -> None:
+        _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
+
+    async def call_tool(self, name: str, arguments: str | bytes) -> str:
+        return await self._tool(name, arguments, protocol=False)
+
+    async def call_operation(self, op: str, arguments: str | bytes) -> str:
+        return await self._tool(op, arguments, protocol=True)
+
+    async def _tool(self, name: str, arguments: str | bytes, *, protocol: bool) -> str:
+        text = arguments.decode() if isinstance(arguments, bytes) else arguments
+        done, _ = await self._guest.call(
+            lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
+        )
+        return done.output
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        done, _ = await self._guest.call(
+            lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
+            self.generation,
+        )
+        assert done.verdict is not None
+        return done.verdict
+
+    async def close(self) -> None:
+        if self.generation is None:
+            return
+        try:
+            await self._guest.call(lambda i: Close(id=i, session=self.session), self.generation)
+        except GuestFailure:
+            pass  # its guest is gone, and the session with it

@@ -1,0 +1,218 @@
+"""A guest process: a resource's own code (``setup``, sessions' ``seed``, tools, ``verify``, ``close``), run for
+its worker over one socket (``guest_wire``), with no bus of its own.
+
+Started by ``workers.guest`` as ``python -m gym_runtime.workers.guest_main SOCKET_FD RUNNING_FD``. Whatever
+this process's code does with the GIL (a quadratic regex, a sync step, native code that never yields), the
+worker's event loop, its keepalives and its other traffic run in another process; the worker kills this one
+when a call overruns.
+Standard output is sent to standard error: a print in environment code cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import mmap
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+import anyio
+
+from gym_runtime.errors import Failure, UserError
+from gym_runtime.messages import CreateParams, Response
+from gym_runtime.resource import ENV_THREAD, Resource, ToolArgumentsError, Verdict, load_resource_class
+from gym_runtime.workers.guest_wire import (
+    Close,
+    Done,
+    Frames,
+    Generate,
+    Generated,
+    Page,
+    Raised,
+    Seed,
+    Start,
+    ToGuest,
+    Tool,
+    Verify,
+)
+
+
+class WorkerModels:
+    """``Resource.models`` in a guest: each model call goes to the worker, which makes it over its bus."""
+
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Generated]] = {}
+
+    async def generate(self, params: CreateParams, *, model: str) -> Response:
+        call_id = next(self._ids)
+        answer: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = answer
+        try:
+            self._frames.send(Generate(id=call_id, model=model, params=params))
+            reply = await answer
+        finally:
+            self._waiting.pop(call_id, None)
+        if reply.error is not None:
+            raise Failure(reply.error)
+        assert reply.response is not None
+        return reply.response
+
+    def answered(self, reply: Generated) -> None:
+        answer = self._waiting.get(reply.id)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
+
+
+def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
+    """``ENV_THREAD`` for one call: a thread starting its code notes its call in its slot, and clears it when done."""
+
+    def mark() -> Callable[[], None]:
+        tid = threading.get_native_id()
+        page.set_thread(tid, call_id)
+        return lambda: page.clear_thread(tid, call_id)
+
+    return mark
+
+
+class Marked:
+    """Awaits a call's coroutine with its id in the shared ``running`` page while its code runs (every step
+    between two awaits), and 0 otherwise: when the guest is stuck, the worker reads which call it is stuck in."""
+
+    __slots__ = ("_coro", "_id", "_page")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], call_id: int, page: Page) -> None:
+        self._coro, self._id, self._page = coro, call_id, page
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        step, page, value, error = self._coro.__await__(), self._page, None, None
+        while True:
+            page.set_loop(self._id)
+            try:
+                yielded = step.send(value) if error is None else step.throw(error)
+            except StopIteration as done:
+                return done.value
+            finally:
+                page.set_loop(0)
+            try:
+                value, error = (yield yielded), None
+            except BaseException as e:  # noqa: BLE001 - thrown in (a cancellation): passed to the call
+                value, error = None, e
+
+
+class Guest:
+    """The sessions of one worker's resource, each an instance of its class, keyed by the worker's session id."""
+
+    def __init__(self, cls: type[Resource], frames: Frames, page: Page) -> None:
+        self.cls = cls
+        self.frames = frames
+        self.page = page
+        self.models = WorkerModels(frames)
+        self.sessions: dict[str, Resource] = {}
+
+    async def serve(self) -> None:
+        """Answer calls, each in a task of its own (asyncio's: a call's whole cost on a cheap environment is a
+        few of these), until the worker is gone; then the calls still running are cancelled."""
+        loop = asyncio.get_running_loop()
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    msg = await self.frames.receive()
+                except EOFError:
+                    return  # the worker is gone: so is this process
+                if isinstance(msg, Generated):
+                    self.models.answered(msg)
+                else:
+                    task = loop.create_task(self._answer(msg))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _answer(self, msg: Seed | Tool | Verify | Close) -> None:
+        ENV_THREAD.set(thread_mark(self.page, msg.id))  # this task's own context: its threads carry it
+        try:
+            reply: Done | Raised = await Marked(self._run(msg), msg.id, self.page)
+        except Failure as e:
+            reply = Raised(id=msg.id, kind="failure", type_name="Failure", message=str(e), info=e.info)
+        except ToolArgumentsError as e:
+            reply = Raised(id=msg.id, kind="arguments", type_name=type(e).__name__, message=str(e))
+        except Exception as e:  # noqa: BLE001 - the worker turns it into the row's error class, as in process
+            reply = Raised(id=msg.id, kind="error", type_name=type(e).__name__, message=str(e))
+        try:
+            self.frames.send(reply)
+        except ConnectionError:
+            pass  # the worker is gone
+
+    async def _run(self, msg: Seed | Tool | Verify | Close) -> Done:
+        if isinstance(msg, Seed):
+            inst = self.cls()
+            inst.models = self.models
+            self.sessions[msg.session] = inst
+            try:
+                await inst.seed(msg.row)
+            except BaseException:
+                self.sessions.pop(msg.session, None)
+                raise
+            return Done(id=msg.id)
+        if isinstance(msg, Close):
+            closing = self.sessions.pop(msg.session, None)
+            if closing is not None:
+                await closing.close()
+            return Done(id=msg.id)
+        held = self.sessions.get(msg.session)
+        if held is None:  # the worker keeps its table in step with this one; a stale id is its bug
+            raise Failure("worker_lost", f"session {msg.session} is not in this guest process", retryable=True)
+        if isinstance(msg, Tool):
+            run = held.call_operation if msg.protocol else held.call_tool
+            return Done(id=msg.id, output=await run(msg.name, msg.arguments))
+        try:
+            out = await held.verify(msg.row, msg.response)
+        finally:
+            if msg.close and self.sessions.pop(msg.session, None) is not None:
+                await held.close()
+        verdict = out if isinstance(out, Verdict) else Verdict(reward=float(out))
+        return Done(id=msg.id, verdict=verdict)
+
+
+async def serve(fd: int, running_fd: int) -> None:
+    page = Page(mmap.mmap(running_fd, Page.SIZE))
+    frames = await Frames.open(socket.socket(fileno=fd), ToGuest)
+    start = await frames.receive()
+    if not isinstance(start, Start):
+        raise SystemExit(f"guest: expected Start first, got {type(start).__name__}")
+    try:
+        cls = load_resource_class(start.server, f"resources.{start.entry}.server", entry=start.entry)
+        await cls.setup(dict(start.options))
+    except Exception as e:  # noqa: BLE001 - the worker reports it (one line for a user's mistake) and stops
+        user = isinstance(e, UserError)
+        frames.send(Raised(id=0, kind="failure" if user else "error", type_name=type(e).__name__, message=str(e)))
+        await frames.aclose()
+        return
+    frames.send(Done(id=0))  # ready
+    guest = Guest(cls, frames, page)
+    try:
+        await guest.serve()
+    finally:
+        with anyio.CancelScope(shield=True):  # the worker stopped: its sessions end here, then the class
+            for inst in list(guest.sessions.values()):
+                await inst.close()
+            await cls.teardown()
+
+
+def main(argv: list[str]) -> Any:
+    os.dup2(2, 1)  # environment code's prints go to the worker's log stream, never into the protocol
+    sys.stdout = sys.stderr
+    anyio.run(serve, int(argv[0]), int(argv[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,130 @@
+"""No environment code can silence a worker (issue 33, item 5): ``isolation: process``.
+
+The attack: environment code that holds the GIL (Python's ``re`` on a quadratic pattern, as NeMo Gym's
+imo_proofbench_judge grader is on a long answer of repeated ``\\(``; a sync OpenEnv ``step`` doing the same)
+stopped the resource worker's event loop; the bus's keepalives stopped with it and every call in flight on
+that worker became ``worker_lost``. With the environment's code in a guest process, the worker kills the guest
+when one call overruns ``call_timeout_s``: that rollout is a ``timeout`` row, and every other rollout is scored
+(those whose sessions lived in the killed guest run again as new attempts, never as failure rows).
+
+Real parts: a real nats-server, the resource worker as a real ``gym-runtime start`` process (its guest a real
+child of it), agent and model workers in this process. The scripted policy is the LLM's test double.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import yaml
+
+from gym_runtime import Client
+from gym_runtime.resources.openenv import action_tool
+from tests.cluster import start_worker, stop
+from tests.envs.openenv_hog import HogAction
+from tests.helpers import rows
+
+HOG_KB = 200  # ~80 s of one regex search on an idle core: the worker must stop it, not wait it out
+N = 12
+HOG = 5  # the task whose environment code overruns
+
+
+def write_config(tmp: Path, resource: dict[str, Any], *, delay_s: float = 0.0) -> Path:
+    cfg = {
+        "namespace": "gym",
+        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "concurrency": 32}},
+        "resources": {"env": resource},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "max_steps": 4,
+                "timeout_s": 90,
+                "concurrency": 16,
+            }
+        },
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+async def run_batch(config: Path, url: str, tasks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The batch's rows (failure rows included) by task, the resource worker a process of its own."""
+    worker = start_worker(config, url, "resources.env")
+    try:
+        async with Client(config, nats=url, workers=["models.policy", "agents.agent"]) as client:
+            batch = await client.submit(tasks)
+            with anyio.fail_after(150):
+                got = await batch.gather()
+    finally:
+        stop([worker])
+    return {r["_ng_task_index"]: r for r in got}
+
+
+def assert_only_the_hog_failed(by_task: dict[int, dict[str, Any]]) -> None:
+    assert sorted(by_task) == list(range(N))
+    hog = by_task[HOG]
+    assert hog.get("error_class") == "timeout", hog
+    assert "call_timeout_s=3" in hog["error"], hog["error"]
+    others = {i: r.get("error_class", r.get("reward")) for i, r in by_task.items() if i != HOG}
+    assert all(v == 1.0 for v in others.values()), others  # no worker_lost, no timeout: every one scored
+
+
+async def test_a_verify_that_holds_the_gil_times_out_alone(nats_server, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path, {"server": "tests.envs.gil_hog", "isolation": "process", "call_timeout_s": 3}, delay_s=0.2
+    )
+    tasks = [dict(r) for r in rows(N)]
+    tasks[HOG]["hog_kb"] = HOG_KB
+    assert_only_the_hog_failed(await run_batch(config, nats_server.url, tasks))
+
+
+async def test_an_openenv_step_that_holds_the_gil_times_out_alone(nats_server, tmp_path: Path) -> None:
+    """OpenEnv runs in a guest by default (no ``isolation`` key); ``step_timeout_s`` could not stop the step."""
+    resource = {
+        "server": "resources.openenv",
+        "call_timeout_s": 3,
+        "options": {"env": "tests.envs.openenv_hog:HogEnv", "step_timeout_s": 2},
+    }
+    config = write_config(tmp_path, resource, delay_s=0.2)
+    tool = action_tool(HogAction)
+    tasks: list[dict[str, Any]] = [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"play {i}"}], "tools": [tool]}}
+        for i in range(N)
+    ]
+    tasks[HOG]["openenv_reset"] = {"hog_kb": HOG_KB}
+    assert_only_the_hog_failed(await run_batch(config, nats_server.url, tasks))
+
+
+def guests(worker_pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(worker_pid).children() if "gym_runtime.workers.guest_main" in p.cmdline()]
+
+
+async def test_a_guest_killed_mid_batch_loses_no_rollout(nats_server, tmp_path: Path) -> None:
+    """SIGKILL of the guest (out of memory, a crash in native code) while sessions live in it: every rollout
+    is scored; the ones it held ran again as new attempts."""
+    config = write_config(tmp_path, {"server": "tests.envs.gil_hog", "isolation": "process"}, delay_s=0.3)
+    worker = start_worker(config, nats_server.url, "resources.env")
+    try:
+        (first,) = guests(worker.pid)
+        async with Client(config, nats=nats_server.url, workers=["models.policy", "agents.agent"]) as client:
+            batch = await client.submit(rows(3 * N))
+            got = []
+            with anyio.fail_after(150):
+                async for row in batch:
+                    got.append(row)
+                    if len(got) == 4:  # sessions of the other rollouts are open in the guest now
+                        first.send_signal(signal.SIGKILL)
+        (second,) = guests(worker.pid)
+    finally:
+        stop([worker])
+    assert second.pid != first.pid
+    assert len(got) == 3 * N
+    failures = [r for r in got if "error_class" in r]
+    assert not failures, failures[:3]
+    assert all(r["reward"] == 1.0 for r in got)
