@@ -51,7 +51,8 @@ from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.workers.model_worker import ModelWorker, call_model  # noqa: E402
+from gym_runtime.transport.model_calls import call_model  # noqa: E402
+from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 
 TOOL = {
     "type": "function",
