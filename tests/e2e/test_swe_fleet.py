@@ -1,0 +1,135 @@
+"""A real SWE task end to end on the sandbox fleet: our ``swe`` environment and ``agents.swe``, a real
+dockerd, a real nats-server, the task's image built here (``tests/swe_demo.py``). Only the LLM is a test
+double: the ``replay`` adapter plays two scripted policies, one that fixes the bug and one that does not.
+
+Every command of the policy runs in a sandbox of the pool holding the task's image; grading takes the
+session's diff, applies it and the row's ``test_patch`` to a fresh sandbox of the same image and runs the
+``FAIL_TO_PASS`` and ``PASS_TO_PASS`` tests: reward 1 iff all of them pass (SWE-bench's rule).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from gym_runtime.agents.swe import SUBMIT, SYSTEM
+from gym_runtime.config import config_from_dict
+from gym_runtime.data.collector import Collector
+from gym_runtime.data.inputs import publish_rows
+from gym_runtime.sandboxes.engine_api import POOL
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.service.runner import make_workers, selected, start_workers
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.sandbox_worker import SandboxWorker
+from tests.helpers import put_batch, read_jsonl
+from tests.swe_demo import swe_row
+
+FIX = ["pwd; ls /testbed", "sed -i 's/return a - b/return a + b/' calc.py", "python3 -m unittest -v test_calc", SUBMIT]
+NO_FIX = ["python3 -m unittest -v test_calc", SUBMIT]
+
+
+def scripted_policy(row: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+    """A TEST DOUBLE for the LLM: a recorded rollout (NeMo Gym's format) whose ``bash`` calls the ``replay``
+    adapter plays back; their outputs are computed live in the sandbox."""
+    output: list[dict[str, Any]] = []
+    for i, command in enumerate(commands):
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": f"c{i}",
+                "name": "bash",
+                "arguments": json.dumps({"command": command}),
+                "id": f"fc{i}",
+                "status": "completed",
+            }
+        )
+        output.append({"type": "function_call_output", "call_id": f"c{i}", "output": "recorded"})
+    issue = f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>"
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": issue}]
+    return {"responses_create_params": {"input": prompt}, "response": {"id": "r", "output": output}}
+
+
+def outputs(row: dict[str, Any]) -> list[str]:
+    return [i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"]
+
+
+async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
+    bus: Bus, engine: Engine, swe_demo_image: str, tmp_path: Path
+) -> None:
+    fixes = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: fixes it).")
+    idles = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: does not).")
+    recordings = tmp_path / "policy.jsonl"
+    recordings.write_text(
+        "".join(json.dumps(r) + "\n" for r in (scripted_policy(fixes, FIX), scripted_policy(idles, NO_FIX)))
+    )
+    pool = f"swe{uuid.uuid4().hex[:6]}"  # this test's own: others on the engine keep their containers
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": {"adapter": "replay", "rollouts": str(recordings)}},
+            "sandboxes": {
+                pool: {
+                    "engine": f"unix://{engine.socket_path}",
+                    "images": [swe_demo_image],
+                    "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 32, "timeout_s": 120},
+                }
+            },
+            "resources": {
+                "swe": {
+                    "server": "resources.swe",
+                    "sandbox": pool,  # the fleet: the environment's commands run in this pool's sandboxes
+                    "options": {
+                        "test_command": "python3 -m unittest -v {tests}",
+                        "log_parser": "unittest",
+                        "command_timeout_s": 60,
+                        "eval_timeout_s": 120,
+                    },
+                }
+            },
+            "agents": {
+                "swe_agent": {
+                    "agent": "agents.swe",
+                    "model": "policy",
+                    "resource": "swe",
+                    "max_steps": 10,
+                    "timeout_s": 300,
+                }
+            },
+            "base_dir": str(tmp_path),
+        }
+    )
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, [fixes, idles], batch="swe", agents=["swe_agent"])
+        with anyio.fail_after(120):
+            await Collector(bus, await put_batch(bus, "swe", 2, agent="swe_agent"), tmp_path / "out.jsonl").run()
+        [sandboxes] = [w for w in workers if isinstance(w, SandboxWorker)]
+        # each rollout: its session's sandbox, then a fresh one to grade in; every one closed by its owner
+        assert sandboxes.created == 4
+        with anyio.fail_after(30):
+            while await engine.containers({POOL: f"gym.{pool}"}):
+                await anyio.sleep(0.2)
+        tg.cancel_scope.cancel()
+    assert not (tmp_path / "out_failures.jsonl").exists() or read_jsonl(tmp_path / "out_failures.jsonl") == []
+    fixed, idle = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["_ng_task_index"])
+
+    assert (fixed["reward"], fixed["resolved"], fixed["exit_status"]) == (1.0, True, "submitted")
+    assert fixed["tests_status"] == {
+        "FAIL_TO_PASS": {"success": ["test_calc.TestCalc.test_add"], "failure": []},
+        "PASS_TO_PASS": {"success": ["test_calc.TestCalc.test_mul"], "failure": []},
+    }
+    assert "-    return a - b\n+    return a + b" in fixed["model_patch"]  # the answer: the session's diff
+    ran = outputs(fixed)
+    assert ran[0] == "<returncode>0</returncode>\n<output>\n/work\ncalc.py\ntest_calc.py\n</output>"  # in the image
+    assert "Ran 1 test" in ran[2] and "OK" in ran[2]  # live, in the container (test_add comes with the test patch)
+
+    assert (idle["reward"], idle["resolved"], idle["model_patch"]) == (0.0, False, "")
+    assert idle["tests_status"] == {
+        "FAIL_TO_PASS": {"success": [], "failure": ["test_calc.TestCalc.test_add"]},
+        "PASS_TO_PASS": {"success": ["test_calc.TestCalc.test_mul"], "failure": []},
+    }
