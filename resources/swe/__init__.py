@@ -26,7 +26,7 @@ Rows: SWE-Gym/SWE-bench fields (``instance_id``, ``FAIL_TO_PASS``,
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
@@ -34,7 +34,7 @@ from gym_runtime.messages import Response
 from gym_runtime.resource import Resource, ToolArgumentsError, Verdict, tool
 from gym_runtime.resource import parse_options as _parse_options
 
-from .containers import ContainerCommands
+from .containers import ContainerCommands, Engine
 from .environments import Backend, CommandResult, ContainerBackend, Environment, EnvironmentError_, LocalBackend
 from .fleet import FleetBackend
 from .grading import grade
@@ -84,7 +84,7 @@ def make_backend(opts: SWEOptions) -> Backend:
             max_output=4 * opts.max_output_chars,
         )
     cmds = ContainerCommands(
-        engine=opts.backend,
+        engine=cast(Engine, opts.backend),  # the rest: docker, podman, apptainer, singularity
         binary=opts.engine_binary,
         flavour=opts.flavour,
         network=opts.network,
