@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from gym_runtime.agents.swe import SUBMIT, SYSTEM
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import Config, config_from_dict
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.sandboxes.engine_api import POOL
@@ -57,24 +57,15 @@ def outputs(row: dict[str, Any]) -> list[str]:
     return [i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"]
 
 
-async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
-    bus: Bus, engine: Engine, swe_demo_image: str, tmp_path: Path
-) -> None:
-    fixes = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: fixes it).")
-    idles = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: does not).")
-    recordings = tmp_path / "policy.jsonl"
-    recordings.write_text(
-        "".join(json.dumps(r) + "\n" for r in (scripted_policy(fixes, FIX), scripted_policy(idles, NO_FIX)))
-    )
-    pool = f"swe{uuid.uuid4().hex[:6]}"  # this test's own: others on the engine keep their containers
-    cfg = config_from_dict(
+def fleet_config(tmp_path: Path, socket: str, pool: str, recordings: Path, images: list[str]) -> Config:
+    return config_from_dict(
         {
             "namespace": "gym",
             "models": {"policy": {"adapter": "replay", "rollouts": str(recordings)}},
             "sandboxes": {
                 pool: {
-                    "engine": f"unix://{engine.socket_path}",
-                    "images": [swe_demo_image],
+                    "engine": f"unix://{socket}",
+                    "images": images,
                     "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 32, "timeout_s": 120},
                 }
             },
@@ -97,24 +88,47 @@ async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
                     "resource": "swe",
                     "max_steps": 10,
                     "timeout_s": 300,
+                    "max_attempts": 1,
                 }
             },
             "base_dir": str(tmp_path),
         }
     )
+
+
+async def run_rows(bus: Bus, cfg: Config, rows: list[dict[str, Any]], out: Path, check: Any) -> None:
+    """Run the rows through in-process workers; ``check(sandbox worker)`` while they still run."""
     workers = make_workers(bus, cfg, selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
-        await publish_rows(bus, [fixes, idles], batch="swe", agents=["swe_agent"])
+        await publish_rows(bus, rows, batch="swe", agents=["swe_agent"])
         with anyio.fail_after(120):
-            await Collector(bus, await put_batch(bus, "swe", 2, agent="swe_agent"), tmp_path / "out.jsonl").run()
+            await Collector(bus, await put_batch(bus, "swe", len(rows), agent="swe_agent"), out).run()
         [sandboxes] = [w for w in workers if isinstance(w, SandboxWorker)]
+        await check(sandboxes)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
+    bus: Bus, engine: Engine, swe_demo_image: str, tmp_path: Path
+) -> None:
+    fixes = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: fixes it).")
+    idles = swe_row(swe_demo_image, problem_statement="calc.add(2, 3) returns -1 instead of 5 (policy: does not).")
+    recordings = tmp_path / "policy.jsonl"
+    recordings.write_text(
+        "".join(json.dumps(r) + "\n" for r in (scripted_policy(fixes, FIX), scripted_policy(idles, NO_FIX)))
+    )
+    pool = f"swe{uuid.uuid4().hex[:6]}"  # this test's own: others on the engine keep their containers
+    cfg = fleet_config(tmp_path, engine.socket_path, pool, recordings, [swe_demo_image])
+
+    async def none_left(sandboxes: SandboxWorker) -> None:
         # each rollout: its session's sandbox, then a fresh one to grade in; every one closed by its owner
         assert sandboxes.created == 4
         with anyio.fail_after(30):
             while await engine.containers({POOL: f"gym.{pool}"}):
                 await anyio.sleep(0.2)
-        tg.cancel_scope.cancel()
+
+    await run_rows(bus, cfg, [fixes, idles], tmp_path / "out.jsonl", none_left)
     assert not (tmp_path / "out_failures.jsonl").exists() or read_jsonl(tmp_path / "out_failures.jsonl") == []
     fixed, idle = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["_ng_task_index"])
 
@@ -133,3 +147,21 @@ async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
         "FAIL_TO_PASS": {"success": [], "failure": ["test_calc.TestCalc.test_add"]},
         "PASS_TO_PASS": {"success": ["test_calc.TestCalc.test_mul"], "failure": []},
     }
+
+
+async def test_a_task_whose_image_the_engine_lacks_fails_with_one_line_naming_it(
+    bus: Bus, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    row = swe_row("gym-runtime/swe-missing:0", problem_statement="calc.add is wrong (no image).")
+    recordings = tmp_path / "policy.jsonl"
+    recordings.write_text(json.dumps(scripted_policy(row, NO_FIX)) + "\n")
+    pool = f"swe{uuid.uuid4().hex[:6]}"
+    cfg = fleet_config(tmp_path, engine.socket_path, pool, recordings, [])
+
+    async def nothing_made(sandboxes: SandboxWorker) -> None:
+        assert sandboxes.created == 0 and await engine.containers({POOL: f"gym.{pool}"}) == []
+
+    await run_rows(bus, cfg, [row], tmp_path / "out.jsonl", nothing_made)
+    (failed,) = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert failed["error_class"] == "tool_error"
+    assert "image 'gym-runtime/swe-missing:0' is not in the docker engine" in failed["error"], failed
