@@ -50,7 +50,7 @@ class SWEOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_output_chars: int = 10_000  # longer outputs keep their first and last half
     test_command: str = "python -m pytest -rA -p no:cacheprovider {tests}"
     log_parser: Literal["pytest", "unittest"] = "pytest"  # how test_command's output names each test's status
-    repo_dir: str = "/testbed"  # fleet: where the image holds the repository (copied into /work)
+    repo_dir: str = "/testbed"  # fleet: where the image holds the repository (copied into /work/repo)
     # local backend (the project's sandbox)
     max_parallel: int = 4
     memory_bytes: int = 4 << 30

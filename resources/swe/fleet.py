@@ -6,14 +6,18 @@ The resource asks its pool (``resources.NAME.sandbox``) for a sandbox of the tas
 sandbox ends with the session (or the pool's idle timeout and reaper when the holder dies). Nothing here
 touches an engine.
 
-A fleet sandbox's root file system is read-only (docs/sandboxes.md): the repository, at ``repo_dir`` in
-the image (``/testbed`` in SWE-Gym's and SWE-bench's images), is copied into ``/work`` at start and
-worked on there; the image's own copy stays as it was, the base the answer is measured against when
-the image has no ``git`` (``patch_tool.py``, shipped into the sandbox's ``/tmp``).
+A fleet sandbox's root file system is read-only (docs/sandboxes.md), and only its working directory
+(``/work`` in a container; a private one in the process backend) is writable on every backend. So the
+repository is worked on in ``repo/`` under it: copied there from ``repo_dir`` in the image (``/testbed``
+in SWE-Gym's and SWE-bench's images), or written there from the row's ``repo_files`` (the local
+backend's rows: then any pool serves them, the process backend's too, in the pool's default image). The
+tools live beside it in ``.gym/``: ``patch_tool.py`` makes the answer's diff and applies patches where
+the image has no ``git``, against the untouched base (the image's ``repo_dir``, or ``.gym/base``).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -22,46 +26,49 @@ from typing import Any
 from .containers import swe_image
 from .environments import PATCH_FILE, CommandResult, EnvironmentError_
 
-WORK = "/work"
-TOOL = "/tmp/.gym_swe_patch_tool.py"
+REPO = "repo"  # under the sandbox's working directory: the repository
+TOOL = ".gym/patch_tool.py"
+FILES = ".gym/repo.json"
+BASE = ".gym/base"  # the repository as the row gave it (repo_files rows), for the answer's diff
 TOOL_SOURCE = (Path(__file__).resolve().parent / "patch_tool.py").read_bytes()
 
 
-def _commands(repo_dir: str) -> tuple[str, str]:
-    """The diff and apply commands: git's where the image has it (and the repository its ``.git``),
-    Python's (``patch_tool.py``) where not."""
-    base = shlex.quote(repo_dir)
+def _commands(base: str) -> tuple[str, str]:
+    """The diff and apply commands, run in ``repo/``: git's where the image has it (and the repository its
+    ``.git``), Python's (``patch_tool.py``) where not."""
+    tool = f"../{TOOL}"
     diff = (
         "if command -v git >/dev/null 2>&1 && [ -d .git ]; then git add -A && git diff --cached --binary; "
-        f"else python3 {TOOL} diff {base} .; fi"
+        f"else python3 {tool} diff {shlex.quote(base)} .; fi"
     )
     apply = (
         "if command -v git >/dev/null 2>&1; then "
         f"git apply -v {PATCH_FILE} || patch --batch --fuzz=5 -p1 -i {PATCH_FILE}; "
-        f"else python3 {TOOL} apply {PATCH_FILE} .; fi; status=$?; rm -f {PATCH_FILE}; exit $status"
+        f"else python3 {tool} apply {PATCH_FILE} .; fi; status=$?; rm -f {PATCH_FILE}; exit $status"
     )
     return diff, apply
 
 
 class FleetEnvironment:
-    """One sandbox of the pool holding the task's repository in ``/work``."""
+    """One sandbox of the pool holding the task's repository in ``repo/`` under its working directory."""
 
-    def __init__(self, box: Any, *, shell_setup: str, repo_dir: str) -> None:
+    def __init__(self, box: Any, *, shell_setup: str, base: str) -> None:
         self._box, self._setup = box, shell_setup
-        self.diff_command, self.apply_command = _commands(repo_dir)
+        self.diff_command, self.apply_command = _commands(base)
         self.closed = False
 
     async def run(self, command: str, timeout_s: float) -> CommandResult:
         if self.closed:
             raise EnvironmentError_("the environment is closed")
         # one stream, as mini-swe-agent shows it; a new shell per command, in the repository
-        script = f"exec 2>&1\ncd {WORK}\n" + (f"{self._setup}\n" if self._setup else "") + command
+        script = f"exec 2>&1\ncd {REPO}\n" + (f"{self._setup}\n" if self._setup else "") + command
         r = await self._box.exec(["bash", "-c", script], timeout_s=timeout_s)
         output = r.stdout.decode("utf-8", "replace")
         return CommandResult(r.exit_code, output, timed_out=r.timed_out, truncated=r.truncated)
 
     async def write(self, path: str, text: str) -> None:
-        await self._box.write(path, text)
+        """``path`` relative to the repository (as the other environments take it)."""
+        await self._box.write(path if path.startswith("/") else f"{REPO}/{path}", text)
 
     async def close(self) -> None:
         if not self.closed:
@@ -87,15 +94,27 @@ class FleetBackend:
         self.shell_setup, self.start_timeout_s = shell_setup, start_timeout_s
 
     async def start(self, task: dict[str, Any]) -> FleetEnvironment:
-        box = await self._open(image=swe_image(task, self.flavour))
+        files = task.get("repo_files")
+        if files is not None and not (
+            isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+        ):
+            raise ValueError("repo_files must be {path: text} (the repository at its base commit)")
+        # a row with its files runs in the row's image or the pool's default; any other in the task's image
+        image = (task.get("image_name") or None) if files is not None else swe_image(task, self.flavour)
+        box = await self._open(image=image)
         try:
             await box.write(TOOL, TOOL_SOURCE)
-            src = shlex.quote(self.repo_dir.rstrip("/") + "/.")
-            r = await box.exec(["sh", "-c", f"cp -a {src} {WORK}/"], timeout_s=self.start_timeout_s)
+            if files is not None:
+                await box.write(FILES, json.dumps(files))
+                cmd, base, what = f"python3 {TOOL} unpack {FILES} {REPO} {BASE}", f"../{BASE}", "writing repo_files"
+            else:
+                src = shlex.quote(self.repo_dir.rstrip("/") + "/.")
+                cmd, base, what = f"mkdir -p {REPO} && cp -a {src} {REPO}/", self.repo_dir, f"copying {self.repo_dir}"
+            r = await box.exec(["sh", "-c", cmd], timeout_s=self.start_timeout_s)
             if r.exit_code != 0:
                 why = (r.stderr or r.stdout).decode("utf-8", "replace").strip()[-500:]
-                raise EnvironmentError_(f"copying the repository from {self.repo_dir} failed: {why}")
+                raise EnvironmentError_(f"{what} into the sandbox failed: {why}")
         except BaseException:
             await box.close()
             raise
-        return FleetEnvironment(box, shell_setup=self.shell_setup, repo_dir=self.repo_dir)
+        return FleetEnvironment(box, shell_setup=self.shell_setup, base=base)

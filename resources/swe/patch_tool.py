@@ -1,6 +1,7 @@
 """Make and apply a repository's unified diff with Python alone, for images without ``git`` or ``patch``.
 
-A sandbox of the fleet runs this file (``python3 patch_tool.py diff BASE WORK`` / ``apply PATCH [ROOT]``)
+A sandbox of the fleet runs this file (``python3 patch_tool.py diff BASE WORK`` / ``apply PATCH [ROOT]`` /
+``unpack FILES.json ROOT...``: a row's ``repo_files`` written out)
 when its image has no ``git``: the locally built images here are a Debian base with Python and nothing
 else. Standard library only, so it runs in any image with a ``python3``. ``diff`` writes git's layout
 (``diff --git a/p b/p``, ``new file mode``, ``deleted file mode``) for text files, skipping ``.git`` and
@@ -12,6 +13,7 @@ leaves the tree untouched and exits 1 naming it. Binary patches and renames are 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import sys
@@ -161,7 +163,28 @@ def apply_patch(patch: str, root: str) -> list[str]:
     return sorted(results)
 
 
+def unpack(files_json: str, *roots: str) -> None:
+    """Write a row's ``repo_files`` ({path: text}) under each root (the repository, and its base)."""
+    with open(files_json, encoding="utf-8") as f:
+        files = json.load(f)
+    for root in roots:
+        for rel, text in files.items():
+            path = os.path.normpath(os.path.join(root, rel))
+            if not path.startswith(os.path.normpath(root) + os.sep):
+                raise ValueError(f"{rel!r} leaves the repository")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8", newline="") as out:
+                out.write(text)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "unpack":
+        try:
+            unpack(*argv[1:])
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
     if len(argv) >= 3 and argv[0] == "diff":
         sys.stdout.write(diff_trees(argv[1], argv[2]))
         return 0
@@ -175,7 +198,7 @@ def main(argv: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
-    print("usage: patch_tool.py diff BASE WORK | apply PATCH [ROOT]", file=sys.stderr)
+    print("usage: patch_tool.py diff BASE WORK | apply PATCH [ROOT] | unpack FILES.json ROOT...", file=sys.stderr)
     return 2
 
 

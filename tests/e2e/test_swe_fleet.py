@@ -57,14 +57,19 @@ def outputs(row: dict[str, Any]) -> list[str]:
     return [i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"]
 
 
-def fleet_config(tmp_path: Path, socket: str, pool: str, recordings: Path, images: list[str]) -> Config:
+def fleet_config(
+    tmp_path: Path, socket: str, pool: str, recordings: Path, images: list[str], backend: str = "docker"
+) -> Config:
+    """Our swe environment and agent on pool ``pool``; the policy replays ``recordings``."""
+    engine = {"engine": f"unix://{socket}"} if socket else {}
     return config_from_dict(
         {
             "namespace": "gym",
             "models": {"policy": {"adapter": "replay", "rollouts": str(recordings)}},
             "sandboxes": {
                 pool: {
-                    "engine": f"unix://{socket}",
+                    "backend": backend,
+                    **engine,
                     "images": images,
                     "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 32, "timeout_s": 120},
                 }
@@ -139,7 +144,9 @@ async def test_a_swe_task_on_the_fleet_rewards_the_fix_and_not_its_absence(
     }
     assert "-    return a - b\n+    return a + b" in fixed["model_patch"]  # the answer: the session's diff
     ran = outputs(fixed)
-    assert ran[0] == "<returncode>0</returncode>\n<output>\n/work\ncalc.py\ntest_calc.py\n</output>"  # in the image
+    assert (
+        ran[0] == "<returncode>0</returncode>\n<output>\n/work/repo\ncalc.py\ntest_calc.py\n</output>"
+    )  # in the image
     assert "Ran 1 test" in ran[2] and "OK" in ran[2]  # live, in the container (test_add comes with the test patch)
 
     assert (idle["reward"], idle["resolved"], idle["model_patch"]) == (0.0, False, "")

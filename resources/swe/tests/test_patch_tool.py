@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gym_runtime.resources.swe.grading import parse_unittest
-from gym_runtime.resources.swe.patch_tool import apply_patch, diff_trees
+from gym_runtime.resources.swe.patch_tool import apply_patch, diff_trees, unpack
 
 BASE = {
     "calc.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
@@ -86,3 +87,13 @@ def test_unittest_verbose_lines_give_each_tests_status() -> None:
         "m.T.test_skip": "SKIPPED",
         "m.T.test_err": "ERROR",
     }
+
+
+def test_a_rows_files_are_written_under_each_root_and_never_outside(tmp_path: Path) -> None:
+    (tmp_path / "files.json").write_text(json.dumps({"pkg/a.py": "A = 1\n"}))
+    unpack(str(tmp_path / "files.json"), str(tmp_path / "repo"), str(tmp_path / "base"))
+    assert (tmp_path / "repo/pkg/a.py").read_text() == (tmp_path / "base/pkg/a.py").read_text() == "A = 1\n"
+    (tmp_path / "bad.json").write_text(json.dumps({"../escape.py": "x"}))
+    with pytest.raises(ValueError, match="leaves the repository"):
+        unpack(str(tmp_path / "bad.json"), str(tmp_path / "repo"))
+    assert not (tmp_path / "escape.py").exists()
