@@ -4,7 +4,8 @@ The image ``gym-runtime/swe-demo:<hash>`` is the fleet's Debian base (``gym_runt
 with the repository copied to ``/testbed`` (where SWE-Gym's and SWE-bench's images keep theirs), built
 through the Engine API with no network (nothing is fetched) and only when the engine lacks it. The
 base has Python and no pytest, so the tests are ``unittest``'s. The row is in SWE-bench's shape: its
-``test_patch`` adds the failing test, ``patch`` is the gold fix, both written by real ``git``.
+``test_patch`` adds the failing test, ``patch`` is the gold fix, both written by real ``git``. Also the
+config that runs it on a pool (``fleet_config``) and the scripted policy, a test double for the LLM.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from gym_runtime.agents.swe import SYSTEM
+from gym_runtime.config import Config, config_from_dict
 from gym_runtime.sandboxes.engine_http import Engine
 
 CALC = '''def add(a, b):
@@ -107,3 +110,68 @@ def swe_row(image: str, **extra: Any) -> dict[str, Any]:
         "responses_create_params": {"input": []},
         **extra,
     }
+
+
+def scripted_policy(row: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+    """A TEST DOUBLE for the LLM: a recorded rollout (NeMo Gym's format) whose ``bash`` calls the ``replay``
+    adapter plays back; their outputs are computed live in the sandbox."""
+    output: list[dict[str, Any]] = []
+    for i, command in enumerate(commands):
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": f"c{i}",
+                "name": "bash",
+                "arguments": json.dumps({"command": command}),
+                "id": f"fc{i}",
+                "status": "completed",
+            }
+        )
+        output.append({"type": "function_call_output", "call_id": f"c{i}", "output": "recorded"})
+    issue = f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>"
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": issue}]
+    return {"responses_create_params": {"input": prompt}, "response": {"id": "r", "output": output}}
+
+
+def fleet_config(
+    tmp_path: Path, socket: str, pool: str, recordings: Path, images: list[str], backend: str = "docker"
+) -> Config:
+    """Our swe environment and agent on pool ``pool``; the policy replays ``recordings``."""
+    engine = {"engine": f"unix://{socket}"} if socket else {}
+    return config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": {"adapter": "replay", "rollouts": str(recordings)}},
+            "sandboxes": {
+                pool: {
+                    "backend": backend,
+                    **engine,
+                    "images": images,
+                    "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 32, "timeout_s": 120},
+                }
+            },
+            "resources": {
+                "swe": {
+                    "server": "resources.swe",
+                    "sandbox": pool,  # the fleet: the environment's commands run in this pool's sandboxes
+                    "options": {
+                        "test_command": "python3 -m unittest -v {tests}",
+                        "log_parser": "unittest",
+                        "command_timeout_s": 60,
+                        "eval_timeout_s": 120,
+                    },
+                }
+            },
+            "agents": {
+                "swe_agent": {
+                    "agent": "agents.swe",
+                    "model": "policy",
+                    "resource": "swe",
+                    "max_steps": 10,
+                    "timeout_s": 300,
+                    "max_attempts": 1,
+                }
+            },
+            "base_dir": str(tmp_path),
+        }
+    )

@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 
-from gym_runtime.agents.swe import SUBMIT, SYSTEM
-from gym_runtime.config import Config, config_from_dict
+from gym_runtime.agents.swe import SUBMIT
+from gym_runtime.config import Config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.sandboxes.engine_api import POOL
@@ -26,79 +26,14 @@ from gym_runtime.service.runner import make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import SandboxWorker
 from tests.helpers import put_batch, read_jsonl
-from tests.swe_demo import swe_row
+from tests.swe_demo import fleet_config, scripted_policy, swe_row
 
 FIX = ["pwd; ls /testbed", "sed -i 's/return a - b/return a + b/' calc.py", "python3 -m unittest -v test_calc", SUBMIT]
 NO_FIX = ["python3 -m unittest -v test_calc", SUBMIT]
 
 
-def scripted_policy(row: dict[str, Any], commands: list[str]) -> dict[str, Any]:
-    """A TEST DOUBLE for the LLM: a recorded rollout (NeMo Gym's format) whose ``bash`` calls the ``replay``
-    adapter plays back; their outputs are computed live in the sandbox."""
-    output: list[dict[str, Any]] = []
-    for i, command in enumerate(commands):
-        output.append(
-            {
-                "type": "function_call",
-                "call_id": f"c{i}",
-                "name": "bash",
-                "arguments": json.dumps({"command": command}),
-                "id": f"fc{i}",
-                "status": "completed",
-            }
-        )
-        output.append({"type": "function_call_output", "call_id": f"c{i}", "output": "recorded"})
-    issue = f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>"
-    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": issue}]
-    return {"responses_create_params": {"input": prompt}, "response": {"id": "r", "output": output}}
-
-
 def outputs(row: dict[str, Any]) -> list[str]:
     return [i["output"] for i in row["response"]["output"] if i["type"] == "function_call_output"]
-
-
-def fleet_config(
-    tmp_path: Path, socket: str, pool: str, recordings: Path, images: list[str], backend: str = "docker"
-) -> Config:
-    """Our swe environment and agent on pool ``pool``; the policy replays ``recordings``."""
-    engine = {"engine": f"unix://{socket}"} if socket else {}
-    return config_from_dict(
-        {
-            "namespace": "gym",
-            "models": {"policy": {"adapter": "replay", "rollouts": str(recordings)}},
-            "sandboxes": {
-                pool: {
-                    "backend": backend,
-                    **engine,
-                    "images": images,
-                    "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 32, "timeout_s": 120},
-                }
-            },
-            "resources": {
-                "swe": {
-                    "server": "resources.swe",
-                    "sandbox": pool,  # the fleet: the environment's commands run in this pool's sandboxes
-                    "options": {
-                        "test_command": "python3 -m unittest -v {tests}",
-                        "log_parser": "unittest",
-                        "command_timeout_s": 60,
-                        "eval_timeout_s": 120,
-                    },
-                }
-            },
-            "agents": {
-                "swe_agent": {
-                    "agent": "agents.swe",
-                    "model": "policy",
-                    "resource": "swe",
-                    "max_steps": 10,
-                    "timeout_s": 300,
-                    "max_attempts": 1,
-                }
-            },
-            "base_dir": str(tmp_path),
-        }
-    )
 
 
 async def run_rows(bus: Bus, cfg: Config, rows: list[dict[str, Any]], out: Path, check: Any) -> None:

@@ -17,9 +17,8 @@ from gym_runtime.data.inputs import publish_rows
 from gym_runtime.service.runner import make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import SandboxWorker
-from tests.e2e.test_swe_fleet import fleet_config, scripted_policy
 from tests.helpers import put_batch, read_jsonl
-from tests.swe_demo import FILES, swe_row
+from tests.swe_demo import FILES, fleet_config, scripted_policy, swe_row
 
 
 async def test_a_process_pool_runs_and_grades_rows_that_carry_their_repository(bus: Bus, tmp_path: Path) -> None:
