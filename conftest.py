@@ -19,7 +19,7 @@ from gym_runtime.transport.jetstream import ensure_streams
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
-pytest_plugins = ["tests.docker"]  # engine and base_image: a real Docker engine, or one skip line
+pytest_plugins = ["tests.docker", "tests.swe_demo"]  # engine, base_image, swe_demo_image: real Docker, or a skip
 
 
 @pytest.fixture

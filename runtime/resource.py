@@ -197,6 +197,8 @@ class SandboxClient(Protocol):
     """What a resource sees of the sandbox fleet (``gym_runtime.sandboxes.client.Sandboxes``, set by its
     worker: typed here so that importing the author API loads no transport)."""
 
+    pool: str  # the entry's pool ("": none)
+
     def sandbox(
         self,
         image: str | None = None,
@@ -214,6 +216,8 @@ class SandboxClient(Protocol):
 
 class _NoSandboxes:
     """A resource outside a worker (a test, ``validate``): no pool to ask."""
+
+    pool = ""
 
     def sandbox(
         self,

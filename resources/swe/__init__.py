@@ -1,9 +1,12 @@
 """swe: software-engineering tasks (SWE-Gym / SWE-bench rows) graded by the task's tests.
 
 The counterpart of NeMo Gym's ``mini_swe_agent`` (driven by ``agents.swe``). A
-session owns one environment (``environments.py``: the project's sandbox, or a
-Docker / Podman / Apptainer container of the task's image) holding the
-repository at the task's base commit, started on first use. The one tool,
+session owns one environment holding the
+repository at the task's base commit, started on first use: a sandbox of the
+entry's pool (``fleet.py``; the default when ``resources.NAME.sandbox`` names one),
+the project's process sandbox (``local``; the default without a pool), or an
+Apptainer instance; ``docker``/``podman`` drive the engine's command directly
+(kept for the ``grade`` command outside a cluster; the fleet supersedes them). The one tool,
 ``bash(command)``, runs a command there (``command_timeout_s`` each; the output
 is shown mini-swe-agent style: ``<returncode>`` and ``<output>``, long outputs
 keep their head and tail).
@@ -23,7 +26,7 @@ Rows: SWE-Gym/SWE-bench fields (``instance_id``, ``FAIL_TO_PASS``,
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
@@ -31,19 +34,23 @@ from gym_runtime.messages import Response
 from gym_runtime.resource import Resource, ToolArgumentsError, Verdict, tool
 from gym_runtime.resource import parse_options as _parse_options
 
-from .containers import ContainerCommands
+from .containers import ContainerCommands, Engine
 from .environments import Backend, CommandResult, ContainerBackend, Environment, EnvironmentError_, LocalBackend
-from .grading import DIFF, grade
+from .fleet import FleetBackend
+from .grading import grade
 
 __all__ = ["SWE", "SWEOptions", "format_observation", "make_backend", "parse_options"]
 
 
 class SWEOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    backend: Literal["local", "docker", "podman", "apptainer", "singularity"] = "local"
+    # auto: the fleet when the entry names a sandbox pool (resources.NAME.sandbox), else local
+    backend: Literal["auto", "fleet", "local", "docker", "podman", "apptainer", "singularity"] = "auto"
     command_timeout_s: float = 60.0  # one bash command (NeMo Gym's step_timeout is 600)
     eval_timeout_s: float = 1800.0  # applying patches and running the tests (NeMo Gym: 1800)
     max_output_chars: int = 10_000  # longer outputs keep their first and last half
     test_command: str = "python -m pytest -rA -p no:cacheprovider {tests}"
+    log_parser: Literal["pytest", "unittest"] = "pytest"  # how test_command's output names each test's status
+    repo_dir: str = "/testbed"  # fleet: where the image holds the repository (copied into /work/repo)
     # local backend (the project's sandbox)
     max_parallel: int = 4
     memory_bytes: int = 4 << 30
@@ -67,7 +74,8 @@ class SWEOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def make_backend(opts: SWEOptions) -> Backend:
-    if opts.backend == "local":
+    """The backend shared by a worker's sessions (the fleet's is per session: ``SWE.session_backend``)."""
+    if opts.backend in ("local", "auto", "fleet"):
         return LocalBackend(
             max_parallel=opts.max_parallel,
             wall_s=opts.lifetime_s,
@@ -76,7 +84,7 @@ def make_backend(opts: SWEOptions) -> Backend:
             max_output=4 * opts.max_output_chars,
         )
     cmds = ContainerCommands(
-        engine=opts.backend,
+        engine=cast(Engine, opts.backend),  # the rest: docker, podman, apptainer, singularity
         binary=opts.engine_binary,
         flavour=opts.flavour,
         network=opts.network,
@@ -150,12 +158,27 @@ class SWE(Resource):
         self.task: dict[str, Any] = {}
         self.env: Environment | None = None
 
+    def session_backend(self) -> Backend:
+        """The fleet (this session's sandboxes of the entry's pool) when the config names one, else the
+        worker's shared backend."""
+        fleet = self._opts.backend == "fleet" or (self._opts.backend == "auto" and self.sandboxes.pool)
+        if not fleet:
+            return self.backend()
+        o = self._opts
+        return FleetBackend(
+            self.sandbox,
+            flavour=o.flavour,
+            repo_dir=o.repo_dir,
+            shell_setup=o.shell_setup,
+            start_timeout_s=o.start_timeout_s,
+        )
+
     async def seed(self, task: dict[str, Any]) -> None:
         self.task = task
 
     async def _environment(self) -> Environment:
         if self.env is None:
-            self.env = await self.backend().start(self.task)
+            self.env = await self.session_backend().start(self.task)
         return self.env
 
     @tool(
@@ -176,7 +199,7 @@ class SWE(Resource):
         """The diff of the session's repository against the base commit ('' when never started)."""
         if self.env is None:
             return ""
-        res = await self.env.run(DIFF, self._opts.command_timeout_s)
+        res = await self.env.run(self.env.diff_command, self._opts.command_timeout_s)
         return res.output if res.returncode == 0 else ""
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
@@ -186,8 +209,14 @@ class SWE(Resource):
         except EnvironmentError_:
             patch = ""
         await self.close()  # free the slot before grading in a fresh environment
+        o = self._opts
         report = await grade(
-            self.backend(), task, patch, timeout_s=self._opts.eval_timeout_s, test_command=self._opts.test_command
+            self.session_backend(),
+            task,
+            patch,
+            timeout_s=o.eval_timeout_s,
+            test_command=o.test_command,
+            log_parser=o.log_parser,
         )
         fields = {"instance_id": task.get("instance_id"), "model_patch": patch, **report.fields()}
         return Verdict(reward=1.0 if report.resolved else 0.0, fields=fields)

@@ -36,6 +36,12 @@ from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunn
 from .containers import ContainerCommands, owner_label
 
 PAYLOAD = str(Path(__file__).resolve().parent / "shell_payload.py")
+PATCH_FILE = ".gym_patch.diff"
+APPLY = (
+    f"(git apply -v {PATCH_FILE} || patch --batch --fuzz=5 -p1 -i {PATCH_FILE}); "
+    f"status=$?; rm -f {PATCH_FILE}; exit $status"
+)
+DIFF = "git add -A && git diff --cached --binary"
 
 
 class EnvironmentError_(RuntimeError):
@@ -51,6 +57,10 @@ class CommandResult:
 
 
 class Environment(Protocol):
+    # the shell commands that print the repository's diff (the answer) and apply PATCH_FILE (grading)
+    diff_command: str
+    apply_command: str
+
     async def run(self, command: str, timeout_s: float) -> CommandResult: ...
 
     async def write(self, path: str, text: str) -> None: ...
@@ -68,6 +78,8 @@ class Backend(Protocol):
 
 
 class LocalEnvironment:
+    diff_command, apply_command = DIFF, APPLY
+
     def __init__(self, ctx: Any, session: Any, max_output: int) -> None:
         self._ctx, self._s, self.max_output = ctx, session, max_output
         self.closed = False
@@ -199,6 +211,8 @@ async def _exec(argv: list[str], *, stdin: bytes | None = None, timeout_s: float
 
 
 class ContainerEnvironment:
+    diff_command, apply_command = DIFF, APPLY
+
     def __init__(self, cmds: ContainerCommands, name: str, max_output: int) -> None:
         self.cmds, self.name, self.max_output = cmds, name, max_output
         self.closed = False
@@ -261,6 +275,9 @@ class ContainerBackend:
 
 
 __all__ = [
+    "APPLY",
+    "DIFF",
+    "PATCH_FILE",
     "Backend",
     "CommandResult",
     "ContainerBackend",

@@ -44,7 +44,14 @@ async def _grade_all(rows: list[dict[str, Any]], field: str, options: dict[str, 
         if not isinstance(patch, str):
             print(f"{row.get('instance_id', '?')}: no {field!r} field, skipped")
             continue
-        report = await grade(SWE.backend(), row, patch, timeout_s=opts.eval_timeout_s, test_command=opts.test_command)
+        report = await grade(
+            SWE.backend(),
+            row,
+            patch,
+            timeout_s=opts.eval_timeout_s,
+            test_command=opts.test_command,
+            log_parser=opts.log_parser,
+        )
         st = report.tests_status
         counts = " ".join(f"{k} {len(v['success'])}/{len(v['success']) + len(v['failure'])}" for k, v in st.items())
         verdict = "resolved" if report.resolved else "UNRESOLVED"

@@ -17,16 +17,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from .environments import Backend, Environment
+from .environments import APPLY, DIFF, PATCH_FILE, Backend, Environment
+
+__all__ = ["APPLY", "DIFF", "PATCH_FILE", "Report", "grade", "parse_pytest", "parse_unittest", "test_ids"]
 
 PASSING = ("PASSED", "XFAIL")
 _STATUS = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S.*?)(?:\s+-\s+.*)?$")
-PATCH_FILE = ".gym_patch.diff"
-APPLY = (
-    f"(git apply -v {PATCH_FILE} || patch --batch --fuzz=5 -p1 -i {PATCH_FILE}); "
-    f"status=$?; rm -f {PATCH_FILE}; exit $status"
-)
-DIFF = "git add -A && git diff --cached --binary"
 
 
 def test_ids(task: dict[str, Any], key: str) -> list[str]:
@@ -47,6 +43,27 @@ def parse_pytest(output: str) -> dict[str, str]:
         if m:
             found[m.group(2).strip()] = m.group(1)
     return found
+
+
+# ``python -m unittest -v``: "test_add (test_calc.TestCalc.test_add) ... ok" (3.11+; before: "(test_calc.TestCalc)")
+_UNITTEST = re.compile(
+    r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*)? \.\.\. (ok|FAIL|ERROR|skipped.*|expected failure|unexpected success)$", re.M
+)
+_UNITTEST_STATUS = {"ok": "PASSED", "FAIL": "FAILED", "ERROR": "ERROR", "expected failure": "XFAIL"}
+
+
+def parse_unittest(output: str) -> dict[str, str]:
+    """{dotted test id: status} from ``python -m unittest -v`` (SWE-bench's parser for such repositories
+    reads the same lines); a test with a docstring prints it on the next line, which is allowed for."""
+    found: dict[str, str] = {}
+    for m in _UNITTEST.finditer(output):
+        name, where, word = m.groups()
+        tid = where if where.endswith("." + name) else f"{where}.{name}"
+        found[tid] = _UNITTEST_STATUS.get(word, "SKIPPED" if word.startswith("skipped") else "XPASS")
+    return found
+
+
+PARSERS = {"pytest": parse_pytest, "unittest": parse_unittest}
 
 
 @dataclass
@@ -73,12 +90,18 @@ async def apply_patch(env: Environment, patch: str, timeout_s: float) -> tuple[b
     if not patch.strip():
         return True, ""
     await env.write(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
-    res = await env.run(APPLY, timeout_s)
+    res = await env.run(env.apply_command, timeout_s)
     return res.returncode == 0, res.output
 
 
 async def grade(
-    backend: Backend, task: dict[str, Any], model_patch: str, *, timeout_s: float, test_command: str
+    backend: Backend,
+    task: dict[str, Any],
+    model_patch: str,
+    *,
+    timeout_s: float,
+    test_command: str,
+    log_parser: str = "pytest",
 ) -> Report:
     """Grade ``model_patch`` for ``task`` in a fresh environment (always closed afterwards)."""
     f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
@@ -96,7 +119,7 @@ async def grade(
         ids = f2p + [t for t in p2p if t not in f2p]
         res = await env.run(test_command.format(tests=" ".join(shlex.quote(t) for t in ids)), timeout_s)
         report.timed_out = res.timed_out
-        status = parse_pytest(res.output)
+        status = PARSERS[log_parser](res.output)
         for key, tests in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
             ok_ids = [t for t in tests if status.get(t) in PASSING]
             report.tests_status[key] = {"success": ok_ids, "failure": [t for t in tests if t not in ok_ids]}

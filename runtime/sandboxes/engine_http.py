@@ -141,6 +141,22 @@ class Engine:
             if line.strip() and b'"error"' in line:
                 raise EngineError(f"importing {repo}:{tag}: {json.loads(line).get('error')}")
 
+    async def build(self, context: bytes, tag: str, *, network: str = "none", timeout_s: float = 600.0) -> None:
+        """``docker build``: ``context`` is a tar holding a ``Dockerfile``; the image is tagged ``tag``. Its
+        ``RUN`` steps get ``network`` (``none`` unless the build must fetch; never a bridge here)."""
+        raw = await self._call(
+            "POST",
+            "/build",
+            params={"t": tag, "networkmode": network, "rm": "1", "forcerm": "1"},
+            data=context,
+            headers={"Content-Type": "application/x-tar"},
+            timeout_s=timeout_s,
+            raw=True,
+        )
+        for line in raw.splitlines():  # a progress stream; a failed step is an error line of its own
+            if line.strip() and b'"error"' in line:
+                raise EngineError(f"building {tag}: {json.loads(line).get('error', '').strip()}")
+
     # ---------------------------------------------------------------- containers
 
     async def create(self, body: dict[str, Any], name: str | None = None) -> str:
