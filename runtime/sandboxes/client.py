@@ -5,11 +5,19 @@ Every call travels over the bus: ``create`` to the pool's queue group (whichever
 pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
 when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
 reaper. No author touches Docker or NATS.
+
+Admission: a pool with no room (every worker at its capacity or the pool at its ``max_live``) takes no
+create: nobody answers it (full workers are not subscribed) or a worker answers ``full``. If a worker of
+the pool answers ``present``, the pool is full rather than gone, and the create waits for a lease,
+asking again with a jittered backoff; that wait is summed in ``waited_s`` and given to ``on_wait``
+(an agent's rollout does not count it against its ``timeout_s``).
 """
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -24,6 +32,8 @@ from gym_runtime.transport.subjects import Subjects
 CREATE_TIMEOUT_S = 300.0  # a cold create on a loaded engine
 OP_SLACK_S = 60.0  # beyond an exec's own timeout: the engine's start and teardown
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between creates while the pool has no worker
+FULL_BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.4)  # waits (jittered) between creates while the pool is full
+PRESENT_TIMEOUT_S = 5.0
 
 
 class Sandbox:
@@ -127,6 +137,9 @@ class Sandboxes:
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}
+        self.asked = 0  # sandboxes created for this lease
+        self.waited_s = 0.0  # summed time creates waited for a lease (the pool was full)
+        self.on_wait: Callable[[float], None] | None = None  # told each wait before it starts (its seconds)
 
     def sandbox(
         self,
@@ -149,24 +162,51 @@ class Sandboxes:
             where = self.where or "the entry"
             raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
         call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=self.deadline)
-        give_up, waits = time.monotonic() + self.absent_grace_s, 0
+        subjects = self._bus.subjects
+        give_up, waits, fulls = time.monotonic() + self.absent_grace_s, 0, 0
         while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
             try:
                 reply: SandboxReply = await self._bus.request(
-                    self._bus.subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
+                    subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
                 )
-                break
+                if not reply.full:
+                    break
             except NoResponders:
-                delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
-                if time.monotonic() + delay > give_up:
-                    raise
-                waits += 1
-                await anyio.sleep(delay)
+                if not await self._present():
+                    delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
+                    if time.monotonic() + delay > give_up:
+                        raise
+                    waits += 1
+                    await anyio.sleep(delay)
+                    continue
+            # the pool is there and full: wait for a lease (jittered, so waiters do not ask in step)
+            delay = FULL_BACKOFF_S[min(fulls, len(FULL_BACKOFF_S) - 1)] * random.uniform(0.5, 1.5)
+            fulls += 1
+            give_up = time.monotonic() + self.absent_grace_s  # a full pool is not an absent one
+            if self.on_wait is not None:
+                self.on_wait(delay)
+            started = time.monotonic()
+            await anyio.sleep(delay)
+            self.waited_s += time.monotonic() - started
+        self.asked += 1
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:
             self.exec_timeout_s = spec.timeout_s
         return box
+
+    async def _present(self) -> bool:
+        """Whether the pool has a worker at all (answered even by a full one)."""
+        try:
+            await self._bus.request(
+                self._bus.subjects.sandbox_present(self.pool),
+                SandboxCall(op="present"),
+                timeout=PRESENT_TIMEOUT_S,
+                op="sandbox.present",
+            )
+        except Exception:  # no responders, or no answer in time: no worker to wait for
+            return False
+        return True
 
     async def close_all(self) -> None:
         """End the lease: remove every sandbox still open (the rollout ended, whichever way)."""

@@ -302,7 +302,9 @@ class AgentWorker:
         retrying = False
         try:
             try:
-                async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
+                async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
+                    # waiting for a sandbox lease (a full pool) does not count against timeout_s
+                    ctx.sandboxes.on_wait = lambda s: clock.reschedule((clock.when() or 0.0) + s)
                     if task.group > 1:
                         if self.run_group is None:
                             raise Failure(
@@ -345,6 +347,10 @@ class AgentWorker:
                         answer_field=outcome.verdict.answer_field,
                     )
                 )
+            if ctx.sandboxes.asked:  # the time its sandboxes waited for a lease (not counted against timeout_s)
+                for r in results:
+                    r.row["sandbox_wait_s"] = round(ctx.sandboxes.waited_s, 3)  # type: ignore[index]
+                self.bus.telemetry.meters.sandbox_waited(ctx.sandboxes.pool, ctx.sandboxes.waited_s)
             return results
         finally:
             with anyio.CancelScope(shield=True):  # the rollout ended, whichever way: so does its sandboxes' lease

@@ -1,0 +1,96 @@
+"""Scheduling in the sandbox fleet, in process on a real nats-server and a real Docker engine: warm pools
+(a warm container is used once, then removed; the pool refills) and the pool-wide quota (``max_live``:
+never more live containers than it, across workers; a create past it waits for a lease, never fails)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+import pytest
+
+from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.engine_api import LEASE, POOL
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.sandbox_worker import WARM_LEASE
+from tests.test_sandbox_worker import fleet, wait_for
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"s{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_warm_pool_serves_creates_once_each_and_refills(
+    bus: Bus, engine: Engine, base_image: str, pool: str
+) -> None:
+    label = f"gym.{pool}"
+
+    async def warm_ids() -> set[str]:
+        return {c["Id"] for c in await engine.containers({POOL: label, LEASE: WARM_LEASE})}
+
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(warm=3, capacity=8)
+        await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=60)
+        first = await warm_ids()
+        assert first == set(w.warm)  # idle, labelled as warm (no lease yet)
+        boxes = Sandboxes(bus, pool, lease="b:0:0", deadline=time.time() + 60)
+        got = [await boxes.sandbox() for _ in range(3)]
+        assert {b.id for b in got} == first  # each a warm one, none created for the call
+        assert (await got[0].exec("echo ok")).stdout == b"ok\n"
+        custom = await boxes.sandbox(cpu=0.5)  # another spec than the warm one: created cold
+        assert custom.id not in first
+        await boxes.close_all()
+        live = {c["Id"] for c in await engine.containers({POOL: label})}
+        assert not live & first and custom.id not in live  # used once, then removed: never handed out again
+        await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=60)  # refilled, anew
+        assert not (await warm_ids()) & first
+        assert w.stats()["warm_hits"] == 3 and w.stats()["warm"] == 3
+
+
+async def _is(ids: object, n: int) -> bool:
+    return len(await ids()) == n  # type: ignore[operator]
+
+
+async def test_a_quota_across_two_workers_is_never_passed_and_creates_wait_for_a_lease(
+    bus: Bus, engine: Engine, base_image: str, pool: str
+) -> None:
+    label, most = f"gym.{pool}", 0
+    done = anyio.Event()
+
+    async def watch() -> None:
+        nonlocal most
+        while not done.is_set():
+            most = max(most, len(await engine.containers({POOL: label})))
+            await anyio.sleep(0.02)
+
+    async with fleet(bus, engine, pool) as worker:
+        a = await worker(max_live=3, capacity=16, warm=1)
+        b = await worker(max_live=3, capacity=16, warm=1)
+        await wait_for(lambda: _true(a.limit() + b.limit() == 3), timeout=20)  # shares: 2 and 1
+        waits: list[float] = []
+        extended: list[float] = []
+
+        async def rollout(i: int) -> None:
+            boxes = Sandboxes(bus, pool, lease=f"b:{i}:0", deadline=time.time() + 120)
+            boxes.on_wait = extended.append
+            async with boxes.sandbox() as box:
+                assert (await box.exec("sleep 0.3; echo $((1+1))")).stdout == b"2\n"
+            waits.append(boxes.waited_s)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            async with anyio.create_task_group() as rollouts:
+                for i in range(12):
+                    rollouts.start_soon(rollout, i)
+            done.set()
+        assert len(waits) == 12  # every create got a lease; none failed
+        assert 0 < most <= 3, most
+        assert max(waits) > 0 and sum(extended) >= sum(waits) * 0.5  # the waits were reported as they happened
+        assert a.stats()["created"] + b.stats()["created"] >= 12
+
+
+async def _true(v: bool) -> bool:
+    return v
