@@ -43,8 +43,12 @@ async def test_a_warm_pool_serves_creates_once_each_and_refills(
         custom = await boxes.sandbox(cpu=0.5)  # another spec than the warm one: created cold
         assert custom.id not in first
         await boxes.close_all()
-        live = {c["Id"] for c in await engine.containers({POOL: label})}
-        assert not live & first and custom.id not in live  # used once, then removed: never handed out again
+
+        async def removed() -> bool:  # a close is answered at once; the engine removes it just after
+            live = {c["Id"] for c in await engine.containers({POOL: label})}
+            return not live & (first | {custom.id})
+
+        await wait_for(removed, timeout=30)  # used once, then removed: never handed out again
         await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=60)  # refilled, anew
         assert not (await warm_ids()) & first
         assert w.stats()["warm_hits"] == 3 and w.stats()["warm"] == 3
@@ -75,7 +79,7 @@ async def test_a_quota_across_two_workers_is_never_passed_and_creates_wait_for_a
 
         async def rollout(i: int) -> None:
             boxes = Sandboxes(bus, pool, lease=f"b:{i}:0", deadline=time.time() + 120)
-            boxes.on_wait = extended.append
+            boxes.on_acquire = lambda took: extended.append(took) if took is not None else None
             async with boxes.sandbox() as box:
                 assert (await box.exec("sleep 0.3; echo $((1+1))")).stdout == b"2\n"
             waits.append(boxes.waited_s)
@@ -88,7 +92,8 @@ async def test_a_quota_across_two_workers_is_never_passed_and_creates_wait_for_a
             done.set()
         assert len(waits) == 12  # every create got a lease; none failed
         assert 0 < most <= 3, most
-        assert max(waits) > 0 and sum(extended) >= sum(waits) * 0.5  # the waits were reported as they happened
+        assert sum(extended) == pytest.approx(sum(waits))  # each acquisition's time reported to its holder
+        assert max(waits) > 0.3  # some waited for another's lease to end
         assert a.stats()["created"] + b.stats()["created"] >= 12
 
 

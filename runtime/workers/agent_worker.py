@@ -303,8 +303,8 @@ class AgentWorker:
         try:
             try:
                 async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
-                    # waiting for a sandbox lease (a full pool) does not count against timeout_s
-                    ctx.sandboxes.on_wait = lambda s: clock.reschedule((clock.when() or 0.0) + s)
+                    # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
+                    ctx.sandboxes.on_acquire = _Paused(ctx, clock)
                     if task.group > 1:
                         if self.run_group is None:
                             raise Failure(
@@ -406,6 +406,25 @@ class AgentWorker:
             await self.bus.js_publish(subject, failed, msg_id=msg_id)
         except StorageFull:
             await self.bus.js_publish(subject, msgspec.structs.replace(failed, input_row=None), msg_id=msg_id)
+
+
+class _Paused:
+    """A rollout's clock stopped while it acquires a sandbox, then moved on by the time that took."""
+
+    def __init__(self, ctx: AgentContext, clock: asyncio.Timeout) -> None:
+        self.ctx, self.clock = ctx, clock
+        self.end: float | None = None  # the rollout's end before the pause (the loop's clock)
+
+    def __call__(self, took: float | None) -> None:
+        if took is None:  # starts: no timeout while acquiring
+            if self.end is None:
+                self.end = self.clock.when()
+                self.clock.reschedule(None)
+            return
+        if self.end is not None:
+            self.clock.reschedule(self.end + took)
+            self.end = None
+        self.ctx.deadline += took
 
 
 def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:

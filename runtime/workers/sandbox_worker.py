@@ -56,6 +56,14 @@ class Held(msgspec.Struct, kw_only=True):
     busy: int = 0  # operations running now (a long exec is not idleness)
 
 
+async def _drain(sub: Any) -> None:
+    """Unsubscribe, still handling what was delivered (nats-py's ``unsubscribe`` drops it: lost requests)."""
+    try:
+        await sub.drain()
+    except Exception:
+        pass
+
+
 def engine_socket(cfg: SandboxConfig, where: str) -> str:
     if cfg.engine:
         return socket_of(cfg.engine)
@@ -228,10 +236,7 @@ class SandboxWorker:
             )  # fmt: skip
         elif not want and self._create_sub is not None:
             sub, self._create_sub = self._create_sub, None
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            self._tg.start_soon(_drain, sub)  # creates already delivered here are answered (full), not dropped
 
     async def _gate_loop(self) -> None:
         """Keep the subscription and the warm pool in line with this worker's room (and the peers' load)."""
