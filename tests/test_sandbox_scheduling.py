@@ -4,12 +4,16 @@ never more live containers than it, across workers; a create past it waits for a
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 import uuid
 
 import anyio
 import pytest
 
+from gym_runtime.observability.meters import start as start_meters
+from gym_runtime.ops.status import gather, render
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import LEASE, POOL
 from gym_runtime.sandboxes.engine_http import Engine
@@ -52,6 +56,8 @@ async def test_a_warm_pool_serves_creates_once_each_and_refills(
         await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=60)  # refilled, anew
         assert not (await warm_ids()) & first
         assert w.stats()["warm_hits"] == 3 and w.stats()["warm"] == 3
+        shown = render(await gather(bus))  # what `gym-runtime status` prints
+        assert f"sandbox {pool}: 1 replica(s); 3 live, 3 warm, 3 warm hits, 7 created" in shown, shown
 
 
 async def _is(ids: object, n: int) -> bool:
@@ -95,7 +101,37 @@ async def test_a_quota_across_two_workers_is_never_passed_and_creates_wait_for_a
         assert sum(extended) == pytest.approx(sum(waits))  # each acquisition's time reported to its holder
         assert max(waits) > 0.3  # some waited for another's lease to end
         assert a.stats()["created"] + b.stats()["created"] >= 12
+        shown = render(await gather(bus))
+        assert f"sandbox {pool}: 2 replica(s); " in shown and " live of max_live 3, " in shown, shown
 
 
 async def _true(v: bool) -> bool:
     return v
+
+
+async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engine, base_image: str, pool: str) -> None:
+    """What an operator scrapes: live and warm sandboxes, creates, warm hits and acquire latency per pool."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    meters = start_meters(service="test", role="sandbox", port=port)
+    bus.telemetry.meters = meters
+    try:
+        async with fleet(bus, engine, pool) as worker:
+            w = await worker(warm=2, capacity=4)
+            await wait_for(lambda: _true(len(w.warm) == 2 and w.warming == 0), timeout=60)
+            boxes = Sandboxes(bus, pool, lease="m:0:0", deadline=time.time() + 60)
+            await boxes.sandbox()
+            await boxes.sandbox(cpu=0.5)  # cold
+            text = await anyio.to_thread.run_sync(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            )
+            await boxes.close_all()
+    finally:
+        meters.shutdown()
+    mine = [line for line in text.splitlines() if f'gym_name="{pool}"' in line]
+    assert any(line.startswith("gym_sandbox_warm_hits_total{") and line.endswith(" 1.0") for line in mine), mine
+    assert any(line.startswith("gym_sandbox_live{") for line in mine), mine
+    assert any(line.startswith("gym_sandbox_created_total{") for line in mine), mine
+    counts = {line.split("{")[0]: line for line in mine if "_acquire_seconds_count" in line}
+    assert len([line for line in mine if line.startswith("gym_sandbox_acquire_seconds_count")]) == 2, counts
