@@ -257,7 +257,8 @@ class SandboxWorker:
         """Create one idle container of the default spec; expires 0: only its worker ends its lease."""
         assert self.backend is not None and self.warm_spec is not None
         try:
-            sid = await self.backend.create(self.warm_spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
+            with anyio.CancelScope(shield=True):  # a stopping worker waits for it, then removes it: none leaks
+                sid = await self.backend.create(self.warm_spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
         except Exception as e:  # the engine refused: the next turn tries again
             log.warning("sandbox.warm_failed", error=repr(e))
             await anyio.sleep(1.0)
@@ -321,10 +322,11 @@ class SandboxWorker:
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
         self.changed()
         try:
-            sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
+            with anyio.CancelScope(shield=True):  # held (and so removed at stop) even if the worker is stopping
+                sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
+                self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
         finally:
             self.held.pop(sid_tmp, None)
-        self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
         self.created += 1
         self._acquired(started, warm=False)
         return SandboxReply(sandbox=sid, address=self.address)
