@@ -409,22 +409,28 @@ class AgentWorker:
 
 
 class _Paused:
-    """A rollout's clock stopped while it acquires a sandbox, then moved on by the time that took."""
+    """A rollout's clock stopped while it acquires sandboxes (several at once: while any is acquiring), then
+    moved on by the time that took."""
 
     def __init__(self, ctx: AgentContext, clock: asyncio.Timeout) -> None:
         self.ctx, self.clock = ctx, clock
+        self.acquiring = 0
         self.end: float | None = None  # the rollout's end before the pause (the loop's clock)
+        self.since = 0.0  # when the pause began (time.monotonic)
 
     def __call__(self, took: float | None) -> None:
-        if took is None:  # starts: no timeout while acquiring
-            if self.end is None:
-                self.end = self.clock.when()
+        if took is None:  # an acquisition starts: no timeout while any is out
+            if self.acquiring == 0:
+                self.end, self.since = self.clock.when(), time.monotonic()
                 self.clock.reschedule(None)
+            self.acquiring += 1
             return
-        if self.end is not None:
-            self.clock.reschedule(self.end + took)
-            self.end = None
-        self.ctx.deadline += took
+        self.acquiring -= 1
+        if self.acquiring == 0:
+            paused = time.monotonic() - self.since
+            if self.end is not None:
+                self.clock.reschedule(self.end + paused)
+            self.ctx.deadline += paused
 
 
 def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:
