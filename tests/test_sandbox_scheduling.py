@@ -12,6 +12,8 @@ import uuid
 import anyio
 import pytest
 
+from gym_runtime.config import config_from_dict
+from gym_runtime.errors import ConfigError
 from gym_runtime.observability.meters import start as start_meters
 from gym_runtime.ops.status import gather, render
 from gym_runtime.sandboxes.client import Sandboxes
@@ -135,3 +137,16 @@ async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engi
     assert any(line.startswith("gym_sandbox_created_total{") for line in mine), mine
     counts = {line.split("{")[0]: line for line in mine if "_acquire_seconds_count" in line}
     assert len([line for line in mine if line.startswith("gym_sandbox_acquire_seconds_count")]) == 2, counts
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ({"capacity": 2, "warm": 5}, "sandboxes.box: warm (5) must not exceed capacity (2)"),
+        ({"max_live": -1}, "sandboxes.box: max_live and warm must be at least 0"),
+    ],
+)
+def test_a_scheduling_mistake_in_the_config_is_one_line(entry: dict[str, int], said: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"sandboxes": {"box": entry}})
+    assert said in str(e.value) and "\n" not in str(e.value)
