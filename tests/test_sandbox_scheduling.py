@@ -123,7 +123,7 @@ async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engi
             w = await worker(warm=2, capacity=4)
             await wait_for(lambda: _true(len(w.warm) == 2 and w.warming == 0), timeout=60)
             boxes = Sandboxes(bus, pool, lease="m:0:0", deadline=time.time() + 60)
-            await boxes.sandbox()
+            await (await boxes.sandbox()).exec("true")
             await boxes.sandbox(cpu=0.5)  # cold
             text = await anyio.to_thread.run_sync(
                 lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -137,6 +137,7 @@ async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engi
     assert any(line.startswith("gym_sandbox_created_total{") for line in mine), mine
     counts = {line.split("{")[0]: line for line in mine if "_acquire_seconds_count" in line}
     assert len([line for line in mine if line.startswith("gym_sandbox_acquire_seconds_count")]) == 2, counts
+    assert any(line.startswith("gym_sandbox_exec_seconds_count{") and line.endswith(" 1.0") for line in mine), mine
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,8 @@ Instruments (Prometheus names in brackets):
   containers held, leased or warm; idle warm ones); ``gym.sandbox.created``, ``gym.sandbox.warm_hits``,
   ``gym.sandbox.reaped`` (counters; creates/s is the rate of ``created``); ``gym.sandbox.acquire``
   [``gym_sandbox_acquire_seconds``], a histogram of a create's time in its worker by ``gym.sandbox.warm``;
-  ``gym.sandbox.wait`` [``gym_sandbox_wait_seconds``], how long rollouts waited for a lease (the quota)
+  ``gym.sandbox.wait`` [``gym_sandbox_wait_seconds``], how long rollouts waited for a lease (the quota);
+  ``gym.sandbox.exec`` [``gym_sandbox_exec_seconds``], a command's time in its worker (the engine's exec)
 
 Every process has its own endpoint: ``start`` with a worker pool gives replica
 *i* the port ``P + i`` (see ``docs/operations.md``, "Metrics and dashboard"); ``run`` with worker
@@ -119,6 +120,9 @@ class Meters:
         self.sandbox_wait = meter.create_histogram(
             "gym.sandbox.wait", unit="s", description="time a rollout waited for a sandbox lease (the pool was full)"
         )
+        self.sandbox_exec = meter.create_histogram(
+            "gym.sandbox.exec", unit="s", description="a sandbox command's time in its worker (the engine's exec)"
+        )
         for key, kind, what in (
             ("live", "gauge", "sandboxes held (leased, warm or being created) per pool"),
             ("warm", "gauge", "idle warm sandboxes ready per pool"),
@@ -162,6 +166,10 @@ class Meters:
     def sandbox_acquired(self, pool: str, seconds: float, *, warm: bool) -> None:
         if self.enabled:
             self.sandbox_acquire.record(seconds, {"gym.name": pool, "gym.sandbox.warm": warm})
+
+    def sandbox_executed(self, pool: str, seconds: float) -> None:
+        if self.enabled:
+            self.sandbox_exec.record(seconds, {"gym.name": pool})
 
     def sandbox_waited(self, pool: str, seconds: float) -> None:
         if self.enabled:

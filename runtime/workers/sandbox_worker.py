@@ -350,6 +350,7 @@ class SandboxWorker:
                 lim = self.cfg.limits
                 timeout = min(req.timeout_s or lim.timeout_s, lim.timeout_s)
                 r = await self.backend.exec(req.sandbox, req.argv, timeout_s=timeout, max_output=lim.max_output)
+                self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
                 return SandboxReply(
                     sandbox=req.sandbox,
                     exit_code=r.exit_code,
