@@ -450,7 +450,7 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (the
     rollout) and when it ends; ``exec``/``write``/``read``/``close`` go to the worker that holds ``sandbox``."""
 
-    op: Literal["create", "exec", "write", "read", "close"]
+    op: Literal["create", "exec", "write", "read", "close", "present"]
     sandbox: str = ""
     spec: SandboxSpec | None = None
     lease: str = ""
@@ -471,6 +471,8 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     timed_out: bool = False
     duration_s: float = 0.0
     data: bytes = b""
+    full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
+    warm: bool = False  # create: served from the warm pool
 
 
 Envelope = (

@@ -155,6 +155,8 @@ USES = [
     # sandboxes: the agents and environments whose entry names pool "box" create there and drive what they hold
     Use("sandbox_create", s.sandbox_create("box"), BOX_USERS, of("sandbox", "box")),
     Use("sandbox_create", s.sandbox_create("other"), set(), of("sandbox", "other")),
+    Use("sandbox_present", s.sandbox_present("box"), BOX_USERS, of("sandbox", "box")),
+    Use("sandbox_present", s.sandbox_present("other"), set(), of("sandbox", "other")),
     Use("sandbox_worker", s.session_op(s.sandbox_worker("box", "w1"), "exec"), BOX_USERS, of("sandbox", "box")),
     Use("sandbox_worker", s.session_op(s.sandbox_worker("other", "w1"), "exec"), set(), of("sandbox", "other")),
     Use("sandboxes", s.sandboxes("box"), set(), of("sandbox", "box")),

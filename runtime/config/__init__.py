@@ -114,8 +114,12 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine: str = ""
     image: str = "base"  # a spec's default image; "base": the Debian 12 base, built here if missing
     images: list[str] = msgspec.field(default_factory=list)  # other images a spec may name (empty: any the engine has)
-    capacity: int = 64  # live sandboxes one worker holds; past it a create is refused (retryable)
+    capacity: int = 64  # live sandboxes (warm ones included) one worker holds; past it it takes no create
     replicas: int = 1
+    # pool-wide: live sandboxes (warm ones included) of all the pool's workers together; 0: no quota. A create
+    # past it waits for a lease (not counted against the rollout's timeout_s) instead of failing
+    max_live: int = 0
+    warm: int = 0  # created idle containers each worker keeps ready (the default image and limits); used once
     limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
@@ -124,6 +128,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.replicas < 0:
             raise ValueError("capacity must be at least 1")
+        if self.max_live < 0 or self.warm < 0:
+            raise ValueError("max_live and warm must be at least 0")
+        if self.warm > self.capacity:
+            raise ValueError(f"warm ({self.warm}) must not exceed capacity ({self.capacity})")
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -18,6 +18,12 @@ Instruments (Prometheus names in brackets):
   ``gym.name``: work in progress and capacity per worker kind; ``gym.sessions`` for resources
 - ``gym.queue.pending`` / ``gym.queue.ack_pending`` by ``gym.consumer``: the queue lag of
   each work-queue consumer (messages not yet delivered / delivered but not acked)
+- sandbox pools, by ``gym.name`` (the pool): ``gym.sandbox.live`` and ``gym.sandbox.warm`` (gauges:
+  containers held, leased or warm; idle warm ones); ``gym.sandbox.created``, ``gym.sandbox.warm_hits``,
+  ``gym.sandbox.reaped`` (counters; creates/s is the rate of ``created``); ``gym.sandbox.acquire``
+  [``gym_sandbox_acquire_seconds``], a histogram of a create's time in its worker by ``gym.sandbox.warm``;
+  ``gym.sandbox.wait`` [``gym_sandbox_wait_seconds``], how long rollouts waited for a lease (the quota);
+  ``gym.sandbox.exec`` [``gym_sandbox_exec_seconds``], a command's time in its worker (the engine's exec)
 
 Every process has its own endpoint: ``start`` with a worker pool gives replica
 *i* the port ``P + i`` (see ``docs/operations.md``, "Metrics and dashboard"); ``run`` with worker
@@ -108,6 +114,24 @@ class Meters:
         meter.create_observable_gauge(
             "gym.sessions", [self._observe_sessions], unit="{session}", description="open resource sessions"
         )
+        self.sandbox_acquire = meter.create_histogram(
+            "gym.sandbox.acquire", unit="s", description="a sandbox create's time in its worker (warm or cold)"
+        )
+        self.sandbox_wait = meter.create_histogram(
+            "gym.sandbox.wait", unit="s", description="time a rollout waited for a sandbox lease (the pool was full)"
+        )
+        self.sandbox_exec = meter.create_histogram(
+            "gym.sandbox.exec", unit="s", description="a sandbox command's time in its worker (the engine's exec)"
+        )
+        for key, kind, what in (
+            ("live", "gauge", "sandboxes held (leased, warm or being created) per pool"),
+            ("warm", "gauge", "idle warm sandboxes ready per pool"),
+            ("created", "counter", "containers created per pool (warm ones included)"),
+            ("warm_hits", "counter", "creates served from the warm pool"),
+            ("reaped", "counter", "containers removed by the reaper or the idle timeout"),
+        ):
+            make = meter.create_observable_gauge if kind == "gauge" else meter.create_observable_counter
+            make(f"gym.sandbox.{key}", [self._observe_sandbox(key)], unit="{sandbox}", description=what)
         meter.create_observable_gauge(
             "gym.queue.pending",
             [self._observe_queue("pending")],
@@ -138,6 +162,18 @@ class Meters:
         self._failed[key] = self._failed.get(key, 0) + 1
         if self.enabled:
             self.stage.record(seconds, {"gym.stage": "rollout", "gym.name": agent})
+
+    def sandbox_acquired(self, pool: str, seconds: float, *, warm: bool) -> None:
+        if self.enabled:
+            self.sandbox_acquire.record(seconds, {"gym.name": pool, "gym.sandbox.warm": warm})
+
+    def sandbox_executed(self, pool: str, seconds: float) -> None:
+        if self.enabled:
+            self.sandbox_exec.record(seconds, {"gym.name": pool})
+
+    def sandbox_waited(self, pool: str, seconds: float) -> None:
+        if self.enabled:
+            self.sandbox_wait.record(seconds, {"gym.name": pool})
 
     def model_tokens(self, model: str, input_tokens: int, output_tokens: int) -> None:
         t = self._tokens
@@ -180,6 +216,12 @@ class Meters:
 
     def _observe_sessions(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("sessions")
+
+    def _observe_sandbox(self, key: str) -> Any:
+        def observe(_: CallbackOptions) -> list[Observation]:
+            return [o for o in self._sum(key) if o.attributes and o.attributes.get("gym.role") == "sandbox"]
+
+        return observe
 
     def _observe_queue(self, key: str) -> Any:
         def observe(_: CallbackOptions) -> list[Observation]:

@@ -173,7 +173,14 @@ def render(report: dict[str, Any]) -> str:
     for w in report["workers"]:
         by_role.setdefault((w.get("role", "?"), w.get("name", "?")), []).append(w)
     for (role, name), ws in sorted(by_role.items()):
-        lines.append(f"  {role} {name}: {len(ws)} replica(s)")
+        pool = ""
+        if role == "sandbox":  # the pool as a whole: what its quota counts, and how much the warm pool served
+            live, warm = sum(w.get("live") or 0 for w in ws), sum(w.get("warm") or 0 for w in ws)
+            quota = max((w.get("max_live") or 0 for w in ws), default=0)
+            hits, made = sum(w.get("warm_hits") or 0 for w in ws), sum(w.get("created") or 0 for w in ws)
+            of = f" of max_live {quota}" if quota else ""
+            pool = f"; {live} live{of}, {warm} warm, {hits} warm hits, {made} created"
+        lines.append(f"  {role} {name}: {len(ws)} replica(s){pool}")
         for w in ws:
             extra = ", ".join(
                 f"{k}={'-' if v is None else v}"

@@ -5,11 +5,20 @@ Every call travels over the bus: ``create`` to the pool's queue group (whichever
 pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
 when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
 reaper. No author touches Docker or NATS.
+
+Admission: a pool with no room (every worker at its capacity or the pool at its ``max_live``) takes no
+create: nobody answers it (full workers are not subscribed) or a worker answers ``full``. If a worker of
+the pool answers ``present``, the pool is full rather than gone, and the create waits for a lease,
+asking again with a jittered backoff. The whole acquisition (waiting for a lease, then the create) is
+summed in ``waited_s``; ``on_acquire`` pauses the holder's clock for it (an agent's rollout does not
+count it against its ``timeout_s``: its clock starts again once it holds the sandbox).
 """
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -24,6 +33,9 @@ from gym_runtime.transport.subjects import Subjects
 CREATE_TIMEOUT_S = 300.0  # a cold create on a loaded engine
 OP_SLACK_S = 60.0  # beyond an exec's own timeout: the engine's start and teardown
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between creates while the pool has no worker
+FULL_BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.4)  # waits (jittered) between creates while the pool is full
+PRESENT_TIMEOUT_S = 5.0
+LEASE_SLACK_S = 60.0  # a lease asked after a wait ends this much later still (the create's own time)
 
 
 class Sandbox:
@@ -127,6 +139,10 @@ class Sandboxes:
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}
+        self.asked = 0  # sandboxes created for this lease
+        self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
+        # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
+        self.on_acquire: Callable[[float | None], None] | None = None
 
     def sandbox(
         self,
@@ -148,25 +164,69 @@ class Sandboxes:
         if not self.pool or self._bus is None:
             where = self.where or "the entry"
             raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
-        call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=self.deadline)
-        give_up, waits = time.monotonic() + self.absent_grace_s, 0
-        while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
-            try:
-                reply: SandboxReply = await self._bus.request(
-                    self._bus.subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
-                )
-                break
-            except NoResponders:
-                delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
-                if time.monotonic() + delay > give_up:
-                    raise
-                waits += 1
-                await anyio.sleep(delay)
+        if self.on_acquire is not None:
+            self.on_acquire(None)
+        started = time.monotonic()
+        try:
+            reply = await self._acquire(spec, started)
+        finally:
+            took = time.monotonic() - started
+            self.waited_s += took
+            if self.deadline:  # the lease ends that much later too (acquiring is not the holder's time)
+                self.deadline += took
+            if self.on_acquire is not None:
+                self.on_acquire(took)
+        self.asked += 1
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:
             self.exec_timeout_s = spec.timeout_s
         return box
+
+    async def _acquire(self, spec: SandboxSpec, started: float) -> SandboxReply:
+        """A create that some worker took; a full pool is waited on, an absent one for ``absent_grace_s``."""
+        subjects = self._bus.subjects
+        give_up, waits, fulls = time.monotonic() + self.absent_grace_s, 0, 0
+        while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
+            expires = self.deadline + (time.monotonic() - started) + LEASE_SLACK_S if self.deadline else 0.0
+            call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires)
+            try:
+                reply: SandboxReply = await self._bus.request(
+                    subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
+                )
+                if not reply.full:
+                    return reply
+            except NoResponders:
+                if not await self._present():
+                    delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
+                    if time.monotonic() + delay > give_up:
+                        raise
+                    waits += 1
+                    await anyio.sleep(delay)
+                    continue
+            except Failure as e:
+                # the create was lost (a worker closed its gate with it in flight, or died creating): ask again
+                if e.info.error_class != "worker_lost":
+                    raise
+                continue
+            # the pool is there and full: wait for a lease (jittered, so waiters do not ask in step)
+            delay = FULL_BACKOFF_S[min(fulls, len(FULL_BACKOFF_S) - 1)] * random.uniform(0.5, 1.5)
+            fulls += 1
+            give_up = time.monotonic() + self.absent_grace_s  # a full pool is not an absent one
+            await anyio.sleep(delay)
+
+    async def _present(self) -> bool:
+        """Whether the pool has a worker at all (answered even by a full one)."""
+        try:
+            await self._bus.request(
+                self._bus.subjects.sandbox_present(self.pool),
+                SandboxCall(op="present"),
+                timeout=PRESENT_TIMEOUT_S,
+                op="sandbox.present",
+            )
+        except Exception:  # no responders, or no answer in time: no worker to wait for
+            return False
+        return True
 
     async def close_all(self) -> None:
         """End the lease: remove every sandbox still open (the rollout ended, whichever way)."""

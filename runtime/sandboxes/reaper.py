@@ -28,31 +28,50 @@ log = logs.get("gym.sandbox")
 
 
 class Peers:
-    """The workers of one pool this one has heard, and when (``time.monotonic``)."""
+    """The workers of one pool this one has heard, when (``time.monotonic``), and how many live sandboxes
+    each said it holds (``load``: the pool-wide quota's view of the others)."""
 
     def __init__(self, me: str) -> None:
         self.me = me
         self.seen: dict[str, float] = {me: math.inf}
+        self.load: dict[str, int] = {}
+        self.own: Callable[[], int] = lambda: 0  # this worker's live sandboxes, said in each beacon
 
-    def heard(self, worker: str) -> None:
+    def heard(self, worker: str, live: int = 0) -> None:
         if worker != self.me:
             self.seen[worker] = time.monotonic()
+            self.load[worker] = live
 
     def alive(self, worker: str) -> bool:
         return time.monotonic() - self.seen.get(worker, -math.inf) < DEAD_AFTER_S
+
+    def alive_ids(self) -> list[str]:
+        """The pool's live workers, this one included, in a fixed order (every worker computes the same)."""
+        return sorted(w for w in self.seen if self.alive(w))
+
+    def others_live(self) -> int:
+        return sum(n for w, n in self.load.items() if self.alive(w))
+
+    def share(self, total: int) -> int:
+        """This worker's part of a pool-wide ``total``: split evenly over the live workers, the remainder to
+        the first ones (the parts add up to ``total``)."""
+        alive = self.alive_ids()
+        n, i = len(alive), alive.index(self.me)
+        return total // n + (1 if i < total % n else 0)
 
 
 async def beacons(bus: Bus, subject: str, peers: Peers) -> None:
     """Say this worker is alive every ``BEACON_S``, and hear the pool's other workers (until cancelled)."""
 
     async def on_beacon(msg: Any) -> None:
-        peers.heard(msg.data.decode(errors="replace"))
+        worker, _, live = msg.data.decode(errors="replace").partition(" ")
+        peers.heard(worker, int(live) if live.isdigit() else 0)
 
     sub = await bus.nc.subscribe(subject, cb=on_beacon)
     try:
         while True:
             try:
-                await bus.nc.publish(subject, peers.me.encode())
+                await bus.nc.publish(subject, f"{peers.me} {peers.own()}".encode())
             except Exception:  # disconnected meanwhile: the next beacon says it again
                 pass
             await anyio.sleep(BEACON_S)

@@ -441,6 +441,11 @@ class Subjects:
         """Creating a sandbox (a queue group of the pool's workers; the reply names the worker that holds it)."""
         return f"{self.ns}.sbx.{pool}.create"
 
+    def sandbox_present(self, pool: str) -> str:
+        """Is any worker of the pool there (a queue group; answered even when full): a create nobody took
+        means the pool is full, not gone, when this one is answered."""
+        return f"{self.ns}.sbx.{pool}.present"
+
     def sandbox_worker(self, pool: str, worker: str) -> str:
         """The address of the sandbox worker that holds a sandbox (its ops go to ``session_op``:
         ``exec``, ``write``, ``read``, ``close``; ``*``: every one)."""

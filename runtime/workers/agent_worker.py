@@ -303,7 +303,9 @@ class AgentWorker:
         retrying = False
         try:
             try:
-                async with asyncio.timeout(self.cfg.timeout_s):  # asyncio's own: a tenth of an anyio scope's cost
+                async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
+                    # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
+                    ctx.sandboxes.on_acquire = _Paused(ctx, clock)
                     if task.group > 1:
                         if self.run_group is None:
                             raise Failure(
@@ -346,6 +348,10 @@ class AgentWorker:
                         answer_field=outcome.verdict.answer_field,
                     )
                 )
+            if ctx.sandboxes.asked:  # the time its sandboxes waited for a lease (not counted against timeout_s)
+                for r in results:
+                    r.row["sandbox_wait_s"] = round(ctx.sandboxes.waited_s, 3)  # type: ignore[index]
+                self.bus.telemetry.meters.sandbox_waited(ctx.sandboxes.pool, ctx.sandboxes.waited_s)
             return results
         finally:
             with anyio.CancelScope(shield=True):  # the rollout ended, whichever way: so does its sandboxes' lease
@@ -407,6 +413,31 @@ class AgentWorker:
                 # purged; the task is acked (running it again would be refused again) and the batch's reader
                 # writes the slot's storage_full row. Other agents' streams are untouched.
                 self.bus.warn_limited("result.not_stored", e.info.message, subject=subject)
+
+
+class _Paused:
+    """A rollout's clock stopped while it acquires sandboxes (several at once: while any is acquiring), then
+    moved on by the time that took."""
+
+    def __init__(self, ctx: AgentContext, clock: asyncio.Timeout) -> None:
+        self.ctx, self.clock = ctx, clock
+        self.acquiring = 0
+        self.end: float | None = None  # the rollout's end before the pause (the loop's clock)
+        self.since = 0.0  # when the pause began (time.monotonic)
+
+    def __call__(self, took: float | None) -> None:
+        if took is None:  # an acquisition starts: no timeout while any is out
+            if self.acquiring == 0:
+                self.end, self.since = self.clock.when(), time.monotonic()
+                self.clock.reschedule(None)
+            self.acquiring += 1
+            return
+        self.acquiring -= 1
+        if self.acquiring == 0:
+            paused = time.monotonic() - self.since
+            if self.end is not None:
+                self.clock.reschedule(self.end + paused)
+            self.ctx.deadline += paused
 
 
 def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:

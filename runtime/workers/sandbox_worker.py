@@ -6,6 +6,13 @@ resource session is. If this worker dies, calls to its address get "no responder
 fails retryably and is redelivered with fresh sandboxes) and its containers are reaped by the pool's
 other or next worker (``sandboxes.reaper``). A sandbox's lease ends when its holder closes it, at the
 lease's end, or after ``idle_ttl_s`` unused.
+
+Scheduling (docs/sandboxes.md, "Scheduling"): a worker is subscribed to the create subject only while it
+has room (placement by free capacity: a full worker takes no create); its room is ``capacity`` and its
+share of the pool's ``max_live``, warm containers included. A create that finds no room anywhere is
+answered ``full`` or by no one, and the author's side waits for a lease (``sandboxes.client``).
+``warm`` idle containers of the default spec are kept ready; a create that matches takes one (used once,
+removed at its end) and the pool refills in the background.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 from gym_runtime.sandboxes.images import ensure_base
 from gym_runtime.sandboxes.process import ProcessBackend
-from gym_runtime.sandboxes.reaper import DEAD_AFTER_S, Peers, Reaper, beacons
+from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, beacons
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -37,6 +44,9 @@ from gym_runtime.transport.subjects import Subjects
 log = logs.get("gym.sandbox")
 
 PODMAN_SOCKET = "/run/podman/podman.sock"
+WARM_LEASE = "warm"  # the lease label of a warm container (its real lease is kept by the worker that holds it)
+REFILL_AT_ONCE = 4  # warm containers created concurrently while refilling
+GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
 
 
 class Held(msgspec.Struct, kw_only=True):
@@ -44,6 +54,14 @@ class Held(msgspec.Struct, kw_only=True):
     expires: float  # unix time
     used: float  # time.monotonic() of the last operation's end
     busy: int = 0  # operations running now (a long exec is not idleness)
+
+
+async def _drain(sub: Any) -> None:
+    """Unsubscribe, still handling what was delivered (nats-py's ``unsubscribe`` drops it: lost requests)."""
+    try:
+        await sub.drain()
+    except Exception:
+        pass
 
 
 def engine_socket(cfg: SandboxConfig, where: str) -> str:
@@ -97,6 +115,16 @@ class SandboxWorker:
         self.reaper: Reaper | None = None
         self.image = cfg.image
         self._subs: list[Any] = []
+        self.warm: list[str] = []  # idle warm containers, oldest first
+        self.warming = 0  # warm containers being created
+        self.removing = 0  # containers being removed (still on the engine)
+        self.warm_hits = 0
+        self.full_replies = 0  # creates answered "no room" (the pool's quota or a race with the gate)
+        self.warm_spec: Resolved | None = None
+        self._create_sub: Any = None
+        self._changed = anyio.Event()
+        self._tg: Any = None
+        self.peers.own = self.live
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.backend, self.image = await open_backend(self.cfg, self.name, self.bus.ns)
@@ -104,20 +132,22 @@ class SandboxWorker:
         try:
             async with anyio.create_task_group() as tg:
                 s = self.bus.subjects
+                self._tg = tg
+                self.warm_spec = self.resolve(SandboxSpec())
                 tg.start_soon(beacons, self.bus, s.live("sandbox", self.name), self.peers)
                 self._subs = [
                     await self.bus.serve(
-                        tg,
-                        s.sandbox_create(self.name),
-                        self._create,
-                        queue=s.sandbox_group(self.name),
-                        default_error="tool_error",
-                    ),
-                    await self.bus.serve(
                         tg, Subjects.session_op(self.address, "*"), self._op, default_error="tool_error"
                     ),
+                    await self.bus.serve(
+                        tg, s.sandbox_present(self.name), self._present, queue=s.sandbox_group(self.name)
+                    ),
                 ]
+                if self.cfg.max_live:  # hear the pool's other workers before taking a share of its quota
+                    await anyio.sleep(1.5 * BEACON_S)
+                await self._gate()
                 await self.bus.flush()
+                tg.start_soon(self._gate_loop)
                 tg.start_soon(self._reap_loop)
                 svc = await register(self.bus, "sandbox", self.name, self.worker_id, self.stats)
                 self.bus.telemetry.meters.track("sandbox", self.name, self)
@@ -131,28 +161,120 @@ class SandboxWorker:
                         await svc.stop()
         finally:
             with anyio.CancelScope(shield=True):
-                for sub in self._subs:  # no call reaches a backend that is closing
+                for sub in [self._create_sub, *self._subs]:  # no call reaches a backend that is closing
                     try:
-                        await sub.unsubscribe()
+                        if sub is not None:
+                            await sub.unsubscribe()
                     except Exception:
                         pass
+                self._create_sub = None
                 for sid in list(self.held):  # a stopped worker's sandboxes can no longer be reached
                     await self._remove(sid)
+                for sid in self.warm:
+                    await self._remove(sid)
+                self.warm.clear()
                 await self.backend.aclose()
                 log.info("sandbox.stopped", sandbox=self.name, worker=self.worker_id, created=self.created)
 
     def stats(self) -> dict[str, Any]:
         return {
             "sandboxes": len(self.held),
+            "warm": len(self.warm),
+            "live": self.live(),
+            "room": self.room(),
             "capacity": self.cfg.capacity,
+            "max_live": self.cfg.max_live,
             "created": self.created,
+            "warm_hits": self.warm_hits,
+            "full": self.full_replies,
             "reaped": self.reaper.reaped if self.reaper else 0,
         }
 
     async def drain(self) -> None:
         """Take no new sandboxes; the ones held are served until their leases end."""
-        if self._subs:
-            await self._subs[0].unsubscribe()
+        self.cfg = msgspec.structs.replace(self.cfg, warm=0)
+        self._draining = True
+        await self._gate()
+
+    # ------------------------------------------------------------------ admission
+
+    _draining = False
+
+    def live(self) -> int:
+        """Containers this worker has on the engine or is creating: leased, warm, and warming."""
+        return len(self.held) + len(self.warm) + self.warming + self.removing
+
+    def limit(self) -> int:
+        """The most live containers this worker may hold now: its capacity, and its share of ``max_live``."""
+        if not self.cfg.max_live:
+            return self.cfg.capacity
+        return min(self.cfg.capacity, self.peers.share(self.cfg.max_live))
+
+    def room(self) -> int:
+        """New containers this worker may start now (the others' load, as last heard, counts too: a worker
+        that joins a full pool starts none until leases end)."""
+        free = self.limit() - self.live()
+        if self.cfg.max_live:
+            free = min(free, self.cfg.max_live - self.peers.others_live() - self.live())
+        return max(0, free)
+
+    def takes_creates(self) -> bool:
+        return not self._draining and (self.room() > 0 or bool(self.warm))
+
+    def changed(self) -> None:
+        """Something was taken or freed: re-judge the subscription and the warm pool now."""
+        self._changed.set()
+
+    async def _gate(self) -> None:
+        """Subscribed to the create subject only while this worker has room (placement by free capacity)."""
+        want = self.takes_creates()
+        if want and self._create_sub is None:
+            s = self.bus.subjects
+            self._create_sub = await self.bus.serve(
+                self._tg, s.sandbox_create(self.name), self._create, queue=s.sandbox_group(self.name),
+                default_error="tool_error",
+            )  # fmt: skip
+        elif not want and self._create_sub is not None:
+            sub, self._create_sub = self._create_sub, None
+            self._tg.start_soon(_drain, sub)  # creates already delivered here are answered (full), not dropped
+
+    async def _gate_loop(self) -> None:
+        """Keep the subscription and the warm pool in line with this worker's room (and the peers' load)."""
+        while True:
+            with anyio.move_on_after(GATE_S):
+                await self._changed.wait()
+            self._changed = anyio.Event()
+            try:
+                await self._gate()
+            except Exception as e:  # disconnected meanwhile: the next turn tries again
+                log.warning("sandbox.gate_failed", error=repr(e))
+            want = min(self.cfg.warm - len(self.warm) - self.warming, self.room(), REFILL_AT_ONCE - self.warming)
+            for _ in range(max(0, want)):
+                self.warming += 1
+                self._tg.start_soon(self._warm_one)
+
+    async def _warm_one(self) -> None:
+        """Create one idle container of the default spec; expires 0: only its worker ends its lease."""
+        assert self.backend is not None and self.warm_spec is not None
+        try:
+            with anyio.CancelScope(shield=True):  # a stopping worker waits for it, then removes it: none leaks
+                sid = await self.backend.create(self.warm_spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
+        except Exception as e:  # the engine refused: the next turn tries again
+            log.warning("sandbox.warm_failed", error=repr(e))
+            await anyio.sleep(1.0)
+            return
+        finally:
+            self.warming -= 1
+            self.changed()
+        self.created += 1
+        if self._draining:
+            await self._remove(sid)
+        else:
+            self.warm.append(sid)
+
+    async def _present(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
+        """The pool has a worker (full or not): a create nobody took waits for a lease, not for a pool."""
+        return SandboxReply(full=not self.takes_creates())
 
     # ------------------------------------------------------------------ operations
 
@@ -177,22 +299,40 @@ class SandboxWorker:
     async def _create(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         if req.op != "create" or req.spec is None:
             raise Failure("internal", f"expected a create, got {req.op}")
+        started = time.perf_counter()
         spec = self.resolve(req.spec)
-        if len(self.held) >= self.cfg.capacity:
-            raise Failure("tool_error", f"sandboxes.{self.name}: this worker holds its capacity", retryable=True)
         assert self.backend is not None
         now = time.time()
         expires = min(req.expires or now + self.cfg.max_lease_s, now + self.cfg.max_lease_s)
-        # counted before the engine answers, so concurrent creates cannot pass the capacity
+        if spec == self.warm_spec and self.warm and not self._draining:  # a warm one: no engine call at all
+            sid = self.warm.pop(0)
+            self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
+            self.warm_hits += 1
+            self.changed()  # refill
+            self._acquired(started, warm=True)
+            return SandboxReply(sandbox=sid, address=self.address, warm=True)
+        if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
+            await self._remove(self.warm.pop(0))
+        if self.room() <= 0 or self._draining:
+            self.full_replies += 1
+            self.changed()  # unsubscribe
+            return SandboxReply(full=True)
+        # counted before the engine answers, so concurrent creates cannot pass the room
         sid_tmp = f"creating-{uuid.uuid4().hex}"
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
+        self.changed()
         try:
-            sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
+            with anyio.CancelScope(shield=True):  # held (and so removed at stop) even if the worker is stopping
+                sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
+                self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
         finally:
             self.held.pop(sid_tmp, None)
-        self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
         self.created += 1
+        self._acquired(started, warm=False)
         return SandboxReply(sandbox=sid, address=self.address)
+
+    def _acquired(self, started: float, *, warm: bool) -> None:
+        self.bus.telemetry.meters.sandbox_acquired(self.name, time.perf_counter() - started, warm=warm)
 
     async def _op(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         held = self.held.get(req.sandbox)
@@ -210,6 +350,7 @@ class SandboxWorker:
                 lim = self.cfg.limits
                 timeout = min(req.timeout_s or lim.timeout_s, lim.timeout_s)
                 r = await self.backend.exec(req.sandbox, req.argv, timeout_s=timeout, max_output=lim.max_output)
+                self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
                 return SandboxReply(
                     sandbox=req.sandbox,
                     exit_code=r.exit_code,
@@ -231,12 +372,17 @@ class SandboxWorker:
             held.used = time.monotonic()
 
     async def _remove(self, sid: str) -> None:
+        """Remove a sandbox; it counts as live until the engine has removed it (the quota is the engine's)."""
         self.held.pop(sid, None)
         if self.backend is not None and not sid.startswith("creating-"):
+            self.removing += 1
             try:
                 await self.backend.close(sid)
             except Exception as e:  # the reaper tries again
                 log.warning("sandbox.remove_failed", sandbox=sid[:12], error=repr(e))
+            finally:
+                self.removing -= 1
+        self.changed()
 
     async def _reap_loop(self) -> None:
         """Listen first (a live peer is heard before anything is judged), then sweep on a timer: dead workers'
@@ -247,10 +393,15 @@ class SandboxWorker:
             try:
                 for sid in await self.reaper.sweep():
                     self.held.pop(sid, None)
-                idle_since = time.monotonic() - self.cfg.idle_ttl_s
+                    if sid in self.warm:
+                        self.warm.remove(sid)
+                    self.changed()
+                idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
                 for sid, h in list(self.held.items()):
-                    if h.busy == 0 and h.used < idle_since:
-                        log.info("sandbox.idle", sandbox=sid[:12], lease=h.lease)
+                    # a warm container's label names no lease end: its worker ends the lease it was given
+                    ended = h.expires < now and not sid.startswith("creating-")
+                    if h.busy == 0 and (h.used < idle_since or ended):
+                        log.info("sandbox.lease_ended" if ended else "sandbox.idle", sandbox=sid[:12], lease=h.lease)
                         await self._remove(sid)
                         self.reaper.reaped += 1
             except Exception as e:  # the engine hiccuped: the next sweep tries again

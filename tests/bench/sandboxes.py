@@ -1,6 +1,7 @@
 """The sandbox fleet against the raw Engine API, on this machine's Docker engine (``DOCKER_HOST``).
 
     eval "$(bash .ci/docker.sh start)"; python tests/bench/sandboxes.py [--creates 64] [--concurrency 8] [--execs 500]
+        [--acquires 32] [--rounds 5]
 
 Each row beside its baseline, measured in the same run (load stated in the header):
 
@@ -8,7 +9,10 @@ Each row beside its baseline, measured in the same run (load stated in the heade
   nats-server (create, then close), against ``POST /containers/create`` + ``/start`` (then remove) made
   directly from one process with the same container body;
 - exec overhead: the median of ``--execs`` ``true`` commands through the fleet (the author's
-  ``box.exec``) against the same exec made directly with the Engine API from one process.
+  ``box.exec``) against the same exec made directly with the Engine API from one process;
+- acquire latency, p50/p99: ``--acquires`` concurrent ``ctx.sandbox()`` (request to a held sandbox) from a
+  pool with ``warm: --acquires`` (filled before each of ``--rounds`` rounds), against the same from a pool
+  without a warm pool (cold: each acquire creates and starts a container).
 Not a CI test.
 """
 
@@ -99,6 +103,8 @@ async def main(args: argparse.Namespace) -> None:
                         t = time.perf_counter()
                         await box.exec(["true"], timeout_s=30)
                         through.append(time.perf_counter() - t)
+                warm_ms = await acquires(bus, tg, sock, args, warm=True)
+                cold_ms = await acquires(bus, tg, sock, args, warm=False)
                 tg.cancel_scope.cancel()
             await bus.close()
     finally:
@@ -113,6 +119,47 @@ async def main(args: argparse.Namespace) -> None:
     print(f"| cold creates/s ({args.creates} at {args.concurrency} at once, create+start+remove) "
           f"| {raw_rate:.1f} | {fleet_rate:.1f} | {fleet_rate / raw_rate:.0%} |")  # fmt: skip
     print(f"| exec `true`, median of {args.execs} (ms) | {d_med:.1f} | {f_med:.1f} | +{f_med - d_med:.1f} ms |")
+    print()
+    print(
+        f"| acquire latency, {args.acquires} at once ({len(warm_ms)} warm, {len(cold_ms)} cold) | p50 (ms) | p99 (ms) |"
+    )
+    print("| --- | --- | --- |")
+    for what, ms in (("cold (no warm pool)", cold_ms), (f"warm pool (`warm: {args.acquires}`)", warm_ms)):
+        print(f"| {what} | {pct(ms, 50):.1f} | {pct(ms, 99):.1f} |")
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+async def acquires(
+    bus: Bus, tg: anyio.abc.TaskGroup, sock: str, args: argparse.Namespace, *, warm: bool
+) -> list[float]:
+    """Latencies (ms) of ``args.acquires`` concurrent acquires, ``args.rounds`` times (cold: 2 rounds), from a
+    pool of its own (with a warm pool of that size, filled before each round, or none)."""
+    n = args.acquires
+    pool = f"acq{uuid.uuid4().hex[:6]}"
+    worker = SandboxWorker(bus, pool, SandboxConfig(engine=f"unix://{sock}", capacity=2 * n, warm=n if warm else 0))
+    await tg.start(worker.run)
+    boxes = Sandboxes(bus, pool, lease="bench", deadline=time.time() + 3600)
+    out: list[float] = []
+    for _ in range(args.rounds if warm else 2):
+        while warm and (len(worker.warm) < n or worker.warming):
+            await anyio.sleep(0.05)
+
+        async def one() -> None:
+            t = time.perf_counter()
+            await boxes.sandbox()  # held by ``boxes`` until close_all
+            out.append((time.perf_counter() - t) * 1000)
+
+        async with anyio.create_task_group() as inner:
+            for _ in range(n):
+                inner.start_soon(one)
+        await boxes.close_all()
+    assert not warm or worker.warm_hits == n * args.rounds, worker.stats()
+    await worker.drain()
+    return out
 
 
 if __name__ == "__main__":
@@ -120,4 +167,6 @@ if __name__ == "__main__":
     p.add_argument("--creates", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--execs", type=int, default=500)
+    p.add_argument("--acquires", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
     anyio.run(main, p.parse_args())
