@@ -19,8 +19,6 @@ from gym_runtime.transport.jetstream import ensure_streams
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
-pytest_plugins = ["tests.docker", "tests.swe_demo"]  # engine, base_image, swe_demo_image: real Docker, or a skip
-
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:

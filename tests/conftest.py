@@ -10,7 +10,13 @@ import pytest
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ROLES
 from gym_runtime.transport.bus import Bus
+from tests.docker import base_image, engine  # noqa: F401  (fixtures: a real Docker engine, or a skip)
 from tests.helpers import connect_as, secured_server
+from tests.swe_demo import swe_demo_image  # noqa: F401  (fixture: the SWE demo task's image)
+
+# The Docker fixtures are imported here, not named in the root conftest's pytest_plugins: a project
+# scaffolded inside this repository (`gym-runtime init`) has a `tests` package of its own, which that
+# name would resolve to (tests/e2e/test_init.py runs one).
 
 
 @pytest.fixture
