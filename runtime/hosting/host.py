@@ -82,7 +82,15 @@ from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
-from gym_runtime.resource import OPERATION_PREFIXES, ModelClient, Resource, ToolArgumentsError, Verdict
+from gym_runtime.resource import (
+    ENV_THREAD,
+    OPERATION_PREFIXES,
+    ModelClient,
+    Resource,
+    ThreadMarked,
+    ToolArgumentsError,
+    Verdict,
+)
 from gym_runtime.transport.bus import Bus
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
@@ -504,7 +512,9 @@ class ServerHost:
 
     async def _request(self, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
         _CURRENT.set(self)  # this task's own context: the server's clients' calls while it runs are ours
-        return await request(self.app, path, body, cookie)
+        mark = ENV_THREAD.get()  # in a guest: the app loop's thread is noted as this call's while it runs its code
+        coro = request(self.app, path, body, cookie)
+        return await (ThreadMarked(coro, mark) if mark is not None else coro)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""

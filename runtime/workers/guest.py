@@ -354,7 +354,8 @@ def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
     seen: dict[int, int] = {}
     for i in range(samples):
         for tid in _running_threads(pid):
-            call_id = page.loop() if tid == pid else page.thread(tid)
+            # a thread's own call first: a hosted server's app loop is the main thread, noted per request step
+            call_id = page.thread(tid) or (page.loop() if tid == pid else 0)
             if call_id:
                 seen[call_id] = seen.get(call_id, 0) + 1
         if i + 1 < samples:
