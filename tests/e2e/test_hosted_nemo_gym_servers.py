@@ -391,7 +391,7 @@ def test_parity_on_recordings_it_cannot_replay_says_what_they_lack(catalogue: Pa
 
 def test_publisher_side_never_needs_the_hosted_environment(tmp_path: Path) -> None:
     """validate (like publish and the client) reads a hosted config without nemo-gym or a built environment;
-    reverify runs the hosted server's worker in a child on its built environment, and a server the catalogue
+    reverify runs the hosted server's code in its worker's guest on its built environment, and a server the catalogue
     does not have is one line naming it."""
     cfg = config(tmp_path, {"nemo_gym": "no_such_server_built_here"}, policy={"adapter": "scripted"})
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "x"}, "anything": 1}])
