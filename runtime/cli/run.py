@@ -248,7 +248,9 @@ def main(args: argparse.Namespace) -> int:
     hosted.update(
         {f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents") for n, a in cfg.agents.items() if a.hosted}
     )
-    groups = None if hosted else worker_groups(args, cfg, plan.count * args.repeats)
+    # with a hosted server the other workers run in this process, as before: a hosted server's start (its guest's)
+    # may take minutes under load, past a worker child's ready timeout
+    groups = None if hosted or guests else worker_groups(args, cfg, plan.count * args.repeats)
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
     tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import ErrorInfo, Response
@@ -247,13 +248,15 @@ class Guest:
 
     async def _call_resource(self, child: _Child, req: CallResource) -> None:
         if self.resources is None:
-            reply = Called(id=req.id, status=503, body=b'{"error": {"message": "no resources calls here"}}')
+            body = msgspec.json.encode({"error": {"message": "no calls to other resources from this guest"}})
+            reply = Called(id=req.id, status=503, body=body)
         else:
             try:
                 status, body, token = await self.resources.answer(req.server_name, req.path, req.body, req.token)
                 reply = Called(id=req.id, status=status, body=body, token=token)
             except Exception as e:  # noqa: BLE001 - the server's client reads an HTTP error, as over HTTP
-                reply = Called(id=req.id, status=502, body=f'{{"error": {{"message": "{type(e).__name__}"}}}}'.encode())
+                body = msgspec.json.encode({"error": {"message": f"{req.server_name}: {type(e).__name__}: {e}"}})
+                reply = Called(id=req.id, status=502, body=body)
         try:
             child.frames.send(reply)
         except ConnectionError:
