@@ -143,6 +143,7 @@ class Guest:
         self.models = models
         self.call_timeout_s = call_timeout_s
         self.traits = Ready()  # what the guest's class says of itself (its first Ready)
+        self.outbound = 0  # the guest's model calls and calls to other resources this worker is making for it
         self.restarts = 0  # guests killed or lost and started again (status, tests)
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Call] = {}
@@ -235,18 +236,28 @@ class Guest:
                 call.answer.set_result(msg)
 
     async def _generate(self, child: _Child, req: Generate) -> None:
+        self.outbound += 1
         try:
             reply = Generated(id=req.id, response=await self.models.generate(req.params, model=req.model))
         except Failure as e:
             reply = Generated(id=req.id, error=e.info)
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
             reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+        finally:
+            self.outbound -= 1
         try:
             child.frames.send(reply)
         except ConnectionError:
             pass  # that guest is gone; its caller was answered with worker_lost
 
     async def _call_resource(self, child: _Child, req: CallResource) -> None:
+        self.outbound += 1
+        try:
+            await self._answer_resource_call(child, req)
+        finally:
+            self.outbound -= 1
+
+    async def _answer_resource_call(self, child: _Child, req: CallResource) -> None:
         if self.resources is None:
             body = msgspec.json.encode({"error": {"message": "no calls to other resources from this guest"}})
             reply = Called(id=req.id, status=503, body=body)
@@ -336,6 +347,11 @@ class Guest:
             call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
             return
         at_fault = stuck_in(child.process.pid, child.page)
+        if not at_fault and self.outbound and not _running_threads(child.process.pid):
+            # no thread of the guest runs: it waits for the model or resource calls this worker makes for it (an
+            # LLM judge on a loaded model), which is not environment code holding it; the call gets more time
+            call.deadline = time.monotonic() + self.call_timeout_s
+            return
         culprit = self._waiting.get(at_fault)
         if culprit is None or culprit.generation != child.generation or culprit.answer.done():
             culprit = call  # stuck in no call (or a finished one): the call whose time is up is slow, not stuck
