@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
@@ -461,6 +461,32 @@ def parse_options(raw: dict[str, Any] | None, options_type: type[T], env: str) -
 # code, it notes which call the thread runs for (and returns the undo), so that a thread stuck holding the GIL
 # is blamed on its own call, not on the calls waiting behind it. Unset (None) in a worker's own process.
 ENV_THREAD: ContextVar[Callable[[], Callable[[], None]] | None] = ContextVar("gym_env_thread", default=None)
+
+
+class ThreadMarked:
+    """Awaits ``coro`` with each of its steps marked as its call's on the thread that runs it (``ENV_THREAD``):
+    a hosted server's request, on the app loop's thread where many calls interleave, is blamed on its own call
+    when that thread is stuck holding the GIL."""
+
+    __slots__ = ("_coro", "_mark")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], mark: Callable[[], Callable[[], None]]) -> None:
+        self._coro, self._mark = coro, mark
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        step, value, error = self._coro.__await__(), None, None
+        while True:
+            undo = self._mark()
+            try:
+                yielded = step.send(value) if error is None else step.throw(error)
+            except StopIteration as done:
+                return done.value
+            finally:
+                undo()
+            try:
+                value, error = (yield yielded), None
+            except BaseException as e:  # noqa: BLE001 - thrown in (a cancellation): passed to the call
+                value, error = None, e
 
 
 def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

@@ -32,8 +32,9 @@ def catalogue_root(*build: str) -> Path:
 
 
 def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> None:
-    """`start --only ONLY` runs the hosted worker in a child on its built layer's interpreter, whose
-    sockets (listed while it runs) are loopback connections to the bus and no listener."""
+    """`start --only ONLY` runs the hosted code in a process on its built layer's interpreter (a hosted agent's
+    worker; a hosted server's guest, its worker on ours), and no process of it listens on a socket: their
+    sockets (listed while they run) are loopback connections to the bus."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", url, "--only", only],
         stdout=subprocess.PIPE,
@@ -44,9 +45,10 @@ def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> Non
     try:
         assert proc.stdout is not None
         assert "workers ready" in proc.stdout.readline()
-        (child,) = psutil.Process(proc.pid).children()
-        assert child.cmdline()[0].startswith(str(hosting_env.cache_dir()))  # the built layer's interpreter
-        socks = child.net_connections(kind="inet")
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        hosted = [p for p in tree if p.cmdline()[0].startswith(str(hosting_env.cache_dir()))]
+        assert len(hosted) == 1, [p.cmdline() for p in tree]  # the built layer's interpreter runs its code
+        socks = [s for p in tree for s in p.net_connections(kind="inet")]
         assert socks, "the worker holds its bus connection"
         assert not [s for s in socks if s.status == psutil.CONN_LISTEN]
         assert all(s.raddr and s.raddr.ip in ("127.0.0.1", "::1") for s in socks)

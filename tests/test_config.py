@@ -109,10 +109,6 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ),
         (("replicas: 2", "replicas: 2, isolation: thread"), "resources.weather.isolation: Invalid enum value 'thread'"),
         (("replicas: 2", "replicas: 2, call_timeout_s: 0"), "call_timeout_s must be > 0"),
-        (
-            ("server: resources.weather", "nemo_gym: mcqa, isolation: process"),
-            "isolation: process is for native environments",
-        ),
     ],
 )
 def test_bad_config_names_the_key(
@@ -123,6 +119,15 @@ def test_bad_config_names_the_key(
         resolve_config(load_config(write(tmp_path, BASE.replace(*edit))))
     assert message in str(err.value)
     assert str(tmp_path / "config.yaml") in str(err.value)
+
+
+@pytest.mark.parametrize("isolation", ["", ", isolation: process", ", isolation: none"])
+def test_hosted_servers_take_either_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolation: str) -> None:
+    """A hosted NeMo Gym server runs in a guest process unless its entry says ``isolation: none``."""
+    monkeypatch.setenv("POLICY_API_KEY", "k")
+    text = BASE.replace("server: resources.weather", f"nemo_gym: mcqa{isolation}")
+    cfg = resolve_config(load_config(write(tmp_path, text)))
+    assert cfg.resources["weather"].isolation == (isolation.split(": ")[1] if isolation else None)
 
 
 def test_secrets_never_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

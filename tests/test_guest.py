@@ -20,7 +20,7 @@ import anyio
 from gym_runtime.config import ResourceConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply, VerifyReply, VerifyRequest
-from gym_runtime.model import ModelConfig
+from gym_runtime.model import model_config
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.model_worker import ModelWorker
@@ -29,11 +29,14 @@ from tests.helpers import ROWS
 
 
 @asynccontextmanager
-async def serving(bus: Bus, isolation: str, call_timeout_s: float = 60.0) -> AsyncIterator[ResourceWorker]:
+async def serving(
+    bus: Bus, isolation: str, call_timeout_s: float = 60.0, judge_delay_s: float = 0.0
+) -> AsyncIterator[ResourceWorker]:
     cfg = ResourceConfig(server="tests.envs.gil_hog", isolation=isolation, call_timeout_s=call_timeout_s)  # type: ignore[arg-type]
     worker = ResourceWorker(bus, "hog", cfg, model_names=["judge"])
+    judge = model_config({"adapter": "scripted", "delay_s": judge_delay_s})
     async with anyio.create_task_group() as tg:
-        await tg.start(ModelWorker(bus, "judge", ModelConfig()).run)
+        await tg.start(ModelWorker(bus, "judge", judge).run)
         await tg.start(worker.run)
         yield worker
         tg.cancel_scope.cancel()
@@ -131,3 +134,15 @@ async def test_a_stuck_guest_is_stopped_and_the_next_serves(bus: Bus) -> None:
         served = await bus.request(fresh.address + ".tool", again, timeout=30, op="tool")
         assert isinstance(served, ToolReply) and "Rome" in served.output
         assert guest.restarts == 1 and guest.pid != first_pid
+
+
+async def test_a_verify_waiting_on_its_judge_past_call_timeout_s_is_not_stopped(bus: Bus) -> None:
+    """call_timeout_s bounds environment code, not the model calls the worker makes for it: a verify whose LLM
+    judge answers after 3 s, with call_timeout_s=1, is graded, and its guest is never restarted."""
+    async with serving(bus, "process", call_timeout_s=1, judge_delay_s=3) as worker:
+        opened = await seed(bus, ROWS[0])
+        assert isinstance(opened, SeedReply)
+        req = VerifyRequest(session=opened.session, row={**ROWS[0], "judge": "judge"}, response=text_response("42"))
+        judged = await outcome(bus.request(opened.address + ".verify", req, timeout=30, op="verify"))
+        assert isinstance(judged, VerifyReply) and judged.fields["judge_said"], judged
+        assert worker.guest is not None and worker.guest.restarts == 0

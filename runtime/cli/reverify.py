@@ -50,8 +50,10 @@ def main(args: argparse.Namespace) -> int:
     rows = validate_rollouts(args.input)
     resource = resource_for(cfg, args.agent)
     entry = cfg.resources[resource]
-    # a hosted NeMo Gym server verifies in its built environment (built now if missing), in a worker child
-    hosted = {f"resources.{resource}": hosted_env(entry.nemo_gym)} if entry.hosted else {}
+    # a hosted NeMo Gym server verifies in its built environment (built now if missing): in its worker's guest
+    # (isolation: process, the default; the worker here), or in a worker child on that environment (none)
+    env = hosted_env(entry.nemo_gym) if entry.hosted else None
+    hosted = {f"resources.{resource}": env} if env is not None and entry.isolation == "none" else {}
     tel = telemetry(args, "reverify")
     try:
         with (

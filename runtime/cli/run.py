@@ -238,13 +238,19 @@ def main(args: argparse.Namespace) -> int:
         cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
-    # hosted NeMo Gym servers: their environments built (or found) now; their workers run in child processes
-    # on those environments' interpreters, the other workers in this process
-    hosted = {f"resources.{n}": hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted}
+    # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
+    # the default) has its worker here like any other, its guest on the environment's interpreter; one with
+    # isolation: none, and a hosted agent, have their worker in a child process on that interpreter
+    guests = {n: hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted and r.isolation != "none"}
+    hosted = {
+        f"resources.{n}": hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted and n not in guests
+    }
     hosted.update(
         {f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents") for n, a in cfg.agents.items() if a.hosted}
     )
-    groups = None if hosted else worker_groups(args, cfg, plan.count * args.repeats)
+    # with a hosted server the other workers run in this process, as before: a hosted server's start (its guest's)
+    # may take minutes under load, past a worker child's ready timeout
+    groups = None if hosted or guests else worker_groups(args, cfg, plan.count * args.repeats)
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
     tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])

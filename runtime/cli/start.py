@@ -48,9 +48,12 @@ def role_of(pairs: list[tuple[str, str]]) -> str:
 
 
 def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
-    """The built environment of a hosted NeMo Gym resource or agent (built now if missing); None: native."""
+    """The built environment of a hosted NeMo Gym resource or agent (built now if missing) whose worker runs on
+    it; None: the worker runs on this Python (native, or a hosted server in a guest)."""
     if role == "resources" and cfg.resources[name].hosted:
-        return hosted_env(cfg.resources[name].nemo_gym)
+        env = hosted_env(cfg.resources[name].nemo_gym)  # built now, before any worker starts
+        # isolation: process (the default): the worker runs here, the server's code in a guest on env's Python
+        return env if cfg.resources[name].isolation == "none" else None
     if role == "agents" and cfg.agents[name].hosted:
         return hosted_env(cfg.agents[name].nemo_gym, kind="responses_api_agents")
     return None

@@ -67,7 +67,8 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Where the environment's code runs (gym_runtime.workers.guest): "process", a guest process per worker,
     # killed and started again when one call (seed, a tool, verify) runs past call_timeout_s, so code that
     # holds the GIL cannot silence the worker's bus; "none", the worker's own process. Unset: the
-    # environment's default (``Resource.isolation``: "none" for native environments, "process" for OpenEnv).
+    # environment's default (``Resource.isolation``: "none" for native environments, "process" for OpenEnv);
+    # "process" for hosted NeMo Gym servers (their guest runs on the server's built environment's Python).
     isolation: Literal["process", "none"] | None = None
     # isolation: process: the longest one call of environment code may run; past it the guest is killed, that
     # call's rollout is a ``timeout`` row and the other sessions of that guest run again. Keep it under the
@@ -79,8 +80,6 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("call_timeout_s must be > 0")
         if bool(self.server) == bool(self.nemo_gym):
             raise ValueError("give exactly one of server (a gym-runtime Resource module) or nemo_gym (a hosted server)")
-        if self.nemo_gym and self.isolation == "process":
-            raise ValueError("isolation: process is for native environments (server:); not yet for nemo_gym servers")
 
     @property
     def hosted(self) -> bool:

@@ -69,7 +69,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -82,7 +82,15 @@ from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
-from gym_runtime.resource import OPERATION_PREFIXES, ModelClient, Resource, ToolArgumentsError, Verdict
+from gym_runtime.resource import (
+    ENV_THREAD,
+    OPERATION_PREFIXES,
+    ModelClient,
+    Resource,
+    ThreadMarked,
+    ToolArgumentsError,
+    Verdict,
+)
 from gym_runtime.transport.bus import Bus
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
@@ -156,6 +164,11 @@ class _Reply:
 
     async def wait_for_close(self) -> None:
         return None
+
+
+def called_reply(status: int, body: bytes, token: str) -> _Reply:
+    """What the server's client reads of a call to another resources server made for it by the worker."""
+    return _Reply(status, body, {SESSION_COOKIE: token} if token else None)
 
 
 def _error(status: int, message: str) -> _Reply:
@@ -346,9 +359,10 @@ class ServerHost:
         self.options = dict(options)
         self.model_names = list(model_names)
         self.resource_names = [r for r in resource_names if r != name]
-        self.bus = bus  # calls to other resources servers open sessions on it
+        # calls to other resources servers: sessions on ``bus`` (in process), or sent to the worker (a guest's)
+        self.called = CalledSessions(bus) if bus is not None else None
+        self.resources_via: Callable[[str, str, Any, str], Awaitable[_Reply]] | None = None
         self.models: ModelClient | None = None
-        self.sessions: dict[str, Session] = {}  # sessions on other resources servers, by cookie value
         self.app: Any = None
         self.instance: Any = None
         self.gymnasium = False
@@ -474,9 +488,8 @@ class ServerHost:
     async def stop(self) -> None:
         if self._life is not None:
             await self._life.stop()
-        for session in list(self.sessions.values()):
-            await session.close()
-        self.sessions.clear()
+        if self.called is not None:
+            await self.called.close_all()
 
     def _wrap_shared_session(self) -> None:
         """NeMo Gym's one aiohttp session (built from the global config as it would be), wrapped so that
@@ -499,7 +512,9 @@ class ServerHost:
 
     async def _request(self, path: str, body: bytes, cookie: bytes | None) -> tuple[int, list[bytes], bytes]:
         _CURRENT.set(self)  # this task's own context: the server's clients' calls while it runs are ours
-        return await request(self.app, path, body, cookie)
+        mark = ENV_THREAD.get()  # in a guest: the app loop's thread is noted as this call's while it runs its code
+        coro = request(self.app, path, body, cookie)
+        return await (ThreadMarked(coro, mark) if mark is not None else coro)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
@@ -567,8 +582,33 @@ class ServerHost:
 
     async def _resource_call(self, server_name: str, url_path: str, body: Any, token: str) -> _Reply:
         self.calls[server_name] = self.calls.get(server_name, 0) + 1
-        if self.bus is None:
+        if self.resources_via is not None:  # in a guest process: the worker makes the call over its bus
+            return await self.resources_via(server_name, url_path, body, token)
+        if self.called is None:
             return _error(503, "no bus in this worker")
+        return await self.called.call(server_name, url_path, body, token)
+
+
+class CalledSessions:
+    """A hosted server's sessions on other resources servers (its calls to them by name), over ``bus``; kept by
+    the cookie value that names each. In the worker's own process (a hosted server in a guest sends its calls
+    here over the guest wire) or in the server's (``isolation: none``)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.sessions: dict[str, Session] = {}
+
+    async def close_all(self) -> None:
+        for session in list(self.sessions.values()):
+            await session.close()
+        self.sessions.clear()
+
+    async def answer(self, server_name: str, url_path: str, body: Any, token: str) -> tuple[int, bytes, str]:
+        """``call`` as a guest's call is answered over the guest wire: status, body, the session's token."""
+        reply = await self.call(server_name, url_path, body, token)
+        return reply.status, await reply.read(), _cookie(reply.cookies, SESSION_COOKIE) or ""
+
+    async def call(self, server_name: str, url_path: str, body: Any, token: str) -> _Reply:
         path = url_path.partition("?")[0]
         row = dict(body or {})
         try:

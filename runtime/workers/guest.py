@@ -32,16 +32,19 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import ErrorInfo, Response
 from gym_runtime.observability import logs
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.workers.guest_wire import (
+    Called,
+    CallResource,
     Close,
     Done,
     Frames,
@@ -50,13 +53,14 @@ from gym_runtime.workers.guest_wire import (
     Generated,
     Page,
     Raised,
+    Ready,
     Seed,
     Start,
     Tool,
     Verify,
 )
 
-__all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession"]
+__all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession", "ResourceCalls"]
 
 log = logs.get("gym.resource")
 
@@ -65,6 +69,13 @@ Call = Seed | Tool | Verify | Close
 WATCH_S = 0.25  # how often calls are checked against their deadline
 START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
 STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
+
+
+class ResourceCalls(Protocol):
+    """A hosted server's calls to other resources servers by name, made over the worker's bus: the HTTP status
+    and body its client reads, and the token naming the session used (``hosting.host.CalledSessions``)."""
+
+    async def answer(self, server_name: str, path: str, body: Any, token: str) -> tuple[int, bytes, str]: ...
 
 
 class GuestFailure(Failure):
@@ -114,19 +125,25 @@ class Guest:
 
     def __init__(
         self,
-        server: str,
-        entry: str,
-        options: dict[str, Any],
+        start: Start,
         models: ModelClient,
         call_timeout_s: float,
         on_lost: Callable[[int], None] = lambda generation: None,
+        *,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+        resources: ResourceCalls | None = None,
     ) -> None:
         self.on_lost = on_lost  # told the generation of each guest that is gone (its sessions went with it)
-        self.server = server
-        self.entry = entry
-        self.options = options
+        self.start = start
+        self.entry = start.entry
+        self.python = python  # a hosted server's guest: its built environment's interpreter
+        self.env = env  # added to the guest's environment (a hosted server's: HOSTED_ENV, its layer)
+        self.resources = resources  # a hosted server's calls to other resources servers, over the worker's bus
         self.models = models
         self.call_timeout_s = call_timeout_s
+        self.traits = Ready()  # what the guest's class says of itself (its first Ready)
+        self.outbound = 0  # the guest's model calls and calls to other resources this worker is making for it
         self.restarts = 0  # guests killed or lost and started again (status, tests)
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Call] = {}
@@ -173,7 +190,8 @@ class Guest:
             page = Page(mmap.mmap(shared.fileno(), Page.SIZE))  # zeros: no call runs
             try:
                 process = await anyio.open_process(
-                    [sys.executable, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
+                    [self.python, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
+                    env={**os.environ, **self.env} if self.env else None,
                     stdin=subprocess.DEVNULL,
                     stdout=None,
                     stderr=None,
@@ -183,7 +201,7 @@ class Guest:
                 theirs.close()
         child = _Child(process, await Frames.open(mine, FromGuest), page, generation)
         try:
-            child.frames.send(Start(server=self.server, entry=self.entry, options=self.options))
+            child.frames.send(self.start)
             ready = await child.frames.receive()
         except (EOFError, ConnectionError):
             await self._stop(child)
@@ -195,6 +213,8 @@ class Guest:
             if ready.kind == "failure":
                 raise UserError(ready.message)
             raise RuntimeError(f"resources.{self.entry}: setup raised {ready.type_name}: {ready.message}")
+        if isinstance(ready, Ready):
+            self.traits = ready
         return child
 
     async def _read(self, child: _Child, tg: anyio.abc.TaskGroup) -> None:
@@ -208,21 +228,50 @@ class Guest:
             if isinstance(msg, Generate):
                 tg.start_soon(self._generate, child, msg)
                 continue
+            if isinstance(msg, CallResource):
+                tg.start_soon(self._call_resource, child, msg)
+                continue
             call = waiting.get(msg.id)
             if call is not None and not call.answer.done():
                 call.answer.set_result(msg)
 
     async def _generate(self, child: _Child, req: Generate) -> None:
+        self.outbound += 1
         try:
             reply = Generated(id=req.id, response=await self.models.generate(req.params, model=req.model))
         except Failure as e:
             reply = Generated(id=req.id, error=e.info)
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
             reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+        finally:
+            self.outbound -= 1
         try:
             child.frames.send(reply)
         except ConnectionError:
             pass  # that guest is gone; its caller was answered with worker_lost
+
+    async def _call_resource(self, child: _Child, req: CallResource) -> None:
+        self.outbound += 1
+        try:
+            await self._answer_resource_call(child, req)
+        finally:
+            self.outbound -= 1
+
+    async def _answer_resource_call(self, child: _Child, req: CallResource) -> None:
+        if self.resources is None:
+            body = msgspec.json.encode({"error": {"message": "no calls to other resources from this guest"}})
+            reply = Called(id=req.id, status=503, body=body)
+        else:
+            try:
+                status, body, token = await self.resources.answer(req.server_name, req.path, req.body, req.token)
+                reply = Called(id=req.id, status=status, body=body, token=token)
+            except Exception as e:  # noqa: BLE001 - the server's client reads an HTTP error, as over HTTP
+                body = msgspec.json.encode({"error": {"message": f"{req.server_name}: {type(e).__name__}: {e}"}})
+                reply = Called(id=req.id, status=502, body=body)
+        try:
+            child.frames.send(reply)
+        except ConnectionError:
+            pass  # that guest is gone
 
     def _lose(self, child: _Child) -> None:
         """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
@@ -298,6 +347,11 @@ class Guest:
             call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
             return
         at_fault = stuck_in(child.process.pid, child.page)
+        if not at_fault and self.outbound and not _running_threads(child.process.pid):
+            # no thread of the guest runs: it waits for the model or resource calls this worker makes for it (an
+            # LLM judge on a loaded model), which is not environment code holding it; the call gets more time
+            call.deadline = time.monotonic() + self.call_timeout_s
+            return
         culprit = self._waiting.get(at_fault)
         if culprit is None or culprit.generation != child.generation or culprit.answer.done():
             culprit = call  # stuck in no call (or a finished one): the call whose time is up is slow, not stuck
@@ -319,7 +373,8 @@ def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
     seen: dict[int, int] = {}
     for i in range(samples):
         for tid in _running_threads(pid):
-            call_id = page.loop() if tid == pid else page.thread(tid)
+            # a thread's own call first: a hosted server's app loop is the main thread, noted per request step
+            call_id = page.thread(tid) or (page.loop() if tid == pid else 0)
             if call_id:
                 seen[call_id] = seen.get(call_id, 0) + 1
         if i + 1 < samples:

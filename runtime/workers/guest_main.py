@@ -23,9 +23,14 @@ from typing import Any
 import anyio
 
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.hosting.asgi import beside_main
+from gym_runtime.hosting.env import in_hosted_env
+from gym_runtime.hosting.host import called_reply, hosted_class
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.resource import ENV_THREAD, Resource, ToolArgumentsError, Verdict, load_resource_class
 from gym_runtime.workers.guest_wire import (
+    Called,
+    CallResource,
     Close,
     Done,
     Frames,
@@ -33,6 +38,7 @@ from gym_runtime.workers.guest_wire import (
     Generated,
     Page,
     Raised,
+    Ready,
     Seed,
     Start,
     ToGuest,
@@ -64,6 +70,32 @@ class WorkerModels:
         return reply.response
 
     def answered(self, reply: Generated) -> None:
+        answer = self._waiting.get(reply.id)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
+
+
+class WorkerResources:
+    """A hosted server's calls to other resources servers by name, in a guest: each goes to the worker, which
+    makes it over its bus as a session of its own (``hosting.host.CalledSessions``)."""
+
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Called]] = {}
+
+    async def call(self, server_name: str, url_path: str, body: Any, token: str) -> Any:
+        call_id = next(self._ids)
+        answer: asyncio.Future[Called] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = answer
+        try:
+            self._frames.send(CallResource(id=call_id, server_name=server_name, path=url_path, body=body, token=token))
+            reply = await answer
+        finally:
+            self._waiting.pop(call_id, None)
+        return called_reply(reply.status, reply.body, reply.token)
+
+    def answered(self, reply: Called) -> None:
         answer = self._waiting.get(reply.id)
         if answer is not None and not answer.done():
             answer.set_result(reply)
@@ -108,11 +140,12 @@ class Marked:
 class Guest:
     """The sessions of one worker's resource, each an instance of its class, keyed by the worker's session id."""
 
-    def __init__(self, cls: type[Resource], frames: Frames, page: Page) -> None:
+    def __init__(self, cls: type[Resource], frames: Frames, page: Page, resources: WorkerResources) -> None:
         self.cls = cls
         self.frames = frames
         self.page = page
         self.models = WorkerModels(frames)
+        self.resources = resources
         self.sessions: dict[str, Resource] = {}
 
     async def serve(self) -> None:
@@ -128,6 +161,8 @@ class Guest:
                     return  # the worker is gone: so is this process
                 if isinstance(msg, Generated):
                     self.models.answered(msg)
+                elif isinstance(msg, Called):
+                    self.resources.answered(msg)
                 else:
                     task = loop.create_task(self._answer(msg))
                     running.add(task)
@@ -189,16 +224,22 @@ async def serve(fd: int, running_fd: int) -> None:
     start = await frames.receive()
     if not isinstance(start, Start):
         raise SystemExit(f"guest: expected Start first, got {type(start).__name__}")
+    resources = WorkerResources(frames)
     try:
-        cls = load_resource_class(start.server, f"resources.{start.entry}.server", entry=start.entry)
+        if start.nemo_gym:  # a hosted NeMo Gym server, on its built environment's Python
+            names = start.model_names, start.resource_names
+            cls = hosted_class(start.nemo_gym, start.entry, dict(start.options), *names)
+            cls.host.resources_via = resources.call  # type: ignore[attr-defined]
+        else:
+            cls = load_resource_class(start.server, f"resources.{start.entry}.server", entry=start.entry)
         await cls.setup(dict(start.options))
     except Exception as e:  # noqa: BLE001 - the worker reports it (one line for a user's mistake) and stops
         user = isinstance(e, UserError)
         frames.send(Raised(id=0, kind="failure" if user else "error", type_name=type(e).__name__, message=str(e)))
         await frames.aclose()
         return
-    frames.send(Done(id=0))  # ready
-    guest = Guest(cls, frames, page)
+    frames.send(Ready(reverify=cls.reverify, answer_field=cls.answer_field, row_tools=cls.row_tools))
+    guest = Guest(cls, frames, page, resources)
     try:
         await guest.serve()
     finally:
@@ -211,7 +252,10 @@ async def serve(fd: int, running_fd: int) -> None:
 def main(argv: list[str]) -> Any:
     os.dup2(2, 1)  # environment code's prints go to the worker's log stream, never into the protocol
     sys.stdout = sys.stderr
-    anyio.run(serve, int(argv[0]), int(argv[1]))
+    if in_hosted_env():  # a hosted server's app keeps the main thread, as under uvicorn (signal.alarm needs it)
+        beside_main(lambda signals: anyio.run(serve, int(argv[0]), int(argv[1])))
+    else:
+        anyio.run(serve, int(argv[0]), int(argv[1]))
 
 
 if __name__ == "__main__":

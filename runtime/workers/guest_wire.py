@@ -2,8 +2,9 @@
 
 One socket pair, msgpack frames with a 4-byte length in front. The worker sends ``Start`` once, then calls
 (``Seed``, ``Tool``, ``Verify``, ``Close``) each with an id; the guest answers each id with ``Done`` or
-``Raised``. The guest asks the worker for model calls (``Generate``, answered by ``Generated``), since the
-bus stays in the worker. Typed both ways, so a guest cannot send the worker anything else.
+``Raised``. The guest asks the worker for model calls (``Generate``, answered by ``Generated``) and a hosted
+server's calls to other resources (``CallResource``, answered by ``Called``), since the bus stays in the
+worker. Typed both ways, so a guest cannot send the worker anything else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from gym_runtime.messages import CreateParams, ErrorInfo, Response
 from gym_runtime.resource import Verdict
 
 __all__ = [
+    "CallResource",
+    "Called",
     "Close",
     "Done",
     "Frames",
@@ -27,6 +30,7 @@ __all__ = [
     "Generate",
     "Generated",
     "Raised",
+    "Ready",
     "Seed",
     "Start",
     "Tool",
@@ -72,11 +76,16 @@ class Page:
 
 
 class Start(msgspec.Struct, tag=True):
-    """What the guest serves: the resource module, its config entry, its options (``setup``)."""
+    """What the guest serves: the resource module, its config entry, its options (``setup``). A hosted NeMo Gym
+    server instead (``nemo_gym``, the guest running on its built environment's Python), with the config's
+    models and resources its code calls by name (each call made over the worker's bus)."""
 
     server: str
     entry: str
     options: dict[str, Any]
+    nemo_gym: str = ""
+    model_names: list[str] = msgspec.field(default_factory=list)
+    resource_names: list[str] = msgspec.field(default_factory=list)
 
 
 class Seed(msgspec.Struct, tag=True):
@@ -114,6 +123,36 @@ class Generate(msgspec.Struct, tag=True):
     params: CreateParams
 
 
+class CallResource(msgspec.Struct, tag=True):
+    """Guest to worker: a hosted server's call to another resources server by name (``server_client.post``),
+    made over the worker's bus as a session of the worker's; ``token`` names that session (its cookie)."""
+
+    id: int
+    server_name: str
+    path: str
+    body: Any
+    token: str = ""
+
+
+class Called(msgspec.Struct, tag=True):
+    """The answer to ``CallResource``: an HTTP status and body as the server's client reads them, and the
+    token naming the session the call used (sent back as its cookie)."""
+
+    id: int
+    status: int
+    body: bytes
+    token: str = ""
+
+
+class Ready(msgspec.Struct, tag=True):
+    """Guest to worker, once ``setup`` ran: what the worker reads of the class it cannot import itself (a hosted
+    server's, whose code needs its built environment)."""
+
+    reverify: Literal["stateless", "replay"] = "stateless"
+    answer_field: str | None = None
+    row_tools: Literal["resource", "any"] = "resource"
+
+
 class Done(msgspec.Struct, tag=True):
     id: int
     output: str = ""  # a tool's output
@@ -137,8 +176,8 @@ class Generated(msgspec.Struct, tag=True):
     error: ErrorInfo | None = None
 
 
-ToGuest = Start | Seed | Tool | Verify | Close | Generated
-FromGuest = Done | Raised | Generate
+ToGuest = Start | Seed | Tool | Verify | Close | Generated | Called
+FromGuest = Done | Raised | Generate | CallResource | Ready
 
 
 class Frames:

@@ -21,7 +21,9 @@ import msgspec
 from gym_runtime.config import ResourceConfig
 from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.host import hosted_class
+from gym_runtime.hosting.env import HOSTED_ENV
+from gym_runtime.hosting.env import ensure as hosted_env
+from gym_runtime.hosting.host import CalledSessions, hosted_class
 from gym_runtime.messages import (
     CloseSession,
     CreateParams,
@@ -51,6 +53,7 @@ from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import entry_fields, fingerprint
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
+from gym_runtime.workers.guest_wire import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
@@ -106,12 +109,6 @@ class ResourceWorker:
         self.cfg = cfg
         where = f"resources.{name}.server"
         resource_names = list(resource_names)
-        if cfg.hosted:  # NeMo Gym's own server code, in this worker's built environment
-            # its calls by name to the config's models and other resources go over this worker's bus
-            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), resource_names, bus)
-        else:
-            self.cls = load_resource_class(cfg.server, where, entry=name)
-            check_requires(self.cls, where)
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
         # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's
@@ -120,15 +117,52 @@ class ResourceWorker:
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
+        self.guest: Guest | None = None
+        self.called: CalledSessions | None = None
+        if cfg.hosted and cfg.isolation != "none":
+            # NeMo Gym's own server code in a guest on its built environment's Python; the bus stays here, and its
+            # calls by name to the config's models and other resources come back over the guest wire
+            env = hosted_env(cfg.nemo_gym)
+            start = Start(
+                server="",
+                entry=name,
+                options=dict(cfg.options),
+                nemo_gym=cfg.nemo_gym,
+                model_names=list(model_names),
+                resource_names=resource_names,
+            )
+            self.called = CalledSessions(bus)
+            self.guest = Guest(
+                start,
+                self.models,
+                cfg.call_timeout_s,
+                on_lost=self._guest_lost,
+                python=env.python,
+                env={HOSTED_ENV: env.prefix},
+                resources=self.called,
+            )
+            self.cls: type[Resource] = Resource  # the guest's traits once it is ready (``_traits``)
+            return
+        if cfg.hosted:  # isolation: none: in this process, which runs in the server's built environment
+            # its calls by name to the config's models and other resources go over this worker's bus
+            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), resource_names, bus)
+        else:
+            self.cls = load_resource_class(cfg.server, where, entry=name)
+            check_requires(self.cls, where)
         # where the environment's code runs: a guest process (the bus stays here) or this one
         isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
-        self.guest = None
         if isolation == "process" and cfg.sandbox:  # its sandbox client lives on the bus, not in the guest
             raise UserError(f"resources.{name}: isolation: process with a sandbox pool is not supported yet")
         if isolation == "process":
-            self.guest = Guest(
-                cfg.server, name, dict(cfg.options), self.models, cfg.call_timeout_s, on_lost=self._guest_lost
-            )
+            start = Start(server=cfg.server, entry=name, options=dict(cfg.options))
+            self.guest = Guest(start, self.models, cfg.call_timeout_s, on_lost=self._guest_lost)
+
+    def _traits(self) -> None:
+        """A hosted server's class lives only in its guest: the worker reads what the guest says of it."""
+        assert self.guest is not None
+        t = self.guest.traits
+        attrs = {"reverify": t.reverify, "answer_field": t.answer_field, "row_tools": t.row_tools}
+        self.cls = type(f"Guest_{self.name}", (Resource,), attrs)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.guest is None:
@@ -136,6 +170,8 @@ class ResourceWorker:
         async with anyio.create_task_group() as tg:
             if self.guest is not None:  # its setup runs there; it closes its sessions and tears down when it stops
                 await tg.start(self.guest.run)
+                if self.called is not None:
+                    self._traits()
             conc = self.cfg.concurrency
             self._subs = [
                 await self.bus.serve(
@@ -176,6 +212,8 @@ class ResourceWorker:
                 log.info("resource.stopped", resource=self.name, worker=self.worker_id, seeded=self.seeded)
                 with anyio.CancelScope(shield=True):
                     await svc.stop()
+                    if self.called is not None:  # its sessions on other resources servers
+                        await self.called.close_all()
                     if self.guest is None:  # a guest closes its sessions and tears down when it stops
                         for inst in self.sessions.pop_all():
                             await _close(inst)

@@ -215,7 +215,8 @@ def test_under_secure_a_server_may_call_only_the_environments_its_config_names(c
     assert row["other_status"] == 502  # other: never reached
     refused = [e for e in logs(r.stderr) if "permissions violation" in str(e.get("error", "")).lower()]
     assert refused, r.stderr  # the server's own -ERR, as the caller's connection (its pool credential) got it
-    assert {e["client"] for e in refused} == {"gym-workers-resource.caller"}
+    # the caller pool's own connection (its worker in `run`'s process, the server's code in its guest)
+    assert {e["client"] for e in refused} == {"gym-run-resource.caller"}
     assert all('publish to "gym.res.other.' in e["error"] for e in refused)
 
 

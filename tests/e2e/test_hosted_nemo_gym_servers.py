@@ -317,8 +317,9 @@ def test_judge_calls_of_a_hosted_server_are_served_by_our_model_workers(catalogu
 def test_start_runs_a_hosted_worker_on_its_environment_with_no_port_of_its_own(
     catalogue: Path, nats_server: Any, tmp_path: Path
 ) -> None:
-    """`start` puts the hosted server's worker in a child process on the environment's interpreter; that
-    process listens on no socket and talks to nothing but the loopback bus (its sockets listed while it runs)."""
+    """`start` runs the hosted server's code in a guest process on the environment's interpreter (its worker on
+    ours); no process listens on a socket, and they talk to nothing but the loopback bus (sockets listed while
+    they run)."""
 
     cfg = config(tmp_path, {"nemo_gym": "example_session_state_mgmt"}, policy={"adapter": "scripted"})
     assert_hosted_worker_opens_no_port(cfg, nats_server.url, "resources")
@@ -390,7 +391,7 @@ def test_parity_on_recordings_it_cannot_replay_says_what_they_lack(catalogue: Pa
 
 def test_publisher_side_never_needs_the_hosted_environment(tmp_path: Path) -> None:
     """validate (like publish and the client) reads a hosted config without nemo-gym or a built environment;
-    reverify runs the hosted server's worker in a child on its built environment, and a server the catalogue
+    reverify runs the hosted server's code in its worker's guest on its built environment, and a server the catalogue
     does not have is one line naming it."""
     cfg = config(tmp_path, {"nemo_gym": "no_such_server_built_here"}, policy={"adapter": "scripted"})
     data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": {"input": "x"}, "anything": 1}])

@@ -25,7 +25,8 @@ from gym_runtime import Client
 from gym_runtime.resources.openenv import action_tool
 from tests.cluster import start_worker, stop
 from tests.envs.openenv_hog import HogAction
-from tests.helpers import rows
+from tests.helpers import REPO, cli, read_jsonl, rows, write_jsonl
+from tests.hosting import catalogue_root
 
 HOG_KB = 200  # ~80 s of one regex search on an idle core: the worker must stop it, not wait it out
 N = 12
@@ -128,3 +129,28 @@ async def test_a_guest_killed_mid_batch_loses_no_rollout(nats_server, tmp_path: 
     failures = [r for r in got if "error_class" in r]
     assert not failures, failures[:3]
     assert all(r["reward"] == 1.0 for r in got)
+
+
+GILHOG = REPO / "tests" / "data" / "nemo_servers" / "gilhog"
+
+
+def test_a_hosted_nemo_gym_verify_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
+    """A hosted NeMo Gym server (isolation: process by default) whose verify holds the GIL past call_timeout_s,
+    with the worker run by `gym-runtime run` as users run it: that rollout is a ``timeout`` row, the others
+    are scored, none is ``worker_lost`` (on the old in-child bus, the server's regex stopped the keepalives)."""
+    catalogue_root("--server", "example_session_state_mgmt")  # skips without a Python >= 3.13
+    cfg = {
+        "models": {"policy": {"adapter": "scripted", "delay_s": 0.2}},
+        "resources": {"env": {"nemo_gym": str(GILHOG), "call_timeout_s": 3}},
+        "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "timeout_s": 90}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    tasks = [{"responses_create_params": {"input": f"go {i}"}} for i in range(N)]
+    tasks[HOG]["hog_kb"] = HOG_KB
+    data = write_jsonl(tmp_path / "in.jsonl", tasks)
+    r = cli("run", str(path), "-i", str(data), "-o", str(tmp_path / "out.jsonl"), timeout=600)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl") if (tmp_path / "out_failures.jsonl").exists() else []
+    by_task = {row["_ng_task_index"]: row for row in [*read_jsonl(tmp_path / "out.jsonl"), *failures]}
+    assert r.returncode == 1, r.stderr[-2000:]  # one failure row
+    assert_only_the_hog_failed(by_task)
