@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import threading
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -461,6 +462,30 @@ def parse_options(raw: dict[str, Any] | None, options_type: type[T], env: str) -
 # code, it notes which call the thread runs for (and returns the undo), so that a thread stuck holding the GIL
 # is blamed on its own call, not on the calls waiting behind it. Unset (None) in a worker's own process.
 ENV_THREAD: ContextVar[Callable[[], Callable[[], None]] | None] = ContextVar("gym_env_thread", default=None)
+# The guest call whose code runs here (0: none, or not in a guest): a model call that code makes carries it,
+# so the worker traces the call under that call's span. Set per call task (``ENV_CALL``) and, for code on
+# another thread (a hosted server's app loop), per thread while it runs that call's code (``thread_call``).
+ENV_CALL: ContextVar[int] = ContextVar("gym_env_call", default=0)
+_THREAD_CALL = threading.local()
+
+
+def thread_call() -> int:
+    """The guest call whose code this thread runs now (``note_thread_call``), else 0."""
+    return int(getattr(_THREAD_CALL, "id", 0))
+
+
+def note_thread_call(call_id: int) -> Callable[[], None]:
+    """Note ``call_id`` as this thread's call; the undo puts back what was there."""
+    before = thread_call()
+    _THREAD_CALL.id = call_id
+    return lambda: setattr(_THREAD_CALL, "id", before)
+
+
+async def in_call(call_id: int, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` with ``ENV_CALL`` set (a task of its own: on another loop, say)."""
+    if call_id:
+        ENV_CALL.set(call_id)
+    return await coro
 
 
 class ThreadMarked:

@@ -83,6 +83,7 @@ from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, r
 from gym_runtime.hosting.middleware import lighten
 from gym_runtime.messages import Response, create_params
 from gym_runtime.resource import (
+    ENV_CALL,
     ENV_THREAD,
     OPERATION_PREFIXES,
     ModelClient,
@@ -90,6 +91,8 @@ from gym_runtime.resource import (
     ThreadMarked,
     ToolArgumentsError,
     Verdict,
+    in_call,
+    thread_call,
 )
 from gym_runtime.transport.bus import Bus
 
@@ -541,7 +544,8 @@ class ServerHost:
     async def model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
         """A server's call to a model: that model's workers over the bus, in the Responses API
         (``/v1/responses``) or Chat Completions (``/v1/chat/completions``, converted both ways)."""
-        return await on_loop(self.bus_loop, self._model_call(server_name, url_path, plain(body)))
+        call = thread_call() or ENV_CALL.get()  # in a guest: the call whose request this is (its trace)
+        return await on_loop(self.bus_loop, in_call(call, self._model_call(server_name, url_path, plain(body))))
 
     async def _model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
         self.calls[server_name] = self.calls.get(server_name, 0) + 1

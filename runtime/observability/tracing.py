@@ -109,6 +109,16 @@ class _Attached:
         otel_context.detach(self._token)
 
 
+def current_context() -> otel_context.Context:
+    """The trace context now current: kept with work handed to another task, to be ``attached`` there."""
+    return otel_context.get_current()
+
+
+def attached(ctx: otel_context.Context) -> _Attached:
+    """``with attached(ctx):`` makes ``ctx`` current (spans started inside are its children)."""
+    return _Attached(ctx)
+
+
 class _Current:
     """No span of ours: the caller's context stays current (and is not ours to set status on)."""
 

@@ -22,6 +22,7 @@ because of it); a guest stuck in none (it waits) is the fault of the call whose 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import mmap
 import os
@@ -41,6 +42,7 @@ import msgspec
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import ErrorInfo, Response
 from gym_runtime.observability import logs
+from gym_runtime.observability.tracing import attached, current_context
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.workers.guest_wire import (
     Called,
@@ -111,12 +113,13 @@ class _Child:
 class _Call:
     """A call sent to a guest and not answered yet."""
 
-    __slots__ = ("answer", "generation", "deadline", "what")
+    __slots__ = ("answer", "generation", "deadline", "what", "trace")
 
     def __init__(self, answer: asyncio.Future[Done | Raised], generation: int, deadline: float, what: str) -> None:
         self.answer = answer
         self.generation = generation
         self.deadline = deadline
+        self.trace = current_context()  # the caller's span: the guest's model calls for this call go under it
         self.what = what
 
 
@@ -237,8 +240,11 @@ class Guest:
 
     async def _generate(self, child: _Child, req: Generate) -> None:
         self.outbound += 1
+        origin = self._waiting.get(req.call)
         try:
-            reply = Generated(id=req.id, response=await self.models.generate(req.params, model=req.model))
+            with attached(origin.trace) if origin is not None else contextlib.nullcontext():
+                response = await self.models.generate(req.params, model=req.model)
+            reply = Generated(id=req.id, response=response)
         except Failure as e:
             reply = Generated(id=req.id, error=e.info)
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process

@@ -27,7 +27,15 @@ from gym_runtime.hosting.asgi import beside_main
 from gym_runtime.hosting.env import in_hosted_env
 from gym_runtime.hosting.host import called_reply, hosted_class
 from gym_runtime.messages import CreateParams, Response
-from gym_runtime.resource import ENV_THREAD, Resource, ToolArgumentsError, Verdict, load_resource_class
+from gym_runtime.resource import (
+    ENV_CALL,
+    ENV_THREAD,
+    Resource,
+    ToolArgumentsError,
+    Verdict,
+    load_resource_class,
+    note_thread_call,
+)
 from gym_runtime.workers.guest_wire import (
     Called,
     CallResource,
@@ -60,7 +68,7 @@ class WorkerModels:
         answer: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = answer
         try:
-            self._frames.send(Generate(id=call_id, model=model, params=params))
+            self._frames.send(Generate(id=call_id, model=model, params=params, call=ENV_CALL.get()))
             reply = await answer
         finally:
             self._waiting.pop(call_id, None)
@@ -107,7 +115,13 @@ def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
     def mark() -> Callable[[], None]:
         tid = threading.get_native_id()
         page.set_thread(tid, call_id)
-        return lambda: page.clear_thread(tid, call_id)
+        undo = note_thread_call(call_id)  # a model call made from this thread is traced under this call
+
+        def clear() -> None:
+            undo()
+            page.clear_thread(tid, call_id)
+
+        return clear
 
     return mark
 
@@ -174,6 +188,7 @@ class Guest:
 
     async def _answer(self, msg: Seed | Tool | Verify | Close) -> None:
         ENV_THREAD.set(thread_mark(self.page, msg.id))  # this task's own context: its threads carry it
+        ENV_CALL.set(msg.id)
         try:
             reply: Done | Raised = await Marked(self._run(msg), msg.id, self.page)
         except Failure as e:

@@ -116,11 +116,13 @@ class Close(msgspec.Struct, tag=True):
 
 
 class Generate(msgspec.Struct, tag=True):
-    """Guest to worker: a model call of environment code (an LLM judge), made over the worker's bus."""
+    """Guest to worker: a model call of environment code (an LLM judge), made over the worker's bus;
+    ``call``: the worker's call whose code made it (0: unknown), under whose span the worker traces it."""
 
     id: int
     model: str
     params: CreateParams
+    call: int = 0
 
 
 class CallResource(msgspec.Struct, tag=True):
