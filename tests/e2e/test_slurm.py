@@ -53,11 +53,14 @@ def recipe_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def config(tmp_path: Path, *, delay_s: float = 0.0) -> Path:
+def config(tmp_path: Path, *, delay_s: float = 0.0, agent_concurrency: int | None = None) -> Path:
     """deploy/config.yaml, its 20GB stream limits lowered (three servers reserve them on one disk)."""
     text = (REPO / "deploy/config.yaml").read_text().replace("_max_bytes: 20GB", "_max_bytes: 1GB")
     if delay_s:
         text = text.replace("    adapter: scripted\n", f"    adapter: scripted\n    delay_s: {delay_s}\n")
+    if agent_concurrency is not None:
+        assert "concurrency: 256," in text
+        text = text.replace("concurrency: 256,", f"concurrency: {agent_concurrency},")
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return path
@@ -91,7 +94,9 @@ def _acked_results(monitor: str) -> int:
 
 def test_a_cancelled_job_drains_and_the_same_job_again_finishes_the_batch(slurm: Cluster, tmp_path: Path) -> None:
     env = recipe_env(tmp_path, GYM_BATCH="resumed", GYM_REPEATS="20")
-    cfg, out = config(tmp_path, delay_s=0.3), tmp_path / "out.jsonl"
+    # a few rollouts at a time, so the batch is still running when the job is cancelled (with the config's
+    # 256 every rollout ran at once and a quiet machine finished all 100 before the cancel came)
+    cfg, out = config(tmp_path, delay_s=0.3, agent_concurrency=2), tmp_path / "out.jsonl"
     first = sbatch(slurm, env, tmp_path / "first.log", str(cfg), str(ROWS), str(out), wait=False)
     assert first.returncode == 0, first.stderr
     job = first.stdout.strip().split(";")[0]
