@@ -64,7 +64,9 @@ def configure(level: str = "info", *, json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line (message and newline together): worker children share the command's stderr, and
+        # two writes per line let another process's line land between a message and its newline
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Quiet libraries that log through stdlib logging (nats-py, httpx).
