@@ -192,10 +192,20 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
         yield server.url
 
 
+NATS_ENV = "GYM_NATS"
+
+
+def nats_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--nats`` for a command with no config: ``GYM_NATS`` stands in for it (the deploy files set it)."""
+    p.add_argument("--nats", help=f"{what} (default: ${NATS_ENV})")
+
+
 def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
-    url = args.nats or (cfg.nats if cfg else None)
+    """``--nats``, else the config's ``nats``; a command with no config reads ``GYM_NATS`` instead."""
+    url = args.nats or (cfg.nats if cfg else os.environ.get(NATS_ENV))
     if not url or url == "embedded":
-        raise UserError(f"{args.command} needs --nats URL (start one with `gym-runtime server`)")
+        also = "" if cfg else f" or {NATS_ENV}"
+        raise UserError(f"{args.command} needs --nats URL{also} (start a server with `gym-runtime server`)")
     return url
 
 

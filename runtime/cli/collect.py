@@ -12,6 +12,7 @@ from gym_runtime.cli._common import (
     client_auth,
     failures_exit,
     log_level_option,
+    nats_option,
     need_url,
     non_negative_int,
     print_stats,
@@ -24,7 +25,7 @@ from gym_runtime.observability.tracing import Telemetry
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="wait for a batch's results and write JSONL + sidecars")
     p.add_argument("--batch", required=True, help="the batch id `publish` printed")
-    p.add_argument("--nats", required=True, help="NATS URL the batch was published to")
+    nats_option(p, "NATS URL the batch was published to")
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     p.add_argument(

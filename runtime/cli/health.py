@@ -14,7 +14,7 @@ import os
 import urllib.request
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, err, need_url
+from gym_runtime.cli._common import auth_option, client_auth, err, nats_option, need_url
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
@@ -24,7 +24,7 @@ ROLE_NAMES = {"agents": "agent", "models": "model", "resources": "resource"}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("health", help="liveness/readiness check: exit 0 healthy, 1 not")
-    p.add_argument("--nats", required=True, help="NATS URL(s), comma-separated")
+    nats_option(p, "NATS URL(s), comma-separated")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     p.add_argument("--monitor", metavar="URL", help="also check the server's /healthz, e.g. http://127.0.0.1:8222")
     p.add_argument("--role", metavar="ROLE.NAME", help="ready only when workers of this role are registered")

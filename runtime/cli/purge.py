@@ -11,7 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gym_runtime.cli._common import EXIT_USAGE, auth_option, client_auth, err, log_level_option, need_url, plural, reach
+from gym_runtime.cli._common import (
+    EXIT_USAGE,
+    auth_option,
+    client_auth,
+    err,
+    log_level_option,
+    nats_option,
+    need_url,
+    plural,
+    reach,
+)
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.observability.tracing import Telemetry
 
@@ -19,7 +29,7 @@ from gym_runtime.observability.tracing import Telemetry
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("purge", help="delete a batch's stored results and manifest")
     p.add_argument("--batch", required=True, action="append", help="batch id (repeatable)")
-    p.add_argument("--nats", required=True, help="NATS URL(s), comma-separated")
+    nats_option(p, "NATS URL(s), comma-separated")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     log_level_option(p)
     auth_option(p)

@@ -7,14 +7,14 @@ import json
 import sys
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, log_level_option, need_url, reach
+from gym_runtime.cli._common import auth_option, client_auth, log_level_option, nats_option, need_url, reach
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="workers per role and replica, queue depths, recent rollouts/s")
-    p.add_argument("--nats", required=True, help="NATS URL of the running system")
+    nats_option(p, "NATS URL of the running system")
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
     p.add_argument("--batch", metavar="ID", help="one batch: done, failed, pending, rate and ETA")
     p.add_argument(

@@ -416,6 +416,20 @@ def test_purge_of_an_unknown_batch_is_an_error_not_purged_0(nats_server: Embedde
     assert "purged 0" not in res.stdout
 
 
+def test_commands_with_no_config_read_gym_nats(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    """The deploy files export GYM_NATS: `status`/`collect`/`purge`/`health` take it when --nats is not given."""
+    live = cli("status", "--json", env={"GYM_NATS": nats_server.url}, timeout=60)
+    assert live.returncode == 0, live.stderr
+    assert "workers" in json.loads(live.stdout)
+    gone = cli("purge", "--batch", "nope", env={"GYM_NATS": nats_server.url}, timeout=60)
+    assert_one_line(gone, "no batch 'nope' in namespace 'gym'")
+    env = {k: v for k, v in os.environ.items() if k != "GYM_NATS"}
+    res = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "health"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert_one_line(res, "health needs --nats URL or GYM_NATS")
+
+
 def test_a_dead_nats_url_says_why(tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
