@@ -1,10 +1,10 @@
-"""Container backends: command construction (no daemon needed) and lifecycle against a STUB engine."""
+"""Container backends: command construction (no daemon needed), and their lifecycle on a real Docker engine
+(the one ``DOCKER_HOST`` names, ``.ci/docker.sh start``; without one these skip with one line)."""
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
+import socket
 
 import anyio
 import pytest
@@ -13,8 +13,9 @@ from gym_runtime import testing
 from gym_runtime.resources.swe import SWE, SWEOptions, make_backend
 from gym_runtime.resources.swe.containers import OWNER_LABEL, ContainerCommands, swe_image
 from gym_runtime.resources.swe.environments import ContainerBackend, EnvironmentError_
+from gym_runtime.sandboxes.engine_http import Engine
 
-STUB = Path(__file__).resolve().parent / "stub_engine.py"
+DOCKER = "/usr/bin/docker"  # Debian's CLI for its 20.10 engine, not whatever `docker` is first on PATH
 
 
 def swe_gym_rows() -> list[dict]:
@@ -97,84 +98,90 @@ def test_options_pick_the_backend() -> None:
     assert backend.cmds.network == "slirp4netns"
 
 
-# ------------------------------------------------------------------ lifecycle against the stub engine
+# ------------------------------------------------------------------ lifecycle on a real engine
 
 
-@pytest.fixture
-def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    log = tmp_path / "engine.log"
-    monkeypatch.setenv("STUB_ENGINE_LOG", str(log))
-    monkeypatch.setenv("STUB_ENGINE_ROOT", str(tmp_path / "containers"))
-    return log
+def backend(start_timeout_s: float = 120) -> ContainerBackend:
+    cmds = ContainerCommands(binary=DOCKER, shell_setup="", memory="256m", cpus="1", pids_limit=128)
+    return ContainerBackend(cmds, lifetime_s=300, start_timeout_s=start_timeout_s, max_output=4096)
 
 
-def calls(log: Path) -> list[list[str]]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+async def ours(engine: Engine) -> set[str]:
+    """The names of this process's SWE containers the engine still has (running or not)."""
+    listed = await engine.containers({OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"})
+    return {n.lstrip("/") for c in listed for n in c.get("Names", [])}
 
 
-def backend(**kw: object) -> ContainerBackend:
-    cmds = ContainerCommands(binary=str(STUB), shell_setup="")
-    return ContainerBackend(cmds, lifetime_s=60, start_timeout_s=kw.pop("start_timeout_s", 30), max_output=4096)  # type: ignore[arg-type]
-
-
-async def test_start_run_close(stub: Path) -> None:
-    env = await backend().start({"instance_id": "a__b-1"})
-    res = await env.run("echo hello > f.txt && cat f.txt && pwd", 10)
-    assert res.returncode == 0 and res.output.startswith("hello\n") and res.output.rstrip().endswith(env.name)
+async def test_start_run_close(engine: Engine, swe_demo_image: str) -> None:
+    env = await backend().start({"instance_id": "a__b-1", "image_name": swe_demo_image})
+    assert env.name in await ours(engine)
+    res = await env.run("echo hello > f.txt && cat f.txt && pwd && cat calc.py | head -1", 30)
+    assert res.returncode == 0 and res.output == "hello\n/testbed\ndef add(a, b):\n", res.output
     await env.write("dir/x.txt", "content")
-    assert (await env.run("cat dir/x.txt", 10)).output == "content"
+    assert (await env.run("cat dir/x.txt", 30)).output == "content"
     await env.close()
     await env.close()  # idempotent
-    assert [c[:2] for c in calls(stub)].count(["rm", "-f"]) == 1
+    assert env.name not in await ours(engine)
     with pytest.raises(EnvironmentError_):
         await env.run("true", 1)
 
 
-async def test_a_failed_start_still_removes_the_container(stub: Path) -> None:
-    with pytest.raises(EnvironmentError_, match="could not start"):
-        await backend().start({"instance_id": "x", "image_name": "missing:1"})
-    log = calls(stub)
-    name = log[0][log[0].index("--name") + 1]
-    assert log[-1] == ["rm", "-f", name]
+async def test_a_failed_start_says_why_and_leaves_no_container(engine: Engine, swe_demo_image: str) -> None:
+    with pytest.raises(EnvironmentError_, match="could not start gym-runtime/no-such-image:1"):
+        await backend().start({"instance_id": "x", "image_name": "gym-runtime/no-such-image:1"})
+    assert await ours(engine) == set()
 
 
-async def test_a_cancelled_or_timed_out_start_still_removes_the_container(stub: Path) -> None:
-    with anyio.move_on_after(1.0):
-        await backend().start({"instance_id": "x", "image_name": "slow:1"})
-    log = calls(stub)
-    assert log[-1][:2] == ["rm", "-f"] and log[-1][2] == log[0][log[0].index("--name") + 1]
-    with pytest.raises(EnvironmentError_):
-        await backend(start_timeout_s=0.5).start({"instance_id": "x", "image_name": "slow:2"})
-    assert calls(stub)[-1][:2] == ["rm", "-f"]
+async def test_a_cancelled_start_leaves_no_container(engine: Engine, swe_demo_image: str) -> None:
+    """Cancelled while ``docker run`` is on its way: the container is removed whichever side of the create
+    the cancellation fell on (the engine finishes a create whose client went away)."""
+    for delay in (0.05, 0.3, 1.0):
+        with anyio.move_on_after(delay):
+            env = await backend().start({"instance_id": "x", "image_name": swe_demo_image})
+            await env.close()
+        with anyio.fail_after(60):
+            while await ours(engine):
+                await anyio.sleep(0.2)  # polls the engine's own answer, not a guess of how long it takes
 
 
-async def test_command_timeout_is_enforced_inside_and_outside(stub: Path) -> None:
-    env = await backend().start({"instance_id": "a__b-1"})
-    with anyio.fail_after(20):
-        res = await env.run("sleep 30", 1)
-    assert res.returncode != 0
-    await env.close()
+async def test_command_timeout_is_enforced_inside_and_outside(engine: Engine, swe_demo_image: str) -> None:
+    env = await backend().start({"instance_id": "a__b-1", "image_name": swe_demo_image})
+    try:
+        with anyio.fail_after(30):
+            res = await env.run("sleep 30; echo done", 1)
+        assert res.returncode != 0 and "done" not in res.output
+        # the container's own main process is `sleep 300`; the command's `sleep 30` was killed inside it too
+        procs = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+        listing = (await env.run(procs, 10)).output
+        assert "sleep 300 \n" in listing and "sleep 30 \n" not in listing, listing
+    finally:
+        await env.close()
 
 
-async def test_resource_session_closes_its_container(stub: Path) -> None:
-    await SWE.setup({"backend": "docker", "engine_binary": str(STUB), "shell_setup": ""})
+async def test_resource_session_closes_its_container(engine: Engine, swe_demo_image: str) -> None:
+    await SWE.setup({"backend": "docker", "engine_binary": DOCKER, "shell_setup": ""})
     try:
         inst = SWE()
-        await inst.seed({"instance_id": "a__b-1"})
+        await inst.seed({"instance_id": "a__b-1", "image_name": swe_demo_image})
         out = await inst.call_tool("bash", '{"command": "echo hi", "extra": 1}')
         assert out == "<returncode>0</returncode>\n<output>\nhi\n</output>"
+        assert len(await ours(engine)) == 1
         await inst.close()
-        assert [c[:2] for c in calls(stub)].count(["rm", "-f"]) == 1
+        assert await ours(engine) == set()
     finally:
         await SWE.setup({})
 
 
-async def test_the_next_worker_reaps_containers_of_killed_workers(
-    stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = os.uname().nodename
-    listing = tmp_path / "ps.txt"
-    listing.write_text(f"gym-swe-999999999-aa {host}:999999999\ngym-swe-{os.getpid()}-bb {host}:{os.getpid()}\n")
-    monkeypatch.setenv("STUB_ENGINE_PS", str(listing))
-    assert await backend().reap_orphans() == ["gym-swe-999999999-aa"]
-    assert calls(stub)[0][:2] == ["ps", "-a"] and calls(stub)[1:] == [["rm", "-f", "gym-swe-999999999-aa"]]
+async def test_the_next_worker_reaps_containers_of_killed_workers(engine: Engine, swe_demo_image: str) -> None:
+    host = socket.gethostname()
+    dead = "gym-swe-999999999-aa"
+    body = {"Image": swe_demo_image, "Cmd": ["sleep", "300"], "Labels": {OWNER_LABEL: f"{host}:999999999"}}
+    body["HostConfig"] = {"NetworkMode": "none"}
+    await engine.start(await engine.create(body, name=dead))
+    live = await backend().start({"instance_id": "a__b-1", "image_name": swe_demo_image})
+    try:
+        assert await backend().reap_orphans() == [dead]
+        left = {n.lstrip("/") for c in await engine.containers({OWNER_LABEL: None}) for n in c.get("Names", [])}
+        assert dead not in left and live.name in left  # a live owner's container stays
+    finally:
+        await live.close()
