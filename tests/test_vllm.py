@@ -599,6 +599,9 @@ class _FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tok.encode(text)
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
 
 class _FakeEngine:
     """AsyncLLM's surface: generate() yields RequestOutput-shaped objects."""
@@ -676,6 +679,79 @@ async def test_vllm_engine_adapter_with_a_fake_engine_is_token_contiguous() -> N
     r = await small.generate(CreateParams(input=parse_items("x " * 60)))
     assert r.status == "incomplete" and len(engine.calls) == n
     await model.aclose()
+
+
+class _StreamingEngine(_FakeEngine):
+    """AsyncLLM's streaming surface: cumulative outputs, one token at a time, ``abort(request_id)``. It continues
+    one fixed answer from wherever the prompt's generated part ends; each token's logprob is that of the
+    ``weights`` current when it is sampled. After ``pause_at`` tokens of a request it waits (a slow generation)."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__()
+        self.answer = [*self.tokenizer.tok.encode_bytewise(answer), self.tokenizer.tok.EOS]
+        self.first: list[int] | None = None
+        self.weights = 0
+        self.pause_at: int | None = None
+        self.reached = anyio.Event()
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt: dict[str, Any], sp: dict[str, Any], request_id: str) -> Any:
+        sent = prompt["prompt_token_ids"]
+        self.calls.append((sent, sp))
+        if self.first is None:
+            self.first = sent
+        done = len(sent) - len(self.first)
+        assert sent[len(self.first) :] == self.answer[:done]
+        ids: list[int] = []
+        lps: list[dict[int, Any]] = []
+        for t in self.answer[done:][: sp["max_tokens"]]:
+            if self.pause_at is not None and len(ids) == self.pause_at:
+                self.reached.set()
+                await anyio.sleep_forever()
+            ids.append(t)
+            lps.append({t: self.NS(logprob=-0.25 - 0.01 * len(ids) - self.weights)})
+            finished = len(ids) == len(self.answer) - done
+            out = self.NS(
+                token_ids=list(ids),
+                logprobs=list(lps),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if finished else None,
+            )
+            yield self.NS(prompt_token_ids=sent, outputs=[out], finished=finished)
+            await anyio.sleep(0)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+    from gym_runtime.models.vllm_engine import VLLMEngineModel
+
+    answer = "It is cold in sf today."
+    engine = _StreamingEngine(answer)
+    engine.pause_at = 7
+    model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
+    assert model.can_interrupt
+    stop = anyio.Event()
+    got: list[Any] = []
+
+    async def call() -> None:
+        got.append(await model.generate_until(weather_params(), rollout_key=None, stop=stop, partial=None))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await engine.reached.wait()  # 7 tokens out, the engine still generating
+        stop.set()
+    (partial,) = got
+    assert isinstance(partial, Partial) and partial.generation_token_ids == engine.answer[:7]
+    assert len(engine.aborted) == 1  # the engine's abort
+    engine.pause_at, engine.weights = None, 1  # the weights were updated meanwhile
+    r = await model.generate_until(weather_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+    p, g, lp = fields(r.output[-1])
+    assert g == engine.answer and p == partial.prompt_token_ids  # contiguous: every token once
+    assert engine.calls[1][0] == p + engine.answer[:7]  # the continuation's prompt: ids, not text
+    assert lp[:7] == partial.generation_log_probs and all(x <= -1.25 for x in lp[7:])  # by the new weights
+    assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
 
 
 def cfg_for_engine() -> Any:
