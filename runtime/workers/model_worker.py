@@ -269,11 +269,13 @@ class ModelWorker:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
                 return out, (ranges if version is not None else []), started
+            if not flight.stop.is_set():  # an adapter's bug: it would be called again and again
+                raise Failure("model_error", f"adapter {self.cfg.adapter!r} stopped a generation nobody stopped")
             # stopped by a pause: keep the tokens (interrupt) or drop them (abort), then wait for the resume
             self.stopped += 1
-            if out is None or flight.mode == "abort":
-                self.regenerated += len(partial.generation_token_ids) if partial else 0
-                self.regenerated += len(out.generation_token_ids) if out is not None else 0
+            if out is None or flight.mode == "abort":  # a partial's ids include the ones it continued
+                dropped = out if out is not None else partial
+                self.regenerated += len(dropped.generation_token_ids) if dropped is not None else 0
                 partial, ranges = None, []
                 continue
             done = len(partial.generation_token_ids) if partial else 0
