@@ -936,14 +936,14 @@ def vllm_server(tmp_path: Path) -> Iterator[int]:
         stderr=log,
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # 50-90 s on a quiet machine; 5 min was measured at load 22
         while True:
             assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
             except OSError:
-                assert time.monotonic() < deadline, "vLLM server did not start in 300 s"
+                assert time.monotonic() < deadline, "vLLM server did not start in 600 s"
                 time.sleep(1)
         yield port
     finally:
