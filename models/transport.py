@@ -40,7 +40,7 @@ import collections
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import aiohttp
@@ -392,6 +392,45 @@ class Endpoint:
             return _decoder.decode(content)
         except msgspec.DecodeError:
             raise ModelError(f"{url} answered with a body that is not JSON", retryable=True) from None
+
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """POST ``body`` (``stream: true``) and yield each server-sent event's JSON object until ``[DONE]``.
+
+        Leaving the loop early closes the connection: vLLM aborts a request whose client went away."""
+        if self.http is None:
+            raise ModelError(f"{self.url}: streaming needs a self-hosted base_url (plain HTTP)", retryable=False)
+        url = self.url + path
+        try:
+            async with self.http.session().post(url, data=_encoder.encode(body), headers=self._headers) as raw:
+                self._read_rate_headers(raw.headers)
+                if raw.status >= 400:
+                    content = await raw.read()
+                    try:
+                        err: Any = _decoder.decode(content)
+                    except msgspec.DecodeError:
+                        err = content.decode("utf-8", "replace")
+                    detail = err.get("error", err) if isinstance(err, dict) else err
+                    message = detail.get("message", detail) if isinstance(detail, dict) else detail
+                    raise HTTPStatusError(
+                        f"Error code: {raw.status} - {message}", status_code=raw.status, body=err, headers=raw.headers
+                    )
+                async for line in raw.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        event = _decoder.decode(data)
+                    except msgspec.DecodeError:
+                        raise ModelError(f"{url} streamed an event that is not JSON", retryable=True) from None
+                    if isinstance(event, dict) and "error" in event and "choices" not in event:
+                        raise ModelError(f"{url} streamed an error: {event['error']}"[:1000], retryable=True)
+                    yield event
+        except TimeoutError:
+            raise HTTPTimeout(f"Request timed out: POST {url}") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise HTTPUnreachable(f"Connection error: {type(e).__name__}: {e}") from None
 
     def _read_rate_headers(self, headers: Any) -> None:
         for kind in ("requests", "tokens"):

@@ -68,6 +68,7 @@ import time
 from typing import Any
 from uuid import uuid4
 
+import anyio
 import msgspec
 
 from gym_runtime.chat import (
@@ -82,6 +83,7 @@ from gym_runtime.chat import (
 )
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response
+from gym_runtime.model import Partial
 from gym_runtime.models.openai import make_pool
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,
@@ -92,23 +94,48 @@ from gym_runtime.models.tokens import (
     splice_prompt,
     tool_choice_structured_outputs,
 )
-from gym_runtime.models.transport import ContextOverflow, Endpoint, HTTPOptions, base_urls, post_object
+from gym_runtime.models.transport import (
+    ContextOverflow,
+    Endpoint,
+    HTTPOptions,
+    HTTPStatusError,
+    base_urls,
+    is_context_overflow,
+    post_object,
+)
 from gym_runtime.observability import logs
 
 __all__ = [
     "Options",
     "VLLMModel",
     "create",
+    "interrupt_problem",
     "token_fields_from_chat",
     "token_fields_from_completion",
 ]
 
 log = logs.get("gym.models.vllm")
 
-# ``adapter: vllm`` keys: the HTTP ones (``base_url``, ``api_key``, ...) and the token ones.
+# ``adapter: vllm`` keys: the HTTP ones (``base_url``, ``api_key``, ...), the token ones, and
+# ``interruptible`` (every call streams over /v1/completions, so ``pause(mode="interrupt")`` can stop it).
 Options = msgspec.defstruct(
-    "Options", TOKEN_FIELDS, bases=(HTTPOptions,), module=__name__, kw_only=True, forbid_unknown_fields=True
+    "Options",
+    [*TOKEN_FIELDS, ("interruptible", bool, False)],
+    bases=(HTTPOptions,),
+    module=__name__,
+    kw_only=True,
+    forbid_unknown_fields=True,
 )
+
+
+def interrupt_problem(options: Any) -> str | None:
+    """Why calls with these options cannot be interrupted and continued (``Client.pause`` asks first)."""
+    if not options.return_token_ids:
+        return "set return_token_ids: true (a continuation needs the token ids generated so far)"
+    if not options.interruptible:
+        return "set interruptible: true (calls then stream over /v1/completions, so a pause can stop them)"
+    return None
+
 
 TOKEN_FLAGS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True}
 # Chat-only request keys that /v1/completions does not take.
@@ -199,6 +226,22 @@ def token_fields_from_completion(data: dict[str, Any], sent_prompt: list[int]) -
     gen = lp_ids if gen is None else gen
     _check_usage(data, sent_prompt, gen, "completion")
     return {"prompt_token_ids": list(sent_prompt), "generation_token_ids": list(gen), "generation_log_probs": lps}
+
+
+def _stream_tokens(choice: dict[str, Any], sent: list[int]) -> tuple[list[int], list[float]]:
+    """One streamed completion chunk's token ids and logprobs (the two sources of ids must agree)."""
+    prompt = choice.get("prompt_token_ids")
+    if prompt is not None and list(prompt) != sent:
+        raise ModelError("completion stream: the server's prompt_token_ids differ from the token-id prompt sent")
+    block = choice.get("logprobs") or {}
+    lp_ids = [_token_id(t, "completion stream") for t in block.get("tokens") or ()]
+    lps = [float(x) for x in block.get("token_logprobs") or ()]
+    if len(lps) != len(lp_ids):
+        raise ModelError("completion stream: logprobs.tokens and logprobs.token_logprobs differ in length")
+    gen = choice.get("token_ids")
+    if gen is not None and list(gen) != lp_ids:
+        raise ModelError("completion stream: choices[0].token_ids disagree with the logprob tokens")
+    return lp_ids, lps
 
 
 def _attach(resp: Response, fields: dict[str, Any]) -> Response:
@@ -330,15 +373,24 @@ class VLLMModel:
             raise ModelError(f"tool_call_parser {name!r} is not supported on the token-in path (hermes)")
         return message_from_raw_text(text, body, parse_tools=parse_hermes_tool_calls if name == "hermes" else None)
 
-    async def _token_in(self, ep: Endpoint, body: dict[str, Any], params: CreateParams, prev: int) -> Response:
-        item = params.input[prev]
-        rollout = list(item.prompt_token_ids) + list(item.generation_token_ids)  # type: ignore[union-attr,arg-type]
-        eos = await self.end_token(ep)
+    async def _prompt_ids(
+        self, ep: Endpoint, body: dict[str, Any], params: CreateParams, prev: int | None
+    ) -> list[int]:
+        """The call's prompt as token ids: the chat template's (``/tokenize``), spliced after the rollout's
+        ids so far when a previous call has them (``prev``)."""
         tok = await self._post(ep, "/tokenize", self._tokenize_body(body), root=True)
-        prompt = splice_prompt(rollout, tok.get("tokens") or [], eos)
+        prompt = list(tok.get("tokens") or [])
+        if prev is not None:
+            item = params.input[prev]
+            rollout = list(item.prompt_token_ids) + list(item.generation_token_ids)  # type: ignore[union-attr,arg-type]
+            prompt = splice_prompt(rollout, prompt, await self.end_token(ep))
         max_len = tok.get("max_model_len")
         if isinstance(max_len, int) and len(prompt) >= max_len:
             raise ContextOverflow(f"token-in prompt of {len(prompt)} tokens fills the context ({max_len})")
+        return prompt
+
+    async def _token_in(self, ep: Endpoint, body: dict[str, Any], params: CreateParams, prev: int) -> Response:
+        prompt = await self._prompt_ids(ep, body, params, prev)
         cbody = self._completion_body(body, params, prompt)
         data = await self._post(ep, "/completions", cbody)
         choices = data.get("choices") or []
@@ -359,6 +411,108 @@ class VLLMModel:
             usage=usage_from_chat(data.get("usage")),
         )
         return _attach(resp, fields)
+
+    # ------------------------------------------------- interruptible: streamed, continued
+
+    @property
+    def can_interrupt(self) -> bool:
+        return interrupt_problem(self.cfg) is None
+
+    async def generate_until(
+        self, params: CreateParams, *, rollout_key: str | None, stop: Any, partial: Partial | None
+    ) -> Response | Partial:
+        """Stream the call over ``/v1/completions`` (a token-id prompt); when ``stop`` is set, close the stream
+        and return the ids and logprobs so far. Continuing ``partial`` sends its prompt ids + generated ids
+        as the prompt, so nothing is re-tokenized and the ids stay contiguous."""
+        if not self.can_interrupt:
+            return await self.generate(params, rollout_key=rollout_key)
+        body = self.chat_body(params)
+        try:
+            return await self.pool.run(
+                lambda ep: self._stream(ep, body, params, stop, partial),
+                rollout_key=rollout_key,
+                what="/completions (stream)",
+            )
+        except ContextOverflow as e:
+            log.info("model.context_overflow", model=self._model, detail=str(e)[:200])
+            return incomplete_response(params, model=self._model or params.model or "")
+
+    async def _stream(
+        self, ep: Endpoint, body: dict[str, Any], params: CreateParams, stop: Any, partial: Partial | None
+    ) -> Response | Partial:
+        if partial is None:
+            prev = last_token_turn(params.input) if self.cfg.token_in else None
+            prompt = await self._prompt_ids(ep, body, params, prev)
+            partial = Partial(prompt_token_ids=prompt, state={"text": "", "tries": 0})
+        prompt = partial.prompt_token_ids
+        ids, lps = list(partial.generation_token_ids), list(partial.generation_log_probs)
+        state = dict(partial.state or {"text": "", "tries": 0})
+        text = [str(state.get("text") or "")]
+        if stop.is_set():
+            return partial
+        sent = prompt + ids
+        cbody = self._completion_body(body, params, sent)
+        cbody["stream"] = True
+        asked = cbody.get("max_tokens")
+        if isinstance(asked, int) and ids:
+            cbody["max_tokens"] = asked - len(ids)
+        finish: str | None = None
+        created, model = time.time(), self._model or params.model or ""
+        if isinstance(asked, int) and asked - len(ids) < 1:
+            finish = "length"
+        else:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    await stop.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                try:
+                    async for event in ep.stream("/completions", cbody):
+                        created, model = float(event.get("created") or created), str(event.get("model") or model)
+                        for choice in event.get("choices") or ():
+                            new_ids, new_lps = _stream_tokens(choice, sent)
+                            ids += new_ids  # no await between these two: a stop keeps them in step
+                            lps += new_lps
+                            text.append(choice.get("text") or "")
+                            finish = choice.get("finish_reason") or finish
+                except HTTPStatusError as e:
+                    if is_context_overflow(e, cbody):
+                        raise ContextOverflow(str(e.message)) from None
+                    raise
+                tg.cancel_scope.cancel()
+        state["tries"] = int(state.get("tries") or 0) + 1
+        if finish is None:
+            if stop.is_set():
+                state["text"] = "".join(text)
+                return Partial(prompt_token_ids=prompt, generation_token_ids=ids, generation_log_probs=lps, state=state)
+            raise ModelError("completion stream ended without a finish_reason", retryable=True)
+        full = "".join(text)
+        if state["tries"] > 1:  # continued: decode all ids at once (a character may straddle the cut)
+            full = await self._detokenize(ep, ids, finish)
+        output = chat_message_to_items(self._message_from_text(full, body))
+        reason = INCOMPLETE_REASONS.get(finish)
+        resp = make_response(
+            params,
+            id=f"resp_{uuid4().hex}",
+            created_at=created,
+            model=model,
+            output=output,
+            status="incomplete" if reason else "completed",
+            incomplete_details={"reason": reason} if reason else None,
+            usage=usage_from_chat(
+                {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+            ),
+        )
+        return _attach(resp, {"prompt_token_ids": prompt, "generation_token_ids": ids, "generation_log_probs": lps})
+
+    async def _detokenize(self, ep: Endpoint, ids: list[int], finish: str) -> str:
+        if finish == "stop" and ids and ids[-1] == await self.end_token(ep):
+            ids = ids[:-1]  # the end token is not text (the streamed text leaves it out too)
+        model = {"model": self._model} if self._model else {}
+        data = await self._post(ep, "/detokenize", {**model, "tokens": ids}, root=True)
+        return str(data.get("prompt") or "")
 
     async def check(self) -> str | None:
         """Why the servers cannot serve this model (the model worker asks once at start), or None."""

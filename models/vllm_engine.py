@@ -47,7 +47,7 @@ from gym_runtime.chat import (
 )
 from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response, Usage
-from gym_runtime.model import AdapterOptions
+from gym_runtime.model import AdapterOptions, Partial
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,
     find_end_token,
@@ -60,7 +60,7 @@ from gym_runtime.models.tokens import (
 from gym_runtime.models.vllm_cpu import cpu_kv_cache, cpu_start_error
 from gym_runtime.observability import logs
 
-__all__ = ["Options", "VLLMEngineModel", "create", "template_messages"]
+__all__ = ["Options", "VLLMEngineModel", "create", "interrupt_problem", "template_messages"]
 
 log = logs.get("gym.models.vllm_engine")
 
@@ -91,6 +91,8 @@ _SAMPLING_KEYS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
 )
 
 
@@ -278,7 +280,8 @@ class VLLMEngineModel:
 
     # --------------------------------------------------------------- generate
 
-    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
+    async def _prepare(self, params: CreateParams) -> tuple[dict[str, Any], list[int], dict[str, Any]] | None:
+        """The chat body, the prompt's token ids and the sampling parameters (None: the prompt does not fit)."""
         await self._ensure()
         body = build_chat_body(params, model=None)
         messages, tools = body["messages"], body.get("tools")
@@ -296,19 +299,43 @@ class VLLMEngineModel:
         if room < 1 or (asked is not None and asked < 1):
             if asked is not None and asked < 1:
                 raise ModelError(f"max_output_tokens must be at least 1, got {asked}")
-            return incomplete_response(params, model=self.cfg.model or "")
+            return None
         from_cfg = {k: v for k, v in self.cfg.extra_body.items() if k in _SAMPLING_KEYS}
         sampling = {**{k: body[k] for k in _SAMPLING_KEYS if k in body}, **from_cfg}
         sampling["max_tokens"] = min(asked, room) if asked is not None else room
         guided = tool_choice_structured_outputs(body) or body.get("structured_outputs")
         if guided:
             sampling["structured_outputs"] = guided
+        return body, prompt, sampling
+
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
+        prepared = await self._prepare(params)
+        if prepared is None:
+            return incomplete_response(params, model=self.cfg.model or "")
+        body, prompt, sampling = prepared
         final = await self._run(prompt, sampling)
         out = final.outputs[0]
         gen = list(out.token_ids)
-        msg = self._parse(out.text or "", body)
-        output = chat_message_to_items(msg)
-        reason = INCOMPLETE_REASONS.get(out.finish_reason or "")
+        lps: list[float] | None = None
+        if self.cfg.return_token_ids:
+            seen = list(final.prompt_token_ids) if final.prompt_token_ids is not None else prompt
+            if seen != prompt:
+                raise ModelError("vllm_engine: the engine's prompt_token_ids differ from the prompt sent")
+            lps = _logprobs(out, gen)
+        return self._response(params, body, prompt, gen, lps, out.text or "", out.finish_reason)
+
+    def _response(
+        self,
+        params: CreateParams,
+        body: dict[str, Any],
+        prompt: list[int],
+        gen: list[int],
+        lps: list[float] | None,
+        text: str,
+        finish: str | None,
+    ) -> Response:
+        output = chat_message_to_items(self._parse(text, body))
+        reason = INCOMPLETE_REASONS.get(finish or "")
         resp = make_response(
             params,
             id=f"resp_{uuid4().hex}",
@@ -319,18 +346,78 @@ class VLLMEngineModel:
             incomplete_details={"reason": reason} if reason else None,
             usage=Usage(input_tokens=len(prompt), output_tokens=len(gen), total_tokens=len(prompt) + len(gen)),
         )
-        if self.cfg.return_token_ids:
-            seen = list(final.prompt_token_ids) if final.prompt_token_ids is not None else prompt
-            if seen != prompt:
-                raise ModelError("vllm_engine: the engine's prompt_token_ids differ from the prompt sent")
-            if out.logprobs is None or len(out.logprobs) != len(gen):
-                raise ModelError("vllm_engine: the engine returned no logprob for some generated tokens")
-            lps = [float(step[t].logprob) for step, t in zip(out.logprobs, gen)]
+        if lps is not None:
             last = resp.output[-1]
             last.prompt_token_ids = prompt  # type: ignore[union-attr]
             last.generation_token_ids = gen  # type: ignore[union-attr]
             last.generation_log_probs = lps  # type: ignore[union-attr]
         return resp
+
+    # ----------------------------------------------------- interruptible: the engine's abort
+
+    @property
+    def can_interrupt(self) -> bool:
+        return self.cfg.return_token_ids
+
+    async def generate_until(
+        self, params: CreateParams, *, rollout_key: str | None, stop: Any, partial: Partial | None
+    ) -> Response | Partial:
+        """Generate until done, or until ``stop`` is set: then the engine aborts the request and the ids and
+        logprobs so far come back as a ``Partial``; continuing it sends prompt ids + generated ids."""
+        if not self.can_interrupt:
+            return await self.generate(params, rollout_key=rollout_key)
+        if partial is None:
+            prepared = await self._prepare(params)
+            if prepared is None:
+                return incomplete_response(params, model=self.cfg.model or "")
+            body, prompt, sampling = prepared
+            partial = Partial(prompt_token_ids=prompt, state=(body, sampling, 0))
+        body, sampling, tries = partial.state
+        prompt, done = partial.prompt_token_ids, list(partial.generation_token_ids)
+        lps = list(partial.generation_log_probs)
+        if stop.is_set():
+            return partial
+        sent = prompt + done
+        left = int(sampling["max_tokens"]) - len(done)
+        last: Any = None
+        if left >= 1:
+            sp = self._sampling_params({**sampling, "max_tokens": left})
+            request_id = uuid4().hex
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    await stop.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                try:
+                    async for out in self._engine.generate({"prompt_token_ids": sent}, sp, request_id=request_id):
+                        last = out  # cumulative: each output holds every token of this request so far
+                finally:
+                    if last is None or not last.finished:
+                        with anyio.CancelScope(shield=True):
+                            await _abort(self._engine, request_id)
+                tg.cancel_scope.cancel()
+        new = list(last.outputs[0].token_ids) if last is not None and last.outputs else []
+        gen = done + new
+        lps += _logprobs(last.outputs[0], new) if new else []
+        finish = last.outputs[0].finish_reason if last is not None and last.outputs and last.finished else None
+        if left < 1:
+            finish = "length"
+        if finish is None:
+            if stop.is_set():
+                return Partial(
+                    prompt_token_ids=prompt,
+                    generation_token_ids=gen,
+                    generation_log_probs=lps,
+                    state=(body, sampling, tries + 1),
+                )
+            raise ModelError("vllm_engine: the engine returned no output", retryable=True)
+        if tries or done:  # continued: decode every generated id at once (a character may straddle the cut)
+            text = self._tokenizer.decode(gen, skip_special_tokens=True)
+        else:
+            text = last.outputs[0].text or ""
+        return self._response(params, body, prompt, gen, lps, text, finish)
 
     async def _run(self, prompt: list[int], sampling: dict[str, Any]) -> Any:
         sp = self._sampling_params(sampling)
@@ -361,6 +448,29 @@ class VLLMEngineModel:
             result = shutdown()
             if inspect.isawaitable(result):
                 await result
+
+
+def _logprobs(out: Any, gen: list[int]) -> list[float]:
+    """The sampled tokens' logprobs (``logprobs=0``) of the last ``len(gen)`` steps of ``out``."""
+    steps = list(out.logprobs or [])[-len(gen) :] if gen else []
+    if len(steps) != len(gen):
+        raise ModelError("vllm_engine: the engine returned no logprob for some generated tokens")
+    return [float(step[t].logprob) for step, t in zip(steps, gen, strict=True)]
+
+
+async def _abort(engine: Any, request_id: str) -> None:
+    """Stop a request in the engine now (AsyncLLM also aborts one whose output stream is closed)."""
+    abort = getattr(engine, "abort", None)
+    if abort is not None:
+        result = abort(request_id)
+        if inspect.isawaitable(result):
+            await result
+
+
+def interrupt_problem(options: Any) -> str | None:
+    if not options.return_token_ids:
+        return "set return_token_ids: true (a continuation needs the token ids generated so far)"
+    return None
 
 
 create = VLLMEngineModel

@@ -254,8 +254,9 @@ class AgentContext:
         )
         v = reply.policy_version
         if v is not None:
+            last = v if reply.policy_version_last is None else reply.policy_version_last
             pv = self.policy_versions
-            self.policy_versions = [min(pv[0], v), max(pv[1], v)] if pv else [v, v]
+            self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
         return reply.response
 
     async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:

@@ -37,6 +37,7 @@ from gym_runtime.data.reader import BatchReader
 from gym_runtime.data.validation import check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
+from gym_runtime.model import PAUSE_MODES, interrupt_problem
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -333,20 +334,32 @@ class Client:
             await control.publish_version(self.bus, m, version)
         self.policy_version = version
 
-    async def pause(self, *, model: str | None = None, timeout: float = 60.0) -> int:
+    async def pause(self, *, model: str | None = None, mode: str = "drain", timeout: float = 60.0) -> int:
         """Hold new calls of the model(s); returns once every live replica has none in flight.
 
+        ``mode``: ``drain`` waits for the calls in flight; ``interrupt`` stops them at once, keeping their
+        tokens, and they continue under the next policy after ``resume()`` (adapters with token ids:
+        ``vllm`` with ``interruptible: true``, ``vllm_engine``); ``abort`` stops them and makes them
+        again after ``resume()``. Either way a model call through ``ctx`` still returns one response.
         Returns the number of replicas that acknowledged.
         """
+        if mode not in PAUSE_MODES:
+            raise ClientError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        models = self._models(model)
+        if mode == "interrupt":
+            for m in models:
+                problem = interrupt_problem(self.config.models[m])
+                if problem is not None:
+                    raise ClientError(f"models.{m}: cannot pause with mode='interrupt': {problem}")
         acked = 0
-        for m in self._models(model):
+        for m in models:
             live = {
                 str(w["worker"])
                 for w in await discover(self.bus, wait_s=0.5)
                 if w.get("role") == "model" and w.get("name") == m
             }
             await control.set_paused(self.bus, m, True)
-            replies = await control.send_pause(self.bus, m, live, timeout=timeout)
+            replies = await control.send_pause(self.bus, m, live, timeout=timeout, mode=mode)
             got = {getattr(r, "worker", None) for r in replies}
             missing = live - got
             if missing:

@@ -43,6 +43,9 @@ class Message(_Item, tag="message"):
     generation_token_ids: list[int] | UnsetType = UNSET
     generation_log_probs: list[float] | UnsetType = UNSET
     policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
+    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
+    # interrupted by a weight update and continued under the next version has more than one range)
+    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
 class FunctionCall(_Item, tag="function_call"):
@@ -55,6 +58,9 @@ class FunctionCall(_Item, tag="function_call"):
     generation_token_ids: list[int] | UnsetType = UNSET
     generation_log_probs: list[float] | UnsetType = UNSET
     policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
+    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
+    # interrupted by a weight update and continued under the next version has more than one range)
+    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
 class FunctionCallOutput(_Item, tag="function_call_output"):
@@ -74,6 +80,9 @@ class Reasoning(_Item, tag="reasoning"):
     generation_token_ids: list[int] | UnsetType = UNSET
     generation_log_probs: list[float] | UnsetType = UNSET
     policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
+    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
+    # interrupted by a weight update and continued under the next version has more than one range)
+    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
 Item = Message | FunctionCall | FunctionCallOutput | Reasoning
@@ -314,6 +323,8 @@ class ModelRequest(_Msg, tag="model.req.v1"):
 class ModelResponse(_Msg, tag="model.resp.v1"):
     response: Response
     policy_version: int | None = None  # the policy version that served this call (None: never set)
+    # the version its last tokens were generated under (a call interrupted and continued after an update)
+    policy_version_last: int | None = None
 
 
 class SeedRequest(_Msg, tag="seed.v1"):
@@ -404,9 +415,13 @@ class PolicyVersion(_Msg, tag="ctl.version.v1"):
 
 
 class PauseModel(_Msg, tag="ctl.pause.v1"):
-    """``{ns}.ctl.model.{model}.pause``: hold new calls; ack once none is in flight."""
+    """``{ns}.ctl.model.{model}.pause``: hold new calls; ack once none is in flight.
+
+    ``mode``: ``drain`` (calls in flight finish), ``interrupt`` (they stop now, keep their tokens and
+    continue after the resume) or ``abort`` (they stop now and are made again after the resume)."""
 
     model: str
+    mode: str = "drain"
 
 
 class ResumeModel(_Msg, tag="ctl.resume.v1"):
@@ -418,6 +433,7 @@ class ResumeModel(_Msg, tag="ctl.resume.v1"):
 class PauseAck(_Msg, tag="ctl.pause.ack.v1"):
     worker: str
     held: int = 0  # calls waiting behind the pause when it was acknowledged
+    stopped: int = 0  # calls in flight that the pause stopped (interrupt, abort): they continue after the resume
 
 
 class CancelBatch(_Msg, tag="ctl.cancel.v1"):

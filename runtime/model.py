@@ -33,12 +33,17 @@ from gym_runtime.plugins import load_plugin
 
 __all__ = [
     "WORKER_KEYS",
+    "PAUSE_MODES",
     "AdapterOptions",
+    "InterruptibleAdapter",
+    "Partial",
     "ModelAdapter",
     "ModelConfig",
     "WrittenOptions",
     "adapter_module",
     "check_adapter",
+    "interrupt_problem",
+    "interruptible",
     "load_adapter",
     "looks_secret",
     "model_config",
@@ -54,6 +59,48 @@ class ModelAdapter(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class Partial(msgspec.Struct, kw_only=True):
+    """What a generation stopped by ``pause(mode="interrupt")`` produced: the next ``generate_until`` with the
+    same params continues from it (prompt ids + these ids as its prompt, nothing re-tokenized)."""
+
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int] = msgspec.field(default_factory=list)
+    generation_log_probs: list[float] = msgspec.field(default_factory=list)
+    state: Any = None  # the adapter's own (the request it continues, text so far)
+
+
+class InterruptibleAdapter(ModelAdapter, Protocol):
+    """An adapter whose generations can stop at once and continue later (``pause(mode="interrupt")``).
+
+    Its module defines ``interrupt_problem(options) -> str | None``: why an entry with these options
+    cannot be interrupted (``None``: it can), so a trainer is told before anything is paused."""
+
+    can_interrupt: bool  # False: this instance's options do not allow it (it then only generates)
+
+    async def generate_until(
+        self, params: CreateParams, *, rollout_key: str | None, stop: Any, partial: Partial | None
+    ) -> Response | Partial:
+        """Generate (continuing ``partial``) until done, or until ``stop`` (an ``anyio.Event``) is set:
+        then return what was generated so far as a ``Partial``, promptly."""
+        ...
+
+
+PAUSE_MODES = ("drain", "interrupt", "abort")
+
+
+def interrupt_problem(cfg: ModelConfig) -> str | None:
+    """Why generations of this (resolved) entry cannot be interrupted and continued, or None."""
+    check = getattr(adapter_module(cfg.adapter), "interrupt_problem", None)
+    if check is None:
+        return f"adapter {cfg.adapter!r} has no token ids to continue from (pause modes: drain, abort)"
+    return check(cfg.options)
+
+
+def interruptible(adapter: object) -> bool:
+    """Whether this adapter instance stops generations on a pause's ``stop`` (its ``can_interrupt``)."""
+    return callable(getattr(adapter, "generate_until", None)) and bool(getattr(adapter, "can_interrupt", True))
 
 
 async def check_adapter(adapter: object) -> str | None:

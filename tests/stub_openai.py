@@ -515,6 +515,13 @@ class VLLMEmulator:
         self.policy: Callable[[str, dict[str, Any]], Gen] | None = None
         self._script: collections.deque[Gen] = collections.deque()
         self._lock = threading.Lock()
+        # Streaming (``stream: true`` on /v1/completions): one token every ``token_delay_s``, each with the
+        # logprob of the ``weights`` current when it is sampled (a trainer's weight update is ``weights += 1``).
+        self.token_delay_s = 0.0
+        self.weights = 0
+        self.streamed = 0  # tokens sent in streams
+        self.streams_cut = 0  # streams whose client closed the connection before the end
+        self.progress = threading.Condition()  # notified per streamed token and per cut stream
 
     # ------------------------------------------------------------------ scripting
 
@@ -656,8 +663,62 @@ class VLLMEmulator:
         return ids, finish, tok.decode(ids, skip_special_tokens=True)
 
     @staticmethod
-    def _logprob(token: int, pos: int) -> float:
-        return -round(0.05 + ((token * 7919 + pos * 104729) % 1000) / 250.0, 6)
+    def _logprob(token: int, pos: int, weights: int = 0) -> float:
+        return -round(0.05 + ((token * 7919 + pos * 104729 + weights * 15485863) % 1000) / 250.0, 6)
+
+    def wait_streamed(self, tokens: int, timeout: float = 60.0) -> bool:
+        """Block until at least ``tokens`` tokens were streamed in all (a test waits on this, not a sleep)."""
+        with self.progress:
+            return self.progress.wait_for(lambda: self.streamed >= tokens, timeout)
+
+    def stream_completions(self, body: dict[str, Any]) -> Any:
+        """``/v1/completions`` with ``stream: true``: vLLM's chunks, one token each (``token_delay_s`` apart),
+        the first carrying ``prompt_token_ids``; a generator the server writes as server-sent events."""
+        if "prompt" not in body:
+            raise _validation_error("body.prompt", body)
+        self._check_model(body)
+        raw = body["prompt"]
+        if not (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
+            raise _bad_request("this emulator streams token-id prompts only", "prompt")
+        prompt = list(raw)
+        max_tokens = self._room(len(prompt), body)
+        ids, finish, _ = self._sample("/v1/completions", body, max_tokens)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        want_ids = bool(body.get("return_token_ids"))
+        cid, created = f"cmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+
+        def chunks() -> Any:
+            for pos, t in enumerate(ids):
+                if self.token_delay_s:
+                    time.sleep(self.token_delay_s)
+                lp = self._logprob(t, pos, self.weights)
+                tok = f"token_id:{t}" if as_ids else self.tokenizer.token_bytes(t).decode("utf-8", "replace")
+                text = "" if t == self.tokenizer.EOS else self.tokenizer.decode([t], skip_special_tokens=True)
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": {
+                        "text_offset": [0],
+                        "token_logprobs": [lp],
+                        "tokens": [tok],
+                        "top_logprobs": [{tok: lp}],
+                    },
+                    "finish_reason": finish if pos == len(ids) - 1 else None,
+                    "stop_reason": None,
+                    "token_ids": [t] if want_ids else None,
+                }
+                if pos == 0 and want_ids:
+                    choice["prompt_token_ids"] = prompt
+                yield {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.model,
+                    "choices": [choice],
+                    "usage": None,
+                }
+
+        return chunks()
 
     def _token_entry(self, token: int, logprob: float, as_ids: bool) -> dict[str, Any]:
         raw = self.tokenizer.token_bytes(token)
@@ -1003,6 +1064,18 @@ class StubOpenAI:
                     reply = stub.handler(req)
                 elif reply is None and stub.handler is not None:  # a handler's double lists no models
                     reply = StubReply(status=404, body={"detail": "Not Found"})
+                if (
+                    reply is None
+                    and method == "POST"
+                    and isinstance(body, dict)
+                    and body.get("stream")
+                    and self.path.split("?", 1)[0].rstrip("/") == "/v1/completions"
+                ):
+                    try:
+                        self._stream(stub.emulator.stream_completions(body))
+                        return
+                    except _HTTPError as e:
+                        reply = StubReply(status=e.status, body=e.body)
                 if reply is None:
                     status, out = stub.emulator.handle(method, self.path, body)
                     reply = StubReply(status=status, body=out)
@@ -1012,6 +1085,31 @@ class StubOpenAI:
                 if delay > 0 and stub._stopping.wait(delay):
                     return
                 self._send(reply, req)
+
+            def _stream(self, chunks: Any) -> None:
+                """Server-sent events until ``[DONE]``, then close; a client that goes away cuts the stream."""
+                emulator = stub.emulator
+                self.close_connection = True
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.flush()
+                    for chunk in chunks:
+                        if stub._stopping.is_set():
+                            return
+                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                        self.wfile.flush()
+                        with emulator.progress:
+                            emulator.streamed += 1
+                            emulator.progress.notify_all()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    with emulator.progress:
+                        emulator.streams_cut += 1
+                        emulator.progress.notify_all()
 
             def do_POST(self) -> None:
                 self._serve("POST")

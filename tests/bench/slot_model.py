@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from gym_runtime.model import AdapterOptions
+from gym_runtime.model import AdapterOptions, Partial
 from models.scripted import Options as ScriptedOptions
 from models.scripted import ScriptedModel
 
@@ -47,6 +47,9 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     record: bool = True  # False: keep no Call per call (a long batch's memory is then the runtime's alone)
     uniform_s: list[float] = []  # [lo, hi]: call time uniform in lo..hi seconds (long calls), not lognormal
     budget_s: float = 480.0  # what one call may take (an HTTP adapter's timeout_s x attempts): the callers' patience
+    # True: calls generate "tokens" one by one (fake ids, so the answer carries token fields) and a pause's
+    # ``stop`` ends them at once with the tokens so far (``pause(mode="interrupt"|"abort")``, tests/bench/async_rl.py)
+    interruptible: bool = False
 
     def call_budget_s(self) -> float:
         return self.budget_s
@@ -63,10 +66,22 @@ class Call:
 
 
 @dataclass
+class Try:
+    """One try of an interruptible call: its slot time and the tokens it generated (``stopped``: by a pause)."""
+
+    replica: int
+    started: float
+    ended: float
+    tokens: int
+    stopped: bool
+
+
+@dataclass
 class Recorder:
     """What the replicas of one benchmark run saw (filled in this process, read by the benchmark)."""
 
     calls: list[Call] = field(default_factory=list)
+    tries: list[Try] = field(default_factory=list)  # interruptible calls: one per try
     replicas: dict[int, tuple[int, float]] = field(default_factory=dict)  # index -> (slots, slowness)
     ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -92,8 +107,37 @@ class SlotReplica:
         if self.cfg.uniform_s:
             lo, hi = self.cfg.uniform_s
             return self.rng.uniform(lo, hi) * self.slowness
-        tokens = min(self.cfg.max_tokens, self.cfg.median_tokens * math.exp(self.rng.gauss(0.0, self.cfg.sigma)))
-        return tokens * self.s_per_token
+        return self.draw_tokens() * self.s_per_token
+
+    def draw_tokens(self) -> float:
+        return min(self.cfg.max_tokens, self.cfg.median_tokens * math.exp(self.rng.gauss(0.0, self.cfg.sigma)))
+
+    @property
+    def can_interrupt(self) -> bool:
+        return self.cfg.interruptible
+
+    async def generate_until(self, params: Any, *, rollout_key: str | None, stop: Any, partial: Partial | None) -> Any:
+        """Generate the drawn tokens (``s_per_token`` each) unless ``stop`` is set first: then the tokens so far."""
+        if partial is None:
+            partial = Partial(prompt_token_ids=[1], state=max(1, round(self.draw_tokens())))
+        total, done = int(partial.state), len(partial.generation_token_ids)
+        async with self.sem:
+            started = time.monotonic()
+            with anyio.move_on_after((total - done) * self.s_per_token):
+                await stop.wait()
+            ended = time.monotonic()
+        stopped = stop.is_set()
+        made = min(total - done, int((ended - started) / self.s_per_token)) if stopped else total - done
+        if self.cfg.record:
+            self.rec.tries.append(Try(self.index, started, ended, made, stopped))
+        ids = [0] * (done + made)
+        lps = [*partial.generation_log_probs, *[-1.0] * made]
+        if done + made < total:
+            return Partial(prompt_token_ids=[1], generation_token_ids=ids, generation_log_probs=lps, state=total)
+        response = await self.inner.generate(params, rollout_key=rollout_key)
+        last = response.output[-1]
+        last.prompt_token_ids, last.generation_token_ids, last.generation_log_probs = [1], ids, lps  # type: ignore[union-attr]
+        return response
 
     async def generate(self, params: Any, *, rollout_key: str | None = None) -> Any:
         arrived = time.monotonic()
@@ -108,6 +152,10 @@ class SlotReplica:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def interrupt_problem(options: Options) -> str | None:
+    return None if options.interruptible else "set interruptible: true"
 
 
 def create(options: Options, *, concurrency: int = 64, base_dir: str | None = None) -> SlotReplica:
