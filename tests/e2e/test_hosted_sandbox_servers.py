@@ -1,0 +1,156 @@
+"""NeMo Gym's container servers (nemo-gym 0.7.0's swebench and terminal_bench_2_1), unchanged, hosted on the
+sandbox fleet: their config says ``sandbox_provider: gym_runtime`` and their own code creates, drives and grades
+sandboxes that our sandbox workers hold (``gym_runtime.hosting.sandbox_provider``).
+
+Real parts only: the real ``gym-runtime run`` in a subprocess, a real nats-server, a real dockerd
+(``.ci/docker.sh``), the servers' environments built by ``gym-runtime env build`` (swebench's with
+``swebench==4.1.0``), the task images built here and tagged with the names the rows carry
+(``tests/nemo_container_tasks.py``). Only the policy is a test double (``tests/envs/container_policy.py``):
+scripted commands run in the session's sandbox. Rewards are the servers' own grading: SWE-bench's eval script
+and log parser, Terminal-Bench's ``tests/test.sh`` and its ``reward.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from gym_runtime.hosting import env as hosting_env
+from gym_runtime.sandboxes.engine_api import POOL
+from gym_runtime.sandboxes.engine_http import Engine
+from tests.helpers import cli, read_jsonl, write_jsonl
+from tests.hosting import catalogue_root
+from tests.nemo_container_tasks import (
+    SWE_FIX,
+    TB_SOLVE,
+    build_swe_image,
+    build_tb_image,
+    swe_image_name,
+    swe_row,
+    tb_row,
+    tb_task_folder,
+)
+
+SOLVES, IDLES = "pytest-dev__pytest-90001", "pytest-dev__pytest-90002"
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> Path:
+    """The swebench and terminal_bench_2_1 environments (built once, cached by content hash)."""
+    return catalogue_root("--server", "swebench", "--server", "terminal_bench_2_1")
+
+
+def config(tmp_path: Path, engine: Engine, pool: str, server: str, commands: dict[str, list[str]]) -> Path:
+    """``server`` hosted with ``sandbox_provider: gym_runtime`` on pool ``pool`` (``rootfs: writable``: its images
+    keep their work at /testbed and /app), and the scripted policy with ``commands`` per row."""
+    path = tmp_path / "config.yaml"
+    sandbox_config = {"resources": {"cpu": 1, "memory_mib": 1024}, "derive_cpu_env": True}
+    path.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "sandboxes": {
+                    pool: {
+                        "backend": "docker",
+                        "engine": f"unix://{engine.socket_path}",
+                        "rootfs": "writable",
+                        "limits": {"cpu": 1, "memory_mb": 1024, "timeout_s": 300},
+                    }
+                },
+                "resources": {
+                    "env": {
+                        "nemo_gym": server,
+                        "sandbox": pool,
+                        "options": {"sandbox_provider": "gym_runtime", "sandbox_config": sandbox_config},
+                    }
+                },
+                "agents": {
+                    "policy": {
+                        "agent": "tests.envs.container_policy",
+                        "model": "policy",
+                        "resource": "env",
+                        "timeout_s": 600,
+                        "max_attempts": 1,
+                        "options": {"commands": commands},
+                    }
+                },
+            }
+        )
+    )
+    return path
+
+
+async def run(tmp_path: Path, engine: Engine, pool: str, cfg: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run the rows; every row scored, and no container of the pool left once the run ended."""
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    r = await anyio.to_thread.run_sync(
+        lambda: cli("run", str(cfg), "-i", str(tmp_path / "in.jsonl"), "-o", str(out), timeout=900)
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    failures = tmp_path / "out_failures.jsonl"
+    assert not failures.exists() or read_jsonl(failures) == [], read_jsonl(failures)
+    assert await engine.containers({POOL: f"default.{pool}"}) == [] == await engine.containers({POOL: f"gym.{pool}"})
+    return read_jsonl(out)
+
+
+async def test_swebench_server_hosted_on_the_fleet_grades_the_fix_1_and_its_absence_0(
+    catalogue: Path, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    commit = await build_swe_image(engine, base_image, [SOLVES, IDLES])
+    rows = [swe_row(SOLVES, commit), swe_row(IDLES, commit)]
+    assert [swe_image_name(r["instance_id"]) for r in rows] == [
+        "swebench/sweb.eval.x86_64.pytest-dev_1776_pytest-90001:latest",
+        "swebench/sweb.eval.x86_64.pytest-dev_1776_pytest-90002:latest",
+    ]
+    pool = f"swe{uuid.uuid4().hex[:6]}"
+    cfg = config(tmp_path, engine, pool, "swebench", {SOLVES: [SWE_FIX, "git --no-pager diff"]})
+    got = {row["instance_id"]: row for row in await run(tmp_path, engine, pool, cfg, rows)}
+
+    solved, idle = got[SOLVES], got[IDLES]
+    # the policy ran in the session's sandbox, which the server made from the row's image (its WORKDIR)
+    assert solved["policy_exec"][0]["stdout"] == "/testbed\n"
+    assert "+    return a + b" in solved["policy_exec"][2]["stdout"]
+    # SWE-bench's own grading: the session's diff applied in a fresh sandbox, its eval script, its log parser
+    assert (solved["reward"], solved["resolved"], solved["evaluation_completed"]) == (1.0, True, True)
+    assert "+    return a + b" in solved["model_patch"]
+    assert solved["verifier_sandbox_observation"]["provider"] == "gym_runtime"
+    assert solved["verifier_sandbox_observation"]["outcome"] == "completed"
+    assert (idle["reward"], idle["resolved"]) == (0.0, False)
+    assert idle["model_patch"] is None  # nothing to apply: SWE-bench's rule fails it
+
+
+async def test_terminal_bench_server_hosted_on_the_fleet_rewards_by_its_own_test_script(
+    catalogue: Path, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    image = "gym-runtime-tests/sum-numbers:20260101"
+    await build_tb_image(engine, base_image, [image])
+    folder = tb_task_folder(tmp_path / "sum-numbers")
+    rows = [tb_row("gym-tests/sum-numbers", image, folder), tb_row("gym-tests/sum-numbers-idle", image, folder)]
+    pool = f"tb{uuid.uuid4().hex[:6]}"
+    cfg = config(tmp_path, engine, pool, "terminal_bench_2_1", {"gym-tests/sum-numbers": [TB_SOLVE]})
+    got = {row["task_name"]: row for row in await run(tmp_path, engine, pool, cfg, rows)}
+
+    solved, idle = got["gym-tests/sum-numbers"], got["gym-tests/sum-numbers-idle"]
+    assert solved["policy_exec"][0]["stdout"] == "/app\n"  # the image's WORKDIR
+    assert (solved["reward"], solved["evaluation_completed"]) == (1.0, True)
+    assert (idle["reward"], idle["evaluation_completed"]) == (0.0, True)
+
+
+def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider(catalogue: Path) -> None:
+    """NeMo Gym's own registry finds ``gym_runtime`` in the hosted environment (the entry point)."""
+    built = hosting_env.ensure("swebench")
+    probe = (
+        "from nemo_gym.sandbox.providers.registry import get_provider_class, list_providers;"
+        "print('gym_runtime' in list_providers(), get_provider_class('gym_runtime').__name__)"
+    )
+    out = subprocess.run([built.python, "-c", probe], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "FleetProvider"]
