@@ -343,10 +343,12 @@ class Guest:
 
     async def _release(self, generation: int) -> None:
         """The sessions that lived in a guest that is gone end their leases: their sandboxes are removed now."""
-        for sid, session in list(self.sessions.items()):
-            if session.generation in (generation, None):
-                self.sessions.pop(sid, None)
-                await session.lease.close_all()
+        ended = [s for s in self.sessions.values() if s.generation in (generation, None)]
+        for session in ended:
+            self.sessions.pop(session.session, None)
+            await session.lease.close_all()
+        if ended:  # sessions still open when their guest went (lost, or its worker stopping)
+            log.info("guest.leases_ended", resource=self.entry, sessions=len(ended))
 
     def _lose(self, child: _Child) -> None:
         """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""

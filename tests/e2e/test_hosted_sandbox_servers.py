@@ -47,7 +47,9 @@ def catalogue() -> Path:
     return catalogue_root("--server", "swebench", "--server", "terminal_bench_2_1")
 
 
-def config(tmp_path: Path, engine: Engine, pool: str, server: str, commands: dict[str, list[str]]) -> Path:
+def config(
+    tmp_path: Path, engine: Engine, pool: str, server: str, commands: dict[str, list[str]], **options: Any
+) -> Path:
     """``server`` hosted with ``sandbox_provider: gym_runtime`` on pool ``pool`` (``rootfs: writable``: its images
     keep their work at /testbed and /app), and the scripted policy with ``commands`` per row."""
     path = tmp_path / "config.yaml"
@@ -77,8 +79,8 @@ def config(tmp_path: Path, engine: Engine, pool: str, server: str, commands: dic
                         "model": "policy",
                         "resource": "env",
                         "timeout_s": 600,
-                        "max_attempts": 1,
-                        "options": {"commands": commands},
+                        "max_attempts": 2,
+                        "options": {"commands": commands, **options},
                     }
                 },
             }
@@ -87,16 +89,23 @@ def config(tmp_path: Path, engine: Engine, pool: str, server: str, commands: dic
     return path
 
 
-async def run(tmp_path: Path, engine: Engine, pool: str, cfg: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run the rows; every row scored, and no container of the pool left once the run ended."""
+async def run(
+    tmp_path: Path, engine: Engine, pool: str, cfg: Path, rows: list[dict[str, Any]], created: int
+) -> list[dict[str, Any]]:
+    """Run the rows; every row scored, ``created`` sandboxes made, none left open when each rollout ended."""
     write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out.jsonl"
-    r = await anyio.to_thread.run_sync(
-        lambda: cli("run", str(cfg), "-i", str(tmp_path / "in.jsonl"), "-o", str(out), timeout=900)
-    )
+    args = ["run", str(cfg), "-i", str(tmp_path / "in.jsonl"), "-o", str(out), "--log-level", "info"]
+    r = await anyio.to_thread.run_sync(lambda: cli(*args, timeout=900))
     assert r.returncode == 0, r.stderr[-4000:]
     failures = tmp_path / "out_failures.jsonl"
     assert not failures.exists() or read_jsonl(failures) == [], read_jsonl(failures)
+    # each rollout's sandboxes ended with its session: the pool's worker held none when the run stopped it ...
+    events = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    [stopped] = [e for e in events if e.get("event") == "sandbox.stopped"]
+    assert (stopped["left"], stopped["created"]) == (0, created)
+    assert [e for e in events if e.get("event") == "guest.leases_ended"] == []  # none waited for the guest's end
+    # ... and the engine has none left
     assert await engine.containers({POOL: f"default.{pool}"}) == [] == await engine.containers({POOL: f"gym.{pool}"})
     return read_jsonl(out)
 
@@ -112,12 +121,13 @@ async def test_swebench_server_hosted_on_the_fleet_grades_the_fix_1_and_its_abse
     ]
     pool = f"swe{uuid.uuid4().hex[:6]}"
     cfg = config(tmp_path, engine, pool, "swebench", {SOLVES: [SWE_FIX, "git --no-pager diff"]})
-    got = {row["instance_id"]: row for row in await run(tmp_path, engine, pool, cfg, rows)}
+    # each rollout: its session's sandbox (seed_session), then a fresh one that verify grades in
+    got = {row["instance_id"]: row for row in await run(tmp_path, engine, pool, cfg, rows, created=4)}
 
     solved, idle = got[SOLVES], got[IDLES]
     # the policy ran in the session's sandbox, which the server made from the row's image (its WORKDIR)
     assert solved["policy_exec"][0]["stdout"] == "/testbed\n"
-    assert "+    return a + b" in solved["policy_exec"][2]["stdout"]
+    assert "+    return a + b" in solved["policy_exec"][3]["stdout"]
     # SWE-bench's own grading: the session's diff applied in a fresh sandbox, its eval script, its log parser
     assert (solved["reward"], solved["resolved"], solved["evaluation_completed"]) == (1.0, True, True)
     assert "+    return a + b" in solved["model_patch"]
@@ -133,15 +143,26 @@ async def test_terminal_bench_server_hosted_on_the_fleet_rewards_by_its_own_test
     image = "gym-runtime-tests/sum-numbers:20260101"
     await build_tb_image(engine, base_image, [image])
     folder = tb_task_folder(tmp_path / "sum-numbers")
-    rows = [tb_row("gym-tests/sum-numbers", image, folder), tb_row("gym-tests/sum-numbers-idle", image, folder)]
+    solves, idles, flaky = "gym-tests/sum-numbers", "gym-tests/sum-numbers-idle", "gym-tests/sum-numbers-flaky"
+    rows = [tb_row(name, image, folder) for name in (solves, idles, flaky)]
     pool = f"tb{uuid.uuid4().hex[:6]}"
-    cfg = config(tmp_path, engine, pool, "terminal_bench_2_1", {"gym-tests/sum-numbers": [TB_SOLVE]})
-    got = {row["task_name"]: row for row in await run(tmp_path, engine, pool, cfg, rows)}
+    marker = tmp_path / "flaky-first-attempt.json"
+    commands = {solves: [TB_SOLVE], flaky: [TB_SOLVE]}
+    cfg = config(tmp_path, engine, pool, "terminal_bench_2_1", commands, flaky={flaky: str(marker)})
+    # each rollout: one sandbox (seed_session's), which verify runs the task's tests in; the flaky row's first
+    # attempt ends (failed, retryable) holding its sandbox, which the server itself never stops: its session's
+    # end removes it, and the redelivered attempt gets a fresh one (4 created, none left open)
+    got = {row["task_name"]: row for row in await run(tmp_path, engine, pool, cfg, rows, created=4)}
 
-    solved, idle = got["gym-tests/sum-numbers"], got["gym-tests/sum-numbers-idle"]
+    solved, idle, retried = got[solves], got[idles], got[flaky]
     assert solved["policy_exec"][0]["stdout"] == "/app\n"  # the image's WORKDIR
     assert (solved["reward"], solved["evaluation_completed"]) == (1.0, True)
     assert (idle["reward"], idle["evaluation_completed"]) == (0.0, True)
+    first = json.loads(marker.read_text())
+    assert first[-1]["exit_code"] == 0  # its first attempt wrote /app/answer.txt, then failed
+    assert retried["policy_exec"][1]["stdout"] == "numbers.txt\n"  # the second attempt's sandbox is a fresh one
+    assert retried["policy_exec"][1]["sandbox"] != first[1]["sandbox"]
+    assert retried["reward"] == 1.0
 
 
 def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider(catalogue: Path) -> None:
