@@ -165,13 +165,45 @@ async def test_terminal_bench_server_hosted_on_the_fleet_rewards_by_its_own_test
     assert retried["reward"] == 1.0
 
 
+PROBE = """
+import asyncio, json
+from nemo_gym.sandbox.providers.registry import create_provider, list_providers
+from nemo_gym.sandbox import SandboxSpec
+from gym_runtime.hosting.sandbox_provider import fleet_spec
+
+out = {"listed": "gym_runtime" in list_providers()}
+provider = create_provider({"gym_runtime": {}})
+out["class"] = type(provider).__name__
+spec = fleet_spec(SandboxSpec(image="img:1", env={"A": 1}, resources={"cpu": 0.5, "memory_mib": 512}))
+out["spec"] = [spec.image, spec.cpu, spec.memory_mb, spec.env, spec.workdir]
+refused = []
+for bad in (
+    lambda: create_provider({"gym_runtime": {"pool": "x"}}),
+    lambda: fleet_spec(SandboxSpec(image="img:1", ports=[8080])),
+    lambda: fleet_spec(SandboxSpec(image="img:1", resources={"gpu": 1})),
+    lambda: asyncio.run(provider.create(SandboxSpec(image="img:1"))),
+):
+    try:
+        bad()
+    except (ValueError, RuntimeError) as e:
+        refused.append(str(e))
+out["refused"] = refused
+print(json.dumps(out))
+"""
+
+
 def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider(catalogue: Path) -> None:
-    """NeMo Gym's own registry finds ``gym_runtime`` in the hosted environment (the entry point)."""
+    """NeMo Gym's own registry finds ``gym_runtime`` in a hosted environment (the entry point); what it cannot
+    give (ports, a GPU, options, a call outside a hosted request) is one line each."""
     built = hosting_env.ensure("swebench")
-    probe = (
-        "from nemo_gym.sandbox.providers.registry import get_provider_class, list_providers;"
-        "print('gym_runtime' in list_providers(), get_provider_class('gym_runtime').__name__)"
-    )
-    out = subprocess.run([built.python, "-c", probe], capture_output=True, text=True, timeout=120, env=dict(os.environ))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "FleetProvider"]
+    r = subprocess.run([built.python, "-c", PROBE], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert (out["listed"], out["class"]) == (True, "FleetProvider")
+    assert out["spec"] == ["img:1", 0.5, 512, {"A": "1"}, ""]  # workdir "": the image's own WORKDIR
+    options, ports, gpu, outside = out["refused"]
+    assert "takes no options" in options
+    assert "ports" in ports and "--network none" in ports
+    assert "a GPU" in gpu
+    assert "within one of its requests" in outside
+    assert all("\n" not in line for line in out["refused"])
