@@ -41,9 +41,10 @@ from tests.nemo_container_tasks import (
 SOLVES, IDLES = "pytest-dev__pytest-90001", "pytest-dev__pytest-90002"
 
 
-@pytest.fixture(scope="module")
-def catalogue() -> Path:
-    """The swebench and terminal_bench_2_1 environments (built once, cached by content hash)."""
+@pytest.fixture
+def catalogue(engine: Engine) -> Path:
+    """The swebench and terminal_bench_2_1 environments (built once, cached by content hash); asked after the
+    engine, so that without one the test skips before building anything (CI's fresh-clone pass)."""
     return catalogue_root("--server", "swebench", "--server", "terminal_bench_2_1")
 
 
@@ -192,10 +193,11 @@ print(json.dumps(out))
 """
 
 
-def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider(catalogue: Path) -> None:
+def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider() -> None:
     """NeMo Gym's own registry finds ``gym_runtime`` in a hosted environment (the entry point); what it cannot
-    give (ports, a GPU, options, a call outside a hosted request) is one line each."""
-    built = hosting_env.ensure("swebench")
+    give (ports, a GPU, options, a call outside a hosted request) is one line each. No engine needed."""
+    catalogue_root("--server", "terminal_bench_2_1")  # a layer with nothing beyond the base: quick to build
+    built = hosting_env.ensure("terminal_bench_2_1")
     r = subprocess.run([built.python, "-c", PROBE], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
