@@ -106,8 +106,11 @@ class FleetProvider:
     ) -> SandboxExecResult:
         if user not in ROOT:
             raise ValueError(f"sandbox_provider {SANDBOX_PROVIDER}: commands run as root (user {user!r} was asked)")
+        bad = [k for k in env or {} if not k.isidentifier()]
+        if bad:
+            raise ValueError(f"sandbox_provider {SANDBOX_PROVIDER}: not environment variable names: {bad}")
         lines = [f"cd {shlex.quote(cwd)} || exit {RUNTIME_FAILURE}"] if cwd else []
-        lines += [f"export {k}={shlex.quote(str(v))}" for k, v in (env or {}).items() if k.isidentifier()]
+        lines += [f"export {k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
         argv = [str(handle.raw or "sh"), "-c", "\n".join([*lines, command])]
         call = SandboxCall(op="exec", sandbox=handle.sandbox_id, argv=argv, timeout_s=timeout_s)
         r = await self._call(call)

@@ -343,7 +343,8 @@ class Guest:
 
     async def _release(self, generation: int) -> None:
         """The sessions that lived in a guest that is gone end their leases: their sandboxes are removed now."""
-        ended = [s for s in self.sessions.values() if s.generation in (generation, None)]
+        # (a session whose seed was in flight there fails its seed, which ends its lease)
+        ended = [s for s in self.sessions.values() if s.generation == generation]
         for session in ended:
             self.sessions.pop(session.session, None)
             await session.lease.close_all()
@@ -513,16 +514,16 @@ class GuestSession:
         raise Failure("tool_error", f"{which}: not an open sandbox of this session")
 
     async def _release(self) -> None:
-        """End this session's lease (idempotent)."""
+        """End this session's lease (idempotent), cancelled or not."""
         if self._guest.sessions.pop(self.session, None) is not None:
-            await self.lease.close_all()
+            with anyio.CancelScope(shield=True):
+                await self.lease.close_all()
 
     async def seed(self, row: dict[str, Any]) -> None:
         try:
             _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
         except BaseException:
-            with anyio.CancelScope(shield=True):  # never opened: what its seed created ends now
-                await self._release()
+            await self._release()  # never opened: what its seed created ends now
             raise
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
@@ -545,13 +546,13 @@ class GuestSession:
         agents reach the server's sandbox by its handle). Arguments ``{"command", "sandbox"?, "timeout_s"?}``."""
         try:
             args = json.loads(arguments or "{}")
-            command = args["command"]
-            if not isinstance(args, dict) or not isinstance(command, str):
-                raise TypeError("command must be a string")
+            command, timeout_s = args["command"], args.get("timeout_s")
+            if not isinstance(command, str) or not isinstance(timeout_s, (int, float, type(None))):
+                raise TypeError("command must be a string, timeout_s a number")
         except (ValueError, KeyError, TypeError) as e:
             raise ToolArgumentsError(f"{SANDBOX_EXEC} takes {{'command': str, 'sandbox'?, 'timeout_s'?}}: {e}") from e
         box = self.box(str(args.get("sandbox") or ""))
-        r = await box.exec(command, timeout_s=args.get("timeout_s"))
+        r = await box.exec(command, timeout_s=timeout_s)
         out = {"sandbox": box.id, "exit_code": r.exit_code, "stdout": r.text, "timed_out": r.timed_out}
         return json.dumps({**out, "stderr": r.stderr.decode("utf-8", "replace")})
 
