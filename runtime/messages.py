@@ -460,6 +460,7 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
     timeout_s: float | None = None
     env: dict[str, str] = {}
     network: bool = False
+    workdir: str | None = None  # where commands run: None, /work; "": the image's own WORKDIR
 
 
 class SandboxCall(_Msg, tag="sbx.call.v1"):

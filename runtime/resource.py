@@ -466,6 +466,8 @@ ENV_THREAD: ContextVar[Callable[[], Callable[[], None]] | None] = ContextVar("gy
 # so the worker traces the call under that call's span. Set per call task (``ENV_CALL``) and, for code on
 # another thread (a hosted server's app loop), per thread while it runs that call's code (``thread_call``).
 ENV_CALL: ContextVar[int] = ContextVar("gym_env_call", default=0)
+# The guest session whose call runs here ("": none): a hosted server's sandboxes are created under its lease.
+ENV_SESSION: ContextVar[str] = ContextVar("gym_env_session", default="")
 _THREAD_CALL = threading.local()
 
 

@@ -114,3 +114,26 @@ async def test_no_network_no_engine_socket_no_host_mounts(
     assert [m["Type"] for m in info["Mounts"]] == []  # tmpfs mounts are HostConfig.Tmpfs, nothing bound
     assert info["HostConfig"]["Binds"] in (None, [])
     assert info["Config"]["Labels"][OWNER] == "w1"
+
+
+async def test_a_writable_pool_writes_the_images_own_directories_and_keeps_its_workdir(
+    engine: Engine, base_image: str
+) -> None:
+    """``rootfs: writable`` (NeMo Gym's container servers write /testbed, /eval.sh, /tests): the image's file
+    system is the container's, with no tmpfs over it; ``workdir=""`` is the image's WORKDIR. The rest of the
+    safety holds (no network, capabilities dropped)."""
+    backend = EngineBackend(engine, name="docker", pool=f"test{uuid.uuid4().hex[:8]}", writable=True)
+    try:
+        sid = await backend.create(spec(base_image, workdir=""), owner="w1", lease="l")
+        r = await backend.exec(sid, ["sh", "-c", "pwd; echo x > /etc/x && cat /etc/x"], timeout_s=20, max_output=1024)
+        assert (r.exit_code, r.stdout) == (0, b"/\nx\n")  # the base's WORKDIR is /
+        await backend.write(sid, "/eval.sh", b"echo ran")
+        assert await backend.read(sid, "/eval.sh", max_bytes=100) == b"echo ran"
+        info = await engine.inspect(sid)
+        assert info["HostConfig"]["ReadonlyRootfs"] is False and not info["HostConfig"].get("Tmpfs")
+        assert (info["HostConfig"]["NetworkMode"], info["HostConfig"]["CapDrop"]) == ("none", ["ALL"])
+        other = await backend.create(spec(base_image), owner="w1", lease="l")  # workdir default: /work
+        assert (await backend.exec(other, ["pwd"], timeout_s=20, max_output=1024)).stdout == b"/work\n"
+    finally:
+        for c in await backend.list_owned():
+            await backend.close(c.id)

@@ -123,6 +123,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
     reap_interval_s: float = 10.0  # how often the reaper looks for dead workers' containers and ended leases
+    # "writable": the image's own file system is writable (the container's layer, no tmpfs over /work, /tmp and
+    # /root): images that keep a repository at /testbed or tests at /app, as SWE-bench's and Terminal-Bench's do.
+    # Its disk is not capped (limits.disk_mb does not apply): docs/sandboxes.md
+    rootfs: Literal["read-only", "writable"] = "read-only"
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.replicas < 0:

@@ -93,6 +93,12 @@ def runtime_dependencies(repo: Path) -> list[str]:
     return list(data["project"]["dependencies"])
 
 
+def entry_points(repo: Path) -> dict[str, object]:
+    """gym-runtime's entry points (NeMo Gym's sandbox provider among them): a layer built before one was added
+    lacks it, so they are part of the layer's key."""
+    return dict(tomllib.loads((repo / "pyproject.toml").read_text())["project"].get("entry-points", {}))
+
+
 def _python_version(python: str) -> tuple[int, ...] | None:
     try:
         out = subprocess.run(
@@ -289,7 +295,8 @@ def unsatisfied(base: Path, reqs: list[str]) -> list[str]:
 
 
 def build_server_layer(base: Path, python: str, extras: list[str], repo: Path, log: Log) -> tuple[Path, float]:
-    prefix = cache_dir() / f"env-{_key(base.name, extras, str(repo))}"
+    # the entry points the editable install publishes (its metadata is written once, when the layer is built)
+    prefix = cache_dir() / f"env-{_key(base.name, extras, str(repo), entry_points(repo))}"
     if (prefix / ".complete").is_file():
         return prefix, 0.0
     t0 = time.monotonic()

@@ -69,7 +69,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -81,7 +81,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.middleware import lighten
-from gym_runtime.messages import Response, create_params
+from gym_runtime.messages import Response, SandboxCall, SandboxReply, create_params
 from gym_runtime.resource import (
     ENV_CALL,
     ENV_THREAD,
@@ -101,6 +101,7 @@ MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global
 # resources server's, NAME.resources.gym-runtime.invalid: .invalid names never resolve (RFC 2606).
 MODELS_DOMAIN = "models.gym-runtime.invalid"
 RESOURCES_DOMAIN = "resources.gym-runtime.invalid"
+SANDBOX_PROVIDER = "gym_runtime"  # NeMo Gym's name for the fleet (pyproject's nemo_gym.sandbox_providers)
 SESSION_COOKIE = "gym_runtime_session"  # the cookie naming a session opened on another resources server
 CALL_TIMEOUT_S = 300.0  # one call to another resources server (its worker's liveness still applies)
 PASSTHROUGH = "nemo_gym.http"  # session op: a hosted agent's call to its hosted server's route, unchanged
@@ -207,6 +208,11 @@ def _cookie(cookies: Any, key: str) -> str | None:
 # The hosted server whose request is being handled (set around each ASGI request): process-wide clients
 # (NeMo Gym's shared session, httpx's transports) route a request to our hosts through that server's host.
 _CURRENT: contextvars.ContextVar[ServerHost | None] = contextvars.ContextVar("gym_hosted_server", default=None)
+
+
+def current_host() -> ServerHost | None:
+    """The hosted server whose request the running code serves (None outside one)."""
+    return _CURRENT.get()
 
 
 def _ours(host: str | None) -> bool:
@@ -365,6 +371,8 @@ class ServerHost:
         # calls to other resources servers: sessions on ``bus`` (in process), or sent to the worker (a guest's)
         self.called = CalledSessions(bus) if bus is not None else None
         self.resources_via: Callable[[str, str, Any, str], Awaitable[_Reply]] | None = None
+        # in a guest: its sandbox operations, made by the worker on the fleet (``hosting.sandbox_provider``)
+        self.sandboxes_via: Callable[[SandboxCall], Coroutine[Any, Any, SandboxReply]] | None = None
         self.models: ModelClient | None = None
         self.app: Any = None
         self.instance: Any = None
@@ -394,6 +402,8 @@ class ServerHost:
 
         return {
             "head_server": {"host": "127.0.0.1", "port": 0},
+            # ``sandbox_provider: gym_runtime`` names the fleet (our entry point), as a provider config file would
+            SANDBOX_PROVIDER: {SANDBOX_PROVIDER: {}},
             **{m: entry("responses_api_models", m, MODELS_DOMAIN) for m in self.model_names},
             **{r: entry("resources_servers", r, RESOURCES_DOMAIN) for r in self.resource_names},
             self.name: {"resources_servers": {impl: {**fields, "host": "127.0.0.1", "port": 0}}},
@@ -578,6 +588,15 @@ class ServerHost:
         if domain == RESOURCES_DOMAIN and name in self.resource_names:
             return await self.resource_call(name, url_path, body, {})
         return _error(404, f"{method} http://{host}{url_path}: no model or resources server of the config here")
+
+    async def sandbox_call(self, call: SandboxCall) -> SandboxReply:
+        """A sandbox operation of the server's code (``hosting.sandbox_provider``), made by the worker."""
+        if self.sandboxes_via is None:
+            raise RuntimeError(
+                f"resources.{self.name}: sandbox_provider: {SANDBOX_PROVIDER} needs the entry's isolation: process "
+                "(the default) and a sandbox pool (resources.NAME.sandbox)"
+            )
+        return await on_loop(self.bus_loop, self.sandboxes_via(call))
 
     async def resource_call(self, server_name: str, url_path: str, body: Any, cookies: Any) -> _Reply:
         """A server's call to another resources server by name: a session of ours on its workers."""

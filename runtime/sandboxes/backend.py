@@ -20,6 +20,7 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float
     max_output: int
     env: dict[str, str] = {}
+    workdir: str = "/work"  # "": the image's own WORKDIR
 
 
 class Owned(msgspec.Struct, frozen=True, kw_only=True):

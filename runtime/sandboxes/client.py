@@ -228,6 +228,10 @@ class Sandboxes:
             return False
         return True
 
+    def held(self) -> list[Sandbox]:
+        """The sandboxes of this lease still open, oldest first."""
+        return list(self._open.values())
+
     async def close_all(self) -> None:
         """End the lease: remove every sandbox still open (the rollout ended, whichever way)."""
         for box in list(self._open.values()):

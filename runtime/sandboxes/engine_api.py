@@ -40,18 +40,18 @@ class EngineBackend:
 
     capabilities = Capabilities(exec=True, file_transfer=True, images=True)
 
-    def __init__(self, engine: Engine, *, name: str, pool: str) -> None:
+    def __init__(self, engine: Engine, *, name: str, pool: str, writable: bool = False) -> None:
         self.engine = engine
         self.name = name  # docker | podman
         self.pool = pool
+        self.writable = writable  # the pool's ``rootfs: writable``: the image's file system, writable and uncapped
 
     def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
         mem = spec.memory_mb << 20
-        tmpfs = {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
-        return {
+        tmpfs = {} if self.writable else {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
+        body: dict[str, object] = {
             "Image": spec.image,
             "Cmd": ["sleep", "infinity"],
-            "WorkingDir": "/work",
             "Env": [f"{k}={v}" for k, v in spec.env.items()] + ["HOME=/root"],
             "NetworkDisabled": True,
             "Labels": {OWNER: owner, LEASE: lease, POOL: self.pool, EXPIRES: f"{expires:.0f}"},
@@ -61,7 +61,7 @@ class EngineBackend:
                 "MemorySwap": mem,
                 "NanoCpus": int(spec.cpu * 1e9),
                 "PidsLimit": spec.pids,
-                "ReadonlyRootfs": True,
+                "ReadonlyRootfs": not self.writable,
                 "Tmpfs": tmpfs,
                 "CapDrop": ["ALL"],
                 "CapAdd": KEEP_CAPS,
@@ -78,6 +78,9 @@ class EngineBackend:
                 "Privileged": False,
             },
         }
+        if spec.workdir:  # "": the image's own WORKDIR (a writable pool's images keep their work there)
+            body["WorkingDir"] = spec.workdir
+        return body
 
     async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
         expires = time.time() + 3600 if expires is None else expires

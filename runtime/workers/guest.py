@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import mmap
 import os
 import socket
@@ -40,10 +41,11 @@ import anyio.abc
 import msgspec
 
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.messages import ErrorInfo, Response
+from gym_runtime.messages import ErrorInfo, Response, SandboxReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import attached, current_context
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
+from gym_runtime.sandboxes.client import Sandbox, Sandboxes
 from gym_runtime.workers.guest_wire import (
     Called,
     CallResource,
@@ -56,6 +58,8 @@ from gym_runtime.workers.guest_wire import (
     Page,
     Raised,
     Ready,
+    SandboxDone,
+    SandboxOp,
     Seed,
     Start,
     Tool,
@@ -71,6 +75,7 @@ Call = Seed | Tool | Verify | Close
 WATCH_S = 0.25  # how often calls are checked against their deadline
 START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
 STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
+SANDBOX_EXEC = "sandbox.exec"  # the runtime's operation on a session: a command in a sandbox its server holds
 
 
 class ResourceCalls(Protocol):
@@ -136,6 +141,7 @@ class Guest:
         python: str = sys.executable,
         env: dict[str, str] | None = None,
         resources: ResourceCalls | None = None,
+        leases: Callable[[str], Sandboxes] | None = None,
     ) -> None:
         self.on_lost = on_lost  # told the generation of each guest that is gone (its sessions went with it)
         self.start = start
@@ -143,6 +149,9 @@ class Guest:
         self.python = python  # a hosted server's guest: its built environment's interpreter
         self.env = env  # added to the guest's environment (a hosted server's: HOSTED_ENV, its layer)
         self.resources = resources  # a hosted server's calls to other resources servers, over the worker's bus
+        # a session's lease on the entry's sandbox pool (a hosted server's ``sandbox_provider: gym_runtime``)
+        self.leases = leases
+        self.sessions: dict[str, GuestSession] = {}  # open sessions with a lease, by the guest's session id
         self.models = models
         self.call_timeout_s = call_timeout_s
         self.traits = Ready()  # what the guest's class says of itself (its first Ready)
@@ -183,6 +192,7 @@ class Guest:
                         await self._stop(child)
                         self._lose(child)
                         self.on_lost(child.generation)
+                        await self._release(child.generation)
                 self.restarts += 1
                 log.warning("guest.restarted", resource=self.entry, reason=child.lost or "the guest process exited")
 
@@ -234,6 +244,9 @@ class Guest:
             if isinstance(msg, CallResource):
                 tg.start_soon(self._call_resource, child, msg)
                 continue
+            if isinstance(msg, SandboxOp):
+                tg.start_soon(self._sandbox_op, child, msg)
+                continue
             call = waiting.get(msg.id)
             if call is not None and not call.answer.done():
                 call.answer.set_result(msg)
@@ -278,6 +291,65 @@ class Guest:
             child.frames.send(reply)
         except ConnectionError:
             pass  # that guest is gone
+
+    async def _sandbox_op(self, child: _Child, req: SandboxOp) -> None:
+        """A hosted server's sandbox operation, made on the fleet under its session's lease."""
+        self.outbound += 1  # the guest waits for the fleet, as for a model: its call is not stuck
+        try:
+            reply = SandboxDone(id=req.id, reply=await self._sandbox_reply(req))
+        except Failure as e:
+            reply = SandboxDone(id=req.id, error=e.info)
+        except Exception as e:  # noqa: BLE001 - the server's provider raises it, as a provider's client would
+            info = ErrorInfo(error_class="tool_error", message=f"{type(e).__name__}: {e}")
+            reply = SandboxDone(id=req.id, error=info)
+        finally:
+            self.outbound -= 1
+        try:
+            child.frames.send(reply)
+        except ConnectionError:
+            pass  # that guest is gone; its sessions' leases end with it
+
+    async def _sandbox_reply(self, req: SandboxOp) -> SandboxReply:
+        session = self.sessions.get(req.session)
+        if session is None:
+            if self.leases is None:
+                raise Failure("tool_error", f"no sandbox pool: set resources.{self.entry}.sandbox to a sandboxes entry")
+            raise Failure("tool_error", "a sandbox asked outside an open session (at setup, or after it closed)")
+        call, lease = req.call, session.lease
+        if call.op == "create":
+            assert call.spec is not None
+            return SandboxReply(sandbox=(await lease.create(call.spec)).id)
+        box = session.box(call.sandbox)
+        if call.op == "exec":
+            r = await box.exec(call.argv, timeout_s=call.timeout_s)
+            return SandboxReply(
+                sandbox=box.id,
+                exit_code=r.exit_code,
+                stdout=r.stdout,
+                stderr=r.stderr,
+                truncated=r.truncated,
+                timed_out=r.timed_out,
+                duration_s=r.duration_s,
+            )
+        if call.op == "write":
+            await box.write(call.path, call.data)
+            return SandboxReply(sandbox=box.id)
+        if call.op == "read":
+            return SandboxReply(sandbox=box.id, data=await box.read(call.path))
+        if call.op == "close":
+            await box.close()
+            return SandboxReply(sandbox=box.id)
+        raise Failure("tool_error", f"sandbox operation {call.op!r} is not one a hosted server can ask")
+
+    async def _release(self, generation: int) -> None:
+        """The sessions that lived in a guest that is gone end their leases: their sandboxes are removed now."""
+        # (a session whose seed was in flight there fails its seed, which ends its lease)
+        ended = [s for s in self.sessions.values() if s.generation == generation]
+        for session in ended:
+            self.sessions.pop(session.session, None)
+            await session.lease.close_all()
+        if ended:  # sessions still open when their guest went (lost, or its worker stopping)
+            log.info("guest.leases_ended", resource=self.entry, sessions=len(ended))
 
     def _lose(self, child: _Child) -> None:
         """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
@@ -413,11 +485,11 @@ class _NoLease:
 
 
 class GuestSession:
-    """One session in the guest, with the methods the worker calls on a ``Resource`` instance."""
+    """One session in the guest, with the methods the worker calls on a ``Resource`` instance. With a sandbox
+    pool, its lease: the sandboxes its server's code creates (``sandbox_provider: gym_runtime``) belong to this
+    session, and are removed when it closes (its rollout ended) or its guest is lost."""
 
-    sandboxes = _NoLease()
-
-    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify")
+    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify", "sandboxes", "lease")
 
     def __init__(self, guest: Guest, answer_field: str | None) -> None:
         self._guest = guest
@@ -425,9 +497,34 @@ class GuestSession:
         self.generation: int | None = None  # the guest it lives in, once seeded
         self.answer_field = answer_field
         self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
+        self.sandboxes: Sandboxes | _NoLease = _NoLease()
+        if guest.leases is not None:
+            self.lease = self.sandboxes = guest.leases(self.session)
+            guest.sessions[self.session] = self
+
+    def box(self, sandbox: str) -> Sandbox:
+        """One of this session's open sandboxes (the only one when ``sandbox`` is empty)."""
+        held = self.lease.held()
+        if not sandbox and len(held) == 1:
+            return held[0]
+        for box in held:
+            if box.id == sandbox:
+                return box
+        which = f"sandbox {sandbox[:12]}" if sandbox else f"which sandbox ({len(held)} are open)"
+        raise Failure("tool_error", f"{which}: not an open sandbox of this session")
+
+    async def _release(self) -> None:
+        """End this session's lease (idempotent), cancelled or not."""
+        if self._guest.sessions.pop(self.session, None) is not None:
+            with anyio.CancelScope(shield=True):
+                await self.lease.close_all()
 
     async def seed(self, row: dict[str, Any]) -> None:
-        _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
+        try:
+            _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
+        except BaseException:
+            await self._release()  # never opened: what its seed created ends now
+            raise
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         return await self._tool(name, arguments, protocol=False)
@@ -437,23 +534,45 @@ class GuestSession:
 
     async def _tool(self, name: str, arguments: str | bytes, *, protocol: bool) -> str:
         text = arguments.decode() if isinstance(arguments, bytes) else arguments
+        if protocol and name == SANDBOX_EXEC and self._guest.leases is not None:
+            return await self._sandbox_exec(text)
         done, _ = await self._guest.call(
             lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
         )
         return done.output
 
+    async def _sandbox_exec(self, arguments: str) -> str:
+        """``sandbox.exec``: an agent's command in a sandbox this session's server holds (as NeMo Gym's sandboxed
+        agents reach the server's sandbox by its handle). Arguments ``{"command", "sandbox"?, "timeout_s"?}``."""
+        try:
+            args = json.loads(arguments or "{}")
+            command, timeout_s = args["command"], args.get("timeout_s")
+            if not isinstance(command, str) or not isinstance(timeout_s, (int, float, type(None))):
+                raise TypeError("command must be a string, timeout_s a number")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ToolArgumentsError(f"{SANDBOX_EXEC} takes {{'command': str, 'sandbox'?, 'timeout_s'?}}: {e}") from e
+        box = self.box(str(args.get("sandbox") or ""))
+        r = await box.exec(command, timeout_s=timeout_s)
+        out = {"sandbox": box.id, "exit_code": r.exit_code, "stdout": r.text, "timed_out": r.timed_out}
+        return json.dumps({**out, "stderr": r.stderr.decode("utf-8", "replace")})
+
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
-        done, _ = await self._guest.call(
-            lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
-            self.generation,
-        )
+        try:
+            done, _ = await self._guest.call(
+                lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
+                self.generation,
+            )
+        finally:
+            if self.close_on_verify:  # closed by that one message: its rollout ended, and its lease with it
+                await self._release()
         assert done.verdict is not None
         return done.verdict
 
     async def close(self) -> None:
-        if self.generation is None:
-            return
         try:
-            await self._guest.call(lambda i: Close(id=i, session=self.session), self.generation)
+            if self.generation is not None:
+                await self._guest.call(lambda i: Close(id=i, session=self.session), self.generation)
         except GuestFailure:
             pass  # its guest is gone, and the session with it
+        finally:
+            await self._release()

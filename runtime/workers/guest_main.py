@@ -26,9 +26,10 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.hosting.asgi import beside_main
 from gym_runtime.hosting.env import in_hosted_env
 from gym_runtime.hosting.host import called_reply, hosted_class
-from gym_runtime.messages import CreateParams, Response
+from gym_runtime.messages import CreateParams, ErrorInfo, Response, SandboxCall, SandboxReply
 from gym_runtime.resource import (
     ENV_CALL,
+    ENV_SESSION,
     ENV_THREAD,
     Resource,
     ToolArgumentsError,
@@ -47,6 +48,8 @@ from gym_runtime.workers.guest_wire import (
     Page,
     Raised,
     Ready,
+    SandboxDone,
+    SandboxOp,
     Seed,
     Start,
     ToGuest,
@@ -109,6 +112,43 @@ class WorkerResources:
             answer.set_result(reply)
 
 
+class SandboxFailed(Exception):
+    """The fleet refused or failed a hosted server's sandbox operation: its error class and one line."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(f"{info.error_class}: {info.message}")
+        self.info = info
+
+
+class WorkerSandboxes:
+    """A hosted server's sandbox operations (``sandbox_provider: gym_runtime``), in a guest: each goes to the
+    worker, which makes it on the fleet under the lease of the session whose request made it (``ENV_SESSION``)."""
+
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[SandboxDone]] = {}
+
+    async def call(self, call: SandboxCall) -> SandboxReply:
+        call_id = next(self._ids)
+        answer: asyncio.Future[SandboxDone] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = answer
+        try:
+            self._frames.send(SandboxOp(id=call_id, session=ENV_SESSION.get(), call=call))
+            reply = await answer
+        finally:
+            self._waiting.pop(call_id, None)
+        if reply.error is not None:
+            raise SandboxFailed(reply.error)
+        assert reply.reply is not None
+        return reply.reply
+
+    def answered(self, reply: SandboxDone) -> None:
+        answer = self._waiting.get(reply.id)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
+
+
 def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
     """``ENV_THREAD`` for one call: a thread starting its code notes its call in its slot, and clears it when done."""
 
@@ -154,12 +194,15 @@ class Marked:
 class Guest:
     """The sessions of one worker's resource, each an instance of its class, keyed by the worker's session id."""
 
-    def __init__(self, cls: type[Resource], frames: Frames, page: Page, resources: WorkerResources) -> None:
+    def __init__(
+        self, cls: type[Resource], frames: Frames, page: Page, resources: WorkerResources, sandboxes: WorkerSandboxes
+    ) -> None:
         self.cls = cls
         self.frames = frames
         self.page = page
         self.models = WorkerModels(frames)
         self.resources = resources
+        self.sandboxes = sandboxes
         self.sessions: dict[str, Resource] = {}
 
     async def serve(self) -> None:
@@ -177,6 +220,8 @@ class Guest:
                     self.models.answered(msg)
                 elif isinstance(msg, Called):
                     self.resources.answered(msg)
+                elif isinstance(msg, SandboxDone):
+                    self.sandboxes.answered(msg)
                 else:
                     task = loop.create_task(self._answer(msg))
                     running.add(task)
@@ -189,6 +234,7 @@ class Guest:
     async def _answer(self, msg: Seed | Tool | Verify | Close) -> None:
         ENV_THREAD.set(thread_mark(self.page, msg.id))  # this task's own context: its threads carry it
         ENV_CALL.set(msg.id)
+        ENV_SESSION.set(msg.session)
         try:
             reply: Done | Raised = await Marked(self._run(msg), msg.id, self.page)
         except Failure as e:
@@ -240,11 +286,13 @@ async def serve(fd: int, running_fd: int) -> None:
     if not isinstance(start, Start):
         raise SystemExit(f"guest: expected Start first, got {type(start).__name__}")
     resources = WorkerResources(frames)
+    sandboxes = WorkerSandboxes(frames)
     try:
         if start.nemo_gym:  # a hosted NeMo Gym server, on its built environment's Python
             names = start.model_names, start.resource_names
             cls = hosted_class(start.nemo_gym, start.entry, dict(start.options), *names)
             cls.host.resources_via = resources.call  # type: ignore[attr-defined]
+            cls.host.sandboxes_via = sandboxes.call  # type: ignore[attr-defined]
         else:
             cls = load_resource_class(start.server, f"resources.{start.entry}.server", entry=start.entry)
         await cls.setup(dict(start.options))
@@ -254,7 +302,7 @@ async def serve(fd: int, running_fd: int) -> None:
         await frames.aclose()
         return
     frames.send(Ready(reverify=cls.reverify, answer_field=cls.answer_field, row_tools=cls.row_tools))
-    guest = Guest(cls, frames, page, resources)
+    guest = Guest(cls, frames, page, resources, sandboxes)
     try:
         await guest.serve()
     finally:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from gym_runtime.messages import CreateParams, ErrorInfo, Response
+from gym_runtime.messages import CreateParams, ErrorInfo, Response, SandboxCall, SandboxReply
 from gym_runtime.resource import Verdict
 
 __all__ = [
@@ -31,6 +31,8 @@ __all__ = [
     "Generated",
     "Raised",
     "Ready",
+    "SandboxDone",
+    "SandboxOp",
     "Seed",
     "Start",
     "Tool",
@@ -146,6 +148,23 @@ class Called(msgspec.Struct, tag=True):
     token: str = ""
 
 
+class SandboxOp(msgspec.Struct, tag=True):
+    """Guest to worker: a hosted server's sandbox operation (NeMo Gym's ``sandbox_provider: gym_runtime``), made
+    by the worker on the fleet under the lease of ``session``, the guest session whose request made it."""
+
+    id: int
+    session: str
+    call: SandboxCall
+
+
+class SandboxDone(msgspec.Struct, tag=True):
+    """The answer to ``SandboxOp``: the fleet's reply, or the failure (its class and one line)."""
+
+    id: int
+    reply: SandboxReply | None = None
+    error: ErrorInfo | None = None
+
+
 class Ready(msgspec.Struct, tag=True):
     """Guest to worker, once ``setup`` ran: what the worker reads of the class it cannot import itself (a hosted
     server's, whose code needs its built environment)."""
@@ -178,8 +197,8 @@ class Generated(msgspec.Struct, tag=True):
     error: ErrorInfo | None = None
 
 
-ToGuest = Start | Seed | Tool | Verify | Close | Generated | Called
-FromGuest = Done | Raised | Generate | CallResource | Ready
+ToGuest = Start | Seed | Tool | Verify | Close | Generated | Called | SandboxDone
+FromGuest = Done | Raised | Generate | CallResource | Ready | SandboxOp
 
 
 class Frames:

@@ -140,6 +140,7 @@ class ResourceWorker:
                 python=env.python,
                 env={HOSTED_ENV: env.prefix},
                 resources=self.called,
+                leases=self._lease if cfg.sandbox else None,
             )
             self.cls: type[Resource] = Resource  # the guest's traits once it is ready (``_traits``)
             return
@@ -235,18 +236,22 @@ class ResourceWorker:
         """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
         self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
+    def _lease(self, key: str = "") -> Sandboxes:
+        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``)."""
+        return Sandboxes(
+            self.bus,
+            self.cfg.sandbox,
+            lease=f"{self.name}:{(key or uuid.uuid4().hex)[:12]}",
+            deadline=time.time() + self.cfg.session_ttl_s,
+            where=f"resources.{self.name}",
+        )
+
     def _new(self) -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
         inst = self.cls()
         inst.models = self.models
-        inst.sandboxes = Sandboxes(
-            self.bus,
-            self.cfg.sandbox,
-            lease=f"{self.name}:{uuid.uuid4().hex[:12]}",
-            deadline=time.time() + self.cfg.session_ttl_s,
-            where=f"resources.{self.name}",
-        )
+        inst.sandboxes = self._lease()
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:

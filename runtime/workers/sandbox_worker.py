@@ -98,7 +98,8 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
     except BaseException:
         await engine.close()
         raise
-    return EngineBackend(engine, name=cfg.backend, pool=f"{namespace}.{pool}"), image
+    backend = EngineBackend(engine, name=cfg.backend, pool=f"{namespace}.{pool}", writable=cfg.rootfs == "writable")
+    return backend, image
 
 
 class SandboxWorker:
@@ -168,13 +169,14 @@ class SandboxWorker:
                     except Exception:
                         pass
                 self._create_sub = None
+                left = len(self.held)  # leases that had not ended (their holders did not close them)
                 for sid in list(self.held):  # a stopped worker's sandboxes can no longer be reached
                     await self._remove(sid)
                 for sid in self.warm:
                     await self._remove(sid)
                 self.warm.clear()
                 await self.backend.aclose()
-                log.info("sandbox.stopped", sandbox=self.name, worker=self.worker_id, created=self.created)
+                log.info("sandbox.stopped", sandbox=self.name, worker=self.worker_id, created=self.created, left=left)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -294,7 +296,8 @@ class SandboxWorker:
             if value is not None and (value <= 0 or value > most):
                 raise Failure("tool_error", f"{where}: {key}={value} is past the pool's limit ({most})")
             out[key] = most if value is None else value
-        return Resolved(image=image, max_output=lim.max_output, env=dict(spec.env), **out)
+        workdir = "/work" if spec.workdir is None else spec.workdir
+        return Resolved(image=image, max_output=lim.max_output, env=dict(spec.env), workdir=workdir, **out)
 
     async def _create(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         if req.op != "create" or req.spec is None:

@@ -46,6 +46,18 @@ RESULTS = HERE / "catalogue_nemo_gym_0.7.0.json"
 # Why a server cannot run here (PyPI packages and a CPU only, loopback network). From reading each
 # server's app.py, requirements and README in the installed nemo-gym wheel.
 SANDBOX = "containers: a sandbox per task (OpenSandbox / Docker / Apptainer task images)"
+# The container servers whose nemo_gym.sandbox code ran on the fleet (`sandbox_provider: gym_runtime`,
+# docs/sandboxes.md), on test tasks with images built here: their own tasks' images need a registry.
+FLEET = (
+    "containers: runs on the sandbox fleet (sandbox_provider: gym_runtime, rootfs: writable) with test tasks "
+    "whose images are built here (tests/e2e/test_hosted_sandbox_servers.py: rewards 1 and 0 from its own grading); "
+    "its real tasks' images need a registry"
+)
+# Through nemo_gym.sandbox like those two, with only create, exec and file transfer (read from their code), so
+# the fleet's provider serves them; not run here, their task images needing a registry.
+SANDBOX_NOT_RUN = (
+    SANDBOX + "; nemo_gym.sandbox: the fleet's provider serves it (not run here: its images need a registry)"
+)
 EXCLUDED: dict[str, str] = {
     "gymnasium": "not a server: the abstract base class of the gymnasium-style servers (no app.py)",
     "sec_local_index": "not a server: shared SEC search code other servers import (no app.py)",
@@ -57,7 +69,7 @@ EXCLUDED: dict[str, str] = {
     "critpt": "external grading API (verify posts to a remote grader)",
     "cvdp": "containers (Docker harness per task)",
     "deepswe": "containers (SWE task images)",
-    "denovo_swe": SANDBOX,
+    "denovo_swe": SANDBOX_NOT_RUN,
     "ether0": "git clone at import",
     "evalplus": "download at start: the EvalPlus datasets",
     "finance_sec_search": "download at start: sec.gov filings; tools call live web APIs",
@@ -74,21 +86,23 @@ EXCLUDED: dict[str, str] = {
     "osworld": "containers: remote Docker/QEMU desktop VMs",
     "rolemrc": "download at start: NLTK's wordnet, omw-1.4, punkt and punkt_tab (nltk.download in "
     "_ensure_nltk_data, app.py:229-247; the worker exits with LookupError here) and BERTScore's model from HF",
-    "scale_swe": SANDBOX,
+    "scale_swe": SANDBOX_NOT_RUN,
     "scicode": "download: a large test-data file (h5) not in the wheel",
     "speed_bench": "a live vLLM server (GPU)",
     "spider2_lite": "download at start: Spider 2.0-lite databases",
-    "swe_next": SANDBOX,
-    "swe_rebench": SANDBOX,
-    "swebench": "containers (SWE-bench images)",
-    "swebench_pro": SANDBOX,
-    "swemer_oml": SANDBOX,
-    "swemer_v1": SANDBOX,
-    "swemer_v2": SANDBOX,
+    "swe_next": SANDBOX_NOT_RUN,
+    "swe_rebench": SANDBOX_NOT_RUN,
+    "swebench": "containers (SWE-bench images); " + FLEET,
+    "swebench_pro": SANDBOX + "; needs pty sessions and serialize (handles shared between processes), which the "
+    "fleet's provider does not offer",
+    "swemer_oml": SANDBOX_NOT_RUN,
+    "swemer_v1": SANDBOX_NOT_RUN,
+    "swemer_v2": SANDBOX_NOT_RUN,
     "swerl_gen": "containers (SWE task images)",
     "tavily_search": "paid external API: Tavily search in its tools",
-    "terminal_bench_2_1": SANDBOX,
-    "terminal_bench_4": SANDBOX,
+    "terminal_bench_2_1": SANDBOX + "; " + FLEET,
+    "terminal_bench_4": SANDBOX + "; docker-compose tasks (networks between sandboxes, which --network none "
+    "rules out), opensandbox, and a GPU for tasks that ask one",
     "vibench": SANDBOX + " + Playwright",
     "vlm_eval_kit": "git clone at start",
     "wmt_translation": "GPU by default + a tokenizer model download",
