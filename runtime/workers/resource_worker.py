@@ -247,6 +247,8 @@ class ResourceWorker:
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )
+        # a wait for a lease inside a seed, tool or verify stops its caller's clock (the rollout's timeout_s)
+        inst.sandboxes.on_acquire = self.bus.pause_caller
         return inst
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
