@@ -17,8 +17,9 @@ Each row beside its baseline, measured in the same run (load stated in the heade
 Held idle (``--idle N [--hold 30]``, instead of the rows above): one sandbox worker process (``gym-runtime
 start --only sandboxes.POOL``) holds N idle sandboxes (acquired 8 at a time), steady for ``--hold`` seconds:
 all N still running on the engine at the end, a sample of 20 answering an exec; the worker's own memory
-(its process tree's RSS) per sandbox, and the machine's (``MemTotal - MemAvailable``: the engine, its
-shims and the containers, and whatever else runs here) per sandbox. ``--placement N``: the same with two
+(its process tree's RSS) per sandbox, the engine's (the PSS of dockerd, containerd, the shims and what runs
+in the containers) per sandbox, and the machine's (``MemTotal - MemAvailable``: noisy, as other sessions'
+work shares it). ``--placement N``: the same with two
 sandbox worker processes of one pool, each with ``capacity`` N/2 (placement by free capacity must fill
 both), each in a network namespace of its own (``ip netns``, where this runs as root; the nats-server is
 reached through a unix socket relay, ``tests/bench/relay.py``: no network joins the namespaces); how many
@@ -201,6 +202,39 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
+def engine_pss_mb() -> float:
+    """Proportional memory (PSS: shared pages split among their users) of the engine: dockerd, containerd,
+    and every container's shim with what runs under it (the container's init and ``sleep``)."""
+    kids: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        comm, ppid = stat[stat.index("(") + 1 : stat.rindex(")")], int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(d))
+        if comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
+            roots.append(int(d))
+    seen: set[int] = set()
+    total, todo = 0, roots
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(kids.get(p, []))
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
 def used_mb() -> float:
     info = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()}
     return (info["MemTotal"] - info["MemAvailable"]) / 1024
@@ -335,13 +369,14 @@ async def held_idle(args: argparse.Namespace) -> None:
                 try:
                     proc = workers.start(netns=False)
                     await workers.ready(proc)
-                    rss0, used0 = tree_rss_kb(proc.pid), used_mb()
+                    rss0, used0, eng0 = tree_rss_kb(proc.pid), used_mb(), engine_pss_mb()
                     r = await hold(bus, engine, pool, args.idle, args.hold, ready=60)
-                    rss1, used1 = tree_rss_kb(proc.pid), used_mb()
+                    rss1, used1, eng1 = tree_rss_kb(proc.pid), used_mb(), engine_pss_mb()
                     n = max(1, int(r["held"]))  # type: ignore[call-overload]
                     rows.append(
                         f"| one worker | {r['held']} of {args.idle} | {r['running']} | {n / float(r['create_s']):.1f} "  # type: ignore[arg-type]
                         f"| {r['exec_ms']:.0f} | {(rss1 - rss0) / 1024:.0f} MB ({(rss1 - rss0) / n:.0f} kB) "
+                        f"| {eng1 - eng0:.0f} MB ({(eng1 - eng0) / n:.2f} MB) "
                         f"| {used1 - used0:.0f} MB ({(used1 - used0) / n:.2f} MB) | {r['errors'] or ''} |"
                     )
                     print(rows[-1], flush=True)
@@ -358,9 +393,9 @@ async def held_idle(args: argparse.Namespace) -> None:
                             procs = [workers.start(netns=netns) for _ in range(count)]
                             for proc in procs:
                                 await workers.ready(proc)
-                            rss0, used0 = [tree_rss_kb(p.pid) for p in procs], used_mb()
+                            rss0, used0, eng0 = [tree_rss_kb(p.pid) for p in procs], used_mb(), engine_pss_mb()
                             r = await hold(bus, engine, pool, n, args.hold, ready=60)
-                            rss1, used1 = [tree_rss_kb(p.pid) for p in procs], used_mb()
+                            rss1, used1, eng1 = [tree_rss_kb(p.pid) for p in procs], used_mb(), engine_pss_mb()
                             held = max(1, int(r["held"]))  # type: ignore[call-overload]
                             split = " + ".join(str(v) for v in sorted(r["owners"].values(), reverse=True))  # type: ignore[attr-defined]
                             per = " / ".join(f"{(b - a) / 1024:.0f}" for a, b in zip(rss0, rss1, strict=True))
@@ -368,7 +403,8 @@ async def held_idle(args: argparse.Namespace) -> None:
                             rows.append(
                                 f"| {count} worker(s), capacity {n if count == 1 else n // 2} each, {where} "
                                 f"| {r['held']} of {n} | {split} | {held / float(r['create_s']):.1f} "  # type: ignore[arg-type]
-                                f"| {r['exec_ms']:.0f} | {per} MB | {used1 - used0:.0f} MB | {r['errors'] or ''} |"
+                                f"| {r['exec_ms']:.0f} | {per} MB | {eng1 - eng0:.0f} MB | {used1 - used0:.0f} MB "
+                                f"| {r['errors'] or ''} |"
                             )
                             print(rows[-1], flush=True)
                             await release(engine, pool, r["boxes"])  # type: ignore[arg-type]
@@ -380,8 +416,11 @@ async def held_idle(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(f"\nidle sandboxes held (Docker {os.uname().nodename}, {os.cpu_count()} cores, load "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, held {args.hold:g} s)\n")  # fmt: skip
-    print("| fleet | held | running (by worker) | creates/s | exec ms (20) | worker memory | machine memory | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| fleet | held | running (by worker) | creates/s | exec ms (20) | worker memory | engine PSS "
+        "| machine used | error |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(row)
 
