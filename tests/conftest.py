@@ -12,6 +12,7 @@ from gym_runtime.ops.security import ROLES
 from gym_runtime.transport.bus import Bus
 from tests.docker import base_image, engine  # noqa: F401  (fixtures: a real Docker engine, or a skip)
 from tests.helpers import connect_as, secured_server
+from tests.podman import podman_base, podman_engine, podman_socket  # noqa: F401  (fixtures: Podman, or a skip)
 from tests.swe_demo import swe_demo_image  # noqa: F401  (fixture: the SWE demo task's image)
 
 # The Docker fixtures are imported here, not named in the root conftest's pytest_plugins: a project

@@ -62,6 +62,31 @@ async def test_a_warm_pool_serves_creates_once_each_and_refills(
         assert f"sandbox {pool}: 1 replica(s); 3 live, 3 warm, 3 warm hits, 7 created" in shown, shown
 
 
+async def test_warm_pools_per_image_serve_each_images_creates_warm(
+    bus: Bus, engine: Engine, base_image: str, swe_demo_image: str, pool: str
+) -> None:
+    task_image = swe_demo_image  # a second image: the base plus a repository
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(warm=1, warm_images={task_image: 2}, capacity=8)
+        await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=90)
+        ready = {sid: (await engine.inspect(sid))["Config"]["Image"] for sid in w.warm}
+        assert sorted(ready.values()) == sorted([base_image, task_image, task_image])
+        boxes = Sandboxes(bus, pool, lease="i:0:0", deadline=time.time() + 60)
+        tasks = [await boxes.sandbox(task_image) for _ in range(2)]
+        assert all(ready.get(b.id) == task_image for b in tasks)  # each a warm one of its image
+        assert (await tasks[0].exec("test -f /testbed/calc.py && echo repo")).stdout == b"repo\n"
+        default = await boxes.sandbox()
+        assert ready.get(default.id) == base_image
+        assert (await default.exec("test -e /testbed || echo bare")).stdout == b"bare\n"
+        assert w.stats()["warm_hits"] == 3
+        third = await boxes.sandbox(task_image, memory_mb=128)  # not the warm spec of its image: cold
+        assert third.id not in ready
+        await boxes.close_all()
+        await wait_for(lambda: _true(len(w.warm) == 3 and w.warming == 0), timeout=90)  # each image refilled
+        again = sorted([(await engine.inspect(sid))["Config"]["Image"] for sid in w.warm])
+        assert again == sorted([base_image, task_image, task_image]) and not set(w.warm) & set(ready)
+
+
 async def _is(ids: object, n: int) -> bool:
     return len(await ids()) == n  # type: ignore[operator]
 
@@ -145,9 +170,11 @@ async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engi
     [
         ({"capacity": 2, "warm": 5}, "sandboxes.box: warm (5) must not exceed capacity (2)"),
         ({"max_live": -1}, "sandboxes.box: max_live and warm must be at least 0"),
+        ({"capacity": 4, "warm": 1, "warm_images": {"x:1": 4}}, "warm (1) plus warm_images (4) must not exceed"),
+        ({"warm_images": {"x:1": -1}}, "sandboxes.box: warm_images counts must be at least 0"),
     ],
 )
-def test_a_scheduling_mistake_in_the_config_is_one_line(entry: dict[str, int], said: str) -> None:
+def test_a_scheduling_mistake_in_the_config_is_one_line(entry: dict[str, object], said: str) -> None:
     with pytest.raises(ConfigError) as e:
         config_from_dict({"sandboxes": {"box": entry}})
     assert said in str(e.value) and "\n" not in str(e.value)

@@ -119,6 +119,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # past it waits for a lease (not counted against the rollout's timeout_s) instead of failing
     max_live: int = 0
     warm: int = 0  # created idle containers each worker keeps ready (the default image and limits); used once
+    # more warm containers per worker, by image (the pool's limits): {"swe-task:1": 4}; each image is one the
+    # pool may run, checked at start-up like ``images``
+    warm_images: dict[str, int] = msgspec.field(default_factory=dict)
     limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
@@ -133,8 +136,12 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("capacity must be at least 1")
         if self.max_live < 0 or self.warm < 0:
             raise ValueError("max_live and warm must be at least 0")
-        if self.warm > self.capacity:
-            raise ValueError(f"warm ({self.warm}) must not exceed capacity ({self.capacity})")
+        if any(n < 0 for n in self.warm_images.values()):
+            raise ValueError("warm_images counts must be at least 0")
+        by_image = sum(self.warm_images.values())
+        if self.warm + by_image > self.capacity:
+            also = f" plus warm_images ({by_image})" if by_image else ""
+            raise ValueError(f"warm ({self.warm}){also} must not exceed capacity ({self.capacity})")
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

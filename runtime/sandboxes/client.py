@@ -46,12 +46,28 @@ class Sandbox:
         self.closed = False
 
     async def _op(self, call: SandboxCall, timeout: float) -> SandboxReply:
+        """One operation on the worker that holds this sandbox, in a span of its own (the rollout's child)."""
         if self.closed:
             raise Failure("tool_error", f"sandbox {self.id[:12]} is closed")
-        reply: SandboxReply = await self._owner._bus.request(
-            Subjects.session_op(self._address, call.op), call, timeout=timeout, op=f"sandbox.{call.op}"
-        )
+        bus = self._owner._bus
+        with bus.telemetry.span(f"sandbox.{call.op}", attributes=self._attributes()) as span:
+            reply: SandboxReply = await bus.request(
+                Subjects.session_op(self._address, call.op), call, timeout=timeout, op=f"sandbox.{call.op}"
+            )
+            if call.op == "exec":
+                span.set_attributes(
+                    {
+                        "gym.sandbox.exit_code": -1 if reply.exit_code is None else reply.exit_code,
+                        "gym.sandbox.timed_out": reply.timed_out,
+                        "gym.sandbox.truncated": reply.truncated,
+                    }
+                )
+            elif call.op in ("write", "read"):
+                span.set_attribute("gym.sandbox.bytes", len(call.data if call.op == "write" else reply.data))
         return reply
+
+    def _attributes(self) -> dict[str, Any]:
+        return {"gym.sandbox.pool": self._owner.pool, "gym.sandbox.id": self.id[:12]}
 
     async def exec(self, cmd: str | list[str], *, timeout_s: float | None = None) -> ExecResult:
         """Run ``cmd`` (a string: through ``sh -c``) in ``/work``; stdout and stderr each capped by the pool's
@@ -82,15 +98,17 @@ class Sandbox:
             return
         self.closed = True
         self._owner._open.pop(self.id, None)
-        try:
-            await self._owner._bus.request(
-                Subjects.session_op(self._address, "close"),
-                SandboxCall(op="close", sandbox=self.id),
-                timeout=60,
-                op="sandbox.close",
-            )
-        except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
-            pass
+        bus = self._owner._bus
+        with bus.telemetry.span("sandbox.close", attributes=self._attributes()):
+            try:
+                await bus.request(
+                    Subjects.session_op(self._address, "close"),
+                    SandboxCall(op="close", sandbox=self.id),
+                    timeout=60,
+                    op="sandbox.close",
+                )
+            except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
+                pass
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -164,18 +182,23 @@ class Sandboxes:
         if not self.pool or self._bus is None:
             where = self.where or "the entry"
             raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
-        if self.on_acquire is not None:
-            self.on_acquire(None)
-        started = time.monotonic()
-        try:
-            reply = await self._acquire(spec, started)
-        finally:
-            took = time.monotonic() - started
-            self.waited_s += took
-            if self.deadline:  # the lease ends that much later too (acquiring is not the holder's time)
-                self.deadline += took
+        tel = self._bus.telemetry
+        attrs = {"gym.sandbox.pool": self.pool, "gym.sandbox.image": spec.image or ""}
+        with tel.span("sandbox.acquire", attributes=attrs) as span:  # the wait for a lease and the create
             if self.on_acquire is not None:
-                self.on_acquire(took)
+                self.on_acquire(None)
+            started = time.monotonic()
+            try:
+                reply = await self._acquire(spec, started)
+            finally:
+                took = time.monotonic() - started
+                self.waited_s += took
+                if self.deadline:  # the lease ends that much later too (acquiring is not the holder's time)
+                    self.deadline += took
+                if self.on_acquire is not None:
+                    self.on_acquire(took)
+            span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
+            span.set_attribute("gym.sandbox.wait_s", round(took, 6))
         self.asked += 1
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box

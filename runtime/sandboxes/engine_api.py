@@ -31,6 +31,9 @@ OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-run
 WRITABLE = ("/work", "/tmp", "/root")
 NOFILE = 4096  # open files per process in a sandbox
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # this host's own hard limit (RLIM_INFINITY is -1)
+# Podman (4.3) runs its containers under its own RLIMIT_NPROC hard limit, 32768, whatever the host's: a
+# container asking more needs CAP_SYS_RESOURCE, which these machines do not grant (the start fails, EPERM)
+PODMAN_NPROC = 32768
 KEEP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 
@@ -48,6 +51,9 @@ class EngineBackend:
 
     def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
         mem = spec.memory_mb << 20
+        nproc = _NPROC
+        if self.name == "podman" and not 0 <= nproc <= PODMAN_NPROC:
+            nproc = PODMAN_NPROC
         tmpfs = {} if self.writable else {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
         body: dict[str, object] = {
             "Image": spec.image,
@@ -71,7 +77,7 @@ class EngineBackend:
                 # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
                 "Ulimits": [
                     {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
-                    {"Name": "nproc", "Soft": _NPROC, "Hard": _NPROC},
+                    {"Name": "nproc", "Soft": nproc, "Hard": nproc},
                 ],
                 "Binds": [],
                 "Mounts": [],

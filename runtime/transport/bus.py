@@ -40,6 +40,7 @@ from gym_runtime.transport.headers import (
     BUSY_HEADER,
     EXPIRES_HEADER,
     MSG_ID_HEADER,
+    PAUSE_HEADER,
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
@@ -55,7 +56,7 @@ from gym_runtime.transport.rpc import (
     _Pending,
     _PubAck,
 )
-from gym_runtime.transport.serving import Serving
+from gym_runtime.transport.serving import Serving, replying
 from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, blob_space, caller, caller_of, reply
 
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
@@ -188,6 +189,11 @@ class Bus(Bodies, Serving):
                     if call is not None:
                         call.alive(time.monotonic())
                     return
+                if headers and PAUSE_HEADER in headers:
+                    call = replies.get(msg.subject)
+                    if call is not None and not call.fut.done():
+                        call.paused(headers[PAUSE_HEADER])
+                    return
                 call = replies.pop(msg.subject, None)
                 if call is not None and not call.fut.done():
                     call.fut.set_result(msg)
@@ -215,6 +221,21 @@ class Bus(Bodies, Serving):
             await self._store(subject, data, headers)
         except Exception as e:  # the caller's timeout still bounds the call
             log.warning("queued_call.resend_failed", subject=subject, error=repr(e))
+
+    def pause_caller(self, took: float | None) -> None:
+        """Tell the caller of the request handled here that its handler waits for a sandbox lease (``None``) or
+        has stopped waiting (``took`` seconds): the caller's clock stands still meanwhile (``_Pending.paused``).
+        Outside a handler, nothing."""
+        reply_to = replying()
+        if reply_to:
+            value = "1" if took is None else f"{took:.6f}"
+            self._spawn(self._publish_quietly(reply_to, {PAUSE_HEADER: value}))
+
+    async def _publish_quietly(self, subject: str, headers: dict[str, str]) -> None:
+        try:
+            await self.nc.publish(subject, b"", headers=headers)
+        except Exception as e:  # disconnected: the call fails or ends on its own; its pause ends with it
+            log.warning("pause.not_sent", subject=subject, error=repr(e))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

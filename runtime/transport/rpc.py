@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import msgspec
@@ -44,6 +46,12 @@ class Busy(NoResponders):
     """The worker that took a direct call has no free slot; nothing ran, so the call may go elsewhere."""
 
 
+# A caller's clock: called with None when a handler of one of its calls starts waiting for a sandbox lease, then
+# with the seconds it waited (``PAUSE_HEADER``); set by whoever runs against a clock (an agent's rollout) for
+# the calls it makes. None: nobody's clock stops.
+ON_PAUSE: ContextVar[Callable[[float | None], None] | None] = ContextVar("gym_on_pause", default=None)
+PAUSED_CHECK_S = 1.0  # how often a paused call with no liveness watch looks again
+
 DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue this long before asking again
 
 DIRECT_BUSY_S = 0.05  # after "busy", use the queue this long: calls that wait belong in the queue
@@ -75,11 +83,17 @@ class _Pending:
         "_queued",
         "_taken",
         "_loop",
+        "on_pause",
+        "_pauses",
+        "_paused_at",
     )
 
     def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
         self.fut = fut
         self.seen = seen
+        self.on_pause = ON_PAUSE.get()
+        self._pauses = 0  # the handler's waits for a lease now under way
+        self._paused_at = 0.0
         # queued calls: (subject, body, headers) to publish again after a reconnect
         self.resend: tuple[str, bytes, dict[str, str]] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -120,12 +134,39 @@ class _Pending:
         self._timer.cancel()
         self._timer = self._loop.call_later(self._timeout, self._check, self._loop)
 
+    def paused(self, value: str) -> None:
+        """The handler started (``"1"``) or stopped (its seconds) waiting for a sandbox lease: this call's own
+        deadline stands still meanwhile, and so does its caller's clock (``ON_PAUSE``)."""
+        now = time.monotonic()
+        if value == "1":
+            self._pauses += 1
+            if self._pauses == 1:
+                self._paused_at = now
+            if self.on_pause is not None:
+                self.on_pause(None)
+            return
+        if self._pauses == 0:  # an end without its start (or after the call's own end): nothing is paused
+            return
+        try:
+            took = max(0.0, float(value))
+        except ValueError:
+            took = now - self._paused_at
+        self._end_pause(now, took)
+
+    def _end_pause(self, now: float, took: float) -> None:
+        self._pauses -= 1
+        if self._pauses == 0:
+            self._deadline += now - self._paused_at
+        if self.on_pause is not None:
+            self.on_pause(took)
+
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         fut = self.fut
         if fut.done():
             return
         now = time.monotonic()
-        if now >= self._deadline:
+        # waiting for a lease is not the call's time: while the handler waits, only its liveness is watched
+        if now >= self._deadline and not self._pauses:
             waited = self._queued is not None and not self._taken
             fut.set_exception(
                 Failure(
@@ -141,7 +182,7 @@ class _Pending:
                 )
             )
             return
-        wake = self._deadline
+        wake = now + PAUSED_CHECK_S if self._pauses else self._deadline
         if self._liveness is not None:
             idle = now - self.seen
             if idle >= self._liveness:
@@ -163,6 +204,9 @@ class _Pending:
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        now = time.monotonic()
+        while self._pauses:  # the call ended mid-wait (its reply overtook the wait's end, or it failed): the
+            self._end_pause(now, now - self._paused_at)  # caller's clock runs again
 
 
 class _Keepalive:

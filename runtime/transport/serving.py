@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from typing import Any
 
 from anyio.abc import TaskGroup
@@ -39,6 +40,14 @@ JUNK_LOG_S = 10.0  # a cause of refused requests is logged at most once per this
 log = logs.get("gym.bus")
 
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
+
+# the reply subject of the request whose handler runs in this context (``Bus.pause_caller`` tells its caller)
+_REPLYING: ContextVar[str | None] = ContextVar("gym_replying", default=None)
+
+
+def replying() -> str | None:
+    """Where the request being handled here wants its answer (None outside a handler, or none wanted)."""
+    return _REPLYING.get()
 
 
 class Serving:
@@ -126,7 +135,11 @@ class Serving:
             try:
                 if body is _UNSET:
                     body = await self.decode(msg)
-                result = await handler(body, msg)
+                token = _REPLYING.set(reply_to)
+                try:
+                    result = await handler(body, msg)
+                finally:
+                    _REPLYING.reset(token)
             except Exception as exc:  # every failure becomes a typed reply, never a hang
                 if keepalive:
                     keepalive.cancel()

@@ -32,6 +32,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.jetstream import ensure_results_stream, result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
+from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint
 
@@ -305,17 +306,13 @@ class AgentWorker:
             try:
                 async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
                     # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
-                    ctx.sandboxes.on_acquire = _Paused(ctx, clock)
-                    if task.group > 1:
-                        if self.run_group is None:
-                            raise Failure(
-                                "invalid_task", f"agent {self.cfg.agent} cannot run group tasks (no run_group)"
-                            )
-                        outcomes = list(await self.run_group(ctx, size))
-                        if len(outcomes) != size:
-                            raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
-                    else:
-                        outcomes = [await self.fn(ctx)]
+                    ctx.sandboxes.on_acquire = paused = _Paused(ctx, clock)
+                    # and so does an environment's, inside a call this rollout made (its handler says so)
+                    pausing = ON_PAUSE.set(paused.in_call)
+                    try:
+                        outcomes = await self._outcomes(ctx, task, size)
+                    finally:
+                        ON_PAUSE.reset(pausing)
             except TimeoutError:
                 return _failures(
                     task,
@@ -348,16 +345,30 @@ class AgentWorker:
                         answer_field=outcome.verdict.answer_field,
                     )
                 )
-            if ctx.sandboxes.asked:  # the time its sandboxes waited for a lease (not counted against timeout_s)
+            box = ctx.sandboxes.on_acquire
+            if ctx.sandboxes.asked or (isinstance(box, _Paused) and box.waits_in_calls):
+                # the time its sandboxes (its own, and its environment's) waited for a lease (not counted
+                # against timeout_s)
+                waited = ctx.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
                 for r in results:
-                    r.row["sandbox_wait_s"] = round(ctx.sandboxes.waited_s, 3)  # type: ignore[index]
-                self.bus.telemetry.meters.sandbox_waited(ctx.sandboxes.pool, ctx.sandboxes.waited_s)
+                    r.row["sandbox_wait_s"] = round(waited, 3)  # type: ignore[index]
+                self.bus.telemetry.meters.sandbox_waited(ctx.sandboxes.pool, waited)
             return results
         finally:
             with anyio.CancelScope(shield=True):  # the rollout ended, whichever way: so does its sandboxes' lease
                 await ctx.sandboxes.close_all()
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
+
+    async def _outcomes(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome]:
+        if task.group > 1:
+            if self.run_group is None:
+                raise Failure("invalid_task", f"agent {self.cfg.agent} cannot run group tasks (no run_group)")
+            outcomes = list(await self.run_group(ctx, size))
+            if len(outcomes) != size:
+                raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
+            return outcomes
+        return [await self.fn(ctx)]
 
     async def _skip_reason(self, task: RolloutTask) -> ErrorInfo | None:
         """Why a task must not run: another config's task, its batch was cancelled, or it is stale."""
@@ -424,6 +435,8 @@ class _Paused:
         self.acquiring = 0
         self.end: float | None = None  # the rollout's end before the pause (the loop's clock)
         self.since = 0.0  # when the pause began (time.monotonic)
+        self.waits_in_calls = 0  # an environment's acquisitions inside this rollout's calls
+        self.waited_in_calls = 0.0  # and their seconds
 
     def __call__(self, took: float | None) -> None:
         if took is None:  # an acquisition starts: no timeout while any is out
@@ -438,6 +451,14 @@ class _Paused:
             if self.end is not None:
                 self.clock.reschedule(self.end + paused)
             self.ctx.deadline += paused
+
+    def in_call(self, took: float | None) -> None:
+        """An environment's acquisition inside a call of this rollout (``ON_PAUSE``): the same pause."""
+        if took is None:
+            self.waits_in_calls += 1
+        else:
+            self.waited_in_calls += took
+        self(took)
 
 
 def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:

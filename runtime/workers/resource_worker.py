@@ -238,13 +238,16 @@ class ResourceWorker:
 
     def _lease(self, key: str = "") -> Sandboxes:
         """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``)."""
-        return Sandboxes(
+        lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
             lease=f"{self.name}:{(key or uuid.uuid4().hex)[:12]}",
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )
+        # a wait for a lease inside a seed, tool or verify stops its caller's clock (the rollout's timeout_s)
+        lease.on_acquire = self.bus.pause_caller
+        return lease
 
     def _new(self) -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest

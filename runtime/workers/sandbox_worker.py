@@ -11,8 +11,8 @@ Scheduling (docs/sandboxes.md, "Scheduling"): a worker is subscribed to the crea
 has room (placement by free capacity: a full worker takes no create); its room is ``capacity`` and its
 share of the pool's ``max_live``, warm containers included. A create that finds no room anywhere is
 answered ``full`` or by no one, and the author's side waits for a lease (``sandboxes.client``).
-``warm`` idle containers of the default spec are kept ready; a create that matches takes one (used once,
-removed at its end) and the pool refills in the background.
+``warm`` idle containers of the default spec (and ``warm_images`` of other images) are kept ready; a create
+that matches one takes it (used once, removed at its end) and the pool refills in the background.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
 import msgspec
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import ConfigError, Failure
@@ -92,7 +95,7 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
         except EngineError as e:
             raise ConfigError(f"{where}: the {cfg.backend} engine does not answer: {e}") from None
         image = await ensure_base(engine) if cfg.image == "base" else cfg.image
-        for ref in [image, *cfg.images]:
+        for ref in [image, *cfg.images, *cfg.warm_images]:
             if not await engine.image_exists(ref):
                 raise ConfigError(f"{where}: image {ref!r} is not in the {cfg.backend} engine (build or load it first)")
     except BaseException:
@@ -117,11 +120,15 @@ class SandboxWorker:
         self.image = cfg.image
         self._subs: list[Any] = []
         self.warm: list[str] = []  # idle warm containers, oldest first
+        self.warm_image: dict[str, str] = {}  # a warm container's image
         self.warming = 0  # warm containers being created
+        self.warming_by: dict[str, int] = {}  # by image
         self.removing = 0  # containers being removed (still on the engine)
         self.warm_hits = 0
         self.full_replies = 0  # creates answered "no room" (the pool's quota or a race with the gate)
-        self.warm_spec: Resolved | None = None
+        self.warm_spec: Resolved | None = None  # the default spec's warm containers
+        self.warm_specs: dict[str, Resolved] = {}  # by image: what a warm container of each is made as
+        self.warm_want: dict[str, int] = {}  # by image: how many to keep ready
         self._create_sub: Any = None
         self._changed = anyio.Event()
         self._tg: Any = None
@@ -135,6 +142,7 @@ class SandboxWorker:
                 s = self.bus.subjects
                 self._tg = tg
                 self.warm_spec = self.resolve(SandboxSpec())
+                self._plan_warm()
                 tg.start_soon(beacons, self.bus, s.live("sandbox", self.name), self.peers)
                 self._subs = [
                     await self.bus.serve(
@@ -178,6 +186,15 @@ class SandboxWorker:
                 await self.backend.aclose()
                 log.info("sandbox.stopped", sandbox=self.name, worker=self.worker_id, created=self.created, left=left)
 
+    def _plan_warm(self) -> None:
+        """The warm containers to keep, by image: ``warm`` of the default spec, ``warm_images`` of theirs."""
+        assert self.warm_spec is not None
+        self.warm_specs = {self.warm_spec.image: self.warm_spec}
+        self.warm_want = {self.warm_spec.image: self.cfg.warm}
+        for image, n in self.cfg.warm_images.items():
+            self.warm_specs[image] = self.resolve(SandboxSpec(image=image))
+            self.warm_want[image] = self.warm_want.get(image, 0) + n
+
     def stats(self) -> dict[str, Any]:
         return {
             "sandboxes": len(self.held),
@@ -194,7 +211,8 @@ class SandboxWorker:
 
     async def drain(self) -> None:
         """Take no new sandboxes; the ones held are served until their leases end."""
-        self.cfg = msgspec.structs.replace(self.cfg, warm=0)
+        self.cfg = msgspec.structs.replace(self.cfg, warm=0, warm_images={})
+        self.warm_want = {}
         self._draining = True
         await self._gate()
 
@@ -250,29 +268,62 @@ class SandboxWorker:
                 await self._gate()
             except Exception as e:  # disconnected meanwhile: the next turn tries again
                 log.warning("sandbox.gate_failed", error=repr(e))
-            want = min(self.cfg.warm - len(self.warm) - self.warming, self.room(), REFILL_AT_ONCE - self.warming)
+            self._refill()
+
+    def _refill(self) -> None:
+        """Start creating the warm containers each image lacks, within this worker's room (at most
+        ``REFILL_AT_ONCE`` at a time)."""
+        have: dict[str, int] = {}
+        for sid in self.warm:
+            image = self.warm_image.get(sid, "")
+            have[image] = have.get(image, 0) + 1
+        room = self.room()
+        for image, n in self.warm_want.items():
+            want = n - have.get(image, 0) - self.warming_by.get(image, 0)
+            want = min(want, room, REFILL_AT_ONCE - self.warming)
             for _ in range(max(0, want)):
                 self.warming += 1
-                self._tg.start_soon(self._warm_one)
+                self.warming_by[image] = self.warming_by.get(image, 0) + 1
+                room -= 1
+                self._tg.start_soon(self._warm_one, image)
 
-    async def _warm_one(self) -> None:
-        """Create one idle container of the default spec; expires 0: only its worker ends its lease."""
-        assert self.backend is not None and self.warm_spec is not None
+    async def _warm_one(self, image: str) -> None:
+        """Create one idle container of ``image``'s warm spec; expires 0: only its worker ends its lease."""
+        assert self.backend is not None
+        spec = self.warm_specs[image]
         try:
             with anyio.CancelScope(shield=True):  # a stopping worker waits for it, then removes it: none leaks
-                sid = await self.backend.create(self.warm_spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
+                sid = await self.backend.create(spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
         except Exception as e:  # the engine refused: the next turn tries again
-            log.warning("sandbox.warm_failed", error=repr(e))
+            log.warning("sandbox.warm_failed", image=image, error=repr(e))
             await anyio.sleep(1.0)
             return
         finally:
             self.warming -= 1
+            self.warming_by[image] -= 1
             self.changed()
         self.created += 1
         if self._draining:
             await self._remove(sid)
         else:
             self.warm.append(sid)
+            self.warm_image[sid] = image
+
+    def _take_warm(self, spec: Resolved) -> str | None:
+        """The oldest warm container made as ``spec`` (None if there is none)."""
+        if self.warm_specs.get(spec.image) != spec:
+            return None
+        for i, sid in enumerate(self.warm):
+            if self.warm_image.get(sid) == spec.image:
+                del self.warm[i]
+                self.warm_image.pop(sid, None)
+                return sid
+        return None
+
+    def _pop_warm(self) -> str:
+        sid = self.warm.pop(0)
+        self.warm_image.pop(sid, None)
+        return sid
 
     async def _present(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         """The pool has a worker (full or not): a create nobody took waits for a lease, not for a pool."""
@@ -286,7 +337,8 @@ class SandboxWorker:
         if spec.network:
             raise Failure("tool_error", f"{where}: sandboxes have no network here (network=True was asked)")
         image = spec.image or self.image
-        if spec.image and spec.image != self.cfg.image and self.cfg.images and spec.image not in self.cfg.images:
+        allowed = spec.image in self.cfg.images or spec.image in self.cfg.warm_images
+        if spec.image and spec.image != self.cfg.image and self.cfg.images and not allowed:
             raise Failure("tool_error", f"{where}: image {spec.image!r} is not one of the pool's images")
         asked = {"cpu": spec.cpu, "memory_mb": spec.memory_mb, "pids": spec.pids, "disk_mb": spec.disk_mb}
         asked["timeout_s"] = spec.timeout_s
@@ -307,15 +359,17 @@ class SandboxWorker:
         assert self.backend is not None
         now = time.time()
         expires = min(req.expires or now + self.cfg.max_lease_s, now + self.cfg.max_lease_s)
-        if spec == self.warm_spec and self.warm and not self._draining:  # a warm one: no engine call at all
-            sid = self.warm.pop(0)
+        sid_warm = None if self._draining else self._take_warm(spec)
+        if sid_warm is not None:  # a warm one: no engine call at all
+            sid = sid_warm
             self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
             self.warm_hits += 1
             self.changed()  # refill
             self._acquired(started, warm=True)
+            trace.get_current_span().set_attributes({"gym.sandbox.id": sid[:12], "gym.sandbox.warm": True})
             return SandboxReply(sandbox=sid, address=self.address, warm=True)
         if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
-            await self._remove(self.warm.pop(0))
+            await self._remove(self._pop_warm())
         if self.room() <= 0 or self._draining:
             self.full_replies += 1
             self.changed()  # unsubscribe
@@ -325,14 +379,25 @@ class SandboxWorker:
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
         self.changed()
         try:
-            with anyio.CancelScope(shield=True):  # held (and so removed at stop) even if the worker is stopping
+            with anyio.CancelScope(shield=True), self._span("create", image=spec.image) as span:
+                # held (and so removed at stop) even if the worker is stopping
                 sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
                 self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
+                span.set_attribute("gym.sandbox.id", sid[:12])
         finally:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
         return SandboxReply(sandbox=sid, address=self.address)
+
+    def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
+        """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
+        attrs = {"gym.sandbox.pool": self.name, "gym.sandbox.backend": self.cfg.backend}
+        if sid:
+            attrs["gym.sandbox.id"] = sid[:12]
+        if image:
+            attrs["gym.sandbox.image"] = image
+        return self.bus.telemetry.span(f"sandbox.engine.{op}", attributes=attrs)
 
     def _acquired(self, started: float, *, warm: bool) -> None:
         self.bus.telemetry.meters.sandbox_acquired(self.name, time.perf_counter() - started, warm=warm)
@@ -345,14 +410,18 @@ class SandboxWorker:
             raise Failure("tool_error", f"sandbox {req.sandbox[:12]} is not held by worker {self.worker_id}")
         assert self.backend is not None
         if req.op == "close":
-            await self._remove(req.sandbox)
+            with self._span("remove", sid=req.sandbox):
+                await self._remove(req.sandbox)
             return SandboxReply(sandbox=req.sandbox)
         held.busy += 1
         try:
             if req.op == "exec":
                 lim = self.cfg.limits
                 timeout = min(req.timeout_s or lim.timeout_s, lim.timeout_s)
-                r = await self.backend.exec(req.sandbox, req.argv, timeout_s=timeout, max_output=lim.max_output)
+                with self._span("exec", sid=req.sandbox) as span:
+                    r = await self.backend.exec(req.sandbox, req.argv, timeout_s=timeout, max_output=lim.max_output)
+                    code = -1 if r.exit_code is None else r.exit_code
+                    span.set_attributes({"gym.sandbox.exit_code": code, "gym.sandbox.timed_out": r.timed_out})
                 self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
                 return SandboxReply(
                     sandbox=req.sandbox,
@@ -364,10 +433,12 @@ class SandboxWorker:
                     duration_s=r.duration_s,
                 )
             if req.op == "write":
-                await self.backend.write(req.sandbox, req.path, req.data)
+                with self._span("write", sid=req.sandbox):
+                    await self.backend.write(req.sandbox, req.path, req.data)
                 return SandboxReply(sandbox=req.sandbox)
             if req.op == "read":
-                data = await self.backend.read(req.sandbox, req.path, max_bytes=self.cfg.limits.max_output)
+                with self._span("read", sid=req.sandbox):
+                    data = await self.backend.read(req.sandbox, req.path, max_bytes=self.cfg.limits.max_output)
                 return SandboxReply(sandbox=req.sandbox, data=data)
             raise Failure("internal", f"unexpected sandbox operation {req.op!r}")
         finally:
@@ -398,6 +469,7 @@ class SandboxWorker:
                     self.held.pop(sid, None)
                     if sid in self.warm:
                         self.warm.remove(sid)
+                        self.warm_image.pop(sid, None)
                     self.changed()
                 idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
                 for sid, h in list(self.held.items()):

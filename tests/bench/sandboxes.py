@@ -13,6 +13,17 @@ Each row beside its baseline, measured in the same run (load stated in the heade
 - acquire latency, p50/p99: ``--acquires`` concurrent ``ctx.sandbox()`` (request to a held sandbox) from a
   pool with ``warm: --acquires`` (filled before each of ``--rounds`` rounds), against the same from a pool
   without a warm pool (cold: each acquire creates and starts a container).
+
+Held idle (``--idle N [--hold 30]``, instead of the rows above): one sandbox worker process (``gym-runtime
+start --only sandboxes.POOL``) holds N idle sandboxes (acquired 8 at a time), steady for ``--hold`` seconds:
+all N still running on the engine at the end, a sample of 20 answering an exec; the worker's own memory
+(its process tree's RSS) per sandbox, the engine's (the PSS of dockerd, containerd, the shims and what runs
+in the containers) per sandbox, and the machine's (``MemTotal - MemAvailable``: noisy, as other sessions'
+work shares it). ``--placement N``: the same with two
+sandbox worker processes of one pool, each with ``capacity`` N/2 (placement by free capacity must fill
+both), each in a network namespace of its own (``ip netns``, where this runs as root; the nats-server is
+reached through a unix socket relay, ``tests/bench/relay.py``: no network joins the namespaces); how many
+each holds, and creates/s beside one worker's in the same run.
 Not a CI test.
 """
 
@@ -20,19 +31,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import signal
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
+import yaml
 
 from gym_runtime.config import SandboxConfig
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.client import Sandboxes
-from gym_runtime.sandboxes.engine_api import EngineBackend
+from gym_runtime.sandboxes.engine_api import OWNER, POOL, EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine, socket_of
 from gym_runtime.sandboxes.images import ensure_base
 from gym_runtime.transport.bus import Bus
@@ -162,6 +179,252 @@ async def acquires(
     return out
 
 
+def tree_rss_kb(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants (kB)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, []))
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def engine_pss_mb() -> float:
+    """Proportional memory (PSS: shared pages split among their users) of the engine: dockerd, containerd,
+    and every container's shim with what runs under it (the container's init and ``sleep``)."""
+    kids: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        comm, ppid = stat[stat.index("(") + 1 : stat.rindex(")")], int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(d))
+        if comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
+            roots.append(int(d))
+    seen: set[int] = set()
+    total, todo = 0, roots
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(kids.get(p, []))
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def used_mb() -> float:
+    info = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()}
+    return (info["MemTotal"] - info["MemAvailable"]) / 1024
+
+
+class Workers:
+    """Sandbox worker processes of one pool (``gym-runtime start --only sandboxes.POOL``), each optionally in
+    a network namespace of its own reached through a relay; all stopped (by PID) and removed at the end."""
+
+    def __init__(self, tmp: Path, url: str, sock: str, pool: str, capacity: int) -> None:
+        self.tmp, self.url, self.pool = tmp, url, pool
+        cfg = {
+            "namespace": "gym",
+            "sandboxes": {
+                pool: {"backend": "docker", "engine": f"unix://{sock}", "capacity": capacity, "idle_ttl_s": 7200}
+            },
+        }
+        self.config = tmp / f"{pool}.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
+        self.netns: list[str] = []
+        self.relay_sock = str(tmp / "nats.sock")
+
+    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        out = open(self.tmp / log, "wb")  # noqa: SIM115 (kept open for the child)
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        self.logs[p.pid] = self.tmp / log
+        return p
+
+    async def ready(self, proc: subprocess.Popen[bytes]) -> None:
+        """Until ``start`` says ``workers ready`` (its sandbox worker takes creates)."""
+        while b"workers ready" not in self.logs[proc.pid].read_bytes():
+            assert proc.poll() is None, self.logs[proc.pid].read_text()[-2000:]
+            await anyio.sleep(0.2)
+
+    def start(self, *, netns: bool) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "gym_runtime.cli", "start", str(self.config), "--only", f"sandboxes.{self.pool}"]
+        if not netns:
+            return self._spawn([*argv, "--nats", self.url], f"worker{len(self.procs)}.log")
+        if not self.netns:  # the host side of the relay: the unix socket to the nats-server's TCP port
+            self._spawn(
+                [sys.executable, "tests/bench/relay.py", "unix-to-tcp", self.relay_sock, self.url.split("//")[1]],
+                "relay-host.log",
+            )
+        ns = f"gymbench{uuid.uuid4().hex[:6]}"
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        self.netns.append(ns)
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        into = ["ip", "netns", "exec", ns]
+        self._spawn([*into, sys.executable, "tests/bench/relay.py", "tcp-to-unix", "127.0.0.1:4222", self.relay_sock],
+                    f"relay-{ns}.log")  # fmt: skip
+        return self._spawn([*into, *argv, "--nats", "nats://127.0.0.1:4222"], f"worker-{ns}.log")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for ns in self.netns:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+async def hold(bus: Bus, engine: Engine, pool: str, n: int, seconds: float, ready: float) -> dict[str, object]:
+    """Acquire ``n`` idle sandboxes 8 at a time (as many as can be had), hold them ``seconds``, check them,
+    release them; what was held and how fast."""
+    boxes = Sandboxes(bus, pool, lease="idle", deadline=time.time() + 7200, absent_grace_s=ready)
+    got: list[object] = []
+    errors: list[str] = []
+    t0 = time.perf_counter()
+
+    async def one() -> None:
+        if errors:
+            return
+        try:
+            got.append(await boxes.sandbox())
+        except Exception as e:  # the largest number held is what is reported
+            errors.append(repr(e))
+
+    await at_once(n, 8, one)
+    create_s = time.perf_counter() - t0
+    await anyio.sleep(seconds)
+    running = await engine.containers({POOL: f"gym.{pool}"})
+    alive = [c for c in running if c.get("State") == "running"]
+    owners: dict[str, int] = {}
+    for c in alive:
+        owner = c.get("Labels", {}).get(OWNER, "?")
+        owners[owner] = owners.get(owner, 0) + 1
+    sample = random.sample(got, min(20, len(got)))
+    lat = []
+    for box in sample:
+        t = time.perf_counter()
+        r = await box.exec(["true"], timeout_s=60)  # type: ignore[attr-defined]
+        lat.append((time.perf_counter() - t) * 1000)
+        assert r.exit_code == 0, r
+    return {
+        "held": len(got), "running": len(alive), "create_s": create_s, "errors": errors[:1], "owners": owners,
+        "exec_ms": statistics.median(lat) if lat else 0.0, "boxes": boxes,
+    }  # fmt: skip
+
+
+async def release(engine: Engine, pool: str, boxes: Sandboxes) -> float:
+    t0 = time.perf_counter()
+    opened = list(boxes._open.values())
+    await at_once(len(opened), 8, lambda: opened.pop().close())
+    while await engine.containers({POOL: f"gym.{pool}"}):
+        await anyio.sleep(0.5)
+    return time.perf_counter() - t0
+
+
+async def held_idle(args: argparse.Namespace) -> None:
+    sock = socket_of(os.environ.get("DOCKER_HOST") or "")
+    tmp = Path(f"/tmp/gym-bench-idle-{uuid.uuid4().hex[:6]}")
+    tmp.mkdir()
+    srv = EmbeddedServer(store_dir=str(tmp / "js"), sync="interval")
+    srv.start()
+    rows: list[str] = []
+    try:
+        async with Engine(sock) as engine:
+            await ensure_base(engine)
+            bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="bench")
+            await ensure_streams(bus)
+            if args.idle:
+                pool = f"idle{uuid.uuid4().hex[:6]}"
+                workers = Workers(tmp, srv.url, sock, pool, capacity=args.idle + 8)
+                try:
+                    proc = workers.start(netns=False)
+                    await workers.ready(proc)
+                    rss0, used0, eng0 = tree_rss_kb(proc.pid), used_mb(), engine_pss_mb()
+                    r = await hold(bus, engine, pool, args.idle, args.hold, ready=60)
+                    rss1, used1, eng1 = tree_rss_kb(proc.pid), used_mb(), engine_pss_mb()
+                    n = max(1, int(r["held"]))  # type: ignore[call-overload]
+                    rows.append(
+                        f"| one worker | {r['held']} of {args.idle} | {r['running']} | {n / float(r['create_s']):.1f} "  # type: ignore[arg-type]
+                        f"| {r['exec_ms']:.0f} | {(rss1 - rss0) / 1024:.0f} MB ({(rss1 - rss0) / n:.0f} kB) "
+                        f"| {eng1 - eng0:.0f} MB ({(eng1 - eng0) / n:.2f} MB) "
+                        f"| {used1 - used0:.0f} MB ({(used1 - used0) / n:.2f} MB) | {r['errors'] or ''} |"
+                    )
+                    print(rows[-1], flush=True)
+                    print(f"released in {await release(engine, pool, r['boxes']):.0f} s", flush=True)  # type: ignore[arg-type]
+                finally:
+                    workers.stop()
+            if args.placement:
+                n = args.placement
+                for netns in (False, True) if args.netns else (False,):
+                    for count in (1, 2):
+                        pool = f"place{uuid.uuid4().hex[:6]}"
+                        workers = Workers(tmp, srv.url, sock, pool, capacity=n if count == 1 else n // 2)
+                        try:
+                            procs = [workers.start(netns=netns) for _ in range(count)]
+                            for proc in procs:
+                                await workers.ready(proc)
+                            rss0, used0, eng0 = [tree_rss_kb(p.pid) for p in procs], used_mb(), engine_pss_mb()
+                            r = await hold(bus, engine, pool, n, args.hold, ready=60)
+                            rss1, used1, eng1 = [tree_rss_kb(p.pid) for p in procs], used_mb(), engine_pss_mb()
+                            held = max(1, int(r["held"]))  # type: ignore[call-overload]
+                            split = " + ".join(str(v) for v in sorted(r["owners"].values(), reverse=True))  # type: ignore[attr-defined]
+                            per = " / ".join(f"{(b - a) / 1024:.0f}" for a, b in zip(rss0, rss1, strict=True))
+                            where = "own netns each" if netns else "host netns"
+                            rows.append(
+                                f"| {count} worker(s), capacity {n if count == 1 else n // 2} each, {where} "
+                                f"| {r['held']} of {n} | {split} | {held / float(r['create_s']):.1f} "  # type: ignore[arg-type]
+                                f"| {r['exec_ms']:.0f} | {per} MB | {eng1 - eng0:.0f} MB | {used1 - used0:.0f} MB "
+                                f"| {r['errors'] or ''} |"
+                            )
+                            print(rows[-1], flush=True)
+                            await release(engine, pool, r["boxes"])  # type: ignore[arg-type]
+                        finally:
+                            workers.stop()
+            await bus.close()
+    finally:
+        srv.stop()
+    load = os.getloadavg()
+    print(f"\nidle sandboxes held (Docker {os.uname().nodename}, {os.cpu_count()} cores, load "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, held {args.hold:g} s)\n")  # fmt: skip
+    print(
+        "| fleet | held | running (by worker) | creates/s | exec ms (20) | worker memory | engine PSS "
+        "| machine used | error |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(row)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--creates", type=int, default=64)
@@ -169,4 +432,9 @@ if __name__ == "__main__":
     p.add_argument("--execs", type=int, default=500)
     p.add_argument("--acquires", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
-    anyio.run(main, p.parse_args())
+    p.add_argument("--idle", type=int, default=0, help="hold this many idle sandboxes on one worker process")
+    p.add_argument("--placement", type=int, default=0, help="hold this many on one, then two worker processes")
+    p.add_argument("--netns", action="store_true", help="--placement also with each worker in its own netns")
+    p.add_argument("--hold", type=float, default=30.0)
+    a = p.parse_args()
+    anyio.run(held_idle if a.idle or a.placement else main, a)

@@ -1,0 +1,112 @@
+"""A real Podman engine for the sandbox tests: ``podman system service`` on a socket of the test run's own,
+with a ``containers.conf`` and ``storage.conf`` the tests own (no network: ``netns="none"``; cgroupfs;
+events to a file; runc, as crun 1.8 refuses these machines' hybrid cgroups), stopped by its PID.
+
+Without ``podman`` the tests skip with one line; with ``GYM_REQUIRE_PODMAN=1`` that skip is a failure.
+Images live under ``$GYM_PODMAN_DIR`` (default ``/var/tmp/gym-runtime-podman``), so the base image is
+imported once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gym_runtime.sandboxes.engine_http import Engine, EngineError
+from gym_runtime.sandboxes.images import ensure_base
+
+REQUIRE_ENV = "GYM_REQUIRE_PODMAN"
+PODMAN = "/usr/bin/podman"
+
+CONTAINERS_CONF = """[containers]
+netns = "none"
+log_driver = "k8s-file"
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "{dir}/events.log"
+tmp_dir = "{dir}/tmp"
+"""
+STORAGE_CONF = """[storage]
+driver = "overlay"
+graphroot = "{store}/root"
+runroot = "{store}/run"
+"""
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
+    pytest.skip(f"no Podman engine: {reason} (apt-get install podman)")
+
+
+@pytest.fixture(scope="session")
+def podman_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The socket of a ``podman system service`` started for this test run (stopped after it, by PID)."""
+    if not os.path.exists(PODMAN) or not shutil.which("runc"):
+        _unavailable(f"{PODMAN} or runc is not installed")
+    here = tmp_path_factory.mktemp("podman")
+    store = Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
+    store.mkdir(parents=True, exist_ok=True)
+    (here / "tmp").mkdir()
+    (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here))
+    (here / "storage.conf").write_text(STORAGE_CONF.format(store=store))
+    env = {
+        **os.environ,
+        "CONTAINERS_CONF": str(here / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(here / "storage.conf"),
+    }
+    sock = here / "podman.sock"
+    log = open(here / "service.log", "wb")  # noqa: SIM115 (the service's, closed after it)
+    proc = subprocess.Popen(
+        [PODMAN, "system", "service", "--time=0", f"unix://{sock}"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _unavailable(f"podman system service did not start: {(here / 'service.log').read_text()[-300:]}")
+            time.sleep(0.1)
+        yield str(sock)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+async def podman_engine(podman_socket: str) -> AsyncIterator[Engine]:
+    async with Engine(podman_socket) as e:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await e.ping()
+                break
+            except EngineError as exc:
+                if time.monotonic() > deadline:
+                    _unavailable(f"podman does not answer: {exc}")
+                await anyio.sleep(0.2)
+        yield e
+
+
+@pytest.fixture
+async def podman_base(podman_engine: Engine) -> str:
+    return await ensure_base(podman_engine)

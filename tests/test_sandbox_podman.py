@@ -1,0 +1,70 @@
+"""The ``podman`` backend against a real Podman engine (its Docker-compatible API, ``tests/podman.py``): the
+engine backend's core cases (round trips, limits, isolation) as ``tests/test_sandbox_engine.py`` runs them
+on Docker, and a pool of ``backend: podman`` over the bus (a warm container, a cold one, files, removal)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gym_runtime.config import SandboxLimits
+from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.engine_api import POOL, EngineBackend
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.transport.bus import Bus
+from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this module's engine)
+    test_exec_round_trip_and_files,
+    test_limits_memory_pids_wall_clock_output_disk,
+    test_no_network_no_engine_socket_no_host_mounts,
+)
+from tests.test_sandbox_worker import fleet, wait_for
+
+
+@pytest.fixture
+def engine(podman_engine: Engine) -> Engine:  # the Docker tests' engine, here Podman's
+    return podman_engine
+
+
+@pytest.fixture
+def base_image(podman_base: str) -> str:
+    return podman_base
+
+
+@pytest.fixture
+async def backend(podman_engine: Engine) -> AsyncIterator[EngineBackend]:
+    b = EngineBackend(podman_engine, name="podman", pool=f"test{uuid.uuid4().hex[:8]}")
+    try:
+        yield b
+    finally:
+        for c in await b.list_owned():
+            await b.close(c.id)
+
+
+async def test_a_podman_pool_over_the_bus(bus: Bus, podman_engine: Engine, podman_base: str) -> None:
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    async with fleet(bus, podman_engine, pool) as worker:
+        w = await worker(backend="podman", warm=1, limits=SandboxLimits(memory_mb=128, timeout_s=30))
+
+        async def warmed() -> bool:
+            return len(w.warm) == 1 and w.warming == 0
+
+        await wait_for(warmed, timeout=90)
+        boxes = Sandboxes(bus, pool, lease="p:0:0", deadline=time.time() + 60)
+        warm = await boxes.sandbox()
+        cold = await boxes.sandbox(memory_mb=64)
+        assert w.stats()["warm_hits"] == 1 and cold.id != warm.id
+        await cold.write("x/y.txt", "podman")
+        r = await cold.exec("cat x/y.txt; echo err >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, b"podman", b"err\n")
+        assert await cold.read("x/y.txt") == b"podman"
+        assert (await warm.exec(["sh", "-c", "ls /sys/class/net"])).stdout == b"lo\n"  # no network
+        await boxes.close_all()
+
+        async def removed() -> bool:
+            live = {c["Id"] for c in await podman_engine.containers({POOL: f"gym.{pool}"})}
+            return not live & {warm.id, cold.id}
+
+        await wait_for(removed, timeout=60)
