@@ -417,7 +417,7 @@ class GuestSession:
 
     sandboxes = _NoLease()
 
-    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify")
+    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify", "episode_done")
 
     def __init__(self, guest: Guest, answer_field: str | None) -> None:
         self._guest = guest
@@ -425,6 +425,7 @@ class GuestSession:
         self.generation: int | None = None  # the guest it lives in, once seeded
         self.answer_field = answer_field
         self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
+        self.episode_done = False  # the session's Resource.episode_done, as its last tool call left it
 
     async def seed(self, row: dict[str, Any]) -> None:
         _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
@@ -440,6 +441,7 @@ class GuestSession:
         done, _ = await self._guest.call(
             lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
         )
+        self.episode_done = done.episode_done
         return done.output
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
