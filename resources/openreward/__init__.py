@@ -63,12 +63,13 @@ def _load_env(path: str) -> Any:
     try:
         if not name:
             raise ValueError("expected module:Class")
-        cls = getattr(importlib.import_module(module), name)
+        cls: Any = getattr(importlib.import_module(module), name)
     except Exception as e:  # noqa: BLE001 - the user's module may raise anything on import: one line
         raise UserError(f"openreward options.env: cannot load {path!r}: {type(e).__name__}: {e}") from None
     from openreward.environments import Environment
 
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+    is_env = isinstance(cls, type) and issubclass(cls, Environment)
+    if not is_env:
         raise UserError(f"openreward options.env: {path!r} is not an openreward.environments.Environment subclass")
     try:
         cls.list_tools()  # what the SDK's Server checks when it starts: tools that describe, one @terminal at most
@@ -95,7 +96,7 @@ async def _served_env(opts: Options) -> tuple[Any, Any, str]:
     name = (opts.name or (names[0] if names else "")).lower()
     if name not in names:
         raise UserError(f"openreward options.name: {opts.name!r} is not served at {url} (it serves {names})")
-    api = AsyncEnvironmentsAPI(base_url=url, api_key=None)  # type: ignore[arg-type]  # a local server: no key
+    api = AsyncEnvironmentsAPI(base_url=url, api_key=None)  # a local server: no key (None: no key header)
     return api, api.get(name), name
 
 

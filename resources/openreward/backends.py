@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Called", "InProcess", "Served", "output_text"]
+__all__ = ["Called", "InProcess", "Served", "block_field", "output_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,18 +31,22 @@ class Called:
     refused: str | None = None
 
 
+def block_field(block: Any, key: str) -> Any:
+    """A field of a content block, whether the SDK's client decoded it (a dataclass) or its server's model
+    (pydantic) or the wire's dict holds it."""
+    return block.get(key) if isinstance(block, dict) else getattr(block, key, None)
+
+
 def output_text(blocks: Any) -> str:
     """What the model reads of a tool output's blocks: the text blocks joined by newlines (the SDK's own
     text rendering of a tool result); an image block is named, not shown (a text tool output cannot carry it)."""
-    parts = []
+    parts: list[str] = []
     for b in blocks:
-        kind = getattr(b, "type", None) or (b.get("type") if isinstance(b, dict) else None)
-        if kind == "image":
-            mime = getattr(b, "mimeType", None) or (b.get("mimeType") if isinstance(b, dict) else "")
-            parts.append(f"[image: {mime}]")
+        if block_field(b, "type") == "image":
+            parts.append(f"[image: {block_field(b, 'mimeType') or ''}]")
         else:
-            parts.append(getattr(b, "text", None) if not isinstance(b, dict) else b.get("text", ""))
-    return "\n".join(p or "" for p in parts)
+            parts.append(str(block_field(b, "text") or ""))
+    return "\n".join(parts)
 
 
 class InProcess:

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from gym_runtime.errors import UserError
+from gym_runtime.resources.openreward.backends import block_field
 
 __all__ = ["function_tools", "prompt_text", "rows_in_process", "rows_served"]
 
@@ -31,12 +32,12 @@ def function_tools(listed: dict[str, Any]) -> list[dict[str, Any]]:
 
 def prompt_text(blocks: Any) -> str:
     """The prompt's text blocks joined by newlines; an image prompt is not supported (one line)."""
-    parts = []
+    parts: list[str] = []
     for b in blocks:
-        kind = getattr(b, "type", None) or (b.get("type") if isinstance(b, dict) else "text")
+        kind = block_field(b, "type") or "text"
         if kind != "text":
             raise UserError(f"openreward: a prompt block of type {kind!r} is not supported (text prompts only)")
-        parts.append(getattr(b, "text", None) if not isinstance(b, dict) else b["text"])
+        parts.append(str(block_field(b, "text") or ""))
     return "\n".join(parts)
 
 
@@ -71,7 +72,7 @@ def rows_in_process(env_cls: Any, split: str, secrets: dict[str, str] | None = N
 async def _rows_served(url: str, name: str, split: str, secrets: dict[str, str]) -> list[dict[str, Any]]:
     from openreward.api.environments.client import AsyncEnvironmentsAPI
 
-    api = AsyncEnvironmentsAPI(base_url=url, api_key=None)  # type: ignore[arg-type]  # a local server: no key
+    api = AsyncEnvironmentsAPI(base_url=url, api_key=None)  # a local server: no key (None: no key header)
     try:
         env = api.get(name)
         rows = []
