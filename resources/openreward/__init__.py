@@ -123,6 +123,7 @@ class OpenRewardTask(msgspec.Struct, kw_only=True):
 
 class OpenRewardResource(Resource):
     task_fields = OpenRewardTask  # validate and prepare refuse a row without a task spec before any rollout
+    reverify = "replay"  # the episode's state comes from its tool calls: reverify runs them again, in order
     row_tools = "any"  # the tools are the environment's own, described and checked by its input models
     requires = ("openreward",)
     install = "pip install 'gym-runtime[openreward]'"

@@ -144,8 +144,17 @@ def _config(quiz_url: str, repair_url: str) -> str:
 
 
 class Batch:
-    def __init__(self, work: Path, quiz_url: str, repair_url: str, res: subprocess.CompletedProcess[str], took: float):
+    def __init__(
+        self,
+        work: Path,
+        quiz_url: str,
+        repair_url: str,
+        res: subprocess.CompletedProcess[str],
+        took: float,
+        reverified: subprocess.CompletedProcess[str],
+    ) -> None:
         self.work, self.quiz_url, self.repair_url, self.res, self.took = work, quiz_url, repair_url, res, took
+        self.reverified = reverified
         self.rows = read_jsonl(work / "out.jsonl")
         fails = work / "out_failures.jsonl"
         self.failures = read_jsonl(fails) if fails.exists() else []
@@ -184,7 +193,17 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
         started = time.monotonic()
         res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=900, check=False)
         assert (work / "out.jsonl").exists(), res.stderr[-3000:]
-        yield Batch(work, quiz_url, repair_url, res, time.monotonic() - started)
+        took = time.monotonic() - started
+        # reverify serves one agent's resource: the multi-step environment's rows (in process)
+        write_jsonl(
+            work / "repair.jsonl", [r for r in read_jsonl(work / "out.jsonl") if r["agent_ref"]["name"] == "repair"]
+        )
+        cmd = [sys.executable, "-m", "gym_runtime.cli", "reverify", "config.yaml", "-i", "repair.jsonl", "--agent"]
+        again = subprocess.run(
+            [*cmd, "repair", "-o", "reverified.jsonl"], cwd=work, env=_env(work), capture_output=True, text=True,
+            timeout=900, check=False,
+        )  # fmt: skip
+        yield Batch(work, quiz_url, repair_url, res, took, again)
     finally:
         for proc, _ in servers:
             proc.terminate()
@@ -335,3 +354,73 @@ def test_prepare_writes_the_environments_own_tasks_and_validate_wants_a_task_spe
     )
     assert res.returncode == 2 and "bad.jsonl:1" in res.stderr and "task_spec" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.slow
+def test_reverify_replays_the_tool_calls_and_gets_the_same_rewards(batch: Batch) -> None:
+    """``gym-runtime reverify`` rebuilds each episode by running its recorded tool calls through a fresh
+    session (``reverify = "replay"``): every reward and step reward comes out the same."""
+    assert batch.reverified.returncode == 0, batch.reverified.stderr[-3000:]
+    again = read_jsonl(batch.work / "reverified.jsonl")
+    assert len(again) == 4  # three tasks, and the one whose last call came after finished
+    before = {(r["case"], r["task_spec"]["id"]): r for r in batch.rows if r["agent_ref"]["name"] == "repair"}
+    for r in again:
+        old = before[(r["case"], r["task_spec"]["id"])]
+        assert (r["reward"], r["step_rewards"]) == (old["reward"], old["step_rewards"])
+        assert r["step_rewards"] and r["finished"] is True
+    assert "0 rewards changed" in batch.reverified.stdout + batch.reverified.stderr
+
+
+@pytest.mark.slow
+def test_the_sdks_own_template_runs_unchanged(tmp_path: Path) -> None:
+    """The environment `orwd init` writes (the SDK's basic template, copied as it ships: code not written for
+    these tests) is prepared from its own tasks and run; its rewards equal its own client's on its own server."""
+    import openreward
+
+    template = Path(openreward.__file__).parent / "templates" / "basic" / "server.py.tmpl"
+    (tmp_path / "basic_env.py").write_bytes(template.read_bytes())
+    (tmp_path / "config.yaml").write_text(
+        "nats: embedded\nmodels:\n  policy: {adapter: scripted}\n"
+        "resources:\n  basic: {server: resources.openreward, options: {env: 'basic_env:BasicEnvironment'}}\n"
+        "agents:\n  solver: {agent: agents.simple, model: policy, resource: basic, max_steps: 4, max_attempts: 1}\n"
+    )
+    env = {**_env(tmp_path), "PYTHONPATH": str(tmp_path)}
+    cli = [sys.executable, "-m", "gym_runtime.cli"]
+    for split in ("train", "test"):
+        res = subprocess.run(
+            [*cli, "prepare", "config.yaml", "-i", f"solver=env:{split}", "-o", split, "--val-fraction", "0"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+    write_jsonl(
+        tmp_path / "rows.jsonl",
+        [*read_jsonl(tmp_path / "train/train.jsonl"), *read_jsonl(tmp_path / "test/train.jsonl")],
+    )
+    res = subprocess.run(
+        [*cli, "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["task_spec"]["id"])
+    assert [r["task_spec"]["id"] for r in rows] == ["test-0", "train-0"]
+    assert [r["responses_create_params"]["input"] for r in rows] == ["What is 2*4?", "What is 2+2?"]
+
+    port = _free_port()
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import basic_env as m; m.Server([m.BasicEnvironment]).run('127.0.0.1', {port})"],
+        cwd=tmp_path, env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_up(tmp_path, proc, url, "server")
+        for row in rows:
+            own = anyio.run(_own_client, url, "basicenvironment", row, False)
+            assert row["step_rewards"] == own["step_rewards"] and row["reward"] == own["reward"]
+            assert (
+                [out for _, _, out in _calls(row)] == own["outputs"] == ["Wrong!"]
+            )  # the scripted model says "example"
+            assert row["finished"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
