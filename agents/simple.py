@@ -37,11 +37,13 @@ async def run(ctx: AgentContext) -> Outcome:
             if trajectory.hit_token_limit(resp):
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
+            done = False
             for call in calls:  # whatever its name, a call reaches only a tool of the resource
-                output = (await session.call(call.name, call.arguments)).output
-                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=output))
-            if not calls:  # an answer, or a turn with no message (reasoning only): NeMo Gym ends there too
-                break
+                reply = await session.call(call.name, call.arguments)
+                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
+                done = done or reply.done
+            if not calls or done:  # an answer, a turn with no message (reasoning only: NeMo Gym ends there too),
+                break  # or a tool's output ended the episode (the turn's other calls were answered first)
             if max_steps and trajectory.steps >= max_steps:
                 break
         response = trajectory.response()

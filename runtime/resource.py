@@ -280,6 +280,9 @@ class Resource:
     # "none", the worker's own process; "process", a guest process the worker kills when a call overruns
     # (gym_runtime.workers.guest), for code that may hold the GIL past the bus's liveness window.
     isolation: ClassVar[Literal["process", "none"]] = "none"
+    # Set by a tool whose output ends the episode (an ORS tool's ``finished``): the worker answers that call
+    # with ``ToolReply.done`` and the agent stops after the turn, as the environment's own harness would.
+    episode_done: bool = False
     # Set by the worker before ``seed``: reach models of the config (LLM judges).
     models: ModelClient
     # Set by the worker before ``seed``: this session's sandboxes (the entry's ``sandbox`` pool), removed

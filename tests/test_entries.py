@@ -30,6 +30,7 @@ TWO_ENTRIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "google_search": ({"backend": "offline", "top_k": 5}, {"backend": "offline", "top_k": 6}),
     "swe": ({"backend": "local", "command_timeout_s": 60}, {"backend": "local", "command_timeout_s": 61}),
     "openenv": ({"env": "tests.envs.openenv_counter:CountEnv"}, {"env": "tests.envs.openenv_mcp:TallyEnv"}),
+    "openreward": ({"env": "tests.envs.ors_quiz:Quiz"}, {"env": "tests.envs.ors_repair:Repair"}),
 }
 
 

@@ -181,15 +181,25 @@ def read_source(src: Source, cfg: Config | None = None) -> Iterator[tuple[str, A
 
 
 def _env_rows(src: Source, cfg: Config | None) -> Iterator[tuple[str, Any]]:
-    """The rows of an agent's environment's own dataset: its module's ``dataset_rows(options, split)``."""
+    """The rows of an agent's environment's own dataset: its module's ``dataset_rows(options, split)``, or
+    its resource's (an environment that lists its own tasks, an ORS one's) with that resource's options."""
     if cfg is None or src.agent not in cfg.agents:
         raise PrepareError(f"{src.agent}={src.spec}: needs a config naming the agent {src.agent!r}")
     entry = cfg.agents[src.agent]
     rows_of = getattr(load_plugin("agent", entry.agent, f"agents.{src.agent}.agent"), "dataset_rows", None)
+    options = entry.options
+    res = cfg.resources.get(entry.resource) if entry.resource else None
+    if rows_of is None and res is not None and res.server:
+        where = f"resources.{entry.resource}.server"
+        rows_of = getattr(load_plugin("resource", res.server, where), "dataset_rows", None)
+        options = res.options
     if rows_of is None:
-        raise PrepareError(f"{src.agent}={src.spec}: agent {entry.agent} has no dataset of its own (no dataset_rows)")
+        raise PrepareError(
+            f"{src.agent}={src.spec}: neither agent {entry.agent} nor its resource has a dataset of its own"
+            " (no dataset_rows)"
+        )
     try:
-        rows = rows_of(entry.options, src.split or "train")
+        rows = rows_of(options, src.split or "train")
     except ValueError as e:
         raise PrepareError(f"{src.agent}={src.spec}: {e}") from None
     for i, row in enumerate(rows):

@@ -489,7 +489,16 @@ class GuestSession:
     pool, its lease: the sandboxes its server's code creates (``sandbox_provider: gym_runtime``) belong to this
     session, and are removed when it closes (its rollout ended) or its guest is lost."""
 
-    __slots__ = ("_guest", "session", "generation", "answer_field", "close_on_verify", "sandboxes", "lease")
+    __slots__ = (
+        "_guest",
+        "session",
+        "generation",
+        "answer_field",
+        "close_on_verify",
+        "sandboxes",
+        "lease",
+        "episode_done",
+    )
 
     def __init__(self, guest: Guest, answer_field: str | None) -> None:
         self._guest = guest
@@ -497,6 +506,7 @@ class GuestSession:
         self.generation: int | None = None  # the guest it lives in, once seeded
         self.answer_field = answer_field
         self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
+        self.episode_done = False  # the session's Resource.episode_done, as its last tool call left it
         self.sandboxes: Sandboxes | _NoLease = _NoLease()
         if guest.leases is not None:
             self.lease = self.sandboxes = guest.leases(self.session)
@@ -539,6 +549,7 @@ class GuestSession:
         done, _ = await self._guest.call(
             lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
         )
+        self.episode_done = done.episode_done
         return done.output
 
     async def _sandbox_exec(self, arguments: str) -> str:

@@ -269,7 +269,8 @@ class Guest:
             raise Failure("worker_lost", f"session {msg.session} is not in this guest process", retryable=True)
         if isinstance(msg, Tool):
             run = held.call_operation if msg.protocol else held.call_tool
-            return Done(id=msg.id, output=await run(msg.name, msg.arguments))
+            output = await run(msg.name, msg.arguments)
+            return Done(id=msg.id, output=output, episode_done=held.episode_done)
         try:
             out = await held.verify(msg.row, msg.response)
         finally:

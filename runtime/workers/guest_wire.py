@@ -178,6 +178,7 @@ class Done(msgspec.Struct, tag=True):
     id: int
     output: str = ""  # a tool's output
     verdict: Verdict | None = None  # verify's
+    episode_done: bool = False  # after a tool: the session's ``Resource.episode_done``
 
 
 class Raised(msgspec.Struct, tag=True):

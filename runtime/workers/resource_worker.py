@@ -313,7 +313,8 @@ class ResourceWorker:
             inst = self._session(req.session)
             try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
                 run = inst.call_operation if req.protocol else inst.call_tool
-                return ToolReply(output=await run(req.name, req.arguments))
+                output = await run(req.name, req.arguments)
+                return ToolReply(output=output, done=inst.episode_done)
             except ToolArgumentsError as e:
                 return ToolReply(output=f"Error: {e}", is_error=True)
             except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
