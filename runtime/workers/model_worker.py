@@ -190,10 +190,11 @@ class ModelWorker:
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
                 self.gate.exit()
+        took = time.perf_counter() - started
         meters = self.bus.telemetry.meters
         usage = response.usage
         if meters.enabled:
-            meters.stage_time("model_call", self.name, time.perf_counter() - started)
+            meters.stage_time("model_call", self.name, took)
             if usage is not None:
                 meters.model_tokens(self.name, usage.input_tokens, usage.output_tokens)
         span = trace.get_current_span()
@@ -219,7 +220,10 @@ class ModelWorker:
             )
         if version is not None:
             stamp(response, version)
-        return ModelResponse(response=response, policy_version=version)
+        # who generated it and for how long: the caller's row counts both (its provenance and cost)
+        return ModelResponse(
+            response=response, policy_version=version, worker=self.worker_id, took_ms=round(1000 * took)
+        )
 
     def _admit(self, _: Delivery) -> bool:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
