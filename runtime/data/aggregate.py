@@ -89,7 +89,7 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.messages import Cost
+from gym_runtime.messages import Cost, RolloutResult
 
 __all__ = ["MetricsAccumulator", "summary_lines"]
 
@@ -225,14 +225,27 @@ def _pct_mean(values: list[float]) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _AgentCost:
-    """One agent's cost totals: its rows', and its failed rollouts' apart (``cost`` in the metrics entry)."""
+def result_cost(res: RolloutResult) -> Cost | None:
+    """A stored result's cost: its row's ``cost`` key, or a failure's own (None: it has none)."""
+    if res.row is None:
+        return res.cost
+    raw = res.row.get("cost")
+    try:
+        return msgspec.convert(raw, Cost) if isinstance(raw, dict) else None
+    except msgspec.ValidationError:
+        return None
 
-    __slots__ = ("rows", "failed", "failed_rollouts")
+
+class CostTotals:
+    """Cost totals: rows', and failed rollouts' apart (an agent's ``cost`` in the metrics entry, a batch's in
+    ``status --batch``)."""
+
+    __slots__ = ("rows", "failed", "failed_rollouts", "counted")
 
     def __init__(self) -> None:
         self.rows, self.failed = Cost(), Cost()
         self.failed_rollouts = 0
+        self.counted = 0  # rollouts whose cost was added
 
     def add(self, cost: Cost, failed: bool) -> None:
         total = self.failed if failed else self.rows
@@ -240,6 +253,7 @@ class _AgentCost:
         if cost.estimated_cost is not None:
             total.estimated_cost = round((total.estimated_cost or 0.0) + cost.estimated_cost, 9)
         self.failed_rollouts += failed
+        self.counted += 1
 
     def entry(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rollouts": msgspec.to_builtins(self.rows)}
@@ -296,7 +310,7 @@ class MetricsAccumulator:
         self.answer_field = answer_field
         self.rows_skipped = 0
         self._agents: dict[str, _AgentColumns] = {}
-        self._costs: dict[str, _AgentCost] = {}  # per agent, when its rows carry a ``cost`` (gym-runtime's key)
+        self._costs: dict[str, CostTotals] = {}  # per agent, when its rows carry a ``cost`` (gym-runtime's key)
 
     def add_cost(self, row: dict[str, Any], *, failed: bool = False) -> None:
         """Count a row's ``cost`` (an output row's, or a failure row's: those are totalled apart)."""
@@ -311,7 +325,7 @@ class MetricsAccumulator:
             return
         totals = self._costs.get(name)
         if totals is None:
-            totals = self._costs[name] = _AgentCost()
+            totals = self._costs[name] = CostTotals()
         totals.add(cost, failed)
 
     def add(self, row: dict[str, Any]) -> None:
@@ -623,15 +637,15 @@ def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
             lines.append("  mean tokens per rollout: " + ", ".join(tokens))
         cost = entry.get("cost")
         if isinstance(cost, dict):
-            lines.append("  cost: " + _cost_text(cost.get("rollouts") or {}))
+            lines.append("  cost: " + cost_text(cost.get("rollouts") or {}))
             if cost.get("failed_rollouts"):
                 lines.append(
-                    f"  cost of {cost['failed_rollouts']} failed rollouts: " + _cost_text(cost.get("failed") or {})
+                    f"  cost of {cost['failed_rollouts']} failed rollouts: " + cost_text(cost.get("failed") or {})
                 )
     return lines
 
 
-def _cost_text(cost: dict[str, Any]) -> str:
+def cost_text(cost: dict[str, Any]) -> str:
     """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time, the estimate."""
     parts = [
         f"{name} {m.get('calls', 0)} calls, {m.get('input_tokens', 0)} in / {m.get('output_tokens', 0)} out tokens"
