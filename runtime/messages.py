@@ -320,10 +320,11 @@ class ModelCost(Struct, kw_only=True, omit_defaults=True, gc=False):
     call_ms: int = 0
 
 
-class Cost(Struct, kw_only=True, omit_defaults=True):
+class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     """A row's ``cost`` (gym-runtime's addition to NeMo Gym's row): what the rollout used, per model entry
     (the policy, judges, user simulators), tool time, sandbox time, and, with a ``pricing`` section, an
-    *estimate* of what that costs (``estimated_cost``, in ``pricing.currency``)."""
+    *estimate* of what that costs (``estimated_cost``, in ``pricing.currency``). Holds numbers and dicts of
+    them, so it is in no reference cycle: not tracked by the cycle collector (``gc=False``)."""
 
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
@@ -371,9 +372,10 @@ class Served(Struct, kw_only=True, omit_defaults=True, gc=False):
     cost: Cost | None = None
 
 
-class Provenance(Struct, kw_only=True, omit_defaults=True):
+class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
     """A row's ``provenance`` (gym-runtime's addition to NeMo Gym's row): ids and hashes only; the batch's
-    manifest keeps the long values once (``Manifest.models``: each model entry's adapter and model name)."""
+    manifest keeps the long values once (``Manifest.models``: each model entry's adapter and model name).
+    Strings and lists of them: in no reference cycle (``gc=False``)."""
 
     runtime: str  # gym-runtime's version on the agent worker
     config: str | None = None  # the agent entry's config fingerprint (``agent_fingerprint``: pricing is not in it)
