@@ -172,3 +172,44 @@ def test_provenance_changes_with_the_environments_code_and_reverify_names_the_dr
     same = cli("reverify", str(config), "-i", str(tmp_path / "c.jsonl"), "-o", str(tmp_path / "rc.jsonl"))
     assert same.returncode == 0 and "drift" not in same.stdout, same.stdout
     assert read_jsonl(tmp_path / "rc.jsonl")[0]["provenance"] == changed[0]["provenance"]
+
+
+class FailingFirst:
+    """A judge whose server refuses its first ``n`` calls (HTTP 400), then answers as ``CountingModel``."""
+
+    def __init__(self, n: int, then: CountingModel) -> None:
+        self.left, self.then, self.lock = n, then, threading.Lock()
+
+    def __call__(self, req: RecordedRequest) -> StubReply:
+        with self.lock:
+            refuse = self.left > 0
+            self.left -= refuse
+        return StubReply(status=400, body={"error": {"message": "refused"}}) if refuse else self.then(req)
+
+
+async def test_a_failed_rollout_keeps_what_it_used_and_the_metrics_total_it_apart(nats_server, tmp_path: Path) -> None:
+    """The judge's server refuses its first two calls: those rollouts fail in verify after their policy call
+    (one attempt each). A failure row carries its attempt's cost (the policy's tokens); rows and failures
+    together are exactly what the policy stub counted, and the metrics file totals the failures apart."""
+    policy, judge = CountingModel("\\boxed{darwin}"), CountingModel("[[A=B]]")
+    with StubOpenAI(handler=policy) as p_stub, StubOpenAI(handler=FailingFirst(2, judge)) as j_stub:
+        raw = judge_config(p_stub.base_url, j_stub.base_url)
+        raw["agents"]["equivalence_llm_judge_agent"]["max_attempts"] = 1
+        raw["models"]["judge"]["max_retries"] = 0
+        config = resolve_config(config_from_dict(raw))
+        async with Client(config, nats=nats_server.url) as client:
+            batch = await client.submit(JUDGE_ROWS)
+            stats = await collect_batch(client.bus, batch.batch, tmp_path / "out.jsonl", wait_s=5)
+    assert (stats.rows, stats.failures) == (len(JUDGE_ROWS) - 2, 2)
+    rows, failed = read_jsonl(tmp_path / "out.jsonl"), read_jsonl(tmp_path / "out_failures.jsonl")
+    assert all("judge" not in f["cost"]["models"] for f in failed), failed
+    every = rows + failed
+    got = {k: sum(r["cost"]["models"]["policy"].get(k, 0) for r in every) for k in policy.totals}
+    assert got == policy.totals
+    assert sum(r["cost"]["models"]["judge"]["calls"] for r in rows) == judge.totals["calls"] == len(rows)
+    (metrics,) = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
+    cost = metrics["cost"]
+    assert cost["failed_rollouts"] == 2
+    assert cost["failed"]["models"]["policy"]["calls"] == 2 and "judge" not in cost["failed"]["models"]
+    split = cost["rollouts"]["models"]["policy"]["input_tokens"] + cost["failed"]["models"]["policy"]["input_tokens"]
+    assert split == policy.totals["input_tokens"]
