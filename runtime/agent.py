@@ -19,6 +19,7 @@ import msgspec
 from gym_runtime.config import AgentConfig
 from gym_runtime.messages import (
     CloseSession,
+    Cost,
     CreateParams,
     Item,
     ModelRequest,
@@ -73,6 +74,7 @@ class Session:
         "_absent_grace_s",
         "_check",
         "_indices",
+        "_cost",
     )
 
     def __init__(
@@ -84,8 +86,10 @@ class Session:
         absent_grace_s: float = 0.0,
         check: RowCheck | None = None,
         indices: dict[str, int] | None = None,
+        cost: Cost | None = None,
     ) -> None:
         self._bus = bus
+        self._cost = cost  # the rollout's: its tool calls' time is added there
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self._absent_grace_s = absent_grace_s
         self._seed_subject = seed_subject
@@ -140,14 +144,20 @@ class Session:
 
     async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         """A model's tool call: it reaches only a tool the environment declares, whatever its name."""
-        return await self._op(
-            ToolCall(session="", name=name, arguments=arguments), "tool", timeout=timeout, op=f"tool {name}"
-        )
+        return await self._tool(ToolCall(session="", name=name, arguments=arguments), timeout, f"tool {name}")
 
     async def operate(self, op: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         """One of the runtime's own session operations (``gym.reset``, ``gym.step``, ...), never a model's call."""
-        call = ToolCall(session="", name=op, arguments=arguments, protocol=True)
-        return await self._op(call, "tool", timeout=timeout, op=op)
+        return await self._tool(ToolCall(session="", name=op, arguments=arguments, protocol=True), timeout, op)
+
+    async def _tool(self, call: ToolCall, timeout: float, op: str) -> ToolReply:
+        started = time.perf_counter()
+        try:
+            reply: ToolReply = await self._op(call, "tool", timeout=timeout, op=op)
+            return reply
+        finally:
+            if self._cost is not None:  # the round trip: the tool's time on its worker plus one hop each way
+                self._cost.tool_ms += round(1000 * (time.perf_counter() - started))
 
     async def verify(
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True
@@ -201,6 +211,11 @@ class AgentContext:
         self._model_liveness_s = model_liveness_s
         # Policy versions that served this rollout's model calls: [min, max] (None: none stamped).
         self.policy_versions: list[int] | None = None
+        # The rollout's ledger: what its model and tool calls used (the row's ``cost``), the model entry of each
+        # call (``entry@version`` once a trainer set one) and the model workers that served them (``provenance``)
+        self.cost = Cost()
+        self.turns: list[str] = []
+        self.model_workers: list[str] = []
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         # When the runtime cancels this rollout (``timeout_s`` after the context was
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
@@ -257,6 +272,10 @@ class AgentContext:
             last = v if reply.policy_version_last is None else reply.policy_version_last
             pv = self.policy_versions
             self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
+        self.cost.add_call(name, reply.response.usage, reply.took_ms)
+        self.turns.append(name if v is None else f"{name}@{v}")
+        if reply.worker and reply.worker not in self.model_workers:
+            self.model_workers.append(reply.worker)
         return reply.response
 
     async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
@@ -274,6 +293,7 @@ class AgentContext:
             indices=None
             if row is not None
             else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
+            cost=self.cost,
         )
 
 

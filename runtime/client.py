@@ -461,6 +461,7 @@ class Client:
             repeats=repeats,
             input_path="(gym_runtime.Client)",
             max_republish=self.config.jetstream.max_republish,
+            models=control.model_table(self.config),
         )
         handle = BatchHandle(self, manifest)
         await put_manifest(self.bus, manifest)

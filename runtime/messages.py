@@ -312,6 +312,88 @@ class RolloutResult(_Msg, tag="result.v1"):
     input_row: dict[str, Any] | None = None
     attempts: int = 1
     answer_field: str | None = None
+    cost: Cost | None = None  # a failure's cost (a row's is its ``cost`` key): failed rollouts are paid for too
+
+
+# ------------------------------------------------------------------ the ledger (cost, provenance)
+
+
+class ModelCost(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One model entry's share of a rollout's cost (``cost.models[entry]``): calls, tokens, and the time the
+    model workers spent generating (ms; not the time calls waited in a queue)."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # of the input tokens, those the server says it served from its cache
+    call_ms: int = 0
+
+
+class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """A row's ``cost`` (gym-runtime's addition to NeMo Gym's row): what the rollout used, per model entry
+    (the policy, judges, user simulators), tool time, sandbox time, and, with a ``pricing`` section, an
+    *estimate* of what that costs (``estimated_cost``, in ``pricing.currency``). Holds numbers and dicts of
+    them, so it is in no reference cycle: not tracked by the cycle collector (``gc=False``)."""
+
+    models: dict[str, ModelCost] = {}
+    tool_ms: int = 0
+    sandbox_ms: int = 0  # wall time of the rollout's sandbox execs
+    estimated_cost: float | None = None
+
+    def add_call(self, entry: str, usage: Usage | None, ms: int) -> None:
+        """Count one model call of ``entry`` (its usage as the model worker reported it)."""
+        m = self.models.get(entry)
+        if m is None:
+            m = self.models[entry] = ModelCost()
+        m.calls += 1
+        m.call_ms += ms
+        if usage is not None:
+            m.input_tokens += usage.input_tokens
+            m.output_tokens += usage.output_tokens
+            cached = usage.input_tokens_details.get("cached_tokens")
+            if isinstance(cached, int):
+                m.cached_tokens += cached
+
+    def merge(self, other: Cost | None) -> None:
+        """Add ``other``'s counts (a judge's calls that a resource worker reports with its verdict)."""
+        if other is None:
+            return
+        for entry, o in other.models.items():
+            m = self.models.get(entry)
+            if m is None:
+                m = self.models[entry] = ModelCost()
+            m.calls += o.calls
+            m.input_tokens += o.input_tokens
+            m.output_tokens += o.output_tokens
+            m.cached_tokens += o.cached_tokens
+            m.call_ms += o.call_ms
+        self.tool_ms += other.tool_ms
+        self.sandbox_ms += other.sandbox_ms
+
+
+class Served(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """What a resource worker says of itself with a verdict: its id, its environment's code identity
+    (``plugins.code_identity``), the grader's where it differs, and the model calls the session made (judges)."""
+
+    worker: str = ""
+    code: str = ""
+    grader: str | None = None
+    cost: Cost | None = None
+
+
+class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """A row's ``provenance`` (gym-runtime's addition to NeMo Gym's row): ids and hashes only; the batch's
+    manifest keeps the long values once (``Manifest.models``: each model entry's adapter and model name).
+    Strings and lists of them: in no reference cycle (``gc=False``)."""
+
+    runtime: str  # gym-runtime's version on the agent worker
+    config: str | None = None  # the agent entry's config fingerprint (``agent_fingerprint``: pricing is not in it)
+    env: str | None = None  # the environment's code identity (``plugins.code_identity``), from the verifying worker
+    grader: str | None = None  # the grader's identity where it differs from the environment's
+    turns: list[str] = []  # the model entry of each model call, in order; ``entry@version`` once a trainer set one
+    images: list[str] = []  # sandbox image ids the rollout's sandboxes ran
+    attempt: int = 1
+    workers: dict[str, list[str]] = {}  # role -> the ids of the workers that served the rollout
 
 
 class ModelRequest(_Msg, tag="model.req.v1"):
@@ -325,6 +407,8 @@ class ModelResponse(_Msg, tag="model.resp.v1"):
     policy_version: int | None = None  # the policy version that served this call (None: never set)
     # the version its last tokens were generated under (a call interrupted and continued after an update)
     policy_version_last: int | None = None
+    worker: str | None = None  # the model worker that generated it (provenance)
+    took_ms: int = 0  # the generation's time on that worker (cost), not the call's wait in a queue
 
 
 class SeedRequest(_Msg, tag="seed.v1"):
@@ -366,6 +450,7 @@ class VerifyReply(_Msg, tag="verify.reply.v1"):
     reward: float
     fields: dict[str, Any] = field(default_factory=dict)
     answer_field: str | None = None  # the field holding the extracted answer (majority@k)
+    served: Served | None = None  # who verified, with which code, and the session's model calls (the ledger)
 
 
 class CloseSession(_Msg, tag="close.v1"):
@@ -516,6 +601,7 @@ Envelope = (
 
 __all__ = [
     "CloseSession",
+    "Cost",
     "CreateParams",
     "Envelope",
     "ErrorClass",
@@ -526,14 +612,17 @@ __all__ = [
     "Item",
     "KNOWN_ITEM_TYPES",
     "Message",
+    "ModelCost",
     "ModelRequest",
     "ModelResponse",
+    "Provenance",
     "Reasoning",
     "Response",
     "RolloutResult",
     "RolloutTask",
     "RowCheck",
     "SeedReply",
+    "Served",
     "SeedRequest",
     "ToolCall",
     "ToolReply",

@@ -22,6 +22,7 @@ directories are appended to ``sys.path``, never put in front of it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.resources
 import importlib.util
@@ -100,6 +101,33 @@ def import_plugin(path: str, kind: str | None = None) -> ModuleType:
                 continue
             raise
     raise ModuleNotFoundError(f"no module named {path!r}", name=path) from last
+
+
+_NOT_CODE = frozenset({"__pycache__", "tests"})
+
+
+def tree_hash(root: Path) -> str:
+    """A short content hash of the Python code at ``root``: the file itself, or every ``*.py`` file under the
+    package folder (paths and bytes, sorted; ``__pycache__``, ``tests`` and data files left out: only the code
+    that runs counts)."""
+    h = hashlib.sha256()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.py") if not _NOT_CODE & set(p.parts))
+    for p in files:
+        h.update(p.relative_to(root.parent if root.is_file() else root).as_posix().encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+def code_identity(module: ModuleType) -> str:
+    """A plugin's code identity (rows' ``provenance.env``): the content hash of its module tree, the package's
+    folder when the module is a package or sits in one of ours (``resources.weather.tools``), else its file."""
+    origin = getattr(module, "__file__", None)
+    if origin is None:  # a namespace package or a module made at run time: its name is all there is
+        return hashlib.sha256(module.__name__.encode()).hexdigest()[:12]
+    path = Path(origin)
+    return tree_hash(path.parent if path.name == "__init__.py" else path)
 
 
 def bundled_environments() -> list[str]:

@@ -367,3 +367,40 @@ def test_recorded_nemo_gym_rollouts():
     )
     assert "pass@1/reward" in m and "pass@1/terminated" in m  # booleans are binary scores
     assert summary_lines(result)
+
+
+def test_costs_are_totalled_per_agent_with_failed_rollouts_apart():
+    """Rows' ``cost`` (gym-runtime's key) adds up per agent; failure rows' cost is totalled apart; rows
+    without one add no ``cost`` entry (NeMo Gym's layout stays as it was)."""
+    acc = MetricsAccumulator()
+    ref = {"name": "a"}
+
+    def cost(calls, inp, out, est):
+        return {
+            "models": {"policy": {"calls": calls, "input_tokens": inp, "output_tokens": out}},
+            "tool_ms": 5,
+            "estimated_cost": est,
+        }
+
+    acc.add({"agent_ref": ref, "reward": 1.0, "_ng_task_index": 0, "cost": cost(2, 100, 10, 0.25)})
+    acc.add({"agent_ref": ref, "reward": 0.0, "_ng_task_index": 1, "cost": cost(3, 50, 5, 0.5)})
+    acc.add_cost({"agent_ref": ref, "error_class": "timeout", "cost": cost(1, 7, 1, 0.125)}, failed=True)
+    acc.add({"agent_ref": {"name": "b"}, "reward": 1.0, "_ng_task_index": 0})
+    a, b = acc.result()
+    assert a["cost"] == {
+        "rollouts": {
+            "models": {"policy": {"calls": 5, "input_tokens": 150, "output_tokens": 15}},
+            "tool_ms": 10,
+            "estimated_cost": 0.75,
+        },
+        "failed": {
+            "models": {"policy": {"calls": 1, "input_tokens": 7, "output_tokens": 1}},
+            "tool_ms": 5,
+            "estimated_cost": 0.125,
+        },
+        "failed_rollouts": 1,
+    }
+    assert "cost" not in b and "mean/cost" not in a["agent_metrics"]
+    lines = summary_lines(a)
+    assert "  cost: policy 5 calls, 150 in / 15 out tokens; tools 0.01 s; estimated 0.75 (pricing.currency)" in lines
+    assert any(line.startswith("  cost of 1 failed rollouts: policy 1 calls") for line in lines), lines

@@ -255,3 +255,18 @@ def test_unresolved_options_hide_what_looks_secret_and_what_came_from_the_enviro
     shown = repr(cfg) + json.dumps(redact(cfg))
     assert "sk-literal-1" not in shown and "hdr-secret-3" not in shown
     assert cfg.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule
+
+
+def test_pricing_names_model_entries_and_refuses_negative_prices() -> None:
+    """A ``pricing`` key for a model the config lacks, or a negative price: one line, exit 2."""
+    weather = str(REPO / "resources/weather/config.yaml")
+    for setting, said in (
+        ("+pricing.models.nope.input_per_1m=1", "pricing.models.nope: no model named 'nope' under models"),
+        ("+pricing.models.policy.output_per_1m=-1", "pricing: models.policy.output_per_1m: -1.0 must be >= 0"),
+        ("pricing.cpu_hour=-2", "pricing: cpu_hour: -2.0 must be >= 0"),
+    ):
+        with pytest.raises(ConfigError, match=said.replace(".", r"\.").replace("(", r"\(")):
+            load_config(weather, [setting])
+    done = cli("validate", weather, "--set", "pricing.cpu_hour=-2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert load_config(weather, ["+pricing.models.policy.input_per_1m=3"]).pricing.models["policy"].input_per_1m == 3

@@ -165,3 +165,23 @@ def test_a_row_holding_a_unicode_line_separator_is_one_row(tmp_path: Path) -> No
         parity._prompt(_rollout("a\u2028b")),
         parity._prompt(_rollout("c")),
     ]
+
+
+def test_parity_names_drift_when_the_recordings_carry_provenance() -> None:
+    """Recordings gym-runtime wrote carry ``provenance``: a replay whose environment code (or grader) differs
+    says so, from what to what; NeMo Gym's recordings (no provenance) and an unchanged replay say nothing."""
+
+    def row(i: int, env: str | None, grader: str | None = None) -> dict:
+        prov = {"runtime": "0.1.0", "env": env, **({"grader": grader} if grader else {})}
+        return {"_ng_task_index": i, "reward": 1.0, "response": {"output": []}, **({"provenance": prov} if env else {})}
+
+    recorded = [row(0, "aaa", "judge:111"), row(1, "aaa", "judge:111")]
+    drifted = parity.compare("env", recorded, [row(0, "bbb", "judge:111"), row(1, "bbb", "judge:222")]).lines()
+    assert [line for line in drifted if "drift:" in line] == [
+        "warning: drift: the environment code of env differs from the one these rows were made with "
+        "(aaa -> bbb, 2 rows): rewards may differ for that reason",
+        "warning: drift: the grader of env differs from the one these rows were made with "
+        "(judge:111 -> judge:222, 1 row): rewards may differ for that reason",
+    ]
+    assert not [x for x in parity.compare("env", recorded, [row(0, "aaa", "judge:111")]).lines() if "drift:" in x]
+    assert not [x for x in parity.compare("env", [row(0, None)], [row(0, "bbb")]).lines() if "drift:" in x]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 
 from gym_runtime.data.batches import Manifest, put_manifest
 from gym_runtime.errors import UserError
-from gym_runtime.messages import ErrorInfo, RolloutResult
+from gym_runtime.messages import Cost, ErrorInfo, RolloutResult
 from gym_runtime.ops.status import BatchWatch, gather, render_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_results_stream
@@ -77,3 +78,32 @@ async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_
         snap = watch.snapshot()
         tg.cancel_scope.cancel()
     assert (snap["done"], snap["failed"]) == (3, 2)
+
+
+async def test_a_batch_says_what_its_results_cost_failed_ones_apart(bus: Bus) -> None:
+    """``status --batch`` totals the ``cost`` of the results read so far (a row's key, a failure's own)."""
+    await put_manifest(bus, Manifest(batch="c", expected=3, tasks=3, repeats=1, agents={"a": 3}, input="-"))
+    await ensure_results_stream(bus, "a")
+    used = {"models": {"policy": {"calls": 2, "input_tokens": 30, "output_tokens": 4}}, "estimated_cost": 0.5}
+    for task in (0, 1):
+        res = RolloutResult(batch="c", task_index=task, rollout_index=0, agent="a", row={"reward": 1.0, "cost": used})
+        await bus.js_publish(bus.subjects.result("a", "c"), res, msg_id=f"c:{task}:0")
+    spent = msgspec.convert({"models": {"policy": {"calls": 1, "input_tokens": 9}}, "estimated_cost": 0.25}, Cost)
+    error = ErrorInfo(error_class="timeout", message="x")
+    failed = RolloutResult(batch="c", task_index=2, rollout_index=0, agent="a", error=error, cost=spent)
+    await bus.js_publish(bus.subjects.result("a", "c"), failed, msg_id="c:2:0")
+    async with anyio.create_task_group() as tg:
+        watch = await BatchWatch.open(bus, "c", tg)
+        with anyio.fail_after(10):
+            while watch.snapshot()["done"] < 3:
+                await anyio.sleep(0.05)
+        snap = watch.snapshot()
+        tg.cancel_scope.cancel()
+    assert snap["cost"]["rollouts"] == {
+        "models": {"policy": {"calls": 4, "input_tokens": 60, "output_tokens": 8}},
+        "estimated_cost": 1.0,
+    }
+    assert snap["cost"]["failed"]["models"]["policy"] == {"calls": 1, "input_tokens": 9}
+    text = render_batch(snap).splitlines()
+    assert text[1] == "  cost: policy 4 calls, 60 in / 8 out tokens; estimated 1 (pricing.currency)", text
+    assert text[2].startswith("  cost of 1 failed rollouts: policy 1 calls, 9 in / 0 out tokens"), text

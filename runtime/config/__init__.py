@@ -34,6 +34,7 @@ import yaml
 
 from gym_runtime.config import nemo as nemo_config
 from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.messages import Cost
 from gym_runtime.model import (
     WORKER_KEYS,
     ModelConfig,
@@ -258,6 +259,55 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"gateway.aggregate_metrics_max_rows: {self.aggregate_metrics_max_rows} must be >= 1")
 
 
+class ModelPrice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What one model entry's use costs (``pricing.models.NAME``): per million tokens for a hosted API, per
+    GPU-hour of a replica for one you serve. Cached input tokens at ``cached_input_per_1m`` (unset: the input price)."""
+
+    input_per_1m: float = 0.0
+    output_per_1m: float = 0.0
+    cached_input_per_1m: float | None = None
+    # a replica's GPU-hour, charged for the time its calls generate, shared by the calls it runs at once
+    # (the entry's ``concurrency``): an estimate of a replica's cost per call, not a bill
+    gpu_hour: float = 0.0
+    gpus: int = 1
+
+
+class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``pricing``: turns each row's ``cost`` into ``cost.estimated_cost``, an estimate in ``currency``.
+    Not part of any fingerprint: prices change without changing what is served."""
+
+    currency: str = "USD"
+    models: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
+    cpu_hour: float = 0.0  # charged for tool and sandbox time
+
+    def __post_init__(self) -> None:
+        for name, m in self.models.items():
+            for key in ("input_per_1m", "output_per_1m", "cached_input_per_1m", "gpu_hour"):
+                value = getattr(m, key)
+                if value is not None and value < 0:
+                    raise ConfigError(f"models.{name}.{key}: {value!r} must be >= 0")
+        if self.cpu_hour < 0:
+            raise ConfigError(f"cpu_hour: {self.cpu_hour!r} must be >= 0")
+
+    def estimate(self, cost: Cost, concurrency: dict[str, int]) -> float:
+        """The estimated amount of ``cost`` (model entries without a price count nothing)."""
+        total = self.cpu_hour * (cost.tool_ms + cost.sandbox_ms) / 3_600_000
+        for name, used in cost.models.items():
+            price = self.models.get(name)
+            if price is None:
+                continue
+            cached = min(used.cached_tokens, used.input_tokens)
+            cached_price = price.input_per_1m if price.cached_input_per_1m is None else price.cached_input_per_1m
+            total += (
+                (used.input_tokens - cached) * price.input_per_1m
+                + cached * cached_price
+                + used.output_tokens * price.output_per_1m
+            ) / 1_000_000
+            if price.gpu_hour:
+                total += price.gpu_hour * price.gpus * used.call_ms / 3_600_000 / max(1, concurrency.get(name, 1))
+        return round(total, 9)
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     namespace: str = "gym"
     nats: str | list[str] = "embedded"
@@ -267,6 +317,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
     sandboxes: dict[str, SandboxConfig] = msgspec.field(default_factory=dict)
+    pricing: PricingConfig | None = None  # rows' estimated cost (docs/operations.md, "Cost and pricing")
     base_dir: str = "."  # set by the loader: relative paths in the config resolve here
     source: str = "config"  # set by the loader: the file(s) that errors found later (resolve_config) name
 
@@ -662,6 +713,9 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         for key, value in a.options.items():  # any model the options name (``*_model`` keys) must exist
             if key.endswith("_model") and isinstance(value, str) and value not in cfg.models:
                 raise ConfigError(f"{source}: agents.{name}.options.{key}: no model named {value!r} under models")
+    for name in cfg.pricing.models if cfg.pricing else ():
+        if name not in cfg.models:
+            raise ConfigError(f"{source}: pricing.models.{name}: no model named {name!r} under models")
     for name, r in cfg.resources.items():
         for other in r.calls:
             if other not in cfg.resources or other == name:

@@ -87,6 +87,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
+from gym_runtime.messages import Cost, RolloutResult
+
 __all__ = ["MetricsAccumulator", "summary_lines"]
 
 _STAT_NAMES = ("mean", "max", "min", "median", "std", "ci_low_95", "ci_high_95")
@@ -221,6 +225,44 @@ def _pct_mean(values: list[float]) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def result_cost(res: RolloutResult) -> Cost | None:
+    """A stored result's cost: its row's ``cost`` key, or a failure's own (None: it has none)."""
+    if res.row is None:
+        return res.cost
+    raw = res.row.get("cost")
+    try:
+        return msgspec.convert(raw, Cost) if isinstance(raw, dict) else None
+    except msgspec.ValidationError:
+        return None
+
+
+class CostTotals:
+    """Cost totals: rows', and failed rollouts' apart (an agent's ``cost`` in the metrics entry, a batch's in
+    ``status --batch``)."""
+
+    __slots__ = ("rows", "failed", "failed_rollouts", "counted")
+
+    def __init__(self) -> None:
+        self.rows, self.failed = Cost(), Cost()
+        self.failed_rollouts = 0
+        self.counted = 0  # rollouts whose cost was added
+
+    def add(self, cost: Cost, failed: bool) -> None:
+        total = self.failed if failed else self.rows
+        total.merge(cost)
+        if cost.estimated_cost is not None:
+            total.estimated_cost = round((total.estimated_cost or 0.0) + cost.estimated_cost, 9)
+        self.failed_rollouts += failed
+        self.counted += 1
+
+    def entry(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rollouts": msgspec.to_builtins(self.rows)}
+        if self.failed_rollouts:
+            out["failed"] = msgspec.to_builtins(self.failed)
+            out["failed_rollouts"] = self.failed_rollouts
+        return out
+
+
 class _AgentColumns:
     """Column store for one agent: per row a task id, a rollout index, one float per numeric field."""
 
@@ -268,6 +310,23 @@ class MetricsAccumulator:
         self.answer_field = answer_field
         self.rows_skipped = 0
         self._agents: dict[str, _AgentColumns] = {}
+        self._costs: dict[str, CostTotals] = {}  # per agent, when its rows carry a ``cost`` (gym-runtime's key)
+
+    def add_cost(self, row: dict[str, Any], *, failed: bool = False) -> None:
+        """Count a row's ``cost`` (an output row's, or a failure row's: those are totalled apart)."""
+        raw = row.get("cost")
+        agent_ref = row.get("agent_ref")
+        name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
+        if not isinstance(raw, dict) or not name:
+            return
+        try:
+            cost = msgspec.convert(raw, Cost)
+        except msgspec.ValidationError:
+            return
+        totals = self._costs.get(name)
+        if totals is None:
+            totals = self._costs[name] = CostTotals()
+        totals.add(cost, failed)
 
     def add(self, row: dict[str, Any]) -> None:
         agent_ref = row.get("agent_ref")
@@ -291,6 +350,8 @@ class MetricsAccumulator:
                     numbers[key] = number
                 elif value is None:
                     numbers.pop(key, None)
+        if "cost" in row:
+            self.add_cost(row)
         answer = _answer_key(row.get(self.answer_field)) if self.answer_field else None
         agent = self._agents.get(agent_name)
         if agent is None:
@@ -373,7 +434,7 @@ class MetricsAccumulator:
         if score_columns:
             agent_metrics["per_sample_aggregate"] = per_sample
 
-        return {
+        entry = {
             "agent_ref": {"name": name},
             "num_rollouts": agent.n,
             "num_tasks": len(task_rows),
@@ -381,6 +442,10 @@ class MetricsAccumulator:
             "key_metrics": _key_metrics(agent_metrics),
             "group_level_metrics": _task_entries(agent, task_labels, task_rows, fields_present),
         }
+        costs = self._costs.get(name)
+        if costs is not None:  # gym-runtime's addition, as the rows' ``cost``: totals, failed rollouts apart
+            entry["cost"] = costs.entry()
+        return entry
 
 
 def _task_entries(
@@ -570,4 +635,25 @@ def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
         ]
         if tokens:
             lines.append("  mean tokens per rollout: " + ", ".join(tokens))
+        cost = entry.get("cost")
+        if isinstance(cost, dict):
+            lines.append("  cost: " + cost_text(cost.get("rollouts") or {}))
+            if cost.get("failed_rollouts"):
+                lines.append(
+                    f"  cost of {cost['failed_rollouts']} failed rollouts: " + cost_text(cost.get("failed") or {})
+                )
     return lines
+
+
+def cost_text(cost: dict[str, Any]) -> str:
+    """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time, the estimate."""
+    parts = [
+        f"{name} {m.get('calls', 0)} calls, {m.get('input_tokens', 0)} in / {m.get('output_tokens', 0)} out tokens"
+        for name, m in sorted((cost.get("models") or {}).items())
+    ]
+    for key, what in (("tool_ms", "tools"), ("sandbox_ms", "sandboxes")):
+        if cost.get(key):
+            parts.append(f"{what} {cost[key] / 1000:.2f} s")
+    if cost.get("estimated_cost") is not None:
+        parts.append(f"estimated {cost['estimated_cost']:.6g} (pricing.currency)")
+    return "; ".join(parts) or "nothing counted"

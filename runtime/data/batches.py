@@ -81,9 +81,20 @@ class Manifest(msgspec.Struct, kw_only=True):
     # how many times a reader publishes again the tasks of slots whose stored results were lost
     # (``jetstream.max_republish``); each task's body is kept (``Subjects.kept``) only when > 0
     max_republish: int = 0
+    # the long values rows' ``provenance`` leaves out, kept once per batch: each model entry's adapter, model
+    # name and config fingerprint (``workers.control.model_table``; never its URL or key)
+    models: dict[str, dict[str, str]] = {}
 
 
-def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str, max_republish: int = 0) -> Manifest:
+def new_manifest(
+    batch: str,
+    owners: Owners,
+    *,
+    repeats: int,
+    input_path: str,
+    max_republish: int = 0,
+    models: dict[str, dict[str, str]] | None = None,
+) -> Manifest:
     """The manifest of a batch about to be published: ``owners`` says whose each task is."""
     tasks = owners.tasks
     return Manifest(
@@ -95,6 +106,7 @@ def new_manifest(batch: str, owners: Owners, *, repeats: int, input_path: str, m
         input=input_path,
         owners=owners,
         max_republish=max_republish,
+        models=models or {},
     )
 
 

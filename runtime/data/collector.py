@@ -47,7 +47,7 @@ def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
 def failure_row(res: RolloutResult) -> dict[str, Any]:
     """The ``<out>_failures.jsonl`` line of a result that has no row (also what the client yields)."""
     info = res.error
-    return {
+    row = {
         "_ng_task_index": res.task_index,
         "_ng_rollout_index": res.rollout_index,
         "agent_ref": {"type": "responses_api_agents", "name": res.agent},
@@ -56,6 +56,9 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
         "attempts": res.attempts,
         "input": res.input_row,
     }
+    if res.cost is not None:  # what the attempt used before it failed
+        row["cost"] = msgspec.to_builtins(res.cost)
+    return row
 
 
 @dataclass
@@ -193,6 +196,8 @@ class Collector:
                 (out if ok else fail).write(b"\n")
                 if ok:
                     metrics.add(_json_dec.decode(line))
+                elif b'"cost":' in line:  # a failed rollout's cost, totalled apart
+                    metrics.add_cost(_json_dec.decode(line), failed=True)
         if self._stop.is_set():
             return
         os.replace(tmp_out, self.out)

@@ -19,8 +19,10 @@ import anyio
 import msgspec
 
 from gym_runtime.data.collector import sidecar_paths
+from gym_runtime.data.drift import Drift
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
+    Cost,
     ItemError,
     Response,
     VerifyReply,
@@ -32,8 +34,8 @@ from gym_runtime.transport.bus import Bus
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
-# Fields of a rollout row that are outputs, not task fields.
-_OUTPUT_FIELDS = ("response", "reward")
+# Fields of a rollout row that are outputs, not task fields (``cost``, ``provenance``: gym-runtime's own).
+_OUTPUT_FIELDS = ("response", "reward", "cost", "provenance")
 
 
 @dataclass
@@ -50,6 +52,8 @@ class ReverifyReport:
     # task rows were joined (--tasks): a changed reward with fields missing is most likely that
     lacking: dict[str, int] = field(default_factory=dict)
     joined: bool = False
+    drift: Drift = field(default_factory=Drift)  # rows made with another environment or grader
+    resource: str = ""
 
     def lines(self) -> list[str]:
         done = self.rows - self.failed
@@ -61,6 +65,7 @@ class ReverifyReport:
             )
         for k, n in sorted(self.field_changes.items()):
             out.append(f"  field {k!r} changed in {n} rows")
+        out.extend(self.drift.lines(f"resources.{self.resource}"))
         if self.changed and self.lacking and not self.joined:
             counts = ", ".join(f"{k!r} in {n}" for k, n in sorted(self.lacking.items()))
             out.append(
@@ -151,13 +156,16 @@ async def reverify_file(
     tasks: dict[str, dict[str, Any]] | None = None,
     on_row: Callable[[bool, float | None], None] | None = None,
     task_fields: tuple[str, ...] = (),
+    grader: Callable[[Cost | None], str | None] | None = None,
 ) -> ReverifyReport:
     """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress). ``task_fields``:
-    the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them."""
+    the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them.
+    ``grader``: the grader identity of a verdict's model calls (``workers.control.grader_identity``), compared
+    with each row's ``provenance`` as the environment's code identity is (drift)."""
     src, out = Path(src), Path(out)
     failures_path = sidecar_paths(out)[0]
     subject = bus.subjects.stateless_verify(resource)
-    report = ReverifyReport(joined=tasks is not None)
+    report = ReverifyReport(joined=tasks is not None, resource=resource)
     limiter = anyio.Semaphore(in_flight)
     results: dict[int, tuple[bytes, bool]] = {}
     next_to_write = 0
@@ -198,6 +206,12 @@ async def reverify_file(
                     if on_row is not None:
                         on_row(False, None)
                     return
+                served = reply.served
+                report.drift.check(
+                    row.get("provenance"),
+                    served.code or None if served else None,
+                    grader(served.cost if served else None) if grader else None,
+                )
                 before = row.get("reward")
                 new_row = dict(row)
                 new_row["reward"] = reply.reward

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gym_runtime.data.drift import Drift
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HostedEnv
 from gym_runtime.hosting.host import MODELS_DOMAIN
@@ -266,6 +267,7 @@ def parity_config(env: HostedEnv, work: Path) -> tuple[Path, Path, list[dict[str
 class ParityReport:
     server: str
     rows: list[tuple[int, float | None, float | None, int, int]] = field(default_factory=list)  # i, rec, got, same, n
+    drift: Drift = field(default_factory=Drift)  # recordings made by gym-runtime with another code or grader
 
     @property
     def matched(self) -> int:
@@ -284,6 +286,7 @@ class ParityReport:
             out.append(f"{i:>7}  {_fmt(rec):>8}  {_fmt(got):>8}  {tools}")
         drift = sum(n - same for *_, same, n in self.rows)
         out.append(f"{self.server}: parity {self.matched}/{len(self.rows)} rewards; tool-output drift {drift}")
+        out.extend(self.drift.lines(self.server))
         return out
 
 
@@ -314,4 +317,8 @@ def compare(server: str, rollouts: list[dict[str, Any]], replayed: list[dict[str
         want, have = _tool_outputs(rec), _tool_outputs(row or {})
         same = sum(1 for a, b in zip(want, have, strict=False) if _same(a, b))
         report.rows.append((i, rec.get("reward"), None if row is None else row.get("reward"), same, len(want)))
+        # a recording gym-runtime wrote names its environment and grader: the replay's may differ (drift)
+        now = (row or {}).get("provenance")
+        if isinstance(now, dict):
+            report.drift.check(rec.get("provenance"), now.get("env"), now.get("grader"))
     return report

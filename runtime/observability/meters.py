@@ -79,7 +79,22 @@ class Meters:
         self._completed: dict[str, int] = {}
         self._failed: dict[tuple[str, str], int] = {}
         self._tokens: dict[tuple[str, str], int] = {}
+        # rows' cost by (agent, model entry, token type, outcome) and the estimate by (agent, outcome)
+        self._cost_tokens: dict[tuple[str, str, str, str], int] = {}
+        self._cost_estimated: dict[tuple[str, str], float] = {}
         meter = (provider or NoOpMeterProvider()).get_meter("gym_runtime")
+        meter.create_observable_counter(
+            "gym.cost.tokens",
+            [self._observe_cost_tokens],
+            unit="{token}",
+            description="model tokens of finished rollouts per agent and model entry (judges too), failed apart",
+        )
+        meter.create_observable_counter(
+            "gym.cost.estimated",
+            [self._observe_cost_estimated],
+            unit="1",
+            description="estimated cost of finished rollouts (pricing: in pricing.currency), failed apart",
+        )
         meter.create_observable_counter(
             "gym.rollouts.completed",
             [self._observe_completed],
@@ -179,6 +194,29 @@ class Meters:
         t = self._tokens
         t[(model, "input")] = t.get((model, "input"), 0) + input_tokens
         t[(model, "output")] = t.get((model, "output"), 0) + output_tokens
+
+    def rollout_cost(self, agent: str, cost: Any, *, failed: bool) -> None:
+        """Count a finished rollout's ``cost`` (a ``messages.Cost``) under its agent, failed ones apart."""
+        if not self.enabled or cost is None:
+            return
+        outcome = "failed" if failed else "ok"
+        t = self._cost_tokens
+        for model, used in cost.models.items():
+            for kind, n in (("input", used.input_tokens), ("output", used.output_tokens)):
+                key = (agent, model, kind, outcome)
+                t[key] = t.get(key, 0) + n
+        if cost.estimated_cost is not None:
+            e = self._cost_estimated
+            e[(agent, outcome)] = e.get((agent, outcome), 0.0) + cost.estimated_cost
+
+    def _observe_cost_tokens(self, _: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(v, {"gym.agent": a, "gym.model": m, "gen_ai.token.type": k, "gym.outcome": o})
+            for (a, m, k, o), v in list(self._cost_tokens.items())
+        ]
+
+    def _observe_cost_estimated(self, _: CallbackOptions) -> list[Observation]:
+        return [Observation(v, {"gym.agent": a, "gym.outcome": o}) for (a, o), v in list(self._cost_estimated.items())]
 
     def _observe_completed(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(v, {"gym.agent": a}) for a, v in list(self._completed.items())]

@@ -18,6 +18,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from gym_runtime.data.aggregate import CostTotals, cost_text, result_cost
 from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
 from gym_runtime.data.intake import Intake, is_ok, read_result, replaces
 from gym_runtime.errors import UserError
@@ -63,6 +64,7 @@ class BatchWatch:
         )
         self._seen: dict[int, tuple[bool, int]] = {}  # slot -> (a result, attempt)
         self.failed = 0
+        self.costs = CostTotals()  # what the results read so far used (rows' cost; failed attempts' apart)
         self._samples: deque[tuple[float, int]] = deque()
         self._window = rate_window_s
         self._t0 = time.monotonic()
@@ -120,6 +122,9 @@ class BatchWatch:
         ok = is_ok(res)
         self._seen[slot] = (ok, res.attempts)
         self.failed += (not ok) - (held is not None and not held[0])
+        cost = result_cost(res)
+        if cost is not None:
+            self.costs.add(cost, not ok)
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -142,6 +147,7 @@ class BatchWatch:
             "eta_s": None if eta is None else round(eta, 1),
             "agents": self.manifest.agents,
             "age_s": round(time.time() - self.manifest.created, 1),
+            "cost": self.costs.entry() if self.costs.counted else None,
         }
 
 
@@ -149,10 +155,16 @@ def render_batch(s: dict[str, Any]) -> str:
     rate = "-" if s["rollouts_per_s"] is None else f"{s['rollouts_per_s']}/s"
     eta = "-" if s["eta_s"] is None else _duration(s["eta_s"])
     pct = 100 * s["done"] / s["expected"] if s["expected"] else 100.0
-    return (
+    line = (
         f"batch {s['batch']}: {s['done']}/{s['expected']} done ({pct:.0f}%), {s['failed']} failed, "
         f"{s['pending']} pending, rate {rate}, ETA {eta}"
     )
+    cost = s.get("cost")
+    if cost:
+        line += "\n  cost: " + cost_text(cost["rollouts"])
+        if cost.get("failed_rollouts"):
+            line += f"\n  cost of {cost['failed_rollouts']} failed rollouts: " + cost_text(cost["failed"])
+    return line
 
 
 def _duration(seconds: float) -> str:

@@ -75,6 +75,7 @@ class Sandbox:
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         call = SandboxCall(op="exec", sandbox=self.id, argv=argv, timeout_s=timeout_s)
         r = await self._op(call, (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S)
+        self._owner.exec_s += r.duration_s
         return ExecResult(
             exit_code=r.exit_code,
             stdout=r.stdout,
@@ -159,6 +160,8 @@ class Sandboxes:
         self._open: dict[str, Sandbox] = {}
         self.asked = 0  # sandboxes created for this lease
         self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
+        self.exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
+        self.images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
 
@@ -200,6 +203,8 @@ class Sandboxes:
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
         self.asked += 1
+        if (spec.image or "") not in self.images:
+            self.images.append(spec.image or "")
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:

@@ -8,6 +8,7 @@ workers + publish + collect in one process, sharing one NATS connection.
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import time
 import uuid
@@ -41,7 +42,7 @@ from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
-from gym_runtime.workers.control import agent_fingerprint, mismatches
+from gym_runtime.workers.control import agent_fingerprint, fingerprint, grader_identity, mismatches, model_table
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.sandbox_worker import SandboxWorker
@@ -423,6 +424,7 @@ async def publish_batch(
         repeats=repeats,
         input_path=str(Path(input_path).resolve()),
         max_republish=config.jetstream.max_republish,
+        models=model_table(config),
     )
     await ensure_streams(bus, agents)
     earlier = await get_manifest(bus, batch) if batch else None
@@ -676,6 +678,7 @@ async def reverify_batch(
                 tasks=tasks,
                 on_row=on_row,
                 task_fields=fields,
+                grader=functools.partial(grader_identity, {m: fingerprint(c) for m, c in config.models.items()}),
             )
             tg.cancel_scope.cancel()
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import AgentConfig, Config, resolve_models
 from gym_runtime.errors import Failure, StorageFull, UserError
 from gym_runtime.hosting.agent import hosted_agent
-from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
+from gym_runtime.messages import Cost, ErrorInfo, Provenance, RolloutResult, RolloutTask, VerifyReply
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
@@ -34,7 +35,7 @@ from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint
+from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint, grader_identity
 
 log = logs.get("gym.agent")
 
@@ -49,10 +50,18 @@ def load_agent(module_path: str) -> AgentFn:
     return fn  # type: ignore[no-any-return]
 
 
-def build_row(task: RolloutTask, outcome: Outcome, *, policy_versions: list[int] | None = None) -> dict[str, Any]:
+def build_row(
+    task: RolloutTask,
+    outcome: Outcome,
+    *,
+    policy_versions: list[int] | None = None,
+    cost: Cost | None = None,
+    provenance: Provenance | None = None,
+) -> dict[str, Any]:
     """The output row, NeMo Gym's shape: params, response, reward, verifier extras, task fields, ids.
 
-    ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version.
+    ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version;
+    ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md).
     """
     src = task.row
     row: dict[str, Any] = {
@@ -67,6 +76,10 @@ def build_row(task: RolloutTask, outcome: Outcome, *, policy_versions: list[int]
             row[k] = v
     if policy_versions is not None:
         row["policy_versions"] = policy_versions
+    if cost is not None:
+        row["cost"] = cost
+    if provenance is not None:
+        row["provenance"] = provenance
     row["_ng_task_index"] = task.task_index
     row["_ng_rollout_index"] = task.rollout_index
     # reported under the agent that ran it (``--agent`` may override the row's agent_ref)
@@ -103,6 +116,9 @@ class AgentWorker:
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = agent_fingerprint(config, name)
         self._model_fps = {m: fingerprint(c) for m, c in config.models.items()}
+        self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
+        self.pricing = config.pricing
+        self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus)
 
@@ -245,6 +261,9 @@ class AgentWorker:
             await msg.term()
 
     def _account(self, result: RolloutResult, took: float, attempt: int, span: Any, meters: Any) -> None:
+        if meters.enabled:
+            cost = result.cost if result.error is not None else result.row.get("cost")  # type: ignore[union-attr]
+            meters.rollout_cost(self.name, cost, failed=result.error is not None)
         if result.error is not None:
             self.failed += 1
             span.set_status(StatusCode.ERROR, result.error.message)
@@ -318,6 +337,7 @@ class AgentWorker:
                     task,
                     attempt,
                     ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"),
+                    self._spent(ctx),
                 )
             except Failure as e:
                 if e.info.retryable and failed + 1 < self.cfg.max_attempts:
@@ -327,20 +347,24 @@ class AgentWorker:
                     retrying = True
                     await msg.nak(delay=delay)
                     return None
-                return _failures(task, attempt, e.info)
+                return _failures(task, attempt, e.info, self._spent(ctx))
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
-                return _failures(task, attempt, ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}"))
+                info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
+                return _failures(task, attempt, info, self._spent(ctx))
             results = []
-            for i, outcome in zip(range(task.rollout_index, task.rollout_index + size), outcomes, strict=True):
+            first = task.rollout_index
+            for i, outcome in zip(range(first, first + size), outcomes, strict=True):
                 each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
+                # a group's calls are one ledger: its first repeat's row carries the agent's side of it
+                cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
                 results.append(
                     RolloutResult(
                         batch=task.batch,
                         task_index=task.task_index,
                         rollout_index=i,
                         agent=task.agent,
-                        row=build_row(each, outcome, policy_versions=ctx.policy_versions),
+                        row=build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov),
                         attempts=attempt,
                         answer_field=outcome.verdict.answer_field,
                     )
@@ -369,6 +393,49 @@ class AgentWorker:
                 raise Failure("internal", f"run_group returned {len(outcomes)} outcomes for {size} repeats")
             return outcomes
         return [await self.fn(ctx)]
+
+    def _spent(self, ctx: AgentContext) -> Cost | None:
+        """What a rollout used (its sandboxes' time and the estimate added); None when it used nothing."""
+        cost = ctx.cost
+        cost.sandbox_ms = round(1000 * ctx.sandboxes.exec_s)
+        if not cost.models and not cost.tool_ms and not cost.sandbox_ms:
+            return None
+        if self.pricing is not None:
+            cost.estimated_cost = self.pricing.estimate(cost, self._concurrency)
+        return cost
+
+    def _ledger(
+        self, ctx: AgentContext, attempt: int, verdict: VerifyReply, *, whole: bool
+    ) -> tuple[Cost | None, Provenance]:
+        """A row's ``cost`` and ``provenance``: the agent's calls (``whole``: all of them; a group's later repeats
+        none, its first carries them) plus the verifying session's own model calls (judges)."""
+        served = verdict.served
+        if whole:
+            ctx.cost.merge(served.cost if served else None)
+            cost = self._spent(ctx)
+        elif served is not None and served.cost is not None:
+            cost = msgspec.structs.replace(served.cost)
+            if self.pricing is not None:
+                cost.estimated_cost = self.pricing.estimate(cost, self._concurrency)
+        else:
+            cost = None
+        workers = {"agent": [self.worker_id]}
+        if served is not None and served.worker:
+            workers["resource"] = [served.worker]
+        if ctx.model_workers:
+            workers["model"] = ctx.model_workers
+        images = ctx.sandboxes.images
+        prov = Provenance(
+            runtime=self.runtime_version,
+            config=self.fingerprint,
+            env=served.code or None if served else None,
+            grader=grader_identity(self._model_fps, served.cost if served else None),
+            turns=ctx.turns,
+            images=[i or f"{ctx.sandboxes.pool}:default" for i in images] if images else [],
+            attempt=attempt,
+            workers=workers,
+        )
+        return cost, prov
 
     async def _skip_reason(self, task: RolloutTask) -> ErrorInfo | None:
         """Why a task must not run: another config's task, its batch was cancelled, or it is stale."""
@@ -461,9 +528,17 @@ class _Paused:
         self(took)
 
 
-def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutResult]:
+def _runtime_version() -> str:
+    try:
+        return version("gym-runtime")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0"
+
+
+def _failures(task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | None = None) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
-    function, its cells and their tuple kept alive for the whole rollout)."""
+    function, its cells and their tuple kept alive for the whole rollout); ``cost``: what the attempt used
+    before it failed, on the first repeat's row."""
     return [
         RolloutResult(
             batch=task.batch,
@@ -473,6 +548,7 @@ def _failures(task: RolloutTask, attempt: int, info: ErrorInfo) -> list[RolloutR
             error=info,
             input_row=task.row,
             attempts=attempt,
+            cost=cost if i == task.rollout_index else None,
         )
         for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
     ]

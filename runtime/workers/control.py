@@ -23,7 +23,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config
-from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.messages import CancelBatch, Cost, PauseModel, PolicyVersion, ResumeModel
 from gym_runtime.model import WrittenOptions
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
@@ -95,6 +95,27 @@ def agent_fields(config: Config, agent: str) -> dict[str, str]:
         if name in table:
             out.update(entry_fields(f"{section}.{name}", table[name]))
     return out
+
+
+def model_table(config: Config) -> dict[str, dict[str, str]]:
+    """Each model entry's adapter, model name and fingerprint (the batch manifest's ``models``: what rows'
+    ``provenance.turns`` name), from a resolved config; URLs, keys and headers are never in it."""
+    table = {}
+    for name, m in config.models.items():
+        model = getattr(m.options, "model", None)
+        entry = {"adapter": m.adapter, "fingerprint": fingerprint(m)}
+        if isinstance(model, str) and model:
+            entry["model"] = model
+        table[name] = entry
+    return table
+
+
+def grader_identity(fingerprints: dict[str, str], cost: Cost | None) -> str | None:
+    """Rows' ``provenance.grader``, where the grade is not the environment's code alone: each model entry the
+    environment's own code called (an LLM judge) with its config fingerprint, ``judge:1a2b3c4d5e6f``."""
+    if cost is None or not cost.models:
+        return None
+    return ",".join(f"{m}:{fingerprints.get(m) or '?'}" for m in sorted(cost.models))
 
 
 def config_fingerprints(config: Config) -> dict[tuple[str, str], str]:

@@ -204,10 +204,11 @@ class ModelWorker:
             await self.bus.taken((msg.headers or {}).get(REPLY_HEADER))
             response, ranges, started = await self._until_done(req)
         version = ranges[0][2] if ranges else None
+        took = time.perf_counter() - started  # its last try's generation (an interrupted call's earlier ones aside)
         meters = self.bus.telemetry.meters
         usage = response.usage
         if meters.enabled:
-            meters.stage_time("model_call", self.name, time.perf_counter() - started)
+            meters.stage_time("model_call", self.name, took)
             if usage is not None:
                 meters.model_tokens(self.name, usage.input_tokens, usage.output_tokens)
         span = trace.get_current_span()
@@ -233,8 +234,13 @@ class ModelWorker:
             )
         if version is not None:
             stamp(response, ranges)
+        # who generated it and for how long: the caller's row counts both (its provenance and cost)
         return ModelResponse(
-            response=response, policy_version=version, policy_version_last=ranges[-1][2] if ranges else None
+            response=response,
+            policy_version=version,
+            policy_version_last=ranges[-1][2] if ranges else None,
+            worker=self.worker_id,
+            took_ms=round(1000 * took),
         )
 
     async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float]:

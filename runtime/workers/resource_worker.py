@@ -10,9 +10,12 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -21,22 +24,25 @@ import msgspec
 from gym_runtime.config import ResourceConfig
 from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.env import HOSTED_ENV
+from gym_runtime.hosting.env import HOSTED_ENV, nemo_gym_version
 from gym_runtime.hosting.env import ensure as hosted_env
 from gym_runtime.hosting.host import CalledSessions, hosted_class
 from gym_runtime.messages import (
     CloseSession,
+    Cost,
     CreateParams,
     ModelRequest,
     Response,
     SeedReply,
     SeedRequest,
+    Served,
     ToolCall,
     ToolReply,
     VerifyReply,
     VerifyRequest,
 )
 from gym_runtime.observability import logs
+from gym_runtime.plugins import code_identity, tree_hash
 from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,
@@ -60,15 +66,28 @@ log = logs.get("gym.resource")
 
 
 class BusModels:
-    """``Resource.models``: model calls through the models' work queues."""
+    """``Resource.models``: model calls through the models' work queues. One per session, so the calls its
+    code makes (an LLM judge, a user simulator) are counted for that session's rollout (``cost``)."""
+
+    __slots__ = ("_bus", "_timeout_s", "cost")
 
     def __init__(self, bus: Bus, timeout_s: float = 900.0) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
+        self.cost: Cost | None = None  # made at the first call: most environments call no model
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
         reply = await call_model(self._bus, model, ModelRequest(params=params), timeout=self._timeout_s)
+        if self.cost is None:
+            self.cost = Cost()
+        self.cost.add_call(model, reply.response.usage, reply.took_ms)
         return reply.response
+
+
+def hosted_identity(server: str, server_dir: str | None) -> str:
+    """A hosted NeMo Gym server's code identity: nemo-gym's version, the server's name and its files' hash."""
+    code = tree_hash(Path(server_dir)) if server_dir else ""
+    return hashlib.sha256(f"nemo_gym=={nemo_gym_version()}:{server}:{code}".encode()).hexdigest()[:12]
 
 
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
@@ -131,6 +150,7 @@ class ResourceWorker:
                 model_names=list(model_names),
                 resource_names=resource_names,
             )
+            self.code = hosted_identity(cfg.nemo_gym, env.server_dir)
             self.called = CalledSessions(bus)
             self.guest = Guest(
                 start,
@@ -147,9 +167,11 @@ class ResourceWorker:
         if cfg.hosted:  # isolation: none: in this process, which runs in the server's built environment
             # its calls by name to the config's models and other resources go over this worker's bus
             self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), resource_names, bus)
+            self.code = hosted_identity(cfg.nemo_gym, None)
         else:
             self.cls = load_resource_class(cfg.server, where, entry=name)
             check_requires(self.cls, where)
+            self.code = code_identity(sys.modules[self.cls.__module__])  # what verifies: rows' provenance.env
         # where the environment's code runs: a guest process (the bus stays here) or this one
         isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
         if isolation == "process" and cfg.sandbox:  # its sandbox client lives on the bus, not in the guest
@@ -253,7 +275,7 @@ class ResourceWorker:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
         inst = self.cls()
-        inst.models = self.models
+        inst.models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
         inst.sandboxes = self._lease()
         return inst
 
@@ -329,8 +351,8 @@ class ResourceWorker:
             if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
                 self.sessions.pop(req.session)
                 inst.close_on_verify = True
-                return await verify_with(inst, req.row, req.response)
-            reply = await verify_with(inst, req.row, req.response)
+                return self._served(inst, await verify_with(inst, req.row, req.response))
+            reply = self._served(inst, await verify_with(inst, req.row, req.response))
             if req.close:
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
@@ -363,9 +385,15 @@ class ResourceWorker:
         except Exception as exc:
             raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
         try:
-            return await verify_with(inst, req.row, req.response)
+            return self._served(inst, await verify_with(inst, req.row, req.response))
         finally:
             await _close(inst)
+
+    def _served(self, inst: Resource, reply: VerifyReply) -> VerifyReply:
+        """The verdict with who gave it: this worker, its code, and the model calls its session made (judges)."""
+        models = getattr(inst, "models", None)
+        reply.served = Served(worker=self.worker_id, code=self.code, cost=getattr(models, "cost", None))
+        return reply
 
     async def _reap(self) -> None:
         while True:

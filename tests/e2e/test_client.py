@@ -121,6 +121,7 @@ async def test_stale_tasks_are_dropped_not_run(nats_server) -> None:
         batch = await client.submit(rows(8), max_staleness=0)
         first = await batch.__anext__()
         assert first["policy_versions"] == [1, 1]
+        assert first["provenance"]["turns"] == ["policy@1", "policy@1"]  # each model call's entry and version
         await client.set_policy_version(2)
         rest = [r async for r in batch]
         with pytest.raises(ClientError, match="must not go down"):

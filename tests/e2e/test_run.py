@@ -99,11 +99,18 @@ async def test_replay_reproduces_recorded_rewards(env: str, nats_server, tmp_pat
     recorded = {
         prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example_rollouts.jsonl")
     }
+    tasks = {prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example.jsonl")}
     rows = read_jsonl(out)
     assert len(rows) == len(recorded)
     for row in rows:
         rec = recorded[prompt_key(row["responses_create_params"]["input"])]
         assert row["reward"] == rec["reward"]
+        # NeMo Gym's keys, plus its collector's (the indices and agent_ref, absent from these recordings) and
+        # gym-runtime's two documented additions, ``cost`` and ``provenance`` (docs/rows.md)
+        # (and the task row's fields, which older recordings lack)
+        added = {"_ng_task_index", "_ng_rollout_index", "agent_ref", "cost", "provenance"}
+        task = tasks[prompt_key(row["responses_create_params"]["input"])]
+        assert set(rec) <= set(row) and set(row) - set(rec) - set(task) == added, set(row) ^ set(rec)
         for k, v in rec.items():
             if k not in ("response", "responses_create_params"):
                 assert row[k] == v, k
