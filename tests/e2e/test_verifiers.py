@@ -285,3 +285,49 @@ def test_env_group_rows_carry_their_own_childs_metrics_and_a_raising_reward_is_v
         assert mine in r and others not in r and "broken" not in r, r
     assert {r["reward"] for r in out if "exact" in r} == {0.0, 1.0}
     assert all(r["reward"] < 0 for r in out if "length_penalty" in r)
+
+
+HOG_KB = 100  # minutes of one regex search on a loaded core (~20 s on an idle one): it must be stopped, not waited out
+
+
+def test_a_rubric_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
+    """The attack of issue 33, item 5, on a verifiers environment: its rubric runs a grader's regex over the
+    model's answer, quadratic on repeated ``\\(``, and one rollout's answer is 100 KB of them. Python's ``re``
+    holds the GIL the whole time; in the agent worker's own process that stopped its bus's keepalives and its
+    other rollouts were lost with it. Run in a guest process (``isolation: process``, the default for verifiers
+    environments), the guest is killed at ``call_timeout_s``: that rollout is a ``timeout`` row, every other
+    rollout is scored (those that lived in the killed guest ran again as new attempts)."""
+    work = _workdir(tmp_path)
+    n, hog = 12, 1
+    config = {
+        "nats": "embedded",
+        # the LLM's test double: "OK" to every prompt but one, whose answer is the hostile text
+        "models": {"policy": {"adapter": "scripted", "delay_s": 0.3, "answers": {"say hog": "\\(" * (HOG_KB * 512)}}},
+        "agents": {
+            "vf": {
+                "agent": "agents.verifiers_env",
+                "model": "policy",
+                "timeout_s": 120,
+                "call_timeout_s": 3,
+                "concurrency": 4,  # the hog's guest holds other rollouts in flight, and more wait behind them
+                "options": {"env_id": "vf_suite", "env_args": {"kind": "gil_hog"}},
+            }
+        },
+    }
+    (work / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    rows = [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
+        for c in [f"c{i}" if i != hog else "hog" for i in range(n)]
+    ]
+    write_jsonl(work / "rows.jsonl", rows)
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
+    res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=600, check=False)
+    failures = read_jsonl(work / "out_failures.jsonl") if (work / "out_failures.jsonl").exists() else []
+    scored = read_jsonl(work / "out.jsonl") if (work / "out.jsonl").exists() else []
+    by_task = {r["_ng_task_index"]: r for r in [*scored, *failures]}
+    assert sorted(by_task) == list(range(n)), res.stderr[-3000:]
+    assert by_task[hog].get("error_class") == "timeout", by_task[hog]
+    assert "call_timeout_s=3" in by_task[hog]["error"], by_task[hog]["error"]
+    others = {i: r.get("error_class", r.get("reward")) for i, r in by_task.items() if i != hog}
+    assert all(v == 1.0 for v in others.values()), others  # no worker_lost, no timeout: every one scored
+    assert res.returncode == 1, res.stderr[-3000:]  # one failure row
