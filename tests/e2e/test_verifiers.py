@@ -101,15 +101,19 @@ def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> li
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["single", "tool", "multi", "reasoning_gym"])
-def test_rewards_equal_verifiers_own_runner(kind: str, tmp_path: Path) -> None:
-    """Each environment's rows: the rubric's reward and metrics are what verifiers' own runner gives."""
+@pytest.mark.parametrize(
+    ("kind", "isolation"),
+    [("single", "process"), ("tool", "process"), ("multi", "process"), ("reasoning_gym", "process"), ("tool", "none")],
+)
+def test_rewards_equal_verifiers_own_runner(kind: str, isolation: str, tmp_path: Path) -> None:
+    """Each environment's rows: the rubric's reward and metrics are what verifiers' own runner gives, with the
+    environment in the agent worker's guest process (the default) and in the worker itself (``isolation: none``)."""
     work = _workdir(tmp_path)
     rows = ROWS
     if kind == "reasoning_gym":
         rows = [json.loads(line) for line in (REPO / "tests/data/vf_reasoning_gym.jsonl").read_text().splitlines()]
     with StubOpenAI(emulator=make_emulator()) as stub:
-        res = _run_ours(work, stub.base_url, kind, rows)
+        res = _run_ours(work, stub.base_url, kind, rows, extra="" if isolation == "process" else ", isolation: none")
         assert res.returncode == 0, res.stderr[-3000:]
         theirs = _run_theirs(work, stub.base_url, kind)
     ours = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
