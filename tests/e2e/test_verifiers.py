@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.helpers import REPO, read_jsonl, write_jsonl
@@ -291,6 +296,32 @@ def test_env_group_rows_carry_their_own_childs_metrics_and_a_raising_reward_is_v
     assert all(r["reward"] < 0 for r in out if "length_penalty" in r)
 
 
+def _hog_config(work: Path, answers: dict[str, str], *, delay_s: float = 0.3) -> None:
+    config = {
+        "nats": "embedded",
+        # the LLM's test double: "OK" to every prompt but those in ``answers``
+        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "answers": answers}},
+        "agents": {
+            "vf": {
+                "agent": "agents.verifiers_env",
+                "model": "policy",
+                "timeout_s": 120,
+                "call_timeout_s": 3,
+                "concurrency": 4,  # the guest holds some rollouts in flight, and more wait behind them
+                "options": {"env_id": "vf_suite", "env_args": {"kind": "gil_hog"}},
+            }
+        },
+    }
+    (work / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+
+
+def _say(words: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
+        for c in words
+    ]
+
+
 HOG_KB = 100  # minutes of one regex search on a loaded core (~20 s on an idle one): it must be stopped, not waited out
 
 
@@ -303,27 +334,8 @@ def test_a_rubric_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
     rollout is scored (those that lived in the killed guest ran again as new attempts)."""
     work = _workdir(tmp_path)
     n, hog = 12, 1
-    config = {
-        "nats": "embedded",
-        # the LLM's test double: "OK" to every prompt but one, whose answer is the hostile text
-        "models": {"policy": {"adapter": "scripted", "delay_s": 0.3, "answers": {"say hog": "\\(" * (HOG_KB * 512)}}},
-        "agents": {
-            "vf": {
-                "agent": "agents.verifiers_env",
-                "model": "policy",
-                "timeout_s": 120,
-                "call_timeout_s": 3,
-                "concurrency": 4,  # the hog's guest holds other rollouts in flight, and more wait behind them
-                "options": {"env_id": "vf_suite", "env_args": {"kind": "gil_hog"}},
-            }
-        },
-    }
-    (work / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-    rows = [
-        {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
-        for c in [f"c{i}" if i != hog else "hog" for i in range(n)]
-    ]
-    write_jsonl(work / "rows.jsonl", rows)
+    _hog_config(work, {"say hog": "\\(" * (HOG_KB * 512)})  # one answer is the hostile text
+    write_jsonl(work / "rows.jsonl", _say([f"c{i}" if i != hog else "hog" for i in range(n)]))
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
     res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=600, check=False)
     failures = read_jsonl(work / "out_failures.jsonl") if (work / "out_failures.jsonl").exists() else []
@@ -335,3 +347,61 @@ def test_a_rubric_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
     others = {i: r.get("error_class", r.get("reward")) for i, r in by_task.items() if i != hog}
     assert all(v == 1.0 for v in others.values()), others  # no worker_lost, no timeout: every one scored
     assert res.returncode == 1, res.stderr[-3000:]  # one failure row
+
+
+def test_a_guest_killed_mid_batch_loses_no_rollout(tmp_path: Path) -> None:
+    """SIGKILL of the agent worker's guest (out of memory, a crash in native code) while rollouts run in it:
+    every rollout is scored, the ones it held ran again as new attempts; the worker started another guest."""
+    work = _workdir(tmp_path)
+    n = 24
+    _hog_config(work, {}, delay_s=1.0)
+    write_jsonl(work / "rows.jsonl", _say([f"c{i}" for i in range(n)]))
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl"]
+    proc = subprocess.Popen(cmd, cwd=work, env=_env(work), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []  # its progress lines ("run: 4/24 ...") as they come
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+
+    def done() -> int:
+        counts = [int(m.group(1)) for line in list(lines) if (m := re.match(r"run: (\d+)/", line))]
+        return max(counts, default=0)
+
+    try:
+
+        def guests() -> list[psutil.Process]:
+            found = []
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "gym_runtime.workers.guest_main" in p.cmdline():
+                        found.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        def wait_for(what: Any, timeout: float = 240) -> Any:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and proc.poll() is None:
+                got = what()
+                if got:
+                    return got
+                time.sleep(0.1)
+            raise AssertionError(f"not seen in {timeout} s (exit {proc.poll()})")
+
+        (first,) = wait_for(guests)
+        wait_for(lambda: done() >= 2)  # the guest has served rollouts; others are in it now
+        done_before = done()
+        first.send_signal(signal.SIGKILL)
+        (second,) = wait_for(lambda: [g for g in guests() if g.pid != first.pid])
+        proc.wait(timeout=300)
+        reader.join(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert done_before < n, "the batch ended before the guest was killed"
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    assert second.pid != first.pid
+    rows = read_jsonl(work / "out.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == list(range(n))
+    assert all(r["reward"] == 1.0 for r in rows)
