@@ -26,6 +26,11 @@ Groups: when the rubric scores groups (a reward function over ``states``/
 (``AgentConfig.group_repeats``) and run as one verifiers group, scored together; each
 repeat still gives its own row.
 
+Isolation: the environment's code (its rollout loop, tools and rubric) runs in a guest process of the worker
+(``isolation = "process"`` below; ``agents.NAME.isolation: none`` runs it in the worker's own process), so a
+rubric that holds the GIL cannot stop the worker's bus: past ``call_timeout_s`` without a model call the guest
+is killed, that rollout is a ``timeout`` row and the others it held run again (docs/security.md).
+
 Failures: verifiers turns an exception in a reward function into reward 0 and a log
 line; here it is a ``verify_error`` failure row (so is a reward that is not a number), inside an
 ``EnvGroup``'s children too. An ``EnvGroup`` row carries its own child's metrics only, not the
@@ -67,6 +72,9 @@ from gym_runtime.messages import (
 )
 
 __all__ = ["Options", "check_options", "dataset_rows", "rows_from_dataset", "run", "run_group", "setup"]
+
+# Where the worker runs this module's code unless agents.NAME.isolation says: a guest process (workers.guest_agent)
+isolation = "process"
 
 # Fields of a row the rubric's metrics must not overwrite.
 _RESERVED = frozenset({"reward", "response", "responses_create_params", "agent_ref", "policy_versions"})

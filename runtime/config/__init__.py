@@ -174,12 +174,24 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # NeMo Gym agent: K concurrent ``/run`` calls, for servers that score a task's repeats together).
     group_repeats: bool = False
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Where the agent module's code runs (gym_runtime.workers.guest_agent): "process", a guest process per
+    # worker whose model calls come back to the worker's bus, killed and started again when one rollout's own
+    # code runs past call_timeout_s, so code that holds the GIL (a rubric's regex) cannot silence the worker;
+    # "none", the worker's own process. Unset: the module's default (its ``isolation``: "process" for
+    # agents.verifiers_env, "none" for the others).
+    isolation: Literal["process", "none"] | None = None
+    # isolation: process: the longest a rollout's own code may run without a model call (its time waiting for
+    # the model does not count); past it the guest is killed, that rollout is a ``timeout`` row and the other
+    # rollouts of that guest run again. Keep it under timeout_s.
+    call_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent == HOSTED_AGENT_MODULE):
             raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
         if self.max_attempts < 1 or self.max_worker_losses < 0:
             raise ValueError("max_attempts must be at least 1 and max_worker_losses at least 0")
+        if self.call_timeout_s <= 0:
+            raise ValueError("call_timeout_s must be > 0")
         if self.nemo_gym:
             self.agent = HOSTED_AGENT_MODULE  # the module that drives it (its checks, its fingerprint)
 

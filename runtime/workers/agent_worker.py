@@ -36,6 +36,7 @@ from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint, grader_identity
+from gym_runtime.workers.guest_agent import GuestAgent, is_lost
 
 log = logs.get("gym.agent")
 
@@ -94,7 +95,10 @@ class AgentWorker:
         self.name = name
         self.cfg = cfg
         self.config = resolve_models(config)  # its fingerprints hash the adapters' parsed options
+        self.guest: GuestAgent | None = None
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
+            if cfg.isolation == "process":
+                raise UserError(f"agents.{name}: a hosted NeMo Gym agent runs in its own child process; drop isolation")
             res = config.resources.get(cfg.resource or "")
             host = hosted_agent(name, cfg, list(config.models), resource_hosted=res is not None and res.hosted)
             self.fn: AgentFn = host.run
@@ -107,6 +111,13 @@ class AgentWorker:
             self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
             self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
             self.teardown = None
+            # where its code runs: a guest process (workers.guest_agent; the bus stays here) or this one
+            isolation = cfg.isolation or getattr(module, "isolation", "none")
+            if isolation not in ("process", "none"):
+                raise UserError(f"agent module {cfg.agent}: isolation must be 'process' or 'none', not {isolation!r}")
+            if isolation == "process":
+                self.guest = GuestAgent(name, cfg, groups=self.run_group is not None)
+                self.fn, self.run_group, self.setup = self.guest.run, self.guest.run_group, None  # setup: in the guest
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: PullWorker | None = None
         self.completed = 0
@@ -130,6 +141,14 @@ class AgentWorker:
         return m.options.call_budget_s() + m.ack_wait_s + 5.0
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        if self.guest is not None:  # its guest first (the module's setup runs there), kept until the worker stops
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.guest.run_guest)
+                try:
+                    await self._serve(task_status)
+                finally:
+                    tg.cancel_scope.cancel()
+            return
         if self.setup is not None:
             await self.setup(self.cfg)
         try:
@@ -340,6 +359,11 @@ class AgentWorker:
                     self._spent(ctx),
                 )
             except Failure as e:
+                if is_lost(e):  # its guest was killed for another rollout's fault: a lost worker, not a failed attempt
+                    log.info("rollout.lost", error=e.info.message, then="runs again")
+                    retrying = True
+                    await msg.nak(delay=NAK_BACKOFF_S[0])
+                    return None
                 if e.info.retryable and failed + 1 < self.cfg.max_attempts:
                     delay = NAK_BACKOFF_S[min(failed, len(NAK_BACKOFF_S) - 1)]
                     log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)

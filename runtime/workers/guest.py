@@ -1,4 +1,4 @@
-"""A resource worker's guest process (``isolation: process``): the environment's code runs there, the bus here.
+"""A worker's guest process (``isolation: process``): the environment's code runs there, the bus here.
 
 Environment code that holds the GIL (Python's ``re`` on a quadratic pattern, a sync OpenEnv ``step``, native
 code that never yields) stops every thread of its process. In the worker's own process that silenced the bus:
@@ -16,7 +16,10 @@ thread running environment code (``resource.run_blocking``) its call's, into a p
 because of it); a guest stuck in none (it waits) is the fault of the call whose time is up.
 
 ``GuestSession`` stands for one session in the guest with the methods the worker calls on a ``Resource``
-(``seed``, ``call_tool``, ``call_operation``, ``verify``, ``close``), so the worker serves both alike.
+(``seed``, ``call_tool``, ``call_operation``, ``verify``, ``close``), so the worker serves both alike. An agent
+worker's guest runs whole rollouts instead (``workers.guest_agent``): each is one call, whose model calls the
+worker makes with that rollout's own context (``call(..., models=ctx)``), and whose time waiting for them does not
+count: its deadline is ``call_timeout_s`` after its last model call was answered.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from gym_runtime.workers.guest_wire import (
     Page,
     Raised,
     Ready,
+    Rollout,
     SandboxDone,
     SandboxOp,
     Seed,
@@ -71,7 +75,7 @@ __all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession", "ResourceCalls
 log = logs.get("gym.resource")
 
 GUEST_MODULE = "gym_runtime.workers.guest_main"
-Call = Seed | Tool | Verify | Close
+Call = Seed | Tool | Verify | Close | Rollout
 WATCH_S = 0.25  # how often calls are checked against their deadline
 START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
 STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
@@ -118,14 +122,23 @@ class _Child:
 class _Call:
     """A call sent to a guest and not answered yet."""
 
-    __slots__ = ("answer", "generation", "deadline", "what", "trace")
+    __slots__ = ("answer", "generation", "deadline", "what", "trace", "models", "waiting")
 
-    def __init__(self, answer: asyncio.Future[Done | Raised], generation: int, deadline: float, what: str) -> None:
+    def __init__(
+        self,
+        answer: asyncio.Future[Done | Raised],
+        generation: int,
+        deadline: float,
+        what: str,
+        models: ModelClient | None,
+    ) -> None:
         self.answer = answer
         self.generation = generation
         self.deadline = deadline
         self.trace = current_context()  # the caller's span: the guest's model calls for this call go under it
         self.what = what
+        self.models = models  # who makes this call's model calls (a rollout's context); None: the guest's client
+        self.waiting = 0  # its model calls in flight: a rollout waiting for the model runs no code of its own
 
 
 class Guest:
@@ -142,7 +155,9 @@ class Guest:
         env: dict[str, str] | None = None,
         resources: ResourceCalls | None = None,
         leases: Callable[[str], Sandboxes] | None = None,
+        where: str = "",
     ) -> None:
+        self.where = where or f"resources.{start.entry}"  # the config entry, as messages and rows name it
         self.on_lost = on_lost  # told the generation of each guest that is gone (its sessions went with it)
         self.start = start
         self.entry = start.entry
@@ -165,6 +180,11 @@ class Guest:
     @property
     def pid(self) -> int | None:
         return self._child.process.pid if self._child is not None else None
+
+    @property
+    def generation(self) -> int | None:
+        """The running guest's generation (None before the first has started)."""
+        return self._child.generation if self._child is not None else None
 
     @property
     def running(self) -> int:
@@ -219,13 +239,13 @@ class Guest:
         except (EOFError, ConnectionError):
             await self._stop(child)
             raise RuntimeError(
-                f"resources.{self.entry}: its guest process exited while starting (code {process.returncode})"
+                f"{self.where}: its guest process exited while starting (code {process.returncode})"
             ) from None
         if isinstance(ready, Raised):
             await self._stop(child)
             if ready.kind == "failure":
                 raise UserError(ready.message)
-            raise RuntimeError(f"resources.{self.entry}: setup raised {ready.type_name}: {ready.message}")
+            raise RuntimeError(f"{self.where}: setup raised {ready.type_name}: {ready.message}")
         if isinstance(ready, Ready):
             self.traits = ready
         return child
@@ -254,9 +274,12 @@ class Guest:
     async def _generate(self, child: _Child, req: Generate) -> None:
         self.outbound += 1
         origin = self._waiting.get(req.call)
+        models = origin.models if origin is not None and origin.models is not None else self.models
+        if origin is not None:
+            origin.waiting += 1
         try:
             with attached(origin.trace) if origin is not None else contextlib.nullcontext():
-                response = await self.models.generate(req.params, model=req.model)
+                response = await models.generate(req.params, model=req.model)
             reply = Generated(id=req.id, response=response)
         except Failure as e:
             reply = Generated(id=req.id, error=e.info)
@@ -264,6 +287,10 @@ class Guest:
             reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
         finally:
             self.outbound -= 1
+            if origin is not None:
+                origin.waiting -= 1
+                if origin.models is not None:  # a rollout: call_timeout_s for its own code from here on
+                    origin.deadline = max(origin.deadline, time.monotonic() + self.call_timeout_s)
         try:
             child.frames.send(reply)
         except ConnectionError:
@@ -356,7 +383,7 @@ class Guest:
         why = child.lost or f"the guest process exited (code {child.process.returncode})"
         for call in list(self._waiting.values()):
             if call.generation == child.generation and not call.answer.done():
-                call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+                call.answer.set_exception(GuestFailure("worker_lost", f"{self.where}: {why}", retryable=True))
 
     async def _stop(self, child: _Child) -> None:
         """End ``child``: close its socket (it runs its teardown and exits), kill it if it does not."""
@@ -372,29 +399,37 @@ class Guest:
             child.lost = why
             child.process.kill()  # its socket closes with it: ``_read`` ends, ``run`` starts another
 
-    async def call(self, make: Callable[[int], Call], generation: int | None) -> tuple[Done, int]:
+    def stop(self, generation: int, why: str) -> None:
+        """Kill the guest of ``generation`` if it still runs (its calls fail as ``worker_lost``; another starts)."""
+        child = self._child
+        if child is not None and child.generation == generation:
+            self._kill(child, why)
+            self._lose(child)
+
+    async def call(
+        self, make: Callable[[int], Call], generation: int | None, *, models: ModelClient | None = None
+    ) -> tuple[Done, int]:
         """Send one call and wait for its answer (and the generation of the guest that gave it). ``generation``:
-        the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``)."""
+        the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``).
+        ``models``: who makes the model calls this call's code makes (default: the guest's client)."""
         if not self._ready.is_set():
             with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
                 await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
             if not self._ready.is_set():
-                raise GuestFailure(
-                    "worker_lost", f"resources.{self.entry}: its guest process is not started", retryable=True
-                )
+                raise GuestFailure("worker_lost", f"{self.where}: its guest process is not started", retryable=True)
         child = self._child
         assert child is not None
         if (generation is not None and generation != child.generation) or child.lost:
             raise GuestFailure(
                 "worker_lost",
-                f"resources.{self.entry}: this session's guest process was restarted (another call overran)",
+                f"{self.where}: this session's guest process was restarted (another call overran)",
                 retryable=True,
             )
         call_id = next(self._ids)
         msg = make(call_id)
         answer: asyncio.Future[Done | Raised] = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.call_timeout_s
-        self._waiting[call_id] = _Call(answer, child.generation, deadline, type(msg).__name__.lower())
+        self._waiting[call_id] = _Call(answer, child.generation, deadline, type(msg).__name__.lower(), models)
         try:
             try:
                 child.frames.send(msg)
@@ -414,7 +449,7 @@ class Guest:
             await anyio.sleep(WATCH_S)
             now = time.monotonic()
             for call_id, call in list(self._waiting.items()):
-                if call.deadline <= now and not call.answer.done():
+                if call.deadline <= now and not call.answer.done() and not (call.models is not None and call.waiting):
                     self._overran(call_id, call)
 
     def _overran(self, call_id: int, call: _Call) -> None:
@@ -422,7 +457,7 @@ class Guest:
         child = self._child
         if child is None or child.generation != call.generation or child.lost:
             why = child.lost if child is not None and child.lost else "its guest process is gone"
-            call.answer.set_exception(GuestFailure("worker_lost", f"resources.{self.entry}: {why}", retryable=True))
+            call.answer.set_exception(GuestFailure("worker_lost", f"{self.where}: {why}", retryable=True))
             return
         at_fault = stuck_in(child.process.pid, child.page)
         if not at_fault and self.outbound and not _running_threads(child.process.pid):
@@ -436,7 +471,7 @@ class Guest:
         culprit.answer.set_exception(
             GuestFailure(
                 "timeout",
-                f"resources.{self.entry}: the environment's {culprit.what} ran past "
+                f"{self.where}: the environment's {culprit.what} ran past "
                 f"call_timeout_s={self.call_timeout_s:g} (its guest process was stopped)",
             )
         )

@@ -1,5 +1,6 @@
-"""A guest process: a resource's own code (``setup``, sessions' ``seed``, tools, ``verify``, ``close``), run for
-its worker over one socket (``guest_wire``), with no bus of its own.
+"""A guest process: a resource's own code (``setup``, sessions' ``seed``, tools, ``verify``, ``close``), or an agent
+module's (``setup``, each task's ``run`` or ``run_group``: a verifiers environment's whole rollout loop and rubric),
+run for its worker over one socket (``guest_wire``), with no bus of its own.
 
 Started by ``workers.guest`` as ``python -m gym_runtime.workers.guest_main SOCKET_FD RUNNING_FD``. Whatever
 this process's code does with the GIL (a quadratic regex, a sync step, native code that never yields), the
@@ -17,16 +18,22 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import anyio
+import msgspec
 
+from gym_runtime.agent import AgentContext
+from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.hosting.asgi import beside_main
 from gym_runtime.hosting.env import in_hosted_env
 from gym_runtime.hosting.host import called_reply, hosted_class
-from gym_runtime.messages import CreateParams, ErrorInfo, Response, SandboxCall, SandboxReply
+from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
+from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import (
     ENV_CALL,
     ENV_SESSION,
@@ -48,6 +55,7 @@ from gym_runtime.workers.guest_wire import (
     Page,
     Raised,
     Ready,
+    Rollout,
     SandboxDone,
     SandboxOp,
     Seed,
@@ -226,12 +234,16 @@ class Guest:
                     task = loop.create_task(self._answer(msg))
                     running.add(task)
                     task.add_done_callback(running.discard)
+                    self._started(msg, task)
         finally:
             for task in list(running):
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _answer(self, msg: Seed | Tool | Verify | Close) -> None:
+    def _started(self, msg: Seed | Tool | Verify | Close | Rollout, task: asyncio.Task[None]) -> None:
+        """The task that answers ``msg`` was created (a rollout's is kept: a ``Close`` cancels it)."""
+
+    async def _answer(self, msg: Seed | Tool | Verify | Close | Rollout) -> None:
         ENV_THREAD.set(thread_mark(self.page, msg.id))  # this task's own context: its threads carry it
         ENV_CALL.set(msg.id)
         ENV_SESSION.set(msg.session)
@@ -248,7 +260,9 @@ class Guest:
         except ConnectionError:
             pass  # the worker is gone
 
-    async def _run(self, msg: Seed | Tool | Verify | Close) -> Done:
+    async def _run(self, msg: Seed | Tool | Verify | Close | Rollout) -> Done:
+        if isinstance(msg, Rollout):
+            raise Failure("internal", "a resource's guest runs no rollouts")
         if isinstance(msg, Seed):
             inst = self.cls()
             inst.models = self.models
@@ -280,12 +294,102 @@ class Guest:
         return Done(id=msg.id, verdict=verdict)
 
 
+class GuestContext(AgentContext):
+    """A rollout's ``AgentContext`` in a guest: its model calls go to the worker, which makes them with the rollout's
+    own context there (routing, token ids, policy versions, its trace); the guest has no bus, so no resource
+    sessions or sandboxes (an agent that opens them runs with ``isolation: none``)."""
+
+    def __init__(self, task: RolloutTask, config: AgentConfig, remaining_s: float, models: WorkerModels) -> None:
+        super().__init__(cast(Any, None), task, config, model_timeout_s=lambda name: 0.0)
+        self.deadline = time.monotonic() + remaining_s
+        self._models = models
+
+    async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
+        return await self._models.generate(params, model=model or "")
+
+    def _no_bus(self, what: str) -> Failure:
+        return Failure("invalid_task", f"agents.{self.task.agent}: {what} in a guest process (set isolation: none)")
+
+    async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Any:
+        raise self._no_bus("no resource sessions")
+
+    def sandbox(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._no_bus("no sandboxes")
+
+
+class AgentGuest(Guest):
+    """An agent's rollouts, each a task of its own keyed by the worker's session id (its ``Close`` cancels it)."""
+
+    def __init__(self, module: ModuleType, config: AgentConfig, frames: Frames, page: Page) -> None:
+        super().__init__(Resource, frames, page, WorkerResources(frames), WorkerSandboxes(frames))
+        self.module = module
+        self.config = config
+        self.rollouts: dict[str, asyncio.Task[None]] = {}
+
+    def _started(self, msg: Seed | Tool | Verify | Close | Rollout, task: asyncio.Task[None]) -> None:
+        if isinstance(msg, Rollout):
+            session = msg.session
+            self.rollouts[session] = task
+            task.add_done_callback(lambda _: self.rollouts.pop(session, None))
+
+    async def _run(self, msg: Seed | Tool | Verify | Close | Rollout) -> Done:
+        if isinstance(msg, Close):  # the worker gave up on that rollout (its timeout_s): it stops here too
+            running = self.rollouts.pop(msg.session, None)
+            if running is not None:
+                running.cancel()
+            return Done(id=msg.id)
+        if not isinstance(msg, Rollout):
+            raise Failure("internal", f"an agent's guest has no sessions ({type(msg).__name__})")
+        ctx = GuestContext(msg.task, self.config, msg.remaining_s, self.models)
+        if msg.size:
+            outcomes = list(await self.module.run_group(ctx, msg.size))
+        else:
+            outcomes = [await self.module.run(ctx)]
+        return Done(id=msg.id, outcomes=outcomes)
+
+
+def marked_tasks(page: Page) -> Any:
+    """An asyncio task factory: a task created by a call's code (``asyncio.gather`` of a verifiers group, of a
+    rubric's reward functions) has its steps marked as that call's too, so a guest stuck in one is blamed on it."""
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
+        call_id = ENV_CALL.get()
+        return asyncio.Task(_marked(coro, call_id, page) if call_id else coro, loop=loop, **kwargs)
+
+    return factory
+
+
+async def _marked(coro: Coroutine[Any, Any, Any], call_id: int, page: Page) -> Any:
+    return await Marked(coro, call_id, page)
+
+
+async def serve_agent(start: Start, frames: Frames, page: Page) -> None:
+    """An agent module's guest: its ``setup`` once, then each ``Rollout`` (``run`` or ``run_group``)."""
+    try:
+        config = msgspec.convert(start.options, AgentConfig)
+        module = load_plugin("agent", start.server, "agents.*.agent")
+        setup = getattr(module, "setup", None)
+        if setup is not None:
+            await setup(config)
+    except Exception as e:  # noqa: BLE001 - the worker reports it (one line for a user's mistake) and stops
+        user = isinstance(e, UserError)
+        frames.send(Raised(id=0, kind="failure" if user else "error", type_name=type(e).__name__, message=str(e)))
+        await frames.aclose()
+        return
+    frames.send(Ready())
+    asyncio.get_running_loop().set_task_factory(marked_tasks(page))
+    await AgentGuest(module, config, frames, page).serve()
+
+
 async def serve(fd: int, running_fd: int) -> None:
     page = Page(mmap.mmap(running_fd, Page.SIZE))
     frames = await Frames.open(socket.socket(fileno=fd), ToGuest)
     start = await frames.receive()
     if not isinstance(start, Start):
         raise SystemExit(f"guest: expected Start first, got {type(start).__name__}")
+    if start.agent:
+        await serve_agent(start, frames, page)
+        return
     resources = WorkerResources(frames)
     sandboxes = WorkerSandboxes(frames)
     try:

@@ -1,7 +1,8 @@
-"""The messages between a resource worker and its guest process (``isolation: process``), and their framing.
+"""The messages between a worker and its guest process (``isolation: process``), and their framing.
 
 One socket pair, msgpack frames with a 4-byte length in front. The worker sends ``Start`` once, then calls
-(``Seed``, ``Tool``, ``Verify``, ``Close``) each with an id; the guest answers each id with ``Done`` or
+(``Seed``, ``Tool``, ``Verify``, ``Close`` for a resource's sessions; ``Rollout`` for an agent's rollouts, which
+``Close`` with its session cancels) each with an id; the guest answers each id with ``Done`` or
 ``Raised``. The guest asks the worker for model calls (``Generate``, answered by ``Generated``) and a hosted
 server's calls to other resources (``CallResource``, answered by ``Called``), since the bus stays in the
 worker. Typed both ways, so a guest cannot send the worker anything else.
@@ -17,7 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from gym_runtime.messages import CreateParams, ErrorInfo, Response, SandboxCall, SandboxReply
+from gym_runtime.agent import Outcome
+from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
 from gym_runtime.resource import Verdict
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "Generated",
     "Raised",
     "Ready",
+    "Rollout",
     "SandboxDone",
     "SandboxOp",
     "Seed",
@@ -88,6 +91,9 @@ class Start(msgspec.Struct, tag=True):
     nemo_gym: str = ""
     model_names: list[str] = msgspec.field(default_factory=list)
     resource_names: list[str] = msgspec.field(default_factory=list)
+    # an agent module instead (``server`` its module path, ``options`` its whole ``AgentConfig``): the guest runs
+    # that agent's rollouts (``Rollout``), its model calls made over the worker's bus
+    agent: bool = False
 
 
 class Seed(msgspec.Struct, tag=True):
@@ -115,6 +121,17 @@ class Verify(msgspec.Struct, tag=True):
 class Close(msgspec.Struct, tag=True):
     id: int
     session: str
+
+
+class Rollout(msgspec.Struct, tag=True):
+    """One task of an agent run in the guest (``run``; ``run_group`` with ``size`` > 0). ``session`` names it for a
+    ``Close`` that cancels it (the worker gave up on it); ``remaining_s``: its time left (``ctx.remaining()``)."""
+
+    id: int
+    session: str
+    task: RolloutTask
+    remaining_s: float
+    size: int = 0
 
 
 class Generate(msgspec.Struct, tag=True):
@@ -179,6 +196,7 @@ class Done(msgspec.Struct, tag=True):
     output: str = ""  # a tool's output
     verdict: Verdict | None = None  # verify's
     episode_done: bool = False  # after a tool: the session's ``Resource.episode_done``
+    outcomes: list[Outcome] | None = None  # a rollout's (one per repeat of a group)
 
 
 class Raised(msgspec.Struct, tag=True):
@@ -198,7 +216,7 @@ class Generated(msgspec.Struct, tag=True):
     error: ErrorInfo | None = None
 
 
-ToGuest = Start | Seed | Tool | Verify | Close | Generated | Called | SandboxDone
+ToGuest = Start | Seed | Tool | Verify | Close | Rollout | Generated | Called | SandboxDone
 FromGuest = Done | Raised | Generate | CallResource | Ready | SandboxOp
 
 

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.helpers import REPO, read_jsonl, write_jsonl
@@ -101,15 +106,19 @@ def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> li
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["single", "tool", "multi", "reasoning_gym"])
-def test_rewards_equal_verifiers_own_runner(kind: str, tmp_path: Path) -> None:
-    """Each environment's rows: the rubric's reward and metrics are what verifiers' own runner gives."""
+@pytest.mark.parametrize(
+    ("kind", "isolation"),
+    [("single", "process"), ("tool", "process"), ("multi", "process"), ("reasoning_gym", "process"), ("tool", "none")],
+)
+def test_rewards_equal_verifiers_own_runner(kind: str, isolation: str, tmp_path: Path) -> None:
+    """Each environment's rows: the rubric's reward and metrics are what verifiers' own runner gives, with the
+    environment in the agent worker's guest process (the default) and in the worker itself (``isolation: none``)."""
     work = _workdir(tmp_path)
     rows = ROWS
     if kind == "reasoning_gym":
         rows = [json.loads(line) for line in (REPO / "tests/data/vf_reasoning_gym.jsonl").read_text().splitlines()]
     with StubOpenAI(emulator=make_emulator()) as stub:
-        res = _run_ours(work, stub.base_url, kind, rows)
+        res = _run_ours(work, stub.base_url, kind, rows, extra="" if isolation == "process" else ", isolation: none")
         assert res.returncode == 0, res.stderr[-3000:]
         theirs = _run_theirs(work, stub.base_url, kind)
     ours = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
@@ -285,3 +294,114 @@ def test_env_group_rows_carry_their_own_childs_metrics_and_a_raising_reward_is_v
         assert mine in r and others not in r and "broken" not in r, r
     assert {r["reward"] for r in out if "exact" in r} == {0.0, 1.0}
     assert all(r["reward"] < 0 for r in out if "length_penalty" in r)
+
+
+def _hog_config(work: Path, answers: dict[str, str], *, delay_s: float = 0.3) -> None:
+    config = {
+        "nats": "embedded",
+        # the LLM's test double: "OK" to every prompt but those in ``answers``
+        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "answers": answers}},
+        "agents": {
+            "vf": {
+                "agent": "agents.verifiers_env",
+                "model": "policy",
+                "timeout_s": 120,
+                "call_timeout_s": 3,
+                "concurrency": 4,  # the guest holds some rollouts in flight, and more wait behind them
+                "options": {"env_id": "vf_suite", "env_args": {"kind": "gil_hog"}},
+            }
+        },
+    }
+    (work / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+
+
+def _say(words: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"say {c}"}]}, "verifiers": {"answer": c}}
+        for c in words
+    ]
+
+
+HOG_KB = 100  # minutes of one regex search on a loaded core (~20 s on an idle one): it must be stopped, not waited out
+
+
+def test_a_rubric_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
+    """The attack of issue 33, item 5, on a verifiers environment: its rubric runs a grader's regex over the
+    model's answer, quadratic on repeated ``\\(``, and one rollout's answer is 100 KB of them. Python's ``re``
+    holds the GIL the whole time; in the agent worker's own process that stopped its bus's keepalives and its
+    other rollouts were lost with it. Run in a guest process (``isolation: process``, the default for verifiers
+    environments), the guest is killed at ``call_timeout_s``: that rollout is a ``timeout`` row, every other
+    rollout is scored (those that lived in the killed guest ran again as new attempts)."""
+    work = _workdir(tmp_path)
+    n, hog = 12, 1
+    _hog_config(work, {"say hog": "\\(" * (HOG_KB * 512)})  # one answer is the hostile text
+    write_jsonl(work / "rows.jsonl", _say([f"c{i}" if i != hog else "hog" for i in range(n)]))
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
+    res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=600, check=False)
+    failures = read_jsonl(work / "out_failures.jsonl") if (work / "out_failures.jsonl").exists() else []
+    scored = read_jsonl(work / "out.jsonl") if (work / "out.jsonl").exists() else []
+    by_task = {r["_ng_task_index"]: r for r in [*scored, *failures]}
+    assert sorted(by_task) == list(range(n)), res.stderr[-3000:]
+    assert by_task[hog].get("error_class") == "timeout", by_task[hog]
+    assert "call_timeout_s=3" in by_task[hog]["error"], by_task[hog]["error"]
+    others = {i: r.get("error_class", r.get("reward")) for i, r in by_task.items() if i != hog}
+    assert all(v == 1.0 for v in others.values()), others  # no worker_lost, no timeout: every one scored
+    assert res.returncode == 1, res.stderr[-3000:]  # one failure row
+
+
+def test_a_guest_killed_mid_batch_loses_no_rollout(tmp_path: Path) -> None:
+    """SIGKILL of the agent worker's guest (out of memory, a crash in native code) while rollouts run in it:
+    every rollout is scored, the ones it held ran again as new attempts; the worker started another guest."""
+    work = _workdir(tmp_path)
+    n = 24
+    _hog_config(work, {}, delay_s=1.0)
+    write_jsonl(work / "rows.jsonl", _say([f"c{i}" for i in range(n)]))
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl"]
+    proc = subprocess.Popen(cmd, cwd=work, env=_env(work), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []  # its progress lines ("run: 4/24 ...") as they come
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+
+    def done() -> int:
+        counts = [int(m.group(1)) for line in list(lines) if (m := re.match(r"run: (\d+)/", line))]
+        return max(counts, default=0)
+
+    try:
+
+        def guests() -> list[psutil.Process]:
+            found = []
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "gym_runtime.workers.guest_main" in p.cmdline():
+                        found.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        def wait_for(what: Any, timeout: float = 240) -> Any:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and proc.poll() is None:
+                got = what()
+                if got:
+                    return got
+                time.sleep(0.1)
+            raise AssertionError(f"not seen in {timeout} s (exit {proc.poll()})")
+
+        (first,) = wait_for(guests)
+        wait_for(lambda: done() >= 2)  # the guest has served rollouts; others are in it now
+        done_before = done()
+        first.send_signal(signal.SIGKILL)
+        (second,) = wait_for(lambda: [g for g in guests() if g.pid != first.pid])
+        proc.wait(timeout=300)
+        reader.join(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert done_before < n, "the batch ended before the guest was killed"
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    assert second.pid != first.pid
+    rows = read_jsonl(work / "out.jsonl")
+    assert sorted(r["_ng_task_index"] for r in rows) == list(range(n))
+    assert all(r["reward"] == 1.0 for r in rows)

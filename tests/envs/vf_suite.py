@@ -5,12 +5,15 @@ single-turn env with a rubric), ``tool`` (a ToolEnv), ``multi`` (a MultiTurnEnv 
 user answers twice), ``group`` (a rubric with a group reward function), ``raises`` /
 ``not_number`` / ``hangs`` (a reward function that fails in that way), ``setup_raises``,
 ``columns`` (a reward function that takes a dataset column by name), ``env_group`` (an EnvGroup of
-three children with their own rubrics, one of whose reward function raises).
+three children with their own rubrics, one of whose reward function raises), ``gil_hog`` (a reward function
+that runs a grader's kind of regex over the model's answer: quadratic on repeated ``\\(``, and Python's ``re``
+never releases the GIL while it searches, so a long hostile answer holds its process for minutes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import verifiers as vf
@@ -85,6 +88,17 @@ def _columns_dataset() -> Dataset:
     )
 
 
+# a \( ... \) span, lazily (NeMo Gym's imo_proofbench_judge kind of grader): on "\(" repeated it tries
+# every start and scans to the end from each
+SPAN = re.compile(r"\\\((.*?)\\\)", re.S)
+
+
+def graded(completion: Any, **kwargs: Any) -> float:
+    """1.0 for any answer, once its \\( ... \\) spans are found (a long run of \\( holds the GIL quadratically)."""
+    SPAN.findall(_text(completion))
+    return 1.0
+
+
 def broken(completion: Any, **kwargs: Any) -> float:
     raise ValueError("reward blew up")
 
@@ -122,6 +136,8 @@ def load_environment(kind: str = "single") -> vf.Environment:
             return 1.0
 
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[slow]))
+    if kind == "gil_hog":
+        return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[graded]))
     if kind == "reasoning_gym":  # an environment class that ships inside the verifiers wheel
         return vf.ReasoningGymEnv(gym="basic_arithmetic", num_train_examples=4, num_eval_examples=2, seed=7)
     if kind == "setup_raises":
