@@ -104,12 +104,16 @@ def start_workers(cfg: Path, url: str, *only: str) -> subprocess.Popen[str]:
 
 
 def comparable(row: dict[str, Any]) -> dict[str, Any]:
-    """A row less what differs by design: the agent's name, the response's creation time, and the null
-    optional fields (``defer_loading``, ``description``) NeMo Gym's Responses schema adds to each tool it echoes."""
-    row = {k: v for k, v in row.items() if k != "agent_ref"}
+    """A row less what differs by design: the agent's name, the response's creation time, the null
+    optional fields (``defer_loading``, ``description``) NeMo Gym's Responses schema adds to each tool it echoes,
+    the provenance (each agent has its own fingerprint and workers) and the cost's timings (the calls and
+    tokens stay: both agents made the same model calls)."""
+    row = {k: v for k, v in row.items() if k not in ("agent_ref", "provenance")}
     response = {k: v for k, v in row["response"].items() if k != "created_at"}
     response["tools"] = [{k: v for k, v in t.items() if v is not None} for t in response["tools"]]
-    return {**row, "response": response}
+    cost = row.get("cost") or {}
+    models = {name: {k: v for k, v in m.items() if not k.endswith("_ms")} for name, m in cost.get("models", {}).items()}
+    return {**row, "response": response, "cost": models}
 
 
 def token_ids(row: dict[str, Any]) -> list[Any]:
