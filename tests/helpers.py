@@ -152,3 +152,13 @@ def secured_server(
 async def connect_as(srv: EmbeddedServer, auth: Path, role: str, pool: str | None = None) -> Bus:
     """A bus on a secured server (``secured_server``) with ``role``'s credential (or one ``pool``'s)."""
     return await pool_bus(srv.url, auth, role, pool)
+
+
+def without_run_identity(row: dict[str, Any]) -> dict[str, Any]:
+    """A row less what two runs of the same rollout differ in by design: its ``provenance`` (the workers that
+    served it, the config's fingerprint) and the timings in its ``cost`` (calls and tokens stay)."""
+    out = {k: v for k, v in row.items() if k != "provenance"}
+    if isinstance(row.get("cost"), dict):
+        models = row["cost"].get("models") or {}
+        out["cost"] = {n: {k: v for k, v in m.items() if not k.endswith("_ms")} for n, m in models.items()}
+    return out

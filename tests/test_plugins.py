@@ -181,8 +181,14 @@ def test_environments_agents_and_adapters_resolve_names_by_one_rule(tmp_path: Pa
         res = helpers.cli("run", str(config), "-i", str(rows), "-o", str(tmp_path / f"{name}.jsonl"), "--quiet")
         assert res.returncode == 0, res.stderr
     strip = ("response",)
-    got = [{k: v for k, v in r.items() if k not in strip} for r in read_jsonl(tmp_path / "bare.jsonl")]
-    want = [{k: v for k, v in r.items() if k not in strip} for r in read_jsonl(tmp_path / "folder.jsonl")]
+    got = [
+        {k: v for k, v in helpers.without_run_identity(r).items() if k not in strip}
+        for r in read_jsonl(tmp_path / "bare.jsonl")
+    ]
+    want = [
+        {k: v for k, v in helpers.without_run_identity(r).items() if k not in strip}
+        for r in read_jsonl(tmp_path / "folder.jsonl")
+    ]
     assert got == want and len(got) > 0
 
     (tmp_path / "typo.yaml").write_text(bare.replace("server: weather", "server: wether"))

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from gym_runtime.hosting import env as hosting_env
-from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, cli, read_jsonl, without_run_identity, write_jsonl
 from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
 from tests.pools import start_collect, wait_until
 
@@ -108,12 +108,10 @@ def comparable(row: dict[str, Any]) -> dict[str, Any]:
     optional fields (``defer_loading``, ``description``) NeMo Gym's Responses schema adds to each tool it echoes,
     the provenance (each agent has its own fingerprint and workers) and the cost's timings (the calls and
     tokens stay: both agents made the same model calls)."""
-    row = {k: v for k, v in row.items() if k not in ("agent_ref", "provenance")}
+    row = {k: v for k, v in without_run_identity(row).items() if k != "agent_ref"}
     response = {k: v for k, v in row["response"].items() if k != "created_at"}
     response["tools"] = [{k: v for k, v in t.items() if v is not None} for t in response["tools"]]
-    cost = row.get("cost") or {}
-    models = {name: {k: v for k, v in m.items() if not k.endswith("_ms")} for name, m in cost.get("models", {}).items()}
-    return {**row, "response": response, "cost": models}
+    return {**row, "response": response}
 
 
 def token_ids(row: dict[str, Any]) -> list[Any]:

@@ -455,7 +455,9 @@ def test_metrics_scraped_during_a_batch_add_up_to_the_rows_written(tmp_path: Pat
         # (--watch runs until interrupted, a finished batch too: tests/e2e/test_new_user_edges.py)
         watched = cli("status", "--nats", nats_server.url, "--batch", "m1")
         assert watched.returncode == 0
-        assert watched.stdout.strip().splitlines()[-1].startswith("batch m1: 12/12 done (100%), 3 failed, 0 pending")
+        # the last progress line (the cost lines under it, since the ledger, aside)
+        progress = [line for line in watched.stdout.splitlines() if line.startswith("batch m1: ")]
+        assert progress[-1].startswith("batch m1: 12/12 done (100%), 3 failed, 0 pending")
     finally:
         workers.send_signal(signal.SIGTERM)
         workers.wait(60)
