@@ -49,7 +49,7 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"no Podman engine: {reason} (apt-get install podman)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def podman_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The socket of a ``podman system service`` started for this test run (stopped after it, by PID)."""
     if not os.path.exists(PODMAN) or not shutil.which("runc"):
