@@ -576,6 +576,19 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
     warm: bool = False  # create: served from the warm pool
 
+    @classmethod
+    def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:
+        """An exec's reply from its result (a backend's or an author's ``ExecResult``: the same fields)."""
+        return cls(
+            sandbox=sandbox,
+            exit_code=r.exit_code,
+            stdout=r.stdout,
+            stderr=r.stderr,
+            truncated=r.truncated,
+            timed_out=r.timed_out,
+            duration_s=r.duration_s,
+        )
+
 
 Envelope = (
     RolloutTask

@@ -349,15 +349,7 @@ class Guest:
         box = session.box(call.sandbox)
         if call.op == "exec":
             r = await box.exec(call.argv, timeout_s=call.timeout_s)
-            return SandboxReply(
-                sandbox=box.id,
-                exit_code=r.exit_code,
-                stdout=r.stdout,
-                stderr=r.stderr,
-                truncated=r.truncated,
-                timed_out=r.timed_out,
-                duration_s=r.duration_s,
-            )
+            return SandboxReply.of_exec(box.id, r)
         if call.op == "write":
             await box.write(call.path, call.data)
             return SandboxReply(sandbox=box.id)

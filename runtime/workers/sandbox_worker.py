@@ -423,15 +423,7 @@ class SandboxWorker:
                     code = -1 if r.exit_code is None else r.exit_code
                     span.set_attributes({"gym.sandbox.exit_code": code, "gym.sandbox.timed_out": r.timed_out})
                 self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
-                return SandboxReply(
-                    sandbox=req.sandbox,
-                    exit_code=r.exit_code,
-                    stdout=r.stdout,
-                    stderr=r.stderr,
-                    truncated=r.truncated,
-                    timed_out=r.timed_out,
-                    duration_s=r.duration_s,
-                )
+                return SandboxReply.of_exec(req.sandbox, r)
             if req.op == "write":
                 with self._span("write", sid=req.sandbox):
                     await self.backend.write(req.sandbox, req.path, req.data)
