@@ -6,15 +6,19 @@ A ``Pool`` runs ``gym-runtime start`` children that a test can SIGKILL; ``publis
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
+import nats
 import yaml
 
 from gym_runtime.data.batches import Manifest, put_manifest
@@ -22,6 +26,7 @@ from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.transport.pull import Beacon
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 N_TASKS = 12
@@ -140,6 +145,55 @@ def start_collect(url: str, batch: str, out: Path) -> subprocess.Popen[str]:
 def results_stored(url: str) -> int:
     res = cli("status", "--nats", url, "--json")
     return int(json.loads(res.stdout)["results_stored"]) if res.returncode == 0 else 0
+
+
+class BeaconWatch:
+    """What a pool's workers say they hold, heard on their liveness subject as a peer hears it (a thread of
+    its own): a fault test kills a worker once what it took is announced, so the kill never lands between a
+    take and its beacon (that message would wait ``ack_wait``, by design)."""
+
+    def __init__(self, url: str, subject: str) -> None:
+        self.url, self.subject = url, subject
+        self._held: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._listen()), daemon=True)
+
+    def __enter__(self) -> BeaconWatch:
+        self._thread.start()
+        assert self._ready.wait(30), f"no subscription to {self.subject}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def held(self) -> int:
+        with self._lock:
+            return sum(len(h) for h in self._held.values())
+
+    async def _listen(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        nc = await nats.connect(self.url)
+        decode = msgspec.msgpack.Decoder(Beacon).decode
+
+        async def heard(msg: Any) -> None:
+            b = decode(msg.data)
+            with self._lock:
+                if b.bye:
+                    self._held.pop(b.worker, None)
+                    return
+                held = set(b.add) if b.full else self._held.get(b.worker, set()) | set(b.add)
+                self._held[b.worker] = held - set(b.done)
+
+        await nc.subscribe(self.subject, cb=heard)
+        await nc.flush()
+        self._ready.set()
+        await self._stop.wait()
+        await nc.close()
 
 
 def wait_until(pred: Any, timeout: float = 30.0) -> None:

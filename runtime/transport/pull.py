@@ -125,6 +125,7 @@ class PullWorker:
         self._me = uuid.uuid4().hex[:12]
         self._held: dict[str, None] = {}  # ack subjects of the messages this worker holds
         self._added: list[str] = []
+        self._news: anyio.Event | None = None  # set when a message is taken: its beacon goes out now, not later
         self._done: list[str] = []
         self._peers: dict[str, tuple[float, set[str]]] = {}
         self.nakked_for_peers = 0
@@ -208,6 +209,8 @@ class PullWorker:
                 if self.liveness is not None:
                     self._held[msg.reply] = None
                     self._added.append(msg.reply)
+                    if self._news is not None:
+                        self._news.set()
                 if self.inline:
                     await self._run_one(delivery)
                 else:
@@ -314,14 +317,20 @@ class PullWorker:
         self._peers[b.worker] = (time.monotonic(), held)
 
     async def _beacon_loop(self) -> None:
-        """Say what this worker holds every ``LIVE_S``; nak on behalf of a peer silent for ``DEAD_S``."""
+        """Say what this worker holds every ``LIVE_S``, and at once (at most every ``LIVE_SOON_S``) after it
+        takes a message: a message taken and not yet announced waits ``ack_wait`` if this worker dies, so
+        the window is kept to one event-loop turn; nak on behalf of a peer silent for ``DEAD_S``."""
         nc = self.bus.nc
         last = last_full = time.monotonic()
         while True:
-            await anyio.sleep(LIVE_SOON_S)
+            self._news = anyio.Event()
+            if not self._added:
+                with anyio.move_on_after(max(0.0, LIVE_S - (time.monotonic() - last))):
+                    await self._news.wait()
+            soon = LIVE_SOON_S - (time.monotonic() - last)
+            if soon > 0:
+                await anyio.sleep(soon)
             now = time.monotonic()
-            if now - last < LIVE_S and not self._added:
-                continue
             last = now
             full = now - last_full >= FULL_EVERY * LIVE_S
             if full:

@@ -251,7 +251,8 @@ async def test_hash_colliding_result_does_not_stall_the_worker() -> None:
 
 
 async def test_a_result_of_millions_of_empty_lists_is_not_decoded_into_the_worker() -> None:
-    env = await session(**{**FAST, "wall_time_s": 30, "unit_test_timeout_secs": 20, "max_output_mb": 16})
+    # generous clocks: writing and comparing 16 MB took 21 s at load 10 on 2 cores (a timeout is -3, not False)
+    env = await session(**{**FAST, "wall_time_s": 120, "unit_test_timeout_secs": 90, "max_output_mb": 16})
     code = "class Solution:\n    def add(self, a, b):\n        return [[]] * 4_000_000"  # 16 MB of '[], '
     out, watch = await watched(env, ADD_CALL, code)
     assert out.reward == 0.0 and out.fields["result"][0] is False, out.fields["result"]
