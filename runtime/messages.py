@@ -332,13 +332,14 @@ class ModelCost(Struct, kw_only=True, omit_defaults=True, gc=False):
 class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     """A row's ``cost`` (gym-runtime's addition to NeMo Gym's row): what the rollout used, per model entry
     (the policy, judges, user simulators), tool time, sandbox time, and, with a ``pricing`` section, an
-    *estimate* of what that costs (``estimated_cost``, in ``pricing.currency``). Holds numbers and dicts of
+    *estimate* of what that costs (``estimated_cost``, in ``currency``). Holds numbers and dicts of
     them, so it is in no reference cycle: not tracked by the cycle collector (``gc=False``)."""
 
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
     sandbox_ms: int = 0  # wall time of the rollout's sandbox execs
     estimated_cost: float | None = None
+    currency: str | None = None  # pricing.currency, beside the estimate it is the unit of
 
     def add_call(self, entry: str, usage: Usage | None, ms: int) -> None:
         """Count one model call of ``entry`` (its usage as the model worker reported it)."""

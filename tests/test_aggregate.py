@@ -380,6 +380,7 @@ def test_costs_are_totalled_per_agent_with_failed_rollouts_apart():
             "models": {"policy": {"calls": calls, "input_tokens": inp, "output_tokens": out}},
             "tool_ms": 5,
             "estimated_cost": est,
+            "currency": "USD",
         }
 
     acc.add({"agent_ref": ref, "reward": 1.0, "_ng_task_index": 0, "cost": cost(2, 100, 10, 0.25)})
@@ -392,15 +393,17 @@ def test_costs_are_totalled_per_agent_with_failed_rollouts_apart():
             "models": {"policy": {"calls": 5, "input_tokens": 150, "output_tokens": 15}},
             "tool_ms": 10,
             "estimated_cost": 0.75,
+            "currency": "USD",
         },
         "failed": {
             "models": {"policy": {"calls": 1, "input_tokens": 7, "output_tokens": 1}},
             "tool_ms": 5,
             "estimated_cost": 0.125,
+            "currency": "USD",
         },
         "failed_rollouts": 1,
     }
     assert "cost" not in b and "mean/cost" not in a["agent_metrics"]
     lines = summary_lines(a)
-    assert "  cost: policy 5 calls, 150 in / 15 out tokens; tools 0.01 s; estimated 0.75 (pricing.currency)" in lines
+    assert "  cost: policy 5 calls, 150 in / 15 out tokens; tools 0.01 s; estimated 0.75 USD" in lines
     assert any(line.startswith("  cost of 1 failed rollouts: policy 1 calls") for line in lines), lines

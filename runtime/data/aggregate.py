@@ -252,6 +252,7 @@ class CostTotals:
         total.merge(cost)
         if cost.estimated_cost is not None:
             total.estimated_cost = round((total.estimated_cost or 0.0) + cost.estimated_cost, 9)
+            total.currency = total.currency or cost.currency
         self.failed_rollouts += failed
         self.counted += 1
 
@@ -655,5 +656,5 @@ def cost_text(cost: dict[str, Any]) -> str:
         if cost.get(key):
             parts.append(f"{what} {cost[key] / 1000:.2f} s")
     if cost.get("estimated_cost") is not None:
-        parts.append(f"estimated {cost['estimated_cost']:.6g} (pricing.currency)")
+        parts.append(f"estimated {cost['estimated_cost']:.6g} {cost.get('currency') or ''}".rstrip())
     return "; ".join(parts) or "nothing counted"

@@ -426,6 +426,7 @@ class AgentWorker:
             return None
         if self.pricing is not None:
             cost.estimated_cost = self.pricing.estimate(cost, self._concurrency)
+            cost.currency = self.pricing.currency
         return cost
 
     def _ledger(

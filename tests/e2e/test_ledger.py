@@ -109,6 +109,7 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
         assert got == stub.totals, (entry, got, stub.totals)
     for r in rows:
         assert abs(r["cost"]["estimated_cost"] - estimate(r["cost"])) < 1e-9, r["cost"]
+        assert r["cost"]["currency"] == "EUR"
         prov = r["provenance"]
         assert prov["grader"] == f"judge:{fingerprint(config.models['judge'])}"
         assert prov["turns"] == ["policy"] and prov["config"] == agent_fingerprint(
@@ -120,6 +121,7 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
     assert totals["models"]["policy"]["input_tokens"] == policy.totals["input_tokens"]
     assert totals["models"]["judge"]["output_tokens"] == judge.totals["output_tokens"]
     assert abs(totals["estimated_cost"] - sum(estimate(r["cost"]) for r in rows)) < 1e-6
+    assert totals["currency"] == "EUR"
     assert "failed" not in metrics["cost"]
 
 
