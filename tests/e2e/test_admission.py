@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gym_runtime import Client, ClientError
+from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.transport.jetstream import consumers
 from tests.helpers import ROWS, rows, weather
 
@@ -135,3 +135,17 @@ async def test_admission_mistakes_are_one_line(nats_server) -> None:
         with pytest.raises(ClientError, match=r"consumed\(n\) takes a count of rows >= 0, got -1"):
             await batch.consumed(-1)
         await batch.consumed(1)
+
+
+def test_a_synchronous_trainer_reports_what_it_consumed(nats_server) -> None:
+    with SyncClient(weather(), nats=nats_server.url) as client:
+        client.set_policy_version(1)
+        batch = client.submit(ROWS[:3], max_staleness=0, batch_size=1)
+        got = []
+        for row in batch:
+            got.append(row)
+            batch.consumed(1)
+            if len(got) < 3:
+                client.set_policy_version(1 + len(got))  # the next row starts only now
+        assert batch.handle.redone == 2 and batch.handle.started == 3
+    assert [r["reward"] for r in got] == [1.0, 1.0, 1.0]
