@@ -149,3 +149,15 @@ def test_a_synchronous_trainer_reports_what_it_consumed(nats_server) -> None:
                 client.set_policy_version(1 + len(got))  # the next row starts only now
         assert batch.handle.redone == 2 and batch.handle.started == 3
     assert [r["reward"] for r in got] == [1.0, 1.0, 1.0]
+
+
+async def test_a_cancelled_batch_gives_its_room_back(nats_server) -> None:
+    async with Client(weather(), nats=nats_server.url) as client:
+        await client.set_policy_version(1)
+        first = await client.submit(ROWS[:4], max_staleness=0, batch_size=2)
+        await take(first, 2)  # delivered, never reported consumed: they hold the whole window
+        await first.cancel()  # its two held tasks never start, and its two started ones leave the window
+        second = await client.submit(ROWS[:2], max_staleness=0, batch_size=2)
+        assert second.started == 2 and [r["reward"] for r in await take(second, 2)] == [1.0, 1.0]
+        await idle(client)
+        assert started(client) == 4 and first.started == 2
