@@ -20,7 +20,10 @@ import asyncio
 import contextlib
 import math
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +31,11 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from gym_runtime.admission import GROUP_STALENESS, Admission, StalenessWindow, Work
 from gym_runtime.config import Config, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
 from gym_runtime.data.collector import failure_row
-from gym_runtime.data.inputs import check_row, publish_rows
+from gym_runtime.data.inputs import check_row, publish_rows, publish_task, row_tasks
 from gym_runtime.data.intake import Intake, replaces
 from gym_runtime.data.reader import BatchReader
 from gym_runtime.data.validation import check_before_publish
@@ -46,7 +50,7 @@ from gym_runtime.service.runner import drain, make_workers, selected, start_work
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import ensure_streams, task_msg_id
+from gym_runtime.transport.jetstream import ensure_kept_stream, ensure_streams, task_msg_id
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
@@ -59,6 +63,16 @@ def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
     if res.error is None and res.row is not None:
         return res.row, True
     return failure_row(res), False
+
+
+@dataclass
+class _Held:
+    """Tasks of a batch not started yet: admitted together (one repeat, a group task, or a whole group)."""
+
+    handle: BatchHandle
+    work: Work
+    tasks: list[RolloutTask]
+    redone: bool = False  # stamped with a later version than it was submitted under
 
 
 class BatchHandle:
@@ -82,6 +96,13 @@ class BatchHandle:
         self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
         self._reader = BatchReader.of(client.bus, manifest, self._take, self._empty, name="client")
         self._finished = anyio.Event()
+        self._manifest = manifest
+        self.admitted = False  # started by admission (``submit(batch_size=...)``)
+        self.delivered = 0  # rows handed to the trainer
+        self.consumed_rows = 0  # of those, reported with ``consumed``
+        self.started = 0  # rollouts admitted (published)
+        self.held = 0  # rollouts waiting for admission
+        self.redone = 0  # rollouts submitted again under a newer version before they started (never run stale)
 
     @property
     def done(self) -> bool:
@@ -120,9 +141,27 @@ class BatchHandle:
 
     async def __anext__(self) -> dict[str, Any]:
         try:
-            return await self._recv.receive()
+            row = await self._recv.receive()
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
+        self.delivered += 1
+        return row
+
+    async def consumed(self, n: int) -> None:
+        """The trainer used (or dropped) ``n`` more rows of this batch, failure rows included.
+
+        With ``submit(batch_size=...)`` this is what lets more rollouts start (``gym_runtime.admission``);
+        without, it is only counted."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ClientError(f"consumed(n) takes a count of rows >= 0, got {n!r}")
+        if self.consumed_rows + n > self.delivered:
+            raise ClientError(
+                f"consumed({n}) on batch {self.batch}: only {self.delivered} rows were delivered and "
+                f"{self.consumed_rows} reported consumed already"
+            )
+        self.consumed_rows += n
+        if self.admitted and not self.cancelled:
+            await self.client._consumed(n)
 
     async def groups(self) -> AsyncIterator[list[dict[str, Any]]]:
         """Each task's rows (all its repeats, in rollout order) as soon as the last one is in."""
@@ -145,6 +184,8 @@ class BatchHandle:
         self.cancelled = True
         await control.cancel_batch(self.client.bus, self.batch)
         self._finish()
+        if self.admitted:  # its rollouts not consumed yet will not be: room for other batches
+            await self.client._consumed(0, released=self.started - self.consumed_rows)
 
 
 class Client:
@@ -195,6 +236,11 @@ class Client:
         self._run_lock = anyio.Lock()
         self._fps = control.config_fingerprints(self.config)
         self._mismatch: ClientError | None = None  # what the last cluster check found (``_watch_cluster``)
+        # admission by staleness (``submit(batch_size=...)``): one window over every open batch, its held tasks
+        self._window: StalenessWindow | None = None
+        self._admission: Admission | None = None
+        self._held: deque[_Held] = deque()
+        self._admit_lock = anyio.Lock()
 
     @property
     def bus(self) -> Bus:
@@ -333,6 +379,9 @@ class Client:
                 raise ClientError(f"policy version must not go down: {m!r} is at {current}, got {version}")
             await control.publish_version(self.bus, m, version)
         self.policy_version = version
+        if self._window is not None:
+            self._window.updated(version)
+            await self._admit()
 
     async def pause(self, *, model: str | None = None, mode: str = "drain", timeout: float = 60.0) -> int:
         """Hold new calls of the model(s); returns once every live replica has none in flight.
@@ -433,6 +482,8 @@ class Client:
         agent: str | None = None,
         batch: str | None = None,
         any_tools: bool = False,
+        batch_size: int | None = None,
+        group_staleness: str = "member",
     ) -> BatchHandle:
         """Publish rows × ``repeats`` as one batch; returns its handle at once.
 
@@ -442,6 +493,13 @@ class Client:
 
         ``policy_version`` defaults to the current one; with ``max_staleness=S`` a task that has not
         started when the current version is more than S past its own is dropped (a ``stale`` row).
+
+        ``batch_size=B`` (with ``max_staleness``) bounds what starts instead: the trainer consumes B rows per
+        policy version and says so with ``consumed(n)`` on the handle, and a rollout starts only when it will
+        be consumed within S versions of its submit, across every open batch (AReaL's rule:
+        ``gym_runtime.admission``). A task that could not start in time is submitted again under the current
+        version before it runs; ``group_staleness``: ``member`` (each repeat on its own: only the members that
+        did not start in time are redone) or ``group`` (a task's repeats start together, or are redone together).
         """
         self._raise_mismatch()
         rows = list(rows)
@@ -451,6 +509,8 @@ class Client:
             raise ClientError("no rows to submit")
         checks = self._check_rows(rows, agent, any_tools=any_tools)
         version = self._version_for(policy_version, max_staleness)
+        if batch_size is not None:
+            self._check_admission(rows, repeats, max_staleness, batch_size, group_staleness, agent)
         agents = list(self.config.agents)
         owners = Owners()
         for row in rows:
@@ -468,6 +528,18 @@ class Client:
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
+        if batch_size is not None:
+            tasks = row_tasks(
+                rows,
+                batch=handle.batch,
+                agents=agents,
+                agent=agent,
+                repeats=repeats,
+                task_fields=self._task_fields(version, max_staleness, checks),
+                grouped=lambda a: self.config.agents[a].group_repeats,
+            )
+            await self._hold(handle, list(tasks), batch_size, by_group=group_staleness == "group")
+            return handle
         await publish_rows(
             self.bus,
             rows,
@@ -481,6 +553,103 @@ class Client:
         )
         await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
+
+    # ---------------------------------------------------------------------------- admission
+
+    def _check_admission(
+        self,
+        rows: list[dict[str, Any]],
+        repeats: int,
+        max_staleness: int | None,
+        batch_size: int,
+        group_staleness: str,
+        agent: str | None,
+    ) -> None:
+        """``submit``'s admission arguments, each mistake one ``ClientError``."""
+        if max_staleness is None:
+            raise ClientError("batch_size bounds rollouts by staleness: give max_staleness too")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ClientError(
+                f"batch_size (the rollouts the trainer consumes per policy version) must be >= 1, got {batch_size!r}"
+            )
+        if group_staleness not in GROUP_STALENESS:
+            raise ClientError(f"group_staleness must be one of {', '.join(GROUP_STALENESS)}, got {group_staleness!r}")
+        window = self._window
+        if window is not None and window.batch_size != batch_size and (window.outstanding or self._held):
+            raise ClientError(
+                f"batch_size={batch_size}, but open batches were submitted with batch_size={window.batch_size}: "
+                "one trainer consumes one batch size"
+            )
+        whole = group_staleness == "group" or any(
+            self.config.agents[check_row(r, list(self.config.agents), agent)].group_repeats for r in rows
+        )
+        if whole and batch_size % repeats:
+            raise ClientError(
+                f"a task's {repeats} repeats start together: batch_size={batch_size} must be a multiple of them "
+                "(the trainer consumes whole groups), or use group_staleness='member'"
+            )
+
+    async def _hold(self, handle: BatchHandle, tasks: list[RolloutTask], batch_size: int, *, by_group: bool) -> None:
+        """Queue a batch's tasks for admission (one unit each, or each task's repeats as one), then admit."""
+        if self._window is None or self._window.batch_size != batch_size:
+            assert self.policy_version is not None  # max_staleness needs one (``_version_for``)
+            self._window = StalenessWindow(batch_size, self.policy_version)
+            self._admission = Admission(self._window)
+        await ensure_streams(self.bus)
+        if self.config.jetstream.max_republish > 0:
+            await ensure_kept_stream(self.bus)
+        handle.admitted = True
+        for t in tasks:
+            units = max(t.group, 1)
+            last = self._held[-1] if self._held else None
+            if by_group and last is not None and last.handle is handle and last.tasks[0].task_index == t.task_index:
+                last.tasks.append(t)
+                last.work.units += units
+            else:
+                self._held.append(_Held(handle, Work(units, t.policy_version, t.max_staleness, t.agent), [t]))
+            handle.held += units
+        await self._admit()
+
+    async def _consumed(self, n: int, *, released: int = 0) -> None:
+        if self._window is not None:
+            self._window.consumed(n)
+            self._window.released(released)
+            await self._admit()
+
+    async def _admit(self) -> None:
+        """Publish the held tasks the window has room for, in submit order; a task that can no longer start
+        within its staleness bound is stamped with the current version first (redone, never run stale)."""
+        window, admission = self._window, self._admission
+        if window is None or admission is None:
+            return
+        async with self._admit_lock:
+            out: list[RolloutTask] = []
+            touched: dict[str, BatchHandle] = {}
+            while self._held:
+                held = self._held[0]
+                if held.handle.cancelled:
+                    self._held.popleft()
+                    continue
+                if window.expired(held.work):
+                    held.work.version = window.version
+                    held.tasks = [msgspec.structs.replace(t, policy_version=window.version) for t in held.tasks]
+                    held.redone = True
+                if not admission.admit(held.work):
+                    break
+                self._held.popleft()
+                held.handle.held -= held.work.units
+                held.handle.started += held.work.units
+                held.handle.redone += held.work.units if held.redone else 0
+                touched[held.handle.batch] = held.handle
+                out.extend(held.tasks)
+            keep = self.config.jetstream.max_republish > 0
+            async with anyio.create_task_group() as tg:
+                for task in out:
+                    tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
+            for handle in touched.values():
+                if handle.held == 0:  # wholly published: a reader may now settle its lost slots
+                    await put_manifest(self.bus, msgspec.structs.replace(handle._manifest, published=True))
+        admission.changed()
 
     async def run(
         self,

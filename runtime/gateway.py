@@ -25,6 +25,10 @@ Reply shapes, decided from NeMo Gym's code (``nemo_gym/server_utils.py``, ``simp
   decoded and computed in a worker thread, one request at a time (pass@k for every k costs the square
   of a task's rollouts: the event loop keeps serving ``/run`` meanwhile); past
   ``gateway.aggregate_metrics_max_rows`` rows, 413.
+* ``POST /pause`` with ``{"mode": "drain"|"interrupt"|"abort", "model": name?, "timeout": s?}`` →
+  ``{"acknowledged": replicas}`` once the model's replicas hold new calls (``Client.pause``); ``POST /resume``
+  with ``{"model": name?}`` → ``{"resumed": true}``. gym-runtime's own, for a trainer that reaches the cluster
+  only over HTTP; a wrong mode or model answers 422 with the client's one line.
 * A body that cannot be decoded (not JSON, not UTF-8, nested past the decoder's depth) answers 422.
 
 aiohttp: one well-kept dependency that is both a fast asyncio HTTP server and the client our tests
@@ -109,6 +113,8 @@ class Gateway:
         app.router.add_get("/server_instances", self.server_instances)
         app.router.add_post("/run", self.run)
         app.router.add_post("/aggregate_metrics", self.aggregate_metrics)
+        app.router.add_post("/pause", self.pause)
+        app.router.add_post("/resume", self.resume)
         return app
 
     async def liveness(self, _: web.Request) -> web.Response:
@@ -178,6 +184,36 @@ class Gateway:
             body = f"RolloutFailed(error_class={e.error_class!r}, error={e.row.get('error')!r})"
             return _json(body, 500, headers={"Gym-Error-Class": e.error_class})
         return _json(run_reply(out, row))
+
+    async def _steer_body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, Any]:
+        """A ``/pause`` or ``/resume`` body: an object (or nothing) with only ``fields``; else 422."""
+        raw = await request.read()
+        body = _decoded(raw) if raw.strip() else {}
+        unknown = sorted(set(body) - set(fields)) if isinstance(body, dict) else None
+        if unknown is None or unknown:
+            what = f"unknown fields {unknown}" if unknown else "the body must be a JSON object"
+            raise web.HTTPUnprocessableEntity(
+                text=_enc.encode({"detail": f"{what}; expected {{{', '.join(fields)}}}"}).decode(),
+                content_type="application/json",
+            )
+        return body
+
+    async def pause(self, request: web.Request) -> web.Response:
+        body = await self._steer_body(request, ("mode", "model", "timeout"))
+        try:
+            timeout = float(body.get("timeout", 60.0))
+            acked = await self.client.pause(model=body.get("model"), mode=body.get("mode", "drain"), timeout=timeout)
+        except (ClientError, TypeError, ValueError) as e:
+            return _json({"detail": str(e)}, 422)
+        return _json({"acknowledged": acked})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        body = await self._steer_body(request, ("model",))
+        try:
+            await self.client.resume(model=body.get("model"))
+        except ClientError as e:
+            return _json({"detail": str(e)}, 422)
+        return _json({"resumed": True})
 
     async def aggregate_metrics(self, request: web.Request) -> web.Response:
         raw = await request.read()

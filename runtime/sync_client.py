@@ -48,6 +48,9 @@ class SyncBatch:
     def cancel(self) -> None:
         self._portal.call(self.handle.cancel)
 
+    def consumed(self, n: int) -> None:
+        self._portal.call(self.handle.consumed, n)
+
 
 class SyncClient:
     """``Client`` for synchronous trainers: same arguments; use ``with SyncClient(config) as client``."""

@@ -209,6 +209,48 @@ async def publish_tasks(
     )
 
 
+def row_tasks(
+    rows: Iterable[dict[str, Any]],
+    *,
+    batch: str,
+    agents: list[str],
+    agent: str | None = None,
+    repeats: int = 1,
+    task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
+    grouped: Callable[[str], bool] = lambda _agent: False,
+) -> Iterator[RolloutTask]:
+    """The tasks of rows × repeats in publish order (``aabbcc``; a grouped agent's repeats: one group task)."""
+    for index, row in enumerate(rows):
+        name = choose_agent(row, agents, agent)
+        group = repeats if repeats > 1 and grouped(name) else 0
+        fields = task_fields(name)
+        for r in range(1 if group else repeats):
+            yield RolloutTask(
+                batch=batch, task_index=index, rollout_index=r, agent=name, row=row, group=group, **fields
+            )
+
+
+async def publish_task(bus: Bus, task: RolloutTask, *, keep: bool = False) -> None:
+    """Store one task in its agent's queue (``keep``: its body in the kept stream too, with its first repeat)."""
+    subject = bus.subjects.task(task.agent, task.batch)
+    kept = bus.subjects.kept(task.batch, task.task_index) if keep and task.rollout_index == 0 else None
+    msg_id = task_msg_id(task.batch, task.task_index, task.rollout_index, task.group)
+    tel = bus.telemetry
+    if not tel.recording:
+        await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
+        return
+    attributes = {
+        "messaging.system": "nats",
+        "messaging.destination.name": subject,
+        "messaging.message.id": msg_id,
+        "gym.batch": task.batch,
+        "gym.task_index": task.task_index,
+        "gym.rollout_index": task.rollout_index,
+    }
+    with tel.span(f"publish {subject}", kind=SpanKind.PRODUCER, attributes=attributes):
+        await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
+
+
 async def publish_rows(
     bus: Bus,
     rows: Iterable[dict[str, Any]],
@@ -249,29 +291,12 @@ async def publish_rows(
     failed: list[Exception] = []
     sent = 0
     stored = 0
-    tel = bus.telemetry
     mark = mark or Watermark()
 
-    async def send(subject: str, task: RolloutTask, ordinal: int, kept: str | None) -> None:
+    async def send(task: RolloutTask, ordinal: int) -> None:
         nonlocal stored
-        msg_id = task_msg_id(task.batch, task.task_index, task.rollout_index, task.group)
         try:
-            if tel.recording:
-                with tel.span(
-                    f"publish {subject}",
-                    kind=SpanKind.PRODUCER,
-                    attributes={
-                        "messaging.system": "nats",
-                        "messaging.destination.name": subject,
-                        "messaging.message.id": msg_id,
-                        "gym.batch": task.batch,
-                        "gym.task_index": task.task_index,
-                        "gym.rollout_index": task.rollout_index,
-                    },
-                ):
-                    await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
-            else:
-                await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
+            await publish_task(bus, task, keep=keep)
             stored += 1
             mark.stored(ordinal)
             if on_sent is not None:
@@ -284,35 +309,22 @@ async def publish_rows(
     async with anyio.create_task_group() as tg:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
-        for index, row in enumerate(rows):
-            name = choose_agent(row, agents, agent)
-            subject = bus.subjects.task(name, batch)
-            group = repeats if repeats > 1 and grouped(name) else 0
-            for r in range(1 if group else repeats):
-                await limiter.acquire()
-                if failed:
-                    limiter.release()
-                    break
-                ordinal = mark.take()
-                if ordinal is None:  # stored by an earlier run of this publish
-                    limiter.release()
-                    sent += 1
-                    if on_sent is not None:
-                        on_sent()
-                    continue
-                task = RolloutTask(
-                    batch=batch,
-                    task_index=index,
-                    rollout_index=r,
-                    agent=name,
-                    row=row,
-                    group=group,
-                    **task_fields(name),
-                )
-                tasks.spawn(send, subject, task, ordinal, bus.subjects.kept(batch, index) if keep and r == 0 else None)
-                sent += 1
+        for task in row_tasks(
+            rows, batch=batch, agents=agents, agent=agent, repeats=repeats, task_fields=task_fields, grouped=grouped
+        ):
+            await limiter.acquire()
             if failed:
+                limiter.release()
                 break
+            ordinal = mark.take()
+            if ordinal is None:  # stored by an earlier run of this publish
+                limiter.release()
+                sent += 1
+                if on_sent is not None:
+                    on_sent()
+                continue
+            tasks.spawn(send, task, ordinal)
+            sent += 1
         for _ in range(in_flight):  # every publish has its ack (or failed)
             await limiter.acquire()
         tg.cancel_scope.cancel()

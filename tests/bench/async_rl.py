@@ -19,6 +19,11 @@ Per mode (``drain``, ``interrupt``, ``abort``), over the steps after the first (
 * staleness of the consumed rollouts (trainer version at consumption - version at submission);
 * tokens regenerated (made again after an ``abort``).
 
+``--admission``: staleness by admission (``submit(batch_size=groups x repeats, group_staleness="group")``,
+each consumed group reported with ``batch.consumed``): a rollout starts only when it will be consumed within
+S versions, so staleness is then counted from the version a rollout started under (``policy_versions[0]``),
+and the target for "discarded" is 0.
+
 Default: a scaled-down run that takes a few minutes on a laptop. The issue's scenario (4 replicas x 64
 slots, 512 rollouts per step, median call 1 s, sigma 0.8, capped at 16x, trainer step 2 s, S = 1):
 
@@ -78,7 +83,7 @@ async def trainer(args: argparse.Namespace, mode: str, url: str) -> dict[str, An
     )
     raw["namespace"] = f"arl{mode}"
     cfg = config_from_dict(raw)
-    send, recv = anyio.create_memory_object_stream[tuple[int, list[dict[str, Any]]]](math.inf)
+    send, recv = anyio.create_memory_object_stream[tuple[int, Any, list[dict[str, Any]]]](math.inf)
     staleness: Counter[int] = Counter()
     stale_rows = discarded = 0
     waits: list[float] = []
@@ -90,11 +95,13 @@ async def trainer(args: argparse.Namespace, mode: str, url: str) -> dict[str, An
 
         async def feed(batch: Any, submitted: int) -> None:
             async for group in batch.groups():
-                await send.send((submitted, group))
+                await send.send((submitted, batch, group))
+
+        admit = {"batch_size": groups * repeats, "group_staleness": "group"} if args.admission else {}
 
         async def submit(n: int) -> None:
             rows = [ROWS[i % len(ROWS)] for i in range(n)]
-            tg.start_soon(feed, await client.submit(rows, repeats=repeats, max_staleness=S), version)
+            tg.start_soon(feed, await client.submit(rows, repeats=repeats, max_staleness=S, **admit), version)
 
         await submit(max(1, S) * groups)  # consumed a step after their submission, at the earliest
         t_measure = 0.0
@@ -103,14 +110,19 @@ async def trainer(args: argparse.Namespace, mode: str, url: str) -> dict[str, An
             if step == 1:
                 t_measure = t0
             for _ in range(groups):
-                submitted, group = await recv.receive()
+                submitted, batch, group = await recv.receive()
+                if args.admission:
+                    await batch.consumed(len(group))
                 for row in group:
+                    since = submitted  # with admission: the version it started under (a redone row's is later)
+                    if args.admission and "policy_versions" in row:
+                        since = row["policy_versions"][0]
                     if row.get("error_class") == "stale":
                         stale_rows += step > 0
-                    elif version - submitted > S:
+                    elif version - since > S:
                         discarded += step > 0
                     elif step > 0:
-                        staleness[version - submitted] += 1
+                        staleness[version - since] += 1
             if step > 0:
                 waits.append(time.monotonic() - t0)
             await submit(groups)  # the next step's work, at this version
@@ -175,6 +187,7 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=0.8, help="lognormal shape of output lengths (cap: 16x median)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", nargs="+", default=["drain", "interrupt", "abort"])
+    ap.add_argument("--admission", action="store_true", help="staleness by admission (batch_size, consumed)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     results = []

@@ -229,3 +229,31 @@ async def test_several_agents_are_listed_and_routed_by_agent_ref(nats_server) ->
     assert agent_url(global_cfg, "second_agent") == head
     assert sorted(b["agent_ref"]["name"] for _, b in replies) == ["second_agent"] * 2 + ["weather_agent"] * 2
     assert agents == {"weather_agent": 2, "second_agent": 2}  # each row ran on the agent it named
+
+
+async def test_pause_and_resume_over_http_hold_and_release_model_calls(gateway) -> None:
+    """A trainer that reaches the cluster only over HTTP steers its updates as ``Client.pause`` does."""
+    head, client = gateway
+    (model,) = [w for w in client.workers if hasattr(w, "gate")]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{head}/pause", json={"mode": "drain"}) as r:
+            assert r.status == 200 and await r.json() == {"acknowledged": 1}
+        run = asyncio.ensure_future(http.post(f"{head}/run", json=ROWS[0]))
+        async with asyncio.timeout(30):  # the rollout's model call is held, not served
+            while model.gate.held == 0:
+                await asyncio.sleep(0.02)
+        assert model.served == 0 and not run.done()
+        async with http.post(f"{head}/resume", json={}) as r:
+            assert r.status == 200 and await r.json() == {"resumed": True}
+        async with await run as r:
+            assert r.status == 200 and (await r.json())["reward"] == 1.0
+        async with http.post(f"{head}/pause", json={"mode": "later"}) as r:
+            assert r.status == 422 and (await r.json())["detail"] == (
+                "pause mode must be one of drain, interrupt, abort, got 'later'"
+            )
+        async with http.post(f"{head}/pause", json={"mode": "interrupt"}) as r:  # the stub has no token ids
+            assert r.status == 422 and "models.policy: cannot pause with mode='interrupt'" in (await r.json())["detail"]
+        async with http.post(f"{head}/resume", json={"model": "nope"}) as r:
+            assert r.status == 422 and "no model named 'nope'" in (await r.json())["detail"]
+        async with http.post(f"{head}/pause", json={"mode": "drain", "wait": 1}) as r:
+            assert r.status == 422 and "unknown fields ['wait']" in (await r.json())["detail"]
