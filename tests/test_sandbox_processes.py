@@ -103,6 +103,13 @@ async def test_exec_output_reaches_the_caller_as_the_command_produces_it(
             r = await box.exec(["sh", "-c", "printf abc"], on_output=lambda s, d: got.append(d))
             assert (r.stdout, b"".join(got)) == (b"abc", b"abc")
 
+            def refuse(stream: str, data: bytes) -> None:
+                raise ValueError(f"no {data!r}")
+
+            with pytest.raises(ValueError, match="no b'abc'"):  # the author's own error, as it is
+                await box.exec(["sh", "-c", "printf abc; sleep 60"], on_output=refuse)
+            assert (await box.exec("echo still")).stdout == b"still\n"
+
 
 async def test_a_command_printing_forever_sends_its_capped_output_and_the_worker_serves_others(
     bus: Bus, engine: Engine, base_image: str, pool: str, backend_name: str

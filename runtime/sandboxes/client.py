@@ -22,6 +22,7 @@ count it against its ``timeout_s``: its clock starts again once it holds the san
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import random
@@ -94,24 +95,39 @@ class Sandbox:
         ``on_output``: given each part of the output as the command produces it (see the module's doc)."""
         call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
-        if on_output is None:
-            r = await self._op(call, timeout)
-        else:  # parts are queued as they arrive and handed on here: a slow callback never holds up the bus
-            send, parts = anyio.create_memory_object_stream[tuple[int, bytes]](math.inf)  # bounded: the cap
+        r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
+        self._owner.exec_s += r.duration_s
+        return _result(r)
 
-            async def hand_on() -> None:
-                async with parts:
-                    async for stream, data in parts:
+    async def _streamed(self, call: SandboxCall, timeout: float, on_output: OnOutput) -> SandboxReply:
+        """An exec whose parts are queued as they arrive and handed on here: a slow callback never holds up
+        the bus (the queue is bounded by the worker's cap)."""
+        send, parts = anyio.create_memory_object_stream[tuple[int, bytes]](math.inf)
+        failed: list[Exception] = []
+
+        async def hand_on() -> None:
+            async with parts:
+                async for stream, data in parts:
+                    try:
                         out = on_output(STREAMS[stream], data)
                         if inspect.isawaitable(out):
                             await out
+                    except Exception as e:  # the author's error ends the call: raised as it is, not grouped
+                        failed.append(e)
+                        tg.cancel_scope.cancel()
+                        return
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(hand_on)
-                with send:  # the parts all came before the reply: closing it ends hand_on after the last
-                    r = await self._op(call, timeout, on_output=send.send_nowait)
-        self._owner.exec_s += r.duration_s
-        return _result(r)
+        def put(part: tuple[int, bytes]) -> None:
+            with contextlib.suppress(anyio.BrokenResourceError):  # the callback failed: the call is ending
+                send.send_nowait(part)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hand_on)
+            with send:  # the parts all came before the reply: closing it ends hand_on after the last
+                r = await self._op(call, timeout, on_output=put)
+        if failed:
+            raise failed[0]
+        return r
 
     async def spawn(self, cmd: str | list[str]) -> Process:
         """Start ``cmd`` in the background (a server, a long build): it runs until it ends, is killed, or the

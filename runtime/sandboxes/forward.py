@@ -23,7 +23,6 @@ class Forward:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.waiting: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
-        self.sent = 0  # bytes
         self._pending = anyio.Event()
         self._lock = anyio.Lock()  # parts leave in the order they came
 
@@ -48,4 +47,3 @@ class Forward:
                     part = bytes(buf[:CHUNK])
                     del buf[:CHUNK]
                     await self.bus.send_output(stream, part)
-                    self.sent += len(part)
