@@ -625,11 +625,17 @@ class Client:
         async with self._admit_lock:
             out: list[RolloutTask] = []
             touched: dict[str, BatchHandle] = {}
+            if any(h.handle.cancelled for h in self._held):
+                # a cancelled batch's held tasks are published all the same, outside the window: a worker
+                # turns each into its ``cancelled`` row without running it, so the batch still ends with one
+                # row per slot (a collector would wait on them forever)
+                for held in [h for h in self._held if h.handle.cancelled]:
+                    held.handle.held -= held.work.units
+                    touched[held.handle.batch] = held.handle
+                    out.extend(msgspec.structs.replace(t, cancelled=True) for t in held.tasks)
+                self._held = deque(h for h in self._held if not h.handle.cancelled)
             while self._held:
                 held = self._held[0]
-                if held.handle.cancelled:
-                    self._held.popleft()
-                    continue
                 if window.expired(held.work):
                     held.work.version = window.version
                     held.tasks = [msgspec.structs.replace(t, policy_version=window.version) for t in held.tasks]

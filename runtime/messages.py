@@ -292,6 +292,9 @@ class RolloutTask(_Msg, tag="task.v1"):
     # environment, or one installed on the worker nodes only): the resource worker checks it when it
     # opens the session, as ``validate`` would (``any_tools``: answer-channel tools were allowed).
     check: RowCheck | None = None
+    # Published after its batch was cancelled (admission held it back until then): its worker writes the
+    # ``cancelled`` row without running it, however late the cancel message reaches that worker
+    cancelled: bool = False
 
 
 class RowCheck(Struct, kw_only=True, omit_defaults=True):
