@@ -182,6 +182,13 @@ USES = [
     Use("direct_get", sj.direct_get(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.blob_stream("model")), set(), set()),
+    # each attempt's record of itself: written by its own agent pool only, read by the publisher (explain) by a
+    # direct get whose body names the task's subject; nobody subscribes to them
+    Use("attempt", s.attempt("a", "b1", 3), of("agent", "a"), set()),
+    Use("attempt", s.attempt("b", "b1", 3), of("agent", "b"), set()),
+    Use("agent_attempts", s.agent_attempts("a"), set(), set()),
+    Use("direct_get", sj.direct_get(s.attempts_stream), {"publisher"}, set()),
+    Use("stream_info", sj.stream_info(s.attempts_stream), {"publisher"}, set()),
     # trainer control: the publisher announces, workers hear (the ControlView's subscriptions)
     Use("policy_version", s.policy_version("m"), {"publisher"}, AGENTS | MODELS),
     Use("policy_version", s.policy_version("*"), set(), AGENTS | MODELS),
@@ -228,9 +235,10 @@ USES = [
 
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
-    "tasks_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
+    "tasks_stream", "model_stream", "blob_stream", "kept_stream", "attempts_stream", "batches_bucket", "control_bucket",
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
+    "all_attempts",
     "all_resources", "all_sandboxes", "sandbox_group",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it

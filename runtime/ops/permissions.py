@@ -125,6 +125,10 @@ def permissions(
                 # as for blobs) to publish again a task whose stored result was lost (data.republish)
                 s.kept("*", "*"),
                 s.kept_get("*", "*"),
+                # explain: each attempt's own records, read one task's at a time (a direct get by sequence, its
+                # body naming the task's subject: ``next_by_subj``)
+                sj.stream_info(s.attempts_stream),
+                sj.direct_get(s.attempts_stream),
             ]
             # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
@@ -141,6 +145,7 @@ def permissions(
                 *_read_kv(control),
                 # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
                 sj.kv_key(control, s.failed_keys(mine)),
+                s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
                 *_pull(s, "task", pool),
                 sj.lane_replies(sj.lane("agent", mine)),  # status answers
             ]
