@@ -405,6 +405,7 @@ class AttemptStart(_Msg, tag="attempt.start.v1", kw_only=True):
     """What an attempt says of itself when it starts (``Subjects.attempt``, ``explain``): where and when it runs.
     A worker killed mid-rollout leaves this and nothing else."""
 
+    task_index: int
     rollout_index: int
     group: int = 0  # a group task's repeats (``RolloutTask.group``)
     attempt: int  # JetStream's delivery count
@@ -419,6 +420,7 @@ class AttemptRetried(_Msg, tag="attempt.nak.v1", kw_only=True):
     """An attempt given back for another (a retryable failure, or its guest lost): why, and the calls it made
     (``RolloutResult.calls``' form)."""
 
+    task_index: int
     rollout_index: int
     group: int = 0
     attempt: int

@@ -182,12 +182,15 @@ USES = [
     Use("direct_get", sj.direct_get(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.blob_stream("model")), set(), set()),
-    # each attempt's record of itself: written by its own agent pool only, read by the publisher (explain) by a
-    # direct get whose body names the task's subject; nobody subscribes to them
-    Use("attempt", s.attempt("a", "b1", 3), of("agent", "a"), set()),
-    Use("attempt", s.attempt("b", "b1", 3), of("agent", "b"), set()),
+    # each attempt's record of itself: written by its own agent pool only, read by the publisher (explain) with a
+    # no-ack reader of its own; nobody subscribes to them, nor reads them by direct get
+    Use("attempt", s.attempt("a", "b1"), of("agent", "a"), set()),
+    Use("attempt", s.attempt("b", "b1"), of("agent", "b"), set()),
     Use("agent_attempts", s.agent_attempts("a"), set(), set()),
-    Use("direct_get", sj.direct_get(s.attempts_stream), {"publisher"}, set()),
+    Use("consumer_create", sj.consumer_create(s.attempts_stream, "x", s.attempt("*", "b1")), {"publisher"}, set()),
+    Use("pull_next", sj.pull_next(s.attempts_stream, "x"), {"publisher"}, set()),
+    Use("consumer_delete", sj.consumer_delete(s.attempts_stream, "x"), {"publisher"}, set()),
+    Use("direct_get", sj.direct_get(s.attempts_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.attempts_stream), {"publisher"}, set()),
     # trainer control: the publisher announces, workers hear (the ControlView's subscriptions)
     Use("policy_version", s.policy_version("m"), {"publisher"}, AGENTS | MODELS),

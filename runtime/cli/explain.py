@@ -74,14 +74,14 @@ def render(manifest: Any, h: Any) -> list[str]:
         f"  (published {_when(manifest.created)}, input {manifest.input})"
     ]
     if not h.attempts:
-        lines.append("  no attempt recorded yet (queued, or its records were dropped by the attempts stream's limits)")
+        lines.append("  no attempt recorded yet (queued; or its records are past the attempts stream's limits)")
     for n, a in enumerate(h.attempts):
         s = a.start
         if s is not None:
             where = f"on node {s.node}, worker {s.worker} (pid {s.pid})"
             lines.append(f"attempt {a.number}  started {_when(s.at)} {where}")
         else:
-            lines.append(f"attempt {a.number}  (no start record)")
+            lines.append(f"attempt {a.number}  (no start record: its worker died within 0.5 s of taking it)")
         if a.number > 1 and (n == 0 or h.attempts[n - 1].number != a.number - 1 or s is not None):
             lines.append(f"  redelivered: {_why(h, n)}")
         calls = a.retried.calls if a.retried is not None else next((r.calls for r in a.results if r.calls), None)

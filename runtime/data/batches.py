@@ -175,6 +175,6 @@ async def purge_batch(bus: Bus, batch: str) -> int:
     for stream in await jetstream.results_streams(bus):  # each agent's, and the lost records'
         removed += await jetstream.purge_subject(bus, stream, names.batch_results(batch))
     await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
-    await jetstream.purge_subject(bus, names.attempts_stream, names.attempt("*", batch, ">"), count=False)
+    await jetstream.purge_subject(bus, names.attempts_stream, names.attempt("*", batch), count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

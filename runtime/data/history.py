@@ -62,7 +62,7 @@ async def histories(bus: Bus, batch: str, task: int, rollout: int | None) -> tup
     owners = TaskOwners(manifest)
     agents = [owners.owner(task)] if owners.owner(task) else sorted(manifest.agents)
     wanted = list(range(repeats)) if rollout is None else [rollout]
-    records = [r for agent in agents for r in await _records(bus, agent, batch, task)]
+    records = await _records(bus, agents, batch, task)
     intake = Intake(bus, batch, repeats=repeats, tasks=manifest.tasks, allows=owners.allows)
     stored, lost = await _results(bus, intake, [*agents, LOST], task)
     out = []
@@ -91,16 +91,24 @@ async def histories(bus: Bus, batch: str, task: int, rollout: int | None) -> tup
     return manifest, out
 
 
-async def _records(bus: Bus, agent: str, batch: str, task: int) -> list[AttemptStart | AttemptRetried]:
-    """The attempt records of one task (none when the server has no attempts stream: an older provisioning)."""
+async def _records(bus: Bus, agents: list[str], batch: str, task: int) -> list[AttemptStart | AttemptRetried]:
+    """The attempt records of one task, oldest first (none when the server has no attempts stream: provisioned by
+    an older version); each agent's records of the batch read once."""
+    out: list[AttemptStart | AttemptRetried] = []
     stream = bus.subjects.attempts_stream
     if await jetstream.stream_config(bus, stream) is None:
-        return []
-    out: list[AttemptStart | AttemptRetried] = []
-    for data in await jetstream.subject_messages(bus, stream, bus.subjects.attempt(agent, batch, task)):
+        return out
+
+    async def take(msg: Delivery) -> None:
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            out.append(msgspec.msgpack.decode(data, type=AttemptRecord))  # type: ignore[arg-type]
+            out.extend(r for r in _decode_records(msg.data) if r.task_index == task)
+
+    for agent in agents:
+        await _read_all(bus, stream, bus.subjects.attempt(agent, batch), take)
     return out
+
+
+_decode_records = msgspec.msgpack.Decoder(list[AttemptRecord]).decode
 
 
 async def _results(

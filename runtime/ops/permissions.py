@@ -125,10 +125,8 @@ def permissions(
                 # as for blobs) to publish again a task whose stored result was lost (data.republish)
                 s.kept("*", "*"),
                 s.kept_get("*", "*"),
-                # explain: each attempt's own records, read one task's at a time (a direct get by sequence, its
-                # body naming the task's subject: ``next_by_subj``)
-                sj.stream_info(s.attempts_stream),
-                sj.direct_get(s.attempts_stream),
+                # explain: each attempt's own records, a batch's read by a no-ack reader of its own
+                *_readers(s.attempts_stream, s.all_attempts),
             ]
             # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
@@ -209,16 +207,19 @@ def _read_results(s: Subjects, reach: Reach) -> list[str]:
         streams = [(s.results_stream(a), s.agent_results(a)) for a in [*reach.agents, sj.LOST]]
     out = []
     for stream, subjects in streams:
-        out += [
-            sj.stream_info(stream),
-            sj.consumer_create(stream, "*", subjects),
-            sj.consumer_info(stream, "*"),
-            sj.pull_next(stream, "*"),
-            sj.acks(stream, "*"),
-            sj.consumer_delete(stream, "*"),
-            sj.consumer_list(stream),
-        ]
+        out += [*_readers(stream, subjects), sj.acks(stream, "*"), sj.consumer_list(stream)]
     return out
+
+
+def _readers(stream: str, subjects: str) -> list[str]:
+    """Readers of ``stream`` (its info; consumers of its own on ``subjects``: made, asked, pulled, deleted)."""
+    return [
+        sj.stream_info(stream),
+        sj.consumer_create(stream, "*", subjects),
+        sj.consumer_info(stream, "*"),
+        sj.pull_next(stream, "*"),
+        sj.consumer_delete(stream, "*"),
+    ]
 
 
 def _read_kv(*buckets: str) -> list[str]:

@@ -44,7 +44,7 @@ from nats.js.errors import (
 
 from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
-from gym_runtime.transport.subjects import LOST, blob_role, direct_get
+from gym_runtime.transport.subjects import LOST, blob_role
 from gym_runtime.transport.subjects import stream_names as stream_names_subject
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ STREAM_LIMITS: dict[str, int] = {
     "model": 1 << 30,
     "blobs": 512 << 20,
     "kept": 1 << 30,
-    "attempts": 256 << 20,  # ~150 B a record: 1,700,000 attempts; the oldest go first (explain's history)
+    "attempts": 256 << 20,  # ~100 B a record: 2,500,000 attempts; the oldest go first (explain's history)
 }
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
 KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
@@ -292,16 +292,13 @@ async def ensure_kept_stream(bus: Bus) -> None:
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-ATTEMPTS_PER_TASK = 64  # records kept per task (a start and maybe a retry each attempt), the latest ones
-
-
 async def ensure_attempts_stream(bus: Bus) -> None:
     """The stream of each attempt's record of itself (``Subjects.attempt``; ``explain`` reads it).
 
     A history, never needed to finish a batch, so bounded to drop its oldest first rather than refuse: by age
-    (``jetstream.max_age_s``, else 7 days), by size (``jetstream.attempts_max_bytes``, else ``max_bytes``, else
-    256 MiB) and per task (``ATTEMPTS_PER_TASK``). Records are published without an ack (a stream that is gone
-    or full costs the history, never the rollout). On a ``--secure`` bus the admin provisions it.
+    (``jetstream.max_age_s``, else 7 days) and by size (``jetstream.attempts_max_bytes``, else ``max_bytes``, else
+    256 MiB). Records are published without an ack (a stream that is gone or full costs the history, never the
+    rollout). On a ``--secure`` bus the admin provisions it.
     """
     if bus.secured:
         return
@@ -315,26 +312,9 @@ async def ensure_attempts_stream(bus: Bus) -> None:
         num_replicas=replicas,
         max_age=max_age or 7 * 24 * 3600.0,
         max_bytes=size.max_bytes,
-        max_msgs_per_subject=ATTEMPTS_PER_TASK,
         discard=DiscardPolicy.OLD,
-        allow_direct=True,
     )
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
-
-
-async def subject_messages(bus: Bus, stream: str, subject: str) -> list[bytes]:
-    """Every message ``stream`` holds on ``subject``, oldest first, by direct gets (each asks for the next one
-    of the subject from a sequence on: no consumer, and a reader may be allowed only this)."""
-    out: list[bytes] = []
-    seq = 1
-    api = direct_get(stream)
-    while True:
-        body = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
-        msg = await retrying(lambda b=body: bus.nc.request(api, b, timeout=5.0), what="direct get")  # type: ignore[misc]
-        if not msg.headers or msg.headers.get("Status") or "Nats-Sequence" not in msg.headers:
-            return out
-        out.append(msg.data)
-        seq = int(msg.headers["Nats-Sequence"]) + 1
 
 
 async def last_message(bus: Bus, get: str) -> Msg | None:

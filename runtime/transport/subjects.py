@@ -516,9 +516,9 @@ class Subjects:
     def attempts_stream(self) -> str:
         return f"{self._base}_ATTEMPTS"
 
-    def attempt(self, agent: str, batch: str, task: int | str) -> str:
-        """Where an agent pool's workers record the attempts at one task (``>`` in ``task``: every task of a batch)."""
-        return f"{self.ns}.attempt.{agent}.{batch}.{task}"
+    def attempt(self, agent: str, batch: str) -> str:
+        """Where an agent pool's workers record their attempts at a batch's tasks (several to a message)."""
+        return f"{self.ns}.attempt.{agent}.{batch}"
 
     def agent_attempts(self, agent: str) -> str:
         """Every attempt record an agent pool may write."""

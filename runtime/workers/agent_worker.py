@@ -50,6 +50,7 @@ from gym_runtime.transport.jetstream import (
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.transport.rpc import ON_PAUSE
+from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint, grader_identity
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
@@ -149,6 +150,7 @@ class AgentWorker:
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus)
+        self.records = AttemptRecords(bus, name)
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -180,6 +182,7 @@ class AgentWorker:
             await self.control.start(tg)
             await ensure_results_stream(self.bus, self.name)  # its own: results are stored there before a task is acked
             await ensure_attempts_stream(self.bus)  # each attempt's record of itself (explain)
+            tg.start_soon(self.records.run)
             self.puller = await work_queue_puller(
                 self.bus,
                 "task",
@@ -337,8 +340,8 @@ class AgentWorker:
         key = self.bus.subjects.failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
         failed = await self.control.failed_attempts(key) if attempt > 1 else 0
         lost = attempt - 1 - failed
-        record = self.bus.subjects.attempt(task.agent, task.batch, task.task_index)
         start = AttemptStart(
+            task_index=task.task_index,
             rollout_index=task.rollout_index,
             group=task.group,
             attempt=attempt,
@@ -348,7 +351,7 @@ class AgentWorker:
             pid=self.pid,
             at=time.time(),
         )
-        await self.bus.note(record, msgspec.msgpack.encode(start))  # no ack awaited: a lost one costs history only
+        self.records.add(task.batch, start)
         if lost > self.cfg.max_worker_losses:
             return _failures(
                 task,
@@ -393,7 +396,7 @@ class AgentWorker:
                 if is_lost(e):  # its guest was killed for another rollout's fault: a lost worker, not a failed attempt
                     log.info("rollout.lost", error=e.info.message, then="runs again")
                     retrying = True
-                    await self._given_back(record, task, attempt, e.info, ctx)
+                    self._given_back(task, attempt, e.info, ctx)
                     await msg.nak(delay=NAK_BACKOFF_S[0])
                     return None
                 if e.info.retryable and failed + 1 < self.cfg.max_attempts:
@@ -401,7 +404,7 @@ class AgentWorker:
                     log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)
                     await self.control.count_failed(key, failed + 1)
                     retrying = True
-                    await self._given_back(record, task, attempt, e.info, ctx)
+                    self._given_back(task, attempt, e.info, ctx)
                     await msg.nak(delay=delay)
                     return None
                 return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log)
@@ -442,11 +445,10 @@ class AgentWorker:
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
 
-    async def _given_back(
-        self, record: str, task: RolloutTask, attempt: int, info: ErrorInfo, ctx: AgentContext
-    ) -> None:
-        """An attempt nak'd for another: its record says why, with the calls it made (off the hot path)."""
+    def _given_back(self, task: RolloutTask, attempt: int, info: ErrorInfo, ctx: AgentContext) -> None:
+        """An attempt nak'd for another: its record says why, with the calls it made."""
         retried = AttemptRetried(
+            task_index=task.task_index,
             rollout_index=task.rollout_index,
             group=task.group,
             attempt=attempt,
@@ -455,7 +457,7 @@ class AgentWorker:
             calls=ctx.calls.log,
             at=time.time(),
         )
-        await self.bus.note(record, msgspec.msgpack.encode(retried))
+        self.records.add(task.batch, retried)
 
     async def _outcomes(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome]:
         if task.group > 1:

@@ -4,6 +4,7 @@ test double (the scripted policy, slowed so that the rollout is in flight when i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -11,6 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import nats
+import nats.js.errors
 import pytest
 
 from gym_runtime.config import load_config
@@ -35,7 +39,7 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
 def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_stored_the_result(
     server: EmbeddedServer, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path, agent_concurrency=1, delay_s=2.0)  # two model calls of 2 s: a 4 s rollout
+    config = write_config(tmp_path, agent_concurrency=1, delay_s=3.0)  # two model calls of 3 s: a 6 s rollout
     pool = Pool(config, server.url)
     try:
         for only in ("models.policy", "resources.env"):
@@ -45,7 +49,8 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
             res = cli("publish", str(config), "-i", str(tasks_file(tmp_path, 1)), "--nats", server.url, "--batch", "b1")
             assert res.returncode == 0, res.stderr
             wait_until(lambda: watch.held() >= 1, timeout=90)  # it took the task and said so
-            pool.kill("agents.agent#1")  # mid-rollout: its model calls take 4 s
+            wait_until(lambda: _records(server.url) >= 1, timeout=90)  # ... and its record of the attempt is stored
+            pool.kill("agents.agent#1")  # mid-rollout: its model calls take 6 s
         second = pool.start("agents.agent#2", "agents.agent")  # takes the task once its ack_wait (2 s) passed
         out = tmp_path / "out.jsonl"
         collector = start_collect(server.url, "b1", out)
@@ -75,7 +80,7 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
     assert len(models) == row["cost"]["models"]["policy"]["calls"] == 2
     assert sum(c[2] for c in models) == row["cost"]["models"]["policy"]["input_tokens"]
     assert sum(c[3] for c in models) == row["cost"]["models"]["policy"]["output_tokens"]
-    assert all(c[1] >= 2000 for c in models)  # each scripted call takes delay_s
+    assert all(c[1] >= 3000 for c in models)  # each scripted call takes delay_s
     assert [c[0] for c in calls] == sorted(c[0] for c in calls)  # in the order they were made
 
     text = cli("explain", "b1", "0", "--nats", server.url)
@@ -88,6 +93,46 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
     assert "result: reward 1.0 (the slot's result: collect writes it)" in out_text
     assert "cost: policy 2 calls" in out_text
     assert out_text.count("model policy (scripted") == 2 and "tool  get_weather" in out_text
+
+
+async def test_explain_says_why_an_attempt_was_given_back(server: EmbeddedServer, tmp_path: Path) -> None:
+    """A retryable failure (the verifier raises) is retried once (max_attempts 2), then a failure row: the first
+    attempt's record says why it was given back, with its calls; the second's failure row is the slot's."""
+    config = load_config(write_config(tmp_path, resource="tests.envs.flaky", delay_s=0.0, max_attempts=2))
+    done = await run_batch(
+        config,
+        server.url,
+        input_path=tasks_file(tmp_path, 1, explode={0}),
+        out=tmp_path / "out.jsonl",
+        telemetry=Telemetry(),
+        batch="f1",
+    )
+    assert done.stats.failures == 1
+    got = await anyio.to_thread.run_sync(lambda: cli("explain", "f1", "0", "--nats", server.url, "--json"))
+    assert got.returncode == 0, got.stderr
+    first, second = json.loads(got.stdout)["rollouts"][0]["attempts"]
+    assert first["retried"]["error"]["error_class"] == "verify_error" and not first["results"]
+    assert [len(c) for c in first["retried"]["calls"]] == [4, 2, 4]  # model, tool, model: then verify raised
+    assert second["start"]["failed"] == 1 and second["results"][0]["error"]["error_class"] == "verify_error"
+    text = await anyio.to_thread.run_sync(lambda: cli("explain", "f1", "0", "--nats", server.url))
+    assert "verify_error: " in text.stdout and "(runs again)" in text.stdout, text.stdout
+    assert "redelivered: attempt 1 failed with verify_error (retryable)" in text.stdout
+    assert "failure row: verify_error" in text.stdout and "(the slot's result: collect writes it)" in text.stdout
+
+
+def _records(url: str) -> int:
+    """Attempt records the server stored (what a test waits on before it kills the worker that wrote one)."""
+
+    async def count() -> int:
+        nc = await nats.connect(url)
+        try:
+            return int((await nc.jetstream().stream_info(Subjects("gym").attempts_stream)).state.messages)
+        except nats.js.errors.NotFoundError:
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
 
 
 def test_explain_user_mistakes_are_one_line_exit_2(server: EmbeddedServer, tmp_path: Path) -> None:
