@@ -89,7 +89,9 @@ def test_a_budget_runs_one_rollout_until_one_finished_then_counts_in_flight_at_t
     assert budget.spent == 81 and budget.in_flight == 0 and not admission.admit(Work(1))
     money = Budget(1.0, tokens=False)
     money.done(_result(27, estimate=0.3), in_flight=False)  # an earlier run's result: spent, never in flight
-    assert money.spent == 0.3 and money.room(Work(1)) == 2  # 0.3 + 2 * 0.3 <= 1.0 < 0.3 + 3 * 0.3 and money.in_flight == 0
+    assert (
+        money.spent == 0.3 and money.room(Work(1)) == 2
+    )  # 0.3 + 2 * 0.3 <= 1.0 < 0.3 + 3 * 0.3 and money.in_flight == 0
     money.done(_result(27, estimate=0.9), in_flight=False)
     assert money.room(Work(1)) == 0  # spent (1.2 > 1.0): no room at all
 

@@ -61,6 +61,25 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     return row
 
 
+def budget_results(task: RolloutTask, repeats: int, message: str) -> list[tuple[int, RolloutResult]]:
+    """The ``budget`` failure results of a task held back by its batch's budget, with their slots (never
+    stored: the task never started, and a run of the batch again may still run it)."""
+    error = ErrorInfo(error_class="budget", message=message)
+    out = []
+    for r in range(task.group) if task.group else (task.rollout_index,):
+        res = RolloutResult(
+            batch=task.batch,
+            task_index=task.task_index,
+            rollout_index=r,
+            agent=task.agent,
+            error=error,
+            input_row=task.row,
+            attempts=0,
+        )
+        out.append((task.task_index * max(1, repeats) + r, res))
+    return out
+
+
 @dataclass
 class CollectStats:
     rows: int = 0
@@ -149,20 +168,9 @@ class Collector:
     def hold_back(self, task: RolloutTask, message: str) -> None:
         """``task`` was never started (its batch's budget was spent): its slots get ``budget`` failure rows,
         written to the failures file only, never stored, so a run of the batch again may still run it."""
-        error = ErrorInfo(error_class="budget", message=message)
-        for r in range(task.group or 1):
-            rollout = r if task.group else task.rollout_index
-            res = RolloutResult(
-                batch=self.batch,
-                task_index=task.task_index,
-                rollout_index=rollout,
-                agent=task.agent,
-                error=error,
-                input_row=task.row,
-                attempts=0,
-            )
+        for slot, res in budget_results(task, self.repeats, message):
             self.stats.budget += 1
-            self._take(res, task.task_index * self.repeats + rollout)
+            self._take(res, slot)
 
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""

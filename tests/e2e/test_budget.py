@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import yaml
 
+from gym_runtime import Client, ClientError
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
@@ -116,3 +119,25 @@ def test_a_budget_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
         r = cli("run", str(config), "-i", str(tasks), "-o", str(tmp_path / "o.jsonl"), "--budget", budget)
         assert r.returncode == 2 and says in r.stderr, (budget, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+async def test_client_submit_with_a_budget_holds_back_what_would_pass_it(nats_server, tmp_path: Path) -> None:
+    """``Client.submit(budget=...)``: the same rule through the client's admission; the rows held back are
+    ``budget`` failure rows yielded like any other, and never started."""
+    policy = FixedModel()
+    with StubOpenAI(handler=policy) as stub:
+        config = resolve_config(load_config(write_config(tmp_path, stub.base_url)))
+        (tmp_path / "unpriced").mkdir()
+        unpriced = resolve_config(load_config(write_config(tmp_path / "unpriced", stub.base_url, pricing=False)))
+        async with Client(config, nats=nats_server.url) as client:
+            batch = await client.submit([ROWS[i % len(ROWS)] for i in range(N_TASKS)], budget="100tokens")
+            rows = await batch.gather()
+            with pytest.raises(ClientError, match="-1"):
+                await client.submit(ROWS[:1], budget=-1)
+        async with Client(unpriced, nats=nats_server.url) as client:
+            with pytest.raises(ClientError, match="no `pricing` section"):
+                await client.submit(ROWS[:1], budget=2.5)
+    ok = [r["_ng_task_index"] for r in rows if "error_class" not in r]
+    held = [r for r in rows if r.get("error_class") == "budget"]
+    assert ok == [0, 1, 2] and [r["_ng_task_index"] for r in held] == list(range(3, N_TASKS))  # 81 of 100 tokens
+    assert batch.budget_stopped == 7 and policy.calls == 3
