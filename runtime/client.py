@@ -106,6 +106,7 @@ class BatchHandle:
         self.budget: Budget | None = None  # ``submit(budget=...)``: what this batch may spend
         self.admission: Admission | None = None  # the gates its held tasks pass (the window, its budget)
         self.budget_stopped = 0  # rollouts its budget held back: ``budget`` failure rows, never started
+        self.held_from = -1  # the first of them
 
     @property
     def done(self) -> bool:
@@ -691,6 +692,7 @@ class Client:
                         continue
                     del self._held[i]  # spent: this task and the batch's others never start
                     self._budget_stop(held)
+                    touched[handle.batch] = handle
                     continue
                 del self._held[i]
                 held.handle.held -= held.work.units
@@ -703,8 +705,10 @@ class Client:
                 for task in out:
                     tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
             for handle in touched.values():
-                if handle.held == 0 and not handle.budget_stopped:  # wholly published: lost slots may be settled
-                    await put_manifest(self.bus, msgspec.structs.replace(handle._manifest, published=True))
+                if handle.held == 0:  # all that will be is published: lost slots may be settled
+                    held_from = handle.held_from if handle.budget_stopped else -1
+                    manifest = msgspec.structs.replace(handle._manifest, published=True, held_from=held_from)
+                    await put_manifest(self.bus, manifest)
         if self._admission is not None:
             self._admission.changed()
 
@@ -718,6 +722,7 @@ class Client:
         for task in held.tasks:
             for slot, res in budget_results(task, handle.repeats, message):
                 handle.budget_stopped += 1
+                handle.held_from = min(handle.held_from, slot) if handle.held_from >= 0 else slot
                 handle._take(res, slot)
 
     async def run(

@@ -28,8 +28,8 @@ from gym_runtime.data.aggregate import MetricsAccumulator
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
-from gym_runtime.data.reader import BatchReader
-from gym_runtime.messages import ErrorInfo, RolloutResult, RolloutTask
+from gym_runtime.data.reader import BatchReader, budget_slots
+from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 
@@ -64,20 +64,10 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
 def budget_results(task: RolloutTask, repeats: int, message: str) -> list[tuple[int, RolloutResult]]:
     """The ``budget`` failure results of a task held back by its batch's budget, with their slots (never
     stored: the task never started, and a run of the batch again may still run it)."""
-    error = ErrorInfo(error_class="budget", message=message)
-    out = []
-    for r in range(task.group) if task.group else (task.rollout_index,):
-        res = RolloutResult(
-            batch=task.batch,
-            task_index=task.task_index,
-            rollout_index=r,
-            agent=task.agent,
-            error=error,
-            input_row=task.row,
-            attempts=0,
-        )
-        out.append((task.task_index * max(1, repeats) + r, res))
-    return out
+    repeats = max(1, repeats)
+    base = task.task_index * repeats
+    slots = [base + r for r in range(task.group)] if task.group else [base + task.rollout_index]
+    return budget_slots(task.batch, slots, repeats, lambda _t: task.agent, message, task.row)
 
 
 @dataclass
@@ -169,7 +159,6 @@ class Collector:
         """``task`` was never started (its batch's budget was spent): its slots get ``budget`` failure rows,
         written to the failures file only, never stored, so a run of the batch again may still run it."""
         for slot, res in budget_results(task, self.repeats, message):
-            self.stats.budget += 1
             self._take(res, slot)
 
     def _take(self, res: RolloutResult, slot: int) -> None:
@@ -201,7 +190,9 @@ class Collector:
             self.stats.failures -= 1
             return
         self._count += 1
-        if self.on_stored is not None and not (res.error is not None and res.error.error_class == "budget"):
+        if res.error is not None and res.error.error_class == "budget":
+            self.stats.budget += 1
+        elif self.on_stored is not None:
             self.on_stored(res)
         if self.on_result:
             self.on_result(ok, reward)

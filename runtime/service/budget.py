@@ -6,8 +6,11 @@ held back get ``budget`` failure rows from the collector (never stored: a run of
 from __future__ import annotations
 
 from gym_runtime.admission import Admission, Budget, Work
+from gym_runtime.data.batches import get_manifest
 from gym_runtime.data.collector import Collector
+from gym_runtime.data.reader import BatchReader
 from gym_runtime.messages import RolloutResult, RolloutTask
+from gym_runtime.transport.bus import Bus
 
 
 class BudgetedPublish:
@@ -32,6 +35,8 @@ class BudgetedPublish:
 
     def stored(self, res: RolloutResult) -> None:
         slot = res.task_index * self.repeats + res.rollout_index
+        if slot in self._seen:  # a later attempt's copy: counted once
+            return
         self._seen.add(slot)
         self.budget.done(res, in_flight=slot in self._charged)
         self.admission.changed()
@@ -51,6 +56,16 @@ class BudgetedPublish:
         self._charged.update(slots)
         return True
 
+    async def watch(self, bus: Bus, batch: str) -> None:
+        """Count the batch's stored results as they come (``publish``: no collector runs here)."""
+        manifest = await get_manifest(bus, batch, wait_s=60.0)
+        if manifest is None:
+            return
+        self.repeats = max(1, manifest.repeats)
+        reader = BatchReader.of(bus, manifest, lambda res, _slot: self.stored(res), list, name="budget")
+        await reader.open()
+        await reader.run()
+
     def spent_line(self) -> str:
         b = self.budget
         return f"{self.amount(b.spent)} of the budget's {self.amount(b.limit)} spent"
@@ -59,9 +74,9 @@ class BudgetedPublish:
         return f"{n:,.0f} tokens" if self.budget.tokens else f"{n:.4f} {self.currency or ''}".rstrip()
 
     def held(self, task: RolloutTask) -> None:
-        assert self.collector is not None
-        n = len(self._slots(task))
-        self.held_back += n
+        self.held_back += len(self._slots(task))
+        if self.collector is None:  # ``publish``: a reader of the batch writes their rows (``held_from``)
+            return
         self.collector.hold_back(
             task,
             f"not started: the batch's budget was spent ({self.spent_line()}); run the batch again with a "

@@ -436,7 +436,7 @@ async def publish_batch(
     await ensure_streams(bus, agents)
     earlier = await get_manifest(bus, batch) if batch else None
     if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
-        if earlier.published:
+        if earlier.published and earlier.held_from < 0:
             log.info("batch.already_published", batch=manifest.batch, expected=manifest.expected)
             return earlier
         manifest = msgspec.structs.replace(manifest, stored=earlier.stored)
@@ -452,10 +452,11 @@ async def publish_batch(
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
     mark = Watermark(start=manifest.stored)
-    holding = [0]
+    held_from: list[int] = []
 
     def hold(task: RolloutTask) -> None:
-        holding[0] += 1
+        if not held_from:
+            held_from.append(task.task_index * manifest.repeats + (0 if task.group else task.rollout_index))
         if held is not None:
             held(task)
 
@@ -500,10 +501,10 @@ async def publish_batch(
             await record()
     if failure is not None:
         raise failure
-    if holding[0]:
-        log.warning("batch.held_back", batch=manifest.batch, tasks=holding[0], why="budget")
-        return manifest
-    manifest = msgspec.structs.replace(manifest, published=True)
+    # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
+    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
+    if held_from:
+        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
     await put_manifest(bus, manifest)
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest

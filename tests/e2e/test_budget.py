@@ -141,3 +141,41 @@ async def test_client_submit_with_a_budget_holds_back_what_would_pass_it(nats_se
     held = [r for r in rows if r.get("error_class") == "budget"]
     assert ok == [0, 1, 2] and [r["_ng_task_index"] for r in held] == list(range(3, N_TASKS))  # 81 of 100 tokens
     assert batch.budget_stopped == 7 and policy.calls == 3
+
+
+async def test_publish_with_a_budget_then_collect_writes_the_budget_rows_and_a_resume_finishes(
+    nats_server, tmp_path: Path
+) -> None:
+    """``publish --budget`` stays until each task is started or held back (it reads the results to count what
+    is spent), then says so in one line; ``collect`` writes the held-back slots' ``budget`` rows to the
+    failures file (nothing stored for them), and a publish again with a larger budget finishes the batch."""
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl(tasks, [ROWS[i % len(ROWS)] for i in range(N_TASKS)])
+    policy = FixedModel()
+    url = nats_server.url
+
+    def cmd(*args: str) -> Any:
+        return anyio.to_thread.run_sync(lambda: cli(*args, timeout=300))
+
+    with StubOpenAI(handler=policy) as stub:
+        path = write_config(tmp_path, stub.base_url)
+        async with Client(resolve_config(load_config(path)), nats=url):  # the workers, in this process
+            publish = ("publish", str(path), "-i", str(tasks), "--nats", url, "--batch", "p1", "--quiet")
+            first = await cmd(*publish, "--budget", "100tokens")
+            said = [line for line in first.stderr.splitlines() if "budget" in line]
+            assert first.returncode == 1 and len(said) == 1, first.stderr
+            assert "budget reached: 81 tokens of the budget's 100 tokens spent; 7 of 10 rollouts" in said[0]
+            collect = ("collect", "--batch", "p1", "--nats", url, "--quiet", "-o")
+            got = await cmd(*collect, str(tmp_path / "out.jsonl"))
+            assert got.returncode == 1 and "held back by the batch's budget" in got.stderr, got.stderr
+            assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "out.jsonl")] == [0, 1, 2]
+            failures = read_jsonl(tmp_path / "out_failures.jsonl")
+            assert [(f["_ng_task_index"], f["error_class"]) for f in failures] == [(i, "budget") for i in range(3, 10)]
+            assert policy.calls == 3 and await stored_results(url) == 3
+
+            second = await cmd(*publish, "--budget", "1000tokens")
+            assert second.returncode == 0, second.stderr
+            got = await cmd(*collect, str(tmp_path / "all.jsonl"))
+            assert got.returncode == 0, got.stderr
+    assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "all.jsonl")] == list(range(N_TASKS))
+    assert policy.calls == N_TASKS and await stored_results(url) == N_TASKS  # each task exactly once
