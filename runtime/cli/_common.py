@@ -165,7 +165,9 @@ def failures_exit(stats: Any, out: str) -> int:
         from gym_runtime.data.collector import sidecar_paths
 
         held = getattr(stats, "budget", 0)
-        why = f" ({held} held back by the batch's budget: publish it again with a larger --budget)" if held else ""
+        why = (
+            f" ({held} held back by the batch's budget: run or publish it again with a larger --budget)" if held else ""
+        )
         err(f"{plural(stats.failures, 'rollout')} failed{why}; see {sidecar_paths(out)[0]}")
         return EXIT_FAILURES
     return 0
