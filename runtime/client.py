@@ -659,22 +659,18 @@ class Client:
             await self._admit()
 
     async def _admit(self) -> None:
-        """Publish the held tasks the window has room for, in submit order; a task that can no longer start
-        within its staleness bound is stamped with the current version first (redone, never run stale)."""
+        """Publish the held tasks their batch's gates have room for (the staleness window, its budget), in submit
+        order; a task that can no longer start within its staleness bound is stamped with the current version
+        first (redone, never run stale); a batch whose budget is spent gets ``budget`` rows for the rest."""
         window = self._window
         async with self._admit_lock:
             out: list[RolloutTask] = []
             touched: dict[str, BatchHandle] = {}
-            waiting: set[str] = set()  # budgeted batches whose next task waits for results in flight
-            i = 0
-            while i < len(self._held):
-                held = self._held[i]
+            while self._held:
+                held = self._held[0]
                 handle = held.handle
                 if handle.cancelled:
-                    del self._held[i]
-                    continue
-                if handle.batch in waiting:  # after a task of its batch that waits: in order
-                    i += 1
+                    self._held.popleft()
                     continue
                 windowed = window is not None and window in (handle.admission.gates if handle.admission else ())
                 if windowed and window is not None and window.expired(held.work):
@@ -684,17 +680,14 @@ class Client:
                 assert handle.admission is not None
                 if not handle.admission.admit(held.work):
                     budget = handle.budget
-                    if budget is None or budget.room(held.work) >= held.work.units:
-                        break  # the staleness window has no room: every batch after it waits (submit order)
-                    if budget.in_flight:  # results in flight may still make room for it
-                        waiting.add(handle.batch)
-                        i += 1
-                        continue
-                    del self._held[i]  # spent: this task and the batch's others never start
+                    spent = budget is not None and not budget.in_flight and budget.room(held.work) < held.work.units
+                    if not spent:
+                        break  # no room yet (window, or a budget's results in flight): what follows waits, in order
+                    self._held.popleft()  # spent: this task and the batch's others never start
                     self._budget_stop(held)
                     touched[handle.batch] = handle
                     continue
-                del self._held[i]
+                self._held.popleft()
                 held.handle.held -= held.work.units
                 held.handle.started += held.work.units
                 held.handle.redone += held.work.units if held.redone else 0
