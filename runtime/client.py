@@ -193,6 +193,8 @@ class BatchHandle:
         self._finish()
         if self.admitted:  # its rollouts not consumed yet will not be: room for other batches
             await self.client._consumed(0, released=self.started - self.consumed_rows)
+        elif self.held:  # held by its budget alone: published marked cancelled, as the window's are
+            await self.client._admit()
 
 
 class Client:
@@ -640,7 +642,7 @@ class Client:
         await ensure_streams(self.bus)
         if self.config.jetstream.max_republish > 0:
             await ensure_kept_stream(self.bus)
-        handle.admitted = True
+        handle.admitted = batch_size is not None  # in the staleness window (what ``consumed`` reports to)
         for t in tasks:
             units = max(t.group, 1)
             last = self._held[-1] if self._held else None
@@ -666,12 +668,18 @@ class Client:
         async with self._admit_lock:
             out: list[RolloutTask] = []
             touched: dict[str, BatchHandle] = {}
+            if any(h.handle.cancelled for h in self._held):
+                # a cancelled batch's held tasks are published all the same, outside the window: a worker
+                # turns each into its ``cancelled`` row without running it, so the batch still ends with one
+                # row per slot (a collector would wait on them forever)
+                for held in [h for h in self._held if h.handle.cancelled]:
+                    held.handle.held -= held.work.units
+                    touched[held.handle.batch] = held.handle
+                    out.extend(msgspec.structs.replace(t, cancelled=True) for t in held.tasks)
+                self._held = deque(h for h in self._held if not h.handle.cancelled)
             while self._held:
                 held = self._held[0]
                 handle = held.handle
-                if handle.cancelled:
-                    self._held.popleft()
-                    continue
                 windowed = window is not None and window in (handle.admission.gates if handle.admission else ())
                 if windowed and window is not None and window.expired(held.work):
                     held.work.version = window.version

@@ -292,6 +292,9 @@ class RolloutTask(_Msg, tag="task.v1"):
     # environment, or one installed on the worker nodes only): the resource worker checks it when it
     # opens the session, as ``validate`` would (``any_tools``: answer-channel tools were allowed).
     check: RowCheck | None = None
+    # Published after its batch was cancelled (admission held it back until then): its worker writes the
+    # ``cancelled`` row without running it, however late the cancel message reaches that worker
+    cancelled: bool = False
 
 
 class RowCheck(Struct, kw_only=True, omit_defaults=True):
@@ -552,9 +555,10 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 class SandboxCall(_Msg, tag="sbx.call.v1"):
     """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (the
-    rollout) and when it ends; ``exec``/``write``/``read``/``close`` go to the worker that holds ``sandbox``."""
+    rollout) and when it ends; ``exec``/``write``/``read``/``close`` and a background ``process``'s
+    ``spawn``/``poll``/``wait``/``kill`` go to the worker that holds ``sandbox``."""
 
-    op: Literal["create", "exec", "write", "read", "close", "present"]
+    op: Literal["create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill"]
     sandbox: str = ""
     spec: SandboxSpec | None = None
     lease: str = ""
@@ -563,10 +567,13 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     timeout_s: float | None = None
     path: str = ""
     data: bytes = b""
+    stream: bool = False  # exec: send the output to the caller as it comes (``Gym-Output`` messages), then reply
+    process: str = ""  # poll/wait/kill: the background process
 
 
 class SandboxReply(_Msg, tag="sbx.reply.v1"):
     sandbox: str = ""
+    process: str = ""  # spawn: the background process's id
     address: str = ""  # create: where this sandbox's operations go
     exit_code: int | None = None
     stdout: bytes = b""

@@ -74,6 +74,7 @@ def podman_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        cwd=here,  # conmon drops an empty `oom` file in its working directory after an OOM kill
     )
     try:
         deadline = time.monotonic() + 60

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -33,12 +34,14 @@ async def buses(nats_server: EmbeddedServer) -> AsyncIterator[tuple[Bus, Bus]]:
 CALL = ToolCall(session="s", name="x", arguments="{}")
 
 
-async def call(caller: Bus, subject: str, *, timeout: float, liveness_s: float) -> ToolReply:
+async def call(caller: Bus, subject: str, *, timeout: float, liveness_s: float, on_output: Any = None) -> ToolReply:
     """``caller.request``, asked again while the server answers "no responders": about 1 in 60 times a
     subscription made and flushed on another connection is not yet matched (seen with nats-server 2.15)."""
     for _ in range(20):
         try:
-            return await caller.request(subject, CALL, timeout=timeout, op="tool", liveness_s=liveness_s)
+            return await caller.request(
+                subject, CALL, timeout=timeout, op="tool", liveness_s=liveness_s, on_output=on_output
+            )
         except NoResponders:
             await anyio.sleep(0.05)
     raise AssertionError(f"nobody serves {subject}")
@@ -134,3 +137,24 @@ async def test_a_handler_cancelled_mid_call_stops_its_keepalives(buses: tuple[Bu
     ((error, took),) = outcome
     assert error.error_class == "worker_lost", error
     assert took < 5, took
+
+
+async def test_a_handlers_output_parts_reach_the_caller_in_order_before_its_reply(buses: tuple[Bus, Bus]) -> None:
+    """``send_output`` (a streamed exec's parts): each part once, in order, all before the reply; a caller that
+    asked for none gets only the reply."""
+    caller, worker = buses
+
+    async def talky(call: ToolCall, _msg: object) -> ToolReply:
+        for i in range(200):
+            await worker.send_output(1 + i % 2, f"{i},".encode())
+        return ToolReply(output="end")
+
+    got: list[tuple[int, bytes]] = []
+    async with anyio.create_task_group() as tg:
+        await worker.serve(tg, "gym.talky", talky)
+        await worker.flush()
+        out = await call(caller, "gym.talky", timeout=30, liveness_s=10, on_output=lambda s, d: got.append((s, d)))
+        assert out.output == "end"
+        assert got == [(1 + i % 2, f"{i},".encode()) for i in range(200)]
+        assert (await call(caller, "gym.talky", timeout=30, liveness_s=10)).output == "end"
+        tg.cancel_scope.cancel()

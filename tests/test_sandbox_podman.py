@@ -20,6 +20,11 @@ from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this 
     test_limits_memory_pids_wall_clock_output_disk,
     test_no_network_no_engine_socket_no_host_mounts,
 )
+from tests.test_sandbox_processes import (  # noqa: F401  (background processes and streamed output, here)
+    test_a_command_printing_forever_sends_its_capped_output_and_the_worker_serves_others,
+    test_a_server_in_the_background_a_client_against_it_and_its_kill,
+    test_exec_output_reaches_the_caller_as_the_command_produces_it,
+)
 from tests.test_sandbox_worker import fleet, wait_for
 
 
@@ -31,6 +36,16 @@ def engine(podman_engine: Engine) -> Engine:  # the Docker tests' engine, here P
 @pytest.fixture
 def base_image(podman_base: str) -> str:
     return podman_base
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"p{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def backend_name() -> str:
+    return "podman"
 
 
 @pytest.fixture

@@ -49,5 +49,13 @@ async def test_a_process_pool_serves_the_authors_api_without_an_engine(bus: Bus)
             await box.write("grade.py", "print(6 * 7)")
             r = await box.exec("python3 grade.py")
             assert (r.exit_code, r.stdout) == (0, b"42\n")
+            got: list[tuple[str, bytes]] = []  # no streaming here (Capabilities.stream): the output, once, at its end
+            r = await box.exec("echo out; echo err >&2", on_output=lambda s, d: got.append((s, d)))
+            assert got == [("stdout", b"out\n"), ("stderr", b"err\n")] and r.stdout == b"out\n"
+            with pytest.raises(
+                Failure,
+                match=r": sandboxes\.proc: the process backend has no background processes \(Capabilities\.background",
+            ):
+                await box.spawn("sleep 1")
         assert worker.stats()["sandboxes"] == 0
         tg.cancel_scope.cancel()

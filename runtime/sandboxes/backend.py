@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import anyio
+import anyio.abc
 import msgspec
 
-from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+from gym_runtime.errors import Failure
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 
 class Resolved(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,6 +36,32 @@ class Owned(msgspec.Struct, frozen=True, kw_only=True):
     expires: float = 0.0  # when the lease ends (unix time; 0: unknown)
 
 
+class Background(Protocol):
+    """A command running in the background of a sandbox (``Capabilities.background``), read by its worker for
+    as long as it runs; its output capped as an exec's is. It dies with its sandbox."""
+
+    done: anyio.Event
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Start the command, report it started, then read its output until it ends (never raises after)."""
+        ...
+
+    def result(self) -> ExecResult:
+        """Its output so far; ``exit_code`` None while it runs."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill it and what it started (its process group)."""
+        ...
+
+
+def unsupported(backend: str, capability: str, what: str, *, where: str = "") -> Failure:
+    """An author's call that needs a capability the backend does not declare: one line naming both (and the
+    pool, ``where``)."""
+    line = f"the {backend} backend has no {what} (Capabilities.{capability} is False)"
+    return Failure("tool_error", f"{where}: {line}" if where else line)
+
+
 class Backend(Protocol):
     name: str
     capabilities: Capabilities
@@ -41,7 +70,15 @@ class Backend(Protocol):
         """Start a sandbox; its id. ``expires``: when its lease ends (unix time)."""
         ...
 
-    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult: ...
+    async def exec(
+        self, sid: str, argv: list[str], *, timeout_s: float, max_output: int, on_output: OnOutput | None = None
+    ) -> ExecResult:
+        """Run a command; ``on_output`` (where ``Capabilities.stream``) is given its output as it comes."""
+        ...
+
+    def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:
+        """A background command (not started: its ``run`` starts it), killed after ``timeout_s`` at the latest."""
+        ...
 
     async def write(self, sid: str, path: str, data: bytes) -> None: ...
 

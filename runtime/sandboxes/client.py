@@ -6,6 +6,12 @@ pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxe
 when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
 reaper. No author touches Docker or NATS.
 
+Output as it comes: ``box.exec(cmd, on_output=cb)`` calls ``cb("stdout" | "stderr", data)`` (a function or a
+coroutine function) with each part while the command runs, in order, then returns the ``ExecResult`` as
+without it; the parts are what the worker kept (each stream capped by the pool's ``max_output``), so they are
+bounded too. Background processes: ``proc = await box.spawn(cmd)``, then ``proc.poll()``, ``proc.wait()``,
+``proc.kill()``; they die with the sandbox.
+
 Admission: a pool with no room (every worker at its capacity or the pool at its ``max_live``) takes no
 create: nobody answers it (full workers are not subscribed) or a worker answers ``full``. If a worker of
 the pool answers ``present``, the pool is full rather than gone, and the create waits for a lease,
@@ -16,10 +22,13 @@ count it against its ``timeout_s``: its clock starts again once it holds the san
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 import anyio
 
@@ -35,6 +44,9 @@ OP_SLACK_S = 60.0  # beyond an exec's own timeout: the engine's start and teardo
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between creates while the pool has no worker
 FULL_BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.4)  # waits (jittered) between creates while the pool is full
 PRESENT_TIMEOUT_S = 5.0
+STREAMS = {1: "stdout", 2: "stderr"}
+# an author's ``on_output``: called with "stdout" or "stderr" and a part of that stream, as it is produced
+OnOutput = Callable[[str, bytes], Awaitable[None] | None]
 LEASE_SLACK_S = 60.0  # a lease asked after a wait ends this much later still (the create's own time)
 
 
@@ -45,14 +57,20 @@ class Sandbox:
         self._owner, self.id, self._address = owner, sid, address
         self.closed = False
 
-    async def _op(self, call: SandboxCall, timeout: float) -> SandboxReply:
+    async def _op(
+        self, call: SandboxCall, timeout: float, on_output: Callable[[tuple[int, bytes]], None] | None = None
+    ) -> SandboxReply:
         """One operation on the worker that holds this sandbox, in a span of its own (the rollout's child)."""
         if self.closed:
             raise Failure("tool_error", f"sandbox {self.id[:12]} is closed")
         bus = self._owner._bus
         with bus.telemetry.span(f"sandbox.{call.op}", attributes=self._attributes()) as span:
             reply: SandboxReply = await bus.request(
-                Subjects.session_op(self._address, call.op), call, timeout=timeout, op=f"sandbox.{call.op}"
+                Subjects.session_op(self._address, call.op),
+                call,
+                timeout=timeout,
+                op=f"sandbox.{call.op}",
+                on_output=None if on_output is None else lambda stream, data: on_output((stream, data)),
             )
             if call.op == "exec":
                 span.set_attributes(
@@ -69,21 +87,53 @@ class Sandbox:
     def _attributes(self) -> dict[str, Any]:
         return {"gym.sandbox.pool": self._owner.pool, "gym.sandbox.id": self.id[:12]}
 
-    async def exec(self, cmd: str | list[str], *, timeout_s: float | None = None) -> ExecResult:
+    async def exec(
+        self, cmd: str | list[str], *, timeout_s: float | None = None, on_output: OnOutput | None = None
+    ) -> ExecResult:
         """Run ``cmd`` (a string: through ``sh -c``) in ``/work``; stdout and stderr each capped by the pool's
-        ``max_output``; past ``timeout_s`` (default: the sandbox's) it is killed (``exit_code`` None)."""
-        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        call = SandboxCall(op="exec", sandbox=self.id, argv=argv, timeout_s=timeout_s)
-        r = await self._op(call, (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S)
+        ``max_output``; past ``timeout_s`` (default: the sandbox's) it is killed (``exit_code`` None).
+        ``on_output``: given each part of the output as the command produces it (see the module's doc)."""
+        call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
+        timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
+        r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
         self._owner.exec_s += r.duration_s
-        return ExecResult(
-            exit_code=r.exit_code,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            truncated=r.truncated,
-            timed_out=r.timed_out,
-            duration_s=r.duration_s,
-        )
+        return _result(r)
+
+    async def _streamed(self, call: SandboxCall, timeout: float, on_output: OnOutput) -> SandboxReply:
+        """An exec whose parts are queued as they arrive and handed on here: a slow callback never holds up
+        the bus (the queue is bounded by the worker's cap)."""
+        send, parts = anyio.create_memory_object_stream[tuple[int, bytes]](math.inf)
+        failed: list[Exception] = []
+
+        async def hand_on() -> None:
+            async with parts:
+                async for stream, data in parts:
+                    try:
+                        out = on_output(STREAMS[stream], data)
+                        if inspect.isawaitable(out):
+                            await out
+                    except Exception as e:  # the author's error ends the call: raised as it is, not grouped
+                        failed.append(e)
+                        tg.cancel_scope.cancel()
+                        return
+
+        def put(part: tuple[int, bytes]) -> None:
+            with contextlib.suppress(anyio.BrokenResourceError):  # the callback failed: the call is ending
+                send.send_nowait(part)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hand_on)
+            with send:  # the parts all came before the reply: closing it ends hand_on after the last
+                r = await self._op(call, timeout, on_output=put)
+        if failed:
+            raise failed[0]
+        return r
+
+    async def spawn(self, cmd: str | list[str]) -> Process:
+        """Start ``cmd`` in the background (a server, a long build): it runs until it ends, is killed, or the
+        sandbox closes. Its stdout and stderr are each capped by the pool's ``max_output``."""
+        r = await self._op(SandboxCall(op="spawn", sandbox=self.id, argv=_argv(cmd)), CREATE_TIMEOUT_S)
+        return Process(self, r.process)
 
     async def write(self, path: str, data: bytes | str) -> None:
         """Write a file (a relative path: under ``/work``), its directories made as needed."""
@@ -116,6 +166,46 @@ class Sandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class Process:
+    """A command running in the background of a sandbox (``box.spawn``)."""
+
+    def __init__(self, box: Sandbox, pid: str) -> None:
+        self.box, self.id = box, pid
+
+    async def _ask(self, op: Literal["poll", "wait", "kill"], timeout_s: float | None = None) -> ExecResult:
+        call = SandboxCall(op=op, sandbox=self.box.id, process=self.id, timeout_s=timeout_s)
+        timeout = (timeout_s or self.box._owner.exec_timeout_s) + OP_SLACK_S
+        return _result(await self.box._op(call, timeout))
+
+    async def poll(self) -> ExecResult:
+        """Its output so far; ``exit_code`` None while it runs."""
+        return await self._ask("poll")
+
+    async def wait(self, *, timeout_s: float | None = None) -> ExecResult:
+        """Its end, waited for at most ``timeout_s`` (default: the sandbox's; the pool's ``timeout_s`` caps
+        it). Still running then: ``timed_out`` True and ``exit_code`` None, and it runs on (``kill`` it)."""
+        return await self._ask("wait", timeout_s)
+
+    async def kill(self) -> ExecResult:
+        """Kill it and every process it started; its end (``exit_code`` 137: killed)."""
+        return await self._ask("kill")
+
+
+def _argv(cmd: str | list[str]) -> list[str]:
+    return ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
+def _result(r: SandboxReply) -> ExecResult:
+    return ExecResult(
+        exit_code=r.exit_code,
+        stdout=r.stdout,
+        stderr=r.stderr,
+        truncated=r.truncated,
+        timed_out=r.timed_out,
+        duration_s=r.duration_s,
+    )
 
 
 class _Opening:

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 
 from gym_runtime.errors import ConfigError, Failure
-from gym_runtime.sandboxes.backend import Owned, Resolved
+from gym_runtime.sandboxes.backend import Background, Owned, Resolved, unsupported
 from gym_runtime.sandboxes.engine_api import EXPIRES, LEASE, OWNER, POOL
-from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 KEY_ENV = "DAYTONA_API_KEY"
 
@@ -75,7 +75,9 @@ class DaytonaBackend:
         out = await self._call("POST", "/sandbox", json=body, timeout_s=300)
         return str(out["id"])
 
-    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult:
+    async def exec(
+        self, sid: str, argv: list[str], *, timeout_s: float, max_output: int, on_output: OnOutput | None = None
+    ) -> ExecResult:  # the output comes whole at the end (Capabilities.stream is False): on_output is not called
         started = time.monotonic()
         body = {"command": shlex.join(argv), "timeout": max(1, math.ceil(timeout_s)), "cwd": "/work"}
         try:
@@ -95,6 +97,9 @@ class DaytonaBackend:
             timed_out=timed_out,
             duration_s=duration,
         )
+
+    def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:
+        raise unsupported(self.name, "background", "background processes")
 
     async def write(self, sid: str, path: str, data: bytes) -> None:
         form = aiohttp.FormData()

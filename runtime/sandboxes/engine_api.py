@@ -12,8 +12,10 @@ Every container is made safe by construction, whatever the spec asks:
 - labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (the rollout), ``gym-runtime.pool``
   and ``gym-runtime.expires`` (when the lease ends), which the reaper reads.
 
-Exec output is capped while it is read; a command is wrapped in ``timeout -s KILL`` (its whole process
-group dies at the wall clock) and the host kills it too if the stream outlives that.
+Exec output is capped while it is read (and handed on as it comes: ``Capabilities.stream``); a command is
+wrapped in ``timeout -s KILL`` (its whole process group dies at the wall clock) and the host kills it too if
+the stream outlives that. A background command (``spawn``) is an exec instance the worker keeps reading; it
+leads its own process group (``timeout``'s), which ``kill`` kills from the host, and it dies with its container.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import resource
 import time
 import uuid
 
+import anyio
+import anyio.abc
+
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.engine_http import Engine, EngineError
-from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
 WRITABLE = ("/work", "/tmp", "/root")
@@ -41,7 +46,7 @@ _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
-    capabilities = Capabilities(exec=True, file_transfer=True, images=True)
+    capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True)
 
     def __init__(self, engine: Engine, *, name: str, pool: str, writable: bool = False) -> None:
         self.engine = engine
@@ -104,10 +109,14 @@ class EngineBackend:
             raise Failure("tool_error", f"starting a sandbox failed: {e}", retryable=True) from e
         return cid
 
-    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult:
+    async def exec(
+        self, sid: str, argv: list[str], *, timeout_s: float, max_output: int, on_output: OnOutput | None = None
+    ) -> ExecResult:
         wrapped = ["timeout", "-s", "KILL", f"{timeout_s:g}", *argv]
         try:
-            out = await self.engine.exec(sid, wrapped, timeout_s=timeout_s + 5, max_output=max_output)
+            out = await self.engine.exec(
+                sid, wrapped, timeout_s=timeout_s + 5, max_output=max_output, on_output=on_output
+            )
         except EngineError as e:
             raise _gone(e, sid) from e
         timed_out = out.timed_out or (out.exit_code == 137 and out.duration_s >= timeout_s * 0.98)
@@ -119,6 +128,9 @@ class EngineBackend:
             timed_out=timed_out,
             duration_s=out.duration_s,
         )
+
+    def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> EngineProcess:
+        return EngineProcess(self.engine, sid, ["timeout", "-s", "KILL", f"{timeout_s:.0f}", *argv], max_output)
 
     async def write(self, sid: str, path: str, data: bytes) -> None:
         # through an exec, not the archive API: that one cannot write into tmpfs mounts
@@ -162,6 +174,56 @@ class EngineBackend:
 
     async def aclose(self) -> None:
         await self.engine.close()
+
+
+class EngineProcess:
+    """A background command: an exec instance read for as long as it runs (``Background``)."""
+
+    def __init__(self, engine: Engine, cid: str, argv: list[str], max_output: int) -> None:
+        self.engine, self.cid, self.argv = engine, cid, argv
+        self.out = Capture(max_output)
+        self.done = anyio.Event()
+        self.eid = ""
+        self.exit_code: int | None = None
+        self._started = time.monotonic()
+        self._ended: float | None = None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        running = False
+
+        def started() -> None:
+            nonlocal running
+            running = True
+            task_status.started()
+
+        try:
+            self.eid = await self.engine.exec_create(self.cid, self.argv)
+            async for stream, chunk in self.engine.exec_stream(self.eid, None, started):
+                self.out.add(stream, chunk)
+            self.exit_code = (await self.engine.exec_info(self.eid)).get("ExitCode")
+        except EngineError as e:
+            if not running:
+                raise _gone(e, self.cid) from e
+        except Exception:  # its container went (the stream broke): it ended with it, exit code unknown
+            if not running:
+                raise
+        finally:
+            self._ended = time.monotonic()
+            self.done.set()
+
+    def result(self) -> ExecResult:
+        end = self._ended if self._ended is not None else time.monotonic()
+        return ExecResult(
+            exit_code=self.exit_code,
+            stdout=bytes(self.out.kept[1]),
+            stderr=bytes(self.out.kept[2]),
+            truncated=self.out.truncated,
+            duration_s=end - self._started,
+        )
+
+    async def kill(self) -> None:
+        if self.eid and not self.done.is_set():
+            await self.engine.kill_exec(self.eid, group=True)
 
 
 def _gone(e: EngineError, sid: str) -> Failure:

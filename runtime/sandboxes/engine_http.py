@@ -14,13 +14,15 @@ import os
 import signal
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
 import anyio
 import msgspec
+
+from gym_runtime.sandboxes.spec import OnOutput
 
 API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
 
@@ -42,6 +44,28 @@ class ExecOutput(msgspec.Struct, kw_only=True):
     truncated: bool = False  # more output came than the cap kept
     timed_out: bool = False
     duration_s: float = 0.0
+
+
+class Capture:
+    """A command's output as it is read, capped: at most ``max_output`` bytes of each stream are kept (the rest
+    is read and dropped, never held)."""
+
+    def __init__(self, max_output: int) -> None:
+        self.max_output = max_output
+        self.kept: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self.truncated = False
+
+    def add(self, stream: int, chunk: bytes) -> bytes:
+        """Keep what fits of ``chunk``; the part kept (b"" past the cap)."""
+        buf = self.kept.get(stream)
+        if buf is None:
+            return b""
+        room = max(0, self.max_output - len(buf))
+        part = chunk[:room]
+        buf += part
+        if len(chunk) > room:
+            self.truncated = True
+        return part
 
 
 def socket_of(host: str) -> str:
@@ -200,13 +224,48 @@ class Engine:
         max_output: int,
         env: list[str] | None = None,
         workdir: str | None = None,
+        on_output: OnOutput | None = None,
     ) -> ExecOutput:
         """Run ``argv`` in the container; keep at most ``max_output`` bytes of each stream (the rest is
-        read and dropped, never held); past ``timeout_s`` the command is killed (exit_code None)."""
+        read and dropped, never held); past ``timeout_s`` the command is killed (exit_code None).
+        ``on_output``: given each part kept, as it is read (nothing past the cap)."""
         started = time.monotonic()
+        eid = await self.exec_create(cid, argv, stdin=stdin is not None, env=env, workdir=workdir)
+        out = Capture(max_output)
+        with anyio.move_on_after(timeout_s) as scope:
+            async for stream, chunk in self.exec_stream(eid, stdin):
+                part = out.add(stream, chunk)
+                if part and on_output is not None:
+                    await on_output(stream, part)
+        timed_out = scope.cancelled_caught
+        if timed_out:
+            await self.kill_exec(eid)
+            code: int | None = None
+        else:
+            info = await self._call("GET", f"/exec/{eid}/json")
+            code = info.get("ExitCode")
+        return ExecOutput(
+            exit_code=code,
+            stdout=bytes(out.kept[1]),
+            stderr=bytes(out.kept[2]),
+            truncated=out.truncated,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def exec_create(
+        self,
+        cid: str,
+        argv: list[str],
+        *,
+        stdin: bool = False,
+        env: list[str] | None = None,
+        workdir: str | None = None,
+    ) -> str:
+        """An exec instance of ``argv`` in the container (not started yet: ``exec_stream`` starts it)."""
         body: dict[str, Any] = {
             "Cmd": argv,
-            "AttachStdin": stdin is not None,
+            "AttachStdin": stdin,
             "AttachStdout": True,
             "AttachStderr": True,
             "Tty": False,
@@ -215,48 +274,30 @@ class Engine:
             body["Env"] = env
         if workdir:
             body["WorkingDir"] = workdir
-        eid = (await self._call("POST", f"/containers/{cid}/exec", body=body))["Id"]
-        kept: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
-        truncated = False
-        with anyio.move_on_after(timeout_s) as scope:
-            async for stream, chunk in self._exec_stream(eid, stdin):
-                buf = kept.get(stream)
-                if buf is None:
-                    continue
-                room = max_output - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                if len(chunk) > room:
-                    truncated = True
-        timed_out = scope.cancelled_caught
-        if timed_out:
-            await self._kill_exec(eid)
-            code: int | None = None
-        else:
-            info = await self._call("GET", f"/exec/{eid}/json")
-            code = info.get("ExitCode")
-        return ExecOutput(
-            exit_code=code,
-            stdout=bytes(kept[1]),
-            stderr=bytes(kept[2]),
-            truncated=truncated,
-            timed_out=timed_out,
-            duration_s=time.monotonic() - started,
-        )
+        return str((await self._call("POST", f"/containers/{cid}/exec", body=body))["Id"])
 
-    async def _kill_exec(self, eid: str) -> None:
-        """The Engine API cannot stop an exec: kill its process from the host (a local engine; the
-        in-container ``timeout`` wrapper of ``EngineBackend`` has usually done it already)."""
+    async def exec_info(self, eid: str) -> dict[str, Any]:
+        """An exec's state: ``Running``, ``ExitCode``, ``Pid`` (the host's)."""
+        out: dict[str, Any] = await self._call("GET", f"/exec/{eid}/json")
+        return out
+
+    async def kill_exec(self, eid: str, *, group: bool = False) -> None:
+        """The Engine API cannot stop an exec: kill its process (``group``: its process group, which it
+        leads) from the host (a local engine; for a timed-out exec the in-container ``timeout`` wrapper of
+        ``EngineBackend`` has usually done it already)."""
         try:
-            pid = (await self._call("GET", f"/exec/{eid}/json")).get("Pid") or 0
+            pid = (await self.exec_info(eid)).get("Pid") or 0
             if pid > 0:
-                os.kill(pid, signal.SIGKILL)
+                (os.killpg if group else os.kill)(pid, signal.SIGKILL)
         except (EngineError, ProcessLookupError, PermissionError):
             pass
 
-    async def _exec_stream(self, eid: str, stdin: bytes | None) -> AsyncIterator[tuple[int, bytes]]:
+    async def exec_stream(
+        self, eid: str, stdin: bytes | None, started: Callable[[], None] | None = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
         """Start an exec on a hijacked connection: send ``stdin`` and close our side, then yield the
-        multiplexed frames (stream 1 stdout, 2 stderr) until the command ends."""
+        multiplexed frames (stream 1 stdout, 2 stderr) until the command ends. ``started``: called once the
+        engine has started it."""
         payload = json.dumps({"Detach": False, "Tty": False}).encode()
         request = (
             f"POST {API}/exec/{eid}/start HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
@@ -272,6 +313,8 @@ class Engine:
             status = head.split(b" ", 2)[1:2]
             if status not in ([b"101"], [b"200"]):
                 raise EngineError(f"exec start: {head.decode(errors='replace').splitlines()[0]}")
+            if started is not None:
+                started()
             if stdin is not None:
                 if stdin:
                     await sock.send(stdin)

@@ -15,8 +15,8 @@ from typing import Any
 
 from gym_runtime.errors import Failure
 from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
-from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.spec import Capabilities, ExecResult
+from gym_runtime.sandboxes.backend import Background, Owned, Resolved, unsupported
+from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 PAYLOAD = str(Path(__file__).with_name("process_payload.py"))
 SESSION_S = 24 * 3600.0  # the child's own wall clock; a lease ends long before
@@ -66,7 +66,9 @@ class ProcessBackend:
             raise Failure("tool_error", str(head["error"])[:2000])
         return head, body or b""
 
-    async def exec(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> ExecResult:
+    async def exec(
+        self, sid: str, argv: list[str], *, timeout_s: float, max_output: int, on_output: OnOutput | None = None
+    ) -> ExecResult:  # the output comes whole at the end (Capabilities.stream is False): on_output is not called
         req = {"op": "exec", "argv": argv, "timeout": timeout_s, "max_output": max_output}
         head, body = await self._call(sid, req, 2 * max_output)
         n = int(head.get("stdout", 0))
@@ -77,6 +79,9 @@ class ProcessBackend:
             truncated=bool(head.get("truncated")),
             timed_out=bool(head.get("timed_out")),
         )
+
+    def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:
+        raise unsupported(self.name, "background", "background processes")
 
     async def write(self, sid: str, path: str, data: bytes) -> None:
         await self._call(sid, {"op": "write", "path": path, "data": data.decode("latin-1")}, 0)

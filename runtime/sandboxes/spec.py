@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import msgspec
 
 from gym_runtime.messages import SandboxSpec
 
-__all__ = ["Capabilities", "ExecResult", "SandboxSpec"]  # SandboxSpec travels in SandboxCall: defined there
+__all__ = ["Capabilities", "ExecResult", "OnOutput", "SandboxSpec"]  # SandboxSpec travels in SandboxCall: defined there
+
+OnOutput = Callable[[int, bytes], Awaitable[None]]  # a part of a command's output as it comes: stream (1, 2), bytes
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -15,7 +19,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     exec: bool = True
     file_transfer: bool = True
     pty: bool = False
-    background: bool = False  # processes that outlive the exec that started them
+    background: bool = False  # processes that outlive the call that started them (``box.spawn``)
+    stream: bool = False  # exec output reaches ``on_output`` as it is produced (else: once, at the end)
     pause: bool = False
     network: bool = False  # never, on these machines
     images: bool = True  # False: the host's own file system (the process backend)

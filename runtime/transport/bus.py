@@ -40,6 +40,7 @@ from gym_runtime.transport.headers import (
     BUSY_HEADER,
     EXPIRES_HEADER,
     MSG_ID_HEADER,
+    OUTPUT_HEADER,
     PAUSE_HEADER,
     PROGRESS_HEADER,
     REPLY_HEADER,
@@ -189,6 +190,13 @@ class Bus(Bodies, Serving):
                     if call is not None:
                         call.alive(time.monotonic())
                     return
+                if headers and OUTPUT_HEADER in headers:  # a sign of life too
+                    call = replies.get(msg.subject)
+                    if call is not None and not call.fut.done():
+                        call.alive(time.monotonic())
+                        if call.on_output is not None:
+                            call.on_output(2 if headers[OUTPUT_HEADER] == "2" else 1, msg.data)
+                    return
                 if headers and PAUSE_HEADER in headers:
                     call = replies.get(msg.subject)
                     if call is not None and not call.fut.done():
@@ -231,6 +239,13 @@ class Bus(Bodies, Serving):
             value = "1" if took is None else f"{took:.6f}"
             self._spawn(self._publish_quietly(reply_to, {PAUSE_HEADER: value}))
 
+    async def send_output(self, stream: int, data: bytes) -> None:
+        """Send a part of the output of the request handled here to its caller now (its ``on_output``), before
+        the reply; awaited, so parts and reply arrive in order. Outside a handler, nothing."""
+        reply_to = replying()
+        if reply_to and data:
+            await self.nc.publish(reply_to, data, headers={OUTPUT_HEADER: str(stream)})
+
     async def _publish_quietly(self, subject: str, headers: dict[str, str]) -> None:
         try:
             await self.nc.publish(subject, b"", headers=headers)
@@ -263,6 +278,7 @@ class Bus(Bodies, Serving):
         msg_id: str | None,
         liveness: float | None = None,
         wait_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         # the callee's lane: on a secured bus only the callee may answer into it
@@ -270,6 +286,7 @@ class Bus(Bodies, Serving):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         call = _Pending(fut, time.monotonic())
+        call.on_output = on_output
         self._replies[reply_to] = call
         headers: dict[str, str] = {}
         self.telemetry.inject(headers)
@@ -301,25 +318,30 @@ class Bus(Bodies, Serving):
         return await self._unwrap(msg, subject)
 
     async def request(
-        self, subject: str, payload: Any, *, timeout: float, op: str, liveness_s: float | None = None
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> Any:
         """Core request-reply with a CLIENT span; typed errors come back as ``Failure``.
 
         ``liveness_s`` (default ``timings.liveness_s``): how long the responder may stay silent (no reply,
-        no keepalive) before the call fails as retryable ``worker_lost``."""
+        no keepalive) before the call fails as retryable ``worker_lost``. ``on_output``: called with each part
+        of output the handler sends before its reply (``send_output``: stream 1 or 2, its bytes), in order."""
+        kw: dict[str, Any] = {"liveness": liveness_s, "on_output": on_output}
         if not self.telemetry.recording:  # no span to open or mark: the caller's context is current already
-            return await self._call(
-                subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, liveness=liveness_s
-            )
+            return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, **kw)
         with self.telemetry.span(
             f"{op} {subject}",
             kind=SpanKind.CLIENT,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ) as span:
             try:
-                return await self._call(
-                    subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, liveness=liveness_s
-                )
+                return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, **kw)
             except Busy:
                 raise
             except Failure as e:

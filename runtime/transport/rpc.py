@@ -84,6 +84,7 @@ class _Pending:
         "_taken",
         "_loop",
         "on_pause",
+        "on_output",
         "_pauses",
         "_paused_at",
     )
@@ -92,6 +93,7 @@ class _Pending:
         self.fut = fut
         self.seen = seen
         self.on_pause = ON_PAUSE.get()
+        self.on_output: Callable[[int, bytes], None] | None = None  # the handler's output as it comes (streamed)
         self._pauses = 0  # the handler's waits for a lease now under way
         self._paused_at = 0.0
         # queued calls: (subject, body, headers) to publish again after a reconnect

@@ -474,7 +474,7 @@ class AgentWorker:
                     "keys that differ), or give each experiment its own `namespace`"
                 ),
             )
-        if await self.control.is_cancelled(task.batch):
+        if task.cancelled or await self.control.is_cancelled(task.batch):
             return ErrorInfo(error_class="cancelled", message=f"batch {task.batch} was cancelled before this task ran")
         if task.max_staleness is not None and task.policy_version is not None:
             current = await self.control.version(self.cfg.model)

@@ -13,6 +13,10 @@ share of the pool's ``max_live``, warm containers included. A create that finds 
 answered ``full`` or by no one, and the author's side waits for a lease (``sandboxes.client``).
 ``warm`` idle containers of the default spec (and ``warm_images`` of other images) are kept ready; a create
 that matches one takes it (used once, removed at its end) and the pool refills in the background.
+
+Background processes (``spawn``) are read here for as long as they run, at most ``MAX_PROCESSES`` per
+sandbox, each output capped as an exec's is; they die with their sandbox. A streamed exec's output goes to its
+caller as it comes (``sandboxes.forward``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import ConfigError, Failure
 from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.observability import logs
-from gym_runtime.sandboxes.backend import Backend, Resolved
+from gym_runtime.sandboxes.backend import Backend, Background, Resolved, unsupported
 from gym_runtime.sandboxes.daytona import DaytonaBackend
 from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
+from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import ensure_base
 from gym_runtime.sandboxes.process import ProcessBackend
 from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, beacons
@@ -49,6 +54,8 @@ log = logs.get("gym.sandbox")
 PODMAN_SOCKET = "/run/podman/podman.sock"
 WARM_LEASE = "warm"  # the lease label of a warm container (its real lease is kept by the worker that holds it)
 REFILL_AT_ONCE = 4  # warm containers created concurrently while refilling
+MAX_PROCESSES = 16  # background processes a sandbox may have (running, or ended and not yet waited for)
+KILL_WAIT_S = 10.0  # how long a kill waits for the process's end to be read
 GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
 
 
@@ -113,6 +120,7 @@ class SandboxWorker:
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.sandbox_worker(name, self.worker_id)
         self.held: dict[str, Held] = {}
+        self.procs: dict[str, dict[str, Background]] = {}  # by sandbox, by process id
         self.created = 0
         self.peers = Peers(self.worker_id)
         self.backend: Backend | None = None
@@ -416,14 +424,9 @@ class SandboxWorker:
         held.busy += 1
         try:
             if req.op == "exec":
-                lim = self.cfg.limits
-                timeout = min(req.timeout_s or lim.timeout_s, lim.timeout_s)
-                with self._span("exec", sid=req.sandbox) as span:
-                    r = await self.backend.exec(req.sandbox, req.argv, timeout_s=timeout, max_output=lim.max_output)
-                    code = -1 if r.exit_code is None else r.exit_code
-                    span.set_attributes({"gym.sandbox.exit_code": code, "gym.sandbox.timed_out": r.timed_out})
-                self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
-                return SandboxReply.of_exec(req.sandbox, r)
+                return await self._exec(req)
+            if req.op in ("spawn", "poll", "wait", "kill"):
+                return await self._process(req, held)
             if req.op == "write":
                 with self._span("write", sid=req.sandbox):
                     await self.backend.write(req.sandbox, req.path, req.data)
@@ -437,12 +440,87 @@ class SandboxWorker:
             held.busy -= 1
             held.used = time.monotonic()
 
+    async def _exec(self, req: SandboxCall) -> SandboxReply:
+        """A command to its end; asked to stream, its output goes to the caller as it comes (a backend that
+        cannot stream sends it whole at the end)."""
+        assert self.backend is not None
+        lim = self.cfg.limits
+        timeout = min(req.timeout_s or lim.timeout_s, lim.timeout_s)
+        fwd = Forward(self.bus) if req.stream else None
+        streams = fwd is not None and self.backend.capabilities.stream
+        with self._span("exec", sid=req.sandbox) as span:
+            async with anyio.create_task_group() as tg:
+                if fwd is not None:
+                    tg.start_soon(fwd.run)
+                r = await self.backend.exec(
+                    req.sandbox,
+                    req.argv,
+                    timeout_s=timeout,
+                    max_output=lim.max_output,
+                    on_output=fwd.add if streams and fwd is not None else None,
+                )
+                if fwd is not None:
+                    if not streams:
+                        await fwd.add(1, r.stdout)
+                        await fwd.add(2, r.stderr)
+                    await fwd.flush()
+                tg.cancel_scope.cancel()
+            code = -1 if r.exit_code is None else r.exit_code
+            span.set_attributes({"gym.sandbox.exit_code": code, "gym.sandbox.timed_out": r.timed_out})
+        self.bus.telemetry.meters.sandbox_executed(self.name, r.duration_s)
+        return SandboxReply.of_exec(req.sandbox, r)
+
+    async def _process(self, req: SandboxCall, held: Held) -> SandboxReply:
+        """A background process: started here (``spawn``), its output so far (``poll``), its end (``wait``,
+        at most ``timeout_s``: still running, ``timed_out``), or killed (``kill``). An ended one is forgotten
+        once ``wait`` or ``kill`` has returned its result."""
+        assert self.backend is not None
+        sid, lim = req.sandbox, self.cfg.limits
+        procs = self.procs.setdefault(sid, {})
+        if req.op == "spawn":
+            if not self.backend.capabilities.background:
+                raise unsupported(
+                    self.backend.name, "background", "background processes", where=f"sandboxes.{self.name}"
+                )
+            if len(procs) >= MAX_PROCESSES:
+                raise Failure("tool_error", f"sandbox {sid[:12]} has {MAX_PROCESSES} background processes already")
+            left = max(1.0, held.expires - time.time())  # it dies at the lease's end at the latest
+            started = self.backend.spawn(sid, req.argv, timeout_s=left, max_output=lim.max_output)
+            with self._span("spawn", sid=sid):
+                await self._tg.start(started.run)
+            pid = uuid.uuid4().hex[:12]
+            procs[pid] = started
+            return SandboxReply(sandbox=sid, process=pid)
+        proc = procs.get(req.process)
+        if proc is None:
+            raise Failure("tool_error", f"no background process {req.process[:12]!r} in sandbox {sid[:12]}")
+        if req.op == "wait":
+            with anyio.move_on_after(min(req.timeout_s or lim.timeout_s, lim.timeout_s)):
+                await proc.done.wait()
+        elif req.op == "kill":
+            await proc.kill()
+            with anyio.move_on_after(KILL_WAIT_S):
+                await proc.done.wait()
+        r = proc.result()
+        if req.op != "poll":
+            if proc.done.is_set():
+                del procs[req.process]
+            else:
+                r.timed_out = True
+        return SandboxReply.of_exec(sid, r)
+
     async def _remove(self, sid: str) -> None:
-        """Remove a sandbox; it counts as live until the engine has removed it (the quota is the engine's)."""
+        """Remove a sandbox; it counts as live until the engine has removed it (the quota is the engine's).
+        Its background processes die with it: killed first, so the engine's stop has only the container's own
+        processes left (Podman under load once failed to stop a container that still ran one)."""
         self.held.pop(sid, None)
+        procs = self.procs.pop(sid, {})
         if self.backend is not None and not sid.startswith("creating-"):
             self.removing += 1
             try:
+                for proc in procs.values():
+                    with anyio.move_on_after(KILL_WAIT_S):
+                        await proc.kill()
                 await self.backend.close(sid)
             except Exception as e:  # the reaper tries again
                 log.warning("sandbox.remove_failed", sandbox=sid[:12], error=repr(e))
@@ -459,6 +537,7 @@ class SandboxWorker:
             try:
                 for sid in await self.reaper.sweep():
                     self.held.pop(sid, None)
+                    self.procs.pop(sid, None)
                     if sid in self.warm:
                         self.warm.remove(sid)
                         self.warm_image.pop(sid, None)

@@ -14,8 +14,9 @@ import anyio
 import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
+from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.jetstream import consumers
-from tests.helpers import ROWS, rows, weather
+from tests.helpers import ROWS, read_jsonl, rows, weather
 
 
 def agent_of(client: Client) -> Any:
@@ -151,7 +152,8 @@ def test_a_synchronous_trainer_reports_what_it_consumed(nats_server) -> None:
     assert [r["reward"] for r in got] == [1.0, 1.0, 1.0]
 
 
-async def test_a_cancelled_batch_gives_its_room_back(nats_server) -> None:
+async def test_a_cancelled_batch_gives_its_room_back(nats_server, tmp_path) -> None:
+    """...and still ends: its held tasks become ``cancelled`` rows, unrun, so a collector settles it."""
     async with Client(weather(), nats=nats_server.url) as client:
         await client.set_policy_version(1)
         first = await client.submit(ROWS[:4], max_staleness=0, batch_size=2)
@@ -160,4 +162,8 @@ async def test_a_cancelled_batch_gives_its_room_back(nats_server) -> None:
         second = await client.submit(ROWS[:2], max_staleness=0, batch_size=2)
         assert second.started == 2 and [r["reward"] for r in await take(second, 2)] == [1.0, 1.0]
         await idle(client)
-        assert started(client) == 4 and first.started == 2
+        assert agent_of(client).completed - agent_of(client).skipped == 4 and first.started == 2
+        with anyio.fail_after(60):
+            stats = await collect_batch(client.bus, first.batch, tmp_path / "out.jsonl", wait_s=5)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl")
+    assert stats.failures == 2 and {f["error_class"] for f in failures} == {"cancelled"}, failures

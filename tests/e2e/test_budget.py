@@ -17,6 +17,7 @@ import yaml
 from gym_runtime import Client, ClientError
 from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
 from tests.helpers import ROWS, cli, read_jsonl, write_jsonl
@@ -179,3 +180,20 @@ async def test_publish_with_a_budget_then_collect_writes_the_budget_rows_and_a_r
             assert got.returncode == 0, got.stderr
     assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "all.jsonl")] == list(range(N_TASKS))
     assert policy.calls == N_TASKS and await stored_results(url) == N_TASKS  # each task exactly once
+
+
+async def test_a_cancelled_budgeted_batch_still_ends_for_collect(nats_server, tmp_path: Path) -> None:
+    """Tasks held by a budget alone when their batch is cancelled are published marked cancelled, as the
+    staleness window's are: each becomes its ``cancelled`` row unrun, and ``collect`` ends."""
+    slow = FixedModel()
+    with StubOpenAI(handler=lambda req: (slow(req), StubReply(body=responses_reply(), delay_s=0.5))[1]) as stub:
+        config = resolve_config(load_config(write_config(tmp_path, stub.base_url)))
+        async with Client(config, nats=nats_server.url) as client:
+            batch = await client.submit([ROWS[i % len(ROWS)] for i in range(N_TASKS)], budget="1000tokens")
+            assert batch.held == N_TASKS - 1  # no mean yet: one rollout at a time
+            await batch.cancel()
+            with anyio.fail_after(120):
+                stats = await collect_batch(client.bus, batch.batch, tmp_path / "out.jsonl", wait_s=5)
+    failures = read_jsonl(tmp_path / "out_failures.jsonl") if stats.failures else []
+    assert stats.rows + stats.failures == N_TASKS and slow.calls <= 1
+    assert {f["error_class"] for f in failures} <= {"cancelled"} and len(failures) >= N_TASKS - 1

@@ -43,6 +43,11 @@ async def test_only_the_pools_an_entry_names_may_create_and_the_sandbox_role_rea
                 await tg.start(worker.run)
                 async with Sandboxes(a, box, lease="a:0:0").sandbox() as sandbox:
                     assert (await sandbox.exec("echo from-a")).stdout == b"from-a\n"
+                    parts: list[bytes] = []  # streamed output rides the reply lane the sandbox role may answer in
+                    r = await sandbox.exec("echo part", on_output=lambda _s, d: parts.append(d))
+                    assert parts == [b"part\n"] == [r.stdout]
+                    proc = await sandbox.spawn("echo bg")
+                    assert (await proc.wait(timeout_s=30)).stdout == b"bg\n"
                 # agent pool b's entry names no sandbox pool: the server drops its create, nobody answers
                 call = SandboxCall(op="create", spec=SandboxSpec(), lease="b:0:0")
                 with pytest.raises(Failure):
