@@ -75,6 +75,7 @@ class Session:
         "_check",
         "_indices",
         "_cost",
+        "_calls",
     )
 
     def __init__(
@@ -87,9 +88,11 @@ class Session:
         check: RowCheck | None = None,
         indices: dict[str, int] | None = None,
         cost: Cost | None = None,
+        calls: Calls | None = None,
     ) -> None:
         self._bus = bus
         self._cost = cost  # the rollout's: its tool calls' time is added there
+        self._calls = calls  # ... and each call's start and time
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self._absent_grace_s = absent_grace_s
         self._seed_subject = seed_subject
@@ -157,7 +160,10 @@ class Session:
             return reply
         finally:
             if self._cost is not None:  # the round trip: the tool's time on its worker plus one hop each way
-                self._cost.tool_ms += round(1000 * (time.perf_counter() - started))
+                ms = round(1000 * (time.perf_counter() - started))
+                self._cost.tool_ms += ms
+                if self._calls is not None:
+                    self._calls.tool(started, ms)
 
     async def verify(
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True
@@ -189,6 +195,25 @@ class Session:
         await self.close()
 
 
+class Calls:
+    """An attempt's model and tool calls in order (``RolloutResult.calls``): each one's start (ms from the
+    attempt's), its time, and a model call's tokens. Lists of ints: nothing the row repeats."""
+
+    __slots__ = ("t0", "log")
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.log: list[list[int]] = []
+
+    def model(self, started: float, usage: Usage | None) -> None:
+        now = time.perf_counter()
+        at, ms = round(1000 * (started - self.t0)), round(1000 * (now - started))
+        self.log.append([at, ms, usage.input_tokens, usage.output_tokens] if usage else [at, ms, 0, 0])
+
+    def tool(self, started: float, ms: int) -> None:
+        self.log.append([round(1000 * (started - self.t0)), ms])
+
+
 class AgentContext:
     """Everything one rollout may use. Built per task by the agent worker."""
 
@@ -216,6 +241,7 @@ class AgentContext:
         self.cost = Cost()
         self.turns: list[str] = []
         self.model_workers: list[str] = []
+        self.calls = Calls()  # each call's start, time and tokens (``explain``)
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         # When the runtime cancels this rollout (``timeout_s`` after the context was
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
@@ -255,6 +281,7 @@ class AgentContext:
 
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
+        started = time.perf_counter()
         reply = await call_model(
             self._bus,
             name,
@@ -273,6 +300,7 @@ class AgentContext:
             pv = self.policy_versions
             self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
         self.cost.add_call(name, reply.response.usage, reply.took_ms)
+        self.calls.model(started, reply.response.usage)
         self.turns.append(name if v is None else f"{name}@{v}")
         if reply.worker and reply.worker not in self.model_workers:
             self.model_workers.append(reply.worker)
@@ -294,6 +322,7 @@ class AgentContext:
             if row is not None
             else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
             cost=self.cost,
+            calls=self.calls,
         )
 
 

@@ -316,6 +316,11 @@ class RolloutResult(_Msg, tag="result.v1"):
     attempts: int = 1
     answer_field: str | None = None
     cost: Cost | None = None  # a failure's cost (a row's is its ``cost`` key): failed rollouts are paid for too
+    # The attempt's own model and tool calls in order (``explain``; kept out of the row): a model call
+    # ``[start_ms, ms, input_tokens, output_tokens]``, a tool call ``[start_ms, ms]``, ``start_ms`` from the
+    # attempt's start. The entry of the i-th model call is ``provenance.turns[i]``, the i-th tool call's name
+    # is the i-th ``function_call`` of the response: neither is repeated here. A group's on its first repeat.
+    calls: list[list[int]] | None = None
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)
@@ -398,6 +403,38 @@ class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
     images: list[str] = []  # sandbox image ids the rollout's sandboxes ran
     attempt: int = 1
     workers: dict[str, list[str]] = {}  # role -> the ids of the workers that served the rollout
+
+
+class AttemptStart(_Msg, tag="attempt.start.v1", kw_only=True):
+    """What an attempt says of itself when it starts (``Subjects.attempt``, ``explain``): where and when it runs.
+    A worker killed mid-rollout leaves this and nothing else."""
+
+    task_index: int
+    rollout_index: int
+    group: int = 0  # a group task's repeats (``RolloutTask.group``)
+    attempt: int  # JetStream's delivery count
+    failed: int = 0  # earlier attempts that failed by the rollout's own doing (the rest were lost workers)
+    worker: str
+    node: str
+    pid: int
+    at: float  # epoch seconds
+
+
+class AttemptRetried(_Msg, tag="attempt.nak.v1", kw_only=True):
+    """An attempt given back for another (a retryable failure, or its guest lost): why, and the calls it made
+    (``RolloutResult.calls``' form)."""
+
+    task_index: int
+    rollout_index: int
+    group: int = 0
+    attempt: int
+    worker: str
+    error: ErrorInfo
+    calls: list[list[int]] = []
+    at: float
+
+
+AttemptRecord = AttemptStart | AttemptRetried
 
 
 class ModelRequest(_Msg, tag="model.req.v1"):
@@ -622,6 +659,9 @@ Envelope = (
 )
 
 __all__ = [
+    "AttemptRecord",
+    "AttemptRetried",
+    "AttemptStart",
     "CloseSession",
     "Cost",
     "CreateParams",

@@ -182,6 +182,16 @@ USES = [
     Use("direct_get", sj.direct_get(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.kept_stream), set(), set()),
     Use("stream_info", sj.stream_info(s.blob_stream("model")), set(), set()),
+    # each attempt's record of itself: written by its own agent pool only, read by the publisher (explain) with a
+    # no-ack reader of its own; nobody subscribes to them, nor reads them by direct get
+    Use("attempt", s.attempt("a", "b1"), of("agent", "a"), set()),
+    Use("attempt", s.attempt("b", "b1"), of("agent", "b"), set()),
+    Use("agent_attempts", s.agent_attempts("a"), set(), set()),
+    Use("consumer_create", sj.consumer_create(s.attempts_stream, "x", s.attempt("*", "b1")), {"publisher"}, set()),
+    Use("pull_next", sj.pull_next(s.attempts_stream, "x"), {"publisher"}, set()),
+    Use("consumer_delete", sj.consumer_delete(s.attempts_stream, "x"), {"publisher"}, set()),
+    Use("direct_get", sj.direct_get(s.attempts_stream), set(), set()),
+    Use("stream_info", sj.stream_info(s.attempts_stream), {"publisher"}, set()),
     # trainer control: the publisher announces, workers hear (the ControlView's subscriptions)
     Use("policy_version", s.policy_version("m"), {"publisher"}, AGENTS | MODELS),
     Use("policy_version", s.policy_version("*"), set(), AGENTS | MODELS),
@@ -228,9 +238,10 @@ USES = [
 
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
-    "tasks_stream", "model_stream", "blob_stream", "kept_stream", "batches_bucket", "control_bucket",
+    "tasks_stream", "model_stream", "blob_stream", "kept_stream", "attempts_stream", "batches_bucket", "control_bucket",
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
+    "all_attempts",
     "all_resources", "all_sandboxes", "sandbox_group",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it

@@ -31,6 +31,7 @@ COMMAND_NAMES = (
     "server",
     "gateway",
     "purge",
+    "explain",
     "health",
     "validate",
     "prepare",

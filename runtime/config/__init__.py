@@ -223,6 +223,7 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_max_bytes: int | str | None = None  # {NS}_MODEL: a full queue refuses new queued model calls
     blobs_max_bytes: int | str | None = None  # {NS}_BLOBS_{ROLE}, per role: a full one refuses that role's bodies
     kept_max_bytes: int | str | None = None  # {NS}_KEPT: each task's body until purge; the oldest batches' go first
+    attempts_max_bytes: int | str | None = None  # {NS}_ATTEMPTS: each attempt's record (explain); the oldest go first
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
     # How long a large body of a call or reply (not a stored task's or result's, which live as long as their
     # message) stays in its blob stream: it is read at once, so an unreferenced chunk expires after this.

@@ -168,7 +168,7 @@ async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest
 
 
 async def purge_batch(bus: Bus, batch: str) -> int:
-    """Remove a batch's results, kept tasks and manifest; returns how many results were removed.
+    """Remove a batch's results, kept tasks, attempt records and manifest; returns how many results were removed.
 
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
@@ -178,5 +178,6 @@ async def purge_batch(bus: Bus, batch: str) -> int:
     for stream in await jetstream.results_streams(bus):  # each agent's, and the lost records'
         removed += await jetstream.purge_subject(bus, stream, names.batch_results(batch))
     await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
+    await jetstream.purge_subject(bus, names.attempts_stream, names.attempt("*", batch), count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

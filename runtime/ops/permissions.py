@@ -125,6 +125,8 @@ def permissions(
                 # as for blobs) to publish again a task whose stored result was lost (data.republish)
                 s.kept("*", "*"),
                 s.kept_get("*", "*"),
+                # explain: each attempt's own records, a batch's read by a no-ack reader of its own
+                *_readers(s.attempts_stream, s.all_attempts),
             ]
             # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
             sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
@@ -141,6 +143,7 @@ def permissions(
                 *_read_kv(control),
                 # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
                 sj.kv_key(control, s.failed_keys(mine)),
+                s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
                 *_pull(s, "task", pool),
                 sj.lane_replies(sj.lane("agent", mine)),  # status answers
             ]
@@ -204,16 +207,19 @@ def _read_results(s: Subjects, reach: Reach) -> list[str]:
         streams = [(s.results_stream(a), s.agent_results(a)) for a in [*reach.agents, sj.LOST]]
     out = []
     for stream, subjects in streams:
-        out += [
-            sj.stream_info(stream),
-            sj.consumer_create(stream, "*", subjects),
-            sj.consumer_info(stream, "*"),
-            sj.pull_next(stream, "*"),
-            sj.acks(stream, "*"),
-            sj.consumer_delete(stream, "*"),
-            sj.consumer_list(stream),
-        ]
+        out += [*_readers(stream, subjects), sj.acks(stream, "*"), sj.consumer_list(stream)]
     return out
+
+
+def _readers(stream: str, subjects: str) -> list[str]:
+    """Readers of ``stream`` (its info; consumers of its own on ``subjects``: made, asked, pulled, deleted)."""
+    return [
+        sj.stream_info(stream),
+        sj.consumer_create(stream, "*", subjects),
+        sj.consumer_info(stream, "*"),
+        sj.pull_next(stream, "*"),
+        sj.consumer_delete(stream, "*"),
+    ]
 
 
 def _read_kv(*buckets: str) -> list[str]:

@@ -63,6 +63,7 @@ async def provision(
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
                     await jetstream.ensure_kept_stream(b)  # each published task's body until its batch is purged
+                    await jetstream.ensure_attempts_stream(b)  # each attempt's record of itself (explain)
                     for role in BLOB_ROLES:  # a stream per role; the last: clients take it for "provisioned"
                         await jetstream.ensure_blob_stream(b, role)
                 return

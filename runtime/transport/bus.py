@@ -422,6 +422,11 @@ class Bus(Bodies, Serving):
         h = self._headers(headers)
         await self.nc.publish(subject, await self.encode(payload, h), headers=h)
 
+    async def note(self, subject: str, data: bytes) -> None:
+        """Store ``data`` in a stream without waiting for its ack: a record whose loss costs only history
+        (``Subjects.attempt``), at a core publish's price."""
+        await self.nc.publish(subject, data)
+
     async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
         """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack.
 

@@ -107,6 +107,7 @@ STREAM_LIMITS: dict[str, int] = {
     "model": 1 << 30,
     "blobs": 512 << 20,
     "kept": 1 << 30,
+    "attempts": 256 << 20,  # ~100 B a record: 2,500,000 attempts; the oldest go first (explain's history)
 }
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
 KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
@@ -287,6 +288,31 @@ async def ensure_kept_stream(bus: Bus) -> None:
         max_msgs_per_subject=1,
         discard=DiscardPolicy.OLD,
         allow_direct=True,
+    )
+    await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
+
+
+async def ensure_attempts_stream(bus: Bus) -> None:
+    """The stream of each attempt's record of itself (``Subjects.attempt``; ``explain`` reads it).
+
+    A history, never needed to finish a batch, so bounded to drop its oldest first rather than refuse: by age
+    (``jetstream.max_age_s``, else 7 days) and by size (``jetstream.attempts_max_bytes``, else ``max_bytes``, else
+    256 MiB). Records are published without an ack (a stream that is gone or full costs the history, never the
+    rollout). On a ``--secure`` bus the admin provisions it.
+    """
+    if bus.secured:
+        return
+    replicas, max_age = settings(bus)
+    size = limit(bus, "attempts")
+    cfg = StreamConfig(
+        name=bus.subjects.attempts_stream,
+        subjects=[bus.subjects.all_attempts],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age or 7 * 24 * 3600.0,
+        max_bytes=size.max_bytes,
+        discard=DiscardPolicy.OLD,
     )
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 

@@ -307,6 +307,7 @@ class Subjects:
             self.all_model_queues,
             self.all_blobs,
             self.all_kept,
+            self.all_attempts,
             kv_key(self.batches_bucket, ">"),
             kv_key(self.control_bucket, ">"),
         ]
@@ -508,6 +509,25 @@ class Subjects:
     def kept_get(self, batch: str, task: int | str) -> str:
         """A kept body read back (a last-by-subject direct get): no listing, no consumer."""
         return direct_get(self.kept_stream, self.kept(batch, task))
+
+    # -- each attempt's own record (``explain``: where and when it ran, why it was given back)
+
+    @property
+    def attempts_stream(self) -> str:
+        return f"{self._base}_ATTEMPTS"
+
+    def attempt(self, agent: str, batch: str) -> str:
+        """Where an agent pool's workers record their attempts at a batch's tasks (several to a message)."""
+        return f"{self.ns}.attempt.{agent}.{batch}"
+
+    def agent_attempts(self, agent: str) -> str:
+        """Every attempt record an agent pool may write."""
+        return f"{self.ns}.attempt.{agent}.>"
+
+    @property
+    def all_attempts(self) -> str:
+        """The attempts stream's subjects."""
+        return f"{self.ns}.attempt.>"
 
     # -- work-queue consumers and their pools' liveness
 

@@ -12,6 +12,8 @@ every worker that takes it ends as a ``worker_lost`` row.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 import uuid
 from importlib.metadata import PackageNotFoundError, version
@@ -25,15 +27,30 @@ from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import AgentConfig, Config, resolve_models
 from gym_runtime.errors import Failure, StorageFull, UserError
 from gym_runtime.hosting.agent import hosted_agent
-from gym_runtime.messages import Cost, ErrorInfo, Provenance, RolloutResult, RolloutTask, VerifyReply
+from gym_runtime.messages import (
+    AttemptRetried,
+    AttemptStart,
+    Cost,
+    ErrorInfo,
+    Provenance,
+    RolloutResult,
+    RolloutTask,
+    VerifyReply,
+)
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import ensure_results_stream, result_msg_id, task_id_slots
+from gym_runtime.transport.jetstream import (
+    ensure_attempts_stream,
+    ensure_results_stream,
+    result_msg_id,
+    task_id_slots,
+)
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
 from gym_runtime.transport.rpc import ON_PAUSE
+from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint, grader_identity
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
@@ -119,6 +136,7 @@ class AgentWorker:
                 self.guest = GuestAgent(name, cfg, groups=self.run_group is not None)
                 self.fn, self.run_group, self.setup = self.guest.run, self.guest.run_group, None  # setup: in the guest
         self.worker_id = uuid.uuid4().hex[:12]
+        self.node, self.pid = socket.gethostname(), os.getpid()  # where its attempts ran (their records)
         self.puller: PullWorker | None = None
         self.completed = 0
         self.failed = 0
@@ -132,6 +150,7 @@ class AgentWorker:
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus)
+        self.records = AttemptRecords(bus, name)
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -162,6 +181,8 @@ class AgentWorker:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
             await ensure_results_stream(self.bus, self.name)  # its own: results are stored there before a task is acked
+            await ensure_attempts_stream(self.bus)  # each attempt's record of itself (explain)
+            tg.start_soon(self.records.run)
             self.puller = await work_queue_puller(
                 self.bus,
                 "task",
@@ -319,6 +340,18 @@ class AgentWorker:
         key = self.bus.subjects.failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
         failed = await self.control.failed_attempts(key) if attempt > 1 else 0
         lost = attempt - 1 - failed
+        start = AttemptStart(
+            task_index=task.task_index,
+            rollout_index=task.rollout_index,
+            group=task.group,
+            attempt=attempt,
+            failed=failed,
+            worker=self.worker_id,
+            node=self.node,
+            pid=self.pid,
+            at=time.time(),
+        )
+        self.records.add(task.batch, start)
         if lost > self.cfg.max_worker_losses:
             return _failures(
                 task,
@@ -357,11 +390,13 @@ class AgentWorker:
                     attempt,
                     ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"),
                     self._spent(ctx),
+                    ctx.calls.log,
                 )
             except Failure as e:
                 if is_lost(e):  # its guest was killed for another rollout's fault: a lost worker, not a failed attempt
                     log.info("rollout.lost", error=e.info.message, then="runs again")
                     retrying = True
+                    self._given_back(task, attempt, e.info, ctx)
                     await msg.nak(delay=NAK_BACKOFF_S[0])
                     return None
                 if e.info.retryable and failed + 1 < self.cfg.max_attempts:
@@ -369,13 +404,14 @@ class AgentWorker:
                     log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)
                     await self.control.count_failed(key, failed + 1)
                     retrying = True
+                    self._given_back(task, attempt, e.info, ctx)
                     await msg.nak(delay=delay)
                     return None
-                return _failures(task, attempt, e.info, self._spent(ctx))
+                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log)
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
                 info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
-                return _failures(task, attempt, info, self._spent(ctx))
+                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
             results = []
             first = task.rollout_index
             for i, outcome in zip(range(first, first + size), outcomes, strict=True):
@@ -391,6 +427,7 @@ class AgentWorker:
                         row=build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov),
                         attempts=attempt,
                         answer_field=outcome.verdict.answer_field,
+                        calls=ctx.calls.log if i == first and ctx.calls.log else None,
                     )
                 )
             box = ctx.sandboxes.on_acquire
@@ -407,6 +444,20 @@ class AgentWorker:
                 await ctx.sandboxes.close_all()
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
+
+    def _given_back(self, task: RolloutTask, attempt: int, info: ErrorInfo, ctx: AgentContext) -> None:
+        """An attempt nak'd for another: its record says why, with the calls it made."""
+        retried = AttemptRetried(
+            task_index=task.task_index,
+            rollout_index=task.rollout_index,
+            group=task.group,
+            attempt=attempt,
+            worker=self.worker_id,
+            error=info,
+            calls=ctx.calls.log,
+            at=time.time(),
+        )
+        self.records.add(task.batch, retried)
 
     async def _outcomes(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome]:
         if task.group > 1:
@@ -560,10 +611,12 @@ def _runtime_version() -> str:
         return "0.0.0"
 
 
-def _failures(task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | None = None) -> list[RolloutResult]:
+def _failures(
+    task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | None = None, calls: list[list[int]] | None = None
+) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
-    function, its cells and their tuple kept alive for the whole rollout); ``cost``: what the attempt used
-    before it failed, on the first repeat's row."""
+    function, its cells and their tuple kept alive for the whole rollout); ``cost`` and ``calls``: what the
+    attempt used before it failed, on the first repeat's row."""
     return [
         RolloutResult(
             batch=task.batch,
@@ -574,6 +627,7 @@ def _failures(task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | Non
             input_row=task.row,
             attempts=attempt,
             cost=cost if i == task.rollout_index else None,
+            calls=calls or None if i == task.rollout_index else None,
         )
         for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
     ]
