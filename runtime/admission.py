@@ -12,12 +12,17 @@ and calls ``changed()`` when something that frees room happens.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
+import msgspec
 
-__all__ = ["GROUP_STALENESS", "Admission", "Gate", "StalenessWindow", "Work"]
+from gym_runtime.messages import RolloutResult
+
+__all__ = ["GROUP_STALENESS", "Admission", "Budget", "Gate", "StalenessWindow", "Work", "parse_budget"]
 
 GROUP_STALENESS = ("member", "group")  # what is redone when a group's members would straddle a version
 
@@ -125,3 +130,85 @@ class StalenessWindow:
         if version != self.version:
             self.version = version
             self.since_update = 0
+
+
+_TOKENS = re.compile(r"^\s*([0-9][0-9_]*)\s*tokens?\s*$")
+
+
+def parse_budget(value: object) -> Budget:
+    """A budget as a user writes it: a number is money (``2.50``: in ``pricing.currency``), a whole number
+    followed by ``tokens`` is tokens (``200000tokens``, ``"200000 tokens"``). ``ValueError`` says what is wrong."""
+    if isinstance(value, Budget):
+        return value
+    text = str(value)
+    m = _TOKENS.match(text)
+    if m:
+        amount, tokens = float(m.group(1).replace("_", "")), True
+    else:
+        try:
+            amount, tokens = float(text), False
+        except ValueError:
+            amount, tokens = math.nan, False
+        if isinstance(value, bool) or math.isnan(amount):
+            raise ValueError(f"a budget is an amount of money (2.50) or of tokens (200000tokens), got {text!r}")
+    if not math.isfinite(amount) or amount <= 0:
+        raise ValueError(f"a budget must be more than 0, got {text!r}")
+    return Budget(amount, tokens=tokens)
+
+
+def used(res: RolloutResult, *, tokens: bool) -> float:
+    """What a stored result counts against a budget: its row's ``cost`` (or a failure's), in tokens (input
+    and output of every model entry: policy, judges, user simulators) or its estimated money."""
+    cost: Any = res.row.get("cost") if res.row is not None else res.cost
+    if cost is None:
+        return 0.0
+    if not isinstance(cost, dict):
+        cost = msgspec.to_builtins(cost)
+    if not tokens:
+        est = cost.get("estimated_cost")
+        return float(est) if isinstance(est, (int, float)) else 0.0
+    total = 0
+    for m in (cost.get("models") or {}).values():
+        if isinstance(m, dict):
+            for k in ("input_tokens", "output_tokens"):
+                n = m.get(k, 0)
+                total += n if isinstance(n, int) and n > 0 else 0
+    return float(total)
+
+
+class Budget:
+    """A batch's budget as a gate: ``charge`` counts rollouts started (in flight), ``finished`` what one cost.
+
+    What is in flight is not known until it finishes, so each rollout in flight is counted at the mean cost
+    of the rollouts finished so far (the batch's own running mean: the best estimate there is without a
+    model of each task); until the first finishes there is no mean, and one rollout runs at a time. A
+    rollout may start while ``spent + (in_flight + 1) * mean <= limit``; once spent, there is no room.
+    """
+
+    def __init__(self, limit: float, *, tokens: bool) -> None:
+        self.limit = limit
+        self.tokens = tokens
+        self.spent = 0.0  # the finished rollouts' cost, as their results were stored
+        self.finished = 0
+        self.in_flight = 0
+
+    def room(self, work: Work) -> int:
+        if self.spent >= self.limit:
+            return 0
+        if not self.finished:
+            return 0 if self.in_flight else 1
+        mean = self.spent / self.finished
+        if mean <= 0:
+            return 1 << 62
+        return max(0, math.floor((self.limit - self.spent) / mean + 1e-9) - self.in_flight)
+
+    def charge(self, work: Work) -> None:
+        self.in_flight += work.units
+
+    def done(self, res: RolloutResult, *, in_flight: bool = True) -> None:
+        """One rollout's result was stored (counted once per slot by its reader); ``in_flight``: it was
+        charged as started here (not a result an earlier run of the batch stored)."""
+        self.spent += used(res, tokens=self.tokens)
+        self.finished += 1
+        if in_flight:
+            self.in_flight -= min(1, self.in_flight)

@@ -31,10 +31,10 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.admission import GROUP_STALENESS, Admission, StalenessWindow, Work
+from gym_runtime.admission import GROUP_STALENESS, Admission, Budget, StalenessWindow, Work, parse_budget
 from gym_runtime.config import Config, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
-from gym_runtime.data.collector import failure_row
+from gym_runtime.data.collector import budget_results, failure_row
 from gym_runtime.data.inputs import check_row, publish_rows, publish_task, row_tasks
 from gym_runtime.data.intake import Intake, replaces
 from gym_runtime.data.reader import BatchReader
@@ -103,6 +103,10 @@ class BatchHandle:
         self.started = 0  # rollouts admitted (published)
         self.held = 0  # rollouts waiting for admission
         self.redone = 0  # rollouts submitted again under a newer version before they started (never run stale)
+        self.budget: Budget | None = None  # ``submit(budget=...)``: what this batch may spend
+        self.admission: Admission | None = None  # the gates its held tasks pass (the window, its budget)
+        self.budget_stopped = 0  # rollouts its budget held back: ``budget`` failure rows, never started
+        self.held_from = -1  # the first of them
 
     @property
     def done(self) -> bool:
@@ -126,6 +130,9 @@ class BatchHandle:
             return
         row, ok = _result_row(res)
         self._rows[slot] = (row, ok, res.attempts)
+        if self.budget is not None and res.attempts:  # a stored result (a budget's own rows have no attempt)
+            self.budget.done(res)
+            self.client._wake_admission()
         self._send.send_nowait(row)
         if len(self._rows) >= self.expected:
             self._finish()
@@ -186,6 +193,8 @@ class BatchHandle:
         self._finish()
         if self.admitted:  # its rollouts not consumed yet will not be: room for other batches
             await self.client._consumed(0, released=self.started - self.consumed_rows)
+        elif self.held:  # held by its budget alone: published marked cancelled, as the window's are
+            await self.client._admit()
 
 
 class Client:
@@ -484,6 +493,7 @@ class Client:
         any_tools: bool = False,
         batch_size: int | None = None,
         group_staleness: str = "member",
+        budget: float | str | None = None,
     ) -> BatchHandle:
         """Publish rows × ``repeats`` as one batch; returns its handle at once.
 
@@ -500,8 +510,15 @@ class Client:
         ``gym_runtime.admission``). A task that could not start in time is submitted again under the current
         version before it runs; ``group_staleness``: ``member`` (each repeat on its own: only the members that
         did not start in time are redone) or ``group`` (a task's repeats start together, or are redone together).
+
+        ``budget``: what this batch may spend, money (``2.50``, in ``pricing.currency``: needs a ``pricing``
+        section) or tokens (``"200000tokens"``). A task starts only while the spent plus what is in flight
+        (each rollout in flight at the mean cost of those finished; one at a time until the first finishes)
+        stays within it (``gym_runtime.admission.Budget``); once spent, the rest are never started and their
+        rows are ``budget`` failure rows (``handle.budget_stopped`` counts them).
         """
         self._raise_mismatch()
+        gate = self._budget(budget)
         rows = list(rows)
         if repeats < 1:
             raise ClientError("repeats must be at least 1")
@@ -528,7 +545,8 @@ class Client:
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
-        if batch_size is not None:
+        if batch_size is not None or gate is not None:
+            handle.budget = gate
             tasks = row_tasks(
                 rows,
                 batch=handle.batch,
@@ -555,6 +573,26 @@ class Client:
         return handle
 
     # ---------------------------------------------------------------------------- admission
+
+    def _budget(self, budget: float | str | None) -> Budget | None:
+        """``submit(budget=...)`` as a gate; each mistake one ``ClientError``."""
+        if budget is None:
+            return None
+        try:
+            gate = parse_budget(budget)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
+        if not gate.tokens and self.config.pricing is None:
+            raise ClientError(
+                f"budget={budget!r} is an amount of money, but the config has no `pricing` section to estimate "
+                "costs with: add one, or give the budget in tokens (budget='200000tokens')"
+            )
+        return gate
+
+    def _wake_admission(self) -> None:
+        """A budgeted batch's result came: held tasks may start now (or be held back for good)."""
+        if self._tg is not None:
+            self._tg.start_soon(self._admit)
 
     def _check_admission(
         self,
@@ -589,16 +627,22 @@ class Client:
                 "(the trainer consumes whole groups), or use group_staleness='member'"
             )
 
-    async def _hold(self, handle: BatchHandle, tasks: list[RolloutTask], batch_size: int, *, by_group: bool) -> None:
+    async def _hold(
+        self, handle: BatchHandle, tasks: list[RolloutTask], batch_size: int | None, *, by_group: bool
+    ) -> None:
         """Queue a batch's tasks for admission (one unit each, or each task's repeats as one), then admit."""
-        if self._window is None or self._window.batch_size != batch_size:
+        if batch_size is not None and (self._window is None or self._window.batch_size != batch_size):
             assert self.policy_version is not None  # max_staleness needs one (``_version_for``)
             self._window = StalenessWindow(batch_size, self.policy_version)
             self._admission = Admission(self._window)
+        gates = ([self._window] if batch_size is not None and self._window is not None else []) + (
+            [handle.budget] if handle.budget is not None else []
+        )
+        handle.admission = Admission(*gates)
         await ensure_streams(self.bus)
         if self.config.jetstream.max_republish > 0:
             await ensure_kept_stream(self.bus)
-        handle.admitted = True
+        handle.admitted = batch_size is not None  # in the staleness window (what ``consumed`` reports to)
         for t in tasks:
             units = max(t.group, 1)
             last = self._held[-1] if self._held else None
@@ -617,11 +661,10 @@ class Client:
             await self._admit()
 
     async def _admit(self) -> None:
-        """Publish the held tasks the window has room for, in submit order; a task that can no longer start
-        within its staleness bound is stamped with the current version first (redone, never run stale)."""
-        window, admission = self._window, self._admission
-        if window is None or admission is None:
-            return
+        """Publish the held tasks their batch's gates have room for (the staleness window, its budget), in submit
+        order; a task that can no longer start within its staleness bound is stamped with the current version
+        first (redone, never run stale); a batch whose budget is spent gets ``budget`` rows for the rest."""
+        window = self._window
         async with self._admit_lock:
             out: list[RolloutTask] = []
             touched: dict[str, BatchHandle] = {}
@@ -636,12 +679,22 @@ class Client:
                 self._held = deque(h for h in self._held if not h.handle.cancelled)
             while self._held:
                 held = self._held[0]
-                if window.expired(held.work):
+                handle = held.handle
+                windowed = window is not None and window in (handle.admission.gates if handle.admission else ())
+                if windowed and window is not None and window.expired(held.work):
                     held.work.version = window.version
                     held.tasks = [msgspec.structs.replace(t, policy_version=window.version) for t in held.tasks]
                     held.redone = True
-                if not admission.admit(held.work):
-                    break
+                assert handle.admission is not None
+                if not handle.admission.admit(held.work):
+                    budget = handle.budget
+                    spent = budget is not None and not budget.in_flight and budget.room(held.work) < held.work.units
+                    if not spent:
+                        break  # no room yet (window, or a budget's results in flight): what follows waits, in order
+                    self._held.popleft()  # spent: this task and the batch's others never start
+                    self._budget_stop(held)
+                    touched[handle.batch] = handle
+                    continue
                 self._held.popleft()
                 held.handle.held -= held.work.units
                 held.handle.started += held.work.units
@@ -653,9 +706,25 @@ class Client:
                 for task in out:
                     tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
             for handle in touched.values():
-                if handle.held == 0:  # wholly published: a reader may now settle its lost slots
-                    await put_manifest(self.bus, msgspec.structs.replace(handle._manifest, published=True))
-        admission.changed()
+                if handle.held == 0:  # all that will be is published: lost slots may be settled
+                    held_from = handle.held_from if handle.budget_stopped else -1
+                    manifest = msgspec.structs.replace(handle._manifest, published=True, held_from=held_from)
+                    await put_manifest(self.bus, manifest)
+        if self._admission is not None:
+            self._admission.changed()
+
+    def _budget_stop(self, held: _Held) -> None:
+        """``held``'s batch spent its budget: its tasks get ``budget`` failure rows, never started."""
+        handle, budget = held.handle, held.handle.budget
+        assert budget is not None
+        spent = f"{budget.spent:,.0f} tokens" if budget.tokens else f"{budget.spent:.4f}"
+        message = f"not started: the batch's budget was spent ({spent} of {budget.limit:g})"
+        handle.held -= held.work.units
+        for task in held.tasks:
+            for slot, res in budget_results(task, handle.repeats, message):
+                handle.budget_stopped += 1
+                handle.held_from = min(handle.held_from, slot) if handle.held_from >= 0 else slot
+                handle._take(res, slot)
 
     async def run(
         self,

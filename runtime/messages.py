@@ -508,6 +508,7 @@ ErrorClass = Literal[
     "internal",
     "config_mismatch",  # the worker serves another config's entry of the same name (isolation)
     "cancelled",  # the batch was cancelled before this task started
+    "budget",  # the batch's budget was spent before this task started (never stored: a resume may run it)
     "stale",  # the policy moved on more than the task's max_staleness before it started
     "busy",  # a direct call found no free slot (never in a row: the caller goes to the queue)
     "integrity",  # a stored body or result does not match what its message says (tampered, or missing)

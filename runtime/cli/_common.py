@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 
+from gym_runtime.admission import parse_budget
 from gym_runtime.config import Config, load_config, resolve_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
@@ -163,7 +164,11 @@ def failures_exit(stats: Any, out: str) -> int:
     if stats.failures:
         from gym_runtime.data.collector import sidecar_paths
 
-        err(f"{plural(stats.failures, 'rollout')} failed; see {sidecar_paths(out)[0]}")
+        held = getattr(stats, "budget", 0)
+        why = (
+            f" ({held} held back by the batch's budget: run or publish it again with a larger --budget)" if held else ""
+        )
+        err(f"{plural(stats.failures, 'rollout')} failed{why}; see {sidecar_paths(out)[0]}")
         return EXIT_FAILURES
     return 0
 
@@ -249,6 +254,53 @@ def _at_least(text: str, least: int) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def budget_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--budget",
+        type=budget_value,
+        metavar="AMOUNT|Ntokens",
+        help="stop starting tasks once the batch would pass this: money in pricing.currency (2.50; needs a "
+        "`pricing` section) or tokens of every model entry (200000tokens); the rest become `budget` failure "
+        "rows, and running the batch again (--batch ID) with a larger budget finishes it",
+    )
+
+
+def budget_value(text: str) -> Any:
+    """argparse type of ``--budget`` (``gym_runtime.admission.parse_budget``)."""
+    try:
+        return parse_budget(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def budgeted(budget: Any, cfg: Config) -> Any:
+    """``--budget``'s gate for ``run_batch``, or None; a budget in money needs ``pricing`` (exit 2)."""
+    if budget is None:
+        return None
+    if not budget.tokens and cfg.pricing is None:
+        raise UserError(
+            f"--budget {budget.limit:g} is an amount of money, but the config has no `pricing` section to "
+            "estimate costs with: add one, or give the budget in tokens (--budget 200000tokens)"
+        )
+    from gym_runtime.service.budget import BudgetedPublish
+
+    return BudgetedPublish(budget, 1, cfg.pricing.currency if cfg.pricing else None)
+
+
+def budget_exit(stats: Any, out: str, budget: Any, batch: str) -> int:
+    """The one line a batch stopped by its budget ends with (exit 1: nothing lost, it can be resumed)."""
+    from gym_runtime.data.collector import sidecar_paths
+
+    others = stats.failures - stats.budget
+    more = f"; {plural(others, 'other rollout')} failed" if others else ""
+    err(
+        f"budget reached: {budget.spent_line()}; {stats.budget} of {stats.rows + stats.failures} rollouts not "
+        f"started (class budget, in {sidecar_paths(out)[0]}){more}; run again with --batch {batch} and a larger "
+        "--budget to finish the batch"
+    )
+    return EXIT_FAILURES
 
 
 def port_number(text: str) -> int:

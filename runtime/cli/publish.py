@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
+import uuid
 from typing import Any
 
 from gym_runtime.cli._common import (
+    EXIT_FAILURES,
     any_tools_option,
     auth_option,
+    budget_option,
+    budgeted,
     client_auth,
     common_options,
     config_argument,
+    err,
     load,
     need_url,
     positive_int,
@@ -34,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
     p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
     p.add_argument("--limit", type=positive_int, help="use only the first N rows")
+    budget_option(p)  # with one, publish stays until every task is started or held back (it counts the results)
     progress.add_arguments(p)
     any_tools_option(p)
     auth_option(p)
@@ -41,6 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import anyio
+
     from gym_runtime.data.inputs import validate
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import publish_batch
@@ -56,6 +65,9 @@ def main(args: argparse.Namespace) -> int:
         cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    budget = budgeted(args.budget, cfg)
+    if budget is not None and args.batch is None:  # its reader of the results needs the id up front
+        args.batch = uuid.uuid4().hex[:12]
     reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
     auth = client_auth(args)
     tel = telemetry(args, "publish")
@@ -73,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
                 jetstream=cfg.jetstream,
             )
             try:
-                return await publish_batch(
+                publish = functools.partial(
+                    publish_batch,
                     bus,
                     cfg,
                     args.input,
@@ -84,6 +97,13 @@ def main(args: argparse.Namespace) -> int:
                     plan=plan,
                     on_sent=tracker.advance,
                 )
+                if budget is None:
+                    return await publish()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(budget.watch, bus, args.batch)
+                    manifest = await publish(admit=budget.admit, held=budget.held)
+                    tg.cancel_scope.cancel()
+                return manifest
             finally:
                 await bus.close()
 
@@ -91,6 +111,14 @@ def main(args: argparse.Namespace) -> int:
             manifest = run_async(go)
         finally:
             tel.shutdown()
+    if manifest.held_from >= 0:
+        print(manifest.batch)
+        err(
+            f"budget reached: {budget.spent_line()}; {manifest.expected - manifest.held_from} of {manifest.expected} "
+            f"rollouts not started (class budget: `collect` writes their failure rows); publish again with --batch "
+            f"{manifest.batch} and a larger --budget to finish the batch"
+        )
+        return EXIT_FAILURES
     print(
         f"published {manifest.expected} tasks ({manifest.tasks} rows x {manifest.repeats}) as batch:", file=sys.stderr
     )

@@ -34,6 +34,9 @@ from typing import Any
 from gym_runtime.cli._common import (
     any_tools_option,
     auth_option,
+    budget_exit,
+    budget_option,
+    budgeted,
     check_output,
     client_auth,
     common_options,
@@ -81,6 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores, else one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
+    budget_option(p)
     progress.add_arguments(p)
     metrics_options(p)
     any_tools_option(p)
@@ -238,6 +242,7 @@ def main(args: argparse.Namespace) -> int:
         cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    budget = budgeted(args.budget, cfg)
     # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
     # the default) has its worker here like any other, its guest on the environment's interpreter; one with
     # isolation: none, and a hosted agent, have their worker in a child process on that interpreter
@@ -286,9 +291,12 @@ def main(args: argparse.Namespace) -> int:
                         plan=plan,
                         elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
                         check_workers=not ours,
+                        budget=budget,
                     )
                 )
     finally:
         tel.shutdown()
     print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
+    if result.stats.budget:
+        return budget_exit(result.stats, args.output, budget, result.batch)
     return failures_exit(result.stats, args.output)

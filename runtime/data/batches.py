@@ -84,6 +84,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     # the long values rows' ``provenance`` leaves out, kept once per batch: each model entry's adapter, model
     # name and config fingerprint (``workers.control.model_table``; never its URL or key)
     models: dict[str, dict[str, str]] = {}
+    # the first slot its budget held back (-1: none): it and every later slot were never published, and get
+    # ``budget`` failure rows; a publish of this batch again (with a larger budget) goes on from ``stored``
+    held_from: int = -1
 
 
 def new_manifest(

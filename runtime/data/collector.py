@@ -28,8 +28,8 @@ from gym_runtime.data.aggregate import MetricsAccumulator
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
-from gym_runtime.data.reader import BatchReader
-from gym_runtime.messages import RolloutResult
+from gym_runtime.data.reader import BatchReader, budget_slots
+from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 
@@ -61,11 +61,21 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     return row
 
 
+def budget_results(task: RolloutTask, repeats: int, message: str) -> list[tuple[int, RolloutResult]]:
+    """The ``budget`` failure results of a task held back by its batch's budget, with their slots (never
+    stored: the task never started, and a run of the batch again may still run it)."""
+    repeats = max(1, repeats)
+    base = task.task_index * repeats
+    slots = [base + r for r in range(task.group)] if task.group else [base + task.rollout_index]
+    return budget_slots(task.batch, slots, repeats, lambda _t: task.agent, message, task.row)
+
+
 @dataclass
 class CollectStats:
     rows: int = 0
     failures: int = 0
     duplicates: int = 0
+    budget: int = 0  # of the failures, rollouts the batch's budget held back (never started, never stored)
     refused: int = 0  # stored results no reader may take (another agent's, another batch's, no such slot)
     reward_sum: float = 0.0
     metrics: list[dict[str, Any]] = field(default_factory=list)  # per agent, without per-task entries
@@ -87,15 +97,17 @@ class Collector:
         on_progress: Callable[[int, int], None] | None = None,
         on_result: Callable[[bool, float | None], None] | None = None,
         max_republish: int | None = None,
+        on_stored: Callable[[RolloutResult], None] | None = None,
     ) -> None:
         """``max_republish``: rounds of publishing again the tasks of slots whose results were lost (None: the
-        manifest's)."""
+        manifest's); ``on_stored``: each slot's first stored result (what a budget counts)."""
         self.bus = bus
         self.batch = manifest.batch
         self.out = Path(out)
         self.expected = expected = manifest.expected
         self.on_progress = on_progress
         self.on_result = on_result  # (ok, reward) per slot's first row: failures and running reward
+        self.on_stored = on_stored
         self.failures_path, self.metrics_path = sidecar_paths(self.out)
         self.spool_path = Path(str(self.out) + ".partial")
         # Where each task×repeat's line sits in the spool: flat arrays at task * repeats + rollout
@@ -143,6 +155,12 @@ class Collector:
     def _empty(self) -> list[int]:
         return [slot for slot in range(self.expected) if self._offsets[slot] < 0] if self._count < self.expected else []
 
+    def hold_back(self, task: RolloutTask, message: str) -> None:
+        """``task`` was never started (its batch's budget was spent): its slots get ``budget`` failure rows,
+        written to the failures file only, never stored, so a run of the batch again may still run it."""
+        for slot, res in budget_results(task, self.repeats, message):
+            self._take(res, slot)
+
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
         held = self._offsets[slot] >= 0
@@ -172,6 +190,10 @@ class Collector:
             self.stats.failures -= 1
             return
         self._count += 1
+        if res.error is not None and res.error.error_class == "budget":
+            self.stats.budget += 1
+        elif self.on_stored is not None:
+            self.on_stored(res)
         if self.on_result:
             self.on_result(ok, reward)
         if self.on_progress:

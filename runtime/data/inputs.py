@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,10 @@ class Watermark:
 
     def stored(self, ordinal: int) -> None:
         self._open.discard(ordinal)
+
+    def skips(self) -> bool:
+        """Whether the next task was stored by an earlier run (``take`` will answer None)."""
+        return self._next < self.start
 
     def through(self) -> int:
         return min(self._open) if self._open else max(self._next, self.start)
@@ -190,8 +194,10 @@ async def publish_tasks(
     grouped: Callable[[str], bool] = lambda _agent: False,
     mark: Watermark | None = None,
     keep: bool = False,
+    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
+    held: Callable[[RolloutTask], None] | None = None,
 ) -> int:
-    """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks."""
+    """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks (``publish_rows``)."""
     rows = (row for _, row in iter_rows(plan.path, limit))
     return await publish_rows(
         bus,
@@ -206,6 +212,8 @@ async def publish_tasks(
         on_sent=on_sent,
         mark=mark,
         keep=keep,
+        admit=admit,
+        held=held,
     )
 
 
@@ -265,8 +273,14 @@ async def publish_rows(
     on_sent: Callable[[], None] | None = None,
     mark: Watermark | None = None,
     keep: bool = False,
+    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
+    held: Callable[[RolloutTask], None] | None = None,
 ) -> int:
     """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task.
+
+    ``admit(task, stored)``: asked for each task in publish order before it is sent (``stored``: sent by an
+    earlier run of this publish, only counted); once it answers False, that task and every later one are
+    not published but handed to ``held`` (a budget's admission: ``gym_runtime.admission.Budget``).
 
     ``keep``: each task's body is stored in the stream of kept tasks too, with its first repeat (the same bytes;
     a large body's blob is shared); that repeat counts as stored, in ``mark`` too, only once both are, so a
@@ -309,9 +323,16 @@ async def publish_rows(
     async with anyio.create_task_group() as tg:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
+        stopped = False
         for task in row_tasks(
             rows, batch=batch, agents=agents, agent=agent, repeats=repeats, task_fields=task_fields, grouped=grouped
         ):
+            if admit is not None and not stopped:
+                stopped = not await admit(task, mark.skips())
+            if stopped:
+                if held is not None:
+                    held(task)
+                continue
             await limiter.acquire()
             if failed:
                 limiter.release()

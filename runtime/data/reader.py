@@ -73,6 +73,32 @@ class _Lane:
         self.unacked: Delivery | None = None  # handled, not acked yet (every message before it is acked)
 
 
+def budget_slots(
+    batch: str,
+    slots: list[int],
+    repeats: int,
+    owner: Callable[[int], str],
+    message: str,
+    input_row: dict[str, Any] | None = None,
+) -> list[tuple[int, RolloutResult]]:
+    """``budget`` failure results of slots whose tasks a budget held back (attempt 0; never stored)."""
+    error = ErrorInfo(error_class="budget", message=message)
+    out = []
+    for slot in slots:
+        task, rollout = divmod(slot, repeats)
+        res = RolloutResult(
+            batch=batch,
+            task_index=task,
+            rollout_index=rollout,
+            agent=owner(task),
+            error=error,
+            input_row=input_row,
+            attempts=0,
+        )
+        out.append((slot, res))
+    return out
+
+
 class BatchReader:
     """Reads a batch's stored results, from the results stream of each of its ``agents``; ``take(result, slot)``
     gets each one its ``Intake`` admits (the owner of ``take`` applies the slot rule). With ``empty`` (the slots
@@ -250,6 +276,12 @@ class BatchReader:
             if not await jetstream.reader_settled(self.bus, lane.stream, lane.consumer):
                 return  # some are still on their way to this reader
         empty = self._empty()
+        if manifest.held_from >= 0:  # held back by the batch's budget: never published, so never stored
+            held = [s for s in empty if s >= manifest.held_from]
+            empty = [s for s in empty if s < manifest.held_from]
+            message = "not started: the batch's budget was spent; publish the batch again with a larger budget"
+            for slot, res in budget_slots(self.batch, held, self.intake.repeats, self._owner, message):
+                self._take(res, slot)
         if not empty:
             return
         repeats = self.intake.repeats

@@ -33,9 +33,11 @@ from gym_runtime.data.reverify import (
     validate_rollouts,
 )
 from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.messages import RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
+from gym_runtime.service.budget import BudgetedPublish
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.discovery import discover
@@ -406,9 +408,14 @@ async def publish_batch(
     plan: Plan | None = None,
     on_sent: Callable[[], None] | None = None,
     check_workers: bool = True,
+    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
+    held: Callable[[RolloutTask], None] | None = None,
 ) -> Manifest:
     """Validate every row (unless ``plan`` says it was done), check the live workers serve this config
-    (``check_workers``), record the manifest, publish rows × repeats."""
+    (``check_workers``), record the manifest, publish rows × repeats.
+
+    ``admit``/``held``: a budget's admission (``publish_rows``); tasks it holds back are not published, and
+    the batch is then not ``published``: a run of it again goes on from the first of them."""
     agents = list(config.agents)
     if not agents:
         raise UserError("the config names no agents")
@@ -429,7 +436,7 @@ async def publish_batch(
     await ensure_streams(bus, agents)
     earlier = await get_manifest(bus, batch) if batch else None
     if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
-        if earlier.published:
+        if earlier.published and earlier.held_from < 0:
             log.info("batch.already_published", batch=manifest.batch, expected=manifest.expected)
             return earlier
         manifest = msgspec.structs.replace(manifest, stored=earlier.stored)
@@ -445,6 +452,13 @@ async def publish_batch(
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
     mark = Watermark(start=manifest.stored)
+    held_from: list[int] = []
+
+    def hold(task: RolloutTask) -> None:
+        if not held_from:
+            held_from.append(task.task_index * manifest.repeats + (0 if task.group else task.rollout_index))
+        if held is not None:
+            held(task)
 
     async def record() -> None:
         nonlocal manifest
@@ -476,6 +490,8 @@ async def publish_batch(
                     grouped=lambda a: config.agents[a].group_repeats,
                     mark=mark,
                     keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
+                    admit=admit,
+                    held=hold if admit is not None else None,
                 )
             except Exception as e:  # raised as it is below, not inside the task group's exception group
                 failure = e
@@ -485,7 +501,10 @@ async def publish_batch(
             await record()
     if failure is not None:
         raise failure
-    manifest = msgspec.structs.replace(manifest, published=True)
+    # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
+    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
+    if held_from:
+        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
     await put_manifest(bus, manifest)
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
@@ -509,12 +528,14 @@ async def run_batch(
     plan: Plan | None = None,
     elsewhere: frozenset[tuple[str, str]] = frozenset(),
     check_workers: bool = True,
+    budget: BudgetedPublish | None = None,
 ) -> RunResult:
     """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
 
     ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
     (role, name) workers that run in child processes of their own (hosted NeMo Gym servers); ``check_workers``:
-    look for live workers of another config before publishing (not needed on a server this run started)."""
+    look for live workers of another config before publishing (not needed on a server this run started);
+    ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``)."""
     t0 = time.perf_counter()
     resolve_config(config)  # the plugins' option checks, before anything is published
     if not config.agents:
@@ -562,7 +583,16 @@ async def run_batch(
                 out=str(out),
             )
             manifest = new_manifest(batch, plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve()))
-            collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result)
+            collector = Collector(
+                bus,
+                manifest,
+                out,
+                on_progress=on_progress,
+                on_result=on_result,
+                on_stored=budget.stored if budget is not None else None,
+            )
+            if budget is not None:
+                budget.repeats, budget.collector = repeats, collector
             result: dict[str, CollectStats] = {}
             collected = anyio.Event()
 
@@ -581,6 +611,8 @@ async def run_batch(
                 batch=batch,
                 plan=plan,
                 check_workers=False,  # checked above
+                admit=budget.admit if budget is not None else None,
+                held=budget.held if budget is not None else None,
             )
             await collected.wait()
             await drain(workers, timeout=5.0)
