@@ -41,7 +41,9 @@ def result(task: int, rollout: int) -> RolloutResult:
 async def store_all(bus: Bus) -> None:
     order = [(t, r) for t in range(TASKS) for r in range(REPEATS)]
     random.Random(7).shuffle(order)
-    for t, r in [*order, *order[:3]]:  # three of them stored twice (a redelivered rollout)
+    # three of them stored twice (a redelivered rollout), each second copy before the batch's last result: a
+    # collector stops once every slot is filled, so copies stored after that may go unread (and uncounted)
+    for t, r in [*order[:3], *order]:
         await bus.js_publish(Subjects("gym").result("a", "b"), result(t, r), msg_id=result_msg_id("b", t, r, 0))
 
 
