@@ -545,30 +545,20 @@ class Client:
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
+        layout: dict[str, Any] = {  # the tasks the rows make, held back by admission or published at once
+            "batch": handle.batch,
+            "agents": agents,
+            "agent": agent,
+            "repeats": repeats,
+            "task_fields": self._task_fields(version, max_staleness, checks),
+            "grouped": lambda a: self.config.agents[a].group_repeats,
+        }
         if batch_size is not None or gate is not None:
             handle.budget = gate
-            tasks = row_tasks(
-                rows,
-                batch=handle.batch,
-                agents=agents,
-                agent=agent,
-                repeats=repeats,
-                task_fields=self._task_fields(version, max_staleness, checks),
-                grouped=lambda a: self.config.agents[a].group_repeats,
-            )
-            await self._hold(handle, list(tasks), batch_size, by_group=group_staleness == "group")
+            tasks = list(row_tasks(rows, **layout))
+            await self._hold(handle, tasks, batch_size, by_group=group_staleness == "group")
             return handle
-        await publish_rows(
-            self.bus,
-            rows,
-            batch=handle.batch,
-            agents=agents,
-            agent=agent,
-            repeats=repeats,
-            task_fields=self._task_fields(version, max_staleness, checks),
-            grouped=lambda a: self.config.agents[a].group_repeats,
-            keep=manifest.max_republish > 0,
-        )
+        await publish_rows(self.bus, rows, **layout, keep=manifest.max_republish > 0)
         await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
 
