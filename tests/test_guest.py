@@ -81,13 +81,14 @@ async def everything(bus: Bus) -> list[Any]:
 
 
 def untimed(reply: Any) -> Any:
-    """A reply less what two workers differ in: the verifying worker's id, and the cost of the session's judge
-    calls (not counted yet for a session in a guest process: issue 39's remainder). The code's identity stays."""
+    """A reply less what two workers differ in: the verifying worker's id and the time its judge took. The code's
+    identity stays, and so does the cost of the session's judge calls: their number and tokens."""
     if not isinstance(reply, VerifyReply) or reply.served is None:
         return reply
     served = msgspec.to_builtins(reply.served)
     served.pop("worker", None)
-    served.pop("cost", None)
+    for used in served.get("cost", {}).get("models", {}).values():
+        used.pop("call_ms", None)
     return msgspec.structs.replace(reply, served=None), served
 
 
@@ -107,6 +108,8 @@ async def test_every_answer_and_failure_reads_the_same_in_a_guest(bus: Bus) -> N
     assert key[0] == "verify_error" and "KeyError" in key[1] and key[2] is True
     assert invalid == ("invalid_task", "this row cannot be graded", False)
     assert isinstance(judged, VerifyReply) and judged.fields["judge_said"]  # the judge's words, over the bus
+    assert judged.served is not None and judged.served.cost is not None  # its one judge call, counted for it
+    assert judged.served.cost.models["judge"].calls == 1 and judged.served.cost.models["judge"].output_tokens > 0
     assert isinstance(plain, VerifyReply) and plain.reward == 1.0
 
 

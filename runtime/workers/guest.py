@@ -122,7 +122,7 @@ class _Child:
 class _Call:
     """A call sent to a guest and not answered yet."""
 
-    __slots__ = ("answer", "generation", "deadline", "what", "trace", "models", "waiting")
+    __slots__ = ("answer", "generation", "deadline", "what", "trace", "models", "session_models", "waiting")
 
     def __init__(
         self,
@@ -131,6 +131,7 @@ class _Call:
         deadline: float,
         what: str,
         models: ModelClient | None,
+        session_models: ModelClient | None = None,
     ) -> None:
         self.answer = answer
         self.generation = generation
@@ -138,6 +139,8 @@ class _Call:
         self.trace = current_context()  # the caller's span: the guest's model calls for this call go under it
         self.what = what
         self.models = models  # who makes this call's model calls (a rollout's context); None: the guest's client
+        # a resource session's own client (``GuestSession.models``): its judges' calls are its rollout's cost
+        self.session_models = session_models
         self.waiting = 0  # its model calls in flight: a rollout waiting for the model runs no code of its own
 
 
@@ -274,7 +277,9 @@ class Guest:
     async def _generate(self, child: _Child, req: Generate) -> None:
         self.outbound += 1
         origin = self._waiting.get(req.call)
-        models = origin.models if origin is not None and origin.models is not None else self.models
+        models = self.models
+        if origin is not None:  # a rollout's context, else a session's own client, else the guest's
+            models = origin.models if origin.models is not None else (origin.session_models or self.models)
         if origin is not None:
             origin.waiting += 1
         try:
@@ -399,11 +404,17 @@ class Guest:
             self._lose(child)
 
     async def call(
-        self, make: Callable[[int], Call], generation: int | None, *, models: ModelClient | None = None
+        self,
+        make: Callable[[int], Call],
+        generation: int | None,
+        *,
+        models: ModelClient | None = None,
+        session_models: ModelClient | None = None,
     ) -> tuple[Done, int]:
         """Send one call and wait for its answer (and the generation of the guest that gave it). ``generation``:
         the session's guest; a call to a session of a guest that is gone fails at once (``worker_lost``).
-        ``models``: who makes the model calls this call's code makes (default: the guest's client)."""
+        ``models``: who makes the model calls this call's code makes (default: the guest's client), a rollout's
+        context; ``session_models``: a resource session's (its calls counted as in process, same time bounds)."""
         if not self._ready.is_set():
             with anyio.move_on_after(max(self.call_timeout_s, START_WAIT_S)):
                 await self._ready.wait()  # a restarting guest is waited for (its imports and setup)
@@ -421,7 +432,9 @@ class Guest:
         msg = make(call_id)
         answer: asyncio.Future[Done | Raised] = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.call_timeout_s
-        self._waiting[call_id] = _Call(answer, child.generation, deadline, type(msg).__name__.lower(), models)
+        self._waiting[call_id] = _Call(
+            answer, child.generation, deadline, type(msg).__name__.lower(), models, session_models
+        )
         try:
             try:
                 child.frames.send(msg)
@@ -525,10 +538,14 @@ class GuestSession:
         "sandboxes",
         "lease",
         "episode_done",
+        "models",
     )
 
-    def __init__(self, guest: Guest, answer_field: str | None) -> None:
+    def __init__(self, guest: Guest, answer_field: str | None, models: ModelClient | None = None) -> None:
         self._guest = guest
+        # its own client, as an in-process session's ``Resource.models``: the model calls its code makes in the
+        # guest (an LLM judge) are made by it, so they count for this session's rollout (``BusModels.cost``)
+        self.models = models
         self.session = uuid.uuid4().hex
         self.generation: int | None = None  # the guest it lives in, once seeded
         self.answer_field = answer_field
@@ -558,7 +575,9 @@ class GuestSession:
 
     async def seed(self, row: dict[str, Any]) -> None:
         try:
-            _, self.generation = await self._guest.call(lambda i: Seed(id=i, session=self.session, row=row), None)
+            _, self.generation = await self._guest.call(
+                lambda i: Seed(id=i, session=self.session, row=row), None, session_models=self.models
+            )
         except BaseException:
             await self._release()  # never opened: what its seed created ends now
             raise
@@ -574,7 +593,9 @@ class GuestSession:
         if protocol and name == SANDBOX_EXEC and self._guest.leases is not None:
             return await self._sandbox_exec(text)
         done, _ = await self._guest.call(
-            lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol), self.generation
+            lambda i: Tool(id=i, session=self.session, name=name, arguments=text, protocol=protocol),
+            self.generation,
+            session_models=self.models,
         )
         self.episode_done = done.episode_done
         return done.output
@@ -599,6 +620,7 @@ class GuestSession:
             done, _ = await self._guest.call(
                 lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
                 self.generation,
+                session_models=self.models,
             )
         finally:
             if self.close_on_verify:  # closed by that one message: its rollout ended, and its lease with it
@@ -609,7 +631,9 @@ class GuestSession:
     async def close(self) -> None:
         try:
             if self.generation is not None:
-                await self._guest.call(lambda i: Close(id=i, session=self.session), self.generation)
+                await self._guest.call(
+                    lambda i: Close(id=i, session=self.session), self.generation, session_models=self.models
+                )
         except GuestFailure:
             pass  # its guest is gone, and the session with it
         finally:

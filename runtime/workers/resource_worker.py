@@ -273,7 +273,8 @@ class ResourceWorker:
 
     def _new(self) -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
-            return cast(Resource, GuestSession(self.guest, self.cls.answer_field))
+            # with its own BusModels, as below: the judge calls its code makes in the guest are its rollout's cost
+            return cast(Resource, GuestSession(self.guest, self.cls.answer_field, BusModels(self.bus)))
         inst = self.cls()
         inst.models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
         inst.sandboxes = self._lease()

@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.service.runner import collect_batch
@@ -83,16 +85,18 @@ def estimate(used: dict[str, Any]) -> float:
     return policy + judge
 
 
+@pytest.mark.parametrize("isolation", ["none", "process"])
 async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its_judge(
-    nats_server, tmp_path: Path
+    nats_server, tmp_path: Path, isolation: str
 ) -> None:
     """Each row's ``cost`` counts the policy's calls (made by the agent) and the judge's (made by the
-    environment's verify on a resource worker); summed over the batch they are exactly what each stub said it
-    served. The estimate follows ``pricing``; the metrics file totals the same numbers; the row's grader is
-    the judge entry's fingerprint; and ``pricing`` is in no fingerprint."""
+    environment's verify on a resource worker, in its own process or a guest's); summed over the batch they are
+    exactly what each stub said it served. The estimate follows ``pricing``; the metrics file totals the same
+    numbers; the row's grader is the judge entry's fingerprint; and ``pricing`` is in no fingerprint."""
     policy, judge = CountingModel("\\boxed{darwin}"), CountingModel("[[A=B]]")
     with StubOpenAI(handler=policy) as p_stub, StubOpenAI(handler=judge) as j_stub:
         raw = judge_config(p_stub.base_url, j_stub.base_url)
+        raw["resources"]["equivalence_llm_judge"]["isolation"] = isolation  # process: its judge asks over the wire
         config = resolve_config(config_from_dict(raw))
         unpriced = resolve_config(config_from_dict({k: v for k, v in raw.items() if k != "pricing"}))
         assert agent_fingerprint(config, "equivalence_llm_judge_agent") == agent_fingerprint(
