@@ -346,6 +346,9 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
     sandbox_ms: int = 0  # wall time of the rollout's sandbox execs
+    # the size of its stored result (the encoded ``RolloutResult`` body, a large one's blob too; headers and
+    # subject not), measured before this field was set: the stored body is these bytes plus the field's own
+    stored_bytes: int = 0
     estimated_cost: float | None = None
     currency: str | None = None  # pricing.currency, beside the estimate it is the unit of
 
@@ -378,6 +381,7 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
             m.call_ms += o.call_ms
         self.tool_ms += other.tool_ms
         self.sandbox_ms += other.sandbox_ms
+        self.stored_bytes += other.stored_bytes
 
 
 class Served(Struct, kw_only=True, omit_defaults=True, gc=False):

@@ -647,7 +647,8 @@ def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
 
 
 def cost_text(cost: dict[str, Any]) -> str:
-    """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time, the estimate."""
+    """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time, bytes stored, the
+    estimate."""
     parts = [
         f"{name} {m.get('calls', 0)} calls, {m.get('input_tokens', 0)} in / {m.get('output_tokens', 0)} out tokens"
         for name, m in sorted((cost.get("models") or {}).items())
@@ -655,6 +656,8 @@ def cost_text(cost: dict[str, Any]) -> str:
     for key, what in (("tool_ms", "tools"), ("sandbox_ms", "sandboxes")):
         if cost.get(key):
             parts.append(f"{what} {cost[key] / 1000:.2f} s")
+    if cost.get("stored_bytes"):
+        parts.append(f"results stored {cost['stored_bytes']} B")
     if cost.get("estimated_cost") is not None:
         parts.append(f"estimated {cost['estimated_cost']:.6g} {cost.get('currency') or ''}".rstrip())
     return "; ".join(parts) or "nothing counted"

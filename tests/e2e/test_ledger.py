@@ -16,7 +16,9 @@ import pytest
 
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
+from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import collect_batch
+from gym_runtime.transport.codec import Codec
 from gym_runtime.workers.control import agent_fingerprint, fingerprint
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.stub_openai import RecordedRequest, StubOpenAI, StubReply, responses_reply
@@ -106,7 +108,12 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
             batch = await client.submit(JUDGE_ROWS, repeats=2)
             rows = await batch.gather()
             stats = await collect_batch(client.bus, batch.batch, tmp_path / "out.jsonl", wait_s=5)
+            stored = await stored_results(client, "equivalence_llm_judge_agent")
     assert len(rows) == 2 * len(JUDGE_ROWS) and stats.failures == 0
+    assert len(stored) == len(rows)
+    for data, result in stored:  # bytes stored: the result's body as stored, less its own count's field
+        n = result.row["cost"].pop("stored_bytes")
+        assert len(Codec().encode(result)) == n and n < len(data) <= n + 20, (n, len(data))
     assert all(not isinstance(r, dict) or "error_class" not in r for r in rows), rows
     for entry, stub in (("policy", policy), ("judge", judge)):
         got = {k: sum(r["cost"]["models"][entry].get(k, 0) for r in rows) for k in stub.totals}
@@ -124,9 +131,21 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
     totals = metrics["cost"]["rollouts"]
     assert totals["models"]["policy"]["input_tokens"] == policy.totals["input_tokens"]
     assert totals["models"]["judge"]["output_tokens"] == judge.totals["output_tokens"]
+    assert totals["stored_bytes"] == sum(r["cost"]["stored_bytes"] for r in rows) > 0
     assert abs(totals["estimated_cost"] - sum(estimate(r["cost"]) for r in rows)) < 1e-6
     assert totals["currency"] == "EUR"
     assert "failed" not in metrics["cost"]
+
+
+async def stored_results(client: Client, agent: str) -> list[tuple[bytes, RolloutResult]]:
+    """Each message of an agent's results stream: its stored body, and that body decoded."""
+    stream = client.bus.subjects.results_stream(agent)
+    info = await client.bus.js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        data = (await client.bus.js.get_msg(stream, seq)).data
+        out.append((data, Codec().decode(data, None)))
+    return out
 
 
 def env_copy(tmp_path: Path) -> tuple[Path, Path]:
