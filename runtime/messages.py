@@ -404,7 +404,10 @@ class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
     env: str | None = None  # the environment's code identity (``plugins.code_identity``), from the verifying worker
     grader: str | None = None  # the grader's identity where it differs from the environment's
     turns: list[str] = []  # the model entry of each model call, in order; ``entry@version`` once a trainer set one
-    images: list[str] = []  # sandbox image ids the rollout's sandboxes ran
+    images: list[str] = []  # the sandbox images the rollout's sandboxes ran, by name
+    # beside each name, its content's id as ``docker images`` shows it (the engine's ``sha256:`` Id, its first 12
+    # hex digits: ``docker image inspect`` takes it); "" where the backend has no image. Absent: none has one
+    image_ids: list[str] = []
     attempt: int = 1
     workers: dict[str, list[str]] = {}  # role -> the ids of the workers that served the rollout
 
@@ -625,6 +628,7 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     data: bytes = b""
     full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
     warm: bool = False  # create: served from the warm pool
+    image: str = ""  # create: the content id of the image it runs (``Backend.image_id``; "": the backend has none)
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:

@@ -5,6 +5,8 @@ clock and reported in the row."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -160,3 +162,53 @@ async def test_an_environments_wait_for_a_lease_is_off_the_rollouts_clock_and_re
     [row] = read_jsonl(tmp_path / "out.jsonl")
     assert row["reward"] == 1.0
     assert timeout_s + 2 <= row["sandbox_wait_s"] <= waited + 5, (row["sandbox_wait_s"], waited)
+
+
+def inspected_id(engine: Engine, ref: str) -> str:
+    """``docker image inspect``'s Id of ``ref`` (the CLI, on the test's engine)."""
+    env = {**os.environ, "DOCKER_HOST": f"unix://{engine.socket_path}"}
+    done = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", ref], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+async def test_a_rows_provenance_names_the_content_of_the_image_its_sandbox_ran(
+    bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
+) -> None:
+    """The agent's sandbox ran the pool's default image: the row names it, and beside it the image's content id,
+    which is ``docker image inspect``'s Id of that image (its first 12 hex digits, which the CLI takes too)."""
+    cfg = config(engine, pool, tmp_path, agent="tests.envs.sandboxed", timeout_s=120)
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, ROWS[:1], batch="p", agents=["agent"])
+        with anyio.fail_after(120):
+            await Collector(bus, await put_batch(bus, "p", 1, agent="agent"), tmp_path / "out.jsonl").run()
+        tg.cancel_scope.cancel()
+    [row] = read_jsonl(tmp_path / "out.jsonl")
+    prov = row["provenance"]
+    full = inspected_id(engine, base_image)
+    assert prov["images"] == [f"{pool}:default"] and prov["image_ids"] == [full.removeprefix("sha256:")[:12]], prov
+    assert inspected_id(engine, prov["image_ids"][0]) == full
+
+
+async def test_a_warm_sandbox_reports_the_content_of_its_image_too(
+    bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
+) -> None:
+    """A sandbox served from the warm pool (created before anyone asked) says what it runs as a fresh one does."""
+    cfg = config(engine, pool, tmp_path, agent="agents.simple", timeout_s=120, warm=1)
+    workers = [w for w in make_workers(bus, cfg, selected(cfg, None)) if isinstance(w, SandboxWorker)]
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        [fleet] = workers
+        with anyio.fail_after(120):
+            while not fleet.warm:  # its warm container is ready
+                await anyio.sleep(0.05)
+        client = Sandboxes(bus, pool, lease="prov:0:0", deadline=time.time() + 300)
+        box = await client.sandbox()
+        await box.close()
+        tg.cancel_scope.cancel()
+    assert fleet.warm_hits == 1
+    assert client.images == [""] and client.image_ids == [inspected_id(engine, base_image)]

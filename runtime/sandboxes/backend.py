@@ -88,6 +88,11 @@ class Backend(Protocol):
         """Remove the sandbox (and all it wrote); no error when it is gone already."""
         ...
 
+    async def image_id(self, sid: str) -> str:
+        """The content id of the image the sandbox was created from (an engine's ``sha256:...``; rows'
+        provenance), "" where the backend has none (the host's file system, a provider's snapshot)."""
+        ...
+
     async def list_owned(self) -> list[Owned]:
         """Every sandbox of this pool on this backend, whichever worker created it."""
         ...

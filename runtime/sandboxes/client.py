@@ -252,6 +252,7 @@ class Sandboxes:
         self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
         self.exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
         self.images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
+        self.image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
 
@@ -293,8 +294,10 @@ class Sandboxes:
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
         self.asked += 1
-        if (spec.image or "") not in self.images:
-            self.images.append(spec.image or "")
+        ran = (spec.image or "", reply.image)
+        if ran not in zip(self.images, self.image_ids, strict=True):
+            self.images.append(ran[0])
+            self.image_ids.append(ran[1])
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:

@@ -119,6 +119,9 @@ class DaytonaBackend:
             if "not found" not in str(e):
                 raise
 
+    async def image_id(self, sid: str) -> str:
+        return ""  # a provider's snapshot: its name is all the pool knows of it
+
     async def list_owned(self) -> list[Owned]:
         out = await self._call("GET", "/sandbox", params={"labels": json.dumps({POOL: self.pool})})
         return [

@@ -28,9 +28,12 @@ import anyio
 import anyio.abc
 
 from gym_runtime.errors import Failure
+from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
+
+log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
 WRITABLE = ("/work", "/tmp", "/root")
@@ -156,6 +159,14 @@ class EngineBackend:
 
     async def close(self, sid: str) -> None:
         await self.engine.remove(sid)
+
+    async def image_id(self, sid: str) -> str:
+        """The container's ``Image``: the Id of the image it was created from, whatever its name points at now."""
+        try:
+            return str((await self.engine.inspect(sid)).get("Image") or "")
+        except EngineError as e:  # gone already: its row says nothing of it rather than fail the rollout
+            log.warning("sandbox.image_unknown", sandbox=sid[:12], error=str(e))
+            return ""
 
     async def list_owned(self) -> list[Owned]:
         out = []

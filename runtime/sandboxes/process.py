@@ -97,6 +97,9 @@ class ProcessBackend:
     async def list_owned(self) -> list[Owned]:
         return []
 
+    async def image_id(self, sid: str) -> str:
+        return ""  # no image: the host's own file system
+
     async def aclose(self) -> None:
         for sid in list(self._boxes):
             await self.close(sid)

@@ -521,6 +521,7 @@ class AgentWorker:
             grader=grader_identity(self._model_fps, served.cost if served else None),
             turns=ctx.turns,
             images=[i or f"{ctx.sandboxes.pool}:default" for i in images] if images else [],
+            image_ids=short_ids(ctx.sandboxes.image_ids),
             attempt=attempt,
             workers=workers,
         )
@@ -622,6 +623,14 @@ def _runtime_version() -> str:
         return version("gym-runtime")
     except PackageNotFoundError:  # a source tree that is not installed
         return "0.0.0"
+
+
+def short_ids(ids: list[str]) -> list[str]:
+    """Image content ids as rows keep them: ``sha256:`` less, 12 hex digits (``Provenance.image_ids``); none when
+    no sandbox had one (the process backend, a provider's snapshots)."""
+    if not any(ids):
+        return []
+    return [i.removeprefix("sha256:")[:12] for i in ids]
 
 
 def _failures(

@@ -129,6 +129,7 @@ class SandboxWorker:
         self._subs: list[Any] = []
         self.warm: list[str] = []  # idle warm containers, oldest first
         self.warm_image: dict[str, str] = {}  # a warm container's image
+        self.warm_id: dict[str, str] = {}  # a warm container's image's content id (``Backend.image_id``)
         self.warming = 0  # warm containers being created
         self.warming_by: dict[str, int] = {}  # by image
         self.removing = 0  # containers being removed (still on the engine)
@@ -302,6 +303,7 @@ class SandboxWorker:
         try:
             with anyio.CancelScope(shield=True):  # a stopping worker waits for it, then removes it: none leaks
                 sid = await self.backend.create(spec, owner=self.worker_id, lease=WARM_LEASE, expires=0.0)
+                image_id = await self.backend.image_id(sid)
         except Exception as e:  # the engine refused: the next turn tries again
             log.warning("sandbox.warm_failed", image=image, error=repr(e))
             await anyio.sleep(1.0)
@@ -316,21 +318,23 @@ class SandboxWorker:
         else:
             self.warm.append(sid)
             self.warm_image[sid] = image
+            self.warm_id[sid] = image_id
 
-    def _take_warm(self, spec: Resolved) -> str | None:
-        """The oldest warm container made as ``spec`` (None if there is none)."""
+    def _take_warm(self, spec: Resolved) -> tuple[str, str] | None:
+        """The oldest warm container made as ``spec`` and its image's id (None if there is none)."""
         if self.warm_specs.get(spec.image) != spec:
             return None
         for i, sid in enumerate(self.warm):
             if self.warm_image.get(sid) == spec.image:
                 del self.warm[i]
                 self.warm_image.pop(sid, None)
-                return sid
+                return sid, self.warm_id.pop(sid, "")
         return None
 
     def _pop_warm(self) -> str:
         sid = self.warm.pop(0)
         self.warm_image.pop(sid, None)
+        self.warm_id.pop(sid, None)
         return sid
 
     async def _present(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
@@ -367,15 +371,15 @@ class SandboxWorker:
         assert self.backend is not None
         now = time.time()
         expires = min(req.expires or now + self.cfg.max_lease_s, now + self.cfg.max_lease_s)
-        sid_warm = None if self._draining else self._take_warm(spec)
-        if sid_warm is not None:  # a warm one: no engine call at all
-            sid = sid_warm
+        warm = None if self._draining else self._take_warm(spec)
+        if warm is not None:  # a warm one: no engine call at all
+            sid, image_id = warm
             self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
             self.warm_hits += 1
             self.changed()  # refill
             self._acquired(started, warm=True)
             trace.get_current_span().set_attributes({"gym.sandbox.id": sid[:12], "gym.sandbox.warm": True})
-            return SandboxReply(sandbox=sid, address=self.address, warm=True)
+            return SandboxReply(sandbox=sid, address=self.address, warm=True, image=image_id)
         if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
             await self._remove(self._pop_warm())
         if self.room() <= 0 or self._draining:
@@ -392,11 +396,12 @@ class SandboxWorker:
                 sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
                 self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
                 span.set_attribute("gym.sandbox.id", sid[:12])
+                image_id = await self.backend.image_id(sid)  # what it runs, whatever its name points at later
         finally:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
-        return SandboxReply(sandbox=sid, address=self.address)
+        return SandboxReply(sandbox=sid, address=self.address, image=image_id)
 
     def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
         """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
@@ -541,6 +546,7 @@ class SandboxWorker:
                     if sid in self.warm:
                         self.warm.remove(sid)
                         self.warm_image.pop(sid, None)
+                        self.warm_id.pop(sid, None)
                     self.changed()
                 idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
                 for sid, h in list(self.held.items()):
