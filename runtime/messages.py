@@ -346,8 +346,9 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
     sandbox_ms: int = 0  # wall time of the rollout's sandbox execs
-    # the size of its stored result (the encoded ``RolloutResult`` body, a large one's blob too; headers and
-    # subject not), measured before this field was set: the stored body is these bytes plus the field's own
+    # the size of its stored result (the ``RolloutResult`` body as stored, a large one's blob; headers and subject
+    # not): set by whoever reads it back (``read_result``), from the stored message itself, so it costs the
+    # worker no second encode and is exact
     stored_bytes: int = 0
     estimated_cost: float | None = None
     currency: str | None = None  # pricing.currency, beside the estimate it is the unit of

@@ -85,9 +85,11 @@ async def test_a_batch_says_what_its_results_cost_failed_ones_apart(bus: Bus) ->
     await put_manifest(bus, Manifest(batch="c", expected=3, tasks=3, repeats=1, agents={"a": 3}, input="-"))
     await ensure_results_stream(bus, "a")
     policy = {"policy": {"calls": 2, "input_tokens": 30, "output_tokens": 4}}
-    used = {"models": policy, "stored_bytes": 900, "estimated_cost": 0.5, "currency": "EUR"}
+    used = {"models": policy, "estimated_cost": 0.5, "currency": "EUR"}
+    stored = 0  # bytes stored: what the reader weighs, each result's body as stored
     for task in (0, 1):
         res = RolloutResult(batch="c", task_index=task, rollout_index=0, agent="a", row={"reward": 1.0, "cost": used})
+        stored += len(bus.codec.encode(res))
         await bus.js_publish(bus.subjects.result("a", "c"), res, msg_id=f"c:{task}:0")
     raw = {"models": {"policy": {"calls": 1, "input_tokens": 9}}, "estimated_cost": 0.25, "currency": "EUR"}
     spent = msgspec.convert(raw, Cost)
@@ -103,11 +105,11 @@ async def test_a_batch_says_what_its_results_cost_failed_ones_apart(bus: Bus) ->
         tg.cancel_scope.cancel()
     assert snap["cost"]["rollouts"] == {
         "models": {"policy": {"calls": 4, "input_tokens": 60, "output_tokens": 8}},
-        "stored_bytes": 1800,
+        "stored_bytes": stored,
         "estimated_cost": 1.0,
         "currency": "EUR",
     }
     assert snap["cost"]["failed"]["models"]["policy"] == {"calls": 1, "input_tokens": 9}
     text = render_batch(snap).splitlines()
-    assert text[1] == "  cost: policy 4 calls, 60 in / 8 out tokens; results stored 1800 B; estimated 1 EUR", text
+    assert text[1] == f"  cost: policy 4 calls, 60 in / 8 out tokens; results stored {stored} B; estimated 1 EUR", text
     assert text[2].startswith("  cost of 1 failed rollouts: policy 1 calls, 9 in / 0 out tokens"), text

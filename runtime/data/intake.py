@@ -118,13 +118,28 @@ async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:
     """A stored result as every reader of the results stream must see it: a body that cannot be read is a
     failure row of the slot its id names (its subject is still checked), never a reward, never a hang."""
     try:
-        res = await bus.decode(msg)
+        res, size = await bus.decode_sized(msg)
     except Exception as e:  # a tampered or missing body
         return unreadable_result(bus, msg, e)
     if not isinstance(res, RolloutResult):
         log.warning("result.unexpected", subject=msg.subject, type=type(res).__name__)
         return None
+    _weigh(res, size)
     return res
+
+
+def _weigh(res: RolloutResult, size: int) -> None:
+    """Its cost's ``stored_bytes``, from the stored message (a row always gets one; a failure only with a cost
+    of its own)."""
+    if res.row is None:
+        if res.cost is not None:
+            res.cost.stored_bytes = size
+        return
+    cost = res.row.get("cost")
+    if isinstance(cost, dict):
+        cost["stored_bytes"] = size
+    elif cost is None:
+        res.row["cost"] = {"stored_bytes": size}
 
 
 def unreadable_result(bus: Bus, msg: Delivery, e: Exception) -> RolloutResult | None:

@@ -220,10 +220,15 @@ class Bodies:
         return data
 
     async def decode(self, msg: Msg | Delivery) -> Any:
+        return (await self.decode_sized(msg))[0]
+
+    async def decode_sized(self, msg: Msg | Delivery) -> tuple[Any, int]:
+        """The body decoded, and its size as stored (a large body's blob)."""
         headers = msg.headers
         if headers and BLOB_HEADER in headers:
             ref = headers[BLOB_HEADER]
             _, _, n, _ = self._blob_ref(ref)  # held from the read until it is decoded: at most n chunks
             async with self.blob_budget.hold(min(n * self.blob_threshold, self.max_blob_bytes)):
-                return self.codec.decode(await self._get_blob(ref), headers)
-        return self.codec.decode(msg.data, headers)
+                data = await self._get_blob(ref)
+                return self.codec.decode(data, headers), len(data)
+        return self.codec.decode(msg.data, headers), len(msg.data)

@@ -262,7 +262,6 @@ class AgentWorker:
                         return  # nak'd for redelivery
                     took = time.perf_counter() - started
                     for result in results:
-                        self._weigh(result)
                         self._account(result, took, attempt, span, meters)
                     if self.puller is not None:
                         await self.puller.release(msg)  # the next task starts while this one is stored
@@ -300,18 +299,6 @@ class AgentWorker:
         else:
             log.error("task.undecodable", subject=msg.subject, error=str(e), then="dropped")
             await msg.term()
-
-    def _weigh(self, result: RolloutResult) -> None:
-        """Its cost's ``stored_bytes``: the size of the result's encoded body (what JetStream, or its blob stream,
-        keeps of it) before the count is set. A row always carries it; a failure only with a cost of its own."""
-        if result.row is None:
-            if result.cost is not None:
-                result.cost.stored_bytes = len(self.bus.codec.encode(result))
-            return
-        cost = result.row.get("cost")
-        if cost is None:
-            cost = result.row["cost"] = Cost()
-        cost.stored_bytes = len(self.bus.codec.encode(result))
 
     def _account(self, result: RolloutResult, took: float, attempt: int, span: Any, meters: Any) -> None:
         if meters.enabled:
