@@ -205,11 +205,17 @@ class Engine:
         gone), from one non-streamed stats read (``one-shot``: Docker skips its second sample); None when the
         engine does not say (a container gone, or an engine without the field)."""
         try:
-            stats = await self._call("GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"})
+            got = await self._call(
+                "GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"}, raw=True
+            )
         except EngineError as e:
             if e.status == 404:
                 return None
             raise
+        try:
+            stats = json.loads(got)  # (Podman sends it without a JSON content type)
+        except ValueError:
+            return None
         cpu = stats.get("cpu_stats") if isinstance(stats, dict) else None
         usage = cpu.get("cpu_usage") if isinstance(cpu, dict) else None
         total = usage.get("total_usage") if isinstance(usage, dict) else None
