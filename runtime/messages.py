@@ -339,13 +339,16 @@ class ModelCost(Struct, kw_only=True, omit_defaults=True, gc=False):
 
 class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     """A row's ``cost`` (gym-runtime's addition to NeMo Gym's row): what the rollout used, per model entry
-    (the policy, judges, user simulators), tool time, sandbox time, and, with a ``pricing`` section, an
+    (the policy, judges, user simulators), tool time, sandbox time (wall and CPU), and, with a ``pricing`` section, an
     *estimate* of what that costs (``estimated_cost``, in ``currency``). Holds numbers and dicts of
     them, so it is in no reference cycle: not tracked by the cycle collector (``gc=False``)."""
 
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
-    sandbox_ms: int = 0  # wall time of the rollout's sandbox execs
+    sandbox_ms: int = 0  # wall time of the rollout's sandbox execs (the fleet's: its own and its environment's)
+    # CPU time its sandboxes used, where counted: a code sandbox's cgroup (``gym_runtime.sandbox``) at each run's
+    # end, a fleet sandbox's engine stats at its release; ``pricing.cpu_hour`` charges it instead of the wall time
+    sandbox_cpu_ms: int = 0
     # the size of its stored result (the ``RolloutResult`` body as stored, a large one's blob; headers and subject
     # not): set by whoever reads it back (``read_result``), from the stored message itself, so it costs the
     # worker no second encode and is exact
@@ -383,6 +386,7 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
         self.tool_ms += other.tool_ms
         self.sandbox_ms += other.sandbox_ms
         self.stored_bytes += other.stored_bytes
+        self.sandbox_cpu_ms += other.sandbox_cpu_ms
 
 
 class Served(Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -627,6 +631,7 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     timed_out: bool = False
     duration_s: float = 0.0
     data: bytes = b""
+    cpu_s: float | None = None  # close: the CPU seconds the sandbox used, read just before its removal (None: unknown)
     full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
     warm: bool = False  # create: served from the warm pool
     image: str = ""  # create: the content id of the image it runs (``Backend.image_id``; "": the backend has none)

@@ -15,6 +15,7 @@ from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL, EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.transport.bus import Bus
+from tests.envs.cpu_burn import BURN_S, program
 from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this module's engine)
     test_exec_round_trip_and_files,
     test_limits_memory_pids_wall_clock_output_disk,
@@ -76,6 +77,12 @@ async def test_a_podman_pool_over_the_bus(bus: Bus, podman_engine: Engine, podma
         assert (r.exit_code, r.stdout, r.stderr) == (3, b"podman", b"err\n")
         assert await cold.read("x/y.txt") == b"podman"
         assert (await warm.exec(["sh", "-c", "ls /sys/class/net"])).stdout == b"lo\n"  # no network
+        burn = await cold.exec(["python3", "-c", program(BURN_S)])
+        await cold.close()
+        # the box's CPU, from Podman's stats as its worker removed it: the program's own count, plus the
+        # engine's work for the box's four execs (runc, ~0.2 s here: more than Docker's)
+        measured = float(burn.stdout)
+        assert 0.9 * measured <= boxes.cpu_s <= 1.25 * measured, (boxes.cpu_s, measured)
         await boxes.close_all()
 
         async def removed() -> bool:

@@ -291,7 +291,9 @@ class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     currency: str = "USD"
     models: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
-    cpu_hour: float = 0.0  # charged for tool and sandbox time
+    # charged for tool time and sandbox time: a rollout's sandbox CPU-seconds where they were counted
+    # (``cost.sandbox_cpu_ms``), else its sandboxes' wall time (``cost.sandbox_ms``), never both
+    cpu_hour: float = 0.0
 
     def __post_init__(self) -> None:
         for name, m in self.models.items():
@@ -304,7 +306,8 @@ class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def estimate(self, cost: Cost, concurrency: dict[str, int]) -> float:
         """The estimated amount of ``cost`` (model entries without a price count nothing)."""
-        total = self.cpu_hour * (cost.tool_ms + cost.sandbox_ms) / 3_600_000
+        sandbox_ms = cost.sandbox_cpu_ms or cost.sandbox_ms  # CPU where counted, else wall time: never both
+        total = self.cpu_hour * (cost.tool_ms + sandbox_ms) / 3_600_000
         for name, used in cost.models.items():
             price = self.models.get(name)
             if price is None:

@@ -647,13 +647,13 @@ def summary_lines(result: list[dict[str, Any]] | dict[str, Any]) -> list[str]:
 
 
 def cost_text(cost: dict[str, Any]) -> str:
-    """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time, bytes stored, the
-    estimate."""
+    """``cost`` totals in one line: calls and tokens per model entry, tool and sandbox time (wall, CPU), bytes
+    stored, the estimate."""
     parts = [
         f"{name} {m.get('calls', 0)} calls, {m.get('input_tokens', 0)} in / {m.get('output_tokens', 0)} out tokens"
         for name, m in sorted((cost.get("models") or {}).items())
     ]
-    for key, what in (("tool_ms", "tools"), ("sandbox_ms", "sandboxes")):
+    for key, what in (("tool_ms", "tools"), ("sandbox_ms", "sandboxes"), ("sandbox_cpu_ms", "sandbox CPU")):
         if cost.get(key):
             parts.append(f"{what} {cost[key] / 1000:.2f} s")
     if cost.get("stored_bytes"):

@@ -82,6 +82,7 @@ class Meters:
         # rows' cost by (agent, model entry, token type, outcome) and the estimate by (agent, outcome)
         self._cost_tokens: dict[tuple[str, str, str, str], int] = {}
         self._cost_estimated: dict[tuple[str, str], float] = {}
+        self._cost_sandbox_cpu: dict[tuple[str, str], float] = {}  # seconds by (agent, outcome)
         meter = (provider or NoOpMeterProvider()).get_meter("gym_runtime")
         meter.create_observable_counter(
             "gym.cost.tokens",
@@ -94,6 +95,12 @@ class Meters:
             [self._observe_cost_estimated],
             unit="1",
             description="estimated cost of finished rollouts (pricing: in pricing.currency), failed apart",
+        )
+        meter.create_observable_counter(
+            "gym.cost.sandbox_cpu",
+            [self._observe_cost_sandbox_cpu],
+            unit="s",
+            description="CPU seconds the sandboxes of finished rollouts used, where counted, failed apart",
         )
         meter.create_observable_counter(
             "gym.rollouts.completed",
@@ -208,6 +215,9 @@ class Meters:
         if cost.estimated_cost is not None:
             e = self._cost_estimated
             e[(agent, outcome)] = e.get((agent, outcome), 0.0) + cost.estimated_cost
+        if cost.sandbox_cpu_ms:
+            c = self._cost_sandbox_cpu
+            c[(agent, outcome)] = c.get((agent, outcome), 0.0) + cost.sandbox_cpu_ms / 1000
 
     def _observe_cost_tokens(self, _: CallbackOptions) -> list[Observation]:
         return [
@@ -217,6 +227,11 @@ class Meters:
 
     def _observe_cost_estimated(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(v, {"gym.agent": a, "gym.outcome": o}) for (a, o), v in list(self._cost_estimated.items())]
+
+    def _observe_cost_sandbox_cpu(self, _: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(v, {"gym.agent": a, "gym.outcome": o}) for (a, o), v in list(self._cost_sandbox_cpu.items())
+        ]
 
     def _observe_completed(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(v, {"gym.agent": a}) for a, v in list(self._completed.items())]

@@ -6,10 +6,12 @@ The parent side is :class:`SandboxRunner` (``runner.py``: starts the child, coun
 its CPU and wall time from outside, reads its messages with byte caps); the child
 side is ``child.py``, run alone as ``python -I child.py --child`` (standard library
 only); ``cgroups.py`` gives each sandbox its memory and process budget and counts
-its CPU. ``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
+its CPU (each run's CPU seconds reach ``CPU_SINK``'s value: a rollout's cost).
+``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
 """
 
 from gym_runtime.sandbox.runner import (
+    CPU_SINK,
     Limits,
     SandboxBodyTooLarge,
     SandboxError,
@@ -22,6 +24,7 @@ from gym_runtime.sandbox.runner import (
 )
 
 __all__ = [
+    "CPU_SINK",
     "Limits",
     "SandboxBodyTooLarge",
     "SandboxError",

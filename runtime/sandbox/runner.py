@@ -10,6 +10,10 @@ untrusted input). What the parent adds, none of which the program can switch off
 - caps on what it reads: every header line (``Limits.message_bytes``) and every body (``max_body`` of
   :meth:`SandboxSession.recv`) in bytes, as they arrive, before anything is decoded.
 
+Each run's CPU seconds (the same count as the limit's) are read at its end and handed to ``CPU_SINK``'s
+value when the run started under one: a resource worker sets it to its session's cost around seed, tool and
+verify calls, so the CPU a verify's programs used reaches the rollout's row (``cost.sandbox_cpu_ms``).
+
 ``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
 """
 
@@ -26,6 +30,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,6 +46,7 @@ CHILD_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 
 __all__ = [
     "CHILD_PY",
+    "CPU_SINK",
     "Layers",
     "Limits",
     "SandboxBodyTooLarge",
@@ -52,6 +59,11 @@ __all__ = [
     "landlock_abi",
     "probe",
 ]
+
+
+# Told the CPU seconds of each run started while it is set, once, at the run's end (whichever task ends it).
+# Task-local: a resource worker sets it around one session's calls, so concurrent sessions never mix.
+CPU_SINK: ContextVar[Callable[[float], None] | None] = ContextVar("gym_sandbox_cpu_sink", default=None)
 
 
 class SandboxError(RuntimeError):
@@ -247,6 +259,10 @@ class SandboxSession:
         except (OSError, ValueError):
             return ""
 
+    def cpu_s(self) -> float:
+        """The CPU seconds the sandbox has used so far (the count its CPU limit is judged by)."""
+        return self._watched.usage()
+
     @property
     def cpu_exceeded(self) -> bool:
         """The CPU watch killed this sandbox at its CPU limit."""
@@ -335,6 +351,7 @@ class _SessionContext:
         self._workdir: str | None = None
         self._stderr: Any = None
         self._acquired = False
+        self._sink = CPU_SINK.get()  # who is told this run's CPU seconds (the caller's, at the start)
 
     async def __aenter__(self) -> SandboxSession:
         await self.runner._sem.acquire()
@@ -393,10 +410,21 @@ class _SessionContext:
     async def __aexit__(self, *exc: Any) -> None:
         await self._cleanup()
 
+    def _count_cpu(self, watched: _Watched) -> None:
+        """Tell the sink the run's CPU seconds: read before the kill (the /proc fallback needs the processes)."""
+        try:
+            used = watched.usage()
+        except Exception:  # noqa: BLE001 - a counter that vanished: nothing to tell
+            return
+        assert self._sink is not None
+        self._sink(used)
+
     async def _cleanup(self) -> None:
         with anyio.CancelScope(shield=True):
             if self._watched is not None:
                 self.runner._cpu.remove(self._watched)
+                if self._sink is not None:
+                    self._count_cpu(self._watched)
                 self._watched = None
             proc = self._proc
             if proc is not None:

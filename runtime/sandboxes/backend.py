@@ -93,6 +93,11 @@ class Backend(Protocol):
         provenance), "" where the backend has none (the host's file system, a provider's snapshot)."""
         ...
 
+    async def cpu_s(self, sid: str) -> float | None:
+        """The CPU seconds the sandbox has used so far (read at its release: its holder's cost); None where
+        this backend does not count them."""
+        ...
+
     async def list_owned(self) -> list[Owned]:
         """Every sandbox of this pool on this backend, whichever worker created it."""
         ...

@@ -4,7 +4,8 @@ Every call travels over the bus: ``create`` to the pool's queue group (whichever
 ``exec``/``write``/``read``/``close`` to the worker that holds the container, as resource sessions are
 pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
 when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
-reaper. No author touches Docker or NATS.
+reaper. No author touches Docker or NATS. A sandbox's CPU time comes back with its close (``cpu_s``, where
+its backend counts it): an agent's rollout closes its lease before its row is built, so the row has it all.
 
 Output as it comes: ``box.exec(cmd, on_output=cb)`` calls ``cb("stdout" | "stderr", data)`` (a function or a
 coroutine function) with each part while the command runs, in order, then returns the ``ExecResult`` as
@@ -152,14 +153,16 @@ class Sandbox:
         bus = self._owner._bus
         with bus.telemetry.span("sandbox.close", attributes=self._attributes()):
             try:
-                await bus.request(
+                reply: SandboxReply = await bus.request(
                     Subjects.session_op(self._address, "close"),
                     SandboxCall(op="close", sandbox=self.id),
                     timeout=60,
                     op="sandbox.close",
                 )
             except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
-                pass
+                return
+        if reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
+            self._owner.cpu_s += reply.cpu_s
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -251,6 +254,7 @@ class Sandboxes:
         self.asked = 0  # sandboxes created for this lease
         self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
         self.exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
+        self.cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
         self.images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
         self.image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)

@@ -112,6 +112,9 @@ class DaytonaBackend:
             raise Failure("tool_error", f"{path} is larger than {max_bytes} bytes (the pool's max_output)")
         return data
 
+    async def cpu_s(self, sid: str) -> float | None:
+        return None  # Daytona's API reports no CPU use: its sandboxes' cost is their exec time
+
     async def close(self, sid: str) -> None:
         try:
             await self._call("DELETE", f"/sandbox/{sid}", params={"force": "true"})

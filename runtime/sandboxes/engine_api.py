@@ -157,6 +157,9 @@ class EngineBackend:
             raise Failure("tool_error", f"{path} is larger than {max_bytes} bytes (the pool's max_output)")
         return out.stdout
 
+    async def cpu_s(self, sid: str) -> float | None:
+        return await self.engine.cpu_s(sid)
+
     async def close(self, sid: str) -> None:
         await self.engine.remove(sid)
 

@@ -200,6 +200,27 @@ class Engine:
             raise
         return True
 
+    async def cpu_s(self, cid: str) -> float | None:
+        """The CPU seconds a container's processes have used (its cgroup's count, every process, also those
+        gone), from one non-streamed stats read (``one-shot``: Docker skips its second sample); None when the
+        engine does not say (a container gone, or an engine without the field)."""
+        try:
+            got = await self._call(
+                "GET", f"/containers/{cid}/stats", params={"stream": "false", "one-shot": "true"}, raw=True
+            )
+        except EngineError as e:
+            if e.status == 404:
+                return None
+            raise
+        try:
+            stats = json.loads(got)  # (Podman sends it without a JSON content type)
+        except ValueError:
+            return None
+        cpu = stats.get("cpu_stats") if isinstance(stats, dict) else None
+        usage = cpu.get("cpu_usage") if isinstance(cpu, dict) else None
+        total = usage.get("total_usage") if isinstance(usage, dict) else None
+        return total / 1e9 if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
+
     async def containers(self, labels: dict[str, str | None]) -> list[dict[str, Any]]:
         """Every container (running or not) carrying these labels (a None value: the label, any value)."""
         want = [k if v is None else f"{k}={v}" for k, v in labels.items()]

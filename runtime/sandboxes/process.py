@@ -89,6 +89,10 @@ class ProcessBackend:
     async def read(self, sid: str, path: str, *, max_bytes: int) -> bytes:
         return (await self._call(sid, {"op": "read", "path": path, "max": max_bytes}, max_bytes))[1]
 
+    async def cpu_s(self, sid: str) -> float | None:
+        box = self._boxes.get(sid)
+        return None if box is None else box[1].cpu_s()
+
     async def close(self, sid: str) -> None:
         box = self._boxes.pop(sid, None)
         if box is not None:

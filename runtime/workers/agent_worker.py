@@ -385,6 +385,7 @@ class AgentWorker:
                     finally:
                         ON_PAUSE.reset(pausing)
             except TimeoutError:
+                await _release(ctx)
                 return _failures(
                     task,
                     attempt,
@@ -407,11 +408,14 @@ class AgentWorker:
                     self._given_back(task, attempt, e.info, ctx)
                     await msg.nak(delay=delay)
                     return None
+                await _release(ctx)
                 return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log)
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
                 info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
+                await _release(ctx)
                 return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
+            await _release(ctx)
             results = []
             first = task.rollout_index
             for i, outcome in zip(range(first, first + size), outcomes, strict=True):
@@ -472,8 +476,10 @@ class AgentWorker:
     def _spent(self, ctx: AgentContext) -> Cost | None:
         """What a rollout used (its sandboxes' time and the estimate added); None when it used nothing."""
         cost = ctx.cost
-        cost.sandbox_ms = round(1000 * ctx.sandboxes.exec_s)
-        if not cost.models and not cost.tool_ms and not cost.sandbox_ms:
+        if ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
+            cost.sandbox_ms += round(1000 * ctx.sandboxes.exec_s)
+            cost.sandbox_cpu_ms += round(1000 * ctx.sandboxes.cpu_s)
+        if not cost.models and not cost.tool_ms and not cost.sandbox_ms and not cost.sandbox_cpu_ms:
             return None
         if self.pricing is not None:
             cost.estimated_cost = self.pricing.estimate(cost, self._concurrency)
@@ -618,6 +624,14 @@ def short_ids(ids: list[str]) -> list[str]:
     if not any(ids):
         return []
     return [i.removeprefix("sha256:")[:12] for i in ids]
+
+
+async def _release(ctx: AgentContext) -> None:
+    """End the rollout's lease before its row is built: each sandbox's CPU is read as it is removed, so the
+    row's cost has it (the ``finally`` that ends the lease again then finds nothing open)."""
+    if ctx.sandboxes.held():
+        with anyio.CancelScope(shield=True):
+            await ctx.sandboxes.close_all()
 
 
 def _failures(

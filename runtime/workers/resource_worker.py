@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable
+from contextvars import Token
 from pathlib import Path
 from typing import Any, cast
 
@@ -51,6 +52,7 @@ from gym_runtime.resource import (
     load_resource_class,
     replay_calls,
 )
+from gym_runtime.sandbox import CPU_SINK
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
@@ -67,7 +69,8 @@ log = logs.get("gym.resource")
 
 class BusModels:
     """``Resource.models``: model calls through the models' work queues. One per session, so the calls its
-    code makes (an LLM judge, a user simulator) are counted for that session's rollout (``cost``)."""
+    code makes (an LLM judge, a user simulator) are counted for that session's rollout (``cost``), and so is
+    the CPU its code sandbox runs use (``count_sandbox_cpu``, the ``CPU_SINK`` around the session's calls)."""
 
     __slots__ = ("_bus", "_timeout_s", "cost")
 
@@ -82,6 +85,24 @@ class BusModels:
             self.cost = Cost()
         self.cost.add_call(model, reply.response.usage, reply.took_ms)
         return reply.response
+
+    def count_sandbox_cpu(self, seconds: float) -> None:
+        """One code sandbox run of this session ended, having used ``seconds`` of CPU."""
+        if self.cost is None:
+            self.cost = Cost()
+        self.cost.sandbox_cpu_ms += round(1000 * seconds)
+
+
+def _counting(inst: Resource) -> Token[Any] | None:
+    """Count the CPU of the code sandbox runs a call of ``inst`` starts (in this process) for its session; the
+    caller resets the token. A guest session's runs are in its guest, out of this worker's reach."""
+    models = getattr(inst, "models", None)
+    return CPU_SINK.set(models.count_sandbox_cpu) if isinstance(models, BusModels) else None
+
+
+def _counted(token: Token[Any] | None) -> None:
+    if token is not None:
+        CPU_SINK.reset(token)
 
 
 def hosted_identity(server: str, server_dir: str | None) -> str:
@@ -290,12 +311,15 @@ class ResourceWorker:
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
         inst = self._new()
+        counting = _counting(inst)
         try:
             await inst.seed(req.row)
         except GuestFailure:
             raise
         except Exception as exc:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            _counted(counting)
         sid = uuid.uuid4().hex
         self.seeded += 1
         for old in self.sessions.open(
@@ -334,6 +358,7 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
+            counting = _counting(inst)
             try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
                 run = inst.call_operation if req.protocol else inst.call_tool
                 output = await run(req.name, req.arguments)
@@ -345,6 +370,8 @@ class ResourceWorker:
             except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
                 log.warning("tool.failed", tool=req.name, error=repr(e))
                 return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+            finally:
+                _counted(counting)
         if isinstance(req, VerifyRequest):
             if not req.session:
                 return await self._stateless_verify_inner(req, msg)
@@ -353,12 +380,16 @@ class ResourceWorker:
                 self.sessions.pop(req.session)
                 inst.close_on_verify = True
                 return self._served(inst, await verify_with(inst, req.row, req.response))
-            reply = self._served(inst, await verify_with(inst, req.row, req.response))
-            if req.close:
-                closing = self.sessions.pop(req.session)
-                if closing is not None:
-                    await _close(closing)
-            return reply
+            counting = _counting(inst)
+            try:
+                verdict = await verify_with(inst, req.row, req.response)
+                if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
+                    closing = self.sessions.pop(req.session)
+                    if closing is not None:
+                        await _close(closing)
+            finally:
+                _counted(counting)
+            return self._served(inst, verdict)
         if isinstance(req, CloseSession):
             closing = self.sessions.pop(req.session)
             if closing is not None:
@@ -377,23 +408,35 @@ class ResourceWorker:
 
     async def _stateless_verify_inner(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         inst = self._new()
+        counting = _counting(inst)
         try:
-            await inst.seed(req.row)
-            if self.cls.reverify == "replay":
-                await replay_calls(inst, req.response)
-        except GuestFailure:
-            raise
-        except Exception as exc:
-            raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
-        try:
-            return self._served(inst, await verify_with(inst, req.row, req.response))
+            try:
+                await inst.seed(req.row)
+                if self.cls.reverify == "replay":
+                    await replay_calls(inst, req.response)
+            except GuestFailure:
+                raise
+            except Exception as exc:
+                raise Failure("verify_error", f"rebuilding the session raised {type(exc).__name__}: {exc}") from exc
+            try:
+                verdict = await verify_with(inst, req.row, req.response)
+            finally:
+                await _close(inst)
+            return self._served(inst, verdict)
         finally:
-            await _close(inst)
+            _counted(counting)
 
     def _served(self, inst: Resource, reply: VerifyReply) -> VerifyReply:
-        """The verdict with who gave it: this worker, its code, and the model calls its session made (judges)."""
-        models = getattr(inst, "models", None)
-        reply.served = Served(worker=self.worker_id, code=self.code, cost=getattr(models, "cost", None))
+        """The verdict with who gave it: this worker, its code, and what its session used: the model calls it
+        made (judges), its code sandbox runs' CPU, and its fleet sandboxes' exec time and CPU (those closed by
+        now: a session closed with its verify has closed them all)."""
+        cost: Cost | None = getattr(getattr(inst, "models", None), "cost", None)
+        lease = getattr(inst, "sandboxes", None)
+        if isinstance(lease, Sandboxes) and lease.asked:
+            cost = Cost() if cost is None else msgspec.structs.replace(cost)
+            cost.sandbox_ms += round(1000 * lease.exec_s)
+            cost.sandbox_cpu_ms += round(1000 * lease.cpu_s)
+        reply.served = Served(worker=self.worker_id, code=self.code, cost=cost)
         return reply
 
     async def _reap(self) -> None:

@@ -56,6 +56,7 @@ WARM_LEASE = "warm"  # the lease label of a warm container (its real lease is ke
 REFILL_AT_ONCE = 4  # warm containers created concurrently while refilling
 MAX_PROCESSES = 16  # background processes a sandbox may have (running, or ended and not yet waited for)
 KILL_WAIT_S = 10.0  # how long a kill waits for the process's end to be read
+CPU_READ_S = 10.0  # how long a release waits for the sandbox's CPU count (the engine's stats)
 GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
 
 
@@ -424,8 +425,9 @@ class SandboxWorker:
         assert self.backend is not None
         if req.op == "close":
             with self._span("remove", sid=req.sandbox):
+                cpu_s = await self._cpu_s(req.sandbox)
                 await self._remove(req.sandbox)
-            return SandboxReply(sandbox=req.sandbox)
+            return SandboxReply(sandbox=req.sandbox, cpu_s=cpu_s)
         held.busy += 1
         try:
             if req.op == "exec":
@@ -444,6 +446,16 @@ class SandboxWorker:
         finally:
             held.busy -= 1
             held.used = time.monotonic()
+
+    async def _cpu_s(self, sid: str) -> float | None:
+        """The CPU seconds a sandbox used, read just before its release (its holder's cost); None: unknown."""
+        assert self.backend is not None
+        try:
+            with anyio.fail_after(CPU_READ_S):
+                return await self.backend.cpu_s(sid)
+        except Exception as e:  # noqa: BLE001 - a count we cannot read is not a reason to keep the sandbox
+            log.info("sandbox.cpu_unread", sandbox=sid[:12], error=repr(e))
+            return None
 
     async def _exec(self, req: SandboxCall) -> SandboxReply:
         """A command to its end; asked to stream, its output goes to the caller as it comes (a backend that
