@@ -397,6 +397,10 @@ class Served(Struct, kw_only=True, omit_defaults=True, gc=False):
     code: str = ""
     grader: str | None = None
     cost: Cost | None = None
+    # the images its session's fleet sandboxes ran (names as ``Provenance.images`` has them) and beside each its
+    # content id (the engine's ``sha256:...``): the row's provenance names them with the agent's own
+    images: list[str] = []
+    image_ids: list[str] = []
 
 
 class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):

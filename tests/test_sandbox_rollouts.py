@@ -194,6 +194,25 @@ async def test_a_rows_provenance_names_the_content_of_the_image_its_sandbox_ran(
     assert inspected_id(engine, prov["image_ids"][0]) == full
 
 
+async def test_the_environments_own_sandbox_is_in_the_rows_provenance(
+    bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
+) -> None:
+    """An agent with no sandbox of its own (``agents.simple``) and an environment whose ``verify`` runs in one:
+    the row names that sandbox's image and content all the same (the resource worker reports its session's)."""
+    cfg = config(engine, pool, tmp_path, agent="agents.simple", timeout_s=120)
+    workers = make_workers(bus, cfg, selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, ROWS[:1], batch="e", agents=["agent"])
+        with anyio.fail_after(120):
+            await Collector(bus, await put_batch(bus, "e", 1, agent="agent"), tmp_path / "out.jsonl").run()
+        tg.cancel_scope.cancel()
+    [row] = read_jsonl(tmp_path / "out.jsonl")
+    prov = row["provenance"]
+    full = inspected_id(engine, base_image)
+    assert prov["images"] == [f"{pool}:default"] and prov["image_ids"] == [full.removeprefix("sha256:")[:12]], prov
+
+
 async def test_a_warm_sandbox_reports_the_content_of_its_image_too(
     bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
 ) -> None:

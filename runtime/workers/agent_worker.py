@@ -506,15 +506,20 @@ class AgentWorker:
             workers["resource"] = [served.worker]
         if ctx.model_workers:
             workers["model"] = ctx.model_workers
-        images = ctx.sandboxes.images
+        # the agent's sandboxes' images, then those of the environment's session, each (name, id) once
+        ran = dict.fromkeys(
+            zip([i or f"{ctx.sandboxes.pool}:default" for i in ctx.sandboxes.images], ctx.sandboxes.image_ids)
+        )
+        if served is not None:
+            ran.update(dict.fromkeys(zip(served.images, served.image_ids)))
         prov = Provenance(
             runtime=self.runtime_version,
             config=self.fingerprint,
             env=served.code or None if served else None,
             grader=grader_identity(self._model_fps, served.cost if served else None),
             turns=ctx.turns,
-            images=[i or f"{ctx.sandboxes.pool}:default" for i in images] if images else [],
-            image_ids=short_ids(ctx.sandboxes.image_ids),
+            images=[name for name, _ in ran],
+            image_ids=short_ids([content for _, content in ran]),
             attempt=attempt,
             workers=workers,
         )

@@ -432,11 +432,14 @@ class ResourceWorker:
         now: a session closed with its verify has closed them all)."""
         cost: Cost | None = getattr(getattr(inst, "models", None), "cost", None)
         lease = getattr(inst, "sandboxes", None)
+        served = Served(worker=self.worker_id, code=self.code, cost=cost)
         if isinstance(lease, Sandboxes) and lease.asked:
-            cost = Cost() if cost is None else msgspec.structs.replace(cost)
+            cost = served.cost = Cost() if cost is None else msgspec.structs.replace(cost)
             cost.sandbox_ms += round(1000 * lease.exec_s)
             cost.sandbox_cpu_ms += round(1000 * lease.cpu_s)
-        reply.served = Served(worker=self.worker_id, code=self.code, cost=cost)
+            served.images = [i or f"{lease.pool}:default" for i in lease.images]
+            served.image_ids = list(lease.image_ids)
+        reply.served = served
         return reply
 
     async def _reap(self) -> None:
