@@ -85,9 +85,15 @@ class LocalCluster:
         return next(n for n in self.nodes if n.server_name == server_name)
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
-        for n in self.nodes:
-            n.start()
-        self.wait_ready(timeout)
+        """Every node, ready; on any failure (a port taken meanwhile) the nodes already started are stopped, so
+        no server outlives the test as a child of its worker (the code sandbox tests check for none)."""
+        try:
+            for n in self.nodes:
+                n.start()
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
