@@ -85,9 +85,12 @@ class InputError(UserError):
     """Bad input rows; ``problems`` lists ``file:line: reason`` for each."""
 
     def __init__(self, problems: list[str]) -> None:
-        shown = problems[:20]
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__("invalid input rows (nothing was published):\n  " + "\n  ".join(shown) + more)
+        if len(problems) == 1:  # one problem, one line
+            super().__init__(f"{problems[0]} (nothing was published)")
+        else:
+            shown = problems[:20]
+            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            super().__init__("invalid input rows (nothing was published):\n  " + "\n  ".join(shown) + more)
         self.problems = problems
 
 

@@ -217,7 +217,7 @@ class Guest:
                         self.on_lost(child.generation)
                         await self._release(child.generation)
                 self.restarts += 1
-                log.warning("guest.restarted", resource=self.entry, reason=child.lost or "the guest process exited")
+                log.warning("guest.restarted", entry=self.where, reason=child.lost or "the guest process exited")
 
     async def _spawn(self, generation: int) -> _Child:
         mine, theirs = socket.socketpair()
@@ -373,7 +373,7 @@ class Guest:
             self.sessions.pop(session.session, None)
             await session.lease.close_all()
         if ended:  # sessions still open when their guest went (lost, or its worker stopping)
-            log.info("guest.leases_ended", resource=self.entry, sessions=len(ended))
+            log.info("guest.leases_ended", entry=self.where, sessions=len(ended))
 
     def _lose(self, child: _Child) -> None:
         """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""

@@ -262,3 +262,11 @@ def test_a_max_bytes_the_server_cannot_reserve_is_one_clear_error(tmp_path: Path
     assert len(lines) == 1 and lines[0].startswith("gym-runtime: error: stream GYM_"), lines
     assert "cannot reserve jetstream.max_bytes" in lines[0] and "Traceback" not in res.stderr
     assert not (tmp_path / "o.jsonl").exists() or not (tmp_path / "o.jsonl").read_text()
+
+
+def test_a_missing_input_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    res = cli("run", "weather", "-i", str(missing), "-o", str(tmp_path / "out.jsonl"))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {missing}: file not found (nothing was published)"]
+    assert not (tmp_path / "out.jsonl").exists()
