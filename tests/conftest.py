@@ -21,6 +21,14 @@ from tests.swe_demo import swe_demo_image  # noqa: F401  (fixture: the SWE demo 
 
 
 @pytest.fixture
+def synced_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    """A nats-server with the default durability (sync before acknowledging): for tests that kill workers
+    and count what was acknowledged (the root ``nats_server`` syncs on an interval, for speed)."""
+    with EmbeddedServer(store_dir=str(tmp_path / "js")) as srv:
+        yield srv
+
+
+@pytest.fixture
 def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
     """A ``server --secure`` server and its trust directory."""
     with secured_server(tmp_path) as (srv, auth):

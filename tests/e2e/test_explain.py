@@ -8,7 +8,6 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,8 @@ from tests.pools import BeaconWatch, Pool, start_collect, tasks_file, wait_until
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
-    srv.start()
-    yield srv
-    srv.stop()
+def server(synced_server: EmbeddedServer) -> EmbeddedServer:
+    return synced_server
 
 
 def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_stored_the_result(

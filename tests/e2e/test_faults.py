@@ -35,11 +35,8 @@ from tests.pools import (
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
-    srv.start()
-    yield srv
-    srv.stop()
+def server(synced_server: EmbeddedServer) -> EmbeddedServer:
+    return synced_server
 
 
 @pytest.fixture
