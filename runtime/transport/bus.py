@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats
@@ -49,7 +49,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import KeyValue, Puller, Subscription
+from gym_runtime.transport.interface import Connection, KeyValue, Puller, Subscription, Transport
 from gym_runtime.transport.jetstream import API_RETRY_S, full_error, parse_size
 from gym_runtime.transport.pull import work_queue_puller
 from gym_runtime.transport.rpc import (
@@ -623,3 +623,8 @@ class Bus:
         except Exception:  # draining a dead or reconnecting connection: nothing left to flush
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), timeout)
+
+
+if TYPE_CHECKING:  # mypy holds the Bus to both Protocols: what workers use, what the streams' administration uses
+    _bus_is_a_transport: type[Transport] = Bus
+    _bus_is_a_connection: type[Connection] = Bus

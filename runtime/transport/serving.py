@@ -54,6 +54,17 @@ Encode = Callable[[Any, dict[str, str]], Awaitable[bytes]]
 Decode = Callable[[Delivery], Awaitable[Any]]
 
 
+def expired(msg: Delivery) -> bool:
+    """True for a queued request whose caller stopped waiting before a worker took it (its rollout
+    timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
+    then the caller's own deadline has passed, and it fails the call as it always did."""
+    raw = (msg.headers or {}).get(EXPIRES_HEADER)
+    try:
+        return raw is not None and time.time() > float(raw)
+    except ValueError:
+        return False
+
+
 class Serving:
     """Serving requests and work-queue deliveries (``bus.serving``): handlers run per message, typed error
     replies. ``encode``/``decode``: the bus's bodies (``Blobs``), large ones by reference."""
@@ -169,14 +180,7 @@ class Serving:
             return True
 
     def expired(self, msg: Delivery) -> bool:
-        """True for a queued request whose caller stopped waiting before a worker took it (its rollout
-        timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
-        then the caller's own deadline has passed, and it fails the call as it always did."""
-        raw = (msg.headers or {}).get(EXPIRES_HEADER)
-        try:
-            return raw is not None and time.time() > float(raw)
-        except ValueError:
-            return False
+        return expired(msg)
 
     async def taken(self, reply_to: str | None) -> None:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
