@@ -107,6 +107,7 @@ class Bus:
         # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
         self.blobs = Blobs(self, self.codec, self.store)
         self.serving = Serving(nc, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
+        # what the Bus offers of its parts (``interface.Transport``): their own methods, bound, not wrapped
         self.encode, self.decode, self.decode_sized = self.blobs.encode, self.blobs.decode, self.blobs.decode_sized
         sv = self.serving
         self.serve, self.serve_direct, self.handle, self.reply = sv.serve, sv.serve_direct, sv.handle, sv.reply

@@ -80,7 +80,7 @@ class ModelWorker:
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
         # still deliver): it waits here, so no more than `concurrency` generations ever run.
         # asyncio's: taking a free slot does not yield (anyio's does, once per call), so a fast
-        # model's call finishes in the turn it starts; see Bus.serve_direct
+        # model's call finishes in the turn it starts; see Serving.serve_direct
         self.running = asyncio.Semaphore(max(1, cfg.concurrency))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
