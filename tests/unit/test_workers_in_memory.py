@@ -19,6 +19,9 @@ import pytest
 from gym_runtime.config import ResourceConfig, config_from_dict
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
+    CreateParams,
+    ModelRequest,
+    ModelResponse,
     RolloutResult,
     RolloutTask,
     SeedReply,
@@ -30,7 +33,9 @@ from gym_runtime.messages import (
 )
 from gym_runtime.testing import MemoryBroker, MemoryTransport, text_response
 from gym_runtime.transport.jetstream import task_msg_id
+from gym_runtime.transport.model_calls import call_model
 from gym_runtime.workers.agent_worker import AgentWorker
+from gym_runtime.workers.control import send_pause, send_resume
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import ROWS
@@ -124,3 +129,28 @@ async def test_an_agent_worker_runs_a_rollout_stores_its_row_and_acks_the_task()
     # the verifier always raises: retried (nak'd, delivered again) up to max_attempts, then a failure row
     assert failed.error is not None and failed.error.error_class == "verify_error" and failed.attempts == 2
     assert agent.completed == 2 and agent.failed == 1 and agent.retried == 1 and model.served >= 2
+
+
+async def test_a_paused_model_worker_holds_a_call_in_its_queue_and_answers_it_once_resumed() -> None:
+    cfg = config_from_dict(CONFIG)
+    async with MemoryTransport() as bus:
+        model = ModelWorker(bus, "policy", cfg.models["policy"])
+        request = ModelRequest(params=CreateParams(input=[{"type": "message", "role": "user", "content": "hello"}]))
+        with anyio.fail_after(10):
+            async with running(model):
+                first = await call_model(bus, "policy", request, timeout=5)
+                assert isinstance(first, ModelResponse) and model.direct == 1  # a free slot: straight to it
+                acks = await send_pause(bus, "policy", {model.worker_id}, timeout=5)
+                assert [a.worker for a in acks] == [model.worker_id]
+                answers: list[ModelResponse] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def call() -> None:
+                        answers.append(await call_model(bus, "policy", request, timeout=5))
+
+                    tg.start_soon(call)
+                    while not model.gate.held:  # refused direct (paused), queued, pulled, held at the gate
+                        await anyio.sleep(0)
+                    assert not answers and model.served == 1
+                    await send_resume(bus, "policy")
+                assert len(answers) == 1 and model.served == 2 and model.direct == 1  # the second came queued
