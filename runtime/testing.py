@@ -294,9 +294,13 @@ class MemoryMessage:
 class _Sub:
     """A subscription: its messages handed to ``cb`` one at a time, in order (as nats-py does)."""
 
-    def __init__(self, broker: MemoryBroker, subject: str, queue: str, cb: Any) -> None:
+    def __init__(
+        self, broker: MemoryBroker, subject: str, queue: str, cb: Callable[[Delivery], Awaitable[None]]
+    ) -> None:
         self.broker, self.subject, self.queue, self.cb = broker, subject, queue, cb
+        broker.subs.append(self)
         self.inbox: asyncio.Queue[MemoryMessage] = asyncio.Queue()
+        self.owner: object = None  # the transport that made it (``MemoryTransport.close`` ends its own)
         self.task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -308,7 +312,7 @@ class _Sub:
                 logs.get("gym.testing").warning("memory.callback_failed", subject=msg.subject, error=repr(e))
 
     async def unsubscribe(self) -> None:
-        if self in self.broker.subs:
+        with contextlib.suppress(ValueError):
             self.broker.subs.remove(self)
         self.task.cancel()
 
@@ -521,7 +525,6 @@ class MemoryTransport:
         self.max_payload = max_payload
         self.junk: dict[str, int] = {}
         self.streams: set[str] = set()  # the streams asked for (ensure_results_stream, ...)
-        self._subs: list[_Sub] = []
         self._seq = itertools.count()
         self._inbox_prefix = inbox_prefix("memory", uuid.uuid4().hex[:8])  # this connection's replies
 
@@ -532,9 +535,8 @@ class MemoryTransport:
         await self.close()
 
     async def close(self) -> None:
-        for sub in self._subs:
+        for sub in [s for s in self.broker.subs if s.owner is self]:
             await sub.unsubscribe()
-        self._subs.clear()
 
     # -- bodies
     async def encode(self, payload: Any, headers: dict[str, str], *, stored: bool = False) -> bytes:
@@ -572,8 +574,7 @@ class MemoryTransport:
         self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
     ) -> Subscription:
         sub = _Sub(self.broker, subject, queue, cb)
-        self.broker.subs.append(sub)
-        self._subs.append(sub)
+        sub.owner = self
         return sub
 
     async def flush(self) -> None:
@@ -583,8 +584,11 @@ class MemoryTransport:
     def _inbox(self) -> str:
         return reply_subject(self._inbox_prefix, "call", next(self._seq))
 
-    async def _answer(self, subject: str, on_output: Callable[[int, bytes], None] | None = None) -> Any:
-        """Subscribe an inbox; returns (inbox, future of the final answer, subscription)."""
+    async def _answer(
+        self, subject: str, on_output: Callable[[int, bytes], None] | None = None
+    ) -> tuple[asyncio.Future[Delivery], Subscription]:
+        """Subscribe an inbox: the future of its final answer (progress, pauses and output parts are not one),
+        and the subscription to end once it came."""
         fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
 
         async def on_reply(msg: Delivery) -> None:
