@@ -35,7 +35,7 @@ from gym_runtime.messages import (
     VerifyRequest,
 )
 from gym_runtime.sandboxes.client import Sandboxes
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import NoResponders
 from gym_runtime.transport.subjects import Subjects
@@ -80,7 +80,7 @@ class Session:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         seed_subject: str,
         row: dict[str, Any],
         *,
@@ -219,7 +219,7 @@ class AgentContext:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         task: RolloutTask,
         config: AgentConfig,
         *,

@@ -11,14 +11,30 @@ verify — so they live here once, with the one test double environments need
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import itertools
 import json
 import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
 
 from gym_runtime.data.reverify import parse_response
+from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     CreateParams,
+    ErrorInfo,
+    ErrorReply,
     FunctionCall,
     FunctionCallOutput,
     Item,
@@ -26,7 +42,27 @@ from gym_runtime.messages import (
     Response,
     assistant_message,
 )
+from gym_runtime.observability import logs
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import Resource, Verdict
+from gym_runtime.transport.codec import Codec
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.headers import (
+    BLOB_HEADER,
+    BUSY_HEADER,
+    ERROR_HEADER,
+    EXPIRES_HEADER,
+    MSG_ID_HEADER,
+    OUTPUT_HEADER,
+    PAUSE_HEADER,
+    PROGRESS_HEADER,
+    REPLY_HEADER,
+)
+from gym_runtime.transport.interface import Handler, KeyValue, Puller, Subscription, Transport
+from gym_runtime.transport.rpc import Busy, NoResponders, Timings, error_info, traced
+from gym_runtime.transport.serving import expired
+from gym_runtime.transport.subjects import JS_ACK_PREFIX, Subjects, caller_of, inbox_prefix
+from gym_runtime.transport.subjects import reply as reply_subject
 
 R = TypeVar("R", bound=Resource)
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
@@ -168,3 +204,625 @@ class ScriptedJudge:
     def prompts(self) -> list[str]:
         """The text of each request's last input message."""
         return [str(c.input[-1].content) for c in self.calls]  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The in-memory transport: workers and the collector's parts unit-tested without a nats-server.
+#
+# ``MemoryTransport`` implements ``transport.interface.Transport`` (the way httpx ships ``MockTransport``):
+# core publish/subscribe with NATS subject wildcards and queue groups (one member of a group gets each
+# message), request-reply with typed error replies, a stream of stored messages (``js_publish``, deduplicated
+# by ``Nats-Msg-Id``) that work-queue pullers take from with ack / nak (after a delay) / term and redelivery
+# of a message left unanswered after ``ack_wait``, KV buckets, and bodies over ``max_payload`` stored by
+# reference. Several transports on one ``MemoryBroker`` are several connections to one server. What it does
+# not do: no liveness or keepalives (a silent handler ends at the call's timeout), no stream limits, no
+# consumers beside the pullers, no permissions; end-to-end behaviour is tested on a real nats-server.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcards: ``*`` one token, ``>`` one or more at the end."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+class _Meta:
+    """A stored message's delivery metadata, as nats-py's ``Msg.metadata`` gives it."""
+
+    __slots__ = ("num_delivered", "sequence", "timestamp")
+
+    def __init__(self, num_delivered: int, seq: int, stored_at: float) -> None:
+        self.num_delivered = num_delivered
+        self.sequence = SimpleNamespace(stream=seq, consumer=num_delivered)
+        self.timestamp = datetime.fromtimestamp(stored_at, tz=UTC)
+
+
+class _Stored:
+    __slots__ = ("seq", "subject", "data", "headers", "stored_at", "delivered", "held", "ready_at")
+
+    def __init__(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        self.seq, self.subject, self.data, self.headers = seq, subject, data, headers
+        self.stored_at = time.time()
+        self.delivered = 0
+        self.held = False  # taken by a puller, not yet acked, nak'd or terminated
+        self.ready_at = 0.0  # monotonic: a nak'd message waits until then
+
+
+class MemoryMessage:
+    """One message as a ``Delivery`` wraps it (``transport.delivery.Message``); a stored one is answered
+    with ack / nak / term through its broker."""
+
+    def __init__(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        reply: str = "",
+        *,
+        stored: _Stored | None = None,
+        broker: MemoryBroker | None = None,
+    ) -> None:
+        self.subject, self.data, self.headers, self.reply = subject, data, headers, reply
+        self._stored, self._broker = stored, broker
+
+    @property
+    def metadata(self) -> _Meta:
+        s = self._stored
+        assert s is not None, "only a stored message has delivery metadata"
+        return _Meta(s.delivered, s.seq, s.stored_at)
+
+    async def ack(self) -> None:
+        if self._stored is not None and self._broker is not None:
+            self._broker.settle(self._stored, remove=True)
+
+    async def term(self) -> None:
+        await self.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        if self._stored is not None and self._broker is not None:
+            self._broker.settle(self._stored, remove=False, delay=delay or 0.0)
+
+    async def in_progress(self) -> None:
+        return None
+
+
+class _Sub:
+    """A subscription: its messages handed to ``cb`` one at a time, in order (as nats-py does)."""
+
+    def __init__(
+        self, broker: MemoryBroker, subject: str, queue: str, cb: Callable[[Delivery], Awaitable[None]]
+    ) -> None:
+        self.broker, self.subject, self.queue, self.cb = broker, subject, queue, cb
+        broker.subs.append(self)
+        self.inbox: asyncio.Queue[MemoryMessage] = asyncio.Queue()
+        self.owner: object = None  # the transport that made it (``MemoryTransport.close`` ends its own)
+        self.task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            msg = await self.inbox.get()
+            try:
+                await self.cb(Delivery(msg))
+            except Exception as e:  # noqa: BLE001 - a callback's error must not end the subscription
+                logs.get("gym.testing").warning("memory.callback_failed", subject=msg.subject, error=repr(e))
+
+    async def unsubscribe(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.broker.subs.remove(self)
+        self.task.cancel()
+
+
+class MemoryBroker:
+    """The server several ``MemoryTransport`` connections share: subscriptions, the stored messages (one
+    stream for every stored subject), KV buckets and large bodies."""
+
+    def __init__(self) -> None:
+        self.subs: list[_Sub] = []
+        self.stored: dict[int, _Stored] = {}
+        self.kv: dict[str, dict[str, bytes]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self._seq = 0
+        self._ids: set[str] = set()
+        self._turn: dict[str, int] = {}  # queue group -> next member
+        self.changed = asyncio.Event()  # set (and replaced) whenever a stored message becomes takeable
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def subscribers(self, subject: str) -> list[_Sub]:
+        """Who gets a message on ``subject``: every plain subscriber, and one member of each queue group."""
+        plain: list[_Sub] = []
+        groups: dict[str, list[_Sub]] = {}
+        for sub in self.subs:
+            if subject_matches(sub.subject, subject):
+                if sub.queue:
+                    groups.setdefault(sub.queue, []).append(sub)
+                else:
+                    plain.append(sub)
+        for queue, members in groups.items():
+            turn = self._turn.get(queue, 0)
+            self._turn[queue] = turn + 1
+            plain.append(members[turn % len(members)])
+        return plain
+
+    def publish(self, subject: str, data: bytes, headers: dict[str, str] | None, reply: str = "") -> int:
+        """Deliver a core message; returns how many subscriptions got it."""
+        targets = self.subscribers(subject)
+        for sub in targets:
+            sub.inbox.put_nowait(MemoryMessage(subject, data, dict(headers) if headers else None, reply))
+        return len(targets)
+
+    def store(self, subject: str, data: bytes, headers: dict[str, str]) -> bool:
+        """Keep a message (False: a duplicate of a message id seen before, dropped as the server would)."""
+        msg_id = headers.get(MSG_ID_HEADER)
+        if msg_id is not None:
+            if msg_id in self._ids:
+                return False
+            self._ids.add(msg_id)
+        self._seq += 1
+        self.stored[self._seq] = _Stored(self._seq, subject, data, dict(headers))
+        self._notify()
+        return True
+
+    def take(self, pattern: str) -> MemoryMessage | None:
+        """The oldest stored message on ``pattern`` that is not held and not waiting out a nak, now held."""
+        now = time.monotonic()
+        for s in self.stored.values():
+            if not s.held and s.ready_at <= now and subject_matches(pattern, s.subject):
+                s.held = True
+                s.delivered += 1
+                reply = f"{JS_ACK_PREFIX}memory.{s.seq}.{s.delivered}"
+                return MemoryMessage(s.subject, s.data, dict(s.headers), reply, stored=s, broker=self)
+        return None
+
+    def settle(self, s: _Stored, *, remove: bool, delay: float = 0.0) -> None:
+        """Ack or term (``remove``: a work queue forgets it), else nak: takeable again after ``delay``."""
+        if not s.held:
+            return
+        s.held = False
+        if remove:
+            self.stored.pop(s.seq, None)
+            return
+        s.ready_at = time.monotonic() + delay
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._notify)
+        else:
+            self._notify()
+
+    def messages(self, pattern: str) -> list[Delivery]:
+        """The stored messages on ``pattern`` (results, attempt records), oldest first, as a reader sees them."""
+        return [
+            Delivery(MemoryMessage(s.subject, s.data, dict(s.headers), stored=s, broker=self))
+            for s in self.stored.values()
+            if subject_matches(pattern, s.subject)
+        ]
+
+
+class MemoryKV:
+    """A KV bucket in memory (``transport.interface.KeyValue``)."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+
+    async def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+    async def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class MemoryPuller:
+    """Takes work-queue messages into at most ``slots`` handler tasks (``transport.interface.Puller``).
+
+    A message its handler left unanswered (no ack, nak or term) is delivered again after ``ack_wait``,
+    as the server does; ``attempt`` counts deliveries."""
+
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        pattern: str,
+        *,
+        slots: int,
+        ack_wait: float,
+        handle: Callable[[Delivery], Awaitable[None]],
+    ) -> None:
+        self.broker, self.pattern, self.slots = broker, pattern, max(1, slots)
+        self.ack_wait, self.handle = ack_wait, handle
+        self._busy = 0
+        self._stopping = False
+        self._held: dict[int, Delivery] = {}
+        self._freed = asyncio.Event()
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    def _free(self) -> None:
+        self._busy -= 1
+        self._freed.set()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            while not self._stopping:
+                changed, self._freed = self.broker.changed, asyncio.Event()
+                while self._busy < self.slots and (msg := self.broker.take(self.pattern)) is not None:
+                    self._busy += 1
+                    delivery = Delivery(msg)
+                    self._held[id(delivery)] = delivery
+                    tg.start_soon(self._run_one, delivery, msg)
+                waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._freed.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+            while self._busy:  # drain: the running handlers finish
+                self._freed = asyncio.Event()
+                await self._freed.wait()
+
+    async def _run_one(self, delivery: Delivery, msg: MemoryMessage) -> None:
+        try:
+            await self.handle(delivery)
+        except Exception as e:  # noqa: BLE001 - the handler owns acking; a crash must not end the loop
+            logs.get("gym.testing").error("memory.handler_crashed", error=repr(e))
+        finally:
+            stored = msg._stored
+            if stored is not None and stored.held:  # left unanswered: the server sends it again after ack_wait
+                asyncio.get_running_loop().call_later(self.ack_wait, lambda: self.broker.settle(stored, remove=False))
+            await self.release(delivery)
+
+    def stop_pulling(self) -> None:
+        self._stopping = True
+        self._freed.set()
+
+    def take_slot(self) -> bool:
+        if self._stopping or self._busy >= self.slots:
+            return False
+        self._busy += 1
+        return True
+
+    async def give_slot(self) -> None:
+        self._free()
+
+    async def release(self, msg: Delivery) -> None:
+        if self._held.pop(id(msg), None) is not None:
+            self._free()
+
+
+_REPLYING: ContextVar[str | None] = ContextVar("gym_memory_replying", default=None)
+_UNSET: Any = object()
+
+
+class MemoryTransport:
+    """A ``transport.interface.Transport`` in memory: workers run on it as on a ``Bus`` (see above for what
+    it leaves out). ``async with MemoryTransport() as bus``: its subscriptions end with the block."""
+
+    def __init__(
+        self,
+        broker: MemoryBroker | None = None,
+        *,
+        namespace: str = "gym",
+        telemetry: Telemetry | None = None,
+        timings: Timings | None = None,
+        max_payload: int = 1 << 20,
+    ) -> None:
+        self.broker = broker or MemoryBroker()
+        self.ns = namespace
+        self.subjects = Subjects(namespace)
+        self.telemetry = telemetry or Telemetry()
+        self.timings = timings or Timings()
+        self.caller = caller_of(None, None)
+        self.codec = Codec()
+        self.max_payload = max_payload
+        self.junk: dict[str, int] = {}
+        self.streams: set[str] = set()  # the streams asked for (ensure_results_stream, ...)
+        self._seq = itertools.count()
+        self._inbox_prefix = inbox_prefix("memory", uuid.uuid4().hex[:8])  # this connection's replies
+
+    async def __aenter__(self) -> MemoryTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for sub in [s for s in self.broker.subs if s.owner is self]:
+            await sub.unsubscribe()
+
+    # -- bodies
+    async def encode(self, payload: Any, headers: dict[str, str], *, stored: bool = False) -> bytes:
+        """A body over ``max_payload`` is kept by reference (``Gym-Blob``: its key and digest)."""
+        data = self.codec.encode(payload)
+        if len(data) > self.max_payload:
+            key = uuid.uuid4().hex
+            self.broker.blobs[key] = data
+            headers[BLOB_HEADER] = f"memory.{key}.{hashlib.sha256(data).hexdigest()}"
+            return b""
+        return data
+
+    async def decode(self, msg: Delivery) -> Any:
+        return (await self.decode_sized(msg))[0]
+
+    async def decode_sized(self, msg: Delivery) -> tuple[Any, int]:
+        headers = msg.headers
+        if headers and BLOB_HEADER in headers:
+            _, key, digest = (headers[BLOB_HEADER].split(".") + ["", ""])[:3]
+            data = self.broker.blobs.get(key)
+            if data is None or hashlib.sha256(data).hexdigest() != digest:
+                raise Failure("integrity", "a referenced body is missing or does not match its digest")
+            return self.codec.decode(data, headers), len(data)
+        return self.codec.decode(msg.data, headers), len(msg.data)
+
+    # -- core messages
+    async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None:
+        h = traced(self.telemetry, headers)
+        self.broker.publish(subject, await self.encode(payload, h), h)
+
+    async def publish_raw(self, subject: str, data: bytes) -> None:
+        self.broker.publish(subject, data, None)
+
+    async def subscribe(
+        self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
+    ) -> Subscription:
+        sub = _Sub(self.broker, subject, queue, cb)
+        sub.owner = self
+        return sub
+
+    async def flush(self) -> None:
+        """Subscriptions take effect at once here; one turn lets the messages already sent be handed on."""
+        await asyncio.sleep(0)
+
+    def _inbox(self) -> str:
+        return reply_subject(self._inbox_prefix, "call", next(self._seq))
+
+    async def _answer(
+        self, subject: str, on_output: Callable[[int, bytes], None] | None = None
+    ) -> tuple[asyncio.Future[Delivery], Subscription]:
+        """Subscribe an inbox: the future of its final answer (progress, pauses and output parts are not one),
+        and the subscription to end once it came."""
+        fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+
+        async def on_reply(msg: Delivery) -> None:
+            headers = msg.headers or {}
+            if PROGRESS_HEADER in headers or PAUSE_HEADER in headers:
+                return
+            if OUTPUT_HEADER in headers:
+                if on_output is not None:
+                    on_output(2 if headers[OUTPUT_HEADER] == "2" else 1, msg.data)
+                return
+            if not fut.done():
+                fut.set_result(msg)
+
+        sub = await self.subscribe(subject, on_reply)
+        return fut, sub
+
+    async def _wait(self, fut: asyncio.Future[Delivery], sub: Subscription, subject: str, op: str, t: float) -> Any:
+        try:
+            msg = await asyncio.wait_for(fut, t)
+        except TimeoutError:
+            info = ErrorInfo(error_class="timeout", message=f"no reply to {op} within {t:g}s", retryable=True)
+            raise Failure(info) from None
+        finally:
+            await sub.unsubscribe()
+        if msg.headers and BUSY_HEADER in msg.headers and not msg.data:
+            raise Busy(ErrorInfo(error_class="busy", message=f"no free slot on {subject}", retryable=True))
+        body = await self.decode(msg)
+        if isinstance(body, ErrorReply):
+            raise Failure(body.error)
+        return body
+
+    async def request(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ) -> Any:
+        """Core request-reply; nobody subscribed is ``NoResponders`` (retryable ``worker_lost``)."""
+        inbox = self._inbox()
+        fut, sub = await self._answer(inbox, on_output)
+        h = traced(self.telemetry)
+        data = await self.encode(payload, h)
+        if not self.broker.publish(subject, data, h, reply=inbox):
+            await sub.unsubscribe()
+            info = ErrorInfo(error_class="worker_lost", message=f"no worker is serving {subject}", retryable=True)
+            raise NoResponders(info)
+        return await self._wait(fut, sub, subject, op, timeout)
+
+    async def queued_request(
+        self, subject: str, payload: Any, *, timeout: float, op: str, wait_s: float | None = None
+    ) -> Any:
+        """Store a request in the work queue, wait for the core reply (``Bus.queued_request``)."""
+        inbox = self._inbox()
+        fut, sub = await self._answer(inbox)
+        h = traced(self.telemetry, {REPLY_HEADER: inbox})
+        h[EXPIRES_HEADER] = f"{time.time() + (timeout if wait_s is None else wait_s):.3f}"
+        self.broker.store(subject, await self.encode(payload, h, stored=True), h)
+        return await self._wait(fut, sub, subject, op, timeout + (wait_s or 0.0))
+
+    async def direct_or_queued(
+        self,
+        direct: str,
+        queued: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        wait_s: float | None = None,
+    ) -> Any:
+        """A free slot right now (direct), else the work queue (``Bus.direct_or_queued``)."""
+        try:
+            return await self.request(direct, payload, timeout=timeout, op=op)
+        except NoResponders:  # Busy too
+            pass
+        return await self.queued_request(queued, payload, timeout=timeout, op=op, wait_s=wait_s)
+
+    async def gather(
+        self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float
+    ) -> list[Any]:
+        inbox = self._inbox()
+        replies: list[Any] = []
+        finished = asyncio.Event()
+
+        async def on_reply(msg: Delivery) -> None:
+            replies.append(await self.decode(msg))
+            if done(replies):
+                finished.set()
+
+        sub = await self.subscribe(inbox, on_reply)
+        try:
+            h = traced(self.telemetry)
+            self.broker.publish(subject, await self.encode(payload, h), h, reply=inbox)
+            if not done(replies):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), timeout)
+        finally:
+            await sub.unsubscribe()
+        return replies
+
+    # -- streams
+    async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
+        h = traced(self.telemetry, {MSG_ID_HEADER: msg_id})
+        data = await self.encode(payload, h, stored=True)
+        self.broker.store(subject, data, h)
+        if keep is not None:
+            self.broker.store(keep, data, {k: v for k, v in h.items() if k != MSG_ID_HEADER})
+
+    async def note(self, subject: str, data: bytes) -> None:
+        self.broker.store(subject, data, {})
+
+    async def ensure_results_stream(self, agent: str) -> str:
+        name = self.subjects.results_stream(agent)
+        self.streams.add(name)
+        return name
+
+    async def ensure_attempts_stream(self) -> None:
+        self.streams.add(self.subjects.attempts_stream)
+
+    async def work_queue(
+        self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> Puller:
+        pattern = self.subjects.queue_filter(kind, name)
+        return MemoryPuller(self.broker, pattern, slots=slots, ack_wait=ack_wait, handle=handle)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        return MemoryKV(self.broker.kv.setdefault(bucket, {}))
+
+    # -- serving
+    async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:
+        if subject:
+            h = traced(self.telemetry, {ERROR_HEADER: "1"} if error else None)
+            self.broker.publish(subject, await self.encode(payload, h), h)
+
+    async def serve(
+        self,
+        tg: TaskGroup,
+        subject: str,
+        handler: Handler,
+        *,
+        queue: str = "",
+        concurrency: int = 256,
+        default_error: str = "internal",
+    ) -> Subscription:
+        """Each message in a task of ``tg``, at most ``concurrency`` at once (``Serving.serve``)."""
+        limiter = asyncio.Semaphore(concurrency)
+
+        async def run_one(msg: Delivery) -> None:
+            try:
+                await self.handle(msg, handler, reply_to=msg.reply, default_error=default_error)
+            finally:
+                limiter.release()
+
+        async def on_msg(msg: Delivery) -> None:
+            await limiter.acquire()
+            tg.start_soon(run_one, msg)
+
+        return await self.subscribe(subject, on_msg, queue=queue)
+
+    async def serve_direct(
+        self,
+        tg: TaskGroup,
+        subject: str,
+        *,
+        queue: str,
+        admit: Callable[[Delivery], bool],
+        run: Callable[[Delivery], Coroutine[Any, Any, None]],
+    ) -> Subscription:
+        async def on_msg(msg: Delivery) -> None:
+            if not admit(msg):
+                await asyncio.sleep(0)
+                if not admit(msg):
+                    if msg.reply:
+                        self.broker.publish(msg.reply, b"", {BUSY_HEADER: "1"})
+                    return
+            tg.start_soon(run, msg)
+
+        return await self.subscribe(subject, on_msg, queue=queue)
+
+    async def handle(
+        self,
+        msg: Delivery,
+        handler: Handler,
+        *,
+        reply_to: str | None,
+        default_error: str,
+        attributes: dict[str, Any] | None = None,
+        body: Any = _UNSET,
+    ) -> bool:
+        """Decode, run ``handler``, answer it: every failure a typed error reply (``Serving.handle``)."""
+        try:
+            if body is _UNSET:
+                body = await self.decode(msg)
+            token = _REPLYING.set(reply_to)
+            try:
+                result = await handler(body, msg)
+            finally:
+                _REPLYING.reset(token)
+        except Exception as exc:
+            if not isinstance(exc, Failure):
+                self.count_junk(msg.subject, f"handler: {type(exc).__name__}", exc)
+            await self.reply(reply_to, ErrorReply(error=error_info(exc, default_error)), error=True)
+            return False
+        if result is not None:
+            await self.reply(reply_to, result)
+        return True
+
+    def expired(self, msg: Delivery) -> bool:
+        return expired(msg)
+
+    async def taken(self, reply_to: str | None) -> None:
+        if reply_to:
+            self.broker.publish(reply_to, b"", {PROGRESS_HEADER: "1"})
+
+    def pause_caller(self, took: float | None) -> None:
+        reply_to = _REPLYING.get()
+        if reply_to:
+            self.broker.publish(reply_to, b"", {PAUSE_HEADER: "1" if took is None else f"{took:.6f}"})
+
+    async def send_output(self, stream: int, data: bytes) -> None:
+        reply_to = _REPLYING.get()
+        if reply_to and data:
+            self.broker.publish(reply_to, data, {OUTPUT_HEADER: str(stream)})
+
+    def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None:
+        self.warn_limited("requests.refused", cause, subject=subject, exc=exc)
+
+    def warn_limited(self, event: str, cause: str, *, subject: str, exc: BaseException | None = None) -> None:
+        self.junk[cause] = self.junk.get(cause, 0) + 1
+
+
+if TYPE_CHECKING:  # mypy holds the double to the Protocol the workers are typed against
+    _memory_is_a_transport: type[Transport] = MemoryTransport

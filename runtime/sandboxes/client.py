@@ -36,7 +36,7 @@ import anyio
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.sandboxes.spec import ExecResult
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.rpc import NoResponders
 from gym_runtime.transport.subjects import Subjects
 
@@ -234,7 +234,7 @@ class Sandboxes:
 
     def __init__(
         self,
-        bus: Bus | None,
+        bus: Transport | None,
         pool: str,
         *,
         lease: str,

@@ -19,7 +19,7 @@ import anyio
 
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Owned
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Transport
 
 BEACON_S = 1.0
 DEAD_AFTER_S = 4.0  # a worker unheard this long is dead (four beacons missed)
@@ -60,18 +60,18 @@ class Peers:
         return total // n + (1 if i < total % n else 0)
 
 
-async def beacons(bus: Bus, subject: str, peers: Peers) -> None:
+async def beacons(bus: Transport, subject: str, peers: Peers) -> None:
     """Say this worker is alive every ``BEACON_S``, and hear the pool's other workers (until cancelled)."""
 
     async def on_beacon(msg: Any) -> None:
         worker, _, live = msg.data.decode(errors="replace").partition(" ")
         peers.heard(worker, int(live) if live.isdigit() else 0)
 
-    sub = await bus.nc.subscribe(subject, cb=on_beacon)
+    sub = await bus.subscribe(subject, on_beacon)
     try:
         while True:
             try:
-                await bus.nc.publish(subject, f"{peers.me} {peers.own()}".encode())
+                await bus.publish_raw(subject, f"{peers.me} {peers.own()}".encode())
             except Exception:  # disconnected meanwhile: the next beacon says it again
                 pass
             await anyio.sleep(BEACON_S)

@@ -4,7 +4,8 @@ Each connection writes into its own key space (``{role}.{pool}``) of its role's 
 it refuses no other role's bodies. The ``Gym-Blob`` header carries the key space, the key, the chunk count
 and the body's SHA-256, so a reader checks that what it read is what the sender stored; only the key a
 message carries reads a body (no role but admin may list a stream), and a count more chunks than the body
-limit allows is refused before any is fetched. ``Bodies`` is the part of ``Bus`` that encodes and decodes.
+limit allows is refused before any is fetched. ``Blobs`` is the part of ``Bus`` (``bus.blobs``) that encodes and
+decodes: it stores chunks through the bus's acked publish (``store``), and is given nothing else of it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import hashlib
 import re
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from gym_runtime.errors import Failure
@@ -29,12 +29,13 @@ from gym_runtime.transport.headers import (
     MSG_ID_HEADER,
     TTL_HEADER,
 )
+from gym_runtime.transport.interface import Connection
 from gym_runtime.transport.jetstream import ensure_blob_stream
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
-from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, Subjects, blob_role, blob_space
+from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, blob_role, blob_space
 
-if TYPE_CHECKING:
-    from gym_runtime.transport.bus import Bus
+# a publish into a stream that returns once the stream acked it (``Bus.store``)
+Store = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
 
 MAX_BLOB_BYTES = 256 * 1024 * 1024  # a referenced body larger than this is refused before it is read
 BLOB_BYTES_IN_FLIGHT = 128 * 1024 * 1024  # default jetstream.blob_bytes_in_flight
@@ -93,25 +94,28 @@ class ByteBudget:
             self._wake()
 
 
-class Bodies:
-    """Encoding and decoding message bodies, large ones by reference (a part of ``Bus``)."""
+class Blobs:
+    """Encoding and decoding message bodies, large ones by reference (``bus.blobs``).
 
-    nc: NATS
-    subjects: Subjects
-    codec: Codec
-    secured: bool
-    max_blob_bytes: int
-    blob_budget: ByteBudget
-    blob_space: str  # ``{role}.{pool}``: the key space this connection writes (``subjects.blob_space``)
-    blob_ttl_s: float
-    _blobs_ready: bool
+    ``conn``: the connection the chunks are read from and whose blob stream is made on first use (unless
+    ``secured``: the admin provisioned it); ``store``: its acked stream publish. ``space`` (``{role}.{pool}``,
+    ``subjects.blob_space``) is the key space this connection writes; ``budget`` bounds the bytes held at once.
+    """
 
-    async def _store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        raise NotImplementedError  # Bus: a JetStream publish acked by the stream
+    def __init__(self, conn: Connection, codec: Codec, store: Store) -> None:
+        self.conn = conn
+        self.codec = codec
+        self.store = store
+        self.max_bytes = MAX_BLOB_BYTES
+        self.space = blob_space(None, None)
+        self.ttl_s = BLOB_TTL_S
+        self.budget = ByteBudget(BLOB_BYTES_IN_FLIGHT)  # large bodies held at once (back-pressure beyond)
+        self.ready = False  # the blob stream exists (provisioned, or created on first use)
 
     @property
-    def blob_threshold(self) -> int:
-        return max(64 * 1024, (self.nc.max_payload or 1024 * 1024) - 64 * 1024)
+    def threshold(self) -> int:
+        """A body larger than this goes by reference: the server's max payload, less room for headers."""
+        return max(64 * 1024, (self.conn.nc.max_payload or 1024 * 1024) - 64 * 1024)
 
     async def _put_blob(self, data: bytes, *, ttl: bool) -> str:
         """Store ``data`` as write-once chunks under a fresh key in this connection's key space; returns the
@@ -122,24 +126,24 @@ class Bodies:
         read at once; its chunks expire after ``blob_ttl_s`` (a stored message's live as long as it may).
         At most ``BLOB_CHUNKS_IN_FLIGHT`` chunks are copied out and on their way at once.
         """
-        space = self.blob_space
-        if not self._blobs_ready:
-            if not self.secured:
-                await ensure_blob_stream(cast("Bus", self), blob_role(space))  # a Bodies is always a Bus's part
-            self._blobs_ready = True
+        space = self.space
+        if not self.ready:
+            if not self.conn.secured:
+                await ensure_blob_stream(self.conn, blob_role(space))
+            self.ready = True
         key = uuid.uuid4().hex
-        size = self.blob_threshold
+        size = self.threshold
         view = memoryview(data)
         n = max(1, -(-len(data) // size))
-        extra = {TTL_HEADER: str(int(self.blob_ttl_s))} if ttl else {}
+        extra = {TTL_HEADER: str(int(self.ttl_s))} if ttl else {}
         gate = asyncio.Semaphore(BLOB_CHUNKS_IN_FLIGHT)
 
         async def put(i: int) -> None:
             async with gate:
-                subject = self.subjects.blob(space, key, i)
-                await self._store(subject, bytes(view[i * size : (i + 1) * size]), {MSG_ID_HEADER: subject, **extra})
+                subject = self.conn.subjects.blob(space, key, i)
+                await self.store(subject, bytes(view[i * size : (i + 1) * size]), {MSG_ID_HEADER: subject, **extra})
 
-        async with self.blob_budget.hold(len(data)):
+        async with self.budget.hold(len(data)):
             await asyncio.gather(*(put(i) for i in range(n)))
         return f"{space}.{key}.{n}.{hashlib.sha256(data).hexdigest()}"
 
@@ -158,10 +162,10 @@ class Bodies:
             raise Failure("integrity", f"malformed {BLOB_HEADER} header")
         n = int(n_text)
         # every chunk but the last is a full one: more chunks than the limit's share is a lie, or too big
-        if n < 1 or (n - 1) * self.blob_threshold >= self.max_blob_bytes:
+        if n < 1 or (n - 1) * self.threshold >= self.max_bytes:
             raise Failure(
                 "integrity",
-                f"a referenced body of {n} chunks of {self.blob_threshold} B is over the {self.max_blob_bytes} B limit",
+                f"a referenced body of {n} chunks of {self.threshold} B is over the {self.max_bytes} B limit",
             )
         return blob_space(role, pool), key, n, digest
 
@@ -172,7 +176,7 @@ class Bodies:
         the way: the body and a couple of chunks are all that is held (a fetch of every chunk at once made the
         server drop the reader as a slow consumer, and held each chunk twice)."""
         space, key, n, digest = self._blob_ref(ref)
-        limit, size = self.max_blob_bytes, self.blob_threshold
+        limit, size = self.max_bytes, self.threshold
         # one buffer of what n chunks can hold, filled in place and cut to size: a buffer grown chunk by chunk
         # moved once it outgrew the allocator's heap and left the old copy's pages behind (+1× the body in RSS)
         body = bytearray(min(n * size, limit))
@@ -181,7 +185,7 @@ class Bodies:
         sha = hashlib.sha256()
 
         async def get(i: int) -> bytes:
-            msg = await self.nc.request(self.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
+            msg = await self.conn.nc.request(self.conn.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
             if msg.headers and msg.headers.get("Status"):
                 raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
             if len(msg.data) > size:
@@ -214,7 +218,7 @@ class Bodies:
         """Encode ``payload``; a body over the max payload is stored as a blob and referenced. ``stored``: the
         message is kept in a stream (a task, a result), so its body lives as long as it; else it expires."""
         data = self.codec.encode(payload)
-        if len(data) > self.blob_threshold:
+        if len(data) > self.threshold:
             headers[BLOB_HEADER] = await self._put_blob(data, ttl=not stored)
             return b""
         return data
@@ -228,7 +232,7 @@ class Bodies:
         if headers and BLOB_HEADER in headers:
             ref = headers[BLOB_HEADER]
             _, _, n, _ = self._blob_ref(ref)  # held from the read until it is decoded: at most n chunks
-            async with self.blob_budget.hold(min(n * self.blob_threshold, self.max_blob_bytes)):
+            async with self.budget.hold(min(n * self.threshold, self.max_bytes)):
                 data = await self._get_blob(ref)
                 return self.codec.decode(data, headers), len(data)
         return self.codec.decode(msg.data, headers), len(msg.data)

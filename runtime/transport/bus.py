@@ -1,9 +1,11 @@
 """The bus: one NATS connection, typed request-reply, and per-message tasks.
 
 Its parts, each in a module of its own: ``connect`` (reaching a server), ``rpc`` (a call's
-liveness and keepalives), ``blobs`` (large bodies by reference), ``serving`` (the server side);
+liveness and keepalives), ``blobs`` (large bodies by reference: ``bus.blobs``), ``serving`` (the
+server side: ``bus.serving``), ``jetstream`` and ``pull`` (streams, consumers, buckets, pulling);
 this module holds the client side (calls, queued requests, acked stream publishes) and the
-``Bus`` that puts them together.
+``Bus`` that composes them. The ``Bus`` is a ``transport.interface.Transport`` (what workers use)
+and a ``Connection`` (what the streams' administration uses); no part imports it.
 
 Everything NATS-specific that workers need lives here and in ``gym_runtime.transport.pull``:
 encoding by ``Content-Type``, W3C trace context in headers, typed error replies
@@ -19,7 +21,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats
@@ -33,9 +35,11 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, ErrorReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.transport.blobs import BLOB_BYTES_IN_FLIGHT, BLOB_TTL_S, MAX_BLOB_BYTES, Bodies, ByteBudget
+from gym_runtime.transport import jetstream as streams
+from gym_runtime.transport.blobs import Blobs, ByteBudget
 from gym_runtime.transport.codec import Codec
-from gym_runtime.transport.connect import _shown, check_provisioned, connect
+from gym_runtime.transport.connect import check_provisioned, connect, shown_servers
+from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import (
     BUSY_HEADER,
     EXPIRES_HEADER,
@@ -45,17 +49,20 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
+from gym_runtime.transport.interface import Connection, KeyValue, Puller, Subscription, Transport
 from gym_runtime.transport.jetstream import API_RETRY_S, full_error, parse_size
+from gym_runtime.transport.pull import work_queue_puller
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
     JS_ACK_TIMEOUT_S,
     Busy,
     NoResponders,
+    Pending,
+    PubAck,
     Timings,
-    _no_ack,
-    _Pending,
-    _PubAck,
+    no_ack,
+    traced,
 )
 from gym_runtime.transport.serving import Serving, replying
 from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, blob_space, caller, caller_of, reply
@@ -65,10 +72,10 @@ JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader 
 log = logs.get("gym.bus")
 
 
-_pub_ack = msgspec.json.Decoder(_PubAck)
+_pub_ack = msgspec.json.Decoder(PubAck)
 
 
-class Bus(Bodies, Serving):
+class Bus:
     """A worker's view of NATS: namespaced subjects, codec, tracing, request-reply.
 
     Requests use one wildcard reply subscription per connection and a future per
@@ -76,35 +83,36 @@ class Bus(Bodies, Serving):
     connection drops, every call in flight fails at once as retryable
     ``worker_lost`` instead of hanging until its timeout. Bodies larger than the
     server's max payload go through the JetStream Object Store by reference
-    (``Gym-Blob`` header), transparently for senders and receivers.
+    (``Gym-Blob`` header), transparently for senders and receivers (``blobs``); handlers are
+    served by ``serving``. Both are parts, given what they need of the bus and nothing more.
     """
 
     def __init__(self, nc: NATS, *, namespace: str, telemetry: Telemetry, timings: Timings | None = None) -> None:
         self.nc = nc
-        self.timings = timings or Timings()
+        self._timings = timings or Timings()
         self.ns = namespace
         self.subjects = Subjects(namespace)  # every name this bus publishes and subscribes with
         self.telemetry = telemetry
         self.codec = Codec()
         self.js = nc.jetstream()
-        self._replies: dict[str, _Pending] = {}
+        self._replies: dict[str, Pending] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
-        self._blobs_ready = False  # the blob stream exists (provisioned, or created on first use)
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
         self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
-        self.max_blob_bytes = MAX_BLOB_BYTES
-        self.blob_space = blob_space(None, None)  # whose key space this connection's large bodies go to
-        self.blob_ttl_s = BLOB_TTL_S
-        self.blob_budget = ByteBudget(BLOB_BYTES_IN_FLIGHT)  # large bodies held at once (back-pressure beyond)
         # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
         self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
         self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
-        # requests that cannot be read or fail unexpectedly, counted per cause and logged at most once per
-        # JUNK_LOG_S per cause (a flood of junk costs a counter each, not a log line or a traceback each)
-        self.junk: dict[str, int] = {}
-        self._junk_logged: dict[str, tuple[float, int]] = {}
+        # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
+        self.blobs = Blobs(self, self.codec, self.store)
+        self.serving = Serving(nc, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
+        # what the Bus offers of its parts (``interface.Transport``): their own methods, bound, not wrapped
+        self.encode, self.decode, self.decode_sized = self.blobs.encode, self.blobs.decode, self.blobs.decode_sized
+        sv = self.serving
+        self.serve, self.serve_direct, self.handle, self.reply = sv.serve, sv.serve_direct, sv.handle, sv.reply
+        self.expired, self.taken, self.busy = sv.expired, sv.taken, sv.busy
+        self.count_junk, self.warn_limited = sv.count_junk, sv.warn_limited
 
     @classmethod
     async def connect(
@@ -136,32 +144,54 @@ class Bus(Bodies, Serving):
         nc = await connect(url, name=name, on_reconnect=on_reconnect, initial_timeout=initial_timeout, options=options)
         bus = cls(nc, namespace=namespace, telemetry=telemetry, timings=timings)
         bus.jetstream_config = jetstream
-        bus.blob_space = blob_space(role, pool)
+        bus.blobs.space = blob_space(role, pool)
         # the pool's name only with the pool's credential (else the role-wide one's ``_``), as its inbox says
         bus.caller = caller(options["inbox_prefix"] + ".x") if options else caller_of(role, pool)
         if jetstream is not None:
-            bus.blob_budget.cap = parse_size(jetstream.blob_bytes_in_flight)
-            bus.blob_ttl_s = float(jetstream.blob_ttl_s)
+            bus.blobs.budget.cap = parse_size(jetstream.blob_bytes_in_flight)
+            bus.blobs.ttl_s = float(jetstream.blob_ttl_s)
         bus.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
                 within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else API_RETRY_S
                 await check_provisioned(
-                    bus.js, namespace, _shown(url if isinstance(url, list) else [url]), within_s=within
+                    bus.js, namespace, shown_servers(url if isinstance(url, list) else [url]), within_s=within
                 )
             except BaseException:
                 await bus.close()
                 raise
         return bus
 
+    @property
+    def timings(self) -> Timings:
+        """How soon each side of a call gives up on the other (the caller's liveness, the handler's keepalives)."""
+        return self._timings
+
+    @timings.setter
+    def timings(self, timings: Timings) -> None:
+        self._timings = self.serving.timings = timings
+
+    # what tests and status read of the parts
+    @property
+    def blob_threshold(self) -> int:
+        return self.blobs.threshold
+
+    @property
+    def blob_space(self) -> str:
+        return self.blobs.space
+
+    @property
+    def blob_budget(self) -> ByteBudget:
+        return self.blobs.budget
+
+    @property
+    def junk(self) -> dict[str, int]:
+        return self.serving.junk
+
     # ------------------------------------------------------------------ client side
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        h: dict[str, str] = {}
-        self.telemetry.inject(h)
-        if extra:
-            h.update(extra)
-        return h
+        return traced(self.telemetry, extra)
 
     async def _unwrap(self, msg: Msg, subject: str) -> Any:
         headers = msg.headers
@@ -222,17 +252,17 @@ class Bus(Bodies, Serving):
                 self._spawn(self._resend(call))
         self.fail_pending(reason)
 
-    async def _resend(self, call: _Pending) -> None:
+    async def _resend(self, call: Pending) -> None:
         assert call.resend is not None
         subject, data, headers = call.resend
         try:
-            await self._store(subject, data, headers)
+            await self.store(subject, data, headers)
         except Exception as e:  # the caller's timeout still bounds the call
             log.warning("queued_call.resend_failed", subject=subject, error=repr(e))
 
     def pause_caller(self, took: float | None) -> None:
         """Tell the caller of the request handled here that its handler waits for a sandbox lease (``None``) or
-        has stopped waiting (``took`` seconds): the caller's clock stands still meanwhile (``_Pending.paused``).
+        has stopped waiting (``took`` seconds): the caller's clock stands still meanwhile (``Pending.paused``).
         Outside a handler, nothing."""
         reply_to = replying()
         if reply_to:
@@ -285,7 +315,7 @@ class Bus(Bodies, Serving):
         reply_to = reply(prefix, self.subjects.callee_lane(subject), next(self._reply_seq))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
-        call = _Pending(fut, time.monotonic())
+        call = Pending(fut, time.monotonic())
         call.on_output = on_output
         self._replies[reply_to] = call
         headers: dict[str, str] = {}
@@ -308,7 +338,7 @@ class Bus(Bodies, Serving):
             if queued:
                 call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
             if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
-                await self._store(subject, data, headers)  # drop); a publish lost in a leader election is retried
+                await self.store(subject, data, headers)  # drop); a publish lost in a leader election is retried
             else:
                 await self.nc.publish(subject, data, reply=reply_to, headers=headers)
             msg = await fut
@@ -434,11 +464,11 @@ class Bus(Bodies, Serving):
         blob is referenced by both), after ``subject``: concurrent publishes leave in the order they were made."""
         h = self._headers({MSG_ID_HEADER: msg_id})
         data = await self.encode(payload, h, stored=True)
-        await self._store(subject, data, h)
+        await self.store(subject, data, h)
         if keep is not None:
-            await self._store(keep, data, {k: v for k, v in h.items() if k != MSG_ID_HEADER})
+            await self.store(keep, data, {k: v for k, v in h.items() if k != MSG_ID_HEADER})
 
-    async def _store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+    async def store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         """Publish into a stream and wait for its ack, riding out a stream leader election.
 
         In a cluster a stream may be electing a new leader for a few seconds; a plain
@@ -463,8 +493,8 @@ class Bus(Bodies, Serving):
         ack_to = reply(prefix, SERVER_LANE, next(self._reply_seq))  # answered by the server itself
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
-        self._replies[ack_to] = _Pending(fut, time.monotonic())
-        timer = loop.call_later(JS_ACK_TIMEOUT_S, _no_ack, fut)
+        self._replies[ack_to] = Pending(fut, time.monotonic())
+        timer = loop.call_later(JS_ACK_TIMEOUT_S, no_ack, fut)
         try:
             await self.nc.publish(subject, data, reply=ack_to, headers=headers)
             msg = await fut
@@ -478,6 +508,38 @@ class Bus(Bodies, Serving):
         ack = _pub_ack.decode(msg.data)
         if ack.error is not None:
             raise full_error(self, subject, ack.error) or nats.js.errors.APIError.from_error(ack.error)
+
+    async def publish_raw(self, subject: str, data: bytes) -> None:
+        """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
+        await self.nc.publish(subject, data)
+
+    async def subscribe(
+        self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
+    ) -> Subscription:
+        """A plain subscription whose messages ``cb`` gets as ``Delivery`` (run one at a time, as nats-py does)."""
+
+        async def on_msg(msg: Msg) -> None:
+            await cb(Delivery(msg))
+
+        sub: Subscription = await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+        return sub
+
+    async def ensure_results_stream(self, agent: str) -> str:
+        """The stream that stores ``agent``'s results, made when missing (``jetstream.ensure_results_stream``)."""
+        return await streams.ensure_results_stream(self, agent)
+
+    async def ensure_attempts_stream(self) -> None:
+        await streams.ensure_attempts_stream(self)
+
+    async def work_queue(
+        self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> Puller:
+        """A puller of ``{ns}.{kind}.{name}`` (``pull.work_queue_puller``)."""
+        return await work_queue_puller(self, kind, name, slots=slots, ack_wait=ack_wait, handle=handle)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        """The KV bucket, made on first use (``jetstream.kv_bucket``)."""
+        return await streams.kv_bucket(self, bucket)
 
     async def flush(self) -> None:
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""
@@ -562,3 +624,8 @@ class Bus(Bodies, Serving):
         except Exception:  # draining a dead or reconnecting connection: nothing left to flush
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), timeout)
+
+
+if TYPE_CHECKING:  # mypy holds the Bus to both Protocols: what workers use, what the streams' administration uses
+    _bus_is_a_transport: type[Transport] = Bus
+    _bus_is_a_connection: type[Connection] = Bus

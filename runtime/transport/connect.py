@@ -59,7 +59,7 @@ def server_list(url: str | list[str]) -> list[str]:
         scheme = s.split("://", 1)[0].lower() if "://" in s else "nats"
         if scheme not in NATS_SCHEMES:
             raise UserError(
-                f"--nats {_shown([s])}: not a NATS URL (expected nats://HOST:4222"
+                f"--nats {shown_servers([s])}: not a NATS URL (expected nats://HOST:4222"
                 f"{'; http:// is the monitoring port, for health --monitor' if scheme.startswith('http') else ''})"
             )
     return servers
@@ -114,7 +114,7 @@ class ServerUnreachable(UserError, ConnectionError):
     """No NATS server of the given URLs accepted a connection in time."""
 
 
-def _shown(servers: list[str]) -> str:
+def shown_servers(servers: list[str]) -> str:
     """The URLs for messages and logs, without any user:password part."""
     from urllib.parse import urlparse
 
@@ -210,16 +210,18 @@ async def wait_reachable(
         reason = "; ".join(dict.fromkeys(why.values()))
         if on_wait is not None:
             until = "" if timeout is None else f" for up to {timeout:g}s (GYM_CONNECT_TIMEOUT_S)"
-            on_wait(f"no NATS server answers at {_shown(servers)} yet ({reason}); trying again{until}")
+            on_wait(f"no NATS server answers at {shown_servers(servers)} yet ({reason}); trying again{until}")
             on_wait = None
         if deadline is not None and time.monotonic() >= deadline:
-            raise ServerUnreachable(f"cannot reach a NATS server at {_shown(servers)}: {reason} (waited {timeout:g}s)")
+            raise ServerUnreachable(
+                f"cannot reach a NATS server at {shown_servers(servers)}: {reason} (waited {timeout:g}s)"
+            )
         if timeout is None and not warned and time.monotonic() - started >= WARN_UNREACHABLE_S:
             # a service reports it once, at warning, well within 15 s: a wrong URL must not look like a
             # slow start (a one-shot command ends with its own one-line error instead)
             log.warning(
                 "nats.unreachable",
-                servers=_shown(servers),
+                servers=shown_servers(servers),
                 reason=reason,
                 waited_s=WARN_UNREACHABLE_S,
                 still_trying=True,
@@ -267,7 +269,7 @@ async def connect(
     import anyio
 
     servers = server_list(url)
-    shown = _shown(servers)
+    shown = shown_servers(servers)
     throttle = _Throttle()
     state: dict[str, Any] = {"connected": False, "last": None}
     one_shot = initial_timeout is not None

@@ -4,17 +4,39 @@ Workers answer a work-queue message by acking it (done), nak-ing it (try again, 
 later), terminating it (never again) or telling the server it is still in progress; they
 read its subject, headers and body, which attempt this is and when the queue stored it.
 Core request-reply messages arrive as the same type (``attempt`` 1, no enqueue time; their
-replies go through the bus, not through acks).
+replies go through the bus, not through acks). A ``Delivery`` wraps a nats-py ``Msg``, or anything of the
+same shape (``Message``: the in-memory transport's, ``gym_runtime.testing``).
 """
 
 from __future__ import annotations
 
-from nats.aio.msg import Msg
+from typing import Any, Protocol
 
 from gym_runtime.transport import subjects
 from gym_runtime.transport.subjects import JS_ACK_PREFIX
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "Message"]
+
+
+class Message(Protocol):
+    """What a ``Delivery`` reads of a message: nats-py's ``Msg`` has it. ``metadata`` (``num_delivered``,
+    ``sequence.stream``, ``timestamp``) is read only of a work-queue message (its reply is a JetStream ack)."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str] | None
+    reply: str
+
+    @property
+    def metadata(self) -> Any: ...
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
+
+    async def term(self) -> None: ...
+
+    async def in_progress(self) -> None: ...
 
 
 class Delivery:
@@ -22,7 +44,7 @@ class Delivery:
 
     __slots__ = ("_msg",)
 
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Message) -> None:
         self._msg = msg
 
     @property

@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nats.aio.msg import Msg
-
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.interface import Subscription, Transport
 from gym_runtime.transport.subjects import answer, lane
 
 
 class Registration:
     """A worker's announcement; ``stop()`` withdraws it (the worker no longer answers discovery)."""
 
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Subscription) -> None:
         self._sub = sub
 
     async def stop(self) -> None:
@@ -32,7 +32,7 @@ class Registration:
 
 
 async def register(
-    bus: Bus,
+    bus: Transport,
     role: str,
     name: str,
     worker_id: str,
@@ -54,13 +54,13 @@ async def register(
     started = time.time()
     mine = lane(role, name)
 
-    async def on_request(msg: Msg) -> None:
+    async def on_request(msg: Delivery) -> None:
         if not msg.reply:
             return
         body = {**meta, **stats(), "uptime_s": round(time.time() - started, 1)}
-        await bus.nc.publish(answer(msg.reply, mine), json.dumps(body).encode())
+        await bus.publish_raw(answer(msg.reply, mine), json.dumps(body).encode())
 
-    sub = await bus.nc.subscribe(bus.subjects.status, cb=on_request)
+    sub = await bus.subscribe(bus.subjects.status, on_request)
     await bus.flush()  # announced once this returns: a discovery right after finds the worker
     return Registration(sub)
 

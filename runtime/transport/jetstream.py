@@ -44,6 +44,7 @@ from nats.js.errors import (
 
 from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
+from gym_runtime.transport.interface import Connection
 from gym_runtime.transport.subjects import LOST, blob_role
 from gym_runtime.transport.subjects import stream_names as stream_names_subject
 
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
     from gym_runtime.observability.meters import Meters
-    from gym_runtime.transport.bus import Bus
 
 
 def parse_size(text: str | int) -> int:
@@ -125,7 +125,7 @@ class Limit(NamedTuple):
     explicit: bool
 
 
-def limit(bus: Bus, stream: str) -> Limit:
+def limit(bus: Connection, stream: str) -> Limit:
     """The size limit of ``stream`` (``tasks``/``results``/``model``/``blobs``) from the bus's JetStreamConfig:
     its own key, else ``max_bytes``, else the default."""
     key = f"{stream}_max_bytes"
@@ -141,7 +141,7 @@ def limit(bus: Bus, stream: str) -> Limit:
 _FULL = ("maximum bytes exceeded", "maximum messages exceeded", "resource limits exceeded", "insufficient resources")
 
 
-def full_error(bus: Bus, subject: str, error: dict[str, Any]) -> StorageFull | None:
+def full_error(bus: Connection, subject: str, error: dict[str, Any]) -> StorageFull | None:
     """The ``StorageFull`` a refused publish to ``subject`` means (None when it was refused for another reason):
     its message names the stream, its limit and the key that raises it."""
     description = str(error.get("description", ""))
@@ -257,7 +257,7 @@ def task_id_slots(msg_id: str) -> tuple[str, int, int, int] | None:
     return batch, int(task), int(rollout), max(1, int(group or 1))
 
 
-async def ensure_kept_stream(bus: Bus) -> None:
+async def ensure_kept_stream(bus: Connection) -> None:
     """The stream of kept tasks (``Subjects.kept``): one message per task (written again, the last one stays),
     read back by a last-by-subject direct get.
 
@@ -292,7 +292,7 @@ async def ensure_kept_stream(bus: Bus) -> None:
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-async def ensure_attempts_stream(bus: Bus) -> None:
+async def ensure_attempts_stream(bus: Connection) -> None:
     """The stream of each attempt's record of itself (``Subjects.attempt``; ``explain`` reads it).
 
     A history, never needed to finish a batch, so bounded to drop its oldest first rather than refuse: by age
@@ -317,7 +317,7 @@ async def ensure_attempts_stream(bus: Bus) -> None:
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-async def last_message(bus: Bus, get: str) -> Msg | None:
+async def last_message(bus: Connection, get: str) -> Msg | None:
     """What a last-by-subject direct get (``get``: ``subjects.direct_get(stream, subject)``) answers: the
     message with its headers as stored; None when the subject has none."""
     msg = await retrying(lambda: bus.nc.request(get, b"", timeout=5.0), what="direct get")
@@ -326,7 +326,7 @@ async def last_message(bus: Bus, get: str) -> Msg | None:
     return msg
 
 
-async def ensure_blob_stream(bus: Bus, role: str) -> None:
+async def ensure_blob_stream(bus: Connection, role: str) -> None:
     """The stream of the bodies over the max payload that ``role`` sends: one message per chunk, each
     subject written once.
 
@@ -366,7 +366,7 @@ async def ensure_blob_stream(bus: Bus, role: str) -> None:
         ) from None
 
 
-def duplicate_window(bus: Bus, max_age: float | None) -> float:
+def duplicate_window(bus: Connection, max_age: float | None) -> float:
     """The task and result streams' duplicate window: ``jetstream.duplicate_window_s``, at most ``max_age``
     (the server refuses a longer one)."""
     cfg = bus.jetstream_config
@@ -374,7 +374,7 @@ def duplicate_window(bus: Bus, max_age: float | None) -> float:
     return min(window, max_age) if max_age else window
 
 
-def settings(bus: Bus) -> tuple[int, float | None]:
+def settings(bus: Connection) -> tuple[int, float | None]:
     """(replicas, max_age seconds or None) from the bus's JetStreamConfig."""
     cfg = bus.jetstream_config
     if cfg is None:
@@ -382,7 +382,7 @@ def settings(bus: Bus) -> tuple[int, float | None]:
     return int(cfg.replicas), float(cfg.max_age_s) or None
 
 
-async def ensure_streams(bus: Bus, agents: Iterable[str] = ()) -> None:
+async def ensure_streams(bus: Connection, agents: Iterable[str] = ()) -> None:
     """Create (idempotently) the task and model-call streams of a namespace, and the results stream of each of
     ``agents`` (``ensure_results_stream``: on a secured bus, checked to be there)."""
     names = bus.subjects
@@ -419,7 +419,7 @@ async def ensure_streams(bus: Bus, agents: Iterable[str] = ()) -> None:
         await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-def results_config(bus: Bus, agent: str | None) -> StreamConfig:
+def results_config(bus: Connection, agent: str | None) -> StreamConfig:
     """The results stream of ``agent`` (``LOST``: the reader's records of lost slots; None: one stream shared
     by every agent, ``Subjects.shared_results_stream``). Full, it refuses new results (discard new): stored
     results are never dropped to make room, and the agent's own results alone are refused."""
@@ -438,7 +438,7 @@ def results_config(bus: Bus, agent: str | None) -> StreamConfig:
     )
 
 
-async def provision_results(bus: Bus, agents: list[str] | None) -> None:
+async def provision_results(bus: Connection, agents: list[str] | None) -> None:
     """As admin: the results stream of every agent and of the lost records (``agents`` None: the shared one)."""
     size = limit(bus, "results")
     for agent in [*agents, LOST] if agents is not None else [None]:
@@ -446,7 +446,7 @@ async def provision_results(bus: Bus, agents: list[str] | None) -> None:
         await retrying(partial(_ensure_stream, bus, cfg, cfg.num_replicas or 1, size), what=f"stream {cfg.name}")
 
 
-async def ensure_results_stream(bus: Bus, agent: str) -> str:
+async def ensure_results_stream(bus: Connection, agent: str) -> str:
     """The name of the stream that stores ``agent``'s results (``LOST``: lost records), created when missing
     on an unsecured bus. Found by subject: an older version's (or a config-less secured server's) shared
     stream serves every agent."""
@@ -465,7 +465,7 @@ async def ensure_results_stream(bus: Bus, agent: str) -> str:
     return cfg.name
 
 
-async def find_results_stream(bus: Bus, agent: str) -> str | None:
+async def find_results_stream(bus: Connection, agent: str) -> str | None:
     """The stream that stores ``agent``'s results (its own, or a shared one); None when there is none."""
     subject = bus.subjects.result(agent, "probe")
     try:
@@ -474,12 +474,12 @@ async def find_results_stream(bus: Bus, agent: str) -> str | None:
         return None
 
 
-async def results_streams(bus: Bus) -> list[str]:
+async def results_streams(bus: Connection) -> list[str]:
     """Every stream that stores results in this namespace (the agents', the lost records', a shared one)."""
     return await _stream_names(bus, bus.subjects.all_results)
 
 
-async def _stream_names(bus: Bus, subject: str) -> list[str]:
+async def _stream_names(bus: Connection, subject: str) -> list[str]:
     """The streams whose subjects overlap ``subject`` (JetStream's STREAM.NAMES with a subject filter)."""
     msg = await retrying(
         lambda: bus.nc.request(stream_names_subject(), json.dumps({"subject": subject}).encode(), timeout=5.0),
@@ -489,7 +489,7 @@ async def _stream_names(bus: Bus, subject: str) -> list[str]:
     return sorted(body.get("streams") or [])
 
 
-async def stream_full(bus: Bus, stream: str) -> bool:
+async def stream_full(bus: Connection, stream: str) -> bool:
     """Whether ``stream`` is at its size limit (within one max payload of it): a writer's next store is refused."""
     try:
         info = await bus.js.stream_info(stream)
@@ -499,7 +499,7 @@ async def stream_full(bus: Bus, stream: str) -> bool:
     return cap > 0 and info.state.bytes + (bus.nc.max_payload or 1 << 20) > cap
 
 
-async def _ensure_stream(bus: Bus, cfg: StreamConfig, replicas: int, size: Limit) -> None:
+async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size: Limit) -> None:
     try:
         assert cfg.name is not None
         info = await bus.js.stream_info(cfg.name)
@@ -544,7 +544,7 @@ def _smaller_default(cfg: StreamConfig, size: Limit, e: APIError) -> bool:
     return True
 
 
-async def ensure_consumer(bus: Bus, stream: str, durable: str, subject: str, *, ack_wait: float) -> None:
+async def ensure_consumer(bus: Connection, stream: str, durable: str, subject: str, *, ack_wait: float) -> None:
     cfg = ConsumerConfig(
         name=durable,  # named: created as CONSUMER.CREATE.{stream}.{name}.{filter}, which a pool may be allowed
         durable_name=durable,
@@ -575,7 +575,7 @@ READER_MAX_ACK_PENDING = 16_384  # handled in order and acked every few hundred:
 
 
 async def add_reader(
-    bus: Bus, stream: str, consumer: str, subject: str, *, start_seq: int | None = None, acked: bool = False
+    bus: Connection, stream: str, consumer: str, subject: str, *, start_seq: int | None = None, acked: bool = False
 ) -> None:
     """A consumer that reads ``subject`` from the start, or from stream sequence ``start_seq`` on.
 
@@ -597,11 +597,11 @@ async def add_reader(
     await retrying(lambda: bus.js.add_consumer(stream, cfg), what=f"consumer {consumer}")
 
 
-async def delete_consumer(bus: Bus, stream: str, consumer: str) -> None:
+async def delete_consumer(bus: Connection, stream: str, consumer: str) -> None:
     await bus.js.delete_consumer(stream, consumer)
 
 
-async def consumers(bus: Bus, stream: str) -> list[dict[str, Any]]:
+async def consumers(bus: Connection, stream: str) -> list[dict[str, Any]]:
     """Every consumer of ``stream`` with its pending / ack-pending / redelivered counts ([] if none)."""
     try:
         infos = await bus.js.consumers_info(stream)
@@ -620,7 +620,7 @@ async def consumers(bus: Bus, stream: str) -> list[dict[str, Any]]:
     ]
 
 
-async def subject_count(bus: Bus, stream: str, subjects: str) -> int:
+async def subject_count(bus: Connection, stream: str, subjects: str) -> int:
     """Messages stored in ``stream`` on subjects matching ``subjects`` (0 when it does not exist)."""
     try:
         info = await bus.js.stream_info(stream, subjects_filter=subjects)
@@ -629,14 +629,14 @@ async def subject_count(bus: Bus, stream: str, subjects: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
-async def reader_settled(bus: Bus, stream: str, consumer: str) -> bool:
+async def reader_settled(bus: Connection, stream: str, consumer: str) -> bool:
     """Whether the server holds nothing more for an acked reader: no message of its filter undelivered, none
     delivered and not yet acked (handled). What was purged or evicted is in neither count."""
     info = await bus.js.consumer_info(stream, consumer)
     return not info.num_pending and not info.num_ack_pending
 
 
-async def message_count(bus: Bus, stream: str) -> int:
+async def message_count(bus: Connection, stream: str) -> int:
     """Messages stored in ``stream`` (0 when it does not exist yet)."""
     try:
         info = await bus.js.stream_info(stream)
@@ -668,7 +668,7 @@ class KV:
         await retrying(lambda: self._kv.delete(key), what="kv delete")
 
 
-async def kv_bucket(bus: Bus, bucket: str) -> KV:
+async def kv_bucket(bus: Connection, bucket: str) -> KV:
     """The bucket, created on first use (history 1)."""
     replicas, _ = settings(bus)
 
@@ -691,7 +691,7 @@ async def kv_bucket(bus: Bus, bucket: str) -> KV:
     return await retrying(open_or_create, what=f"bucket {bucket}")
 
 
-async def stream_config(bus: Bus, stream: str) -> dict[str, Any] | None:
+async def stream_config(bus: Connection, stream: str) -> dict[str, Any] | None:
     """A stream's replicas, retention and size as plain values (None when it does not exist)."""
     try:
         info = await bus.js.stream_info(stream)
@@ -710,7 +710,7 @@ async def stream_config(bus: Bus, stream: str) -> dict[str, Any] | None:
     }
 
 
-async def purge_subject(bus: Bus, stream: str, subject: str, *, count: bool = True) -> int:
+async def purge_subject(bus: Connection, stream: str, subject: str, *, count: bool = True) -> int:
     """Remove every message of ``subject`` from ``stream``; returns how many were removed (0 without ``count``:
     counting lists every subject it matches, one per task for the kept tasks)."""
     try:
@@ -721,7 +721,7 @@ async def purge_subject(bus: Bus, stream: str, subject: str, *, count: bool = Tr
     return sum((before.state.subjects or {}).values()) if before and before.state.subjects else 0
 
 
-async def delete_key(bus: Bus, bucket: str, key: str) -> bool:
+async def delete_key(bus: Connection, bucket: str, key: str) -> bool:
     """Delete ``key`` from ``bucket``; False when the bucket or key does not exist."""
     try:
         kv = await bus.js.key_value(bucket)
@@ -735,7 +735,7 @@ async def delete_key(bus: Bus, bucket: str, key: str) -> bool:
     return True
 
 
-async def watch_queues(bus: Bus, meters: Meters, *, every_s: float = 5.0) -> None:
+async def watch_queues(bus: Connection, meters: Meters, *, every_s: float = 5.0) -> None:
     """Refresh ``meters.queues`` from JetStream's consumer info until cancelled (queue lag gauges)."""
     names = bus.subjects
     while True:

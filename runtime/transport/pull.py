@@ -26,8 +26,8 @@ import msgspec
 from nats.aio.msg import Msg
 
 from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.interface import Connection
 from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
 from gym_runtime.transport.subjects import pull_next
 from gym_runtime.transport.tasks import TaskSet
@@ -58,7 +58,7 @@ _beacon_dec = msgspec.msgpack.Decoder(Beacon)
 
 
 async def work_queue_puller(
-    bus: Bus,
+    bus: Connection,
     kind: str,
     name: str,
     *,
@@ -94,7 +94,7 @@ class PullWorker:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Connection,
         *,
         stream: str,
         consumer: str,

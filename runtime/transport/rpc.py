@@ -1,8 +1,8 @@
 """Request-reply with liveness: the pieces a call is made of.
 
 A caller's call is a future watched by one timer for both its deadline and its responder's
-liveness (``_Pending``); a handler that runs long tells its caller so every ``keepalive_s``
-(``_Keepalive``); ``Timings`` says how soon each side gives up on the other. A call that
+liveness (``Pending``); a handler that runs long tells its caller so every ``keepalive_s``
+(``Keepalive``); ``Timings`` says how soon each side gives up on the other. A call that
 nobody serves right now is ``NoResponders`` (``Busy`` when a direct call found no free slot).
 """
 
@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 
 from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
@@ -57,13 +58,13 @@ DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue 
 DIRECT_BUSY_S = 0.05  # after "busy", use the queue this long: calls that wait belong in the queue
 
 
-def _error_info(exc: BaseException, default_class: str) -> ErrorInfo:
+def error_info(exc: BaseException, default_class: str) -> ErrorInfo:
     if isinstance(exc, Failure):
         return exc.info
     return ErrorInfo(error_class=default_class, message=f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
 
 
-class _Pending:
+class Pending:
     """A call in flight: its future, and when its worker last showed signs of life.
 
     One timer per call watches both limits: the call's deadline and, for core
@@ -211,7 +212,7 @@ class _Pending:
             self._end_pause(now, now - self._paused_at)  # caller's clock runs again
 
 
-class _Keepalive:
+class Keepalive:
     """Tells a core-request caller every ``every_s`` that its request is still being worked on."""
 
     __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
@@ -235,12 +236,21 @@ class _Keepalive:
 JS_ACK_TIMEOUT_S = 5.0  # nats-py's JetStream default: a stored message's ack not back by then is retried
 
 
-class _PubAck(msgspec.Struct):
+class PubAck(msgspec.Struct):
     """The part of JetStream's publish ack we read (stream, seq and duplicate are ignored)."""
 
     error: dict[str, Any] | None = None
 
 
-def _no_ack(fut: asyncio.Future[Msg]) -> None:
+def no_ack(fut: asyncio.Future[Msg]) -> None:
     if not fut.done():
         fut.set_exception(nats.errors.TimeoutError())
+
+
+def traced(telemetry: Telemetry, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers of a message sent now: the current trace context (W3C ``traceparent``), then ``extra``."""
+    h: dict[str, str] = {}
+    telemetry.inject(h)
+    if extra:
+        h.update(extra)
+    return h

@@ -31,7 +31,8 @@ from gym_runtime.transport.headers import (
     EXPIRES_HEADER,
     PROGRESS_HEADER,
 )
-from gym_runtime.transport.rpc import Timings, _error_info, _Keepalive
+from gym_runtime.transport.interface import Handler, Subscription
+from gym_runtime.transport.rpc import Keepalive, Timings, error_info, traced
 from gym_runtime.transport.tasks import TaskSet
 
 _UNSET: Any = object()  # "no body decoded yet" (None is a body)
@@ -39,7 +40,6 @@ JUNK_LOG_S = 10.0  # a cause of refused requests is logged at most once per this
 
 log = logs.get("gym.bus")
 
-Handler = Callable[[Any, Delivery], Awaitable[Any]]
 
 # the reply subject of the request whose handler runs in this context (``Bus.pause_caller`` tells its caller)
 _REPLYING: ContextVar[str | None] = ContextVar("gym_replying", default=None)
@@ -50,29 +50,43 @@ def replying() -> str | None:
     return _REPLYING.get()
 
 
+Encode = Callable[[Any, dict[str, str]], Awaitable[bytes]]
+Decode = Callable[[Delivery], Awaitable[Any]]
+
+
+def expired(msg: Delivery) -> bool:
+    """True for a queued request whose caller stopped waiting before a worker took it (its rollout
+    timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
+    then the caller's own deadline has passed, and it fails the call as it always did."""
+    raw = (msg.headers or {}).get(EXPIRES_HEADER)
+    try:
+        return raw is not None and time.time() > float(raw)
+    except ValueError:
+        return False
+
+
 class Serving:
-    """Serving requests and work-queue deliveries (a part of ``Bus``)."""
+    """Serving requests and work-queue deliveries (``bus.serving``): handlers run per message, typed error
+    replies. ``encode``/``decode``: the bus's bodies (``Blobs``), large ones by reference."""
 
-    nc: NATS
-    codec: Codec
-    telemetry: Telemetry
-    timings: Timings
-    junk: dict[str, int]
-    _junk_logged: dict[str, tuple[float, int]]
-
-    async def encode(self, payload: Any, headers: dict[str, str]) -> bytes:
-        raise NotImplementedError  # Bodies
-
-    async def decode(self, msg: Msg | Delivery) -> Any:
-        raise NotImplementedError  # Bodies
-
-    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        raise NotImplementedError  # Bus
+    def __init__(
+        self, nc: NATS, codec: Codec, telemetry: Telemetry, timings: Timings, encode: Encode, decode: Decode
+    ) -> None:
+        self.nc = nc
+        self.codec = codec
+        self.telemetry = telemetry
+        self.timings = timings
+        self.encode = encode
+        self.decode = decode
+        # requests that cannot be read or fail unexpectedly, counted per cause and logged at most once per
+        # JUNK_LOG_S per cause (a flood of junk costs a counter each, not a log line or a traceback each)
+        self.junk: dict[str, int] = {}
+        self._junk_logged: dict[str, tuple[float, int]] = {}
 
     async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:
         if not subject:
             return
-        h = self._headers({ERROR_HEADER: "1"} if error else None)
+        h = traced(self.telemetry, {ERROR_HEADER: "1"} if error else None)
         await self.nc.publish(subject, await self.encode(payload, h), headers=h)
 
     def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None:
@@ -130,7 +144,7 @@ class Serving:
             scope = tel.span("", parent=parent)
         with scope as span:
             keepalive = (
-                _Keepalive(self.nc, reply_to, self.timings.keepalive_s) if reply_to and msg.reply == reply_to else None
+                Keepalive(self.nc, reply_to, self.timings.keepalive_s) if reply_to and msg.reply == reply_to else None
             )
             try:
                 if body is _UNSET:
@@ -143,7 +157,7 @@ class Serving:
             except Exception as exc:  # every failure becomes a typed reply, never a hang
                 if keepalive:
                     keepalive.cancel()
-                info = _error_info(exc, default_error)
+                info = error_info(exc, default_error)
                 span.set_status(StatusCode.ERROR, info.message)
                 if not isinstance(exc, Failure):  # counted, logged once per cause and interval
                     self.count_junk(msg.subject, f"handler: {type(exc).__name__}", exc)
@@ -166,14 +180,7 @@ class Serving:
             return True
 
     def expired(self, msg: Delivery) -> bool:
-        """True for a queued request whose caller stopped waiting before a worker took it (its rollout
-        timed out or was cancelled): nobody reads its answer, so it is not run. Nothing is answered: by
-        then the caller's own deadline has passed, and it fails the call as it always did."""
-        raw = (msg.headers or {}).get(EXPIRES_HEADER)
-        try:
-            return raw is not None and time.time() > float(raw)
-        except ValueError:
-            return False
+        return expired(msg)
 
     async def taken(self, reply_to: str | None) -> None:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
@@ -194,7 +201,7 @@ class Serving:
         queue: str,
         admit: Callable[[Delivery], bool],
         run: Callable[[Delivery], Coroutine[Any, Any, None]],
-    ) -> Any:
+    ) -> Subscription:
         """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
         (``run`` answers it and frees the slot); any other is answered ``busy``.
 
@@ -227,7 +234,7 @@ class Serving:
         queue: str = "",
         concurrency: int = 256,
         default_error: str = "internal",
-    ) -> Any:
+    ) -> Subscription:
         """Subscribe and run each message in its own task, at most ``concurrency`` at once.
 
         When all slots are busy the subscription's callback waits, so messages queue

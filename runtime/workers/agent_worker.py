@@ -39,16 +39,11 @@ from gym_runtime.messages import (
 )
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.jetstream import (
-    ensure_attempts_stream,
-    ensure_results_stream,
-    result_msg_id,
-    task_id_slots,
-)
+from gym_runtime.transport.interface import Puller, Transport
+from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
-from gym_runtime.transport.pull import ACK_WAIT_S, PullWorker, work_queue_puller
+from gym_runtime.transport.pull import ACK_WAIT_S
 from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
@@ -107,7 +102,7 @@ def build_row(
 
 
 class AgentWorker:
-    def __init__(self, bus: Bus, name: str, cfg: AgentConfig, config: Config) -> None:
+    def __init__(self, bus: Transport, name: str, cfg: AgentConfig, config: Config) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg
@@ -137,7 +132,7 @@ class AgentWorker:
                 self.fn, self.run_group, self.setup = self.guest.run, self.guest.run_group, None  # setup: in the guest
         self.worker_id = uuid.uuid4().hex[:12]
         self.node, self.pid = socket.gethostname(), os.getpid()  # where its attempts ran (their records)
-        self.puller: PullWorker | None = None
+        self.puller: Puller | None = None
         self.completed = 0
         self.failed = 0
         self.retried = 0
@@ -180,11 +175,10 @@ class AgentWorker:
     async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             await self.control.start(tg)
-            await ensure_results_stream(self.bus, self.name)  # its own: results are stored there before a task is acked
-            await ensure_attempts_stream(self.bus)  # each attempt's record of itself (explain)
+            await self.bus.ensure_results_stream(self.name)  # its own: results are stored there before a task is acked
+            await self.bus.ensure_attempts_stream()  # each attempt's record of itself (explain)
             tg.start_soon(self.records.run)
-            self.puller = await work_queue_puller(
-                self.bus,
+            self.puller = await self.bus.work_queue(
                 "task",
                 self.name,
                 slots=self.cfg.concurrency,

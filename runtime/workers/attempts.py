@@ -13,7 +13,7 @@ import anyio
 import msgspec
 
 from gym_runtime.messages import AttemptRetried, AttemptStart
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Transport
 
 # A worker sends its records at most this often, each batch's together in one message of at most
 # RECORDS_PER_MESSAGE. An attempt whose worker dies within this time of its start leaves no record (``explain``
@@ -27,7 +27,7 @@ class AttemptRecords:
     sent by ``run`` every ``RECORDS_EVERY_S`` without awaiting the server's ack (a lost message costs history, never
     a rollout), and on the way out."""
 
-    def __init__(self, bus: Bus, agent: str) -> None:
+    def __init__(self, bus: Transport, agent: str) -> None:
         self.bus, self.agent = bus, agent
         self._held: dict[str, list[AttemptStart | AttemptRetried]] = {}
         self._wake = asyncio.Event()

@@ -8,9 +8,8 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import register
-from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.interface import Puller, Transport
 
 __all__ = ["Worker", "drain_puller", "serve_pulled"]
 
@@ -29,7 +28,7 @@ class Worker(Protocol):
         ...
 
 
-async def drain_puller(puller: PullWorker | None) -> None:
+async def drain_puller(puller: Puller | None) -> None:
     """Drain a work-queue worker: pull nothing more, wait for the running handlers."""
     if puller is None:
         return
@@ -39,8 +38,8 @@ async def drain_puller(puller: PullWorker | None) -> None:
 
 
 async def serve_pulled(
-    bus: Bus,
-    puller: PullWorker,
+    bus: Transport,
+    puller: Puller,
     *,
     role: str,
     name: str,

@@ -25,8 +25,7 @@ from anyio.abc import TaskGroup
 from gym_runtime.config import Config
 from gym_runtime.messages import CancelBatch, Cost, PauseModel, PolicyVersion, ResumeModel
 from gym_runtime.model import WrittenOptions
-from gym_runtime.transport import jetstream
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import KeyValue, Transport
 from gym_runtime.transport.subjects import Subjects
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
@@ -160,16 +159,16 @@ def mismatches(config: Config, workers: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-async def control_kv(bus: Bus) -> jetstream.KV:
-    return await jetstream.kv_bucket(bus, bus.subjects.control_bucket)
+async def control_kv(bus: Transport) -> KeyValue:
+    return await bus.kv(bus.subjects.control_bucket)
 
 
 class ControlView:
     """A worker's cached view of control state: KV read once per key, then kept by announcements."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Transport) -> None:
         self.bus = bus
-        self._kv: jetstream.KV | None = None
+        self._kv: KeyValue | None = None
         self._versions: dict[str, int] = {}
         self._read: set[str] = set()  # models whose KV version was read (set or not)
         self._cancelled: set[str] = set()
@@ -317,31 +316,33 @@ class Pausable:
 # ---------------------------------------------------------------------------------- trainer side
 
 
-async def publish_version(bus: Bus, model: str, version: int) -> None:
+async def publish_version(bus: Transport, model: str, version: int) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.version_key(model), str(version).encode())
     await bus.publish(bus.subjects.policy_version(model), PolicyVersion(model=model, version=version))
     await bus.flush()
 
 
-async def read_version(bus: Bus, model: str) -> int | None:
+async def read_version(bus: Transport, model: str) -> int | None:
     raw = await (await control_kv(bus)).get(Subjects.version_key(model))
     return int(raw) if raw is not None else None
 
 
-async def cancel_batch(bus: Bus, batch: str) -> None:
+async def cancel_batch(bus: Transport, batch: str) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.cancelled_key(batch), b"1")
     await bus.publish(bus.subjects.cancel(batch), CancelBatch(batch=batch))
     await bus.flush()
 
 
-async def set_paused(bus: Bus, model: str, paused: bool) -> None:
+async def set_paused(bus: Transport, model: str, paused: bool) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.paused_key(model), b"1" if paused else b"0")
 
 
-async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float, mode: str = "drain") -> list[Any]:
+async def send_pause(
+    bus: Transport, model: str, workers: set[str], *, timeout: float, mode: str = "drain"
+) -> list[Any]:
     """Ask every replica of ``model`` to pause (``mode``: see ``PauseModel``); returns the acks (by worker)."""
 
     def done(replies: list[Any]) -> bool:
@@ -350,6 +351,6 @@ async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float,
     return await bus.gather(bus.subjects.pause(model), PauseModel(model=model, mode=mode), done=done, timeout=timeout)
 
 
-async def send_resume(bus: Bus, model: str) -> None:
+async def send_resume(bus: Transport, model: str) -> None:
     await bus.publish(bus.subjects.resume(model), ResumeModel(model=model))
     await bus.flush()

@@ -42,10 +42,9 @@ from gym_runtime.model import (
     resolve_model,
 )
 from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
-from gym_runtime.transport.pull import PullWorker, work_queue_puller
+from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Pausable, entry_fields, fingerprint
 
@@ -56,7 +55,7 @@ ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again thi
 class ModelWorker:
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         name: str,
         cfg: ModelConfig,
         *,
@@ -68,7 +67,7 @@ class ModelWorker:
         self.cfg = cfg = resolve_model(cfg)  # the adapter's options parsed (its fingerprint hashes them)
         self.adapter = adapter or load_adapter(cfg, base_dir=base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
-        self.puller: PullWorker | None = None
+        self.puller: Puller | None = None
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
@@ -81,7 +80,7 @@ class ModelWorker:
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
         # still deliver): it waits here, so no more than `concurrency` generations ever run.
         # asyncio's: taking a free slot does not yield (anyio's does, once per call), so a fast
-        # model's call finishes in the turn it starts; see Bus.serve_direct
+        # model's call finishes in the turn it starts; see Serving.serve_direct
         self.running = asyncio.Semaphore(max(1, cfg.concurrency))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -94,8 +93,7 @@ class ModelWorker:
             await self.bus.serve(tg, self.bus.subjects.resume(self.name), self._on_resume, concurrency=4)
             if await self.control.paused(self.name):
                 await self.gate.pause()
-            self.puller = await work_queue_puller(
-                self.bus,
+            self.puller = await self.bus.work_queue(
                 "model",
                 self.name,
                 slots=self.cfg.concurrency,

@@ -54,9 +54,9 @@ from gym_runtime.resource import (
 )
 from gym_runtime.sandbox import CPU_SINK
 from gym_runtime.sandboxes.client import Sandboxes
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
+from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import entry_fields, fingerprint
@@ -74,7 +74,7 @@ class BusModels:
 
     __slots__ = ("_bus", "_timeout_s", "cost")
 
-    def __init__(self, bus: Bus, timeout_s: float = 900.0) -> None:
+    def __init__(self, bus: Transport, timeout_s: float = 900.0) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
         self.cost: Cost | None = None  # made at the first call: most environments call no model
@@ -137,7 +137,7 @@ async def _close(inst: Resource) -> None:
 class ResourceWorker:
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         name: str,
         cfg: ResourceConfig,
         model_names: Iterable[str] = (),

@@ -1,0 +1,192 @@
+"""The transport as its users see it: Protocols, so a worker runs on a real ``Bus`` or on the in-memory
+double (``gym_runtime.testing.MemoryTransport``) without a nats-server.
+
+``Transport`` is exactly what the workers (``gym_runtime.workers``) and the collector ask of a bus: subjects,
+telemetry, core publish/subscribe and request-reply, stored (JetStream) publishes, a work-queue puller, a KV
+bucket, serving handlers, and bodies decoded. ``Connection`` is what the JetStream administration
+(``transport.jetstream``, ``transport.pull``, ``transport.blobs``) needs of a connection: the Bus has both;
+nothing here imports the Bus, so its parts never import it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+from anyio.abc import TaskGroup
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.rpc import Timings
+from gym_runtime.transport.subjects import Subjects
+
+__all__ = ["Connection", "Handler", "KeyValue", "Puller", "Subscription", "Transport"]
+
+Handler = Callable[[Any, Delivery], Awaitable[Any]]
+
+
+class Connection(Protocol):
+    """What the streams' administration and the blobs use of a connection (nats-py's client and JetStream
+    context, the namespace's names, the config's JetStreamConfig, and whether the admin provisioned it all)."""
+
+    nc: NATS
+    js: JetStreamContext
+    subjects: Subjects
+    jetstream_config: Any
+    secured: bool
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class KeyValue(Protocol):
+    """One KV bucket as bytes in and out; ``get`` of a missing key is None (``jetstream.KV``)."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
+class Puller(Protocol):
+    """Work-queue messages pulled into at most ``slots`` handler tasks (``pull.PullWorker``)."""
+
+    @property
+    def busy(self) -> int: ...
+
+    async def run(self) -> None:
+        """Pull until ``stop_pulling`` (then wait for the running handlers) or cancelled."""
+        ...
+
+    def stop_pulling(self) -> None: ...
+
+    def take_slot(self) -> bool:
+        """Reserve a slot for work that came another way (a direct call); False when none is free."""
+        ...
+
+    async def give_slot(self) -> None: ...
+
+    async def release(self, msg: Delivery) -> None:
+        """Free ``msg``'s slot now (only storing and acking remain). Idempotent."""
+        ...
+
+
+class Transport(Protocol):
+    """A worker's view of the bus (``transport.bus.Bus`` on NATS; ``testing.MemoryTransport`` in memory)."""
+
+    ns: str
+    subjects: Subjects
+    telemetry: Telemetry
+    timings: Timings
+    caller: str  # who this connection calls as (``subjects.caller_of``)
+
+    # -- core messages
+    async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None: ...
+
+    async def publish_raw(self, subject: str, data: bytes) -> None:
+        """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
+        ...
+
+    async def subscribe(
+        self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
+    ) -> Subscription: ...
+
+    async def flush(self) -> None: ...
+
+    async def request(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ) -> Any: ...
+
+    async def direct_or_queued(
+        self,
+        direct: str,
+        queued: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        wait_s: float | None = None,
+    ) -> Any: ...
+
+    async def gather(
+        self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float
+    ) -> list[Any]: ...
+
+    # -- streams
+    async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None: ...
+
+    async def note(self, subject: str, data: bytes) -> None: ...
+
+    async def ensure_results_stream(self, agent: str) -> str: ...
+
+    async def ensure_attempts_stream(self) -> None: ...
+
+    async def work_queue(
+        self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> Puller:
+        """A puller of ``{ns}.{kind}.{name}`` (``task`` or ``model``), its stream and consumer ensured."""
+        ...
+
+    async def kv(self, bucket: str) -> KeyValue: ...
+
+    # -- serving
+    async def serve(
+        self,
+        tg: TaskGroup,
+        subject: str,
+        handler: Handler,
+        *,
+        queue: str = "",
+        concurrency: int = 256,
+        default_error: str = "internal",
+    ) -> Subscription: ...
+
+    async def serve_direct(
+        self,
+        tg: TaskGroup,
+        subject: str,
+        *,
+        queue: str,
+        admit: Callable[[Delivery], bool],
+        run: Callable[[Delivery], Coroutine[Any, Any, None]],
+    ) -> Subscription: ...
+
+    async def handle(
+        self,
+        msg: Delivery,
+        handler: Handler,
+        *,
+        reply_to: str | None,
+        default_error: str,
+        attributes: dict[str, Any] | None = None,
+        body: Any = ...,
+    ) -> bool: ...
+
+    def expired(self, msg: Delivery) -> bool: ...
+
+    async def taken(self, reply_to: str | None) -> None: ...
+
+    def pause_caller(self, took: float | None) -> None: ...
+
+    async def send_output(self, stream: int, data: bytes) -> None: ...
+
+    def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None: ...
+
+    def warn_limited(self, event: str, cause: str, *, subject: str, exc: BaseException | None = None) -> None: ...
+
+    # -- bodies
+    async def decode(self, msg: Delivery) -> Any: ...
+
+    async def decode_sized(self, msg: Delivery) -> tuple[Any, int]: ...

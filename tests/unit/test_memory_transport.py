@@ -1,0 +1,115 @@
+"""``gym_runtime.testing.MemoryTransport``: the in-memory double keeps the semantics workers rely on.
+
+Queue groups deal each message to one member; request-reply carries typed errors and says when nobody
+serves a subject; a work queue redelivers what was nak'd (counting attempts) or left unanswered past
+``ack_wait``, and forgets what was acked; a body over the max payload goes by reference and comes back
+whole. Each test waits on events, never on sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+
+from gym_runtime.errors import Failure
+from gym_runtime.messages import ToolCall, ToolReply
+from gym_runtime.testing import MemoryBroker, MemoryTransport, subject_matches
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.headers import BLOB_HEADER
+from gym_runtime.transport.rpc import NoResponders
+
+CALL = ToolCall(session="s", name="x", arguments="{}")
+
+
+def test_subjects_match_as_nats_wildcards_do() -> None:
+    assert subject_matches("gym.task.a.>", "gym.task.a.b1")
+    assert not subject_matches("gym.task.a.>", "gym.task.a")
+    assert subject_matches("gym.*.seed", "gym.env.seed") and not subject_matches("gym.*.seed", "gym.env.x.seed")
+
+
+async def test_a_queue_group_deals_each_message_to_one_member_and_every_plain_subscriber_gets_it() -> None:
+    broker = MemoryBroker()
+    async with MemoryTransport(broker) as a, MemoryTransport(broker) as b:
+        got: dict[str, list[str]] = {"a": [], "b": [], "all": []}
+        done = anyio.Event()
+
+        def on(who: str) -> Callable[[Delivery], Awaitable[None]]:
+            async def cb(msg: Delivery) -> None:
+                got[who].append(msg.data.decode())
+                if len(got["all"]) == 10 and len(got["a"]) + len(got["b"]) == 10:
+                    done.set()
+
+            return cb
+
+        await a.subscribe("gym.x", on("a"), queue="q")
+        await b.subscribe("gym.x", on("b"), queue="q")
+        await a.subscribe("gym.x", on("all"))
+        for i in range(10):
+            await b.publish_raw("gym.x", str(i).encode())
+        with anyio.fail_after(5):
+            await done.wait()
+    assert sorted(got["a"] + got["b"], key=int) == got["all"] == [str(i) for i in range(10)]
+    assert got["a"] and got["b"]  # both members got some
+
+
+async def test_request_reply_carries_typed_errors_and_says_when_nobody_serves() -> None:
+    async with MemoryTransport() as bus:
+
+        async def tool(call: ToolCall, _: Delivery) -> ToolReply:
+            if call.name == "boom":
+                raise Failure("tool_error", "it broke")
+            return ToolReply(output=f"ran {call.name}")
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                await bus.serve(tg, "gym.tool", tool)
+                assert (await bus.request("gym.tool", CALL, timeout=5, op="tool")).output == "ran x"
+                with pytest.raises(Failure) as e:
+                    await bus.request("gym.tool", ToolCall(session="s", name="boom", arguments="{}"), timeout=5, op="t")
+                assert e.value.info.error_class == "tool_error" and e.value.info.message == "it broke"
+                with pytest.raises(NoResponders):
+                    await bus.request("gym.nobody", CALL, timeout=5, op="tool")
+                tg.cancel_scope.cancel()
+
+
+async def test_a_work_queue_redelivers_what_was_nakd_or_left_unanswered_and_forgets_what_was_acked() -> None:
+    broker = MemoryBroker()
+    async with MemoryTransport(broker) as bus:
+        attempts: dict[int, list[int]] = {}
+        finished = anyio.Event()
+
+        async def handle(msg: Delivery) -> None:
+            call = await bus.decode(msg)
+            n = int(call.session)
+            attempts.setdefault(n, []).append(msg.attempt)
+            if n == 0 and msg.attempt == 1:
+                await msg.nak()  # try again
+            elif n == 1 and msg.attempt == 1:
+                pass  # neither acked nor nak'd: sent again after ack_wait
+            else:
+                await msg.ack()
+            if attempts.get(0) == [1, 2] and attempts.get(1) == [1, 2] and attempts.get(2) == [1]:
+                finished.set()
+
+        puller = await bus.work_queue("task", "agent", slots=2, ack_wait=0.05, handle=handle)
+        subject = bus.subjects.task("agent", "b")
+        for i in range(3):
+            await bus.js_publish(subject, ToolCall(session=str(i), name="x", arguments="{}"), msg_id=f"b:{i}:0")
+        await bus.js_publish(subject, CALL, msg_id="b:0:0")  # a duplicate id: dropped, as the server drops it
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(puller.run)
+                await finished.wait()
+                puller.stop_pulling()
+        assert not broker.messages(subject)  # all acked: the work queue holds nothing
+
+
+async def test_a_body_over_the_max_payload_goes_by_reference_and_comes_back_whole() -> None:
+    async with MemoryTransport(max_payload=1024) as bus:
+        big = ToolCall(session="s", name="x", arguments='"' + "y" * 5000 + '"')
+        await bus.js_publish("gym.result.a.b", big, msg_id="b:0:0:1")
+        (stored,) = bus.broker.messages("gym.result.a.b")
+        assert BLOB_HEADER in (stored.headers or {}) and not stored.data
+        assert await bus.decode(stored) == big
