@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 
@@ -55,6 +57,21 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def read_until(stream: IO[str], needle: str, timeout: float) -> tuple[bool, str]:
+    """Read a child's output line by line until one holds ``needle``: (seen it, everything read)."""
+    seen, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.2)
+        if ready:
+            line = stream.readline()
+            if not line:  # the child closed it
+                return False, seen
+            seen += line
+            if needle in line:
+                return True, seen
+    return False, seen
 
 
 def nats_server_pids(under: str | Path) -> set[int]:

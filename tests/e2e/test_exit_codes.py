@@ -8,12 +8,10 @@ reported within 15 s; the supervisor's workers die with it; `health` for probes;
 from __future__ import annotations
 
 import json
-import select
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import psutil
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
-from tests.helpers import REPO, cli, read_jsonl
+from tests.helpers import REPO, cli, read_jsonl, read_until
 from tests.pools import N_RESULTS, publish_results, tasks_file, write_config
 
 
@@ -34,18 +32,6 @@ def popen(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-
-
-def read_until(stream, needle: str, timeout: float) -> tuple[bool, str]:
-    seen, deadline = "", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], 0.2)
-        if ready:
-            line = stream.readline()
-            seen += line
-            if needle in line:
-                return True, seen
-    return False, seen
 
 
 def test_server_with_its_port_taken_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import ServerUnreachable, connect
 from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.subjects import Subjects
-from tests.helpers import COMPAT, REPO, cli, read_jsonl, write_jsonl
+from tests.helpers import COMPAT, REPO, cli, read_jsonl, read_until, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
 JUDGE_DATA = REPO / "resources/equivalence_llm_judge/data/example.jsonl"
@@ -351,12 +351,15 @@ def test_start_keeps_retrying_a_refusing_server_quietly(secured, tmp_path: Path)
         text=True,
     )
     try:
-        time.sleep(5)  # ~20 refused attempts
+        assert proc.stderr is not None
+        refused, said = read_until(proc.stderr, "Authorization Violation", timeout=120)  # the first refusal
+        assert refused, said
+        time.sleep(3)  # the claim is about a span of time: ~12 more refused attempts, none of them said
         assert proc.poll() is None, "a service must keep retrying"
     finally:
         proc.send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=30)
-    refusals = [line for line in err.splitlines() if "Authorization Violation" in line]
+    refusals = [line for line in (said + err).splitlines() if "Authorization Violation" in line]
     assert len(refusals) == 1, err  # said once
     assert "workers ready" not in out
 
