@@ -1,7 +1,8 @@
 """Rollouts/s per ecosystem next to native ``weather``, in one harness: the table of docs/bring-your-environment.md.
 
-One process: an embedded nats-server, one ``Client(cfg, nats=url, workers=True)`` whose config holds every
-setup's agent (and resource) at once, so every worker is warm before the first timed run; the ``scripted``
+One process: an embedded nats-server, one ``Client(cfg, nats=url, workers=...)`` whose config holds every
+setup's agent (and resource) at once, its workers in this process (a hosted NeMo Gym agent's in a ``start``
+child, where they must run), so every worker is warm before the first timed run; the ``scripted``
 model (the LLM test double, zero latency) for all. Per setup a warm-up batch first (imports, guests, caches
 out of the measure), then ``--reps`` runs of ``--rows`` rollouts each, ALTERNATING between setups (the order
 reversed every other rep) so that a loaded machine's drift hits each alike. Every run's rows are checked (no
@@ -16,6 +17,7 @@ Adding a setup is one ``Setup`` entry in ``SETUPS`` (its config entries, its row
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -68,8 +70,6 @@ def _rewards(rows: Rows) -> list[float]:
 
 
 def weather_rows() -> Rows:
-    import json
-
     lines = (REPO / "resources/weather/data/example.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines if x.strip()]
 
