@@ -43,6 +43,16 @@ def _term_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """A child's CPU time so far (Linux's ``/proc``; None elsewhere or once it is gone). Why: how long a child
+    took to get ready moves with the machine's load; the CPU it spent doing so does not (a fork starts at 0)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 3)
+
+
 class Forked:
     """A worker child forked from this process (the subset of ``Popen`` the pool uses).
 
@@ -170,7 +180,10 @@ class Child:
             self.ready = "ready" in line
             if self.ready:
                 took = round(time.monotonic() - self.started_at, 3)
-                log.info("worker.ready", worker=self.spec, forked=isinstance(self.proc, Forked), ready_s=took)
+                forked = isinstance(self.proc, Forked)
+                log.info(
+                    "worker.ready", worker=self.spec, forked=forked, ready_s=took, cpu_s=cpu_seconds(self.proc.pid)
+                )
             done.set()
             if changed is not None:
                 changed.set()
