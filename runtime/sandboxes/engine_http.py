@@ -149,6 +149,11 @@ class Engine:
             raise
         return True
 
+    async def image_config(self, ref: str) -> dict[str, Any]:
+        """An image's ``Config`` (its ``User``, ``WorkingDir``, ``Env``, ...)."""
+        out = await self._call("GET", f"/images/{quote(ref, safe='')}/json")
+        return dict(out.get("Config") or {})
+
     async def import_image(self, chunks: AsyncIterator[bytes], repo: str, tag: str) -> None:
         """``docker import``: a root file system's tar stream becomes image ``repo:tag``."""
         raw = await self._call(
