@@ -132,7 +132,8 @@ async def test_a_verifier_past_its_timeout_and_a_missing_reward_file_are_failure
     names = [t.name for t in find_tasks(tasks)]  # a failure row names its task by index
     failed = {names[r["_ng_task_index"]]: r for r in read_jsonl(tmp_path / "out_failures.jsonl")}
     assert failed["slow"]["error_class"] == "timeout"
-    assert "tests/test.sh ran past its [verifier] timeout_sec=3 (Harbor's VerifierTimeoutError)" in failed["slow"]["error"]
+    slow = failed["slow"]["error"]
+    assert "tests/test.sh ran past its [verifier] timeout_sec=3 (Harbor's VerifierTimeoutError)" in slow
     assert failed["silent"]["error_class"] == "verify_error"
     assert "no reward file: test.sh wrote neither /logs/verifier/reward.txt nor" in failed["silent"]["error"]
     assert "it fetches at verify time (curl)" in failed["silent"]["error"]

@@ -1,0 +1,130 @@
+"""Harbor's task format as ``gym_runtime.harbor`` reads it, without an engine: rewards by Harbor's rules (its
+``Verifier._parse_reward_json``/``_parse_reward_text``, 0.26: reward.json first, finite numbers only; an empty
+or unparsable file is an error), task.toml's keys, the base-image map, what a test.sh fetches, and the image's
+name by content (the end-to-end runs on Docker are tests/e2e/test_harbor.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gym_runtime.errors import UserError
+from gym_runtime.harbor import (
+    ImageOptions,
+    RewardError,
+    fetches,
+    find_tasks,
+    image_ref,
+    load_task,
+    parse_rewards,
+    rewrite_from,
+    row_reward,
+)
+from tests.helpers import REPO
+
+TASKS = REPO / "tests" / "harbor_tasks"
+
+
+@pytest.mark.parametrize(
+    ("reward_json", "reward_txt", "rewards"),
+    [
+        (None, b"1\n", {"reward": 1.0}),
+        (None, b" 0.5 ", {"reward": 0.5}),
+        (b'{"reward": 0.25, "checks": 1}', b"1", {"reward": 0.25, "checks": 1.0}),  # json wins over txt
+        (b'{"accuracy": 0.75}', None, {"accuracy": 0.75}),
+        (b'{"reward": true}', None, {"reward": 1.0}),  # a JSON bool is an int to Harbor's check
+    ],
+)
+def test_rewards_are_read_as_harbor_reads_them(
+    reward_json: bytes | None, reward_txt: bytes | None, rewards: dict[str, float]
+) -> None:
+    assert parse_rewards(reward_json, reward_txt) == rewards
+
+
+@pytest.mark.parametrize(
+    ("reward_json", "reward_txt", "error"),
+    [
+        (None, None, "no reward file: test.sh wrote neither"),
+        (None, b"", "reward file is empty: /logs/verifier/reward.txt"),
+        (b"", b"1", "reward file is empty: /logs/verifier/reward.json"),
+        (None, b"passed", "cannot parse a reward from /logs/verifier/reward.txt"),
+        (None, b"nan", "non-finite reward nan in /logs/verifier/reward.txt"),
+        (b'{"reward": "1"}', None, "non-numeric reward '1' in /logs/verifier/reward.json"),
+        (b'{"reward": Infinity}', None, "non-finite reward inf"),
+        (b"[1]", None, "must hold an object of rewards, not list"),
+        (b"{reward: 1}", None, "cannot parse rewards from /logs/verifier/reward.json"),
+    ],
+)
+def test_a_reward_harbor_refuses_is_an_error(reward_json: bytes | None, reward_txt: bytes | None, error: str) -> None:
+    with pytest.raises(RewardError) as e:
+        parse_rewards(reward_json, reward_txt)
+    assert error in str(e.value)
+
+
+def test_the_rows_reward_is_named_reward_or_the_only_one() -> None:
+    assert row_reward({"reward": 0.5, "checks": 2.0}) == 0.5
+    assert row_reward({"accuracy": 0.75}) == 0.75
+    with pytest.raises(RewardError, match=r"several rewards and none named 'reward': \['a', 'b'\]"):
+        row_reward({"a": 1.0, "b": 0.0})
+
+
+def test_task_toml_keys_and_a_dataset_of_tasks() -> None:
+    tasks = find_tasks(TASKS)
+    assert [t.name for t in tasks] == ["compile-c", "partial-stats", "read-file"]
+    read = {t.name: t for t in tasks}["read-file"]
+    assert (read.config.verifier.timeout_sec, read.config.agent.user, read.config.agent.timeout_sec) == (
+        60.0,
+        "agent",
+        120.0,
+    )
+    partial = {t.name: t for t in tasks}["partial-stats"]
+    assert partial.config.verifier.env == {"STATS_PATH": "/app/stats.json"} and partial.config.verifier.user is None
+    assert find_tasks(TASKS / "read-file") == [read]  # one task directory is a dataset of one
+
+
+def test_a_directory_that_is_not_a_task_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="holds no Harbor task"):
+        find_tasks(tmp_path)
+    shutil.copytree(TASKS / "read-file", tmp_path / "t")
+    (tmp_path / "t" / "tests" / "test.sh").unlink()
+    with pytest.raises(UserError, match=r"/t: a Harbor task needs tests/test.sh"):
+        load_task(tmp_path / "t")
+    (tmp_path / "t" / "task.toml").write_text("[verifier]\ntimeout_sec = 'soon'\n")
+    with pytest.raises(UserError, match=r"task.toml: Expected `float`, got `str` - at `\$.verifier.timeout_sec`"):
+        load_task(tmp_path / "t")
+
+
+def test_from_lines_are_mapped_and_the_unmapped_external_ones_named() -> None:
+    dockerfile = (
+        "FROM --platform=linux/amd64 python:3.12-slim AS build\nRUN make\n"
+        "FROM build AS test\nFROM ubuntu:24.04\nCOPY --from=build /x /x\n"
+    )
+    out, external = rewrite_from(dockerfile, {"python:3.12-slim": "gym-runtime/base:abc"})
+    assert out.splitlines()[0] == "FROM --platform=linux/amd64 gym-runtime/base:abc AS build"
+    assert out.splitlines()[2] == "FROM build AS test"  # a stage, not an image
+    assert external == ["ubuntu:24.04"]
+
+
+def test_what_a_test_sh_fetches_is_named(tmp_path: Path) -> None:
+    task = tmp_path / "t"
+    shutil.copytree(TASKS / "read-file", task)
+    assert fetches(load_task(task)) == []
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n# curl in a comment is nothing\napt-get update\napt-get install -y curl\n"
+        "curl -LsSf https://astral.sh/uv/install.sh | sh\nuvx -p 3.13 -w pytest pytest /tests\n"
+    )
+    assert fetches(load_task(task)) == ["apt-get install", "curl", "uvx"]
+
+
+def test_the_image_is_named_by_what_it_is_built_from(tmp_path: Path) -> None:
+    shutil.copytree(TASKS / "read-file", tmp_path / "t")
+    task = load_task(tmp_path / "t")
+    opts = ImageOptions(base_images={"debian:bookworm-slim": "base"})
+    ref = image_ref(task, opts)
+    (tmp_path / "t" / "tests" / "test.sh").write_text("#!/bin/bash\nexit 0\n")  # not in the image
+    assert image_ref(load_task(tmp_path / "t"), opts) == ref
+    assert image_ref(task, ImageOptions(base_images=opts.base_images, bake=["true"])) != ref
+    (tmp_path / "t" / "environment" / "secret.txt").write_text("other\n")
+    assert image_ref(load_task(tmp_path / "t"), opts) != ref
