@@ -141,7 +141,8 @@ def resolve_base(name: str) -> str:
     return BaseImage().ref if name == "base" else name
 
 
-def _files(root: Path) -> list[tuple[str, bytes, int]]:
+def files_of(root: Path) -> list[tuple[str, bytes, int]]:
+    """A directory's files (relative name, bytes, mode), in name order: a build context's, or a tree to copy."""
     return [
         (p.relative_to(root).as_posix(), p.read_bytes(), p.stat().st_mode & 0o777)
         for p in sorted(root.rglob("*"))
@@ -154,7 +155,7 @@ def image_ref(task: Task, opts: ImageOptions) -> str:
     h = hashlib.sha256(json.dumps([_BUILDER, task.config.environment.docker_image, opts.bake]).encode())
     h.update(json.dumps(sorted((k, resolve_base(v)) for k, v in opts.base_images.items())).encode())
     env = task.dir / "environment"
-    for rel, data, mode in _files(env) if env.is_dir() else []:
+    for rel, data, mode in files_of(env) if env.is_dir() else []:
         h.update(f"\0{rel}\0{mode}\0{len(data)}\0".encode())
         h.update(data)
     return f"{REPO}:{h.hexdigest()[:16]}"
@@ -199,7 +200,7 @@ def task_context(task: Task, opts: ImageOptions) -> tuple[bytes, list[str]]:
     """The build context of the task's own image (``environment/``, its Dockerfile's bases mapped), and the
     external images it needs the engine to hold."""
     env = task.dir / "environment"
-    files = [f for f in _files(env) if f[0] != "Dockerfile"]
+    files = [f for f in files_of(env) if f[0] != "Dockerfile"]
     dockerfile, external = rewrite_from((env / "Dockerfile").read_text(), opts.base_images)
     return tar([("Dockerfile", dockerfile.encode(), 0o644), *files]), external
 

@@ -32,6 +32,7 @@ from gym_runtime.harbor import (
     RewardError,
     Task,
     fetches,
+    files_of,
     find_tasks,
     image_ref,
     parse_rewards,
@@ -68,14 +69,7 @@ class HarborRow(msgspec.Struct, kw_only=True):
 
 
 def _tree(task: Task, sub: str) -> bytes:
-    root = task.dir / sub
-    return tar(
-        [
-            (p.relative_to(root).as_posix(), p.read_bytes(), p.stat().st_mode & 0o777)
-            for p in sorted(root.rglob("*"))
-            if p.is_file()
-        ]
-    )
+    return tar(files_of(task.dir / sub))
 
 
 class HarborResource(Resource):
