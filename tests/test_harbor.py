@@ -5,7 +5,10 @@ name by content (the end-to-end runs on Docker are tests/e2e/test_harbor.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,42 +28,89 @@ from gym_runtime.harbor import (
 from tests.helpers import REPO
 
 TASKS = REPO / "tests" / "harbor_tasks"
+HARBOR_PYTHON_ENV = "GYM_HARBOR_PYTHON"  # a Python >= 3.12 with harbor installed (pip install harbor==0.26.0)
+GOOD = [
+    (None, b"1\n", {"reward": 1.0}),
+    (None, b" 0.5 ", {"reward": 0.5}),
+    (b'{"reward": 0.25, "checks": 1}', b"1", {"reward": 0.25, "checks": 1.0}),  # json wins over txt
+    (b'{"accuracy": 0.75}', None, {"accuracy": 0.75}),
+    (b'{"reward": true}', None, {"reward": 1.0}),  # a JSON bool is an int to Harbor's check
+]
+BAD = [
+    (None, None, "no reward file: test.sh wrote neither"),
+    (None, b"", "reward file is empty: /logs/verifier/reward.txt"),
+    (b"", b"1", "reward file is empty: /logs/verifier/reward.json"),
+    (None, b"passed", "cannot parse a reward from /logs/verifier/reward.txt"),
+    (None, b"nan", "non-finite reward nan in /logs/verifier/reward.txt"),
+    (b'{"reward": "1"}', None, "non-numeric reward '1' in /logs/verifier/reward.json"),
+    (b'{"reward": Infinity}', None, "non-finite reward inf"),
+    (b"[1]", None, "must hold an object of rewards, not list"),
+    (b"5", None, "must hold an object of rewards, not int"),
+    (b"{reward: 1}", None, "cannot parse rewards from /logs/verifier/reward.json"),
+]
+# Harbor's own code on the same files: its Verifier's parsers, chosen as its verify() chooses (reward.json when it
+# exists, else reward.txt, else RewardFileNotFoundError), the result validated as verify() returns it
+_HARBOR = """
+import json, sys, tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from harbor.models.verifier.result import VerifierResult
+from harbor.verifier.verifier import RewardFileNotFoundError, Verifier
+
+out = []
+for rj, rt in json.loads(sys.stdin.read()):
+    d = Path(tempfile.mkdtemp())
+    paths = SimpleNamespace(reward_json_path=d / "reward.json", reward_text_path=d / "reward.txt")
+    for path, data in ((paths.reward_json_path, rj), (paths.reward_text_path, rt)):
+        if data is not None:
+            path.write_bytes(data.encode("latin-1"))
+    me = SimpleNamespace(trial_paths=paths)
+    try:
+        if paths.reward_json_path.exists():
+            rewards = Verifier._parse_reward_json(me)
+        elif paths.reward_text_path.exists():
+            rewards = Verifier._parse_reward_text(me)
+        else:
+            raise RewardFileNotFoundError("none")
+        out.append({"rewards": VerifierResult(rewards=rewards).rewards})
+    except Exception as e:
+        out.append({"error": type(e).__name__})
+print(json.dumps(out))
+"""
 
 
-@pytest.mark.parametrize(
-    ("reward_json", "reward_txt", "rewards"),
-    [
-        (None, b"1\n", {"reward": 1.0}),
-        (None, b" 0.5 ", {"reward": 0.5}),
-        (b'{"reward": 0.25, "checks": 1}', b"1", {"reward": 0.25, "checks": 1.0}),  # json wins over txt
-        (b'{"accuracy": 0.75}', None, {"accuracy": 0.75}),
-        (b'{"reward": true}', None, {"reward": 1.0}),  # a JSON bool is an int to Harbor's check
-    ],
-)
+@pytest.mark.parametrize(("reward_json", "reward_txt", "rewards"), GOOD)
 def test_rewards_are_read_as_harbor_reads_them(
     reward_json: bytes | None, reward_txt: bytes | None, rewards: dict[str, float]
 ) -> None:
     assert parse_rewards(reward_json, reward_txt) == rewards
 
 
-@pytest.mark.parametrize(
-    ("reward_json", "reward_txt", "error"),
-    [
-        (None, None, "no reward file: test.sh wrote neither"),
-        (None, b"", "reward file is empty: /logs/verifier/reward.txt"),
-        (b"", b"1", "reward file is empty: /logs/verifier/reward.json"),
-        (None, b"passed", "cannot parse a reward from /logs/verifier/reward.txt"),
-        (None, b"nan", "non-finite reward nan in /logs/verifier/reward.txt"),
-        (b'{"reward": "1"}', None, "non-numeric reward '1' in /logs/verifier/reward.json"),
-        (b'{"reward": Infinity}', None, "non-finite reward inf"),
-        (b"[1]", None, "must hold an object of rewards, not list"),
-        (b"{reward: 1}", None, "cannot parse rewards from /logs/verifier/reward.json"),
-    ],
-)
+@pytest.mark.parametrize(("reward_json", "reward_txt", "error"), BAD)
 def test_a_reward_harbor_refuses_is_an_error(reward_json: bytes | None, reward_txt: bytes | None, error: str) -> None:
     with pytest.raises(RewardError) as e:
         parse_rewards(reward_json, reward_txt)
     assert error in str(e.value)
+
+
+def test_harbors_own_parsing_code_reads_the_same_rewards_and_refuses_the_same_files() -> None:
+    python = os.environ.get(HARBOR_PYTHON_ENV, "")
+    if not python or not Path(python).is_file():
+        pytest.skip(f"set {HARBOR_PYTHON_ENV} to a Python >= 3.12 with harbor==0.26.0 installed")
+    cases = [(rj, rt) for rj, rt, _ in GOOD + BAD]
+    wire = json.dumps([[None if b is None else b.decode("latin-1") for b in case] for case in cases])
+    run = subprocess.run([python, "-c", _HARBOR], input=wire, capture_output=True, text=True, timeout=120, check=True)
+    theirs = json.loads(run.stdout)
+    for (rj, rt), got in zip(cases, theirs, strict=True):
+        try:
+            ours: dict[str, object] = {"rewards": parse_rewards(rj, rt)}
+        except RewardError:
+            ours = {"error": True}
+        if "error" in got:
+            assert "error" in ours, (rj, rt, got)
+        else:
+            assert ours == got, (rj, rt)
+    assert sum("error" in got for got in theirs) == len(BAD)
 
 
 def test_the_rows_reward_is_named_reward_or_the_only_one() -> None:
