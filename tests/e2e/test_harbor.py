@@ -1,6 +1,7 @@
 """Harbor tasks, unchanged, on the sandbox fleet: three small tasks of our own in Harbor's format
 (``tests/harbor_tasks``: one reading a file as an unprivileged ``[agent] user``, one compiling C with the gcc
-its Dockerfile installs from Debian's mirror, one with a partial reward in ``reward.json``), each image built
+its Dockerfile installs from Debian's mirror, one with a partial reward in ``reward.json`` verified as
+``[verifier] user = "nobody"``), each image built
 here from its ``environment/Dockerfile`` (``FROM debian:bookworm-slim`` and ``FROM python:3.12-slim`` mapped to
 the fleet's Debian base) once per engine, by content hash.
 
@@ -47,9 +48,11 @@ async def harbor_images(engine: Engine, base_image: str) -> dict[str, str]:
     return await ensure_images(engine, find_tasks(TASKS), OPTS)
 
 
-def config(tmp_path: Path, engine: Engine, tasks: Path, agent: dict[str, Any]) -> tuple[Config, str]:
+def config(
+    tmp_path: Path, engine: Engine, tasks: Path, agent: dict[str, Any], opts: ImageOptions = OPTS
+) -> tuple[Config, str]:
     pool = f"hb{uuid.uuid4().hex[:6]}"  # this test's own: others on the engine keep their containers
-    raw = harbor_config(str(tasks), OPTS, f"unix://{engine.socket_path}", 120)
+    raw = harbor_config(str(tasks), opts, f"unix://{engine.socket_path}", 120)
     raw["sandboxes"] = {pool: raw["sandboxes"]["harbor"]}
     raw["resources"]["harbor"]["sandbox"] = pool
     raw["agents"] = {"a": {"model": "policy", "resource": "harbor", "timeout_s": 600, "max_attempts": 1, **agent}}
@@ -160,3 +163,19 @@ def test_parity_command_checks_harbor_tasks_and_an_unmapped_base_is_one_line(
         " debian:bookworm-slim=base)"
     ]
     assert json.dumps(bad.stderr).count("Traceback") == 0
+
+
+async def test_baked_commands_are_in_the_image_the_verifier_runs_in(
+    bus: Bus, engine: Engine, harbor_images: dict[str, str], tmp_path: Path
+) -> None:
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "read-file", tasks / "baked")
+    out = "/logs/verifier/reward.txt"
+    test_sh = f'#!/bin/bash\nif [ "$(cat /opt/tool/version)" = 1.2 ]; then echo 1 > {out}; else echo 0 > {out}; fi\n'
+    (tasks / "baked" / "tests" / "test.sh").write_text(test_sh)
+    opts = ImageOptions(base_images=BASES, bake=["mkdir -p /opt/tool && echo 1.2 > /opt/tool/version"])
+    [ref] = (await ensure_images(engine, find_tasks(tasks), opts)).values()
+    assert ref != harbor_images["read-file"]  # what is baked is part of the image's name
+    cfg, pool = config(tmp_path, engine, tasks, {"agent": "agents.harbor_oracle"}, opts)
+    await run_rows(bus, engine, cfg, pool, [task_row(t) for t in find_tasks(tasks)], tmp_path / "out.jsonl")
+    assert by_task(tmp_path / "out.jsonl")["baked"]["reward"] == 1.0
