@@ -25,6 +25,7 @@ from gym_runtime.harbor import (
     rewrite_from,
     row_reward,
 )
+from gym_runtime.hosting.harbor import parity_lines
 from tests.helpers import REPO
 
 TASKS = REPO / "tests" / "harbor_tasks"
@@ -130,7 +131,7 @@ def test_task_toml_keys_and_a_dataset_of_tasks() -> None:
         120.0,
     )
     partial = {t.name: t for t in tasks}["partial-stats"]
-    assert partial.config.verifier.env == {"STATS_PATH": "/app/stats.json"} and partial.config.verifier.user is None
+    assert partial.config.verifier.env == {"STATS_PATH": "/app/stats.json"} and partial.config.verifier.user == "nobody"
     assert find_tasks(TASKS / "read-file") == [read]  # one task directory is a dataset of one
 
 
@@ -178,3 +179,21 @@ def test_the_image_is_named_by_what_it_is_built_from(tmp_path: Path) -> None:
     assert image_ref(task, ImageOptions(base_images=opts.base_images, bake=["true"])) != ref
     (tmp_path / "t" / "environment" / "secret.txt").write_text("other\n")
     assert image_ref(load_task(tmp_path / "t"), opts) != ref
+
+
+def test_parity_lines_name_each_tasks_outcome(tmp_path: Path) -> None:
+    shutil.copytree(TASKS / "read-file", tmp_path / "a")
+    shutil.copytree(TASKS / "read-file", tmp_path / "b")
+    shutil.copytree(TASKS / "read-file", tmp_path / "c")
+    (tmp_path / "b" / "tests" / "test.sh").write_text("#!/bin/bash\nuvx pytest /tests\n")
+    tasks = find_tasks(tmp_path)
+    rows = [{"harbor_task": "a", "reward": 1.0, "harbor_rewards": {"reward": 1.0}}, {"harbor_task": "b", "reward": 0.0}]
+    failures = [{"_ng_task_index": 2, "error_class": "timeout", "error": "slow"}]
+    ok, lines = parity_lines(tasks, rows, failures)
+    assert not ok
+    assert lines == [
+        "a: reward 1 (full) {'reward': 1.0}",
+        "b: reward 0 is not the full reward 1: MISMATCH (its tests/test.sh fetches at verify time: uvx)",
+        "c: failed (timeout): slow: MISMATCH",
+    ]
+    assert parity_lines(tasks[:1], rows[:1], [])[0]

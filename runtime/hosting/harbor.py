@@ -173,8 +173,10 @@ def parity_lines(
             lines.append(f"{t.name}: reward {row['reward']:g} (full) {row.get('harbor_rewards', {})}")
             continue
         ok = False
+        needs = fetches(t)
+        why = f" (its tests/test.sh fetches at verify time: {', '.join(needs)})" if needs else ""
         if row is not None:
-            lines.append(f"{t.name}: reward {row.get('reward')} is not the full reward {FULL:g}: MISMATCH")
+            lines.append(f"{t.name}: reward {row.get('reward'):g} is not the full reward {FULL:g}: MISMATCH{why}")
         elif t.name in failed:
             f = failed[t.name]
             lines.append(f"{t.name}: failed ({f.get('error_class')}): {f.get('error')}: MISMATCH")
