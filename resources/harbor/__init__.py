@@ -41,7 +41,7 @@ from gym_runtime.harbor import (
     task_row,
 )
 from gym_runtime.messages import Response
-from gym_runtime.resource import Resource, ToolArgumentsError, Verdict, parse_options, tool
+from gym_runtime.resource import Resource, Verdict, parse_options, tool
 
 ORACLE = "harbor.oracle"
 TIMED_OUT = 124  # what a shell says of a command killed by its time limit
@@ -119,7 +119,7 @@ class HarborResource(Resource):
         if op != ORACLE:
             return await super().call_operation(op, arguments)
         if not (self.task.dir / "solution" / "solve.sh").is_file():
-            raise ToolArgumentsError(f"task {self.task.name} has no solution/solve.sh")
+            raise Failure("invalid_task", f"harbor task {self.task.name} has no solution/solve.sh (no oracle to run)")
         await self._unpack(_tree(self.task, "solution"), SOLUTION_DIR)
         cfg = self.task.config
         r = await self._run(
@@ -142,7 +142,11 @@ class HarborResource(Resource):
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         cfg = self.task.config.verifier
-        await self._run(f"rm -f -- {REWARD_TXT} {REWARD_JSON}", user="root", timeout_s=60)
+        stale = await self._run(f"rm -f -- {REWARD_TXT} {REWARD_JSON}", user="root", timeout_s=60)
+        if stale.exit_code != 0:  # Harbor refuses to verify over a reward it cannot remove
+            raise Failure(
+                "verify_error", f"removing stale reward files failed: {stale.stderr.decode(errors='replace')}"
+            )
         await self._unpack(_tree(self.task, "tests"), TESTS_DIR)
         await self._run(f"chmod +x {TESTS_DIR}/test.sh", user="root", timeout_s=60)
         r = await self._run(
