@@ -14,26 +14,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio
+import msgspec
 
-from gym_runtime.errors import UserError
+from gym_runtime.config import Config, ResourceConfig
+from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.harbor import (
     ImageOptions,
     Task,
     fetches,
     find_tasks,
+    host_ca,
     image_ref,
     last_layer,
     resolve_base,
     task_context,
 )
-from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket, socket_of
 from gym_runtime.sandboxes.images import ensure_base
 
 BASE = "base"
+SERVER = "resources.harbor"  # the environment whose entries name Harbor tasks
 
 
 def parse_map(pairs: list[str]) -> dict[str, str]:
@@ -76,15 +81,21 @@ async def ensure_task_image(
                 f"{task.name}: base image {image!r} is not in the engine and cannot be pulled here: map it to a local"
                 f" one (base_images: {{{image!r}: base}}, or --base-image {image}=base)"
             )
+    started = time.monotonic()
+    if note is not None:
+        note(f"{task.name}: building its image {ref} from environment/Dockerfile (once per engine)")
     timeout = task.config.environment.build_timeout_sec
     try:
         if not prebuilt:
             await engine.build(context, stage, network="host", timeout_s=timeout)
         config = await engine.image_config(stage)
-        layer = last_layer(stage, str(config.get("User") or ""), str(config.get("WorkingDir") or ""), opts.bake)
+        user, workdir = str(config.get("User") or ""), str(config.get("WorkingDir") or "")
+        layer = last_layer(stage, user, workdir, opts.bake, host_ca())
         await engine.build(layer, ref, network="host", timeout_s=timeout)
     except EngineError as e:
         raise UserError(f"{task.name}: building its image failed: {e}") from None
+    if note is not None:
+        note(f"{task.name}: built {ref} in {time.monotonic() - started:.1f} s")
     return ref
 
 
@@ -93,6 +104,43 @@ async def ensure_images(
 ) -> dict[str, str]:
     """Each task's image by task name (built one after another: the engine's builds share its CPUs)."""
     return {t.name: await ensure_task_image(engine, t, opts, note=note) for t in tasks}
+
+
+def _options(name: str, entry: ResourceConfig) -> tuple[list[Task], ImageOptions]:
+    """A ``resources.harbor`` entry's tasks and image options (the environment's own ``Options`` keys)."""
+    where = f"resources.{name}.options"
+    tasks = entry.options.get("tasks")
+    if not isinstance(tasks, str) or not tasks:
+        raise ConfigError(f"{where}.tasks: name a Harbor task directory or a directory of them")
+    keys = {k: entry.options[k] for k in ("base_images", "bake") if k in entry.options}
+    try:
+        opts = msgspec.convert(keys, ImageOptions)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return find_tasks(tasks), opts
+
+
+async def ensure_config_images(
+    cfg: Config, pools: Collection[str] | None = None, *, note: Callable[[str], None] | None = None
+) -> None:
+    """Build the task images that the config's Harbor environments need and their pools' engines lack, before
+    anything of a run starts (``gym-runtime run``, and ``start`` for the pools it serves: ``pools``, None for
+    all): one build per image, named by content hash, so a second run builds nothing. A pool that is not an
+    engine of this machine's (process, daytona) is left alone."""
+    for name, entry in cfg.resources.items():
+        if entry.server not in (SERVER, f"gym_runtime.{SERVER}") or entry.sandbox not in cfg.sandboxes:
+            continue
+        pool = cfg.sandboxes[entry.sandbox]
+        if (pools is not None and entry.sandbox not in pools) or pool.backend not in ("docker", "podman"):
+            continue
+        tasks, opts = _options(name, entry)
+        where = f"sandboxes.{entry.sandbox}"
+        async with Engine(engine_socket(pool.backend, pool.engine, where)) as engine:
+            try:
+                await engine.ping()
+            except EngineError as e:
+                raise ConfigError(f"{where}: the {pool.backend} engine does not answer: {e}") from None
+            await ensure_images(engine, tasks, opts, note=note)
 
 
 async def _main(argv: list[str]) -> int:
@@ -142,7 +190,7 @@ def harbor_config(tasks: str, opts: ImageOptions, engine: str, timeout_s: float)
         },
         "resources": {
             "harbor": {
-                "server": "resources.harbor",
+                "server": SERVER,
                 "sandbox": POOL,
                 "options": {"tasks": tasks, "base_images": opts.base_images, "bake": opts.bake},
             }
