@@ -17,8 +17,10 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 import shlex
+import ssl
 import tarfile
 import tomllib
 from pathlib import Path
@@ -205,19 +207,44 @@ def task_context(task: Task, opts: ImageOptions) -> tuple[bytes, list[str]]:
     return tar([("Dockerfile", dockerfile.encode(), 0o644), *files]), external
 
 
-def last_layer(stage: str, user: str, workdir: str, bake: list[str]) -> bytes:
+CA_FILE = "/tmp/.gym-host-ca.crt"  # the host's CA bundle while the bake runs (removed after it)
+# what pip, requests, curl, uv and OpenSSL read for the CA bundle: only the baked commands' RUN sets them
+_CA_ENV = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE")
+
+
+def host_ca() -> bytes | None:
+    """The CA bundle this machine trusts (``$SSL_CERT_FILE``, else OpenSSL's default file): behind a
+    TLS-intercepting proxy it holds the proxy's CA, which a bake's ``pip install`` needs (the engine's classic
+    build API has no build secrets). None where there is none."""
+    paths = ssl.get_default_verify_paths()
+    for path in (os.environ.get("SSL_CERT_FILE"), paths.cafile, paths.openssl_cafile):
+        if path and Path(path).is_file():
+            return Path(path).read_bytes()
+    return None
+
+
+def last_layer(stage: str, user: str, workdir: str, bake: list[str], ca: bytes | None = None) -> bytes:
     """The layer on top of a task's image: root as the container's user (the runtime drops to the task's user
     per command, as Harbor's ``exec -u`` does), the image's own user and working directory kept in ``INFO``, and
-    the baked commands."""
+    the baked commands. ``ca``: the host's CA bundle, given to the baked commands only (``_CA_ENV``) and removed
+    before the image is done: nothing of TLS is weakened, and the running image does not hold it."""
     info = json.dumps({"user": user or "root", "workdir": workdir or "/"})
     lines = [
         f"FROM {stage}",
         "USER root",
         f"RUN mkdir -p {Path(INFO).parent} {VERIFIER_DIR} {LOGS}/agent && chmod 0777 {LOGS} {VERIFIER_DIR} {LOGS}/agent"
         f" && printf '%s' {shlex.quote(info)} > {INFO}",
-        *(f"RUN {cmd}" for cmd in bake),
     ]
-    return tar([("Dockerfile", ("\n".join(lines) + "\n").encode(), 0o644)])
+    files = []
+    if bake and ca:
+        files.append((Path(CA_FILE).name, ca, 0o644))
+        lines.append(f"COPY {Path(CA_FILE).name} {CA_FILE}")
+        env = " ".join(f"{k}={CA_FILE}" for k in _CA_ENV)
+        lines += [f"RUN export {env} && {cmd}" for cmd in bake]
+        lines.append(f"RUN rm -f {CA_FILE}")
+    else:
+        lines += [f"RUN {cmd}" for cmd in bake]
+    return tar([("Dockerfile", ("\n".join(lines) + "\n").encode(), 0o644), *files])
 
 
 def fetches(task: Task) -> list[str]:
