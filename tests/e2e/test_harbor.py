@@ -28,7 +28,7 @@ import pytest
 from gym_runtime.config import Config, config_from_dict
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
-from gym_runtime.harbor import ImageOptions, find_tasks, task_row
+from gym_runtime.harbor import ImageOptions, find_tasks, image_ref, task_row
 from gym_runtime.hosting.harbor import ensure_images, harbor_config
 from gym_runtime.resources.harbor import dataset_rows
 from gym_runtime.sandboxes.engine_api import POOL
@@ -179,3 +179,105 @@ async def test_baked_commands_are_in_the_image_the_verifier_runs_in(
     cfg, pool = config(tmp_path, engine, tasks, {"agent": "agents.harbor_oracle"}, opts)
     await run_rows(bus, engine, cfg, pool, [task_row(t) for t in find_tasks(tasks)], tmp_path / "out.jsonl")
     assert by_task(tmp_path / "out.jsonl")["baked"]["reward"] == 1.0
+
+
+BAKED = REPO / "tests" / "harbor_baked"  # a task whose verifier runs pytest: pytest baked, as it needs
+PYTEST_OPTS = ImageOptions(base_images=BASES, bake=["pip install pytest==8.3.4"])
+
+
+async def test_a_pytest_verifier_with_pytest_baked_through_the_proxy(
+    bus: Bus, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    """Terminal-Bench's way of verifying (``pytest`` on ``tests/test_outputs.py``), with pytest pip-installed
+    from PyPI at build time: through this machine's TLS-intercepting proxy, its CA given to the bake only."""
+    [ref] = (await ensure_images(engine, find_tasks(BAKED), PYTEST_OPTS)).values()
+    # the host's CA bundle was there for the bake only: not in the image's file system nor its environment
+    env = {**os.environ, "DOCKER_HOST": f"unix://{engine.socket_path}"}
+    look = ["docker", "run", "--rm", "--network", "none", ref, "sh", "-c", "ls /tmp; env; pytest --version"]
+    seen = subprocess.run(look, capture_output=True, text=True, timeout=120, env=env)
+    assert seen.returncode == 0 and "pytest 8.3.4" in seen.stdout + seen.stderr, seen.stdout + seen.stderr
+    assert ".gym-host-ca.crt" not in seen.stdout and "PIP_CERT" not in seen.stdout
+    await _pytest_task_scores(bus, engine, tmp_path, {"agent": "agents.harbor_oracle"}, 1.0)
+
+
+async def test_the_pytest_verifier_fails_a_policy_that_does_nothing(
+    bus: Bus, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    await ensure_images(engine, find_tasks(BAKED), PYTEST_OPTS)
+    await _pytest_task_scores(bus, engine, tmp_path, {"agent": "agents.simple", "max_steps": 2}, 0.0)
+
+
+async def _pytest_task_scores(bus: Bus, engine: Engine, tmp_path: Path, agent: dict[str, Any], reward: float) -> None:
+    cfg, pool = config(tmp_path, engine, BAKED, agent, PYTEST_OPTS)
+    await run_rows(bus, engine, cfg, pool, [task_row(t) for t in find_tasks(BAKED)], tmp_path / "out.jsonl")
+    assert not (tmp_path / "out_failures.jsonl").exists()
+    row = by_task(tmp_path / "out.jsonl")["pytest-outputs"]
+    assert row["reward"] == reward, row["verifier_log"]
+    assert ("2 passed" if reward else "2 failed") in row["verifier_log"], row["verifier_log"]
+
+
+def _cli_run(cfg: Path, rows: Path, out: Path, engine: Engine, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(rows), "-o", str(out), "--no-progress"]
+    env = {**os.environ, "DOCKER_HOST": f"unix://{engine.socket_path}"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+def test_run_builds_a_tasks_missing_image_once_and_refuses_what_cannot_build(
+    engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    """``gym-runtime run`` on a config naming Harbor tasks builds the image its engine lacks (a fresh one: this
+    test's own file in ``environment/``), before anything starts; the next run builds nothing. A base the map
+    lacks, or a Dockerfile that fails, is one line and exit 2, with nothing published."""
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "read-file", tasks / "fresh")
+    (tasks / "fresh" / "environment" / "nonce.txt").write_text(uuid.uuid4().hex)  # a new hash: a real build
+    dockerfile = tasks / "fresh" / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "COPY nonce.txt /etc/nonce.txt\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(task_row(t)) + "\n" for t in find_tasks(tasks)))
+
+    def write_config(opts: ImageOptions) -> Path:
+        raw = harbor_config(str(tasks), opts, f"unix://{engine.socket_path}", 120)
+        path = tmp_path / f"config-{len(opts.base_images)}.yaml"
+        path.write_text(json.dumps(raw))  # YAML reads JSON
+        return path
+
+    cfg = write_config(OPTS)
+    first = _cli_run(cfg, rows, tmp_path / "one.jsonl", engine, tmp_path)
+    assert first.returncode == 0, first.stderr
+    ref = image_ref(find_tasks(tasks)[0], OPTS)
+    assert f"gym-runtime: fresh: building its image {ref} from environment/Dockerfile (once per engine)" in (
+        first.stderr.splitlines()
+    )
+    assert any(ln.startswith(f"gym-runtime: fresh: built {ref} in ") for ln in first.stderr.splitlines())
+    assert by_task(tmp_path / "one.jsonl")["fresh"]["reward"] == 1.0  # the oracle, in the image just built
+    again = _cli_run(cfg, rows, tmp_path / "two.jsonl", engine, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "building" not in again.stderr and "built" not in again.stderr
+    assert by_task(tmp_path / "two.jsonl")["fresh"]["reward"] == 1.0
+
+    def refused(out: Path, run: subprocess.CompletedProcess[str]) -> str:
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr and not out.exists()  # nothing published, no rows
+        [line] = [ln for ln in run.stderr.splitlines() if "error" in ln]
+        return line
+
+    unmapped = refused(
+        tmp_path / "three.jsonl",
+        _cli_run(write_config(ImageOptions()), rows, tmp_path / "three.jsonl", engine, tmp_path),
+    )
+    assert unmapped == (
+        "gym-runtime: error: fresh: base image 'debian:bookworm-slim' is not in the engine and cannot be pulled here:"
+        " map it to a local one (base_images: {'debian:bookworm-slim': base}, or --base-image"
+        " debian:bookworm-slim=base)"
+    )
+    # `start` builds for the pools it serves, before it waits for the server (none listens here)
+    unmapped_config = tmp_path / "config-0.yaml"
+    start = [sys.executable, "-m", "gym_runtime.cli", "start", str(unmapped_config), "--nats", "nats://127.0.0.1:1"]
+    env = {**os.environ, "DOCKER_HOST": f"unix://{engine.socket_path}"}
+    served = subprocess.run([*start, "--only", "sandboxes"], capture_output=True, text=True, timeout=300, env=env)
+    assert served.returncode == 2 and served.stderr.strip().splitlines() == [unmapped], served.stderr
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo 'no such tool' >&2 && exit 3\n")
+    failing = refused(tmp_path / "four.jsonl", _cli_run(cfg, rows, tmp_path / "four.jsonl", engine, tmp_path))
+    assert failing.startswith("gym-runtime: error: fresh: building its image failed: building ")
+    assert "returned a non-zero code: 3" in failing
