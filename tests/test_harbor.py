@@ -5,10 +5,11 @@ name by content (the end-to-end runs on Docker are tests/e2e/test_harbor.py)."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from gym_runtime.harbor import (
     RewardError,
     fetches,
     find_tasks,
+    host_ca,
     image_ref,
+    last_layer,
     load_task,
     parse_rewards,
     rewrite_from,
@@ -27,9 +30,9 @@ from gym_runtime.harbor import (
 )
 from gym_runtime.hosting.harbor import parity_lines
 from tests.helpers import REPO
+from tests.hosting import harbor_python
 
 TASKS = REPO / "tests" / "harbor_tasks"
-HARBOR_PYTHON_ENV = "GYM_HARBOR_PYTHON"  # a Python >= 3.12 with harbor installed (pip install harbor==0.26.0)
 GOOD = [
     (None, b"1\n", {"reward": 1.0}),
     (None, b" 0.5 ", {"reward": 0.5}),
@@ -95,9 +98,7 @@ def test_a_reward_harbor_refuses_is_an_error(reward_json: bytes | None, reward_t
 
 
 def test_harbors_own_parsing_code_reads_the_same_rewards_and_refuses_the_same_files() -> None:
-    python = os.environ.get(HARBOR_PYTHON_ENV, "")
-    if not python or not Path(python).is_file():
-        pytest.skip(f"set {HARBOR_PYTHON_ENV} to a Python >= 3.12 with harbor==0.26.0 installed")
+    python = harbor_python()  # built once (minutes), then reused; $GYM_HARBOR_PYTHON overrides
     cases = [(rj, rt) for rj, rt, _ in GOOD + BAD]
     wire = json.dumps([[None if b is None else b.decode("latin-1") for b in case] for case in cases])
     run = subprocess.run([python, "-c", _HARBOR], input=wire, capture_output=True, text=True, timeout=120, check=True)
@@ -197,3 +198,26 @@ def test_parity_lines_name_each_tasks_outcome(tmp_path: Path) -> None:
         "c: failed (timeout): slow: MISMATCH",
     ]
     assert parity_lines(tasks[:1], rows[:1], [])[0]
+
+
+def test_the_hosts_ca_is_given_to_the_baked_commands_only_and_removed() -> None:
+    """Behind a TLS-intercepting proxy a bake's ``pip install`` needs the host's CA bundle (the classic build API
+    has no secrets): it is in the bake layer's context, named to each baked command, and removed after them."""
+    ca = host_ca()
+    assert ca is not None and b"BEGIN CERTIFICATE" in ca
+
+    def layer(bake: list[str]) -> tuple[list[str], set[str]]:
+        with tarfile.open(fileobj=io.BytesIO(last_layer("stage", "", "", bake, ca))) as t:
+            names = set(t.getnames())
+            member = t.extractfile("Dockerfile")
+            assert member is not None
+            return member.read().decode().splitlines(), names
+
+    lines, names = layer(["pip install pytest", "echo done"])
+    assert names == {"Dockerfile", ".gym-host-ca.crt"}
+    runs = [ln for ln in lines if ln.startswith("RUN ")][1:]
+    env = "PIP_CERT=/tmp/.gym-host-ca.crt REQUESTS_CA_BUNDLE=/tmp/.gym-host-ca.crt"
+    assert [r.split(" && ", 1)[1] for r in runs[:2]] == ["pip install pytest", "echo done"]
+    assert all(env in r for r in runs[:2]) and runs[2] == "RUN rm -f /tmp/.gym-host-ca.crt"
+    assert not any(ln.startswith("ENV") for ln in lines)  # nothing of it stays in the image's environment
+    assert layer([]) == (lines[:3], {"Dockerfile"})  # nothing baked: no CA at all
