@@ -1,14 +1,14 @@
 """Harbor tasks, unchanged, on the sandbox fleet: each session is one task's container, a sandbox of its image.
 
-``options.tasks`` names a Harbor task directory or a dataset of them (``gym_runtime.harbor``); a row names its
-task (``harbor_task``; ``gym-runtime prepare CONFIG -i AGENT=env`` writes one per task, the instruction as
-the prompt). The session's sandbox is the task's image (``hosting/harbor.py`` builds it; the pool must hold
-it: ``rootfs: writable``, since Harbor's tasks write ``/app``, ``/logs`` and ``/tests``). The model gets one
-tool, ``bash``, run in the container as the task's ``[agent] user`` (else the image's user) in its working
-directory. ``verify`` does what Harbor's verifier does: removes stale reward files, copies ``tests/`` to
-``/tests``, runs ``/tests/test.sh`` as ``[verifier] user`` with ``[verifier] env`` for at most ``[verifier]
-timeout_sec``, and reads ``/logs/verifier/reward.json`` or ``reward.txt`` by Harbor's rules. The session's
-``harbor.oracle`` operation (``agents.harbor_oracle``, never a model's call) is Harbor's oracle agent: it
+``options.tasks`` names a Harbor task directory or a dataset of them (``gym_runtime.harbor``); a row names its task
+(``harbor_task``; ``gym-runtime prepare CONFIG -i AGENT=env`` writes one per task, the instruction as the prompt).
+The session's sandbox is the task's image (``hosting/harbor.py`` builds it, at ``gym-runtime run`` or ``start``
+where the pool's engine lacks it; the pool: ``rootfs: writable``, since Harbor's tasks write ``/app``, ``/logs`` and
+``/tests``). The model gets one tool, ``bash``, run in the container as the task's ``[agent] user`` (else the
+image's user) in its working directory. ``verify`` does what Harbor's verifier does: removes stale reward files,
+copies ``tests/`` to ``/tests``, runs ``/tests/test.sh`` as ``[verifier] user`` with ``[verifier] env`` for at most
+``[verifier] timeout_sec``, and reads ``/logs/verifier/reward.json`` or ``reward.txt`` by Harbor's rules. The
+session's ``harbor.oracle`` operation (``agents.harbor_oracle``, never a model's call) is Harbor's oracle agent: it
 copies ``solution/`` to ``/solution`` and runs ``solve.sh``.
 """
 

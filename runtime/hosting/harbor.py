@@ -4,8 +4,10 @@ Two builds, each skipped when the engine already holds its result (both named by
 built once per engine): the task's own Dockerfile, its ``FROM`` images mapped to local ones (no registry can
 be reached here: an unmapped base the engine lacks is one line naming it and the map to add); then a last
 layer (``gym_runtime.harbor.last_layer``) that keeps the image's user and working directory for the
-environment and runs the ``bake`` commands. Builds get the host's network (``RUN apt-get ...`` needs Debian's
-mirror); the sandboxes that run the image never get one. ``python -m gym_runtime.hosting.harbor TASKS
+environment and runs the ``bake`` commands (the host's CA bundle given to them: pip behind a TLS-intercepting
+proxy). ``gym-runtime run`` and ``start`` build what their pools lack first (``ensure_config_images``). Builds
+get the host's network (``RUN apt-get ...`` needs Debian's mirror); the sandboxes that run the image never get
+one. ``python -m gym_runtime.hosting.harbor TASKS
 [--base-image NAME=LOCAL] [--bake CMD]`` builds a task or a dataset of them and prints each image.
 """
 

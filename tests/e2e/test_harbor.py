@@ -3,7 +3,9 @@
 its Dockerfile installs from Debian's mirror, one with a partial reward in ``reward.json`` verified as
 ``[verifier] user = "nobody"``), each image built
 here from its ``environment/Dockerfile`` (``FROM debian:bookworm-slim`` and ``FROM python:3.12-slim`` mapped to
-the fleet's Debian base) once per engine, by content hash.
+the fleet's Debian base) once per engine, by content hash; a fourth in Terminal-Bench's style
+(``tests/harbor_baked``: ``pytest`` on ``tests/test_outputs.py``, pytest baked from PyPI through the proxy); and
+``gym-runtime run`` building a task's missing image itself.
 
 Real parts: dockerd, nats-server, the sandbox, resource and agent workers in process, the tasks' own
 ``tests/test.sh``. Only the LLM is a test double: the ``scripted`` model (it calls ``bash`` once with
