@@ -283,3 +283,42 @@ def test_run_builds_a_tasks_missing_image_once_and_refuses_what_cannot_build(
     failing = refused(tmp_path / "four.jsonl", _cli_run(cfg, rows, tmp_path / "four.jsonl", engine, tmp_path))
     assert failing.startswith("gym-runtime: error: fresh: building its image failed: building ")
     assert "returned a non-zero code: 3" in failing
+
+
+# Terminal-Bench's usual verifier: uv fetched with curl at verify time, then pytest through uvx (without its
+# ``-p 3.13``: that Python is a download from GitHub, which these machines cannot reach)
+UV_TEST_SH = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+uvx -w pytest==8.4.1 pytest /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+UV_BAKE = [
+    "pip install uv==0.9.5",  # on PATH where the failed curl | sh would have put it
+    "uvx -w pytest==8.4.1 pytest --version",  # the verifier's very tools, in root's uv cache
+    "mkdir -p /etc/uv && printf 'offline = true\\n' > /etc/uv/uv.toml",  # uv resolves from that cache only
+]
+
+
+async def test_a_verifier_that_fetches_uv_at_verify_time_scores_with_uv_baked(
+    bus: Bus, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    """The recipe docs/bring-your-environment.md gives for such a task, unchanged: its fetches fail under
+    ``--network none`` and the baked uv, offline, runs its pytest (without the offline config, checked by hand, uv
+    asks PyPI for pytest and fails: reward 0)."""
+    tasks = tmp_path / "tasks"
+    shutil.copytree(BAKED / "pytest-outputs", tasks / "uv-outputs")
+    (tasks / "uv-outputs" / "tests" / "test.sh").write_text(UV_TEST_SH)
+    opts = ImageOptions(base_images=BASES, bake=UV_BAKE)
+    await ensure_images(engine, find_tasks(tasks), opts)
+    cfg, pool = config(tmp_path, engine, tasks, {"agent": "agents.harbor_oracle"}, opts)
+    await run_rows(bus, engine, cfg, pool, [task_row(t) for t in find_tasks(tasks)], tmp_path / "out.jsonl")
+    row = by_task(tmp_path / "out.jsonl")["uv-outputs"]
+    assert row["reward"] == 1.0, row["verifier_log"]
+    assert "2 passed" in row["verifier_log"] and "/root/.local/bin/env: No such file" in row["verifier_log"]
