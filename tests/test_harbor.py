@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.errors import UserError
+from gym_runtime.config import Config, config_from_dict
+from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.harbor import (
     ImageOptions,
     RewardError,
@@ -28,7 +29,7 @@ from gym_runtime.harbor import (
     rewrite_from,
     row_reward,
 )
-from gym_runtime.hosting.harbor import parity_lines
+from gym_runtime.hosting.harbor import ensure_config_images, harbor_config, parity_lines
 from tests.helpers import REPO
 from tests.hosting import harbor_python
 
@@ -221,3 +222,21 @@ def test_the_hosts_ca_is_given_to_the_baked_commands_only_and_removed() -> None:
     assert all(env in r for r in runs[:2]) and runs[2] == "RUN rm -f /tmp/.gym-host-ca.crt"
     assert not any(ln.startswith("ENV") for ln in lines)  # nothing of it stays in the image's environment
     assert layer([]) == (lines[:3], {"Dockerfile"})  # nothing baked: no CA at all
+
+
+async def test_a_harbor_entry_without_tasks_or_with_a_bad_map_is_one_line_before_any_engine_is_asked() -> None:
+    """``run``/``start`` read a Harbor entry's image options as the environment does: a mistake is one line naming
+    the key (exit 2), said before an engine is opened (this config's names a socket that does not exist)."""
+
+    def cfg(options: dict[str, object]) -> Config:
+        raw = harbor_config(str(TASKS), ImageOptions(), "unix:///nonexistent/docker.sock", 60)
+        raw["resources"]["harbor"]["options"] = options
+        return config_from_dict({**raw, "base_dir": "."})
+
+    with pytest.raises(ConfigError, match=r"^resources\.harbor\.options\.tasks: name a Harbor task directory"):
+        await ensure_config_images(cfg({}))
+    with pytest.raises(ConfigError, match=r"^resources\.harbor\.options: Expected `array`, got `str` - at `\$\.bake`"):
+        await ensure_config_images(cfg({"tasks": str(TASKS), "bake": "pip install pytest"}))
+    with pytest.raises(ConfigError, match=r"^sandboxes\.harbor: the docker engine does not answer"):
+        await ensure_config_images(cfg({"tasks": str(TASKS)}))
+    await ensure_config_images(cfg({"tasks": str(TASKS)}), pools=["other"])  # not served
