@@ -1,8 +1,12 @@
-"""What the hosted-environment tests share: a `start` child on its built environment, checked for ports."""
+"""What the hosted-environment tests share: a `start` child on its built environment, checked for ports; Harbor's
+own package in an environment of its own (``harbor_python``)."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +33,34 @@ def catalogue_root(*build: str) -> Path:
     return hosting_env.servers_root(
         next(p for p in hosting_env.cache_dir().glob("base-*") if (p / ".complete").is_file())
     )
+
+
+HARBOR = "harbor==0.26.0"  # the Harbor whose verifier and reward parsing tests/test_harbor.py compares with ours
+HARBOR_PYTHON_ENV = "GYM_HARBOR_PYTHON"  # an override: a Python >= 3.12 with harbor installed
+
+
+def harbor_python() -> str:
+    """A Python with ``HARBOR`` installed: ``$GYM_HARBOR_PYTHON``, else one built once beside the hosted layers
+    (``envs/harbor-<hash>``, a venv of a Python >= 3.13 the hosted servers' search finds, as Harbor needs
+    >= 3.12) and reused; one builder at a time (xdist workers wait on its lock), a half-built one built again."""
+    given = os.environ.get(HARBOR_PYTHON_ENV)
+    if given:
+        return given
+    base = hosting_env.find_python()
+    key = hashlib.sha256(f"{base}\0{os.path.realpath(base)}\0{HARBOR}".encode()).hexdigest()[:16]
+    root = hosting_env.cache_dir() / f"harbor-{key}"
+    python = root / "bin" / "python"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".complete").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            subprocess.run([base, "-m", "venv", str(root)], check=True, timeout=300)
+            pip = [str(python), "-m", "pip", "install", "--progress-bar", "off", HARBOR]
+            r = subprocess.run(pip, capture_output=True, text=True, timeout=1800)
+            assert r.returncode == 0, f"installing {HARBOR} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+            (root / ".complete").touch()
+    return str(python)
 
 
 def assert_hosted_worker_opens_no_port(config: Path, url: str, only: str) -> None:

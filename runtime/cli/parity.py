@@ -3,21 +3,33 @@
 Prints recorded vs replayed reward per rollout and the tool outputs that differ; exit 1
 on any mismatch (a grader changed since the recording, an unseeded RNG ...), 2 when the
 server cannot be hosted here.
+
+``gym-runtime parity TASKS --harbor``: Harbor tasks (a task directory or a directory of them) with their
+``solution/solve.sh`` as the policy, verified as Harbor verifies; exit 1 unless every task scores its full
+reward, 2 when a task's image cannot be built here (an unmapped base image, no engine).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import anyio
+import yaml
+
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
 from gym_runtime.errors import UserError
+from gym_runtime.harbor import ImageOptions, find_tasks, task_row
 from gym_runtime.hosting.catalogue import EXPLAINED, recordings
 from gym_runtime.hosting.env import ensure
+from gym_runtime.hosting.harbor import ensure_images, harbor_config, parity_lines, parse_map
 from gym_runtime.hosting.parity import compare, parity_config, read_rows
+from gym_runtime.sandboxes.engine_http import Engine, socket_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,10 +37,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("server", metavar="SERVER", help="a NeMo Gym resources server (catalogue name or directory)")
     p.add_argument("--python", help="the Python >= 3.13 to build on (default: $GYM_NEMO_PYTHON, else searched)")
     p.add_argument("--keep", metavar="DIR", help="keep the config, inputs and replayed rows in DIR")
+    p.add_argument("--harbor", action="store_true", help="SERVER is a Harbor task directory (or a directory of them)")
+    p.add_argument(
+        "--base-image",
+        action="append",
+        default=[],
+        metavar="NAME=LOCAL",
+        help="--harbor: build FROM NAME on a local image (base: the fleet's Debian base)",
+    )
+    p.add_argument(
+        "--bake", action="append", default=[], metavar="CMD", help="--harbor: a command baked into the images"
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="--harbor: the longest one command may run (s)")
     log_level_option(p)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.harbor:
+        return harbor_main(args)
     env = ensure(args.server, python=args.python)
     name = Path(env.server_dir).name
     incomplete = recordings(Path(env.server_dir))[1]
@@ -39,23 +65,7 @@ def main(args: argparse.Namespace) -> int:
         work.mkdir(parents=True, exist_ok=True)
         cfg, data, rollouts = parity_config(env, work)
         out = work / "replayed.jsonl"
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gym_runtime.cli",
-                "run",
-                str(cfg),
-                "-i",
-                str(data),
-                "-o",
-                str(out),
-                "--no-progress",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        run = _run(cfg, data, out)
         replayed = read_rows(out) if out.is_file() else []
         if run.returncode not in (0, 1) or not replayed:
             tail = (run.stderr.strip().splitlines() or ["no rows"])[-1]
@@ -67,3 +77,41 @@ def main(args: argparse.Namespace) -> int:
     if not report.ok and name in EXPLAINED:  # a documented mismatch: its cause, as docs/nemo-gym.md gives it
         print(f"{args.server}: a known difference (docs/nemo-gym.md, the catalogue table): {EXPLAINED[name]}")
     return 0 if report.ok else EXIT_FAILURES
+
+
+def _run(cfg: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(data), "-o", str(out), "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def harbor_main(args: argparse.Namespace) -> int:
+    """Harbor tasks' solve.sh as the policy: each must score the full reward (the module's doc)."""
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        raise UserError('parity --harbor: DOCKER_HOST is not set (eval "$(bash .ci/docker.sh start)")')
+    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
+    tasks = find_tasks(args.server)
+
+    async def build() -> None:
+        async with Engine(socket_of(host)) as engine:
+            await ensure_images(engine, tasks, opts, note=lambda line: print(line, file=sys.stderr))
+
+    anyio.run(build)
+    with tempfile.TemporaryDirectory(prefix="gym-parity-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        cfg, data, out = work / "config.yaml", work / "tasks.jsonl", work / "oracle.jsonl"
+        tasks_dir = str(Path(args.server).resolve())
+        cfg.write_text(yaml.safe_dump(harbor_config(tasks_dir, opts, host, args.timeout)))
+        data.write_text("".join(json.dumps(task_row(t)) + "\n" for t in tasks))
+        run = _run(cfg, data, out)
+        rows = read_rows(out) if out.is_file() else []
+        failures_path = out.with_name("oracle_failures.jsonl")
+        failures = read_rows(failures_path) if failures_path.is_file() else []
+        if run.returncode not in (0, 1) or not (rows or failures):
+            tail = (run.stderr.strip().splitlines() or ["no rows"])[-1]
+            raise UserError(f"parity {args.server}: the oracle run did not run ({tail})")
+    ok, lines = parity_lines(tasks, rows, failures)
+    for line in lines:
+        print(line)
+    return 0 if ok else EXIT_FAILURES

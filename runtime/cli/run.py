@@ -46,6 +46,7 @@ from gym_runtime.cli._common import (
     metrics_options,
     positive_int,
     print_stats,
+    say,
     server_url,
     telemetry,
 )
@@ -54,6 +55,7 @@ from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
 from gym_runtime.hosting.env import ensure as hosted_env
+from gym_runtime.hosting.harbor import ensure_config_images
 from gym_runtime.observability import progress
 from gym_runtime.ops.nats_server import free_port
 from gym_runtime.plugins import example_input
@@ -243,6 +245,8 @@ def main(args: argparse.Namespace) -> int:
     )
     plan = dataclasses.replace(plan, seed_checks=seed_checks)
     budget = budgeted(args.budget, cfg)
+    # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
+    run_async(lambda: ensure_config_images(cfg, note=say))
     # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
     # the default) has its worker here like any other, its guest on the environment's interpreter; one with
     # isolation: none, and a hosted agent, have their worker in a child process on that interpreter

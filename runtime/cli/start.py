@@ -17,12 +17,14 @@ from gym_runtime.cli._common import (
     metrics_options,
     need_url,
     positive_int,
+    say,
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
 from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env
+from gym_runtime.hosting.harbor import ensure_config_images
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +70,10 @@ def main(args: argparse.Namespace) -> int:
     auth = client_auth(args)
     pairs = selected(cfg, args.only)
     check_resources(cfg, pairs)  # a mistyped module: one line now, whatever the server
+    # the pools served here build the Harbor task images their engines lack, before any worker starts
+    pools = {n for r, n in pairs if r == "sandboxes"}
+    if pools:
+        run_async(lambda: ensure_config_images(cfg, pools, note=say))
     freeze_startup()  # the environments are imported now; nothing of a rollout exists yet
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children

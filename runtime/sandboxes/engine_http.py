@@ -22,6 +22,7 @@ import aiohttp
 import anyio
 import msgspec
 
+from gym_runtime.errors import ConfigError
 from gym_runtime.sandboxes.spec import OnOutput
 
 API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
@@ -75,6 +76,22 @@ def socket_of(host: str) -> str:
     if "://" in host:
         raise EngineError(f"only unix sockets are supported, not {host!r} (the engine stays on this machine)")
     return host
+
+
+PODMAN_SOCKET = "/run/podman/podman.sock"
+
+
+def engine_socket(backend: str, engine: str, where: str) -> str:
+    """A pool's engine socket: ``engine`` as given, else ``$DOCKER_HOST`` (docker), ``$CONTAINER_HOST`` or
+    podman's default socket (podman); the sandbox worker and the Harbor image builder open the same one."""
+    if engine:
+        return socket_of(engine)
+    if backend == "docker":
+        host = os.environ.get("DOCKER_HOST", "")
+        if not host:
+            raise ConfigError(f"{where}.engine: not set and DOCKER_HOST is empty: name the Docker engine's socket")
+        return socket_of(host)
+    return socket_of(os.environ.get("CONTAINER_HOST", "") or PODMAN_SOCKET)
 
 
 class Engine:
@@ -148,6 +165,11 @@ class Engine:
                 return False
             raise
         return True
+
+    async def image_config(self, ref: str) -> dict[str, Any]:
+        """An image's ``Config`` (its ``User``, ``WorkingDir``, ``Env``, ...)."""
+        out = await self._call("GET", f"/images/{quote(ref, safe='')}/json")
+        return dict(out.get("Config") or {})
 
     async def import_image(self, chunks: AsyncIterator[bytes], repo: str, tag: str) -> None:
         """``docker import``: a root file system's tar stream becomes image ``repo:tag``."""

@@ -117,7 +117,8 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     except GuestFailure:  # its guest process ended the call (overran, or lost): not the verifier's error
         raise
     except Exception as exc:
-        if isinstance(exc, Failure) and exc.info.error_class == "invalid_task":  # a row verify cannot grade
+        # a row verify cannot grade, or a verifier past its own time limit (a Harbor task's test.sh): as raised
+        if isinstance(exc, Failure) and exc.info.error_class in ("invalid_task", "timeout"):
             raise
         # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
         raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc

@@ -21,7 +21,6 @@ caller as it comes (``sandboxes.forward``).
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from contextlib import AbstractContextManager
@@ -39,7 +38,7 @@ from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Background, Resolved, unsupported
 from gym_runtime.sandboxes.daytona import DaytonaBackend
 from gym_runtime.sandboxes.engine_api import EngineBackend
-from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket
 from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import ensure_base
 from gym_runtime.sandboxes.process import ProcessBackend
@@ -51,7 +50,6 @@ from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.sandbox")
 
-PODMAN_SOCKET = "/run/podman/podman.sock"
 WARM_LEASE = "warm"  # the lease label of a warm container (its real lease is kept by the worker that holds it)
 REFILL_AT_ONCE = 4  # warm containers created concurrently while refilling
 MAX_PROCESSES = 16  # background processes a sandbox may have (running, or ended and not yet waited for)
@@ -75,17 +73,6 @@ async def _drain(sub: Any) -> None:
         pass
 
 
-def engine_socket(cfg: SandboxConfig, where: str) -> str:
-    if cfg.engine:
-        return socket_of(cfg.engine)
-    if cfg.backend == "docker":
-        host = os.environ.get("DOCKER_HOST", "")
-        if not host:
-            raise ConfigError(f"{where}.engine: not set and DOCKER_HOST is empty: name the Docker engine's socket")
-        return socket_of(host)
-    return socket_of(os.environ.get("CONTAINER_HOST", "") or PODMAN_SOCKET)
-
-
 async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[Backend, str]:
     """The pool's backend and its default image's name (``base``: built and imported where missing); a
     missing engine or image is one line naming it. Its containers are labelled ``{namespace}.{pool}``: the
@@ -95,7 +82,7 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
         return ProcessBackend(pool=pool), cfg.image
     if cfg.backend == "daytona":  # a hosted provider: its images (snapshots) are its own to check
         return DaytonaBackend(cfg.engine, pool=f"{namespace}.{pool}", where=where), cfg.image
-    engine = Engine(engine_socket(cfg, where))
+    engine = Engine(engine_socket(cfg.backend, cfg.engine, where))
     await engine.__aenter__()
     try:
         try:

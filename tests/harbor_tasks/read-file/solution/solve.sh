@@ -1,0 +1,2 @@
+#!/bin/bash
+tr '[:lower:]' '[:upper:]' < /app/secret.txt > /app/answer.txt
