@@ -175,15 +175,15 @@ class Child:
         done = threading.Event()
         self.ready = False  # until this start's first line says so
 
+        proc = self.proc
+
         def read() -> None:
-            line = self.proc.stdout.readline() if self.proc and self.proc.stdout else ""
+            line = proc.stdout.readline() if proc.stdout else ""
             self.ready = "ready" in line
             if self.ready:
                 took = round(time.monotonic() - self.started_at, 3)
-                forked = isinstance(self.proc, Forked)
-                log.info(
-                    "worker.ready", worker=self.spec, forked=forked, ready_s=took, cpu_s=cpu_seconds(self.proc.pid)
-                )
+                forked = isinstance(proc, Forked)
+                log.info("worker.ready", worker=self.spec, forked=forked, ready_s=took, cpu_s=cpu_seconds(proc.pid))
             done.set()
             if changed is not None:
                 changed.set()
