@@ -251,10 +251,10 @@ def test_unresolved_options_hide_what_looks_secret_and_what_came_from_the_enviro
     assert redact(cfg)["models"]["judge"]["headers"] == {"X-Key": "***"}
     assert redact(cfg)["models"]["judge"]["base_url"] == "http://judge:8000/v1"  # a plain value stays readable
     assert redact(cfg)["models"]["policy"]["model"] == "***"  # ${POLICY_MODEL:-gpt-4.1}: from the environment
-    resolve_config(cfg)
-    shown = repr(cfg) + json.dumps(redact(cfg))
+    resolved = resolve_config(cfg)
+    shown = repr(resolved) + json.dumps(redact(resolved.config))
     assert "sk-literal-1" not in shown and "hdr-secret-3" not in shown
-    assert cfg.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule
+    assert resolved.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule
 
 
 def test_pricing_names_model_entries_and_refuses_negative_prices() -> None:
