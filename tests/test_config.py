@@ -290,11 +290,15 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
     assert resolved.fields[("model", "policy")]  # what workers announce, per key
     with pytest.raises(AttributeError):
         resolved.fingerprints = {}  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        resolved.fingerprints[("model", "policy")] = "x"  # type: ignore[index]
     # a publisher's resolution: the same fingerprints, no agent module loaded (it starts no agent worker)
     publisher = resolve_models(cfg)
     assert publisher.fingerprints == resolved.fingerprints and publisher.agent_modules == {}
     with pytest.raises(TypeError, match="resolve_config, not resolve_models"):
         publisher.agent_module("weather_agent")
+    cfg.agents["weather_agent"].max_steps = 99  # a later change to the loaded config: not the resolved one's
+    assert resolved.agents["weather_agent"].max_steps != 99
 
 
 def test_client_takes_a_resolved_config_or_a_path_never_a_loaded_one() -> None:

@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, Literal
 
 import msgspec
@@ -841,6 +841,7 @@ def resolve_config(cfg: Config) -> ResolvedConfig:
     call it, once, so a bad option is one ``ConfigError`` naming the key before anything is published or any
     worker takes work. ``cfg`` is left as it is.
     """
+    cfg = copy.deepcopy(cfg)  # its own copy: the caller's Config may change later, this one never does
     models = _parsed_models(cfg)
     agents = {name: _agent_module(name, a, cfg.source) for name, a in cfg.agents.items()}
     hosted = any(r.hosted for r in cfg.resources.values())
@@ -855,6 +856,7 @@ def resolve_models(cfg: Config) -> ResolvedConfig:
     parsed options, defaults included, as the workers see them), so ``publish`` imports the adapters,
     as loading did before; never an agent or environment module (the result starts no worker).
     """
+    cfg = copy.deepcopy(cfg)
     return _resolved(cfg, _parsed_models(cfg), plugins=False, agent_modules={}, hosting=None)
 
 
@@ -872,10 +874,10 @@ def _resolved(
     return ResolvedConfig(
         config=config,
         plugins=plugins,
-        agent_modules=agent_modules,
+        agent_modules=MappingProxyType(agent_modules),
         hosting=hosting,
-        fingerprints=fingerprints.config_fingerprints(config),
-        fields={(role, name): fingerprints.config_fields(config, role, name) for role, name in roles},
+        fingerprints=MappingProxyType(fingerprints.config_fingerprints(config)),
+        fields=MappingProxyType({(r, n): MappingProxyType(fingerprints.config_fields(config, r, n)) for r, n in roles}),
     )
 
 
