@@ -522,7 +522,7 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
     from gym_runtime.service.runner import run_batch, serve
 
     srv, auth = secured
-    cfg = load_config(REPO / "resources/weather/config.yaml")
+    cfg = resolve_config(load_config(REPO / "resources/weather/config.yaml"))
     workers_node = node_dir(auth, tmp_path / "workers", "agent", "model", "resource")
     client_node = node_dir(auth, tmp_path / "client", "publisher")
     ready = anyio.Event()
@@ -539,7 +539,7 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
         await anyio.to_thread.run_sync(srv.start)  # same port, store and auth dir
         with anyio.fail_after(60):
             result = await run_batch(
-                resolve_config(cfg),
+                cfg,
                 srv.url,
                 input_path=REPO / "resources/weather/data/example.jsonl",
                 out=tmp_path / "out.jsonl",
