@@ -32,7 +32,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.admission import GROUP_STALENESS, Admission, Budget, StalenessWindow, Work, parse_budget
-from gym_runtime.config import Config, load_config, resolve_config, resolve_models
+from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
 from gym_runtime.data.collector import budget_results, failure_row
 from gym_runtime.data.inputs import check_row, publish_rows, publish_task, row_tasks
@@ -208,7 +208,7 @@ class Client:
 
     def __init__(
         self,
-        config: Config | str | Path,
+        config: ResolvedConfig | str | Path,
         *,
         nats: str | list[str] | None = None,
         auth_dir: str | Path | None = None,
@@ -217,12 +217,19 @@ class Client:
         telemetry: Telemetry | None = None,
         check_fingerprints: bool = True,
     ) -> None:
-        # Resolved here: the fingerprints below hash the adapters' parsed options; workers started in this
+        # A path is resolved here: the fingerprints hash the adapters' parsed options; workers started in this
         # process need their agents' option checks too (a client that only submits imports no agent module).
-        cfg = config if isinstance(config, Config) else load_config(config)
         in_process = workers is True or isinstance(workers, list)
-        self.config = resolve_config(cfg) if in_process else resolve_models(cfg)
-        self.config_path = None if isinstance(config, Config) else str(Path(config).resolve())
+        if isinstance(config, Config):
+            raise ClientError("Client takes a config file's path or resolve_config(load_config(...)), not a Config")
+        if isinstance(config, ResolvedConfig):
+            if in_process and not config.plugins:
+                raise ClientError("workers in this process need resolve_config(config), not resolve_models(config)")
+            self.config = config
+        else:
+            resolve = resolve_config if in_process else resolve_models
+            self.config = resolve(load_config(config))
+        self.config_path = None if isinstance(config, ResolvedConfig) else str(Path(config).resolve())
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')
         self._children: StartProcess | None = None  # workers="processes"
@@ -243,7 +250,7 @@ class Client:
         self._run_seq = 0
         self._run_reader: BatchReader | None = None
         self._run_lock = anyio.Lock()
-        self._fps = control.config_fingerprints(self.config)
+        self._fps = self.config.fingerprints
         self._mismatch: ClientError | None = None  # what the last cluster check found (``_watch_cluster``)
         # admission by staleness (``submit(batch_size=...)``): one window over every open batch, its held tasks
         self._window: StalenessWindow | None = None
@@ -450,7 +457,7 @@ class Client:
         if not problems:
             try:
                 checks = check_before_publish(
-                    self.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
+                    self.config.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
                 )
             except InputError as e:
                 problems = e.problems
@@ -538,7 +545,7 @@ class Client:
             repeats=repeats,
             input_path="(gym_runtime.Client)",
             max_republish=self.config.jetstream.max_republish,
-            models=control.model_table(self.config),
+            models=self.config.model_table(),
         )
         handle = BatchHandle(self, manifest)
         await put_manifest(self.bus, manifest)

@@ -14,7 +14,7 @@ from typing import Any
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from gym_runtime.client import BatchHandle, Client
-from gym_runtime.config import Config
+from gym_runtime.config import ResolvedConfig
 
 __all__ = ["SyncBatch", "SyncClient"]
 
@@ -55,7 +55,7 @@ class SyncBatch:
 class SyncClient:
     """``Client`` for synchronous trainers: same arguments; use ``with SyncClient(config) as client``."""
 
-    def __init__(self, config: Config | str | Path, **kwargs: Any) -> None:
+    def __init__(self, config: ResolvedConfig | str | Path, **kwargs: Any) -> None:
         self._portal_cm = start_blocking_portal(backend="asyncio")
         self._portal = self._portal_cm.__enter__()
         self.client = Client(config, **kwargs)

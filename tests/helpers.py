@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import msgspec
 
-from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -98,7 +98,7 @@ WEATHER = REPO / "resources/weather/config.yaml"
 ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 
 
-def weather(
+def weather_config(
     *,
     delay_s: float = 0.0,
     agent_concurrency: int | None = None,
@@ -106,7 +106,8 @@ def weather(
     model_replicas: int = 1,
     namespace: str = "gym",
 ) -> Config:
-    cfg = resolve_config(load_config(WEATHER))
+    """The weather config, loaded (its adapter's options parsed), for a test to change before it resolves it."""
+    cfg = resolve_models(load_config(WEATHER)).config
     m = cfg.models["policy"]
     cfg.models["policy"] = msgspec.structs.replace(
         m,
@@ -115,8 +116,31 @@ def weather(
         replicas=model_replicas,
     )
     a = cfg.agents["weather_agent"]
-    cfg.agents["weather_agent"] = msgspec.structs.replace(a, concurrency=agent_concurrency or a.concurrency)
+    cfg.agents = {
+        **cfg.agents,
+        "weather_agent": msgspec.structs.replace(a, concurrency=agent_concurrency or a.concurrency),
+    }
     return msgspec.structs.replace(cfg, namespace=namespace)
+
+
+def weather(
+    *,
+    delay_s: float = 0.0,
+    agent_concurrency: int | None = None,
+    model_concurrency: int | None = None,
+    model_replicas: int = 1,
+    namespace: str = "gym",
+) -> ResolvedConfig:
+    """The weather config, resolved (what workers, ``publish_batch`` and ``Client`` take)."""
+    return resolve_config(
+        weather_config(
+            delay_s=delay_s,
+            agent_concurrency=agent_concurrency,
+            model_concurrency=model_concurrency,
+            model_replicas=model_replicas,
+            namespace=namespace,
+        )
+    )
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -179,3 +203,8 @@ def without_run_identity(row: dict[str, Any]) -> dict[str, Any]:
         models = row["cost"].get("models") or {}
         out["cost"] = {n: {k: v for k, v in m.items() if not k.endswith("_ms")} for n, m in models.items()}
     return out
+
+
+def resolved(**sections: Any) -> ResolvedConfig:
+    """A resolved config of just these entries (``models={"policy": cfg}``): for a test that builds one worker."""
+    return resolve_config(Config(**sections))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
@@ -34,7 +34,7 @@ async def test_rows_come_back_in_nemo_gym_shape_and_a_failing_verifier_becomes_a
 ) -> None:
     cfg = config_from_dict({**CONFIG, "base_dir": str(tmp_path)})
     rows = [ROWS[0], {**ROWS[1], "explode": True}, ROWS[2]]
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="b", agents=["agent"])
@@ -72,7 +72,7 @@ async def test_a_resource_sees_each_rollouts_task_and_rollout_index_at_seed_and_
         }
     )
     rows = [{**ROWS[i], "cohort_size": 3, "cohort_wait_s": 20.0, "batch_key": str(tmp_path)} for i in (0, 1)]
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="b", agents=["agent"], repeats=3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.observability.tracing import Telemetry
@@ -40,7 +40,7 @@ async def test_many_large_bodies_at_once_hold_at_most_the_cap_and_all_complete(
     rows = read_jsonl(REPO / "resources/weather/data/example.jsonl")
     n = 6
     try:
-        workers = make_workers(bus, cfg, selected(cfg, None))
+        workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
         async with anyio.create_task_group() as tg:
             await start_workers(tg, workers)
             await publish_rows(bus, rows[:3], batch="big", agents=["weather_agent"], repeats=2)

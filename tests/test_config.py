@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from gym_runtime.config import load_config, redact, resolve_config
-from gym_runtime.errors import ConfigError
+from gym_runtime.client import Client
+from gym_runtime.config import load_config, redact, resolve_config, resolve_models
+from gym_runtime.errors import ClientError, ConfigError
 from tests.helpers import REPO, cli
 
 BASE = """\
@@ -251,10 +253,10 @@ def test_unresolved_options_hide_what_looks_secret_and_what_came_from_the_enviro
     assert redact(cfg)["models"]["judge"]["headers"] == {"X-Key": "***"}
     assert redact(cfg)["models"]["judge"]["base_url"] == "http://judge:8000/v1"  # a plain value stays readable
     assert redact(cfg)["models"]["policy"]["model"] == "***"  # ${POLICY_MODEL:-gpt-4.1}: from the environment
-    resolve_config(cfg)
-    shown = repr(cfg) + json.dumps(redact(cfg))
+    resolved = resolve_config(cfg)
+    shown = repr(resolved) + json.dumps(redact(resolved.config))
     assert "sk-literal-1" not in shown and "hdr-secret-3" not in shown
-    assert cfg.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule
+    assert resolved.models["judge"].options.model == "sk-from-env-2"  # resolved: the adapter's own rule
 
 
 def test_pricing_names_model_entries_and_refuses_negative_prices() -> None:
@@ -270,3 +272,39 @@ def test_pricing_names_model_entries_and_refuses_negative_prices() -> None:
     done = cli("validate", weather, "--set", "pricing.cpu_hour=-2")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert load_config(weather, ["+pricing.models.policy.input_per_1m=3"]).pricing.models["policy"].input_per_1m == 3
+
+
+# ------------------------------------------------------------------ resolved once, as a value of its own
+
+
+def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was() -> None:
+    """``resolve_config`` parses the adapters' options, loads the agent modules and computes the fingerprints
+    once, into a frozen ``ResolvedConfig``; the loaded ``Config`` is not changed (it used to be, in place)."""
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    written = msgspec.to_builtins(cfg)
+    resolved = resolve_config(cfg)
+    assert msgspec.to_builtins(cfg) == written  # the adapter's options still as written
+    assert resolved.models["policy"].options is not cfg.models["policy"].options
+    assert resolved.agent_module("weather_agent").__name__ == "gym_runtime.agents.simple"
+    assert set(resolved.fingerprints) == {("model", "policy"), ("resource", "weather"), ("agent", "weather_agent")}
+    assert resolved.fields[("model", "policy")]  # what workers announce, per key
+    with pytest.raises(AttributeError):
+        resolved.fingerprints = {}  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        resolved.fingerprints[("model", "policy")] = "x"  # type: ignore[index]
+    # a publisher's resolution: the same fingerprints, no agent module loaded (it starts no agent worker)
+    publisher = resolve_models(cfg)
+    assert publisher.fingerprints == resolved.fingerprints and publisher.agent_modules == {}
+    with pytest.raises(TypeError, match="resolve_config, not resolve_models"):
+        publisher.agent_module("weather_agent")
+    cfg.agents["weather_agent"].max_steps = 99  # a later change to the loaded config: not the resolved one's
+    assert resolved.agents["weather_agent"].max_steps != 99
+
+
+def test_client_takes_a_resolved_config_or_a_path_never_a_loaded_one() -> None:
+    cfg = load_config(REPO / "resources/weather/config.yaml")
+    with pytest.raises(ClientError, match="not a Config"):
+        Client(cfg)  # type: ignore[arg-type]
+    with pytest.raises(ClientError, match="need resolve_config"):
+        Client(resolve_models(cfg))  # workers in this process need the agent modules
+    assert Client(resolve_models(cfg), workers=False).config.fingerprints == resolve_config(cfg).fingerprints

@@ -20,6 +20,7 @@ from gym_runtime.messages import SeedReply, SeedRequest, VerifyReply, VerifyRequ
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
+from tests.helpers import resolved
 
 # every bundled environment kind whose setup reads options: (entry a's, entry b's)
 TWO_ENTRIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -39,10 +40,12 @@ async def two_entries(bus: Bus, server: str) -> AsyncIterator[tuple[ResourceWork
     a, b = TWO_ENTRIES[server]
     # in this process (isolation: none, also for OpenEnv): two entries' setups share one process here; in guest
     # processes (OpenEnv's default) each entry's setup runs in a process of its own
-    workers = (
-        ResourceWorker(bus, f"{server}_a", ResourceConfig(server=f"resources.{server}", options=a, isolation="none")),
-        ResourceWorker(bus, f"{server}_b", ResourceConfig(server=f"resources.{server}", options=b, isolation="none")),
-    )
+
+    def worker(name: str, options: dict[str, Any]) -> ResourceWorker:
+        entry = ResourceConfig(server=f"resources.{server}", options=options, isolation="none")
+        return ResourceWorker(bus, name, resolved(resources={name: entry}))
+
+    workers = (worker(f"{server}_a", a), worker(f"{server}_b", b))
     async with anyio.create_task_group() as tg:
         for w in workers:  # both set up before either serves: the second setup used to overwrite the first
             await tg.start(w.run)

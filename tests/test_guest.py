@@ -26,7 +26,7 @@ from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import ROWS
+from tests.helpers import ROWS, resolved
 
 
 @asynccontextmanager
@@ -34,10 +34,11 @@ async def serving(
     bus: Bus, isolation: str, call_timeout_s: float = 60.0, judge_delay_s: float = 0.0
 ) -> AsyncIterator[ResourceWorker]:
     cfg = ResourceConfig(server="tests.envs.gil_hog", isolation=isolation, call_timeout_s=call_timeout_s)  # type: ignore[arg-type]
-    worker = ResourceWorker(bus, "hog", cfg, model_names=["judge"])
     judge = model_config({"adapter": "scripted", "delay_s": judge_delay_s})
+    config = resolved(resources={"hog": cfg}, models={"judge": judge})
+    worker = ResourceWorker(bus, "hog", config)
     async with anyio.create_task_group() as tg:
-        await tg.start(ModelWorker(bus, "judge", judge).run)
+        await tg.start(ModelWorker(bus, "judge", config).run)
         await tg.start(worker.run)
         yield worker
         tg.cancel_scope.cancel()

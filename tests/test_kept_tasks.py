@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from gym_runtime.config import resolve_config
 from gym_runtime.data.batches import Manifest, purge_batch
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.data.republish import kept_task
@@ -15,7 +16,7 @@ from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import subject_count, task_id_slots, task_msg_id
 from gym_runtime.transport.subjects import Subjects, blob_role
-from tests.helpers import REPO, ROWS, weather
+from tests.helpers import REPO, ROWS, weather, weather_config
 
 DATA = REPO / "resources/weather/data/example.jsonl"
 s = Subjects("gym")
@@ -55,9 +56,9 @@ async def test_purge_removes_the_batchs_kept_bodies_and_only_them(bus: Bus) -> N
 
 
 async def test_max_republish_0_keeps_nothing(bus: Bus) -> None:
-    cfg = weather()
+    cfg = weather_config()
     cfg.jetstream.max_republish = 0
-    manifest = await publish_batch(bus, cfg, DATA, batch="n")
+    manifest = await publish_batch(bus, resolve_config(cfg), DATA, batch="n")
     assert manifest.max_republish == 0
     assert await subject_count(bus, s.kept_stream, s.kept("n", "*")) == 0
 

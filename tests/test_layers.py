@@ -107,6 +107,20 @@ def test_no_gym_runtime_import_hides_inside_a_function_outside_the_cli() -> None
     assert hidden == []
 
 
+def test_workers_take_hosting_from_the_resolved_config() -> None:
+    """The workers import nothing from ``gym_runtime.hosting``: a hosted entry's code comes with the
+    ``ResolvedConfig`` (loaded by name, as plugins are). The one exception is the guest process's entry
+    (``guest_main``), which runs a hosted server's code itself, in its built environment."""
+    importers = []
+    for path in sorted((REPO / "runtime" / "workers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            modules += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(m.startswith("gym_runtime.hosting") for m in modules):
+                importers.append(path.name)
+    assert sorted(set(importers)) == ["guest_main.py"]
+
+
 @pytest.mark.parametrize("module", ["gym_runtime.messages", "gym_runtime.resource"])
 def test_importing_messages_loads_no_transport_telemetry_or_http(module: str) -> None:
     """Nor the environment author's API: its sandboxes (``Resource.sandbox``) are typed there, the client

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import anyio
 
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
@@ -31,7 +31,7 @@ from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
-from tests.helpers import REPO, ROWS, put_batch
+from tests.helpers import REPO, ROWS, put_batch, resolved
 
 TOOL = {
     "type": "function",
@@ -65,7 +65,7 @@ async def until(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> 
 async def serving(url: str, cfg: ModelConfig) -> AsyncIterator[ModelWorker]:
     """A model worker of ``policy`` on its own connection, in this process, for the block."""
     wbus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="model")
-    worker = ModelWorker(wbus, "policy", cfg)
+    worker = ModelWorker(wbus, "policy", resolved(models={"policy": cfg}))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)
@@ -238,7 +238,7 @@ async def weather_on_one_slot(
             "base_dir": str(REPO),
         }
     )
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     (served,) = [w for w in workers if isinstance(w, ModelWorker)]
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)

@@ -21,14 +21,16 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import RowCheck, SeedReply, SeedRequest, ToolCall, ToolReply
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import ROWS
+from tests.helpers import ROWS, resolved
 
 
 @contextlib.asynccontextmanager
 async def serving(bus: Bus) -> AsyncIterator[ResourceWorker]:
     """A weather resource worker (at most 3 sessions) in this process, for the block (a task group
     cannot be held open across a pytest-asyncio fixture's yield)."""
-    w = ResourceWorker(bus, "weather", ResourceConfig(server="resources.weather", max_sessions=3))
+    w = ResourceWorker(
+        bus, "weather", resolved(resources={"weather": ResourceConfig(server="resources.weather", max_sessions=3)})
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(w.run)
         yield w

@@ -16,7 +16,7 @@ import anyio
 import nats
 import pytest
 
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.observability.tracing import Telemetry
@@ -65,7 +65,7 @@ async def test_a_rollouts_trace_holds_its_sandbox_operations_as_children(
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=tel, name="traced")
     await ensure_streams(bus)
     cfg = config(engine, pool, tmp_path, agent="tests.envs.sandboxed", timeout_s=120)
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     try:
         async with anyio.create_task_group() as tg:
             await start_workers(tg, workers)
@@ -130,7 +130,7 @@ async def test_an_environments_wait_for_a_lease_is_off_the_rollouts_clock_and_re
 
     await spy.subscribe(bus.subjects.sandbox_present(pool), cb=on_present)
     await spy.flush()
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     try:
         async with anyio.create_task_group() as tg:
             await start_workers(tg, workers)
@@ -180,7 +180,7 @@ async def test_a_rows_provenance_names_the_content_of_the_image_its_sandbox_ran(
     """The agent's sandbox ran the pool's default image: the row names it, and beside it the image's content id,
     which is ``docker image inspect``'s Id of that image (its first 12 hex digits, which the CLI takes too)."""
     cfg = config(engine, pool, tmp_path, agent="tests.envs.sandboxed", timeout_s=120)
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, ROWS[:1], batch="p", agents=["agent"])
@@ -200,7 +200,7 @@ async def test_the_environments_own_sandbox_is_in_the_rows_provenance(
     """An agent with no sandbox of its own (``agents.simple``) and an environment whose ``verify`` runs in one:
     the row names that sandbox's image and content all the same (the resource worker reports its session's)."""
     cfg = config(engine, pool, tmp_path, agent="agents.simple", timeout_s=120)
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, ROWS[:1], batch="e", agents=["agent"])
@@ -218,7 +218,7 @@ async def test_a_warm_sandbox_reports_the_content_of_its_image_too(
 ) -> None:
     """A sandbox served from the warm pool (created before anyone asked) says what it runs as a fresh one does."""
     cfg = config(engine, pool, tmp_path, agent="agents.simple", timeout_s=120, warm=1)
-    workers = [w for w in make_workers(bus, cfg, selected(cfg, None)) if isinstance(w, SandboxWorker)]
+    workers = [w for w in make_workers(bus, resolve_config(cfg), selected(cfg, None)) if isinstance(w, SandboxWorker)]
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         [fleet] = workers

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gym_runtime.config import SandboxConfig, SandboxLimits, config_from_dict
+from gym_runtime.config import SandboxConfig, SandboxLimits, config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import Failure
@@ -153,7 +153,7 @@ async def test_a_rollouts_sandboxes_end_with_it_scored_failed_or_timed_out(
         }
     )
     rows = [{**ROWS[i], "end": end} for i, end in enumerate(("scored", "failed", "timeout"))]
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="b", agents=["agent"])

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gym_runtime.config import config_from_dict, load_config
+from gym_runtime.config import config_from_dict, load_config, resolve_config
 from gym_runtime.data import batches
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
@@ -62,7 +62,7 @@ async def test_the_defaults_admit_a_million_rollout_batch_measured_on_weather(bu
     names = bus.subjects
     await publish_rows(bus, WEATHER_ROWS, batch="m", agents=["weather_agent"], repeats=repeats)
     task_bytes = (await jetstream.stream_config(bus, names.tasks_stream) or {})["bytes"] / n
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         with anyio.fail_after(60):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nats
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import run_batch
@@ -34,7 +34,12 @@ async def test_every_message_of_a_rollout_carries_its_task_trace(nats_server: Em
     await spy.subscribe("_INBOX.>", cb=record)  # replies
     await spy.flush()
     result = await run_batch(
-        load_config(WEATHER), nats_server.url, input_path=ROWS, out=tmp_path / "o.jsonl", telemetry=Telemetry(), limit=3
+        resolve_config(load_config(WEATHER)),
+        nats_server.url,
+        input_path=ROWS,
+        out=tmp_path / "o.jsonl",
+        telemetry=Telemetry(),
+        limit=3,
     )
     await spy.flush()
     await spy.close()

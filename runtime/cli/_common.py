@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from gym_runtime.admission import parse_budget
-from gym_runtime.config import Config, load_config, resolve_config
+from gym_runtime.config import Config, load_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -109,14 +109,14 @@ def refuse_argv_secrets(args: argparse.Namespace) -> None:
         check_argv_secret("--nats", nats)
 
 
-def load(args: argparse.Namespace, *, resolve: bool = False) -> Config:
-    """The command's config; ``resolve``: also import its plugins and check their options (``resolve_config``),
-    as every command that starts workers or checks rows against environments does before any work."""
+def load(args: argparse.Namespace) -> Config:
+    """The command's config, as loaded (pure data). Every command that starts workers or checks rows against
+    environments resolves it (``resolve_config``: its plugins imported, their option checks) before any work."""
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     if getattr(args, "concurrency", None):
         for a in cfg.agents.values():
             a.concurrency = args.concurrency
-    return resolve_config(cfg) if resolve else cfg
+    return cfg
 
 
 def stdout_gone() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load, metrics_options, telemetry
+from gym_runtime.config import resolve_config, resolve_models
 from gym_runtime.errors import ClientError, UserError
 
 
@@ -52,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     tel = telemetry(args, "gateway")
 
     async def go() -> None:
-        async with Client(cfg, nats=url, auth_dir=args.auth_dir, workers=workers, telemetry=tel) as client:
+        resolved = resolve_config(cfg) if workers else resolve_models(cfg)  # a client that only submits: no agent
+        async with Client(resolved, nats=url, auth_dir=args.auth_dir, workers=workers, telemetry=tel) as client:
             try:
                 runner, port = await start(client, host=args.host, port=args.port)
             except OSError as e:  # the port is taken, or the address is not ours

@@ -55,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.runner import publish_batch
     from gym_runtime.transport.bus import Bus
 
-    cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
+    cfg = load(args)
+    resolved = resolve_models(cfg)  # the tasks' fingerprints need the adapters' options (no agent, no environment)
     url = need_url(args, cfg)
     if not cfg.agents:
         raise UserError("the config names no agents")
@@ -88,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
                 publish = functools.partial(
                     publish_batch,
                     bus,
-                    cfg,
+                    resolved,
                     args.input,
                     agent=args.agent,
                     repeats=args.repeats,

@@ -45,10 +45,11 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import resource_for, reverify_batch
 
-    cfg = resolve_config(load_config([config_path(c) for c in args.config], args.overrides))
+    cfg = load_config([config_path(c) for c in args.config], args.overrides)
+    resolved = resolve_config(cfg)
     check_output(args.output)
     rows = validate_rollouts(args.input)
-    resource = resource_for(cfg, args.agent)
+    resource = resource_for(resolved, args.agent)
     entry = cfg.resources[resource]
     # a hosted NeMo Gym server verifies in its built environment (built now if missing): in its worker's guest
     # (isolation: process, the default; the worker here), or in a worker child on that environment (none)
@@ -64,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
             auth = client_auth(args)
             report = run_async(
                 lambda: reverify_batch(
-                    cfg,
+                    resolved,
                     url,
                     input_path=args.input,
                     out=args.output,

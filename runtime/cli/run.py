@@ -51,6 +51,7 @@ from gym_runtime.cli._common import (
     telemetry,
 )
 from gym_runtime.cli._gc import freeze_startup
+from gym_runtime.config import resolve_config
 from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
@@ -228,7 +229,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import run_batch
 
-    cfg = load(args, resolve=True)
+    cfg = load(args)
+    resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
     if args.input is None:
         bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
         example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
@@ -279,7 +281,7 @@ def main(args: argparse.Namespace) -> int:
             ):
                 result = run_async(
                     lambda: run_batch(
-                        cfg,
+                        resolved,
                         url,
                         input_path=args.input,
                         out=args.output,

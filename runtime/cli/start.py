@@ -21,6 +21,7 @@ from gym_runtime.cli._common import (
 )
 from gym_runtime.cli._common import telemetry as make_telemetry
 from gym_runtime.cli._gc import freeze_startup
+from gym_runtime.config import resolve_config
 from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env
@@ -65,11 +66,12 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import check_resources, selected, serve, wait_for_server
 
-    cfg = load(args, resolve=True)
+    cfg = load(args)
+    resolved = resolve_config(cfg)  # the plugins' option checks: a bad option is one line now
     url = need_url(args, cfg)
     auth = client_auth(args)
     pairs = selected(cfg, args.only)
-    check_resources(cfg, pairs)  # a mistyped module: one line now, whatever the server
+    check_resources(resolved, pairs)  # a mistyped module: one line now, whatever the server
     # the pools served here build the Harbor task images their engines lack, before any worker starts
     pools = {n for r, n in pairs if r == "sandboxes"}
     if pools:
@@ -94,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         def workers(signals: ForwardedSignals | None = None) -> int | None:
             return run_async(
                 lambda: serve(
-                    cfg,
+                    resolved,
                     url,
                     only=args.only,
                     telemetry=telemetry,

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gym_runtime.cli._common import EXIT_USAGE, any_tools_option, common_options, config_argument, err, load, plural
+from gym_runtime.config import resolve_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.validation import validate_files
 
     args.overrides = data_only_overrides(args.config) + args.overrides  # no model is called here
-    cfg = load(args, resolve=True)
+    cfg = load(args)
+    resolve_config(cfg)  # the plugins' option checks (its rows are checked against the loaded config)
     report = validate_files(cfg, args.input, agent=args.agent, any_tools=args.any_tools)
     if report.problems:
         for line in report.problems:

@@ -10,9 +10,11 @@ the Structs but are redacted from anything printed.
 
 Loading is pure data: it imports no agent, resource or adapter module. What only a plugin can
 check — an adapter's own keys (a ``models`` entry is flat), an agent's ``check_options``, that the
-modules exist — is checked by ``resolve_config``, which every path that starts workers calls before
-anything is published or any worker takes work (a publisher imports only the adapters,
-``resolve_models``: its tasks' fingerprints hash their parsed options). Until then an
+modules exist — is checked by ``resolve_config``, which returns a frozen ``ResolvedConfig`` (the
+parsed options, the loaded plugins, the fingerprints): the one value workers, ``make_workers``,
+``publish_batch`` and ``Client`` take, made once before anything is published or any worker takes work
+(a publisher imports only the adapters, ``resolve_models``: its tasks' fingerprints hash their parsed
+options). Until then an
 adapter's keys are held as written (``gym_runtime.model.WrittenOptions``): a key whose name looks like
 a secret (``api_key``, ``token``, ``headers``, ...) or whose value came from ``${VAR}`` is redacted;
 once resolved, the adapter's own ``secret_fields`` decide.
@@ -24,14 +26,16 @@ import copy
 import difflib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType, ModuleType
 from typing import Any, Literal
 
 import msgspec
 import msgspec.inspect
 import yaml
 
+from gym_runtime.config import fingerprints
 from gym_runtime.config import nemo as nemo_config
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.messages import Cost
@@ -43,7 +47,7 @@ from gym_runtime.model import (
     resolve_model,
     written_model_config,
 )
-from gym_runtime.plugins import load_plugin, use_config_dir
+from gym_runtime.plugins import import_plugin, load_plugin, use_config_dir
 from gym_runtime.transport.jetstream import DUPLICATE_WINDOW_S, STREAM_LIMITS, parse_size
 
 
@@ -739,33 +743,153 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     return cfg
 
 
-def resolve_config(cfg: Config) -> Config:
-    """Import the adapters and agents ``cfg`` names and let them check their options; returns ``cfg``.
+HOSTED_RESOURCE_MODULE = "gym_runtime.hosting.resource"  # what a hosted resource's workers use of hosting
 
-    The step between loading (pure data) and starting workers: ``start``, ``run``, ``validate``,
-    ``Client`` and the worker composition (``gym_runtime.service.runner``) call it, so a bad option
-    is one ``ConfigError`` naming the key before anything is published or any worker takes work.
-    Each ``models`` entry's options become its adapter's ``Options`` (once; calling again is cheap).
+
+class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """A config whose plugins have checked it: what workers, ``make_workers``, ``publish_batch`` and ``Client``
+    take. Made only by ``resolve_config`` (or ``resolve_models``), once, from a loaded ``Config``, which it
+    leaves as it was.
+
+    ``config``: the loaded config with each ``models`` entry's options parsed by its adapter. ``agent_modules``:
+    each agent entry's module (a hosted one's: ``gym_runtime.hosting.agent``); ``hosting``: what a hosted
+    resource's workers use (``gym_runtime.hosting.resource``), when one is hosted. Both loaded by name, as
+    plugins are, so that the workers import nothing from ``gym_runtime.hosting``; empty when resolved for
+    publishing only (``plugins`` False). ``fingerprints`` and ``fields``: each entry's, by (role, name) as
+    workers register (``config.fingerprints``)."""
+
+    config: Config
+    plugins: bool
+    agent_modules: Mapping[str, ModuleType]
+    hosting: ModuleType | None
+    fingerprints: Mapping[tuple[str, str], str]
+    fields: Mapping[tuple[str, str], Mapping[str, str]]
+
+    # the loaded config's sections, read through (the resolved value is not a second copy of them)
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
+    @property
+    def nats(self) -> str | list[str]:
+        return self.config.nats
+
+    @property
+    def gateway(self) -> GatewayConfig:
+        return self.config.gateway
+
+    @property
+    def jetstream(self) -> JetStreamConfig:
+        return self.config.jetstream
+
+    @property
+    def models(self) -> Mapping[str, ModelConfig]:
+        return self.config.models
+
+    @property
+    def resources(self) -> Mapping[str, ResourceConfig]:
+        return self.config.resources
+
+    @property
+    def agents(self) -> Mapping[str, AgentConfig]:
+        return self.config.agents
+
+    @property
+    def sandboxes(self) -> Mapping[str, SandboxConfig]:
+        return self.config.sandboxes
+
+    @property
+    def pricing(self) -> PricingConfig | None:
+        return self.config.pricing
+
+    @property
+    def base_dir(self) -> str:
+        return self.config.base_dir
+
+    @property
+    def source(self) -> str:
+        return self.config.source
+
+    def model_fingerprints(self) -> dict[str, str]:
+        """Each models entry's fingerprint, by name."""
+        return {name: self.fingerprints[("model", name)] for name in self.config.models}
+
+    def model_table(self) -> dict[str, dict[str, str]]:
+        """Each model entry's adapter, model name and fingerprint (the batch manifest's ``models``: what rows'
+        ``provenance.turns`` name); URLs, keys and headers are never in it."""
+        table = {}
+        for name, m in self.config.models.items():
+            model = getattr(m.options, "model", None)
+            entry = {"adapter": m.adapter, "fingerprint": self.fingerprints[("model", name)]}
+            if isinstance(model, str) and model:
+                entry["model"] = model
+            table[name] = entry
+        return table
+
+    def agent_module(self, name: str) -> ModuleType:
+        """agents.NAME's module, loaded when this config was resolved."""
+        module = self.agent_modules.get(name)
+        if module is None:  # a bug: a config resolved for publishing only cannot start an agent's workers
+            raise TypeError(f"agents.{name}: its module was not loaded (resolve_config, not resolve_models)")
+        return module
+
+
+def resolve_config(cfg: Config) -> ResolvedConfig:
+    """Import the adapters and agents ``cfg`` names, let them check their options, and compute the fingerprints.
+
+    The step between loading (pure data) and starting workers: ``start``, ``run``, ``validate`` and ``Client``
+    call it, once, so a bad option is one ``ConfigError`` naming the key before anything is published or any
+    worker takes work. ``cfg`` is left as it is.
     """
-    resolve_models(cfg)
-    for name, a in cfg.agents.items():
-        _check_agent_options(name, a, cfg.source)
-    return cfg
+    cfg = copy.deepcopy(cfg)  # its own copy: the caller's Config may change later, this one never does
+    models = _parsed_models(cfg)
+    agents = {name: _agent_module(name, a, cfg.source) for name, a in cfg.agents.items()}
+    hosted = any(r.hosted for r in cfg.resources.values())
+    hosting = import_plugin(HOSTED_RESOURCE_MODULE) if hosted else None
+    return _resolved(cfg, models, plugins=True, agent_modules=agents, hosting=hosting)
 
 
-def resolve_models(cfg: Config) -> Config:
+def resolve_models(cfg: Config) -> ResolvedConfig:
     """The adapters' half of ``resolve_config``: each ``models`` entry's options parsed by its adapter.
 
     Publishing needs this much (a task carries its agent's fingerprint, which hashes the adapters'
     parsed options, defaults included, as the workers see them), so ``publish`` imports the adapters,
-    as loading did before; never an agent or environment module.
+    as loading did before; never an agent or environment module (the result starts no worker).
     """
+    cfg = copy.deepcopy(cfg)
+    return _resolved(cfg, _parsed_models(cfg), plugins=False, agent_modules={}, hosting=None)
+
+
+def _resolved(
+    cfg: Config,
+    models: dict[str, ModelConfig],
+    *,
+    plugins: bool,
+    agent_modules: dict[str, ModuleType],
+    hosting: ModuleType | None,
+) -> ResolvedConfig:
+    config = msgspec.structs.replace(cfg, models=models)
+    roles = [("model", n) for n in config.models] + [("resource", n) for n in config.resources]
+    roles += [("agent", n) for n in config.agents]
+    return ResolvedConfig(
+        config=config,
+        plugins=plugins,
+        agent_modules=MappingProxyType(agent_modules),
+        hosting=hosting,
+        fingerprints=MappingProxyType(fingerprints.config_fingerprints(config)),
+        fields=MappingProxyType({(r, n): MappingProxyType(fingerprints.config_fields(config, r, n)) for r, n in roles}),
+    )
+
+
+def _parsed_models(cfg: Config) -> dict[str, ModelConfig]:
+    """Each ``models`` entry with its options parsed by its adapter (a new mapping: ``cfg`` is not changed)."""
+    models = {}
     for name, m in cfg.models.items():
         try:
-            cfg.models[name] = resolve_model(m)
+            models[name] = resolve_model(m)
         except msgspec.ValidationError as e:
             raise ConfigError(_model_error(cfg, name, m, _readable(str(e)))) from None
-    return cfg
+    return models
 
 
 def _model_error(cfg: Config, name: str, m: ModelConfig, text: str) -> str:
@@ -785,8 +909,8 @@ def _adapter_options(name: str) -> Any:
     return adapter_module(name).Options
 
 
-def _check_agent_options(name: str, a: AgentConfig, source: str) -> None:
-    """Let the agent module validate its ``options`` now, not as a failure on every rollout.
+def _agent_module(name: str, a: AgentConfig, source: str) -> ModuleType:
+    """agents.NAME's module, which validates its ``options`` now, not as a failure on every rollout.
 
     An agent module may define ``check_options(options) -> parsed`` (raising ``ValueError``).
     """
@@ -802,6 +926,7 @@ def _check_agent_options(name: str, a: AgentConfig, source: str) -> None:
             text = _readable(str(e).removeprefix("options: "))
             sep = "" if text.startswith(":") else "."
             raise ConfigError(f"{source}: agents.{name}.options{sep}{text}") from None
+    return module
 
 
 def _file_key_hint(raw: dict[str, Any], prefix: str, text: str, options_of: OptionsOf | None = None) -> str:

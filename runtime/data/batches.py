@@ -82,7 +82,7 @@ class Manifest(msgspec.Struct, kw_only=True):
     # (``jetstream.max_republish``); each task's body is kept (``Subjects.kept``) only when > 0
     max_republish: int = 0
     # the long values rows' ``provenance`` leaves out, kept once per batch: each model entry's adapter, model
-    # name and config fingerprint (``workers.control.model_table``; never its URL or key)
+    # name and config fingerprint (``ResolvedConfig.model_table``; never its URL or key)
     models: dict[str, dict[str, str]] = {}
     # the first slot its budget held back (-1: none): it and every later slot were never published, and get
     # ``budget`` failure rows; a publish of this batch again (with a larger budget) goes on from ``stored``

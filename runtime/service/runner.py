@@ -22,7 +22,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config, resolve_config, resolve_models
+from gym_runtime.config import Config, ResolvedConfig
 from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, Watermark, check_agent_flag, publish_tasks, validate
@@ -44,7 +44,7 @@ from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
-from gym_runtime.workers.control import agent_fingerprint, fingerprint, grader_identity, mismatches, model_table
+from gym_runtime.workers.control import grader_identity, mismatches
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.sandbox_worker import SandboxWorker
@@ -67,7 +67,7 @@ def pool_key(section: str, name: str) -> str:
     return f"{BUS_ROLE[section]}.{name}"
 
 
-def selected(config: Config, only: list[str] | None) -> list[tuple[str, str]]:
+def selected(config: Config | ResolvedConfig, only: list[str] | None) -> list[tuple[str, str]]:
     """(role, name) pairs to start; ``only`` holds ``role.name`` or ``role`` entries."""
     pairs = [(role, name) for role in SECTIONS for name in getattr(config, role)]
     if not only:
@@ -158,42 +158,34 @@ async def close_buses(buses: dict[str, Bus]) -> None:
 
 def make_workers(
     bus: Bus | dict[str, Bus],
-    config: Config,
+    config: ResolvedConfig,
     pairs: list[tuple[str, str]],
     *,
     replicas: int | None = None,
 ) -> list[Worker]:
-    """Build (not start) the workers of ``pairs``; ``bus`` may map NATS roles to their own connections
-    (``open_buses``). A construction error names the config entry (``models.policy: ...``); the config is
-    resolved first (``resolve_config``: its plugins' option checks, as ``serve`` and ``run_batch`` do)."""
-    resolve_config(config)
-    if isinstance(bus, dict):
-        return [w for p in pairs for w in make_workers(bus[pool_key(*p)], config, [p], replicas=replicas)]
+    """Build (not start) the workers of ``pairs`` of a resolved config (``resolve_config``: its plugins loaded,
+    their option checks passed, its fingerprints computed); ``bus`` may map NATS roles to their own connections
+    (``open_buses``). A construction error names the config entry (``models.policy: ...``)."""
     workers: list[Worker] = []
     for role, name in pairs:
+        pool = bus[pool_key(role, name)] if isinstance(bus, dict) else bus
         try:
-            workers += _make(bus, config, role, name, replicas)
+            workers += _make(pool, config, role, name, replicas)
         except (ValueError, ImportError) as e:
             text = str(e).replace(f"{role}.*.", f"{role}.{name}.")
             raise ConfigError(text if text.startswith(f"{role}.{name}") else f"{role}.{name}: {text}") from None
     return workers
 
 
-def _make(bus: Bus, config: Config, role: str, name: str, replicas: int | None) -> list[Worker]:
+def _make(bus: Bus, config: ResolvedConfig, role: str, name: str, replicas: int | None) -> list[Worker]:
     if role == "models":
-        cfg = config.models[name]
-        return [ModelWorker(bus, name, cfg, base_dir=config.base_dir) for _ in range(replicas or cfg.replicas)]
+        return [ModelWorker(bus, name, config) for _ in range(replicas or config.models[name].replicas)]
     if role == "resources":
-        rcfg = config.resources[name]
-        return [
-            ResourceWorker(bus, name, rcfg, config.models, config.resources, config.agents)
-            for _ in range(replicas or rcfg.replicas)
-        ]
+        return [ResourceWorker(bus, name, config) for _ in range(replicas or config.resources[name].replicas)]
     if role == "sandboxes":
         scfg = config.sandboxes[name]
         return [SandboxWorker(bus, name, scfg) for _ in range(replicas or scfg.replicas)]
-    acfg = config.agents[name]
-    return [AgentWorker(bus, name, acfg, config) for _ in range(replicas or acfg.replicas)]
+    return [AgentWorker(bus, name, config) for _ in range(replicas or config.agents[name].replicas)]
 
 
 async def start_workers(tg: TaskGroup, workers: list[Worker]) -> None:
@@ -242,7 +234,7 @@ async def drain(workers: list[Worker], timeout: float = 60.0, *, online: Callabl
                 tg.start_soon(server_gone, tg.cancel_scope)
 
 
-def check_resources(config: Config, pairs: list[tuple[str, str]]) -> None:
+def check_resources(config: ResolvedConfig, pairs: list[tuple[str, str]]) -> None:
     """What can be known without the server, said before waiting for it: a resource module that does not
     import (a typo) or lacks its verifier package would otherwise say nothing until the server answers."""
     for role, name in pairs:
@@ -281,7 +273,7 @@ async def unless_signalled(
 
 
 async def serve(
-    config: Config,
+    config: ResolvedConfig,
     url: str | list[str],
     *,
     only: list[str] | None,
@@ -296,7 +288,6 @@ async def serve(
 
     A signal while the workers still wait for their server stops the wait at once (nothing to drain):
     a scheduler's SIGTERM, or Ctrl-C on a worker node whose server is not up, is acted on then too."""
-    resolve_config(config)  # a bad option: one error now, not after waiting for the server
     pairs = selected(config, only)
     check_resources(config, pairs)
     stopped: list[int] = []
@@ -360,7 +351,7 @@ MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
 DISCOVERY_WAIT_S = 0.3  # how long a publish gathers the live workers' answers (they answer in ~1 ms)
 
 
-async def check_live_workers(bus: Bus, config: Config, agents: list[str]) -> None:
+async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]) -> None:
     """Refuse to publish to workers started with another config (each would fail every task it takes as
     ``config_mismatch``): one line naming the keys that differ. With no worker of ``agents`` yet the tasks
     wait in the queue; say so once."""
@@ -398,7 +389,7 @@ def _same_batch(a: Manifest, b: Manifest) -> bool:
 
 async def publish_batch(
     bus: Bus,
-    config: Config,
+    config: ResolvedConfig,
     input_path: str | Path,
     *,
     agent: str | None = None,
@@ -422,7 +413,6 @@ async def publish_batch(
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
     plan = plan or validate(input_path, agents, agent=agent, limit=limit)
-    resolve_models(config)  # the tasks' fingerprints hash the adapters' options (a bad one: exit 2, nothing sent)
     if check_workers:
         await check_live_workers(bus, config, list(plan.agents))
     manifest = new_manifest(
@@ -431,7 +421,7 @@ async def publish_batch(
         repeats=repeats,
         input_path=str(Path(input_path).resolve()),
         max_republish=config.jetstream.max_republish,
-        models=model_table(config),
+        models=config.model_table(),
     )
     await ensure_streams(bus, agents)
     earlier = await get_manifest(bus, batch) if batch else None
@@ -448,7 +438,7 @@ async def publish_batch(
         agents=manifest.agents,
         skip=manifest.stored,
     )
-    fps: dict[str, dict[str, Any]] = {a: {"fingerprint": agent_fingerprint(config, a)} for a in agents}  # isolation
+    fps: dict[str, dict[str, Any]] = {a: {"fingerprint": config.fingerprints[("agent", a)]} for a in agents}
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
     mark = Watermark(start=manifest.stored)
@@ -511,7 +501,7 @@ async def publish_batch(
 
 
 async def run_batch(
-    config: Config,
+    config: ResolvedConfig,
     url: str | list[str],
     *,
     input_path: str | Path,
@@ -537,7 +527,6 @@ async def run_batch(
     look for live workers of another config before publishing (not needed on a server this run started);
     ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``)."""
     t0 = time.perf_counter()
-    resolve_config(config)  # the plugins' option checks, before anything is published
     if not config.agents:
         raise UserError("the config names no agents")
     # fail fast, before connecting
@@ -558,7 +547,6 @@ async def run_batch(
     try:
         await ensure_streams(bus, config.agents)
         if check_workers:  # before this run's own workers start: only others can differ
-            resolve_models(config)
             await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, pairs)
@@ -655,7 +643,7 @@ async def collect_batch(
     return stats
 
 
-def resource_for(config: Config, agent: str | None) -> str:
+def resource_for(config: ResolvedConfig, agent: str | None) -> str:
     """The resource whose verifier re-scores rows: the agent's, or the config's only one."""
     if agent is not None:
         check_agent_flag(agent, config.agents)
@@ -667,7 +655,7 @@ def resource_for(config: Config, agent: str | None) -> str:
 
 
 async def reverify_batch(
-    config: Config,
+    config: ResolvedConfig,
     url: str | list[str],
     *,
     input_path: str | Path,
@@ -710,7 +698,7 @@ async def reverify_batch(
                 tasks=tasks,
                 on_row=on_row,
                 task_fields=fields,
-                grader=functools.partial(grader_identity, {m: fingerprint(c) for m, c in config.models.items()}),
+                grader=functools.partial(grader_identity, config.model_fingerprints()),
             )
             tg.cancel_scope.cancel()
     finally:

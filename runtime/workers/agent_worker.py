@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -24,9 +25,8 @@ import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
-from gym_runtime.config import AgentConfig, Config, resolve_models
+from gym_runtime.config import ResolvedConfig
 from gym_runtime.errors import Failure, StorageFull, UserError
-from gym_runtime.hosting.agent import hosted_agent
 from gym_runtime.messages import (
     AttemptRetried,
     AttemptStart,
@@ -38,7 +38,6 @@ from gym_runtime.messages import (
     VerifyReply,
 )
 from gym_runtime.observability import logs
-from gym_runtime.plugins import load_plugin
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
@@ -47,7 +46,7 @@ from gym_runtime.transport.pull import ACK_WAIT_S
 from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, agent_fields, agent_fingerprint, fingerprint, grader_identity
+from gym_runtime.workers.control import ControlView, grader_identity
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
 
 log = logs.get("gym.agent")
@@ -55,11 +54,10 @@ log = logs.get("gym.agent")
 NAK_BACKOFF_S = (0.2, 1.0, 5.0)
 
 
-def load_agent(module_path: str) -> AgentFn:
-    module = load_plugin("agent", module_path, "agents.*.agent")
+def agent_fn(module: ModuleType) -> AgentFn:
     fn = getattr(module, "run", None)
     if fn is None:
-        raise UserError(f"agent module {module_path} must define `async def run(ctx)`")
+        raise UserError(f"agent module {module.__name__} must define `async def run(ctx)`")
     return fn  # type: ignore[no-any-return]
 
 
@@ -102,24 +100,27 @@ def build_row(
 
 
 class AgentWorker:
-    def __init__(self, bus: Transport, name: str, cfg: AgentConfig, config: Config) -> None:
+    """agents.NAME of a resolved config: its module (a hosted NeMo Gym agent's: ``gym_runtime.hosting.agent``)
+    and the fingerprints it checks tasks against come from the config, loaded and computed once."""
+
+    def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
-        self.cfg = cfg
-        self.config = resolve_models(config)  # its fingerprints hash the adapters' parsed options
+        self.cfg = cfg = config.agents[name]
+        self.config = config
+        module = config.agent_module(name)
         self.guest: GuestAgent | None = None
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
             if cfg.isolation == "process":
                 raise UserError(f"agents.{name}: a hosted NeMo Gym agent runs in its own child process; drop isolation")
             res = config.resources.get(cfg.resource or "")
-            host = hosted_agent(name, cfg, list(config.models), resource_hosted=res is not None and res.hosted)
+            host = module.hosted_agent(name, cfg, list(config.models), resource_hosted=res is not None and res.hosted)
             self.fn: AgentFn = host.run
             self.run_group: Any = host.run_group  # a group task's K repeats: K concurrent /run calls
             self.setup: Any = host.setup
             self.teardown: Any = host.stop  # its lifespan left on its loop when the worker stops
         else:
-            self.fn = load_agent(cfg.agent)
-            module = load_plugin("agent", cfg.agent, "agents.*.agent")
+            self.fn = agent_fn(module)
             self.run_group = getattr(module, "run_group", None)  # group tasks (group_repeats)
             self.setup = getattr(module, "setup", None)  # once per worker, before the first task (e.g. load an env)
             self.teardown = None
@@ -138,8 +139,8 @@ class AgentWorker:
         self.retried = 0
         self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
-        self.fingerprint = agent_fingerprint(config, name)
-        self._model_fps = {m: fingerprint(c) for m, c in config.models.items()}
+        self.fingerprint = config.fingerprints[("agent", name)]
+        self._model_fps = config.model_fingerprints()
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
         self.runtime_version = _runtime_version()
@@ -197,7 +198,7 @@ class AgentWorker:
                     log=log,
                     owner=self,
                     fingerprint=self.fingerprint,
-                    fields=agent_fields(self.config, self.name),
+                    fields=dict(self.config.fields[("agent", self.name)]),
                     slots=self.cfg.concurrency,
                 )
             finally:

@@ -9,104 +9,23 @@ changes are announced on control subjects (so running workers learn them at once
   ``paused_key``;
 * ``Subjects.cancel`` — ``CancelBatch``; KV key ``cancelled_key``.
 
-Fingerprints: a short hash of a config entry (scaling fields left out), so two experiments that
-both name a model ``policy`` in one namespace cannot serve each other's calls by accident.
+Fingerprints (``config.fingerprints``, computed once by ``resolve_config``): ``mismatches`` compares a
+config's with those live workers announce.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config
+from gym_runtime.config import ResolvedConfig
 from gym_runtime.messages import CancelBatch, Cost, PauseModel, PolicyVersion, ResumeModel
-from gym_runtime.model import WrittenOptions
 from gym_runtime.transport.interface import KeyValue, Transport
 from gym_runtime.transport.subjects import Subjects
 
-# Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
-# timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).
-_DEPLOYMENT = frozenset(
-    {
-        "replicas",
-        "concurrency",
-        "base_url",
-        "api_key",
-        "headers",
-        "timeout_s",
-        "ack_wait_s",
-        "max_retries",
-        "retry_backoff_s",
-        "replica_cooldown_s",
-        "max_attempts",
-        "max_worker_losses",
-        "session_ttl_s",
-    }
-)
 _CACHE_LIMIT = 10_000
-
-
-def _served(entry: msgspec.Struct) -> dict[str, Any]:
-    """A config entry's fields that say *what* is served (deployment fields left out), a model's options flat."""
-    raw = msgspec.structs.asdict(entry)
-    options = raw.get("options")
-    if isinstance(options, WrittenOptions):  # a bug: workers and Client resolve their config first
-        raise RuntimeError("fingerprint of an unresolved models entry: resolve_config(config) first")
-    if isinstance(options, msgspec.Struct):  # a model entry: the adapter's own options, flattened
-        del raw["options"]
-        raw.update(msgspec.structs.asdict(options))
-    return {k: v for k, v in raw.items() if k not in _DEPLOYMENT}
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()[:12]
-
-
-def fingerprint(entry: msgspec.Struct) -> str:
-    """12 hex digits over a config entry's fields, deployment fields excluded."""
-    return _digest(_served(entry))
-
-
-def entry_fields(key: str, entry: msgspec.Struct) -> dict[str, str]:
-    """Each served field's digest under its config key (``models.policy.temperature``): a worker announces
-    these, so a publisher with another config names the keys that differ, never seeing a value."""
-    return {f"{key}.{k}": _digest(v) for k, v in _served(entry).items()}
-
-
-def agent_fingerprint(config: Config, agent: str) -> str:
-    """An agent's entry together with the model and resource entries it uses."""
-    a = config.agents[agent]
-    parts = [fingerprint(a)]
-    for table, name in ((config.models, a.model), (config.resources, a.resource)):
-        parts.append(fingerprint(table[name]) if name in table else f"?{name}")
-    return hashlib.sha256(":".join(parts).encode()).hexdigest()[:12]
-
-
-def agent_fields(config: Config, agent: str) -> dict[str, str]:
-    """``entry_fields`` of an agent's entry and of the model and resource entries it uses (its fingerprint's parts)."""
-    a = config.agents[agent]
-    out = entry_fields(f"agents.{agent}", a)
-    for section, table, name in (("models", config.models, a.model), ("resources", config.resources, a.resource)):
-        if name in table:
-            out.update(entry_fields(f"{section}.{name}", table[name]))
-    return out
-
-
-def model_table(config: Config) -> dict[str, dict[str, str]]:
-    """Each model entry's adapter, model name and fingerprint (the batch manifest's ``models``: what rows'
-    ``provenance.turns`` name), from a resolved config; URLs, keys and headers are never in it."""
-    table = {}
-    for name, m in config.models.items():
-        model = getattr(m.options, "model", None)
-        entry = {"adapter": m.adapter, "fingerprint": fingerprint(m)}
-        if isinstance(model, str) and model:
-            entry["model"] = model
-        table[name] = entry
-    return table
 
 
 def grader_identity(fingerprints: dict[str, str], cost: Cost | None) -> str | None:
@@ -117,27 +36,11 @@ def grader_identity(fingerprints: dict[str, str], cost: Cost | None) -> str | No
     return ",".join(f"{m}:{fingerprints.get(m) or '?'}" for m in sorted(cost.models))
 
 
-def config_fingerprints(config: Config) -> dict[tuple[str, str], str]:
-    """(role, name) → fingerprint for every entry of a config (roles as in worker registration)."""
-    out = {("model", n): fingerprint(m) for n, m in config.models.items()}
-    out.update({("resource", n): fingerprint(r) for n, r in config.resources.items()})
-    out.update({("agent", n): agent_fingerprint(config, n) for n in config.agents})
-    return out
-
-
-def config_fields(config: Config, role: str, name: str) -> dict[str, str]:
-    """What ``role`` ``name``'s workers announce as their fields, for this config."""
-    if role == "agent":
-        return agent_fields(config, name)
-    section, table = ("models", config.models) if role == "model" else ("resources", config.resources)
-    return entry_fields(f"{section}.{name}", table[name])
-
-
-def mismatches(config: Config, workers: list[dict[str, Any]]) -> list[str]:
+def mismatches(config: ResolvedConfig, workers: list[dict[str, Any]]) -> list[str]:
     """One phrase per config entry that live workers serve with another config: the keys that differ (or,
     for a worker that announces no fields, the two fingerprints). Workers of entries this config lacks are
     another experiment's business, not a mismatch."""
-    mine = config_fingerprints(config)
+    mine = config.fingerprints
     seen: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
     for w in workers:
         role, name = str(w.get("role")), str(w.get("name"))
@@ -148,7 +51,7 @@ def mismatches(config: Config, workers: list[dict[str, Any]]) -> list[str]:
         ids.append(str(w.get("worker")))
         theirs = w.get("fields")
         if isinstance(theirs, dict):
-            ours = config_fields(config, role, name)
+            ours = config.fields[(role, name)]
             keys.update(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         else:
             keys.add(f"fingerprint {got}, this config's {expected}")

@@ -28,44 +28,39 @@ from typing import Any
 import anyio
 from opentelemetry import trace
 
+from gym_runtime.config import ResolvedConfig
 from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import TRAINING_FIELDS, ModelRequest, ModelResponse, PauseAck, PauseModel, Response
 from gym_runtime.model import (
     PAUSE_MODES,
     InterruptibleAdapter,
     ModelAdapter,
-    ModelConfig,
     Partial,
     check_adapter,
     interruptible,
     load_adapter,
-    resolve_model,
 )
 from gym_runtime.observability import logs
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, Pausable, entry_fields, fingerprint
+from gym_runtime.workers.control import ControlView, Pausable
 
 log = logs.get("gym.model")
 ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
 
 
 class ModelWorker:
+    """models.NAME of a resolved config: its adapter's options parsed and its fingerprint computed there."""
+
     def __init__(
-        self,
-        bus: Transport,
-        name: str,
-        cfg: ModelConfig,
-        *,
-        base_dir: str | None = None,
-        adapter: ModelAdapter | None = None,
+        self, bus: Transport, name: str, config: ResolvedConfig, *, adapter: ModelAdapter | None = None
     ) -> None:
         self.bus = bus
         self.name = name
-        self.cfg = cfg = resolve_model(cfg)  # the adapter's options parsed (its fingerprint hashes them)
-        self.adapter = adapter or load_adapter(cfg, base_dir=base_dir)
+        self.cfg = cfg = config.models[name]
+        self.adapter = adapter or load_adapter(cfg, base_dir=config.base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
         self.puller: Puller | None = None
         self.served = 0
@@ -73,7 +68,8 @@ class ModelWorker:
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
-        self.fingerprint = fingerprint(cfg)
+        self.fingerprint = config.fingerprints[("model", name)]
+        self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
@@ -122,7 +118,7 @@ class ModelWorker:
                     log=log,
                     owner=self,
                     fingerprint=self.fingerprint,
-                    fields=entry_fields(f"models.{self.name}", self.cfg),
+                    fields=dict(self.fields),
                     adapter=self.cfg.adapter,
                     slots=self.cfg.concurrency,
                 )

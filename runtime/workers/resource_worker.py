@@ -10,24 +10,18 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 import uuid
-from collections.abc import Iterable
 from contextvars import Token
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
 import msgspec
 
-from gym_runtime.config import ResourceConfig
+from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.env import HOSTED_ENV, nemo_gym_version
-from gym_runtime.hosting.env import ensure as hosted_env
-from gym_runtime.hosting.host import CalledSessions, hosted_class
 from gym_runtime.messages import (
     CloseSession,
     Cost,
@@ -43,7 +37,7 @@ from gym_runtime.messages import (
     VerifyRequest,
 )
 from gym_runtime.observability import logs
-from gym_runtime.plugins import code_identity, tree_hash
+from gym_runtime.plugins import code_identity
 from gym_runtime.resource import (
     Resource,
     ToolArgumentsError,
@@ -59,7 +53,6 @@ from gym_runtime.transport.discovery import register
 from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers.control import entry_fields, fingerprint
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
 from gym_runtime.workers.guest_wire import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
@@ -105,12 +98,6 @@ def _counted(token: Token[Any] | None) -> None:
         CPU_SINK.reset(token)
 
 
-def hosted_identity(server: str, server_dir: str | None) -> str:
-    """A hosted NeMo Gym server's code identity: nemo-gym's version, the server's name and its files' hash."""
-    code = tree_hash(Path(server_dir)) if server_dir else ""
-    return hashlib.sha256(f"nemo_gym=={nemo_gym_version()}:{server}:{code}".encode()).hexdigest()[:12]
-
-
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
@@ -136,20 +123,18 @@ async def _close(inst: Resource) -> None:
 
 
 class ResourceWorker:
-    def __init__(
-        self,
-        bus: Transport,
-        name: str,
-        cfg: ResourceConfig,
-        model_names: Iterable[str] = (),
-        resource_names: Iterable[str] = (),
-        agent_names: Iterable[str] = (),
-    ) -> None:
+    """resources.NAME of a resolved config: its class, or a hosted server's (``config.hosting``), and its
+    fingerprint come from the config; the other entries' names are the ones its code may call."""
+
+    def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
-        self.cfg = cfg
+        self.cfg = cfg = config.resources[name]
+        self.fingerprint = config.fingerprints[("resource", name)]
+        self.fields = config.fields[("resource", name)]
         where = f"resources.{name}.server"
-        resource_names = list(resource_names)
+        model_names, resource_names, agent_names = list(config.models), list(config.resources), list(config.agents)
+        hosting: Any = config.hosting  # gym_runtime.hosting.resource, loaded by name when a resource is hosted
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
         # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's
@@ -159,28 +144,30 @@ class ResourceWorker:
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
         self.guest: Guest | None = None
-        self.called: CalledSessions | None = None
+        self.called: Any = None  # a hosted server's sessions on other resources (hosting's CalledSessions)
+        if cfg.hosted and hosting is None:  # a bug: resolve_models (publishing) loads no plugin
+            raise TypeError(f"resources.{name}: a hosted server's workers need resolve_config, not resolve_models")
         if cfg.hosted and cfg.isolation != "none":
             # NeMo Gym's own server code in a guest on its built environment's Python; the bus stays here, and its
             # calls by name to the config's models and other resources come back over the guest wire
-            env = hosted_env(cfg.nemo_gym)
+            env = hosting.env(cfg.nemo_gym)
             start = Start(
                 server="",
                 entry=name,
                 options=dict(cfg.options),
                 nemo_gym=cfg.nemo_gym,
-                model_names=list(model_names),
+                model_names=model_names,
                 resource_names=resource_names,
             )
-            self.code = hosted_identity(cfg.nemo_gym, env.server_dir)
-            self.called = CalledSessions(bus)
+            self.code: str = hosting.identity(cfg.nemo_gym, env.server_dir)
+            self.called = hosting.CalledSessions(bus)
             self.guest = Guest(
                 start,
                 self.models,
                 cfg.call_timeout_s,
                 on_lost=self._guest_lost,
                 python=env.python,
-                env={HOSTED_ENV: env.prefix},
+                env={hosting.HOSTED_ENV: env.prefix},
                 resources=self.called,
                 leases=self._lease if cfg.sandbox else None,
             )
@@ -188,8 +175,8 @@ class ResourceWorker:
             return
         if cfg.hosted:  # isolation: none: in this process, which runs in the server's built environment
             # its calls by name to the config's models and other resources go over this worker's bus
-            self.cls = hosted_class(cfg.nemo_gym, name, dict(cfg.options), list(model_names), resource_names, bus)
-            self.code = hosted_identity(cfg.nemo_gym, None)
+            self.cls = hosting.hosted_class(cfg.nemo_gym, name, dict(cfg.options), model_names, resource_names, bus)
+            self.code = hosting.identity(cfg.nemo_gym, None)
         else:
             self.cls = load_resource_class(cfg.server, where, entry=name)
             check_requires(self.cls, where)
@@ -244,8 +231,8 @@ class ResourceWorker:
                 self.name,
                 self.worker_id,
                 self.stats,
-                fingerprint=fingerprint(self.cfg),
-                fields=entry_fields(f"resources.{self.name}", self.cfg),
+                fingerprint=self.fingerprint,
+                fields=dict(self.fields),
             )
             self.bus.telemetry.meters.track("resource", self.name, self)
             log.info("resource.ready", resource=self.name, worker=self.worker_id)

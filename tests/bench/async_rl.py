@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime import Client  # noqa: E402
-from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.config import config_from_dict, resolve_config  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from tests.bench import slot_model  # noqa: E402
 from tests.bench.saturation import config_dict  # noqa: E402
@@ -88,7 +88,7 @@ async def trainer(args: argparse.Namespace, mode: str, url: str) -> dict[str, An
     stale_rows = discarded = 0
     waits: list[float] = []
     updates: list[tuple[float, float]] = []
-    async with Client(cfg, nats=url) as client, anyio.create_task_group() as tg:
+    async with Client(resolve_config(cfg), nats=url) as client, anyio.create_task_group() as tg:
         models = [w for w in client.workers if hasattr(w, "gate")]
         version = 0
         await client.set_policy_version(version)

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime.cli._gc import freeze_startup, tune_gc  # noqa: E402
-from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.config import config_from_dict, resolve_config  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port  # noqa: E402
@@ -166,7 +166,7 @@ def main() -> None:
         try:
             res = run_async(
                 lambda: run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     srv.url,
                     input_path=inp,
                     out=tmp / "out.jsonl",

@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "bench"))  # overhead.until_answered
 
 from gym_runtime.cli._gc import tune_gc  # noqa: E402
+from gym_runtime.config import Config, resolve_config  # noqa: E402
 from gym_runtime.messages import CreateParams, ModelRequest, parse_items  # noqa: E402
 from gym_runtime.model import ModelConfig  # noqa: E402
 from gym_runtime.models.vllm import Options as VLLMOptions  # noqa: E402
@@ -146,7 +147,8 @@ async def bench(url: str, levels: list[int], calls: int) -> list[tuple[int, dict
         tel = Telemetry()
         wbus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-model")
         abus = await Bus.connect(srv.url, namespace="bench", telemetry=tel, name="bench-agent")
-        worker = ModelWorker(wbus, "policy", ModelConfig(adapter="vllm", concurrency=top, options=cfg))
+        served = resolve_config(Config(models={"policy": ModelConfig(adapter="vllm", concurrency=top, options=cfg)}))
+        worker = ModelWorker(wbus, "policy", served)
         subject = abus.subjects.model_queue("policy")
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)

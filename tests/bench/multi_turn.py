@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.config import config_from_dict, resolve_config  # noqa: E402
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
@@ -87,7 +87,7 @@ def one(n: int, policy_replicas: int, user_replicas: int, policy_slots: int, use
             cfg = config(policy_replicas, user_replicas, policy_slots, user_slots)
             result = run_async(
                 lambda: run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     srv.url,
                     input_path=DATA,
                     out=Path(tmp) / "out.jsonl",

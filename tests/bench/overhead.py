@@ -44,7 +44,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.config import load_config  # noqa: E402
+from gym_runtime.config import load_config, resolve_config  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
 from gym_runtime.service.loop import run_async  # noqa: E402
@@ -236,7 +236,7 @@ def one_process(
         tel = bench_telemetry(metrics)
         res = run_async(
             lambda: run_batch(
-                cfg,
+                resolve_config(cfg),
                 srv.url,
                 input_path=inp,
                 out=tmp / f"out_one_{conc}.jsonl",
@@ -302,7 +302,7 @@ def worker_processes(
     with Sampler(ps) as sampler:
         res = run_async(
             lambda: run_batch(
-                cfg,
+                resolve_config(cfg),
                 srv.url,
                 input_path=inp,
                 out=tmp / f"out_{tag}_{conc}.jsonl",
@@ -351,9 +351,9 @@ def rollout_latency(n: int, tmp: Path, model_sets: list[str]) -> float:
 
     async def go() -> float:
         bus = await Bus.connect(srv.url, namespace=cfg.namespace, telemetry=Telemetry(), name="latency")
-        manifest = await publish_batch(bus, cfg, inp)
+        manifest = await publish_batch(bus, resolve_config(cfg), inp)
         async with anyio.create_task_group() as tg:
-            workers = make_workers(bus, cfg, selected(cfg, None))
+            workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
             await start_workers(tg, workers)
             await collect_batch(bus, manifest.batch, tmp / "out_latency.jsonl")
             agent = next(w for w in workers if isinstance(w, AgentWorker))

@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime.cli._gc import freeze_startup, tune_gc  # noqa: E402
-from gym_runtime.config import config_from_dict  # noqa: E402
+from gym_runtime.config import config_from_dict, resolve_config  # noqa: E402
 from gym_runtime.data.batches import Owners, new_manifest  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability import logs  # noqa: E402
@@ -182,7 +182,7 @@ def point(
             inp = make_input(env, n, tmp)
             res = run_async(
                 lambda: run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     srv.url,
                     input_path=inp,
                     out=tmp / "out.jsonl",
@@ -324,13 +324,13 @@ def inflight(n: int, median_s: float, through: int) -> None:
             try:
                 await ensure_streams(bus)
                 async with anyio.create_task_group() as tg:
-                    workers = make_workers(bus, cfg, selected(cfg, None))
+                    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
                     await start_workers(tg, workers)
                     await anyio.sleep(1.0)
                     gc.collect()
                     idle = rss(procs)
                     t0 = time.monotonic()
-                    await publish_batch(bus, cfg, inp, agent="agent")
+                    await publish_batch(bus, resolve_config(cfg), inp, agent="agent")
                     names = Subjects(cfg.namespace)
                     js = bus.js
                     # every rollout in flight: the agent holds all n tasks (each waits on a model call)
@@ -406,7 +406,7 @@ def flat(n: int) -> None:
             inp = make_input("weather", n, tmp)
             res = run_async(
                 lambda: run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     srv.url,
                     input_path=inp,
                     out=tmp / "out.jsonl",
@@ -505,7 +505,7 @@ async def _shared(
     try:
         await ensure_streams(bus)
         async with anyio.create_task_group() as tg:
-            workers = make_workers(buses, cfg, pairs)
+            workers = make_workers(buses, resolve_config(cfg), pairs)
             await start_workers(tg, workers)
 
             async def watch() -> None:
@@ -532,7 +532,7 @@ async def _shared(
                         got["stats"] = await col.run()
 
                     g.start_soon(collect)
-                    await publish_batch(bus, cfg, inp, agent=agent, batch=batch)
+                    await publish_batch(bus, resolve_config(cfg), inp, agent=agent, batch=batch)
                 rows[batch] = (got["stats"].rows, got["stats"].failures)
 
             async with anyio.create_task_group() as jg:

@@ -30,7 +30,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.config import load_config  # noqa: E402
+from gym_runtime.config import load_config, resolve_config  # noqa: E402
 from gym_runtime.data.batches import Owners, new_manifest  # noqa: E402
 from gym_runtime.data.collector import Collector  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
@@ -73,11 +73,11 @@ async def batch_with_models(
     async with anyio.create_task_group() as tg:
         models = []
         for d in delays:
-            mcfg = load_config(
-                CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={d}"]
-            ).models["policy"]
+            mcfg = resolve_config(
+                load_config(CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={d}"])
+            )
             models.append(ModelWorker(bus, "policy", mcfg))
-        await start_workers(tg, models + make_workers(bus, cfg, selected(cfg, ["resources", "agents"])))
+        await start_workers(tg, models + make_workers(bus, resolve_config(cfg), selected(cfg, ["resources", "agents"])))
         t0 = time.perf_counter()
         added_at = None
 
@@ -94,12 +94,12 @@ async def batch_with_models(
             done.set()
 
         tg.start_soon(collect)
-        await publish_batch(bus, cfg, make_input(n, tmp), batch=collector.batch)
+        await publish_batch(bus, resolve_config(cfg), make_input(n, tmp), batch=collector.batch)
         if add_at_s is not None:
             await anyio.sleep(add_at_s - (time.perf_counter() - t0))
-            mcfg = load_config(
-                CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={add_delay}"]
-            ).models["policy"]
+            mcfg = resolve_config(
+                load_config(CONFIG, [f"models.policy.concurrency={MODEL_SLOTS}", f"models.policy.delay_s={add_delay}"])
+            )
             extra = ModelWorker(bus, "policy", mcfg)
             added_at = time.perf_counter() - t0
             await tg.start(extra.run)

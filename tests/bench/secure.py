@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.config import load_config  # noqa: E402
+from gym_runtime.config import load_config, resolve_config  # noqa: E402
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.credentials import ClientAuth  # noqa: E402
@@ -65,7 +65,7 @@ def measure(secure: bool, repeats: int, connects: int, sync: str = "always") -> 
             server0, ours0 = _cpu_s(srv.pid), time.process_time()
             result = run_async(
                 lambda: run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     srv.url,
                     input_path=REPO / "resources/weather/data/example.jsonl",
                     out=Path(tmp) / "out.jsonl",

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gym_runtime import Client
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from gym_runtime.service.loop import run_async
@@ -78,7 +78,7 @@ async def bench(args: argparse.Namespace, url: str, gw_url: str, tmp: Path) -> N
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(CONFIG)
     results: list[tuple[str, float]] = []
-    async with Client(cfg, nats=url, workers=False) as client:
+    async with Client(resolve_config(cfg), nats=url, workers=False) as client:
         # warm-up: every path once
         await (await client.submit(base)).gather()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.http_concurrency)) as http:
@@ -88,7 +88,7 @@ async def bench(args: argparse.Namespace, url: str, gw_url: str, tmp: Path) -> N
             for rep in range(args.repeat):
                 # collect
                 t0 = time.perf_counter()
-                m = await publish_batch(client.bus, cfg, data)
+                m = await publish_batch(client.bus, client.config, data)
                 stats = await Collector(client.bus, m, tmp / f"out{rep}.jsonl").run()
                 assert stats.rows == args.rows, stats
                 results.append(("collect", time.perf_counter() - t0))

@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from gym_runtime.config import resolve_config
 from gym_runtime.data.reverify import load_tasks, reverify_file  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
@@ -177,7 +178,7 @@ def bench_swe(url: str, tmp: Path, rollouts: int) -> None:
 
         async def go(cfg=cfg, out=out):  # noqa: ANN001, ANN202
             t0 = time.perf_counter()
-            result = await run_batch(cfg, url, input_path=rows, out=out, telemetry=Telemetry())
+            result = await run_batch(resolve_config(cfg), url, input_path=rows, out=out, telemetry=Telemetry())
             return result, time.perf_counter() - t0
 
         result, elapsed = run_async(go)

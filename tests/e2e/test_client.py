@@ -18,7 +18,7 @@ from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import consumers, ensure_results_stream, subject_count
 from gym_runtime.transport.subjects import LOST, Subjects
-from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather
+from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather, weather_config
 
 
 async def test_rows_stream_in_completion_order_and_equal_collects(nats_server, tmp_path: Path) -> None:
@@ -234,13 +234,13 @@ async def test_a_worker_started_later_reads_the_current_version(nats_server) -> 
 
 
 def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
+    from gym_runtime.config import resolve_config
     from gym_runtime.model import model_config
-    from gym_runtime.workers.control import config_fingerprints
 
     served = {"adapter": "openai", "model": "policy-7b", "base_url": "http://gpu1:8000/v1", "api_key": "k"}
-    first = weather()
+    first = weather_config()
     first.models["policy"] = model_config(served)
-    node = weather(model_concurrency=8, model_replicas=4)
+    node = weather_config(model_concurrency=8, model_replicas=4)
     node.models["policy"] = model_config(
         {
             **served,
@@ -251,9 +251,9 @@ def test_fingerprints_ignore_deployment_fields_but_not_what_is_served() -> None:
             "replicas": 4,
         }
     )
-    assert config_fingerprints(node) == config_fingerprints(first)  # another node of the same experiment
-    base = config_fingerprints(weather())
-    other = config_fingerprints(weather(delay_s=0.5))
+    assert resolve_config(node).fingerprints == resolve_config(first).fingerprints  # another node, same experiment
+    base = weather().fingerprints
+    other = weather(delay_s=0.5).fingerprints
     assert other[("model", "policy")] != base[("model", "policy")]
     assert other[("agent", "weather_agent")] != base[("agent", "weather_agent")]  # covers its model
     assert other[("resource", "weather")] == base[("resource", "weather")]

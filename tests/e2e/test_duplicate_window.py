@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from gym_runtime import Client
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import ResolvedConfig, config_from_dict, resolve_config
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import StorageFull
@@ -27,10 +27,19 @@ from gym_runtime.service.runner import collect_batch, make_workers, publish_batc
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers.control import agent_fingerprint
-from tests.helpers import REPO, ROWS, read_jsonl, weather
+from tests.helpers import REPO, ROWS, read_jsonl, weather_config
 
 WINDOW_S = 1.0
+
+
+def windowed() -> ResolvedConfig:
+    """The weather config with a duplicate window of ``WINDOW_S``."""
+    cfg = weather_config()
+    return resolve_config(
+        msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
+    )
+
+
 REPEATS = 2
 
 
@@ -38,8 +47,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
     """The batch runs, then (the window passed) every rollout runs again: the stream holds each result
     twice, and ``collect`` writes the same file, each second result counted a duplicate; ``status
     --batch`` counts each slot once."""
-    cfg = weather()
-    cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
+    cfg = windowed()
     data = REPO / "resources/weather/data/example.jsonl"
     expected = len(ROWS) * REPEATS
     first = tmp_path / "first.jsonl"
@@ -64,7 +72,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
                 batch="w",
                 agents=list(cfg.agents),
                 repeats=REPEATS,
-                task_fields=lambda a: {"fingerprint": agent_fingerprint(cfg, a)},
+                task_fields=lambda a: {"fingerprint": cfg.fingerprints[("agent", a)]},
             )
             with anyio.fail_after(60):
                 while (await bus.js.stream_info(results)).state.messages < 2 * expected:
@@ -98,8 +106,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
 async def test_a_client_creates_the_streams_with_its_configs_settings(nats_server) -> None:
     """Before: ``Client`` connected without the config's ``jetstream:``, so streams it created first had
     the defaults (window, replicas, sizes) whatever the config said."""
-    cfg = weather()
-    cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
+    cfg = windowed()
     async with Client(cfg, nats=nats_server.url, workers=False) as client:
         for stream in (Subjects("gym").tasks_stream, Subjects("gym").results_stream("weather_agent")):
             info = await client.bus.js.stream_info(stream)
@@ -111,8 +118,7 @@ async def test_a_publish_run_again_after_the_window_adds_only_what_it_had_not_st
     window long passed, runs the same publish again: the stream holds each of the 20 tasks once. A
     third run adds nothing. Before: only the server's memory of ids kept the second run from storing
     the first 5 again, so past the window they ran twice."""
-    cfg = weather()
-    cfg = msgspec.structs.replace(cfg, jetstream=msgspec.structs.replace(cfg.jetstream, duplicate_window_s=WINDOW_S))
+    cfg = windowed()
     data = REPO / "resources/weather/data/example.jsonl"
     tasks = Subjects("gym").tasks_stream
     bus = await Bus.connect(

@@ -16,7 +16,7 @@ import nats
 import nats.js.errors
 import pytest
 
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -96,7 +96,7 @@ async def test_explain_says_why_an_attempt_was_given_back(server: EmbeddedServer
     attempt's record says why it was given back, with its calls; the second's failure row is the slot's."""
     config = load_config(write_config(tmp_path, resource="tests.envs.flaky", delay_s=0.0, max_attempts=2))
     done = await run_batch(
-        config,
+        resolve_config(config),
         server.url,
         input_path=tasks_file(tmp_path, 1, explode={0}),
         out=tmp_path / "out.jsonl",
@@ -157,7 +157,12 @@ async def test_explain_reads_with_the_publishers_credentials_on_a_secured_bus(se
     cfg = load_config(REPO / "resources/weather/config.yaml")
     data = REPO / "resources/weather/data/example.jsonl"
     done = await run_batch(
-        cfg, srv.url, input_path=data, out=tmp_path / "out.jsonl", telemetry=Telemetry(), auth=ClientAuth(workers)
+        resolve_config(cfg),
+        srv.url,
+        input_path=data,
+        out=tmp_path / "out.jsonl",
+        telemetry=Telemetry(),
+        auth=ClientAuth(workers),
     )
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert done.stats.failures == 0

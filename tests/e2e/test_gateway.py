@@ -24,11 +24,12 @@ import requests
 import yaml
 
 from gym_runtime import Client
+from gym_runtime.config import resolve_config
 from gym_runtime.gateway import start
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.discovery import discover
-from tests.helpers import REPO, ROWS, cli, read_jsonl, weather
+from tests.helpers import REPO, ROWS, cli, read_jsonl, weather, weather_config
 
 
 def agent_url(global_cfg: dict[str, Any], name: str) -> str:
@@ -147,9 +148,9 @@ async def test_bad_requests_get_clear_http_errors(gateway) -> None:
 
 
 async def test_a_failed_rollout_answers_500_naming_the_error_class(nats_server) -> None:
-    cfg = weather(delay_s=2.0)
+    cfg = weather_config(delay_s=2.0)
     cfg.agents["weather_agent"] = msgspec.structs.replace(cfg.agents["weather_agent"], timeout_s=0.3)
-    async with Client(cfg, nats=nats_server.url) as client:
+    async with Client(resolve_config(cfg), nats=nats_server.url) as client:
         runner, port = await start(client, host="127.0.0.1", port=0)
         try:
             async with aiohttp.ClientSession() as http:
@@ -209,9 +210,9 @@ def test_cli_gateway_usage_errors_are_one_line() -> None:
 
 
 async def test_several_agents_are_listed_and_routed_by_agent_ref(nats_server) -> None:
-    cfg = weather()
+    cfg = weather_config()
     cfg.agents["second_agent"] = msgspec.structs.replace(cfg.agents["weather_agent"], max_steps=3)
-    async with Client(cfg, nats=nats_server.url) as client:
+    async with Client(resolve_config(cfg), nats=nats_server.url) as client:
         runner, port = await start(client, host="127.0.0.1", port=0)
         head = f"http://127.0.0.1:{port}"
         try:

@@ -19,18 +19,18 @@ import msgspec
 import pytest
 
 from gym_runtime import Client
-from gym_runtime.config import GatewayConfig, load_config
+from gym_runtime.config import GatewayConfig, load_config, resolve_config
 from gym_runtime.errors import ConfigError
 from gym_runtime.gateway import start
-from tests.helpers import REPO, weather
+from tests.helpers import REPO, weather_config
 
 CAP = 7_000
 
 
 @pytest.fixture
 async def head(nats_server) -> AsyncIterator[str]:
-    cfg = msgspec.structs.replace(weather(), gateway=GatewayConfig(aggregate_metrics_max_rows=CAP))
-    async with Client(cfg, nats=nats_server.url) as client:
+    cfg = msgspec.structs.replace(weather_config(), gateway=GatewayConfig(aggregate_metrics_max_rows=CAP))
+    async with Client(resolve_config(cfg), nats=nats_server.url) as client:
         runner, port = await start(client, host="127.0.0.1", port=0)
         try:
             yield f"http://127.0.0.1:{port}"

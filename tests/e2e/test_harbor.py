@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gym_runtime.config import Config, config_from_dict
+from gym_runtime.config import Config, config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.harbor import ImageOptions, find_tasks, image_ref, task_row
@@ -62,7 +62,7 @@ def config(
 
 
 async def run_rows(bus: Bus, engine: Engine, cfg: Config, pool: str, rows: list[dict[str, Any]], out: Path) -> None:
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     batch = f"hb{uuid.uuid4().hex[:6]}"
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)

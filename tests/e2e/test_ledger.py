@@ -19,7 +19,6 @@ from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import collect_batch
 from gym_runtime.transport.codec import Codec
-from gym_runtime.workers.control import agent_fingerprint, fingerprint
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.stub_openai import RecordedRequest, StubOpenAI, StubReply, responses_reply
 
@@ -101,9 +100,8 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
         raw["resources"]["equivalence_llm_judge"]["isolation"] = isolation  # process: its judge asks over the wire
         config = resolve_config(config_from_dict(raw))
         unpriced = resolve_config(config_from_dict({k: v for k, v in raw.items() if k != "pricing"}))
-        assert agent_fingerprint(config, "equivalence_llm_judge_agent") == agent_fingerprint(
-            unpriced, "equivalence_llm_judge_agent"
-        )
+        agent = ("agent", "equivalence_llm_judge_agent")
+        assert config.fingerprints[agent] == unpriced.fingerprints[agent]
         async with Client(config, nats=nats_server.url) as client:
             batch = await client.submit(JUDGE_ROWS, repeats=2)
             rows = await batch.gather()
@@ -123,10 +121,8 @@ async def test_costs_add_up_to_the_stubs_own_token_counts_for_the_policy_and_its
         assert abs(r["cost"]["estimated_cost"] - estimate(r["cost"])) < 1e-9, r["cost"]
         assert r["cost"]["currency"] == "EUR"
         prov = r["provenance"]
-        assert prov["grader"] == f"judge:{fingerprint(config.models['judge'])}"
-        assert prov["turns"] == ["policy"] and prov["config"] == agent_fingerprint(
-            config, "equivalence_llm_judge_agent"
-        )
+        assert prov["grader"] == f"judge:{config.fingerprints[('model', 'judge')]}"
+        assert prov["turns"] == ["policy"] and prov["config"] == config.fingerprints[agent]
         assert len(prov["workers"]["model"]) == 1 and len(prov["workers"]["resource"]) == 1
     (metrics,) = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
     totals = metrics["cost"]["rollouts"]

@@ -20,7 +20,7 @@ import anyio
 import pytest
 import yaml
 
-from gym_runtime.config import Config, config_from_dict
+from gym_runtime.config import Config, config_from_dict, resolve_config
 from gym_runtime.errors import ConfigError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.service.runner import RunResult, make_workers, run_batch, selected, start_workers
@@ -64,7 +64,9 @@ def config(
 
 async def run(raw: dict[str, Any], url: str, data: Path, out: Path, repeats: int = 1, **kw: Any) -> RunResult:
     cfg = config_from_dict(copy.deepcopy(raw))
-    return await run_batch(cfg, url, input_path=data, out=out, telemetry=Telemetry(), repeats=repeats, **kw)
+    return await run_batch(
+        resolve_config(cfg), url, input_path=data, out=out, telemetry=Telemetry(), repeats=repeats, **kw
+    )
 
 
 def roles(row: dict[str, Any]) -> list[str]:
@@ -109,7 +111,7 @@ async def test_four_turn_conversation_with_scripted_user_simulator(nats_server, 
     out = tmp_path / "out.jsonl"
     async with anyio.create_task_group() as tg:
         cfg.models["user_sim"].replicas = 1
-        sims = make_workers(bus, cfg, selected(cfg, ["models.user_sim"]))
+        sims = make_workers(bus, resolve_config(cfg), selected(cfg, ["models.user_sim"]))
         await start_workers(tg, sims)
         result = await run(raw, nats_server.url, MTG_DATA, out, repeats=2)
         served = sum(w.served for w in sims)

@@ -147,7 +147,7 @@ def test_training_config_with_config_paths_env_yaml_and_inherit_from(tmp_path: P
         "tiny",
     )
     assert policy.options.api_key == "sk-secret-123"
-    assert "sk-secret-123" not in json.dumps(redact(cfg))
+    assert "sk-secret-123" not in json.dumps(redact(cfg.config))
     # End to end: rows of two environments routed by their NeMo Gym agent_ref, the policy swapped for the
     # scripted model.
     rows = []
@@ -369,4 +369,4 @@ def test_nemo_gym_model_servers_map_onto_our_adapters(
     )
     if token_ids is not None:
         assert m.options.return_token_ids is token_ids
-    assert "sk-abc-SECRET" not in json.dumps(redact(cfg))
+    assert "sk-abc-SECRET" not in json.dumps(redact(cfg.config))

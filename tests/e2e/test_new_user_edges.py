@@ -706,11 +706,11 @@ def test_an_environment_the_publisher_cannot_import_is_checked_by_its_workers(
 
 async def test_client_submit_refuses_what_validate_refuses(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     from gym_runtime.client import Client
-    from gym_runtime.config import load_config
+    from gym_runtime.config import load_config, resolve_config
     from gym_runtime.errors import ClientError
 
     rows = read_jsonl(wether_rows(tmp_path))
-    async with Client(load_config(REPO / WEATHER), nats=nats_server.url) as client:
+    async with Client(resolve_config(load_config(REPO / WEATHER)), nats=nats_server.url) as client:
         with pytest.raises(ClientError, match="row 0: weather: tool 'get_wether' is not a tool of this environment"):
             await client.submit(rows)
         batch = await client.submit(rows, any_tools=True)

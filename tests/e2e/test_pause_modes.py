@@ -11,15 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from gym_runtime import Client, ClientError
-from gym_runtime.config import Config
+from gym_runtime.config import ResolvedConfig, resolve_config
 from gym_runtime.model import model_config
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers import control
-from tests.helpers import ROWS, weather
+from tests.helpers import ROWS, weather, weather_config
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
 ANSWER = "It is sunny in San Francisco today, with a light breeze from the west and no rain expected. " * 3
@@ -41,8 +40,8 @@ class Continuing:
         return Gen(token_ids=self.answer[done:])
 
 
-def streaming(stub: StubOpenAI, **extra: Any) -> Config:
-    cfg = weather(agent_concurrency=1)
+def streaming(stub: StubOpenAI, **extra: Any) -> ResolvedConfig:
+    cfg = weather_config(agent_concurrency=1)
     cfg.models["policy"] = model_config(
         {
             "adapter": "vllm",
@@ -55,7 +54,7 @@ def streaming(stub: StubOpenAI, **extra: Any) -> Config:
             **extra,
         }
     )
-    return msgspec.structs.replace(cfg)
+    return resolve_config(cfg)
 
 
 def token_item(row: dict[str, Any]) -> dict[str, Any]:
@@ -144,10 +143,10 @@ async def test_abort_cancels_a_call_of_an_adapter_without_token_ids(nats_server)
 
 async def test_interrupt_without_token_ids_is_refused_before_anything_is_paused(nats_server) -> None:
     with StubOpenAI() as stub:
-        openai = weather()
+        openai = weather_config()
         openai.models["policy"] = model_config({"adapter": "openai", "base_url": stub.base_url, "model": "tiny"})
         for cfg, why in (
-            (openai, "adapter 'openai' has no token ids"),
+            (resolve_config(openai), "adapter 'openai' has no token ids"),
             (streaming(stub, interruptible=False), "set interruptible: true"),
             (weather(), "adapter 'scripted' has no token ids"),
         ):

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 
 from gym_runtime.client import Client
-from gym_runtime.config import Config, JetStreamConfig, config_from_dict, load_config
+from gym_runtime.config import Config, JetStreamConfig, config_from_dict, load_config, resolve_config
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.errors import StorageFull
 from gym_runtime.messages import RolloutResult
@@ -89,7 +89,14 @@ async def _run(srv: EmbeddedServer, node: Path, cfg: Config, data: Path, batch: 
     """``run`` of ``data`` × 2 as batch ``batch`` on the honest node's credentials (its publish finds a batch
     already published and only collects it)."""
     return await run_batch(
-        cfg, srv.url, input_path=data, out=out, telemetry=Telemetry(), auth=ClientAuth(node), repeats=2, batch=batch
+        resolve_config(cfg),
+        srv.url,
+        input_path=data,
+        out=out,
+        telemetry=Telemetry(),
+        auth=ClientAuth(node),
+        repeats=2,
+        batch=batch,
     )
 
 
@@ -131,7 +138,7 @@ async def test_an_agent_pool_can_neither_forge_nor_preempt_another_agents_result
     publisher = await pool_bus(srv.url, node, "publisher")
     thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
-        await publish_batch(publisher, cfg, DATA, batch="b1", repeats=2)
+        await publish_batch(publisher, resolve_config(cfg), DATA, batch="b1", repeats=2)
         # only the publisher's credential reads the manifests now (tests/test_subjects.py); the slots are
         # indices from 0, so the thief is handed them as a guess would find them
         seen = await get_manifest(publisher, "b1")
@@ -168,7 +175,7 @@ async def test_a_result_from_another_agent_batch_or_slot_is_refused(owned, tmp_p
     publisher = await pool_bus(srv.url, node, "publisher")
     thief = await pool_bus(srv.url, auth, "agent", "other_agent")
     try:
-        manifest = await publish_batch(publisher, cfg, data, batch="b2", repeats=2)
+        manifest = await publish_batch(publisher, resolve_config(cfg), data, batch="b2", repeats=2)
         theirs = [(t, r) for t in range(5) for r in range(2) if owners[t] == "weather_agent"]
         mine = [(t, r) for t in range(5) for r in range(2) if owners[t] == "other_agent"]
         forged = await _forge(thief, "b2", theirs, "weather_agent")  # another agent's tasks, as their owner
@@ -203,11 +210,11 @@ async def test_a_clients_batch_and_runs_take_only_their_owners_results(owned, tm
         auth=ClientAuth(node),
     )
     try:
-        async with Client(cfg, nats=srv.url, auth_dir=node, workers=False) as client:
+        async with Client(resolve_config(cfg), nats=srv.url, auth_dir=node, workers=False) as client:
             batch = await client.submit(ROWS, repeats=2, batch="c1")
             await _forge(thief, "c1", [(t, r) for t in range(5) for r in range(2)], "weather_agent")
             async with anyio.create_task_group() as tg:
-                await start_workers(tg, make_workers(honest, cfg, pairs))
+                await start_workers(tg, make_workers(honest, resolve_config(cfg), pairs))
                 with anyio.fail_after(60):
                     rows = await batch.gather()
                 assert [r["reward"] for r in rows] == [1.0] * 10

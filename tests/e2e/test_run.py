@@ -73,7 +73,9 @@ async def test_run_scripted_on_each_environment(env: str, nats_server, tmp_path:
     cfg = load_config(REPO / f"resources/{env}/config.yaml")
     data = REPO / f"resources/{env}/data/example.jsonl"
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=data, out=out, telemetry=Telemetry(), repeats=2)
+    result = await run_batch(
+        resolve_config(cfg), nats_server.url, input_path=data, out=out, telemetry=Telemetry(), repeats=2
+    )
     rows = read_jsonl(out)
     n = len(read_jsonl(data))
     assert result.stats.failures == 0 and len(rows) == 2 * n
@@ -94,7 +96,9 @@ async def test_replay_reproduces_recorded_rewards(env: str, nats_server, tmp_pat
         ["models.policy.adapter=replay", f"models.policy.rollouts={compat / 'example_rollouts.jsonl'}"],
     )
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=compat / "example.jsonl", out=out, telemetry=Telemetry())
+    result = await run_batch(
+        resolve_config(cfg), nats_server.url, input_path=compat / "example.jsonl", out=out, telemetry=Telemetry()
+    )
     assert result.stats.failures == 0
     recorded = {
         prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(compat / "example_rollouts.jsonl")
@@ -129,12 +133,14 @@ async def test_two_counter_replicas_keep_each_session_state(nats_server, tmp_pat
     data = REPO / "resources/counter/data/example.jsonl"
     out = tmp_path / "out.jsonl"
     async with anyio.create_task_group() as tg:
-        workers = make_workers(bus, cfg, selected(cfg, ["resources"]))
+        workers = make_workers(bus, resolve_config(cfg), selected(cfg, ["resources"]))
         assert len(workers) == 2
         await start_workers(tg, workers)
         cfg_no_res = load_config(REPO / "resources/counter/config.yaml")
         cfg_no_res.resources["counter"].replicas = 0
-        result = await run_batch(cfg_no_res, nats_server.url, input_path=data, out=out, telemetry=telemetry, repeats=8)
+        result = await run_batch(
+            resolve_config(cfg_no_res), nats_server.url, input_path=data, out=out, telemetry=telemetry, repeats=8
+        )
         seeded = [w.seeded for w in workers]
         tg.cancel_scope.cancel()
     await bus.close()
@@ -300,7 +306,7 @@ async def test_twenty_megabyte_payloads_round_trip(nats_server, tmp_path: Path) 
     cfg = load_config(REPO / "resources/weather/config.yaml", ["resources.weather.server=tests.envs.big"])
     out = tmp_path / "out.jsonl"
     result = await run_batch(
-        cfg,
+        resolve_config(cfg),
         nats_server.url,
         input_path=REPO / "resources/weather/data/example.jsonl",
         out=out,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gym_runtime import Client
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.observability.meters import start as start_meters
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.sandbox import landlock_abi
@@ -61,7 +61,7 @@ async def test_a_code_sandboxs_cpu_seconds_reach_the_row_within_10_percent(nats_
         meters = start_meters(service="test", role="agent", port=port)
         try:
             async with Client(
-                config_from_dict(raw), nats=nats_server.url, telemetry=Telemetry(meters=meters)
+                resolve_config(config_from_dict(raw)), nats=nats_server.url, telemetry=Telemetry(meters=meters)
             ) as client:
                 batch = await client.submit([row])
                 [got] = await batch.gather()
@@ -99,7 +99,7 @@ async def test_a_fleet_sandboxs_cpu_seconds_reach_the_row_within_10_percent(
         "agents": {"agent": {"agent": "tests.envs.cpu_burn", "model": "policy", "resource": "env", "sandbox": pool}},
         "pricing": {"cpu_hour": 3.6},
     }
-    async with Client(config_from_dict(raw), nats=nats_server.url) as client:
+    async with Client(resolve_config(config_from_dict(raw)), nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         [got] = await batch.gather()
     assert "error_class" not in got, got

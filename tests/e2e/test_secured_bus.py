@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gym_runtime.config import resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import free_port
@@ -186,7 +187,12 @@ async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) 
     cfg = load_config(REPO / "resources/weather/config.yaml")
     data = REPO / "resources/weather/data/example.jsonl"
     result = await run_batch(
-        cfg, srv.url, input_path=data, out=tmp_path / "out.jsonl", telemetry=Telemetry(), auth=ClientAuth(node)
+        resolve_config(cfg),
+        srv.url,
+        input_path=data,
+        out=tmp_path / "out.jsonl",
+        telemetry=Telemetry(),
+        auth=ClientAuth(node),
     )
     assert result.stats.failures == 0 and result.stats.rows == len(read_jsonl(data))
     assert [r["reward"] for r in read_jsonl(tmp_path / "out.jsonl")] == [1.0] * result.stats.rows
@@ -199,7 +205,12 @@ async def test_one_process_run_holds_exactly_its_roles(secured, tmp_path: Path) 
     (node / "model.creds").unlink()  # a role whose file this node lacks: one clear error, before any work
     with pytest.raises(ValueError, match=r"no model\.creds"):
         await run_batch(
-            cfg, srv.url, input_path=data, out=tmp_path / "out2.jsonl", telemetry=Telemetry(), auth=ClientAuth(node)
+            resolve_config(cfg),
+            srv.url,
+            input_path=data,
+            out=tmp_path / "out2.jsonl",
+            telemetry=Telemetry(),
+            auth=ClientAuth(node),
         )
 
 
@@ -514,7 +525,7 @@ async def test_secured_workers_ride_out_a_server_restart(secured, tmp_path: Path
     from gym_runtime.service.runner import run_batch, serve
 
     srv, auth = secured
-    cfg = load_config(REPO / "resources/weather/config.yaml")
+    cfg = resolve_config(load_config(REPO / "resources/weather/config.yaml"))
     workers_node = node_dir(auth, tmp_path / "workers", "agent", "model", "resource")
     client_node = node_dir(auth, tmp_path / "client", "publisher")
     ready = anyio.Event()

@@ -22,7 +22,7 @@ import msgspec
 import nats.errors
 import pytest
 
-from gym_runtime.config import ResourceConfig, load_config
+from gym_runtime.config import ResourceConfig, load_config, resolve_config
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.collector import Collector
 from gym_runtime.errors import Failure
@@ -47,7 +47,7 @@ from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams, res
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.control import ControlView, control_kv, send_pause, send_resume
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import REPO, connect_as, put_batch, read_jsonl, secured_server, write_jsonl
+from tests.helpers import REPO, connect_as, put_batch, read_jsonl, resolved, secured_server, write_jsonl
 
 MARKER = "confidential-trajectory-7f3a"
 
@@ -190,7 +190,7 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
         async with anyio.create_task_group() as tg:
             tg.start_soon(spray)
             result = await run_batch(
-                cfg,
+                resolve_config(cfg),
                 srv.url,
                 input_path=data,
                 out=tmp_path / "out.jsonl",
@@ -265,8 +265,9 @@ async def test_answers_come_back_in_each_pools_own_lane_and_an_agent_reaches_onl
     row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
     try:
         async with anyio.create_task_group() as tg:
-            weather = make_workers(pools, cfg, selected(cfg, None))
-            other = ResourceWorker(other_env, "other_env", ResourceConfig(server="resources.weather"))
+            weather = make_workers(pools, resolve_config(cfg), selected(cfg, None))
+            other_cfg = resolved(resources={"other_env": ResourceConfig(server="resources.weather")})
+            other = ResourceWorker(other_env, "other_env", other_cfg)
             await start_workers(tg, [*weather, other])  # type: ignore[list-item]
             forged = {"namespace": "gym", "role": "model", "name": "policy", "worker": "ghost", "uptime_s": 1.0}
 
@@ -371,11 +372,11 @@ async def _terminated_batch(buses: dict[str, Bus], tmp_path: Path, max_republish
     await ensure_consumer(
         thief, stream, "agent_weather_agent", Subjects("gym").agent_tasks("weather_agent"), ack_wait=30.0
     )
-    manifest = await publish_batch(publisher, cfg, data, batch="t1")
+    manifest = await publish_batch(publisher, resolve_config(cfg), data, batch="t1")
     assert await _terminate(thief, stream, "agent_weather_agent", 2) == 2
     pools = {"agent.weather_agent": thief, "model.policy": buses["model"], "resource.weather": buses["resource"]}
     async with anyio.create_task_group() as tg:
-        await start_workers(tg, make_workers(pools, cfg, selected(cfg, None)))
+        await start_workers(tg, make_workers(pools, resolve_config(cfg), selected(cfg, None)))
         with anyio.fail_after(30):
             stats = await Collector(publisher, manifest, tmp_path / "out.jsonl").run()
         tg.cancel_scope.cancel()
@@ -445,7 +446,7 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
             await bus.js.purge_stream(bus.subjects.blob_stream(role), subject=chunk)
             await bus.js.publish(chunk, forged if i == 0 else b"", timeout=5.0)
         async with anyio.create_task_group() as tg:
-            await start_workers(tg, make_workers(bus, cfg, [("agents", "weather_agent")]))
+            await start_workers(tg, make_workers(bus, resolve_config(cfg), [("agents", "weather_agent")]))
             with anyio.fail_after(20):
                 manifest = await put_batch(bus, "b9", 1, agent="weather_agent")
                 stats = await Collector(bus, manifest, tmp_path / "out.jsonl").run()
@@ -488,12 +489,12 @@ async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tm
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="pool")
     try:
         async with anyio.create_task_group() as tg:
-            await start_workers(tg, make_workers(bus, cfg, selected(cfg, None)))
+            await start_workers(tg, make_workers(bus, resolve_config(cfg), selected(cfg, None)))
             flood = await anyio.run_process([sys.executable, "-c", FLOODER, nats_server.url, "12"], check=True)
             sent = int(flood.stdout)
             with anyio.fail_after(60):
                 result = await run_batch(
-                    cfg,
+                    resolve_config(cfg),
                     nats_server.url,
                     input_path=data,
                     out=tmp_path / "out.jsonl",
@@ -517,7 +518,8 @@ async def test_replayed_seed_requests_cannot_pile_up_sessions(nats_server) -> No
 
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
     try:
-        worker = ResourceWorker(bus, "weather", ResourceConfig(server="resources.weather", max_sessions=8))
+        entry = ResourceConfig(server="resources.weather", max_sessions=8)
+        worker = ResourceWorker(bus, "weather", resolved(resources={"weather": entry}))
         row = read_jsonl(REPO / "resources/weather/data/example.jsonl")[0]
         async with anyio.create_task_group() as tg:
             await start_workers(tg, [worker])  # type: ignore[list-item]

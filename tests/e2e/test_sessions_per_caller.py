@@ -16,14 +16,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gym_runtime.config import ResourceConfig
+from gym_runtime.config import AgentConfig, ResourceConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import ROWS, pool_bus, secured_server
+from tests.helpers import ROWS, pool_bus, resolved, secured_server
 
 LIMIT = 8
 
@@ -45,7 +45,10 @@ async def weather_pools(
     srv, auth = server
     buses = [await pool_bus(srv.url, auth, role, pool) for role, pool in POOLS]
     cfg = ResourceConfig(server="resources.weather", max_sessions=LIMIT)
-    worker = ResourceWorker(buses[0], "weather", cfg, resource_names=["weather"], agent_names=agents)
+    config = resolved(
+        resources={"weather": cfg}, agents={a: AgentConfig(agent="agents.simple", model="policy") for a in agents}
+    )
+    worker = ResourceWorker(buses[0], "weather", config)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)

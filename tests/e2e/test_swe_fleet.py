@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from gym_runtime.agents.swe import SUBMIT
-from gym_runtime.config import Config
+from gym_runtime.config import Config, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.sandboxes.engine_api import POOL
@@ -38,7 +38,7 @@ def outputs(row: dict[str, Any]) -> list[str]:
 
 async def run_rows(bus: Bus, cfg: Config, rows: list[dict[str, Any]], out: Path, check: Any) -> None:
     """Run the rows through in-process workers; ``check(sandbox worker)`` while they still run."""
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, rows, batch="swe", agents=["swe_agent"])

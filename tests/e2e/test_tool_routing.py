@@ -31,7 +31,7 @@ from gym_runtime.gymnasium import Action, env_reset, env_step
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.e2e.test_hosted_nemo_gym_servers import call, message
-from tests.helpers import REPO, ROWS, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, ROWS, cli, read_jsonl, resolved, write_jsonl
 from tests.hosting import catalogue_root
 
 NOT_FOUND = '{"detail":"Not Found"}'  # FastAPI's answer to a path that is not a route
@@ -40,7 +40,7 @@ PROTOCOL = ["verify", "seed_session", "aggregate_metrics", "close", "reset", "st
 
 @asynccontextmanager
 async def serving(bus: Bus, name: str, cfg: ResourceConfig) -> AsyncIterator[ResourceWorker]:
-    worker = ResourceWorker(bus, name, cfg)
+    worker = ResourceWorker(bus, name, resolved(resources={name: cfg}))
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         yield worker

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from gym_runtime import SyncClient
+from gym_runtime.config import resolve_config
 from gym_runtime.model import model_config
-from tests.helpers import ROWS, weather
+from tests.helpers import ROWS, weather_config
 from tests.stub_openai import StubOpenAI, VLLMEmulator
 
 
@@ -65,7 +64,7 @@ def test_trl_rollout_func_multi_turn_token_contiguity() -> None:
                 VLLMEmulator.tool_call_text("get_weather", {"city": "nyc"}),
                 "cold in sf",
             )
-        cfg = weather(agent_concurrency=1)  # one rollout at a time: the script is consumed in order
+        cfg = weather_config(agent_concurrency=1)  # one rollout at a time: the script is consumed in order
         cfg.models["policy"] = model_config(
             {
                 "adapter": "vllm",
@@ -76,8 +75,7 @@ def test_trl_rollout_func_multi_turn_token_contiguity() -> None:
                 "timeout_s": 10.0,
             }
         )
-        cfg = msgspec.structs.replace(cfg)
-        with SyncClient(cfg, nats="embedded") as client:
+        with SyncClient(resolve_config(cfg), nats="embedded") as client:
             client.set_policy_version(5)
             rows = client.submit(ROWS[:2], repeats=2).gather()
     seq = trl_sequences(rows)

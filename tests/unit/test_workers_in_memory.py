@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from gym_runtime.config import ResourceConfig, config_from_dict
+from gym_runtime.config import ResourceConfig, config_from_dict, resolve_config
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     CreateParams,
@@ -38,7 +38,7 @@ from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.control import send_pause, send_resume
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import ROWS
+from tests.helpers import ROWS, resolved
 
 CONFIG = {
     "namespace": "gym",
@@ -66,7 +66,9 @@ def weather_call(session: str, city: str = "Paris") -> ToolCall:
 
 async def test_a_resource_worker_seeds_a_session_runs_its_tool_and_verifies_it() -> None:
     async with MemoryTransport() as bus:
-        worker = ResourceWorker(bus, "weather", ResourceConfig(server="resources.weather", max_sessions=3))
+        worker = ResourceWorker(
+            bus, "weather", resolved(resources={"weather": ResourceConfig(server="resources.weather", max_sessions=3)})
+        )
         with anyio.fail_after(10):
             async with running(worker):
                 seed = await bus.request(
@@ -86,7 +88,9 @@ async def test_a_resource_worker_seeds_a_session_runs_its_tool_and_verifies_it()
 
 async def test_a_call_for_a_session_not_held_is_a_typed_worker_lost_error() -> None:
     async with MemoryTransport() as bus:
-        worker = ResourceWorker(bus, "weather", ResourceConfig(server="resources.weather"))
+        worker = ResourceWorker(
+            bus, "weather", resolved(resources={"weather": ResourceConfig(server="resources.weather")})
+        )
         with anyio.fail_after(10):
             async with running(worker):
                 with pytest.raises(Failure) as e:
@@ -109,12 +113,12 @@ async def results(bus: MemoryTransport, count: int) -> list[RolloutResult]:
 
 
 async def test_an_agent_worker_runs_a_rollout_stores_its_row_and_acks_the_task() -> None:
-    cfg = config_from_dict(CONFIG)
+    cfg = resolve_config(config_from_dict(CONFIG))
     broker = MemoryBroker()
     async with MemoryTransport(broker) as bus:
-        model = ModelWorker(bus, "policy", cfg.models["policy"])
-        env = ResourceWorker(bus, "env", cfg.resources["env"], cfg.models, cfg.resources, cfg.agents)
-        agent = AgentWorker(bus, "agent", cfg.agents["agent"], cfg)
+        model = ModelWorker(bus, "policy", cfg)
+        env = ResourceWorker(bus, "env", cfg)
+        agent = AgentWorker(bus, "agent", cfg)
         with anyio.fail_after(20):
             async with running(model, env, agent):
                 for i, row in enumerate((ROWS[0], {**ROWS[1], "explode": True})):
@@ -132,9 +136,9 @@ async def test_an_agent_worker_runs_a_rollout_stores_its_row_and_acks_the_task()
 
 
 async def test_a_paused_model_worker_holds_a_call_in_its_queue_and_answers_it_once_resumed() -> None:
-    cfg = config_from_dict(CONFIG)
+    cfg = resolve_config(config_from_dict(CONFIG))
     async with MemoryTransport() as bus:
-        model = ModelWorker(bus, "policy", cfg.models["policy"])
+        model = ModelWorker(bus, "policy", cfg)
         request = ModelRequest(params=CreateParams(input=[{"type": "message", "role": "user", "content": "hello"}]))
         with anyio.fail_after(10):
             async with running(model):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gym_runtime import testing
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.messages import Response, assistant_message, parse_items
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.google_search import GoogleSearch, box_parser, graded_text, parse_options
@@ -85,7 +85,7 @@ async def test_replay_end_to_end_with_recorded_tool_outputs(nats_server, tmp_pat
     )
     out = tmp_path / "out.jsonl"
     result = await run_batch(
-        cfg, nats_server.url, input_path=compat() / "example.jsonl", out=out, telemetry=Telemetry()
+        resolve_config(cfg), nats_server.url, input_path=compat() / "example.jsonl", out=out, telemetry=Telemetry()
     )
     assert result.stats.failures == 0
     recorded = {prompt_key(r["responses_create_params"]["input"]): r for r in read_jsonl(rollouts)}

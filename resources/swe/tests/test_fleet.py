@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 
 from gym_runtime.agents.swe import SUBMIT
+from gym_runtime.config import resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.service.runner import make_workers, selected, start_workers
@@ -30,7 +31,7 @@ async def test_a_process_pool_runs_and_grades_rows_that_carry_their_repository(b
     recordings.write_text("".join(json.dumps(scripted_policy(r, c)) + "\n" for r, c in ((row, fix), (idle, [SUBMIT]))))
     pool = f"swe{uuid.uuid4().hex[:6]}"
     cfg = fleet_config(tmp_path, "", pool, recordings, [], backend="process")
-    workers = make_workers(bus, cfg, selected(cfg, None))
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
         await start_workers(tg, workers)
         await publish_rows(bus, [row, idle], batch="swe", agents=["swe_agent"])

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gym_runtime.agent import Session
-from gym_runtime.config import load_config
+from gym_runtime.config import load_config, resolve_config
 from gym_runtime.messages import Response
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.swe import SWE
@@ -179,7 +179,7 @@ async def test_replayed_agent_runs_end_to_end(nats_server, tmp_path: Path) -> No
         ],
     )
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=rows, out=out, telemetry=Telemetry())
+    result = await run_batch(resolve_config(cfg), nats_server.url, input_path=rows, out=out, telemetry=Telemetry())
     assert result.stats.failures == 0
     fixed, looped = read_jsonl(out)
     assert (fixed["reward"], fixed["exit_status"], fixed["steps"]) == (1.0, "submitted", 3)
@@ -202,7 +202,9 @@ async def test_step_and_time_limits_end_the_loop_and_grade_the_diff(
         ENV_DIR / "config.yaml", ["models.policy.adapter=replay", f"models.policy.rollouts={rec}", *settings]
     )
     out = tmp_path / "out.jsonl"
-    result = await run_batch(cfg, nats_server.url, input_path=rows, out=out, telemetry=Telemetry(), limit=1)
+    result = await run_batch(
+        resolve_config(cfg), nats_server.url, input_path=rows, out=out, telemetry=Telemetry(), limit=1
+    )
     assert result.stats.failures == 0
     (row,) = read_jsonl(out)
     assert (row["exit_status"], row["steps"], row["reward"]) == (status, 1, 1.0)  # the first command fixed it

@@ -1,0 +1,101 @@
+"""Fingerprints: a short hash of a config entry (scaling fields left out), so two experiments that both name
+a model ``policy`` in one namespace cannot serve each other's calls by accident.
+
+``resolve_config`` computes them once, after the adapters parsed their options (a fingerprint hashes the
+parsed options, defaults included, as the workers see them); workers, publishers and the client read them
+from the ``ResolvedConfig``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gym_runtime.model import WrittenOptions
+
+if TYPE_CHECKING:
+    from gym_runtime.config import Config
+
+# Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
+# timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).
+_DEPLOYMENT = frozenset(
+    {
+        "replicas",
+        "concurrency",
+        "base_url",
+        "api_key",
+        "headers",
+        "timeout_s",
+        "ack_wait_s",
+        "max_retries",
+        "retry_backoff_s",
+        "replica_cooldown_s",
+        "max_attempts",
+        "max_worker_losses",
+        "session_ttl_s",
+    }
+)
+
+
+def _served(entry: msgspec.Struct) -> dict[str, Any]:
+    """A config entry's fields that say *what* is served (deployment fields left out), a model's options flat."""
+    raw = msgspec.structs.asdict(entry)
+    options = raw.get("options")
+    if isinstance(options, WrittenOptions):  # a bug: only resolve_config hashes entries, after parsing them
+        raise TypeError("fingerprint of a models entry whose adapter options are not parsed")
+    if isinstance(options, msgspec.Struct):  # a model entry: the adapter's own options, flattened
+        del raw["options"]
+        raw.update(msgspec.structs.asdict(options))
+    return {k: v for k, v in raw.items() if k not in _DEPLOYMENT}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()[:12]
+
+
+def fingerprint(entry: msgspec.Struct) -> str:
+    """12 hex digits over a config entry's fields, deployment fields excluded."""
+    return _digest(_served(entry))
+
+
+def entry_fields(key: str, entry: msgspec.Struct) -> dict[str, str]:
+    """Each served field's digest under its config key (``models.policy.temperature``): a worker announces
+    these, so a publisher with another config names the keys that differ, never seeing a value."""
+    return {f"{key}.{k}": _digest(v) for k, v in _served(entry).items()}
+
+
+def agent_fingerprint(config: Config, agent: str) -> str:
+    """An agent's entry together with the model and resource entries it uses."""
+    a = config.agents[agent]
+    parts = [fingerprint(a)]
+    for table, name in ((config.models, a.model), (config.resources, a.resource)):
+        parts.append(fingerprint(table[name]) if name in table else f"?{name}")
+    return hashlib.sha256(":".join(parts).encode()).hexdigest()[:12]
+
+
+def agent_fields(config: Config, agent: str) -> dict[str, str]:
+    """``entry_fields`` of an agent's entry and of the model and resource entries it uses (its fingerprint's parts)."""
+    a = config.agents[agent]
+    out = entry_fields(f"agents.{agent}", a)
+    for section, table, name in (("models", config.models, a.model), ("resources", config.resources, a.resource)):
+        if name in table:
+            out.update(entry_fields(f"{section}.{name}", table[name]))
+    return out
+
+
+def config_fingerprints(config: Config) -> dict[tuple[str, str], str]:
+    """(role, name) → fingerprint for every entry of a config (roles as in worker registration)."""
+    out = {("model", n): fingerprint(m) for n, m in config.models.items()}
+    out.update({("resource", n): fingerprint(r) for n, r in config.resources.items()})
+    out.update({("agent", n): agent_fingerprint(config, n) for n in config.agents})
+    return out
+
+
+def config_fields(config: Config, role: str, name: str) -> dict[str, str]:
+    """What ``role`` ``name``'s workers announce as their fields, for this config."""
+    if role == "agent":
+        return agent_fields(config, name)
+    section, table = ("models", config.models) if role == "model" else ("resources", config.resources)
+    return entry_fields(f"{section}.{name}", table[name])
