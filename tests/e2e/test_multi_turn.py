@@ -445,7 +445,9 @@ async def test_killed_user_simulator_worker_loses_no_rollout(nats_server, tmp_pa
                 )
 
             tg.start_soon(batch)
-            await anyio.sleep(0.8)  # every rollout is mid-conversation, waiting on the user simulator
+            # every rollout is mid-conversation, waiting on the user simulator; the check below (not all done at
+            # the kill) is one that load only makes easier, so the span cannot fail a sound run
+            await anyio.sleep(0.8)
             done_at_kill = max(progress, default=0)
             procs[0].kill()
             procs[0].wait(10)
