@@ -9,10 +9,11 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import anyio
 import msgspec
 
 from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
@@ -72,6 +73,14 @@ def read_until(stream: IO[str], needle: str, timeout: float) -> tuple[bool, str]
             if needle in line:
                 return True, seen
     return False, seen
+
+
+async def eventually(holds: Callable[[], object], within: float = 30.0) -> None:
+    """Poll a state the test can see until it holds: an event, not a fixed sleep that a loaded machine
+    outlasts; fails after ``within`` seconds (generous: only a broken run gets there)."""
+    with anyio.fail_after(within):
+        while not holds():
+            await anyio.sleep(0.01)
 
 
 def nats_server_pids(under: str | Path) -> set[int]:

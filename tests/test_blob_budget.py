@@ -19,7 +19,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.blobs import ByteBudget
 from gym_runtime.transport.bus import Bus
-from tests.helpers import REPO, put_batch, read_jsonl
+from tests.helpers import REPO, eventually, put_batch, read_jsonl
 
 SIZE = 9_000_000
 CAP = 40 << 20
@@ -64,16 +64,25 @@ async def test_a_waiter_cancelled_in_the_queue_gives_its_turn_on_and_holds_nothi
     budget = ByteBudget(10)
     order: list[str] = []
 
-    async def take(name: str, n: int, hold_s: float) -> None:
+    holding, release = anyio.Event(), anyio.Event()
+
+    async def take(name: str, n: int) -> None:
         async with budget.hold(n):
             order.append(name)
-            await anyio.sleep(hold_s)
+
+    async def first() -> None:  # holds until told: events, not spans a loaded machine could outlast
+        async with budget.hold(8):
+            order.append("first")
+            holding.set()
+            await release.wait()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(take, "first", 8, 0.2)
-        await anyio.sleep(0.01)
+        tg.start_soon(first)
+        await holding.wait()
         with anyio.move_on_after(0.05):  # queued behind "first", then given up
-            await take("cancelled", 5, 0)
-        tg.start_soon(take, "big", 30, 0)  # over the whole cap: goes alone once nothing is held
-        tg.start_soon(take, "small", 2, 0)  # first come, first served: waits behind "big"
+            await take("cancelled", 5)
+        tg.start_soon(take, "big", 30)  # over the whole cap: goes alone once nothing is held
+        tg.start_soon(take, "small", 2)  # first come, first served: waits behind "big"
+        await eventually(lambda: len(budget._waiters) == 2)  # both queued behind "first"
+        release.set()
     assert order == ["first", "big", "small"] and budget.held == 0 and budget.peak == 30

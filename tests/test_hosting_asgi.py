@@ -11,33 +11,37 @@ import asyncio
 import contextlib
 import contextvars
 import gc
-import time
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gym_runtime.hosting.asgi import AppLife, Jar, app_loop, request
+from tests.helpers import eventually
 
 
 async def test_code_that_blocks_the_apps_loop_leaves_the_callers_loop_running() -> None:
-    """A coroutine that sleeps synchronously on the app loop for 1 s: meanwhile the caller's loop ticks on."""
+    """A coroutine that blocks the app loop synchronously until the caller's loop has ticked ten times: it
+    returns only because the caller's loop ticks on meanwhile; on one loop the ticks would wait for it."""
     ticks = 0
+    ticked = threading.Event()
 
     async def tick() -> None:
         nonlocal ticks
         while True:
             ticks += 1
+            if ticks >= 10:
+                ticked.set()
             await asyncio.sleep(0.05)
 
-    async def blocks() -> float:
-        time.sleep(1.0)
-        return 1.0
+    async def blocks() -> bool:
+        return ticked.wait(timeout=60)  # synchronous: the app's loop runs nothing else meanwhile
 
     ticker = asyncio.create_task(tick())
     try:
-        assert await app_loop().run(blocks()) == 1.0
+        assert await app_loop().run(blocks()) is True  # the ticks came while it blocked (an event, not a span)
     finally:
         ticker.cancel()
-    assert ticks >= 10  # ~20 ticks in 1 s; on one loop there would have been 1
+    assert ticks >= 10
 
 
 async def test_cancelling_the_wait_cancels_the_call_on_the_apps_loop() -> None:
@@ -57,10 +61,7 @@ async def test_cancelling_the_wait_cancels_the_call_on_the_apps_loop() -> None:
         await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    for _ in range(100):
-        if cancelled:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: cancelled)  # the app's loop runs the cancellation when it gets to it
     assert started_on[0] is app_loop().loop and cancelled == [True]
 
 

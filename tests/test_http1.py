@@ -19,6 +19,7 @@ from gym_runtime.errors import ModelError
 from gym_runtime.models import http1
 from gym_runtime.models.openai import Options, make_pool
 from gym_runtime.models.transport import PlainHTTP
+from tests.helpers import eventually
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # request body -> keep the connection?
 
@@ -97,8 +98,7 @@ async def test_keep_alive_reuses_one_connection_and_sends_host_and_length(serve)
     assert headers["host"] == f"127.0.0.1:{server.port}" and headers["content-length"] == "8"
     await pool.aclose()
     assert pool.open_connections == 0
-    await asyncio.sleep(0.05)
-    assert server.open == 0  # the server saw it close
+    await eventually(lambda: server.open == 0)  # the server saw it close
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ async def test_a_kept_connection_the_server_dropped_while_idle_is_replaced(serve
     pool = http1.ConnectionPool("127.0.0.1", server.port)
     for i in range(3):
         assert json.loads((await call(pool, b"%d" % i)).body) == {"echo": str(i)}
-        await asyncio.sleep(0.05)
+        await eventually(lambda: server.open == 0)  # the server has dropped it: idle, before the next call
     assert server.connections == 3
 
 
@@ -264,7 +264,7 @@ async def test_a_waiter_cancelled_while_the_pool_is_full_does_not_block_the_rest
     server = await serve(delayed(0.2))
     pool = http1.ConnectionPool("127.0.0.1", server.port, limit=1)
     first = asyncio.ensure_future(call(pool, b"1"))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: len(server.requests) == 1)  # "1" holds the only connection
     with pytest.raises(TimeoutError):
         with anyio.fail_after(0.05):
             await call(pool, b"2")  # waits for the only connection, gives up

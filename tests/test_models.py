@@ -268,13 +268,15 @@ def test_example_values_cover_common_schema_shapes() -> None:
 
 
 async def test_scripted_delay_is_simulated_latency() -> None:
-    model = ScriptedModel(ScriptedOptions(delay_s=0.05))
+    model = ScriptedModel(ScriptedOptions(delay_s=0.3))
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(10):
             tg.start_soon(model.generate, CreateParams(input=parse_items("x")))
     elapsed = time.perf_counter() - t0
-    assert 0.05 <= elapsed < 0.5  # concurrent calls overlap
+    # concurrent calls overlap: one after another, ten sleeps of 0.3 s take at least 3 s whatever the load, so
+    # under 3 s is the overlap itself; overlapped they take ~0.3 s (a stall of 2.7 s would be needed to flake)
+    assert 0.3 <= elapsed < 10 * 0.3
 
 
 # ======================================================================== replay
@@ -769,12 +771,13 @@ async def test_openai_context_overflow_is_an_incomplete_response(stub: StubOpenA
 
 async def test_openai_timeout_and_unreachable(stub: StubOpenAI) -> None:
     model = OpenAIModel(openai_cfg(stub, timeout_s=0.2, max_retries=1))
-    stub.handler = lambda req: StubReply(delay_s=3.0)
+    stub.handler = lambda req: StubReply(delay_s=60.0)  # the stub stops waiting when it stops
     t0 = time.perf_counter()
     with pytest.raises(ModelError, match="timed out") as exc:
         await model.generate(CreateParams(input=parse_items("hi")))
     assert exc.value.retryable is True and len(stub.requests) == 2
-    assert time.perf_counter() - t0 < 2.0
+    # waiting for an answer would take 60 s; the two 0.2 s timeouts end it long before half of that
+    assert time.perf_counter() - t0 < 30
     await model.aclose()
 
     with socket.socket() as s:  # a port nobody listens on

@@ -34,11 +34,11 @@ async def test_a_batch_is_counted_as_its_results_land(bus: Bus) -> None:
         await store(bus, task, failed=failed)
     async with anyio.create_task_group() as tg:
         watch = await BatchWatch.open(bus, "w", tg)
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while watch.snapshot()["done"] < 2:
                 await anyio.sleep(0.05)
         await store(bus, 3)
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while watch.snapshot()["done"] < 3:  # a watch reads what lands after it opened too
                 await anyio.sleep(0.05)
         snap = watch.snapshot()
@@ -72,7 +72,7 @@ async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_
     await store(bus, 2)
     async with anyio.create_task_group() as tg:
         watch = await BatchWatch.open(bus, "w", tg)
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while watch.snapshot()["done"] < 3:
                 await anyio.sleep(0.05)
         snap = watch.snapshot()
@@ -98,7 +98,7 @@ async def test_a_batch_says_what_its_results_cost_failed_ones_apart(bus: Bus) ->
     await bus.js_publish(bus.subjects.result("a", "c"), failed, msg_id="c:2:0")
     async with anyio.create_task_group() as tg:
         watch = await BatchWatch.open(bus, "c", tg)
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while watch.snapshot()["done"] < 3:
                 await anyio.sleep(0.05)
         snap = watch.snapshot()

@@ -50,6 +50,17 @@ LOOPS = {
 
 # what a credential may publish to itself, so nothing to borrow: the role-wide agent credential stores any
 # agent's results and calls every agent's environment
+# where a credential may both publish and subscribe on the loop subject: the loop itself works (only the
+# borrowed answer must fail)
+LOOPS_THAT_WORK = {
+    ("agent", "a", "gym.live.agent.a"),
+    ("agent", None, "gym.live.agent.a"),
+    ("model", "m", "gym.live.model.m"),
+    ("model", None, "gym.live.model.m"),
+    ("agent", "a", "_INBOX.agent.a.x.agent.a.0"),
+    ("resource", "env_a", "_INBOX.resource.env_a.x.res.env_a.0"),
+    ("model", "m", "_INBOX.model.m.x.model.m.0"),
+}
 OWN = {"agent.None": {"gym.result.b.victim", "gym.res.env_b.seed.agent.b"}}
 
 
@@ -92,29 +103,28 @@ async def test_no_credential_can_borrow_a_reply_to_publish_elsewhere(pooled) -> 
                     await attacker.flush()
                     for target in TARGETS:
                         await attacker.nc.publish(loop, b"loop", reply=target)
-                    with anyio.move_on_after(2.0):
-                        while got < len(TARGETS):
-                            await anyio.sleep(0.02)
+                    if (role, pool, loop) in LOOPS_THAT_WORK:
+                        with anyio.fail_after(30):  # every loop message comes round: an event, not a span
+                            while got < len(TARGETS):
+                                await anyio.sleep(0.02)
+                    else:  # a span with nothing in it: load only stretches it, so it can't fail falsely
+                        with anyio.move_on_after(2.0):
+                            while got < len(TARGETS):
+                                await anyio.sleep(0.02)
                     await attacker.flush()
                     looped[(role, pool, loop)] = got
                     await sub.unsubscribe()
             finally:
                 await attacker.close()
         await admin.flush()
-        await anyio.sleep(0.3)  # a borrowed publish that got through has reached the spy by now
+        # a span with nothing in it (a borrowed publish that got through would reach the spy): load only stretches
+        # it, which can hide a leak on a loaded run but never fails a sound one
+        await anyio.sleep(0.3)
         borrowed = [(t, who) for t, who in arrived if t not in OWN.get(who, set())]
         assert borrowed == []
         assert (await admin.js.stream_info("GYM_TASKS")).state.messages == 3
         # the loops themselves worked where a credential may both publish and subscribe: only the answer failed
-        for key in [
-            ("agent", "a", "gym.live.agent.a"),
-            ("agent", None, "gym.live.agent.a"),
-            ("model", "m", "gym.live.model.m"),
-            ("model", None, "gym.live.model.m"),
-            ("agent", "a", "_INBOX.agent.a.x.agent.a.0"),
-            ("resource", "env_a", "_INBOX.resource.env_a.x.res.env_a.0"),
-            ("model", "m", "_INBOX.model.m.x.model.m.0"),
-        ]:
+        for key in LOOPS_THAT_WORK:
             assert looped[key] == len(TARGETS), key
     finally:
         await admin.close()

@@ -104,7 +104,9 @@ async def test_cancel_drops_unstarted_tasks_and_drains_the_queue(nats_server) ->
         t0 = time.perf_counter()
         await batch.cancel()
         rest = [r async for r in batch]  # ends at once
-        assert time.perf_counter() - t0 < 5.0
+        # the count proves the unstarted tasks were dropped (running them is 11 x 2 calls x 0.15 s, only ~3 s, so
+        # no wall bound could tell that apart under load); the bound catches an iteration that hangs
+        assert time.perf_counter() - t0 < 30.0
         assert len(rest) <= 2  # at most what had arrived before the cancel
         agent = next(w for w in client.workers if hasattr(w, "skipped"))
         with anyio.fail_after(30):  # every task is accounted for: run, or acked without running
@@ -150,7 +152,7 @@ async def test_pause_waits_for_calls_in_flight_and_resume_loses_none(nats_server
         served = sum(m.served for m in models)
         # a replica that starts during the pause holds its calls too (it reads the pause from KV)
         async with Client(weather(delay_s=0.3), nats=nats_server.url, workers=["models.policy"]) as late:
-            await anyio.sleep(1.0)
+            await anyio.sleep(1.0)  # a span with nothing in it: load only stretches it, never fails a sound run
             assert sum(m.served for m in models) == served  # held, not served
             assert late.workers[0].served == 0 and late.workers[0].gate.active == 0
             assert sum(m.gate.held for m in [*models, late.workers[0]]) > 0

@@ -95,7 +95,7 @@ async def test_a_batch_run_again_after_the_window_is_stored_twice_and_read_once(
             with anyio.fail_after(20):
                 while watch.snapshot()["done"] < expected:
                     await anyio.sleep(0.1)
-            await anyio.sleep(0.5)  # the duplicates read too: still one per slot
+            await anyio.sleep(0.5)  # the duplicates read too: still one per slot (a span: load only stretches it)
             snap = watch.snapshot()
             assert (snap["done"], snap["failed"], snap["pending"]) == (expected, 0, 0)
             tg.cancel_scope.cancel()

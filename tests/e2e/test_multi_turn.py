@@ -160,7 +160,9 @@ async def test_conversation_stops_before_the_deadline(nats_server, tmp_path: Pat
     out = tmp_path / "out.jsonl"
     t0 = time.monotonic()
     result = await run(raw, nats_server.url, data, out)
-    assert time.monotonic() - t0 < 5
+    # 1,000 turns at 0.15 s a call would take minutes; timeout_s (1.5 s) ends them: 60 s tells the two apart
+    # with room for a loaded machine's start-up (the rows below say the deadline, not max_turns, ended them)
+    assert time.monotonic() - t0 < 60
     rows = read_jsonl(out)
     assert result.stats.failures == 0 and len(rows) == 2
     for row in rows:
@@ -445,7 +447,9 @@ async def test_killed_user_simulator_worker_loses_no_rollout(nats_server, tmp_pa
                 )
 
             tg.start_soon(batch)
-            await anyio.sleep(0.8)  # every rollout is mid-conversation, waiting on the user simulator
+            # every rollout is mid-conversation, waiting on the user simulator; the check below (not all done at
+            # the kill) is one that load only makes easier, so the span cannot fail a sound run
+            await anyio.sleep(0.8)
             done_at_kill = max(progress, default=0)
             procs[0].kill()
             procs[0].wait(10)

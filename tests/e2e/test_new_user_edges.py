@@ -22,6 +22,7 @@ import pytest
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port, port_taken
 from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.service.supervisor import cpu_seconds
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
@@ -110,8 +111,10 @@ def test_a_creds_file_that_is_not_an_nkey_seed_is_one_line_naming_it(command: st
             "purge": ["purge", "--batch", "b"],
         }[command]
         t0 = time.monotonic()
-        res = cli(*argv, "--nats", srv.url, "--auth-dir", str(auth), timeout=60)
-        assert time.monotonic() - t0 < 15
+        # a 2-minute connect timeout: a command that retried on the bad seed would wait it out, so under a minute
+        # is the seed refused at once, however loaded the machine
+        res = cli(*argv, "--nats", srv.url, "--auth-dir", str(auth), timeout=180, env={"GYM_CONNECT_TIMEOUT_S": "120"})
+        assert time.monotonic() - t0 < 60
     role = "admin" if command == "purge" else "publisher"
     assert_one_line(res, f"{auth}/{role}.creds", "not a valid nkey seed")
     assert seed[:20] not in res.stderr  # never the secret itself
@@ -295,6 +298,23 @@ def stop_and_time(proc: subprocess.Popen[str], sig: int, timeout: float = 30) ->
     return proc.returncode, time.monotonic() - t0, out, err
 
 
+def stop_and_measure(proc: subprocess.Popen[str], sig: int, timeout: float = 30) -> tuple[int, float, float, str]:
+    """Signal ``proc`` and wait for it to end: its exit code, the wall seconds that took, the CPU seconds it
+    spent after the signal (its own, not an embedded nats-server's: work shows there whatever the load, which
+    stretches only wall time; read from the zombie before it is reaped, its final count), and its stderr."""
+    before = cpu_seconds(proc.pid) or 0.0
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    ended = threading.Thread(target=os.waitid, args=(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT), daemon=True)
+    ended.start()
+    ended.join(timeout)
+    took = time.monotonic() - t0
+    after = cpu_seconds(proc.pid) if not ended.is_alive() else None
+    after = float("inf") if after is None else after
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, took, after - before, err
+
+
 @pytest.mark.parametrize("when", ["while rollouts arrive", "while the file is written"])
 def test_ctrl_c_during_run_exits_130_at_once_and_leaves_no_partial_file(when: str, tmp_path: Path) -> None:
     """--repeats 4000 (20,000 rollouts, one process): Ctrl-C is acted on within 2 s whether it comes while
@@ -307,9 +327,14 @@ def test_ctrl_c_during_run_exits_130_at_once_and_leaves_no_partial_file(when: st
         wait_for(lambda: spool.exists() and spool.stat().st_size > 1_000_000, 120, "results spooled")
     else:
         wait_for(lambda: tmp.exists(), 600, "the file being written")
-    code, took, _, err = stop_and_time(proc, signal.SIGINT)
+    code, took, cpu, err = stop_and_measure(proc, signal.SIGINT)
+    print(f"{when}: ended {took:.2f} s after Ctrl-C, {cpu:.2f} CPU s")
     assert code == 130, err[-2000:]
-    assert took < 2.0, took
+    # acted on at once: it stops working (CPU seconds after the signal, which load does not stretch: going on
+    # with 20,000 rollouts or 4,000 pass@k would burn far more), and stops waiting (a wall bound for that alone,
+    # generous, as a load of 30 stretches even a short exit's wall time many times)
+    assert cpu < 2.0, cpu
+    assert took < 20, took
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "gym-runtime: error: interrupted"
     assert not spool.exists() and not tmp.exists() and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -323,9 +348,9 @@ def test_start_exits_130_on_ctrl_c_and_0_on_sigterm(pool: bool, nats_server: Emb
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "workers ready"
         assert "ready" in line, proc.stderr.read() if proc.stderr else ""
-        code, took, _, err = stop_and_time(proc, sig)
+        code, took, _, err = stop_and_time(proc, sig, timeout=60)
         assert code == expected, (sig, err[-2000:])
-        assert took < 15, took
+        assert took < 30, took  # a start that ignored the signal would run on: halfway to the 60 s wait
 
 
 @pytest.mark.parametrize("pool", [False, True])
@@ -339,7 +364,7 @@ def test_start_stopped_while_still_connecting_stops_at_once_without_blaming_anyo
     time.sleep(1)
     code, took, _, err = stop_and_time(proc, signal.SIGTERM)
     assert code == 0, err[-2000:]
-    assert took < 5, took
+    assert took < 15, took  # a start that waited to connect would never stop by itself: halfway to the 30 s wait
     assert "its error is above" not in err and "not_started" not in err, err
 
 
@@ -357,11 +382,11 @@ def test_start_stopped_after_its_server_died_exits_quietly(pool: bool, tmp_path:
         assert "ready" in line, proc.stderr.read() if proc.stderr else ""
     finally:
         srv.stop()
-    time.sleep(1)  # the workers see the connection drop and start reconnecting
-    code, took, _, err = stop_and_time(proc, signal.SIGTERM)
+    time.sleep(1)  # the workers see the connection drop and start reconnecting (a settle; nothing is asserted on it)
+    code, took, _, err = stop_and_time(proc, signal.SIGTERM, timeout=60)
     assert "internal error" not in err and "Traceback" not in err, err[-3000:]
     assert code == 0, err[-2000:]
-    assert took < 15, took
+    assert took < 30, took  # reconnecting, it would wait for the server forever: halfway to the 60 s wait
 
 
 def test_start_whose_server_stops_with_it_mid_batch_exits_within_seconds(tmp_path: Path) -> None:
@@ -382,7 +407,8 @@ def test_start_whose_server_stops_with_it_mid_batch_exits_within_seconds(tmp_pat
         srv.stop()  # the server and the pool stop together, as a cancelled job's steps do
     code, took, _, err = stop_and_time(proc, signal.SIGTERM, timeout=90)
     assert code == 0 and "Traceback" not in err, err[-3000:]
-    assert took < 10, took
+    # within KillWait (30 s), and short of the 30 s model calls it would otherwise wait out: 20 s is both
+    assert took < 20, took
 
 
 def _in_flight(url: str) -> int:
@@ -414,9 +440,9 @@ def test_status_watch_runs_until_interrupted_past_the_batch_end(nats_server: Emb
     tail = Tail(proc.stdout)  # pending is 0 from the start: it still watches, refreshed again and again
     wait_for(lambda: tail.text().count("pending") >= 3 or proc.poll() is not None, 120, "three refreshes")
     assert proc.poll() is None, (tail.all(), proc.stderr.read() if proc.stderr else "")
-    code, took = signal_and_wait(proc, signal.SIGINT)
+    code, took = signal_and_wait(proc, signal.SIGINT, timeout=60)
     assert code == 0, proc.stderr.read() if proc.stderr else ""
-    assert took < 10
+    assert took < 30  # a watch that went on would never end: halfway to the 60 s wait
 
 
 # --------------------------------------------------------------------------------- 2. silent or long waits
@@ -430,14 +456,14 @@ def test_start_all_roles_with_a_mistyped_module_against_a_dead_server_says_so_at
     assert_one_line(
         res, "resources.weather.server: no such resource module 'resources.wether'; did you mean 'weather'?"
     )
-    assert took < 10, took
+    assert took < 45, took  # waiting for the dead server would run to the 90 s timeout: halfway tells them apart
     assert "models.policy" not in res.stderr
 
 
 def test_collect_of_an_unknown_batch_says_so_at_once(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     t0 = time.monotonic()
     res = cli("collect", "--batch", "nope", "--nats", nats_server.url, "-o", str(tmp_path / "o.jsonl"), timeout=90)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 45  # waiting for the batch would run to the 90 s timeout: halfway tells them apart
     assert_one_line(res, "no batch 'nope' in namespace 'gym'", "--wait S")
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -533,10 +559,10 @@ def test_a_pool_logs_nats_unreachable_once_with_a_reason(tmp_path: Path) -> None
     proc = popen_cli("start", WEATHER, "--nats", f"nats://127.0.0.1:{free_port()}", "--replicas", "2")
     tail = Tail(proc.stderr)  # a waiting service warns after 8 s; then 8 s more, to hear any repeat
     wait_for(lambda: '"nats.unreachable"' in tail.text(), 120, "the warning")
-    time.sleep(8)
-    code, took = signal_and_wait(proc, signal.SIGTERM)
+    time.sleep(8)  # a span with nothing in it (no second warning): load only stretches it
+    code, took = signal_and_wait(proc, signal.SIGTERM, timeout=60)
     err = tail.all()
-    assert code == 0 and took < 15, err
+    assert code == 0 and took < 30, err  # waiting for the server it would never end: halfway to the 60 s wait
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     unreachable = [x for x in lines if x.get("event") == "nats.unreachable"]
     assert len(unreachable) == 1, err

@@ -65,13 +65,14 @@ def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_p
         # ... then the bulk of the batch lands at once
         t0 = time.monotonic()
         anyio.run(lambda: publish_results(srv.url, range(130, N_RESULTS)))
-        stdout, stderr = collector.communicate(timeout=60)
+        stdout, stderr = collector.communicate(timeout=180)
         took = time.monotonic() - t0
         assert collector.returncode == 0, stderr[-2000:]
         assert f"{N_RESULTS} rows, 0 failed" in stdout
         assert [r["task_id"] for r in read_jsonl(out)] == list(range(N_RESULTS))
-        # before the fix: ~5 rows/s, i.e. ~10 minutes for these rows; a fresh collect takes ~1 s
-        assert took < 20.0, f"{N_RESULTS - 130} results took {took:.1f}s to collect after the restart"
+        # before the fix: ~5 rows/s, i.e. ~10 minutes for these rows; a fresh collect takes ~1 s. The bound is a
+        # fifth of the broken time, so it still catches the bug and leaves a loaded machine 100x a quiet one's time
+        assert took < 120.0, f"{N_RESULTS - 130} results took {took:.1f}s to collect after the restart"
     finally:
         if collector is not None and collector.poll() is None:
             collector.kill()

@@ -322,7 +322,7 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
     collector = Collector(buses["publisher"], batch, tmp_path / "out.jsonl")
     async with anyio.create_task_group() as tg:
         tg.start_soon(collector.run)
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):  # a generous deadline: only a broken run reaches it
             while collector.stats.rows < 1:
                 await anyio.sleep(0.05)
         listed = await thief.nc.request(f"$JS.API.CONSUMER.LIST.{results}", b"{}", timeout=5.0)
@@ -332,7 +332,7 @@ async def test_collector_outlives_a_deleted_reader(buses: dict[str, Bus], tmp_pa
             await thief.js.delete_consumer(results, name)
         await agent.js_publish("gym.result.a.b1", result(1), msg_id="b1:1:0")
         await agent.js_publish("gym.result.a.b1", result(2), msg_id="b1:2:0")
-        with anyio.fail_after(15):  # before: it waited forever on a consumer that no longer exists
+        with anyio.fail_after(60):  # before: it waited forever on a consumer that no longer exists
             while collector.stats.rows < 3:
                 await anyio.sleep(0.05)
     assert collector.stats.rows == 3 and collector.stats.duplicates == 0
@@ -349,7 +349,7 @@ async def _terminate(bus: Bus, stream: str, durable: str, n: int) -> int:
 
     sub = await bus.nc.subscribe(inbox, cb=take)
     await bus.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", b'{"batch": %d}' % n, reply=inbox)
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):  # a generous deadline: only a broken run reaches it
         while len(got) < n:
             await anyio.sleep(0.02)
     for ack in got:
