@@ -1,5 +1,6 @@
 """``gym-runtime env build CONFIG``: build (or find) the environments of a config's hosted NeMo Gym servers
-(resources servers and agent servers).
+(resources servers and agent servers), and verifiers 0.4's own (``--verifiers``, or a config whose agents run
+``agents.verifiers_v1``).
 
 ``start`` and ``run`` build what is missing themselves; this is the explicit step (a
 CI job, a node image) that takes the minutes up front. ``--server NAME`` builds one
@@ -13,7 +14,9 @@ from pathlib import Path
 
 from gym_runtime.cli._common import load, log_level_option
 from gym_runtime.errors import UserError
-from gym_runtime.hosting.env import ServerKind, disk_mb, ensure
+from gym_runtime.hosting.env import VERIFIERS_VERSION, ServerKind, disk_mb, ensure, ensure_verifiers
+
+VERIFIERS_AGENTS = ("agents.verifiers_v1", "gym_runtime.agents.verifiers_v1")  # agents on verifiers' own env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +31,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--server", action="append", default=[], metavar="NAME", help="a NeMo Gym server (repeatable)")
     b.add_argument("--agent", action="append", default=[], metavar="NAME", help="a NeMo Gym agent server (repeatable)")
-    b.add_argument("--python", help="the Python >= 3.13 to build on (default: $GYM_NEMO_PYTHON, else searched)")
+    b.add_argument(
+        "--verifiers",
+        nargs="?",
+        const=VERIFIERS_VERSION,
+        metavar="VERSION",
+        help=f"verifiers' own environment (Taskset x Harness tasksets; default version {VERIFIERS_VERSION})",
+    )
+    b.add_argument(
+        "--python",
+        help="the Python to build on (NeMo Gym: >= 3.13, default $GYM_NEMO_PYTHON; verifiers: >= 3.12, default"
+        " $GYM_VERIFIERS_PYTHON; else searched)",
+    )
     b.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value"
     )
@@ -42,10 +56,18 @@ def main(args: argparse.Namespace) -> int:
         cfg = load(args)
         servers += [(r.nemo_gym, "resources_servers") for r in cfg.resources.values() if r.hosted]
         servers += [(a.nemo_gym, "responses_api_agents") for a in cfg.agents.values() if a.hosted]
+        if any(a.agent in VERIFIERS_AGENTS for a in cfg.agents.values()) and not args.verifiers:
+            args.verifiers = VERIFIERS_VERSION
+    if args.verifiers:
+        vf = ensure_verifiers(args.verifiers, python=args.python)
+        how = f"built in {vf.built_s:.0f}s" if vf.built_s else "cached"
+        print(f"verifiers=={vf.version}: {vf.python} ({how}; {disk_mb(Path(vf.prefix)):.0f} MB)")
+        if not servers:
+            return 0
     if not servers:
         raise UserError(
             "env build: no hosted servers (give a config with resources.NAME.nemo_gym or agents.NAME.nemo_gym, "
-            "or --server / --agent)"
+            "or --server / --agent / --verifiers)"
         )
     for server, kind in dict.fromkeys(servers):
         env = ensure(server, python=args.python, kind=kind)
