@@ -50,13 +50,13 @@ from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.chat import chat_body_to_params, chat_to_items, response_to_chat
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.env import VERIFIERS_VERSION
 from gym_runtime.messages import ErrorClass, FunctionCall, Message, Reasoning, Response, Usage, VerifyReply
 
 __all__ = ["Options", "check_options", "rows", "run", "run_group", "setup"]
 
 isolation = "process"  # always: its code needs verifiers' own environment, which only its guest runs on
-verifiers_version = VERIFIERS_VERSION  # the worker starts the guest on this verifiers release's built environment
+# the verifiers release this code is written for: the worker starts the guest on its built environment
+verifiers_version = "0.4.0"
 
 _KEY_VAR = "GYM_VF_ENDPOINT_KEY"  # the variable verifiers reads the loopback endpoint's key from (api_key_var)
 _SESSION = "x-session-id"  # verifiers' per-rollout header: the trace id, the same every turn

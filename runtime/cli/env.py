@@ -15,8 +15,7 @@ from pathlib import Path
 from gym_runtime.cli._common import load, log_level_option
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import VERIFIERS_VERSION, ServerKind, disk_mb, ensure, ensure_verifiers
-
-VERIFIERS_AGENTS = ("agents.verifiers_v1", "gym_runtime.agents.verifiers_v1")  # agents on verifiers' own env
+from gym_runtime.plugins import load_plugin
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,18 +51,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     servers: list[tuple[str, ServerKind]] = [(s, "resources_servers") for s in args.server]
     servers += [(a, "responses_api_agents") for a in args.agent]
+    releases: list[str] = [args.verifiers] if args.verifiers else []  # verifiers' own environments to build
     if args.config:
         cfg = load(args)
         servers += [(r.nemo_gym, "resources_servers") for r in cfg.resources.values() if r.hosted]
         servers += [(a.nemo_gym, "responses_api_agents") for a in cfg.agents.values() if a.hosted]
-        if any(a.agent in VERIFIERS_AGENTS for a in cfg.agents.values()) and not args.verifiers:
-            args.verifiers = VERIFIERS_VERSION
-    if args.verifiers:
-        vf = ensure_verifiers(args.verifiers, python=args.python)
+        # agents whose package needs verifiers' own environment (agents.verifiers_v1 says which release)
+        modules = [load_plugin("agent", a.agent, "agents.*.agent") for a in cfg.agents.values() if not a.hosted]
+        releases += [v for m in modules if (v := getattr(m, "verifiers_version", None))]
+    for release in dict.fromkeys(releases):
+        vf = ensure_verifiers(release, python=args.python)
         how = f"built in {vf.built_s:.0f}s" if vf.built_s else "cached"
         print(f"verifiers=={vf.version}: {vf.python} ({how}; {disk_mb(Path(vf.prefix)):.0f} MB)")
-        if not servers:
-            return 0
+    if releases and not servers:
+        return 0
     if not servers:
         raise UserError(
             "env build: no hosted servers (give a config with resources.NAME.nemo_gym or agents.NAME.nemo_gym, "
