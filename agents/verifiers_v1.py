@@ -267,6 +267,8 @@ def _error_class(trace: Any) -> ErrorClass:
     if getattr(trace, "is_timeout", False):
         return "timeout"
     names = {e.type for e in trace.errors}
+    if any(e.type == "TaskError" and " scoring" in e.message for e in trace.errors):
+        return "verify_error"  # a reward or metric of the task raised (verifiers scores nothing then)
     if names & {"TaskError", "ToolsetError"}:
         return "tool_error"
     if names & {"ProviderError"}:

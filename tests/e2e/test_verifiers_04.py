@@ -62,7 +62,7 @@ async def main():
     async with env.serving():
         for task in list(env.taskset)[:tasks]:
             episodes = await asyncio.gather(*(env.run_slot(s, ctx) for s in env.slots(task, repeats)))
-            out.append([[t.reward, {k: v for k, v in t.metrics.items()}, {k: r.score for k, r in t.rewards.items()}]
+            out.append([[t.reward, {k: v for k, v in t.metrics.items()}, {k: r and r.score for k, r in t.rewards.items()}]
                         for ep in episodes for t in ep.traces])
     print(json.dumps(out))
 
@@ -209,6 +209,23 @@ def test_grouped_scoring_best_of_n_equals_verifiers_own_runner(layer: Any, tmp_p
     assert len(ours) == 9
     _compare(ours, theirs)
     assert all("best" in r and "pass_at_n" in r for r in ours)
+
+
+def test_a_raising_reward_is_a_verify_error_row(layer: Any, tmp_path: Path) -> None:
+    """A reward function that raises: verifiers marks the trace failed (scored nothing); here each task is a
+    `verify_error` failure row naming it, and the run goes on to the other tasks."""
+    work = _workdir(tmp_path)
+    env_cfg = _env("raises")
+    rows = [{"responses_create_params": {"input": []}, "verifiers": {"index": i}} for i in range(3)]
+    with StubOpenAI(emulator=tool_policy_emulator()) as stub:
+        res = _run_ours(work, _config(stub.base_url, {"vf": _vf04(env_cfg)}), rows)
+        theirs = _run_theirs(layer, work, env_cfg, stub.base_url)
+    assert res.returncode == 1, res.stderr[-3000:]
+    failures = read_jsonl(work / "out_failures.jsonl")
+    assert len(failures) == 3
+    for f in failures:
+        assert f["error_class"] == "verify_error" and "reward blew up" in f["error"], f
+    assert all(tr[0] == 0 for traces in theirs for tr in traces)  # verifiers' own: not scored
 
 
 def test_verifiers_04_beside_03_in_one_config(layer: Any, tmp_path: Path) -> None:

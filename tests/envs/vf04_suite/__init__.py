@@ -2,7 +2,8 @@
 and shipped tasksets write one: ``say COLOR`` tasks scored by exact match.
 
 ``task.kind`` (``--env.taskset.task.kind``): ``single`` (one reply), ``tool`` (a ``get_color`` tool over MCP that the
-model calls first), ``multi`` (a scripted user says "again" twice: three assistant turns, each scored).
+model calls first), ``multi`` (a scripted user says "again" twice: three assistant turns, each scored),
+``raises`` (a reward function that raises).
 Grouped scoring is verifiers' own ``best_of_n`` env over this taskset (``--env.id best_of_n``).
 """
 

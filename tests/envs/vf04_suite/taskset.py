@@ -12,7 +12,7 @@ class ColorData(vf.TaskData):
 
 
 class ColorTaskConfig(vf.TaskConfig):
-    kind: Literal["single", "tool", "multi"] = "single"
+    kind: Literal["single", "tool", "multi", "raises"] = "single"
     tools: vf.ToolsetConfig = vf.ToolsetConfig()
 
 
@@ -25,6 +25,12 @@ class ColorTask(vf.Task[ColorData, vf.State, ColorTaskConfig]):
     async def mentions_answer(self, trace: vf.Trace) -> float:
         replies = [m.content or "" for m in trace.assistant_messages]
         return sum(self.data.answer in r for r in replies) / max(len(replies), 1)
+
+    @vf.reward(weight=0.0)
+    async def checked(self, trace: vf.Trace) -> float:
+        if self.config.kind == "raises":
+            raise ValueError("reward blew up")
+        return 1.0
 
     @vf.metric
     async def replies(self, trace: vf.Trace) -> float:
