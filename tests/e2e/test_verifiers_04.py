@@ -62,8 +62,8 @@ async def main():
     async with env.serving():
         for task in list(env.taskset)[:tasks]:
             episodes = await asyncio.gather(*(env.run_slot(s, ctx) for s in env.slots(task, repeats)))
-            out.append([[t.reward, {k: v for k, v in t.metrics.items()}, {k: r and r.score for k, r in t.rewards.items()}]
-                        for ep in episodes for t in ep.traces])
+            traces = [t for ep in episodes for t in ep.traces]
+            out.append([[t.reward, dict(t.metrics), {k: r and r.score for k, r in t.rewards.items()}] for t in traces])
     print(json.dumps(out))
 
 asyncio.run(main())
