@@ -390,6 +390,9 @@ print(json.dumps({"dependencies": meta.get("dependencies", []), "source": CHAT_P
 """
 
 
+_VF_LAYOUT = 2  # how the layer is laid out (2: its wheelhouse is the index uv resolves from)
+
+
 @dataclass(frozen=True)
 class VerifiersEnv:
     """verifiers' own built environment: its interpreter, the layer, and the variables that keep its rollouts'
@@ -404,12 +407,12 @@ class VerifiersEnv:
 
 def uv_environ(prefix: Path) -> dict[str, str]:
     """What a process of the verifiers layer (and the programs its rollouts start) runs with: the layer's ``uv``
-    first on PATH, resolving scripts from the layer's wheelhouse only, on the layer's Python, never downloading."""
+    first on PATH, its index the layer's wheelhouse (a local simple index; uv has no variable for ``--no-index``),
+    on the layer's Python, never downloading one."""
     return {
         VERIFIERS_ENV: str(prefix),
         "PATH": f"{prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-        "UV_NO_INDEX": "1",
-        "UV_FIND_LINKS": str(prefix / "wheelhouse"),
+        "UV_DEFAULT_INDEX": (prefix / "wheelhouse" / "simple").as_uri(),  # instead of PyPI: the layer's wheels
         "UV_CACHE_DIR": str(prefix / "uv-cache"),
         "UV_PYTHON": str(prefix / "bin" / "python"),
         "UV_PYTHON_DOWNLOADS": "never",
@@ -428,12 +431,26 @@ def _run_logged(cmd: list[str], log_path: Path, label: str, env: dict[str, str] 
     return proc.stdout
 
 
+def _simple_index(wheels: Path) -> None:
+    """A PEP 503 simple index over the wheels in ``wheels`` (``wheels/simple``), with ``file:`` links to them."""
+    by_name: dict[str, list[Path]] = {}
+    for wheel in sorted(wheels.glob("*.whl")):
+        by_name.setdefault(re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower(), []).append(wheel)
+    root = wheels / "simple"
+    for name, files in by_name.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        links = "".join(f'<a href="{w.resolve().as_uri()}">{w.name}</a>\n' for w in files)
+        (root / name / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    names = "".join(f'<a href="{n}/">{n}</a>\n' for n in by_name)
+    (root / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{names}</body></html>\n")
+
+
 def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
     """verifiers ``version`` with gym-runtime's dependencies, gym-runtime itself (editable) and ``uv``, plus a
     wheelhouse with what its chat harnesses' scripts need, checked by running ``uv sync --script`` offline once."""
     deps = sorted(runtime_dependencies(repo))
     parts = (_python_version(python), os.path.realpath(python), version, deps, str(repo), entry_points(repo))
-    prefix = cache_dir() / f"vf-{_key('verifiers', *parts)}"
+    prefix = cache_dir() / f"vf-{_key('verifiers', _VF_LAYOUT, *parts)}"
     if (prefix / ".complete").is_file():
         return prefix, 0.0
     t0 = time.monotonic()
@@ -472,11 +489,14 @@ def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tu
                 build_log,
                 "downloading the scripts' dependencies",
             )
-            # the check a rollout's runtime makes, offline: the script's environment resolves from the wheelhouse
+            _simple_index(wheels)
+            # the step a rollout's runtime makes (verifiers sets UV_OFFLINE=false for it), with every proxy a dead
+            # port: the script's environment resolves from the wheelhouse, or the build fails here
             probe = prefix / "scripts" / "chat_program.py"
             probe.parent.mkdir(exist_ok=True)
             probe.write_text(scripts["source"])
-            env = {**uv_environ(prefix), "UV_OFFLINE": "1"}
+            dead = {v: "http://127.0.0.1:9" for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "https_proxy")}
+            env = {**uv_environ(prefix), **dead, "UV_OFFLINE": "false"}
             uv = str(prefix / "bin" / "uv")
             _run_logged([uv, "sync", "--script", str(probe), "-q", "--no-config"], build_log, "uv sync --script", env)
             _step(prefix, "wheelhouse").touch()

@@ -133,14 +133,23 @@ def _vf04(env_cfg: dict[str, Any], extra: str = "") -> str:
     )
 
 
+# Every proxy a dead port, loopback exempt: a rollout that reached for the network (an index, a download) fails.
+NO_NETWORK = {
+    **{v: "http://127.0.0.1:9" for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")},
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+
+
 def _run_ours(
-    work: Path, config: str, rows: list[dict[str, Any]], *, repeats: int = 1
+    work: Path, config: str, rows: list[dict[str, Any]], *, repeats: int = 1, offline: bool = False
 ) -> subprocess.CompletedProcess[str]:
     (work / "config.yaml").write_text(config)
     write_jsonl(work / "rows.jsonl", rows)
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
     cmd += ["--repeats", str(repeats)]
-    return subprocess.run(cmd, cwd=work, env=_environ(work), capture_output=True, text=True, timeout=600, check=False)
+    env = {**_environ(work), **(NO_NETWORK if offline else {})}
+    return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def _run_theirs(layer: Any, work: Path, env_cfg: dict[str, Any], base_url: str, *, repeats: int = 1) -> list[Any]:
@@ -230,7 +239,8 @@ def test_a_raising_reward_is_a_verify_error_row(layer: Any, tmp_path: Path) -> N
 
 def test_verifiers_04_beside_03_in_one_config(layer: Any, tmp_path: Path) -> None:
     """One config, one run: a 0.3.x environment (agents.verifiers_env, in our own environment) and a 0.4 taskset
-    (agents.verifiers_v1, its guest on verifiers 0.4's built interpreter); each row scored by its own."""
+    (agents.verifiers_v1, its guest on verifiers 0.4's built interpreter); each row scored by its own. The run
+    has no network (every proxy a dead port): the 0.4 rollouts' `uv sync --script` resolves from the layer."""
     work = _workdir(tmp_path)
     v03 = "{agent: agents.verifiers_env, model: policy, timeout_s: 60, max_attempts: 1, options: {env_id: vf_suite}}"
     rows = [
@@ -245,7 +255,7 @@ def test_verifiers_04_beside_03_in_one_config(layer: Any, tmp_path: Path) -> Non
         for i in range(3)
     ]
     with StubOpenAI(emulator=tool_policy_emulator()) as stub:
-        res = _run_ours(work, _config(stub.base_url, {"v03": v03, "v04": _vf04(ENVS["single"])}), rows)
+        res = _run_ours(work, _config(stub.base_url, {"v03": v03, "v04": _vf04(ENVS["single"])}), rows, offline=True)
     assert res.returncode == 0, res.stderr[-3000:]
     ours = read_jsonl(work / "out.jsonl")
     by_agent = {
@@ -258,10 +268,12 @@ def test_verifiers_04_beside_03_in_one_config(layer: Any, tmp_path: Path) -> Non
 
 def test_layer_is_offline_and_cached(layer: Any) -> None:
     """The layer is built once (a second `env build` finds it by hash) and its rollouts resolve their scripts
-    from its own wheelhouse: uv is told to use no index, and the build checked that a script syncs so."""
+    from its own wheelhouse: uv's index is the layer's, and the build checked that a script syncs so with no
+    network (the rollouts' own check: the beside test runs with every proxy a dead port)."""
     r = cli("env", "build", "--verifiers")
     assert r.returncode == 0, r.stderr
     assert "cached" in r.stdout
-    assert layer.environ["UV_NO_INDEX"] == "1"
-    assert any(Path(layer.environ["UV_FIND_LINKS"]).glob("openai-*.whl"))
+    index = Path(layer.prefix, "wheelhouse", "simple")
+    assert layer.environ["UV_DEFAULT_INDEX"] == index.as_uri()
+    assert (index / "openai" / "index.html").is_file() and (index / "mcp" / "index.html").is_file()
     assert Path(layer.prefix, ".step-wheelhouse").is_file()
