@@ -950,6 +950,17 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 2048  # listen backlog: hundreds of concurrent clients connect at once
 
 
+def chat_chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat completion as the one ``chat.completion.chunk`` a streaming client reads (its message as the delta,
+    tool calls indexed), usage and vLLM's token fields kept."""
+    choice = completion["choices"][0]
+    delta = dict(choice["message"])
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(delta["tool_calls"])]
+    chunk_choice = {k: v for k, v in choice.items() if k != "message"}
+    return [{**completion, "object": "chat.completion.chunk", "choices": [{**chunk_choice, "delta": delta}]}]
+
+
 class StubOpenAI:
     """The stub server. Use as a context manager; ``base_url`` ends in ``/v1``.
 
@@ -1076,6 +1087,19 @@ class StubOpenAI:
                         return
                     except _HTTPError as e:
                         reply = StubReply(status=e.status, body=e.body)
+                if (
+                    reply is None
+                    and method == "POST"
+                    and isinstance(body, dict)
+                    and body.get("stream")
+                    and self.path.split("?", 1)[0].rstrip("/") == "/v1/chat/completions"
+                ):
+                    # a streaming chat client (verifiers 0.4's chat harness): the whole completion as one chunk
+                    status, out = stub.emulator.handle(method, self.path, {**body, "stream": False})
+                    if status == 200:
+                        self._stream(chat_chunks(out))
+                        return
+                    reply = StubReply(status=status, body=out)
                 if reply is None:
                     status, out = stub.emulator.handle(method, self.path, body)
                     reply = StubReply(status=status, body=out)

@@ -743,7 +743,7 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     return cfg
 
 
-HOSTED_RESOURCE_MODULE = "gym_runtime.hosting.resource"  # what a hosted resource's workers use of hosting
+HOSTED_RESOURCE_MODULE = "gym_runtime.hosting.resource"  # what the workers use of hosting
 
 
 class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -752,8 +752,9 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     leaves as it was.
 
     ``config``: the loaded config with each ``models`` entry's options parsed by its adapter. ``agent_modules``:
-    each agent entry's module (a hosted one's: ``gym_runtime.hosting.agent``); ``hosting``: what a hosted
-    resource's workers use (``gym_runtime.hosting.resource``), when one is hosted. Both loaded by name, as
+    each agent entry's module (a hosted one's: ``gym_runtime.hosting.agent``); ``hosting``: what the workers use
+    of hosting (``gym_runtime.hosting.resource``), when a resource is hosted or an agent module runs in verifiers'
+    own built environment (its ``verifiers_version``). Both loaded by name, as
     plugins are, so that the workers import nothing from ``gym_runtime.hosting``; empty when resolved for
     publishing only (``plugins`` False). ``fingerprints`` and ``fields``: each entry's, by (role, name) as
     workers register (``config.fingerprints``)."""
@@ -845,7 +846,8 @@ def resolve_config(cfg: Config) -> ResolvedConfig:
     models = _parsed_models(cfg)
     agents = {name: _agent_module(name, a, cfg.source) for name, a in cfg.agents.items()}
     hosted = any(r.hosted for r in cfg.resources.values())
-    hosting = import_plugin(HOSTED_RESOURCE_MODULE) if hosted else None
+    built = any(getattr(m, "verifiers_version", None) for m in agents.values())  # verifiers' own environment
+    hosting = import_plugin(HOSTED_RESOURCE_MODULE) if hosted or built else None
     return _resolved(cfg, models, plugins=True, agent_modules=agents, hosting=hosting)
 
 

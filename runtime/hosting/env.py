@@ -48,6 +48,10 @@ PYTHON_ENV = "GYM_NEMO_PYTHON"  # the interpreter to build on (else one is searc
 CACHE_ENV = "GYM_ENV_CACHE"  # where environments are kept (default ~/.cache/gym-runtime/envs)
 VERSION_ENV = "GYM_NEMO_GYM_VERSION"  # the nemo-gym version to install (default NEMO_GYM_VERSION)
 HOSTED_ENV = "GYM_NEMO_ENV"  # set for a hosted worker child: the layer it runs in
+VERIFIERS_VERSION = "0.4.0"  # the verifiers release of agents.verifiers_v1's layer (Taskset x Harness)
+VERIFIERS_MIN_PYTHON = (3, 12)  # its layer's interpreter: any verifiers 0.4 runs on (>= 3.11) but not ours
+VERIFIERS_PYTHON_ENV = "GYM_VERIFIERS_PYTHON"  # the interpreter to build the verifiers layer on
+VERIFIERS_ENV = "GYM_VERIFIERS_ENV"  # set for a guest on the verifiers layer: the layer it runs in
 _NEMO_LINE = re.compile(r"^-e\s+nemo-gym(\[[^\]]*\])?\s*@\s*\S+$|^nemo-gym(\[[^\]]*\])?\s*@\s*(\.\./|file:)")
 _GIT = re.compile(r"git\+|\.git(@|$)|@\s*git")
 
@@ -113,24 +117,31 @@ def _python_version(python: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in out.split())
 
 
-def find_python(configured: str | None = None) -> str:
-    """A Python >= 3.13 interpreter: ``configured`` / ``$GYM_NEMO_PYTHON``, else one on PATH or under pyenv."""
-    want = configured or os.environ.get(PYTHON_ENV)
+def find_python(
+    configured: str | None = None,
+    *,
+    minimum: tuple[int, int] = MIN_PYTHON,
+    what: str = "nemo-gym",
+    var: str = PYTHON_ENV,
+) -> str:
+    """A Python >= ``minimum`` (3.13 for nemo-gym): ``configured`` / ``$var``, else one on PATH or under pyenv."""
+    need = ".".join(map(str, minimum))
+    want = configured or os.environ.get(var)
     if want:
         version = _python_version(want)
         if version is None:
-            raise EnvError(f"{want}: not a Python interpreter (from --python or ${PYTHON_ENV})")
-        if version < MIN_PYTHON:
-            raise EnvError(f"{want} is Python {'.'.join(map(str, version))}; nemo-gym needs Python >= 3.13")
+            raise EnvError(f"{want}: not a Python interpreter (from --python or ${var})")
+        if version < minimum:
+            raise EnvError(f"{want} is Python {'.'.join(map(str, version))}; {what} needs Python >= {need}")
         return str(Path(want).absolute())
-    candidates = [shutil.which(f"python3.{minor}") for minor in range(20, MIN_PYTHON[1] - 1, -1)]
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(20, minimum[1] - 1, -1)]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     if pyenv.is_dir():
         candidates += [str(p / "bin" / "python") for p in sorted(pyenv.iterdir(), reverse=True)]
     for c in candidates:
-        if c and Path(c).is_file() and (v := _python_version(c)) is not None and v >= MIN_PYTHON:
+        if c and Path(c).is_file() and (v := _python_version(c)) is not None and v >= minimum:
             return c
-    raise EnvError(f"no Python >= 3.13 found for NeMo Gym servers (nemo-gym needs it); set ${PYTHON_ENV} or --python")
+    raise EnvError(f"no Python >= {need} found for {what} (it needs one); set ${var} or --python")
 
 
 def _key(*parts: object) -> str:
@@ -362,6 +373,147 @@ def ensure(
         server_dir=str(sdir),
         extras=tuple(extras),
         built_s=t_base + t_layer,
+    )
+
+
+# ----------------------------------------------------------------------------- verifiers 0.4
+
+
+# The PEP 723 scripts verifiers 0.4 runs through ``uv sync --script`` for its tool-less and tool-calling chat
+# harnesses (null, bash): their dependencies are what a rollout would download; the layer holds them as wheels.
+_SCRIPT_DEPS = """
+import json, re, tomllib
+from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+block = re.search(r"^# /// script\\n((?:#.*\\n)*?)# ///$", CHAT_PROGRAM_SOURCE, re.M).group(1)
+meta = tomllib.loads("".join(line[2:] if line.startswith("# ") else line[1:] for line in block.splitlines(True)))
+print(json.dumps({"dependencies": meta.get("dependencies", []), "source": CHAT_PROGRAM_SOURCE}))
+"""
+
+
+_VF_LAYOUT = 2  # how the layer is laid out (2: its wheelhouse is the index uv resolves from)
+
+
+@dataclass(frozen=True)
+class VerifiersEnv:
+    """verifiers' own built environment: its interpreter, the layer, and the variables that keep its rollouts'
+    ``uv sync --script`` on the layer's wheels (no index: a rollout never touches the network)."""
+
+    version: str
+    python: str
+    prefix: str
+    environ: dict[str, str]
+    built_s: float
+
+
+def uv_environ(prefix: Path) -> dict[str, str]:
+    """What a process of the verifiers layer (and the programs its rollouts start) runs with: the layer's ``uv``
+    first on PATH, its index the layer's wheelhouse (a local simple index; uv has no variable for ``--no-index``),
+    on the layer's Python, never downloading one."""
+    return {
+        VERIFIERS_ENV: str(prefix),
+        "PATH": f"{prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "UV_DEFAULT_INDEX": (prefix / "wheelhouse" / "simple").as_uri(),  # instead of PyPI: the layer's wheels
+        "UV_CACHE_DIR": str(prefix / "uv-cache"),
+        "UV_PYTHON": str(prefix / "bin" / "python"),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_NO_CONFIG": "1",
+    }
+
+
+def _run_logged(cmd: list[str], log_path: Path, label: str, env: dict[str, str] | None = None) -> str:
+    """A build step's command, its output in ``log_path``; one-line ``EnvError`` on failure."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
+    with open(log_path, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+        raise EnvError(f"{label} failed ({last[0][:200]}); see {log_path}")
+    return proc.stdout
+
+
+def _simple_index(wheels: Path) -> None:
+    """A PEP 503 simple index over the wheels in ``wheels`` (``wheels/simple``), with ``file:`` links to them."""
+    by_name: dict[str, list[Path]] = {}
+    for wheel in sorted(wheels.glob("*.whl")):
+        by_name.setdefault(re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower(), []).append(wheel)
+    root = wheels / "simple"
+    for name, files in by_name.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        links = "".join(f'<a href="{w.resolve().as_uri()}">{w.name}</a>\n' for w in files)
+        (root / name / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    names = "".join(f'<a href="{n}/">{n}</a>\n' for n in by_name)
+    (root / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{names}</body></html>\n")
+
+
+def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
+    """verifiers ``version`` with gym-runtime's dependencies, gym-runtime itself (editable) and ``uv``, plus a
+    wheelhouse with what its chat harnesses' scripts need, checked by running ``uv sync --script`` offline once."""
+    deps = sorted(runtime_dependencies(repo))
+    parts = (_python_version(python), os.path.realpath(python), version, deps, str(repo), entry_points(repo))
+    prefix = cache_dir() / f"vf-{_key('verifiers', _VF_LAYOUT, *parts)}"
+    if (prefix / ".complete").is_file():
+        return prefix, 0.0
+    t0 = time.monotonic()
+    with _locked(prefix):
+        if (prefix / ".complete").is_file():
+            return prefix, 0.0
+        log(f"env: building the verifiers layer {prefix.name} (verifiers=={version} + gym-runtime's dependencies)")
+        build_log = prefix / "build.log"
+        if not _step(prefix, "venv").is_file():
+            subprocess.run([python, "-m", "venv", str(prefix)], check=True, capture_output=True)
+            _step(prefix, "venv").touch()
+        py = prefix / "bin" / "python"
+        if not _step(prefix, "packages").is_file():
+            _pip(py, [f"verifiers=={version}", "uv", *deps], build_log, log, "verifiers layer")
+            _step(prefix, "packages").touch()
+        if not _step(prefix, "runtime").is_file():
+            editable = ["--config-settings", "editable_mode=lenient", "-e", str(repo)]
+            _pip(py, ["--no-deps", *editable], build_log, log, "gym-runtime")
+            _step(prefix, "runtime").touch()
+        if not _step(prefix, "wheelhouse").is_file():
+            scripts = json.loads(_run_logged([str(py), "-c", _SCRIPT_DEPS], build_log, "reading verifiers' scripts"))
+            log(f"env: fetching the chat harness's script dependencies ({', '.join(scripts['dependencies'])})")
+            wheels = prefix / "wheelhouse"
+            _run_logged(
+                [
+                    str(py),
+                    "-m",
+                    "pip",
+                    "download",
+                    "--only-binary",
+                    ":all:",
+                    "-d",
+                    str(wheels),
+                    *scripts["dependencies"],
+                ],
+                build_log,
+                "downloading the scripts' dependencies",
+            )
+            _simple_index(wheels)
+            # the step a rollout's runtime makes (verifiers sets UV_OFFLINE=false for it), with every proxy a dead
+            # port: the script's environment resolves from the wheelhouse, or the build fails here
+            probe = prefix / "scripts" / "chat_program.py"
+            probe.parent.mkdir(exist_ok=True)
+            probe.write_text(scripts["source"])
+            dead = {v: "http://127.0.0.1:9" for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "https_proxy")}
+            env = {**uv_environ(prefix), **dead, "UV_OFFLINE": "false"}
+            uv = str(prefix / "bin" / "uv")
+            _run_logged([uv, "sync", "--script", str(probe), "-q", "--no-config"], build_log, "uv sync --script", env)
+            _step(prefix, "wheelhouse").touch()
+        (prefix / ".complete").write_text(json.dumps({"verifiers": version, "python": python, "deps": deps}))
+    took = time.monotonic() - t0
+    log(f"env: verifiers layer built in {took:.0f}s ({disk_mb(prefix):.0f} MB)")
+    return prefix, took
+
+
+def ensure_verifiers(version: str | None = None, *, python: str | None = None, log: Log = _stderr) -> VerifiersEnv:
+    """verifiers ``version``'s (default ``VERIFIERS_VERSION``) own environment, built now if it is not cached."""
+    repo = repo_root()
+    interp = find_python(python, minimum=VERIFIERS_MIN_PYTHON, what="verifiers 0.4", var=VERIFIERS_PYTHON_ENV)
+    want = version or VERIFIERS_VERSION
+    layer, took = build_verifiers_layer(interp, want, repo, log)
+    return VerifiersEnv(
+        version=want, python=str(layer / "bin" / "python"), prefix=str(layer), environ=uv_environ(layer), built_s=took
     )
 
 

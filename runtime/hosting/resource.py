@@ -1,4 +1,5 @@
-"""What a resource worker uses of hosting for a hosted NeMo Gym server (``resources.NAME.nemo_gym``).
+"""What the workers use of hosting: a resource worker's for a hosted NeMo Gym server (``resources.NAME.nemo_gym``),
+an agent worker's for an agent module that runs in verifiers' own built environment (``ensure_verifiers``).
 
 ``resolve_config`` loads this module by name (``config.HOSTED_RESOURCE_MODULE``), as it loads agent modules,
 and hands it to the workers in the ``ResolvedConfig``: the workers import nothing from ``gym_runtime.hosting``.
@@ -9,12 +10,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, nemo_gym_version
+from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, ensure_verifiers, nemo_gym_version
 from gym_runtime.hosting.env import ensure as env
 from gym_runtime.hosting.host import CalledSessions, hosted_class
 from gym_runtime.plugins import tree_hash
 
-__all__ = ["HOSTED_ENV", "CalledSessions", "HostedEnv", "env", "hosted_class", "identity"]
+__all__ = ["HOSTED_ENV", "CalledSessions", "HostedEnv", "ensure_verifiers", "env", "hosted_class", "identity"]
 
 
 def identity(server: str, server_dir: str | None) -> str:

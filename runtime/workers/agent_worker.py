@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 import uuid
 from importlib.metadata import PackageNotFoundError, version
@@ -128,8 +129,17 @@ class AgentWorker:
             isolation = cfg.isolation or getattr(module, "isolation", "none")
             if isolation not in ("process", "none"):
                 raise UserError(f"agent module {cfg.agent}: isolation must be 'process' or 'none', not {isolation!r}")
+            built = getattr(module, "verifiers_version", None)  # its package needs verifiers' own built environment
+            if built and isolation != "process":
+                raise UserError(
+                    f"agents.{name}: {cfg.agent} runs in verifiers {built}'s own environment; drop isolation"
+                )
             if isolation == "process":
-                self.guest = GuestAgent(name, cfg, groups=self.run_group is not None)
+                # verifiers' own environment, built now if the cache lacks it (config.hosting: resolve_config loads
+                # it by name for such an agent, so workers import nothing from hosting)
+                on = config.hosting.ensure_verifiers(built) if built and config.hosting else None
+                python, env = (on.python, on.environ) if on else (sys.executable, None)
+                self.guest = GuestAgent(name, cfg, groups=self.run_group is not None, python=python, env=env)
                 self.fn, self.run_group, self.setup = self.guest.run, self.guest.run_group, None  # setup: in the guest
         self.worker_id = uuid.uuid4().hex[:12]
         self.node, self.pid = socket.gethostname(), os.getpid()  # where its attempts ran (their records)

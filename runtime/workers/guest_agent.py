@@ -17,6 +17,7 @@ that within ``CANCEL_GRACE_S`` it is stuck, and is killed the same way.
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 
 import anyio
@@ -45,14 +46,24 @@ class _NoRollout:
 class GuestAgent:
     """The worker side: ``run(ctx)`` and ``run_group(ctx, size)`` of an agent module, each rollout a guest call."""
 
-    def __init__(self, name: str, cfg: AgentConfig, *, groups: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        cfg: AgentConfig,
+        *,
+        groups: bool,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``python``/``env``: the interpreter the guest runs on and what it adds to its environment (an agent whose
+        package lives in a built environment of its own, as verifiers 0.4's: ``hosting.env.ensure_verifiers``)."""
         if cfg.resource or cfg.sandbox:  # their clients live on the bus, which the guest has not
             raise UserError(
                 f"agents.{name}: isolation: process runs agents that open no resource sessions or sandboxes;"
                 " set isolation: none"
             )
         start = Start(server=cfg.agent, entry=name, options=msgspec.to_builtins(cfg), agent=True)
-        self.guest = Guest(start, _NoRollout(), cfg.call_timeout_s, where=f"agents.{name}")
+        self.guest = Guest(start, _NoRollout(), cfg.call_timeout_s, python=python, env=env, where=f"agents.{name}")
         self.run_group = self._run_group if groups else None
 
     async def run_guest(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
