@@ -62,11 +62,11 @@ def hwm():
 role, url, config, batch, out = sys.argv[1:6]
 if role == "client":
     from gym_runtime.client import Client
-    from gym_runtime.config import load_config
+    from gym_runtime.config import load_config, resolve_models
     from gym_runtime.service.loop import run_async
 
     async def run():
-        async with Client(load_config(config), nats=url, workers=False) as client:
+        async with Client(resolve_models(load_config(config)), nats=url, workers=False) as client:
             idle = hwm()
             b = await client.submit([json.loads({row_json!r})], repeats=1, batch=batch)
             rows = await b.gather()

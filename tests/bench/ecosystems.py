@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(ENVS))
 
 from gym_runtime import Client
-from gym_runtime.config import config_from_dict
+from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.loop import run_async
 
@@ -249,7 +249,9 @@ async def bench(args: argparse.Namespace, setups: list[Setup], base: dict[str, R
     raw = config(setups)
     here = [f"{role}.{name}" for role in ("models", "resources", "agents") for name in raw.get(role, {})]
     here = [w for w in here if w not in {f"agents.{s.agent}" for s in setups if s.child}]
-    async with Client(config_from_dict(raw, source="ecosystems bench"), nats=url, workers=here) as client:
+    async with Client(
+        resolve_config(config_from_dict(raw, source="ecosystems bench")), nats=url, workers=here
+    ) as client:
         for s in setups:  # warm-up: every setup once, its rows checked
             warm = [base[s.name][i % len(base[s.name])] for i in range(args.warmup)]
             check(s, await (await client.submit(warm, agent=s.agent)).gather(), len(warm))
