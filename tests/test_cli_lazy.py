@@ -225,3 +225,16 @@ def test_a_package_reading_itself_while_it_loads_and_another_thread_waiting(tmp_
         cwd=tmp_path,
     )
     assert out.stdout.strip() == "[42, 42] not yet", out.stderr[-2000:]
+
+
+def test_what_publish_and_collect_run_imports_no_worker() -> None:
+    """``publish`` and ``collect`` start no worker: ``service.batches`` loads none (nor an environment's guest)."""
+    out = python(
+        """
+        import sys
+        import gym_runtime.service.batches
+        workers = [m for m in sys.modules if m.startswith("gym_runtime.workers.")]
+        print(sorted(set(workers) - {"gym_runtime.workers.control"}))
+        """
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

@@ -82,8 +82,8 @@ async def watch_agents(bus: Any, batch: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import collect_batch
     from gym_runtime.transport.bus import Bus
 
     url = need_url(args, None)

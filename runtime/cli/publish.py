@@ -51,8 +51,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.config import resolve_models
     from gym_runtime.data.inputs import validate
     from gym_runtime.data.validation import check_before_publish, file_rows
+    from gym_runtime.service.batches import publish_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import publish_batch
     from gym_runtime.transport.bus import Bus
 
     cfg = resolve_models(load(args))  # the tasks' fingerprints need the adapters' options (no agent, no environment)
