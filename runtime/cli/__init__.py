@@ -52,8 +52,14 @@ def commands(only: str | None = None) -> dict[str, ModuleType]:
 
 
 def command_named(argv: list[str]) -> str | None:
-    """The command ``argv`` names: its first word that is not an option (the top level has only flags)."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The command ``argv`` names: its first word that is not an option (the top level has only flags);
+    None when the top level's own help comes first (``gym-runtime --help publish`` lists every command)."""
+    for a in argv:
+        if a in ("-h", "--help"):
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
 
 
 EXIT_BUG = 3
