@@ -1,14 +1,19 @@
-"""Deferred imports in the CLI's processes (``gym_runtime.cli._lazy``): aiohttp runs only where it is used.
+"""Deferred imports in the CLI's processes (``gym_runtime.cli._lazy``): aiohttp runs only where it is used;
+and what each command imports: only its own module, and for ``--help`` not the stack it runs (issue 41).
 
 Each case runs in a fresh interpreter (a subprocess), since what it checks is what an import does once.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +46,94 @@ def test_a_cli_command_does_not_run_aiohttp_that_nats_imports() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time")}
     assert "nats.aio.transport" in imported  # nats-py was imported, and with it its `import aiohttp`
     assert "aiohttp.client" not in imported and "aiohttp.connector" not in imported
+
+
+class Ran(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+    modules: set[str]
+
+
+def imported(*argv: str) -> Ran:
+    """``gym-runtime ARGV`` (its ``main``) in a fresh interpreter, and the modules loaded when it ended (the
+    commands are imported with ``importlib``, which ``-X importtime`` does not show)."""
+    out = python(
+        f"""
+        import json, sys
+        from gym_runtime.cli import main
+        try:
+            rc = main({list(argv)!r})
+        except SystemExit as e:
+            rc = e.code
+        print("\\n" + json.dumps([rc, sorted(sys.modules)]))
+        """,
+        cwd=REPO,
+    )
+    text, _, last = out.stdout.rstrip("\n").rpartition("\n")
+    rc, modules = json.loads(last)
+    return Ran(rc, text, out.stderr, set(modules))
+
+
+# What a command runs, not what parsing its arguments needs: NATS, the transport, telemetry, structured logs,
+# the embedded server's provisioning, the hosted servers' machinery.
+HEAVY = (
+    "nats",
+    "gym_runtime.transport.connect",
+    "gym_runtime.transport.jetstream",
+    "opentelemetry.trace",
+    "structlog",
+    "gym_runtime.observability.tracing",
+    "gym_runtime.ops.nats_server",
+    "gym_runtime.admission",
+    "gym_runtime.hosting.env",
+)
+
+
+@pytest.mark.parametrize("command", ["publish", "collect", "run"])
+def test_a_commands_help_imports_neither_the_other_commands_nor_the_stack_it_runs(command: str) -> None:
+    out = imported(command, "--help")
+    assert out.returncode == 0 and f"usage: gym-runtime {command}" in out.stdout, out.stderr[-2000:]
+    assert f"gym_runtime.cli.{command}" in out.modules
+    others = {n for n in out.modules if n.startswith("gym_runtime.cli.") and not n.startswith("gym_runtime.cli._")}
+    assert others == {f"gym_runtime.cli.{command}"}
+    assert not out.modules & set(HEAVY), sorted(out.modules & set(HEAVY))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--help", "publish"], ["-h", "collect", "x"]])
+def test_the_top_level_help_still_lists_every_command(argv: list[str]) -> None:
+    from gym_runtime.cli import COMMAND_NAMES
+
+    out = imported(*argv)
+    assert out.returncode == 0 and out.stdout.startswith("usage: gym-runtime [-h]"), out.stderr[-2000:]
+    listed = out.stdout.split("COMMAND", 1)[1]
+    assert all(f"    {name} " in listed or f"    {name}\n" in listed for name in COMMAND_NAMES), out.stdout
+
+
+def test_a_mistyped_command_is_one_usage_line_naming_the_commands() -> None:
+    out = imported("publsh", "x.yaml")
+    assert out.returncode == 2
+    assert "invalid choice: 'publsh'" in out.stderr and "'publish'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_usage_mistake_in_a_command_exits_2_before_loading_its_stack() -> None:
+    out = imported("publish", "x.yaml", "-i", "in.jsonl", "--repeats", "0")
+    assert out.returncode == 2 and "--repeats: must be at least 1" in out.stderr, out.stderr[-2000:]
+    assert not out.modules & set(HEAVY), sorted(out.modules & set(HEAVY))
+
+
+def test_loading_a_config_imports_no_transport() -> None:
+    """The config's ``jetstream`` defaults live in ``gym_runtime.transport.limits``, plain values."""
+    out = python(
+        f"""
+        import sys
+        from gym_runtime.config import load_config
+        cfg = load_config([{str(REPO / "resources/weather/config.yaml")!r}], [])
+        heavy = [m for m in {HEAVY!r} if m in sys.modules]
+        print(cfg.jetstream.duplicate_window_s, heavy)
+        """
+    )
+    assert out.stdout.strip() == "120.0 []", out.stderr[-2000:]
 
 
 def test_a_deferred_aiohttp_works_as_imported_when_used() -> None:
@@ -133,3 +226,16 @@ def test_a_package_reading_itself_while_it_loads_and_another_thread_waiting(tmp_
         cwd=tmp_path,
     )
     assert out.stdout.strip() == "[42, 42] not yet", out.stderr[-2000:]
+
+
+def test_what_publish_and_collect_run_imports_no_worker() -> None:
+    """``publish`` and ``collect`` start no worker: ``service.batches`` loads none (nor an environment's guest)."""
+    out = python(
+        """
+        import sys
+        import gym_runtime.service.batches
+        workers = [m for m in sys.modules if m.startswith("gym_runtime.workers.")]
+        print(sorted(set(workers) - {"gym_runtime.workers.control"}))
+        """
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

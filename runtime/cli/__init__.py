@@ -41,9 +41,25 @@ COMMAND_NAMES = (
 )
 
 
-def commands() -> dict[str, ModuleType]:
-    """Every command's module by name (imported on first call)."""
-    return {name: importlib.import_module(f"gym_runtime.cli.{name}") for name in COMMAND_NAMES}
+def commands(only: str | None = None) -> dict[str, ModuleType]:
+    """Every command's module by name (imported on first call); ``only``: that one command's, when it is one.
+
+    A process runs one command, so it imports that command's module, not the other fifteen and what they
+    import (the hosting catalogue, parity, images...): ``publish`` and ``collect`` of a small batch spend
+    most of their CPU starting up (issue 41; ``tests/bench/cli_startup.py``)."""
+    names = (only,) if only in COMMAND_NAMES else COMMAND_NAMES
+    return {name: importlib.import_module(f"gym_runtime.cli.{name}") for name in names}
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the top level has only flags);
+    None when the top level's own help comes first (``gym-runtime --help publish`` lists every command)."""
+    for a in argv:
+        if a in ("-h", "--help"):
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
 
 
 EXIT_BUG = 3
@@ -77,11 +93,13 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; ``only``: with just that command's subparser when it is a command (what ``main``
+    parses with); otherwise, as for ``gym-runtime --help`` or a mistyped command, with every command's."""
     parser = Parser(prog="gym-runtime", description="Run a batch, serve workers, or run the NATS server.")
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in commands().values():
+    for module in commands(only).values():
         module.add_parser(sub)
     return parser
 
@@ -114,18 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         stdout_gone,
     )
     from gym_runtime.errors import UserError
-    from gym_runtime.observability import logs
-    from gym_runtime.transport.connect import unanswered
 
     user_errors: tuple[type[BaseException], ...] = (UserError, *PATH_ERRORS)
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = command_named(argv)
+    args = build_parser(command).parse_args(argv)
     if hasattr(args, "log_level"):
         args.log_level = log_level_of(args)  # resolved once: children started with it get the same
+    from gym_runtime.observability import logs  # structlog: after parsing (`--help` and a usage error need none)
+
     logs.configure(getattr(args, "log_level", "warning"))
     try:
         refuse_argv_secrets(args)
-        return int(commands()[args.command].main(args))
+        return int(commands(command)[args.command].main(args))
     except BaseException as exc:  # classified below; SystemExit is re-raised
         causes = leaves(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in causes):
@@ -136,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if any(isinstance(e, BrokenPipeError) for e in causes) and stdout_gone():
             quiet_stdout()  # the reader of our output stopped early (`| head`): not an error of ours
             return 0
+        from gym_runtime.transport.connect import unanswered  # nats-py: loaded by the commands that connect
+
         timeout = next((e for e in causes if unanswered(e)), None)
         if timeout is not None:  # e.g. a request the server's permissions refused: it never gets an answer
             err(

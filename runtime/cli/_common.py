@@ -1,4 +1,9 @@
-"""What several commands share: common options, config loading, server URLs, output checks, summaries."""
+"""What several commands share: common options, config loading, server URLs, output checks, summaries.
+
+Light to import: what builds the parsers (options, argparse types) imports no transport, telemetry or
+embedded server; a helper that runs those imports them when it runs, as the commands do (``--help`` and a
+mistyped flag cost an interpreter and argparse; ``tests/test_cli_lazy.py`` pins it).
+"""
 
 from __future__ import annotations
 
@@ -9,21 +14,17 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from gym_runtime.admission import parse_budget
-from gym_runtime.config import Config, load_config
 from gym_runtime.errors import UserError
-from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.ops.credentials import ClientAuth
-from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.secrets import check_argv_secret
 from gym_runtime.ops.security import AUTH_DIR_ENV, ensure_auth_dir
 from gym_runtime.plugins import config_path
-from gym_runtime.transport.connect import connect_timeout_s, server_list, wait_reachable
+
+if TYPE_CHECKING:
+    from gym_runtime.config import Config
+    from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.ops.credentials import ClientAuth
 
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
@@ -97,6 +98,8 @@ def auth_option(p: argparse.ArgumentParser) -> None:
 
 def client_auth(args: argparse.Namespace) -> ClientAuth | None:
     """The command's ``ClientAuth`` from ``--auth-dir`` or ``$GYM_AUTH_DIR`` (``None``: an unsecured bus)."""
+    from gym_runtime.ops.credentials import ClientAuth
+
     return ClientAuth.resolve(getattr(args, "auth_dir", None))
 
 
@@ -112,6 +115,8 @@ def refuse_argv_secrets(args: argparse.Namespace) -> None:
 def load(args: argparse.Namespace) -> Config:
     """The command's config, as loaded (pure data). Every command that starts workers or checks rows against
     environments resolves it (``resolve_config``: its plugins imported, their option checks) before any work."""
+    from gym_runtime.config import load_config
+
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     if getattr(args, "concurrency", None):
         for a in cfg.agents.values():
@@ -179,6 +184,9 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
 
     With ``--auth-dir`` the embedded server is secured with that directory (created if empty).
     """
+    from gym_runtime.ops.nats_server import EmbeddedServer
+    from gym_runtime.ops.permissions import Reach
+
     url: str | list[str] = args.nats or cfg.nats
     if url != "embedded":
         reach(url)
@@ -217,6 +225,10 @@ def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
 def reach(url: str | list[str]) -> str | list[str]:
     """A one-shot command's server (not a service's, which waits for it), reached first: a dead or wrong
     URL is said at once (what is tried, for how long), then ends in one error line, not ~10 s of silence."""
+    import anyio
+
+    from gym_runtime.transport.connect import connect_timeout_s, server_list, wait_reachable
+
     anyio.run(functools.partial(wait_reachable, server_list(url), connect_timeout_s(), on_wait=say))
     return url
 
@@ -269,6 +281,8 @@ def budget_option(p: argparse.ArgumentParser) -> None:
 
 def budget_value(text: str) -> Any:
     """argparse type of ``--budget`` (``gym_runtime.admission.parse_budget``)."""
+    from gym_runtime.admission import parse_budget
+
     try:
         return parse_budget(text)
     except ValueError as e:
@@ -355,6 +369,7 @@ def telemetry(
     """Traces (``--trace-file`` / OTLP) and metrics (``--metrics-port`` / OTLP), named ``gym-runtime.ROLE``;
     ``children``: worker processes' ``/metrics`` URLs, merged into this process's endpoint."""
     from gym_runtime.observability import meters
+    from gym_runtime.observability.tracing import Telemetry
 
     service = f"gym-runtime.{role}"
     port = getattr(args, "metrics_port", None)

@@ -19,7 +19,6 @@ from gym_runtime.cli._common import (
     reach,
 )
 from gym_runtime.observability import progress
-from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -82,8 +81,9 @@ async def watch_agents(bus: Any, batch: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import collect_batch
     from gym_runtime.transport.bus import Bus
 
     url = need_url(args, None)

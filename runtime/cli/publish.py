@@ -25,8 +25,6 @@ from gym_runtime.cli._common import (
     reach,
     telemetry,
 )
-from gym_runtime.config import resolve_models
-from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 
@@ -50,9 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     import anyio
 
+    from gym_runtime.config import resolve_models
     from gym_runtime.data.inputs import validate
+    from gym_runtime.data.validation import check_before_publish, file_rows
+    from gym_runtime.service.batches import publish_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import publish_batch
     from gym_runtime.transport.bus import Bus
 
     cfg = load(args)

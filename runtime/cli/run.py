@@ -29,7 +29,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_runtime.cli._common import (
     any_tools_option,
@@ -51,15 +51,12 @@ from gym_runtime.cli._common import (
     telemetry,
 )
 from gym_runtime.cli._gc import freeze_startup
-from gym_runtime.config import resolve_config
-from gym_runtime.data.validation import check_before_publish, file_rows
 from gym_runtime.errors import UserError
-from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv
-from gym_runtime.hosting.env import ensure as hosted_env
-from gym_runtime.hosting.harbor import ensure_config_images
 from gym_runtime.observability import progress
-from gym_runtime.ops.nats_server import free_port
 from gym_runtime.plugins import example_input
+
+if TYPE_CHECKING:
+    from gym_runtime.hosting.env import HostedEnv
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -210,6 +207,7 @@ def hosted_processes(
     """One ``start --in-process --only ROLE.NAME`` child per hosted resource or agent (``hosted`` is keyed
     by ``ROLE.NAME``), on its environment's Python."""
     from gym_runtime.cli._common import config_path
+    from gym_runtime.hosting.env import HOSTED_ENV
     from gym_runtime.service.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
@@ -225,7 +223,12 @@ def hosted_processes(
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.config import resolve_config
     from gym_runtime.data.inputs import validate
+    from gym_runtime.data.validation import check_before_publish, file_rows
+    from gym_runtime.hosting.env import ensure as hosted_env
+    from gym_runtime.hosting.harbor import ensure_config_images
+    from gym_runtime.ops.nats_server import free_port
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import run_batch
 

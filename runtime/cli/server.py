@@ -27,7 +27,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir, parse_pool, unnamed
-from gym_runtime.transport.jetstream import parse_size
+from gym_runtime.transport.limits import parse_size
 
 DEFAULT_HTTP_PORT = 8222
 HTTP_PORT_OFFSET = DEFAULT_HTTP_PORT - 4222  # NATS's own pairing: client 4222, monitoring 8222

@@ -48,7 +48,7 @@ from gym_runtime.model import (
     written_model_config,
 )
 from gym_runtime.plugins import import_plugin, load_plugin, use_config_dir
-from gym_runtime.transport.jetstream import DUPLICATE_WINDOW_S, STREAM_LIMITS, parse_size
+from gym_runtime.transport.limits import DUPLICATE_WINDOW_S, STREAM_LIMITS, parse_size
 
 
 class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

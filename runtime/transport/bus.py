@@ -50,7 +50,8 @@ from gym_runtime.transport.headers import (
     REPLY_HEADER,
 )
 from gym_runtime.transport.interface import Connection, KeyValue, Puller, Subscription, Transport
-from gym_runtime.transport.jetstream import API_RETRY_S, full_error, parse_size
+from gym_runtime.transport.jetstream import API_RETRY_S, full_error
+from gym_runtime.transport.limits import parse_size
 from gym_runtime.transport.pull import work_queue_puller
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,

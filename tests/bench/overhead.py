@@ -47,11 +47,10 @@ sys.path.insert(0, str(REPO))
 from gym_runtime.config import load_config, resolve_config  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.service.batches import collect_batch, publish_batch  # noqa: E402
 from gym_runtime.service.loop import run_async  # noqa: E402
 from gym_runtime.service.runner import (  # noqa: E402
-    collect_batch,
     make_workers,
-    publish_batch,
     run_batch,
     selected,
     start_workers,

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
-from gym_runtime.service.runner import collect_batch
+from gym_runtime.service.batches import collect_batch
 from gym_runtime.transport.jetstream import consumers
 from tests.helpers import ROWS, read_jsonl, rows, weather
 

@@ -17,7 +17,7 @@ import yaml
 from gym_runtime import Client, ClientError
 from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.service.runner import collect_batch
+from gym_runtime.service.batches import collect_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
 from tests.helpers import ROWS, cli, read_jsonl, write_jsonl

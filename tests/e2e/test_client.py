@@ -14,7 +14,7 @@ import pytest
 
 from gym_runtime import Client, ClientError, SyncClient
 from gym_runtime.messages import RolloutResult
-from gym_runtime.service.runner import collect_batch
+from gym_runtime.service.batches import collect_batch
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import consumers, ensure_results_stream, subject_count
 from gym_runtime.transport.subjects import LOST, Subjects

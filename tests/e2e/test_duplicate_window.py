@@ -23,7 +23,8 @@ from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import StorageFull
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.status import BatchWatch
-from gym_runtime.service.runner import collect_batch, make_workers, publish_batch, run_batch, selected, start_workers
+from gym_runtime.service.batches import collect_batch, publish_batch
+from gym_runtime.service.runner import make_workers, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.transport.subjects import Subjects

@@ -17,7 +17,7 @@ import pytest
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.messages import RolloutResult
-from gym_runtime.service.runner import collect_batch
+from gym_runtime.service.batches import collect_batch
 from gym_runtime.transport.codec import Codec
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.stub_openai import RecordedRequest, StubOpenAI, StubReply, responses_reply

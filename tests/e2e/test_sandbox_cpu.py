@@ -23,7 +23,7 @@ from gym_runtime.observability.meters import start as start_meters
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.sandbox import landlock_abi
 from gym_runtime.sandboxes.engine_http import Engine
-from gym_runtime.service.runner import collect_batch
+from gym_runtime.service.batches import collect_batch
 from tests.envs.cpu_burn import BURN_S, program
 from tests.helpers import REPO, ROWS, read_jsonl
 from tests.stub_openai import StubOpenAI, StubReply, responses_reply

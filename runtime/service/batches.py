@@ -1,0 +1,205 @@
+"""Publish a batch and collect it: what ``gym-runtime publish`` and ``collect`` run, apart from the workers.
+
+Neither command starts a worker, so neither imports one (the workers and the environments' guests are a
+tenth of a CPU-second of each command's start-up; ``tests/bench/cli_startup.py``). ``run_batch`` in
+``runner`` composes these with the workers it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from gym_runtime.config import ResolvedConfig
+from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
+from gym_runtime.data.collector import Collector, CollectStats
+from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.messages import RolloutTask
+from gym_runtime.observability import logs
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.discovery import discover
+from gym_runtime.transport.jetstream import ensure_streams
+from gym_runtime.workers.control import mismatches
+
+log = logs.get("gym.runner")  # the name these lines had in runner: log readers filter on it
+
+
+MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
+DISCOVERY_WAIT_S = 0.3  # how long a publish gathers the live workers' answers (they answer in ~1 ms)
+
+
+async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]) -> None:
+    """Refuse to publish to workers started with another config (each would fail every task it takes as
+    ``config_mismatch``): one line naming the keys that differ. With no worker of ``agents`` yet the tasks
+    wait in the queue; say so once."""
+    workers = await discover(bus, wait_s=DISCOVERY_WAIT_S)
+    problems = mismatches(config, workers)
+    if problems:
+        raise ConfigError(
+            f"namespace {config.namespace!r} has live workers started with another config than this one: "
+            + "; ".join(problems)
+            + ". Publish with the config (and --set values) the workers were started with, or restart them with "
+            "this one; two experiments need a `namespace` each. Nothing was published."
+        )
+    models = {config.agents[a].model for a in agents if a in config.agents}
+    unusable = [
+        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
+        for w in workers
+        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
+    ]
+    if unusable:
+        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    serving = {str(w.get("name")) for w in workers if w.get("role") == "agent"}
+    waiting = [a for a in agents if a not in serving]
+    if waiting:
+        log.warning(
+            "batch.no_workers",
+            agents=waiting,
+            detail="no live worker serves these agents yet: their tasks wait in the queue until one starts",
+        )
+
+
+def _same_batch(a: Manifest, b: Manifest) -> bool:
+    """The same publish: the same input, rows, repeats and agents (else a re-publish starts over)."""
+    return (a.input, a.repeats, a.expected, a.owners) == (b.input, b.repeats, b.expected, b.owners)
+
+
+async def publish_batch(
+    bus: Bus,
+    config: ResolvedConfig,
+    input_path: str | Path,
+    *,
+    agent: str | None = None,
+    repeats: int = 1,
+    limit: int | None = None,
+    batch: str | None = None,
+    plan: Plan | None = None,
+    on_sent: Callable[[], None] | None = None,
+    check_workers: bool = True,
+    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
+    held: Callable[[RolloutTask], None] | None = None,
+) -> Manifest:
+    """Validate every row (unless ``plan`` says it was done), check the live workers serve this config
+    (``check_workers``), record the manifest, publish rows × repeats.
+
+    ``admit``/``held``: a budget's admission (``publish_rows``); tasks it holds back are not published, and
+    the batch is then not ``published``: a run of it again goes on from the first of them."""
+    agents = list(config.agents)
+    if not agents:
+        raise UserError("the config names no agents")
+    if repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    plan = plan or validate(input_path, agents, agent=agent, limit=limit)
+    if check_workers:
+        await check_live_workers(bus, config, list(plan.agents))
+    manifest = new_manifest(
+        batch or uuid.uuid4().hex[:12],
+        plan.owners,
+        repeats=repeats,
+        input_path=str(Path(input_path).resolve()),
+        max_republish=config.jetstream.max_republish,
+        models=config.model_table(),
+    )
+    await ensure_streams(bus, agents)
+    earlier = await get_manifest(bus, batch) if batch else None
+    if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
+        if earlier.published and earlier.held_from < 0:
+            log.info("batch.already_published", batch=manifest.batch, expected=manifest.expected)
+            return earlier
+        manifest = msgspec.structs.replace(manifest, stored=earlier.stored)
+    await put_manifest(bus, manifest)
+    log.info(
+        "batch.publishing",
+        batch=manifest.batch,
+        expected=manifest.expected,
+        agents=manifest.agents,
+        skip=manifest.stored,
+    )
+    fps: dict[str, dict[str, Any]] = {a: {"fingerprint": config.fingerprints[("agent", a)]} for a in agents}
+    for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
+        fps[a]["check"] = check
+    mark = Watermark(start=manifest.stored)
+    held_from: list[int] = []
+
+    def hold(task: RolloutTask) -> None:
+        if not held_from:
+            held_from.append(task.task_index * manifest.repeats + (0 if task.group else task.rollout_index))
+        if held is not None:
+            held(task)
+
+    async def record() -> None:
+        nonlocal manifest
+        if mark.through() != manifest.stored:
+            now = msgspec.structs.replace(manifest, stored=mark.through())
+            await put_manifest(bus, now)
+            manifest = now
+
+    async def checkpoints() -> None:  # a publish killed outright starts again at most this far back
+        while True:
+            await anyio.sleep(MARK_EVERY_S)
+            await record()
+
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(checkpoints)
+            try:
+                await publish_tasks(
+                    bus,
+                    plan,
+                    batch=manifest.batch,
+                    agents=agents,
+                    agent=agent,
+                    repeats=repeats,
+                    limit=limit,
+                    on_sent=on_sent,
+                    task_fields=fps.__getitem__,
+                    grouped=lambda a: config.agents[a].group_repeats,
+                    mark=mark,
+                    keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
+                    admit=admit,
+                    held=hold if admit is not None else None,
+                )
+            except Exception as e:  # raised as it is below, not inside the task group's exception group
+                failure = e
+            tg.cancel_scope.cancel()
+    finally:  # a full stream, Ctrl-C: the next run of this publish starts where this one got
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await record()
+    if failure is not None:
+        raise failure
+    # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
+    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
+    if held_from:
+        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
+    await put_manifest(bus, manifest)
+    log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
+    return manifest
+
+
+async def collect_batch(
+    bus: Bus,
+    batch: str,
+    out: str | Path,
+    *,
+    wait_s: float = 60.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_result: Callable[[bool, float | None], None] | None = None,
+    max_republish: int | None = None,
+) -> CollectStats:
+    manifest = await get_manifest(bus, batch, wait_s=wait_s)
+    if manifest is None:
+        waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
+        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
+    log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
+    collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
+    stats = await collector.run()
+    log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
+    return stats
