@@ -136,26 +136,32 @@ class LocalCluster:
                 return str(s["cluster"]["leader"])
         return None
 
-    def move_leader(self, stream: str, to: str, timeout: float = 20.0) -> None:
-        """Ask ``stream``'s leader to step down in favour of server ``to`` (nats-server 2.11+); until it has."""
+    def move_leader(self, stream: str, to: str, timeout: float = 60.0) -> None:
+        """Ask ``stream``'s leader to step down in favour of server ``to`` (nats-server 2.11+); until it has. The
+        request is made again while the leader stays put (a loaded cluster may refuse or lose one step-down:
+        its reply says why)."""
 
-        async def ask() -> None:
+        async def ask() -> str:
             bus = await Bus.connect(self.urls, namespace="gym", telemetry=Telemetry(), name="test-setup")
             try:
-                await bus.raw_request(
+                reply = await bus.raw_request(
                     f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
                     json.dumps({"placement": {"preferred": to}}).encode(),
                     timeout=10,
                 )
+                return reply.decode(errors="replace")
             finally:
                 await bus.close()
 
-        anyio.run(ask)
         deadline = time.monotonic() + timeout
+        said = ""
         while self.stream_leader(stream) != to:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{stream} leader did not move to {to}")
-            time.sleep(0.1)
+                raise TimeoutError(f"{stream} leader did not move to {to} (last step-down reply: {said})")
+            said = anyio.run(ask)
+            again = time.monotonic() + 10
+            while self.stream_leader(stream) != to and time.monotonic() < min(again, deadline):
+                time.sleep(0.1)
 
     def create_streams(self, replicas: int = 3) -> None:
         """The namespace ``gym``'s streams and buckets, at ``replicas`` (as a first ``publish`` creates them)."""
