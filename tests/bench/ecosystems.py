@@ -38,6 +38,7 @@ sys.path.insert(0, str(ENVS))
 
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
+from gym_runtime.hosting.harbor import ensure_config_images
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.loop import run_async
 
@@ -57,6 +58,8 @@ class Setup:
     note: str = ""  # where its code runs
     opt_in: str = ""  # why it runs only when named in --with (what it needs first)
     child: bool = False  # its agent's workers run in a `gym-runtime start --only` child (a hosted agent's must)
+    sandboxes: dict[str, Any] = field(default_factory=dict)  # the sandbox pools its resource uses
+    rows_per_run: int = 0  # its own rollouts a run (0: --rows): a container per rollout makes 1,000 too long
 
 
 SCRIPTED_ANSWERS = {"say blue": "blue", "say red": "red"}  # "say green" gets "OK": rewards differ by row
@@ -142,6 +145,46 @@ def ors_check(rows: Rows) -> str | None:
     return None if by == {k: want[k] for k in by} else f"ORS rewards {by}, expected {want}"
 
 
+# ---------------------------------------------------------------------------- verifiers 0.4
+
+
+VF04_ENV = {"taskset": {"id": "vf04_suite", "task": {"kind": "single"}}, "agent": {"harness": {"id": "null"}}}
+
+
+def vf04_rows() -> Rows:
+    return [{"responses_create_params": {"input": []}, "verifiers": {"index": i}} for i in range(3)]
+
+
+def vf04_check(rows: Rows) -> str | None:
+    # vf04_suite's single task: exact_match (weight 1) and mentions_answer (weight 0.5) of the colour; the
+    # scripted model answers the colour for blue and red (both rewards), "OK" for green (neither)
+    by = {r["verifiers"]["index"]: float(r["reward"]) for r in rows}
+    paid, unpaid = by.get(0), by.get(2)
+    if paid is None or unpaid is None or by.get(1) != paid or not paid > unpaid:
+        return f"verifiers 0.4 rewards {by}: expected blue = red > green"
+    return None
+
+
+# ---------------------------------------------------------------------------- Harbor tasks
+
+HARBOR_TASKS = REPO / "tests" / "harbor_tasks"  # read-file, compile-c, partial-stats
+HARBOR_BASES = {"debian:bookworm-slim": "base", "python:3.12-slim": "base"}
+
+
+def harbor_rows() -> Rows:
+    from gym_runtime.resources.harbor import dataset_rows
+
+    return dataset_rows({"tasks": str(HARBOR_TASKS)}, "train")
+
+
+def harbor_check(rows: Rows) -> str | None:
+    # the scripted model runs `example` in the task's container and answers: nothing solved, but partial-stats
+    # pays its no-op share (its data file left intact)
+    want = {"read-file": 0.0, "compile-c": 0.0, "partial-stats": 0.25}
+    by = {r["harbor_task"]: float(r["reward"]) for r in rows}
+    return None if by == {k: want[k] for k in by} else f"Harbor rewards {by}, expected {want}"
+
+
 AGENT = {"model": "policy", "max_attempts": 1, "timeout_s": 600}
 
 SETUPS = [
@@ -162,7 +205,15 @@ SETUPS = [
         vf_check,
         note="vf_suite single-turn, guest process",
     ),
-    # verifiers 0.4 (its built environment) and Harbor tasks: one Setup each, here, once they land
+    Setup(
+        "verifiers 0.4",
+        "vf04",
+        {"vf04": {"agent": "agents.verifiers_v1", **AGENT, "options": {"env": VF04_ENV}}},
+        vf04_rows,
+        vf04_check,
+        note="vf04_suite single-turn, guest on its built env",
+        opt_in="verifiers 0.4's built environment (`gym-runtime env build --verifiers`, a Python >= 3.12)",
+    ),
     Setup(
         "OpenEnv 0.10",
         "openenv",
@@ -192,6 +243,31 @@ SETUPS = [
         opt_in="nemo-gym's built environment (a Python >= 3.13; `gym-runtime env build`)",
         child=True,
     ),
+    Setup(
+        "Harbor tasks",
+        "harbor",
+        {"harbor": {"agent": "agents.simple", "resource": "harbor", "max_steps": 4, **AGENT}},
+        harbor_rows,
+        harbor_check,
+        resources={
+            "harbor": {
+                "server": "resources.harbor",
+                "sandbox": "harbor",
+                "options": {"tasks": str(HARBOR_TASKS), "base_images": HARBOR_BASES},
+            }
+        },
+        sandboxes={
+            "harbor": {
+                "backend": "docker",
+                "engine": os.environ.get("DOCKER_HOST", ""),
+                "rootfs": "writable",
+                "limits": {"memory_mb": 2048, "pids": 512, "timeout_s": 120},
+            }
+        },
+        note="3 tasks, bash in a container created per rollout",
+        opt_in="a Docker engine (DOCKER_HOST; the tasks' images are built here when missing)",
+        rows_per_run=30,
+    ),
 ]
 
 
@@ -199,15 +275,15 @@ def config(setups: list[Setup]) -> dict[str, Any]:
     """One config holding every setup's entries (their names are distinct)."""
     raw: dict[str, Any] = {
         "models": {"policy": {"adapter": "scripted", "answers": SCRIPTED_ANSWERS}},
+        "sandboxes": {},
         "resources": {},
         "agents": {},
     }
     for s in setups:
+        raw["sandboxes"].update(s.sandboxes)
         raw["resources"].update(s.resources)
         raw["agents"].update(s.agents)
-    if not raw["resources"]:
-        del raw["resources"]
-    return raw
+    return {k: v for k, v in raw.items() if v}
 
 
 def start_child(d: Path, setups: list[Setup], setup: Setup, url: str) -> subprocess.Popen[str]:
@@ -247,28 +323,32 @@ async def bench(args: argparse.Namespace, setups: list[Setup], base: dict[str, R
     rates: dict[str, Any] = {s.name: [] for s in setups}
     loads: list[float] = []
     raw = config(setups)
-    here = [f"{role}.{name}" for role in ("models", "resources", "agents") for name in raw.get(role, {})]
+    here = [f"{role}.{name}" for role in ("models", "sandboxes", "resources", "agents") for name in raw.get(role, {})]
     here = [w for w in here if w not in {f"agents.{s.agent}" for s in setups if s.child}]
-    async with Client(
-        resolve_config(config_from_dict(raw, source="ecosystems bench")), nats=url, workers=here
-    ) as client:
+    loaded = config_from_dict(raw, source="ecosystems bench")
+    await ensure_config_images(loaded, note=print)  # Harbor's task images, built once (by content hash)
+    async with Client(resolve_config(loaded), nats=url, workers=here) as client:
         for s in setups:  # warm-up: every setup once, its rows checked
-            warm = [base[s.name][i % len(base[s.name])] for i in range(args.warmup)]
+            warm = [base[s.name][i % len(base[s.name])] for i in range(min(args.warmup, s.rows_per_run or args.warmup))]
             check(s, await (await client.submit(warm, agent=s.agent)).gather(), len(warm))
         for rep in range(args.reps):
             for s in setups if rep % 2 == 0 else list(reversed(setups)):
-                rows = [base[s.name][i % len(base[s.name])] for i in range(args.rows)]
+                n = s.rows_per_run or args.rows
+                rows = [base[s.name][i % len(base[s.name])] for i in range(n)]
                 t0 = time.perf_counter()
                 got = await (await client.submit(rows, agent=s.agent)).gather()
                 took = time.perf_counter() - t0
-                check(s, got, args.rows)
-                rates[s.name].append(args.rows / took)
+                check(s, got, n)
+                rates[s.name].append(n / took)
                 loads.append(os.getloadavg()[0])
-                print(
-                    f"rep {rep + 1} {s.name:<18} {rates[s.name][-1]:8.0f} rollouts/s  load {loads[-1]:.1f}", flush=True
-                )
+                got_rate = rate(rates[s.name][-1])
+                print(f"rep {rep + 1} {s.name:<18} {got_rate:>8} rollouts/s  load {loads[-1]:.1f}", flush=True)
     rates["_load"] = loads
     return rates
+
+
+def rate(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.2f}"
 
 
 def main() -> None:
@@ -314,7 +394,9 @@ def main() -> None:
     print(f"{'setup':<18} {'median/s':>9} {'min-max/s':>12}  where")
     for s in setups:
         xs = rates[s.name]
-        print(f"{s.name:<18} {statistics.median(xs):>9.0f} {f'{min(xs):.0f}-{max(xs):.0f}':>12}  {s.note}")
+        span = f"{rate(min(xs))}-{rate(max(xs))}"
+        runs = f" ({s.rows_per_run} rollouts a run)" if s.rows_per_run else ""
+        print(f"{s.name:<18} {rate(statistics.median(xs)):>9} {span:>12}  {s.note}{runs}")
 
 
 if __name__ == "__main__":
