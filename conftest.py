@@ -19,6 +19,10 @@ from gym_runtime.transport.jetstream import ensure_streams
 REPO = Path(__file__).resolve().parent
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
+# Harbor tasks of our own: their tests/ are the tasks' verifiers, run inside the task's container by its
+# test.sh (tests/e2e/test_harbor.py), never by this suite
+collect_ignore_glob = ["tests/harbor_tasks/*", "tests/harbor_baked/*"]
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:

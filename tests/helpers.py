@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +59,14 @@ def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT and SIGQUIT at their defaults, as a terminal's
+    process has them. A shell's background job (CI started with ``&``) ignores both, the ignore is inherited,
+    and a Python started with SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def read_until(stream: IO[str], needle: str, timeout: float) -> tuple[bool, str]:

@@ -23,7 +23,7 @@ import pytest
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port, port_taken
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.service.supervisor import cpu_seconds
-from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, as_from_a_terminal, cli, read_jsonl, write_jsonl
 
 WEATHER = "resources/weather/config.yaml"
 EXAMPLE = REPO / "resources/weather/data/example.jsonl"
@@ -245,6 +245,7 @@ def popen_cli(*args: str, cwd: Path = REPO) -> subprocess.Popen[str]:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=as_from_a_terminal,
     )
 
 

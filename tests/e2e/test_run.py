@@ -22,7 +22,7 @@ from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.service.runner import make_workers, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from tests.helpers import COMPAT, REPO, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
+from tests.helpers import COMPAT, REPO, as_from_a_terminal, cli, nats_server_pids, prompt_key, read_jsonl, write_jsonl
 from tests.stub_openai import StubOpenAI, StubReply, responses_reply
 
 ENVS = {
@@ -284,6 +284,7 @@ def test_no_nats_server_outlives_an_interrupted_run(sig: int, tmp_path: Path) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        preexec_fn=as_from_a_terminal,
     )
     deadline = time.monotonic() + 20
     while not nats_server_pids(tmp_path) and time.monotonic() < deadline:
