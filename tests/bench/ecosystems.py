@@ -208,7 +208,9 @@ SETUPS = [
     Setup(
         "verifiers 0.4",
         "vf04",
-        {"vf04": {"agent": "agents.verifiers_v1", **AGENT, "options": {"env": VF04_ENV}}},
+        # each rollout runs verifiers' harness program in a subprocess of its own (its local runtime): 8 in flight,
+        # not the default 64 (64 Python processes at once on 2 cores drove the load to 80 and timed publishes out)
+        {"vf04": {"agent": "agents.verifiers_v1", **AGENT, "concurrency": 8, "options": {"env": VF04_ENV}}},
         vf04_rows,
         vf04_check,
         note="vf04_suite single-turn, guest on its built env",
