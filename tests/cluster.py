@@ -51,9 +51,17 @@ def monitor(srv: EmbeddedServer, path: str) -> dict[str, Any]:
 
 class LocalCluster:
     def __init__(
-        self, root: Path, size: int = 3, name: str = "gymc", *, stores: list[Path] | None = None, sync: str = "always"
+        self,
+        root: Path,
+        size: int = 3,
+        name: str = "gymc",
+        *,
+        stores: list[Path] | None = None,
+        sync: str = "always",
+        max_store: int | None = None,
     ) -> None:
-        """``stores``: each node's store dir (default: ``root/n1`` ...), e.g. on a crash-testing file system."""
+        """``stores``: each node's store dir (default: ``root/n1`` ...), e.g. on a crash-testing file system;
+        ``max_store``: each node's JetStream file storage in bytes (a small disk)."""
         self.nodes: list[EmbeddedServer] = []
         root.mkdir(parents=True, exist_ok=True)  # the nodes' logs
         route_ports = [free_port() for _ in range(size)]
@@ -63,6 +71,7 @@ class LocalCluster:
                     port=free_port(),
                     store_dir=str(stores[i] if stores else root / f"n{i + 1}"),
                     sync=sync,
+                    max_store=max_store,
                     server_name=f"n{i + 1}",
                     cluster=name if size > 1 else None,
                     cluster_port=route_ports[i] if size > 1 else 0,

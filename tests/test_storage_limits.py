@@ -22,6 +22,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
+from tests.cluster import LocalCluster
 from tests.helpers import REPO, cli, put_batch, read_jsonl
 
 WEATHER = REPO / "resources/weather/config.yaml"
@@ -31,6 +32,7 @@ WEATHER_ROWS = read_jsonl(REPO / "resources/weather/data/example.jsonl")
 async def _limits(bus: Bus) -> dict[str, int]:
     await jetstream.ensure_streams(bus, ["weather_agent"])
     await jetstream.ensure_blob_stream(bus, "agent")
+    await jetstream.ensure_kept_stream(bus)
     await batches._kv(bus)
     s = bus.subjects
     names = [
@@ -38,6 +40,7 @@ async def _limits(bus: Bus) -> dict[str, int]:
         s.results_stream("weather_agent"),
         s.model_stream,
         s.blob_stream("agent"),
+        s.kept_stream,
         "KV_GYM_BATCHES",
     ]
     out = {}
@@ -99,6 +102,30 @@ async def test_defaults_start_on_a_small_disk_and_an_explicit_limit_it_cannot_ho
                 await jetstream.ensure_streams(bus2)
         finally:
             await bus.close()
+
+
+async def test_defaults_start_on_a_small_disk_in_a_three_node_cluster(tmp_path: Path) -> None:
+    """A cluster refuses a limit it cannot reserve with "no suitable peers for placement" (not a single
+    server's err_code; the Compose recipe's run on a fuller disk failed so on the kept stream's default): the
+    defaults are lowered there too, and an explicit limit it cannot hold is one line. (A cluster places by
+    its peers' last reported reservations, so streams created in quick succession may together exceed a
+    node's store: nats-server's own over-commit; each one alone fits.)"""
+    store = 768 << 20  # below every default but the blobs' and attempts'
+    c = LocalCluster(tmp_path / "nats", size=3, max_store=store).start()
+    try:
+        bus = await Bus.connect(c.url, namespace="gym", telemetry=Telemetry(), name="t")
+        try:
+            bus.jetstream_config = config_from_dict({"jetstream": {"replicas": 3}}).jetstream
+            limits = await _limits(bus)
+            assert all(64 << 20 <= size <= store for size in limits.values()), limits
+            bus2 = Bus(bus.nc, namespace="other", telemetry=bus.telemetry)
+            bus2.jetstream_config = config_from_dict({"jetstream": {"replicas": 3, "tasks_max_bytes": "1GB"}}).jetstream
+            with pytest.raises(jetstream.JetStreamSetupError, match=r"cannot reserve jetstream\.tasks_max_bytes"):
+                await jetstream.ensure_streams(bus2)
+        finally:
+            await bus.close()
+    finally:
+        c.stop()
 
 
 @pytest.mark.parametrize("command", ["publish", "run"])

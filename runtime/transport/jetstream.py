@@ -129,9 +129,15 @@ def full_error(bus: Connection, subject: str, error: dict[str, Any]) -> StorageF
     return StorageFull(f"stream {name} is full ({description}; {size.key} = {limit_text}): raise {size.key}, or {free}")
 
 
+def _no_storage(e: APIError) -> bool:
+    """The server cannot reserve a stream's or bucket's max_bytes: a single server says so with its own
+    err_code; a cluster with "no suitable peers for placement" (10005), naming insufficient storage."""
+    return e.err_code == INSUFFICIENT_STORAGE or "insufficient storage" in (e.description or "")
+
+
 def _setup_error(what: str, replicas: int, e: APIError, key: str = "jetstream.max_bytes") -> Exception:
-    # every stream's max_bytes is reserved on the server's disk (a cluster: on each replica's, "no suitable peers")
-    if e.err_code == INSUFFICIENT_STORAGE or "insufficient storage" in (e.description or ""):
+    # every stream's max_bytes is reserved on the server's disk (a cluster: on each replica's)
+    if _no_storage(e):
         return JetStreamSetupError(
             f"{what}: the server cannot reserve {key} for it ({e.description}); "
             f"lower {key} (it is reserved per stream) or give the server more storage"
@@ -468,8 +474,10 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
         while True:
             try:
                 await bus.js.add_stream(cfg)
-            except BadRequestError as e:  # another process created it first
+            except BadRequestError as e:  # another process created it first, or a cluster has no room for it
                 if "already in use" not in str(e):
+                    if _smaller_default(cfg, size, e):
+                        continue
                     raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
             except APIError as e:
                 if isinstance(e, ServiceUnavailableError):
@@ -478,23 +486,37 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
                     continue
                 raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
             if cfg.max_bytes != size.max_bytes and cfg.max_bytes is not None:
-                # the server holds less than twice this: take half of it, so the streams after this one fit too
-                cfg.max_bytes = max(MIN_DEFAULT_BYTES, cfg.max_bytes // 2)
-                await bus.js.update_stream(cfg)
-                log.warning(
-                    "stream.limit_lowered",
-                    stream=cfg.name,
-                    max_bytes=cfg.max_bytes,
-                    default=size.max_bytes,
-                    why="the server cannot reserve the default on its disk",
-                    key=size.key,
-                )
+                await _lower(bus, cfg, size)  # the server holds less than twice this
             return
+
+
+async def _lower(bus: Connection, cfg: StreamConfig, size: Limit) -> None:
+    """Halve a just-created stream's lowered default, so the streams after it fit too. A cluster places a
+    stream by its peers' last reported reservations and may accept one beyond what they hold; its replicas
+    then refuse any update, and the stream keeps the limit it was created with (it works: nats-server
+    accepted it)."""
+    assert cfg.max_bytes is not None
+    created = cfg.max_bytes
+    cfg.max_bytes = max(MIN_DEFAULT_BYTES, created // 2)
+    try:
+        await bus.js.update_stream(cfg)
+    except APIError as e:
+        if not _no_storage(e):
+            raise
+        cfg.max_bytes = created
+    log.warning(
+        "stream.limit_lowered",
+        stream=cfg.name,
+        max_bytes=cfg.max_bytes,
+        default=size.max_bytes,
+        why="the server cannot reserve the default on its disk",
+        key=size.key,
+    )
 
 
 def _smaller_default(cfg: StreamConfig, size: Limit, e: APIError) -> bool:
     """Halve a default limit the server cannot reserve (not one the user set); False at the floor."""
-    if e.err_code != INSUFFICIENT_STORAGE or size.explicit or cfg.max_bytes is None:
+    if not _no_storage(e) or size.explicit or cfg.max_bytes is None:
         return False
     if cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
         return False
@@ -641,7 +663,7 @@ async def kv_bucket(bus: Connection, bucket: str) -> KV:
                 except APIError as e:
                     if isinstance(e, ServiceUnavailableError):
                         raise  # a leader election: retried
-                    if e.err_code == INSUFFICIENT_STORAGE and cfg.max_bytes and cfg.max_bytes > KV_MIN_BYTES:
+                    if _no_storage(e) and cfg.max_bytes and cfg.max_bytes > KV_MIN_BYTES:
                         cfg.max_bytes //= 4  # a small disk: manifests are small
                         continue
                     raise _setup_error(f"bucket {bucket}", replicas, e) from None

@@ -5,9 +5,9 @@ The image builds on the debootstrap base the sandbox fleet uses (``gym_runtime.s
 with python3 and python3-venv, no registry), with BuildKit and ``--network host`` (a build's RUN steps have
 no network under ``dockerd --bridge=none``); the machine's CA bundle goes in as a build secret, for a
 TLS-intercepting proxy. ``deploy/compose.host.yaml`` and ``deploy/config.yaml`` are copied unchanged
-beside a work folder; only the ports (free ones) and the image name come from the environment, as the file
-documents. Without an engine or docker-compose the test skips with one line (a failure under
-GYM_REQUIRE_DOCKER=1, CI's first pass).
+(but the config's 20GB stream limits) beside a work folder; only the ports (free ones) and the image name
+come from the environment, as the file documents. Without an engine or docker-compose the test skips with
+one line (a failure under GYM_REQUIRE_DOCKER=1, CI's first pass).
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class Stack:
         shutil.copy(REPO / "deploy/compose.host.yaml", tmp / "compose.host.yaml")
         config = yaml.safe_load((REPO / "deploy/config.yaml").read_text())
         config["models"]["policy"]["delay_s"] = 5.0  # rollouts in flight (~10 s each) when `stop` comes
+        # its 20GB stream limits lowered, as the other recipes' tests do: three servers reserve them on one disk
+        config["jetstream"].update(tasks_max_bytes="1GB", results_max_bytes="1GB")
         (tmp / "config.yaml").write_text(json.dumps(config))
         (tmp / "work").mkdir()
         rows = (REPO / "resources/weather/data/example.jsonl").read_text().splitlines()
