@@ -58,10 +58,11 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import Handler, KeyValue, Puller, Subscription, Transport
+from gym_runtime.transport.interface import Handler, KeyValue, Puller, StreamReader, Subscription, Transport
+from gym_runtime.transport.limits import DUPLICATE_WINDOW_S
 from gym_runtime.transport.rpc import Busy, NoResponders, Timings, error_info, traced
 from gym_runtime.transport.serving import expired
-from gym_runtime.transport.subjects import JS_ACK_PREFIX, Subjects, caller_of, inbox_prefix
+from gym_runtime.transport.subjects import JS_ACK_PREFIX, Subjects, answers, caller_of, inbox_prefix
 from gym_runtime.transport.subjects import reply as reply_subject
 
 R = TypeVar("R", bound=Resource)
@@ -211,12 +212,19 @@ class ScriptedJudge:
 #
 # ``MemoryTransport`` implements ``transport.interface.Transport`` (the way httpx ships ``MockTransport``):
 # core publish/subscribe with NATS subject wildcards and queue groups (one member of a group gets each
-# message), request-reply with typed error replies, a stream of stored messages (``js_publish``, deduplicated
-# by ``Nats-Msg-Id``) that work-queue pullers take from with ack / nak (after a delay) / term and redelivery
-# of a message left unanswered after ``ack_wait``, KV buckets, and bodies over ``max_payload`` stored by
-# reference. Several transports on one ``MemoryBroker`` are several connections to one server. What it does
-# not do: no liveness or keepalives (a silent handler ends at the call's timeout), no stream limits, no
-# consumers beside the pullers, no permissions; end-to-end behaviour is tested on a real nats-server.
+# message), request-reply with typed error replies and discovery rounds (``scatter``), a stream of stored
+# messages (``js_publish``, deduplicated by ``Nats-Msg-Id`` within the duplicate window, each with a sequence
+# number) that work-queue pullers take from with ack / nak (after a delay) / term and redelivery of a message
+# left unanswered after ``ack_wait``, acked readers of a subject (``reader``: in sequence order, ack-all, what
+# is held for them counted, a reader made again on a consumer that was not deleted gets what it had not acked
+# again), the last message on a subject (``last_stored``), KV buckets, and bodies over ``max_payload`` stored
+# by reference. Several transports on one ``MemoryBroker`` are several connections to one server.
+# What it does not do: no liveness or keepalives (a silent handler ends at the call's timeout); one stream
+# and one duplicate window for every stored subject (the stream names asked for are recorded, never
+# enforced), in which only task and model messages leave when acked; no stream limits (never full, nothing
+# evicted, no ``max_msgs_per_subject``); no advisories (a reader sees a terminated task at its next tick); a
+# reader's unacked messages come again only when it is made again, never after an ``ack_wait``; no consumer
+# deleted under a reader; no permissions. End-to-end behaviour is tested on a real nats-server.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -321,13 +329,15 @@ class MemoryBroker:
     """The server several ``MemoryTransport`` connections share: subscriptions, the stored messages (one
     stream for every stored subject), KV buckets and large bodies."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, duplicate_window_s: float = DUPLICATE_WINDOW_S) -> None:
         self.subs: list[_Sub] = []
-        self.stored: dict[int, _Stored] = {}
+        self.stored: dict[int, _Stored] = {}  # by sequence, oldest first
         self.kv: dict[str, dict[str, bytes]] = {}
         self.blobs: dict[str, bytes] = {}
+        self.consumers: dict[tuple[str, str], _Consumer] = {}  # (stream, name) -> a reader's place
+        self.duplicate_window_s = duplicate_window_s
         self._seq = 0
-        self._ids: set[str] = set()
+        self._ids: dict[str, float] = {}  # message id -> when it was first stored (monotonic)
         self._turn: dict[str, int] = {}  # queue group -> next member
         self.changed = asyncio.Event()  # set (and replaced) whenever a stored message becomes takeable
 
@@ -359,12 +369,15 @@ class MemoryBroker:
         return len(targets)
 
     def store(self, subject: str, data: bytes, headers: dict[str, str]) -> bool:
-        """Keep a message (False: a duplicate of a message id seen before, dropped as the server would)."""
+        """Keep a message (False: a duplicate of a message id stored within the duplicate window, dropped as
+        the server would; after the window the same id is stored again)."""
         msg_id = headers.get(MSG_ID_HEADER)
         if msg_id is not None:
-            if msg_id in self._ids:
+            now = time.monotonic()
+            first = self._ids.get(msg_id)
+            if first is not None and now - first < self.duplicate_window_s:
                 return False
-            self._ids.add(msg_id)
+            self._ids[msg_id] = now
         self._seq += 1
         self.stored[self._seq] = _Stored(self._seq, subject, data, dict(headers))
         self._notify()
@@ -394,6 +407,18 @@ class MemoryBroker:
             asyncio.get_running_loop().call_later(delay, self._notify)
         else:
             self._notify()
+
+    def count(self, pattern: str) -> int:
+        """How many stored messages are on subjects matching ``pattern``."""
+        return sum(1 for s in self.stored.values() if subject_matches(pattern, s.subject))
+
+    def last(self, subject: str) -> _Stored | None:
+        """The newest stored message on ``subject``."""
+        return next((s for s in reversed(self.stored.values()) if s.subject == subject), None)
+
+    def after(self, pattern: str, seq: int) -> _Stored | None:
+        """The oldest stored message on ``pattern`` with a sequence of at least ``seq``."""
+        return next((s for s in self.stored.values() if s.seq >= seq and subject_matches(pattern, s.subject)), None)
 
     def messages(self, pattern: str) -> list[Delivery]:
         """The stored messages on ``pattern`` (results, attempt records), oldest first, as a reader sees them."""
@@ -496,6 +521,93 @@ class MemoryPuller:
     async def release(self, msg: Delivery) -> None:
         if self._held.pop(id(msg), None) is not None:
             self._free()
+
+
+class _Consumer:
+    """A reader's place in the stream, kept by the broker under its name: every sequence up to ``floor`` is
+    acked (ack-all), ``next`` is the next to deliver; ``deliveries`` counts each sequence's deliveries."""
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.next = 1
+        self.deliveries: dict[int, int] = {}
+
+
+class _ReadMessage(MemoryMessage):
+    """A stored message as a reader gets it: acking it acks every one before it, and removes nothing."""
+
+    def __init__(self, stored: _Stored, consumer: _Consumer, broker: MemoryBroker) -> None:
+        self._consumer = consumer
+        n = consumer.deliveries[stored.seq]
+        reply = f"{JS_ACK_PREFIX}memory.{stored.seq}.{n}"
+        super().__init__(stored.subject, stored.data, dict(stored.headers), reply, stored=stored, broker=broker)
+
+    @property
+    def metadata(self) -> _Meta:
+        s = self._stored
+        assert s is not None
+        return _Meta(self._consumer.deliveries.get(s.seq, 1), s.seq, s.stored_at)
+
+    async def ack(self) -> None:
+        assert self._stored is not None
+        c = self._consumer
+        c.floor = max(c.floor, self._stored.seq)
+        for seq in [seq for seq in c.deliveries if seq <= c.floor]:
+            del c.deliveries[seq]
+
+    async def term(self) -> None:
+        await self.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        return None  # an ack-all reader never naks
+
+
+class MemoryReader:
+    """An acked reader of ``pattern``'s stored messages, in sequence order, one at a time
+    (``transport.interface.StreamReader``). Made on a consumer that exists (not deleted), it starts after
+    what that consumer acked: what was delivered and not acked comes again."""
+
+    def __init__(
+        self, broker: MemoryBroker, key: tuple[str, str], pattern: str, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> None:
+        self.broker, self.key, self.pattern, self.handle = broker, key, pattern, handle
+        self.consumer = broker.consumers.setdefault(key, _Consumer())
+        self.consumer.next = self.consumer.floor + 1
+        self._stopping = False
+        self._wake = asyncio.Event()
+
+    async def run(self) -> None:
+        c = self.consumer
+        while not self._stopping:
+            changed = self.broker.changed
+            s = self.broker.after(self.pattern, c.next)
+            if s is None:
+                waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._wake.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                continue
+            c.next = s.seq + 1
+            c.deliveries[s.seq] = c.deliveries.get(s.seq, 0) + 1
+            try:
+                await self.handle(Delivery(_ReadMessage(s, c, self.broker)))
+            except Exception as e:  # noqa: BLE001 - as ``PullWorker``: a crash must not end the reader
+                logs.get("gym.testing").error("memory.reader_crashed", error=repr(e))
+            await asyncio.sleep(0)  # one turn for others, as a delivery from the server would give
+
+    def stop_pulling(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def settled(self) -> bool:
+        """Nothing stored on its subjects is undelivered, or delivered and not acked (purged ones count not)."""
+        c = self.consumer
+        return not any(s.seq > c.floor for s in self.broker.stored.values() if subject_matches(self.pattern, s.subject))
+
+    async def close(self) -> None:
+        self.broker.consumers.pop(self.key, None)
 
 
 _REPLYING: ContextVar[str | None] = ContextVar("gym_memory_replying", default=None)
@@ -693,6 +805,28 @@ class MemoryTransport:
             await sub.unsubscribe()
         return replies
 
+    async def scatter(
+        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
+        """An empty request to every subscriber; their raw answers under its reply root (``Bus.scatter``)."""
+        root = self._inbox()
+        got: list[tuple[str, bytes]] = []
+        enough = asyncio.Event()
+
+        async def on_answer(msg: Delivery) -> None:
+            got.append((msg.subject, msg.data))
+            if until is not None and until(msg.subject, msg.data):
+                enough.set()
+
+        sub = await self.subscribe(answers(root), on_answer)
+        try:
+            self.broker.publish(subject, b"", None, reply=root)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), wait_s)
+        finally:
+            await sub.unsubscribe()
+        return got
+
     # -- streams
     async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
         h = traced(self.telemetry, {MSG_ID_HEADER: msg_id})
@@ -720,6 +854,23 @@ class MemoryTransport:
 
     async def kv(self, bucket: str) -> KeyValue:
         return MemoryKV(self.broker.kv.setdefault(bucket, {}))
+
+    # -- streams read back
+    async def reader(
+        self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> StreamReader:
+        self.streams.add(stream)
+        return MemoryReader(self.broker, (stream, consumer), subject, handle)
+
+    async def subject_count(self, stream: str, subjects: str) -> int:
+        return self.broker.count(subjects)
+
+    async def stream_full(self, stream: str) -> bool:
+        return False  # no stream limits here
+
+    async def last_stored(self, stream: str, subject: str) -> Delivery | None:
+        s = self.broker.last(subject)
+        return None if s is None else Delivery(MemoryMessage(s.subject, s.data, dict(s.headers)))
 
     # -- serving
     async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:

@@ -17,7 +17,7 @@ import anyio
 import msgspec
 
 from gym_runtime.transport import jetstream
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Connection, KeyValue, Transport
 
 
 class Owners(msgspec.Struct, kw_only=True):
@@ -145,16 +145,16 @@ class TaskOwners:
         return self._names[bisect_right(self._starts, task) - 1] == agent
 
 
-async def _kv(bus: Bus) -> jetstream.KV:
-    return await jetstream.kv_bucket(bus, bus.subjects.batches_bucket)
+async def _kv(bus: Transport) -> KeyValue:
+    return await bus.kv(bus.subjects.batches_bucket)
 
 
-async def put_manifest(bus: Bus, manifest: Manifest) -> None:
+async def put_manifest(bus: Transport, manifest: Manifest) -> None:
     kv = await _kv(bus)
     await kv.put(bus.subjects.manifest_key(manifest.batch), msgspec.json.encode(manifest))
 
 
-async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest | None:
+async def get_manifest(bus: Transport, batch: str, *, wait_s: float = 0.0) -> Manifest | None:
     """The batch's manifest; waits up to ``wait_s`` for a publish that has not happened yet."""
     kv = await _kv(bus)
     deadline = time.monotonic() + wait_s
@@ -167,7 +167,7 @@ async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest
         await anyio.sleep(0.2)
 
 
-async def purge_batch(bus: Bus, batch: str) -> int:
+async def purge_batch(bus: Connection, batch: str) -> int:
     """Remove a batch's results, kept tasks, attempt records and manifest; returns how many results were removed.
 
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the

@@ -31,7 +31,7 @@ from gym_runtime.data.intake import is_ok, replaces
 from gym_runtime.data.reader import BatchReader, budget_slots
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
-from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Transport
 
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
@@ -90,7 +90,7 @@ class Collector:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         manifest: Manifest,
         out: str | Path,
         *,

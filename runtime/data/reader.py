@@ -36,9 +36,8 @@ from gym_runtime.data.republish import NOT_KEPT, republish
 from gym_runtime.messages import ErrorClass, ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.pull import PullWorker
+from gym_runtime.transport.interface import StreamReader, Transport
 from gym_runtime.transport.subjects import LOST as LOST_AGENT
 from gym_runtime.transport.subjects import advisory
 
@@ -61,14 +60,13 @@ LOST = (
 
 
 class _Lane:
-    """One results stream a reader reads (one agent's): its consumer, its puller and where it is."""
+    """One results stream a reader reads (one agent's): its reader and what it handled."""
 
-    __slots__ = ("agent", "stream", "consumer", "subject", "puller", "last_seq", "handled", "unacked")
+    __slots__ = ("agent", "stream", "reader", "handled", "unacked")
 
-    def __init__(self, agent: str, stream: str, consumer: str, subject: str) -> None:
-        self.agent, self.stream, self.consumer, self.subject = agent, stream, consumer, subject
-        self.puller: PullWorker | None = None
-        self.last_seq = 0  # the stream sequence of the last one handled: where a consumer made again reads on
+    def __init__(self, agent: str, stream: str) -> None:
+        self.agent, self.stream = agent, stream
+        self.reader: StreamReader | None = None
         self.handled = 0
         self.unacked: Delivery | None = None  # handled, not acked yet (every message before it is acked)
 
@@ -107,7 +105,7 @@ class BatchReader:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Transport,
         intake: Intake,
         take: Callable[[RolloutResult, int], None],
         *,
@@ -131,11 +129,12 @@ class BatchReader:
         self.taken = 0  # ... of which the intake admitted
         self._lanes: list[_Lane] = []
         self._lost_ready = False
+        self.tick_s = TICK_S
 
     @classmethod
     def of(
         cls,
-        bus: Bus,
+        bus: Transport,
         manifest: Manifest,
         take: Callable[[RolloutResult, int], None],
         empty: Callable[[], list[int]],
@@ -162,26 +161,14 @@ class BatchReader:
         """Make the consumers (each reads its stream from the start, whenever ``run`` starts)."""
         names = self.bus.subjects
         for agent in self.agents:
-            stream = await jetstream.ensure_results_stream(self.bus, agent)
-            lane = _Lane(agent, stream, names.reader(self.name, self.batch), names.result(agent, self.batch))
-            await jetstream.add_reader(self.bus, lane.stream, lane.consumer, lane.subject, acked=True)
-            lane.puller = PullWorker(
-                self.bus,
-                stream=lane.stream,
-                consumer=lane.consumer,
-                slots=512,
+            lane = _Lane(agent, await self.bus.ensure_results_stream(agent))
+            lane.reader = await self.bus.reader(
+                lane.stream,
+                names.reader(self.name, self.batch),
+                names.result(agent, self.batch),
                 handle=partial(self._on_msg, lane),
-                heartbeat_s=3600.0,
-                inline=True,  # in stream order, one at a time: an ack of one message says every one before was handled
-                recreate=partial(self._recreate, lane),
             )
             self._lanes.append(lane)
-
-    async def _recreate(self, lane: _Lane) -> None:
-        """Its consumer was deleted by someone else: read on from where it was."""
-        await jetstream.add_reader(
-            self.bus, lane.stream, lane.consumer, lane.subject, start_seq=lane.last_seq + 1, acked=True
-        )
 
     async def run(self) -> None:
         """Read until ``stop()`` or cancelled; the consumers are deleted on the way out."""
@@ -192,19 +179,20 @@ class BatchReader:
                 tg.start_soon(self._tick)
                 async with anyio.create_task_group() as readers:
                     for lane in self._lanes:
-                        assert lane.puller is not None
-                        readers.start_soon(lane.puller.run)
+                        assert lane.reader is not None
+                        readers.start_soon(lane.reader.run)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 for lane in self._lanes:
                     with contextlib.suppress(Exception):
-                        await jetstream.delete_consumer(self.bus, lane.stream, lane.consumer)
+                        assert lane.reader is not None
+                        await lane.reader.close()
 
     def stop(self) -> None:
         for lane in self._lanes:
-            if lane.puller is not None:
-                lane.puller.stop_pulling()
+            if lane.reader is not None:
+                lane.reader.stop_pulling()
 
     async def _on_msg(self, lane: _Lane, msg: Delivery) -> None:
         res = await read_result(self.bus, msg)
@@ -215,7 +203,6 @@ class BatchReader:
                 self._take(res, slot)
         self.handled += 1
         lane.handled += 1
-        lane.last_seq = max(lane.last_seq, msg.stream_seq)
         if lane.handled % ACK_EVERY == 0:
             lane.unacked = None
             await msg.ack()
@@ -240,13 +227,12 @@ class BatchReader:
         subs = []
         if self._empty is not None:
             subs = [
-                await self.bus.nc.subscribe(advisory(e, tasks), cb=on_advisory)
-                for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
+                await self.bus.subscribe(advisory(e, tasks), on_advisory) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")
             ]
         try:
             seen = 0
             while True:
-                with anyio.move_on_after(TICK_S):
+                with anyio.move_on_after(self.tick_s):
                     await poke.wait()
                 try:
                     await self._ack_handled()
@@ -268,12 +254,13 @@ class BatchReader:
         manifest = await get_manifest(self.bus, self.batch)
         if manifest is None or not manifest.published:  # tasks may still be on their way
             return
-        if await jetstream.subject_count(self.bus, tasks, self.bus.subjects.batch_tasks(self.batch)):
+        if await self.bus.subject_count(tasks, self.bus.subjects.batch_tasks(self.batch)):
             return  # queued or held: a worker may still store its result
         # every result is stored before its task is acked: all that will come is in the streams now
         await self._ack_handled()
         for lane in self._lanes:
-            if not await jetstream.reader_settled(self.bus, lane.stream, lane.consumer):
+            assert lane.reader is not None
+            if not await lane.reader.settled():
                 return  # some are still on their way to this reader
         empty = self._empty()
         if manifest.held_from >= 0:  # held back by the batch's budget: never published, so never stored
@@ -285,7 +272,7 @@ class BatchReader:
         if not empty:
             return
         repeats = self.intake.repeats
-        full = {lane.agent: lane.stream for lane in self._lanes if await jetstream.stream_full(self.bus, lane.stream)}
+        full = {lane.agent: lane.stream for lane in self._lanes if await self.bus.stream_full(lane.stream)}
         why: dict[int, tuple[ErrorClass, str]] = {}  # slot -> (error class, message)
         for s in empty:  # a full stream's slots are not published again: they would be refused again
             agent = self._owner(s // repeats)
@@ -334,7 +321,7 @@ class BatchReader:
         subject = self.bus.subjects.lost(self.batch)
         try:
             if not self._lost_ready:
-                await jetstream.ensure_results_stream(self.bus, LOST_AGENT)
+                await self.bus.ensure_results_stream(LOST_AGENT)
                 self._lost_ready = True
             for i in range(0, len(lost), RECORD_IN_FLIGHT):
                 await asyncio.gather(

@@ -49,10 +49,11 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import Connection, KeyValue, Puller, Subscription, Transport
+from gym_runtime.transport.interface import Connection, KeyValue, Puller, StreamReader, Subscription, Transport
 from gym_runtime.transport.jetstream import API_RETRY_S, full_error
 from gym_runtime.transport.limits import parse_size
 from gym_runtime.transport.pull import work_queue_puller
+from gym_runtime.transport.readers import open_reader
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
@@ -66,7 +67,16 @@ from gym_runtime.transport.rpc import (
     traced,
 )
 from gym_runtime.transport.serving import Serving, replying
-from gym_runtime.transport.subjects import SERVER_LANE, Subjects, answers, blob_space, caller, caller_of, reply
+from gym_runtime.transport.subjects import (
+    SERVER_LANE,
+    Subjects,
+    answers,
+    blob_space,
+    caller,
+    caller_of,
+    direct_get,
+    reply,
+)
 
 JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
 
@@ -541,6 +551,23 @@ class Bus:
     async def kv(self, bucket: str) -> KeyValue:
         """The KV bucket, made on first use (``jetstream.kv_bucket``)."""
         return await streams.kv_bucket(self, bucket)
+
+    async def reader(
+        self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> StreamReader:
+        """An acked reader of ``subject`` in ``stream`` from the start (``readers.open_reader``)."""
+        return await open_reader(self, stream, consumer, subject, handle)
+
+    async def subject_count(self, stream: str, subjects: str) -> int:
+        return await streams.subject_count(self, stream, subjects)
+
+    async def stream_full(self, stream: str) -> bool:
+        return await streams.stream_full(self, stream)
+
+    async def last_stored(self, stream: str, subject: str) -> Delivery | None:
+        """A last-by-subject direct get (``jetstream.last_message``)."""
+        msg = await streams.last_message(self, direct_get(stream, subject))
+        return None if msg is None else Delivery(msg)
 
     async def flush(self) -> None:
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Subscription, Transport
 from gym_runtime.transport.subjects import answer, lane
@@ -65,7 +64,7 @@ async def register(
     return Registration(sub)
 
 
-async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
+async def discover(bus: Transport, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
     """Every live worker of this namespace with its counters. An answer that claims a role and name other
     than the lane it came in is dropped: on a secured bus only that entry's pool may answer there, so no
     pool can pass itself off as another's workers (a model replica a pause would wait for, say)."""
@@ -74,7 +73,7 @@ async def discover(bus: Bus, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
     return out
 
 
-async def serving(bus: Bus, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
+async def serving(bus: Transport, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
     """Which of ``names`` (config entries of ``role``) a live worker of this namespace serves: the answers to
     a discovery, gathered until each name has one, or for ``wait_s``."""
     found: set[str] = set()
@@ -90,7 +89,7 @@ async def serving(bus: Bus, role: str, names: set[str], *, wait_s: float = 2.0) 
     return found
 
 
-def _worker(bus: Bus, subject: str, data: bytes) -> dict[str, Any] | None:
+def _worker(bus: Transport, subject: str, data: bytes) -> dict[str, Any] | None:
     """A worker's answer to a discovery, if it came in the lane of the role and name it claims."""
     try:
         info = json.loads(data)

@@ -1,11 +1,12 @@
 """The transport as its users see it: Protocols, so a worker runs on a real ``Bus`` or on the in-memory
 double (``gym_runtime.testing.MemoryTransport``) without a nats-server.
 
-``Transport`` is exactly what the workers (``gym_runtime.workers``) and the collector ask of a bus: subjects,
-telemetry, core publish/subscribe and request-reply, stored (JetStream) publishes, a work-queue puller, a KV
-bucket, serving handlers, and bodies decoded. ``Connection`` is what the JetStream administration
-(``transport.jetstream``, ``transport.pull``, ``transport.blobs``) needs of a connection: the Bus has both;
-nothing here imports the Bus, so its parts never import it back.
+``Transport`` is exactly what the workers (``gym_runtime.workers``) and the collector (``gym_runtime.data``:
+its batch reader, intake, manifests and republishing) ask of a bus: subjects, telemetry, core publish/subscribe
+and request-reply, a discovery round, stored (JetStream) publishes, a work-queue puller, an acked reader of a
+stream, what a stream holds, a KV bucket, serving handlers, and bodies decoded. ``Connection`` is what the
+JetStream administration (``transport.jetstream``, ``transport.pull``, ``transport.blobs``) needs of a
+connection: the Bus has both; nothing here imports the Bus, so its parts never import it back.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.transport.subjects import Subjects
 
-__all__ = ["Connection", "Handler", "KeyValue", "Puller", "Subscription", "Transport"]
+__all__ = ["Connection", "Handler", "KeyValue", "Puller", "StreamReader", "Subscription", "Transport"]
 
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
 
@@ -75,6 +76,25 @@ class Puller(Protocol):
         ...
 
 
+class StreamReader(Protocol):
+    """One consumer of a stream's messages on a subject filter, read from the start in stream order, one at a
+    time, acked ack-all (one ack covers every message before it) (``readers.Reader``)."""
+
+    async def run(self) -> None:
+        """Hand each message to the reader's handler until ``stop_pulling`` or cancelled."""
+        ...
+
+    def stop_pulling(self) -> None: ...
+
+    async def settled(self) -> bool:
+        """Whether the server holds nothing more for it: nothing undelivered, nothing delivered and unacked."""
+        ...
+
+    async def close(self) -> None:
+        """Delete its consumer."""
+        ...
+
+
 class Transport(Protocol):
     """A worker's view of the bus (``transport.bus.Bus`` on NATS; ``testing.MemoryTransport`` in memory)."""
 
@@ -124,6 +144,12 @@ class Transport(Protocol):
         self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float
     ) -> list[Any]: ...
 
+    async def scatter(
+        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
+        """Raw answers to an empty request sent to every subscriber, each with its subject (discovery)."""
+        ...
+
     # -- streams
     async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None: ...
 
@@ -140,6 +166,25 @@ class Transport(Protocol):
         ...
 
     async def kv(self, bucket: str) -> KeyValue: ...
+
+    # -- streams read back (the collector's readers)
+    async def reader(
+        self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]
+    ) -> StreamReader:
+        """A new acked consumer ``consumer`` of ``subject`` in ``stream``, read from the start."""
+        ...
+
+    async def subject_count(self, stream: str, subjects: str) -> int:
+        """Messages ``stream`` holds on subjects matching ``subjects`` (0 when it does not exist)."""
+        ...
+
+    async def stream_full(self, stream: str) -> bool:
+        """Whether ``stream`` is at its size limit: its next store is refused."""
+        ...
+
+    async def last_stored(self, stream: str, subject: str) -> Delivery | None:
+        """The last message ``stream`` holds on ``subject``, headers as stored; None when it holds none."""
+        ...
 
     # -- serving
     async def serve(

@@ -113,3 +113,38 @@ async def test_a_body_over_the_max_payload_goes_by_reference_and_comes_back_whol
         (stored,) = bus.broker.messages("gym.result.a.b")
         assert BLOB_HEADER in (stored.headers or {}) and not stored.data
         assert await bus.decode(stored) == big
+
+
+async def test_a_reader_reads_in_order_keeps_what_it_read_and_a_reader_made_again_gets_what_it_had_not_acked() -> None:
+    async with MemoryTransport() as bus:
+        stream, subject = bus.subjects.results_stream("a"), bus.subjects.result("a", "b")
+        for i in range(4):
+            await bus.js_publish(subject, ToolCall(session=str(i), name="x", arguments="{}"), msg_id=f"b:{i}:0:1:r")
+        await bus.js_publish("gym.result.a.other", CALL, msg_id="other:0:0:1:r")  # another batch: not its filter
+        got: list[tuple[str, int]] = []
+        read = {n: anyio.Event() for n in (4, 6)}
+
+        async def handle(msg: Delivery) -> None:
+            got.append(((await bus.decode(msg)).session, msg.attempt))
+            if msg.stream_seq == 2 or len(got) == 6:
+                await msg.ack()  # ack-all: every one before it too
+            if len(got) in read:
+                read[len(got)].set()
+
+        first = await bus.reader(stream, "collect_b_1", subject, handle=handle)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first.run)
+                await read[4].wait()  # the 3rd and 4th are read, not acked
+                assert not await first.settled()
+                first.stop_pulling()
+            again = await bus.reader(stream, "collect_b_1", subject, handle=handle)  # not deleted: made again
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(again.run)
+                await read[6].wait()
+                assert await again.settled()
+                again.stop_pulling()
+        assert got == [("0", 1), ("1", 1), ("2", 1), ("3", 1), ("2", 2), ("3", 2)]
+        await again.close()
+        assert not bus.broker.consumers
+        assert len(bus.broker.messages(subject)) == 4  # read and acked, still stored: a results stream keeps them
