@@ -256,3 +256,34 @@ def test_a_missing_input_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {missing}: file not found (nothing was published)"]
     assert not (tmp_path / "out.jsonl").exists()
+
+
+HARBOR_TASK = REPO / "tests" / "harbor_tasks"
+
+
+def test_parity_harbor_names_a_mistyped_path_before_the_engine(tmp_path: Path) -> None:
+    """The user's own arguments come first: a typo in the task path is named as such, whether the engine is
+    missing (DOCKER_HOST empty) or its socket is dead; nothing is built."""
+    typo = tmp_path / "harbor_taks"
+    for host in ("", f"unix://{tmp_path / 'dead.sock'}"):
+        res = cli("parity", "--harbor", str(typo), env={"DOCKER_HOST": host}, timeout=60)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"gym-runtime: error: {typo}: no such directory (a Harbor task or a directory of them)"
+        ], host
+
+
+def test_parity_harbor_with_no_engine_answering_is_one_line(tmp_path: Path) -> None:
+    """Good arguments, an engine that does not answer: one line naming the socket, no traceback."""
+    dead = tmp_path / "dead.sock"
+    res = cli("parity", "--harbor", str(HARBOR_TASK), env={"DOCKER_HOST": f"unix://{dead}"}, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, lines
+    assert lines[0].startswith("gym-runtime: error: parity --harbor: the container engine does not answer")
+    assert str(dead) in lines[0]
+    res = cli("parity", "--harbor", str(HARBOR_TASK), env={"DOCKER_HOST": "tcp://127.0.0.1:9"}, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "gym-runtime: error: parity --harbor: DOCKER_HOST: only unix sockets are supported, not "
+        "'tcp://127.0.0.1:9' (the engine stays on this machine)"
+    ], res.stderr
