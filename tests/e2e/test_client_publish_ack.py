@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 
 from gym_runtime import Client, PublishTimeout
+from gym_runtime.gateway import start
 from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.helpers import ROWS, eventually, weather
 
@@ -83,3 +85,19 @@ async def test_submit_past_the_budget_is_a_typed_error_naming_the_batch(nats_ser
         "submit: the NATS server did not acknowledge the batch frozen's manifest within 7 s (the publish was sent "
         "again with the same message id until then"
     ), message
+
+
+async def test_the_gateways_run_answers_503_when_the_task_is_not_acknowledged(nats_server: EmbeddedServer) -> None:
+    """Through the gateway, the same timeout is the server's state, not the row's: 503 with the one line."""
+    async with Client(weather(), nats=nats_server.url, publish_retry_s=7.0) as client:
+        await client.run(ROWS[0])
+        runner, port = await start(client, host="127.0.0.1", port=0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                with stopped(nats_server):
+                    async with http.post(f"http://127.0.0.1:{port}/run", json=ROWS[1]) as r:
+                        status, body = r.status, await r.json()
+        finally:
+            await runner.cleanup()
+    assert status == 503, body
+    assert body["detail"].startswith("run: the NATS server did not acknowledge the task within 7 s"), body
