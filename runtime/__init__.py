@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         GymError,
         InputError,
         ModelError,
+        PublishTimeout,
         RolloutFailed,
         UserError,
     )
@@ -112,6 +113,7 @@ _HOME: dict[str, str] = {
     "InputError": "errors",
     "ModelError": "errors",
     "ClientError": "errors",
+    "PublishTimeout": "errors",
     "RolloutFailed": "errors",
 }
 

@@ -21,7 +21,7 @@ import contextlib
 import math
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,7 +39,7 @@ from gym_runtime.data.inputs import check_row, publish_rows, publish_task, row_t
 from gym_runtime.data.intake import Intake, replaces
 from gym_runtime.data.reader import BatchReader
 from gym_runtime.data.validation import check_before_publish
-from gym_runtime.errors import AuthError, ClientError, InputError, RolloutFailed
+from gym_runtime.errors import AuthError, ClientError, InputError, PublishTimeout, RolloutFailed
 from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
 from gym_runtime.model import PAUSE_MODES, interrupt_problem
 from gym_runtime.observability import logs
@@ -49,8 +49,10 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.connect import unanswered
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_kept_stream, ensure_streams, task_msg_id
+from gym_runtime.transport.rpc import JS_PUBLISH_RETRY_S, Timings
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
@@ -204,6 +206,8 @@ class Client:
     for the config's ``nats``. ``workers``: start the config's workers in this process (``True``), as
     child processes (``"processes"``: ``gym-runtime start``, one per replica; config given as a path),
     not at all (``False``: they run elsewhere), or only some in-process (``["models.policy"]``).
+    ``publish_retry_s``: how long a publish the server does not acknowledge (an overloaded server) is sent
+    again, with the same message id (stored once); past it, ``submit`` and ``run`` raise ``PublishTimeout``.
     """
 
     def __init__(
@@ -216,7 +220,10 @@ class Client:
         replicas: int | None = None,
         telemetry: Telemetry | None = None,
         check_fingerprints: bool = True,
+        publish_retry_s: float = JS_PUBLISH_RETRY_S,
     ) -> None:
+        if not publish_retry_s > 0:
+            raise ClientError(f"publish_retry_s must be > 0 (seconds), got {publish_retry_s!r}")
         # A path is resolved here: the fingerprints hash the adapters' parsed options; workers started in this
         # process need their agents' option checks too (a client that only submits imports no agent module).
         in_process = workers is True or isinstance(workers, list)
@@ -239,6 +246,7 @@ class Client:
         self.replicas = replicas
         self.telemetry = telemetry or Telemetry()
         self.check_fingerprints = check_fingerprints
+        self.publish_retry_s = publish_retry_s
         self.policy_version: int | None = None
         self.workers: list[Any] = []
         self._server: EmbeddedServer | None = None
@@ -280,6 +288,7 @@ class Client:
                 telemetry=self.telemetry,
                 name="gym-client",
                 jetstream=self.config.jetstream,
+                timings=Timings(store_retry_s=self.publish_retry_s),
                 **kw,
             )
             await ensure_streams(self._bus, self.config.agents)  # and each agent's results stream
@@ -548,7 +557,8 @@ class Client:
             models=self.config.model_table(),
         )
         handle = BatchHandle(self, manifest)
-        await put_manifest(self.bus, manifest)
+        with self._acked("submit", f"batch {handle.batch}'s manifest"):
+            await put_manifest(self.bus, manifest)
         await handle._reader.open()
         assert self._tg is not None
         self._tg.start_soon(handle._reader.run)
@@ -565,9 +575,27 @@ class Client:
             tasks = list(row_tasks(rows, **layout))
             await self._hold(handle, tasks, batch_size, by_group=group_staleness == "group")
             return handle
-        await publish_rows(self.bus, rows, **layout, keep=manifest.max_republish > 0)
-        await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
+        with self._acked("submit", f"batch {handle.batch}'s tasks"):
+            await publish_rows(self.bus, rows, **layout, keep=manifest.max_republish > 0)
+            await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
+
+    @contextlib.contextmanager
+    def _acked(self, call: str, what: str) -> Iterator[None]:
+        """Publishes of ``what`` for ``call``: a publish the server left unacknowledged past the budget (the bus
+        sent it again until then) is one ``PublishTimeout``, not nats-py's TimeoutError (in a group or not)."""
+        try:
+            yield
+        except BaseException as e:
+            lost = unanswered(e) or (isinstance(e, BaseExceptionGroup) and e.subgroup(unanswered) is not None)
+            if not lost:
+                raise
+            raise PublishTimeout(
+                f"{call}: the NATS server did not acknowledge the {what} within {self.publish_retry_s:g} s (the "
+                "publish was sent again with the same message id until then, so it is stored at most once); the "
+                "server is overloaded or unreachable: retry once it answers, or give Client(publish_retry_s=...) "
+                "more time"
+            ) from None
 
     # ---------------------------------------------------------------------------- admission
 
@@ -699,14 +727,15 @@ class Client:
                 touched[held.handle.batch] = held.handle
                 out.extend(held.tasks)
             keep = self.config.jetstream.max_republish > 0
-            async with anyio.create_task_group() as tg:
-                for task in out:
-                    tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
-            for handle in touched.values():
-                if handle.held == 0:  # all that will be is published: lost slots may be settled
-                    held_from = handle.held_from if handle.budget_stopped else -1
-                    manifest = msgspec.structs.replace(handle._manifest, published=True, held_from=held_from)
-                    await put_manifest(self.bus, manifest)
+            with self._acked("admission", "held tasks"):
+                async with anyio.create_task_group() as tg:
+                    for task in out:
+                        tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
+                for handle in touched.values():
+                    if handle.held == 0:  # all that will be is published: lost slots may be settled
+                        held_from = handle.held_from if handle.budget_stopped else -1
+                        manifest = msgspec.structs.replace(handle._manifest, published=True, held_from=held_from)
+                        await put_manifest(self.bus, manifest)
         if self._admission is not None:
             self._admission.changed()
 
@@ -766,9 +795,10 @@ class Client:
                 row=row,
                 **self._task_fields(version, max_staleness, checks)(name),
             )
-            await self.bus.js_publish(
-                self.bus.subjects.task(name, self._run_batch), task, msg_id=task_msg_id(self._run_batch, index, 0)
-            )
+            with self._acked("run", "task"):
+                await self.bus.js_publish(
+                    self.bus.subjects.task(name, self._run_batch), task, msg_id=task_msg_id(self._run_batch, index, 0)
+                )
             out, ok = await fut
         finally:
             self._runs.pop(index, None)

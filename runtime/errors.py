@@ -13,6 +13,7 @@
     │   └── ...            CLI values, prepare, init, server addresses, stream setup
     ├── ModelError         a generation failed (adapters raise it)
     └── ClientError        the trainer's client was used wrongly or the cluster refused
+        ├── PublishTimeout the server did not acknowledge a publish within the client's budget
         └── RolloutFailed  one row ended in a failure row
 
 Anything else that escapes a command is a bug: the CLI says so, prints the traceback, exit 3.
@@ -33,6 +34,7 @@ __all__ = [
     "GymError",
     "InputError",
     "ModelError",
+    "PublishTimeout",
     "RolloutFailed",
     "StorageFull",
     "UserError",
@@ -108,6 +110,12 @@ class ModelError(GymError):
 
 class ClientError(GymError):
     """A usage or cluster problem the trainer must fix (bad rows, config mismatch, no replica acked)."""
+
+
+class PublishTimeout(ClientError):
+    """The NATS server did not acknowledge a publish within the client's budget (``Client(publish_retry_s=)``):
+    it was sent again with the same message id until then, so it is stored at most once. An overloaded or
+    unreachable server, not a bug: one line, not nats-py's ``TimeoutError``."""
 
 
 class RolloutFailed(GymError):

@@ -48,7 +48,7 @@ from aiohttp import web
 
 from gym_runtime.client import Client
 from gym_runtime.data.aggregate import MetricsAccumulator
-from gym_runtime.errors import ClientError, RolloutFailed
+from gym_runtime.errors import ClientError, PublishTimeout, RolloutFailed
 from gym_runtime.ops.nats_server import free_port
 
 _dec = msgspec.json.Decoder()
@@ -178,6 +178,8 @@ class Gateway:
         agent = self._agent_of(row)
         try:
             out = await self.client.run(row, agent=agent)
+        except PublishTimeout as e:  # the bus is overloaded or unreachable, not the row: try again later
+            return _json({"detail": str(e)}, 503)
         except ClientError as e:  # the row itself is invalid
             return _json({"detail": str(e)}, 422)
         except RolloutFailed as e:

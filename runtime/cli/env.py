@@ -14,7 +14,15 @@ from pathlib import Path
 
 from gym_runtime.cli._common import load, log_level_option
 from gym_runtime.errors import UserError
-from gym_runtime.hosting.env import VERIFIERS_VERSION, ServerKind, disk_mb, ensure, ensure_verifiers
+from gym_runtime.hosting.env import (
+    VERIFIERS_VERSION,
+    ServerKind,
+    build_verifiers,
+    check_server,
+    check_verifiers,
+    disk_mb,
+    ensure,
+)
 from gym_runtime.plugins import load_plugin
 
 
@@ -59,17 +67,19 @@ def main(args: argparse.Namespace) -> int:
         # agents whose package needs verifiers' own environment (agents.verifiers_v1 says which release)
         modules = [load_plugin("agent", a.agent, "agents.*.agent") for a in cfg.agents.values() if not a.hosted]
         releases += [v for m in modules if (v := getattr(m, "verifiers_version", None))]
-    for release in dict.fromkeys(releases):
-        vf = ensure_verifiers(release, python=args.python)
-        how = f"built in {vf.built_s:.0f}s" if vf.built_s else "cached"
-        print(f"verifiers=={vf.version}: {vf.python} ({how}; {disk_mb(Path(vf.prefix)):.0f} MB)")
-    if releases and not servers:
-        return 0
-    if not servers:
+    if not releases and not servers:
         raise UserError(
             "env build: no hosted servers (give a config with resources.NAME.nemo_gym or agents.NAME.nemo_gym, "
             "or --server / --agent / --verifiers)"
         )
+    # every name, path and version checked before anything is built (a build takes minutes)
+    for server, kind in dict.fromkeys(servers):
+        check_server(server, kind)
+    plans = [check_verifiers(release, python=args.python) for release in dict.fromkeys(releases)]
+    for plan in plans:
+        vf = build_verifiers(plan)
+        how = f"built in {vf.built_s:.0f}s" if vf.built_s else "cached"
+        print(f"verifiers=={vf.version}: {vf.python} ({how}; {disk_mb(Path(vf.prefix)):.0f} MB)")
     for server, kind in dict.fromkeys(servers):
         env = ensure(server, python=args.python, kind=kind)
         how = f"built in {env.built_s:.0f}s" if env.built_s else "cached"

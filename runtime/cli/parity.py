@@ -29,7 +29,7 @@ from gym_runtime.hosting.catalogue import EXPLAINED, recordings
 from gym_runtime.hosting.env import ensure
 from gym_runtime.hosting.harbor import ensure_images, harbor_config, parity_lines, parse_map
 from gym_runtime.hosting.parity import compare, parity_config, read_rows
-from gym_runtime.sandboxes.engine_http import Engine, socket_of
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,14 +86,27 @@ def _run(cfg: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
 
 def harbor_main(args: argparse.Namespace) -> int:
     """Harbor tasks' solve.sh as the policy: each must score the full reward (the module's doc)."""
+    # the user's own arguments first (a typo in a path is named as such, engine or not), then the engine
+    tasks = find_tasks(args.server)
+    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
+    if args.keep and Path(args.keep).exists() and not Path(args.keep).is_dir():
+        raise UserError(f"--keep {args.keep}: not a directory")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout {args.timeout:g}: give the seconds one command may run (> 0)")
     host = os.environ.get("DOCKER_HOST")
     if not host:
         raise UserError('parity --harbor: DOCKER_HOST is not set (eval "$(bash .ci/docker.sh start)")')
-    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
-    tasks = find_tasks(args.server)
+    try:
+        socket = socket_of(host)
+    except EngineError as e:
+        raise UserError(f"parity --harbor: DOCKER_HOST: {e}") from None
 
     async def build() -> None:
-        async with Engine(socket_of(host)) as engine:
+        async with Engine(socket) as engine:
+            try:
+                await engine.ping()
+            except EngineError as e:
+                raise UserError(f"parity --harbor: the container engine does not answer: {e}") from None
             await ensure_images(engine, tasks, opts, note=lambda line: print(line, file=sys.stderr))
 
     anyio.run(build)

@@ -232,14 +232,24 @@ def servers_root(base: Path, kind: ServerKind = "resources_servers") -> Path:
     return root
 
 
-def server_dir(base: Path, server: str, kind: ServerKind = "resources_servers") -> Path:
-    """A catalogue name (``mcqa``, ``simple_agent``) or a path to a server directory of a NeMo Gym checkout."""
+def check_server(server: str, kind: ServerKind = "resources_servers") -> Path | None:
+    """What can be said of ``server`` before anything is built: a server directory of a NeMo Gym checkout
+    (its path), else a catalogue name (None: the catalogue, in the base layer, says whether it has it)."""
     what = "resources server" if kind == "resources_servers" else "agent server"
     path = Path(server)
     if path.is_dir() and (path / "app.py").is_file():
         return path.resolve()
     if not re.fullmatch(r"[A-Za-z0-9_]+", server):
         raise EnvError(f"{server}: not a NeMo Gym {what} (no app.py there)")
+    return None
+
+
+def server_dir(base: Path, server: str, kind: ServerKind = "resources_servers") -> Path:
+    """A catalogue name (``mcqa``, ``simple_agent``) or a path to a server directory of a NeMo Gym checkout."""
+    what = "resources server" if kind == "resources_servers" else "agent server"
+    path = check_server(server, kind)
+    if path is not None:
+        return path
     found = servers_root(base, kind) / server
     if not (found / "app.py").is_file():
         raise EnvError(f"{server}: no such {what} in nemo-gym {nemo_gym_version()}")
@@ -358,6 +368,7 @@ def ensure(
 ) -> HostedEnv:
     """The environment of NeMo Gym server ``server`` (a resources server, or an agent server with
     ``kind="responses_api_agents"``), built now if it is not cached. ``EnvError``: one line."""
+    check_server(server, kind)  # a mistyped path is said before the base layer is built (minutes)
     repo = repo_root()
     interp = find_python(python)
     version = nemo_gym_version()
@@ -445,12 +456,64 @@ def _simple_index(wheels: Path) -> None:
     (root / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{names}</body></html>\n")
 
 
+# a release as pip pins it (PEP 440's public versions, normalized): what ``verifiers==VERSION`` can name
+_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?")
+_VF_FIRST = (0, 4)  # the first release with the Taskset x Harness API (verifiers.v1) that agents.verifiers_v1 runs
+
+
+def verifiers_release(version: str) -> str:
+    """``version`` if it can be a verifiers release the layer can hold; ``EnvError`` (one line) before anything
+    is built otherwise."""
+    m = _RELEASE.fullmatch(version)
+    if m is None:
+        raise EnvError(f"verifiers {version!r}: not a release version (e.g. {VERIFIERS_VERSION})")
+    release = tuple(int(x) for x in m.group(1).split("."))
+    if release < _VF_FIRST:
+        first = ".".join(map(str, _VF_FIRST))
+        raise EnvError(f"verifiers {version}: the verifiers layer needs {first} or later (its Taskset x Harness API)")
+    return version
+
+
+def verifiers_prefix(python: str, version: str, repo: Path) -> Path:
+    """The layer of verifiers ``version`` on ``python`` (its key: the interpreter, our dependencies, the repo)."""
+    deps = sorted(runtime_dependencies(repo))
+    parts = (_python_version(python), os.path.realpath(python), version, deps, str(repo), entry_points(repo))
+    return cache_dir() / f"vf-{_key('verifiers', _VF_LAYOUT, *parts)}"
+
+
+def check_on_index(python: str, version: str) -> None:
+    """verifiers ``version`` is on the package index for ``python``: pip resolves it alone (a dry run, no
+    dependencies), so a release that does not exist is one line naming it and where pip looked, not a
+    half-built layer. Whatever pip says of it is kept in the error."""
+    cmd = [python, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", f"verifiers=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        return
+    out = proc.stdout + proc.stderr
+    looked = [
+        ln.split(":", 1)[1].strip()
+        for ln in out.splitlines()
+        if ln.startswith(("Looking in indexes:", "Looking in links:"))
+    ]
+    where = f"pip looked in {', '.join(looked)}" if looked else "pip looked in PyPI"
+    found = re.search(r"\(from versions: ([^)]*)\)", out)
+    if found is None:  # not a missing release (no network, a broken pip): pip's own last line
+        last = (
+            [ln.strip() for ln in out.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")] or [""]
+        )[-1]
+        raise EnvError(f"verifiers {version}: pip could not look it up ({last[:200]}; {where})")
+    versions = [v.strip() for v in found.group(1).split(",") if v.strip() and v.strip() != "none"]
+    releases = [v for v in versions if ".dev" not in v and not re.search(r"(a|b|rc)\d", v)]
+    has = f"its latest: {', '.join(releases[-3:])}" if releases else "no verifiers release there at all"
+    on = ".".join(map(str, _python_version(python) or ())) or python
+    raise EnvError(f"verifiers {version}: no such release for Python {on} ({has}; {where})")
+
+
 def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
     """verifiers ``version`` with gym-runtime's dependencies, gym-runtime itself (editable) and ``uv``, plus a
     wheelhouse with what its chat harnesses' scripts need, checked by running ``uv sync --script`` offline once."""
     deps = sorted(runtime_dependencies(repo))
-    parts = (_python_version(python), os.path.realpath(python), version, deps, str(repo), entry_points(repo))
-    prefix = cache_dir() / f"vf-{_key('verifiers', _VF_LAYOUT, *parts)}"
+    prefix = verifiers_prefix(python, version, repo)
     if (prefix / ".complete").is_file():
         return prefix, 0.0
     t0 = time.monotonic()
@@ -506,15 +569,42 @@ def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tu
     return prefix, took
 
 
-def ensure_verifiers(version: str | None = None, *, python: str | None = None, log: Log = _stderr) -> VerifiersEnv:
-    """verifiers ``version``'s (default ``VERIFIERS_VERSION``) own environment, built now if it is not cached."""
+@dataclass(frozen=True)
+class VerifiersPlan:
+    """A verifiers layer checked before it is built (``check_verifiers``): the release, the interpreter."""
+
+    version: str
+    python: str
+    repo: Path
+
+
+def check_verifiers(version: str | None = None, *, python: str | None = None) -> VerifiersPlan:
+    """What ``ensure_verifiers`` would build, checked before anything is: the version (a release, 0.4 or
+    later), the interpreter, and (unless that layer is built already) the release on the package index."""
+    want = verifiers_release(version or VERIFIERS_VERSION)
     repo = repo_root()
     interp = find_python(python, minimum=VERIFIERS_MIN_PYTHON, what="verifiers 0.4", var=VERIFIERS_PYTHON_ENV)
-    want = version or VERIFIERS_VERSION
-    layer, took = build_verifiers_layer(interp, want, repo, log)
+    if not (verifiers_prefix(interp, want, repo) / ".complete").is_file():
+        check_on_index(interp, want)
+    return VerifiersPlan(version=want, python=interp, repo=repo)
+
+
+def build_verifiers(plan: VerifiersPlan, *, log: Log = _stderr) -> VerifiersEnv:
+    """The layer ``plan`` names, built now if it is not cached."""
+    layer, took = build_verifiers_layer(plan.python, plan.version, plan.repo, log)
     return VerifiersEnv(
-        version=want, python=str(layer / "bin" / "python"), prefix=str(layer), environ=uv_environ(layer), built_s=took
+        version=plan.version,
+        python=str(layer / "bin" / "python"),
+        prefix=str(layer),
+        environ=uv_environ(layer),
+        built_s=took,
     )
+
+
+def ensure_verifiers(version: str | None = None, *, python: str | None = None, log: Log = _stderr) -> VerifiersEnv:
+    """verifiers ``version``'s (default ``VERIFIERS_VERSION``) own environment, built now if it is not cached;
+    a version that cannot be built is one ``EnvError`` before anything is (``check_verifiers``)."""
+    return build_verifiers(check_verifiers(version, python=python), log=log)
 
 
 def in_hosted_env() -> bool:

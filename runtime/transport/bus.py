@@ -78,8 +78,6 @@ from gym_runtime.transport.subjects import (
     reply,
 )
 
-JS_PUBLISH_RETRY_S = 20.0  # how long a stored result waits out a stream leader election
-
 log = logs.get("gym.bus")
 
 
@@ -115,6 +113,7 @@ class Bus:
         self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
         self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
+        self.store_retries = 0  # stored publishes sent again for a missing ack (``store``)
         # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
         self.blobs = Blobs(self, self.codec, self.store)
         self.serving = Serving(nc, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
@@ -485,27 +484,30 @@ class Bus:
         In a cluster a stream may be electing a new leader for a few seconds; a plain
         publish then is silently lost. Publishing again is safe: a msg id deduplicates.
         """
-        give_up = time.monotonic() + JS_PUBLISH_RETRY_S
+        give_up = time.monotonic() + self._timings.store_retry_s  # the whole budget, the last ack wait included
         delay = 0.1
         while True:
             try:
-                await self._publish_acked(subject, data, headers)
+                await self._publish_acked(subject, data, headers, min(JS_ACK_TIMEOUT_S, give_up - time.monotonic()))
                 return
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as e:
                 if time.monotonic() + delay > give_up:
                     raise
+                self.store_retries += 1
+                log.info("jetstream.retry", call="publish", subject=subject, error=type(e).__name__)
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
-    async def _publish_acked(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        """One stream publish and its ack, through our reply subscription (nats-py's ``js.publish``
-        costs a request machinery and a PubAck object per message). Raises what ``js.publish`` would."""
+    async def _publish_acked(self, subject: str, data: bytes, headers: dict[str, str], ack_s: float) -> None:
+        """One stream publish and its ack within ``ack_s``, through our reply subscription (nats-py's
+        ``js.publish`` costs a request machinery and a PubAck object per message). Raises what ``js.publish``
+        would."""
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         ack_to = reply(prefix, SERVER_LANE, next(self._reply_seq))  # answered by the server itself
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Msg] = loop.create_future()
         self._replies[ack_to] = Pending(fut, time.monotonic())
-        timer = loop.call_later(JS_ACK_TIMEOUT_S, no_ack, fut)
+        timer = loop.call_later(max(ack_s, 0.0), no_ack, fut)
         try:
             await self.nc.publish(subject, data, reply=ack_to, headers=headers)
             msg = await fut
@@ -550,7 +552,7 @@ class Bus:
 
     async def kv(self, bucket: str) -> KeyValue:
         """The KV bucket, made on first use (``jetstream.kv_bucket``)."""
-        return await streams.kv_bucket(self, bucket)
+        return await streams.kv_bucket(self, bucket, within_s=self._timings.store_retry_s)
 
     async def reader(
         self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]

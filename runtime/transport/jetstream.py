@@ -626,10 +626,12 @@ async def message_count(bus: Connection, stream: str) -> int:
 
 
 class KV:
-    """One KV bucket, as bytes in and out; ``get`` of a missing key is ``None``."""
+    """One KV bucket, as bytes in and out; ``get`` of a missing key is ``None``. Each call is retried for
+    ``within_s`` while it gets no answer (the bus's ``Timings.store_retry_s``, as a stored publish is)."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: Any, within_s: float = API_RETRY_S) -> None:
         self._kv = kv
+        self._within_s = within_s
 
     async def get(self, key: str) -> bytes | None:
         async def get() -> bytes | None:
@@ -639,27 +641,27 @@ class KV:
                 return None
             return bytes(entry.value or b"")
 
-        return await retrying(get, what="kv get")
+        return await retrying(get, what="kv get", within_s=self._within_s)
 
     async def put(self, key: str, value: bytes) -> None:
-        await retrying(lambda: self._kv.put(key, value), what="kv put")
+        await retrying(lambda: self._kv.put(key, value), what="kv put", within_s=self._within_s)
 
     async def delete(self, key: str) -> None:
-        await retrying(lambda: self._kv.delete(key), what="kv delete")
+        await retrying(lambda: self._kv.delete(key), what="kv delete", within_s=self._within_s)
 
 
-async def kv_bucket(bus: Connection, bucket: str) -> KV:
-    """The bucket, created on first use (history 1)."""
+async def kv_bucket(bus: Connection, bucket: str, *, within_s: float = API_RETRY_S) -> KV:
+    """The bucket, created on first use (history 1); its calls retried for ``within_s`` (``KV``)."""
     replicas, _ = settings(bus)
 
     async def open_or_create() -> KV:
         try:
-            return KV(await bus.js.key_value(bucket))
+            return KV(await bus.js.key_value(bucket), within_s)
         except BucketNotFoundError:
             cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES)
             while True:
                 try:
-                    return KV(await bus.js.create_key_value(cfg))
+                    return KV(await bus.js.create_key_value(cfg), within_s)
                 except APIError as e:
                     if isinstance(e, ServiceUnavailableError):
                         raise  # a leader election: retried

@@ -28,12 +28,17 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
 
+JS_PUBLISH_RETRY_S = 20.0  # how long a stored publish is sent again for a missing ack (a stream leader election)
+
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    """How soon the two ends of a core request notice each other (a value a bus is given, never patched)."""
+    """How soon the two ends of a core request notice each other, and how long a stored publish waits for its
+    ack (a value a bus is given, never patched)."""
 
     keepalive_s: float = 2.0  # a handler still running after this sends progress, and again every keepalive_s
     liveness_s: float = 10.0  # a core request with no reply nor progress for this long: the worker is gone
+    # a stored publish with no ack is sent again (same msg id: stored once) until this budget is spent
+    store_retry_s: float = JS_PUBLISH_RETRY_S
 
 
 class NoResponders(Failure):

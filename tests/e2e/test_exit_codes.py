@@ -8,6 +8,7 @@ reported within 15 s; the supervisor's workers die with it; `health` for probes;
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import anyio
 import psutil
+import pytest
 import yaml
 
+from gym_runtime.hosting.env import VERIFIERS_MIN_PYTHON, VERIFIERS_PYTHON_ENV, EnvError, find_python
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, read_until
 from tests.pools import N_RESULTS, publish_results, tasks_file, write_config
@@ -256,3 +259,118 @@ def test_a_missing_input_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {missing}: file not found (nothing was published)"]
     assert not (tmp_path / "out.jsonl").exists()
+
+
+HARBOR_TASK = REPO / "tests" / "harbor_tasks"
+
+
+def test_parity_harbor_names_a_mistyped_path_before_the_engine(tmp_path: Path) -> None:
+    """The user's own arguments come first: a typo in the task path is named as such, whether the engine is
+    missing (DOCKER_HOST empty) or its socket is dead; nothing is built."""
+    typo = tmp_path / "harbor_taks"
+    for host in ("", f"unix://{tmp_path / 'dead.sock'}"):
+        res = cli("parity", "--harbor", str(typo), env={"DOCKER_HOST": host}, timeout=60)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"gym-runtime: error: {typo}: no such directory (a Harbor task or a directory of them)"
+        ], host
+
+
+def test_parity_harbor_with_no_engine_answering_is_one_line(tmp_path: Path) -> None:
+    """Good arguments, an engine that does not answer: one line naming the socket, no traceback."""
+    dead = tmp_path / "dead.sock"
+    res = cli("parity", "--harbor", str(HARBOR_TASK), env={"DOCKER_HOST": f"unix://{dead}"}, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, lines
+    assert lines[0].startswith("gym-runtime: error: parity --harbor: the container engine does not answer")
+    assert str(dead) in lines[0]
+    res = cli("parity", "--harbor", str(HARBOR_TASK), env={"DOCKER_HOST": "tcp://127.0.0.1:9"}, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "gym-runtime: error: parity --harbor: DOCKER_HOST: only unix sockets are supported, not "
+        "'tcp://127.0.0.1:9' (the engine stays on this machine)"
+    ], res.stderr
+
+
+def offline_index(tmp_path: Path, *versions: str) -> dict[str, str]:
+    """pip pointed at a local simple index listing verifiers ``versions`` (and no other index, link or config):
+    the failure path of ``env build --verifiers`` needs no network. The listed wheels are never fetched."""
+    page = tmp_path / "index" / "verifiers" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(
+        "".join(f'<a href="verifiers-{v}-py3-none-any.whl">verifiers-{v}-py3-none-any.whl</a>\n' for v in versions)
+    )
+    return {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": "",
+        "PIP_INDEX_URL": (tmp_path / "index").as_uri(),
+        "GYM_ENV_CACHE": str(tmp_path / "envs"),
+    }
+
+
+def verifiers_python() -> str:
+    try:
+        return find_python(minimum=VERIFIERS_MIN_PYTHON, var=VERIFIERS_PYTHON_ENV)
+    except EnvError as e:
+        pytest.skip(f"no interpreter to build verifiers' layer on: {e}")
+
+
+def test_env_build_of_a_verifiers_release_the_index_lacks_is_one_line_and_builds_nothing(tmp_path: Path) -> None:
+    verifiers_python()
+    env = offline_index(tmp_path, "0.3.1", "0.4.0", "0.4.1.dev3")
+    res = cli("env", "build", "--verifiers", "9.9.9", env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and res.stdout == "", res.stderr
+    assert lines[0].startswith("gym-runtime: error: verifiers 9.9.9: no such release for Python 3.")
+    assert lines[0].endswith(f"(its latest: 0.3.1, 0.4.0; pip looked in {env['PIP_INDEX_URL']})")
+    assert not (tmp_path / "envs").exists()  # nothing built, not even the layer's directory
+
+
+def test_env_build_of_a_config_whose_agent_needs_an_unknown_verifiers_release(tmp_path: Path) -> None:
+    """An agent module naming a verifiers release (as agents.verifiers_v1 does) that the index lacks."""
+    verifiers_python()
+    (tmp_path / "vf_future_agent.py").write_text('verifiers_version = "9.9.9"\n\n\nasync def run(ctx):\n    pass\n')
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "models": {"policy": {"adapter": "scripted"}},
+                "resources": {"weather": {"server": "resources.weather"}},
+                "agents": {"vf": {"agent": "vf_future_agent", "model": "policy", "resource": "weather"}},
+            }
+        )
+    )
+    env = {**offline_index(tmp_path, "0.4.0"), "PYTHONPATH": str(tmp_path)}
+    res = cli("env", "build", str(config), env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gym-runtime: error: verifiers 9.9.9: no such release"), lines
+    assert not (tmp_path / "envs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--verifiers", "latest"], "verifiers 'latest': not a release version (e.g. 0.4.0)"),
+        (
+            ["--verifiers", "0.3.1"],
+            "verifiers 0.3.1: the verifiers layer needs 0.4 or later (its Taskset x Harness API)",
+        ),
+        (["--server", "no/such/server"], "no/such/server: not a NeMo Gym resources server (no app.py there)"),
+        (["--agent", "no-such"], "no-such: not a NeMo Gym agent server (no app.py there)"),
+        (["no/such/config.yaml"], "no/such/config.yaml: config file not found"),
+        # a good release with a mistyped server: the server is named before verifiers' layer is built
+        (
+            ["--verifiers", "0.4.0", "--server", "no/such/server"],
+            "no/such/server: not a NeMo Gym resources server (no app.py there)",
+        ),
+    ],
+)
+def test_env_build_mistakes_are_one_line_before_anything_is_built(tmp_path: Path, args: list[str], line: str) -> None:
+    """Versions, server paths and names, the config's path: each is one line, exit 2, and no layer is built
+    (a mistyped --server path used to build the NeMo Gym base layer first: 6 minutes, 1.4 GB)."""
+    res = cli("env", "build", *args, env={"GYM_ENV_CACHE": str(tmp_path / "envs")}, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {line}"]
+    assert not (tmp_path / "envs").exists()
