@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 
 
+# a config: the scripted policy (a test double) and agents.simple on tests.envs.flaky (its verify raises for rows
+# marked "explode"), two attempts a task
+FLAKY: dict[str, Any] = {
+    "namespace": "gym",
+    "models": {"policy": {"adapter": "scripted"}},
+    "resources": {"env": {"server": "tests.envs.flaky"}},
+    "agents": {
+        "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 2}
+    },
+}
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -49,11 +62,13 @@ def prompt_key(input_items: Any) -> tuple[tuple[str, str], ...]:
     return tuple((m.get("role", ""), json.dumps(m.get("content"))) for m in input_items)
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real `gym-runtime` entry point in a subprocess."""
+def cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `gym-runtime` entry point in a subprocess (``env`` over this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "gym_runtime.cli", *args],
-        cwd=REPO,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -90,6 +105,21 @@ async def eventually(holds: Callable[[], object], within: float = 30.0) -> None:
     with anyio.fail_after(within):
         while not holds():
             await anyio.sleep(0.01)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[Any], within: float, why: Callable[[], str]) -> None:
+    """Wait until the server ``proc`` started answers ``url``/health with 200; ``RuntimeError(why())`` (say, its
+    log's tail) once it has exited or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(why()) from None
+            time.sleep(0.2)
 
 
 def nats_server_pids(under: str | Path) -> set[int]:
