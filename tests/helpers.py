@@ -20,6 +20,7 @@ import msgspec
 
 from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.model import model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -189,6 +190,17 @@ def weather(
             namespace=namespace,
         )
     )
+
+
+def weather_on_vllm(base_url: str, **options: Any) -> ResolvedConfig:
+    """The weather config one rollout at a time (a script is consumed in order), its policy the vllm adapter at
+    ``base_url`` (the stub's vLLM emulator, a test double) with token ids; ``options`` over the adapter's."""
+    cfg = weather_config(agent_concurrency=1)
+    cfg.models["policy"] = model_config(
+        {"adapter": "vllm", "base_url": base_url, "model": "tiny", "return_token_ids": True, "eos_token_id": 4}
+        | options
+    )
+    return resolve_config(cfg)
 
 
 def rows(n: int) -> list[dict[str, Any]]:
