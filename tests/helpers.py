@@ -110,7 +110,8 @@ async def eventually(holds: Callable[[], object], within: float = 30.0) -> None:
 
 def wait_healthy(url: str, proc: subprocess.Popen[Any], within: float, why: Callable[[], str]) -> None:
     """Wait until the server ``proc`` started answers ``url``/health with 200; ``RuntimeError(why())`` (say, its
-    log's tail) once it has exited or ``within`` seconds have passed."""
+    log's tail) once it has exited or ``within`` seconds have passed. A server still running then is killed
+    first, so that ``why`` can read its output to the end."""
     deadline = time.monotonic() + within
     while True:
         try:
@@ -119,6 +120,8 @@ def wait_healthy(url: str, proc: subprocess.Popen[Any], within: float, why: Call
                     return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait(timeout=30)
                 raise RuntimeError(why()) from None
             time.sleep(0.2)
 
