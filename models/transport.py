@@ -110,6 +110,17 @@ class HTTPStatusError(Exception):
         self.headers = headers
 
 
+def _status_error(status: int, content: bytes, headers: Any) -> HTTPStatusError:
+    """An error status's body (JSON, else text) read as the OpenAI client words it: the error's ``message``."""
+    try:
+        err: Any = _decoder.decode(content)
+    except msgspec.DecodeError:
+        err = content.decode("utf-8", "replace")
+    detail = err.get("error", err) if isinstance(err, dict) else err
+    message = detail.get("message", detail) if isinstance(detail, dict) else detail
+    return HTTPStatusError(f"Error code: {status} - {message}", status_code=status, body=err, headers=headers)
+
+
 class HTTPTimeout(Exception):
     """An attempt's request timed out."""
 
@@ -381,13 +392,7 @@ class Endpoint:
             raise HTTPUnreachable(f"Connection error: {type(e).__name__}: {e}") from None
         self._read_rate_headers(headers)
         if status >= 400:
-            try:
-                err: Any = _decoder.decode(content)
-            except msgspec.DecodeError:
-                err = content.decode("utf-8", "replace")
-            detail = err.get("error", err) if isinstance(err, dict) else err
-            message = detail.get("message", detail) if isinstance(detail, dict) else detail
-            raise HTTPStatusError(f"Error code: {status} - {message}", status_code=status, body=err, headers=headers)
+            raise _status_error(status, content, headers)
         try:
             return _decoder.decode(content)
         except msgspec.DecodeError:
@@ -404,16 +409,7 @@ class Endpoint:
             async with self.http.session().post(url, data=_encoder.encode(body), headers=self._headers) as raw:
                 self._read_rate_headers(raw.headers)
                 if raw.status >= 400:
-                    content = await raw.read()
-                    try:
-                        err: Any = _decoder.decode(content)
-                    except msgspec.DecodeError:
-                        err = content.decode("utf-8", "replace")
-                    detail = err.get("error", err) if isinstance(err, dict) else err
-                    message = detail.get("message", detail) if isinstance(detail, dict) else detail
-                    raise HTTPStatusError(
-                        f"Error code: {raw.status} - {message}", status_code=raw.status, body=err, headers=raw.headers
-                    )
+                    raise _status_error(raw.status, await raw.read(), raw.headers)
                 async for line in raw.content:
                     if not line.startswith(b"data:"):
                         continue

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +20,7 @@ import msgspec
 
 from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.model import model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -29,6 +31,18 @@ from gym_runtime.transport.jetstream import ensure_results_stream, ensure_stream
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = REPO / "tests" / "compat" / "nemo_gym"
+
+
+# a config: the scripted policy (a test double) and agents.simple on tests.envs.flaky (its verify raises for rows
+# marked "explode"), two attempts a task
+FLAKY: dict[str, Any] = {
+    "namespace": "gym",
+    "models": {"policy": {"adapter": "scripted"}},
+    "resources": {"env": {"server": "tests.envs.flaky"}},
+    "agents": {
+        "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 2}
+    },
+}
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -49,11 +63,13 @@ def prompt_key(input_items: Any) -> tuple[tuple[str, str], ...]:
     return tuple((m.get("role", ""), json.dumps(m.get("content"))) for m in input_items)
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real `gym-runtime` entry point in a subprocess."""
+def cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `gym-runtime` entry point in a subprocess (``env`` over this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "gym_runtime.cli", *args],
-        cwd=REPO,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -90,6 +106,24 @@ async def eventually(holds: Callable[[], object], within: float = 30.0) -> None:
     with anyio.fail_after(within):
         while not holds():
             await anyio.sleep(0.01)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[Any], within: float, why: Callable[[], str]) -> None:
+    """Wait until the server ``proc`` started answers ``url``/health with 200; ``RuntimeError(why())`` (say, its
+    log's tail) once it has exited or ``within`` seconds have passed. A server still running then is killed
+    first, so that ``why`` can read its output to the end."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait(timeout=30)
+                raise RuntimeError(why()) from None
+            time.sleep(0.2)
 
 
 def nats_server_pids(under: str | Path) -> set[int]:
@@ -159,6 +193,17 @@ def weather(
             namespace=namespace,
         )
     )
+
+
+def weather_on_vllm(base_url: str, **options: Any) -> ResolvedConfig:
+    """The weather config one rollout at a time (a script is consumed in order), its policy the vllm adapter at
+    ``base_url`` (the stub's vLLM emulator, a test double) with token ids; ``options`` over the adapter's."""
+    cfg = weather_config(agent_concurrency=1)
+    cfg.models["policy"] = model_config(
+        {"adapter": "vllm", "base_url": base_url, "model": "tiny", "return_token_ids": True, "eos_token_id": 4}
+        | options
+    )
+    return resolve_config(cfg)
 
 
 def rows(n: int) -> list[dict[str, Any]]:

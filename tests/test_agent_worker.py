@@ -17,22 +17,13 @@ from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
-from tests.helpers import ROWS, put_batch, read_jsonl
-
-CONFIG = {
-    "namespace": "gym",
-    "models": {"policy": {"adapter": "scripted"}},
-    "resources": {"env": {"server": "tests.envs.flaky"}},
-    "agents": {
-        "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 2}
-    },
-}
+from tests.helpers import FLAKY, ROWS, put_batch, read_jsonl
 
 
 async def test_rows_come_back_in_nemo_gym_shape_and_a_failing_verifier_becomes_a_failure_row(
     bus: Bus, tmp_path: Path
 ) -> None:
-    cfg = config_from_dict({**CONFIG, "base_dir": str(tmp_path)})
+    cfg = config_from_dict({**FLAKY, "base_dir": str(tmp_path)})
     rows = [ROWS[0], {**ROWS[1], "explode": True}, ROWS[2]]
     workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     async with anyio.create_task_group() as tg:
@@ -65,7 +56,7 @@ async def test_a_resource_sees_each_rollouts_task_and_rollout_index_at_seed_and_
     without them the two tasks' six rollouts fell into one cohort of rollout index -1."""
     cfg = config_from_dict(
         {
-            **CONFIG,
+            **FLAKY,
             "resources": {"env": {"server": "tests.envs.cohort"}},
             "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4}},
             "base_dir": str(tmp_path),

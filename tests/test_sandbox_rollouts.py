@@ -57,6 +57,26 @@ def config(engine: Engine, pool: str, tmp: Path, *, agent: str, timeout_s: float
     )
 
 
+async def one_row(bus: Bus, cfg: Any, batch: str, out: Path) -> dict[str, Any]:
+    """``cfg``'s workers on ``bus`` run one row as batch ``batch``: the row the collector wrote to ``out``."""
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, ROWS[:1], batch=batch, agents=["agent"])
+        with anyio.fail_after(120):
+            await Collector(bus, await put_batch(bus, batch, 1, agent="agent"), out).run()
+        tg.cancel_scope.cancel()
+    [row] = read_jsonl(out)
+    return row
+
+
+def assert_names_the_pools_image(engine: Engine, base_image: str, pool: str, prov: dict[str, Any]) -> None:
+    """The row's provenance names the pool's default image and, beside it, ``docker image inspect``'s Id of that
+    image (its first 12 hex digits, which the CLI takes too)."""
+    full = inspected_id(engine, base_image)
+    assert prov["images"] == [f"{pool}:default"] and prov["image_ids"] == [full.removeprefix("sha256:")[:12]], prov
+
+
 async def test_a_rollouts_trace_holds_its_sandbox_operations_as_children(
     nats_server: EmbeddedServer, engine: Engine, base_image: str, pool: str, tmp_path: Path
 ) -> None:
@@ -65,18 +85,11 @@ async def test_a_rollouts_trace_holds_its_sandbox_operations_as_children(
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=tel, name="traced")
     await ensure_streams(bus)
     cfg = config(engine, pool, tmp_path, agent="tests.envs.sandboxed", timeout_s=120)
-    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
     try:
-        async with anyio.create_task_group() as tg:
-            await start_workers(tg, workers)
-            await publish_rows(bus, ROWS[:1], batch="t", agents=["agent"])
-            with anyio.fail_after(120):
-                await Collector(bus, await put_batch(bus, "t", 1, agent="agent"), tmp_path / "out.jsonl").run()
-            tg.cancel_scope.cancel()
+        row = await one_row(bus, cfg, "t", tmp_path / "out.jsonl")
     finally:
         tel.shutdown()  # flushes every span
         await bus.close()
-    [row] = read_jsonl(tmp_path / "out.jsonl")
     assert row["reward"] == 1.0
 
     spans = read_jsonl(spans_file)
@@ -177,21 +190,12 @@ def inspected_id(engine: Engine, ref: str) -> str:
 async def test_a_rows_provenance_names_the_content_of_the_image_its_sandbox_ran(
     bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
 ) -> None:
-    """The agent's sandbox ran the pool's default image: the row names it, and beside it the image's content id,
-    which is ``docker image inspect``'s Id of that image (its first 12 hex digits, which the CLI takes too)."""
+    """The agent's sandbox ran the pool's default image: the row names it, and beside it the image's content id
+    (a short Id the CLI takes, naming the same image)."""
     cfg = config(engine, pool, tmp_path, agent="tests.envs.sandboxed", timeout_s=120)
-    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
-    async with anyio.create_task_group() as tg:
-        await start_workers(tg, workers)
-        await publish_rows(bus, ROWS[:1], batch="p", agents=["agent"])
-        with anyio.fail_after(120):
-            await Collector(bus, await put_batch(bus, "p", 1, agent="agent"), tmp_path / "out.jsonl").run()
-        tg.cancel_scope.cancel()
-    [row] = read_jsonl(tmp_path / "out.jsonl")
-    prov = row["provenance"]
-    full = inspected_id(engine, base_image)
-    assert prov["images"] == [f"{pool}:default"] and prov["image_ids"] == [full.removeprefix("sha256:")[:12]], prov
-    assert inspected_id(engine, prov["image_ids"][0]) == full
+    prov = (await one_row(bus, cfg, "p", tmp_path / "out.jsonl"))["provenance"]
+    assert_names_the_pools_image(engine, base_image, pool, prov)
+    assert inspected_id(engine, prov["image_ids"][0]) == inspected_id(engine, base_image)
 
 
 async def test_the_environments_own_sandbox_is_in_the_rows_provenance(
@@ -200,17 +204,8 @@ async def test_the_environments_own_sandbox_is_in_the_rows_provenance(
     """An agent with no sandbox of its own (``agents.simple``) and an environment whose ``verify`` runs in one:
     the row names that sandbox's image and content all the same (the resource worker reports its session's)."""
     cfg = config(engine, pool, tmp_path, agent="agents.simple", timeout_s=120)
-    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
-    async with anyio.create_task_group() as tg:
-        await start_workers(tg, workers)
-        await publish_rows(bus, ROWS[:1], batch="e", agents=["agent"])
-        with anyio.fail_after(120):
-            await Collector(bus, await put_batch(bus, "e", 1, agent="agent"), tmp_path / "out.jsonl").run()
-        tg.cancel_scope.cancel()
-    [row] = read_jsonl(tmp_path / "out.jsonl")
-    prov = row["provenance"]
-    full = inspected_id(engine, base_image)
-    assert prov["images"] == [f"{pool}:default"] and prov["image_ids"] == [full.removeprefix("sha256:")[:12]], prov
+    prov = (await one_row(bus, cfg, "e", tmp_path / "out.jsonl"))["provenance"]
+    assert_names_the_pools_image(engine, base_image, pool, prov)
 
 
 async def test_a_warm_sandbox_reports_the_content_of_its_image_too(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import msgspec
 import pytest
@@ -26,6 +28,18 @@ async def store(bus: Bus, task: int, *, failed: bool = False) -> None:
     )
     await ensure_results_stream(bus, "a")
     await bus.js_publish(bus.subjects.result("a", "w"), res, msg_id=f"w:{task}:0")
+
+
+async def snapshot_once_done(bus: Bus, batch: str, done: int) -> dict[str, Any]:
+    """``batch``'s watch snapshot once it has counted ``done`` results."""
+    async with anyio.create_task_group() as tg:
+        watch = await BatchWatch.open(bus, batch, tg)
+        with anyio.fail_after(30):
+            while watch.snapshot()["done"] < done:
+                await anyio.sleep(0.05)
+        snap = watch.snapshot()
+        tg.cancel_scope.cancel()
+    return snap
 
 
 async def test_a_batch_is_counted_as_its_results_land(bus: Bus) -> None:
@@ -70,13 +84,7 @@ async def test_a_forged_reward_on_the_lost_subject_and_an_unreadable_body_count_
     await bus.nc.publish(bus.subjects.result("a", "w"), b"not a result", headers={"Nats-Msg-Id": "w:1:0"})
     await bus.nc.flush()
     await store(bus, 2)
-    async with anyio.create_task_group() as tg:
-        watch = await BatchWatch.open(bus, "w", tg)
-        with anyio.fail_after(30):
-            while watch.snapshot()["done"] < 3:
-                await anyio.sleep(0.05)
-        snap = watch.snapshot()
-        tg.cancel_scope.cancel()
+    snap = await snapshot_once_done(bus, "w", 3)
     assert (snap["done"], snap["failed"]) == (3, 2)
 
 
@@ -96,13 +104,7 @@ async def test_a_batch_says_what_its_results_cost_failed_ones_apart(bus: Bus) ->
     error = ErrorInfo(error_class="timeout", message="x")
     failed = RolloutResult(batch="c", task_index=2, rollout_index=0, agent="a", error=error, cost=spent)
     await bus.js_publish(bus.subjects.result("a", "c"), failed, msg_id="c:2:0")
-    async with anyio.create_task_group() as tg:
-        watch = await BatchWatch.open(bus, "c", tg)
-        with anyio.fail_after(30):
-            while watch.snapshot()["done"] < 3:
-                await anyio.sleep(0.05)
-        snap = watch.snapshot()
-        tg.cancel_scope.cancel()
+    snap = await snapshot_once_done(bus, "c", 3)
     assert snap["cost"]["rollouts"] == {
         "models": {"policy": {"calls": 4, "input_tokens": 60, "output_tokens": 8}},
         "stored_bytes": stored,

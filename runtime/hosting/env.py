@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -192,33 +192,58 @@ def _pip(python: Path, args: list[str], log_path: Path, log: Log, label: str) ->
         raise EnvError(f"{label}: pip install failed ({last[:200]}); see {log_path}")
 
 
-def _step(prefix: Path, name: str) -> Path:
-    return prefix / f".step-{name}"
+def _once(prefix: Path, name: str, step: Callable[[], object]) -> None:
+    """A resumable build step: ``step`` runs unless its marker says an interrupted build already did it."""
+    marker = prefix / f".step-{name}"
+    if not marker.is_file():
+        step()
+        marker.touch()
 
 
-def build_base(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
-    """The shared layer: nemo-gym and gym-runtime's dependencies (no gym-runtime code). Returns (path, build s)."""
-    deps = sorted(runtime_dependencies(repo))
-    prefix = cache_dir() / f"base-{_key(_python_version(python), os.path.realpath(python), version, deps)}"
+def _venv(python: str | Path, prefix: Path, *flags: str) -> None:
+    subprocess.run([str(python), "-m", "venv", *flags, str(prefix)], check=True, capture_output=True)
+
+
+def _install_runtime(prefix: Path, repo: Path, log: Log) -> None:
+    """gym-runtime from ``repo``, editable through an import hook (lenient), not the link tree under the checkout's
+    build/ that the checkout's own editable install uses: rebuilding that tree here would pull files from under
+    running workers."""
+    editable = ["--config-settings", "editable_mode=lenient", "-e", str(repo)]
+    _pip(prefix / "bin" / "python", ["--no-deps", *editable], prefix / "build.log", log, "gym-runtime")
+
+
+def _build_layer(
+    prefix: Path, what: str, detail: str, fill: Callable[[], None], record: Mapping[str, object], log: Log
+) -> tuple[Path, float]:
+    """The layer at ``prefix`` (its name the hash of what goes in it), built by ``fill()`` unless a complete
+    one is there: one builder at a time, resumable, logged. Returns (path, build s; 0.0 when it was cached)."""
     if (prefix / ".complete").is_file():
         return prefix, 0.0
     t0 = time.monotonic()
     with _locked(prefix):
         if (prefix / ".complete").is_file():
             return prefix, 0.0
-        log(f"env: building the base layer {prefix.name} (nemo-gym=={version} + gym-runtime's dependencies)")
-        if not _step(prefix, "venv").is_file():
-            subprocess.run([python, "-m", "venv", str(prefix)], check=True, capture_output=True)
-            _step(prefix, "venv").touch()
-        py = prefix / "bin" / "python"
-        if not _step(prefix, "packages").is_file():
-            # nemo-gym's metadata asks for Python >= 3.13.14; the 3.13 line runs it (measured)
-            _pip(py, ["--ignore-requires-python", f"nemo-gym=={version}", *deps], prefix / "build.log", log, "base")
-            _step(prefix, "packages").touch()
-        (prefix / ".complete").write_text(json.dumps({"nemo_gym": version, "python": python, "deps": deps}))
+        log(f"env: building the {what} layer {prefix.name} ({detail})")
+        fill()
+        (prefix / ".complete").write_text(json.dumps(record))
     took = time.monotonic() - t0
-    log(f"env: base layer built in {took:.0f}s ({disk_mb(prefix):.0f} MB)")
+    log(f"env: {what} layer built in {took:.0f}s ({disk_mb(prefix):.1f} MB)")
     return prefix, took
+
+
+def build_base(python: str, version: str, repo: Path, log: Log) -> tuple[Path, float]:
+    """The shared layer: nemo-gym and gym-runtime's dependencies (no gym-runtime code). Returns (path, build s)."""
+    deps = sorted(runtime_dependencies(repo))
+    prefix = cache_dir() / f"base-{_key(_python_version(python), os.path.realpath(python), version, deps)}"
+
+    def fill() -> None:
+        _once(prefix, "venv", lambda: _venv(python, prefix))
+        # nemo-gym's metadata asks for Python >= 3.13.14; the 3.13 line runs it (measured)
+        pins = ["--ignore-requires-python", f"nemo-gym=={version}", *deps]
+        _once(prefix, "packages", lambda: _pip(prefix / "bin" / "python", pins, prefix / "build.log", log, "base"))
+
+    detail = f"nemo-gym=={version} + gym-runtime's dependencies"
+    return _build_layer(prefix, "base", detail, fill, {"nemo_gym": version, "python": python, "deps": deps}, log)
 
 
 ServerKind = Literal["resources_servers", "responses_api_agents"]
@@ -318,36 +343,26 @@ def unsatisfied(base: Path, reqs: list[str]) -> list[str]:
 def build_server_layer(base: Path, python: str, extras: list[str], repo: Path, log: Log) -> tuple[Path, float]:
     # the entry points the editable install publishes (its metadata is written once, when the layer is built)
     prefix = cache_dir() / f"env-{_key(base.name, extras, str(repo), entry_points(repo))}"
-    if (prefix / ".complete").is_file():
-        return prefix, 0.0
-    t0 = time.monotonic()
-    with _locked(prefix):
-        if (prefix / ".complete").is_file():
-            return prefix, 0.0
-        what = f" + {', '.join(extras)}" if extras else ""
-        log(f"env: building the server layer {prefix.name} (gym-runtime from {repo}{what})")
-        if not _step(prefix, "venv").is_file():
-            subprocess.run([python, "-m", "venv", "--without-pip", str(prefix)], check=True, capture_output=True)
-            # the base's packages (pip included) come after this layer's own on sys.path
-            base_site = _site_packages(base)
-            (_site_packages(prefix) / "_gym_base_layer.pth").write_text(
-                f"import site; site.addsitedir({str(base_site)!r})\n"
-            )
-            _step(prefix, "venv").touch()
+
+    def venv() -> None:
+        _venv(python, prefix, "--without-pip")
+        # the base's packages (pip included) come after this layer's own on sys.path
+        base_site = _site_packages(base)
+        (_site_packages(prefix) / "_gym_base_layer.pth").write_text(
+            f"import site; site.addsitedir({str(base_site)!r})\n"
+        )
+
+    def fill() -> None:
+        _once(prefix, "venv", venv)
         py = prefix / "bin" / "python"
-        if extras and not _step(prefix, "extras").is_file():
-            _pip(py, ["--ignore-requires-python", *extras], prefix / "build.log", log, "server layer")
-            _step(prefix, "extras").touch()
-        if not _step(prefix, "runtime").is_file():
-            # an import hook (lenient), not the link tree under the checkout's build/ that the checkout's own
-            # editable install uses: rebuilding that tree here would pull files from under running workers
-            editable = ["--config-settings", "editable_mode=lenient", "-e", str(repo)]
-            _pip(py, ["--no-deps", *editable], prefix / "build.log", log, "gym-runtime")
-            _step(prefix, "runtime").touch()
-        (prefix / ".complete").write_text(json.dumps({"base": base.name, "extras": extras, "repo": str(repo)}))
-    took = time.monotonic() - t0
-    log(f"env: server layer built in {took:.0f}s ({disk_mb(prefix):.1f} MB)")
-    return prefix, took
+        if extras:
+            pins = ["--ignore-requires-python", *extras]
+            _once(prefix, "extras", lambda: _pip(py, pins, prefix / "build.log", log, "server layer"))
+        _once(prefix, "runtime", lambda: _install_runtime(prefix, repo, log))
+
+    detail = f"gym-runtime from {repo}" + (f" + {', '.join(extras)}" if extras else "")
+    record = {"base": base.name, "extras": extras, "repo": str(repo)}
+    return _build_layer(prefix, "server", detail, fill, record, log)
 
 
 def disk_mb(path: Path) -> float:
@@ -514,59 +529,38 @@ def build_verifiers_layer(python: str, version: str, repo: Path, log: Log) -> tu
     wheelhouse with what its chat harnesses' scripts need, checked by running ``uv sync --script`` offline once."""
     deps = sorted(runtime_dependencies(repo))
     prefix = verifiers_prefix(python, version, repo)
-    if (prefix / ".complete").is_file():
-        return prefix, 0.0
-    t0 = time.monotonic()
-    with _locked(prefix):
-        if (prefix / ".complete").is_file():
-            return prefix, 0.0
-        log(f"env: building the verifiers layer {prefix.name} (verifiers=={version} + gym-runtime's dependencies)")
-        build_log = prefix / "build.log"
-        if not _step(prefix, "venv").is_file():
-            subprocess.run([python, "-m", "venv", str(prefix)], check=True, capture_output=True)
-            _step(prefix, "venv").touch()
+
+    def fill() -> None:
+        _once(prefix, "venv", lambda: _venv(python, prefix))
         py = prefix / "bin" / "python"
-        if not _step(prefix, "packages").is_file():
-            _pip(py, [f"verifiers=={version}", "uv", *deps], build_log, log, "verifiers layer")
-            _step(prefix, "packages").touch()
-        if not _step(prefix, "runtime").is_file():
-            editable = ["--config-settings", "editable_mode=lenient", "-e", str(repo)]
-            _pip(py, ["--no-deps", *editable], build_log, log, "gym-runtime")
-            _step(prefix, "runtime").touch()
-        if not _step(prefix, "wheelhouse").is_file():
-            scripts = json.loads(_run_logged([str(py), "-c", _SCRIPT_DEPS], build_log, "reading verifiers' scripts"))
-            log(f"env: fetching the chat harness's script dependencies ({', '.join(scripts['dependencies'])})")
-            wheels = prefix / "wheelhouse"
-            _run_logged(
-                [
-                    str(py),
-                    "-m",
-                    "pip",
-                    "download",
-                    "--only-binary",
-                    ":all:",
-                    "-d",
-                    str(wheels),
-                    *scripts["dependencies"],
-                ],
-                build_log,
-                "downloading the scripts' dependencies",
-            )
-            _simple_index(wheels)
-            # the step a rollout's runtime makes (verifiers sets UV_OFFLINE=false for it), with every proxy a dead
-            # port: the script's environment resolves from the wheelhouse, or the build fails here
-            probe = prefix / "scripts" / "chat_program.py"
-            probe.parent.mkdir(exist_ok=True)
-            probe.write_text(scripts["source"])
-            dead = {v: "http://127.0.0.1:9" for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "https_proxy")}
-            env = {**uv_environ(prefix), **dead, "UV_OFFLINE": "false"}
-            uv = str(prefix / "bin" / "uv")
-            _run_logged([uv, "sync", "--script", str(probe), "-q", "--no-config"], build_log, "uv sync --script", env)
-            _step(prefix, "wheelhouse").touch()
-        (prefix / ".complete").write_text(json.dumps({"verifiers": version, "python": python, "deps": deps}))
-    took = time.monotonic() - t0
-    log(f"env: verifiers layer built in {took:.0f}s ({disk_mb(prefix):.0f} MB)")
-    return prefix, took
+        pins = [f"verifiers=={version}", "uv", *deps]
+        _once(prefix, "packages", lambda: _pip(py, pins, prefix / "build.log", log, "verifiers layer"))
+        _once(prefix, "runtime", lambda: _install_runtime(prefix, repo, log))
+        _once(prefix, "wheelhouse", lambda: _script_wheelhouse(prefix, log))
+
+    detail = f"verifiers=={version} + gym-runtime's dependencies"
+    record = {"verifiers": version, "python": python, "deps": deps}
+    return _build_layer(prefix, "verifiers", detail, fill, record, log)
+
+
+def _script_wheelhouse(prefix: Path, log: Log) -> None:
+    """The wheels verifiers' chat harness scripts need, as a local index, checked by the ``uv sync --script`` a
+    rollout makes (verifiers sets UV_OFFLINE=false for it) with every proxy a dead port: the script's environment
+    resolves from the wheelhouse, or the build fails here."""
+    py, build_log = prefix / "bin" / "python", prefix / "build.log"
+    scripts = json.loads(_run_logged([str(py), "-c", _SCRIPT_DEPS], build_log, "reading verifiers' scripts"))
+    log(f"env: fetching the chat harness's script dependencies ({', '.join(scripts['dependencies'])})")
+    wheels = prefix / "wheelhouse"
+    download = [str(py), "-m", "pip", "download", "--only-binary", ":all:", "-d", str(wheels), *scripts["dependencies"]]
+    _run_logged(download, build_log, "downloading the scripts' dependencies")
+    _simple_index(wheels)
+    probe = prefix / "scripts" / "chat_program.py"
+    probe.parent.mkdir(exist_ok=True)
+    probe.write_text(scripts["source"])
+    dead = {v: "http://127.0.0.1:9" for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "https_proxy")}
+    env = {**uv_environ(prefix), **dead, "UV_OFFLINE": "false"}
+    uv = str(prefix / "bin" / "uv")
+    _run_logged([uv, "sync", "--script", str(probe), "-q", "--no-config"], build_log, "uv sync --script", env)
 
 
 @dataclass(frozen=True)

@@ -84,58 +84,10 @@ class Meters:
         self._cost_estimated: dict[tuple[str, str], float] = {}
         self._cost_sandbox_cpu: dict[tuple[str, str], float] = {}  # seconds by (agent, outcome)
         meter = (provider or NoOpMeterProvider()).get_meter("gym_runtime")
-        meter.create_observable_counter(
-            "gym.cost.tokens",
-            [self._observe_cost_tokens],
-            unit="{token}",
-            description="model tokens of finished rollouts per agent and model entry (judges too), failed apart",
-        )
-        meter.create_observable_counter(
-            "gym.cost.estimated",
-            [self._observe_cost_estimated],
-            unit="1",
-            description="estimated cost of finished rollouts (pricing: in pricing.currency), failed apart",
-        )
-        meter.create_observable_counter(
-            "gym.cost.sandbox_cpu",
-            [self._observe_cost_sandbox_cpu],
-            unit="s",
-            description="CPU seconds the sandboxes of finished rollouts used, where counted, failed apart",
-        )
-        meter.create_observable_counter(
-            "gym.rollouts.completed",
-            [self._observe_completed],
-            unit="{rollout}",
-            description="rollouts that produced a row",
-        )
-        meter.create_observable_counter(
-            "gym.rollouts.failed",
-            [self._observe_failed],
-            unit="{rollout}",
-            description="rollouts that ended as a failure row, by error class",
-        )
-        meter.create_observable_counter(
-            "gym.model.tokens",
-            [self._observe_tokens],
-            unit="{token}",
-            description="model tokens in (prompt) and out (completion)",
-        )
         self.stage = meter.create_histogram(
             "gym.stage.duration", unit="s", description="time spent per stage of a rollout"
         )
         self.reward = meter.create_histogram("gym.reward", unit="1", description="reward of completed rollouts")
-        meter.create_observable_gauge(
-            "gym.inflight",
-            [self._observe_inflight],
-            unit="{item}",
-            description="rollouts / model calls in progress per worker kind",
-        )
-        meter.create_observable_gauge(
-            "gym.slots", [self._observe_slots], unit="{slot}", description="concurrency slots per worker kind"
-        )
-        meter.create_observable_gauge(
-            "gym.sessions", [self._observe_sessions], unit="{session}", description="open resource sessions"
-        )
         self.sandbox_acquire = meter.create_histogram(
             "gym.sandbox.acquire", unit="s", description="a sandbox create's time in its worker (warm or cold)"
         )
@@ -145,27 +97,41 @@ class Meters:
         self.sandbox_exec = meter.create_histogram(
             "gym.sandbox.exec", unit="s", description="a sandbox command's time in its worker (the engine's exec)"
         )
-        for key, kind, what in (
-            ("live", "gauge", "sandboxes held (leased, warm or being created) per pool"),
-            ("warm", "gauge", "idle warm sandboxes ready per pool"),
-            ("created", "counter", "containers created per pool (warm ones included)"),
-            ("warm_hits", "counter", "creates served from the warm pool"),
-            ("reaped", "counter", "containers removed by the reaper or the idle timeout"),
-        ):
+        for kind, name, observe, unit, what in self._observed():
             make = meter.create_observable_gauge if kind == "gauge" else meter.create_observable_counter
-            make(f"gym.sandbox.{key}", [self._observe_sandbox(key)], unit="{sandbox}", description=what)
-        meter.create_observable_gauge(
-            "gym.queue.pending",
-            [self._observe_queue("pending")],
-            unit="{message}",
-            description="messages waiting in a work queue, per consumer",
-        )
-        meter.create_observable_gauge(
-            "gym.queue.ack_pending",
-            [self._observe_queue("ack_pending")],
-            unit="{message}",
-            description="messages delivered but not yet acked",
-        )
+            make(name, [observe], unit=unit, description=what)
+
+    def _observed(self) -> list[tuple[str, str, Any, str, str]]:
+        """The instruments the SDK reads when it collects: (gauge or counter, name, callback, unit, description)."""
+        sandbox = [
+            ("gauge", "live", "sandboxes held (leased, warm or being created) per pool"),
+            ("gauge", "warm", "idle warm sandboxes ready per pool"),
+            ("counter", "created", "containers created per pool (warm ones included)"),
+            ("counter", "warm_hits", "creates served from the warm pool"),
+            ("counter", "reaped", "containers removed by the reaper or the idle timeout"),
+        ]
+        return [
+            ("counter", "gym.cost.tokens", self._observe_cost_tokens, "{token}",
+             "model tokens of finished rollouts per agent and model entry (judges too), failed apart"),
+            ("counter", "gym.cost.estimated", self._observe_cost_estimated, "1",
+             "estimated cost of finished rollouts (pricing: in pricing.currency), failed apart"),
+            ("counter", "gym.cost.sandbox_cpu", self._observe_cost_sandbox_cpu, "s",
+             "CPU seconds the sandboxes of finished rollouts used, where counted, failed apart"),
+            ("counter", "gym.rollouts.completed", self._observe_completed, "{rollout}", "rollouts that produced a row"),
+            ("counter", "gym.rollouts.failed", self._observe_failed, "{rollout}",
+             "rollouts that ended as a failure row, by error class"),
+            ("counter", "gym.model.tokens", self._observe_tokens, "{token}",
+             "model tokens in (prompt) and out (completion)"),
+            ("gauge", "gym.inflight", self._observe_inflight, "{item}",
+             "rollouts / model calls in progress per worker kind"),
+            ("gauge", "gym.slots", self._observe_slots, "{slot}", "concurrency slots per worker kind"),
+            ("gauge", "gym.sessions", self._observe_sessions, "{session}", "open resource sessions"),
+            *[(kind, f"gym.sandbox.{k}", self._observe_sandbox(k), "{sandbox}", what) for kind, k, what in sandbox],
+            ("gauge", "gym.queue.pending", self._observe_queue("pending"), "{message}",
+             "messages waiting in a work queue, per consumer"),
+            ("gauge", "gym.queue.ack_pending", self._observe_queue("ack_pending"), "{message}",
+             "messages delivered but not yet acked"),
+        ]  # fmt: skip
 
     # -- recording (hot path) -----------------------------------------------------------------------
     def stage_time(self, stage: str, name: str, seconds: float) -> None:

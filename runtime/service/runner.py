@@ -100,47 +100,33 @@ async def open_buses(
     (``pool_key``) gets a connection of its own when the node holds that pool's credential
     (``{role}.{NAME}.creds``), else shares the role's.
     """
-    if auth is None:
-        bus = await Bus.connect(
+
+    def connect(conn: str, **creds: Any) -> Awaitable[Bus]:
+        """A connection named ``conn``; ``creds``: the secured bus's auth, role and pool."""
+        return Bus.connect(
             url,
             namespace=namespace,
             telemetry=telemetry,
-            name=name,
+            name=conn,
             initial_timeout=initial_timeout,
             jetstream=jetstream,
+            **creds,
         )
-        return dict.fromkeys(roles, bus)
+
+    if auth is None:
+        return dict.fromkeys(roles, await connect(name))
     buses: dict[str, Bus] = {}
     try:
         for key in dict.fromkeys(roles):
             role, _, pool = key.partition(".")
             if pool and auth.pool_creds(role, pool) is None:
                 continue  # served by the role's connection, opened below
-            buses[key] = await Bus.connect(
-                url,
-                namespace=namespace,
-                telemetry=telemetry,
-                name=f"{name}-{key}",
-                initial_timeout=initial_timeout,
-                auth=auth,
-                role=role,
-                pool=pool or None,
-                jetstream=jetstream,
-            )
+            buses[key] = await connect(f"{name}-{key}", auth=auth, role=role, pool=pool or None)
         for key in dict.fromkeys(roles):
             role = key.partition(".")[0]
             if key not in buses:
                 if role not in buses:
-                    buses[role] = await Bus.connect(
-                        url,
-                        namespace=namespace,
-                        telemetry=telemetry,
-                        name=f"{name}-{role}",
-                        initial_timeout=initial_timeout,
-                        auth=auth,
-                        role=role,
-                        jetstream=jetstream,
-                    )
+                    buses[role] = await connect(f"{name}-{role}", auth=auth, role=role)
                 buses[key] = buses[role]
     except BaseException:
         with anyio.CancelScope(shield=True):

@@ -57,6 +57,25 @@ async def take(batch: Any, n: int) -> list[dict[str, Any]]:
         return [await batch.__anext__() for _ in range(n)]
 
 
+async def update_midway(
+    url: str, tasks: list[dict[str, Any]], first: int, last: int, **submit: Any
+) -> tuple[int, int, dict[tuple[int, int], list[int]]]:
+    """Two repeats of ``tasks`` at staleness 0 under version 1: ``first`` rows taken, the policy updated to 2 once
+    nothing runs, then the ``last`` rows. Returns (rollouts started, redone, policy versions by (task, rollout))."""
+    async with Client(weather(delay_s=0.02, agent_concurrency=8), nats=url) as client:
+        await client.set_policy_version(1)
+        batch = await client.submit(tasks, repeats=2, max_staleness=0, **submit)
+        got = await take(batch, first)
+        await batch.consumed(first)
+        await idle(client)
+        assert started(client) == first
+        await update(client, 2)
+        got += await take(batch, last)
+        await batch.consumed(last)
+        done = (started(client), batch.redone)
+    return *done, {(r["_ng_task_index"], r["_ng_rollout_index"]): r["policy_versions"] for r in got}
+
+
 async def test_started_never_exceeds_the_bound_and_nothing_is_discarded(nats_server) -> None:
     S, B, steps = 0, 4, 3
     async with Client(weather(delay_s=0.05, agent_concurrency=8), nats=nats_server.url) as client:
@@ -83,34 +102,16 @@ async def test_started_never_exceeds_the_bound_and_nothing_is_discarded(nats_ser
 async def test_a_straddling_group_redoes_only_its_stale_members(nats_server) -> None:
     """B=3 with groups of 2: the second group's first member starts under version 1, its second could not
     start in bound and is redone under version 2; the first member is not run again."""
-    async with Client(weather(delay_s=0.02, agent_concurrency=8), nats=nats_server.url) as client:
-        await client.set_policy_version(1)
-        batch = await client.submit(ROWS[:2], repeats=2, max_staleness=0, batch_size=3)
-        first = await take(batch, 3)
-        await batch.consumed(3)
-        await idle(client)
-        assert started(client) == 3
-        await update(client, 2)
-        last = await take(batch, 1)
-        await batch.consumed(1)
-        assert started(client) == 4 and batch.redone == 1
-    versions = {(r["_ng_task_index"], r["_ng_rollout_index"]): r["policy_versions"] for r in first + last}
+    started_n, redone, versions = await update_midway(nats_server.url, ROWS[:2], 3, 1, batch_size=3)
+    assert (started_n, redone) == (4, 1)
     assert versions == {(0, 0): [1, 1], (0, 1): [1, 1], (1, 0): [1, 1], (1, 1): [2, 2]}
 
 
 async def test_group_staleness_group_starts_and_redoes_a_group_whole(nats_server) -> None:
-    async with Client(weather(delay_s=0.02, agent_concurrency=8), nats=nats_server.url) as client:
-        await client.set_policy_version(1)
-        batch = await client.submit(ROWS[:3], repeats=2, max_staleness=0, batch_size=4, group_staleness="group")
-        first = await take(batch, 4)
-        await batch.consumed(4)
-        await idle(client)
-        assert started(client) == 4
-        await update(client, 2)
-        last = await take(batch, 2)
-        await batch.consumed(2)
-        assert started(client) == 6 and batch.redone == 2
-    versions = {(r["_ng_task_index"], r["_ng_rollout_index"]): r["policy_versions"] for r in first + last}
+    started_n, redone, versions = await update_midway(
+        nats_server.url, ROWS[:3], 4, 2, batch_size=4, group_staleness="group"
+    )
+    assert (started_n, redone) == (6, 2)
     assert {k: v for k, v in versions.items() if k[0] == 2} == {(2, 0): [2, 2], (2, 1): [2, 2]}
     assert all(v == [1, 1] for k, v in versions.items() if k[0] < 2)
 

@@ -17,8 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ import pytest
 
 from gym_runtime.resources.openenv import action_tool
 from tests.envs.openenv_counter import CountAction
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, read_jsonl, wait_healthy, write_jsonl
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
 
@@ -122,16 +120,10 @@ def _serve(work: Path, script: str, *args: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"OpenEnv server did not start: {proc.stderr.read().decode()[-2000:]}") from None
-                time.sleep(0.2)
+        err = proc.stderr
+        assert err is not None
+        # 240 s: the server came up after more than 60 s here at load 13 (openreward's SDK likewise)
+        wait_healthy(url, proc, 240, lambda: f"OpenEnv server did not start: {err.read().decode()[-2000:]}")
         yield url
     finally:
         proc.terminate()  # a step still blocked in the hang test holds uvicorn's shutdown: then kill it

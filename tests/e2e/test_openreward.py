@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, cli, read_jsonl, wait_healthy, write_jsonl
 
 # the extra is in dev; imported only where used (the SDK imports anthropic, google-genai, ...: seconds)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openreward") is None, reason="needs gym-runtime[openreward]")
@@ -78,18 +77,9 @@ def _start(work: Path, script: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _wait_up(work: Path, proc: subprocess.Popen[bytes], url: str, script: str) -> None:
-    deadline = time.monotonic() + 240  # the SDK's import alone took 30-40 s here at load 9
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(  # noqa: B904 - the log says why
-                    f"{script}: the SDK's server did not start: {(work / f'{script}.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.3)
+    # 240 s: the SDK's import alone took 30-40 s here at load 9
+    log = work / f"{script}.log"
+    wait_healthy(url, proc, 240, lambda: f"{script}: the SDK's server did not start: {log.read_text()[-2000:]}")
 
 
 def _tag(rows: list[dict[str, Any]], agent: str, **extra: Any) -> list[dict[str, Any]]:
@@ -178,31 +168,18 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
         (quiz_url, repair_url) = (url for _, url in servers)
         (work / "config.yaml").write_text(_config(quiz_url, repair_url))
         write_jsonl(work / "rows.jsonl", _cases())
-        cmd = [
-            sys.executable,
-            "-m",
-            "gym_runtime.cli",
-            "run",
-            "config.yaml",
-            "-i",
-            "rows.jsonl",
-            "-o",
-            "out.jsonl",
-            "-q",
-        ]
         started = time.monotonic()
-        res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=900, check=False)
+        res = cli(
+            "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q", timeout=900, cwd=work, env=_env(work)
+        )
         assert (work / "out.jsonl").exists(), res.stderr[-3000:]
         took = time.monotonic() - started
         # reverify serves one agent's resource: the multi-step environment's rows (in process)
         write_jsonl(
             work / "repair.jsonl", [r for r in read_jsonl(work / "out.jsonl") if r["agent_ref"]["name"] == "repair"]
         )
-        cmd = [sys.executable, "-m", "gym_runtime.cli", "reverify", "config.yaml", "-i", "repair.jsonl", "--agent"]
-        again = subprocess.run(
-            [*cmd, "repair", "-o", "reverified.jsonl"], cwd=work, env=_env(work), capture_output=True, text=True,
-            timeout=900, check=False,
-        )  # fmt: skip
+        reverify = ["reverify", "config.yaml", "-i", "repair.jsonl", "--agent", "repair", "-o", "reverified.jsonl"]
+        again = cli(*reverify, timeout=900, cwd=work, env=_env(work))
         yield Batch(work, quiz_url, repair_url, res, took, again)
     finally:
         for proc, _ in servers:
@@ -325,17 +302,9 @@ def test_prepare_writes_the_environments_own_tasks_and_validate_wants_a_task_spe
         "resources:\n  repair: {server: resources.openreward, options: {env: 'ors_repair:Repair'}}\n"
         "agents:\n  fixer: {agent: agents.simple, model: policy, resource: repair}\n"
     )
-    cli = [sys.executable, "-m", "gym_runtime.cli"]
     env = _env(tmp_path)
-    res = subprocess.run(
-        [*cli, "prepare", "config.yaml", "-i", "fixer=env:train", "-o", "data", "--val-fraction", "0"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    prepare = ["prepare", "config.yaml", "-i", "fixer=env:train", "-o", "data", "--val-fraction", "0"]
+    res = cli(*prepare, timeout=300, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     got = sorted(read_jsonl(tmp_path / "data" / "train.jsonl"), key=lambda r: r["task_spec"]["id"])
     want = _rows("ors_repair:Repair")
@@ -343,15 +312,7 @@ def test_prepare_writes_the_environments_own_tasks_and_validate_wants_a_task_spe
     assert [t["name"] for t in got[0]["responses_create_params"]["tools"]] == ["fix", "inspect", "submit"]
 
     write_jsonl(tmp_path / "bad.jsonl", [{"responses_create_params": {"input": "hi"}}])
-    res = subprocess.run(
-        [*cli, "validate", "config.yaml", "-i", "bad.jsonl"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    res = cli("validate", "config.yaml", "-i", "bad.jsonl", cwd=tmp_path, env=env)
     assert res.returncode == 2 and "bad.jsonl:1" in res.stderr and "task_spec" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
 
@@ -385,21 +346,15 @@ def test_the_sdks_own_template_runs_unchanged(tmp_path: Path) -> None:
         "agents:\n  solver: {agent: agents.simple, model: policy, resource: basic, max_steps: 4, max_attempts: 1}\n"
     )
     env = {**_env(tmp_path), "PYTHONPATH": str(tmp_path)}
-    cli = [sys.executable, "-m", "gym_runtime.cli"]
     for split in ("train", "test"):
-        res = subprocess.run(
-            [*cli, "prepare", "config.yaml", "-i", f"solver=env:{split}", "-o", split, "--val-fraction", "0"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+        prepare = ["prepare", "config.yaml", "-i", f"solver=env:{split}", "-o", split, "--val-fraction", "0"]
+        res = cli(*prepare, timeout=600, cwd=tmp_path, env=env)
         assert res.returncode == 0, res.stderr[-2000:]
     write_jsonl(
         tmp_path / "rows.jsonl",
         [*read_jsonl(tmp_path / "train/train.jsonl"), *read_jsonl(tmp_path / "test/train.jsonl")],
     )
-    res = subprocess.run(
-        [*cli, "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    res = cli("run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q", timeout=900, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["task_spec"]["id"])
     assert [r["task_spec"]["id"] for r in rows] == ["test-0", "train-0"]

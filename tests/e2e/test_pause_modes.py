@@ -18,7 +18,7 @@ from gym_runtime.config import ResolvedConfig, resolve_config
 from gym_runtime.model import model_config
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers import control
-from tests.helpers import ROWS, weather, weather_config
+from tests.helpers import ROWS, weather, weather_config, weather_on_vllm
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
 ANSWER = "It is sunny in San Francisco today, with a light breeze from the west and no rain expected. " * 3
@@ -41,20 +41,7 @@ class Continuing:
 
 
 def streaming(stub: StubOpenAI, **extra: Any) -> ResolvedConfig:
-    cfg = weather_config(agent_concurrency=1)
-    cfg.models["policy"] = model_config(
-        {
-            "adapter": "vllm",
-            "base_url": stub.base_url,
-            "model": "tiny",
-            "return_token_ids": True,
-            "eos_token_id": 4,
-            "timeout_s": 60.0,
-            "interruptible": True,
-            **extra,
-        }
-    )
-    return resolve_config(cfg)
+    return weather_on_vllm(stub.base_url, **{"timeout_s": 60.0, "interruptible": True, **extra})
 
 
 def token_item(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gym_runtime import SyncClient
-from gym_runtime.config import resolve_config
-from gym_runtime.model import model_config
-from tests.helpers import ROWS, weather_config
+from tests.helpers import ROWS, weather_on_vllm
 from tests.stub_openai import StubOpenAI, VLLMEmulator
 
 
@@ -64,18 +62,8 @@ def test_trl_rollout_func_multi_turn_token_contiguity() -> None:
                 VLLMEmulator.tool_call_text("get_weather", {"city": "nyc"}),
                 "cold in sf",
             )
-        cfg = weather_config(agent_concurrency=1)  # one rollout at a time: the script is consumed in order
-        cfg.models["policy"] = model_config(
-            {
-                "adapter": "vllm",
-                "base_url": stub.base_url,
-                "model": "tiny",
-                "return_token_ids": True,
-                "eos_token_id": 4,
-                "timeout_s": 10.0,
-            }
-        )
-        with SyncClient(resolve_config(cfg), nats="embedded") as client:
+        cfg = weather_on_vllm(stub.base_url, timeout_s=10.0)  # one rollout at a time: the script in order
+        with SyncClient(cfg, nats="embedded") as client:
             client.set_policy_version(5)
             rows = client.submit(ROWS[:2], repeats=2).gather()
     seq = trl_sequences(rows)

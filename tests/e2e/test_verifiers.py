@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.stub_openai import StubOpenAI
 from tests.vf_stub_policy import make_emulator
 
@@ -74,6 +74,11 @@ def _env(work: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(work), "TMPDIR": str(work)}
 
 
+def _cli(work: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`gym-runtime ARGS` in ``work``, its environment module (vf_suite) importable from there."""
+    return cli(*args, timeout=timeout, cwd=work, env=_env(work))
+
+
 def _run_ours(
     work: Path, base_url: str, kind: str, rows: list[dict[str, Any]], *, repeats: int = 1, extra: str = "", args=()
 ) -> subprocess.CompletedProcess[str]:
@@ -87,9 +92,8 @@ def _run_ours(
         f" options: {{env_id: vf_suite, env_args: {{kind: {kind}}}}}}}\n"
     )
     write_jsonl(work / "rows.jsonl", rows)
-    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
-    cmd += ["--repeats", str(repeats), *args]
-    return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180, check=False)
+    run = ["run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q", "--repeats", str(repeats), *args]
+    return _cli(work, *run, timeout=180)
 
 
 def _run_theirs(work: Path, base_url: str, kind: str, *, repeats: int = 1) -> list[list[Any]]:
@@ -196,17 +200,7 @@ def test_prepare_writes_the_environments_dataset_as_rows(tmp_path: Path) -> None
     with StubOpenAI(emulator=make_emulator()) as stub:
         res = _run_ours(work, stub.base_url, "single", ROWS[:1])  # writes the config
         assert res.returncode == 0, res.stderr[-3000:]
-        prep = subprocess.run(
-            [sys.executable, "-m", "gym_runtime.cli", "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared"],
-            cwd=work,
-            env=_env(work),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert prep.returncode == 0, prep.stderr[-3000:]
-        rows = read_jsonl(work / "prepared" / "train.jsonl")
+        rows = _prepare(work, "train")
         assert sorted(r["responses_create_params"]["input"][-1]["content"] for r in rows) == [
             "say blue",
             "say green",
@@ -214,44 +208,19 @@ def test_prepare_writes_the_environments_dataset_as_rows(tmp_path: Path) -> None
         ]
         assert all(r["verifiers"]["answer"] in r["responses_create_params"]["input"][-1]["content"] for r in rows)
         shutil.copy(work / "prepared" / "train.jsonl", work / "rows.jsonl")
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gym_runtime.cli",
-                "run",
-                "config.yaml",
-                "-i",
-                "rows.jsonl",
-                "-o",
-                "out2.jsonl",
-                "-q",
-            ],
-            cwd=work,
-            env=_env(work),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        run = _cli(work, "run", "config.yaml", "-i", "rows.jsonl", "-o", "out2.jsonl", "-q")
         assert run.returncode == 0, run.stderr[-3000:]
     by_color = {r["verifiers"]["answer"]: r["exact"] for r in read_jsonl(work / "out2.jsonl")}
     assert by_color == {"blue": 1.0, "red": 1.0, "green": 0.0}
 
 
-def _prepare(work: Path) -> list[dict[str, Any]]:
-    """`gym-runtime prepare config.yaml -i vf=env`: the environment's own train split as rows."""
-    prep = subprocess.run(
-        [sys.executable, "-m", "gym_runtime.cli", "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared"],
-        cwd=work,
-        env=_env(work),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def _prepare(work: Path, *splits: str) -> list[dict[str, Any]]:
+    """`gym-runtime prepare config.yaml -i vf=env`: the environment's own ``splits`` (train, validation) as rows."""
+    prep = _cli(work, "prepare", "config.yaml", "-i", "vf=env", "-o", "prepared")
     assert prep.returncode == 0, prep.stderr[-3000:]
-    return read_jsonl(work / "prepared" / "train.jsonl") + read_jsonl(work / "prepared" / "validation.jsonl")
+    return [
+        row for split in splits or ("train", "validation") for row in read_jsonl(work / "prepared" / f"{split}.jsonl")
+    ]
 
 
 def test_prepared_rows_keep_the_columns_a_reward_function_takes_by_name(tmp_path: Path) -> None:
@@ -336,8 +305,7 @@ def test_a_rubric_that_holds_the_gil_times_out_alone(tmp_path: Path) -> None:
     n, hog = 12, 1
     _hog_config(work, {"say hog": "\\(" * (HOG_KB * 512)})  # one answer is the hostile text
     write_jsonl(work / "rows.jsonl", _say([f"c{i}" if i != hog else "hog" for i in range(n)]))
-    cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
-    res = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=600, check=False)
+    res = _cli(work, "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q", timeout=600)
     failures = read_jsonl(work / "out_failures.jsonl") if (work / "out_failures.jsonl").exists() else []
     scored = read_jsonl(work / "out.jsonl") if (work / "out.jsonl").exists() else []
     by_task = {r["_ng_task_index"]: r for r in [*scored, *failures]}

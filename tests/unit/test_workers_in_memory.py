@@ -38,16 +38,7 @@ from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.control import send_pause, send_resume
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import ROWS, resolved
-
-CONFIG = {
-    "namespace": "gym",
-    "models": {"policy": {"adapter": "scripted"}},
-    "resources": {"env": {"server": "tests.envs.flaky"}},
-    "agents": {
-        "agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 2}
-    },
-}
+from tests.helpers import FLAKY, ROWS, resolved
 
 
 @contextlib.asynccontextmanager
@@ -113,7 +104,7 @@ async def results(bus: MemoryTransport, count: int) -> list[RolloutResult]:
 
 
 async def test_an_agent_worker_runs_a_rollout_stores_its_row_and_acks_the_task() -> None:
-    cfg = resolve_config(config_from_dict(CONFIG))
+    cfg = resolve_config(config_from_dict(FLAKY))
     broker = MemoryBroker()
     async with MemoryTransport(broker) as bus:
         model = ModelWorker(bus, "policy", cfg)
@@ -136,7 +127,7 @@ async def test_an_agent_worker_runs_a_rollout_stores_its_row_and_acks_the_task()
 
 
 async def test_a_paused_model_worker_holds_a_call_in_its_queue_and_answers_it_once_resumed() -> None:
-    cfg = resolve_config(config_from_dict(CONFIG))
+    cfg = resolve_config(config_from_dict(FLAKY))
     async with MemoryTransport() as bus:
         model = ModelWorker(bus, "policy", cfg)
         request = ModelRequest(params=CreateParams(input=[{"type": "message", "role": "user", "content": "hello"}]))

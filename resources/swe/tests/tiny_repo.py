@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.agents.swe import SUBMIT, SYSTEM
+from gym_runtime.agents.swe import SUBMIT
+from tests.swe_demo import scripted_policy
 
 CALC = '''def add(a, b):
     """Sum of a and b."""
@@ -82,27 +83,7 @@ def task(**extra: Any) -> dict[str, Any]:
 
 def recording(row: dict[str, Any], commands: list[str]) -> dict[str, Any]:
     """A rollout row as NeMo Gym records one: the model's bash calls (outputs are recomputed live)."""
-    output: list[dict[str, Any]] = []
-    for i, command in enumerate(commands):
-        output.append(
-            {
-                "type": "function_call",
-                "call_id": f"c{i}",
-                "name": "bash",
-                "arguments": json.dumps({"command": command}),
-                "id": f"fc{i}",
-                "status": "completed",
-            }
-        )
-        output.append({"type": "function_call_output", "call_id": f"c{i}", "output": "recorded"})
-    prompt = [
-        {"role": "system", "content": SYSTEM},
-        {
-            "role": "user",
-            "content": f"Resolve this issue in the repository:\n\n<issue>\n{row['problem_statement']}\n</issue>",
-        },
-    ]
-    return {"responses_create_params": {"input": prompt}, "response": {"id": "resp", "output": output}, "reward": None}
+    return {**scripted_policy(row, commands), "reward": None}
 
 
 def rows_and_recordings(tmp_path: Path, copies: int = 1) -> tuple[Path, Path]:
