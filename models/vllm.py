@@ -461,7 +461,8 @@ class VLLMModel:
         if isinstance(asked, int) and asked - len(ids) < 1:
             finish = "length"
         else:
-            async with anyio.create_task_group() as tg:
+            failed: Exception | None = None  # raised below the task group, so the pool's retry loop sees it
+            async with anyio.create_task_group() as tg:  # as itself, not wrapped in an ExceptionGroup
 
                 async def watch() -> None:
                     await stop.wait()
@@ -478,10 +479,12 @@ class VLLMModel:
                             text.append(choice.get("text") or "")
                             finish = choice.get("finish_reason") or finish
                 except HTTPStatusError as e:
-                    if is_context_overflow(e, cbody):
-                        raise ContextOverflow(str(e.message)) from None
-                    raise
+                    failed = ContextOverflow(str(e.message)) if is_context_overflow(e, cbody) else e
+                except Exception as e:
+                    failed = e
                 tg.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
         state["tries"] = int(state.get("tries") or 0) + 1
         if finish is None:
             if stop.is_set():

@@ -456,11 +456,6 @@ async def test_a_permanent_503_fails_after_the_configured_attempts(stub: StubOpe
     await model.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, left for its own change: the status error leaves _stream's task group as an ExceptionGroup, "
-    "which the endpoint pool's retry loop does not classify",
-)
 async def test_a_streamed_calls_error_status_fails_as_a_plain_calls_does(stub: StubOpenAI) -> None:
     """An interruptible call (it streams /v1/completions) answered 400 is not retried and says the server's message,
     as a plain call's 400 does; a 503 is retried."""
