@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from tests.helpers import REPO, read_jsonl
 DOCKER, COMPOSE = "/usr/bin/docker", "/usr/bin/docker-compose"  # Debian's, not whatever is first on PATH
 IMAGE = "gym-runtime:deploy-test"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
-N_ROWS = 6
+N_ROWS = 8
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,9 @@ class Stack:
         shutil.copy(REPO / "deploy/compose.host.yaml", tmp / "compose.host.yaml")
         config = yaml.safe_load((REPO / "deploy/config.yaml").read_text())
         config["models"]["policy"]["delay_s"] = 5.0  # rollouts in flight (~10 s each) when `stop` comes
+        # one at a time per agent replica: the batch's rollouts are in flight for ~40 s, not all at once for 10 s,
+        # so a status poll (seconds on a loaded machine) cannot miss them
+        config["agents"]["weather_agent"]["concurrency"] = 1
         # its 20GB stream limits lowered, as the other recipes' tests do: three servers reserve them on one disk
         config["jetstream"].update(tasks_max_bytes="1GB", results_max_bytes="1GB")
         (tmp / "config.yaml").write_text(json.dumps(config))
@@ -86,8 +90,12 @@ class Stack:
         return self.compose("run", "--rm", "driver", *args, timeout=timeout)
 
     def workers(self) -> list[dict[str, object]]:
-        """The live workers' status answers (``gym-runtime status --json``, from the driver)."""
-        res = self.driver("status", "--nats", self.nats, "--json")
+        """The live workers' status answers (``gym-runtime status --json``, from this checkout: host networking
+        puts the servers on loopback, and a poll that starts no container takes a second, not several)."""
+        res = subprocess.run(
+            [sys.executable, "-m", "gym_runtime.cli", "status", "--nats", self.nats, "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
         return list(json.loads(res.stdout)["workers"]) if res.returncode == 0 else []
 
     def exit_codes(self, *services: str) -> dict[str, int]:

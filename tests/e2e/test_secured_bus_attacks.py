@@ -462,14 +462,14 @@ async def test_a_task_whose_body_was_swapped_is_a_failure_row(nats_server, tmp_p
 
 
 FLOODER = """
-import asyncio, sys, time
+import asyncio, sys
 import msgspec, nats
 
 async def main():
     nc = await nats.connect(sys.argv[1])
     junk = [b"\\xff\\x00junk", b'{"not": "a seed"}', msgspec.msgpack.encode({"session": 1}), b""]
-    inbox, sent, end = nc.new_inbox(), 0, time.monotonic() + float(sys.argv[2])
-    while time.monotonic() < end:
+    inbox, sent, count = nc.new_inbox(), 0, int(sys.argv[2])
+    while sent < count:
         for _ in range(500):
             await nc.publish("gym.res.weather.seed._._", junk[sent % 4], reply=inbox)
             sent += 1
@@ -482,7 +482,9 @@ asyncio.run(main())
 
 
 async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
-    """12 s of junk seed requests (another process) against a resource pool, then a batch: every rollout succeeds."""
+    """200,000 junk seed requests (another process) against a resource pool, then a batch: every rollout succeeds.
+    A count, not a span of time: how much junk a span holds, and how long the pool takes to read it, both move
+    with the machine's load; the deadline only guards against a hang."""
 
     cfg = load_config(REPO / "resources/weather/config.yaml")
     data = REPO / "resources/weather/data/example.jsonl"
@@ -490,9 +492,9 @@ async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tm
     try:
         async with anyio.create_task_group() as tg:
             await start_workers(tg, make_workers(bus, resolve_config(cfg), selected(cfg, None)))
-            flood = await anyio.run_process([sys.executable, "-c", FLOODER, nats_server.url, "12"], check=True)
+            flood = await anyio.run_process([sys.executable, "-c", FLOODER, nats_server.url, "200000"], check=True)
             sent = int(flood.stdout)
-            with anyio.fail_after(60):
+            with anyio.fail_after(300):
                 result = await run_batch(
                     resolve_config(cfg),
                     nats_server.url,
@@ -507,7 +509,7 @@ async def test_a_junk_flood_costs_a_few_log_lines_and_no_rollout(nats_server, tm
         await bus.close()
     out = capfd.readouterr()
     lines = (out.out + out.err).count("\n")
-    assert sent > 100_000
+    assert sent >= 200_000
     assert result.stats.failures == 0 and result.stats.rows == 4 * len(read_jsonl(data))
     assert lines < 200, f"{lines} log lines for {sent} junk requests"
 
