@@ -144,8 +144,9 @@ class HarborResource(Resource):
         cfg = self.task.config.verifier
         stale = await self._run(f"rm -f -- {REWARD_TXT} {REWARD_JSON}", user="root", timeout_s=60)
         if stale.exit_code != 0:  # Harbor refuses to verify over a reward it cannot remove
+            how = f"exit {stale.exit_code}" + (", timed out" if stale.timed_out else "")
             raise Failure(
-                "verify_error", f"removing stale reward files failed: {stale.stderr.decode(errors='replace')}"
+                "verify_error", f"removing stale reward files failed ({how}): {stale.stderr.decode(errors='replace')}"
             )
         await self._unpack(_tree(self.task, "tests"), TESTS_DIR)
         await self._run(f"chmod +x {TESTS_DIR}/test.sh", user="root", timeout_s=60)
