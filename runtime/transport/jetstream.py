@@ -474,17 +474,13 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
         while True:
             try:
                 await bus.js.add_stream(cfg)
-            except BadRequestError as e:  # another process created it first, or a cluster has no room for it
-                if "already in use" not in str(e):
-                    if _smaller_default(cfg, size, e):
-                        continue
-                    raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
             except APIError as e:
                 if isinstance(e, ServiceUnavailableError):
                     raise  # a leader election: retried
-                if _smaller_default(cfg, size, e):
-                    continue
-                raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
+                if not (isinstance(e, BadRequestError) and "already in use" in str(e)):  # made by another first
+                    if _smaller_default(cfg, size, e):  # no room for it (a single server's or a cluster's refusal)
+                        continue
+                    raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
             if cfg.max_bytes != size.max_bytes and cfg.max_bytes is not None:
                 await _lower(bus, cfg, size)  # the server holds less than twice this
             return
