@@ -22,9 +22,11 @@ start)
         ip link delete docker0 >&2 || true
     fi
     mkdir -p "$dir/root" "$dir/exec"
+    fresh=0
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
         : # already running (a second start in one session)
     else
+        fresh=1
         rm -f "$pidfile" "$sock"
         setsid /usr/sbin/dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
             --data-root "$dir/root" --exec-root "$dir/exec" --pidfile "$pidfile" \
@@ -32,6 +34,17 @@ start)
     fi
     for _ in $(seq 1 300); do
         if curl -fsS --unix-socket "$sock" http://engine/_ping >/dev/null 2>&1; then
+            if [ "$fresh" = 1 ]; then
+                # This engine is the tests' own: a container in it now is left from a run that was killed
+                # before its clean-up. A Compose recipe's servers (restart: unless-stopped) come back with
+                # every engine start, and would hold CPU and ports for the whole next run.
+                left=$(DOCKER_HOST="unix://$sock" docker ps -aq)
+                if [ -n "$left" ]; then
+                    echo "removing $(echo "$left" | wc -l) containers left by an earlier run" >&2
+                    # shellcheck disable=SC2086
+                    DOCKER_HOST="unix://$sock" docker rm -f $left >/dev/null
+                fi
+            fi
             echo "export DOCKER_HOST=unix://$sock GYM_DOCKER_DIR=$dir"
             exit 0
         fi

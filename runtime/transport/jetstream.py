@@ -129,6 +129,12 @@ def full_error(bus: Connection, subject: str, error: dict[str, Any]) -> StorageF
     return StorageFull(f"stream {name} is full ({description}; {size.key} = {limit_text}): raise {size.key}, or {free}")
 
 
+class PeerOffline(JetStreamSetupError):
+    """A cluster could not place a replicated stream because one of its nodes is down ("no suitable peers for
+    placement, peer offline"): during a node's restart that passes, so ``retrying`` tries again (the stream
+    may even exist already, and a new meta leader not list it yet); past its window, this one line."""
+
+
 def _no_storage(e: APIError) -> bool:
     """The server cannot reserve a stream's or bucket's max_bytes: a single server says so with its own
     err_code; a cluster with "no suitable peers for placement" (10005), naming insufficient storage."""
@@ -157,14 +163,15 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
     """Run a JetStream API call again while it times out or finds no responder (leader election).
 
     In a cluster the API briefly answers nothing while a node is lost and a new
-    stream leader is elected; that is not an error worth failing a command for.
+    stream leader is elected, and cannot place a replicated stream while a node is
+    down; that is not an error worth failing a command for.
     """
     give_up = time.monotonic() + within_s
     delay = 0.1
     while True:
         try:
             return await fn()
-        except (NatsTimeout, NoRespondersError, ServiceUnavailableError) as e:
+        except (NatsTimeout, NoRespondersError, ServiceUnavailableError, PeerOffline) as e:
             if time.monotonic() + delay > give_up:
                 raise
             log.info("jetstream.retry", call=what, error=type(e).__name__)
@@ -477,6 +484,8 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
             except APIError as e:
                 if isinstance(e, ServiceUnavailableError):
                     raise  # a leader election: retried
+                if replicas > 1 and "peer offline" in (e.description or ""):  # a node is down: retried
+                    raise PeerOffline(str(_setup_error(f"stream {cfg.name}", replicas, e, size.key))) from None
                 if not (isinstance(e, BadRequestError) and "already in use" in str(e)):  # made by another first
                     if _smaller_default(cfg, size, e):  # no room for it (a single server's or a cluster's refusal)
                         continue
