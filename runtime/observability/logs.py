@@ -73,6 +73,15 @@ def configure(level: str = "info", *, json: bool = True) -> None:
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)
 
 
+def level() -> str:
+    """The level this process logs at, by name, for a child it starts to log as it does (a guest process);
+    ``warning``, the CLI's default, where nothing set one (in-process workers a test or a trainer runs)."""
+    wrapper = structlog.get_config()["wrapper_class"]
+    get = getattr(wrapper, "get_effective_level", None)
+    number = get(wrapper) if get is not None else logging.NOTSET
+    return logging.getLevelName(number).lower() if number > logging.NOTSET else "warning"
+
+
 def library_mode() -> None:
     """Used as a library (the trainer's client): print nothing unless the caller configured logging.
 

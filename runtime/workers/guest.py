@@ -50,6 +50,7 @@ from gym_runtime.observability.tracing import attached, current_context
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
 from gym_runtime.workers.guest_wire import (
+    GUEST_LOG_LEVEL,
     Called,
     CallResource,
     Close,
@@ -227,7 +228,9 @@ class Guest:
             try:
                 process = await anyio.open_process(
                     [self.python, "-m", GUEST_MODULE, str(theirs.fileno()), str(shared.fileno())],
-                    env={**os.environ, **self.env} if self.env else None,
+                    # logging configured as here (JSON at this level): unconfigured, structlog renders each
+                    # exception a hosted app logs as a rich traceback, seconds of CPU apiece
+                    env={**os.environ, **(self.env or {}), GUEST_LOG_LEVEL: logs.level()},
                     stdin=subprocess.DEVNULL,
                     stdout=None,
                     stderr=None,

@@ -33,6 +33,7 @@ from gym_runtime.hosting.asgi import beside_main
 from gym_runtime.hosting.env import in_hosted_env
 from gym_runtime.hosting.host import called_reply, hosted_class
 from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
+from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import (
     ENV_CALL,
@@ -45,6 +46,7 @@ from gym_runtime.resource import (
     note_thread_call,
 )
 from gym_runtime.workers.guest_wire import (
+    GUEST_LOG_LEVEL,
     Called,
     CallResource,
     Close,
@@ -420,6 +422,7 @@ async def serve(fd: int, running_fd: int) -> None:
 def main(argv: list[str]) -> Any:
     os.dup2(2, 1)  # environment code's prints go to the worker's log stream, never into the protocol
     sys.stdout = sys.stderr
+    logs.configure(os.environ.get(GUEST_LOG_LEVEL, "warning"))  # JSON lines on the worker's stream, as it logs
     if in_hosted_env():  # a hosted server's app keeps the main thread, as under uvicorn (signal.alarm needs it)
         beside_main(lambda signals: anyio.run(serve, int(argv[0]), int(argv[1])))
     else:

@@ -80,6 +80,9 @@ class Page:
         return int(call_id) if held == tid else 0
 
 
+GUEST_LOG_LEVEL = "GYM_GUEST_LOG_LEVEL"  # the environment variable: the worker's log level, which its guest logs at
+
+
 class Start(msgspec.Struct, tag=True):
     """What the guest serves: the resource module, its config entry, its options (``setup``). A hosted NeMo Gym
     server instead (``nemo_gym``, the guest running on its built environment's Python), with the config's

@@ -163,6 +163,10 @@ def test_crashing_tool_lifespan_and_failure_class(catalogue: Path, tmp_path: Pat
     assert json.loads(boom).startswith("ValueError('boom ")
     assert json.loads(started) == {"lifespan_ran": True, "label": "from-config"}
     assert row["reward"] == 0.25 and row["_ng_failure_class"] == "crashy_verdict"
+    # the app's exception is logged as its worker logs: a JSON line, the traceback a field (the guest's structlog
+    # left unconfigured rendered each as a rich console traceback, ~1 s of CPU apiece, a core under malformed rows)
+    raised = [json.loads(x) for x in r.stderr.splitlines() if "hosted request raised" in x]
+    assert raised and all(e["level"] == "warning" and "ValueError: boom" in e["exception"] for e in raised), r.stderr
 
 
 def test_nemo_gyms_function_middlewares_as_plain_asgi_answer_as_nemo_gyms_own(catalogue: Path) -> None:
