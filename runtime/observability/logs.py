@@ -77,8 +77,10 @@ def level() -> str:
     """The level this process logs at, by name, for a child it starts to log as it does (a guest process);
     ``warning``, the CLI's default, where nothing set one (in-process workers a test or a trainer runs)."""
     wrapper = structlog.get_config()["wrapper_class"]
-    get = getattr(wrapper, "get_effective_level", None)
-    number = get(wrapper) if get is not None else logging.NOTSET
+    try:  # a filtering bound logger's (``configure``'s) reads its class, not its instance
+        number = wrapper.get_effective_level(wrapper)
+    except (AttributeError, TypeError):  # another set-up's wrapper (stdlib's BoundLogger reads its instance)
+        number = logging.NOTSET
     return logging.getLevelName(number).lower() if number > logging.NOTSET else "warning"
 
 
