@@ -260,7 +260,11 @@ def main(args: argparse.Namespace) -> int:
         f"resources.{n}": hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted and n not in guests
     }
     hosted.update(
-        {f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents") for n, a in cfg.agents.items() if a.hosted}
+        {
+            f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents")
+            for n, a in cfg.agents.items()
+            if a.hosted and n in plan.agents  # an agent no row goes to is not started (``batch_pairs``)
+        }
     )
     # with a hosted server the other workers run in this process, as before: a hosted server's start (its guest's)
     # may take minutes under load, past a worker child's ready timeout

@@ -134,10 +134,13 @@ def find_python(
         if version < minimum:
             raise EnvError(f"{want} is Python {'.'.join(map(str, version))}; {what} needs Python >= {need}")
         return str(Path(want).absolute())
-    candidates = [shutil.which(f"python3.{minor}") for minor in range(20, minimum[1] - 1, -1)]
-    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    if pyenv.is_dir():
-        candidates += [str(p / "bin" / "python") for p in sorted(pyenv.iterdir(), reverse=True)]
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    # not pyenv's shims: each run of one is ~70 bash processes (0.2 s of CPU), and one for a version pyenv
+    # has but does not select fails; the versions it has are looked at directly below
+    found = (shutil.which(f"python3.{minor}") for minor in range(20, minimum[1] - 1, -1))
+    candidates = [c for c in found if c and Path(c).parent != root / "shims"]
+    if (root / "versions").is_dir():
+        candidates += [str(p / "bin" / "python") for p in sorted((root / "versions").iterdir(), reverse=True)]
     for c in candidates:
         if c and Path(c).is_file() and (v := _python_version(c)) is not None and v >= minimum:
             return c

@@ -83,6 +83,12 @@ def selected(config: Config | ResolvedConfig, only: list[str] | None) -> list[tu
     return out
 
 
+def batch_pairs(config: ResolvedConfig, plan: Plan) -> list[tuple[str, str]]:
+    """The workers a batch needs: every model, resource and sandbox pool, and only the agents its rows go to
+    (nothing calls an agent, so one no row names would only cost its start: a hosted one's is seconds of CPU)."""
+    return [(role, name) for role, name in selected(config, None) if role != "agents" or name in plan.agents]
+
+
 async def open_buses(
     url: str | list[str],
     roles: list[str],
@@ -364,7 +370,7 @@ async def run_batch(
     plan = plan or validate(input_path, list(config.agents), agent=agent, limit=limit)
     expected = plan.count * repeats
     batch = batch or uuid.uuid4().hex[:12]
-    pairs = [p for p in selected(config, None) if p not in elsewhere] if start_local_workers else []
+    pairs = [p for p in batch_pairs(config, plan) if p not in elsewhere] if start_local_workers else []
     buses = await open_buses(
         url,
         ["publisher", *(pool_key(r, n) for r, n in pairs)],

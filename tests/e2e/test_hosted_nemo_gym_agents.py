@@ -67,7 +67,8 @@ def run_agents(
     data: Path,
     agents: dict[str, dict[str, Any]],
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run each agent of one config over ``data``; its rows, by task index."""
+    """Run each agent of one config over ``data``; its rows, by task index. Each run starts the one hosted
+    agent its rows go to, none of the config's others."""
     cfg = tmp_path / "config.yaml"
     entries = {
         n: {"model": "policy", "resource": "env", "max_steps": 10, "max_attempts": 1, **a} for n, a in agents.items()
@@ -76,8 +77,11 @@ def run_agents(
     out = {}
     for name in agents:
         path = tmp_path / f"{name}.jsonl"
-        r = cli("run", str(cfg), "-i", str(data), "-o", str(path), "--agent", name, timeout=600)
+        r = cli("run", str(cfg), "-i", str(data), "-o", str(path), "--agent", name, "--log-level", "info", timeout=600)
         assert r.returncode in (0, 1), r.stderr  # 1: some rows are failure rows (checked by the caller)
+        ready = [json.loads(line) for line in r.stderr.splitlines() if '"worker.ready"' in line]
+        hosted_agents = {e["worker"] for e in ready if e["worker"].startswith("agents.")}
+        assert hosted_agents <= {f"agents.{name}"}, hosted_agents
         out[name] = sorted(read_jsonl(path), key=lambda row: row["_ng_task_index"])
     return out
 
