@@ -15,6 +15,7 @@ config's with those live workers announce.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -146,13 +147,36 @@ class ControlView:
 
 
 class Flight:
-    """One model call running on a replica: how a pause stops it (``stop`` for an adapter that can
-    return what it generated so far, ``scope`` cancelled for one that cannot) and why (``mode``)."""
+    """One model call running on a replica: how a pause stops it and why (``mode``, set by the pause that
+    stopped it). An adapter that can return what it generated so far waits on ``stop``; one that cannot is
+    cancelled through ``clock`` (an ``asyncio.timeout`` with no deadline, given one now). Both are made only
+    where that kind of adapter runs: a model call builds neither an Event nor a cancel scope otherwise."""
+
+    __slots__ = ("_stop", "clock", "mode")
 
     def __init__(self) -> None:
-        self.stop = anyio.Event()
-        self.scope = anyio.CancelScope()
-        self.mode: str | None = None  # set by the pause that stopped it
+        self._stop: anyio.Event | None = None
+        self.clock: asyncio.Timeout | None = None
+        self.mode: str | None = None
+
+    @property
+    def stop(self) -> anyio.Event:
+        if self._stop is None:
+            self._stop = anyio.Event()
+            if self.mode is not None:
+                self._stop.set()
+        return self._stop
+
+    @property
+    def stopped(self) -> bool:
+        return self.mode is not None
+
+    def halt(self, mode: str, *, cancel: bool) -> None:
+        self.mode = mode
+        if self._stop is not None:
+            self._stop.set()
+        if cancel and self.clock is not None:
+            self.clock.reschedule(-1.0)  # in the past: expires at the loop's next turn
 
 
 class Pausable:
@@ -164,8 +188,7 @@ class Pausable:
     def __init__(self) -> None:
         self._open = anyio.Event()
         self._open.set()
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None  # made by a pause that waits for the calls in flight
         self.flights: set[Flight] = set()
         self.held = 0
 
@@ -187,14 +210,13 @@ class Pausable:
                 self.held -= 1
         flight = Flight()
         self.flights.add(flight)
-        if len(self.flights) == 1:
-            self._idle = anyio.Event()
         return flight
 
     def exit(self, flight: Flight) -> None:
         self.flights.discard(flight)
-        if not self.flights:
+        if not self.flights and self._idle is not None:
             self._idle.set()
+            self._idle = None
 
     async def pause(self, mode: str = "drain", *, cancel: bool = False) -> int:
         """Close the gate; stop the calls in flight unless draining (``cancel``: cancel them too, for an
@@ -204,12 +226,12 @@ class Pausable:
         stopped = 0
         if mode != "drain":
             for f in self.flights:
-                f.mode = mode
-                f.stop.set()
-                if cancel:
-                    f.scope.cancel()
+                f.halt(mode, cancel=cancel)
                 stopped += 1
-        await self._idle.wait()
+        if self.flights:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
         return stopped
 
     def resume(self) -> None:

@@ -45,7 +45,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, Pausable
+from gym_runtime.workers.control import ControlView, Flight, Pausable
 
 log = logs.get("gym.model")
 ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
@@ -252,14 +252,13 @@ class ModelWorker:
             out: Response | Partial | None = None
             try:
                 version = await self.control.version(self.name)  # the weights this try starts on
-                with flight.scope:
-                    if can_stop:
-                        adapter: InterruptibleAdapter = self.adapter  # type: ignore[assignment]
-                        out = await adapter.generate_until(
-                            req.params, rollout_key=req.rollout_key, stop=flight.stop, partial=partial
-                        )
-                    else:
-                        out = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
+                if can_stop:
+                    adapter: InterruptibleAdapter = self.adapter  # type: ignore[assignment]
+                    out = await adapter.generate_until(
+                        req.params, rollout_key=req.rollout_key, stop=flight.stop, partial=partial
+                    )
+                else:
+                    out = await self._cancellable(flight, req)
             except ModelError as e:
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
@@ -269,7 +268,7 @@ class ModelWorker:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
                 return out, (ranges if version is not None else []), started
-            if not flight.stop.is_set():  # an adapter's bug: it would be called again and again
+            if not flight.stopped:  # an adapter's bug: it would be called again and again
                 raise Failure("model_error", f"adapter {self.cfg.adapter!r} stopped a generation nobody stopped")
             # stopped by a pause: keep the tokens (interrupt) or drop them (abort), then wait for the resume
             self.stopped += 1
@@ -282,6 +281,18 @@ class ModelWorker:
             if version is not None and len(out.generation_token_ids) > done:
                 ranges.append([done, len(out.generation_token_ids), version])
             partial = out
+
+    async def _cancellable(self, flight: Flight, req: ModelRequest) -> Response | None:
+        """The call of an adapter that cannot stop by itself; None where an ``abort`` pause cancelled it."""
+        try:
+            async with asyncio.timeout(None) as flight.clock:  # asyncio's own: cheaper than an anyio scope
+                return await self.adapter.generate(req.params, rollout_key=req.rollout_key)
+        except TimeoutError:
+            if flight.clock is None or not flight.clock.expired():
+                raise  # the adapter's own
+            return None
+        finally:
+            flight.clock = None  # exited: a pause from now on has nothing to cancel
 
     def _admit(self, _: Delivery) -> bool:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
