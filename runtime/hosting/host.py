@@ -126,6 +126,21 @@ _ECHOED = ("responses_create_params", "response", "reward")
 _DESCRIPTIVE = {"entrypoint", "domain", "verified", "verified_url", "description", "value", "license"}
 
 
+def _post_paths(app: Any) -> list[str]:
+    """The paths of the app's ``POST`` routes that its OpenAPI schema lists (FastAPI's own routes, in the schema),
+    read from the routes themselves."""
+    from fastapi.routing import APIRoute
+
+    return [
+        r.path_format for r in app.routes if isinstance(r, APIRoute) and r.include_in_schema and "POST" in r.methods
+    ]
+
+
+def _is_tool_path(path: str) -> bool:
+    """A ``POST`` path a model's call may name: not NeMo Gym's protocol's, no path parameter."""
+    return path not in _ENDPOINTS and "{" not in path
+
+
 class HostedServerError(RuntimeError):
     """The hosted server answered a protocol call (seed, verify, reset, step) with an error status."""
 
@@ -456,10 +471,9 @@ class ServerHost:
         self.loop = app_loop()
         self._life = AppLife(self.loop, self._build)
         await self._life.start()
-        # its OpenAPI schema, built once now (seconds for a large app under load), not on the first tool call
-        self.tool_names = frozenset(t["name"] for t in self.tool_definitions())
-        paths = self.app.openapi().get("paths", {})
-        self.catch_all = any("post" in ops and _CATCH_ALL.fullmatch(path) for path, ops in paths.items())
+        posts = _post_paths(self.app)
+        self.tool_names = frozenset(p.lstrip("/") for p in posts if _is_tool_path(p))
+        self.catch_all = any(_CATCH_ALL.fullmatch(p) for p in posts)
 
     def is_tool(self, name: str) -> bool:
         """Whether a model's call named ``name`` goes to the server: one of its tool routes, or, where it
@@ -530,13 +544,15 @@ class ServerHost:
         return await (ThreadMarked(coro, mark) if mark is not None else coro)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
-        """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema."""
+        """Function tools from the app's routes: each ``POST /<tool>`` with its body's JSON schema (from the app's
+        OpenAPI schema: ~1.8 CPU-s for a NeMo Gym app, whose verify models hold the Responses API's, so made only
+        where a caller asks for the schemas; the tools' names come from the routes, ``_post_paths``)."""
         spec = self.app.openapi()
         comps = spec.get("components", {}).get("schemas", {})
         tools = []
         for path, ops in spec.get("paths", {}).items():
             post = ops.get("post")
-            if post is None or path in _ENDPOINTS or "{" in path:
+            if post is None or not _is_tool_path(path):
                 continue
             schema = post.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             params = _resolve(schema, comps) if schema else {"type": "object", "properties": {}}

@@ -250,6 +250,47 @@ def test_nemo_gym_config_of_an_unported_server_runs_unchanged(catalogue: Path, t
     assert [row["reward"] for row in got] == [recorded[prompt(row)] for row in got]
 
 
+TOOLS_PROBE = r"""
+import asyncio, json, os, sys
+from gym_runtime.observability import logs
+from gym_runtime.hosting.host import hosted_class
+
+async def main():
+    cls = hosted_class(sys.argv[1], "env", {}, [], [], None)
+    await cls.setup({})
+    host = cls.host
+    built = host.app.openapi_schema is not None
+    out = {"names": sorted(host.tool_names), "catch_all": host.catch_all, "schema_built": built}
+    out["defined"] = sorted(t["name"] for t in host.tool_definitions())
+    print(json.dumps(out))
+    os._exit(0)
+
+logs.configure("error")
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    ("server", "names", "catch_all"),
+    [
+        ("example_session_state_mgmt", ["get_counter_value", "increment_counter"], False),
+        ("workplace_assistant", [], True),  # POST /{tool_name}: its rows name its tools
+    ],
+)
+def test_a_hosted_servers_tools_are_read_from_its_routes_not_its_openapi_schema(
+    catalogue: Path, server: str, names: list[str], catch_all: bool
+) -> None:
+    """A hosted server's start reads its tool routes from the app's routes. Its OpenAPI schema (1.1-2.9 CPU-s for
+    each of the catalogue's servers: their verify models hold the Responses API's) is built only where a caller
+    asks for the tools' schemas, and names the same tools."""
+    built = hosting_env.ensure(server)
+    r = subprocess.run([built.python, "-c", TOOLS_PROBE, server], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert (out["names"], out["catch_all"], out["schema_built"]) == (names, catch_all, False)
+    assert out["defined"] == names
+
+
 def test_environment_is_built_once_and_reused(catalogue: Path) -> None:
     """A second build of the same server's environment finds it (content hash) in well under a second of work."""
     started = time.monotonic()
