@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 import uuid
@@ -49,8 +48,7 @@ def main(args: argparse.Namespace) -> int:
     import anyio
 
     from gym_runtime.config import resolve_models
-    from gym_runtime.data.inputs import validate
-    from gym_runtime.data.validation import check_before_publish, file_rows
+    from gym_runtime.data.validation import plan_publish
     from gym_runtime.service.batches import publish_batch
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
@@ -60,12 +58,8 @@ def main(args: argparse.Namespace) -> int:
     url = need_url(args, cfg)
     if not cfg.agents:
         raise UserError("the config names no agents")
-    plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before connecting
-    # and what `validate` checks against each environment (task fields, tools): the same rows pass both
-    seed_checks = check_before_publish(
-        cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
-    )
-    plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    # the rows routed and checked against their environments (what `validate` checks), before connecting
+    plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
     budget = budgeted(args.budget, cfg)
     if budget is not None and args.batch is None:  # its reader of the results needs the id up front
         args.batch = uuid.uuid4().hex[:12]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,8 +223,7 @@ def hosted_processes(
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.config import resolve_config
-    from gym_runtime.data.inputs import validate
-    from gym_runtime.data.validation import check_before_publish, file_rows
+    from gym_runtime.data.validation import plan_publish
     from gym_runtime.hosting.env import ensure as hosted_env
     from gym_runtime.hosting.harbor import ensure_config_images
     from gym_runtime.ops.nats_server import free_port
@@ -243,12 +241,8 @@ def main(args: argparse.Namespace) -> int:
     check_output(args.output)
     if not cfg.agents:
         raise UserError("the config names no agents")
-    plan = validate(args.input, list(cfg.agents), agent=args.agent, limit=args.limit)  # before anything starts
-    # and what `validate` checks against each environment (task fields, tools): the same rows pass both
-    seed_checks = check_before_publish(
-        cfg, file_rows(args.input, args.limit), agent=args.agent, any_tools=args.any_tools
-    )
-    plan = dataclasses.replace(plan, seed_checks=seed_checks)
+    # the rows routed and checked against their environments (what `validate` checks), before anything starts
+    plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
     budget = budgeted(args.budget, cfg)
     # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
     run_async(lambda: ensure_config_images(cfg, note=say))

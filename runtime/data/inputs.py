@@ -140,7 +140,16 @@ def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
     return choose_agent(row, agents, agent)
 
 
-def validate(path: str | Path, agents: list[str], *, agent: str | None = None, limit: int | None = None) -> Plan:
+def validate(
+    path: str | Path,
+    agents: list[str],
+    *,
+    agent: str | None = None,
+    limit: int | None = None,
+    each: Callable[[str, Any], None] | None = None,
+) -> Plan:
+    """The rows of a JSONL file decoded and routed to their agents (``InputError`` listing every problem);
+    ``each(where, row)`` sees each row that routes, in the same read (``validation.plan_publish``)."""
     check_agent_flag(agent, agents)
     p = Path(path)
     if not p.is_file():
@@ -173,6 +182,8 @@ def validate(path: str | Path, agents: list[str], *, agent: str | None = None, l
                 problems.append(f"{where}: {e}")
                 continue
             owners.add(name)
+            if each is not None:
+                each(where, row)
     if problems:
         raise InputError(problems)
     if n == 0:

@@ -10,8 +10,9 @@ not only the first, so a dataset is fixed in one pass.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
-from gym_runtime.data.inputs import check_agent_flag
+from gym_runtime.data.inputs import Plan, check_agent_flag, validate
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
 from gym_runtime.errors import InputError
 from gym_runtime.messages import ItemError, RowCheck, create_params
@@ -167,29 +168,51 @@ def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Re
 def check_before_publish(
     cfg: Config, rows: Iterable[tuple[str, Any]], *, agent: str | None = None, any_tools: bool = False
 ) -> dict[str, RowCheck]:
-    """The checks of ``validate`` on rows about to be published (``run``, ``publish``, ``Client.submit``):
+    """The checks of ``validate`` on rows about to be published (``Client.submit``; a file's: ``plan_publish``):
     ``InputError`` listing every problem, so nothing is published that ``validate`` would refuse.
 
     Returns the agents whose environment this process cannot import (hosted, or installed on the
     worker nodes only) with the check their resource workers make at seed time instead."""
-    checker = TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True)
+    checker = _publish_checker(cfg, agent, any_tools)
     report = check_rows(checker, rows)
     if report.problems:
         raise InputError(report.problems)
+    return _seed_checks(checker, any_tools)
+
+
+def plan_publish(
+    cfg: Config, path: str | Path, *, agent: str | None = None, limit: int | None = None, any_tools: bool = False
+) -> Plan:
+    """What ``run`` and ``publish`` will send from a JSONL file, checked before anything starts, in one read:
+    each row decoded and routed to its agent (``inputs.validate``), then checked against its environment as
+    ``check_before_publish`` checks. ``InputError``: the rows that do not decode or route, else every other
+    problem."""
+    checker = _publish_checker(cfg, agent, any_tools)
+    report = Report()
+    plan = validate(
+        path, list(cfg.agents), agent=agent, limit=limit, each=lambda at, row: _check_one(checker, at, row, report)
+    )
+    if report.problems:
+        raise InputError(report.problems)
+    return dataclasses.replace(plan, seed_checks=_seed_checks(checker, any_tools))
+
+
+def _publish_checker(cfg: Config, agent: str | None, any_tools: bool) -> TaskChecker:
+    return TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True)
+
+
+def _check_one(checker: TaskChecker, where: str, row: Any, report: Report) -> None:
+    check_rows(checker, ((where, row),), report)
+
+
+def _seed_checks(checker: TaskChecker, any_tools: bool) -> dict[str, RowCheck]:
+    """The agents whose environment this process cannot import, with the check their workers make at seed time."""
+    agents = checker.cfg.agents
     return {
         name: RowCheck(any_tools=any_tools)
         for name, cls in checker.classes.items()
-        if cls is None and cfg.agents[name].resource
+        if cls is None and agents[name].resource
     }
-
-
-def file_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[str, Any]]:
-    """``(file:line, row)`` of a JSONL file's first ``limit`` rows, for ``check_before_publish``."""
-    p = Path(path)
-    for n, (lineno, row) in enumerate(read_jsonl(p)):
-        if limit is not None and n >= limit:
-            return
-        yield f"{p}:{lineno}", row
 
 
 def validate_files(
