@@ -132,7 +132,9 @@ def _post_paths(app: Any) -> list[str]:
     from fastapi.routing import APIRoute
 
     return [
-        r.path_format for r in app.routes if isinstance(r, APIRoute) and r.include_in_schema and "POST" in r.methods
+        r.path_format
+        for r in app.routes
+        if isinstance(r, APIRoute) and r.include_in_schema and "POST" in (r.methods or ())
     ]
 
 
