@@ -228,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.hosting.harbor import ensure_config_images
     from gym_runtime.ops.nats_server import free_port
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import run_batch
+    from gym_runtime.service.runner import batch_pairs, run_batch
 
     cfg = load(args)
     resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
@@ -255,9 +255,9 @@ def main(args: argparse.Namespace) -> int:
     }
     hosted.update(
         {
-            f"agents.{n}": hosted_env(a.nemo_gym, kind="responses_api_agents")
-            for n, a in cfg.agents.items()
-            if a.hosted and n in plan.agents  # an agent no row goes to is not started (``batch_pairs``)
+            f"agents.{n}": hosted_env(cfg.agents[n].nemo_gym, kind="responses_api_agents")
+            for role, n in batch_pairs(resolved, plan)  # the agents the rows go to, no other
+            if role == "agents" and cfg.agents[n].hosted
         }
     )
     # with a hosted server the other workers run in this process, as before: a hosted server's start (its guest's)
