@@ -7,6 +7,7 @@ Each case runs in a fresh interpreter (a subprocess), since what it checks is wh
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -239,3 +240,33 @@ def test_what_publish_and_collect_run_imports_no_worker() -> None:
         """
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+LOG_AN_ERROR = """
+    import sys
+    {first}
+    from gym_runtime.observability import logs
+    loaded = "rich" in sys.modules
+    logs.configure("info", json={json})
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        logs.get("t").exception("boom", api_key="k", n=1)
+    import rich.console  # importable as before
+    print(loaded, rich.console.Console.__name__)
+"""
+
+
+@pytest.mark.parametrize("json_lines", [True, False])
+def test_structured_logs_do_not_load_rich_and_render_an_error_as_they_did_with_it(json_lines: bool) -> None:
+    """structlog imports rich, when installed, for tracebacks our processors render before it sees them."""
+    without = python(LOG_AN_ERROR.format(first="", json=json_lines))
+    with_rich = python(LOG_AN_ERROR.format(first="import rich.console", json=json_lines))
+    assert without.stdout.split() == ["False", "Console"], without.stderr[-2000:]
+    assert with_rich.stdout.split() == ["True", "Console"], with_rich.stderr[-2000:]
+
+    def rendered(err: str) -> str:
+        return re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "T", err)
+
+    assert "ZeroDivisionError: division by zero" in without.stderr and "***" in without.stderr
+    assert rendered(without.stderr) == rendered(with_rich.stderr)
