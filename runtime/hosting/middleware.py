@@ -39,7 +39,8 @@ class SessionId:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             session = scope["session"]
-            session[self.key] = session.get(self.key, str(uuid.uuid4()))
+            # written either way; a new id only for a new session (NeMo Gym's made one for every request)
+            session[self.key] = session[self.key] if self.key in session else str(uuid.uuid4())
         await self.app(scope, receive, send)
 
 
