@@ -53,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    keep_dir(args.keep)  # the user's own path before an environment is built or an engine asked
     if args.harbor:
         return harbor_main(args)
     env = ensure(args.server, python=args.python)
@@ -62,7 +63,6 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"parity {args.server}: its recordings cannot be replayed: {incomplete}")
     with tempfile.TemporaryDirectory(prefix="gym-parity-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
         cfg, data, rollouts = parity_config(env, work)
         out = work / "replayed.jsonl"
         run = _run(cfg, data, out)
@@ -79,6 +79,19 @@ def main(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_FAILURES
 
 
+def keep_dir(keep: str | None) -> None:
+    """``--keep DIR``: a directory, made now if it is not there (one line naming the path if it cannot be)."""
+    if keep is None:
+        return
+    path = Path(keep)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--keep {keep}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--keep {keep}: cannot create it ({e.strerror})") from None
+
+
 def _run(cfg: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(data), "-o", str(out), "--no-progress"]
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -89,8 +102,6 @@ def harbor_main(args: argparse.Namespace) -> int:
     # the user's own arguments first (a typo in a path is named as such, engine or not), then the engine
     tasks = find_tasks(args.server)
     opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
-    if args.keep and Path(args.keep).exists() and not Path(args.keep).is_dir():
-        raise UserError(f"--keep {args.keep}: not a directory")
     if not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout:g}: give the seconds one command may run (> 0)")
     host = os.environ.get("DOCKER_HOST")
@@ -112,7 +123,6 @@ def harbor_main(args: argparse.Namespace) -> int:
     anyio.run(build)
     with tempfile.TemporaryDirectory(prefix="gym-parity-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
         cfg, data, out = work / "config.yaml", work / "tasks.jsonl", work / "oracle.jsonl"
         tasks_dir = str(Path(args.server).resolve())
         cfg.write_text(yaml.safe_dump(harbor_config(tasks_dir, opts, host, args.timeout)))

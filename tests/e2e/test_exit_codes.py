@@ -292,6 +292,22 @@ def test_parity_harbor_with_no_engine_answering_is_one_line(tmp_path: Path) -> N
     ], res.stderr
 
 
+@pytest.mark.parametrize("harbor", [False, True])
+def test_parity_keep_that_is_not_a_directory_is_one_line_before_anything_is_built(tmp_path: Path, harbor: bool) -> None:
+    """``--keep`` a file, or a path under one: one line and exit 2, before an environment is built or an engine
+    is asked (the cache is empty and no engine is set: either would be a different line)."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    server = ["--harbor", str(HARBOR_TASK)] if harbor else ["mcqa"]
+    env = {"GYM_ENV_CACHE": str(tmp_path / "cache"), "DOCKER_HOST": ""}
+    for keep, why in ((a_file, "not a directory"), (a_file / "sub", "cannot create it (Not a directory)")):
+        res = cli("parity", *server, "--keep", str(keep), env=env, timeout=60)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [f"gym-runtime: error: --keep {keep}: {why}"]
+    assert a_file.read_text() == "mine\n"
+    assert not (tmp_path / "cache").exists()
+
+
 def offline_index(tmp_path: Path, *versions: str) -> dict[str, str]:
     """pip pointed at a local simple index listing verifiers ``versions`` (and no other index, link or config):
     the failure path of ``env build --verifiers`` needs no network. The listed wheels are never fetched."""
