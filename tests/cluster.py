@@ -196,12 +196,12 @@ class LocalCluster:
 
 def stream_messages(urls: list[str], stream: str) -> dict[int, bytes] | None:
     """Every message of ``stream``, read through its leader: sequence -> body; None when the stream is gone.
-    After a restart the stream may still be electing its leader: a read that fails so is tried again."""
+    After a restart the stream may still be electing its leader: a read that fails so is tried again, and a
+    restarted member's own copy (which answers while it knows no leader) is not taken for the stream's."""
 
     async def read_once(bus: Bus) -> dict[int, bytes] | None:
-        try:
-            info = await bus.js.stream_info(stream)
-        except nats.js.errors.NotFoundError:
+        info = await jetstream.stream_info(bus, stream)  # its leader's copy: a restarted member's may be behind
+        if info is None:
             return None
         out = {}
         for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):  # empty: 0, 0
@@ -216,7 +216,7 @@ def stream_messages(urls: list[str], stream: str) -> dict[int, bytes] | None:
                 while True:
                     try:
                         return await read_once(bus)
-                    except nats.errors.Error:  # no leader yet, no responders, a timeout
+                    except (nats.errors.Error, jetstream.NoLeader):  # no leader yet, no responders, a timeout
                         await anyio.sleep(0.2)
         finally:
             await bus.close()

@@ -32,6 +32,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamInfo,
 )
 from nats.js.errors import (
     APIError,
@@ -135,6 +136,12 @@ class PeerOffline(JetStreamSetupError):
     may even exist already, and a new meta leader not list it yet); past its window, this one line."""
 
 
+class NoLeader(Exception):
+    """A replicated stream's info came from a member that knows no leader: nats-server then answers from that
+    member's own copy, which may be behind (a node restarted on a disk that lost its unsynced writes says "empty").
+    ``retrying`` asks again until a leader answers."""
+
+
 def _no_storage(e: APIError) -> bool:
     """The server cannot reserve a stream's or bucket's max_bytes: a single server says so with its own
     err_code; a cluster with "no suitable peers for placement" (10005), naming insufficient storage."""
@@ -171,12 +178,29 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
     while True:
         try:
             return await fn()
-        except (NatsTimeout, NoRespondersError, ServiceUnavailableError, PeerOffline) as e:
+        except (NatsTimeout, NoRespondersError, ServiceUnavailableError, PeerOffline, NoLeader) as e:
             if time.monotonic() + delay > give_up:
                 raise
             log.info("jetstream.retry", call=what, error=type(e).__name__)
             await anyio.sleep(delay)
             delay = min(2.0, delay * 2)
+
+
+async def stream_info(bus: Connection, stream: str, subjects: str | None = None) -> StreamInfo | None:
+    """``stream``'s info as its leader holds it (``subjects``: with the count on each subject matching it); None
+    when it does not exist. Every count a decision rests on is read through this: an answer from a member that
+    knows no leader is asked again (``NoLeader``)."""
+
+    async def ask() -> StreamInfo | None:
+        try:
+            info = await bus.js.stream_info(stream, subjects_filter=subjects)
+        except NotFoundError:
+            return None
+        if info.cluster is not None and not info.cluster.leader:
+            raise NoLeader(stream)
+        return info
+
+    return await retrying(ask, what=f"stream info {stream}")
 
 
 MAX_ACK_PENDING = 1_000_000  # consumer-wide cap; must exceed every slot of every replica
@@ -462,9 +486,8 @@ async def _stream_names(bus: Connection, subject: str) -> list[str]:
 
 async def stream_full(bus: Connection, stream: str) -> bool:
     """Whether ``stream`` is at its size limit (within one max payload of it): a writer's next store is refused."""
-    try:
-        info = await bus.js.stream_info(stream)
-    except NotFoundError:
+    info = await stream_info(bus, stream)
+    if info is None:
         return False
     cap = info.config.max_bytes or -1
     return cap > 0 and info.state.bytes + (bus.nc.max_payload or 1 << 20) > cap
@@ -607,27 +630,27 @@ async def consumers(bus: Connection, stream: str) -> list[dict[str, Any]]:
 
 async def subject_count(bus: Connection, stream: str, subjects: str) -> int:
     """Messages stored in ``stream`` on subjects matching ``subjects`` (0 when it does not exist)."""
-    try:
-        info = await bus.js.stream_info(stream, subjects_filter=subjects)
-    except NotFoundError:
-        return 0
-    return sum((info.state.subjects or {}).values())
+    info = await stream_info(bus, stream, subjects)
+    return sum((info.state.subjects or {}).values()) if info else 0
 
 
 async def reader_settled(bus: Connection, stream: str, consumer: str) -> bool:
     """Whether the server holds nothing more for an acked reader: no message of its filter undelivered, none
     delivered and not yet acked (handled). What was purged or evicted is in neither count."""
-    info = await bus.js.consumer_info(stream, consumer)
-    return not info.num_pending and not info.num_ack_pending
+
+    async def ask() -> bool:
+        info = await bus.js.consumer_info(stream, consumer)
+        if info.cluster is not None and not info.cluster.leader:
+            raise NoLeader(consumer)  # a member's own counts, as for a stream (``stream_info``)
+        return not info.num_pending and not info.num_ack_pending
+
+    return await retrying(ask, what=f"consumer info {consumer}")
 
 
 async def message_count(bus: Connection, stream: str) -> int:
     """Messages stored in ``stream`` (0 when it does not exist yet)."""
-    try:
-        info = await bus.js.stream_info(stream)
-    except NotFoundError:
-        return 0
-    return int(info.state.messages)
+    info = await stream_info(bus, stream)
+    return int(info.state.messages) if info else 0
 
 
 class KV:
@@ -680,9 +703,8 @@ async def kv_bucket(bus: Connection, bucket: str, *, within_s: float = API_RETRY
 
 async def stream_config(bus: Connection, stream: str) -> dict[str, Any] | None:
     """A stream's replicas, retention and size as plain values (None when it does not exist)."""
-    try:
-        info = await bus.js.stream_info(stream)
-    except NotFoundError:
+    info = await stream_info(bus, stream)
+    if info is None:
         return None
     c = info.config
     leader = info.cluster.leader if info.cluster else None
@@ -700,8 +722,8 @@ async def stream_config(bus: Connection, stream: str) -> dict[str, Any] | None:
 async def purge_subject(bus: Connection, stream: str, subject: str, *, count: bool = True) -> int:
     """Remove every message of ``subject`` from ``stream``; returns how many were removed (0 without ``count``:
     counting lists every subject it matches, one per task for the kept tasks)."""
+    before = await stream_info(bus, stream, subject) if count else None
     try:
-        before = await bus.js.stream_info(stream, subjects_filter=subject) if count else None
         await bus.js.purge_stream(stream, subject=subject)
     except NotFoundError:
         return 0

@@ -8,6 +8,7 @@ task×repeat, and rollouts must complete again within seconds of the kill.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import nats.errors
+import nats.js.errors
 import pytest
 
 from gym_runtime.observability.tracing import Telemetry
@@ -166,3 +169,57 @@ def test_leader_of_results_stream_killed_mid_batch_loses_and_duplicates_nothing(
         assert [r["task_id"] for r in rows] == [t for t in range(N_TASKS) for _ in range(REPEATS)]
     finally:
         stop(procs)
+
+
+def test_a_count_is_read_from_the_leader_not_from_a_member_left_behind(tmp_path: Path) -> None:
+    """A node that comes back while its stream has no leader answers stream info from its own copy, which may be
+    behind (nats-server does so by design, once the group has had no leader for a few seconds). Every count the
+    runtime decides on (a batch's queued tasks, a stream's size, ``status``) waits for the leader's answer."""
+    cluster = LocalCluster(tmp_path / "nats", size=5).start()  # an R3 stream on 3 of 5: the meta group outlives it
+    try:
+
+        async def publish(url: str, count: int) -> list[str]:
+            bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test")
+            try:
+                with contextlib.suppress(nats.js.errors.BadRequestError):  # made by the first call
+                    await bus.js.add_stream(name="COUNTS", subjects=["counts.>"], num_replicas=3)
+                for i in range(count):
+                    await bus.js.publish(f"counts.{i}", b"x", timeout=10)
+                c = (await bus.js.stream_info("COUNTS")).cluster
+                assert c is not None and c.leader
+                return [c.leader] + [r.name for r in c.replicas or []]
+            finally:
+                await bus.close()
+
+        leader, *followers = anyio.run(publish, cluster.url, 5)
+        meta_leader = monitor(cluster.nodes[0], "/jsz")["meta_cluster"]["leader"]
+        behind = cluster.node(next(f for f in followers if f != meta_leader))  # its loss stops no publish
+        behind.kill()
+        anyio.run(publish, cluster.url, 5)  # the other two members hold 10; its copy stops at 5
+        others = [cluster.node(name) for name in [leader, *followers] if name != behind.server_name]
+        for n in others:
+            n.kill()
+        behind.start()  # with the two nodes outside the stream: the meta group has a quorum, the stream no leader
+
+        async def count_on_behind() -> tuple[int, int]:
+            bus = await Bus.connect(behind.url, namespace="gym", telemetry=Telemetry(), name="test")
+            try:
+                with anyio.fail_after(60):  # after the grace period, a member without a leader answers
+                    while True:
+                        with contextlib.suppress(nats.errors.Error):  # no answer, or 503 until then
+                            raw = await bus.js.stream_info("COUNTS")
+                            break
+                        await anyio.sleep(0.2)
+                assert raw.cluster is not None and not raw.cluster.leader, raw.cluster
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, others[0].start)  # a leader again, holding all 10
+                    counted = await jetstream.message_count(bus, "COUNTS")
+                return raw.state.messages, counted
+            finally:
+                await bus.close()
+
+        stale, counted = anyio.run(count_on_behind)
+        assert stale <= 5  # the precondition: the member left behind answers with its own copy
+        assert counted == 10
+    finally:
+        cluster.stop()

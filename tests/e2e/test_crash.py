@@ -27,7 +27,7 @@ import pytest
 
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.codec import Codec
-from tests.cluster import LocalCluster, start_worker, stop, stream_messages, tasks_file, write_config
+from tests.cluster import LocalCluster, monitor, start_worker, stop, stream_messages, tasks_file, write_config
 from tests.helpers import REPO, cli
 from tests.lazyfs import LazyFS, require_fuse
 from tests.pools import assert_exactly_once, publish_results, wait_until
@@ -124,6 +124,24 @@ def lost(before: dict[int, bytes], after: dict[int, bytes] | None) -> list[int]:
     return sorted(seq for seq, body in before.items() if after.get(seq) != body)
 
 
+def views(c: LocalCluster) -> dict[str, str]:
+    """Each live node's copy of the results stream, as its monitoring endpoint reports it (a failure's context)."""
+    out = {}
+    for n in c.nodes:
+        try:
+            jsz = monitor(n, "/jsz?streams=true") if n.running else {}
+        except OSError as e:
+            out[n.server_name or "?"] = f"no answer ({e})"
+            continue
+        copies = [s for a in jsz.get("account_details") or [] for s in a.get("stream_detail") or []]
+        out[n.server_name or "?"] = "; ".join(
+            f"leader {s.get('cluster', {}).get('leader')!r}, {s['state']['first_seq']}..{s['state']['last_seq']}"
+            for s in copies
+            if s.get("name") == RESULTS
+        ) or ("no copy" if n.running else "down")
+    return out
+
+
 def assert_each_attempt_once(after: dict[int, bytes] | None) -> None:
     """No publish is stored twice: the duplicate window held through the crash (a new leader included).
     A slot may hold a later attempt too: a task whose result was stored but whose acknowledgement died with
@@ -204,7 +222,9 @@ def test_power_loss_of_one_node_loses_nothing(lazy_cluster: LocalCluster, disks:
         c.wait_ready(60)
         after = stored(c.urls)
         print(f"back after {time.monotonic() - t0:.1f} s")
-        assert not lost(acked, after)
+        gone = lost(acked, after)
+        read = "no stream" if after is None else f"{len(after)} results"
+        assert not gone, f"{len(gone)} of {len(acked)} acknowledged results not read back ({read}); nodes: {views(c)}"
         assert_each_attempt_once(after)
         machine.kill()
         machine.finish()
