@@ -32,6 +32,7 @@ same either way):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
@@ -101,9 +102,11 @@ class ToolSpec:
     description: str
     method_name: str
     args_type: type[msgspec.Struct]
-    # "nemo_gym": a pydantic model of the same signature validates (see the module docstring).
+    # "nemo_gym": a pydantic model of the same signature validates (see the module docstring). It is built on
+    # first use (``lenient()``, once): a process that only reads a class's tools (``publish`` checking rows)
+    # never imports pydantic; a resource worker builds every one at its start (``Resource.build_validators``).
     mode: ArgumentMode = "strict"
-    lenient_type: Any = None
+    lenient: Callable[[], Any] | None = None
 
     def schema(self) -> dict[str, Any]:
         """The Responses-API function tool definition for this tool."""
@@ -151,7 +154,8 @@ class ToolSpec:
         if not isinstance(raw, dict):
             raise ToolArgumentsError(f"arguments of {self.name!r} must be a JSON object, not {type(raw).__name__}")
         try:
-            model = self.lenient_type.model_validate(raw)
+            assert self.lenient is not None
+            model = self.lenient().model_validate(raw)
         except pydantic.ValidationError as e:
             reasons = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
@@ -179,8 +183,11 @@ def _pydantic_args(cls_name: str, fn: Callable[..., Any]) -> Any:
     spec = {f[0]: (f[1], f[2] if len(f) == 3 else ...) for f in _signature_fields(fn)}
     try:
         return pydantic.create_model(f"{cls_name}_{fn.__name__}_nemo_gym_args", **spec)  # type: ignore[call-overload]
-    except Exception as e:  # a type pydantic cannot validate
-        raise TypeError(f"tool {fn.__name__}: nemo_gym argument semantics need pydantic-compatible types: {e}") from e
+    except Exception as e:  # a type pydantic cannot validate: the author's mistake, in one line
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"{cls_name}.{fn.__name__}: a nemo_gym tool's arguments must be types pydantic validates ({why})"
+        ) from None
 
 
 def _args_struct(cls_name: str, fn: Callable[..., Any]) -> type[msgspec.Struct]:
@@ -322,7 +329,9 @@ class Resource:
                 mode = mode or cls.tool_arguments
                 if mode not in ARGUMENT_MODES:
                     raise TypeError(f"{cls.__name__}.tool_arguments must be one of {ARGUMENT_MODES}, not {mode!r}")
-                lenient = _pydantic_args(cls.__name__, fn) if mode == "nemo_gym" else None
+                lenient = (
+                    functools.cache(functools.partial(_pydantic_args, cls.__name__, fn)) if mode == "nemo_gym" else None
+                )
                 specs[tname] = ToolSpec(tname, desc, attr, _args_struct(cls.__name__, fn), mode, lenient)
         cls.tools = specs
 
@@ -331,6 +340,14 @@ class Resource:
         """Raise ``ValueError`` for a row verify would refuse beyond ``task_fields``' types (what it
         returns, e.g. the parsed task an environment reuses in ``verify``, is not used here)."""
         return None
+
+    @classmethod
+    def build_validators(cls) -> None:
+        """Build each ``nemo_gym`` tool's pydantic model now: where the tools run, a type pydantic cannot validate
+        stops the start, not the first call."""
+        for spec in cls.tools.values():
+            if spec.lenient is not None:
+                spec.lenient()
 
     @classmethod
     async def setup(cls, options: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pydantic
 import pytest
 
+from gym_runtime.errors import UserError
 from gym_runtime.resource import Resource, ToolArgumentsError, tool
 
 
@@ -168,3 +169,31 @@ def test_environments_mirroring_nemo_gym_servers_use_its_semantics() -> None:
 
     for cls in (Weather, Counter, MultiStep, MathAdvancedCalculations):
         assert {s.mode for s in cls.tools.values()} == {"nemo_gym"}, cls.__name__
+
+
+class Opaque:
+    """A type pydantic has no schema for."""
+
+
+class OpaqueArguments(Resource):
+    tool_arguments = "nemo_gym"
+
+    @tool
+    async def poke(self, thing: Opaque) -> str:
+        return "poked"
+
+
+def test_a_type_pydantic_cannot_validate_is_one_line_when_the_tools_are_made_ready() -> None:
+    """The class loads (``publish`` reads its tools without pydantic); its worker builds the validators at
+    start (``build_validators``), and that is where the author reads this."""
+    assert set(OpaqueArguments.tools) == {"poke"}
+    with pytest.raises(UserError) as e:
+        OpaqueArguments.build_validators()
+    assert str(e.value).startswith("OpaqueArguments.poke: a nemo_gym tool's arguments must be types pydantic")
+    assert "\n" not in str(e.value)
+
+
+def test_validators_built_once_serve_every_call() -> None:
+    Lenient.build_validators()
+    spec = Lenient.tools["forecast"]
+    assert spec.lenient is not None and spec.lenient() is spec.lenient()

@@ -402,6 +402,7 @@ async def serve(fd: int, running_fd: int) -> None:
             cls.host.sandboxes_via = sandboxes.call  # type: ignore[attr-defined]
         else:
             cls = load_resource_class(start.server, f"resources.{start.entry}.server", entry=start.entry)
+            cls.build_validators()
         await cls.setup(dict(start.options))
     except Exception as e:  # noqa: BLE001 - the worker reports it (one line for a user's mistake) and stops
         user = isinstance(e, UserError)

@@ -198,6 +198,7 @@ class ResourceWorker:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.guest is None:
+            self.cls.build_validators()
             await self.cls.setup(dict(self.cfg.options))
         async with anyio.create_task_group() as tg:
             if self.guest is not None:  # its setup runs there; it closes its sessions and tears down when it stops

@@ -390,3 +390,40 @@ def test_env_build_mistakes_are_one_line_before_anything_is_built(tmp_path: Path
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {line}"]
     assert not (tmp_path / "envs").exists()
+
+
+OPAQUE_ENV = """
+from gym_runtime.resource import Resource, tool
+
+
+class Opaque:
+    pass
+
+
+class OpaqueEnv(Resource):
+    tool_arguments = "nemo_gym"
+
+    @tool
+    async def poke(self, thing: Opaque) -> str:
+        return "poked"
+
+    async def verify(self, task, response):
+        return 1.0
+"""
+
+
+def test_a_tool_argument_type_pydantic_cannot_validate_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """An environment author's mistake, found when its worker starts (``publish`` reads tools without pydantic)."""
+    (tmp_path / "opaque_env.py").write_text(OPAQUE_ENV)
+    cfg = yaml.safe_load((REPO / "resources/weather/config.yaml").read_text())
+    cfg["resources"]["weather"]["server"] = "opaque_env"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"responses_create_params": {"input": "hi"}}) + "\n")
+    res = cli(
+        "run", str(tmp_path / "config.yaml"), "-i", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "out.jsonl"),
+        env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("gym-runtime: error: OpaqueEnv.poke: a nemo_gym tool's arguments must be types pydantic")
+    assert "opaque_env.Opaque" in line  # pydantic's own first line names the type
