@@ -136,10 +136,13 @@ class PeerOffline(JetStreamSetupError):
     may even exist already, and a new meta leader not list it yet); past its window, this one line."""
 
 
-class NoLeader(Exception):
+class NoLeader(UserError):
     """A replicated stream's info came from a member that knows no leader: nats-server then answers from that
     member's own copy, which may be behind (a node restarted on a disk that lost its unsynced writes says "empty").
-    ``retrying`` asks again until a leader answers."""
+    ``retrying`` asks again until a leader answers; past its window, this one line."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} has no leader: fewer than a quorum of its replicas answer, or an election is on")
 
 
 def _no_storage(e: APIError) -> bool:
@@ -197,7 +200,7 @@ async def stream_info(bus: Connection, stream: str, subjects: str | None = None)
         except NotFoundError:
             return None
         if info.cluster is not None and not info.cluster.leader:
-            raise NoLeader(stream)
+            raise NoLeader(f"stream {stream}")
         return info
 
     return await retrying(ask, what=f"stream info {stream}")
@@ -641,7 +644,7 @@ async def reader_settled(bus: Connection, stream: str, consumer: str) -> bool:
     async def ask() -> bool:
         info = await bus.js.consumer_info(stream, consumer)
         if info.cluster is not None and not info.cluster.leader:
-            raise NoLeader(consumer)  # a member's own counts, as for a stream (``stream_info``)
+            raise NoLeader(f"consumer {consumer}")  # a member's own counts, as for a stream (``stream_info``)
         return not info.num_pending and not info.num_ack_pending
 
     return await retrying(ask, what=f"consumer info {consumer}")
