@@ -26,6 +26,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     DiscardPolicy,
     KeyValueConfig,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 log = logs.get("gym.jetstream")
 
 T = TypeVar("T")
+InfoT = TypeVar("InfoT", StreamInfo, ConsumerInfo)
 
 
 class JetStreamSetupError(UserError):
@@ -189,6 +191,13 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
             delay = min(2.0, delay * 2)
 
 
+def _led(info: InfoT, what: str) -> InfoT:
+    """``info`` if a leader gave it (a single server names itself), else ``NoLeader`` for ``retrying``."""
+    if info.cluster is not None and not info.cluster.leader:
+        raise NoLeader(what)
+    return info
+
+
 async def stream_info(bus: Connection, stream: str, subjects: str | None = None) -> StreamInfo | None:
     """``stream``'s info as its leader holds it (``subjects``: with the count on each subject matching it); None
     when it does not exist. Every count a decision rests on is read through this: an answer from a member that
@@ -199,9 +208,7 @@ async def stream_info(bus: Connection, stream: str, subjects: str | None = None)
             info = await bus.js.stream_info(stream, subjects_filter=subjects)
         except NotFoundError:
             return None
-        if info.cluster is not None and not info.cluster.leader:
-            raise NoLeader(f"stream {stream}")
-        return info
+        return _led(info, f"stream {stream}")
 
     return await retrying(ask, what=f"stream info {stream}")
 
@@ -642,9 +649,7 @@ async def reader_settled(bus: Connection, stream: str, consumer: str) -> bool:
     delivered and not yet acked (handled). What was purged or evicted is in neither count."""
 
     async def ask() -> bool:
-        info = await bus.js.consumer_info(stream, consumer)
-        if info.cluster is not None and not info.cluster.leader:
-            raise NoLeader(f"consumer {consumer}")  # a member's own counts, as for a stream (``stream_info``)
+        info = _led(await bus.js.consumer_info(stream, consumer), f"consumer {consumer}")
         return not info.num_pending and not info.num_ack_pending
 
     return await retrying(ask, what=f"consumer info {consumer}")
