@@ -40,7 +40,13 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     t0 = time.monotonic()
     yield
     me1, kids1 = _cpu()
-    line = {"id": item.nodeid, "cpu": round(me1 - me0 + kids1 - kids0, 3), "wall": round(time.monotonic() - t0, 3)}
+    line = {
+        "id": item.nodeid,
+        "cpu": round(me1 - me0 + kids1 - kids0, 3),
+        "wall": round(time.monotonic() - t0, 3),
+        "end": round(time.time(), 3),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    }
     with open(os.environ[OUT_ENV], "a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -62,6 +68,12 @@ def main() -> int:
     total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     counted = sum(r["cpu"] for r in rows) or 1.0
     print(f"\n{len(rows)} tests, pytest exit {rc}: {wall:.0f} s wall, {total:.0f} CPU-s ({counted:.0f} in tests)")
+    if rows:  # the tail: when each xdist worker ran out of tests, from the first test's end
+        first = min(r["end"] - r["wall"] for r in rows)
+        last: dict[str, float] = {}
+        for r in rows:
+            last[r["worker"]] = max(last.get(r["worker"], 0.0), r["end"] - first)
+        print("workers done at: " + ", ".join(f"{w} {t:.0f} s" for w, t in sorted(last.items())))
     by_file: collections.Counter[str] = collections.Counter()
     for r in rows:
         by_file[r["id"].split("::")[0]] += r["cpu"]

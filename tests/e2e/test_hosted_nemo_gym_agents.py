@@ -67,22 +67,30 @@ def run_agents(
     data: Path,
     agents: dict[str, dict[str, Any]],
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run each agent of one config over ``data``; its rows, by task index. Each run starts the one hosted
-    agent its rows go to, none of the config's others."""
+    """Each agent of one config over ``data``, in one `run` (the rows once per agent, each naming its agent):
+    every agent's rows, in task order. The config has one more hosted agent that no row names, which `run`
+    must not start: the hosted agents ready (each a worker child) are exactly those the rows go to."""
     cfg = tmp_path / "config.yaml"
     entries = {
         n: {"model": "policy", "resource": "env", "max_steps": 10, "max_attempts": 1, **a} for n, a in agents.items()
     }
-    cfg.write_text(json.dumps({"models": {"policy": policy}, "resources": {"env": resource}, "agents": entries}))
-    out = {}
-    for name in agents:
-        path = tmp_path / f"{name}.jsonl"
-        r = cli("run", str(cfg), "-i", str(data), "-o", str(path), "--agent", name, "--log-level", "info", timeout=600)
-        assert r.returncode in (0, 1), r.stderr  # 1: some rows are failure rows (checked by the caller)
-        ready = [json.loads(line) for line in r.stderr.splitlines() if '"worker.ready"' in line]
-        hosted_agents = {e["worker"] for e in ready if e["worker"].startswith("agents.")}
-        assert hosted_agents <= {f"agents.{name}"}, hosted_agents
-        out[name] = sorted(read_jsonl(path), key=lambda row: row["_ng_task_index"])
+    idle = {"idle": {"model": "policy", "resource": "env", "nemo_gym": "simple_agent"}}
+    cfg.write_text(json.dumps({"models": {"policy": policy}, "resources": {"env": resource}, "agents": entries | idle}))
+    rows_in = read_jsonl(data)
+    tagged = write_jsonl(tmp_path / "tagged.jsonl", [{**r, "agent_ref": {"name": n}} for n in agents for r in rows_in])
+    path = tmp_path / "out.jsonl"
+    r = cli("run", str(cfg), "-i", str(tagged), "-o", str(path), "--log-level", "info", timeout=600)
+    assert r.returncode in (0, 1), r.stderr  # 1: some rows are failure rows (checked by the caller)
+    ready = [json.loads(line) for line in r.stderr.splitlines() if '"worker.ready"' in line]
+    hosted = {e["worker"] for e in ready if e["worker"].startswith("agents.")}
+    assert hosted == {f"agents.{n}" for n, a in agents.items() if "nemo_gym" in a}, hosted  # not agents.idle
+    out: dict[str, list[dict[str, Any]]] = {n: [] for n in agents}
+    for row in read_jsonl(path):
+        out[row["agent_ref"]["name"]].append(row)
+    for k, name in enumerate(agents):  # agent k's rows are lines k*n... of the tagged file: its own task order
+        for row in out[name]:
+            row["_ng_task_index"] -= k * len(rows_in)
+        out[name].sort(key=lambda row: row["_ng_task_index"])
     return out
 
 
@@ -108,14 +116,20 @@ def start_workers(cfg: Path, url: str, *only: str) -> subprocess.Popen[str]:
 
 
 def comparable(row: dict[str, Any]) -> dict[str, Any]:
-    """A row less what differs by design: the agent's name, the response's creation time, the null
-    optional fields (``defer_loading``, ``description``) NeMo Gym's Responses schema adds to each tool it echoes,
-    the provenance (each agent has its own fingerprint and workers) and the cost's timings (the calls and
-    tokens stay: both agents made the same model calls)."""
+    """A row less what differs by design: the agent's name, the response's creation time, the ids the
+    scripted model gives (``resp_scripted_N``, ``msg_scripted_N``: it numbers its answers in the order it gives
+    them, across the agents of one run), the null optional fields (``defer_loading``, ``description``) NeMo
+    Gym's Responses schema adds to each tool it echoes, the provenance (each agent has its own fingerprint and
+    workers) and the cost's timings (the calls and tokens stay: both agents made the same model calls)."""
     row = {k: v for k, v in without_run_identity(row).items() if k != "agent_ref"}
-    response = {k: v for k, v in row["response"].items() if k != "created_at"}
+    response = {k: v for k, v in row["response"].items() if k != "created_at" and not _scripted_id(k, v)}
     response["tools"] = [{k: v for k, v in t.items() if v is not None} for t in response["tools"]]
+    response["output"] = [{k: v for k, v in o.items() if not _scripted_id(k, v)} for o in response["output"]]
     return {**row, "response": response}
+
+
+def _scripted_id(key: str, value: Any) -> bool:
+    return key == "id" and isinstance(value, str) and value.startswith(("resp_scripted_", "msg_scripted_"))
 
 
 def token_ids(row: dict[str, Any]) -> list[Any]:
@@ -234,7 +248,7 @@ def test_a_verifier_that_raises_is_a_verify_error_row_and_the_worker_keeps_servi
         {"ng": {"nemo_gym": "simple_agent"}},
     )
     assert [(r["_ng_task_index"], r["reward"]) for r in rows["ng"]] == [(0, 1.0), (2, 1.0)]
-    (failure,) = read_jsonl(tmp_path / "ng_failures.jsonl")
+    (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
     assert failure["_ng_task_index"] == 1 and failure["error_class"] == "verify_error"
     assert "this verifier always fails" in failure["error"]
 
@@ -255,7 +269,7 @@ def test_an_agent_that_blocks_its_loop_past_the_liveness_window_loses_no_rollout
         write_jsonl(tmp_path / "in.jsonl", rows_in),
         {"ng": {"nemo_gym": str(SLEEPY_AGENT)}},
     )["ng"]
-    failures = tmp_path / "ng_failures.jsonl"
+    failures = tmp_path / "out_failures.jsonl"
     lost = [(f["_ng_task_index"], f["error_class"]) for f in read_jsonl(failures)] if failures.exists() else []
     assert not lost
     assert [(r["_ng_task_index"], r["reward"], r.get("block_s")) for r in rows] == [
@@ -529,7 +543,7 @@ def test_an_agents_own_protocol_passes_through_and_a_step_that_raises_is_a_tool_
     assert [(r["task_idx"], r["reward"], r["steps"]) for r in rows] == [(0, 0.1, 2), (2, 0.1, 2)]
     outputs = [o.get("output") for o in rows[0]["response"]["output"] if o["type"] == "function_call_output"]
     assert outputs == ["added 1"]
-    (failure,) = read_jsonl(tmp_path / "ng_failures.jsonl")
+    (failure,) = read_jsonl(tmp_path / "out_failures.jsonl")
     assert failure["_ng_task_index"] == 1 and failure["error_class"] == "tool_error"
     assert "/step: HTTP 500" in failure["error"] and "the episode exploded" in failure["error"]
 
