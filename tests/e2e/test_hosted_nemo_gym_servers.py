@@ -512,7 +512,8 @@ def both_sides(
     nemo_gym: dict[str, Any],
 ) -> dict[str, tuple[Any, Any]]:
     """{variant: (our reward, NeMo Gym's reward)} for (name, task row, model output items) variants; a failure
-    row counts as its error_class. The two runs share one replay file and one input file."""
+    row counts as its error_class. One run: an agent per side (agents.simple on each side's resource), every
+    variant once per side, one replay file."""
     rows, rollouts = [], []
     for name, row, output in variants:
         row = json.loads(json.dumps(row))
@@ -524,21 +525,28 @@ def both_sides(
         response = {"id": "resp_v", "created_at": 0.0, "model": "m", "object": "response", "output": output}
         rollouts.append({"responses_create_params": row["responses_create_params"], "response": response})
     write_jsonl(tmp_path / "rollouts.jsonl", rollouts)
-    write_jsonl(tmp_path / "rows.jsonl", rows)
-    policy = {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}
-    got: dict[str, dict[int, Any]] = {}
-    for side, resource in (("ours", ours), ("nemo_gym", nemo_gym)):
-        work = tmp_path / side
-        work.mkdir()
-        cfg = config(work, resource, policy=policy)
-        r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(work / "out.jsonl"), timeout=600)
-        assert r.returncode in (0, 1), r.stderr  # 1: some variants are failure rows
-        out: dict[int, Any] = {x["_ng_task_index"]: x["reward"] for x in read_jsonl(work / "out.jsonl")}
-        failed = work / "out_failures.jsonl"
-        for x in read_jsonl(failed) if failed.exists() else []:
-            out[x["_ng_task_index"]] = x["error_class"]
-        assert len(out) == len(rows)
-        got[side] = out
+    sides = ("ours", "nemo_gym")
+    write_jsonl(tmp_path / "rows.jsonl", [{**row, "agent_ref": {"name": side}} for side in sides for row in rows])
+    cfg = tmp_path / "config.yaml"
+    agent = {"agent": "agents.simple", "model": "policy", "max_steps": 10}
+    cfg.write_text(
+        json.dumps(
+            {
+                "models": {"policy": {"adapter": "replay", "rollouts": str(tmp_path / "rollouts.jsonl")}},
+                "resources": {"ours": ours, "nemo_gym": nemo_gym},
+                "agents": {side: {**agent, "resource": side} for side in sides},
+            }
+        )
+    )
+    r = cli("run", str(cfg), "-i", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "out.jsonl"), timeout=600)
+    assert r.returncode in (0, 1), r.stderr  # 1: some variants are failure rows
+    got: dict[str, dict[int, Any]] = {side: {} for side in sides}
+    failed = tmp_path / "out_failures.jsonl"
+    scored = [(x, x["reward"]) for x in read_jsonl(tmp_path / "out.jsonl")]
+    for x, outcome in scored + [(x, x["error_class"]) for x in (read_jsonl(failed) if failed.exists() else [])]:
+        side = x["agent_ref"]["name"]  # its variant: the task index less the rows of the sides before it
+        got[side][x["_ng_task_index"] - sides.index(side) * len(rows)] = outcome
+    assert all(len(got[side]) == len(rows) for side in sides), got
     return {name: (got["ours"][i], got["nemo_gym"][i]) for i, (name, _, _) in enumerate(variants)}
 
 
