@@ -5,7 +5,7 @@ pytest with a plugin that records, for each test, the CPU of the pytest process 
 (``getrusage``: a child's CPU is counted once it is waited for, a grandchild's through its parent), then prints
 the files and tests that spent the most. Containers' CPU (their own daemons' children) is not counted.
 
-    python tests/bench/suite_cpu.py [--top 25] [-- PYTEST ARGS...]     # default: the README's test command
+    python tests/bench/suite_cpu.py [--top 25] [--jsonl PATH] [-- PYTEST ARGS...]   # default: the README's test command
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=25, help="rows of each table (default 25)")
+    ap.add_argument("--jsonl", type=Path, help="also keep the per-test lines (id, cpu, wall, end, worker) here")
     ap.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: -q -n 4)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,6 +65,8 @@ def main() -> int:
         rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        if args.jsonl and out.exists():
+            args.jsonl.write_text(out.read_text())
     wall = time.monotonic() - started
     total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     counted = sum(r["cpu"] for r in rows) or 1.0
