@@ -20,15 +20,21 @@ stay allowed), so process count x ``RLIMIT_AS`` stays within the budget.
 
 The sandboxed child joins the cgroup itself, first thing, before it forks or reads
 anything untrusted (``child._child_main``); the parent kills what is left and removes the
-directory after the run.
+directory after the run. A worker killed mid-run never does: its cgroups (named for its PID) stay
+until another worker beside it sweeps them (:func:`sweep`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
+import time
 from dataclasses import dataclass
+
+# what one sandbox leaves under its worker's name: this cgroup, and its working directory (runner._start)
+_LEFTOVER = re.compile(r"gym-sandbox-(\d+)-[0-9a-z_]+")
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -208,3 +214,63 @@ def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
         if controller == "memory" and not made:
             return None  # memory is what this is for
     return cg if made else None
+
+
+def owner_gone(name: str) -> bool:
+    """True for ``gym-sandbox-PID-...`` when no process PID exists: a worker that died before its cleanup ran.
+    A live PID (even one reused by another process) keeps its leftovers: the safe side."""
+    m = _LEFTOVER.fullmatch(name)
+    if m is None or int(m.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        pass
+    return False
+
+
+def sweep() -> int:
+    """Remove the sandbox cgroups beside this process's own that dead workers left (each killed mid-run):
+    kill what is still inside (a runaway whose worker is gone), then remove the directory. How many went."""
+    own = _own_paths()
+    parents: dict[str, int] = {}
+    for root, mount, fstype, opts in _mounts():
+        if fstype == "cgroup2" and "" in own:
+            parents[_join(mount, root, own[""])] = 2
+        elif fstype == "cgroup":
+            for controller in ("memory", "pids", "cpuacct"):
+                if controller in opts.split(",") and controller in own:
+                    parents[_join(mount, root, own[controller])] = 1
+    removed = 0
+    for parent, version in parents.items():
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if owner_gone(name):
+                left = SandboxCgroup(version, [os.path.join(parent, name)])
+                left.kill()
+                _until_empty(left, 2.0)
+                removed += left.remove()
+    return removed
+
+
+def _until_empty(cg: SandboxCgroup, within: float) -> None:
+    """Wait (at most ``within`` seconds) for killed processes to leave: a cgroup with any inside is not removed."""
+    deadline = time.monotonic() + within
+    while not _empty(cg) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _empty(cg: SandboxCgroup) -> bool:
+    for procs in cg.procs_files:
+        try:
+            with open(procs) as f:
+                if f.read().strip():
+                    return False
+        except OSError:
+            pass
+    return True

@@ -318,6 +318,17 @@ def _parse_header(line: bytes) -> Any:
         raise SandboxExited("child sent a malformed message", None, "") from None
 
 
+def sweep_leftovers() -> None:
+    """Remove the cgroups and working directories of sandboxes whose worker was killed mid-run (a SIGKILL
+    runs no cleanup; each is named for its worker's PID, ``cgroups.owner_gone``). Without this, every such
+    kill leaves a memory cgroup and a directory behind, for the life of the machine."""
+    cgroups.sweep()
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if cgroups.owner_gone(name):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
 class SandboxRunner:
     """Starts sandboxed children; at most ``max_parallel`` at once (the rest wait their turn).
 
@@ -337,6 +348,7 @@ class SandboxRunner:
         self._sem = anyio.Semaphore(self.max_parallel)
         self._cpu = _CpuWatch()
         self.running = 0  # children alive right now (tests and stats)
+        self.swept = False  # what dead workers left is removed before this runner's first sandbox
 
     def session(self, payload: str, limits: Limits, *, entry: str = "main") -> Any:
         return _SessionContext(self, payload, limits, entry)
@@ -364,6 +376,9 @@ class _SessionContext:
 
     async def _start(self) -> SandboxSession:
         lim = self.limits
+        if not self.runner.swept:
+            self.runner.swept = True
+            await anyio.to_thread.run_sync(sweep_leftovers)
         # named for the worker process, as its cgroups are: what a process left behind is told apart
         self._workdir = tempfile.mkdtemp(prefix=f"gym-sandbox-{os.getpid()}-")
         if lim.cgroup:

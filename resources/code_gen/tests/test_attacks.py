@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gym_runtime.resources.code_gen import CodeGen
+from gym_runtime.resources.code_gen.grading import HARNESS
 from gym_runtime.sandbox import cgroups, landlock_abi
+from gym_runtime.sandbox.runner import Limits, SandboxRunner
 
 from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
@@ -599,8 +604,9 @@ async def test_cannot_leave_its_cgroup() -> None:
     await still_works(env)
 
 
-def cgroups_left() -> list[str]:
-    """This worker's sandbox cgroups still present, in every cgroup hierarchy."""
+def cgroups_left(pid: int | None = None) -> list[str]:
+    """The sandbox cgroups of this worker (or of the worker ``pid`` beside it) still present, in every hierarchy."""
+    pid = os.getpid() if pid is None else pid
     own = cgroups._own_paths()
     left = []
     for root, mount, fstype, opts in cgroups._mounts():
@@ -610,10 +616,53 @@ def cgroups_left() -> list[str]:
                 continue
             parent = cgroups._join(mount, root, own[key])
             try:
-                left += [n for n in os.listdir(parent) if n.startswith(f"gym-sandbox-{os.getpid()}-")]
+                left += [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f"gym-sandbox-{pid}-")]
             except OSError:
                 pass
     return left
+
+
+KILLED_MID_RUN = """
+import anyio
+from gym_runtime.resources.code_gen.grading import HARNESS
+from gym_runtime.sandbox.runner import Limits, SandboxRunner
+
+async def main():
+    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=120)):
+        print("started", flush=True)
+        await anyio.sleep(120)
+
+anyio.run(main)
+"""
+
+
+async def test_what_a_worker_killed_mid_run_left_is_removed_by_the_next_one() -> None:
+    """A worker SIGKILLed while its sandbox runs cleans nothing up: its sandbox's working directory and cgroups
+    (memory, pids, cpuacct: kernel memory, for the life of the machine) stay. The next runner beside it removes
+    them before its first sandbox, with anything still inside them."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_RUN], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+    tmp = tempfile.gettempdir()
+    workdirs = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(f"gym-sandbox-{proc.pid}-")]
+    groups = cgroups_left(proc.pid)
+    inside = [pid for g in groups for pid in Path(g, "cgroup.procs").read_text().split()]
+    proc.kill()
+    proc.wait()
+    assert len(workdirs) == 1 and all(os.path.isdir(d) for d in workdirs)  # left behind by the kill
+    assert cgroups_left(proc.pid) == groups and (groups or cgroups._own_paths().get("memory") is None)
+
+    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)):
+        pass
+    assert not any(os.path.exists(d) for d in workdirs)
+    assert cgroups_left(proc.pid) == []
+    assert not [pid for pid in inside if running(int(pid))]  # the dead worker's sandbox is gone too
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_many_threads_still_work_under_the_fallback() -> None:
