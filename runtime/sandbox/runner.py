@@ -318,15 +318,25 @@ def _parse_header(line: bytes) -> Any:
         raise SandboxExited("child sent a malformed message", None, "") from None
 
 
+# a leftover working directory is removed once untouched this long: a /tmp shared with workers in another PID
+# namespace (containers that mount one /tmp) holds live sandboxes whose PIDs this namespace does not see
+LEFTOVER_AGE_S = 3600.0
+
+
 def sweep_leftovers() -> None:
     """Remove the cgroups and working directories of sandboxes whose worker was killed mid-run (a SIGKILL
     runs no cleanup; each is named for its worker's PID, ``cgroups.owner_gone``). Without this, every such
     kill leaves a memory cgroup and a directory behind, for the life of the machine."""
-    cgroups.sweep()
+    cgroups.sweep()  # siblings of this worker's own cgroup: their workers shared its PID namespace
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
-        if cgroups.owner_gone(name):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        path = os.path.join(tmp, name)
+        try:
+            stale = cgroups.owner_gone(name) and time.time() - os.stat(path).st_mtime > LEFTOVER_AGE_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class SandboxRunner:

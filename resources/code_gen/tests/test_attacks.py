@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.grading import HARNESS
 from gym_runtime.sandbox import cgroups, landlock_abi
-from gym_runtime.sandbox.runner import Limits, SandboxRunner
+from gym_runtime.sandbox.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 
 from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
@@ -625,7 +626,7 @@ def cgroups_left(pid: int | None = None) -> list[str]:
 KILLED_MID_RUN = """
 import anyio
 from gym_runtime.resources.code_gen.grading import HARNESS
-from gym_runtime.sandbox.runner import Limits, SandboxRunner
+from gym_runtime.sandbox.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 
 async def main():
     async with SandboxRunner(1).session(HARNESS, Limits(wall_s=120)):
@@ -639,7 +640,7 @@ anyio.run(main)
 async def test_what_a_worker_killed_mid_run_left_is_removed_by_the_next_one() -> None:
     """A worker SIGKILLed while its sandbox runs cleans nothing up: its sandbox's working directory and cgroups
     (memory, pids, cpuacct: kernel memory, for the life of the machine) stay. The next runner beside it removes
-    them before its first sandbox, with anything still inside them."""
+    them before its first sandbox (a directory once it is an hour old), with anything still inside them."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_RUN], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "started\n"
     tmp = tempfile.gettempdir()
@@ -651,11 +652,20 @@ async def test_what_a_worker_killed_mid_run_left_is_removed_by_the_next_one() ->
     assert len(workdirs) == 1 and all(os.path.isdir(d) for d in workdirs)  # left behind by the kill
     assert cgroups_left(proc.pid) == groups and (groups or cgroups._own_paths().get("memory") is None)
 
+    # a directory touched within the hour stays (its PID may be a live worker's in another PID namespace
+    # that shares this /tmp); the cgroups beside this worker's own go at once
+    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)):
+        pass
+    assert all(os.path.isdir(d) for d in workdirs)
+    assert cgroups_left(proc.pid) == []
+    assert not [pid for pid in inside if running(int(pid))]  # the dead worker's sandbox is gone too
+
+    then = time.time() - LEFTOVER_AGE_S - 60
+    for d in workdirs:
+        os.utime(d, (then, then))
     async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)):
         pass
     assert not any(os.path.exists(d) for d in workdirs)
-    assert cgroups_left(proc.pid) == []
-    assert not [pid for pid in inside if running(int(pid))]  # the dead worker's sandbox is gone too
 
 
 def running(pid: int) -> bool:
