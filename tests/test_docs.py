@@ -85,9 +85,10 @@ def test_readme_keeps_the_set_up_and_test_commands() -> None:
     assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e ." in setup
     assert "gym-runtime run resources/weather/config.yaml -i resources/weather/data/example.jsonl -o out.jsonl" in setup
     tests = fenced(text, "## Run the tests")
-    assert "pip install -e '.[dev]'" in tests and "python -m pytest -q -n 4" in tests
+    command = "python -m pytest -q -n 4 --dist worksteal"
+    assert "pip install -e '.[dev]'" in tests and command in tests
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    assert ci.count("python -m pytest -q -n 4") == 1  # CI runs exactly that, once, in a fresh clone
+    assert ci.count(command) == 1  # CI runs exactly that, once, in a fresh clone
 
 
 def test_deploy_readme_points_at_pages_that_exist() -> None:

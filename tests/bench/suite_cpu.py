@@ -55,13 +55,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=25, help="rows of each table (default 25)")
     ap.add_argument("--jsonl", type=Path, help="also keep the per-test lines (id, cpu, wall, end, worker) here")
-    ap.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: -q -n 4)")
+    readme = ["-q", "-n", "4", "--dist", "worksteal"]  # the README's test command
+    ap.add_argument("pytest_args", nargs="*", help=f"after --: pytest's arguments (default: {' '.join(readme)})")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cpu.jsonl"
         env = {**os.environ, OUT_ENV: str(out), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO)])}
         started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        cmd = [sys.executable, "-m", "pytest", "-p", "suite_cpu", *(args.pytest_args or ["-q", "-n", "4"])]
+        cmd = [sys.executable, "-m", "pytest", "-p", "suite_cpu", *(args.pytest_args or readme)]
         rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
