@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 # what one sandbox leaves under its worker's name: this cgroup, and its working directory (runner._start)
 _LEFTOVER = re.compile(r"gym-sandbox-(\d+)-[0-9a-z_]+")
+REMOVE_WITHIN_S = 2.5  # how long a cgroup whose processes were killed may take to empty
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -118,21 +119,26 @@ class SandboxCgroup:
     def procs_files(self) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in self.dirs]
 
-    def remove(self) -> bool:
-        """Kill every process still inside, then remove the directories; True when all are gone."""
-        self.kill()
-        left = []
-        for d in self.dirs:
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                left.append(d)
-        self.dirs = left
-        if self.cpu_file is not None and os.path.dirname(self.cpu_file) not in left:
-            self.cpu_file = None
-        return not left
+    def remove(self, within: float = 0.0) -> bool:
+        """Kill every process still inside, then remove the directories; True when all are gone. ``within``:
+        seconds to keep trying while killed processes leave (a PID namespace's last ones die asynchronously)."""
+        deadline = time.monotonic() + within
+        while True:
+            self.kill()
+            left = []
+            for d in self.dirs:
+                try:
+                    os.rmdir(d)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    left.append(d)
+            self.dirs = left
+            if self.cpu_file is not None and os.path.dirname(self.cpu_file) not in left:
+                self.cpu_file = None
+            if not left or time.monotonic() >= deadline:
+                return not left
+            time.sleep(0.05)
 
 
 def create(memory_bytes: int, max_tasks: int) -> SandboxCgroup | None:
@@ -251,26 +257,5 @@ def sweep() -> int:
             continue
         for name in names:
             if owner_gone(name):
-                left = SandboxCgroup(version, [os.path.join(parent, name)])
-                left.kill()
-                _until_empty(left, 2.0)
-                removed += left.remove()
+                removed += SandboxCgroup(version, [os.path.join(parent, name)]).remove(within=REMOVE_WITHIN_S)
     return removed
-
-
-def _until_empty(cg: SandboxCgroup, within: float) -> None:
-    """Wait (at most ``within`` seconds) for killed processes to leave: a cgroup with any inside is not removed."""
-    deadline = time.monotonic() + within
-    while not _empty(cg) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _empty(cg: SandboxCgroup) -> bool:
-    for procs in cg.procs_files:
-        try:
-            with open(procs) as f:
-                if f.read().strip():
-                    return False
-        except OSError:
-            pass
-    return True

@@ -462,10 +462,7 @@ class _SessionContext:
                 self.runner.running -= 1
                 self._proc = None
             if self._cgroup is not None:
-                for _ in range(50):  # the PID namespace's last processes die asynchronously
-                    if await anyio.to_thread.run_sync(self._cgroup.remove):
-                        break
-                    await anyio.sleep(0.05)
+                await anyio.to_thread.run_sync(self._cgroup.remove, cgroups.REMOVE_WITHIN_S)
                 self._cgroup = None
             if self._stderr is not None:
                 self._stderr.close()
