@@ -21,8 +21,11 @@ async def test_a_start_child_is_ready_serves_and_drains_on_close(nats_server: Em
     child = await StartProcess.open(WEATHER, nats_server.url, auth_dir=None, replicas=None)
     try:
         assert child.proc.poll() is None
-        roles = {w["role"] for w in await discover(bus)}
-        assert roles == {"model", "resource", "agent"}
+        every_role = {"model", "resource", "agent"}
+        roles = {
+            w["role"] for w in await discover(bus, wait_s=30, until=lambda ws: {w["role"] for w in ws} >= every_role)
+        }
+        assert roles == every_role
     finally:
         t0 = time.monotonic()
         await child.close()

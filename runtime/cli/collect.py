@@ -61,7 +61,7 @@ async def watch_agents(bus: Any, batch: str) -> None:
     import anyio
 
     from gym_runtime.data.batches import get_manifest
-    from gym_runtime.transport.discovery import discover
+    from gym_runtime.transport.discovery import serving
 
     manifest = await get_manifest(bus, batch, wait_s=3600.0)
     if manifest is None:
@@ -69,8 +69,8 @@ async def watch_agents(bus: Any, batch: str) -> None:
     told: set[str] = set()
     while True:
         await anyio.sleep(NO_WORKER_CHECK_S)
-        serving = {w.get("name") for w in await discover(bus) if w.get("role") == "agent"}
-        for agent in sorted(set(manifest.agents) - serving - told):
+        unheard = set(manifest.agents) - told
+        for agent in sorted(unheard - await serving(bus, "agent", unheard, wait_s=0.5)):
             told.add(agent)
             print(
                 f"gym-runtime: warning: no worker serves agent {agent!r}; batch {batch} waits until one "

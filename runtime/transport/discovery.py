@@ -64,11 +64,23 @@ async def register(
     return Registration(sub)
 
 
-async def discover(bus: Transport, *, wait_s: float = 0.5) -> list[dict[str, Any]]:
-    """Every live worker of this namespace with its counters. An answer that claims a role and name other
-    than the lane it came in is dropped: on a secured bus only that entry's pool may answer there, so no
-    pool can pass itself off as another's workers (a model replica a pause would wait for, say)."""
-    out = [w for w in (_worker(bus, *got) for got in await bus.scatter(bus.subjects.status, wait_s=wait_s)) if w]
+async def discover(
+    bus: Transport, *, wait_s: float = 0.5, until: Callable[[list[dict[str, Any]]], bool] | None = None
+) -> list[dict[str, Any]]:
+    """Every live worker of this namespace with its counters: the answers gathered for ``wait_s``, or until
+    ``until(answers so far)`` holds (a caller that knows whom it expects waits for them, not for a window a
+    loaded machine can overrun). An answer that claims a role and name other than the lane it came in is
+    dropped: on a secured bus only that entry's pool may answer there, so no pool can pass itself off as
+    another's workers (a model replica a pause would wait for, say)."""
+    out: list[dict[str, Any]] = []
+
+    def each(subject: str, data: bytes) -> bool:
+        w = _worker(bus, subject, data)
+        if w is not None:
+            out.append(w)
+        return until is not None and until(out)
+
+    await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)
     out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
     return out
 
@@ -76,17 +88,13 @@ async def discover(bus: Transport, *, wait_s: float = 0.5) -> list[dict[str, Any
 async def serving(bus: Transport, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
     """Which of ``names`` (config entries of ``role``) a live worker of this namespace serves: the answers to
     a discovery, gathered until each name has one, or for ``wait_s``."""
-    found: set[str] = set()
 
-    def each(subject: str, data: bytes) -> bool:
-        w = _worker(bus, subject, data)
-        if w is not None and w["role"] == role and w["name"] in names:
-            found.add(w["name"])
-        return found >= names
+    def found(workers: list[dict[str, Any]]) -> set[str]:
+        return {w["name"] for w in workers if w["role"] == role and w["name"] in names}
 
-    if names:
-        await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)
-    return found
+    if not names:
+        return set()
+    return found(await discover(bus, wait_s=wait_s, until=lambda workers: found(workers) >= names))
 
 
 def _worker(bus: Transport, subject: str, data: bytes) -> dict[str, Any] | None:

@@ -21,6 +21,11 @@ from gym_runtime.transport.subjects import LOST, Subjects
 from tests.helpers import REPO, ROWS, WEATHER, read_jsonl, rows, weather, weather_config
 
 
+def three(workers: list[dict[str, Any]]) -> bool:
+    """Weather's three workers (a model, a resource, an agent) have answered a discovery."""
+    return len(workers) >= 3
+
+
 async def test_rows_stream_in_completion_order_and_equal_collects(nats_server, tmp_path: Path) -> None:
     """The first row arrives long before the batch ends; the rows are the ones `collect` writes."""
     async with Client(weather(delay_s=0.1, agent_concurrency=1), nats=nats_server.url) as client:
@@ -85,11 +90,11 @@ async def test_two_batches_in_flight_do_not_mix(nats_server) -> None:
 
 async def test_ten_submits_reuse_the_same_warm_workers(nats_server) -> None:
     async with Client(weather(), nats=nats_server.url) as client:
-        before = {w["worker"] for w in await discover(client.bus)}
+        before = {w["worker"] for w in await discover(client.bus, wait_s=30, until=three)}
         for step in range(10):
             got = await (await client.submit(ROWS[:2])).gather()
             assert [r["reward"] for r in got] == [1.0, 1.0], step
-        after = {w["worker"] for w in await discover(client.bus)}
+        after = {w["worker"] for w in await discover(client.bus, wait_s=30, until=three)}
         served = sum(getattr(w, "served", 0) for w in client.workers)
     assert before == after and len(before) == 3  # one model, one resource, one agent worker: never restarted
     assert served == 10 * 2 * 2  # two model calls per weather rollout, all on those workers
@@ -218,11 +223,11 @@ async def test_workers_as_child_processes_stay_warm_and_stop_with_the_client(nat
     async with Client(WEATHER, nats=nats_server.url, workers="processes") as client:
         assert client._children is not None
         child = client._children.proc
-        first = {w["worker"] for w in await discover(client.bus)}
+        first = {w["worker"] for w in await discover(client.bus, wait_s=30, until=three)}
         for _ in range(3):
             got = await (await client.submit(ROWS)).gather()
             assert [r["reward"] for r in got] == [1.0] * 5
-        assert {w["worker"] for w in await discover(client.bus)} == first and len(first) == 3
+        assert {w["worker"] for w in await discover(client.bus, wait_s=30, until=three)} == first and len(first) == 3
     assert child.poll() is not None  # stopped (drained) with the client
 
 

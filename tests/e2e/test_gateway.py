@@ -225,7 +225,9 @@ async def test_several_agents_are_listed_and_routed_by_agent_ref(nats_server) ->
                 assert r.status == 422 and "several agents" in (await r.json())["detail"]
         finally:
             await runner.cleanup()
-        agents = {w["name"]: w["completed"] for w in await discover(client.bus) if w["role"] == "agent"}
+        both = {"weather_agent", "second_agent"}
+        seen = await discover(client.bus, wait_s=30, until=lambda ws: {w["name"] for w in ws} >= both)
+        agents = {w["name"]: w["completed"] for w in seen if w["role"] == "agent"}
     assert {"weather_agent", "second_agent"} <= set(global_cfg)
     assert agent_url(global_cfg, "second_agent") == head
     assert sorted(b["agent_ref"]["name"] for _, b in replies) == ["second_agent"] * 2 + ["weather_agent"] * 2

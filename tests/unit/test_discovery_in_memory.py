@@ -1,0 +1,40 @@
+"""Discovery on the in-memory transport: a caller that knows whom it expects stops waiting once they answered,
+not at the end of a window a loaded machine can overrun, and an answer claiming another lane is still dropped.
+The same on a real (secured) server: ``tests/e2e/test_secured_bus_attacks.py``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from gym_runtime.testing import MemoryTransport
+from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.discovery import discover, register, serving
+from gym_runtime.transport.subjects import answer, lane
+
+
+def counters() -> dict[str, Any]:
+    return {"in_flight": 0}
+
+
+async def test_discovery_waits_until_the_expected_workers_answered_and_no_longer() -> None:
+    async with MemoryTransport() as bus:
+        await register(bus, "agent", "a", "w1", counters)
+        await register(bus, "resource", "r", "w2", counters)
+
+        async def forge(msg: Delivery) -> None:  # a pool answering in its own lane, claiming to be a model replica
+            body = {"namespace": bus.ns, "role": "model", "name": "policy", "worker": "ghost"}
+            assert msg.reply is not None
+            await bus.publish_raw(answer(msg.reply, lane("agent", "a")), json.dumps(body).encode())
+
+        await bus.subscribe(bus.subjects.status, forge)
+        t0 = time.monotonic()
+        both = await discover(bus, wait_s=60, until=lambda ws: {w["name"] for w in ws} >= {"a", "r"})
+        assert time.monotonic() - t0 < 30  # it stopped when both had answered, not at the end of the window
+        assert [(w["role"], w["name"], w["worker"]) for w in both] == [("agent", "a", "w1"), ("resource", "r", "w2")]
+        assert await serving(bus, "resource", {"r", "s"}, wait_s=0.2) == {"r"}  # one that never answers: the window
+        t0 = time.monotonic()
+        assert await serving(bus, "agent", {"a"}, wait_s=60) == {"a"}
+        assert time.monotonic() - t0 < 30
+        assert await serving(bus, "model", {"policy"}, wait_s=0.2) == set()  # the forged answer is not believed
