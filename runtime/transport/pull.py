@@ -83,6 +83,42 @@ async def work_queue_puller(
     )
 
 
+class Requests:
+    """The pull requests still alive, oldest first (the server serves them in order), each with its expiry
+    and the credits it has left; their sum is kept as they change, not re-added for every delivery."""
+
+    def __init__(self) -> None:
+        self._live: deque[list[float]] = deque()  # [expires_at, credits left]
+        self.credits = 0  # messages asked for and not yet delivered
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def add(self, expires_at: float, credits: int) -> None:
+        self._live.append([expires_at, float(credits)])
+        self.credits += credits
+
+    def consume(self) -> None:
+        """A delivery fills the oldest request."""
+        if self._live:
+            oldest = self._live[0]
+            oldest[1] -= 1
+            self.credits -= 1
+            if oldest[1] <= 0:
+                self._live.popleft()
+
+    def oldest_expires_at(self) -> float:
+        return self._live[0][0]
+
+    def drop_oldest(self) -> None:
+        """The oldest expired or was answered in full: its leftover credits are void."""
+        self.credits -= int(self._live.popleft()[1])
+
+    def clear(self) -> None:
+        self._live.clear()
+        self.credits = 0
+
+
 class PullWorker:
     """Pull messages into at most ``slots`` concurrent handler tasks.
 
@@ -131,7 +167,7 @@ class PullWorker:
         self.nakked_for_peers = 0
         self.busy = 0
         self.delivered = 0
-        self._requests: deque[list[float]] = deque()  # [expires_at, credits left], oldest first
+        self._requests = Requests()
         self._inflight: dict[int, Delivery] = {}
         self._stopping = False
         self._reconnects = 0
@@ -144,14 +180,7 @@ class PullWorker:
     @property
     def credits(self) -> int:
         """Messages asked for and not yet delivered (by requests still alive)."""
-        return int(sum(r[1] for r in self._requests))
-
-    def _consume_credit(self) -> None:
-        """A delivery fills the oldest live request (the server serves requests in order)."""
-        if self._requests:
-            self._requests[0][1] -= 1
-            if self._requests[0][1] <= 0:
-                self._requests.popleft()
+        return self._requests.credits
 
     def _forget_lost(self, now: float) -> None:
         """Drop requests past their expiry (plus slack): the server restarted or the answer was lost."""
@@ -160,8 +189,8 @@ class PullWorker:
             self._reconnects = reconnects
             self._requests.clear()  # requests went to a connection that no longer exists
             return
-        while self._requests and self._requests[0][0] + LOST_SLACK_S < now:
-            self._requests.popleft()
+        while self._requests and self._requests.oldest_expires_at() + LOST_SLACK_S < now:
+            self._requests.drop_oldest()
 
     def stop_pulling(self) -> None:
         """Drain: ask for nothing more; running handlers finish."""
@@ -173,7 +202,7 @@ class PullWorker:
             return
         if want < self._min_pull and self.credits and not force:
             return
-        self._requests.append([time.monotonic() + self.expires_s, float(want)])
+        self._requests.add(time.monotonic() + self.expires_s, want)
         req = b'{"batch":%d,"expires":%d}' % (want, self._expires_ns)
         await self.bus.nc.publish(self._api, req, reply=self._inbox)
 
@@ -189,8 +218,8 @@ class PullWorker:
                 if headers and "Status" in headers and not msg.data:
                     status = headers.get("Status")
                     if status == "408":  # the oldest request expired: its leftover credits are void
-                        if self._requests and self._requests[0][0] <= time.monotonic() + 1.0:
-                            self._requests.popleft()
+                        if self._requests and self._requests.oldest_expires_at() <= time.monotonic() + 1.0:
+                            self._requests.drop_oldest()
                         await self._pull(force=True)
                     elif status == "503" or (status == "409" and "Deleted" in headers.get("Description", "")):
                         self._requests.clear()  # no consumer answers: it was deleted
@@ -201,7 +230,7 @@ class PullWorker:
                         self._requests.clear()
                         await self._pull(force=True)
                     return
-                self._consume_credit()
+                self._requests.consume()
                 self.busy += 1
                 self.delivered += 1
                 delivery = Delivery(msg)
