@@ -135,6 +135,7 @@ def _serve(work: Path, script: str, *args: str) -> Iterator[str]:
 
 
 TOOLS_AGENT = "{agent: agents.simple, model: policy, resource: counter, max_steps: 6, max_attempts: 1, timeout_s: 60}"
+SERVED_AGENT = TOOLS_AGENT.replace("resource: counter", "resource: served")  # the same agent on a second resource
 TURNS_AGENT = (
     "{agent: agents.multi_turn, model: policy, resource: counter, max_steps: 2, max_attempts: 1, timeout_s: 60,"
     " options: {user: env, max_turns: 4}}"
@@ -144,19 +145,44 @@ TURNS_AGENT = (
 def _run(
     work: Path, base_url: str, options: str, rows: list[dict[str, Any]], agent: str = TOOLS_AGENT
 ) -> subprocess.CompletedProcess[str]:
+    return _run_config(work, base_url, {"counter": options}, {"play": agent}, rows)
+
+
+def _run_config(
+    work: Path, base_url: str, resources: dict[str, str], agents: dict[str, str], rows: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
+    """One ``run`` of ``rows`` with OpenEnv resources (name: options) and agents (name: entry)."""
     (work / "config.yaml").write_text(
         "nats: embedded\n"
         "models:\n"
         f"  policy: {{adapter: vllm, base_url: '{base_url}', model: tiny, return_token_ids: true,"
         " eos_token_id: 4, timeout_s: 20}\n"
         "resources:\n"
-        f"  counter: {{server: resources.openenv, options: {options}}}\n"
-        "agents:\n"
-        f"  play: {agent}\n"
+        + "".join(
+            f"  {name}: {{server: resources.openenv, options: {options}}}\n" for name, options in resources.items()
+        )
+        + "agents:\n"
+        + "".join(f"  {name}: {entry}\n" for name, entry in agents.items())
     )
     write_jsonl(work / "rows.jsonl", rows)
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q"]
     return subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=180, check=False)
+
+
+def _run_each(
+    work: Path,
+    base_url: str,
+    resources: dict[str, str],
+    agents: dict[str, str],
+    inputs: dict[str, list[dict[str, Any]]],
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[dict[str, Any]]]]:
+    """One ``run`` of each agent's rows (named by their ``agent_ref``); the output rows by agent, in task order."""
+    tagged = [{**row, "agent_ref": {"name": agent}} for agent, rows in inputs.items() for row in rows]
+    res = _run_config(work, base_url, resources, agents, tagged)
+    by_agent: dict[str, list[dict[str, Any]]] = {agent: [] for agent in agents}
+    for r in sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"]):
+        by_agent[r["agent_ref"]["name"]].append(r)
+    return res, by_agent
 
 
 async def _own_client(url: str, pairs: list[tuple[int, int]]) -> list[float]:
@@ -210,26 +236,25 @@ def test_a_served_environments_seed_imports_nothing_in_the_event_loop(work: Path
 
 def test_rewards_equal_in_process_served_and_own_client(work: Path, server: str) -> None:
     """The same scripted actions score the same in process, through OpenEnv's server, and with its client."""
-    rewards: dict[str, list[float]] = {}
+    # one run: an agent per mode (in process, through OpenEnv's server, and the in-process environment driven
+    # by policy turns: agents.multi_turn, user: env, each turn's text the action), the rows named by agent
+    agents = {
+        "in_process": TOOLS_AGENT,
+        "server": SERVED_AGENT,
+        "turns": TURNS_AGENT,
+    }
+    resources = {"counter": "{env: 'openenv_counter:CountEnv'}", "served": f"{{url: '{server}'}}"}
+    inputs = {"in_process": _rows(PAIRS), "server": _rows(PAIRS), "turns": _rows(PAIRS, turns=True)}
     with StubOpenAI(emulator=_emulator()) as stub:
-        for mode, options in (("in_process", "{env: 'openenv_counter:CountEnv'}"), ("server", f"{{url: '{server}'}}")):
-            res = _run(work, stub.base_url, options, _rows(PAIRS))
-            assert res.returncode == 0, res.stderr[-3000:]
-            rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
-            rewards[mode] = [r["reward"] for r in rows]
-            for r in rows:
-                calls = [i for i in r["response"]["output"] if i["type"] == "function_call"]
-                assert len(calls) == 2 and r["done"] is True and len(r["step_rewards"]) == 2
-                outputs = [
-                    json.loads(i["output"]) for i in r["response"]["output"] if i["type"] == "function_call_output"
-                ]
-                assert [o["done"] for o in outputs] == [False, True]
-        # the same environment driven by policy turns (agents.multi_turn, user: env): each turn's text is the action
-        res = _run(work, stub.base_url, "{env: 'openenv_counter:CountEnv'}", _rows(PAIRS, turns=True), TURNS_AGENT)
-        assert res.returncode == 0, res.stderr[-3000:]
-        rows = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
-        rewards["turns"] = [r["reward"] for r in rows]
-        assert all(r["terminated"] is True and len(r["step_rewards"]) == 2 for r in rows)
+        res, by_agent = _run_each(work, stub.base_url, resources, agents, inputs)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rewards = {agent: [r["reward"] for r in rows] for agent, rows in by_agent.items()}
+    for r in by_agent["in_process"] + by_agent["server"]:
+        calls = [i for i in r["response"]["output"] if i["type"] == "function_call"]
+        assert len(calls) == 2 and r["done"] is True and len(r["step_rewards"]) == 2
+        outputs = [json.loads(i["output"]) for i in r["response"]["output"] if i["type"] == "function_call_output"]
+        assert [o["done"] for o in outputs] == [False, True]
+    assert all(r["terminated"] is True and len(r["step_rewards"]) == 2 for r in by_agent["turns"])
     rewards["own_client"] = asyncio.run(_own_client(server, PAIRS))
     assert rewards["in_process"] == rewards["server"] == rewards["own_client"] == [1.0, 0.5, 0.0, 0.5]
     assert rewards["turns"] == rewards["own_client"]
@@ -304,12 +329,13 @@ def test_mcp_tools_are_offered_to_the_model_and_run_through_the_environment(work
         {"responses_create_params": {"input": [{"role": "user", "content": f"tally {a} {b}"}], "tools": tools}}
         for a, b in pairs
     ]
-    for options in ("{env: 'openenv_mcp:TallyEnv'}", f"{{url: '{mcp_server}'}}"):
-        with StubOpenAI(emulator=_mcp_emulator()) as stub:
-            res = _run(work, stub.base_url, options, rows)
-        assert res.returncode == 0, res.stderr[-3000:]
-        out = sorted(read_jsonl(work / "out.jsonl"), key=lambda r: r["_ng_task_index"])
-        assert [r["reward"] for r in out] == own == [1.0, 0.5, 0.0, 0.5], options  # 13 raised: 4 is one off
+    resources = {"counter": "{env: 'openenv_mcp:TallyEnv'}", "served": f"{{url: '{mcp_server}'}}"}
+    agents = {"in_process": TOOLS_AGENT, "server": SERVED_AGENT}
+    with StubOpenAI(emulator=_mcp_emulator()) as stub:  # one run: an agent per mode
+        res, by_agent = _run_each(work, stub.base_url, resources, agents, {agent: rows for agent in agents})
+    assert res.returncode == 0, res.stderr[-3000:]
+    for mode, out in by_agent.items():
+        assert [r["reward"] for r in out] == own == [1.0, 0.5, 0.0, 0.5], mode  # 13 raised: 4 is one off
         assert all(r["done"] is True for r in out)
         outputs = [[i["output"] for i in r["response"]["output"] if i["type"] == "function_call_output"] for r in out]
         assert outputs[0] == ["2", "5", "submitted 5"]
