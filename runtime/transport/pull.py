@@ -111,7 +111,7 @@ class Requests:
         return self._live[0][0]
 
     def drop_oldest(self) -> None:
-        """The oldest expired or was answered in full: its leftover credits are void."""
+        """The oldest expired (past its time, or the server's 408 says so): its leftover credits are void."""
         self.credits -= int(self._live.popleft()[1])
 
     def clear(self) -> None:
