@@ -76,8 +76,9 @@ async def discover(
 
     def each(subject: str, data: bytes) -> bool:
         w = _worker(bus, subject, data)
-        if w is not None:
-            out.append(w)
+        if w is None:  # dropped: the answers so far are as they were
+            return False
+        out.append(w)
         return until is not None and until(out)
 
     await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)

@@ -88,14 +88,14 @@ class Requests:
     and the credits it has left; their sum is kept as they change, not re-added for every delivery."""
 
     def __init__(self) -> None:
-        self._live: deque[list[float]] = deque()  # [expires_at, credits left]
+        self._live: deque[list[float]] = deque()  # [expires_at, credits left] (a whole number)
         self.credits = 0  # messages asked for and not yet delivered
 
     def __bool__(self) -> bool:
         return bool(self._live)
 
     def add(self, expires_at: float, credits: int) -> None:
-        self._live.append([expires_at, float(credits)])
+        self._live.append([expires_at, credits])
         self.credits += credits
 
     def consume(self) -> None:
