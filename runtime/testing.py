@@ -19,7 +19,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
@@ -907,11 +907,20 @@ class MemoryTransport:
         self,
         tg: TaskGroup,
         subject: str,
+        handler: Handler,
         *,
         queue: str,
         admit: Callable[[Delivery], bool],
-        run: Callable[[Delivery], Coroutine[Any, Any, None]],
+        done: Callable[[], Awaitable[None]],
+        default_error: str,
+        attributes: dict[str, Any] | None = None,
     ) -> Subscription:
+        async def run(msg: Delivery) -> None:
+            try:
+                await self.handle(msg, handler, reply_to=msg.reply, default_error=default_error, attributes=attributes)
+            finally:
+                await done()
+
         async def on_msg(msg: Delivery) -> None:
             if not admit(msg):
                 await asyncio.sleep(0)

@@ -11,7 +11,7 @@ connection: the Bus has both; nothing here imports the Bus, so its parts never i
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from anyio.abc import TaskGroup
@@ -202,10 +202,13 @@ class Transport(Protocol):
         self,
         tg: TaskGroup,
         subject: str,
+        handler: Handler,
         *,
         queue: str,
         admit: Callable[[Delivery], bool],
-        run: Callable[[Delivery], Coroutine[Any, Any, None]],
+        done: Callable[[], Awaitable[None]],
+        default_error: str,
+        attributes: dict[str, Any] | None = None,
     ) -> Subscription: ...
 
     async def handle(

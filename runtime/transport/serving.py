@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -197,13 +197,16 @@ class Serving:
         self,
         tg: TaskGroup,
         subject: str,
+        handler: Handler,
         *,
         queue: str,
         admit: Callable[[Delivery], bool],
-        run: Callable[[Delivery], Coroutine[Any, Any, None]],
+        done: Callable[[], Awaitable[None]],
+        default_error: str,
+        attributes: dict[str, Any] | None = None,
     ) -> Subscription:
-        """Direct calls: a message ``admit`` takes (it reserves a slot) runs in its own task
-        (``run`` answers it and frees the slot); any other is answered ``busy``.
+        """Direct calls: a message ``admit`` takes (it reserves a slot) runs ``handler`` in its own task,
+        answered as ``handle`` answers, and then ``done()`` frees the slot; any other is answered ``busy``.
 
         Before answering busy, the running calls get one turn of the event loop: calls read
         in one burst are admitted before any of their tasks has run, so a fast handler's slots
@@ -213,6 +216,14 @@ class Serving:
         """
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
+
+        async def run(delivery: Delivery) -> None:
+            try:
+                await self.handle(
+                    delivery, handler, reply_to=delivery.reply, default_error=default_error, attributes=attributes
+                )
+            finally:
+                await done()
 
         async def on_msg(msg: Msg) -> None:
             delivery = Delivery(msg)

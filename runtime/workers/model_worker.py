@@ -62,6 +62,7 @@ class ModelWorker:
         self.cfg = cfg = config.models[name]
         self.adapter = adapter or load_adapter(cfg, base_dir=config.base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
+        self.span_attributes = {"gym.model": name, "gym.worker": self.worker_id}  # on each call's CONSUMER span
         self.puller: Puller | None = None
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
@@ -99,9 +100,12 @@ class ModelWorker:
             direct = await self.bus.serve_direct(
                 tg,
                 self.bus.subjects.model_direct(self.name),
+                self._generate,
                 queue=self.bus.subjects.model_group(self.name),
                 admit=self._admit,
-                run=self._direct,
+                done=self._direct_done,
+                default_error="model_error",
+                attributes=self.span_attributes,
             )
             # ready means the server routes direct calls here: a call sent on another connection before the
             # server read this SUB finds no responders and skips every direct try for DIRECT_ABSENT_S
@@ -298,20 +302,12 @@ class ModelWorker:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
         return self.gate.is_open and self.puller is not None and self.puller.take_slot()
 
-    async def _direct(self, msg: Delivery) -> None:
+    async def _direct_done(self) -> None:
+        """A direct call ended (answered, or cut short as the worker stops): its slot is free again."""
         assert self.puller is not None
-        try:
-            await self.bus.handle(
-                msg,
-                self._generate,
-                reply_to=msg.reply,
-                default_error="model_error",
-                attributes={"gym.model": self.name, "gym.worker": self.worker_id},
-            )
-            self.served += 1
-            self.direct += 1
-        finally:
-            await self.puller.give_slot()
+        self.served += 1
+        self.direct += 1
+        await self.puller.give_slot()
 
     async def _handle(self, msg: Delivery) -> None:
         reply_to = (msg.headers or {}).get(REPLY_HEADER)
@@ -330,7 +326,7 @@ class ModelWorker:
             self._generate,
             reply_to=reply_to,
             default_error="model_error",
-            attributes={"gym.model": self.name, "gym.worker": self.worker_id},
+            attributes=self.span_attributes,
         )
         if self.puller is not None:
             await self.puller.release(msg)
