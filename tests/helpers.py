@@ -20,12 +20,15 @@ import msgspec
 
 from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
 from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
+from gym_runtime.errors import ModelError
+from gym_runtime.messages import CreateParams, Response
 from gym_runtime.model import model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
+from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_results_stream, ensure_streams
 
@@ -271,3 +274,20 @@ def without_run_identity(row: dict[str, Any]) -> dict[str, Any]:
 def resolved(**sections: Any) -> ResolvedConfig:
     """A resolved config of just these entries (``models={"policy": cfg}``): for a test that builds one worker."""
     return resolve_config(Config(**sections))
+
+
+class FailsFirst:
+    """An LLM test double (the real adapters are under ``models/``): its first generation fails as an endpoint's
+    error would, every later one answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Response:
+        self.calls += 1
+        if self.calls == 1:
+            raise ModelError("the endpoint answered 400")
+        return text_response("fine")
+
+    async def aclose(self) -> None:
+        pass

@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import pytest
 
 from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import publish_rows
+from gym_runtime.errors import Failure
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
-from gym_runtime.model import ModelConfig, model_config
+from gym_runtime.model import ModelAdapter, ModelConfig, model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
@@ -31,7 +33,7 @@ from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.workers.model_worker import ModelWorker
-from tests.helpers import REPO, ROWS, put_batch, resolved
+from tests.helpers import REPO, ROWS, FailsFirst, put_batch, resolved
 
 TOOL = {
     "type": "function",
@@ -62,10 +64,11 @@ async def until(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> 
 
 
 @contextlib.asynccontextmanager
-async def serving(url: str, cfg: ModelConfig) -> AsyncIterator[ModelWorker]:
-    """A model worker of ``policy`` on its own connection, in this process, for the block."""
+async def serving(url: str, cfg: ModelConfig, adapter: ModelAdapter | None = None) -> AsyncIterator[ModelWorker]:
+    """A model worker of ``policy`` on its own connection, in this process, for the block (``adapter``: in place
+    of the one ``cfg`` names)."""
     wbus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="model")
-    worker = ModelWorker(wbus, "policy", resolved(models={"policy": cfg}))
+    worker = ModelWorker(wbus, "policy", resolved(models={"policy": cfg}), adapter=adapter)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)
@@ -113,6 +116,22 @@ async def test_a_burst_larger_than_the_slots_of_a_fast_model_still_goes_direct(
         assert len(replies) == 64 and worker.served == 64
         assert worker.direct == 64
         assert await stored_calls(bus) == 0
+
+
+async def test_a_direct_call_that_fails_is_answered_with_its_error_and_frees_its_slot(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    """At one slot, a failed direct call must give its slot back: else every later call would go to the queue."""
+    adapter = FailsFirst()
+    async with serving(nats_server.url, scripted(concurrency=1), adapter) as worker:
+        with anyio.fail_after(30):
+            with pytest.raises(Failure) as failed:
+                await call_model(bus, "policy", request(), timeout=10)
+            assert failed.value.info.error_class == "model_error"
+            for _ in range(3):
+                assert isinstance(await call_model(bus, "policy", request(), timeout=10), ModelResponse)
+        assert adapter.calls == 4 and worker.direct == 4 and worker.served == 4
+    assert await stored_calls(bus) == 0  # not one call went through the queue
 
 
 async def test_calls_beyond_the_free_slots_wait_in_the_queue(nats_server: EmbeddedServer, bus: Bus) -> None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from gym_runtime.config import ResourceConfig, config_from_dict, resolve_config
+from gym_runtime.config import ModelConfig, ResourceConfig, config_from_dict, resolve_config
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
     CreateParams,
@@ -38,7 +38,7 @@ from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.control import send_pause, send_resume
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
-from tests.helpers import FLAKY, ROWS, resolved
+from tests.helpers import FLAKY, ROWS, FailsFirst, resolved
 
 
 @contextlib.asynccontextmanager
@@ -149,3 +149,21 @@ async def test_a_paused_model_worker_holds_a_call_in_its_queue_and_answers_it_on
                     assert not answers and model.served == 1
                     await send_resume(bus, "policy")
                 assert len(answers) == 1 and model.served == 2 and model.direct == 1  # the second came queued
+
+
+async def test_a_direct_call_that_fails_is_answered_with_its_error_and_frees_its_slot() -> None:
+    """At one slot, a failed direct call must give its slot back: else every later call would go to the queue."""
+    cfg = resolved(models={"policy": ModelConfig(adapter="scripted", concurrency=1)})
+    adapter = FailsFirst()
+    async with MemoryTransport() as bus:
+        model = ModelWorker(bus, "policy", cfg, adapter=adapter)
+        request = ModelRequest(params=CreateParams(input=[{"type": "message", "role": "user", "content": "hello"}]))
+        with anyio.fail_after(10):
+            async with running(model):
+                with pytest.raises(Failure) as failed:
+                    await call_model(bus, "policy", request, timeout=5)
+                assert failed.value.info.error_class == "model_error"
+                for _ in range(3):
+                    answer = await call_model(bus, "policy", request, timeout=5)
+                    assert isinstance(answer, ModelResponse)
+    assert adapter.calls == 4 and model.direct == 4 and model.served == 4  # each one direct: its slot was free
