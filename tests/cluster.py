@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +26,10 @@ import yaml
 
 from gym_runtime.config import JetStreamConfig
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer, ServerError
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.helpers import REPO, node_ports, read_jsonl, write_jsonl
 
 
 def stream_dir(node: EmbeddedServer, stream: str) -> Path:
@@ -62,24 +63,32 @@ class LocalCluster:
     ) -> None:
         """``stores``: each node's store dir (default: ``root/n1`` ...), e.g. on a crash-testing file system;
         ``max_store``: each node's JetStream file storage in bytes (a small disk)."""
-        self.nodes: list[EmbeddedServer] = []
         root.mkdir(parents=True, exist_ok=True)  # the nodes' logs
-        route_ports = [free_port() for _ in range(size)]
-        for i in range(size):
-            self.nodes.append(
-                EmbeddedServer(
-                    port=free_port(),
-                    store_dir=str(stores[i] if stores else root / f"n{i + 1}"),
-                    sync=sync,
-                    max_store=max_store,
-                    server_name=f"n{i + 1}",
-                    cluster=name if size > 1 else None,
-                    cluster_port=route_ports[i] if size > 1 else 0,
-                    routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i] if size > 1 else [],
-                    http_port=free_port(),
-                    log_file=str(root / f"n{i + 1}.log"),
-                )
+        self.root, self.size, self.name = root, size, name
+        self.stores = stores or [root / f"n{i + 1}" for i in range(size)]
+        self.sync, self.max_store = sync, max_store
+        self.nodes = self._nodes()
+
+    def _nodes(self) -> list[EmbeddedServer]:
+        """The nodes on new ports: a client, route and monitoring port each."""
+        clustered = self.size > 1
+        ports = node_ports(3 * self.size)
+        client, route, http = ports[: self.size], ports[self.size : 2 * self.size], ports[2 * self.size :]
+        return [
+            EmbeddedServer(
+                port=client[i],
+                store_dir=str(self.stores[i]),
+                sync=self.sync,
+                max_store=self.max_store,
+                server_name=f"n{i + 1}",
+                cluster=self.name if clustered else None,
+                cluster_port=route[i] if clustered else 0,
+                routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(route) if j != i] if clustered else [],
+                http_port=http[i],
+                log_file=str(self.root / f"n{i + 1}.log"),
             )
+            for i in range(self.size)
+        ]
 
     @property
     def urls(self) -> list[str]:
@@ -93,17 +102,28 @@ class LocalCluster:
     def node(self, server_name: str) -> EmbeddedServer:
         return next(n for n in self.nodes if n.server_name == server_name)
 
-    def start(self, timeout: float = 30.0) -> LocalCluster:
-        """Every node, ready; on any failure (a port taken meanwhile) the nodes already started are stopped, so
-        no server outlives the test as a child of its worker (the code sandbox tests check for none)."""
-        try:
-            for n in self.nodes:
-                n.start()
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def start(self, timeout: float = 30.0, tries: int = 3) -> LocalCluster:
+        """Every node, ready. On any failure the nodes already started are stopped, so no server outlives the
+        test as a child of its worker (the code sandbox tests check for none). A node that cannot start (a port
+        another test took since it was chosen) is tried again on new ports with empty stores, up to ``tries``
+        times in all."""
+        for attempt in range(1, tries + 1):
+            try:
+                for n in self.nodes:
+                    n.start()
+                self.wait_ready(timeout)
+                return self
+            except ServerError:
+                self.stop()
+                if attempt == tries:
+                    raise
+                for store in self.stores:  # nothing of the failed start: the nodes meet as a new cluster
+                    shutil.rmtree(store, ignore_errors=True)
+                self.nodes = self._nodes()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every running node reports healthy and knows a JetStream meta leader."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import select
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from gym_runtime.messages import CreateParams, Response
 from gym_runtime.model import model_config
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
-from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port, port_taken
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.ops.security import ensure_auth_dir
 from gym_runtime.testing import text_response
@@ -274,6 +275,33 @@ def without_run_identity(row: dict[str, Any]) -> dict[str, Any]:
 def resolved(**sections: Any) -> ResolvedConfig:
     """A resolved config of just these entries (``models={"policy": cfg}``): for a test that builds one worker."""
     return resolve_config(Config(**sections))
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections' source ports."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def node_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nothing listens on, below the kernel's ephemeral range when it leaves room.
+
+    ``free_port`` gives one from that range, where any outgoing connection (another test's client) may take it as
+    its source port before the node binds it: seen in CI, a route port taken between its choice and the node's
+    start. Below the range only another test choosing the same port can collide (``LocalCluster.start`` then
+    chooses again)."""
+    low = _ephemeral_low()
+    if low - 10_000 < 4 * n:
+        return [free_port() for _ in range(n)]
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(10_000, low)
+        if port not in ports and not port_taken("127.0.0.1", port):
+            ports.append(port)
+    return ports
 
 
 class FailsFirst:

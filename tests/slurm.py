@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gym_runtime.ops.nats_server import free_port
-from tests.helpers import REPO
+from tests.helpers import REPO, node_ports
 
 NODES = {f"n{i}": f"127.0.0.{10 + i}" for i in range(1, 5)}
 HOSTS = Path("/etc/hosts")
@@ -140,7 +139,8 @@ def local_slurm(root: Path) -> Iterator[Cluster]:
             subprocess.run(argv + [f"--{k}={root}/{v}" for k, v in files.items()], check=True, timeout=30)
             munged = int((root / "munged.pid").read_text())
             conf = root / "slurm.conf"
-            conf.write_text(_config(root, free_port(), {n: free_port() for n in NODES}))
+            ctld, *daemons = node_ports(1 + len(NODES))  # started one by one: no client takes one meanwhile
+            conf.write_text(_config(root, ctld, dict(zip(NODES, daemons, strict=True))))
             out = (root / "log" / "daemons.out").open("ab")
             procs.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(conf)], stdout=out, stderr=out))
             procs += [

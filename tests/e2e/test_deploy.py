@@ -34,9 +34,9 @@ import pytest
 import yaml
 
 from gym_runtime.config import load_config
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.subjects import Subjects
-from tests.helpers import REPO, cli, read_jsonl, write_jsonl
+from tests.helpers import REPO, cli, node_ports, read_jsonl, write_jsonl
 
 DEPLOY = REPO / "deploy"
 DATA = REPO / "tests" / "data" / "deploy"
@@ -411,7 +411,8 @@ def test_secured_slurm_recipe_runs_on_a_secured_local_cluster(tmp_path: Path) ->
     """Every command the recipe's dry run prints, executed as printed: three secured NATS nodes (loopback
     addresses 127.0.0.2-4 stand in for node names), health, model and agent/resource workers, publish, collect."""
     auth = tmp_path / "auth"  # empty: the first server writes it, naming every NATS node
-    ports = {k: free_port() for k in ("GYM_NATS_PORT", "GYM_ROUTE_PORT", "GYM_MONITOR_PORT")}
+    keys = ("GYM_NATS_PORT", "GYM_ROUTE_PORT", "GYM_MONITOR_PORT")
+    ports = dict(zip(keys, node_ports(len(keys)), strict=True))  # nodes start one by one: no client takes one meanwhile
     env = {
         "GYM_NODES": "127.0.0.2 127.0.0.3 127.0.0.4 127.0.0.5",
         "GYM_VENV": str(Path(sys.executable).parent.parent),

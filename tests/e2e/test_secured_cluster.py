@@ -24,7 +24,7 @@ import yaml
 
 from gym_runtime.ops.nats_server import free_port
 from tests.cluster import tasks_file, write_config
-from tests.helpers import REPO, cli, read_jsonl
+from tests.helpers import REPO, cli, node_ports, read_jsonl
 
 NODES = 3
 N_TASKS = 300
@@ -114,10 +114,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredCluster
     server_config = tmp / "server.yaml"
     server_config.write_text(yaml.safe_dump(raw))
     c = SecuredCluster(auth=auth, config=workers_config)
-    route_ports = [free_port() for _ in range(NODES)]
+    ports = node_ports(3 * NODES)  # below the ephemeral range: no client's source port takes one meanwhile
+    route_ports = ports[:NODES]
     routes = ",".join(f"nats://127.0.0.1:{p}" for p in route_ports)  # every node's, itself included
     for i in range(NODES):
-        port, http = free_port(), free_port()
+        port, http = ports[NODES + i], ports[2 * NODES + i]
         name = f"s{i + 1}"
         argv = [sys.executable, "-m", "gym_runtime.cli", "server", "--secure", str(auth), "--config",
                 str(server_config), "--port", str(port), "--name", name, "--cluster", "gymsec", "--cluster-port",
