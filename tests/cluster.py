@@ -107,23 +107,21 @@ class LocalCluster:
         test as a child of its worker (the code sandbox tests check for none). A node that cannot start (a port
         another test took since it was chosen) is tried again on new ports with empty stores, up to ``tries``
         times in all."""
-        for attempt in range(1, tries + 1):
+        tried = 0
+        while True:
+            tried += 1
             try:
                 for n in self.nodes:
                     n.start()
                 self.wait_ready(timeout)
                 return self
-            except ServerError:
+            except BaseException as e:
                 self.stop()
-                if attempt == tries:
+                if not isinstance(e, ServerError) or tried == tries:
                     raise
-                for store in self.stores:  # nothing of the failed start: the nodes meet as a new cluster
-                    shutil.rmtree(store, ignore_errors=True)
-                self.nodes = self._nodes()
-            except BaseException:
-                self.stop()
-                raise
-        raise AssertionError("unreachable")
+            for store in self.stores:  # nothing of the failed start: the nodes meet as a new cluster
+                shutil.rmtree(store, ignore_errors=True)
+            self.nodes = self._nodes()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every running node reports healthy and knows a JetStream meta leader."""
