@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import ssl
+import stat
 import tarfile
 import tomllib
 from pathlib import Path
@@ -97,12 +98,42 @@ class ImageOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bake: list[str] = []
 
 
+# what a task is read from: its prompt, its build context, its tests and its solution
+TASK_FILES = ("task.toml", "instruction.md", "environment", "tests", "solution")
+
+
+def _own(path: Path) -> os.stat_result:
+    """``path``'s own status, refused unless it is a regular file or a directory: a link could name any file of
+    the operator's (an SSH key), which would go into the sandbox, the row and the model provider's prompt."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path}: a symbolic link in a Harbor task is refused (its files must be its own)")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise UserError(f"{path}: not a regular file or a directory (a Harbor task holds only files)")
+    return st
+
+
+def check_own(root: Path) -> None:
+    """Every file the task is read from is its own: nothing under ``TASK_FILES`` is a link (so no path resolves
+    outside the task) or a special file (a FIFO would hang the reader); refused in one line naming it."""
+    for name in TASK_FILES:
+        top = root / name
+        if not os.path.lexists(top):
+            continue
+        if stat.S_ISDIR(_own(top).st_mode):
+            for where, dirs, files in os.walk(top):  # links are refused before anything would follow them
+                for entry in sorted(dirs + files):
+                    _own(Path(where, entry))
+
+
 def load_task(path: str | Path) -> Task:
-    """One task directory; a missing or malformed file is one line naming it (``UserError``)."""
+    """One task directory; a missing or malformed file, a link or a special file is one line naming it
+    (``UserError``), before anything of it is read."""
     root = Path(path).resolve()
     toml = root / "task.toml"
     if not toml.is_file():
         raise UserError(f"{root}: not a Harbor task (no task.toml)")
+    check_own(root)
     try:
         config = msgspec.convert(tomllib.loads(toml.read_text()), TaskConfig)
     except (tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
@@ -120,7 +151,10 @@ def find_tasks(path: str | Path) -> list[Task]:
         return [load_task(root)]
     if not root.is_dir():
         raise UserError(f"{root}: no such directory (a Harbor task or a directory of them)")
-    tasks = [load_task(d) for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
+    found = [d for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
+    for d in found:
+        _own(d)  # a task of the dataset that is a link out of it is refused as its files are
+    tasks = [load_task(d) for d in found]
     if not tasks:
         raise UserError(f"{root}: holds no Harbor task (no */task.toml)")
     return tasks
@@ -144,12 +178,17 @@ def resolve_base(name: str) -> str:
 
 
 def files_of(root: Path) -> list[tuple[str, bytes, int]]:
-    """A directory's files (relative name, bytes, mode), in name order: a build context's, or a tree to copy."""
-    return [
-        (p.relative_to(root).as_posix(), p.read_bytes(), p.stat().st_mode & 0o777)
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    ]
+    """A task directory's files (relative name, bytes, mode), in name order: a build context's, or a tree to
+    copy. Links are never followed: one found (made since the task was loaded) is refused as ``load_task`` does."""
+    _own(root)
+    found = []
+    for where, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(where, name)
+            st = _own(path)
+            if stat.S_ISREG(st.st_mode):
+                found.append((path.relative_to(root), path, st.st_mode & 0o777))
+    return [(rel.as_posix(), path.read_bytes(), mode) for rel, path, mode in sorted(found)]
 
 
 def image_ref(task: Task, opts: ImageOptions) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -20,6 +22,7 @@ from gym_runtime.harbor import (
     ImageOptions,
     RewardError,
     fetches,
+    files_of,
     find_tasks,
     host_ca,
     image_ref,
@@ -240,3 +243,57 @@ async def test_a_harbor_entry_without_tasks_or_with_a_bad_map_is_one_line_before
     with pytest.raises(ConfigError, match=r"^sandboxes\.harbor: the docker engine does not answer"):
         await ensure_config_images(cfg({"tasks": str(TASKS)}))
     await ensure_config_images(cfg({"tasks": str(TASKS)}), pools=["other"])  # not served
+
+
+LINKED = "a symbolic link in a Harbor task is refused (its files must be its own)"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "task.toml",
+        "instruction.md",
+        "environment/Dockerfile",
+        "environment/data",
+        "tests",
+        "tests/sub/helper.sh",
+        "solution/solve.sh",
+    ],
+)
+def test_a_link_anywhere_a_task_is_read_from_is_refused_naming_it(tmp_path: Path, where: str) -> None:
+    """Even a link that stays inside the task: a task's files are its own, read without following anything."""
+    task = tmp_path / "t"
+    shutil.copytree(TASKS / "read-file", task)
+    (task / "tests" / "sub").mkdir()
+    (task / "tests" / "sub" / "helper.sh").write_text("true\n")
+    spare = tmp_path / "spare"  # what the link names: a copy of the file or directory it replaces
+    link = task / where
+    if link.is_dir():
+        shutil.copytree(link, spare)
+        shutil.rmtree(link)
+    elif link.exists():
+        shutil.copy(link, spare)
+        link.unlink()
+    else:
+        spare.mkdir()
+    link.symlink_to(spare)
+    with pytest.raises(UserError) as e:
+        find_tasks(tmp_path)
+    assert str(e.value) == f"{link}: {LINKED}"
+
+
+def test_a_dataset_task_that_is_a_link_a_fifo_and_a_link_made_after_loading_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "set").mkdir()
+    shutil.copytree(TASKS / "read-file", tmp_path / "elsewhere")
+    (tmp_path / "set" / "task").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match=f"^{tmp_path}/set/task: {re.escape(LINKED)}$"):
+        find_tasks(tmp_path / "set")
+    task = tmp_path / "elsewhere"
+    os.mkfifo(task / "tests" / "pipe")  # a reader would wait on it forever
+    with pytest.raises(UserError, match=r"/tests/pipe: not a regular file or a directory"):
+        load_task(task)
+    (task / "tests" / "pipe").unlink()
+    loaded = load_task(task)
+    (task / "tests" / "late").symlink_to(task / "task.toml")  # made since: refused where the tree is read
+    with pytest.raises(UserError, match=f"/tests/late: {re.escape(LINKED)}$"):
+        files_of(loaded.dir / "tests")
