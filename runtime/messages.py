@@ -609,9 +609,10 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
 class SandboxCall(_Msg, tag="sbx.call.v1"):
     """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (the
     rollout) and when it ends; ``exec``/``write``/``read``/``close`` and a background ``process``'s
-    ``spawn``/``poll``/``wait``/``kill`` go to the worker that holds ``sandbox``."""
+    ``spawn``/``poll``/``wait``/``kill`` and ``restart`` (every process ended, the files kept) go to the worker that
+    holds ``sandbox``."""
 
-    op: Literal["create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill"]
+    op: Literal["create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill", "restart"]
     sandbox: str = ""
     spec: SandboxSpec | None = None
     lease: str = ""

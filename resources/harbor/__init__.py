@@ -46,6 +46,7 @@ from gym_runtime.resource import Resource, Verdict, parse_options, tool
 ORACLE = "harbor.oracle"
 TIMED_OUT = 124  # what a shell says of a command killed by its time limit
 LOG_TAIL = 2000  # characters of test.sh's output kept in the row
+_STAGED = "/.gym-harbor.tar"  # a tree on its way into the container (in /: only root writes there)
 # run a command as a user (by name or id) in a directory, as ``docker exec -u USER -w DIR ... bash -c CMD``
 # does: the container runs as root and drops to the user with setpriv (util-linux), HOME set from passwd
 _AS = r"""u=$1 wd=$2; shift 2
@@ -131,22 +132,34 @@ class HarborResource(Resource):
         return json.dumps({"exit_code": r.exit_code, "timed_out": r.timed_out})
 
     async def _unpack(self, data: bytes, into: str) -> None:
-        await self.box.write("/tmp/.gym-harbor.tar", data)
+        """A tree copied into the container as root, through a file in ``/`` (root's alone: an unprivileged
+        agent cannot have put a link where it is written)."""
+        await self.box.write(_STAGED, data)
         r = await self._run(
-            f"mkdir -p {into} && tar -xf /tmp/.gym-harbor.tar -C {into} && rm -f /tmp/.gym-harbor.tar",
-            user="root",
-            timeout_s=120,
+            f"mkdir -p {into} && tar -xf {_STAGED} -C {into} && rm -f {_STAGED}", user="root", timeout_s=120
         )
         if r.exit_code != 0:
             raise Failure("tool_error", f"copying into {into} failed: {r.stderr.decode(errors='replace').strip()}")
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         cfg = self.task.config.verifier
-        stale = await self._run(f"rm -f -- {REWARD_TXT} {REWARD_JSON}", user="root", timeout_s=60)
-        if stale.exit_code != 0:  # Harbor refuses to verify over a reward it cannot remove
-            how = f"exit {stale.exit_code}" + (", timed out" if stale.timed_out else "")
+        # no process of the policy's turns is left to touch what follows (a setsid'd loop rewriting reward.txt,
+        # one reading /tests/test.sh for its answer), whatever its user: the container restarted, its files kept
+        await self.box.restart()
+        # then the verifier's directory made anew (owned by test.sh's user, writable by it alone) and /tests
+        who = shlex.quote(self.image_user if cfg.user is None else str(cfg.user))
+        fresh = await self._run(
+            f"u=$(id -u {who}) && g=$(id -g {who}) && rm -rf -- {VERIFIER_DIR} {TESTS_DIR} {_STAGED}"
+            f' && mkdir -p {VERIFIER_DIR} && chown "$u:$g" {VERIFIER_DIR} && chmod 0755 {VERIFIER_DIR}',
+            user="root",
+            timeout_s=60,
+        )
+        if fresh.exit_code != 0:  # Harbor refuses to verify over a reward it cannot remove
+            how = f"exit {fresh.exit_code}" + (", timed out" if fresh.timed_out else "")
             raise Failure(
-                "verify_error", f"removing stale reward files failed ({how}): {stale.stderr.decode(errors='replace')}"
+                "verify_error",
+                f"making {VERIFIER_DIR} anew (stale reward files removed) failed ({how}):"
+                f" {fresh.stdout.decode(errors='replace')}{fresh.stderr.decode(errors='replace')}",
             )
         await self._unpack(_tree(self.task, "tests"), TESTS_DIR)
         await self._run(f"chmod +x {TESTS_DIR}/test.sh", user="root", timeout_s=60)

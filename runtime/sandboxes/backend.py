@@ -84,6 +84,10 @@ class Backend(Protocol):
 
     async def read(self, sid: str, path: str, *, max_bytes: int) -> bytes: ...
 
+    async def restart(self, sid: str) -> int:
+        """End every process of the sandbox, its files kept (``Capabilities.restart``); how many it ended."""
+        ...
+
     async def close(self, sid: str) -> None:
         """Remove the sandbox (and all it wrote); no error when it is gone already."""
         ...

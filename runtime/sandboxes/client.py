@@ -145,6 +145,13 @@ class Sandbox:
         """A file's bytes (at most the pool's ``max_output``: a larger file is an error)."""
         return (await self._op(SandboxCall(op="read", sandbox=self.id, path=path), CREATE_TIMEOUT_S)).data
 
+    async def restart(self) -> None:
+        """End every process in the sandbox, whatever started it (``spawn``, a command's ``setsid`` or double
+        fork, a fork loop), and keep its files: the image's file system as it was left (a ``rootfs: writable``
+        pool's); a read-only pool's tmpfs paths (``/work``, ``/tmp``, ``/root``) start empty again. What a verify
+        in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
+        await self._op(SandboxCall(op="restart", sandbox=self.id), CREATE_TIMEOUT_S)
+
     async def close(self) -> None:
         if self.closed:
             return

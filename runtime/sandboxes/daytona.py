@@ -101,6 +101,9 @@ class DaytonaBackend:
     def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:
         raise unsupported(self.name, "background", "background processes")
 
+    async def restart(self, sid: str) -> int:
+        raise unsupported(self.name, "restart", "restart (ending every process, the files kept)")
+
     async def write(self, sid: str, path: str, data: bytes) -> None:
         form = aiohttp.FormData()
         form.add_field("file", data, filename=os.path.basename(path) or "file")

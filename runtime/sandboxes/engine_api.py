@@ -49,7 +49,7 @@ _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
-    capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True)
+    capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True, restart=True)
 
     def __init__(self, engine: Engine, *, name: str, pool: str, writable: bool = False) -> None:
         self.engine = engine
@@ -159,6 +159,22 @@ class EngineBackend:
 
     async def cpu_s(self, sid: str) -> float | None:
         return await self.engine.cpu_s(sid)
+
+    async def restart(self, sid: str) -> int:
+        """End every process of the sandbox by restarting its container (a new PID namespace; the image's file
+        system kept, tmpfs paths emptied), then confirm from the engine that none of those seen before is left.
+        Robust where killing from inside is not: nothing in the container (whose binaries a root policy may have
+        replaced) takes part, and a fork loop's newest process dies with the namespace. How many it ended."""
+        try:
+            before = await self.engine.pids(sid)
+            await self.engine.restart(sid)
+            after = await self.engine.pids(sid)
+        except EngineError as e:
+            raise _gone(e, sid) from e
+        if not after or before & after:
+            left = f"{len(before & after)} of its processes outlived" if after else "it is not running after"
+            raise Failure("tool_error", f"sandbox {sid[:12]}: {left} its restart")
+        return len(before)
 
     async def close(self, sid: str) -> None:
         await self.engine.remove(sid)

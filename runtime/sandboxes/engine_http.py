@@ -222,6 +222,18 @@ class Engine:
             raise
         return True
 
+    async def restart(self, cid: str, *, timeout_s: float = 120.0) -> None:
+        """Stop a container at once (its init killed: the kernel then kills every process of its PID namespace,
+        whatever their session, group or user) and start it again, its file system as it was."""
+        await self._call("POST", f"/containers/{cid}/restart", params={"t": "0"}, timeout_s=timeout_s)
+
+    async def pids(self, cid: str) -> set[str]:
+        """The host's ids of a running container's processes (``docker top``: read by the engine, not by
+        anything in the container)."""
+        out = await self._call("GET", f"/containers/{cid}/top")
+        col = list(out["Titles"]).index("PID")
+        return {str(p[col]) for p in out.get("Processes") or []}
+
     async def cpu_s(self, cid: str) -> float | None:
         """The CPU seconds a container's processes have used (its cgroup's count, every process, also those
         gone), from one non-streamed stats read (``one-shot``: Docker skips its second sample); None when the

@@ -83,6 +83,9 @@ class ProcessBackend:
     def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:
         raise unsupported(self.name, "background", "background processes")
 
+    async def restart(self, sid: str) -> int:
+        raise unsupported(self.name, "restart", "restart (ending every process, the files kept)")
+
     async def write(self, sid: str, path: str, data: bytes) -> None:
         await self._call(sid, {"op": "write", "path": path, "data": data.decode("latin-1")}, 0)
 

@@ -22,6 +22,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     background: bool = False  # processes that outlive the call that started them (``box.spawn``)
     stream: bool = False  # exec output reaches ``on_output`` as it is produced (else: once, at the end)
     pause: bool = False
+    restart: bool = False  # every process ended, the files kept (``box.restart``: before a verify in the same box)
     network: bool = False  # never, on these machines
     images: bool = True  # False: the host's own file system (the process backend)
 

@@ -421,6 +421,8 @@ class SandboxWorker:
                 return await self._exec(req)
             if req.op in ("spawn", "poll", "wait", "kill"):
                 return await self._process(req, held)
+            if req.op == "restart":
+                return await self._restart(req.sandbox)
             if req.op == "write":
                 with self._span("write", sid=req.sandbox):
                     await self.backend.write(req.sandbox, req.path, req.data)
@@ -512,6 +514,19 @@ class SandboxWorker:
             else:
                 r.timed_out = True
         return SandboxReply.of_exec(sid, r)
+
+    async def _restart(self, sid: str) -> SandboxReply:
+        """Every process of the sandbox ended, its files kept (``box.restart``): its background processes are
+        killed and forgotten first, as at its removal."""
+        assert self.backend is not None
+        if not self.backend.capabilities.restart:
+            raise unsupported(self.backend.name, "restart", "restart", where=f"sandboxes.{self.name}")
+        for proc in self.procs.pop(sid, {}).values():
+            with anyio.move_on_after(KILL_WAIT_S):
+                await proc.kill()
+        with self._span("restart", sid=sid) as span:
+            span.set_attribute("gym.sandbox.ended", await self.backend.restart(sid))
+        return SandboxReply(sandbox=sid)
 
     async def _remove(self, sid: str) -> None:
         """Remove a sandbox; it counts as live until the engine has removed it (the quota is the engine's).

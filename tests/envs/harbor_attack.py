@@ -11,7 +11,12 @@ from gym_runtime.agent import AgentContext, Outcome
 from gym_runtime.messages import FunctionCall, FunctionCallOutput, Response
 
 HEARTBEAT = "/tmp/.beat"
-ALIVE = f'a=$(cat {HEARTBEAT}); sleep 1; b=$(cat {HEARTBEAT}); [ -n "$a" ] && [ "$a" != "$b" ] && echo ALIVE'
+# the heartbeat written (waited for: the process may start late on a loaded machine), then seen to move on
+ALIVE = (
+    f"for i in $(seq 300); do [ -s {HEARTBEAT} ] && break; sleep 0.1; done; a=$(cat {HEARTBEAT}); "
+    f'for i in $(seq 300); do sleep 0.1; b=$(cat {HEARTBEAT}); [ -n "$a" ] && [ "$a" != "$b" ] && echo ALIVE && break;'
+    " done"
+)
 
 
 async def run(ctx: AgentContext) -> Outcome:
