@@ -23,6 +23,7 @@ from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this 
 )
 from tests.test_sandbox_processes import (  # noqa: F401  (background processes and streamed output, here)
     test_a_command_printing_forever_sends_its_capped_output_and_the_worker_serves_others,
+    test_a_restart_ends_every_process_however_started_and_keeps_the_files,
     test_a_server_in_the_background_a_client_against_it_and_its_kill,
     test_exec_output_reaches_the_caller_as_the_command_produces_it,
 )

@@ -140,3 +140,40 @@ async def test_a_command_printing_forever_sends_its_capped_output_and_the_worker
             assert r.timed_out and r.truncated and len(r.stdout) == cap
             assert b"".join(d for s, d in parts if s == "stdout") == r.stdout  # no more than the cap was sent
             assert all(s == "stdout" and len(d) <= CHUNK for s, d in parts) and len(parts) <= 20
+
+
+ALIVE = r"grep -l 'outlive[r]' /proc/[0-9]*/cmdline"  # the processes below (its own argv does not match)
+
+
+async def test_a_restart_ends_every_process_however_started_and_keeps_the_files(
+    bus: Bus, engine: Engine, base_image: str, pool: str, backend_name: str
+) -> None:
+    """``box.restart``: what a verify in the policy's own sandbox does first (Harbor's). Processes started to
+    outlive their command (``setsid``, a double fork, a chain of short-lived ones, a background ``spawn``, one as
+    an unprivileged user) are all gone after it; the image's file system of a writable pool is as it was left."""
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(backend=backend_name, rootfs="writable", limits=SandboxLimits(memory_mb=256, timeout_s=60))
+        boxes = Sandboxes(bus, pool, lease="rs:0:0", deadline=time.time() + 300)
+        async with boxes.sandbox() as box:
+            started = await box.exec(
+                "echo kept > /etc/kept.txt\n"
+                "setsid bash -c 'exec -a outliver sleep 300' </dev/null >/dev/null 2>&1 &\n"
+                "(bash -c 'exec -a outliver sleep 300' </dev/null >/dev/null 2>&1 &)\n"
+                "echo 'bash -c \"exec -a outliver sleep 0.05\"; sh /tmp/chain.sh </dev/null >/dev/null 2>&1 &' "
+                "> /tmp/chain.sh && sh /tmp/chain.sh </dev/null >/dev/null 2>&1 &\n"
+                "setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'exec -a outliver sleep 300' "
+                "</dev/null >/dev/null 2>&1 &\n"
+                "echo started",
+                timeout_s=30,
+            )
+            assert started.stdout == b"started\n", started
+            await box.spawn(["bash", "-c", "exec -a outliver sleep 300"])
+            with anyio.fail_after(60):  # every one of them running (the chain's current link among them)
+                while len((await box.exec(ALIVE)).stdout.split()) < 5:
+                    await anyio.sleep(0.1)
+            await box.restart()
+            assert w.procs.get(box.id, {}) == {}  # the background process was forgotten with its end
+            for _ in range(5):  # nothing left, not even the chain's next link a moment later
+                assert (await box.exec(ALIVE)).stdout == b""
+                await anyio.sleep(0.1)
+            assert (await box.exec("cat /etc/kept.txt")).stdout == b"kept\n"

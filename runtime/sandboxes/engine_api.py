@@ -166,9 +166,10 @@ class EngineBackend:
         Robust where killing from inside is not: nothing in the container (whose binaries a root policy may have
         replaced) takes part, and a fork loop's newest process dies with the namespace. How many it ended."""
         try:
-            before = await self.engine.pids(sid)
+            podman = self.name == "podman"
+            before = await self.engine.pids(sid, podman=podman)
             await self.engine.restart(sid)
-            after = await self.engine.pids(sid)
+            after = await self.engine.pids(sid, podman=podman)
         except EngineError as e:
             raise _gone(e, sid) from e
         if not after or before & after:

@@ -227,12 +227,14 @@ class Engine:
         whatever their session, group or user) and start it again, its file system as it was."""
         await self._call("POST", f"/containers/{cid}/restart", params={"t": "0"}, timeout_s=timeout_s)
 
-    async def pids(self, cid: str) -> set[str]:
-        """The host's ids of a running container's processes (``docker top``: read by the engine, not by
-        anything in the container)."""
-        out = await self._call("GET", f"/containers/{cid}/top")
-        col = list(out["Titles"]).index("PID")
-        return {str(p[col]) for p in out.get("Processes") or []}
+    async def pids(self, cid: str, *, podman: bool = False) -> set[str]:
+        """The host's ids of a running container's processes, read by the engine, not by anything in the
+        container (``docker top``: the host's ps; Podman's: its own reader, asked for host ids, ``hpid``)."""
+        params, title = ({"ps_args": "hpid"}, "HPID") if podman else (None, "PID")
+        raw = await self._call("GET", f"/containers/{cid}/top", params=params, raw=True)
+        out = json.loads(raw)  # (Podman sends it without a JSON content type)
+        col = list(out["Titles"]).index(title)
+        return {str(p[col]).strip() for p in out.get("Processes") or []}
 
     async def cpu_s(self, cid: str) -> float | None:
         """The CPU seconds a container's processes have used (its cgroup's count, every process, also those
