@@ -5,9 +5,11 @@
 The session's sandbox is the task's image (``hosting/harbor.py`` builds it, at ``gym-runtime run`` or ``start``
 where the pool's engine lacks it; the pool: ``rootfs: writable``, since Harbor's tasks write ``/app``, ``/logs`` and
 ``/tests``). The model gets one tool, ``bash``, run in the container as the task's ``[agent] user`` (else the
-image's user) in its working directory. ``verify`` does what Harbor's verifier does: removes stale reward files,
-copies ``tests/`` to ``/tests``, runs ``/tests/test.sh`` as ``[verifier] user`` with ``[verifier] env`` for at most
-``[verifier] timeout_sec``, and reads ``/logs/verifier/reward.json`` or ``reward.txt`` by Harbor's rules. The
+image's user) in its working directory. ``verify`` does what Harbor's verifier does, from a state the policy
+cannot touch: the container restarted first (no process of the model's turns left, its files kept), then
+``/logs/verifier`` made anew and ``tests/`` copied to ``/tests``; it runs ``/tests/test.sh`` as ``[verifier] user``
+with ``[verifier] env`` for at most ``[verifier] timeout_sec``, and reads ``/logs/verifier/reward.json`` or
+``reward.txt`` by Harbor's rules. The
 session's ``harbor.oracle`` operation (``agents.harbor_oracle``, never a model's call) is Harbor's oracle agent: it
 copies ``solution/`` to ``/solution`` and runs ``solve.sh``.
 """
