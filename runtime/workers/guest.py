@@ -523,6 +523,9 @@ def _running_threads(pid: int) -> list[int]:
 class _NoLease:
     """A guest session's ``sandboxes``: none (an entry with ``sandbox`` runs with ``isolation: none``)."""
 
+    def held(self) -> list[Sandbox]:
+        return []
+
     async def close_all(self) -> None:
         return None
 
@@ -620,6 +623,11 @@ class GuestSession:
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         try:
+            # the server's verify may grade in the sandbox the policy's commands ran in (terminal_bench's test.sh):
+            # no process the policy left there may touch it (its files are kept; the provider offers the server
+            # no background processes of its own to lose)
+            for box in self.sandboxes.held():
+                await box.restart()
             done, _ = await self._guest.call(
                 lambda i: Verify(id=i, session=self.session, row=task, response=response, close=self.close_on_verify),
                 self.generation,

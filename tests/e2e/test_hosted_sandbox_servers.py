@@ -209,3 +209,39 @@ def test_the_fleet_is_published_as_a_nemo_gym_sandbox_provider() -> None:
     assert "a GPU" in gpu
     assert "within one of its requests" in outside
     assert all("\n" not in line for line in out["refused"])
+
+
+# a process the policy leaves behind its command (issue 52): it turns the reward.txt test.sh wrote into 1, or reads
+# /tests/test.sh once uploaded and writes the answer it holds before test.sh reads it
+OUTLIVE = {
+    "gym-tests/sum-numbers-reward": ': outliver; while :; do if [ "$(cat /logs/verifier/reward.txt 2>/dev/null)" = 0 ];'
+    " then echo 1 > /logs/verifier/reward.txt; fi; sleep 0.01; done",
+    # no fork while it waits (the server runs test.sh right after uploading it): a builtin test in a tight loop
+    "gym-tests/sum-numbers-answer": ": outliver; while :; do if [ -r /tests/test.sh ]; then"
+    " grep -o '= \"[0-9]*\"' /tests/test.sh | tr -dc 0-9 > /app/answer.txt; fi; done",
+}
+
+
+async def test_a_process_the_policy_leaves_behind_cannot_touch_the_terminal_bench_servers_verify(
+    catalogue: Path, engine: Engine, base_image: str, tmp_path: Path
+) -> None:
+    """The server runs its ``tests/test.sh`` in the sandbox the policy's commands ran in: the resource worker
+    restarts the session's sandboxes before the server's verify (their files kept), so a ``setsid`` or
+    double-forked loop of the policy's is gone by then. Before, both rows scored 1 without solving the task."""
+    image = "gym-runtime-tests/sum-numbers:20260101"
+    await build_tb_image(engine, base_image, [image])
+    folder = tb_task_folder(tmp_path / "sum-numbers")
+    rows = [tb_row(name, image, folder) for name in OUTLIVE]
+    starts = {
+        "gym-tests/sum-numbers-reward": "setsid nohup sh -c '{}' </dev/null >/dev/null 2>&1 & echo started",
+        "gym-tests/sum-numbers-answer": "(sh -c '{}' </dev/null >/dev/null 2>&1 &); echo started",
+    }
+    alive = "sleep 1; grep -qs 'outlive[r]' /proc/[0-9]*/cmdline && echo ALIVE"
+    commands = {name: [starts[name].format(loop.replace("'", "'\\''")), alive] for name, loop in OUTLIVE.items()}
+    pool = f"tb{uuid.uuid4().hex[:6]}"
+    cfg = config(tmp_path, engine, pool, "terminal_bench_2_1", commands)
+    got = {row["task_name"]: row for row in await run(tmp_path, engine, pool, cfg, rows, created=2)}
+    for row in got.values():
+        assert [e["stdout"] for e in row["policy_exec"][2:]] == ["started\n", "ALIVE\n"], row["policy_exec"]
+        assert row["evaluation_completed"] is True
+    assert {name: row["reward"] for name, row in got.items()} == dict.fromkeys(OUTLIVE, 0.0)
