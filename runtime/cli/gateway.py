@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     import anyio
 
     from gym_runtime.client import Client
-    from gym_runtime.gateway import start
+    from gym_runtime.gateway import GATEWAY, start
     from gym_runtime.service.loop import run_async
 
     cfg = load(args)
@@ -61,6 +61,9 @@ def main(args: argparse.Namespace) -> int:
                 raise ClientError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
             try:
                 print(f"gateway listening on http://{args.host}:{port}", flush=True)
+                gateway = runner.app[GATEWAY]
+                servers = (f"{gateway.env_names[a]} :{p}" for a, p in gateway.env_ports.items())
+                print(f"environment servers (NeMo Gym 0.7): {', '.join(servers)}", flush=True)
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
                         break
