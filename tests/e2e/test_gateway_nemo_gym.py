@@ -21,9 +21,9 @@ import msgspec
 import pytest
 
 from gym_runtime import Client
-from gym_runtime.config import EnvironmentServerLimits, resolve_config
+from gym_runtime.config import EnvironmentServerLimits, config_from_dict, resolve_config
 from gym_runtime.gateway import start
-from tests.helpers import REPO, ROWS, read_jsonl, weather, weather_config, write_jsonl
+from tests.helpers import FLAKY, REPO, ROWS, read_jsonl, weather, weather_config, write_jsonl
 from tests.hosting import nemo_gym_python
 
 ENV = "weather_agent_environment_server"
@@ -118,7 +118,7 @@ async def test_nemo_rl_recipe_in_the_docs_runs_as_written(ng_python: str, gatewa
     text = (REPO / "docs/trainer.md").read_text()
     snippet = text.split("NeMo RL's recipe, pointed at the", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     port = gateway.rsplit(":", 1)[1]
-    assert 'port=11000)' in snippet
+    assert "port=11000)" in snippet
     rows = [ROWS[i % 5] for i in range(200)]
     script = tmp_path / "recipe.py"
     script.write_text(
@@ -139,30 +139,41 @@ async def test_nemo_rl_recipe_in_the_docs_runs_as_written(ng_python: str, gatewa
 async def test_a_failing_environments_rows_come_back_as_typed_failures(
     ng_python: str, nats_server, tmp_path: Path
 ) -> None:
-    """Every rollout times out (the agent's timeout_s under the model's delay): the collector files each row
-    in its failures sidecar as an Environment Server failure, not terminal, in flat and taskset routing; on
-    resume it runs them again (a new attempt each), as it does for a retryable failure."""
-    cfg = weather_config(delay_s=2.0)
-    cfg.agents["weather_agent"] = msgspec.structs.replace(cfg.agents["weather_agent"], timeout_s=0.3)
-    rows = [ROWS[i % 5] for i in range(10)]
-    async with Client(resolve_config(cfg), nats=nats_server.url) as client:
+    """tests.envs.flaky's verify raises on rows marked "explode" (our verify_error, after the agent's two
+    attempts): ng_collect_rollouts files those rows in its failures sidecar as Environment Server failures of the
+    verification stage, kind verifier_error, not terminal, and scores the others; on resume it runs each failed
+    rollout again as a new attempt."""
+    rows = [{**ROWS[i % 5], **({"explode": True} if i % 2 else {})} for i in range(10)]
+    env = "agent_environment_server"
+    modes = {
+        "legacy": ("+environment_routing_mode=legacy", f"+environment_server_name={env}"),
+        "taskset": ("+environment_routing_mode=taskset", f"+environment_server_routes={{weather:{env}}}"),
+    }
+    async with Client(
+        resolve_config(config_from_dict({**FLAKY, "base_dir": str(REPO)})), nats=nats_server.url
+    ) as client:
         async for head in gateway_on(client):
-            for mode in ("legacy", "taskset"):
+            for mode, overrides in modes.items():
                 tmp = tmp_path / mode
                 tmp.mkdir()
                 data = materialized(rows) if mode == "taskset" else rows
-                got, failures, _ = await collect_rollouts(ng_python, head, data, tmp, *MODES[mode])
-                assert got == [] and len(failures) == 10
+                got, failures, _ = await collect_rollouts(ng_python, head, data, tmp, *overrides)
+                assert len(got) == 5 and all(r["reward"] == 1.0 for r in got)
+                assert sorted(f["_ng_task_index"] for f in failures) == [1, 3, 5, 7, 9]
                 for f in failures:
                     assert f["_ng_failure_class"] == "environment_server_failed", f
-                    assert f["_ng_failure_terminal"] is False and f["_ng_failure_stage"] == "agent"
-                    assert f["_ng_failure_message"].startswith("timeout: rollout exceeded timeout_s=0.3")
-                    assert "reward" not in f
-                again, failures, _ = await collect_rollouts(
-                    ng_python, head, data, tmp, *MODES[mode], "+resume_from_cache=true"
+                    assert f["_ng_failure_terminal"] is False and f["_ng_failure_stage"] == "verification"
+                    assert f["_ng_failure_message"].startswith("verify_error: "), f
+                    assert "reward" not in f and "response" not in f
+                    if mode == "legacy":  # a flat row's failure names its kind too
+                        assert f["failure_kind"] == "verifier_error"
+                got, failures, _ = await collect_rollouts(
+                    ng_python, head, data, tmp, *overrides, "+resume_from_cache=true"
                 )
-                assert again == [] and len(failures) == 20
-                assert sorted(f.get("_ng_attempt_index", 0) for f in failures) == [0] * 10 + [1] * 10
+                assert sorted((f["_ng_task_index"], f.get("_ng_attempt_index", 0)) for f in failures) == sorted(
+                    (i, a) for i in (1, 3, 5, 7, 9) for a in (0, 1)
+                )
+                assert len(got) == 5
 
 
 # ----------------------------------------------------------------------------------- the protocol itself
