@@ -11,8 +11,8 @@ Reply shapes, decided from NeMo Gym's code (``nemo_gym/server_utils.py``, ``simp
 * ``GET /`` → ``{"status": "ok"}`` (NeMo Gym's liveness body).
 * ``GET /global_config_dict_yaml`` → a JSON *string* holding YAML (FastAPI JSON-encodes the str that
   ``OmegaConf.to_yaml`` returns; clients do ``OmegaConf.create(json.loads(body))``).
-* ``GET /server_instances`` → a JSON list, one entry per agent, with the display fields NeMo Gym's
-  head server lists (``name``, ``server_type``, ``host``, ``port``, ``url``, ``status``, ...).
+* ``GET /server_instances`` → a JSON list, one entry per agent and per Environment Server, with the display
+  fields NeMo Gym's head server lists (``name``, ``server_type``, ``host``, ``port``, ``url``, ``status``, ...).
 * ``POST /run`` → the verify response: the row as ``collect`` writes it, without the collector's
   ``_ng_task_index``/``_ng_rollout_index`` (NeMo Gym's agent returns the request's extra fields, so
   those appear only when the request carried them, with the request's values) and with
@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -258,7 +259,8 @@ class Gateway:
             return _json({"detail": "the body must be a JSON object (a task row)"}, 422)
         agent = self._agent_of(row)
         try:
-            out = await self.client.run(row, agent=agent)
+            with self._traced(request.headers):
+                out = await self.client.run(row, agent=agent)
         except PublishTimeout as e:  # the bus is overloaded or unreachable, not the row: try again later
             return _json({"detail": str(e)}, 503)
         except ClientError as e:  # the row itself is invalid
@@ -324,9 +326,7 @@ class Gateway:
             if waited.cancelled_caught:
                 return EpisodeFailure("Episode admission timed out", terminal=False, stage="admission")
         try:
-            tel = self.client.telemetry
-            # the caller's trace context (traceparent) is the parent of the rollout's task
-            with tel.span("gateway episode", kind=SpanKind.SERVER, parent=tel.extract(headers)):
+            with self._traced(headers):
                 with anyio.move_on_after(self.limits.default_episode_timeout_seconds) as deadline:
                     return await self.client.run(row, agent=agent)
             assert deadline.cancelled_caught
@@ -338,6 +338,12 @@ class Gateway:
         finally:
             if slot is not None:
                 slot.release()
+
+    def _traced(self, headers: Mapping[str, str]) -> AbstractContextManager[Any]:
+        """The request's span: the caller's ``traceparent`` (NeMo Gym's client sends one) is the parent of the
+        rollout's task, so the rollout's trace continues the caller's."""
+        tel = self.client.telemetry
+        return tel.span("gateway /run", kind=SpanKind.SERVER, parent=tel.extract(headers))
 
     async def _steer_body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, Any]:
         """A ``/pause`` or ``/resume`` body: an object (or nothing) with only ``fields``; else 422."""

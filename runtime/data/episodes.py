@@ -123,9 +123,7 @@ def task_row(task_input: dict[str, Any]) -> dict[str, Any]:
 def result_of(row: dict[str, Any]) -> dict[str, Any]:
     """A rollout row as an episode's ``result``: the verify response, without the collector's own keys (the
     collector refuses a result that carries them) and without ``agent_ref`` (a materialized task names none)."""
-    return {
-        k: v for k, v in row.items() if not k.startswith("_ng_") and k not in _COLLECTOR_KEYS and k != "agent_ref"
-    }
+    return {k: v for k, v in row.items() if not k.startswith("_ng_") and k not in _COLLECTOR_KEYS and k != "agent_ref"}
 
 
 def episode_response(

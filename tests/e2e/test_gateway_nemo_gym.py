@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import yaml
 
 from gym_runtime import Client
 from gym_runtime.config import EnvironmentServerLimits, config_from_dict, resolve_config
@@ -188,8 +189,6 @@ async def post(url: str, body: Any, headers: dict[str, str] | None = None) -> tu
 async def env_url(head: str) -> str:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{head}/global_config_dict_yaml") as r:
-            import yaml
-
             cfg = yaml.safe_load(json.loads(await r.text()))
     server = cfg[ENV]["environment_servers"]["single_agent_turn_legacy"]
     assert server["agent_server"] == {"type": "responses_api_agents", "name": "weather_agent"}
@@ -257,3 +256,21 @@ async def test_environment_server_limits_are_honoured(nats_server) -> None:
     assert reasons == ["Episode admission timed out"] * 2 + ["Episode timed out"], reasons
     assert failures[0][1] == {"failure_reason": "Episode admission timed out", "terminal": False, "stage": "admission"}
     assert failures[2][1] == {"failure_reason": "Episode timed out", "terminal": False}
+
+
+async def test_the_callers_traceparent_is_the_rollouts_trace(nats_server, caplog: pytest.LogCaptureFixture) -> None:
+    """NeMo Gym's client sends a ``traceparent`` with ``/run``: the rollout runs in that trace (its worker's log
+    lines carry the trace id), on the Environment Server's port and on the head port alike."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    async with Client(resolve_config(config_from_dict({**FLAKY, "base_dir": str(REPO)})), nats=nats_server.url) as c:
+        async for head in gateway_on(c):
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{head}/global_config_dict_yaml") as r:
+                    cfg = yaml.safe_load(json.loads(await r.text()))
+            server = cfg["agent_environment_server"]["environment_servers"]["single_agent_turn_legacy"]
+            for n, url in enumerate((f"http://127.0.0.1:{server['port']}", head)):
+                tp = f"00-{trace[:-1]}{n}-00f067aa0ba902b7-01"
+                status, body = await post(f"{url}/run", {**ROWS[0], "explode": True}, {"traceparent": tp})
+                assert status in (200, 500), body  # a failure: its worker logs it, with the trace id
+    failed = [json.loads(r.getMessage()) for r in caplog.records if "rollout.failed" in r.getMessage()]
+    assert {e["trace_id"] for e in failed} == {f"{trace[:-1]}0", f"{trace[:-1]}1"}, failed
