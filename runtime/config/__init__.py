@@ -276,11 +276,9 @@ class EnvironmentServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_field
         for name in msgspec.structs.fields(self):
             value = getattr(self, name.name)
             if value is not None and value <= 0:
-                raise ConfigError(f"gateway.environment_servers.{name.name}: {value} must be > 0")
+                raise ConfigError(f"{name.name}: {value} must be > 0")  # the loader names the section
         if self.max_concurrent_episodes is not None and self.queue_timeout_seconds is None:
-            raise ConfigError(
-                "gateway.environment_servers.queue_timeout_seconds is required when max_concurrent_episodes is set"
-            )
+            raise ConfigError("queue_timeout_seconds is required when max_concurrent_episodes is set")
 
 
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -24,7 +24,7 @@ import yaml
 from gym_runtime import Client
 from gym_runtime.config import EnvironmentServerLimits, config_from_dict, resolve_config
 from gym_runtime.gateway import start
-from tests.helpers import FLAKY, REPO, ROWS, read_jsonl, weather, weather_config, write_jsonl
+from tests.helpers import FLAKY, REPO, ROWS, cli, read_jsonl, weather, weather_config, write_jsonl
 from tests.hosting import nemo_gym_python
 
 ENV = "weather_agent_environment_server"
@@ -274,3 +274,18 @@ async def test_the_callers_traceparent_is_the_rollouts_trace(nats_server, caplog
                 assert status in (200, 500), body  # a failure: its worker logs it, with the trace id
     failed = [json.loads(r.getMessage()) for r in caplog.records if "rollout.failed" in r.getMessage()]
     assert {e["trace_id"] for e in failed} == {f"{trace[:-1]}0", f"{trace[:-1]}1"}, failed
+
+
+@pytest.mark.parametrize(
+    ("limits", "line"),
+    [
+        ("{max_concurrent_episodes: 4}", "queue_timeout_seconds is required when max_concurrent_episodes is set"),
+        ("{default_episode_timeout_seconds: 0}", "default_episode_timeout_seconds: 0.0 must be > 0"),
+    ],
+)
+def test_a_wrong_environment_server_limit_is_one_line(tmp_path: Path, limits: str, line: str) -> None:
+    text = (REPO / "resources/weather/config.yaml").read_text() + f"gateway: {{environment_servers: {limits}}}\n"
+    (tmp_path / "config.yaml").write_text(text)
+    res = cli("gateway", str(tmp_path / "config.yaml"), "--port", "0")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"gateway.environment_servers: {line}" in res.stderr
