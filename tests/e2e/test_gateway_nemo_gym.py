@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -289,3 +293,34 @@ def test_a_wrong_environment_server_limit_is_one_line(tmp_path: Path, limits: st
     res = cli("gateway", str(tmp_path / "config.yaml"), "--port", "0")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert f"gateway.environment_servers: {line}" in res.stderr
+
+
+def test_cli_gateway_puts_the_environment_servers_on_the_ports_asked_for(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "gateway", "resources/weather/config.yaml", "--port", "0"]
+        + ["--environment-port", str(base)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        assert proc.stdout is not None
+        head = proc.stdout.readline().split()[-1]
+        assert proc.stdout.readline().strip() == f"environment servers (NeMo Gym 0.7): {ENV} :{base}"
+        cfg = yaml.safe_load(json.loads(requests_get(f"{head}/global_config_dict_yaml")))
+        assert cfg[ENV]["environment_servers"]["single_agent_turn_legacy"]["port"] == base
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    res = cli("gateway", "resources/weather/config.yaml", "--environment-port", "70000")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--environment-port 70000" in res.stderr
+
+
+def requests_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.read().decode()
