@@ -145,40 +145,43 @@ async def test_a_failing_environments_rows_come_back_as_typed_failures(
     ng_python: str, nats_server, tmp_path: Path
 ) -> None:
     """tests.envs.flaky's verify raises on rows marked "explode" (our verify_error, after the agent's two
-    attempts): ng_collect_rollouts files those rows in its failures sidecar as Environment Server failures of the
-    verification stage, kind verifier_error, not terminal, and scores the others; on resume it runs each failed
-    rollout again as a new attempt."""
-    rows = [{**ROWS[i % 5], **({"explode": True} if i % 2 else {})} for i in range(10)]
+    attempts) and tests.envs.crash_agent on rows marked "crash" (internal): ng_collect_rollouts files those rows in
+    its failures sidecar as Environment Server failures, the first of the verification stage and not terminal,
+    the second of the agent stage and terminal, and scores the others; on resume it runs each non-terminal one
+    again as a new attempt and leaves the terminal ones, in flat and in taskset routing."""
+    rows = [{**ROWS[i % 5], **[{}, {"explode": True}, {"crash": True}][i % 3]} for i in range(12)]
+    exploding, crashing = [i for i in range(12) if i % 3 == 1], [i for i in range(12) if i % 3 == 2]
     env = "agent_environment_server"
     modes = {
         "legacy": ("+environment_routing_mode=legacy", f"+environment_server_name={env}"),
         "taskset": ("+environment_routing_mode=taskset", f"+environment_server_routes={{weather:{env}}}"),
     }
-    async with Client(
-        resolve_config(config_from_dict({**FLAKY, "base_dir": str(REPO)})), nats=nats_server.url
-    ) as client:
+    agent = {**FLAKY["agents"]["agent"], "agent": "tests.envs.crash_agent"}
+    cfg = config_from_dict({**FLAKY, "agents": {"agent": agent}, "base_dir": str(REPO)})
+    async with Client(resolve_config(cfg), nats=nats_server.url) as client:
         async for head in gateway_on(client):
             for mode, overrides in modes.items():
                 tmp = tmp_path / mode
                 tmp.mkdir()
                 data = materialized(rows) if mode == "taskset" else rows
                 got, failures, _ = await collect_rollouts(ng_python, head, data, tmp, *overrides)
-                assert len(got) == 5 and all(r["reward"] == 1.0 for r in got)
-                assert sorted(f["_ng_task_index"] for f in failures) == [1, 3, 5, 7, 9]
+                assert len(got) == 4 and all(r["reward"] == 1.0 for r in got)
+                assert sorted(f["_ng_task_index"] for f in failures) == sorted(exploding + crashing)
                 for f in failures:
+                    crashed = f["_ng_task_index"] in crashing
                     assert f["_ng_failure_class"] == "environment_server_failed", f
-                    assert f["_ng_failure_terminal"] is False and f["_ng_failure_stage"] == "verification"
-                    assert f["_ng_failure_message"].startswith("verify_error: "), f
+                    assert f["_ng_failure_terminal"] is crashed, f
+                    assert f["_ng_failure_stage"] == ("agent" if crashed else "verification"), f
+                    assert f["_ng_failure_message"].startswith("internal: " if crashed else "verify_error: "), f
                     assert "reward" not in f and "response" not in f
                     if mode == "legacy":  # a flat row's failure names its kind too
-                        assert f["failure_kind"] == "verifier_error"
+                        assert f["failure_kind"] == ("agent_run_error" if crashed else "verifier_error")
                 got, failures, _ = await collect_rollouts(
                     ng_python, head, data, tmp, *overrides, "+resume_from_cache=true"
                 )
-                assert sorted((f["_ng_task_index"], f.get("_ng_attempt_index", 0)) for f in failures) == sorted(
-                    (i, a) for i in (1, 3, 5, 7, 9) for a in (0, 1)
-                )
-                assert len(got) == 5
+                attempts = sorted((f["_ng_task_index"], f.get("_ng_attempt_index", 0)) for f in failures)
+                assert attempts == sorted([(i, 0) for i in exploding + crashing] + [(i, 1) for i in exploding])
+                assert len(got) == 4
 
 
 # ----------------------------------------------------------------------------------- the protocol itself
