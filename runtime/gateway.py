@@ -114,6 +114,11 @@ def _local_port(request: web.Request) -> int | None:
     return sock[1] if sock else None
 
 
+def _invalid_episode(message: str) -> web.Response:
+    """FastAPI's answer to a request body its model refuses: 422, a list of errors."""
+    return _json({"detail": [{"type": "value_error", "loc": ["body"], "msg": message}]}, 422)
+
+
 def _server_error(message: str) -> web.Response:
     """What NeMo Gym's exception middleware answers for a ``ValueError`` its handler raised: 500, ``repr(e)``."""
     return _json(repr(ValueError(message)), 500)
@@ -280,8 +285,8 @@ class Gateway:
             try:
                 request_ = episodes.decode_request(body)
                 row = episodes.task_row(request_.task.task_input)
-            except (msgspec.ValidationError, ValueError) as e:  # FastAPI's request validation answer
-                return _json({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(e)}]}, 422)
+            except (msgspec.ValidationError, ValueError) as e:
+                return _invalid_episode(str(e))
         else:
             row = body
             if (routed := self._routing_error(row, agent)) is not None:
@@ -289,7 +294,7 @@ class Gateway:
         try:
             out = await self._run_episode(row, agent, request.headers)
         except ClientError as e:  # the row itself is invalid: nothing was run
-            return _json({"detail": str(e)}, 422)
+            return _invalid_episode(str(e)) if request_ is not None else _json({"detail": str(e)}, 422)
         if request_ is not None:
             if isinstance(out, EpisodeFailure):
                 return _json(episodes.episode_response(request_, failure=out))
@@ -327,9 +332,9 @@ class Gateway:
                 return EpisodeFailure("Episode admission timed out", terminal=False, stage="admission")
         try:
             with self._traced(headers):
-                with anyio.move_on_after(self.limits.default_episode_timeout_seconds) as deadline:
+                with anyio.move_on_after(self.limits.default_episode_timeout_seconds):
                     return await self.client.run(row, agent=agent)
-            assert deadline.cancelled_caught
+            # past the deadline (the task may still run in a worker: its result is not awaited any more)
             return EpisodeFailure("Episode timed out", terminal=False)
         except PublishTimeout as e:  # the bus did not take the task in time: nothing ran
             return episodes.failure_of("publish_timeout", str(e))

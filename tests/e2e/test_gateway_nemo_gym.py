@@ -227,6 +227,8 @@ async def test_episode_requests_are_answered_field_for_field(gateway: str) -> No
         {**episode(1, ROWS[0]), "episode_id": {"rollout_id": "1-0-a2"}},  # the reserved attempt suffix
         {**episode(1, ROWS[0]), "episode_id": {"rollout_id": "1", "attempt": -1}},
         episode(1, {"task_data": {"x": 1}, "x": 2, **ROWS[0]}),  # a field inside and outside task_data
+        episode(1, {"task_data": {"x": 1}}),  # no responses_create_params
+        episode(1, {"responses_create_params": {"input": 3}}),  # one our row check refuses
     ):
         status, body = await post(f"{url}/run", bad)
         assert status == 422 and isinstance(body["detail"], list), (bad, body)
