@@ -35,6 +35,20 @@ def catalogue_root(*build: str) -> Path:
     )
 
 
+def nemo_gym_python() -> str:
+    """The interpreter of the shared base layer (nemo-gym ``NEMO_GYM_VERSION`` on a Python >= 3.13, as its
+    metadata asks), built once and cached as the hosted servers' (CI builds it before the tests); skips without a
+    Python >= 3.13, unless GYM_REQUIRE_HOSTING=1."""
+    try:
+        python = hosting_env.find_python()
+    except hosting_env.EnvError as e:
+        if os.environ.get("GYM_REQUIRE_HOSTING") == "1":
+            raise
+        pytest.skip(f"nemo-gym's own client needs a Python >= 3.13: {e}")
+    base, _ = hosting_env.build_base(python, hosting_env.nemo_gym_version(), hosting_env.repo_root(), lambda _: None)
+    return str(base / "bin" / "python")
+
+
 HARBOR = "harbor==0.26.0"  # the Harbor whose verifier and reward parsing tests/test_harbor.py compares with ours
 HARBOR_PYTHON_ENV = "GYM_HARBOR_PYTHON"  # an override: a Python >= 3.12 with harbor installed
 

@@ -11,7 +11,8 @@ from gym_runtime.errors import ClientError, UserError
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "gateway", help="serve NeMo Gym's HTTP protocol (/global_config_dict_yaml, /run, ...) over the bus"
+        "gateway",
+        help="serve NeMo Gym's HTTP protocol (/global_config_dict_yaml, /run, Environment Servers) over the bus",
     )
     config_argument(p)
     p.add_argument(
@@ -23,6 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument(
         "--port", type=int, default=11000, help="port (default: 11000, NeMo Gym's head-server port; 0: free)"
+    )
+    p.add_argument(
+        "--environment-port",
+        type=int,
+        default=0,
+        help="the first port of the agents' NeMo Gym 0.7 Environment Servers, one per agent in the config's "
+        "order (default: free ports)",
     )
     p.add_argument(
         "--workers",
@@ -40,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     import anyio
 
     from gym_runtime.client import Client
-    from gym_runtime.gateway import start
+    from gym_runtime.gateway import GATEWAY, start
     from gym_runtime.service.loop import run_async
 
     cfg = load(args)
@@ -48,6 +56,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("the config names no agents: the gateway serves agents")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: not a TCP port")
+    env_ports = {a: args.environment_port + i for i, a in enumerate(cfg.agents)} if args.environment_port else {}
+    if not 0 <= args.environment_port <= 65535 - len(cfg.agents) + 1 or args.port in env_ports.values():
+        raise UserError(f"--environment-port {args.environment_port}: not {len(cfg.agents)} TCP ports beside --port")
     url = args.nats or cfg.nats
     workers = args.workers == "here" or (args.workers == "auto" and url == "embedded")
     tel = telemetry(args, "gateway")
@@ -56,11 +67,14 @@ def main(args: argparse.Namespace) -> int:
         resolved = resolve_config(cfg) if workers else resolve_models(cfg)  # a client that only submits: no agent
         async with Client(resolved, nats=url, auth_dir=args.auth_dir, workers=workers, telemetry=tel) as client:
             try:
-                runner, port = await start(client, host=args.host, port=args.port)
+                runner, port = await start(client, host=args.host, port=args.port, env_ports=env_ports)
             except OSError as e:  # the port is taken, or the address is not ours
                 raise ClientError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
             try:
                 print(f"gateway listening on http://{args.host}:{port}", flush=True)
+                gateway = runner.app[GATEWAY]
+                servers = (f"{gateway.env_names[a]} :{p}" for a, p in gateway.env_ports.items())
+                print(f"environment servers (NeMo Gym 0.7): {', '.join(servers)}", flush=True)
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
                         break

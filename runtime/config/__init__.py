@@ -263,6 +263,24 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError(f"jetstream.{key}: {value!r} must be a positive size (e.g. 2GB){unbounded}")
 
 
+class EnvironmentServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """NeMo Gym 0.7's environment server limits (``BaseEnvironmentServerConfig``), applied to each agent's
+    environment server of the gateway on its own; None: no limit, as there."""
+
+    max_concurrent_episodes: int | None = None  # episodes running at once; the others wait for a slot
+    queue_timeout_seconds: float | None = None  # how long one waits; past it, a non-terminal admission failure
+    default_episode_timeout_seconds: float | None = None  # one episode's deadline; past it, "Episode timed out"
+    cleanup_timeout_seconds: float = 180.0  # shown in the global config (NeMo Gym requires it); nothing to clean
+
+    def __post_init__(self) -> None:
+        for name in msgspec.structs.fields(self):
+            value = getattr(self, name.name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name.name}: {value} must be > 0")  # the loader names the section
+        if self.max_concurrent_episodes is not None and self.queue_timeout_seconds is None:
+            raise ConfigError("queue_timeout_seconds is required when max_concurrent_episodes is set")
+
+
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Bounds of ``gym-runtime gateway`` (docs/operations.md, "The gateway")."""
 
@@ -270,6 +288,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the square of a task's rollouts: 20,000 rows of one task take ~1.5 min of a core (off the event loop),
     # 20,000 rows of 16-rollout tasks 0.05 s.
     aggregate_metrics_max_rows: int = 20_000
+    environment_servers: EnvironmentServerLimits = msgspec.field(default_factory=EnvironmentServerLimits)
 
     def __post_init__(self) -> None:
         if self.aggregate_metrics_max_rows < 1:

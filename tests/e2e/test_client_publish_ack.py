@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from gym_runtime import Client, PublishTimeout
-from gym_runtime.gateway import start
+from gym_runtime.gateway import GATEWAY, start
 from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.helpers import ROWS, eventually, weather
 
@@ -137,3 +137,29 @@ async def test_the_gateways_run_answers_503_when_the_task_is_not_acknowledged(na
             await runner.cleanup()
     assert status == 503, body
     assert body["detail"].startswith("run: the NATS server did not acknowledge the task within 7 s"), body
+
+
+async def test_an_environment_servers_episode_is_a_transport_timeout_failure_when_not_acknowledged(
+    nats_server: EmbeddedServer,
+) -> None:
+    """On an agent's Environment Server (NeMo Gym 0.7's protocol) the same timeout is a typed, non-terminal
+    failure of the admission stage: nothing ran, and the collector runs it again."""
+    async with Client(weather(), nats=nats_server.url, publish_retry_s=7.0) as client:
+        await client.run(ROWS[0])
+        runner, _ = await start(client, host="127.0.0.1", port=0)
+        env_port = runner.app[GATEWAY].env_ports["weather_agent"]
+        request = {
+            "episode_id": {"rollout_id": "0-0"},
+            "task": {"task_id": {"taskset": "weather", "task_id": "0"}, "task_input": ROWS[1]},
+        }
+        try:
+            async with aiohttp.ClientSession() as http:
+                with stopped(nats_server):
+                    async with await within(http.post(f"http://127.0.0.1:{env_port}/run", json=request)) as r:
+                        status, body = r.status, await r.json()
+        finally:
+            await runner.cleanup()
+    assert status == 200, body
+    failure = body["failure"]
+    assert (failure["failure_kind"], failure["terminal"], failure["stage"]) == ("transport_timeout", False, "admission")
+    assert failure["failure_reason"].startswith("publish_timeout: run: the NATS server did not acknowledge the task")

@@ -130,8 +130,9 @@ async def test_run_keeps_the_requests_own_ids_and_agent_ref(gateway) -> None:
             instances = await r.json()
     assert body["_ng_task_index"] == 41 and body["_ng_rollout_index"] == 3
     assert body["agent_ref"] == row["agent_ref"] and body["reward"] == 1.0
-    assert [i["name"] for i in instances] == ["weather_agent"]
+    assert [i["name"] for i in instances] == ["weather_agent", "weather_agent_environment_server"]
     assert instances[0]["url"] == head and instances[0]["server_type"] == "responses_api_agents"
+    assert instances[1]["server_type"] == "environment_servers" and instances[1]["url"] != head  # its own port
 
 
 async def test_bad_requests_get_clear_http_errors(gateway) -> None:
