@@ -31,11 +31,11 @@ from gym_runtime.data.reverify import (
     reverify_file,
     validate_rollouts,
 )
-from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.errors import ConfigError, UserError, in_entry
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
-from gym_runtime.service.batches import check_live_workers, publish_batch
+from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch
 from gym_runtime.service.budget import BudgetedPublish
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
@@ -162,7 +162,7 @@ def make_workers(
         try:
             workers += _make(pool, config, role, name, replicas)
         except (ValueError, ImportError) as e:
-            text = str(e).replace(f"{role}.*.", f"{role}.{name}.")
+            text = in_entry(str(e), role, name)
             raise ConfigError(text if text.startswith(f"{role}.{name}") else f"{role}.{name}: {text}") from None
     return workers
 
@@ -385,6 +385,8 @@ async def run_batch(
         await ensure_streams(bus, config.agents)
         if check_workers:  # before this run's own workers start: only others can differ
             await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
+        if not start_local_workers:  # this run's workers are in processes of their own, ready: ask their models
+            await check_model_endpoints(bus, config, list(plan.agents))
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, pairs)
             await start_workers(tg, workers)
