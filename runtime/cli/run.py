@@ -74,6 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", help="use this NATS server instead of starting an embedded one")
     p.add_argument("--batch", help="batch id (default: random)")
     p.add_argument(
+        "--store-dir",
+        metavar="DIR",
+        help="where the embedded server keeps its store, kept after the run (default: a temporary one, deleted): "
+        "a batch stopped by its --budget resumes from it with the same --store-dir and --batch",
+    )
+    p.add_argument(
         "--processes",
         type=processes_value,
         default="auto",
@@ -232,6 +238,10 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = load(args)
     resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
+    embedded = (args.nats or cfg.nats) == "embedded"
+    if args.store_dir and not embedded:
+        raise UserError("--store-dir is the embedded server's store: with --nats (or the config's `nats` URL) that "
+                        "server keeps its own; drop --store-dir")  # fmt: skip
     if args.input is None:
         bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
         example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
@@ -305,5 +315,5 @@ def main(args: argparse.Namespace) -> int:
         tel.shutdown()
     print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
     if result.stats.budget:
-        return budget_exit(result.stats, args.output, budget, result.batch)
+        return budget_exit(result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir))
     return failures_exit(result.stats, args.output)
