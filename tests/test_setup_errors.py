@@ -35,7 +35,9 @@ async def test_a_guest_agents_setup_mistake_names_its_entry() -> None:
 
 async def test_an_in_process_agents_setup_mistake_names_its_entry(bus: Bus) -> None:
     agent = {"agent": "tests.envs.mistaken_setup", "model": "policy", "isolation": "none", "options": {"env": "x"}}
-    config = resolve_config(config_from_dict({"models": {"policy": {"adapter": "scripted"}}, "agents": {"vf04": agent}}))
+    config = resolve_config(
+        config_from_dict({"models": {"policy": {"adapter": "scripted"}}, "agents": {"vf04": agent}})
+    )
     worker = AgentWorker(bus, "vf04", config)
     assert await setup_error(worker.run) == "agents.vf04.options.env: cannot load 'x'"
 

@@ -237,7 +237,9 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.runner import batch_pairs, run_batch
 
     cfg = load(args)
-    resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
+    note = None if progress.options_from(args).quiet else say  # what a slow step waits for (not with --quiet)
+    with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
+        resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
     embedded = (args.nats or cfg.nats) == "embedded"
     if args.store_dir and not embedded:
         raise UserError("--store-dir is the embedded server's store: with --nats (or the config's `nats` URL) that "
@@ -252,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before anything starts
-    plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
+    with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
+        plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
     budget = budgeted(args.budget, cfg)
     # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
     run_async(lambda: ensure_config_images(cfg, note=say))
@@ -309,6 +312,7 @@ def main(args: argparse.Namespace) -> int:
                         elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
                         check_workers=not ours,
                         budget=budget,
+                        note=note,
                     )
                 )
     finally:

@@ -105,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
                     replicas=args.replicas,
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
+                    note=None if args.log_level == "error" else say,  # a slow start named (not under --quiet)
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )

@@ -47,8 +47,7 @@ _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 
 
 READ_ONLY_HINT = (
-    "the sandbox's root file system is read-only: write under /work, /tmp or /root, or give the pool "
-    "`rootfs: writable`"
+    "the sandbox's root file system is read-only: write under /work, /tmp or /root, or give the pool `rootfs: writable`"
 )
 
 
