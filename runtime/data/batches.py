@@ -172,7 +172,7 @@ async def other_namespaces(bus: Connection, batch: str | None = None) -> str:
     that hold ``batch`` (without one: any stream), as the ``--namespace`` to give; else how to name one."""
     others: list[str] = []
     if not bus.secured:  # a secured server's roles are kept to their namespaces' streams: the flag, unnamed
-        others = [ns for ns in await jetstream.namespaces(bus) if ns != bus.ns]
+        others = [ns for ns in await jetstream.namespaces(bus) if ns != bus.subjects.ns]
         if batch is not None:
             others = [ns for ns in others if await jetstream.holds_batch(bus, ns, batch)]
     if not others:
