@@ -4,6 +4,9 @@ verifiers 0.4's agent names its key once (not ``agents.*.agents.*.``)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -13,6 +16,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.guest_agent import GuestAgent
+from tests.helpers import cli, write_jsonl
 
 
 async def setup_error(start: object) -> str:
@@ -48,3 +52,16 @@ async def test_verifiers_04_names_its_key_once() -> None:
         await verifiers_v1.setup(cfg)
     assert str(e.value).startswith("agents.*.options.env: cannot load the verifiers environment: "), e.value
     assert "no_such_taskset" in str(e.value)
+
+
+def test_a_mistyped_verifiers_env_id_is_one_line_naming_the_entry(tmp_path: Path) -> None:
+    """verifiers 0.3 in its default guest process, through the real CLI: one line, the entry's key, exit 2."""
+    agent = {"agent": "agents.verifiers_env", "model": "policy", "options": {"env_id": "vf_suitx"}}
+    cfg = {"nats": "embedded", "models": {"policy": {"adapter": "scripted"}}, "agents": {"vf": agent}}
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    write_jsonl(tmp_path / "rows.jsonl", [{"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}])
+    res = cli("run", str(tmp_path / "config.yaml"), "-i", str(tmp_path / "rows.jsonl"), "-o", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 2, res.stderr
+    # a loaded machine may name the slow start first (a progress line): the mistake itself is one line
+    [line] = [x for x in res.stderr.strip().splitlines() if "still starting" not in x]
+    assert line.startswith("gym-runtime: error: agents.vf.options.env_id: cannot load verifiers environment 'vf_suitx'")
