@@ -47,6 +47,7 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import numbers
 import time
 import uuid
@@ -102,11 +103,20 @@ def check_options(options: dict[str, Any]) -> Options:
 # --------------------------------------------------------------------------- loading
 
 
+def _said_again(record: logging.LogRecord) -> bool:
+    """verifiers' own line for an environment it cannot import: dropped, as the one line we raise says it (a
+    user's mistyped ``env_id`` is one line, not two)."""
+    return not str(record.msg).startswith("Failed to import environment module")
+
+
 @functools.lru_cache(maxsize=16)
 def _load(env_id: str, args_json: str) -> Any:
     """One environment per (id, args) in this process, loaded as verifiers loads it; its rubric watched."""
     import verifiers as vf
 
+    loader = logging.getLogger("verifiers.legacy.utils.env_utils")
+    if _said_again not in loader.filters:
+        loader.addFilter(_said_again)
     env = vf.load_environment(env_id, **json.loads(args_json))
     _watch_rubric(env.rubric)
     return env

@@ -360,7 +360,9 @@ async def setup(config: AgentConfig) -> None:
     """Load and serve the environment when the guest starts: one line, and no worker, if it cannot load."""
     try:
         await _serving(check_options(config.options))
-    except ValueError as e:
+    except UserError:  # names its key already
+        raise
+    except ValueError as e:  # an option's check: names the key below the entry
         raise UserError(f"agents.*.{e}") from None
 
 

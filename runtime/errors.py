@@ -83,6 +83,12 @@ class ConfigError(UserError):
     """A config problem; the message names the file and the key."""
 
 
+def in_entry(text: str, role: str, name: str) -> str:
+    """A plugin's message, which names its config key as ``agents.*.options.x`` (it does not know its entry's
+    name), with the entry named: ``agents.vf04.options.x``."""
+    return text.replace(f"{role}.*.", f"{role}.{name}.")
+
+
 class InputError(UserError):
     """Bad input rows; ``problems`` lists ``file:line: reason`` for each."""
 

@@ -172,6 +172,9 @@ async def test_a_pools_metrics_on_its_prometheus_endpoint(bus: Bus, engine: Engi
         ({"max_live": -1}, "sandboxes.box: max_live and warm must be at least 0"),
         ({"capacity": 4, "warm": 1, "warm_images": {"x:1": 4}}, "warm (1) plus warm_images (4) must not exceed"),
         ({"warm_images": {"x:1": -1}}, "sandboxes.box: warm_images counts must be at least 0"),
+        ({"backend": "dockr"}, "sandboxes.box.backend: Invalid enum value 'dockr' (one of: daytona, docker, podman, "),
+        ({"max_live": 2, "warm": 3}, "sandboxes.box: max_live (2) is less than warm (3): warm containers count"),
+        ({"max_live": 2, "warm": 1, "warm_images": {"x:1": 2}}, "max_live (2) is less than warm (1) plus warm_images"),
     ],
 )
 def test_a_scheduling_mistake_in_the_config_is_one_line(entry: dict[str, object], said: str) -> None:

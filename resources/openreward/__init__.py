@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import numbers
+import os
 from typing import Any, ClassVar
 
 import anyio
@@ -42,6 +43,12 @@ from gym_runtime.resources.openreward.backends import Called, InProcess, Served
 from gym_runtime.resources.openreward.rows import function_tools, rows_in_process, rows_served
 
 __all__ = ["OpenRewardResource", "Options", "dataset_rows", "env_tools"]
+
+# The SDK's environment logs a coloured line per tool call on stdout at INFO (its level is read from here once,
+# when its loggers are made): thousands of lines for a batch. Its warnings and errors still show, and
+# OPENREWARD_LOG_LEVEL=INFO brings the rest back. Set before anything imports the SDK (this module's import
+# comes first, in the worker and in its guest, which inherits it).
+os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
 
 
 class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

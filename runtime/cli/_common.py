@@ -196,6 +196,7 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
     if secure:
         ensure_auth_dir(secure)
     with EmbeddedServer(
+        store_dir=getattr(args, "store_dir", None),  # kept after it stops: `run --store-dir` resumes from it
         secure_dir=secure,
         namespaces=[cfg.namespace],
         reach=Reach.of(cfg),
@@ -303,16 +304,22 @@ def budgeted(budget: Any, cfg: Config) -> Any:
     return BudgetedPublish(budget, 1, cfg.pricing.currency if cfg.pricing else None)
 
 
-def budget_exit(stats: Any, out: str, budget: Any, batch: str) -> int:
-    """The one line a batch stopped by its budget ends with (exit 1: nothing lost, it can be resumed)."""
+def budget_exit(stats: Any, out: str, budget: Any, batch: str, *, kept: bool = True) -> int:
+    """The one line a batch stopped by its budget ends with (exit 1: nothing lost, it can be resumed where its
+    server ``kept`` it; ``run``'s embedded server without ``--store-dir`` kept nothing, and the line says so)."""
     from gym_runtime.data.collector import sidecar_paths
 
     others = stats.failures - stats.budget
     more = f"; {plural(others, 'other rollout')} failed" if others else ""
+    then = (
+        f"run again with --batch {batch} and a larger --budget to finish the batch"
+        if kept
+        else "this run's embedded server kept nothing of the batch: to resume one, run it with --store-dir DIR "
+        "(or --nats URL), then again with the same --batch and a larger --budget"
+    )
     err(
         f"budget reached: {budget.spent_line()}; {stats.budget} of {stats.rows + stats.failures} rollouts not "
-        f"started (class budget, in {sidecar_paths(out)[0]}){more}; run again with --batch {batch} and a larger "
-        "--budget to finish the batch"
+        f"started (class budget, in {sidecar_paths(out)[0]}){more}; {then}"
     )
     return EXIT_FAILURES
 

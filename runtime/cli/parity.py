@@ -56,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
     keep_dir(args.keep)  # the user's own path before an environment is built or an engine asked
     if args.harbor:
         return harbor_main(args)
+    if _harbor_tasks(Path(args.server)):  # before a NeMo Gym server of that name is looked for (or built)
+        raise UserError(f"parity {args.server}: a Harbor task directory (task.toml): add --harbor")
     env = ensure(args.server, python=args.python)
     name = Path(env.server_dir).name
     incomplete = recordings(Path(env.server_dir))[1]
@@ -95,6 +97,13 @@ def keep_dir(keep: str | None) -> None:
 def _run(cfg: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(data), "-o", str(out), "--no-progress"]
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def _harbor_tasks(path: Path) -> bool:
+    """Whether ``path`` is a Harbor task directory or a directory of them (what ``--harbor`` takes)."""
+    if (path / "task.toml").is_file():
+        return True
+    return path.is_dir() and any((d / "task.toml").is_file() for d in path.iterdir())
 
 
 def harbor_main(args: argparse.Namespace) -> int:

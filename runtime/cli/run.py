@@ -74,6 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", help="use this NATS server instead of starting an embedded one")
     p.add_argument("--batch", help="batch id (default: random)")
     p.add_argument(
+        "--store-dir",
+        metavar="DIR",
+        help="where the embedded server keeps its store, kept after the run (default: a temporary one, deleted): "
+        "a batch stopped by its --budget resumes from it with the same --store-dir and --batch",
+    )
+    p.add_argument(
         "--processes",
         type=processes_value,
         default="auto",
@@ -231,7 +237,13 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.runner import batch_pairs, run_batch
 
     cfg = load(args)
-    resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
+    note = None if progress.options_from(args).quiet else say  # what a slow step waits for (not with --quiet)
+    with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
+        resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
+    embedded = (args.nats or cfg.nats) == "embedded"
+    if args.store_dir and not embedded:
+        raise UserError("--store-dir is the embedded server's store: with --nats (or the config's `nats` URL) that "
+                        "server keeps its own; drop --store-dir")  # fmt: skip
     if args.input is None:
         bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
         example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
@@ -242,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before anything starts
-    plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
+    with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
+        plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
     budget = budgeted(args.budget, cfg)
     # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
     run_async(lambda: ensure_config_images(cfg, note=say))
@@ -299,11 +312,12 @@ def main(args: argparse.Namespace) -> int:
                         elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
                         check_workers=not ours,
                         budget=budget,
+                        note=note,
                     )
                 )
     finally:
         tel.shutdown()
     print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
     if result.stats.budget:
-        return budget_exit(result.stats, args.output, budget, result.batch)
+        return budget_exit(result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir))
     return failures_exit(result.stats, args.output)

@@ -45,9 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def role_of(pairs: list[tuple[str, str]]) -> str:
-    """The OTel service role: ``agent``, ``model`` or ``resource`` for one kind, else ``workers``."""
+    """The OTel service role: ``agent``, ``model``, ``resource`` or ``sandbox`` for one kind, else ``workers``."""
+    from gym_runtime.service.runner import BUS_ROLE  # as main's: loaded with the workers, not for `--help`
+
     roles = {r for r, _ in pairs}
-    return next(iter(roles))[:-1] if len(roles) == 1 else "workers"
+    return BUS_ROLE[next(iter(roles))] if len(roles) == 1 else "workers"
 
 
 def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
@@ -103,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
                     replicas=args.replicas,
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
+                    note=None if args.log_level == "error" else say,  # a slow start named (not under --quiet)
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )

@@ -147,6 +147,12 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.warm + by_image > self.capacity:
             also = f" plus warm_images ({by_image})" if by_image else ""
             raise ValueError(f"warm ({self.warm}){also} must not exceed capacity ({self.capacity})")
+        if 0 < self.max_live < self.warm + by_image:
+            also = f" plus warm_images ({by_image})" if by_image else ""
+            raise ValueError(
+                f"max_live ({self.max_live}) is less than warm ({self.warm}){also}: warm containers count against "
+                "the pool's quota, so it could never fill; raise max_live or lower warm"
+            )
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -714,6 +720,27 @@ _SECTIONS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+_ENTRY_TYPES: dict[str, type[msgspec.Struct]] = {
+    "resources": ResourceConfig,
+    "agents": AgentConfig,
+    "sandboxes": SandboxConfig,
+}
+
+
+def _choices(typ: type[msgspec.Struct], path: str) -> str:
+    """`` (one of: docker, podman, ...)``: the values a key of ``typ`` (``path``: ``backend``, ``limits.x``) takes
+    when it is a ``Literal``; "" for any other key."""
+    info: Any = msgspec.inspect.type_info(typ)
+    for part in path.split(".") if path else []:
+        fields = {f.name: f.type for f in getattr(info, "fields", ())}
+        if part not in fields:
+            return ""
+        info = fields[part]
+    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    values = [v for t in kinds if isinstance(t, msgspec.inspect.LiteralType) for v in t.values]
+    return f" (one of: {', '.join(map(str, values))})" if values else ""
+
+
 def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     """Plain data → ``Config``, checked as far as data alone allows (no plugin imported: ``resolve_config``)."""
     # Entries are converted one by one so that errors can name them (msgspec
@@ -730,6 +757,8 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
                 sections[section][str(name)] = parse(entry)
             except msgspec.ValidationError as e:
                 text = _readable(str(e))  # "path: problem", or ": problem" for the entry itself
+                if section in _ENTRY_TYPES and "Invalid enum value" in text:  # say which values it takes
+                    text += _choices(_ENTRY_TYPES[section], text.partition(":")[0])
                 where = f"{section}.{name}" + (text if text.startswith(":") else f".{text}")
                 raise ConfigError(f"{source}: {where}{_file_key_hint(raw, f'{section}.{name}', text)}") from None
     try:

@@ -167,6 +167,20 @@ async def get_manifest(bus: Transport, batch: str, *, wait_s: float = 0.0) -> Ma
         await anyio.sleep(0.2)
 
 
+async def other_namespaces(bus: Connection, batch: str | None = None) -> str:
+    """Where else to look, for a command that found nothing in its namespace: the other namespaces of this server
+    that hold ``batch`` (without one: any stream), as the ``--namespace`` to give; else how to name one."""
+    others: list[str] = []
+    if not bus.secured:  # a secured server's roles are kept to their namespaces' streams: the flag, unnamed
+        others = [ns for ns in await jetstream.namespaces(bus) if ns != bus.subjects.ns]
+        if batch is not None:
+            others = [ns for ns in others if await jetstream.holds_batch(bus, ns, batch)]
+    if not others:
+        return "--namespace NAME reads another namespace"
+    held = "holds it" if batch is not None else "is on this server"
+    return "; ".join(f"namespace {ns!r} {held}: add --namespace {ns}" for ns in others)
+
+
 async def purge_batch(bus: Connection, batch: str) -> int:
     """Remove a batch's results, kept tasks, attempt records and manifest; returns how many results were removed.
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
+from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest, other_namespaces
 from gym_runtime.data.intake import Intake, is_ok, read_result, replaces
 from gym_runtime.errors import UserError
 from gym_runtime.messages import AttemptRecord, AttemptRetried, AttemptStart, RolloutResult
@@ -53,7 +53,10 @@ async def histories(bus: Bus, batch: str, task: int, rollout: int | None) -> tup
     An unknown batch, or a task or rollout index the batch does not have, is the user's mistake."""
     manifest = await get_manifest(bus, batch)
     if manifest is None:
-        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here, or purged?)")
+        raise UserError(
+            f"no batch {batch!r} in namespace {bus.ns!r} (was it published here, or purged?); "
+            + await other_namespaces(bus, batch)
+        )
     if not 0 <= task < manifest.tasks:
         raise UserError(f"batch {batch} has tasks 0..{manifest.tasks - 1}, not {task}")
     repeats = max(1, manifest.repeats)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 from gym_runtime.errors import UserError
+from gym_runtime.observability.progress import STILL_EVERY_S, Heartbeat
 
 NEMO_GYM_VERSION = "0.7.0"
 MIN_PYTHON = (3, 13)
@@ -227,7 +228,10 @@ def _build_layer(
         if (prefix / ".complete").is_file():
             return prefix, 0.0
         log(f"env: building the {what} layer {prefix.name} ({detail})")
-        fill()
+        # its steps (pip's install, uv's sync) print nothing for minutes: said every STILL_EVERY_S meanwhile
+        still = f"env: still building the {what} layer (its log: {prefix / 'build.log'})"
+        with Heartbeat(log, still, after_s=STILL_EVERY_S):
+            fill()
         (prefix / ".complete").write_text(json.dumps(record))
     took = time.monotonic() - t0
     log(f"env: {what} layer built in {took:.0f}s ({disk_mb(prefix):.1f} MB)")

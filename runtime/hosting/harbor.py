@@ -14,16 +14,17 @@ one. ``python -m gym_runtime.hosting.harbor TASKS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import anyio
 import msgspec
 
-from gym_runtime.config import Config, ResourceConfig
+from gym_runtime.config import Config, ResourceConfig, SandboxConfig
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.harbor import (
     ImageOptions,
@@ -69,7 +70,7 @@ async def ensure_task_image(
     if await engine.image_exists(ref):
         return ref
     if any(v == BASE for v in opts.base_images.values()):
-        await ensure_base(engine)
+        await ensure_base(engine, note=note)
     prebuilt = task.config.environment.docker_image
     if prebuilt:  # a prebuilt image the task names: it must be here already (mapped or not)
         stage = resolve_base(opts.base_images.get(prebuilt, prebuilt))
@@ -128,7 +129,14 @@ async def ensure_config_images(
     """Build the task images that the config's Harbor environments need and their pools' engines lack, before
     anything of a run starts (``gym-runtime run``, and ``start`` for the pools it serves: ``pools``, None for
     all): one build per image, named by content hash, so a second run builds nothing. A pool that is not an
-    engine of this machine's (process, daytona) is left alone."""
+    engine of this machine's (process, daytona) is left alone. The base image, the default of a pool's sandboxes,
+    is built here too where missing, with ``note`` saying so: its build takes minutes, once per machine."""
+    for pool_name, pool in cfg.sandboxes.items():
+        served = pools is None or pool_name in pools
+        if pool.image != BASE or pool.backend not in ("docker", "podman") or not served:
+            continue
+        async with _engine(pool, f"sandboxes.{pool_name}") as engine:
+            await ensure_base(engine, note=note)
     for name, entry in cfg.resources.items():
         if entry.server not in (SERVER, f"gym_runtime.{SERVER}") or entry.sandbox not in cfg.sandboxes:
             continue
@@ -136,13 +144,19 @@ async def ensure_config_images(
         if (pools is not None and entry.sandbox not in pools) or pool.backend not in ("docker", "podman"):
             continue
         tasks, opts = _options(name, entry)
-        where = f"sandboxes.{entry.sandbox}"
-        async with Engine(engine_socket(pool.backend, pool.engine, where)) as engine:
-            try:
-                await engine.ping()
-            except EngineError as e:
-                raise ConfigError(f"{where}: the {pool.backend} engine does not answer: {e}") from None
+        async with _engine(pool, f"sandboxes.{entry.sandbox}") as engine:
             await ensure_images(engine, tasks, opts, note=note)
+
+
+@contextlib.asynccontextmanager
+async def _engine(pool: SandboxConfig, where: str) -> AsyncIterator[Engine]:
+    """The pool's engine, answering (else one line naming the pool)."""
+    async with Engine(engine_socket(pool.backend, pool.engine, where)) as engine:
+        try:
+            await engine.ping()
+        except EngineError as e:
+            raise ConfigError(f"{where}: the {pool.backend} engine does not answer: {e}") from None
+        yield engine
 
 
 async def _main(argv: list[str]) -> int:

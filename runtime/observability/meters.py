@@ -62,6 +62,8 @@ STAGE_BUCKETS_S = (
     300.0,
     600.0,
 )
+# the other histograms in seconds, bucketed as the stages are
+SECONDS_HISTOGRAMS = ("gym.sandbox.acquire", "gym.sandbox.wait", "gym.sandbox.exec")
 REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -358,6 +360,11 @@ def start(
         views=[
             View(instrument_name="gym.stage.duration", aggregation=ExplicitBucketHistogramAggregation(STAGE_BUCKETS_S)),
             View(instrument_name="gym.reward", aggregation=ExplicitBucketHistogramAggregation(REWARD_BUCKETS)),
+            # the sandbox histograms are in seconds too (OpenTelemetry's default buckets are milliseconds')
+            *[
+                View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(STAGE_BUCKETS_S))
+                for name in SECONDS_HISTOGRAMS
+            ],
         ],
     )
     return Meters(provider, closers=closers)

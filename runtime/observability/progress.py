@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import msgspec
@@ -223,3 +225,47 @@ def _duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+SLOW_STEP_S = 3.0  # a step this long without a word of its own is named (the issue's bar: a line within 5 s)
+STILL_EVERY_S = 30.0  # and said again this often while it goes on
+
+
+class Heartbeat:
+    """Names a step that takes long and says nothing itself (imports of a large environment, a worker's setup, a
+    build): ``say(what + elapsed)`` once ``after_s`` have passed, then every ``every_s``, until the block ends. A
+    quick step says nothing. A timer thread, so that it speaks while the step holds the main thread (an import);
+    ``say`` None: silent (``--quiet``)."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None] | None,
+        what: str,
+        *,
+        after_s: float = SLOW_STEP_S,
+        every_s: float = STILL_EVERY_S,
+    ) -> None:
+        self.say, self.what = say, what
+        self.after_s, self.every_s = after_s, every_s
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def _beat(self) -> None:
+        wait = self.after_s
+        while not self._done.wait(wait):
+            assert self.say is not None
+            self.say(f"{self.what} ({_duration(time.monotonic() - self._t0)} so far)")
+            wait = self.every_s
+
+    def __enter__(self) -> Heartbeat:
+        self._t0 = time.monotonic()
+        if self.say is not None:
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="gym-heartbeat")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -215,8 +215,11 @@ class Telemetry:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
+        # a remote parent that was not recorded (its sender had no exporter: a `publish` to `start`'s workers)
+        # is joined all the same: this process was asked for its spans, and they land in the sender's trace
         provider = TracerProvider(
-            sampler=ParentBased(ALWAYS_ON), resource=OtelResource.create({"service.name": service})
+            sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
+            resource=OtelResource.create({"service.name": service}),
         )
         for e in exporters:
             provider.add_span_processor(BatchSpanProcessor(e, schedule_delay_millis=200))

@@ -19,7 +19,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.data.aggregate import CostTotals, cost_text, result_cost
-from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest
+from gym_runtime.data.batches import Manifest, TaskOwners, get_manifest, other_namespaces
 from gym_runtime.data.intake import Intake, is_ok, read_result, replaces
 from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
@@ -49,6 +49,8 @@ async def gather(bus: Bus, *, window_s: float = 1.0) -> dict[str, Any]:
         "consumers": consumers,
         "results_stored": after,
         "rollouts_per_s": round((after - before) / max(1e-9, time.monotonic() - t0), 1),
+        # nothing here: where else to look
+        **({} if workers or consumers else {"elsewhere": await other_namespaces(bus)}),
     }
 
 
@@ -73,7 +75,10 @@ class BatchWatch:
     async def open(cls, bus: Bus, batch: str, tg: TaskGroup) -> BatchWatch:
         manifest = await get_manifest(bus, batch)
         if manifest is None:
-            raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?)")
+            raise UserError(
+                f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?); "
+                + await other_namespaces(bus, batch)
+            )
         watch = cls(bus, manifest)
         names = bus.subjects
 
@@ -180,7 +185,8 @@ def render(report: dict[str, Any]) -> str:
         "workers:",
     ]
     if not report["workers"]:
-        lines.append("  (none)")
+        elsewhere = f": {report['elsewhere']}" if "elsewhere" in report else ""
+        lines.append(f"  (none{elsewhere})")
     by_role: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for w in report["workers"]:
         by_role.setdefault((w.get("role", "?"), w.get("name", "?")), []).append(w)

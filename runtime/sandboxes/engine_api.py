@@ -46,6 +46,20 @@ KEEP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 
 
+READ_ONLY_HINT = (
+    "the sandbox's root file system is read-only: write under /work, /tmp or /root, or give the pool `rootfs: writable`"
+)
+
+
+def _unwrapped(stderr: bytes, program: str) -> bytes:
+    """An exec's stderr as the command's own: a program that could not be run is named, not the ``timeout`` that
+    wraps every exec (``timeout: failed to run command 'x': No such file or directory``, exit 127)."""
+    head = f"timeout: failed to run command '{program}': ".encode()
+    if not stderr.startswith(head):
+        return stderr
+    return f"{program}: ".encode() + stderr[len(head) :]
+
+
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
@@ -126,7 +140,7 @@ class EngineBackend:
         return ExecResult(
             exit_code=None if timed_out else out.exit_code,
             stdout=out.stdout,
-            stderr=out.stderr,
+            stderr=_unwrapped(out.stderr, argv[0]) if out.exit_code in (126, 127) else out.stderr,
             truncated=out.truncated,
             timed_out=timed_out,
             duration_s=out.duration_s,
@@ -144,7 +158,10 @@ class EngineBackend:
         except EngineError as e:
             raise _gone(e, sid) from e
         if out.exit_code != 0:
-            raise Failure("tool_error", f"writing {path} failed: {out.stderr.decode(errors='replace').strip()}")
+            why = out.stderr.decode(errors="replace").strip()
+            if not self.writable and "Read-only file system" in why:
+                why += f" ({READ_ONLY_HINT})"
+            raise Failure("tool_error", f"writing {path} failed: {why}")
 
     async def read(self, sid: str, path: str, *, max_bytes: int) -> bytes:
         try:

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -75,14 +75,24 @@ async def _chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def ensure_base(engine: Engine, spec: BaseImage | None = None) -> str:
-    """The base image's name in ``engine``, built and imported first where it is missing."""
+async def ensure_base(
+    engine: Engine, spec: BaseImage | None = None, *, note: Callable[[str], None] | None = None
+) -> str:
+    """The base image's name in ``engine``, built and imported first where it is missing; ``note`` hears each
+    step before it starts (the build takes minutes, once per machine: not a silent wait)."""
     spec = spec or BaseImage()
     if await engine.image_exists(spec.ref):
         return spec.ref
     tar = cache_dir() / f"debian-{spec.suite}-{spec.digest}.tar"
     if not tar.is_file():
+        if note is not None:
+            note(
+                f"building the sandboxes' base image {spec.ref} (Debian {spec.suite} by debootstrap from "
+                f"{spec.mirror}; 1-3 min, once per machine, kept in {tar.parent})"
+            )
         await anyio.to_thread.run_sync(build_rootfs, spec, tar)
+    if note is not None:
+        note(f"importing the sandboxes' base image {spec.ref} into the engine (once per engine)")
     await engine.import_image(_chunks(tar), REPO, spec.digest)
     return spec.ref
 

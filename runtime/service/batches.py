@@ -17,7 +17,7 @@ import anyio
 import msgspec
 
 from gym_runtime.config import ResolvedConfig
-from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
+from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, other_namespaces, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
 from gym_runtime.errors import ConfigError, UserError
@@ -33,6 +33,7 @@ log = logs.get("gym.runner")  # the name these lines had in runner: log readers 
 
 MARK_EVERY_S = 0.5  # how often a publish records how far it got in the manifest
 DISCOVERY_WAIT_S = 0.3  # how long a publish gathers the live workers' answers (they answer in ~1 ms)
+ENDPOINTS_WAIT_S = 10.0  # the longest a run waits for its worker processes' models to answer (they are ready)
 
 
 async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]) -> None:
@@ -48,14 +49,7 @@ async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]
             + ". Publish with the config (and --set values) the workers were started with, or restart them with "
             "this one; two experiments need a `namespace` each. Nothing was published."
         )
-    models = {config.agents[a].model for a in agents if a in config.agents}
-    unusable = [
-        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
-        for w in workers
-        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
-    ]
-    if unusable:
-        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    _refuse_unusable(workers, _models(config, agents))
     serving = {str(w.get("name")) for w in workers if w.get("role") == "agent"}
     waiting = [a for a in agents if a not in serving]
     if waiting:
@@ -64,6 +58,32 @@ async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]
             agents=waiting,
             detail="no live worker serves these agents yet: their tasks wait in the queue until one starts",
         )
+
+
+async def check_model_endpoints(bus: Bus, config: ResolvedConfig, agents: list[str]) -> None:
+    """Refuse a batch whose models' workers, started in other processes (``run``'s worker children), found their
+    endpoints dead or not serving the model: one line, nothing published (the check each model worker makes at
+    start, read through discovery once every model has answered)."""
+    models = _models(config, agents)
+
+    def answered(workers: list[dict[str, Any]]) -> bool:
+        return models <= {w.get("name") for w in workers if w.get("role") == "model"}
+
+    _refuse_unusable(await discover(bus, wait_s=ENDPOINTS_WAIT_S, until=answered), models)
+
+
+def _models(config: ResolvedConfig, agents: list[str]) -> set[str]:
+    return {config.agents[a].model for a in agents if a in config.agents}
+
+
+def _refuse_unusable(workers: list[dict[str, Any]], models: set[str]) -> None:
+    unusable = [
+        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
+        for w in workers
+        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
+    ]
+    if unusable:
+        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
 
 
 def _same_batch(a: Manifest, b: Manifest) -> bool:
@@ -197,7 +217,10 @@ async def collect_batch(
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
         waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
-        raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
+        raise UserError(
+            f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?{waited}); "
+            + await other_namespaces(bus, batch)
+        )
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
     collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
     stats = await collector.run()

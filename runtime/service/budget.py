@@ -68,7 +68,13 @@ class BudgetedPublish:
 
     def spent_line(self) -> str:
         b = self.budget
-        return f"{self.amount(b.spent)} of the budget's {self.amount(b.limit)} spent"
+        line = f"{self.amount(b.spent)} of the budget's {self.amount(b.limit)} spent"
+        if b.finished and b.spent / b.finished > b.limit:  # the first rollout runs alone, whatever it costs
+            line += (
+                f" (a rollout costs {self.amount(b.spent / b.finished)}, more than the whole budget: it runs one "
+                "rollout at most; give a larger --budget)"
+            )
+        return line
 
     def amount(self, n: float) -> str:
         return f"{n:,.0f} tokens" if self.budget.tokens else f"{n:.4f} {self.currency or ''}".rstrip()

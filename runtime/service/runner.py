@@ -31,11 +31,12 @@ from gym_runtime.data.reverify import (
     reverify_file,
     validate_rollouts,
 )
-from gym_runtime.errors import ConfigError, UserError
+from gym_runtime.errors import ConfigError, UserError, in_entry
 from gym_runtime.observability import logs
+from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
-from gym_runtime.service.batches import check_live_workers, publish_batch
+from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch
 from gym_runtime.service.budget import BudgetedPublish
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
@@ -162,7 +163,7 @@ def make_workers(
         try:
             workers += _make(pool, config, role, name, replicas)
         except (ValueError, ImportError) as e:
-            text = str(e).replace(f"{role}.*.", f"{role}.{name}.")
+            text = in_entry(str(e), role, name)
             raise ConfigError(text if text.startswith(f"{role}.{name}") else f"{role}.{name}: {text}") from None
     return workers
 
@@ -178,10 +179,26 @@ def _make(bus: Bus, config: ResolvedConfig, role: str, name: str, replicas: int 
     return [AgentWorker(bus, name, config) for _ in range(replicas or config.agents[name].replicas)]
 
 
-async def start_workers(tg: TaskGroup, workers: list[Worker]) -> None:
-    """Start workers and return once each is subscribed and pulling."""
+async def start_workers(tg: TaskGroup, workers: list[Worker], *, note: Callable[[str], None] | None = None) -> None:
+    """Start workers and return once each is subscribed and pulling; ``note`` hears which one a slow start waits
+    for (an environment's imports and setup can take a minute: no silent minutes)."""
     for w in workers:
-        await tg.start(w.run)
+        with Heartbeat(note, f"{starting(w)}: still starting"):
+            await tg.start(w.run)
+
+
+def starting(w: Worker) -> str:
+    """The entry a worker serves and what its start does, as a progress line names it."""
+    if isinstance(w, AgentWorker):
+        where = " in its guest process" if w.guest is not None else ""
+        return f"agents.{w.name} (loading {w.cfg.agent or w.cfg.nemo_gym} and its environment{where})"
+    if isinstance(w, ResourceWorker):
+        return f"resources.{w.name} (loading {w.cfg.server or w.cfg.nemo_gym} and its environment)"
+    if isinstance(w, ModelWorker):
+        return f"models.{w.name} (asking its endpoint whether it serves the model)"
+    if isinstance(w, SandboxWorker):
+        return f"sandboxes.{w.name} (reaching its backend, warming its pool)"
+    return f"worker {type(w).__name__}"
 
 
 DRAIN_OFFLINE_S = 2.0  # a drain whose server has been gone this long stops waiting (``drain``)
@@ -272,6 +289,7 @@ async def serve(
     ready: Callable[[], None] | None = None,
     auth: Any = None,
     signal_receiver: Callable[..., AbstractContextManager[AsyncIterator[int]]] = anyio.open_signal_receiver,
+    note: Callable[[str], None] | None = None,
 ) -> int | None:
     """Run workers until SIGTERM/SIGINT, then drain and return the signal that stopped them.
     (``signal_receiver``: where the signals come from, when the workers are not on the main thread.)
@@ -305,7 +323,7 @@ async def serve(
             await ensure_streams(next(iter(buses.values())), [n for r, n in pairs if r == "agents"])
             workers = make_workers(buses, config, pairs, replicas=replicas)
             async with anyio.create_task_group() as tg:
-                await start_workers(tg, workers)
+                await start_workers(tg, workers, note=note)
                 if telemetry.meters.enabled:
                     tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
                 log.info(
@@ -356,13 +374,15 @@ async def run_batch(
     elsewhere: frozenset[tuple[str, str]] = frozenset(),
     check_workers: bool = True,
     budget: BudgetedPublish | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
 
     ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
     (role, name) workers that run in child processes of their own (hosted NeMo Gym servers); ``check_workers``:
     look for live workers of another config before publishing (not needed on a server this run started);
-    ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``)."""
+    ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``);
+    ``note``: where a slow worker start is named (``start_workers``)."""
     t0 = time.perf_counter()
     if not config.agents:
         raise UserError("the config names no agents")
@@ -385,9 +405,11 @@ async def run_batch(
         await ensure_streams(bus, config.agents)
         if check_workers:  # before this run's own workers start: only others can differ
             await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
+        if not start_local_workers:  # this run's workers are in processes of their own, ready: ask their models
+            await check_model_endpoints(bus, config, list(plan.agents))
         async with anyio.create_task_group() as tg:
             workers = make_workers(buses, config, pairs)
-            await start_workers(tg, workers)
+            await start_workers(tg, workers, note=note)
             unusable = [
                 f"model {w.name!r}: {w.endpoint_problem}"
                 for w in workers

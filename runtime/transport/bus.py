@@ -79,7 +79,7 @@ from gym_runtime.transport.subjects import (
 )
 
 log = logs.get("gym.bus")
-
+DRAIN_MARGIN_S = 5.0  # past its own drain timeout, how long a close waits for nats-py's flush and close
 
 _pub_ack = msgspec.json.Decoder(PubAck)
 
@@ -649,8 +649,11 @@ class Bus:
         stop after its server died (the end of a job) must still stop, quietly."""
         if self.nc.is_closed:
             return
+        # nats-py times its own drain out: a drain cancelled from outside leaves its gather of the subscriptions'
+        # drains with an exception nobody reads ("_GatheringFuture exception was never retrieved" on stderr)
+        self.nc.options["drain_timeout"] = timeout
         try:
-            await asyncio.wait_for(self.nc.drain(), timeout)
+            await asyncio.wait_for(self.nc.drain(), timeout + DRAIN_MARGIN_S)
         except Exception:  # draining a dead or reconnecting connection: nothing left to flush
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), timeout)

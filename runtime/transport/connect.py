@@ -172,6 +172,23 @@ class _Throttle:
         return True
 
 
+class Client(NATS):
+    """nats-py's client, where a PONG for a PING nobody waits for any more is taken quietly.
+
+    ``flush`` cancels its PING's future when it is timed out or cancelled (a close that drains while a PING is
+    out, a cancelled request); nats-py then sets the result of that cancelled future when the PONG comes, and
+    the ``InvalidStateError`` ends its read loop with an "encountered error" traceback on stderr (a good run
+    that reads as a crash, and a connection that reads nothing more). Each PONG still answers the oldest PING."""
+
+    async def _process_pong(self) -> None:
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+
 def connect_timeout_s() -> float:
     """How long a one-shot command tries to reach its server: 10 s, or ``GYM_CONNECT_TIMEOUT_S``."""
     return float(os.environ.get("GYM_CONNECT_TIMEOUT_S", "10"))
@@ -276,6 +293,8 @@ async def connect(
     secured = bool(options and options.get("tls") is not None)
 
     async def on_error(e: Exception) -> None:
+        if isinstance(e, nats.errors.DrainTimeoutError):  # a close that stops waiting for handlers: it goes on
+            return
         if not state["connected"] and one_shot:
             state["last"] = e
             if _refusal(e):  # raised out of nats-py's first-connect loop: no retry
@@ -302,7 +321,7 @@ async def connect(
     t0 = time.monotonic()
     await wait_reachable(servers, initial_timeout)
     while True:
-        nc = NATS()
+        nc = Client()
         # nats-py can stall for good after a failed TLS handshake (it waits for a socket that never
         # closes): a one-shot command gives up at its deadline, a service starts a fresh client
         limit = ATTEMPT_S if initial_timeout is None else max(3.0, initial_timeout - (time.monotonic() - t0))

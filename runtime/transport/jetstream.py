@@ -56,7 +56,15 @@ from gym_runtime.transport.limits import (
     parse_size,
     size_text,
 )
-from gym_runtime.transport.subjects import LOST, blob_role
+from gym_runtime.transport.subjects import (
+    LOST,
+    Subjects,
+    blob_role,
+    every_namespace_tasks,
+    kv_key,
+    kv_stream,
+    namespace_of,
+)
 from gym_runtime.transport.subjects import stream_names as stream_names_subject
 
 if TYPE_CHECKING:
@@ -482,6 +490,23 @@ async def find_results_stream(bus: Connection, agent: str) -> str | None:
 async def results_streams(bus: Connection) -> list[str]:
     """Every stream that stores results in this namespace (the agents', the lost records', a shared one)."""
     return await _stream_names(bus, bus.subjects.all_results)
+
+
+async def namespaces(bus: Connection) -> list[str]:
+    """The namespaces this server holds streams of (each has a tasks stream), this connection's among them."""
+    found: set[str] = set()
+    for stream in await _stream_names(bus, every_namespace_tasks()):
+        info = await stream_info(bus, stream)
+        found.update(ns for s in (info.config.subjects if info else None) or [] if (ns := namespace_of(s)))
+    return sorted(found)
+
+
+async def holds_batch(bus: Connection, namespace: str, batch: str) -> bool:
+    """Whether ``namespace`` on this server has a manifest of ``batch`` (read, never created)."""
+    names = Subjects(namespace)
+    bucket = names.batches_bucket
+    info = await stream_info(bus, kv_stream(bucket), subjects=kv_key(bucket, names.manifest_key(batch)))
+    return bool(info is not None and info.state.subjects)
 
 
 async def _stream_names(bus: Connection, subject: str) -> list[str]:

@@ -49,10 +49,12 @@ __all__ = [
     "inbox_prefix",
     "jetstream_api",
     "js_info",
+    "every_namespace_tasks",
     "kv_key",
     "kv_stream",
     "lane",
     "lane_replies",
+    "namespace_of",
     "msg_get",
     "pull_next",
     "reply",
@@ -233,6 +235,17 @@ def kv_stream(bucket: str) -> str:
 def kv_key(bucket: str, key: str) -> str:
     """The subject a KV bucket's ``key`` is written to."""
     return f"$KV.{bucket}.{key}"
+
+
+def every_namespace_tasks() -> str:
+    """What the tasks streams of every namespace store: which namespaces a server holds (``namespace_of``)."""
+    return Subjects("*").all_tasks
+
+
+def namespace_of(tasks_subject: str) -> str | None:
+    """The namespace whose tasks stream stores ``tasks_subject`` (``exp.task.>``: ``exp``); None for another."""
+    head, sep, _ = tasks_subject.partition(".task.")
+    return head if sep and head else None
 
 
 # ------------------------------------------------------------------------------- one namespace's names

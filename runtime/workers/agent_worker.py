@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
-from gym_runtime.errors import Failure, StorageFull, UserError
+from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
     AttemptRetried,
     AttemptStart,
@@ -175,7 +175,10 @@ class AgentWorker:
                     tg.cancel_scope.cancel()
             return
         if self.setup is not None:
-            await self.setup(self.cfg)
+            try:
+                await self.setup(self.cfg)
+            except UserError as e:  # the module names its key as agents.*.options...: name this entry
+                raise UserError(in_entry(str(e), "agents", self.name)) from None
         try:
             await self._serve(task_status)
         finally:
@@ -446,7 +449,10 @@ class AgentWorker:
                 waited = ctx.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
                 for r in results:
                     r.row["sandbox_wait_s"] = round(waited, 3)  # type: ignore[index]
-                self.bus.telemetry.meters.sandbox_waited(ctx.sandboxes.pool, waited)
+                # under the pool waited for: the agent's own, else its environment's (the agent names none)
+                env = self.config.resources.get(self.cfg.resource or "")
+                pool = ctx.sandboxes.pool or (env.sandbox if env is not None else "")
+                self.bus.telemetry.meters.sandbox_waited(pool, waited)
             return results
         finally:  # the rollout ended, whichever way: so does its sandboxes' lease
             await _release(ctx)

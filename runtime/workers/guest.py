@@ -43,7 +43,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from gym_runtime.errors import Failure, UserError
+from gym_runtime.errors import Failure, UserError, in_entry
 from gym_runtime.messages import ErrorInfo, Response, SandboxReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import attached, current_context
@@ -250,7 +250,8 @@ class Guest:
         if isinstance(ready, Raised):
             await self._stop(child)
             if ready.kind == "failure":
-                raise UserError(ready.message)
+                role, _, name = self.where.partition(".")
+                raise UserError(in_entry(ready.message, role, name))
             raise RuntimeError(f"{self.where}: setup raised {ready.type_name}: {ready.message}")
         if isinstance(ready, Ready):
             self.traits = ready

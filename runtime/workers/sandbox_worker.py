@@ -489,7 +489,12 @@ class SandboxWorker:
                     self.backend.name, "background", "background processes", where=f"sandboxes.{self.name}"
                 )
             if len(procs) >= MAX_PROCESSES:
-                raise Failure("tool_error", f"sandbox {sid[:12]} has {MAX_PROCESSES} background processes already")
+                raise Failure(
+                    "tool_error",
+                    f"sandbox {sid[:12]} has {MAX_PROCESSES} background processes already (an ended one counts "
+                    "until its wait() or kill() returns): wait for or kill one first, or start several commands "
+                    "as one process (sh -c 'a & b & wait')",
+                )
             left = max(1.0, held.expires - time.time())  # it dies at the lease's end at the latest
             started = self.backend.spawn(sid, req.argv, timeout_s=left, max_output=lim.max_output)
             with self._span("spawn", sid=sid):

@@ -107,6 +107,47 @@ def test_a_budget_stops_the_batch_at_the_right_row_and_a_larger_one_finishes_it(
     assert metrics["cost"]["rollouts"]["models"]["policy"]["input_tokens"] == N_TASKS * INPUT, metrics["cost"]
 
 
+def embedded_run(config: Path, tasks: Path, out: Path, budget: str, *flags: str) -> Any:
+    args = ("run", str(config), "-i", str(tasks), "-o", str(out), "--batch", "b1", "--budget", budget)
+    return cli(*args, "--processes", "one", "--quiet", *flags, timeout=300)
+
+
+def test_run_with_a_store_dir_resumes_its_budgeted_batch_and_without_one_promises_no_resume(tmp_path: Path) -> None:
+    """``run``'s own (embedded) server: with ``--store-dir`` it keeps the batch, so the line's resume works and
+    runs only the 7 held back; without one, the line does not promise it."""
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl(tasks, [ROWS[i % len(ROWS)] for i in range(N_TASKS)])
+    store = tmp_path / "store"
+    policy = FixedModel()
+    with StubOpenAI(handler=policy) as stub:
+        config = write_config(tmp_path, stub.base_url)
+        # 0.10 EUR, less than one rollout (0.27): the first runs alone all the same, and the line says so
+        forgetful = embedded_run(config, tasks, tmp_path / "gone.jsonl", "0.10")
+        assert forgetful.returncode == 1, forgetful.stderr
+        [said] = [line for line in forgetful.stderr.splitlines() if "budget" in line]
+        assert "a rollout costs 0.2700 EUR, more than the whole budget" in said, said
+        assert "run again with --batch b1" not in said and "--store-dir DIR" in said, said
+        assert policy.calls == 1
+        first = embedded_run(config, tasks, tmp_path / "out.jsonl", "1.00", "--store-dir", str(store))
+        assert first.returncode == 1 and "run again with --batch b1 and a larger --budget" in first.stderr
+        assert "more than the whole budget" not in first.stderr
+        assert policy.calls == 1 + 3
+        second = embedded_run(config, tasks, tmp_path / "all.jsonl", "1000tokens", "--store-dir", str(store))
+        assert second.returncode == 0, second.stderr
+        assert "10 rows, 0 failed" in second.stdout, second.stdout + second.stderr
+    assert policy.calls == 1 + N_TASKS  # the resume ran only the 7 held back
+    assert [r["_ng_task_index"] for r in read_jsonl(tmp_path / "all.jsonl")] == list(range(N_TASKS))
+
+
+def test_a_store_dir_with_another_server_is_one_line_and_exit_2(nats_server, tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", ROWS[:1])
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    r = cli("run", str(config), "-i", str(tasks), "-o", str(tmp_path / "o.jsonl"), "--nats", nats_server.url,
+            "--store-dir", str(tmp_path / "s"))  # fmt: skip
+    assert r.returncode == 2 and "--store-dir is the embedded server's store" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_a_budget_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     write_jsonl(tasks, ROWS[:1])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gym_runtime.cli.run import MULTI_PROCESS_MIN_ROLLOUTS
 from gym_runtime.ops.nats_server import free_port
 from tests.helpers import REPO, WEATHER, cli
 from tests.stub_openai import StubOpenAI, StubReply, error_body
@@ -69,6 +70,36 @@ def test_a_model_the_server_does_not_serve_is_named_with_what_it_serves(tmp_path
         posts = [q for q in stub.requests if q.method == "POST"]
     assert res.returncode == 2, res.stderr
     assert "does not serve model 'tiny-typo' (it serves: tiny)" in res.stderr
+    assert posts == []  # not one generation was attempted
+
+
+def many_rows(tmp: Path, n: int) -> Path:
+    """``n`` rows (the example's, again): enough that ``--processes auto`` starts worker processes."""
+    rows = ROWS.read_text().splitlines()
+    path = tmp / "many.jsonl"
+    path.write_text("\n".join(rows[i % len(rows)] for i in range(n)) + "\n")
+    return path
+
+
+def test_a_dead_base_url_is_refused_when_the_workers_run_in_processes(tmp_path: Path) -> None:
+    """2,000 rows: ``auto`` starts a worker process per core (2 on CI); their model workers' verdict is read."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "out.jsonl"
+    res = cli("run", str(config(tmp_path, url)), "-i", str(many_rows(tmp_path, MULTI_PROCESS_MIN_ROLLOUTS)),
+              "-o", str(out), "--processes", "auto", "--quiet", timeout=300)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    [line] = stderr_lines(res)
+    assert url in line and "cannot connect" in line and "Nothing was published" in line, line
+    assert not out.exists() or not out.read_text()
+
+
+def test_a_model_the_server_does_not_serve_is_refused_with_worker_processes(tmp_path: Path) -> None:
+    with StubOpenAI() as stub:  # the vLLM emulator serves "tiny"
+        res = run(config(tmp_path, stub.base_url, model="tiny-typo"), tmp_path, "--processes", "2", "--quiet")
+        posts = [q for q in stub.requests if q.method == "POST"]
+    assert res.returncode == 2, res.stderr
+    [line] = stderr_lines(res)
+    assert "does not serve model 'tiny-typo' (it serves: tiny)" in line and "Nothing was published" in line, line
     assert posts == []  # not one generation was attempted
 
 

@@ -356,6 +356,7 @@ def test_the_sdks_own_template_runs_unchanged(tmp_path: Path) -> None:
     )
     res = cli("run", "config.yaml", "-i", "rows.jsonl", "-o", "out.jsonl", "-q", timeout=900, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "tool_call" not in res.stdout + res.stderr, res.stdout  # the SDK's line per tool call is not shown
     rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["task_spec"]["id"])
     assert [r["task_spec"]["id"] for r in rows] == ["test-0", "train-0"]
     assert [r["responses_create_params"]["input"] for r in rows] == ["What is 2*4?", "What is 2+2?"]
