@@ -75,10 +75,24 @@ def build_model(vocab_size: int, *, seed: int = 0, hidden: int = 32, layers: int
     return Qwen2ForCausalLM(config)
 
 
-def build(words: list[str], tool_calls: list[str] = (), *, seed: int = 0) -> tuple[Any, Any]:  # type: ignore[assignment]
-    """(model, tokenizer): in process, for a trainer that registers them as a live model."""
+def build(
+    words: list[str],
+    tool_calls: list[str] = (),  # type: ignore[assignment]
+    *,
+    seed: int = 0,
+    tool_bias: float = 0.0,
+) -> tuple[Any, Any]:
+    """(model, tokenizer): in process, for a trainer that registers them as a live model. ``tool_bias``: a
+    trainable output bias that much above the others on the tool-call tokens (a policy that calls tools)."""
+    import torch
+
     tokenizer = build_tokenizer(words, tool_calls)
-    return build_model(len(tokenizer), seed=seed), tokenizer
+    model = build_model(len(tokenizer), seed=seed)
+    bias = torch.zeros(len(tokenizer))
+    for text in tool_calls:
+        bias[tokenizer.convert_tokens_to_ids(text)] = tool_bias
+    model.lm_head.bias = torch.nn.Parameter(bias)  # nn.Linear adds it to every logit
+    return model, tokenizer
 
 
 def save(path: Path, words: list[str], tool_calls: list[str] = (), *, seed: int = 0) -> Path:  # type: ignore[assignment]

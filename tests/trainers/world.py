@@ -49,9 +49,11 @@ class World:
         return int(self.tokenizer.convert_tokens_to_ids(TOOL_CALL))
 
 
-def world(tmp_path: Path, *, rows: int = 4, max_new_tokens: int = 4, seed: int = 0, **agent: Any) -> World:
+def world(
+    tmp_path: Path, *, rows: int = 4, max_new_tokens: int = 4, seed: int = 0, tool_bias: float = 0.0, **agent: Any
+) -> World:
     """A config file (embedded NATS, every worker in this process) and ``rows`` rows, one word each."""
-    model, tokenizer = build([*WORDS, "say", "the", "word"], [TOOL_CALL], seed=seed)
+    model, tokenizer = build([*WORDS, "say", "the", "word"], [TOOL_CALL], seed=seed, tool_bias=tool_bias)
     tool = int(tokenizer.convert_tokens_to_ids(TOOL_CALL))
     cfg = {
         "namespace": "trainer",
