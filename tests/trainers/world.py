@@ -97,9 +97,9 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
         learning_rate=args.pop("learning_rate", 1e-2),
         logging_steps=1,
         report_to=[],
-        use_cpu=True,
+        use_cpu=args.pop("use_cpu", True),
         save_strategy="no",
-        bf16=False,
+        bf16=args.pop("bf16", False),
         seed=0,
         **args,
     )
