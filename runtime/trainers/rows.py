@@ -20,7 +20,7 @@ from typing import Any
 
 from gym_runtime.errors import ClientError
 
-__all__ = ["ROW_KEY", "RowIndex", "TokenSequence", "components", "runs", "sequence"]
+__all__ = ["ROW_KEY", "RowIndex", "TokenSequence", "check_agent", "components", "runs", "sequence"]
 
 ROW_KEY = "gym_row"  # the key on a dataset prompt's messages that names its row
 
@@ -83,6 +83,12 @@ def components(row: dict[str, Any]) -> dict[str, float]:
         if math.isfinite(float(v)):
             out[k] = float(v)
     return out
+
+
+def check_agent(agents: Sequence[str], agent: str | None) -> None:
+    """A trainer adapter's ``agent`` must be one of the config's (one line, before anything is submitted)."""
+    if agent is not None and agent not in agents:
+        raise ClientError(f"unknown agent {agent!r}: the config has {', '.join(agents) or 'no agents'}")
 
 
 def runs(indices: Sequence[int]) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncBatch, SyncClient
-from gym_runtime.trainers.rows import RowIndex, TokenSequence, components, runs, sequence
+from gym_runtime.trainers.rows import RowIndex, TokenSequence, check_agent, components, runs, sequence
 
 __all__ = ["GroupPolicy", "TRLRollouts", "env_reward"]
 
@@ -115,9 +115,7 @@ class TRLRollouts:
         policy: GroupPolicy | None = None,
         max_staleness: int | None = None,
     ) -> None:
-        agents = list(client.client.config.agents)
-        if agent is not None and agent not in agents:
-            raise ClientError(f"unknown agent {agent!r}: the config has {', '.join(agents) or 'no agents'}")
+        check_agent(list(client.client.config.agents), agent)
         self.client = client
         self.index = RowIndex(rows)
         self.agent = agent

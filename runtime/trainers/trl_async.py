@@ -36,7 +36,7 @@ from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
-from gym_runtime.trainers.rows import RowIndex, components, sequence
+from gym_runtime.trainers.rows import RowIndex, check_agent, components, sequence
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
 
@@ -69,9 +69,7 @@ class GymRolloutWorker:
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
             raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
-        agents = list(client.client.config.agents)
-        if agent is not None and agent not in agents:
-            raise ClientError(f"unknown agent {agent!r}: the config has {', '.join(agents) or 'no agents'}")
+        check_agent(list(client.client.config.agents), agent)
         self.client = client
         self.index = RowIndex(rows)
         self.sample = sample
