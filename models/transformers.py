@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +34,7 @@ from gym_runtime.errors import ModelError
 from gym_runtime.live_models import LIVE_MODELS, LiveModel
 from gym_runtime.model import AdapterOptions
 from gym_runtime.models.tokens import TOKEN_FIELDS
-from gym_runtime.models.vllm_engine import VLLMEngineModel, interrupt_problem
+from gym_runtime.models.vllm_engine import EngineCompletion, EngineOutput, VLLMEngineModel, interrupt_problem
 
 __all__ = ["Engine", "Options", "TransformersModel", "create", "interrupt_problem"]
 
@@ -60,25 +59,6 @@ Options = msgspec.defstruct(
 )
 
 _SUPPORTED = {"temperature", "top_p", "top_k", "seed", "max_tokens"}
-
-
-@dataclass
-class _Completion:
-    """What ``vllm_engine`` reads of one of vLLM's ``CompletionOutput``s."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Any]] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-
-
-@dataclass
-class _Output:
-    """vLLM's ``RequestOutput``, as far as ``vllm_engine`` reads it (cumulative, as vLLM streams it)."""
-
-    prompt_token_ids: list[int]
-    outputs: list[_Completion]
-    finished: bool = False
 
 
 class Engine:
@@ -122,13 +102,15 @@ class Engine:
         sampling["max_tokens"] = min(int(sampling["max_tokens"]), self.cfg.max_new_tokens)
         return sampling
 
-    async def generate(self, prompt: dict[str, Any], sp: dict[str, Any], request_id: str) -> AsyncIterator[_Output]:
+    async def generate(
+        self, prompt: dict[str, Any], sp: dict[str, Any], request_id: str
+    ) -> AsyncIterator[EngineOutput]:
         """One token per step, each computed in a worker thread (the event loop keeps serving): cumulative
         outputs, as vLLM streams them; closing the stream stops the generation (``abort``)."""
         live = await anyio.to_thread.run_sync(self._live)
         ids = list(prompt["prompt_token_ids"])
         sampler = _Sampler(live, ids, sp, self._stop_ids(live))
-        out = _Output(prompt_token_ids=ids, outputs=[_Completion()])
+        out = EngineOutput(prompt_token_ids=ids, outputs=[EngineCompletion()])
         while not out.finished:
             token, logprob, finish = await anyio.to_thread.run_sync(sampler.step)
             done = out.outputs[0]

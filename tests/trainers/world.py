@@ -25,10 +25,11 @@ TOOLS = [{"type": "function", "name": "draw_word", "parameters": {"type": "objec
 TOOL_CALL = tool_call_text("draw_word")
 
 
-def need(module: str) -> Any:
-    """The trainer tier's dependencies: skipped without them, except where CI requires them (GYM_REQUIRE_TRL=1)."""
-    if os.environ.get("GYM_REQUIRE_TRL") == "1":
-        return importlib.import_module(module)  # CI's trainer venv: a missing or broken TRL is a failure
+def need(module: str, required_by: str = "GYM_REQUIRE_TRL") -> Any:
+    """The trainer tier's dependencies: skipped without them, except where CI requires them (GYM_REQUIRE_TRL=1 in
+    the TRL venv, GYM_REQUIRE_VERL=1 in verl's)."""
+    if os.environ.get(required_by) == "1":
+        return importlib.import_module(module)  # CI's trainer venvs: a missing or broken package is a failure
     return pytest.importorskip(module, reason=f"{module} is not installed (the trainer tier: docs/trainer.md)")
 
 
