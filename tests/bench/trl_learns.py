@@ -13,7 +13,7 @@ Prints the mean reward of each step and, at the end, the mean of the last 10 ste
 on 2 cores. Needs the ``trl`` extra (``pip install -e '.[trl]'`` with torch's CPU wheel).
 
     python tests/bench/trl_learns.py                 # until 10 minutes or --steps
-    python tests/bench/trl_learns.py --steps 300 --minutes 10 --hidden 64 --lr 5e-3
+    python tests/bench/trl_learns.py --minutes 3 --steps 400 --lr 5e-3
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tests.trainers.world import grpo, world
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
