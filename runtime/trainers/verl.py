@@ -63,7 +63,7 @@ LOOP_CLIENTS = LoopClients()
 
 
 @register("gym_runtime")
-class GymAgentLoop(AgentLoopBase):  # type: ignore[misc]
+class GymAgentLoop(AgentLoopBase):
     """One gym-runtime rollout per ``run``; see the module docstring for where each part runs."""
 
     def __init__(
