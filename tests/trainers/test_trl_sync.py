@@ -13,7 +13,7 @@ from gym_runtime import SyncClient
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.rows import sequence
 from gym_runtime.trainers.trl import GroupPolicy, TRLRollouts
-from tests.trainers.world import grpo, need, world
+from tests.trainers.world import grpo, need, spans, world
 
 need("trl")
 
@@ -51,23 +51,6 @@ def test_the_old_recipe_fails_inside_trl_and_the_adapter_trains(tmp_path: Path) 
     assert rollouts.totals.rollouts == 4
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert logged and math.isfinite(logged[-1]["loss"])
-
-
-def spans(row: dict[str, Any]) -> list[int]:
-    """The env_mask a row must give, from its items alone: 0 on each turn's prompt ids past the rollout so far."""
-    mask: list[int] = []
-    seen: list[int] | None = None
-    for item in row["response"]["output"]:
-        if "generation_token_ids" not in item:
-            continue
-        if seen is None:
-            seen = list(item["prompt_token_ids"])
-        else:
-            mask += [0] * (len(item["prompt_token_ids"]) - len(seen))
-            seen = list(item["prompt_token_ids"])
-        mask += [1] * len(item["generation_token_ids"])
-        seen += item["generation_token_ids"]
-    return mask
 
 
 class Recorder:

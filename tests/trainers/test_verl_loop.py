@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.trainers.world import TOOL_CALL, need, world
+from tests.trainers.world import TOOL_CALL, need, spans, world
 
 verl = need("verl", "GYM_REQUIRE_VERL")
 
@@ -42,19 +42,6 @@ class TinyServer:
         done = last.outputs[0]
         lps = [next(iter(step.values())).logprob for step in done.logprobs]
         return TokenOutput(token_ids=done.token_ids, log_probs=lps, stop_reason="completed")
-
-
-def spans(row: dict[str, Any]) -> list[int]:
-    mask: list[int] = []
-    seen: list[int] | None = None
-    for item in row["response"]["output"]:
-        if "generation_token_ids" not in item:
-            continue
-        if seen is not None:
-            mask += [0] * (len(item["prompt_token_ids"]) - len(seen))
-        seen = list(item["prompt_token_ids"]) + list(item["generation_token_ids"])
-        mask += [1] * len(item["generation_token_ids"])
-    return mask
 
 
 async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) -> None:

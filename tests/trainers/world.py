@@ -112,3 +112,20 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
         reward_funcs=env_reward,
         rollout_func=rollout_func,
     )
+
+
+def spans(row: dict[str, Any]) -> list[int]:
+    """The env_mask a row must give, from its items alone: 0 on each turn's prompt ids past the rollout so far."""
+    mask: list[int] = []
+    seen: list[int] | None = None
+    for item in row["response"]["output"]:
+        if "generation_token_ids" not in item:
+            continue
+        if seen is None:
+            seen = list(item["prompt_token_ids"])
+        else:
+            mask += [0] * (len(item["prompt_token_ids"]) - len(seen))
+            seen = list(item["prompt_token_ids"])
+        mask += [1] * len(item["generation_token_ids"])
+        seen += item["generation_token_ids"]
+    return mask
