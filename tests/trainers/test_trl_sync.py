@@ -132,3 +132,25 @@ def test_masking_keeps_a_failed_group_only_when_asked(tmp_path: Path) -> None:
     assert len(masked) == 2 and rollouts.totals.masked == 2 and rollouts.totals.dropped_groups == 0
     for i in masked:
         assert out["env_mask"][i] == [0] and out["gym_reward"][i] == 0.0  # no loss on it, reward 0
+
+
+def test_the_transformers_adapter_loads_a_model_directory(tmp_path: Path) -> None:
+    """``model: DIR`` instead of a live model: loaded once from disk (no hub), the same token-id items."""
+    import yaml
+
+    w = world(tmp_path, rows=2)
+    w.model.save_pretrained(tmp_path / "policy")
+    w.tokenizer.save_pretrained(tmp_path / "policy")
+    cfg = yaml.safe_load(w.config.read_text())
+    del cfg["models"]["policy"]["live"]
+    cfg["models"]["policy"]["model"] = "policy"  # relative to the config's directory
+    w.config.write_text(yaml.safe_dump(cfg))
+    with SyncClient(w.config) as client:
+        client.set_policy_version(7)
+        rows = client.submit(w.rows, repeats=2).gather()
+    assert len(rows) == 4
+    for row in rows:
+        seq = sequence(row)
+        assert seq.prompt_ids and len(seq.completion_ids) == len(seq.logprobs) == len(seq.env_mask)
+        assert seq.policy_versions and set(seq.policy_versions) == {7}
+        assert all(lp <= 0.0 for lp, m in zip(seq.logprobs, seq.env_mask) if m)
