@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -64,7 +65,15 @@ from gym_runtime.models.tokens import (
 from gym_runtime.models.vllm_cpu import cpu_kv_cache, cpu_start_error
 from gym_runtime.observability import logs
 
-__all__ = ["Options", "VLLMEngineModel", "create", "interrupt_problem", "template_messages"]
+__all__ = [
+    "EngineCompletion",
+    "EngineOutput",
+    "Options",
+    "VLLMEngineModel",
+    "create",
+    "interrupt_problem",
+    "template_messages",
+]
 
 IPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM names the ZMQ IPC sockets between the engine and its core process
 
@@ -144,6 +153,26 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["tool_calls"] = calls
         out.append(m)
     return out
+
+
+@dataclass
+class EngineCompletion:
+    """What this adapter reads of one of vLLM's ``CompletionOutput``s (for engines of other adapters: the
+    ``transformers`` and ``verl_server`` ones reuse everything here but the engine)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Any]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+@dataclass
+class EngineOutput:
+    """vLLM's ``RequestOutput``, as far as this adapter reads it (cumulative, as vLLM streams it)."""
+
+    prompt_token_ids: list[int]
+    outputs: list[EngineCompletion]
+    finished: bool = False
 
 
 def _ids(value: Any) -> list[int]:

@@ -6,7 +6,8 @@ the ``Client``'s coroutine is done, and a batch iterates row by row as rows land
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,11 @@ class SyncClient:
 
     def resume(self, **kwargs: Any) -> None:
         self._portal.call(partial(self.client.resume, **kwargs))
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the client's event loop, in the background (a producer that keeps submitting, such
+        as an asynchronous trainer's rollout worker); its result or error comes through the returned future."""
+        return self._portal.start_task_soon(fn, *args)
 
     @property
     def policy_version(self) -> int | None:

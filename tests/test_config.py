@@ -97,7 +97,7 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         (
             ("adapter: openai", "adapter: nope"),
             "models.policy.adapter: no such adapter module 'nope' "
-            "(bundled: openai, replay, scripted, vllm, vllm_engine",
+            "(bundled: openai, replay, scripted, transformers, verl_server, vllm, vllm_engine",
         ),
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
         (("max_steps: 8", "max_steps: 8, sandbox: box"), "agents.weather_agent.sandbox: no sandbox pool named 'box'"),

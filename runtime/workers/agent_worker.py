@@ -12,11 +12,13 @@ every worker that takes it ends as a ``worker_lost`` row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
@@ -155,7 +157,8 @@ class AgentWorker:
         self.pricing = config.pricing
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
-        self.control = ControlView(bus)
+        self.control = ControlView(bus, on_cancel=self._stop_batch)
+        self._running: dict[str, set[anyio.CancelScope]] = {}  # batch -> its rollouts running here
         self.records = AttemptRecords(bus, name)
 
     def _model_timeout(self, model: str) -> float:
@@ -389,9 +392,14 @@ class AgentWorker:
                     # and so does an environment's, inside a call this rollout made (its handler says so)
                     pausing = ON_PAUSE.set(paused.in_call)
                     try:
-                        outcomes = await self._outcomes(ctx, task, size)
+                        with self._cancellable(task.batch) as stopped:
+                            outcomes = await self._outcomes(ctx, task, size)
                     finally:
                         ON_PAUSE.reset(pausing)
+                if stopped.cancelled_caught:
+                    self.skipped += size
+                    info = ErrorInfo(error_class="cancelled", message=f"batch {task.batch} was cancelled while it ran")
+                    return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
             except TimeoutError:
                 await _release(ctx)
                 return _failures(
@@ -458,6 +466,26 @@ class AgentWorker:
             await _release(ctx)
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
+
+    @contextlib.contextmanager
+    def _cancellable(self, batch: str) -> Iterator[anyio.CancelScope]:
+        """A rollout of ``batch`` that stops when the trainer cancels the batch (``BatchHandle.cancel``)."""
+        scope = anyio.CancelScope()
+        running = self._running.setdefault(batch, set())
+        running.add(scope)
+        if self.control.known_cancelled(batch):  # cancelled between the start check and now
+            scope.cancel()
+        try:
+            with scope:
+                yield scope
+        finally:
+            running.discard(scope)
+            if not running:
+                self._running.pop(batch, None)
+
+    def _stop_batch(self, batch: str) -> None:
+        for scope in self._running.get(batch, ()):
+            scope.cancel()
 
     def _given_back(self, task: RolloutTask, attempt: int, info: ErrorInfo, ctx: AgentContext) -> None:
         """An attempt nak'd for another: its record says why, with the calls it made."""

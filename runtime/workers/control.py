@@ -16,6 +16,7 @@ config's with those live workers announce.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -70,8 +71,9 @@ async def control_kv(bus: Transport) -> KeyValue:
 class ControlView:
     """A worker's cached view of control state: KV read once per key, then kept by announcements."""
 
-    def __init__(self, bus: Transport) -> None:
+    def __init__(self, bus: Transport, *, on_cancel: Callable[[str], None] | None = None) -> None:
         self.bus = bus
+        self._on_cancelled = on_cancel  # told each batch cancelled while this worker runs (its running rollouts stop)
         self._kv: KeyValue | None = None
         self._versions: dict[str, int] = {}
         self._read: set[str] = set()  # models whose KV version was read (set or not)
@@ -102,6 +104,8 @@ class ControlView:
         if isinstance(msg, CancelBatch) and self._kv is not None:
             if await self._kv.get(Subjects.cancelled_key(msg.batch)) is not None:
                 self._cancelled.add(msg.batch)
+                if self._on_cancelled is not None:
+                    self._on_cancelled(msg.batch)
             else:  # not there (yet: a replica behind the leader): read it again when next asked
                 self._checked.discard(msg.batch)
 
@@ -113,6 +117,10 @@ class ControlView:
             if raw is not None:
                 self._versions[model] = max(int(raw), self._versions.get(model, 0))
         return self._versions.get(model)
+
+    def known_cancelled(self, batch: str) -> bool:
+        """Whether a cancel of ``batch`` has arrived (no read: for a rollout that just started)."""
+        return batch in self._cancelled
 
     async def is_cancelled(self, batch: str) -> bool:
         if batch in self._cancelled:

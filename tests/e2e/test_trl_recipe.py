@@ -1,55 +1,29 @@
-"""The TRL recipe in docs/trainer.md: a ``rollout_func`` over the client API, the ``vllm`` adapter and the vLLM
-emulator (tests/stub_openai.py, the LLM test double). TRL's NeMo Gym integration rebuilds one
-sequence per rollout from the output items that carry token ids and asserts each turn's prompt
-starts with everything before it; that must hold across multi-turn tool rollouts."""
+"""The TRL adapter's sequences (docs/trainer.md) from the ``vllm`` adapter and the vLLM emulator
+(tests/stub_openai.py, the LLM test double): one sequence per rollout from the output items that carry token
+ids, each turn's prompt starting with everything before it, across multi-turn tool rollouts (the TRL runs
+themselves are tests/trainers, in the trainer tier)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gym_runtime import SyncClient
+from gym_runtime.trainers.rows import sequence
 from tests.helpers import ROWS, weather_on_vllm
 from tests.stub_openai import StubOpenAI, VLLMEmulator
 
 
 def trl_sequences(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """TRL-style extraction: prompt ids of the first turn; completion = generations + tool tokens (masked)."""
-    out: dict[str, list[Any]] = {
-        "prompt_ids": [],
-        "completion_ids": [],
-        "env_mask": [],
-        "logprobs": [],
-        "rewards": [],
-        "versions": [],
+    """What the TRL adapter hands TRL per rollout (``gym_runtime.trainers.rows.sequence``), column by column."""
+    seqs = [sequence(row) for row in rows]
+    return {
+        "prompt_ids": [s.prompt_ids for s in seqs],
+        "completion_ids": [s.completion_ids for s in seqs],
+        "env_mask": [s.env_mask for s in seqs],
+        "logprobs": [s.logprobs for s in seqs],
+        "rewards": [row["reward"] for row in rows],
+        "versions": [v for s in seqs for v in s.policy_versions],
     }
-    for row in rows:
-        prompt: list[int] | None = None
-        completion: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        for item in row["response"]["output"]:
-            if "generation_token_ids" not in item:
-                continue
-            ids = item["prompt_token_ids"]
-            if prompt is None:
-                prompt = ids
-            else:
-                seen = prompt + completion
-                assert ids[: len(seen)] == seen, "token ids are not contiguous across turns"
-                env = ids[len(seen) :]  # tool results and the template between turns
-                completion += env
-                mask += [0] * len(env)
-                logprobs += [0.0] * len(env)
-            completion += item["generation_token_ids"]
-            mask += [1] * len(item["generation_token_ids"])
-            logprobs += item["generation_log_probs"]
-            out["versions"].append(item["policy_version"])
-        out["prompt_ids"].append(prompt)
-        out["completion_ids"].append(completion)
-        out["env_mask"].append(mask)
-        out["logprobs"].append(logprobs)
-        out["rewards"].append(row["reward"])
-    return out
 
 
 def test_trl_rollout_func_multi_turn_token_contiguity() -> None:

@@ -1,0 +1,233 @@
+"""TRL's asynchronous GRPO (``trl.experimental.async_grpo.AsyncGRPOTrainer``) fed by gym-runtime.
+
+``GymRolloutWorker`` is its ``rollout_worker`` (``RolloutWorkerProtocol``): a producer on the client's event loop
+keeps ``groups_in_flight`` groups running, each one row's ``num_generations`` rollouts submitted as a batch of its
+own, and turns each finished group into ``RolloutSample``s (the whole sequence's ids, a completion mask that is 0
+on the prompt and on tool and template tokens, the sampling policy's logprobs, the group-normalised advantage of
+the environment's reward, the policy version that made it) on ``rollout_buffer``. Staleness is the trainer's
+``max_staleness``, kept by the client's admission (``submit(max_staleness=S, batch_size=B)``: a group starts only
+when it will be used within S versions; a group handed to the trainer is reported consumed); a group still running
+when the trainer's version moves more than S past the one it was submitted at is cancelled in flight (its
+running rollouts stop: ``BatchHandle.cancel``) and never reaches the buffer. A group with a failure row is dropped
+(counted) and the next row's group takes its place.
+
+``GymWeightTransfer`` is its ``weight_transfer`` (``WeightTransferProtocol``) for a policy served by the
+``transformers`` adapter in this process: the rollout model is a copy of the trainer's (so generation never sees
+half-stepped weights), registered as the ``live`` model; ``pause`` is the client's pause (``drain`` by default, or
+``abort``), ``send_weights`` copies the trainer's tensors into the copy, ``resume`` stamps the next policy version
+(``set_policy_version``) and lets held calls go. Its versions count as the trainer's ``model_version`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from gym_runtime.client import BatchHandle
+from gym_runtime.errors import ClientError
+from gym_runtime.live_models import LIVE_MODELS
+from gym_runtime.observability import logs
+from gym_runtime.sync_client import SyncClient
+from gym_runtime.trainers.rows import RowIndex, check_agent, components, sequence
+
+__all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
+
+log = logs.get("gym.trainers.trl_async")
+
+
+@dataclass
+class AsyncCounts:
+    groups: int = 0  # handed to the trainer
+    failed_groups: int = 0  # dropped: a member's rollout failed
+    stale_groups: int = 0  # finished too old to use: dropped
+    cancelled_groups: int = 0  # cancelled in flight (too stale to use)
+
+
+class GymRolloutWorker:
+    """TRL's ``RolloutWorkerProtocol`` over a ``SyncClient``: ``rollout_buffer`` and ``metrics_queue`` are
+    ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``)."""
+
+    def __init__(
+        self,
+        client: SyncClient,
+        rows: Sequence[dict[str, Any]],
+        *,
+        sample: Any,
+        num_generations: int,
+        max_staleness: int,
+        batch_size: int,
+        agent: str | None = None,
+        groups_in_flight: int = 4,
+    ) -> None:
+        if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
+            raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
+        check_agent(list(client.client.config.agents), agent)
+        self.client = client
+        self.index = RowIndex(rows)
+        self.sample = sample
+        self.num_generations = num_generations
+        self.max_staleness = max_staleness
+        self.batch_size = batch_size
+        self.agent = agent
+        self.groups_in_flight = groups_in_flight
+        self.rollout_buffer: queue.Queue[Any] = queue.Queue()
+        self.metrics_queue: queue.Queue[Any] = queue.Queue()
+        self.model_version = 0
+        self.counts = AsyncCounts()
+        self.last_sample_at = time.monotonic()
+        self._running: dict[str, tuple[BatchHandle, int]] = {}  # batch -> (its handle, the version it was submitted at)
+        self._stop = threading.Event()
+        self._future: Future[Any] | None = None
+        self._group_id = 0
+
+    # ------------------------------------------------------------------------------------------ the protocol
+
+    def start(self) -> None:
+        self.last_sample_at = time.monotonic()
+        self._future = self.client.spawn(self._produce)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._future is not None:
+            self._future.cancel()
+
+    def update_model_version(self, model_version: int) -> None:
+        """The trainer's policy moved on: groups in flight that can no longer be used are cancelled now."""
+        self.model_version = model_version
+        self.client.spawn(self._cancel_stale)
+
+    def check_health(self, stale_after_s: float) -> None:
+        future = self._future
+        if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
+            raise RuntimeError(f"the gym-runtime rollout worker stopped: {future.exception()}")
+        if time.monotonic() - self.last_sample_at > stale_after_s:
+            raise RuntimeError(f"the gym-runtime rollout worker produced nothing for {stale_after_s:g} s")
+
+    # ------------------------------------------------------------------------------------------ the producer
+
+    async def _produce(self) -> None:
+        room = anyio.Semaphore(self.groups_in_flight)
+        order = 0
+        async with anyio.create_task_group() as tg:
+            while not self._stop.is_set():
+                await room.acquire()
+                tg.start_soon(self._group, order % len(self.index.rows), room)
+                order += 1
+
+    async def _group(self, row: int, room: anyio.Semaphore) -> None:
+        client = self.client.client
+        try:
+            submitted_at = self.model_version
+            handle = await client.submit(
+                [self.index.rows[row]],
+                repeats=self.num_generations,
+                agent=self.agent,
+                max_staleness=self.max_staleness,
+                batch_size=self.batch_size,
+                group_staleness="group",
+            )
+            self._running[handle.batch] = (handle, submitted_at)
+            rows = await handle.gather()
+            self._running.pop(handle.batch, None)
+            if handle.cancelled:
+                self.counts.cancelled_groups += 1
+                return
+            await handle.consumed(handle.delivered - handle.consumed_rows)  # room for the next groups
+            if len(rows) < self.num_generations or any("error_class" in r for r in rows):
+                self.counts.failed_groups += 1
+                log.info("trainer.group_dropped", row=row, errors=[r.get("error_class") for r in rows])
+                return
+            made = min(int(r["policy_versions"][0]) for r in rows)
+            if self.model_version - made > self.max_staleness:
+                self.counts.stale_groups += 1
+                return
+            for s in self._samples(rows, made):
+                self.rollout_buffer.put_nowait(s)
+            self.counts.groups += 1
+            self.last_sample_at = time.monotonic()
+        finally:
+            room.release()
+
+    async def _cancel_stale(self) -> None:
+        for handle, submitted_at in list(self._running.values()):
+            if self.model_version - submitted_at > self.max_staleness and not handle.cancelled:
+                log.info("trainer.group_cancelled", batch=handle.batch, submitted_at=submitted_at)
+                await handle.cancel()
+
+    def _samples(self, rows: list[dict[str, Any]], version: int) -> list[Any]:
+        import numpy as np
+
+        rewards = [components(r)["reward"] for r in rows]
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+        self._group_id += 1
+        out = []
+        for row, reward in zip(rows, rewards, strict=True):
+            seq = sequence(row)
+            messages = (row.get("responses_create_params") or {}).get("input") or []
+            out.append(
+                self.sample(
+                    prompt=messages if isinstance(messages, list) else [{"role": "user", "content": str(messages)}],
+                    completion=[{"role": "assistant", "content": ""}],
+                    input_ids=np.asarray(seq.prompt_ids + seq.completion_ids, dtype=np.int64),
+                    completion_mask=np.asarray([0] * len(seq.prompt_ids) + seq.env_mask, dtype=np.int64),
+                    old_log_probs=np.asarray([0.0] * len(seq.prompt_ids) + seq.logprobs, dtype=np.float32),
+                    advantage=(reward - mean) / (std + 1e-8),
+                    model_version=version,
+                    group_id=self._group_id,
+                    metrics={"reward": float(reward), "reward_std": std},
+                    enqueued_at=time.time(),
+                )
+            )
+        return out
+
+
+class GymWeightTransfer:
+    """TRL's ``WeightTransferProtocol`` onto a rollout copy of the model that the ``transformers`` adapter serves
+    as ``live`` (in this process), with the client's pause modes and policy versions."""
+
+    def __init__(
+        self, client: SyncClient, rollout_model: Any, tokenizer: Any, *, live: str = "policy", mode: str = "drain"
+    ) -> None:
+        if mode == "interrupt":
+            raise ClientError("GymWeightTransfer pauses with drain or abort (a copy is swapped whole)")
+        self.client = client
+        self.mode = mode
+        self.version = 0
+        self.name = live
+        self.live = LIVE_MODELS.register(live, rollout_model, tokenizer)
+        self.pauses = 0
+
+    def init_weight_transfer(self) -> None:
+        """Nothing to set up: the copy is in this process (the worker starts after the first sync)."""
+
+    def pause(self) -> None:
+        self.client.pause(mode=self.mode)
+        self.pauses += 1
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        import torch
+
+        target = dict(self.live.model.named_parameters())
+        with self.live.lock, torch.no_grad():
+            for name, tensor in iterator:
+                found = [target[n] for n in (name, name.removeprefix("model."), f"model.{name}") if n in target]
+                if not found:
+                    raise ClientError(f"the rollout model has no parameter {name!r} to receive")
+                found[0].copy_(tensor.to(found[0].device, found[0].dtype))
+        self.version += 1
+
+    def resume(self) -> None:
+        self.client.set_policy_version(self.version)
+        self.client.resume()
+
+    def destroy(self) -> None:
+        LIVE_MODELS.unregister(self.name)

@@ -1,0 +1,53 @@
+"""A multi-turn tool environment with a known base rate: the tool draws one of 8 words, the reward is saying it.
+
+``draw_word`` returns the row's ``word`` (one of ``WORDS``); ``verify`` gives 1.0 when the tool was called and
+the last assistant message names the word, so a policy that calls the tool and then says a random word scores
+1/8. Rows may ask for failures: ``explode: true`` makes every verify raise; ``explode_once: PATH`` makes the first
+verify that finds no file at PATH raise (creating it), so a retry of that rollout succeeds; ``verify_delay_s``
+holds each verify that long (after touching ``verifying``, a path, when given): a rollout in flight to kill its
+agent under.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+
+from gym_runtime.messages import Message, Response
+from gym_runtime.resource import Resource, Verdict, tool
+
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "forest"]
+
+
+class SayWord(Resource):
+    def __init__(self) -> None:
+        self.word = ""
+        self.drawn = 0
+
+    async def seed(self, task: dict[str, Any]) -> None:
+        self.word = str(task.get("word", WORDS[0]))
+
+    @tool
+    async def draw_word(self) -> str:
+        """Draw the word to say."""
+        self.drawn += 1
+        return f"say {self.word}"
+
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        if task.get("verifying"):
+            open(task["verifying"], "a").close()
+        await anyio.sleep(float(task.get("verify_delay_s", 0.0)))
+        marker = task.get("explode_once")
+        if task.get("explode") or (marker and not os.path.exists(marker)):
+            if marker:
+                open(marker, "w").close()
+            raise RuntimeError("this verifier fails on purpose")
+        said = ""
+        for item in response.output:
+            if isinstance(item, Message) and item.role == "assistant":
+                content = item.content
+                said = content if isinstance(content, str) else " ".join(str(p.get("text", "")) for p in content)
+        said_it = self.drawn > 0 and self.word in said.split()  # drawn first: a guess scores 1/8 at best
+        return Verdict(reward=float(said_it), fields={"said_word": float(said_it), "tool_calls": float(self.drawn)})

@@ -1,0 +1,51 @@
+"""TRL's async GRPO trains with tree attention over FlashAttention-3 (a CUDA kernel fetched from the hub): on CPU
+it is replaced by this plain-torch varlen attention with the same arguments and result (causal, aligned to the
+bottom right as flash-attn aligns a query segment shorter than its keys), so the trainer's real steps run here."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: Any,
+    max_seqlen_k: Any,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    **_: Any,
+) -> Any:
+    import torch
+
+    heads, kv_heads = q.shape[1], k.shape[1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty_like(q)
+    for i in range(len(cu_seqlens_q) - 1):
+        a, b = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+        c, d = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
+        qi = q[a:b].transpose(0, 1).float()  # heads, len_q, dim
+        ki = k[c:d].transpose(0, 1).float().repeat_interleave(heads // kv_heads, 0)
+        vi = v[c:d].transpose(0, 1).float().repeat_interleave(heads // kv_heads, 0)
+        scores = qi @ ki.transpose(1, 2) * scale
+        if causal:
+            lq, lk = b - a, d - c
+            rows = torch.arange(lq).unsqueeze(1) + (lk - lq)
+            scores = scores.masked_fill(torch.arange(lk).unsqueeze(0) > rows, float("-inf"))
+        out[a:b] = (torch.softmax(scores, -1) @ vi).transpose(0, 1).to(q.dtype)
+    return out
+
+
+def install() -> None:
+    """Point TRL's tree attention at this function (its kernel loader is a cached function)."""
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    packing._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
+    # TRL's MFU metric asks CUDA for the device's name at construction; on CPU there is none
+    async_grpo_trainer.get_peak_flops_per_device = lambda *args, **kwargs: 1e12
