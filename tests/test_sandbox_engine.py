@@ -27,6 +27,11 @@ async def backend(engine: Engine) -> AsyncIterator[EngineBackend]:
             await b.close(c.id)
 
 
+@pytest.fixture
+def backend_name() -> str:  # tests/test_sandbox_podman.py runs these tests on Podman
+    return "docker"
+
+
 def spec(image: str, **kw: object) -> Resolved:
     base: dict[str, object] = dict(
         image=image, cpu=1.0, memory_mb=128, pids=64, disk_mb=16, timeout_s=30.0, max_output=1 << 16
@@ -131,10 +136,34 @@ async def test_a_writable_pool_writes_the_images_own_directories_and_keeps_its_w
         await backend.write(sid, "/eval.sh", b"echo ran")
         assert await backend.read(sid, "/eval.sh", max_bytes=100) == b"echo ran"
         info = await engine.inspect(sid)
-        assert info["HostConfig"]["ReadonlyRootfs"] is False and not info["HostConfig"].get("Tmpfs")
+        assert info["HostConfig"]["ReadonlyRootfs"] is False
+        assert list(info["HostConfig"].get("Tmpfs") or {}) == ["/sys/fs/cgroup"]  # read-only (below), no other
         assert (info["HostConfig"]["NetworkMode"], info["HostConfig"]["CapDrop"]) == ("none", ["ALL"])
         other = await backend.create(spec(base_image), owner="w1", lease="l")  # workdir default: /work
         assert (await backend.exec(other, ["pwd"], timeout_s=20, max_output=1024)).stdout == b"/work\n"
     finally:
         for c in await backend.list_owned():
             await backend.close(c.id)
+
+
+@pytest.mark.parametrize("writable", [False, True], ids=["read-only", "writable"])
+async def test_the_cgroup_file_system_is_read_only(
+    engine: Engine, base_image: str, backend_name: str, writable: bool
+) -> None:
+    """Docker's cgroup v1 layout mounts a tmpfs at ``/sys/fs/cgroup``: writable, 125 MiB were written into it in a
+    128 MB sandbox (round 4 of the red team). Read-only in every pool, as the rest of the root outside the
+    writable paths is; what the sandbox reads of its own cgroup is not needed (the limits are the engine's)."""
+    backend = EngineBackend(engine, name=backend_name, pool=f"test{uuid.uuid4().hex[:8]}", writable=writable)
+    try:
+        sid = await backend.create(spec(base_image, memory_mb=128), owner="w1", lease="l")
+        attack = (
+            "for d in /sys/fs/cgroup /sys/fs/cgroup/memory /sys/fs/cgroup/x; do mkdir -p $d 2>/dev/null; "
+            "head -c 4000000 /dev/zero > $d/fill 2>/dev/null && echo wrote $d; done; "
+            "mount -o remount,rw /sys/fs/cgroup 2>/dev/null && echo remounted; true"
+        )
+        r = await backend.exec(sid, ["sh", "-c", attack], timeout_s=30, max_output=4096)
+        assert r.exit_code == 0 and r.stdout == b"", r
+    finally:
+        for c in await backend.list_owned():
+            await backend.close(c.id)
+

@@ -37,6 +37,9 @@ log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
 WRITABLE = ("/work", "/tmp", "/root")
+# the engines' cgroup v1 layout is a writable tmpfs at /sys/fs/cgroup (a sandbox filled 125 MiB of it): an empty
+# read-only one instead (what a sandbox would read there, its limits, are the engine's to enforce, not its own)
+CGROUP_FS = ("/sys/fs/cgroup", "ro,nosuid,nodev,noexec")
 NOFILE = 4096  # open files per process in a sandbox
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # this host's own hard limit (RLIM_INFINITY is -1)
 # Podman (4.3) runs its containers under its own RLIMIT_NPROC hard limit, 32768, whatever the host's: a
@@ -63,6 +66,7 @@ class EngineBackend:
         if self.name == "podman" and not 0 <= nproc <= PODMAN_NPROC:
             nproc = PODMAN_NPROC
         tmpfs = {} if self.writable else {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
+        tmpfs[CGROUP_FS[0]] = CGROUP_FS[1]
         body: dict[str, object] = {
             "Image": spec.image,
             "Cmd": ["sleep", "infinity"],
