@@ -8,11 +8,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.backend import Resolved
-from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend
+from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend, renew_every
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.images import BaseImage, cache_dir
 
@@ -167,3 +168,35 @@ async def test_the_cgroup_file_system_is_read_only(
         for c in await backend.list_owned():
             await backend.close(c.id)
 
+
+
+async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
+    engine: Engine, base_image: str, backend_name: str
+) -> None:
+    """A container outlives its worker (SIGKILLed with its node or bus) only until its keeper's window passes
+    with no renewal: then it ends and the engine removes it, with no worker of the pool alive. The renewed one
+    keeps running and working."""
+    backend = EngineBackend(engine, name=backend_name, pool=f"test{uuid.uuid4().hex[:8]}", orphan_after_s=4)
+    try:
+        kept = await backend.create(spec(base_image), owner="w1", lease="kept")
+        orphan = await backend.create(spec(base_image), owner="w1", lease="orphan")
+        async with anyio.create_task_group() as tg:
+
+            async def renew() -> None:
+                while True:
+                    assert await backend.renew(kept)
+                    await anyio.sleep(renew_every(backend.orphan_after_s))
+
+            tg.start_soon(renew)
+            with anyio.fail_after(120):  # the bound is 4 s after its creation: generous for a loaded engine
+                while orphan in {c.id for c in await backend.list_owned()}:
+                    await anyio.sleep(0.5)
+            await anyio.sleep(6)  # longer than the bound: the renewed one is still there
+            r = await backend.exec(kept, ["echo", "alive"], timeout_s=30, max_output=1024)
+            assert r.stdout == b"alive\n", r
+            assert {c.id for c in await backend.list_owned()} == {kept}
+            tg.cancel_scope.cancel()
+        assert not await backend.renew(orphan)  # gone: no error
+    finally:
+        for c in await backend.list_owned():
+            await backend.close(c.id)

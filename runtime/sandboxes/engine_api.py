@@ -10,7 +10,20 @@ Every container is made safe by construction, whatever the spec asks:
 - cpu (``NanoCpus``), memory (swap off) and pids limits, all capabilities dropped but the few a shell
   needs, ``no-new-privileges``, an init that reaps orphans;
 - labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (the rollout), ``gym-runtime.pool``
-  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads.
+  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads;
+- a main process that ends the container unless its worker renews it (``KEEPER``), and ``AutoRemove``: a
+  container whose worker died (SIGKILLed with its node or its bus) is gone within ``orphan_after_s`` by itself,
+  whatever else runs on the engine.
+
+**Why a keeper renewed by a signal.** The worker sends ``SIGWINCH`` to each container it holds (the engine's
+kill endpoint; the init forwards it to the keeper) every third of a window; a window without one ends the
+keeper, so the container ends at most ``orphan_after_s`` after its last renewal. One engine call per
+container, no exec (no process in the sandbox, no output to read), and nothing on the host that must outlive
+the worker: a host-side watchdog would die with it (a cgroup kill of the service, a lost node). ``SIGWINCH``
+is ignored by default, so one that comes before the keeper set its trap is lost, never fatal. A policy in the
+sandbox can renew its own keeper (it shares its user); the keeper also ends at a hard deadline no signal
+moves (the lease's end, a warm container's ``2 x max_lease_s``), so a container outlives a dead worker by at
+most that. It also ends, renewed or not, if the policy kills it (its own loss).
 
 Exec output is capped while it is read (and handed on as it comes: ``Capabilities.stream``); a command is
 wrapped in ``timeout -s KILL`` (its whole process group dies at the wall clock) and the host kills it too if
@@ -36,6 +49,16 @@ from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
+ORPHAN = "gym-runtime.orphan-after"  # the container ends this many seconds after its last renewal (KEEPER)
+RENEW_SIGNAL = "WINCH"  # ignored by default: a renewal before the keeper's trap is set is lost, never fatal
+LEASE_GRACE_S = 60.0  # the keeper's hard deadline past the lease's end (the worker removes it at the end itself)
+# The container's main process ($1: a window in seconds, $2: a hard deadline in unix seconds, 0: none): a window
+# with no renewal (SIGWINCH sets r) ends it, and so does the deadline. A sleep that cannot fork (the pids limit
+# reached) is tried again, never taken for a window's end; a date that cannot fork is no deadline passed.
+KEEPER = (
+    'r=1; trap "r=1" WINCH; while [ "$r" = 1 ]; do r=0; until sleep "$1"; do :; done; '
+    '[ "$2" = 0 ] && continue; t=$(date +%s) || t=0; [ "${t:-0}" -lt "$2" ] || exit 0; done'
+)
 WRITABLE = ("/work", "/tmp", "/root")
 # the engines' cgroup v1 layout is a writable tmpfs at /sys/fs/cgroup (a sandbox filled 125 MiB of it): an empty
 # read-only one instead (what a sandbox would read there, its limits, are the engine's to enforce, not its own)
@@ -49,16 +72,40 @@ KEEP_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 _WRITE = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
 
 
+def keeper_window(orphan_after_s: float) -> int:
+    """The keeper's window (whole seconds, for ``sleep``): two windows without a renewal end it at the latest."""
+    return max(1, int(orphan_after_s // 2))
+
+
+def renew_every(orphan_after_s: float) -> float:
+    """How often a worker renews what it holds: three times a window, so a late round still lands in each."""
+    return keeper_window(orphan_after_s) / 3
+
+
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
     capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True)
 
-    def __init__(self, engine: Engine, *, name: str, pool: str, writable: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str,
+        pool: str,
+        writable: bool = False,
+        orphan_after_s: float = 60.0,
+        warm_max_s: float = 7200.0,
+    ) -> None:
         self.engine = engine
         self.name = name  # docker | podman
         self.pool = pool
         self.writable = writable  # the pool's ``rootfs: writable``: the image's file system, writable and uncapped
+        self.orphan_after_s = orphan_after_s  # a container not renewed this long ends by itself (KEEPER)
+        self.warm_max_s = warm_max_s  # the hard deadline of a container made with no lease end (a warm one)
+
+    def _window_s(self) -> int:
+        return keeper_window(self.orphan_after_s)
 
     def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
         mem = spec.memory_mb << 20
@@ -69,10 +116,16 @@ class EngineBackend:
         tmpfs[CGROUP_FS[0]] = CGROUP_FS[1]
         body: dict[str, object] = {
             "Image": spec.image,
-            "Cmd": ["sleep", "infinity"],
+            "Cmd": ["sh", "-c", KEEPER, "keeper", str(self._window_s()), f"{self._deadline(expires):.0f}"],
             "Env": [f"{k}={v}" for k, v in spec.env.items()] + ["HOME=/root"],
             "NetworkDisabled": True,
-            "Labels": {OWNER: owner, LEASE: lease, POOL: self.pool, EXPIRES: f"{expires:.0f}"},
+            "Labels": {
+                OWNER: owner,
+                LEASE: lease,
+                POOL: self.pool,
+                EXPIRES: f"{expires:.0f}",
+                ORPHAN: f"{self.orphan_after_s:g}",
+            },
             "HostConfig": {
                 "NetworkMode": "none",
                 "Memory": mem,
@@ -85,6 +138,7 @@ class EngineBackend:
                 "CapAdd": KEEP_CAPS,
                 "SecurityOpt": ["no-new-privileges"],
                 "Init": True,
+                "AutoRemove": True,  # ended (its keeper's deadline, or killed): gone, with nobody to remove it
                 # set, not left to the engine: Podman asks for more than many hosts' hard limits allow (the
                 # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
                 "Ulimits": [
@@ -99,6 +153,17 @@ class EngineBackend:
         if spec.workdir:  # "": the image's own WORKDIR (a writable pool's images keep their work there)
             body["WorkingDir"] = spec.workdir
         return body
+
+    def _deadline(self, expires: float) -> float:
+        """The keeper's hard deadline: past the lease's end, or past a warm container's longest wait and lease."""
+        return expires + LEASE_GRACE_S if expires else time.time() + self.warm_max_s
+
+    async def renew(self, sid: str) -> bool:
+        """Keep a held container alive for another ``orphan_after_s``; False: it is gone."""
+        try:
+            return await self.engine.signal(sid, RENEW_SIGNAL)
+        except EngineError as e:
+            raise _gone(e, sid) from e
 
     async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
         expires = time.time() + 3600 if expires is None else expires
@@ -186,6 +251,8 @@ class EngineBackend:
                     lease=labels.get(LEASE, ""),
                     pool=self.pool,
                     expires=float(labels.get(EXPIRES) or 0),
+                    running=c.get("State") in ("running", "paused", "restarting", "created", None),
+                    expiring=ORPHAN in labels,
                 )
             )
         return out
