@@ -169,7 +169,6 @@ async def test_the_cgroup_file_system_is_read_only(
             await backend.close(c.id)
 
 
-
 async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
     engine: Engine, base_image: str, backend_name: str
 ) -> None:

@@ -30,7 +30,7 @@ async def test_a_program_the_harness_runs_and_its_children_do_not_see_the_endpoi
     runtime = SubprocessRuntime(SubprocessConfig())
     await runtime.start()
     try:
-        leak = "env; sh -c 'env; cat /proc/$$/environ | tr \"\\0\" \"\\n\"'"
+        leak = 'env; sh -c \'env; cat /proc/$$/environ | tr "\\0" "\\n"\''
         got = await runtime.run(["sh", "-c", leak], {})
         assert got.exit_code == 0, got.stderr
         assert "GYM_HARMLESS_SETTING=kept" in got.stdout  # the environment did reach it
