@@ -156,9 +156,9 @@ class EngineBackend:
 
     @property
     def expiring(self) -> bool:
-        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's: with a keeper,
-        Podman 4.3 here failed to remove containers under load (``could not be stopped: timed out waiting for
-        file .../exits/ID``); its containers are reaped as before (an owner unheard is dead)."""
+        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: on the
+        tests' shared Podman store a container ending by itself set off a state refresh that showed others as
+        ``created``, and AutoRemove raced forced removals); its containers are reaped as before."""
         return self.name == "docker"
 
     def _main(self, expires: float) -> list[str]:
