@@ -174,11 +174,17 @@ async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
 ) -> None:
     """A container outlives its worker (SIGKILLed with its node or bus) only until its keeper's window passes
     with no renewal: then it ends and the engine removes it, with no worker of the pool alive. The renewed one
-    keeps running and working."""
+    keeps running and working, also while a fork bomb holds every pid it may have (its keeper forks nothing)."""
     backend = EngineBackend(engine, name=backend_name, pool=f"test{uuid.uuid4().hex[:8]}", orphan_after_s=4)
     try:
-        kept = await backend.create(spec(base_image), owner="w1", lease="kept")
+        kept = await backend.create(spec(base_image, pids=24), owner="w1", lease="kept")
         orphan = await backend.create(spec(base_image), owner="w1", lease="orphan")
+        bomb = (  # every pid taken, and forks tried again and again, for 6 s (three keeper windows)
+            "import os, time\nend, kids, refused = time.time() + 6, [], 0\nwhile time.time() < end:\n    try:\n"
+            "        pid = os.fork()\n    except OSError:\n        refused += 1\n        continue\n    if pid == 0:\n"
+            "        time.sleep(max(0, end - time.time()))\n        os._exit(0)\n    kids.append(pid)\n"
+            "for k in kids:\n    os.waitpid(k, 0)\nprint(refused)\n"
+        )
         async with anyio.create_task_group() as tg:
 
             async def renew() -> None:
@@ -191,7 +197,8 @@ async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
                 # Docker removes it; Podman keeps it stopped, for any sweep of the pool to remove
                 while orphan in {c.id for c in await backend.list_owned() if c.running or backend_name == "docker"}:
                     await anyio.sleep(0.5)
-            await anyio.sleep(6)  # longer than the bound: the renewed one is still there
+            r = await backend.exec(kept, ["python3", "-c", bomb], timeout_s=60, max_output=1024)
+            assert r.exit_code == 0 and int(r.stdout) > 0, r  # forks were refused: every pid was taken
             r = await backend.exec(kept, ["echo", "alive"], timeout_s=30, max_output=1024)
             assert r.stdout == b"alive\n", r
             assert {c.id for c in await backend.list_owned() if c.running} == {kept}
