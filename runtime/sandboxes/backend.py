@@ -35,7 +35,6 @@ class Owned(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     expires: float = 0.0  # when the lease ends (unix time; 0: unknown)
     running: bool = True  # False: its processes ended (exited, dead): provably nobody's any more
-    expiring: bool = False  # it ends by itself when its owner stops renewing it (``Backend.renew``)
 
 
 class Background(Protocol):
@@ -91,8 +90,8 @@ class Backend(Protocol):
         ...
 
     async def renew(self, sid: str) -> bool:
-        """Tell a sandbox its holder lives (a backend whose sandboxes end by themselves once their worker is gone,
-        ``Owned.expiring``; a no-op True elsewhere); False: it is gone."""
+        """Tell a sandbox its holder lives (a backend whose sandboxes end by themselves once their worker is gone;
+        a no-op True elsewhere); False: it is gone."""
         ...
 
     async def image_id(self, sid: str) -> str:

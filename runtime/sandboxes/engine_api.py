@@ -22,8 +22,8 @@ container, no exec (no process in the sandbox, no output to read), and nothing o
 the worker: a host-side watchdog would die with it (a cgroup kill of the service, a lost node). ``SIGWINCH``
 is ignored by default, so one that comes before the keeper set its trap is lost, never fatal. A policy in the
 sandbox can renew its own keeper (it shares its user); the keeper also ends at a hard deadline no signal
-moves (the lease's end, a warm container's ``2 x max_lease_s``), so a container outlives a dead worker by at
-most that. It also ends, renewed or not, if the policy kills it (its own loss).
+moves (the lease's end, a warm container's ``2 x max_lease_s``: its ``expires`` label), so a container outlives
+a dead worker by at most that. It also ends, renewed or not, if the policy kills it (its own loss).
 
 Exec output is capped while it is read (and handed on as it comes: ``Capabilities.stream``); a command is
 wrapped in ``timeout -s KILL`` (its whole process group dies at the wall clock) and the host kills it too if
@@ -175,8 +175,8 @@ class EngineBackend:
         return ["sh", "-c", KEEPER, "keeper", str(self._window_s()), f"{self._deadline(expires):.0f}", KEEPER_BASH]
 
     def _deadline(self, expires: float) -> float:
-        """The keeper's hard deadline: past the lease's end, or past a warm container's longest wait and lease."""
-        return expires + LEASE_GRACE_S if expires else time.time() + self.warm_max_s
+        """The keeper's hard deadline: past the lease's end (a warm container's: its longest wait and lease)."""
+        return expires + LEASE_GRACE_S
 
     async def renew(self, sid: str) -> bool:
         """Keep a held container alive for another ``orphan_after_s``; False: it is gone."""
@@ -189,6 +189,9 @@ class EngineBackend:
 
     async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
         expires = time.time() + 3600 if expires is None else expires
+        # a warm one (no lease yet) is labelled past any lease it can be given (``warm_max_s``): a reaper that
+        # never heard its worker removes it after that, as any container whose lease has ended
+        expires = expires or time.time() + self.warm_max_s
         body = self.container_body(spec, owner=owner, lease=lease, expires=expires)
         try:
             cid = await self.engine.create(body, name=f"gym-{self.pool}-{uuid.uuid4().hex[:12]}")
@@ -274,7 +277,6 @@ class EngineBackend:
                     pool=self.pool,
                     expires=float(labels.get(EXPIRES) or 0),
                     running=c.get("State") in ("running", "paused", "restarting", "created", None),
-                    expiring=ORPHAN in labels,
                 )
             )
         return out

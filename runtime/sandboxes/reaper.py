@@ -9,9 +9,8 @@ and pool names) may share the engine and its workers are never heard here:
 - one whose lease has ended (its owner, if alive, removes it then itself);
 - one whose owner this reaper heard on its own bus and has not heard for ``DEAD_AFTER_S`` (SIGKILLed, its
   node lost). An owner never heard here may be another cluster's live worker: its containers are left to end
-  by themselves (``Owned.expiring``: the engine backends' keeper, within the pool's ``orphan_after_s`` of the
-  owner's death). A container made before keepers (no ``expiring`` label) is judged as it was then: an owner
-  unheard is dead.
+  by themselves (docker's keeper, within the pool's ``orphan_after_s`` of the owner's
+  death), or else (podman's, an older version's) to their lease's end (a warm one's label: ``warm_max_s``).
 
 A worker that starts listens for ``DEAD_AFTER_S`` before its first sweep. Sandboxes a live holder stopped
 using (an agent killed mid-rollout) end with the pool's ``idle_ttl_s`` (the owner closes them).
@@ -109,11 +108,9 @@ class Reaper:
             return "ended"
         if c.expires and c.expires < self.now():
             return "lease ended"
-        if self.peers.alive(c.owner):
-            return ""
-        if c.owner in self.heard or not c.expiring:
+        if not self.peers.alive(c.owner) and c.owner in self.heard:
             return "owner dead"
-        return ""  # an owner never heard here (another cluster's?): it ends by itself if it is dead
+        return ""  # an owner never heard here may be another cluster's live worker: it ends by itself, or at its end
 
     async def sweep(self) -> list[str]:
         """Remove every doomed container of the pool; their ids."""

@@ -572,7 +572,7 @@ class SandboxWorker:
                     await self._remove(sid)
                 idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
                 for sid, h in list(self.held.items()):
-                    # a warm container's label names no lease end: its worker ends the lease it was given
+                    # a warm container's label names no lease of its own: its worker ends the lease it was given
                     ended = h.expires < now and not sid.startswith("creating-")
                     if h.busy == 0 and (h.used < idle_since or ended):
                         log.info("sandbox.lease_ended" if ended else "sandbox.idle", sandbox=sid[:12], lease=h.lease)
