@@ -52,19 +52,19 @@ OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-run
 ORPHAN = "gym-runtime.orphan-after"  # the container ends this many seconds after its last renewal (KEEPER)
 RENEW_SIGNAL = "WINCH"  # ignored by default: a renewal before the keeper's trap is set is lost, never fatal
 LEASE_GRACE_S = 60.0  # the keeper's hard deadline past the lease's end (the worker removes it at the end itself)
-# The container's main process ($1: a window in seconds, $2: a hard deadline in unix seconds, 0: none): a window
+# The container's main process ($1: a window in seconds, $2: a hard deadline in unix seconds): a window
 # with no renewal (SIGWINCH sets r) ends it, and so does the deadline. Under bash (where the image has it) it forks
 # nothing: a window is a ``read -t`` on its stdin (held open, never written: ``OpenStdin``), the time a builtin, so
 # a sandbox holding every pid keeps its keeper. Else under sh, whose ``sleep`` and ``date`` fork: a sleep that
 # cannot fork is tried again; but dash exits when it cannot fork, so there such a sandbox can end (docs).
 KEEPER_BASH = (
     'r=1; trap "r=1" WINCH; while [ "$r" = 1 ]; do r=0; read -r -t "$1" _; '
-    '[ "$2" = 0 ] && continue; printf -v t "%(%s)T" -1; [ "$t" -lt "$2" ] || exit 0; done'
+    'printf -v t "%(%s)T" -1; [ "$t" -lt "$2" ] || exit 0; done'
 )
 KEEPER = (
     'if command -v bash >/dev/null 2>&1; then exec bash -c "$3" keeper "$1" "$2"; fi; '
     'r=1; trap "r=1" WINCH; while [ "$r" = 1 ]; do r=0; until sleep "$1"; do :; done; '
-    '[ "$2" = 0 ] && continue; t=$(date +%s) || t=0; [ "${t:-0}" -lt "$2" ] || exit 0; done'
+    't=$(date +%s) || t=0; [ "${t:-0}" -lt "$2" ] || exit 0; done'
 )
 WRITABLE = ("/work", "/tmp", "/root")
 # the engines' cgroup v1 layout is a writable tmpfs at /sys/fs/cgroup (a sandbox filled 125 MiB of it): an empty
