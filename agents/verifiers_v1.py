@@ -58,7 +58,10 @@ isolation = "process"  # always: its code needs verifiers' own environment, whic
 # the verifiers release this code is written for: the worker starts the guest on its built environment
 verifiers_version = "0.4.0"
 
-_KEY_VAR = "GYM_VF_ENDPOINT_KEY"  # the variable verifiers reads the loopback endpoint's key from (api_key_var)
+# the variable verifiers reads the loopback endpoint's key from (api_key_var). Its runtimes start the harness's
+# programs with this process's environment less every name holding "API_KEY": named so, the key stays here
+# (a harness program that read it could call the agent's model under any rollout's trace id)
+_KEY_VAR = "GYM_VF_ENDPOINT_API_KEY"
 _SESSION = "x-session-id"  # verifiers' per-rollout header: the trace id, the same every turn
 
 

@@ -5,14 +5,16 @@ Each test creates its containers with a test-owned pool label and removes them; 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.backend import Resolved
-from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend
+from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend, renew_every
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.images import BaseImage, cache_dir
 
@@ -25,6 +27,11 @@ async def backend(engine: Engine) -> AsyncIterator[EngineBackend]:
     finally:
         for c in await b.list_owned():
             await b.close(c.id)
+
+
+@pytest.fixture
+def backend_name() -> str:  # tests/test_sandbox_podman.py runs these tests on Podman
+    return "docker"
 
 
 def spec(image: str, **kw: object) -> Resolved:
@@ -131,10 +138,82 @@ async def test_a_writable_pool_writes_the_images_own_directories_and_keeps_its_w
         await backend.write(sid, "/eval.sh", b"echo ran")
         assert await backend.read(sid, "/eval.sh", max_bytes=100) == b"echo ran"
         info = await engine.inspect(sid)
-        assert info["HostConfig"]["ReadonlyRootfs"] is False and not info["HostConfig"].get("Tmpfs")
+        assert info["HostConfig"]["ReadonlyRootfs"] is False
+        assert list(info["HostConfig"].get("Tmpfs") or {}) == ["/sys/fs/cgroup"]  # read-only (below), no other
         assert (info["HostConfig"]["NetworkMode"], info["HostConfig"]["CapDrop"]) == ("none", ["ALL"])
         other = await backend.create(spec(base_image), owner="w1", lease="l")  # workdir default: /work
         assert (await backend.exec(other, ["pwd"], timeout_s=20, max_output=1024)).stdout == b"/work\n"
+    finally:
+        for c in await backend.list_owned():
+            await backend.close(c.id)
+
+
+@pytest.mark.parametrize("writable", [False, True], ids=["read-only", "writable"])
+async def test_the_cgroup_file_system_is_read_only(
+    engine: Engine, base_image: str, backend_name: str, writable: bool
+) -> None:
+    """Docker's cgroup v1 layout mounts a tmpfs at ``/sys/fs/cgroup``: writable, 125 MiB were written into it in a
+    128 MB sandbox (round 4 of the red team). Read-only in every pool, as the rest of the root outside the
+    writable paths is; what the sandbox reads of its own cgroup is not needed (the limits are the engine's)."""
+    backend = EngineBackend(engine, name=backend_name, pool=f"test{uuid.uuid4().hex[:8]}", writable=writable)
+    try:
+        sid = await backend.create(spec(base_image, memory_mb=128), owner="w1", lease="l")
+        attack = (
+            "for d in /sys/fs/cgroup /sys/fs/cgroup/memory /sys/fs/cgroup/x; do mkdir -p $d 2>/dev/null; "
+            "head -c 4000000 /dev/zero > $d/fill 2>/dev/null && echo wrote $d; done; "
+            "mount -o remount,rw /sys/fs/cgroup 2>/dev/null && echo remounted; true"
+        )
+        r = await backend.exec(sid, ["sh", "-c", attack], timeout_s=30, max_output=4096)
+        assert r.exit_code == 0 and r.stdout == b"", r
+    finally:
+        for c in await backend.list_owned():
+            await backend.close(c.id)
+
+
+async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
+    engine: Engine, base_image: str
+) -> None:
+    """A container outlives its worker (SIGKILLed with its node or bus) only until its keeper's window passes
+    with no renewal: then it ends and the engine removes it, with no worker of the pool alive. The renewed one
+    keeps running and working, also while a fork bomb holds every pid it may have (its keeper forks nothing);
+    one past its lease's end ends however often it is renewed (a policy renewing its own keeper gains nothing
+    past that). Docker only: Podman's containers have no keeper yet (docs/sandboxes.md)."""
+    # a window of 5 s, renewed every 1.7 s: a loaded engine's slow answers stay well inside it
+    backend = EngineBackend(engine, name="docker", pool=f"test{uuid.uuid4().hex[:8]}", orphan_after_s=10)
+    try:
+        kept = await backend.create(spec(base_image, pids=24), owner="w1", lease="kept")
+        orphan = await backend.create(spec(base_image), owner="w1", lease="orphan")
+        # its lease ends in 3 s: the keeper's hard deadline is LEASE_GRACE_S later
+        ending = await backend.create(spec(base_image), owner="w1", lease="ending", expires=time.time() + 3 - 60)
+        bomb = (  # every pid taken, and forks tried again and again, for 12 s (two keeper windows and more)
+            "import os, time\nend, kids, refused = time.time() + 12, [], 0\nwhile time.time() < end:\n    try:\n"
+            "        pid = os.fork()\n    except OSError:\n        refused += 1\n        continue\n    if pid == 0:\n"
+            "        time.sleep(max(0, end - time.time()))\n        os._exit(0)\n    kids.append(pid)\n"
+            "for k in kids:\n    os.waitpid(k, 0)\nprint(refused)\n"
+        )
+
+        async def ids() -> set[str]:
+            return {c.id for c in await backend.list_owned()}
+
+        async with anyio.create_task_group() as tg:
+
+            async def renew() -> None:
+                while True:  # as a worker does: a round every third of a window
+                    await anyio.sleep(renew_every(backend.orphan_after_s))
+                    assert await backend.renew(kept)
+                    await backend.renew(ending)
+
+            tg.start_soon(renew)
+            with anyio.fail_after(120):  # the bounds are 3-10 s after their creation: generous for a loaded engine
+                while await ids() & {orphan, ending}:
+                    await anyio.sleep(0.5)
+            r = await backend.exec(kept, ["python3", "-c", bomb], timeout_s=60, max_output=1024)
+            assert r.exit_code == 0 and int(r.stdout) > 0, r  # forks were refused: every pid was taken
+            r = await backend.exec(kept, ["echo", "alive"], timeout_s=30, max_output=1024)
+            assert r.stdout == b"alive\n", r
+            assert await ids() == {kept}
+            tg.cancel_scope.cancel()
+        assert not await backend.renew(orphan)  # gone: no error
     finally:
         for c in await backend.list_owned():
             await backend.close(c.id)

@@ -20,6 +20,7 @@ from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this 
     test_exec_round_trip_and_files,
     test_limits_memory_pids_wall_clock_output_disk,
     test_no_network_no_engine_socket_no_host_mounts,
+    test_the_cgroup_file_system_is_read_only,
 )
 from tests.test_sandbox_processes import (  # noqa: F401  (background processes and streamed output, here)
     test_a_command_printing_forever_sends_its_capped_output_and_the_worker_serves_others,

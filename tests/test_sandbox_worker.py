@@ -17,6 +17,8 @@ from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL, EngineBackend
@@ -94,7 +96,8 @@ async def test_the_reaper_removes_dead_workers_containers_and_ended_leases_never
     bus: Bus, engine: Engine, base_image: str, pool: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        backend = EngineBackend(engine, name="docker", pool=f"gym.{pool}")
+        # a worker nobody here heard (dead, or another cluster's): its container ends by itself (unrenewed)
+        backend = EngineBackend(engine, name="docker", pool=f"gym.{pool}", orphan_after_s=2)
         spec = Resolved(image=base_image, cpu=0.5, memory_mb=64, pids=16, disk_mb=4, timeout_s=5, max_output=100)
         dead = await backend.create(spec, owner="deadworker00", lease="x", expires=time.time() + 3600)
         peer = await worker(reap_interval_s=0.5)  # a live peer: its own sandbox stays
@@ -110,6 +113,37 @@ async def test_the_reaper_removes_dead_workers_containers_and_ended_leases_never
         assert dead != ended
         r = await kept.exec("echo alive")
         assert r.stdout == b"alive\n"
+
+
+async def test_a_reaper_never_removes_a_live_clusters_containers_on_a_shared_engine(
+    bus: Bus, engine: Engine, base_image: str, pool: str, tmp_path: Path
+) -> None:
+    """Another cluster (its own nats-server, the same namespace and pool names) on the same engine: this
+    cluster's reaper never hears its workers, and leaves its containers alone (round 4 of the red team: labels
+    carried only the namespace and pool, and the other cluster's live sandboxes were taken for a dead worker's)."""
+    other = EmbeddedServer(store_dir=str(tmp_path / "js2"))
+    other.start()
+    other_bus = await Bus.connect(other.url, namespace="gym", telemetry=Telemetry(), name="other-cluster")
+    try:
+        async with fleet(other_bus, engine, pool) as other_worker:
+            theirs = await other_worker(reap_interval_s=0.3)
+            boxes = Sandboxes(other_bus, pool, lease="theirs", deadline=time.time() + 3600)
+            box = await boxes.sandbox()
+            async with fleet(bus, engine, pool) as worker:
+                mine = await worker(reap_interval_s=0.3)
+                assert mine.reaper is not None
+
+                async def swept() -> bool:
+                    return mine.reaper is not None and mine.reaper.sweeps >= 5
+
+                await wait_for(swept, timeout=DEAD_AFTER_S + 60)
+                assert mine.reaper.reaped == 0
+                assert [c["Id"] for c in await engine.containers({POOL: f"gym.{pool}"})] == [box.id]
+                assert (await box.exec("echo alive")).stdout == b"alive\n"
+                assert theirs.stats()["sandboxes"] == 1
+    finally:
+        await other_bus.close()
+        other.stop()
 
 
 async def test_an_idle_sandbox_whose_holder_vanished_is_removed(

@@ -219,7 +219,10 @@ USES = [
     # what every process asks JetStream before it starts
     Use("js_info", sj.js_info(), EVERYONE, set()),
     Use("stream_names", sj.stream_names(), EVERYONE, set()),
-    Use("stream_info", sj.stream_info(s.tasks_stream), EVERYONE, set()),
+    # the tasks stream's info (its subject counts list every queued batch id): the publisher's only; the others
+    # check the streams are there by name (stream_names)
+    Use("stream_info", sj.stream_info(s.tasks_stream), {"publisher"}, set()),
+    Use("stream_info", sj.stream_info(s.model_stream), {"publisher"}, set()),
     Use("consumer_list", sj.consumer_list(s.tasks_stream), {"publisher"}, set()),
     # replies: each caller reads its own inbox; each answer comes into the lane of who gives it
     Use("inbox", sj.inbox("agent", "a"), set(), of("agent", "a")),

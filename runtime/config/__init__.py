@@ -131,6 +131,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
     reap_interval_s: float = 10.0  # how often the reaper looks for dead workers' containers and ended leases
+    # docker/podman: a container its worker stopped renewing (the worker SIGKILLed, its node or bus lost) ends by
+    # itself within this long, whatever runs on the engine (docs/sandboxes.md, "Nothing leaks")
+    orphan_after_s: float = 60.0
     # "writable": the image's own file system is writable (the container's layer, no tmpfs over /work, /tmp and
     # /root): images that keep a repository at /testbed or tests at /app, as SWE-bench's and Terminal-Bench's do.
     # Its disk is not capped (limits.disk_mb does not apply): docs/sandboxes.md
@@ -141,6 +144,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("capacity must be at least 1")
         if self.max_live < 0 or self.warm < 0:
             raise ValueError("max_live and warm must be at least 0")
+        if self.orphan_after_s < 2:
+            raise ValueError("orphan_after_s must be at least 2 (seconds)")
         if any(n < 0 for n in self.warm_images.values()):
             raise ValueError("warm_images counts must be at least 0")
         by_image = sum(self.warm_images.values())

@@ -101,12 +101,12 @@ def permissions(
         pub += [sj.direct_get(s.blob_stream(r), s.role_blobs(r)) for r in sj.BLOB_ROLES]
         models = [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
 
-        # the streams every process checks are there before it starts (``ensure_streams``)
-        streams = [sj.stream_info(x) for x in (s.tasks_stream, s.model_stream)]
         control_news = [s.policy_version("*"), s.cancel("*")]  # what every worker's ControlView hears
         if role == "publisher":
             pub += [
-                *streams,
+                # the streams' info: the publisher's only (its counts). Every other role checks they are there
+                # by name (``ensure_streams``): the tasks stream's subject counts list every queued batch id
+                *(sj.stream_info(x) for x in (s.tasks_stream, s.model_stream)),
                 s.task("*", ">"),
                 s.policy_version("*"),
                 s.pause("*"),
@@ -136,7 +136,6 @@ def permissions(
             boxes = reach.sandbox_pools("agent", pool)
             calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
             pub += [
-                *streams,
                 s.agent_results(mine),
                 *models,
                 *calls,  # its own environment (the role-wide credential: every agent's)
@@ -151,7 +150,6 @@ def permissions(
             deny.append(s.lost(">"))  # another agent's results, as far as a role-wide ``*`` goes: never a lost row
         elif role == "model":
             pub += [
-                *streams,
                 *_read_kv(control),
                 *_pull(s, "model", pool),
                 # replies (and keepalives) only into the reply subjects of calls made to this model; status
@@ -169,12 +167,12 @@ def permissions(
         elif role == "sandbox":
             # its pool's subjects only: creates (a queue group) and the operations on what it holds; answers
             # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
-            pub += [*streams, sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
+            pub += [sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
             sub += [s.status, s.sandboxes(mine), s.live("sandbox", mine)]
         else:  # resource
             # models for LLM judges and user simulators; the environments this one calls by name (their replies
             # come into its own inbox, as any call's), and the sandbox pool it uses
-            pub += [*streams, *models, *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
+            pub += [*models, *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
             pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
             # replies (and keepalives) only into calls made to this environment, and status answers
             pub.append(sj.lane_replies(sj.lane("resource", mine)))

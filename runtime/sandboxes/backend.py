@@ -34,6 +34,7 @@ class Owned(msgspec.Struct, frozen=True, kw_only=True):
     lease: str  # the rollout's key
     pool: str
     expires: float = 0.0  # when the lease ends (unix time; 0: unknown)
+    running: bool = True  # False: its processes ended (exited, dead): provably nobody's any more
 
 
 class Background(Protocol):
@@ -90,6 +91,11 @@ class Backend(Protocol):
 
     async def close(self, sid: str) -> None:
         """Remove the sandbox (and all it wrote); no error when it is gone already."""
+        ...
+
+    async def renew(self, sid: str) -> bool:
+        """Tell a sandbox its holder lives (a backend whose sandboxes end by themselves once their worker is gone;
+        a no-op True elsewhere); False: it is gone."""
         ...
 
     async def image_id(self, sid: str) -> str:

@@ -128,6 +128,9 @@ class DaytonaBackend:
     async def image_id(self, sid: str) -> str:
         return ""  # a provider's snapshot: its name is all the pool knows of it
 
+    async def renew(self, sid: str) -> bool:
+        return True  # the provider stops it at its lease's end by itself (``autoStopInterval``)
+
     async def list_owned(self) -> list[Owned]:
         out = await self._call("GET", "/sandbox", params={"labels": json.dumps({POOL: self.pool})})
         return [

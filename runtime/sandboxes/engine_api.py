@@ -10,7 +10,20 @@ Every container is made safe by construction, whatever the spec asks:
 - cpu (``NanoCpus``), memory (swap off) and pids limits, all capabilities dropped but the few a shell
   needs, ``no-new-privileges``, an init that reaps orphans;
 - labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (the rollout), ``gym-runtime.pool``
-  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads.
+  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads;
+- a main process that ends the container unless its worker renews it (``KEEPER``), and ``AutoRemove``: a
+  container whose worker died (SIGKILLed with its node or its bus) is gone within ``orphan_after_s`` by itself,
+  whatever else runs on the engine.
+
+**Why a keeper renewed by a signal.** The worker sends ``SIGWINCH`` to each container it holds (the engine's
+kill endpoint; the init forwards it to the keeper) every third of a window; a window without one ends the
+keeper, so the container ends at most ``orphan_after_s`` after its last renewal. One engine call per
+container, no exec (no process in the sandbox, no output to read), and nothing on the host that must outlive
+the worker: a host-side watchdog would die with it (a cgroup kill of the service, a lost node). ``SIGWINCH``
+is ignored by default, so one that comes before the keeper set its trap is lost, never fatal. A policy in the
+sandbox can renew its own keeper (it shares its user); the keeper also ends at a hard deadline no signal
+moves (the lease's end, a warm container's ``2 x max_lease_s``: its ``expires`` label), so a container outlives
+a dead worker by at most that. It also ends, renewed or not, if the policy kills it (its own loss).
 
 Exec output is capped while it is read (and handed on as it comes: ``Capabilities.stream``); a command is
 wrapped in ``timeout -s KILL`` (its whole process group dies at the wall clock) and the host kills it too if
@@ -36,7 +49,27 @@ from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
+ORPHAN = "gym-runtime.orphan-after"  # the container ends this many seconds after its last renewal (KEEPER)
+RENEW_SIGNAL = "WINCH"  # ignored by default: a renewal before the keeper's trap is set is lost, never fatal
+LEASE_GRACE_S = 60.0  # the keeper's hard deadline past the lease's end (the worker removes it at the end itself)
+# The container's main process ($1: a window in seconds, $2: a hard deadline in unix seconds): a window
+# with no renewal (SIGWINCH sets r) ends it, and so does the deadline. Under bash (where the image has it) it forks
+# nothing: a window is a ``read -t`` on its stdin (held open, never written: ``OpenStdin``), the time a builtin, so
+# a sandbox holding every pid keeps its keeper. Else under sh, whose ``sleep`` and ``date`` fork: a sleep that
+# cannot fork is tried again; but dash exits when it cannot fork, so there such a sandbox can end (docs).
+KEEPER_BASH = (
+    'r=1; trap "r=1" WINCH; while [ "$r" = 1 ]; do r=0; read -r -t "$1" _; '
+    'printf -v t "%(%s)T" -1; [ "$t" -lt "$2" ] || exit 0; done'
+)
+KEEPER = (
+    'if command -v bash >/dev/null 2>&1; then exec bash -c "$3" keeper "$1" "$2"; fi; '
+    'r=1; trap "r=1" WINCH; while [ "$r" = 1 ]; do r=0; until sleep "$1"; do :; done; '
+    't=$(date +%s) || t=0; [ "${t:-0}" -lt "$2" ] || exit 0; done'
+)
 WRITABLE = ("/work", "/tmp", "/root")
+# the engines' cgroup v1 layout is a writable tmpfs at /sys/fs/cgroup (a sandbox filled 125 MiB of it): an empty
+# read-only one instead (what a sandbox would read there, its limits, are the engine's to enforce, not its own)
+CGROUP_FS = ("/sys/fs/cgroup", "ro,nosuid,nodev,noexec")
 NOFILE = 4096  # open files per process in a sandbox
 _NPROC = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # this host's own hard limit (RLIM_INFINITY is -1)
 # Podman (4.3) runs its containers under its own RLIMIT_NPROC hard limit, 32768, whatever the host's: a
@@ -60,16 +93,40 @@ def _unwrapped(stderr: bytes, program: str) -> bytes:
     return f"{program}: ".encode() + stderr[len(head) :]
 
 
+def keeper_window(orphan_after_s: float) -> int:
+    """The keeper's window (whole seconds, for ``sleep``): two windows without a renewal end it at the latest."""
+    return max(1, int(orphan_after_s // 2))
+
+
+def renew_every(orphan_after_s: float) -> float:
+    """How often a worker renews what it holds: three times a window, so a late round still lands in each."""
+    return keeper_window(orphan_after_s) / 3
+
+
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
     capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True, restart=True)
 
-    def __init__(self, engine: Engine, *, name: str, pool: str, writable: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str,
+        pool: str,
+        writable: bool = False,
+        orphan_after_s: float = 60.0,
+        warm_max_s: float = 7200.0,
+    ) -> None:
         self.engine = engine
         self.name = name  # docker | podman
         self.pool = pool
         self.writable = writable  # the pool's ``rootfs: writable``: the image's file system, writable and uncapped
+        self.orphan_after_s = orphan_after_s  # a container not renewed this long ends by itself (KEEPER)
+        self.warm_max_s = warm_max_s  # the hard deadline of a container made with no lease end (a warm one)
+
+    def _window_s(self) -> int:
+        return keeper_window(self.orphan_after_s)
 
     def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
         mem = spec.memory_mb << 20
@@ -77,12 +134,20 @@ class EngineBackend:
         if self.name == "podman" and not 0 <= nproc <= PODMAN_NPROC:
             nproc = PODMAN_NPROC
         tmpfs = {} if self.writable else {p: f"rw,nosuid,nodev,size={spec.disk_mb}m,mode=1777" for p in WRITABLE}
+        tmpfs[CGROUP_FS[0]] = CGROUP_FS[1]
         body: dict[str, object] = {
             "Image": spec.image,
-            "Cmd": ["sleep", "infinity"],
+            "Cmd": self._main(expires),
             "Env": [f"{k}={v}" for k, v in spec.env.items()] + ["HOME=/root"],
             "NetworkDisabled": True,
-            "Labels": {OWNER: owner, LEASE: lease, POOL: self.pool, EXPIRES: f"{expires:.0f}"},
+            "OpenStdin": self.expiring,  # the keeper's stdin: a pipe nobody writes, its ``read -t`` windows
+            "Labels": {
+                OWNER: owner,
+                LEASE: lease,
+                POOL: self.pool,
+                EXPIRES: f"{expires:.0f}",
+                **({ORPHAN: f"{self.orphan_after_s:g}"} if self.expiring else {}),
+            },
             "HostConfig": {
                 "NetworkMode": "none",
                 "Memory": mem,
@@ -95,6 +160,7 @@ class EngineBackend:
                 "CapAdd": KEEP_CAPS,
                 "SecurityOpt": ["no-new-privileges"],
                 "Init": True,
+                "AutoRemove": self.expiring,  # ended (its keeper's deadline, or killed): gone, nobody removes it
                 # set, not left to the engine: Podman asks for more than many hosts' hard limits allow (the
                 # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
                 "Ulimits": [
@@ -110,8 +176,36 @@ class EngineBackend:
             body["WorkingDir"] = spec.workdir
         return body
 
+    @property
+    def expiring(self) -> bool:
+        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: on the
+        tests' shared Podman store a container ending by itself set off a state refresh that showed others as
+        ``created``, and AutoRemove raced forced removals); its containers are reaped as before."""
+        return self.name == "docker"
+
+    def _main(self, expires: float) -> list[str]:
+        if not self.expiring:
+            return ["sleep", "infinity"]
+        return ["sh", "-c", KEEPER, "keeper", str(self._window_s()), f"{self._deadline(expires):.0f}", KEEPER_BASH]
+
+    def _deadline(self, expires: float) -> float:
+        """The keeper's hard deadline: past the lease's end (a warm container's: its longest wait and lease)."""
+        return expires + LEASE_GRACE_S
+
+    async def renew(self, sid: str) -> bool:
+        """Keep a held container alive for another ``orphan_after_s``; False: it is gone."""
+        if not self.expiring:
+            return True
+        try:
+            return await self.engine.signal(sid, RENEW_SIGNAL)
+        except EngineError as e:
+            raise _gone(e, sid) from e
+
     async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
         expires = time.time() + 3600 if expires is None else expires
+        # a warm one (no lease yet) is labelled past any lease it can be given (``warm_max_s``): a reaper that
+        # never heard its worker removes it after that, as any container whose lease has ended
+        expires = expires or time.time() + self.warm_max_s
         body = self.container_body(spec, owner=owner, lease=lease, expires=expires)
         try:
             cid = await self.engine.create(body, name=f"gym-{self.pool}-{uuid.uuid4().hex[:12]}")
@@ -216,6 +310,7 @@ class EngineBackend:
                     lease=labels.get(LEASE, ""),
                     pool=self.pool,
                     expires=float(labels.get(EXPIRES) or 0),
+                    running=c.get("State") in ("running", "paused", "restarting", "created", None),
                 )
             )
         return out

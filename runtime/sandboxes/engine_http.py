@@ -217,7 +217,19 @@ class Engine:
         try:
             await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
         except EngineError as e:
-            if e.status == 404:
+            # 409 "removal ... already in progress": it ended by itself and the engine is removing it (AutoRemove)
+            if e.status == 404 or (e.status == 409 and "in progress" in str(e)):
+                return False
+            raise
+        return True
+
+    async def signal(self, cid: str, name: str) -> bool:
+        """Send signal ``name`` (``WINCH``) to a container's main process; False: it is gone or not running."""
+        try:
+            await self._call("POST", f"/containers/{cid}/kill", params={"signal": name}, timeout_s=30)
+        except EngineError as e:
+            # Podman answers 500 "container state improper" for one that ended (409 on Docker)
+            if e.status in (404, 409) or "state improper" in str(e):
                 return False
             raise
         return True

@@ -101,6 +101,9 @@ class ProcessBackend:
         if box is not None:
             await box[0].__aexit__(None, None, None)
 
+    async def renew(self, sid: str) -> bool:
+        return sid in self._boxes  # its sandboxes are the worker's children: they end with it
+
     async def list_owned(self) -> list[Owned]:
         return []
 

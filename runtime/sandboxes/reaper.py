@@ -2,10 +2,18 @@
 
 Every sandbox worker of a pool beacons its id on the pool's liveness subject (``Subjects.live("sandbox",
 pool)``) and hears its peers'. A container's labels name the worker that created it and when its lease
-ends; a sweep removes each container of the pool whose owner has not been heard for ``DEAD_AFTER_S`` (it
-was SIGKILLed, its node lost) or whose lease has ended. A worker that starts listens for that long
-before its first sweep, so a live peer is never taken for dead. Sandboxes a live holder stopped using
-(an agent killed mid-rollout) end with the pool's ``idle_ttl_s`` (the owner closes them).
+ends. A sweep removes only what is provably dead, since another cluster (another bus, the same namespace
+and pool names) may share the engine and its workers are never heard here:
+
+- a container whose processes ended (an engine that kept it);
+- one whose lease has ended (its owner, if alive, removes it then itself);
+- one whose owner this reaper heard on its own bus and has not heard for ``DEAD_AFTER_S`` (SIGKILLed, its
+  node lost). An owner never heard here may be another cluster's live worker: its containers are left to end
+  by themselves (docker's keeper, within the pool's ``orphan_after_s`` of the owner's
+  death), or else (podman's, an older version's) to their lease's end (a warm one's label: ``warm_max_s``).
+
+A worker that starts listens for ``DEAD_AFTER_S`` before its first sweep. Sandboxes a live holder stopped
+using (an agent killed mid-rollout) end with the pool's ``idle_ttl_s`` (the owner closes them).
 """
 
 from __future__ import annotations
@@ -91,23 +99,30 @@ class Reaper:
         self.peers = peers
         self.now = now
         self.reaped = 0  # containers removed (status, metrics)
+        self.sweeps = 0  # sweeps done (status)
+        self.heard: set[str] = set()  # the workers this reaper has seen alive on its own bus (at a sweep)
 
     def doomed(self, c: Owned) -> str:
         """Why container ``c`` must go ('' : it stays)."""
-        if not self.peers.alive(c.owner):
-            return "owner dead"
+        if not c.running:
+            return "ended"
         if c.expires and c.expires < self.now():
             return "lease ended"
-        return ""
+        if not self.peers.alive(c.owner) and c.owner in self.heard:
+            return "owner dead"
+        return ""  # an owner never heard here may be another cluster's live worker: it ends by itself, or at its end
 
     async def sweep(self) -> list[str]:
         """Remove every doomed container of the pool; their ids."""
         gone = []
-        for c in await self.backend.list_owned():
+        owned = await self.backend.list_owned()
+        self.heard.update(self.peers.alive_ids())
+        for c in owned:
             why = self.doomed(c)
             if why:
                 await self.backend.close(c.id)
                 gone.append(c.id)
                 log.info("sandbox.reaped", sandbox=c.id[:12], owner=c.owner, lease=c.lease, why=why)
         self.reaped += len(gone)
+        self.sweeps += 1
         return gone

@@ -429,7 +429,21 @@ async def ensure_streams(bus: Connection, agents: Iterable[str] = ()) -> None:
         if i == 1:  # the results before the model queue, as they were created when there was one shared stream
             for agent in agents:
                 await ensure_results_stream(bus, agent)
-        await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
+        if bus.secured:  # the admin provisioned it: only checked to be there
+            await _provisioned(bus, cfg)
+        else:
+            await retrying(partial(_ensure_stream, bus, cfg, replicas, size), what=f"stream {cfg.name}")
+
+
+async def _provisioned(bus: Connection, cfg: StreamConfig) -> None:
+    """A secured bus's stream, checked to be there by name (STREAM.NAMES with its subject), never by its info:
+    a pool may not ask the tasks stream's info, whose subject counts list every agent's queued batch ids."""
+    assert cfg.subjects
+    if cfg.name not in await _stream_names(bus, cfg.subjects[0]):
+        raise UserError(
+            f"the secured server has no stream {cfg.name}: start it with `gym-runtime server --secure DIR`, which "
+            "provisions the streams"
+        )
 
 
 def results_config(bus: Connection, agent: str | None) -> StreamConfig:

@@ -37,7 +37,7 @@ from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Background, Resolved, unsupported
 from gym_runtime.sandboxes.daytona import DaytonaBackend
-from gym_runtime.sandboxes.engine_api import EngineBackend
+from gym_runtime.sandboxes.engine_api import EngineBackend, renew_every
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket
 from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import ensure_base
@@ -55,6 +55,7 @@ REFILL_AT_ONCE = 4  # warm containers created concurrently while refilling
 MAX_PROCESSES = 16  # background processes a sandbox may have (running, or ended and not yet waited for)
 KILL_WAIT_S = 10.0  # how long a kill waits for the process's end to be read
 CPU_READ_S = 10.0  # how long a release waits for the sandbox's CPU count (the engine's stats)
+RENEW_AT_ONCE = 8  # containers renewed concurrently (one engine call each)
 GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
 
 
@@ -96,7 +97,14 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
     except BaseException:
         await engine.close()
         raise
-    backend = EngineBackend(engine, name=cfg.backend, pool=f"{namespace}.{pool}", writable=cfg.rootfs == "writable")
+    backend = EngineBackend(
+        engine,
+        name=cfg.backend,
+        pool=f"{namespace}.{pool}",
+        writable=cfg.rootfs == "writable",
+        orphan_after_s=cfg.orphan_after_s,
+        warm_max_s=2 * cfg.max_lease_s,  # a warm one is handed out younger than max_lease_s (``_take_warm``)
+    )
     return backend, image
 
 
@@ -118,6 +126,7 @@ class SandboxWorker:
         self.warm: list[str] = []  # idle warm containers, oldest first
         self.warm_image: dict[str, str] = {}  # a warm container's image
         self.warm_id: dict[str, str] = {}  # a warm container's image's content id (``Backend.image_id``)
+        self.warm_born: dict[str, float] = {}  # when a warm container was made (``time.time``)
         self.warming = 0  # warm containers being created
         self.warming_by: dict[str, int] = {}  # by image
         self.removing = 0  # containers being removed (still on the engine)
@@ -155,6 +164,7 @@ class SandboxWorker:
                 await self.bus.flush()
                 tg.start_soon(self._gate_loop)
                 tg.start_soon(self._reap_loop)
+                tg.start_soon(self._renew_loop)
                 svc = await register(self.bus, "sandbox", self.name, self.worker_id, self.stats)
                 self.bus.telemetry.meters.track("sandbox", self.name, self)
                 log.info("sandbox.ready", sandbox=self.name, worker=self.worker_id, backend=self.cfg.backend)
@@ -307,21 +317,31 @@ class SandboxWorker:
             self.warm.append(sid)
             self.warm_image[sid] = image
             self.warm_id[sid] = image_id
+            self.warm_born[sid] = time.time()
 
     def _take_warm(self, spec: Resolved) -> tuple[str, str] | None:
-        """The oldest warm container made as ``spec`` and its image's id (None if there is none)."""
+        """The oldest warm container made as ``spec`` and its image's id (None if there is none). One older than
+        ``max_lease_s`` is not handed out (its keeper's deadline could come before the lease's end): the reap
+        loop removes it."""
         if self.warm_specs.get(spec.image) != spec:
             return None
-        for i, sid in enumerate(self.warm):
-            if self.warm_image.get(sid) == spec.image:
-                del self.warm[i]
-                self.warm_image.pop(sid, None)
+        for sid in self.warm:
+            if self.warm_image.get(sid) == spec.image and not self._warm_aged(sid):
+                self._forget_warm(sid)
                 return sid, self.warm_id.pop(sid, "")
         return None
 
-    def _pop_warm(self) -> str:
-        sid = self.warm.pop(0)
+    def _warm_aged(self, sid: str) -> bool:
+        return time.time() - self.warm_born.get(sid, 0.0) > self.cfg.max_lease_s
+
+    def _forget_warm(self, sid: str) -> None:
+        self.warm.remove(sid)
         self.warm_image.pop(sid, None)
+        self.warm_born.pop(sid, None)
+
+    def _pop_warm(self) -> str:
+        sid = self.warm[0]
+        self._forget_warm(sid)
         self.warm_id.pop(sid, None)
         return sid
 
@@ -563,13 +583,16 @@ class SandboxWorker:
                     self.held.pop(sid, None)
                     self.procs.pop(sid, None)
                     if sid in self.warm:
-                        self.warm.remove(sid)
-                        self.warm_image.pop(sid, None)
+                        self._forget_warm(sid)
                         self.warm_id.pop(sid, None)
                     self.changed()
+                for sid in [w for w in self.warm if self._warm_aged(w)]:  # refilled with fresh ones
+                    self._forget_warm(sid)
+                    self.warm_id.pop(sid, None)
+                    await self._remove(sid)
                 idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
                 for sid, h in list(self.held.items()):
-                    # a warm container's label names no lease end: its worker ends the lease it was given
+                    # a warm container's label names no lease of its own: its worker ends the lease it was given
                     ended = h.expires < now and not sid.startswith("creating-")
                     if h.busy == 0 and (h.used < idle_since or ended):
                         log.info("sandbox.lease_ended" if ended else "sandbox.idle", sandbox=sid[:12], lease=h.lease)
@@ -578,3 +601,24 @@ class SandboxWorker:
             except Exception as e:  # the engine hiccuped: the next sweep tries again
                 log.warning("sandbox.sweep_failed", error=repr(e))
             await anyio.sleep(self.cfg.reap_interval_s)
+
+    async def _renew_loop(self) -> None:
+        """Renew every container this worker holds, warm ones included (``Backend.renew``): one it stops renewing
+        (this worker SIGKILLed, its node or its bus lost) ends by itself within ``orphan_after_s``."""
+        assert self.backend is not None
+        backend, limit = self.backend, anyio.CapacityLimiter(RENEW_AT_ONCE)
+
+        async def renew(sid: str) -> None:
+            async with limit:
+                try:
+                    if not await backend.renew(sid):
+                        log.info("sandbox.ended_by_itself", sandbox=sid[:12])
+                except Exception as e:  # the engine hiccuped: the next round tries again
+                    log.warning("sandbox.renew_failed", sandbox=sid[:12], error=repr(e))
+
+        while True:
+            async with anyio.create_task_group() as tg:
+                for sid in [*self.held, *self.warm]:
+                    if not sid.startswith("creating-"):
+                        tg.start_soon(renew, sid)
+            await anyio.sleep(renew_every(self.cfg.orphan_after_s))

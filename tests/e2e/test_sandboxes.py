@@ -3,8 +3,9 @@ test double: the scripted policy).
 
 An environment grades every rollout in a sandbox and the agent uses one of its own
 (``tests/envs/sandboxed.py``). Mid-batch the agent and then the sandbox worker are SIGKILLed and started
-again: every row comes exactly once, and no container is left behind (the reaper removes the dead
-worker's, the idle timeout the dead agent's).
+again: every row comes exactly once, and no container is left behind (the dead worker's end by themselves,
+the idle timeout ends the dead agent's). A whole cluster SIGKILLed (its worker and its nats-server) leaves no
+container either, with no worker started again.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import anyio
 import pytest
 import yaml
 
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.images import ensure_base
+from gym_runtime.transport.bus import Bus
 from tests.docker import docker_socket
 from tests.helpers import REPO
 from tests.pools import (
@@ -80,6 +84,7 @@ def write_config(tmp: Path, pool: str) -> Path:
                 "capacity": 32,
                 "idle_ttl_s": 3,
                 "reap_interval_s": 0.5,
+                "orphan_after_s": 10,  # the killed worker's containers end by themselves (no peer ever heard it)
                 "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 16, "timeout_s": 60},
             }
         },
@@ -119,7 +124,7 @@ def test_a_batch_graded_in_sandboxes_survives_killed_agents_and_sandbox_workers(
         pool.kill("agents.agent")  # its rollouts' sandboxes stay on the sandbox worker, unused
         pool.start("agents.agent#2", "agents.agent")
         wait_until(lambda: results_stored(server.url) >= 3, timeout=60)
-        pool.kill(f"sandboxes.{box_pool}")  # its containers outlive it, until a peer reaps them
+        pool.kill(f"sandboxes.{box_pool}")  # its containers outlive it, until their keepers end them
         pool.start("sandboxes#2", f"sandboxes.{box_pool}")
         stdout, stderr = collector.communicate(timeout=120)
         assert collector.returncode == 0, stderr
@@ -128,7 +133,7 @@ def test_a_batch_graded_in_sandboxes_survives_killed_agents_and_sandbox_workers(
         assert all(r["reward"] == 1.0 for r in rows)
         # every container of the killed worker reaped, every dead agent's lease ended: none left while the
         # pool still runs (each finished rollout closed its own)
-        wait_until(lambda: containers(label) == [], timeout=30)
+        wait_until(lambda: containers(label) == [], timeout=90)
     finally:
         pool.stop_all()
     assert containers(label) == []
@@ -150,3 +155,42 @@ def test_start_only_a_sandbox_pool_whose_image_is_missing_is_one_line_exit_2(
     assert res.returncode == 2, res.stderr
     assert "image 'gym-runtime/nope:1' is not in the docker engine" in res.stderr
     assert "Traceback" not in res.stderr and time.monotonic() - started < 30
+
+
+def test_a_whole_cluster_sigkilled_leaves_no_container_without_any_worker_starting_again(
+    box_pool: str, tmp_path: Path
+) -> None:
+    """Round 4 of the red team: after a whole cluster was SIGKILLed, its containers ran until some later worker
+    of the same namespace and pool started (2 of 2 still running 30 s after). Now they end within the pool's
+    ``orphan_after_s`` (10 s here) of the worker's death, with nothing of the cluster left to remove them."""
+    srv = EmbeddedServer(store_dir=str(tmp_path / "js"))
+    srv.start()
+    config = write_config(tmp_path, box_pool)
+    label = f"gym.{box_pool}"
+    pool = Pool(config, srv.url)
+    try:
+        pool.start("sandboxes", f"sandboxes.{box_pool}")
+
+        async def hold_two() -> list[str]:
+            bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="holder")
+            try:
+                boxes = Sandboxes(bus, box_pool, lease="held", deadline=time.time() + 3600)
+                return [(await boxes.sandbox()).id for _ in range(2)]  # never closed: their holder dies too
+            finally:
+                await bus.close()
+
+        held = anyio.run(hold_two)
+        assert sorted(c["Id"] for c in containers(label)) == sorted(held)
+        pool.kill("sandboxes")
+        srv.kill()
+        wait_until(lambda: containers(label) == [], timeout=90)  # 10 s, and a loaded engine's removals
+    finally:
+        pool.stop_all()
+        srv.stop()
+        for c in containers(label):  # only if the test failed: this test's own pool
+            anyio.run(_remove, c["Id"])
+
+
+async def _remove(cid: str) -> None:
+    async with Engine(docker_socket()) as e:
+        await e.remove(cid)

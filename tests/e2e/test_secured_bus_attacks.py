@@ -229,6 +229,32 @@ async def test_another_pools_credentials_can_neither_read_nor_answer_nor_forge(p
             await b.close()
 
 
+async def test_no_pool_lists_the_queued_batches_of_any_agent(pooled) -> None:
+    """The tasks stream's info with a subjects filter lists every queued task's subject with its count: every
+    batch id of every agent (round 4 of the red team). Refused to every pool and role-wide credential but the
+    publisher's (which counts a batch's tasks); a pool still starts (it checks the streams are there by name)."""
+    srv, auth = pooled
+    admin = await connect_as(srv, auth, "admin", None)
+    names = Subjects("gym")
+    secret = "batch-4c1d-queued"
+    who = [*WEATHER_POOLS, *ATTACKER_POOLS, *((r, None) for r in ("agent", "model", "resource", "sandbox"))]
+    attackers = [await connect_as(srv, auth, r, p) for r, p in who]
+    try:
+        await ensure_streams(admin)
+        await admin.js.publish(names.task("weather_agent", secret), b"t", timeout=5.0)
+        info = f"$JS.API.STREAM.INFO.{names.tasks_stream}"
+        for body in (b'{"subjects_filter": ">"}', b'{"subjects_filter": "gym.task.weather_agent.>"}'):
+            assert any(secret.encode() in r for r in await _replies(admin, info, body))  # the attack's reach
+            for (role, pool), bus in zip(who, attackers, strict=True):
+                leaks = [r for r in await _replies(bus, info, body) if secret.encode() in r]
+                assert leaks == [], (role, pool)
+        for bus in attackers:  # what a pool's worker asks before it starts: the streams are there
+            await ensure_streams(bus)
+    finally:
+        for b in (admin, *attackers):
+            await b.close()
+
+
 async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_only(pooled) -> None:
     """The count that tells a rollout's failed attempts from its lost workers: the weather agent's pool
     writes its own (a redelivery reads it back), another agent pool's credentials cannot change it."""
