@@ -24,10 +24,10 @@ import yaml
 
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
 from gym_runtime.errors import UserError
-from gym_runtime.harbor import ImageOptions, find_tasks, task_row
+from gym_runtime.harbor import find_tasks, task_row
 from gym_runtime.hosting.catalogue import EXPLAINED, recordings
 from gym_runtime.hosting.env import ensure
-from gym_runtime.hosting.harbor import ensure_images, harbor_config, parity_lines, parse_map
+from gym_runtime.hosting.harbor import ensure_images, harbor_config, image_options, parity_lines
 from gym_runtime.hosting.parity import compare, parity_config, read_rows
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 
@@ -47,6 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--bake", action="append", default=[], metavar="CMD", help="--harbor: a command baked into the images"
+    )
+    p.add_argument(
+        "--build-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="--harbor: a build argument of the task images (resolves FROM ${NAME} too)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="--harbor: the longest one command may run (s)")
     log_level_option(p)
@@ -101,7 +108,7 @@ def harbor_main(args: argparse.Namespace) -> int:
     """Harbor tasks' solve.sh as the policy: each must score the full reward (the module's doc)."""
     # the user's own arguments first (a typo in a path is named as such, engine or not), then the engine
     tasks = find_tasks(args.server)
-    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
+    opts = image_options(args)
     if not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout:g}: give the seconds one command may run (> 0)")
     host = os.environ.get("DOCKER_HOST")
