@@ -87,6 +87,8 @@ def test_readme_keeps_the_set_up_and_test_commands() -> None:
     tests = fenced(text, "## Run the tests")
     command = "python -m pytest -q -n 4 --dist worksteal"
     assert "pip install -e '.[dev]'" in tests and command in tests
+    # the engine the sandbox fleet's tests need, started before them (without it they skip: tests/test_engine_skips.py)
+    assert tests.index('eval "$(bash .ci/docker.sh start)"') < tests.index(command)
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert ci.count(command) == 1  # CI runs exactly that, once, in a fresh clone
 
