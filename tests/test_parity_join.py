@@ -201,8 +201,8 @@ def test_a_replayed_row_that_called_the_unrecorded_judge_is_refused_not_compared
     assert report.ok and report.matched == 2 and [i for i, _ in report.refused] == [2]
     assert report.lines()[-2:] == [
         "s: parity 2/2 rewards; tool-output drift 0",
-        "s: 2 rows replayed, 1 refused: their reward needed a judge call (the server has a judge and no call of it"
-        " is recorded)",
+        "s: 2 rows replayed, 1 refused (a row whose reward needed a judge call: the server has a judge and no call of"
+        " it is recorded)",
     ]
     # with judge calls recorded, a row that called the judge is compared as any other
     assert not parity.compare("s", recorded, replayed).ok

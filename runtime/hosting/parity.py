@@ -295,8 +295,8 @@ class ParityReport:
         out.append(f"{self.server}: parity {self.matched}/{len(self.rows)} rewards; tool-output drift {drift}")
         if self.judge_unrecorded:
             out.append(
-                f"{self.server}: {len(self.rows)} rows replayed, {len(self.refused)} refused: their reward needed a"
-                " judge call (the server has a judge and no call of it is recorded)"
+                f"{self.server}: {len(self.rows)} rows replayed, {len(self.refused)} refused (a row whose reward"
+                " needed a judge call: the server has a judge and no call of it is recorded)"
             )
         out.extend(self.drift.lines(self.server))
         return out

@@ -89,8 +89,8 @@ def test_rows_that_needed_the_unrecorded_judge_are_refused_the_rest_replayed(tmp
     lines = r.stdout.splitlines()
     assert f"{server}: parity 2/2 rewards; tool-output drift 0" in lines, r.stdout
     assert (
-        f"{server}: 2 rows replayed, 1 refused: their reward needed a judge call (the server has a judge and no call"
-        " of it is recorded)" in lines
+        f"{server}: 2 rows replayed, 1 refused (a row whose reward needed a judge call: the server has a judge and no"
+        " call of it is recorded)" in lines
     ), r.stdout
     assert any(line.split()[:3] == ["2", "1", "refused"] for line in lines), r.stdout
     assert "Traceback" not in r.stderr
