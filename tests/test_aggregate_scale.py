@@ -15,7 +15,6 @@ import pytest
 from gym_runtime.data import aggregate
 from gym_runtime.data.aggregate import MetricsAccumulator
 
-
 # ----------------------------------------------------------------------- the formulas before issue 57 (oracle)
 
 
@@ -141,7 +140,8 @@ def test_metrics_equal_the_quadratic_formulas(groups: list[int], binary: bool, m
     for seed in range(3):
         for p_right in (0.5, 0.02, 0.98):  # mostly wrong, mostly right: pass@k near 0 and near 1
             rows = _rows(random.Random(seed), groups, binary=binary, p_right=p_right)
-            _assert_close(_metrics(rows, old=False, monkeypatch=monkeypatch), _metrics(rows, old=True, monkeypatch=monkeypatch))
+            new = _metrics(rows, old=False, monkeypatch=monkeypatch)
+            _assert_close(new, _metrics(rows, old=True, monkeypatch=monkeypatch))
 
 
 def test_one_wrong_rollout_in_a_big_group_keeps_pass_at_k_exact(monkeypatch: pytest.MonkeyPatch) -> None:
