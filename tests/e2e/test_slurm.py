@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gym_runtime.ops.nats_server import free_port
+from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
 from tests.slurm import NODES, REQUIRE_ENV, Cluster, local_slurm, missing
 
@@ -145,3 +147,27 @@ def test_defaults_that_do_not_fit_the_cluster_stop_with_one_line(
     assert res.returncode == 2, res.stderr
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("gym-runtime.sbatch: error: ") and names in lines[0], lines
+
+
+BOX_AGENT = REPO / "tests" / "envs" / "box_agent.py"  # loaded as a user's module: by name, from PYTHONPATH
+
+
+def test_the_recipe_starts_the_configs_sandbox_pool_on_each_cpu_node(slurm: Cluster, tmp_path: Path) -> None:
+    """A config with a sandbox pool: the script starts its worker on the CPU node, on that node's engine (here
+    the test engine, DOCKER_HOST), and every rollout's sandbox runs there. Before, no step started the pool and
+    every rollout waited for one until it failed."""
+    socket = docker_socket()
+    pool = f"sl{os.getpid()}"  # this test's own: pools of other runs on the engine keep their containers
+    cfg = config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["sandboxes"] = {pool: {"backend": "docker", "image": "base", "max_live": 4}}
+    raw["agents"]["weather_agent"].update(agent="box_agent", sandbox=pool, timeout_s=120)
+    cfg.write_text(yaml.safe_dump(raw))
+    env = recipe_env(tmp_path, DOCKER_HOST=f"unix://{socket}", PYTHONPATH=f"{BOX_AGENT.parent}{os.pathsep}{REPO}")
+    out, log = tmp_path / "out.jsonl", tmp_path / "job.log"
+    res = sbatch(slurm, env, log, str(cfg), str(ROWS), str(out))
+    text = log.read_text() if log.exists() else ""
+    assert res.returncode == 0, res.stderr + text[-3000:]
+    rows = read_jsonl(out)
+    assert len(rows) == len(read_jsonl(ROWS)) and all(r["reward"] == 1.0 and "sandbox_wait_s" in r for r in rows)
+    assert "Killed" not in text, text[-3000:]
