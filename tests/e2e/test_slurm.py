@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.request
@@ -23,6 +24,7 @@ import yaml
 from gym_runtime.ops.nats_server import free_port
 from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
+from tests.podman import CONTAINERS_CONF, PODMAN, STORAGE_CONF
 from tests.slurm import NODES, REQUIRE_ENV, Cluster, local_slurm, missing
 
 SBATCH = REPO / "deploy/slurm/gym-runtime.sbatch"
@@ -171,3 +173,35 @@ def test_the_recipe_starts_the_configs_sandbox_pool_on_each_cpu_node(slurm: Clus
     rows = read_jsonl(out)
     assert len(rows) == len(read_jsonl(ROWS)) and all(r["reward"] == 1.0 and "sandbox_wait_s" in r for r in rows)
     assert "Killed" not in text, text[-3000:]
+
+
+def test_the_recipe_starts_a_podman_sandbox_pool_with_a_podman_service_per_node(slurm: Cluster, tmp_path: Path) -> None:
+    """GYM_PODMAN=1 and a pool on Podman: each CPU node's step starts `podman system service` on a socket of the
+    job's and the pool's worker on it (the base image imported from the shared cache); rollouts' sandboxes run
+    there."""
+    if not os.path.exists(PODMAN) or not shutil.which("runc"):
+        pytest.skip(f"no Podman engine: {PODMAN} or runc is not installed (apt-get install podman)")
+    conf = tmp_path / "podman"
+    (conf / "tmp").mkdir(parents=True)
+    (conf / "containers.conf").write_text(CONTAINERS_CONF.format(dir=conf))
+    store = Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
+    (conf / "storage.conf").write_text(STORAGE_CONF.format(store=store))
+    pool = f"sp{os.getpid()}"
+    cfg = config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["sandboxes"] = {pool: {"backend": "podman", "image": "base", "max_live": 4}}
+    raw["agents"]["weather_agent"].update(agent="box_agent", sandbox=pool, timeout_s=120)
+    cfg.write_text(yaml.safe_dump(raw))
+    env = recipe_env(
+        tmp_path,
+        GYM_PODMAN="1",
+        CONTAINERS_CONF=str(conf / "containers.conf"),
+        CONTAINERS_STORAGE_CONF=str(conf / "storage.conf"),
+        PYTHONPATH=f"{BOX_AGENT.parent}{os.pathsep}{REPO}",
+    )
+    out, log = tmp_path / "out.jsonl", tmp_path / "job.log"
+    res = sbatch(slurm, env, log, str(cfg), str(ROWS), str(out))
+    text = log.read_text() if log.exists() else ""
+    assert res.returncode == 0, res.stderr + text[-3000:]
+    rows = read_jsonl(out)
+    assert len(rows) == len(read_jsonl(ROWS)) and all(r["reward"] == 1.0 and "sandbox_wait_s" in r for r in rows)
