@@ -6,7 +6,7 @@ stopped by pid; no NATS piece is ever mocked.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,29 @@ COMPAT = REPO / "tests" / "compat" / "nemo_gym"
 # Harbor tasks of our own: their tests/ are the tasks' verifiers, run inside the task's container by its
 # test.sh (tests/e2e/test_harbor.py), never by this suite
 collect_ignore_glob = ["tests/harbor_tasks/*", "tests/harbor_baked/*"]
+
+
+# The engines' skips say how to run those tests (tests/docker.py, tests/podman.py), but ``-q`` shows only a count:
+# the summary says it once, so a contributor on a fresh clone learns the fleet's tests did not run, and why.
+ENGINE_SKIPS = {
+    "no Docker engine": 'start one with `eval "$(bash .ci/docker.sh start)"` (as root), then run the tests again',
+    "no Podman engine": "apt-get install podman, then run the tests again",
+}
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Generator[None]:
+    """After the short summary (``-ra``'s one line per skip), just above the counts line."""
+    yield
+    counts = dict.fromkeys(ENGINE_SKIPS, 0)
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        for what in ENGINE_SKIPS:
+            counts[what] += what in reason
+    for what, n in counts.items():
+        if n:
+            tests = "test" if n == 1 else "tests"
+            terminalreporter.write_line(f"{n} {tests} skipped: {what}: {ENGINE_SKIPS[what]}", yellow=True)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import ErrorClass, FunctionCall, Message, Reasoning, Response, Usage, VerifyReply
 
-__all__ = ["Options", "check_options", "rows", "run", "run_group", "setup"]
+__all__ = ["Options", "check_options", "dataset_rows", "rows", "run", "run_group", "setup"]
 
 isolation = "process"  # always: its code needs verifiers' own environment, which only its guest runs on
 # the verifiers release this code is written for: the worker starts the guest on its built environment
@@ -87,6 +87,16 @@ def check_options(options: dict[str, Any]) -> Options:
 def rows(count: int) -> list[dict[str, Any]]:
     """Rows for the taskset's first ``count`` tasks (their prompts are the tasks' own)."""
     return [{"responses_create_params": {"input": []}, "verifiers": {"index": i}} for i in range(count)]
+
+
+def dataset_rows(options: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """``gym-runtime prepare -i AGENT=env``: refused with what to write instead. The taskset loads only on its
+    own built environment (in the guest), and a taskset may be infinite, so ``prepare`` cannot list it."""
+    raise ValueError(
+        "a verifiers 0.4 taskset loads only in its own built environment, so prepare cannot list it: give rows"
+        ' {"responses_create_params": {"input": []}, "verifiers": {"index": I}} for the tasks to run (the first N:'
+        " gym_runtime.agents.verifiers_v1.rows(N); docs/bring-your-environment.md, verifiers 0.4)"
+    )
 
 
 # ------------------------------------------------------------------------ the model

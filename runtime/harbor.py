@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.dockerfile_from import FROM_LINE, resolve_from
 from gym_runtime.errors import UserError
 from gym_runtime.sandboxes.images import BaseImage
 
@@ -92,10 +93,12 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
 class ImageOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How task images are built here: ``base_images`` maps a ``FROM`` image the engine cannot pull to a local
     one (``base``: the fleet's Debian base); ``bake`` are commands run as root in a last layer (with the host's
-    network, at build time), for what a ``test.sh`` would otherwise fetch while it runs."""
+    network, at build time), for what a ``test.sh`` would otherwise fetch while it runs; ``build_args`` are
+    ``docker build --build-arg``'s (they also resolve ``FROM ${ARG}``)."""
 
     base_images: dict[str, str] = {}
     bake: list[str] = []
+    build_args: dict[str, str] = {}
 
 
 # what a task is read from: its prompt, its build context, its tests and its solution
@@ -195,6 +198,8 @@ def image_ref(task: Task, opts: ImageOptions) -> str:
     """The task image's name: the hash of its ``environment/``, the base map it is built with, and the bake."""
     h = hashlib.sha256(json.dumps([_BUILDER, task.config.environment.docker_image, opts.bake]).encode())
     h.update(json.dumps(sorted((k, resolve_base(v)) for k, v in opts.base_images.items())).encode())
+    if opts.build_args:  # (absent from the hash without them: images built before they existed keep their name)
+        h.update(json.dumps(sorted(opts.build_args.items())).encode())
     env = task.dir / "environment"
     for rel, data, mode in files_of(env) if env.is_dir() else []:
         h.update(f"\0{rel}\0{mode}\0{len(data)}\0".encode())
@@ -202,17 +207,17 @@ def image_ref(task: Task, opts: ImageOptions) -> str:
     return f"{REPO}:{h.hexdigest()[:16]}"
 
 
-_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
-
-
-def rewrite_from(dockerfile: str, base_images: dict[str, str]) -> tuple[str, list[str]]:
-    """The Dockerfile with each ``FROM`` image that ``base_images`` maps replaced by its local image; and the
-    external images it still names (a stage's own alias is not one)."""
+def rewrite_from(
+    dockerfile: str, base_images: dict[str, str], build_args: dict[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """The Dockerfile with each ``FROM`` image resolved (``FROM ${ARG}``: ``dockerfile_from``) and, where
+    ``base_images`` maps it, replaced by its local image; and the external images it still names (a stage's
+    own alias is not one)."""
     stages: set[str] = set()
     external: list[str] = []
     out = []
-    for line in dockerfile.splitlines():
-        m = _FROM.match(line)
+    for line in resolve_from(dockerfile, build_args).splitlines():
+        m = FROM_LINE.match(line)
         if m:
             image, rest = m.group(3), m.group(4)
             if image in base_images:
@@ -242,7 +247,7 @@ def task_context(task: Task, opts: ImageOptions) -> tuple[bytes, list[str]]:
     external images it needs the engine to hold."""
     env = task.dir / "environment"
     files = [f for f in files_of(env) if f[0] != "Dockerfile"]
-    dockerfile, external = rewrite_from((env / "Dockerfile").read_text(), opts.base_images)
+    dockerfile, external = rewrite_from((env / "Dockerfile").read_text(), opts.base_images, opts.build_args)
     return tar([("Dockerfile", dockerfile.encode(), 0o644), *files]), external
 
 

@@ -3,6 +3,7 @@ every page in ``nav``), and the README stays a short front page whose links all 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from tests.docker import docker_socket
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -87,6 +90,8 @@ def test_readme_keeps_the_set_up_and_test_commands() -> None:
     tests = fenced(text, "## Run the tests")
     command = "python -m pytest -q -n 4 --dist worksteal"
     assert "pip install -e '.[dev]'" in tests and command in tests
+    # the engine the sandbox fleet's tests need, started before them (without it they skip: tests/test_engine_skips.py)
+    assert tests.index('eval "$(bash .ci/docker.sh start)"') < tests.index(command)
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert ci.count(command) == 1  # CI runs exactly that, once, in a fresh clone
 
@@ -132,3 +137,67 @@ def test_the_readme_says_what_its_distributed_example_prints_and_why(tmp_path: P
     assert run.returncode == 0 and printed, run.stdout + run.stderr
     section = README.read_text().split("Terminal 3", 1)[1].split("##", 1)[0]
     assert f"`{printed.group(0)}`" in section and "scripted" in section
+
+
+def code_blocks(text: str, heading: str) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block under ``heading``, up to the next heading of any level."""
+    blocks: list[tuple[str, str]] = []
+    fence: tuple[str, list[str]] | None = None
+    for line in text.split(heading, 1)[1].splitlines():
+        if fence is None and line.startswith("#"):
+            break
+        if fence is None and line.startswith("```"):
+            fence = (line[3:].strip(), [])
+        elif fence is not None and line == "```":
+            blocks.append((fence[0], "\n".join(fence[1]) + "\n"))
+            fence = None
+        elif fence is not None:
+            fence[1].append(line)
+    return blocks
+
+
+def test_the_complete_sandbox_agent_runs_as_the_docs_write_it(tmp_path: Path) -> None:
+    """docs/sandboxes.md's complete agent: its files written where their first line says, its commands run in
+    that folder as written, on the real engine (a skip without one)."""
+    docker_socket()  # a skip without an engine (a failure under GYM_REQUIRE_DOCKER=1)
+    blocks = code_blocks((DOCS / "sandboxes.md").read_text(), "### A complete agent")
+    assert [lang for lang, _ in blocks] == ["python", "yaml", "bash"]
+    for _, body in blocks[:2]:
+        name = body.splitlines()[0].removeprefix("# ").strip()
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    script = blocks[2][1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    promised = re.search(r"# (mean reward: [0-9.]+)", script)
+    assert promised and promised.group(1) in res.stdout, res.stdout
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r["reward"], r["printed"], r["exit_code"]) for r in rows] == [(1.0, "42", 0)]
+    assert "sandbox_wait_s" in rows[0]
+
+
+def test_the_verifiers_04_rows_command_writes_the_rows_the_docs_describe(tmp_path: Path) -> None:
+    """docs/bring-your-environment.md's command for a 0.4 taskset's rows (prepare cannot list one), as written."""
+    text = (DOCS / "bring-your-environment.md").read_text()
+    ((lang, script),) = code_blocks(text, "**Tasks.** A row's `verifiers.index`")
+    assert lang == "bash"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "vf04.jsonl").read_text().splitlines()]
+    assert rows[0] == {"responses_create_params": {"input": []}, "verifiers": {"index": 0}}
+    assert [r["verifiers"]["index"] for r in rows] == list(range(100))
+
+
+def test_the_inputs_the_deploy_recipes_name_are_in_the_repository() -> None:
+    """`-i /work/tasks.jsonl` in the Compose commands reads ./deploy/work (mounted at /work): it must be there."""
+    named = set()
+    for doc in [DOCS / "deployment.md", *sorted((REPO / "deploy").glob("compose*.yaml"))]:
+        named |= set(re.findall(r"-i /work/(\S+)", doc.read_text()))
+    assert named
+    for name in named:
+        rows = (REPO / "deploy" / "work" / name).read_text().splitlines()
+        assert rows and all(json.loads(r)["responses_create_params"]["input"] for r in rows), name

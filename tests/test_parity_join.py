@@ -185,3 +185,24 @@ def test_parity_names_drift_when_the_recordings_carry_provenance() -> None:
     ]
     assert not [x for x in parity.compare("env", recorded, [row(0, "aaa", "judge:111")]).lines() if "drift:" in x]
     assert not [x for x in parity.compare("env", [row(0, None)], [row(0, "bbb")]).lines() if "drift:" in x]
+
+
+def test_a_replayed_row_that_called_the_unrecorded_judge_is_refused_not_compared() -> None:
+    """With no judge call recorded, a row whose replay called the judge (its ``cost``) got a scripted verdict: it is
+    refused; the others are compared, and the summary counts both."""
+    recorded = [_rollout("a", reward=1.0), _rollout("b", reward=0.0), _rollout("c", reward=1.0)]
+    judged = {"models": {"policy": {"calls": 1}, "judge": {"calls": 1}}}
+    replayed = [
+        {"_ng_task_index": 0, "reward": 1.0, "cost": {"models": {"policy": {"calls": 1}}}},
+        {"_ng_task_index": 1, "reward": 0.0},
+        {"_ng_task_index": 2, "reward": 0.0, "cost": judged},
+    ]
+    report = parity.compare("s", recorded, replayed, judge_unrecorded=True)
+    assert report.ok and report.matched == 2 and [i for i, _ in report.refused] == [2]
+    assert report.lines()[-2:] == [
+        "s: parity 2/2 rewards; tool-output drift 0",
+        "s: 2 rows replayed, 1 refused (a row whose reward needed a judge call: the server has a judge and no call of"
+        " it is recorded)",
+    ]
+    # with judge calls recorded, a row that called the judge is compared as any other
+    assert not parity.compare("s", recorded, replayed).ok

@@ -240,3 +240,21 @@ def test_nemo_gym_datasets_entries_as_ng_prepare_data_takes_them(tmp_path: Path)
         ("hub", "nvidia/Nemotron-RL-knowledge-mcqa", None),
         ("jsonl", str(data / "validation.jsonl"), "validation"),
     ]
+
+
+def test_a_verifiers_04_agents_env_dataset_is_refused_with_the_rows_to_write(tmp_path: Path) -> None:
+    """A 0.4 taskset loads only on its own built environment: `prepare -i vf04=env` says what rows to give
+    (it said "no dataset_rows", which names no way forward)."""
+    cfg = tmp_path / "vf04.yaml"
+    cfg.write_text(
+        "models: {policy: {adapter: scripted}}\n"
+        "agents:\n  vf04: {agent: agents.verifiers_v1, model: policy, options: {env: {taskset: {id: my_taskset}}}}\n"
+    )
+    r = cli("prepare", str(cfg), "-i", "vf04=env", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and not (tmp_path / "out").exists()
+    assert r.stderr.strip().splitlines() == [
+        "gym-runtime: error: vf04=env: a verifiers 0.4 taskset loads only in its own built environment, so prepare"
+        ' cannot list it: give rows {"responses_create_params": {"input": []}, "verifiers": {"index": I}} for the'
+        " tasks to run (the first N: gym_runtime.agents.verifiers_v1.rows(N); docs/bring-your-environment.md,"
+        " verifiers 0.4)"
+    ]

@@ -64,6 +64,7 @@ class Options(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tasks: str  # a Harbor task directory or a directory of them (absolute, or relative to the worker's cwd)
     base_images: dict[str, str] = {}  # FROM images mapped to local ones when building ("base": the fleet's base)
     bake: list[str] = []  # commands baked into each task's image (what test.sh would fetch at verify time)
+    build_args: dict[str, str] = {}  # docker build --build-arg's (they resolve FROM ${NAME} too)
     command_timeout_s: float = 600.0  # the longest one bash call of the model may run (the pool's limit caps it)
 
 
@@ -85,7 +86,7 @@ class HarborResource(Resource):
     async def setup(cls, options: dict[str, Any]) -> None:
         await super().setup(options)
         cls.opts = parse_options(options, Options, "harbor")
-        image_opts = ImageOptions(base_images=cls.opts.base_images, bake=cls.opts.bake)
+        image_opts = ImageOptions(base_images=cls.opts.base_images, bake=cls.opts.bake, build_args=cls.opts.build_args)
         cls.tasks = {t.name: t for t in find_tasks(cls.opts.tasks)}
         cls.images = {name: image_ref(t, image_opts) for name, t in cls.tasks.items()}
 

@@ -24,10 +24,10 @@ import yaml
 
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
 from gym_runtime.errors import UserError
-from gym_runtime.harbor import ImageOptions, find_tasks, task_row
-from gym_runtime.hosting.catalogue import EXPLAINED, recordings
+from gym_runtime.harbor import find_tasks, task_row
+from gym_runtime.hosting.catalogue import EXPLAINED, NO_JUDGE_CALL, recordings
 from gym_runtime.hosting.env import ensure
-from gym_runtime.hosting.harbor import ensure_images, harbor_config, parity_lines, parse_map
+from gym_runtime.hosting.harbor import ensure_images, harbor_config, image_options, parity_lines
 from gym_runtime.hosting.parity import compare, parity_config, read_rows
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 
@@ -48,6 +48,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--bake", action="append", default=[], metavar="CMD", help="--harbor: a command baked into the images"
     )
+    p.add_argument(
+        "--build-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="--harbor: a build argument of the task images (resolves FROM ${NAME} too)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="--harbor: the longest one command may run (s)")
     log_level_option(p)
 
@@ -61,7 +68,10 @@ def main(args: argparse.Namespace) -> int:
     env = ensure(args.server, python=args.python)
     name = Path(env.server_dir).name
     incomplete = recordings(Path(env.server_dir))[1]
-    if incomplete:  # nothing a replay could show: say what the recordings lack (the catalogue table's reason)
+    # no judge call recorded: replayed all the same (a grader may decide a row without its judge), the rows
+    # whose replay called the judge refused (compare)
+    judge_unrecorded = incomplete == NO_JUDGE_CALL
+    if incomplete and not judge_unrecorded:  # nothing a replay could show: what the recordings lack
         raise UserError(f"parity {args.server}: its recordings cannot be replayed: {incomplete}")
     with tempfile.TemporaryDirectory(prefix="gym-parity-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -73,7 +83,12 @@ def main(args: argparse.Namespace) -> int:
             tail = (run.stderr.strip().splitlines() or ["no rows"])[-1]
             known = f"; known: {EXPLAINED[name]}" if name in EXPLAINED else ""
             raise UserError(f"parity {args.server}: the replay did not run ({tail}){known}")
-        report = compare(args.server, rollouts, replayed)
+        report = compare(args.server, rollouts, replayed, judge_unrecorded=judge_unrecorded)
+    if judge_unrecorded and not report.rows:
+        raise UserError(
+            f"parity {args.server}: its recordings cannot be replayed: every row's reward needed a judge call"
+            f" ({len(report.refused)} rows), and {NO_JUDGE_CALL.removeprefix('it has a judge, but ')}"
+        )
     for line in report.lines():
         print(line)
     if not report.ok and name in EXPLAINED:  # a documented mismatch: its cause, as docs/nemo-gym.md gives it
@@ -110,7 +125,7 @@ def harbor_main(args: argparse.Namespace) -> int:
     """Harbor tasks' solve.sh as the policy: each must score the full reward (the module's doc)."""
     # the user's own arguments first (a typo in a path is named as such, engine or not), then the engine
     tasks = find_tasks(args.server)
-    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
+    opts = image_options(args)
     if not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout:g}: give the seconds one command may run (> 0)")
     host = os.environ.get("DOCKER_HOST")

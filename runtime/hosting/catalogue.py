@@ -56,6 +56,10 @@ NOT_ROLLOUTS: dict[str, str] = {
 }
 
 
+# Recordings complete but for the judge: ``parity`` replays them, refusing only the rows whose replay called it.
+NO_JUDGE_CALL = "it has a judge, but no judge call is recorded"
+
+
 def rows_if_any(path: Path) -> list[dict[str, Any]]:
     """A JSONL file's rows; none where the file is missing."""
     return parity.read_rows(path) if path.is_file() else []
@@ -102,5 +106,5 @@ def recordings(sdir: Path) -> tuple[bool, str]:
         if text_only:
             return False, f"judge kept as text only, no request to replay ({len(text_only)}/{len(rows)} rows)"
         if not parity.judge_recordings(rows):
-            return False, "it has a judge, but no judge call is recorded"
+            return False, NO_JUDGE_CALL
     return True, ""

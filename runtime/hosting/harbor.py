@@ -44,15 +44,21 @@ BASE = "base"
 SERVER = "resources.harbor"  # the environment whose entries name Harbor tasks
 
 
-def parse_map(pairs: list[str]) -> dict[str, str]:
-    """``NAME=LOCAL`` pairs (``--base-image python:3.12-slim=base``) as a map; a pair without ``=`` is one line."""
+def parse_map(pairs: list[str], flag: str = "--base-image", example: str = "python:3.12-slim=base") -> dict[str, str]:
+    """``NAME=VALUE`` pairs (``--base-image python:3.12-slim=base``) as a map; a pair without ``=`` is one line."""
     out = {}
     for pair in pairs:
         name, eq, local = pair.partition("=")
-        if not eq or not name or not local:
-            raise UserError(f"--base-image {pair!r}: give NAME=LOCAL (e.g. python:3.12-slim=base)")
+        if not eq or not name or (not local and flag == "--base-image"):
+            raise UserError(f"{flag} {pair!r}: give NAME=VALUE (e.g. {example})")
         out[name] = local
     return out
+
+
+def image_options(args: argparse.Namespace) -> ImageOptions:
+    """``--base-image``, ``--bake`` and ``--build-arg`` as image options."""
+    build_args = parse_map(args.build_arg, "--build-arg", "BASE_IMAGE=debian:12")
+    return ImageOptions(base_images=parse_map(args.base_image), bake=args.bake, build_args=build_args)
 
 
 async def ensure_task_image(
@@ -76,10 +82,13 @@ async def ensure_task_image(
         stage = resolve_base(opts.base_images.get(prebuilt, prebuilt))
         external = [stage]
     else:
-        context, external = task_context(task, opts)
+        try:
+            context, external = task_context(task, opts)
+        except UserError as e:
+            raise UserError(f"{task.name}: {e}") from None
         stage = f"{ref}-task"
     for image in external:
-        if not await engine.image_exists(image):
+        if not await _image_exists(engine, task, image):
             raise UserError(
                 f"{task.name}: base image {image!r} is not in the engine and cannot be pulled here: map it to a local"
                 f" one (base_images: {{{image!r}: base}}, or --base-image {image}=base)"
@@ -90,7 +99,7 @@ async def ensure_task_image(
     timeout = task.config.environment.build_timeout_sec
     try:
         if not prebuilt:
-            await engine.build(context, stage, network="host", timeout_s=timeout)
+            await engine.build(context, stage, network="host", timeout_s=timeout, build_args=opts.build_args)
         config = await engine.image_config(stage)
         user, workdir = str(config.get("User") or ""), str(config.get("WorkingDir") or "")
         layer = last_layer(stage, user, workdir, opts.bake, host_ca())
@@ -100,6 +109,16 @@ async def ensure_task_image(
     if note is not None:
         note(f"{task.name}: built {ref} in {time.monotonic() - started:.1f} s")
     return ref
+
+
+async def _image_exists(engine: Engine, task: Task, image: str) -> bool:
+    """Whether the engine holds ``image``; a name it refuses (``Debian:12``) is the task's mistake, one line."""
+    try:
+        return await engine.image_exists(image)
+    except EngineError as e:
+        raise UserError(
+            f"{task.name}: environment/Dockerfile: FROM {image}: not an image name the engine takes ({e})"
+        ) from None
 
 
 async def ensure_images(
@@ -115,7 +134,7 @@ def _options(name: str, entry: ResourceConfig) -> tuple[list[Task], ImageOptions
     tasks = entry.options.get("tasks")
     if not isinstance(tasks, str) or not tasks:
         raise ConfigError(f"{where}.tasks: name a Harbor task directory or a directory of them")
-    keys = {k: entry.options[k] for k in ("base_images", "bake") if k in entry.options}
+    keys = {k: entry.options[k] for k in ("base_images", "bake", "build_args") if k in entry.options}
     try:
         opts = msgspec.convert(keys, ImageOptions)
     except msgspec.ValidationError as e:
@@ -164,11 +183,12 @@ async def _main(argv: list[str]) -> int:
     p.add_argument("tasks", help="a Harbor task directory, or a directory of them")
     p.add_argument("--base-image", action="append", default=[], metavar="NAME=LOCAL")
     p.add_argument("--bake", action="append", default=[], metavar="CMD")
+    p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
     args = p.parse_args(argv)
     host = os.environ.get("DOCKER_HOST")
     if not host:
         raise UserError('DOCKER_HOST is not set (eval "$(bash .ci/docker.sh start)")')
-    opts = ImageOptions(base_images=parse_map(args.base_image), bake=args.bake)
+    opts = image_options(args)
     tasks = find_tasks(args.tasks)
     async with Engine(socket_of(host)) as engine:
         refs = await ensure_images(engine, tasks, opts, note=lambda line: print(line, file=sys.stderr))
@@ -208,7 +228,12 @@ def harbor_config(tasks: str, opts: ImageOptions, engine: str, timeout_s: float)
             "harbor": {
                 "server": SERVER,
                 "sandbox": POOL,
-                "options": {"tasks": tasks, "base_images": opts.base_images, "bake": opts.bake},
+                "options": {
+                    "tasks": tasks,
+                    "base_images": opts.base_images,
+                    "bake": opts.bake,
+                    "build_args": opts.build_args,
+                },
             }
         },
         "agents": {

@@ -268,6 +268,10 @@ class ParityReport:
     server: str
     rows: list[tuple[int, float | None, float | None, int, int]] = field(default_factory=list)  # i, rec, got, same, n
     drift: Drift = field(default_factory=Drift)  # recordings made by gym-runtime with another code or grader
+    # rows whose replay called the judge where no judge call is recorded (answered by a scripted judge): not
+    # compared, since their reward is that judge's (i, recorded reward)
+    refused: list[tuple[int, float | None]] = field(default_factory=list)
+    judge_unrecorded: bool = False
 
     @property
     def matched(self) -> int:
@@ -284,8 +288,16 @@ class ParityReport:
         for i, rec, got, same, n in self.rows:
             tools = f"{same}/{n} identical" if n else "-"
             out.append(f"{i:>7}  {_fmt(rec):>8}  {_fmt(got):>8}  {tools}")
+        out.extend(
+            f"{i:>7}  {_fmt(rec):>8}  {'refused':>8}  (its reward needs a judge call)" for i, rec in self.refused
+        )
         drift = sum(n - same for *_, same, n in self.rows)
         out.append(f"{self.server}: parity {self.matched}/{len(self.rows)} rewards; tool-output drift {drift}")
+        if self.judge_unrecorded:
+            out.append(
+                f"{self.server}: {len(self.rows)} rows replayed, {len(self.refused)} refused (a row whose reward"
+                " needed a judge call: the server has a judge and no call of it is recorded)"
+            )
         out.extend(self.drift.lines(self.server))
         return out
 
@@ -309,11 +321,25 @@ def _same(a: str, b: str) -> bool:
         return a == b
 
 
-def compare(server: str, rollouts: list[dict[str, Any]], replayed: list[dict[str, Any]]) -> ParityReport:
+def _judge_calls(row: dict[str, Any], judge: str = "judge") -> int:
+    """How many calls the row's rollout made to the judge entry (its ``cost``)."""
+    models = (row.get("cost") or {}).get("models") or {}
+    calls = (models.get(judge) or {}).get("calls", 0)
+    return calls if isinstance(calls, int) else 0
+
+
+def compare(
+    server: str, rollouts: list[dict[str, Any]], replayed: list[dict[str, Any]], *, judge_unrecorded: bool = False
+) -> ParityReport:
+    """Recorded against replayed rewards, row by row; ``judge_unrecorded``: the server has a judge and no call
+    of it is recorded, so a row whose replay called it is refused, not compared."""
     got = {r.get("_ng_task_index"): r for r in replayed}
-    report = ParityReport(server)
+    report = ParityReport(server, judge_unrecorded=judge_unrecorded)
     for i, rec in enumerate(rollouts):
         row = got.get(i)
+        if judge_unrecorded and row is not None and _judge_calls(row):
+            report.refused.append((i, rec.get("reward")))
+            continue
         want, have = _tool_outputs(rec), _tool_outputs(row or {})
         same = sum(1 for a, b in zip(want, have, strict=False) if _same(a, b))
         report.rows.append((i, rec.get("reward"), None if row is None else row.get("reward"), same, len(want)))

@@ -187,13 +187,25 @@ class Engine:
             if line.strip() and b'"error"' in line:
                 raise EngineError(f"importing {repo}:{tag}: {json.loads(line).get('error')}")
 
-    async def build(self, context: bytes, tag: str, *, network: str = "none", timeout_s: float = 600.0) -> None:
+    async def build(
+        self,
+        context: bytes,
+        tag: str,
+        *,
+        network: str = "none",
+        timeout_s: float = 600.0,
+        build_args: dict[str, str] | None = None,
+    ) -> None:
         """``docker build``: ``context`` is a tar holding a ``Dockerfile``; the image is tagged ``tag``. Its
-        ``RUN`` steps get ``network`` (``none`` unless the build must fetch; never a bridge here)."""
+        ``RUN`` steps get ``network`` (``none`` unless the build must fetch; never a bridge here);
+        ``build_args``: ``--build-arg``'s."""
+        params = {"t": tag, "networkmode": network, "rm": "1", "forcerm": "1"}
+        if build_args:
+            params["buildargs"] = json.dumps(build_args)
         raw = await self._call(
             "POST",
             "/build",
-            params={"t": tag, "networkmode": network, "rm": "1", "forcerm": "1"},
+            params=params,
             data=context,
             headers={"Content-Type": "application/x-tar"},
             timeout_s=timeout_s,

@@ -21,6 +21,7 @@ caller as it comes (``sandboxes.forward``).
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from contextlib import AbstractContextManager
@@ -90,7 +91,7 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
             await engine.ping()
         except EngineError as e:
             raise ConfigError(f"{where}: the {cfg.backend} engine does not answer: {e}") from None
-        image = await ensure_base(engine) if cfg.image == "base" else cfg.image
+        image = await _base(engine, where, cfg.backend) if cfg.image == "base" else cfg.image
         for ref in [image, *cfg.images, *cfg.warm_images]:
             if not await engine.image_exists(ref):
                 raise ConfigError(f"{where}: image {ref!r} is not in the {cfg.backend} engine (build or load it first)")
@@ -106,6 +107,19 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
         warm_max_s=2 * cfg.max_lease_s,  # a warm one is handed out younger than max_lease_s (``_take_warm``)
     )
     return backend, image
+
+
+async def _base(engine: Engine, where: str, backend: str) -> str:
+    """The base image in the engine, built here if missing; where it cannot be (no debootstrap, not root: a
+    worker in a container, a node without it) one line saying where to build it instead."""
+    try:
+        return await ensure_base(engine)
+    except (EngineError, OSError, subprocess.CalledProcessError) as e:
+        raise ConfigError(
+            f"{where}: the base image is not in the {backend} engine and cannot be built here ({e}): build it"
+            " where debootstrap runs as root, `python -m gym_runtime.sandboxes.images` with DOCKER_HOST set to this"
+            " engine's socket (docs/deployment.md)"
+        ) from None
 
 
 class SandboxWorker:

@@ -139,3 +139,52 @@ def test_compose_on_host_networking_scores_a_batch_and_stop_drains_every_worker(
     assert sorted(r["_ng_task_index"] for r in rows) == list(range(N_ROWS))  # every row once, none lost
     assert all(r["reward"] == 1.0 for r in rows)
     assert os.stat(stack.dir / "work/out.jsonl").st_uid == os.getuid()  # written as the user, not root or 10001
+
+
+# An agent of the user's own that runs a command in a sandbox of the config's pool (mounted into the services
+# by a Compose override, as a user's code is: docs/deployment.md).
+BOX_AGENT = REPO / "tests" / "envs" / "box_agent.py"
+# every service loads the whole config (the agent's module included), so each gets the folder
+PLUGINS = "services:\n" + "".join(
+    f"  {s}:\n    environment: {{PYTHONPATH: /plugins}}\n    volumes: ['./plugins:/plugins:ro']\n"
+    for s in ("agents", "resources", "models", "sandboxes", "driver")
+)
+
+
+def test_compose_starts_the_configs_sandbox_pool_and_down_v_removes_everything(tmp_path: Path, image: str) -> None:
+    """A config with a sandbox pool: `--profile sandboxes` starts its worker on the host's engine (its socket
+    mounted), an agent's rollouts run in sandboxes there, and `down -v` leaves no container or volume."""
+    stack = Stack(tmp_path, image)
+    pool = f"cb{os.getpid()}"  # this test's own: pools of other runs on the engine keep their containers
+    config = json.loads((tmp_path / "config.yaml").read_text())
+    config["models"]["policy"]["delay_s"] = 0.0
+    config["sandboxes"] = {pool: {"backend": "docker", "image": "base", "max_live": 4}}
+    config["agents"]["weather_agent"].update(agent="box_agent", sandbox=pool, timeout_s=120)
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    (tmp_path / "plugins").mkdir()
+    shutil.copy(BOX_AGENT, tmp_path / "plugins" / "box_agent.py")
+    (tmp_path / "plugins.yaml").write_text(PLUGINS)
+    stack.env["GYM_ENGINE_SOCKET"] = docker_socket()
+    compose = ["-f", "plugins.yaml", "--profile", "sandboxes"]
+    try:
+        up = stack.compose(*compose, "up", "-d")
+        assert up.returncode == 0, up.stderr
+        pub = stack.driver("publish", "/config/config.yaml", "-i", "/work/tasks.jsonl", "--batch", "b1")
+        assert pub.returncode == 0, pub.stderr[-2000:]
+        col = stack.driver("collect", "--batch", "b1", "-o", "/work/out.jsonl", "--nats", stack.nats)
+        assert col.returncode == 0, col.stderr[-2000:] + stack.compose("logs", "sandboxes").stdout[-3000:]
+        rows = read_jsonl(stack.dir / "work/out.jsonl")
+        assert sorted(r["_ng_task_index"] for r in rows) == list(range(N_ROWS))
+        assert all(r["reward"] == 1.0 and r["sandbox_wait_s"] >= 0 for r in rows), rows[0]
+        made = subprocess.run(  # the pool's containers were the host engine's; each rollout's is gone again
+            [DOCKER, "ps", "-aq", "--filter", f"label=gym-runtime.pool=gym.{pool}"],
+            capture_output=True, text=True, env=stack.env,
+        )  # fmt: skip
+        assert made.returncode == 0 and made.stdout.strip() == "", made.stdout
+    finally:
+        down = stack.compose(*compose, "down", "-v", "--timeout", "5")
+    assert down.returncode == 0, down.stderr
+    label = f"label=com.docker.compose.project={stack.project}"
+    for what in (["ps", "-aq"], ["volume", "ls", "-q"]):
+        left = subprocess.run([DOCKER, *what, "--filter", label], capture_output=True, text=True, env=stack.env)
+        assert left.returncode == 0 and left.stdout.strip() == "", (what, left.stdout)

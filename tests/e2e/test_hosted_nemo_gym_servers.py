@@ -407,6 +407,8 @@ def test_parity_on_placeholder_recordings_is_one_line(catalogue: Path, tmp_path:
         ("example_multi_turn_gymnasium", 0, "parity 5/5 rewards"),
         ("aalcr", 0, "parity 5/5 rewards"),  # its judge answered from the recorded judge outputs
         ("mcqa", 1, "parity 4/5 rewards"),  # the grader changed after the recording (catalogue note)
+        # a judge and no judge call recorded: its grader decides all five rows alone (issue 57: refused whole before)
+        ("polymath", 0, "polymath: 5 rows replayed, 0 refused"),
     ],
 )
 def test_parity_command(catalogue: Path, server: str, code: int, summary: str) -> None:

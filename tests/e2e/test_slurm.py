@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.request
@@ -18,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gym_runtime.ops.nats_server import free_port
+from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
+from tests.podman import CONTAINERS_CONF, PODMAN, STORAGE_CONF
 from tests.slurm import NODES, REQUIRE_ENV, Cluster, local_slurm, missing
 
 SBATCH = REPO / "deploy/slurm/gym-runtime.sbatch"
@@ -145,3 +149,47 @@ def test_defaults_that_do_not_fit_the_cluster_stop_with_one_line(
     assert res.returncode == 2, res.stderr
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("gym-runtime.sbatch: error: ") and names in lines[0], lines
+
+
+BOX_AGENT = REPO / "tests" / "envs" / "box_agent.py"  # loaded as a user's module: by name, from PYTHONPATH
+
+
+def run_box_pool(slurm: Cluster, tmp_path: Path, backend: str, **extra: str) -> None:
+    """The recipe on a config whose agent runs each rollout in a sandbox of a pool on ``backend``: every row
+    scored (the sandbox printed what it should), no step SIGKILLed."""
+    pool = f"s{backend[0]}{os.getpid()}"  # this test's own: pools of other runs on the engine keep their containers
+    cfg = config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["sandboxes"] = {pool: {"backend": backend, "image": "base", "max_live": 4}}
+    raw["agents"]["weather_agent"].update(agent="box_agent", sandbox=pool, timeout_s=120)
+    cfg.write_text(yaml.safe_dump(raw))
+    env = recipe_env(tmp_path, PYTHONPATH=f"{BOX_AGENT.parent}{os.pathsep}{REPO}", **extra)
+    out, log = tmp_path / "out.jsonl", tmp_path / "job.log"
+    res = sbatch(slurm, env, log, str(cfg), str(ROWS), str(out))
+    text = log.read_text() if log.exists() else ""
+    assert res.returncode == 0, res.stderr + text[-3000:]
+    rows = read_jsonl(out)
+    assert len(rows) == len(read_jsonl(ROWS)) and all(r["reward"] == 1.0 and "sandbox_wait_s" in r for r in rows)
+    assert "Killed" not in text, text[-3000:]
+
+
+def test_the_recipe_starts_the_configs_sandbox_pool_on_each_cpu_node(slurm: Cluster, tmp_path: Path) -> None:
+    """A config with a sandbox pool: the script starts its worker on the CPU node, on that node's engine (here
+    the test engine, DOCKER_HOST), and every rollout's sandbox runs there. Before, no step started the pool and
+    every rollout waited for one until it failed."""
+    run_box_pool(slurm, tmp_path, "docker", DOCKER_HOST=f"unix://{docker_socket()}")
+
+
+def test_the_recipe_starts_a_podman_sandbox_pool_with_a_podman_service_per_node(slurm: Cluster, tmp_path: Path) -> None:
+    """GYM_PODMAN=1 and a pool on Podman: each CPU node's step starts `podman system service` on a socket of the
+    job's and the pool's worker on it (the base image imported from the shared cache); rollouts' sandboxes run
+    there."""
+    if not os.path.exists(PODMAN) or not shutil.which("runc"):
+        pytest.skip(f"no Podman engine: {PODMAN} or runc is not installed (apt-get install podman)")
+    conf = tmp_path / "podman"
+    (conf / "tmp").mkdir(parents=True)
+    (conf / "containers.conf").write_text(CONTAINERS_CONF.format(dir=conf))
+    store = Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
+    (conf / "storage.conf").write_text(STORAGE_CONF.format(store=store))
+    confs = {"CONTAINERS_CONF": str(conf / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf")}
+    run_box_pool(slurm, tmp_path, "podman", GYM_PODMAN="1", **confs)
