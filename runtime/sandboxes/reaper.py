@@ -5,7 +5,8 @@ pool)``) and hears its peers'. A container's labels name the worker that created
 ends. A sweep removes only what is provably dead, since another cluster (another bus, the same namespace
 and pool names) may share the engine and its workers are never heard here:
 
-- a container whose processes ended (an engine that kept it);
+- a container whose processes ended (an engine that kept it), seen ended at two sweeps in a row: one
+  being restarted (``Backend.restart``, before a verify) is not running for a moment, and must stay;
 - one whose lease has ended (its owner, if alive, removes it then itself);
 - one whose owner this reaper heard on its own bus and has not heard for ``DEAD_AFTER_S`` (SIGKILLed, its
   node lost). An owner never heard here may be another cluster's live worker: its containers are left to end
@@ -101,11 +102,12 @@ class Reaper:
         self.reaped = 0  # containers removed (status, metrics)
         self.sweeps = 0  # sweeps done (status)
         self.heard: set[str] = set()  # the workers this reaper has seen alive on its own bus (at a sweep)
+        self.ended: set[str] = set()  # containers seen ended at the last sweep (removed if still ended at this one)
 
     def doomed(self, c: Owned) -> str:
         """Why container ``c`` must go ('' : it stays)."""
         if not c.running:
-            return "ended"
+            return "ended" if c.id in self.ended else ""
         if c.expires and c.expires < self.now():
             return "lease ended"
         if not self.peers.alive(c.owner) and c.owner in self.heard:
@@ -123,6 +125,7 @@ class Reaper:
                 await self.backend.close(c.id)
                 gone.append(c.id)
                 log.info("sandbox.reaped", sandbox=c.id[:12], owner=c.owner, lease=c.lease, why=why)
+        self.ended = {c.id for c in owned if not c.running and c.id not in gone}
         self.reaped += len(gone)
         self.sweeps += 1
         return gone
