@@ -531,6 +531,9 @@ ErrorClass = Literal[
     "lost",  # no result of the slot is stored, and none of its batch's tasks is queued or running any more
     "terminated",  # what "lost" was called before (a row stored by an older version may carry it)
     "storage_full",  # a stream was at its size limit (jetstream.*_max_bytes) when a body or result was stored
+    # a sandbox pool released no lease for its ``lease_wait_s`` while the rollout waited for one (a wire change:
+    # older readers refuse a row of this class, docs/changelog.md)
+    "sandbox_unavailable",
 ]
 
 
@@ -639,6 +642,10 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
     warm: bool = False  # create: served from the warm pool
     image: str = ""  # create: the content id of the image it runs (``Backend.image_id``; "": the backend has none)
+    # a full answer (create, present): the worker's count of ended leases, and its pool's ``lease_wait_s`` (a waiter
+    # that sees no count change for that long ends its rollout: ``sandbox_unavailable``)
+    released: int = 0
+    lease_wait_s: float = 0.0
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:

@@ -131,6 +131,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
     reap_interval_s: float = 10.0  # how often the reaper looks for dead workers' containers and ended leases
+    # a rollout waiting for a lease that sees none released in the pool this long ends (``sandbox_unavailable``);
+    # waiting for a saturated pool is otherwise normal, and off the rollout's clock
+    lease_wait_s: float = 600.0
     # "writable": the image's own file system is writable (the container's layer, no tmpfs over /work, /tmp and
     # /root): images that keep a repository at /testbed or tests at /app, as SWE-bench's and Terminal-Bench's do.
     # Its disk is not capped (limits.disk_mb does not apply): docs/sandboxes.md
@@ -141,6 +144,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("capacity must be at least 1")
         if self.max_live < 0 or self.warm < 0:
             raise ValueError("max_live and warm must be at least 0")
+        if not self.lease_wait_s > 0:
+            raise ValueError("lease_wait_s must be more than 0")
         if any(n < 0 for n in self.warm_images.values()):
             raise ValueError("warm_images counts must be at least 0")
         by_image = sum(self.warm_images.values())

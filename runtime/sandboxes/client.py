@@ -229,6 +229,31 @@ class _Opening:
         await self._box.close()
 
 
+class _Waiting:
+    """One acquisition's wait for a full pool: a lease released anywhere in it (a worker's count of ended leases
+    changed) starts the wait again; none for the pool's ``lease_wait_s`` ends it as ``sandbox_unavailable`` (a
+    pool whose workers are stuck, or whose quota believes peers that are not there)."""
+
+    __slots__ = ("pool", "since", "released")
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.since = time.monotonic()
+        self.released: dict[str, int] = {}
+
+    def saw(self, full: SandboxReply) -> None:
+        now = time.monotonic()
+        if self.released.setdefault(full.address, full.released) != full.released:
+            self.released[full.address] = full.released
+            self.since = now
+        if full.lease_wait_s and now - self.since > full.lease_wait_s:
+            raise Failure(
+                "sandbox_unavailable",
+                f"sandbox pool {self.pool!r} released no lease for lease_wait_s={full.lease_wait_s:g}: its workers "
+                "are full and none of their sandboxes ended (see `gym-runtime status`)",
+            )
+
+
 class Sandboxes:
     """The sandboxes of one lease (a rollout, or an environment's session) in one pool."""
 
@@ -309,9 +334,11 @@ class Sandboxes:
         return box
 
     async def _acquire(self, spec: SandboxSpec, started: float) -> SandboxReply:
-        """A create that some worker took; a full pool is waited on, an absent one for ``absent_grace_s``."""
+        """A create that some worker took; a full pool is waited on (until it releases no lease for its
+        ``lease_wait_s``: ``_Waiting``), an absent one for ``absent_grace_s``."""
         subjects = self._bus.subjects
         give_up, waits, fulls = time.monotonic() + self.absent_grace_s, 0, 0
+        waiting = _Waiting(self.pool)
         while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
             expires = self.deadline + (time.monotonic() - started) + LEASE_SLACK_S if self.deadline else 0.0
             call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires)
@@ -321,14 +348,18 @@ class Sandboxes:
                 )
                 if not reply.full:
                     return reply
+                waiting.saw(reply)
             except NoResponders:
-                if not await self._present():
+                present = await self._present()
+                if present is None:
                     delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
                     if time.monotonic() + delay > give_up:
                         raise
                     waits += 1
                     await anyio.sleep(delay)
                     continue
+                if present.full:
+                    waiting.saw(present)
             except Failure as e:
                 # the create was lost (a worker closed its gate with it in flight, or died creating): ask again
                 if e.info.error_class != "worker_lost":
@@ -340,18 +371,18 @@ class Sandboxes:
             give_up = time.monotonic() + self.absent_grace_s  # a full pool is not an absent one
             await anyio.sleep(delay)
 
-    async def _present(self) -> bool:
-        """Whether the pool has a worker at all (answered even by a full one)."""
+    async def _present(self) -> SandboxReply | None:
+        """A worker's answer that the pool has one (full or not); None: no worker answered."""
         try:
-            await self._bus.request(
+            reply: SandboxReply = await self._bus.request(
                 self._bus.subjects.sandbox_present(self.pool),
                 SandboxCall(op="present"),
                 timeout=PRESENT_TIMEOUT_S,
                 op="sandbox.present",
             )
         except Exception:  # no responders, or no answer in time: no worker to wait for
-            return False
-        return True
+            return None
+        return reply
 
     def held(self) -> list[Sandbox]:
         """The sandboxes of this lease still open, oldest first."""
