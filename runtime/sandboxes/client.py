@@ -97,7 +97,7 @@ class Sandbox:
         call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
         r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
-        self._owner.exec_s += r.duration_s
+        self._owner._exec_s += max(0.0, r.duration_s) if math.isfinite(r.duration_s) else 0.0
         return _result(r)
 
     async def _streamed(self, call: SandboxCall, timeout: float, on_output: OnOutput) -> SandboxReply:
@@ -162,7 +162,7 @@ class Sandbox:
             except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
                 return
         if reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
-            self._owner.cpu_s += reply.cpu_s
+            self._owner._cpu_s += max(0.0, reply.cpu_s) if math.isfinite(reply.cpu_s) else 0.0
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -276,14 +276,36 @@ class Sandboxes:
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}
-        self.asked = 0  # sandboxes created for this lease
+        # what the lease used, as the sandbox workers answered it: read-only to the code that holds the lease
+        # (``asked``, ``exec_s``, ``cpu_s``, ``images``, ``image_ids``), since a row's cost and provenance come from it
+        self._asked = 0  # sandboxes created for this lease
         self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
-        self.exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
-        self.cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
-        self.images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
-        self.image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
+        self._exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
+        self._cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
+        self._images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
+        self._image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
+
+    @property
+    def asked(self) -> int:
+        return self._asked
+
+    @property
+    def exec_s(self) -> float:
+        return self._exec_s
+
+    @property
+    def cpu_s(self) -> float:
+        return self._cpu_s
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        return tuple(self._images)
+
+    @property
+    def image_ids(self) -> tuple[str, ...]:
+        return tuple(self._image_ids)
 
     def sandbox(
         self,
@@ -322,11 +344,11 @@ class Sandboxes:
                     self.on_acquire(took)
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
-        self.asked += 1
+        self._asked += 1
         ran = (spec.image or "", reply.image)
-        if ran not in zip(self.images, self.image_ids, strict=True):
-            self.images.append(ran[0])
-            self.image_ids.append(ran[1])
+        if ran not in zip(self._images, self._image_ids, strict=True):
+            self._images.append(ran[0])
+            self._image_ids.append(ran[1])
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:

@@ -68,7 +68,8 @@ class BudgetedPublish:
 
     def spent_line(self) -> str:
         b = self.budget
-        return f"{self.amount(b.spent)} of the budget's {self.amount(b.limit)} spent"
+        line = f"{self.amount(b.spent)} of the budget's {self.amount(b.limit)} spent"
+        return f"{line}, and {b.refused}" if b.refused else line
 
     def amount(self, n: float) -> str:
         return f"{n:,.0f} tokens" if self.budget.tokens else f"{n:.4f} {self.currency or ''}".rstrip()

@@ -37,6 +37,7 @@ from gym_runtime.messages import (
     RolloutResult,
     RolloutTask,
     VerifyReply,
+    counted_ms,
 )
 from gym_runtime.observability import logs
 from gym_runtime.rowkeys import own_fields
@@ -491,8 +492,8 @@ class AgentWorker:
         """What a rollout used (its sandboxes' time and the estimate added); None when it used nothing."""
         cost = ctx.cost
         if ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
-            cost.sandbox_ms += round(1000 * ctx.sandboxes.exec_s)
-            cost.sandbox_cpu_ms += round(1000 * ctx.sandboxes.cpu_s)
+            cost.sandbox_ms += counted_ms(ctx.sandboxes.exec_s)
+            cost.sandbox_cpu_ms += counted_ms(ctx.sandboxes.cpu_s)
         if not cost.models and not cost.tool_ms and not cost.sandbox_ms and not cost.sandbox_cpu_ms:
             return None
         if self.pricing is not None:
