@@ -341,9 +341,8 @@ class AgentHost:
             verdict = await rollout.session.verify(seed, response)
             posted_body = dict(body or {})
             try:  # the environment's fields, then the runtime's keys: its fields never replace them (``rowkeys``)
-                fields = own_fields(
-                    verdict.fields, {"reward": verdict.reward}, posted_body, who="the environment's verify"
-                )
+                mine = {**rollout.row, "reward": verdict.reward}  # the row it verified: an echo of it is none
+                fields = own_fields(verdict.fields, mine, posted_body, who="the environment's verify")
             except Failure as e:
                 rollout.error = e
                 return _Reply(500, json.dumps({"detail": e.info.message}).encode())

@@ -30,12 +30,12 @@ def fixed(_: RecordedRequest) -> StubReply:
     return StubReply(body=responses_reply(input_tokens=INPUT, output_tokens=OUTPUT))
 
 
-def write_config(tmp_path: Path, base_url: str, server: str) -> Path:
+def write_config(tmp_path: Path, base_url: str, server: str, isolation: str = "none") -> Path:
     raw: dict[str, Any] = {
         "namespace": "gym",
         "nats": "embedded",
         "models": {"policy": {"adapter": "openai", "base_url": base_url, "api_key": "test", "model": "p"}},
-        "resources": {"weather": {"server": server}},
+        "resources": {"weather": {"server": server, "isolation": isolation}},
         "agents": {"weather_agent": {"agent": "agents.simple", "model": "policy", "resource": "weather"}},
     }
     path = tmp_path / f"{server.rsplit('.', 1)[-1]}.yaml"
@@ -43,14 +43,20 @@ def write_config(tmp_path: Path, base_url: str, server: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("server", ["resources.weather", "tests.envs.cost_forger"])
-def test_an_environment_cannot_forge_its_cost_past_a_token_budget(nats_server, tmp_path: Path, server: str) -> None:
+@pytest.mark.parametrize(
+    ("server", "isolation"),
+    [("resources.weather", "none"), ("tests.envs.cost_forger", "none"), ("tests.envs.cost_forger", "process")],
+)
+def test_an_environment_cannot_forge_its_cost_past_a_token_budget(
+    nats_server, tmp_path: Path, server: str, isolation: str
+) -> None:
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [ROWS[i % len(ROWS)] for i in range(N_TASKS)])
     out = tmp_path / "out.jsonl"
     with StubOpenAI(handler=fixed) as stub:
-        config = write_config(tmp_path, stub.base_url, server)
+        config = write_config(tmp_path, stub.base_url, server, isolation)
         args = ("run", str(config), "-i", str(tasks), "-o", str(out), "--nats", nats_server.url, "--quiet")
-        r = cli(*args, "--batch", server.replace(".", "_"), "--processes", "one", "--budget", "40tokens", timeout=300)
+        batch = f"{server.replace('.', '_')}_{isolation}"
+        r = cli(*args, "--batch", batch, "--processes", "one", "--budget", "40tokens", timeout=300)
     # 27 tokens a rollout: the first runs alone, then 27 + 27 > 40: nothing more starts (before, the forger: 8 of 8)
     assert r.returncode == 1 and "budget reached: 27 tokens of the budget's 40 tokens spent" in r.stderr, r.stderr
     (row,) = read_jsonl(out)
