@@ -17,14 +17,24 @@ import msgspec
 from gym_runtime.errors import Failure
 
 RUNTIME_KEYS = frozenset(
-    {"responses_create_params", "response", "reward", "policy_versions", "cost", "provenance", "agent_ref"}
+    {
+        "responses_create_params",
+        "response",
+        "reward",
+        "policy_versions",
+        "cost",
+        "provenance",
+        "agent_ref",
+        "_ng_task_index",  # the ids (NeMo Gym's other ``_ng_*`` keys, ``_ng_failure_class``, are a verifier's)
+        "_ng_rollout_index",
+    }
 )
 _MISSING = object()
 
 
 def is_runtime_key(key: str) -> bool:
-    """A key only the runtime writes: one of ``RUNTIME_KEYS`` or an ``_ng_*`` id."""
-    return key in RUNTIME_KEYS or key.startswith("_ng_")
+    """A key only the runtime writes."""
+    return key in RUNTIME_KEYS
 
 
 def own_fields(

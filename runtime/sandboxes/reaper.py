@@ -99,7 +99,7 @@ async def beacons(bus: Transport, subject: str, peers: Peers) -> None:
         while True:
             try:
                 said = f"{peers.me} {peers.own()} {peers.capacity}".encode()
-                await bus.publish_raw(subject, said, headers=CONTROL)
+                await bus.publish_raw(subject, said, headers=dict(CONTROL))
             except Exception:  # disconnected meanwhile: the next beacon says it again
                 pass
             await anyio.sleep(BEACON_S)

@@ -270,7 +270,7 @@ class PullWorker:
                         await live_sub.unsubscribe()
                         if nc.is_connected and not self.busy:  # nothing held: the peers forget us now
                             bye = _beacon_enc.encode(Beacon(self._me, [], [], bye=True))
-                            await nc.publish(self.liveness or "", bye, headers=CONTROL)
+                            await nc.publish(self.liveness or "", bye, headers=dict(CONTROL))
                 tg.cancel_scope.cancel()
 
     async def _make_again(self) -> None:
@@ -373,7 +373,7 @@ class PullWorker:
             if not nc.is_connected:
                 continue
             try:
-                await nc.publish(self.liveness or "", _beacon_enc.encode(beacon), headers=CONTROL)
+                await nc.publish(self.liveness or "", _beacon_enc.encode(beacon), headers=dict(CONTROL))
             except Exception:  # disconnected meanwhile: the next beacon says it all again
                 continue
             now = time.monotonic()
