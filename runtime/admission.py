@@ -156,51 +156,79 @@ def parse_budget(value: object) -> Budget:
     return Budget(amount, tokens=tokens)
 
 
-def used(res: RolloutResult, *, tokens: bool) -> float:
+def used(res: RolloutResult, *, tokens: bool) -> float | None:
     """What a stored result counts against a budget: its row's ``cost`` (or a failure's), in tokens (input
-    and output of every model entry: policy, judges, user simulators) or its estimated money."""
-    cost: Any = res.row.get("cost") if res.row is not None else res.cost
+    and output of every model entry: policy, judges, user simulators) or its estimated money. None: a count
+    that cannot be taken (negative, non-finite, not a number), which ``Budget`` counts as its largest rollout's
+    cost: no count lowers a budget."""
+    cost = _cost_of(res)
     if cost is None:
         return 0.0
-    if not isinstance(cost, dict):
-        cost = msgspec.to_builtins(cost)
     if not tokens:
         est = cost.get("estimated_cost")
-        return float(est) if isinstance(est, (int, float)) else 0.0
+        if est is None:
+            return 0.0
+        ok = isinstance(est, (int, float)) and not isinstance(est, bool) and math.isfinite(est) and est >= 0
+        return float(est) if ok else None
     total = 0
     for m in (cost.get("models") or {}).values():
-        if isinstance(m, dict):
-            for k in ("input_tokens", "output_tokens"):
-                n = m.get(k, 0)
-                total += n if isinstance(n, int) and n > 0 else 0
+        if not isinstance(m, dict):
+            return None
+        for k in ("input_tokens", "output_tokens"):
+            n = m.get(k, 0)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                return None
+            total += n
     return float(total)
+
+
+def unmeasured(res: RolloutResult) -> str | None:
+    """The model entry of a result's cost whose calls reported no usage and returned no token ids (their
+    tokens unknown: a token budget cannot count them), or None."""
+    cost = _cost_of(res)
+    for entry, m in ((cost or {}).get("models") or {}).items():
+        if isinstance(m, dict) and m.get("unmeasured"):
+            return str(entry)
+    return None
+
+
+def _cost_of(res: RolloutResult) -> dict[str, Any] | None:
+    cost: Any = res.row.get("cost") if res.row is not None else res.cost
+    if cost is None:
+        return None
+    out = cost if isinstance(cost, dict) else msgspec.to_builtins(cost)
+    return out if isinstance(out, dict) else {}
 
 
 class Budget:
     """A batch's budget as a gate: ``charge`` counts rollouts started (in flight), ``finished`` what one cost.
 
-    What is in flight is not known until it finishes, so each rollout in flight is counted at the mean cost
-    of the rollouts finished so far (the batch's own running mean: the best estimate there is without a
-    model of each task); until the first finishes there is no mean, and one rollout runs at a time. A
-    rollout may start while ``spent + (in_flight + 1) * mean <= limit``; once spent, there is no room.
+    What is in flight is not known until it finishes, so each rollout in flight is counted at an estimate: the
+    mean cost of the rollouts finished so far (the batch's own running mean: the best estimate there is without
+    a model of each task), never below the largest single rollout's cost seen; until the first finishes there
+    is none, and one rollout runs at a time. A rollout may start while ``spent + (in_flight + 1) * estimate <=
+    limit``; once spent, there is no room. A count that cannot be taken (``used``: None) counts as the largest
+    seen, and a token budget stops at a rollout whose model calls reported no tokens (``refused`` says why).
     """
 
     def __init__(self, limit: float, *, tokens: bool) -> None:
         self.limit = limit
         self.tokens = tokens
         self.spent = 0.0  # the finished rollouts' cost, as their results were stored
+        self.largest = 0.0  # the largest single rollout's cost seen
         self.finished = 0
         self.in_flight = 0
+        self.refused: str | None = None  # why nothing more starts though the budget is not spent
 
     def room(self, work: Work) -> int:
-        if self.spent >= self.limit:
+        if self.spent >= self.limit or self.refused is not None:
             return 0
         if not self.finished:
             return 0 if self.in_flight else 1
-        mean = self.spent / self.finished
-        if mean <= 0:
+        estimate = max(self.spent / self.finished, self.largest)
+        if estimate <= 0:
             return 1 << 62
-        return max(0, math.floor((self.limit - self.spent) / mean + 1e-9) - self.in_flight)
+        return max(0, math.floor((self.limit - self.spent) / estimate + 1e-9) - self.in_flight)
 
     def charge(self, work: Work) -> None:
         self.in_flight += work.units
@@ -208,7 +236,16 @@ class Budget:
     def done(self, res: RolloutResult, *, in_flight: bool = True) -> None:
         """One rollout's result was stored (counted once per slot by its reader); ``in_flight``: it was
         charged as started here (not a result an earlier run of the batch stored)."""
-        self.spent += used(res, tokens=self.tokens)
+        cost = used(res, tokens=self.tokens)
+        cost = self.largest if cost is None else cost
+        self.spent += cost
+        self.largest = max(self.largest, cost)
         self.finished += 1
+        entry = unmeasured(res) if self.tokens else None
+        if entry is not None and self.refused is None:
+            self.refused = (
+                f"model entry {entry!r} reported no token usage and returned no token ids, so a token budget "
+                "cannot count its calls: give a money budget (with a pricing section) or an adapter that reports usage"
+            )
         if in_flight:
             self.in_flight -= min(1, self.in_flight)

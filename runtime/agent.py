@@ -299,7 +299,7 @@ class AgentContext:
             last = v if reply.policy_version_last is None else reply.policy_version_last
             pv = self.policy_versions
             self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
-        self.cost.add_call(name, reply.response.usage, reply.took_ms)
+        self.cost.add_call(name, reply.response.usage, reply.took_ms, reply.response)
         self.calls.model(started, reply.response.usage)
         self.turns.append(name if v is None else f"{name}@{v}")
         if reply.worker and reply.worker not in self.model_workers:

@@ -745,6 +745,8 @@ class Client:
         assert budget is not None
         spent = f"{budget.spent:,.0f} tokens" if budget.tokens else f"{budget.spent:.4f}"
         message = f"not started: the batch's budget was spent ({spent} of {budget.limit:g})"
+        if budget.refused:
+            message = f"not started: {budget.refused} ({spent} of {budget.limit:g} spent)"
         handle.held -= held.work.units
         for task in held.tasks:
             for slot, res in budget_results(task, handle.repeats, message):

@@ -15,6 +15,7 @@ wire are ignored so newer senders do not break older receivers.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
@@ -335,6 +336,9 @@ class ModelCost(Struct, kw_only=True, omit_defaults=True, gc=False):
     output_tokens: int = 0
     cached_tokens: int = 0  # of the input tokens, those the server says it served from its cache
     call_ms: int = 0
+    # calls whose model reported no usage and returned no token ids: their tokens are unknown (a token budget
+    # refuses to count them, ``admission.used``)
+    unmeasured: int = 0
 
 
 class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -356,37 +360,71 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     estimated_cost: float | None = None
     currency: str | None = None  # pricing.currency, beside the estimate it is the unit of
 
-    def add_call(self, entry: str, usage: Usage | None, ms: int) -> None:
-        """Count one model call of ``entry`` (its usage as the model worker reported it)."""
+    def add_call(self, entry: str, usage: Usage | None, ms: int, response: Response | None = None) -> None:
+        """Count one model call of ``entry``: its usage as the model worker reported it, or, where it reported
+        none, the token ids it returned (``response``); neither: an ``unmeasured`` call. A negative or
+        non-integer count is none (no count lowers a budget)."""
         m = self.models.get(entry)
         if m is None:
             m = self.models[entry] = ModelCost()
         m.calls += 1
-        m.call_ms += ms
+        m.call_ms += _count(ms)
         if usage is not None:
-            m.input_tokens += usage.input_tokens
-            m.output_tokens += usage.output_tokens
-            cached = usage.input_tokens_details.get("cached_tokens")
-            if isinstance(cached, int):
-                m.cached_tokens += cached
+            m.input_tokens += _count(usage.input_tokens)
+            m.output_tokens += _count(usage.output_tokens)
+            m.cached_tokens += _count(usage.input_tokens_details.get("cached_tokens"))
+            return
+        ids = _token_ids(response)
+        if ids is None:
+            m.unmeasured += 1
+        else:
+            m.input_tokens += ids[0]
+            m.output_tokens += ids[1]
 
     def merge(self, other: Cost | None) -> None:
-        """Add ``other``'s counts (a judge's calls that a resource worker reports with its verdict)."""
+        """Add ``other``'s counts (a judge's calls that a resource worker reports with its verdict); a
+        negative or non-integer count is none."""
         if other is None:
             return
         for entry, o in other.models.items():
             m = self.models.get(entry)
             if m is None:
                 m = self.models[entry] = ModelCost()
-            m.calls += o.calls
-            m.input_tokens += o.input_tokens
-            m.output_tokens += o.output_tokens
-            m.cached_tokens += o.cached_tokens
-            m.call_ms += o.call_ms
-        self.tool_ms += other.tool_ms
-        self.sandbox_ms += other.sandbox_ms
-        self.stored_bytes += other.stored_bytes
-        self.sandbox_cpu_ms += other.sandbox_cpu_ms
+            m.calls += _count(o.calls)
+            m.input_tokens += _count(o.input_tokens)
+            m.output_tokens += _count(o.output_tokens)
+            m.cached_tokens += _count(o.cached_tokens)
+            m.call_ms += _count(o.call_ms)
+            m.unmeasured += _count(o.unmeasured)
+        self.tool_ms += _count(other.tool_ms)
+        self.sandbox_ms += _count(other.sandbox_ms)
+        self.stored_bytes += _count(other.stored_bytes)
+        self.sandbox_cpu_ms += _count(other.sandbox_cpu_ms)
+
+
+def _count(n: object) -> int:
+    """A reported count as a cost adds it: a negative, non-integer or missing one adds nothing."""
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def counted_ms(seconds: float) -> int:
+    """Seconds as a cost's milliseconds: a negative or non-finite amount adds nothing."""
+    return round(1000 * seconds) if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0 else 0
+
+
+def _token_ids(response: Response | None) -> tuple[int, int] | None:
+    """A call's (input, output) tokens from the token ids its response returned (the prompt's ids of its last
+    item that has them, every item's generated ids); None: it returned none."""
+    if response is None:
+        return None
+    prompt, generated, seen = 0, 0, False
+    for item in response.output:
+        p, g = getattr(item, "prompt_token_ids", UNSET), getattr(item, "generation_token_ids", UNSET)
+        if isinstance(p, list):
+            prompt, seen = len(p), True
+        if isinstance(g, list):
+            generated, seen = generated + len(g), True
+    return (prompt, generated) if seen else None
 
 
 class Served(Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -531,6 +569,9 @@ ErrorClass = Literal[
     "lost",  # no result of the slot is stored, and none of its batch's tasks is queued or running any more
     "terminated",  # what "lost" was called before (a row stored by an older version may carry it)
     "storage_full",  # a stream was at its size limit (jetstream.*_max_bytes) when a body or result was stored
+    # a sandbox pool released no lease for its ``lease_wait_s`` while the rollout waited for one (a wire change:
+    # older readers refuse a row of this class, docs/changelog.md)
+    "sandbox_unavailable",
 ]
 
 
@@ -640,6 +681,10 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     full: bool = False  # create: this worker (or the pool's quota) has no room now; ask again later
     warm: bool = False  # create: served from the warm pool
     image: str = ""  # create: the content id of the image it runs (``Backend.image_id``; "": the backend has none)
+    # a full answer (create, present): the worker's count of ended leases, and its pool's ``lease_wait_s`` (a waiter
+    # that sees no count change for that long ends its rollout: ``sandbox_unavailable``)
+    released: int = 0
+    lease_wait_s: float = 0.0
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:
@@ -683,6 +728,7 @@ __all__ = [
     "AttemptStart",
     "CloseSession",
     "Cost",
+    "counted_ms",
     "CreateParams",
     "Envelope",
     "ErrorClass",

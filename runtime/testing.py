@@ -679,8 +679,8 @@ class MemoryTransport:
         h = traced(self.telemetry, headers)
         self.broker.publish(subject, await self.encode(payload, h), h)
 
-    async def publish_raw(self, subject: str, data: bytes) -> None:
-        self.broker.publish(subject, data, None)
+    async def publish_raw(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None) -> None:
+        self.broker.publish(subject, data, headers)
 
     async def subscribe(
         self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
@@ -783,7 +783,13 @@ class MemoryTransport:
         return await self.queued_request(queued, payload, timeout=timeout, op=op, wait_s=wait_s)
 
     async def gather(
-        self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        done: Callable[[list[Any]], bool],
+        timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> list[Any]:
         inbox = self._inbox()
         replies: list[Any] = []
@@ -796,7 +802,7 @@ class MemoryTransport:
 
         sub = await self.subscribe(inbox, on_reply)
         try:
-            h = traced(self.telemetry)
+            h = traced(self.telemetry, headers)
             self.broker.publish(subject, await self.encode(payload, h), h, reply=inbox)
             if not done(replies):
                 with contextlib.suppress(TimeoutError):

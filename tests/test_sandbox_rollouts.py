@@ -225,4 +225,4 @@ async def test_a_warm_sandbox_reports_the_content_of_its_image_too(
         await box.close()
         tg.cancel_scope.cancel()
     assert fleet.warm_hits == 1
-    assert client.images == [""] and client.image_ids == [inspected_id(engine, base_image)]
+    assert client.images == ("",) and client.image_ids == (inspected_id(engine, base_image),)

@@ -104,8 +104,9 @@ async def test_a_quota_across_two_workers_is_never_passed_and_creates_wait_for_a
             await anyio.sleep(0.02)
 
     async with fleet(bus, engine, pool) as worker:
-        a = await worker(max_live=3, capacity=16, warm=1)
-        b = await worker(max_live=3, capacity=16, warm=1)
+        # two replicas of the pool: the quota counts at most ``replicas`` workers (issue 52)
+        a = await worker(max_live=3, capacity=16, warm=1, replicas=2)
+        b = await worker(max_live=3, capacity=16, warm=1, replicas=2)
         await wait_for(lambda: _true(a.limit() + b.limit() == 3), timeout=20)  # shares: 2 and 1
         waits: list[float] = []
         extended: list[float] = []

@@ -134,6 +134,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # docker/podman: a container its worker stopped renewing (the worker SIGKILLed, its node or bus lost) ends by
     # itself within this long, whatever runs on the engine (docs/sandboxes.md, "Nothing leaks")
     orphan_after_s: float = 60.0
+    # a rollout waiting for a lease that sees none released in the pool this long ends (``sandbox_unavailable``);
+    # waiting for a saturated pool is otherwise normal, and off the rollout's clock
+    lease_wait_s: float = 600.0
     # "writable": the image's own file system is writable (the container's layer, no tmpfs over /work, /tmp and
     # /root): images that keep a repository at /testbed or tests at /app, as SWE-bench's and Terminal-Bench's do.
     # Its disk is not capped (limits.disk_mb does not apply): docs/sandboxes.md
@@ -146,6 +149,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("max_live and warm must be at least 0")
         if self.orphan_after_s < 2:
             raise ValueError("orphan_after_s must be at least 2 (seconds)")
+        if not self.lease_wait_s > 0:
+            raise ValueError("lease_wait_s must be more than 0")
         if any(n < 0 for n in self.warm_images.values()):
             raise ValueError("warm_images counts must be at least 0")
         by_image = sum(self.warm_images.values())

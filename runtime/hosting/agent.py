@@ -80,6 +80,7 @@ from gym_runtime.messages import (
     output_text,
     parse_items,
 )
+from gym_runtime.rowkeys import own_fields
 
 _ECHOED = ("responses_create_params", "response", "reward")
 
@@ -338,8 +339,15 @@ class AgentHost:
             extra = {k: v for k, v in posted.items() if k not in Response.__struct_fields__}
             seed = {**rollout.row, RESPONSE_EXTRA: extra} if rollout.passthrough and extra else rollout.row
             verdict = await rollout.session.verify(seed, response)
+            posted_body = dict(body or {})
+            try:  # the environment's fields, then the runtime's keys: its fields never replace them (``rowkeys``)
+                mine = {**rollout.row, "reward": verdict.reward}  # the row it verified: an echo of it is none
+                fields = own_fields(verdict.fields, mine, posted_body, who="the environment's verify")
+            except Failure as e:
+                rollout.error = e
+                return _Reply(500, json.dumps({"detail": e.info.message}).encode())
             rollout.verdict = verdict
-            out = {**(body or {}), "reward": verdict.reward, **verdict.fields}
+            out = {**posted_body, **fields, "reward": verdict.reward}
             return _Reply(200, json.dumps(out).encode())
         if path == "/reset":  # a GymResource episode (hosted /reset + /step servers, or a native one)
             rollout.turns = 0

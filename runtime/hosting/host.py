@@ -94,6 +94,7 @@ from gym_runtime.resource import (
     in_call,
     thread_call,
 )
+from gym_runtime.rowkeys import own_fields
 from gym_runtime.transport.interface import Transport
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
@@ -672,8 +673,10 @@ class CalledSessions:
             if response is not None:
                 verdict = await session.verify(row, response, timeout=CALL_TIMEOUT_S)
                 self.sessions.pop(token, None)  # verify closes the session
-                out = {**row, "response": _response_dict(response), **verdict.fields, "reward": verdict.reward}
-                return _Reply(200, json.dumps(out).encode(), jar)
+                posted = {**row, "response": _response_dict(response), "reward": verdict.reward}
+                # the environment's fields, then the posted keys: its fields never replace them (``rowkeys``)
+                fields = own_fields(verdict.fields, posted, posted, who=f"{server_name}'s verify")
+                return _Reply(200, json.dumps({**posted, **fields}).encode(), jar)
             if path.count("/") == 1 and path not in _ENDPOINTS:
                 reply = await session.call(path[1:], json.dumps(row), timeout=CALL_TIMEOUT_S)
                 return _Reply(500 if reply.is_error else 200, reply.output.encode(), jar)

@@ -97,7 +97,7 @@ class Sandbox:
         call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
         r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
-        self._owner.exec_s += r.duration_s
+        self._owner._exec_s += max(0.0, r.duration_s) if math.isfinite(r.duration_s) else 0.0
         return _result(r)
 
     async def _streamed(self, call: SandboxCall, timeout: float, on_output: OnOutput) -> SandboxReply:
@@ -169,7 +169,7 @@ class Sandbox:
             except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
                 return
         if reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
-            self._owner.cpu_s += reply.cpu_s
+            self._owner._cpu_s += max(0.0, reply.cpu_s) if math.isfinite(reply.cpu_s) else 0.0
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -236,6 +236,31 @@ class _Opening:
         await self._box.close()
 
 
+class _Waiting:
+    """One acquisition's wait for a full pool: a lease released anywhere in it (a worker's count of ended leases
+    changed) starts the wait again; none for the pool's ``lease_wait_s`` ends it as ``sandbox_unavailable`` (a
+    pool whose workers are stuck, or whose quota believes peers that are not there)."""
+
+    __slots__ = ("pool", "since", "released")
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.since = time.monotonic()
+        self.released: dict[str, int] = {}
+
+    def saw(self, full: SandboxReply) -> None:
+        now = time.monotonic()
+        if self.released.setdefault(full.address, full.released) != full.released:
+            self.released[full.address] = full.released
+            self.since = now
+        if full.lease_wait_s and now - self.since > full.lease_wait_s:
+            raise Failure(
+                "sandbox_unavailable",
+                f"sandbox pool {self.pool!r} released no lease for lease_wait_s={full.lease_wait_s:g}: its workers "
+                "are full and none of their sandboxes ended (see `gym-runtime status`)",
+            )
+
+
 class Sandboxes:
     """The sandboxes of one lease (a rollout, or an environment's session) in one pool."""
 
@@ -258,14 +283,36 @@ class Sandboxes:
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}
-        self.asked = 0  # sandboxes created for this lease
+        # what the lease used, as the sandbox workers answered it: read-only to the code that holds the lease
+        # (``asked``, ``exec_s``, ``cpu_s``, ``images``, ``image_ids``), since a row's cost and provenance come from it
+        self._asked = 0  # sandboxes created for this lease
         self.waited_s = 0.0  # summed time from asking for a sandbox to holding it (a lease's wait + the create)
-        self.exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
-        self.cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
-        self.images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
-        self.image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
+        self._exec_s = 0.0  # summed wall time of its execs (the rollout's cost)
+        self._cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
+        self._images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
+        self._image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
+
+    @property
+    def asked(self) -> int:
+        return self._asked
+
+    @property
+    def exec_s(self) -> float:
+        return self._exec_s
+
+    @property
+    def cpu_s(self) -> float:
+        return self._cpu_s
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        return tuple(self._images)
+
+    @property
+    def image_ids(self) -> tuple[str, ...]:
+        return tuple(self._image_ids)
 
     def sandbox(
         self,
@@ -304,11 +351,11 @@ class Sandboxes:
                     self.on_acquire(took)
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
-        self.asked += 1
+        self._asked += 1
         ran = (spec.image or "", reply.image)
-        if ran not in zip(self.images, self.image_ids, strict=True):
-            self.images.append(ran[0])
-            self.image_ids.append(ran[1])
+        if ran not in zip(self._images, self._image_ids, strict=True):
+            self._images.append(ran[0])
+            self._image_ids.append(ran[1])
         box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
         if spec.timeout_s:
@@ -316,9 +363,11 @@ class Sandboxes:
         return box
 
     async def _acquire(self, spec: SandboxSpec, started: float) -> SandboxReply:
-        """A create that some worker took; a full pool is waited on, an absent one for ``absent_grace_s``."""
+        """A create that some worker took; a full pool is waited on (until it releases no lease for its
+        ``lease_wait_s``: ``_Waiting``), an absent one for ``absent_grace_s``."""
         subjects = self._bus.subjects
         give_up, waits, fulls = time.monotonic() + self.absent_grace_s, 0, 0
+        waiting = _Waiting(self.pool)
         while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
             expires = self.deadline + (time.monotonic() - started) + LEASE_SLACK_S if self.deadline else 0.0
             call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires)
@@ -328,14 +377,18 @@ class Sandboxes:
                 )
                 if not reply.full:
                     return reply
+                waiting.saw(reply)
             except NoResponders:
-                if not await self._present():
+                present = await self._present()
+                if present is None:
                     delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]
                     if time.monotonic() + delay > give_up:
                         raise
                     waits += 1
                     await anyio.sleep(delay)
                     continue
+                if present.full:
+                    waiting.saw(present)
             except Failure as e:
                 # the create was lost (a worker closed its gate with it in flight, or died creating): ask again
                 if e.info.error_class != "worker_lost":
@@ -347,18 +400,18 @@ class Sandboxes:
             give_up = time.monotonic() + self.absent_grace_s  # a full pool is not an absent one
             await anyio.sleep(delay)
 
-    async def _present(self) -> bool:
-        """Whether the pool has a worker at all (answered even by a full one)."""
+    async def _present(self) -> SandboxReply | None:
+        """A worker's answer that the pool has one (full or not); None: no worker answered."""
         try:
-            await self._bus.request(
+            reply: SandboxReply = await self._bus.request(
                 self._bus.subjects.sandbox_present(self.pool),
                 SandboxCall(op="present"),
                 timeout=PRESENT_TIMEOUT_S,
                 op="sandbox.present",
             )
         except Exception:  # no responders, or no answer in time: no worker to wait for
-            return False
-        return True
+            return None
+        return reply
 
     def held(self) -> list[Sandbox]:
         """The sandboxes of this lease still open, oldest first."""

@@ -28,6 +28,7 @@ import anyio
 
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Owned
+from gym_runtime.transport.headers import CONTROL, sent_as_control
 from gym_runtime.transport.interface import Transport
 
 BEACON_S = 1.0
@@ -38,28 +39,50 @@ log = logs.get("gym.sandbox")
 
 class Peers:
     """The workers of one pool this one has heard, when (``time.monotonic``), and how many live sandboxes
-    each said it holds (``load``: the pool-wide quota's view of the others)."""
+    each said it holds (``load``: the pool-wide quota's view of the others).
 
-    def __init__(self, me: str) -> None:
+    Only beacons sent as the pool's workers send them count (``sent_as_control``: a server's answer borrowed
+    into the subject is none). A peer's ``live`` is bounded by its capacity (what it declares, at most the pool's
+    own ``capacity``); the quota counts at most ``replicas`` workers, this one included (0: no cap), the first
+    heard; a worker unheard for ``DEAD_AFTER_S`` is forgotten."""
+
+    def __init__(self, me: str, *, capacity: int = 0, replicas: int = 0) -> None:
         self.me = me
+        self.capacity = capacity  # the pool's capacity per worker (0: unbounded), declared in each beacon
+        self.replicas = replicas
         self.seen: dict[str, float] = {me: math.inf}
         self.load: dict[str, int] = {}
         self.own: Callable[[], int] = lambda: 0  # this worker's live sandboxes, said in each beacon
 
-    def heard(self, worker: str, live: int = 0) -> None:
-        if worker != self.me:
-            self.seen[worker] = time.monotonic()
-            self.load[worker] = live
+    def heard(self, worker: str, live: int = 0, capacity: int | None = None) -> None:
+        if not worker or worker == self.me:
+            return
+        self.forget()
+        bound = self.capacity if capacity is None else min(capacity, self.capacity or capacity)
+        self.seen[worker] = time.monotonic()
+        self.load[worker] = min(max(0, live), bound) if bound > 0 else max(0, live)
+
+    def forget(self) -> None:
+        """Drop the workers unheard for ``DEAD_AFTER_S`` (a ghost's id is not kept for ever)."""
+        for w in [w for w in self.seen if not self.alive(w)]:
+            del self.seen[w]
+            self.load.pop(w, None)
 
     def alive(self, worker: str) -> bool:
         return time.monotonic() - self.seen.get(worker, -math.inf) < DEAD_AFTER_S
 
+    def counted(self) -> list[str]:
+        """The live workers the quota counts: this one and, up to ``replicas`` in all, the first heard."""
+        others = [w for w in self.seen if w != self.me and self.alive(w)]
+        return [self.me, *(others[: self.replicas - 1] if self.replicas else others)]
+
     def alive_ids(self) -> list[str]:
-        """The pool's live workers, this one included, in a fixed order (every worker computes the same)."""
-        return sorted(w for w in self.seen if self.alive(w))
+        """The pool's live workers the quota counts, this one included, in a fixed order (every worker
+        computes the same)."""
+        return sorted(self.counted())
 
     def others_live(self) -> int:
-        return sum(n for w, n in self.load.items() if self.alive(w))
+        return sum(self.load.get(w, 0) for w in self.counted() if w != self.me)
 
     def share(self, total: int) -> int:
         """This worker's part of a pool-wide ``total``: split evenly over the live workers, the remainder to
@@ -70,17 +93,22 @@ class Peers:
 
 
 async def beacons(bus: Transport, subject: str, peers: Peers) -> None:
-    """Say this worker is alive every ``BEACON_S``, and hear the pool's other workers (until cancelled)."""
+    """Say this worker is alive every ``BEACON_S`` (its id, live sandboxes and capacity), and hear the pool's
+    other workers (until cancelled)."""
 
     async def on_beacon(msg: Any) -> None:
-        worker, _, live = msg.data.decode(errors="replace").partition(" ")
-        peers.heard(worker, int(live) if live.isdigit() else 0)
+        if not sent_as_control(msg.headers):  # a direct get's answer borrowed into the subject ("ghost 100000")
+            bus.warn_limited("beacon.refused", "not sent as a beacon", subject=msg.subject)
+            return
+        worker, live, capacity = (msg.data.decode(errors="replace").split(" ") + ["", ""])[:3]
+        peers.heard(worker, int(live) if live.isdigit() else 0, int(capacity) if capacity.isdigit() else None)
 
     sub = await bus.subscribe(subject, on_beacon)
     try:
         while True:
             try:
-                await bus.publish_raw(subject, f"{peers.me} {peers.own()}".encode())
+                said = f"{peers.me} {peers.own()} {peers.capacity}".encode()
+                await bus.publish_raw(subject, said, headers=dict(CONTROL))
             except Exception:  # disconnected meanwhile: the next beacon says it again
                 pass
             await anyio.sleep(BEACON_S)

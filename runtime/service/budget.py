@@ -74,7 +74,7 @@ class BudgetedPublish:
                 f" (a rollout costs {self.amount(b.spent / b.finished)}, more than the whole budget: it runs one "
                 "rollout at most; give a larger --budget)"
             )
-        return line
+        return f"{line}, and {b.refused}" if b.refused else line
 
     def amount(self, n: float) -> str:
         return f"{n:,.0f} tokens" if self.budget.tokens else f"{n:.4f} {self.currency or ''}".rstrip()

@@ -522,9 +522,9 @@ class Bus:
         if ack.error is not None:
             raise full_error(self, subject, ack.error) or nats.js.errors.APIError.from_error(ack.error)
 
-    async def publish_raw(self, subject: str, data: bytes) -> None:
+    async def publish_raw(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None) -> None:
         """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
-        await self.nc.publish(subject, data)
+        await self.nc.publish(subject, data, headers=headers)
 
     async def subscribe(
         self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
@@ -608,6 +608,7 @@ class Bus:
         *,
         done: Callable[[list[Any]], bool],
         timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> list[Any]:
         """Publish ``payload`` to every subscriber of ``subject``; collect decoded replies until
         ``done(replies)`` or ``timeout`` (control messages acknowledged by every replica). The replies
@@ -626,7 +627,7 @@ class Bus:
 
         sub = await self.nc.subscribe(reply_to, cb=on_reply)
         try:
-            h = self._headers()
+            h = self._headers(headers)
             await self.nc.publish(subject, await self.encode(payload, h), reply=reply_to, headers=h)
             if not done(replies):
                 try:

@@ -1,4 +1,9 @@
-"""The NATS headers the runtime's messages carry (names only: one place, so permissions and tools agree)."""
+"""The NATS headers the runtime's messages carry (names, and the one rule on them: one place, so permissions,
+tools and readers agree)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
 
 ERROR_HEADER = "Gym-Error"
 REPLY_HEADER = "Gym-Reply"  # where a JetStream-queued request wants its answer
@@ -14,3 +19,17 @@ PAUSE_HEADER = "Gym-Paused"
 OUTPUT_HEADER = "Gym-Output"
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
 EXPIRES_HEADER = "Gym-Expires"  # a queued request's caller stops waiting for a worker then (epoch seconds)
+# a control message as the runtime sends it: liveness beacons, pause, resume, cancel ("1"). A direct get's answer
+# (a server's answer a requester borrowed into a control subject, with its own body) never has it as sent
+CONTROL_HEADER = "Gym-Control"
+
+
+def sent_as_control(headers: Mapping[str, str] | None) -> bool:
+    """Whether a control message came as its sender sends it: the runtime's control header, and none of the
+    headers JetStream puts on a direct get's answer (the rule the result readers use, ``data.intake``)."""
+    if not headers or CONTROL_HEADER not in headers:
+        return False
+    return not any(h in headers for h in DIRECT_GET_HEADERS)
+
+
+CONTROL = {CONTROL_HEADER: "1"}  # what a control message's sender adds (copied by every publish: never mutated)

@@ -107,7 +107,7 @@ class Transport(Protocol):
     # -- core messages
     async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None: ...
 
-    async def publish_raw(self, subject: str, data: bytes) -> None:
+    async def publish_raw(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None) -> None:
         """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
         ...
 
@@ -141,7 +141,13 @@ class Transport(Protocol):
     ) -> Any: ...
 
     async def gather(
-        self, subject: str, payload: Any, *, done: Callable[[list[Any]], bool], timeout: float
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        done: Callable[[list[Any]], bool],
+        timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> list[Any]: ...
 
     async def scatter(

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 
 from gym_runtime.observability import logs
 from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.headers import CONTROL, sent_as_control
 from gym_runtime.transport.interface import Connection
 from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
 from gym_runtime.transport.subjects import pull_next
@@ -269,7 +270,7 @@ class PullWorker:
                         await live_sub.unsubscribe()
                         if nc.is_connected and not self.busy:  # nothing held: the peers forget us now
                             bye = _beacon_enc.encode(Beacon(self._me, [], [], bye=True))
-                            await nc.publish(self.liveness or "", bye)
+                            await nc.publish(self.liveness or "", bye, headers=dict(CONTROL))
                 tg.cancel_scope.cancel()
 
     async def _make_again(self) -> None:
@@ -328,6 +329,8 @@ class PullWorker:
             await self.release(msg)
 
     async def _on_beacon(self, msg: Msg) -> None:
+        if not sent_as_control(msg.headers):  # a server's answer borrowed into the subject: no peer's beacon
+            return
         try:
             b = _beacon_dec.decode(msg.data)
         except msgspec.DecodeError:
@@ -370,7 +373,7 @@ class PullWorker:
             if not nc.is_connected:
                 continue
             try:
-                await nc.publish(self.liveness or "", _beacon_enc.encode(beacon))
+                await nc.publish(self.liveness or "", _beacon_enc.encode(beacon), headers=dict(CONTROL))
             except Exception:  # disconnected meanwhile: the next beacon says it all again
                 continue
             now = time.monotonic()

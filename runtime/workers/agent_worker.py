@@ -39,8 +39,10 @@ from gym_runtime.messages import (
     RolloutResult,
     RolloutTask,
     VerifyReply,
+    counted_ms,
 )
 from gym_runtime.observability import logs
+from gym_runtime.rowkeys import own_fields
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
@@ -75,30 +77,34 @@ def build_row(
     """The output row, NeMo Gym's shape: params, response, reward, verifier extras, task fields, ids.
 
     ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version;
-    ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md).
+    ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md). A field of the environment's or
+    the agent's naming a runtime key raises ``Failure("verify_error")`` unless it only echoes it (``rowkeys``).
     """
     src = task.row
-    row: dict[str, Any] = {
+    # reported under the agent that ran it (``--agent`` may override the row's agent_ref)
+    ref = src.get("agent_ref")
+    runtime: dict[str, Any] = {
         "responses_create_params": src.get("responses_create_params"),
         "response": outcome.response,
         "reward": outcome.verdict.reward,
     }
-    row.update(outcome.verdict.fields)
-    row.update(outcome.fields)
+    if policy_versions is not None:
+        runtime["policy_versions"] = policy_versions
+    if cost is not None:
+        runtime["cost"] = cost
+    if provenance is not None:
+        runtime["provenance"] = provenance
+    runtime["_ng_task_index"] = task.task_index
+    runtime["_ng_rollout_index"] = task.rollout_index
+    runtime["agent_ref"] = {**(ref if isinstance(ref, dict) else {"type": "responses_api_agents"}), "name": task.agent}
+    # the runtime's keys are written after the environment's and the agent's fields (``rowkeys``)
+    row: dict[str, Any] = {k: runtime[k] for k in ("responses_create_params", "response", "reward")}
+    row.update(own_fields(outcome.verdict.fields, runtime, src, who="the environment's verify"))
+    row.update(own_fields(outcome.fields, runtime, src, who="the agent"))
     for k, v in src.items():
         if k not in row and k != "agent_ref":
             row[k] = v
-    if policy_versions is not None:
-        row["policy_versions"] = policy_versions
-    if cost is not None:
-        row["cost"] = cost
-    if provenance is not None:
-        row["provenance"] = provenance
-    row["_ng_task_index"] = task.task_index
-    row["_ng_rollout_index"] = task.rollout_index
-    # reported under the agent that ran it (``--agent`` may override the row's agent_ref)
-    ref = src.get("agent_ref")
-    row["agent_ref"] = {**(ref if isinstance(ref, dict) else {"type": "responses_api_agents"}), "name": task.agent}
+    row.update(runtime)
     return row
 
 
@@ -433,18 +439,23 @@ class AgentWorker:
                 return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
             await _release(ctx)
             results = []
-            first = task.rollout_index
+            first, spent = task.rollout_index, None
             for i, outcome in zip(range(first, first + size), outcomes, strict=True):
                 each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
                 # a group's calls are one ledger: its first repeat's row carries the agent's side of it
                 cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
+                spent = cost if i == first else spent
+                try:
+                    row = build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov)
+                except Failure as e:  # a field that would replace one of the runtime's row keys
+                    return _failures(task, attempt, e.info, spent, ctx.calls.log)
                 results.append(
                     RolloutResult(
                         batch=task.batch,
                         task_index=task.task_index,
                         rollout_index=i,
                         agent=task.agent,
-                        row=build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov),
+                        row=row,
                         attempts=attempt,
                         answer_field=outcome.verdict.answer_field,
                         calls=ctx.calls.log if i == first and ctx.calls.log else None,
@@ -515,8 +526,8 @@ class AgentWorker:
         """What a rollout used (its sandboxes' time and the estimate added); None when it used nothing."""
         cost = ctx.cost
         if ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
-            cost.sandbox_ms += round(1000 * ctx.sandboxes.exec_s)
-            cost.sandbox_cpu_ms += round(1000 * ctx.sandboxes.cpu_s)
+            cost.sandbox_ms += counted_ms(ctx.sandboxes.exec_s)
+            cost.sandbox_cpu_ms += counted_ms(ctx.sandboxes.cpu_s)
         if not cost.models and not cost.tool_ms and not cost.sandbox_ms and not cost.sandbox_cpu_ms:
             return None
         if self.pricing is not None:

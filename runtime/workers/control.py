@@ -24,6 +24,7 @@ from anyio.abc import TaskGroup
 
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.messages import CancelBatch, Cost, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.transport.headers import CONTROL, sent_as_control
 from gym_runtime.transport.interface import KeyValue, Transport
 from gym_runtime.transport.subjects import Subjects
 
@@ -90,7 +91,8 @@ class ControlView:
     # An announcement says only where to look: what it announces is read from the KV bucket, which the trainer
     # writes first. A core message is one a server's answer can be sent into (a direct get whose reply names
     # this subject, its body the requester's own), while the bucket takes no such answer (``ops.permissions``'
-    # accounts): so a forged announcement cancels no batch and sets no version.
+    # accounts): so a forged announcement cancels no batch and sets no version. A cancel is also taken only as
+    # sent (``sent_as_control``).
 
     async def _on_version(self, msg: Any, _: Any) -> None:
         if isinstance(msg, PolicyVersion) and self._kv is not None:
@@ -100,7 +102,10 @@ class ControlView:
             else:  # not there (yet: a replica behind the leader): read it again when next asked
                 self._read.discard(msg.model)
 
-    async def _on_cancel(self, msg: Any, _: Any) -> None:
+    async def _on_cancel(self, msg: Any, delivery: Any) -> None:
+        if not sent_as_control(delivery.headers):  # a server's answer borrowed into the subject: not a cancel
+            self.bus.warn_limited("control.refused", "not sent as a control message", subject=delivery.subject)
+            return
         if isinstance(msg, CancelBatch) and self._kv is not None:
             if await self._kv.get(Subjects.cancelled_key(msg.batch)) is not None:
                 self._cancelled.add(msg.batch)
@@ -264,7 +269,7 @@ async def read_version(bus: Transport, model: str) -> int | None:
 async def cancel_batch(bus: Transport, batch: str) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.cancelled_key(batch), b"1")
-    await bus.publish(bus.subjects.cancel(batch), CancelBatch(batch=batch))
+    await bus.publish(bus.subjects.cancel(batch), CancelBatch(batch=batch), headers=CONTROL)
     await bus.flush()
 
 
@@ -281,9 +286,10 @@ async def send_pause(
     def done(replies: list[Any]) -> bool:
         return workers <= {getattr(r, "worker", None) for r in replies}
 
-    return await bus.gather(bus.subjects.pause(model), PauseModel(model=model, mode=mode), done=done, timeout=timeout)
+    pause = PauseModel(model=model, mode=mode)
+    return await bus.gather(bus.subjects.pause(model), pause, done=done, timeout=timeout, headers=CONTROL)
 
 
 async def send_resume(bus: Transport, model: str) -> None:
-    await bus.publish(bus.subjects.resume(model), ResumeModel(model=model))
+    await bus.publish(bus.subjects.resume(model), ResumeModel(model=model), headers=CONTROL)
     await bus.flush()

@@ -42,7 +42,7 @@ from gym_runtime.model import (
 )
 from gym_runtime.observability import logs
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.headers import REPLY_HEADER
+from gym_runtime.transport.headers import REPLY_HEADER, sent_as_control
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Flight, Pausable
@@ -153,7 +153,17 @@ class ModelWorker:
             await anyio.sleep(ENDPOINT_RECHECK_S)
             await self._check_endpoint()
 
-    async def _on_pause(self, msg: object, __: object) -> PauseAck:
+    def _as_sent(self, delivery: Delivery) -> bool:
+        """A pause or resume is taken only as the trainer sends it: a server's answer that a requester borrowed
+        into the subject (a direct get's, with the requester's own body) is not one (``sent_as_control``)."""
+        if sent_as_control(delivery.headers):
+            return True
+        self.bus.warn_limited("control.refused", "not sent as a control message", subject=delivery.subject)
+        return False
+
+    async def _on_pause(self, msg: object, delivery: Delivery) -> PauseAck | None:
+        if not self._as_sent(delivery):
+            return None
         mode = msg.mode if isinstance(msg, PauseModel) and msg.mode in PAUSE_MODES else "drain"
         can_stop = interruptible(self.adapter)
         if mode == "interrupt" and not can_stop:  # Client refuses this first; another caller's: drain
@@ -165,7 +175,9 @@ class ModelWorker:
         )
         return PauseAck(worker=self.worker_id, held=self.gate.held, stopped=stopped)
 
-    async def _on_resume(self, _: object, __: object) -> None:
+    async def _on_resume(self, _: object, delivery: Delivery) -> None:
+        if not self._as_sent(delivery):
+            return
         self.gate.resume()
         log.info("model.resumed", model=self.name, worker=self.worker_id)
 

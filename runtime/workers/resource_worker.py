@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+import weakref
 from contextvars import Token
 from typing import Any, cast
 
@@ -35,6 +36,7 @@ from gym_runtime.messages import (
     ToolReply,
     VerifyReply,
     VerifyRequest,
+    counted_ms,
 )
 from gym_runtime.observability import logs
 from gym_runtime.plugins import code_identity
@@ -63,33 +65,52 @@ log = logs.get("gym.resource")
 class BusModels:
     """``Resource.models``: model calls through the models' work queues. One per session, so the calls its
     code makes (an LLM judge, a user simulator) are counted for that session's rollout (``cost``), and so is
-    the CPU its code sandbox runs use (``count_sandbox_cpu``, the ``CPU_SINK`` around the session's calls)."""
+    the CPU its code sandbox runs use (``count_sandbox_cpu``, the ``CPU_SINK`` around the session's calls).
 
-    __slots__ = ("_bus", "_timeout_s", "cost")
+    The counts are the model workers' (each reply's usage) and the code sandbox's: the environment's code reads
+    a copy (``cost``) and cannot set them; its worker reads them from the instance it made (``_Book``)."""
+
+    __slots__ = ("_bus", "_timeout_s", "_cost")
 
     def __init__(self, bus: Transport, timeout_s: float = 900.0) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
-        self.cost: Cost | None = None  # made at the first call: most environments call no model
+        self._cost: Cost | None = None  # made at the first call: most environments call no model
+
+    @property
+    def cost(self) -> Cost | None:
+        """What the session's model calls and code sandbox runs used so far (a copy)."""
+        return None if self._cost is None else msgspec.convert(msgspec.to_builtins(self._cost), Cost)
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
         reply = await call_model(self._bus, model, ModelRequest(params=params), timeout=self._timeout_s)
-        if self.cost is None:
-            self.cost = Cost()
-        self.cost.add_call(model, reply.response.usage, reply.took_ms)
+        if self._cost is None:
+            self._cost = Cost()
+        self._cost.add_call(model, reply.response.usage, reply.took_ms, reply.response)
         return reply.response
 
     def count_sandbox_cpu(self, seconds: float) -> None:
         """One code sandbox run of this session ended, having used ``seconds`` of CPU."""
-        if self.cost is None:
-            self.cost = Cost()
-        self.cost.sandbox_cpu_ms += round(1000 * seconds)
+        if self._cost is None:
+            self._cost = Cost()
+        self._cost.sandbox_cpu_ms += counted_ms(seconds)
 
 
-def _counting(inst: Resource) -> Token[Any] | None:
-    """Count the CPU of the code sandbox runs a call of ``inst`` starts (in this process) for its session; the
-    caller resets the token. A guest session's runs are in its guest, out of this worker's reach."""
-    models = getattr(inst, "models", None)
+class _Book:
+    """A native session's model client and sandbox lease as its worker made them: its cost and images are read
+    from these, never from what the instance holds by then (its code may replace its own attributes)."""
+
+    __slots__ = ("inst", "models", "lease")
+
+    def __init__(self, inst: Resource, models: BusModels, lease: Sandboxes) -> None:
+        self.inst = weakref.ref(inst)
+        self.models = models
+        self.lease = lease
+
+
+def _counting(models: Any) -> Token[Any] | None:
+    """Count the CPU of the code sandbox runs a call of a session starts (in this process) for it; the caller
+    resets the token. A guest session's runs are in its guest, out of this worker's reach."""
     return CPU_SINK.set(models.count_sandbox_cpu) if isinstance(models, BusModels) else None
 
 
@@ -143,6 +164,7 @@ class ResourceWorker:
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
+        self._books: dict[int, _Book] = {}  # native sessions' ledgers, by ``id`` of their instance (``_book``)
         self.guest: Guest | None = None
         self.called: Any = None  # a hosted server's sessions on other resources (hosting's CalledSessions)
         if cfg.hosted and hosting is None:  # a bug: resolve_models (publishing) loads no plugin
@@ -286,9 +308,22 @@ class ResourceWorker:
             # with its own BusModels, as below: the judge calls its code makes in the guest are its rollout's cost
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field, BusModels(self.bus)))
         inst = self.cls()
-        inst.models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
-        inst.sandboxes = self._lease()
+        inst.models = models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
+        inst.sandboxes = lease = self._lease()
+        try:  # its ledger, kept apart from the instance (dropped with it)
+            weakref.finalize(inst, self._books.pop, id(inst), None)
+        except TypeError:  # an instance that takes no weak reference: its own attributes are read
+            return inst
+        self._books[id(inst)] = _Book(inst, models, lease)
         return inst
+
+    def _book(self, inst: Resource) -> tuple[Any, Any]:
+        """The session's model client and lease as this worker made them (a guest session's are the worker's
+        own objects: its code runs in another process)."""
+        book = self._books.get(id(inst))
+        if book is not None and book.inst() is inst:
+            return book.models, book.lease
+        return getattr(inst, "models", None), getattr(inst, "sandboxes", None)
 
     async def _seed(self, req: SeedRequest, msg: Delivery) -> SeedReply:
         if not msg.reply:  # no one to learn the session (e.g. a server's answer borrowed onto this subject): none
@@ -300,7 +335,7 @@ class ResourceWorker:
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
         inst = self._new()
-        counting = _counting(inst)
+        counting = _counting(self._book(inst)[0])
         try:
             await inst.seed(req.row)
         except GuestFailure:
@@ -347,7 +382,7 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            counting = _counting(inst)
+            counting = _counting(self._book(inst)[0])
             try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
                 run = inst.call_operation if req.protocol else inst.call_tool
                 output = await run(req.name, req.arguments)
@@ -369,7 +404,7 @@ class ResourceWorker:
                 self.sessions.pop(req.session)
                 inst.close_on_verify = True
                 return self._served(inst, await verify_with(inst, req.row, req.response))
-            counting = _counting(inst)
+            counting = _counting(self._book(inst)[0])
             try:
                 verdict = await verify_with(inst, req.row, req.response)
                 if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
@@ -397,7 +432,7 @@ class ResourceWorker:
 
     async def _stateless_verify_inner(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         inst = self._new()
-        counting = _counting(inst)
+        counting = _counting(self._book(inst)[0])
         try:
             try:
                 await inst.seed(req.row)
@@ -419,13 +454,13 @@ class ResourceWorker:
         """The verdict with who gave it: this worker, its code, and what its session used: the model calls it
         made (judges), its code sandbox runs' CPU, and its fleet sandboxes' exec time and CPU (those closed by
         now: a session closed with its verify has closed them all)."""
-        cost: Cost | None = getattr(getattr(inst, "models", None), "cost", None)
-        lease = getattr(inst, "sandboxes", None)
+        models, lease = self._book(inst)
+        cost: Cost | None = models.cost if isinstance(models, BusModels) else None
         served = Served(worker=self.worker_id, code=self.code, cost=cost)
         if isinstance(lease, Sandboxes) and lease.asked:
-            cost = served.cost = Cost() if cost is None else msgspec.structs.replace(cost)
-            cost.sandbox_ms += round(1000 * lease.exec_s)
-            cost.sandbox_cpu_ms += round(1000 * lease.cpu_s)
+            cost = served.cost = Cost() if cost is None else cost
+            cost.sandbox_ms += counted_ms(lease.exec_s)
+            cost.sandbox_cpu_ms += counted_ms(lease.cpu_s)
             served.images = [i or f"{lease.pool}:default" for i in lease.images]
             served.image_ids = list(lease.image_ids)
         reply.served = served

@@ -132,7 +132,7 @@ class SandboxWorker:
         self.held: dict[str, Held] = {}
         self.procs: dict[str, dict[str, Background]] = {}  # by sandbox, by process id
         self.created = 0
-        self.peers = Peers(self.worker_id)
+        self.peers = Peers(self.worker_id, capacity=cfg.capacity, replicas=cfg.replicas)
         self.backend: Backend | None = None
         self.reaper: Reaper | None = None
         self.image = cfg.image
@@ -146,6 +146,7 @@ class SandboxWorker:
         self.removing = 0  # containers being removed (still on the engine)
         self.warm_hits = 0
         self.full_replies = 0  # creates answered "no room" (the pool's quota or a race with the gate)
+        self.released = 0  # leased sandboxes ended here (said to waiters: ``_full``)
         self.warm_spec: Resolved | None = None  # the default spec's warm containers
         self.warm_specs: dict[str, Resolved] = {}  # by image: what a warm container of each is made as
         self.warm_want: dict[str, int] = {}  # by image: how many to keep ready
@@ -361,7 +362,12 @@ class SandboxWorker:
 
     async def _present(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         """The pool has a worker (full or not): a create nobody took waits for a lease, not for a pool."""
-        return SandboxReply(full=not self.takes_creates())
+        return self._full() if not self.takes_creates() else SandboxReply(address=self.address)
+
+    def _full(self) -> SandboxReply:
+        """ "No room here", with what a waiter judges a pool by: this worker's count of ended leases (a waiter
+        that sees none change for the pool's ``lease_wait_s`` gives up: ``sandbox_unavailable``)."""
+        return SandboxReply(full=True, address=self.address, released=self.released, lease_wait_s=self.cfg.lease_wait_s)
 
     # ------------------------------------------------------------------ operations
 
@@ -407,7 +413,7 @@ class SandboxWorker:
         if self.room() <= 0 or self._draining:
             self.full_replies += 1
             self.changed()  # unsubscribe
-            return SandboxReply(full=True)
+            return self._full()
         # counted before the engine answers, so concurrent creates cannot pass the room
         sid_tmp = f"creating-{uuid.uuid4().hex}"
         self.held[sid_tmp] = Held(lease=req.lease, expires=expires, used=time.monotonic(), busy=1)
@@ -571,7 +577,8 @@ class SandboxWorker:
         """Remove a sandbox; it counts as live until the engine has removed it (the quota is the engine's).
         Its background processes die with it: killed first, so the engine's stop has only the container's own
         processes left (Podman under load once failed to stop a container that still ran one)."""
-        self.held.pop(sid, None)
+        if self.held.pop(sid, None) is not None and not sid.startswith("creating-"):
+            self.released += 1  # a lease's sandbox ended (closed, idle, expired): room for a waiter
         procs = self.procs.pop(sid, {})
         if self.backend is not None and not sid.startswith("creating-"):
             self.removing += 1

@@ -560,3 +560,28 @@ def test_each_rollout_reaches_the_server_with_its_task_and_rollout_index(catalog
     r = cli("run", str(cfg), "-i", str(data), "-o", str(out), "--repeats", "2", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [r["cohort"] for r in read_jsonl(out)] == [[0, 1], [0, 1]]
+
+
+def test_a_verify_field_cannot_replace_a_row_key_under_a_hosted_agent(catalogue: Path, tmp_path: Path) -> None:
+    """Issue 52, item 4: the hosted agent's ``/verify`` answer put the environment's fields after ``reward``
+    (``{**body, "reward": ..., **verdict.fields}``), and NeMo Gym's agent returns that answer's ``response`` as
+    its own. A field naming a runtime key that is not an echo of the request now makes the row a
+    ``verify_error`` naming the key; the echoes of the others are no forgery."""
+    sdir = catalogue / "example_single_tool_call" / "data"
+    tasks = write_jsonl(
+        tmp_path / "tasks.jsonl", [{**r, "forge": i % 2 == 0} for i, r in enumerate(read_jsonl(sdir / "example.jsonl"))]
+    )
+    cfg = write_config(
+        tmp_path / "config.yaml",
+        {"ng": {"model": "policy", "resource": "env", "nemo_gym": "simple_agent", "max_steps": 10, "max_attempts": 1}},
+        server="tests.envs.row_forger",
+        model={"adapter": "replay", "rollouts": str(sdir / "example_rollouts.jsonl")},
+    )
+    out = tmp_path / "out.jsonl"
+    r = cli("run", str(cfg), "-i", str(tasks), "-o", str(out), timeout=600)
+    assert r.returncode == 1, r.stderr
+    rows, failures = read_jsonl(out), read_jsonl(tmp_path / "out_failures.jsonl")
+    assert sorted(f["_ng_task_index"] for f in failures) == [0, 2, 4], failures  # before: rows that say "forged"
+    assert all(f["error_class"] == "verify_error" and "'response'" in f["error"] for f in failures), failures
+    assert sorted(r["_ng_task_index"] for r in rows) == [1, 3]
+    assert all(r["note"] == "echo" and r["reward"] == 1.0 and "forged" not in r["response"] for r in rows)

@@ -39,6 +39,7 @@ def write_config(tmp: Path, pool: str) -> Path:
                 "backend": "docker",
                 "capacity": 64,
                 "max_live": QUOTA,
+                "replicas": 2,  # the pool's workers (each `start --replicas 1`): the most its quota counts
                 "warm": 1,
                 "limits": {"memory_mb": 64, "pids": 32, "disk_mb": 8, "timeout_s": 30},
             }

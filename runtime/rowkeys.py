@@ -1,0 +1,63 @@
+"""The row keys the runtime writes: an agent's or an environment's fields never replace them.
+
+A trainer learns from ``response``, ``reward`` and ``policy_versions``, and budgets and audits read ``cost`` and
+``provenance``; an environment's verify fields and an agent's extras are merged into the same row. Every merge
+site (``build_row``, a hosted agent's ``/verify`` answer, a hosted server's verify for another server) writes the
+runtime's keys after the merge, and a field naming one of them is ignored when its value is the runtime's own
+or the request's (hosted servers echo the request body), else the row is a ``verify_error`` naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from gym_runtime.errors import Failure
+
+RUNTIME_KEYS = frozenset(
+    {
+        "responses_create_params",
+        "response",
+        "reward",
+        "policy_versions",
+        "cost",
+        "provenance",
+        "agent_ref",
+        "_ng_task_index",  # the ids (NeMo Gym's other ``_ng_*`` keys, ``_ng_failure_class``, are a verifier's)
+        "_ng_rollout_index",
+    }
+)
+_MISSING = object()
+
+
+def is_runtime_key(key: str) -> bool:
+    """A key only the runtime writes."""
+    return key in RUNTIME_KEYS
+
+
+def own_fields(
+    fields: Mapping[str, Any], runtime: Mapping[str, Any], echoed: Mapping[str, Any], *, who: str
+) -> dict[str, Any]:
+    """``fields`` less the runtime's keys. A runtime key whose value is the runtime's (``runtime``) or the
+    request's own (``echoed``: the task row, the posted body) is an echo, dropped; any other value raises
+    ``Failure("verify_error")`` naming the key (``who`` set it)."""
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if not is_runtime_key(k):
+            out[k] = v
+        elif not _equal(v, runtime.get(k, _MISSING)) and not _equal(v, echoed.get(k, _MISSING)):
+            raise Failure("verify_error", f"{who} set the row key {k!r}, which only the runtime writes")
+    return out
+
+
+def _equal(value: Any, runtime: Any) -> bool:
+    if runtime is _MISSING:
+        return False
+    if value is runtime:
+        return True
+    try:  # a Struct (cost, provenance) against its echo as JSON: compared as builtins
+        return bool(msgspec.to_builtins(value) == msgspec.to_builtins(runtime))
+    except Exception:  # something that has no builtin form is not the runtime's value
+        return False

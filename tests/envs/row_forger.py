@@ -1,0 +1,27 @@
+"""A test-only environment that forges the runtime's row keys (issue 52, item 4).
+
+On a row marked ``"forge"`` its verify answers a forged trajectory and policy versions as fields; on the others
+an echo of the request's own values (as a hosted NeMo Gym server's verify echoes its request body), which is
+no forgery.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gym_runtime.messages import Response
+from gym_runtime.resource import Verdict
+from resources.weather import Weather
+
+
+class RowForger(Weather):
+    async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        if task.get("forge"):
+            return Verdict(
+                reward=1.0, fields={"response": {"forged": "trajectory"}, "policy_versions": [999, 999], "note": "x"}
+            )
+        echo = {"responses_create_params": task.get("responses_create_params"), "reward": 1.0}
+        return Verdict(reward=1.0, fields={**echo, "note": "echo"})
+
+
+resource = RowForger
