@@ -410,6 +410,9 @@ class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
 
     runtime: str  # gym-runtime's version on the agent worker
     config: str | None = None  # the agent entry's config fingerprint (``ResolvedConfig.fingerprints``: no pricing)
+    # the same, part by part (``fingerprints.agent_parts``: ``agent``, ``model.NAME``, ``resource``): ``diff``
+    # tells a changed grader (regrade) from a changed model (rerun)
+    parts: dict[str, str] = {}
     env: str | None = None  # the environment's code identity (``plugins.code_identity``), from the verifying worker
     grader: str | None = None  # the grader's identity where it differs from the environment's
     turns: list[str] = []  # the model entry of each model call, in order; ``entry@version`` once a trainer set one

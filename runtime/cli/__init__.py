@@ -38,6 +38,8 @@ COMMAND_NAMES = (
     "init",
     "env",
     "parity",
+    "view",
+    "diff",
 )
 
 

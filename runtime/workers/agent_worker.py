@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
+from gym_runtime.config.fingerprints import agent_parts
 from gym_runtime.errors import Failure, StorageFull, UserError
 from gym_runtime.messages import (
     AttemptRetried,
@@ -150,6 +151,7 @@ class AgentWorker:
         self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = config.fingerprints[("agent", name)]
+        self.parts = agent_parts(config.config, name)  # rows' provenance.parts
         self._model_fps = config.model_fingerprints()
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
@@ -519,6 +521,7 @@ class AgentWorker:
         prov = Provenance(
             runtime=self.runtime_version,
             config=self.fingerprint,
+            parts=self.parts,
             env=served.code or None if served else None,
             grader=grader_identity(self._model_fps, served.cost if served else None),
             turns=ctx.turns,
