@@ -29,6 +29,7 @@ from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
 from gym_runtime.data.reader import BatchReader, budget_slots
+from gym_runtime.data.sidecars import ResultNote, note
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.interface import Transport
@@ -122,6 +123,7 @@ class Collector:
         self._done = anyio.Event()
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
+        self.notes: list[ResultNote] = []  # each result read, for the attempts sidecar (``data.sidecars``)
         self.reader = BatchReader.of(
             bus, manifest, self._take, self._empty, name="collect", max_republish=max_republish
         )
@@ -163,6 +165,7 @@ class Collector:
 
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
+        self.notes.append(note(res))
         held = self._offsets[slot] >= 0
         if held and not replaces(bool(self._ok[slot]), self._attempts[slot], res):
             self.stats.duplicates += 1
@@ -200,6 +203,14 @@ class Collector:
             self.on_progress(self._count, self.expected)
         if self._count >= self.expected:
             self._done.set()
+
+    def kept_notes(self) -> list[ResultNote]:
+        """``notes``, the result each slot kept marked ``kept``."""
+        for n in self.notes:
+            slot = n.task_index * self.repeats + n.rollout_index
+            if 0 <= slot < self.expected:
+                n.kept = n.attempt == self._attempts[slot] and (n.error_class is None) == bool(self._ok[slot])
+        return self.notes
 
     def _finalize(self) -> None:
         """Rewrite the spool in task×repeat order, then the metrics; runs in a thread (file I/O, pass@k for

@@ -19,6 +19,7 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
+from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.messages import RolloutTask
@@ -201,5 +202,6 @@ async def collect_batch(
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
     collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
     stats = await collector.run()
+    await write_batch_sidecars(bus, batch, out, collector.kept_notes())
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats

@@ -21,10 +21,11 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config, ResolvedConfig
+from gym_runtime.config import Config, ResolvedConfig, redact
 from gym_runtime.data.batches import new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, check_agent_flag, validate
+from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
@@ -440,6 +441,7 @@ async def run_batch(
                 held=budget.held if budget is not None else None,
             )
             await collected.wait()
+            await write_batch_sidecars(bus, batch, out, collector.kept_notes(), config=redact(config.config))
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:

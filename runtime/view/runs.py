@@ -7,7 +7,9 @@ names a path.
 
 from __future__ import annotations
 
+import json
 import math
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.data.collector import sidecar_paths
+from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
 from gym_runtime.view import index as index_mod
 from gym_runtime.view.index import Index
@@ -40,12 +43,47 @@ class Run:
     path: Path
     parts: list[Part]
     metrics: Any = None  # its ``_aggregate_metrics.json``, when there is one
+    batch: Any = None  # its ``_batch.json`` (``run`` and ``collect`` write it): batch id, manifest, config
+    attempts: Attempts | None = None  # its ``_attempts.jsonl``
 
     def ref(self, p: int, i: int) -> Ref:
         return Ref(self.id, p, i)
 
     def refs(self) -> list[Ref]:
         return [Ref(self.id, p, i) for p, part in enumerate(self.parts) for i in range(len(part.ix))]
+
+
+class _Slot(msgspec.Struct):
+    task_index: int = -1
+    rollout_index: int = -1
+
+
+class Attempts:
+    """A run's ``_attempts.jsonl`` (``data.sidecars``): each line's slot and offset, so a trajectory's records
+    are read alone."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        keyed = []
+        decode = msgspec.json.Decoder(_Slot).decode
+        for number, offset, line in index_mod.lines(path):
+            try:
+                s = decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise UserError(f"{path}:{number}: not an attempt record ({e})") from None
+            keyed.append(((s.task_index, s.rollout_index), offset, len(line)))
+        keyed.sort(key=lambda k: k[0])
+        self.keys = [k for k, _, _ in keyed]
+        self.spans = [(o, n) for _, o, n in keyed]
+
+    def of(self, task: int, rollout: int) -> list[dict[str, Any]]:
+        lo, hi = bisect_left(self.keys, (task, rollout)), bisect_right(self.keys, (task, rollout))
+        out = []
+        with self.path.open("rb") as f:
+            for offset, size in self.spans[lo:hi]:
+                f.seek(offset)
+                out.append(json.loads(f.read(size)))
+        return out
 
 
 class Ref(msgspec.Struct, frozen=True, array_like=True):
@@ -88,15 +126,21 @@ def open_runs(paths: list[str]) -> Runs:
         failures, metrics_path = sidecar_paths(path)
         if failures != path and failures.is_file():
             parts.append(Part(failures, index_mod.load(failures), failures=True))
-        metrics = None
-        if metrics_path.is_file():
-            try:
-                metrics = msgspec.json.decode(metrics_path.read_bytes())
-            except msgspec.DecodeError as e:
-                raise UserError(f"{metrics_path}: not JSON ({e})") from None
         label = labels[n] if labels.count(labels[n]) == 1 else str(path)
-        runs.append(Run(n, label, path, parts, metrics))
+        run = Run(n, label, path, parts, _json_file(metrics_path), _json_file(batch_path(path)))
+        if attempts_path(path).is_file():
+            run.attempts = Attempts(attempts_path(path))
+        runs.append(run)
     return Runs(runs)
+
+
+def _json_file(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
 
 
 # ------------------------------------------------------------------ what the runs page shows

@@ -26,7 +26,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.diff import compare
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
-from gym_runtime.view.trajectory import trajectory
+from gym_runtime.view.trajectory import as_text, attempt_rows, trajectory
 
 CSP = (
     "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'none'; "
@@ -128,7 +128,7 @@ class View:
         return web.Response(body=body, content_type=STATIC[name])
 
     async def runs_page(self, request: web.Request) -> web.Response:
-        return self.render("runs.html", summaries=self.summaries, row=self._row_meta)
+        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, as_text=as_text)
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
@@ -158,7 +158,12 @@ class View:
             raise web.HTTPNotFound()
         raw = self.runs.raw(ref)
         row = json.loads(raw)  # the stdlib keeps a lone surrogate as one (the page shows its escape)
-        return self.render("trajectory.html", meta=self._row_meta(ref), t=trajectory(row))
+        meta = self._row_meta(ref)
+        run = self.runs.runs[ref.run]
+        records = None
+        if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
+            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]))
+        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
 
     async def diff_page(self, request: web.Request) -> web.Response:
         n = len(self.runs.runs)

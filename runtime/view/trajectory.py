@@ -7,6 +7,7 @@ Plain data for the template (which escapes every string); nothing here is HTML.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,3 +148,50 @@ def trajectory(row: dict[str, Any]) -> Trajectory:
     usage = response.get("usage") if isinstance(response, dict) else None
     other = [(k, Text.of(v if isinstance(v, str) else _json(v))) for k, v in row.items() if k not in SHOWN]
     return Trajectory(inputs, outputs, tools, Text.of(_json(usage)) if usage else None, other, row)
+
+
+def as_text(value: Any) -> Text:
+    return Text.of(value if isinstance(value, str) else _json(value))
+
+
+def _when(epoch: Any) -> str:
+    if not isinstance(epoch, (int, float)):
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d} UTC"
+
+
+def _calls(calls: Any) -> list[str]:
+    """``explain``'s calls, one phrase each: a model call ``[start_ms, ms, in, out]``, a tool call ``[start_ms, ms]``."""
+    out = []
+    for c in calls if isinstance(calls, list) else []:
+        if isinstance(c, list) and len(c) >= 4:
+            out.append(f"+{c[0]} ms model {c[1]} ms, {c[2]} in / {c[3]} out tokens")
+        elif isinstance(c, list) and len(c) >= 2:
+            out.append(f"+{c[0]} ms tool {c[1]} ms")
+    return out
+
+
+def attempt_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A slot's lines of the attempts sidecar, as the trajectory page lists them (strings; escaped there)."""
+    out = []
+    for r in records:
+        kind = r.get("kind")
+        row: dict[str, Any] = {"attempt": r.get("attempt"), "calls": _calls(r.get("calls")), "commands": []}
+        if kind == "attempt.start.v1":
+            row |= {"what": "started", "when": _when(r.get("at"))}
+            row["detail"] = f"worker {r.get('worker')} on node {r.get('node')} (pid {r.get('pid')})"
+        elif kind == "attempt.nak.v1":
+            err = r.get("error") if isinstance(r.get("error"), dict) else {}
+            row |= {"what": "given back", "when": _when(r.get("at"))}
+            row["detail"] = f"{err.get('error_class')}: {err.get('message')} (worker {r.get('worker')}; runs again)"
+        elif kind == "result":
+            failed = r.get("error_class")
+            row |= {"what": "failure row" if failed else "result", "when": ""}
+            row["detail"] = (f"{failed}: {r.get('message')}" if failed else "a row") + (
+                " (the slot's)" if r.get("kept") else " (not kept)"
+            )
+            row["commands"] = [c for c in r.get("commands") or [] if isinstance(c, dict)]
+        else:
+            row |= {"what": str(kind), "when": "", "detail": _json(r)}
+        out.append(row)
+    return out
