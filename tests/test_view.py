@@ -251,7 +251,8 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
             .read_text()
             .replace(
                 "models:\n",
-                f"models:\n  judge: {{adapter: openai, base_url: '{stub.base_url}', model: tiny, api_key: '${{VIEW_TEST_KEY}}'}}\n",
+                f"models:\n  judge: {{adapter: openai, base_url: '{stub.base_url}', model: tiny, "
+                "api_key: '${VIEW_TEST_KEY}'}\n",
             )
         )
         config = tmp_path / "config.yaml"

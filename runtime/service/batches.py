@@ -19,8 +19,8 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.messages import RolloutTask
 from gym_runtime.observability import logs

@@ -161,7 +161,7 @@ def _when(epoch: Any) -> str:
 
 
 def _calls(calls: Any) -> list[str]:
-    """``explain``'s calls, one phrase each: a model call ``[start_ms, ms, in, out]``, a tool call ``[start_ms, ms]``."""
+    """``explain``'s calls, a phrase each: a model call ``[start_ms, ms, in, out]``, a tool call ``[start_ms, ms]``."""
     out = []
     for c in calls if isinstance(calls, list) else []:
         if isinstance(c, list) and len(c) >= 4:

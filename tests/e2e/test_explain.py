@@ -24,8 +24,8 @@ from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.subjects import Subjects
 from tests.e2e.test_secured_bus import node_dir
 from tests.helpers import REPO, cli, read_jsonl
-from tests.test_view import fetch, serve
 from tests.pools import BeaconWatch, Pool, start_collect, tasks_file, wait_until, write_config
+from tests.test_view import fetch, serve
 
 
 @pytest.fixture
