@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.helpers import cli
+from tests.pools import Pool, tasks_file, write_config
 from tests.test_view import Served, serve
 from tests.view_rows import BIG, HOSTILE, hostile_row, row, sample_run, write
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.select import Select  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
@@ -214,3 +217,54 @@ def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, fil
     assert asked and all(u.startswith(site.base + "/") for u in asked), asked
     logs = [e["message"] for e in driver.get_log("browser")]
     assert not [m for m in logs if "Content Security Policy" in m], logs  # nothing even tried to run
+
+
+def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    """``view --batch B --nats URL`` on a batch published before its agent runs: the runs page says 0 of 6 and
+    refreshes; once the agent's worker starts, the rows appear, and the table lists them."""
+    config = write_config(tmp_path, delay_s=0.3, agent_concurrency=1)
+    pool = Pool(config, nats_server.url)
+    driver = browser()
+    seen: set[str] = set()
+
+    def all_in(d: webdriver.Chrome) -> bool:
+        text = d.find_element(By.ID, "live-0").text if d.find_elements(By.ID, "live-0") else ""
+        seen.add(text)
+        return text == "all 6 in"
+
+    try:
+        for only in ("models.policy", "resources.env"):
+            pool.start(only, only)
+        published = cli(
+            "publish", str(config), "-i", str(tasks_file(tmp_path, 6)), "--nats", nats_server.url, "--batch", "live1"
+        )
+        assert published.returncode == 0, published.stderr
+        for site in serve("--batch", "live1", "--nats", nats_server.url):
+            driver.get(site.base + "/")
+            wait_for(driver, "#live-0")
+            assert driver.find_element(By.ID, "live-0").text == "live: 0 of 6"
+            assert driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")
+            pool.start("agents.agent", "agents.agent")
+            # the page refreshes itself (an element read as it goes is read again)
+            WebDriverWait(driver, 180, 0.2, ignored_exceptions=[StaleElementReferenceException]).until(all_in)
+            assert "live: 0 of 6" in seen and len(seen) >= 2
+            assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")  # done: no more refresh
+            driver.get(site.base + "/rollouts")
+            assert driver.find_element(By.ID, "count").text == "6 rollouts"
+            driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody a").click()
+            wait_for(driver, "dl#meta")
+            assert "get_weather" in driver.find_element(By.TAG_NAME, "main").text
+    finally:
+        driver.quit()
+        pool.stop_all()
+
+
+def test_live_mode_with_a_dead_bus_or_no_such_batch_is_one_error_line(nats_server: EmbeddedServer) -> None:
+    dead = cli("view", "--batch", "b", "--nats", "nats://127.0.0.1:9", env={"GYM_CONNECT_TIMEOUT_S": "1"})
+    assert dead.returncode == 2 and "Traceback" not in dead.stderr
+    errors = [line for line in dead.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "cannot reach a NATS server at nats://127.0.0.1:9" in errors[0], dead.stderr
+    absent = cli("view", "--batch", "nope", "--nats", nats_server.url, "--port", "0")
+    assert absent.returncode == 2 and absent.stderr.strip().splitlines() == [
+        "gym-runtime: error: --batch nope: no such batch in namespace 'gym' (published here?)"
+    ], absent.stderr

@@ -140,7 +140,9 @@ def _lenient(raw: bytes) -> _Row:
     return row
 
 
-class _Builder:
+class Builder:
+    """An index built line by line (``build``; ``view``'s live mode, as rows arrive)."""
+
     def __init__(self, size: int, mtime_ns: int) -> None:
         self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:]))
         self._ids: dict[str, int] = {}
@@ -221,7 +223,7 @@ def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 def build(path: Path) -> Index:
     st = path.stat()
-    b = _Builder(st.st_size, st.st_mtime_ns)
+    b = Builder(st.st_size, st.st_mtime_ns)
     for number, offset, line in lines(path):
         b.add(offset, line, f"{path}:{number}")
     return b.ix

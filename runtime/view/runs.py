@@ -45,6 +45,7 @@ class Run:
     metrics: Any = None  # its ``_aggregate_metrics.json``, when there is one
     batch: Any = None  # its ``_batch.json`` (``run`` and ``collect`` write it): batch id, manifest, config
     attempts: Attempts | None = None  # its ``_attempts.jsonl``
+    live: Any = None  # a batch followed on the bus (``view.live.Live``): it grows
 
     def ref(self, p: int, i: int) -> Ref:
         return Ref(self.id, p, i)

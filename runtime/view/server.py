@@ -83,8 +83,21 @@ class View:
         self.token = token
         self.hosts = hosts  # the Host values accepted (None: any, with the token)
         self.env = _templates()
-        self.summaries = [runs_mod.summarize(r) for r in runs.runs]
-        self.choices = runs_mod.choices(runs)
+        self._summaries = [runs_mod.summarize(r) for r in runs.runs]
+        self._choices = runs_mod.choices(runs)
+
+    @property
+    def live(self) -> bool:
+        return any(r.live is not None for r in self.runs.runs)
+
+    @property
+    def summaries(self) -> list[runs_mod.Summary]:
+        """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
+        return [runs_mod.summarize(r) if r.live is not None else s for r, s in zip(self.runs.runs, self._summaries)]
+
+    @property
+    def choices(self) -> dict[str, list[str]]:
+        return runs_mod.choices(self.runs) if self.live else self._choices
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
@@ -128,7 +141,8 @@ class View:
         return web.Response(body=body, content_type=STATIC[name])
 
     async def runs_page(self, request: web.Request) -> web.Response:
-        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, as_text=as_text)
+        refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
+        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, as_text=as_text, refresh=refresh)
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
