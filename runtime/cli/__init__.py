@@ -40,6 +40,7 @@ COMMAND_NAMES = (
     "parity",
     "view",
     "diff",
+    "export",
 )
 
 

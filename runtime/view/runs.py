@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
 from gym_runtime.view import index as index_mod
+from gym_runtime.view.atif import from_atif, is_atif
 from gym_runtime.view.index import Index
 
 PASS = 1.0  # a rollout passes with a reward of at least this (pass@k, the diff's flips)
@@ -96,6 +98,7 @@ class Ref(msgspec.Struct, frozen=True, array_like=True):
 @dataclass
 class Runs:
     runs: list[Run]
+    scratch: Any = None  # where ATIF files given were converted to rows (a TemporaryDirectory: gone with it)
 
     def part(self, ref: Ref) -> Part:
         return self.runs[ref.run].parts[ref.part]
@@ -118,11 +121,21 @@ class Runs:
 def open_runs(paths: list[str]) -> Runs:
     """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed."""
     runs = []
+    out = Runs(runs)
     labels = [Path(p).name for p in paths]
     for n, arg in enumerate(paths):
         path = Path(arg)
         if not path.is_file():
             raise UserError(f"{arg}: no such file" if not path.exists() else f"{arg}: not a file")
+        if atif_file(path):
+            if out.scratch is None:
+                out.scratch = tempfile.TemporaryDirectory(prefix="gym-view-atif-")
+            rows = Path(out.scratch.name) / f"{n}-{path.name}.jsonl"
+            rows.write_bytes(
+                b"".join(json.dumps(from_atif(doc, i)).encode() + b"\n" for i, doc in enumerate(atif_docs(path)))
+            )
+            runs.append(Run(n, labels[n], path, [Part(rows, index_mod.load(rows), failures=False)]))
+            continue
         parts = [Part(path, index_mod.load(path), failures=path.name.endswith("_failures.jsonl"))]
         failures, metrics_path = sidecar_paths(path)
         if failures != path and failures.is_file():
@@ -132,7 +145,32 @@ def open_runs(paths: list[str]) -> Runs:
         if attempts_path(path).is_file():
             run.attempts = Attempts(attempts_path(path))
         runs.append(run)
-    return Runs(runs)
+    return out
+
+
+def atif_file(path: Path) -> bool:
+    """Whether ``path`` holds ATIF trajectories (a document, a list of them, or one a line), from its start."""
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    return head[:1] in (b"{", b"[") and b'"schema_version"' in head and b'"ATIF-' in head
+
+
+def atif_docs(path: Path) -> list[Any]:
+    """The ATIF documents of ``path``: one JSON value (a document or a list), else one a line."""
+    try:
+        whole = json.loads(path.read_bytes())
+        docs = whole if isinstance(whole, list) else [whole]
+    except ValueError:
+        docs = []
+        for number, _, line in index_mod.lines(path):
+            try:
+                docs.append(json.loads(line))
+            except ValueError as e:
+                raise UserError(f"{path}:{number}: not JSON ({e})") from None
+    for i, doc in enumerate(docs):
+        if not is_atif(doc):
+            raise UserError(f"{path}: trajectory {i + 1} is not an ATIF document (no schema_version ATIF-...)")
+    return docs
 
 
 def _json_file(path: Path) -> Any:
