@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.view.atif import from_atif, to_atif
+from gym_runtime.data.atif import from_atif, to_atif
 from tests.helpers import REPO, cli, read_jsonl
 from tests.test_view import fetch, serve
 from tests.view_rows import hostile_row, row, sample_run, write
@@ -104,6 +104,14 @@ def test_a_real_runs_rows_round_trip(tmp_path: Path) -> None:
         atif.Trajectory.model_validate(doc)
         assert doc["agent"]["name"] == "weather_agent" and doc["extra"]["gym_runtime"]["row"]["reward"] == r["reward"]
         assert from_atif(doc) == r
+    # reverify reads the export as the rows it carries: the same rows out as from the JSONL itself
+    for src, dst in ((out, "re.jsonl"), (exported, "re_atif.jsonl")):
+        redone = cli("reverify", "weather", "-i", str(src), "-o", str(tmp_path / dst), "--log-level", "warning")
+        assert redone.returncode == 0, redone.stderr[-2000:]
+    assert read_jsonl(tmp_path / "re_atif.jsonl") == read_jsonl(tmp_path / "re.jsonl")
+    foreign = write(tmp_path / "foreign.jsonl", [FOREIGN])
+    refused = cli("reverify", "weather", "-i", str(foreign), "-o", str(tmp_path / "x.jsonl"))
+    assert refused.returncode == 2 and "without gym-runtime's rows" in refused.stderr
 
 
 FOREIGN = {

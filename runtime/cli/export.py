@@ -24,9 +24,9 @@ def main(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from gym_runtime.data.atif import to_atif
     from gym_runtime.data.sidecars import batch_path
     from gym_runtime.errors import UserError
-    from gym_runtime.view.atif import to_atif
     from gym_runtime.view.index import lines
 
     check_output(args.output)

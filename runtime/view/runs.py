@@ -18,11 +18,11 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.data.atif import from_atif, is_atif
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
 from gym_runtime.view import index as index_mod
-from gym_runtime.view.atif import from_atif, is_atif
 from gym_runtime.view.index import Index
 
 PASS = 1.0  # a rollout passes with a reward of at least this (pass@k, the diff's flips)

@@ -177,9 +177,15 @@ def is_atif(doc: Any) -> bool:
     return isinstance(doc, dict) and str(doc.get("schema_version", "")).startswith("ATIF-")
 
 
+def is_ours(doc: dict[str, Any]) -> bool:
+    """An ATIF document ``to_atif`` wrote (it carries the row's fields)."""
+    extra = doc.get("extra")
+    return isinstance(extra, dict) and isinstance(extra.get(KEY), dict)
+
+
 def from_atif(doc: dict[str, Any], n: int = 0) -> dict[str, Any]:
     """An ATIF document as a row: ours whole (from ``extra``); a foreign one's steps as items, task ``n``."""
-    ours = (doc.get("extra") or {}).get(KEY) if isinstance(doc.get("extra"), dict) else None
+    ours = doc["extra"][KEY] if is_ours(doc) else None
     inputs: list[Any] = []
     output: list[dict[str, Any]] = []
     instructions = None
