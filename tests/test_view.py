@@ -283,3 +283,50 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
         assert status == 200 and b'id="attempts"' in body and b"(the slot&#39;s)" in body
         status, _, body = fetch(s.base + "/")
         assert status == 200 and batch["batch"].encode() in body and b"sk-view-test-secret" not in body
+
+
+SANDBOXED = """
+namespace: gym
+nats: embedded
+models:
+  policy: {adapter: scripted}
+sandboxes:
+  proc: {backend: process}
+resources:
+  env: {server: tests.envs.sandboxed, sandbox: proc}
+agents:
+  agent: {agent: tests.envs.sandboxed, model: policy, resource: env, sandbox: proc, timeout_s: 120}
+"""
+
+
+def test_each_sandbox_command_an_attempt_ran_is_kept_and_shown(tmp_path: Path) -> None:
+    """Rows record no sandbox command; the attempts sidecar does (command, exit code, time, output size, head),
+    from the agent's own sandbox (the process backend: no engine needed), and the trajectory page lists it."""
+    import os
+
+    config = tmp_path / "config.yaml"
+    config.write_text(SANDBOXED)
+    tasks = tmp_path / "in.jsonl"
+    tasks.write_text("".join(WEATHER.read_text().splitlines(keepends=True)[:2]))
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "run", str(config), "-i", str(tasks), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # tests.envs.sandboxed
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sleep 0.2" not in out.read_text()
+    side = [json.loads(line) for line in (tmp_path / "out_attempts.jsonl").read_text().splitlines()]
+    results = [s for s in side if s["kind"] == "result"]
+    assert len(results) == 2
+    for r in results:
+        (cmd,) = r["commands"]
+        assert cmd["command"] == "sleep 0.2; echo ready" and cmd["exit_code"] == 0
+        assert cmd["output_bytes"] == 6 and cmd["head"] == "ready\n" and cmd["ms"] >= 200
+    for s in serve(str(out)):
+        status, _, body = fetch(s.base + "/rollout/0/0/0")
+        page = body.decode()
+        assert status == 200 and "sandbox command" in page and "sleep 0.2; echo ready" in page
+        assert "exit 0 · 6 bytes of output" in page

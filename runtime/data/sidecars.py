@@ -21,7 +21,7 @@ import msgspec
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.data.history import batch_records
 from gym_runtime.data.intake import is_ok
-from gym_runtime.messages import AttemptRetried, AttemptStart, RolloutResult
+from gym_runtime.messages import AttemptRetried, AttemptStart, RolloutResult, SandboxCommand
 from gym_runtime.transport.bus import Bus
 
 _enc = msgspec.json.Encoder()
@@ -53,7 +53,7 @@ class ResultNote(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="ki
     error_class: str | None = None
     message: str | None = None
     calls: list[list[int]] | None = None
-    commands: list[Any] | None = None
+    commands: list[SandboxCommand] | None = None
     kept: bool = False
 
 
@@ -67,7 +67,7 @@ def note(res: RolloutResult) -> ResultNote:
         error_class=err.error_class if err else None,
         message=err.message if err else None,
         calls=res.calls or None,
-        commands=getattr(res, "commands", None) or None,
+        commands=res.commands or None,
     )
 
 

@@ -56,6 +56,7 @@ def _templates() -> jinja2.Environment:
     env.filters["reward"] = _fmt_reward
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
     env.filters["money"] = lambda v: f"{v:.4f}"
+    env.globals["as_text"] = as_text
     env.globals["query"] = lambda base, **kw: (
         base + "?" + urlencode({k: v for k, v in kw.items() if v not in (None, "")})
     )
@@ -142,7 +143,7 @@ class View:
 
     async def runs_page(self, request: web.Request) -> web.Response:
         refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
-        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, as_text=as_text, refresh=refresh)
+        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh)
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:

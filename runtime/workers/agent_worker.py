@@ -37,6 +37,7 @@ from gym_runtime.messages import (
     Provenance,
     RolloutResult,
     RolloutTask,
+    SandboxCommand,
     VerifyReply,
 )
 from gym_runtime.observability import logs
@@ -416,12 +417,12 @@ class AgentWorker:
                     await msg.nak(delay=delay)
                     return None
                 await _release(ctx)
-                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log)
+                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
                 info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
                 await _release(ctx)
-                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
+                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
             await _release(ctx)
             results = []
             first = task.rollout_index
@@ -439,6 +440,7 @@ class AgentWorker:
                         attempts=attempt,
                         answer_field=outcome.verdict.answer_field,
                         calls=ctx.calls.log if i == first and ctx.calls.log else None,
+                        commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
                     )
                 )
             box = ctx.sandboxes.on_acquire
@@ -648,11 +650,16 @@ async def _release(ctx: AgentContext) -> None:
 
 
 def _failures(
-    task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | None = None, calls: list[list[int]] | None = None
+    task: RolloutTask,
+    attempt: int,
+    info: ErrorInfo,
+    cost: Cost | None = None,
+    calls: list[list[int]] | None = None,
+    commands: list[SandboxCommand] | None = None,
 ) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
-    function, its cells and their tuple kept alive for the whole rollout); ``cost`` and ``calls``: what the
-    attempt used before it failed, on the first repeat's row."""
+    function, its cells and their tuple kept alive for the whole rollout); ``cost``, ``calls`` and ``commands``:
+    what the attempt used before it failed, on the first repeat's row."""
     return [
         RolloutResult(
             batch=task.batch,
@@ -664,6 +671,7 @@ def _failures(
             attempts=attempt,
             cost=cost if i == task.rollout_index else None,
             calls=calls or None if i == task.rollout_index else None,
+            commands=commands or None if i == task.rollout_index else None,
         )
         for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
     ]
