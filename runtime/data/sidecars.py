@@ -22,9 +22,12 @@ from gym_runtime.data.batches import get_manifest
 from gym_runtime.data.history import batch_records
 from gym_runtime.data.intake import is_ok
 from gym_runtime.messages import AttemptRetried, AttemptStart, RolloutResult, SandboxCommand
+from gym_runtime.observability import logs
+from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
 
 _enc = msgspec.json.Encoder()
+log = logs.get("gym.sidecars")
 # a worker sends its attempt records 0.5 s after an attempt starts (``workers.attempts.RECORDS_EVERY_S``) without
 # waiting for the server: the last ones may still be on their way when the last result is read
 RECORDS_WAIT_S = 5.0
@@ -74,7 +77,18 @@ def note(res: RolloutResult) -> ResultNote:
 async def write_batch_sidecars(
     bus: Bus, batch: str, out: str | Path, notes: list[ResultNote], *, config: dict[str, Any] | None = None
 ) -> None:
-    """Both sidecars of ``batch`` beside ``out`` (each written whole, then renamed into place)."""
+    """Both sidecars of ``batch`` beside ``out`` (each written whole, then renamed into place). They are history,
+    not the batch's result: one that cannot be written (the server busy, the folder full) is a warning, and the
+    command ends as its rows say."""
+    try:
+        await _write_sidecars(bus, batch, out, notes, config)
+    except Exception as e:  # the rows and their sidecars are on disk already: these are extra
+        log.warning("batch.sidecars_not_written", batch=batch, out=str(out), error=f"{type(e).__name__}: {e}")
+
+
+async def _write_sidecars(
+    bus: Bus, batch: str, out: str | Path, notes: list[ResultNote], config: dict[str, Any] | None
+) -> None:
     manifest = await get_manifest(bus, batch)
     agents = sorted(manifest.agents) if manifest is not None else []
     records = await _records_of(bus, batch, agents, notes) if agents else []
@@ -98,6 +112,8 @@ async def _records_of(
 ) -> list[AttemptStart | AttemptRetried]:
     """The batch's attempt records, once every result read has its attempt's start record, or after
     ``RECORDS_WAIT_S``."""
+    if await jetstream.stream_config(bus, bus.subjects.attempts_stream) is None:
+        return []  # a server provisioned before attempts were recorded
     wanted = {(n.task_index, n.rollout_index, n.attempt) for n in notes if n.attempt >= 1}
     deadline = time.monotonic() + RECORDS_WAIT_S
     while True:
