@@ -18,6 +18,10 @@ KEY = "gym_runtime"
 ROOT_KEYS = ("responses_create_params", "response")  # laid out as steps; every other row key rides in extra
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -67,19 +71,20 @@ def _metrics(item: dict[str, Any]) -> dict[str, Any] | None:
         "completion_token_ids": item.get("generation_token_ids"),
         "logprobs": item.get("generation_log_probs"),
     }
-    m = {k: v for k, v in m.items() if isinstance(v, list)}
-    if not m:
+    lists: dict[str, list[Any]] = {k: v for k, v in m.items() if isinstance(v, list)}
+    if not lists:
         return None
-    if "prompt_token_ids" in m:
-        m["prompt_tokens"] = len(m["prompt_token_ids"])
-    if "completion_token_ids" in m:
-        m["completion_tokens"] = len(m["completion_token_ids"])
-    return m
+    out: dict[str, Any] = dict(lists)
+    if "prompt_token_ids" in lists:
+        out["prompt_tokens"] = len(lists["prompt_token_ids"])
+    if "completion_token_ids" in lists:
+        out["completion_tokens"] = len(lists["completion_token_ids"])
+    return out
 
 
 def to_atif(row: dict[str, Any], *, model_name: str | None = None) -> dict[str, Any]:
     """One row as one ATIF trajectory document."""
-    params = row.get("responses_create_params") if isinstance(row.get("responses_create_params"), dict) else {}
+    params = _obj(row.get("responses_create_params"))
     steps: list[dict[str, Any]] = []
 
     def step(source: str, message: str, **more: Any) -> dict[str, Any]:
@@ -97,7 +102,7 @@ def to_atif(row: dict[str, Any], *, model_name: str | None = None) -> dict[str, 
             step("user" if role == "user" else "system", _text(item.get("content")), extra={KEY: {"input": item}})
         else:  # an earlier turn's assistant message or tool call: kept as it was
             step("system", "", extra={KEY: {"input": item}})
-    response = row.get("response") if isinstance(row.get("response"), dict) else {}
+    response = _obj(row.get("response"))
     current: dict[str, Any] | None = None
     for item in response.get("output") or []:
         if not isinstance(item, dict):
@@ -152,9 +157,9 @@ def to_atif(row: dict[str, Any], *, model_name: str | None = None) -> dict[str, 
     }
     if params.get("tools"):
         doc["agent"]["tool_definitions"] = [t for t in params["tools"] if isinstance(t, dict)]
-    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    usage = _obj(response.get("usage"))
     final = {"total_prompt_tokens": usage.get("input_tokens"), "total_completion_tokens": usage.get("output_tokens")}
-    cost = row.get("cost") if isinstance(row.get("cost"), dict) else {}
+    cost = _obj(row.get("cost"))
     if cost.get("currency") == "USD" and isinstance(cost.get("estimated_cost"), (int, float)):
         final["total_cost_usd"] = cost["estimated_cost"]
     final["total_steps"] = len(steps)
@@ -216,7 +221,7 @@ def from_atif(doc: dict[str, Any], n: int = 0) -> dict[str, Any]:
         row = {"responses_create_params": params, "response": {**(ours.get("response") or {}), "output": output}}
         row.update(ours.get("row") or {})
         return row
-    agent = doc.get("agent") if isinstance(doc.get("agent"), dict) else {}
+    agent = _obj(doc.get("agent"))
     if agent.get("tool_definitions"):
         params["tools"] = agent["tool_definitions"]
     return {
@@ -235,7 +240,7 @@ def _agent_items(s: dict[str, Any], mine: Any, outputs: dict[Any, Any]) -> list[
     results = [r for r in (s.get("observation") or {}).get("results") or []]
     by_call = {r.get("source_call_id"): r for r in results if r.get("source_call_id") is not None}
     loose = [r for r in results if r.get("source_call_id") is None]
-    metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
+    metrics = _obj(s.get("metrics"))
     kept = mine.get("items") if isinstance(mine, dict) else None
     mine_index = mine.get("metrics_item") if isinstance(mine, dict) else None
     if kept is None:

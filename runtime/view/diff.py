@@ -106,7 +106,7 @@ class Diff:
 
 
 def _keyed(run: Run, by_agent: bool, provenance: Any) -> dict[tuple[Any, ...], tuple[Ref, float, str, dict[str, str]]]:
-    out = {}
+    out: dict[tuple[Any, ...], tuple[Ref, float, str, dict[str, str]]] = {}
     for p, part in enumerate(run.parts):
         ix = part.ix
         for i in range(len(ix)):

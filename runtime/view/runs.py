@@ -120,7 +120,7 @@ class Runs:
 
 def open_runs(paths: list[str]) -> Runs:
     """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed."""
-    runs = []
+    runs: list[Run] = []
     out = Runs(runs)
     labels = [Path(p).name for p in paths]
     for n, arg in enumerate(paths):

@@ -181,7 +181,7 @@ def attempt_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row |= {"what": "started", "when": _when(r.get("at"))}
             row["detail"] = f"worker {r.get('worker')} on node {r.get('node')} (pid {r.get('pid')})"
         elif kind == "attempt.nak.v1":
-            err = r.get("error") if isinstance(r.get("error"), dict) else {}
+            err: dict[str, Any] = r["error"] if isinstance(r.get("error"), dict) else {}
             row |= {"what": "given back", "when": _when(r.get("at"))}
             row["detail"] = f"{err.get('error_class')}: {err.get('message')} (worker {r.get('worker')}; runs again)"
         elif kind == "result":
