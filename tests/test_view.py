@@ -18,11 +18,12 @@ import pytest
 
 from gym_runtime.view import index
 from gym_runtime.view.runs import Query, open_runs, select, summarize
-from tests.helpers import REPO
+from tests.helpers import REPO, cli
 from tests.stub_openai import StubOpenAI
 from tests.view_rows import failure, row, sample_run, write
 
 WEATHER = REPO / "resources/weather/data/example.jsonl"
+SECRET = "sk-view-test-secret-0123456789"
 
 
 def test_the_index_holds_each_lines_offset_and_filter_fields_and_is_kept_beside_the_file(tmp_path: Path) -> None:
@@ -243,8 +244,6 @@ def test_a_failure_rows_trajectory_shows_its_class_message_and_task(tmp_path: Pa
 def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_secrets(tmp_path: Path) -> None:
     """``run``'s bus goes with it: the attempt records, the manifest and the config are kept in sidecars (the
     model entry's key, from the environment, replaced) and the trajectory page lists the attempts."""
-    import os
-
     with StubOpenAI() as stub:  # a second model entry, with a key, that the agent does not use
         raw = (
             (REPO / "resources/weather/config.yaml")
@@ -258,13 +257,7 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
         config = tmp_path / "config.yaml"
         config.write_text(raw.replace("resources.weather", "gym_runtime.resources.weather"))
         out = tmp_path / "out.jsonl"
-        done = subprocess.run(
-            [sys.executable, "-m", "gym_runtime.cli", "run", str(config), "-i", str(WEATHER), "-o", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "VIEW_TEST_KEY": "sk-view-test-secret-0123456789"},
-        )
+        done = cli("run", str(config), "-i", str(WEATHER), "-o", str(out), env={"VIEW_TEST_KEY": SECRET})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     side = [json.loads(line) for line in (tmp_path / "out_attempts.jsonl").read_text().splitlines()]
@@ -275,14 +268,14 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
         assert [s["kind"] for s in slot] == ["attempt.start.v1", "result"], slot
         assert slot[0]["worker"] == r["provenance"]["workers"]["agent"][0] and slot[1]["kept"]
     batch_text = (tmp_path / "out_batch.json").read_text()
-    assert "sk-view-test-secret" not in batch_text
+    assert SECRET not in batch_text
     batch = json.loads(batch_text)
     assert batch["manifest"]["tasks"] == len(rows) and batch["config"]["agents"]["weather_agent"]["model"] == "policy"
     for s in serve(str(out)):
         status, _, body = fetch(s.base + "/rollout/0/0/0")
         assert status == 200 and b'id="attempts"' in body and b"(the slot&#39;s)" in body
         status, _, body = fetch(s.base + "/")
-        assert status == 200 and batch["batch"].encode() in body and b"sk-view-test-secret" not in body
+        assert status == 200 and batch["batch"].encode() in body and SECRET.encode() not in body
 
 
 SANDBOXED = """
@@ -302,20 +295,12 @@ agents:
 def test_each_sandbox_command_an_attempt_ran_is_kept_and_shown(tmp_path: Path) -> None:
     """Rows record no sandbox command; the attempts sidecar does (command, exit code, time, output size, head),
     from the agent's own sandbox (the process backend: no engine needed), and the trajectory page lists it."""
-    import os
-
     config = tmp_path / "config.yaml"
     config.write_text(SANDBOXED)
     tasks = tmp_path / "in.jsonl"
     tasks.write_text("".join(WEATHER.read_text().splitlines(keepends=True)[:2]))
     out = tmp_path / "out.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "gym_runtime.cli", "run", str(config), "-i", str(tasks), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},  # tests.envs.sandboxed
-    )
+    done = cli("run", str(config), "-i", str(tasks), "-o", str(out))  # (run in the repository: tests.envs)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sleep 0.2" not in out.read_text()
     side = [json.loads(line) for line in (tmp_path / "out_attempts.jsonl").read_text().splitlines()]
