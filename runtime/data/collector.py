@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +125,7 @@ class Collector:
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
         self.notes: list[ResultNote] = []  # each result read, for the attempts sidecar (``data.sidecars``)
+        self.last_at: float | None = None  # when the last one was (time.monotonic())
         self.reader = BatchReader.of(
             bus, manifest, self._take, self._empty, name="collect", max_republish=max_republish
         )
@@ -166,6 +168,7 @@ class Collector:
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
         self.notes.append(note(res))
+        self.last_at = time.monotonic()
         held = self._offsets[slot] >= 0
         if held and not replaces(bool(self._ok[slot]), self._attempts[slot], res):
             self.stats.duplicates += 1

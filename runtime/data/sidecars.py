@@ -29,9 +29,10 @@ from gym_runtime.transport.bus import Bus
 _enc = msgspec.json.Encoder()
 log = logs.get("gym.sidecars")
 # a worker sends its attempt records 0.5 s after an attempt starts (``workers.attempts.RECORDS_EVERY_S``) without
-# waiting for the server: the last ones may still be on their way when the last result is read
+# waiting for the server: the last ones may still be on their way when the last result is read. They are read
+# once that long after it (each read is every record of the batch), then again each SENT_S until RECORDS_WAIT_S.
+SENT_S = 0.6
 RECORDS_WAIT_S = 5.0
-POLL_S = 0.1
 
 
 def sidecar_stem(out: str | Path) -> str:
@@ -75,23 +76,29 @@ def note(res: RolloutResult) -> ResultNote:
 
 
 async def write_batch_sidecars(
-    bus: Bus, batch: str, out: str | Path, notes: list[ResultNote], *, config: dict[str, Any] | None = None
+    bus: Bus,
+    batch: str,
+    out: str | Path,
+    notes: list[ResultNote],
+    *,
+    config: dict[str, Any] | None = None,
+    last_at: float | None = None,
 ) -> None:
     """Both sidecars of ``batch`` beside ``out`` (each written whole, then renamed into place). They are history,
     not the batch's result: one that cannot be written (the server busy, the folder full) is a warning, and the
-    command ends as its rows say."""
+    command ends as its rows say. ``last_at``: when the last result was read (``time.monotonic()``)."""
     try:
-        await _write_sidecars(bus, batch, out, notes, config)
+        await _write_sidecars(bus, batch, out, notes, config, last_at)
     except Exception as e:  # the rows and their sidecars are on disk already: these are extra
         log.warning("batch.sidecars_not_written", batch=batch, out=str(out), error=f"{type(e).__name__}: {e}")
 
 
 async def _write_sidecars(
-    bus: Bus, batch: str, out: str | Path, notes: list[ResultNote], config: dict[str, Any] | None
+    bus: Bus, batch: str, out: str | Path, notes: list[ResultNote], config: dict[str, Any] | None, last_at: float | None
 ) -> None:
     manifest = await get_manifest(bus, batch)
     agents = sorted(manifest.agents) if manifest is not None else []
-    records = await _records_of(bus, batch, agents, notes) if agents else []
+    records = await _records_of(bus, batch, agents, notes, last_at) if agents else []
     lines: list[tuple[int, int, int, int, bytes]] = []
     for n, rec in enumerate(records):
         body = _enc.encode(rec)
@@ -108,7 +115,7 @@ async def _write_sidecars(
 
 
 async def _records_of(
-    bus: Bus, batch: str, agents: list[str], notes: list[ResultNote]
+    bus: Bus, batch: str, agents: list[str], notes: list[ResultNote], last_at: float | None
 ) -> list[AttemptStart | AttemptRetried]:
     """The batch's attempt records, once every result read has its attempt's start record, or after
     ``RECORDS_WAIT_S``."""
@@ -116,6 +123,8 @@ async def _records_of(
         return []  # a server provisioned before attempts were recorded
     wanted = {(n.task_index, n.rollout_index, n.attempt) for n in notes if n.attempt >= 1}
     deadline = time.monotonic() + RECORDS_WAIT_S
+    if wanted and last_at is not None:
+        await anyio.sleep(max(0.0, last_at + SENT_S - time.monotonic()))
     while True:
         records = await batch_records(bus, batch, agents)
         started = {
@@ -126,7 +135,7 @@ async def _records_of(
         }
         if wanted <= started or time.monotonic() >= deadline:
             return records
-        await anyio.sleep(POLL_S)
+        await anyio.sleep(SENT_S)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -202,6 +202,6 @@ async def collect_batch(
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
     collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
     stats = await collector.run()
-    await write_batch_sidecars(bus, batch, out, collector.kept_notes())
+    await write_batch_sidecars(bus, batch, out, collector.kept_notes(), last_at=collector.last_at)
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats

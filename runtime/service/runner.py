@@ -441,7 +441,9 @@ async def run_batch(
                 held=budget.held if budget is not None else None,
             )
             await collected.wait()
-            await write_batch_sidecars(bus, batch, out, collector.kept_notes(), config=redact(config.config))
+            await write_batch_sidecars(
+                bus, batch, out, collector.kept_notes(), config=redact(config.config), last_at=collector.last_at
+            )
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:
