@@ -265,8 +265,9 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
         slot = [
             s for s in side if (s["task_index"], s["rollout_index"]) == (r["_ng_task_index"], r["_ng_rollout_index"])
         ]
-        assert [s["kind"] for s in slot] == ["attempt.start.v1", "result"], slot
-        assert slot[0]["worker"] == r["provenance"]["workers"]["agent"][0] and slot[1]["kept"]
+        (start,) = [s for s in slot if s["kind"] == "attempt.start.v1"]
+        (result,) = [s for s in slot if s["kind"] == "result"]
+        assert start["worker"] == r["provenance"]["workers"]["agent"][0] and start["attempt"] == result["attempt"] == 1
     batch_text = (tmp_path / "out_batch.json").read_text()
     assert SECRET not in batch_text
     batch = json.loads(batch_text)

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
 from gym_runtime.data.reader import BatchReader, budget_slots
-from gym_runtime.data.sidecars import ResultNote, note
+from gym_runtime.data.sidecars import AttemptsSpool
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.interface import Transport
@@ -100,9 +99,11 @@ class Collector:
         on_result: Callable[[bool, float | None], None] | None = None,
         max_republish: int | None = None,
         on_stored: Callable[[RolloutResult], None] | None = None,
+        keep_attempts: bool = False,
     ) -> None:
         """``max_republish``: rounds of publishing again the tasks of slots whose results were lost (None: the
-        manifest's); ``on_stored``: each slot's first stored result (what a budget counts)."""
+        manifest's); ``on_stored``: each slot's first stored result (what a budget counts); ``keep_attempts``:
+        write each result read to the attempts sidecar (``data.sidecars.write_batch_sidecars`` ends it)."""
         self.bus = bus
         self.batch = manifest.batch
         self.out = Path(out)
@@ -124,8 +125,8 @@ class Collector:
         self._done = anyio.Event()
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
-        self.notes: list[ResultNote] = []  # each result read, for the attempts sidecar (``data.sidecars``)
-        self.last_at: float | None = None  # when the last one was (time.monotonic())
+        # each result read, written to the attempts sidecar as it comes (``data.sidecars``: run and collect)
+        self.attempts = AttemptsSpool(out) if keep_attempts else None
         self.reader = BatchReader.of(
             bus, manifest, self._take, self._empty, name="collect", max_republish=max_republish
         )
@@ -153,6 +154,8 @@ class Collector:
             self._stop.set()
             for leftover in (self.spool_path, Path(f"{self.out}.tmp"), Path(f"{self.failures_path}.tmp")):
                 leftover.unlink(missing_ok=True)
+            if self.attempts is not None:
+                self.attempts.discard()
             raise
         return self.stats
 
@@ -167,8 +170,8 @@ class Collector:
 
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
-        self.notes.append(note(res))
-        self.last_at = time.monotonic()
+        if self.attempts is not None:
+            self.attempts.add(res)
         held = self._offsets[slot] >= 0
         if held and not replaces(bool(self._ok[slot]), self._attempts[slot], res):
             self.stats.duplicates += 1
@@ -206,14 +209,6 @@ class Collector:
             self.on_progress(self._count, self.expected)
         if self._count >= self.expected:
             self._done.set()
-
-    def kept_notes(self) -> list[ResultNote]:
-        """``notes``, the result each slot kept marked ``kept``."""
-        for n in self.notes:
-            slot = n.task_index * self.repeats + n.rollout_index
-            if 0 <= slot < self.expected:
-                n.kept = n.attempt == self._attempts[slot] and (n.error_class is None) == bool(self._ok[slot])
-        return self.notes
 
     def _finalize(self) -> None:
         """Rewrite the spool in task×repeat order, then the metrics; runs in a thread (file I/O, pass@k for

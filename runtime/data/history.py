@@ -91,9 +91,9 @@ async def histories(bus: Bus, batch: str, task: int, rollout: int | None) -> tup
     return manifest, out
 
 
-async def _records(bus: Bus, agents: list[str], batch: str, task: int | None) -> list[AttemptStart | AttemptRetried]:
-    """The attempt records of one task (None: of every task), oldest first (none when the server has no attempts
-    stream: provisioned by an older version); each agent's records of the batch read once."""
+async def _records(bus: Bus, agents: list[str], batch: str, task: int) -> list[AttemptStart | AttemptRetried]:
+    """The attempt records of one task, oldest first (none when the server has no attempts stream: provisioned by
+    an older version); each agent's records of the batch read once."""
     out: list[AttemptStart | AttemptRetried] = []
     stream = bus.subjects.attempts_stream
     if await jetstream.stream_config(bus, stream) is None:
@@ -101,7 +101,7 @@ async def _records(bus: Bus, agents: list[str], batch: str, task: int | None) ->
 
     async def take(msg: Delivery) -> None:
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            out.extend(r for r in _decode_records(msg.data) if task is None or r.task_index == task)
+            out.extend(r for r in _decode_records(msg.data) if r.task_index == task)
 
     for agent in agents:
         await _read_all(bus, stream, bus.subjects.attempt(agent, batch), take)
@@ -111,9 +111,19 @@ async def _records(bus: Bus, agents: list[str], batch: str, task: int | None) ->
 _decode_records = msgspec.msgpack.Decoder(list[AttemptRecord]).decode
 
 
-async def batch_records(bus: Bus, batch: str, agents: list[str]) -> list[AttemptStart | AttemptRetried]:
-    """Every attempt record of a batch's tasks, oldest first (``run`` and ``collect`` keep them beside the output)."""
-    return await _records(bus, agents, batch, None)
+async def each_record(
+    bus: Bus, batch: str, agents: list[str], take: Callable[[AttemptStart | AttemptRetried], None]
+) -> None:
+    """Hand ``take`` every attempt record of a batch, in stream order, none kept (``run`` and ``collect`` write
+    them beside the output)."""
+
+    async def one(msg: Delivery) -> None:
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            for r in _decode_records(msg.data):
+                take(r)
+
+    for agent in agents:
+        await _read_all(bus, bus.subjects.attempts_stream, bus.subjects.attempt(agent, batch), one)
 
 
 async def _results(

@@ -200,8 +200,16 @@ async def collect_batch(
         waited = f"; waited {wait_s:g}s" if wait_s else " (--wait S waits for a publish still under way)"
         raise UserError(f"no batch {batch!r} in namespace {bus.ns!r} (was it published here?){waited}")
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
-    collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
+    collector = Collector(
+        bus,
+        manifest,
+        out,
+        on_progress=on_progress,
+        on_result=on_result,
+        max_republish=max_republish,
+        keep_attempts=True,
+    )
     stats = await collector.run()
-    await write_batch_sidecars(bus, batch, out, collector.kept_notes(), last_at=collector.last_at)
+    await write_batch_sidecars(bus, batch, out, collector.attempts)
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats

@@ -416,6 +416,7 @@ async def run_batch(
                 on_progress=on_progress,
                 on_result=on_result,
                 on_stored=budget.stored if budget is not None else None,
+                keep_attempts=True,
             )
             if budget is not None:
                 budget.repeats, budget.collector = repeats, collector
@@ -441,9 +442,7 @@ async def run_batch(
                 held=budget.held if budget is not None else None,
             )
             await collected.wait()
-            await write_batch_sidecars(
-                bus, batch, out, collector.kept_notes(), config=redact(config.config), last_at=collector.last_at
-            )
+            await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:

@@ -26,7 +26,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.diff import compare
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
-from gym_runtime.view.trajectory import as_text, attempt_rows, trajectory
+from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
 CSP = (
     "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'none'; "
@@ -177,7 +177,7 @@ class View:
         run = self.runs.runs[ref.run]
         records = None
         if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
-            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]))
+            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
         return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
 
     async def diff_page(self, request: web.Request) -> web.Response:

@@ -171,9 +171,22 @@ def _calls(calls: Any) -> list[str]:
     return out
 
 
-def attempt_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A slot's lines of the attempts sidecar, as the trajectory page lists them (strings; escaped there)."""
+ORDER = {"attempt.start.v1": 0, "attempt.nak.v1": 1, "result": 2}
+
+
+def kept_attempt(row: dict[str, Any]) -> int:
+    """The attempt whose result a row is: its ``provenance.attempt`` (1 when left out), a failure row's ``attempts``."""
+    if "error_class" in row and isinstance(row.get("attempts"), int):
+        return int(row["attempts"])
+    prov = row.get("provenance")
+    return int(prov.get("attempt", 1)) if isinstance(prov, dict) else 1
+
+
+def attempt_rows(records: list[dict[str, Any]], kept: int) -> list[dict[str, Any]]:
+    """A slot's lines of the attempts sidecar by attempt, as the trajectory page lists them (strings; escaped
+    there); ``kept``: the attempt whose result the slot keeps."""
     out = []
+    records = sorted(records, key=lambda r: (r.get("attempt") or 0, ORDER.get(str(r.get("kind")), 3)))
     for r in records:
         kind = r.get("kind")
         row: dict[str, Any] = {"attempt": r.get("attempt"), "calls": _calls(r.get("calls")), "commands": []}
@@ -188,7 +201,7 @@ def attempt_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             failed = r.get("error_class")
             row |= {"what": "failure row" if failed else "result", "when": ""}
             row["detail"] = (f"{failed}: {r.get('message')}" if failed else "a row") + (
-                " (the slot's)" if r.get("kept") else " (not kept)"
+                " (the slot's)" if r.get("attempt") == kept else " (not kept)"
             )
             row["commands"] = [c for c in r.get("commands") or [] if isinstance(c, dict)]
         else:

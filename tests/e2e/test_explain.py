@@ -86,7 +86,7 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
     assert starts[0]["pid"] == first.pid and starts[-1]["pid"] == second.pid
     assert [r["attempt"] for r in starts] == [a["number"] for a in attempts]
     (kept,) = [r for r in side if r["kind"] == "result"]
-    assert kept["kept"] and kept["calls"] == calls and kept["attempt"] == row["provenance"]["attempt"]
+    assert kept["calls"] == calls and kept["attempt"] == row["provenance"]["attempt"]
     batch = json.loads((tmp_path / "out_batch.json").read_text())
     assert batch["batch"] == "b1" and batch["manifest"]["models"]["policy"]["adapter"] == "scripted"
     for site in serve(str(out)):
