@@ -316,3 +316,19 @@ def test_each_sandbox_command_an_attempt_ran_is_kept_and_shown(tmp_path: Path) -
         page = body.decode()
         assert status == 200 and "sandbox command" in page and "sleep 0.2; echo ready" in page
         assert "exit 0 · 6 bytes of output" in page
+
+
+def test_the_table_pages_by_fifty_and_a_diff_of_runs_with_no_task_in_common_says_so(tmp_path: Path) -> None:
+    many = write(tmp_path / "many.jsonl", [row(t, 0, float(t % 2)) for t in range(120)])
+    other = write(tmp_path / "other.jsonl", [row(500, 0, 1.0)])
+    for s in serve(str(many), str(other)):
+        _, _, first = fetch(s.base + "/rollouts?run=0&sort=task")
+        assert b"120 rollouts, page 1 of 3" in first and first.count(b'href="/rollout/0/0/') == 50
+        assert b'id="next" href="/rollouts?page=2&amp;run=0&amp;sort=task"' in first
+        _, _, last = fetch(s.base + "/rollouts?run=0&sort=task&page=3")
+        assert b"page 3 of 3" in last and last.count(b'href="/rollout/0/0/') == 20 and b'id="next"' not in last
+        _, _, beyond = fetch(s.base + "/rollouts?run=0&page=99")
+        assert b"page 3 of 3" in beyond
+        assert fetch(s.base + "/rollouts?rmin=high")[0] == 400
+        status, _, page = fetch(s.base + "/diff?a=0&b=1")
+        assert status == 200 and b'id="problem"' in page and b"have no task in common" in page

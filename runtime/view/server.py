@@ -154,7 +154,9 @@ class View:
         pages = max(1, -(-len(found) // PAGE))
         q.page = min(max(1, q.page), pages)
         shown = found[(q.page - 1) * PAGE : q.page * PAGE]
-        args = {k: v for k, v in msgspec.structs.asdict(q).items() if v not in (None, "", False) and k != "page"}
+        # (``0`` is a value: a run, a reward bound, a policy version; ``False`` is not asked for)
+        args = {k: v for k, v in msgspec.structs.asdict(q).items() if v is not None and v != "" and v is not False}
+        args.pop("page")
         return self.render(
             "rollouts.html",
             q=q,
