@@ -304,6 +304,21 @@ class RowCheck(Struct, kw_only=True, omit_defaults=True):
     any_tools: bool = False
 
 
+class SandboxCommand(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One command an attempt ran in its own sandboxes (``RolloutResult.commands``; rows record none): the
+    command, its exit code (None: killed past its timeout), its time, its output's size and its first
+    ``COMMAND_HEAD`` characters (stdout, then stderr)."""
+
+    command: str
+    exit_code: int | None = None
+    ms: int = 0
+    output_bytes: int = 0
+    head: str = ""
+
+
+COMMAND_HEAD = 2000
+
+
 class RolloutResult(_Msg, tag="result.v1"):
     """The collector's input: a finished row, or a failure with its class."""
 
@@ -322,6 +337,7 @@ class RolloutResult(_Msg, tag="result.v1"):
     # attempt's start. The entry of the i-th model call is ``provenance.turns[i]``, the i-th tool call's name
     # is the i-th ``function_call`` of the response: neither is repeated here. A group's on its first repeat.
     calls: list[list[int]] | None = None
+    commands: list[SandboxCommand] | None = None  # its own sandboxes' commands, in order (run's attempts sidecar)
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)
@@ -448,6 +464,9 @@ class Provenance(Struct, kw_only=True, omit_defaults=True, gc=False):
 
     runtime: str  # gym-runtime's version on the agent worker
     config: str | None = None  # the agent entry's config fingerprint (``ResolvedConfig.fingerprints``: no pricing)
+    # the same, part by part (``fingerprints.agent_parts``: ``agent``, ``model.NAME``, ``resource``): ``diff``
+    # tells a changed grader (regrade) from a changed model (rerun)
+    parts: dict[str, str] = {}
     env: str | None = None  # the environment's code identity (``plugins.code_identity``), from the verifying worker
     grader: str | None = None  # the grader's identity where it differs from the environment's
     turns: list[str] = []  # the model entry of each model call, in order; ``entry@version`` once a trainer set one

@@ -91,7 +91,7 @@ HEAVY = (
 )
 
 
-@pytest.mark.parametrize("command", ["publish", "collect", "run"])
+@pytest.mark.parametrize("command", ["publish", "collect", "run", "view", "diff", "export"])
 def test_a_commands_help_imports_neither_the_other_commands_nor_the_stack_it_runs(command: str) -> None:
     out = imported(command, "--help")
     assert out.returncode == 0 and f"usage: gym-runtime {command}" in out.stdout, out.stderr[-2000:]

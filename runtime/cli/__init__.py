@@ -38,6 +38,9 @@ COMMAND_NAMES = (
     "init",
     "env",
     "parity",
+    "view",
+    "diff",
+    "export",
 )
 
 

@@ -75,6 +75,19 @@ def agent_fingerprint(config: Config, agent: str) -> str:
     return hashlib.sha256(":".join(parts).encode()).hexdigest()[:12]
 
 
+def agent_parts(config: Config, agent: str) -> dict[str, str]:
+    """Rows' ``provenance.parts``: the fingerprint of each entry an agent's rollouts depend on, apart
+    (``agent``, ``model.NAME``, ``resource``), so a diff of two runs tells a changed grader (regrade) from a
+    changed model (rerun); ``provenance.config`` hashes them together."""
+    a = config.agents[agent]
+    out = {"agent": fingerprint(a)}
+    if a.model in config.models:
+        out[f"model.{a.model}"] = fingerprint(config.models[a.model])
+    if a.resource in config.resources:
+        out["resource"] = fingerprint(config.resources[a.resource])
+    return out
+
+
 def agent_fields(config: Config, agent: str) -> dict[str, str]:
     """``entry_fields`` of an agent's entry and of the model and resource entries it uses (its fingerprint's parts)."""
     a = config.agents[agent]

@@ -29,6 +29,7 @@ from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
 from gym_runtime.data.reader import BatchReader, budget_slots
+from gym_runtime.data.sidecars import AttemptsSpool
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.interface import Transport
@@ -98,9 +99,11 @@ class Collector:
         on_result: Callable[[bool, float | None], None] | None = None,
         max_republish: int | None = None,
         on_stored: Callable[[RolloutResult], None] | None = None,
+        keep_attempts: bool = False,
     ) -> None:
         """``max_republish``: rounds of publishing again the tasks of slots whose results were lost (None: the
-        manifest's); ``on_stored``: each slot's first stored result (what a budget counts)."""
+        manifest's); ``on_stored``: each slot's first stored result (what a budget counts); ``keep_attempts``:
+        write each result read to the attempts sidecar (``data.sidecars.write_batch_sidecars`` ends it)."""
         self.bus = bus
         self.batch = manifest.batch
         self.out = Path(out)
@@ -122,6 +125,8 @@ class Collector:
         self._done = anyio.Event()
         self._answer_field: str | None = None
         self._stop = threading.Event()  # set when the collection is abandoned (Ctrl-C): the file thread stops
+        # each result read, written to the attempts sidecar as it comes (``data.sidecars``: run and collect)
+        self.attempts = AttemptsSpool(out) if keep_attempts else None
         self.reader = BatchReader.of(
             bus, manifest, self._take, self._empty, name="collect", max_republish=max_republish
         )
@@ -149,6 +154,8 @@ class Collector:
             self._stop.set()
             for leftover in (self.spool_path, Path(f"{self.out}.tmp"), Path(f"{self.failures_path}.tmp")):
                 leftover.unlink(missing_ok=True)
+            if self.attempts is not None:
+                self.attempts.discard()
             raise
         return self.stats
 
@@ -163,6 +170,8 @@ class Collector:
 
     def _take(self, res: RolloutResult, slot: int) -> None:
         """Keep ``res`` as its slot's row unless the slot holds one the rule for attempts keeps."""
+        if self.attempts is not None:
+            self.attempts.add(res)
         held = self._offsets[slot] >= 0
         if held and not replaces(bool(self._ok[slot]), self._attempts[slot], res):
             self.stats.duplicates += 1

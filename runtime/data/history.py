@@ -114,6 +114,21 @@ async def _records(bus: Bus, agents: list[str], batch: str, task: int) -> list[A
 _decode_records = msgspec.msgpack.Decoder(list[AttemptRecord]).decode
 
 
+async def each_record(
+    bus: Bus, batch: str, agents: list[str], take: Callable[[AttemptStart | AttemptRetried], None]
+) -> None:
+    """Hand ``take`` every attempt record of a batch, in stream order, none kept (``run`` and ``collect`` write
+    them beside the output)."""
+
+    async def one(msg: Delivery) -> None:
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            for r in _decode_records(msg.data):
+                take(r)
+
+    for agent in agents:
+        await _read_all(bus, bus.subjects.attempts_stream, bus.subjects.attempt(agent, batch), one)
+
+
 async def _results(
     bus: Bus, intake: Intake, agents: list[str], task: int
 ) -> tuple[list[RolloutResult], list[RolloutResult]]:

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from gym_runtime.data.atif import from_atif, is_atif, is_ours
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.drift import Drift
 from gym_runtime.errors import Failure, UserError
@@ -135,6 +136,11 @@ def validate_rollouts(path: str | Path) -> int:
             except msgspec.DecodeError as e:
                 problems.append(f"{p}:{lineno}: not valid JSON ({e})")
                 continue
+            if is_atif(row):
+                if not is_ours(row):
+                    problems.append(f"{p}:{lineno}: an ATIF trajectory without gym-runtime's rows (no reward to redo)")
+                    continue
+                row = from_atif(row)
             if not isinstance(row, dict) or not isinstance(row.get("response"), dict):
                 problems.append(f"{p}:{lineno}: not a rollout row (an object with a 'response' object)")
     if problems:
@@ -242,6 +248,8 @@ async def reverify_file(
                     row = _decoder.decode(line)
                     if not isinstance(row, dict):
                         raise UserError("a row must be a JSON object")
+                    if is_atif(row):  # our ATIF export (``gym-runtime export``): the row it carries
+                        row = from_atif(row)
                 except (msgspec.DecodeError, ValueError) as e:
                     raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
                 await limiter.acquire()

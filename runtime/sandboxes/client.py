@@ -27,6 +27,7 @@ import contextlib
 import inspect
 import math
 import random
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -34,7 +35,7 @@ from typing import Any, Literal
 import anyio
 
 from gym_runtime.errors import Failure
-from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
+from gym_runtime.messages import COMMAND_HEAD, SandboxCall, SandboxCommand, SandboxReply, SandboxSpec
 from gym_runtime.sandboxes.spec import ExecResult
 from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.rpc import NoResponders
@@ -96,8 +97,10 @@ class Sandbox:
         ``on_output``: given each part of the output as the command produces it (see the module's doc)."""
         call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
+        started = time.monotonic()
         r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
         self._owner._exec_s += max(0.0, r.duration_s) if math.isfinite(r.duration_s) else 0.0
+        self._owner.commands.append(_command(call.argv, r, time.monotonic() - started))
         return _result(r)
 
     async def _streamed(self, call: SandboxCall, timeout: float, on_output: OnOutput) -> SandboxReply:
@@ -207,6 +210,20 @@ def _argv(cmd: str | list[str]) -> list[str]:
     return ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
 
 
+def _command(argv: list[str], r: SandboxReply, took_s: float) -> SandboxCommand:
+    """What the attempt's record keeps of a command: ``sh -c CMD`` as CMD, its time (the backend's, else the
+    call's as seen here), the output's size and head."""
+    shown = argv[2] if len(argv) == 3 and argv[:2] == ["sh", "-c"] else shlex.join(argv)
+    head = (r.stdout[:COMMAND_HEAD] + r.stderr[: max(0, COMMAND_HEAD - len(r.stdout))]).decode("utf-8", "replace")
+    return SandboxCommand(
+        command=shown,
+        exit_code=r.exit_code,
+        ms=round(1000 * (r.duration_s or took_s)),
+        output_bytes=len(r.stdout) + len(r.stderr),
+        head=head[:COMMAND_HEAD],
+    )
+
+
 def _result(r: SandboxReply) -> ExecResult:
     return ExecResult(
         exit_code=r.exit_code,
@@ -291,6 +308,7 @@ class Sandboxes:
         self._cpu_s = 0.0  # summed CPU time of its closed sandboxes, where their backend counts it (the cost too)
         self._images: list[str] = []  # the image each sandbox was asked for ("": the pool's default; provenance)
         self._image_ids: list[str] = []  # beside each, the content id of the image it ran ("": the backend has none)
+        self.commands: list[SandboxCommand] = []  # each exec, in order (the attempt's record: RolloutResult.commands)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
 

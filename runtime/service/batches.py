@@ -20,6 +20,7 @@ from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, other_namespaces, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.messages import RolloutTask
 from gym_runtime.observability import logs
@@ -222,7 +223,16 @@ async def collect_batch(
             + await other_namespaces(bus, batch)
         )
     log.info("batch.collecting", batch=batch, expected=manifest.expected, out=str(out))
-    collector = Collector(bus, manifest, out, on_progress=on_progress, on_result=on_result, max_republish=max_republish)
+    collector = Collector(
+        bus,
+        manifest,
+        out,
+        on_progress=on_progress,
+        on_result=on_result,
+        max_republish=max_republish,
+        keep_attempts=True,
+    )
     stats = await collector.run()
+    await write_batch_sidecars(bus, batch, out, collector.attempts)
     log.info("batch.collected", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward)
     return stats

@@ -21,7 +21,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import Config, ResolvedConfig
+from gym_runtime.config import Config, ResolvedConfig, redact
 from gym_runtime.data.batches import new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, check_agent_flag, validate
@@ -31,6 +31,7 @@ from gym_runtime.data.reverify import (
     reverify_file,
     validate_rollouts,
 )
+from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError, in_entry
 from gym_runtime.observability import logs
 from gym_runtime.observability.progress import Heartbeat
@@ -437,6 +438,7 @@ async def run_batch(
                 on_progress=on_progress,
                 on_result=on_result,
                 on_stored=budget.stored if budget is not None else None,
+                keep_attempts=True,
             )
             if budget is not None:
                 budget.repeats, budget.collector = repeats, collector
@@ -462,6 +464,7 @@ async def run_batch(
                 held=budget.held if budget is not None else None,
             )
             await collected.wait()
+            await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:

@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
+from gym_runtime.config.fingerprints import agent_parts
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
     AttemptRetried,
@@ -38,6 +39,7 @@ from gym_runtime.messages import (
     Provenance,
     RolloutResult,
     RolloutTask,
+    SandboxCommand,
     VerifyReply,
     counted_ms,
 )
@@ -158,6 +160,7 @@ class AgentWorker:
         self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = config.fingerprints[("agent", name)]
+        self.parts = agent_parts(config.config, name)  # rows' provenance.parts
         self._model_fps = config.model_fingerprints()
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
@@ -431,12 +434,12 @@ class AgentWorker:
                     await msg.nak(delay=delay)
                     return None
                 await _release(ctx)
-                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log)
+                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
             except Exception as e:
                 log.error("rollout.crashed", error=repr(e), exc_info=e)
                 info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
                 await _release(ctx)
-                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
+                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
             await _release(ctx)
             results = []
             first, spent = task.rollout_index, None
@@ -459,6 +462,7 @@ class AgentWorker:
                         attempts=attempt,
                         answer_field=outcome.verdict.answer_field,
                         calls=ctx.calls.log if i == first and ctx.calls.log else None,
+                        commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
                     )
                 )
             box = ctx.sandboxes.on_acquire
@@ -564,6 +568,7 @@ class AgentWorker:
         prov = Provenance(
             runtime=self.runtime_version,
             config=self.fingerprint,
+            parts=self.parts,
             env=served.code or None if served else None,
             grader=grader_identity(self._model_fps, served.cost if served else None),
             turns=ctx.turns,
@@ -690,11 +695,16 @@ async def _release(ctx: AgentContext) -> None:
 
 
 def _failures(
-    task: RolloutTask, attempt: int, info: ErrorInfo, cost: Cost | None = None, calls: list[list[int]] | None = None
+    task: RolloutTask,
+    attempt: int,
+    info: ErrorInfo,
+    cost: Cost | None = None,
+    calls: list[list[int]] | None = None,
+    commands: list[SandboxCommand] | None = None,
 ) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
-    function, its cells and their tuple kept alive for the whole rollout); ``cost`` and ``calls``: what the
-    attempt used before it failed, on the first repeat's row."""
+    function, its cells and their tuple kept alive for the whole rollout); ``cost``, ``calls`` and ``commands``:
+    what the attempt used before it failed, on the first repeat's row."""
     return [
         RolloutResult(
             batch=task.batch,
@@ -706,6 +716,7 @@ def _failures(
             attempts=attempt,
             cost=cost if i == task.rollout_index else None,
             calls=calls or None if i == task.rollout_index else None,
+            commands=commands or None if i == task.rollout_index else None,
         )
         for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
     ]

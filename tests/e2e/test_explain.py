@@ -25,6 +25,7 @@ from gym_runtime.transport.subjects import Subjects
 from tests.e2e.test_secured_bus import node_dir
 from tests.helpers import REPO, cli, read_jsonl
 from tests.pools import BeaconWatch, Pool, start_collect, tasks_file, wait_until, write_config
+from tests.test_view import fetch, serve
 
 
 @pytest.fixture
@@ -78,6 +79,21 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
     assert sum(c[3] for c in models) == row["cost"]["models"]["policy"]["output_tokens"]
     assert all(c[1] >= 3000 for c in models)  # each scripted call takes delay_s
     assert [c[0] for c in calls] == sorted(c[0] for c in calls)  # in the order they were made
+
+    # collect kept the same records beside its output (they go with purge), and view shows them
+    side = [json.loads(line) for line in (tmp_path / "out_attempts.jsonl").read_text().splitlines()]
+    starts = [r for r in side if r["kind"] == "attempt.start.v1"]
+    assert starts[0]["pid"] == first.pid and starts[-1]["pid"] == second.pid
+    assert [r["attempt"] for r in starts] == [a["number"] for a in attempts]
+    (kept,) = [r for r in side if r["kind"] == "result"]
+    assert kept["calls"] == calls and kept["attempt"] == row["provenance"]["attempt"]
+    batch = json.loads((tmp_path / "out_batch.json").read_text())
+    assert batch["batch"] == "b1" and batch["manifest"]["models"]["policy"]["adapter"] == "scripted"
+    for site in serve(str(out)):
+        status, _, page = fetch(site.base + "/rollout/0/0/0")
+        assert status == 200
+        text = page.decode()
+        assert f"(pid {first.pid})" in text and f"(pid {second.pid})" in text and "(the slot&#39;s)" in text
 
     text = cli("explain", "b1", "0", "--nats", server.url)
     assert text.returncode == 0, text.stderr

@@ -1,0 +1,274 @@
+"""A rollouts file's index: each line's offset and length and the fields the pages filter and sort on.
+
+Built once in one pass (each line decoded into a small Struct: the rest of a 40 KB row is skipped, not
+built), kept beside the file (``OUT.jsonl.gymview``) and rebuilt only when the file's size or mtime
+changed. The pages read the index, and a row's line only when it is shown, so a file of gigabytes is never
+all in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from gym_runtime.errors import UserError
+
+VERSION = 2
+SUFFIX = ".gymview"
+CHUNK = 16 << 20
+
+
+class _Ref(msgspec.Struct):
+    name: str | None = None
+
+
+class _ModelCost(msgspec.Struct):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    call_ms: int = 0
+
+
+class _Cost(msgspec.Struct):
+    models: dict[str, _ModelCost] = {}
+    tool_ms: int = 0
+    sandbox_ms: int = 0
+    estimated_cost: float | None = None
+    currency: str | None = None
+
+
+class _Provenance(msgspec.Struct):
+    env: str | None = None
+    config: str | None = None
+    parts: dict[str, str] = {}
+    grader: str | None = None
+    images: list[str] = []
+    image_ids: list[str] = []
+
+
+def provenance_parts(prov: _Provenance | None) -> dict[str, str]:
+    """The parts of a row's ``provenance`` a diff compares, each a string: ``parts`` (per-part digests:
+    ``agent``, ``model.NAME``, ``resource``) where recorded, else the one ``config`` hash; the environment's
+    code, the grader, the images."""
+    if prov is None:
+        return {}
+    out = dict(prov.parts) if prov.parts else ({"config": prov.config} if prov.config is not None else {})
+    if prov.env is not None:
+        out["env"] = prov.env
+    if prov.grader is not None:
+        out["grader"] = prov.grader
+    if prov.image_ids or prov.images:
+        out["images"] = ",".join(prov.image_ids or prov.images)
+    return out
+
+
+class _Row(msgspec.Struct):
+    """What the index keeps of a row (a failure row's ``error_class`` too); every other key is skipped."""
+
+    reward: float | None = None
+    agent_ref: _Ref | None = None
+    resources_server_ref: _Ref | None = None
+    task: int | None = msgspec.field(default=None, name="_ng_task_index")
+    rollout: int | None = msgspec.field(default=None, name="_ng_rollout_index")
+    error_class: str | None = None
+    policy_versions: list[int] | None = None
+    cost: _Cost | None = None
+    provenance: _Provenance | None = None
+
+
+_decode_row = msgspec.json.Decoder(_Row).decode
+
+
+class Index(msgspec.Struct, array_like=True):
+    """One file's index: columns, one entry per line (``names`` holds the strings the int columns point at)."""
+
+    version: int
+    size: int
+    mtime_ns: int
+    names: list[str]
+    offsets: list[int]
+    lengths: list[int]
+    task: list[int]  # -1: none
+    rollout: list[int]
+    agent: list[int]  # into names
+    env: list[int]
+    error_class: list[int]  # -1: none (a row, not a failure)
+    reward: list[float]  # NaN: none
+    pv_min: list[int]  # -1: none
+    pv_max: list[int]
+    busy_ms: list[int]  # model call time + tool time + sandbox time
+    tokens: list[int]  # input + output tokens over every model entry
+    cost: list[float]  # NaN: no estimate
+    currency: list[int]  # into names, -1 none
+    provenance: list[int]  # into names: ``provenance_parts`` as JSON, -1 none
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def name(self, i: int) -> str:
+        return self.names[i] if i >= 0 else ""
+
+    def parts(self, i: int) -> dict[str, str]:
+        """Line ``i``'s provenance parts (``provenance_parts``)."""
+        p = self.provenance[i]
+        return msgspec.json.decode(self.names[p]) if p >= 0 else {}
+
+
+def index_path(path: Path) -> Path:
+    return path.with_name(path.name + SUFFIX)
+
+
+_FIELDS = {f.encode_name: f for f in msgspec.structs.fields(_Row)}
+
+
+def _lenient(raw: bytes) -> _Row:
+    """A row whose fields have other types than ours (a string reward, a list agent_ref), or with a lone
+    surrogate escape: what fits, kept. ValueError: not JSON; TypeError: not an object."""
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    row = _Row()
+    for key, f in _FIELDS.items():
+        if key in value:
+            with contextlib.suppress(msgspec.ValidationError):
+                setattr(row, f.name, msgspec.convert(value[key], f.type))
+    return row
+
+
+class Builder:
+    """An index built line by line (``build``; ``view``'s live mode, as rows arrive)."""
+
+    def __init__(self, size: int, mtime_ns: int) -> None:
+        self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:]))
+        self._ids: dict[str, int] = {}
+
+    def _id(self, name: str | None) -> int:
+        if not name:
+            return -1
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.ix.names)
+            self.ix.names.append(name)
+        return i
+
+    def add(self, offset: int, line: bytes, where: str) -> None:
+        try:
+            r = _decode_row(line)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            try:  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
+                r = _lenient(line)
+            except ValueError as e:
+                raise UserError(f"{where}: not JSON ({e}); a rollouts file has one JSON object a line") from None
+            except TypeError:
+                raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
+        ix = self.ix
+        ix.offsets.append(offset)
+        ix.lengths.append(len(line))
+        ix.task.append(r.task if r.task is not None else -1)
+        ix.rollout.append(r.rollout if r.rollout is not None else -1)
+        ix.agent.append(self._id(r.agent_ref.name if r.agent_ref else None))
+        env = r.resources_server_ref.name if r.resources_server_ref else None
+        ix.env.append(self._id(env or (r.provenance.env if r.provenance else None)))
+        ix.error_class.append(self._id(r.error_class))
+        ix.reward.append(float(r.reward) if r.reward is not None else math.nan)
+        pv = r.policy_versions or []
+        ix.pv_min.append(min(pv) if pv else -1)
+        ix.pv_max.append(max(pv) if pv else -1)
+        c = r.cost
+        if c is None:
+            ix.busy_ms.append(0)
+            ix.tokens.append(0)
+            ix.cost.append(math.nan)
+            ix.currency.append(-1)
+        else:
+            models = c.models.values()
+            ix.busy_ms.append(sum(m.call_ms for m in models) + c.tool_ms + c.sandbox_ms)
+            ix.tokens.append(sum(m.input_tokens + m.output_tokens for m in models))
+            ix.cost.append(c.estimated_cost if c.estimated_cost is not None else math.nan)
+            ix.currency.append(self._id(c.currency))
+        parts = provenance_parts(r.provenance)
+        ix.provenance.append(self._id(msgspec.json.encode(parts, order="sorted").decode()) if parts else -1)
+
+
+def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, line without its newline) of each non-blank line, read in chunks."""
+    offset = 0
+    number = 0
+    rest = b""
+    with path.open("rb") as f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+            buf = rest + chunk if rest else chunk
+            start = 0
+            while True:
+                end = buf.find(b"\n", start)
+                if end < 0:
+                    break
+                number += 1
+                if end > start and not buf[start:end].isspace():
+                    yield number, offset + start, buf[start:end]
+                start = end + 1
+            offset += start
+            rest = buf[start:]
+        if rest.strip():
+            yield number + 1, offset, rest
+
+
+def build(path: Path) -> Index:
+    st = path.stat()
+    b = Builder(st.st_size, st.st_mtime_ns)
+    for number, offset, line in lines(path):
+        b.add(offset, line, f"{path}:{number}")
+    return b.ix
+
+
+def load(path: Path) -> Index:
+    """The file's index: the one kept beside it when it is current, else built now (and kept, where the
+    folder is writable: a read-only folder's is built on each start)."""
+    st = path.stat()
+    kept = index_path(path)
+    with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
+        ix = msgspec.msgpack.decode(kept.read_bytes(), type=Index)
+        if (ix.version, ix.size, ix.mtime_ns) == (VERSION, st.st_size, st.st_mtime_ns):
+            return ix
+    ix = build(path)
+    tmp = kept.with_name(kept.name + f".{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(msgspec.msgpack.encode(ix))
+        os.replace(tmp, kept)
+    except (OSError, UnicodeEncodeError):  # (a name with a lone surrogate: indexed, not kept)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return ix
+
+
+def read_line(path: Path, ix: Index, i: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(ix.offsets[i])
+        return f.read(ix.lengths[i])
+
+
+def search(path: Path, ix: Index, needle: str, among: list[int]) -> list[int]:
+    """The lines of ``among`` whose JSON text holds ``needle`` (ASCII letters in any case): as written raw (UTF-8) and
+    as JSON escapes it (``\\u00e9``), so both writers' files match."""
+    needle = needle.lower()  # (a line's bytes are lowered as ASCII: its other letters match as written)
+    forms = {msgspec.json.encode(needle)[1:-1], _ascii_json(needle)}
+    found = []
+    with path.open("rb") as f:
+        for i in among:
+            f.seek(ix.offsets[i])
+            text = f.read(ix.lengths[i]).lower()
+            if any(form in text for form in forms):
+                found.append(i)
+    return found
+
+
+def _ascii_json(s: str) -> bytes:
+    return json.dumps(s)[1:-1].encode()

@@ -1,0 +1,234 @@
+"""``gym-runtime view``'s web server: read-only pages over the runs given (aiohttp, Jinja2 templates).
+
+What a model, tool or environment wrote reaches the page only through the templates' autoescaping, and the
+Content-Security-Policy allows no script at all (the pages need none: filters are a GET form, long texts
+``<details>``), no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
+a row is named by integers into the files given, a static file by a name in a fixed list. Served beyond
+loopback, every request needs the access token (a cookie set from the printed URL's ``?token=``); on
+loopback, a request whose Host is not the address served is refused (a DNS-rebinding page cannot read it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.resources
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import msgspec
+from aiohttp import web
+
+from gym_runtime.errors import UserError
+from gym_runtime.view import runs as runs_mod
+from gym_runtime.view.diff import compare
+from gym_runtime.view.runs import PAGE, Query, Ref, Runs
+from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
+
+CSP = (
+    "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'none'; "
+    "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+STATIC = {"view.css": "text/css"}
+COOKIE = "gym_view_token"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gym_runtime.view", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["reward"] = _fmt_reward
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
+    env.filters["money"] = lambda v: f"{v:.4f}"
+    env.globals["as_text"] = as_text
+    env.globals["query"] = lambda base, **kw: (
+        base + "?" + urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+    )
+    return env
+
+
+def _fmt_reward(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+
+
+def page(html: str, status: int = 200) -> web.Response:
+    # a lone surrogate (valid JSON: "\ud800") cannot be UTF-8: shown as its escape, never dropped
+    return web.Response(
+        body=html.encode("utf-8", "backslashreplace"), status=status, content_type="text/html", charset="utf-8"
+    )
+
+
+class View:
+    """The pages over ``runs``; ``token``: the access token every request needs (None on loopback)."""
+
+    def __init__(self, runs: Runs, *, token: str | None = None, hosts: set[str] | None = None) -> None:
+        self.runs = runs
+        self.token = token
+        self.hosts = hosts  # the Host values accepted (None: any, with the token)
+        self.env = _templates()
+        self._summaries = [runs_mod.summarize(r) for r in runs.runs]
+        self._choices = runs_mod.choices(runs)
+
+    @property
+    def live(self) -> bool:
+        return any(r.live is not None for r in self.runs.runs)
+
+    @property
+    def summaries(self) -> list[runs_mod.Summary]:
+        """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
+        return [runs_mod.summarize(r) if r.live is not None else s for r, s in zip(self.runs.runs, self._summaries)]
+
+    @property
+    def choices(self) -> dict[str, list[str]]:
+        return runs_mod.choices(self.runs) if self.live else self._choices
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/", self.runs_page)
+        app.router.add_get("/rollouts", self.rollouts_page)
+        app.router.add_get("/rollout/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.rollout_page)
+        app.router.add_get("/diff", self.diff_page)
+        app.router.add_get("/static/{name}", self.static)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if self.hosts is not None and request.host not in self.hosts:
+                raise web.HTTPMisdirectedRequest(text="this server answers only at the address it printed")
+            if self.token is not None:
+                given = request.query.get("token")
+                if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+                    rest = {k: v for k, v in request.query.items() if k != "token"}
+                    to = request.path + ("?" + urlencode(rest) if rest else "")
+                    resp: web.StreamResponse = web.HTTPSeeOther(to)
+                    resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
+                    raise resp  # type: ignore[misc]
+                cookie = request.cookies.get(COOKIE, "")
+                if not hmac.compare_digest(cookie.encode(), self.token.encode()):
+                    raise web.HTTPForbidden(text="open the URL gym-runtime view printed (it carries the access token)")
+            resp = await handler(request)
+        except web.HTTPException as e:
+            resp = e
+        resp.headers.update(HEADERS)
+        return resp
+
+    def render(self, name: str, **context: Any) -> web.Response:
+        return page(self.env.get_template(name).render(runs=self.runs.runs, **context))
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound()
+        body = (importlib.resources.files("gym_runtime.view") / "static" / name).read_bytes()
+        return web.Response(body=body, content_type=STATIC[name])
+
+    async def runs_page(self, request: web.Request) -> web.Response:
+        refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
+        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh)
+
+    async def rollouts_page(self, request: web.Request) -> web.Response:
+        try:
+            q = msgspec.convert({k: v for k, v in request.query.items() if v != ""}, Query, strict=False)
+        except msgspec.ValidationError as e:
+            raise web.HTTPBadRequest(text=f"bad filter: {e}") from None
+        found = runs_mod.select(self.runs, q)
+        pages = max(1, -(-len(found) // PAGE))
+        q.page = min(max(1, q.page), pages)
+        shown = found[(q.page - 1) * PAGE : q.page * PAGE]
+        # (``0`` is a value: a run, a reward bound, a policy version; ``False`` is not asked for)
+        args = {k: v for k, v in msgspec.structs.asdict(q).items() if v is not None and v != "" and v is not False}
+        args.pop("page")
+        return self.render(
+            "rollouts.html",
+            q=q,
+            args=args,
+            total=len(found),
+            pages=pages,
+            rows=[self._row_meta(r) for r in shown],
+            choices=self.choices,
+            sorts=list(runs_mod.SORTS),
+        )
+
+    async def rollout_page(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        ref = self.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
+        if ref is None:
+            raise web.HTTPNotFound()
+        raw = self.runs.raw(ref)
+        row = json.loads(raw)  # the stdlib keeps a lone surrogate as one (the page shows its escape)
+        meta = self._row_meta(ref)
+        run = self.runs.runs[ref.run]
+        records = None
+        if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
+            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
+        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
+
+    async def diff_page(self, request: web.Request) -> web.Response:
+        n = len(self.runs.runs)
+        try:
+            a = int(request.query.get("a", 0))
+            b = int(request.query.get("b", min(1, n - 1)))
+        except ValueError:
+            raise web.HTTPBadRequest(text="a and b are run numbers") from None
+        if not (0 <= a < n and 0 <= b < n):
+            raise web.HTTPNotFound()
+        every = request.query.get("all") == "true"
+        d, problem = None, ""
+        if n < 2:
+            problem = "give view two runs to compare them"
+        else:
+            try:
+                d = compare(self.runs, a, b)
+            except UserError as e:
+                problem = str(e)
+        shown = (
+            [p for p in d.pairs if every or p.flip or p.delta or p.changed or p.failure_a != p.failure_b] if d else []
+        )
+        return self.render("diff.html", a=a, b=b, d=d, every=every, shown=shown, problem=problem, href=self._href)
+
+    @staticmethod
+    def _href(ref: Ref) -> str:
+        return f"/rollout/{ref.run}/{ref.part}/{ref.line}"
+
+    def _row_meta(self, ref: Ref) -> dict[str, Any]:
+        """A row's index fields, as the tables show them."""
+        part = self.runs.part(ref)
+        ix = part.ix
+        i = ref.line
+        pv = (ix.pv_min[i], ix.pv_max[i]) if ix.pv_min[i] >= 0 else None
+        return {
+            "href": self._href(ref),
+            "run": self.runs.runs[ref.run].label,
+            "file": part.path.name,
+            "task": ix.task[i] if ix.task[i] >= 0 else None,
+            "rollout": ix.rollout[i] if ix.rollout[i] >= 0 else None,
+            "agent": ix.name(ix.agent[i]),
+            "env": ix.name(ix.env[i]),
+            "reward": ix.reward[i],
+            "failure": ix.name(ix.error_class[i]) or ("failure" if part.failures else ""),
+            "pv": pv,
+            "busy_ms": ix.busy_ms[i],
+            "tokens": ix.tokens[i],
+            "cost": None if math.isnan(ix.cost[i]) else ix.cost[i],
+            "currency": ix.name(ix.currency[i]),
+            "bytes": ix.lengths[i],
+        }

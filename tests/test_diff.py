@@ -1,0 +1,136 @@
+"""``gym-runtime diff A B``: reward deltas, flips, provenance changes and each row's class (REUSE, REGRADE,
+RERUN), from files whose changes are known, and from real runs whose environment code or model entry changed
+(rows' per-part digests, ``provenance.parts``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gym_runtime.config import config_from_dict
+from gym_runtime.config.fingerprints import agent_parts
+from gym_runtime.view.diff import REGRADE, RERUN, REUSE, classify
+from tests.e2e.test_ledger import env_copy
+from tests.helpers import cli, read_jsonl, write_jsonl
+from tests.view_rows import failure, row, write
+
+
+def test_a_rows_class_follows_which_parts_of_its_provenance_changed() -> None:
+    base = {"agent": "a1", "model.policy": "m1", "resource": "r1", "env": "e1"}
+    assert classify(base, dict(base)) == (REUSE, [])
+    assert classify(base, {**base, "env": "e2"}) == (REGRADE, ["env"])
+    assert classify(base, {**base, "resource": "r2", "grader": "judge:x"}) == (REGRADE, ["grader", "resource"])
+    assert classify(base, {**base, "model.policy": "m2", "env": "e2"}) == (RERUN, ["env", "model.policy"])
+    assert classify(base, {**base, "images": "sha"}) == (RERUN, ["images"])
+    assert classify({"config": "c1", "env": "e1"}, {**base})[0] == RERUN  # an old row's one hash: cannot tell
+    assert classify({}, {}) == (RERUN, [])  # no provenance: nothing says it can be reused
+
+
+def test_a_parts_digest_changes_only_with_its_own_entry() -> None:
+    raw = {
+        "models": {"policy": {"adapter": "scripted"}, "judge": {"adapter": "scripted"}},
+        "resources": {"weather": {"server": "resources.weather"}},
+        "agents": {"weather_agent": {"agent": "agents.simple", "model": "policy", "resource": "weather"}},
+    }
+
+    def parts(**change: Any) -> dict[str, str]:
+        cfg = json.loads(json.dumps(raw))
+        for path, value in change.items():
+            section, name, key = path.split("__")
+            cfg[section][name][key] = value
+        from gym_runtime.config import resolve_config
+
+        return agent_parts(resolve_config(config_from_dict(cfg)).config, "weather_agent")
+
+    base = parts()
+    assert set(base) == {"agent", "model.policy", "resource"}
+    assert parts(models__policy__model="other") == {
+        **base,
+        "model.policy": parts(models__policy__model="other")["model.policy"],
+    }
+    assert parts(models__policy__model="other")["model.policy"] != base["model.policy"]
+    assert parts(models__judge__model="other") == base  # not this agent's model
+    assert parts(models__policy__replicas=4) == base  # scaling is not what is served
+    changed = parts(agents__weather_agent__max_steps=3)
+    assert changed["agent"] != base["agent"] and {k: v for k, v in changed.items() if k != "agent"} == {
+        k: v for k, v in base.items() if k != "agent"
+    }
+
+
+def runs_with_flips(tmp_path: Path) -> tuple[Path, Path]:
+    """A: tasks 0-3 × 2; B: the same, task 0/0 fail→pass, task 1/1 pass→fail, task 2's grader changed, task 3/0
+    a failure row in B, and a task 4 only in B."""
+    a = [row(t, r, 1.0 if r == 1 else 0.0) for t in range(4) for r in range(2)]
+    b = []
+    for t in range(4):
+        for r in range(2):
+            if (t, r) == (3, 0):
+                continue
+            reward = 1.0 if r == 1 else 0.0
+            reward = 1.0 if (t, r) == (0, 0) else 0.0 if (t, r) == (1, 1) else reward
+            b.append(row(t, r, reward, grader="judge:0123456789ab" if t == 2 else None))
+    b.append(row(4, 0, 1.0))
+    return write(tmp_path / "a.jsonl", a), write(tmp_path / "b.jsonl", b, [failure(3, 0)])
+
+
+def test_diff_prints_the_flips_and_classes_as_a_table_and_as_json(tmp_path: Path) -> None:
+    a, b = runs_with_flips(tmp_path)
+    out = cli("diff", str(a), str(b), "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert (d["common"], d["only_a"], d["only_b"]) == (8, 0, 1)
+    assert d["flips"] == {"pass→fail": 1, "fail→pass": 1}  # (3/0 failed in A too: no flip)
+    by = {(r["task"], r["rollout"]): r for r in d["rows"]}
+    assert by[(0, 0)]["flip"] == "fail→pass" and by[(0, 0)]["delta"] == 1.0 and by[(0, 0)]["class"] == REUSE
+    assert by[(1, 1)]["flip"] == "pass→fail" and by[(1, 1)]["delta"] == -1.0
+    assert by[(2, 0)]["class"] == by[(2, 1)]["class"] == REGRADE and by[(2, 0)]["changed"] == ["grader"]
+    assert by[(3, 0)]["failure_b"] == "timeout" and by[(3, 0)]["class"] == RERUN  # a failure row records none
+    assert d["classes"] == {REUSE: 5, REGRADE: 2, RERUN: 1}
+
+    table = cli("diff", str(a), str(b))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "8 rollouts in common (0 only in A, 1 only in B)" in lines[1]
+    assert "pass->fail 1, fail->pass 1; REUSE 5, REGRADE 2, RERUN 1" in lines[2]
+    assert any(line.split()[:2] == ["0", "0"] and "fail->pass" in line for line in lines)
+    assert not any(line.split()[:2] == ["3", "1"] for line in lines[3:])  # unchanged rows left out...
+    assert any(line.split()[:2] == ["3", "1"] for line in cli("diff", str(a), str(b), "--all").stdout.splitlines())
+
+
+def test_two_runs_with_no_task_in_common_are_one_line(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.jsonl", [row(0, 0, 1.0)])
+    b = write(tmp_path / "b.jsonl", [row(1, 0, 1.0)])
+    out = cli("diff", str(a), str(b))
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no task in common" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_real_runs_diffed_after_a_code_change_regrade_and_after_a_model_change_rerun(tmp_path: Path) -> None:
+    pkg, config = env_copy(tmp_path)
+    data = tmp_path / "tasks.jsonl"
+    write_jsonl(data, read_jsonl(pkg / "data" / "example.jsonl")[:3])
+
+    def run(out: str, *more: str) -> Path:
+        done = cli("run", str(config), "-i", str(data), "-o", str(tmp_path / out), "--log-level", "warning", *more)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return tmp_path / out
+
+    first = run("first.jsonl")
+    parts = read_jsonl(first)[0]["provenance"]["parts"]
+    assert set(parts) == {"agent", "model.policy", "resource"}
+    same = run("same.jsonl")
+    code = pkg / "__init__.py"
+    code.write_text(code.read_text() + "\n# a changed line of code\n")
+    regrade = run("regrade.jsonl")
+    rerun = run("rerun.jsonl", "--set", "models.policy.delay_s=0.001")
+
+    def classes(other: Path) -> dict[str, Any]:
+        out = cli("diff", str(first), str(other), "--json")
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        return {"classes": d["classes"], "changed": sorted({c for r in d["rows"] for c in r["changed"]})}
+
+    assert classes(same) == {"classes": {REUSE: 3, REGRADE: 0, RERUN: 0}, "changed": []}
+    assert classes(regrade) == {"classes": {REUSE: 0, REGRADE: 3, RERUN: 0}, "changed": ["env"]}
+    assert classes(rerun) == {"classes": {REUSE: 0, REGRADE: 0, RERUN: 3}, "changed": ["env", "model.policy"]}
