@@ -38,11 +38,15 @@ class Connection(Protocol):
     """What the streams' administration and the blobs use of a connection (nats-py's client and JetStream
     context, the namespace's names, the config's JetStreamConfig, and whether the admin provisioned it all)."""
 
-    nc: NATS
-    js: JetStreamContext
     subjects: Subjects
     jetstream_config: Any
     secured: bool
+
+    @property
+    def nc(self) -> NATS: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
 
 
 class Subscription(Protocol):

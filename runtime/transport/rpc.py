@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
@@ -221,7 +221,7 @@ class Keepalive:
 
     __slots__ = ("_publish", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
 
-    def __init__(self, publish: Callable[..., Awaitable[None]], reply_to: str, every_s: float) -> None:
+    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], reply_to: str, every_s: float) -> None:
         self._publish = publish  # a wire's core publish
         self._reply_to = reply_to
         self._every_s = every_s
