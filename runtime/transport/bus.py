@@ -170,7 +170,7 @@ class Bus:
         if jetstream is not None:
             bus.blobs.budget.cap = parse_size(jetstream.blob_bytes_in_flight)
             bus.blobs.ttl_s = float(jetstream.blob_ttl_s)
-        bus.secured = auth is not None and role != "admin"
+        bus.wire.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
                 within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else API_RETRY_S
@@ -185,24 +185,21 @@ class Bus:
     @property
     def nc(self) -> NATS:
         """The nats-py client (the streams' administration, ``Connection``); a bus in memory has none."""
-        if self._nats is None:
-            raise AttributeError("a bus on an in-memory wire has no NATS connection")
-        return self._nats.nc
+        return self._real_wire().nc
 
     @property
     def js(self) -> JetStreamContext:
+        return self._real_wire().js
+
+    def _real_wire(self) -> NatsWire:
         if self._nats is None:
-            raise AttributeError("a bus on an in-memory wire has no JetStream context")
-        return self._nats.js
+            raise AttributeError("a bus on an in-memory wire has no NATS connection")
+        return self._nats
 
     @property
     def secured(self) -> bool:
         """A --secure bus: the admin provisioned the streams, no other role may create them."""
         return self.wire.secured
-
-    @secured.setter
-    def secured(self, secured: bool) -> None:
-        self.wire.secured = secured
 
     @property
     def jetstream_config(self) -> Any:

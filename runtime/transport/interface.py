@@ -40,7 +40,9 @@ class Connection(Protocol):
 
     subjects: Subjects
     jetstream_config: Any
-    secured: bool
+
+    @property
+    def secured(self) -> bool: ...
 
     @property
     def nc(self) -> NATS: ...

@@ -247,6 +247,16 @@ class MemoryBroker:
         ]
 
 
+async def _either(a: asyncio.Event, b: asyncio.Event) -> None:
+    """Until one of two events is set (the broker's news, or a puller's or reader's own)."""
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
 class MemoryKV:
     """A KV bucket in memory (``interface.KeyValue``)."""
 
@@ -302,12 +312,7 @@ class MemoryPuller:
                     delivery = Delivery(msg)
                     self._held[id(delivery)] = delivery
                     tg.start_soon(self._run_one, delivery, msg)
-                waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._freed.wait())]
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in waits:
-                        w.cancel()
+                await _either(changed, self._freed)
             while self._busy:  # drain: the running handlers finish
                 self._freed = asyncio.Event()
                 await self._freed.wait()
@@ -398,12 +403,7 @@ class MemoryReader:
             changed = self.broker.changed
             s = self.broker.after(self.pattern, c.next)
             if s is None:
-                waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._wake.wait())]
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in waits:
-                        w.cancel()
+                await _either(changed, self._wake)
                 continue
             c.next = s.seq + 1
             c.deliveries[s.seq] = c.deliveries.get(s.seq, 0) + 1
