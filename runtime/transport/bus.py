@@ -8,11 +8,10 @@ side (calls, queued requests, acked stream publishes, discovery rounds) and the 
 ``Bus`` is a ``transport.interface.Transport`` (what workers use) and, on NATS, a ``Connection`` (what the
 streams' administration uses); no part imports it.
 
-Everything NATS-specific that workers need lives here and in ``gym_runtime.transport.pull``:
-encoding by ``Content-Type``, W3C trace context in headers, typed error replies
-(a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
-fact that nats-py runs one subscription's callbacks one at a time, so handlers
-are handed to tasks bounded by the worker's concurrency.
+What workers need of messages lives here, on either wire: encoding by ``Content-Type``, W3C trace context in
+headers, typed error replies (a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
+fact that a subscription's callbacks run one at a time (nats-py's, and the memory wire's), so handlers are
+handed to tasks bounded by the worker's concurrency.
 """
 
 from __future__ import annotations
