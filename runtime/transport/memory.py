@@ -44,7 +44,6 @@ __all__ = ["MemoryBroker", "MemoryMessage", "MemoryWire", "subject_matches"]
 
 log = logs.get("gym.memory")
 
-STORED = ("task", "model", "result", "kept", "attempt", "blob")  # the kinds of subject a runtime stream holds
 _DIRECT_GET = direct_get("")  # the prefix of a direct get's subject: ``{prefix}{stream}.{subject}``
 
 
@@ -438,6 +437,8 @@ class MemoryWire:
         self.jetstream_config: Any = None
         self._max_payload = max_payload
         self.streams: set[str] = set()  # the streams asked for (ensure_stream, reader): recorded, not enforced
+        n = self.subjects  # what the runtime's streams hold (their subject filters), all there from the start
+        self._stored = (n.all_tasks, n.all_model_queues, n.all_results, n.all_kept, n.all_attempts, n.all_blobs)
         self._inbox = inbox_prefix("memory", uuid.uuid4().hex[:8])  # this connection's replies
         self._seq = itertools.count()
 
@@ -452,7 +453,7 @@ class MemoryWire:
         """A stream's subject is stored (a reply gets the stream's ack); any other is delivered, and a request
         nobody subscribes to is answered "no responders" (``Status: 503``), as the server does."""
         broker = self.broker
-        if self.subjects.kind(subject) in STORED:
+        if any(subject_matches(f, subject) for f in self._stored):
             new = broker.store(subject, payload, headers or {})
             if reply:
                 ack = b'{"stream":"memory","seq":%d%s}' % (broker.seq, b"" if new else b',"duplicate":true')
