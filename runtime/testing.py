@@ -33,7 +33,28 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.memory import MemoryBroker, MemoryMessage, MemoryWire, subject_matches
 from gym_runtime.transport.rpc import Timings
 
-__all__ = ["MemoryBroker", "MemoryMessage", "MemoryTransport", "MemoryWire", "ScriptedJudge", "subject_matches"]
+__all__ = [
+    "CASE_KEYS",
+    "COMPAT",
+    "MemoryBroker",
+    "MemoryMessage",
+    "MemoryTransport",
+    "MemoryWire",
+    "ScriptedJudge",
+    "compat_dir",
+    "differential_cases",
+    "example_rollouts",
+    "input_key",
+    "joined_rollouts",
+    "new_session",
+    "read_jsonl",
+    "recorded_response",
+    "replay_tool_calls",
+    "split_verdict",
+    "subject_matches",
+    "text_response",
+    "verify_once",
+]
 
 R = TypeVar("R", bound=Resource)
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
