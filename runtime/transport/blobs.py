@@ -5,7 +5,8 @@ it refuses no other role's bodies. The ``Gym-Blob`` header carries the key space
 and the body's SHA-256, so a reader checks that what it read is what the sender stored; only the key a
 message carries reads a body (no role but admin may list a stream), and a count more chunks than the body
 limit allows is refused before any is fetched. ``Blobs`` is the part of ``Bus`` (``bus.blobs``) that encodes and
-decodes: it stores chunks through the bus's acked publish (``store``), and is given nothing else of it.
+decodes: it stores chunks through the bus's acked publish (``store``), reads them with direct gets on the bus's
+wire, and is given nothing else of it.
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from nats.aio.msg import Msg
-
 from gym_runtime.errors import Failure
 from gym_runtime.transport.codec import Codec
-from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import (
     BLOB_HEADER,
     MSG_ID_HEADER,
     TTL_HEADER,
 )
-from gym_runtime.transport.interface import Connection
-from gym_runtime.transport.jetstream import ensure_blob_stream
+from gym_runtime.transport.interface import Wire
 from gym_runtime.transport.rpc import JS_ACK_TIMEOUT_S
 from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, blob_role, blob_space
 
@@ -97,13 +95,13 @@ class ByteBudget:
 class Blobs:
     """Encoding and decoding message bodies, large ones by reference (``bus.blobs``).
 
-    ``conn``: the connection the chunks are read from and whose blob stream is made on first use (unless
+    ``wire``: the connection the chunks are read from and whose blob stream is made on first use (unless
     ``secured``: the admin provisioned it); ``store``: its acked stream publish. ``space`` (``{role}.{pool}``,
     ``subjects.blob_space``) is the key space this connection writes; ``budget`` bounds the bytes held at once.
     """
 
-    def __init__(self, conn: Connection, codec: Codec, store: Store) -> None:
-        self.conn = conn
+    def __init__(self, wire: Wire, codec: Codec, store: Store) -> None:
+        self.wire = wire
         self.codec = codec
         self.store = store
         self.max_bytes = MAX_BLOB_BYTES
@@ -115,7 +113,7 @@ class Blobs:
     @property
     def threshold(self) -> int:
         """A body larger than this goes by reference: the server's max payload, less room for headers."""
-        return max(64 * 1024, (self.conn.nc.max_payload or 1024 * 1024) - 64 * 1024)
+        return max(64 * 1024, (self.wire.max_payload or 1024 * 1024) - 64 * 1024)
 
     async def _put_blob(self, data: bytes, *, ttl: bool) -> str:
         """Store ``data`` as write-once chunks under a fresh key in this connection's key space; returns the
@@ -128,8 +126,8 @@ class Blobs:
         """
         space = self.space
         if not self.ready:
-            if not self.conn.secured:
-                await ensure_blob_stream(self.conn, blob_role(space))
+            if not self.wire.secured:
+                await self.wire.ensure_stream("blobs", blob_role(space))
             self.ready = True
         key = uuid.uuid4().hex
         size = self.threshold
@@ -140,7 +138,7 @@ class Blobs:
 
         async def put(i: int) -> None:
             async with gate:
-                subject = self.conn.subjects.blob(space, key, i)
+                subject = self.wire.subjects.blob(space, key, i)
                 await self.store(subject, bytes(view[i * size : (i + 1) * size]), {MSG_ID_HEADER: subject, **extra})
 
         async with self.budget.hold(len(data)):
@@ -185,7 +183,7 @@ class Blobs:
         sha = hashlib.sha256()
 
         async def get(i: int) -> bytes:
-            msg = await self.conn.nc.request(self.conn.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
+            msg = await self.wire.request(self.wire.subjects.blob_get(space, key, i), b"", timeout=JS_ACK_TIMEOUT_S)
             if msg.headers and msg.headers.get("Status"):
                 raise Failure("integrity", f"a referenced body's chunk {i} is missing (expired or never stored)")
             if len(msg.data) > size:
@@ -223,10 +221,10 @@ class Blobs:
             return b""
         return data
 
-    async def decode(self, msg: Msg | Delivery) -> Any:
+    async def decode(self, msg: Message | Delivery) -> Any:
         return (await self.decode_sized(msg))[0]
 
-    async def decode_sized(self, msg: Msg | Delivery) -> tuple[Any, int]:
+    async def decode_sized(self, msg: Message | Delivery) -> tuple[Any, int]:
         """The body decoded, and its size as stored (a large body's blob)."""
         headers = msg.headers
         if headers and BLOB_HEADER in headers:

@@ -1,17 +1,17 @@
 """The bus: one NATS connection, typed request-reply, and per-message tasks.
 
-Its parts, each in a module of its own: ``connect`` (reaching a server), ``rpc`` (a call's
-liveness and keepalives), ``blobs`` (large bodies by reference: ``bus.blobs``), ``serving`` (the
-server side: ``bus.serving``), ``jetstream`` and ``pull`` (streams, consumers, buckets, pulling);
-this module holds the client side (calls, queued requests, acked stream publishes) and the
-``Bus`` that composes them. The ``Bus`` is a ``transport.interface.Transport`` (what workers use)
-and a ``Connection`` (what the streams' administration uses); no part imports it.
+It is written once over a ``Wire`` (``interface.Wire``: the NATS basics), the real one (``wire.NatsWire``:
+nats-py, ``jetstream``, ``pull``, ``readers``) or the in-memory one (``memory.MemoryWire``). Its parts, each in a
+module of its own: ``connect`` (reaching a server), ``rpc`` (a call's liveness and keepalives), ``blobs`` (large
+bodies by reference: ``bus.blobs``), ``serving`` (the server side: ``bus.serving``); this module holds the client
+side (calls, queued requests, acked stream publishes, discovery rounds) and the ``Bus`` that composes them. The
+``Bus`` is a ``transport.interface.Transport`` (what workers use) and, on NATS, a ``Connection`` (what the
+streams' administration uses); no part imports it.
 
-Everything NATS-specific that workers need lives here and in ``gym_runtime.transport.pull``:
-encoding by ``Content-Type``, W3C trace context in headers, typed error replies
-(a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
-fact that nats-py runs one subscription's callbacks one at a time, so handlers
-are handed to tasks bounded by the worker's concurrency.
+What workers need of messages lives here, on either wire: encoding by ``Content-Type``, W3C trace context in
+headers, typed error replies (a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
+fact that a subscription's callbacks run one at a time (nats-py's, and the memory wire's), so handlers are
+handed to tasks bounded by the worker's concurrency.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.errors import Failure
@@ -39,7 +39,7 @@ from gym_runtime.transport import jetstream as streams
 from gym_runtime.transport.blobs import Blobs, ByteBudget
 from gym_runtime.transport.codec import Codec
 from gym_runtime.transport.connect import check_provisioned, connect, shown_servers
-from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import (
     BUSY_HEADER,
     EXPIRES_HEADER,
@@ -49,11 +49,9 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import Connection, KeyValue, Puller, StreamReader, Subscription, Transport
+from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Transport, Wire
 from gym_runtime.transport.jetstream import API_RETRY_S, full_error
 from gym_runtime.transport.limits import parse_size
-from gym_runtime.transport.pull import work_queue_puller
-from gym_runtime.transport.readers import open_reader
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
@@ -77,9 +75,10 @@ from gym_runtime.transport.subjects import (
     direct_get,
     reply,
 )
+from gym_runtime.transport.wire import NatsWire
 
 log = logs.get("gym.bus")
-DRAIN_MARGIN_S = 5.0  # past its own drain timeout, how long a close waits for nats-py's flush and close
+
 
 _pub_ack = msgspec.json.Decoder(PubAck)
 
@@ -94,35 +93,45 @@ class Bus:
     server's max payload go through the JetStream Object Store by reference
     (``Gym-Blob`` header), transparently for senders and receivers (``blobs``); handlers are
     served by ``serving``. Both are parts, given what they need of the bus and nothing more.
+    ``conn``: a nats-py client (the real wire, ``NatsWire``), or a ``Wire`` (``memory.MemoryWire``).
     """
 
-    def __init__(self, nc: NATS, *, namespace: str, telemetry: Telemetry, timings: Timings | None = None) -> None:
-        self.nc = nc
+    def __init__(
+        self, conn: NATS | Wire, *, namespace: str, telemetry: Telemetry, timings: Timings | None = None
+    ) -> None:
         self._timings = timings or Timings()
         self.ns = namespace
         self.subjects = Subjects(namespace)  # every name this bus publishes and subscribes with
         self.telemetry = telemetry
         self.codec = Codec()
-        self.js = nc.jetstream()
+        self._nats: NatsWire | None = None  # the real wire, when it is one (``nc``, ``js``)
+        if isinstance(conn, NATS):
+            conn = self._nats = NatsWire(conn, self.subjects)
+        self.wire: Wire = conn
         self._replies: dict[str, Pending] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
-        self.secured = False  # a --secure bus: the admin provisioned the streams, no other role may create them
-        # JetStreamConfig (replicas, retention) for what this client creates; None = defaults
-        self.jetstream_config: Any = None
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
         self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
         self.store_retries = 0  # stored publishes sent again for a missing ack (``store``)
         # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
-        self.blobs = Blobs(self, self.codec, self.store)
-        self.serving = Serving(nc, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
+        self.blobs = Blobs(self.wire, self.codec, self.store)
+        self.serving = Serving(self.wire, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
         # what the Bus offers of its parts (``interface.Transport``): their own methods, bound, not wrapped
         self.encode, self.decode, self.decode_sized = self.blobs.encode, self.blobs.decode, self.blobs.decode_sized
         sv = self.serving
         self.serve, self.serve_direct, self.handle, self.reply = sv.serve, sv.serve_direct, sv.handle, sv.reply
         self.expired, self.taken, self.busy = sv.expired, sv.taken, sv.busy
         self.count_junk, self.warn_limited = sv.count_junk, sv.warn_limited
+        # ... and of its wire: the streams' basics, bound as they are
+        w = self.wire
+        self.work_queue, self.reader, self.subject_count, self.stream_full = (
+            w.work_queue,
+            w.reader,
+            w.subject_count,
+            w.stream_full,
+        )
 
     @classmethod
     async def connect(
@@ -160,7 +169,7 @@ class Bus:
         if jetstream is not None:
             bus.blobs.budget.cap = parse_size(jetstream.blob_bytes_in_flight)
             bus.blobs.ttl_s = float(jetstream.blob_ttl_s)
-        bus.secured = auth is not None and role != "admin"
+        bus.wire.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
                 within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else API_RETRY_S
@@ -171,6 +180,40 @@ class Bus:
                 await bus.close()
                 raise
         return bus
+
+    @property
+    def nc(self) -> NATS:
+        """The nats-py client (the streams' administration, ``Connection``); a bus in memory has none."""
+        return self._real_wire().nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self._real_wire().js
+
+    def _real_wire(self) -> NatsWire:
+        if self._nats is None:
+            raise AttributeError("a bus on an in-memory wire has no NATS connection")
+        return self._nats
+
+    @property
+    def secured(self) -> bool:
+        """A --secure bus: the admin provisioned the streams, no other role may create them."""
+        return self.wire.secured
+
+    @property
+    def jetstream_config(self) -> Any:
+        """JetStreamConfig (replicas, retention) for what this client creates; None = defaults."""
+        return self.wire.jetstream_config
+
+    @jetstream_config.setter
+    def jetstream_config(self, config: Any) -> None:
+        self.wire.jetstream_config = config
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     @property
     def timings(self) -> Timings:
@@ -203,7 +246,7 @@ class Bus:
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return traced(self.telemetry, extra)
 
-    async def _unwrap(self, msg: Msg, subject: str) -> Any:
+    async def _unwrap(self, msg: Message, subject: str) -> Any:
         headers = msg.headers
         if headers and not msg.data:
             if headers.get("Status") == "503":
@@ -219,11 +262,11 @@ class Bus:
 
     async def _ensure_reply_sub(self) -> str:
         if self._reply_prefix is None:
-            prefix = self.nc.new_inbox()
+            prefix = self.wire.new_inbox()
             self._reply_prefix = prefix
             replies = self._replies
 
-            async def on_reply(msg: Msg) -> None:
+            async def on_reply(msg: Message) -> None:
                 headers = msg.headers
                 if headers and PROGRESS_HEADER in headers:
                     call = replies.get(msg.subject)
@@ -246,7 +289,7 @@ class Bus:
                 if call is not None and not call.fut.done():
                     call.fut.set_result(msg)
 
-            await self.nc.subscribe(answers(prefix), cb=on_reply)
+            await self.wire.subscribe(answers(prefix), cb=on_reply)
         return self._reply_prefix
 
     async def after_reconnect(self, reason: str) -> None:
@@ -284,11 +327,11 @@ class Bus:
         the reply; awaited, so parts and reply arrive in order. Outside a handler, nothing."""
         reply_to = replying()
         if reply_to and data:
-            await self.nc.publish(reply_to, data, headers={OUTPUT_HEADER: str(stream)})
+            await self.wire.publish(reply_to, data, headers={OUTPUT_HEADER: str(stream)})
 
     async def _publish_quietly(self, subject: str, headers: dict[str, str]) -> None:
         try:
-            await self.nc.publish(subject, b"", headers=headers)
+            await self.wire.publish(subject, b"", headers=headers)
         except Exception as e:  # disconnected: the call fails or ends on its own; its pause ends with it
             log.warning("pause.not_sent", subject=subject, error=repr(e))
 
@@ -324,7 +367,7 @@ class Bus:
         # the callee's lane: on a secured bus only the callee may answer into it
         reply_to = reply(prefix, self.subjects.callee_lane(subject), next(self._reply_seq))
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Msg] = loop.create_future()
+        fut: asyncio.Future[Message] = loop.create_future()
         call = Pending(fut, time.monotonic())
         call.on_output = on_output
         self._replies[reply_to] = call
@@ -350,7 +393,7 @@ class Bus:
             if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
                 await self.store(subject, data, headers)  # drop); a publish lost in a leader election is retried
             else:
-                await self.nc.publish(subject, data, reply=reply_to, headers=headers)
+                await self.wire.publish(subject, data, reply=reply_to, headers=headers)
             msg = await fut
         finally:
             call.stop()
@@ -460,12 +503,12 @@ class Bus:
 
     async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None:
         h = self._headers(headers)
-        await self.nc.publish(subject, await self.encode(payload, h), headers=h)
+        await self.wire.publish(subject, await self.encode(payload, h), headers=h)
 
     async def note(self, subject: str, data: bytes) -> None:
         """Store ``data`` in a stream without waiting for its ack: a record whose loss costs only history
         (``Subjects.attempt``), at a core publish's price."""
-        await self.nc.publish(subject, data)
+        await self.wire.publish(subject, data)
 
     async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
         """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack.
@@ -505,11 +548,11 @@ class Bus:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         ack_to = reply(prefix, SERVER_LANE, next(self._reply_seq))  # answered by the server itself
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Msg] = loop.create_future()
+        fut: asyncio.Future[Message] = loop.create_future()
         self._replies[ack_to] = Pending(fut, time.monotonic())
         timer = loop.call_later(max(ack_s, 0.0), no_ack, fut)
         try:
-            await self.nc.publish(subject, data, reply=ack_to, headers=headers)
+            await self.wire.publish(subject, data, reply=ack_to, headers=headers)
             msg = await fut
         except Failure:  # the connection dropped with the ack outstanding: publish again (deduplicated)
             raise nats.errors.TimeoutError from None
@@ -524,56 +567,37 @@ class Bus:
 
     async def publish_raw(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None) -> None:
         """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
-        await self.nc.publish(subject, data, headers=headers)
+        await self.wire.publish(subject, data, headers=headers)
 
     async def subscribe(
         self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
     ) -> Subscription:
         """A plain subscription whose messages ``cb`` gets as ``Delivery`` (run one at a time, as nats-py does)."""
 
-        async def on_msg(msg: Msg) -> None:
+        async def on_msg(msg: Message) -> None:
             await cb(Delivery(msg))
 
-        sub: Subscription = await self.nc.subscribe(subject, queue=queue, cb=on_msg)
-        return sub
+        return await self.wire.subscribe(subject, queue=queue, cb=on_msg)
 
     async def ensure_results_stream(self, agent: str) -> str:
         """The stream that stores ``agent``'s results, made when missing (``jetstream.ensure_results_stream``)."""
-        return await streams.ensure_results_stream(self, agent)
+        return await self.wire.ensure_stream("results", agent)
 
     async def ensure_attempts_stream(self) -> None:
-        await streams.ensure_attempts_stream(self)
-
-    async def work_queue(
-        self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Delivery], Awaitable[None]]
-    ) -> Puller:
-        """A puller of ``{ns}.{kind}.{name}`` (``pull.work_queue_puller``)."""
-        return await work_queue_puller(self, kind, name, slots=slots, ack_wait=ack_wait, handle=handle)
+        await self.wire.ensure_stream("attempts")
 
     async def kv(self, bucket: str) -> KeyValue:
-        """The KV bucket, made on first use (``jetstream.kv_bucket``)."""
-        return await streams.kv_bucket(self, bucket, within_s=self._timings.store_retry_s)
-
-    async def reader(
-        self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]
-    ) -> StreamReader:
-        """An acked reader of ``subject`` in ``stream`` from the start (``readers.open_reader``)."""
-        return await open_reader(self, stream, consumer, subject, handle)
-
-    async def subject_count(self, stream: str, subjects: str) -> int:
-        return await streams.subject_count(self, stream, subjects)
-
-    async def stream_full(self, stream: str) -> bool:
-        return await streams.stream_full(self, stream)
+        """The KV bucket, made on first use (``jetstream.kv_bucket``), its calls retried as a stored publish."""
+        return await self.wire.kv(bucket, within_s=self._timings.store_retry_s)
 
     async def last_stored(self, stream: str, subject: str) -> Delivery | None:
         """A last-by-subject direct get (``jetstream.last_message``)."""
-        msg = await streams.last_message(self, direct_get(stream, subject))
+        msg = await streams.last_message(self.wire.request, direct_get(stream, subject))
         return None if msg is None else Delivery(msg)
 
     async def flush(self) -> None:
         """Wait until the server has processed everything sent so far (e.g. new subscriptions)."""
-        await self.nc.flush()
+        await self.wire.flush()
 
     async def scatter(
         self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
@@ -582,19 +606,19 @@ class Bus:
         seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
         subject it came on: each responder answers into its own lane under the request's reply root
         (``answer``), which on a secured bus only it may publish into."""
-        root = self.nc.new_inbox()
+        root = self.wire.new_inbox()
         got: list[tuple[str, bytes]] = []
         enough = asyncio.Event()
 
-        async def on_answer(msg: Msg) -> None:
+        async def on_answer(msg: Message) -> None:
             got.append((msg.subject, msg.data))
             if until is not None and until(msg.subject, msg.data):
                 enough.set()
 
-        sub = await self.nc.subscribe(answers(root), cb=on_answer)
+        sub = await self.wire.subscribe(answers(root), cb=on_answer)
         try:
-            await self.nc.publish(subject, b"", reply=root)
-            await self.nc.flush()
+            await self.wire.publish(subject, b"", reply=root)
+            await self.wire.flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(enough.wait(), wait_s)
         finally:
@@ -613,11 +637,11 @@ class Bus:
         """Publish ``payload`` to every subscriber of ``subject``; collect decoded replies until
         ``done(replies)`` or ``timeout`` (control messages acknowledged by every replica). The replies
         come in the callee's lane (``model.{model}`` for a pause), which only its replicas may answer into."""
-        reply_to = reply(self.nc.new_inbox(), self.subjects.callee_lane(subject), 0)
+        reply_to = reply(self.wire.new_inbox(), self.subjects.callee_lane(subject), 0)
         replies: list[Any] = []
         finished = asyncio.Event()
 
-        async def on_reply(msg: Msg) -> None:
+        async def on_reply(msg: Message) -> None:
             try:
                 replies.append(await self.decode(msg))
             except Exception:  # a reply we cannot read counts as no reply
@@ -625,10 +649,10 @@ class Bus:
             if done(replies):
                 finished.set()
 
-        sub = await self.nc.subscribe(reply_to, cb=on_reply)
+        sub = await self.wire.subscribe(reply_to, cb=on_reply)
         try:
             h = self._headers(headers)
-            await self.nc.publish(subject, await self.encode(payload, h), reply=reply_to, headers=h)
+            await self.wire.publish(subject, await self.encode(payload, h), reply=reply_to, headers=h)
             if not done(replies):
                 try:
                     await asyncio.wait_for(finished.wait(), timeout)
@@ -640,24 +664,13 @@ class Bus:
 
     async def raw_request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
         """A plain core request (no envelope): for the server's own API (``js_info``)."""
-        return bytes((await self.nc.request(subject, data, timeout=timeout)).data)
+        return bytes((await self.wire.request(subject, data, timeout=timeout)).data)
 
     # ------------------------------------------------------------------ server side
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Drain (let handlers finish, flush) and close, each within ``timeout``. A connection whose server
-        went away is closed as it is: nats-py's own close can raise on the dead socket, and a process told to
-        stop after its server died (the end of a job) must still stop, quietly."""
-        if self.nc.is_closed:
-            return
-        # nats-py times its own drain out: a drain cancelled from outside leaves its gather of the subscriptions'
-        # drains with an exception nobody reads ("_GatheringFuture exception was never retrieved" on stderr)
-        self.nc.options["drain_timeout"] = timeout
-        try:
-            await asyncio.wait_for(self.nc.drain(), timeout + DRAIN_MARGIN_S)
-        except Exception:  # draining a dead or reconnecting connection: nothing left to flush
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.close(), timeout)
+        """Close the wire (on NATS: drain, then close, each within ``timeout``: ``NatsWire.close``)."""
+        await self.wire.close(timeout)
 
 
 if TYPE_CHECKING:  # mypy holds the Bus to both Protocols: what workers use, what the streams' administration uses

@@ -1,6 +1,10 @@
 """The transport as its users see it: Protocols, so a worker runs on a real ``Bus`` or on the in-memory
 double (``gym_runtime.testing.MemoryTransport``) without a nats-server.
 
+``Wire`` is the layer under the bus: the NATS basics, twelve methods, implemented by ``wire.NatsWire`` (nats-py)
+and ``memory.MemoryWire`` (in memory). Everything above it (calls, serving, large bodies, discovery) is the
+``Bus``, written once over either wire.
+
 ``Transport`` is exactly what the workers (``gym_runtime.workers``) and the collector (``gym_runtime.data``:
 its batch reader, intake, manifests and republishing) ask of a bus: subjects, telemetry, core publish/subscribe
 and request-reply, a discovery round, stored (JetStream) publishes, a work-queue puller, an acked reader of a
@@ -19,24 +23,32 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.rpc import Timings
 from gym_runtime.transport.subjects import Subjects
 
-__all__ = ["Connection", "Handler", "KeyValue", "Puller", "StreamReader", "Subscription", "Transport"]
+__all__ = ["Connection", "Handler", "KeyValue", "Puller", "StreamReader", "Subscription", "Transport", "Wire"]
 
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
+OnMessage = Callable[[Message], Awaitable[None]]
+Handle = Callable[[Delivery], Awaitable[None]]
 
 
 class Connection(Protocol):
     """What the streams' administration and the blobs use of a connection (nats-py's client and JetStream
     context, the namespace's names, the config's JetStreamConfig, and whether the admin provisioned it all)."""
 
-    nc: NATS
-    js: JetStreamContext
     subjects: Subjects
     jetstream_config: Any
-    secured: bool
+
+    @property
+    def secured(self) -> bool: ...
+
+    @property
+    def nc(self) -> NATS: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
 
 
 class Subscription(Protocol):
@@ -93,6 +105,56 @@ class StreamReader(Protocol):
     async def close(self) -> None:
         """Delete its consumer."""
         ...
+
+
+class Wire(Protocol):
+    """The NATS basics a ``Bus`` is built on: core messages (a publish with a ``reply`` into a stream's subjects is a
+    stored publish, answered by the stream's ack; a request to ``subjects.direct_get`` is a direct get), the streams
+    the runtime makes, pulling, reading a stream back, KV buckets and what a stream holds. nats-py's client
+    signatures for the core, so the real wire hands them on as they are. ``subjects``, ``secured``,
+    ``jetstream_config`` and ``max_payload`` are the connection's (``Connection``)."""
+
+    subjects: Subjects
+    secured: bool
+    jetstream_config: Any
+
+    @property
+    def max_payload(self) -> int: ...
+
+    # -- core messages (nats-py's signatures)
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None: ...
+
+    async def subscribe(self, subject: str, queue: str = "", cb: OnMessage | None = None) -> Subscription: ...
+
+    async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5) -> Message:
+        """A raw request: the server's own API (a direct get), or one answer of any responder."""
+        ...
+
+    def new_inbox(self) -> str: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self, timeout: float = 10.0) -> None: ...
+
+    # -- streams
+    async def ensure_stream(self, kind: str, name: str = "") -> str:
+        """Make the stream of ``kind`` (``results`` of agent ``name``, ``attempts``, ``blobs`` of role ``name``)
+        when missing; its name."""
+        ...
+
+    async def work_queue(self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Handle) -> Puller:
+        """A puller of ``{ns}.{kind}.{name}`` (``task`` or ``model``), its stream and consumer ensured."""
+        ...
+
+    async def reader(self, stream: str, consumer: str, subject: str, *, handle: Handle) -> StreamReader: ...
+
+    async def kv(self, bucket: str, *, within_s: float) -> KeyValue: ...
+
+    async def subject_count(self, stream: str, subjects: str) -> int: ...
+
+    async def stream_full(self, stream: str) -> bool: ...
 
 
 class Transport(Protocol):

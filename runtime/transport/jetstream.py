@@ -68,9 +68,8 @@ from gym_runtime.transport.subjects import (
 from gym_runtime.transport.subjects import stream_names as stream_names_subject
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
-
     from gym_runtime.observability.meters import Meters
+    from gym_runtime.transport.delivery import Message
 
 
 log = logs.get("gym.jetstream")
@@ -330,10 +329,10 @@ async def ensure_attempts_stream(bus: Connection) -> None:
     await retrying(lambda: _ensure_stream(bus, cfg, replicas, size), what=f"stream {cfg.name}")
 
 
-async def last_message(bus: Connection, get: str) -> Msg | None:
-    """What a last-by-subject direct get (``get``: ``subjects.direct_get(stream, subject)``) answers: the
-    message with its headers as stored; None when the subject has none."""
-    msg = await retrying(lambda: bus.nc.request(get, b"", timeout=5.0), what="direct get")
+async def last_message(request: Callable[..., Awaitable[Message]], get: str) -> Message | None:
+    """What a last-by-subject direct get (``get``: ``subjects.direct_get(stream, subject)``) answers, asked with
+    a wire's ``request``: the message with its headers as stored; None when the subject has none."""
+    msg = await retrying(lambda: request(get, b"", timeout=5.0), what="direct get")
     if msg.headers and msg.headers.get("Status"):
         return None
     return msg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
@@ -18,12 +18,11 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.transport.delivery import Message
 from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
@@ -95,7 +94,7 @@ class Pending:
         "_paused_at",
     )
 
-    def __init__(self, fut: asyncio.Future[Msg], seen: float) -> None:
+    def __init__(self, fut: asyncio.Future[Message], seen: float) -> None:
         self.fut = fut
         self.seen = seen
         self.on_pause = ON_PAUSE.get()
@@ -220,10 +219,10 @@ class Pending:
 class Keepalive:
     """Tells a core-request caller every ``every_s`` that its request is still being worked on."""
 
-    __slots__ = ("_nc", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
+    __slots__ = ("_publish", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
 
-    def __init__(self, nc: NATS, reply_to: str, every_s: float) -> None:
-        self._nc = nc
+    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], reply_to: str, every_s: float) -> None:
+        self._publish = publish  # a wire's core publish
         self._reply_to = reply_to
         self._every_s = every_s
         self._loop = asyncio.get_running_loop()
@@ -231,7 +230,7 @@ class Keepalive:
         self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
 
     def _beat(self) -> None:
-        self._sending = self._loop.create_task(self._nc.publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
+        self._sending = self._loop.create_task(self._publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
         self._timer = self._loop.call_later(self._every_s, self._beat)
 
     def cancel(self) -> None:
@@ -247,7 +246,7 @@ class PubAck(msgspec.Struct):
     error: dict[str, Any] | None = None
 
 
-def no_ack(fut: asyncio.Future[Msg]) -> None:
+def no_ack(fut: asyncio.Future[Message]) -> None:
     if not fut.done():
         fut.set_exception(nats.errors.TimeoutError())
 

@@ -14,8 +14,6 @@ from contextvars import ContextVar
 from typing import Any
 
 from anyio.abc import TaskGroup
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.errors import Failure
@@ -23,7 +21,7 @@ from gym_runtime.messages import ErrorInfo, ErrorReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.codec import Codec
-from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import (
     BLOB_HEADER,
     BUSY_HEADER,
@@ -31,7 +29,7 @@ from gym_runtime.transport.headers import (
     EXPIRES_HEADER,
     PROGRESS_HEADER,
 )
-from gym_runtime.transport.interface import Handler, Subscription
+from gym_runtime.transport.interface import Handler, Subscription, Wire
 from gym_runtime.transport.rpc import Keepalive, Timings, error_info, traced
 from gym_runtime.transport.tasks import TaskSet
 
@@ -67,12 +65,12 @@ def expired(msg: Delivery) -> bool:
 
 class Serving:
     """Serving requests and work-queue deliveries (``bus.serving``): handlers run per message, typed error
-    replies. ``encode``/``decode``: the bus's bodies (``Blobs``), large ones by reference."""
+    replies, on the bus's wire. ``encode``/``decode``: the bus's bodies (``Blobs``), large ones by reference."""
 
     def __init__(
-        self, nc: NATS, codec: Codec, telemetry: Telemetry, timings: Timings, encode: Encode, decode: Decode
+        self, wire: Wire, codec: Codec, telemetry: Telemetry, timings: Timings, encode: Encode, decode: Decode
     ) -> None:
-        self.nc = nc
+        self.wire = wire
         self.codec = codec
         self.telemetry = telemetry
         self.timings = timings
@@ -87,7 +85,7 @@ class Serving:
         if not subject:
             return
         h = traced(self.telemetry, {ERROR_HEADER: "1"} if error else None)
-        await self.nc.publish(subject, await self.encode(payload, h), headers=h)
+        await self.wire.publish(subject, await self.encode(payload, h), headers=h)
 
     def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None:
         """Count a refused request under ``cause``; log the cause once per ``JUNK_LOG_S`` with how many came
@@ -114,11 +112,11 @@ class Serving:
             exc_info=exc if first and exc is not None else None,
         )
 
-    def _reply_bad_request(self, msg: Msg, exc: Exception) -> Awaitable[None] | None:
+    def _reply_bad_request(self, msg: Message, exc: Exception) -> Awaitable[None] | None:
         self.count_junk(msg.subject, f"undecodable: {type(exc).__name__}")
         if msg.reply:  # a caller that made a mistake learns it at once; junk gets one small error back
             info = ErrorInfo(error_class="invalid_task", message=f"request cannot be decoded: {type(exc).__name__}")
-            return self.nc.publish(msg.reply, self.codec.encode(ErrorReply(error=info)), headers={ERROR_HEADER: "1"})
+            return self.wire.publish(msg.reply, self.codec.encode(ErrorReply(error=info)), headers={ERROR_HEADER: "1"})
         return None
 
     async def handle(
@@ -143,9 +141,9 @@ class Serving:
         else:  # nothing records: only the caller's context, for the messages this handler sends
             scope = tel.span("", parent=parent)
         with scope as span:
-            keepalive = (
-                Keepalive(self.nc, reply_to, self.timings.keepalive_s) if reply_to and msg.reply == reply_to else None
-            )
+            keepalive = None
+            if reply_to and msg.reply == reply_to:
+                keepalive = Keepalive(self.wire.publish, reply_to, self.timings.keepalive_s)
             try:
                 if body is _UNSET:
                     body = await self.decode(msg)
@@ -186,12 +184,12 @@ class Serving:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
         when it was queued (``Bus.queued_request``)."""
         if reply_to:
-            await self.nc.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
+            await self.wire.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
 
     async def busy(self, msg: Delivery) -> None:
         """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""
         if msg.reply:
-            await self.nc.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
+            await self.wire.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
 
     async def serve_direct(
         self,
@@ -225,7 +223,7 @@ class Serving:
             finally:
                 await done()
 
-        async def on_msg(msg: Msg) -> None:
+        async def on_msg(msg: Message) -> None:
             delivery = Delivery(msg)
             if not admit(delivery):
                 await asyncio.sleep(0)
@@ -234,7 +232,7 @@ class Serving:
                     return
             tasks.spawn(run, delivery)
 
-        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+        return await self.wire.subscribe(subject, queue=queue, cb=on_msg)
 
     async def serve(
         self,
@@ -256,13 +254,13 @@ class Serving:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
 
-        async def run_one(msg: Msg, body: Any) -> None:
+        async def run_one(msg: Message, body: Any) -> None:
             try:
                 await self.handle(Delivery(msg), handler, reply_to=msg.reply, default_error=default_error, body=body)
             finally:
                 limiter.release()
 
-        async def on_msg(msg: Msg) -> None:
+        async def on_msg(msg: Message) -> None:
             headers = msg.headers
             body = _UNSET
             if not (headers and BLOB_HEADER in headers):  # decoded here: junk costs no task, span or slot
@@ -276,4 +274,4 @@ class Serving:
             await limiter.acquire()
             tasks.spawn(run_one, msg, body)
 
-        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+        return await self.wire.subscribe(subject, queue=queue, cb=on_msg)

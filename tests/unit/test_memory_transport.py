@@ -107,11 +107,12 @@ async def test_a_work_queue_redelivers_what_was_nakd_or_left_unanswered_and_forg
 
 
 async def test_a_body_over_the_max_payload_goes_by_reference_and_comes_back_whole() -> None:
-    async with MemoryTransport(max_payload=1024) as bus:
-        big = ToolCall(session="s", name="x", arguments='"' + "y" * 5000 + '"')
+    async with MemoryTransport(max_payload=128 * 1024) as bus:  # a body over 64 KiB goes by reference
+        big = ToolCall(session="s", name="x", arguments='"' + "y" * 200_000 + '"')
         await bus.js_publish("gym.result.a.b", big, msg_id="b:0:0:1")
         (stored,) = bus.broker.messages("gym.result.a.b")
         assert BLOB_HEADER in (stored.headers or {}) and not stored.data
+        assert len(bus.broker.messages(bus.subjects.role_blobs("any"))) == 4  # its chunks, 64 KiB each at most
         assert await bus.decode(stored) == big
 
 
