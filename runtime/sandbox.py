@@ -1,0 +1,31 @@
+"""Kept for plugins: the graded-program jail's names under their old path (the package is ``gym_runtime.jail``).
+
+An environment written against ``from gym_runtime.sandbox import SandboxRunner, Limits`` keeps working; new
+code imports ``gym_runtime.jail`` (the container fleet is ``gym_runtime.sandboxes``, a different thing).
+"""
+
+from gym_runtime.jail import (
+    CPU_SINK,
+    Limits,
+    SandboxBodyTooLarge,
+    SandboxError,
+    SandboxExited,
+    SandboxRunner,
+    SandboxSession,
+    SandboxTimeout,
+    landlock_abi,
+    probe,
+)
+
+__all__ = [
+    "CPU_SINK",
+    "Limits",
+    "SandboxBodyTooLarge",
+    "SandboxError",
+    "SandboxExited",
+    "SandboxRunner",
+    "SandboxSession",
+    "SandboxTimeout",
+    "landlock_abi",
+    "probe",
+]
