@@ -19,7 +19,8 @@ import grimp
 import pytest
 
 import gym_runtime
-from gym_runtime import errors
+from gym_runtime import errors, jail
+from gym_runtime import sandbox as old
 from gym_runtime.cli.scaffold import ScaffoldError
 from gym_runtime.config.nemo import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
@@ -202,3 +203,10 @@ def test_a_bug_that_raises_valueerror_is_an_internal_error_not_a_user_mistake() 
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 3, res.stderr
     assert "internal error" in res.stderr and "ValueError: a bug" in res.stderr
+
+
+def test_the_jails_old_path_still_serves_plugins() -> None:
+    """``gym_runtime.sandbox`` was the graded-program jail's package (beside ``gym_runtime.sandboxes``, the
+    container fleet); an environment that imports its names from there gets the jail's own."""
+    assert old.__all__ == jail.__all__
+    assert all(getattr(old, name) is getattr(jail, name) for name in jail.__all__)
