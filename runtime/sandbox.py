@@ -4,28 +4,7 @@ An environment written against ``from gym_runtime.sandbox import SandboxRunner, 
 code imports ``gym_runtime.jail`` (the container fleet is ``gym_runtime.sandboxes``, a different thing).
 """
 
-from gym_runtime.jail import (
-    CPU_SINK,
-    Limits,
-    SandboxBodyTooLarge,
-    SandboxError,
-    SandboxExited,
-    SandboxRunner,
-    SandboxSession,
-    SandboxTimeout,
-    landlock_abi,
-    probe,
-)
+from gym_runtime import jail
+from gym_runtime.jail import *  # noqa: F403 (the jail's public names, whichever they are: one list, the jail's)
 
-__all__ = [
-    "CPU_SINK",
-    "Limits",
-    "SandboxBodyTooLarge",
-    "SandboxError",
-    "SandboxExited",
-    "SandboxRunner",
-    "SandboxSession",
-    "SandboxTimeout",
-    "landlock_abi",
-    "probe",
-]
+__all__ = jail.__all__
