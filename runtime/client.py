@@ -240,7 +240,7 @@ class Client:
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')
         self._children: StartProcess | None = None  # workers="processes"
-        self.url = nats if nats is not None else self.config.nats
+        self.url = nats if nats is not None else self.config.config.nats
         self.auth_dir = auth_dir
         self.workers_spec = workers
         self.replicas = replicas

@@ -133,12 +133,12 @@ class Gateway:
         self.port = port
         self.agents = list(client.config.agents)
         self.started = time.time()
-        self.max_rows = client.config.gateway.aggregate_metrics_max_rows
+        self.max_rows = client.config.config.gateway.aggregate_metrics_max_rows
         self._aggregating = anyio.CapacityLimiter(1)  # each may hold a core for seconds
         self.env_names = environment_server_names(client)
         self.env_ports = dict(env_ports or {})  # agent -> its Environment Server's port
         self._env_at = {p: a for a, p in self.env_ports.items()}
-        self.limits = client.config.gateway.environment_servers
+        self.limits = client.config.config.gateway.environment_servers
         n = self.limits.max_concurrent_episodes
         self._admission = {a: asyncio.Semaphore(n) for a in self.agents} if n is not None else {}
 

@@ -292,6 +292,13 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
         resolved.fingerprints = {}  # type: ignore[misc]
     with pytest.raises(TypeError):
         resolved.fingerprints[("model", "policy")] = "x"  # type: ignore[index]
+    # what workers read on every task, set apart once: the sections no holder can change, the namespace
+    assert resolved.namespace == cfg.namespace and resolved.jetstream == cfg.jetstream
+    assert resolved.agents["weather_agent"] is resolved.config.agents["weather_agent"]
+    with pytest.raises(TypeError):
+        resolved.agents["another"] = resolved.agents["weather_agent"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del resolved.models["policy"]  # type: ignore[attr-defined]
     # a publisher's resolution: the same fingerprints, no agent module loaded (it starts no agent worker)
     publisher = resolve_models(cfg)
     assert publisher.fingerprints == resolved.fingerprints and publisher.agent_modules == {}

@@ -15,10 +15,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import grimp
 import pytest
 
 import gym_runtime
-from gym_runtime import errors
+from gym_runtime import errors, jail
+from gym_runtime import sandbox as old
 from gym_runtime.cli.scaffold import ScaffoldError
 from gym_runtime.config.nemo import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
@@ -27,6 +29,7 @@ from gym_runtime.ops.nats_server import ServerError
 from gym_runtime.transport.connect import ServerUnreachable
 from gym_runtime.transport.jetstream import JetStreamSetupError
 from gym_runtime.transport.rpc import NoResponders
+from tests.bench.import_graph import circles
 from tests.helpers import REPO
 
 # The one declaration of which folder imports as what: gym_runtime <- runtime/, gym_runtime.agents <- agents/, ...
@@ -65,7 +68,8 @@ def test_the_editable_install_is_the_tree_the_declaration_makes() -> None:
 def test_the_import_linter_contracts_hold() -> None:
     """Layers (cli > client/gateway > ops > service > workers > data > author APIs > transport > ...), "only the
     transport imports nats", and the plugins (agents, models, resources): they use the author APIs, the runtime
-    imports none of them, and they use each other only where ``.importlinter`` declares it."""
+    imports none of them, and they use each other only where ``.importlinter`` declares it; the config's three
+    jobs (``resolved`` over ``loading`` and ``fingerprints``, over ``schema``) run one way too."""
     res = subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
         cwd=REPO,
@@ -74,7 +78,16 @@ def test_the_import_linter_contracts_hold() -> None:
         timeout=300,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert res.stdout.count("KEPT") == 5, res.stdout[-2000:]
+    assert res.stdout.count("KEPT") == 6, res.stdout[-2000:]
+
+
+def test_no_modules_import_each_other_round_a_circle() -> None:
+    """No circle in the import graph, ``if TYPE_CHECKING:`` imports and a package's own ``__init__`` included
+    (``config/__init__.py`` and ``config.fingerprints`` were one): a reader can start at any module and follow
+    its imports without coming back to it. ``tests/bench/import_graph.py`` prints the graph's circles and
+    arrows running back up."""
+    graph = grimp.build_graph("gym_runtime")
+    assert circles(graph, {m for m in graph.modules if m.startswith("gym_runtime")}) == []
 
 
 def _hidden_imports(path: Path) -> list[str]:
@@ -190,3 +203,10 @@ def test_a_bug_that_raises_valueerror_is_an_internal_error_not_a_user_mistake() 
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 3, res.stderr
     assert "internal error" in res.stderr and "ValueError: a bug" in res.stderr
+
+
+def test_the_jails_old_path_still_serves_plugins() -> None:
+    """``gym_runtime.sandbox`` was the graded-program jail's package (beside ``gym_runtime.sandboxes``, the
+    container fleet); an environment that imports its names from there gets the jail's own."""
+    assert old.__all__ == jail.__all__
+    assert all(getattr(old, name) is getattr(jail, name) for name in jail.__all__)

@@ -10,7 +10,7 @@ compressed as ``{"packed": base64(zlib(json))}``) and optionally
 2. extracts the program: the lines between the *last two* lines that contain
    a code fence (any language tag); no such pair gives reward 0 with only
    ``extracted_model_output`` set;
-3. runs the program in the sandbox (``gym_runtime.sandbox``, ``harness.py``): stdin/stdout
+3. runs the program in the sandbox (``gym_runtime.jail``, ``harness.py``): stdin/stdout
    tests when ``fn_name`` is null (output compared line by line, tokens as
    ``Decimal``), else calls of ``Solution().<fn_name>`` (or a module function);
    it stops at the first failing test;
@@ -49,9 +49,9 @@ from typing import Any
 import msgspec
 
 from gym_runtime.errors import Failure
+from gym_runtime.jail import Limits, SandboxRunner, probe
 from gym_runtime.messages import Response, output_text
 from gym_runtime.resource import Resource, Verdict, parse_options
-from gym_runtime.sandbox import Limits, SandboxRunner, probe
 
 from .grading import (
     MAX_UNPACKED_MB,

@@ -27,8 +27,7 @@ import anyio
 import anyio.to_process
 import msgspec
 
-from gym_runtime.messages import Reasoning, Response
-from gym_runtime.sandbox import (
+from gym_runtime.jail import (
     Limits,
     SandboxBodyTooLarge,
     SandboxError,
@@ -37,6 +36,7 @@ from gym_runtime.sandbox import (
     SandboxSession,
     SandboxTimeout,
 )
+from gym_runtime.messages import Reasoning, Response
 
 from .calls import DecodeError, judge_call
 

@@ -44,7 +44,7 @@ and ``"Error during testing: <message>"`` (the parent builds it from ``unprepare
 ``reliability_guard``, destructive helpers (``os.kill``, ``os.system``,
 ``subprocess.Popen``, ``shutil.rmtree``, ...) are set to None first: a program
 that calls them fails the way it does under NeMo Gym. (That is not the security
-boundary; ``gym_runtime.sandbox`` is.)
+boundary; ``gym_runtime.jail`` is.)
 """
 
 import ast

@@ -3,7 +3,7 @@
 One small interface, :class:`Environment` (run a shell command in the
 repository, write a file, close), made by a :class:`Backend` from a task:
 
-* :class:`LocalBackend`: the project's own sandbox (``runtime/sandbox/runner.py``:
+* :class:`LocalBackend`: the project's own sandbox (``runtime/jail/runner.py``:
   namespaces, no network, Landlock, seccomp, rlimits, a wall clock) with the task's
   repository written into its throw-away working directory from the row's
   ``repo_files``; commands run with the project's Python first on ``PATH``. For
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
+from gym_runtime.jail import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
 
 from .containers import ContainerCommands, owner_label
 

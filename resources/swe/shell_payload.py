@@ -1,4 +1,4 @@
-"""Runs *inside* the project's sandbox (``runtime/sandbox/runner.py``): a repository and a shell.
+"""Runs *inside* the project's sandbox (``runtime/jail/runner.py``): a repository and a shell.
 
 Standard library only. ``main(channel)`` serves requests until the parent closes
 the channel:

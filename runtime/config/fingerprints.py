@@ -9,14 +9,12 @@ from the ``ResolvedConfig``.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from gym_runtime.config.schema import Config
 from gym_runtime.model import WrittenOptions
-
-if TYPE_CHECKING:
-    from gym_runtime.config import Config
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
 # timeouts), so they are not hashed: what is left says *what* is served (adapter, model, options, ...).

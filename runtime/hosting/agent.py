@@ -58,6 +58,7 @@ import msgspec
 
 from gym_runtime.agent import AgentContext, Outcome, Session
 from gym_runtime.config import AgentConfig
+from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
 from gym_runtime.hosting.asgi import AppLife, AppLoop, app_loop, on_loop, request
@@ -80,7 +81,6 @@ from gym_runtime.messages import (
     output_text,
     parse_items,
 )
-from gym_runtime.rowkeys import own_fields
 
 _ECHOED = ("responses_create_params", "response", "reward")
 

@@ -77,6 +77,7 @@ import msgspec
 
 from gym_runtime.agent import Session
 from gym_runtime.chat import chat_body_to_params, response_to_chat
+from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
@@ -94,7 +95,6 @@ from gym_runtime.resource import (
     in_call,
     thread_call,
 )
-from gym_runtime.rowkeys import own_fields
 from gym_runtime.transport.interface import Transport
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)

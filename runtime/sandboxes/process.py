@@ -1,4 +1,4 @@
-"""The ``process`` backend: the project's own process sandbox (``gym_runtime.sandbox``: namespaces,
+"""The ``process`` backend: the project's own process sandbox (``gym_runtime.jail``: namespaces,
 seccomp, Landlock, a cgroup) for machines without a container engine.
 
 One sandboxed child per sandbox, serving ``process_payload``. It has no image: commands run on the host's
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime.errors import Failure
-from gym_runtime.sandbox import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
+from gym_runtime.jail import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
 from gym_runtime.sandboxes.backend import Background, Owned, Resolved, unsupported
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 

@@ -1,4 +1,4 @@
-"""Runs *inside* the project's process sandbox (``gym_runtime.sandbox``) for the ``process`` backend.
+"""Runs *inside* the project's process sandbox (``gym_runtime.jail``) for the ``process`` backend.
 
 Standard library only. ``main(channel)`` serves requests until the parent closes the channel:
 

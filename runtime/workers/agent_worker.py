@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.config.fingerprints import agent_parts
+from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
     AttemptRetried,
@@ -44,7 +45,6 @@ from gym_runtime.messages import (
     counted_ms,
 )
 from gym_runtime.observability import logs
-from gym_runtime.rowkeys import own_fields
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller, Transport
 from gym_runtime.transport.jetstream import result_msg_id, task_id_slots

@@ -60,7 +60,7 @@ class ModelWorker:
         self.bus = bus
         self.name = name
         self.cfg = cfg = config.models[name]
-        self.adapter = adapter or load_adapter(cfg, base_dir=config.base_dir)
+        self.adapter = adapter or load_adapter(cfg, base_dir=config.config.base_dir)
         self.worker_id = uuid.uuid4().hex[:12]
         self.span_attributes = {"gym.model": name, "gym.worker": self.worker_id}  # on each call's CONSUMER span
         self.puller: Puller | None = None

@@ -23,6 +23,7 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.jail import CPU_SINK
 from gym_runtime.messages import (
     CloseSession,
     Cost,
@@ -48,7 +49,6 @@ from gym_runtime.resource import (
     load_resource_class,
     replay_calls,
 )
-from gym_runtime.sandbox import CPU_SINK
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register

@@ -19,9 +19,9 @@ import pytest
 
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
+from gym_runtime.jail import landlock_abi
 from gym_runtime.observability.meters import start as start_meters
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.sandbox import landlock_abi
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.service.batches import collect_batch
 from tests.envs.cpu_burn import BURN_S, program

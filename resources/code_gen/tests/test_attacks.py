@@ -20,10 +20,10 @@ from typing import Any
 import psutil
 import pytest
 
+from gym_runtime.jail import cgroups, landlock_abi
+from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.grading import HARNESS
-from gym_runtime.sandbox import cgroups, landlock_abi
-from gym_runtime.sandbox.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 
 from .programs import ADD, FAST, fenced, session, stdio_task, still_works
 
@@ -459,7 +459,7 @@ async def test_child_processes_reach_python_but_not_root_only_files() -> None:
 
 MASK_PROBE = """
 import json, os, sys
-from gym_runtime.sandbox import child as sb
+from gym_runtime.jail import child as sb
 closed, keep = sys.argv[1], sys.argv[2]
 sb._unshare(sb.CLONE_NEWNS)
 sb._mount(None, '/', None, sb.MS_REC | sb.MS_PRIVATE, None)
@@ -626,7 +626,7 @@ def cgroups_left(pid: int | None = None) -> list[str]:
 KILLED_MID_RUN = """
 import anyio
 from gym_runtime.resources.code_gen.grading import HARNESS
-from gym_runtime.sandbox.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
+from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 
 async def main():
     async with SandboxRunner(1).session(HARNESS, Limits(wall_s=120)):

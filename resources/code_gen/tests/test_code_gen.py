@@ -17,17 +17,17 @@ import pytest
 
 from gym_runtime.config import load_config
 from gym_runtime.errors import Failure
-from gym_runtime.plugins import import_plugin
-from gym_runtime.resource import Verdict, find_resource_class
-from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
-from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
-from gym_runtime.sandbox.runner import (
+from gym_runtime.jail.runner import (
     Layers,
     Limits,
     SandboxError,
     SandboxRunner,
     landlock_abi,
 )
+from gym_runtime.plugins import import_plugin
+from gym_runtime.resource import Verdict, find_resource_class
+from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
+from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
 from gym_runtime.testing import (
     COMPAT,
     compat_dir,

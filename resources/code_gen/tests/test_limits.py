@@ -17,9 +17,9 @@ import anyio
 import psutil
 import pytest
 
+from gym_runtime.jail import landlock_abi
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.calls import judge_call
-from gym_runtime.sandbox import landlock_abi
 from tests.helpers import cli, read_jsonl, write_jsonl
 
 from .programs import ADD, FAST, fenced, session, stdio_task, still_works

@@ -1,4 +1,9 @@
-"""The sandbox for model-written programs, shared by every environment that runs them.
+"""The jail for model-written programs, shared by every environment that runs them.
+
+A jail, not a sandbox: one process (namespaces, seccomp, Landlock, a cgroup) around one graded program on
+this host, as nsjail and firejail are; the sandboxes (``gym_runtime.sandboxes``) are the container fleet that
+environments lease through the bus. Until this name, the two were ``sandbox/`` and ``sandboxes/``;
+``gym_runtime.sandbox`` still re-exports this package's names for plugins that import them from there.
 
 ``code_gen`` (a program against unit tests) and ``swe``'s local backend (a
 repository and a shell) both run untrusted code here; neither imports the other.
@@ -7,10 +12,10 @@ its CPU and wall time from outside, reads its messages with byte caps); the chil
 side is ``child.py``, run alone as ``python -I child.py --child`` (standard library
 only); ``cgroups.py`` gives each sandbox its memory and process budget and counts
 its CPU (each run's CPU seconds reach ``CPU_SINK``'s value: a rollout's cost).
-``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
+``python -m gym_runtime.jail.runner`` prints what this machine offers.
 """
 
-from gym_runtime.sandbox.runner import (
+from gym_runtime.jail.runner import (
     CPU_SINK,
     Limits,
     SandboxBodyTooLarge,

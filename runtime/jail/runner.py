@@ -14,7 +14,7 @@ Each run's CPU seconds (the same count as the limit's) are read at its end and h
 value when the run started under one: a resource worker sets it to its session's cost around seed, tool and
 verify calls, so the CPU a verify's programs used reaches the rollout's row (``cost.sandbox_cpu_ms``).
 
-``python -m gym_runtime.sandbox.runner`` prints what this machine offers.
+``python -m gym_runtime.jail.runner`` prints what this machine offers.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import anyio
 from anyio import DelimiterNotFound, IncompleteRead
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from gym_runtime.sandbox import cgroups
-from gym_runtime.sandbox.child import _SYSCALLS, Layers, landlock_abi
+from gym_runtime.jail import cgroups
+from gym_runtime.jail.child import _SYSCALLS, Layers, landlock_abi
 
 CHILD_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 

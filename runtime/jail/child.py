@@ -969,4 +969,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _child_main(sys.argv[2])
     else:
-        sys.exit("usage: python -I child.py --child SPEC (started by gym_runtime.sandbox.runner)")
+        sys.exit("usage: python -I child.py --child SPEC (started by gym_runtime.jail.runner)")
