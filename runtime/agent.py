@@ -37,7 +37,7 @@ from gym_runtime.messages import (
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
-from gym_runtime.transport.rpc import NoResponders
+from gym_runtime.transport.rpc import NoResponders, pauses_counted
 from gym_runtime.transport.subjects import Subjects
 
 TOOL_TIMEOUT_S = 300.0
@@ -155,15 +155,17 @@ class Session:
 
     async def _tool(self, call: ToolCall, timeout: float, op: str) -> ToolReply:
         started = time.perf_counter()
-        try:
-            reply: ToolReply = await self._op(call, "tool", timeout=timeout, op=op)
-            return reply
-        finally:
-            if self._cost is not None:  # the round trip: the tool's time on its worker plus one hop each way
-                ms = round(1000 * (time.perf_counter() - started))
-                self._cost.tool_ms += ms
-                if self._calls is not None:
-                    self._calls.tool(started, ms)
+        with pauses_counted() as paused:
+            try:
+                reply: ToolReply = await self._op(call, "tool", timeout=timeout, op=op)
+                return reply
+            finally:
+                if self._cost is not None:  # the round trip: the tool's time on its worker plus one hop each way
+                    ms = round(1000 * (time.perf_counter() - started))
+                    # less its waits for a sandbox lease (the row's sandbox_wait_s): waiting is not tool time
+                    self._cost.tool_ms += max(0, ms - round(1000 * paused.total()))
+                    if self._calls is not None:
+                        self._calls.tool(started, ms)
 
     async def verify(
         self, row: dict[str, Any], response: Response, *, timeout: float = TOOL_TIMEOUT_S, close: bool = True

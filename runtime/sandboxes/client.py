@@ -50,6 +50,9 @@ STREAMS = {1: "stdout", 2: "stderr"}
 # an author's ``on_output``: called with "stdout" or "stderr" and a part of that stream, as it is produced
 OnOutput = Callable[[str, bytes], Awaitable[None] | None]
 LEASE_SLACK_S = 60.0  # a lease asked after a wait ends this much later still (the create's own time)
+CLOSE_PATIENCE_S = 60.0  # a close lost to a reconnect (worker_lost) is asked again this long
+CLOSE_ABSENT_S = 5.0  # a close nobody answers is asked again this long (its worker subscribing again)
+CLOSE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between those asks
 
 
 class Sandbox:
@@ -160,19 +163,38 @@ class Sandbox:
             return
         self.closed = True
         self._owner._open.pop(self.id, None)
-        bus = self._owner._bus
-        with bus.telemetry.span("sandbox.close", attributes=self._attributes()):
+        with self._owner._bus.telemetry.span("sandbox.close", attributes=self._attributes()):
+            reply = await self._closing()
+        if reply is not None and reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
+            self._owner._cpu_s += max(0.0, reply.cpu_s) if math.isfinite(reply.cpu_s) else 0.0
+
+    async def _closing(self) -> SandboxReply | None:
+        """The close's answer, asked again while a reconnect loses it: after a server restart mid-rollout, the
+        rollouts given back close their sandboxes as soon as this side is connected again, often before the
+        sandbox's worker has subscribed again (no responders: seen in tests/e2e/test_lease_release.py), and a
+        close sent while the server was down fails at the reconnect (``worker_lost``). So a given-back rollout's
+        lease ends within seconds, not at the pool's ``idle_ttl_s``. None: no answer (its worker is gone: the
+        reaper and the idle timeout remove what is left)."""
+        bus, call = self._owner._bus, SandboxCall(op="close", sandbox=self.id)
+        started, absent, tries = time.monotonic(), 0.0, 0
+        while True:
             try:
                 reply: SandboxReply = await bus.request(
-                    Subjects.session_op(self._address, "close"),
-                    SandboxCall(op="close", sandbox=self.id),
-                    timeout=60,
-                    op="sandbox.close",
+                    Subjects.session_op(self._address, "close"), call, timeout=60, op="sandbox.close"
                 )
-            except Exception:  # best effort: the pool's idle timeout and reaper remove what is left
-                return
-        if reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
-            self._owner._cpu_s += max(0.0, reply.cpu_s) if math.isfinite(reply.cpu_s) else 0.0
+                return reply
+            except NoResponders:  # its worker is gone, or not subscribed again yet after a reconnect
+                absent = absent or time.monotonic()
+                if time.monotonic() - absent > CLOSE_ABSENT_S:
+                    return None
+            except Failure as e:  # lost to a reconnect (the bus down meanwhile): asked again, for a while
+                if e.info.error_class != "worker_lost" or time.monotonic() - started > CLOSE_PATIENCE_S:
+                    return None
+                absent = 0.0
+            except Exception:  # the bus closing: the pool's idle timeout and reaper remove what is left
+                return None
+            await anyio.sleep(CLOSE_BACKOFF_S[min(tries, len(CLOSE_BACKOFF_S) - 1)])
+            tries += 1
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -436,9 +458,15 @@ class Sandboxes:
         return list(self._open.values())
 
     async def close_all(self) -> None:
-        """End the lease: remove every sandbox still open (the rollout ended, whichever way)."""
-        for box in list(self._open.values()):
-            await box.close()
+        """End the lease: remove every sandbox still open (the rollout ended, whichever way), at once: a close
+        that waits for its worker (``Sandbox._closing``) holds up no other."""
+        boxes = list(self._open.values())
+        if len(boxes) == 1:
+            await boxes[0].close()
+            return
+        async with anyio.create_task_group() as tg:
+            for box in boxes:
+                tg.start_soon(box.close)
 
     @staticmethod
     def deadline_in(seconds: float) -> float:

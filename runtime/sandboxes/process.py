@@ -9,6 +9,7 @@ SIGKILLed worker and ``list_owned`` has nothing to reap.
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ class ProcessBackend:
         self, sid: str, argv: list[str], *, timeout_s: float, max_output: int, on_output: OnOutput | None = None
     ) -> ExecResult:  # the output comes whole at the end (Capabilities.stream is False): on_output is not called
         req = {"op": "exec", "argv": argv, "timeout": timeout_s, "max_output": max_output}
+        started = time.monotonic()
         head, body = await self._call(sid, req, 2 * max_output)
         n = int(head.get("stdout", 0))
         return ExecResult(
@@ -78,6 +80,7 @@ class ProcessBackend:
             stderr=body[n:],
             truncated=bool(head.get("truncated")),
             timed_out=bool(head.get("timed_out")),
+            duration_s=time.monotonic() - started,  # the rollout's sandbox_ms, as the engine backends time theirs
         )
 
     def spawn(self, sid: str, argv: list[str], *, timeout_s: float, max_output: int) -> Background:

@@ -9,8 +9,9 @@ nobody serves right now is ``NoResponders`` (``Busy`` when a direct call found n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -56,6 +57,48 @@ class Busy(NoResponders):
 # the calls it makes. None: nobody's clock stops.
 ON_PAUSE: ContextVar[Callable[[float | None], None] | None] = ContextVar("gym_on_pause", default=None)
 PAUSED_CHECK_S = 1.0  # how often a paused call with no liveness watch looks again
+
+
+class PausedTime:
+    """The time the handlers of the calls made in a block waited for sandbox leases (their ``Gym-Paused``
+    messages; overlapping waits counted once, on this side's clock): what a call's own time leaves out (a tool
+    call's ``cost.tool_ms``: the wait is ``sandbox_wait_s``, not tool time). Passed on to the caller's clock."""
+
+    __slots__ = ("outer", "waits", "since", "seconds")
+
+    def __init__(self, outer: Callable[[float | None], None] | None) -> None:
+        self.outer = outer
+        self.waits = 0  # waits under way now
+        self.since = 0.0
+        self.seconds = 0.0  # ended stretches of waiting
+
+    def __call__(self, took: float | None) -> None:
+        now = time.monotonic()
+        if took is None:
+            if self.waits == 0:
+                self.since = now
+            self.waits += 1
+        elif self.waits:
+            self.waits -= 1
+            if self.waits == 0:
+                self.seconds += now - self.since
+        if self.outer is not None:
+            self.outer(took)
+
+    def total(self) -> float:
+        return self.seconds + (time.monotonic() - self.since if self.waits else 0.0)
+
+
+@contextlib.contextmanager
+def pauses_counted() -> Iterator[PausedTime]:
+    """Count the lease waits of the calls made inside (``PausedTime``), the caller's own clock told as before."""
+    counted = PausedTime(ON_PAUSE.get())
+    token = ON_PAUSE.set(counted)
+    try:
+        yield counted
+    finally:
+        ON_PAUSE.reset(token)
+
 
 DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue this long before asking again
 
