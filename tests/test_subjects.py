@@ -252,6 +252,7 @@ NAMES_ONLY = {
     "result_parts", "kind", "callee_lane",
     "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
     "caller_of", "seed_caller",
+    "every_namespace_tasks", "namespace_of",  # which namespaces a server holds (a hint naming --namespace)
 }  # fmt: skip
 
 

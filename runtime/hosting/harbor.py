@@ -150,20 +150,22 @@ async def ensure_config_images(
     all): one build per image, named by content hash, so a second run builds nothing. A pool that is not an
     engine of this machine's (process, daytona) is left alone. The base image, the default of a pool's sandboxes,
     is built here too where missing, with ``note`` saying so: its build takes minutes, once per machine."""
-    for pool_name, pool in cfg.sandboxes.items():
-        served = pools is None or pool_name in pools
-        if pool.image != BASE or pool.backend not in ("docker", "podman") or not served:
-            continue
-        async with _engine(pool, f"sandboxes.{pool_name}") as engine:
-            await ensure_base(engine, note=note)
+    harbor = []  # every Harbor entry's options read first: a mistake there is said before any engine is asked
     for name, entry in cfg.resources.items():
         if entry.server not in (SERVER, f"gym_runtime.{SERVER}") or entry.sandbox not in cfg.sandboxes:
             continue
         pool = cfg.sandboxes[entry.sandbox]
         if (pools is not None and entry.sandbox not in pools) or pool.backend not in ("docker", "podman"):
             continue
-        tasks, opts = _options(name, entry)
-        async with _engine(pool, f"sandboxes.{entry.sandbox}") as engine:
+        harbor.append((entry.sandbox, pool, *_options(name, entry)))
+    for pool_name, pool in cfg.sandboxes.items():
+        served = pools is None or pool_name in pools
+        if pool.image != BASE or pool.backend not in ("docker", "podman") or not served:
+            continue
+        async with _engine(pool, f"sandboxes.{pool_name}") as engine:
+            await ensure_base(engine, note=note)
+    for pool_name, pool, tasks, opts in harbor:
+        async with _engine(pool, f"sandboxes.{pool_name}") as engine:
             await ensure_images(engine, tasks, opts, note=note)
 
 
