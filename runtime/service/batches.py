@@ -27,6 +27,7 @@ from gym_runtime.messages import RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
+from gym_runtime.transport.jetstream import ensure_streams
 from gym_runtime.workers.control import mismatches
 
 log = logs.get("gym.runner")  # the name these lines had in runner: log readers filter on it
@@ -128,6 +129,7 @@ async def publish_batch(
         max_republish=config.jetstream.max_republish,
         models=config.model_table(),
     )
+    await ensure_streams(bus, agents)  # and each agent's results stream: the one place a publish ensures them
     earlier = await get_manifest(bus, batch) if batch else None
     if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
         if earlier.published and earlier.held_from < 0:
