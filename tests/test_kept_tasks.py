@@ -14,7 +14,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
 from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.jetstream import subject_count, task_id_slots, task_msg_id
+from gym_runtime.transport.jetstream import ensure_streams, subject_count, task_id_slots, task_msg_id
 from gym_runtime.transport.subjects import Subjects, blob_role
 from tests.helpers import REPO, ROWS, weather, weather_config
 
@@ -37,6 +37,7 @@ async def test_a_large_tasks_body_is_kept_by_its_blob_key(bus: Bus) -> None:
     """A task over the max payload is one blob, referenced by the queued task and the kept body alike."""
     size = bus.blob_threshold + 100_000
     row = {**ROWS[0], "pad": "x" * size}
+    await ensure_streams(bus)  # publish_rows stores into the streams its caller ensured
     await publish_rows(bus, [row], batch="big", agents=["weather_agent"], keep=True)
     kept = await bus.js.stream_info(s.kept_stream)
     blobs = await bus.js.stream_info(s.blob_stream(blob_role(bus.blob_space)))

@@ -48,6 +48,7 @@ boundary; ``gym_runtime.jail`` is.)
 """
 
 import ast
+import contextlib
 import faulthandler
 import json
 import signal
@@ -99,6 +100,18 @@ def _arm(seconds):
 
 def _disarm():
     signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@contextlib.contextmanager
+def _armed(seconds):
+    """One test's call under its alarm and the fault handler, both off again whichever way it ended."""
+    _arm(seconds)
+    faulthandler.enable()
+    try:
+        yield
+    finally:
+        _disarm()
+        faulthandler.disable()
 
 
 def shorten(value, length=300):
@@ -405,9 +418,7 @@ def run_stdio(channel, job):
         return
     total = 0.0
     for gt_inp in job["inputs"]:
-        _arm(timeout)
-        faulthandler.enable()
-        with Capture(cap) as captured:
+        with Capture(cap) as captured, _armed(timeout):
             try:
                 start = time.time()
                 call_with_input(function, gt_inp)
@@ -419,9 +430,6 @@ def run_stdio(channel, job):
                 _disarm()
                 _error(channel, e)
                 return
-            finally:
-                _disarm()
-                faulthandler.disable()
         channel.send({"kind": "output", "overflow": captured.overflow}, utf8(captured[0]))
         if not channel.recv().get("next"):
             return
@@ -502,28 +510,24 @@ def run_calls(channel, job):
     method, all_inputs = prepared
     total = 0.0
     for gt_inp in all_inputs:
-        _arm(timeout)
-        faulthandler.enable()
-        try:
-            start = time.time()
-            prediction = method(*gt_inp)
-            total += time.time() - start
-            if isinstance(prediction, tuple):
-                prediction = list(prediction)
-            value = utf8(json.dumps(encode(prediction), ensure_ascii=False))
-            message = {"kind": "output", "text": None, "text_error": None}
+        with _armed(timeout):
             try:
-                message["text"] = shorten(prediction)
-            except Exception as e:  # NeMo Gym fails only when it must show a wrong answer
-                message["text_error"] = [_clip(repr(e)), _clip(traceback.format_exc())]
-            _disarm()
-        except Exception as e:
-            _disarm()
-            _error(channel, e)
-            return
-        finally:
-            _disarm()
-            faulthandler.disable()
+                start = time.time()
+                prediction = method(*gt_inp)
+                total += time.time() - start
+                if isinstance(prediction, tuple):
+                    prediction = list(prediction)
+                value = utf8(json.dumps(encode(prediction), ensure_ascii=False))
+                message = {"kind": "output", "text": None, "text_error": None}
+                try:
+                    message["text"] = shorten(prediction)
+                except Exception as e:  # NeMo Gym fails only when it must show a wrong answer
+                    message["text_error"] = [_clip(repr(e)), _clip(traceback.format_exc())]
+                _disarm()
+            except Exception as e:
+                _disarm()
+                _error(channel, e)
+                return
         channel.send(message, value)
         if not channel.recv().get("next"):
             return

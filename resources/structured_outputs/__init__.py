@@ -35,6 +35,7 @@ import csv
 import io
 import json
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -161,35 +162,46 @@ def evaluate_text(schema_type: str, schema_str: str, text: str, xml_coerce_types
     """(reward, error_type, error_message) for a text answer."""
     if not text or not text.strip():
         return 0.0, "empty_response", "No assistant response text"
-    try:
-        schema = json.loads(schema_str)
-    except Exception as e:
-        return 0.0, "schema_error", str(e)[:200]
-    strictify(schema)
+
+    schema = _strict_schema(schema_str)
+    if isinstance(schema, tuple):
+        return schema
     try:
         document = parse_document(schema_type, text)
     except Exception as e:
         return 0.0, "parse_error", _described(e)
-    try:
+
+    def coerced(schema: Any) -> Any:  # a coercion that fails is a validation error
         if schema_type == "xml" and xml_coerce_types:
-            document = coerce_xml(document, schema)
+            return coerce_xml(document, schema)
         if schema_type == "csv":
-            document = coerce_csv(document, schema)
-        _validate(document, schema)
-    except Exception as e:
-        return 0.0, "validation_error", _described(e)
-    return 1.0, None, None
+            return coerce_csv(document, schema)
+        return document
+
+    return _checked(schema, coerced)
 
 
 def evaluate_object(schema_str: str, instance: Any) -> Outcome:
     """(reward, error_type, error_message) for already-parsed tool-call arguments."""
+    schema = _strict_schema(schema_str)
+    return schema if isinstance(schema, tuple) else _checked(schema, lambda _schema: instance)
+
+
+def _strict_schema(schema_str: str) -> Any:
+    """The schema, made strict (``strictify``); a ``schema_error`` outcome when it is not JSON."""
     try:
         schema = json.loads(schema_str)
     except Exception as e:
         return 0.0, "schema_error", str(e)[:200]
     strictify(schema)
+    return schema
+
+
+def _checked(schema: Any, document: Callable[[Any], Any]) -> Outcome:
+    """1.0 when ``document(schema)`` (the answer, coerced to the schema's types where its format needs) is
+    valid; else a ``validation_error`` outcome."""
     try:
-        _validate(instance, schema)
+        _validate(document(schema), schema)
     except Exception as e:
         return 0.0, "validation_error", _described(e)
     return 1.0, None, None

@@ -28,7 +28,7 @@ from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.interface import Transport
-from gym_runtime.transport.jetstream import ensure_kept_stream, ensure_streams, task_msg_id
+from gym_runtime.transport.jetstream import ensure_kept_stream, task_msg_id
 from gym_runtime.transport.tasks import TaskSet
 
 _decoder = msgspec.json.Decoder()
@@ -288,7 +288,8 @@ async def publish_rows(
     admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
     held: Callable[[RolloutTask], None] | None = None,
 ) -> int:
-    """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task.
+    """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task. Into streams
+    its caller ensured (``ensure_streams``: ``publish_batch`` does, and a ``Client`` as it starts), once.
 
     ``admit(task, stored)``: asked for each task in publish order before it is sent (``stored``: sent by an
     earlier run of this publish, only counted); once it answers False, that task and every later one are
@@ -310,7 +311,6 @@ async def publish_rows(
     while a permit is free, so the publishes of one turn leave in one socket write (10,000
     tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU each, 1.07 -> 0.34 s).
     """
-    await ensure_streams(bus)
     if keep:
         await ensure_kept_stream(bus)
     limiter = asyncio.Semaphore(in_flight)

@@ -69,7 +69,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -352,8 +352,9 @@ def _route_requests(first: ServerHost) -> None:
     adapter.send = routed  # type: ignore[method-assign]
 
 
-def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
-    """The server's own config fields from its ``configs/*.yaml`` (the first block naming it)."""
+def server_configs(sdir: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Each of a server's own ``configs/*.yaml`` that reads as a mapping (of its instances), with its path, in
+    name order; one that is not YAML is passed over."""
     import yaml
 
     for path in sorted((sdir / "configs").glob("*.yaml")):
@@ -361,7 +362,14 @@ def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError:
             continue
-        for inst in data.values() if isinstance(data, dict) else []:
+        if isinstance(data, dict):
+            yield path, data
+
+
+def _yaml_defaults(sdir: Path, impl: str) -> dict[str, Any]:
+    """The server's own config fields from its ``configs/*.yaml`` (the first block naming it)."""
+    for _, data in server_configs(sdir):
+        for inst in data.values():
             block = inst.get("resources_servers", {}).get(impl) if isinstance(inst, dict) else None
             if isinstance(block, dict):
                 return {k: v for k, v in block.items() if not isinstance(v, str) or "${" not in v}

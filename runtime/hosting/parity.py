@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gym_runtime.data.drift import Drift
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import HostedEnv
-from gym_runtime.hosting.host import MODELS_DOMAIN
+from gym_runtime.hosting.host import MODELS_DOMAIN, server_configs
 
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
 
@@ -157,13 +155,9 @@ def recorded_options(sdir: Path, rollouts: list[dict[str, Any]]) -> dict[str, An
     agent the rows name (``agent_ref.name``), or one of its instances by prefix. A server may ship several
     (arena: lmarena_v2 and lmarena_v3, whose judge prompts differ); the host's defaults come from the first."""
     names = {str(r["agent_ref"].get("name")) for r in rollouts if isinstance(r.get("agent_ref"), dict)}
-    for path in sorted((sdir / "configs").glob("*.yaml")):
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError:
-            continue
+    for _, data in server_configs(sdir):
         # the agent itself, or an instance whose name starts the agent's (lmarena_v3 → lmarena_v3_benchmark_agent)
-        if not isinstance(data, dict) or not any(n == k or n.startswith(f"{k}_") for n in names for k in data):
+        if not any(n == k or n.startswith(f"{k}_") for n in names for k in data):
             continue
         for inst in data.values():
             block = inst.get("resources_servers", {}).get(sdir.name) if isinstance(inst, dict) else None
@@ -176,12 +170,8 @@ def agent_settings(sdir: Path) -> tuple[str, dict[str, Any], int | None]:
     """The agent NeMo Gym recorded with, as ours: (module, options, max_steps) from the server's own YAML."""
     gym = "GymnasiumServer" in (sdir / "app.py").read_text()
     max_steps = None
-    for path in sorted((sdir / "configs").glob("*.yaml")):
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError:
-            continue
-        for inst in data.values() if isinstance(data, dict) else []:
+    for _, data in server_configs(sdir):
+        for inst in data.values():
             agents = inst.get("responses_api_agents") if isinstance(inst, dict) else None
             for body in agents.values() if isinstance(agents, dict) else []:
                 if isinstance(body, dict) and isinstance(body.get("max_steps"), int):
@@ -207,12 +197,8 @@ def recorded_agent(sdir: Path) -> str | None:
     rows = read_rows(rollouts) if rollouts.is_file() else []
     names = {str(r["agent_ref"].get("name")) for r in rows if isinstance(r.get("agent_ref"), dict)}
     found: list[tuple[int, str]] = []
-    for path in sorted((sdir / "configs").glob("*.yaml")):
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError:
-            continue
-        for inst_name, inst in data.items() if isinstance(data, dict) else []:
+    for path, data in server_configs(sdir):
+        for inst_name, inst in data.items():
             agents = inst.get("responses_api_agents") if isinstance(inst, dict) else None
             for impl in agents if isinstance(agents, dict) else []:
                 found.append((0 if inst_name in names else 1 if path.stem == sdir.name else 2, str(impl)))

@@ -11,7 +11,7 @@ they are so: ``gym_runtime.ops.security``'s docstring and docs/security.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,95 +92,132 @@ def permissions(
     mine = pool or "*"  # the entry this user serves (a role credential: every entry)
     for ns in namespaces:
         s = Subjects(ns)
-        control, batches = s.control_bucket, s.batches_bucket
         # bodies over the max payload: write-once chunks, written only into this credential's own key space of
         # its role's blob stream (``blob_space``), read only by the key their message carries (a last-by-subject
         # direct get); no stream info (its subjects_filter lists keys), consumer or get by sequence on a blob
         # stream, so no role can list or read bodies it was not sent
         pub.append(s.pool_blobs(role, mine))
         pub += [sj.direct_get(s.blob_stream(r), s.role_blobs(r)) for r in sj.BLOB_ROLES]
-        models = [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
-
-        control_news = [s.policy_version("*"), s.cancel("*")]  # what every worker's ControlView hears
-        if role == "publisher":
-            pub += [
-                # the streams' info: the publisher's only (its counts). Every other role checks they are there
-                # by name (``ensure_streams``): the tasks stream's subject counts list every queued batch id
-                *(sj.stream_info(x) for x in (s.tasks_stream, s.model_stream)),
-                s.task("*", ">"),
-                s.policy_version("*"),
-                s.pause("*"),
-                s.resume("*"),
-                s.cancel("*"),
-                sj.kv_key(batches, ">"),
-                *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
-                *_read_kv(batches, control),
-                *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream)),
-                *_read_results(s, reach),
-                s.status,  # status: every worker answers into its own lane of this user's inbox
-                s.stateless_verify("*"),  # reverify
-                # collect: failure rows of tasks removed from the queue without a result (read as failures only)
-                s.lost(">"),
-                # each task's body, kept with its first publish and read back (a last-by-subject direct get only,
-                # as for blobs) to publish again a task whose stored result was lost (data.republish)
-                s.kept("*", "*"),
-                s.kept_get("*", "*"),
-                # explain: each attempt's own records, a batch's read by a no-ack reader of its own
-                *_readers(s.attempts_stream, s.all_attempts),
-            ]
-            # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
-            sub += [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
-        elif role == "agent":
-            envs = reach.environments("agent", pool)
-            calls = [s.all_resources] if envs is None else _calls(s, envs, "agent", pool)
-            boxes = reach.sandbox_pools("agent", pool)
-            calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
-            pub += [
-                s.agent_results(mine),
-                *models,
-                *calls,  # its own environment (the role-wide credential: every agent's)
-                *_read_kv(control),
-                # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
-                sj.kv_key(control, s.failed_keys(mine)),
-                s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
-                *_pull(s, "task", pool),
-                sj.lane_replies(sj.lane("agent", mine)),  # status answers
-            ]
-            sub += [s.status, *control_news, s.live("task", mine)]
-            deny.append(s.lost(">"))  # another agent's results, as far as a role-wide ``*`` goes: never a lost row
-        elif role == "model":
-            pub += [
-                *_read_kv(control),
-                *_pull(s, "model", pool),
-                # replies (and keepalives) only into the reply subjects of calls made to this model; status
-                # answers and pause acknowledgements too
-                sj.lane_replies(sj.lane("model", mine)),
-            ]
-            sub += [
-                s.status,
-                *control_news,
-                s.model_direct(mine),  # direct calls (core NATS) while a slot is free
-                s.pause(mine),
-                s.resume(mine),
-                s.live("model", mine),
-            ]
-        elif role == "sandbox":
-            # its pool's subjects only: creates (a queue group) and the operations on what it holds; answers
-            # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
-            pub += [sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
-            sub += [s.status, s.sandboxes(mine), s.live("sandbox", mine)]
-        else:  # resource
-            # models for LLM judges and user simulators; the environments this one calls by name (their replies
-            # come into its own inbox, as any call's), and the sandbox pool it uses
-            pub += [*models, *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
-            pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
-            # replies (and keepalives) only into calls made to this environment, and status answers
-            pub.append(sj.lane_replies(sj.lane("resource", mine)))
-            sub += [s.status, s.resource(mine)]
+        more, hears, refused = _ROLE_GRANTS[role](s, reach, pool)
+        pub += more
+        sub += hears
+        deny += refused
     publish: dict[str, list[str]] = {"allow": list(dict.fromkeys(pub))}
     if deny:
         publish["deny"] = deny
     return {"publish": publish, "subscribe": {"allow": list(dict.fromkeys(sub))}}
+
+
+_Grant = tuple[list[str], list[str], list[str]]  # what a role may publish, subscribe to, and may not publish
+
+
+def _models(s: Subjects) -> list[str]:
+    return [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
+
+
+def _control_news(s: Subjects) -> list[str]:
+    return [s.policy_version("*"), s.cancel("*")]  # what every worker's ControlView hears
+
+
+def _publisher(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
+    control, batches = s.control_bucket, s.batches_bucket
+    pub = [
+        # the streams' info: the publisher's only (its counts). Every other role checks they are there
+        # by name (``ensure_streams``): the tasks stream's subject counts list every queued batch id
+        *(sj.stream_info(x) for x in (s.tasks_stream, s.model_stream)),
+        s.task("*", ">"),
+        s.policy_version("*"),
+        s.pause("*"),
+        s.resume("*"),
+        s.cancel("*"),
+        sj.kv_key(batches, ">"),
+        *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
+        *_read_kv(batches, control),
+        *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream)),
+        *_read_results(s, reach),
+        s.status,  # status: every worker answers into its own lane of this user's inbox
+        s.stateless_verify("*"),  # reverify
+        # collect: failure rows of tasks removed from the queue without a result (read as failures only)
+        s.lost(">"),
+        # each task's body, kept with its first publish and read back (a last-by-subject direct get only,
+        # as for blobs) to publish again a task whose stored result was lost (data.republish)
+        s.kept("*", "*"),
+        s.kept_get("*", "*"),
+        # explain: each attempt's own records, a batch's read by a no-ack reader of its own
+        *_readers(s.attempts_stream, s.all_attempts),
+    ]
+    # ... which JetStream announces: a task terminated, or past its consumer's max deliveries
+    sub = [sj.advisory(e, s.tasks_stream) for e in ("MSG_TERMINATED", "MAX_DELIVERIES")]
+    return pub, sub, []
+
+
+def _agent(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
+    mine = pool or "*"
+    envs = reach.environments("agent", pool)
+    calls = [s.all_resources] if envs is None else _calls(s, envs, "agent", pool)
+    boxes = reach.sandbox_pools("agent", pool)
+    calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
+    pub = [
+        s.agent_results(mine),
+        *_models(s),
+        *calls,  # its own environment (the role-wide credential: every agent's)
+        *_read_kv(s.control_bucket),
+        # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
+        sj.kv_key(s.control_bucket, s.failed_keys(mine)),
+        s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
+        *_pull(s, "task", pool),
+        sj.lane_replies(sj.lane("agent", mine)),  # status answers
+    ]
+    sub = [s.status, *_control_news(s), s.live("task", mine)]
+    return pub, sub, [s.lost(">")]  # another agent's results, as far as a role-wide ``*`` goes: never a lost row
+
+
+def _model(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
+    mine = pool or "*"
+    pub = [
+        *_read_kv(s.control_bucket),
+        *_pull(s, "model", pool),
+        # replies (and keepalives) only into the reply subjects of calls made to this model; status
+        # answers and pause acknowledgements too
+        sj.lane_replies(sj.lane("model", mine)),
+    ]
+    sub = [
+        s.status,
+        *_control_news(s),
+        s.model_direct(mine),  # direct calls (core NATS) while a slot is free
+        s.pause(mine),
+        s.resume(mine),
+        s.live("model", mine),
+    ]
+    return pub, sub, []
+
+
+def _sandbox(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
+    # its pool's subjects only: creates (a queue group) and the operations on what it holds; answers
+    # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
+    mine = pool or "*"
+    pub = [sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
+    return pub, [s.status, s.sandboxes(mine), s.live("sandbox", mine)], []
+
+
+def _resource(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
+    # models for LLM judges and user simulators; the environments this one calls by name (their replies
+    # come into its own inbox, as any call's), and the sandbox pool it uses
+    mine = pool or "*"
+    pub = [*_models(s), *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
+    pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
+    # replies (and keepalives) only into calls made to this environment, and status answers
+    pub.append(sj.lane_replies(sj.lane("resource", mine)))
+    return pub, [s.status, s.resource(mine)], []
+
+
+_ROLE_GRANTS: dict[str, Callable[[Subjects, Reach, str | None], _Grant]] = {
+    "publisher": _publisher,
+    "agent": _agent,
+    "model": _model,
+    "sandbox": _sandbox,
+    "resource": _resource,
+}
 
 
 def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> list[str]:

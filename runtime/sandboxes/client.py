@@ -247,14 +247,8 @@ def _command(argv: list[str], r: SandboxReply, took_s: float) -> SandboxCommand:
 
 
 def _result(r: SandboxReply) -> ExecResult:
-    return ExecResult(
-        exit_code=r.exit_code,
-        stdout=r.stdout,
-        stderr=r.stderr,
-        truncated=r.truncated,
-        timed_out=r.timed_out,
-        duration_s=r.duration_s,
-    )
+    """An exec's reply as its author sees it (``SandboxReply.of_exec`` the other way: the same fields)."""
+    return ExecResult(**{f: getattr(r, f) for f in ExecResult.__struct_fields__})
 
 
 class _Opening:

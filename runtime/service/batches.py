@@ -8,6 +8,7 @@ tenth of a CPU-second of each command's start-up; ``tests/bench/cli_startup.py``
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -128,7 +129,7 @@ async def publish_batch(
         max_republish=config.jetstream.max_republish,
         models=config.model_table(),
     )
-    await ensure_streams(bus, agents)
+    await ensure_streams(bus, agents)  # and each agent's results stream: the one place a publish ensures them
     earlier = await get_manifest(bus, batch) if batch else None
     if earlier is not None and _same_batch(earlier, manifest):  # this publish ran before: on from where it got
         if earlier.published and earlier.held_from < 0:
@@ -146,7 +147,6 @@ async def publish_batch(
     fps: dict[str, dict[str, Any]] = {a: {"fingerprint": config.fingerprints[("agent", a)]} for a in agents}
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
-    mark = Watermark(start=manifest.stored)
     held_from: list[int] = []
 
     def hold(task: RolloutTask) -> None:
@@ -155,6 +155,38 @@ async def publish_batch(
         if held is not None:
             held(task)
 
+    publish = functools.partial(
+        publish_tasks,
+        bus,
+        plan,
+        batch=manifest.batch,
+        agents=agents,
+        agent=agent,
+        repeats=repeats,
+        limit=limit,
+        on_sent=on_sent,
+        task_fields=fps.__getitem__,
+        grouped=lambda a: config.agents[a].group_repeats,
+        keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
+        admit=admit,
+        held=hold if admit is not None else None,
+    )
+    manifest = await _checkpointed(bus, manifest, publish)
+    # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
+    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
+    if held_from:
+        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
+    await put_manifest(bus, manifest)
+    log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
+    return manifest
+
+
+async def _checkpointed(bus: Bus, manifest: Manifest, publish: Callable[..., Awaitable[int]]) -> Manifest:
+    """``publish(mark=...)`` with the manifest's ``stored`` kept up to date (every ``MARK_EVERY_S`` and at its
+    end, whichever way it ended): a publish killed outright, a full stream, Ctrl-C start again at most this far
+    back. The manifest as last recorded; the publish's own error raised as it is, not in an exception group."""
+    mark = Watermark(start=manifest.stored)
+
     async def record() -> None:
         nonlocal manifest
         if mark.through() != manifest.stored:
@@ -162,7 +194,7 @@ async def publish_batch(
             await put_manifest(bus, now)
             manifest = now
 
-    async def checkpoints() -> None:  # a publish killed outright starts again at most this far back
+    async def checkpoints() -> None:
         while True:
             await anyio.sleep(MARK_EVERY_S)
             await record()
@@ -172,36 +204,15 @@ async def publish_batch(
         async with anyio.create_task_group() as tg:
             tg.start_soon(checkpoints)
             try:
-                await publish_tasks(
-                    bus,
-                    plan,
-                    batch=manifest.batch,
-                    agents=agents,
-                    agent=agent,
-                    repeats=repeats,
-                    limit=limit,
-                    on_sent=on_sent,
-                    task_fields=fps.__getitem__,
-                    grouped=lambda a: config.agents[a].group_repeats,
-                    mark=mark,
-                    keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
-                    admit=admit,
-                    held=hold if admit is not None else None,
-                )
+                await publish(mark=mark)
             except Exception as e:  # raised as it is below, not inside the task group's exception group
                 failure = e
             tg.cancel_scope.cancel()
-    finally:  # a full stream, Ctrl-C: the next run of this publish starts where this one got
+    finally:  # the next run of this publish starts where this one got
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await record()
     if failure is not None:
         raise failure
-    # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
-    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
-    if held_from:
-        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
-    await put_manifest(bus, manifest)
-    log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest
 
 

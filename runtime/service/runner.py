@@ -22,7 +22,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, ResolvedConfig, redact
-from gym_runtime.data.batches import new_manifest
+from gym_runtime.data.batches import Manifest, new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, check_agent_flag, validate
 from gym_runtime.data.reverify import (
@@ -403,23 +403,9 @@ async def run_batch(
     )
     bus = buses["publisher"]
     try:
-        await ensure_streams(bus, config.agents)
-        if check_workers:  # before this run's own workers start: only others can differ
-            await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
-        if not start_local_workers:  # this run's workers are in processes of their own, ready: ask their models
-            await check_model_endpoints(bus, config, list(plan.agents))
+        await _preflight(bus, config, plan, pairs, check_workers=check_workers, local=start_local_workers)
         async with anyio.create_task_group() as tg:
-            workers = make_workers(buses, config, pairs)
-            await start_workers(tg, workers, note=note)
-            unusable = [
-                f"model {w.name!r}: {w.endpoint_problem}"
-                for w in workers
-                if isinstance(w, ModelWorker) and w.endpoint_problem
-            ]
-            if unusable:  # every rollout would fail as model_error: say why once, publish nothing
-                raise ConfigError("; ".join(unusable) + ". Nothing was published.")
-            if telemetry.meters.enabled:
-                tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
+            workers = await _start_local(tg, buses, config, pairs, telemetry, note)
             ready_s = time.perf_counter() - t0
             log.info(
                 "batch.start",
@@ -442,15 +428,8 @@ async def run_batch(
             )
             if budget is not None:
                 budget.repeats, budget.collector = repeats, collector
-            result: dict[str, CollectStats] = {}
-            collected = anyio.Event()
-
-            async def collect() -> None:
-                result["stats"] = await collector.run()
-                collected.set()
-
-            tg.start_soon(collect)
-            await publish_batch(
+            publish = functools.partial(
+                publish_batch,
                 bus,
                 config,
                 input_path,
@@ -463,14 +442,13 @@ async def run_batch(
                 admit=budget.admit if budget is not None else None,
                 held=budget.held if budget is not None else None,
             )
-            await collected.wait()
+            stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await close_buses(buses)
-    stats = result["stats"]
     elapsed = time.perf_counter() - t0
     log.info(
         "batch.end",
@@ -482,6 +460,57 @@ async def run_batch(
         out=str(out),
     )
     return RunResult(batch=batch, tasks=expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
+
+
+async def _preflight(
+    bus: Bus, config: ResolvedConfig, plan: Plan, pairs: list[tuple[str, str]], *, check_workers: bool, local: bool
+) -> None:
+    """Before any worker of this run starts: the streams, the live workers of another config (only others can
+    differ yet), and, where this run's workers are in processes of their own (ready), their models."""
+    await ensure_streams(bus, config.agents)
+    if check_workers:
+        await check_live_workers(bus, config, list(plan.agents) if not pairs else [])
+    if not local:
+        await check_model_endpoints(bus, config, list(plan.agents))
+
+
+async def _start_local(
+    tg: TaskGroup,
+    buses: dict[str, Bus],
+    config: ResolvedConfig,
+    pairs: list[tuple[str, str]],
+    telemetry: Telemetry,
+    note: Callable[[str], None] | None,
+) -> list[Worker]:
+    """This run's own workers, started (and its queues watched where meters are on); none when a model's
+    endpoint is unusable: every rollout would fail as model_error, so that is said once and nothing published."""
+    workers = make_workers(buses, config, pairs)
+    await start_workers(tg, workers, note=note)
+    unusable = [
+        f"model {w.name!r}: {w.endpoint_problem}" for w in workers if isinstance(w, ModelWorker) and w.endpoint_problem
+    ]
+    if unusable:
+        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    if telemetry.meters.enabled:
+        tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
+    return workers
+
+
+async def _publish_and_collect(
+    tg: TaskGroup, collector: Collector, publish: Callable[[], Awaitable[Manifest]]
+) -> CollectStats:
+    """The batch published while its collector reads it (started first: it sees every row); its stats."""
+    result: dict[str, CollectStats] = {}
+    collected = anyio.Event()
+
+    async def collect() -> None:
+        result["stats"] = await collector.run()
+        collected.set()
+
+    tg.start_soon(collect)
+    await publish()
+    await collected.wait()
+    return result["stats"]
 
 
 def resource_for(config: ResolvedConfig, agent: str | None) -> str:

@@ -160,6 +160,7 @@ class AgentWorker:
         self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
         self.fingerprint = config.fingerprints[("agent", name)]
+        self.fields = config.fields[("agent", name)]  # what discovery announces of its entry
         self.parts = agent_parts(config.config, name)  # rows' provenance.parts
         self._model_fps = config.model_fingerprints()
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
@@ -213,17 +214,11 @@ class AgentWorker:
             )
             try:
                 await serve_pulled(
-                    self.bus,
+                    self,
                     self.puller,
                     role="agent",
-                    name=self.name,
-                    worker_id=self.worker_id,
-                    stats=self.stats,
                     task_status=task_status,
                     log=log,
-                    owner=self,
-                    fingerprint=self.fingerprint,
-                    fields=dict(self.config.fields[("agent", self.name)]),
                     slots=self.cfg.concurrency,
                 )
             finally:
@@ -348,18 +343,53 @@ class AgentWorker:
             log.debug("rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1), attempt=attempt)
 
     async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> list[RolloutResult] | None:
-        """The task's results (one per repeat it carries: several for a group task), or None when nak'd."""
+        """The task's results (one per repeat it carries: several for a group task), or None when nak'd.
+
+        Its steps: skipped (``_skip_reason``), started (``_started``: the attempts that failed so far, the
+        attempt's record), refused after too many lost workers, run (``_attempt``), given back for another
+        attempt (``_retry_delay``: the retry rule), its lease ended (the one ``_release``), then its rows."""
         size = max(task.group, 1)
         skip = await self._skip_reason(task)
         if skip is not None:
             self.skipped += size
             return _failures(task, attempt, skip)
-        # JetStream counts deliveries; the attempts that failed by the rollout's own doing are counted by us
-        # (only when one failed, so a first delivery reads nothing): every other earlier delivery was a lost
-        # worker (killed, node gone, hung past ack_wait), charged to a budget of its own, not to max_attempts
         key = self.bus.subjects.failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
-        failed = await self.control.failed_attempts(key) if attempt > 1 else 0
+        failed = await self._started(task, attempt, key)
         lost = attempt - 1 - failed
+        if lost > self.cfg.max_worker_losses:
+            return _failures(task, attempt, self._lost_too_often(lost))
+        ctx = AgentContext(
+            self.bus,
+            task,
+            self.cfg,
+            model_timeout_s=self._model_timeout,
+            model_fingerprint=self._model_fps.get,
+            model_liveness_s=self._model_patience.get,
+        )
+        retrying = False
+        try:
+            ended = await self._attempt(ctx, task, size)
+            if isinstance(ended, Failure) and (delay := await self._retry_delay(ended, failed, key)) is not None:
+                retrying = True
+                self._given_back(task, attempt, ended.info, ctx)
+                await msg.nak(delay=delay)
+                return None
+        finally:  # the rollout ended, whichever way: so does its sandboxes' lease, before its rows are built
+            # (each sandbox's CPU is read as it is removed, so the row's cost has it)
+            await _release(ctx)
+            if failed and not retrying:  # finished: its count of failed attempts is not needed again
+                await self.control.count_failed(key, 0)
+        if isinstance(ended, Failure):
+            return _failures(task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
+        return self._results(ctx, task, attempt, ended)
+
+    async def _started(self, task: RolloutTask, attempt: int, key: str) -> int:
+        """The attempts of this task that failed so far; the attempt's start recorded.
+
+        JetStream counts deliveries; the attempts that failed by the rollout's own doing are counted by us
+        (only when one failed, so a first delivery reads nothing): every other earlier delivery was a lost
+        worker (killed, node gone, hung past ack_wait), charged to a budget of its own, not to max_attempts."""
+        failed = await self.control.failed_attempts(key) if attempt > 1 else 0
         start = AttemptStart(
             task_index=task.task_index,
             rollout_index=task.rollout_index,
@@ -372,115 +402,100 @@ class AgentWorker:
             at=time.time(),
         )
         self.records.add(task.batch, start)
-        if lost > self.cfg.max_worker_losses:
-            return _failures(
-                task,
-                attempt,
-                ErrorInfo(
-                    error_class="worker_lost",
-                    message=(
-                        f"the workers running this task were lost {lost} times (max_worker_losses="
-                        f"{self.cfg.max_worker_losses}): killed, out of memory, or hung past ack_wait"
-                    ),
-                ),
-            )
-        ctx = AgentContext(
-            self.bus,
-            task,
-            self.cfg,
-            model_timeout_s=self._model_timeout,
-            model_fingerprint=self._model_fps.get,
-            model_liveness_s=self._model_patience.get,
+        return failed
+
+    def _lost_too_often(self, lost: int) -> ErrorInfo:
+        return ErrorInfo(
+            error_class="worker_lost",
+            message=(
+                f"the workers running this task were lost {lost} times (max_worker_losses="
+                f"{self.cfg.max_worker_losses}): killed, out of memory, or hung past ack_wait"
+            ),
         )
-        retrying = False
+
+    async def _attempt(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome] | Failure:
+        """Run the agent once under its clock (``timeout_s``, paused while sandboxes are acquired) and its
+        batch's cancel: its outcomes, or the ``Failure`` that ended it (a crash is an ``internal`` one)."""
         try:
-            try:
-                async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
-                    # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
-                    ctx.sandboxes.on_acquire = paused = _Paused(ctx, clock)
-                    # and so does an environment's, inside a call this rollout made (its handler says so)
-                    pausing = ON_PAUSE.set(paused.in_call)
-                    try:
-                        with self._cancellable(task.batch) as stopped:
-                            outcomes = await self._outcomes(ctx, task, size)
-                    finally:
-                        ON_PAUSE.reset(pausing)
-                if stopped.cancelled_caught:
-                    self.skipped += size
-                    info = ErrorInfo(error_class="cancelled", message=f"batch {task.batch} was cancelled while it ran")
-                    return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log)
-            except TimeoutError:
-                await _release(ctx)
-                return _failures(
-                    task,
-                    attempt,
-                    ErrorInfo(error_class="timeout", message=f"rollout exceeded timeout_s={self.cfg.timeout_s:g}"),
-                    self._spent(ctx),
-                    ctx.calls.log,
-                )
-            except Failure as e:
-                if is_lost(e):  # its guest was killed for another rollout's fault: a lost worker, not a failed attempt
-                    log.info("rollout.lost", error=e.info.message, then="runs again")
-                    retrying = True
-                    self._given_back(task, attempt, e.info, ctx)
-                    await msg.nak(delay=NAK_BACKOFF_S[0])
-                    return None
-                if e.info.retryable and failed + 1 < self.cfg.max_attempts:
-                    delay = NAK_BACKOFF_S[min(failed, len(NAK_BACKOFF_S) - 1)]
-                    log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)
-                    await self.control.count_failed(key, failed + 1)
-                    retrying = True
-                    self._given_back(task, attempt, e.info, ctx)
-                    await msg.nak(delay=delay)
-                    return None
-                await _release(ctx)
-                return _failures(task, attempt, e.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
-            except Exception as e:
-                log.error("rollout.crashed", error=repr(e), exc_info=e)
-                info = ErrorInfo(error_class="internal", message=f"{type(e).__name__}: {e}")
-                await _release(ctx)
-                return _failures(task, attempt, info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
-            await _release(ctx)
-            results = []
-            first, spent = task.rollout_index, None
-            for i, outcome in zip(range(first, first + size), outcomes, strict=True):
-                each = msgspec.structs.replace(task, rollout_index=i, group=0) if size > 1 else task
-                # a group's calls are one ledger: its first repeat's row carries the agent's side of it
-                cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
-                spent = cost if i == first else spent
+            async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
+                # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
+                ctx.sandboxes.on_acquire = paused = _Paused(ctx, clock)
+                # and so does an environment's, inside a call this rollout made (its handler says so)
+                pausing = ON_PAUSE.set(paused.in_call)
                 try:
-                    row = build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov)
-                except Failure as e:  # a field that would replace one of the runtime's row keys
-                    return _failures(task, attempt, e.info, spent, ctx.calls.log)
-                results.append(
-                    RolloutResult(
-                        batch=task.batch,
-                        task_index=task.task_index,
-                        rollout_index=i,
-                        agent=task.agent,
-                        row=row,
-                        attempts=attempt,
-                        answer_field=outcome.verdict.answer_field,
-                        calls=ctx.calls.log if i == first and ctx.calls.log else None,
-                        commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
-                    )
+                    with self._cancellable(task.batch) as stopped:
+                        outcomes = await self._outcomes(ctx, task, size)
+                finally:
+                    ON_PAUSE.reset(pausing)
+        except TimeoutError:
+            return Failure("timeout", f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
+        except Failure as e:
+            return e
+        except Exception as e:
+            log.error("rollout.crashed", error=repr(e), exc_info=e)
+            return Failure("internal", f"{type(e).__name__}: {e}")
+        if stopped.cancelled_caught:
+            self.skipped += size
+            return Failure("cancelled", f"batch {task.batch} was cancelled while it ran")
+        return outcomes
+
+    async def _retry_delay(self, e: Failure, failed: int, key: str) -> float | None:
+        """The retry rule: the delay before the task runs again, or None when this failure is its last.
+
+        A guest killed for another rollout's fault is a lost worker, not a failed attempt (``is_lost``); a
+        retryable failure runs again while ``max_attempts`` allows, counted (``count_failed``) before its nak."""
+        if is_lost(e):
+            log.info("rollout.lost", error=e.info.message, then="runs again")
+            return NAK_BACKOFF_S[0]
+        if e.info.retryable and failed + 1 < self.cfg.max_attempts:
+            delay = NAK_BACKOFF_S[min(failed, len(NAK_BACKOFF_S) - 1)]
+            log.info("rollout.retry", error=e.info.message, attempt=failed + 1, delay_s=delay)
+            await self.control.count_failed(key, failed + 1)
+            return delay
+        return None
+
+    def _results(
+        self, ctx: AgentContext, task: RolloutTask, attempt: int, outcomes: list[Outcome]
+    ) -> list[RolloutResult]:
+        """A row for each repeat; a group's calls are one ledger: its first repeat's row carries the agent's side."""
+        results = []
+        first, spent = task.rollout_index, None
+        for i, outcome in zip(range(first, first + len(outcomes)), outcomes, strict=True):
+            each = msgspec.structs.replace(task, rollout_index=i, group=0) if len(outcomes) > 1 else task
+            cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
+            spent = cost if i == first else spent
+            try:
+                row = build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov)
+            except Failure as e:  # a field that would replace one of the runtime's row keys
+                return _failures(task, attempt, e.info, spent, ctx.calls.log)
+            results.append(
+                RolloutResult(
+                    batch=task.batch,
+                    task_index=task.task_index,
+                    rollout_index=i,
+                    agent=task.agent,
+                    row=row,
+                    attempts=attempt,
+                    answer_field=outcome.verdict.answer_field,
+                    calls=ctx.calls.log if i == first and ctx.calls.log else None,
+                    commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
                 )
-            box = ctx.sandboxes.on_acquire
-            if ctx.sandboxes.asked or (isinstance(box, _Paused) and box.waits_in_calls):
-                # the time its sandboxes (its own, and its environment's) waited for a lease (not counted
-                # against timeout_s)
-                waited = ctx.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
-                for r in results:
-                    r.row["sandbox_wait_s"] = round(waited, 3)  # type: ignore[index]
-                # under the pool waited for: the agent's own, else its environment's (the agent names none)
-                env = self.config.resources.get(self.cfg.resource or "")
-                pool = ctx.sandboxes.pool or (env.sandbox if env is not None else "")
-                self.bus.telemetry.meters.sandbox_waited(pool, waited)
-            return results
-        finally:  # the rollout ended, whichever way: so does its sandboxes' lease
-            await _release(ctx)
-            if failed and not retrying:  # finished: its count of failed attempts is not needed again
-                await self.control.count_failed(key, 0)
+            )
+        self._sandbox_wait(ctx, results)
+        return results
+
+    def _sandbox_wait(self, ctx: AgentContext, results: list[RolloutResult]) -> None:
+        """The time its sandboxes (its own, and its environment's) waited for a lease (not counted against
+        timeout_s), on its rows and under the pool waited for: the agent's own, else its environment's."""
+        box = ctx.sandboxes.on_acquire
+        if not (ctx.sandboxes.asked or (isinstance(box, _Paused) and box.waits_in_calls)):
+            return
+        waited = ctx.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
+        for r in results:
+            r.row["sandbox_wait_s"] = round(waited, 3)  # type: ignore[index]
+        env = self.config.resources.get(self.cfg.resource or "")
+        pool = ctx.sandboxes.pool or (env.sandbox if env is not None else "")
+        self.bus.telemetry.meters.sandbox_waited(pool, waited)
 
     @contextlib.contextmanager
     def _cancellable(self, batch: str) -> Iterator[anyio.CancelScope]:

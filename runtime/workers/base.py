@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -11,7 +11,7 @@ import anyio.abc
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.interface import Puller, Transport
 
-__all__ = ["Worker", "drain_puller", "serve_pulled"]
+__all__ = ["PulledWorker", "Worker", "drain_puller", "serve_pulled"]
 
 
 class Worker(Protocol):
@@ -37,31 +37,40 @@ async def drain_puller(puller: Puller | None) -> None:
         await anyio.sleep(0.05)
 
 
+class PulledWorker(Protocol):
+    """A work-queue worker as ``serve_pulled`` reads it (agents and models)."""
+
+    bus: Transport
+    name: str
+    worker_id: str
+    fingerprint: str
+    fields: Mapping[str, str]
+
+    def stats(self) -> dict[str, Any]: ...
+
+
 async def serve_pulled(
-    bus: Transport,
+    worker: PulledWorker,
     puller: Puller,
     *,
     role: str,
-    name: str,
-    worker_id: str,
-    stats: Callable[[], dict[str, Any]],
     task_status: anyio.abc.TaskStatus[None],
     log: Any,
-    owner: object,
-    fingerprint: str | None = None,
-    fields: dict[str, str] | None = None,
     **ready: Any,
 ) -> None:
     """A work-queue worker's life: announce it (discovery) and its gauges (metrics), report it
     started, pull until cancelled, then withdraw both. ``ready`` adds fields to the ready log line."""
-    svc = await register(bus, role, name, worker_id, stats, fingerprint=fingerprint, fields=fields)
-    bus.telemetry.meters.track(role, name, owner)
+    bus, name, worker_id = worker.bus, worker.name, worker.worker_id
+    svc = await register(
+        bus, role, name, worker_id, worker.stats, fingerprint=worker.fingerprint, fields=dict(worker.fields)
+    )
+    bus.telemetry.meters.track(role, name, worker)
     log.info(f"{role}.ready", **{role: name}, worker=worker_id, **ready)
     task_status.started()
     try:
         await puller.run()
     finally:
-        bus.telemetry.meters.untrack(owner)
-        log.info(f"{role}.stopped", **{role: name}, worker=worker_id, **stats())
+        bus.telemetry.meters.untrack(worker)
+        log.info(f"{role}.stopped", **{role: name}, worker=worker_id, **worker.stats())
         with anyio.CancelScope(shield=True):
             await svc.stop()

@@ -112,17 +112,11 @@ class ModelWorker:
             await self.bus.flush()
             try:
                 await serve_pulled(
-                    self.bus,
+                    self,
                     self.puller,
                     role="model",
-                    name=self.name,
-                    worker_id=self.worker_id,
-                    stats=self.stats,
                     task_status=task_status,
                     log=log,
-                    owner=self,
-                    fingerprint=self.fingerprint,
-                    fields=dict(self.fields),
                     adapter=self.cfg.adapter,
                     slots=self.cfg.concurrency,
                 )
