@@ -18,9 +18,11 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.protocol import command
 
 from gym_runtime.errors import AuthError, UserError
 from gym_runtime.observability import logs
+from gym_runtime.transport.header_block import HeaderBlock
 from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.bus")
@@ -173,12 +175,34 @@ class _Throttle:
 
 
 class Client(NATS):
-    """nats-py's client, where a PONG for a PING nobody waits for any more is taken quietly.
+    """nats-py's client, where a PONG for a PING nobody waits for any more is taken quietly, and a message's
+    headers are written and read by ``HeaderBlock`` (nats-py's rules, a name checked once per connection).
 
     ``flush`` cancels its PING's future when it is timed out or cancelled (a close that drains while a PING is
     out, a cancelled request); nats-py then sets the result of that cancelled future when the PONG comes, and
     the ``InvalidStateError`` ends its read loop with an "encountered error" traceback on stderr (a good run
     that reads as a crash, and a connection that reads nothing more). Each PONG still answers the oldest PING."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._header_block = HeaderBlock()
+
+    async def _send_publish(
+        self, subject: str, reply: str, payload: bytes, payload_size: int, headers: dict[str, str] | None
+    ) -> None:
+        """nats-py's own (2.16), the header block written by ``HeaderBlock``."""
+        if headers is None or subject == "":
+            await super()._send_publish(subject, reply, payload, payload_size, headers)
+            return
+        cmd = command.hpub_cmd(subject, reply, self._header_block.encode(headers), payload)
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(cmd)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+
+    def _parse_header_lines(self, raw: bytes) -> dict[str, str]:  # type: ignore[override]
+        return self._header_block.parse(raw)
 
     async def _process_pong(self) -> None:
         if self._pongs:

@@ -19,6 +19,7 @@ rollouts takes about a minute.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import shutil
 import subprocess
@@ -26,10 +27,37 @@ import sys
 import tempfile
 from pathlib import Path
 
+import anyio
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def one_run(n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none") -> None:
+async def follow_live(url: str, batch: str) -> None:
+    """``view --batch B --nats URL``'s live mode in this process: wait for the batch's manifest, then read each
+    stored result into a spool file and the run's index (``view.live.Live``) until it has every row."""
+    from gym_runtime.data.batches import get_manifest
+    from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.transport.bus import Bus
+    from gym_runtime.view.live import Live
+
+    bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="gym-view", role="publisher")
+    try:
+        while (manifest := await get_manifest(bus, batch)) is None:
+            await asyncio.sleep(0.05)
+        with tempfile.TemporaryDirectory() as d:
+            live = Live(manifest, Path(d) / "live.jsonl", 0)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(live.follow, bus)
+                while not live.done:
+                    await asyncio.sleep(0.05)
+                tg.cancel_scope.cancel()
+    finally:
+        await bus.close()
+
+
+def one_run(
+    n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none", viewer: bool = False
+) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -42,10 +70,13 @@ def one_run(n: int, concurrency: int, model: str, secure: bool = False, isolatio
     tune_gc()
     with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
         sets = [*sets, f"resources.weather.isolation={isolation}"]
-        overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure)
+        alongside = follow_live if viewer else None
+        overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure, alongside=alongside)
 
 
-def instructions(n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none") -> int:
+def instructions(
+    n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none", viewer: bool = False
+) -> int:
     proc = subprocess.run(
         [
             "valgrind",
@@ -66,6 +97,7 @@ def instructions(n: int, concurrency: int, model: str, secure: bool = False, iso
             *(["--secure"] if secure else []),
             "--isolation",
             isolation,
+            *(["--with-viewer"] if viewer else []),
         ],
         capture_output=True,
         text=True,
@@ -94,17 +126,24 @@ def main() -> None:
     ap.add_argument(
         "--isolation", choices=["none", "process"], default="none", help="process: weather's code in a guest process"
     )
+    ap.add_argument(
+        "--with-viewer",
+        action="store_true",
+        help="view's live mode follows the batch in the same process (each result read, spooled and indexed)",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(args.one, args.concurrency, args.model, args.secure, args.isolation)
+        one_run(args.one, args.concurrency, args.model, args.secure, args.isolation, args.with_viewer)
         return
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    small = instructions(args.small, args.concurrency, args.model, args.secure, args.isolation)
-    large = instructions(args.large, args.concurrency, args.model, args.secure, args.isolation)
+    how = (args.concurrency, args.model, args.secure, args.isolation, args.with_viewer)
+    small = instructions(args.small, *how)
+    large = instructions(args.large, *how)
     per = (large - small) / (args.large - args.small)
     secured = (", --secure server" if args.secure else "") + f", isolation: {args.isolation}"
+    secured += ", view's live mode following the batch" if args.with_viewer else ""
     print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight{secured}")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +211,11 @@ def one_process(
     profile: str | None = None,
     metrics: bool = False,
     secure: bool = False,
+    alongside: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> dict[str, float]:
-    """``secure``: a ``--secure`` server (TLS, nkeys, per-role permissions) and one connection per role."""
+    """``secure``: a ``--secure`` server (TLS, nkeys, per-role permissions) and one connection per role.
+    ``alongside(url, batch)``: run with the batch in the same process (``instructions.py --with-viewer``), and
+    waited for."""
     from gym_runtime.ops.credentials import ClientAuth
 
     auth_dir = tmp / "auth" if secure else None
@@ -233,16 +236,25 @@ def one_process(
         profiler.start()
     with Sampler([me, server]) as sampler:
         tel = bench_telemetry(metrics)
-        res = run_async(
-            lambda: run_batch(
+        batch = f"bench{os.getpid()}"
+
+        async def batch_and_alongside() -> Any:
+            go = run_batch(
                 resolve_config(cfg),
                 srv.url,
                 input_path=inp,
                 out=tmp / f"out_one_{conc}.jsonl",
                 telemetry=tel,
                 auth=ClientAuth(auth_dir) if auth_dir else None,
+                batch=batch if alongside else None,
             )
-        )
+            if alongside is None:
+                return await go
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(alongside, srv.url, batch)
+                return await go
+
+        res = run_async(batch_and_alongside)
         tel.shutdown()
     if profiler:
         profiler.stop()
