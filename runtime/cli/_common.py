@@ -223,15 +223,46 @@ def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
     return url
 
 
-def reach(url: str | list[str]) -> str | list[str]:
+def reach(url: str | list[str], *, query: bool = False) -> str | list[str]:
     """A one-shot command's server (not a service's, which waits for it), reached first: a dead or wrong
-    URL is said at once (what is tried, for how long), then ends in one error line, not ~10 s of silence."""
+    URL is said at once (what is tried, for how long), then ends in one error line, not ~10 s of silence.
+
+    A ``query`` (status, explain, purge, view of a live batch) ends in that one line alone: on a terminal the
+    notice is a status line, erased before what comes next; to a pipe it is not written at all."""
     import anyio
 
     from gym_runtime.transport.connect import connect_timeout_s, server_list, wait_reachable
 
-    anyio.run(functools.partial(wait_reachable, server_list(url), connect_timeout_s(), on_wait=say))
+    status = StatusLine() if query and sys.stderr.isatty() else None
+    notice = say if not query else status
+    try:
+        anyio.run(functools.partial(wait_reachable, server_list(url), connect_timeout_s(), on_wait=notice))
+    finally:
+        if status is not None:
+            status.clear()
     return url
+
+
+class StatusLine:
+    """A notice on a terminal until the next output replaces it: the user sees why a query waits, and
+    afterwards only its result or its one error line."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, line: str) -> None:
+        try:
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns or 80
+        except OSError:
+            columns = 80
+        width = columns - 1  # one row: \r and erase-line clear it whole
+        print(f"gym-runtime: {line}"[:width], end="", file=sys.stderr, flush=True)
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+            self.shown = False
 
 
 def say(line: str) -> None:

@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None))
+    url = reach(need_url(args, None), query=True)
     auth = client_auth(args)
 
     async def go() -> Any:

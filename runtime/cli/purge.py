@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None))
+    url = reach(need_url(args, None), query=True)
     auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
 
     async def go() -> Any:

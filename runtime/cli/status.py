@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None))
+    url = reach(need_url(args, None), query=True)
     if args.interval <= 0:
         raise UserError("--interval must be positive")
     auth = client_auth(args)

@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--port {args.port}: not a port (0 to 65535)")
     if not args.files and not args.batch:
         raise UserError("view needs a rollouts FILE, or --batch B --nats URL")
-    url = reach(need_url(args, None)) if args.batch else None  # a dead bus: one line, before anything starts
+    url = reach(need_url(args, None), query=True) if args.batch else None  # a dead bus: one line, before all else
     auth = client_auth(args)
     runs = open_runs(args.files)
     local = is_loopback(args.host)

@@ -534,6 +534,62 @@ def test_a_dead_nats_url_is_said_at_once_with_what_is_tried(command: list[str], 
         proc.wait(30)
 
 
+QUERIES = [["status"], ["view", "--batch", "b"], ["explain", "b", "0"], ["purge", "--batch", "b"]]
+
+
+def dead_bus_error(url: str, waited: int) -> str:
+    return (
+        f"gym-runtime: error: cannot reach a NATS server at {url}: connection refused, no server listens on "
+        f"127.0.0.1:{url.rsplit(':', 1)[1]} (waited {waited}s)"
+    )
+
+
+@pytest.mark.parametrize("command", QUERIES, ids=lambda c: c[0])
+def test_a_query_on_a_dead_bus_is_one_error_line_alone(command: list[str], tmp_path: Path) -> None:
+    """A one-shot query (not a job that then works for long, which says at once what it tries): stderr is the
+    error line and nothing else, exit 2."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    res = cli(*command, "--nats", url, env={"GYM_CONNECT_TIMEOUT_S": "2"}, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [dead_bus_error(url, 2)]
+    assert res.stdout == ""
+
+
+def test_on_a_terminal_a_query_shows_what_it_tries_then_erases_it_for_the_error(tmp_path: Path) -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 300, 0, 0))  # wide: the notice whole
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "status", "--nats", url],
+        cwd=tmp_path,
+        env={**os.environ, "GYM_CONNECT_TIMEOUT_S": "2"},
+        stdout=subprocess.DEVNULL,
+        stderr=side,
+    )
+    os.close(side)
+    raw = b""
+    try:
+        while chunk := os.read(main, 4096):
+            raw += chunk
+    except OSError:  # the child closed the terminal (EIO)
+        pass
+    finally:
+        os.close(main)
+    assert proc.wait(60) == 2
+    shown, erase, after = raw.decode().partition("\r\x1b[K")
+    assert erase, raw
+    assert shown == (
+        f"gym-runtime: no NATS server answers at {url} yet (connection refused, no server listens on "
+        f"127.0.0.1:{url.rsplit(':', 1)[1]}); trying again for up to 2s (GYM_CONNECT_TIMEOUT_S)"
+    )
+    assert after.splitlines() == [dead_bus_error(url, 2)]  # what stays on the screen: the one error line
+
+
 def test_a_name_that_does_not_resolve_is_said_so() -> None:
     # the reason only: a real lookup would leave loopback (this machine's resolver is on the network)
     import socket
