@@ -88,7 +88,7 @@ def small_server(tmp_path: Path, store: int) -> EmbeddedServer:
 async def test_defaults_start_on_a_small_disk_and_an_explicit_limit_it_cannot_hold_is_one_line(
     tmp_path: Path,
 ) -> None:
-    """JetStream reserves every stream's max_bytes: the defaults (12 GiB together) are lowered to what a
+    """JetStream reserves every stream's max_bytes: the defaults (13 GiB together) are lowered to what a
     3 GiB server holds, so a plain run on a small laptop disk starts; a limit the user set is not lowered."""
     with small_server(tmp_path, 3 << 30) as srv:
         bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="t")

@@ -31,22 +31,23 @@ def size_text(n: int) -> str:
 
 
 # Default size limit per stream (``jetstream.{tasks,results,model,blobs}_max_bytes``), from a weather
-# rollout measured in the streams (headers included): 626 B per task, 1,818 B per result, 652 B per queued
+# rollout measured in the streams (headers included): 626 B per task, 2,150 B per result (1,818 B before
+# rows carried provenance per part, their sandbox commands and costs from the workers), 652 B per queued
 # model call. A 1,000,000-rollout batch published at once fits with tasks up to 2.1 KB and results up to
-# 6.4 KB each (weather: 3.4 M tasks, 3.5 M results); 100,000 rollouts in flight all waiting on the model
-# queue fit with requests up to 10 KB. Together (12 GiB) they fit the ~15 GB JetStream grants itself on a
+# 5.3 KB each; 100,000 rollouts in flight all waiting on the model
+# queue fit with requests up to 10 KB. Together (13 GiB) they fit the ~15 GB JetStream grants itself on a
 # disk with 20 GB free. JetStream reserves every stream's max_bytes when it is created: a default the
 # server cannot reserve is halved until it can, then halved once more to leave room for the streams after
 # it (down to MIN_DEFAULT_BYTES), so a small disk still starts.
 # The kept tasks (one body per task, not per repeat: 626 B each for weather, less than a task's share of the
 # task stream) hold a 1,000,000-task batch's bodies up to 1 KB each.
 # Results and blobs are bounded per writer (a stream per agent, a blob stream per role) since one pool may
-# not evict or starve another's data: 4 GiB an agent holds a 1,000,000-rollout batch with results up to
-# 4.3 KB each (weather: 1.8 KB); 512 MiB a role holds two of the largest bodies (256 MiB each) at once. A
+# not evict or starve another's data: 5 GiB an agent holds a 1,000,000-rollout batch with results up to
+# 5.3 KB each (weather: 2.15 KB); 512 MiB a role holds two of the largest bodies (256 MiB each) at once. A
 # server that cannot reserve a default for one more agent's stream halves it (below).
 STREAM_LIMITS: dict[str, int] = {
     "tasks": 2 << 30,
-    "results": 4 << 30,
+    "results": 5 << 30,
     "model": 1 << 30,
     "blobs": 512 << 20,
     "kept": 1 << 30,
