@@ -37,6 +37,23 @@ def is_runtime_key(key: str) -> bool:
     return key in RUNTIME_KEYS
 
 
+def policy_prompt(fields: Mapping[str, Any], task_params: Any) -> Any:
+    """The prompt the policy saw, as an agent records it (``responses_create_params``: a multi-turn agent appends
+    the user simulator's opening turn): taken only as the task's own params with turns added after its ``input``
+    (every other key the task's, its items a prefix), else the task's. A field that is no such extension is left
+    for ``own_fields`` to refuse."""
+    got = fields.get("responses_create_params", _MISSING)
+    if got is _MISSING or not isinstance(got, dict) or not isinstance(task_params, dict):
+        return task_params
+    if {k: v for k, v in got.items() if k != "input"} != {k: v for k, v in task_params.items() if k != "input"}:
+        return task_params
+    inp, asked = got.get("input"), task_params.get("input")
+    prefix = [{"role": "user", "content": asked}] if isinstance(asked, str) else asked
+    if not isinstance(inp, list) or not isinstance(prefix, list) or inp[: len(prefix)] != prefix:
+        return task_params
+    return got
+
+
 def own_fields(
     fields: Mapping[str, Any], runtime: Mapping[str, Any], echoed: Mapping[str, Any], *, who: str
 ) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.config.fingerprints import agent_parts
-from gym_runtime.data.rowkeys import own_fields
+from gym_runtime.data.rowkeys import own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
     AttemptRetried,
@@ -86,7 +86,8 @@ def build_row(
     # reported under the agent that ran it (``--agent`` may override the row's agent_ref)
     ref = src.get("agent_ref")
     runtime: dict[str, Any] = {
-        "responses_create_params": src.get("responses_create_params"),
+        # the prompt as the policy saw it: the task's, or the agent's record of it with turns it added
+        "responses_create_params": policy_prompt(outcome.fields, src.get("responses_create_params")),
         "response": outcome.response,
         "reward": outcome.verdict.reward,
     }
