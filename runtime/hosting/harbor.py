@@ -38,7 +38,7 @@ from gym_runtime.harbor import (
     task_context,
 )
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket, socket_of
-from gym_runtime.sandboxes.images import ensure_base
+from gym_runtime.sandboxes.images import base_here, ensure_base
 
 BASE = "base"
 SERVER = "resources.harbor"  # the environment whose entries name Harbor tasks
@@ -163,7 +163,7 @@ async def ensure_config_images(
         if pool.image != BASE or pool.backend not in ("docker", "podman") or not served:
             continue
         async with _engine(pool, f"sandboxes.{pool_name}") as engine:
-            await ensure_base(engine, note=note)
+            await base_here(engine, f"sandboxes.{pool_name}", pool.backend, note=note)
     for pool_name, pool, tasks, opts in harbor:
         async with _engine(pool, f"sandboxes.{pool_name}") as engine:
             await ensure_images(engine, tasks, opts, note=note)

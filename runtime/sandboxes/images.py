@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from gym_runtime.errors import ConfigError
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 
 REPO = "gym-runtime/base"
@@ -95,6 +96,20 @@ async def ensure_base(
         note(f"importing the sandboxes' base image {spec.ref} into the engine (once per engine)")
     await engine.import_image(_chunks(tar), REPO, spec.digest)
     return spec.ref
+
+
+async def base_here(engine: Engine, where: str, backend: str, *, note: Callable[[str], None] | None = None) -> str:
+    """The base image in the engine, built here if missing; where it cannot be (no debootstrap, not root: a
+    worker in a container, a node without it) one line saying where to build it instead (``start`` asks
+    before any worker starts, a sandbox worker at its own start)."""
+    try:
+        return await ensure_base(engine, note=note)
+    except (EngineError, OSError, subprocess.CalledProcessError) as e:
+        raise ConfigError(
+            f"{where}: the base image is not in the {backend} engine and cannot be built here ({e}): build it"
+            " where debootstrap runs as root, `python -m gym_runtime.sandboxes.images` with DOCKER_HOST set to this"
+            " engine's socket (docs/deployment.md)"
+        ) from None
 
 
 async def _main() -> None:

@@ -21,7 +21,6 @@ caller as it comes (``sandboxes.forward``).
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from contextlib import AbstractContextManager
@@ -41,7 +40,7 @@ from gym_runtime.sandboxes.daytona import DaytonaBackend
 from gym_runtime.sandboxes.engine_api import EngineBackend, renew_every
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket
 from gym_runtime.sandboxes.forward import Forward
-from gym_runtime.sandboxes.images import ensure_base
+from gym_runtime.sandboxes.images import base_here
 from gym_runtime.sandboxes.process import ProcessBackend
 from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, beacons
 from gym_runtime.transport.delivery import Delivery
@@ -91,7 +90,7 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
             await engine.ping()
         except EngineError as e:
             raise ConfigError(f"{where}: the {cfg.backend} engine does not answer: {e}") from None
-        image = await _base(engine, where, cfg.backend) if cfg.image == "base" else cfg.image
+        image = await base_here(engine, where, cfg.backend) if cfg.image == "base" else cfg.image
         for ref in [image, *cfg.images, *cfg.warm_images]:
             if not await engine.image_exists(ref):
                 raise ConfigError(f"{where}: image {ref!r} is not in the {cfg.backend} engine (build or load it first)")
@@ -107,19 +106,6 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
         warm_max_s=2 * cfg.max_lease_s,  # a warm one is handed out younger than max_lease_s (``_take_warm``)
     )
     return backend, image
-
-
-async def _base(engine: Engine, where: str, backend: str) -> str:
-    """The base image in the engine, built here if missing; where it cannot be (no debootstrap, not root: a
-    worker in a container, a node without it) one line saying where to build it instead."""
-    try:
-        return await ensure_base(engine)
-    except (EngineError, OSError, subprocess.CalledProcessError) as e:
-        raise ConfigError(
-            f"{where}: the base image is not in the {backend} engine and cannot be built here ({e}): build it"
-            " where debootstrap runs as root, `python -m gym_runtime.sandboxes.images` with DOCKER_HOST set to this"
-            " engine's socket (docs/deployment.md)"
-        ) from None
 
 
 class SandboxWorker:

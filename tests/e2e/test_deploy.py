@@ -281,8 +281,10 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
     only = {
         svc["command"][svc["command"].index("--only") + 1]
         for svc in services.values()
-        if "command" in svc and "--only" in svc["command"]
+        if "command" in svc and "--only" in svc["command"] and not svc.get("profiles")
     }
+    # the sandbox pools' service is opt-in (a config with a ``sandboxes`` section: ``--profile sandboxes``)
+    assert services["sandboxes"]["profiles"] == ["sandboxes"] and "sandboxes" in services["sandboxes"]["command"]
     assert only == {f"agents.{a}" for a in cfg.agents} | {f"models.{m}" for m in cfg.models} | {
         f"resources.{r}" for r in cfg.resources
     }
