@@ -25,9 +25,13 @@ async def test_a_daytona_pool_serves_the_api_and_reaps_through_the_providers_lab
     url = await double.start()
     monkeypatch.setenv("DAYTONA_API_KEY", "test-key-1")
     try:
-        # a sandbox of a worker that died (its owner is never heard): the reaper removes it
-        double.sandboxes["orphan"] = {"labels": {"gym-runtime.pool": "gym.hosted", "gym-runtime.owner": "dead"},
+        # a sandbox of a worker never heard here whose lease has ended: the reaper removes it; one whose lease
+        # has not ended may be another cluster's live worker's (the same provider account): it stays
+        labels = {"gym-runtime.pool": "gym.hosted", "gym-runtime.owner": "dead"}
+        double.sandboxes["orphan"] = {"labels": {**labels, "gym-runtime.expires": str(time.time() - 1)},
                                       "dir": "/nonexistent", "body": {}}  # fmt: skip
+        double.sandboxes["other"] = {"labels": {**labels, "gym-runtime.expires": str(time.time() + 3600)},
+                                     "dir": "/nonexistent", "body": {}}  # fmt: skip
         cfg = SandboxConfig(backend="daytona", engine=url, reap_interval_s=0.3, limits=SandboxLimits(memory_mb=4096))
         worker = SandboxWorker(bus, "hosted", cfg)
         async with anyio.create_task_group() as tg:
@@ -40,7 +44,7 @@ async def test_a_daytona_pool_serves_the_api_and_reaps_through_the_providers_lab
                 assert await box.read("pkg/answer.txt") == b"42"
                 r = await box.exec("yes | head -c 5000000")
                 assert r.truncated and len(r.stdout) == SandboxConfig().limits.max_output
-                [(sid, made)] = [(k, v) for k, v in double.sandboxes.items() if k != "orphan"]
+                [(sid, made)] = [(k, v) for k, v in double.sandboxes.items() if k not in ("orphan", "other")]
                 asked = made["body"]
                 assert asked["networkBlockAll"] is True and asked["snapshot"] == "python-3.12"
                 assert asked["memory"] == 2 and made["labels"]["gym-runtime.lease"] == "b:1:0"
@@ -50,6 +54,7 @@ async def test_a_daytona_pool_serves_the_api_and_reaps_through_the_providers_lab
             while "orphan" in double.sandboxes:
                 assert time.monotonic() < deadline, "the orphan was not reaped"
                 await anyio.sleep(0.1)
+            assert "other" in double.sandboxes  # never heard, lease running: not this cluster's to remove
             tg.cancel_scope.cancel()
         monkeypatch.setenv("DAYTONA_API_KEY", "wrong")
         bad = SandboxWorker(bus, "hosted", SandboxConfig(backend="daytona", engine=url))
