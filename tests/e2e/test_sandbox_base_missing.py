@@ -48,6 +48,8 @@ def empty_podman(tmp_path: Path) -> Iterator[str]:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            # the store's overlay mount outlives the service: unmounted, so the test's folder can go
+            subprocess.run(["umount", "-l", str(here / "store" / "root" / "overlay")], capture_output=True, check=False)
 
 
 def test_a_pool_whose_base_image_cannot_be_built_here_says_where_to_build_it(
