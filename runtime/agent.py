@@ -269,12 +269,20 @@ class AgentContext:
         disk_mb: int | None = None,
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
+        restartable: bool = False,
     ) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
         ctx.sandbox(image=...) as box`` then ``await box.exec(cmd)``, ``box.write``, ``box.read``
         (docs/sandboxes.md). Whatever is left open is removed when the rollout ends."""
         return self.sandboxes.sandbox(
-            image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env
+            image,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            pids=pids,
+            disk_mb=disk_mb,
+            timeout_s=timeout_s,
+            env=env,
+            restartable=restartable,
         )
 
     def remaining(self) -> float:

@@ -664,6 +664,10 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
     env: dict[str, str] = {}
     network: bool = False
     workdir: str | None = None  # where commands run: None, /work; "": the image's own WORKDIR
+    # ``Sandbox.restart`` may be asked of it (a verify in the policy's own sandbox). Its Docker container is made
+    # without the engine's auto-removal, which an engine before 23.0 races with a restart and then removes the
+    # container (moby#43751): one its worker lost ends by itself all the same, and a reaper removes it.
+    restartable: bool = False
 
 
 class SandboxCall(_Msg, tag="sbx.call.v1"):

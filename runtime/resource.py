@@ -217,6 +217,7 @@ class SandboxClient(Protocol):
         disk_mb: int | None = None,
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
+        restartable: bool = False,
     ) -> Any: ...
 
     async def close_all(self) -> None: ...
@@ -237,6 +238,7 @@ class _NoSandboxes:
         disk_mb: int | None = None,
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
+        restartable: bool = False,
     ) -> Any:
         raise Failure("tool_error", "no sandbox pool: this environment runs outside a resource worker")
 
@@ -306,11 +308,19 @@ class Resource:
         disk_mb: int | None = None,
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
+        restartable: bool = False,
     ) -> Any:
         """A sandbox of the entry's pool (``resources.NAME.sandbox``) for this session: ``async with
         self.sandbox(image=...) as box`` then ``await box.exec(cmd)`` (docs/sandboxes.md)."""
         return self.sandboxes.sandbox(
-            image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env
+            image,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            pids=pids,
+            disk_mb=disk_mb,
+            timeout_s=timeout_s,
+            env=env,
+            restartable=restartable,
         )
 
     def __init_subclass__(cls, **kw: Any) -> None:

@@ -59,5 +59,7 @@ async def test_a_process_pool_serves_the_authors_api_without_an_engine(bus: Bus)
                 await box.spawn("sleep 1")
             with pytest.raises(Failure, match=r": sandboxes\.proc: the process backend has no restart \(Capabilities"):
                 await box.restart()  # a verify in a policy's own sandbox needs an engine's (Harbor's pools are)
+        with pytest.raises(Failure, match=r": sandboxes\.proc: the process backend has no restart \(Capabilities"):
+            await boxes.sandbox(restartable=True)  # said at its open, not at the verify that would restart it
         assert worker.stats()["sandboxes"] == 0
         tg.cancel_scope.cancel()

@@ -95,7 +95,7 @@ class HarborResource(Resource):
         if name not in self.tasks:
             raise Failure("invalid_task", f"harbor_task {name!r} is not a task of {self.opts.tasks}")
         self.task = self.tasks[name]
-        self.box = await self.sandbox(image=self.images[name])
+        self.box = await self.sandbox(image=self.images[name], restartable=True)  # (``verify``)
         info = json.loads(await self.box.read(INFO))
         self.image_user, self.workdir = str(info["user"]), self.task.config.environment.workdir or info["workdir"]
 

@@ -58,6 +58,7 @@ def fleet_spec(spec: NemoSpec) -> SandboxSpec:
         memory_mb=int(memory) if memory else None,
         env={str(k): str(v) for k, v in (spec.env or {}).items()},
         workdir=spec.workdir or "",
+        restartable=True,  # restarted before the server's verify (``guest``: no process of the policy's left)
     )
 
 

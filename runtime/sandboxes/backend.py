@@ -24,6 +24,7 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     max_output: int
     env: dict[str, str] = {}
     workdir: str = "/work"  # "": the image's own WORKDIR
+    restartable: bool = False  # ``SandboxSpec.restartable``
 
 
 class Owned(msgspec.Struct, frozen=True, kw_only=True):

@@ -358,9 +358,18 @@ class Sandboxes:
         disk_mb: int | None = None,
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
+        restartable: bool = False,
     ) -> _Opening:
+        """A sandbox of the pool (``async with``, or awaited); ``restartable``: ``restart`` may be asked of it."""
         spec = SandboxSpec(
-            image=image, cpu=cpu, memory_mb=memory_mb, pids=pids, disk_mb=disk_mb, timeout_s=timeout_s, env=env or {}
+            image=image,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            pids=pids,
+            disk_mb=disk_mb,
+            timeout_s=timeout_s,
+            env=env or {},
+            restartable=restartable,
         )
         return _Opening(self, spec)
 

@@ -160,7 +160,9 @@ class EngineBackend:
                 "CapAdd": KEEP_CAPS,
                 "SecurityOpt": ["no-new-privileges"],
                 "Init": True,
-                "AutoRemove": self.expiring,  # ended (its keeper's deadline, or killed): gone, nobody removes it
+                # ended (its keeper's deadline, or killed): gone, nobody removes it. Not a restartable one: an
+                # engine before 23.0 may remove it on its restart (moby#43751); ended, a reaper removes it
+                "AutoRemove": self.expiring and not spec.restartable,
                 # set, not left to the engine: Podman asks for more than many hosts' hard limits allow (the
                 # pids limit is the process cap; RLIMIT_NPROC counts a uid's processes host-wide)
                 "Ulimits": [

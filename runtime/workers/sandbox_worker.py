@@ -64,6 +64,7 @@ class Held(msgspec.Struct, kw_only=True):
     expires: float  # unix time
     used: float  # time.monotonic() of the last operation's end
     busy: int = 0  # operations running now (a long exec is not idleness)
+    restartable: bool = False  # opened so (``SandboxSpec.restartable``): ``restart`` is refused otherwise
 
 
 async def _drain(sub: Any) -> None:
@@ -375,7 +376,14 @@ class SandboxWorker:
                 raise Failure("tool_error", f"{where}: {key}={value} is past the pool's limit ({most})")
             out[key] = most if value is None else value
         workdir = "/work" if spec.workdir is None else spec.workdir
-        return Resolved(image=image, max_output=lim.max_output, env=dict(spec.env), workdir=workdir, **out)
+        return Resolved(
+            image=image,
+            max_output=lim.max_output,
+            env=dict(spec.env),
+            workdir=workdir,
+            restartable=spec.restartable,
+            **out,
+        )
 
     async def _create(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         if req.op != "create" or req.spec is None:
@@ -383,6 +391,8 @@ class SandboxWorker:
         started = time.perf_counter()
         spec = self.resolve(req.spec)
         assert self.backend is not None
+        if spec.restartable and not self.backend.capabilities.restart:  # said at the open, not at its verify
+            raise unsupported(self.backend.name, "restart", "restart", where=f"sandboxes.{self.name}")
         now = time.time()
         expires = min(req.expires or now + self.cfg.max_lease_s, now + self.cfg.max_lease_s)
         warm = None if self._draining else self._take_warm(spec)
@@ -408,7 +418,9 @@ class SandboxWorker:
             with anyio.CancelScope(shield=True), self._span("create", image=spec.image) as span:
                 # held (and so removed at stop) even if the worker is stopping
                 sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
-                self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
+                self.held[sid] = Held(
+                    lease=req.lease, expires=expires, used=time.monotonic(), restartable=spec.restartable
+                )
                 span.set_attribute("gym.sandbox.id", sid[:12])
                 image_id = await self.backend.image_id(sid)  # what it runs, whatever its name points at later
         finally:
@@ -448,7 +460,7 @@ class SandboxWorker:
             if req.op in ("spawn", "poll", "wait", "kill"):
                 return await self._process(req, held)
             if req.op == "restart":
-                return await self._restart(req.sandbox)
+                return await self._restart(req.sandbox, held)
             if req.op == "write":
                 with self._span("write", sid=req.sandbox):
                     await self.backend.write(req.sandbox, req.path, req.data)
@@ -546,12 +558,16 @@ class SandboxWorker:
                 r.timed_out = True
         return SandboxReply.of_exec(sid, r)
 
-    async def _restart(self, sid: str) -> SandboxReply:
+    async def _restart(self, sid: str, held: Held) -> SandboxReply:
         """Every process of the sandbox ended, its files kept (``box.restart``): its background processes are
-        killed and forgotten first, as at its removal."""
+        killed and forgotten first, as at its removal. Only one opened restartable (``SandboxSpec.restartable``)."""
         assert self.backend is not None
         if not self.backend.capabilities.restart:
             raise unsupported(self.backend.name, "restart", "restart", where=f"sandboxes.{self.name}")
+        if not held.restartable:
+            raise Failure(
+                "tool_error", f"sandbox {sid[:12]} was not opened restartable: open it with sandbox(restartable=True)"
+            )
         for proc in self.procs.pop(sid, {}).values():
             with anyio.move_on_after(KILL_WAIT_S):
                 await proc.kill()
