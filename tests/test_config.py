@@ -285,7 +285,11 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
     resolved = resolve_config(cfg)
     assert msgspec.to_builtins(cfg) == written  # the adapter's options still as written
     assert resolved.models["policy"].options is not cfg.models["policy"].options
-    assert resolved.agent_module("weather_agent").__name__ == "gym_runtime.agents.simple"
+    view = resolved.agent("weather_agent")  # what an agent worker takes of it, in one read
+    assert view.module.__name__ == "gym_runtime.agents.simple" and view.entry is resolved.agents["weather_agent"]
+    assert view.fingerprint == resolved.fingerprints[("agent", "weather_agent")]
+    assert set(view.parts) == {"agent", "model.policy", "resource"}
+    assert view.model_fingerprints == {"policy": resolved.fingerprints[("model", "policy")]}
     assert set(resolved.fingerprints) == {("model", "policy"), ("resource", "weather"), ("agent", "weather_agent")}
     assert resolved.fields[("model", "policy")]  # what workers announce, per key
     with pytest.raises(AttributeError):
@@ -303,7 +307,7 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
     publisher = resolve_models(cfg)
     assert publisher.fingerprints == resolved.fingerprints and publisher.agent_modules == {}
     with pytest.raises(TypeError, match="resolve_config, not resolve_models"):
-        publisher.agent_module("weather_agent")
+        publisher.agent("weather_agent")
     cfg.agents["weather_agent"].max_steps = 99  # a later change to the loaded config: not the resolved one's
     assert resolved.agents["weather_agent"].max_steps != 99
 

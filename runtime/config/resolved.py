@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.config.fingerprints import config_fields, config_fingerprints
+from gym_runtime.config.fingerprints import agent_parts, config_fields, config_fingerprints
 from gym_runtime.config.loading import file_key_hint, readable
 from gym_runtime.config.schema import (
     AgentConfig,
@@ -28,6 +28,18 @@ from gym_runtime.model import WORKER_KEYS, ModelConfig, WrittenOptions, adapter_
 from gym_runtime.plugins import import_plugin, load_plugin
 
 HOSTED_RESOURCE_MODULE = "gym_runtime.hosting.resource"  # what the workers use of hosting
+
+
+class AgentView(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent worker takes of a resolved config, in one read (``ResolvedConfig.agent``): its entry, its
+    module, its fingerprint and discovery fields, rows' ``provenance.parts`` and each model's fingerprint."""
+
+    entry: AgentConfig
+    module: ModuleType
+    fingerprint: str
+    fields: Mapping[str, str]
+    parts: dict[str, str]
+    model_fingerprints: dict[str, str]
 
 
 class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,12 +89,19 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
             table[name] = entry
         return table
 
-    def agent_module(self, name: str) -> ModuleType:
-        """agents.NAME's module, loaded when this config was resolved."""
+    def agent(self, name: str) -> AgentView:
+        """agents.NAME as its worker needs it, its module loaded when this config was resolved."""
         module = self.agent_modules.get(name)
         if module is None:  # a bug: a config resolved for publishing only cannot start an agent's workers
             raise TypeError(f"agents.{name}: its module was not loaded (resolve_config, not resolve_models)")
-        return module
+        return AgentView(
+            entry=self.agents[name],
+            module=module,
+            fingerprint=self.fingerprints[("agent", name)],
+            fields=self.fields[("agent", name)],
+            parts=agent_parts(self.config, name),
+            model_fingerprints=self.model_fingerprints(),
+        )
 
 
 def resolve_config(cfg: Config) -> ResolvedConfig:

@@ -29,7 +29,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
-from gym_runtime.config.fingerprints import agent_parts
 from gym_runtime.data.rowkeys import own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
@@ -118,9 +117,10 @@ class AgentWorker:
     def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
-        self.cfg = cfg = config.agents[name]
+        view = config.agent(name)  # what this worker takes of the config, read once
+        self.cfg = cfg = view.entry
         self.config = config
-        module = config.agent_module(name)
+        module = view.module
         self.guest: GuestAgent | None = None
         if cfg.hosted:  # a NeMo Gym agent server's own code, in this worker's built environment
             if cfg.isolation == "process":
@@ -160,10 +160,10 @@ class AgentWorker:
         self.retried = 0
         self.busy_s = 0.0  # summed time from task delivery to result stored (mean rollout latency)
         self.skipped = 0  # tasks dropped without running (batch cancelled, or stale policy version)
-        self.fingerprint = config.fingerprints[("agent", name)]
-        self.fields = config.fields[("agent", name)]  # what discovery announces of its entry
-        self.parts = agent_parts(config.config, name)  # rows' provenance.parts
-        self._model_fps = config.model_fingerprints()
+        self.fingerprint = view.fingerprint
+        self.fields = view.fields  # what discovery announces of its entry
+        self.parts = view.parts  # rows' provenance.parts
+        self._model_fps = view.model_fingerprints
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
         self.runtime_version = _runtime_version()
