@@ -15,6 +15,7 @@ import anyio
 from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from tests.helpers import FLAKY, ROWS, put_batch, read_jsonl
@@ -76,3 +77,24 @@ async def test_a_resource_sees_each_rollouts_task_and_rollout_index_at_seed_and_
         (t, i, [0, 1, 2]) for t in (0, 1) for i in range(3)
     ]
     assert all(r["reward"] == 1.0 for r in got)
+
+
+async def test_an_attempts_start_record_is_stored_before_its_first_model_call(
+    bus: Bus, nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """The start record is the only trace of an attempt whose worker is SIGKILLed: the agent (tests.envs.
+    attempt_witness) finds it on the server before its first model call. (Records sent every 0.5 s without an
+    ack, the round before, were not there yet: the attempt failed.)"""
+    agent = {"agent": "tests.envs.attempt_witness", "model": "policy", "resource": "env", "max_steps": 4}
+    cfg = config_from_dict({**FLAKY, "agents": {"agent": agent}, "base_dir": str(tmp_path)})
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        await publish_rows(bus, [{**ROWS[0], "nats_url": nats_server.url}], batch="b", agents=["agent"])
+        with anyio.fail_after(60):
+            await Collector(bus, await put_batch(bus, "b", 1, agent="agent"), tmp_path / "out.jsonl").run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    assert not (tmp_path / "out_failures.jsonl").exists(), (tmp_path / "out_failures.jsonl").read_text()
+    (row,) = read_jsonl(tmp_path / "out.jsonl")
+    assert row["reward"] == 1.0

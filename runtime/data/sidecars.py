@@ -12,11 +12,9 @@ stream order: each attempt's start (``attempt.start.v1``: worker, node, pid, tim
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import IO, Any
 
-import anyio
 import msgspec
 
 from gym_runtime.data.batches import get_manifest
@@ -29,10 +27,6 @@ from gym_runtime.transport.bus import Bus
 
 _enc = msgspec.json.Encoder()
 log = logs.get("gym.sidecars")
-# a worker sends its attempt records 0.5 s after an attempt starts (``workers.attempts.RECORDS_EVERY_S``) without
-# waiting for the server: the last ones may still be on their way when the last result is read, so they are read
-# that long after it (a record later still is missing from the sidecar, never from the bus: ``explain`` has it)
-SENT_S = 0.6
 
 
 def sidecar_stem(out: str | Path) -> str:
@@ -63,13 +57,13 @@ class ResultNote(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="ki
 class AttemptsSpool:
     """The attempts sidecar as it is written: each result the collector reads, a line at once (nothing of it
     kept in memory: a collector of a million rows holds 20 bytes a row), then the bus's attempt records
-    (``finish``), then renamed into place. ``last_at``: when the last result came (``time.monotonic()``)."""
+    (``finish``), then renamed into place. Every attempt's start record is stored before it runs (``workers.attempts``)
+    and a retried one's before its next start, so once the last result is read the bus holds them all."""
 
     def __init__(self, out: str | Path) -> None:
         self.path = attempts_path(out)
         self.partial = self.path.with_name(self.path.name + ".partial")
         self._opened: IO[bytes] | None = None
-        self.last_at: float | None = None
 
     @property
     def _file(self) -> IO[bytes]:
@@ -90,7 +84,6 @@ class AttemptsSpool:
             commands=res.commands or None,
         )
         self._file.write(_enc.encode(n) + b"\n")
-        self.last_at = time.monotonic()
 
     def discard(self) -> None:
         if self._opened is not None:
@@ -98,10 +91,7 @@ class AttemptsSpool:
         self.partial.unlink(missing_ok=True)
 
     async def finish(self, bus: Bus, batch: str, agents: list[str]) -> None:
-        """Add the batch's attempt records, read once ``SENT_S`` after the last result (when a live worker has
-        sent its last ones), and put the file in place."""
-        if self.last_at is not None:
-            await anyio.sleep(max(0.0, self.last_at + SENT_S - time.monotonic()))
+        """Add the batch's attempt records and put the file in place."""
         if agents and await jetstream.stream_config(bus, bus.subjects.attempts_stream) is not None:
             await each_record(bus, batch, agents, self._record)
         self._file.close()

@@ -505,10 +505,10 @@ class Bus:
         h = self._headers(headers)
         await self.wire.publish(subject, await self.encode(payload, h), headers=h)
 
-    async def note(self, subject: str, data: bytes) -> None:
-        """Store ``data`` in a stream without waiting for its ack: a record whose loss costs only history
-        (``Subjects.attempt``), at a core publish's price."""
-        await self.wire.publish(subject, data)
+    async def record(self, subject: str, data: bytes, *, msg_id: str) -> None:
+        """Store bytes already encoded (``Subjects.attempt``'s records) in a stream; returns after the server's
+        ack, deduplicated by ``msg_id`` when a lost ack sends it again."""
+        await self.store(subject, data, {MSG_ID_HEADER: msg_id})
 
     async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None:
         """Store a message in a stream (deduplicated by ``msg_id``); returns after the server's ack.

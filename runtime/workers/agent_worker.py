@@ -402,7 +402,7 @@ class AgentWorker:
             pid=self.pid,
             at=time.time(),
         )
-        self.records.add(task.batch, start)
+        await self.records.started(task.batch, start)  # stored before the attempt's first model call
         return failed
 
     def _lost_too_often(self, lost: int) -> ErrorInfo:

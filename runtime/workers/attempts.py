@@ -1,50 +1,62 @@
 """An agent worker's records of its attempts (``explain``): where and when each started, why one was given back.
 
-Sent in batches rather than one publish per attempt: a publish per attempt was +1.4% instructions per weather
-rollout (``tests/bench/instructions.py``), this is a dict append per attempt.
+An attempt's start record is the only trace of an attempt whose worker is killed, so it is stored (the server's
+ack) before the attempt runs, hence before its first model call. Records are committed in groups: one stored
+message carries every record that came while the previous one was on its way, so at 32 rollouts in flight a
+record costs a share of one acked publish, and an attempt waits one round trip at the most. (A publish per
+attempt was +1.4% instructions per weather rollout, ``tests/bench/instructions.py``; one every 0.5 s without an
+ack, the round before, lost the records of an attempt killed within that time.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
+import uuid
 
 import anyio
 import msgspec
 
 from gym_runtime.messages import AttemptRetried, AttemptStart
+from gym_runtime.observability import logs
 from gym_runtime.transport.interface import Transport
 
-# A worker sends its records at most this often, each batch's together in one message of at most
-# RECORDS_PER_MESSAGE. An attempt whose worker dies within this time of its start leaves no record (``explain``
-# still counts it, from the next attempt's delivery count).
-RECORDS_EVERY_S = 0.5
-RECORDS_PER_MESSAGE = 256
+RECORDS_PER_MESSAGE = 256  # a batch's records in one stored message, at most
+
+log = logs.get("gym.agent")
 
 
 class AttemptRecords:
-    """An agent worker's attempt records on their way to ``{NS}_ATTEMPTS`` (``Subjects.attempt``): held per batch,
-    sent by ``run`` every ``RECORDS_EVERY_S`` without awaiting the server's ack (a lost message costs history, never
-    a rollout), and on the way out."""
+    """An agent worker's attempt records on their way to ``{NS}_ATTEMPTS`` (``Subjects.attempt``), stored by
+    ``run`` in groups: ``started`` returns once its record is stored, ``add`` does not wait."""
 
     def __init__(self, bus: Transport, agent: str) -> None:
         self.bus, self.agent = bus, agent
         self._held: dict[str, list[AttemptStart | AttemptRetried]] = {}
+        self._stored: asyncio.Future[None] | None = None  # done once what is held now is stored
         self._wake = asyncio.Event()
+        self._ids = (f"{uuid.uuid4().hex[:12]}.{n}" for n in itertools.count())  # each message's msg id
+        self._failing = False  # said once while the stream refuses, not per record
 
-    def add(self, batch: str, record: AttemptStart | AttemptRetried) -> None:
+    def add(self, batch: str, record: AttemptStart | AttemptRetried) -> asyncio.Future[None]:
+        """Hold ``record`` for the next group; the future is done once that group is stored (or given up)."""
         held = self._held.get(batch)
         if held is None:
             held = self._held[batch] = []
         held.append(record)
-        if not self._wake.is_set():
-            self._wake.set()
+        if self._stored is None:
+            self._stored = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        return self._stored
+
+    async def started(self, batch: str, record: AttemptStart) -> None:
+        """Store an attempt's start record; returns once the server holds it."""
+        await asyncio.shield(self.add(batch, record))
 
     async def run(self) -> None:
         try:
             while True:
                 await self._wake.wait()
-                await asyncio.sleep(RECORDS_EVERY_S)
                 self._wake.clear()
                 await self.send()
         finally:
@@ -52,12 +64,22 @@ class AttemptRecords:
                 await self.send()
 
     async def send(self) -> None:
-        held, self._held = self._held, {}
-        for batch, records in held.items():
-            subject = self.bus.subjects.attempt(self.agent, batch)
-            for i in range(0, len(records), RECORDS_PER_MESSAGE):
-                with contextlib.suppress(Exception):  # a connection gone: that history is lost, nothing else
-                    await self.bus.note(subject, _encode_records(records[i : i + RECORDS_PER_MESSAGE]))
+        held, done, self._held, self._stored = self._held, self._stored, {}, None
+        try:
+            for batch, records in held.items():
+                subject = self.bus.subjects.attempt(self.agent, batch)
+                for i in range(0, len(records), RECORDS_PER_MESSAGE):
+                    await self.bus.record(
+                        subject, _encode_records(records[i : i + RECORDS_PER_MESSAGE]), msg_id=next(self._ids)
+                    )
+            self._failing = False
+        except Exception as e:  # the bus gone or the stream refusing: that history is lost, never a rollout
+            if not self._failing:
+                log.warning("attempts.not_stored", agent=self.agent, error=repr(e))
+            self._failing = True
+        finally:
+            if done is not None and not done.done():
+                done.set_result(None)
 
 
 _encode_records = msgspec.msgpack.Encoder().encode
