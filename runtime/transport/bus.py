@@ -49,7 +49,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Transport, Wire
+from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Transport, Wire, inline
 from gym_runtime.transport.jetstream import API_RETRY_S, full_error
 from gym_runtime.transport.limits import parse_size
 from gym_runtime.transport.rpc import (
@@ -266,7 +266,7 @@ class Bus:
             self._reply_prefix = prefix
             replies = self._replies
 
-            async def on_reply(msg: Message) -> None:
+            def on_reply(msg: Message) -> None:
                 headers = msg.headers
                 if headers and PROGRESS_HEADER in headers:
                     call = replies.get(msg.subject)
@@ -277,8 +277,9 @@ class Bus:
                     call = replies.get(msg.subject)
                     if call is not None and not call.fut.done():
                         call.alive(time.monotonic())
-                        if call.on_output is not None:
-                            call.on_output(2 if headers[OUTPUT_HEADER] == "2" else 1, msg.data)
+                        if call.on_output is not None:  # an author's callback: never run in the reader itself
+                            stream = 2 if headers[OUTPUT_HEADER] == "2" else 1
+                            asyncio.get_running_loop().call_soon(call.on_output, stream, msg.data)
                     return
                 if headers and PAUSE_HEADER in headers:
                     call = replies.get(msg.subject)
@@ -289,7 +290,7 @@ class Bus:
                 if call is not None and not call.fut.done():
                     call.fut.set_result(msg)
 
-            await self.wire.subscribe(answers(prefix), cb=on_reply)
+            await self.wire.subscribe(answers(prefix), cb=inline(on_reply))
         return self._reply_prefix
 
     async def after_reconnect(self, reason: str) -> None:

@@ -18,11 +18,14 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.protocol import command
 
 from gym_runtime.errors import AuthError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.transport.header_block import HeaderBlock
+from gym_runtime.transport.interface import INLINE
 from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.bus")
@@ -186,6 +189,35 @@ class Client(NATS):
     def __init__(self) -> None:
         super().__init__()
         self._header_block = HeaderBlock()
+        self._inline: dict[int, Callable[[Msg], None]] = {}  # by sid: callbacks called as a message is read
+
+    async def subscribe(  # type: ignore[override]
+        self, subject: str, queue: str = "", cb: Callable[[Msg], Awaitable[None]] | None = None, **kw: Any
+    ) -> Subscription:
+        """nats-py's, where a callback marked ``interface.inline`` is called as each message is read."""
+        sub = await super().subscribe(subject, queue, cb, **kw)
+        fn = getattr(cb, INLINE, None)
+        if fn is not None:
+            self._inline[sub._id] = fn
+        return sub
+
+    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
+        self._inline.pop(sid, None)
+        super()._remove_sub(sid, max_msgs)
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
+        """nats-py's, but a message for an inline callback is handed to it here, no queue and no task between."""
+        fn = self._inline.get(sid)
+        if fn is None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        msg = self._build_message(sid, subject, reply, data, await self._process_headers(headers))
+        try:
+            fn(msg)
+        except Exception as e:  # as nats-py treats a callback's error: the connection's error callback hears it
+            await self._error_cb(e)
 
     async def _send_publish(
         self, subject: str, reply: str, payload: bytes, payload_size: int, headers: dict[str, str] | None
