@@ -1,7 +1,7 @@
 """Callbacks the real wire calls as each message is read (``transport.interface.inline``, the bus's replies):
 through a real server, every message in the order sent, with its headers (a no-responders status among them);
-a callback that raises is heard by the connection's error callback (a log line) and the next message still comes; after an
-unsubscribe nothing more does."""
+a callback that raises is heard by the connection's error callback (a log line) and the next message still
+comes; after an unsubscribe nothing more does."""
 
 from __future__ import annotations
 
