@@ -4,12 +4,14 @@ read, for the runtime's own headers and for what a peer may send, and through a 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats.errors
 import pytest
 from nats.aio.client import Client as NatsPy
 
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.connect import Client
 from gym_runtime.transport.header_block import NAMES_KEPT, HeaderBlock
 
 
@@ -42,6 +44,41 @@ def test_encode_writes_what_nats_py_writes(headers: dict[str, str]) -> None:
     block = HeaderBlock()
     assert block.encode(headers) == nats_py_block(headers)
     assert block.encode(headers) == nats_py_block(headers)  # the remembered names: the same bytes again
+
+
+def written(client: NatsPy, status: int, *args: Any, **kw: Any) -> tuple[list[bytes], dict[str, int], str]:
+    """What ``client.publish(*args, **kw)`` queues for the socket (and its stats), or the error it raises, with
+    the connection in ``status``."""
+    client._status = status
+    client._flush_queue = None  # no flusher: the command stays in ``_pending``
+    try:
+        asyncio.run(client.publish(*args, **kw))
+    except Exception as e:
+        return [], {}, type(e).__name__
+    return list(client._pending), {k: client.stats[k] for k in ("out_msgs", "out_bytes")}, ""
+
+
+PUBLISHED = [
+    (("s", b"data"), {}),
+    (("s", b""), {"reply": "_INBOX.r.1"}),
+    (("s.x", b"body"), {"reply": "r", "headers": {"traceparent": "00-x-y-01", "Nats-Msg-Id": "m.1"}}),
+    (("s", b"x"), {"headers": {}}),
+    (("s", b"x"), {"headers": {"Bad Name": "v"}}),
+    (("", b"x"), {}),
+    (("bad subject", b"x"), {}),
+    (("s", b"x"), {"reply": "bad\r\nreply"}),
+    (("s", b"x" * 2_000_000), {}),
+]
+
+
+@pytest.mark.parametrize(("args", "kw"), PUBLISHED)
+@pytest.mark.parametrize("status", [NatsPy.CONNECTED, NatsPy.RECONNECTING, NatsPy.CLOSED, NatsPy.DRAINING_PUBS])
+def test_publish_queues_the_bytes_and_raises_the_errors_nats_py_does(args: tuple, kw: dict, status: int) -> None:
+    """The runtime's one-call ``publish`` against nats-py's own, message by message and state by state."""
+    ours, theirs = Client(), NatsPy()
+    for c in (ours, theirs):
+        c._max_payload = 1_048_576
+    assert written(ours, status, *args, **kw) == written(theirs, status, *args, **kw)
 
 
 @pytest.mark.parametrize("name", ["Bad Name", "colon:", "new\nline", "tab\tin"])

@@ -17,10 +17,10 @@ import anyio
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import _SUBJECT_INVALID_RE as _BAD_SUBJECT
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.protocol import command
 
 from gym_runtime.errors import AuthError, UserError
 from gym_runtime.observability import logs
@@ -219,17 +219,42 @@ class Client(NATS):
         except Exception as e:  # as nats-py treats a callback's error: the connection's error callback hears it
             await self._error_cb(e)
 
-    async def _send_publish(
-        self, subject: str, reply: str, payload: bytes, payload_size: int, headers: dict[str, str] | None
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
     ) -> None:
-        """nats-py's own (2.16), the header block written by ``HeaderBlock``."""
-        if headers is None or subject == "":
-            await super()._send_publish(subject, reply, payload, payload_size, headers)
-            return
-        cmd = command.hpub_cmd(subject, reply, self._header_block.encode(headers), payload)
-        self.stats["out_msgs"] += 1
-        self.stats["out_bytes"] += payload_size
-        await self._send_command(cmd)
+        """nats-py's (2.16) in one call, where it takes ten a message (``publish``, its subject checks and state
+        properties, ``_send_publish``, ``hpub_cmd``, ``_send_command``), the header block written by
+        ``HeaderBlock``: the same checks in the same order, the same errors, the same bytes on the wire
+        (``tests/test_header_block.py``)."""
+        if not subject:
+            raise nats.errors.BadSubjectError
+        if not self._skip_subject_validation and (
+            _BAD_SUBJECT.search(subject) or (reply and _BAD_SUBJECT.search(reply))
+        ):
+            raise nats.errors.BadSubjectError
+        status = self._status
+        if status == NATS.CLOSED:
+            raise nats.errors.ConnectionClosedError
+        if status == NATS.DRAINING_PUBS:
+            raise nats.errors.ConnectionDrainingError
+        size = len(payload)
+        if status != NATS.CONNECTED and status != NATS.DRAINING_SUBS:  # reconnecting: buffered, within its limit
+            if self._max_pending_size <= 0 or size + self._pending_data_size > self._max_pending_size:
+                raise nats.errors.OutboundBufferLimitError
+        if size > self._max_payload:
+            raise nats.errors.MaxPayloadError
+        if headers is None:
+            cmd = f"PUB {subject} {reply} {size}\r\n".encode() + payload + b"\r\n"
+        else:
+            hdr = self._header_block.encode(headers)
+            cmd = f"HPUB {subject} {reply} {len(hdr)} {len(hdr) + size}\r\n".encode() + hdr + payload + b"\r\n"
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += size
+        self._pending.append(cmd)
+        self._pending_data_size += len(cmd)
+        if self._max_pending_size > 0 and self._pending_data_size > self._max_pending_size:
+            await self._flush_pending(force_flush=True)
         if self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
 
