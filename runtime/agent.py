@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 import anyio
 import msgspec
@@ -35,6 +35,7 @@ from gym_runtime.messages import (
     VerifyRequest,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.spec import SandboxAsk
 from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import NoResponders, pauses_counted
@@ -259,31 +260,11 @@ class AgentContext:
             absent_grace_s=config.absent_grace_s,
         )
 
-    def sandbox(
-        self,
-        image: str | None = None,
-        *,
-        cpu: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        restartable: bool = False,
-    ) -> Any:
+    def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
-        ctx.sandbox(image=...) as box`` then ``await box.exec(cmd)``, ``box.write``, ``box.read``
-        (docs/sandboxes.md). Whatever is left open is removed when the rollout ends."""
-        return self.sandboxes.sandbox(
-            image,
-            cpu=cpu,
-            memory_mb=memory_mb,
-            pids=pids,
-            disk_mb=disk_mb,
-            timeout_s=timeout_s,
-            env=env,
-            restartable=restartable,
-        )
+        ctx.sandbox(image=..., cpu=...) as box`` (the keywords: ``SandboxAsk``) then ``await box.exec(cmd)``,
+        ``box.write``, ``box.read`` (docs/sandboxes.md). Whatever is left open is removed when the rollout ends."""
+        return self.sandboxes.sandbox(image, **ask)
 
     def remaining(self) -> float:
         """Seconds left before the runtime cancels this rollout (``timeout_s``)."""

@@ -40,13 +40,14 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, get_type_hints
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Unpack, get_type_hints
 
 import msgspec
 
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, FunctionCall, Response
 from gym_runtime.plugins import load_plugin
+from gym_runtime.sandboxes.spec import SandboxAsk
 
 _TOOL_MARK = "__gym_tool__"
 
@@ -207,18 +208,7 @@ class SandboxClient(Protocol):
 
     pool: str  # the entry's pool ("": none)
 
-    def sandbox(
-        self,
-        image: str | None = None,
-        *,
-        cpu: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        restartable: bool = False,
-    ) -> Any: ...
+    def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any: ...
 
     async def close_all(self) -> None: ...
 
@@ -228,18 +218,7 @@ class _NoSandboxes:
 
     pool = ""
 
-    def sandbox(
-        self,
-        image: str | None = None,
-        *,
-        cpu: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        restartable: bool = False,
-    ) -> Any:
+    def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         raise Failure("tool_error", "no sandbox pool: this environment runs outside a resource worker")
 
     async def close_all(self) -> None:
@@ -298,30 +277,11 @@ class Resource:
     # when the session closes.
     sandboxes: SandboxClient = _NoSandboxes()
 
-    def sandbox(
-        self,
-        image: str | None = None,
-        *,
-        cpu: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        restartable: bool = False,
-    ) -> Any:
+    def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the entry's pool (``resources.NAME.sandbox``) for this session: ``async with
-        self.sandbox(image=...) as box`` then ``await box.exec(cmd)`` (docs/sandboxes.md)."""
-        return self.sandboxes.sandbox(
-            image,
-            cpu=cpu,
-            memory_mb=memory_mb,
-            pids=pids,
-            disk_mb=disk_mb,
-            timeout_s=timeout_s,
-            env=env,
-            restartable=restartable,
-        )
+        self.sandbox(image=..., cpu=...) as box`` (the keywords: ``SandboxAsk``) then ``await box.exec(cmd)``
+        (docs/sandboxes.md)."""
+        return self.sandboxes.sandbox(image, **ask)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -214,6 +214,11 @@ def nats_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--nats", help=f"{what} (default: ${NATS_ENV})")
 
 
+def namespace_option(p: argparse.ArgumentParser) -> None:
+    """``--namespace`` for a command with no config (the config's ``namespace`` otherwise)."""
+    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+
+
 def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:
     """``--nats``, else the config's ``nats``; a command with no config reads ``GYM_NATS`` instead."""
     url = args.nats or (cfg.nats if cfg else os.environ.get(NATS_ENV))
@@ -290,14 +295,26 @@ def non_negative_int(text: str) -> int:
     return _at_least(text, 0)
 
 
-def _at_least(text: str, least: int) -> int:
+def _whole(text: str, what: str) -> int:
+    """``text`` as an int, else the usage error that says what was expected."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _at_least(text: str, least: int) -> int:
+    value = _whole(text, "a whole number")
     if value < least:
         raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def rows_options(p: argparse.ArgumentParser) -> None:
+    """``--agent``, ``--repeats``, ``--limit``: which rows of the input a batch takes, routed where, how often."""
+    p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
+    p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
+    p.add_argument("--limit", type=positive_int, help="use only the first N rows")
 
 
 def budget_option(p: argparse.ArgumentParser) -> None:
@@ -356,10 +373,7 @@ def budget_exit(stats: Any, out: str, budget: Any, batch: str, *, kept: bool = T
 
 
 def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    value = _whole(text, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
     return value

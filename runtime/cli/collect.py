@@ -6,27 +6,16 @@ import argparse
 import sys
 from typing import Any
 
-from gym_runtime.cli._common import (
-    auth_option,
-    check_output,
-    client_auth,
-    failures_exit,
-    log_level_option,
-    nats_option,
-    need_url,
-    non_negative_int,
-    print_stats,
-    reach,
-)
+from gym_runtime.cli import _common as cli
 from gym_runtime.observability import progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="wait for a batch's results and write JSONL + sidecars")
     p.add_argument("--batch", required=True, help="the batch id `publish` printed")
-    nats_option(p, "NATS URL the batch was published to")
+    cli.nats_option(p, "NATS URL the batch was published to")
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    cli.namespace_option(p)
     p.add_argument(
         "--wait",
         type=float,
@@ -43,14 +32,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-republish",
-        type=non_negative_int,
+        type=cli.non_negative_int,
         metavar="N",
         help="publish the tasks of slots whose stored results were lost again at most N times before they become "
         "`lost` failure rows (default: the batch's jetstream.max_republish, recorded when it was published)",
     )
     progress.add_arguments(p)
-    log_level_option(p)
-    auth_option(p)
+    cli.log_level_option(p)
+    cli.auth_option(p)
 
 
 NO_WORKER_CHECK_S = 5.0
@@ -86,12 +75,12 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = need_url(args, None)
-    auth = client_auth(args)
+    url = cli.need_url(args, None)
+    auth = cli.client_auth(args)
     if args.purge and auth is not None:  # on a `server --secure` bus purging is the admin's: say so before collecting
         auth.creds("admin")
-    check_output(args.output)
-    reach(url)
+    cli.check_output(args.output)
+    cli.reach(url)
     telemetry = Telemetry(service="gym-runtime.collect")
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
 
@@ -138,5 +127,5 @@ def main(args: argparse.Namespace) -> int:
                 await bus.close()
 
         stats = run_async(go)
-    print_stats(args.batch, stats, args.output)
-    return failures_exit(stats, args.output)
+    cli.print_stats(args.batch, stats, args.output)
+    return cli.failures_exit(stats, args.output)

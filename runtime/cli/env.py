@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gym_runtime.cli._common import load, log_level_option
+from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
 from gym_runtime.hosting.env import (
     VERIFIERS_VERSION,
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value"
     )
-    log_level_option(b)
+    cli.log_level_option(b)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     servers += [(a, "responses_api_agents") for a in args.agent]
     releases: list[str] = [args.verifiers] if args.verifiers else []  # verifiers' own environments to build
     if args.config:
-        cfg = load(args)
+        cfg = cli.load(args)
         servers += [(r.nemo_gym, "resources_servers") for r in cfg.resources.values() if r.hosted]
         servers += [(a.nemo_gym, "responses_api_agents") for a in cfg.agents.values() if a.hosted]
         # agents whose package needs verifiers' own environment (agents.verifiers_v1 says which release)

@@ -12,22 +12,22 @@ import json
 import time
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, log_level_option, nats_option, need_url, non_negative_int
+from gym_runtime.cli import _common as cli
 from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="a rollout's history: each attempt, its calls, redeliveries, result and cost")
     p.add_argument("batch", metavar="BATCH", help="batch id")
-    p.add_argument("task", metavar="TASK", type=non_negative_int, help="task index (the row's _ng_task_index)")
+    p.add_argument("task", metavar="TASK", type=cli.non_negative_int, help="task index (the row's _ng_task_index)")
     p.add_argument(
-        "rollout", metavar="ROLLOUT", type=non_negative_int, nargs="?", help="rollout index (default: every repeat)"
+        "rollout", metavar="ROLLOUT", type=cli.non_negative_int, nargs="?", help="rollout index (default: every repeat)"
     )
-    nats_option(p, "NATS URL(s), comma-separated")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    cli.nats_option(p, "NATS URL(s), comma-separated")
+    cli.namespace_option(p)
     p.add_argument("--json", action="store_true", help="print the records as JSON instead of text")
-    log_level_option(p)
-    auth_option(p)
+    cli.log_level_option(p)
+    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -38,8 +38,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None), query=True)
-    auth = client_auth(args)
+    url = reach(cli.need_url(args, None), query=True)
+    auth = cli.client_auth(args)
 
     async def go() -> Any:
         bus = await Bus.connect(

@@ -14,7 +14,7 @@ import os
 import urllib.request
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, err, nats_option, need_url
+from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
@@ -24,8 +24,8 @@ ROLE_NAMES = {"agents": "agent", "models": "model", "resources": "resource"}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("health", help="liveness/readiness check: exit 0 healthy, 1 not")
-    nats_option(p, "NATS URL(s), comma-separated")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    cli.nats_option(p, "NATS URL(s), comma-separated")
+    cli.namespace_option(p)
     p.add_argument("--monitor", metavar="URL", help="also check the server's /healthz, e.g. http://127.0.0.1:8222")
     p.add_argument("--role", metavar="ROLE.NAME", help="ready only when workers of this role are registered")
     p.add_argument("--min-workers", type=int, default=1, help="with --role: workers needed to be ready (default 1)")
@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("GYM_LOG_LEVEL", "error"),
         help="log level of the JSON logs on stderr (default: error; env GYM_LOG_LEVEL)",
     )
-    auth_option(p)
+    cli.auth_option(p)
 
 
 def _role(spec: str | None) -> tuple[str, str] | None:
@@ -54,16 +54,16 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.transport.discovery import discover
     from gym_runtime.transport.subjects import js_info
 
-    url = need_url(args, None)
+    url = cli.need_url(args, None)
     role = _role(args.role)
     if args.monitor:
         try:
             with urllib.request.urlopen(args.monitor.rstrip("/") + "/healthz", timeout=args.timeout) as r:
                 if r.status != 200:
-                    err(f"unhealthy: {args.monitor}/healthz answered {r.status}")
+                    cli.err(f"unhealthy: {args.monitor}/healthz answered {r.status}")
                     return EXIT_UNHEALTHY
         except OSError as e:
-            err(f"unhealthy: {args.monitor}/healthz: {e}")
+            cli.err(f"unhealthy: {args.monitor}/healthz: {e}")
             return EXIT_UNHEALTHY
 
     async def go() -> str | None:
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
             telemetry=Telemetry(),
             name="gym-health",
             initial_timeout=args.timeout,
-            auth=client_auth(args),
+            auth=cli.client_auth(args),
             role="publisher",
         )
         try:
@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     except (ServerUnreachable, NotProvisioned, JetStreamNotReady) as e:  # not up, or not ready yet: unhealthy
         problem = str(e)
     if problem:
-        err(f"unhealthy: {problem}")
+        cli.err(f"unhealthy: {problem}")
         return EXIT_UNHEALTHY
     print("ok")
     return 0

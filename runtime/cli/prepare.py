@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gym_runtime.cli._common import EXIT_USAGE, common_options, config_argument, err, load
+from gym_runtime.cli import _common as cli
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="validate, tag, dedupe, blend, shuffle and split task rows into DIR")
-    config_argument(p, bundled=True)
+    cli.config_argument(p, bundled=True)
     p.add_argument(
         "-i",
         "--input",
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", help="train mix by agent name, e.g. a=0.7,b=0.3 (downsamples, never repeats)")
     p.add_argument("--agent", help="agent for every row (overrides agent_ref)")
     p.add_argument("--drop-invalid", action="store_true", help="report bad rows but write the valid ones")
-    common_options(p)
+    cli.common_options(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
 
     paths = [config_path(c) for c in args.config]
     args.overrides = data_only_overrides(paths) + args.overrides  # no model is called here
-    cfg = load(args)
+    cfg = cli.load(args)
     if args.input:
         sources = [parse_source(s) for s in args.input]
     else:
@@ -70,8 +70,8 @@ def main(args: argparse.Namespace) -> int:
     except InvalidRows as e:
         for line in e.problems:
             print(line, file=sys.stderr)
-        err(str(e))
-        return EXIT_USAGE
+        cli.err(str(e))
+        return cli.EXIT_USAGE
     for line in result.problems:
         print(line, file=sys.stderr)
     write(result, args.output)

@@ -8,40 +8,23 @@ import sys
 import uuid
 from typing import Any
 
-from gym_runtime.cli._common import (
-    EXIT_FAILURES,
-    any_tools_option,
-    auth_option,
-    budget_option,
-    budgeted,
-    client_auth,
-    common_options,
-    config_argument,
-    err,
-    load,
-    need_url,
-    positive_int,
-    reach,
-    telemetry,
-)
+from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("publish", help="validate and publish a batch of tasks; prints the batch id")
-    config_argument(p)
+    cli.config_argument(p)
     p.add_argument("-i", "--input", required=True, help="input tasks JSONL (NeMo Gym format)")
     p.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
     p.add_argument("--batch", help="batch id (default: random); re-publishing the same id is deduplicated")
-    p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
-    p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
-    p.add_argument("--limit", type=positive_int, help="use only the first N rows")
-    budget_option(p)  # with one, publish stays until every task is started or held back (it counts the results)
+    cli.rows_options(p)
+    cli.budget_option(p)  # with one, publish stays until every task is started or held back (it counts the results)
     progress.add_arguments(p)
-    any_tools_option(p)
-    auth_option(p)
-    common_options(p)
+    cli.any_tools_option(p)
+    cli.auth_option(p)
+    cli.common_options(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,19 +36,19 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    cfg = load(args)
+    cfg = cli.load(args)
     resolved = resolve_models(cfg)  # the tasks' fingerprints need the adapters' options (no agent, no environment)
-    url = need_url(args, cfg)
+    url = cli.need_url(args, cfg)
     if not cfg.agents:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before connecting
     plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
-    budget = budgeted(args.budget, cfg)
+    budget = cli.budgeted(args.budget, cfg)
     if budget is not None and args.batch is None:  # its reader of the results needs the id up front
         args.batch = uuid.uuid4().hex[:12]
-    reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
-    auth = client_auth(args)
-    tel = telemetry(args, "publish")
+    cli.reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
+    auth = cli.client_auth(args)
+    tel = cli.telemetry(args, "publish")
 
     with progress.Tracker("publish", progress.options_from(args), total=plan.count * args.repeats) as tracker:
 
@@ -108,12 +91,12 @@ def main(args: argparse.Namespace) -> int:
             tel.shutdown()
     if manifest.held_from >= 0:
         print(manifest.batch)
-        err(
+        cli.err(
             f"budget reached: {budget.spent_line()}; {manifest.expected - manifest.held_from} of {manifest.expected} "
             f"rollouts not started (class budget: `collect` writes their failure rows); publish again with --batch "
             f"{manifest.batch} and a larger --budget to finish the batch"
         )
-        return EXIT_FAILURES
+        return cli.EXIT_FAILURES
     print(
         f"published {manifest.expected} tasks ({manifest.tasks} rows x {manifest.repeats}) as batch:", file=sys.stderr
     )

@@ -11,17 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gym_runtime.cli._common import (
-    EXIT_USAGE,
-    auth_option,
-    client_auth,
-    err,
-    log_level_option,
-    nats_option,
-    need_url,
-    plural,
-    reach,
-)
+from gym_runtime.cli import _common as cli
 from gym_runtime.data.batches import get_manifest
 from gym_runtime.observability.tracing import Telemetry
 
@@ -29,10 +19,10 @@ from gym_runtime.observability.tracing import Telemetry
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("purge", help="delete a batch's stored results and manifest")
     p.add_argument("--batch", required=True, action="append", help="batch id (repeatable)")
-    nats_option(p, "NATS URL(s), comma-separated")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
-    log_level_option(p)
-    auth_option(p)
+    cli.nats_option(p, "NATS URL(s), comma-separated")
+    cli.namespace_option(p)
+    cli.log_level_option(p)
+    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,8 +30,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None), query=True)
-    auth = client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
+    url = cli.reach(cli.need_url(args, None), query=True)
+    auth = cli.client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
 
     async def go() -> Any:
         bus = await Bus.connect(
@@ -59,11 +49,11 @@ def main(args: argparse.Namespace) -> int:
     unknown = []
     for batch, known, removed in run_async(go):
         if known or removed:
-            print(f"batch {batch}: purged {plural(removed, 'result')}")
+            print(f"batch {batch}: purged {cli.plural(removed, 'result')}")
         else:
             unknown.append(batch)
     if unknown:  # a mistyped id, or one purged before: said, not "purged 0 results"
         names = ", ".join(repr(b) for b in unknown)
-        err(f"no batch {names} in namespace {args.namespace!r} (nothing stored under it; purged already?)")
-        return EXIT_USAGE
+        cli.err(f"no batch {names} in namespace {args.namespace!r} (nothing stored under it; purged already?)")
+        return cli.EXIT_USAGE
     return 0

@@ -5,19 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from gym_runtime.cli._common import (
-    EXIT_FAILURES,
-    auth_option,
-    check_output,
-    client_auth,
-    common_options,
-    config_argument,
-    err,
-    plural,
-    positive_int,
-    server_url,
-    telemetry,
-)
+from gym_runtime.cli import _common as cli
 from gym_runtime.config import load_config, resolve_config
 from gym_runtime.observability import progress
 from gym_runtime.plugins import config_path
@@ -25,17 +13,17 @@ from gym_runtime.plugins import config_path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reverify", help="recompute the rewards of recorded rollouts (any NeMo Gym rollouts file)")
-    config_argument(p)
+    cli.config_argument(p)
     p.add_argument("-i", "--input", required=True, help="rollouts JSONL (rows with `response`)")
     p.add_argument("-o", "--output", required=True, help="re-verified rollouts JSONL")
     p.add_argument("--agent", help="whose resource verifies (default: the config's only one)")
     p.add_argument("--tasks", help="task rows to join by input messages (older rollout files lack task fields)")
-    p.add_argument("--replicas", type=positive_int, help="resource workers to start here (default: the config's)")
-    p.add_argument("--concurrency", type=positive_int, default=64, help="rows in flight (default 64)")
+    p.add_argument("--replicas", type=cli.positive_int, help="resource workers to start here (default: the config's)")
+    p.add_argument("--concurrency", type=cli.positive_int, default=64, help="rows in flight (default 64)")
     p.add_argument("--nats", help="use this NATS server instead of an embedded one")
     progress.add_arguments(p)
-    auth_option(p)
-    common_options(p)
+    cli.auth_option(p)
+    cli.common_options(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     resolved = resolve_config(cfg)
-    check_output(args.output)
+    cli.check_output(args.output)
     rows = validate_rollouts(args.input)
     resource = resource_for(resolved, args.agent)
     entry = cfg.resources[resource]
@@ -55,14 +43,14 @@ def main(args: argparse.Namespace) -> int:
     # (isolation: process, the default; the worker here), or in a worker child on that environment (none)
     env = hosted_env(entry.nemo_gym) if entry.hosted else None
     hosted = {f"resources.{resource}": env} if env is not None and entry.isolation == "none" else {}
-    tel = telemetry(args, "reverify")
+    tel = cli.telemetry(args, "reverify")
     try:
         with (
-            server_url(args, cfg) as url,
-            hosted_processes(args, cfg, url, client_auth(args), hosted) if hosted else contextlib.nullcontext(),
+            cli.server_url(args, cfg) as url,
+            hosted_processes(args, cfg, url, cli.client_auth(args), hosted) if hosted else contextlib.nullcontext(),
             progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker,
         ):
-            auth = client_auth(args)
+            auth = cli.client_auth(args)
             report = run_async(
                 lambda: reverify_batch(
                     resolved,
@@ -86,6 +74,6 @@ def main(args: argparse.Namespace) -> int:
     if report.failed:
         from gym_runtime.data.collector import sidecar_paths
 
-        err(f"{plural(report.failed, 'row')} could not be re-verified; see {sidecar_paths(args.output)[0]}")
-        return EXIT_FAILURES
+        cli.err(f"{cli.plural(report.failed, 'row')} could not be re-verified; see {sidecar_paths(args.output)[0]}")
+        return cli.EXIT_FAILURES
     return 0

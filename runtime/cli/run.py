@@ -30,25 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_runtime.cli._common import (
-    any_tools_option,
-    auth_option,
-    budget_exit,
-    budget_option,
-    budgeted,
-    check_output,
-    client_auth,
-    common_options,
-    config_argument,
-    failures_exit,
-    load,
-    metrics_options,
-    positive_int,
-    print_stats,
-    say,
-    server_url,
-    telemetry,
-)
+from gym_runtime.cli import _common as cli
 from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
@@ -60,17 +42,15 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="collect verified rollouts for an input file, end to end")
-    config_argument(p, bundled=True)
+    cli.config_argument(p, bundled=True)
     p.add_argument(
         "-i",
         "--input",
         help="input tasks JSONL (NeMo Gym format); default for a bundled environment's name: its data/example.jsonl",
     )
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
-    p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
-    p.add_argument("--repeats", type=positive_int, default=1, help="rollouts per task (default 1)")
-    p.add_argument("--limit", type=positive_int, help="use only the first N rows")
-    p.add_argument("--concurrency", type=positive_int, help="rollouts in flight per agent worker")
+    cli.rows_options(p)
+    p.add_argument("--concurrency", type=cli.positive_int, help="rollouts in flight per agent worker")
     p.add_argument("--nats", help="use this NATS server instead of starting an embedded one")
     p.add_argument("--batch", help="batch id (default: random)")
     p.add_argument(
@@ -89,12 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"each serving every role, from {MULTI_PROCESS_MIN_ROLLOUTS:,} rollouts on several cores, else one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (same as --quiet)")
-    budget_option(p)
+    cli.budget_option(p)
     progress.add_arguments(p)
-    metrics_options(p)
-    any_tools_option(p)
-    auth_option(p)
-    common_options(p)
+    cli.metrics_options(p)
+    cli.any_tools_option(p)
+    cli.auth_option(p)
+    cli.common_options(p)
 
 
 # where `--processes N` (N = cores) started to beat one process here, with the scripted model and over HTTP
@@ -236,8 +216,8 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import batch_pairs, run_batch
 
-    cfg = load(args)
-    note = None if progress.options_from(args).quiet else say  # what a slow step waits for (not with --quiet)
+    cfg = cli.load(args)
+    note = None if progress.options_from(args).quiet else cli.say  # what a slow step waits for (not with --quiet)
     with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
         resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
     embedded = (args.nats or cfg.nats) == "embedded"
@@ -250,15 +230,15 @@ def main(args: argparse.Namespace) -> int:
         if example is None:
             raise UserError("run: --input is required (only a bundled environment's name has a default input)")
         args.input = str(example)
-    check_output(args.output)
+    cli.check_output(args.output)
     if not cfg.agents:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before anything starts
     with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
         plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
-    budget = budgeted(args.budget, cfg)
+    budget = cli.budgeted(args.budget, cfg)
     # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
-    run_async(lambda: ensure_config_images(cfg, note=say))
+    run_async(lambda: ensure_config_images(cfg, note=cli.say))
     # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
     # the default) has its worker here like any other, its guest on the environment's interpreter; one with
     # isolation: none, and a hosted agent, have their worker in a child process on that interpreter
@@ -278,11 +258,11 @@ def main(args: argparse.Namespace) -> int:
     groups = None if hosted or guests else worker_groups(args, cfg, plan.count * args.repeats)
     # the run's metrics on the one port the user gave, whatever the process mode: children's merged in
     child_ports = [free_port() for _ in groups or []] if args.metrics_port is not None else []
-    tel = telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])
+    tel = cli.telemetry(args, "run", children=[f"http://127.0.0.1:{p}/metrics" for p in child_ports])
     freeze_startup()  # everything imported and checked, nothing of the batch made yet (children fork after)
     try:
-        with server_url(args, cfg) as url:
-            auth = client_auth(args)
+        with cli.server_url(args, cfg) as url:
+            auth = cli.client_auth(args)
             # an open embedded server was started and found ready just now: only another one (or credentials)
             # can be dead or refuse us
             ours = args.nats is None and cfg.nats == "embedded" and auth is None
@@ -317,7 +297,9 @@ def main(args: argparse.Namespace) -> int:
                 )
     finally:
         tel.shutdown()
-    print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
+    cli.print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
     if result.stats.budget:
-        return budget_exit(result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir))
-    return failures_exit(result.stats, args.output)
+        return cli.budget_exit(
+            result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir)
+        )
+    return cli.failures_exit(result.stats, args.output)

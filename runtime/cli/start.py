@@ -7,19 +7,7 @@ import signal
 import sys
 from typing import Any
 
-from gym_runtime.cli._common import (
-    EXIT_INTERRUPTED,
-    auth_option,
-    client_auth,
-    common_options,
-    config_argument,
-    load,
-    metrics_options,
-    need_url,
-    positive_int,
-    say,
-)
-from gym_runtime.cli._common import telemetry as make_telemetry
+from gym_runtime.cli import _common as cli
 from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.config import resolve_config
 from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
@@ -30,18 +18,18 @@ from gym_runtime.hosting.harbor import ensure_config_images
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("start", help="run long-lived workers for the roles a config names")
-    config_argument(p)
+    cli.config_argument(p)
     p.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
     p.add_argument(
         "--only", action="append", metavar="ROLE.NAME", help="start only these, e.g. models.policy (repeatable)"
     )
     p.add_argument(
-        "--replicas", type=positive_int, help="processes per selected worker (default: the config's replicas)"
+        "--replicas", type=cli.positive_int, help="processes per selected worker (default: the config's replicas)"
     )
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
-    metrics_options(p)
-    auth_option(p)
-    common_options(p)
+    cli.metrics_options(p)
+    cli.auth_option(p)
+    cli.common_options(p)
 
 
 def role_of(pairs: list[tuple[str, str]]) -> str:
@@ -68,16 +56,16 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import check_resources, selected, serve, wait_for_server
 
-    cfg = load(args)
+    cfg = cli.load(args)
     resolved = resolve_config(cfg)  # the plugins' option checks: a bad option is one line now
-    url = need_url(args, cfg)
-    auth = client_auth(args)
+    url = cli.need_url(args, cfg)
+    auth = cli.client_auth(args)
     pairs = selected(cfg, args.only)
     check_resources(resolved, pairs)  # a mistyped module: one line now, whatever the server
     # the pools served here build the Harbor task images their engines lack, before any worker starts
     pools = {n for r, n in pairs if r == "sandboxes"}
     if pools:
-        run_async(lambda: ensure_config_images(cfg, pools, note=say))
+        run_async(lambda: ensure_config_images(cfg, pools, note=cli.say))
     freeze_startup()  # the environments are imported now; nothing of a rollout exists yet
     replicas = {(r, n): args.replicas or getattr(cfg, r)[n].replicas for r, n in pairs}
     if auth is not None:  # a missing role file is a usage error here, not a crash loop in the children
@@ -93,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
         ready_out = sys.stdout
         if here:  # hosted server code prints freely: only our ready line goes to the supervisor's pipe
             sys.stdout = sys.stderr
-        telemetry = make_telemetry(args, role_of(pairs))
+        telemetry = cli.telemetry(args, role_of(pairs))
 
         def workers(signals: ForwardedSignals | None = None) -> int | None:
             return run_async(
@@ -105,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
                     replicas=args.replicas,
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
-                    note=None if args.log_level == "error" else say,  # a slow start named (not under --quiet)
+                    note=None if args.log_level == "error" else cli.say,  # a slow start named (not under --quiet)
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )
@@ -115,13 +103,13 @@ def main(args: argparse.Namespace) -> int:
             stopped_by = beside_main(workers) if here else workers()
         finally:
             telemetry.shutdown()
-        return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop
+        return cli.EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0  # SIGTERM: the scheduler's normal stop
     from gym_runtime.service.supervisor import Child, child_argv, run_pool
 
     # the pool waits for its server once (one nats.unreachable line, with the reason), not once per child
     stopped_by = run_async(lambda: wait_for_server(url))
     if stopped_by is not None:
-        return EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0
+        return cli.EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0
 
     passthrough = [x for o in args.overrides for x in ("--set", o)] + ["--log-level", args.log_level]
     if args.trace_file:

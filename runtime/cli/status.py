@@ -7,15 +7,15 @@ import json
 import sys
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, client_auth, log_level_option, nats_option, need_url, reach
+from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
 from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="workers per role and replica, queue depths, recent rollouts/s")
-    nats_option(p, "NATS URL of the running system")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    cli.nats_option(p, "NATS URL of the running system")
+    cli.namespace_option(p)
     p.add_argument("--batch", metavar="ID", help="one batch: done, failed, pending, rate and ETA")
     p.add_argument(
         "--watch",
@@ -24,18 +24,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch refresh period (default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    log_level_option(p)
-    auth_option(p)
+    cli.log_level_option(p)
+    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
     from gym_runtime.transport.bus import Bus
 
-    url = reach(need_url(args, None), query=True)
+    url = cli.reach(cli.need_url(args, None), query=True)
     if args.interval <= 0:
         raise UserError("--interval must be positive")
-    auth = client_auth(args)
+    auth = cli.client_auth(args)
 
     async def go() -> None:
         bus = await Bus.connect(

@@ -11,7 +11,7 @@ import argparse
 import ipaddress
 from typing import Any
 
-from gym_runtime.cli._common import auth_option, log_level_option, nats_option
+from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
 
 DEFAULT_PORT = 8765
@@ -23,14 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "files", metavar="FILE", nargs="*", help="rollouts JSONL (its _failures.jsonl beside it is read too)"
     )
     p.add_argument("--batch", help="also follow this batch on the bus as its results are stored (with --nats)")
-    nats_option(p, "the bus of --batch")
-    p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    cli.nats_option(p, "the bus of --batch")
+    cli.namespace_option(p)
     p.add_argument(
         "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; beyond loopback: token)"
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
-    log_level_option(p)
-    auth_option(p)
+    cli.log_level_option(p)
+    cli.auth_option(p)
 
 
 def is_loopback(host: str) -> bool:

@@ -30,13 +30,14 @@ import random
 import shlex
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import anyio
+import msgspec
 
 from gym_runtime.errors import Failure
 from gym_runtime.messages import COMMAND_HEAD, SandboxCall, SandboxCommand, SandboxReply, SandboxSpec
-from gym_runtime.sandboxes.spec import ExecResult
+from gym_runtime.sandboxes.spec import ExecResult, SandboxAsk
 from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.rpc import NoResponders
 from gym_runtime.transport.subjects import Subjects
@@ -348,29 +349,13 @@ class Sandboxes:
     def image_ids(self) -> tuple[str, ...]:
         return tuple(self._image_ids)
 
-    def sandbox(
-        self,
-        image: str | None = None,
-        *,
-        cpu: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        restartable: bool = False,
-    ) -> _Opening:
+    def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> _Opening:
         """A sandbox of the pool (``async with``, or awaited); ``restartable``: ``restart`` may be asked of it."""
-        spec = SandboxSpec(
-            image=image,
-            cpu=cpu,
-            memory_mb=memory_mb,
-            pids=pids,
-            disk_mb=disk_mb,
-            timeout_s=timeout_s,
-            env=env or {},
-            restartable=restartable,
-        )
+        unknown = sorted(ask.keys() - SandboxAsk.__annotations__.keys())
+        if unknown:  # what a keyword the signature lacked raised: a SandboxSpec field no author may set (network)
+            raise TypeError(f"sandbox() got an unexpected keyword argument {unknown[0]!r}")
+        env = ask.pop("env", None) or {}
+        spec = msgspec.structs.replace(SandboxSpec(image=image, env=env), **ask)
         return _Opening(self, spec)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TypedDict
 
 import msgspec
 
 from gym_runtime.messages import SandboxSpec
 
-__all__ = ["Capabilities", "ExecResult", "OnOutput", "SandboxSpec"]  # SandboxSpec travels in SandboxCall: defined there
+# SandboxSpec travels in SandboxCall: defined there
+__all__ = ["Capabilities", "ExecResult", "OnOutput", "SandboxAsk", "SandboxSpec"]
 
 OnOutput = Callable[[int, bytes], Awaitable[None]]  # a part of a command's output as it comes: stream (1, 2), bytes
+
+
+class SandboxAsk(TypedDict, total=False):
+    """The keywords of ``sandbox(image, **ask)`` (``ctx.sandbox``, ``Resource.sandbox``, ``Sandboxes.sandbox``),
+    written once for all of them: a ``SandboxSpec``'s fields an author may ask (None: the pool's default)."""
+
+    cpu: float | None
+    memory_mb: int | None
+    pids: int | None
+    disk_mb: int | None
+    timeout_s: float | None  # the longest one exec may run
+    env: dict[str, str] | None
+    restartable: bool  # ``box.restart()`` may be asked of it
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
