@@ -81,6 +81,13 @@ class Watermark:
 
 def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, row) for non-blank lines; raise nothing — see ``validate``."""
+    for lineno, line in _row_lines(path, limit):
+        yield lineno, _decoder.decode(line)
+
+
+def _row_lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for the first ``limit`` non-blank lines (None: all): the rows, as reading and
+    validating both count them."""
     n = 0
     with path.open("rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -89,7 +96,7 @@ def iter_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[
             if limit is not None and n >= limit:
                 return
             n += 1
-            yield lineno, _decoder.decode(line)
+            yield lineno, line
 
 
 def check_agent_flag(agent: str | None, agents: Iterable[str]) -> None:
@@ -157,33 +164,28 @@ def validate(
     problems: list[str] = []
     owners = Owners()
     n = 0
-    with p.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if limit is not None and n >= limit:
-                break
-            n += 1
-            where = f"{p}:{lineno}"
-            try:
-                row = _decoder.decode(line)
-            except msgspec.DecodeError as e:
-                problems.append(f"{where}: not valid JSON ({e})")
-                continue
-            except UnicodeDecodeError:
-                problems.append(f"{where}: not UTF-8 text ({_bad_utf8(line)})")
-                continue
-            except RecursionError:
-                problems.append(f"{where}: nesting too deep (objects/arrays nested hundreds of levels)")
-                continue
-            try:
-                name = check_row(row, agents, agent)
-            except ValueError as e:
-                problems.append(f"{where}: {e}")
-                continue
-            owners.add(name)
-            if each is not None:
-                each(where, row)
+    for lineno, line in _row_lines(p, limit):
+        n += 1
+        where = f"{p}:{lineno}"
+        try:
+            row = _decoder.decode(line)
+        except msgspec.DecodeError as e:
+            problems.append(f"{where}: not valid JSON ({e})")
+            continue
+        except UnicodeDecodeError:
+            problems.append(f"{where}: not UTF-8 text ({_bad_utf8(line)})")
+            continue
+        except RecursionError:
+            problems.append(f"{where}: nesting too deep (objects/arrays nested hundreds of levels)")
+            continue
+        try:
+            name = check_row(row, agents, agent)
+        except ValueError as e:
+            problems.append(f"{where}: {e}")
+            continue
+        owners.add(name)
+        if each is not None:
+            each(where, row)
     if problems:
         raise InputError(problems)
     if n == 0:

@@ -52,22 +52,22 @@ class Reach(msgspec.Struct, frozen=True, kw_only=True):
 
     def sandbox_pools(self, role: str, pool: str | None) -> list[str] | None:
         """The sandbox pools ``role`` (one ``pool`` of it, or the role-wide credential) may use; None: every one."""
-        table = self.agent_sandboxes if role == "agent" else self.resource_sandboxes
-        if table is None:
-            return None
-        if pool is not None:
-            return list(table.get(pool, ()))
-        return sorted({p for pools in table.values() for p in pools})
+        return _granted(self.agent_sandboxes if role == "agent" else self.resource_sandboxes, pool)
 
     def environments(self, role: str, pool: str | None) -> list[str] | None:
         """The environments ``role`` (one ``pool`` of it, or the role-wide credential: the union) may call;
         None: every one."""
-        table = self.agents if role == "agent" else self.resources
-        if table is None:
-            return None
-        if pool is not None:
-            return list(table.get(pool, ()))
-        return sorted({env for envs in table.values() for env in envs})
+        return _granted(self.agents if role == "agent" else self.resources, pool)
+
+
+def _granted(table: dict[str, tuple[str, ...]] | None, pool: str | None) -> list[str] | None:
+    """What ``table`` (entry -> names) grants one ``pool``, or the role-wide credential (``pool`` None: the
+    union of every entry's); None: no table, every name."""
+    if table is None:
+        return None
+    if pool is not None:
+        return list(table.get(pool, ()))
+    return sorted({name for names in table.values() for name in names})
 
 
 def permissions(

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import anyio
 import msgspec
@@ -52,6 +52,7 @@ from gym_runtime.workers.guest_wire import (
     Close,
     Done,
     Frames,
+    FromGuest,
     Generate,
     Generated,
     Page,
@@ -68,58 +69,63 @@ from gym_runtime.workers.guest_wire import (
 )
 
 
-class WorkerModels:
-    """``Resource.models`` in a guest: each model call goes to the worker, which makes it over its bus."""
+class _Answer(Protocol):
+    """What every answer from the worker carries: the id of the request it answers."""
+
+    @property
+    def id(self) -> int: ...
+
+
+A = TypeVar("A", bound=_Answer)
+
+
+class _Asks(Generic[A]):
+    """Requests this guest sends its worker over ``frames``, each waiting for the answer with its id
+    (the worker answers them in any order; ``answered`` is called by the guest's reader)."""
 
     def __init__(self, frames: Frames) -> None:
         self._frames = frames
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Generated]] = {}
+        self._waiting: dict[int, asyncio.Future[A]] = {}
 
-    async def generate(self, params: CreateParams, *, model: str) -> Response:
+    async def _ask(self, frame: Callable[[int], FromGuest]) -> A:
+        """Send ``frame(id)`` and wait for its answer."""
         call_id = next(self._ids)
-        answer: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[A] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = answer
         try:
-            self._frames.send(Generate(id=call_id, model=model, params=params, call=ENV_CALL.get()))
-            reply = await answer
+            self._frames.send(frame(call_id))
+            return await answer
         finally:
             self._waiting.pop(call_id, None)
+
+    def answered(self, reply: A) -> None:
+        answer = self._waiting.get(reply.id)
+        if answer is not None and not answer.done():
+            answer.set_result(reply)
+
+
+class WorkerModels(_Asks[Generated]):
+    """``Resource.models`` in a guest: each model call goes to the worker, which makes it over its bus."""
+
+    async def generate(self, params: CreateParams, *, model: str) -> Response:
+        call = ENV_CALL.get()
+        reply = await self._ask(lambda call_id: Generate(id=call_id, model=model, params=params, call=call))
         if reply.error is not None:
             raise Failure(reply.error)
         assert reply.response is not None
         return reply.response
 
-    def answered(self, reply: Generated) -> None:
-        answer = self._waiting.get(reply.id)
-        if answer is not None and not answer.done():
-            answer.set_result(reply)
 
-
-class WorkerResources:
+class WorkerResources(_Asks[Called]):
     """A hosted server's calls to other resources servers by name, in a guest: each goes to the worker, which
     makes it over its bus as a session of its own (``hosting.host.CalledSessions``)."""
 
-    def __init__(self, frames: Frames) -> None:
-        self._frames = frames
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Called]] = {}
-
     async def call(self, server_name: str, url_path: str, body: Any, token: str) -> Any:
-        call_id = next(self._ids)
-        answer: asyncio.Future[Called] = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = answer
-        try:
-            self._frames.send(CallResource(id=call_id, server_name=server_name, path=url_path, body=body, token=token))
-            reply = await answer
-        finally:
-            self._waiting.pop(call_id, None)
+        reply = await self._ask(
+            lambda call_id: CallResource(id=call_id, server_name=server_name, path=url_path, body=body, token=token)
+        )
         return called_reply(reply.status, reply.body, reply.token)
-
-    def answered(self, reply: Called) -> None:
-        answer = self._waiting.get(reply.id)
-        if answer is not None and not answer.done():
-            answer.set_result(reply)
 
 
 class SandboxFailed(Exception):
@@ -130,33 +136,17 @@ class SandboxFailed(Exception):
         self.info = info
 
 
-class WorkerSandboxes:
+class WorkerSandboxes(_Asks[SandboxDone]):
     """A hosted server's sandbox operations (``sandbox_provider: gym_runtime``), in a guest: each goes to the
     worker, which makes it on the fleet under the lease of the session whose request made it (``ENV_SESSION``)."""
 
-    def __init__(self, frames: Frames) -> None:
-        self._frames = frames
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[SandboxDone]] = {}
-
     async def call(self, call: SandboxCall) -> SandboxReply:
-        call_id = next(self._ids)
-        answer: asyncio.Future[SandboxDone] = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = answer
-        try:
-            self._frames.send(SandboxOp(id=call_id, session=ENV_SESSION.get(), call=call))
-            reply = await answer
-        finally:
-            self._waiting.pop(call_id, None)
+        session = ENV_SESSION.get()
+        reply = await self._ask(lambda call_id: SandboxOp(id=call_id, session=session, call=call))
         if reply.error is not None:
             raise SandboxFailed(reply.error)
         assert reply.reply is not None
         return reply.reply
-
-    def answered(self, reply: SandboxDone) -> None:
-        answer = self._waiting.get(reply.id)
-        if answer is not None and not answer.done():
-            answer.set_result(reply)
 
 
 def thread_mark(page: Page, call_id: int) -> Callable[[], Callable[[], None]]:
