@@ -40,6 +40,7 @@ __all__ = [
     "MemoryMessage",
     "MemoryTransport",
     "MemoryWire",
+    "ROLLOUT_KEYS",
     "ScriptedJudge",
     "compat_dir",
     "differential_cases",
@@ -50,6 +51,7 @@ __all__ = [
     "read_jsonl",
     "recorded_response",
     "replay_tool_calls",
+    "reverify_rollouts",
     "split_verdict",
     "subject_matches",
     "text_response",
@@ -59,6 +61,8 @@ __all__ = [
 R = TypeVar("R", bound=Resource)
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
 CASE_KEYS = ("expected_reward", "expected_fields", "case")
+# What a recorded rollout row holds besides the verifier's extra fields.
+ROLLOUT_KEYS = ("responses_create_params", "response", "reward")
 
 REPO = Path(__file__).resolve().parents[1]
 # The compat data lives in the repository (tests/compat, with its notice); GYM_COMPAT_DIR points elsewhere.
@@ -118,6 +122,24 @@ async def replay_tool_calls(inst: Resource, response: Response) -> int:
     recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
     assert produced == recorded
     return len(produced)
+
+
+async def reverify_rollouts(cls: type[R], pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[R, int]]:
+    """Replay each recorded rollout's tool calls in a session seeded with its task row, then verify: the
+    reward and the extra fields must be the recorded ones (compared as JSON, which tells True from 1 and
+    1.0 from 1). Returns each rollout's session and how many calls it replayed, for further checks."""
+    sessions = []
+    for i, (task, rollout) in enumerate(pairs):
+        inst = await new_session(cls, row=task)
+        response = recorded_response(rollout["response"])
+        replayed = await replay_tool_calls(inst, response)
+        reward, fields = split_verdict(await inst.verify(task, response))
+        assert isinstance(reward, float)
+        assert reward == rollout["reward"], f"rollout {i}"
+        extras = {k: v for k, v in rollout.items() if k not in ROLLOUT_KEYS}
+        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+        sessions.append((inst, replayed))
+    return sessions
 
 
 def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
