@@ -37,6 +37,7 @@ order, duplicates and extra outputs do not matter). No extra fields.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -101,6 +102,18 @@ _CALCULATORS: dict[str, Callable[..., Any]] = {
 _REQUEST_FIELDS = ("a", "b", "radians", "base")
 
 
+def _calculator(stub: Callable[..., Any]) -> Callable[..., Any]:
+    """A tool computing the altered calculator of the stub's name. The stub's signature and docstring are
+    what a model is offered (NeMo Gym's schema); its body is never run."""
+    calculate = _CALCULATORS[stub.__name__]
+
+    @functools.wraps(stub)
+    async def run(self: Any, *args: Any, **kwargs: Any) -> float:
+        return calculate(*args, **kwargs)
+
+    return tool(run)
+
+
 def _lax_float(name: str, value: Any) -> float:
     """A float the way pydantic's lax mode makes one, or a refusal naming the argument."""
     if isinstance(value, (bool, int, float)):
@@ -138,60 +151,49 @@ class MathAdvancedCalculations(Resource):
     task_fields = MathAdvancedTask
     tool_arguments = "nemo_gym"  # NeMo Gym's pydantic argument semantics (runtime/resource.py)
 
-    @tool
-    async def multiply(self, a: float, b: float) -> float:
+    @_calculator
+    def multiply(self, a: float, b: float) -> Any:
         """Multiply two numbers; a * b."""
-        return multiply(a, b)
 
-    @tool
-    async def divide(self, a: float, b: float) -> float:
+    @_calculator
+    def divide(self, a: float, b: float) -> Any:
         """Divide two numbers; a / b. Division is neither commutative nor associative."""
-        return divide(a, b)
 
-    @tool
-    async def add(self, a: float, b: float) -> float:
+    @_calculator
+    def add(self, a: float, b: float) -> Any:
         """Add two numbers; a + b."""
-        return add(a, b)
 
-    @tool
-    async def sin(self, radians: float) -> float:
+    @_calculator
+    def sin(self, radians: float) -> Any:
         """The sine of an angle in radians."""
-        return sin(radians)
 
-    @tool
-    async def cos(self, radians: float) -> float:
+    @_calculator
+    def cos(self, radians: float) -> Any:
         """The cosine of an angle in radians."""
-        return cos(radians)
 
-    @tool
-    async def subtract(self, a: float, b: float) -> float:
+    @_calculator
+    def subtract(self, a: float, b: float) -> Any:
         """Subtract two numbers; a - b."""
-        return subtract(a, b)
 
-    @tool
-    async def power(self, a: float, b: float) -> float:
+    @_calculator
+    def power(self, a: float, b: float) -> Any:
         """Raise a number to a power; a ** b."""
-        return power(a, b)
 
-    @tool
-    async def log(self, a: float, base: float) -> float:
+    @_calculator
+    def log(self, a: float, base: float) -> Any:
         """Take the log of a number; log(a, base). The base is always positive in this alternate universe."""
-        return log(a, base)
 
-    @tool
-    async def pi(self) -> float:
+    @_calculator
+    def pi(self) -> Any:
         """Returns a precise value of PI for this alternate universe."""
-        return pi()
 
-    @tool
-    async def negate(self, a: float) -> float:
+    @_calculator
+    def negate(self, a: float) -> Any:
         """Negate a number; -a."""
-        return negate(a)
 
-    @tool
-    async def return_constant(self, a: float) -> float:
+    @_calculator
+    def return_constant(self, a: float) -> Any:
         """Return a constant number: a with no modifications"""
-        return return_constant(a)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         """Run a calculator with NeMo Gym's lenient argument handling and output shape."""
