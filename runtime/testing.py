@@ -51,6 +51,7 @@ __all__ = [
     "read_jsonl",
     "recorded_response",
     "replay_tool_calls",
+    "reverify_differential",
     "reverify_rollouts",
     "split_verdict",
     "subject_matches",
@@ -152,6 +153,17 @@ def differential_cases(env: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     case without NeMo Gym's expectations (``CASE_KEYS``), which stay on the case."""
     cases = read_jsonl(compat_dir("differential", f"{env}.jsonl"))
     return [({k: v for k, v in c.items() if k not in CASE_KEYS}, c) for c in cases]
+
+
+async def reverify_differential(cls: type[Resource], env: str, *, at_least: int, tolerance: float = 0.0) -> None:
+    """Verify each of ``differential_cases(env)`` (at least ``at_least`` of them) in a fresh session: its
+    reward (within ``tolerance``) and its extra fields must be NeMo Gym's."""
+    cases = differential_cases(env)
+    assert len(cases) >= at_least, f"{len(cases)} differential cases for {env}"
+    for row, case in cases:
+        v = await verify_once(cls, row, recorded_response(row.pop("response")))
+        assert abs(v.reward - case["expected_reward"]) <= tolerance, case["case"]
+        assert v.fields == case["expected_fields"], case["case"]
 
 
 def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:

@@ -34,6 +34,7 @@ from gym_runtime.testing import (
     example_rollouts,
     read_jsonl,
     recorded_response,
+    reverify_differential,
     text_response,
     verify_once,
 )
@@ -60,12 +61,7 @@ async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> Non
 
 
 async def test_differential_cases_reproduce_nemo_gym() -> None:
-    cases = differential_cases("instruction_following")
-    assert len(cases) >= 48
-    for row, case in cases:
-        v = await verify_once(InstructionFollowing, row, recorded_response(row.pop("response")))
-        assert v.reward == pytest.approx(case["expected_reward"], abs=1e-9), case["case"]
-        assert v.fields == case["expected_fields"], case["case"]
+    await reverify_differential(InstructionFollowing, "instruction_following", at_least=48, tolerance=1e-9)
 
 
 def test_every_instruction_id_of_the_data_has_a_checker() -> None:

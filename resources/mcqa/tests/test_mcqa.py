@@ -17,9 +17,9 @@ from gym_runtime.messages import (
 from gym_runtime.resources.mcqa import MCQA, grade
 from gym_runtime.testing import (
     COMPAT,
-    differential_cases,
     example_rollouts,
     recorded_response,
+    reverify_differential,
     text_response,
     verify_once,
 )
@@ -61,11 +61,7 @@ async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> Non
 
 
 async def test_differential_cases_reproduce_nemo_gym() -> None:
-    cases = differential_cases("mcqa")
-    assert len(cases) >= 27
-    for row, case in cases:
-        v = await verify_once(MCQA, row, recorded_response(row.pop("response")))
-        assert (v.reward, v.fields) == (case["expected_reward"], case["expected_fields"]), case["case"]
+    await reverify_differential(MCQA, "mcqa", at_least=27)
 
 
 # ------------------------------------------------------------------ strict boxed
