@@ -110,9 +110,9 @@ def test_letters_come_from_options_with_text() -> None:
 # ------------------------------------------------------------------ lenient modes
 
 
-@pytest.mark.parametrize(
-    ("text", "letter"),
-    [
+# The lenient modes a row may name: each mode's (text, extracted letter) cases.
+ROW_MODES: dict[str, list[tuple[str, str | None]]] = {
+    "lenient_boxed": [
         (r"\boxed{B}", "B"),
         (r"\boxed{  TRIANGLE }", "C"),
         (r"\boxed{\text{circle}}", "A"),
@@ -121,14 +121,7 @@ def test_letters_come_from_options_with_text() -> None:
         (r"\boxed{Hexagon}", None),
         ("Triangle", None),  # only inside a box
     ],
-)
-def test_lenient_boxed(text: str, letter: str | None) -> None:
-    assert extracted(text, {**ROW, "grading_mode": "lenient_boxed"}) == letter
-
-
-@pytest.mark.parametrize(
-    ("text", "letter"),
-    [
+    "lenient_answer_colon": [
         ("Answer: B", "B"),
         ("reasoning\nanswer:   b", "B"),
         ("Answer: square", "B"),
@@ -138,9 +131,14 @@ def test_lenient_boxed(text: str, letter: str | None) -> None:
         ("Answer: B because it has four sides", None),
         (r"\boxed{B}", None),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "letter"), [(mode, text, letter) for mode, cases in ROW_MODES.items() for text, letter in cases]
 )
-def test_lenient_answer_colon(text: str, letter: str | None) -> None:
-    assert extracted(text, {**ROW, "grading_mode": "lenient_answer_colon"}) == letter
+def test_lenient_modes_a_row_names(mode: str, text: str, letter: str | None) -> None:
+    assert extracted(text, {**ROW, "grading_mode": mode}) == letter
 
 
 @pytest.mark.parametrize(
