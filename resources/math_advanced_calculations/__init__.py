@@ -37,7 +37,7 @@ order, duplicates and extra outputs do not matter). No extra fields.
 
 from __future__ import annotations
 
-import functools
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -102,16 +102,45 @@ _CALCULATORS: dict[str, Callable[..., Any]] = {
 _REQUEST_FIELDS = ("a", "b", "radians", "base")
 
 
-def _calculator(stub: Callable[..., Any]) -> Callable[..., Any]:
-    """A tool computing the altered calculator of the stub's name. The stub's signature and docstring are
-    what a model is offered (NeMo Gym's schema); its body is never run."""
-    calculate = _CALCULATORS[stub.__name__]
+# What a model is told of each calculator (NeMo Gym's tool descriptions). Its parameters are the calculator's,
+# each a number.
+_DESCRIPTIONS = {
+    "multiply": "Multiply two numbers; a * b.",
+    "divide": "Divide two numbers; a / b. Division is neither commutative nor associative.",
+    "add": "Add two numbers; a + b.",
+    "sin": "The sine of an angle in radians.",
+    "cos": "The cosine of an angle in radians.",
+    "subtract": "Subtract two numbers; a - b.",
+    "power": "Raise a number to a power; a ** b.",
+    "log": "Take the log of a number; log(a, base). The base is always positive in this alternate universe.",
+    "pi": "Returns a precise value of PI for this alternate universe.",
+    "negate": "Negate a number; -a.",
+    "return_constant": "Return a constant number: a with no modifications",
+}
 
-    @functools.wraps(stub)
+
+def _calculator_tool(name: str) -> Callable[..., Any]:
+    """The tool method offering calculator ``name``: its parameters as numbers, its description."""
+    calculate = _CALCULATORS[name]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    numbers = [inspect.Parameter(p, kind, annotation=float) for p in inspect.signature(calculate).parameters]
+
     async def run(self: Any, *args: Any, **kwargs: Any) -> float:
         return calculate(*args, **kwargs)
 
-    return tool(run)
+    run.__name__ = run.__qualname__ = name
+    run.__annotations__ = {p.name: float for p in numbers} | {"return": float}
+    self_ = inspect.Parameter("self", kind)
+    run.__signature__ = inspect.Signature([self_, *numbers], return_annotation=float)  # type: ignore[attr-defined]
+    return tool(run, description=_DESCRIPTIONS[name])
+
+
+class _CalculatorTools:
+    """The calculators as tool methods, one for each (a Resource finds its tools among its classes' attributes)."""
+
+
+for _name in _CALCULATORS:
+    setattr(_CalculatorTools, _name, _calculator_tool(_name))
 
 
 def _lax_float(name: str, value: Any) -> float:
@@ -145,55 +174,11 @@ class MathAdvancedTask(msgspec.Struct, kw_only=True):
     ground_truth: str
 
 
-class MathAdvancedCalculations(Resource):
+class MathAdvancedCalculations(_CalculatorTools, Resource):
     """Stateless: tools are pure functions and verify reads only the response."""
 
     task_fields = MathAdvancedTask
     tool_arguments = "nemo_gym"  # NeMo Gym's pydantic argument semantics (runtime/resource.py)
-
-    @_calculator
-    def multiply(self, a: float, b: float) -> Any:
-        """Multiply two numbers; a * b."""
-
-    @_calculator
-    def divide(self, a: float, b: float) -> Any:
-        """Divide two numbers; a / b. Division is neither commutative nor associative."""
-
-    @_calculator
-    def add(self, a: float, b: float) -> Any:
-        """Add two numbers; a + b."""
-
-    @_calculator
-    def sin(self, radians: float) -> Any:
-        """The sine of an angle in radians."""
-
-    @_calculator
-    def cos(self, radians: float) -> Any:
-        """The cosine of an angle in radians."""
-
-    @_calculator
-    def subtract(self, a: float, b: float) -> Any:
-        """Subtract two numbers; a - b."""
-
-    @_calculator
-    def power(self, a: float, b: float) -> Any:
-        """Raise a number to a power; a ** b."""
-
-    @_calculator
-    def log(self, a: float, base: float) -> Any:
-        """Take the log of a number; log(a, base). The base is always positive in this alternate universe."""
-
-    @_calculator
-    def pi(self) -> Any:
-        """Returns a precise value of PI for this alternate universe."""
-
-    @_calculator
-    def negate(self, a: float) -> Any:
-        """Negate a number; -a."""
-
-    @_calculator
-    def return_constant(self, a: float) -> Any:
-        """Return a constant number: a with no modifications"""
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         """Run a calculator with NeMo Gym's lenient argument handling and output shape."""

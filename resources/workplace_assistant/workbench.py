@@ -117,11 +117,6 @@ def _next_id(frame: pd.DataFrame, column: str) -> str:
     return str(int(frame[column].max()) + 1).zfill(8)
 
 
-def _with_row(frame: pd.DataFrame, *, keep_index: bool = False, **row: Any) -> pd.DataFrame:
-    """``frame`` with ``row`` appended (re-indexed, or the new row at its own index 0 with ``keep_index``)."""
-    return pd.concat([frame, pd.DataFrame({k: [v] for k, v in row.items()})], ignore_index=not keep_index)
-
-
 def _dated(frame: pd.DataFrame, column: str, low: Any, high: Any) -> pd.DataFrame:
     """Rows whose ``column`` (a date string) lies in [low, high], compared as strings."""
     if low:
@@ -327,15 +322,16 @@ class Workbench:
         if refusal:
             return refusal
         event_id = _next_id(self.calendar, "event_id")
-        self.calendar = _with_row(  # NeMo Gym keeps the new row's own index (0)
-            self.calendar,
-            keep_index=True,
-            event_id=event_id,
-            event_name=event_name,
-            participant_email=participant_email.lower(),
-            event_start=event_start,
-            duration=duration,
+        row = pd.DataFrame(
+            {
+                "event_id": [event_id],
+                "event_name": [event_name],
+                "participant_email": [participant_email.lower()],
+                "event_start": [event_start],
+                "duration": [duration],
+            }
         )
+        self.calendar = pd.concat([self.calendar, row])  # NeMo Gym keeps the new row's own index (0)
         return event_id
 
     def calendar_delete_event(self, event_id=None):
@@ -458,15 +454,17 @@ class Workbench:
         if board not in BOARDS:
             return "Board not valid. Please choose from: 'Back end', 'Front end', 'Design'."
         task_id = _next_id(self.tasks, "task_id")
-        self.tasks = _with_row(
-            self.tasks,
-            task_id=task_id,
-            task_name=task_name,
-            assigned_to_email=assigned_to_email,
-            list_name=list_name,
-            due_date=due_date,
-            board=board,
+        row = pd.DataFrame(
+            {
+                "task_id": [task_id],
+                "task_name": [task_name],
+                "assigned_to_email": [assigned_to_email],
+                "list_name": [list_name],
+                "due_date": [due_date],
+                "board": [board],
+            }
         )
+        self.tasks = pd.concat([self.tasks, row], ignore_index=True)
         return task_id
 
     def project_management_delete_task(self, task_id=None):
@@ -567,19 +565,21 @@ class Workbench:
         if customer_email:
             customer_email = customer_email.lower()
         customer_id = _next_id(self.crm, "customer_id")
-        self.crm = _with_row(
-            self.crm,
-            customer_id=customer_id,
-            customer_name=customer_name,
-            customer_email=customer_email,
-            customer_phone=customer_phone,
-            last_contact_date=last_contact_date,
-            product_interest=product_interest,
-            status=status,
-            assigned_to_email=assigned_to_email,
-            notes=notes,
-            follow_up_by=follow_up_by,
+        row = pd.DataFrame(
+            {
+                "customer_id": [customer_id],
+                "customer_name": [customer_name],
+                "customer_email": [customer_email],
+                "customer_phone": [customer_phone],
+                "last_contact_date": [last_contact_date],
+                "product_interest": [product_interest],
+                "status": [status],
+                "assigned_to_email": [assigned_to_email],
+                "notes": [notes],
+                "follow_up_by": [follow_up_by],
+            }
         )
+        self.crm = pd.concat([self.crm, row], ignore_index=True)
         return customer_id
 
     def customer_relationship_manager_delete_customer(self, customer_id=None):
