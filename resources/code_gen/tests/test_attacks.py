@@ -263,22 +263,6 @@ async def test_abstract_unix_socket_is_unreachable() -> None:
             server.accept()
 
 
-async def test_netlink_packet_and_inet_sockets_are_denied() -> None:
-    code = (
-        "import socket\n"
-        "res = []\n"
-        "for fam, typ in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM),\n"
-        "                 (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)]:\n"
-        "    try:\n"
-        "        socket.socket(fam, typ); res.append('open')\n"
-        "    except OSError:\n"
-        "        res.append('blocked')\n"
-        "print(' '.join(res))"
-    )
-    out = await attack(stdio_task(["\n"], ["open open open open\n"]), code)
-    assert printed(out) == "blocked blocked blocked blocked\n"
-
-
 async def test_socketpair_and_asyncio_still_work() -> None:
     env = await session(**FAST)
     code = (
@@ -345,26 +329,54 @@ async def test_cannot_signal_the_worker() -> None:
     await still_works(env)  # and this process (the worker) is still here
 
 
-async def test_user_namespace_gives_no_capabilities() -> None:
-    code = (
-        "import ctypes\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "r = libc.unshare(0x10000000)\n"
-        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]\n"
-        "print('unshare', r, 'CapEff', caps)"
-    )
-    out = await attack(stdio_task(["\n"], ["unshare 0 CapEff 000001ffffffffff\n"]), code)
-    assert printed(out) == "unshare -1 CapEff 0000000000000000\n"
+# Programs that print what they reached or gained: (program, what it would print were the attack to work, what
+# it prints).
+DENIED = [
+    pytest.param(
+        (
+            "import socket\n"
+            "res = []\n"
+            "for fam, typ in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM),\n"
+            "                 (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)]:\n"
+            "    try:\n"
+            "        socket.socket(fam, typ); res.append('open')\n"
+            "    except OSError:\n"
+            "        res.append('blocked')\n"
+            "print(' '.join(res))"
+        ),
+        "open open open open\n",
+        "blocked blocked blocked blocked\n",
+        id="netlink_packet_and_inet_sockets_are_denied",
+    ),
+    pytest.param(
+        (
+            "import ctypes\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.unshare(0x10000000)\n"
+            "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]\n"
+            "print('unshare', r, 'CapEff', caps)"
+        ),
+        "unshare 0 CapEff 000001ffffffffff\n",
+        "unshare -1 CapEff 0000000000000000\n",
+        id="user_namespace_gives_no_capabilities",
+    ),
+    pytest.param(
+        (
+            "import os\n"
+            "st = {l.split(':')[0]: l.split()[1:] for l in open('/proc/self/status')}\n"
+            "print('root' if 0 in os.getresuid() else 'user', st['CapEff'][0], st['CapPrm'][0], st['CapBnd'][0])"
+        ),
+        "root\n",
+        "user 0000000000000000 0000000000000000 0000000000000000\n",
+        id="not_root_inside",
+    ),
+]
 
 
-async def test_not_root_inside() -> None:
-    code = (
-        "import os\n"
-        "st = {l.split(':')[0]: l.split()[1:] for l in open('/proc/self/status')}\n"
-        "print('root' if 0 in os.getresuid() else 'user', st['CapEff'][0], st['CapPrm'][0], st['CapBnd'][0])"
-    )
-    out = await attack(stdio_task(["\n"], ["root\n"]), code)
-    assert printed(out) == "user 0000000000000000 0000000000000000 0000000000000000\n"
+@pytest.mark.parametrize(("code", "claims", "prints"), DENIED)
+async def test_denied(code: str, claims: str, prints: str) -> None:
+    out = await attack(stdio_task(["\n"], [claims]), code)
+    assert printed(out) == prints
 
 
 # A program's child processes (bash, then the project's Python) lose the sandbox process's
