@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,10 +126,13 @@ async def replay_tool_calls(inst: Resource, response: Response) -> int:
     return len(produced)
 
 
-async def reverify_rollouts(cls: type[R], pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[R, int]]:
+async def reverify_rollouts(
+    cls: type[R], pairs: list[tuple[dict[str, Any], dict[str, Any]]], fields: Iterable[str] | None = None
+) -> list[tuple[R, int]]:
     """Replay each recorded rollout's tool calls in a session seeded with its task row, then verify: the
-    reward and the extra fields must be the recorded ones (compared as JSON, which tells True from 1 and
-    1.0 from 1). Returns each rollout's session and how many calls it replayed, for further checks."""
+    reward and the extra fields (``fields``; by default all the row's keys but ``ROLLOUT_KEYS``) must be the
+    recorded ones, compared as JSON (which tells True from 1 and 1.0 from 1). Returns each rollout's session
+    and how many calls it replayed, for further checks."""
     sessions = []
     for i, (task, rollout) in enumerate(pairs):
         inst = await new_session(cls, row=task)
@@ -137,7 +141,8 @@ async def reverify_rollouts(cls: type[R], pairs: list[tuple[dict[str, Any], dict
         reward, fields = split_verdict(await inst.verify(task, response))
         assert isinstance(reward, float)
         assert reward == rollout["reward"], f"rollout {i}"
-        extras = {k: v for k, v in rollout.items() if k not in ROLLOUT_KEYS}
+        keys = [k for k in rollout if k not in ROLLOUT_KEYS] if fields is None else fields
+        extras = {k: rollout[k] for k in keys}
         assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
         sessions.append((inst, replayed))
     return sessions
