@@ -263,19 +263,41 @@ async def test_abstract_unix_socket_is_unreachable() -> None:
             server.accept()
 
 
-async def test_socketpair_and_asyncio_still_work() -> None:
-    env = await session(**FAST)
-    code = (
-        "import asyncio, socket\n"
-        "a, b = socket.socketpair()\n"
-        "a.send(b'x')\n"
-        "assert b.recv(1) == b'x'\n"
-        "async def main():\n"
-        "    await asyncio.sleep(0)\n"
-        "    x, y = map(int, input().split())\n"
-        "    return x + y\n"
-        "print(asyncio.run(main()))"
-    )
+# Correct programs that use what the sandbox must still allow: (the session's options, the program).
+ALLOWED = [
+    pytest.param(
+        FAST,
+        (
+            "import asyncio, socket\n"
+            "a, b = socket.socketpair()\n"
+            "a.send(b'x')\n"
+            "assert b.recv(1) == b'x'\n"
+            "async def main():\n"
+            "    await asyncio.sleep(0)\n"
+            "    x, y = map(int, input().split())\n"
+            "    return x + y\n"
+            "print(asyncio.run(main()))"
+        ),
+        id="socketpair_and_asyncio",
+    ),
+    pytest.param(
+        {**FAST, "use_cgroup": False},
+        (
+            "import threading\n"
+            "out = []\n"
+            "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "a, b = map(int, input().split())\n"
+            "print(a + b + len(out) - 8)"
+        ),
+        id="many_threads_under_the_fallback",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "code"), ALLOWED)
+async def test_what_the_sandbox_must_allow_still_works(options: dict[str, Any], code: str) -> None:
+    env = await session(**options)
     out = await env.verify(ADD, fenced(code))
     assert out.reward == 1.0, out.fields
 
@@ -659,20 +681,6 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-async def test_many_threads_still_work_under_the_fallback() -> None:
-    env = await session(**{**FAST, "use_cgroup": False})
-    code = (
-        "import threading\n"
-        "out = []\n"
-        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
-        "[t.start() for t in ts]; [t.join() for t in ts]\n"
-        "a, b = map(int, input().split())\n"
-        "print(a + b + len(out) - 8)"
-    )
-    out = await env.verify(ADD, fenced(code))
-    assert out.reward == 1.0, out.fields
 
 
 async def test_deeply_nested_message_on_the_channel() -> None:
