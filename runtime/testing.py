@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ __all__ = [
     "MemoryMessage",
     "MemoryTransport",
     "MemoryWire",
+    "ROLLOUT_KEYS",
     "ScriptedJudge",
     "compat_dir",
     "differential_cases",
@@ -50,6 +52,8 @@ __all__ = [
     "read_jsonl",
     "recorded_response",
     "replay_tool_calls",
+    "reverify_differential",
+    "reverify_rollouts",
     "split_verdict",
     "subject_matches",
     "text_response",
@@ -59,6 +63,8 @@ __all__ = [
 R = TypeVar("R", bound=Resource)
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
 CASE_KEYS = ("expected_reward", "expected_fields", "case")
+# What a recorded rollout row holds besides the verifier's extra fields.
+ROLLOUT_KEYS = ("responses_create_params", "response", "reward")
 
 REPO = Path(__file__).resolve().parents[1]
 # The compat data lives in the repository (tests/compat, with its notice); GYM_COMPAT_DIR points elsewhere.
@@ -120,6 +126,28 @@ async def replay_tool_calls(inst: Resource, response: Response) -> int:
     return len(produced)
 
 
+async def reverify_rollouts(
+    cls: type[R], pairs: list[tuple[dict[str, Any], dict[str, Any]]], fields: Iterable[str] | None = None
+) -> list[tuple[R, int]]:
+    """Replay each recorded rollout's tool calls in a session seeded with its task row, then verify: the
+    reward and the extra fields (``fields``; by default all the row's keys but ``ROLLOUT_KEYS``) must be the
+    recorded ones, compared as JSON (which tells True from 1 and 1.0 from 1). Returns each rollout's session
+    and how many calls it replayed, for further checks."""
+    sessions = []
+    for i, (task, rollout) in enumerate(pairs):
+        inst = await new_session(cls, row=task)
+        response = recorded_response(rollout["response"])
+        replayed = await replay_tool_calls(inst, response)
+        reward, fields = split_verdict(await inst.verify(task, response))
+        assert isinstance(reward, float)
+        assert reward == rollout["reward"], f"rollout {i}"
+        keys = [k for k in rollout if k not in ROLLOUT_KEYS] if fields is None else fields
+        extras = {k: rollout[k] for k in keys}
+        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+        sessions.append((inst, replayed))
+    return sessions
+
+
 def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
     """(reward, extra fields) of whatever ``verify`` returned."""
     return (out.reward, out.fields) if isinstance(out, Verdict) else (float(out), {})
@@ -130,6 +158,17 @@ def differential_cases(env: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     case without NeMo Gym's expectations (``CASE_KEYS``), which stay on the case."""
     cases = read_jsonl(compat_dir("differential", f"{env}.jsonl"))
     return [({k: v for k, v in c.items() if k not in CASE_KEYS}, c) for c in cases]
+
+
+async def reverify_differential(cls: type[Resource], env: str, *, at_least: int, tolerance: float = 0.0) -> None:
+    """Verify each of ``differential_cases(env)`` (at least ``at_least`` of them) in a fresh session: its
+    reward (within ``tolerance``) and its extra fields must be NeMo Gym's."""
+    cases = differential_cases(env)
+    assert len(cases) >= at_least, f"{len(cases)} differential cases for {env}"
+    for row, case in cases:
+        v = await verify_once(cls, row, recorded_response(row.pop("response")))
+        assert abs(v.reward - case["expected_reward"]) <= tolerance, case["case"]
+        assert v.fields == case["expected_fields"], case["case"]
 
 
 def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:

@@ -37,6 +37,7 @@ order, duplicates and extra outputs do not matter). No extra fields.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -101,6 +102,47 @@ _CALCULATORS: dict[str, Callable[..., Any]] = {
 _REQUEST_FIELDS = ("a", "b", "radians", "base")
 
 
+# What a model is told of each calculator (NeMo Gym's tool descriptions). Its parameters are the calculator's,
+# each a number.
+_DESCRIPTIONS = {
+    "multiply": "Multiply two numbers; a * b.",
+    "divide": "Divide two numbers; a / b. Division is neither commutative nor associative.",
+    "add": "Add two numbers; a + b.",
+    "sin": "The sine of an angle in radians.",
+    "cos": "The cosine of an angle in radians.",
+    "subtract": "Subtract two numbers; a - b.",
+    "power": "Raise a number to a power; a ** b.",
+    "log": "Take the log of a number; log(a, base). The base is always positive in this alternate universe.",
+    "pi": "Returns a precise value of PI for this alternate universe.",
+    "negate": "Negate a number; -a.",
+    "return_constant": "Return a constant number: a with no modifications",
+}
+
+
+def _calculator_tool(name: str) -> Callable[..., Any]:
+    """The tool method offering calculator ``name``: its parameters as numbers, its description."""
+    calculate = _CALCULATORS[name]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    numbers = [inspect.Parameter(p, kind, annotation=float) for p in inspect.signature(calculate).parameters]
+
+    async def run(self: Any, *args: Any, **kwargs: Any) -> float:
+        return calculate(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = name
+    run.__annotations__ = {p.name: float for p in numbers} | {"return": float}
+    self_ = inspect.Parameter("self", kind)
+    run.__signature__ = inspect.Signature([self_, *numbers], return_annotation=float)  # type: ignore[attr-defined]
+    return tool(run, description=_DESCRIPTIONS[name])
+
+
+class _CalculatorTools:
+    """The calculators as tool methods, one for each (a Resource finds its tools among its classes' attributes)."""
+
+
+for _name in _CALCULATORS:
+    setattr(_CalculatorTools, _name, _calculator_tool(_name))
+
+
 def _lax_float(name: str, value: Any) -> float:
     """A float the way pydantic's lax mode makes one, or a refusal naming the argument."""
     if isinstance(value, (bool, int, float)):
@@ -132,66 +174,11 @@ class MathAdvancedTask(msgspec.Struct, kw_only=True):
     ground_truth: str
 
 
-class MathAdvancedCalculations(Resource):
+class MathAdvancedCalculations(_CalculatorTools, Resource):
     """Stateless: tools are pure functions and verify reads only the response."""
 
     task_fields = MathAdvancedTask
     tool_arguments = "nemo_gym"  # NeMo Gym's pydantic argument semantics (runtime/resource.py)
-
-    @tool
-    async def multiply(self, a: float, b: float) -> float:
-        """Multiply two numbers; a * b."""
-        return multiply(a, b)
-
-    @tool
-    async def divide(self, a: float, b: float) -> float:
-        """Divide two numbers; a / b. Division is neither commutative nor associative."""
-        return divide(a, b)
-
-    @tool
-    async def add(self, a: float, b: float) -> float:
-        """Add two numbers; a + b."""
-        return add(a, b)
-
-    @tool
-    async def sin(self, radians: float) -> float:
-        """The sine of an angle in radians."""
-        return sin(radians)
-
-    @tool
-    async def cos(self, radians: float) -> float:
-        """The cosine of an angle in radians."""
-        return cos(radians)
-
-    @tool
-    async def subtract(self, a: float, b: float) -> float:
-        """Subtract two numbers; a - b."""
-        return subtract(a, b)
-
-    @tool
-    async def power(self, a: float, b: float) -> float:
-        """Raise a number to a power; a ** b."""
-        return power(a, b)
-
-    @tool
-    async def log(self, a: float, base: float) -> float:
-        """Take the log of a number; log(a, base). The base is always positive in this alternate universe."""
-        return log(a, base)
-
-    @tool
-    async def pi(self) -> float:
-        """Returns a precise value of PI for this alternate universe."""
-        return pi()
-
-    @tool
-    async def negate(self, a: float) -> float:
-        """Negate a number; -a."""
-        return negate(a)
-
-    @tool
-    async def return_constant(self, a: float) -> float:
-        """Return a constant number: a with no modifications"""
-        return return_constant(a)
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         """Run a calculator with NeMo Gym's lenient argument handling and output shape."""

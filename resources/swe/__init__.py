@@ -37,7 +37,7 @@ from gym_runtime.resource import parse_options as _parse_options
 from .containers import ContainerCommands, Engine
 from .environments import Backend, CommandResult, ContainerBackend, Environment, EnvironmentError_, LocalBackend
 from .fleet import FleetBackend
-from .grading import grade
+from .grading import Report, grade
 
 __all__ = ["SWE", "SWEOptions", "format_observation", "make_backend", "parse_options"]
 
@@ -120,6 +120,13 @@ def format_observation(res: CommandResult, max_chars: int, timeout_s: float) -> 
 
 def parse_options(raw: dict[str, Any]) -> SWEOptions:
     return _parse_options(raw, SWEOptions, "swe")
+
+
+async def grade_with(opts: SWEOptions, backend: Backend, task: dict[str, Any], patch: str) -> Report:
+    """``grading.grade`` under the options' evaluation timeout, test command and log parser."""
+    return await grade(
+        backend, task, patch, timeout_s=opts.eval_timeout_s, test_command=opts.test_command, log_parser=opts.log_parser
+    )
 
 
 class SWETask(msgspec.Struct, kw_only=True):
@@ -209,15 +216,7 @@ class SWE(Resource):
         except EnvironmentError_:
             patch = ""
         await self.close()  # free the slot before grading in a fresh environment
-        o = self._opts
-        report = await grade(
-            self.session_backend(),
-            task,
-            patch,
-            timeout_s=o.eval_timeout_s,
-            test_command=o.test_command,
-            log_parser=o.log_parser,
-        )
+        report = await grade_with(self._opts, self.session_backend(), task, patch)
         fields = {"instance_id": task.get("instance_id"), "model_patch": patch, **report.fields()}
         return Verdict(reward=1.0 if report.resolved else 0.0, fields=fields)
 

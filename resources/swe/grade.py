@@ -20,8 +20,7 @@ from typing import Any
 
 import anyio
 
-from . import SWE, parse_options
-from .grading import grade
+from . import SWE, grade_with, parse_options
 
 
 def _rows(path: str, limit: int | None) -> list[dict[str, Any]]:
@@ -44,14 +43,7 @@ async def _grade_all(rows: list[dict[str, Any]], field: str, options: dict[str, 
         if not isinstance(patch, str):
             print(f"{row.get('instance_id', '?')}: no {field!r} field, skipped")
             continue
-        report = await grade(
-            SWE.backend(),
-            row,
-            patch,
-            timeout_s=opts.eval_timeout_s,
-            test_command=opts.test_command,
-            log_parser=opts.log_parser,
-        )
+        report = await grade_with(opts, SWE.backend(), row, patch)
         st = report.tests_status
         counts = " ".join(f"{k} {len(v['success'])}/{len(v['success']) + len(v['failure'])}" for k, v in st.items())
         verdict = "resolved" if report.resolved else "UNRESOLVED"

@@ -23,8 +23,11 @@ operation answers ``{"output": "Error executing tool '<name>': <error>"}``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -97,6 +100,24 @@ def run_calls(bench: Workbench, calls: Any) -> None:
             continue
 
 
+def _operation(stub: Callable[..., Any]) -> Callable[..., Any]:
+    """A tool that runs the ``Workbench`` operation of the stub's name with the stub's arguments.
+
+    The stub's signature and docstring are what a model is offered (NeMo Gym's schemas: which
+    arguments are required, and their types); its body is never run.
+    """
+    signature = inspect.signature(stub)
+
+    @functools.wraps(stub)
+    async def run(self: WorkplaceAssistant, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        del bound.arguments["self"]
+        return await self._run(stub.__name__, **bound.arguments)
+
+    return tool(run)
+
+
 class WorkplaceTask(msgspec.Struct, kw_only=True):
     """The task fields verify reads: the reference calls."""
 
@@ -151,20 +172,18 @@ class WorkplaceAssistant(Resource):
         run_calls(reference, ground_truth if isinstance(ground_truth, list) else [])
         return 1.0 if same_state(predicted, reference) else 0.0
 
-    # ---- the tools, as offered to a model (call_tool above runs them)
+    # ---- the tools, as offered to a model (call_tool above runs them; _operation below)
 
-    @tool
-    async def company_directory_find_email_address(self, name: str = "") -> Any:
+    @_operation
+    def company_directory_find_email_address(self, name: str = "") -> Any:
         """Finds all email addresses containing the given name (case-insensitive search)."""
-        return await self._run("company_directory_find_email_address", name=name)
 
-    @tool
-    async def email_get_email_information_by_id(self, email_id: str, field: str) -> Any:
+    @_operation
+    def email_get_email_information_by_id(self, email_id: str, field: str) -> Any:
         """Retrieves specific details of an email by its ID."""
-        return await self._run("email_get_email_information_by_id", email_id=email_id, field=field)
 
-    @tool
-    async def email_search_emails(
+    @_operation
+    def email_search_emails(
         self,
         query: str = "",
         date_min: str | None = None,
@@ -173,37 +192,29 @@ class WorkplaceAssistant(Resource):
         page_size: int = 5,
     ) -> Any:
         """Searches for emails matching the given query across subject, body, or sender fields. The function matches an email if all words in the query appear in any of these fields."""
-        return await self._run(
-            "email_search_emails", query=query, date_min=date_min, date_max=date_max, page=page, page_size=page_size
-        )
 
-    @tool
-    async def email_send_email(self, recipient: str, subject: str, body: str) -> Any:
+    @_operation
+    def email_send_email(self, recipient: str, subject: str, body: str) -> Any:
         """Sends an email to the specified recipient."""
-        return await self._run("email_send_email", recipient=recipient, subject=subject, body=body)
 
-    @tool
-    async def email_delete_email(self, email_id: str) -> Any:
+    @_operation
+    def email_delete_email(self, email_id: str) -> Any:
         """Deletes an email by its ID."""
-        return await self._run("email_delete_email", email_id=email_id)
 
-    @tool
-    async def email_forward_email(self, email_id: str, recipient: str) -> Any:
+    @_operation
+    def email_forward_email(self, email_id: str, recipient: str) -> Any:
         """Forwards an email to the specified recipient."""
-        return await self._run("email_forward_email", email_id=email_id, recipient=recipient)
 
-    @tool
-    async def email_reply_email(self, email_id: str, body: str) -> Any:
+    @_operation
+    def email_reply_email(self, email_id: str, body: str) -> Any:
         """Replies to an email by its ID."""
-        return await self._run("email_reply_email", email_id=email_id, body=body)
 
-    @tool
-    async def calendar_get_event_information_by_id(self, event_id: str, field: str) -> Any:
+    @_operation
+    def calendar_get_event_information_by_id(self, event_id: str, field: str) -> Any:
         """Returns the event for a given ID."""
-        return await self._run("calendar_get_event_information_by_id", event_id=event_id, field=field)
 
-    @tool
-    async def calendar_search_events(
+    @_operation
+    def calendar_search_events(
         self,
         query: str = "",
         time_min: str | None = None,
@@ -212,82 +223,51 @@ class WorkplaceAssistant(Resource):
         page_size: int = 5,
     ) -> Any:
         """Returns the events for a given query with pagination support."""
-        return await self._run(
-            "calendar_search_events", query=query, time_min=time_min, time_max=time_max, page=page, page_size=page_size
-        )
 
-    @tool
-    async def calendar_create_event(
-        self, event_name: str, participant_email: str, event_start: str, duration: str
-    ) -> Any:
+    @_operation
+    def calendar_create_event(self, event_name: str, participant_email: str, event_start: str, duration: str) -> Any:
         """Creates a new event."""
-        return await self._run(
-            "calendar_create_event",
-            event_name=event_name,
-            participant_email=participant_email,
-            event_start=event_start,
-            duration=duration,
-        )
 
-    @tool
-    async def calendar_delete_event(self, event_id: str) -> Any:
+    @_operation
+    def calendar_delete_event(self, event_id: str) -> Any:
         """Deletes an event."""
-        return await self._run("calendar_delete_event", event_id=event_id)
 
-    @tool
-    async def calendar_update_event(self, event_id: str, field: str, new_value: str) -> Any:
+    @_operation
+    def calendar_update_event(self, event_id: str, field: str, new_value: str) -> Any:
         """Updates an event."""
-        return await self._run("calendar_update_event", event_id=event_id, field=field, new_value=new_value)
 
-    @tool
-    async def analytics_get_visitor_information_by_id(self, visitor_id: str) -> Any:
+    @_operation
+    def analytics_get_visitor_information_by_id(self, visitor_id: str) -> Any:
         """Returns the analytics data for a given visitor ID."""
-        return await self._run("analytics_get_visitor_information_by_id", visitor_id=visitor_id)
 
-    @tool
-    async def analytics_create_plot(self, time_min: str, time_max: str, value_to_plot: str, plot_type: str) -> Any:
+    @_operation
+    def analytics_create_plot(self, time_min: str, time_max: str, value_to_plot: str, plot_type: str) -> Any:
         """Plots the analytics data for a given time range and value."""
-        return await self._run(
-            "analytics_create_plot",
-            time_min=time_min,
-            time_max=time_max,
-            value_to_plot=value_to_plot,
-            plot_type=plot_type,
-        )
 
-    @tool
-    async def analytics_total_visits_count(self, time_min: str | None = None, time_max: str | None = None) -> Any:
+    @_operation
+    def analytics_total_visits_count(self, time_min: str | None = None, time_max: str | None = None) -> Any:
         """Returns the total number of visits within a specified time range."""
-        return await self._run("analytics_total_visits_count", time_min=time_min, time_max=time_max)
 
-    @tool
-    async def analytics_engaged_users_count(self, time_min: str | None = None, time_max: str | None = None) -> Any:
+    @_operation
+    def analytics_engaged_users_count(self, time_min: str | None = None, time_max: str | None = None) -> Any:
         """Returns the number of engaged users within a specified time range."""
-        return await self._run("analytics_engaged_users_count", time_min=time_min, time_max=time_max)
 
-    @tool
-    async def analytics_traffic_source_count(
+    @_operation
+    def analytics_traffic_source_count(
         self, time_min: str | None = None, time_max: str | None = None, traffic_source: str | None = None
     ) -> Any:
         """Returns the number of visits from a specific traffic source within a specified time range."""
-        return await self._run(
-            "analytics_traffic_source_count", time_min=time_min, time_max=time_max, traffic_source=traffic_source
-        )
 
-    @tool
-    async def analytics_get_average_session_duration(
-        self, time_min: str | None = None, time_max: str | None = None
-    ) -> Any:
+    @_operation
+    def analytics_get_average_session_duration(self, time_min: str | None = None, time_max: str | None = None) -> Any:
         """Returns the average session duration within a specified time range."""
-        return await self._run("analytics_get_average_session_duration", time_min=time_min, time_max=time_max)
 
-    @tool
-    async def project_management_get_task_information_by_id(self, task_id: str, field: str) -> Any:
+    @_operation
+    def project_management_get_task_information_by_id(self, task_id: str, field: str) -> Any:
         """Returns the task information for a given ID."""
-        return await self._run("project_management_get_task_information_by_id", task_id=task_id, field=field)
 
-    @tool
-    async def project_management_search_tasks(
+    @_operation
+    def project_management_search_tasks(
         self,
         task_name: str | None = None,
         assigned_to_email: str | None = None,
@@ -296,41 +276,23 @@ class WorkplaceAssistant(Resource):
         board: str | None = None,
     ) -> Any:
         """Searches for tasks based on the given parameters."""
-        return await self._run(
-            "project_management_search_tasks",
-            task_name=task_name,
-            assigned_to_email=assigned_to_email,
-            list_name=list_name,
-            due_date=due_date,
-            board=board,
-        )
 
-    @tool
-    async def project_management_create_task(
+    @_operation
+    def project_management_create_task(
         self, task_name: str, assigned_to_email: str, list_name: str, due_date: str, board: str
     ) -> Any:
         """Creates a new task."""
-        return await self._run(
-            "project_management_create_task",
-            task_name=task_name,
-            assigned_to_email=assigned_to_email,
-            list_name=list_name,
-            due_date=due_date,
-            board=board,
-        )
 
-    @tool
-    async def project_management_delete_task(self, task_id: str) -> Any:
+    @_operation
+    def project_management_delete_task(self, task_id: str) -> Any:
         """Deletes a task by ID."""
-        return await self._run("project_management_delete_task", task_id=task_id)
 
-    @tool
-    async def project_management_update_task(self, task_id: str, field: str, new_value: str) -> Any:
+    @_operation
+    def project_management_update_task(self, task_id: str, field: str, new_value: str) -> Any:
         """Updates a task by ID."""
-        return await self._run("project_management_update_task", task_id=task_id, field=field, new_value=new_value)
 
-    @tool
-    async def customer_relationship_manager_search_customers(
+    @_operation
+    def customer_relationship_manager_search_customers(
         self,
         customer_name: str | None = None,
         customer_email: str | None = None,
@@ -345,30 +307,13 @@ class WorkplaceAssistant(Resource):
         page_size: int = 5,
     ) -> Any:
         """Searches for customers based on the given parameters with pagination support."""
-        return await self._run(
-            "customer_relationship_manager_search_customers",
-            customer_name=customer_name,
-            customer_email=customer_email,
-            product_interest=product_interest,
-            status=status,
-            assigned_to_email=assigned_to_email,
-            last_contact_date_min=last_contact_date_min,
-            last_contact_date_max=last_contact_date_max,
-            follow_up_by_min=follow_up_by_min,
-            follow_up_by_max=follow_up_by_max,
-            page=page,
-            page_size=page_size,
-        )
 
-    @tool
-    async def customer_relationship_manager_update_customer(self, customer_id: str, field: str, new_value: str) -> Any:
+    @_operation
+    def customer_relationship_manager_update_customer(self, customer_id: str, field: str, new_value: str) -> Any:
         """Updates a customer record by ID."""
-        return await self._run(
-            "customer_relationship_manager_update_customer", customer_id=customer_id, field=field, new_value=new_value
-        )
 
-    @tool
-    async def customer_relationship_manager_add_customer(
+    @_operation
+    def customer_relationship_manager_add_customer(
         self,
         customer_name: str,
         assigned_to_email: str,
@@ -381,23 +326,10 @@ class WorkplaceAssistant(Resource):
         follow_up_by: str | None = None,
     ) -> Any:
         """Adds a new customer record."""
-        return await self._run(
-            "customer_relationship_manager_add_customer",
-            customer_name=customer_name,
-            assigned_to_email=assigned_to_email,
-            status=status,
-            customer_email=customer_email,
-            customer_phone=customer_phone,
-            last_contact_date=last_contact_date,
-            product_interest=product_interest,
-            notes=notes,
-            follow_up_by=follow_up_by,
-        )
 
-    @tool
-    async def customer_relationship_manager_delete_customer(self, customer_id: str) -> Any:
+    @_operation
+    def customer_relationship_manager_delete_customer(self, customer_id: str) -> Any:
         """Deletes a customer record by ID."""
-        return await self._run("customer_relationship_manager_delete_customer", customer_id=customer_id)
 
     async def _run(self, name: str, /, **kwargs: Any) -> Any:
         """Direct Python use of a tool method: the operation's result (not JSON-encoded)."""

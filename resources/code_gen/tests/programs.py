@@ -28,6 +28,20 @@ def stdio_task(inputs: list[str], outputs: list[str]) -> dict[str, Any]:
 ADD = stdio_task(["1 2\n", "10 -3\n"], ["3\n", "7\n"])
 
 
+# The start of a program that tries system calls: ``tryit(name, number, *args)`` is "name=ok" or "name=<errno
+# name>" (the child of a clone that succeeded exits at once).
+SYSCALLS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def tryit(name, *args):
+    r = libc.syscall(*args)
+    e = ctypes.get_errno()
+    if r == 0 and name == 'clone':
+        os._exit(0)  # the child of a successful clone
+    return name + ('=ok' if r >= 0 else '=' + errno.errorcode.get(e, str(e)))
+"""
+
 FAST = {"unit_test_timeout_secs": 0.5, "wall_time_s": 3, "memory_mb": 1024, "max_parallel": 2}
 
 

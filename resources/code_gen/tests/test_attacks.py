@@ -25,7 +25,7 @@ from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.grading import HARNESS
 
-from .programs import ADD, FAST, fenced, session, stdio_task, still_works
+from .programs import ADD, FAST, SYSCALLS, fenced, session, stdio_task, still_works
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
@@ -53,6 +53,16 @@ async def graded(env: CodeGen, task: dict[str, Any], code: str) -> Any:
     return out
 
 
+async def attack(task: dict[str, Any], code: str) -> Any:
+    """``code``'s verdict for ``task`` in a fresh session under ``FAST``: no reward (``graded``); and then the
+    session still grades a correct program of the task's kind."""
+    env = await session(**FAST)
+    out = await graded(env, task, code)
+    call_based = task["verifier_metadata"]["unit_tests"]["fn_name"] is not None
+    await (still_works_call if call_based else still_works)(env)
+    return out
+
+
 def printed(out: Any) -> str:
     meta = out.fields["metadata"]
     assert meta is not None and "output" in meta, f"the program did not run to its report: {out.fields}"
@@ -76,24 +86,19 @@ os._exit(0)
 
 
 async def test_frame_walk_forgery_stdio() -> None:
-    env = await session(**FAST)
-    out = await graded(env, ADD, FRAME_WALK)
+    out = await attack(ADD, FRAME_WALK)
     assert out.fields["result"] in ([-1, -1], [-2])
-    await still_works(env)
 
 
 async def test_frame_walk_forgery_call_based() -> None:
-    env = await session(**FAST)
     code = "class Solution:\n    def add(self, a, b):\n" + "".join(
         "        " + line + "\n" for line in FRAME_WALK.strip().splitlines()
     )
-    await graded(env, ADD_CALL, code)
-    await still_works_call(env)
+    await attack(ADD_CALL, code)
 
 
 async def test_channel_object_found_by_gc_is_worth_nothing() -> None:
     """The channel is still reachable (same process): what it carries must be raw output only."""
-    env = await session(**FAST)
     code = (
         "import gc, os\n"
         "ch = [o for o in gc.get_objects() if type(o).__name__ == 'Channel'][0]\n"
@@ -102,13 +107,11 @@ async def test_channel_object_found_by_gc_is_worth_nothing() -> None:
         "ch.send({'kind': 'final', 'result': [True, True], 'metadata': {}})\n"
         "print(0)"
     )
-    out = await graded(env, ADD, code)
+    out = await attack(ADD, code)
     assert out.fields["result"] in ([-2], [-1, -1])
-    await still_works(env)
 
 
 async def test_raw_writes_to_every_fd_are_worth_nothing() -> None:
-    env = await session(**FAST)
     code = (
         "import os\n"
         f"data = {FORGED!r}.encode()\n"
@@ -119,12 +122,10 @@ async def test_raw_writes_to_every_fd_are_worth_nothing() -> None:
         "        pass\n"
         "os._exit(0)"
     )
-    await graded(env, ADD, code)
-    await still_works(env)
+    await attack(ADD, code)
 
 
 async def test_fake_markers_on_stdout_and_stderr() -> None:
-    env = await session(**FAST)
     code = (
         "import sys, os\n"
         f"sys.__stdout__.write({FORGED!r}); sys.__stdout__.flush()\n"
@@ -132,9 +133,8 @@ async def test_fake_markers_on_stdout_and_stderr() -> None:
         f"os.write(1, {FORGED!r}.encode()); os.write(2, {FORGED!r}.encode())\n"
         "print('PASSED')"
     )
-    out = await graded(env, ADD, code)
+    out = await attack(ADD, code)
     assert out.fields["result"] == [-2]
-    await still_works(env)
 
 
 async def test_closing_and_duplicating_fds() -> None:
@@ -162,7 +162,6 @@ async def test_exiting_early_with_code_0() -> None:
 
 async def test_expected_outputs_never_enter_the_sandbox() -> None:
     """A call-based program looks for the expected outputs in every frame and every object."""
-    env = await session(**FAST)
     code = (
         "import sys, gc, json\n"
         "class Solution:\n"
@@ -174,14 +173,12 @@ async def test_expected_outputs_never_enter_the_sandbox() -> None:
         "                return v\n"
         "        return 'no expected outputs here'"
     )
-    out = await graded(env, ADD_CALL, code)
+    out = await attack(ADD_CALL, code)
     assert out.fields["metadata"]["output"] == "no expected outputs here"
-    await still_works_call(env)
 
 
 async def test_always_equal_object_is_compared_as_data() -> None:
     """``__eq__`` returning True fooled an in-sandbox comparison; outside, only plain data counts."""
-    env = await session(**FAST)
     code = (
         "class Any:\n"
         "    def __eq__(self, other): return True\n"
@@ -194,8 +191,7 @@ async def test_always_equal_object_is_compared_as_data() -> None:
         "        Solution.calls += 1\n"
         "        return Any() if Solution.calls == 1 else Cheat(0)\n"
     )
-    await graded(env, ADD_CALL, code)
-    await still_works_call(env)
+    await attack(ADD_CALL, code)
 
 
 # ----------------------------------------------------------------------------- reaching outside
@@ -243,7 +239,6 @@ async def test_unix_socket_by_path_is_unreachable(tmp_path: Path) -> None:
 
 
 async def test_abstract_unix_socket_is_unreachable() -> None:
-    env = await session(**FAST)
     name = b"\0gym-test-abstract-" + os.urandom(4).hex().encode()
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(name)
@@ -261,62 +256,55 @@ async def test_abstract_unix_socket_is_unreachable() -> None:
             "    res.append('blocked')\n"
             "print(' '.join(res))"
         )
-        out = await graded(env, stdio_task(["\n"], ["connected bound\n"]), code)
+        out = await attack(stdio_task(["\n"], ["connected bound\n"]), code)
         assert printed(out) == "blocked blocked\n"
         server.settimeout(0.2)
         with pytest.raises(socket.timeout):
             server.accept()
-    await still_works(env)
 
 
-async def test_netlink_packet_and_inet_sockets_are_denied() -> None:
-    env = await session(**FAST)
-    code = (
-        "import socket\n"
-        "res = []\n"
-        "for fam, typ in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM),\n"
-        "                 (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)]:\n"
-        "    try:\n"
-        "        socket.socket(fam, typ); res.append('open')\n"
-        "    except OSError:\n"
-        "        res.append('blocked')\n"
-        "print(' '.join(res))"
-    )
-    out = await graded(env, stdio_task(["\n"], ["open open open open\n"]), code)
-    assert printed(out) == "blocked blocked blocked blocked\n"
-    await still_works(env)
+# Correct programs that use what the sandbox must still allow: (the session's options, the program).
+ALLOWED = [
+    pytest.param(
+        FAST,
+        (
+            "import asyncio, socket\n"
+            "a, b = socket.socketpair()\n"
+            "a.send(b'x')\n"
+            "assert b.recv(1) == b'x'\n"
+            "async def main():\n"
+            "    await asyncio.sleep(0)\n"
+            "    x, y = map(int, input().split())\n"
+            "    return x + y\n"
+            "print(asyncio.run(main()))"
+        ),
+        id="socketpair_and_asyncio",
+    ),
+    pytest.param(
+        {**FAST, "use_cgroup": False},
+        (
+            "import threading\n"
+            "out = []\n"
+            "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "a, b = map(int, input().split())\n"
+            "print(a + b + len(out) - 8)"
+        ),
+        id="many_threads_under_the_fallback",
+    ),
+]
 
 
-async def test_socketpair_and_asyncio_still_work() -> None:
-    env = await session(**FAST)
-    code = (
-        "import asyncio, socket\n"
-        "a, b = socket.socketpair()\n"
-        "a.send(b'x')\n"
-        "assert b.recv(1) == b'x'\n"
-        "async def main():\n"
-        "    await asyncio.sleep(0)\n"
-        "    x, y = map(int, input().split())\n"
-        "    return x + y\n"
-        "print(asyncio.run(main()))"
-    )
+@pytest.mark.parametrize(("options", "code"), ALLOWED)
+async def test_what_the_sandbox_must_allow_still_works(options: dict[str, Any], code: str) -> None:
+    env = await session(**options)
     out = await env.verify(ADD, fenced(code))
     assert out.reward == 1.0, out.fields
 
 
 # ----------------------------------------------------------------------------- privileges
 
-NS_PROBE = """
-import ctypes, os, errno
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def tryit(name, *args):
-    r = libc.syscall(*args)
-    e = ctypes.get_errno()
-    if r == 0 and name == 'clone':
-        os._exit(0)  # the child of a successful clone
-    return name + ('=ok' if r >= 0 else '=' + errno.errorcode.get(e, str(e)))
-res = [
+NS_PROBE = f"""{SYSCALLS}res = [
     tryit('unshare', 272, 0x10000000),
     tryit('unshare-net', 272, 0x40000000),
     tryit('clone', 56, 0x10000000 | 17, 0, 0, 0, 0),
@@ -333,8 +321,7 @@ print(' '.join(res))
 
 
 async def test_no_new_namespaces_and_no_kernel_attack_surface() -> None:
-    env = await session(**FAST)
-    out = await graded(env, stdio_task(["\n"], ["escaped\n"]), NS_PROBE)
+    out = await attack(stdio_task(["\n"], ["escaped\n"]), NS_PROBE)
     got = printed(out).split()
     assert got == [
         "unshare=EPERM",
@@ -348,7 +335,6 @@ async def test_no_new_namespaces_and_no_kernel_attack_surface() -> None:
         "userfaultfd=EPERM",
         "ptrace=EPERM",
     ]
-    await still_works(env)
 
 
 async def test_cannot_signal_the_worker() -> None:
@@ -365,30 +351,54 @@ async def test_cannot_signal_the_worker() -> None:
     await still_works(env)  # and this process (the worker) is still here
 
 
-async def test_user_namespace_gives_no_capabilities() -> None:
-    env = await session(**FAST)
-    code = (
-        "import ctypes\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "r = libc.unshare(0x10000000)\n"
-        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]\n"
-        "print('unshare', r, 'CapEff', caps)"
-    )
-    out = await graded(env, stdio_task(["\n"], ["unshare 0 CapEff 000001ffffffffff\n"]), code)
-    assert printed(out) == "unshare -1 CapEff 0000000000000000\n"
-    await still_works(env)
+# Programs that print what they reached or gained: (program, what it would print were the attack to work, what
+# it prints).
+DENIED = [
+    pytest.param(
+        (
+            "import socket\n"
+            "res = []\n"
+            "for fam, typ in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM),\n"
+            "                 (socket.AF_NETLINK, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)]:\n"
+            "    try:\n"
+            "        socket.socket(fam, typ); res.append('open')\n"
+            "    except OSError:\n"
+            "        res.append('blocked')\n"
+            "print(' '.join(res))"
+        ),
+        "open open open open\n",
+        "blocked blocked blocked blocked\n",
+        id="netlink_packet_and_inet_sockets_are_denied",
+    ),
+    pytest.param(
+        (
+            "import ctypes\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.unshare(0x10000000)\n"
+            "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]\n"
+            "print('unshare', r, 'CapEff', caps)"
+        ),
+        "unshare 0 CapEff 000001ffffffffff\n",
+        "unshare -1 CapEff 0000000000000000\n",
+        id="user_namespace_gives_no_capabilities",
+    ),
+    pytest.param(
+        (
+            "import os\n"
+            "st = {l.split(':')[0]: l.split()[1:] for l in open('/proc/self/status')}\n"
+            "print('root' if 0 in os.getresuid() else 'user', st['CapEff'][0], st['CapPrm'][0], st['CapBnd'][0])"
+        ),
+        "root\n",
+        "user 0000000000000000 0000000000000000 0000000000000000\n",
+        id="not_root_inside",
+    ),
+]
 
 
-async def test_not_root_inside() -> None:
-    env = await session(**FAST)
-    code = (
-        "import os\n"
-        "st = {l.split(':')[0]: l.split()[1:] for l in open('/proc/self/status')}\n"
-        "print('root' if 0 in os.getresuid() else 'user', st['CapEff'][0], st['CapPrm'][0], st['CapBnd'][0])"
-    )
-    out = await graded(env, stdio_task(["\n"], ["root\n"]), code)
-    assert printed(out) == "user 0000000000000000 0000000000000000 0000000000000000\n"
-    await still_works(env)
+@pytest.mark.parametrize(("code", "claims", "prints"), DENIED)
+async def test_denied(code: str, claims: str, prints: str) -> None:
+    out = await attack(stdio_task(["\n"], [claims]), code)
+    assert printed(out) == prints
 
 
 # A program's child processes (bash, then the project's Python) lose the sandbox process's
@@ -582,7 +592,6 @@ async def test_memory_limit_holds_for_the_sandbox_as_a_whole(mb: int, use_cgroup
 
 async def test_cannot_leave_its_cgroup() -> None:
     """Moving itself to another cgroup (the root one has no limit) would undo the whole-sandbox limit."""
-    env = await session(**FAST)
     code = (
         "import glob, os\n"
         "moved = []\n"
@@ -596,13 +605,12 @@ async def test_cannot_leave_its_cgroup() -> None:
         "        pass\n"
         "print('moved' if moved else 'stayed', [l.split(':')[2] for l in open('/proc/self/cgroup') if ':memory:' in l])"
     )
-    out = await graded(env, stdio_task(["\n"], ["moved\n"]), code)
+    out = await attack(stdio_task(["\n"], ["moved\n"]), code)
     text = printed(out)
     assert text.startswith("stayed")
     # in its own cgroup, or (no writable cgroup: the single-process mode) still in the worker's
     own = cgroups._own_paths().get("memory")
     assert "gym-sandbox-" in text or (own is not None and repr(own + "\n") in text) or own is None
-    await still_works(env)
 
 
 def cgroups_left(pid: int | None = None) -> list[str]:
@@ -673,20 +681,6 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-async def test_many_threads_still_work_under_the_fallback() -> None:
-    env = await session(**{**FAST, "use_cgroup": False})
-    code = (
-        "import threading\n"
-        "out = []\n"
-        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
-        "[t.start() for t in ts]; [t.join() for t in ts]\n"
-        "a, b = map(int, input().split())\n"
-        "print(a + b + len(out) - 8)"
-    )
-    out = await env.verify(ADD, fenced(code))
-    assert out.reward == 1.0, out.fields
 
 
 async def test_deeply_nested_message_on_the_channel() -> None:

@@ -22,7 +22,7 @@ from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.calls import judge_call
 from tests.helpers import cli, read_jsonl, write_jsonl
 
-from .programs import ADD, FAST, fenced, session, stdio_task, still_works
+from .programs import ADD, FAST, SYSCALLS, fenced, session, stdio_task, still_works
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox needs Linux with Landlock")
 
@@ -436,15 +436,7 @@ async def test_no_exec_from_memory() -> None:
     await still_works(env)
 
 
-KERNEL_CALLS = """
-import ctypes, errno, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def tryit(name, *args):
-    r = libc.syscall(*args)
-    e = ctypes.get_errno()
-    return name + ('=ok' if r >= 0 else '=' + errno.errorcode.get(e, str(e)))
-allow = (ctypes.c_ulonglong * 1)(0x7FFF0000 << 0)  # one instruction: return ALLOW
+KERNEL_CALLS = f"""{SYSCALLS}allow = (ctypes.c_ulonglong * 1)(0x7FFF0000 << 0)  # one instruction: return ALLOW
 class Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 ins = (ctypes.c_uint64 * 1)((0x7FFF0000 << 32) | 0x06)

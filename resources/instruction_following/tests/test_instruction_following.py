@@ -33,7 +33,8 @@ from gym_runtime.testing import (
     differential_cases,
     example_rollouts,
     read_jsonl,
-    recorded_response,
+    reverify_differential,
+    reverify_rollouts,
     text_response,
     verify_once,
 )
@@ -53,19 +54,11 @@ def check(instruction_id: str, kwargs: dict[str, Any] | None, text: str) -> bool
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
     pairs = example_rollouts(ENV_DIR, NEMO)
     assert len(pairs) == 5
-    for i, (task, rollout) in enumerate(pairs):
-        v = await verify_once(InstructionFollowing, task, recorded_response(rollout["response"]))
-        assert v.reward == rollout["reward"], f"rollout {i}"
-        assert v.fields == {k: rollout[k] for k in FIELDS}, f"rollout {i}"
+    await reverify_rollouts(InstructionFollowing, pairs, FIELDS)
 
 
 async def test_differential_cases_reproduce_nemo_gym() -> None:
-    cases = differential_cases("instruction_following")
-    assert len(cases) >= 48
-    for row, case in cases:
-        v = await verify_once(InstructionFollowing, row, recorded_response(row.pop("response")))
-        assert v.reward == pytest.approx(case["expected_reward"], abs=1e-9), case["case"]
-        assert v.fields == case["expected_fields"], case["case"]
+    await reverify_differential(InstructionFollowing, "instruction_following", at_least=48, tolerance=1e-9)
 
 
 def test_every_instruction_id_of_the_data_has_a_checker() -> None:

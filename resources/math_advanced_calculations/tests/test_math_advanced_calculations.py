@@ -16,16 +16,15 @@ from gym_runtime.resources.math_advanced_calculations import (
     solution_of,
 )
 from gym_runtime.testing import (
-    COMPAT,
     compat_dir,
     differential_cases,
     new_session,
     read_jsonl,
     recorded_response,
+    replay_tool_calls,
 )
 
 ENV_DIR = Path(__file__).resolve().parents[1]
-NEMO = COMPAT / "nemo_gym" / "math_advanced_calculations"
 
 
 def outputs(*values: str) -> Response:
@@ -70,15 +69,9 @@ async def test_differential_trajectories_replayed_through_our_tools_give_the_rec
 async def test_recorded_rollouts_tool_outputs_are_reproduced_exactly() -> None:
     """NeMo Gym's recorded rollouts (other tasks, no ground truth): every tool output matches bit for bit."""
     count = 0
-    for rollout in read_jsonl(compat_dir(NEMO / "example_rollouts.jsonl")):
-        response = recorded_response(rollout["response"])
-        recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
+    for rollout in read_jsonl(compat_dir("nemo_gym", "math_advanced_calculations", "example_rollouts.jsonl")):
         inst = await new_session(MathAdvancedCalculations)
-        for item in response.output:
-            if isinstance(item, FunctionCall):
-                ours = await inst.call_tool(item.name, item.arguments)
-                assert ours == recorded[item.call_id]  # same text: {"solution": <repr>}
-                count += 1
+        count += await replay_tool_calls(inst, recorded_response(rollout["response"]))
     assert count >= 5
 
 

@@ -17,9 +17,9 @@ from gym_runtime.messages import (
 from gym_runtime.resources.mcqa import MCQA, grade
 from gym_runtime.testing import (
     COMPAT,
-    differential_cases,
     example_rollouts,
     recorded_response,
+    reverify_differential,
     text_response,
     verify_once,
 )
@@ -61,11 +61,7 @@ async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> Non
 
 
 async def test_differential_cases_reproduce_nemo_gym() -> None:
-    cases = differential_cases("mcqa")
-    assert len(cases) >= 27
-    for row, case in cases:
-        v = await verify_once(MCQA, row, recorded_response(row.pop("response")))
-        assert (v.reward, v.fields) == (case["expected_reward"], case["expected_fields"]), case["case"]
+    await reverify_differential(MCQA, "mcqa", at_least=27)
 
 
 # ------------------------------------------------------------------ strict boxed
@@ -114,9 +110,9 @@ def test_letters_come_from_options_with_text() -> None:
 # ------------------------------------------------------------------ lenient modes
 
 
-@pytest.mark.parametrize(
-    ("text", "letter"),
-    [
+# The lenient modes a row may name: each mode's (text, extracted letter) cases.
+ROW_MODES: dict[str, list[tuple[str, str | None]]] = {
+    "lenient_boxed": [
         (r"\boxed{B}", "B"),
         (r"\boxed{  TRIANGLE }", "C"),
         (r"\boxed{\text{circle}}", "A"),
@@ -125,14 +121,7 @@ def test_letters_come_from_options_with_text() -> None:
         (r"\boxed{Hexagon}", None),
         ("Triangle", None),  # only inside a box
     ],
-)
-def test_lenient_boxed(text: str, letter: str | None) -> None:
-    assert extracted(text, {**ROW, "grading_mode": "lenient_boxed"}) == letter
-
-
-@pytest.mark.parametrize(
-    ("text", "letter"),
-    [
+    "lenient_answer_colon": [
         ("Answer: B", "B"),
         ("reasoning\nanswer:   b", "B"),
         ("Answer: square", "B"),
@@ -142,9 +131,14 @@ def test_lenient_boxed(text: str, letter: str | None) -> None:
         ("Answer: B because it has four sides", None),
         (r"\boxed{B}", None),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "letter"), [(mode, text, letter) for mode, cases in ROW_MODES.items() for text, letter in cases]
 )
-def test_lenient_answer_colon(text: str, letter: str | None) -> None:
-    assert extracted(text, {**ROW, "grading_mode": "lenient_answer_colon"}) == letter
+def test_lenient_modes_a_row_names(mode: str, text: str, letter: str | None) -> None:
+    assert extracted(text, {**ROW, "grading_mode": mode}) == letter
 
 
 @pytest.mark.parametrize(

@@ -14,18 +14,18 @@ from gym_runtime.resource import ToolArgumentsError, Verdict
 from gym_runtime.resources.multi_step import MultiStep
 from gym_runtime.testing import (
     COMPAT,
+    ROLLOUT_KEYS,
     differential_cases,
     example_rollouts,
     new_session,
     read_jsonl,
     recorded_response,
-    replay_tool_calls,
+    reverify_rollouts,
     split_verdict,
 )
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_multi_step"
-ROW_KEYS = ("responses_create_params", "response", "reward")
 TASK = {
     "id": 0,
     "expected_synonyms": ["Blazing", "Warm"],
@@ -47,24 +47,23 @@ async def verdict(response: Response, task: dict[str, Any] = TASK) -> Verdict:
     return out
 
 
+def metrics(reward: float, parsed: list[int], overlap: float, minefield: bool, order_failure: bool) -> dict[str, Any]:
+    """The fields verify reports beside ``reward``."""
+    return {
+        "parsed_synonym_values": parsed,
+        "accuracy": reward == 1.0,
+        "set_overlap": overlap,
+        "original_term_minefield_hit": minefield,
+        "order_instruction_following_failure": order_failure,
+    }
+
+
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
-    for i, (task, rollout) in enumerate(example_rollouts(ENV_DIR, NEMO)):
-        inst = await new_session(MultiStep, row=task)
-        response = recorded_response(rollout["response"])
-        assert await replay_tool_calls(inst, response) >= 3, f"rollout {i}"
-        reward, fields = split_verdict(await inst.verify(task, response))
-        assert isinstance(reward, float)
-        assert reward == rollout["reward"], f"rollout {i}"
-        extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
-        assert set(extras) == {
-            "parsed_synonym_values",
-            "accuracy",
-            "set_overlap",
-            "original_term_minefield_hit",
-            "order_instruction_following_failure",
-        }
-        # json.dumps also tells True from 1 and 1.0 from 1.
-        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
+    pairs = example_rollouts(ENV_DIR, NEMO)
+    for i, (_, replayed) in enumerate(await reverify_rollouts(MultiStep, pairs)):
+        assert replayed >= 3, f"rollout {i}"
+    for _, rollout in pairs:
+        assert set(rollout) - set(ROLLOUT_KEYS) == set(metrics(0.0, [], 0.0, False, False))
 
 
 @pytest.mark.parametrize(
@@ -82,14 +81,7 @@ async def test_verify_metrics(
     extracted: list[int], reward: float, overlap: float, minefield: bool, order_failure: bool
 ) -> None:
     v = await verdict(calls(json.dumps({"synonym_values": extracted})))
-    assert v.reward == reward
-    assert v.fields == {
-        "parsed_synonym_values": extracted,
-        "accuracy": reward == 1.0,
-        "set_overlap": overlap,
-        "original_term_minefield_hit": minefield,
-        "order_instruction_following_failure": order_failure,
-    }
+    assert (v.reward, v.fields) == (reward, metrics(reward, extracted, overlap, minefield, order_failure))
 
 
 async def test_last_extract_call_counts() -> None:
@@ -127,16 +119,8 @@ async def test_lax_and_malformed_extract_arguments_give_nemo_gyms_reward(argumen
         with pytest.raises(ValueError, match="extract_synonym_values"):
             await verdict(response)
         return
-    reward, parsed, overlap, minefield, order_failure = expected
     v = await verdict(response)
-    assert v.reward == reward
-    assert v.fields == {
-        "parsed_synonym_values": parsed,
-        "accuracy": reward == 1.0,
-        "set_overlap": overlap,
-        "original_term_minefield_hit": minefield,
-        "order_instruction_following_failure": order_failure,
-    }
+    assert (v.reward, v.fields) == (expected[0], metrics(*expected))
 
 
 async def test_differential_cases_reproduce_nemo_gyms_reward_and_fields() -> None:

@@ -26,6 +26,7 @@ from gym_runtime.testing import (
     differential_cases,
     example_rollouts,
     recorded_response,
+    reverify_differential,
     text_response,
     verify_once,
 )
@@ -55,12 +56,7 @@ async def test_recorded_rollouts_and_differential_cases_reproduce_nemo_gym() -> 
         # recorded by an older NeMo Gym that kept untagged text unstripped; its current verify strips it
         recorded = {**{k: rollout[k] for k in FIELDS}, "extracted_answer": rollout["extracted_answer"].strip()}
         assert v.fields == recorded, f"rollout {i}"
-    cases = differential_cases("reasoning_gym")
-    assert len(cases) >= 20
-    for row, case in cases:
-        v = await verify_once(ReasoningGym, row, recorded_response(row.pop("response")))
-        assert v.reward == pytest.approx(case["expected_reward"], abs=1e-9), case["case"]
-        assert v.fields == case["expected_fields"], case["case"]
+    await reverify_differential(ReasoningGym, "reasoning_gym", at_least=20, tolerance=1e-9)
 
 
 def test_scores_come_from_reasoning_gym() -> None:

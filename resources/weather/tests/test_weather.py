@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -16,28 +15,16 @@ from gym_runtime.testing import (
     example_rollouts,
     new_session,
     read_jsonl,
-    recorded_response,
-    replay_tool_calls,
-    split_verdict,
+    reverify_rollouts,
 )
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_single_tool_call"
-ROW_KEYS = ("responses_create_params", "response", "reward")
 
 
 async def test_recorded_rollouts_reverify_to_recorded_reward_and_fields() -> None:
-    calls = 0
-    for i, (task, rollout) in enumerate(example_rollouts(ENV_DIR, NEMO)):
-        inst = await new_session(Weather, row=task)
-        response = recorded_response(rollout["response"])
-        calls += await replay_tool_calls(inst, response)
-        reward, fields = split_verdict(await inst.verify(task, response))
-        assert isinstance(reward, float)
-        assert reward == rollout["reward"], f"rollout {i}"
-        extras = {k: v for k, v in rollout.items() if k not in ROW_KEYS}
-        assert json.dumps(fields, sort_keys=True) == json.dumps(extras, sort_keys=True), f"rollout {i}"
-    assert calls == 3  # three of the five recorded rollouts call get_weather
+    sessions = await reverify_rollouts(Weather, example_rollouts(ENV_DIR, NEMO))
+    assert sum(replayed for _, replayed in sessions) == 3  # three of the five recorded rollouts call get_weather
 
 
 async def test_reward_is_one_even_without_a_tool_call() -> None:

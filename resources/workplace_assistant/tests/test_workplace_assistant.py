@@ -18,16 +18,15 @@ from gym_runtime.resources.workplace_assistant.workbench import (
     _initial,
 )
 from gym_runtime.testing import (
-    COMPAT,
     compat_dir,
     differential_cases,
     new_session,
     read_jsonl,
     recorded_response,
+    replay_tool_calls,
 )
 
 ENV_DIR = Path(__file__).resolve().parents[1]
-NEMO = COMPAT / "nemo_gym" / "workplace_assistant"
 
 
 def call(name: str, **arguments: Any) -> dict[str, str]:
@@ -95,14 +94,9 @@ async def test_unseeded_verify_rebuilds_the_state_from_the_response_like_nemo_gy
 async def test_recorded_rollouts_tool_outputs_are_reproduced_byte_for_byte() -> None:
     """NeMo Gym's recorded rollouts (other tasks than example.jsonl): our answers are its answers, as text."""
     count = 0
-    for rollout in read_jsonl(compat_dir(NEMO / "example_rollouts.jsonl")):
-        response = recorded_response(rollout["response"])
-        recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
+    for rollout in read_jsonl(compat_dir("nemo_gym", "workplace_assistant", "example_rollouts.jsonl")):
         inst = await new_session(WorkplaceAssistant)
-        for item in response.output:
-            if isinstance(item, FunctionCall):
-                assert await inst.call_tool(item.name, item.arguments) == recorded[item.call_id]
-                count += 1
+        count += await replay_tool_calls(inst, recorded_response(rollout["response"]))
     assert count >= 6
 
 
