@@ -72,6 +72,7 @@ from gym_runtime.hosting.host import (
     plain,
 )
 from gym_runtime.hosting.middleware import lighten
+from gym_runtime.hosting.server_client import server_client
 from gym_runtime.messages import (
     ErrorClass,
     FunctionCall,
@@ -190,8 +191,7 @@ class AgentHost:
 
     def _build(self) -> Any:
         import yaml
-        from nemo_gym.server_utils import BaseServerConfig, SimpleServer
-        from omegaconf import OmegaConf
+        from nemo_gym.server_utils import SimpleServer
 
         adir = self._agent_dir()
         self.impl = adir.name
@@ -213,12 +213,7 @@ class AgentHost:
         module = importlib.import_module(f"{adir.parent.name}.{self.impl}.app")
         cls = _server_class(module, SimpleServer)
         config = cls.model_fields["config"].annotation.model_validate(fields)  # type: ignore[attr-defined]
-        client = _routed_client()(
-            head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
-            global_config_dict=OmegaConf.create(global_config),
-        )
-        client._gym_host = self
-        instance = cls(config=config, server_client=client)
+        instance = cls(config=config, server_client=server_client(self, global_config))
         app = instance.setup_webserver()
         lighten(app, instance)
         self.app = app
@@ -280,6 +275,10 @@ class AgentHost:
         _CURRENT.set(rollout)
         status, _, out = await request(self.app, "/run", body, None)
         return status, out
+
+    async def answer(self, server_name: str, url_path: str, method: str, kwargs: dict[str, Any]) -> _Reply:
+        """Every call by name of the hosted agent's ``server_client`` (``server_client.Answers``): routed."""
+        return await self.route(server_name, url_path, method, plain(kwargs.get("json")))
 
     async def route(self, server_name: str, url_path: str, method: str, body: Any) -> _Reply:
         """A ``server_client`` call by name, made by the handler on the app's loop: the agent itself (on that
@@ -385,26 +384,6 @@ class AgentHost:
         if reply.is_error:  # not a GymResource, or its reset/step raised: our tool_error, not a reward 0
             raise Failure("tool_error", f"{op}: {reply.output}")
         return reply.output
-
-
-_CLIENT_CLS: list[type] = []
-
-
-def _routed_client() -> type:
-    """NeMo Gym's ``ServerClient`` whose calls by name are routed by ``AgentHost.route``."""
-    if _CLIENT_CLS:
-        return _CLIENT_CLS[0]
-    from nemo_gym.server_utils import ServerClient
-    from pydantic import PrivateAttr
-
-    class RoutedServerClient(ServerClient):
-        _gym_host: Any = PrivateAttr(default=None)
-
-        async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
-            return await self._gym_host.route(server_name, url_path, method, plain(kwargs.get("json")))
-
-    _CLIENT_CLS.append(RoutedServerClient)
-    return RoutedServerClient
 
 
 def hosted_agent(name: str, cfg: AgentConfig, model_names: list[str], resource_hosted: bool = False) -> AgentHost:

@@ -82,6 +82,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
 from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
 from gym_runtime.hosting.middleware import lighten
+from gym_runtime.hosting.server_client import NOT_MINE, server_client
 from gym_runtime.messages import Response, SandboxCall, SandboxReply, create_params
 from gym_runtime.resource import (
     ENV_CALL,
@@ -500,9 +501,6 @@ class ServerHost:
         )
 
     def _build(self) -> Any:
-        from nemo_gym.server_utils import BaseServerConfig
-        from omegaconf import OmegaConf
-
         cls = self.prepare()
         if getattr(cls, "ray_enabled", None) is True:
             # as run_webserver does before serving: Ray's start takes tens of seconds, which inside the first
@@ -511,11 +509,7 @@ class ServerHost:
 
             initialize_ray()
         config = cls.model_fields["config"].annotation.model_validate(self.fields)  # type: ignore[attr-defined]
-        client = _bus_server_client()(
-            head_server_config=BaseServerConfig(host="127.0.0.1", port=0),
-            global_config_dict=OmegaConf.create(self.global_config),
-        )
-        client._gym_host = self
+        client = server_client(self, self.global_config)
         self._wrap_shared_session()
         self.instance = cls(config=config, server_client=client)
         app = self.instance.setup_webserver()
@@ -577,6 +571,15 @@ class ServerHost:
                 }
             )
         return tools
+
+    async def answer(self, server_name: str, url_path: str, method: str, kwargs: dict[str, Any]) -> Any:
+        """A call by name of the server's ``server_client`` (``server_client.Answers``): a model the config names
+        over the bus, a resource it names through its session; any other, ``NOT_MINE`` (HTTP, as NeMo Gym)."""
+        if server_name in self.model_names:
+            return await self.model_call(server_name, url_path, kwargs.get("json"))
+        if server_name in self.resource_names:
+            return await self.resource_call(server_name, url_path, kwargs.get("json"), kwargs.get("cookies"))
+        return NOT_MINE
 
     async def model_call(self, server_name: str, url_path: str, body: Any) -> _Reply:
         """A server's call to a model: that model's workers over the bus, in the Responses API
@@ -716,31 +719,6 @@ def _resolve(node: Any, comps: dict[str, Any], depth: int = 0) -> Any:
     if isinstance(node, list):
         return [_resolve(v, comps, depth + 1) for v in node]
     return node
-
-
-_CLIENT_CLS: list[type] = []
-
-
-def _bus_server_client() -> type:
-    """NeMo Gym's ``ServerClient`` whose calls to a model the config names go over the bus instead of HTTP."""
-    if _CLIENT_CLS:
-        return _CLIENT_CLS[0]
-    from nemo_gym.server_utils import ServerClient
-    from pydantic import PrivateAttr
-
-    class BusServerClient(ServerClient):
-        _gym_host: Any = PrivateAttr(default=None)
-
-        async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
-            host = self._gym_host
-            if host is not None and server_name in host.model_names:
-                return await host.model_call(server_name, url_path, kwargs.get("json"))
-            if host is not None and server_name in host.resource_names:
-                return await host.resource_call(server_name, url_path, kwargs.get("json"), kwargs.get("cookies"))
-            return await super().request(server_name=server_name, url_path=url_path, method=method, **kwargs)
-
-    _CLIENT_CLS.append(BusServerClient)
-    return BusServerClient
 
 
 async def _post(host: ServerHost, jar: Jar, path: str, body: Any) -> Any:

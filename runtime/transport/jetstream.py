@@ -309,8 +309,8 @@ async def ensure_attempts_stream(bus: Connection) -> None:
 
     A history, never needed to finish a batch, so bounded to drop its oldest first rather than refuse: by age
     (``jetstream.max_age_s``, else 7 days) and by size (``jetstream.attempts_max_bytes``, else ``max_bytes``, else
-    256 MiB). Records are published without an ack (a stream that is gone or full costs the history, never the
-    rollout). On a ``--secure`` bus the admin provisions it.
+    256 MiB). An attempt's start record is stored before the attempt runs (``workers.attempts``); a stream that
+    is gone or refuses costs the history, never the rollout. On a ``--secure`` bus the admin provisions it.
     """
     if bus.secured:
         return

@@ -470,13 +470,11 @@ class AgentWorker:
             except Failure as e:  # a field that would replace one of the runtime's row keys
                 return _failures(task, attempt, e.info, spent, ctx.calls.log)
             results.append(
-                RolloutResult(
-                    batch=task.batch,
-                    task_index=task.task_index,
-                    rollout_index=i,
-                    agent=task.agent,
+                _result(
+                    task,
+                    i,
+                    attempt,
                     row=row,
-                    attempts=attempt,
                     answer_field=outcome.verdict.answer_field,
                     calls=ctx.calls.log if i == first and ctx.calls.log else None,
                     commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
@@ -710,6 +708,13 @@ async def _release(ctx: AgentContext) -> None:
             await ctx.sandboxes.close_all()
 
 
+def _result(task: RolloutTask, i: int, attempt: int, **fields: Any) -> RolloutResult:
+    """Repeat ``i`` of ``task``, from its attempt ``attempt``: its identity, and ``fields`` (its row, or its error)."""
+    return RolloutResult(
+        batch=task.batch, task_index=task.task_index, rollout_index=i, agent=task.agent, attempts=attempt, **fields
+    )
+
+
 def _failures(
     task: RolloutTask,
     attempt: int,
@@ -722,14 +727,12 @@ def _failures(
     function, its cells and their tuple kept alive for the whole rollout); ``cost``, ``calls`` and ``commands``:
     what the attempt used before it failed, on the first repeat's row."""
     return [
-        RolloutResult(
-            batch=task.batch,
-            task_index=task.task_index,
-            rollout_index=i,
-            agent=task.agent,
+        _result(
+            task,
+            i,
+            attempt,
             error=info,
             input_row=task.row,
-            attempts=attempt,
             cost=cost if i == task.rollout_index else None,
             calls=calls or None if i == task.rollout_index else None,
             commands=commands or None if i == task.rollout_index else None,
