@@ -37,7 +37,7 @@ def _client_class() -> type:
     from nemo_gym.server_utils import ServerClient
     from pydantic import PrivateAttr
 
-    class HostedServerClient(ServerClient):  # type: ignore[misc]
+    class HostedServerClient(ServerClient):
         _gym_host: Any = PrivateAttr(default=None)
 
         async def request(self, server_name: str, url_path: str, method: str, **kwargs: Any) -> Any:
