@@ -35,6 +35,8 @@ from gym_runtime.transport.subjects import ANY_ROLE, BLOB_ROLES, blob_role, blob
 # a publish into a stream that returns once the stream acked it (``Bus.store``)
 Store = Callable[[str, bytes, dict[str, str]], Awaitable[None]]
 
+MIN_THRESHOLD = 64 * 1024  # no body this small goes by reference (``Blobs.threshold``)
+
 MAX_BLOB_BYTES = 256 * 1024 * 1024  # a referenced body larger than this is refused before it is read
 BLOB_BYTES_IN_FLIGHT = 128 * 1024 * 1024  # default jetstream.blob_bytes_in_flight
 BLOB_CHUNKS_IN_FLIGHT = 2  # chunks of one body stored or fetched at once
@@ -113,7 +115,7 @@ class Blobs:
     @property
     def threshold(self) -> int:
         """A body larger than this goes by reference: the server's max payload, less room for headers."""
-        return max(64 * 1024, (self.wire.max_payload or 1024 * 1024) - 64 * 1024)
+        return max(MIN_THRESHOLD, (self.wire.max_payload or 1024 * 1024) - 64 * 1024)
 
     async def _put_blob(self, data: bytes, *, ttl: bool) -> str:
         """Store ``data`` as write-once chunks under a fresh key in this connection's key space; returns the
@@ -216,7 +218,7 @@ class Blobs:
         """Encode ``payload``; a body over the max payload is stored as a blob and referenced. ``stored``: the
         message is kept in a stream (a task, a result), so its body lives as long as it; else it expires."""
         data = self.codec.encode(payload)
-        if len(data) > self.threshold:
+        if len(data) > MIN_THRESHOLD and len(data) > self.threshold:  # (most bodies: no lookup of the threshold)
             headers[BLOB_HEADER] = await self._put_blob(data, ttl=not stored)
             return b""
         return data

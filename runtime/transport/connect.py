@@ -7,6 +7,7 @@ resolve, a TLS or credentials problem, or a server that never answers.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -190,6 +191,7 @@ class Client(NATS):
         super().__init__()
         self._header_block = HeaderBlock()
         self._inline: dict[int, Callable[[Msg], None]] = {}  # by sid: callbacks called as a message is read
+        self._kicked: asyncio.Future[None] | None = None  # ``_kick``
 
     async def subscribe(  # type: ignore[override]
         self, subject: str, queue: str = "", cb: Callable[[Msg], Awaitable[None]] | None = None, **kw: Any
@@ -255,8 +257,23 @@ class Client(NATS):
         self._pending_data_size += len(cmd)
         if self._max_pending_size > 0 and self._pending_data_size > self._max_pending_size:
             await self._flush_pending(force_flush=True)
-        if self._flush_queue is not None and self._flush_queue.empty():
-            await self._flush_pending()
+        queue = self._flush_queue
+        if queue is not None and queue.empty():
+            flusher = self._flusher_task
+            if status == NATS.CONNECTED and flusher is not None and not flusher.done():
+                # the flusher's wake-up: a future already done (nobody waits on it), not a new one each time
+                queue.put_nowait(self._kick())
+            else:  # reconnecting, or no flusher: nats-py's own way
+                await self._flush_pending()
+
+    def _kick(self) -> asyncio.Future[None]:
+        """A done future for the flusher's queue, one per connection (it runs on one loop; the flusher sets a result
+        only on one that is not done)."""
+        kick = self._kicked
+        if kick is None:
+            kick = self._kicked = asyncio.get_running_loop().create_future()
+            kick.set_result(None)
+        return kick
 
     def _parse_header_lines(self, raw: bytes) -> dict[str, str]:  # type: ignore[override]
         return self._header_block.parse(raw)
