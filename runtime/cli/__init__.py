@@ -159,8 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         if any(isinstance(e, BrokenPipeError) for e in causes) and stdout_gone():
             quiet_stdout()  # the reader of our output stopped early (`| head`): not an error of ours
             return 0
-        from gym_runtime.transport.connect import unanswered  # nats-py: loaded by the commands that connect
+        from gym_runtime.transport.connect import jetstream_unavailable, unanswered  # nats-py: loaded to connect
 
+        unavailable = next((e for e in causes if jetstream_unavailable(e)), None)
+        if unavailable is not None:  # a cluster that lost the quorum of a stream or of its meta group
+            said = getattr(unavailable, "description", None) or unavailable
+            err(
+                f"JetStream stopped answering ({said}): a cluster answers while a quorum of its nodes is up; "
+                "what was stored is kept, run the command again once it is"
+            )
+            return EXIT_USAGE
         timeout = next((e for e in causes if unanswered(e)), None)
         if timeout is not None:  # e.g. a request the server's permissions refused: it never gets an answer
             err(

@@ -92,6 +92,9 @@ def main(args: argparse.Namespace) -> int:
                 import asyncio
 
                 watcher = asyncio.ensure_future(watch_agents(bus, args.batch))  # errors here stay plain
+                # a notice, not the collect: its own error is dropped whenever it ends (a cancel can be lost to
+                # an answer in the same step), and the collect's outcome says what went wrong
+                watcher.add_done_callback(lambda t: t.cancelled() or t.exception())
                 try:
                     stats = await collect_batch(
                         bus,

@@ -38,7 +38,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport import jetstream as streams
 from gym_runtime.transport.blobs import Blobs, ByteBudget
 from gym_runtime.transport.codec import Codec
-from gym_runtime.transport.connect import check_provisioned, connect, shown_servers
+from gym_runtime.transport.connect import JETSTREAM_ANSWER_S, check_provisioned, connect, shown_servers
 from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import (
     BUSY_HEADER,
@@ -50,7 +50,7 @@ from gym_runtime.transport.headers import (
     REPLY_HEADER,
 )
 from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Transport, Wire, inline
-from gym_runtime.transport.jetstream import API_RETRY_S, full_error
+from gym_runtime.transport.jetstream import full_error
 from gym_runtime.transport.limits import parse_size
 from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
@@ -172,7 +172,7 @@ class Bus:
         bus.wire.secured = auth is not None and role != "admin"
         if auth is not None and role != "admin":  # the admin provisions; every other role needs it done
             try:
-                within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else API_RETRY_S
+                within = initial_timeout if initial_timeout is not None and initial_timeout > 0 else JETSTREAM_ANSWER_S
                 await check_provisioned(
                     bus.js, namespace, shown_servers(url if isinstance(url, list) else [url]), within_s=within
                 )

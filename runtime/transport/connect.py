@@ -82,14 +82,22 @@ class JetStreamNotReady(UserError):
     """JetStream does not answer yet: a cluster without a meta leader (fewer than a quorum of nodes up)."""
 
 
-async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: float = 20.0) -> None:
+# How long a client waits for a cluster's JetStream to answer before it says so. A node lost with the meta
+# leader is noticed after NATS's lost-quorum interval (10 s), an election takes 4-9 s, and a node that rejoins
+# meanwhile can call another: on a loaded 2-core machine that passed 20 s (a collector started as a node was
+# killed, in CI), while the workers' rollouts, which need only their streams' leaders, went on.
+JETSTREAM_ANSWER_S = 60.0
+
+
+async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: float = JETSTREAM_ANSWER_S) -> None:
     """Fail clearly when the secured server was not started for ``namespace``.
 
     Its roles may use only the subjects of the namespaces it provisioned; anything else
     would be refused request by request, as timeouts. A cluster still electing its JetStream
     leader is waited for ``within_s`` seconds, then said in one line.
     """
-    give_up = time.monotonic() + within_s
+    started = time.monotonic()
+    give_up, warned = started + within_s, False
     while True:
         try:
             # the blob stream is provisioned last: once it is there, so is everything else
@@ -102,8 +110,12 @@ async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: fl
                 "provision it once enough nodes are up for its replicas, and say so"
             ) from None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as e:
-            if time.monotonic() >= give_up:
-                said = getattr(e, "description", None) or str(e) or type(e).__name__
+            said = getattr(e, "description", None) or str(e) or type(e).__name__
+            now = time.monotonic()
+            if not warned and now - started >= WARN_UNREACHABLE_S:  # said once: a wait, not a hang
+                log.warning("jetstream.unanswered", servers=shown, reason=said, still_trying_s=round(give_up - now))
+                warned = True
+            if now >= give_up:
                 raise JetStreamNotReady(
                     f"JetStream at {shown} does not answer yet ({said}): a cluster answers once a quorum of its "
                     "nodes is up"
@@ -114,6 +126,12 @@ async def check_provisioned(js: Any, namespace: str, shown: str, *, within_s: fl
 def unanswered(exc: BaseException) -> bool:
     """True for a request that got no answer in time (e.g. one the server's permissions dropped)."""
     return isinstance(exc, nats.errors.TimeoutError)
+
+
+def jetstream_unavailable(exc: BaseException) -> bool:
+    """True for JetStream's own "temporarily unavailable" (a cluster without a leader for what was asked),
+    still said after the call's retries: the cluster's state, not a bug of ours."""
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError)
 
 
 class ServerUnreachable(UserError, ConnectionError):

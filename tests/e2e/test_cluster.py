@@ -223,3 +223,22 @@ def test_a_count_is_read_from_the_leader_not_from_a_member_left_behind(tmp_path:
         assert counted == 10
     finally:
         cluster.stop()
+
+
+def test_a_command_whose_jetstream_stops_answering_ends_in_one_line(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A cluster that lost its quorum answers "temporarily unavailable" to everything JetStream: a command
+    that waited that out (its retries) says so in one line, not as a bug with a traceback."""
+    cluster.create_streams()
+    up, *down = cluster.nodes
+    for n in down:
+        n.kill()
+    deadline = time.monotonic() + 60
+    while (monitor(up, "/jsz").get("meta_cluster") or {}).get("leader"):  # until it knows it leads nothing
+        assert time.monotonic() < deadline, "the last node still names a meta leader"
+        time.sleep(0.2)
+    res = cli("collect", "--batch", "b", "--nats", up.url, "-o", str(tmp_path / "out.jsonl"), "--no-progress")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    said = "gym-runtime: error: JetStream stopped answering (JetStream system temporarily unavailable)"
+    assert lines[-1].startswith(said), res.stderr
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr

@@ -228,6 +228,63 @@ def test_killing_the_results_leader_mid_batch_loses_nothing(secured: SecuredClus
                     p.kill()
 
 
+def test_a_collector_started_while_the_cluster_has_no_quorum_waits_for_it(
+    secured: SecuredCluster, tmp_path: Path
+) -> None:
+    """A JetStream that does not answer is waited for (said once), not an error at once: CI's loaded machine
+    once took over 20 s, the window then, to elect a meta leader after a node was killed."""
+    wait_healthy(secured)
+    auth = ["--auth-dir", str(secured.auth)]
+    up, down = secured.nodes[0], secured.nodes[1:]
+    for n in down:  # one node of three: no meta leader, so no JetStream API
+        n.kill()
+    deadline = time.monotonic() + 60
+    while (_get(f"{up.monitor}/jsz").get("meta_cluster") or {}).get("leader"):  # until it knows it leads nothing
+        assert time.monotonic() < deadline, "the last node still names a meta leader"
+        time.sleep(0.2)
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "q", "--nats", up.url,
+         "-o", str(tmp_path / "out.jsonl"), "--no-progress", "--wait", "120", *auth],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker: subprocess.Popen[str] | None = None
+    try:
+        assert collector.stderr is not None
+        line = collector.stderr.readline()  # the wait, said once (or the error, which fails below)
+        assert "jetstream.unanswered" in line, line + collector.stderr.read()[-2000:]
+        said_at = time.monotonic()
+        while time.monotonic() - said_at < 25:  # past the old 20 s window, the collector still waits
+            assert collector.poll() is None, collector.stderr.read()[-2000:]
+            time.sleep(0.2)
+        for n in down:
+            n.start()
+        wait_healthy(secured)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gym_runtime.cli", "start", str(secured.config), "--nats", secured.url,
+             "--replicas", "1", "--in-process", *auth],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "workers.log").open("w"), text=True,
+        )  # fmt: skip
+        assert worker.stdout is not None and "ready" in worker.stdout.readline(), (tmp_path / "workers.log").read_text()
+        tasks = tasks_file(tmp_path, 20)
+        res = cli("publish", str(secured.config), "-i", str(tasks), "--nats", secured.url, "--batch", "q", *auth)
+        assert res.returncode == 0, res.stderr
+        stdout, stderr = collector.communicate(timeout=120)
+        assert collector.returncode == 0, stderr[-2000:]
+        assert "20 rows, 0 failed" in stdout, stdout
+        assert "does not answer yet" not in stderr
+    finally:
+        for n in secured.nodes:  # the cluster whole again for the next test
+            if n.proc is None or n.proc.poll() is not None:
+                n.start()
+        for p in (worker, collector):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
 def _server(tmp_path: Path, *argv: str) -> Any:
     """What `gym-runtime server --secure DIR ARGV...` would start, without starting it."""
     from gym_runtime.cli import build_parser
