@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import random
@@ -211,7 +212,9 @@ def weather_on_vllm(base_url: str, **options: Any) -> ResolvedConfig:
 
 
 def rows(n: int) -> list[dict[str, Any]]:
-    return [ROWS[i % len(ROWS)] for i in range(n)]
+    """``n`` of the bundled weather rows, each a copy of its own: a test that marks some (``tasks[i]["forge"] =
+    True``) changes nothing for the tests after it in the same process (a gateway test once got a marked row)."""
+    return [copy.deepcopy(ROWS[i % len(ROWS)]) for i in range(n)]
 
 
 async def put_batch(
