@@ -73,6 +73,33 @@ def live(url: str) -> int | None:
     return sum(int(w["live"]) for w in pools) if pools else None
 
 
+def execs_running(pool_pid: int) -> int:
+    """The rollouts' ``sleep HOLD_S`` execs running now under the sandbox pool's process (read from /proc)."""
+    parents: dict[int, int] = {}
+    hits: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(d.name)
+        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"sleep" in argv[0] and str(HOLD_S).encode() in argv:
+            hits.append(pid)
+
+    def under_pool(pid: int) -> bool:
+        while pid > 1:
+            if pid == pool_pid:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return sum(under_pool(p) for p in hits)
+
+
 def test_a_server_killed_mid_batch_leaves_no_lease_held(server: EmbeddedServer, tmp_path: Path) -> None:
     config = write_config(tmp_path)
     tasks = write_jsonl(
@@ -84,6 +111,9 @@ def test_a_server_killed_mid_batch_leaves_no_lease_held(server: EmbeddedServer, 
         pool.start("agent", "agents.agent")
         publish(config, server.url, tasks, "l1")
         wait_until(lambda: results_stored(server.url) >= 2, timeout=120)
+        # kill while an exec runs: once, at load, the kill fell between two rounds' execs, nothing was in
+        # flight, and no rollout was given back (the scenario did not happen)
+        wait_until(lambda: execs_running(pool.procs["sbx"].pid) > 0, timeout=60)
         server.kill()  # SIGKILL mid-batch: execs (and so leases) in flight; the store dir stays
         time.sleep(0.5)
         server.start()  # same port, same store
