@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import free_port
-from tests.cluster import tasks_file, write_config
+from tests.cluster import stop, tasks_file, write_config
 from tests.helpers import REPO, cli, node_ports, read_jsonl
 
 NODES = 3
@@ -145,6 +145,21 @@ def wait_healthy(c: SecuredCluster, timeout: float = 40.0) -> float:
         time.sleep(0.5)
 
 
+def start_workers(c: SecuredCluster, tmp_path: Path) -> subprocess.Popen[str]:
+    """The config's workers in one process (their log in ``workers.log``), once they say they are ready."""
+    log = tmp_path / "workers.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(c.config), "--nats", c.url,
+         "--replicas", "1", "--in-process", "--auth-dir", str(c.auth)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+    )  # fmt: skip
+    assert worker.stdout is not None
+    if "ready" not in worker.stdout.readline():
+        stop([worker])
+        raise AssertionError(log.read_text()[-2000:])
+    return worker
+
+
 def test_nodes_started_one_after_another_provision_every_stream_at_three_replicas(secured: SecuredCluster) -> None:
     assert all(s < 15.0 for s in secured.start_s), secured.start_s  # no node waits for the next one
     healthy = wait_healthy(secured)
@@ -179,14 +194,9 @@ def test_nodes_started_one_after_another_provision_every_stream_at_three_replica
 def test_killing_the_results_leader_mid_batch_loses_nothing(secured: SecuredCluster, tmp_path: Path) -> None:
     wait_healthy(secured)
     auth = ["--auth-dir", str(secured.auth)]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "start", str(secured.config), "--nats", secured.url,
-         "--replicas", "1", "--in-process", *auth],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "workers.log").open("w"), text=True,
-    )  # fmt: skip
+    worker = start_workers(secured, tmp_path)
     collector: subprocess.Popen[str] | None = None
     try:
-        assert worker.stdout is not None and "ready" in worker.stdout.readline(), (tmp_path / "workers.log").read_text()
         tasks = tasks_file(tmp_path, N_TASKS)
         res = cli("publish", str(secured.config), "-i", str(tasks), "--nats", secured.url, "--batch", "k", *auth)
         assert res.returncode == 0, res.stderr
@@ -219,13 +229,7 @@ def test_killing_the_results_leader_mid_batch_loses_nothing(secured: SecuredClus
         logs = (tmp_path / "workers.log").read_text() + stderr + res.stderr
         assert "stream.replicas_differ" not in logs
     finally:
-        for p in (worker, collector):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop([p for p in (worker, collector) if p is not None])
 
 
 def test_a_collector_started_while_the_cluster_has_no_quorum_waits_for_it(
@@ -259,12 +263,7 @@ def test_a_collector_started_while_the_cluster_has_no_quorum_waits_for_it(
         for n in down:
             n.start()
         wait_healthy(secured)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "start", str(secured.config), "--nats", secured.url,
-             "--replicas", "1", "--in-process", *auth],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "workers.log").open("w"), text=True,
-        )  # fmt: skip
-        assert worker.stdout is not None and "ready" in worker.stdout.readline(), (tmp_path / "workers.log").read_text()
+        worker = start_workers(secured, tmp_path)
         tasks = tasks_file(tmp_path, 20)
         res = cli("publish", str(secured.config), "-i", str(tasks), "--nats", secured.url, "--batch", "q", *auth)
         assert res.returncode == 0, res.stderr
@@ -276,13 +275,7 @@ def test_a_collector_started_while_the_cluster_has_no_quorum_waits_for_it(
         for n in secured.nodes:  # the cluster whole again for the next test
             if n.proc is None or n.proc.poll() is not None:
                 n.start()
-        for p in (worker, collector):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop([p for p in (worker, collector) if p is not None])
 
 
 def _server(tmp_path: Path, *argv: str) -> Any:
