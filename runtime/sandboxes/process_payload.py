@@ -33,26 +33,38 @@ def _exec(argv, timeout, cap):
     deadline = time.monotonic() + timeout
     for fd in open_fds:
         os.set_blocking(fd, False)
+
+    def take(fd):  # what the pipe holds now: False once it would block (empty, a writer still holding it)
+        nonlocal truncated
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            open_fds.discard(fd)
+            return False
+        room = cap - len(kept[fd])
+        if room > 0:
+            kept[fd] += chunk[:room]
+        truncated = truncated or len(chunk) > room
+        return True
+
     while open_fds:
         if time.monotonic() > deadline:
             timed_out = True
             break
         progressed = False
         for fd in list(open_fds):
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            progressed = True
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            room = cap - len(kept[fd])
-            if room > 0:
-                kept[fd] += chunk[:room]
-            truncated = truncated or len(chunk) > room
+            progressed = take(fd) or progressed
         if not progressed:
             if proc.poll() is not None:
+                # it may have written and ended since the reads above: take what its pipes held when it ended
+                # (at most a pipe's size, 1 MiB), then stop: children it left may hold them open and go on
+                # writing; they end with the group below
+                for fd in list(open_fds):
+                    for _ in range(16):
+                        if not take(fd):
+                            break
                 break
             time.sleep(0.005)
     _kill(proc.pid)
