@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -322,3 +323,35 @@ class FailsFirst:
 
     async def aclose(self) -> None:
         pass
+
+
+LATE_READS = """
+import os
+
+read, seen = os.read, set()
+
+
+def late_read(fd, n):  # the first read of each of the command's (non-blocking) pipes, not of Popen's own
+    if fd not in seen and not os.get_blocking(fd):
+        seen.add(fd)
+        try:
+            while os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+                pass  # until the command has written and ended: a zombie, not yet reaped
+        except ChildProcessError:
+            pass  # already reaped
+        raise BlockingIOError
+    return read(fd, n)
+
+
+os.read = late_read
+"""
+
+
+def with_late_reads(cwd: Path, code: str) -> str:
+    """Run ``code`` in a fresh Python whose first read of each of a command's pipes comes back empty only once the
+    command has ended: a payload must still take what the command wrote (CI once lost it in that order).
+    What ``code`` prints."""
+    script = LATE_READS + textwrap.dedent(code)
+    res = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()

@@ -3,10 +3,6 @@ a container's, no image, no network, a private working directory."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import anyio
 import pytest
 
@@ -17,6 +13,7 @@ from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.process import ProcessBackend
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import SandboxWorker
+from tests.helpers import with_late_reads
 
 SPEC = Resolved(image="", cpu=1.0, memory_mb=256, pids=64, disk_mb=16, timeout_s=10, max_output=1000)
 
@@ -46,30 +43,16 @@ async def test_exec_files_caps_and_wall_clock_in_the_process_sandbox() -> None:
 
 def test_output_written_just_before_the_command_ends_is_kept(tmp_path) -> None:
     """CI once got exit code 3 and no output from ``echo hi; echo err >&2; exit 3``: the command wrote and
-    ended between the payload's reads and its check for an end. Here the first reads come back empty only
-    once the command has ended (a zombie, not yet reaped), which makes that order certain."""
-    script = textwrap.dedent(
+    ended between the payload's reads and its check for an end."""
+    got = with_late_reads(
+        tmp_path,
         """
-        import os, sys
         from gym_runtime.sandboxes import process_payload as p
-
-        read, empty = os.read, [2]
-
-        def late_read(fd, n):
-            if empty[0] and not os.get_blocking(fd):  # the command's pipes, not Popen's own
-                empty[0] -= 1
-                while os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
-                    pass  # until the command has written and ended
-                raise BlockingIOError
-            return read(fd, n)
-
-        p.os.read = late_read
         head, out, err = p._exec(["sh", "-c", "echo hi; echo err >&2; exit 3"], 10, 1000)
         print(head["exit_code"], out, err)
-        """
+        """,
     )
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert res.stdout.strip() == "3 b'hi\\n' b'err\\n'", res.stderr
+    assert got == "3 b'hi\\n' b'err\\n'"
 
 
 async def test_a_process_pool_serves_the_authors_api_without_an_engine(bus: Bus) -> None:

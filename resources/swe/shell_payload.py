@@ -74,25 +74,38 @@ def _run(root, env, command, timeout, max_output):
     out = bytearray()
     truncated = timed_out = False
     deadline = time.monotonic() + timeout
-    os.set_blocking(proc.stdout.fileno(), False)
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+
+    def take():  # what the pipe holds now: None when it would block, b"" once every writer closed it
+        nonlocal truncated
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return None
+        if chunk:
+            room = max_output - len(out)
+            if room > 0:
+                out.extend(chunk[:room])
+            truncated = truncated or len(chunk) > room
+        return chunk
+
     while True:
         if time.monotonic() > deadline:
             timed_out = proc.poll() is None
             break
-        try:
-            chunk = proc.stdout.read(65536)
-        except BlockingIOError:
-            chunk = None
+        chunk = take()
         if chunk:
-            room = max_output - len(out)
-            if room > 0:
-                out += chunk[:room]
-            truncated = truncated or len(chunk) > room
             continue
         if chunk == b"":  # every writer closed the pipe
             break
         if proc.poll() is not None:
-            break  # the command ended; children holding the pipe are killed below
+            # the command ended, perhaps just after the read above: take what the pipe held then (at most a
+            # pipe's size, 1 MiB); children still holding it may go on writing, and are killed below
+            for _ in range(16):
+                if not take():
+                    break
+            break
         time.sleep(0.01)
     _kill_group(proc.pid)
     try:

@@ -19,7 +19,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.swe import SWE
 from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.bus import Bus
-from tests.helpers import REPO, cli, read_jsonl
+from tests.helpers import REPO, cli, read_jsonl, with_late_reads
 
 from .tiny_repo import rows_and_recordings, task
 
@@ -96,6 +96,18 @@ async def test_runaway_command_is_killed_at_the_command_timeout() -> None:
         assert out == "<returncode>0</returncode>\n<output>\nback\n</output>"  # not killed at the timeout
     finally:
         await inst.close()
+
+
+def test_output_written_just_before_a_command_ends_is_kept(tmp_path: Path) -> None:
+    got = with_late_reads(
+        tmp_path,
+        """
+        import os
+        from gym_runtime.resources.swe import shell_payload as p
+        print(p._run(os.getcwd(), dict(os.environ), "echo hi; exit 3", 10, 1000))
+        """,
+    )
+    assert got == str({"returncode": 3, "output": b"hi\n", "timed_out": False, "truncated": False})
 
 
 async def test_huge_output_keeps_head_and_tail() -> None:
