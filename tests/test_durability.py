@@ -7,6 +7,7 @@ import json
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -15,6 +16,8 @@ from gym_runtime import SyncClient
 from gym_runtime.config import load_config
 from gym_runtime.errors import ConfigError
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import KV, kv_bucket
 from tests.cluster import stream_messages
 from tests.helpers import ROWS, WEATHER
 from tests.pools import publish_results
@@ -72,3 +75,29 @@ def test_a_client_with_an_embedded_server_leaves_no_store_behind(tmp_path: Path,
         assert [r["reward"] for r in c.submit(ROWS[:2]).gather()] == [1.0, 1.0]
         assert [p.name.startswith("gym-nats-") for p in tmp_path.iterdir()] == [True]
     assert not list(tmp_path.iterdir())
+
+
+class Tried:
+    """A bucket's real nats-py handle that says when a put has been tried once."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.once = kv, anyio.Event()
+
+    async def put(self, key: str, value: bytes) -> Any:
+        try:
+            return await self.kv.put(key, value)
+        finally:
+            self.once.set()
+
+
+async def test_a_bucket_write_waits_for_its_stream_to_answer(bus: Bus) -> None:
+    """CI's ``publish`` once died on "no response from stream" writing a batch's manifest into a cluster that had
+    just started: the bucket's stream had no leader yet. Nobody received that write, so it is sent again."""
+    handle = Tried(await bus.js.create_key_value(bucket="probe", history=1))
+    await bus.js.delete_stream("KV_probe")  # no stream answers the bucket's subjects now
+    kv = KV(handle, within_s=30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kv.put, "k", b"v")
+        await handle.once.wait()
+        await kv_bucket(bus, "probe")  # the stream answers again
+    assert await (await kv_bucket(bus, "probe")).get("k") == b"v"

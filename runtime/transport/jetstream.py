@@ -40,6 +40,7 @@ from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
+    NoStreamResponseError,
     NotFoundError,
     ServiceUnavailableError,
 )
@@ -183,14 +184,23 @@ async def retrying(fn: Callable[[], Awaitable[T]], *, what: str, within_s: float
 
     In a cluster the API briefly answers nothing while a node is lost and a new
     stream leader is elected, and cannot place a replicated stream while a node is
-    down; that is not an error worth failing a command for.
+    down; that is not an error worth failing a command for. A bucket write that no
+    stream answered (a just-created stream without its leader yet) reached nobody, so
+    it is sent again too.
     """
     give_up = time.monotonic() + within_s
     delay = 0.1
     while True:
         try:
             return await fn()
-        except (NatsTimeout, NoRespondersError, ServiceUnavailableError, PeerOffline, NoLeader) as e:
+        except (
+            NatsTimeout,
+            NoRespondersError,
+            NoStreamResponseError,
+            ServiceUnavailableError,
+            PeerOffline,
+            NoLeader,
+        ) as e:
             if time.monotonic() + delay > give_up:
                 raise
             log.info("jetstream.retry", call=what, error=type(e).__name__)
