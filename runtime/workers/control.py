@@ -95,12 +95,19 @@ class ControlView:
     # sent (``sent_as_control``).
 
     async def _on_version(self, msg: Any, _: Any) -> None:
-        if isinstance(msg, PolicyVersion) and self._kv is not None:
-            raw = await self._kv.get(Subjects.version_key(msg.model))
-            if raw is not None and raw.isdigit():
-                self._versions[msg.model] = max(int(raw), self._versions.get(msg.model, 0))
-            else:  # not there (yet: a replica behind the leader): read it again when next asked
-                self._read.discard(msg.model)
+        if isinstance(msg, PolicyVersion):
+            await self.refresh_version(msg.model)
+
+    async def refresh_version(self, model: str) -> None:
+        """Read ``model``'s version from the bucket now. An announcement says to; so does a resume: the trainer
+        writes the version before it resumes, and the announcement may still be being read (its own task)."""
+        if self._kv is None:
+            return
+        raw = await self._kv.get(Subjects.version_key(model))
+        if raw is not None and raw.isdigit():
+            self._versions[model] = max(int(raw), self._versions.get(model, 0))
+        else:  # not there (yet: a replica behind the leader): read it again when next asked
+            self._read.discard(model)
 
     async def _on_cancel(self, msg: Any, delivery: Any) -> None:
         if not sent_as_control(delivery.headers):  # a server's answer borrowed into the subject: not a cancel

@@ -172,6 +172,7 @@ class ModelWorker:
     async def _on_resume(self, _: object, delivery: Delivery) -> None:
         if not self._as_sent(delivery):
             return
+        await self.control.refresh_version(self.name)  # the calls let go start on the version set while paused
         self.gate.resume()
         log.info("model.resumed", model=self.name, worker=self.worker_id)
 
