@@ -522,6 +522,10 @@ class VLLMEmulator:
         self.streamed = 0  # tokens sent in streams
         self.streams_cut = 0  # streams whose client closed the connection before the end
         self.progress = threading.Condition()  # notified per streamed token and per cut stream
+        # A stream that reaches token ``hold_at`` waits there for ``released`` (once: the next stream does not),
+        # so a test acts on a stream it knows is midway, however loaded the machine is.
+        self.hold_at: int | None = None
+        self.released = threading.Event()
 
     # ------------------------------------------------------------------ scripting
 
@@ -689,6 +693,9 @@ class VLLMEmulator:
 
         def chunks() -> Any:
             for pos, t in enumerate(ids):
+                if pos == self.hold_at:
+                    self.hold_at = None
+                    self.released.wait(60.0)
                 if self.token_delay_s:
                     time.sleep(self.token_delay_s)
                 lp = self._logprob(t, pos, self.weights)

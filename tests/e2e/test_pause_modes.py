@@ -58,12 +58,14 @@ async def test_interrupt_keeps_the_tokens_and_continues_under_the_new_policy(nat
         em = stub.emulator
         em.policy = policy = Continuing(em)
         em.token_delay_s = 0.01
+        em.hold_at = len(policy.answer) - 1  # the stream cannot end before the pause stops it
         async with Client(streaming(stub), nats=nats_server.url) as client:
             await client.set_policy_version(1)
             em.weights = 1
             batch = await client.submit(ROWS[:1])
             await wait_streamed(em, 20)
             assert await client.pause(mode="interrupt") == 1  # returned once the stream was stopped
+            em.released.set()
             cut = len(stub.bodies("/v1/completions"))
             await client.set_policy_version(2)
             em.weights = 2
@@ -91,11 +93,13 @@ async def test_abort_drops_the_tokens_and_makes_the_call_again(nats_server) -> N
         em = stub.emulator
         em.policy = policy = Continuing(em)
         em.token_delay_s = 0.01
+        em.hold_at = len(policy.answer) - 1  # the stream cannot end before the pause stops it
         async with Client(streaming(stub), nats=nats_server.url) as client:
             await client.set_policy_version(1)
             batch = await client.submit(ROWS[:1])
             await wait_streamed(em, 20)
             assert await client.pause(mode="abort") == 1
+            em.released.set()
             await client.set_policy_version(2)
             em.weights = 2
             await client.resume()
@@ -109,6 +113,21 @@ async def test_abort_drops_the_tokens_and_makes_the_call_again(nats_server) -> N
     assert item["generation_log_probs"] == [em._logprob(t, i, 2) for i, t in enumerate(policy.answer)]
     assert row["policy_versions"] == [2, 2]
     assert model.stopped == 1 and model.regenerated >= 20
+
+
+async def test_calls_let_go_by_a_resume_start_on_the_version_written_before_it(nats_server) -> None:
+    """A trainer writes the new version, then resumes. The version's announcement is read by the worker on its
+    own, and at load the resume was handled first: CI's aborted call was made again tagged with the old version.
+    Here the version is written without any announcement at all."""
+    async with Client(weather(), nats=nats_server.url) as client:
+        await client.set_policy_version(1)
+        (row,) = await (await client.submit(ROWS[:1])).gather()
+        assert row["policy_versions"] == [1, 1]
+        assert await client.pause() == 1
+        await (await control.control_kv(client.bus)).put(Subjects.version_key("policy"), b"2")  # no announcement
+        await client.resume()
+        (row,) = await (await client.submit(ROWS[:1])).gather()
+    assert row["policy_versions"] == [2, 2]
 
 
 async def test_abort_cancels_a_call_of_an_adapter_without_token_ids(nats_server) -> None:
