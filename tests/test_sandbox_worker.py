@@ -100,17 +100,20 @@ async def test_the_reaper_removes_dead_workers_containers_and_ended_leases_never
         backend = EngineBackend(engine, name="docker", pool=f"gym.{pool}", orphan_after_s=2)
         spec = Resolved(image=base_image, cpu=0.5, memory_mb=64, pids=16, disk_mb=4, timeout_s=5, max_output=100)
         dead = await backend.create(spec, owner="deadworker00", lease="x", expires=time.time() + 3600)
+        # one its worker created and was SIGKILLed before it started it: no keeper runs in it to end it
+        body = backend.container_body(spec, owner="deadworker01", lease="z", expires=time.time() + 3600)
+        never_started = await engine.create(body, name=f"gym-{pool}-never-started")
         peer = await worker(reap_interval_s=0.5)  # a live peer: its own sandbox stays
         boxes = Sandboxes(bus, pool, lease="kept", deadline=time.time() + 3600)
         kept = await boxes.sandbox()
         ended = await backend.create(spec, owner=peer.worker_id, lease="y", expires=time.time() + 2)
-        await worker(reap_interval_s=0.5)  # listens DEAD_AFTER_S, then sweeps
+        await worker(reap_interval_s=0.5, orphan_after_s=2)  # listens DEAD_AFTER_S, then sweeps
 
         async def only_kept() -> bool:
             return {c["Id"] for c in await engine.containers({POOL: f"gym.{pool}"})} == {kept.id}
 
         await wait_for(only_kept, timeout=DEAD_AFTER_S + 10)
-        assert dead != ended
+        assert len({dead, ended, never_started}) == 3
         r = await kept.exec("echo alive")
         assert r.stdout == b"alive\n"
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import resource
 import time
 import uuid
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -312,10 +313,19 @@ class EngineBackend:
                     lease=labels.get(LEASE, ""),
                     pool=self.pool,
                     expires=float(labels.get(EXPIRES) or 0),
-                    running=c.get("State") in ("running", "paused", "restarting", "created", None),
+                    running=self._running(c),
                 )
             )
         return out
+
+    def _running(self, c: dict[str, Any]) -> bool:
+        """Whether a listed container may still be in use. One created and never started is, for a moment (its
+        worker starts it at once); one still not started ``orphan_after_s`` after its creation lost its worker
+        between the two calls (SIGKILLed) and has no keeper to end it: ended, so a reaper removes it."""
+        state = c.get("State")
+        if state == "created" and self.expiring:
+            return time.time() - float(c.get("Created") or 0) < self.orphan_after_s
+        return state in ("running", "paused", "restarting", "created", None)
 
     async def aclose(self) -> None:
         await self.engine.close()
