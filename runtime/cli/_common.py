@@ -285,6 +285,19 @@ def config_argument(p: argparse.ArgumentParser, *, bundled: bool = False) -> Non
     )
 
 
+def input_argument(
+    p: argparse.ArgumentParser,
+    what: str,
+    *,
+    repeatable: bool = False,
+    required: bool = False,
+    metavar: str | None = None,
+) -> None:
+    """``-i/--input``: the rows a command reads (``repeatable``: a list, one per ``-i``)."""
+    action = "append" if repeatable else "store"
+    p.add_argument("-i", "--input", action=action, required=required, metavar=metavar, help=what)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (``--repeats 0`` is a usage error, not an empty batch)."""
     return _at_least(text, 1)

@@ -11,15 +11,13 @@ from gym_runtime.cli import _common as cli
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="validate, tag, dedupe, blend, shuffle and split task rows into DIR")
     cli.config_argument(p, bundled=True)
-    p.add_argument(
-        "-i",
-        "--input",
-        action="append",
+    cli.input_argument(
+        p,
+        "a .jsonl/.json/.parquet file or a Hugging Face dataset id (hf:OWNER/NAME[@REV][:SPLIT], or "
+        "hf:OWNER/NAME[@REV]/FILE.jsonl); AGENT= routes its rows without agent_ref (repeatable); none with a "
+        "NeMo Gym config: its datasets: entries",
+        repeatable=True,
         metavar="[AGENT=]SRC",
-        help="a .jsonl/.json/.parquet file or a Hugging Face dataset id "
-        "(hf:OWNER/NAME[@REV][:SPLIT], or hf:OWNER/NAME[@REV]/FILE.jsonl); "
-        "AGENT= routes its rows without agent_ref (repeatable); none with a NeMo Gym "
-        "config: its datasets: entries",
     )
     p.add_argument(
         "--dataset-types",

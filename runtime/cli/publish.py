@@ -16,7 +16,7 @@ from gym_runtime.observability import progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("publish", help="validate and publish a batch of tasks; prints the batch id")
     cli.config_argument(p)
-    p.add_argument("-i", "--input", required=True, help="input tasks JSONL (NeMo Gym format)")
+    cli.input_argument(p, "input tasks JSONL (NeMo Gym format)", required=True)
     p.add_argument("--nats", help="NATS URL (default: the config's `nats`)")
     p.add_argument("--batch", help="batch id (default: random); re-publishing the same id is deduplicated")
     cli.rows_options(p)

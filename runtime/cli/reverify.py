@@ -14,7 +14,7 @@ from gym_runtime.plugins import config_path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reverify", help="recompute the rewards of recorded rollouts (any NeMo Gym rollouts file)")
     cli.config_argument(p)
-    p.add_argument("-i", "--input", required=True, help="rollouts JSONL (rows with `response`)")
+    cli.input_argument(p, "rollouts JSONL (rows with `response`)", required=True)
     p.add_argument("-o", "--output", required=True, help="re-verified rollouts JSONL")
     p.add_argument("--agent", help="whose resource verifies (default: the config's only one)")
     p.add_argument("--tasks", help="task rows to join by input messages (older rollout files lack task fields)")

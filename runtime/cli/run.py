@@ -43,11 +43,8 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="collect verified rollouts for an input file, end to end")
     cli.config_argument(p, bundled=True)
-    p.add_argument(
-        "-i",
-        "--input",
-        help="input tasks JSONL (NeMo Gym format); default for a bundled environment's name: its data/example.jsonl",
-    )
+    what = "input tasks JSONL (NeMo Gym format); default for a bundled environment's name: its data/example.jsonl"
+    cli.input_argument(p, what)
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
     cli.rows_options(p)
     p.add_argument("--concurrency", type=cli.positive_int, help="rollouts in flight per agent worker")

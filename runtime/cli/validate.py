@@ -12,13 +12,8 @@ from gym_runtime.config import resolve_config
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check input rows against the config's environments (nothing runs)")
     cli.config_argument(p, bundled=True)
-    p.add_argument(
-        "-i",
-        "--input",
-        action="append",
-        required=True,
-        help="task rows: JSONL, or a .parquet/.json file or hf:OWNER/NAME as prepare reads them (repeatable)",
-    )
+    what = "task rows: JSONL, or a .parquet/.json file or hf:OWNER/NAME as prepare reads them (repeatable)"
+    cli.input_argument(p, what, repeatable=True, required=True)
     p.add_argument("--agent", help="agent for rows without agent_ref (or to override it)")
     cli.any_tools_option(p)
     cli.common_options(p)
