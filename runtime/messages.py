@@ -32,36 +32,34 @@ class _Item(Struct, kw_only=True, tag_field="type"):
     """
 
 
-class Message(_Item, tag="message"):
+class _Trained(_Item, kw_only=True):
+    """An item a model call can end on: the training fields ride on the last output item of a call (NeMo Gym
+    contract). Keyword-only, so on the wire they follow each item's own fields, as NeMo Gym writes them."""
+
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    generation_token_ids: list[int] | UnsetType = UNSET
+    generation_log_probs: list[float] | UnsetType = UNSET
+    policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
+    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
+    # interrupted by a weight update and continued under the next version has more than one range)
+    policy_version_ranges: list[list[int]] | UnsetType = UNSET
+
+
+class Message(_Trained, tag="message"):
     """An input or output message. ``content`` is a string or a list of content parts."""
 
     role: str
     content: str | list[dict[str, Any]] = ""
     id: str | None = None
     status: str | None = None
-    # Training fields ride on the last output item of a model call (NeMo Gym contract).
-    prompt_token_ids: list[int] | UnsetType = UNSET
-    generation_token_ids: list[int] | UnsetType = UNSET
-    generation_log_probs: list[float] | UnsetType = UNSET
-    policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
-    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
-    # interrupted by a weight update and continued under the next version has more than one range)
-    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
-class FunctionCall(_Item, tag="function_call"):
+class FunctionCall(_Trained, tag="function_call"):
     arguments: str
     call_id: str
     name: str
     id: str | None = None
     status: str | None = None
-    prompt_token_ids: list[int] | UnsetType = UNSET
-    generation_token_ids: list[int] | UnsetType = UNSET
-    generation_log_probs: list[float] | UnsetType = UNSET
-    policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
-    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
-    # interrupted by a weight update and continued under the next version has more than one range)
-    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
 class FunctionCallOutput(_Item, tag="function_call_output"):
@@ -71,19 +69,12 @@ class FunctionCallOutput(_Item, tag="function_call_output"):
     status: str | None = None
 
 
-class Reasoning(_Item, tag="reasoning"):
+class Reasoning(_Trained, tag="reasoning"):
     id: str | None = None
     summary: list[dict[str, Any]] = field(default_factory=list)
     content: list[dict[str, Any]] | None = None
     encrypted_content: str | None = None
     status: str | None = None
-    prompt_token_ids: list[int] | UnsetType = UNSET
-    generation_token_ids: list[int] | UnsetType = UNSET
-    generation_log_probs: list[float] | UnsetType = UNSET
-    policy_version: int | UnsetType = UNSET  # the trainer's policy version that generated these ids
-    # [[start, end, version], ...] over generation_token_ids: which policy sampled which tokens (a call
-    # interrupted by a weight update and continued under the next version has more than one range)
-    policy_version_ranges: list[list[int]] | UnsetType = UNSET
 
 
 Item = Message | FunctionCall | FunctionCallOutput | Reasoning

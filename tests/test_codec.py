@@ -13,7 +13,10 @@ from gym_runtime.messages import (
     CloseSession,
     ErrorInfo,
     ErrorReply,
+    FunctionCall,
+    Message,
     ModelRequest,
+    Reasoning,
     RolloutResult,
     RolloutTask,
     SeedRequest,
@@ -70,3 +73,29 @@ def test_unknown_fields_from_a_newer_sender_are_ignored() -> None:
 def test_what_is_not_a_message_is_refused(body: bytes) -> None:
     with pytest.raises(msgspec.ValidationError):
         Codec().decode(body, {CONTENT_TYPE: JSON})
+
+
+TRAINING = {
+    "prompt_token_ids": [1, 2],
+    "generation_token_ids": [3],
+    "generation_log_probs": [-0.5],
+    "policy_version": 4,
+    "policy_version_ranges": [[0, 1, 4]],
+}
+
+
+@pytest.mark.parametrize(
+    ("item", "own"),
+    [
+        (Message(role="assistant", content="hi", **TRAINING), ["role", "content", "id", "status"]),
+        (
+            FunctionCall(arguments="{}", call_id="c", name="f", **TRAINING),
+            ["arguments", "call_id", "name", "id", "status"],
+        ),
+        (Reasoning(**TRAINING), ["id", "summary", "content", "encrypted_content", "status"]),
+    ],
+)
+def test_an_items_training_fields_follow_its_own_fields_as_nemo_gym_writes_them(
+    item: msgspec.Struct, own: list[str]
+) -> None:
+    assert list(msgspec.json.decode(msgspec.json.encode(item))) == ["type", *own, *TRAINING]
