@@ -54,6 +54,8 @@ async def test_aggregate_metrics_is_computed_off_the_event_loop(head: str) -> No
                 answers.append((r.status, await r.json()))
             done.set()
 
+        posted = time.monotonic()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(aggregate)
             served, slowest = 0, 0.0
@@ -63,10 +65,14 @@ async def test_aggregate_metrics_is_computed_off_the_event_loop(head: str) -> No
                     assert r.status == 200
                 slowest = max(slowest, time.monotonic() - started)
                 served += 1 if not done.is_set() else 0
+        took = time.monotonic() - posted
     ((status, body),) = answers
     assert status == 200 and body["num_rollouts"] == 6_000 and body["agent_metrics"]["pass@6000/reward"] == 100.0
-    assert served >= 20, f"{served} liveness requests answered while the metrics were computed"
-    assert slowest < 5.0
+    # On the event loop, one probe waited for the whole computation. At load (CI: 2 cores, 4 test processes) each
+    # probe is slower, and fewer are answered in all (11 once), but none waits for more than a part of it.
+    print(f"{served} probes answered in {took:.2f} s, the slowest in {slowest:.3f} s")
+    assert served >= 3, f"{served} liveness requests answered while the metrics were computed"
+    assert slowest < took / 2, f"a liveness request waited {slowest:.2f} s of the metrics' {took:.2f} s"
 
 
 async def test_past_the_row_cap_the_answer_is_413_naming_the_key(head: str) -> None:
