@@ -678,6 +678,9 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     data: bytes = b""
     stream: bool = False  # exec: send the output to the caller as it comes (``Gym-Output`` messages), then reply
     process: str = ""  # poll/wait/kill: the background process
+    # create: the caller's id for this create, the same on each of its tries. A worker that made (or is making) a
+    # sandbox for it answers with that one, so a reply lost to a reconnect leaves no second sandbox held
+    key: str = ""
 
 
 class SandboxReply(_Msg, tag="sbx.reply.v1"):

@@ -8,6 +8,7 @@ import pytest
 
 from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import Failure
+from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.process import ProcessBackend
@@ -77,4 +78,34 @@ async def test_a_process_pool_serves_the_authors_api_without_an_engine(bus: Bus)
         with pytest.raises(Failure, match=r": sandboxes\.proc: the process backend has no restart \(Capabilities"):
             await boxes.sandbox(restartable=True)  # said at its open, not at the verify that would restart it
         assert worker.stats()["sandboxes"] == 0
+        tg.cancel_scope.cancel()
+
+
+async def test_each_try_of_one_create_gets_the_one_sandbox_made_for_it(bus: Bus) -> None:
+    """A server restarted mid-create: the create reached the worker, its reply was lost at the reconnect, and the
+    caller asked again. Each try names the create (``SandboxCall.key``), so the worker answers with the sandbox it
+    made, not a second one held until the pool's idle timeout (seen as a lease held after the batch, under load, in
+    tests/e2e/test_lease_release.py)."""
+    worker = SandboxWorker(bus, "proc", SandboxConfig(backend="process"))
+
+    async def create(key: str) -> SandboxReply:
+        call = SandboxCall(op="create", spec=SandboxSpec(), lease="b:0:0", key=key)
+        reply: SandboxReply = await bus.request(bus.subjects.sandbox_create("proc"), call, timeout=30, op="create")
+        return reply
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        first = await create("k1")
+        assert (await create("k1")).sandbox == first.sandbox  # asked again once it was made
+        same: list[str] = []
+
+        async def add(key: str) -> None:
+            same.append((await create(key)).sandbox)
+
+        async with anyio.create_task_group() as tries:  # asked again while it is being made
+            tries.start_soon(add, "k2")
+            tries.start_soon(add, "k2")
+        assert len(set(same)) == 1 and same[0] != first.sandbox
+        assert worker.stats()["sandboxes"] == 2
+        assert (await create("k3")).sandbox not in (first.sandbox, same[0])  # another create: another sandbox
         tg.cancel_scope.cancel()

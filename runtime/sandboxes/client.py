@@ -29,6 +29,7 @@ import math
 import random
 import shlex
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Unpack
 
@@ -396,9 +397,10 @@ class Sandboxes:
         subjects = self._bus.subjects
         give_up, waits, fulls = time.monotonic() + self.absent_grace_s, 0, 0
         waiting = _Waiting(self.pool)
+        key = uuid.uuid4().hex  # each try of this create names it: a worker that made it answers with that one
         while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
             expires = self.deadline + (time.monotonic() - started) + LEASE_SLACK_S if self.deadline else 0.0
-            call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires)
+            call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires, key=key)
             try:
                 reply: SandboxReply = await self._bus.request(
                     subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"

@@ -65,6 +65,8 @@ class Held(msgspec.Struct, kw_only=True):
     used: float  # time.monotonic() of the last operation's end
     busy: int = 0  # operations running now (a long exec is not idleness)
     restartable: bool = False  # opened so (``SandboxSpec.restartable``): ``restart`` is refused otherwise
+    key: str = ""  # the create's key (``SandboxCall.key``): a try of the same create gets this sandbox
+    image: str = ""  # its image's content id, as the create answered it
 
 
 async def _drain(sub: Any) -> None:
@@ -117,6 +119,7 @@ class SandboxWorker:
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.sandbox_worker(name, self.worker_id)
         self.held: dict[str, Held] = {}
+        self.making: dict[str, anyio.Event] = {}  # creates under way, by key: a second try waits for the first
         self.procs: dict[str, dict[str, Background]] = {}  # by sandbox, by process id
         self.created = 0
         self.peers = Peers(self.worker_id, capacity=cfg.capacity, replicas=cfg.replicas)
@@ -388,6 +391,23 @@ class SandboxWorker:
     async def _create(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         if req.op != "create" or req.spec is None:
             raise Failure("internal", f"expected a create, got {req.op}")
+        if not req.key:  # an older caller's: no try of it is recognised
+            return await self._make(req)
+        while (under_way := self.making.get(req.key)) is not None:
+            await under_way.wait()
+        made = next(((sid, h) for sid, h in self.held.items() if h.key == req.key), None)
+        if made is not None:  # its reply was lost (a reconnect): the same sandbox, not a second one held
+            sid, held = made
+            held.used = time.monotonic()
+            return SandboxReply(sandbox=sid, address=self.address, image=held.image)
+        self.making[req.key] = anyio.Event()
+        try:
+            return await self._make(req)
+        finally:
+            self.making.pop(req.key).set()
+
+    async def _make(self, req: SandboxCall) -> SandboxReply:
+        assert req.spec is not None
         started = time.perf_counter()
         spec = self.resolve(req.spec)
         assert self.backend is not None
@@ -398,7 +418,7 @@ class SandboxWorker:
         warm = None if self._draining else self._take_warm(spec)
         if warm is not None:  # a warm one: no engine call at all
             sid, image_id = warm
-            self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic())
+            self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic(), key=req.key, image=image_id)
             self.warm_hits += 1
             self.changed()  # refill
             self._acquired(started, warm=True)
@@ -418,11 +438,12 @@ class SandboxWorker:
             with anyio.CancelScope(shield=True), self._span("create", image=spec.image) as span:
                 # held (and so removed at stop) even if the worker is stopping
                 sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
-                self.held[sid] = Held(
-                    lease=req.lease, expires=expires, used=time.monotonic(), restartable=spec.restartable
+                held = Held(
+                    lease=req.lease, expires=expires, used=time.monotonic(), restartable=spec.restartable, key=req.key
                 )
+                self.held[sid] = held
                 span.set_attribute("gym.sandbox.id", sid[:12])
-                image_id = await self.backend.image_id(sid)  # what it runs, whatever its name points at later
+                held.image = image_id = await self.backend.image_id(sid)  # what it runs, whatever its name is later
         finally:
             self.held.pop(sid_tmp, None)
         self.created += 1
