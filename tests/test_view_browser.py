@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,8 +92,14 @@ def shot(driver: webdriver.Chrome, files: dict[str, Path], name: str) -> None:
     assert driver.save_screenshot(str(path)) and path.stat().st_size > 1000
 
 
+def until(driver: webdriver.Chrome, pred: Callable[[webdriver.Chrome], object], timeout: float = WAIT_S) -> None:
+    """Wait for ``pred``; an element the page replaced meanwhile (a form's submit loads the next page between
+    finding an element and reading it: CI's stale element) is looked for again."""
+    WebDriverWait(driver, timeout, ignored_exceptions=[StaleElementReferenceException]).until(pred)
+
+
 def wait_for(driver: webdriver.Chrome, css: str) -> None:
-    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, css))
+    until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, css))
 
 
 def requests_made(driver: webdriver.Chrome) -> list[str]:
@@ -133,7 +139,7 @@ def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Serv
     Select(driver.find_element(By.NAME, "run")).select_by_visible_text("a.jsonl")
     Select(driver.find_element(By.NAME, "agent")).select_by_visible_text("other_agent")
     driver.find_element(By.ID, "apply").click()
-    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element(By.ID, "count").text == "1 rollout")
+    until(driver, lambda d: d.find_element(By.ID, "count").text == "1 rollout")
     shot(driver, files, "rollouts")
     driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody a").click()
     wait_for(driver, "dl#meta")
@@ -142,7 +148,7 @@ def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Serv
     assert "I should call the tool." in body  # reasoning
     shot(driver, files, "trajectory")
     driver.back()
-    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.ID, "count"))
+    until(driver, lambda d: d.find_elements(By.ID, "count"))
     assert driver.find_element(By.ID, "count").text == "1 rollout"
     assert Select(driver.find_element(By.NAME, "agent")).first_selected_option.text == "other_agent"
 
@@ -191,7 +197,7 @@ def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, fil
     wait_for(driver, "table#rollouts")
     no_dialog(driver)
     driver.find_element(By.LINK_TEXT, "99").click()
-    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.ID, "meta"))
+    until(driver, lambda d: d.find_elements(By.ID, "meta"))
     no_dialog(driver)
     main = driver.find_element(By.TAG_NAME, "main")
     # the markup is on the page as text; none of it became an element
