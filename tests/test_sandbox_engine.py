@@ -5,6 +5,8 @@ Each test creates its containers with a test-owned pool label and removes them; 
 
 from __future__ import annotations
 
+import os
+import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,8 +17,9 @@ import pytest
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.engine_api import OWNER, EngineBackend, renew_every
-from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.engine_http import Engine, cgroup_cpu_s
 from gym_runtime.sandboxes.images import BaseImage, cache_dir
+from tests.envs.cpu_burn import program
 
 
 @pytest.fixture
@@ -217,3 +220,32 @@ async def test_a_container_nobody_renews_ends_by_itself_and_a_renewed_one_stays(
     finally:
         for c in await backend.list_owned():
             await backend.close(c.id)
+
+
+async def test_a_containers_cpu_seconds_are_read_from_its_cgroup_at_once(
+    backend: EngineBackend, engine: Engine, base_image: str
+) -> None:
+    """Issue 58: a close reads its sandbox's CPU (``Engine.cpu_s``) from the container's cgroup on this host (the
+    local engine of these tests), not from the engine's stats, which Docker 20.10 answers at its collector's next
+    tick (a second apart: on average half of a quiet engine's cold create, per close). The same count as the
+    stats give; a cgroup that is not the container's is never read; a removed container's count is None."""
+    sid = await backend.create(spec(base_image), owner="w1", lease="l")
+    r = await backend.exec(sid, ["python3", "-c", program(0.5)], timeout_s=30, max_output=1024)
+    measured = float(r.stdout)
+    pid = (await engine.inspect(sid))["State"]["Pid"]
+    here = cgroup_cpu_s(pid, sid)
+    # the program's own count, plus the engine's work in the container (the exec's start)
+    assert here is not None and measured <= here <= measured + 0.5, (here, measured)
+    stats = await engine._stats_cpu_s(sid)  # the engine's count of the same (idle) container
+    assert stats is not None and abs(stats - here) <= 0.02 * here, (stats, here)
+    took, got = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        got.append(await backend.cpu_s(sid))
+        took.append(time.perf_counter() - t)
+    assert all(g is not None and abs(g - here) <= 0.02 * here for g in got), (got, here)
+    assert statistics.median(took) < 0.3, took  # the stats' wait: ~1 s each, one after another
+    assert cgroup_cpu_s(os.getpid(), sid) is None  # this process's cgroup is not the container's
+    assert cgroup_cpu_s(pid, sid[:12]) is None  # only the full id names it
+    await backend.close(sid)
+    assert await backend.cpu_s(sid) is None

@@ -87,7 +87,7 @@ async def test_a_fleet_sandboxs_cpu_seconds_reach_the_row_within_10_percent(
 ) -> None:
     """An agent execs a program that spins for 2 s of CPU in a Docker sandbox of its own and leaves the
     sandbox open: the runtime ends the rollout's lease before the row is built, and the worker reads the
-    container's CPU (the engine's stats) as it removes it. The row's ``sandbox_cpu_ms`` is within 10% of
+    container's CPU (its cgroup's count) as it removes it. The row's ``sandbox_cpu_ms`` is within 10% of
     what the program measured; ``sandbox_ms`` is the exec's wall time; the estimate charges the CPU time
     only (never both)."""
     pool = f"c{uuid.uuid4().hex[:8]}"
