@@ -27,6 +27,7 @@ from gym_runtime.errors import AuthError, UserError
 from gym_runtime.observability import logs
 from gym_runtime.transport.header_block import HeaderBlock
 from gym_runtime.transport.interface import INLINE
+from gym_runtime.transport.protocol_reader import ProtocolReader
 from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.bus")
@@ -179,6 +180,9 @@ def _reason(e: BaseException, *, secured: bool = True) -> str:
 
 
 _QUOTED = re.compile(r'"[^"]*"')
+_STATUS_AT = len(b"NATS/1.0")  # a space there: an inline status follows (``NATS/1.0 404 No Messages``)
+_SPACE = ord(" ")
+_LINES_AT = len(b"NATS/1.0\r\n")
 
 
 class _Throttle:
@@ -208,6 +212,7 @@ class Client(NATS):
     def __init__(self) -> None:
         super().__init__()
         self._header_block = HeaderBlock()
+        self._ps = ProtocolReader(self)
         self._inline: dict[int, Callable[[Msg], None]] = {}  # by sid: callbacks called as a message is read
         self._kicked: asyncio.Future[None] | None = None  # ``_kick``
 
@@ -295,6 +300,12 @@ class Client(NATS):
 
     def _parse_header_lines(self, raw: bytes) -> dict[str, str]:  # type: ignore[override]
         return self._header_block.parse(raw)
+
+    async def _process_headers(self, headers: bytes | None) -> dict[str, str] | None:
+        """nats-py's, where a block without an inline status (``NATS/1.0 503``) is read in one step."""
+        if not headers or len(headers) <= _STATUS_AT or headers[_STATUS_AT] == _SPACE:
+            return await super()._process_headers(headers)
+        return self._header_block.parse(headers[_LINES_AT:]) or None
 
     async def _process_pong(self) -> None:
         if self._pongs:
