@@ -121,3 +121,44 @@ async def test_a_core_request_arrives_as_a_delivery_of_attempt_one(bus: Bus) -> 
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert got == [(1, None, "gym.core.test")]
+
+
+async def test_serve_runs_at_most_its_concurrency_and_the_rest_in_the_order_they_came(bus: Bus) -> None:
+    """``serve`` takes each request as it is read: past its slots a request waits (not as a task) and the first
+    slot freed goes to the oldest; every caller is answered."""
+    running = peak = 0
+    started: list[str] = []
+    gate = anyio.Event()
+
+    async def handler(body: ToolCall, d: Delivery) -> ToolCall:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        started.append(body.name)
+        await gate.wait()
+        running -= 1
+        return body
+
+    names = [f"t{i}" for i in range(12)]
+    answers: dict[str, object] = {}
+    async with anyio.create_task_group() as tg:
+        await bus.serve(tg, "gym.core.slots", handler, concurrency=3)
+        await bus.nc.flush()
+
+        async def call(name: str) -> None:
+            payload = ToolCall(session="s", name=name, arguments="{}")
+            answers[name] = (await bus.request("gym.core.slots", payload, timeout=60, op="tool")).name
+
+        async with anyio.create_task_group() as callers:
+            for name in names:
+                callers.start_soon(call, name)
+                await bus.nc.flush()  # sent in this order
+            with anyio.fail_after(30):
+                while len(started) < 3:
+                    await anyio.sleep(0.01)
+            assert peak == 3 and len(started) == 3  # the other nine wait for a slot
+            gate.set()
+        tg.cancel_scope.cancel()
+    assert peak == 3
+    assert started == names  # each freed slot went to the oldest waiting
+    assert answers == {n: n for n in names}

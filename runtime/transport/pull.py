@@ -26,9 +26,9 @@ import msgspec
 from nats.aio.msg import Msg
 
 from gym_runtime.observability import logs
-from gym_runtime.transport.delivery import Delivery
+from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import CONTROL, sent_as_control
-from gym_runtime.transport.interface import Connection
+from gym_runtime.transport.interface import Connection, inline
 from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
 from gym_runtime.transport.subjects import pull_next
 from gym_runtime.transport.tasks import TaskSet
@@ -214,23 +214,27 @@ class PullWorker:
         async with anyio.create_task_group() as tg:
             tg.start_soon(tasks.guard)
 
-            async def on_msg(msg: Msg) -> None:
+            async def on_status(headers: dict[str, str]) -> None:
+                status = headers.get("Status")
+                if status == "408":  # the oldest request expired: its leftover credits are void
+                    if self._requests and self._requests.oldest_expires_at() <= time.monotonic() + 1.0:
+                        self._requests.drop_oldest()
+                    await self._pull(force=True)
+                elif status == "503" or (status == "409" and "Deleted" in headers.get("Description", "")):
+                    self._requests.clear()  # no consumer answers: it was deleted
+                    if self.recreate is not None and not self._recreating:
+                        self._recreating = True
+                        tg.start_soon(self._make_again)
+                elif status == "409":  # refused or voided (leader change, max waiting)
+                    self._requests.clear()
+                    await self._pull(force=True)
+
+            def taken(msg: Message) -> Delivery | None:
+                """The delivery ``msg`` holds, counted as taken; None for a status (handled in a task of its own)."""
                 headers = msg.headers
                 if headers and "Status" in headers and not msg.data:
-                    status = headers.get("Status")
-                    if status == "408":  # the oldest request expired: its leftover credits are void
-                        if self._requests and self._requests.oldest_expires_at() <= time.monotonic() + 1.0:
-                            self._requests.drop_oldest()
-                        await self._pull(force=True)
-                    elif status == "503" or (status == "409" and "Deleted" in headers.get("Description", "")):
-                        self._requests.clear()  # no consumer answers: it was deleted
-                        if self.recreate is not None and not self._recreating:
-                            self._recreating = True
-                            tg.start_soon(self._make_again)
-                    elif status == "409":  # refused or voided (leader change, max waiting)
-                        self._requests.clear()
-                        await self._pull(force=True)
-                    return
+                    tasks.spawn(on_status, headers)
+                    return None
                 self._requests.consume()
                 self.busy += 1
                 self.delivered += 1
@@ -241,12 +245,19 @@ class PullWorker:
                     self._added.append(msg.reply)
                     if self._news is not None:
                         self._news.set()
-                if self.inline:
-                    await self._run_one(delivery)
-                else:
+                return delivery
+
+            def spawned(msg: Message) -> None:  # each delivery's handler in a task, started as the message is read
+                delivery = taken(msg)
+                if delivery is not None:
                     tasks.spawn(self._run_one, delivery)
 
-            sub = await nc.subscribe(self._inbox, cb=on_msg)
+            async def awaited(msg: Message) -> None:  # ``inline``: handlers awaited in turn, in the subscription's task
+                delivery = taken(msg)
+                if delivery is not None:
+                    await self._run_one(delivery)
+
+            sub = await nc.subscribe(self._inbox, cb=awaited if self.inline else inline(spawned))
             tg.start_soon(self._heartbeats)
             live_sub = None
             if self.liveness is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -29,12 +30,13 @@ from gym_runtime.transport.headers import (
     EXPIRES_HEADER,
     PROGRESS_HEADER,
 )
-from gym_runtime.transport.interface import Handler, Subscription, Wire
+from gym_runtime.transport.interface import Handler, Subscription, Wire, inline
 from gym_runtime.transport.rpc import Keepalive, Timings, error_info, traced
 from gym_runtime.transport.tasks import TaskSet
 
 _UNSET: Any = object()  # "no body decoded yet" (None is a body)
 JUNK_LOG_S = 10.0  # a cause of refused requests is logged at most once per this many seconds
+BACKLOG_MSGS = 512 * 1024  # messages one ``serve`` subscription holds while its slots are busy (nats-py's limit)
 
 log = logs.get("gym.bus")
 
@@ -223,16 +225,18 @@ class Serving:
             finally:
                 await done()
 
-        async def on_msg(msg: Message) -> None:
-            delivery = Delivery(msg)
-            if not admit(delivery):
-                await asyncio.sleep(0)
-                if not admit(delivery):
-                    await self.busy(delivery)
-                    return
-            tasks.spawn(run, delivery)
+        async def after_a_turn(delivery: Delivery) -> None:
+            await asyncio.sleep(0)
+            if admit(delivery):
+                await run(delivery)
+            else:
+                await self.busy(delivery)
 
-        return await self.wire.subscribe(subject, queue=queue, cb=on_msg)
+        def on_msg(msg: Message) -> None:
+            delivery = Delivery(msg)
+            tasks.spawn(run if admit(delivery) else after_a_turn, delivery)
+
+        return await self.wire.subscribe(subject, queue=queue, cb=inline(on_msg))
 
     async def serve(
         self,
@@ -246,21 +250,28 @@ class Serving:
     ) -> Subscription:
         """Subscribe and run each message in its own task, at most ``concurrency`` at once.
 
-        When all slots are busy the subscription's callback waits, so messages queue
-        in the client (and, past its pending limits, the server) instead of piling up
-        as tasks.
+        Each message is taken as the connection reads it (``interface.inline``: no queue and task of the
+        subscription's own between). When all slots are busy it waits in this subscription's backlog, not as a
+        task, and the first slot freed runs the oldest; past ``BACKLOG_MSGS`` waiting (nats-py's own limit for a
+        subscription's pending messages) a message is dropped and counted, as nats-py drops a slow consumer's.
         """
-        limiter = asyncio.Semaphore(concurrency)
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
+        backlog: deque[tuple[Message, Any]] = deque()
+        free = concurrency
 
         async def run_one(msg: Message, body: Any) -> None:
+            nonlocal free
             try:
                 await self.handle(Delivery(msg), handler, reply_to=msg.reply, default_error=default_error, body=body)
             finally:
-                limiter.release()
+                if backlog:  # the slot passes to the oldest waiting
+                    tasks.spawn(run_one, *backlog.popleft())
+                else:
+                    free += 1
 
-        async def on_msg(msg: Message) -> None:
+        def on_msg(msg: Message) -> None:
+            nonlocal free
             headers = msg.headers
             body = _UNSET
             if not (headers and BLOB_HEADER in headers):  # decoded here: junk costs no task, span or slot
@@ -269,9 +280,18 @@ class Serving:
                 except Exception as exc:
                     sent = self._reply_bad_request(msg, exc)
                     if sent is not None:
-                        await sent
+                        tasks.spawn(_awaited, sent)
                     return
-            await limiter.acquire()
-            tasks.spawn(run_one, msg, body)
+            if free:
+                free -= 1
+                tasks.spawn(run_one, msg, body)
+            elif len(backlog) < BACKLOG_MSGS:
+                backlog.append((msg, body))
+            else:
+                self.warn_limited("requests.dropped", "backlog full", subject=msg.subject)
 
-        return await self.wire.subscribe(subject, queue=queue, cb=on_msg)
+        return await self.wire.subscribe(subject, queue=queue, cb=inline(on_msg))
+
+
+async def _awaited(sent: Awaitable[None]) -> None:
+    await sent
