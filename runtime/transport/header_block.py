@@ -38,7 +38,10 @@ class HeaderBlock:
             if key is None:
                 key = self._name(k)
             if key:
-                lines.append(f"{key}: {v.strip().translate(_NEWLINES)}")
+                v = v.strip()
+                if "\r" in v or "\n" in v:
+                    v = v.translate(_NEWLINES)
+                lines.append(f"{key}: {v}")
         lines += ("", "")
         return "\r\n".join(lines).encode()
 
