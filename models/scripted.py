@@ -195,6 +195,43 @@ def _item_words(item: Item) -> int:
     return 0
 
 
+def _item_ids(items: list[Item]) -> list[int]:
+    """Made-up token ids of ``items``: one per word (its length, so ids are small and the same for the same text),
+    and one that ends each item."""
+    ids: list[int] = []
+    for item in items:
+        if isinstance(item, Message):
+            text = message_text(item)
+        elif isinstance(item, FunctionCall):
+            text = f"{item.name} {item.arguments}"
+        elif isinstance(item, FunctionCallOutput):
+            text = item.output
+        else:
+            text = ""
+        ids += [len(w) for w in text.split()]
+        ids.append(0)
+    return ids
+
+
+def _add_token_ids(items: list[Item], output: list[Item]) -> None:
+    """Token ids and logprobs on the last output item, as a token-in adapter puts them: the prompt is the last
+    turn's prompt and generation, then the ids of the items since it."""
+    seen: list[int] = []
+    since = 0
+    for k in range(len(items) - 1, -1, -1):
+        item = items[k]
+        if isinstance(item, (Message, FunctionCall, Reasoning)) and isinstance(item.generation_token_ids, list):
+            seen = [*(item.prompt_token_ids or ()), *item.generation_token_ids]
+            since = k + 1
+            break
+    generated = _item_ids(output)
+    last = output[-1]
+    assert isinstance(last, (Message, FunctionCall))
+    last.prompt_token_ids = seen + _item_ids(items[since:])
+    last.generation_token_ids = generated
+    last.generation_log_probs = [-0.5] * len(generated)
+
+
 def _forced_tool(tool_choice: Any) -> str | None:
     """The function name a ``tool_choice`` object forces (Responses or chat shape)."""
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
@@ -213,6 +250,10 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     # request's last message; "" matches any. For hosting code that parses what its model says (a judge's
     # JSON verdict, a game's move tag), which "OK" would fail. No key found: the default answer.
     answers: dict[str, str] = msgspec.field(default_factory=dict)
+    # As a token-in adapter: each response's last item carries prompt and generation token ids and logprobs
+    # (one made-up id per word, each turn's prompt the turns before it and then what came since), so trainer
+    # adapters run on it (``tests/bench/instructions.py --with-trl-adapter``).
+    token_ids: bool = False
 
     def call_budget_s(self) -> float:
         return self.budget_s
@@ -306,6 +347,8 @@ class ScriptedModel:
         if not output:
             output.append(assistant_message(self._answer(items), id=f"msg_scripted_{n}"))
 
+        if self.cfg.token_ids:
+            _add_token_ids(items, output)
         in_tokens = sum(_item_words(i) for i in items) + 1
         out_tokens = sum(_item_words(i) for i in output) + 1
         return Response(

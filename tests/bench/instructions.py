@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from pathlib import Path
 import anyio
 
 REPO = Path(__file__).resolve().parents[2]
+STEP_ROWS, GENERATIONS = 10, 4  # ``--with-trl-adapter``: a step's prompts as TRL hands them over (each 4 times)
 
 
 async def follow_live(url: str, batch: str) -> None:
@@ -55,8 +57,44 @@ async def follow_live(url: str, batch: str) -> None:
         await bus.close()
 
 
+def trl_steps(n: int, concurrency: int, sets: list[str], tmp: Path) -> None:
+    """``n`` rollouts asked for by the synchronous TRL adapter (``TRLRollouts``, TRL's ``rollout_func``; no trainer:
+    nothing registered or logged), in steps of ``STEP_ROWS`` prompts × ``GENERATIONS`` as TRL hands them over,
+    through a ``SyncClient`` whose workers run in this process, on an embedded server."""
+    import overhead
+
+    from gym_runtime import SyncClient
+    from gym_runtime.config import load_config, resolve_config
+    from gym_runtime.ops.nats_server import EmbeddedServer
+    from gym_runtime.trainers.trl import TRLRollouts
+
+    step = STEP_ROWS * GENERATIONS
+    assert n % step == 0, f"--small and --large are multiples of {step} with --with-trl-adapter"
+    srv = EmbeddedServer(store_dir=str(tmp / "js"))
+    srv.start()
+    try:
+        cfg = resolve_config(load_config(overhead.CONFIG, overhead.conc_sets(concurrency, sets)))
+        rows = [json.loads(line) for line in overhead.DATA.read_text().splitlines() if line.strip()]
+        rows = [rows[i % len(rows)] for i in range(n // GENERATIONS)]
+        with SyncClient(cfg, nats=srv.url) as client:
+            rollouts = TRLRollouts(client, rows, live=None)
+            prompts = [d["prompt"] for d in rollouts.dataset()]
+            for first in range(0, len(prompts), STEP_ROWS):
+                out = rollouts([p for p in prompts[first : first + STEP_ROWS] for _ in range(GENERATIONS)], None)
+                assert len(out["completion_ids"]) == step and rollouts.counts.failed == 0, rollouts.counts
+    finally:
+        srv.stop()
+
+
 def one_run(
-    n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none", viewer: bool = False
+    n: int,
+    concurrency: int,
+    model: str,
+    secure: bool = False,
+    isolation: str = "none",
+    viewer: bool = False,
+    token_ids: bool = False,
+    trl: bool = False,
 ) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
@@ -70,12 +108,24 @@ def one_run(
     tune_gc()
     with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
         sets = [*sets, f"resources.weather.isolation={isolation}"]
+        if token_ids or trl:
+            sets.append("models.policy.token_ids=true")
+        if trl:
+            trl_steps(n, concurrency, sets, Path(d))
+            return
         alongside = follow_live if viewer else None
         overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure, alongside=alongside)
 
 
 def instructions(
-    n: int, concurrency: int, model: str, secure: bool = False, isolation: str = "none", viewer: bool = False
+    n: int,
+    concurrency: int,
+    model: str,
+    secure: bool = False,
+    isolation: str = "none",
+    viewer: bool = False,
+    token_ids: bool = False,
+    trl: bool = False,
 ) -> int:
     proc = subprocess.run(
         [
@@ -98,6 +148,8 @@ def instructions(
             "--isolation",
             isolation,
             *(["--with-viewer"] if viewer else []),
+            *(["--token-ids"] if token_ids else []),
+            *(["--with-trl-adapter"] if trl else []),
         ],
         capture_output=True,
         text=True,
@@ -131,19 +183,51 @@ def main() -> None:
         action="store_true",
         help="view's live mode follows the batch in the same process (each result read, spooled and indexed)",
     )
+    ap.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="the scripted model says token ids and logprobs, as a token-in adapter (what a trainer reads)",
+    )
+    ap.add_argument(
+        "--with-trl-adapter",
+        action="store_true",
+        help=f"the rollouts asked for by the TRL adapter (TRLRollouts, a SyncClient), {STEP_ROWS} prompts x "
+        f"{GENERATIONS} a step, token ids on (--small/--large: multiples of {STEP_ROWS * GENERATIONS})",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(args.one, args.concurrency, args.model, args.secure, args.isolation, args.with_viewer)
+        one_run(
+            args.one,
+            args.concurrency,
+            args.model,
+            args.secure,
+            args.isolation,
+            args.with_viewer,
+            args.token_ids,
+            args.with_trl_adapter,
+        )
         return
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    how = (args.concurrency, args.model, args.secure, args.isolation, args.with_viewer)
+    how = (
+        args.concurrency,
+        args.model,
+        args.secure,
+        args.isolation,
+        args.with_viewer,
+        args.token_ids,
+        args.with_trl_adapter,
+    )
     small = instructions(args.small, *how)
     large = instructions(args.large, *how)
     per = (large - small) / (args.large - args.small)
     secured = (", --secure server" if args.secure else "") + f", isolation: {args.isolation}"
     secured += ", view's live mode following the batch" if args.with_viewer else ""
+    secured += ", token ids" if args.token_ids or args.with_trl_adapter else ""
+    secured += (
+        f", asked for by the TRL adapter ({STEP_ROWS} prompts x {GENERATIONS} a step)" if args.with_trl_adapter else ""
+    )
     print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight{secured}")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")
