@@ -111,3 +111,19 @@ async def test_a_reset_while_a_message_is_handled_drops_the_rest_of_the_old_buff
     assert [g[2] for g in nc.got] == [b"a"] and not parser.buf
     await parser.parse(b"MSG c 1 1\r\nz\r\n")
     assert [g[2] for g in nc.got] == [b"a", b"c"]
+
+
+async def test_a_message_the_client_takes_at_once_is_not_handed_on_again() -> None:
+    """``take_now`` (``connect.Client``'s, for inline callbacks) is asked first; what it takes never reaches
+    ``_process_msg``, what it leaves does, and the order of the two together is the order read."""
+
+    class Taking(Recorder):
+        def take_now(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> bool:
+            if sid % 2:
+                return False
+            self.got.append(("now", sid, bytes(subject), data))
+            return True
+
+    nc = Taking()
+    await ProtocolReader(nc).parse(b"".join(b"MSG s.%d %d 1\r\n%d\r\n" % (i, i, i % 10) for i in range(6)))
+    assert [(g[0], g[1]) for g in nc.got] == [("now", 0), ("msg", 1), ("now", 2), ("msg", 3), ("now", 4), ("msg", 5)]

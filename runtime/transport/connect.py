@@ -215,6 +215,7 @@ class Client(NATS):
         self._ps = ProtocolReader(self)
         self._inline: dict[int, Callable[[Msg], None]] = {}  # by sid: callbacks called as a message is read
         self._kicked: asyncio.Future[None] | None = None  # ``_kick``
+        self._heard: set[asyncio.Future[None]] = set()  # inline callbacks' errors on their way to the error callback
 
     async def subscribe(  # type: ignore[override]
         self, subject: str, queue: str = "", cb: Callable[[Msg], Awaitable[None]] | None = None, **kw: Any
@@ -229,6 +230,32 @@ class Client(NATS):
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         self._inline.pop(sid, None)
         super()._remove_sub(sid, max_msgs)
+
+    def take_now(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> bool:
+        """Hand a message for an inline callback to it as it is read (``ProtocolReader`` asks first): True when
+        taken; False (nothing done) for any other message, or one with an inline status, for ``_process_msg``."""
+        fn = self._inline.get(sid)
+        if fn is None:
+            return False
+        if headers:
+            if len(headers) <= _STATUS_AT or headers[_STATUS_AT] == _SPACE:
+                return False
+            read: dict[str, str] | None = self._header_block.parse(headers[_LINES_AT:]) or None
+        else:
+            read = None
+        stats = self.stats
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        msg = self.msg_class(
+            subject=subject.decode(), reply=reply.decode(), data=data, headers=read, _client=self, _sid=sid
+        )
+        try:
+            fn(msg)
+        except Exception as e:  # as nats-py treats a callback's error: the connection's error callback hears it
+            task: asyncio.Future[None] = asyncio.ensure_future(self._error_cb(e))
+            self._heard.add(task)
+            task.add_done_callback(self._heard.discard)
+        return True
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
         """nats-py's, but a message for an inline callback is handed to it here, no queue and no task between."""

@@ -24,6 +24,7 @@ class ProtocolReader(Parser):
         buf.extend(data)
         pos = 0
         nc = self.nc
+        take_now = getattr(nc, "take_now", None)  # ``connect.Client``'s: an inline callback's message, at once
         try:
             while pos < len(buf):
                 if self.state == AWAITING_MSG_PAYLOAD:
@@ -41,7 +42,9 @@ class ProtocolReader(Parser):
                         payload = bytes(buf[pos:end])
                     pos = end + 2
                     self.state = AWAITING_CONTROL_LINE
-                    await nc._process_msg(arg["sid"], arg["subject"], arg["reply"], payload, headers)
+                    sid, subject, reply = arg["sid"], arg["subject"], arg["reply"]
+                    if take_now is None or not take_now(sid, subject, reply, payload, headers):
+                        await nc._process_msg(sid, subject, reply, payload, headers)
                     if self.buf is not buf:  # the connection was reset meanwhile: nothing of this buffer is read
                         return
                     continue
@@ -66,17 +69,19 @@ class ProtocolReader(Parser):
         if eol < 0:
             return 0
         parts = bytes(buf[pos:eol]).split(b" ")
-        headed = parts[0] == b"HMSG"
-        n = len(parts) - headed
-        if n not in (4, 5) or not all(parts) or not parts[2].isdigit() or not parts[-1].isdigit():
-            return 0
-        if headed and not parts[-2].isdigit():
+        n = len(parts)
+        if parts[0] == b"MSG":
+            sizes = parts[-1:]
+        else:
+            sizes = parts[-2:]
+            n -= 1
+        if (n != 4 and n != 5) or b"" in parts or not b"".join(sizes).isdigit() or not parts[2].isdigit():
             return 0
         arg = self.msg_arg
         arg["subject"] = parts[1]
         arg["sid"] = int(parts[2])
         arg["reply"] = parts[3] if n == 5 else b""
-        self.needed = int(parts[-1])
-        self.header_needed = int(parts[-2]) if headed else 0
+        self.needed = int(sizes[-1])
+        self.header_needed = int(sizes[0]) if len(sizes) == 2 else 0
         self.state = AWAITING_MSG_PAYLOAD
         return eol + 2
