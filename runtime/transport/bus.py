@@ -56,12 +56,12 @@ from gym_runtime.transport.rpc import (
     DIRECT_ABSENT_S,
     DIRECT_BUSY_S,
     JS_ACK_TIMEOUT_S,
+    AckDeadlines,
     Busy,
     NoResponders,
     Pending,
     PubAck,
     Timings,
-    no_ack,
     traced,
 )
 from gym_runtime.transport.serving import Serving, replying
@@ -100,6 +100,7 @@ class Bus:
         self, conn: NATS | Wire, *, namespace: str, telemetry: Telemetry, timings: Timings | None = None
     ) -> None:
         self._timings = timings or Timings()
+        self._acks = AckDeadlines()  # stored publishes' acks still out
         self.ns = namespace
         self.subjects = Subjects(namespace)  # every name this bus publishes and subscribes with
         self.telemetry = telemetry
@@ -548,17 +549,16 @@ class Bus:
         would."""
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         ack_to = reply(prefix, SERVER_LANE, next(self._reply_seq))  # answered by the server itself
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Message] = loop.create_future()
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._replies[ack_to] = Pending(fut, time.monotonic())
-        timer = loop.call_later(max(ack_s, 0.0), no_ack, fut)
+        self._acks.add(fut, max(ack_s, 0.0))
         try:
             await self.wire.publish(subject, data, reply=ack_to, headers=headers)
             msg = await fut
         except Failure:  # the connection dropped with the ack outstanding: publish again (deduplicated)
             raise nats.errors.TimeoutError from None
         finally:
-            timer.cancel()
+            self._acks.discard(fut)
             self._replies.pop(ack_to, None)
         if msg.headers and msg.headers.get("Status") == "503":
             raise nats.js.errors.NoStreamResponseError

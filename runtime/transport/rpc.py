@@ -2,7 +2,7 @@
 
 A caller's call is a future watched by one timer for both its deadline and its responder's
 liveness (``Pending``); a handler that runs long tells its caller so every ``keepalive_s``
-(``Keepalive``); ``Timings`` says how soon each side gives up on the other. A call that
+(``Keepalives``); ``Timings`` says how soon each side gives up on the other. A call that
 nobody serves right now is ``NoResponders`` (``Busy`` when a direct call found no free slot).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
@@ -259,28 +260,76 @@ class Pending:
             self._end_pause(now, now - self._paused_at)  # caller's clock runs again
 
 
-class Keepalive:
-    """Tells a core-request caller every ``every_s`` that its request is still being worked on."""
+class Keepalives:
+    """Tells each core-request caller whose request a server is still working on, every ``every_s`` (up to half of
+    it late), that it still is: one timer for all of a server's calls, armed only while some run, where a timer
+    each was made and cancelled per call (most calls end before their first beat)."""
 
-    __slots__ = ("_publish", "_reply_to", "_loop", "_timer", "_sending", "_every_s")
+    __slots__ = ("_publish", "every_s", "_running", "_ids", "_timer", "_sending")
 
-    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], reply_to: str, every_s: float) -> None:
+    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], every_s: float) -> None:
         self._publish = publish  # a wire's core publish
-        self._reply_to = reply_to
-        self._every_s = every_s
-        self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_later(every_s, self._beat)
-        self._sending: asyncio.Task[None] | None = None  # held so it is not garbage-collected
+        self.every_s = every_s
+        self._running: dict[int, list[Any]] = {}  # a call's key -> [its reply subject, when its next beat is due]
+        self._ids = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()  # held so they are not garbage-collected
 
-    def _beat(self) -> None:
-        self._sending = self._loop.create_task(self._publish(self._reply_to, b"", headers={PROGRESS_HEADER: "1"}))
-        self._timer = self._loop.call_later(self._every_s, self._beat)
+    def start(self, reply_to: str) -> int:
+        """Watch a call that has begun; its key, for ``stop``."""
+        key = next(self._ids)
+        self._running[key] = [reply_to, time.monotonic() + self.every_s]
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.every_s / 2, self._tick)
+        return key
 
-    def cancel(self) -> None:
-        self._timer.cancel()
+    def stop(self, key: int) -> None:
+        """The call ended (answered, failed or cancelled): no beat for it from now on."""
+        self._running.pop(key, None)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for call in self._running.values():
+            if call[1] <= now:
+                call[1] = now + self.every_s
+                task = loop.create_task(self._publish(call[0], b"", headers={PROGRESS_HEADER: "1"}))
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+        self._timer = loop.call_later(self.every_s / 2, self._tick) if self._running else None
 
 
 JS_ACK_TIMEOUT_S = 5.0  # nats-py's JetStream default: a stored message's ack not back by then is retried
+ACK_TICK_S = 0.25  # how late a missing ack may be noticed (``AckDeadlines``)
+
+
+class AckDeadlines:
+    """Stored publishes' acks not back by their deadline fail as nats-py's ``TimeoutError`` (up to ``tick_s``
+    late): one timer for all of a bus's, armed only while some are out, where a timer each was made and
+    cancelled per stored message."""
+
+    __slots__ = ("tick_s", "_due", "_timer")
+
+    def __init__(self, tick_s: float = ACK_TICK_S) -> None:
+        self.tick_s = tick_s
+        self._due: dict[asyncio.Future[Message], float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, fut: asyncio.Future[Message], within_s: float) -> None:
+        self._due[fut] = time.monotonic() + within_s
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(min(self.tick_s, within_s), self._tick)
+
+    def discard(self, fut: asyncio.Future[Message]) -> None:
+        self._due.pop(fut, None)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        due = self._due
+        for fut in [f for f, at in due.items() if at <= now]:
+            del due[fut]
+            no_ack(fut)
+        self._timer = asyncio.get_running_loop().call_later(self.tick_s, self._tick) if due else None
 
 
 class PubAck(msgspec.Struct):

@@ -31,7 +31,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
 from gym_runtime.transport.interface import Handler, Subscription, Wire, inline
-from gym_runtime.transport.rpc import Keepalive, Timings, error_info, traced
+from gym_runtime.transport.rpc import Keepalives, Timings, error_info, traced
 from gym_runtime.transport.tasks import TaskSet
 
 _UNSET: Any = object()  # "no body decoded yet" (None is a body)
@@ -75,13 +75,22 @@ class Serving:
         self.wire = wire
         self.codec = codec
         self.telemetry = telemetry
-        self.timings = timings
+        self.timings = timings  # and the keepalives it times
         self.encode = encode
         self.decode = decode
         # requests that cannot be read or fail unexpectedly, counted per cause and logged at most once per
         # JUNK_LOG_S per cause (a flood of junk costs a counter each, not a log line or a traceback each)
         self.junk: dict[str, int] = {}
         self._junk_logged: dict[str, tuple[float, int]] = {}
+
+    @property
+    def timings(self) -> Timings:
+        return self._timings
+
+    @timings.setter
+    def timings(self, timings: Timings) -> None:
+        self._timings = timings
+        self.keepalives = Keepalives(self.wire.publish, timings.keepalive_s)
 
     async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:
         if not subject:
@@ -143,9 +152,8 @@ class Serving:
         else:  # nothing records: only the caller's context, for the messages this handler sends
             scope = tel.span("", parent=parent)
         with scope as span:
-            keepalive = None
-            if reply_to and msg.reply == reply_to:
-                keepalive = Keepalive(self.wire.publish, reply_to, self.timings.keepalive_s)
+            keepalives = self.keepalives
+            keepalive = keepalives.start(reply_to) if reply_to and msg.reply == reply_to else None
             try:
                 if body is _UNSET:
                     body = await self.decode(msg)
@@ -155,8 +163,8 @@ class Serving:
                 finally:
                     _REPLYING.reset(token)
             except Exception as exc:  # every failure becomes a typed reply, never a hang
-                if keepalive:
-                    keepalive.cancel()
+                if keepalive is not None:
+                    keepalives.stop(keepalive)
                 info = error_info(exc, default_error)
                 span.set_status(StatusCode.ERROR, info.message)
                 if not isinstance(exc, Failure):  # counted, logged once per cause and interval
@@ -164,11 +172,11 @@ class Serving:
                 await self.reply(reply_to, ErrorReply(error=info), error=True)
                 return False
             except BaseException:  # cancelled (the worker stops): no more "still working" for the caller,
-                if keepalive:  # whose liveness then sends the call elsewhere
-                    keepalive.cancel()
+                if keepalive is not None:  # whose liveness then sends the call elsewhere
+                    keepalives.stop(keepalive)
                 raise
-            if keepalive:
-                keepalive.cancel()
+            if keepalive is not None:
+                keepalives.stop(keepalive)
             if result is not None:
                 try:
                     await self.reply(reply_to, result)
