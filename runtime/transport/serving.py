@@ -233,16 +233,33 @@ class Serving:
             finally:
                 await done()
 
-        async def after_a_turn(delivery: Delivery) -> None:
-            await asyncio.sleep(0)
-            if admit(delivery):
-                await run(delivery)
-            else:
-                await self.busy(delivery)
+        waiting: deque[Delivery] = deque()  # refused once: each gets its turn, in order, as before
+        draining = False
+
+        async def drain() -> None:
+            nonlocal draining
+            try:
+                while waiting:
+                    delivery = waiting.popleft()
+                    if not admit(delivery):
+                        await asyncio.sleep(0)
+                        if not admit(delivery):
+                            await self.busy(delivery)
+                            continue
+                    tasks.spawn(run, delivery)
+            finally:
+                draining = False
 
         def on_msg(msg: Message) -> None:
+            nonlocal draining
             delivery = Delivery(msg)
-            tasks.spawn(run if admit(delivery) else after_a_turn, delivery)
+            if not waiting and admit(delivery):
+                tasks.spawn(run, delivery)
+                return
+            waiting.append(delivery)  # behind those refused before it, as the subscription's task kept them
+            if not draining:
+                draining = True
+                tasks.spawn(drain)
 
         return await self.wire.subscribe(subject, queue=queue, cb=inline(on_msg))
 
