@@ -86,16 +86,7 @@ def trl_steps(n: int, concurrency: int, sets: list[str], tmp: Path) -> None:
         srv.stop()
 
 
-def one_run(
-    n: int,
-    concurrency: int,
-    model: str,
-    secure: bool = False,
-    isolation: str = "none",
-    viewer: bool = False,
-    token_ids: bool = False,
-    trl: bool = False,
-) -> None:
+def one_run(n: int, args: argparse.Namespace) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts, every role in this process."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -106,27 +97,26 @@ def one_run(
 
     logs.configure("warning")  # as the CLI does
     tune_gc()
-    with tempfile.TemporaryDirectory() as d, overhead.model_mode(model) as (sets, mock):
-        sets = [*sets, f"resources.weather.isolation={isolation}"]
-        if token_ids or trl:
+    with tempfile.TemporaryDirectory() as d, overhead.model_mode(args.model) as (sets, mock):
+        sets = [*sets, f"resources.weather.isolation={args.isolation}"]
+        if args.token_ids or args.with_trl_adapter:
             sets.append("models.policy.token_ids=true")
-        if trl:
-            trl_steps(n, concurrency, sets, Path(d))
+        if args.with_trl_adapter:
+            trl_steps(n, args.concurrency, sets, Path(d))
             return
-        alongside = follow_live if viewer else None
-        overhead.one_process(n, concurrency, Path(d), sets, mock, secure=secure, alongside=alongside)
+        alongside = follow_live if args.with_viewer else None
+        overhead.one_process(n, args.concurrency, Path(d), sets, mock, secure=args.secure, alongside=alongside)
 
 
-def instructions(
-    n: int,
-    concurrency: int,
-    model: str,
-    secure: bool = False,
-    isolation: str = "none",
-    viewer: bool = False,
-    token_ids: bool = False,
-    trl: bool = False,
-) -> int:
+def workload_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that say the workload, as the measured run is given them."""
+    flags = ["--concurrency", str(args.concurrency), "--model", args.model, "--isolation", args.isolation]
+    named = {"--secure": args.secure, "--with-viewer": args.with_viewer, "--token-ids": args.token_ids}
+    named["--with-trl-adapter"] = args.with_trl_adapter
+    return flags + [flag for flag, on in named.items() if on]
+
+
+def instructions(n: int, args: argparse.Namespace) -> int:
     proc = subprocess.run(
         [
             "valgrind",
@@ -140,16 +130,7 @@ def instructions(
             __file__,
             "--one",
             str(n),
-            "--concurrency",
-            str(concurrency),
-            "--model",
-            model,
-            *(["--secure"] if secure else []),
-            "--isolation",
-            isolation,
-            *(["--with-viewer"] if viewer else []),
-            *(["--token-ids"] if token_ids else []),
-            *(["--with-trl-adapter"] if trl else []),
+            *workload_flags(args),
         ],
         capture_output=True,
         text=True,
@@ -197,30 +178,15 @@ def main() -> None:
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(
-            args.one,
-            args.concurrency,
-            args.model,
-            args.secure,
-            args.isolation,
-            args.with_viewer,
-            args.token_ids,
-            args.with_trl_adapter,
-        )
+        one_run(args.one, args)
         return
+    step = STEP_ROWS * GENERATIONS
+    if args.with_trl_adapter and (args.small % step or args.large % step):
+        ap.error(f"--with-trl-adapter: --small and --large must be multiples of {step}, got {args.small}, {args.large}")
     if shutil.which("valgrind") is None:
         sys.exit("instructions.py needs valgrind on PATH (apt-get install valgrind)")
-    how = (
-        args.concurrency,
-        args.model,
-        args.secure,
-        args.isolation,
-        args.with_viewer,
-        args.token_ids,
-        args.with_trl_adapter,
-    )
-    small = instructions(args.small, *how)
-    large = instructions(args.large, *how)
+    small = instructions(args.small, args)
+    large = instructions(args.large, args)
     per = (large - small) / (args.large - args.small)
     secured = (", --secure server" if args.secure else "") + f", isolation: {args.isolation}"
     secured += ", view's live mode following the batch" if args.with_viewer else ""
