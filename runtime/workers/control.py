@@ -169,14 +169,16 @@ class ControlView:
 class Flight:
     """One model call running on a replica: how a pause stops it and why (``mode``, set by the pause that
     stopped it). An adapter that can return what it generated so far waits on ``stop``; one that cannot is
-    cancelled through ``clock`` (an ``asyncio.timeout`` with no deadline, given one now). Both are made only
-    where that kind of adapter runs: a model call builds neither an Event nor a cancel scope otherwise."""
+    cancelled: its call's ``task`` (set only while that kind of adapter runs) gets a cancel of its own,
+    which the call takes back (``uncancel``) and tells from any other by ``cancelled``. A model call builds
+    neither an Event nor a cancel scope otherwise."""
 
-    __slots__ = ("_stop", "clock", "mode")
+    __slots__ = ("_stop", "task", "cancelled", "mode")
 
     def __init__(self) -> None:
         self._stop: anyio.Event | None = None
-        self.clock: asyncio.Timeout | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelled = False
         self.mode: str | None = None
 
     @property
@@ -195,8 +197,9 @@ class Flight:
         self.mode = mode
         if self._stop is not None:
             self._stop.set()
-        if cancel and self.clock is not None:
-            self.clock.reschedule(-1.0)  # in the past: expires at the loop's next turn
+        if cancel and self.task is not None and not self.cancelled:
+            self.cancelled = True
+            self.task.cancel()
 
 
 class Pausable:

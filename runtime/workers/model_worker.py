@@ -61,6 +61,7 @@ class ModelWorker:
         self.name = name
         self.cfg = cfg = config.models[name]
         self.adapter = adapter or load_adapter(cfg, base_dir=config.config.base_dir)
+        self.can_stop = interruptible(self.adapter)  # by its config: said once, read per call and per pause
         self.worker_id = uuid.uuid4().hex[:12]
         self.span_attributes = {"gym.model": name, "gym.worker": self.worker_id}  # on each call's CONSUMER span
         self.puller: Puller | None = None
@@ -159,7 +160,7 @@ class ModelWorker:
         if not self._as_sent(delivery):
             return None
         mode = msg.mode if isinstance(msg, PauseModel) and msg.mode in PAUSE_MODES else "drain"
-        can_stop = interruptible(self.adapter)
+        can_stop = self.can_stop
         if mode == "interrupt" and not can_stop:  # Client refuses this first; another caller's: drain
             log.warning("model.not_interruptible", model=self.name, worker=self.worker_id, adapter=self.cfg.adapter)
             mode = "drain"
@@ -203,11 +204,17 @@ class ModelWorker:
                     "with the same config and --set values, or give each experiment its own `namespace`"
                 ),
             )
-        async with self.running:  # `concurrency` bounds generations, however the calls arrived
+        running = self.running  # `concurrency` bounds generations, however the calls arrived
+        await running.acquire()
+        try:
             # a queued call has a slot: its caller's timeout starts now (its wait in the queue, and behind
             # direct calls that took this replica's slots after it was pulled, was not the call's)
-            await self.bus.taken((msg.headers or {}).get(REPLY_HEADER))
+            reply_to = msg.headers.get(REPLY_HEADER) if msg.headers else None
+            if reply_to:
+                await self.bus.taken(reply_to)
             response, ranges, started = await self._until_done(req)
+        finally:
+            running.release()
         version = ranges[0][2] if ranges else None
         took = time.perf_counter() - started  # its last try's generation (an interrupted call's earlier ones aside)
         meters = self.bus.telemetry.meters
@@ -256,7 +263,7 @@ class ModelWorker:
         when its last try started."""
         partial: Partial | None = None
         ranges: list[list[int]] = []  # over partial's tokens, one per interrupted try
-        can_stop = interruptible(self.adapter)
+        can_stop = self.can_stop
         while True:
             flight = await self.gate.enter()
             started = time.perf_counter()
@@ -294,16 +301,21 @@ class ModelWorker:
             partial = out
 
     async def _cancellable(self, flight: Flight, req: ModelRequest) -> Response | None:
-        """The call of an adapter that cannot stop by itself; None where an ``abort`` pause cancelled it."""
+        """The call of an adapter that cannot stop by itself; None where an ``abort`` pause cancelled it (its
+        own cancel, taken back here: a cancel of the worker's too still ends the call)."""
+        task = flight.task = asyncio.current_task()
+        assert task is not None
         try:
-            async with asyncio.timeout(None) as flight.clock:  # asyncio's own: cheaper than an anyio scope
-                return await self.adapter.generate(req.params, rollout_key=req.rollout_key)
-        except TimeoutError:
-            if flight.clock is None or not flight.clock.expired():
-                raise  # the adapter's own
-            return None
+            out = await self.adapter.generate(req.params, rollout_key=req.rollout_key)
+        except asyncio.CancelledError:
+            if flight.cancelled and task.uncancel() == 0:
+                return None
+            raise
         finally:
-            flight.clock = None  # exited: a pause from now on has nothing to cancel
+            flight.task = None  # ended: a pause from now on has nothing to cancel
+        if flight.cancelled:  # the adapter caught the cancel and answered: it was delivered all the same
+            task.uncancel()
+        return out
 
     def _admit(self, _: Delivery) -> bool:
         """A direct call runs here only with a free slot and the gate open; else it goes to the queue."""
