@@ -252,6 +252,7 @@ NAMES_ONLY = {
     "result_parts", "kind", "callee_lane",
     "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
     "caller_of", "seed_caller",
+    "ack_fields", "ack_reply",  # a delivery's count, sequence and time in its ack subject (and the in-memory double's)
     "every_namespace_tasks", "namespace_of",  # which namespaces a server holds (a hint naming --namespace)
 }  # fmt: skip
 

@@ -10,25 +10,22 @@ same shape (``Message``: the in-memory transport's, ``gym_runtime.testing``).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from gym_runtime.transport import subjects
-from gym_runtime.transport.subjects import JS_ACK_PREFIX
+from gym_runtime.transport.subjects import ack_fields
 
 __all__ = ["Delivery", "Message"]
 
 
 class Message(Protocol):
-    """What a ``Delivery`` reads of a message: nats-py's ``Msg`` has it. ``metadata`` (``num_delivered``,
-    ``sequence.stream``, ``timestamp``) is read only of a work-queue message (its reply is a JetStream ack)."""
+    """What a ``Delivery`` reads of a message: nats-py's ``Msg`` has it. A work-queue message's delivery count,
+    stream sequence and time stored are read off its reply subject (a JetStream ack subject: ``ack_fields``)."""
 
     subject: str
     data: bytes
     headers: dict[str, str] | None
     reply: str
-
-    @property
-    def metadata(self) -> Any: ...
 
     async def ack(self) -> None: ...
 
@@ -63,24 +60,20 @@ class Delivery:
     @property
     def attempt(self) -> int:
         """Which delivery of a work-queue message this is (1 the first time, and for core messages)."""
-        if not self.reply.startswith(JS_ACK_PREFIX):
-            return 1
-        return self._msg.metadata.num_delivered or 1
+        fields = ack_fields(self.reply)
+        return (fields.delivered or 1) if fields is not None else 1
 
     @property
     def stream_seq(self) -> int:
         """The message's sequence in its stream (0 for core messages): where a reader made again reads on."""
-        if not self.reply.startswith(JS_ACK_PREFIX):
-            return 0
-        return int(self._msg.metadata.sequence.stream)
+        fields = ack_fields(self.reply)
+        return fields.stream_seq if fields is not None else 0
 
     @property
     def enqueued_at(self) -> float | None:
         """When the stream stored the message (seconds since the epoch); None for core messages."""
-        if not self.reply.startswith(JS_ACK_PREFIX):
-            return None
-        stored = self._msg.metadata.timestamp
-        return stored.timestamp() if stored is not None else None
+        fields = ack_fields(self.reply)
+        return fields.stored_ns / 1e9 if fields is not None else None
 
     async def ack(self) -> None:
         """Done: the queue deletes it."""

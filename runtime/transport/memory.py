@@ -26,8 +26,6 @@ import contextlib
 import itertools
 import time
 import uuid
-from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -38,7 +36,7 @@ from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import MSG_ID_HEADER
 from gym_runtime.transport.interface import Handle, KeyValue, OnMessage, Puller, StreamReader, Subscription, Wire
 from gym_runtime.transport.limits import DUPLICATE_WINDOW_S
-from gym_runtime.transport.subjects import JS_ACK_PREFIX, Subjects, direct_get, inbox_prefix
+from gym_runtime.transport.subjects import AckFields, Subjects, ack_reply, direct_get, inbox_prefix
 
 __all__ = ["MemoryBroker", "MemoryMessage", "MemoryWire", "subject_matches"]
 
@@ -58,17 +56,6 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
-class _Meta:
-    """A stored message's delivery metadata, as nats-py's ``Msg.metadata`` gives it."""
-
-    __slots__ = ("num_delivered", "sequence", "timestamp")
-
-    def __init__(self, num_delivered: int, seq: int, stored_at: float) -> None:
-        self.num_delivered = num_delivered
-        self.sequence = SimpleNamespace(stream=seq, consumer=num_delivered)
-        self.timestamp = datetime.fromtimestamp(stored_at, tz=UTC)
-
-
 class _Stored:
     __slots__ = ("seq", "subject", "data", "headers", "stored_at", "delivered", "held", "ready_at")
 
@@ -78,6 +65,11 @@ class _Stored:
         self.delivered = 0
         self.held = False  # taken by a puller, not yet acked, nak'd or terminated
         self.ready_at = 0.0  # monotonic: a nak'd message waits until then
+
+
+def _ack_reply(s: _Stored, delivered: int) -> str:
+    """A delivery's reply subject as the server writes it: ``Delivery`` reads its count, sequence and time there."""
+    return ack_reply("memory", "c", AckFields(delivered, s.seq, int(s.stored_at * 1e9)))
 
 
 class MemoryMessage:
@@ -96,12 +88,6 @@ class MemoryMessage:
     ) -> None:
         self.subject, self.data, self.headers, self.reply = subject, data, headers, reply
         self._stored, self._broker = stored, broker
-
-    @property
-    def metadata(self) -> _Meta:
-        s = self._stored
-        assert s is not None, "only a stored message has delivery metadata"
-        return _Meta(s.delivered, s.seq, s.stored_at)
 
     async def ack(self) -> None:
         if self._stored is not None and self._broker is not None:
@@ -206,7 +192,7 @@ class MemoryBroker:
             if not s.held and s.ready_at <= now and subject_matches(pattern, s.subject):
                 s.held = True
                 s.delivered += 1
-                reply = f"{JS_ACK_PREFIX}memory.{s.seq}.{s.delivered}"
+                reply = _ack_reply(s, s.delivered)
                 return MemoryMessage(s.subject, s.data, dict(s.headers), reply, stored=s, broker=self)
         return None
 
@@ -361,14 +347,8 @@ class _ReadMessage(MemoryMessage):
     def __init__(self, stored: _Stored, consumer: _Consumer, broker: MemoryBroker) -> None:
         self._consumer = consumer
         n = consumer.deliveries[stored.seq]
-        reply = f"{JS_ACK_PREFIX}memory.{stored.seq}.{n}"
+        reply = _ack_reply(stored, n)
         super().__init__(stored.subject, stored.data, dict(stored.headers), reply, stored=stored, broker=broker)
-
-    @property
-    def metadata(self) -> _Meta:
-        s = self._stored
-        assert s is not None
-        return _Meta(self._consumer.deliveries.get(s.seq, 1), s.seq, s.stored_at)
 
     async def ack(self) -> None:
         assert self._stored is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from typing import NamedTuple
 
 __all__ = [
     "ANY_ROLE",
@@ -32,7 +33,10 @@ __all__ = [
     "JS_ACK_PREFIX",
     "LOST",
     "SERVER_LANE",
+    "AckFields",
     "Subjects",
+    "ack_fields",
+    "ack_reply",
     "acks",
     "advisory",
     "answer",
@@ -189,6 +193,37 @@ def pull_next(stream: str, consumer: str) -> str:
 def acks(stream: str, consumer: str) -> str:
     """The ack (nak, term, in-progress) subjects of a consumer's deliveries."""
     return f"{JS_ACK_PREFIX}{stream}.{consumer}.>"
+
+
+class AckFields(NamedTuple):
+    """What a JetStream delivery's reply subject says of the message (``ack_fields``)."""
+
+    delivered: int  # which delivery this is (1 the first time)
+    stream_seq: int  # its sequence in its stream
+    stored_ns: int  # when the stream stored it, in ns since the epoch
+
+
+def ack_reply(stream: str, consumer: str, fields: AckFields) -> str:
+    """A delivery's reply subject in the server's first form, with no pending count (the in-memory double's)."""
+    return f"{JS_ACK_PREFIX}{stream}.{consumer}.{fields.delivered}.{fields.stream_seq}.0.{fields.stored_ns}.0"
+
+
+def ack_fields(reply: str) -> AckFields | None:
+    """A JetStream delivery's fields, read off its reply subject (``$JS.ACK.<stream>.<consumer>.<delivered>.
+    <stream seq>.<consumer seq>.<ns>.<pending>``, or the second form's: a domain and an account hash before the
+    stream and a token at the end); None for any other reply. nats-py's ``Msg.metadata`` reads the same tokens
+    into three objects and a datetime: 2 a weather rollout, ~10 Python calls."""
+    if not reply.startswith(JS_ACK_PREFIX):
+        return None
+    tokens = reply.split(".")
+    n = len(tokens)
+    at = 4 if n == 9 else 6 if n >= 11 else 0
+    if not at:
+        return None
+    try:
+        return AckFields(int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 3]))
+    except ValueError:
+        return None
 
 
 def direct_get(stream: str, subject: str | None = None) -> str:
