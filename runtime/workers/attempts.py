@@ -33,25 +33,27 @@ class AttemptRecords:
     def __init__(self, bus: Transport, agent: str) -> None:
         self.bus, self.agent = bus, agent
         self._held: dict[str, list[AttemptStart | AttemptRetried]] = {}
-        self._stored: asyncio.Future[None] | None = None  # done once what is held now is stored
+        # the attempts waiting for what is held now to be stored: a future each, so one whose attempt is
+        # cancelled leaves the others' alone (no shield, which cost a future and two callbacks more per record)
+        self._waiting: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._ids = (f"{uuid.uuid4().hex[:12]}.{n}" for n in itertools.count())  # each message's msg id
         self._failing = False  # said once while the stream refuses, not per record
 
-    def add(self, batch: str, record: AttemptStart | AttemptRetried) -> asyncio.Future[None]:
-        """Hold ``record`` for the next group; the future is done once that group is stored (or given up)."""
+    def add(self, batch: str, record: AttemptStart | AttemptRetried) -> None:
+        """Hold ``record`` for the next group."""
         held = self._held.get(batch)
         if held is None:
             held = self._held[batch] = []
         held.append(record)
-        if self._stored is None:
-            self._stored = asyncio.get_running_loop().create_future()
         self._wake.set()
-        return self._stored
 
     async def started(self, batch: str, record: AttemptStart) -> None:
-        """Store an attempt's start record; returns once the server holds it."""
-        await asyncio.shield(self.add(batch, record))
+        """Store an attempt's start record; returns once the server holds it (or the group is given up)."""
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(stored)
+        self.add(batch, record)
+        await stored
 
     async def run(self) -> None:
         try:
@@ -64,7 +66,7 @@ class AttemptRecords:
                 await self.send()
 
     async def send(self) -> None:
-        held, done, self._held, self._stored = self._held, self._stored, {}, None
+        held, waiting, self._held, self._waiting = self._held, self._waiting, {}, []
         try:
             for batch, records in held.items():
                 subject = self.bus.subjects.attempt(self.agent, batch)
@@ -78,8 +80,9 @@ class AttemptRecords:
                 log.warning("attempts.not_stored", agent=self.agent, error=repr(e))
             self._failing = True
         finally:
-            if done is not None and not done.done():
-                done.set_result(None)
+            for stored in waiting:
+                if not stored.done():  # (cancelled with its attempt)
+                    stored.set_result(None)
 
 
 _encode_records = msgspec.msgpack.Encoder().encode
