@@ -1,13 +1,15 @@
 """The sandbox fleet against the raw Engine API, on this machine's Docker engine (``DOCKER_HOST``).
 
-    eval "$(bash .ci/docker.sh start)"; python tests/bench/sandboxes.py [--creates 64] [--concurrency 8] [--execs 500]
-        [--acquires 32] [--rounds 5]
+    eval "$(bash .ci/docker.sh start)"; python tests/bench/sandboxes.py [--creates 64] [--concurrency 8] [--pairs 2]
+        [--execs 500] [--acquires 32] [--rounds 5]
 
 Each row beside its baseline, measured in the same run (load stated in the header):
 
 - cold creates/s: ``--creates`` sandboxes at ``--concurrency`` at once through one sandbox worker on a real
   nats-server (create, then close), against ``POST /containers/create`` + ``/start`` (then remove) made
-  directly from one process with the same container body;
+  directly from one process with the same container body, in ``--pairs`` alternated pairs (raw, fleet, fleet,
+  raw, ...), with each path's CPU per create: this process's (the fleet's worker and bus run in it), nats-server's,
+  and the rest of the machine's (the engine: dockerd, containerd, the shims, runc);
 - exec overhead: the median of ``--execs`` ``true`` commands through the fleet (the author's
   ``box.exec``) against the same exec made directly with the Engine API from one process;
 - acquire latency, p50/p99: ``--acquires`` concurrent ``ctx.sandbox()`` (request to a held sandbox) from a
@@ -30,6 +32,7 @@ Not a CI test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -38,7 +41,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -107,9 +110,15 @@ async def main(args: argparse.Namespace) -> None:
                 await tg.start(worker.run)
                 await at_once(4, 4, raw_create)  # warm both paths
                 await at_once(4, 4, fleet_create)
-                t_raw = await at_once(args.creates, args.concurrency, raw_create)
-                t_fleet = await at_once(args.creates, args.concurrency, fleet_create)
-                raw_rate, fleet_rate = args.creates / t_raw, args.creates / t_fleet
+                # raw, fleet, fleet, raw, ...: neither path always runs first (the engine still tidying the
+                # previous round's removals), and each path's CPU is counted where it is spent
+                spent = {"raw": Spent(), "fleet": Spent()}
+                for i in range(2 * args.pairs):
+                    path = "raw" if i % 4 in (0, 3) else "fleet"
+                    with spent[path].counting(srv.pid):
+                        await at_once(args.creates, args.concurrency, raw_create if path == "raw" else fleet_create)
+                n = args.creates * args.pairs
+                raw_rate, fleet_rate = n / spent["raw"].wall_s, n / spent["fleet"].wall_s
 
                 async with boxes.sandbox() as box:
                     direct, through = [], []
@@ -137,12 +146,55 @@ async def main(args: argparse.Namespace) -> None:
           f"| {raw_rate:.1f} | {fleet_rate:.1f} | {fleet_rate / raw_rate:.0%} |")  # fmt: skip
     print(f"| exec `true`, median of {args.execs} (ms) | {d_med:.1f} | {f_med:.1f} | +{f_med - d_med:.1f} ms |")
     print()
+    print(f"CPU per cold create (ms; {args.pairs} alternated pairs of {args.creates}):")
+    print()
+    print("| path | this process (fleet: its worker and bus too) | nats-server | the rest of the machine (the engine) "
+          "| machine |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
+    for path, cpu in spent.items():
+        own, nats, machine = (1000 * v / n for v in (cpu.own_s, cpu.nats_s, cpu.machine_s))
+        print(f"| {path} | {own:.1f} | {nats:.1f} | {machine - own - nats:.1f} | {machine:.1f} |")
+    print()
     print(
         f"| acquire latency, {args.acquires} at once ({len(warm_ms)} warm, {len(cold_ms)} cold) | p50 (ms) | p99 (ms) |"
     )
     print("| --- | --- | --- |")
     for what, ms in (("cold (no warm pool)", cold_ms), (f"warm pool (`warm: {args.acquires}`)", warm_ms)):
         print(f"| {what} | {pct(ms, 50):.1f} | {pct(ms, 99):.1f} |")
+
+
+class Spent:
+    """Wall time and CPU seconds of the rounds of one path, summed: this process's, nats-server's, the machine's
+    (every core's busy time from ``/proc/stat``: the engine's daemons, the shims and runc among it)."""
+
+    def __init__(self) -> None:
+        self.wall_s = self.own_s = self.nats_s = self.machine_s = 0.0
+
+    @contextlib.contextmanager
+    def counting(self, nats_pid: int | None) -> Iterator[None]:
+        tick = os.sysconf("SC_CLK_TCK")
+        before = (time.perf_counter(), time.process_time(), proc_cpu_s(nats_pid, tick), machine_busy_s(tick))
+        yield
+        after = (time.perf_counter(), time.process_time(), proc_cpu_s(nats_pid, tick), machine_busy_s(tick))
+        wall, own, nats, machine = (b - a for a, b in zip(before, after, strict=True))
+        self.wall_s += wall
+        self.own_s += own
+        self.nats_s += nats
+        self.machine_s += machine
+
+
+def proc_cpu_s(pid: int | None, tick: int) -> float:
+    """A process's user + system CPU seconds (0 where there is none)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of proc(5))
+
+
+def machine_busy_s(tick: int) -> float:
+    """Every core's busy CPU seconds since boot (``/proc/stat``'s ``cpu`` line, idle and iowait left out)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / tick  # user nice system idle iowait irq softirq steal
 
 
 def pct(values: list[float], p: float) -> float:
@@ -429,6 +481,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--creates", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--pairs", type=int, default=2, help="alternated pairs of --creates: raw, fleet, fleet, raw, ...")
     p.add_argument("--execs", type=int, default=500)
     p.add_argument("--acquires", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
