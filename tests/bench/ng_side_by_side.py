@@ -117,6 +117,8 @@ class Deployment:
             with contextlib.suppress(psutil.Error):
                 cmd = q.cmdline()
                 script = next((Path(a).name for a in cmd[1:3] if a.endswith(".py") or "/" in a), "")
+                if not script and "-m" in cmd[1:2] and len(cmd) > 2:  # `python -m MODULE`: a hosted server's guest
+                    script = f"-m {cmd[2]}"
                 only = cmd[cmd.index("--only") + 1] if "--only" in cmd[:-1] else ""  # a pool's worker child
                 out[key] = (f"{q.name()} {script} {only}".strip(), cpu_of(q))
         return out
