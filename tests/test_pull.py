@@ -6,11 +6,15 @@ A worker holds at most ``slots`` messages at once however many wait; what it see
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 
 import anyio
 
 from gym_runtime.messages import ToolCall
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.jetstream import message_count
@@ -162,3 +166,44 @@ async def test_serve_runs_at_most_its_concurrency_and_the_rest_in_the_order_they
     assert peak == 3
     assert started == names  # each freed slot went to the oldest waiting
     assert answers == {n: n for n in names}
+
+
+async def test_a_refused_call_whose_busy_answer_cannot_be_sent_leaves_nothing_for_asyncio_to_report(
+    nats_server: EmbeddedServer,
+) -> None:
+    """A burst of direct calls refused while the serving connection closes: their busy answers cannot be sent
+    (the connection is draining or closed). That is no error of anyone's: the callers' own clocks end their calls.
+    It must not leave a failed task behind, which asyncio reports with a traceback ("Task exception was never
+    retrieved": CI saw one on a CLI's stderr after Ctrl-C)."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    server = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="closing")
+    caller = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="caller")
+    try:
+
+        async def never(body: object, d: Delivery) -> None:
+            raise AssertionError("nothing is admitted")
+
+        async def done() -> None: ...
+
+        async with anyio.create_task_group() as tg:
+            await server.serve_direct(
+                tg, "gym.core.refused", never, queue="q", admit=lambda d: False, done=done, default_error="internal"
+            )
+            await server.nc.flush()
+            for i in range(500):
+                await caller.nc.publish("gym.core.refused", b"", reply=f"_INBOX.nobody.{i}")
+            await caller.nc.flush()
+            with anyio.fail_after(30):
+                while server.nc.stats["in_msgs"] == 0:
+                    await anyio.sleep(0)
+            await server.close()  # while most of the burst still waits for its turn
+            tg.cancel_scope.cancel()
+        gc.collect()
+        await anyio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+        await caller.close()
+    assert [c.get("message") for c in reported] == []

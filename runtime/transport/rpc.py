@@ -260,6 +260,22 @@ class Pending:
             self._end_pause(now, now - self._paused_at)  # caller's clock runs again
 
 
+# what a publish raises on a connection that is closing (or reconnecting with its buffer full)
+_CANNOT_SEND = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.OutboundBufferLimitError,
+)
+
+
+async def courtesy(sent: Coroutine[Any, Any, None]) -> None:
+    """Send a message no one waits on being sent (a busy answer, a keepalive) in a task of its own: one the
+    connection can no longer send is dropped, as its caller's own clock ends the call, not left as a failed task
+    that asyncio reports with a traceback."""
+    with contextlib.suppress(*_CANNOT_SEND):
+        await sent
+
+
 class Keepalives:
     """Tells each core-request caller whose request a server is still working on, every ``every_s`` (up to half of
     it late), that it still is: one timer for all of a server's calls, armed only while some run, where a timer
@@ -293,7 +309,7 @@ class Keepalives:
         for call in self._running.values():
             if call[1] <= now:
                 call[1] = now + self.every_s
-                task = loop.create_task(self._publish(call[0], b"", headers={PROGRESS_HEADER: "1"}))
+                task = loop.create_task(courtesy(self._publish(call[0], b"", headers={PROGRESS_HEADER: "1"})))
                 self._sending.add(task)
                 task.add_done_callback(self._sending.discard)
         self._timer = loop.call_later(self.every_s / 2, self._tick) if self._running else None

@@ -31,7 +31,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
 from gym_runtime.transport.interface import Handler, Subscription, Wire, inline
-from gym_runtime.transport.rpc import Keepalives, Timings, error_info, traced
+from gym_runtime.transport.rpc import Keepalives, Timings, courtesy, error_info, traced
 from gym_runtime.transport.tasks import TaskSet
 
 _UNSET: Any = object()  # "no body decoded yet" (None is a body)
@@ -197,9 +197,10 @@ class Serving:
             await self.wire.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
 
     async def busy(self, msg: Delivery) -> None:
-        """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran."""
+        """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran. A connection that
+        is closing sends nothing (``courtesy``): the caller's own clock ends the call."""
         if msg.reply:
-            await self.wire.publish(msg.reply, b"", headers={BUSY_HEADER: "1"})
+            await courtesy(self.wire.publish(msg.reply, b"", headers={BUSY_HEADER: "1"}))
 
     async def serve_direct(
         self,
