@@ -490,4 +490,7 @@ if __name__ == "__main__":
     p.add_argument("--netns", action="store_true", help="--placement also with each worker in its own netns")
     p.add_argument("--hold", type=float, default=30.0)
     a = p.parse_args()
+    for flag, value in (("--pairs", a.pairs), ("--creates", a.creates), ("--concurrency", a.concurrency)):
+        if value < 1:
+            p.error(f"{flag} must be at least 1, not {value}")
     anyio.run(held_idle if a.idle or a.placement else main, a)
