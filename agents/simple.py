@@ -16,12 +16,7 @@ from __future__ import annotations
 
 from gym_runtime.agent import AgentContext, Outcome, Trajectory
 from gym_runtime.errors import Failure
-from gym_runtime.messages import (
-    FunctionCall,
-    FunctionCallOutput,
-    ItemError,
-    create_params,
-)
+from gym_runtime.messages import FunctionCall, ItemError, create_params
 
 
 async def run(ctx: AgentContext) -> Outcome:
@@ -32,20 +27,23 @@ async def run(ctx: AgentContext) -> Outcome:
     max_steps = ctx.config.max_steps
     trajectory = Trajectory(params)
     async with await ctx.open_session() as session:
+        # a redelivered attempt takes up its checkpoint: the last turn's calls still to run, or None
+        resumed = await trajectory.resume(ctx, session)
         while True:
-            resp = await trajectory.generate(ctx)
+            resp = resumed or await trajectory.generate(ctx)
+            resumed = None
             if trajectory.hit_token_limit(resp):
                 break
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
             done = False
-            for call in calls:  # whatever its name, a call reaches only a tool of the resource
-                reply = await session.call(call.name, call.arguments)
-                trajectory.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
+            for i, call in enumerate(calls):  # whatever its name, a call reaches only a tool of the resource
+                reply = await trajectory.call(ctx, session, call, i, last=i == len(calls) - 1)
                 done = done or reply.done
             if not calls or done:  # an answer, a turn with no message (reasoning only: NeMo Gym ends there too),
                 break  # or a tool's output ended the episode (the turn's other calls were answered first)
             if max_steps and trajectory.steps >= max_steps:
                 break
+            trajectory.answered(ctx)
         response = trajectory.response()
         verdict = await session.verify(ctx.row, response)
     return Outcome(response=response, verdict=verdict)

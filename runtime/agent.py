@@ -9,6 +9,7 @@ subjects), tracing and error typing. Agents never touch NATS.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Unpack
@@ -16,11 +17,16 @@ from typing import Any, Protocol, Unpack
 import anyio
 import msgspec
 
+from gym_runtime.checkpoint import Checkpointer
 from gym_runtime.config import AgentConfig
+from gym_runtime.errors import Failure
 from gym_runtime.messages import (
+    Checkpoint,
     CloseSession,
     Cost,
     CreateParams,
+    FunctionCall,
+    FunctionCallOutput,
     Item,
     ModelRequest,
     Response,
@@ -28,12 +34,14 @@ from gym_runtime.messages import (
     RowCheck,
     SeedReply,
     SeedRequest,
+    SessionHandle,
     ToolCall,
     ToolReply,
     Usage,
     VerifyReply,
     VerifyRequest,
 )
+from gym_runtime.resource import RESUME_ALIVE, RESUME_RESTORE
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.spec import SandboxAsk
 from gym_runtime.transport.interface import Transport
@@ -77,6 +85,8 @@ class Session:
         "_indices",
         "_cost",
         "_calls",
+        "resource",
+        "snapshot",
     )
 
     def __init__(
@@ -90,8 +100,11 @@ class Session:
         indices: dict[str, int] | None = None,
         cost: Cost | None = None,
         calls: Calls | None = None,
+        resource: str = "",
     ) -> None:
         self._bus = bus
+        self.resource = resource  # the environment's name (a checkpoint's handle of it)
+        self.snapshot: bytes | None = None  # the environment's last snapshot (``Resource.snapshot``), if asked
         self._cost = cost  # the rollout's: its tool calls' time is added there
         self._calls = calls  # ... and each call's start and time
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
@@ -146,9 +159,44 @@ class Session:
                 waits += 1
                 await anyio.sleep(delay)
 
-    async def call(self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
-        """A model's tool call: it reaches only a tool the environment declares, whatever its name."""
-        return await self._tool(ToolCall(session="", name=name, arguments=arguments), timeout, f"tool {name}")
+    async def call(
+        self, name: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S, id: str = "", snapshot: bool = False
+    ) -> ToolReply:
+        """A model's tool call: it reaches only a tool the environment declares, whatever its name. ``id``: the
+        same on every attempt of its turn (the session answers a repeated one with its first reply);
+        ``snapshot``: ask for the environment's snapshot after it (kept in ``self.snapshot``)."""
+        call = ToolCall(session="", name=name, arguments=arguments, id=id, snapshot=snapshot)
+        reply = await self._tool(call, timeout, f"tool {name}")
+        if snapshot and reply.snapshot is not None:
+            self.snapshot = reply.snapshot
+        return reply
+
+    def handle(self) -> SessionHandle | None:
+        """What a checkpoint keeps of this session (None: never opened on a worker)."""
+        seed = self._seed
+        if seed is None or self._closed:
+            return None
+        return SessionHandle(resource=self.resource, session=seed.session, address=seed.address, snapshot=self.snapshot)
+
+    async def resume(self, handle: SessionHandle) -> str:
+        """Take up the session a checkpoint names: ``reattached`` (its worker still holds it), ``restored`` (a
+        fresh session set back to the environment's snapshot), or ``restarted`` (a fresh session: the rollout
+        starts over)."""
+        self._seed = SeedReply(session=handle.session, address=handle.address)
+        try:
+            await self.operate(RESUME_ALIVE, "", timeout=30.0)
+            self.snapshot = handle.snapshot
+            return "reattached"
+        except (NoResponders, Failure):  # its worker is gone, or no longer holds it
+            self._seed = None
+        if handle.snapshot is not None:
+            reply = await self.operate(RESUME_RESTORE, base64.b64encode(handle.snapshot).decode())
+            if not reply.is_error:
+                self.snapshot = handle.snapshot
+                return "restored"
+            await self.close()  # it could not be set back: a fresh one below
+            self._closed, self._seed = False, None
+        return "restarted"
 
     async def operate(self, op: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         """One of the runtime's own session operations (``gym.reset``, ``gym.step``, ...), never a model's call."""
@@ -259,6 +307,15 @@ class AgentContext:
             where=f"agents.{task.agent}",
             absent_grace_s=config.absent_grace_s,
         )
+        # Resume at the last turn (``gym_runtime.checkpoint``): the rollout's checkpoints (None: not written), the
+        # one a redelivered attempt read back, and how it resumed from it (the row's ``resumed_*`` keys)
+        self.checkpoints: Checkpointer | None = None
+        self.resumed: Checkpoint | None = None
+        self.resumed_how: str | None = None
+        self.resumed_from_turn = 0
+        self.on_restart: Callable[[], None] | None = None  # the worker's: a restarted attempt gets a fresh clock
+        self.sessions: list[Session] = []  # the sessions it opened (a checkpoint's handles)
+        self.task_attempt = 1  # the delivery this attempt is (set by the worker)
 
     def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
@@ -269,6 +326,48 @@ class AgentContext:
     def remaining(self) -> float:
         """Seconds left before the runtime cancels this rollout (``timeout_s``)."""
         return self.deadline - time.monotonic()
+
+    def checkpoint(self, trajectory: Trajectory, phase: str) -> bool:
+        """Write the rollout's checkpoint now when its mode says one is due (``checkpoint``): its trajectory so
+        far, turn, cost and the handles of its sessions. In the background; True when one was asked."""
+        box = self.checkpoints
+        elapsed = self.config.timeout_s - self.remaining()
+        if box is None or trajectory._last is None or not box.due(trajectory.steps, elapsed):
+            return False
+        last = trajectory._last
+        partial = msgspec.structs.replace(last, output=list(trajectory.outputs), usage=trajectory.usage)
+        partial.status = "incomplete"  # the shape of a failure row's partial trajectory
+        box.write(
+            Checkpoint(
+                turn=trajectory.steps,
+                phase="generated" if phase == "generated" else "answered",
+                response=partial,
+                last_status=last.status,
+                last_from=trajectory._from,
+                cost=self.cost,
+                turns=self.turns,
+                policy_versions=self.policy_versions,
+                elapsed_s=max(0.0, elapsed),
+                sessions=[h for h in (s.handle() for s in self.sessions) if h is not None],
+                attempt=self.task_attempt,
+            )
+        )
+        return True
+
+    def resume_from(self, cp: Checkpoint, how: str) -> None:
+        """Take up a checkpoint's ledger: its cost, turns and policy versions (counted once: this attempt adds
+        only its own calls), and the rest of its clock."""
+        self.resumed_how, self.resumed_from_turn = how, cp.turn
+        self.cost.merge(cp.cost)  # its sessions add their tool time to this one
+        self.turns = list(cp.turns)
+        self.policy_versions = list(cp.policy_versions) if cp.policy_versions else None
+
+    def restarted(self, cp: Checkpoint) -> None:
+        """A checkpoint whose sessions could be neither reattached nor restored: the rollout starts over, with
+        a fresh clock."""
+        self.resumed_how, self.resumed_from_turn = "restarted", 0
+        if self.on_restart is not None:
+            self.on_restart()
 
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
@@ -302,7 +401,7 @@ class AgentContext:
         it in place of the task's row (one repeat of a group task, with its own rollout index)."""
         name = resource or self.config.resource
         task = self.task
-        return Session(
+        session = Session(
             self._bus,
             self._bus.subjects.seed(name, self._bus.caller),
             self.row if row is None else row,
@@ -314,7 +413,10 @@ class AgentContext:
             else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
             cost=self.cost,
             calls=self.calls,
+            resource=name,
         )
+        self.sessions.append(session)
+        return session
 
 
 class Trajectory:
@@ -324,6 +426,11 @@ class Trajectory:
     adds what the agent answers (tool outputs); ``response()`` is the whole
     trajectory as one ``Response`` (the last turn's, with every item and the
     usage summed over turns).
+
+    Resume at the last turn: ``generate`` checkpoints a turn with tool calls before they run, ``call`` runs one
+    under an id that is the same on every attempt of its turn, ``answered`` checkpoints the turn once its calls
+    are answered, and a redelivered attempt's ``resume`` takes the rollout up at its checkpoint (the simple
+    agent's loop shows the pattern; docs/operations.md#resume-at-the-last-turn).
     """
 
     def __init__(self, params: CreateParams) -> None:
@@ -333,18 +440,64 @@ class Trajectory:
         self.usage = Usage()
         self.steps = 0
         self._last: Response | None = None
+        self._stored = False  # the last turn's checkpoint was asked: its calls wait for it
+        self._from = 0  # where the last generation's items start in ``outputs``
 
     async def generate(self, ctx: AgentContext) -> Response:
         self.steps += 1
         self.params.input = self.prompt + self.outputs
         resp = await ctx.generate(self.params)
         self.usage.add(resp.usage)
+        self._from = len(self.outputs)
         self.outputs.extend(resp.output)
         self._last = resp
+        if any(isinstance(o, FunctionCall) for o in resp.output):
+            self._stored = ctx.checkpoint(self, "generated")  # its calls wait until it is stored (``call``)
         return resp
 
     def append(self, item: Item) -> None:
         self.outputs.append(item)
+
+    async def call(
+        self, ctx: AgentContext, session: Session, call: FunctionCall, index: int, *, last: bool
+    ) -> ToolReply:
+        """Run the ``index``-th tool call of this turn (``last``: its turn's last) and append its output: under an
+        id that is the same on every attempt of the turn, after the turn's checkpoint is stored, asking for the
+        environment's snapshot after the last one when the turn is checkpointed."""
+        if self._stored and ctx.checkpoints is not None:
+            self._stored = False
+            await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
+        box = ctx.checkpoints
+        snap = last and box is not None and box.due(self.steps, ctx.config.timeout_s - ctx.remaining())
+        reply = await session.call(call.name, call.arguments, id=f"{self.steps}.{index}", snapshot=snap)
+        self.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
+        return reply
+
+    def answered(self, ctx: AgentContext) -> None:
+        """The turn's calls are answered: checkpoint it (the next attempt starts at the next turn)."""
+        ctx.checkpoint(self, "answered")
+
+    async def resume(self, ctx: AgentContext, session: Session) -> Response | None:
+        """Take up a redelivered attempt's checkpoint (``ctx.resumed``), if any: its session reattached or
+        restored (else the rollout starts over) and its trajectory, turn and ledger. Returns the last
+        generation when its tool calls are still to run (each answered once: ``call``), else None."""
+        cp = ctx.resumed
+        if cp is None:
+            return None
+        handle = next((h for h in cp.sessions if h.resource == session.resource), None)
+        how = await session.resume(handle) if handle is not None else "restarted"
+        if how == "restarted":
+            ctx.restarted(cp)
+            return None
+        ctx.resume_from(cp, how)
+        self.outputs = list(cp.response.output)
+        self.usage = cp.response.usage or Usage()
+        self.steps = cp.turn
+        self._last = msgspec.structs.replace(cp.response, status=cp.last_status)
+        if cp.phase != "generated":
+            return None
+        self._from = cp.last_from
+        return msgspec.structs.replace(self._last, output=self.outputs[cp.last_from :])
 
     @staticmethod
     def hit_token_limit(resp: Response) -> bool:

@@ -536,12 +536,19 @@ class ToolCall(_Msg, tag="tool.v1"):
     # One of the runtime's own session operations (``gym.reset``, ``gym.step``, ``nemo_gym.http``), sent by
     # ``Session.operate``; a model's call is never one, whatever its name (``Resource.call_operation``).
     protocol: bool = False
+    # The same on every attempt of its turn ("": none): the session answers a repeated id with the reply it gave
+    # the first time (a resumed attempt replaying its turn), so no tool call runs twice (docs/changelog.md, 69).
+    id: str = ""
+    # Ask for the environment's snapshot after this call (the last of a turn that is checkpointed): an
+    # environment with ``Resource.snapshot`` answers it in ``ToolReply.snapshot``; any other ignores it.
+    snapshot: bool = False
 
 
 class ToolReply(_Msg, tag="tool.reply.v1"):
     output: str
     is_error: bool = False
     done: bool = False
+    snapshot: bytes | None = None  # the session's ``Resource.snapshot()`` when the call asked for it
 
 
 class VerifyRequest(_Msg, tag="verify.v1"):
@@ -560,6 +567,40 @@ class VerifyReply(_Msg, tag="verify.reply.v1"):
 
 class CloseSession(_Msg, tag="close.v1"):
     session: str
+
+
+# ------------------------------------------------------------------ a rollout's checkpoint (resume at its last turn)
+
+
+class SessionHandle(Struct, kw_only=True, omit_defaults=True):
+    """An environment session a rollout holds: enough to reattach to it (its worker still holds it) or to
+    restore a fresh one (``snapshot``: the environment's own bytes after the last turn, where it has them)."""
+
+    resource: str
+    session: str
+    address: str  # the subject prefix of the worker that holds it
+    snapshot: bytes | None = None
+
+
+class Checkpoint(Struct, kw_only=True, omit_defaults=True):
+    """A rollout's state at a step of a turn that matters, kept in the checkpoints bucket under its identity
+    (``Subjects.checkpoint_key``) and replaced as it goes: after a generation, before its tool calls run
+    (``phase`` "generated": a resume replays those calls, never samples new ones), and after their replies
+    ("answered"). ``response`` is the trajectory so far in the shape a failure row's partial trajectory has
+    (``status: "incomplete"``, its items with their token ids, logprobs and policy versions)."""
+
+    turn: int  # model turns made so far (the rows' ``resumed_from_turn`` when resumed from it)
+    phase: Literal["generated", "answered"]
+    response: Response
+    last_status: str | None = "completed"  # the last generation's own status (``response``'s is "incomplete")
+    last_from: int = 0  # where the last generation's items start in ``response.output``
+    cost: Cost | None = None  # what the rollout used so far: a resumed attempt starts from it (never twice)
+    turns: list[str] = field(default_factory=list)  # provenance.turns so far
+    policy_versions: list[int] | None = None
+    elapsed_s: float = 0.0  # the rollout's clock so far: a resumed attempt gets the rest of timeout_s
+    sessions: list[SessionHandle] = field(default_factory=list)
+    attempt: int = 1
+    worker: str = ""  # the agent worker that wrote it
 
 
 ErrorClass = Literal[
@@ -743,6 +784,7 @@ __all__ = [
     "AttemptRecord",
     "AttemptRetried",
     "AttemptStart",
+    "Checkpoint",
     "CloseSession",
     "Cost",
     "counted_ms",
@@ -767,6 +809,7 @@ __all__ = [
     "RowCheck",
     "SeedReply",
     "Served",
+    "SessionHandle",
     "SeedRequest",
     "ToolCall",
     "ToolReply",

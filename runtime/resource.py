@@ -54,6 +54,10 @@ _TOOL_MARK = "__gym_tool__"
 # The runtime's own session operations (``gym.reset``, ``gym.step``, ``nemo_gym.http``) are named under these;
 # they travel as operations (``Session.operate``), never as a model's tool call, and no tool may be named so.
 OPERATION_PREFIXES = ("gym.", "nemo_gym.")
+# The resource worker's own operations for a resumed rollout (never the environment's): whether the session is
+# still held there; a fresh session set back to a snapshot (``Resource.restore``)
+RESUME_ALIVE = "gym.resume.alive"
+RESUME_RESTORE = "gym.resume.restore"
 
 ArgumentMode = Literal["strict", "nemo_gym"]
 ARGUMENT_MODES: tuple[str, ...] = ("strict", "nemo_gym")
@@ -336,6 +340,16 @@ class Resource:
 
     async def close(self) -> None:
         return None
+
+    async def snapshot(self) -> bytes | None:
+        """Optional: the session's state as bytes, asked after each checkpointed turn and kept with the rollout's
+        checkpoint. With ``restore``, a rollout whose resource worker died resumes on a fresh session set back
+        to it (docs/environments.md#a-restorable-environment); None: not restorable (it starts over)."""
+        return None
+
+    async def restore(self, data: bytes) -> None:
+        """Optional: set this fresh session (``seed`` ran with the same task) back to a ``snapshot``'s bytes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a snapshot")
 
     async def call_tool(self, name: str, arguments: str | bytes) -> str:
         """Run one tool call and return its output as the model will see it.

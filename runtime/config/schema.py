@@ -170,6 +170,11 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the model does not count); past it the guest is killed, that rollout is a ``timeout`` row and the other
     # rollouts of that guest run again. Keep it under timeout_s.
     call_timeout_s: float = 120.0
+    # A rollout's checkpoint on the bus at each step of a turn that matters, so an attempt redelivered after its
+    # worker died resumes at its last turn (docs/operations.md#resume-at-the-last-turn): "auto", from the 4th
+    # model turn or the 60th second of a rollout (short rollouts write none: they cost nothing); "every_turn";
+    # "off", a redelivered attempt starts over.
+    checkpoint: Literal["auto", "every_turn", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent == HOSTED_AGENT_MODULE):
@@ -210,6 +215,9 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     blobs_max_bytes: int | str | None = None  # {NS}_BLOBS_{ROLE}, per role: a full one refuses that role's bodies
     kept_max_bytes: int | str | None = None  # {NS}_KEPT: each task's body until purge; the oldest batches' go first
     attempts_max_bytes: int | str | None = None  # {NS}_ATTEMPTS: each attempt's record (explain); the oldest go first
+    # {NS}_CHECKPOINTS: a rollout's checkpoint not replaced for this long is dropped (the backstop: each is
+    # deleted with its row, a failure row, a cancel and ``purge``); longer than a turn of the longest rollout
+    checkpoint_ttl_s: float = 6 * 3600.0
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
     # How long a large body of a call or reply (not a stored task's or result's, which live as long as their
     # message) stays in its blob stream: it is read at once, so an unreferenced chunk expires after this.

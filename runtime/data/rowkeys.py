@@ -27,6 +27,8 @@ RUNTIME_KEYS = frozenset(
         "agent_ref",
         "_ng_task_index",  # the ids (NeMo Gym's other ``_ng_*`` keys, ``_ng_failure_class``, are a verifier's)
         "_ng_rollout_index",
+        "resumed_from_turn",  # an attempt that took up its rollout's checkpoint: at which turn, and how
+        "resumed_how",
     }
 )
 _MISSING = object()

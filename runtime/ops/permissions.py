@@ -165,6 +165,10 @@ def _agent(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
         sj.kv_key(s.control_bucket, s.failed_keys(mine)),
         s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
+        # its rollouts' checkpoints (its pool's own keys), read back by a redelivered attempt: no other role
+        # reads or writes them (a forged one would steer a rollout)
+        sj.kv_key(s.checkpoints_bucket, s.checkpoint_keys(mine)),
+        *_read_kv(s.checkpoints_bucket),
         *_pull(s, "task", pool),
         sj.lane_replies(sj.lane("agent", mine)),  # status answers
     ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from gym_runtime.checkpoint import checkpoints_kv
 from gym_runtime.config import JetStreamConfig
 from gym_runtime.data import batches
 from gym_runtime.observability.tracing import Telemetry
@@ -62,6 +63,8 @@ async def provision(
                     await jetstream.provision_results(b, agents)  # a stream per agent (None: one shared)
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
+                    # rollouts' checkpoints (resume at the last turn), aged out by the run's checkpoint_ttl_s
+                    await checkpoints_kv(b, (settings or JetStreamConfig()).checkpoint_ttl_s)
                     await jetstream.ensure_kept_stream(b)  # each published task's body until its batch is purged
                     await jetstream.ensure_attempts_stream(b)  # each attempt's record of itself (explain)
                     for role in BLOB_ROLES:  # a stream per role; the last: clients take it for "provisioned"

@@ -734,15 +734,16 @@ class KV:
         await retrying(lambda: self._kv.delete(key), what="kv delete", within_s=self._within_s)
 
 
-async def kv_bucket(bus: Connection, bucket: str, *, within_s: float = API_RETRY_S) -> KV:
-    """The bucket, created on first use (history 1); its calls retried for ``within_s`` (``KV``)."""
+async def kv_bucket(bus: Connection, bucket: str, *, within_s: float = API_RETRY_S, ttl_s: float = 0.0) -> KV:
+    """The bucket, created on first use (history 1; ``ttl_s``: a key not written for that long is dropped, 0:
+    never); its calls retried for ``within_s`` (``KV``)."""
     replicas, _ = settings(bus)
 
     async def open_or_create() -> KV:
         try:
             return KV(await bus.js.key_value(bucket), within_s)
         except BucketNotFoundError:
-            cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES)
+            cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES, ttl=ttl_s or None)
             while True:
                 try:
                     return KV(await bus.js.create_key_value(cfg), within_s)

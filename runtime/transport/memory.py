@@ -502,7 +502,7 @@ class MemoryWire:
         self.streams.add(stream)
         return MemoryReader(self.broker, (stream, consumer), subject, handle)
 
-    async def kv(self, bucket: str, *, within_s: float) -> KeyValue:
+    async def kv(self, bucket: str, *, within_s: float, ttl_s: float = 0.0) -> KeyValue:  # no ages here
         return MemoryKV(self.broker.kv.setdefault(bucket, {}))
 
     async def subject_count(self, stream: str, subjects: str) -> int:

@@ -346,6 +346,12 @@ class Subjects:
         return f"{self._base}_CONTROL"
 
     @property
+    def checkpoints_bucket(self) -> str:
+        """The KV bucket of rollouts' checkpoints (resume at the last turn): one key per rollout, replaced as it
+        goes, deleted with its row; only the agent role reads or writes it (``ops/permissions.py``)."""
+        return f"{self._base}_CHECKPOINTS"
+
+    @property
     def stored(self) -> list[str]:
         """Every subject a stream of this namespace stores (the streams', the KV buckets' and the kept bodies'):
         what a secured server's APP account publishes into the JS account, which holds JetStream."""
@@ -358,6 +364,7 @@ class Subjects:
             self.all_attempts,
             kv_key(self.batches_bucket, ">"),
             kv_key(self.control_bucket, ">"),
+            kv_key(self.checkpoints_bucket, ">"),
         ]
 
     def stream(self, kind: str) -> str:
@@ -640,6 +647,18 @@ class Subjects:
     @staticmethod
     def failed_keys(agent: str) -> str:
         return f"failed.{agent}.>"
+
+    @staticmethod
+    def checkpoint_key(agent: str, batch: str, task_index: int | str, rollout_index: int | str) -> str:
+        """A rollout's checkpoint in the checkpoints bucket (its agent pool's workers may touch only their own
+        agent's: ``checkpoint_keys``); a batch id a KV key cannot hold is hashed, as ``failed_key`` does."""
+        if batch not in ("*", ">") and not _KV_KEY.fullmatch(batch):
+            batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
+        return f"{agent}.{batch}.{task_index}.{rollout_index}"
+
+    @staticmethod
+    def checkpoint_keys(agent: str) -> str:
+        return f"{agent}.>"
 
     @staticmethod
     def manifest_key(batch: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -28,6 +29,7 @@ import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
+from gym_runtime.checkpoint import Checkpointer
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.rowkeys import own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
@@ -74,11 +76,13 @@ def build_row(
     policy_versions: list[int] | None = None,
     cost: Cost | None = None,
     provenance: Provenance | None = None,
+    resumed: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """The output row, NeMo Gym's shape: params, response, reward, verifier extras, task fields, ids.
 
     ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version;
-    ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md). A field of the environment's or
+    ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md), and so are ``resumed_from_turn`` and
+    ``resumed_how`` (``resumed``: an attempt that took up a checkpoint). A field of the environment's or
     the agent's naming a runtime key raises ``Failure("verify_error")`` unless it only echoes it (``rowkeys``).
     """
     src = task.row
@@ -96,6 +100,8 @@ def build_row(
         runtime["cost"] = cost
     if provenance is not None:
         runtime["provenance"] = provenance
+    if resumed is not None:
+        runtime["resumed_from_turn"], runtime["resumed_how"] = resumed
     runtime["_ng_task_index"] = task.task_index
     runtime["_ng_rollout_index"] = task.rollout_index
     runtime["agent_ref"] = {**(ref if isinstance(ref, dict) else {"type": "responses_api_agents"}), "name": task.agent}
@@ -171,6 +177,7 @@ class AgentWorker:
         self.control = ControlView(bus, on_cancel=self._stop_batch)
         self._running: dict[str, set[anyio.CancelScope]] = {}  # batch -> its rollouts running here
         self.records = AttemptRecords(bus, name)
+        self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -272,10 +279,11 @@ class AgentWorker:
                 with logs.bound(
                     batch=task.batch, task_index=task.task_index, rollout_index=task.rollout_index, trace_id=trace_id
                 ):
-                    results = await self._run_task(task, attempt, msg)
-                    if results is None:
+                    ran = await self._run_task(task, attempt, msg)
+                    if ran is None:
                         self.retried += 1
                         return  # nak'd for redelivery
+                    results, checkpoints = ran
                     took = time.perf_counter() - started
                     for result in results:
                         self._account(result, took, attempt, span, meters)
@@ -283,6 +291,8 @@ class AgentWorker:
                         await self.puller.release(msg)  # the next task starts while this one is stored
                     for result in results:
                         await self._store(task, result)
+                    if checkpoints is not None:  # its row (or failure row) is stored: its checkpoint goes
+                        await checkpoints.remove()
                     await msg.ack()
                     self.completed += len(results)
                     self.busy_s += (time.perf_counter() - started) * len(results)
@@ -343,8 +353,11 @@ class AgentWorker:
             meters.rollout_done(self.name, took, reward)
             log.debug("rollout.done", agent=self.name, reward=reward, ms=round(1000 * took, 1), attempt=attempt)
 
-    async def _run_task(self, task: RolloutTask, attempt: int, msg: Delivery) -> list[RolloutResult] | None:
-        """The task's results (one per repeat it carries: several for a group task), or None when nak'd.
+    async def _run_task(
+        self, task: RolloutTask, attempt: int, msg: Delivery
+    ) -> tuple[list[RolloutResult], Checkpointer | None] | None:
+        """The task's results (one per repeat it carries: several for a group task) and its checkpoints (removed
+        once they are stored), or None when nak'd.
 
         Its steps: skipped (``_skip_reason``), started (``_started``: the attempts that failed so far, the
         attempt's record), refused after too many lost workers, run (``_attempt``), given back for another
@@ -353,12 +366,12 @@ class AgentWorker:
         skip = await self._skip_reason(task)
         if skip is not None:
             self.skipped += size
-            return _failures(task, attempt, skip)
+            return _failures(task, attempt, skip), await self._checkpoints(task, attempt, forget=True)
         key = self.bus.subjects.failed_key(task.agent, task.batch, task.task_index, task.rollout_index)
         failed = await self._started(task, attempt, key)
         lost = attempt - 1 - failed
         if lost > self.cfg.max_worker_losses:
-            return _failures(task, attempt, self._lost_too_often(lost))
+            return _failures(task, attempt, self._lost_too_often(lost)), await self._checkpoints(task, attempt, True)
         ctx = AgentContext(
             self.bus,
             task,
@@ -367,6 +380,10 @@ class AgentWorker:
             model_fingerprint=self._model_fps.get,
             model_liveness_s=self._model_patience.get,
         )
+        ctx.task_attempt = attempt
+        if (box := await self._checkpoints(task, attempt)) is not None:
+            ctx.checkpoints = box
+            ctx.resumed = await box.read() if attempt > 1 else None
         retrying = False
         try:
             ended = await self._attempt(ctx, task, size)
@@ -380,9 +397,22 @@ class AgentWorker:
             await _release(ctx)
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
+            if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
+                await box.settled()
         if isinstance(ended, Failure):
-            return _failures(task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
-        return self._results(ctx, task, attempt, ended)
+            failures = _failures(task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
+            return failures, box
+        return self._results(ctx, task, attempt, ended), box
+
+    async def _checkpoints(self, task: RolloutTask, attempt: int, forget: bool = False) -> Checkpointer | None:
+        """The rollout's checkpoints (None: its agent writes none, or a group task: its repeats run as one);
+        ``forget``: a task ended before it ran (its row deletes what an earlier attempt wrote)."""
+        if self.cfg.checkpoint == "off" or task.group > 1 or (forget and attempt == 1):
+            return None
+        key = self.bus.subjects.checkpoint_key(task.agent, task.batch, task.task_index, task.rollout_index)
+        box = Checkpointer(self.bus, key, self.cfg.checkpoint, self._checkpoint_ttl_s)
+        box.written = forget  # an earlier attempt's may be there
+        return box
 
     async def _started(self, task: RolloutTask, attempt: int, key: str) -> int:
         """The attempts of this task that failed so far; the attempt's start recorded.
@@ -417,10 +447,16 @@ class AgentWorker:
     async def _attempt(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome] | Failure:
         """Run the agent once under its clock (``timeout_s``, paused while sandboxes are acquired) and its
         batch's cancel: its outcomes, or the ``Failure`` that ended it (a crash is an ``internal`` one)."""
+        timeout_s = self.cfg.timeout_s
+        if ctx.resumed is not None:  # a resumed attempt gets the rest of the rollout's timeout_s (never more)
+            timeout_s = max(0.0, timeout_s - ctx.resumed.elapsed_s)
+            ctx.deadline = time.monotonic() + timeout_s
         try:
-            async with asyncio.timeout(self.cfg.timeout_s) as clock:  # asyncio's own: cheaper than anyio's
+            async with asyncio.timeout(timeout_s) as clock:  # asyncio's own: cheaper than anyio's
                 # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
                 ctx.sandboxes.on_acquire = paused = _Paused(ctx, clock)
+                if ctx.resumed is not None:  # restarted from turn 0 after all: the whole timeout_s again
+                    ctx.on_restart = functools.partial(_fresh_clock, ctx, clock, self.cfg.timeout_s)
                 # and so does an environment's, inside a call this rollout made (its handler says so)
                 pausing = ON_PAUSE.set(paused.in_call)
                 try:
@@ -466,7 +502,10 @@ class AgentWorker:
             cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
             spent = cost if i == first else spent
             try:
-                row = build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov)
+                resumed = (ctx.resumed_from_turn, ctx.resumed_how) if ctx.resumed_how else None
+                row = build_row(
+                    each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov, resumed=resumed
+                )
             except Failure as e:  # a field that would replace one of the runtime's row keys
                 return _failures(task, attempt, e.info, spent, ctx.calls.log)
             results.append(
@@ -682,6 +721,12 @@ class _Paused:
         else:
             self.waited_in_calls += took
         self(took)
+
+
+def _fresh_clock(ctx: AgentContext, clock: asyncio.Timeout, timeout_s: float) -> None:
+    """A resumed attempt that restarts gets the whole ``timeout_s`` from now."""
+    clock.reschedule(asyncio.get_running_loop().time() + timeout_s)
+    ctx.deadline = time.monotonic() + timeout_s
 
 
 def _runtime_version() -> str:

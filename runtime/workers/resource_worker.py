@@ -10,6 +10,8 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import sys
 import time
@@ -43,6 +45,8 @@ from gym_runtime.messages import (
 from gym_runtime.observability import logs
 from gym_runtime.plugins import code_identity
 from gym_runtime.resource import (
+    RESUME_ALIVE,
+    RESUME_RESTORE,
     Resource,
     ToolArgumentsError,
     Verdict,
@@ -59,6 +63,7 @@ from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
 from gym_runtime.workers.guest_wire import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
+from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
 
@@ -166,6 +171,7 @@ class ResourceWorker:
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
         self._books: dict[int, _Book] = {}  # native sessions' ledgers, by ``id`` of their instance (``_book``)
+        self._replies: dict[str, ToolReplies] = {}  # sessions' tool replies by call id (``ToolCall.id``)
         self.guest: Guest | None = None
         self.called: Any = None  # a hosted server's sessions on other resources (hosting's CalledSessions)
         if cfg.hosted and hosting is None:  # a bug: resolve_models (publishing) loads no plugin
@@ -383,44 +389,81 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            counting = _counting(self._book(inst)[0])
-            try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
-                run = inst.call_operation if req.protocol else inst.call_tool
-                output = await run(req.name, req.arguments)
-                return ToolReply(output=output, done=inst.episode_done)
-            except ToolArgumentsError as e:
-                return ToolReply(output=f"Error: {e}", is_error=True)
-            except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
-                raise
-            except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
-                log.warning("tool.failed", tool=req.name, error=repr(e))
-                return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
-            finally:
-                _counted(counting)
+            if req.protocol and req.name in (RESUME_ALIVE, RESUME_RESTORE):
+                return await self._resume_op(inst, req)
+            if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
+                replies = self._replies.get(req.session)
+                if replies is None:
+                    replies = self._replies[req.session] = ToolReplies()
+                return await replies.once(req.id, lambda: self._tool(inst, req))
+            return await self._tool(inst, req)
         if isinstance(req, VerifyRequest):
-            if not req.session:
-                return await self._stateless_verify_inner(req, msg)
-            inst = self._session(req.session)
-            if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
-                self.sessions.pop(req.session)
-                inst.close_on_verify = True
-                return self._served(inst, await verify_with(inst, req.row, req.response))
-            counting = _counting(self._book(inst)[0])
-            try:
-                verdict = await verify_with(inst, req.row, req.response)
-                if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
-                    closing = self.sessions.pop(req.session)
-                    if closing is not None:
-                        await _close(closing)
-            finally:
-                _counted(counting)
-            return self._served(inst, verdict)
+            if req.close:
+                self._replies.pop(req.session or "", None)
+            return await self._verify(req, msg)
         if isinstance(req, CloseSession):
+            self._replies.pop(req.session, None)
             closing = self.sessions.pop(req.session)
             if closing is not None:
                 await _close(closing)
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
+
+    async def _resume_op(self, inst: Resource, req: ToolCall) -> ToolReply:
+        """A resumed rollout's: its session is still held here (``_session`` found it), or a fresh session set
+        back to its snapshot (``Resource.restore``)."""
+        if req.name == RESUME_ALIVE:
+            return ToolReply(output="alive")
+        restore = getattr(inst, "restore", None)
+        if restore is None:  # a guest's session (its code in another process): none
+            return ToolReply(output="this environment cannot restore a snapshot", is_error=True)
+        try:
+            await restore(base64.b64decode(req.arguments, validate=True))
+        except (NotImplementedError, binascii.Error) as e:
+            return ToolReply(output=str(e), is_error=True)
+        except Exception as e:  # a snapshot it cannot take back: the rollout starts over
+            log.warning("restore.failed", error=repr(e))
+            return ToolReply(output=f"restore raised {type(e).__name__}: {e}", is_error=True)
+        return ToolReply(output="restored")
+
+    async def _tool(self, inst: Resource, req: ToolCall) -> ToolReply:
+        """One tool call or operation of a session, with its snapshot after it when asked."""
+        counting = _counting(self._book(inst)[0])
+        try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
+            run = inst.call_operation if req.protocol else inst.call_tool
+            output = await run(req.name, req.arguments)
+            reply = ToolReply(output=output, done=inst.episode_done)
+            if req.snapshot and (snap := getattr(inst, "snapshot", None)) is not None:
+                reply.snapshot = await snap()
+            return reply
+        except ToolArgumentsError as e:
+            return ToolReply(output=f"Error: {e}", is_error=True)
+        except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
+            raise
+        except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
+            log.warning("tool.failed", tool=req.name, error=repr(e))
+            return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+        finally:
+            _counted(counting)
+
+    async def _verify(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
+        if not req.session:
+            return await self._stateless_verify_inner(req, msg)
+        inst = self._session(req.session)
+        if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
+            self.sessions.pop(req.session)
+            inst.close_on_verify = True
+            return self._served(inst, await verify_with(inst, req.row, req.response))
+        counting = _counting(self._book(inst)[0])
+        try:
+            verdict = await verify_with(inst, req.row, req.response)
+            if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
+                closing = self.sessions.pop(req.session)
+                if closing is not None:
+                    await _close(closing)
+        finally:
+            _counted(counting)
+        return self._served(inst, verdict)
 
     async def _stateless_verify(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         if not self.bus.telemetry.meters.enabled:
@@ -472,3 +515,5 @@ class ResourceWorker:
             await anyio.sleep(min(60.0, self.cfg.session_ttl_s))
             for inst in self.sessions.idle_since(time.monotonic() - self.cfg.session_ttl_s):
                 await _close(inst)
+            for sid in [s for s in self._replies if s not in self.sessions]:  # sessions closed any other way
+                del self._replies[sid]

@@ -22,11 +22,14 @@ import msgspec
 import nats.errors
 import pytest
 
+from gym_runtime.checkpoint import Checkpointer
 from gym_runtime.config import ResourceConfig, load_config, resolve_config
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.collector import Collector
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
+    Checkpoint,
+    Response,
     RolloutResult,
     RolloutTask,
     SeedReply,
@@ -274,6 +277,37 @@ async def test_an_agent_pool_counts_failed_attempts_of_its_own_agents_rollouts_o
         assert await view.failed_attempts(key) == 0
     finally:
         for b in (mine, thief):
+            await b.close()
+
+
+async def test_a_rollouts_checkpoint_is_its_agent_pools_alone_to_write_and_read(pooled) -> None:
+    """A forged checkpoint would steer a rollout (issue 69): the weather agent's pool writes and reads back its
+    own; another agent pool cannot write it, and no other role (an environment, a model) can read it."""
+    srv, auth = pooled
+    mine = await connect_as(srv, auth, "agent", "weather_agent")
+    thieves = {
+        "agent": await connect_as(srv, auth, "agent", "other_agent"),
+        "resource": await connect_as(srv, auth, "resource", "other_env"),
+        "model": await connect_as(srv, auth, "model", "other_model"),
+    }
+    key = Subjects.checkpoint_key("weather_agent", "b1", 3, 0)
+    bucket = Subjects("gym").checkpoints_bucket
+    cp = Checkpoint(turn=7, phase="answered", response=Response(id="r", created_at=0.0, output=[]))
+    try:
+        box = Checkpointer(mine, key, "every_turn", 3600.0)
+        box.write(cp)
+        assert await box.settled()
+        assert await box.read() == cp
+        for thief in thieves.values():
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):  # refused: no answer
+                await thief.nc.request(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}", b"", timeout=1.0)
+            with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
+                await thief.js.publish(f"$KV.{bucket}.{key}", msgspec.msgpack.encode(cp), timeout=1.0)
+        assert await box.read() == cp  # unchanged
+        await box.remove()  # its row is stored: the checkpoint goes
+        assert await Checkpointer(mine, key, "every_turn", 3600.0).read() is None
+    finally:
+        for b in (mine, *thieves.values()):
             await b.close()
 
 

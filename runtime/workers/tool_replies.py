@@ -1,0 +1,47 @@
+"""A session's tool replies by call id: no tool call runs twice.
+
+A rollout resumed at its last turn replays that turn's tool calls under the ids they had (``ToolCall.id``: the
+same on every attempt of the turn). The session answers an id it answered before with that first reply, and one
+still running (the dead attempt's, in flight) with its reply once it ends: it is never run again. Bounded per
+session (the oldest forgotten first): a turn's calls are replayed only by the next attempt, right after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from gym_runtime.messages import ToolReply
+
+REPLIES_PER_SESSION = 64
+
+
+class ToolReplies:
+    __slots__ = ("_done", "_running")
+
+    def __init__(self) -> None:
+        self._done: dict[str, ToolReply] = {}
+        self._running: dict[str, anyio.Event] = {}
+
+    async def once(self, call_id: str, run: Callable[[], Awaitable[ToolReply]]) -> ToolReply:
+        """The reply to ``call_id``: the first one given, else the one still running's, else ``run``'s (a call
+        that raised is not recorded: it may be asked again)."""
+        while True:
+            done = self._done.get(call_id)
+            if done is not None:
+                return done
+            running = self._running.get(call_id)
+            if running is None:
+                break
+            await running.wait()  # the first one's reply, once it ends (or, if it raised, run it now)
+        self._running[call_id] = ended = anyio.Event()
+        try:
+            reply = await run()
+            self._done[call_id] = reply
+            while len(self._done) > REPLIES_PER_SESSION:
+                del self._done[next(iter(self._done))]
+            return reply
+        finally:
+            del self._running[call_id]
+            ended.set()
