@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from gym_runtime.checkpoint import checkpoints_kv
 from gym_runtime.config import resolve_config
 from gym_runtime.data.batches import Manifest, purge_batch
 from gym_runtime.data.inputs import publish_rows
@@ -54,6 +55,17 @@ async def test_purge_removes_the_batchs_kept_bodies_and_only_them(bus: Bus) -> N
     assert await subject_count(bus, s.kept_stream, s.kept("a", "*")) == 0
     assert await subject_count(bus, s.kept_stream, s.kept("b", "*")) == 5
     assert await kept_task(bus, "a", 0) is None
+
+
+async def test_purge_removes_the_batchs_checkpoints_and_only_them(bus: Bus) -> None:
+    """A purged batch leaves no rollout's checkpoint behind (issue 69): a batch id a key cannot hold too."""
+    kv = await checkpoints_kv(bus, 3600.0)
+    keys = {b: s.checkpoint_key("agent", b, 1, 0) for b in ("a", "b", "a:b+c/d")}
+    for key in keys.values():
+        await kv.put(key, b"checkpoint")
+    await purge_batch(bus, "a")
+    await purge_batch(bus, "a:b+c/d")
+    assert [await kv.get(keys[b]) for b in ("a", "b", "a:b+c/d")] == [None, b"checkpoint", None]
 
 
 async def test_max_republish_0_keeps_nothing(bus: Bus) -> None:

@@ -18,6 +18,7 @@ import msgspec
 
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.interface import Connection, KeyValue, Transport
+from gym_runtime.transport.subjects import kv_key, kv_stream
 
 
 class Owners(msgspec.Struct, kw_only=True):
@@ -182,7 +183,8 @@ async def other_namespaces(bus: Connection, batch: str | None = None) -> str:
 
 
 async def purge_batch(bus: Connection, batch: str) -> int:
-    """Remove a batch's results, kept tasks, attempt records and manifest; returns how many results were removed.
+    """Remove a batch's results, kept tasks, attempt records, rollouts' checkpoints and manifest; returns how many
+    results were removed.
 
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
@@ -193,5 +195,8 @@ async def purge_batch(bus: Connection, batch: str) -> int:
         removed += await jetstream.purge_subject(bus, stream, names.batch_results(batch))
     await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
     await jetstream.purge_subject(bus, names.attempts_stream, names.attempt("*", batch), count=False)
+    checkpoints = names.checkpoints_bucket  # its rollouts' checkpoints (resume): none outlives its batch
+    every = kv_key(checkpoints, names.checkpoint_key("*", batch, "*", "*"))
+    await jetstream.purge_subject(bus, kv_stream(checkpoints), every, count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed
