@@ -13,7 +13,7 @@ from gym_runtime.config import resolve_config
 from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.hosting.env import ensure as hosted_env
-from gym_runtime.hosting.harbor import ensure_config_images
+from gym_runtime.harbor.hosting import ensure_config_images
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
