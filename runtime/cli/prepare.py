@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.config.nemo import data_only_overrides, is_nemo_gym
+    from gym_runtime.nemo_gym.config import data_only_overrides, is_nemo_gym
     from gym_runtime.data.prepare import (
         InvalidRows,
         Options,
