@@ -4,7 +4,7 @@ Requests are Responses-API params converted to Chat Completions with NeMo Gym's
 semantics (``gym_runtime.chat``); answers come back as Responses items. HTTP,
 retries (429/5xx, bounded), the per-attempt timeout, several replicas
 (least-loaded, rollout affinity, failover) and rate limits are
-``models.transport``'s, shared with the ``openai`` adapter.
+``models.openai_http``'s, shared with the ``openai`` adapter.
 
 Token ids and logprobs (``return_token_ids: true``)
 --------------------------------------------------
@@ -94,7 +94,7 @@ from gym_runtime.models.tokens import (
     splice_prompt,
     tool_choice_structured_outputs,
 )
-from gym_runtime.models.transport import (
+from gym_runtime.models.openai_http import (
     ContextOverflow,
     Endpoint,
     HTTPOptions,
