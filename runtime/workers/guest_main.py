@@ -1,6 +1,6 @@
 """A guest process: a resource's own code (``setup``, sessions' ``seed``, tools, ``verify``, ``close``), or an agent
 module's (``setup``, each task's ``run`` or ``run_group``: a verifiers environment's whole rollout loop and rubric),
-run for its worker over one socket (``guest_wire``), with no bus of its own.
+run for its worker over one socket (``guest_frames``), with no bus of its own.
 
 Started by ``workers.guest`` as ``python -m gym_runtime.workers.guest_main SOCKET_FD RUNNING_FD``. Whatever
 this process's code does with the GIL (a quadratic regex, a sync step, native code that never yields), the
@@ -45,7 +45,7 @@ from gym_runtime.resource import (
     load_resource_class,
     note_thread_call,
 )
-from gym_runtime.workers.guest_wire import (
+from gym_runtime.workers.guest_frames import (
     GUEST_LOG_LEVEL,
     Called,
     CallResource,

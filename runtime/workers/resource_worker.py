@@ -57,7 +57,7 @@ from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
-from gym_runtime.workers.guest_wire import Start
+from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
