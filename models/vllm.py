@@ -85,15 +85,6 @@ from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.model import Partial
 from gym_runtime.models.openai import make_pool
-from gym_runtime.models.tokens import (
-    TOKEN_FIELDS,
-    find_end_token,
-    last_token_turn,
-    message_from_raw_text,
-    parse_hermes_tool_calls,
-    splice_prompt,
-    tool_choice_structured_outputs,
-)
 from gym_runtime.models.openai_http import (
     ContextOverflow,
     Endpoint,
@@ -102,6 +93,15 @@ from gym_runtime.models.openai_http import (
     base_urls,
     is_context_overflow,
     post_object,
+)
+from gym_runtime.models.tokens import (
+    TOKEN_FIELDS,
+    find_end_token,
+    last_token_turn,
+    message_from_raw_text,
+    parse_hermes_tool_calls,
+    splice_prompt,
+    tool_choice_structured_outputs,
 )
 from gym_runtime.observability import logs
 

@@ -207,8 +207,8 @@ def hosted_processes(
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.config import resolve_config
     from gym_runtime.data.validation import plan_publish
-    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
     from gym_runtime.harbor.hosting import ensure_config_images
+    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
     from gym_runtime.ops.nats_server import free_port
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import batch_pairs, run_batch

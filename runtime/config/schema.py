@@ -173,7 +173,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     call_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent in (HOSTED_AGENT_MODULE, _HOSTED_AGENT_BEFORE)):
+        if bool(self.agent) == bool(self.nemo_gym) and not (
+            self.nemo_gym and self.agent in (HOSTED_AGENT_MODULE, _HOSTED_AGENT_BEFORE)
+        ):
             raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
         if self.max_attempts < 1 or self.max_worker_losses < 0:
             raise ValueError("max_attempts must be at least 1 and max_worker_losses at least 0")

@@ -29,8 +29,8 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.harbor.dockerfile_from import FROM_LINE, resolve_from
 from gym_runtime.errors import UserError
+from gym_runtime.harbor.dockerfile_from import FROM_LINE, resolve_from
 from gym_runtime.sandboxes.images import BaseImage
 
 __all__ = [

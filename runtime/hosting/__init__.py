@@ -1,10 +1,11 @@
 """Kept for configs and plugins: the old path of NeMo Gym's hosting (now ``gym_runtime.nemo_gym.hosting``, its
 parity ``gym_runtime.nemo_gym.parity``) and of Harbor's image builder (now ``gym_runtime.harbor.hosting``).
 
-``import gym_runtime.hosting.agent`` (a saved config's hosted agent), ``gym_runtime.hosting.sandbox_provider``
-(a NeMo Gym config's provider) and ``python -m gym_runtime.hosting.harbor`` find the moved modules: each old
-name is bound to its module in ``sys.modules`` when this package loads, so an old path and the new one are the
-same module, not a copy. New code imports the new paths.
+``import gym_runtime.hosting.agent`` (a saved config's hosted agent) and ``python -m gym_runtime.hosting.harbor``
+find the moved modules: each old name is bound to its module in ``sys.modules`` when this package loads, so an
+old path and the new one are the same module, not a copy. New code imports the new paths. Not
+``sandbox_provider``: it imports NeMo Gym itself, so it loads only in a hosted server's environment, which finds
+it by the package's entry point (its new path; an environment is rebuilt when the entry points change).
 """
 
 import sys
@@ -18,7 +19,6 @@ from gym_runtime.nemo_gym.hosting import (
     host,
     middleware,
     resource,
-    sandbox_provider,
     server_client,
 )
 
@@ -32,7 +32,6 @@ MOVED = {
     "middleware": middleware,
     "parity": parity,
     "resource": resource,
-    "sandbox_provider": sandbox_provider,
     "server_client": server_client,
 }
 sys.modules.update({f"{__name__}.{name}": module for name, module in MOVED.items()})

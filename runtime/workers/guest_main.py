@@ -29,10 +29,10 @@ import msgspec
 from gym_runtime.agent import AgentContext
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
+from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
 from gym_runtime.nemo_gym.hosting.asgi import beside_main
 from gym_runtime.nemo_gym.hosting.env import in_hosted_env
 from gym_runtime.nemo_gym.hosting.host import called_reply, hosted_class
-from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import (

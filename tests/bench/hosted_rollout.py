@@ -36,8 +36,8 @@ def response(text: str) -> dict[str, Any]:
 async def drive(server: str, rollouts: int, concurrency: int, profile: str | None) -> None:
     import msgspec
 
-    from gym_runtime.nemo_gym.hosting.host import hosted_class
     from gym_runtime.messages import Response
+    from gym_runtime.nemo_gym.hosting.host import hosted_class
 
     cls = hosted_class(server, "env", {}, [], [], None)
     print(f"hosting code: {Path(sys.modules[hosted_class.__module__].__file__ or '').resolve()}", file=sys.stderr)

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.nemo_gym.hosting import env as hosting_env
 from gym_runtime.nemo_gym import parity as hosting_parity
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.hosting import LOOPBACK, assert_hosted_worker_opens_no_port, catalogue_root, listeners_while_running
 

@@ -61,6 +61,15 @@ from gym_runtime.config import AgentConfig
 from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
+from gym_runtime.messages import (
+    ErrorClass,
+    FunctionCall,
+    Response,
+    VerifyReply,
+    create_params,
+    output_text,
+    parse_items,
+)
 from gym_runtime.nemo_gym.hosting.asgi import AppLife, AppLoop, app_loop, on_loop, request
 from gym_runtime.nemo_gym.hosting.host import (
     MODEL_HOST,
@@ -73,15 +82,6 @@ from gym_runtime.nemo_gym.hosting.host import (
 )
 from gym_runtime.nemo_gym.hosting.middleware import lighten
 from gym_runtime.nemo_gym.hosting.server_client import server_client
-from gym_runtime.messages import (
-    ErrorClass,
-    FunctionCall,
-    Response,
-    VerifyReply,
-    create_params,
-    output_text,
-    parse_items,
-)
 
 _ECHOED = ("responses_create_params", "response", "reward")
 
