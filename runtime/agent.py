@@ -316,6 +316,7 @@ class AgentContext:
         self.on_restart: Callable[[], None] | None = None  # the worker's: a restarted attempt gets a fresh clock
         self.sessions: list[Session] = []  # the sessions it opened (a checkpoint's handles)
         self.task_attempt = 1  # the delivery this attempt is (set by the worker)
+        self.calls_from: list[int] | None = None  # a resumed attempt's: model and tool calls made before it
 
     def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
@@ -358,6 +359,8 @@ class AgentContext:
         """Take up a checkpoint's ledger: its cost, turns and policy versions (counted once: this attempt adds
         only its own calls), and the rest of its clock."""
         self.resumed_how, self.resumed_from_turn = how, cp.turn
+        tools = sum(isinstance(i, FunctionCallOutput) for i in cp.response.output)
+        self.calls_from = [len(cp.turns), tools]  # what earlier attempts made (``explain``)
         self.cost.merge(cp.cost)  # its sessions add their tool time to this one
         self.turns = list(cp.turns)
         self.policy_versions = list(cp.policy_versions) if cp.policy_versions else None

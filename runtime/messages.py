@@ -329,6 +329,10 @@ class RolloutResult(_Msg, tag="result.v1"):
     # is the i-th ``function_call`` of the response: neither is repeated here. A group's on its first repeat.
     calls: list[list[int]] | None = None
     commands: list[SandboxCommand] | None = None  # its own sandboxes' commands, in order (run's attempts sidecar)
+    # A resumed attempt's: the model and tool calls earlier attempts made before its own ``calls`` (its first
+    # model call is ``provenance.turns[calls_from[0]]``, its first tool call the response's
+    # ``calls_from[1]``-th function call)
+    calls_from: list[int] | None = None
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)

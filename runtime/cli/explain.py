@@ -86,7 +86,15 @@ def render(manifest: Any, h: Any) -> list[str]:
             lines.append(f"  redelivered: {_why(h, n)}")
         calls = a.retried.calls if a.retried is not None else next((r.calls for r in a.results if r.calls), None)
         row = next((r.row for r in a.results if r.row is not None), None)
-        lines += _calls(calls or [], row, models)
+        since = next((r.calls_from for r in a.results if r.calls_from), None)
+        if row is not None and row.get("resumed_how"):
+            turn, how = row.get("resumed_from_turn"), row["resumed_how"]
+            lines.append(
+                f"  resumed at turn {turn} ({how}): the turns before it ran in earlier attempts"
+                if how != "restarted"
+                else "  restarted: its checkpoint's session could be neither reattached nor restored"
+            )
+        lines += _calls(calls or [], row, models, since or [0, 0])
         if a.retried is not None:
             e = a.retried.error
             lines.append(f"  given back at {_when(a.retried.at)}: {e.error_class}: {e.message} (runs again)")
@@ -126,16 +134,19 @@ def _why(h: Any, n: int) -> str:
     return f"attempt {prev.number}'s worker was lost{where}: killed, node gone, or hung past ack_wait"
 
 
-def _calls(calls: list[list[int]], row: dict[str, Any] | None, models: dict[str, dict[str, str]]) -> list[str]:
+def _calls(
+    calls: list[list[int]], row: dict[str, Any] | None, models: dict[str, dict[str, str]], since: list[int]
+) -> list[str]:
     """Each model and tool call: its start from the attempt's, its time, and a model call's tokens; model entries
-    from the row's ``provenance.turns``, tool names from its response's function calls."""
+    from the row's ``provenance.turns``, tool names from its response's function calls (a resumed attempt's
+    from ``since``: the model and tool calls earlier attempts made), each numbered as the rollout's turn."""
     prov = row.get("provenance") if row else None
     turns = list(prov.get("turns") or []) if isinstance(prov, dict) else []
     response = row.get("response") if row else None
     output = response.get("output") if isinstance(response, dict) else None
     tools = [i.get("name", "?") for i in output or [] if isinstance(i, dict) and i.get("type") == "function_call"]
     out = []
-    m = t = 0
+    m, t = since[0], since[1]
     for c in calls:
         if len(c) >= 4:
             entry = turns[m] if m < len(turns) else "model"

@@ -174,8 +174,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A rollout's checkpoint on the bus at each step of a turn that matters, so an attempt redelivered after its
     # worker died resumes at its last turn (docs/operations.md#resume-at-the-last-turn): "auto", from the 4th
     # model turn or the 60th second of a rollout (short rollouts write none: they cost nothing); "every_turn";
-    # "off", a redelivered attempt starts over.
-    checkpoint: Literal["auto", "every_turn", "off"] = "auto"
+    # "off", a redelivered attempt starts over. (YAML reads a bare ``off`` as false: taken as "off".)
+    checkpoint: Literal["auto", "every_turn", "off"] | bool = "auto"
 
     def __post_init__(self) -> None:
         if bool(self.agent) == bool(self.nemo_gym) and not (
@@ -184,6 +184,10 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
         if self.max_attempts < 1 or self.max_worker_losses < 0:
             raise ValueError("max_attempts must be at least 1 and max_worker_losses at least 0")
+        if self.checkpoint is False:
+            self.checkpoint = "off"
+        elif self.checkpoint is True:
+            raise ValueError("checkpoint must be auto, every_turn or off")
         if self.call_timeout_s <= 0:
             raise ValueError("call_timeout_s must be > 0")
         if self.nemo_gym:

@@ -410,7 +410,9 @@ class AgentWorker:
         if self.cfg.checkpoint == "off" or task.group > 1 or (forget and attempt == 1):
             return None
         key = self.bus.subjects.checkpoint_key(task.agent, task.batch, task.task_index, task.rollout_index)
-        box = Checkpointer(self.bus, key, self.cfg.checkpoint, self._checkpoint_ttl_s)
+        box = Checkpointer(
+            self.bus, key, "every_turn" if self.cfg.checkpoint == "every_turn" else "auto", self._checkpoint_ttl_s
+        )
         box.written = forget  # an earlier attempt's may be there
         return box
 
@@ -516,6 +518,7 @@ class AgentWorker:
                     row=row,
                     answer_field=outcome.verdict.answer_field,
                     calls=ctx.calls.log if i == first and ctx.calls.log else None,
+                    calls_from=ctx.calls_from if i == first else None,
                     commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
                 )
             )

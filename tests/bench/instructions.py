@@ -10,7 +10,7 @@ the difference in rollouts: the instructions one rollout costs in our Python
 processes, with start-up and one-time costs cancelled out. nats-server (Go, its
 own process) is not counted. Repeat runs agree within about 1%.
 
-    python tests/bench/instructions.py [--small 200] [--large 600] [--concurrency 32]
+    python tests/bench/instructions.py [--small 200] [--large 600] [--concurrency 32] [--checkpoint MODE]
 
 Needs ``valgrind`` on PATH (``apt-get install valgrind``). A run of 600
 rollouts takes about a minute.
@@ -101,6 +101,8 @@ def one_run(n: int, args: argparse.Namespace) -> None:
         sets = [*sets, f"resources.weather.isolation={args.isolation}"]
         if args.token_ids or args.with_trl_adapter:
             sets.append("models.policy.token_ids=true")
+        if args.checkpoint:
+            sets.append(f"agents.weather_agent.checkpoint={args.checkpoint}")
         if args.with_trl_adapter:
             trl_steps(n, args.concurrency, sets, Path(d))
             return
@@ -111,6 +113,7 @@ def one_run(n: int, args: argparse.Namespace) -> None:
 def workload_flags(args: argparse.Namespace) -> list[str]:
     """The flags that say the workload, as the measured run is given them."""
     flags = ["--concurrency", str(args.concurrency), "--model", args.model, "--isolation", args.isolation]
+    flags += ["--checkpoint", args.checkpoint] if args.checkpoint else []
     named = {"--secure": args.secure, "--with-viewer": args.with_viewer, "--token-ids": args.token_ids}
     named["--with-trl-adapter"] = args.with_trl_adapter
     return flags + [flag for flag, on in named.items() if on]
@@ -175,6 +178,11 @@ def main() -> None:
         help=f"the rollouts asked for by the TRL adapter (TRLRollouts, a SyncClient), {STEP_ROWS} prompts x "
         f"{GENERATIONS} a step, token ids on (--small/--large: multiples of {STEP_ROWS * GENERATIONS})",
     )
+    ap.add_argument(
+        "--checkpoint",
+        choices=["auto", "every_turn", "off"],
+        help="the agent's checkpoint mode (resume at the last turn); unset: the config's default (auto)",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
@@ -191,6 +199,7 @@ def main() -> None:
     secured = (", --secure server" if args.secure else "") + f", isolation: {args.isolation}"
     secured += ", view's live mode following the batch" if args.with_viewer else ""
     secured += ", token ids" if args.token_ids or args.with_trl_adapter else ""
+    secured += f", checkpoint: {args.checkpoint}" if args.checkpoint else ""
     secured += (
         f", asked for by the TRL adapter ({STEP_ROWS} prompts x {GENERATIONS} a step)" if args.with_trl_adapter else ""
     )

@@ -11,30 +11,20 @@ row says. A kill while a tool call runs: that call runs once. The checkpoint nev
 
 from __future__ import annotations
 
-import uuid
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
-import msgspec
 import pytest
-import yaml
 
-from gym_runtime.messages import Checkpoint
-from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
-from gym_runtime.sandboxes.engine_http import Engine
-from gym_runtime.sandboxes.images import ensure_base
-from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.subjects import Subjects
 from tests.docker import docker_socket
-from tests.envs.long_boxed import STEPS, task
-from tests.helpers import cli, read_jsonl, write_jsonl
-from tests.pools import Pool, start_collect, wait_until
+from tests.envs.long_boxed import STEPS
+from tests.helpers import cli
+from tests.long_rollout import BATCH, Run, new_pool, stored_checkpoint, tool_outputs, turn_stored, write_config
+from tests.pools import wait_until
 
-BATCH = "r1"
-KEY = Subjects.checkpoint_key("agent", BATCH, 0, 0)
 KILL_AT = 12  # the agent worker is killed once a checkpoint at this turn or later is stored
 
 
@@ -48,101 +38,7 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 @pytest.fixture
 def box_pool() -> str:
-    """A pool of this test's own on the shared engine, its base image built first (cached per machine)."""
-    sock = docker_socket()
-
-    async def build() -> None:
-        async with Engine(sock) as e:
-            await ensure_base(e)
-
-    anyio.run(build)
-    return f"rs{uuid.uuid4().hex[:6]}"
-
-
-def write_config(tmp: Path, pool: str, *, checkpoint: str = "every_turn", **env: Any) -> Path:
-    cfg = {
-        "namespace": "gym",
-        "models": {
-            "policy": {"adapter": "scripted", "delay_s": 0.05, "token_ids": True, "ack_wait_s": 2.0, "concurrency": 8}
-        },
-        "sandboxes": {
-            pool: {
-                "backend": "docker",
-                "capacity": 8,
-                "idle_ttl_s": 120,  # a dead agent's environment session keeps its container meanwhile
-                "limits": {"memory_mb": 128, "pids": 64, "disk_mb": 16, "timeout_s": 60},
-            }
-        },
-        "resources": {"env": {"server": "tests.envs.long_boxed", "sandbox": pool, "options": env}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "timeout_s": 300,
-                "concurrency": 2,
-                "ack_wait_s": 2.0,  # redelivered in seconds, not the default 30
-                "max_attempts": 2,
-                "checkpoint": checkpoint,
-            }
-        },
-    }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def stored_checkpoint(url: str) -> Checkpoint | None:
-    async def read() -> Checkpoint | None:
-        bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-resume")
-        try:
-            raw = await (await bus.kv(bus.subjects.checkpoints_bucket)).get(KEY)
-        finally:
-            await bus.close()
-        return msgspec.msgpack.decode(raw, type=Checkpoint) if raw else None
-
-    return anyio.run(read)
-
-
-def turn_stored(url: str) -> int:
-    cp = stored_checkpoint(url)
-    return cp.turn if cp is not None else -1
-
-
-class Run:
-    """One rollout of the long environment on its own worker processes, collected to ``out``."""
-
-    def __init__(self, tmp: Path, url: str, config: Path) -> None:
-        self.tmp, self.url, self.config = tmp, url, config
-        self.pool = Pool(config, url)
-        self.out = tmp / "out.jsonl"
-        self.collector: Any = None
-
-    def start(self, pool: str) -> None:
-        for only in (f"sandboxes.{pool}", "models.policy", "resources.env", "agents.agent"):
-            self.pool.start(only, only)
-        tasks = write_jsonl(self.tmp / "tasks.jsonl", [task()])
-        res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, "--batch", BATCH)
-        assert res.returncode == 0, res.stderr
-        self.collector = start_collect(self.url, BATCH, self.out)
-
-    def row(self) -> dict[str, Any]:
-        stdout, stderr = self.collector.communicate(timeout=240)
-        assert self.collector.returncode == 0, stderr[-3000:]
-        assert "1 rows, 0 failed" in stdout, (stdout, read_jsonl(self.out))
-        (row,) = read_jsonl(self.out)
-        return row
-
-    def close(self) -> None:
-        if self.collector is not None and self.collector.poll() is None:
-            self.collector.kill()
-        self.pool.stop_all()
-
-
-def tool_outputs(row: dict[str, Any]) -> list[dict[str, Any]]:
-    import json
-
-    return [json.loads(i["output"]) for i in row["response"]["output"] if i["type"] == "function_call_output"]
+    return new_pool(docker_socket())
 
 
 def assert_once_each(row: dict[str, Any]) -> None:
@@ -181,6 +77,14 @@ def test_an_agent_worker_killed_at_turn_k_resumes_there_in_the_same_container(
         assert containers == {row["container"]}, containers  # one container, before and after the kill
         assert_contiguous(row)
         assert stored_checkpoint(server.url) is None  # the checkpoint went with its row
+        # explain: the resumed attempt's calls numbered as the rollout's turns, its first tool the replayed one
+        res = cli("explain", BATCH, "0", "0", "--nats", server.url)
+        assert res.returncode == 0, res.stderr
+        second = res.stdout.split("attempt 2", 1)[1]
+        assert f"resumed at turn {cp.turn} (reattached)" in second
+        tools = re.findall(r"tool  (step_\d+)", second)
+        expect = cp.turn - 1 if cp.phase == "generated" else cp.turn  # a generated turn's calls are replayed
+        assert tools == [f"step_{i:02d}" for i in range(expect, STEPS)], tools
     finally:
         run.close()
 

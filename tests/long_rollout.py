@@ -1,0 +1,140 @@
+"""One long rollout (``tests/envs/long_boxed.py``: 50 turns in a Docker sandbox) on worker processes a test or a
+benchmark can SIGKILL, and its checkpoint read off the bus (tests/e2e/test_resume.py, tests/bench/resume.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import yaml
+
+from gym_runtime.messages import Checkpoint
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.images import ensure_base
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
+from tests.envs.long_boxed import task
+from tests.helpers import cli, read_jsonl, write_jsonl
+from tests.pools import Pool, start_collect
+
+BATCH = "r1"
+KEY = Subjects.checkpoint_key("agent", BATCH, 0, 0)
+
+
+def new_pool(socket: str) -> str:
+    """A sandbox pool name of its own on the shared engine, its base image built first (cached per machine)."""
+
+    async def build() -> None:
+        async with Engine(socket) as e:
+            await ensure_base(e)
+
+    anyio.run(build)
+    return f"rs{uuid.uuid4().hex[:6]}"
+
+
+def write_config(tmp: Path, pool: str, *, checkpoint: str = "every_turn", delay_s: float = 0.05, **env: Any) -> Path:
+    cfg = {
+        "namespace": "gym",
+        "models": {
+            "policy": {
+                "adapter": "scripted",
+                "delay_s": delay_s,
+                "token_ids": True,
+                "ack_wait_s": 2.0,
+                "concurrency": 8,
+            }
+        },
+        "sandboxes": {
+            pool: {
+                "backend": "docker",
+                "capacity": 8,
+                "idle_ttl_s": 120,  # a dead agent's environment session keeps its container meanwhile
+                "limits": {"memory_mb": 128, "pids": 64, "disk_mb": 16, "timeout_s": 60},
+            }
+        },
+        "resources": {"env": {"server": "tests.envs.long_boxed", "sandbox": pool, "options": env}},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "timeout_s": 300,
+                "concurrency": 2,
+                "ack_wait_s": 2.0,  # redelivered in seconds, not the default 30
+                "max_attempts": 2,
+                "checkpoint": checkpoint,
+            }
+        },
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def stored_checkpoint(url: str) -> Checkpoint | None:
+    """The rollout's checkpoint as the server holds it now (None: none)."""
+
+    async def read() -> Checkpoint | None:
+        bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-resume")
+        try:
+            raw = await (await bus.kv(bus.subjects.checkpoints_bucket)).get(KEY)
+        finally:
+            await bus.close()
+        return msgspec.msgpack.decode(raw, type=Checkpoint) if raw else None
+
+    return anyio.run(read)
+
+
+def turn_stored(url: str) -> int:
+    cp = stored_checkpoint(url)
+    return cp.turn if cp is not None else -1
+
+
+class Run:
+    """One rollout of the long environment on its own worker processes, collected to ``out``."""
+
+    def __init__(self, tmp: Path, url: str, config: Path) -> None:
+        self.tmp, self.url, self.config = tmp, url, config
+        self.pool = Pool(config, url)
+        self.out = tmp / "out.jsonl"
+        self.collector: subprocess.Popen[str] | None = None
+        self.published = 0.0
+
+    def start_workers(self, sandbox_pool: str) -> None:
+        for only in (f"sandboxes.{sandbox_pool}", "models.policy", "resources.env", "agents.agent"):
+            self.pool.start(only, only)
+
+    def publish(self) -> None:
+        tasks = write_jsonl(self.tmp / "tasks.jsonl", [task()])
+        self.published = time.monotonic()
+        res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, "--batch", BATCH)
+        assert res.returncode == 0, res.stderr
+        self.collector = start_collect(self.url, BATCH, self.out)
+
+    def start(self, sandbox_pool: str) -> None:
+        self.start_workers(sandbox_pool)
+        self.publish()
+
+    def row(self) -> dict[str, Any]:
+        assert self.collector is not None
+        stdout, stderr = self.collector.communicate(timeout=240)
+        assert self.collector.returncode == 0, stderr[-3000:]
+        assert "1 rows, 0 failed" in stdout, (stdout, read_jsonl(self.out))
+        (row,) = read_jsonl(self.out)
+        return row
+
+    def close(self) -> None:
+        if self.collector is not None and self.collector.poll() is None:
+            self.collector.kill()
+        self.pool.stop_all()
+
+
+def tool_outputs(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(i["output"]) for i in row["response"]["output"] if i["type"] == "function_call_output"]
