@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Unpack
@@ -472,7 +473,7 @@ class Trajectory:
             await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
         box = ctx.checkpoints
         snap = last and box is not None and box.due(self.steps, ctx.config.timeout_s - ctx.remaining())
-        reply = await session.call(call.name, call.arguments, id=f"{self.steps}.{index}", snapshot=snap)
+        reply = await session.call(call.name, call.arguments, id=_call_id(self.steps, index, call), snapshot=snap)
         self.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
         return reply
 
@@ -511,6 +512,13 @@ class Trajectory:
     def response(self) -> Response:
         assert self._last is not None, "no model turn yet"
         return msgspec.structs.replace(self._last, output=self.outputs, usage=self.usage)
+
+
+def _call_id(turn: int, index: int, call: FunctionCall) -> str:
+    """A tool call's id, the same on every attempt of its turn: the turn, its place in it, and a digest of the call
+    (a turn sampled again from an older checkpoint, with other calls, is never answered with this one's reply)."""
+    digest = hashlib.blake2b(f"{call.name}\0{call.arguments}".encode(), digest_size=6).hexdigest()
+    return f"{turn}.{index}.{digest}"
 
 
 class AgentFn(Protocol):

@@ -22,6 +22,7 @@ import msgspec
 from gym_runtime.messages import Checkpoint
 from gym_runtime.observability import logs
 from gym_runtime.transport.interface import KeyValue, Transport
+from gym_runtime.transport.subjects import kv_key
 
 log = logs.get("gym.checkpoint")
 
@@ -32,25 +33,28 @@ AUTO_S = 60.0
 
 Mode = Literal["auto", "every_turn", "off"]
 _decoder = msgspec.msgpack.Decoder(Checkpoint)
+KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
 
 
 async def checkpoints_kv(bus: Transport, ttl_s: float) -> KeyValue:
-    """The checkpoints bucket, made on first use with its TTL (a secured server's: by ``provision``)."""
+    """The checkpoints bucket, made on first use with its TTL (a secured server's: by ``provision``): an agent
+    worker makes sure of it once, as it starts; its rollouts then write their keys as stored publishes."""
     return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s)
 
 
 class Checkpointer:
     """One rollout's checkpoints under its key: written in the background, read once by a redelivered
-    attempt, deleted with the row (``remove``)."""
+    attempt, deleted with the row (``remove``). A write is the bus's own stored publish to the key's subject
+    (nats-py's KV put costs a request machinery and a bucket lookup per rollout)."""
 
-    __slots__ = ("_bus", "key", "mode", "_ttl_s", "_kv", "_pending", "written", "stored", "_ok")
+    __slots__ = ("_bus", "key", "mode", "_bucket", "_subject", "_pending", "written", "stored", "_ok")
 
-    def __init__(self, bus: Transport, key: str, mode: Mode, ttl_s: float) -> None:
+    def __init__(self, bus: Transport, key: str, mode: Mode) -> None:
         self._bus = bus
         self.key = key
         self.mode = mode
-        self._ttl_s = ttl_s
-        self._kv: KeyValue | None = None
+        self._bucket = bus.subjects.checkpoints_bucket
+        self._subject = kv_key(self._bucket, key)
         self._pending: asyncio.Task[None] | None = None
         self.written = False  # a write was asked (so the key may exist: ``remove`` deletes it)
         self.stored = 0  # checkpoints the server acknowledged
@@ -62,11 +66,6 @@ class Checkpointer:
             return True
         return self.mode == "auto" and (turn >= AUTO_TURNS or elapsed_s >= AUTO_S)
 
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            self._kv = await checkpoints_kv(self._bus, self._ttl_s)
-        return self._kv
-
     def write(self, cp: Checkpoint) -> None:
         """Put ``cp`` in the background, after the write before it (so the last one asked is the one kept)."""
         body = msgspec.msgpack.encode(cp)
@@ -77,7 +76,7 @@ class Checkpointer:
         if before is not None:
             await before  # never raises (below)
         try:
-            await (await self._bucket()).put(self.key, body)
+            await self._bus.store(self._subject, body, {})
         except Exception as e:  # noqa: BLE001 - a checkpoint not stored costs a resume, never the rollout
             self._ok = False
             self._bus.warn_limited("checkpoint.not_stored", f"{type(e).__name__}: {e}", subject=self.key)
@@ -92,9 +91,11 @@ class Checkpointer:
         return self._ok
 
     async def read(self) -> Checkpoint | None:
-        """The checkpoint stored under the key (None: none, or one that cannot be read: the rollout starts over)."""
+        """The checkpoint stored under the key (None: none, or one that cannot be read: the rollout starts over).
+        Read from the stream's leader (a KV get; the bucket allows no direct gets, which a replica behind it
+        could answer with an older checkpoint): once per redelivered attempt."""
         try:
-            raw = await (await self._bucket()).get(self.key)
+            raw = await (await self._bus.kv(self._bucket)).get(self.key)
         except Exception as e:  # noqa: BLE001 - no checkpoint to read: the attempt starts over, as without one
             log.warning("checkpoint.unreadable", key=self.key, error=str(e))
             return None
@@ -115,7 +116,7 @@ class Checkpointer:
             return
         await self.settled()
         try:
-            await (await self._bucket()).delete(self.key)
+            await self._bus.store(self._subject, b"", {KV_OPERATION: DELETE})
         except Exception as e:  # noqa: BLE001 - the bucket's TTL removes it later
             self._bus.warn_limited("checkpoint.not_deleted", f"{type(e).__name__}: {e}", subject=self.key)
         self.written = False

@@ -111,11 +111,15 @@ class Run:
         for only in (f"sandboxes.{sandbox_pool}", "models.policy", "resources.env", "agents.agent"):
             self.pool.start(only, only)
 
-    def publish(self) -> None:
+    def publish(self, *, collect: bool = True) -> None:
         tasks = write_jsonl(self.tmp / "tasks.jsonl", [task()])
         self.published = time.monotonic()
         res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, "--batch", BATCH)
         assert res.returncode == 0, res.stderr
+        if collect:
+            self.collect()
+
+    def collect(self) -> None:
         self.collector = start_collect(self.url, BATCH, self.out)
 
     def start(self, sandbox_pool: str) -> None:

@@ -263,6 +263,10 @@ class Transport(Protocol):
         """Whether ``stream`` is at its size limit: its next store is refused."""
         ...
 
+    async def store(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        """A body as it is into a stream (a KV key's subject too), after its ack."""
+        ...
+
     async def last_stored(self, stream: str, subject: str) -> Delivery | None:
         """The last message ``stream`` holds on ``subject``, headers as stored; None when it holds none."""
         ...

@@ -29,7 +29,7 @@ import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
-from gym_runtime.checkpoint import Checkpointer
+from gym_runtime.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.rowkeys import own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
@@ -212,6 +212,8 @@ class AgentWorker:
             await self.control.start(tg)
             await self.bus.ensure_results_stream(self.name)  # its own: results are stored there before a task is acked
             await self.bus.ensure_attempts_stream()  # each attempt's record of itself (explain)
+            if self.cfg.checkpoint != "off":  # its rollouts' checkpoints (resume at the last turn)
+                await checkpoints_kv(self.bus, self._checkpoint_ttl_s)
             tg.start_soon(self.records.run)
             self.puller = await self.bus.work_queue(
                 "task",
@@ -410,9 +412,7 @@ class AgentWorker:
         if self.cfg.checkpoint == "off" or task.group > 1 or (forget and attempt == 1):
             return None
         key = self.bus.subjects.checkpoint_key(task.agent, task.batch, task.task_index, task.rollout_index)
-        box = Checkpointer(
-            self.bus, key, "every_turn" if self.cfg.checkpoint == "every_turn" else "auto", self._checkpoint_ttl_s
-        )
+        box = Checkpointer(self.bus, key, "every_turn" if self.cfg.checkpoint == "every_turn" else "auto")
         box.written = forget  # an earlier attempt's may be there
         return box
 

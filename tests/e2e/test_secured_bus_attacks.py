@@ -22,7 +22,7 @@ import msgspec
 import nats.errors
 import pytest
 
-from gym_runtime.checkpoint import Checkpointer
+from gym_runtime.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.config import ResourceConfig, load_config, resolve_config
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.collector import Collector
@@ -294,7 +294,8 @@ async def test_a_rollouts_checkpoint_is_its_agent_pools_alone_to_write_and_read(
     bucket = Subjects("gym").checkpoints_bucket
     cp = Checkpoint(turn=7, phase="answered", response=Response(id="r", created_at=0.0, output=[]))
     try:
-        box = Checkpointer(mine, key, "every_turn", 3600.0)
+        await checkpoints_kv(mine, 3600.0)  # provisioned: looked up
+        box = Checkpointer(mine, key, "every_turn")
         box.write(cp)
         assert await box.settled()
         assert await box.read() == cp
@@ -305,7 +306,7 @@ async def test_a_rollouts_checkpoint_is_its_agent_pools_alone_to_write_and_read(
                 await thief.js.publish(f"$KV.{bucket}.{key}", msgspec.msgpack.encode(cp), timeout=1.0)
         assert await box.read() == cp  # unchanged
         await box.remove()  # its row is stored: the checkpoint goes
-        assert await Checkpointer(mine, key, "every_turn", 3600.0).read() is None
+        assert await Checkpointer(mine, key, "every_turn").read() is None
     finally:
         for b in (mine, *thieves.values()):
             await b.close()
