@@ -333,8 +333,10 @@ class AgentContext:
         """Write the rollout's checkpoint now when its mode says one is due (``checkpoint``): its trajectory so
         far, turn, cost and the handles of its sessions. In the background; True when one was asked."""
         box = self.checkpoints
+        if box is None or trajectory._last is None:
+            return False
         elapsed = self.config.timeout_s - self.remaining()
-        if box is None or trajectory._last is None or not box.due(trajectory.steps, elapsed):
+        if not box.due(trajectory.steps, elapsed):
             return False
         last = trajectory._last
         partial = msgspec.structs.replace(last, output=list(trajectory.outputs), usage=trajectory.usage)
@@ -444,7 +446,10 @@ class Trajectory:
         self.usage = Usage()
         self.steps = 0
         self._last: Response | None = None
-        self._stored = False  # the last turn's checkpoint was asked: its calls wait for it
+        # this turn's generation was checkpointed: its calls carry ids, the last asks for the environment's
+        # snapshot, its answered turn is checkpointed too (a turn before the first checkpoint: none of it)
+        self._checkpointed = False
+        self._unsettled = False  # its checkpoint may not be stored yet: its first call waits for it
         self._from = 0  # where the last generation's items start in ``outputs``
 
     async def generate(self, ctx: AgentContext) -> Response:
@@ -455,8 +460,8 @@ class Trajectory:
         self._from = len(self.outputs)
         self.outputs.extend(resp.output)
         self._last = resp
-        if any(isinstance(o, FunctionCall) for o in resp.output):
-            self._stored = ctx.checkpoint(self, "generated")  # its calls wait until it is stored (``call``)
+        calls = any(isinstance(o, FunctionCall) for o in resp.output)
+        self._checkpointed = self._unsettled = calls and ctx.checkpoint(self, "generated")
         return resp
 
     def append(self, item: Item) -> None:
@@ -465,21 +470,24 @@ class Trajectory:
     async def call(
         self, ctx: AgentContext, session: Session, call: FunctionCall, index: int, *, last: bool
     ) -> ToolReply:
-        """Run the ``index``-th tool call of this turn (``last``: its turn's last) and append its output: under an
-        id that is the same on every attempt of the turn, after the turn's checkpoint is stored, asking for the
-        environment's snapshot after the last one when the turn is checkpointed."""
-        if self._stored and ctx.checkpoints is not None:
-            self._stored = False
-            await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
-        box = ctx.checkpoints
-        snap = last and box is not None and box.due(self.steps, ctx.config.timeout_s - ctx.remaining())
-        reply = await session.call(call.name, call.arguments, id=_call_id(self.steps, index, call), snapshot=snap)
+        """Run the ``index``-th tool call of this turn (``last``: its turn's last) and append its output. In a
+        checkpointed turn: after the turn's checkpoint is stored, under an id that is the same on every attempt
+        of the turn, the last one asking for the environment's snapshot (kept with the next checkpoint)."""
+        if not self._checkpointed:
+            reply = await session.call(call.name, call.arguments)
+        else:
+            if self._unsettled and ctx.checkpoints is not None:
+                self._unsettled = False
+                await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
+            reply = await session.call(call.name, call.arguments, id=_call_id(self.steps, index, call), snapshot=last)
         self.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
         return reply
 
     def answered(self, ctx: AgentContext) -> None:
-        """The turn's calls are answered: checkpoint it (the next attempt starts at the next turn)."""
-        ctx.checkpoint(self, "answered")
+        """The turn's calls are answered: checkpoint it (the next attempt starts at the next turn), where its
+        generation was (so the snapshot kept with it is this turn's)."""
+        if self._checkpointed:
+            ctx.checkpoint(self, "answered")
 
     async def resume(self, ctx: AgentContext, session: Session) -> Response | None:
         """Take up a redelivered attempt's checkpoint (``ctx.resumed``), if any: its session reattached or
@@ -500,7 +508,7 @@ class Trajectory:
         self._last = msgspec.structs.replace(cp.response, status=cp.last_status)
         if cp.phase != "generated":
             return None
-        self._from = cp.last_from
+        self._from, self._checkpointed = cp.last_from, True  # its calls replayed under their ids
         return msgspec.structs.replace(self._last, output=self.outputs[cp.last_from :])
 
     @staticmethod
