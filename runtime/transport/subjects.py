@@ -80,6 +80,15 @@ JS_ACCOUNT = "JS"
 APP_ACCOUNT = "APP"
 
 _KV_KEY = re.compile(r"[-_A-Za-z0-9]+")
+
+
+def _kv_batch(batch: str) -> str:
+    """A batch id as a KV key's token: one a key cannot hold is hashed (a wildcard stays one)."""
+    if batch not in ("*", ">") and not _KV_KEY.fullmatch(batch):
+        return hashlib.sha256(batch.encode()).hexdigest()[:24]
+    return batch
+
+
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -640,9 +649,7 @@ class Subjects:
     def failed_key(agent: str, batch: str, task_index: int | str, rollout_index: int | str) -> str:
         """Where an agent pool counts a rollout's failed attempts (its workers may write only their own
         agent's: ``failed_keys``)."""
-        if batch not in ("*", ">") and not _KV_KEY.fullmatch(batch):
-            batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
-        return f"failed.{agent}.{batch}.{task_index}.{rollout_index}"
+        return f"failed.{agent}.{_kv_batch(batch)}.{task_index}.{rollout_index}"
 
     @staticmethod
     def failed_keys(agent: str) -> str:
@@ -651,10 +658,8 @@ class Subjects:
     @staticmethod
     def checkpoint_key(agent: str, batch: str, task_index: int | str, rollout_index: int | str) -> str:
         """A rollout's checkpoint in the checkpoints bucket (its agent pool's workers may touch only their own
-        agent's: ``checkpoint_keys``); a batch id a KV key cannot hold is hashed, as ``failed_key`` does."""
-        if batch not in ("*", ">") and not _KV_KEY.fullmatch(batch):
-            batch = hashlib.sha256(batch.encode()).hexdigest()[:24]
-        return f"{agent}.{batch}.{task_index}.{rollout_index}"
+        agent's: ``checkpoint_keys``)."""
+        return f"{agent}.{_kv_batch(batch)}.{task_index}.{rollout_index}"
 
     @staticmethod
     def checkpoint_keys(agent: str) -> str:
