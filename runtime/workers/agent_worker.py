@@ -213,7 +213,7 @@ class AgentWorker:
             await self.bus.ensure_results_stream(self.name)  # its own: results are stored there before a task is acked
             await self.bus.ensure_attempts_stream()  # each attempt's record of itself (explain)
             if self.cfg.checkpoint != "off":  # its rollouts' checkpoints (resume at the last turn)
-                await checkpoints_kv(self.bus, self._checkpoint_ttl_s)
+                await self._checkpoints_bucket()
             tg.start_soon(self.records.run)
             self.puller = await self.bus.work_queue(
                 "task",
@@ -233,6 +233,19 @@ class AgentWorker:
                 )
             finally:
                 tg.cancel_scope.cancel()
+
+    async def _checkpoints_bucket(self) -> None:
+        """Make sure of the checkpoints bucket once. A secured server provisioned by an older version has none
+        and this role may not make it: said once; rollouts then run without checkpoints (they start over)."""
+        try:
+            await checkpoints_kv(self.bus, self._checkpoint_ttl_s)
+        except Exception as e:  # noqa: BLE001 - resuming is lost, never a rollout
+            log.warning(
+                "checkpoint.no_bucket",
+                bucket=self.bus.subjects.checkpoints_bucket,
+                error=f"{type(e).__name__}: {e}",
+                then="rollouts start over when their worker dies: provision the server with this version",
+            )
 
     def stats(self) -> dict[str, Any]:
         p = self.puller
