@@ -45,3 +45,26 @@ async def test_short_rollouts_write_none_under_auto_and_none_outlives_its_row(
         assert info.state.messages == 0  # never written: a 2-turn rollout costs no checkpoint
     else:
         assert info.state.messages == len(keys)  # written, then each deleted (a delete marker per key)
+
+
+async def test_a_cancelled_rollouts_checkpoint_goes_with_its_failure_row(nats_server, tmp_path: Path) -> None:
+    """A batch cancelled while a checkpointed rollout runs: its failure row is stored, and its checkpoint
+    deleted with it (not left to the bucket's TTL)."""
+    raw = yaml.safe_load(config(tmp_path, "every_turn").read_text())
+    raw["models"]["policy"]["delay_s"] = 2.0  # its second model turn runs while the batch is cancelled
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    async with Client(path, nats=nats_server.url) as client:
+        batch = await client.submit(ROWS[:1])
+        kv = await checkpoints_kv(client.bus, 3600.0)
+        key = Subjects.checkpoint_key("weather_agent", batch.batch, 0, 0)
+        with anyio.fail_after(60):
+            while await kv.get(key) is None:  # its first turn is checkpointed: the rollout is mid-way
+                await anyio.sleep(0.05)
+            await batch.cancel()  # iteration ends now; the rollout stops and stores its failure row
+            while await kv.get(key) is not None:  # ... and its checkpoint goes with it
+                await anyio.sleep(0.05)
+        stored = await client.bus.subject_count(
+            client.bus.subjects.results_stream("weather_agent"), client.bus.subjects.batch_results(batch.batch)
+        )
+        assert stored == 1  # the cancelled failure row
