@@ -433,6 +433,16 @@ class MemoryWire:
         """A stream's subject is stored (a reply gets the stream's ack); any other is delivered, and a request
         nobody subscribes to is answered "no responders" (``Status: 503``), as the server does."""
         broker = self.broker
+        if subject.startswith("$KV."):  # a KV key written as a stored publish (a checkpoint): the bucket's
+            _, bucket, key = subject.split(".", 2)
+            values = broker.kv.setdefault(bucket, {})
+            if (headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                values.pop(key, None)
+            else:
+                values[key] = payload
+            if reply:
+                broker.publish(reply, b'{"stream":"KV_%s","seq":0}' % bucket.encode(), None)
+            return
         if any(subject_matches(f, subject) for f in self._stored):
             new = broker.store(subject, payload, headers or {})
             if reply:
