@@ -208,5 +208,23 @@ def test_a_bug_that_raises_valueerror_is_an_internal_error_not_a_user_mistake() 
 def test_the_jails_old_path_still_serves_plugins() -> None:
     """``gym_runtime.sandbox`` was the graded-program jail's package (beside ``gym_runtime.sandboxes``, the
     container fleet); an environment that imports its names from there gets the jail's own."""
-    assert old.__all__ == jail.__all__
+    assert set(jail.__all__) <= set(old.__all__)
     assert all(getattr(old, name) is getattr(jail, name) for name in jail.__all__)
+
+
+def test_the_jails_classes_keep_their_old_names_in_the_old_path() -> None:
+    """The jail's classes are ``Jail*`` since issue 64; a plugin written against ``SandboxRunner``,
+    ``SandboxError``, ... (and ``except SandboxError``) gets the same classes from ``gym_runtime.sandbox``."""
+    renamed = {n: "Jail" + n.removeprefix("Sandbox") for n in old.__all__ if n.startswith("Sandbox")}
+    assert sorted(renamed) == [
+        "SandboxBodyTooLarge",
+        "SandboxCgroup",
+        "SandboxError",
+        "SandboxExited",
+        "SandboxRunner",
+        "SandboxSession",
+        "SandboxTimeout",
+    ]
+    assert all(getattr(old, was) is getattr(old, now) for was, now in renamed.items())
+    assert old.SandboxError is jail.JailError and old.SandboxCgroup is jail.cgroups.JailCgroup
+    assert not [n for n in jail.__all__ if n.startswith("Sandbox")]

@@ -7,7 +7,7 @@ environments lease through the bus. Until this name, the two were ``sandbox/`` a
 
 ``code_gen`` (a program against unit tests) and ``swe``'s local backend (a
 repository and a shell) both run untrusted code here; neither imports the other.
-The parent side is :class:`SandboxRunner` (``runner.py``: starts the child, counts
+The parent side is :class:`JailRunner` (``runner.py``: starts the child, counts
 its CPU and wall time from outside, reads its messages with byte caps); the child
 side is ``child.py``, run alone as ``python -I child.py --child`` (standard library
 only); ``cgroups.py`` gives each sandbox its memory and process budget and counts
@@ -17,13 +17,13 @@ its CPU (each run's CPU seconds reach ``CPU_SINK``'s value: a rollout's cost).
 
 from gym_runtime.jail.runner import (
     CPU_SINK,
+    JailBodyTooLarge,
+    JailError,
+    JailExited,
+    JailRunner,
+    JailSession,
+    JailTimeout,
     Limits,
-    SandboxBodyTooLarge,
-    SandboxError,
-    SandboxExited,
-    SandboxRunner,
-    SandboxSession,
-    SandboxTimeout,
     landlock_abi,
     probe,
 )
@@ -31,12 +31,12 @@ from gym_runtime.jail.runner import (
 __all__ = [
     "CPU_SINK",
     "Limits",
-    "SandboxBodyTooLarge",
-    "SandboxError",
-    "SandboxExited",
-    "SandboxRunner",
-    "SandboxSession",
-    "SandboxTimeout",
+    "JailBodyTooLarge",
+    "JailError",
+    "JailExited",
+    "JailRunner",
+    "JailSession",
+    "JailTimeout",
     "landlock_abi",
     "probe",
 ]
