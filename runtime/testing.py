@@ -1,19 +1,17 @@
-"""Helpers for environment tests against NeMo Gym's recorded data.
+"""Helpers for environment and agent authors' tests.
 
-An environment's tests check that re-verifying NeMo Gym's recorded rollouts
-reproduces their rewards. The steps are the same for every environment — find
-the compat data (an error when it is absent: it ships with the repository), join
-the older rollout rows with their task rows by input messages, turn a recorded
-``response`` into a ``Response``, replay recorded tool calls, open a session and
-verify — so they live here once, with the one test double environments need
+An environment's tests open a session and verify (``new_session``, ``verify_once``, ``text_response``), often
+against rollouts recorded elsewhere (NeMo Gym's): join rollout rows with their task rows by input messages
+(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls and check the
+reward comes out the same (``reverify_rollouts``). With the one test double environments need
 (``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are unit-tested on
-(``MemoryTransport``).
+(``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
+(``tests/compat``) keep their helpers beside them, in ``tests/differential.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,24 +33,18 @@ from gym_runtime.transport.memory import MemoryBroker, MemoryMessage, MemoryWire
 from gym_runtime.transport.rpc import Timings
 
 __all__ = [
-    "CASE_KEYS",
-    "COMPAT",
     "MemoryBroker",
     "MemoryMessage",
     "MemoryTransport",
     "MemoryWire",
     "ROLLOUT_KEYS",
     "ScriptedJudge",
-    "compat_dir",
-    "differential_cases",
-    "example_rollouts",
     "input_key",
     "joined_rollouts",
     "new_session",
     "read_jsonl",
     "recorded_response",
     "replay_tool_calls",
-    "reverify_differential",
     "reverify_rollouts",
     "split_verdict",
     "subject_matches",
@@ -61,28 +53,13 @@ __all__ = [
 ]
 
 R = TypeVar("R", bound=Resource)
-# What a differential case adds to its task row: NeMo Gym's reward and fields for it.
-CASE_KEYS = ("expected_reward", "expected_fields", "case")
 # What a recorded rollout row holds besides the verifier's extra fields.
 ROLLOUT_KEYS = ("responses_create_params", "response", "reward")
-
-REPO = Path(__file__).resolve().parents[1]
-# The compat data lives in the repository (tests/compat, with its notice); GYM_COMPAT_DIR points elsewhere.
-COMPAT = Path(os.environ.get("GYM_COMPAT_DIR") or REPO / "tests" / "compat")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def compat_dir(*parts: str | Path) -> Path:
-    """``tests/compat/<parts>`` (a file or a folder). Missing data is an error, never a skip:
-    the data ships with the repo."""
-    path = COMPAT.joinpath(*parts)
-    if not path.exists():
-        raise FileNotFoundError(f"compat data not found at {path} (it ships in tests/compat)")
-    return path
 
 
 def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -101,12 +78,6 @@ def joined_rollouts(tasks_path: str | Path, rollouts_path: str | Path) -> list[t
     rollouts = read_jsonl(rollouts_path)
     assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
     return [(tasks[input_key(r)], r) for r in rollouts]
-
-
-def example_rollouts(env_dir: Path, recorded: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task row, rollout row) pairs: an environment's ``data/example.jsonl`` joined with
-    NeMo Gym's ``example_rollouts.jsonl`` in the compat folder ``recorded``."""
-    return joined_rollouts(env_dir / "data" / "example.jsonl", compat_dir(recorded / "example_rollouts.jsonl"))
 
 
 def recorded_response(raw: dict[str, Any]) -> Response:
@@ -151,24 +122,6 @@ async def reverify_rollouts(
 def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
     """(reward, extra fields) of whatever ``verify`` returned."""
     return (out.reward, out.fields) if isinstance(out, Verdict) else (float(out), {})
-
-
-def differential_cases(env: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task row, case) for each of ``tests/compat/differential/<env>.jsonl``: the row is the
-    case without NeMo Gym's expectations (``CASE_KEYS``), which stay on the case."""
-    cases = read_jsonl(compat_dir("differential", f"{env}.jsonl"))
-    return [({k: v for k, v in c.items() if k not in CASE_KEYS}, c) for c in cases]
-
-
-async def reverify_differential(cls: type[Resource], env: str, *, at_least: int, tolerance: float = 0.0) -> None:
-    """Verify each of ``differential_cases(env)`` (at least ``at_least`` of them) in a fresh session: its
-    reward (within ``tolerance``) and its extra fields must be NeMo Gym's."""
-    cases = differential_cases(env)
-    assert len(cases) >= at_least, f"{len(cases)} differential cases for {env}"
-    for row, case in cases:
-        v = await verify_once(cls, row, recorded_response(row.pop("response")))
-        assert abs(v.reward - case["expected_reward"]) <= tolerance, case["case"]
-        assert v.fields == case["expected_fields"], case["case"]
 
 
 def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:
