@@ -240,7 +240,7 @@ class Client:
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')
         self._children: StartProcess | None = None  # workers="processes"
-        self.url = nats if nats is not None else self.config.config.nats
+        self.url = nats if nats is not None else self.config.nats
         self.auth_dir = auth_dir
         self.workers_spec = workers
         self.replicas = replicas
@@ -355,7 +355,7 @@ class Client:
     async def check_cluster(self) -> None:
         """Raise ``ClientError`` if a live worker of this namespace serves another config's entry,
         naming the config keys that differ."""
-        problems = control.mismatches(self.config, await discover(self.bus, wait_s=0.3))
+        problems = self.config.mismatches(await discover(self.bus, wait_s=0.3))
         if problems:
             raise ClientError(
                 f"namespace {self.config.namespace!r} has live workers started with another config than this "
