@@ -27,7 +27,6 @@ from gym_runtime.data.batches import Owners
 from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.jetstream import ensure_kept_stream, task_msg_id
 from gym_runtime.transport.tasks import TaskSet
 
@@ -252,7 +251,7 @@ def row_tasks(
             )
 
 
-async def publish_task(bus: Transport, task: RolloutTask, *, keep: bool = False) -> None:
+async def publish_task(bus: Bus, task: RolloutTask, *, keep: bool = False) -> None:
     """Store one task in its agent's queue (``keep``: its body in the kept stream too, with its first repeat)."""
     subject = bus.subjects.task(task.agent, task.batch)
     kept = bus.subjects.kept(task.batch, task.task_index) if keep and task.rollout_index == 0 else None

@@ -51,9 +51,9 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
@@ -73,7 +73,7 @@ class BusModels:
 
     __slots__ = ("_bus", "_timeout_s", "_cost")
 
-    def __init__(self, bus: Transport, timeout_s: float = 900.0) -> None:
+    def __init__(self, bus: Bus, timeout_s: float = 900.0) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
         self._cost: Cost | None = None  # made at the first call: most environments call no model
@@ -148,7 +148,7 @@ class ResourceWorker:
     """resources.NAME of a resolved config: its class, or a hosted server's (``config.hosting``), and its
     fingerprint come from the config; the other entries' names are the ones its code may call."""
 
-    def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
+    def __init__(self, bus: Bus, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg = config.resources[name]
