@@ -120,6 +120,23 @@ def _counted(token: Token[Any] | None) -> None:
         CPU_SINK.reset(token)
 
 
+async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
+    """A session's tool call or operation: a model's call reaches only a tool of the environment, an operation
+    only the runtime's; a tool's bug is shown to the model (as NeMo Gym's 500 body would be), a ``Failure``
+    fails the rollout with its class (e.g. a foreign env's step)."""
+    try:
+        run = inst.call_operation if req.protocol else inst.call_tool
+        output = await run(req.name, req.arguments)
+        return ToolReply(output=output, done=inst.episode_done)
+    except ToolArgumentsError as e:
+        return ToolReply(output=f"Error: {e}", is_error=True)
+    except Failure:
+        raise
+    except Exception as e:
+        log.warning("tool.failed", tool=req.name, error=repr(e))
+        return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+
+
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
@@ -384,17 +401,8 @@ class ResourceWorker:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
             counting = _counting(self._book(inst)[0])
-            try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
-                run = inst.call_operation if req.protocol else inst.call_tool
-                output = await run(req.name, req.arguments)
-                return ToolReply(output=output, done=inst.episode_done)
-            except ToolArgumentsError as e:
-                return ToolReply(output=f"Error: {e}", is_error=True)
-            except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
-                raise
-            except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
-                log.warning("tool.failed", tool=req.name, error=repr(e))
-                return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+            try:
+                return await call_with(inst, req)
             finally:
                 _counted(counting)
         if isinstance(req, VerifyRequest):
