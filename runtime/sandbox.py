@@ -9,24 +9,15 @@ different thing).
 
 from gym_runtime import jail
 from gym_runtime.jail import *  # noqa: F403 (the jail's public names, whichever they are: one list, the jail's)
-from gym_runtime.jail import (
-    JailBodyTooLarge,
-    JailError,
-    JailExited,
-    JailRunner,
-    JailSession,
-    JailTimeout,
-)
-from gym_runtime.jail.cgroups import JailCgroup
 
 # The names before the jail had its own (issue 64): aliases, not subclasses.
-SandboxBodyTooLarge = JailBodyTooLarge
-SandboxCgroup = JailCgroup
-SandboxError = JailError
-SandboxExited = JailExited
-SandboxRunner = JailRunner
-SandboxSession = JailSession
-SandboxTimeout = JailTimeout
+SandboxBodyTooLarge = jail.JailBodyTooLarge
+SandboxCgroup = jail.cgroups.JailCgroup
+SandboxError = jail.JailError
+SandboxExited = jail.JailExited
+SandboxRunner = jail.JailRunner
+SandboxSession = jail.JailSession
+SandboxTimeout = jail.JailTimeout
 
 __all__ = [
     *jail.__all__,

@@ -12,9 +12,40 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime.resource import Resource
-from gym_runtime.testing import joined_rollouts, read_jsonl, recorded_response, verify_once
+from gym_runtime.testing import (
+    ROLLOUT_KEYS,
+    ScriptedJudge,
+    joined_rollouts,
+    new_session,
+    read_jsonl,
+    recorded_response,
+    replay_tool_calls,
+    reverify_rollouts,
+    split_verdict,
+    text_response,
+    verify_once,
+)
 
-__all__ = ["CASE_KEYS", "COMPAT", "compat_dir", "differential_cases", "example_rollouts", "reverify_differential"]
+# This module's own, then the authors' helpers the bundled environments' tests use beside them (one import there)
+__all__ = [
+    "CASE_KEYS",
+    "COMPAT",
+    "compat_dir",
+    "differential_cases",
+    "example_rollouts",
+    "reverify_differential",
+    "ROLLOUT_KEYS",
+    "ScriptedJudge",
+    "joined_rollouts",
+    "new_session",
+    "read_jsonl",
+    "recorded_response",
+    "replay_tool_calls",
+    "reverify_rollouts",
+    "split_verdict",
+    "text_response",
+    "verify_once",
+]
 
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
 CASE_KEYS = ("expected_reward", "expected_fields", "case")

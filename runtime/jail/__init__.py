@@ -15,28 +15,9 @@ its CPU (each run's CPU seconds reach ``CPU_SINK``'s value: a rollout's cost).
 ``python -m gym_runtime.jail.runner`` prints what this machine offers.
 """
 
-from gym_runtime.jail.runner import (
-    CPU_SINK,
-    JailBodyTooLarge,
-    JailError,
-    JailExited,
-    JailRunner,
-    JailSession,
-    JailTimeout,
-    Limits,
-    landlock_abi,
-    probe,
-)
+from gym_runtime.jail import runner
+from gym_runtime.jail.runner import *  # noqa: F403 (the runner's public names: one list, the runner's)
 
-__all__ = [
-    "CPU_SINK",
-    "Limits",
-    "JailBodyTooLarge",
-    "JailError",
-    "JailExited",
-    "JailRunner",
-    "JailSession",
-    "JailTimeout",
-    "landlock_abi",
-    "probe",
-]
+# what the runner exports for its own launcher and tests (the child's path, its layers, the child's environment)
+_INTERNAL = ("CHILD_PY", "Layers", "clean_env")
+__all__ = [name for name in runner.__all__ if name not in _INTERNAL]

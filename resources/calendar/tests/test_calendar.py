@@ -25,8 +25,7 @@ from gym_runtime.resources.calendar import (
     interactive_row,
     to_minutes,
 )
-from gym_runtime.testing import read_jsonl
-from tests.differential import COMPAT, compat_dir, example_rollouts
+from tests.differential import COMPAT, compat_dir, example_rollouts, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "calendar"

@@ -28,8 +28,14 @@ from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
-from gym_runtime.testing import recorded_response, text_response
-from tests.differential import COMPAT, compat_dir, differential_cases, example_rollouts
+from tests.differential import (
+    COMPAT,
+    compat_dir,
+    differential_cases,
+    example_rollouts,
+    recorded_response,
+    text_response,
+)
 
 from .programs import ADD, ADD_OK, FAST, fenced, session, stdio_task, still_works
 

@@ -11,8 +11,13 @@ import pytest
 from gym_runtime.messages import Response
 from gym_runtime.resource import ToolArgumentsError
 from gym_runtime.resources.counter import Counter
-from gym_runtime.testing import new_session, recorded_response, reverify_rollouts
-from tests.differential import COMPAT, example_rollouts
+from tests.differential import (
+    COMPAT,
+    example_rollouts,
+    new_session,
+    recorded_response,
+    reverify_rollouts,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_session_state_mgmt"

@@ -28,8 +28,14 @@ from gym_runtime.resources.equivalence_llm_judge import (
     pick,
     question_text,
 )
-from gym_runtime.testing import ScriptedJudge, new_session, recorded_response, text_response
-from tests.differential import COMPAT, example_rollouts
+from tests.differential import (
+    COMPAT,
+    ScriptedJudge,
+    example_rollouts,
+    new_session,
+    recorded_response,
+    text_response,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "equivalence_llm_judge"

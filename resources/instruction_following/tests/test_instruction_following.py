@@ -28,8 +28,16 @@ from gym_runtime.resources.instruction_following.checkers import (
     regex_sentences,
     word_tokens,
 )
-from gym_runtime.testing import read_jsonl, reverify_rollouts, text_response, verify_once
-from tests.differential import COMPAT, differential_cases, example_rollouts, reverify_differential
+from tests.differential import (
+    COMPAT,
+    differential_cases,
+    example_rollouts,
+    read_jsonl,
+    reverify_differential,
+    reverify_rollouts,
+    text_response,
+    verify_once,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "instruction_following"

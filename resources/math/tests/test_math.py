@@ -33,8 +33,15 @@ from gym_runtime.resources.math import (
     parse_options,
     strip_math_delimiters,
 )
-from gym_runtime.testing import ScriptedJudge, new_session, recorded_response, text_response
-from tests.differential import COMPAT, differential_cases, example_rollouts
+from tests.differential import (
+    COMPAT,
+    ScriptedJudge,
+    differential_cases,
+    example_rollouts,
+    new_session,
+    recorded_response,
+    text_response,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "math_with_judge"

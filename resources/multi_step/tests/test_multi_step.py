@@ -12,15 +12,17 @@ import pytest
 from gym_runtime.messages import FunctionCall, Response
 from gym_runtime.resource import ToolArgumentsError, Verdict
 from gym_runtime.resources.multi_step import MultiStep
-from gym_runtime.testing import (
+from tests.differential import (
+    COMPAT,
     ROLLOUT_KEYS,
+    differential_cases,
+    example_rollouts,
     new_session,
     read_jsonl,
     recorded_response,
     reverify_rollouts,
     split_verdict,
 )
-from tests.differential import COMPAT, differential_cases, example_rollouts
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_multi_step"

@@ -21,8 +21,15 @@ from gym_runtime.resources.reasoning_gym import (
     score_answer,
 )
 from gym_runtime.resources.reasoning_gym.generate import generate, main
-from gym_runtime.testing import recorded_response, text_response, verify_once
-from tests.differential import COMPAT, differential_cases, example_rollouts, reverify_differential
+from tests.differential import (
+    COMPAT,
+    differential_cases,
+    example_rollouts,
+    recorded_response,
+    reverify_differential,
+    text_response,
+    verify_once,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "reasoning_gym"

@@ -25,8 +25,13 @@ from gym_runtime.resources.structured_outputs import (
     strictify,
     tool_payload,
 )
-from gym_runtime.testing import read_jsonl, recorded_response, verify_once
-from tests.differential import COMPAT, differential_cases
+from tests.differential import (
+    COMPAT,
+    differential_cases,
+    read_jsonl,
+    recorded_response,
+    verify_once,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "structured_outputs"

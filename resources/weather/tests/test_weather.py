@@ -10,8 +10,13 @@ import pytest
 from gym_runtime.messages import Response, parse_items
 from gym_runtime.resource import ToolArgumentsError
 from gym_runtime.resources.weather import Weather
-from gym_runtime.testing import new_session, read_jsonl, reverify_rollouts
-from tests.differential import COMPAT, example_rollouts
+from tests.differential import (
+    COMPAT,
+    example_rollouts,
+    new_session,
+    read_jsonl,
+    reverify_rollouts,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_single_tool_call"

@@ -17,8 +17,14 @@ from gym_runtime.resources.workplace_assistant.workbench import (
     Workbench,
     _initial,
 )
-from gym_runtime.testing import new_session, read_jsonl, recorded_response, replay_tool_calls
-from tests.differential import compat_dir, differential_cases
+from tests.differential import (
+    compat_dir,
+    differential_cases,
+    new_session,
+    read_jsonl,
+    recorded_response,
+    replay_tool_calls,
+)
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 
