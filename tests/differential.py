@@ -11,41 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gym_runtime import testing
 from gym_runtime.resource import Resource
-from gym_runtime.testing import (
-    ROLLOUT_KEYS,
-    ScriptedJudge,
-    joined_rollouts,
-    new_session,
-    read_jsonl,
-    recorded_response,
-    replay_tool_calls,
-    reverify_rollouts,
-    split_verdict,
-    text_response,
-    verify_once,
-)
+from gym_runtime.testing import *  # noqa: F403 (the authors' helpers, which the environments' tests use beside these)
+from gym_runtime.testing import joined_rollouts, read_jsonl, recorded_response, verify_once
 
-# This module's own, then the authors' helpers the bundled environments' tests use beside them (one import there)
-__all__ = [
-    "CASE_KEYS",
-    "COMPAT",
-    "compat_dir",
-    "differential_cases",
-    "example_rollouts",
-    "reverify_differential",
-    "ROLLOUT_KEYS",
-    "ScriptedJudge",
-    "joined_rollouts",
-    "new_session",
-    "read_jsonl",
-    "recorded_response",
-    "replay_tool_calls",
-    "reverify_rollouts",
-    "split_verdict",
-    "text_response",
-    "verify_once",
-]
+own = ["CASE_KEYS", "COMPAT", "compat_dir", "differential_cases", "example_rollouts", "reverify_differential"]
+__all__ = [*own, *testing.__all__]  # one import in an environment's tests
 
 # What a differential case adds to its task row: NeMo Gym's reward and fields for it.
 CASE_KEYS = ("expected_reward", "expected_fields", "case")
