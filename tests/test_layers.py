@@ -226,6 +226,7 @@ def test_the_jails_classes_keep_their_old_names_in_the_old_path() -> None:
 def test_moved_modules_keep_their_documented_import_paths() -> None:
     """Issue 64 gave NeMo Gym, Harbor and the trainer's client one home each; the paths plugins, configs and
     trainers wrote before still reach the same objects (docs/changelog.md lists them)."""
+
     def at(path: str) -> object:
         module, _, name = path.partition(":")
         return getattr(importlib.import_module(module), name) if name else importlib.import_module(module)
