@@ -9,12 +9,12 @@ document.addEventListener("keydown", function (e) {
   if (target && target.closest && target.closest("input, select, textarea, [contenteditable]")) return;
   if (e.key === "t" || e.key === "T") {
     var turns = document.querySelectorAll("section.turn, section.block");
-    var here = window.scrollY + 8;
+    var here = window.scrollY;
     var next = null;
     for (var i = 0; i < turns.length; i++) {
       var top = turns[i].getBoundingClientRect().top + window.scrollY;
-      if (e.key === "t" && top > here + 1) { next = turns[i]; break; }
-      if (e.key === "T" && top < here - 1) next = turns[i];
+      if (e.key === "t" && top > here + 2) { next = turns[i]; break; }
+      if (e.key === "T" && top < here - 2) next = turns[i];
     }
     if (next) { next.scrollIntoView(); e.preventDefault(); }
     return;
