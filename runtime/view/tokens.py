@@ -30,14 +30,24 @@ class Token:
     logprob: float | None = None
     version: int | None = None
     text: str | None = None
+    klass: str = ""  # what the template writes, computed once here (a 32k-token page is 32k spans)
+    title: str = ""
+    shown: str = ""
 
-    @property
-    def klass(self) -> str:
-        if self.kind != "gen":
-            return f"t {self.kind}"
+    def __post_init__(self) -> None:
         lp = self.logprob
-        b = BUCKETS - 1 if lp is None or not math.isfinite(lp) else min(BUCKETS - 1, int(-lp)) if lp < 0 else 0
-        return f"t gen l{b} v{(self.version or 0) % 2}"
+        if self.kind != "gen":
+            self.klass = f"t {self.kind}"
+        else:
+            b = BUCKETS - 1 if lp is None else min(BUCKETS - 1, int(-lp)) if lp < 0 else 0
+            self.klass = f"t gen l{b} v{(self.version or 0) % 2}"
+        title = f"id {self.id}"
+        if lp is not None:
+            title += f" · logprob {lp:.4f}"
+        if self.version is not None:
+            title += f" · version {self.version}"
+        self.title = title
+        self.shown = str(self.id) if self.text is None else self.text
 
 
 @dataclass

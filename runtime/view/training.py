@@ -206,6 +206,8 @@ class Training:
     of: dict[Ref, int]  # a row's group
     steps: list[Step]
     order: list[Ref]  # every row in file order (keyboard navigation)
+    members: dict[Ref, Member] = field(default_factory=dict)
+    position: dict[Ref, int] = field(default_factory=dict)
 
     @property
     def zero_spread(self) -> list[Group]:
@@ -297,18 +299,19 @@ def build(run: Run, cols: list[TrainColumns]) -> Training:
                 if task is not None:
                     s.tasks[task].append(ix.reward[i])
             s.lengths.append(c.length[i])
-    return Training(run, training, groups, of, [steps[k] for k in sorted(steps)], order)
+    members = {m.ref: m for g in groups for m in g.members}
+    position = {ref: k for k, ref in enumerate(order)}
+    return Training(run, training, groups, of, [steps[k] for k in sorted(steps)], order, members, position)
 
 
 def neighbours(t: Training, ref: Ref) -> dict[str, Ref | None]:
     """The rows keyboard navigation goes to from ``ref``: the next and previous rollout, failure, group and step in
     the run's order (the row's own file first, then the next)."""
     order = t.order
-    try:
-        k = order.index(ref)
-    except ValueError:
+    k = t.position.get(ref)
+    if k is None:
         return {}
-    members = {m.ref: m for g in t.groups for m in g.members}
+    members = t.members
     me = members[ref]
     here = t.of[ref]
 
