@@ -118,9 +118,7 @@ def shot(driver: Any, root: Path, name: str) -> None:
     assert driver.save_screenshot(str(root / "screenshots" / f"{name}.png"))
 
 
-def test_the_token_view_shows_the_masks_logprobs_and_decoded_tokens(
-    driver: Any, site: Served, rows: list[Any]
-) -> None:
+def test_the_token_view_shows_the_masks_logprobs_and_decoded_tokens(driver: Any, site: Served, rows: list[Any]) -> None:
     line, row = next((i, r) for i, r in enumerate(rows) if "error_class" not in r and 0 in sequence(r).env_mask)
     seq = sequence(row)
     driver.get(site.base + f"/tokens/0/0/{line}")
@@ -128,7 +126,9 @@ def test_the_token_view_shows_the_masks_logprobs_and_decoded_tokens(
     gen = driver.find_elements(By.CSS_SELECTOR, "p.toks span.t.gen")
     env = driver.find_elements(By.CSS_SELECTOR, "p.toks span.t.env")
     prompt = driver.find_elements(By.CSS_SELECTOR, "p.toks span.t.prompt")
-    assert len(gen) == seq.env_mask.count(1) and len(env) == seq.env_mask.count(0) and len(prompt) == len(seq.prompt_ids)
+    assert (
+        len(gen) == seq.env_mask.count(1) and len(env) == seq.env_mask.count(0) and len(prompt) == len(seq.prompt_ids)
+    )
     lps = [lp for lp, m in zip(seq.logprobs, seq.env_mask, strict=True) if m]
     assert [s.get_attribute("title").split("logprob ")[1].split(" ")[0] for s in gen] == [f"{lp:.4f}" for lp in lps]
     assert [int(s.get_attribute("title").split(" ")[1]) for s in gen] == [
@@ -152,14 +152,18 @@ def test_the_plots_show_the_runs_rewards_and_failures_per_step(driver: Any, site
         if "error_class" not in r:
             by_step[r["train_step"]].append(r["reward"])
     titles = [
-        t.get_attribute("textContent")
-        for t in driver.find_elements(By.CSS_SELECTOR, "figure#plot-reward circle title")
+        t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "figure#plot-reward circle title")
     ]
+
+    def spread(v: list[float]) -> float:
+        return math.sqrt(sum((x - sum(v) / len(v)) ** 2 for x in v) / len(v))
+
     assert titles == [
-        f"mean reward, step {s}: {sum(v) / len(v):.3g} (± {math.sqrt(sum((x - sum(v) / len(v)) ** 2 for x in v) / len(v)):.3g})"
-        for s, v in sorted(by_step.items())
+        f"mean reward, step {s}: {sum(v) / len(v):.3g} (± {spread(v):.3g})" for s, v in sorted(by_step.items())
     ]
-    failures = [t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "#plot-failures rect title")]
+    failures = [
+        t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "#plot-failures rect title")
+    ]
     failed_at = [r["train_step"] for r in rows if "error_class" in r]
     assert failures == [f"step {s}: 1 unattributed" for s in failed_at]  # (rows from before attribution)
     assert len(driver.find_elements(By.CSS_SELECTOR, "figure#plot-length circle")) == len(by_step)
@@ -169,7 +173,9 @@ def test_the_plots_show_the_runs_rewards_and_failures_per_step(driver: Any, site
     shot(driver, files_root(site), "steps")
 
 
-def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(driver: Any, site: Served, rows: list[Any]) -> None:
+def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(
+    driver: Any, site: Served, rows: list[Any]
+) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
     def press(key: str) -> None:
@@ -203,6 +209,7 @@ def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(driver: Any
     wait_for(driver, "section#turn-2")
     driver.set_window_size(1400, 300)
     try:
+
         def top(turn: int) -> int:
             return int(driver.execute_script(f"return document.getElementById('turn-{turn}').offsetTop"))
 

@@ -157,7 +157,7 @@ def _flusher(rows: TRLTrainRows) -> Any:
     (after TRL scored them; before it logs, so ``_logs`` still holds them)."""
     from transformers import TrainerCallback
 
-    class Flush(TrainerCallback):  # type: ignore[misc]
+    class Flush(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             rows.flush()
 

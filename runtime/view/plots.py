@@ -95,7 +95,10 @@ class Frame:
     def ticks(self, chart: Chart) -> None:
         step = max(1, math.ceil(len(self.xs) / 10))
         chart.xticks = [Tick(self.x(v), str(v)) for v in self.xs[::step]]
-        chart.yticks = [Tick(self.y(self.lo + k * (self.hi - self.lo) / 4), _fmt(self.lo + k * (self.hi - self.lo) / 4)) for k in range(5)]
+        chart.yticks = [
+            Tick(self.y(self.lo + k * (self.hi - self.lo) / 4), _fmt(self.lo + k * (self.hi - self.lo) / 4))
+            for k in range(5)
+        ]
 
 
 def lines(
@@ -115,7 +118,9 @@ def lines(
     frame.ticks(chart)
     for k, (label, pts) in enumerate(series):
         colour = COLOURS[k % len(COLOURS)]
-        points = [Point(frame.x(x), frame.y(v), f"{label}, {xlabel} {x}: {_fmt(v)}{unit} (± {_fmt(s)})") for x, v, s in pts]
+        points = [
+            Point(frame.x(x), frame.y(v), f"{label}, {xlabel} {x}: {_fmt(v)}{unit} (± {_fmt(s)})") for x, v, s in pts
+        ]
         band = ""
         if any(s > 0 for _, _, s in pts):
             upper = [f"{frame.x(x):.1f},{frame.y(v + s):.1f}" for x, v, s in pts]
@@ -143,7 +148,9 @@ def stacked(id: str, title: str, xlabel: str, ylabel: str, counts: dict[int, dic
             if not n:
                 continue
             y0, y1 = frame.y(base), frame.y(base + n)
-            chart.bars.append(Bar(frame.x(x) - width / 2, y1, width, y0 - y1, colours[kind], f"{xlabel} {x}: {n} {kind}"))
+            chart.bars.append(
+                Bar(frame.x(x) - width / 2, y1, width, y0 - y1, colours[kind], f"{xlabel} {x}: {n} {kind}")
+            )
             base += n
     chart.legend = [(k, colours[k]) for k in kinds]
     return chart

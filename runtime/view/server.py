@@ -189,9 +189,7 @@ class View:
         records = None
         if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
             records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
-        return self.render(
-            "trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=self.train.keys(ref)
-        )
+        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=self.train.keys(ref))
 
     async def diff_page(self, request: web.Request) -> web.Response:
         n = len(self.runs.runs)

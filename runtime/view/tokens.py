@@ -148,7 +148,8 @@ def load_tokenizer(path: str) -> Decode:
         import tokenizers
     except ImportError:
         raise UserError(
-            f"--tokenizer needs the {EXTRA!r} package: pip install 'gym-runtime[{EXTRA}]' (or view token ids without it)"
+            f"--tokenizer needs the {EXTRA!r} package: pip install 'gym-runtime[{EXTRA}]' "
+            "(or leave --tokenizer out: token ids are shown)"
         ) from None
     try:
         tok = tokenizers.Tokenizer.from_file(str(file))

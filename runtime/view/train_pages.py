@@ -187,7 +187,10 @@ def charts(t: Training) -> list[plots.Chart]:
             x,
             "mean reward",
             [
-                (f"task {task}", [(s.step, sum(s.tasks[task]) / len(s.tasks[task]), 0.0) for s in scored if s.tasks.get(task)])
+                (
+                    f"task {task}",
+                    [(s.step, sum(s.tasks[task]) / len(s.tasks[task]), 0.0) for s in scored if s.tasks.get(task)],
+                )
                 for task in top
             ],
         )
@@ -200,7 +203,11 @@ def charts(t: Training) -> list[plots.Chart]:
             lengths.append((s.step, mean, sd))
     out.append(
         plots.lines(
-            "plot-length", f"Rollout length per {x} (generated tokens), ± its spread", x, "tokens", [("length", lengths)]
+            "plot-length",
+            f"Rollout length per {x} (generated tokens), ± its spread",
+            x,
+            "tokens",
+            [("length", lengths)],
         )
     )
     return out

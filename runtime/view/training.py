@@ -93,7 +93,9 @@ class TrainColumns:
     size: int
     step: list[int] = field(default_factory=list)  # -1: none
     group: list[str | None] = field(default_factory=list)
-    reward: list[float] = field(default_factory=list)  # the handed-over reward; NaN: none (excluded, or not a training row)
+    reward: list[float] = field(
+        default_factory=list
+    )  # the handed-over reward; NaN: none (excluded, or not a training row)
     advantage: list[float] = field(default_factory=list)  # NaN: none
     attribution: list[str] = field(default_factory=list)  # "" none
     length: list[int] = field(default_factory=list)  # generated tokens
@@ -104,9 +106,7 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
     """The training columns of ``path``'s lines that ``ix`` indexes (matched by byte offset)."""
     at = {o: i for i, o in enumerate(ix.offsets)}
     n = len(ix)
-    cols = TrainColumns(
-        path.stat().st_size, [-1] * n, [None] * n, [math.nan] * n, [math.nan] * n, [""] * n, [0] * n
-    )
+    cols = TrainColumns(path.stat().st_size, [-1] * n, [None] * n, [math.nan] * n, [math.nan] * n, [""] * n, [0] * n)
     for _, offset, line in index_mod.lines(path):
         i = at.get(offset)
         if i is None:

@@ -45,9 +45,7 @@ def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Pa
     path = tmp_path / "train_rows.jsonl"
     seen_at_call: list[int] = []
     with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(
-            client, w.rows, rows_path=str(path), policy=GroupPolicy(retries=0, on_failure="mask")
-        )
+        rollouts = TRLRollouts(client, w.rows, rows_path=str(path), policy=GroupPolicy(retries=0, on_failure="mask"))
 
         def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
             seen_at_call.append(len(lines(path)))  # what a reader of the file sees when the next step starts
