@@ -89,3 +89,29 @@ def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Pa
         w.tokenizer.save_pretrained(FIXTURE / "tokenizer")
     fixture = lines(FIXTURE / "train_rows.jsonl")  # the browser tests' run has what a run writes today
     assert fixture and {frozenset(r) for r in fixture} == {frozenset(r) for r in rows}
+
+
+def test_the_async_worker_writes_each_group_it_handed_over_with_its_advantage(tmp_path: Path) -> None:
+    from tests.trainers.test_trl_async import trainer_of
+
+    w = world(tmp_path)
+    path = tmp_path / "async_rows.jsonl"
+    with SyncClient(w.config) as client:
+        trainer, worker, _ = trainer_of(w, tmp_path, client, rows_path=str(path))
+        try:
+            trainer.train()
+        finally:
+            worker.stop()
+    rows = lines(path)
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["train_group"], []).append(r)
+    assert len(groups) >= worker.counts.groups > 0  # every group handed to the buffer (and any dropped) is written
+    for members in groups.values():
+        assert len(members) == 2 and len({m["_ng_task_index"] for m in members}) == 1
+        rewards = [m["reward"] for m in members]
+        assert [m["train_reward"] for m in members] == rewards
+        mean = sum(rewards) / 2
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 2)  # the worker's own (population) spread
+        assert [m["train_advantage"] for m in members] == [approx((r - mean) / (std + 1e-8)) for r in rewards]
+        assert all(isinstance(m["train_step"], int) for m in members)  # the trainer's version at hand-over
