@@ -26,6 +26,7 @@ from aiohttp import web
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.diff import compare
+from gym_runtime.view.growing import grow
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
 from gym_runtime.view.train_pages import TrainPages
@@ -92,15 +93,25 @@ class View:
         self._summaries = [runs_mod.summarize(r) for r in runs.runs]
         self._choices = runs_mod.choices(runs)
         self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
+        self._grown: set[int] = set()  # runs whose files grew since they were opened (summaries computed anew)
 
     @property
     def live(self) -> bool:
-        return any(r.live is not None for r in self.runs.runs)
+        return any(r.live is not None for r in self.runs.runs) or bool(self._grown)
+
+    def grow(self) -> None:
+        """Index the lines appended to the files given since the last request (a trainer's rows file grows)."""
+        for run in self.runs.runs:
+            if run.live is None and any([grow(p) for p in run.parts]):
+                self._grown.add(run.id)
 
     @property
     def summaries(self) -> list[runs_mod.Summary]:
         """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
-        return [runs_mod.summarize(r) if r.live is not None else s for r, s in zip(self.runs.runs, self._summaries)]
+        return [
+            runs_mod.summarize(r) if r.live is not None or r.id in self._grown else s
+            for r, s in zip(self.runs.runs, self._summaries)
+        ]
 
     @property
     def choices(self) -> dict[str, list[str]]:
@@ -132,6 +143,7 @@ class View:
                 cookie = request.cookies.get(COOKIE, "")
                 if not hmac.compare_digest(cookie.encode(), self.token.encode()):
                     raise web.HTTPForbidden(text="open the URL gym-runtime view printed (it carries the access token)")
+            self.grow()
             resp = await handler(request)
         except web.HTTPException as e:
             resp = e
