@@ -261,6 +261,18 @@ def test_an_exported_bundle_opens_from_disk_and_every_link_resolves(
     until(driver, lambda d: d.current_url.endswith("/rollout-0-0-1.html"))
     logs = [e["message"] for e in driver.get_log("browser")]
     assert not [m for m in logs if "Content Security Policy" in m or "Refused" in m], logs
+    # a bundle of hostile rows: inert from disk too
+    hostile = files["root"] / "hostile_bundle"
+    done = cli("view", str(files["hostile"]), "--export", str(hostile))
+    assert done.returncode == 0, done.stderr
+    for name in ("rollout-0-0-0.html", "rollout-0-0-1.html", "tokens-0-0-0.html", "group-0-0.html", "steps-0.html"):
+        driver.get((hostile / name).as_uri())
+        wait_for(driver, "main")
+        no_dialog(driver)
+        for css in ("main script", "main img", "main iframe", "main a[href^='javascript']", "main link", "main style"):
+            assert not driver.find_elements(By.CSS_SELECTOR, css), (name, css)
+        scripts = [x.get_attribute("src") for x in driver.find_elements(By.TAG_NAME, "script")]
+        assert scripts == [(hostile / "static" / "keys.js").as_uri()], (name, scripts)
 
 
 def test_hostile_rows_stay_inert_on_every_new_page(driver: Any, site: Served) -> None:
