@@ -21,7 +21,8 @@ import msgspec
 
 from gym_runtime.messages import Checkpoint
 from gym_runtime.observability import logs
-from gym_runtime.transport.interface import KeyValue, Transport
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import KeyValue
 from gym_runtime.transport.subjects import kv_key
 
 log = logs.get("gym.checkpoint")
@@ -36,7 +37,7 @@ _decoder = msgspec.msgpack.Decoder(Checkpoint)
 KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
 
 
-async def checkpoints_kv(bus: Transport, ttl_s: float) -> KeyValue:
+async def checkpoints_kv(bus: Bus, ttl_s: float) -> KeyValue:
     """The checkpoints bucket, made on first use with its TTL (a secured server's: by ``provision``): an agent
     worker makes sure of it once, as it starts; its rollouts then write their keys as stored publishes."""
     return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s)
@@ -49,7 +50,7 @@ class Checkpointer:
 
     __slots__ = ("_bus", "key", "mode", "_bucket", "_subject", "_pending", "written", "stored", "_ok")
 
-    def __init__(self, bus: Transport, key: str, mode: Mode) -> None:
+    def __init__(self, bus: Bus, key: str, mode: Mode) -> None:
         self._bus = bus
         self.key = key
         self.mode = mode
