@@ -36,7 +36,7 @@ from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import MSG_ID_HEADER
 from gym_runtime.transport.interface import Handle, KeyValue, OnMessage, Puller, StreamReader, Subscription, Wire
 from gym_runtime.transport.limits import DUPLICATE_WINDOW_S
-from gym_runtime.transport.subjects import AckFields, Subjects, ack_reply, direct_get, inbox_prefix
+from gym_runtime.transport.subjects import AckFields, Subjects, ack_reply, direct_get, inbox_prefix, kv_parts
 
 __all__ = ["MemoryBroker", "MemoryMessage", "MemoryWire", "subject_matches"]
 
@@ -433,8 +433,8 @@ class MemoryWire:
         """A stream's subject is stored (a reply gets the stream's ack); any other is delivered, and a request
         nobody subscribes to is answered "no responders" (``Status: 503``), as the server does."""
         broker = self.broker
-        if subject.startswith("$KV."):  # a KV key written as a stored publish (a checkpoint): the bucket's
-            _, bucket, key = subject.split(".", 2)
+        if (kv := kv_parts(subject)) is not None:  # a KV key written as a stored publish (a checkpoint)
+            bucket, key = kv
             values = broker.kv.setdefault(bucket, {})
             if (headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
                 values.pop(key, None)

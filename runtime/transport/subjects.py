@@ -55,6 +55,7 @@ __all__ = [
     "js_info",
     "every_namespace_tasks",
     "kv_key",
+    "kv_parts",
     "kv_stream",
     "lane",
     "lane_replies",
@@ -279,6 +280,14 @@ def kv_stream(bucket: str) -> str:
 def kv_key(bucket: str, key: str) -> str:
     """The subject a KV bucket's ``key`` is written to."""
     return f"$KV.{bucket}.{key}"
+
+
+def kv_parts(subject: str) -> tuple[str, str] | None:
+    """The bucket and key a ``kv_key`` subject writes (None: not a KV key's)."""
+    if not subject.startswith("$KV."):
+        return None
+    _, bucket, key = subject.split(".", 2)
+    return bucket, key
 
 
 def every_namespace_tasks() -> str:
