@@ -12,7 +12,6 @@ row says. A kill while a tool call runs: that call runs once. The checkpoint nev
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,13 @@ KILL_AT = 12  # the agent worker is killed once a checkpoint at this turn or lat
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer(store_dir=str(tmp_path / "js"), sync="interval")
-    srv.start()
-    yield srv
-    srv.stop()
+def box_pool() -> str:
+    return new_pool(docker_socket())
 
 
 @pytest.fixture
-def box_pool() -> str:
-    return new_pool(docker_socket())
+def server(nats_server: EmbeddedServer) -> EmbeddedServer:
+    return nats_server  # a store of its own, killed and started again by one test
 
 
 def assert_once_each(row: dict[str, Any]) -> None:
