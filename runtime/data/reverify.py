@@ -21,6 +21,7 @@ import msgspec
 from gym_runtime.data.atif import from_atif, is_atif, is_ours
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.drift import Drift
+from gym_runtime.data.rowkeys import DEFAULT_REWARD_BOUND, bounded_reward, own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
     Cost,
@@ -163,6 +164,7 @@ async def reverify_file(
     on_row: Callable[[bool, float | None], None] | None = None,
     task_fields: tuple[str, ...] = (),
     grader: Callable[[Cost | None], str | None] | None = None,
+    reward_bound: float = DEFAULT_REWARD_BOUND,
 ) -> ReverifyReport:
     """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress). ``task_fields``:
     the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them.
@@ -205,6 +207,9 @@ async def reverify_file(
                         timeout=timeout_s,
                         op="verify",
                     )
+                    reward = bounded_reward(reply.reward, reward_bound)
+                    mine = {**row, "reward": reward}  # the row it re-verified: an echo of its keys is none
+                    fields = own_fields(reply.fields, mine, task, who="the environment's verify")
                 except (ValueError, Failure) as e:
                     report.failed += 1
                     err = e.info.error_class if isinstance(e, Failure) else "invalid_task"
@@ -220,21 +225,21 @@ async def reverify_file(
                 )
                 before = row.get("reward")
                 new_row = dict(row)
-                new_row["reward"] = reply.reward
-                for k, v in reply.fields.items():
+                new_row["reward"] = reward
+                for k, v in fields.items():
                     if k in row and row[k] != v:
                         report.field_changes[k] = report.field_changes.get(k, 0) + 1
                     new_row[k] = v
                 if isinstance(before, (int, float)):
-                    delta = abs(float(before) - reply.reward)
+                    delta = abs(float(before) - reward)
                     report.sum_before += float(before)
                     report.sum_abs_delta += delta
                     report.max_abs_delta = max(report.max_abs_delta, delta)
                     report.changed += delta > 1e-9
-                report.sum_after += reply.reward
+                report.sum_after += reward
                 results[index] = (_encoder.encode(new_row), True)
                 if on_row is not None:
-                    on_row(True, reply.reward)
+                    on_row(True, reward)
             finally:
                 flush()
                 limiter.release()

@@ -130,6 +130,7 @@ async def test_explain_says_why_an_attempt_was_given_back(server: EmbeddedServer
     assert "verify_error: " in text.stdout and "(runs again)" in text.stdout, text.stdout
     assert "redelivered: attempt 1 failed with verify_error (retryable)" in text.stdout
     assert "failure row: verify_error" in text.stdout and "(the slot's result: collect writes it)" in text.stdout
+    assert "caused by: environment (by its class, verify_error)" in text.stdout  # issue 66: the attribution
 
 
 def _records(url: str) -> int:
