@@ -89,3 +89,68 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
         multi_turn += 0 in out.response_mask
     assert multi_turn > 0
     assert TOOL_CALL in w.tokenizer.get_vocab()
+
+
+async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: Path) -> None:
+    """Issue 66: a failure the environment caused is retried, then excluded: one token with ``response_mask`` 0,
+    which the registered ``gym_grpo`` estimator leaves out of the group's mean and std (advantage 0). verl's own GRPO
+    would take its reward 0 into them (the pad this loop returned before)."""
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.trainer.ppo import core_algos
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from gym_runtime.trainers.verl import GymAgentLoop, failure_metrics
+
+    w = world(tmp_path, rows=3)
+    cfg = yaml.safe_load(w.config.read_text())
+    tool = w.tool_token
+    cfg["models"]["policy"] = {
+        "adapter": "verl_server",
+        "live": "policy",
+        "max_new_tokens": 4,
+        "stop_token_ids": [tool],
+    }
+    w.config.write_text(yaml.safe_dump(cfg))
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1]["fixed_reward"] = 0.0
+    w.rows[2]["explode"] = True  # every verify raises: retried once, then excluded
+    server = TinyServer(w.model, w.tokenizer, tool)
+    trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
+    outputs = []
+    for r in w.rows:
+        loop = GymAgentLoop(
+            trainer_config=DictConfigWrap(trainer_config),
+            server_manager=server,
+            tokenizer=w.tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(OmegaConf.create({})),
+            gym_config=str(w.config),
+            failures={"retries": 1},
+        )
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+    excluded = outputs[2]
+    assert excluded.response_mask == [0] and excluded.extra_fields["gym_failure"] == "excluded"
+    assert (
+        excluded.extra_fields["gym_failure_attribution"] == "environment" and excluded.extra_fields["gym_retried"] == 1
+    )
+    width = max(len(o.response_ids) for o in outputs)
+    mask = torch.zeros(3, width)
+    rewards = torch.zeros(3, width)
+    for i, o in enumerate(outputs):  # as verl's batch holds them: the score on the last response token
+        mask[i, : len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.float32)
+        rewards[i, len(o.response_ids) - 1] = o.reward_score
+    uid = np.array(["g", "g", "g"], dtype=object)
+    gym_grpo = core_algos.get_adv_estimator_fn("gym_grpo")
+    adv, _ = gym_grpo(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    assert torch.all(adv[2] == 0)  # the excluded member: advantage 0
+    kept, _ = core_algos.compute_grpo_outcome_advantage(rewards[:2], mask[:2], uid[:2])  # verl's GRPO on the others
+    assert torch.allclose(adv[:2], kept, atol=1e-4)  # the group's statistics are the others' alone
+    padded, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uid)  # a reward-0 member in them
+    assert not torch.allclose(padded[0], kept[0], atol=1e-4)
+    batch = {k: [o.extra_fields[k] for o in outputs] for k in outputs[0].extra_fields if k.startswith("gym_")}
+    metrics = failure_metrics(batch)
+    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/failed/environment"] == 1.0

@@ -90,6 +90,7 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
     datasets = need("datasets")
     from gym_runtime.trainers.trl import env_reward
 
+    reward_funcs = args.pop("reward_funcs", env_reward)
     config = trl.GRPOConfig(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=args.pop("batch", 4),
@@ -109,7 +110,7 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
         processing_class=w.tokenizer,
         args=config,
         train_dataset=datasets.Dataset.from_list(dataset),
-        reward_funcs=env_reward,
+        reward_funcs=reward_funcs,
         rollout_func=rollout_func,
     )
 
