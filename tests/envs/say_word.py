@@ -30,10 +30,12 @@ class SayWord(Resource):
         self.word = ""
         self.drawn = 0
         self.stall_s = 0.0
+        self.wait_s = 0.0
 
     async def seed(self, task: dict[str, Any]) -> None:
         self.word = str(task.get("word", WORDS[0]))
         self.stall_s = float(task.get("stall_s", 0.0))
+        self.wait_s = float(task.get("wait_s", 0.0))
 
     @tool
     async def draw_word(self) -> str:
@@ -41,6 +43,12 @@ class SayWord(Resource):
         self.drawn += 1
         await anyio.sleep(self.stall_s)
         return f"say {self.word}"
+
+    @tool
+    async def wait(self) -> str:
+        """Wait a while (the row's ``wait_s``: a policy that calls it may run its rollout's timeout_s out)."""
+        await anyio.sleep(self.wait_s)
+        return "waited"
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         if task.get("verifying"):

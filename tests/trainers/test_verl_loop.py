@@ -44,15 +44,8 @@ class TinyServer:
         return TokenOutput(token_ids=done.token_ids, log_probs=lps, stop_reason="completed")
 
 
-async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) -> None:
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    from gym_runtime.trainers.verl import GymAgentLoop
-
-    assert _agent_loop_registry["gym_runtime"] == {"_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
-    w = world(tmp_path, rows=4, tool_bias=3.0)
+def served_by_verl(w: Any) -> TinyServer:
+    """The world's policy entry as verl's: the ``verl_server`` adapter, generating through verl's server handle."""
     cfg = yaml.safe_load(w.config.read_text())
     tool = w.tool_token
     cfg["models"]["policy"] = {
@@ -62,19 +55,41 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
         "stop_token_ids": [tool],
     }
     w.config.write_text(yaml.safe_dump(cfg))
-    server = TinyServer(w.model, w.tokenizer, tool)
+    return TinyServer(w.model, w.tokenizer, tool)
+
+
+def agent_loop(w: Any, server: TinyServer, **options: Any) -> Any:
+    """A ``GymAgentLoop`` as verl's worker builds one per sample (``hydra.utils.instantiate(config, ...)``)."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from gym_runtime.trainers.verl import GymAgentLoop
+
     trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
+    return GymAgentLoop(
+        trainer_config=DictConfigWrap(trainer_config),
+        server_manager=server,
+        tokenizer=w.tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        gym_config=str(w.config),
+        **options,
+    )
+
+
+async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) -> None:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    import gym_runtime.trainers.verl  # noqa: F401  (importing it registers the loop)
+
+    assert _agent_loop_registry["gym_runtime"] == {"_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
+    w = world(tmp_path, rows=4, tool_bias=3.0)
+    server = served_by_verl(w)
     outputs, rows = [], []
     for r in w.rows:
-        loop = GymAgentLoop(  # as verl's worker builds one per sample: hydra.utils.instantiate(config, ...)
-            trainer_config=DictConfigWrap(trainer_config),
-            server_manager=server,
-            tokenizer=w.tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(OmegaConf.create({})),
-            gym_config=str(w.config),
-        )
+        loop = agent_loop(w, server)
         outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
         rows.append(loop.last_row)
     assert server.requests  # generation went through verl's server handle
@@ -97,40 +112,18 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     would take its reward 0 into them (the pad this loop returned before)."""
     import numpy as np
     import torch
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.trainer.ppo import core_algos
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from gym_runtime.trainers.verl import GymAgentLoop, failure_metrics
+    from gym_runtime.trainers.verl import failure_metrics
 
     w = world(tmp_path, rows=3)
-    cfg = yaml.safe_load(w.config.read_text())
-    tool = w.tool_token
-    cfg["models"]["policy"] = {
-        "adapter": "verl_server",
-        "live": "policy",
-        "max_new_tokens": 4,
-        "stop_token_ids": [tool],
-    }
-    w.config.write_text(yaml.safe_dump(cfg))
     w.rows[0]["fixed_reward"] = 1.0
     w.rows[1]["fixed_reward"] = 0.0
     w.rows[2]["explode"] = True  # every verify raises: retried once, then excluded
-    server = TinyServer(w.model, w.tokenizer, tool)
-    trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
+    server = served_by_verl(w)
     outputs = []
     for r in w.rows:
-        loop = GymAgentLoop(
-            trainer_config=DictConfigWrap(trainer_config),
-            server_manager=server,
-            tokenizer=w.tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(OmegaConf.create({})),
-            gym_config=str(w.config),
-            failures={"retries": 1},
-        )
+        loop = agent_loop(w, server, failures={"retries": 1})
         outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
     excluded = outputs[2]
     assert excluded.response_mask == [0] and excluded.extra_fields["gym_failure"] == "excluded"
