@@ -5,8 +5,9 @@ A trainer learns from ``response``, ``reward`` and ``policy_versions``, and budg
 site (``build_row``, a hosted agent's ``/verify`` answer, a hosted server's verify for another server) writes the
 runtime's keys after the merge, and a field naming one of them is ignored when its value is the runtime's own
 or the request's (hosted servers echo the request body), else the row is a ``verify_error`` naming the key. A
-failure row's keys (``error_class``, ``error``, ``attempts``, ``failure_attribution``, ``partial``) are the runtime's
-too: a verify that returned ``{"error_class": "timeout"}`` would otherwise take its scored row out of training.
+failure row's keys (``error_class``, ``attempts``, ``failure_attribution``, ``time_split``) are the runtime's too: a
+verify that returned ``{"error_class": "timeout"}`` would otherwise take its scored row out of training (``error``
+and ``partial`` are NeMo Gym verifiers' extras too: ``SHARED_FAILURE_KEYS``).
 The reward itself is bounded (``bounded_reward``): finite, and within the config's ``reward_bound``.
 """
 
@@ -32,12 +33,10 @@ RUNTIME_KEYS = frozenset(
         "_ng_task_index",  # the ids (NeMo Gym's other ``_ng_*`` keys, ``_ng_failure_class``, are a verifier's)
         "_ng_rollout_index",
         # a failure row's (``data.collector.failure_row``): an environment that wrote them could make a scored row a
-        # failure, or a failure someone else's (issue 65)
+        # failure, or a failure someone else's (issue 65). Not ``error`` and ``partial``: see SHARED_FAILURE_KEYS
         "error_class",
-        "error",
         "attempts",
         "failure_attribution",  # who caused a failure (``data.attribution``)
-        "partial",  # a failure row's ``response`` holds the policy's trajectory so far
         "time_split",  # where a failed attempt's time went (what a timeout's attribution reads)
         "resumed_from_turn",  # a resumed attempt's (the resume-at-turn issue)
         "resumed_how",
@@ -47,6 +46,11 @@ RUNTIME_KEYS = frozenset(
         "train_advantage",
     }
 )
+# A failure row's keys that NeMo Gym's own verifiers also answer on scored rows, so no merge site may refuse them: the
+# SWE servers' (denovo_swe, swe_rebench, swebench_pro, ...) and the judges' ``error`` (None, or why a test run or a
+# judge call failed), deepswe's ``partial`` (its partial credit, a float). The runtime writes them only on failure
+# rows, and no reader takes either for a failure: a failure is ``error_class``, which the runtime owns.
+SHARED_FAILURE_KEYS = frozenset({"error", "partial"})
 DEFAULT_REWARD_BOUND = 1e6  # the config's ``reward_bound``: far inside float32 (TRL casts rewards to it)
 _MISSING = object()
 
