@@ -21,6 +21,10 @@ policy's tool call, a policy failure, scored ``policy_failure_reward`` (0) with 
 of stalled rollouts too, and at the end the first 10 steps' share against the last 10 steps'.
 
     python tests/bench/trl_learns.py --wait-s 30 --timeout-s 2 --minutes 5 --seed 1
+    python tests/bench/trl_learns.py --wait-s 30 --timeout-s 2 --minutes 5 --seed 1 --old-drop   # the contrast
+
+``--old-drop`` is the contrast: the stall treated as ``on_failure="drop"`` treated it before issue 66 (its group
+replaced by the next row's, nothing scored), here as a stall that is excluded and its group refilled.
 """
 
 from __future__ import annotations
@@ -34,9 +38,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gym_runtime import SyncClient
+from gym_runtime.trainers.failures import FailurePolicy, Kind
 from gym_runtime.trainers.trl import TRLRollouts
 from tests.envs.say_word import WORDS
 from tests.trainers.world import grpo, world
+
+
+class OldDrop(TRLRollouts):
+    """The behaviour before issue 66, for contrast: a stall (a policy failure) is not scored; its group is replaced by
+    the next row's (``refill``), and what still stalls is left out."""
+
+    def _saw(self, row: dict) -> Kind:  # type: ignore[type-arg]
+        kind = super()._saw(row)
+        return "excluded" if kind == "policy" else kind
 
 
 def main() -> None:
@@ -52,6 +66,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wait-s", type=float, default=None, help="the stallable variant: the wait tool's seconds")
     p.add_argument("--timeout-s", type=float, default=2.0, help="the stallable variant: each rollout's timeout_s")
+    p.add_argument("--old-drop", action="store_true", help="the contrast: stalls dropped and refilled, not scored")
     args = p.parse_args()
     import transformers
     from transformers import TrainerCallback
@@ -73,13 +88,17 @@ def main() -> None:
                 control.should_training_stop = True
 
     with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(client, w.rows)
+        if args.old_drop:
+            rollouts = OldDrop(client, w.rows, failures=FailurePolicy(retries=0, refill=True, max_excluded=1.0))
+        else:
+            rollouts = TRLRollouts(client, w.rows)
 
         def rollout_func(prompts, trainer):  # type: ignore[no-untyped-def]
             out = rollouts(prompts, trainer)
             rewards = [r if r is not None else 0.0 for r in out["gym_reward"]]
             means.append(sum(rewards) / len(rewards))
-            stalls.append(sum(r.get("error_class") == "timeout" for r in rollouts.last_rows) / len(rewards))
+            c = rollouts.counts  # every rollout the step ran (a refilled group's replaced ones too)
+            stalls.append(c.by_class["timeout"] / (len(rewards) + c.refilled_groups * args.generations))
             last10 = means[-10:]
             print(
                 f"step {len(means):4d}  t={time.monotonic() - started:6.1f}s  mean reward {means[-1]:.3f}  "
