@@ -70,6 +70,8 @@ def test_an_excluded_member_is_unscorable_in_trl_while_the_rest_of_its_group_tra
     assert rows[excluded]["failure_attribution"] == "environment" and rows[excluded]["_ng_rollout_index"] == 1
     assert out["gym_reward"][excluded] is None and out["gym_excluded"][excluded] is True  # before: 0.0 (a fake zero)
     assert out["env_mask"][excluded] == [0]
+    sibling = next(i for i in first if i != excluded)  # its prompt ids are its own group's
+    assert out["prompt_ids"][excluded] == out["prompt_ids"][sibling]
     advantages = list(trainer._logs["advantages"])
     assert advantages[excluded] == 0.0
     kept = [advantages[i] for i in first if i != excluded]
