@@ -127,7 +127,7 @@ class Tally:
     refilled_groups: int = 0
     by_attribution: Counter[str] = field(default_factory=Counter)  # every failure row received
     by_class: Counter[str] = field(default_factory=Counter)
-    excluded_tasks: Counter[str] = field(default_factory=Counter)  # "task 3 (verify_error)": count
+    excluded_tasks: Counter[str] = field(default_factory=Counter)  # "dataset row 3 (verify_error)": count
 
     def saw(self, row: dict[str, Any]) -> Kind:
         """Count one row received (a retry's too); its kind."""
@@ -137,14 +137,16 @@ class Tally:
             self.by_class[str(row.get("error_class"))] += 1
         return k
 
-    def ended(self, row: dict[str, Any], k: Kind) -> None:
-        """Count one rollout as it ends up in the batch."""
+    def ended(self, row: dict[str, Any], k: Kind, task: str | None = None) -> None:
+        """Count one rollout as it ends up in the batch; ``task`` names it for the systematic-failure line (the
+        trainer's dataset row; else the batch's task index)."""
         self.rollouts += 1
         if k == "policy":
             self.policy_failures += 1
         elif k == "excluded":
             self.excluded += 1
-            self.excluded_tasks[f"task {row.get('_ng_task_index')} ({row.get('error_class')})"] += 1
+            name = task or f"task {row.get('_ng_task_index')}"
+            self.excluded_tasks[f"{name} ({row.get('error_class')})"] += 1
 
     def add(self, other: Tally) -> None:
         for name in ("rollouts", "policy_failures", "retried", "excluded", "refilled_groups"):

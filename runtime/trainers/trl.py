@@ -137,7 +137,7 @@ class TRLRollouts:
             groups = self._refill(groups, taken={g.row for g in groups})
         for g in groups:
             for r, k in zip(g.rows, g.kinds, strict=True):
-                self.counts.ended(r, k)
+                self.counts.ended(r, k, f"dataset row {g.row}")
         self.totals.add(self.counts)
         self._log(trainer)
         self.counts.check(self.failures, "rollout_func")

@@ -203,7 +203,7 @@ class GymRolloutWorker:
             for i, r in zip(slots, again, strict=True):
                 rows[i], kinds[i] = r, tally.saw(r)
         for r, k in zip(rows, kinds, strict=True):
-            tally.ended(r, k)
+            tally.ended(r, k, f"dataset row {row}")
         self.totals.add(tally)
         self._step.add(tally)
         self.metrics_queue.put_nowait(tally.metrics())  # TRL's log() drains it into its logged metrics

@@ -145,7 +145,7 @@ def test_the_async_workers_bound_stops_it_in_one_line_and_its_counts_reach_metri
         worker.check_health(1e9)  # what TRL's trainer calls: the worker's one line
     text = str(e.value)
     assert "\n" not in text and "rollouts still failed after 1 retries" in text
-    assert "verify_error" in text and "task 0 (verify_error)" in text
+    assert "verify_error" in text and "dataset row 0 (verify_error)" in text
     metrics = []
     while not worker.metrics_queue.empty():
         metrics.append(worker.metrics_queue.get_nowait())
