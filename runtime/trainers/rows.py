@@ -125,13 +125,12 @@ def check_agent(agents: Sequence[str], agent: str | None) -> None:
 
 
 def check_live(models: Mapping[str, Any], live: str | None) -> None:
-    """A trainer adapter's ``live`` must be the ``live`` name of one of the config's model entries (one line naming
-    the unknown one and the known ones, before anything is submitted: else every rollout fails for it)."""
-    if live is None:
-        return
+    """A trainer adapter's ``live`` must be the ``live`` name of one of the config's model entries, when it has any
+    (one line naming the unknown one and the known ones, before anything is submitted: else every rollout fails for
+    it). A config with no ``live`` entry serves its policy elsewhere: the name is then unused, not a mistake."""
     known = sorted({n for m in models.values() if isinstance(n := getattr(m.options, "live", None), str) and n})
-    if live not in known:
-        entries = ", ".join(repr(n) for n in known) if known else "none (no model entry has a live: key)"
+    if live is not None and known and live not in known:
+        entries = ", ".join(repr(n) for n in known)
         raise ClientError(
             f"unknown live model {live!r}: the config's model entries serve {entries} (set live= to one of them, "
             "or live=None when the policy is served elsewhere)"
