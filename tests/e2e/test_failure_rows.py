@@ -11,29 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 
 from gym_runtime import Client
 
+CONFIG = """
+namespace: gym
+models: {policy: {adapter: scripted}}
+resources: {env: {server: tests.envs.say_word}}
+agents:
+  agent: {agent: agents.simple, model: policy, resource: env, max_steps: 3, timeout_s: 3.0, max_attempts: 1}
+"""
+
 
 def write_config(tmp: Path) -> Path:
-    cfg = {
-        "namespace": "gym",
-        "models": {"policy": {"adapter": "scripted"}},
-        "resources": {"env": {"server": "tests.envs.say_word"}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "max_steps": 3,
-                "timeout_s": 3.0,
-                "max_attempts": 1,
-            }
-        },
-    }
     path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(CONFIG)
     return path
 
 
