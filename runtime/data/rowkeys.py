@@ -40,10 +40,6 @@ RUNTIME_KEYS = frozenset(
         "time_split",  # where a failed attempt's time went (what a timeout's attribution reads)
         "resumed_from_turn",  # a resumed attempt's (the resume-at-turn issue)
         "resumed_how",
-        "train_step",  # a trainer's rows (the training rows on disk)
-        "train_group",
-        "train_reward",
-        "train_advantage",
     }
 )
 # A failure row's keys that NeMo Gym's own verifiers also answer on scored rows, so no merge site may refuse them: the
@@ -52,6 +48,9 @@ RUNTIME_KEYS = frozenset(
 # rows, and no reader takes either for a failure: a failure is ``error_class``, which the runtime owns.
 SHARED_FAILURE_KEYS = frozenset({"error", "partial"})
 DEFAULT_REWARD_BOUND = 1e6  # the config's ``reward_bound``: far inside float32 (TRL casts rewards to it)
+# what a trainer adapter adds to a row it handed the trainer (``trainers.train_rows``): runtime-owned too
+TRAIN_KEYS = frozenset({"train_step", "train_group", "train_reward", "train_advantage", "train_total_reward"})
+RUNTIME_KEYS = RUNTIME_KEYS | TRAIN_KEYS
 _MISSING = object()
 
 

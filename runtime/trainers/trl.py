@@ -45,6 +45,7 @@ from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncBatch, SyncClient
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
+from gym_runtime.trainers.train_rows import TRLTrainRows
 
 __all__ = ["FailurePolicy", "TRLRollouts", "env_reward", "excluding"]
 
@@ -95,7 +96,9 @@ class TRLRollouts:
     ``client``: a ``SyncClient`` (workers in this process for ``live``); ``rows``: the task rows trained on (the
     dataset is ``.dataset()``); ``agent``: the config's agent that runs them (needed when it has several);
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
-    (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``.
+    (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``;
+    ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
+    (``train_rows``).
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class TRLRollouts:
         live: str | None = "policy",
         failures: FailurePolicy | None = None,
         max_staleness: int | None = None,
+        rows_path: str | None = None,
     ) -> None:
         config = client.client.config
         check_agent(list(config.agents), agent)
@@ -120,10 +124,16 @@ class TRLRollouts:
         self.counts = Tally()  # the last call's
         self.totals = Tally()  # all calls'
         self.last_rows: list[dict[str, Any]] = []  # the last call's rows, in TRL's order (failure rows included)
+        self.train_rows = TRLTrainRows(rows_path) if rows_path is not None else None
 
     def dataset(self) -> list[dict[str, Any]]:
         """The trainer's dataset (``datasets.Dataset.from_list``): one prompt per row, carrying its row."""
         return self.index.dataset()
+
+    def close(self) -> None:
+        """The training rows still held written, and the file closed (TRL's end of training writes them too)."""
+        if self.train_rows is not None:
+            self.train_rows.close()
 
     # ------------------------------------------------------------------------------------------ the call
 
@@ -141,7 +151,10 @@ class TRLRollouts:
         self.totals.add(self.counts)
         self._log(trainer)
         self.counts.check(self.failures, "rollout_func")
-        return self._output(groups, trainer)
+        out = self._output(groups, trainer)
+        if self.train_rows is not None:  # each member's row as handed over (a failure row for a failed one)
+            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer)
+        return out
 
     def _sync(self, trainer: Any) -> None:
         """The trainer's model for the ``live`` entry, and its step as the policy version (versions only go up)."""

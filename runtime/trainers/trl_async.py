@@ -42,6 +42,7 @@ from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
+from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
 
@@ -72,6 +73,7 @@ class GymRolloutWorker:
         agent: str | None = None,
         groups_in_flight: int = 4,
         failures: FailurePolicy | None = None,
+        rows_path: str | None = None,
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
             raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
@@ -98,6 +100,8 @@ class GymRolloutWorker:
         self._tg: anyio.abc.TaskGroup | None = None
         self.fault: ClientError | None = None  # why the worker stopped (the bound), once
         self._group_id = 0
+        # the rows handed over, with the advantage given them (``train_rows``); an excluded member's with reward None
+        self.train_rows = TrainRowsWriter(rows_path) if rows_path is not None else None
 
     # ------------------------------------------------------------------------------------------ the protocol
 
@@ -109,6 +113,8 @@ class GymRolloutWorker:
         self._stop.set()
         if self._future is not None:
             self._future.cancel()
+        if self.train_rows is not None:
+            self.train_rows.close()
 
     def update_model_version(self, model_version: int) -> None:
         """The trainer's policy moved on: groups in flight that can no longer be used are cancelled now."""
@@ -228,7 +234,13 @@ class GymRolloutWorker:
         spread = std(rewards)
         self._group_id += 1
         out = []
+        g = self.train_rows.group() if self.train_rows is not None else 0
         for row, k, reward, adv in zip(rows, kinds, rewards, advs, strict=True):
+            if self.train_rows is not None:  # every member, an excluded one with reward None
+                given = adv if reward is not None else None
+                self.train_rows.write(
+                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward
+                )
             if reward is None or not has_tokens(row):
                 continue
             seq = sequence(row)
@@ -248,6 +260,8 @@ class GymRolloutWorker:
                     enqueued_at=time.time(),
                 )
             )
+        if self.train_rows is not None:
+            self.train_rows.flush()
         return out
 
 

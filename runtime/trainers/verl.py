@@ -57,6 +57,7 @@ from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import masked, sequence
+from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["GymAgentLoop", "LoopClients", "failure_metrics", "gym_grpo_advantage"]
 
@@ -68,6 +69,14 @@ class LoopClients:
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str | None, str], Client] = {}
         self._lock = anyio.Lock()
+        self._rows: dict[str, TrainRowsWriter] = {}
+
+    def rows(self, path: str) -> TrainRowsWriter:
+        """The actor's one writer of a training rows file (every loop of this process appends to it)."""
+        writer = self._rows.get(path)
+        if writer is None:
+            writer = self._rows[path] = TrainRowsWriter(path)
+        return writer
 
     async def get(self, config: str, nats: str | None, workers: bool | list[str]) -> Client:
         key = (config, nats, json.dumps(workers))
@@ -97,6 +106,7 @@ class GymAgentLoop(AgentLoopBase):
         agent: str | None = None,
         live: str = "policy",
         failures: FailurePolicy | Mapping[str, Any] | None = None,
+        rows_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -112,6 +122,7 @@ class GymAgentLoop(AgentLoopBase):
         )
         self.last_row: dict[str, Any] | None = None
         self.tally = Tally()  # the last run's counts
+        self.rows_path = rows_path
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = (kwargs.get("extra_info") or {}).get("gym_row")
@@ -133,6 +144,7 @@ class GymAgentLoop(AgentLoopBase):
             tally.retried += 1
         tally.ended(result, k)
         self.last_row = result
+        self._record(result, kwargs, reward_of(result, self.failures))
         self.tally = tally
         reward = reward_of(result, self.failures)
         if k != "excluded" and has_tokens(result):
@@ -159,6 +171,20 @@ class GymAgentLoop(AgentLoopBase):
                 "gym_retried": tally.retried,
             },
         )
+
+    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None) -> None:
+        """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
+        by its ``n`` rollouts), its step the policy version that made it (verl passes no step to a loop), and no
+        advantage: verl computes it in the driver after every loop returned, where no loop reads it. An excluded
+        member's reward is None (``gym_grpo`` leaves it out)."""
+        if self.rows_path is None:
+            return
+        versions = [v for v in row.get("policy_versions") or [] if isinstance(v, int)]
+        uid = kwargs.get("uid")
+        writer = LOOP_CLIENTS.rows(self.rows_path)
+        group = str(uid) if uid is not None else writer.group()
+        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward)
+        writer.flush()
 
 
 @register_adv_est("gym_grpo")

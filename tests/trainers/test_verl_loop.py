@@ -9,6 +9,7 @@ test double: ``TinyServer``, whose ``generate`` has ``LLMServerClient.generate``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,11 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
     w = world(tmp_path, rows=4, tool_bias=3.0)
     server = served_by_verl(w)
     outputs, rows = [], []
-    for r in w.rows:
-        loop = agent_loop(w, server)
-        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+    written = tmp_path / "train_rows.jsonl"  # rows_path: what the loops handed verl
+    for k, r in enumerate(w.rows):
+        loop = agent_loop(w, server, rows_path=str(written))
+        # verl's worker passes each sample's non-tensor fields: its ``uid`` names the prompt's group of n
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}, uid=f"prompt-{k // 2}"))
         rows.append(loop.last_row)
     assert server.requests  # generation went through verl's server handle
     multi_turn = 0
@@ -104,6 +107,12 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
         multi_turn += 0 in out.response_mask
     assert multi_turn > 0
     assert TOOL_CALL in w.tokenizer.get_vocab()
+    train = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [t["train_group"] for t in train] == ["prompt-0", "prompt-0", "prompt-1", "prompt-1"]
+    assert [t["train_reward"] for t in train] == [out.reward_score for out in outputs]
+    for t in train:  # no advantage (verl computes it in the driver); the step: the row's policy version, if any
+        assert t["train_advantage"] is None
+        assert t["train_step"] == (max(t["policy_versions"]) if t.get("policy_versions") else None)
 
 
 async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: Path) -> None:
