@@ -164,8 +164,8 @@ def test_the_plots_show_the_runs_rewards_and_failures_per_step(driver: Any, site
     failures = [
         t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "#plot-failures rect title")
     ]
-    failed_at = [r["train_step"] for r in rows if "error_class" in r]
-    assert failures == [f"step {s}: 1 unattributed" for s in failed_at]  # (rows from before attribution)
+    failed = [r for r in rows if "error_class" in r]
+    assert failures == [f"step {r['train_step']}: 1 {r['failure_attribution']}" for r in failed]  # who caused it
     assert len(driver.find_elements(By.CSS_SELECTOR, "figure#plot-length circle")) == len(by_step)
     for fig in ("plot-reward", "plot-pass", "plot-failures", "plot-tasks", "plot-length"):
         labels = driver.find_element(By.ID, fig).find_elements(By.CSS_SELECTOR, "text.label")
