@@ -13,7 +13,7 @@ import pytest
 
 from gym_runtime.data.atif import from_atif, to_atif
 from tests.helpers import REPO, cli, read_jsonl
-from tests.test_view import fetch, serve
+from tests.test_view import serve
 from tests.view_rows import hostile_row, row, sample_run, write
 
 atif = pytest.importorskip("atif", reason="the atif package is in the dev extra")
@@ -87,7 +87,7 @@ def test_export_then_view_and_diff_read_it_whole(tmp_path: Path) -> None:
     assert d["common"] == 13 and d["classes"] == {"REUSE": 13, "REGRADE": 0, "RERUN": 0}
     assert all(r["delta"] in (0, None) for r in d["rows"])
     for site in serve(str(src), str(out)):
-        _, _, page = fetch(site.base + "/")
+        _, _, page = site.get("/")
         runs = page.decode().split("<tbody>", 1)[1].split("</tbody>", 1)[0].split("<tr>")[1:]
         cells = [re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S) for tr in runs]
         assert cells[0][1] == cells[1][1] == "13" and cells[0][3] == cells[1][3] == "0.654"  # rows, mean reward
@@ -146,7 +146,7 @@ def test_a_foreign_atif_file_opens_in_view_as_trajectories(tmp_path: Path) -> No
     path = tmp_path / "trajectory.json"
     path.write_text(json.dumps(FOREIGN, indent=2))  # Harbor writes one pretty-printed document per trial
     for site in serve(str(path)):
-        status, _, body = fetch(site.base + "/rollout/0/0/0")
+        status, _, body = site.get("/rollout/0/0/0")
         assert status == 200
         page = body.decode()
         for text in (
@@ -162,7 +162,7 @@ def test_a_foreign_atif_file_opens_in_view_as_trajectories(tmp_path: Path) -> No
     lines = tmp_path / "many.jsonl"
     write(lines, [FOREIGN, {**FOREIGN, "session_id": "harbor-trial-8"}])
     for site in serve(str(lines)):
-        _, _, body = fetch(site.base + "/rollouts")
+        _, _, body = site.get("/rollouts")
         assert "2 rollouts" in body.decode()
 
 

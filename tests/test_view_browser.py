@@ -121,7 +121,7 @@ def no_dialog(driver: webdriver.Chrome) -> None:
 
 
 def test_the_runs_page_shows_each_run(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/")
+    driver.get(site.entry("/"))
     wait_for(driver, "table#runs")
     rows = driver.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
     assert [r.find_element(By.CSS_SELECTOR, "td").text for r in rows] == ["a.jsonl", "b.jsonl", "hostile.jsonl"]
@@ -133,7 +133,7 @@ def test_the_runs_page_shows_each_run(driver: webdriver.Chrome, site: Served, fi
 
 
 def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/rollouts")
+    driver.get(site.entry("/rollouts"))
     wait_for(driver, "form#filters")
     assert driver.find_element(By.ID, "count").text.startswith("30 rollouts")
     Select(driver.find_element(By.NAME, "run")).select_by_visible_text("a.jsonl")
@@ -152,18 +152,18 @@ def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Serv
     assert driver.find_element(By.ID, "count").text == "1 rollout"
     assert Select(driver.find_element(By.NAME, "agent")).first_selected_option.text == "other_agent"
 
-    driver.get(site.base + "/rollouts?run=0&failure=timeout")
+    driver.get(site.entry("/rollouts?run=0&failure=timeout"))
     assert driver.find_element(By.ID, "count").text == "1 rollout"
-    driver.get(site.base + "/rollouts?q=partly+cloudy")
+    driver.get(site.entry("/rollouts?q=partly+cloudy"))
     assert driver.find_element(By.ID, "count").text == "2 rollouts"  # a.jsonl's and b.jsonl's
-    driver.get(site.base + "/rollouts?pv=1&run=0")
+    driver.get(site.entry("/rollouts?pv=1&run=0"))
     assert driver.find_element(By.ID, "count").text == "6 rollouts"
-    driver.get(site.base + "/rollouts?sort=busy&desc=true")
+    driver.get(site.entry("/rollouts?sort=busy&desc=true"))
     assert driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody tr td:nth-child(9)").text == "1105 ms"
 
 
 def test_tokens_logprobs_versions_cost_and_provenance(driver: webdriver.Chrome, site: Served) -> None:
-    driver.get(site.base + "/rollout/0/0/2")  # task 1 rollout 0: policy version 1
+    driver.get(site.entry("/rollout/0/0/2"))  # task 1 rollout 0: policy version 1
     wait_for(driver, "dl#meta")
     main = driver.find_element(By.TAG_NAME, "main")
     assert "3 prompt tokens · 4 generated tokens · policy version 1" in main.text
@@ -177,7 +177,7 @@ def test_tokens_logprobs_versions_cost_and_provenance(driver: webdriver.Chrome, 
 
 
 def test_the_diff_page_shows_the_known_flips(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/diff?a=0&b=1")
+    driver.get(site.entry("/diff?a=0&b=1"))
     wait_for(driver, "table#diff")
     assert driver.find_element(By.ID, "flips").text == "pass→fail 1, fail→pass 1"
     assert driver.find_element(By.ID, "classes").text == "REUSE 0, REGRADE 13, RERUN 0"
@@ -187,13 +187,13 @@ def test_the_diff_page_shows_the_known_flips(driver: webdriver.Chrome, site: Ser
     }
     assert ("0", "fail→pass") in flips and ("1", "pass→fail") in flips
     shot(driver, files, "diff")
-    driver.get(site.base + "/diff?a=0&b=2")
+    driver.get(site.entry("/diff?a=0&b=2"))
     assert "REUSE 1" in driver.find_element(By.ID, "classes").text  # hostile.jsonl's task 0 rollout 0: as in a
 
 
 def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
     requests_made(driver)  # what earlier tests asked for, dropped
-    driver.get(site.base + "/rollouts?run=2")
+    driver.get(site.entry("/rollouts?run=2"))
     wait_for(driver, "table#rollouts")
     no_dialog(driver)
     driver.find_element(By.LINK_TEXT, "99").click()
@@ -246,7 +246,7 @@ def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path
         )
         assert published.returncode == 0, published.stderr
         for site in serve("--batch", "live1", "--nats", nats_server.url):
-            driver.get(site.base + "/")
+            driver.get(site.entry("/"))
             wait_for(driver, "#live-0")
             assert driver.find_element(By.ID, "live-0").text == "live: 0 of 6"
             assert driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")
@@ -255,7 +255,7 @@ def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path
             WebDriverWait(driver, 180, 0.2, ignored_exceptions=[StaleElementReferenceException]).until(all_in)
             assert "live: 0 of 6" in seen and len(seen) >= 2
             assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")  # done: no more refresh
-            driver.get(site.base + "/rollouts")
+            driver.get(site.entry("/rollouts"))
             assert driver.find_element(By.ID, "count").text == "6 rollouts"
             driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody a").click()
             wait_for(driver, "dl#meta")

@@ -3,14 +3,12 @@
 What a model, tool or environment wrote reaches the page only through the templates' autoescaping, and the
 Content-Security-Policy allows no script at all (the pages need none: filters are a GET form, long texts
 ``<details>``), no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
-a row is named by integers into the files given, a static file by a name in a fixed list. Served beyond
-loopback, every request needs the access token (a cookie set from the printed URL's ``?token=``); on
-loopback, a request whose Host is not the address served is refused (a DNS-rebinding page cannot read it).
+a row is named by integers into the files given, a static file by a name in a fixed list. Who is answered
+is ``view.access``'s frozen policy (the token, the Host names), checked before any handler.
 """
 
 from __future__ import annotations
 
-import hmac
 import importlib.resources
 import json
 import math
@@ -24,6 +22,7 @@ from aiohttp import web
 
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
+from gym_runtime.view.access import Access
 from gym_runtime.view.diff import compare
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
@@ -40,7 +39,6 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 STATIC = {"view.css": "text/css"}
-COOKIE = "gym_view_token"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -77,12 +75,11 @@ def page(html: str, status: int = 200) -> web.Response:
 
 
 class View:
-    """The pages over ``runs``; ``token``: the access token every request needs (None on loopback)."""
+    """The pages over ``runs``, answered only as ``access`` allows."""
 
-    def __init__(self, runs: Runs, *, token: str | None = None, hosts: set[str] | None = None) -> None:
+    def __init__(self, runs: Runs, access: Access) -> None:
         self.runs = runs
-        self.token = token
-        self.hosts = hosts  # the Host values accepted (None: any, with the token)
+        self.access = access
         self.env = _templates()
         self._summaries = [runs_mod.summarize(r) for r in runs.runs]
         self._choices = runs_mod.choices(runs)
@@ -112,19 +109,7 @@ class View:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if self.hosts is not None and request.host not in self.hosts:
-                raise web.HTTPMisdirectedRequest(text="this server answers only at the address it printed")
-            if self.token is not None:
-                given = request.query.get("token")
-                if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
-                    rest = {k: v for k, v in request.query.items() if k != "token"}
-                    to = request.path + ("?" + urlencode(rest) if rest else "")
-                    resp: web.StreamResponse = web.HTTPSeeOther(to)
-                    resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
-                    raise resp  # type: ignore[misc]
-                cookie = request.cookies.get(COOKIE, "")
-                if not hmac.compare_digest(cookie.encode(), self.token.encode()):
-                    raise web.HTTPForbidden(text="open the URL gym-runtime view printed (it carries the access token)")
+            self.access.admit(request)
             resp = await handler(request)
         except web.HTTPException as e:
             resp = e
