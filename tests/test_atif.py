@@ -111,7 +111,7 @@ def test_a_real_runs_rows_round_trip(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "re_atif.jsonl") == read_jsonl(tmp_path / "re.jsonl")
     foreign = write(tmp_path / "foreign.jsonl", [FOREIGN])
     refused = cli("reverify", "weather", "-i", str(foreign), "-o", str(tmp_path / "x.jsonl"))
-    assert refused.returncode == 2 and "without gym-runtime's rows" in refused.stderr
+    assert refused.returncode == 2 and "no task to grade" in refused.stderr
 
 
 FOREIGN = {
@@ -164,6 +164,25 @@ def test_a_foreign_atif_file_opens_in_view_as_trajectories(tmp_path: Path) -> No
     for site in serve(str(lines)):
         _, _, body = site.get("/rollouts")
         assert "2 rollouts" in body.decode()
+
+
+def test_a_foreign_atif_file_is_read_one_way_by_view_export_and_reverify(tmp_path: Path) -> None:
+    """Harbor's pretty-printed ``trajectory.json``: ``view`` opens it, ``export`` reads it (not "not JSON"),
+    ``reverify`` says in one line there is no task to grade; the step's text shows before its own tool call."""
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(FOREIGN, indent=2))
+    out = cli("export", str(path), "-o", str(tmp_path / "again.atif.jsonl"))
+    assert out.returncode == 0 and "1 trajectories written" in out.stdout, out.stderr
+    (doc,) = [json.loads(line) for line in (tmp_path / "again.atif.jsonl").read_text().splitlines()]
+    atif.Trajectory.model_validate(doc)
+    redo = cli("reverify", "weather", "-i", str(path), "-o", str(tmp_path / "x.jsonl"))
+    lines = redo.stderr.strip().splitlines()
+    assert redo.returncode == 2 and len(lines) == 1 and "no task to grade" in lines[0], redo.stderr
+    for site in serve(str(path)):
+        page = site.get("/rollout/0/0/0")[2].decode()
+        assert page.index("I will run ls.") < page.index("tool call bash (t1)") < page.index("README.md")
+        runs = site.get("/")[2].decode()
+        assert str(path) in runs and "gym-view-atif" not in runs  # the file given, not the converted rows
 
 
 def test_a_file_that_is_not_atif_or_jsonl_is_one_line(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ all in memory.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import msgspec
 
+from gym_runtime.data.atif import TOO_DEEP
 from gym_runtime.errors import UserError
 
-VERSION = 2
+VERSION = 3
 SUFFIX = ".gymview"
 CHUNK = 16 << 20
 
@@ -67,6 +69,15 @@ def provenance_parts(prov: _Provenance | None) -> dict[str, str]:
     return out
 
 
+class _Params(msgspec.Struct):
+    input: msgspec.Raw | None = None
+    instructions: msgspec.Raw | None = None
+
+
+class _Task(msgspec.Struct):
+    responses_create_params: _Params | None = None
+
+
 class _Row(msgspec.Struct):
     """What the index keeps of a row (a failure row's ``error_class`` too); every other key is skipped."""
 
@@ -79,6 +90,8 @@ class _Row(msgspec.Struct):
     policy_versions: list[int] | None = None
     cost: _Cost | None = None
     provenance: _Provenance | None = None
+    responses_create_params: _Params | None = None
+    input: _Task | None = None  # a failure row's task row
 
 
 _decode_row = msgspec.json.Decoder(_Row).decode
@@ -106,6 +119,8 @@ class Index(msgspec.Struct, array_like=True):
     cost: list[float]  # NaN: no estimate
     currency: list[int]  # into names, -1 none
     provenance: list[int]  # into names: ``provenance_parts`` as JSON, -1 none
+    prompt: list[int] = []  # into names: a digest of the task's input messages, -1 none (``diff``'s task identity)
+    unreadable: dict[int, str] = {}  # line -> why it cannot be read (only in an index rebuilt while viewed)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -134,18 +149,43 @@ def _lenient(raw: bytes) -> _Row:
         raise TypeError("not a JSON object")
     row = _Row()
     for key, f in _FIELDS.items():
-        if key in value:
+        if key in value and f.name not in ("responses_create_params", "input"):  # (Raw: not from builtins)
             with contextlib.suppress(msgspec.ValidationError):
                 setattr(row, f.name, msgspec.convert(value[key], f.type))
+    reward = value.get("reward")
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and row.reward is None:
+        row.reward = _as_float(reward)  # 10**400, 1e400: as they are (infinite), not dropped
     return row
+
+
+def _as_float(v: int | float) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 class Builder:
     """An index built line by line (``build``; ``view``'s live mode, as rows arrive)."""
 
     def __init__(self, size: int, mtime_ns: int) -> None:
-        self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:]))
+        self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:-1]), {})
         self._ids: dict[str, int] = {}
+
+    @classmethod
+    def extend(cls, ix: Index, size: int, mtime_ns: int) -> Builder:
+        """A builder that goes on from ``ix`` (a file that grew)."""
+        b = cls(size, mtime_ns)
+        b.ix = msgspec.structs.replace(
+            ix,
+            size=size,
+            mtime_ns=mtime_ns,
+            names=list(ix.names),
+            unreadable=dict(ix.unreadable),
+            **{f: list(getattr(ix, f)) for f in Index.__struct_fields__[4:-1]},
+        )
+        b._ids = {n: i for i, n in enumerate(ix.names)}
+        return b
 
     def _id(self, name: str | None) -> int:
         if not name:
@@ -156,16 +196,16 @@ class Builder:
             self.ix.names.append(name)
         return i
 
-    def add(self, offset: int, line: bytes, where: str) -> None:
+    def add(self, offset: int, line: bytes, where: str, *, lenient: bool = False) -> None:
+        """Index one line; one that cannot be read is the user's mistake naming ``where`` (``lenient``: kept as
+        an empty row with the reason, for a file that changed while it is viewed)."""
         try:
-            r = _decode_row(line)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            try:  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
-                r = _lenient(line)
-            except ValueError as e:
-                raise UserError(f"{where}: not JSON ({e}); a rollouts file has one JSON object a line") from None
-            except TypeError:
-                raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
+            r = read_row(line, where)
+        except UserError as e:
+            if not lenient:
+                raise
+            self.ix.unreadable[len(self.ix.offsets)] = str(e)
+            r = _Row()
         ix = self.ix
         ix.offsets.append(offset)
         ix.lengths.append(len(line))
@@ -193,14 +233,58 @@ class Builder:
             ix.currency.append(self._id(c.currency))
         parts = provenance_parts(r.provenance)
         ix.provenance.append(self._id(msgspec.json.encode(parts, order="sorted").decode()) if parts else -1)
+        ix.prompt.append(self._id(_prompt(r)))
 
 
-def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(line number from 1, byte offset, line without its newline) of each non-blank line, read in chunks."""
-    offset = 0
+def read_row(line: bytes, where: str) -> _Row:
+    """What the index keeps of one line; a line that is not a JSON object, not UTF-8 or too deep is the
+    user's mistake, one line naming ``where``."""
+    if not line.isascii():  # (msgspec skips a field it does not keep without checking its bytes)
+        try:
+            line.decode()
+        except UnicodeDecodeError as e:
+            raise UserError(
+                f"{where}: not UTF-8 ({e.reason} at byte {e.start}); a rollouts file is UTF-8 JSON"
+            ) from None
+    try:
+        return _decode_row(line)
+    except RecursionError:
+        raise UserError(f"{where}: {TOO_DEEP}; a rollouts file has one JSON object a line") from None
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    try:  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
+        return _lenient(line)
+    except RecursionError:
+        raise UserError(f"{where}: {TOO_DEEP}; a rollouts file has one JSON object a line") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: not UTF-8 ({e.reason} at byte {e.start}); a rollouts file is UTF-8 JSON") from None
+    except ValueError as e:
+        raise UserError(f"{where}: not JSON ({e}); a rollouts file has one JSON object a line") from None
+    except TypeError:
+        raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
+
+
+def _prompt(r: _Row) -> str | None:
+    """A digest of the row's task input (``responses_create_params.input`` and ``instructions``; a failure
+    row's from its ``input`` task row), written compactly so two writers' spacing does not differ."""
+    params = r.responses_create_params or (r.input.responses_create_params if r.input else None)
+    if params is None or (params.input is None and params.instructions is None):
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    for raw in (params.input, params.instructions):
+        h.update(msgspec.json.format(bytes(raw), indent=-1) if raw is not None else b"-")
+        h.update(b"\0")
+    return "p:" + h.hexdigest()
+
+
+def lines(path: Path, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, line without its newline) of each non-blank line, read in chunks
+    (from byte ``start``, a line's start: numbered from there)."""
+    offset = start
     number = 0
     rest = b""
     with path.open("rb") as f:
+        f.seek(start)
         while True:
             chunk = f.read(CHUNK)
             if not chunk:
@@ -221,12 +305,47 @@ def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
             yield number + 1, offset, rest
 
 
-def build(path: Path) -> Index:
+def build(path: Path, *, lenient: bool = False) -> Index:
     st = path.stat()
     b = Builder(st.st_size, st.st_mtime_ns)
     for number, offset, line in lines(path):
-        b.add(offset, line, f"{path}:{number}")
+        b.add(offset, line, f"{path}:{number}", lenient=lenient)
     return b.ix
+
+
+def update(path: Path, ix: Index) -> Index:
+    """``ix`` brought up to date with ``path`` as it is now, for a file that changed while it is viewed: a
+    file that only grew (its indexed lines as they were: same size up to the old end, which was a line's end)
+    is indexed from there; any other change, rebuilt. A line that cannot be read is kept as an empty row with
+    the reason (``unreadable``): the page says so, the rest stays viewable."""
+    st = path.stat()
+    if st.st_size > ix.size and _ends_a_line(path, ix.size):
+        b = Builder.extend(ix, st.st_size, st.st_mtime_ns)
+        number = _count_lines(path, ix.size)
+        for n, offset, line in lines(path, start=ix.size):
+            b.add(offset, line, f"{path}:{number + n}", lenient=True)
+        return b.ix
+    return build(path, lenient=True)
+
+
+def _ends_a_line(path: Path, size: int) -> bool:
+    if size == 0:
+        return True
+    with path.open("rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+def _count_lines(path: Path, size: int) -> int:
+    n = 0
+    with path.open("rb") as f:
+        while size > 0:
+            chunk = f.read(min(CHUNK, size))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            size -= len(chunk)
+    return n
 
 
 def load(path: Path) -> Index:

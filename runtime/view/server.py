@@ -13,6 +13,7 @@ import importlib.resources
 import json
 import math
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,7 +24,8 @@ from aiohttp import web
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.access import Access
-from gym_runtime.view.diff import compare
+from gym_runtime.view.diff import compare, task_name
+from gym_runtime.view.index import TOO_DEEP
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
@@ -51,20 +53,44 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["reward"] = _fmt_reward
-    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
-    env.filters["money"] = lambda v: f"{v:.4f}"
+    env.filters["reward"] = number
+    env.filters["logprob"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e6 else number(v)
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%" if math.isfinite(v) else number(v)
+    env.filters["money"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e12 else number(v)
+    env.filters["signed"] = _signed
     env.globals["as_text"] = as_text
+    env.globals["task_name"] = task_name
     env.globals["query"] = lambda base, **kw: (
         base + "?" + urlencode({k: v for k, v in kw.items() if v not in (None, "")})
     )
     return env
 
 
-def _fmt_reward(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def number(v: Any) -> str:
+    """A number a row holds, as it is: None "–", NaN "not a number", infinities, huge and tiny ones in
+    scientific form (an integer beyond a float's range too: 10**400 is ``1e+400``); anything else as text."""
+    if v is None:
         return "–"
-    return f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int):
+        if abs(v) < 10**15:
+            return str(v)
+        digits = str(abs(v))  # (at most 4,300 digits: Python's parser refuses more, so no row holds more)
+        tail = digits[1:6].rstrip("0")
+        return f"{'-' if v < 0 else ''}{digits[0]}{'.' + tail if tail else ''}e+{len(digits) - 1}"
+    if math.isnan(v):
+        return "not a number"
+    if math.isinf(v) or abs(v) >= 1e6 or 0 < abs(v) < 1e-4:
+        return f"{v:.6g}"
+    return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def _signed(v: float, pct: bool = False) -> str:
+    """A difference, its sign shown: points for a rate."""
+    if not math.isfinite(v):
+        return number(v)
+    return f"{100 * v:+.1f} points" if pct else f"{v:+.4g}"
 
 
 def page(html: str, status: int = 200) -> web.Response:
@@ -81,21 +107,32 @@ class View:
         self.runs = runs
         self.access = access
         self.env = _templates()
-        self._summaries = [runs_mod.summarize(r) for r in runs.runs]
-        self._choices = runs_mod.choices(runs)
+        self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
+        self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
+        for r in runs.runs:
+            self._summary(r)
 
     @property
     def live(self) -> bool:
         return any(r.live is not None for r in self.runs.runs)
 
+    def _summary(self, run: runs_mod.Run) -> runs_mod.Summary:
+        """A run's summary: a file's computed once (again when it changed), a live batch's on each page."""
+        kept = self._summaries.get(run.id)
+        if run.live is not None or kept is None or kept[0] != run.generation:
+            kept = self._summaries[run.id] = (run.generation, runs_mod.summarize(run))
+        return kept[1]
+
     @property
     def summaries(self) -> list[runs_mod.Summary]:
-        """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
-        return [runs_mod.summarize(r) if r.live is not None else s for r, s in zip(self.runs.runs, self._summaries)]
+        return [self._summary(r) for r in self.runs.runs]
 
     @property
     def choices(self) -> dict[str, list[str]]:
-        return runs_mod.choices(self.runs) if self.live else self._choices
+        stamp = tuple(r.generation for r in self.runs.runs)
+        if self.live or self._choices is None or self._choices[0] != stamp:
+            self._choices = (stamp, runs_mod.choices(self.runs))
+        return self._choices[1]
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
@@ -110,6 +147,7 @@ class View:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             self.access.admit(request)
+            self.runs.refresh()  # a file rewritten, truncated or grown since: re-indexed before it is read
             resp = await handler(request)
         except web.HTTPException as e:
             resp = e
@@ -158,14 +196,23 @@ class View:
         ref = self.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
         if ref is None:
             raise web.HTTPNotFound()
-        raw = self.runs.raw(ref)
-        row = json.loads(raw)  # the stdlib keeps a lone surrogate as one (the page shows its escape)
         meta = self._row_meta(ref)
-        run = self.runs.runs[ref.run]
-        records = None
-        if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
-            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
-        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
+        problem = self.runs.part(ref).ix.unreadable.get(ref.line)
+        if problem is None:
+            try:
+                row = json.loads(self.runs.raw(ref))  # (the stdlib keeps a lone surrogate: the page shows its escape)
+                if not isinstance(row, dict):
+                    raise TypeError("not a JSON object")
+                run = self.runs.runs[ref.run]
+                records = None
+                if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
+                    records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
+                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
+            except RecursionError:
+                problem = f"line {ref.line + 1} of the rows indexed: {TOO_DEEP}"
+            except (OSError, ValueError, TypeError) as e:  # changed between its index and this read
+                problem = f"{type(e).__name__}: {e}"
+        return self.render("unreadable.html", meta=meta, problem=problem)
 
     async def diff_page(self, request: web.Request) -> web.Response:
         n = len(self.runs.runs)
@@ -203,12 +250,12 @@ class View:
         return {
             "href": self._href(ref),
             "run": self.runs.runs[ref.run].label,
-            "file": part.path.name,
+            "file": Path(part.shown).name,
             "task": ix.task[i] if ix.task[i] >= 0 else None,
             "rollout": ix.rollout[i] if ix.rollout[i] >= 0 else None,
             "agent": ix.name(ix.agent[i]),
-            "env": ix.name(ix.env[i]),
-            "reward": ix.reward[i],
+            "env": self.runs.runs[ref.run].env_label(ix, i),
+            "reward": None if math.isnan(ix.reward[i]) else ix.reward[i],
             "failure": ix.name(ix.error_class[i]) or ("failure" if part.failures else ""),
             "pv": pv,
             "busy_ms": ix.busy_ms[i],
