@@ -286,7 +286,9 @@ def test_a_failure_rows_trajectory_shows_its_class_message_and_task(tmp_path: Pa
     for s in serve(str(path)):
         status, _, body = s.get("/rollout/0/1/0")
         assert status == 200
-        assert b"timeout: gave up after &lt;b&gt;3&lt;/b&gt; tries" in body and b"What is the weather in 1?" in body
+        assert (
+            b"timeout: gave up after &lt;b&gt;3&lt;/b&gt; tries" in body and b"What is the weather in city 1?" in body
+        )
 
 
 def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_secrets(tmp_path: Path) -> None:
@@ -380,3 +382,39 @@ def test_the_table_pages_by_fifty_and_a_diff_of_runs_with_no_task_in_common_says
         assert s.get("/rollouts?rmin=high")[0] == 400
         status, _, page = s.get("/diff?a=0&b=1")
         assert status == 200 and b'id="problem"' in page and b"have no task in common" in page
+
+
+def test_a_file_that_is_not_rollouts_is_refused_naming_what_to_open(tmp_path: Path) -> None:
+    """The input tasks file, and the sidecars that tab-complete next to the output: one line, exit 2."""
+    msg = one_error_line(view(str(WEATHER), "--port", "0"))
+    assert f"{WEATHER}:1: a task row (no response, no reward), not rollouts" in msg and f"-i {WEATHER}" in msg
+    out = sample_run(tmp_path / "out.jsonl")
+    attempts = tmp_path / "out_attempts.jsonl"
+    attempts.write_text(json.dumps({"kind": "result", "task_index": 0, "rollout_index": 0, "attempt": 1}) + "\n")
+    msg = one_error_line(view(str(attempts), "--port", "0"))
+    assert msg.endswith(
+        f"{attempts}: the attempts sidecar of out.jsonl, not rollouts: open {out} (view reads its sidecars)"
+    )
+    batch = tmp_path / "out_batch.json"
+    batch.write_text("{}")
+    assert f"open {out}" in one_error_line(view(str(batch), "--port", "0"))
+    index.load(out)
+    assert "view's index of a file" in one_error_line(view(str(index.index_path(out)), "--port", "0"))
+    done = cli("diff", str(out), str(WEATHER))
+    assert done.returncode == 2 and "a task row" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_environments_by_name_tools_folded_and_runs_named_as_given(tmp_path: Path) -> None:
+    """Our rows name their environment's code by digest only: the batch sidecar's config names it; the tools'
+    JSON starts folded (the turns begin on the first screen)."""
+    out = sample_run(tmp_path / "out.jsonl")
+    config = {"agents": {"weather_agent": {"resource": "weather"}, "other_agent": {"resource": "elsewhere"}}}
+    (tmp_path / "out_batch.json").write_text(json.dumps({"batch": "b1", "manifest": {}, "config": config}))
+    for s in serve(str(out)):
+        page = s.get("/rollout/0/0/0")[2].decode()
+        assert "<dt>environment</dt><dd>weather</dd>" in page
+        assert '<details class="tools" id="tools"><summary>Tools offered (1: get_weather)</summary>' in page
+        runs = s.get("/")[2].decode()
+        assert "weather_agent / weather" in runs and "other_agent / elsewhere" in runs and "a1b2c3d4e5f6" not in runs
+        assert "1 rollout" in s.get("/rollouts?env=elsewhere")[2].decode()
+        assert "<option>weather</option>" in s.get("/rollouts")[2].decode()

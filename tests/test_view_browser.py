@@ -225,6 +225,22 @@ def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, fil
     assert not [m for m in logs if "Content Security Policy" in m], logs  # nothing even tried to run
 
 
+def test_a_trajectorys_turns_start_on_the_first_screen(driver: webdriver.Chrome, tmp_path: Path) -> None:
+    """Forty tools offered: their JSON folded under one line, so the first turn is on the first screen."""
+    r = row(0, 0, 1.0)
+    r["responses_create_params"]["tools"] = [
+        {"type": "function", "name": f"tool_{n}", "parameters": {"type": "object", "properties": {"x": {}}}}
+        for n in range(40)
+    ]
+    for site in serve(str(write(tmp_path / "tools.jsonl", [r]))):
+        driver.get(site.entry("/rollout/0/0/0"))
+        wait_for(driver, "details#tools")
+        first = driver.find_element(By.XPATH, "//h3[starts-with(normalize-space(.), 'turn 1')]")
+        screen = driver.execute_script("return window.innerHeight")  # (reads the page: no script on it)
+        assert first.location["y"] < screen, (first.location, screen)
+        assert "tool_39" in driver.find_element(By.CSS_SELECTOR, "details#tools summary").text
+
+
 def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     """``view --batch B --nats URL`` on a batch published before its agent runs: the runs page says 0 of 6 and
     refreshes; once the agent's worker starts, the rows appear, and the table lists them."""
@@ -255,6 +271,8 @@ def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path
             WebDriverWait(driver, 180, 0.2, ignored_exceptions=[StaleElementReferenceException]).until(all_in)
             assert "live: 0 of 6" in seen and len(seen) >= 2
             assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")  # done: no more refresh
+            named = driver.find_element(By.CSS_SELECTOR, "section.run p.path").text
+            assert named == "batch live1 (followed on the bus)", named  # not the spool's temporary path
             driver.get(site.entry("/rollouts"))
             assert driver.find_element(By.ID, "count").text == "6 rollouts"
             driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody a").click()

@@ -70,8 +70,8 @@ def provenance_parts(prov: _Provenance | None) -> dict[str, str]:
 
 
 class _Params(msgspec.Struct):
-    input: msgspec.Raw | None = None
-    instructions: msgspec.Raw | None = None
+    input: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # (empty: absent; Raw takes no union)
+    instructions: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class _Task(msgspec.Struct):
@@ -268,11 +268,11 @@ def _prompt(r: _Row) -> str | None:
     """A digest of the row's task input (``responses_create_params.input`` and ``instructions``; a failure
     row's from its ``input`` task row), written compactly so two writers' spacing does not differ."""
     params = r.responses_create_params or (r.input.responses_create_params if r.input else None)
-    if params is None or (params.input is None and params.instructions is None):
+    if params is None or not (params.input or params.instructions):
         return None
     h = hashlib.blake2b(digest_size=8)
     for raw in (params.input, params.instructions):
-        h.update(msgspec.json.format(bytes(raw), indent=-1) if raw is not None else b"-")
+        h.update(msgspec.json.format(bytes(raw), indent=-1) if raw else b"-")
         h.update(b"\0")
     return "p:" + h.hexdigest()
 
