@@ -231,3 +231,17 @@ def test_diff_states_the_difference_with_a_95_percent_interval(tmp_path: Path) -
         status, _, page = site.get("/diff?a=0&b=1")
         assert status == 200 and b'id="estimates"' in page and b"+37.5 points" in page
         assert b'<dd id="tasks-fail-pass">1: weather_agent/0</dd>' in page
+
+
+def test_the_same_tasks_written_by_another_writer_pair(tmp_path: Path) -> None:
+    """NeMo Gym's writer (json.dumps: spaces, \\u escapes) and ours (compact UTF-8) write one input apart."""
+    rows = [row(t, 0, 1.0) for t in range(3)]
+    for r in rows:
+        r["responses_create_params"]["input"][-1]["content"] += " à Paris, s'il vous plaît"
+    a = write(tmp_path / "a.jsonl", rows)
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n" for r in rows))
+    out = cli("diff", str(a), str(b), "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["common"] == 3 and d["other_tasks"] == 0 and not d["warnings"]

@@ -20,11 +20,13 @@ of the two rows does not record).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym_runtime.errors import UserError
+from gym_runtime.view.index import read_line
 from gym_runtime.view.runs import Ref, Run, Runs, passed
 
 REUSE, REGRADE, RERUN = "REUSE", "REGRADE", "RERUN"
@@ -234,7 +236,7 @@ class Diff:
         }
 
 
-Slot = tuple[Ref, float, str, dict[str, str], int]  # a row, its reward, failure, provenance parts, input digest
+Slot = tuple[Ref, float, str, dict[str, str], int]  # a row, its reward, failure, provenance parts, input checksum
 
 
 def _keyed(run: Run, by_agent: bool, provenance: Any) -> dict[tuple[Any, ...], Slot]:
@@ -273,8 +275,9 @@ def diff(a: Run, b: Run, provenance: Any) -> Diff:
     same_slot = sorted(ka.keys() & kb.keys(), key=_order)
     common, other = [], []
     for key in same_slot:
-        pa, pb = _prompt(a, ka[key]), _prompt(b, kb[key])
-        (common if pa is None or pb is None or pa == pb else other).append(key)
+        pa, pb = ka[key][4], kb[key][4]
+        same = pa < 0 or pb < 0 or pa == pb or _task_input(a, ka[key]) == _task_input(b, kb[key])
+        (common if same else other).append(key)
     if not common:
         why = "no task in common"
         if other:
@@ -300,9 +303,19 @@ def diff(a: Run, b: Run, provenance: Any) -> Diff:
     return Diff(a, b, pairs, only_a, only_b, counts, len(other), warnings)
 
 
-def _prompt(run: Run, slot: Slot) -> str | None:
-    ref, *_, digest = slot
-    return run.parts[ref.part].ix.name(digest) or None
+def _task_input(run: Run, slot: Slot) -> Any:
+    """A row's task input, read whole (its checksum differed from its pair's: maybe another writer's spacing
+    or escapes, maybe another task)."""
+    ref = slot[0]
+    part = run.parts[ref.part]
+    try:
+        row = json.loads(read_line(part.path, part.ix, ref.line))
+    except (OSError, ValueError, RecursionError):
+        return None
+    params = row.get("responses_create_params") if isinstance(row, dict) else None
+    if not isinstance(params, dict) and isinstance(row, dict) and isinstance(row.get("input"), dict):
+        params = row["input"].get("responses_create_params")
+    return (params.get("input"), params.get("instructions")) if isinstance(params, dict) else None
 
 
 def compare(runs: Runs, a: int, b: int) -> Diff:

@@ -9,10 +9,10 @@ all in memory.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,7 +119,7 @@ class Index(msgspec.Struct, array_like=True):
     cost: list[float]  # NaN: no estimate
     currency: list[int]  # into names, -1 none
     provenance: list[int]  # into names: ``provenance_parts`` as JSON, -1 none
-    prompt: list[int] = []  # into names: a digest of the task's input messages, -1 none (``diff``'s task identity)
+    prompt: list[int] = []  # a checksum of the task's input as written, -1 none (``diff``'s task identity)
     unreadable: dict[int, str] = {}  # line -> why it cannot be read (only in an index rebuilt while viewed)
 
     def __len__(self) -> int:
@@ -233,7 +233,7 @@ class Builder:
             ix.currency.append(self._id(c.currency))
         parts = provenance_parts(r.provenance)
         ix.provenance.append(self._id(msgspec.json.encode(parts, order="sorted").decode()) if parts else -1)
-        ix.prompt.append(self._id(_prompt(r)))
+        ix.prompt.append(_prompt(r))
 
 
 def read_row(line: bytes, where: str) -> _Row:
@@ -264,17 +264,14 @@ def read_row(line: bytes, where: str) -> _Row:
         raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
 
 
-def _prompt(r: _Row) -> str | None:
-    """A digest of the row's task input (``responses_create_params.input`` and ``instructions``; a failure
-    row's from its ``input`` task row), written compactly so two writers' spacing does not differ."""
+def _prompt(r: _Row) -> int:
+    """A checksum of the row's task input (``responses_create_params.input`` and ``instructions``; a failure
+    row's from its ``input`` task row) as written; -1: none. Two writers may write one input apart (spacing,
+    escapes): ``diff`` reads both rows whole before it calls their inputs different."""
     params = r.responses_create_params or (r.input.responses_create_params if r.input else None)
     if params is None or not (params.input or params.instructions):
-        return None
-    h = hashlib.blake2b(digest_size=8)
-    for raw in (params.input, params.instructions):
-        h.update(msgspec.json.format(bytes(raw), indent=-1) if raw else b"-")
-        h.update(b"\0")
-    return "p:" + h.hexdigest()
+        return -1
+    return zlib.crc32(bytes(params.instructions), zlib.crc32(bytes(params.input)))
 
 
 def lines(path: Path, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
