@@ -410,4 +410,4 @@ def _checked(doc: Any, where: str) -> dict[str, Any]:
         raise UserError(f"{where}: not an ATIF trajectory this reader can read ({e})") from None
     except RecursionError:
         raise UserError(f"{where}: {TOO_DEEP}; not an ATIF trajectory view can read") from None
-    return doc
+    return dict(doc)

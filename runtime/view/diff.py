@@ -119,8 +119,9 @@ class Estimate:
         return {k: _finite(v) for k, v in vars(self).items()}
 
 
-def paired(name: str, per_task: list[tuple[float, float]]) -> Estimate | None:
-    """The paired t interval of the mean difference over tasks, each ``(a, b)``."""
+def paired(name: str, per_task: list[tuple[float, float]], bound: float | None = None) -> Estimate | None:
+    """The paired t interval of the mean difference over tasks, each ``(a, b)``; ``bound``: the most a
+    difference can be (a rate's: 1), where the interval is cut."""
     n = len(per_task)
     if not n:
         return None
@@ -132,7 +133,10 @@ def paired(name: str, per_task: list[tuple[float, float]]) -> Estimate | None:
         return Estimate(name, a, b, mean, None, None, n)
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if math.isfinite(mean) else math.nan
     half = t975(n - 1) * sd / math.sqrt(n)
-    return Estimate(name, a, b, mean, mean - half, mean + half, n)
+    lo, hi = mean - half, mean + half
+    if bound is not None:
+        lo, hi = max(lo, -bound), min(hi, bound)
+    return Estimate(name, a, b, mean, lo, hi, n)
 
 
 def _finite(v: Any) -> Any:
@@ -173,7 +177,7 @@ class Diff:
         counts = [(len(ps), sum(p.passed_a for p in ps), sum(p.passed_b for p in ps)) for ps in tasks]
         for k in sorted({1, max((n for n, _, _ in counts), default=1)}):
             at_k = [(_pass_at(n, ca, k), _pass_at(n, cb, k)) for n, ca, cb in counts if n >= k]
-            e = paired(f"pass@{k}", at_k)
+            e = paired(f"pass@{k}", at_k, bound=1.0)
             if e is not None:
                 out.append(e)
         return out
@@ -273,10 +277,11 @@ def diff(a: Run, b: Run, provenance: Any) -> Diff:
     by_agent = agents_a == agents_b
     ka, kb = _keyed(a, by_agent, provenance), _keyed(b, by_agent, provenance)
     same_slot = sorted(ka.keys() & kb.keys(), key=_order)
-    common, other = [], []
+    common: list[tuple[Any, ...]] = []
+    other: list[tuple[Any, ...]] = []
     for key in same_slot:
-        pa, pb = ka[key][4], kb[key][4]
-        same = pa < 0 or pb < 0 or pa == pb or _task_input(a, ka[key]) == _task_input(b, kb[key])
+        ca, cb = ka[key][4], kb[key][4]
+        same = ca < 0 or cb < 0 or ca == cb or _task_input(a, ka[key]) == _task_input(b, kb[key])
         (common if same else other).append(key)
     if not common:
         why = "no task in common"

@@ -169,7 +169,8 @@ class Builder:
     """An index built line by line (``build``; ``view``'s live mode, as rows arrive)."""
 
     def __init__(self, size: int, mtime_ns: int) -> None:
-        self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:-1]), {})
+        lists: list[list[int]] = [[] for _ in Index.__struct_fields__[4:-1]]
+        self.ix = Index(VERSION, size, mtime_ns, [], *lists, {})  # type: ignore[arg-type,call-arg]
         self._ids: dict[str, int] = {}
 
     @classmethod

@@ -143,8 +143,8 @@ def trajectory(row: dict[str, Any]) -> Trajectory:
     for n, item in enumerate(given if isinstance(given, list) else [given] if given else []):
         inputs.append(block(item, f"input {n + 1}"))
     tools = Text.of(_json(params["tools"])) if params.get("tools") else None
-    offered = params.get("tools") if isinstance(params.get("tools"), list) else []
-    names = [_tool_name(t) for t in offered if isinstance(t, dict)]
+    offered = params.get("tools")
+    names = [_tool_name(t) for t in offered if isinstance(t, dict)] if isinstance(offered, list) else []
     response = row.get("response")
     output = response.get("output") if isinstance(response, dict) else None
     outputs = [block(item, f"turn {n + 1}") for n, item in enumerate(output if isinstance(output, list) else [])]
