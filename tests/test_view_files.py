@@ -145,6 +145,13 @@ def test_a_file_changed_under_a_running_view_is_re_indexed_never_500(tmp_path: P
         status, _, body = s.get("/rollout/0/0/204")
         assert status == 200 and b"grown 199" in body
         assert b"205 rollouts" in s.get("/rollouts")[2]
+        whole = json.dumps(row(900, 0, 1.0, answer="written in two steps"))
+        with path.open("a") as f:  # a line still being written: not a row yet, and not a notice
+            f.write(whole[:100])
+        assert b"205 rollouts" in s.get("/rollouts")[2] and b"cannot be read" not in s.get("/")[2]
+        with path.open("a") as f:
+            f.write(whole[100:] + "\n")
+        assert b"206 rollouts" in s.get("/rollouts")[2] and b"written in two steps" in s.get("/rollout/0/0/205")[2]
         path.write_text(json.dumps(row(0, 0, 1.0)) + "\nnot json at all\n")  # rewritten, now with a bad line
         status, _, body = s.get("/")
         assert status == 200 and b"out.jsonl:2: not JSON" in body

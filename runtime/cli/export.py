@@ -52,10 +52,10 @@ def main(args: argparse.Namespace) -> int:
 def _rows(src: object) -> Iterator[dict[str, Any]]:
     """The rows of ``src``: a rollouts JSONL's lines, or an ATIF file's documents read as ``view`` reads them
     (one reader: a foreign trajectory is a row with no reward)."""
-    import json
     from pathlib import Path
 
-    from gym_runtime.data.atif import TOO_DEEP, from_atif, is_atif_file, read_atif
+    from gym_runtime.data.atif import from_atif, is_atif_file, read_atif
+    from gym_runtime.data.jsonlines import json_value
     from gym_runtime.errors import UserError
     from gym_runtime.view.index import lines
 
@@ -65,12 +65,7 @@ def _rows(src: object) -> Iterator[dict[str, Any]]:
             yield from_atif(doc, i)
         return
     for number, _, line in lines(path):
-        try:
-            row = json.loads(line)
-        except RecursionError:
-            raise UserError(f"{path}:{number}: {TOO_DEEP}") from None
-        except ValueError as e:
-            raise UserError(f"{path}:{number}: not JSON ({e})") from None
+        row = json_value(line, f"{path}:{number}", "export reads a rollouts JSONL or an ATIF file")
         if not isinstance(row, dict):
             raise UserError(f"{path}:{number}: not a JSON object")
         yield row

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.data.jsonlines import TOO_DEEP, json_value
 from gym_runtime.errors import UserError
 
 SCHEMA = "ATIF-v1.8"
-TOO_DEEP = "nested deeper than the reader's limit (about 1,000 levels)"
 KEY = "gym_runtime"
 ROOT_KEYS = ("responses_create_params", "response")  # laid out as steps; every other row key rides in extra
 
@@ -383,22 +383,12 @@ def read_atif(path: Path) -> list[dict[str, Any]]:
         for number, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
-            found.append(_checked(_load(line, f"{path}:{number}"), f"{path}:{number}"))
+            where = f"{path}:{number}"
+            found.append(_checked(json_value(line, where, "an ATIF file holds trajectories"), where))
         return found
     if isinstance(whole, list):
         return [_checked(doc, f"{path}: trajectory {i + 1}") for i, doc in enumerate(whole)]
     return [_checked(whole, f"{path}:1")]
-
-
-def _load(line: bytes, where: str) -> Any:
-    try:
-        return json.loads(line)
-    except RecursionError:
-        raise UserError(f"{where}: {TOO_DEEP}; not an ATIF trajectory view can read") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
-    except ValueError as e:
-        raise UserError(f"{where}: not JSON ({e})") from None
 
 
 def _checked(doc: Any, where: str) -> dict[str, Any]:

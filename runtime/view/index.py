@@ -15,15 +15,17 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from gym_runtime.data.atif import TOO_DEEP
+from gym_runtime.data.jsonlines import TOO_DEEP, json_value
 from gym_runtime.errors import UserError
 
 VERSION = 3
 SUFFIX = ".gymview"
 CHUNK = 16 << 20
+SHOULD = "a rollouts file has one JSON object a line"
 
 
 class _Ref(msgspec.Struct):
@@ -141,12 +143,9 @@ def index_path(path: Path) -> Path:
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(_Row)}
 
 
-def _lenient(raw: bytes) -> _Row:
+def _lenient(value: dict[str, Any]) -> _Row:
     """A row whose fields have other types than ours (a string reward, a list agent_ref), or with a lone
-    surrogate escape: what fits, kept. ValueError: not JSON; TypeError: not an object."""
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise TypeError("not a JSON object")
+    surrogate escape (parsed by the stdlib): what fits, kept."""
     row = _Row()
     for key, f in _FIELDS.items():
         if key in value and f.name not in ("responses_create_params", "input"):  # (Raw: not from builtins)
@@ -250,19 +249,13 @@ def read_row(line: bytes, where: str) -> _Row:
     try:
         return _decode_row(line)
     except RecursionError:
-        raise UserError(f"{where}: {TOO_DEEP}; a rollouts file has one JSON object a line") from None
+        raise UserError(f"{where}: {TOO_DEEP}; {SHOULD}") from None
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
-    try:  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
-        return _lenient(line)
-    except RecursionError:
-        raise UserError(f"{where}: {TOO_DEEP}; a rollouts file has one JSON object a line") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{where}: not UTF-8 ({e.reason} at byte {e.start}); a rollouts file is UTF-8 JSON") from None
-    except ValueError as e:
-        raise UserError(f"{where}: not JSON ({e}); a rollouts file has one JSON object a line") from None
-    except TypeError:
-        raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
+    value = json_value(line, where, SHOULD)  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: not a JSON object; {SHOULD}")
+    return _lenient(value)
 
 
 def _prompt(r: _Row) -> int:
@@ -313,17 +306,37 @@ def build(path: Path, *, lenient: bool = False) -> Index:
 
 def update(path: Path, ix: Index) -> Index:
     """``ix`` brought up to date with ``path`` as it is now, for a file that changed while it is viewed: a
-    file that only grew (its indexed lines as they were: same size up to the old end, which was a line's end)
-    is indexed from there; any other change, rebuilt. A line that cannot be read is kept as an empty row with
-    the reason (``unreadable``): the page says so, the rest stays viewable."""
+    file that only grew (its indexed lines as they were: the old end was a line's end) is indexed from there,
+    up to its last whole line (a line still being written waits for its newline; ``ix`` itself when no whole
+    line came); any other change, rebuilt. A line that cannot be read is kept as an empty row with the reason
+    (``unreadable``): the page says so, the rest stays viewable."""
     st = path.stat()
-    if st.st_size > ix.size and _ends_a_line(path, ix.size):
-        b = Builder.extend(ix, st.st_size, st.st_mtime_ns)
+    if st.st_size >= ix.size and _ends_a_line(path, ix.size):
+        end = _last_line_end(path, st.st_size)
+        if end <= ix.size:
+            return ix
+        b = Builder.extend(ix, end, st.st_mtime_ns)
         number = _count_lines(path, ix.size)
         for n, offset, line in lines(path, start=ix.size):
+            if offset >= end:
+                break
             b.add(offset, line, f"{path}:{number + n}", lenient=True)
         return b.ix
     return build(path, lenient=True)
+
+
+def _last_line_end(path: Path, size: int) -> int:
+    """The offset just past the last newline of the file's first ``size`` bytes (0: none)."""
+    with path.open("rb") as f:
+        pos = size
+        while pos > 0:
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            found = f.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                return start + found + 1
+            pos = start
+    return 0
 
 
 def _ends_a_line(path: Path, size: int) -> bool:

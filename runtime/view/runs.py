@@ -58,7 +58,10 @@ class Part:
             return True
         if (st.st_size, st.st_mtime_ns) == (self.ix.size, self.ix.mtime_ns):
             return False
-        self.ix = index_mod.update(self.path, self.ix)
+        ix = index_mod.update(self.path, self.ix)
+        if ix is self.ix:  # (only a line still being written: no whole line yet)
+            return False
+        self.ix = ix
         bad = self.ix.unreadable
         self.notice = "changed while viewed: re-indexed" + (
             f"; {len(bad)} line(s) cannot be read, the first: {bad[min(bad)]}" if bad else ""

@@ -21,11 +21,11 @@ import jinja2
 import msgspec
 from aiohttp import web
 
+from gym_runtime.data.jsonlines import TOO_DEEP
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.access import Access
 from gym_runtime.view.diff import compare, task_name
-from gym_runtime.view.index import TOO_DEEP
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
