@@ -1,8 +1,9 @@
 """``gym-runtime view``'s web server: read-only pages over the runs given (aiohttp, Jinja2 templates).
 
 What a model, tool or environment wrote reaches the page only through the templates' autoescaping, and the
-Content-Security-Policy allows no script at all (the pages need none: filters are a GET form, long texts
-``<details>``), no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
+Content-Security-Policy allows one script, the first-party ``static/keys.js`` (keyboard navigation: it follows
+the links the server rendered and inserts nothing; filters are a GET form, long texts ``<details>``), no inline
+script, no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
 a row is named by integers into the files given, a static file by a name in a fixed list. Who is answered
 is ``view.access``'s frozen policy (the token, the Host names), checked before any handler.
 """
@@ -27,10 +28,12 @@ from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.access import Access
 from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
+from gym_runtime.view.tokens import Decode
+from gym_runtime.view.train_pages import TrainPages
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
 CSP = (
-    "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'none'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; font-src 'none'; "
     "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 HEADERS = {
@@ -40,7 +43,7 @@ HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-STATIC = {"view.css": "text/css"}
+STATIC = {"view.css": "text/css", "train.css": "text/css", "keys.js": "text/javascript"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,7 +106,7 @@ def page(html: str, status: int = 200) -> web.Response:
 class View:
     """The pages over ``runs``, answered only as ``access`` allows."""
 
-    def __init__(self, runs: Runs, access: Access) -> None:
+    def __init__(self, runs: Runs, access: Access | None = None, *, decode: Decode | None = None) -> None:
         self.runs = runs
         self.access = access
         self.env = _templates()
@@ -111,6 +114,7 @@ class View:
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
         for r in runs.runs:
             self._summary(r)
+        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
 
     @property
     def live(self) -> bool:
@@ -140,13 +144,15 @@ class View:
         app.router.add_get("/rollouts", self.rollouts_page)
         app.router.add_get("/rollout/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.rollout_page)
         app.router.add_get("/diff", self.diff_page)
+        self.train.routes(app)
         app.router.add_get("/static/{name}", self.static)
         return app
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            self.access.admit(request)
+            if self.access is not None:  # (None: pages written to files, never served)
+                self.access.admit(request)
             self.runs.refresh()  # a file rewritten, truncated or grown since: re-indexed before it is read
             resp = await handler(request)
         except web.HTTPException as e:
@@ -166,7 +172,9 @@ class View:
 
     async def runs_page(self, request: web.Request) -> web.Response:
         refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
-        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh)
+        return self.render(
+            "runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh, train=self.train.summary
+        )
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
@@ -207,7 +215,8 @@ class View:
                 records = None
                 if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
                     records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
-                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
+                keys = self.train.keys(ref)
+                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=keys)
             except RecursionError:
                 problem = f"line {ref.line + 1} of the rows indexed: {TOO_DEEP}"
             except (OSError, ValueError, TypeError) as e:  # changed between its index and this read

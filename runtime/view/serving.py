@@ -26,6 +26,7 @@ from gym_runtime.view.access import Access
 from gym_runtime.view.live import Live
 from gym_runtime.view.runs import Runs
 from gym_runtime.view.server import View
+from gym_runtime.view.tokens import Decode
 
 
 class Follow(msgspec.Struct, frozen=True):
@@ -38,7 +39,13 @@ class Follow(msgspec.Struct, frozen=True):
 
 
 async def serve(
-    runs: Runs, access: Access, port: int, *, ready: Callable[[int], None], follow: Follow | None = None
+    runs: Runs,
+    access: Access,
+    port: int,
+    *,
+    ready: Callable[[int], None],
+    follow: Follow | None = None,
+    decode: Decode | None = None,
 ) -> None:
     """Serve ``runs`` under ``access`` on ``access.host``:``port`` until cancelled; ``ready(port)`` once bound."""
     async with contextlib.AsyncExitStack() as stack:
@@ -47,11 +54,11 @@ async def serve(
             if live is not None:
                 runs.runs.append(live[0].run)
                 tg.start_soon(live[0].follow, live[1])
-            await _serve_pages(runs, access, port, ready)
+            await _serve_pages(View(runs, access, decode=decode), access, port, ready)
 
 
-async def _serve_pages(runs: Runs, access: Access, port: int, ready: Callable[[int], None]) -> None:
-    runner = web.AppRunner(View(runs, access).app(), access_log=None)
+async def _serve_pages(view: View, access: Access, port: int, ready: Callable[[int], None]) -> None:
+    runner = web.AppRunner(view.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, access.host, port)
     try:
