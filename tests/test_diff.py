@@ -197,6 +197,11 @@ def test_unrelated_runs_are_refused_and_other_agents_or_environments_warned(tmp_
         "gym-runtime: warning: the environments differ (A: a1b2c3d4e5f6; B: ffeeddccbbaa)",
     ]
     assert "tasks pass->fail: 5 (0, 1, 2, 3, 4)" in out.stdout  # (by task alone: the agents differ)
+    for site in serve(str(weather), str(other), str(counter)):
+        page = site.get("/diff?a=0&b=1")[2].decode()
+        assert '<p class="notice warning">the agents differ (A: weather_agent; B: other_agent)</p>' in page
+        status, _, body = site.get("/diff?a=0&b=2")
+        assert status == 200 and b"task 0&#39;s input differs" in body
     half = write(
         tmp_path / "half.jsonl", [row(t, 0, 0.0) for t in range(2)] + other_tasks([row(t, 0, 0.0) for t in range(2, 5)])
     )
