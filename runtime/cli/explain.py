@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     for i, h in enumerate(found):
         if i:
             print()
-        print("\n".join(render(manifest, h)))
+        print("\n".join(cli.printable(line) for line in render(manifest, h)))  # (workers' messages: escaped)
     return 0
 
 

@@ -10,7 +10,7 @@ memory at once. The report says how many rewards changed and by how much.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from gym_runtime.data.atif import from_atif, is_atif, is_ours
+from gym_runtime.data.atif import from_atif, is_atif, is_atif_file, is_ours, read_atif
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.drift import Drift
 from gym_runtime.data.rowkeys import DEFAULT_REWARD_BOUND, bounded_reward, own_fields
@@ -125,6 +125,15 @@ def validate_rollouts(path: str | Path) -> int:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: file not found")
+    if is_atif_file(p):  # (a document, a list of them or one a line: read as view and export read it)
+        docs = read_atif(p)
+        foreign = next((i for i, doc in enumerate(docs) if not is_ours(doc)), None)
+        if foreign is not None:
+            raise UserError(
+                f"{p}: trajectory {foreign + 1} is a foreign ATIF trajectory: no task to grade (reverify redoes "
+                "the rewards of rollouts rows and of gym-runtime's own ATIF exports; view shows this file)"
+            )
+        return len(docs)
     problems: list[str] = []
     n = 0
     with p.open("rb") as f:
@@ -246,17 +255,7 @@ async def reverify_file(
 
         async with anyio.create_task_group() as tg:
             index = 0
-            for lineno, line in enumerate(fin, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = _decoder.decode(line)
-                    if not isinstance(row, dict):
-                        raise UserError("a row must be a JSON object")
-                    if is_atif(row):  # our ATIF export (``gym-runtime export``): the row it carries
-                        row = from_atif(row)
-                except (msgspec.DecodeError, ValueError) as e:
-                    raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+            for lineno, row in _rows(src, fin):
                 await limiter.acquire()
                 report.rows += 1
                 tg.start_soon(one, index, lineno, row)
@@ -264,6 +263,27 @@ async def reverify_file(
     if not report.failed:
         failures_path.unlink(missing_ok=True)
     return report
+
+
+def _rows(src: Path, fin: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, row) of each row of ``src`` (open as ``fin``): a rollouts JSONL's lines, or our ATIF export's
+    documents, read as ``view`` reads them (``validate_rollouts`` refused a foreign one)."""
+    if is_atif_file(src):
+        for n, doc in enumerate(read_atif(src), 1):
+            yield n, from_atif(doc)
+        return
+    for lineno, line in enumerate(fin, 1):
+        if not line.strip():
+            continue
+        try:
+            row = _decoder.decode(line)
+            if not isinstance(row, dict):
+                raise UserError("a row must be a JSON object")
+            if is_atif(row):  # our ATIF export (``gym-runtime export``): the row it carries
+                row = from_atif(row)
+        except (msgspec.DecodeError, ValueError) as e:
+            raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+        yield lineno, row
 
 
 __all__ = ["ReverifyReport", "parse_response", "reverify_file"]
