@@ -1,0 +1,173 @@
+"""The Ray tier's cluster: real raylets on this machine (``ray.cluster_utils.Cluster``), one per test module.
+
+Without Ray (the main suite's venv has no ``ray`` extra) every module here skips with the one line below
+(pytest folds them: one location, one reason); with ``GYM_REQUIRE_RAY=1`` (CI's Ray stage) that skip is a failure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import REPO, read_jsonl, write_jsonl
+
+REQUIRE_ENV = "GYM_REQUIRE_RAY"
+
+
+def need_ray() -> Any:
+    """``ray``, or a skip (a failure under GYM_REQUIRE_RAY=1)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        return importlib.import_module("ray")
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        pytest.skip(
+            "ray is not installed: the Ray tier runs in its own venv (pip install -e '.[ray]'; .ci/run)",
+            allow_module_level=True,
+        )
+
+
+@contextmanager
+def local_cluster(nodes: list[dict[str, Any]]) -> Iterator[Any]:
+    """A Ray cluster of ``len(nodes)`` raylets (the first the head), this process its driver."""
+    ray = need_ray()
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **nodes[0]})
+    for args in nodes[1:]:
+        cluster.add_node(**args)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def write_config(tmp: Path, *, delay_s: float = 0.0, ray: dict[str, Any] | None = None, **agent: Any) -> Path:
+    """The weather world on the scripted double (the LLM double), with ``ray:`` placement."""
+    cfg = {
+        "namespace": "gym",
+        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 5.0, "concurrency": 64}},
+        "resources": {"env": {"server": "resources.weather"}},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "max_steps": 4,
+                "timeout_s": 60,
+                "concurrency": 16,
+                "ack_wait_s": 5.0,
+                **agent,
+            }
+        },
+        "ray": {"placement_timeout_s": 30, "scale_interval_s": 0.5, **(ray or {})},
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def tasks_file(tmp: Path, n: int) -> Path:
+    base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
+    return write_jsonl(tmp / "tasks.jsonl", [{**base[i % len(base)], "task_id": i} for i in range(n)])
+
+
+def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "publish", str(config), "--nats", url, "-i", str(tasks)]
+        + ["--batch", batch],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+
+
+def collect(url: str, batch: str, out: Path, timeout: float = 240) -> list[dict[str, Any]]:
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_runtime.cli",
+            "collect",
+            "--batch",
+            batch,
+            "--nats",
+            url,
+            "-o",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert p.returncode == 0, p.stderr
+    return read_jsonl(out)
+
+
+def restarted(handle: Any, old_pid: int | None, within: float = 120) -> tuple[int, str]:
+    """Wait until Ray restarted the actor (``handle``) with a new worker: (its pid, its node)."""
+    ray = need_ray()
+    deadline = time.monotonic() + within
+    while True:
+        assert time.monotonic() < deadline, "the actor was not restarted"
+        try:
+            pid = ray.get(handle.ready.remote(60), timeout=90)
+            if pid != old_pid:
+                return pid, ray.get(handle.node.remote(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            pass  # restarting: the calls in between fail
+        time.sleep(0.2)
+
+
+def results_stored(srv: Any, agent: str = "agent") -> int:
+    """Results the server holds for ``agent`` (its monitoring endpoint, as an operator reads it)."""
+    with urllib.request.urlopen(f"{srv.monitor_url}/jsz?acc=$G&streams=true", timeout=5) as r:
+        data = json.loads(r.read())
+    acc = next((a for a in data.get("account_details") or [] if a["name"] == "$G"), {})
+    streams = {x["name"]: x for x in acc.get("stream_detail") or []}
+    s = streams.get(f"GYM_RESULTS_{agent}")
+    return int(s["state"]["messages"]) if s else 0
+
+
+def mid_batch(srv: Any, at_least: int, of: int, within: float = 120) -> int:
+    """Wait until ``at_least`` of a batch's ``of`` results are stored; how many are (fewer than ``of``: the
+    batch is still running, which the caller's fault must meet)."""
+    deadline = time.monotonic() + within
+    while (n := results_stored(srv)) < at_least:
+        assert time.monotonic() < deadline, f"{n} results after {within} s"
+        time.sleep(0.05)
+    assert n < of, f"the batch ended ({n} of {of}) before the fault"
+    return n
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def once_each(rows: list[dict[str, Any]], n: int) -> None:
+    """Every task's row, once, none a failure."""
+    ids = sorted(r["task_id"] for r in rows)
+    assert ids == list(range(n)), f"{len(ids)} rows for {n} tasks: {sorted(set(range(n)) ^ set(ids))[:10]}"
+    failed = [r for r in rows if r.get("error_class")]
+    assert not failed, failed[0]
