@@ -29,7 +29,13 @@ import json
 from typing import Any
 
 import anyio
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    _agent_loop_registry,
+    register,
+)
 
 from gym_runtime.client import Client
 from gym_runtime.errors import ClientError, RolloutFailed
@@ -60,6 +66,12 @@ class LoopClients:
 
 # The actor process's clients: the one place agent loops of one process share their workers.
 LOOP_CLIENTS = LoopClients()
+
+
+# verl's AgentLoopWorker reads the agent loop config (``gym_config``, ``nats``...) into its registry before the first
+# loop imports this module; ``register`` would then replace that entry with a bare ``_target_`` for every later
+# sample (seen in verl's own actors: the second sample had no gym_config). A configured entry is kept.
+_CONFIGURED = _agent_loop_registry.get("gym_runtime")
 
 
 @register("gym_runtime")
@@ -125,3 +137,7 @@ class GymAgentLoop(AgentLoopBase):
             metrics=AgentLoopMetrics(),
             extra_fields={"gym_error_class": error_class},
         )
+
+
+if _CONFIGURED is not None:
+    _agent_loop_registry["gym_runtime"] = _CONFIGURED

@@ -140,13 +140,13 @@ def restarted(handle: Any, old_pid: int | None, within: float = 120) -> tuple[in
         time.sleep(0.2)
 
 
-def results_stored(srv: Any, agent: str = "agent") -> int:
+def results_stored(srv: Any, agent: str = "agent", namespace: str = "gym") -> int:
     """Results the server holds for ``agent`` (its monitoring endpoint, as an operator reads it)."""
     with urllib.request.urlopen(f"{srv.monitor_url}/jsz?acc=$G&streams=true", timeout=5) as r:
         data = json.loads(r.read())
     acc = next((a for a in data.get("account_details") or [] if a["name"] == "$G"), {})
     streams = {x["name"]: x for x in acc.get("stream_detail") or []}
-    s = streams.get(f"GYM_RESULTS_{agent}")
+    s = streams.get(f"{namespace.upper()}_RESULTS_{agent}")
     return int(s["state"]["messages"]) if s else 0
 
 
