@@ -37,6 +37,9 @@ class NotReady(Exception):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self) -> tuple[type[NotReady], tuple[str, int]]:  # raised in the actor, read by the driver
+        return NotReady, (str(self), self.code)
+
 
 class WorkerProcess:
     """Made a Ray actor by ``pools`` (``ray.remote(**options)(WorkerProcess)``, threaded: ``stop`` can come while
@@ -98,9 +101,10 @@ class WorkerProcess:
         assert self._proc is not None
         if self._ready.is_set():
             return self._proc.pid
-        if self._proc.poll() is None:
-            raise NotReady(f"not ready within {timeout_s:g} s", 1)
-        code = self._proc.wait()
+        try:  # its output ended first: it is exiting (its code is read once it has)
+            code = self._proc.wait(10 if self._answered.is_set() else 0.01)
+        except subprocess.TimeoutExpired:
+            raise NotReady(f"not ready within {timeout_s:g} s", 1) from None
         raise NotReady(self._last[-1] if self._last else f"exited with code {code}", code)
 
     def node(self) -> str:

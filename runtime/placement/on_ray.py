@@ -160,7 +160,8 @@ class OnRay:
 
 
 def serve_on_ray(placed: OnRay, *, ready: Any = None) -> int:
-    """``start --ray``: place, say ready, serve until SIGTERM (0) or SIGINT (130), then drain."""
+    """``start --ray``: place, say ready, serve until SIGTERM (0) or SIGINT (130), then drain. The handlers are
+    set once Ray is up (``ray.init`` sets its own, which would end the process without a drain)."""
     got: list[int] = []
     done = threading.Event()
 
@@ -168,13 +169,13 @@ def serve_on_ray(placed: OnRay, *, ready: Any = None) -> int:
         got.append(signum)
         done.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with placed:
+    with placed:
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
             if ready is not None:
                 ready(len(placed.actors))
             done.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
     return 130 if signal.SIGINT in got else 0

@@ -194,11 +194,14 @@ class RolePools:
     def _ready(self, role: str, name: str, ref: Any) -> int:
         try:
             return int(ray.get(ref))
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause if isinstance(e.cause, NotReady) else None
-            line = str(cause) if cause else str(e).strip().splitlines()[-1]
-            code = 2 if cause is not None and cause.code == 2 else 1
-            raise PlacementError(f"worker {role}.{name} (a Ray actor) did not start: {line}", code) from None
+        except (NotReady, ray.exceptions.RayError) as e:  # the actor's NotReady comes as Ray's error, with it as cause
+            cause = getattr(e, "cause", e)
+            line, code = (
+                (str(cause), cause.code) if isinstance(cause, NotReady) else (str(e).strip().splitlines()[-1], 1)
+            )
+            raise PlacementError(
+                f"worker {role}.{name} (a Ray actor) did not start: {line}", 2 if code == 2 else 1
+            ) from None
 
     def remove(self, role: str, name: str, k: int) -> list[Replica]:
         """Drain and remove ``k`` of ``role.name``'s actors (the newest first)."""

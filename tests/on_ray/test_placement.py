@@ -5,6 +5,9 @@ The bus is a real nats-server outside Ray (``ray.nats: config``); the policy is 
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -14,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import REPO
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from tests.helpers import REPO, read_jsonl
 from tests.on_ray.cluster import (
     collect,
     kill,
@@ -37,13 +41,16 @@ from gym_runtime.placement.on_ray import OnRay  # noqa: E402  (after the skip: i
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     # the head holds no worker (0 CPUs): a lost worker node never takes the driver's node with it
+    # what the workers' nodes have in their environment (the docs' recipe reads GYM_JS_REPLICAS: one server here)
+    os.environ["GYM_JS_REPLICAS"] = "1"
     with local_cluster([{"num_cpus": 0}, {"num_cpus": 2}, {"num_cpus": 2}]) as c:
         yield c
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(store_dir=str(tmp_path / "store"), http_port=0) as srv:
+    # room for the deploy config's stream limits (20GB each, reserved: not what a batch here writes)
+    with EmbeddedServer(store_dir=str(tmp_path / "store"), http_port=0, max_store=100 * 2**30) as srv:
         yield srv
 
 
@@ -109,6 +116,61 @@ def test_a_pool_asking_for_a_resource_no_node_has_is_one_line_within_the_bound(
     assert "ray.roles.resources.env" in lines[0] and "docker: 1" in lines[0] and "no node" in lines[0], lines[0]
     print(lines[0], f"({took:.1f} s)")
     assert took < 60, took  # the placement bound (3 s) plus Ray's connect and the actors' stop
+
+
+def docs_recipe() -> tuple[dict[str, Any], list[str]]:
+    """docs/deployment.md's "On a Ray cluster": its `ray:` section and its commands, as written."""
+    text = (REPO / "docs/deployment.md").read_text()
+    section = text[text.index("## On a Ray cluster") :]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    ray_block = next(body for lang, body in blocks if lang == "yaml" and body.startswith("ray:"))
+    bash = next(body for lang, body in blocks if lang == "bash")
+    commands = [line.split("#")[0].strip().rstrip("&").strip() for line in bash.splitlines()]
+    return yaml.safe_load(ray_block), [c for c in commands if c.startswith("gym-runtime")]
+
+
+def test_the_deployment_docs_ray_recipe_runs_as_written(cluster: Any, nats: str, tmp_path: Path) -> None:
+    ray_section, commands = docs_recipe()
+    cfg = yaml.safe_load((REPO / "deploy/config.yaml").read_text()) | ray_section
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    tasks = tasks_file(tmp_path, 20)
+
+    def argv(command: str) -> list[str]:  # the docs' paths and HEAD, this test's
+        words = command.replace("nats://HEAD:4222", nats).replace("deploy/config.yaml", str(config)).split()
+        words = [str(tasks) if w == "tasks.jsonl" else str(tmp_path / w) if w == "out.jsonl" else w for w in words]
+        return [sys.executable, "-m", "gym_runtime.cli", *words[1:]]
+
+    start = next(c for c in commands if " start " in f" {c} ")
+    assert "--ray auto" in start
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}  # `auto`: this cluster
+    workers = subprocess.Popen(
+        argv(start), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert workers.stdout is not None
+        line = workers.stdout.readline()
+        assert line.startswith("workers ready on Ray (2 actors)"), line + workers.stderr.read()  # agents: min 0
+        for command in commands:
+            if command != start and not command.startswith("gym-runtime server"):
+                p = subprocess.run(argv(command), cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+                assert p.returncode == 0, (command, p.stderr)
+        once_each(read_jsonl(tmp_path / "out.jsonl"), 20)
+    finally:
+        workers.send_signal(signal.SIGTERM)  # every worker drains, the actors end
+        assert workers.wait(120) == 0, workers.stderr.read() if workers.stderr else ""
+
+
+def test_nats_on_the_head_node_serves_a_batch_and_keeps_its_store(cluster: Any, tmp_path: Path) -> None:
+    port = free_port()
+    store = tmp_path / "head-store"
+    config = write_config(tmp_path, ray={"nats": "head", "nats_port": port, "store_dir": str(store)})
+    with OnRay(str(config)) as placed:
+        url = str(placed.url)
+        assert url.endswith(f":{port}")
+        publish(config, url, tasks_file(tmp_path, 10), "h1")
+        once_each(collect(url, "h1", tmp_path / "out.jsonl"), 10)
+    assert list(store.glob("**/GYM_RESULTS_agent"))  # the store stays on the head node's disk
 
 
 def test_a_raylet_lost_mid_batch_its_actors_restart_elsewhere_and_every_row_comes_once(
