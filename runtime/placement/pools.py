@@ -238,8 +238,8 @@ class NatsOnHead:
 
     def __init__(self, port: int, store_dir: str) -> None:
         Path(store_dir).mkdir(parents=True, exist_ok=True)
-        host = ray.util.get_node_ip_address()
-        self.server = EmbeddedServer(port=port, host="0.0.0.0", store_dir=store_dir, log_file=f"{store_dir}/nats.log")
+        host = ray.util.get_node_ip_address()  # the address the cluster's nodes reach this one on, no other
+        self.server = EmbeddedServer(port=port, host=host, store_dir=store_dir, log_file=f"{store_dir}/nats.log")
         self.server.start()
         self.url = f"nats://{host}:{port}"
 
@@ -251,11 +251,11 @@ class NatsOnHead:
 
 
 def head_nats(cfg: Config) -> tuple[Any, str]:
-    """Start (or find, when a previous ``start --ray`` left it) the head node's NATS actor: (handle, URL)."""
+    """Start the head node's NATS actor (on the store a previous one kept, if any): (handle, URL)."""
     store = cfg.ray.store_dir or str(Path.home() / ".cache/gym-runtime/ray-nats" / cfg.namespace)
     options: dict[str, Any] = {"num_cpus": 0, "resources": {HEAD: 0.001}, "max_restarts": cfg.ray.max_restarts}
     actor: Any = ray.remote(**options | {"max_concurrency": 2})(NatsOnHead)
-    handle = actor.options(name=f"gym-runtime-nats-{cfg.namespace}", get_if_exists=True).remote(
+    handle = actor.options(name=f"gym-runtime-nats-{cfg.namespace}").remote(
         cfg.ray.nats_port, store
     )
     try:
