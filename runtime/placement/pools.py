@@ -255,9 +255,7 @@ def head_nats(cfg: Config) -> tuple[Any, str]:
     store = cfg.ray.store_dir or str(Path.home() / ".cache/gym-runtime/ray-nats" / cfg.namespace)
     options: dict[str, Any] = {"num_cpus": 0, "resources": {HEAD: 0.001}, "max_restarts": cfg.ray.max_restarts}
     actor: Any = ray.remote(**options | {"max_concurrency": 2})(NatsOnHead)
-    handle = actor.options(name=f"gym-runtime-nats-{cfg.namespace}").remote(
-        cfg.ray.nats_port, store
-    )
+    handle = actor.options(name=f"gym-runtime-nats-{cfg.namespace}").remote(cfg.ray.nats_port, store)
     try:
         url = str(ray.get(handle.address.remote(), timeout=cfg.ray.placement_timeout_s))
     except GetTimeoutError:
