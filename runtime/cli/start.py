@@ -72,16 +72,8 @@ def on_ray(args: argparse.Namespace) -> int:
     passthrough = ["--log-level", args.log_level] + (["--trace-file", args.trace_file] if args.trace_file else [])
     if args.auth_dir:  # a path, never a secret; the workers find the role seeds there (on every node)
         passthrough += ["--auth-dir", str(args.auth_dir)]
-    placed = OnRay(
-        args.config,
-        address=args.ray,
-        nats=args.nats,
-        overrides=args.overrides,
-        only=args.only,
-        passthrough=passthrough,
-        metrics_port=args.metrics_port,
-        cfg=cfg,
-    )
+    where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
+    placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, **where)
 
     if cfg.ray.nats == "config" or args.nats:  # the workers' bus, waited for once (one line if unreachable)
         from gym_runtime.service.loop import run_async

@@ -7,14 +7,10 @@ Without Ray (the main suite's venv has no ``ray`` extra) every module here skips
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import REPO, read_jsonl, write_jsonl
+from tests.cluster import monitor
+from tests.cluster import write_config as cluster_config
+from tests.helpers import cli, read_jsonl
 
 REQUIRE_ENV = "GYM_REQUIRE_RAY"
 
@@ -60,67 +58,22 @@ def local_cluster(nodes: list[dict[str, Any]]) -> Iterator[Any]:
 
 
 def write_config(tmp: Path, *, delay_s: float = 0.0, ray: dict[str, Any] | None = None, **agent: Any) -> Path:
-    """The weather world on the scripted double (the LLM double), with ``ray:`` placement."""
-    cfg = {
-        "namespace": "gym",
-        "models": {"policy": {"adapter": "scripted", "delay_s": delay_s, "ack_wait_s": 5.0, "concurrency": 64}},
-        "resources": {"env": {"server": "resources.weather"}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "max_steps": 4,
-                "timeout_s": 60,
-                "concurrency": 16,
-                "ack_wait_s": 5.0,
-                **agent,
-            }
-        },
-        "ray": {"placement_timeout_s": 30, "scale_interval_s": 0.5, **(ray or {})},
-    }
-    path = tmp / "config.yaml"
+    """The weather world on the scripted double (the LLM double) of ``tests.cluster``, with ``ray:`` placement."""
+    path = cluster_config(tmp, replicas=1, agent_concurrency=16, delay_s=delay_s)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["agents"]["agent"].update(agent)
+    cfg["ray"] = {"placement_timeout_s": 30, "scale_interval_s": 0.5, **(ray or {})}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def tasks_file(tmp: Path, n: int) -> Path:
-    base = read_jsonl(REPO / "resources/weather/data/example.jsonl")
-    return write_jsonl(tmp / "tasks.jsonl", [{**base[i % len(base)], "task_id": i} for i in range(n)])
-
-
 def publish(config: Path, url: str, tasks: Path, batch: str) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "gym_runtime.cli", "publish", str(config), "--nats", url, "-i", str(tasks)]
-        + ["--batch", batch],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = cli("publish", str(config), "--nats", url, "-i", str(tasks), "--batch", batch)
     assert p.returncode == 0, p.stderr
 
 
 def collect(url: str, batch: str, out: Path, timeout: float = 240) -> list[dict[str, Any]]:
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gym_runtime.cli",
-            "collect",
-            "--batch",
-            batch,
-            "--nats",
-            url,
-            "-o",
-            str(out),
-            "--no-progress",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    p = cli("collect", "--batch", batch, "--nats", url, "-o", str(out), "--no-progress", timeout=timeout)
     assert p.returncode == 0, p.stderr
     return read_jsonl(out)
 
@@ -142,9 +95,8 @@ def restarted(handle: Any, old_pid: int | None, within: float = 120) -> tuple[in
 
 def results_stored(srv: Any, agent: str = "agent", namespace: str = "gym") -> int:
     """Results the server holds for ``agent`` (its monitoring endpoint, as an operator reads it)."""
-    with urllib.request.urlopen(f"{srv.monitor_url}/jsz?acc=$G&streams=true", timeout=5) as r:
-        data = json.loads(r.read())
-    acc = next((a for a in data.get("account_details") or [] if a["name"] == "$G"), {})
+    accounts = monitor(srv, "/jsz?acc=$G&streams=true").get("account_details") or []
+    acc = next((a for a in accounts if a["name"] == "$G"), {})
     streams = {x["name"]: x for x in acc.get("stream_detail") or []}
     s = streams.get(f"{namespace.upper()}_RESULTS_{agent}")
     return int(s["state"]["messages"]) if s else 0

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from tests.cluster import tasks_file
 from tests.helpers import REPO, read_jsonl
 from tests.on_ray.cluster import (
     collect,
@@ -30,7 +31,6 @@ from tests.on_ray.cluster import (
     once_each,
     publish,
     restarted,
-    tasks_file,
     write_config,
 )
 
@@ -59,6 +59,18 @@ def nats(server: EmbeddedServer) -> str:
     return server.url
 
 
+def running_batch(
+    server: EmbeddedServer, config: Path, tasks: Path, batch: str, out: Path
+) -> tuple[threading.Thread, list[list[dict[str, Any]]]]:
+    """A batch published and being collected (its rows in the list once the thread ends), a few results in."""
+    publish(config, server.url, tasks, batch)
+    got: list[list[dict[str, Any]]] = []
+    collector = threading.Thread(target=lambda: got.append(collect(server.url, batch, out)))
+    collector.start()
+    mid_batch(server, 5, len(read_jsonl(tasks)))
+    return collector, got
+
+
 def test_a_batch_runs_with_every_role_placed_as_ray_actors(cluster: Any, nats: str, tmp_path: Path) -> None:
     config = write_config(
         tmp_path,
@@ -82,12 +94,7 @@ def test_a_worker_that_dies_mid_batch_is_restarted_by_ray_and_every_row_comes_on
     config = write_config(tmp_path, delay_s=0.2, ray={"roles": {"models.policy": {"num_cpus": 0.5}}})
     with OnRay(str(config), nats=nats) as placed:
         agent = next(r for r in placed.actors if r.spec == "agents.agent")
-        publish(config, nats, tasks_file(tmp_path, 60), "b2")
-        out = tmp_path / "out.jsonl"
-        got: list[list[dict[str, Any]]] = []
-        collector = threading.Thread(target=lambda: got.append(collect(nats, "b2", out)))
-        collector.start()
-        mid_batch(server, 5, 60)
+        collector, got = running_batch(server, config, tasks_file(tmp_path, 60), "b2", tmp_path / "out.jsonl")
         kill(agent.pid or 0)  # the worker process, SIGKILL: nothing drains
         restarted(agent.handle, agent.pid)  # by Ray: a new worker takes the batch on (the dead one's redelivered)
         collector.join(240)
@@ -187,12 +194,7 @@ def test_a_raylet_lost_mid_batch_its_actors_restart_elsewhere_and_every_row_come
         nodes = {r.node for r in placed.actors}
         victim = next(n for n in cluster.worker_nodes if n.node_id in nodes)  # the others take over
         lost = [r for r in placed.actors if r.node == victim.node_id]
-        publish(config, nats, tasks_file(tmp_path, 60), "b3")
-        out = tmp_path / "out.jsonl"
-        got: list[list[dict[str, Any]]] = []
-        collector = threading.Thread(target=lambda: got.append(collect(nats, "b3", out)))
-        collector.start()
-        mid_batch(server, 5, 60)
+        collector, got = running_batch(server, config, tasks_file(tmp_path, 60), "b3", tmp_path / "out.jsonl")
         cluster.remove_node(victim, allow_graceful=False)  # its raylet and every process of it, killed
         for r in lost:  # Ray places each again on a live node, with a new worker
             assert restarted(r.handle, r.pid)[1] != victim.node_id

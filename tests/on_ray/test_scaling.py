@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.on_ray.cluster import collect, local_cluster, need_ray, once_each, publish, tasks_file, write_config
+from tests.cluster import tasks_file
+from tests.on_ray.cluster import collect, local_cluster, need_ray, once_each, publish, write_config
 
 ray = need_ray()
 from gym_runtime.placement.on_ray import OnRay  # noqa: E402  (after the skip: it imports ray)
