@@ -85,7 +85,7 @@ def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_shari
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    w = world(tmp_path, rows=2 * PER_ACTOR, tool_bias=3.0)
+    w = world(tmp_path, rows=2 * PER_ACTOR, tool_bias=5.0)  # the tiny policy calls the tool often
     model_dir = tmp_path / "policy"  # the world's tiny policy and tokenizer, saved for the actors to load
     w.model.save_pretrained(model_dir)
     w.tokenizer.save_pretrained(model_dir)

@@ -21,7 +21,10 @@ class SavedTinyServer:
 
     async def generate(self, request_id: str, **kwargs: Any) -> Any:
         if self._server is None:
+            import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            torch.manual_seed(0)  # each actor samples the same way on every run
 
             from tests.trainers.test_verl_loop import TinyServer
 
