@@ -59,6 +59,10 @@ class OnRay:
         self.cfg = cfg or load_config(list(self.configs), overrides)
         self.address = address
         self.pairs = selected(self.cfg, only)
+        for key in self.cfg.ray.roles:  # a config mistake: said before Ray is asked for anything
+            role, _, name = key.partition(".")
+            if name not in getattr(self.cfg, role):
+                raise UserError(f"ray.roles: {key!r} names no entry of the config's {role}")
         self._nats, self._nats_handle = nats, None
         overrides_flags = [x for o in overrides or [] for x in ("--set", o)]
         self._passthrough = overrides_flags + (passthrough or ["--log-level", "warning"])
@@ -92,10 +96,6 @@ class OnRay:
                 "or ray.nats: head (nats-server on the Ray head node)"
             )
         self.url = url
-        for key in cfg.ray.roles:
-            role, _, name = key.partition(".")
-            if name not in getattr(cfg, role):
-                raise UserError(f"ray.roles: {key!r} names no entry of the config's {role}")
         self.pools = RolePools(
             self.configs,
             cfg,

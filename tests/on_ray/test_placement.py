@@ -21,7 +21,7 @@ import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.cluster import tasks_file
-from tests.helpers import REPO, read_jsonl
+from tests.helpers import REPO, cli, read_jsonl
 from tests.on_ray.cluster import (
     collect,
     kill,
@@ -123,6 +123,23 @@ def test_a_pool_asking_for_a_resource_no_node_has_is_one_line_within_the_bound(
     assert "ray.roles.resources.env" in lines[0] and "docker: 1" in lines[0] and "no node" in lines[0], lines[0]
     print(lines[0], f"({took:.1f} s)")
     assert took < 60, took  # the placement bound (3 s) plus Ray's connect and the actors' stop
+
+
+@pytest.mark.parametrize(
+    ("roles", "said"),
+    [
+        ({"resources.nope": {}}, "ray.roles: 'resources.nope' names no entry of the config's resources"),
+        ({"policy": {}}, "'policy' must be ROLE.NAME"),
+        ({"models.policy": {"min": 3, "max": 2}}, "min (3) is more than max (2)"),
+    ],
+)
+def test_a_ray_section_mistake_is_one_line_before_ray_is_asked(
+    cluster: Any, tmp_path: Path, roles: dict[str, Any], said: str
+) -> None:
+    config = write_config(tmp_path, ray={"roles": roles})
+    p = cli("start", str(config), "--nats", "nats://127.0.0.1:1", "--ray", cluster.address, timeout=60)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and said in lines[0], p.stderr
 
 
 def docs_recipe() -> tuple[dict[str, Any], list[str]]:
