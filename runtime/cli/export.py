@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.errors import UserError
     from gym_runtime.view.index import lines
 
-    check_output(args.output)
+    check_output(args.output, source=args.input)
     src = Path(args.input)
     models = _model_names(batch_path(src))
     written = 0

@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--replicas", type=cli.positive_int, help="processes per selected worker (default: the config's replicas)"
     )
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
+    # a worker child of `run`, which says a dead model endpoint itself in one line: its workers log it at info
+    p.add_argument("--verdicts-said-by-caller", action="store_true", help=argparse.SUPPRESS)
     cli.metrics_options(p)
     cli.auth_option(p)
     cli.common_options(p)
@@ -94,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
                     note=None if args.log_level == "error" else cli.say,  # a slow start named (not under --quiet)
+                    verdict_said_by_caller=args.verdicts_said_by_caller,
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )
