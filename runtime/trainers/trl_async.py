@@ -37,6 +37,7 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
 from gym_runtime.trainers.rows import RowIndex, check_agent, components, sequence
+from gym_runtime.trainers.step_fill import StepFill
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
 
@@ -66,6 +67,7 @@ class GymRolloutWorker:
         batch_size: int,
         agent: str | None = None,
         groups_in_flight: int = 4,
+        token_budget: int | None = None,
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
             raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
@@ -82,6 +84,8 @@ class GymRolloutWorker:
         self.metrics_queue: queue.Queue[Any] = queue.Queue()
         self.model_version = 0
         self.counts = AsyncCounts()
+        # ``token_budget``: the trainer's (AsyncGRPOConfig), to say when TRL would drop a sample as too long
+        self.fill = StepFill(batch_size=batch_size, max_staleness=max_staleness, token_budget=token_budget)
         self.last_sample_at = time.monotonic()
         self._running: dict[str, tuple[BatchHandle, int]] = {}  # batch -> (its handle, the version it was submitted at)
         self._stop = threading.Event()
@@ -102,9 +106,11 @@ class GymRolloutWorker:
     def update_model_version(self, model_version: int) -> None:
         """The trainer's policy moved on: groups in flight that can no longer be used are cancelled now."""
         self.model_version = model_version
+        self.fill.stepped()
         self.client.spawn(self._cancel_stale)
 
     def check_health(self, stale_after_s: float) -> None:
+        self.fill.check(handle for handle, _ in list(self._running.values()))  # a step that cannot fill: one line
         future = self._future
         if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
             raise RuntimeError(f"the gym-runtime rollout worker stopped: {future.exception()}")
@@ -149,7 +155,9 @@ class GymRolloutWorker:
             if self.model_version - made > self.max_staleness:
                 self.counts.stale_groups += 1
                 return
-            for s in self._samples(rows, made):
+            samples = self._samples(rows, made)
+            self.fill.handing(len(s.input_ids) for s in samples)
+            for s in samples:
                 self.rollout_buffer.put_nowait(s)
             self.counts.groups += 1
             self.last_sample_at = time.monotonic()
