@@ -27,7 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cli.nats_option(p, "NATS URL(s), comma-separated")
     cli.namespace_option(p)
     p.add_argument("--monitor", metavar="URL", help="also check the server's /healthz, e.g. http://127.0.0.1:8222")
-    p.add_argument("--role", metavar="ROLE.NAME", help="ready only when workers of this role (ROLE: of any of its entries) are registered")
+    p.add_argument(
+        "--role",
+        metavar="ROLE.NAME",
+        help="ready only when workers of this role (ROLE alone: of any entry) are registered",
+    )
     p.add_argument("--min-workers", type=int, default=1, help="with --role: workers needed to be ready (default 1)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each check (default 5)")
     p.add_argument(

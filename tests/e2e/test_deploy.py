@@ -284,7 +284,6 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
     for s in nats:
         cmd = services[s]["command"]
         assert cmd[cmd.index("--routes") + 1] == "nats://nats1:6222,nats://nats2:6222,nats://nats3:6222"
-    cfg = deploy_config()
     only = {
         svc["command"][svc["command"].index("--only") + 1]
         for svc in services.values()
@@ -299,8 +298,14 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
     assert list(validator.iter_errors(bad)), "a misspelt service key must fail validation"
 
 
-RECIPES = ["compose.yaml", "compose.host.yaml", "k8s/agents.yaml", "k8s/resources.yaml", "k8s/models.yaml",
-           "slurm/gym-runtime.sbatch"]
+RECIPES = [
+    "compose.yaml",
+    "compose.host.yaml",
+    "k8s/agents.yaml",
+    "k8s/resources.yaml",
+    "k8s/models.yaml",
+    "slurm/gym-runtime.sbatch",
+]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
