@@ -76,6 +76,7 @@ WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after thi
 # then it says it is still waiting at doubling intervals (16 s, 32 s, ... after the first, at most every 10 min):
 # a wait that goes on is seen to go on, and a night's wait is a handful of lines, not one per try
 STILL_UNREACHABLE_MAX_S = 600.0
+DEAD_BUS_FIX = "; start one (`gym-runtime server`), or give --nats the URL of a running one"  # a one-shot's line
 UNREACHABLE_HINT = (
     "start one (`gym-runtime server`, or the cluster's), or point this at a running one: --nats URL, the config's "
     "`nats`, or GYM_NATS; the workers start once it answers"
@@ -393,7 +394,7 @@ async def wait_reachable(
             on_wait = None
         if deadline is not None and time.monotonic() >= deadline:
             raise ServerUnreachable(
-                f"cannot reach a NATS server at {shown_servers(servers)}: {reason} (waited {timeout:g}s)"
+                f"cannot reach a NATS server at {shown_servers(servers)}: {reason} (waited {timeout:g}s){DEAD_BUS_FIX}"
             )
         now = time.monotonic()
         if timeout is None and now >= next_say:
