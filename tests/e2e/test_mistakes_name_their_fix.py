@@ -138,9 +138,9 @@ CASES: list[tuple[str, list[str], list[str], int]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    t = tmp_path_factory.mktemp("mistakes")
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    t = tmp_path  # each mistake in a folder of its own: one that wrote over its input spoils no other case
     (t / "rows.jsonl").write_text(ROWS.read_text())
     (t / "config.yaml").write_text(WEATHER.read_text())
     (t / "junk.jsonl").write_text("not json\n")
