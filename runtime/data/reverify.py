@@ -147,9 +147,7 @@ def validate_rollouts(path: str | Path) -> int:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise UserError(
             "invalid rollout rows (nothing was re-verified; -i takes the rollouts `run` or `collect` wrote, its -o, "
-            "not the task rows):\n  "
-            + "\n  ".join(problems[:20])
-            + more
+            "not the task rows):\n  " + "\n  ".join(problems[:20]) + more
         )
     if not n:
         raise UserError(f"{p}: no rows")

@@ -25,8 +25,8 @@ Everything here is standard library: the publisher side never needs the hosted p
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import difflib
+import fcntl
 import hashlib
 import json
 import os
