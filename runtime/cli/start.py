@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run each replica as a Ray actor on this Ray cluster (auto: the one this node is in; the ray extra)",
     )
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
+    # a worker child of `run`, which says a dead model endpoint itself in one line: its workers log it at info
+    p.add_argument("--verdicts-said-by-caller", action="store_true", help=argparse.SUPPRESS)
     cli.metrics_options(p)
     cli.auth_option(p)
     cli.common_options(p)
@@ -137,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
                     note=None if args.log_level == "error" else cli.say,  # a slow start named (not under --quiet)
+                    verdict_said_by_caller=args.verdicts_said_by_caller,
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )
