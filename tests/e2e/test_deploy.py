@@ -146,6 +146,7 @@ def test_every_role_has_a_scaler_naming_the_runtimes_stream_and_consumer(rendere
         t = trig[dep]
         if role == "resources":  # a queue group has no consumer: scale on the sessions asked of it, the lag of
             # the agents that open sessions on it, per its concurrency (placement.backlog's signal)
+            [name] = cfg.resources  # KEDA reads one consumer: the config's one resource entry
             using = [a for a, e in cfg.agents.items() if e.resource == name]
             assert t["type"] == "nats-jetstream" and t["metadata"]["consumer"] in {f"agent_{a}" for a in using}
             assert int(t["metadata"]["lagThreshold"]) == cfg.resources[name].concurrency
