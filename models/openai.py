@@ -15,7 +15,7 @@ Hosted APIs:
 
 Retries, timeouts, several ``base_url`` replicas and rate-limit aware
 concurrency (429 → the window halves and new calls pause until ``Retry-After``;
-``x-ratelimit-remaining-*: 0`` pauses until the reset) are ``models.transport``'s,
+``x-ratelimit-remaining-*: 0`` pauses until the reset) are ``models.openai_http``'s,
 shared with the ``vllm`` adapter. A 400 that says the context is full becomes an
 ``incomplete`` response with an empty assistant message (NeMo Gym's behaviour).
 
@@ -53,7 +53,7 @@ from gym_runtime.messages import (
     Response,
     Usage,
 )
-from gym_runtime.models.transport import (
+from gym_runtime.models.openai_http import (
     ContextOverflow,
     Endpoint,
     EndpointPool,
@@ -234,7 +234,7 @@ def make_pool(cfg: HTTPOptions, *, concurrency: int) -> EndpointPool:
 
     A self-hosted ``base_url`` with the ``openai`` provider (vLLM, any
     OpenAI-compatible server with bearer auth) is called through plain HTTP
-    (``transport.PlainHTTP``); hosted OpenAI and Azure through the OpenAI client.
+    (``openai_http.PlainHTTP``); hosted OpenAI and Azure through the OpenAI client.
     """
     key = api_key_of(cfg)
     urls: list[str | None] = list(base_urls(cfg)) or [None]

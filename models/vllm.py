@@ -4,7 +4,7 @@ Requests are Responses-API params converted to Chat Completions with NeMo Gym's
 semantics (``gym_runtime.chat``); answers come back as Responses items. HTTP,
 retries (429/5xx, bounded), the per-attempt timeout, several replicas
 (least-loaded, rollout affinity, failover) and rate limits are
-``models.transport``'s, shared with the ``openai`` adapter.
+``models.openai_http``'s, shared with the ``openai`` adapter.
 
 Token ids and logprobs (``return_token_ids: true``)
 --------------------------------------------------
@@ -85,6 +85,15 @@ from gym_runtime.errors import ModelError
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.model import Partial
 from gym_runtime.models.openai import make_pool
+from gym_runtime.models.openai_http import (
+    ContextOverflow,
+    Endpoint,
+    HTTPOptions,
+    HTTPStatusError,
+    base_urls,
+    is_context_overflow,
+    post_object,
+)
 from gym_runtime.models.tokens import (
     TOKEN_FIELDS,
     find_end_token,
@@ -93,15 +102,6 @@ from gym_runtime.models.tokens import (
     parse_hermes_tool_calls,
     splice_prompt,
     tool_choice_structured_outputs,
-)
-from gym_runtime.models.transport import (
-    ContextOverflow,
-    Endpoint,
-    HTTPOptions,
-    HTTPStatusError,
-    base_urls,
-    is_context_overflow,
-    post_object,
 )
 from gym_runtime.observability import logs
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gym_runtime.agent import AgentContext, Outcome, Session
     from gym_runtime.client import BatchHandle, Client
+    from gym_runtime.client.sync import SyncBatch, SyncClient
     from gym_runtime.config import Config, load_config, resolve_config
     from gym_runtime.errors import (
         ClientError,
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     )
     from gym_runtime.model import AdapterOptions, ModelAdapter
     from gym_runtime.resource import ModelClient, Resource, Verdict, run_blocking, run_in_process, tool
-    from gym_runtime.sync_client import SyncBatch, SyncClient
 
 __version__: str  # the installed distribution's, looked up on first access (``__getattr__``)
 
@@ -98,9 +98,9 @@ _HOME: dict[str, str] = {
     "last_item_text": "messages",
     # trainers
     "Client": "client",
-    "SyncClient": "sync_client",
+    "SyncClient": "client.sync",
     "BatchHandle": "client",
-    "SyncBatch": "sync_client",
+    "SyncBatch": "client.sync",
     # configuration
     "Config": "config",
     "load_config": "config",

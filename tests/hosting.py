@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gym_runtime.hosting import env as hosting_env
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from tests.helpers import REPO, cli
 
 

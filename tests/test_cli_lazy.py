@@ -87,7 +87,7 @@ HEAVY = (
     "gym_runtime.observability.tracing",
     "gym_runtime.ops.nats_server",
     "gym_runtime.admission",
-    "gym_runtime.hosting.env",
+    "gym_runtime.nemo_gym.hosting.env",
 )
 
 

@@ -172,7 +172,7 @@ from gym_runtime.config import load_config, redact, resolve_config, resolve_mode
 before = set(sys.modules)
 cfg = load_config(sys.argv[1:])
 json.dumps(redact(cfg)), repr(cfg)  # printing an unresolved config imports nothing either
-plugins = ("gym_runtime.agents.", "gym_runtime.resources.", "gym_runtime.models.", "gym_runtime.hosting",
+plugins = ("gym_runtime.agents.", "gym_runtime.resources.", "gym_runtime.models.", "gym_runtime.nemo_gym.hosting",
            "boom", "nosuch", "openai", "vllm", "verifiers", "openenv", "math_verify", "datasets")
 print(json.dumps(sorted(m for m in set(sys.modules) - before if m.startswith(plugins))))
 try:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.dockerfile_from import resolve_from
 from gym_runtime.errors import UserError
 from gym_runtime.harbor import rewrite_from
+from gym_runtime.harbor.dockerfile_from import resolve_from
 from gym_runtime.sandboxes.engine_http import Engine
 from tests.helpers import REPO
 

@@ -32,7 +32,7 @@ from gym_runtime.harbor import (
     rewrite_from,
     row_reward,
 )
-from gym_runtime.hosting.harbor import ensure_config_images, harbor_config, parity_lines
+from gym_runtime.harbor.hosting import ensure_config_images, harbor_config, parity_lines
 from tests.helpers import REPO
 from tests.hosting import harbor_python
 

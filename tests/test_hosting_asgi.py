@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gym_runtime.hosting.asgi import AppLife, Jar, app_loop, request
+from gym_runtime.nemo_gym.hosting.asgi import AppLife, Jar, app_loop, request
 from tests.helpers import eventually
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.hosting.asgi import request
-from gym_runtime.hosting.middleware import ErrorsAsReplies, SessionId
+from gym_runtime.nemo_gym.hosting.asgi import request
+from gym_runtime.nemo_gym.hosting.middleware import ErrorsAsReplies, SessionId
 
 
 class Upstream(Exception):

@@ -18,7 +18,7 @@ import pytest
 from gym_runtime.errors import ModelError
 from gym_runtime.models import http1
 from gym_runtime.models.openai import Options, make_pool
-from gym_runtime.models.transport import PlainHTTP
+from gym_runtime.models.openai_http import PlainHTTP
 from tests.helpers import eventually
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # request body -> keep the connection?

@@ -22,9 +22,9 @@ import gym_runtime
 from gym_runtime import errors, jail
 from gym_runtime import sandbox as old
 from gym_runtime.cli.scaffold import ScaffoldError
-from gym_runtime.config.nemo import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
 from gym_runtime.data.sources import PrepareError
+from gym_runtime.nemo_gym.config import NemoConfigError
 from gym_runtime.ops.nats_server import ServerError
 from gym_runtime.transport.connect import ServerUnreachable
 from gym_runtime.transport.jetstream import JetStreamSetupError
@@ -121,7 +121,7 @@ def test_no_gym_runtime_import_hides_inside_a_function_outside_the_cli() -> None
 
 
 def test_workers_take_hosting_from_the_resolved_config() -> None:
-    """The workers import nothing from ``gym_runtime.hosting``: a hosted entry's code comes with the
+    """The workers import nothing from ``gym_runtime.nemo_gym.hosting``: a hosted entry's code comes with the
     ``ResolvedConfig`` (loaded by name, as plugins are). The one exception is the guest process's entry
     (``guest_main``), which runs a hosted server's code itself, in its built environment."""
     importers = []
@@ -129,7 +129,7 @@ def test_workers_take_hosting_from_the_resolved_config() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             modules += [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if any(m.startswith("gym_runtime.hosting") for m in modules):
+            if any(m.startswith("gym_runtime.nemo_gym.hosting") for m in modules):
                 importers.append(path.name)
     assert sorted(set(importers)) == ["guest_main.py"]
 

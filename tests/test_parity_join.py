@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.hosting import parity
+from gym_runtime.nemo_gym import parity
 
 
 def _jsonl(path: Path, rows: list[Any]) -> None:

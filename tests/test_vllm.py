@@ -1083,7 +1083,7 @@ async def test_vllm_http_interrupt_keeps_the_tokens_and_continues_on_a_real_serv
     continuation (a /v1/completions token-id prompt: prompt ids + generated ids) ends as the whole run does."""
     need("vllm")
     need("transformers")
-    from gym_runtime.models.transport import Endpoint
+    from gym_runtime.models.openai_http import Endpoint
 
     with vllm_server(tmp_path) as port:
         model = VLLMModel(

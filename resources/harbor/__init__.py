@@ -2,7 +2,7 @@
 
 ``options.tasks`` names a Harbor task directory or a dataset of them (``gym_runtime.harbor``); a row names its task
 (``harbor_task``; ``gym-runtime prepare CONFIG -i AGENT=env`` writes one per task, the instruction as the prompt).
-The session's sandbox is the task's image (``hosting/harbor.py`` builds it, at ``gym-runtime run`` or ``start``
+The session's sandbox is the task's image (``harbor/hosting.py`` builds it, at ``gym-runtime run`` or ``start``
 where the pool's engine lacks it; the pool: ``rootfs: writable``, since Harbor's tasks write ``/app``, ``/logs`` and
 ``/tests``). The model gets one tool, ``bash``, run in the container as the task's ``[agent] user`` (else the
 image's user) in its working directory. ``verify`` does what Harbor's verifier does, from a state the policy

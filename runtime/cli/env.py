@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
-from gym_runtime.hosting.env import (
+from gym_runtime.nemo_gym.hosting.env import (
     VERIFIERS_VERSION,
     ServerKind,
     build_verifiers,

@@ -25,10 +25,10 @@ import yaml
 from gym_runtime.cli._common import EXIT_FAILURES, log_level_option
 from gym_runtime.errors import UserError
 from gym_runtime.harbor import find_tasks, task_row
-from gym_runtime.hosting.catalogue import EXPLAINED, NO_JUDGE_CALL, recordings
-from gym_runtime.hosting.env import ensure
-from gym_runtime.hosting.harbor import ensure_images, harbor_config, image_options, parity_lines
-from gym_runtime.hosting.parity import compare, parity_config, read_rows
+from gym_runtime.harbor.hosting import ensure_images, harbor_config, image_options, parity_lines
+from gym_runtime.nemo_gym.catalogue import EXPLAINED, NO_JUDGE_CALL, recordings
+from gym_runtime.nemo_gym.hosting.env import ensure
+from gym_runtime.nemo_gym.parity import compare, parity_config, read_rows
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
 
 

@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.cli.run import hosted_processes
     from gym_runtime.data.reverify import validate_rollouts
-    from gym_runtime.hosting.env import ensure as hosted_env
+    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import resource_for, reverify_batch
 

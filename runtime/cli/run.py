@@ -37,7 +37,7 @@ from gym_runtime.observability import progress
 from gym_runtime.plugins import example_input
 
 if TYPE_CHECKING:
-    from gym_runtime.hosting.env import HostedEnv
+    from gym_runtime.nemo_gym.hosting.env import HostedEnv
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -189,7 +189,7 @@ def hosted_processes(
     """One ``start --in-process --only ROLE.NAME`` child per hosted resource or agent (``hosted`` is keyed
     by ``ROLE.NAME``), on its environment's Python."""
     from gym_runtime.cli._common import config_path
-    from gym_runtime.hosting.env import HOSTED_ENV
+    from gym_runtime.nemo_gym.hosting.env import HOSTED_ENV
     from gym_runtime.service.supervisor import Child, role_argv
 
     configs = [str(config_path(c)) for c in args.config]
@@ -207,8 +207,8 @@ def hosted_processes(
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.config import resolve_config
     from gym_runtime.data.validation import plan_publish
-    from gym_runtime.hosting.env import ensure as hosted_env
-    from gym_runtime.hosting.harbor import ensure_config_images
+    from gym_runtime.harbor.hosting import ensure_config_images
+    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
     from gym_runtime.ops.nats_server import free_port
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import batch_pairs, run_batch

@@ -10,10 +10,10 @@ from typing import Any
 from gym_runtime.cli import _common as cli
 from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.config import resolve_config
-from gym_runtime.hosting.asgi import ForwardedSignals, beside_main
-from gym_runtime.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
-from gym_runtime.hosting.env import ensure as hosted_env
-from gym_runtime.hosting.harbor import ensure_config_images
+from gym_runtime.harbor.hosting import ensure_config_images
+from gym_runtime.nemo_gym.hosting.asgi import ForwardedSignals, beside_main
+from gym_runtime.nemo_gym.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
+from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

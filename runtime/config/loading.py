@@ -23,10 +23,10 @@ import msgspec
 import msgspec.inspect
 import yaml
 
-from gym_runtime.config.nemo import NemoConfigError, convert_file, is_nemo_gym
 from gym_runtime.config.schema import AgentConfig, Config, ResourceConfig, SandboxConfig, check_name
 from gym_runtime.errors import ConfigError
 from gym_runtime.model import WORKER_KEYS, ModelConfig, WrittenOptions, written_model_config
+from gym_runtime.nemo_gym.config import NemoConfigError, convert_file, is_nemo_gym
 from gym_runtime.plugins import use_config_dir
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")

@@ -27,7 +27,7 @@ from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.model import WORKER_KEYS, ModelConfig, WrittenOptions, adapter_module, resolve_model
 from gym_runtime.plugins import import_plugin, load_plugin
 
-HOSTED_RESOURCE_MODULE = "gym_runtime.hosting.resource"  # what the workers use of hosting
+HOSTED_RESOURCE_MODULE = "gym_runtime.nemo_gym.hosting.resource"  # what the workers use of hosting
 
 
 class AgentView(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,10 +52,10 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     are read there). What workers and the batch service read on every task is set apart once, read-only:
     ``namespace``, ``jetstream``, the ``models``, ``resources``, ``agents`` and ``sandboxes`` entries (mappings
     nobody holding the resolved config can change) and ``pricing``.
-    ``agent_modules``: each agent entry's module (a hosted one's: ``gym_runtime.hosting.agent``); ``hosting``:
-    what the workers use of hosting (``gym_runtime.hosting.resource``), when a resource is hosted or an agent
+    ``agent_modules``: each agent entry's module (a hosted one's: ``gym_runtime.nemo_gym.hosting.agent``); ``hosting``:
+    what the workers use of hosting (``gym_runtime.nemo_gym.hosting.resource``), when a resource is hosted or an agent
     module runs in verifiers' own built environment (its ``verifiers_version``). Both loaded by name, as
-    plugins are, so that the workers import nothing from ``gym_runtime.hosting``; empty when resolved for
+    plugins are, so that the workers import nothing from ``gym_runtime.nemo_gym.hosting``; empty when resolved for
     publishing only (``plugins`` False). ``fingerprints`` and ``fields``: each entry's, by (role, name) as
     workers register (``config.fingerprints``)."""
 

@@ -21,7 +21,7 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     server: str = ""  # module path that defines one Resource subclass
     # Hosted instead of native: a NeMo Gym resources server (a catalogue name such as ``mcqa``, or
     # a server directory of a NeMo Gym checkout) whose own code runs in this resource's workers,
-    # in its built environment (gym_runtime.hosting); ``options`` are that server's config fields.
+    # in its built environment (gym_runtime.nemo_gym.hosting); ``options`` are that server's config fields.
     nemo_gym: str = ""
     replicas: int = 1
     concurrency: int = 1024
@@ -57,7 +57,8 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return bool(self.nemo_gym)
 
 
-HOSTED_AGENT_MODULE = "gym_runtime.hosting.agent"
+HOSTED_AGENT_MODULE = "gym_runtime.nemo_gym.hosting.agent"
+_HOSTED_AGENT_BEFORE = "gym_runtime.hosting.agent"  # its path before the move, in configs saved beside rows
 
 
 class SandboxLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -137,7 +138,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     # Hosted instead of an agent module: a NeMo Gym agent server (``simple_agent``, ... or the
     # directory of one in a NeMo Gym checkout) whose own ``/run`` runs in this agent's workers,
-    # in its built environment (gym_runtime.hosting.agent); ``options`` are its config fields.
+    # in its built environment (gym_runtime.nemo_gym.hosting.agent); ``options`` are its config fields.
     nemo_gym: str = ""
     # The resource whose sessions the agent opens; "" for an agent that opens none
     # (agents.verifiers_env runs a verifiers environment's own loop and rubric).
@@ -172,7 +173,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     call_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if bool(self.agent) == bool(self.nemo_gym) and not (self.nemo_gym and self.agent == HOSTED_AGENT_MODULE):
+        if bool(self.agent) == bool(self.nemo_gym) and not (
+            self.nemo_gym and self.agent in (HOSTED_AGENT_MODULE, _HOSTED_AGENT_BEFORE)
+        ):
             raise ValueError("give exactly one of agent (a gym-runtime agent module) or nemo_gym (a hosted agent)")
         if self.max_attempts < 1 or self.max_worker_losses < 0:
             raise ValueError("max_attempts must be at least 1 and max_worker_losses at least 0")

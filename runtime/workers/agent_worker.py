@@ -111,7 +111,7 @@ def build_row(
 
 
 class AgentWorker:
-    """agents.NAME of a resolved config: its module (a hosted NeMo Gym agent's: ``gym_runtime.hosting.agent``)
+    """agents.NAME of a resolved config: its module (a hosted NeMo Gym agent's: ``gym_runtime.nemo_gym.hosting.agent``)
     and the fingerprints it checks tasks against come from the config, loaded and computed once."""
 
     def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:

@@ -10,7 +10,7 @@ rollouts run again as new attempts; sessions opened after the restart are served
 
 Which call overran: the guest writes the id of the call whose code its event loop is running, and for each
 thread running environment code (``resource.run_blocking``) its call's, into a page both processes map
-(``guest_wire.Page``). When a call's time is up the worker looks at which of the guest's threads is running
+(``guest_frames.Page``). When a call's time is up the worker looks at which of the guest's threads is running
 (``/proc``: the one holding the GIL runs, the ones waiting for it sleep) and reads its call from the page
 (``stuck_in``): a guest stuck in another call is that call's fault (the calls waiting behind it overran only
 because of it); a guest stuck in none (it waits) is the fault of the call whose time is up.
@@ -49,7 +49,7 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import attached, current_context
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
-from gym_runtime.workers.guest_wire import (
+from gym_runtime.workers.guest_frames import (
     GUEST_LOG_LEVEL,
     Called,
     CallResource,

@@ -29,7 +29,7 @@ from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, Response
 from gym_runtime.workers.guest import Guest, GuestFailure
-from gym_runtime.workers.guest_wire import Close, Rollout, Start
+from gym_runtime.workers.guest_frames import Close, Rollout, Start
 
 __all__ = ["CANCEL_GRACE_S", "GuestAgent", "is_lost"]
 

@@ -1,6 +1,6 @@
 """A guest process: a resource's own code (``setup``, sessions' ``seed``, tools, ``verify``, ``close``), or an agent
 module's (``setup``, each task's ``run`` or ``run_group``: a verifiers environment's whole rollout loop and rubric),
-run for its worker over one socket (``guest_wire``), with no bus of its own.
+run for its worker over one socket (``guest_frames``), with no bus of its own.
 
 Started by ``workers.guest`` as ``python -m gym_runtime.workers.guest_main SOCKET_FD RUNNING_FD``. Whatever
 this process's code does with the GIL (a quadratic regex, a sync step, native code that never yields), the
@@ -29,10 +29,10 @@ import msgspec
 from gym_runtime.agent import AgentContext
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.hosting.asgi import beside_main
-from gym_runtime.hosting.env import in_hosted_env
-from gym_runtime.hosting.host import called_reply, hosted_class
 from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
+from gym_runtime.nemo_gym.hosting.asgi import beside_main
+from gym_runtime.nemo_gym.hosting.env import in_hosted_env
+from gym_runtime.nemo_gym.hosting.host import called_reply, hosted_class
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import (
@@ -45,7 +45,7 @@ from gym_runtime.resource import (
     load_resource_class,
     note_thread_call,
 )
-from gym_runtime.workers.guest_wire import (
+from gym_runtime.workers.guest_frames import (
     GUEST_LOG_LEVEL,
     Called,
     CallResource,

@@ -57,7 +57,7 @@ from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
-from gym_runtime.workers.guest_wire import Start
+from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
 
 log = logs.get("gym.resource")
@@ -156,7 +156,7 @@ class ResourceWorker:
         self.fields = config.fields[("resource", name)]
         where = f"resources.{name}.server"
         model_names, resource_names, agent_names = list(config.models), list(config.resources), list(config.agents)
-        hosting: Any = config.hosting  # gym_runtime.hosting.resource, loaded by name when a resource is hosted
+        hosting: Any = config.hosting  # gym_runtime.nemo_gym.hosting.resource, loaded by name when a resource is hosted
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
         # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's

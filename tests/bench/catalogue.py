@@ -34,11 +34,11 @@ from typing import Any
 
 import yaml
 
-from gym_runtime.hosting import env as hosting_env
-from gym_runtime.hosting import parity as hosting_parity
-from gym_runtime.hosting.catalogue import EXPLAINED as WHY
-from gym_runtime.hosting.catalogue import recordings
-from gym_runtime.hosting.catalogue import rows_if_any as _read
+from gym_runtime.nemo_gym import parity as hosting_parity
+from gym_runtime.nemo_gym.catalogue import EXPLAINED as WHY
+from gym_runtime.nemo_gym.catalogue import recordings
+from gym_runtime.nemo_gym.catalogue import rows_if_any as _read
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "catalogue_nemo_gym_0.7.0.json"

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ENVS))
 
 from gym_runtime import Client
 from gym_runtime.config import config_from_dict, resolve_config
-from gym_runtime.hosting.harbor import ensure_config_images
+from gym_runtime.harbor.hosting import ensure_config_images
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.loop import run_async
 

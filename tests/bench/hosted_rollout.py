@@ -36,8 +36,8 @@ def response(text: str) -> dict[str, Any]:
 async def drive(server: str, rollouts: int, concurrency: int, profile: str | None) -> None:
     import msgspec
 
-    from gym_runtime.hosting.host import hosted_class
     from gym_runtime.messages import Response
+    from gym_runtime.nemo_gym.hosting.host import hosted_class
 
     cls = hosted_class(server, "env", {}, [], [], None)
     print(f"hosting code: {Path(sys.modules[hosted_class.__module__].__file__ or '').resolve()}", file=sys.stderr)
@@ -93,7 +93,7 @@ def main() -> None:
     try:
         import nemo_gym  # noqa: F401
     except ImportError:  # not yet in the server's environment: run there
-        from gym_runtime.hosting import env as hosting_env
+        from gym_runtime.nemo_gym.hosting import env as hosting_env
 
         built = hosting_env.ensure(args.server)
         os.execv(built.python, [built.python, __file__, *sys.argv[1:]])

@@ -38,7 +38,7 @@ MODES = ("none", "process")
 
 def hosted(server: str, d: Path) -> tuple[Path, Path, str]:
     """A config hosting NeMo Gym's ``server`` (its environment built if missing) and its example rows."""
-    from gym_runtime.hosting import env as hosting_env
+    from gym_runtime.nemo_gym.hosting import env as hosting_env
 
     built = hosting_env.ensure(server)
     config = d / "config.yaml"

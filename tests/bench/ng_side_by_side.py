@@ -54,7 +54,7 @@ from pathlib import Path
 
 import psutil
 
-from gym_runtime.hosting import env as hosting_env
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 
 REPO = Path(__file__).resolve().parents[2]
 MOCK = REPO / "tests/bench/mock_openai.py"

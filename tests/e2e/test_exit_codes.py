@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 
-from gym_runtime.hosting.env import VERIFIERS_MIN_PYTHON, VERIFIERS_PYTHON_ENV, EnvError, find_python
+from gym_runtime.nemo_gym.hosting.env import VERIFIERS_MIN_PYTHON, VERIFIERS_PYTHON_ENV, EnvError, find_python
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, cli, read_jsonl, read_until
 from tests.pools import N_RESULTS, publish_results, tasks_file, write_config

@@ -31,7 +31,7 @@ from gym_runtime.config import Config, config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.harbor import ImageOptions, find_tasks, image_ref, task_row
-from gym_runtime.hosting.harbor import ensure_images, harbor_config
+from gym_runtime.harbor.hosting import ensure_images, harbor_config
 from gym_runtime.resources.harbor import dataset_rows
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_http import Engine

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from gym_runtime.harbor import find_tasks, load_task, task_row
-from gym_runtime.hosting.harbor import ensure_images, harbor_config
+from gym_runtime.harbor.hosting import ensure_images, harbor_config
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.transport.bus import Bus
 from tests.e2e.test_harbor import BASES, OPTS, TASKS, config, run_rows

@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gym_runtime.hosting import env as hosting_env
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, without_run_identity, write_jsonl
 from tests.hosting import assert_hosted_worker_opens_no_port, catalogue_root
 from tests.pools import start_collect, wait_until

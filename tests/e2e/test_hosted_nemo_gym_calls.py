@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.hosting.parity import inputs
+from gym_runtime.nemo_gym.parity import inputs
 from gym_runtime.ops.permissions import Reach, permissions
 from gym_runtime.ops.security import ensure_auth_dir
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.hosting import env as hosting_env
-from gym_runtime.hosting import parity as hosting_parity
+from gym_runtime.nemo_gym import parity as hosting_parity
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.hosting import LOOPBACK, assert_hosted_worker_opens_no_port, catalogue_root, listeners_while_running
 
@@ -253,7 +253,7 @@ def test_nemo_gym_config_of_an_unported_server_runs_unchanged(catalogue: Path, t
 TOOLS_PROBE = r"""
 import asyncio, json, os, sys
 from gym_runtime.observability import logs
-from gym_runtime.hosting.host import hosted_class
+from gym_runtime.nemo_gym.hosting.host import hosted_class
 
 async def main():
     cls = hosted_class(sys.argv[1], "env", {}, [], [], None)
@@ -469,7 +469,7 @@ def test_multi_step_reads_lax_and_malformed_answers_as_nemo_gyms_original_does(c
     """Issue 25, item 9: the same lax or malformed extract_synonym_values arguments sent to our multi_step
     and to NeMo Gym's example_multi_step (hosted, its own code) give the same reward, or the same error
     class where its verify raises."""
-    from gym_runtime.hosting.parity import inputs
+    from gym_runtime.nemo_gym.parity import inputs
 
     sdir = catalogue / "example_multi_step"
     recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
@@ -657,7 +657,7 @@ def test_reasoning_gym_reads_lax_and_malformed_answers_as_nemo_gyms_original_doe
 def calendar_variants(sdir: Path) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
     """The recorded calendars (two right, three wrong), reshaped: nested lists, brackets in names, fences, prose,
     <think>, a text part before the list, reasoning last, cut off, types and spellings of the fields."""
-    from gym_runtime.hosting.parity import inputs
+    from gym_runtime.nemo_gym.parity import inputs
 
     recorded = read_jsonl(sdir / "data" / "example_rollouts.jsonl")
     out = []

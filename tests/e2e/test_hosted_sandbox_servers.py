@@ -1,6 +1,6 @@
 """NeMo Gym's container servers (nemo-gym 0.7.0's swebench and terminal_bench_2_1), unchanged, hosted on the
 sandbox fleet: their config says ``sandbox_provider: gym_runtime`` and their own code creates, drives and grades
-sandboxes that our sandbox workers hold (``gym_runtime.hosting.sandbox_provider``).
+sandboxes that our sandbox workers hold (``gym_runtime.nemo_gym.hosting.sandbox_provider``).
 
 Real parts only: the real ``gym-runtime run`` in a subprocess, a real nats-server, a real dockerd
 (``.ci/docker.sh``), the servers' environments built by ``gym-runtime env build`` (swebench's with
@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gym_runtime.hosting import env as hosting_env
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_http import Engine
 from tests.helpers import cli, read_jsonl, write_jsonl
@@ -170,7 +170,7 @@ PROBE = """
 import asyncio, json
 from nemo_gym.sandbox.providers.registry import create_provider, list_providers
 from nemo_gym.sandbox import SandboxSpec
-from gym_runtime.hosting.sandbox_provider import fleet_spec
+from gym_runtime.nemo_gym.hosting.sandbox_provider import fleet_spec
 
 out = {"listed": "gym_runtime" in list_providers()}
 provider = create_provider({"gym_runtime": {}})

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.hosting.catalogue import NO_JUDGE_CALL, recordings
+from gym_runtime.nemo_gym.catalogue import NO_JUDGE_CALL, recordings
 from tests.helpers import REPO, cli, write_jsonl
 from tests.hosting import catalogue_root
 

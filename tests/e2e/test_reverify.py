@@ -107,7 +107,7 @@ def test_a_hosted_nemo_gym_server_reverifies_its_own_recordings(tmp_path: Path) 
     child on its built environment and reproduces every recorded reward."""
     import json
 
-    from gym_runtime.hosting.catalogue import EXPLAINED
+    from gym_runtime.nemo_gym.catalogue import EXPLAINED
     from tests.hosting import catalogue_root
 
     sdir = catalogue_root("--server", "mcqa") / "mcqa"

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gym_runtime.hosting import env as hosting_env
+from gym_runtime.nemo_gym.hosting import env as hosting_env
 from tests.helpers import REPO, cli, read_jsonl, write_jsonl
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 from tests.vf_stub_policy import make_emulator

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_runtime.hosting.env import find_python
+from gym_runtime.nemo_gym.hosting.env import find_python
 
 
 def test_a_pyenv_shim_is_never_run_and_the_version_behind_it_is_found(

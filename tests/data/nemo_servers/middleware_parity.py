@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from gym_runtime.hosting.asgi import Jar, request
-from gym_runtime.hosting.host import hosted_class
+from gym_runtime.nemo_gym.hosting.asgi import Jar, request
+from gym_runtime.nemo_gym.hosting.host import hosted_class
 
 CASES = [
     ("/boom", b'{"n": 3}'),

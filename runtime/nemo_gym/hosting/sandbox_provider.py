@@ -28,8 +28,8 @@ from nemo_gym.sandbox.providers.base import (
 )
 from nemo_gym.sandbox.providers.base import SandboxSpec as NemoSpec
 
-from gym_runtime.hosting.host import SANDBOX_PROVIDER, ServerHost, current_host
 from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
+from gym_runtime.nemo_gym.hosting.host import SANDBOX_PROVIDER, ServerHost, current_host
 
 __all__ = ["FleetProvider"]
 

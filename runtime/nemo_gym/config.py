@@ -41,7 +41,7 @@ responses_api_models: vllm_model           models: {adapter: vllm}
 Server settings other than NeMo Gym's descriptive ones (``entrypoint``, ``domain``,
 ``description``, ...) become the resource's ``options``; ``*_model_server: {name}``
 becomes ``*_model: name``. Any other resources server is *hosted*: ``resources: {nemo_gym: NAME,
-options: <its settings as written>}`` runs NeMo Gym's own code in our workers (``gym_runtime.hosting``).
+options: <its settings as written>}`` runs NeMo Gym's own code in our workers (``gym_runtime.nemo_gym.hosting``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ layer (``gym_runtime.harbor.last_layer``) that keeps the image's user and workin
 environment and runs the ``bake`` commands (the host's CA bundle given to them: pip behind a TLS-intercepting
 proxy). ``gym-runtime run`` and ``start`` build what their pools lack first (``ensure_config_images``). Builds
 get the host's network (``RUN apt-get ...`` needs Debian's mirror); the sandboxes that run the image never get
-one. ``python -m gym_runtime.hosting.harbor TASKS
+one. ``python -m gym_runtime.harbor.hosting TASKS
 [--base-image NAME=LOCAL] [--bake CMD]`` builds a task or a dataset of them and prints each image.
 """
 
@@ -26,7 +26,7 @@ import msgspec
 
 from gym_runtime.config import Config, ResourceConfig, SandboxConfig
 from gym_runtime.errors import ConfigError, UserError
-from gym_runtime.harbor import (
+from gym_runtime.harbor.tasks import (
     ImageOptions,
     Task,
     fetches,
@@ -181,7 +181,7 @@ async def _engine(pool: SandboxConfig, where: str) -> AsyncIterator[Engine]:
 
 
 async def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m gym_runtime.hosting.harbor", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gym_runtime.harbor.hosting", description=__doc__)
     p.add_argument("tasks", help="a Harbor task directory, or a directory of them")
     p.add_argument("--base-image", action="append", default=[], metavar="NAME=LOCAL")
     p.add_argument("--bake", action="append", default=[], metavar="CMD")

@@ -61,18 +61,6 @@ from gym_runtime.config import AgentConfig
 from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import RESET, STEP, Action
-from gym_runtime.hosting.asgi import AppLife, AppLoop, app_loop, on_loop, request
-from gym_runtime.hosting.host import (
-    MODEL_HOST,
-    PASSTHROUGH,
-    RESPONSE_EXTRA,
-    HostedServerError,
-    _Reply,
-    _server_class,
-    plain,
-)
-from gym_runtime.hosting.middleware import lighten
-from gym_runtime.hosting.server_client import server_client
 from gym_runtime.messages import (
     ErrorClass,
     FunctionCall,
@@ -82,6 +70,18 @@ from gym_runtime.messages import (
     output_text,
     parse_items,
 )
+from gym_runtime.nemo_gym.hosting.asgi import AppLife, AppLoop, app_loop, on_loop, request
+from gym_runtime.nemo_gym.hosting.host import (
+    MODEL_HOST,
+    PASSTHROUGH,
+    RESPONSE_EXTRA,
+    HostedServerError,
+    _Reply,
+    _server_class,
+    plain,
+)
+from gym_runtime.nemo_gym.hosting.middleware import lighten
+from gym_runtime.nemo_gym.hosting.server_client import server_client
 
 _ECHOED = ("responses_create_params", "response", "reward")
 

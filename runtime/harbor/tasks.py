@@ -1,5 +1,5 @@
 """Harbor's task format (the Terminal-Bench team's), read as Harbor reads it: what the ``harbor`` environment
-(``resources/harbor``), its oracle agent and the image builder (``hosting/harbor.py``) share.
+(``resources/harbor``), its oracle agent and the image builder (``harbor/hosting.py``) share.
 
 A task is a directory: ``task.toml``, ``instruction.md``, ``environment/Dockerfile``, ``tests/test.sh`` (which
 writes ``/logs/verifier/reward.txt`` or ``reward.json``) and optionally ``solution/solve.sh``; a dataset is a
@@ -29,9 +29,45 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.dockerfile_from import FROM_LINE, resolve_from
 from gym_runtime.errors import UserError
+from gym_runtime.harbor.dockerfile_from import FROM_LINE, resolve_from
 from gym_runtime.sandboxes.images import BaseImage
+
+__all__ = [
+    "Agent",
+    "CA_FILE",
+    "Environment",
+    "INFO",
+    "ImageOptions",
+    "LOGS",
+    "REPO",
+    "REWARD_JSON",
+    "REWARD_TXT",
+    "RewardError",
+    "SOLUTION_DIR",
+    "Solution",
+    "TASK_FILES",
+    "TESTS_DIR",
+    "Task",
+    "TaskConfig",
+    "VERIFIER_DIR",
+    "Verifier",
+    "check_own",
+    "fetches",
+    "files_of",
+    "find_tasks",
+    "host_ca",
+    "image_ref",
+    "last_layer",
+    "load_task",
+    "parse_rewards",
+    "resolve_base",
+    "rewrite_from",
+    "row_reward",
+    "tar",
+    "task_context",
+    "task_row",
+]
 
 REPO = "gym-runtime/harbor"
 _BUILDER = 1  # bump when the build below changes what an image holds

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gym_runtime.hosting import parity
+from gym_runtime.nemo_gym import parity
 
 # One line per server whose replayed rewards differ from the recording (or that does not run, or cannot be
 # replayed at all), where the cause is known. Servers missing here print "not explained".

@@ -18,8 +18,8 @@ from typing import Any
 
 from gym_runtime.data.drift import Drift
 from gym_runtime.errors import UserError
-from gym_runtime.hosting.env import HostedEnv
-from gym_runtime.hosting.host import MODELS_DOMAIN, server_configs
+from gym_runtime.nemo_gym.hosting.env import HostedEnv
+from gym_runtime.nemo_gym.hosting.host import MODELS_DOMAIN, server_configs
 
 _NOT_TASK = {"response", "reward", "judge_response", "judge_evaluations", "agent_ref"}
 

@@ -80,10 +80,10 @@ from gym_runtime.chat import chat_body_to_params, response_to_chat
 from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action, GymResource, Reset, Step
-from gym_runtime.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
-from gym_runtime.hosting.middleware import lighten
-from gym_runtime.hosting.server_client import NOT_MINE, server_client
 from gym_runtime.messages import Response, SandboxCall, SandboxReply, create_params
+from gym_runtime.nemo_gym.hosting.asgi import AppLife, AppLoop, Jar, app_loop, on_loop, request
+from gym_runtime.nemo_gym.hosting.middleware import lighten
+from gym_runtime.nemo_gym.hosting.server_client import NOT_MINE, server_client
 from gym_runtime.resource import (
     ENV_CALL,
     ENV_THREAD,
