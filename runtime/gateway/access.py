@@ -20,6 +20,7 @@ pass unchanged on loopback and, with ``--hostname``, across a cluster.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import os
@@ -98,6 +99,7 @@ def _normal(name: str) -> str:
     return str(mapped or ip)
 
 
+@functools.lru_cache(maxsize=256)  # a trainer sends one or two values, each request: parsed once
 def host_name(value: str) -> str | None:
     """The name a ``Host`` header names (port and IPv6 brackets off, normalised), or None when malformed."""
     if value.startswith("["):
@@ -214,6 +216,7 @@ class Guard:
         return response
 
 
+@functools.lru_cache(maxsize=64)
 def _not_json(value: str) -> str | None:
     """Why a POST's ``Content-Type`` is not JSON (``application/json``, with a UTF-8 charset or none), or None."""
     kind, *params = (p.strip().lower() for p in value.split(";"))

@@ -15,12 +15,10 @@ test can tell.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from gym_runtime.config import SandboxConfig, config_from_dict, resolve_config
 from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
@@ -68,14 +66,12 @@ def messages(s: Subjects, n: int) -> dict[str, tuple[str, Any, set[tuple[str, st
     }
 
 
-@pytest.fixture
-def pooled(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, Path]]:
+async def test_only_a_control_messages_owner_can_send_one_a_worker_believes(tmp_path: Path) -> None:
     with secured_server(tmp_path, POOLS, REACH) as (srv, auth):
-        yield srv, auth
+        await each_credential_sends_each_control_message(srv, auth)
 
 
-async def test_only_a_control_messages_owner_can_send_one_a_worker_believes(pooled) -> None:
-    srv, auth = pooled
+async def each_credential_sends_each_control_message(srv: EmbeddedServer, auth: Path) -> None:
     admin = await connect_as(srv, auth, "admin", None)
     model_bus = await connect_as(srv, auth, "model", "m")
     model = ModelWorker(model_bus, "m", resolve_config(config_from_dict({"models": {"m": {"adapter": "scripted"}}})))
