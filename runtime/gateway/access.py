@@ -179,7 +179,8 @@ class Guard:
             return json_reply({"detail": f"Origin {origin!r} is not allowed (start with --allow-origin ORIGIN)"}, 403)
         if request.method == "OPTIONS" and origin is not None:  # an allowed origin's preflight
             return web.Response(status=204)
-        path = request.path
+        resource = request.match_info.route.resource  # the route the router chose (None: no route, 404)
+        path = resource.canonical if resource is not None else request.path
         if (path in CONTROL_PATHS or (self.access.require_token and path not in OPEN_PATHS)) and not (
             self.authorised(request)
         ):
