@@ -245,6 +245,23 @@ async def test_a_flat_row_for_another_agent_is_refused_as_nemo_gym_refuses_it(ga
     assert status == 404
 
 
+async def test_each_port_speaks_its_own_protocol(gateway: str) -> None:
+    """The head port is the agent protocol before 0.7 (an episode request is no task row there: 422 with the row
+    check's line), an Environment Server's port the 0.7 episode protocol only: the head's listing and its
+    control routes are not there (404), its liveness is."""
+    url = await env_url(gateway)
+    status, body = await post(f"{gateway}/run", episode(3, ROWS[0]))
+    assert status == 422 and isinstance(body["detail"], str), body
+    status, body = await post(f"{url}/run", episode(3, ROWS[0]))
+    assert status == 200 and body["result"]["reward"] == 1.0
+    async with aiohttp.ClientSession() as http:
+        for path in ("/global_config_dict_yaml", "/server_instances"):
+            async with http.get(f"{url}{path}") as r:
+                assert r.status == 404, path
+        async with http.get(f"{url}/") as r:
+            assert r.status == 200 and await r.json() == {"status": "ok"}
+
+
 async def test_environment_server_limits_are_honoured(nats_server) -> None:
     """One episode at a time, a 0.2 s queue and a 1 s episode deadline, rollouts taking ~1.5 s: the first
     episode times out, and episodes that wait past the queue timeout are refused at admission."""
