@@ -65,17 +65,13 @@ def default_token_file() -> Path:
 
 def control_token(path: Path) -> str:
     """The token in ``path``, made (random, mode 0600) when there is none; a file others may read is refused."""
-    if not path.exists():  # written whole under another name, then linked: no reader sees it half-written
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gateway-token-")  # mode 0600
+    if not path.exists():
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
-            os.link(tmp, path)
-        except FileExistsError:  # another gateway made it first: it is read below
-            pass
-        finally:
-            os.unlink(tmp)
+            _make_token(path)
+        except OSError as e:
+            raise UserError(
+                f"--token-file {path}: cannot make it ({e.strerror or e}); name a file you can write"
+            ) from None
     try:
         mode = path.stat().st_mode
         token = path.read_text().strip()
@@ -86,6 +82,21 @@ def control_token(path: Path) -> str:
     if len(token) < 16 or any(c.isspace() for c in token):
         raise UserError(f"--token-file {path}: not a token of 16 characters or more; remove it to have one made")
     return token
+
+
+def _make_token(path: Path) -> None:
+    """A new random token in ``path``, written whole under another name, then linked: no reader sees it
+    half-written, and of two gateways making it at once, one wins and both read its token."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gateway-token-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        os.link(tmp, path)
+    except FileExistsError:  # another gateway made it first
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def _normal(name: str) -> str:

@@ -319,3 +319,10 @@ def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:
     res = _gateway(tmp_path, "--token-file", str(token))
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert f"--token-file {token}: others may read it (mode 644); run: chmod 600 {token}" in res.stderr
+
+
+def test_a_token_file_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    res = _gateway(tmp_path, "--token-file", str(tmp_path / "file" / "token"))  # under a file: no folder there
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"--token-file {tmp_path / 'file' / 'token'}: cannot make it (" in res.stderr
