@@ -86,7 +86,7 @@ def nemo_gym_version() -> str:
 
 def repo_root() -> Path:
     """This gym-runtime's source tree (the editable install's target); hosting needs one."""
-    here = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parents[3]
     if not (here / "pyproject.toml").is_file() or not (here / "runtime").is_dir():
         raise EnvError(f"hosting NeMo Gym servers needs gym-runtime installed from its source tree; {here} is not one")
     return here
