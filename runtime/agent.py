@@ -36,7 +36,7 @@ from gym_runtime.messages import (
 )
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.spec import SandboxAsk
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import NoResponders, pauses_counted
 from gym_runtime.transport.subjects import Subjects
@@ -81,7 +81,7 @@ class Session:
 
     def __init__(
         self,
-        bus: Transport,
+        bus: Bus,
         seed_subject: str,
         row: dict[str, Any],
         *,
@@ -222,7 +222,7 @@ class AgentContext:
 
     def __init__(
         self,
-        bus: Transport,
+        bus: Bus,
         task: RolloutTask,
         config: AgentConfig,
         *,

@@ -1,24 +1,31 @@
-"""Helpers for environment tests against NeMo Gym's recorded data.
+"""Helpers for environment and agent authors' tests.
 
-An environment's tests check that re-verifying NeMo Gym's recorded rollouts
-reproduces their rewards. The steps are the same for every environment — find
-the compat data (an error when it is absent: it ships with the repository), join
-the older rollout rows with their task rows by input messages, turn a recorded
-``response`` into a ``Response``, replay recorded tool calls, open a session and
-verify — so they live here once, with the one test double environments need
+An environment's tests open a session and verify (``new_session``, ``verify_once``, ``text_response``), often
+against rollouts recorded elsewhere (NeMo Gym's): join rollout rows with their task rows by input messages
+(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls and check the
+reward comes out the same (``reverify_rollouts``). With the one test double environments need
 (``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are unit-tested on
-(``MemoryTransport``).
+(``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
+(``tests/compat``) keep their helpers beside them, in ``tests/differential.py``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import Any, TypeVar, cast
 
+import anyio
+
+from gym_runtime.agent import AgentContext, AgentFn, Outcome, Session
+from gym_runtime.config import AgentConfig
 from gym_runtime.data.reverify import parse_response
+from gym_runtime.data.validation import row_problems
+from gym_runtime.errors import UserError
 from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
@@ -26,33 +33,37 @@ from gym_runtime.messages import (
     Item,
     Reasoning,
     Response,
+    RolloutTask,
+    SeedReply,
+    ToolCall,
+    VerifyReply,
+    VerifyRequest,
     assistant_message,
 )
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.resource import Resource, Verdict
+from gym_runtime.plugins import load_plugin
+from gym_runtime.resource import ModelClient, Resource, Verdict
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.memory import MemoryBroker, MemoryMessage, MemoryWire, subject_matches
 from gym_runtime.transport.rpc import Timings
+from gym_runtime.workers.resource_worker import call_with, verify_with
 
 __all__ = [
-    "CASE_KEYS",
-    "COMPAT",
+    "AgentEnvironment",
+    "ScriptedPolicy",
+    "tool_calls_response",
     "MemoryBroker",
     "MemoryMessage",
     "MemoryTransport",
     "MemoryWire",
     "ROLLOUT_KEYS",
     "ScriptedJudge",
-    "compat_dir",
-    "differential_cases",
-    "example_rollouts",
     "input_key",
     "joined_rollouts",
     "new_session",
     "read_jsonl",
     "recorded_response",
     "replay_tool_calls",
-    "reverify_differential",
     "reverify_rollouts",
     "split_verdict",
     "subject_matches",
@@ -61,28 +72,13 @@ __all__ = [
 ]
 
 R = TypeVar("R", bound=Resource)
-# What a differential case adds to its task row: NeMo Gym's reward and fields for it.
-CASE_KEYS = ("expected_reward", "expected_fields", "case")
 # What a recorded rollout row holds besides the verifier's extra fields.
 ROLLOUT_KEYS = ("responses_create_params", "response", "reward")
-
-REPO = Path(__file__).resolve().parents[1]
-# The compat data lives in the repository (tests/compat, with its notice); GYM_COMPAT_DIR points elsewhere.
-COMPAT = Path(os.environ.get("GYM_COMPAT_DIR") or REPO / "tests" / "compat")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def compat_dir(*parts: str | Path) -> Path:
-    """``tests/compat/<parts>`` (a file or a folder). Missing data is an error, never a skip:
-    the data ships with the repo."""
-    path = COMPAT.joinpath(*parts)
-    if not path.exists():
-        raise FileNotFoundError(f"compat data not found at {path} (it ships in tests/compat)")
-    return path
 
 
 def input_key(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -101,12 +97,6 @@ def joined_rollouts(tasks_path: str | Path, rollouts_path: str | Path) -> list[t
     rollouts = read_jsonl(rollouts_path)
     assert len(tasks) == len(rollouts), "rollouts and tasks should correspond one to one"
     return [(tasks[input_key(r)], r) for r in rollouts]
-
-
-def example_rollouts(env_dir: Path, recorded: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task row, rollout row) pairs: an environment's ``data/example.jsonl`` joined with
-    NeMo Gym's ``example_rollouts.jsonl`` in the compat folder ``recorded``."""
-    return joined_rollouts(env_dir / "data" / "example.jsonl", compat_dir(recorded / "example_rollouts.jsonl"))
 
 
 def recorded_response(raw: dict[str, Any]) -> Response:
@@ -151,24 +141,6 @@ async def reverify_rollouts(
 def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
     """(reward, extra fields) of whatever ``verify`` returned."""
     return (out.reward, out.fields) if isinstance(out, Verdict) else (float(out), {})
-
-
-def differential_cases(env: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(task row, case) for each of ``tests/compat/differential/<env>.jsonl``: the row is the
-    case without NeMo Gym's expectations (``CASE_KEYS``), which stay on the case."""
-    cases = read_jsonl(compat_dir("differential", f"{env}.jsonl"))
-    return [({k: v for k, v in c.items() if k not in CASE_KEYS}, c) for c in cases]
-
-
-async def reverify_differential(cls: type[Resource], env: str, *, at_least: int, tolerance: float = 0.0) -> None:
-    """Verify each of ``differential_cases(env)`` (at least ``at_least`` of them) in a fresh session: its
-    reward (within ``tolerance``) and its extra fields must be NeMo Gym's."""
-    cases = differential_cases(env)
-    assert len(cases) >= at_least, f"{len(cases)} differential cases for {env}"
-    for row, case in cases:
-        v = await verify_once(cls, row, recorded_response(row.pop("response")))
-        assert abs(v.reward - case["expected_reward"]) <= tolerance, case["case"]
-        assert v.fields == case["expected_fields"], case["case"]
 
 
 def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:
@@ -235,6 +207,164 @@ class ScriptedJudge:
     def prompts(self) -> list[str]:
         """The text of each request's last input message."""
         return [str(c.input[-1].content) for c in self.calls]  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One agent (or one environment) tested in this process, as Temporal's ``ActivityEnvironment`` tests one activity:
+# the agent's ``run(ctx)`` with a scripted policy and the environment's sessions opened here; no bus, no workers.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def tool_calls_response(*calls: tuple[str, dict[str, Any] | str], id: str = "r") -> Response:
+    """A model turn that calls tools: ``("name", {arguments})`` each, in order (call ids ``call_1``, ...)."""
+    output: list[Item] = [
+        FunctionCall(call_id=f"call_{i}", name=name, arguments=args if isinstance(args, str) else json.dumps(args))
+        for i, (name, args) in enumerate(calls, 1)
+    ]
+    return Response(id=id, created_at=0.0, output=output)
+
+
+class ScriptedPolicy:
+    """TEST DOUBLE for the policy LLM: each model turn of the rollout is the next scripted ``Response``, or what
+    ``turn(params)`` answers (a function of the request, sync or async: it sees the conversation so far).
+    ``calls`` records every request; asked more often than scripted, the test fails."""
+
+    def __init__(self, turns: list[Response] | Callable[[CreateParams], Response | Awaitable[Response]]) -> None:
+        self._turns = turns if callable(turns) else list(turns)
+        self.calls: list[CreateParams] = []
+
+    async def generate(self, params: CreateParams, *, model: str) -> Response:
+        self.calls.append(params)
+        if callable(self._turns):
+            out = self._turns(params)
+            return await out if inspect.isawaitable(out) else out
+        assert self._turns, f"the policy ({model!r}) was asked for more turns than the test scripted"
+        return self._turns.pop(0)
+
+
+class AgentEnvironment:
+    """An agent's rollout run in this process (``await env.run(row)``): its model turns answered by ``policy``
+    (``ScriptedPolicy``, or any ``generate(params, *, model)``), its sessions opened on ``resource``, a
+    ``Resource`` class set up once with ``options``; ``judge`` is the environment's ``self.models`` (an LLM
+    judge's test double). ``agent``: the agent's module, its ``run``, or a name as a config names it
+    (``"agents.simple"``); ``config``: the agent's entry beyond that (``max_steps``, ``timeout_s``,
+    ``options``). No bus, worker or server: a failing step raises where it failed, under a debugger.
+
+    The rows are checked as ``validate`` checks them (task fields, tools of the environment); a tool call and a
+    verify behave as a resource worker's (``workers.resource_worker.call_with``, ``verify_with``: a tool's bug is
+    shown to the model, a verifier's raises ``Failure("verify_error")``). ``contexts`` keeps each rollout's
+    ``AgentContext``: its ``turns``, ``cost`` and ``calls``, as a row's would be."""
+
+    def __init__(
+        self,
+        resource: type[Resource] | None,
+        *,
+        policy: ModelClient,
+        agent: AgentFn | ModuleType | str = "agents.simple",
+        options: dict[str, Any] | None = None,
+        judge: ModelClient | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        fn = load_plugin("agent", agent, "agent").run if isinstance(agent, str) else agent
+        self.run_agent: AgentFn = fn.run if isinstance(fn, ModuleType) else fn
+        self.resource = resource
+        self.policy = policy
+        self.judge = judge
+        self.options = dict(options or {})
+        self.config = AgentConfig(
+            agent=agent if isinstance(agent, str) else "in_process",
+            model="policy",
+            resource="resource",
+            **(config or {}),
+        )
+        self.contexts: list[AgentContext] = []
+        self._set_up = False
+
+    async def run(self, row: dict[str, Any], *, rollout: int = 0) -> Outcome:
+        """One rollout of ``row`` (its ``rollout``-th repeat), within the agent's ``timeout_s``."""
+        if self.resource is not None:
+            problems = row_problems(
+                self.resource, self.resource.__name__, row, row.get("responses_create_params"), any_tools=False
+            )
+            if problems:
+                raise UserError("the row is not one this environment takes: " + "; ".join(problems))
+            if not self._set_up:
+                await self.resource.setup(self.options)
+                self._set_up = True
+        task = RolloutTask(batch="local", task_index=len(self.contexts), rollout_index=rollout, agent="agent", row=row)
+        ctx = _LocalContext(self, task)
+        self.contexts.append(ctx)
+        with anyio.fail_after(self.config.timeout_s):
+            return await self.run_agent(ctx)
+
+
+class _LocalContext(AgentContext):
+    """An ``AgentContext`` whose model turns and sessions are this process's (``AgentEnvironment``): the base
+    class's bus is never reached, as ``generate`` and ``open_session`` are the two places it would be."""
+
+    def __init__(self, env: AgentEnvironment, task: RolloutTask) -> None:
+        config = env.config
+        super().__init__(cast(Bus, None), task, config, model_timeout_s=lambda _model: config.timeout_s)
+        self._env = env
+
+    async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
+        name = model or self.config.model
+        started = time.perf_counter()
+        response = await self._env.policy.generate(params, model=name)
+        self.cost.add_call(name, response.usage, round(1000 * (time.perf_counter() - started)), response)
+        self.calls.model(started, response.usage)
+        self.turns.append(name)
+        return response
+
+    async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
+        cls = self._env.resource
+        if cls is None:
+            raise UserError("this agent opened a session: give AgentEnvironment the environment's class")
+        indices = None if row is not None else {"_ng_task_index": self.task.task_index, "_ng_rollout_index": 0}
+        return _LocalSession(cls(), self._env.judge, self.row if row is None else row, indices, self)
+
+
+class _LocalSession(Session):
+    """A ``Session`` on an environment instance of this process: seeded with the row at its first operation, as
+    a resource worker seeds it, then each tool call and the verify made on it directly."""
+
+    __slots__ = ("_inst",)
+
+    def __init__(
+        self,
+        inst: Resource,
+        judge: ModelClient | None,
+        row: dict[str, Any],
+        indices: dict[str, int] | None,
+        ctx: AgentContext,
+    ) -> None:
+        super().__init__(cast(Bus, None), "", row, indices=indices, cost=ctx.cost, calls=ctx.calls)
+        if judge is not None:
+            inst.models = judge
+        self._inst = inst
+
+    async def _op(self, first: ToolCall | VerifyRequest, kind: str, *, timeout: float, op: str) -> Any:
+        async with self._lock:
+            if self._seed is None:
+                await self._inst.seed(self._row)
+                self._seed = SeedReply(session="local", address="local")
+        with anyio.fail_after(timeout):
+            if isinstance(first, ToolCall):
+                return await call_with(self._inst, first)
+            reply: VerifyReply = await verify_with(self._inst, first.row, first.response)
+        if first.close:
+            await self.close()
+        return reply
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._seed is not None:
+            try:
+                await self._inst.close()
+            finally:
+                await self._inst.sandboxes.close_all()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from gym_runtime.errors import Failure, ModelError
 from gym_runtime.messages import CreateParams, Item, Response, parse_items
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
-from gym_runtime.testing import compat_dir
+from tests.differential import compat_dir
 
 CASES = msgspec.json.decode(compat_dir("nemo_gym", "vllm_model", "chat_cases.json").read_bytes())
 ANSWERS: dict[str, Any] = CASES["answers"]

@@ -299,6 +299,19 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
     # what workers read on every task, set apart once: the sections no holder can change, the namespace
     assert resolved.namespace == cfg.namespace and resolved.jetstream == cfg.jetstream
     assert resolved.agents["weather_agent"] is resolved.config.agents["weather_agent"]
+    # every key read where it is held (``resolved.gateway``), never ``resolved.config.gateway``
+    assert (resolved.nats, resolved.gateway, resolved.base_dir, resolved.source) == (
+        cfg.nats,
+        cfg.gateway,
+        cfg.base_dir,
+        cfg.source,
+    )
+    # live workers of another config's entry are named by the keys that differ (``config.fingerprints``)
+    theirs = {"role": "model", "name": "policy", "worker": "w1", "fingerprint": "other", "fields": {}}
+    assert resolved.mismatches([theirs]) == [
+        "model 'policy' (1 worker: w1) differs in " + ", ".join(sorted(resolved.fields[("model", "policy")]))
+    ]
+    assert resolved.mismatches([{**theirs, "fingerprint": resolved.fingerprints[("model", "policy")]}]) == []
     with pytest.raises(TypeError):
         resolved.agents["another"] = resolved.agents["weather_agent"]  # type: ignore[index]
     with pytest.raises(TypeError):

@@ -208,5 +208,39 @@ def test_a_bug_that_raises_valueerror_is_an_internal_error_not_a_user_mistake() 
 def test_the_jails_old_path_still_serves_plugins() -> None:
     """``gym_runtime.sandbox`` was the graded-program jail's package (beside ``gym_runtime.sandboxes``, the
     container fleet); an environment that imports its names from there gets the jail's own."""
-    assert old.__all__ == jail.__all__
+    assert set(jail.__all__) <= set(old.__all__)
     assert all(getattr(old, name) is getattr(jail, name) for name in jail.__all__)
+
+
+def test_the_jails_classes_keep_their_old_names_in_the_old_path() -> None:
+    """The jail's classes are ``Jail*`` since issue 64; a plugin written against ``SandboxRunner``,
+    ``SandboxError``, ... (and ``except SandboxError``) gets the same classes from ``gym_runtime.sandbox``."""
+    classes = {**{name: getattr(jail, name) for name in jail.__all__}, "JailCgroup": jail.cgroups.JailCgroup}
+    jails = [name for name in classes if name.startswith("Jail")]
+    assert len(jails) == 7  # Runner, Session, Error, Exited, Timeout, BodyTooLarge, Cgroup
+    assert all(getattr(old, "Sandbox" + name.removeprefix("Jail")) is classes[name] for name in jails)
+    assert {"Sandbox" + name.removeprefix("Jail") for name in jails} <= set(old.__all__)
+    assert not [n for n in jail.__all__ if n.startswith("Sandbox")]
+
+
+def test_moved_modules_keep_their_documented_import_paths() -> None:
+    """Issue 64 gave NeMo Gym, Harbor and the trainer's client one home each; the paths plugins, configs and
+    trainers wrote before still reach the same objects (docs/changelog.md lists them)."""
+
+    def at(path: str) -> object:
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name) if name else importlib.import_module(module)
+
+    same = {
+        "gym_runtime.hosting.agent": "gym_runtime.nemo_gym.hosting.agent",
+        "gym_runtime.hosting.resource": "gym_runtime.nemo_gym.hosting.resource",
+        "gym_runtime.hosting.parity": "gym_runtime.nemo_gym.parity",
+        "gym_runtime.hosting.harbor": "gym_runtime.harbor.hosting",
+        "gym_runtime.harbor:find_tasks": "gym_runtime.harbor.tasks:find_tasks",
+        "gym_runtime.harbor:parse_rewards": "gym_runtime.harbor.tasks:parse_rewards",
+        "gym_runtime.sync_client:SyncClient": "gym_runtime.client.sync:SyncClient",
+        "gym_runtime:SyncClient": "gym_runtime.client.sync:SyncClient",
+        "gym_runtime.client:BatchHandle": "gym_runtime.client.batch:BatchHandle",
+        "gym_runtime.sandbox:SandboxRunner": "gym_runtime.jail:JailRunner",
+    }
+    assert [old for old, new in same.items() if at(old) is not at(new)] == []

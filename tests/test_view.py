@@ -176,14 +176,21 @@ def fetch(url: str, *, method: str = "GET", headers: dict[str, str] | None = Non
         return e.code, dict(e.headers), e.read()
 
 
-def test_the_pages_carry_a_policy_that_allows_no_script_and_the_server_has_no_write(served: Served) -> None:
+def test_the_pages_carry_a_policy_that_allows_only_their_own_script_and_the_server_has_no_write(
+    served: Served,
+) -> None:
     assert served.url.startswith("http://127.0.0.1:")
-    for path in ("/", "/rollouts", "/rollouts?agent=other_agent", "/rollout/0/0/0", "/rollout/0/1/1"):
+    pages = ("/", "/rollouts", "/rollouts?agent=other_agent", "/rollout/0/0/0", "/rollout/0/1/1", "/group/0/0")
+    for path in (*pages, "/tokens/0/0/2", "/steps/0"):
         status, headers, body = fetch(served.base + path)
         assert status == 200, (path, body[:500])
         csp = headers["Content-Security-Policy"]
-        assert "script-src 'none'" in csp and "default-src 'none'" in csp and "connect-src 'none'" in csp
-        assert headers["X-Content-Type-Options"] == "nosniff" and b"<script" not in body
+        assert "script-src 'self';" in csp and "default-src 'none'" in csp and "connect-src 'none'" in csp
+        assert "unsafe" not in csp and headers["X-Content-Type-Options"] == "nosniff"
+        # the one script: keyboard navigation, a static file of the server's own
+        assert body.count(b"<script") == 1 and b'<script src="/static/keys.js" defer></script>' in body
+    status, headers, js = fetch(served.base + "/static/keys.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and b"innerHTML" not in js
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         assert fetch(served.base + "/rollouts", method=method)[0] == 405
     status, headers, _ = fetch(served.base + "/nowhere")

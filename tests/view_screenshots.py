@@ -5,12 +5,14 @@ only this command writes into the docs."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from selenium.webdriver.common.by import By
 
+from gym_runtime.trainers.rows import sequence
 from tests.test_view import serve
 from tests.test_view_browser import browser, wait_for
 from tests.view_rows import hostile_row, row, sample_run, write
@@ -46,8 +48,32 @@ def main(target: Path) -> None:
                         driver.execute_script("window.scrollTo(0, 0)")
                     driver.save_screenshot(str(target / f"{name}.png"))
                     print(target / f"{name}.png")
+            # the training pages, over the real TRL run the trainer tier wrote (tests/data/train_run)
+            run = Path(__file__).resolve().parent / "data" / "train_run"
+            train = root / "train_rows.jsonl"
+            shutil.copyfile(run / "train_rows.jsonl", train)
+            for site in serve(str(train), "--tokenizer", str(run / "tokenizer")):
+                for name, path, css in (
+                    ("train-runs", "/", "table#runs"),
+                    ("group", "/group/0/0", "table#group"),
+                    ("tokens", f"/tokens/0/0/{multi_turn(train)}", "p.toks"),
+                    ("steps", "/steps/0", "figure#plot-reward"),
+                ):
+                    driver.get(site.base + path)
+                    wait_for(driver, css)
+                    driver.save_screenshot(str(target / f"{name}.png"))
+                    print(target / f"{name}.png")
         finally:
             driver.quit()
+
+
+def multi_turn(path: Path) -> int:
+    """The first row of the run whose rollout called the tool (its token view has tool tokens, mask 0)."""
+    for i, line in enumerate(path.read_text().splitlines()):
+        r = json.loads(line)
+        if "error_class" not in r and 0 in sequence(r).env_mask:
+            return i
+    return 0
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.errors import Failure
-from gym_runtime.jail import Limits, SandboxRunner, probe
+from gym_runtime.jail import JailRunner, Limits, probe
 from gym_runtime.messages import Response, output_text
 from gym_runtime.resource import Resource, Verdict, parse_options
 
@@ -111,7 +111,7 @@ class CodeGen(Resource):
         return unit_tests(task, max_mb=CodeGen._opts.max_unit_tests_mb)
 
     _opts: CodeGenOptions = CodeGenOptions()
-    _runner: SandboxRunner | None = None
+    _runner: JailRunner | None = None
     _comparer: Comparer | None = None
     _runner_loop: Any = None
 
@@ -124,11 +124,11 @@ class CodeGen(Resource):
         cls._get_runner()
 
     @classmethod
-    def _get_runner(cls) -> SandboxRunner:
+    def _get_runner(cls) -> JailRunner:
         """The worker's sandbox runner (one per event loop: its semaphore belongs to that loop)."""
         loop = asyncio.get_running_loop()
         if cls._runner is None or cls._runner_loop is not loop:
-            cls._runner = SandboxRunner(cls._opts.max_parallel, python=cls._opts.python)
+            cls._runner = JailRunner(cls._opts.max_parallel, python=cls._opts.python)
             cls._comparer = Comparer(max(1, min(cls._opts.max_parallel, (os.cpu_count() or 2) // 2)))
             cls._runner_loop = loop
         return cls._runner

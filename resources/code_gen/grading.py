@@ -28,13 +28,13 @@ import anyio.to_process
 import msgspec
 
 from gym_runtime.jail import (
+    JailBodyTooLarge,
+    JailError,
+    JailExited,
+    JailRunner,
+    JailSession,
+    JailTimeout,
     Limits,
-    SandboxBodyTooLarge,
-    SandboxError,
-    SandboxExited,
-    SandboxRunner,
-    SandboxSession,
-    SandboxTimeout,
 )
 from gym_runtime.messages import Reasoning, Response
 
@@ -284,7 +284,7 @@ def grace(timeout: float) -> float:
     return 0.25 + 0.1 * timeout
 
 
-async def _expect(s: SandboxSession, *kinds: type, budget: float | None = None, max_body: int = 0) -> Any:
+async def _expect(s: JailSession, *kinds: type, budget: float | None = None, max_body: int = 0) -> Any:
     """The next message, which must be one of ``kinds``; anything else ends the run without a verdict.
 
     ``budget``: seconds the worker waits for it (``_OutOfTime`` after). Returns ``(message, body)``.
@@ -297,9 +297,9 @@ async def _expect(s: SandboxSession, *kinds: type, budget: float | None = None, 
     try:
         msg = msgspec.convert(raw, _Message)
     except msgspec.ValidationError:
-        raise SandboxExited("malformed message", None, "") from None
+        raise JailExited("malformed message", None, "") from None
     if not isinstance(msg, kinds):
-        raise SandboxExited(f"unexpected {type(msg).__name__[1:].lower()} message", None, "")
+        raise JailExited(f"unexpected {type(msg).__name__[1:].lower()} message", None, "")
     return msg, body
 
 
@@ -369,7 +369,7 @@ class _Undecodable(ValueError):
 
 
 async def run_unit_tests(
-    runner: SandboxRunner,
+    runner: JailRunner,
     code: str,
     tests: UnitTests,
     *,
@@ -389,7 +389,7 @@ async def run_unit_tests(
     timer. A run that ends without a verdict (wall-clock or CPU limit, a crash,
     ``os._exit``, a broken or forged protocol message, a comparison over its time
     budget) gives ``[-1] * len(inputs)`` and metadata None, as NeMo Gym's global
-    timeout does. ``SandboxError`` (no sandbox could be set up) propagates: that is
+    timeout does. ``JailError`` (no sandbox could be set up) propagates: that is
     not the model's fault and must not become a reward.
     """
     n = len(tests.inputs)
@@ -421,7 +421,7 @@ async def run_unit_tests(
                     return _during_testing(e)
                 return await _run_calls(s, tests, expected, budget, output_cap, comparer)
             return await _run_stdio(s, tests, budget, output_cap, comparer)
-    except (SandboxTimeout, SandboxExited, DecodeError, _Undecodable, TimeoutError):
+    except (JailTimeout, JailExited, DecodeError, _Undecodable, TimeoutError):
         return [-1] * n, None
 
 
@@ -445,7 +445,7 @@ def _over_the_cap(gt_inp: Any, gt_out: Any, output_cap: int, what: str) -> dict[
 
 
 async def _run_stdio(
-    s: SandboxSession, tests: UnitTests, budget: float, output_cap: int, compare: Comparer
+    s: JailSession, tests: UnitTests, budget: float, output_cap: int, compare: Comparer
 ) -> tuple[list[int | bool], dict[str, Any] | None]:
     results: list[int | bool] = []
     for gt_inp, gt_out in zip(tests.inputs, tests.outputs):
@@ -454,7 +454,7 @@ async def _run_stdio(
         except _OutOfTime:
             results.append(-3)
             return results, _error_meta(_TIMED_OUT, gt_inp, gt_out)
-        except SandboxBodyTooLarge:  # counted here, in bytes, whatever the program told its harness
+        except JailBodyTooLarge:  # counted here, in bytes, whatever the program told its harness
             results.append(-2)
             return results, _over_the_cap(gt_inp, gt_out, output_cap, "output")
         if isinstance(msg, _Error):
@@ -484,7 +484,7 @@ async def _run_stdio(
 
 
 async def _run_calls(
-    s: SandboxSession, tests: UnitTests, expected: list[Any], budget: float, output_cap: int, compare: Comparer
+    s: JailSession, tests: UnitTests, expected: list[Any], budget: float, output_cap: int, compare: Comparer
 ) -> tuple[list[int | bool], dict[str, Any] | None]:
     results: list[int | bool] = []
     for inp, gt_out, gt_text in zip(tests.inputs, expected, tests.outputs):
@@ -494,7 +494,7 @@ async def _run_calls(
         except _OutOfTime:
             results.append(-3)
             return results, _error_meta(_TIMED_OUT, gt_inp, gt_out)
-        except SandboxBodyTooLarge as e:
+        except JailBodyTooLarge as e:
             results.append(False)
             meta = _over_the_cap(gt_inp, gt_out, output_cap, "result")
             text = e.header.get("text") if isinstance(e.header, dict) else None
@@ -543,7 +543,7 @@ def _call_args(inp: str) -> Any:
 __all__ = [
     "HARNESS",
     "Comparer",
-    "SandboxError",
+    "JailError",
     "UnitTests",
     "compare_stdout",
     "extract_code",

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from gym_runtime.jail import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
+from gym_runtime.jail import JailError, JailExited, JailRunner, JailTimeout, Limits
 
 from .containers import ContainerCommands, owner_label
 
@@ -96,10 +96,10 @@ class LocalEnvironment:
         try:
             await self._s.send(req)
             reply, body = await self._s.recv(max_body=self.max_output)
-        except SandboxTimeout as e:
+        except JailTimeout as e:
             await self.close()
             raise EnvironmentError_(f"sandbox {e}") from None
-        except SandboxExited as e:
+        except JailExited as e:
             await self.close()
             raise EnvironmentError_(f"sandbox ended: {e}") from None
         if not isinstance(reply, dict):
@@ -138,7 +138,7 @@ class LocalBackend:
         self, *, max_parallel: int, wall_s: float, memory_bytes: int, disk_bytes: int, max_output: int
     ) -> None:
 
-        self.runner = SandboxRunner(max_parallel)
+        self.runner = JailRunner(max_parallel)
         self.limits = Limits(
             wall_s=wall_s,
             cpu_s=wall_s,
@@ -159,7 +159,7 @@ class LocalBackend:
         ctx = self.runner.session(PAYLOAD, self.limits)
         try:
             session = await ctx.__aenter__()
-        except SandboxError as e:
+        except JailError as e:
             raise EnvironmentError_(str(e)) from None
         env = LocalEnvironment(ctx, session, self.max_output)
         try:

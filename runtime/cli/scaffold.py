@@ -173,6 +173,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime import Response, assistant_message, load_config
+from gym_runtime.testing import AgentEnvironment, ScriptedPolicy, tool_calls_response
 
 HERE = Path(__file__).resolve().parents[1]
 CONFIG = HERE / "config.yaml"
@@ -194,6 +195,17 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gym_runtime.cli", *args], capture_output=True, text=True,
                           check=False, timeout=300, cwd=HERE)
 __TOOL_TESTS__
+
+def test_one_rollout_in_process() -> None:
+    """The config's agent and this environment in one process, with a scripted policy (a test double for the
+    LLM) and no bus or workers: the quickest loop to debug a rollout in (gym_runtime.testing.AgentEnvironment)."""
+    task = rows()[0]
+    policy = ScriptedPolicy(__TURNS__)
+    env = AgentEnvironment(__CLASS__, policy=policy, agent="agents.simple"__JUDGE_ARG__)
+    outcome = asyncio.run(env.run(task))
+    assert outcome.verdict.reward == 1.0
+    assert len(policy.calls) == 2  # the tool turn, then the answer (which saw the tool's output)
+
 
 def test_example_rows_are_valid() -> None:
     r = cli("validate", str(CONFIG), "-i", str(EXAMPLE))
@@ -235,6 +247,22 @@ def test_tools_change_the_session_state() -> None:
     again = asyncio.run(_session({}, []))
     assert again.cart == {}  # every rollout has its own session
 __VERIFY_TESTS__"""
+
+# What the scripted policy answers in the in-process rollout: the tool's turn, then the final answer.
+_TURNS_STATELESS = """[
+            tool_calls_response(("count_letter", {"word": "strawberry", "letter": "r"})),
+            answer(f"It occurs {task['expected_answer']} times."),
+        ]"""
+_TURNS_STATEFUL = """[
+            tool_calls_response(
+                *[
+                    ("add_item", {"item": k, "quantity": q - task["initial_items"].get(k, 0)})
+                    for k, q in task["expected_items"].items()
+                    if q > task["initial_items"].get(k, 0)
+                ]
+            ),
+            answer(task.get("expected_answer", "done")),
+        ]"""
 
 _VERIFY_TESTS_ANSWER = """
 
@@ -402,8 +430,11 @@ def render(name: str, *, stateful: bool, judge: bool) -> dict[str, str]:
         .replace("__VERIFY_TESTS__", verify_tests)
         .replace("__SESSION__", session)
     )
+    turns = _TURNS_STATEFUL if stateful else _TURNS_STATELESS
     tests = (
         _TESTS.replace("__TOOL_TESTS__", tool_tests)
+        .replace("__TURNS__", turns)
+        .replace("__JUDGE_ARG__", ", judge=Judge()" if judge else "")
         .replace("__TOOL__", tool_name)
         .replace("__E2E_EXTRA__", '\n        assert row["judge_verdict"]  # the judge model answered' if judge else "")
     )

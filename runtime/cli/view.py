@@ -29,6 +29,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; beyond loopback: token)"
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="decode the token view with this local tokenizer.json (or a model folder holding one; needs the "
+        "'tokenizers' extra)",
+    )
+    p.add_argument(
+        "--export",
+        metavar="DIR",
+        help="write the pages as files that open with no server (a bundle to share) into DIR, then exit",
+    )
+    p.add_argument(
+        "--filter",
+        metavar="QUERY",
+        default="",
+        help="with --export: the rollouts table's filters, as its URL's query string (e.g. 'failure=any&run=0')",
+    )
     cli.log_level_option(p)
     cli.auth_option(p)
 
@@ -59,8 +76,13 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--port {args.port}: not a port (0 to 65535)")
     if not args.files and not args.batch:
         raise UserError("view needs a rollouts FILE, or --batch B --nats URL")
+    if args.export is not None:
+        return export(args)
+    if args.filter:
+        raise UserError("--filter goes with --export (the served table takes its filters from its form)")
     url = reach(need_url(args, None), query=True) if args.batch else None  # a dead bus: one line, before all else
     auth = client_auth(args)
+    decode = tokenizer(args)
     runs = open_runs(args.files)
     local = is_loopback(args.host)
     token = None if local else secrets.token_urlsafe(24)
@@ -79,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
     async def serve_pages(runs: Any) -> None:
         import anyio
 
-        view = View(runs, token=token)
+        view = View(runs, token=token, decode=decode)
         runner = web.AppRunner(view.app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
@@ -129,3 +151,34 @@ async def open_live(stack: Any, url: Any, auth: Any, args: argparse.Namespace, r
         raise UserError(f"--batch {args.batch}: no such batch in namespace {args.namespace!r} (published here?)")
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="gym-view-"))
     return Live(manifest, Path(folder) / f"{args.batch}.jsonl", run_id), bus
+
+
+def tokenizer(args: argparse.Namespace) -> Any:
+    """``--tokenizer``'s decoder (None: token ids shown); a missing file or extra is one line, before anything else."""
+    from gym_runtime.view.tokens import load_tokenizer
+
+    return load_tokenizer(args.tokenizer) if args.tokenizer else None
+
+
+def export(args: argparse.Namespace) -> int:
+    """``--export DIR``: the pages written as files (``view.export``), then a line saying what and where."""
+    import asyncio
+    from pathlib import Path
+
+    from gym_runtime.view.export import Bundle, query
+    from gym_runtime.view.runs import open_runs
+    from gym_runtime.view.server import View
+
+    if args.batch:
+        raise UserError("--export writes files given, not a live --batch (collect it first, then export the file)")
+    out = Path(args.export)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--export {args.export}: not a folder")
+    q = query(args.filter)
+    decode = tokenizer(args)
+    runs = open_runs(args.files)
+    out.mkdir(parents=True, exist_ok=True)
+    written = asyncio.run(Bundle(View(runs, decode=decode), out, q).write())
+    size = sum(written.values())
+    print(f"gym-runtime view: wrote {len(written)} files, {size / 1e6:.1f} MB: open {out / 'index.html'}", flush=True)
+    return 0

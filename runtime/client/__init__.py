@@ -11,19 +11,18 @@ writes (failures as its failure rows); nothing is printed unless the caller conf
         async for group in batch.groups():   # all repeats of one task, in completion order
             ...
 
-``SyncClient`` is the same API for synchronous trainers (an event loop in a helper thread).
+``SyncClient`` is the same API for synchronous trainers (an event loop in a helper thread: ``client.sync``).
+The package's other modules hold the client's other jobs: ``batch`` (a submitted batch's handle),
+``admission`` (what ``submit`` holds back by staleness and budget), ``control`` (the policy version, pause and
+resume).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,17 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
-from gym_runtime.admission import GROUP_STALENESS, Admission, Budget, StalenessWindow, Work, parse_budget
+from gym_runtime.client import control as model_control
+from gym_runtime.client.admission import Admitter
+from gym_runtime.client.batch import BatchHandle, result_row
 from gym_runtime.config import Config, ResolvedConfig, load_config, resolve_config, resolve_models
-from gym_runtime.data.batches import Manifest, Owners, new_manifest, put_manifest
-from gym_runtime.data.collector import budget_results, failure_row
-from gym_runtime.data.inputs import check_row, publish_rows, publish_task, row_tasks
-from gym_runtime.data.intake import Intake, replaces
+from gym_runtime.data.batches import new_manifest, put_manifest
+from gym_runtime.data.inputs import publish_rows, row_tasks
+from gym_runtime.data.intake import Intake
 from gym_runtime.data.reader import BatchReader
-from gym_runtime.data.validation import check_before_publish
-from gym_runtime.errors import AuthError, ClientError, InputError, PublishTimeout, RolloutFailed
+from gym_runtime.data.validation import CheckedRows, check_before_publish
+from gym_runtime.errors import AuthError, ClientError, InputError, PublishTimeout, RolloutFailed, UserError
 from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
-from gym_runtime.model import PAUSE_MODES, interrupt_problem
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
@@ -51,7 +50,7 @@ from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import unanswered
 from gym_runtime.transport.discovery import discover
-from gym_runtime.transport.jetstream import ensure_kept_stream, ensure_streams, task_msg_id
+from gym_runtime.transport.jetstream import ensure_streams, task_msg_id
 from gym_runtime.transport.rpc import JS_PUBLISH_RETRY_S, Timings
 from gym_runtime.workers import control
 
@@ -59,144 +58,6 @@ __all__ = ["BatchHandle", "Client"]
 
 log = logs.get("gym.client")
 CLUSTER_CHECK_S = 5.0  # how often a client looks for workers of another config that started after it
-
-
-def _result_row(res: RolloutResult) -> tuple[dict[str, Any], bool]:
-    if res.error is None and res.row is not None:
-        return res.row, True
-    return failure_row(res), False
-
-
-@dataclass
-class _Held:
-    """Tasks of a batch not started yet: admitted together (one repeat, a group task, or a whole group)."""
-
-    handle: BatchHandle
-    work: Work
-    tasks: list[RolloutTask]
-    redone: bool = False  # stamped with a later version than it was submitted under
-
-
-class BatchHandle:
-    """One submitted batch: async-iterate rows in completion order, ``groups()``, ``gather()``, ``cancel()``.
-
-    Iteration ends when every task×repeat has a row (or failure row: ``lost`` for a slot whose task left the
-    queue without a result), or at once after ``cancel()``. Only the owning agent's results count (the
-    manifest's owners, as ``collect`` checks them). Each slot is yielded once; in the rare case that a later
-    attempt's row replaces a failure row already yielded (a worker lost after storing it), ``gather()``
-    returns the replacement, as ``collect`` writes it.
-    """
-
-    def __init__(self, client: Client, manifest: Manifest) -> None:
-        self.client = client
-        self.batch = manifest.batch
-        self.tasks = manifest.tasks
-        self.repeats = manifest.repeats
-        self.expected = manifest.expected
-        self.cancelled = False
-        self._rows: dict[int, tuple[dict[str, Any], bool, int]] = {}  # slot -> (row, ok, attempt)
-        self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
-        self._reader = BatchReader.of(client.bus, manifest, self._take, self._empty, name="client")
-        self._finished = anyio.Event()
-        self._manifest = manifest
-        self.admitted = False  # started by admission (``submit(batch_size=...)``)
-        self.delivered = 0  # rows handed to the trainer
-        self.consumed_rows = 0  # of those, reported with ``consumed``
-        self.started = 0  # rollouts admitted (published)
-        self.held = 0  # rollouts waiting for admission
-        self.redone = 0  # rollouts submitted again under a newer version before they started (never run stale)
-        self.budget: Budget | None = None  # ``submit(budget=...)``: what this batch may spend
-        self.admission: Admission | None = None  # the gates its held tasks pass (the window, its budget)
-        self.budget_stopped = 0  # rollouts its budget held back: ``budget`` failure rows, never started
-        self.held_from = -1  # the first of them
-
-    @property
-    def done(self) -> bool:
-        return self._finished.is_set()
-
-    @property
-    def refused(self) -> int:
-        """Stored results of this batch that were not its owners' (or named no slot of it): dropped."""
-        return self._reader.intake.refused
-
-    def _empty(self) -> list[int]:
-        return [] if self.cancelled else [s for s in range(self.expected) if s not in self._rows]
-
-    def _take(self, res: RolloutResult, slot: int) -> None:
-        if self.cancelled:
-            return  # late: iteration has ended
-        held = self._rows.get(slot)
-        if held is not None:
-            if replaces(held[1], held[2], res):
-                self._rows[slot] = (*_result_row(res), res.attempts)
-            return
-        row, ok = _result_row(res)
-        self._rows[slot] = (row, ok, res.attempts)
-        if self.budget is not None and res.attempts:  # a stored result (a budget's own rows have no attempt)
-            self.budget.done(res)
-            self.client._wake_admission()
-        self._send.send_nowait(row)
-        if len(self._rows) >= self.expected:
-            self._finish()
-
-    def _finish(self) -> None:
-        if not self._finished.is_set():
-            self._finished.set()
-            self._send.close()
-            self._reader.stop()
-
-    def __aiter__(self) -> BatchHandle:
-        return self
-
-    async def __anext__(self) -> dict[str, Any]:
-        try:
-            row = await self._recv.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-        self.delivered += 1
-        return row
-
-    async def consumed(self, n: int) -> None:
-        """The trainer used (or dropped) ``n`` more rows of this batch, failure rows included.
-
-        With ``submit(batch_size=...)`` this is what lets more rollouts start (``gym_runtime.admission``);
-        without, it is only counted."""
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ClientError(f"consumed(n) takes a count of rows >= 0, got {n!r}")
-        if self.consumed_rows + n > self.delivered:
-            raise ClientError(
-                f"consumed({n}) on batch {self.batch}: only {self.delivered} rows were delivered and "
-                f"{self.consumed_rows} reported consumed already"
-            )
-        self.consumed_rows += n
-        if self.admitted and not self.cancelled:
-            await self.client._consumed(n)
-
-    async def groups(self) -> AsyncIterator[list[dict[str, Any]]]:
-        """Each task's rows (all its repeats, in rollout order) as soon as the last one is in."""
-        pending: dict[int, list[dict[str, Any]]] = {}
-        async for row in self:
-            group = pending.setdefault(int(row["_ng_task_index"]), [])
-            group.append(row)
-            if len(group) == self.repeats:
-                del pending[int(row["_ng_task_index"])]
-                yield sorted(group, key=lambda r: r["_ng_rollout_index"])
-
-    async def gather(self) -> list[dict[str, Any]]:
-        """Wait for the whole batch; every row received, in ``aabbcc`` order (as ``collect`` writes)."""
-        async for _ in self:
-            pass
-        return [self._rows[s][0] for s in sorted(self._rows)]
-
-    async def cancel(self) -> None:
-        """Tasks of this batch not yet started are never run; iteration ends now."""
-        self.cancelled = True
-        await control.cancel_batch(self.client.bus, self.batch)
-        self._finish()
-        if self.admitted:  # its rollouts not consumed yet will not be: room for other batches
-            await self.client._consumed(0, released=self.started - self.consumed_rows)
-        elif self.held:  # held by its budget alone: published marked cancelled, as the window's are
-            await self.client._admit()
 
 
 class Client:
@@ -240,7 +101,7 @@ class Client:
         if workers == "processes" and self.config_path is None:
             raise ClientError('workers="processes" needs the config as a path (the child processes load it)')
         self._children: StartProcess | None = None  # workers="processes"
-        self.url = nats if nats is not None else self.config.config.nats
+        self.url = nats if nats is not None else self.config.nats
         self.auth_dir = auth_dir
         self.workers_spec = workers
         self.replicas = replicas
@@ -260,17 +121,19 @@ class Client:
         self._run_lock = anyio.Lock()
         self._fps = self.config.fingerprints
         self._mismatch: ClientError | None = None  # what the last cluster check found (``_watch_cluster``)
-        # admission by staleness (``submit(batch_size=...)``): one window over every open batch, its held tasks
-        self._window: StalenessWindow | None = None
-        self._admission: Admission | None = None
-        self._held: deque[_Held] = deque()
-        self._admit_lock = anyio.Lock()
+        # what submit(batch_size=..., budget=...) holds back: one staleness window over every open batch, budgets
+        self._admitter = Admitter(self.config, bus=lambda: self.bus, spawn=self._spawn, acked=self._acked)
 
     @property
     def bus(self) -> Bus:
         if self._bus is None:
             raise ClientError("the client is not started: use `async with Client(...) as client`")
         return self._bus
+
+    def _spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``fn`` in the client's task group (while it is open)."""
+        if self._tg is not None:
+            self._tg.start_soon(fn)
 
     # ---------------------------------------------------------------------------- life cycle
 
@@ -355,7 +218,7 @@ class Client:
     async def check_cluster(self) -> None:
         """Raise ``ClientError`` if a live worker of this namespace serves another config's entry,
         naming the config keys that differ."""
-        problems = control.mismatches(self.config, await discover(self.bus, wait_s=0.3))
+        problems = self.config.mismatches(await discover(self.bus, wait_s=0.3))
         if problems:
             raise ClientError(
                 f"namespace {self.config.namespace!r} has live workers started with another config than this "
@@ -385,28 +248,13 @@ class Client:
 
     def policy_models(self) -> list[str]:
         """The models the config's agents call (the policy), sorted."""
-        return sorted({a.model for a in self.config.agents.values()})
-
-    def _models(self, model: str | None) -> list[str]:
-        if model is None:
-            return self.policy_models()
-        if model not in self.config.models:
-            raise ClientError(f"no model named {model!r} in the config ({', '.join(self.config.models)})")
-        return [model]
+        return model_control.policy_models(self.config)
 
     async def set_policy_version(self, version: int, *, model: str | None = None) -> None:
         """Make ``version`` current (KV + announcement); versions only go up."""
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise ClientError(f"a policy version is a non-negative integer, got {version!r}")
-        for m in self._models(model):
-            current = await control.read_version(self.bus, m)
-            if current is not None and version < current:
-                raise ClientError(f"policy version must not go down: {m!r} is at {current}, got {version}")
-            await control.publish_version(self.bus, m, version)
+        await model_control.set_version(self.bus, self.config, version, model)
         self.policy_version = version
-        if self._window is not None:
-            self._window.updated(version)
-            await self._admit()
+        await self._admitter.updated(version)
 
     async def pause(self, *, model: str | None = None, mode: str = "drain", timeout: float = 60.0) -> int:
         """Hold new calls of the model(s); returns once every live replica has none in flight.
@@ -417,63 +265,28 @@ class Client:
         again after ``resume()``. Either way a model call through ``ctx`` still returns one response.
         Returns the number of replicas that acknowledged.
         """
-        if mode not in PAUSE_MODES:
-            raise ClientError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
-        models = self._models(model)
-        if mode == "interrupt":
-            for m in models:
-                problem = interrupt_problem(self.config.models[m])
-                if problem is not None:
-                    raise ClientError(f"models.{m}: cannot pause with mode='interrupt': {problem}")
-        acked = 0
-        for m in models:
-            live = {
-                str(w["worker"])
-                for w in await discover(self.bus, wait_s=0.5)
-                if w.get("role") == "model" and w.get("name") == m
-            }
-            await control.set_paused(self.bus, m, True)
-            replies = await control.send_pause(self.bus, m, live, timeout=timeout, mode=mode)
-            got = {getattr(r, "worker", None) for r in replies}
-            missing = live - got
-            if missing:
-                raise ClientError(
-                    f"model {m!r}: replicas {sorted(missing)} did not acknowledge the pause within {timeout:g}s"
-                )
-            acked += len(got)
-        return acked
+        return await model_control.pause(self.bus, self.config, model, mode, timeout)
 
     async def resume(self, *, model: str | None = None) -> None:
-        for m in self._models(model):
-            await control.set_paused(self.bus, m, False)
-            await control.send_resume(self.bus, m)
+        await model_control.resume(self.bus, self.config, model)
 
     # ---------------------------------------------------------------------------- work
 
-    def _check_rows(self, rows: list[Any], agent: str | None, *, any_tools: bool = False) -> dict[str, RowCheck]:
-        """The checks ``gym-runtime validate`` makes (``ClientError`` naming the first rows that fail); the
-        agents whose rows their resource workers check at seed time (environments not importable here)."""
-        agents = list(self.config.agents)
-        if not agents:
+    def _check_rows(self, rows: list[Any], agent: str | None, *, any_tools: bool = False) -> CheckedRows:
+        """The checks ``gym-runtime validate`` makes, each row checked once (``ClientError`` naming the first rows
+        that fail): each row's route, reused to lay out its tasks, and the agents whose rows their resource
+        workers check at seed time (environments not importable here)."""
+        if not self.config.agents:
             raise ClientError("the config names no agents")
-        problems = []
-        for i, row in enumerate(rows):
-            try:
-                check_row(row, agents, agent)
-            except ValueError as e:
-                problems.append(f"row {i}: {e}")
-        checks: dict[str, RowCheck] = {}
-        if not problems:
-            try:
-                checks = check_before_publish(
-                    self.config.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
-                )
-            except InputError as e:
-                problems = e.problems
-        if problems:
-            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-            raise ClientError("invalid rows, nothing was submitted: " + "; ".join(problems[:5]) + more)
-        return checks
+        try:
+            return check_before_publish(
+                self.config.config, ((f"row {i}", r) for i, r in enumerate(rows)), agent=agent, any_tools=any_tools
+            )
+        except InputError as e:
+            more = f" (and {len(e.problems) - 5} more)" if len(e.problems) > 5 else ""
+            raise ClientError("invalid rows, nothing was submitted: " + "; ".join(e.problems[:5]) + more) from None
+        except UserError as e:  # ``agent`` names no agent of the config
+            raise ClientError(str(e)) from None
 
     def _task_fields(
         self, policy_version: int | None, max_staleness: int | None, checks: dict[str, RowCheck] | None = None
@@ -534,29 +347,26 @@ class Client:
         rows are ``budget`` failure rows (``handle.budget_stopped`` counts them).
         """
         self._raise_mismatch()
-        gate = self._budget(budget)
+        gate = self._admitter.budget(budget)
         rows = list(rows)
         if repeats < 1:
             raise ClientError("repeats must be at least 1")
         if not rows:
             raise ClientError("no rows to submit")
-        checks = self._check_rows(rows, agent, any_tools=any_tools)
+        checked = self._check_rows(rows, agent, any_tools=any_tools)  # once: each row's route, reused below
         version = self._version_for(policy_version, max_staleness)
         if batch_size is not None:
-            self._check_admission(rows, repeats, max_staleness, batch_size, group_staleness, agent)
-        agents = list(self.config.agents)
-        owners = Owners()
-        for row in rows:
-            owners.add(check_row(row, agents, agent))
+            self._admitter.check(checked.routes, repeats, max_staleness, batch_size, group_staleness)
         manifest = new_manifest(
             batch or uuid.uuid4().hex[:12],
-            owners,
+            checked.owners(),
             repeats=repeats,
             input_path="(gym_runtime.Client)",
             max_republish=self.config.jetstream.max_republish,
             models=self.config.model_table(),
         )
-        handle = BatchHandle(self, manifest)
+        a = self._admitter
+        handle = BatchHandle(self.bus, manifest, woken=a.woken, consumed=a.consumed, admit=a.admit)
         with self._acked("submit", f"batch {handle.batch}'s manifest"):
             await put_manifest(self.bus, manifest)
         await handle._reader.open()
@@ -564,16 +374,18 @@ class Client:
         self._tg.start_soon(handle._reader.run)
         layout: dict[str, Any] = {  # the tasks the rows make, held back by admission or published at once
             "batch": handle.batch,
-            "agents": agents,
+            "agents": list(self.config.agents),
             "agent": agent,
+            "routes": checked.routes,
             "repeats": repeats,
-            "task_fields": self._task_fields(version, max_staleness, checks),
+            "task_fields": self._task_fields(version, max_staleness, checked.seed_checks),
             "grouped": lambda a: self.config.agents[a].group_repeats,
         }
         if batch_size is not None or gate is not None:
             handle.budget = gate
             tasks = list(row_tasks(rows, **layout))
-            await self._hold(handle, tasks, batch_size, by_group=group_staleness == "group")
+            by_group = group_staleness == "group"
+            await a.hold(handle, tasks, batch_size, by_group=by_group, policy_version=self.policy_version)
             return handle
         with self._acked("submit", f"batch {handle.batch}'s tasks"):
             await publish_rows(self.bus, rows, **layout, keep=manifest.max_republish > 0)
@@ -597,163 +409,6 @@ class Client:
                 "more time"
             ) from None
 
-    # ---------------------------------------------------------------------------- admission
-
-    def _budget(self, budget: float | str | None) -> Budget | None:
-        """``submit(budget=...)`` as a gate; each mistake one ``ClientError``."""
-        if budget is None:
-            return None
-        try:
-            gate = parse_budget(budget)
-        except ValueError as e:
-            raise ClientError(str(e)) from None
-        if not gate.tokens and self.config.pricing is None:
-            raise ClientError(
-                f"budget={budget!r} is an amount of money, but the config has no `pricing` section to estimate "
-                "costs with: add one, or give the budget in tokens (budget='200000tokens')"
-            )
-        return gate
-
-    def _wake_admission(self) -> None:
-        """A budgeted batch's result came: held tasks may start now (or be held back for good)."""
-        if self._tg is not None:
-            self._tg.start_soon(self._admit)
-
-    def _check_admission(
-        self,
-        rows: list[dict[str, Any]],
-        repeats: int,
-        max_staleness: int | None,
-        batch_size: int,
-        group_staleness: str,
-        agent: str | None,
-    ) -> None:
-        """``submit``'s admission arguments, each mistake one ``ClientError``."""
-        if max_staleness is None:
-            raise ClientError("batch_size bounds rollouts by staleness: give max_staleness too")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ClientError(
-                f"batch_size (the rollouts the trainer consumes per policy version) must be >= 1, got {batch_size!r}"
-            )
-        if group_staleness not in GROUP_STALENESS:
-            raise ClientError(f"group_staleness must be one of {', '.join(GROUP_STALENESS)}, got {group_staleness!r}")
-        window = self._window
-        if window is not None and window.batch_size != batch_size and (window.outstanding or self._held):
-            raise ClientError(
-                f"batch_size={batch_size}, but open batches were submitted with batch_size={window.batch_size}: "
-                "one trainer consumes one batch size"
-            )
-        whole = group_staleness == "group" or any(
-            self.config.agents[check_row(r, list(self.config.agents), agent)].group_repeats for r in rows
-        )
-        if whole and batch_size % repeats:
-            raise ClientError(
-                f"a task's {repeats} repeats start together: batch_size={batch_size} must be a multiple of them "
-                "(the trainer consumes whole groups), or use group_staleness='member'"
-            )
-
-    async def _hold(
-        self, handle: BatchHandle, tasks: list[RolloutTask], batch_size: int | None, *, by_group: bool
-    ) -> None:
-        """Queue a batch's tasks for admission (one unit each, or each task's repeats as one), then admit."""
-        if batch_size is not None and (self._window is None or self._window.batch_size != batch_size):
-            assert self.policy_version is not None  # max_staleness needs one (``_version_for``)
-            self._window = StalenessWindow(batch_size, self.policy_version)
-            self._admission = Admission(self._window)
-        gates = ([self._window] if batch_size is not None and self._window is not None else []) + (
-            [handle.budget] if handle.budget is not None else []
-        )
-        handle.admission = Admission(*gates)
-        await ensure_streams(self.bus)
-        if self.config.jetstream.max_republish > 0:
-            await ensure_kept_stream(self.bus)
-        handle.admitted = batch_size is not None  # in the staleness window (what ``consumed`` reports to)
-        for t in tasks:
-            units = max(t.group, 1)
-            last = self._held[-1] if self._held else None
-            if by_group and last is not None and last.handle is handle and last.tasks[0].task_index == t.task_index:
-                last.tasks.append(t)
-                last.work.units += units
-            else:
-                self._held.append(_Held(handle, Work(units, t.policy_version, t.max_staleness, t.agent), [t]))
-            handle.held += units
-        await self._admit()
-
-    async def _consumed(self, n: int, *, released: int = 0) -> None:
-        if self._window is not None:
-            self._window.consumed(n)
-            self._window.released(released)
-            await self._admit()
-
-    async def _admit(self) -> None:
-        """Publish the held tasks their batch's gates have room for (the staleness window, its budget), in submit
-        order; a task that can no longer start within its staleness bound is stamped with the current version
-        first (redone, never run stale); a batch whose budget is spent gets ``budget`` rows for the rest."""
-        window = self._window
-        async with self._admit_lock:
-            out: list[RolloutTask] = []
-            touched: dict[str, BatchHandle] = {}
-            if any(h.handle.cancelled for h in self._held):
-                # a cancelled batch's held tasks are published all the same, outside the window: a worker
-                # turns each into its ``cancelled`` row without running it, so the batch still ends with one
-                # row per slot (a collector would wait on them forever)
-                for held in [h for h in self._held if h.handle.cancelled]:
-                    held.handle.held -= held.work.units
-                    touched[held.handle.batch] = held.handle
-                    out.extend(msgspec.structs.replace(t, cancelled=True) for t in held.tasks)
-                self._held = deque(h for h in self._held if not h.handle.cancelled)
-            while self._held:
-                held = self._held[0]
-                handle = held.handle
-                windowed = window is not None and window in (handle.admission.gates if handle.admission else ())
-                if windowed and window is not None and window.expired(held.work):
-                    held.work.version = window.version
-                    held.tasks = [msgspec.structs.replace(t, policy_version=window.version) for t in held.tasks]
-                    held.redone = True
-                assert handle.admission is not None
-                if not handle.admission.admit(held.work):
-                    budget = handle.budget
-                    spent = budget is not None and not budget.in_flight and budget.room(held.work) < held.work.units
-                    if not spent:
-                        break  # no room yet (window, or a budget's results in flight): what follows waits, in order
-                    self._held.popleft()  # spent: this task and the batch's others never start
-                    self._budget_stop(held)
-                    touched[handle.batch] = handle
-                    continue
-                self._held.popleft()
-                held.handle.held -= held.work.units
-                held.handle.started += held.work.units
-                held.handle.redone += held.work.units if held.redone else 0
-                touched[held.handle.batch] = held.handle
-                out.extend(held.tasks)
-            keep = self.config.jetstream.max_republish > 0
-            with self._acked("admission", "held tasks"):
-                async with anyio.create_task_group() as tg:
-                    for task in out:
-                        tg.start_soon(partial(publish_task, self.bus, task, keep=keep))
-                for handle in touched.values():
-                    if handle.held == 0:  # all that will be is published: lost slots may be settled
-                        held_from = handle.held_from if handle.budget_stopped else -1
-                        manifest = msgspec.structs.replace(handle._manifest, published=True, held_from=held_from)
-                        await put_manifest(self.bus, manifest)
-        if self._admission is not None:
-            self._admission.changed()
-
-    def _budget_stop(self, held: _Held) -> None:
-        """``held``'s batch spent its budget: its tasks get ``budget`` failure rows, never started."""
-        handle, budget = held.handle, held.handle.budget
-        assert budget is not None
-        spent = f"{budget.spent:,.0f} tokens" if budget.tokens else f"{budget.spent:.4f}"
-        message = f"not started: the batch's budget was spent ({spent} of {budget.limit:g})"
-        if budget.refused:
-            message = f"not started: {budget.refused} ({spent} of {budget.limit:g} spent)"
-        handle.held -= held.work.units
-        for task in held.tasks:
-            for slot, res in budget_results(task, handle.repeats, message):
-                handle.budget_stopped += 1
-                handle.held_from = min(handle.held_from, slot) if handle.held_from >= 0 else slot
-                handle._take(res, slot)
-
     async def run(
         self,
         row: dict[str, Any],
@@ -771,8 +426,8 @@ class Client:
         costs one task publish and one result message.
         """
         self._raise_mismatch()
-        checks = self._check_rows([row], agent, any_tools=any_tools)
-        name = check_row(row, list(self.config.agents), agent)
+        checked = self._check_rows([row], agent, any_tools=any_tools)
+        name = checked.routes[0]
         version = self._version_for(policy_version, max_staleness)
         if self._run_reader is None:
             async with self._run_lock:
@@ -795,7 +450,7 @@ class Client:
                 rollout_index=0,
                 agent=name,
                 row=row,
-                **self._task_fields(version, max_staleness, checks)(name),
+                **self._task_fields(version, max_staleness, checked.seed_checks)(name),
             )
             with self._acked("run", "task"):
                 await self.bus.js_publish(
@@ -816,7 +471,4 @@ class Client:
     def _take_run(self, res: RolloutResult, index: int) -> None:
         fut = self._runs[index][0]  # pending: the intake checked it
         if not fut.done():
-            fut.set_result(_result_row(res))
-
-
-# ------------------------------------------------------------------------------------ sync facade
+            fut.set_result(result_row(res))

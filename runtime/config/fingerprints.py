@@ -3,17 +3,20 @@ a model ``policy`` in one namespace cannot serve each other's calls by accident.
 
 ``resolve_config`` computes them once, after the adapters parsed their options (a fingerprint hashes the
 parsed options, defaults included, as the workers see them); workers, publishers and the client read them
-from the ``ResolvedConfig``.
+from the ``ResolvedConfig``. What is told from them lives here too: ``mismatches`` (a config's against those
+live workers announce) and ``grader_identity`` (rows' ``provenance.grader``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from gym_runtime.config.schema import Config
+from gym_runtime.messages import Cost
 from gym_runtime.model import WrittenOptions
 
 # Fields that may differ between nodes of one experiment (scaling, where the model is served, credentials,
@@ -110,3 +113,41 @@ def config_fields(config: Config, role: str, name: str) -> dict[str, str]:
         return agent_fields(config, name)
     section, table = ("models", config.models) if role == "model" else ("resources", config.resources)
     return entry_fields(f"{section}.{name}", table[name])
+
+
+def grader_identity(fingerprints: dict[str, str], cost: Cost | None) -> str | None:
+    """Rows' ``provenance.grader``, where the grade is not the environment's code alone: each model entry the
+    environment's own code called (an LLM judge) with its config fingerprint, ``judge:1a2b3c4d5e6f``."""
+    if cost is None or not cost.models:
+        return None
+    return ",".join(f"{m}:{fingerprints.get(m) or '?'}" for m in sorted(cost.models))
+
+
+def mismatches(
+    mine: Mapping[tuple[str, str], str],
+    fields: Mapping[tuple[str, str], Mapping[str, str]],
+    workers: list[dict[str, Any]],
+) -> list[str]:
+    """One phrase per config entry that live workers serve with another config than the one whose fingerprints
+    and fields are ``mine`` and ``fields`` (``ResolvedConfig.mismatches``): the keys that differ (or, for a
+    worker that announces no fields, the two fingerprints). Workers of entries this config lacks are another
+    experiment's business, not a mismatch."""
+    seen: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
+    for w in workers:
+        role, name = str(w.get("role")), str(w.get("name"))
+        expected, got = mine.get((role, name)), w.get("fingerprint")
+        if expected is None or got is None or got == expected:
+            continue
+        keys, ids = seen.setdefault((role, name), (set(), []))
+        ids.append(str(w.get("worker")))
+        theirs = w.get("fields")
+        if isinstance(theirs, dict):
+            ours = fields[(role, name)]
+            keys.update(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        else:
+            keys.add(f"fingerprint {got}, this config's {expected}")
+    return [
+        f"{role} {name!r} ({len(ids)} worker{'s' if len(ids) > 1 else ''}: {', '.join(ids[:3])}) differs in "
+        + ", ".join(sorted(keys))
+        for (role, name), (keys, ids) in sorted(seen.items())
+    ]

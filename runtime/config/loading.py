@@ -75,7 +75,7 @@ def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
-    if is_nemo_gym(raw):  # NeMo Gym's shape → our raw dict, then on as usual (nemo.py)
+    if is_nemo_gym(raw):  # NeMo Gym's shape → our raw dict, then on as usual (nemo_gym/config.py)
         try:
             raw = convert_file(p, raw)
         except NemoConfigError as e:

@@ -13,11 +13,12 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.config.fingerprints import agent_parts, config_fields, config_fingerprints
+from gym_runtime.config.fingerprints import agent_parts, config_fields, config_fingerprints, mismatches
 from gym_runtime.config.loading import file_key_hint, readable
 from gym_runtime.config.schema import (
     AgentConfig,
     Config,
+    GatewayConfig,
     JetStreamConfig,
     PricingConfig,
     ResourceConfig,
@@ -48,10 +49,10 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     leaves as it was.
 
     ``config``: the loaded config with each ``models`` entry's options parsed by its adapter, whole (what is
-    printed and kept beside the output; its few other keys, ``nats``, ``gateway``, ``base_dir`` and ``source``,
-    are read there). What workers and the batch service read on every task is set apart once, read-only:
-    ``namespace``, ``jetstream``, the ``models``, ``resources``, ``agents`` and ``sandboxes`` entries (mappings
-    nobody holding the resolved config can change) and ``pricing``.
+    printed, checked rows against and kept beside the output). Each of its keys is set apart once too, so a
+    holder reads ``resolved.gateway``, never ``resolved.config.gateway``: ``namespace``, ``nats``, ``jetstream``,
+    ``gateway``, the ``models``, ``resources``, ``agents`` and ``sandboxes`` entries (read-only mappings nobody
+    holding the resolved config can change), ``pricing``, ``base_dir`` and ``source``.
     ``agent_modules``: each agent entry's module (a hosted one's: ``gym_runtime.nemo_gym.hosting.agent``); ``hosting``:
     what the workers use of hosting (``gym_runtime.nemo_gym.hosting.resource``), when a resource is hosted or an agent
     module runs in verifiers' own built environment (its ``verifiers_version``). Both loaded by name, as
@@ -66,22 +67,31 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     fingerprints: Mapping[tuple[str, str], str]
     fields: Mapping[tuple[str, str], Mapping[str, str]]
     namespace: str
+    nats: str | list[str]
     jetstream: JetStreamConfig
+    gateway: GatewayConfig
     models: Mapping[str, ModelConfig]  # options parsed by each entry's adapter
     resources: Mapping[str, ResourceConfig]
     agents: Mapping[str, AgentConfig]
     sandboxes: Mapping[str, SandboxConfig]
     pricing: PricingConfig | None
+    base_dir: str  # relative paths in the config resolve here
+    source: str  # the file(s) errors found later name
+
+    def mismatches(self, workers: list[dict[str, Any]]) -> list[str]:
+        """One phrase per entry of this config that live workers (``discover``'s answers) serve with another
+        config, naming the keys that differ (``config.fingerprints.mismatches``)."""
+        return mismatches(self.fingerprints, self.fields, workers)
 
     def model_fingerprints(self) -> dict[str, str]:
         """Each models entry's fingerprint, by name."""
-        return {name: self.fingerprints[("model", name)] for name in self.config.models}
+        return {name: self.fingerprints[("model", name)] for name in self.models}
 
     def model_table(self) -> dict[str, dict[str, str]]:
         """Each model entry's adapter, model name and fingerprint (the batch manifest's ``models``: what rows'
         ``provenance.turns`` name); URLs, keys and headers are never in it."""
         table = {}
-        for name, m in self.config.models.items():
+        for name, m in self.models.items():
             model = getattr(m.options, "model", None)
             entry = {"adapter": m.adapter, "fingerprint": self.fingerprints[("model", name)]}
             if isinstance(model, str) and model:
@@ -150,12 +160,16 @@ def _resolved(
         fingerprints=MappingProxyType(config_fingerprints(config)),
         fields=MappingProxyType({(r, n): MappingProxyType(config_fields(config, r, n)) for r, n in roles}),
         namespace=config.namespace,
+        nats=config.nats,
         jetstream=config.jetstream,
+        gateway=config.gateway,
         models=MappingProxyType(config.models),
         resources=MappingProxyType(config.resources),
         agents=MappingProxyType(config.agents),
         sandboxes=MappingProxyType(config.sandboxes),
         pricing=config.pricing,
+        base_dir=config.base_dir,
+        source=config.source,
     )
 
 

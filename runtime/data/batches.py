@@ -17,7 +17,8 @@ import anyio
 import msgspec
 
 from gym_runtime.transport import jetstream
-from gym_runtime.transport.interface import Connection, KeyValue, Transport
+from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.interface import Connection, KeyValue
 
 
 class Owners(msgspec.Struct, kw_only=True):
@@ -145,16 +146,16 @@ class TaskOwners:
         return self._names[bisect_right(self._starts, task) - 1] == agent
 
 
-async def _kv(bus: Transport) -> KeyValue:
+async def _kv(bus: Bus) -> KeyValue:
     return await bus.kv(bus.subjects.batches_bucket)
 
 
-async def put_manifest(bus: Transport, manifest: Manifest) -> None:
+async def put_manifest(bus: Bus, manifest: Manifest) -> None:
     kv = await _kv(bus)
     await kv.put(bus.subjects.manifest_key(manifest.batch), msgspec.json.encode(manifest))
 
 
-async def get_manifest(bus: Transport, batch: str, *, wait_s: float = 0.0) -> Manifest | None:
+async def get_manifest(bus: Bus, batch: str, *, wait_s: float = 0.0) -> Manifest | None:
     """The batch's manifest; waits up to ``wait_s`` for a publish that has not happened yet."""
     kv = await _kv(bus)
     deadline = time.monotonic() + wait_s

@@ -32,7 +32,7 @@ from gym_runtime.data.reader import BatchReader, budget_slots
 from gym_runtime.data.sidecars import AttemptsSpool
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 
 _json_enc = msgspec.json.Encoder()
 _json_dec = msgspec.json.Decoder()
@@ -91,7 +91,7 @@ class Collector:
 
     def __init__(
         self,
-        bus: Transport,
+        bus: Bus,
         manifest: Manifest,
         out: str | Path,
         *,

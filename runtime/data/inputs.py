@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from gym_runtime.data.batches import Owners
 from gym_runtime.errors import InputError, StorageFull, UserError
 from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.jetstream import ensure_kept_stream, task_msg_id
 from gym_runtime.transport.tasks import TaskSet
 
@@ -240,10 +239,12 @@ def row_tasks(
     repeats: int = 1,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     grouped: Callable[[str], bool] = lambda _agent: False,
+    routes: Sequence[str] | None = None,
 ) -> Iterator[RolloutTask]:
-    """The tasks of rows × repeats in publish order (``aabbcc``; a grouped agent's repeats: one group task)."""
+    """The tasks of rows × repeats in publish order (``aabbcc``; a grouped agent's repeats: one group task).
+    ``routes``: each row's agent, as a check of the rows found it (``validation.CheckedRows``); else chosen here."""
     for index, row in enumerate(rows):
-        name = choose_agent(row, agents, agent)
+        name = routes[index] if routes is not None else choose_agent(row, agents, agent)
         group = repeats if repeats > 1 and grouped(name) else 0
         fields = task_fields(name)
         for r in range(1 if group else repeats):
@@ -252,7 +253,7 @@ def row_tasks(
             )
 
 
-async def publish_task(bus: Transport, task: RolloutTask, *, keep: bool = False) -> None:
+async def publish_task(bus: Bus, task: RolloutTask, *, keep: bool = False) -> None:
     """Store one task in its agent's queue (``keep``: its body in the kept stream too, with its first repeat)."""
     subject = bus.subjects.task(task.agent, task.batch)
     kept = bus.subjects.kept(task.batch, task.task_index) if keep and task.rollout_index == 0 else None
@@ -289,8 +290,10 @@ async def publish_rows(
     keep: bool = False,
     admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
     held: Callable[[RolloutTask], None] | None = None,
+    routes: Sequence[str] | None = None,
 ) -> int:
-    """Publish validated rows × repeats; ``task_fields(agent)`` adds trainer fields to each task. Into streams
+    """Publish validated rows × repeats (``routes``: each row's agent, as their check found it: ``row_tasks``);
+    ``task_fields(agent)`` adds trainer fields to each task. Into streams
     its caller ensured (``ensure_streams``: ``publish_batch`` does, and a ``Client`` as it starts), once.
 
     ``admit(task, stored)``: asked for each task in publish order before it is sent (``stored``: sent by an
@@ -339,7 +342,14 @@ async def publish_rows(
         tg.start_soon(tasks.guard)
         stopped = False
         for task in row_tasks(
-            rows, batch=batch, agents=agents, agent=agent, repeats=repeats, task_fields=task_fields, grouped=grouped
+            rows,
+            batch=batch,
+            agents=agents,
+            agent=agent,
+            repeats=repeats,
+            task_fields=task_fields,
+            grouped=grouped,
+            routes=routes,
         ):
             if admit is not None and not stopped:
                 stopped = not await admit(task, mark.skips())

@@ -26,9 +26,9 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import DIRECT_GET_HEADERS, MSG_ID_HEADER
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.subjects import LOST
 
 log = logs.get("gym.intake")
@@ -54,7 +54,7 @@ class Intake:
     """
 
     def __init__(
-        self, bus: Transport, batch: str, *, repeats: int, tasks: int | None, allows: Callable[[int, str], bool]
+        self, bus: Bus, batch: str, *, repeats: int, tasks: int | None, allows: Callable[[int, str], bool]
     ) -> None:
         self.bus = bus
         self.batch = batch
@@ -114,7 +114,7 @@ def _not_stored_by_an_agent(res: RolloutResult, headers: Mapping[str, str]) -> s
     return None
 
 
-async def read_result(bus: Transport, msg: Delivery) -> RolloutResult | None:
+async def read_result(bus: Bus, msg: Delivery) -> RolloutResult | None:
     """A stored result as every reader of the results stream must see it: a body that cannot be read is a
     failure row of the slot its id names (its subject is still checked), never a reward, never a hang."""
     try:
@@ -142,7 +142,7 @@ def _weigh(res: RolloutResult, size: int) -> None:
         res.row["cost"] = {"stored_bytes": size}
 
 
-def unreadable_result(bus: Transport, msg: Delivery, e: Exception) -> RolloutResult | None:
+def unreadable_result(bus: Bus, msg: Delivery, e: Exception) -> RolloutResult | None:
     """The failure of a stored result whose body cannot be read, named by its ``Nats-Msg-Id`` and subject;
     ``None`` when they name none (logged: not a result of ours)."""
     slot = jetstream.result_id_slot((msg.headers or {}).get(MSG_ID_HEADER, ""))

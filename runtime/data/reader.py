@@ -36,8 +36,9 @@ from gym_runtime.data.republish import NOT_KEPT, republish
 from gym_runtime.messages import ErrorClass, ErrorInfo, RolloutResult
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.interface import StreamReader, Transport
+from gym_runtime.transport.interface import StreamReader
 from gym_runtime.transport.subjects import LOST as LOST_AGENT
 from gym_runtime.transport.subjects import advisory
 
@@ -105,7 +106,7 @@ class BatchReader:
 
     def __init__(
         self,
-        bus: Transport,
+        bus: Bus,
         intake: Intake,
         take: Callable[[RolloutResult, int], None],
         *,
@@ -134,7 +135,7 @@ class BatchReader:
     @classmethod
     def of(
         cls,
-        bus: Transport,
+        bus: Bus,
         manifest: Manifest,
         take: Callable[[RolloutResult, int], None],
         empty: Callable[[], list[int]],

@@ -25,8 +25,8 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport import jetstream
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import serving
-from gym_runtime.transport.interface import Transport
 
 log = logs.get("gym.republish")
 
@@ -38,7 +38,7 @@ NOT_KEPT = (
 )
 
 
-async def kept_task(bus: Transport, batch: str, task: int) -> RolloutTask | None:
+async def kept_task(bus: Bus, batch: str, task: int) -> RolloutTask | None:
     """The body ``publish`` kept for ``task`` of ``batch``; None when none is kept."""
     names = bus.subjects
     msg = await bus.last_stored(names.kept_stream, names.kept(batch, task))  # a last-by-subject direct get
@@ -51,7 +51,7 @@ async def kept_task(bus: Transport, batch: str, task: int) -> RolloutTask | None
 
 
 async def republish(
-    bus: Transport, manifest: Manifest, slots: list[int], again: int, owner: Callable[[int], str]
+    bus: Bus, manifest: Manifest, slots: list[int], again: int, owner: Callable[[int], str]
 ) -> dict[int, str]:
     """Publish again, as round ``again``, the tasks of ``slots``; returns each slot it could not, with why.
 
@@ -87,7 +87,7 @@ async def republish(
     return why
 
 
-async def _publish_again(bus: Transport, batch: str, task: int, agent: str, rollouts: list[int], again: int) -> str:
+async def _publish_again(bus: Bus, batch: str, task: int, agent: str, rollouts: list[int], again: int) -> str:
     """Publish ``task``'s empty ``rollouts`` again from its kept body; '' when done, else why not."""
     body = await kept_task(bus, batch, task)
     if body is None:

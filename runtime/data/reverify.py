@@ -166,7 +166,7 @@ async def reverify_file(
 ) -> ReverifyReport:
     """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress). ``task_fields``:
     the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them.
-    ``grader``: the grader identity of a verdict's model calls (``workers.control.grader_identity``), compared
+    ``grader``: the grader identity of a verdict's model calls (``config.fingerprints.grader_identity``), compared
     with each row's ``provenance`` as the environment's code identity is (drift)."""
     src, out = Path(src), Path(out)
     failures_path = sidecar_paths(out)[0]

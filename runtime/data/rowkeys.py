@@ -29,6 +29,9 @@ RUNTIME_KEYS = frozenset(
         "_ng_rollout_index",
     }
 )
+# what a trainer adapter adds to a row it handed the trainer (``trainers.train_rows``): runtime-owned too
+TRAIN_KEYS = frozenset({"train_step", "train_group", "train_reward", "train_advantage", "train_total_reward"})
+RUNTIME_KEYS = RUNTIME_KEYS | TRAIN_KEYS
 _MISSING = object()
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
+from gym_runtime.data.batches import Owners
 from gym_runtime.data.inputs import Plan, check_agent_flag, validate
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
 from gym_runtime.errors import InputError
@@ -165,19 +166,41 @@ def check_rows(checker: TaskChecker, rows: Iterable[tuple[str, Any]], report: Re
     return report
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedRows:
+    """Rows checked once, before any is published (``check_before_publish``): each row's agent, in row order
+    (``routes``: its route, what the task carries), and the check each agent's resource workers make at seed time
+    where this process cannot import the environment (``seed_checks``: its tasks' ``RolloutTask.check``)."""
+
+    routes: list[str]
+    seed_checks: dict[str, RowCheck]
+
+    def owners(self) -> Owners:
+        """The routes as the batch manifest records them."""
+        owners = Owners()
+        for agent in self.routes:
+            owners.add(agent)
+        return owners
+
+
 def check_before_publish(
     cfg: Config, rows: Iterable[tuple[str, Any]], *, agent: str | None = None, any_tools: bool = False
-) -> dict[str, RowCheck]:
-    """The checks of ``validate`` on rows about to be published (``Client.submit``; a file's: ``plan_publish``):
-    ``InputError`` listing every problem, so nothing is published that ``validate`` would refuse.
-
-    Returns the agents whose environment this process cannot import (hosted, or installed on the
-    worker nodes only) with the check their resource workers make at seed time instead."""
+) -> CheckedRows:
+    """The checks of ``validate`` on rows about to be published (``Client.submit`` and ``run``; a file's:
+    ``plan_publish``), each row checked once: ``InputError`` listing every problem, so nothing is published that
+    ``validate`` would refuse; else each row's route and the seed-time checks (``CheckedRows``), which the
+    publisher reuses rather than routing the rows again."""
     checker = _publish_checker(cfg, agent, any_tools)
-    report = check_rows(checker, rows)
-    if report.problems:
-        raise InputError(report.problems)
-    return _seed_checks(checker, any_tools)
+    problems: list[str] = []
+    routes: list[str] = []
+    for where, row in rows:
+        name, found = checker.check(row)
+        problems += [f"{where}: {p}" for p in found]
+        if name is not None:
+            routes.append(name)
+    if problems:
+        raise InputError(problems)
+    return CheckedRows(routes=routes, seed_checks=_seed_checks(checker, any_tools))
 
 
 def plan_publish(

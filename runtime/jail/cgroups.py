@@ -10,7 +10,7 @@ Per-process rlimits do not add up: six children under a 1 GiB ``RLIMIT_AS`` hold
   and ``cpuacct``) cgroup: ``memory.limit_in_bytes`` (+ ``memory.memsw.limit_in_bytes``),
   ``pids.max``, and ``cpuacct.usage`` to count CPU.
 
-CPU is counted, not limited, here: the parent (``runner._CpuWatch``) reads :meth:`SandboxCgroup.cpu_s`
+CPU is counted, not limited, here: the parent (``runner._CpuWatch``) reads :meth:`JailCgroup.cpu_s`
 (v2 ``cpu.stat``, v1 ``cpuacct.usage``: every process of the sandbox, also those already gone)
 and kills the sandbox when it passes its CPU limit.
 
@@ -79,7 +79,7 @@ def _write(path: str, value: str) -> None:
 
 
 @dataclass
-class SandboxCgroup:
+class JailCgroup:
     """The directories of one sandbox's cgroup (one for v2, one per controller for v1)."""
 
     version: int
@@ -141,7 +141,7 @@ class SandboxCgroup:
             time.sleep(0.05)
 
 
-def create(memory_bytes: int, max_tasks: int) -> SandboxCgroup | None:
+def create(memory_bytes: int, max_tasks: int) -> JailCgroup | None:
     """A fresh cgroup limited to ``memory_bytes`` and ``max_tasks``, or None where none is writable."""
     name = f"gym-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
     mounts = _mounts()
@@ -153,7 +153,7 @@ def create(memory_bytes: int, max_tasks: int) -> SandboxCgroup | None:
     return None
 
 
-def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:
+def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> JailCgroup | None:
     if "" not in own:
         return None
     for root, mount, fstype, _ in mounts:
@@ -168,7 +168,7 @@ def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
         if "memory" not in enabled or "pids" not in enabled:
             continue
         d = os.path.join(parent, name)
-        cg = SandboxCgroup(2, [d])
+        cg = JailCgroup(2, [d])
         try:
             os.mkdir(d, 0o755)
         except OSError:
@@ -186,9 +186,9 @@ def _create_v2(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | No
     return None
 
 
-def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> SandboxCgroup | None:
+def _create_v1(mounts, own, name, memory_bytes, max_tasks) -> JailCgroup | None:
     made: list[str] = []
-    cg = SandboxCgroup(1, made)
+    cg = JailCgroup(1, made)
     for controller in ("memory", "pids", "cpuacct"):
         if controller not in own:
             continue
@@ -257,5 +257,5 @@ def sweep() -> int:
             continue
         for name in names:
             if owner_gone(name):
-                removed += SandboxCgroup(version, [os.path.join(parent, name)]).remove(within=REMOVE_WITHIN_S)
+                removed += JailCgroup(version, [os.path.join(parent, name)]).remove(within=REMOVE_WITHIN_S)
     return removed

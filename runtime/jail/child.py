@@ -8,7 +8,7 @@ stdlib's ``os.unshare`` only exists from Python 3.12) and adds what bwrap lacks:
 rlimits, a process cap and a wall-clock kill. Nothing to install, nothing
 downloaded at run time.
 
-How one run is isolated (parent side: :class:`SandboxRunner`; child side:
+How one run is isolated (parent side: :class:`JailRunner`; child side:
 ``python -I child.py --child``, which isolates itself *before* it reads any
 untrusted input, and fails closed when a required layer is missing):
 

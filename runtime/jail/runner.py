@@ -8,7 +8,7 @@ untrusted input). What the parent adds, none of which the program can switch off
   cgroup the summed CPU time of the sandbox's processes, read from ``/proc``; over ``cpu_s`` the tree
   is killed);
 - caps on what it reads: every header line (``Limits.message_bytes``) and every body (``max_body`` of
-  :meth:`SandboxSession.recv`) in bytes, as they arrive, before anything is decoded.
+  :meth:`JailSession.recv`) in bytes, as they arrive, before anything is decoded.
 
 Each run's CPU seconds (the same count as the limit's) are read at its end and handed to ``CPU_SINK``'s
 value when the run started under one: a resource worker sets it to its session's cost around seed, tool and
@@ -49,12 +49,12 @@ __all__ = [
     "CPU_SINK",
     "Layers",
     "Limits",
-    "SandboxBodyTooLarge",
-    "SandboxError",
-    "SandboxExited",
-    "SandboxRunner",
-    "SandboxSession",
-    "SandboxTimeout",
+    "JailBodyTooLarge",
+    "JailError",
+    "JailExited",
+    "JailRunner",
+    "JailSession",
+    "JailTimeout",
     "clean_env",
     "landlock_abi",
     "probe",
@@ -66,7 +66,7 @@ __all__ = [
 CPU_SINK: ContextVar[Callable[[float], None] | None] = ContextVar("gym_sandbox_cpu_sink", default=None)
 
 
-class SandboxError(RuntimeError):
+class JailError(RuntimeError):
     """The sandbox could not be set up (a required isolation layer is missing) or broke down."""
 
 
@@ -116,11 +116,11 @@ def clean_env(workdir: str) -> dict[str, str]:
     }
 
 
-class SandboxTimeout(Exception):
+class JailTimeout(Exception):
     """The run passed its wall-clock limit; the process tree was killed."""
 
 
-class SandboxExited(Exception):
+class JailExited(Exception):
     """The child ended (or broke the protocol, or was killed at its CPU limit) before sending what was expected."""
 
     def __init__(self, message: str, returncode: int | None, stderr: str) -> None:
@@ -129,7 +129,7 @@ class SandboxExited(Exception):
         self.stderr = stderr
 
 
-class SandboxBodyTooLarge(SandboxExited):
+class JailBodyTooLarge(JailExited):
     """A message announced a body over the reader's cap; nothing of it was read (the run cannot go on)."""
 
     def __init__(self, header: Any, size: int, stderr: str) -> None:
@@ -169,7 +169,7 @@ class _Watched:
 
     __slots__ = ("pid", "cgroup", "cpu_s", "alive", "exceeded")
 
-    def __init__(self, pid: int, cgroup: cgroups.SandboxCgroup | None, cpu_s: float) -> None:
+    def __init__(self, pid: int, cgroup: cgroups.JailCgroup | None, cpu_s: float) -> None:
         self.pid, self.cgroup, self.cpu_s = pid, cgroup, cpu_s
         self.alive = True
         self.exceeded = False
@@ -234,7 +234,7 @@ class _CpuWatch:
             time.sleep(self.INTERVAL_S)
 
 
-class SandboxSession:
+class JailSession:
     """One running child: send requests, receive messages, all under one wall-clock deadline.
 
     A message from the child is a JSON header line, then, when the header says ``"body": n``, ``n``
@@ -271,10 +271,10 @@ class SandboxSession:
     def _remaining(self) -> float:
         return max(0.0, self.deadline - anyio.current_time())
 
-    def _ended(self, what: str) -> SandboxExited:
+    def _ended(self, what: str) -> JailExited:
         if self._watched.exceeded:
-            return SandboxExited(f"CPU limit of {self.limits.cpu_s:g} s", self.proc.returncode, self.stderr)
-        return SandboxExited(what, self.proc.returncode, self.stderr)
+            return JailExited(f"CPU limit of {self.limits.cpu_s:g} s", self.proc.returncode, self.stderr)
+        return JailExited(what, self.proc.returncode, self.stderr)
 
     async def send(self, obj: Any) -> None:
         data = (json.dumps(obj) + "\n").encode("ascii")
@@ -282,7 +282,7 @@ class SandboxSession:
             with anyio.fail_after(self._remaining()):
                 await self.proc.stdin.send(data)
         except TimeoutError:
-            raise SandboxTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
+            raise JailTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             raise self._ended("child stopped reading") from None
 
@@ -296,15 +296,15 @@ class SandboxSession:
                 if size is None:
                     return header, None
                 if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                    raise SandboxExited("malformed body size", None, self.stderr)
+                    raise JailExited("malformed body size", None, self.stderr)
                 if size > max_body:
-                    raise SandboxBodyTooLarge(header, size, self.stderr)
+                    raise JailBodyTooLarge(header, size, self.stderr)
                 body = await self._stdout.receive_exactly(size) if size else b""
                 return header, body
         except TimeoutError:
-            raise SandboxTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
+            raise JailTimeout(f"wall-clock limit of {self.limits.wall_s:g} s") from None
         except DelimiterNotFound:
-            raise SandboxExited(
+            raise JailExited(
                 f"message over the limit of {self.limits.message_bytes} bytes", None, self.stderr
             ) from None
         except (IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -315,7 +315,7 @@ def _parse_header(line: bytes) -> Any:
     try:
         return json.loads(line)
     except (ValueError, RecursionError):  # (nesting deeper than the parser goes)
-        raise SandboxExited("child sent a malformed message", None, "") from None
+        raise JailExited("child sent a malformed message", None, "") from None
 
 
 # a leftover working directory is removed once untouched this long: a /tmp shared with workers in another PID
@@ -339,12 +339,12 @@ def sweep_leftovers() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-class SandboxRunner:
+class JailRunner:
     """Starts sandboxed children; at most ``max_parallel`` at once (the rest wait their turn).
 
     Usage::
 
-        runner = SandboxRunner(max_parallel=4)
+        runner = JailRunner(max_parallel=4)
         async with runner.session("payload.py", Limits(wall_s=10)) as s:
             await s.send({...}); header, body = await s.recv(max_body=1 << 20)
 
@@ -365,17 +365,17 @@ class SandboxRunner:
 
 
 class _SessionContext:
-    def __init__(self, runner: SandboxRunner, payload: str, limits: Limits, entry: str) -> None:
+    def __init__(self, runner: JailRunner, payload: str, limits: Limits, entry: str) -> None:
         self.runner, self.payload, self.limits, self.entry = runner, os.path.abspath(payload), limits, entry
         self._proc: Any = None
-        self._cgroup: cgroups.SandboxCgroup | None = None
+        self._cgroup: cgroups.JailCgroup | None = None
         self._watched: _Watched | None = None
         self._workdir: str | None = None
         self._stderr: Any = None
         self._acquired = False
         self._sink = CPU_SINK.get()  # who is told this run's CPU seconds (the caller's, at the start)
 
-    async def __aenter__(self) -> SandboxSession:
+    async def __aenter__(self) -> JailSession:
         await self.runner._sem.acquire()
         self._acquired = True
         try:
@@ -384,7 +384,7 @@ class _SessionContext:
             await self._cleanup()
             raise
 
-    async def _start(self) -> SandboxSession:
+    async def _start(self) -> JailSession:
         lim = self.limits
         if not self.runner.swept:
             self.runner.swept = True
@@ -419,17 +419,17 @@ class _SessionContext:
         self.runner.running += 1
         self._watched = _Watched(self._proc.pid, self._cgroup, lim.cpu_s)
         self.runner._cpu.add(self._watched)
-        session = SandboxSession(self._proc, lim, anyio.current_time() + lim.wall_s, self._stderr, self._watched)
+        session = JailSession(self._proc, lim, anyio.current_time() + lim.wall_s, self._stderr, self._watched)
         try:
             hello, _ = await session.recv()
-        except (SandboxExited, SandboxTimeout) as e:
+        except (JailExited, JailTimeout) as e:
             # before any untrusted input: a broken machine, not a broken program
-            raise SandboxError(f"sandbox did not start ({e}): {session.stderr[-2000:]}") from None
+            raise JailError(f"sandbox did not start ({e}): {session.stderr[-2000:]}") from None
         if not (isinstance(hello, dict) and hello.get("kind") == "sandbox"):
-            raise SandboxError(f"sandbox did not report its layers: {session.stderr[-2000:]}")
+            raise JailError(f"sandbox did not report its layers: {session.stderr[-2000:]}")
         session.layers = hello.get("layers") or {}
         if not hello.get("ok"):
-            raise SandboxError("sandbox unavailable: missing " + "; ".join(session.layers.get("missing") or ["?"]))
+            raise JailError("sandbox unavailable: missing " + "; ".join(session.layers.get("missing") or ["?"]))
         return session
 
     async def __aexit__(self, *exc: Any) -> None:

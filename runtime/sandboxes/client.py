@@ -39,7 +39,7 @@ import msgspec
 from gym_runtime.errors import Failure
 from gym_runtime.messages import COMMAND_HEAD, SandboxCall, SandboxCommand, SandboxReply, SandboxSpec
 from gym_runtime.sandboxes.spec import ExecResult, SandboxAsk
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import NoResponders
 from gym_runtime.transport.subjects import Subjects
 
@@ -301,7 +301,7 @@ class Sandboxes:
 
     def __init__(
         self,
-        bus: Transport | None,
+        bus: Bus | None,
         pool: str,
         *,
         lease: str,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import anyio
 
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 
 CHUNK = 32 << 10  # the most bytes of one stream in one message
 FLUSH_S = 0.05  # the longest a byte waits for others to share its message
@@ -20,7 +20,7 @@ class Forward:
     """The output of the exec handled in this context, sent to its caller (``Bus.send_output``). Run ``run``
     beside the exec, give ``add`` each part, then ``flush`` before the reply."""
 
-    def __init__(self, bus: Transport) -> None:
+    def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.waiting: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
         self._pending = anyio.Event()

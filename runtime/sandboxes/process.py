@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_runtime.errors import Failure
-from gym_runtime.jail import Limits, SandboxError, SandboxExited, SandboxRunner, SandboxTimeout
+from gym_runtime.jail import JailError, JailExited, JailRunner, JailTimeout, Limits
 from gym_runtime.sandboxes.backend import Background, Owned, Resolved, unsupported
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
@@ -29,7 +29,7 @@ class ProcessBackend:
 
     def __init__(self, *, pool: str, max_parallel: int = 1024) -> None:
         self.pool = pool
-        self.runner = SandboxRunner(max_parallel)
+        self.runner = JailRunner(max_parallel)
         self._boxes: dict[str, tuple[Any, Any]] = {}  # id -> (context, session)
 
     async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
@@ -44,7 +44,7 @@ class ProcessBackend:
         ctx = self.runner.session(PAYLOAD, limits)
         try:
             session = await ctx.__aenter__()
-        except SandboxError as e:
+        except JailError as e:
             raise Failure("tool_error", f"the process sandbox is unavailable here: {e}") from None
         sid = uuid.uuid4().hex
         self._boxes[sid] = (ctx, session)
@@ -57,7 +57,7 @@ class ProcessBackend:
         try:
             await box[1].send(req)
             head, body = await box[1].recv(max_body=max_body)
-        except (SandboxExited, SandboxTimeout) as e:
+        except (JailExited, JailTimeout) as e:
             await self.close(sid)
             raise Failure("tool_error", f"sandbox {sid[:12]} ended: {e}") from None
         if not isinstance(head, dict):

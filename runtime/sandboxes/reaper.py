@@ -28,8 +28,8 @@ import anyio
 
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Owned
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import CONTROL, sent_as_control
-from gym_runtime.transport.interface import Transport
 
 BEACON_S = 1.0
 DEAD_AFTER_S = 4.0  # a worker unheard this long is dead (four beacons missed)
@@ -92,7 +92,7 @@ class Peers:
         return total // n + (1 if i < total % n else 0)
 
 
-async def beacons(bus: Transport, subject: str, peers: Peers) -> None:
+async def beacons(bus: Bus, subject: str, peers: Peers) -> None:
     """Say this worker is alive every ``BEACON_S`` (its id, live sandboxes and capacity), and hear the pool's
     other workers (until cancelled)."""
 

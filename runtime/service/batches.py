@@ -28,7 +28,6 @@ from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.jetstream import ensure_streams
-from gym_runtime.workers.control import mismatches
 
 log = logs.get("gym.runner")  # the name these lines had in runner: log readers filter on it
 
@@ -43,7 +42,7 @@ async def check_live_workers(bus: Bus, config: ResolvedConfig, agents: list[str]
     ``config_mismatch``): one line naming the keys that differ. With no worker of ``agents`` yet the tasks
     wait in the queue; say so once."""
     workers = await discover(bus, wait_s=DISCOVERY_WAIT_S)
-    problems = mismatches(config, workers)
+    problems = config.mismatches(workers)
     if problems:
         raise ConfigError(
             f"namespace {config.namespace!r} has live workers started with another config than this one: "

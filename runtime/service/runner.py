@@ -22,6 +22,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from gym_runtime.config import Config, ResolvedConfig, redact
+from gym_runtime.config.fingerprints import grader_identity
 from gym_runtime.data.batches import Manifest, new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Plan, check_agent_flag, validate
@@ -44,7 +45,6 @@ from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
-from gym_runtime.workers.control import grader_identity
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.sandbox_worker import SandboxWorker

@@ -40,6 +40,7 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncBatch, SyncClient
 from gym_runtime.trainers.rows import RowIndex, TokenSequence, check_agent, components, runs, sequence
+from gym_runtime.trainers.train_rows import TRLTrainRows
 
 __all__ = ["GroupPolicy", "TRLRollouts", "env_reward"]
 
@@ -74,6 +75,7 @@ class _Group:
     size: int
     rows: list[dict[str, Any] | None] = field(default_factory=list)
     tries: int = 0
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # a failed member's last failure row
 
     @property
     def failed(self) -> list[int]:
@@ -102,7 +104,8 @@ class TRLRollouts:
     ``client``: a ``SyncClient`` (workers in this process for ``live``); ``rows``: the task rows trained on (the
     dataset is ``.dataset()``); ``agent``: the config's agent that runs them (needed when it has several);
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
-    (None: the policy is served elsewhere); ``max_staleness``: passed to ``submit``.
+    (None: the policy is served elsewhere); ``max_staleness``: passed to ``submit``; ``rows_path``: a file the
+    rows handed to TRL are appended to, with their step, group, reward and TRL's advantage (``train_rows``).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class TRLRollouts:
         live: str | None = "policy",
         policy: GroupPolicy | None = None,
         max_staleness: int | None = None,
+        rows_path: str | None = None,
     ) -> None:
         check_agent(list(client.client.config.agents), agent)
         self.client = client
@@ -125,10 +129,16 @@ class TRLRollouts:
         self.counts = Counts()
         self.totals = Counts()
         self.last_rows: list[dict[str, Any] | None] = []  # the last call's rows, in TRL's order (None: masked)
+        self.train_rows = TRLTrainRows(rows_path) if rows_path is not None else None
 
     def dataset(self) -> list[dict[str, Any]]:
         """The trainer's dataset (``datasets.Dataset.from_list``): one prompt per row, carrying its row."""
         return self.index.dataset()
+
+    def close(self) -> None:
+        """The training rows still held written, and the file closed (TRL's end of training writes them too)."""
+        if self.train_rows is not None:
+            self.train_rows.close()
 
     # ------------------------------------------------------------------------------------------ the call
 
@@ -141,6 +151,8 @@ class TRLRollouts:
         self._retry(groups)
         groups = self._settle(groups, taken={g.row for g in groups})
         out = self._output(groups)
+        if self.train_rows is not None:
+            self.train_rows.hold([_written(g) for g in groups], out["gym_reward"], trainer)
         self.totals.add(self.counts)
         self._log(trainer)
         return out
@@ -195,6 +207,7 @@ class TRLRollouts:
         got = self._gather(self._submit(groups, sizes), sizes)
         for i, g in enumerate(groups):
             g.rows = [self._ok(r) for r in got[i]]
+            g.failures = {k: r for k, r in enumerate(got[i]) if g.rows[k] is None}
 
     def _ok(self, row: dict[str, Any]) -> dict[str, Any] | None:
         self.counts.rollouts += 1
@@ -215,6 +228,7 @@ class TRLRollouts:
             for i, rows in got.items():
                 for slot, row in zip(groups[i].failed, rows, strict=True):
                     groups[i].rows[slot] = self._ok(row)
+                    groups[i].failures[slot] = row
 
     def _settle(self, groups: list[_Group], *, taken: set[int]) -> list[_Group]:
         """Groups still short after their retries: masked, or replaced by the next rows' groups (retried too)."""
@@ -293,3 +307,8 @@ def _masked(like: TokenSequence | None) -> TokenSequence:
     prompt = like.prompt_ids if like is not None else [0]
     token = like.completion_ids[-1] if like is not None and like.completion_ids else 0
     return TokenSequence(prompt, [token], [0], [0.0], [])
+
+
+def _written(g: _Group) -> list[dict[str, Any]]:
+    """A group's rows as the training rows file has them: a masked member as its last failure row."""
+    return [r if r is not None else g.failures.get(k, {}) for k, r in enumerate(g.rows)]

@@ -37,6 +37,7 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
 from gym_runtime.trainers.rows import RowIndex, check_agent, components, sequence
+from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
 
@@ -66,6 +67,7 @@ class GymRolloutWorker:
         batch_size: int,
         agent: str | None = None,
         groups_in_flight: int = 4,
+        rows_path: str | None = None,
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
             raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
@@ -87,6 +89,8 @@ class GymRolloutWorker:
         self._stop = threading.Event()
         self._future: Future[Any] | None = None
         self._group_id = 0
+        # the rows handed over, with the advantage given them (``train_rows``); a dropped group's with reward None
+        self.train_rows = TrainRowsWriter(rows_path) if rows_path is not None else None
 
     # ------------------------------------------------------------------------------------------ the protocol
 
@@ -98,6 +102,8 @@ class GymRolloutWorker:
         self._stop.set()
         if self._future is not None:
             self._future.cancel()
+        if self.train_rows is not None:
+            self.train_rows.close()
 
     def update_model_version(self, model_version: int) -> None:
         """The trainer's policy moved on: groups in flight that can no longer be used are cancelled now."""
@@ -144,6 +150,11 @@ class GymRolloutWorker:
             if len(rows) < self.num_generations or any("error_class" in r for r in rows):
                 self.counts.failed_groups += 1
                 log.info("trainer.group_dropped", row=row, errors=[r.get("error_class") for r in rows])
+                if self.train_rows is not None:
+                    g = self.train_rows.group()
+                    for r in rows:
+                        self.train_rows.write(r, step=self.model_version, group=g, reward=None)
+                    self.train_rows.flush()
                 return
             made = min(int(r["policy_versions"][0]) for r in rows)
             if self.model_version - made > self.max_staleness:
@@ -170,8 +181,14 @@ class GymRolloutWorker:
         std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         self._group_id += 1
         out = []
+        g = self.train_rows.group() if self.train_rows is not None else 0
         for row, reward in zip(rows, rewards, strict=True):
             seq = sequence(row)
+            advantage = (reward - mean) / (std + 1e-8)
+            if self.train_rows is not None:
+                self.train_rows.write(
+                    row, step=self.model_version, group=g, reward=reward, advantage=advantage, total=reward
+                )
             messages = (row.get("responses_create_params") or {}).get("input") or []
             out.append(
                 self.sample(
@@ -180,13 +197,15 @@ class GymRolloutWorker:
                     input_ids=np.asarray(seq.prompt_ids + seq.completion_ids, dtype=np.int64),
                     completion_mask=np.asarray([0] * len(seq.prompt_ids) + seq.env_mask, dtype=np.int64),
                     old_log_probs=np.asarray([0.0] * len(seq.prompt_ids) + seq.logprobs, dtype=np.float32),
-                    advantage=(reward - mean) / (std + 1e-8),
+                    advantage=advantage,
                     model_version=version,
                     group_id=self._group_id,
                     metrics={"reward": float(reward), "reward_std": std},
                     enqueued_at=time.time(),
                 )
             )
+        if self.train_rows is not None:
+            self.train_rows.flush()
         return out
 
 

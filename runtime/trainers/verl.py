@@ -35,6 +35,7 @@ from gym_runtime.client import Client
 from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.rows import sequence
+from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["GymAgentLoop", "LoopClients"]
 
@@ -46,6 +47,14 @@ class LoopClients:
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str | None, str], Client] = {}
         self._lock = anyio.Lock()
+        self._rows: dict[str, TrainRowsWriter] = {}
+
+    def rows(self, path: str) -> TrainRowsWriter:
+        """The actor's one writer of a training rows file (every loop of this process appends to it)."""
+        writer = self._rows.get(path)
+        if writer is None:
+            writer = self._rows[path] = TrainRowsWriter(path)
+        return writer
 
     async def get(self, config: str, nats: str | None, workers: bool | list[str]) -> Client:
         key = (config, nats, json.dumps(workers))
@@ -74,6 +83,7 @@ class GymAgentLoop(AgentLoopBase):
         workers: bool | list[str] = True,
         agent: str | None = None,
         live: str = "policy",
+        rows_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -85,6 +95,7 @@ class GymAgentLoop(AgentLoopBase):
         self.agent = agent
         self.live = live
         self.last_row: dict[str, Any] | None = None
+        self.rows_path = rows_path
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = (kwargs.get("extra_info") or {}).get("gym_row")
@@ -98,8 +109,10 @@ class GymAgentLoop(AgentLoopBase):
             result = await client.run(row, agent=self.agent)
         except RolloutFailed as e:
             self.last_row = e.row
+            self._record(e.row, kwargs, 0.0)
             return self._masked(e.error_class)
         self.last_row = result
+        self._record(result, kwargs, float(result.get("reward", 0.0)))
         seq = sequence(result)
         turns = sum(1 for item in result["response"]["output"] if "generation_token_ids" in item)
         return AgentLoopOutput(
@@ -112,6 +125,19 @@ class GymAgentLoop(AgentLoopBase):
             metrics=AgentLoopMetrics(),
             extra_fields={"gym_policy_versions": result.get("policy_versions")},
         )
+
+    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float) -> None:
+        """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
+        by its ``n`` rollouts), its step the policy version that made it (verl passes no step to a loop), and no
+        advantage: verl computes it in the driver after every loop returned, where no loop reads it."""
+        if self.rows_path is None:
+            return
+        versions = [v for v in row.get("policy_versions") or [] if isinstance(v, int)]
+        uid = kwargs.get("uid")
+        writer = LOOP_CLIENTS.rows(self.rows_path)
+        group = str(uid) if uid is not None else writer.group()
+        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward)
+        writer.flush()
 
     def _masked(self, error_class: str) -> AgentLoopOutput:
         eos = int(getattr(self.tokenizer, "eos_token_id", 0) or 0)

@@ -4,9 +4,10 @@ It is written once over a ``Wire`` (``interface.Wire``: the NATS basics), the re
 nats-py, ``jetstream``, ``pull``, ``readers``) or the in-memory one (``memory.MemoryWire``). Its parts, each in a
 module of its own: ``connect`` (reaching a server), ``rpc`` (a call's liveness and keepalives), ``blobs`` (large
 bodies by reference: ``bus.blobs``), ``serving`` (the server side: ``bus.serving``); this module holds the client
-side (calls, queued requests, acked stream publishes, discovery rounds) and the ``Bus`` that composes them. The
-``Bus`` is a ``transport.interface.Transport`` (what workers use) and, on NATS, a ``Connection`` (what the
-streams' administration uses); no part imports it.
+side (calls, queued requests, acked stream publishes, discovery rounds) and the ``Bus`` that composes them.
+Workers and the collector hold the ``Bus`` itself, its parts' methods bound on it, so each signature is written
+once (no Protocol spells it again); on NATS it is also a ``Connection`` (what the streams' administration uses).
+No part imports it.
 
 What workers need of messages lives here, on either wire: encoding by ``Content-Type``, W3C trace context in
 headers, typed error replies (a ``Gym-Error`` header flag plus an ``ErrorReply`` body, never a hang), and the
@@ -49,7 +50,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
     REPLY_HEADER,
 )
-from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Transport, Wire, inline
+from gym_runtime.transport.interface import Connection, KeyValue, Subscription, Wire, inline
 from gym_runtime.transport.jetstream import full_error
 from gym_runtime.transport.limits import parse_size
 from gym_runtime.transport.rpc import (
@@ -119,7 +120,7 @@ class Bus:
         # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
         self.blobs = Blobs(self.wire, self.codec, self.store)
         self.serving = Serving(self.wire, self.codec, telemetry, self._timings, self.blobs.encode, self.blobs.decode)
-        # what the Bus offers of its parts (``interface.Transport``): their own methods, bound, not wrapped
+        # what the Bus offers of its parts: their own methods, bound, not wrapped (each signature written once)
         self.encode, self.decode, self.decode_sized = self.blobs.encode, self.blobs.decode, self.blobs.decode_sized
         sv = self.serving
         self.serve, self.serve_direct, self.handle, self.reply = sv.serve, sv.serve_direct, sv.handle, sv.reply
@@ -674,6 +675,5 @@ class Bus:
         await self.wire.close(timeout)
 
 
-if TYPE_CHECKING:  # mypy holds the Bus to both Protocols: what workers use, what the streams' administration uses
-    _bus_is_a_transport: type[Transport] = Bus
+if TYPE_CHECKING:  # mypy holds the Bus to what the streams' administration uses of a connection
     _bus_is_a_connection: type[Connection] = Bus

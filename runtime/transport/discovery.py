@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.interface import Subscription, Transport
+from gym_runtime.transport.interface import Subscription
 from gym_runtime.transport.subjects import answer, lane
 
 
@@ -31,7 +32,7 @@ class Registration:
 
 
 async def register(
-    bus: Transport,
+    bus: Bus,
     role: str,
     name: str,
     worker_id: str,
@@ -65,7 +66,7 @@ async def register(
 
 
 async def discover(
-    bus: Transport, *, wait_s: float = 0.5, until: Callable[[list[dict[str, Any]]], bool] | None = None
+    bus: Bus, *, wait_s: float = 0.5, until: Callable[[list[dict[str, Any]]], bool] | None = None
 ) -> list[dict[str, Any]]:
     """Every live worker of this namespace with its counters: the answers gathered for ``wait_s``, or until
     ``until(answers so far)`` holds (a caller that knows whom it expects waits for them, not for a window a
@@ -86,7 +87,7 @@ async def discover(
     return out
 
 
-async def serving(bus: Transport, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
+async def serving(bus: Bus, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:
     """Which of ``names`` (config entries of ``role``) a live worker of this namespace serves: the answers to
     a discovery, gathered until each name has one, or for ``wait_s``."""
 
@@ -98,7 +99,7 @@ async def serving(bus: Transport, role: str, names: set[str], *, wait_s: float =
     return found(await discover(bus, wait_s=wait_s, until=lambda workers: found(workers) >= names))
 
 
-def _worker(bus: Transport, subject: str, data: bytes) -> dict[str, Any] | None:
+def _worker(bus: Bus, subject: str, data: bytes) -> dict[str, Any] | None:
     """A worker's answer to a discovery, if it came in the lane of the role and name it claims."""
     try:
         info = json.loads(data)

@@ -1,16 +1,13 @@
-"""The transport as its users see it: Protocols, so a worker runs on a real ``Bus`` or on the in-memory
-double (``gym_runtime.testing.MemoryTransport``) without a nats-server.
+"""The Protocols under the bus: what its parts are written against, so nothing here imports the ``Bus`` and its
+parts never import it back.
 
 ``Wire`` is the layer under the bus: the NATS basics, twelve methods, implemented by ``wire.NatsWire`` (nats-py)
 and ``memory.MemoryWire`` (in memory). Everything above it (calls, serving, large bodies, discovery) is the
-``Bus``, written once over either wire.
-
-``Transport`` is exactly what the workers (``gym_runtime.workers``) and the collector (``gym_runtime.data``:
-its batch reader, intake, manifests and republishing) ask of a bus: subjects, telemetry, core publish/subscribe
-and request-reply, a discovery round, stored (JetStream) publishes, a work-queue puller, an acked reader of a
-stream, what a stream holds, a KV bucket, serving handlers, and bodies decoded. ``Connection`` is what the
-JetStream administration (``transport.jetstream``, ``transport.pull``, ``transport.blobs``) needs of a
-connection: the Bus has both; nothing here imports the Bus, so its parts never import it back.
+``Bus``, written once over either wire; workers and the collector hold the concrete ``Bus`` (on NATS, or
+``gym_runtime.testing.MemoryTransport``, the Bus on the in-memory wire), as httpx's client holds a concrete
+transport, so no method of it is spelled twice. ``Connection`` is what the JetStream administration
+(``transport.jetstream``, ``transport.pull``, ``transport.blobs``) needs of a connection. The handles a wire
+returns (``Puller``, ``StreamReader``, ``KeyValue``, ``Subscription``) are small Protocols of their own.
 """
 
 from __future__ import annotations
@@ -18,16 +15,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.transport.delivery import Delivery, Message
-from gym_runtime.transport.rpc import Timings
 from gym_runtime.transport.subjects import Subjects
 
-__all__ = ["Connection", "Handler", "KeyValue", "Puller", "StreamReader", "Subscription", "Transport", "Wire"]
+__all__ = ["Connection", "Handler", "KeyValue", "Puller", "StreamReader", "Subscription", "Wire"]
 
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
 OnMessage = Callable[[Message], Awaitable[None]]
@@ -168,154 +162,3 @@ class Wire(Protocol):
     async def subject_count(self, stream: str, subjects: str) -> int: ...
 
     async def stream_full(self, stream: str) -> bool: ...
-
-
-class Transport(Protocol):
-    """A worker's view of the bus (``transport.bus.Bus`` on NATS; ``testing.MemoryTransport`` in memory)."""
-
-    ns: str
-    subjects: Subjects
-    telemetry: Telemetry
-    timings: Timings
-    caller: str  # who this connection calls as (``subjects.caller_of``)
-
-    # -- core messages
-    async def publish(self, subject: str, payload: Any, *, headers: dict[str, str] | None = None) -> None: ...
-
-    async def publish_raw(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None) -> None:
-        """A body sent as it is (no codec, no trace context): beacons, discovery answers."""
-        ...
-
-    async def subscribe(
-        self, subject: str, cb: Callable[[Delivery], Awaitable[None]], *, queue: str = ""
-    ) -> Subscription: ...
-
-    async def flush(self) -> None: ...
-
-    async def request(
-        self,
-        subject: str,
-        payload: Any,
-        *,
-        timeout: float,
-        op: str,
-        liveness_s: float | None = None,
-        on_output: Callable[[int, bytes], None] | None = None,
-    ) -> Any: ...
-
-    async def direct_or_queued(
-        self,
-        direct: str,
-        queued: str,
-        payload: Any,
-        *,
-        timeout: float,
-        op: str,
-        liveness_s: float | None = None,
-        wait_s: float | None = None,
-    ) -> Any: ...
-
-    async def gather(
-        self,
-        subject: str,
-        payload: Any,
-        *,
-        done: Callable[[list[Any]], bool],
-        timeout: float,
-        headers: dict[str, str] | None = None,
-    ) -> list[Any]: ...
-
-    async def scatter(
-        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
-    ) -> list[tuple[str, bytes]]:
-        """Raw answers to an empty request sent to every subscriber, each with its subject (discovery)."""
-        ...
-
-    # -- streams
-    async def js_publish(self, subject: str, payload: Any, *, msg_id: str, keep: str | None = None) -> None: ...
-
-    async def record(self, subject: str, data: bytes, *, msg_id: str) -> None: ...
-
-    async def ensure_results_stream(self, agent: str) -> str: ...
-
-    async def ensure_attempts_stream(self) -> None: ...
-
-    async def work_queue(
-        self, kind: str, name: str, *, slots: int, ack_wait: float, handle: Callable[[Delivery], Awaitable[None]]
-    ) -> Puller:
-        """A puller of ``{ns}.{kind}.{name}`` (``task`` or ``model``), its stream and consumer ensured."""
-        ...
-
-    async def kv(self, bucket: str) -> KeyValue: ...
-
-    # -- streams read back (the collector's readers)
-    async def reader(
-        self, stream: str, consumer: str, subject: str, *, handle: Callable[[Delivery], Awaitable[None]]
-    ) -> StreamReader:
-        """A new acked consumer ``consumer`` of ``subject`` in ``stream``, read from the start."""
-        ...
-
-    async def subject_count(self, stream: str, subjects: str) -> int:
-        """Messages ``stream`` holds on subjects matching ``subjects`` (0 when it does not exist)."""
-        ...
-
-    async def stream_full(self, stream: str) -> bool:
-        """Whether ``stream`` is at its size limit: its next store is refused."""
-        ...
-
-    async def last_stored(self, stream: str, subject: str) -> Delivery | None:
-        """The last message ``stream`` holds on ``subject``, headers as stored; None when it holds none."""
-        ...
-
-    # -- serving
-    async def serve(
-        self,
-        tg: TaskGroup,
-        subject: str,
-        handler: Handler,
-        *,
-        queue: str = "",
-        concurrency: int = 256,
-        default_error: str = "internal",
-    ) -> Subscription: ...
-
-    async def serve_direct(
-        self,
-        tg: TaskGroup,
-        subject: str,
-        handler: Handler,
-        *,
-        queue: str,
-        admit: Callable[[Delivery], bool],
-        done: Callable[[], Awaitable[None]],
-        default_error: str,
-        attributes: dict[str, Any] | None = None,
-    ) -> Subscription: ...
-
-    async def handle(
-        self,
-        msg: Delivery,
-        handler: Handler,
-        *,
-        reply_to: str | None,
-        default_error: str,
-        attributes: dict[str, Any] | None = None,
-        body: Any = ...,
-    ) -> bool: ...
-
-    def expired(self, msg: Delivery) -> bool: ...
-
-    async def taken(self, reply_to: str | None) -> None: ...
-
-    def pause_caller(self, took: float | None) -> None: ...
-
-    async def send_output(self, stream: int, data: bytes) -> None: ...
-
-    def count_junk(self, subject: str, cause: str, exc: BaseException | None = None) -> None: ...
-
-    def warn_limited(self, event: str, cause: str, *, subject: str, exc: BaseException | None = None) -> None: ...
-
-    # -- bodies
-    async def decode(self, msg: Delivery) -> Any: ...
-
-    async def decode_sized(self, msg: Delivery) -> tuple[Any, int]: ...

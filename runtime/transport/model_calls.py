@@ -8,7 +8,7 @@ live above the transport (agents, resources) and reach both through :func:`call_
 from __future__ import annotations
 
 from gym_runtime.messages import ModelRequest, ModelResponse
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import Timings
 
 
@@ -19,7 +19,7 @@ def direct_patience(ack_wait_s: float, timings: Timings) -> float:
 
 
 async def call_model(
-    bus: Transport,
+    bus: Bus,
     model: str,
     request: ModelRequest,
     *,

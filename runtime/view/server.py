@@ -1,8 +1,9 @@
 """``gym-runtime view``'s web server: read-only pages over the runs given (aiohttp, Jinja2 templates).
 
 What a model, tool or environment wrote reaches the page only through the templates' autoescaping, and the
-Content-Security-Policy allows no script at all (the pages need none: filters are a GET form, long texts
-``<details>``), no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
+Content-Security-Policy allows one script, the first-party ``static/keys.js`` (keyboard navigation: it follows
+the links the server rendered and inserts nothing; filters are a GET form, long texts ``<details>``), no inline
+script, no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
 a row is named by integers into the files given, a static file by a name in a fixed list. Served beyond
 loopback, every request needs the access token (a cookie set from the printed URL's ``?token=``); on
 loopback, a request whose Host is not the address served is refused (a DNS-rebinding page cannot read it).
@@ -25,11 +26,14 @@ from aiohttp import web
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.diff import compare
+from gym_runtime.view.growing import grow
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
+from gym_runtime.view.tokens import Decode
+from gym_runtime.view.train_pages import TrainPages
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
 CSP = (
-    "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'none'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; font-src 'none'; "
     "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 HEADERS = {
@@ -39,7 +43,7 @@ HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
-STATIC = {"view.css": "text/css"}
+STATIC = {"view.css": "text/css", "train.css": "text/css", "keys.js": "text/javascript"}
 COOKIE = "gym_view_token"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,22 +83,35 @@ def page(html: str, status: int = 200) -> web.Response:
 class View:
     """The pages over ``runs``; ``token``: the access token every request needs (None on loopback)."""
 
-    def __init__(self, runs: Runs, *, token: str | None = None, hosts: set[str] | None = None) -> None:
+    def __init__(
+        self, runs: Runs, *, token: str | None = None, hosts: set[str] | None = None, decode: Decode | None = None
+    ) -> None:
         self.runs = runs
         self.token = token
         self.hosts = hosts  # the Host values accepted (None: any, with the token)
         self.env = _templates()
         self._summaries = [runs_mod.summarize(r) for r in runs.runs]
         self._choices = runs_mod.choices(runs)
+        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
+        self._grown: set[int] = set()  # runs whose files grew since they were opened (summaries computed anew)
 
     @property
     def live(self) -> bool:
-        return any(r.live is not None for r in self.runs.runs)
+        return any(r.live is not None for r in self.runs.runs) or bool(self._grown)
+
+    def grow(self) -> None:
+        """Index the lines appended to the files given since the last request (a trainer's rows file grows)."""
+        for run in self.runs.runs:
+            if run.live is None and any([grow(p) for p in run.parts]):
+                self._grown.add(run.id)
 
     @property
     def summaries(self) -> list[runs_mod.Summary]:
         """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
-        return [runs_mod.summarize(r) if r.live is not None else s for r, s in zip(self.runs.runs, self._summaries)]
+        return [
+            runs_mod.summarize(r) if r.live is not None or r.id in self._grown else s
+            for r, s in zip(self.runs.runs, self._summaries)
+        ]
 
     @property
     def choices(self) -> dict[str, list[str]]:
@@ -106,6 +123,7 @@ class View:
         app.router.add_get("/rollouts", self.rollouts_page)
         app.router.add_get("/rollout/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.rollout_page)
         app.router.add_get("/diff", self.diff_page)
+        self.train.routes(app)
         app.router.add_get("/static/{name}", self.static)
         return app
 
@@ -125,6 +143,7 @@ class View:
                 cookie = request.cookies.get(COOKIE, "")
                 if not hmac.compare_digest(cookie.encode(), self.token.encode()):
                     raise web.HTTPForbidden(text="open the URL gym-runtime view printed (it carries the access token)")
+            self.grow()
             resp = await handler(request)
         except web.HTTPException as e:
             resp = e
@@ -143,7 +162,9 @@ class View:
 
     async def runs_page(self, request: web.Request) -> web.Response:
         refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
-        return self.render("runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh)
+        return self.render(
+            "runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh, train=self.train.summary
+        )
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
@@ -180,7 +201,7 @@ class View:
         records = None
         if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
             records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
-        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records)
+        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=self.train.keys(ref))
 
     async def diff_page(self, request: web.Request) -> web.Response:
         n = len(self.runs.runs)

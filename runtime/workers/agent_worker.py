@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
+from gym_runtime.config.fingerprints import grader_identity
 from gym_runtime.data.rowkeys import own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
@@ -44,15 +45,16 @@ from gym_runtime.messages import (
     counted_ms,
 )
 from gym_runtime.observability import logs
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
-from gym_runtime.transport.interface import Puller, Transport
+from gym_runtime.transport.interface import Puller
 from gym_runtime.transport.jetstream import result_msg_id, task_id_slots
 from gym_runtime.transport.model_calls import direct_patience
 from gym_runtime.transport.pull import ACK_WAIT_S
 from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
-from gym_runtime.workers.control import ControlView, grader_identity
+from gym_runtime.workers.control import ControlView
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
 
 log = logs.get("gym.agent")
@@ -114,7 +116,7 @@ class AgentWorker:
     """agents.NAME of a resolved config: its module (a hosted NeMo Gym agent's: ``gym_runtime.nemo_gym.hosting.agent``)
     and the fingerprints it checks tasks against come from the config, loaded and computed once."""
 
-    def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
+    def __init__(self, bus: Bus, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
         view = config.agent(name)  # what this worker takes of the config, read once

@@ -19,7 +19,7 @@ import msgspec
 
 from gym_runtime.messages import AttemptRetried, AttemptStart
 from gym_runtime.observability import logs
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 
 RECORDS_PER_MESSAGE = 256  # a batch's records in one stored message, at most
 
@@ -30,7 +30,7 @@ class AttemptRecords:
     """An agent worker's attempt records on their way to ``{NS}_ATTEMPTS`` (``Subjects.attempt``), stored by
     ``run`` in groups: ``started`` returns once its record is stored, ``add`` does not wait."""
 
-    def __init__(self, bus: Transport, agent: str) -> None:
+    def __init__(self, bus: Bus, agent: str) -> None:
         self.bus, self.agent = bus, agent
         self._held: dict[str, list[AttemptStart | AttemptRetried]] = {}
         # the attempts waiting for what is held now to be stored: a future each, so one whose attempt is

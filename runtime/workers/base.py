@@ -8,8 +8,9 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import register
-from gym_runtime.transport.interface import Puller, Transport
+from gym_runtime.transport.interface import Puller
 
 __all__ = ["PulledWorker", "Worker", "drain_puller", "serve_pulled"]
 
@@ -40,7 +41,7 @@ async def drain_puller(puller: Puller | None) -> None:
 class PulledWorker(Protocol):
     """A work-queue worker as ``serve_pulled`` reads it (agents and models)."""
 
-    bus: Transport
+    bus: Bus
     name: str
     worker_id: str
     fingerprint: str

@@ -1,4 +1,4 @@
-"""Trainer control on the bus: policy versions, pause/resume of a model, batch cancel, fingerprints.
+"""Trainer control on the bus: policy versions, pause/resume of a model, batch cancel.
 
 State lives in one KV bucket (``Subjects.control_bucket``, so a worker that starts later reads it) and
 changes are announced on control subjects (so running workers learn them at once):
@@ -9,8 +9,8 @@ changes are announced on control subjects (so running workers learn them at once
   ``paused_key``;
 * ``Subjects.cancel`` — ``CancelBatch``; KV key ``cancelled_key``.
 
-Fingerprints (``config.fingerprints``, computed once by ``resolve_config``): ``mismatches`` compares a
-config's with those live workers announce.
+Fingerprints are the config's (``config/fingerprints.py``, computed once by ``resolve_config``; compared with
+those live workers announce by ``ResolvedConfig.mismatches``).
 """
 
 from __future__ import annotations
@@ -22,57 +22,23 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from gym_runtime.config import ResolvedConfig
-from gym_runtime.messages import CancelBatch, Cost, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.messages import CancelBatch, PauseModel, PolicyVersion, ResumeModel
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.headers import CONTROL, sent_as_control
-from gym_runtime.transport.interface import KeyValue, Transport
+from gym_runtime.transport.interface import KeyValue
 from gym_runtime.transport.subjects import Subjects
 
 _CACHE_LIMIT = 10_000
 
 
-def grader_identity(fingerprints: dict[str, str], cost: Cost | None) -> str | None:
-    """Rows' ``provenance.grader``, where the grade is not the environment's code alone: each model entry the
-    environment's own code called (an LLM judge) with its config fingerprint, ``judge:1a2b3c4d5e6f``."""
-    if cost is None or not cost.models:
-        return None
-    return ",".join(f"{m}:{fingerprints.get(m) or '?'}" for m in sorted(cost.models))
-
-
-def mismatches(config: ResolvedConfig, workers: list[dict[str, Any]]) -> list[str]:
-    """One phrase per config entry that live workers serve with another config: the keys that differ (or,
-    for a worker that announces no fields, the two fingerprints). Workers of entries this config lacks are
-    another experiment's business, not a mismatch."""
-    mine = config.fingerprints
-    seen: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
-    for w in workers:
-        role, name = str(w.get("role")), str(w.get("name"))
-        expected, got = mine.get((role, name)), w.get("fingerprint")
-        if expected is None or got is None or got == expected:
-            continue
-        keys, ids = seen.setdefault((role, name), (set(), []))
-        ids.append(str(w.get("worker")))
-        theirs = w.get("fields")
-        if isinstance(theirs, dict):
-            ours = config.fields[(role, name)]
-            keys.update(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
-        else:
-            keys.add(f"fingerprint {got}, this config's {expected}")
-    return [
-        f"{role} {name!r} ({len(ids)} worker{'s' if len(ids) > 1 else ''}: {', '.join(ids[:3])}) differs in "
-        + ", ".join(sorted(keys))
-        for (role, name), (keys, ids) in sorted(seen.items())
-    ]
-
-
-async def control_kv(bus: Transport) -> KeyValue:
+async def control_kv(bus: Bus) -> KeyValue:
     return await bus.kv(bus.subjects.control_bucket)
 
 
 class ControlView:
     """A worker's cached view of control state: KV read once per key, then kept by announcements."""
 
-    def __init__(self, bus: Transport, *, on_cancel: Callable[[str], None] | None = None) -> None:
+    def __init__(self, bus: Bus, *, on_cancel: Callable[[str], None] | None = None) -> None:
         self.bus = bus
         self._on_cancelled = on_cancel  # told each batch cancelled while this worker runs (its running rollouts stop)
         self._kv: KeyValue | None = None
@@ -264,33 +230,31 @@ class Pausable:
 # ---------------------------------------------------------------------------------- trainer side
 
 
-async def publish_version(bus: Transport, model: str, version: int) -> None:
+async def publish_version(bus: Bus, model: str, version: int) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.version_key(model), str(version).encode())
     await bus.publish(bus.subjects.policy_version(model), PolicyVersion(model=model, version=version))
     await bus.flush()
 
 
-async def read_version(bus: Transport, model: str) -> int | None:
+async def read_version(bus: Bus, model: str) -> int | None:
     raw = await (await control_kv(bus)).get(Subjects.version_key(model))
     return int(raw) if raw is not None else None
 
 
-async def cancel_batch(bus: Transport, batch: str) -> None:
+async def cancel_batch(bus: Bus, batch: str) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.cancelled_key(batch), b"1")
     await bus.publish(bus.subjects.cancel(batch), CancelBatch(batch=batch), headers=CONTROL)
     await bus.flush()
 
 
-async def set_paused(bus: Transport, model: str, paused: bool) -> None:
+async def set_paused(bus: Bus, model: str, paused: bool) -> None:
     kv = await control_kv(bus)
     await kv.put(Subjects.paused_key(model), b"1" if paused else b"0")
 
 
-async def send_pause(
-    bus: Transport, model: str, workers: set[str], *, timeout: float, mode: str = "drain"
-) -> list[Any]:
+async def send_pause(bus: Bus, model: str, workers: set[str], *, timeout: float, mode: str = "drain") -> list[Any]:
     """Ask every replica of ``model`` to pause (``mode``: see ``PauseModel``); returns the acks (by worker)."""
 
     def done(replies: list[Any]) -> bool:
@@ -300,6 +264,6 @@ async def send_pause(
     return await bus.gather(bus.subjects.pause(model), pause, done=done, timeout=timeout, headers=CONTROL)
 
 
-async def send_resume(bus: Transport, model: str) -> None:
+async def send_resume(bus: Bus, model: str) -> None:
     await bus.publish(bus.subjects.resume(model), ResumeModel(model=model), headers=CONTROL)
     await bus.flush()

@@ -41,9 +41,10 @@ from gym_runtime.model import (
     load_adapter,
 )
 from gym_runtime.observability import logs
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER, sent_as_control
-from gym_runtime.transport.interface import Puller, Transport
+from gym_runtime.transport.interface import Puller
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Flight, Pausable
 
@@ -54,13 +55,11 @@ ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again thi
 class ModelWorker:
     """models.NAME of a resolved config: its adapter's options parsed and its fingerprint computed there."""
 
-    def __init__(
-        self, bus: Transport, name: str, config: ResolvedConfig, *, adapter: ModelAdapter | None = None
-    ) -> None:
+    def __init__(self, bus: Bus, name: str, config: ResolvedConfig, *, adapter: ModelAdapter | None = None) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg = config.models[name]
-        self.adapter = adapter or load_adapter(cfg, base_dir=config.config.base_dir)
+        self.adapter = adapter or load_adapter(cfg, base_dir=config.base_dir)
         self.can_stop = interruptible(self.adapter)  # by its config: said once, read per call and per pause
         self.worker_id = uuid.uuid4().hex[:12]
         self.span_attributes = {"gym.model": name, "gym.worker": self.worker_id}  # on each call's CONSUMER span

@@ -51,9 +51,9 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
@@ -73,7 +73,7 @@ class BusModels:
 
     __slots__ = ("_bus", "_timeout_s", "_cost")
 
-    def __init__(self, bus: Transport, timeout_s: float = 900.0) -> None:
+    def __init__(self, bus: Bus, timeout_s: float = 900.0) -> None:
         self._bus = bus
         self._timeout_s = timeout_s
         self._cost: Cost | None = None  # made at the first call: most environments call no model
@@ -120,6 +120,23 @@ def _counted(token: Token[Any] | None) -> None:
         CPU_SINK.reset(token)
 
 
+async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
+    """A session's tool call or operation: a model's call reaches only a tool of the environment, an operation
+    only the runtime's; a tool's bug is shown to the model (as NeMo Gym's 500 body would be), a ``Failure``
+    fails the rollout with its class (e.g. a foreign env's step)."""
+    try:
+        run = inst.call_operation if req.protocol else inst.call_tool
+        output = await run(req.name, req.arguments)
+        return ToolReply(output=output, done=inst.episode_done)
+    except ToolArgumentsError as e:
+        return ToolReply(output=f"Error: {e}", is_error=True)
+    except Failure:
+        raise
+    except Exception as e:
+        log.warning("tool.failed", tool=req.name, error=repr(e))
+        return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+
+
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
@@ -148,7 +165,7 @@ class ResourceWorker:
     """resources.NAME of a resolved config: its class, or a hosted server's (``config.hosting``), and its
     fingerprint come from the config; the other entries' names are the ones its code may call."""
 
-    def __init__(self, bus: Transport, name: str, config: ResolvedConfig) -> None:
+    def __init__(self, bus: Bus, name: str, config: ResolvedConfig) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg = config.resources[name]
@@ -384,17 +401,8 @@ class ResourceWorker:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
             counting = _counting(self._book(inst)[0])
-            try:  # a model's call reaches only a tool of the environment, an operation only the runtime's
-                run = inst.call_operation if req.protocol else inst.call_tool
-                output = await run(req.name, req.arguments)
-                return ToolReply(output=output, done=inst.episode_done)
-            except ToolArgumentsError as e:
-                return ToolReply(output=f"Error: {e}", is_error=True)
-            except Failure:  # the resource fails the rollout with a class (e.g. a foreign env's step)
-                raise
-            except Exception as e:  # a tool bug is shown to the model, as NeMo Gym's 500 body would be
-                log.warning("tool.failed", tool=req.name, error=repr(e))
-                return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
+            try:
+                return await call_with(inst, req)
             finally:
                 _counted(counting)
         if isinstance(req, VerifyRequest):

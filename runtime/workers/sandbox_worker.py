@@ -43,9 +43,9 @@ from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import base_here
 from gym_runtime.sandboxes.process import ProcessBackend
 from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, beacons
+from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
-from gym_runtime.transport.interface import Transport
 from gym_runtime.transport.subjects import Subjects
 
 log = logs.get("gym.sandbox")
@@ -112,7 +112,7 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
 
 
 class SandboxWorker:
-    def __init__(self, bus: Transport, name: str, cfg: SandboxConfig) -> None:
+    def __init__(self, bus: Bus, name: str, cfg: SandboxConfig) -> None:
         self.bus = bus
         self.name = name
         self.cfg = cfg

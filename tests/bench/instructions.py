@@ -57,7 +57,7 @@ async def follow_live(url: str, batch: str) -> None:
         await bus.close()
 
 
-def trl_steps(n: int, concurrency: int, sets: list[str], tmp: Path) -> None:
+def trl_steps(n: int, concurrency: int, sets: list[str], tmp: Path, train_rows: bool = False) -> None:
     """``n`` rollouts asked for by the synchronous TRL adapter (``TRLRollouts``, TRL's ``rollout_func``; no trainer:
     nothing registered or logged), in steps of ``STEP_ROWS`` prompts × ``GENERATIONS`` as TRL hands them over,
     through a ``SyncClient`` whose workers run in this process, on an embedded server."""
@@ -77,11 +77,13 @@ def trl_steps(n: int, concurrency: int, sets: list[str], tmp: Path) -> None:
         rows = [json.loads(line) for line in overhead.DATA.read_text().splitlines() if line.strip()]
         rows = [rows[i % len(rows)] for i in range(n // GENERATIONS)]
         with SyncClient(cfg, nats=srv.url) as client:
-            rollouts = TRLRollouts(client, rows, live=None)
+            rows_path = str(tmp / "train_rows.jsonl") if train_rows else None  # ``--train-rows``: every row written
+            rollouts = TRLRollouts(client, rows, live=None, rows_path=rows_path)
             prompts = [d["prompt"] for d in rollouts.dataset()]
             for first in range(0, len(prompts), STEP_ROWS):
                 out = rollouts([p for p in prompts[first : first + STEP_ROWS] for _ in range(GENERATIONS)], None)
                 assert len(out["completion_ids"]) == step and rollouts.counts.failed == 0, rollouts.counts
+            rollouts.close()
     finally:
         srv.stop()
 
@@ -102,7 +104,7 @@ def one_run(n: int, args: argparse.Namespace) -> None:
         if args.token_ids or args.with_trl_adapter:
             sets.append("models.policy.token_ids=true")
         if args.with_trl_adapter:
-            trl_steps(n, args.concurrency, sets, Path(d))
+            trl_steps(n, args.concurrency, sets, Path(d), args.train_rows)
             return
         alongside = follow_live if args.with_viewer else None
         overhead.one_process(n, args.concurrency, Path(d), sets, mock, secure=args.secure, alongside=alongside)
@@ -113,6 +115,7 @@ def workload_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--concurrency", str(args.concurrency), "--model", args.model, "--isolation", args.isolation]
     named = {"--secure": args.secure, "--with-viewer": args.with_viewer, "--token-ids": args.token_ids}
     named["--with-trl-adapter"] = args.with_trl_adapter
+    named["--train-rows"] = args.train_rows
     return flags + [flag for flag, on in named.items() if on]
 
 
@@ -175,6 +178,11 @@ def main() -> None:
         help=f"the rollouts asked for by the TRL adapter (TRLRollouts, a SyncClient), {STEP_ROWS} prompts x "
         f"{GENERATIONS} a step, token ids on (--small/--large: multiples of {STEP_ROWS * GENERATIONS})",
     )
+    ap.add_argument(
+        "--train-rows",
+        action="store_true",
+        help="with --with-trl-adapter: the adapter writes its training rows file (rows_path=) as it goes",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
@@ -194,6 +202,7 @@ def main() -> None:
     secured += (
         f", asked for by the TRL adapter ({STEP_ROWS} prompts x {GENERATIONS} a step)" if args.with_trl_adapter else ""
     )
+    secured += ", its training rows written (rows_path=)" if args.train_rows else ""
     print(f"weather rollouts, {args.model} model, every role in one process, {args.concurrency} in flight{secured}")
     print(f"{args.small} rollouts: {small / 1e9:.2f} G instructions; {args.large}: {large / 1e9:.2f} G")
     print(f"instructions per rollout (our Python processes; nats-server not counted): {per / 1e6:.3f} M")

@@ -50,7 +50,7 @@ def test_scaffold_outside_the_repo_passes_its_own_tests(tmp_path: Path, variant:
     ]
     t = scaffold_tests(package)
     assert t.returncode == 0, t.stdout + t.stderr
-    assert "4 passed" in t.stdout
+    assert "5 passed" in t.stdout  # the tool, verify, a rollout in process, the rows, a whole run
     assert "skipped" not in t.stdout
 
 
@@ -90,7 +90,7 @@ def test_scaffold_inside_the_repo_passes_its_own_tests() -> None:
         assert r.returncode == 0, r.stderr
         t = scaffold_tests(holder / "in_repo_env")
         assert t.returncode == 0, t.stdout + t.stderr
-        assert "4 passed" in t.stdout
+        assert "5 passed" in t.stdout  # the tool, verify, a rollout in process, the rows, a whole run
     finally:
         shutil.rmtree(holder, ignore_errors=True)
 

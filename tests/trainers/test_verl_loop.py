@@ -9,6 +9,7 @@ test double: ``TinyServer``, whose ``generate`` has ``LLMServerClient.generate``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,8 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
     server = TinyServer(w.model, w.tokenizer, tool)
     trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
     outputs, rows = [], []
-    for r in w.rows:
+    written = tmp_path / "train_rows.jsonl"  # rows_path: what the loops handed verl
+    for k, r in enumerate(w.rows):
         loop = GymAgentLoop(  # as verl's worker builds one per sample: hydra.utils.instantiate(config, ...)
             trainer_config=DictConfigWrap(trainer_config),
             server_manager=server,
@@ -74,8 +76,10 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
             dataset_cls=RLHFDataset,
             data_config=DictConfigWrap(OmegaConf.create({})),
             gym_config=str(w.config),
+            rows_path=str(written),
         )
-        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+        # verl's worker passes each sample's non-tensor fields: its ``uid`` names the prompt's group of n
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}, uid=f"prompt-{k // 2}"))
         rows.append(loop.last_row)
     assert server.requests  # generation went through verl's server handle
     multi_turn = 0
@@ -89,3 +93,9 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
         multi_turn += 0 in out.response_mask
     assert multi_turn > 0
     assert TOOL_CALL in w.tokenizer.get_vocab()
+    train = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [t["train_group"] for t in train] == ["prompt-0", "prompt-0", "prompt-1", "prompt-1"]
+    assert [t["train_reward"] for t in train] == [out.reward_score for out in outputs]
+    for t in train:  # no advantage (verl computes it in the driver); the step: the row's policy version, if any
+        assert t["train_advantage"] is None
+        assert t["train_step"] == (max(t["policy_versions"]) if t.get("policy_versions") else None)

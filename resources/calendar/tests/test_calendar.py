@@ -25,7 +25,7 @@ from gym_runtime.resources.calendar import (
     interactive_row,
     to_minutes,
 )
-from gym_runtime.testing import COMPAT, compat_dir, example_rollouts, read_jsonl
+from tests.differential import COMPAT, compat_dir, example_rollouts, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "calendar"

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from gym_runtime.jail import cgroups, landlock_abi
-from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
+from gym_runtime.jail.runner import LEFTOVER_AGE_S, JailRunner, Limits
 from gym_runtime.resources.code_gen import CodeGen
 from gym_runtime.resources.code_gen.grading import HARNESS
 
@@ -634,10 +634,10 @@ def cgroups_left(pid: int | None = None) -> list[str]:
 KILLED_MID_RUN = """
 import anyio
 from gym_runtime.resources.code_gen.grading import HARNESS
-from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, SandboxRunner
+from gym_runtime.jail.runner import LEFTOVER_AGE_S, Limits, JailRunner
 
 async def main():
-    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=120)):
+    async with JailRunner(1).session(HARNESS, Limits(wall_s=120)):
         print("started", flush=True)
         await anyio.sleep(120)
 
@@ -662,7 +662,7 @@ async def test_what_a_worker_killed_mid_run_left_is_removed_by_the_next_one() ->
 
     # a directory touched within the hour stays (its PID may be a live worker's in another PID namespace
     # that shares this /tmp); the cgroups beside this worker's own go at once
-    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)):
+    async with JailRunner(1).session(HARNESS, Limits(wall_s=10)):
         pass
     assert all(os.path.isdir(d) for d in workdirs)
     assert cgroups_left(proc.pid) == []
@@ -671,7 +671,7 @@ async def test_what_a_worker_killed_mid_run_left_is_removed_by_the_next_one() ->
     then = time.time() - LEFTOVER_AGE_S - 60
     for d in workdirs:
         os.utime(d, (then, then))
-    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)):
+    async with JailRunner(1).session(HARNESS, Limits(wall_s=10)):
         pass
     assert not any(os.path.exists(d) for d in workdirs)
 

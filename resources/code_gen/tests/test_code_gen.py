@@ -18,17 +18,17 @@ import pytest
 from gym_runtime.config import load_config
 from gym_runtime.errors import Failure
 from gym_runtime.jail.runner import (
+    JailError,
+    JailRunner,
     Layers,
     Limits,
-    SandboxError,
-    SandboxRunner,
     landlock_abi,
 )
 from gym_runtime.plugins import import_plugin
 from gym_runtime.resource import Verdict, find_resource_class
 from gym_runtime.resources.code_gen import CodeGen, CodeGenOptions
 from gym_runtime.resources.code_gen.grading import HARNESS, compare_stdout, extract_code
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     compat_dir,
     differential_cases,
@@ -353,7 +353,7 @@ async def test_sandbox_runs_do_not_block_the_event_loop_and_respect_max_parallel
 
 
 async def test_sandbox_reports_its_layers() -> None:
-    async with SandboxRunner(1).session(HARNESS, Limits(wall_s=10)) as s:
+    async with JailRunner(1).session(HARNESS, Limits(wall_s=10)) as s:
         layers = s.layers
     assert layers["landlock_fs"] and layers["caps_dropped"] and layers["rlimits"] and layers["seccomp"]
     assert layers["cgroup"] or layers["single_process"]
@@ -374,8 +374,8 @@ def test_missing_layers_fail_closed() -> None:
 
 
 async def test_setup_error_is_not_a_reward() -> None:
-    runner = SandboxRunner(1, python="/bin/false")
-    with pytest.raises(SandboxError):
+    runner = JailRunner(1, python="/bin/false")
+    with pytest.raises(JailError):
         async with runner.session(HARNESS, Limits(wall_s=5)):
             pass
 

@@ -11,7 +11,7 @@ import pytest
 from gym_runtime.messages import Response
 from gym_runtime.resource import ToolArgumentsError
 from gym_runtime.resources.counter import Counter
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     example_rollouts,
     new_session,

@@ -28,7 +28,7 @@ from gym_runtime.resources.equivalence_llm_judge import (
     pick,
     question_text,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     ScriptedJudge,
     example_rollouts,

@@ -15,6 +15,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resources.google_search import GoogleSearch, box_parser, graded_text, parse_options
 from gym_runtime.resources.google_search.backends import OfflineBackend, SearchOptions
 from gym_runtime.service.runner import run_batch
+from tests import differential
 from tests.helpers import cli, prompt_key, read_jsonl, write_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
@@ -22,7 +23,7 @@ CORPUS_URL = "https://offline.gym-runtime.invalid/wiki/"
 
 
 def compat() -> Path:
-    return testing.compat_dir("nemo_gym", "google_search")
+    return differential.compat_dir("nemo_gym", "google_search")
 
 
 def pairs() -> list[tuple[dict[str, Any], dict[str, Any]]]:

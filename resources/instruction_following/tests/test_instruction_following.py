@@ -28,7 +28,7 @@ from gym_runtime.resources.instruction_following.checkers import (
     regex_sentences,
     word_tokens,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     differential_cases,
     example_rollouts,

@@ -33,7 +33,7 @@ from gym_runtime.resources.math import (
     parse_options,
     strip_math_delimiters,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     ScriptedJudge,
     differential_cases,

@@ -15,7 +15,7 @@ from gym_runtime.resources.math_advanced_calculations import (
     MathAdvancedCalculations,
     solution_of,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     compat_dir,
     differential_cases,
     new_session,

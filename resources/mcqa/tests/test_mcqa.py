@@ -15,7 +15,7 @@ from gym_runtime.messages import (
     output_text,
 )
 from gym_runtime.resources.mcqa import MCQA, grade
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     example_rollouts,
     recorded_response,

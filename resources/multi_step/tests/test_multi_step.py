@@ -12,7 +12,7 @@ import pytest
 from gym_runtime.messages import FunctionCall, Response
 from gym_runtime.resource import ToolArgumentsError, Verdict
 from gym_runtime.resources.multi_step import MultiStep
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     ROLLOUT_KEYS,
     differential_cases,

@@ -16,7 +16,7 @@ from gym_runtime.resources.multi_turn_gymnasium import (
     MultiTurnGymnasium,
     last_turn,
 )
-from gym_runtime.testing import COMPAT, compat_dir, example_rollouts, read_jsonl
+from tests.differential import COMPAT, compat_dir, example_rollouts, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "example_multi_turn_gymnasium"

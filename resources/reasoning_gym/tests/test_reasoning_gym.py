@@ -21,7 +21,7 @@ from gym_runtime.resources.reasoning_gym import (
     score_answer,
 )
 from gym_runtime.resources.reasoning_gym.generate import generate, main
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     differential_cases,
     example_rollouts,

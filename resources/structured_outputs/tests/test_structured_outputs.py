@@ -25,7 +25,7 @@ from gym_runtime.resources.structured_outputs import (
     strictify,
     tool_payload,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     differential_cases,
     read_jsonl,

@@ -14,12 +14,13 @@ from gym_runtime.resources.swe import SWE, SWEOptions, make_backend
 from gym_runtime.resources.swe.containers import OWNER_LABEL, ContainerCommands, swe_image
 from gym_runtime.resources.swe.environments import ContainerBackend, EnvironmentError_
 from gym_runtime.sandboxes.engine_http import Engine
+from tests import differential
 
 DOCKER = "/usr/bin/docker"  # Debian's CLI for its 20.10 engine, not whatever `docker` is first on PATH
 
 
 def swe_gym_rows() -> list[dict]:
-    return testing.read_jsonl(testing.compat_dir("nemo_gym", "mini_swe_agent", "example.jsonl"))
+    return testing.read_jsonl(differential.compat_dir("nemo_gym", "mini_swe_agent", "example.jsonl"))
 
 
 def test_images_are_named_as_swe_gym_and_swe_bench_name_them() -> None:

@@ -10,7 +10,7 @@ import pytest
 from gym_runtime.messages import Response, parse_items
 from gym_runtime.resource import ToolArgumentsError
 from gym_runtime.resources.weather import Weather
-from gym_runtime.testing import (
+from tests.differential import (
     COMPAT,
     example_rollouts,
     new_session,

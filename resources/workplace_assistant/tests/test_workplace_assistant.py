@@ -17,7 +17,7 @@ from gym_runtime.resources.workplace_assistant.workbench import (
     Workbench,
     _initial,
 )
-from gym_runtime.testing import (
+from tests.differential import (
     compat_dir,
     differential_cases,
     new_session,

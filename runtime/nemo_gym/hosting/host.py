@@ -96,7 +96,7 @@ from gym_runtime.resource import (
     in_call,
     thread_call,
 )
-from gym_runtime.transport.interface import Transport
+from gym_runtime.transport.bus import Bus
 
 MODEL_HOST = "gym-runtime.models"  # a model's "host" in a hosted agent's global config (never resolved)
 # A model's host in a hosted server's global config, NAME.models.gym-runtime.invalid, and another
@@ -388,7 +388,7 @@ class ServerHost:
         options: dict[str, Any],
         model_names: list[str],
         resource_names: Iterable[str] = (),
-        bus: Transport | None = None,
+        bus: Bus | None = None,
     ) -> None:
         self.server = server
         self.name = name
@@ -647,7 +647,7 @@ class CalledSessions:
     the cookie value that names each. In the worker's own process (a hosted server in a guest sends its calls
     here over the guest wire) or in the server's (``isolation: none``)."""
 
-    def __init__(self, bus: Transport) -> None:
+    def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.sessions: dict[str, Session] = {}
 
@@ -898,7 +898,7 @@ def hosted_class(
     options: dict[str, Any],
     model_names: list[str],
     resource_names: Iterable[str] = (),
-    bus: Transport | None = None,
+    bus: Bus | None = None,
 ) -> type[Resource]:
     """The Resource class of a hosted server for one worker (its host is built by ``setup``); its calls
     to ``model_names`` and ``resource_names`` by name go over ``bus``."""

@@ -1,0 +1,213 @@
+"""``view``'s training pages: a group's rollouts side by side, a rollout's tokens, the plots per step, and the
+keyboard links every row page carries (``static/keys.js`` follows them; it inserts nothing).
+
+Addresses are integers, as the other pages' are: ``/group/RUN/N`` (the run's N-th group), ``/tokens/RUN/PART/LINE``,
+``/steps/RUN``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+
+from gym_runtime.view import plots
+from gym_runtime.view.runs import Ref
+from gym_runtime.view.tokens import Decode, token_view
+from gym_runtime.view.training import Training, TrainingViews, neighbours
+
+MOVED = 5  # the per-task plot's tasks: those whose mean reward moved most from their first step to their last
+LISTED = 50  # zero-spread groups listed on the runs page (all counted)
+
+KEYS = [  # (key, what; the trajectory page's keyboard links, in this order)
+    ("j", "next rollout", "next_rollout"),
+    ("k", "previous rollout", "prev_rollout"),
+    ("f", "next failure", "next_failure"),
+    ("F", "previous failure", "prev_failure"),
+    ("g", "next group", "next_group"),
+    ("G", "previous group", "prev_group"),
+    ("s", "next step", "next_step"),
+    ("S", "previous step", "prev_step"),
+]
+
+
+def group_href(run: int, n: int) -> str:
+    return f"/group/{run}/{n}"
+
+
+def tokens_href(ref: Ref) -> str:
+    return f"/tokens/{ref.run}/{ref.part}/{ref.line}"
+
+
+def steps_href(run: int) -> str:
+    return f"/steps/{run}"
+
+
+class TrainPages:
+    """The pages over ``view``'s runs (a ``server.View``); ``decode``: ``--tokenizer``'s (None: token ids shown)."""
+
+    def __init__(self, view: Any, decode: Decode | None = None) -> None:
+        self.view = view
+        self.decode = decode
+        self.trainings = TrainingViews()
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/group/{run:\\d+}/{n:\\d+}", self.group_page)
+        app.router.add_get("/tokens/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.tokens_page)
+        app.router.add_get("/steps/{run:\\d+}", self.steps_page)
+
+    def training(self, run: int) -> Training:
+        runs = self.view.runs.runs
+        if not 0 <= run < len(runs):
+            raise web.HTTPNotFound()
+        return self.trainings.of(runs[run])
+
+    # ------------------------------------------------------------------ what the other pages carry
+
+    def keys(self, ref: Ref, *, to: str = "rollout") -> list[tuple[str, str, str | None]]:
+        """The keyboard links of a row's page: (key, what, href or None where there is none); ``to``: the kind of
+        page the rollout links open (``rollout``: trajectories, ``tokens``: token views)."""
+        t = self.training(ref.run)
+        near = neighbours(t, ref)
+        href = self.view._href if to == "rollout" else tokens_href
+        out = [(key, what, href(near[name]) if near.get(name) is not None else None) for key, what, name in KEYS]  # type: ignore[arg-type]
+        out.append(("u", "its group", group_href(ref.run, t.of[ref])))
+        if to == "rollout":
+            out.append(("v", "its tokens", tokens_href(ref)))
+        else:
+            out.append(("r", "its trajectory", self.view._href(ref)))
+        return out
+
+    def summary(self, run: int) -> dict[str, Any]:
+        """The runs page's lines for a run: its groups, those with zero spread (no learning signal), its steps."""
+        t = self.training(run)
+        zero = t.zero_spread
+        return {
+            "training": t.training,
+            "groups": len(t.groups),
+            "zero": len(zero),
+            "listed": [(group_href(run, g.n), g.label, g.step, len(g.members), g.mean) for g in zero[:LISTED]],
+            "steps": steps_href(run) if len(t.steps) > 1 or t.training else None,
+        }
+
+    # ------------------------------------------------------------------ the pages
+
+    async def group_page(self, request: web.Request) -> web.Response:
+        run, n = int(request.match_info["run"]), int(request.match_info["n"])
+        t = self.training(run)
+        if not 0 <= n < len(t.groups):
+            raise web.HTTPNotFound()
+        g = t.groups[n]
+        members = [
+            {
+                "href": self.view._href(m.ref),
+                "tokens": tokens_href(m.ref),
+                "m": m,
+                "advantage": None if math.isnan(m.advantage) else m.advantage,
+                "handed": None if math.isnan(m.handed) else m.handed,
+            }
+            for m in g.members
+        ]
+        keys = [
+            ("g", "next group", group_href(run, n + 1) if n + 1 < len(t.groups) else None),
+            ("G", "previous group", group_href(run, n - 1) if n > 0 else None),
+            ("j", "first rollout", self.view._href(g.members[0].ref) if g.members else None),
+        ]
+        return self.view.render(
+            "group.html", run=t.run, g=g, members=members, training=t.training, keys=keys, steps=steps_href(run)
+        )
+
+    async def tokens_page(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        ref = self.view.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
+        if ref is None:
+            raise web.HTTPNotFound()
+        try:
+            row = json.loads(self.view.runs.raw(ref))
+        except ValueError:
+            row = None
+        tv = token_view(row if isinstance(row, dict) else {}, self.decode)
+        return self.view.render(
+            "tokens.html",
+            meta=self.view._row_meta(ref),
+            tv=tv,
+            keys=self.keys(ref, to="tokens"),
+            decoded=self.decode is not None,
+        )
+
+    async def steps_page(self, request: web.Request) -> web.Response:
+        run = int(request.match_info["run"])
+        t = self.training(run)
+        return self.view.render("steps.html", run=t.run, charts=charts(t), t=t)
+
+
+def charts(t: Training) -> list[plots.Chart]:
+    """The steps page's plots (empty: the run has fewer than one step's rows)."""
+    steps = t.steps
+    if not steps:
+        return []
+    x = "step" if t.training else "policy version"
+    scored = [s for s in steps if s.rewards]
+    out = [
+        plots.lines(
+            "plot-reward",
+            f"Mean reward per {x}, ± its spread",
+            x,
+            "reward",
+            [("mean reward", [(s.step, s.mean or 0.0, s.std) for s in scored])],
+        ),
+        plots.lines(
+            "plot-pass",
+            f"Pass rate per {x} (reward ≥ 1)",
+            x,
+            "pass rate",
+            [("pass rate", [(s.step, s.pass_rate or 0.0, 0.0) for s in scored])],
+        ),
+        plots.stacked(
+            "plot-failures",
+            f"Failures per {x} by attribution",
+            x,
+            "failures",
+            {s.step: dict(s.failures) for s in steps},
+        ),
+    ]
+    moved: list[tuple[float, int]] = []
+    tasks = sorted({task for s in scored for task in s.tasks})
+    for task in tasks:
+        seen = [sum(s.tasks[task]) / len(s.tasks[task]) for s in scored if s.tasks.get(task)]
+        if len(seen) >= 2:
+            moved.append((abs(seen[-1] - seen[0]), task))
+    top = [task for _, task in sorted(moved, key=lambda m: (-m[0], m[1]))[:MOVED]]
+    out.append(
+        plots.lines(
+            "plot-tasks",
+            f"Reward over {x}s of the {len(top)} tasks that moved most",
+            x,
+            "mean reward",
+            [
+                (
+                    f"task {task}",
+                    [(s.step, sum(s.tasks[task]) / len(s.tasks[task]), 0.0) for s in scored if s.tasks.get(task)],
+                )
+                for task in top
+            ],
+        )
+    )
+    lengths = []
+    for s in steps:
+        if s.lengths:
+            mean = sum(s.lengths) / len(s.lengths)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in s.lengths) / len(s.lengths))
+            lengths.append((s.step, mean, sd))
+    out.append(
+        plots.lines(
+            "plot-length",
+            f"Rollout length per {x} (generated tokens), ± its spread",
+            x,
+            "tokens",
+            [("length", lengths)],
+        )
+    )
+    return out
