@@ -216,6 +216,10 @@ class Calls:
     def tool(self, started: float, ms: int) -> None:
         self.log.append([round(1000 * (started - self.t0)), ms])
 
+    def ms(self) -> int:
+        """The attempt's time so far."""
+        return round(1000 * (time.perf_counter() - self.t0))
+
 
 class AgentContext:
     """Everything one rollout may use. Built per task by the agent worker."""
@@ -245,6 +249,13 @@ class AgentContext:
         self.turns: list[str] = []
         self.model_workers: list[str] = []
         self.calls = Calls()  # each call's start, time and tokens (``explain``)
+        # what the policy produced so far, kept for a failure row (``partial``): the agent's ``Trajectory`` where it
+        # keeps one (its tool outputs too), else every model turn's items in order
+        self.trajectory: Trajectory | None = None
+        self._generated: list[Item] = []
+        self._usage = Usage()
+        self._last: Response | None = None
+        self.generating_since: float | None = None  # the policy's model call in flight: its start
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         # When the runtime cancels this rollout (``timeout_s`` after the context was
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
@@ -273,6 +284,8 @@ class AgentContext:
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
         started = time.perf_counter()
+        if name == self.config.model:
+            self.generating_since = started  # a failure while it runs charges its time to the policy (``attribution``)
         reply = await call_model(
             self._bus,
             name,
@@ -285,6 +298,7 @@ class AgentContext:
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
             wait_s=max(0.0, self.remaining()),  # queued behind other rollouts' calls: as long as the rollout may
         )
+        self.generating_since = None
         v = reply.policy_version
         if v is not None:
             last = v if reply.policy_version_last is None else reply.policy_version_last
@@ -292,10 +306,30 @@ class AgentContext:
             self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
         self.cost.add_call(name, reply.response.usage, reply.took_ms, reply.response)
         self.calls.model(started, reply.response.usage)
+        if name == self.config.model:  # the policy's turns (not a user simulator's)
+            self._generated.extend(reply.response.output)
+            self._usage.add(reply.response.usage)
+            self._last = reply.response
         self.turns.append(name if v is None else f"{name}@{v}")
         if reply.worker and reply.worker not in self.model_workers:
             self.model_workers.append(reply.worker)
         return reply.response
+
+    def partial(self) -> Response | None:
+        """The trajectory so far as one ``Response`` (status ``incomplete``): what a failure row keeps of the policy's
+        turns, with their token ids, logprobs and policy versions; None before the first model turn. A turn the
+        failure cut short is not in it (its call never answered): the completed turns are."""
+        last = self._last
+        if last is None:
+            return None
+        items = self.trajectory.outputs if self.trajectory is not None else self._generated
+        return msgspec.structs.replace(
+            last,
+            output=list(items),
+            usage=msgspec.structs.replace(self._usage),
+            status="incomplete",
+            incomplete_details={"reason": "failed"},
+        )
 
     async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
         """Open a session on the named resource (default: the agent's); use ``async with``. ``row`` seeds
@@ -335,6 +369,7 @@ class Trajectory:
         self._last: Response | None = None
 
     async def generate(self, ctx: AgentContext) -> Response:
+        ctx.trajectory = self  # a failure row keeps it (``AgentContext.partial``)
         self.steps += 1
         self.params.input = self.prompt + self.outputs
         resp = await ctx.generate(self.params)

@@ -310,6 +310,17 @@ class SandboxCommand(Struct, kw_only=True, omit_defaults=True, gc=False):
 COMMAND_HEAD = 2000
 
 
+class TimeSplit(Struct, kw_only=True, omit_defaults=True, gc=False):
+    """Where a failed attempt's time went, in ms (a failure row's ``time_split``): what the failure attribution of a
+    ``timeout`` reads (``data.attribution``). The rest of ``total_ms`` is the environment's (its seed and verify, the
+    agent's own code); the waits for a sandbox lease are not in it (they stop the rollout's clock)."""
+
+    total_ms: int = 0  # the attempt, start to failure
+    generating_ms: int = 0  # its model calls' generation, as the model workers timed it (``ModelCost.call_ms``)
+    model_wait_ms: int = 0  # those calls' round trips less their generation: queues, transport, a server that hung
+    tools_ms: int = 0  # its tool calls and its own sandboxes' commands: what the policy asked to run
+
+
 class RolloutResult(_Msg, tag="result.v1"):
     """The collector's input: a finished row, or a failure with its class."""
 
@@ -329,6 +340,10 @@ class RolloutResult(_Msg, tag="result.v1"):
     # is the i-th ``function_call`` of the response: neither is repeated here. A group's on its first repeat.
     calls: list[list[int]] | None = None
     commands: list[SandboxCommand] | None = None  # its own sandboxes' commands, in order (run's attempts sidecar)
+    # a failure's: where its time went (``failure_attribution``), and the policy's trajectory so far (the row's
+    # ``response``, status ``incomplete``): on every repeat's row (older readers ignore both)
+    time_split: TimeSplit | None = None
+    partial: Response | None = None
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)
@@ -768,6 +783,7 @@ __all__ = [
     "SeedReply",
     "Served",
     "SeedRequest",
+    "TimeSplit",
     "ToolCall",
     "ToolReply",
     "TRAINING_FIELDS",

@@ -13,7 +13,7 @@ import pytest
 
 from gym_runtime.data.atif import from_atif, to_atif
 from tests.helpers import REPO, cli, read_jsonl
-from tests.test_view import fetch, serve
+from tests.test_view import serve
 from tests.view_rows import hostile_row, row, sample_run, write
 
 atif = pytest.importorskip("atif", reason="the atif package is in the dev extra")
@@ -87,7 +87,7 @@ def test_export_then_view_and_diff_read_it_whole(tmp_path: Path) -> None:
     assert d["common"] == 13 and d["classes"] == {"REUSE": 13, "REGRADE": 0, "RERUN": 0}
     assert all(r["delta"] in (0, None) for r in d["rows"])
     for site in serve(str(src), str(out)):
-        _, _, page = fetch(site.base + "/")
+        _, _, page = site.get("/")
         runs = page.decode().split("<tbody>", 1)[1].split("</tbody>", 1)[0].split("<tr>")[1:]
         cells = [re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S) for tr in runs]
         assert cells[0][1] == cells[1][1] == "13" and cells[0][3] == cells[1][3] == "0.654"  # rows, mean reward
@@ -111,7 +111,7 @@ def test_a_real_runs_rows_round_trip(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "re_atif.jsonl") == read_jsonl(tmp_path / "re.jsonl")
     foreign = write(tmp_path / "foreign.jsonl", [FOREIGN])
     refused = cli("reverify", "weather", "-i", str(foreign), "-o", str(tmp_path / "x.jsonl"))
-    assert refused.returncode == 2 and "without gym-runtime's rows" in refused.stderr
+    assert refused.returncode == 2 and "no task to grade" in refused.stderr
 
 
 FOREIGN = {
@@ -146,7 +146,7 @@ def test_a_foreign_atif_file_opens_in_view_as_trajectories(tmp_path: Path) -> No
     path = tmp_path / "trajectory.json"
     path.write_text(json.dumps(FOREIGN, indent=2))  # Harbor writes one pretty-printed document per trial
     for site in serve(str(path)):
-        status, _, body = fetch(site.base + "/rollout/0/0/0")
+        status, _, body = site.get("/rollout/0/0/0")
         assert status == 200
         page = body.decode()
         for text in (
@@ -162,8 +162,27 @@ def test_a_foreign_atif_file_opens_in_view_as_trajectories(tmp_path: Path) -> No
     lines = tmp_path / "many.jsonl"
     write(lines, [FOREIGN, {**FOREIGN, "session_id": "harbor-trial-8"}])
     for site in serve(str(lines)):
-        _, _, body = fetch(site.base + "/rollouts")
+        _, _, body = site.get("/rollouts")
         assert "2 rollouts" in body.decode()
+
+
+def test_a_foreign_atif_file_is_read_one_way_by_view_export_and_reverify(tmp_path: Path) -> None:
+    """Harbor's pretty-printed ``trajectory.json``: ``view`` opens it, ``export`` reads it (not "not JSON"),
+    ``reverify`` says in one line there is no task to grade; the step's text shows before its own tool call."""
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(FOREIGN, indent=2))
+    out = cli("export", str(path), "-o", str(tmp_path / "again.atif.jsonl"))
+    assert out.returncode == 0 and "1 trajectories written" in out.stdout, out.stderr
+    (doc,) = [json.loads(line) for line in (tmp_path / "again.atif.jsonl").read_text().splitlines()]
+    atif.Trajectory.model_validate(doc)
+    redo = cli("reverify", "weather", "-i", str(path), "-o", str(tmp_path / "x.jsonl"))
+    lines = redo.stderr.strip().splitlines()
+    assert redo.returncode == 2 and len(lines) == 1 and "no task to grade" in lines[0], redo.stderr
+    for site in serve(str(path)):
+        page = site.get("/rollout/0/0/0")[2].decode()
+        assert page.index("I will run ls.") < page.index("tool call bash (t1)") < page.index("README.md")
+        runs = site.get("/")[2].decode()
+        assert str(path) in runs and "gym-view-atif" not in runs  # the file given, not the converted rows
 
 
 def test_a_file_that_is_not_atif_or_jsonl_is_one_line(tmp_path: Path) -> None:

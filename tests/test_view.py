@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
@@ -135,9 +137,28 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
 
 
 class Served:
+    """A running ``view``: its printed URL, and the cookie that URL's token is traded for (the way in)."""
+
     def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
         self.proc, self.url = proc, url
         self.base = url.split("?")[0].rstrip("/")
+        self.token = parse_qs(urlsplit(url).query).get("token", [""])[0]
+        self.cookie = ""
+        if self.token:
+            status, headers, _ = fetch(url)
+            assert status == 303, status
+            self.cookie = headers["Set-Cookie"].split(";")[0]
+
+    def get(self, path: str, **kw: Any) -> tuple[int, dict[str, str], bytes]:
+        """``path`` fetched as the browser that opened the printed URL would (with its cookie)."""
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        return fetch(self.base + path, headers=headers | kw.pop("headers", {}), **kw)
+
+    def entry(self, path: str) -> str:
+        """``path`` with the token: a browser opening it is let in (the token traded for the cookie)."""
+        if not self.token:
+            return self.base + path
+        return self.base + path + ("&" if "?" in path else "?") + urlencode({"token": self.token})
 
 
 def serve(*argv: str) -> Iterator[Served]:
@@ -182,18 +203,18 @@ def test_the_pages_carry_a_policy_that_allows_only_their_own_script_and_the_serv
     assert served.url.startswith("http://127.0.0.1:")
     pages = ("/", "/rollouts", "/rollouts?agent=other_agent", "/rollout/0/0/0", "/rollout/0/1/1", "/group/0/0")
     for path in (*pages, "/tokens/0/0/2", "/steps/0"):
-        status, headers, body = fetch(served.base + path)
+        status, headers, body = served.get(path)
         assert status == 200, (path, body[:500])
         csp = headers["Content-Security-Policy"]
         assert "script-src 'self';" in csp and "default-src 'none'" in csp and "connect-src 'none'" in csp
         assert "unsafe" not in csp and headers["X-Content-Type-Options"] == "nosniff"
         # the one script: keyboard navigation, a static file of the server's own
         assert body.count(b"<script") == 1 and b'<script src="/static/keys.js" defer></script>' in body
-    status, headers, js = fetch(served.base + "/static/keys.js")
+    status, headers, js = served.get("/static/keys.js")
     assert status == 200 and headers["Content-Type"].startswith("text/javascript") and b"innerHTML" not in js
     for method in ("POST", "PUT", "DELETE", "PATCH"):
-        assert fetch(served.base + "/rollouts", method=method)[0] == 405
-    status, headers, _ = fetch(served.base + "/nowhere")
+        assert served.get("/rollouts", method=method)[0] == 405
+    status, headers, _ = served.get("/nowhere")
     assert status == 404 and "Content-Security-Policy" in headers
 
 
@@ -213,26 +234,29 @@ def test_the_pages_carry_a_policy_that_allows_only_their_own_script_and_the_serv
     ],
 )
 def test_no_path_names_a_file_beyond_those_given(served: Served, path: str) -> None:
-    status, _, body = fetch(served.base + path)
+    status, _, body = served.get(path)
     assert status == 404, (path, status, body[:300])
 
 
 def test_on_loopback_another_host_name_is_refused(served: Served) -> None:
     """A page on another site that rebinds its name to 127.0.0.1 sends its own name as Host."""
-    assert fetch(served.base + "/", headers={"Host": "evil.example:80"})[0] == 421
+    assert served.get("/", headers={"Host": "evil.example:80"})[0] == 421
     port = served.base.rsplit(":", 1)[1]
-    assert fetch(served.base + "/", headers={"Host": f"localhost:{port}"})[0] == 200
+    assert served.get("/", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
-def test_beyond_loopback_every_request_needs_the_printed_token(tmp_path: Path) -> None:
-    for s in serve(str(sample_run(tmp_path / "out.jsonl")), "--host", "0.0.0.0"):
-        assert "?token=" in s.url
-        token = s.url.split("?token=")[1]
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_every_request_needs_the_printed_token_loopback_included(tmp_path: Path, host: str) -> None:
+    """On a shared login or GPU node, loopback is every local user: a ``curl`` with no token reads nothing."""
+    for s in serve(str(sample_run(tmp_path / "out.jsonl")), "--host", host):
+        assert "?token=" in s.url and len(s.token) >= 32
         base = "http://127.0.0.1:" + s.base.rsplit(":", 1)[1]
-        assert fetch(base + "/")[0] == 403
+        for path in ("/", "/rollouts", "/rollout/0/0/0", "/diff", "/static/view.css"):
+            assert fetch(base + path)[0] == 403, path
         assert fetch(base + "/rollout/0/0/0?token=wrong")[0] == 403
-        assert fetch(base + "/", headers={"Cookie": "gym_view_token=wrong"})[0] == 403
-        status, headers, _ = fetch(base + f"/rollouts?agent=other_agent&token={token}")
+        name = s.cookie.split("=")[0]
+        assert fetch(base + "/", headers={"Cookie": f"{name}=wrong"})[0] == 403
+        status, headers, _ = fetch(base + f"/rollouts?agent=other_agent&token={s.token}")
         assert status == 303 and headers["Location"] == "/rollouts?agent=other_agent"  # the token leaves the URL
         assert "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
         cookie = headers["Set-Cookie"].split(";")[0]
@@ -240,12 +264,38 @@ def test_beyond_loopback_every_request_needs_the_printed_token(tmp_path: Path) -
         assert status == 200 and b"1 rollout" in body
 
 
+def test_two_views_keep_their_own_cookie_and_no_token_says_what_it_exposes(tmp_path: Path) -> None:
+    path = str(sample_run(tmp_path / "out.jsonl"))
+    for one in serve(path):
+        for two in serve(path):
+            assert one.cookie.split("=")[0] != two.cookie.split("=")[0]  # one browser, both open
+            assert two.get("/", headers={"Cookie": f"{one.cookie}; {two.cookie}"})[0] == 200
+            assert fetch(two.base + "/", headers={"Cookie": one.cookie})[0] == 403
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "view", "--port", "0", "--no-token", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        url = proc.stdout.readline().split(": ", 1)[1].strip()
+        said = proc.stderr.readline()
+        assert "token" not in url and fetch(url)[0] == 200
+        assert "--no-token: every row" in said and "every user and process of this machine" in said
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_a_failure_rows_trajectory_shows_its_class_message_and_task(tmp_path: Path) -> None:
     path = write(tmp_path / "out.jsonl", [row(0, 0, 1.0)], [failure(1, 0, "timeout", "gave up after <b>3</b> tries")])
     for s in serve(str(path)):
-        status, _, body = fetch(s.base + "/rollout/0/1/0")
+        status, _, body = s.get("/rollout/0/1/0")
         assert status == 200
-        assert b"timeout: gave up after &lt;b&gt;3&lt;/b&gt; tries" in body and b"What is the weather in 1?" in body
+        assert (
+            b"timeout: gave up after &lt;b&gt;3&lt;/b&gt; tries" in body and b"What is the weather in city 1?" in body
+        )
 
 
 def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_secrets(tmp_path: Path) -> None:
@@ -280,9 +330,9 @@ def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_se
     batch = json.loads(batch_text)
     assert batch["manifest"]["tasks"] == len(rows) and batch["config"]["agents"]["weather_agent"]["model"] == "policy"
     for s in serve(str(out)):
-        status, _, body = fetch(s.base + "/rollout/0/0/0")
+        status, _, body = s.get("/rollout/0/0/0")
         assert status == 200 and b'id="attempts"' in body and b"(the slot&#39;s)" in body
-        status, _, body = fetch(s.base + "/")
+        status, _, body = s.get("/")
         assert status == 200 and batch["batch"].encode() in body and SECRET.encode() not in body
 
 
@@ -319,7 +369,7 @@ def test_each_sandbox_command_an_attempt_ran_is_kept_and_shown(tmp_path: Path) -
         assert cmd["command"] == "sleep 0.2; echo ready" and cmd["exit_code"] == 0
         assert cmd["output_bytes"] == 6 and cmd["head"] == "ready\n" and cmd["ms"] >= 200
     for s in serve(str(out)):
-        status, _, body = fetch(s.base + "/rollout/0/0/0")
+        status, _, body = s.get("/rollout/0/0/0")
         page = body.decode()
         assert status == 200 and "sandbox command" in page and "sleep 0.2; echo ready" in page
         assert "exit 0 · 6 bytes of output" in page
@@ -329,13 +379,49 @@ def test_the_table_pages_by_fifty_and_a_diff_of_runs_with_no_task_in_common_says
     many = write(tmp_path / "many.jsonl", [row(t, 0, float(t % 2)) for t in range(120)])
     other = write(tmp_path / "other.jsonl", [row(500, 0, 1.0)])
     for s in serve(str(many), str(other)):
-        _, _, first = fetch(s.base + "/rollouts?run=0&sort=task")
+        _, _, first = s.get("/rollouts?run=0&sort=task")
         assert b"120 rollouts, page 1 of 3" in first and first.count(b'href="/rollout/0/0/') == 50
         assert b'id="next" href="/rollouts?page=2&amp;run=0&amp;sort=task"' in first
-        _, _, last = fetch(s.base + "/rollouts?run=0&sort=task&page=3")
+        _, _, last = s.get("/rollouts?run=0&sort=task&page=3")
         assert b"page 3 of 3" in last and last.count(b'href="/rollout/0/0/') == 20 and b'id="next"' not in last
-        _, _, beyond = fetch(s.base + "/rollouts?run=0&page=99")
+        _, _, beyond = s.get("/rollouts?run=0&page=99")
         assert b"page 3 of 3" in beyond
-        assert fetch(s.base + "/rollouts?rmin=high")[0] == 400
-        status, _, page = fetch(s.base + "/diff?a=0&b=1")
+        assert s.get("/rollouts?rmin=high")[0] == 400
+        status, _, page = s.get("/diff?a=0&b=1")
         assert status == 200 and b'id="problem"' in page and b"have no task in common" in page
+
+
+def test_a_file_that_is_not_rollouts_is_refused_naming_what_to_open(tmp_path: Path) -> None:
+    """The input tasks file, and the sidecars that tab-complete next to the output: one line, exit 2."""
+    msg = one_error_line(view(str(WEATHER), "--port", "0"))
+    assert f"{WEATHER}:1: a task row (no response, no reward), not rollouts" in msg and f"-i {WEATHER}" in msg
+    out = sample_run(tmp_path / "out.jsonl")
+    attempts = tmp_path / "out_attempts.jsonl"
+    attempts.write_text(json.dumps({"kind": "result", "task_index": 0, "rollout_index": 0, "attempt": 1}) + "\n")
+    msg = one_error_line(view(str(attempts), "--port", "0"))
+    assert msg.endswith(
+        f"{attempts}: the attempts sidecar of out.jsonl, not rollouts: open {out} (view reads its sidecars)"
+    )
+    batch = tmp_path / "out_batch.json"
+    batch.write_text("{}")
+    assert f"open {out}" in one_error_line(view(str(batch), "--port", "0"))
+    index.load(out)
+    assert "view's index of a file" in one_error_line(view(str(index.index_path(out)), "--port", "0"))
+    done = cli("diff", str(out), str(WEATHER))
+    assert done.returncode == 2 and "a task row" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_environments_by_name_tools_folded_and_runs_named_as_given(tmp_path: Path) -> None:
+    """Our rows name their environment's code by digest only: the batch sidecar's config names it; the tools'
+    JSON starts folded (the turns begin on the first screen)."""
+    out = sample_run(tmp_path / "out.jsonl")
+    config = {"agents": {"weather_agent": {"resource": "weather"}, "other_agent": {"resource": "elsewhere"}}}
+    (tmp_path / "out_batch.json").write_text(json.dumps({"batch": "b1", "manifest": {}, "config": config}))
+    for s in serve(str(out)):
+        page = s.get("/rollout/0/0/0")[2].decode()
+        assert "<dt>environment</dt><dd>weather</dd>" in page
+        assert '<details class="tools" id="tools"><summary>Tools offered (1: get_weather)</summary>' in page
+        runs = s.get("/")[2].decode()
+        assert "weather_agent / weather" in runs and "other_agent / elsewhere" in runs and "a1b2c3d4e5f6" not in runs
+        assert "1 rollout" in s.get("/rollouts?env=elsewhere")[2].decode()
+        assert "<option>weather</option>" in s.get("/rollouts")[2].decode()

@@ -123,7 +123,7 @@ def no_dialog(driver: webdriver.Chrome) -> None:
 
 
 def test_the_runs_page_shows_each_run(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/")
+    driver.get(site.entry("/"))
     wait_for(driver, "table#runs")
     rows = driver.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
     assert [r.find_element(By.CSS_SELECTOR, "td").text for r in rows] == ["a.jsonl", "b.jsonl", "hostile.jsonl"]
@@ -135,7 +135,7 @@ def test_the_runs_page_shows_each_run(driver: webdriver.Chrome, site: Served, fi
 
 
 def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/rollouts")
+    driver.get(site.entry("/rollouts"))
     wait_for(driver, "form#filters")
     assert driver.find_element(By.ID, "count").text.startswith("30 rollouts")
     Select(driver.find_element(By.NAME, "run")).select_by_visible_text("a.jsonl")
@@ -154,18 +154,18 @@ def test_filter_then_a_trajectory_then_back(driver: webdriver.Chrome, site: Serv
     assert driver.find_element(By.ID, "count").text == "1 rollout"
     assert Select(driver.find_element(By.NAME, "agent")).first_selected_option.text == "other_agent"
 
-    driver.get(site.base + "/rollouts?run=0&failure=timeout")
+    driver.get(site.entry("/rollouts?run=0&failure=timeout"))
     assert driver.find_element(By.ID, "count").text == "1 rollout"
-    driver.get(site.base + "/rollouts?q=partly+cloudy")
+    driver.get(site.entry("/rollouts?q=partly+cloudy"))
     assert driver.find_element(By.ID, "count").text == "2 rollouts"  # a.jsonl's and b.jsonl's
-    driver.get(site.base + "/rollouts?pv=1&run=0")
+    driver.get(site.entry("/rollouts?pv=1&run=0"))
     assert driver.find_element(By.ID, "count").text == "6 rollouts"
-    driver.get(site.base + "/rollouts?sort=busy&desc=true")
+    driver.get(site.entry("/rollouts?sort=busy&desc=true"))
     assert driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody tr td:nth-child(9)").text == "1105 ms"
 
 
 def test_tokens_logprobs_versions_cost_and_provenance(driver: webdriver.Chrome, site: Served) -> None:
-    driver.get(site.base + "/rollout/0/0/2")  # task 1 rollout 0: policy version 1
+    driver.get(site.entry("/rollout/0/0/2"))  # task 1 rollout 0: policy version 1
     wait_for(driver, "dl#meta")
     main = driver.find_element(By.TAG_NAME, "main")
     assert "3 prompt tokens · 4 generated tokens · policy version 1" in main.text
@@ -179,7 +179,7 @@ def test_tokens_logprobs_versions_cost_and_provenance(driver: webdriver.Chrome, 
 
 
 def test_the_diff_page_shows_the_known_flips(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
-    driver.get(site.base + "/diff?a=0&b=1")
+    driver.get(site.entry("/diff?a=0&b=1"))
     wait_for(driver, "table#diff")
     assert driver.find_element(By.ID, "flips").text == "pass→fail 1, fail→pass 1"
     assert driver.find_element(By.ID, "classes").text == "REUSE 0, REGRADE 13, RERUN 0"
@@ -189,13 +189,13 @@ def test_the_diff_page_shows_the_known_flips(driver: webdriver.Chrome, site: Ser
     }
     assert ("0", "fail→pass") in flips and ("1", "pass→fail") in flips
     shot(driver, files, "diff")
-    driver.get(site.base + "/diff?a=0&b=2")
+    driver.get(site.entry("/diff?a=0&b=2"))
     assert "REUSE 1" in driver.find_element(By.ID, "classes").text  # hostile.jsonl's task 0 rollout 0: as in a
 
 
 def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, files: dict[str, Path]) -> None:
     requests_made(driver)  # what earlier tests asked for, dropped
-    driver.get(site.base + "/rollouts?run=2")
+    driver.get(site.entry("/rollouts?run=2"))
     wait_for(driver, "table#rollouts")
     no_dialog(driver)
     driver.find_element(By.LINK_TEXT, "99").click()
@@ -228,6 +228,22 @@ def test_the_hostile_row_stays_inert(driver: webdriver.Chrome, site: Served, fil
     assert not [m for m in logs if "Content Security Policy" in m], logs  # nothing even tried to run
 
 
+def test_a_trajectorys_turns_start_on_the_first_screen(driver: webdriver.Chrome, tmp_path: Path) -> None:
+    """Forty tools offered: their JSON folded under one line, so the first turn is on the first screen."""
+    r = row(0, 0, 1.0)
+    r["responses_create_params"]["tools"] = [
+        {"type": "function", "name": f"tool_{n}", "parameters": {"type": "object", "properties": {"x": {}}}}
+        for n in range(40)
+    ]
+    for site in serve(str(write(tmp_path / "tools.jsonl", [r]))):
+        driver.get(site.entry("/rollout/0/0/0"))
+        wait_for(driver, "details#tools")
+        first = driver.find_element(By.XPATH, "//h3[starts-with(normalize-space(.), 'turn 1')]")
+        screen = driver.execute_script("return window.innerHeight")  # (reads the page: no script on it)
+        assert first.location["y"] < screen, (first.location, screen)
+        assert "tool_39" in driver.find_element(By.CSS_SELECTOR, "details#tools summary").text
+
+
 def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     """``view --batch B --nats URL`` on a batch published before its agent runs: the runs page says 0 of 6 and
     refreshes; once the agent's worker starts, the rows appear, and the table lists them."""
@@ -249,7 +265,7 @@ def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path
         )
         assert published.returncode == 0, published.stderr
         for site in serve("--batch", "live1", "--nats", nats_server.url):
-            driver.get(site.base + "/")
+            driver.get(site.entry("/"))
             wait_for(driver, "#live-0")
             assert driver.find_element(By.ID, "live-0").text == "live: 0 of 6"
             assert driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")
@@ -258,7 +274,9 @@ def test_live_mode_follows_a_running_batch(nats_server: EmbeddedServer, tmp_path
             WebDriverWait(driver, 180, 0.2, ignored_exceptions=[StaleElementReferenceException]).until(all_in)
             assert "live: 0 of 6" in seen and len(seen) >= 2
             assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']")  # done: no more refresh
-            driver.get(site.base + "/rollouts")
+            named = driver.find_element(By.CSS_SELECTOR, "section.run p.path").text
+            assert named == "batch live1 (followed on the bus)", named  # not the spool's temporary path
+            driver.get(site.entry("/rollouts"))
             assert driver.find_element(By.ID, "count").text == "6 rollouts"
             driver.find_element(By.CSS_SELECTOR, "table#rollouts tbody a").click()
             wait_for(driver, "dl#meta")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO, cli
-from tests.test_view import fetch, serve
+from tests.test_view import serve
 
 RUN = Path(__file__).resolve().parent / "data" / "train_run"
 
@@ -19,7 +19,7 @@ def test_a_training_rows_file_that_grows_is_read_as_it_grows(tmp_path: Path) -> 
     path.write_bytes(b"".join(lines[:8]))  # the first step's rows (8 a step)
 
     def page(url: str) -> str:
-        status, _, body = fetch(site.base + url)
+        status, _, body = site.get(url)
         assert status == 200, (url, body[:300])
         return body.decode()
 
@@ -27,11 +27,11 @@ def test_a_training_rows_file_that_grows_is_read_as_it_grows(tmp_path: Path) -> 
         assert "8 rollouts" in page("/rollouts")
         steps = page("/steps/0")
         assert "step 0:" in steps and "step 1:" not in steps
-        assert fetch(site.base + "/group/0/2")[0] == 404  # two groups of 4 so far
+        assert site.get("/group/0/2")[0] == 404  # two groups of 4 so far
         with path.open("ab") as f:  # the trainer's next step, and half of a line still being written
             f.write(b"".join(lines[8:16]) + lines[16][:40])
         assert "16 rollouts" in page("/rollouts")  # the torn line waits
-        assert fetch(site.base + "/group/0/3")[0] == 200
+        assert site.get("/group/0/3")[0] == 200
         assert "step 1:" in page("/steps/0")
         with path.open("ab") as f:
             f.write(lines[16][40:])

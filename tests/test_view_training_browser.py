@@ -85,7 +85,7 @@ def test_the_group_page_shows_the_advantages_trl_computed(driver: Any, site: Ser
     spread = [g for g, members in groups.items() if len({m["train_reward"] for _, m in members}) > 1]
     assert spread, "the fixture run has a group with a learning signal"
     g = spread[0]
-    driver.get(site.base + f"/group/0/{g}")
+    driver.get(site.entry(f"/group/0/{g}"))
     wait_for(driver, "table#group")
     shown = [
         [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
@@ -99,11 +99,11 @@ def test_the_group_page_shows_the_advantages_trl_computed(driver: Any, site: Ser
     assert "zero spread" not in driver.find_element(By.ID, "group-spread").text
     # the runs page counts and lists the groups whose members all got the same reward
     zero = [g for g, members in groups.items() if len({m["train_reward"] for _, m in members}) == 1]
-    driver.get(site.base + "/")
+    driver.get(site.entry("/"))
     assert driver.find_element(By.ID, "zero-0").text.startswith(f"{len(zero)} with zero spread")
     # from a trajectory, its group is one link away
     line = groups[g][0][0]
-    driver.get(site.base + f"/rollout/0/0/{line}")
+    driver.get(site.entry(f"/rollout/0/0/{line}"))
     driver.find_element(By.ID, "key-u").click()
     until(driver, lambda d: d.current_url.endswith(f"/group/0/{g}"))
     shot(driver, files_root(site), "group")
@@ -121,7 +121,7 @@ def shot(driver: Any, root: Path, name: str) -> None:
 def test_the_token_view_shows_the_masks_logprobs_and_decoded_tokens(driver: Any, site: Served, rows: list[Any]) -> None:
     line, row = next((i, r) for i, r in enumerate(rows) if "error_class" not in r and 0 in sequence(r).env_mask)
     seq = sequence(row)
-    driver.get(site.base + f"/tokens/0/0/{line}")
+    driver.get(site.entry(f"/tokens/0/0/{line}"))
     wait_for(driver, "p.toks")
     gen = driver.find_elements(By.CSS_SELECTOR, "p.toks span.t.gen")
     env = driver.find_elements(By.CSS_SELECTOR, "p.toks span.t.env")
@@ -141,7 +141,7 @@ def test_the_token_view_shows_the_masks_logprobs_and_decoded_tokens(driver: Any,
 
 
 def test_the_plots_show_the_runs_rewards_and_failures_per_step(driver: Any, site: Served, rows: list[Any]) -> None:
-    driver.get(site.base + "/")
+    driver.get(site.entry("/"))
     driver.find_element(By.ID, "steps-0").click()
     wait_for(driver, "figure#plot-reward")
     assert not driver.find_elements(By.TAG_NAME, "script") or all(
@@ -164,8 +164,8 @@ def test_the_plots_show_the_runs_rewards_and_failures_per_step(driver: Any, site
     failures = [
         t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "#plot-failures rect title")
     ]
-    failed_at = [r["train_step"] for r in rows if "error_class" in r]
-    assert failures == [f"step {s}: 1 unattributed" for s in failed_at]  # (rows from before attribution)
+    failed = [r for r in rows if "error_class" in r]
+    assert failures == [f"step {r['train_step']}: 1 {r['failure_attribution']}" for r in failed]  # who caused it
     assert len(driver.find_elements(By.CSS_SELECTOR, "figure#plot-length circle")) == len(by_step)
     for fig in ("plot-reward", "plot-pass", "plot-failures", "plot-tasks", "plot-length"):
         labels = driver.find_element(By.ID, fig).find_elements(By.CSS_SELECTOR, "text.label")
@@ -181,7 +181,7 @@ def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(
     def press(key: str) -> None:
         ActionChains(driver).send_keys(key).perform()
 
-    driver.get(site.base + "/rollout/0/0/0")
+    driver.get(site.entry("/rollout/0/0/0"))
     wait_for(driver, "nav#keys")
     press("j")
     until(driver, lambda d: d.current_url.endswith("/rollout/0/0/1"))
@@ -195,7 +195,7 @@ def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(
     press("s")
     until(driver, lambda d: d.current_url.endswith(f"/rollout/0/0/{first_of_next_step}"))
     failed = next(i for i, r in enumerate(rows) if "error_class" in r)
-    driver.get(site.base + "/rollout/0/0/0")
+    driver.get(site.entry("/rollout/0/0/0"))
     wait_for(driver, "nav#keys")
     press("f")
     until(driver, lambda d: d.current_url.endswith(f"/rollout/0/0/{failed}"))
@@ -205,7 +205,7 @@ def test_keyboard_navigation_moves_through_rollouts_groups_and_turns(
     until(driver, lambda d: d.current_url.endswith(f"/rollout/0/0/{failed}"))
     # next turn: the page scrolls to the next item, a key at a time
     multi = next(i for i, r in enumerate(rows) if "error_class" not in r and 0 in sequence(r).env_mask)
-    driver.get(site.base + f"/tokens/0/0/{multi}")
+    driver.get(site.entry(f"/tokens/0/0/{multi}"))
     wait_for(driver, "section#turn-2")
     driver.set_window_size(1400, 300)
     try:
@@ -278,7 +278,7 @@ def test_an_exported_bundle_opens_from_disk_and_every_link_resolves(
 def test_hostile_rows_stay_inert_on_every_new_page(driver: Any, site: Served) -> None:
     requests_made(driver)
     for path in ("/", "/group/1/0", "/tokens/1/0/0", "/tokens/1/0/1", "/steps/1", "/rollout/1/0/0", "/rollout/1/0/1"):
-        driver.get(site.base + path)
+        driver.get(site.entry(path))
         wait_for(driver, "main")
         no_dialog(driver)
         for css in ("main script", "main img", "main iframe", "main a[href^='javascript']", "main link", "main style"):
@@ -286,9 +286,9 @@ def test_hostile_rows_stay_inert_on_every_new_page(driver: Any, site: Served) ->
         scripts = [s.get_attribute("src") for s in driver.find_elements(By.TAG_NAME, "script")]
         assert scripts == [site.base + "/static/keys.js"], (path, scripts)
         assert not driver.find_elements(By.TAG_NAME, "iframe")
-    driver.get(site.base + "/group/1/0")
+    driver.get(site.entry("/group/1/0"))
     assert HOSTILE.split("<a href")[0] in driver.find_element(By.TAG_NAME, "h1").text  # its group's name, as text
-    driver.get(site.base + "/tokens/1/0/0")
+    driver.get(site.entry("/tokens/1/0/0"))
     assert HOSTILE.split("<a href")[0] in driver.find_element(By.TAG_NAME, "main").text  # a "token id", as text
     asked = requests_made(driver)
     assert asked and all(u.startswith(site.base + "/") for u in asked), asked

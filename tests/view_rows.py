@@ -105,9 +105,7 @@ def failure(task: int, rollout: int, error_class: str = "timeout", message: str 
         "error_class": error_class,
         "error": message,
         "attempts": 3,
-        "input": {
-            "responses_create_params": {"input": [{"role": "user", "content": f"What is the weather in {task}?"}]}
-        },
+        "input": {"responses_create_params": {"input": row(task, rollout, 0.0)["responses_create_params"]["input"]}},
     }
 
 

@@ -41,7 +41,7 @@ def main(target: Path) -> None:
                     ("diff", "/diff?a=0&b=1", "table#diff"),
                     ("hostile", "/rollout/2/0/1", "dl#meta"),
                 ):
-                    driver.get(site.base + path)
+                    driver.get(site.entry(path))
                     wait_for(driver, css)
                     if name == "trajectory":
                         driver.find_element(By.CSS_SELECTOR, "details.logprobs summary").click()

@@ -37,7 +37,33 @@ def plural(n: int, noun: str) -> str:
 
 
 def err(msg: str) -> None:
-    print(f"gym-runtime: error: {msg}", file=sys.stderr)
+    print(f"gym-runtime: error: {printable(msg, keep=chr(10))}", file=sys.stderr)
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` safe for a terminal: each character that is not printable (ESC and every control, C1's CSI,
+    bidirectional overrides, a lone surrogate) written as its escape (``\\x1b``, ``\\u202e``), so what a row
+    holds can set no title, clear no screen and reorder no line; ``keep``: characters left as they are."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in keep else c.encode("unicode_escape", "backslashreplace").decode() for c in text
+    )
+
+
+def printable_json(text: str) -> str:
+    """JSON text (``ensure_ascii=False``) with every character a terminal would act on written as a JSON
+    escape (``\\u001b``): still the same JSON to a parser."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or c in "\n ":
+            out.append(c)
+        else:
+            units = c.encode("utf-16-be", "surrogatepass")
+            out += [f"\\u{int.from_bytes(units[i : i + 2], 'big'):04x}" for i in range(0, len(units), 2)]
+    return "".join(out)
 
 
 def common_options(p: argparse.ArgumentParser) -> None:

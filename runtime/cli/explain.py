@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     for i, h in enumerate(found):
         if i:
             print()
-        print("\n".join(render(manifest, h)))
+        print("\n".join(cli.printable(line) for line in render(manifest, h)))  # (workers' messages: escaped)
     return 0
 
 
@@ -66,6 +66,7 @@ def render(manifest: Any, h: Any) -> list[str]:
     import msgspec
 
     from gym_runtime.data.aggregate import cost_text, result_cost
+    from gym_runtime.data.attribution import attribution_text
     from gym_runtime.data.intake import is_ok
 
     models = manifest.models or {}
@@ -96,6 +97,7 @@ def render(manifest: Any, h: Any) -> list[str]:
                 lines.append(f"  result: reward {r.row.get('reward')!r}{kept}")
             else:
                 lines.append(f"  failure row: {r.error.error_class}: {r.error.message}{kept}")
+                lines.append(f"  caused by: {attribution_text(r)}")
             cost = result_cost(r)
             if cost is not None:
                 lines.append(f"  cost: {cost_text(msgspec.to_builtins(cost))}")
@@ -110,6 +112,7 @@ def render(manifest: Any, h: Any) -> list[str]:
             )
     if h.kept is not None and not any(h.kept in a.results for a in h.attempts):  # a reader's record of a lost slot
         lines.append(f"  slot settled as {h.kept.error.error_class}: {h.kept.error.message}")
+        lines.append(f"  caused by: {attribution_text(h.kept)}")
     return lines
 
 

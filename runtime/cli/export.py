@@ -8,6 +8,8 @@ whole; NeMo Gym's JSONL stays the native format.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from typing import Any
 
 from gym_runtime.cli._common import check_output, log_level_option
 
@@ -27,21 +29,16 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.atif import to_atif
     from gym_runtime.data.sidecars import batch_path
     from gym_runtime.errors import UserError
-    from gym_runtime.view.index import lines
 
     check_output(args.output)
     src = Path(args.input)
+    if not src.is_file():
+        raise UserError(f"{src}: no such file (export reads a rollouts JSONL or an ATIF file)")
     models = _model_names(batch_path(src))
     written = 0
     tmp = Path(args.output + ".tmp")
     with tmp.open("w") as out:
-        for number, _, line in lines(src):
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{src}:{number}: not JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{src}:{number}: not a JSON object")
+        for row in _rows(src):
             prov = row.get("provenance")
             turns = prov.get("turns") if isinstance(prov, dict) else None
             entry = str(turns[0]).partition("@")[0] if isinstance(turns, list) and turns else None
@@ -50,6 +47,28 @@ def main(args: argparse.Namespace) -> int:
     tmp.replace(args.output)
     print(f"{written} trajectories written to {args.output} (ATIF-v1.8)")
     return 0
+
+
+def _rows(src: object) -> Iterator[dict[str, Any]]:
+    """The rows of ``src``: a rollouts JSONL's lines, or an ATIF file's documents read as ``view`` reads them
+    (one reader: a foreign trajectory is a row with no reward)."""
+    from pathlib import Path
+
+    from gym_runtime.data.atif import from_atif, is_atif_file, read_atif
+    from gym_runtime.data.jsonlines import json_value
+    from gym_runtime.errors import UserError
+    from gym_runtime.view.index import lines
+
+    path = Path(str(src))
+    if is_atif_file(path):
+        for i, doc in enumerate(read_atif(path)):
+            yield from_atif(doc, i)
+        return
+    for number, _, line in lines(path):
+        row = json_value(line, f"{path}:{number}", "export reads a rollouts JSONL or an ATIF file")
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{number}: not a JSON object")
+        yield row
 
 
 def _model_names(batch_file: object) -> dict[str, str]:

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         tel.shutdown()
     for line in report.lines():
-        print(line)
+        print(cli.printable(line))  # (what rows record, e.g. a grader's name: escaped)
     if report.failed:
         from gym_runtime.data.collector import sidecar_paths
 

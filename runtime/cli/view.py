@@ -1,14 +1,14 @@
 """``gym-runtime view OUT.jsonl [MORE.jsonl ...]``: a local, read-only web page over rollouts files.
 
 Each file is indexed once (the index kept beside it) before the server starts, so a bad file is one line and
-exit 2, never a page that fails later. Loopback by default; ``--host`` beyond it serves every request only
-with the access token the printed URL carries.
+exit 2. Loopback by default, and on every host every request needs the access token the printed URL carries
+(``--no-token`` turns it off and says what that exposes). The lifecycle and the access policy live in
+``gym_runtime.view``; this module parses and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from typing import Any
 
 from gym_runtime.cli import _common as cli
@@ -25,8 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", help="also follow this batch on the bus as its results are stored (with --nats)")
     cli.nats_option(p, "the bus of --batch")
     cli.namespace_option(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: loopback only)")
     p.add_argument(
-        "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1; beyond loopback: token)"
+        "--no-token",
+        action="store_true",
+        help="serve with no access token: every user of this machine (beyond loopback: anyone who can reach "
+        "--host) reads every row (default: a token in the printed URL, then a cookie)",
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     p.add_argument(
@@ -50,27 +54,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cli.auth_option(p)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def main(args: argparse.Namespace) -> int:
-    import contextlib
-    import errno
-    import secrets
     import sys
-
-    from aiohttp import web
 
     from gym_runtime.cli._common import client_auth, need_url, reach
     from gym_runtime.service.loop import run_async
+    from gym_runtime.view.access import Access
     from gym_runtime.view.runs import open_runs
-    from gym_runtime.view.server import View
+    from gym_runtime.view.serving import Follow, serve
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: not a port (0 to 65535)")
@@ -80,77 +71,21 @@ def main(args: argparse.Namespace) -> int:
         return export(args)
     if args.filter:
         raise UserError("--filter goes with --export (the served table takes its filters from its form)")
-    url = reach(need_url(args, None), query=True) if args.batch else None  # a dead bus: one line, before all else
-    auth = client_auth(args)
+    follow = None
+    if args.batch:  # a dead bus: one line, before all else
+        url = reach(need_url(args, None), query=True)
+        follow = Follow(args.batch, url, args.namespace, client_auth(args))
+    access = Access.resolve(args.host, token=not args.no_token)
     decode = tokenizer(args)
     runs = open_runs(args.files)
-    local = is_loopback(args.host)
-    token = None if local else secrets.token_urlsafe(24)
 
-    async def serve() -> None:
-        import anyio
+    def ready(port: int) -> None:
+        print(f"gym-runtime view: {access.url(port)}", flush=True)
+        if access.token is None:
+            print(f"gym-runtime view: {access.exposure(port)}", file=sys.stderr, flush=True)
 
-        async with contextlib.AsyncExitStack() as stack:
-            live = await open_live(stack, url, auth, args, len(runs.runs)) if url is not None else None
-            async with anyio.create_task_group() as tg:  # (left before the bus closes and the spool goes)
-                if live is not None:
-                    runs.runs.append(live[0].run)
-                    tg.start_soon(live[0].follow, live[1])
-                await serve_pages(runs)
-
-    async def serve_pages(runs: Any) -> None:
-        import anyio
-
-        view = View(runs, token=token, decode=decode)
-        runner = web.AppRunner(view.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        try:
-            await site.start()
-        except OSError as e:
-            await runner.cleanup()
-            if e.errno == errno.EADDRINUSE:
-                raise UserError(f"--port {args.port}: already in use on {args.host} (choose another, or 0)") from None
-            raise UserError(f"--host {args.host} --port {args.port}: cannot serve there ({e.strerror or e})") from None
-        port = runner.addresses[0][1]
-        shown = f"[{args.host}]" if ":" in args.host else args.host
-        if local:  # a DNS-rebinding page reaches loopback under another name: only these are answered
-            view.hosts = {f"{h}:{port}" for h in (shown, "127.0.0.1", "localhost", "[::1]")}
-        page = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-        print(f"gym-runtime view: {page}", flush=True)
-        if token:
-            print(
-                "gym-runtime view: served beyond loopback; the URL's token is what lets a browser in", file=sys.stderr
-            )
-        try:
-            await anyio.sleep_forever()
-        finally:
-            await runner.cleanup()
-
-    run_async(serve)
+    run_async(lambda: serve(runs, access, args.port, ready=ready, follow=follow, decode=decode))
     return 0
-
-
-async def open_live(stack: Any, url: Any, auth: Any, args: argparse.Namespace, run_id: int) -> tuple[Any, Any]:
-    """The live run of ``--batch`` and its bus: the manifest read (none: the user's mistake), its rows to go
-    into a spool file in a temporary folder (the bus and the folder go with ``stack``)."""
-    import tempfile
-    from pathlib import Path
-
-    from gym_runtime.data.batches import get_manifest
-    from gym_runtime.observability.tracing import Telemetry
-    from gym_runtime.transport.bus import Bus
-    from gym_runtime.view.live import Live
-
-    bus = await Bus.connect(
-        url, namespace=args.namespace, telemetry=Telemetry(), name="gym-view", auth=auth, role="publisher"
-    )
-    stack.push_async_callback(bus.close)
-    manifest = await get_manifest(bus, args.batch)
-    if manifest is None:
-        raise UserError(f"--batch {args.batch}: no such batch in namespace {args.namespace!r} (published here?)")
-    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="gym-view-"))
-    return Live(manifest, Path(folder) / f"{args.batch}.jsonl", run_id), bus
 
 
 def tokenizer(args: argparse.Namespace) -> Any:

@@ -6,6 +6,7 @@ What a key means and its default live here (and nowhere else); reading files int
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -342,12 +343,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
     sandboxes: dict[str, SandboxConfig] = msgspec.field(default_factory=dict)
     pricing: PricingConfig | None = None  # rows' estimated cost (docs/operations.md, "Cost and pricing")
+    # the largest reward magnitude a row may carry: a non-finite reward or one beyond it is a verify_error naming the
+    # value (docs/rows.md); far inside float32, which TRL casts rewards to
+    reward_bound: float = 1e6
     base_dir: str = "."  # set by the loader: relative paths in the config resolve here
     source: str = "config"  # set by the loader: the file(s) that errors found later (resolve_config) name
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", self.namespace):
             raise ConfigError(f"namespace: {self.namespace!r} may only hold letters, digits, _ and -")
+        if not (math.isfinite(self.reward_bound) and self.reward_bound > 0):
+            raise ConfigError(f"reward_bound: {self.reward_bound!r} must be a finite number above 0 (default 1e6)")
 
 
 # An entry's name is a token of every subject and credential that names it (``{ns}.task.{agent}.{batch}``,

@@ -11,7 +11,13 @@ back as a row with its steps as items, no reward and no task fields (``view`` sh
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+import msgspec
+
+from gym_runtime.data.jsonlines import TOO_DEEP, json_value
+from gym_runtime.errors import UserError
 
 SCHEMA = "ATIF-v1.8"
 KEY = "gym_runtime"
@@ -247,11 +253,11 @@ def _agent_items(s: dict[str, Any], mine: Any, outputs: dict[Any, Any]) -> list[
         kept = []
         if s.get("reasoning_content"):
             kept.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": s["reasoning_content"]}]})
+        if _text(s.get("message")):  # the step's text, then its own tool calls (an agent says, then does)
+            kept.append({"type": "message", "role": "assistant", "content": None})
         kept += [{"type": "function_call", "call_id": cid, "name": c.get("function_name")} for cid, c in calls.items()]
         kept += [{"type": "function_call_output", "call_id": cid} for cid in by_call]
         kept += [{"type": "function_call_output", "call_id": None, "output": _text(r.get("content"))} for r in loose]
-        if _text(s.get("message")):
-            kept.append({"type": "message", "role": "assistant", "content": None})
     at = (
         mine_index
         if mine_index is not None
@@ -291,3 +297,107 @@ def _blank_part(content: Any) -> bool:
         and isinstance(content[0], dict)
         and content[0].get("text") is None
     )
+
+
+# ------------------------------------------------------------------ reading a file of them: one reader for all
+
+
+class _Result(msgspec.Struct):
+    source_call_id: str | int | None = None
+    content: Any = None
+
+
+class _Observation(msgspec.Struct):
+    results: list[_Result] | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    tool_call_id: str | int | None = None
+    function_name: str | None = None
+    arguments: Any = None
+
+
+class _StepMine(msgspec.Struct):
+    items: list[dict[str, Any]] | None = None
+    metrics_item: int | None = None
+    instructions: bool | None = None
+    input: Any = None
+
+
+class _StepExtra(msgspec.Struct):
+    mine: _StepMine | None = msgspec.field(default=None, name=KEY)
+
+
+class _Step(msgspec.Struct):
+    source: str | None = None
+    message: Any = None
+    reasoning_content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    observation: _Observation | None = None
+    metrics: dict[str, Any] | None = None
+    extra: _StepExtra | None = None
+
+
+class _Agent(msgspec.Struct):
+    name: str | None = None
+    tool_definitions: list[Any] | None = None
+
+
+class _Ours(msgspec.Struct):
+    row: dict[str, Any] | None = None
+    responses_create_params: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+
+
+class _DocExtra(msgspec.Struct):
+    ours: _Ours | None = msgspec.field(default=None, name=KEY)
+
+
+class _Doc(msgspec.Struct):
+    """What ``from_atif`` reads of a document, with the types it reads them as (the rest is left alone)."""
+
+    schema_version: str
+    steps: list[_Step]
+    agent: _Agent | None = None
+    extra: _DocExtra | None = None
+
+
+def is_atif_file(path: Path) -> bool:
+    """Whether ``path`` holds ATIF trajectories (a document, a list of them, or one a line), from its start."""
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    return head[:1] in (b"{", b"[") and b'"schema_version"' in head and b'"ATIF-' in head
+
+
+def read_atif(path: Path) -> list[dict[str, Any]]:
+    """The ATIF documents of ``path`` (one JSON value, a document or a list, else one a line), each checked
+    against what ``from_atif`` reads: one that cannot be read is the user's mistake, one line naming it.
+    ``view``, ``export`` and ``reverify`` all read ATIF files here."""
+    data = path.read_bytes()
+    try:
+        whole = json.loads(data)
+    except RecursionError:
+        raise UserError(f"{path}:1: {TOO_DEEP}; not an ATIF trajectory view can read") from None
+    except ValueError:  # not one JSON value: one a line
+        found = []
+        for number, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            found.append(_checked(json_value(line, where, "an ATIF file holds trajectories"), where))
+        return found
+    if isinstance(whole, list):
+        return [_checked(doc, f"{path}: trajectory {i + 1}") for i, doc in enumerate(whole)]
+    return [_checked(whole, f"{path}:1")]
+
+
+def _checked(doc: Any, where: str) -> dict[str, Any]:
+    if not is_atif(doc):
+        raise UserError(f"{where} is not an ATIF document (no schema_version ATIF-...)")
+    try:
+        msgspec.convert(doc, _Doc)
+    except msgspec.ValidationError as e:
+        raise UserError(f"{where}: not an ATIF trajectory this reader can read ({e})") from None
+    except RecursionError:
+        raise UserError(f"{where}: {TOO_DEEP}; not an ATIF trajectory view can read") from None
+    return dict(doc)

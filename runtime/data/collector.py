@@ -25,6 +25,7 @@ import anyio
 import msgspec
 
 from gym_runtime.data.aggregate import MetricsAccumulator
+from gym_runtime.data.attribution import attribute
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
@@ -46,17 +47,26 @@ def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def failure_row(res: RolloutResult) -> dict[str, Any]:
-    """The ``<out>_failures.jsonl`` line of a result that has no row (also what the client yields)."""
+    """The ``<out>_failures.jsonl`` line of a result that has no row (also what the client yields): its class, who
+    caused it (``failure_attribution``, the runtime's rule: ``data.attribution``) and, where the policy had
+    generated, its trajectory so far as ``response`` (status ``incomplete``) with ``partial: true``."""
     info = res.error
-    row = {
+    error_class = info.error_class if info else "internal"
+    row: dict[str, Any] = {
         "_ng_task_index": res.task_index,
         "_ng_rollout_index": res.rollout_index,
         "agent_ref": {"type": "responses_api_agents", "name": res.agent},
-        "error_class": info.error_class if info else "internal",
+        "error_class": error_class,
         "error": info.message if info else "no row and no error",
+        "failure_attribution": attribute(error_class, res.time_split),
         "attempts": res.attempts,
         "input": res.input_row,
     }
+    if res.time_split is not None:
+        row["time_split"] = msgspec.to_builtins(res.time_split)
+    if res.partial is not None:  # what the policy produced before the failure: a policy failure is trained on
+        row["response"] = msgspec.to_builtins(res.partial)
+        row["partial"] = True
     if res.cost is not None:  # what the attempt used before it failed
         row["cost"] = msgspec.to_builtins(res.cost)
     return row

@@ -10,7 +10,7 @@ memory at once. The report says how many rewards changed and by how much.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from gym_runtime.data.atif import from_atif, is_atif, is_ours
+from gym_runtime.data.atif import from_atif, is_atif, is_atif_file, is_ours, read_atif
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.drift import Drift
+from gym_runtime.data.rowkeys import DEFAULT_REWARD_BOUND, bounded_reward, own_fields
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import (
     Cost,
@@ -124,6 +125,15 @@ def validate_rollouts(path: str | Path) -> int:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: file not found")
+    if is_atif_file(p):  # (a document, a list of them or one a line: read as view and export read it)
+        docs = read_atif(p)
+        foreign = next((i for i, doc in enumerate(docs) if not is_ours(doc)), None)
+        if foreign is not None:
+            raise UserError(
+                f"{p}: trajectory {foreign + 1} is a foreign ATIF trajectory: no task to grade (reverify redoes "
+                "the rewards of rollouts rows and of gym-runtime's own ATIF exports; view shows this file)"
+            )
+        return len(docs)
     problems: list[str] = []
     n = 0
     with p.open("rb") as f:
@@ -163,6 +173,7 @@ async def reverify_file(
     on_row: Callable[[bool, float | None], None] | None = None,
     task_fields: tuple[str, ...] = (),
     grader: Callable[[Cost | None], str | None] | None = None,
+    reward_bound: float = DEFAULT_REWARD_BOUND,
 ) -> ReverifyReport:
     """Re-verify every row; ``on_row(ok, new_reward)`` is called as each finishes (progress). ``task_fields``:
     the fields the environment's verify reads (its ``Resource.task_fields``), counted where rows lack them.
@@ -205,6 +216,9 @@ async def reverify_file(
                         timeout=timeout_s,
                         op="verify",
                     )
+                    reward = bounded_reward(reply.reward, reward_bound)
+                    mine = {**row, "reward": reward}  # the row it re-verified: an echo of its keys is none
+                    fields = own_fields(reply.fields, mine, task, who="the environment's verify")
                 except (ValueError, Failure) as e:
                     report.failed += 1
                     err = e.info.error_class if isinstance(e, Failure) else "invalid_task"
@@ -220,38 +234,28 @@ async def reverify_file(
                 )
                 before = row.get("reward")
                 new_row = dict(row)
-                new_row["reward"] = reply.reward
-                for k, v in reply.fields.items():
+                new_row["reward"] = reward
+                for k, v in fields.items():
                     if k in row and row[k] != v:
                         report.field_changes[k] = report.field_changes.get(k, 0) + 1
                     new_row[k] = v
                 if isinstance(before, (int, float)):
-                    delta = abs(float(before) - reply.reward)
+                    delta = abs(float(before) - reward)
                     report.sum_before += float(before)
                     report.sum_abs_delta += delta
                     report.max_abs_delta = max(report.max_abs_delta, delta)
                     report.changed += delta > 1e-9
-                report.sum_after += reply.reward
+                report.sum_after += reward
                 results[index] = (_encoder.encode(new_row), True)
                 if on_row is not None:
-                    on_row(True, reply.reward)
+                    on_row(True, reward)
             finally:
                 flush()
                 limiter.release()
 
         async with anyio.create_task_group() as tg:
             index = 0
-            for lineno, line in enumerate(fin, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = _decoder.decode(line)
-                    if not isinstance(row, dict):
-                        raise UserError("a row must be a JSON object")
-                    if is_atif(row):  # our ATIF export (``gym-runtime export``): the row it carries
-                        row = from_atif(row)
-                except (msgspec.DecodeError, ValueError) as e:
-                    raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+            for lineno, row in _rows(src, fin):
                 await limiter.acquire()
                 report.rows += 1
                 tg.start_soon(one, index, lineno, row)
@@ -259,6 +263,27 @@ async def reverify_file(
     if not report.failed:
         failures_path.unlink(missing_ok=True)
     return report
+
+
+def _rows(src: Path, fin: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, row) of each row of ``src`` (open as ``fin``): a rollouts JSONL's lines, or our ATIF export's
+    documents, read as ``view`` reads them (``validate_rollouts`` refused a foreign one)."""
+    if is_atif_file(src):
+        for n, doc in enumerate(read_atif(src), 1):
+            yield n, from_atif(doc)
+        return
+    for lineno, line in enumerate(fin, 1):
+        if not line.strip():
+            continue
+        try:
+            row = _decoder.decode(line)
+            if not isinstance(row, dict):
+                raise UserError("a row must be a JSON object")
+            if is_atif(row):  # our ATIF export (``gym-runtime export``): the row it carries
+                row = from_atif(row)
+        except (msgspec.DecodeError, ValueError) as e:
+            raise UserError(f"{src}:{lineno}: not a valid rollout row ({e})") from None
+        yield lineno, row
 
 
 __all__ = ["ReverifyReport", "parse_response", "reverify_file"]

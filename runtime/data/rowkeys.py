@@ -4,11 +4,16 @@ A trainer learns from ``response``, ``reward`` and ``policy_versions``, and budg
 ``provenance``; an environment's verify fields and an agent's extras are merged into the same row. Every merge
 site (``build_row``, a hosted agent's ``/verify`` answer, a hosted server's verify for another server) writes the
 runtime's keys after the merge, and a field naming one of them is ignored when its value is the runtime's own
-or the request's (hosted servers echo the request body), else the row is a ``verify_error`` naming the key.
+or the request's (hosted servers echo the request body), else the row is a ``verify_error`` naming the key. A
+failure row's keys (``error_class``, ``attempts``, ``failure_attribution``, ``time_split``) are the runtime's too: a
+verify that returned ``{"error_class": "timeout"}`` would otherwise take its scored row out of training (``error``
+and ``partial`` are NeMo Gym verifiers' extras too: ``SHARED_FAILURE_KEYS``).
+The reward itself is bounded (``bounded_reward``): finite, and within the config's ``reward_bound``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,8 +32,22 @@ RUNTIME_KEYS = frozenset(
         "agent_ref",
         "_ng_task_index",  # the ids (NeMo Gym's other ``_ng_*`` keys, ``_ng_failure_class``, are a verifier's)
         "_ng_rollout_index",
+        # a failure row's (``data.collector.failure_row``): an environment that wrote them could make a scored row a
+        # failure, or a failure someone else's (issue 65). Not ``error`` and ``partial``: see SHARED_FAILURE_KEYS
+        "error_class",
+        "attempts",
+        "failure_attribution",  # who caused a failure (``data.attribution``)
+        "time_split",  # where a failed attempt's time went (what a timeout's attribution reads)
+        "resumed_from_turn",  # a resumed attempt's (the resume-at-turn issue)
+        "resumed_how",
     }
 )
+# A failure row's keys that NeMo Gym's own verifiers also answer on scored rows, so no merge site may refuse them: the
+# SWE servers' (denovo_swe, swe_rebench, swebench_pro, ...) and the judges' ``error`` (None, or why a test run or a
+# judge call failed), deepswe's ``partial`` (its partial credit, a float). The runtime writes them only on failure
+# rows, and no reader takes either for a failure: a failure is ``error_class``, which the runtime owns.
+SHARED_FAILURE_KEYS = frozenset({"error", "partial"})
+DEFAULT_REWARD_BOUND = 1e6  # the config's ``reward_bound``: far inside float32 (TRL casts rewards to it)
 # what a trainer adapter adds to a row it handed the trainer (``trainers.train_rows``): runtime-owned too
 TRAIN_KEYS = frozenset({"train_step", "train_group", "train_reward", "train_advantage", "train_total_reward"})
 RUNTIME_KEYS = RUNTIME_KEYS | TRAIN_KEYS
@@ -38,6 +57,25 @@ _MISSING = object()
 def is_runtime_key(key: str) -> bool:
     """A key only the runtime writes."""
     return key in RUNTIME_KEYS
+
+
+def bounded_reward(value: Any, bound: float = DEFAULT_REWARD_BOUND) -> float:
+    """A verifier's reward as a row keeps it: a finite number whose magnitude is at most ``bound`` (the config's
+    ``reward_bound``); anything else is ``Failure("verify_error")`` naming the value, so no trainer, aggregate or
+    page ever meets an infinite, NaN or float32-overflowing reward."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Failure("verify_error", f"the reward {value!r} is not a number")
+    try:
+        reward = float(value)
+    except OverflowError:  # an int beyond any float
+        raise Failure("verify_error", f"the reward {value} is beyond reward_bound={bound:g}") from None
+    if not math.isfinite(reward):
+        raise Failure("verify_error", f"the reward {reward!r} is not finite")
+    if abs(reward) > bound:
+        raise Failure(
+            "verify_error", f"the reward {reward!r} is beyond reward_bound={bound:g} (the config's reward_bound key)"
+        )
+    return reward
 
 
 def policy_prompt(fields: Mapping[str, Any], task_params: Any) -> Any:

@@ -14,13 +14,24 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gym_runtime.errors import ClientError
 
-__all__ = ["ROW_KEY", "RowIndex", "TokenSequence", "check_agent", "components", "runs", "sequence"]
+__all__ = [
+    "ROW_KEY",
+    "RowIndex",
+    "TokenSequence",
+    "check_agent",
+    "check_live",
+    "components",
+    "masked",
+    "prompt_ids",
+    "runs",
+    "sequence",
+]
 
 ROW_KEY = "gym_row"  # the key on a dataset prompt's messages that names its row
 
@@ -74,6 +85,28 @@ def sequence(row: dict[str, Any]) -> TokenSequence:
     return TokenSequence(prompt, completion, mask, lps, versions)
 
 
+def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
+    """A task row's prompt as token ids through ``tokenizer``'s chat template (the prompt of a member that has no
+    sequence of its own: it is masked, so only its length matters to the loss); ``[0]`` when it cannot be rendered."""
+    given = row.get("input")
+    messages = _messages(given if "error_class" in row and isinstance(given, dict) else row)
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return [int(x) for x in ids] or [0]
+    except Exception:  # no tokenizer, or a template that cannot render the row: the prompt is masked out anyway
+        return [0]
+
+
+def masked(like: TokenSequence | None, row: dict[str, Any], tokenizer: Any) -> TokenSequence:
+    """A member with no tokens to train on: one token, mask 0; its prompt its own group's (``like``: a member's
+    sequence), else its row's (``prompt_ids``)."""
+    if like is not None:
+        return TokenSequence(like.prompt_ids, like.completion_ids[-1:] or [0], [0], [0.0], [])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return TokenSequence(prompt_ids(row, tokenizer), [eos if isinstance(eos, int) else 0], [0], [0.0], [])
+
+
 def components(row: dict[str, Any]) -> dict[str, float]:
     """The reward and its named parts: the verifier's numeric top-level fields (NeMo Gym's verifier extras)."""
     out = {"reward": float(row.get("reward", 0.0))}
@@ -89,6 +122,19 @@ def check_agent(agents: Sequence[str], agent: str | None) -> None:
     """A trainer adapter's ``agent`` must be one of the config's (one line, before anything is submitted)."""
     if agent is not None and agent not in agents:
         raise ClientError(f"unknown agent {agent!r}: the config has {', '.join(agents) or 'no agents'}")
+
+
+def check_live(models: Mapping[str, Any], live: str | None) -> None:
+    """A trainer adapter's ``live`` must be the ``live`` name of one of the config's model entries, when it has any
+    (one line naming the unknown one and the known ones, before anything is submitted: else every rollout fails for
+    it). A config with no ``live`` entry serves its policy elsewhere: the name is then unused, not a mistake."""
+    known = sorted({n for m in models.values() if isinstance(n := getattr(m.options, "live", None), str) and n})
+    if live is not None and known and live not in known:
+        entries = ", ".join(repr(n) for n in known)
+        raise ClientError(
+            f"unknown live model {live!r}: the config's model entries serve {entries} (set live= to one of them, "
+            "or live=None when the policy is served elsewhere)"
+        )
 
 
 def runs(indices: Sequence[int]) -> list[tuple[int, int]]:

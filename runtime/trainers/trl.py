@@ -19,83 +19,75 @@ What TRL hands over, and what comes back (trl 1.16, measured, not its docstring)
   the ``transformers`` adapter's ``live: NAME`` entry, so every call generates with the current weights, and stamps
   the version (``trainer.state.global_step``) with ``set_policy_version`` first: rows say which weights made them.
 
-Failure rows never raise into the step; ``GroupPolicy`` decides (and counts into TRL's logged metrics,
-``gym_runtime/*``): a failed rollout runs again (a new task: a fresh environment) up to ``retries`` times; a group
-still short is dropped and replaced by the group of the next row of the dataset (same size), up to ``refills``
-times; with ``on_failure="mask"`` it is kept instead, its failed members as one masked token each (reward 0,
-mask 0). Mistakes (a prompt with no row, an unknown agent, a bus that is gone) are one ``ClientError`` line, raised
-before anything is submitted.
+Failure rows never raise into the step; the failure policy decides (``trainers.failures.FailurePolicy``, the same
+for the three adapters, docs/trainer.md "Failures in training"): a policy failure is scored with its real tokens and
+``policy_failure_reward``; an environment or infrastructure failure runs again (a new task: a fresh environment) up
+to ``retries`` rounds, then is excluded: ``gym_reward`` None (TRL's "unscorable": out of the group's nan-aware
+mean and std, advantage 0), its tokens masked, ``gym_excluded`` True. Wrap any other reward function with
+``excluding`` (it must return None for those rows too: TRL excludes a completion only when every reward function
+does). A group keeps its own prompt; more than ``max_excluded`` of a call's rollouts excluded is one ``ClientError``
+line naming the tasks and classes. Counts reach TRL's logged metrics (``gym_runtime/*``). Mistakes (a prompt with no
+row, an unknown agent or live model, a bus that is gone) are one ``ClientError`` line, raised before anything is
+submitted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
+from gym_runtime.data.rowkeys import is_runtime_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncBatch, SyncClient
-from gym_runtime.trainers.rows import RowIndex, TokenSequence, check_agent, components, runs, sequence
+from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
+from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
 from gym_runtime.trainers.train_rows import TRLTrainRows
 
-__all__ = ["GroupPolicy", "TRLRollouts", "env_reward"]
+__all__ = ["FailurePolicy", "TRLRollouts", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
-ON_FAILURE = ("drop", "mask")
+# what TRL passes its reward functions itself: a refill's columns never take these names
+_TRL_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
-class GroupPolicy(msgspec.Struct, kw_only=True, frozen=True):
-    """What a group with failure rows becomes (chosen per run)."""
-
-    retries: int = 2  # a failed rollout is run again, each time as a new task (a fresh environment)
-    on_failure: str = "drop"  # "drop": the group is replaced by the next row's; "mask": kept, failures masked
-    refills: int = 4  # at most this many replacement groups per call (a systematic failure raises past it)
-
-    def __post_init__(self) -> None:
-        if self.retries < 0 or self.refills < 0:
-            raise ClientError(f"GroupPolicy: retries and refills are >= 0, got {self.retries}, {self.refills}")
-        if self.on_failure not in ON_FAILURE:
-            raise ClientError(f"GroupPolicy: on_failure is one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}")
-
-
-def env_reward(prompts: Any = None, completions: Any = None, *, gym_reward: list[float], **_: Any) -> list[float]:
-    """A TRL reward function: the environment's reward of each rollout, as its verifier gave it."""
+def env_reward(
+    prompts: Any = None, completions: Any = None, *, gym_reward: list[float | None], **_: Any
+) -> list[float | None]:
+    """A TRL reward function: the environment's reward of each rollout, as its verifier gave it (a policy failure's
+    ``policy_failure_reward``; None for an excluded one: TRL leaves it out of the group's statistics)."""
     return list(gym_reward)
+
+
+def excluding(fn: Callable[..., list[float | None]]) -> Callable[..., list[float | None]]:
+    """A user's TRL reward function that returns None for the rollouts the failure policy excluded
+    (``gym_excluded``): TRL leaves a completion out only when every reward function returns None for it."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, gym_excluded: list[bool] | None = None, **kwargs: Any) -> list[float | None]:
+        got = fn(*args, gym_excluded=gym_excluded, **kwargs)
+        if gym_excluded is None:
+            return got
+        return [None if out else r for r, out in zip(got, gym_excluded, strict=True)]
+
+    return wrapped
 
 
 @dataclass
 class _Group:
-    """One group: ``size`` rollouts of row ``row``; ``rows`` fills as results come (None: failed)."""
+    """One group: ``size`` rollouts of row ``row``; ``rows`` fills as results come, ``kinds`` says each one's."""
 
     row: int
     size: int
-    rows: list[dict[str, Any] | None] = field(default_factory=list)
-    tries: int = 0
-    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # a failed member's last failure row
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    kinds: list[Kind] = field(default_factory=list)
 
     @property
-    def failed(self) -> list[int]:
-        return [i for i, r in enumerate(self.rows) if r is None]
-
-
-@dataclass
-class Counts:
-    """What the group policy did in one call (``TRLRollouts.counts``: the last call's; ``totals``: all calls)."""
-
-    rollouts: int = 0
-    failed: int = 0  # failure rows received
-    retried: int = 0
-    dropped_groups: int = 0
-    refilled_groups: int = 0
-    masked: int = 0
-
-    def add(self, other: Counts) -> None:
-        for k in vars(self):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
+    def excluded(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == "excluded"]
 
 
 class TRLRollouts:
@@ -104,8 +96,9 @@ class TRLRollouts:
     ``client``: a ``SyncClient`` (workers in this process for ``live``); ``rows``: the task rows trained on (the
     dataset is ``.dataset()``); ``agent``: the config's agent that runs them (needed when it has several);
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
-    (None: the policy is served elsewhere); ``max_staleness``: passed to ``submit``; ``rows_path``: a file the
-    rows handed to TRL are appended to, with their step, group, reward and TRL's advantage (``train_rows``).
+    (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``;
+    ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
+    (``train_rows``).
     """
 
     def __init__(
@@ -115,20 +108,22 @@ class TRLRollouts:
         *,
         agent: str | None = None,
         live: str | None = "policy",
-        policy: GroupPolicy | None = None,
+        failures: FailurePolicy | None = None,
         max_staleness: int | None = None,
         rows_path: str | None = None,
     ) -> None:
-        check_agent(list(client.client.config.agents), agent)
+        config = client.client.config
+        check_agent(list(config.agents), agent)
+        check_live(config.models, live)
         self.client = client
         self.index = RowIndex(rows)
         self.agent = agent
         self.live = live
-        self.policy = policy or GroupPolicy()
+        self.failures = failures or FailurePolicy()
         self.max_staleness = max_staleness
-        self.counts = Counts()
-        self.totals = Counts()
-        self.last_rows: list[dict[str, Any] | None] = []  # the last call's rows, in TRL's order (None: masked)
+        self.counts = Tally()  # the last call's
+        self.totals = Tally()  # all calls'
+        self.last_rows: list[dict[str, Any]] = []  # the last call's rows, in TRL's order (failure rows included)
         self.train_rows = TRLTrainRows(rows_path) if rows_path is not None else None
 
     def dataset(self) -> list[dict[str, Any]]:
@@ -145,16 +140,20 @@ class TRLRollouts:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         found = [self.index.find(p) for p in prompts]  # every prompt's row, before anything is submitted
         self._sync(trainer)
-        self.counts = Counts()
+        self.counts = Tally()
         groups = [_Group(row, size) for row, size in runs(found)]
         self._run(groups)
-        self._retry(groups)
-        groups = self._settle(groups, taken={g.row for g in groups})
-        out = self._output(groups)
-        if self.train_rows is not None:
-            self.train_rows.hold([_written(g) for g in groups], out["gym_reward"], trainer)
+        if self.failures.refill:
+            groups = self._refill(groups, taken={g.row for g in groups})
+        for g in groups:
+            for r, k in zip(g.rows, g.kinds, strict=True):
+                self.counts.ended(r, k, f"dataset row {g.row}")
         self.totals.add(self.counts)
         self._log(trainer)
+        self.counts.check(self.failures, "rollout_func")
+        out = self._output(groups, trainer)
+        if self.train_rows is not None:  # each member's row as handed over (a failure row for a failed one)
+            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer)
         return out
 
     def _sync(self, trainer: Any) -> None:
@@ -203,64 +202,52 @@ class TRLRollouts:
         return out
 
     def _run(self, groups: list[_Group]) -> None:
+        """Each group's rollouts, then its excluded members again (new tasks), up to ``retries`` rounds, all
+        groups at once."""
         sizes = [g.size for g in groups]
         got = self._gather(self._submit(groups, sizes), sizes)
         for i, g in enumerate(groups):
-            g.rows = [self._ok(r) for r in got[i]]
-            g.failures = {k: r for k, r in enumerate(got[i]) if g.rows[k] is None}
-
-    def _ok(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        self.counts.rollouts += 1
-        if "error_class" in row:
-            self.counts.failed += 1
-            log.info("trainer.rollout_failed", error_class=row["error_class"], error=str(row.get("error"))[:200])
-            return None
-        return row
-
-    def _retry(self, groups: list[_Group]) -> None:
-        """Run each group's failed rollouts again (new tasks), up to ``retries`` rounds; all groups at once."""
-        for _ in range(self.policy.retries):
-            sizes = [len(g.failed) for g in groups]
+            g.rows = list(got[i])
+            g.kinds = [self._saw(r) for r in g.rows]
+        for _ in range(self.failures.retries):
+            sizes = [len(g.excluded) for g in groups]
             if not any(sizes):
                 return
             self.counts.retried += sum(sizes)
             got = self._gather(self._submit(groups, sizes), sizes)
             for i, rows in got.items():
-                for slot, row in zip(groups[i].failed, rows, strict=True):
-                    groups[i].rows[slot] = self._ok(row)
-                    groups[i].failures[slot] = row
+                for slot, row in zip(groups[i].excluded, rows, strict=True):
+                    groups[i].rows[slot] = row
+                    groups[i].kinds[slot] = self._saw(row)
 
-    def _settle(self, groups: list[_Group], *, taken: set[int]) -> list[_Group]:
-        """Groups still short after their retries: masked, or replaced by the next rows' groups (retried too)."""
-        if self.policy.on_failure == "mask":
-            self.counts.masked += sum(len(g.failed) for g in groups)
+    def _saw(self, row: dict[str, Any]) -> Kind:
+        k = self.counts.saw(row)
+        if k != "scored":
+            log.info(
+                "trainer.rollout_failed",
+                error_class=row.get("error_class"),
+                attribution=row.get("failure_attribution"),
+                then="scored" if k == "policy" else "retried or excluded",
+                error=str(row.get("error"))[:200],
+            )
+        return k
+
+    def _refill(self, groups: list[_Group], *, taken: set[int]) -> list[_Group]:
+        """``refill=True`` only: each group with an excluded member replaced by the next row's group (run and
+        retried the same way), once; what it still excludes stays excluded."""
+        short = [i for i, g in enumerate(groups) if g.excluded]
+        if not short:
             return groups
-        refills = self.policy.refills
-        while True:
-            short = [i for i, g in enumerate(groups) if g.failed]
-            if not short:
-                return groups
-            if refills < len(short):
-                errors = "; ".join(str(r) for r in self._errors(groups, short))
-                raise ClientError(
-                    f"rollout_func: {len(short)} groups still failed after {self.policy.retries} retries and "
-                    f"{self.policy.refills} refills (a systematic failure, not one bad rollout): {errors}"
-                )
-            refills -= len(short)
-            fresh = []
-            for i in short:
-                row = self._next_row(groups[i].row, taken)
-                taken.add(row)
-                fresh.append(_Group(row, groups[i].size))
-            self.counts.dropped_groups += len(short)
-            self.counts.refilled_groups += len(short)
-            self._run(fresh)
-            self._retry(fresh)
-            for i, g in zip(short, fresh, strict=True):
-                groups[i] = g
-
-    def _errors(self, groups: list[_Group], short: list[int]) -> list[str]:
-        return [f"row {groups[i].row}: {len(groups[i].failed)} of {groups[i].size} failed" for i in short]
+        fresh = []
+        for i in short:
+            row = self._next_row(groups[i].row, taken)
+            taken.add(row)
+            fresh.append(_Group(row, groups[i].size))
+        self.counts.refilled_groups += len(short)
+        self._run(fresh)
+        for i, g in zip(short, fresh, strict=True):
+            groups[i] = g
+        return groups
 
     def _next_row(self, after: int, taken: set[int]) -> int:
         """The next row of the dataset after ``after`` not in this call yet (cyclic; any row if all are)."""
@@ -273,42 +260,46 @@ class TRLRollouts:
 
     # ------------------------------------------------------------------------------------------ the answer
 
-    def _output(self, groups: list[_Group]) -> dict[str, list[Any]]:
+    def _output(self, groups: list[_Group], trainer: Any) -> dict[str, list[Any]]:
         rows = [r for g in groups for r in g.rows]
         self.last_rows = rows
-        seqs = [sequence(r) if r is not None else None for r in rows]
-        fallback = next((s for s in seqs if s is not None), None)
-        parts = [components(r) if r is not None else {"reward": 0.0} for r in rows]
-        names = sorted({k for p in parts for k in p if k != "reward"})
         out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
-        for s in seqs:
-            s = s if s is not None else _masked(fallback)
-            out["prompt_ids"].append(s.prompt_ids)
-            out["completion_ids"].append(s.completion_ids)
-            out["logprobs"].append(s.logprobs)
-            out["env_mask"].append(s.env_mask)
-        out["gym_reward"] = [p["reward"] for p in parts]
-        for name in names:
+        rewards: list[float | None] = []
+        parts: list[dict[str, float]] = []
+        excluded: list[bool] = []
+        for g in groups:
+            own = next((sequence(r) for r, k in zip(g.rows, g.kinds, strict=True) if has_tokens(r)), None)
+            for r, k in zip(g.rows, g.kinds, strict=True):
+                tok = getattr(trainer, "processing_class", None)
+                seq = sequence(r) if k != "excluded" and has_tokens(r) else masked(own, self.index.rows[g.row], tok)
+                out["prompt_ids"].append(seq.prompt_ids)
+                out["completion_ids"].append(seq.completion_ids)
+                out["logprobs"].append(seq.logprobs)
+                out["env_mask"].append(seq.env_mask)
+                rewards.append(reward_of(r, self.failures))
+                parts.append(components(r) if k == "scored" else {})
+                excluded.append(k == "excluded")
+        out["gym_reward"] = rewards
+        out["gym_excluded"] = excluded
+        for name in sorted({k for p in parts for k in p if k != "reward"}):
             out[f"gym_{name}"] = [p.get(name) for p in parts]
+        if self.failures.refill:  # each completion's own row's columns, over the dataset's (TRL merges them)
+            task_rows = [self.index.rows[g.row] for g in groups for _ in g.rows]
+            names = {k for t in task_rows for k in t if _column(k)}
+            for name in sorted(names):
+                out[name] = [t.get(name) for t in task_rows]
         return out
 
     def _log(self, trainer: Any) -> None:
         c = self.counts
-        log.info("trainer.rollouts", **vars(c))
+        log.info("trainer.rollouts", **c.metrics())
         metrics = getattr(trainer, "_metrics", None)  # TRL averages these into its logs at each logging step
         if metrics is not None:
             train = metrics["train"]
-            for k in ("failed", "retried", "dropped_groups", "refilled_groups", "masked"):
-                train[f"gym_runtime/{k}"].append(float(getattr(c, k)))
+            for k, v in c.metrics().items():
+                train[k].append(v)
 
 
-def _masked(like: TokenSequence | None) -> TokenSequence:
-    """A failed member kept under ``on_failure="mask"``: one token, mask 0 (no loss), reward 0."""
-    prompt = like.prompt_ids if like is not None else [0]
-    token = like.completion_ids[-1] if like is not None and like.completion_ids else 0
-    return TokenSequence(prompt, [token], [0], [0.0], [])
-
-
-def _written(g: _Group) -> list[dict[str, Any]]:
-    """A group's rows as the training rows file has them: a masked member as its last failure row."""
-    return [r if r is not None else g.failures.get(k, {}) for k, r in enumerate(g.rows)]
+def _column(name: str) -> bool:
+    """A task row's key that is a dataset column a refill carries: not the runtime's, TRL's or ours."""
+    return not (is_runtime_key(name) or name in _TRL_NAMES or name.startswith("gym_") or name == "prompt")

@@ -8,8 +8,12 @@ the environment's reward, the policy version that made it) on ``rollout_buffer``
 ``max_staleness``, kept by the client's admission (``submit(max_staleness=S, batch_size=B)``: a group starts only
 when it will be used within S versions; a group handed to the trainer is reported consumed); a group still running
 when the trainer's version moves more than S past the one it was submitted at is cancelled in flight (its
-running rollouts stop: ``BatchHandle.cancel``) and never reaches the buffer. A group with a failure row is dropped
-(counted) and the next row's group takes its place.
+running rollouts stop: ``BatchHandle.cancel``) and never reaches the buffer. Failure rows follow the failure policy
+(``trainers.failures.FailurePolicy``, the same as the sync adapter's): a policy failure is a sample like any other
+(its real tokens, ``policy_failure_reward``); an environment or infrastructure failure is run again (new tasks,
+``retries`` rounds) and then left out: no sample, and not in the group's mean and std. More than ``max_excluded`` of
+a step's rollouts (``batch_size``) excluded stops the worker with one ``ClientError`` line (TRL's ``check_health``
+raises it); the counts reach TRL's logs through ``metrics_queue`` (``gym_runtime/*``), once per group.
 
 ``GymWeightTransfer`` is its ``weight_transfer`` (``WeightTransferProtocol``) for a policy served by the
 ``transformers`` adapter in this process: the rollout model is a copy of the trainer's (so generation never sees
@@ -20,7 +24,6 @@ half-stepped weights), registered as the ``live`` model; ``pause`` is the client
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
@@ -30,13 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from gym_runtime.client import BatchHandle
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
-from gym_runtime.trainers.rows import RowIndex, check_agent, components, sequence
+from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
+from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
@@ -47,7 +52,7 @@ log = logs.get("gym.trainers.trl_async")
 @dataclass
 class AsyncCounts:
     groups: int = 0  # handed to the trainer
-    failed_groups: int = 0  # dropped: a member's rollout failed
+    failed_groups: int = 0  # left with no sample: every member excluded (or scored but without tokens)
     stale_groups: int = 0  # finished too old to use: dropped
     cancelled_groups: int = 0  # cancelled in flight (too stale to use)
 
@@ -67,6 +72,7 @@ class GymRolloutWorker:
         batch_size: int,
         agent: str | None = None,
         groups_in_flight: int = 4,
+        failures: FailurePolicy | None = None,
         rows_path: str | None = None,
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
@@ -84,12 +90,17 @@ class GymRolloutWorker:
         self.metrics_queue: queue.Queue[Any] = queue.Queue()
         self.model_version = 0
         self.counts = AsyncCounts()
+        self.failures = failures or FailurePolicy()
+        self.totals = Tally()  # the failure policy's counts, all groups
+        self._step = Tally()  # since the last full step's worth (``batch_size`` rollouts): the bound's window
         self.last_sample_at = time.monotonic()
         self._running: dict[str, tuple[BatchHandle, int]] = {}  # batch -> (its handle, the version it was submitted at)
         self._stop = threading.Event()
         self._future: Future[Any] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.fault: ClientError | None = None  # why the worker stopped (the bound), once
         self._group_id = 0
-        # the rows handed over, with the advantage given them (``train_rows``); a dropped group's with reward None
+        # the rows handed over, with the advantage given them (``train_rows``); an excluded member's with reward None
         self.train_rows = TrainRowsWriter(rows_path) if rows_path is not None else None
 
     # ------------------------------------------------------------------------------------------ the protocol
@@ -123,49 +134,89 @@ class GymRolloutWorker:
         room = anyio.Semaphore(self.groups_in_flight)
         order = 0
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             while not self._stop.is_set():
                 await room.acquire()
                 tg.start_soon(self._group, order % len(self.index.rows), room)
                 order += 1
+        if self.fault is not None:  # the bound: one line, as TRL's check_health shows it
+            raise self.fault
 
     async def _group(self, row: int, room: anyio.Semaphore) -> None:
-        client = self.client.client
         try:
-            submitted_at = self.model_version
-            handle = await client.submit(
+            await self._one_group(row)
+        except ClientError as e:  # a systematic failure (the bound): the worker stops, saying why once
+            self.fault = e
+            self._stop.set()
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+        finally:
+            room.release()
+
+    async def _one_group(self, row: int) -> None:
+        """One group: submitted, gathered, its failures retried, then its samples on the buffer (or counted out)."""
+        client = self.client.client
+        submitted_at = self.model_version
+        handle = await client.submit(
+            [self.index.rows[row]],
+            repeats=self.num_generations,
+            agent=self.agent,
+            max_staleness=self.max_staleness,
+            batch_size=self.batch_size,
+            group_staleness="group",
+        )
+        self._running[handle.batch] = (handle, submitted_at)
+        rows = await handle.gather()
+        self._running.pop(handle.batch, None)
+        if handle.cancelled:
+            self.counts.cancelled_groups += 1
+            return
+        await handle.consumed(handle.delivered - handle.consumed_rows)  # room for the next groups
+        rows, kinds = await self._retried(row, rows)
+        made = min((int(r["policy_versions"][0]) for r in rows if r.get("policy_versions")), default=None)
+        if made is not None and self.model_version - made > self.max_staleness:
+            self.counts.stale_groups += 1
+            return
+        samples = self._samples(rows, kinds, made if made is not None else self.model_version)
+        if not samples:
+            self.counts.failed_groups += 1
+            log.info("trainer.group_left_out", row=row, errors=[r.get("error_class") for r in rows])
+            return
+        for s in samples:
+            self.rollout_buffer.put_nowait(s)
+        self.counts.groups += 1
+        self.last_sample_at = time.monotonic()
+
+    async def _retried(self, row: int, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Kind]]:
+        """The group's rows with its environment and infrastructure failures run again (new tasks, ``retries``
+        rounds); counted into the totals, the metrics queue and the bound's window (raises past it)."""
+        tally = Tally()
+        kinds = [tally.saw(r) for r in rows]
+        for _ in range(self.failures.retries):
+            slots = [i for i, k in enumerate(kinds) if k == "excluded"]
+            if not slots:
+                break
+            tally.retried += len(slots)
+            handle = await self.client.client.submit(
                 [self.index.rows[row]],
-                repeats=self.num_generations,
+                repeats=len(slots),
                 agent=self.agent,
                 max_staleness=self.max_staleness,
                 batch_size=self.batch_size,
-                group_staleness="group",
             )
-            self._running[handle.batch] = (handle, submitted_at)
-            rows = await handle.gather()
-            self._running.pop(handle.batch, None)
-            if handle.cancelled:
-                self.counts.cancelled_groups += 1
-                return
-            await handle.consumed(handle.delivered - handle.consumed_rows)  # room for the next groups
-            if len(rows) < self.num_generations or any("error_class" in r for r in rows):
-                self.counts.failed_groups += 1
-                log.info("trainer.group_dropped", row=row, errors=[r.get("error_class") for r in rows])
-                if self.train_rows is not None:
-                    g = self.train_rows.group()
-                    for r in rows:
-                        self.train_rows.write(r, step=self.model_version, group=g, reward=None)
-                    self.train_rows.flush()
-                return
-            made = min(int(r["policy_versions"][0]) for r in rows)
-            if self.model_version - made > self.max_staleness:
-                self.counts.stale_groups += 1
-                return
-            for s in self._samples(rows, made):
-                self.rollout_buffer.put_nowait(s)
-            self.counts.groups += 1
-            self.last_sample_at = time.monotonic()
-        finally:
-            room.release()
+            again = await handle.gather()
+            await handle.consumed(handle.delivered - handle.consumed_rows)
+            for i, r in zip(slots, again, strict=True):
+                rows[i], kinds[i] = r, tally.saw(r)
+        for r, k in zip(rows, kinds, strict=True):
+            tally.ended(r, k, f"dataset row {row}")
+        self.totals.add(tally)
+        self._step.add(tally)
+        self.metrics_queue.put_nowait(tally.metrics())  # TRL's log() drains it into its logged metrics
+        if self._step.rollouts >= self.batch_size:  # a step's worth: bounded, then a new window
+            step, self._step = self._step, Tally()
+            step.check(self.failures, "the gym-runtime rollout worker")
+        return rows, kinds
 
     async def _cancel_stale(self) -> None:
         for handle, submitted_at in list(self._running.values()):
@@ -173,23 +224,28 @@ class GymRolloutWorker:
                 log.info("trainer.group_cancelled", batch=handle.batch, submitted_at=submitted_at)
                 await handle.cancel()
 
-    def _samples(self, rows: list[dict[str, Any]], version: int) -> list[Any]:
+    def _samples(self, rows: list[dict[str, Any]], kinds: list[Kind], version: int) -> list[Any]:
+        """The group's samples: each scored member and each policy failure with tokens, its advantage over the
+        members not excluded (``failures.advantages``: no overflow, no NaN); the excluded are in no statistic."""
         import numpy as np
 
-        rewards = [components(r)["reward"] for r in rows]
-        mean = sum(rewards) / len(rewards)
-        std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+        rewards = [reward_of(r, self.failures) for r in rows]
+        advs = advantages(rewards)
+        spread = std(rewards)
         self._group_id += 1
         out = []
         g = self.train_rows.group() if self.train_rows is not None else 0
-        for row, reward in zip(rows, rewards, strict=True):
-            seq = sequence(row)
-            advantage = (reward - mean) / (std + 1e-8)
-            if self.train_rows is not None:
+        for row, k, reward, adv in zip(rows, kinds, rewards, advs, strict=True):
+            if self.train_rows is not None:  # every member, an excluded one with reward None
+                given = adv if reward is not None else None
                 self.train_rows.write(
-                    row, step=self.model_version, group=g, reward=reward, advantage=advantage, total=reward
+                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward
                 )
-            messages = (row.get("responses_create_params") or {}).get("input") or []
+            if reward is None or not has_tokens(row):
+                continue
+            seq = sequence(row)
+            params = row.get("responses_create_params") or (row.get("input") or {}).get("responses_create_params")
+            messages = (params or {}).get("input") or []
             out.append(
                 self.sample(
                     prompt=messages if isinstance(messages, list) else [{"role": "user", "content": str(messages)}],
@@ -197,10 +253,10 @@ class GymRolloutWorker:
                     input_ids=np.asarray(seq.prompt_ids + seq.completion_ids, dtype=np.int64),
                     completion_mask=np.asarray([0] * len(seq.prompt_ids) + seq.env_mask, dtype=np.int64),
                     old_log_probs=np.asarray([0.0] * len(seq.prompt_ids) + seq.logprobs, dtype=np.float32),
-                    advantage=advantage,
+                    advantage=adv,
                     model_version=version,
                     group_id=self._group_id,
-                    metrics={"reward": float(reward), "reward_std": std},
+                    metrics={"reward": float(reward), "reward_std": spread, "gym_policy_failure": float(k == "policy")},
                     enqueued_at=time.time(),
                 )
             )

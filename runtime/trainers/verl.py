@@ -12,8 +12,22 @@ actor's life) runs a model worker whose adapter is ``verl_server`` (``gym_runtim
 token ids to verl's ``server_manager`` (the loop registers it with verl's tokenizer as the live model ``policy``), so
 generation stays on verl's rollout replicas, weight sync and all. The agent and environment workers run where the
 config's ``workers`` says: in the actor too (``True``, the default), or elsewhere on the bus (``["models.policy"]``:
-only the model worker here). A failed rollout is not raised into verl's step: it comes back as one masked token
-(mask 0) with reward 0 and ``extra_fields["gym_error_class"]``.
+only the model worker here). A failed rollout is not raised into verl's step (verl 0.9.1's ``AgentLoopWorker``
+gathers its loops without ``return_exceptions``: one raise fails the whole step); it follows the failure policy
+(``trainers.failures.FailurePolicy``, ``failures=`` in the loop's config, the same as TRL's adapters):
+
+* a policy failure is scored: its real tokens (mask 1 on what the policy generated) and ``policy_failure_reward``
+  (with no completed turn: one end-of-sequence token, mask 1: the stall's cost lands on something);
+* an environment or infrastructure failure is run again (``retries`` times, each a new task), then excluded: one
+  token with ``response_mask`` 0 (``reward_score`` 0.0, which no statistic reads). verl's own GRPO would take that 0
+  into the group's mean and std, so the advantage estimator this module registers, ``gym_grpo``
+  (``algorithm.adv_estimator: gym_grpo``; the trainer's process must import this module), reads a response with no
+  policy token as the per-sample flag: out of the group's mean and std, advantage 0. (verl's v1 whole-group failure
+  path is not used: it fails a group for one member.)
+
+Each output's ``extra_fields`` say what happened (``gym_failure``: scored, policy or excluded; ``gym_error_class``;
+``gym_failure_attribution``; ``gym_retried``): verl puts them in the batch's ``non_tensor_batch``, and
+``failure_metrics(batch)`` turns them into the ``gym_runtime/*`` counts to add to verl's metrics.
 
 verl's agent loop config names it::
 
@@ -21,23 +35,31 @@ verl's agent loop config names it::
       _target_: gym_runtime.trainers.verl.GymAgentLoop
       gym_config: my_env/config.yaml
       nats: nats://head:4222
+      failures: {policy_failure_reward: 0.0, retries: 2}
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
+import msgspec
+import numpy as np
+import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.trainer.ppo.core_algos import register_adv_est
 
 from gym_runtime.client import Client
 from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
-from gym_runtime.trainers.rows import sequence
+from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
+from gym_runtime.trainers.rows import masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
 
-__all__ = ["GymAgentLoop", "LoopClients"]
+__all__ = ["GymAgentLoop", "LoopClients", "failure_metrics", "gym_grpo_advantage"]
 
 
 class LoopClients:
@@ -83,6 +105,7 @@ class GymAgentLoop(AgentLoopBase):
         workers: bool | list[str] = True,
         agent: str | None = None,
         live: str = "policy",
+        failures: FailurePolicy | Mapping[str, Any] | None = None,
         rows_path: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -94,7 +117,11 @@ class GymAgentLoop(AgentLoopBase):
         self.workers = workers
         self.agent = agent
         self.live = live
+        self.failures = (
+            failures if isinstance(failures, FailurePolicy) else msgspec.convert(dict(failures or {}), FailurePolicy)
+        )
         self.last_row: dict[str, Any] | None = None
+        self.tally = Tally()  # the last run's counts
         self.rows_path = rows_path
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -105,31 +132,51 @@ class GymAgentLoop(AgentLoopBase):
             raise ClientError("a gym_runtime agent loop sample needs extra_info.gym_row: the task row (dict or JSON)")
         LIVE_MODELS.register(self.live, self.server_manager, self.tokenizer)
         client = await LOOP_CLIENTS.get(self.gym_config, self.nats, self.workers)
-        try:
-            result = await client.run(row, agent=self.agent)
-        except RolloutFailed as e:
-            self.last_row = e.row
-            self._record(e.row, kwargs, 0.0)
-            return self._masked(e.error_class)
+        tally = Tally()
+        for attempt in range(self.failures.retries + 1):  # an excluded rollout runs again, each time a new task
+            try:
+                result = await client.run(row, agent=self.agent)
+            except RolloutFailed as e:
+                result = e.row
+            k = tally.saw(result)
+            if k != "excluded" or attempt == self.failures.retries:
+                break
+            tally.retried += 1
+        tally.ended(result, k)
         self.last_row = result
-        self._record(result, kwargs, float(result.get("reward", 0.0)))
-        seq = sequence(result)
-        turns = sum(1 for item in result["response"]["output"] if "generation_token_ids" in item)
+        self._record(result, kwargs, reward_of(result, self.failures))
+        self.tally = tally
+        reward = reward_of(result, self.failures)
+        if k != "excluded" and has_tokens(result):
+            seq = sequence(result)
+        elif k == "policy":  # scored with nothing generated: one end-of-sequence token carries its cost
+            seq = masked(None, row, self.tokenizer)
+            seq.env_mask = [1]
+        else:
+            seq = masked(None, row, self.tokenizer)
+        turns = sum(1 for item in (result.get("response") or {}).get("output", []) if "generation_token_ids" in item)
         return AgentLoopOutput(
             prompt_ids=seq.prompt_ids,
             response_ids=seq.completion_ids,
             response_mask=seq.env_mask,
             response_logprobs=seq.logprobs,
-            reward_score=float(result.get("reward", 0.0)),
+            reward_score=float(reward) if reward is not None else 0.0,  # excluded: read by no statistic (gym_grpo)
             num_turns=2 * turns,
             metrics=AgentLoopMetrics(),
-            extra_fields={"gym_policy_versions": result.get("policy_versions")},
+            extra_fields={
+                "gym_policy_versions": result.get("policy_versions"),
+                "gym_failure": k,
+                "gym_error_class": result.get("error_class"),
+                "gym_failure_attribution": result.get("failure_attribution"),
+                "gym_retried": tally.retried,
+            },
         )
 
-    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float) -> None:
+    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None) -> None:
         """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
         by its ``n`` rollouts), its step the policy version that made it (verl passes no step to a loop), and no
-        advantage: verl computes it in the driver after every loop returned, where no loop reads it."""
+        advantage: verl computes it in the driver after every loop returned, where no loop reads it. An excluded
+        member's reward is None (``gym_grpo`` leaves it out)."""
         if self.rows_path is None:
             return
         versions = [v for v in row.get("policy_versions") or [] if isinstance(v, int)]
@@ -139,15 +186,60 @@ class GymAgentLoop(AgentLoopBase):
         writer.write(row, step=max(versions) if versions else None, group=group, reward=reward)
         writer.flush()
 
-    def _masked(self, error_class: str) -> AgentLoopOutput:
-        eos = int(getattr(self.tokenizer, "eos_token_id", 0) or 0)
-        return AgentLoopOutput(
-            prompt_ids=[eos],
-            response_ids=[eos],
-            response_mask=[0],
-            response_logprobs=[0.0],
-            reward_score=0.0,
-            num_turns=0,
-            metrics=AgentLoopMetrics(),
-            extra_fields={"gym_error_class": error_class},
-        )
+
+@register_adv_est("gym_grpo")
+def gym_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's GRPO outcome advantage (``compute_grpo_outcome_advantage``: the group's mean and unbiased std, a group
+    of one 0 and 1, ``epsilon``) with the excluded members left out: a response with no policy token
+    (``response_mask`` all 0: an environment or infrastructure failure, ``GymAgentLoop``) is in no group's mean or
+    std and gets advantage 0. Scores are divided by the group's largest magnitude before any square (no overflow).
+    ``algorithm.adv_estimator: gym_grpo``."""
+    if config is not None and hasattr(config, "get"):
+        norm_adv_by_std_in_grpo = bool(config.get("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1).tolist()
+        kept = (response_mask.sum(dim=-1) > 0).tolist()
+        groups: dict[Any, list[int]] = {}
+        for i, uid in enumerate(index):
+            if kept[i]:
+                groups.setdefault(uid, []).append(i)
+        scalars = [0.0] * len(scores)
+        for members in groups.values():
+            values = [float(scores[i]) for i in members]
+            if len(values) == 1:
+                mean, std = 0.0, 1.0
+            else:
+                top = max(abs(v) for v in values) or 1.0
+                scaled = [v / top for v in values]
+                m = math.fsum(scaled) / len(scaled)
+                mean = m * top
+                std = top * math.sqrt(math.fsum((x - m) ** 2 for x in scaled) / (len(scaled) - 1))
+            for i, v in zip(members, values, strict=True):
+                scalars[i] = (v - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else v - mean
+        out = torch.tensor(scalars, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
+        adv = out.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def failure_metrics(batch: Any) -> dict[str, float]:
+    """The failure policy's counts of a verl batch (its ``non_tensor_batch``'s ``gym_*`` fields), as
+    ``gym_runtime/*`` metrics to add to verl's (verl 0.9.1 logs no agent loop field of its own)."""
+    fields: Mapping[str, Any] = getattr(batch, "non_tensor_batch", batch)
+    kinds = list(fields.get("gym_failure", []))
+    out = {
+        "gym_runtime/rollouts": float(len(kinds)),
+        "gym_runtime/policy_failures": float(sum(k == "policy" for k in kinds)),
+        "gym_runtime/excluded": float(sum(k == "excluded" for k in kinds)),
+        "gym_runtime/retried": float(sum(int(n or 0) for n in fields.get("gym_retried", []))),
+    }
+    for who in ("policy", "environment", "infrastructure"):
+        out[f"gym_runtime/failed/{who}"] = float(sum(a == who for a in fields.get("gym_failure_attribution", [])))
+    return out

@@ -12,16 +12,20 @@ import contextlib
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from gym_runtime.data.jsonlines import TOO_DEEP, json_value
 from gym_runtime.errors import UserError
 
-VERSION = 2
+VERSION = 3
 SUFFIX = ".gymview"
 CHUNK = 16 << 20
+SHOULD = "a rollouts file has one JSON object a line"
 
 
 class _Ref(msgspec.Struct):
@@ -67,6 +71,15 @@ def provenance_parts(prov: _Provenance | None) -> dict[str, str]:
     return out
 
 
+class _Params(msgspec.Struct):
+    input: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # (empty: absent; Raw takes no union)
+    instructions: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _Task(msgspec.Struct):
+    responses_create_params: _Params | None = None
+
+
 class _Row(msgspec.Struct):
     """What the index keeps of a row (a failure row's ``error_class`` too); every other key is skipped."""
 
@@ -79,6 +92,8 @@ class _Row(msgspec.Struct):
     policy_versions: list[int] | None = None
     cost: _Cost | None = None
     provenance: _Provenance | None = None
+    responses_create_params: _Params | None = None
+    input: _Task | None = None  # a failure row's task row
 
 
 _decode_row = msgspec.json.Decoder(_Row).decode
@@ -106,6 +121,8 @@ class Index(msgspec.Struct, array_like=True):
     cost: list[float]  # NaN: no estimate
     currency: list[int]  # into names, -1 none
     provenance: list[int]  # into names: ``provenance_parts`` as JSON, -1 none
+    prompt: list[int] = []  # a checksum of the task's input as written, -1 none (``diff``'s task identity)
+    unreadable: dict[int, str] = {}  # line -> why it cannot be read (only in an index rebuilt while viewed)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -126,26 +143,49 @@ def index_path(path: Path) -> Path:
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(_Row)}
 
 
-def _lenient(raw: bytes) -> _Row:
+def _lenient(value: dict[str, Any]) -> _Row:
     """A row whose fields have other types than ours (a string reward, a list agent_ref), or with a lone
-    surrogate escape: what fits, kept. ValueError: not JSON; TypeError: not an object."""
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise TypeError("not a JSON object")
+    surrogate escape (parsed by the stdlib): what fits, kept."""
     row = _Row()
     for key, f in _FIELDS.items():
-        if key in value:
+        if key in value and f.name not in ("responses_create_params", "input"):  # (Raw: not from builtins)
             with contextlib.suppress(msgspec.ValidationError):
                 setattr(row, f.name, msgspec.convert(value[key], f.type))
+    reward = value.get("reward")
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and row.reward is None:
+        row.reward = _as_float(reward)  # 10**400, 1e400: as they are (infinite), not dropped
     return row
+
+
+def _as_float(v: int | float) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 class Builder:
     """An index built line by line (``build``; ``view``'s live mode, as rows arrive)."""
 
     def __init__(self, size: int, mtime_ns: int) -> None:
-        self.ix = Index(VERSION, size, mtime_ns, [], *([] for _ in Index.__struct_fields__[4:]))
+        lists: list[list[int]] = [[] for _ in Index.__struct_fields__[4:-1]]
+        self.ix = Index(VERSION, size, mtime_ns, [], *lists, {})  # type: ignore[arg-type,call-arg]
         self._ids: dict[str, int] = {}
+
+    @classmethod
+    def extend(cls, ix: Index, size: int, mtime_ns: int) -> Builder:
+        """A builder that goes on from ``ix`` (a file that grew)."""
+        b = cls(size, mtime_ns)
+        b.ix = msgspec.structs.replace(
+            ix,
+            size=size,
+            mtime_ns=mtime_ns,
+            names=list(ix.names),
+            unreadable=dict(ix.unreadable),
+            **{f: list(getattr(ix, f)) for f in Index.__struct_fields__[4:-1]},
+        )
+        b._ids = {n: i for i, n in enumerate(ix.names)}
+        return b
 
     def _id(self, name: str | None) -> int:
         if not name:
@@ -156,16 +196,16 @@ class Builder:
             self.ix.names.append(name)
         return i
 
-    def add(self, offset: int, line: bytes, where: str) -> None:
+    def add(self, offset: int, line: bytes, where: str, *, lenient: bool = False) -> None:
+        """Index one line; one that cannot be read is the user's mistake naming ``where`` (``lenient``: kept as
+        an empty row with the reason, for a file that changed while it is viewed)."""
         try:
-            r = _decode_row(line)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            try:  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
-                r = _lenient(line)
-            except ValueError as e:
-                raise UserError(f"{where}: not JSON ({e}); a rollouts file has one JSON object a line") from None
-            except TypeError:
-                raise UserError(f"{where}: not a JSON object; a rollouts file has one JSON object a line") from None
+            r = read_row(line, where)
+        except UserError as e:
+            if not lenient:
+                raise
+            self.ix.unreadable[len(self.ix.offsets)] = str(e)
+            r = _Row()
         ix = self.ix
         ix.offsets.append(offset)
         ix.lengths.append(len(line))
@@ -193,14 +233,49 @@ class Builder:
             ix.currency.append(self._id(c.currency))
         parts = provenance_parts(r.provenance)
         ix.provenance.append(self._id(msgspec.json.encode(parts, order="sorted").decode()) if parts else -1)
+        ix.prompt.append(_prompt(r))
 
 
-def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(line number from 1, byte offset, line without its newline) of each non-blank line, read in chunks."""
-    offset = 0
+def read_row(line: bytes, where: str) -> _Row:
+    """What the index keeps of one line; a line that is not a JSON object, not UTF-8 or too deep is the
+    user's mistake, one line naming ``where``."""
+    if not line.isascii():  # (msgspec skips a field it does not keep without checking its bytes)
+        try:
+            line.decode()
+        except UnicodeDecodeError as e:
+            raise UserError(
+                f"{where}: not UTF-8 ({e.reason} at byte {e.start}); a rollouts file is UTF-8 JSON"
+            ) from None
+    try:
+        return _decode_row(line)
+    except RecursionError:
+        raise UserError(f"{where}: {TOO_DEEP}; {SHOULD}") from None
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    value = json_value(line, where, SHOULD)  # the stdlib's parser: it keeps a lone surrogate (msgspec refuses one)
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: not a JSON object; {SHOULD}")
+    return _lenient(value)
+
+
+def _prompt(r: _Row) -> int:
+    """A checksum of the row's task input (``responses_create_params.input`` and ``instructions``; a failure
+    row's from its ``input`` task row) as written; -1: none. Two writers may write one input apart (spacing,
+    escapes): ``diff`` reads both rows whole before it calls their inputs different."""
+    params = r.responses_create_params or (r.input.responses_create_params if r.input else None)
+    if params is None or not (params.input or params.instructions):
+        return -1
+    return zlib.crc32(bytes(params.instructions), zlib.crc32(bytes(params.input)))
+
+
+def lines(path: Path, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, line without its newline) of each non-blank line, read in chunks
+    (from byte ``start``, a line's start: numbered from there)."""
+    offset = start
     number = 0
     rest = b""
     with path.open("rb") as f:
+        f.seek(start)
         while True:
             chunk = f.read(CHUNK)
             if not chunk:
@@ -221,12 +296,67 @@ def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
             yield number + 1, offset, rest
 
 
-def build(path: Path) -> Index:
+def build(path: Path, *, lenient: bool = False) -> Index:
     st = path.stat()
     b = Builder(st.st_size, st.st_mtime_ns)
     for number, offset, line in lines(path):
-        b.add(offset, line, f"{path}:{number}")
+        b.add(offset, line, f"{path}:{number}", lenient=lenient)
     return b.ix
+
+
+def update(path: Path, ix: Index) -> Index:
+    """``ix`` brought up to date with ``path`` as it is now, for a file that changed while it is viewed: a
+    file that only grew (its indexed lines as they were: the old end was a line's end) is indexed from there,
+    up to its last whole line (a line still being written waits for its newline; ``ix`` itself when no whole
+    line came); any other change, rebuilt. A line that cannot be read is kept as an empty row with the reason
+    (``unreadable``): the page says so, the rest stays viewable."""
+    st = path.stat()
+    if st.st_size >= ix.size and _ends_a_line(path, ix.size):
+        end = _last_line_end(path, st.st_size)
+        if end <= ix.size:
+            return ix
+        b = Builder.extend(ix, end, st.st_mtime_ns)
+        number = _count_lines(path, ix.size)
+        for n, offset, line in lines(path, start=ix.size):
+            if offset >= end:
+                break
+            b.add(offset, line, f"{path}:{number + n}", lenient=True)
+        return b.ix
+    return build(path, lenient=True)
+
+
+def _last_line_end(path: Path, size: int) -> int:
+    """The offset just past the last newline of the file's first ``size`` bytes (0: none)."""
+    with path.open("rb") as f:
+        pos = size
+        while pos > 0:
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            found = f.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                return start + found + 1
+            pos = start
+    return 0
+
+
+def _ends_a_line(path: Path, size: int) -> bool:
+    if size == 0:
+        return True
+    with path.open("rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+def _count_lines(path: Path, size: int) -> int:
+    n = 0
+    with path.open("rb") as f:
+        while size > 0:
+            chunk = f.read(min(CHUNK, size))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            size -= len(chunk)
+    return n
 
 
 def load(path: Path) -> Index:

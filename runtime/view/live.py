@@ -37,7 +37,13 @@ class Live:
         self._builder = Builder(0, 0)
         self._spool: IO[bytes] = spool.open("ab")
         batch = {"batch": manifest.batch, "manifest": msgspec.to_builtins(manifest), "config": None}
-        part = Part(spool, self._builder.ix, failures=False)
+        part = Part(
+            spool,
+            self._builder.ix,
+            failures=False,
+            shown=f"batch {manifest.batch} (followed on the bus)",
+            follows=False,
+        )
         self.run = Run(run_id, f"batch {manifest.batch}", spool, [part], batch=batch, live=self)
 
     @property

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.data.atif import from_atif, is_atif
+from gym_runtime.data.atif import from_atif, is_atif_file, read_atif
 from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
@@ -31,11 +31,42 @@ BINS = 10
 
 @dataclass
 class Part:
-    """One file of a run: its rows (``failures``: its ``_failures.jsonl``)."""
+    """One file of a run: its rows (``failures``: its ``_failures.jsonl``); ``shown``: its name on the pages
+    (an ATIF file's, not the rows it was converted to); ``notice``: what happened to it while viewed."""
 
     path: Path
     ix: Index
     failures: bool
+    shown: str = ""
+    notice: str = ""
+    follows: bool = True  # re-indexed when the file changes (not a converted ATIF file's rows, nor a live spool)
+
+    def __post_init__(self) -> None:
+        self.shown = self.shown or str(self.path)
+
+    def refresh(self) -> bool:
+        """Re-index the file if it changed since it was indexed; whether it did."""
+        try:
+            st = self.path.stat()
+        except OSError as e:
+            if self.notice.startswith("removed"):
+                return False
+            self.ix, self.notice = (
+                index_mod.Builder(0, 0).ix,
+                f"removed while viewed: {self.path}: no such file ({e.strerror})",
+            )
+            return True
+        if (st.st_size, st.st_mtime_ns) == (self.ix.size, self.ix.mtime_ns):
+            return False
+        ix = index_mod.update(self.path, self.ix)
+        if ix is self.ix:  # (only a line still being written: no whole line yet)
+            return False
+        self.ix = ix
+        bad = self.ix.unreadable
+        self.notice = "changed while viewed: re-indexed" + (
+            f"; {len(bad)} line(s) cannot be read, the first: {bad[min(bad)]}" if bad else ""
+        )
+        return True
 
 
 @dataclass
@@ -48,6 +79,14 @@ class Run:
     batch: Any = None  # its ``_batch.json`` (``run`` and ``collect`` write it): batch id, manifest, config
     attempts: Attempts | None = None  # its ``_attempts.jsonl``
     live: Any = None  # a batch followed on the bus (``view.live.Live``): it grows
+    generation: int = 0  # bumped each time a part is re-indexed (what the pages computed from it is stale)
+
+    resources: dict[str, str] = field(default_factory=dict)  # agent -> its resource entry (the batch's config)
+
+    def env_label(self, ix: Index, i: int) -> str:
+        """Line ``i``'s environment by name: the resource entry its agent used, from the batch sidecar's config
+        (our rows name their environment's code by a digest only), else as the row names it."""
+        return self.resources.get(ix.name(ix.agent[i])) or ix.name(ix.env[i])
 
     def ref(self, p: int, i: int) -> Ref:
         return Ref(self.id, p, i)
@@ -117,6 +156,14 @@ class Runs:
     def all(self) -> list[Ref]:
         return [r for run in self.runs for r in run.refs()]
 
+    def refresh(self) -> None:
+        """Re-index each file that changed since it was indexed (rewritten, truncated, grown, removed): the
+        pages then read it as it is now, and say what happened."""
+        for run in self.runs:
+            changed = [part.refresh() for part in run.parts if part.follows]
+            if any(changed):
+                run.generation += 1
+
 
 def open_runs(paths: list[str]) -> Runs:
     """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed."""
@@ -127,14 +174,15 @@ def open_runs(paths: list[str]) -> Runs:
         path = Path(arg)
         if not path.is_file():
             raise UserError(f"{arg}: no such file" if not path.exists() else f"{arg}: not a file")
-        if atif_file(path):
+        not_rollouts(path)
+        if is_atif_file(path):
             if out.scratch is None:
                 out.scratch = tempfile.TemporaryDirectory(prefix="gym-view-atif-")
-            rows = Path(out.scratch.name) / f"{n}-{path.name}.jsonl"
-            rows.write_bytes(
-                b"".join(json.dumps(from_atif(doc, i)).encode() + b"\n" for i, doc in enumerate(atif_docs(path)))
-            )
-            runs.append(Run(n, labels[n], path, [Part(rows, index_mod.load(rows), failures=False)]))
+            rows = Path(out.scratch.name) / f"{n}.jsonl"
+            docs = read_atif(path)
+            rows.write_bytes(b"".join(json.dumps(from_atif(doc, i)).encode() + b"\n" for i, doc in enumerate(docs)))
+            part = Part(rows, index_mod.load(rows), failures=False, shown=str(path), follows=False)
+            runs.append(Run(n, labels[n], path, [part]))
             continue
         parts = [Part(path, index_mod.load(path), failures=path.name.endswith("_failures.jsonl"))]
         failures, metrics_path = sidecar_paths(path)
@@ -142,35 +190,51 @@ def open_runs(paths: list[str]) -> Runs:
             parts.append(Part(failures, index_mod.load(failures), failures=True))
         label = labels[n] if labels.count(labels[n]) == 1 else str(path)
         run = Run(n, label, path, parts, _json_file(metrics_path), _json_file(batch_path(path)))
+        run.resources = _resources(run.batch)
         if attempts_path(path).is_file():
             run.attempts = Attempts(attempts_path(path))
         runs.append(run)
     return out
 
 
-def atif_file(path: Path) -> bool:
-    """Whether ``path`` holds ATIF trajectories (a document, a list of them, or one a line), from its start."""
-    with path.open("rb") as f:
-        head = f.read(4096).lstrip()
-    return head[:1] in (b"{", b"[") and b'"schema_version"' in head and b'"ATIF-' in head
+SIDECARS = {  # a file name's ending -> what it is, and the rollouts file beside it
+    "_attempts.jsonl": "the attempts sidecar",
+    "_batch.json": "the batch sidecar",
+    "_aggregate_metrics.json": "the metrics sidecar",
+}
 
 
-def atif_docs(path: Path) -> list[Any]:
-    """The ATIF documents of ``path``: one JSON value (a document or a list), else one a line."""
+def not_rollouts(path: Path) -> None:
+    """Refuse, naming what to open instead, a file that is not rollouts: a sidecar ``run`` keeps beside its
+    output, an index, or a tasks file (rows with no ``response``, ``reward`` or ``error_class``)."""
+    for end, what in SIDECARS.items():
+        if path.name.endswith(end) and len(path.name) > len(end):
+            out = path.with_name(path.name[: -len(end)] + ".jsonl")
+            raise UserError(f"{path}: {what} of {out.name}, not rollouts: open {out} (view reads its sidecars)")
+    if path.name.endswith(index_mod.SUFFIX):
+        raise UserError(f"{path}: view's index of a file, not rollouts: open {path.name[: -len(index_mod.SUFFIX)]}")
+    first = next(index_mod.lines(path), None)
+    if first is None or not first[2].lstrip().startswith(b"{"):
+        return  # (empty: no rows; not JSON: the index says where)
     try:
-        whole = json.loads(path.read_bytes())
-        docs = whole if isinstance(whole, list) else [whole]
-    except ValueError:
-        docs = []
-        for number, _, line in index_mod.lines(path):
-            try:
-                docs.append(json.loads(line))
-            except ValueError as e:
-                raise UserError(f"{path}:{number}: not JSON ({e})") from None
-    for i, doc in enumerate(docs):
-        if not is_atif(doc):
-            raise UserError(f"{path}: trajectory {i + 1} is not an ATIF document (no schema_version ATIF-...)")
-    return docs
+        keys = msgspec.json.decode(first[2], type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return
+    if "kind" in keys and "task_index" in keys and "response" not in keys:
+        raise UserError(f"{path}:{first[0]}: an attempt record, not rollouts: open the rollouts file it sits beside")
+    if not keys.keys() & {"response", "reward", "error_class"} and "responses_create_params" in keys:
+        raise UserError(
+            f"{path}:{first[0]}: a task row (no response, no reward), not rollouts: run the tasks first "
+            f"(gym-runtime run CONFIG -i {path} -o OUT.jsonl), then view OUT.jsonl"
+        )
+
+
+def _resources(batch: Any) -> dict[str, str]:
+    config = batch.get("config") if isinstance(batch, dict) else None
+    agents = config.get("agents") if isinstance(config, dict) else None
+    if not isinstance(agents, dict):
+        return {}
+    return {k: v["resource"] for k, v in agents.items() if isinstance(v, dict) and isinstance(v.get("resource"), str)}
 
 
 def _json_file(path: Path) -> Any:
@@ -201,18 +265,32 @@ class Histogram:
     lo: float
     hi: float
     counts: list[int]
+    not_finite: dict[str, int] = field(default_factory=dict)  # "inf", "-inf", "nan": how many (not in a bin)
 
     def bars(self, width: int = 300, height: int = 80) -> list[dict[str, Any]]:
         """SVG rectangles (numbers only: the template writes them as attributes)."""
         top = max(self.counts) or 1
         w = width / len(self.counts)
-        step = (self.hi - self.lo) / len(self.counts)
+        step = self.hi / len(self.counts) - self.lo / len(self.counts)
         out = []
         for b, c in enumerate(self.counts):
             h = round(height * c / top, 1)
             lo = self.lo + b * step
             out.append({"x": round(b * w, 1), "y": height - h, "w": round(w - 2, 1), "h": h, "count": c, "lo": lo})
         return out
+
+
+def histogram(label: str, values: list[float]) -> Histogram:
+    """``values`` in ``BINS`` bins over [min(0, lowest), max(1, highest)] (the finite ones: the others counted
+    apart); halves compared, so a range from -1e308 to 1e308 does not overflow."""
+    finite = [v for v in values if math.isfinite(v)]
+    odd = Counter(str(v) for v in values if not math.isfinite(v))
+    lo, hi = min([0.0, *finite]), max([1.0, *finite])
+    span = hi / 2 - lo / 2
+    counts = [0] * BINS
+    for v in finite:
+        counts[min(BINS - 1, int((v / 2 - lo / 2) / span * BINS))] += 1
+    return Histogram(label, lo, hi, counts, dict(odd))
 
 
 @dataclass
@@ -255,7 +333,7 @@ def summarize(run: Run, slowest: int = 10) -> Summary:
                 if not math.isnan(r):
                     total += r
                     counted += 1
-                    rewards[(agent, ix.name(ix.env[i]))].append(r)
+                    rewards[(agent, run.env_label(ix, i))].append(r)
             g = groups[(agent, ix.task[i])]
             g[0] += 1
             g[1] += passed(r) and fc < 0
@@ -274,11 +352,7 @@ def summarize(run: Run, slowest: int = 10) -> Summary:
     s.failure_classes = classes.most_common()
     s.agents = sorted(agents)
     for (agent, env), values in sorted(rewards.items()):
-        lo, hi = min(0.0, *values), max(1.0, *values)
-        counts = [0] * BINS
-        for v in values:
-            counts[min(BINS - 1, int((v - lo) / (hi - lo) * BINS))] += 1
-        s.histograms.append(Histogram(f"{agent or '?'} / {env or '?'}", lo, hi, counts))
+        s.histograms.append(histogram(f"{agent or '?'} / {env or '?'}", values))
     busy.sort(key=lambda t: -t[0])
     s.slowest = [(ref, ms) for ms, ref in busy[:slowest] if ms > 0]
     return s
@@ -323,15 +397,14 @@ def select(runs: Runs, q: Query) -> list[Ref]:
         for p, part in enumerate(run.parts):
             ix = part.ix
             want_agent = _name_id(ix, q.agent)
-            want_env = _name_id(ix, q.env)
             want_fc = _name_id(ix, q.failure) if q.failure not in (None, "none", "any") else None
-            if -2 in (want_agent, want_env, want_fc):
+            if -2 in (want_agent, want_fc):
                 continue  # a name this file does not have
             keep = []
             for i in range(len(ix)):
                 if want_agent is not None and ix.agent[i] != want_agent:
                     continue
-                if want_env is not None and ix.env[i] != want_env:
+                if q.env and run.env_label(ix, i) != q.env:  # (by name: the resource entry, where known)
                     continue
                 failed = part.failures or ix.error_class[i] >= 0
                 if (q.failure == "none" and failed) or (q.failure == "any" and not failed):
@@ -378,6 +451,10 @@ def choices(runs: Runs) -> dict[str, list[str]]:
     for run in runs.runs:
         for part in run.parts:
             ix = part.ix
-            for col, key in (("agent", "agent"), ("env", "env"), ("error_class", "failure")):
+            for col, key in (("agent", "agent"), ("error_class", "failure")):
                 out[key].update(ix.names[i] for i in set(getattr(ix, col)) if i >= 0)
+            for agent, env in set(zip(ix.agent, ix.env)):
+                label = run.resources.get(ix.name(agent)) or ix.name(env)
+                if label:
+                    out["env"].add(label)
     return {k: sorted(v) for k, v in out.items()}

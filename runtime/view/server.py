@@ -4,18 +4,17 @@ What a model, tool or environment wrote reaches the page only through the templa
 Content-Security-Policy allows one script, the first-party ``static/keys.js`` (keyboard navigation: it follows
 the links the server rendered and inserts nothing; filters are a GET form, long texts ``<details>``), no inline
 script, no request off the server, no frame and no form posting elsewhere. Only GET routes exist;
-a row is named by integers into the files given, a static file by a name in a fixed list. Served beyond
-loopback, every request needs the access token (a cookie set from the printed URL's ``?token=``); on
-loopback, a request whose Host is not the address served is refused (a DNS-rebinding page cannot read it).
+a row is named by integers into the files given, a static file by a name in a fixed list. Who is answered
+is ``view.access``'s frozen policy (the token, the Host names), checked before any handler.
 """
 
 from __future__ import annotations
 
-import hmac
 import importlib.resources
 import json
 import math
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,10 +22,11 @@ import jinja2
 import msgspec
 from aiohttp import web
 
+from gym_runtime.data.jsonlines import TOO_DEEP
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
-from gym_runtime.view.diff import compare
-from gym_runtime.view.growing import grow
+from gym_runtime.view.access import Access
+from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
 from gym_runtime.view.train_pages import TrainPages
@@ -44,7 +44,6 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 STATIC = {"view.css": "text/css", "train.css": "text/css", "keys.js": "text/javascript"}
-COOKIE = "gym_view_token"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,20 +56,44 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["reward"] = _fmt_reward
-    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
-    env.filters["money"] = lambda v: f"{v:.4f}"
+    env.filters["reward"] = number
+    env.filters["logprob"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e6 else number(v)
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%" if math.isfinite(v) else number(v)
+    env.filters["money"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e12 else number(v)
+    env.filters["signed"] = _signed
     env.globals["as_text"] = as_text
+    env.globals["task_name"] = task_name
     env.globals["query"] = lambda base, **kw: (
         base + "?" + urlencode({k: v for k, v in kw.items() if v not in (None, "")})
     )
     return env
 
 
-def _fmt_reward(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def number(v: Any) -> str:
+    """A number a row holds, as it is: None "–", NaN "not a number", infinities, huge and tiny ones in
+    scientific form (an integer beyond a float's range too: 10**400 is ``1e+400``); anything else as text."""
+    if v is None:
         return "–"
-    return f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int):
+        if abs(v) < 10**15:
+            return str(v)
+        digits = str(abs(v))  # (at most 4,300 digits: Python's parser refuses more, so no row holds more)
+        tail = digits[1:6].rstrip("0")
+        return f"{'-' if v < 0 else ''}{digits[0]}{'.' + tail if tail else ''}e+{len(digits) - 1}"
+    if math.isnan(v):
+        return "not a number"
+    if math.isinf(v) or abs(v) >= 1e6 or 0 < abs(v) < 1e-4:
+        return f"{v:.6g}"
+    return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def _signed(v: float, pct: bool = False) -> str:
+    """A difference, its sign shown: points for a rate."""
+    if not math.isfinite(v):
+        return number(v)
+    return f"{100 * v:+.1f} points" if pct else f"{v:+.4g}"
 
 
 def page(html: str, status: int = 200) -> web.Response:
@@ -81,41 +104,39 @@ def page(html: str, status: int = 200) -> web.Response:
 
 
 class View:
-    """The pages over ``runs``; ``token``: the access token every request needs (None on loopback)."""
+    """The pages over ``runs``, answered only as ``access`` allows."""
 
-    def __init__(
-        self, runs: Runs, *, token: str | None = None, hosts: set[str] | None = None, decode: Decode | None = None
-    ) -> None:
+    def __init__(self, runs: Runs, access: Access | None = None, *, decode: Decode | None = None) -> None:
         self.runs = runs
-        self.token = token
-        self.hosts = hosts  # the Host values accepted (None: any, with the token)
+        self.access = access
         self.env = _templates()
-        self._summaries = [runs_mod.summarize(r) for r in runs.runs]
-        self._choices = runs_mod.choices(runs)
+        self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
+        self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
+        for r in runs.runs:
+            self._summary(r)
         self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
-        self._grown: set[int] = set()  # runs whose files grew since they were opened (summaries computed anew)
 
     @property
     def live(self) -> bool:
-        return any(r.live is not None for r in self.runs.runs) or bool(self._grown)
+        return any(r.live is not None for r in self.runs.runs)
 
-    def grow(self) -> None:
-        """Index the lines appended to the files given since the last request (a trainer's rows file grows)."""
-        for run in self.runs.runs:
-            if run.live is None and any([grow(p) for p in run.parts]):
-                self._grown.add(run.id)
+    def _summary(self, run: runs_mod.Run) -> runs_mod.Summary:
+        """A run's summary: a file's computed once (again when it changed), a live batch's on each page."""
+        kept = self._summaries.get(run.id)
+        if run.live is not None or kept is None or kept[0] != run.generation:
+            kept = self._summaries[run.id] = (run.generation, runs_mod.summarize(run))
+        return kept[1]
 
     @property
     def summaries(self) -> list[runs_mod.Summary]:
-        """Each run's summary: a file's computed once, a live batch's on each page (it grows)."""
-        return [
-            runs_mod.summarize(r) if r.live is not None or r.id in self._grown else s
-            for r, s in zip(self.runs.runs, self._summaries)
-        ]
+        return [self._summary(r) for r in self.runs.runs]
 
     @property
     def choices(self) -> dict[str, list[str]]:
-        return runs_mod.choices(self.runs) if self.live else self._choices
+        stamp = tuple(r.generation for r in self.runs.runs)
+        if self.live or self._choices is None or self._choices[0] != stamp:
+            self._choices = (stamp, runs_mod.choices(self.runs))
+        return self._choices[1]
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
@@ -130,20 +151,9 @@ class View:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if self.hosts is not None and request.host not in self.hosts:
-                raise web.HTTPMisdirectedRequest(text="this server answers only at the address it printed")
-            if self.token is not None:
-                given = request.query.get("token")
-                if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
-                    rest = {k: v for k, v in request.query.items() if k != "token"}
-                    to = request.path + ("?" + urlencode(rest) if rest else "")
-                    resp: web.StreamResponse = web.HTTPSeeOther(to)
-                    resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
-                    raise resp  # type: ignore[misc]
-                cookie = request.cookies.get(COOKIE, "")
-                if not hmac.compare_digest(cookie.encode(), self.token.encode()):
-                    raise web.HTTPForbidden(text="open the URL gym-runtime view printed (it carries the access token)")
-            self.grow()
+            if self.access is not None:  # (None: pages written to files, never served)
+                self.access.admit(request)
+            self.runs.refresh()  # a file rewritten, truncated or grown since: re-indexed before it is read
             resp = await handler(request)
         except web.HTTPException as e:
             resp = e
@@ -194,14 +204,24 @@ class View:
         ref = self.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
         if ref is None:
             raise web.HTTPNotFound()
-        raw = self.runs.raw(ref)
-        row = json.loads(raw)  # the stdlib keeps a lone surrogate as one (the page shows its escape)
         meta = self._row_meta(ref)
-        run = self.runs.runs[ref.run]
-        records = None
-        if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
-            records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
-        return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=self.train.keys(ref))
+        problem = self.runs.part(ref).ix.unreadable.get(ref.line)
+        if problem is None:
+            try:
+                row = json.loads(self.runs.raw(ref))  # (the stdlib keeps a lone surrogate: the page shows its escape)
+                if not isinstance(row, dict):
+                    raise TypeError("not a JSON object")
+                run = self.runs.runs[ref.run]
+                records = None
+                if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
+                    records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
+                keys = self.train.keys(ref)
+                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=keys)
+            except RecursionError:
+                problem = f"line {ref.line + 1} of the rows indexed: {TOO_DEEP}"
+            except (OSError, ValueError, TypeError) as e:  # changed between its index and this read
+                problem = f"{type(e).__name__}: {e}"
+        return self.render("unreadable.html", meta=meta, problem=problem)
 
     async def diff_page(self, request: web.Request) -> web.Response:
         n = len(self.runs.runs)
@@ -239,12 +259,12 @@ class View:
         return {
             "href": self._href(ref),
             "run": self.runs.runs[ref.run].label,
-            "file": part.path.name,
+            "file": Path(part.shown).name,
             "task": ix.task[i] if ix.task[i] >= 0 else None,
             "rollout": ix.rollout[i] if ix.rollout[i] >= 0 else None,
             "agent": ix.name(ix.agent[i]),
-            "env": ix.name(ix.env[i]),
-            "reward": ix.reward[i],
+            "env": self.runs.runs[ref.run].env_label(ix, i),
+            "reward": None if math.isnan(ix.reward[i]) else ix.reward[i],
             "failure": ix.name(ix.error_class[i]) or ("failure" if part.failures else ""),
             "pv": pv,
             "busy_ms": ix.busy_ms[i],

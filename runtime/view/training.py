@@ -61,7 +61,7 @@ def _lenient(line: bytes) -> _Train:
     out = _Train()
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a line rewritten under a running view: its page says why)
         return out
     if not isinstance(value, dict):
         return out
@@ -106,8 +106,12 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
     """The training columns of ``path``'s lines that ``ix`` indexes (matched by byte offset)."""
     at = {o: i for i, o in enumerate(ix.offsets)}
     n = len(ix)
-    cols = TrainColumns(path.stat().st_size, [-1] * n, [None] * n, [math.nan] * n, [math.nan] * n, [""] * n, [0] * n)
-    for _, offset, line in index_mod.lines(path):
+    try:
+        size = path.stat().st_size
+    except OSError:  # removed while viewed (the runs page says so): no column to read
+        size = -1
+    cols = TrainColumns(size, [-1] * n, [None] * n, [math.nan] * n, [math.nan] * n, [""] * n, [0] * n)
+    for _, offset, line in index_mod.lines(path) if size >= 0 else ():
         i = at.get(offset)
         if i is None:
             continue

@@ -124,6 +124,7 @@ class Trajectory:
     inputs: list[Block]
     outputs: list[Block]
     tools: Text | None
+    tool_names: list[str]
     usage: Text | None
     other: list[tuple[str, Text]]
     row: dict[str, Any]
@@ -142,12 +143,20 @@ def trajectory(row: dict[str, Any]) -> Trajectory:
     for n, item in enumerate(given if isinstance(given, list) else [given] if given else []):
         inputs.append(block(item, f"input {n + 1}"))
     tools = Text.of(_json(params["tools"])) if params.get("tools") else None
+    offered = params.get("tools")
+    names = [_tool_name(t) for t in offered if isinstance(t, dict)] if isinstance(offered, list) else []
     response = row.get("response")
     output = response.get("output") if isinstance(response, dict) else None
     outputs = [block(item, f"turn {n + 1}") for n, item in enumerate(output if isinstance(output, list) else [])]
     usage = response.get("usage") if isinstance(response, dict) else None
     other = [(k, Text.of(v if isinstance(v, str) else _json(v))) for k, v in row.items() if k not in SHOWN]
-    return Trajectory(inputs, outputs, tools, Text.of(_json(usage)) if usage else None, other, row)
+    return Trajectory(inputs, outputs, tools, names, Text.of(_json(usage)) if usage else None, other, row)
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    """A tool's name: the Responses API's ``name``, or Chat Completions' ``function.name``."""
+    fn = tool.get("function")
+    return str(tool.get("name") or (fn.get("name") if isinstance(fn, dict) else None) or "?")
 
 
 def as_text(value: Any) -> Text:

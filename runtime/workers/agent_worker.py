@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.config.fingerprints import grader_identity
-from gym_runtime.data.rowkeys import own_fields, policy_prompt
+from gym_runtime.data.rowkeys import DEFAULT_REWARD_BOUND, bounded_reward, own_fields, policy_prompt
 from gym_runtime.errors import Failure, StorageFull, UserError, in_entry
 from gym_runtime.messages import (
     AttemptRetried,
@@ -41,6 +41,7 @@ from gym_runtime.messages import (
     RolloutResult,
     RolloutTask,
     SandboxCommand,
+    TimeSplit,
     VerifyReply,
     counted_ms,
 )
@@ -76,12 +77,14 @@ def build_row(
     policy_versions: list[int] | None = None,
     cost: Cost | None = None,
     provenance: Provenance | None = None,
+    reward_bound: float = DEFAULT_REWARD_BOUND,
 ) -> dict[str, Any]:
     """The output row, NeMo Gym's shape: params, response, reward, verifier extras, task fields, ids.
 
     ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version;
     ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md). A field of the environment's or
-    the agent's naming a runtime key raises ``Failure("verify_error")`` unless it only echoes it (``rowkeys``).
+    the agent's naming a runtime key raises ``Failure("verify_error")`` unless it only echoes it (``rowkeys``), and so
+    does a reward that is not finite or beyond ``reward_bound`` (``rowkeys.bounded_reward``).
     """
     src = task.row
     # reported under the agent that ran it (``--agent`` may override the row's agent_ref)
@@ -90,7 +93,7 @@ def build_row(
         # the prompt as the policy saw it: the task's, or the agent's record of it with turns it added
         "responses_create_params": policy_prompt(outcome.fields, src.get("responses_create_params")),
         "response": outcome.response,
-        "reward": outcome.verdict.reward,
+        "reward": bounded_reward(outcome.verdict.reward, reward_bound),
     }
     if policy_versions is not None:
         runtime["policy_versions"] = policy_versions
@@ -168,6 +171,7 @@ class AgentWorker:
         self._model_fps = view.model_fingerprints
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
+        self.reward_bound = config.config.reward_bound
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus, on_cancel=self._stop_batch)
@@ -383,7 +387,7 @@ class AgentWorker:
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
         if isinstance(ended, Failure):
-            return _failures(task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands)
+            return _failures(task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands, ctx)
         return self._results(ctx, task, attempt, ended)
 
     async def _started(self, task: RolloutTask, attempt: int, key: str) -> int:
@@ -468,9 +472,16 @@ class AgentWorker:
             cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
             spent = cost if i == first else spent
             try:
-                row = build_row(each, outcome, policy_versions=ctx.policy_versions, cost=cost, provenance=prov)
-            except Failure as e:  # a field that would replace one of the runtime's row keys
-                return _failures(task, attempt, e.info, spent, ctx.calls.log)
+                row = build_row(
+                    each,
+                    outcome,
+                    policy_versions=ctx.policy_versions,
+                    cost=cost,
+                    provenance=prov,
+                    reward_bound=self.reward_bound,
+                )
+            except Failure as e:  # a field that would replace one of the runtime's row keys, a reward past its bound
+                return _failures(task, attempt, e.info, spent, ctx.calls.log, None, ctx)
             results.append(
                 _result(
                     task,
@@ -724,10 +735,15 @@ def _failures(
     cost: Cost | None = None,
     calls: list[list[int]] | None = None,
     commands: list[SandboxCommand] | None = None,
+    ctx: AgentContext | None = None,
 ) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
     function, its cells and their tuple kept alive for the whole rollout); ``cost``, ``calls`` and ``commands``:
-    what the attempt used before it failed, on the first repeat's row."""
+    what the attempt used before it failed, on the first repeat's row. An attempt that ran (``ctx``) adds, on every
+    repeat's row, where its time went (``time_split``: its failure attribution) and, for a single rollout, the
+    policy's trajectory so far (``partial``; a group task's turns are one ledger of all its repeats: none)."""
+    split = _time_split(ctx) if ctx is not None else None
+    partial = ctx.partial() if ctx is not None and task.group <= 1 else None
     return [
         _result(
             task,
@@ -738,6 +754,20 @@ def _failures(
             cost=cost if i == task.rollout_index else None,
             calls=calls or None if i == task.rollout_index else None,
             commands=commands or None if i == task.rollout_index else None,
+            time_split=split,
+            partial=partial,
         )
         for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
     ]
+
+
+def _time_split(ctx: AgentContext) -> TimeSplit:
+    """Where an attempt's time went (``data.attribution``): its model calls' generation (the model workers'
+    ``call_ms``) and the rest of their round trips, its tool calls and its own sandboxes' commands."""
+    total = max(0, ctx.calls.ms() - counted_ms(ctx.sandboxes.waited_s))  # a lease's wait stops the clock
+    generating = sum(m.call_ms for m in ctx.cost.models.values())
+    waits = max(0, sum(c[1] for c in ctx.calls.log if len(c) == 4) - generating)
+    if ctx.generating_since is not None:  # the policy's call the failure cut: generating or queued, no one can
+        generating += counted_ms(time.perf_counter() - ctx.generating_since)  # tell; the policy's (docs/trainer.md)
+    tools = ctx.cost.tool_ms + counted_ms(ctx.sandboxes.exec_s)
+    return TimeSplit(total_ms=total, generating_ms=generating, model_wait_ms=waits, tools_ms=tools)

@@ -72,7 +72,7 @@ def measure(label: str, path: Path, reps: int) -> dict[str, object]:
     rows = len(ix)
     del ix
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_runtime.cli", "view", str(path), "--port", "0"],
+        [sys.executable, "-m", "gym_runtime.cli", "view", str(path), "--port", "0", "--no-token"],  # (timing pages)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -25,7 +25,7 @@ from gym_runtime.transport.subjects import Subjects
 from tests.e2e.test_secured_bus import node_dir
 from tests.helpers import REPO, cli, read_jsonl
 from tests.pools import BeaconWatch, Pool, start_collect, tasks_file, wait_until, write_config
-from tests.test_view import fetch, serve
+from tests.test_view import serve
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_explain_shows_the_attempt_a_sigkilled_agent_left_and_the_one_that_store
     batch = json.loads((tmp_path / "out_batch.json").read_text())
     assert batch["batch"] == "b1" and batch["manifest"]["models"]["policy"]["adapter"] == "scripted"
     for site in serve(str(out)):
-        status, _, page = fetch(site.base + "/rollout/0/0/0")
+        status, _, page = site.get("/rollout/0/0/0")
         assert status == 200
         text = page.decode()
         assert f"(pid {first.pid})" in text and f"(pid {second.pid})" in text and "(the slot&#39;s)" in text
@@ -130,6 +130,7 @@ async def test_explain_says_why_an_attempt_was_given_back(server: EmbeddedServer
     assert "verify_error: " in text.stdout and "(runs again)" in text.stdout, text.stdout
     assert "redelivered: attempt 1 failed with verify_error (retryable)" in text.stdout
     assert "failure row: verify_error" in text.stdout and "(the slot's result: collect writes it)" in text.stdout
+    assert "caused by: environment (by its class, verify_error)" in text.stdout  # issue 66: the attribution
 
 
 def _records(url: str) -> int:

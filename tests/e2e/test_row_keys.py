@@ -22,9 +22,11 @@ import yaml
 from gym_runtime import Client
 from tests.helpers import rows
 
-N = 6
+N = 11
 FORGED = {1, 4}  # the environment's verify forges these rows' keys
 AGENT_FORGED = 2  # and the agent this one's
+FAILURE_FORGED = 6  # a reward-1 row that calls itself a timeout (issue 65, item 4)
+UNBOUNDED = {7: 1e200, 8: "inf", 9: "nan", 10: -2e6}  # rewards no trainer may meet (reward_bound 1e6)
 
 
 def write_config(tmp: Path, isolation: str) -> Path:
@@ -47,6 +49,9 @@ async def test_verify_fields_cannot_replace_the_runtimes_row_keys(nats_server, t
     for i in FORGED:
         tasks[i]["forge"] = True
     tasks[AGENT_FORGED]["forge_agent"] = True
+    tasks[FAILURE_FORGED]["forge_failure"] = True
+    for i, reward in UNBOUNDED.items():
+        tasks[i]["reward_given"] = reward
     config = write_config(tmp_path, isolation)
     async with Client(config, nats=nats_server.url, workers=["models.policy", "agents.agent", "resources.env"]) as c:
         batch = await c.submit(tasks)
@@ -60,7 +65,18 @@ async def test_verify_fields_cannot_replace_the_runtimes_row_keys(nats_server, t
         assert "reward" not in row and "policy_versions" not in row
     row = got[AGENT_FORGED]  # before: reward 1e6, filed under task 0
     assert row.get("error_class") == "verify_error" and "the agent set the row key 'reward'" in row["error"], row
-    for i in set(range(N)) - FORGED - {AGENT_FORGED}:  # an echo of the request's own values is no forgery
+    row = got[FAILURE_FORGED]  # before: reward 1.0 with error_class timeout, which trainers and view took as failed
+    assert row.get("error_class") == "verify_error" and "'error_class'" in row["error"], row
+    assert row["failure_attribution"] == "environment" and "reward" not in row
+    for i in UNBOUNDED:  # before: written as given (1e200 stopped the async trainer)
+        row = got[i]
+        assert row.get("error_class") == "verify_error" and "reward" not in row, row
+        said = {7: "1e+200", 8: "inf", 9: "nan", 10: "-2000000.0"}[i]
+        assert f"the reward {said}" in row["error"], row["error"]
+        assert row["failure_attribution"] == "environment"
+    for i in (
+        set(range(N)) - FORGED - {AGENT_FORGED, FAILURE_FORGED} - set(UNBOUNDED)
+    ):  # an echo of the request's own values is no forgery
         row = got[i]
         assert "error_class" not in row, row
         assert row["reward"] == 1.0 and row["note"] == "echo" and row["agent_note"] == "echo"

@@ -5,7 +5,11 @@ the last assistant message names the word, so a policy that calls the tool and t
 1/8. Rows may ask for failures: ``explode: true`` makes every verify raise; ``explode_once: PATH`` makes the first
 verify that finds no file at PATH raise (creating it), so a retry of that rollout succeeds; ``verify_delay_s``
 holds each verify that long (after touching ``verifying``, a path, when given): a rollout in flight to kill its
-agent under.
+agent under. Issue 66's: ``stall_s`` makes ``draw_word`` take that long (a policy that calls it runs its rollout's
+``timeout_s`` out: a policy failure); ``fixed_reward`` is the reward whatever was said (a task the policy always gets
+right, or never does); ``explode_rollout: N`` makes the verify of rollout N (``_ng_rollout_index``) raise;
+``reward_given`` is returned as the reward (1e200: beyond any bound); ``rewards_by_rollout`` gives rollout N the
+N-th reward of the list.
 """
 
 from __future__ import annotations
@@ -25,21 +29,41 @@ class SayWord(Resource):
     def __init__(self) -> None:
         self.word = ""
         self.drawn = 0
+        self.stall_s = 0.0
+        self.wait_s = 0.0
 
     async def seed(self, task: dict[str, Any]) -> None:
         self.word = str(task.get("word", WORDS[0]))
+        self.stall_s = float(task.get("stall_s", 0.0))
+        self.wait_s = float(task.get("wait_s", 0.0))
 
     @tool
     async def draw_word(self) -> str:
         """Draw the word to say."""
         self.drawn += 1
+        await anyio.sleep(self.stall_s)
         return f"say {self.word}"
+
+    @tool
+    async def wait(self) -> str:
+        """Wait a while (the row's ``wait_s``: a policy that calls it may run its rollout's timeout_s out)."""
+        await anyio.sleep(self.wait_s)
+        return "waited"
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
         if task.get("verifying"):
             open(task["verifying"], "a").close()
         await anyio.sleep(float(task.get("verify_delay_s", 0.0)))
         marker = task.get("explode_once")
+        exploding = task.get("explode_rollout")
+        if exploding is not None and task.get("_ng_rollout_index") == exploding:
+            raise RuntimeError(f"this verifier fails rollout {exploding} on purpose")
+        if "reward_given" in task:
+            return Verdict(reward=float(task["reward_given"]))
+        if "rewards_by_rollout" in task:
+            return Verdict(reward=float(task["rewards_by_rollout"][task.get("_ng_rollout_index", 0)]))
+        if "fixed_reward" in task:
+            return Verdict(reward=float(task["fixed_reward"]))
         if task.get("explode") or (marker and not os.path.exists(marker)):
             if marker:
                 open(marker, "w").close()

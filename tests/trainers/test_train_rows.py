@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from gym_runtime import SyncClient
+from gym_runtime.trainers.failures import FailurePolicy
 from gym_runtime.trainers.rows import sequence
-from gym_runtime.trainers.trl import GroupPolicy, TRLRollouts
+from gym_runtime.trainers.trl import TRLRollouts
 from tests.trainers.world import grpo, need, world
 
 need("trl")
@@ -41,11 +42,12 @@ def trl_advantages(rewards: list[float]) -> list[float]:
 
 def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Path) -> None:
     w = world(tmp_path, rows=6, tool_bias=3.0)
-    w.rows[1]["explode_once"] = str(tmp_path / "exploded")  # one verify raises: a masked member (no retries)
+    w.rows[1]["explode_once"] = str(tmp_path / "exploded")  # one verify raises: an excluded member (no retries)
     path = tmp_path / "train_rows.jsonl"
     seen_at_call: list[int] = []
     with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(client, w.rows, rows_path=str(path), policy=GroupPolicy(retries=0, on_failure="mask"))
+        failures = FailurePolicy(retries=0, max_excluded=1.0)
+        rollouts = TRLRollouts(client, w.rows, rows_path=str(path), failures=failures)
 
         def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
             seen_at_call.append(len(lines(path)))  # what a reader of the file sees when the next step starts
@@ -67,19 +69,22 @@ def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Pa
     failed: list[dict[str, Any]] = []
     for members in groups.values():
         assert len(members) == GENERATIONS and len({m["_ng_task_index"] for m in members}) == 1
-        rewards = [m.get("reward", 0.0) for m in members]  # (a masked failure: handed over as 0.0)
+        rewards = [m.get("reward") for m in members]  # (an excluded failure: handed over as None)
         assert [m["train_reward"] for m in members] == rewards  # the environment's reward, as handed over
         assert [m["train_total_reward"] for m in members] == rewards  # TRL's total: env_reward alone
-        want = trl_advantages(rewards)
-        assert [m["train_advantage"] for m in members] == [approx(a) for a in want]  # read back from TRL
+        kept = [r for r in rewards if r is not None]
+        want = iter(trl_advantages(kept))  # TRL's nan-aware statistics: the excluded member is out, advantage 0
+        expected = [0.0 if r is None else next(want) for r in rewards]
+        assert [m["train_advantage"] for m in members] == [approx(a) for a in expected]  # read back from TRL
         for m in members:
-            if "error_class" in m:  # the masked member: its failure row
+            if "error_class" in m:  # the excluded member: its failure row
                 failed.append(m)
                 continue
             assert m["policy_versions"] and set(m["policy_versions"]) == {m["train_step"]}
             multi_turn += 0 in sequence(m).env_mask  # the tool's tokens: mask 0 (the token view shows them)
     assert multi_turn > 0
-    assert len(failed) == 1 and failed[0]["error_class"] == "verify_error" and failed[0]["train_reward"] == 0.0
+    assert len(failed) == 1 and failed[0]["error_class"] == "verify_error" and failed[0]["train_reward"] is None
+    assert failed[0]["failure_attribution"] == "environment"
     # the last step's advantages are the ones TRL logged last (``_logs``), in TRL's order
     assert [r["train_advantage"] for r in rows[-BATCH:]] == [approx(a) for a in trainer._logs["advantages"]]
     if os.environ.get("GYM_UPDATE_TRAIN_RUN") == "1":

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gym_runtime import SyncClient
 from gym_runtime.trainers.trl_async import GymRolloutWorker, GymWeightTransfer
 from tests.trainers.world import World, need, world
@@ -70,7 +72,7 @@ def test_async_grpo_steps_with_our_rollout_worker_and_weight_transfer(tmp_path: 
     assert transfer.pauses == 4  # each sync paused the policy's replica (drain) and resumed it
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3 and all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in logged)
-    assert rollouts.counts.groups > 0 and rollouts.counts.failed_groups == 0
+    assert rollouts.counts.groups > 0 and rollouts.counts.failed_groups == 0 and rollouts.totals.excluded == 0
     trained = dict(trainer.model.named_parameters())
     for name, param in transfer.live.model.named_parameters():  # the rollout copy holds the last step's weights
         assert param.detach().equal(trained[name].detach()), name
@@ -109,3 +111,69 @@ def test_a_group_too_stale_to_use_is_cancelled_in_flight_and_never_reaches_the_b
         finally:
             rollouts.stop()
     assert rollouts.rollout_buffer.empty() and rollouts.counts.groups == 0
+
+
+def started_worker(client: SyncClient, w: World, **kwargs: Any) -> GymRolloutWorker:
+    """The rollout worker on its own (no trainer), the policy the world's model."""
+    trl = need("trl.experimental.async_grpo.async_rollout_worker")
+    from gym_runtime.live_models import LIVE_MODELS
+
+    LIVE_MODELS.register("policy", w.model, w.tokenizer)
+    client.set_policy_version(0)
+    worker = GymRolloutWorker(
+        client, w.rows, sample=trl.RolloutSample, num_generations=2, max_staleness=1, batch_size=4, **kwargs
+    )
+    worker.start()
+    return worker
+
+
+def test_the_async_workers_bound_stops_it_in_one_line_and_its_counts_reach_metrics_queue(tmp_path: Path) -> None:
+    from gym_runtime.trainers.failures import FailurePolicy
+
+    w = world(tmp_path, rows=1)
+    w.rows[0]["explode"] = True  # every verify raises: every rollout excluded (before: dropped without a bound)
+    with SyncClient(w.config) as client:
+        worker = started_worker(client, w, groups_in_flight=2, failures=FailurePolicy(retries=1))
+        try:
+            deadline = time.monotonic() + 120
+            while worker._future is None or not worker._future.done():
+                assert time.monotonic() < deadline, f"the worker never stopped: {worker.totals}"
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+    with pytest.raises(RuntimeError) as e:
+        worker.check_health(1e9)  # what TRL's trainer calls: the worker's one line
+    text = str(e.value)
+    assert "\n" not in text and "rollouts still failed after 1 retries" in text
+    assert "verify_error" in text and "dataset row 0 (verify_error)" in text
+    metrics = []
+    while not worker.metrics_queue.empty():
+        metrics.append(worker.metrics_queue.get_nowait())
+    assert metrics and sum(m["gym_runtime/excluded"] for m in metrics) >= 4
+    assert sum(m["gym_runtime/retried"] for m in metrics) >= 4
+    assert all(m["gym_runtime/failed/environment"] >= 1 for m in metrics)
+    assert worker.rollout_buffer.empty()
+
+
+def test_a_1e200_reward_neither_stops_the_worker_nor_yields_nan(tmp_path: Path) -> None:
+    from gym_runtime.trainers.failures import FailurePolicy
+
+    w = world(tmp_path, rows=2)
+    w.rows[1]["reward_given"] = 1e200  # before: OverflowError in (x - mean) ** 2, the worker's task group died
+    with SyncClient(w.config) as client:
+        worker = started_worker(client, w, failures=FailurePolicy(retries=0, max_excluded=1.0))
+        try:
+            deadline = time.monotonic() + 120
+            while worker.counts.groups < 2 or worker.totals.excluded < 4:
+                assert time.monotonic() < deadline, f"not enough groups: {worker.counts}, {worker.totals}"
+                assert not worker._future.done(), worker._future.exception()  # type: ignore[union-attr]
+                time.sleep(0.05)
+            worker.check_health(1e9)  # still running
+        finally:
+            worker.stop()
+    assert worker.totals.by_class["verify_error"] >= 4  # the bound made it a verify_error, excluded
+    samples = []
+    while not worker.rollout_buffer.empty():
+        samples.append(worker.rollout_buffer.get_nowait())
+    assert samples and all(math.isfinite(s.advantage) and math.isfinite(s.metrics["reward"]) for s in samples)
+    assert all(abs(s.metrics["reward"]) <= 1.0 for s in samples)

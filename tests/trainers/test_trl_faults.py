@@ -61,7 +61,9 @@ def test_an_agent_worker_sigkilled_mid_step_gives_whole_groups_and_nothing_twice
             p.wait()
     assert workers[0].returncode == -signal.SIGKILL
     ((prompts, rows),) = calls
-    assert len(rows) == len(prompts) == 4 and rollouts.totals.failed == 0  # no failure row: the task came back
+    assert (
+        len(rows) == len(prompts) == 4 and rollouts.totals.excluded == rollouts.totals.policy_failures == 0
+    )  # no failure row: the task came back
     for k in (0, 2):
         group = rows[k : k + 2]
         assert sorted(r["_ng_rollout_index"] for r in group) == [0, 1]  # whole, each member once
@@ -96,6 +98,9 @@ def test_bad_input_is_one_client_error_line_and_nothing_is_submitted(tmp_path: P
         with pytest.raises(ClientError) as e:
             TRLRollouts(client, w.rows, agent="nope")
         assert "unknown agent 'nope'" in one_line(e)
+        with pytest.raises(ClientError) as e:  # issue 67 item 11: every rollout failed, naming neither
+            TRLRollouts(client, w.rows, live="polcy")
+        assert "unknown live model 'polcy'" in one_line(e) and "'policy'" in str(e.value)
 
         # a dataset TRL was given that is not the adapter's: two rows share this prompt, and one prompt has none
         rollouts = TRLRollouts(client, w.rows)

@@ -12,7 +12,7 @@ import pytest
 from gym_runtime import SyncClient
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.rows import sequence
-from gym_runtime.trainers.trl import GroupPolicy, TRLRollouts
+from gym_runtime.trainers.trl import TRLRollouts
 from tests.trainers.world import grpo, need, spans, world
 
 need("trl")
@@ -95,43 +95,9 @@ def test_grpo_steps_on_a_multi_turn_tool_environment(tmp_path: Path) -> None:
     assert len(logged) == 3
     for h in logged:
         assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"])
-        assert h["gym_runtime/dropped_groups"] == 0.0
+        assert h["gym_runtime/excluded"] == h["gym_runtime/policy_failures"] == 0.0
     rewards = [sum(out["gym_reward"]) / 4 for _, _, out, _ in calls.calls]
     assert [h["reward"] for h in logged] == pytest.approx(rewards)  # TRL trained on the environment's rewards
-
-
-def test_failed_rollouts_are_retried_then_their_group_dropped_and_refilled(tmp_path: Path) -> None:
-    w = world(tmp_path, rows=2)
-    w.rows[0]["explode"] = True  # every verify of row 0 raises: its group is dropped
-    w.rows[1]["explode_once"] = str(tmp_path / "exploded")  # row 1's first verify raises: a retry succeeds
-    with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(client, w.rows)
-        calls = Recorder(rollouts)
-        trainer = grpo(w, calls, rollouts.dataset(), tmp_path, steps=1, batch=4, generations=2)
-        trainer.train()  # the step completes
-    counts = rollouts.totals
-    assert counts.dropped_groups == counts.refilled_groups == 1
-    assert counts.retried >= 2 * 2 + 1  # row 0: two members, two rounds; row 1: at least the one that raised
-    ((_, prompts, out, rows),) = calls.calls
-    assert len(rows) == 4 and all(r is not None and "error_class" not in r for r in rows)
-    assert {r["word"] for r in rows} == {w.rows[1]["word"]}  # row 0's group was replaced by the next row's
-    assert len(out["completion_ids"]) == len(prompts)
-    logged = [h for h in trainer.state.log_history if "loss" in h]
-    assert logged[0]["gym_runtime/dropped_groups"] == 1.0 and logged[0]["gym_runtime/failed"] >= 5.0
-
-
-def test_masking_keeps_a_failed_group_only_when_asked(tmp_path: Path) -> None:
-    w = world(tmp_path, rows=2)
-    w.rows[0]["explode"] = True
-    with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(client, w.rows, policy=GroupPolicy(retries=1, on_failure="mask"))
-        calls = Recorder(rollouts)
-        grpo(w, calls, rollouts.dataset(), tmp_path, steps=1, batch=4, generations=2).train()
-    ((_, prompts, out, rows),) = calls.calls
-    masked = [i for i, r in enumerate(rows) if r is None]
-    assert len(masked) == 2 and rollouts.totals.masked == 2 and rollouts.totals.dropped_groups == 0
-    for i in masked:
-        assert out["env_mask"][i] == [0] and out["gym_reward"][i] == 0.0  # no loss on it, reward 0
 
 
 def test_the_transformers_adapter_loads_a_model_directory(tmp_path: Path) -> None:

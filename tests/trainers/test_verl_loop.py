@@ -45,15 +45,8 @@ class TinyServer:
         return TokenOutput(token_ids=done.token_ids, log_probs=lps, stop_reason="completed")
 
 
-async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) -> None:
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    from gym_runtime.trainers.verl import GymAgentLoop
-
-    assert _agent_loop_registry["gym_runtime"] == {"_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
-    w = world(tmp_path, rows=4, tool_bias=3.0)
+def served_by_verl(w: Any) -> TinyServer:
+    """The world's policy entry as verl's: the ``verl_server`` adapter, generating through verl's server handle."""
     cfg = yaml.safe_load(w.config.read_text())
     tool = w.tool_token
     cfg["models"]["policy"] = {
@@ -63,21 +56,42 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
         "stop_token_ids": [tool],
     }
     w.config.write_text(yaml.safe_dump(cfg))
-    server = TinyServer(w.model, w.tokenizer, tool)
+    return TinyServer(w.model, w.tokenizer, tool)
+
+
+def agent_loop(w: Any, server: TinyServer, **options: Any) -> Any:
+    """A ``GymAgentLoop`` as verl's worker builds one per sample (``hydra.utils.instantiate(config, ...)``)."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from gym_runtime.trainers.verl import GymAgentLoop
+
     trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
+    return GymAgentLoop(
+        trainer_config=DictConfigWrap(trainer_config),
+        server_manager=server,
+        tokenizer=w.tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        gym_config=str(w.config),
+        **options,
+    )
+
+
+async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) -> None:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    import gym_runtime.trainers.verl  # noqa: F401  (importing it registers the loop)
+
+    assert _agent_loop_registry["gym_runtime"] == {"_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
+    w = world(tmp_path, rows=4, tool_bias=3.0)
+    server = served_by_verl(w)
     outputs, rows = [], []
     written = tmp_path / "train_rows.jsonl"  # rows_path: what the loops handed verl
     for k, r in enumerate(w.rows):
-        loop = GymAgentLoop(  # as verl's worker builds one per sample: hydra.utils.instantiate(config, ...)
-            trainer_config=DictConfigWrap(trainer_config),
-            server_manager=server,
-            tokenizer=w.tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(OmegaConf.create({})),
-            gym_config=str(w.config),
-            rows_path=str(written),
-        )
+        loop = agent_loop(w, server, rows_path=str(written))
         # verl's worker passes each sample's non-tensor fields: its ``uid`` names the prompt's group of n
         outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}, uid=f"prompt-{k // 2}"))
         rows.append(loop.last_row)
@@ -99,3 +113,46 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
     for t in train:  # no advantage (verl computes it in the driver); the step: the row's policy version, if any
         assert t["train_advantage"] is None
         assert t["train_step"] == (max(t["policy_versions"]) if t.get("policy_versions") else None)
+
+
+async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: Path) -> None:
+    """Issue 66: a failure the environment caused is retried, then excluded: one token with ``response_mask`` 0,
+    which the registered ``gym_grpo`` estimator leaves out of the group's mean and std (advantage 0). verl's own GRPO
+    would take its reward 0 into them (the pad this loop returned before)."""
+    import numpy as np
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    from gym_runtime.trainers.verl import failure_metrics
+
+    w = world(tmp_path, rows=3)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1]["fixed_reward"] = 0.0
+    w.rows[2]["explode"] = True  # every verify raises: retried once, then excluded
+    server = served_by_verl(w)
+    outputs = []
+    for r in w.rows:
+        loop = agent_loop(w, server, failures={"retries": 1})
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+    excluded = outputs[2]
+    assert excluded.response_mask == [0] and excluded.extra_fields["gym_failure"] == "excluded"
+    assert (
+        excluded.extra_fields["gym_failure_attribution"] == "environment" and excluded.extra_fields["gym_retried"] == 1
+    )
+    width = max(len(o.response_ids) for o in outputs)
+    mask = torch.zeros(3, width)
+    rewards = torch.zeros(3, width)
+    for i, o in enumerate(outputs):  # as verl's batch holds them: the score on the last response token
+        mask[i, : len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.float32)
+        rewards[i, len(o.response_ids) - 1] = o.reward_score
+    uid = np.array(["g", "g", "g"], dtype=object)
+    gym_grpo = core_algos.get_adv_estimator_fn("gym_grpo")
+    adv, _ = gym_grpo(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    assert torch.all(adv[2] == 0)  # the excluded member: advantage 0
+    kept, _ = core_algos.compute_grpo_outcome_advantage(rewards[:2], mask[:2], uid[:2])  # verl's GRPO on the others
+    assert torch.allclose(adv[:2], kept, atol=1e-4)  # the group's statistics are the others' alone
+    padded, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uid)  # a reward-0 member in them
+    assert not torch.allclose(padded[0], kept[0], atol=1e-4)
+    batch = {k: [o.extra_fields[k] for o in outputs] for k in outputs[0].extra_fields if k.startswith("gym_")}
+    metrics = failure_metrics(batch)
+    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/failed/environment"] == 1.0

@@ -23,6 +23,9 @@ from tests.trainers.tiny_lm import build, tool_call_text
 PROMPT = "say the word"
 TOOLS = [{"type": "function", "name": "draw_word", "parameters": {"type": "object", "properties": {}}}]
 TOOL_CALL = tool_call_text("draw_word")
+# the stallable variant's second tool (issue 66): ``wait`` sleeps the row's ``wait_s``, past the rollout's timeout_s
+WAIT_TOOL = {"type": "function", "name": "wait", "parameters": {"type": "object", "properties": {}}}
+WAIT_CALL = tool_call_text("wait")
 
 
 def need(module: str, required_by: str = "GYM_REQUIRE_TRL") -> Any:
@@ -33,8 +36,8 @@ def need(module: str, required_by: str = "GYM_REQUIRE_TRL") -> Any:
     return pytest.importorskip(module, reason=f"{module} is not installed (the trainer tier: docs/trainer.md)")
 
 
-def row(word: str, **extra: Any) -> dict[str, Any]:
-    params = {"input": [{"role": "user", "content": PROMPT}], "tools": TOOLS}
+def row(word: str, *, tools: list[dict[str, Any]] = TOOLS, **extra: Any) -> dict[str, Any]:
+    params = {"input": [{"role": "user", "content": PROMPT}], "tools": tools}
     return {"responses_create_params": params, "word": word, **extra}
 
 
@@ -51,11 +54,20 @@ class World:
 
 
 def world(
-    tmp_path: Path, *, rows: int = 4, max_new_tokens: int = 4, seed: int = 0, tool_bias: float = 0.0, **agent: Any
+    tmp_path: Path,
+    *,
+    rows: int = 4,
+    max_new_tokens: int = 4,
+    seed: int = 0,
+    tool_bias: float = 0.0,
+    wait_s: float | None = None,
+    **agent: Any,
 ) -> World:
-    """A config file (embedded NATS, every worker in this process) and ``rows`` rows, one word each."""
-    model, tokenizer = build([*WORDS, "say", "the", "word"], [TOOL_CALL], seed=seed, tool_bias=tool_bias)
-    tool = int(tokenizer.convert_tokens_to_ids(TOOL_CALL))
+    """A config file (embedded NATS, every worker in this process) and ``rows`` rows, one word each; with ``wait_s``
+    the rows offer a second tool, ``wait``, that takes that long (a policy that calls it can stall)."""
+    calls = [TOOL_CALL] if wait_s is None else [TOOL_CALL, WAIT_CALL]
+    model, tokenizer = build([*WORDS, "say", "the", "word"], calls, seed=seed, tool_bias=tool_bias)
+    stops = [int(tokenizer.convert_tokens_to_ids(c)) for c in calls]
     cfg = {
         "namespace": "trainer",
         "nats": "embedded",
@@ -64,7 +76,7 @@ def world(
                 "adapter": "transformers",
                 "live": "policy",
                 "max_new_tokens": max_new_tokens,
-                "stop_token_ids": [tool],  # a tool call ends the turn (a real model says <|im_end|> after it)
+                "stop_token_ids": stops,  # a tool call ends the turn (a real model says <|im_end|> after it)
             }
         },
         "resources": {"env": {"server": "tests.envs.say_word"}},
@@ -81,7 +93,10 @@ def world(
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return World(model, tokenizer, path, [row(WORDS[i % len(WORDS)]) for i in range(rows)])
+    if wait_s is None:
+        return World(model, tokenizer, path, [row(WORDS[i % len(WORDS)]) for i in range(rows)])
+    stallable = [row(WORDS[i % len(WORDS)], tools=[*TOOLS, WAIT_TOOL], wait_s=wait_s) for i in range(rows)]
+    return World(model, tokenizer, path, stallable)
 
 
 def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: Path, **args: Any) -> Any:
@@ -90,6 +105,7 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
     datasets = need("datasets")
     from gym_runtime.trainers.trl import env_reward
 
+    reward_funcs = args.pop("reward_funcs", env_reward)
     config = trl.GRPOConfig(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=args.pop("batch", 4),
@@ -109,7 +125,7 @@ def grpo(w: World, rollout_func: Any, dataset: list[dict[str, Any]], tmp_path: P
         processing_class=w.tokenizer,
         args=config,
         train_dataset=datasets.Dataset.from_list(dataset),
-        reward_funcs=env_reward,
+        reward_funcs=reward_funcs,
         rollout_func=rollout_func,
     )
 
