@@ -140,13 +140,21 @@ def config_path(arg: str) -> Path:
     """What a command's CONFIG argument names: a file as given, else a bundled environment's
     ``config.yaml`` by NAME (``gym-runtime run weather``), so configs run without a repository."""
     path = Path(arg)
-    if path.exists() or not re.fullmatch(r"[A-Za-z0-9_]+", arg):
+    names = ", ".join(bundled_environments())
+    if not re.fullmatch(r"[A-Za-z0-9_]+", arg):
+        if path.exists() or path.suffix not in (".yaml", ".yml"):  # another kind of file: its reader says why
+            return path
+        raise UserError(
+            f"{arg}: config file not found; give a config YAML's path, or a bundled environment's name ({names})"
+        )
+    if path.exists():
         return path
     bundled = importlib.resources.files("gym_runtime.resources") / arg / "config.yaml"
     if bundled.is_file():
         return Path(str(bundled))
-    names = ", ".join(bundled_environments())
-    raise UserError(f"{arg}: no such config file, nor a bundled environment ({names})")
+    near = difflib.get_close_matches(arg, bundled_environments(), n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise UserError(f"{arg}: no such config file, nor a bundled environment ({hint}bundled: {names})")
 
 
 def example_input(config: Path) -> Path | None:

@@ -86,7 +86,10 @@ def test_readme_keeps_the_set_up_and_test_commands() -> None:
     text = README.read_text()
     setup = fenced(text, "## Set up and run")
     assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e ." in setup
-    assert "gym-runtime run resources/weather/config.yaml -i resources/weather/data/example.jsonl -o out.jsonl" in setup
+    assert (
+        "gym-runtime run resources/weather/config.yaml -i resources/weather/data/example.jsonl -o runs/out.jsonl"
+        in setup
+    )
     tests = fenced(text, "## Run the tests")
     command = "python -m pytest -q -n 4 --dist worksteal"
     assert "pip install -e '.[dev]'" in tests and command in tests

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from gym_runtime.cli._common import (
         EXIT_INTERRUPTED,
         EXIT_USAGE,
+        check_output,
         err,
         log_level_of,
         quiet_stdout,
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(getattr(args, "log_level", "warning"))
     try:
         refuse_argv_secrets(args)
+        if getattr(args, "trace_file", None):  # its folder made as -o's is, before anything runs
+            check_output(args.trace_file, flag="--trace-file")
         return int(commands(command)[args.command].main(args))
     except BaseException as exc:  # classified below; SystemExit is re-raised
         causes = leaves(exc)

@@ -418,21 +418,28 @@ def port_number(text: str) -> int:
     return value
 
 
-def check_output(path: str) -> None:
-    """Fail now, before any work, if ``path`` cannot be written (by trying: ``os.access`` says yes to root)."""
+def check_output(path: str, *, flag: str = "-o", source: str | None = None) -> None:
+    """Fail now, before any work, if ``path`` cannot be written (by trying: ``os.access`` says yes to root), or
+    is ``source``, the command's ``-i`` (writing there would destroy what it reads). Missing folders are made."""
     p = Path(path)
+    if source is not None and p.exists() and p.resolve() == Path(source).resolve():
+        suggestion = p.with_name(f"{p.stem}_out{p.suffix or '.jsonl'}")
+        raise UserError(
+            f"{flag} {path} is the input file (-i {source}): it would be overwritten; give another {flag}, "
+            f"e.g. {flag} {suggestion}"
+        )
     if p.is_dir():
-        raise UserError(f"-o {path}: is a directory")
+        raise UserError(f"{flag} {path}: is a directory; give a file's path, e.g. {flag} {p / 'out.jsonl'}")
     existed = p.exists()
     blocking = next((a for a in reversed(p.parents) if a.exists() and not a.is_dir()), None)
     if blocking is not None:  # mkdir would say "File exists" about the wrong thing
-        raise UserError(f"-o {path}: {blocking} is a file, not a directory")
+        raise UserError(f"{flag} {path}: {blocking} is a file, not a directory; give a path outside it")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("ab"):
             pass
     except OSError as e:
-        raise UserError(f"-o {path}: cannot write it ({e.strerror or e})") from None
+        raise UserError(f"{flag} {path}: cannot write it ({e.strerror or e}); give a path you can write") from None
     if not existed:
         p.unlink(missing_ok=True)
 

@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.sidecars import batch_path
     from gym_runtime.errors import UserError
 
-    check_output(args.output)
+    check_output(args.output, source=args.input)
     src = Path(args.input)
     if not src.is_file():
         raise UserError(f"{src}: no such file (export reads a rollouts JSONL or an ATIF file)")

@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     if not cfg.agents:
         raise UserError("the config names no agents: the gateway serves agents")
     if not 0 <= args.port <= 65535:
-        raise UserError(f"--port {args.port}: not a TCP port")
+        raise UserError(f"--port {args.port}: not a TCP port (give one in 0..65535; 0 picks a free one)")
     env_ports = {a: args.environment_port + i for i, a in enumerate(cfg.agents)} if args.environment_port else {}
     if not 0 <= args.environment_port <= 65535 - len(cfg.agents) + 1 or args.port in env_ports.values():
         raise UserError(f"--environment-port {args.environment_port}: not {len(cfg.agents)} TCP ports beside --port")

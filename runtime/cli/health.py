@@ -4,7 +4,7 @@ Exit 0 when healthy, 1 when not (one line on stderr says why), 2 on bad usage.
 Checks, all optional but the first: the NATS server answers and JetStream is
 on (``--nats``); the server's monitoring endpoint says healthy (``--monitor``,
 ``/healthz``); at least ``--min-workers`` workers of a role are registered
-(``--role agents.NAME``), which is what a readiness probe of a pool asks.
+(``--role agents.NAME``, or ``--role agents``: of any agent), which is what a readiness probe of a pool asks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cli.nats_option(p, "NATS URL(s), comma-separated")
     cli.namespace_option(p)
     p.add_argument("--monitor", metavar="URL", help="also check the server's /healthz, e.g. http://127.0.0.1:8222")
-    p.add_argument("--role", metavar="ROLE.NAME", help="ready only when workers of this role are registered")
+    p.add_argument(
+        "--role",
+        metavar="ROLE.NAME",
+        help="ready only when workers of this role (ROLE alone: of any entry) are registered",
+    )
     p.add_argument("--min-workers", type=int, default=1, help="with --role: workers needed to be ready (default 1)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each check (default 5)")
     p.add_argument(
@@ -38,13 +42,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cli.auth_option(p)
 
 
-def _role(spec: str | None) -> tuple[str, str] | None:
+def _role(spec: str | None) -> tuple[str, str | None] | None:
+    """``ROLE.NAME``, or ``ROLE`` alone (any entry of it: a pod that starts what its mounted config declares)."""
     if spec is None:
         return None
     role, _, name = spec.partition(".")
-    if role not in ROLE_NAMES or not name:
-        raise UserError(f"--role {spec!r}: expected ROLE.NAME with ROLE one of {', '.join(ROLE_NAMES)}")
-    return ROLE_NAMES[role], name
+    if role not in ROLE_NAMES:
+        raise UserError(
+            f"--role {spec!r}: expected ROLE or ROLE.NAME with ROLE one of {', '.join(ROLE_NAMES)} (e.g. --role agents)"
+        )
+    return ROLE_NAMES[role], name or None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
                 return f"JetStream does not answer: {type(e).__name__}"
             if role is not None:
                 workers: list[dict[str, Any]] = await discover(bus, wait_s=min(1.0, args.timeout))
-                n = sum(1 for w in workers if (w.get("role"), w.get("name")) == role)
+                n = sum(1 for w in workers if w.get("role") == role[0] and role[1] in (None, w.get("name")))
                 if n < args.min_workers:
                     return f"{args.role}: {n} worker(s) registered, need {args.min_workers}"
             return None

@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = load_config([config_path(c) for c in args.config], args.overrides)
     resolved = resolve_config(cfg)
-    cli.check_output(args.output)
+    cli.check_output(args.output, source=args.input)
     rows = validate_rollouts(args.input)
     resource = resource_for(resolved, args.agent)
     entry = cfg.resources[resource]

@@ -160,7 +160,8 @@ def worker_processes(
             [] if not metrics_ports else ["--metrics-port", str(metrics_ports[i - 1]), "--metrics-host", "127.0.0.1"]
         )
         name = ",".join(roles) or f"workers-{i}"
-        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics), entry=cli_main))
+        said = ["--verdicts-said-by-caller"]  # this command refuses a dead model endpoint in its one line
+        children.append(Child(name, role_argv(configs, child_url, roles, passthrough + metrics + said), entry=cli_main))
     with _supervised(children):
         yield
 
@@ -227,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
         if example is None:
             raise UserError("run: --input is required (only a bundled environment's name has a default input)")
         args.input = str(example)
-    cli.check_output(args.output)
+    cli.check_output(args.output, source=args.input)
     if not cfg.agents:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before anything starts

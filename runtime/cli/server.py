@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from gym_runtime.cli._common import err
+from gym_runtime.cli._common import err, port_number
 from gym_runtime.config import Config, JetStreamConfig, load_config, load_raw, merge_raw
 from gym_runtime.errors import UserError
 from gym_runtime.ops.nats_server import DEFAULT_MAX_PAYLOAD, EmbeddedServer, port_taken
@@ -39,7 +39,7 @@ def split_list(text: str | None) -> list[str]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("server", help="run the NATS server (JetStream on) in the foreground")
-    p.add_argument("--port", type=int, default=4222, help="client port (default 4222)")
+    p.add_argument("--port", type=port_number, default=4222, help="client port (default 4222)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--store-dir", help="JetStream store dir (default: a temp dir)")
     p.add_argument(

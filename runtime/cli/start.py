@@ -10,6 +10,7 @@ from typing import Any
 from gym_runtime.cli import _common as cli
 from gym_runtime.cli._gc import freeze_startup
 from gym_runtime.config import resolve_config
+from gym_runtime.errors import UserError
 from gym_runtime.harbor.hosting import ensure_config_images
 from gym_runtime.nemo_gym.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.nemo_gym.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
@@ -26,7 +27,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replicas", type=cli.positive_int, help="processes per selected worker (default: the config's replicas)"
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run each replica as a Ray actor on this Ray cluster (auto: the one this node is in; the ray extra)",
+    )
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # one pool child
+    # a worker child of `run`, which says a dead model endpoint itself in one line: its workers log it at info
+    p.add_argument("--verdicts-said-by-caller", action="store_true", help=argparse.SUPPRESS)
     cli.metrics_options(p)
     cli.auth_option(p)
     cli.common_options(p)
@@ -52,7 +60,44 @@ def _hosted_env(cfg: Any, role: str, name: str) -> HostedEnv | None:
     return None
 
 
+def on_ray(args: argparse.Namespace) -> int:
+    """``start --ray``: the roles' replicas as Ray actors (gym_runtime.placement), served until SIGTERM/SIGINT."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UserError(f"--ray {args.ray} needs Ray: pip install 'gym-runtime[ray]' (the ray extra)")
+    from gym_runtime.placement.on_ray import OnRay, serve_on_ray
+    from gym_runtime.placement.pools import PlacementError
+
+    cfg = cli.load(args)
+    resolve_config(cfg)  # the plugins' option checks: a bad option is one line now, not in every actor
+    passthrough = ["--log-level", args.log_level] + (["--trace-file", args.trace_file] if args.trace_file else [])
+    if args.auth_dir:  # a path, never a secret; the workers find the role seeds there (on every node)
+        passthrough += ["--auth-dir", str(args.auth_dir)]
+    where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
+    placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, **where)
+
+    if cfg.ray.nats == "config" or args.nats:  # the workers' bus, waited for once (one line if unreachable)
+        from gym_runtime.service.loop import run_async
+        from gym_runtime.service.runner import wait_for_server
+
+        url = cli.need_url(args, cfg)  # `embedded` is refused: every node must reach the bus
+        if (stopped_by := run_async(lambda: wait_for_server(url))) is not None:
+            return cli.EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0
+
+    def ready(actors: int) -> None:
+        print(f"workers ready on Ray ({actors} actors)", flush=True)
+
+    try:
+        return serve_on_ray(placed, ready=ready)
+    except PlacementError as e:
+        cli.err(str(e))
+        return e.code
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.ray:
+        return on_ray(args)
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.runner import check_resources, selected, serve, wait_for_server
 
@@ -94,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
                     ready=lambda: print("workers ready", file=ready_out, flush=True),
                     auth=auth,
                     note=None if args.log_level == "error" else cli.say,  # a slow start named (not under --quiet)
+                    verdict_said_by_caller=args.verdicts_said_by_caller,
                     **({"signal_receiver": signals.receiver} if signals else {}),
                 )
             )

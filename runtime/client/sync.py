@@ -59,9 +59,9 @@ class SyncClient:
     def __init__(self, config: ResolvedConfig | str | Path, **kwargs: Any) -> None:
         self._portal_cm = start_blocking_portal(backend="asyncio")
         self._portal = self._portal_cm.__enter__()
-        self.client = Client(config, **kwargs)
-        self._cm = self._portal.wrap_async_context_manager(self.client)
-        try:
+        try:  # a config error too: the portal's thread must end, or the interpreter waits for it at exit
+            self.client = Client(config, **kwargs)
+            self._cm = self._portal.wrap_async_context_manager(self.client)
             self._cm.__enter__()
         except BaseException:
             self._portal_cm.__exit__(None, None, None)

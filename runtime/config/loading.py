@@ -66,13 +66,15 @@ def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found") from None
+        rows = " (a JSONL file of task rows goes after -i)" if p.suffix == ".jsonl" else ""
+        raise ConfigError(f"{p}: config file not found; give a config YAML's path{rows}") from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a directory, not a config file") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: invalid YAML: {' '.join(str(e).split())}") from None
+        rows = "; a JSONL file of task rows goes after -i, the config YAML first" if p.suffix == ".jsonl" else ""
+        raise ConfigError(f"{p}: invalid YAML: {' '.join(str(e).split())}{rows}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     if is_nemo_gym(raw):  # NeMo Gym's shape → our raw dict, then on as usual (nemo_gym/config.py)

@@ -333,6 +333,62 @@ class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return round(total, 9)
 
 
+class RayRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One role's replicas as Ray actors (``start --ray``; docs/deployment.md, "On a Ray cluster"): what each
+    actor asks Ray for, and the bounds its backlog scales it within."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory_mb: int = 0  # 0: none asked (Ray's ``memory``, in MiB here)
+    # custom Ray resources a node must offer, e.g. {docker: 1} for a sandbox pool on the nodes that run Docker
+    resources: dict[str, float] = msgspec.field(default_factory=dict)
+    # elastic when either is set: between min and max replicas by its backlog (``gym_runtime.placement.backlog``);
+    # unset: the entry's ``replicas``, fixed
+    min: int | None = None
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0 or self.memory_mb < 0 or any(v < 0 for v in self.resources.values()):
+            raise ValueError("num_cpus, num_gpus, memory_mb and resources must be at least 0")
+        if self.min is not None and self.min < 0 or self.max is not None and self.max < 1:
+            raise ValueError("min must be at least 0 and max at least 1")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is more than max ({self.max})")
+
+    @property
+    def elastic(self) -> bool:
+        return self.min is not None or self.max is not None
+
+
+class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``start --ray``'s placement: each role's actors, their restarts, the scaler's pace, where NATS runs."""
+
+    roles: dict[str, RayRole] = msgspec.field(default_factory=dict)  # "models.policy": {num_gpus: 1}
+    # Ray restarts a dead actor (its worker process died, or its node) this many times (-1: always); start's
+    # own supervisor restarts nothing under Ray
+    max_restarts: int = -1
+    # an actor not placed and ready this long is one line (no node offers what it asks), never a silent wait;
+    # keep it under the agents' absent_grace_s, so that a role scaled up from 0 comes within their grace
+    placement_timeout_s: float = 30.0
+    scale_interval_s: float = 1.0  # how often the scaler reads the backlog
+    idle_s: float = 30.0  # a replica more than the backlog needs for this long is drained and removed
+    # where the bus is: "config" (the config's nats or --nats: a server every node reaches, outside Ray), or
+    # "head" (nats-server in an actor pinned to the head node, its store kept in ``store_dir`` there)
+    nats: Literal["config", "head"] = "config"
+    nats_port: int = 4222  # nats: head: its client port on the head node
+    store_dir: str = ""  # nats: head: the store on the head node; "": ~/.cache/gym-runtime/ray-nats/NAMESPACE
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < -1:
+            raise ValueError("max_restarts must be -1 (always) or at least 0")
+        if min(self.placement_timeout_s, self.scale_interval_s, self.idle_s) <= 0:
+            raise ValueError("placement_timeout_s, scale_interval_s and idle_s must be more than 0")
+        for key in self.roles:
+            role, _, name = key.partition(".")
+            if role not in ("agents", "models", "resources", "sandboxes") or not name:
+                raise ValueError(f"roles: {key!r} must be ROLE.NAME (agents, models, resources or sandboxes)")
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     namespace: str = "gym"
     nats: str | list[str] = "embedded"
@@ -342,6 +398,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     resources: dict[str, ResourceConfig] = msgspec.field(default_factory=dict)
     agents: dict[str, AgentConfig] = msgspec.field(default_factory=dict)
     sandboxes: dict[str, SandboxConfig] = msgspec.field(default_factory=dict)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)  # start --ray: actors, scaling (docs/deployment.md)
     pricing: PricingConfig | None = None  # rows' estimated cost (docs/operations.md, "Cost and pricing")
     # the largest reward magnitude a row may carry: a non-finite reward or one beyond it is a verify_error naming the
     # value (docs/rows.md); far inside float32, which TRL casts rewards to

@@ -146,6 +146,17 @@ def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
     return choose_agent(row, agents, agent)
 
 
+# where a command's rows may come from instead (`run` takes a bundled environment's example rows by its name)
+BUNDLED_ROWS = " (a bundled environment's are its data/example.jsonl: `gym-runtime run weather` runs them)"
+
+
+def not_rows_hint(path: Path) -> str:
+    """What a first line that is not JSON suggests: a config YAML given where the rows go."""
+    if path.suffix in (".yaml", ".yml"):
+        return ": -i takes task rows, one JSON object a line; a config YAML is the command's CONFIG argument"
+    return ""
+
+
 def validate(
     path: str | Path,
     agents: list[str],
@@ -159,7 +170,7 @@ def validate(
     check_agent_flag(agent, agents)
     p = Path(path)
     if not p.is_file():
-        raise InputError([f"{p}: file not found"])
+        raise InputError([f"{p}: file not found; give -i the path of a JSONL file of task rows{BUNDLED_ROWS}"])
     problems: list[str] = []
     owners = Owners()
     n = 0
@@ -169,7 +180,7 @@ def validate(
         try:
             row = _decoder.decode(line)
         except msgspec.DecodeError as e:
-            problems.append(f"{where}: not valid JSON ({e})")
+            problems.append(f"{where}: not valid JSON ({e}){not_rows_hint(p) if lineno == 1 else ''}")
             continue
         except UnicodeDecodeError:
             problems.append(f"{where}: not UTF-8 text ({_bad_utf8(line)})")

@@ -124,7 +124,7 @@ def validate_rollouts(path: str | Path) -> int:
     """Check every line before any work starts; raises ``ValueError`` naming file:line."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{p}: file not found")
+        raise UserError(f"{p}: file not found; give -i the rollouts JSONL that `run` or `collect` wrote (its -o)")
     if is_atif_file(p):  # (a document, a list of them or one a line: read as view and export read it)
         docs = read_atif(p)
         foreign = next((i for i, doc in enumerate(docs) if not is_ours(doc)), None)
@@ -155,7 +155,10 @@ def validate_rollouts(path: str | Path) -> int:
                 problems.append(f"{p}:{lineno}: not a rollout row (an object with a 'response' object)")
     if problems:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise UserError("invalid rollout rows (nothing was re-verified):\n  " + "\n  ".join(problems[:20]) + more)
+        raise UserError(
+            "invalid rollout rows (nothing was re-verified; -i takes the rollouts `run` or `collect` wrote, its -o, "
+            "not the task rows):\n  " + "\n  ".join(problems[:20]) + more
+        )
     if not n:
         raise UserError(f"{p}: no rows")
     return n

@@ -249,7 +249,7 @@ def validate_files(
         before = report.rows
         if p.suffix == ".jsonl" or p.is_file() and p.suffix not in (".json", ".parquet"):
             if not p.is_file():
-                report.problems.append(f"{p}: file not found")
+                report.problems.append(f"{p}: file not found; give -i the path of a JSONL file of task rows")
                 continue
             check_rows(checker, ((f"{p}:{n}", row) for n, row in read_jsonl(p)), report)
         else:

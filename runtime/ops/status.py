@@ -25,7 +25,7 @@ from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.discovery import discover
+from gym_runtime.transport.discovery import discover, namespaces_with_workers
 from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.pull import PullWorker
 from gym_runtime.transport.subjects import LOST
@@ -41,16 +41,23 @@ async def gather(bus: Bus, *, window_s: float = 1.0) -> dict[str, Any]:
     t0, before = time.monotonic(), await stored()
     workers = await discover(bus)
     consumers = await jetstream.consumers(bus, names.tasks_stream) + await jetstream.consumers(bus, names.model_stream)
+    # workers of other namespaces on this server (a secured bus keeps a connection to its own): named with the flag
+    # whatever this namespace holds, so results or queues of its own do not hide them
+    busy = [] if bus.secured else await namespaces_with_workers(bus, await jetstream.namespaces(bus))
     await anyio.sleep(max(0.0, window_s - (time.monotonic() - t0)))
     after = await stored()
+    elsewhere: dict[str, Any] = {}
+    if busy:
+        elsewhere["elsewhere"] = "; ".join(f"namespace {ns!r} has workers here: add --namespace {ns}" for ns in busy)
+    elif not workers and not consumers:  # nothing here: where else to look
+        elsewhere["elsewhere"] = await other_namespaces(bus)
     return {
         "namespace": bus.ns,
         "workers": workers,
         "consumers": consumers,
         "results_stored": after,
         "rollouts_per_s": round((after - before) / max(1e-9, time.monotonic() - t0), 1),
-        # nothing here: where else to look
-        **({} if workers or consumers else {"elsewhere": await other_namespaces(bus)}),
+        **elsewhere,
     }
 
 
@@ -187,6 +194,8 @@ def render(report: dict[str, Any]) -> str:
     if not report["workers"]:
         elsewhere = f": {report['elsewhere']}" if "elsewhere" in report else ""
         lines.append(f"  (none{elsewhere})")
+    elif "elsewhere" in report:
+        lines.append(f"  (also on this server: {report['elsewhere']})")
     by_role: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for w in report["workers"]:
         by_role.setdefault((w.get("role", "?"), w.get("name", "?")), []).append(w)

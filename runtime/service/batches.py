@@ -78,13 +78,33 @@ def _models(config: ResolvedConfig, agents: list[str]) -> set[str]:
 
 
 def _refuse_unusable(workers: list[dict[str, Any]], models: set[str]) -> None:
-    unusable = [
-        f"model {w.get('name')!r} (worker {w.get('worker')}): {w['endpoint_problem']}"
-        for w in workers
-        if w.get("role") == "model" and w.get("name") in models and w.get("endpoint_problem")
-    ]
-    if unusable:
-        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    refuse_unusable(
+        [
+            (str(w.get("name")), str(w.get("worker")), w.get("endpoint_problem"))
+            for w in workers
+            if w.get("role") == "model" and w.get("name") in models
+        ],
+        ids=True,  # workers elsewhere: which ones found it (a base_url may resolve only on some nodes)
+    )
+
+
+def refuse_unusable(verdicts: list[tuple[str, str, str | None]], *, ids: bool = False) -> None:
+    """One line for the model workers (name, worker id, problem) whose endpoint cannot serve: each model's cause
+    once, however many of its workers found it, with the config keys to check."""
+    causes: dict[tuple[str, str], list[str]] = {}
+    for name, worker, problem in verdicts:
+        if problem:
+            causes.setdefault((name, problem), []).append(worker)
+    if not causes:
+        return
+    said = []
+    for (name, problem), found in causes.items():
+        by = f" (worker{'s' if len(found) > 1 else ''} {', '.join(found)})" if ids else ""
+        said.append(f"model {name!r}{by}: {problem}")
+    keys = ", ".join(dict.fromkeys(f"models.{name}.base_url and models.{name}.model" for name, _ in causes))
+    raise ConfigError(
+        "; ".join(said) + f". Nothing was published: check {keys} (is the server up, does it serve that model?)"
+    )
 
 
 def _same_batch(a: Manifest, b: Manifest) -> bool:

@@ -38,7 +38,7 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
-from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch
+from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
 from gym_runtime.service.budget import BudgetedPublish
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
@@ -154,24 +154,29 @@ def make_workers(
     pairs: list[tuple[str, str]],
     *,
     replicas: int | None = None,
+    verdict_said_by_caller: bool = False,
 ) -> list[Worker]:
     """Build (not start) the workers of ``pairs`` of a resolved config (``resolve_config``: its plugins loaded,
     their option checks passed, its fingerprints computed); ``bus`` may map NATS roles to their own connections
-    (``open_buses``). A construction error names the config entry (``models.policy: ...``)."""
+    (``open_buses``). A construction error names the config entry (``models.policy: ...``).
+    ``verdict_said_by_caller``: a one-shot command says a dead model endpoint itself (``ModelWorker``'s)."""
     workers: list[Worker] = []
     for role, name in pairs:
         pool = bus[pool_key(role, name)] if isinstance(bus, dict) else bus
         try:
-            workers += _make(pool, config, role, name, replicas)
+            workers += _make(pool, config, role, name, replicas, verdict_said_by_caller)
         except (ValueError, ImportError) as e:
             text = in_entry(str(e), role, name)
             raise ConfigError(text if text.startswith(f"{role}.{name}") else f"{role}.{name}: {text}") from None
     return workers
 
 
-def _make(bus: Bus, config: ResolvedConfig, role: str, name: str, replicas: int | None) -> list[Worker]:
+def _make(
+    bus: Bus, config: ResolvedConfig, role: str, name: str, replicas: int | None, verdict_said_by_caller: bool
+) -> list[Worker]:
     if role == "models":
-        return [ModelWorker(bus, name, config) for _ in range(replicas or config.models[name].replicas)]
+        count = replicas or config.models[name].replicas
+        return [ModelWorker(bus, name, config, verdict_said_by_caller=verdict_said_by_caller) for _ in range(count)]
     if role == "resources":
         return [ResourceWorker(bus, name, config) for _ in range(replicas or config.resources[name].replicas)]
     if role == "sandboxes":
@@ -291,6 +296,7 @@ async def serve(
     auth: Any = None,
     signal_receiver: Callable[..., AbstractContextManager[AsyncIterator[int]]] = anyio.open_signal_receiver,
     note: Callable[[str], None] | None = None,
+    verdict_said_by_caller: bool = False,
 ) -> int | None:
     """Run workers until SIGTERM/SIGINT, then drain and return the signal that stopped them.
     (``signal_receiver``: where the signals come from, when the workers are not on the main thread.)
@@ -322,7 +328,9 @@ async def serve(
         try:
             # a refused stream set-up is one clear error, before any worker starts
             await ensure_streams(next(iter(buses.values())), [n for r, n in pairs if r == "agents"])
-            workers = make_workers(buses, config, pairs, replicas=replicas)
+            workers = make_workers(
+                buses, config, pairs, replicas=replicas, verdict_said_by_caller=verdict_said_by_caller
+            )
             async with anyio.create_task_group() as tg:
                 await start_workers(tg, workers, note=note)
                 if telemetry.meters.enabled:
@@ -484,13 +492,9 @@ async def _start_local(
 ) -> list[Worker]:
     """This run's own workers, started (and its queues watched where meters are on); none when a model's
     endpoint is unusable: every rollout would fail as model_error, so that is said once and nothing published."""
-    workers = make_workers(buses, config, pairs)
+    workers = make_workers(buses, config, pairs, verdict_said_by_caller=True)  # refused below, in one line
     await start_workers(tg, workers, note=note)
-    unusable = [
-        f"model {w.name!r}: {w.endpoint_problem}" for w in workers if isinstance(w, ModelWorker) and w.endpoint_problem
-    ]
-    if unusable:
-        raise ConfigError("; ".join(unusable) + ". Nothing was published.")
+    refuse_unusable([(w.name, w.worker_id, w.endpoint_problem) for w in workers if isinstance(w, ModelWorker)])
     if telemetry.meters.enabled:
         tg.start_soon(watch_queues, next(iter(buses.values())), telemetry.meters)
     return workers

@@ -37,7 +37,8 @@ EXIT_NOT_STARTED = 1
 EXIT_INTERRUPTED = 130
 
 
-def _term_with_parent() -> None:  # runs in the child between fork and exec
+def term_with_parent() -> None:
+    """SIGTERM this process when the thread that started it ends (runs in the child between fork and exec)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -86,7 +87,7 @@ class Forked:
                 for s in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(s, signal.SIG_DFL)
                 if sys.platform.startswith("linux"):
-                    _term_with_parent()
+                    term_with_parent()
                 code = entry(args)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -164,7 +165,7 @@ class Child:
             stdout=subprocess.PIPE,
             text=True,
             env=None if self.env is None else {**os.environ, **self.env},
-            preexec_fn=_term_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=term_with_parent if sys.platform.startswith("linux") else None,
         )
         self.started_at = time.monotonic()
 

@@ -42,6 +42,7 @@ from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
+from gym_runtime.trainers.step_fill import StepFill
 from gym_runtime.trainers.train_rows import TrainRowsWriter
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
@@ -74,6 +75,7 @@ class GymRolloutWorker:
         groups_in_flight: int = 4,
         failures: FailurePolicy | None = None,
         rows_path: str | None = None,
+        token_budget: int | None = None,
     ) -> None:
         if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
             raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
@@ -93,6 +95,8 @@ class GymRolloutWorker:
         self.failures = failures or FailurePolicy()
         self.totals = Tally()  # the failure policy's counts, all groups
         self._step = Tally()  # since the last full step's worth (``batch_size`` rollouts): the bound's window
+        # ``token_budget``: the trainer's (AsyncGRPOConfig), to say when TRL would drop a sample as too long
+        self.fill = StepFill(batch_size=batch_size, max_staleness=max_staleness, token_budget=token_budget)
         self.last_sample_at = time.monotonic()
         self._running: dict[str, tuple[BatchHandle, int]] = {}  # batch -> (its handle, the version it was submitted at)
         self._stop = threading.Event()
@@ -119,9 +123,11 @@ class GymRolloutWorker:
     def update_model_version(self, model_version: int) -> None:
         """The trainer's policy moved on: groups in flight that can no longer be used are cancelled now."""
         self.model_version = model_version
+        self.fill.stepped()
         self.client.spawn(self._cancel_stale)
 
     def check_health(self, stale_after_s: float) -> None:
+        self.fill.check(handle for handle, _ in list(self._running.values()))  # a step that cannot fill: one line
         future = self._future
         if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
             raise RuntimeError(f"the gym-runtime rollout worker stopped: {future.exception()}")
@@ -182,6 +188,7 @@ class GymRolloutWorker:
             self.counts.failed_groups += 1
             log.info("trainer.group_left_out", row=row, errors=[r.get("error_class") for r in rows])
             return
+        self.fill.handing(len(s.input_ids) for s in samples)
         for s in samples:
             self.rollout_buffer.put_nowait(s)
         self.counts.groups += 1

@@ -49,7 +49,13 @@ import anyio
 import msgspec
 import numpy as np
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    _agent_loop_registry,
+    register,
+)
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from gym_runtime.client import Client
@@ -91,6 +97,12 @@ class LoopClients:
 
 # The actor process's clients: the one place agent loops of one process share their workers.
 LOOP_CLIENTS = LoopClients()
+
+
+# verl's AgentLoopWorker reads the agent loop config (``gym_config``, ``nats``...) into its registry before the first
+# loop imports this module; ``register`` would then replace that entry with a bare ``_target_`` for every later
+# sample (seen in verl's own actors: the second sample had no gym_config). A configured entry is kept.
+_CONFIGURED = _agent_loop_registry.get("gym_runtime")
 
 
 @register("gym_runtime")
@@ -243,3 +255,7 @@ def failure_metrics(batch: Any) -> dict[str, float]:
     for who in ("policy", "environment", "infrastructure"):
         out[f"gym_runtime/failed/{who}"] = float(sum(a == who for a in fields.get("gym_failure_attribution", [])))
     return out
+
+
+if _CONFIGURED is not None:
+    _agent_loop_registry["gym_runtime"] = _CONFIGURED

@@ -73,6 +73,14 @@ def server_list(url: str | list[str]) -> list[str]:
 
 
 WARN_UNREACHABLE_S = 8.0  # a long-lived worker still without a server after this logs a warning
+# then it says it is still waiting at doubling intervals (16 s, 32 s, ... after the first, at most every 10 min):
+# a wait that goes on is seen to go on, and a night's wait is a handful of lines, not one per try
+STILL_UNREACHABLE_MAX_S = 600.0
+DEAD_BUS_FIX = "; start one (`gym-runtime server`), or give --nats the URL of a running one"  # a one-shot's line
+UNREACHABLE_HINT = (
+    "start one (`gym-runtime server`, or the cluster's), or point this at a running one: --nats URL, the config's "
+    "`nats`, or GYM_NATS; the workers start once it answers"
+)
 
 
 class NotProvisioned(AuthError):
@@ -367,6 +375,7 @@ async def wait_reachable(
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     warned = False
+    next_say, every = started + WARN_UNREACHABLE_S, WARN_UNREACHABLE_S  # a service's: when, and the gap after it
     why: dict[tuple[str, int], str] = {}
     while True:
         for host, port in addrs:
@@ -385,19 +394,25 @@ async def wait_reachable(
             on_wait = None
         if deadline is not None and time.monotonic() >= deadline:
             raise ServerUnreachable(
-                f"cannot reach a NATS server at {shown_servers(servers)}: {reason} (waited {timeout:g}s)"
+                f"cannot reach a NATS server at {shown_servers(servers)}: {reason} (waited {timeout:g}s){DEAD_BUS_FIX}"
             )
-        if timeout is None and not warned and time.monotonic() - started >= WARN_UNREACHABLE_S:
-            # a service reports it once, at warning, well within 15 s: a wrong URL must not look like a
-            # slow start (a one-shot command ends with its own one-line error instead)
+        now = time.monotonic()
+        if timeout is None and now >= next_say:
+            # a service says it at warning well within 15 s, with what to do: a wrong URL must not look like a slow
+            # start (a one-shot command ends with its own one-line error instead); then that it still waits, at
+            # doubling intervals
+            event = "nats.still_unreachable" if warned else "nats.unreachable"
             log.warning(
-                "nats.unreachable",
+                event,
                 servers=shown_servers(servers),
                 reason=reason,
-                waited_s=WARN_UNREACHABLE_S,
+                waited_s=round(now - started),
                 still_trying=True,
+                hint=UNREACHABLE_HINT,
             )
             warned = True
+            every = min(every * 2, STILL_UNREACHABLE_MAX_S)
+            next_say = now + every
         await anyio.sleep(0.5)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Subscription
-from gym_runtime.transport.subjects import answer, lane
+from gym_runtime.transport.subjects import Subjects, answer, lane
 
 
 class Registration:
@@ -85,6 +85,16 @@ async def discover(
     await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)
     out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
     return out
+
+
+async def namespaces_with_workers(bus: Bus, namespaces: list[str], *, wait_s: float = 0.5) -> list[str]:
+    """Which of ``namespaces`` (other than this connection's) have a live worker: the first answer to each one's
+    discovery is enough (``status`` names them, so a user who looks in the wrong namespace learns the flag)."""
+    found: list[str] = []
+    for ns in namespaces:
+        if ns != bus.ns and await bus.scatter(Subjects(ns).status, wait_s=wait_s, until=lambda *_: True):
+            found.append(ns)
+    return found
 
 
 async def serving(bus: Bus, role: str, names: set[str], *, wait_s: float = 2.0) -> set[str]:

@@ -173,7 +173,11 @@ def open_runs(paths: list[str]) -> Runs:
     for n, arg in enumerate(paths):
         path = Path(arg)
         if not path.is_file():
-            raise UserError(f"{arg}: no such file" if not path.exists() else f"{arg}: not a file")
+            raise UserError(
+                f"{arg}: no such file; give a rollouts JSONL (what `run` or `collect` wrote with -o) or an ATIF file"
+                if not path.exists()
+                else f"{arg}: not a file"
+            )
         not_rollouts(path)
         if is_atif_file(path):
             if out.scratch is None:

@@ -55,8 +55,19 @@ ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again thi
 class ModelWorker:
     """models.NAME of a resolved config: its adapter's options parsed and its fingerprint computed there."""
 
-    def __init__(self, bus: Bus, name: str, config: ResolvedConfig, *, adapter: ModelAdapter | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        config: ResolvedConfig,
+        *,
+        adapter: ModelAdapter | None = None,
+        verdict_said_by_caller: bool = False,
+    ) -> None:
         self.bus = bus
+        # a one-shot command (`run`) refuses a dead endpoint in its own one line: then the worker's log of it is
+        # info, not a second warning per worker; a service (`start`) warns, as its operator reads nothing else
+        self.verdict_said_by_caller = verdict_said_by_caller
         self.name = name
         self.cfg = cfg = config.models[name]
         self.adapter = adapter or load_adapter(cfg, base_dir=config.base_dir)
@@ -138,7 +149,8 @@ class ModelWorker:
             log.debug("model.endpoint_check", model=self.name, error=str(e))
             self.endpoint_problem = None
         if self.endpoint_problem is not None and self.endpoint_problem != before:
-            log.warning("model.endpoint_unusable", model=self.name, worker=self.worker_id, cause=self.endpoint_problem)
+            say = log.info if self.verdict_said_by_caller else log.warning
+            say("model.endpoint_unusable", model=self.name, worker=self.worker_id, cause=self.endpoint_problem)
         elif before is not None and self.endpoint_problem is None:
             log.info("model.endpoint_ok", model=self.name, worker=self.worker_id)
 

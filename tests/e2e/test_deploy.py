@@ -140,16 +140,20 @@ def test_every_role_has_a_scaler_naming_the_runtimes_stream_and_consumer(rendere
     deployments = by_kind(rendered, "Deployment")
     trig = triggers(rendered)
     roles = {role_of(d): n for n, d in deployments.items()}
-    assert set(roles) == {f"agents.{a}" for a in cfg.agents} | {f"models.{m}" for m in cfg.models} | {
-        f"resources.{r}" for r in cfg.resources
-    }
-    for spec, dep in roles.items():
-        role, name = spec.split(".")
+    # each Deployment starts every entry of its role that the mounted config declares: no name baked in
+    assert set(roles) == {"agents", "models", "resources"}
+    for role, dep in roles.items():
         t = trig[dep]
-        if role == "resources":  # a queue group has no consumer: scale on CPU (requests are set)
-            assert t["type"] == "cpu"
+        if role == "resources":  # a queue group has no consumer: scale on the sessions asked of it, the lag of
+            # the agents that open sessions on it, per its concurrency (placement.backlog's signal)
+            [name] = cfg.resources  # KEDA reads one consumer: the config's one resource entry
+            using = [a for a, e in cfg.agents.items() if e.resource == name]
+            assert t["type"] == "nats-jetstream" and t["metadata"]["consumer"] in {f"agent_{a}" for a in using}
+            assert int(t["metadata"]["lagThreshold"]) == cfg.resources[name].concurrency
+            assert t["metadata"]["stream"] == names.tasks_stream
             continue
         kind = "task" if role == "agents" else "model"
+        [name] = cfg.agents if role == "agents" else cfg.models  # KEDA reads one consumer: the config's one entry
         assert t["type"] == "nats-jetstream"
         assert (t["metadata"]["stream"], t["metadata"]["consumer"]) == (
             names.stream(kind),
@@ -285,7 +289,6 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
     for s in nats:
         cmd = services[s]["command"]
         assert cmd[cmd.index("--routes") + 1] == "nats://nats1:6222,nats://nats2:6222,nats://nats3:6222"
-    cfg = deploy_config()
     only = {
         svc["command"][svc["command"].index("--only") + 1]
         for svc in services.values()
@@ -293,13 +296,32 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
     }
     # the sandbox pools' service is opt-in (a config with a ``sandboxes`` section: ``--profile sandboxes``)
     assert services["sandboxes"]["profiles"] == ["sandboxes"] and "sandboxes" in services["sandboxes"]["command"]
-    assert only == {f"agents.{a}" for a in cfg.agents} | {f"models.{m}" for m in cfg.models} | {
-        f"resources.{r}" for r in cfg.resources
-    }
+    assert only == {"agents", "models", "resources"}  # what the mounted config declares, no entry's name
     assert services["jaeger"]["profiles"] == ["tracing"]
     bad = json.loads(json.dumps(compose))
     bad["services"]["agents"]["restrat"] = "always"
     assert list(validator.iter_errors(bad)), "a misspelt service key must fail validation"
+
+
+RECIPES = [
+    "compose.yaml",
+    "compose.host.yaml",
+    "k8s/agents.yaml",
+    "k8s/resources.yaml",
+    "k8s/models.yaml",
+    "slurm/gym-runtime.sbatch",
+]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_starts_the_roles_its_config_declares_not_an_entry_by_name(recipe: str) -> None:
+    """Issue 67: `--only agents.weather_agent` restart-looped on any other config; a recipe names roles."""
+    text = (DEPLOY / recipe).read_text()
+    starts = re.findall(r"--only\W+([\w.]+)", text)
+    assert starts, recipe
+    assert all("." not in s for s in starts), (recipe, starts)
+    probes = re.findall(r"--role\W+([\w.]+)", text)
+    assert all("." not in p for p in probes), (recipe, probes)
 
 
 def test_deploy_config_loads_with_a_cluster_url_list(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -88,6 +89,17 @@ class Stack:
 
     def driver(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return self.compose("run", "--rm", "driver", *args, timeout=timeout)
+
+    def scored(self, *compose: str, logs_of: str) -> list[dict[str, Any]]:
+        """``up -d`` (with ``compose``'s files and profiles), work/tasks.jsonl published as b1 and collected: its
+        rows (``logs_of``: the service whose log a failed collect shows)."""
+        up = self.compose(*compose, "up", "-d")
+        assert up.returncode == 0, up.stderr
+        pub = self.driver("publish", "/config/config.yaml", "-i", "/work/tasks.jsonl", "--batch", "b1")
+        assert pub.returncode == 0, pub.stderr[-2000:]
+        col = self.driver("collect", "--batch", "b1", "-o", "/work/out.jsonl", "--nats", self.nats)
+        assert col.returncode == 0, col.stderr[-2000:] + self.compose("logs", logs_of).stdout[-3000:]
+        return read_jsonl(self.dir / "work/out.jsonl")
 
     def workers(self) -> list[dict[str, object]]:
         """The live workers' status answers (``gym-runtime status --json``, from this checkout: host networking
@@ -167,13 +179,7 @@ def test_compose_starts_the_configs_sandbox_pool_and_down_v_removes_everything(t
     stack.env["GYM_ENGINE_SOCKET"] = docker_socket()
     compose = ["-f", "plugins.yaml", "--profile", "sandboxes"]
     try:
-        up = stack.compose(*compose, "up", "-d")
-        assert up.returncode == 0, up.stderr
-        pub = stack.driver("publish", "/config/config.yaml", "-i", "/work/tasks.jsonl", "--batch", "b1")
-        assert pub.returncode == 0, pub.stderr[-2000:]
-        col = stack.driver("collect", "--batch", "b1", "-o", "/work/out.jsonl", "--nats", stack.nats)
-        assert col.returncode == 0, col.stderr[-2000:] + stack.compose("logs", "sandboxes").stdout[-3000:]
-        rows = read_jsonl(stack.dir / "work/out.jsonl")
+        rows = stack.scored(*compose, logs_of="sandboxes")
         assert sorted(r["_ng_task_index"] for r in rows) == list(range(N_ROWS))
         assert all(r["reward"] == 1.0 and r["sandbox_wait_s"] >= 0 for r in rows), rows[0]
         made = subprocess.run(  # the pool's containers were the host engine's; each rollout's is gone again
@@ -188,3 +194,25 @@ def test_compose_starts_the_configs_sandbox_pool_and_down_v_removes_everything(t
     for what in (["ps", "-aq"], ["volume", "ls", "-q"]):
         left = subprocess.run([DOCKER, *what, "--filter", label], capture_output=True, text=True, env=stack.env)
         assert left.returncode == 0 and left.stdout.strip() == "", (what, left.stdout)
+
+
+def test_compose_starts_what_a_config_other_than_weather_declares(tmp_path: Path, image: str) -> None:
+    """Issue 67: the services start what the mounted config declares. A user's own config (the counter environment,
+    its model entry named otherwise) mounted in place of the weather one, the Compose file unchanged: every service
+    starts (none restart-loops on an entry it does not have) and the batch is scored."""
+    stack = Stack(tmp_path, image)
+    config = json.loads((tmp_path / "config.yaml").read_text())
+    config["models"] = {"mine": {"adapter": "scripted", "concurrency": 8}}
+    config["resources"] = {"counter": {"server": "resources.counter"}}
+    config["agents"] = {"counter_agent": {"agent": "agents.simple", "model": "mine", "resource": "counter"}}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    rows = (REPO / "resources/counter/data/example.jsonl").read_text().splitlines()
+    (tmp_path / "work/tasks.jsonl").write_text("\n".join(rows[:N_ROWS]) + "\n")
+    got = stack.scored(logs_of="agents")
+    assert sorted(r["_ng_task_index"] for r in got) == list(range(len(rows[:N_ROWS])))
+    assert {r["agent_ref"]["name"] for r in got} == {"counter_agent"}
+    restarts = subprocess.run(
+        [DOCKER, "inspect", "-f", "{{.RestartCount}}", *stack.compose("ps", "-q").stdout.split()],
+        capture_output=True, text=True, env=stack.env,
+    )  # fmt: skip
+    assert set(restarts.stdout.split()) == {"0"}, restarts.stdout  # no service restarted on a missing entry

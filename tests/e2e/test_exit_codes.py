@@ -23,6 +23,7 @@ import yaml
 
 from gym_runtime.nemo_gym.hosting.env import VERIFIERS_MIN_PYTHON, VERIFIERS_PYTHON_ENV, EnvError, find_python
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.plugins import bundled_environments
 from tests.helpers import REPO, cli, read_jsonl, read_until
 from tests.pools import N_RESULTS, publish_results, tasks_file, write_config
 
@@ -257,7 +258,10 @@ def test_a_missing_input_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     res = cli("run", "weather", "-i", str(missing), "-o", str(tmp_path / "out.jsonl"))
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [f"gym-runtime: error: {missing}: file not found (nothing was published)"]
+    assert res.stderr.strip().splitlines() == [
+        f"gym-runtime: error: {missing}: file not found; give -i the path of a JSONL file of task rows (a bundled "
+        "environment's are its data/example.jsonl: `gym-runtime run weather` runs them) (nothing was published)"
+    ]
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -375,7 +379,11 @@ def test_env_build_of_a_config_whose_agent_needs_an_unknown_verifiers_release(tm
         ),
         (["--server", "no/such/server"], "no/such/server: not a NeMo Gym resources server (no app.py there)"),
         (["--agent", "no-such"], "no-such: not a NeMo Gym agent server (no app.py there)"),
-        (["no/such/config.yaml"], "no/such/config.yaml: config file not found"),
+        (
+            ["no/such/config.yaml"],
+            "no/such/config.yaml: config file not found; give a config YAML's path, or a bundled environment's name "
+            f"({', '.join(bundled_environments())})",
+        ),
         # a good release with a mistyped server: the server is named before verifiers' layer is built
         (
             ["--verifiers", "0.4.0", "--server", "no/such/server"],

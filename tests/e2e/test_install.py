@@ -161,6 +161,7 @@ def test_an_unknown_name_is_one_clear_line_and_exit_2(installed: tuple[Path, Pat
     assert res.returncode == 2
     assert (
         res.stderr.strip().splitlines() == [res.stderr.strip()]
-        and "wether: no such config file, nor a bundled environment (calendar," in res.stderr
+        and "wether: no such config file, nor a bundled environment (did you mean 'weather'? bundled: calendar,"
+        in res.stderr
     )
     assert "Traceback" not in res.stderr

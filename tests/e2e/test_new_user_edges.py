@@ -540,7 +540,8 @@ QUERIES = [["status"], ["view", "--batch", "b"], ["explain", "b", "0"], ["purge"
 def dead_bus_error(url: str, waited: int) -> str:
     return (
         f"gym-runtime: error: cannot reach a NATS server at {url}: connection refused, no server listens on "
-        f"127.0.0.1:{url.rsplit(':', 1)[1]} (waited {waited}s)"
+        f"127.0.0.1:{url.rsplit(':', 1)[1]} (waited {waited}s); start one (`gym-runtime server`), or give --nats the "
+        "URL of a running one"
     )
 
 

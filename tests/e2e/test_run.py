@@ -459,7 +459,7 @@ def test_worker_processes_against_a_dead_server_are_one_line_and_exit_2(tmp_path
         f"gym-runtime: no NATS server answers at {url} yet (connection refused, no server listens on "
         f"127.0.0.1:{port}); trying again for up to 10s (GYM_CONNECT_TIMEOUT_S)",
         f"gym-runtime: error: cannot reach a NATS server at {url}: connection refused, no server listens on "
-        f"127.0.0.1:{port} (waited 10s)",
+        f"127.0.0.1:{port} (waited 10s); start one (`gym-runtime server`), or give --nats the URL of a running one",
     ]
     assert time.monotonic() - t0 < 30
     assert not (tmp_path / "out.jsonl").exists() and not _processes_with(str(config))

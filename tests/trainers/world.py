@@ -1,6 +1,6 @@
 """The trainer tests' world: TRL (or a skip), the tiny policy, the say-word environment's config and rows.
 
-The policy is ``tests.trainers.tiny_lm``'s random 2-layer model, generating in this process through the
+The policy is ``gym_runtime.trainers.tiny_policy``'s random 2-layer model, generating in this process through the
 ``transformers`` adapter's ``live: policy`` entry; the environment is ``tests.envs.say_word`` (a tool that draws
 the row's word, the reward for saying it). Every row has the same prompt text and its own word: a trainer that
 confused two rows would score a rollout against the wrong word.
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gym_runtime.trainers.tiny_policy import build, tool_call_text
 from tests.envs.say_word import WORDS
-from tests.trainers.tiny_lm import build, tool_call_text
 
 PROMPT = "say the word"
 TOOLS = [{"type": "function", "name": "draw_word", "parameters": {"type": "object", "properties": {}}}]

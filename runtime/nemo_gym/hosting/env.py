@@ -25,6 +25,7 @@ Everything here is standard library: the publisher side never needs the hosted p
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import json
@@ -282,9 +283,16 @@ def server_dir(base: Path, server: str, kind: ServerKind = "resources_servers") 
     path = check_server(server, kind)
     if path is not None:
         return path
-    found = servers_root(base, kind) / server
+    root = servers_root(base, kind)
+    found = root / server
     if not (found / "app.py").is_file():
-        raise EnvError(f"{server}: no such {what} in nemo-gym {nemo_gym_version()}")
+        names = sorted(p.name for p in root.iterdir() if (p / "app.py").is_file()) if root.is_dir() else []
+        near = difflib.get_close_matches(server, names, n=3)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        raise EnvError(
+            f"{server}: no such {what} in nemo-gym {nemo_gym_version()} ({hint}{len(names)} there, e.g. "
+            f"{', '.join(names[:5])}; or give the path of a server directory with its app.py)"
+        )
     return found
 
 

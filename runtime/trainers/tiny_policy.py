@@ -1,5 +1,6 @@
 """A tiny random-weight chat model and word-level tokenizer, built offline (no hub): the policy the trainer tests
-train. A 2-layer Qwen2-shaped config; one token per word, per punctuation run, per special token, and one for
+train, and the one docs/trainer.md's recipes build (``save_for_rows``) so a recipe runs as written on a laptop.
+A 2-layer Qwen2-shaped config; one token per word, per punctuation run, per special token, and one for
 each whole tool call given (so a random policy calls a tool with a chance of about one in the vocabulary's size
 per token); a Qwen-style chat template with tools and Hermes tool calls (what the ``transformers`` adapter parses).
 """
@@ -7,6 +8,7 @@ per token); a Qwen-style chat template with tools and Hermes tool calls (what th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,24 @@ def save(path: Path, words: list[str], tool_calls: list[str] = (), *, seed: int 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def words_of(rows: list[dict[str, Any]]) -> list[str]:
+    """Every word and punctuation run of the rows' prompts and tool names (what the tokenizer's pre-tokenizer
+    splits), so a prompt is in the vocabulary rather than ``[UNK]``s."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        params = row.get("responses_create_params") or {}
+        messages = params.get("input")
+        texts = [messages] if isinstance(messages, str) else [str(m.get("content") or "") for m in messages or []]
+        texts += [str(t.get("name") or "") for t in params.get("tools") or []]
+        for text in texts:
+            seen.update(dict.fromkeys(re.findall(r"\w+|[^\w\s]+", text)))
+    return list(seen)
+
+
+def save_for_rows(path: str | Path, rows: list[dict[str, Any]], *, seed: int = 0) -> str:
+    """``save`` with the rows' words as the vocabulary (``words_of``): a model directory ``from_pretrained`` reads,
+    for a recipe's first run with no checkpoint or network. Returns the directory's path."""
+    save(Path(path), words_of(rows), seed=seed)
+    return str(path)

@@ -1,8 +1,14 @@
-"""TRL's async GRPO trains with tree attention over FlashAttention-3 (a CUDA kernel fetched from the hub): on CPU
-it is replaced by this plain-torch varlen attention with the same arguments and result (causal, aligned to the
-bottom right as flash-attn aligns a query segment shorter than its keys), so the trainer's real steps run here."""
+"""TRL's asynchronous GRPO on a machine without CUDA: ``use_cpu_attention()`` before building the trainer.
+
+``AsyncGRPOTrainer`` computes its tree attention with FlashAttention-3 (a CUDA kernel fetched from the hub); here it
+is replaced by a plain-torch varlen attention with the same arguments and result (causal, aligned to the bottom
+right as flash-attn aligns a query segment shorter than its keys), so the trainer's real steps run on CPU. Slow
+(a Python loop over the packed sequences): for small models, tests and a first try of a recipe.
+"""
 
 from __future__ import annotations
+
+__all__ = ["flash_attn_varlen_func", "use_cpu_attention"]
 
 import math
 from types import SimpleNamespace
@@ -42,8 +48,10 @@ def flash_attn_varlen_func(
     return out
 
 
-def install() -> None:
-    """Point TRL's tree attention at this function (its kernel loader is a cached function)."""
+def use_cpu_attention() -> None:
+    """Point TRL's tree attention at ``flash_attn_varlen_func`` (TRL 1.16's kernel loader is a cached function), and
+    its MFU metric, which asks CUDA for the device's name when the trainer is built, at a constant. Call it once,
+    before ``AsyncGRPOTrainer(...)``, where ``torch.cuda.is_available()`` is false."""
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 
     packing._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)

@@ -1,0 +1,128 @@
+"""verl's agent loop run the way verl runs it: ``GymAgentLoop`` inside verl's own ``AgentLoopWorker(config,
+llm_client)`` Ray actors (verl 0.9.1), two of them on two raylets of a real local Ray cluster, sharing one bus (a
+real nats-server), each running gym-runtime's workers in its process as the loop's ``Client`` does, generating
+through the ``verl_server`` adapter.
+
+verl's config is its own generated PPO config with the tiny policy saved to disk (``model.path``: the actors load
+the tokenizer there) and the agent loop registered from a YAML file, as a verl user registers it. The server handle
+is the one double: the tiny policy (``verl_double.SavedTinyServer``, picklable into the actors). One departure:
+``model.hf_config_path`` names a Llama config, since verl picks its token builder by the config's ``model_type``
+and its Qwen builder needs a Qwen tokenizer (a newline token), which the tiny word-level one is not.
+
+Not run here (no GPU): verl's rollout replicas (vLLM/SGLang) behind a real ``LLMServerClient``, its
+``AgentLoopManager`` and its trainer (docs/trainer.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.helpers import REPO
+from tests.on_ray.cluster import local_cluster, need_ray, results_stored
+from tests.on_ray.verl_double import SavedTinyServer
+from tests.trainers.world import need, world
+
+ray = need_ray()
+verl = need("verl", "GYM_REQUIRE_VERL")
+
+PER_ACTOR = 4
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    # the actors import the test double (tests.on_ray.verl_double) by name, as verl's actors import its classes
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    with local_cluster([{"num_cpus": 0}, {"num_cpus": 1}, {"num_cpus": 1}]) as c:
+        yield c
+
+
+def verl_config(tmp: Path, model_dir: Path, loops: Path) -> Any:
+    from omegaconf import OmegaConf
+    from transformers import LlamaConfig
+
+    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    LlamaConfig(
+        vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, architectures=["LlamaForCausalLM"]
+    ).save_pretrained(tmp / "hf_config")
+    model = cfg.actor_rollout_ref.model
+    model.path, model.hf_config_path = str(model_dir), str(tmp / "hf_config")
+    rollout = cfg.actor_rollout_ref.rollout
+    rollout.name, rollout.prompt_length, rollout.response_length = "vllm", 64, 64
+    rollout.agent.agent_loop_config_path = str(loops)
+    return cfg
+
+
+def batch(rows: list[dict[str, Any]]) -> Any:
+    import numpy as np
+    from verl import DataProto
+
+    def column(values: list[Any]) -> Any:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    return DataProto(
+        batch=None,
+        non_tensor_batch={
+            "agent_name": column(["gym_runtime"] * len(rows)),
+            "extra_info": column([{"gym_row": r} for r in rows]),
+            "raw_prompt": column([r["responses_create_params"]["input"] for r in rows]),
+            "index": np.arange(len(rows)),
+        },
+        meta_info={},
+    )
+
+
+def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_sharing_one_bus(
+    cluster: Any, tmp_path: Path
+) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    w = world(tmp_path, rows=2 * PER_ACTOR, tool_bias=5.0)  # the tiny policy calls the tool often
+    model_dir = tmp_path / "policy"  # the world's tiny policy and tokenizer, saved for the actors to load
+    w.model.save_pretrained(model_dir)
+    w.tokenizer.save_pretrained(model_dir)
+    with EmbeddedServer(store_dir=str(tmp_path / "store"), http_port=0) as srv:
+        cfg = yaml.safe_load(w.config.read_text())
+        cfg["nats"] = srv.url  # one bus every actor reaches
+        cfg["models"]["policy"] = {
+            "adapter": "verl_server",
+            "live": "policy",
+            "max_new_tokens": 4,
+            "stop_token_ids": [w.tool_token],
+        }
+        w.config.write_text(yaml.safe_dump(cfg))
+        loops = tmp_path / "agent_loops.yaml"  # how a verl user registers an agent loop with its options
+        entry = {"name": "gym_runtime", "_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
+        loops.write_text(yaml.safe_dump([{**entry, "gym_config": str(w.config), "nats": srv.url}]))
+        config = verl_config(tmp_path, model_dir, loops)
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+        assert len(nodes) == 2
+        actors = [
+            ray.remote(num_cpus=1)(AgentLoopWorker)
+            .options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(config, SavedTinyServer(model_dir, w.tool_token))
+            for node in nodes
+        ]
+        parts = [w.rows[:PER_ACTOR], w.rows[PER_ACTOR:]]
+        outputs = ray.get([a.generate_sequences.remote(batch(p)) for a, p in zip(actors, parts)], timeout=400)
+        for out, part in zip(outputs, parts):
+            assert len(out) == PER_ACTOR
+            assert out.batch["responses"].shape == out.batch["response_mask"].shape == (PER_ACTOR, 64)
+            scores = out.batch["rm_scores"].sum(-1).tolist()  # verl's reward: the environment's, on the last token
+            assert all(s in (0.0, 1.0) for s in scores)
+            assert [x["gym_row"]["word"] for x in out.non_tensor_batch["extra_info"]] == [r["word"] for r in part]
+        masks = [m for out in outputs for m in out.batch["response_mask"].tolist()]
+        assert any(1 in m[m.index(0) :] for m in masks if 0 in m)  # a tool turn (0s) between two generations (1s)
+        assert (
+            results_stored(srv, namespace=cfg["namespace"]) == 2 * PER_ACTOR
+        )  # every rollout of both actors stored on the one bus
+        for a in actors:
+            ray.kill(a)
