@@ -35,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def browser() -> webdriver.Chrome:
+def browser(*extra: str) -> webdriver.Chrome:
+    """Headless chromium; ``extra``: more command-line switches (e.g. ``--host-resolver-rules=...``)."""
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
@@ -46,6 +47,7 @@ def browser() -> webdriver.Chrome:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--window-size=1400,1000",
+        *extra,
     ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})

@@ -25,7 +25,7 @@ import yaml
 
 from gym_runtime import Client
 from gym_runtime.config import resolve_config
-from gym_runtime.gateway import start
+from gym_runtime.gateway import Access, start
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.discovery import discover
@@ -55,10 +55,13 @@ async def nemo_gym_client_rollouts(head: str, rows: list[dict[str, Any]]) -> tup
     return replies, cfg
 
 
+TOKEN = "test-control-token-0123456789"  # the gateway's control token (a file's contents, from the command)
+
+
 @pytest.fixture
 async def gateway(nats_server) -> AsyncIterator[tuple[str, Client]]:
     async with Client(weather(), nats=nats_server.url) as client:
-        runner, port = await start(client, host="127.0.0.1", port=0)
+        runner, port = await start(client, host="127.0.0.1", port=0, access=Access(token=TOKEN))
         try:
             yield f"http://127.0.0.1:{port}", client
         finally:
@@ -142,7 +145,7 @@ async def test_bad_requests_get_clear_http_errors(gateway) -> None:
             assert r.status == 404 and "nope" in (await r.json())["detail"]
         async with http.post(f"{head}/run", json={"input": "hi"}) as r:
             assert r.status == 422 and "responses_create_params" in (await r.json())["detail"]
-        async with http.post(f"{head}/run", data=b"{not json") as r:
+        async with http.post(f"{head}/run", data=b"{not json", headers={"Content-Type": "application/json"}) as r:
             assert r.status == 422
         async with http.post(f"{head}/aggregate_metrics", json=[1]) as r:
             assert r.status == 422
@@ -165,22 +168,31 @@ async def test_a_failed_rollout_answers_500_naming_the_error_class(nats_server) 
 
 
 def test_cli_gateway_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The command as an operator runs it: its token file made (0600) where it says, /pause only with it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "gateway", "resources/weather/config.yaml", "--port", "0"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**__import__("os").environ, "TMPDIR": str(tmp_path)},
+        env={**__import__("os").environ, "TMPDIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
     )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("gateway listening on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
         url = line.split()[-1]
-        import urllib.request
-
-        with urllib.request.urlopen(f"{url}/run", data=json.dumps(ROWS[1]).encode(), timeout=60) as r:
-            assert json.loads(r.read())["reward"] == 1.0
+        proc.stdout.readline()  # type: ignore[union-attr]  # the environment servers
+        token_line = proc.stdout.readline()  # type: ignore[union-attr]
+        token_file = tmp_path / "cfg/gym-runtime/gateway.token"
+        assert token_line.startswith(f"token: {token_file} (send 'Authorization: Bearer"), token_line
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        json_type = {"Content-Type": "application/json"}
+        with requests.post(f"{url}/run", data=json.dumps(ROWS[1]), headers=json_type, timeout=60) as r:
+            assert r.status_code == 200 and r.json()["reward"] == 1.0
+        assert requests.post(f"{url}/resume", json={}, timeout=60).status_code == 401
+        bearer = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        with requests.post(f"{url}/resume", json={}, headers=bearer, timeout=60) as r:
+            assert r.status_code == 200 and r.json() == {"resumed": True}
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
@@ -239,7 +251,7 @@ async def test_pause_and_resume_over_http_hold_and_release_model_calls(gateway) 
     """A trainer that reaches the cluster only over HTTP steers its updates as ``Client.pause`` does."""
     head, client = gateway
     (model,) = [w for w in client.workers if hasattr(w, "gate")]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         async with http.post(f"{head}/pause", json={"mode": "drain"}) as r:
             assert r.status == 200 and await r.json() == {"acknowledged": 1}
         run = asyncio.ensure_future(http.post(f"{head}/run", json=ROWS[0]))

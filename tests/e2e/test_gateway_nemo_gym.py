@@ -27,7 +27,7 @@ import yaml
 
 from gym_runtime import Client
 from gym_runtime.config import EnvironmentServerLimits, config_from_dict, resolve_config
-from gym_runtime.gateway import start
+from gym_runtime.gateway import Access, start
 from tests.helpers import FLAKY, REPO, ROWS, cli, read_jsonl, weather, weather_config, write_jsonl
 from tests.hosting import nemo_gym_python
 
@@ -116,6 +116,25 @@ async def test_ng_collect_rollouts_collects_200_rows_in_each_routing_mode(
     metrics = json.loads(out.with_name("out_aggregate_metrics.json").read_text())
     entry = next(m for m in metrics if m.get("_ng_environment_server") == ENV)
     assert entry["agent_metrics"]["mean/reward"] == 1.0
+
+
+async def test_ng_collect_rollouts_follows_the_name_the_gateway_advertises(
+    ng_python: str, nats_server, tmp_path: Path
+) -> None:
+    """Across a cluster the gateway is started with ``--hostname``: NeMo Gym's client, given that name for the
+    head, finds every server under it in the global config and is served there, unchanged (no token)."""
+    async with Client(weather(), nats=nats_server.url) as client:
+        served, port = await start(
+            client, host="127.0.0.1", port=0, access=Access(token="t" * 32, hostnames=("localhost",))
+        )
+        try:
+            rows = [ROWS[i % 5] for i in range(20)]
+            got, failures, _ = await collect_rollouts(
+                ng_python, f"http://localhost:{port}", rows, tmp_path, *MODES["legacy"]
+            )
+        finally:
+            await served.cleanup()
+    assert failures == [] and len(got) == 20 and all(r["reward"] == 1.0 for r in got)
 
 
 async def test_nemo_rl_recipe_in_the_docs_runs_as_written(ng_python: str, gateway: str, tmp_path: Path) -> None:
@@ -243,6 +262,23 @@ async def test_a_flat_row_for_another_agent_is_refused_as_nemo_gym_refuses_it(ga
     # the head port keeps the older agent protocol: an unknown agent_ref is 404 there
     status, body = await post(f"{gateway}/run", {**ROWS[0], "agent_ref": {"name": "other_agent"}})
     assert status == 404
+
+
+async def test_each_port_speaks_its_own_protocol(gateway: str) -> None:
+    """The head port is the agent protocol before 0.7 (an episode request is no task row there: 422 with the row
+    check's line), an Environment Server's port the 0.7 episode protocol only: the head's listing and its
+    control routes are not there (404), its liveness is."""
+    url = await env_url(gateway)
+    status, body = await post(f"{gateway}/run", episode(3, ROWS[0]))
+    assert status == 422 and isinstance(body["detail"], str), body
+    status, body = await post(f"{url}/run", episode(3, ROWS[0]))
+    assert status == 200 and body["result"]["reward"] == 1.0
+    async with aiohttp.ClientSession() as http:
+        for path in ("/global_config_dict_yaml", "/server_instances"):
+            async with http.get(f"{url}{path}") as r:
+                assert r.status == 404, path
+        async with http.get(f"{url}/") as r:
+            assert r.status == 200 and await r.json() == {"status": "ok"}
 
 
 async def test_environment_server_limits_are_honoured(nats_server) -> None:
