@@ -97,13 +97,17 @@ async def ensure_task_image(
     if note is not None:
         note(f"{task.name}: building its image {ref} from environment/Dockerfile (once per engine)")
     timeout = task.config.environment.build_timeout_sec
+    # each step named as the engine starts it: a slow step (an apt-get, a compile) is not minutes of silence
+    step = (lambda said: note(f"{task.name}: {said}")) if note is not None else None
     try:
         if not prebuilt:
-            await engine.build(context, stage, network="host", timeout_s=timeout, build_args=opts.build_args)
+            await engine.build(
+                context, stage, network="host", timeout_s=timeout, build_args=opts.build_args, on_step=step
+            )
         config = await engine.image_config(stage)
         user, workdir = str(config.get("User") or ""), str(config.get("WorkingDir") or "")
         layer = last_layer(stage, user, workdir, opts.bake, host_ca())
-        await engine.build(layer, ref, network="host", timeout_s=timeout)
+        await engine.build(layer, ref, network="host", timeout_s=timeout, on_step=step)
     except EngineError as e:
         raise UserError(f"{task.name}: building its image failed: {e}") from None
     if note is not None:

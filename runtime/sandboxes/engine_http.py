@@ -235,25 +235,34 @@ class Engine:
         network: str = "none",
         timeout_s: float = 600.0,
         build_args: dict[str, str] | None = None,
+        on_step: Callable[[str], None] | None = None,
     ) -> None:
         """``docker build``: ``context`` is a tar holding a ``Dockerfile``; the image is tagged ``tag``. Its
         ``RUN`` steps get ``network`` (``none`` unless the build must fetch; never a bridge here);
-        ``build_args``: ``--build-arg``'s."""
+        ``build_args``: ``--build-arg``'s; ``on_step``: told each step (``Step 2/5 : RUN ...``) as the engine
+        starts it, so a slow build is not silent."""
         params = {"t": tag, "networkmode": network, "rm": "1", "forcerm": "1"}
         if build_args:
             params["buildargs"] = json.dumps(build_args)
-        raw = await self._call(
-            "POST",
-            "/build",
-            params=params,
-            data=context,
-            headers={"Content-Type": "application/x-tar"},
-            timeout_s=timeout_s,
-            raw=True,
-        )
-        for line in raw.splitlines():  # a progress stream; a failed step is an error line of its own
-            if line.strip() and b'"error"' in line:
-                raise EngineError(f"building {tag}: {json.loads(line).get('error', '').strip()}")
+        if self._session is None:
+            raise EngineError("the engine client is not open")
+        url = f"http://engine{API}/build?{urlencode(params)}"
+        headers = {"Content-Type": "application/x-tar"}
+        try:
+            async with self._session.post(
+                url, data=context, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                if r.status >= 400:
+                    got = await r.read()
+                    raise EngineError(f"POST /build: {r.status} {got.decode(errors='replace').strip()}", r.status)
+                rest = b""
+                async for chunk in r.content.iter_any():  # a progress stream, a JSON object a line, as it comes
+                    *lines, rest = (rest + chunk).split(b"\n")
+                    for line in lines:
+                        _build_line(tag, line, on_step)
+                _build_line(tag, rest, on_step)
+        except aiohttp.ClientError as e:
+            raise EngineError(f"the engine at {self.socket_path} cannot be reached: {e}") from e
 
     # ---------------------------------------------------------------- containers
 
@@ -472,3 +481,21 @@ class Engine:
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     return
                 buf += chunk
+
+
+def _build_line(tag: str, line: bytes, on_step: Callable[[str], None] | None) -> None:
+    """One line of the build's progress stream: a failed step (an error line of its own) raises; a step begun is
+    told to ``on_step``; anything else (a step's output, a line that is not JSON) is passed over."""
+    if not line.strip():
+        return
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return
+    if not isinstance(item, dict):
+        return
+    if "error" in item:
+        raise EngineError(f"building {tag}: {str(item.get('error', '')).strip()}")
+    said = str(item.get("stream") or "").strip()
+    if on_step is not None and said.lower().startswith("step "):  # Docker's "Step 2/5 :", Podman's "STEP 2/5:"
+        on_step(said)

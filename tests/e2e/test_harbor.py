@@ -252,6 +252,12 @@ def test_run_builds_a_tasks_missing_image_once_and_refuses_what_cannot_build(
         first.stderr.splitlines()
     )
     assert any(ln.startswith(f"gym-runtime: fresh: built {ref} in ") for ln in first.stderr.splitlines())
+    # each build step is named as the engine starts it, between those two lines (a slow step is not silent)
+    said = first.stderr.splitlines()
+    began = said.index(f"gym-runtime: fresh: building its image {ref} from environment/Dockerfile (once per engine)")
+    steps = [ln for ln in said[began:] if ln.startswith("gym-runtime: fresh: Step ")]
+    assert any(" : COPY nonce.txt /etc/nonce.txt" in ln for ln in steps), first.stderr
+    assert said.index(steps[-1]) < next(i for i, ln in enumerate(said) if ln.startswith("gym-runtime: fresh: built "))
     assert by_task(tmp_path / "one.jsonl")["fresh"]["reward"] == 1.0  # the oracle, in the image just built
     again = _cli_run(cfg, rows, tmp_path / "two.jsonl", engine, tmp_path)
     assert again.returncode == 0, again.stderr
