@@ -59,7 +59,7 @@ def main(target: Path) -> None:
                     ("tokens", f"/tokens/0/0/{multi_turn(train)}", "p.toks"),
                     ("steps", "/steps/0", "figure#plot-reward"),
                 ):
-                    driver.get(site.base + path)
+                    driver.get(site.entry(path))
                     wait_for(driver, css)
                     driver.save_screenshot(str(target / f"{name}.png"))
                     print(target / f"{name}.png")
