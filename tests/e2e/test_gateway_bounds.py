@@ -68,11 +68,14 @@ async def test_aggregate_metrics_is_computed_off_the_event_loop(head: str) -> No
         took = time.monotonic() - posted
     ((status, body),) = answers
     assert status == 200 and body["num_rollouts"] == 6_000 and body["agent_metrics"]["pass@6000/reward"] == 100.0
-    # On the event loop, one probe waited for the whole computation. At load (CI: 2 cores, 4 test processes) each
-    # probe is slower, and fewer are answered in all (11 once), but none waits for more than a part of it.
+    # On the event loop, one probe waited for the whole computation (all but the upload: over 90% of it) and at most
+    # the probes before it began were answered. At load (CI: 2 cores, 4 test processes) each probe is slower and
+    # fewer are answered in all (11 once), and one probe, its process descheduled with the computation's thread
+    # holding the GIL, waited 59% of it once (a fresh clone's run beside other CPU work): three quarters still
+    # tells the two apart.
     print(f"{served} probes answered in {took:.2f} s, the slowest in {slowest:.3f} s")
     assert served >= 3, f"{served} liveness requests answered while the metrics were computed"
-    assert slowest < took / 2, f"a liveness request waited {slowest:.2f} s of the metrics' {took:.2f} s"
+    assert slowest < took * 0.75, f"a liveness request waited {slowest:.2f} s of the metrics' {took:.2f} s"
 
 
 async def test_past_the_row_cap_the_answer_is_413_naming_the_key(head: str) -> None:
