@@ -21,15 +21,11 @@ from gym_runtime.view.training import Training, TrainingViews, neighbours
 MOVED = 5  # the per-task plot's tasks: those whose mean reward moved most from their first step to their last
 LISTED = 50  # zero-spread groups listed on the runs page (all counted)
 
-KEYS = [  # (key, what; the trajectory page's keyboard links, in this order)
-    ("j", "next rollout", "next_rollout"),
-    ("k", "previous rollout", "prev_rollout"),
-    ("f", "next failure", "next_failure"),
-    ("F", "previous failure", "prev_failure"),
-    ("g", "next group", "next_group"),
-    ("G", "previous group", "prev_group"),
-    ("s", "next step", "next_step"),
-    ("S", "previous step", "prev_step"),
+MOVES = (("rollout", "j", "k"), ("failure", "f", "F"), ("group", "g", "G"), ("step", "s", "S"))  # (what, next, back)
+KEYS = [  # (key, what, link name): the trajectory page's keyboard links, in this order (j, k, f, F, ...)
+    (key, f"{way} {what}", f"{name}_{what}")
+    for what, forward, back in MOVES
+    for key, way, name in ((forward, "next", "next"), (back, "previous", "prev"))
 ]
 
 
