@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -199,6 +200,12 @@ class Session:
             self._closed, self._seed = False, None
         return "restarted"
 
+    async def abandon(self, handle: SessionHandle) -> None:
+        """Close the session a checkpoint names without taking it up (its rollout starts over): its worker
+        need not keep it until its ``session_ttl_s``."""
+        with contextlib.suppress(Exception):  # best-effort, as ``close``: the worker reaps idle sessions
+            await self._bus.publish(Subjects.session_op(handle.address, "close"), CloseSession(session=handle.session))
+
     async def operate(self, op: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         """One of the runtime's own session operations (``gym.reset``, ``gym.step``, ...), never a model's call."""
         return await self._tool(ToolCall(session="", name=op, arguments=arguments, protocol=True), timeout, op)
@@ -333,7 +340,11 @@ class AgentContext:
     def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
         ctx.sandbox(image=..., cpu=...) as box`` (the keywords: ``SandboxAsk``) then ``await box.exec(cmd)``,
-        ``box.write``, ``box.read`` (docs/sandboxes.md). Whatever is left open is removed when the rollout ends."""
+        ``box.write``, ``box.read`` (docs/sandboxes.md). Whatever is left open is removed when the rollout ends.
+        A resumed attempt is handed the sandbox its rollout held with the same keywords (reattached: the same
+        container, its files intact), where its checkpoint names one."""
+        if self.resumed is not None and self.resumed.sandboxes:
+            self.sandboxes.take_up(self.resumed.sandboxes)
         return self.sandboxes.sandbox(image, **ask)
 
     def remaining(self) -> float:
@@ -365,6 +376,7 @@ class AgentContext:
                 elapsed_s=max(0.0, elapsed),
                 sessions=[h for h in (s.handle() for s in self.sessions) if h is not None],
                 attempt=self.task_attempt,
+                sandboxes=self.sandboxes.handles(),
             )
         )
         return True
@@ -511,12 +523,21 @@ class Trajectory:
         if not self._checkpointed:
             reply = await session.call(call.name, call.arguments)
         else:
-            if self._unsettled and ctx.checkpoints is not None:
-                self._unsettled = False
-                await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
-            reply = await session.call(call.name, call.arguments, id=_call_id(self.steps, index, call), snapshot=last)
+            call_id = await self.call_id(ctx, index, call)
+            reply = await session.call(call.name, call.arguments, id=call_id, snapshot=last)
         self.append(FunctionCallOutput(call_id=call.call_id, output=reply.output))
         return reply
+
+    async def call_id(self, ctx: AgentContext, index: int, call: FunctionCall) -> str:
+        """For an agent's own tool (run in its own sandbox, not the session's): the ``index``-th call of this
+        turn's id, the same on every attempt of the turn, once the turn's checkpoint is stored ("" in a turn
+        before the first checkpoint: nothing replays it). Passed to ``box.exec(..., id=)``, the call runs once."""
+        if not self._checkpointed:
+            return ""
+        if self._unsettled and ctx.checkpoints is not None:
+            self._unsettled = False
+            await ctx.checkpoints.settled()  # a resume replays these calls, never samples new ones
+        return _call_id(self.steps, index, call)
 
     def answered(self, ctx: AgentContext) -> None:
         """The turn's calls are answered: checkpoint it (the next attempt starts at the next turn), where its
@@ -525,15 +546,27 @@ class Trajectory:
             ctx.checkpoint(self, "answered")
 
     async def resume(self, ctx: AgentContext, session: Session) -> Response | None:
-        """Take up a redelivered attempt's checkpoint (``ctx.resumed``), if any: its session reattached or
-        restored (else the rollout starts over) and its trajectory, turn and ledger. Returns the last
-        generation when its tool calls are still to run (each answered once: ``call``), else None."""
+        """Take up a redelivered attempt's checkpoint (``ctx.resumed``), if any: the agent's own sandboxes
+        reattached (``ctx.sandbox`` hands each to the create that asks for it again), its session reattached or
+        restored (else the rollout starts over, in fresh sandboxes) and its trajectory, turn and ledger. Returns
+        the last generation when its tool calls are still to run (each answered once: ``call``), else None."""
         cp = ctx.resumed
         if cp is None:
             return None
         handle = next((h for h in cp.sessions if h.resource == session.resource), None)
-        how = await session.resume(handle) if handle is not None else "restarted"
+        if cp.sandboxes:
+            ctx.sandboxes.take_up(cp.sandboxes)
+        boxes = await ctx.sandboxes.reattach()  # all of them, or none (one is gone: the rollout starts over)
+        if not boxes:
+            how = "restarted"
+        elif handle is not None:
+            how = await session.resume(handle)
+        else:  # no session was open yet (its first call is its seed): only the agent's own sandboxes hold state
+            how = "reattached" if cp.sandboxes and not cp.sessions else "restarted"
         if how == "restarted":
+            if handle is not None and not boxes:  # its session holds state of a trajectory that starts over
+                await session.abandon(handle)
+            await ctx.sandboxes.drop_reattached()
             ctx.restarted(cp)
             return None
         ctx.resume_from(cp, how)

@@ -601,6 +601,17 @@ class SessionHandle(Struct, kw_only=True, omit_defaults=True):
     snapshot: bytes | None = None
 
 
+class SandboxHandle(Struct, kw_only=True, omit_defaults=True):
+    """One of a rollout's own sandboxes, as its checkpoint keeps it: enough for a resumed attempt to reattach to
+    the same container by its lease (``attach``, at the worker that holds it), and to hand it to the create that
+    asks for the same ``spec`` again."""
+
+    pool: str
+    sandbox: str
+    address: str  # the subject prefix of the sandbox worker that holds it
+    spec: SandboxSpec
+
+
 class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     """A rollout's state at a step of a turn that matters, kept in the checkpoints bucket under its identity
     (``Subjects.checkpoint_key``) and replaced as it goes: after a generation, before its tool calls run
@@ -620,6 +631,8 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     sessions: list[SessionHandle] = field(default_factory=list)
     attempt: int = 1
     worker: str = ""  # the agent worker that wrote it
+    # the agent's own sandboxes (``ctx.sandbox``) open at the checkpoint: a resumed attempt reattaches to them
+    sandboxes: list[SandboxHandle] = field(default_factory=list)
 
 
 ErrorClass = Literal[
@@ -727,7 +740,10 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     ``spawn``/``poll``/``wait``/``kill`` and ``restart`` (every process ended, the files kept) go to the worker that
     holds ``sandbox``."""
 
-    op: Literal["create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill", "restart"]
+    op: Literal[
+        "create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill", "restart", "renew",
+        "attach",
+    ]  # fmt: skip
     sandbox: str = ""
     spec: SandboxSpec | None = None
     lease: str = ""
@@ -741,6 +757,12 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     # create: the caller's id for this create, the same on each of its tries. A worker that made (or is making) a
     # sandbox for it answers with that one, so a reply lost to a reconnect leaves no second sandbox held
     key: str = ""
+    # create: the caller says it is alive every ``SandboxReply.renew_s`` while it holds the sandbox (``renew``), so
+    # the pool ends it ``lease_grace_s`` after the caller fell silent (an older caller's: only after ``idle_ttl_s``)
+    renews: bool = False
+    # exec: the same on every attempt of a rollout's turn (``Trajectory.call_id``): the worker answers an id it ran
+    # before with that first reply, and one still running with its reply once it ends (never run twice)
+    id: str = ""
 
 
 class SandboxReply(_Msg, tag="sbx.reply.v1"):
@@ -762,6 +784,9 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     # that sees no count change for that long ends its rollout: ``sandbox_unavailable``)
     released: int = 0
     lease_wait_s: float = 0.0
+    # create, attach: how often the holder says it is alive (``renew``); a sandbox whose holder falls silent is
+    # kept for the pool's ``lease_grace_s``, for a resumed attempt to reattach to, then removed (0: never asked)
+    renew_s: float = 0.0
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:

@@ -16,10 +16,12 @@ import yaml
 
 from gym_runtime.messages import Checkpoint
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.sandboxes.engine_api import POOL as POOL_LABEL
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.images import ensure_base
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
+from tests.docker import docker_socket
 from tests.envs.long_boxed import task
 from tests.helpers import cli, read_jsonl, write_jsonl
 from tests.pools import Pool, start_collect
@@ -39,8 +41,19 @@ def new_pool(socket: str) -> str:
     return f"rs{uuid.uuid4().hex[:6]}"
 
 
-def write_config(tmp: Path, pool: str, *, checkpoint: str = "every_turn", delay_s: float = 0.05, **env: Any) -> Path:
-    cfg = {
+def write_config(
+    tmp: Path,
+    pool: str,
+    *,
+    checkpoint: str = "every_turn",
+    delay_s: float = 0.05,
+    agent_boxed: bool = False,
+    lease_grace_s: float = 60.0,
+    **env: Any,
+) -> Path:
+    """``agent_boxed``: the tools run in the agent's own sandbox (``tests/envs/agent_boxed.py``), not the
+    environment's."""
+    cfg: dict[str, Any] = {
         "namespace": "gym",
         "models": {
             "policy": {
@@ -56,6 +69,7 @@ def write_config(tmp: Path, pool: str, *, checkpoint: str = "every_turn", delay_
                 "backend": "docker",
                 "capacity": 8,
                 "idle_ttl_s": 120,  # a dead agent's environment session keeps its container meanwhile
+                "lease_grace_s": lease_grace_s,  # ... and a dead agent's own container is kept this long
                 "limits": {"memory_mb": 128, "pids": 64, "disk_mb": 16, "timeout_s": 60},
             }
         },
@@ -73,6 +87,10 @@ def write_config(tmp: Path, pool: str, *, checkpoint: str = "every_turn", delay_
             }
         },
     }
+    if agent_boxed:
+        cfg["resources"]["env"] = {"server": "tests.envs.agent_boxed"}
+        cfg["agents"]["agent"].update(agent="tests.envs.agent_boxed", sandbox=pool)
+        cfg["sandboxes"][pool]["reap_interval_s"] = 1  # a dead agent's container goes within a second of its grace
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -142,3 +160,24 @@ class Run:
 
 def tool_outputs(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(i["output"]) for i in row["response"]["output"] if i["type"] == "function_call_output"]
+
+
+def containers(pool: str) -> list[str]:
+    """The ids of the containers of sandbox pool ``pool`` (namespace ``gym``) on the engine now."""
+
+    async def ask() -> list[str]:
+        async with Engine(docker_socket()) as e:
+            return [c["Id"] for c in await e.containers({POOL_LABEL: f"gym.{pool}"})]
+
+    return anyio.run(ask)
+
+
+def remove_containers(pool: str) -> None:
+    """Remove what is left of pool ``pool``'s containers (a failed test's), by its label: never another's."""
+
+    async def remove() -> None:
+        async with Engine(docker_socket()) as e:
+            for c in await e.containers({POOL_LABEL: f"gym.{pool}"}):
+                await e.remove(c["Id"])
+
+    anyio.run(remove)

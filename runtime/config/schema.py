@@ -97,6 +97,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warm_images: dict[str, int] = msgspec.field(default_factory=dict)
     limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
     idle_ttl_s: float = 600.0  # a sandbox nobody used this long is removed (its holder died)
+    # a sandbox whose holder fell silent (its agent worker or resource worker SIGKILLed, its node lost) is kept this
+    # long under its lease, for a resumed attempt to reattach to (docs/sandboxes.md, "Leases"), then removed: more
+    # than the agents' ack_wait_s (a dead worker's task is redelivered after it), less than idle_ttl_s to count
+    lease_grace_s: float = 300.0
     max_lease_s: float = 3600.0  # a lease that names no end ends after this long
     reap_interval_s: float = 10.0  # how often the reaper looks for dead workers' containers and ended leases
     # docker/podman: a container its worker stopped renewing (the worker SIGKILLed, its node or bus lost) ends by
@@ -119,6 +123,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("orphan_after_s must be at least 2 (seconds)")
         if not self.lease_wait_s > 0:
             raise ValueError("lease_wait_s must be more than 0")
+        if not self.lease_grace_s >= 2:
+            raise ValueError("lease_grace_s must be at least 2 (seconds)")
         if any(n < 0 for n in self.warm_images.values()):
             raise ValueError("warm_images counts must be at least 0")
         by_image = sum(self.warm_images.values())

@@ -3,9 +3,12 @@
 Every call travels over the bus: ``create`` to the pool's queue group (whichever worker has room), then
 ``exec``/``write``/``read``/``close`` to the worker that holds the container, as resource sessions are
 pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
-when the rollout ends, whatever way; a holder that dies leaves them to the pool's idle timeout and
-reaper. No author touches Docker or NATS. A sandbox's CPU time comes back with its close (``cpu_s``, where
-its backend counts it): an agent's rollout closes its lease before its row is built, so the row has it all.
+when the rollout ends, whatever way. While it holds any, the holder says it is alive to their workers every
+``renew_s`` (``renew``); one that dies leaves them under their lease for the pool's ``lease_grace_s``, where a
+resumed attempt of the same rollout reattaches to them (``Sandboxes.reattach``: same containers, files intact),
+then to the pool's reaper. No author touches Docker or NATS. A sandbox's CPU time comes back with its close
+(``cpu_s``, where its backend counts it): an agent's rollout closes its lease before its row is built, so the row
+has it all.
 
 Output as it comes: ``box.exec(cmd, on_output=cb)`` calls ``cb("stdout" | "stderr", data)`` (a function or a
 coroutine function) with each part while the command runs, in order, then returns the ``ExecResult`` as
@@ -23,6 +26,7 @@ count it against its ``timeout_s``: its clock starts again once it holds the san
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import math
@@ -37,7 +41,14 @@ import anyio
 import msgspec
 
 from gym_runtime.errors import Failure
-from gym_runtime.messages import COMMAND_HEAD, SandboxCall, SandboxCommand, SandboxReply, SandboxSpec
+from gym_runtime.messages import (
+    COMMAND_HEAD,
+    SandboxCall,
+    SandboxCommand,
+    SandboxHandle,
+    SandboxReply,
+    SandboxSpec,
+)
 from gym_runtime.sandboxes.spec import ExecResult, SandboxAsk
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import NoResponders
@@ -55,14 +66,19 @@ LEASE_SLACK_S = 60.0  # a lease asked after a wait ends this much later still (t
 CLOSE_PATIENCE_S = 60.0  # a close lost to a reconnect (worker_lost) is asked again this long
 CLOSE_ABSENT_S = 5.0  # a close nobody answers is asked again this long (its worker subscribing again)
 CLOSE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between those asks
+ATTACH_TIMEOUT_S = 30.0  # a resumed attempt's ask to take up a sandbox its rollout held
 
 
 class Sandbox:
     """One sandbox (a container on one sandbox worker). Close it, or let its rollout's end do so."""
 
-    def __init__(self, owner: Sandboxes, sid: str, address: str) -> None:
-        self._owner, self.id, self._address = owner, sid, address
+    def __init__(self, owner: Sandboxes, sid: str, address: str, spec: SandboxSpec) -> None:
+        self._owner, self.id, self._address, self.spec = owner, sid, address, spec
         self.closed = False
+
+    def handle(self) -> SandboxHandle:
+        """What a checkpoint keeps of it (a resumed attempt reattaches by it)."""
+        return SandboxHandle(pool=self._owner.pool, sandbox=self.id, address=self._address, spec=self.spec)
 
     async def _op(
         self, call: SandboxCall, timeout: float, on_output: Callable[[tuple[int, bytes]], None] | None = None
@@ -95,12 +111,21 @@ class Sandbox:
         return {"gym.sandbox.pool": self._owner.pool, "gym.sandbox.id": self.id[:12]}
 
     async def exec(
-        self, cmd: str | list[str], *, timeout_s: float | None = None, on_output: OnOutput | None = None
+        self,
+        cmd: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        on_output: OnOutput | None = None,
+        id: str = "",
     ) -> ExecResult:
         """Run ``cmd`` (a string: through ``sh -c``) in ``/work``; stdout and stderr each capped by the pool's
         ``max_output``; past ``timeout_s`` (default: the sandbox's) it is killed (``exit_code`` None).
-        ``on_output``: given each part of the output as the command produces it (see the module's doc)."""
-        call = SandboxCall(op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output))
+        ``on_output``: given each part of the output as the command produces it (see the module's doc).
+        ``id``: a tool call's id, the same on every attempt of its turn (``Trajectory.call_id``): the sandbox runs
+        it once, and answers it again with that run's result (a replayed one streams nothing)."""
+        call = SandboxCall(
+            op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output), id=id
+        )
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
         started = time.monotonic()
         r = await (self._op(call, timeout) if on_output is None else self._streamed(call, timeout, on_output))
@@ -164,7 +189,7 @@ class Sandbox:
         if self.closed:
             return
         self.closed = True
-        self._owner._open.pop(self.id, None)
+        self._owner._forget(self.id)
         with self._owner._bus.telemetry.span("sandbox.close", attributes=self._attributes()):
             reply = await self._closing()
         if reply is not None and reply.cpu_s is not None:  # what the sandbox used, read by its worker as it removed it
@@ -329,6 +354,15 @@ class Sandboxes:
         self.commands: list[SandboxCommand] = []  # each exec, in order (the attempt's record: RolloutResult.commands)
         # called with None when an acquisition starts, then with its seconds when it ends (however it ends)
         self.on_acquire: Callable[[float | None], None] | None = None
+        # the holder's renewals (``renew``) while it holds any sandbox: every ``renew_s``, as its workers asked
+        self.renew_s = 0.0
+        self._renewing: asyncio.Task[None] | None = None
+        # a resumed attempt's: the sandboxes its rollout held at the checkpoint (``take_up``), whether they were all
+        # reattached (``reattach``: None, not asked yet), and those not yet handed to a create that asks again
+        self._resumable: list[SandboxHandle] | None = None
+        self._reattached: bool | None = None
+        self._reattaching: asyncio.Lock | None = None
+        self._adoptable: list[Sandbox] = []
 
     @property
     def asked(self) -> int:
@@ -363,6 +397,12 @@ class Sandboxes:
         if not self.pool or self._bus is None:
             where = self.where or "the entry"
             raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
+        if self._resumable is not None:
+            await self.reattach()
+        adopted = next((b for b in self._adoptable if b.spec == spec), None)
+        if adopted is not None:  # the container this rollout held before its worker died, files and all
+            self._adoptable.remove(adopted)
+            return adopted
         tel = self._bus.telemetry
         attrs = {"gym.sandbox.pool": self.pool, "gym.sandbox.image": spec.image or ""}
         with tel.span("sandbox.acquire", attributes=attrs) as span:  # the wait for a lease and the create
@@ -380,16 +420,95 @@ class Sandboxes:
                     self.on_acquire(took)
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
+        box = Sandbox(self, reply.sandbox, reply.address, spec)
+        self._hold(box, reply)
+        return box
+
+    def _hold(self, box: Sandbox, reply: SandboxReply) -> None:
+        """``box`` is this lease's now (made, or reattached): counted, and renewed while held."""
         self._asked += 1
-        ran = (spec.image or "", reply.image)
+        ran = (box.spec.image or "", reply.image)
         if ran not in zip(self._images, self._image_ids, strict=True):
             self._images.append(ran[0])
             self._image_ids.append(ran[1])
-        box = Sandbox(self, reply.sandbox, reply.address)
         self._open[box.id] = box
-        if spec.timeout_s:
-            self.exec_timeout_s = spec.timeout_s
-        return box
+        if box.spec.timeout_s:
+            self.exec_timeout_s = box.spec.timeout_s
+        if reply.renew_s > 0:
+            self.renew_s = reply.renew_s if not self.renew_s else min(self.renew_s, reply.renew_s)
+            if self._renewing is None:
+                self._renewing = asyncio.ensure_future(self._renew())
+
+    def _forget(self, sid: str) -> None:
+        """``sid`` is closed: no longer held, renewed or handed to a create."""
+        box = self._open.pop(sid, None)
+        if box in self._adoptable:
+            self._adoptable.remove(box)
+        if not self._open and self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+
+    async def _renew(self) -> None:
+        """Say this holder is alive to the workers of its sandboxes (one publish each, every ``renew_s``): the
+        pool keeps a sandbox whose holder fell silent only for its ``lease_grace_s``."""
+        while self._open:
+            await asyncio.sleep(self.renew_s)
+            for box in list(self._open.values()):
+                call = SandboxCall(op="renew", sandbox=box.id, lease=self.lease)
+                try:
+                    await self._bus.publish(Subjects.session_op(box._address, "renew"), call)
+                except Exception:  # noqa: BLE001 - disconnected meanwhile: the next round says it again
+                    pass
+
+    def handles(self) -> list[SandboxHandle]:
+        """The sandboxes of this lease still open, as a checkpoint keeps them."""
+        return [box.handle() for box in self._open.values()] if self._open else []
+
+    def take_up(self, handles: list[SandboxHandle]) -> None:
+        """A resumed attempt: the sandboxes its rollout held at its checkpoint, reattached at its first create or
+        its ``reattach``, whichever comes first."""
+        if self._reattached is None and self._resumable is None:
+            self._resumable = [h for h in handles if h.pool == self.pool]
+
+    async def reattach(self) -> bool:
+        """Take up every sandbox ``take_up`` named, at the worker that holds it under this lease (``attach``): each
+        is handed to the first create that asks for its spec again, with its files. All or none: where one is gone
+        (its worker died, or ``lease_grace_s`` passed), those taken up are closed and False is returned (the
+        rollout starts over, in fresh ones)."""
+        if self._reattached is None:
+            if self._reattaching is None:
+                self._reattaching = asyncio.Lock()
+            async with self._reattaching:
+                if self._reattached is None:
+                    handles, self._resumable = self._resumable or [], None
+                    self._reattached = await self._attach_all(handles)
+        return self._reattached
+
+    async def _attach_all(self, handles: list[SandboxHandle]) -> bool:
+        expires = self.deadline + LEASE_SLACK_S if self.deadline else 0.0
+        boxes: list[Sandbox] = []
+        for h in handles:
+            call = SandboxCall(op="attach", sandbox=h.sandbox, lease=self.lease, expires=expires)
+            try:
+                reply: SandboxReply = await self._bus.request(
+                    Subjects.session_op(h.address, "attach"), call, timeout=ATTACH_TIMEOUT_S, op="sandbox.attach"
+                )
+            except Exception:  # noqa: BLE001 - its worker is gone, or no longer holds it: none is reattached
+                for box in boxes:
+                    await box.close()
+                return False
+            box = Sandbox(self, h.sandbox, h.address, h.spec)
+            self._hold(box, reply)
+            boxes.append(box)
+        self._adoptable = boxes
+        return True
+
+    async def drop_reattached(self) -> None:
+        """The rollout starts over after all: the sandboxes reattached and not handed out yet are closed (a
+        create makes fresh ones), and none is reattached later."""
+        self._resumable, self._reattached = None, bool(self._reattached)
+        for box in list(self._adoptable):
+            await box.close()
 
     async def _acquire(self, spec: SandboxSpec, started: float) -> SandboxReply:
         """A create that some worker took; a full pool is waited on (until it releases no lease for its
@@ -400,7 +519,7 @@ class Sandboxes:
         key = uuid.uuid4().hex  # each try of this create names it: a worker that made it answers with that one
         while True:  # a pool restarting has no worker for a moment: wait for one, as a session's seed does
             expires = self.deadline + (time.monotonic() - started) + LEASE_SLACK_S if self.deadline else 0.0
-            call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires, key=key)
+            call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires, key=key, renews=True)
             try:
                 reply: SandboxReply = await self._bus.request(
                     subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"

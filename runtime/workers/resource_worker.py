@@ -188,7 +188,7 @@ class ResourceWorker:
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
         self._books: dict[int, _Book] = {}  # native sessions' ledgers, by ``id`` of their instance (``_book``)
-        self._replies: dict[str, ToolReplies] = {}  # sessions' tool replies by call id (``ToolCall.id``)
+        self._replies: dict[str, ToolReplies[ToolReply]] = {}  # sessions' tool replies by call id (``ToolCall.id``)
         self.guest: Guest | None = None
         self.called: Any = None  # a hosted server's sessions on other resources (hosting's CalledSessions)
         if cfg.hosted and hosting is None:  # a bug: resolve_models (publishing) loads no plugin

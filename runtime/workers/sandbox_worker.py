@@ -5,7 +5,10 @@
 resource session is. If this worker dies, calls to its address get "no responders" at once (the rollout
 fails retryably and is redelivered with fresh sandboxes) and its containers are reaped by the pool's
 other or next worker (``sandboxes.reaper``). A sandbox's lease ends when its holder closes it, at the
-lease's end, or after ``idle_ttl_s`` unused.
+lease's end, after ``idle_ttl_s`` unused, or ``lease_grace_s`` after its holder fell silent: a holder says it is
+alive every ``renew_s`` (``renew``), so one SIGKILLed leaves its sandboxes for that grace, in which a resumed
+attempt of its rollout reattaches to them by their lease (``attach``), files and all. An exec carrying an id
+(``SandboxCall.id``: a rollout's tool call, the same on every attempt of its turn) is run once per sandbox.
 
 Scheduling (docs/sandboxes.md, "Scheduling"): a worker is subscribed to the create subject only while it
 has room (placement by free capacity: a full worker takes no create); its room is ``capacity`` and its
@@ -47,6 +50,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.subjects import Subjects
+from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.sandbox")
 
@@ -57,6 +61,7 @@ KILL_WAIT_S = 10.0  # how long a kill waits for the process's end to be read
 CPU_READ_S = 10.0  # how long a release waits for the sandbox's CPU count (the engine's stats)
 RENEW_AT_ONCE = 8  # containers renewed concurrently (one engine call each)
 GATE_S = 0.5  # how often the create subscription is re-judged even when nothing here changed (peers' load)
+RENEW_MAX_S = 30.0  # a holder says it is alive at least this often (a quarter of lease_grace_s, when shorter)
 
 
 class Held(msgspec.Struct, kw_only=True):
@@ -67,6 +72,7 @@ class Held(msgspec.Struct, kw_only=True):
     restartable: bool = False  # opened so (``SandboxSpec.restartable``): ``restart`` is refused otherwise
     key: str = ""  # the create's key (``SandboxCall.key``): a try of the same create gets this sandbox
     image: str = ""  # its image's content id, as the create answered it
+    heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
 
 
 async def _drain(sub: Any) -> None:
@@ -120,6 +126,8 @@ class SandboxWorker:
         self.address = bus.subjects.sandbox_worker(name, self.worker_id)
         self.held: dict[str, Held] = {}
         self.making: dict[str, anyio.Event] = {}  # creates under way, by key: a second try waits for the first
+        self.replies: dict[str, ToolReplies[SandboxReply]] = {}  # by sandbox: its execs' replies by call id
+        self.renew_s = min(RENEW_MAX_S, cfg.lease_grace_s / 4)
         self.procs: dict[str, dict[str, Background]] = {}  # by sandbox, by process id
         self.created = 0
         self.peers = Peers(self.worker_id, capacity=cfg.capacity, replicas=cfg.replicas)
@@ -399,7 +407,7 @@ class SandboxWorker:
         if made is not None:  # its reply was lost (a reconnect): the same sandbox, not a second one held
             sid, held = made
             held.used = time.monotonic()
-            return SandboxReply(sandbox=sid, address=self.address, image=held.image)
+            return SandboxReply(sandbox=sid, address=self.address, image=held.image, renew_s=self.renew_s)
         self.making[req.key] = anyio.Event()
         try:
             return await self._make(req)
@@ -418,12 +426,13 @@ class SandboxWorker:
         warm = None if self._draining else self._take_warm(spec)
         if warm is not None:  # a warm one: no engine call at all
             sid, image_id = warm
-            self.held[sid] = Held(lease=req.lease, expires=expires, used=time.monotonic(), key=req.key, image=image_id)
+            self.held[sid] = held = Held(lease=req.lease, expires=expires, used=time.monotonic(), key=req.key)
+            held.image, held.heard = image_id, held.used if req.renews else 0.0
             self.warm_hits += 1
             self.changed()  # refill
             self._acquired(started, warm=True)
             trace.get_current_span().set_attributes({"gym.sandbox.id": sid[:12], "gym.sandbox.warm": True})
-            return SandboxReply(sandbox=sid, address=self.address, warm=True, image=image_id)
+            return SandboxReply(sandbox=sid, address=self.address, warm=True, image=image_id, renew_s=self.renew_s)
         if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
             await self._remove(self._pop_warm())
         if self.room() <= 0 or self._draining:
@@ -441,6 +450,7 @@ class SandboxWorker:
                 held = Held(
                     lease=req.lease, expires=expires, used=time.monotonic(), restartable=spec.restartable, key=req.key
                 )
+                held.heard = held.used if req.renews else 0.0
                 self.held[sid] = held
                 span.set_attribute("gym.sandbox.id", sid[:12])
                 held.image = image_id = await self.backend.image_id(sid)  # what it runs, whatever its name is later
@@ -448,7 +458,7 @@ class SandboxWorker:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
-        return SandboxReply(sandbox=sid, address=self.address, image=image_id)
+        return SandboxReply(sandbox=sid, address=self.address, image=image_id, renew_s=self.renew_s)
 
     def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
         """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
@@ -464,11 +474,16 @@ class SandboxWorker:
 
     async def _op(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         held = self.held.get(req.sandbox)
-        if held is None:
+        if held is None or (req.op == "attach" and held.lease != req.lease):
             if req.op == "close":  # closed already (idle, reaped): done all the same
                 return SandboxReply(sandbox=req.sandbox)
             raise Failure("tool_error", f"sandbox {req.sandbox[:12]} is not held by worker {self.worker_id}")
         assert self.backend is not None
+        if req.op in ("renew", "attach"):  # its holder is alive (a resumed attempt's, for attach)
+            held.heard = time.monotonic()
+            if req.op == "renew":
+                return SandboxReply(sandbox=req.sandbox)
+            return self._attach(req, held)
         if req.op == "close":
             with self._span("remove", sid=req.sandbox):
                 cpu_s = await self._cpu_s(req.sandbox)
@@ -476,6 +491,11 @@ class SandboxWorker:
             return SandboxReply(sandbox=req.sandbox, cpu_s=cpu_s)
         held.busy += 1
         try:
+            if req.op == "exec" and req.id:  # a rollout's tool call: answered once
+                replies = self.replies.get(req.sandbox)
+                if replies is None:
+                    replies = self.replies[req.sandbox] = ToolReplies()
+                return await replies.once(req.id, lambda: self._exec(req))
             if req.op == "exec":
                 return await self._exec(req)
             if req.op in ("spawn", "poll", "wait", "kill"):
@@ -494,6 +514,16 @@ class SandboxWorker:
         finally:
             held.busy -= 1
             held.used = time.monotonic()
+
+    def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
+        """A resumed attempt of the rollout that holds ``held`` takes it up (the same lease): its lease ends at the
+        new attempt's end (at most ``max_lease_s`` from now), and it is used now."""
+        now = time.time()
+        if req.expires:
+            held.expires = max(held.expires, min(req.expires, now + self.cfg.max_lease_s))
+        held.used = time.monotonic()
+        log.info("sandbox.reattached", sandbox=req.sandbox[:12], lease=held.lease)
+        return SandboxReply(sandbox=req.sandbox, address=self.address, image=held.image, renew_s=self.renew_s)
 
     async def _cpu_s(self, sid: str) -> float | None:
         """The CPU seconds a sandbox used, read just before its release (its holder's cost); None: unknown."""
@@ -603,6 +633,7 @@ class SandboxWorker:
         if self.held.pop(sid, None) is not None and not sid.startswith("creating-"):
             self.released += 1  # a lease's sandbox ended (closed, idle, expired): room for a waiter
         procs = self.procs.pop(sid, {})
+        self.replies.pop(sid, None)
         if self.backend is not None and not sid.startswith("creating-"):
             self.removing += 1
             try:
@@ -626,6 +657,7 @@ class SandboxWorker:
                 for sid in await self.reaper.sweep():
                     self.held.pop(sid, None)
                     self.procs.pop(sid, None)
+                    self.replies.pop(sid, None)
                     if sid in self.warm:
                         self._forget_warm(sid)
                         self.warm_id.pop(sid, None)
@@ -634,17 +666,30 @@ class SandboxWorker:
                     self._forget_warm(sid)
                     self.warm_id.pop(sid, None)
                     await self._remove(sid)
-                idle_since, now = time.monotonic() - self.cfg.idle_ttl_s, time.time()
-                for sid, h in list(self.held.items()):
-                    # a warm container's label names no lease of its own: its worker ends the lease it was given
-                    ended = h.expires < now and not sid.startswith("creating-")
-                    if h.busy == 0 and (h.used < idle_since or ended):
-                        log.info("sandbox.lease_ended" if ended else "sandbox.idle", sandbox=sid[:12], lease=h.lease)
-                        await self._remove(sid)
-                        self.reaper.reaped += 1
+                for sid, why in self._ended():
+                    log.info(why, sandbox=sid[:12], lease=self.held[sid].lease)
+                    await self._remove(sid)
+                    self.reaper.reaped += 1
             except Exception as e:  # the engine hiccuped: the next sweep tries again
                 log.warning("sandbox.sweep_failed", error=repr(e))
             await anyio.sleep(self.cfg.reap_interval_s)
+
+    def _ended(self) -> list[tuple[str, str]]:
+        """This worker's sandboxes whose lease is over, and why: its end passed, unused for ``idle_ttl_s``, or its
+        holder silent for ``lease_grace_s`` since it was last heard or used (none while an operation runs)."""
+        mono, now = time.monotonic(), time.time()
+        idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
+        ended = []
+        for sid, h in self.held.items():
+            if h.busy or sid.startswith("creating-"):  # a warm container's label names no lease of its own: its
+                continue  # worker ends the lease it was given
+            if h.expires < now:
+                ended.append((sid, "sandbox.lease_ended"))
+            elif h.used < idle_since:
+                ended.append((sid, "sandbox.idle"))
+            elif h.heard and max(h.heard, h.used) < silent_since:
+                ended.append((sid, "sandbox.holder_gone"))
+        return ended
 
     async def _renew_loop(self) -> None:
         """Renew every container this worker holds, warm ones included (``Backend.renew``): one it stops renewing

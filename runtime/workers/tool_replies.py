@@ -3,28 +3,29 @@
 A rollout resumed at its last turn replays that turn's tool calls under the ids they had (``ToolCall.id``: the
 same on every attempt of the turn). The session answers an id it answered before with that first reply, and one
 still running (the dead attempt's, in flight) with its reply once it ends: it is never run again. Bounded per
-session (the oldest forgotten first): a turn's calls are replayed only by the next attempt, right after.
+session (the oldest forgotten first): a turn's calls are replayed only by the next attempt, right after. A sandbox
+worker keeps one per sandbox for the execs a rollout's agent runs under its tool calls' ids (``SandboxCall.id``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 import anyio
 
-from gym_runtime.messages import ToolReply
-
 REPLIES_PER_SESSION = 64
+R = TypeVar("R")
 
 
-class ToolReplies:
+class ToolReplies(Generic[R]):
     __slots__ = ("_done", "_running")
 
     def __init__(self) -> None:
-        self._done: dict[str, ToolReply] = {}
+        self._done: dict[str, R] = {}
         self._running: dict[str, anyio.Event] = {}
 
-    async def once(self, call_id: str, run: Callable[[], Awaitable[ToolReply]]) -> ToolReply:
+    async def once(self, call_id: str, run: Callable[[], Awaitable[R]]) -> R:
         """The reply to ``call_id``: the first one given, else the one still running's, else ``run``'s (a call
         that raised is not recorded: it may be asked again)."""
         while True:

@@ -1,0 +1,85 @@
+"""A resumed rollout reattaches to the agent's own sandbox (issue 69 item 2): real nats-server, real Docker, real
+worker processes SIGKILLed mid-rollout (only the LLM is a test double: ``scripted``).
+
+The agent (``tests/envs/agent_boxed.py``) runs each of 50 tool calls in its own container (``ctx.sandbox``),
+bumping a counter of the call's own there. Its worker killed at turn k, the pool keeps the container under the
+rollout's lease for ``lease_grace_s``; the redelivered attempt takes it up by that lease: the same container, its
+files intact, each call's side effect once. With no attempt coming, the container is gone once the grace has
+passed: a dead agent leaks nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.docker import docker_socket
+from tests.envs.long_boxed import STEPS
+from tests.long_rollout import (
+    Run,
+    containers,
+    new_pool,
+    remove_containers,
+    stored_checkpoint,
+    tool_outputs,
+    turn_stored,
+    write_config,
+)
+from tests.pools import wait_until
+
+KILL_AT = 12
+
+
+@pytest.fixture
+def box_pool() -> Iterator[str]:
+    pool = new_pool(docker_socket())
+    yield pool
+    remove_containers(pool)  # what a failed test left: this pool's only
+
+
+def test_a_resumed_rollout_reattaches_to_the_agents_own_container(
+    nats_server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    run = Run(tmp_path, nats_server.url, write_config(tmp_path, box_pool, agent_boxed=True))
+    try:
+        run.start(box_pool)
+        wait_until(lambda: turn_stored(nats_server.url) >= KILL_AT, timeout=120)
+        run.pool.kill("agents.agent")
+        cp = stored_checkpoint(nats_server.url)
+        assert cp is not None and cp.turn < STEPS
+        (held,) = cp.sandboxes  # the agent's own container, by its lease
+        assert containers(box_pool) == [held.sandbox]
+        run.pool.start("agents.agent#2", "agents.agent")
+        row = run.row()
+        assert (row["resumed_how"], row["resumed_from_turn"]) == ("reattached", cp.turn)
+        assert row["provenance"]["attempt"] == 2
+        counts = row["counts"]
+        assert sorted(counts) == [f"step_{i:02d}" for i in range(STEPS)], counts
+        assert set(counts.values()) == {1}, {k: v for k, v in counts.items() if v != 1}  # each call once
+        outputs = tool_outputs(row)
+        assert {o["sandbox"] for o in outputs} == {held.sandbox}  # one container, before and after the kill
+        assert {o["container"] for o in outputs} == {row["container"]} == {held.sandbox[:12]}
+        assert stored_checkpoint(nats_server.url) is None
+        wait_until(lambda: containers(box_pool) == [], timeout=30)  # closed with the rollout's end
+    finally:
+        run.close()
+
+
+def test_a_dead_agents_container_is_gone_after_the_pools_lease_grace(
+    nats_server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    grace = 6.0
+    run = Run(tmp_path, nats_server.url, write_config(tmp_path, box_pool, agent_boxed=True, lease_grace_s=grace))
+    try:
+        run.start(box_pool)
+        wait_until(lambda: turn_stored(nats_server.url) >= 3, timeout=120)
+        run.pool.kill("agents.agent")  # no attempt comes to take its container up
+        (held,) = stored_checkpoint(nats_server.url).sandboxes  # type: ignore[union-attr]
+        assert containers(box_pool) == [held.sandbox]
+        # kept meanwhile (idle_ttl_s is 120: only the grace ends it), then removed by its worker
+        wait_until(lambda: containers(box_pool) == [], timeout=grace + 30)
+    finally:
+        run.close()
