@@ -124,13 +124,15 @@ class Run:
         self.out = tmp / "out.jsonl"
         self.collector: subprocess.Popen[str] | None = None
         self.published = 0.0
+        self.rows = [task()]  # what ``publish`` publishes: the long environment's one task
 
-    def start_workers(self, sandbox_pool: str) -> None:
-        for only in (f"sandboxes.{sandbox_pool}", "models.policy", "resources.env", "agents.agent"):
+    def start_workers(self, sandbox_pool: str | None) -> None:
+        pools = (f"sandboxes.{sandbox_pool}",) if sandbox_pool else ()
+        for only in (*pools, "models.policy", "resources.env", "agents.agent"):
             self.pool.start(only, only)
 
     def publish(self, *, collect: bool = True) -> None:
-        tasks = write_jsonl(self.tmp / "tasks.jsonl", [task()])
+        tasks = write_jsonl(self.tmp / "tasks.jsonl", self.rows)
         self.published = time.monotonic()
         res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, "--batch", BATCH)
         assert res.returncode == 0, res.stderr
@@ -140,7 +142,7 @@ class Run:
     def collect(self) -> None:
         self.collector = start_collect(self.url, BATCH, self.out)
 
-    def start(self, sandbox_pool: str) -> None:
+    def start(self, sandbox_pool: str | None) -> None:
         self.start_workers(sandbox_pool)
         self.publish()
 

@@ -1,0 +1,112 @@
+"""Reattach works for the hosted kinds whose session lives on a resource worker that is still alive (issue 69 item
+5): an OpenEnv environment (``resources.openenv``, its ``Environment`` in the worker) and an OpenReward (ORS) one
+(``resources.openreward``, its SDK environment in the worker's guest process). Real nats-server, real worker
+processes, the agent worker SIGKILLed between two turns (the LLM is a test double: ``scripted``, slowed so the kill
+lands between them). The redelivered attempt reattaches to the same session: the row says so, each tool ran once,
+and ORS's ``submit`` sees the part ``fix`` repaired before the kill (a fresh session would say "still broken").
+Which kinds reattach, restore or only restart: docs/operations.md#resume-at-the-last-turn.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.helpers import REPO
+from tests.long_rollout import Run, stored_checkpoint
+from tests.pools import wait_until
+
+ENVS = REPO / "tests" / "envs"
+
+
+def _openenv_row() -> dict[str, Any]:
+    from gym_runtime.resources.openenv import action_tool
+    from tests.envs.openenv_counter import CountAction
+
+    tools = [action_tool(CountAction)]
+    return {"responses_create_params": {"input": [{"role": "user", "content": "count"}], "tools": tools}}
+
+
+def _ors_row() -> dict[str, Any]:
+    """Task r0 of ``ors_repair:Repair`` (its broken part is the scripted policy's example string), its tools in
+    the order the policy calls them, one a turn: inspect, fix, submit."""
+    from gym_runtime.resources.openreward.rows import rows_in_process
+
+    if str(ENVS) not in sys.path:
+        sys.path.insert(0, str(ENVS))
+    row = rows_in_process(importlib.import_module("ors_repair").Repair, "train")[0]
+    tools = {t["name"]: t for t in row["responses_create_params"]["tools"]}
+    params = {**row["responses_create_params"], "tools": [tools[n] for n in ("inspect", "fix", "submit")]}
+    return {**row, "responses_create_params": {**params, "parallel_tool_calls": False}}
+
+
+KINDS = {
+    # kind: (its resources entry, its task, the checkpointed turn to kill the agent after)
+    "openenv": ({"server": "resources.openenv", "options": {"env": "openenv_counter:CountEnv"}}, _openenv_row, 1),
+    "openreward": ({"server": "resources.openreward", "options": {"env": "ors_repair:Repair"}}, _ors_row, 2),
+}
+
+
+def _config(tmp: Path, resource: dict[str, Any]) -> Path:
+    cfg = {
+        "namespace": "gym",
+        "models": {"policy": {"adapter": "scripted", "delay_s": 4.0, "ack_wait_s": 2.0}},
+        "resources": {"env": resource},
+        "agents": {
+            "agent": {
+                "agent": "agents.simple",
+                "model": "policy",
+                "resource": "env",
+                "timeout_s": 300,
+                "ack_wait_s": 2.0,
+                "checkpoint": "every_turn",
+            }
+        },
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
+    nats_server: EmbeddedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ENVS))  # the environments' modules, for the workers (and ORS's guest)
+    monkeypatch.setenv("OPENREWARD_DISABLE_UPDATE_CHECK", "1")  # the SDK would ask PyPI for its latest version
+    resource, row, kill_after = KINDS[kind]
+    run = Run(tmp_path, nats_server.url, _config(tmp_path, resource))
+    run.rows = [row()]
+    try:
+        run.start(None)
+
+        def answered() -> bool:
+            cp = stored_checkpoint(nats_server.url)
+            return cp is not None and cp.turn >= kill_after and cp.phase == "answered"
+
+        wait_until(answered, timeout=180)
+        run.pool.kill("agents.agent")  # between two turns: the next generation takes the policy 4 s
+        cp = stored_checkpoint(nats_server.url)
+        assert cp is not None and cp.turn == kill_after, cp
+        run.pool.start("agents.agent#2", "agents.agent")
+        row_out = run.row()
+        assert (row_out["resumed_how"], row_out["resumed_from_turn"]) == ("reattached", kill_after)
+        calls = [i["call_id"] for i in row_out["response"]["output"] if i["type"] == "function_call"]
+        outputs = [i["call_id"] for i in row_out["response"]["output"] if i["type"] == "function_call_output"]
+        assert outputs == calls and len(set(calls)) == len(calls)  # each call answered once
+        if kind == "openreward":  # submit, after the kill, found the part fixed before it (same session)
+            items = row_out["response"]["output"]
+            names = [i["name"] for i in items if i["type"] == "function_call"]
+            assert names == ["inspect", "fix", "submit"], names
+            last = next(i for i in reversed(items) if i["type"] == "function_call_output")
+            assert "works" in json.dumps(last["output"]), last
+        assert stored_checkpoint(nats_server.url) is None
+    finally:
+        run.close()
