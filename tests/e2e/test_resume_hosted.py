@@ -1,9 +1,11 @@
 """Reattach works for the hosted kinds whose session lives on a resource worker that is still alive (issue 69 item
-5): an OpenEnv environment (``resources.openenv``, its ``Environment`` in the worker) and an OpenReward (ORS) one
-(``resources.openreward``, its SDK environment in the worker's guest process). Real nats-server, real worker
-processes, the agent worker SIGKILLed between two turns (the LLM is a test double: ``scripted``, slowed so the kill
-lands between them). The redelivered attempt reattaches to the same session: the row says so, each tool ran once,
-and ORS's ``submit`` sees the part ``fix`` repaired before the kill (a fresh session would say "still broken").
+5): an OpenEnv environment (``resources.openenv``, its ``Environment`` in the worker), an OpenReward (ORS) one
+(``resources.openreward``, its SDK environment in the worker's guest process) and a NeMo Gym resources server
+(``nemo_gym: example_session_state_mgmt``, its own code in the guest, on its built environment). Real nats-server,
+real worker processes, the agent worker SIGKILLed between two turns (the LLM is a test double: ``scripted``, slowed
+so the kill lands between them). The redelivered attempt reattaches to the same session: the row says so, each
+tool ran once, ORS's ``submit`` sees the part ``fix`` repaired before the kill (a fresh session would say "still
+broken") and NeMo Gym's counter read after the kill has the increment made before it.
 Which kinds reattach, restore or only restart: docs/operations.md#resume-at-the-last-turn.
 """
 
@@ -19,7 +21,8 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import REPO
+from tests.helpers import REPO, read_jsonl
+from tests.hosting import catalogue_root
 from tests.long_rollout import Run, stored_checkpoint
 from tests.pools import wait_until
 
@@ -47,10 +50,19 @@ def _ors_row() -> dict[str, Any]:
     return {**row, "responses_create_params": {**params, "parallel_tool_calls": False}}
 
 
+def _nemo_gym_row() -> dict[str, Any]:
+    """example_session_state_mgmt's first task (a counter per session, seeded at ``initial_count``): increment, then
+    read the counter, one a turn."""
+    root = catalogue_root("--server", "example_session_state_mgmt")
+    (row, *_) = read_jsonl(root / "example_session_state_mgmt" / "data" / "example.jsonl")
+    return {**row, "responses_create_params": {**row["responses_create_params"], "parallel_tool_calls": False}}
+
+
 KINDS = {
     # kind: (its resources entry, its task, the checkpointed turn to kill the agent after)
     "openenv": ({"server": "resources.openenv", "options": {"env": "openenv_counter:CountEnv"}}, _openenv_row, 1),
     "openreward": ({"server": "resources.openreward", "options": {"env": "ors_repair:Repair"}}, _ors_row, 2),
+    "nemo_gym": ({"nemo_gym": "example_session_state_mgmt"}, _nemo_gym_row, 1),
 }
 
 
@@ -107,6 +119,11 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
             assert names == ["inspect", "fix", "submit"], names
             last = next(i for i in reversed(items) if i["type"] == "function_call_output")
             assert "works" in json.dumps(last["output"]), last
+        if kind == "nemo_gym":  # the counter read after the kill has the increment made before it (same session)
+            items = row_out["response"]["output"]
+            (inc,) = [json.loads(i["arguments"]) for i in items if i.get("name") == "increment_counter"]
+            last = json.loads(next(i for i in reversed(items) if i["type"] == "function_call_output")["output"])
+            assert last["count"] == run.rows[0]["initial_count"] + inc["count"], (last, inc)
         assert stored_checkpoint(nats_server.url) is None
     finally:
         run.close()
