@@ -1,7 +1,8 @@
 """Reattach works for the hosted kinds whose session lives on a resource worker that is still alive (issue 69 item
 5): an OpenEnv environment (``resources.openenv``, its ``Environment`` in the worker), an OpenReward (ORS) one
-(``resources.openreward``, its SDK environment in the worker's guest process) and a NeMo Gym resources server
-(``nemo_gym: example_session_state_mgmt``, its own code in the guest, on its built environment). Real nats-server,
+(``resources.openreward``, its SDK environment in the worker's guest process), a NeMo Gym resources server
+(``nemo_gym: example_session_state_mgmt``, its own code in the guest, on its built environment) and a Harbor task
+(``resources.harbor``, its container on a Docker sandbox pool, held by the session). Real nats-server,
 real worker processes, the agent worker SIGKILLed between two turns (the LLM is a test double: ``scripted``, slowed
 so the kill lands between them). The redelivered attempt reattaches to the same session: the row says so, each
 tool ran once, ORS's ``submit`` sees the part ``fix`` repaired before the kill (a fresh session would say "still
@@ -14,16 +15,21 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.sandboxes.engine_http import Engine, socket_of
+from gym_runtime.sandboxes.images import ensure_base
+from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
 from tests.hosting import catalogue_root
-from tests.long_rollout import Run, stored_checkpoint
+from tests.long_rollout import Run, remove_containers, stored_checkpoint
 from tests.pools import wait_until
 
 ENVS = REPO / "tests" / "envs"
@@ -58,18 +64,46 @@ def _nemo_gym_row() -> dict[str, Any]:
     return {**row, "responses_create_params": {**row["responses_create_params"], "parallel_tool_calls": False}}
 
 
+HARBOR_TASK = "read-file"
+
+
+def _harbor() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Harbor task of tests/harbor_tasks (its image built once per engine) on a sandbox pool of this test's own:
+    the resources entry with its pool's, and the task's row (``bash`` offered: the policy calls it once)."""
+    from gym_runtime.harbor import ImageOptions, find_tasks
+    from gym_runtime.harbor.hosting import ensure_images, harbor_config
+    from gym_runtime.resources.harbor import dataset_rows
+
+    tasks = REPO / "tests" / "harbor_tasks"
+    opts = ImageOptions(base_images={"debian:bookworm-slim": "base", "python:3.12-slim": "base"})
+
+    async def build() -> None:
+        async with Engine(docker_socket()) as e:
+            await ensure_base(e)
+            await ensure_images(e, [t for t in find_tasks(tasks) if t.name == HARBOR_TASK], opts)
+
+    anyio.run(build)
+    raw = harbor_config(str(tasks), opts, f"unix://{socket_of(docker_socket())}", 120)
+    pool = f"rh{uuid.uuid4().hex[:6]}"
+    entry = {**raw["resources"]["harbor"], "sandbox": pool}
+    row = next(r for r in dataset_rows({"tasks": str(tasks)}, "train") if r["harbor_task"] == HARBOR_TASK)
+    return {"env": entry, "sandboxes": {pool: raw["sandboxes"]["harbor"]}}, row
+
+
 KINDS = {
     # kind: (its resources entry, its task, the checkpointed turn to kill the agent after)
     "openenv": ({"server": "resources.openenv", "options": {"env": "openenv_counter:CountEnv"}}, _openenv_row, 1),
     "openreward": ({"server": "resources.openreward", "options": {"env": "ors_repair:Repair"}}, _ors_row, 2),
     "nemo_gym": ({"nemo_gym": "example_session_state_mgmt"}, _nemo_gym_row, 1),
+    "harbor": ({}, lambda: {}, 1),  # its entry and row: ``_harbor``
 }
 
 
-def _config(tmp: Path, resource: dict[str, Any]) -> Path:
+def _config(tmp: Path, resource: dict[str, Any], sandboxes: dict[str, Any] | None = None) -> Path:
     cfg = {
         "namespace": "gym",
         "models": {"policy": {"adapter": "scripted", "delay_s": 4.0, "ack_wait_s": 2.0}},
+        "sandboxes": sandboxes or {},
         "resources": {"env": resource},
         "agents": {
             "agent": {
@@ -94,10 +128,17 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
     monkeypatch.setenv("PYTHONPATH", str(ENVS))  # the environments' modules, for the workers (and ORS's guest)
     monkeypatch.setenv("OPENREWARD_DISABLE_UPDATE_CHECK", "1")  # the SDK would ask PyPI for its latest version
     resource, row, kill_after = KINDS[kind]
-    run = Run(tmp_path, nats_server.url, _config(tmp_path, resource))
-    run.rows = [row()]
+    pool = None
+    if kind == "harbor":
+        entries, task = _harbor()
+        (pool,) = entries["sandboxes"]
+        run = Run(tmp_path, nats_server.url, _config(tmp_path, entries["env"], entries["sandboxes"]))
+        run.rows = [task]
+    else:
+        run = Run(tmp_path, nats_server.url, _config(tmp_path, resource))
+        run.rows = [row()]
     try:
-        run.start(None)
+        run.start(pool)
 
         def answered() -> bool:
             cp = stored_checkpoint(nats_server.url)
@@ -127,3 +168,5 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
         assert stored_checkpoint(nats_server.url) is None
     finally:
         run.close()
+        if pool is not None:
+            remove_containers(pool)
