@@ -48,6 +48,7 @@ def write_config(
     checkpoint: str = "every_turn",
     delay_s: float = 0.05,
     agent_boxed: bool = False,
+    agent_options: dict[str, Any] | None = None,
     lease_grace_s: float = 60.0,
     **env: Any,
 ) -> Path:
@@ -89,7 +90,7 @@ def write_config(
     }
     if agent_boxed:
         cfg["resources"]["env"] = {"server": "tests.envs.agent_boxed"}
-        cfg["agents"]["agent"].update(agent="tests.envs.agent_boxed", sandbox=pool)
+        cfg["agents"]["agent"].update(agent="tests.envs.agent_boxed", sandbox=pool, options=agent_options or {})
         cfg["sandboxes"][pool]["reap_interval_s"] = 1  # a dead agent's container goes within a second of its grace
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))

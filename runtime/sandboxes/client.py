@@ -227,7 +227,8 @@ class Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        if not self._owner.kept_for_retry(exc[1]):
+            await self.close()
 
 
 class Process:
@@ -293,7 +294,8 @@ class _Opening:
         return self._box
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._box.close()
+        if not self._owner.kept_for_retry(exc[1]):
+            await self._box.close()
 
 
 class _Waiting:
@@ -363,6 +365,9 @@ class Sandboxes:
         self._reattached: bool | None = None
         self._reattaching: asyncio.Lock | None = None
         self._adoptable: list[Sandbox] = []
+        # a rollout that writes checkpoints: a sandbox whose ``async with`` a retryable failure leaves stays open for
+        # the worker to end or leave to the next attempt (``let_go``), which resumes from the checkpoint
+        self.defer_close = False
 
     @property
     def asked(self) -> int:
@@ -459,6 +464,21 @@ class Sandboxes:
                     await self._bus.publish(Subjects.session_op(box._address, "renew"), call)
                 except Exception:  # noqa: BLE001 - disconnected meanwhile: the next round says it again
                     pass
+
+    def kept_for_retry(self, exc: object) -> bool:
+        """Whether a sandbox's ``async with`` left by ``exc`` keeps it open (``defer_close``): a retryable failure
+        of a rollout that writes checkpoints; its worker ends the lease, or leaves it to the next attempt."""
+        return self.defer_close and isinstance(exc, Failure) and exc.info.retryable
+
+    def let_go(self) -> None:
+        """The attempt ends without ending its lease (given back for another attempt, which resumes from its
+        checkpoint): no more renewals, so the pool keeps its sandboxes for ``lease_grace_s``, for that attempt
+        to reattach to, then removes them."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+        self._open.clear()
+        self._adoptable = []
 
     def handles(self) -> list[SandboxHandle]:
         """The sandboxes of this lease still open, as a checkpoint keeps them."""

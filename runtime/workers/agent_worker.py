@@ -404,6 +404,7 @@ class AgentWorker:
         ctx.task_attempt = attempt
         if (box := await self._checkpoints(task, attempt)) is not None:
             ctx.checkpoints = box
+            ctx.sandboxes.defer_close = True  # given back, its sandboxes may be left to its next attempt
             ctx.resumed = await box.read() if attempt > 1 else None
         retrying = False
         try:
@@ -414,8 +415,12 @@ class AgentWorker:
                 await msg.nak(delay=delay)
                 return None
         finally:  # the rollout ended, whichever way: so does its sandboxes' lease, before its rows are built
-            # (each sandbox's CPU is read as it is removed, so the row's cost has it)
-            await _release(ctx)
+            # (each sandbox's CPU is read as it is removed, so the row's cost has it); given back with a checkpoint
+            # naming them, they are left for the pool's lease_grace_s: its next attempt reattaches to them
+            if retrying and box is not None and box.written and ctx.sandboxes.held():
+                ctx.sandboxes.let_go()
+            else:
+                await _release(ctx)
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them

@@ -83,3 +83,22 @@ def test_a_dead_agents_container_is_gone_after_the_pools_lease_grace(
         wait_until(lambda: containers(box_pool) == [], timeout=grace + 30)
     finally:
         run.close()
+
+
+def test_an_attempt_given_back_for_a_retryable_failure_leaves_its_container_to_the_next(
+    nats_server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    """A retryable failure (the model's 5xx) at turn k gives the rollout back with its checkpoint: its container is
+    left under its lease (not closed), and the next attempt, on the same live worker, reattaches to it."""
+    cfg = write_config(tmp_path, box_pool, agent_boxed=True, agent_options={"fail_at": KILL_AT})
+    run = Run(tmp_path, nats_server.url, cfg)
+    try:
+        run.start(box_pool)
+        row = run.row()
+        assert (row["resumed_how"], row["resumed_from_turn"]) == ("reattached", KILL_AT)
+        assert row["provenance"]["attempt"] == 2
+        assert set(row["counts"].values()) == {1} and len(row["counts"]) == STEPS
+        assert len({o["sandbox"] for o in tool_outputs(row)}) == 1  # one container, before and after the failure
+        wait_until(lambda: containers(box_pool) == [], timeout=30)
+    finally:
+        run.close()

@@ -5,7 +5,8 @@ The environment offers ``STEPS`` tools (``tests/envs/long_boxed.task``); the scr
 the LLM, calls one a turn. The agent runs each call itself: it bumps a counter file of the call's own in its one
 container, under the call's id (``Trajectory.call_id``: a replayed turn's exec is answered once), and answers the
 container's hostname and the count. At the end it reads every counter back into the row (``counts``,
-``container``). The environment holds nothing: its verify gives reward 1.
+``container``). The environment holds nothing: its verify gives reward 1. Option ``fail_at``: the first attempt
+fails retryably at that turn, before its calls run (given back; the next attempt resumes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from typing import Any
 
 from gym_runtime.agent import AgentContext, Outcome, Trajectory
+from gym_runtime.errors import Failure
 from gym_runtime.messages import FunctionCall, FunctionCallOutput, Response, create_params
 from gym_runtime.resource import Resource, Verdict, tool
 from tests.envs.long_boxed import STEPS, step_name
@@ -30,6 +32,9 @@ async def run(ctx: AgentContext) -> Outcome:
             calls = [o for o in resp.output if isinstance(o, FunctionCall)]
             if not calls:
                 break
+            fail_at = ctx.config.options.get("fail_at")
+            if fail_at is not None and ctx.task_attempt == 1 and trajectory.steps == fail_at:
+                raise Failure("model_error", "a 5xx (a test's)", retryable=True)  # given back: the next attempt resumes
             for i, call in enumerate(calls):
                 name = call.name
                 cmd = f"n=$(cat {name} 2>/dev/null || echo 0); echo $((n+1)) > {name}; hostname; cat {name}"
