@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from gym_runtime.transport.subjects import Subjects
 from tests.docker import docker_socket
 from tests.envs.long_boxed import task
 from tests.helpers import cli, read_jsonl, write_jsonl
-from tests.pools import Pool, start_collect
+from tests.pools import Pool, start_collect, wait_until
 
 BATCH = "r1"
 KEY = Subjects.checkpoint_key("agent", BATCH, 0, 0)
@@ -39,6 +40,18 @@ def new_pool(socket: str) -> str:
 
     anyio.run(build)
     return f"rs{uuid.uuid4().hex[:6]}"
+
+
+def agent_entry(checkpoint: str = "every_turn") -> dict[str, Any]:
+    """The agent ``agent``: the simple loop on ``policy`` and the resource ``env``, redelivered in seconds."""
+    return {
+        "agent": "agents.simple",
+        "model": "policy",
+        "resource": "env",
+        "timeout_s": 300,
+        "ack_wait_s": 2.0,  # redelivered in seconds, not the default 30
+        "checkpoint": checkpoint,
+    }
 
 
 def write_config(
@@ -75,18 +88,7 @@ def write_config(
             }
         },
         "resources": {"env": {"server": "tests.envs.long_boxed", "sandbox": pool, "options": env}},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "timeout_s": 300,
-                "concurrency": 2,
-                "ack_wait_s": 2.0,  # redelivered in seconds, not the default 30
-                "max_attempts": 2,
-                "checkpoint": checkpoint,
-            }
-        },
+        "agents": {"agent": {**agent_entry(checkpoint), "concurrency": 2, "max_attempts": 2}},
     }
     if agent_boxed:
         cfg["resources"]["env"] = {"server": "tests.envs.agent_boxed"}
@@ -146,6 +148,20 @@ class Run:
     def start(self, sandbox_pool: str | None) -> None:
         self.start_workers(sandbox_pool)
         self.publish()
+
+    def kill_agent_after(self, reached: Callable[[Checkpoint], bool]) -> Checkpoint:
+        """SIGKILL the agent worker once its stored checkpoint has ``reached`` a point; that checkpoint (what the
+        next attempt finds: nothing writes it now)."""
+
+        def stored() -> bool:
+            cp = stored_checkpoint(self.url)
+            return cp is not None and reached(cp)
+
+        wait_until(stored, timeout=180)
+        self.pool.kill("agents.agent")
+        cp = stored_checkpoint(self.url)
+        assert cp is not None
+        return cp
 
     def row(self) -> dict[str, Any]:
         assert self.collector is not None

@@ -29,8 +29,7 @@ from gym_runtime.sandboxes.images import ensure_base
 from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
 from tests.hosting import catalogue_root
-from tests.long_rollout import Run, remove_containers, stored_checkpoint
-from tests.pools import wait_until
+from tests.long_rollout import Run, agent_entry, remove_containers, stored_checkpoint
 
 ENVS = REPO / "tests" / "envs"
 
@@ -105,16 +104,7 @@ def _config(tmp: Path, resource: dict[str, Any], sandboxes: dict[str, Any] | Non
         "models": {"policy": {"adapter": "scripted", "delay_s": 4.0, "ack_wait_s": 2.0}},
         "sandboxes": sandboxes or {},
         "resources": {"env": resource},
-        "agents": {
-            "agent": {
-                "agent": "agents.simple",
-                "model": "policy",
-                "resource": "env",
-                "timeout_s": 300,
-                "ack_wait_s": 2.0,
-                "checkpoint": "every_turn",
-            }
-        },
+        "agents": {"agent": agent_entry()},
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -140,14 +130,9 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
     try:
         run.start(pool)
 
-        def answered() -> bool:
-            cp = stored_checkpoint(nats_server.url)
-            return cp is not None and cp.turn >= kill_after and cp.phase == "answered"
-
-        wait_until(answered, timeout=180)
-        run.pool.kill("agents.agent")  # between two turns: the next generation takes the policy 4 s
-        cp = stored_checkpoint(nats_server.url)
-        assert cp is not None and cp.turn == kill_after, cp
+        # between two turns: the next generation takes the policy 4 s
+        cp = run.kill_agent_after(lambda cp: cp.turn >= kill_after and cp.phase == "answered")
+        assert cp.turn == kill_after, cp
         run.pool.start("agents.agent#2", "agents.agent")
         row_out = run.row()
         assert (row_out["resumed_how"], row_out["resumed_from_turn"]) == ("reattached", kill_after)

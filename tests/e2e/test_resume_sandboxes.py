@@ -25,7 +25,6 @@ from tests.long_rollout import (
     remove_containers,
     stored_checkpoint,
     tool_outputs,
-    turn_stored,
     write_config,
 )
 from tests.pools import wait_until
@@ -46,10 +45,8 @@ def test_a_resumed_rollout_reattaches_to_the_agents_own_container(
     run = Run(tmp_path, nats_server.url, write_config(tmp_path, box_pool, agent_boxed=True))
     try:
         run.start(box_pool)
-        wait_until(lambda: turn_stored(nats_server.url) >= KILL_AT, timeout=120)
-        run.pool.kill("agents.agent")
-        cp = stored_checkpoint(nats_server.url)
-        assert cp is not None and cp.turn < STEPS
+        cp = run.kill_agent_after(lambda cp: cp.turn >= KILL_AT)
+        assert cp.turn < STEPS
         (held,) = cp.sandboxes  # the agent's own container, by its lease
         assert containers(box_pool) == [held.sandbox]
         run.pool.start("agents.agent#2", "agents.agent")
@@ -75,9 +72,7 @@ def test_a_dead_agents_container_is_gone_after_the_pools_lease_grace(
     run = Run(tmp_path, nats_server.url, write_config(tmp_path, box_pool, agent_boxed=True, lease_grace_s=grace))
     try:
         run.start(box_pool)
-        wait_until(lambda: turn_stored(nats_server.url) >= 3, timeout=120)
-        run.pool.kill("agents.agent")  # no attempt comes to take its container up
-        (held,) = stored_checkpoint(nats_server.url).sandboxes  # type: ignore[union-attr]
+        (held,) = run.kill_agent_after(lambda cp: cp.turn >= 3).sandboxes  # no attempt comes to take it up
         assert containers(box_pool) == [held.sandbox]
         # kept meanwhile (idle_ttl_s is 120: only the grace ends it), then removed by its worker
         wait_until(lambda: containers(box_pool) == [], timeout=grace + 30)
