@@ -666,29 +666,29 @@ class SandboxWorker:
                     self._forget_warm(sid)
                     self.warm_id.pop(sid, None)
                     await self._remove(sid)
-                for sid, why in self._ended():
-                    log.info(why, sandbox=sid[:12], lease=self.held[sid].lease)
+                for sid, why, lease in self._ended():
+                    log.info(why, sandbox=sid[:12], lease=lease)
                     await self._remove(sid)
                     self.reaper.reaped += 1
             except Exception as e:  # the engine hiccuped: the next sweep tries again
                 log.warning("sandbox.sweep_failed", error=repr(e))
             await anyio.sleep(self.cfg.reap_interval_s)
 
-    def _ended(self) -> list[tuple[str, str]]:
+    def _ended(self) -> list[tuple[str, str, str]]:
         """This worker's sandboxes whose lease is over, and why: its end passed, unused for ``idle_ttl_s``, or its
         holder silent for ``lease_grace_s`` since it was last heard or used (none while an operation runs)."""
         mono, now = time.monotonic(), time.time()
         idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
         ended = []
         for sid, h in self.held.items():
-            if h.busy or sid.startswith("creating-"):  # a warm container's label names no lease of its own: its
-                continue  # worker ends the lease it was given
-            if h.expires < now:
-                ended.append((sid, "sandbox.lease_ended"))
+            if h.busy or sid.startswith("creating-"):
+                continue
+            if h.expires < now:  # a warm container's label names no lease of its own: its worker ends the one given
+                ended.append((sid, "sandbox.lease_ended", h.lease))
             elif h.used < idle_since:
-                ended.append((sid, "sandbox.idle"))
+                ended.append((sid, "sandbox.idle", h.lease))
             elif h.heard and max(h.heard, h.used) < silent_since:
-                ended.append((sid, "sandbox.holder_gone"))
+                ended.append((sid, "sandbox.holder_gone", h.lease))
         return ended
 
     async def _renew_loop(self) -> None:
