@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gym_runtime.messages import SandboxSpec
+from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_http import Engine
@@ -70,3 +70,19 @@ async def test_a_silent_holders_sandbox_ends_after_the_grace_and_a_renewing_ones
         await asyncio.sleep(4)  # past the grace again: the renewing holder's is still there
         assert await only_kept()
         await alive.close_all()
+
+
+async def test_an_older_holder_that_never_renews_is_not_judged_by_the_grace(
+    bus: Bus, engine: Engine, base_image: str, pool: str
+) -> None:
+    """A create without ``renews`` (a holder of an older version) is kept until ``idle_ttl_s`` as before, never
+    ended by a grace it cannot know of."""
+    async with fleet(bus, engine, pool) as worker:
+        await worker(lease_grace_s=2, idle_ttl_s=600, reap_interval_s=0.5)
+        create = SandboxCall(op="create", spec=SandboxSpec(), lease="b1:2:0", key="k1")
+        reply: SandboxReply = await bus.request(
+            bus.subjects.sandbox_create(pool), create, timeout=120, op="sandbox.create"
+        )
+        assert reply.renew_s == 0.5 and reply.sandbox
+        await asyncio.sleep(4)  # twice the grace, with no renewal
+        assert [c["Id"] for c in await engine.containers({POOL: f"gym.{pool}"})] == [reply.sandbox]
