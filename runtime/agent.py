@@ -29,9 +29,11 @@ from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
     FunctionCallOutput,
+    HeldSandboxes,
     Item,
     ModelRequest,
     Response,
+    Restore,
     RolloutTask,
     RowCheck,
     SeedReply,
@@ -43,7 +45,7 @@ from gym_runtime.messages import (
     VerifyReply,
     VerifyRequest,
 )
-from gym_runtime.resource import RESUME_ALIVE, RESUME_RESTORE
+from gym_runtime.resource import RESUME_ALIVE, RESUME_RESTORE, RESUME_RESTORE_HELD
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.spec import SandboxAsk
 from gym_runtime.transport.bus import Bus
@@ -89,6 +91,7 @@ class Session:
         "_calls",
         "resource",
         "snapshot",
+        "held",
     )
 
     def __init__(
@@ -107,6 +110,7 @@ class Session:
         self._bus = bus
         self.resource = resource  # the environment's name (a checkpoint's handle of it)
         self.snapshot: bytes | None = None  # the environment's last snapshot (``Resource.snapshot``), if asked
+        self.held: HeldSandboxes | None = None  # the session's sandboxes at that snapshot, and their lease
         self._cost = cost  # the rollout's: its tool calls' time is added there
         self._calls = calls  # ... and each call's start and time
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
@@ -170,7 +174,7 @@ class Session:
         call = ToolCall(session="", name=name, arguments=arguments, id=id, snapshot=snapshot)
         reply = await self._tool(call, timeout, f"tool {name}")
         if snapshot and reply.snapshot is not None:
-            self.snapshot = reply.snapshot
+            self.snapshot, self.held = reply.snapshot, reply.held
         return reply
 
     def handle(self) -> SessionHandle | None:
@@ -178,7 +182,9 @@ class Session:
         seed = self._seed
         if seed is None or self._closed:
             return None
-        return SessionHandle(resource=self.resource, session=seed.session, address=seed.address, snapshot=self.snapshot)
+        return SessionHandle(
+            resource=self.resource, session=seed.session, address=seed.address, snapshot=self.snapshot, held=self.held
+        )
 
     async def resume(self, handle: SessionHandle) -> str:
         """Take up the session a checkpoint names: ``reattached`` (its worker still holds it), ``restored`` (a
@@ -187,14 +193,18 @@ class Session:
         self._seed = SeedReply(session=handle.session, address=handle.address)
         try:
             await self.operate(RESUME_ALIVE, "", timeout=30.0)
-            self.snapshot = handle.snapshot
+            self.snapshot, self.held = handle.snapshot, handle.held
             return "reattached"
         except (NoResponders, Failure):  # its worker is gone, or no longer holds it
             self._seed = None
         if handle.snapshot is not None:
-            reply = await self.operate(RESUME_RESTORE, base64.b64encode(handle.snapshot).decode())
+            if handle.held is not None:  # its sandboxes, kept by their pool for its grace: taken up by their lease
+                asked = msgspec.msgpack.encode(Restore(snapshot=handle.snapshot, held=handle.held))
+                reply = await self.operate(RESUME_RESTORE_HELD, base64.b64encode(asked).decode())
+            else:
+                reply = await self.operate(RESUME_RESTORE, base64.b64encode(handle.snapshot).decode())
             if not reply.is_error:
-                self.snapshot = handle.snapshot
+                self.snapshot, self.held = handle.snapshot, handle.held
                 return "restored"
             await self.close()  # it could not be set back: a fresh one below
             self._closed, self._seed = False, None
@@ -554,6 +564,10 @@ class Trajectory:
         if cp is None:
             return None
         handle = next((h for h in cp.sessions if h.resource == session.resource), None)
+        if handle is not None and handle.held is not None and cp.phase == "generated":
+            # its calls may have run in the session's containers after the snapshot: a restore takes up only
+            # containers as the snapshot left them (an answered turn's), else it starts from fresh ones
+            handle = msgspec.structs.replace(handle, held=None)
         if cp.sandboxes:
             ctx.sandboxes.take_up(cp.sandboxes)
         boxes = await ctx.sandboxes.reattach()  # all of them, or none (one is gone: the rollout starts over)

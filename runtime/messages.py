@@ -568,6 +568,8 @@ class ToolReply(_Msg, tag="tool.reply.v1"):
     is_error: bool = False
     done: bool = False
     snapshot: bytes | None = None  # the session's ``Resource.snapshot()`` when the call asked for it
+    # with a snapshot: the session's sandboxes and their lease, for a restored session to reattach to by that lease
+    held: HeldSandboxes | None = None
 
 
 class VerifyRequest(_Msg, tag="verify.v1"):
@@ -591,6 +593,22 @@ class CloseSession(_Msg, tag="close.v1"):
 # ------------------------------------------------------------------ a rollout's checkpoint (resume at its last turn)
 
 
+class HeldSandboxes(Struct, kw_only=True, omit_defaults=True):
+    """An environment session's sandboxes at its last snapshot, and their lease: a fresh session restored from the
+    snapshot takes them up by that lease (``RESUME_RESTORE_HELD``), files and all, while the pool still keeps them
+    (its ``lease_grace_s`` after their holder, the dead resource worker, fell silent)."""
+
+    lease: str
+    sandboxes: list[SandboxHandle]
+
+
+class Restore(Struct, kw_only=True, omit_defaults=True):
+    """``RESUME_RESTORE_HELD``'s arguments (msgpack, then base64): the snapshot and the sandboxes to take up."""
+
+    snapshot: bytes
+    held: HeldSandboxes
+
+
 class SessionHandle(Struct, kw_only=True, omit_defaults=True):
     """An environment session a rollout holds: enough to reattach to it (its worker still holds it) or to
     restore a fresh one (``snapshot``: the environment's own bytes after the last turn, where it has them)."""
@@ -599,6 +617,7 @@ class SessionHandle(Struct, kw_only=True, omit_defaults=True):
     session: str
     address: str  # the subject prefix of the worker that holds it
     snapshot: bytes | None = None
+    held: HeldSandboxes | None = None  # its sandboxes at that snapshot (a restore reattaches to them)
 
 
 class SandboxHandle(Struct, kw_only=True, omit_defaults=True):

@@ -58,6 +58,7 @@ OPERATION_PREFIXES = ("gym.", "nemo_gym.")
 # still held there; a fresh session set back to a snapshot (``Resource.restore``)
 RESUME_ALIVE = "gym.resume.alive"
 RESUME_RESTORE = "gym.resume.restore"
+RESUME_RESTORE_HELD = "gym.resume.restore_held"  # the same, taking up the dead session's sandboxes by their lease
 
 ArgumentMode = Literal["strict", "nemo_gym"]
 ARGUMENT_MODES: tuple[str, ...] = ("strict", "nemo_gym")

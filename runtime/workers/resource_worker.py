@@ -31,8 +31,10 @@ from gym_runtime.messages import (
     CloseSession,
     Cost,
     CreateParams,
+    HeldSandboxes,
     ModelRequest,
     Response,
+    Restore,
     SeedReply,
     SeedRequest,
     Served,
@@ -47,6 +49,7 @@ from gym_runtime.plugins import code_identity
 from gym_runtime.resource import (
     RESUME_ALIVE,
     RESUME_RESTORE,
+    RESUME_RESTORE_HELD,
     Resource,
     ToolArgumentsError,
     Verdict,
@@ -66,6 +69,7 @@ from gym_runtime.workers.sessions import Sessions, config_callers
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
+_restore_decoder = msgspec.msgpack.Decoder(Restore)
 
 
 class BusModels:
@@ -406,7 +410,7 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            if req.protocol and req.name in (RESUME_ALIVE, RESUME_RESTORE):
+            if req.protocol and req.name in (RESUME_ALIVE, RESUME_RESTORE, RESUME_RESTORE_HELD):
                 return await self._resume_op(inst, req)
             if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
                 replies = self._replies.get(req.session)
@@ -435,8 +439,15 @@ class ResourceWorker:
         if restore is None:  # a guest's session (its code in another process): none
             return ToolReply(output="this environment cannot restore a snapshot", is_error=True)
         try:
-            await restore(base64.b64decode(req.arguments, validate=True))
-        except (NotImplementedError, binascii.Error) as e:
+            snapshot = base64.b64decode(req.arguments, validate=True)
+            if req.name == RESUME_RESTORE_HELD:  # the dead session's sandboxes, taken up by their lease as it asks
+                asked = _restore_decoder.decode(snapshot)
+                snapshot, lease = asked.snapshot, self._book(inst)[1]
+                if isinstance(lease, Sandboxes):
+                    lease.lease = asked.held.lease
+                    lease.take_up(asked.held.sandboxes)
+            await restore(snapshot)
+        except (NotImplementedError, binascii.Error, msgspec.DecodeError, msgspec.ValidationError) as e:
             return ToolReply(output=str(e), is_error=True)
         except Exception as e:  # a snapshot it cannot take back: the rollout starts over
             log.warning("restore.failed", error=repr(e))
@@ -454,6 +465,9 @@ class ResourceWorker:
                     reply.snapshot = await snap()
                 except Exception as e:  # noqa: BLE001 - the environment's bug costs a restore, not the call
                     log.warning("snapshot.failed", error=repr(e))
+                lease = self._book(inst)[1]
+                if reply.snapshot is not None and isinstance(lease, Sandboxes) and lease.held():
+                    reply.held = HeldSandboxes(lease=lease.lease, sandboxes=lease.handles())
             return reply
         finally:
             _counted(counting)

@@ -17,7 +17,7 @@ import pytest
 
 from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.docker import docker_socket
-from tests.envs.long_boxed import STEPS
+from tests.envs.long_boxed import STEPS, task
 from tests.long_rollout import (
     Run,
     containers,
@@ -30,6 +30,7 @@ from tests.long_rollout import (
 from tests.pools import wait_until
 
 KILL_AT = 12
+STEPS_HERE = 8  # the restored session's task: fewer, slower turns
 
 
 @pytest.fixture
@@ -94,6 +95,37 @@ def test_an_attempt_given_back_for_a_retryable_failure_leaves_its_container_to_t
         assert row["provenance"]["attempt"] == 2
         assert set(row["counts"].values()) == {1} and len(row["counts"]) == STEPS
         assert len({o["sandbox"] for o in tool_outputs(row)}) == 1  # one container, before and after the failure
+        wait_until(lambda: containers(box_pool) == [], timeout=30)
+    finally:
+        run.close()
+
+
+def test_a_session_restored_after_its_resource_worker_died_reattaches_to_its_container(
+    nats_server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    """An environment session's sandboxes (``tests/envs/long_boxed.py``, restorable): its agent and its resource
+    worker SIGKILLed, the pool keeps the session's container for its grace; the session restored from the snapshot
+    on a fresh resource worker takes it up by the dead session's lease: the same container, each step once. Killed
+    between two turns (an answered turn's checkpoint: the container is as its snapshot left it; the policy takes
+    1 s a turn), on a task of ``STEPS_HERE`` steps."""
+    cfg = write_config(tmp_path, box_pool, restorable=True, delay_s=1.0)
+    run = Run(tmp_path, nats_server.url, cfg)
+    run.rows = [task(STEPS_HERE)]
+    try:
+        run.start(box_pool)
+        cp = run.kill_agent_after(lambda cp: cp.turn >= 3 and cp.phase == "answered")
+        assert cp.phase == "answered" and cp.sessions[0].held is not None
+        run.pool.kill("resources.env")  # the session's holder: its container is left to the grace
+        held = cp.sessions[0].held
+        assert held is not None
+        (box,) = held.sandboxes
+        assert containers(box_pool) == [box.sandbox]
+        run.pool.start("resources.env#2", "resources.env")
+        run.pool.start("agents.agent#2", "agents.agent")
+        row = run.row()
+        assert (row["resumed_how"], row["resumed_from_turn"]) == ("restored", cp.turn)
+        assert set(row["counts"].values()) == {1} and len(row["counts"]) == STEPS_HERE
+        assert {o["sandbox"] for o in tool_outputs(row)} == {row["sandbox"]} == {box.sandbox}
         wait_until(lambda: containers(box_pool) == [], timeout=30)
     finally:
         run.close()
