@@ -22,9 +22,9 @@ import gym_runtime
 from gym_runtime import errors, jail
 from gym_runtime import sandbox as old
 from gym_runtime.cli.scaffold import ScaffoldError
+from gym_runtime.config.nemo_gym import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
 from gym_runtime.data.sources import PrepareError
-from gym_runtime.nemo_gym.config import NemoConfigError
 from gym_runtime.ops.nats_server import ServerError
 from gym_runtime.transport.connect import ServerUnreachable
 from gym_runtime.transport.jetstream import JetStreamSetupError
