@@ -103,6 +103,23 @@ def _hidden_imports(path: Path) -> list[str]:
     return found
 
 
+LONG_FUNCTION = 110  # lines, ``def`` to its last line (issue 64 item 7: none this long)
+
+
+def test_no_function_is_110_lines_or_longer() -> None:
+    """A function a reader takes in at once: none of ``LONG_FUNCTION`` lines or more (a nested function or class
+    counts in the one around it) in the runtime, the agents, the adapters and the environments, their tests
+    included; a longer one is cut into named steps (``AgentWorker._run_task`` 120 -> 40 lines)."""
+    functions = [
+        (f"{path.relative_to(REPO)}:{fn.lineno} {fn.name}", (fn.end_lineno or fn.lineno) - fn.lineno + 1)
+        for folder in FOLDERS
+        for path in sorted(folder.rglob("*.py"))
+        for fn in ast.walk(ast.parse(path.read_text()))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    assert [f"{where} ({lines} lines)" for where, lines in functions if lines >= LONG_FUNCTION] == []
+
+
 def test_no_gym_runtime_import_hides_inside_a_function_outside_the_cli() -> None:
     """A dependency the layering should show is never tucked into a function to dodge a cycle: in the
     runtime, the agents, the adapters and the environments (their tests included).
