@@ -140,7 +140,10 @@ async def test_nemo_gym_mode_refuses_non_objects_and_bad_json(arguments: str, me
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
-    [("[1]", "arguments of 'add' must be a JSON object, not list"), ('{"a": ', "arguments for 'add' are not valid JSON")],
+    [
+        ("[1]", "arguments of 'add' must be a JSON object, not list"),
+        ('{"a": ', "arguments for 'add' are not valid JSON"),
+    ],
 )
 async def test_hand_written_call_tools_refuse_as_the_nemo_gym_mode_does(arguments: str, message: str) -> None:
     """Environments that read their arguments themselves (``decode_arguments``) say what ``@tool``'s
