@@ -743,6 +743,10 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     key: str = ""
 
 
+# An exec's outcome: the fields of an author's ``ExecResult`` (``sandboxes.spec``), which a reply carries as they are
+EXEC_FIELDS = ("exit_code", "stdout", "stderr", "truncated", "timed_out", "duration_s")
+
+
 class SandboxReply(_Msg, tag="sbx.reply.v1"):
     sandbox: str = ""
     process: str = ""  # spawn: the background process's id
@@ -765,16 +769,8 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:
-        """An exec's reply from its result (a backend's or an author's ``ExecResult``: the same fields)."""
-        return cls(
-            sandbox=sandbox,
-            exit_code=r.exit_code,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            truncated=r.truncated,
-            timed_out=r.timed_out,
-            duration_s=r.duration_s,
-        )
+        """An exec's reply from its result (a backend's or an author's ``ExecResult``: its ``EXEC_FIELDS``)."""
+        return cls(sandbox=sandbox, **{f: getattr(r, f) for f in EXEC_FIELDS})
 
 
 Envelope = (
@@ -812,6 +808,7 @@ __all__ = [
     "ErrorClass",
     "ErrorInfo",
     "ErrorReply",
+    "EXEC_FIELDS",
     "FunctionCall",
     "FunctionCallOutput",
     "Item",

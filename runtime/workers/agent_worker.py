@@ -177,7 +177,7 @@ class AgentWorker:
         self._model_fps = view.model_fingerprints
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
-        self.reward_bound = config.config.reward_bound
+        self.reward_bound = config.reward_bound
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus, on_cancel=self._stop_batch)
