@@ -29,7 +29,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import Partial, load_adapter, model_config
+from gym_runtime.model import Partial, cut_response, load_adapter, model_config
 from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
@@ -774,6 +774,45 @@ async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_i
     assert g == engine.answer and p == partial.prompt_token_ids  # contiguous: every token once
     assert engine.calls[1][0] == p + engine.answer[:7]  # the continuation's prompt: ids, not text
     assert lp[:7] == partial.generation_log_probs and all(x <= -1.25 for x in lp[7:])  # by the new weights
+    assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
+
+
+async def test_vllm_engine_cut_keeps_its_text_and_a_checkpoints_generation_continues_from_its_ids() -> None:
+    """A generation stopped at its rollout's deadline becomes one incomplete message of its ids and text
+    (``cut_response``); a checkpoint's generation, with no adapter state (its worker died), continues from its ids."""
+    from gym_runtime.models.vllm_engine import VLLMEngineModel
+
+    answer = "It is cold in sf today."
+    engine = _StreamingEngine(answer)
+    engine.pause_at = 7
+    model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
+    stop = anyio.Event()
+    got: list[Any] = []
+
+    async def call() -> None:
+        got.append(await model.generate_until(weather_params(), rollout_key=None, stop=stop, partial=None))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await engine.reached.wait()
+        stop.set()
+    (partial,) = got
+    assert partial.text == answer[:7]
+    (item,) = cut_response(weather_params(), partial, model="tiny").output
+    p, g, lp = fields(item)
+    assert item.status == "incomplete" and message_text(item) == answer[:7]  # type: ignore[arg-type]
+    assert (p, g, lp) == (partial.prompt_token_ids, engine.answer[:7], partial.generation_log_probs)
+    engine.pause_at = None
+    stored = Partial(  # as a checkpoint keeps it: ids, logprobs, text; no adapter state
+        prompt_token_ids=partial.prompt_token_ids,
+        generation_token_ids=partial.generation_token_ids,
+        generation_log_probs=partial.generation_log_probs,
+        text=partial.text,
+    )
+    r = await model.generate_until(weather_params(), rollout_key=None, stop=anyio.Event(), partial=stored)
+    p, g, lp = fields(r.output[-1])
+    assert g == engine.answer and p == partial.prompt_token_ids and lp[:7] == partial.generation_log_probs
+    assert engine.calls[-1][0] == p + engine.answer[:7]  # continued: prompt ids + the kept ids
     assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
 
 

@@ -37,6 +37,7 @@ from gym_runtime.model import (
     ModelAdapter,
     Partial,
     check_adapter,
+    cut_response,
     interruptible,
     load_adapter,
 )
@@ -45,8 +46,10 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER, sent_as_control
 from gym_runtime.transport.interface import Puller
+from gym_runtime.transport.model_calls import PROGRESS_STREAM
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Flight, Pausable
+from gym_runtime.workers.generation_cut import CutClock, continued, progress_body
 
 log = logs.get("gym.model")
 ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
@@ -80,6 +83,7 @@ class ModelWorker:
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
+        self.cut = 0  # generations stopped at their rollout's deadline (``ModelRequest.cut_at``), their tokens kept
         self.fingerprint = config.fingerprints[("model", name)]
         self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
@@ -200,6 +204,7 @@ class ModelWorker:
             "held": self.gate.held,
             "stopped": self.stopped,
             "regenerated": self.regenerated,
+            "cut": self.cut,
         }
 
     async def drain(self) -> None:
@@ -223,7 +228,7 @@ class ModelWorker:
             reply_to = msg.headers.get(REPLY_HEADER) if msg.headers else None
             if reply_to:
                 await self.bus.taken(reply_to)
-            response, ranges, started = await self._until_done(req)
+            response, ranges, started, cut = await self._until_done(req)
         finally:
             running.release()
         version = ranges[0][2] if ranges else None
@@ -264,19 +269,29 @@ class ModelWorker:
             policy_version_last=ranges[-1][2] if ranges else None,
             worker=self.worker_id,
             took_ms=round(1000 * took),
+            cut=cut,
         )
 
-    async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float]:
+    async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float, bool]:
         """Run the call through the gate until it completes: a pause that stops it (``interrupt``: the tokens
         so far are kept and the next try continues from them; ``abort``: they are dropped) makes it wait
         for the resume and go again, so the caller still gets one response. Returns the response, the
-        ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), and
-        when its last try started."""
+        ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), when
+        its last try started, and whether it was cut at the request's ``cut_at`` (the response then holds
+        the tokens so far: ``cut_response``)."""
+        can_stop = self.can_stop
+        with CutClock(req.cut_at, req.progress_s) if can_stop else CutClock(None) as clock:
+            return await self._tries(req, clock)
+
+    async def _tries(self, req: ModelRequest, clock: CutClock) -> tuple[Response, list[list[int]], float, bool]:
         partial: Partial | None = None
         ranges: list[list[int]] = []  # over partial's tokens, one per interrupted try
         can_stop = self.can_stop
+        if can_stop and req.continue_from is not None:  # a checkpoint's generation: its tokens kept, continued
+            partial, ranges = continued(req.continue_from)
         while True:
             flight = await self.gate.enter()
+            clock.watch(flight)
             started = time.perf_counter()
             out: Response | Partial | None = None
             try:
@@ -291,12 +306,27 @@ class ModelWorker:
             except ModelError as e:
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
+                clock.watch(None)
                 self.gate.exit(flight)
             if isinstance(out, Response):
                 if version is not None:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
-                return out, (ranges if version is not None else []), started
+                return out, (ranges if version is not None else []), started, False
+            if clock.fired and out is not None:  # the rollout's deadline: answer the tokens so far
+                done = len(partial.generation_token_ids) if partial else 0
+                if version is not None and len(out.generation_token_ids) > done:
+                    ranges.append([done, len(out.generation_token_ids), version])
+                self.cut += 1
+                model = getattr(self.cfg.options, "model", None) or self.name
+                return cut_response(req.params, out, model=model), ranges, started, True
+            if out is not None and clock.progressed(flight):  # the tokens so far to the caller, then on
+                done = len(partial.generation_token_ids) if partial else 0
+                if version is not None and len(out.generation_token_ids) > done:
+                    ranges.append([done, len(out.generation_token_ids), version])
+                partial = out
+                await self.bus.send_output(PROGRESS_STREAM, progress_body(out, ranges))
+                continue
             if not flight.stopped:  # an adapter's bug: it would be called again and again
                 raise Failure("model_error", f"adapter {self.cfg.adapter!r} stopped a generation nobody stopped")
             # stopped by a pause: keep the tokens (interrupt) or drop them (abort), then wait for the resume
