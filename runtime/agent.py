@@ -379,11 +379,11 @@ class AgentContext:
         )
         return True
 
-    def _progress_s(self, name: str) -> float | None:
+    def _progress_s(self) -> float | None:
         """How often the policy's generation in flight sends its tokens so far, for the checkpoint to keep them
         (None: it is not checkpointed: no checkpoints, no completed turn yet, or a model that cannot stop)."""
         traj = self.trajectory
-        if self.checkpoints is None or traj is None or traj._last is None or name not in self._cuttable:
+        if self.checkpoints is None or traj is None or traj._last is None:
             return None
         return GENERATING_S
 
@@ -420,11 +420,13 @@ class AgentContext:
         name = model or self.config.model
         started = time.perf_counter()
         policy = name == self.config.model
-        progress_s = self._progress_s(name) if policy else None
-        continuing = self.continuing if policy else None
+        cuttable = policy and name in self._cuttable  # its generation can be stopped and continued
+        progress_s = self._progress_s() if cuttable else None
+        continuing = None
         if policy:
             self.generating_since = started  # a failure while it runs charges its time to the policy (``attribution``)
-            self.continuing, self._progressing = None, progress_s is not None
+            continuing, self.continuing = self.continuing, None
+            self._progressing = progress_s is not None
         reply = await call_model(
             self._bus,
             name,
@@ -433,7 +435,7 @@ class AgentContext:
                 rollout_key=self.rollout_key,
                 fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None,
                 # the policy's generation stops as the rollout runs out, its tokens kept (``generation_cut``)
-                cut_at=cut_at(self.remaining(), self.config.timeout_s) if policy and name in self._cuttable else None,
+                cut_at=cut_at(self.remaining(), self.config.timeout_s) if cuttable else None,
                 progress_s=progress_s,
                 continue_from=continuing,
             ),

@@ -279,11 +279,12 @@ class ModelWorker:
         ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), when
         its last try started, and whether it was cut at the request's ``cut_at`` (the response then holds
         the tokens so far: ``cut_response``)."""
-        can_stop = self.can_stop
-        with CutClock(req.cut_at, req.progress_s) if can_stop else CutClock(None) as clock:
+        if not self.can_stop or (req.cut_at is None and req.progress_s is None):
+            return await self._tries(req, None)
+        with CutClock(req.cut_at, req.progress_s) as clock:
             return await self._tries(req, clock)
 
-    async def _tries(self, req: ModelRequest, clock: CutClock) -> tuple[Response, list[list[int]], float, bool]:
+    async def _tries(self, req: ModelRequest, clock: CutClock | None) -> tuple[Response, list[list[int]], float, bool]:
         partial: Partial | None = None
         ranges: list[list[int]] = []  # over partial's tokens, one per interrupted try
         can_stop = self.can_stop
@@ -291,7 +292,8 @@ class ModelWorker:
             partial, ranges = continued(req.continue_from)
         while True:
             flight = await self.gate.enter()
-            clock.watch(flight)
+            if clock is not None:
+                clock.watch(flight)
             started = time.perf_counter()
             out: Response | Partial | None = None
             try:
@@ -306,24 +308,21 @@ class ModelWorker:
             except ModelError as e:
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
-                clock.watch(None)
+                if clock is not None:
+                    clock.watch(None)
                 self.gate.exit(flight)
             if isinstance(out, Response):
                 if version is not None:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
                 return out, (ranges if version is not None else []), started, False
-            if clock.fired and out is not None:  # the rollout's deadline: answer the tokens so far
-                done = len(partial.generation_token_ids) if partial else 0
-                if version is not None and len(out.generation_token_ids) > done:
-                    ranges.append([done, len(out.generation_token_ids), version])
+            if clock is not None and clock.fired and out is not None:  # the rollout's deadline: the tokens so far
+                _extend(ranges, partial, out, version)
                 self.cut += 1
                 model = getattr(self.cfg.options, "model", None) or self.name
                 return cut_response(req.params, out, model=model), ranges, started, True
-            if out is not None and clock.progressed(flight):  # the tokens so far to the caller, then on
-                done = len(partial.generation_token_ids) if partial else 0
-                if version is not None and len(out.generation_token_ids) > done:
-                    ranges.append([done, len(out.generation_token_ids), version])
+            if clock is not None and out is not None and clock.progressed(flight):  # the tokens so far, then on
+                _extend(ranges, partial, out, version)
                 partial = out
                 await self.bus.send_output(PROGRESS_STREAM, progress_body(out, ranges))
                 continue
@@ -336,9 +335,7 @@ class ModelWorker:
                 self.regenerated += len(dropped.generation_token_ids) if dropped is not None else 0
                 partial, ranges = None, []
                 continue
-            done = len(partial.generation_token_ids) if partial else 0
-            if version is not None and len(out.generation_token_ids) > done:
-                ranges.append([done, len(out.generation_token_ids), version])
+            _extend(ranges, partial, out, version)
             partial = out
 
     async def _cancellable(self, flight: Flight, req: ModelRequest) -> Response | None:
@@ -392,6 +389,13 @@ class ModelWorker:
             await self.puller.release(msg)
         await msg.ack()
         self.served += 1
+
+
+def _extend(ranges: list[list[int]], partial: Partial | None, out: Partial, version: int | None) -> None:
+    """Add the ``[start, end, version]`` range of the tokens ``out`` has past ``partial``'s (its try's own)."""
+    done = len(partial.generation_token_ids) if partial else 0
+    if version is not None and len(out.generation_token_ids) > done:
+        ranges.append([done, len(out.generation_token_ids), version])
 
 
 def _generated(response: Response, partial: Partial | None) -> int:
