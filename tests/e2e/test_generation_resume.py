@@ -14,16 +14,20 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import yaml
 
+from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.control import publish_version
 from tests.helpers import ROWS, cli, read_jsonl, write_jsonl
 from tests.long_rollout import BATCH, stored_checkpoint
 from tests.pools import Pool, start_collect, wait_until
 from tests.stub_openai import Gen, StubOpenAI, VLLMEmulator
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "San Francisco"}}</tool_call>'
-ANSWER = "It is sunny in San Francisco today, with a light breeze from the west and no rain expected. " * 2
+ANSWER = "It is sunny in San Francisco today, with a light breeze from the west and no rain expected. " * 3
 KEY_AGENT = "agent"  # the name tests.long_rollout's checkpoint key reads
 
 
@@ -99,6 +103,19 @@ def write_config(tmp: Path, base_url: str, *, interruptible: bool) -> Path:
     return path
 
 
+def set_version(url: str, version: int) -> None:
+    """The trainer's policy version, as ``Client.set_policy_version`` sets it."""
+
+    async def put() -> None:
+        bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-trainer")
+        try:
+            await publish_version(bus, "policy", version)
+        finally:
+            await bus.close()
+
+    anyio.run(put)
+
+
 def run_batch(tmp: Path, config: Path, url: str) -> Any:
     tasks = write_jsonl(tmp / "tasks.jsonl", [{**ROWS[0], "agent_ref": {"name": KEY_AGENT}}])
     res = cli("publish", str(config), "-i", str(tasks), "--nats", url, "--batch", BATCH)
@@ -132,10 +149,11 @@ def test_a_kill_during_a_generation_continues_its_tokens(nats_server: EmbeddedSe
     with StubOpenAI() as stub:
         em = stub.emulator
         em.policy = policy = Policy(em)
-        em.token_delay_s = 0.03  # turn 2 streams for ~5 s: its tokens so far are sent every GENERATING_S (2 s)
+        em.token_delay_s = 0.03  # turn 2 streams for ~9 s: its tokens so far are sent every GENERATING_S (2 s)
         config = write_config(tmp_path, stub.base_url, interruptible=True)
         pool = Pool(config, nats_server.url)
         try:
+            set_version(nats_server.url, 7)
             for only in ("models.policy", "resources.weather", f"agents.{KEY_AGENT}"):
                 pool.start(only, only)
             collector = run_batch(tmp_path, config, nats_server.url)
@@ -151,6 +169,8 @@ def test_a_kill_during_a_generation_continues_its_tokens(nats_server: EmbeddedSe
             kept = cp.generating.generation_token_ids
             assert cp.turn == 1 and cp.generating.prompt_token_ids == policy.second
             assert 0 < len(kept) < len(policy.answer) and kept == policy.answer[: len(kept)]
+            assert cp.generating.policy_version_ranges[-1][1:] == [len(kept), 7]
+            set_version(nats_server.url, 8)  # a weight update while the rollout waits for its redelivery
             pool.start(f"agents.{KEY_AGENT}#2", f"agents.{KEY_AGENT}")
             row = collected(tmp_path, collector)
         finally:
@@ -158,6 +178,10 @@ def test_a_kill_during_a_generation_continues_its_tokens(nats_server: EmbeddedSe
     assert (row["resumed_from_turn"], row["resumed_how"]) == (1, "reattached")
     assert row["provenance"]["attempt"] == 2
     assert_contiguous(row, policy)
+    # the kept tokens' versions recorded: sampled by version 7 before the kill, the rest by 8 after it
+    second = generations(row)[1]
+    assert second["policy_version_ranges"] == [[0, len(kept), 7], [len(kept), len(policy.answer), 8]]
+    assert second["policy_version"] == 7 and row["policy_versions"] == [7, 8]
     resumed = policy.second + kept
     # the continuation was asked twice: by the first attempt's call (orphaned by the kill, its model worker went on)
     # and by the resumed attempt, from the checkpoint's ids; turn 2 was never sampled from its start again
