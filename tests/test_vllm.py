@@ -747,10 +747,10 @@ class _StreamingEngine(_FakeEngine):
         self.aborted.append(request_id)
 
 
-async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+async def stopped_at_seven(answer: str) -> tuple[Any, _StreamingEngine, Partial]:
+    """A ``vllm_engine`` model on a streaming fake engine, its first generation stopped after 7 tokens."""
     from gym_runtime.models.vllm_engine import VLLMEngineModel
 
-    answer = "It is cold in sf today."
     engine = _StreamingEngine(answer)
     engine.pause_at = 7
     model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
@@ -766,6 +766,12 @@ async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_i
         await engine.reached.wait()  # 7 tokens out, the engine still generating
         stop.set()
     (partial,) = got
+    return model, engine, partial
+
+
+async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+    answer = "It is cold in sf today."
+    model, engine, partial = await stopped_at_seven(answer)
     assert isinstance(partial, Partial) and partial.generation_token_ids == engine.answer[:7]
     assert len(engine.aborted) == 1  # the engine's abort
     engine.pause_at, engine.weights = None, 1  # the weights were updated meanwhile
@@ -780,23 +786,8 @@ async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_i
 async def test_vllm_engine_cut_keeps_its_text_and_a_checkpoints_generation_continues_from_its_ids() -> None:
     """A generation stopped at its rollout's deadline becomes one incomplete message of its ids and text
     (``cut_response``); a checkpoint's generation, with no adapter state (its worker died), continues from its ids."""
-    from gym_runtime.models.vllm_engine import VLLMEngineModel
-
     answer = "It is cold in sf today."
-    engine = _StreamingEngine(answer)
-    engine.pause_at = 7
-    model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
-    stop = anyio.Event()
-    got: list[Any] = []
-
-    async def call() -> None:
-        got.append(await model.generate_until(weather_params(), rollout_key=None, stop=stop, partial=None))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(call)
-        await engine.reached.wait()
-        stop.set()
-    (partial,) = got
+    model, engine, partial = await stopped_at_seven(answer)
     assert partial.text == answer[:7]
     (item,) = cut_response(weather_params(), partial, model="tiny").output
     p, g, lp = fields(item)
