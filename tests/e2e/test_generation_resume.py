@@ -182,6 +182,7 @@ def test_a_kill_during_a_generation_continues_its_tokens(nats_server: EmbeddedSe
     second = generations(row)[1]
     assert second["policy_version_ranges"] == [[0, len(kept), 7], [len(kept), len(policy.answer), 8]]
     assert second["policy_version"] == 7 and row["policy_versions"] == [7, 8]
+    assert second["content"][0]["text"] == ANSWER  # all its ids decoded at once, the kept ones too
     resumed = policy.second + kept
     # the continuation was asked twice: by the first attempt's call (orphaned by the kill, its model worker went on)
     # and by the resumed attempt, from the checkpoint's ids; turn 2 was never sampled from its start again
