@@ -16,6 +16,7 @@ import msgspec
 from gym_runtime import Client
 from gym_runtime.config import ResolvedConfig, resolve_config
 from gym_runtime.model import model_config
+from gym_runtime.trainers.rows import sequence
 from tests.e2e.test_pause_modes import Continuing, wait_streamed
 from tests.helpers import ROWS, weather_config
 from tests.stub_openai import StubOpenAI
@@ -65,6 +66,8 @@ async def test_a_generation_cut_by_the_deadline_keeps_its_tokens_in_the_failure_
     assert item["content"][0]["text"] == em.tokenizer.decode(ids)
     assert row["cost"]["models"]["policy"]["output_tokens"] == 30
     assert model.cut == 1 and len(stub.bodies("/v1/completions")) == 1  # one stream, stopped: never continued
+    seq = sequence(row)  # what a trainer adapter trains on: the cut tokens, as the policy's (mask 1)
+    assert seq.completion_ids == ids and seq.env_mask == [1] * 30 and seq.logprobs == lps
 
 
 async def test_an_adapter_that_cannot_stop_keeps_the_completed_turns_only(nats_server) -> None:
