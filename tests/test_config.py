@@ -102,6 +102,10 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         (("adapter: openai", "adapter: openai\n    rollouts: x.jsonl"), "models.policy.rollouts: unknown key"),
         (("max_steps: 8", "max_steps: 8, sandbox: box"), "agents.weather_agent.sandbox: no sandbox pool named 'box'"),
         (
+            ("max_steps: 8}", "max_steps: 8, sandbox: box, ack_wait_s: 60}\nsandboxes: {box: {lease_grace_s: 30}}"),
+            "sandboxes.box.lease_grace_s (30) must exceed agents.weather_agent.ack_wait_s (60)",
+        ),
+        (
             ("namespace: gym", "namespace: gym\nsandboxes: {box: {backend: lxc}}"),
             "sandboxes.box.backend: Invalid enum value 'lxc'",
         ),

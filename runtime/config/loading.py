@@ -419,6 +419,14 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
     for section, name, pool in users + [("resources", n, r.sandbox) for n, r in cfg.resources.items()]:
         if pool and pool not in cfg.sandboxes:
             raise ConfigError(f"{source}: {section}.{name}.sandbox: no sandbox pool named {pool!r} under sandboxes")
+    for name, a in cfg.agents.items():  # a dead worker's task comes back after ack_wait_s: its sandboxes must wait
+        grace = cfg.sandboxes[a.sandbox].lease_grace_s if a.sandbox else None
+        if grace is not None and a.checkpoint != "off" and grace <= a.ack_wait_s:
+            raise ConfigError(
+                f"{source}: sandboxes.{a.sandbox}.lease_grace_s ({grace:g}) must exceed agents.{name}.ack_wait_s "
+                f"({a.ack_wait_s:g}): a dead worker's rollout comes back after ack_wait_s and would find its "
+                f"sandboxes gone (raise lease_grace_s, e.g. to {max(300, 2 * a.ack_wait_s):g})"
+            )
     for name, a in cfg.agents.items():
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
