@@ -185,7 +185,9 @@ def test_a_failed_groups_every_row_keeps_its_own_repeats_turns_and_cost(isolatio
     failures = read_jsonl(work / "out_failures.jsonl")
     assert len(failures) == 2 * k, res.stderr[-3000:]
     by_slot = sorted(failures, key=lambda f: (f["_ng_task_index"], f["_ng_rollout_index"]))
-    assert [(f["_ng_task_index"], f["_ng_rollout_index"]) for f in by_slot] == [(t, i) for t in range(2) for i in range(k)]
+    assert [(f["_ng_task_index"], f["_ng_rollout_index"]) for f in by_slot] == [
+        (t, i) for t in range(2) for i in range(k)
+    ]
     for f in by_slot:
         assert f["error_class"] == "verify_error" and f["failure_attribution"] == "environment", f
         assert f["partial"] is True and f["response"]["status"] == "incomplete"
