@@ -155,4 +155,30 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     assert not torch.allclose(padded[0], kept[0], atol=1e-4)
     batch = {k: [o.extra_fields[k] for o in outputs] for k in outputs[0].extra_fields if k.startswith("gym_")}
     metrics = failure_metrics(batch)
-    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/failed/environment"] == 1.0
+    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/retried"] == 1.0
+    assert metrics["gym_runtime/failed/environment"] == 2.0  # both attempts of the excluded one
+    assert metrics["gym_runtime/failed/verify_error"] == 2.0 and metrics["gym_runtime/rollouts"] == 3.0
+
+
+async def test_the_failure_counts_reach_verls_validation_metrics(tmp_path: Path) -> None:
+    """Issue 66: each sample's counts are verl's ``reward_extra_info`` (numbers, the same keys on every sample, as
+    verl's worker stacks them), which verl 0.9.1's trainers turn into logged validation metrics with
+    ``process_validation_metrics``: a step's share of excluded, retried and scored policy failures."""
+    from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+    w = world(tmp_path, rows=2)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1]["explode"] = True  # retried once, then excluded
+    server = served_by_verl(w)
+    outputs = []
+    for r in w.rows:
+        loop = agent_loop(w, server, failures={"retries": 1})
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+    infos = [o.extra_fields["reward_extra_info"] for o in outputs]
+    assert [sorted(i) for i in infos] == [sorted(infos[0])] * 2  # one key set: verl takes the first sample's
+    columns = {key: [i[key] for i in infos] for key in infos[0]}
+    logged = process_validation_metrics(["gym", "gym"], ["a", "b"], columns)["gym"]
+    assert logged["gym_runtime/excluded"]["mean@1"] == 0.5  # one of the two samples
+    assert logged["gym_runtime/retried"]["mean@1"] == 0.5
+    assert logged["gym_runtime/failed/environment"]["mean@1"] == 1.0  # two attempts over two samples
+    assert logged["gym_runtime/policy_failures"]["mean@1"] == 0.0
