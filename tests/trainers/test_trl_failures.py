@@ -103,3 +103,28 @@ def test_a_refilled_group_carries_its_own_rows_columns_to_a_second_reward_functi
     assert [r["word"] for r in rows] == [w.rows[1]["word"]] * 4  # row 0's group was replaced by row 1's
     assert seen == [r["word"] for r in rows]  # before: row 0's word for the refill's completions
     assert env_reward(gym_reward=out["gym_reward"]) == out["gym_reward"]
+
+
+def test_a_1e200_reward_never_reaches_trl(tmp_path: Path) -> None:
+    """The reward bound end to end (issue 66): an environment answering 1e200 (which TRL's float32 would hold as
+    ``inf``) gives a ``verify_error`` row, excluded: ``gym_reward`` None in TRL, advantage 0, and the step's logged
+    reward and loss finite, from the other group's rewards alone."""
+    w = world(tmp_path, rows=2)
+    w.rows[0]["reward_given"] = 1e200
+    w.rows[1]["rewards_by_rollout"] = [1.0, 0.0]
+    with SyncClient(w.config) as client:
+        rollouts = TRLRollouts(client, w.rows, failures=FailurePolicy(retries=0, max_excluded=0.5))
+        calls = Recorder(rollouts)
+        trainer = grpo(w, calls, rollouts.dataset(), tmp_path, steps=1, batch=4, generations=2)
+        trainer.train()
+    ((_, prompts, out, rows),) = calls.calls
+    bounded = [i for i in range(4) if prompts[i][0]["gym_row"] == 0]
+    for i in bounded:
+        assert rows[i]["error_class"] == "verify_error" and "1e+200" in rows[i]["error"], rows[i]
+        assert out["gym_reward"][i] is None and out["gym_excluded"][i] is True
+    assert sorted(r for r in out["gym_reward"] if r is not None) == [0.0, 1.0]
+    advantages = list(trainer._logs["advantages"])
+    assert all(advantages[i] == 0.0 for i in bounded) and all(math.isfinite(a) for a in advantages)
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert logged[0]["reward"] == pytest.approx(0.5) and math.isfinite(logged[0]["loss"])
+    assert logged[0]["gym_runtime/excluded"] == 2.0
