@@ -135,7 +135,11 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
         return ToolReply(output=output, done=inst.episode_done)
     except ToolArgumentsError as e:
         return ToolReply(output=f"Error: {e}", is_error=True)
-    except Failure:
+    except Failure as e:
+        if e.info.error_class == "timeout":  # only the rollout's own clock times it out (the agent worker's): a
+            # tool's timeout is the environment's, never a share of the rollout's time to charge the policy with
+            message = f"tool {req.name!r} raised a timeout of its own: {e.info.message}"
+            raise Failure("tool_error", message, retryable=e.info.retryable) from None
         raise
     except Exception as e:
         log.warning("tool.failed", tool=req.name, error=repr(e))
