@@ -41,6 +41,7 @@ async def test_every_repeats_failure_row_says_who_caused_it_and_keeps_the_policy
     config = write_config(tmp_path)
     tasks = [task(stall_s=300.0), task(explode=True), task(), task(forge_class="timeout")]
     async with Client(config, nats=nats_server.url, workers=["models.policy", "agents.agent", "resources.env"]) as c:
+        await c.set_policy_version(7)  # the model worker stamps it on every call: the rows carry it
         batch = await c.submit(tasks, repeats=2)
         with anyio.fail_after(120):
             rows = await batch.gather()
@@ -54,6 +55,7 @@ async def test_every_repeats_failure_row_says_who_caused_it_and_keeps_the_policy
         assert [c["name"] for c in calls] == ["draw_word"]  # the policy's call, whose tool ran the clock out
         split = row["time_split"]
         assert split["tools_ms"] > split["total_ms"] / 2 and split["total_ms"] >= 2900
+        assert row["policy_versions"] == [7, 7]  # which policy made those turns, as a scored row says
     for row in by_task[1]:  # the verifier raised: the environment's, with the policy's answer kept
         assert row["error_class"] == "verify_error" and row["failure_attribution"] == "environment", row
         assert row["partial"] is True and row["response"]["output"]
