@@ -182,3 +182,39 @@ async def test_the_failure_counts_reach_verls_validation_metrics(tmp_path: Path)
     assert logged["gym_runtime/retried"]["mean@1"] == 0.5
     assert logged["gym_runtime/failed/environment"]["mean@1"] == 1.0  # two attempts over two samples
     assert logged["gym_runtime/policy_failures"]["mean@1"] == 0.0
+
+
+async def test_a_stalling_policy_is_scored_in_verl_like_a_wrong_answer(tmp_path: Path) -> None:
+    """Issue 66's red team under verl: a policy that stalls on its hard task (its tool call runs the rollout's
+    ``timeout_s`` out) is a policy failure, scored ``policy_failure_reward`` on the tokens it generated (mask 1),
+    so ``gym_grpo`` takes it into its group's statistics like an honest wrong answer: the stall buys nothing."""
+    import numpy as np
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    w = world(tmp_path, rows=2, tool_bias=20.0, timeout_s=4.0)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1].update(fixed_reward=0.0, stall_s=600.0)  # the hard task: its tool never answers in time
+    server = served_by_verl(w)
+    outputs, rows = [], []
+    for r in w.rows:
+        loop = agent_loop(w, server)
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+        rows.append(loop.last_row)
+    stalled = outputs[1]
+    assert rows[1]["error_class"] == "timeout" and rows[1]["failure_attribution"] == "policy", rows[1]
+    assert stalled.extra_fields["gym_failure"] == "policy" and stalled.reward_score == 0.0
+    generated = [t for item in rows[1]["response"]["output"] for t in item.get("generation_token_ids", [])]
+    assert generated and stalled.response_ids == generated  # the tokens it generated (the tool call), trained on
+    assert set(stalled.response_mask) == {1}
+    assert stalled.extra_fields["reward_extra_info"]["gym_runtime/policy_failures"] == 1.0
+    width = max(len(o.response_ids) for o in outputs)
+    mask, rewards = torch.zeros(2, width), torch.zeros(2, width)
+    for i, o in enumerate(outputs):
+        mask[i, : len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.float32)
+        rewards[i, len(o.response_ids) - 1] = o.reward_score
+    gym_grpo = core_algos.get_adv_estimator_fn("gym_grpo")
+    adv, _ = gym_grpo(token_level_rewards=rewards, response_mask=mask, index=np.array(["g", "g"], dtype=object))
+    honest, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g", "g"], dtype=object))
+    assert torch.allclose(adv, honest, atol=1e-4)  # as verl's GRPO scores an honest 0 beside a 1
+    assert adv[1][mask[1] > 0].max() < 0  # the stall's own tokens pushed down
