@@ -115,6 +115,12 @@ def advantages(rewards: Sequence[float | None], *, by_std: bool = True) -> list[
     return out
 
 
+_TALLY_FIELDS = frozenset(
+    {"rollouts", "policy_failures", "retried", "excluded", "refilled_groups", "by_attribution", "by_class"}
+    | {"excluded_tasks"}
+)
+
+
 @dataclass
 class Tally:
     """What the failure policy did (per call or step, and in all): counts by kind, attribution and class, and the
@@ -147,6 +153,24 @@ class Tally:
             self.excluded += 1
             name = task or f"task {row.get('_ng_task_index')}"
             self.excluded_tasks[f"{name} ({row.get('error_class')})"] += 1
+
+    def plain(self) -> dict[str, Any]:
+        """As plain data (a verl sample's ``gym_tally``, carried through verl's batch); ``of_plain`` reads it."""
+        return {
+            "rollouts": self.rollouts,
+            "policy_failures": self.policy_failures,
+            "retried": self.retried,
+            "excluded": self.excluded,
+            "refilled_groups": self.refilled_groups,
+            "by_attribution": dict(self.by_attribution),
+            "by_class": dict(self.by_class),
+            "excluded_tasks": dict(self.excluded_tasks),
+        }
+
+    @classmethod
+    def of_plain(cls, data: dict[str, Any]) -> Tally:
+        counts = {k: Counter(v) if isinstance(v, dict) else int(v) for k, v in data.items() if k in _TALLY_FIELDS}
+        return cls(**counts)
 
     def add(self, other: Tally) -> None:
         for name in ("rollouts", "policy_failures", "retried", "excluded", "refilled_groups"):

@@ -71,7 +71,15 @@ from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, rewa
 from gym_runtime.trainers.rows import masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
 
-__all__ = ["GymAgentLoop", "GymAgentLoopManager", "LoopClients", "failure_metrics", "gym_grpo_advantage"]
+__all__ = [
+    "GymAgentLoop",
+    "GymAgentLoopManager",
+    "LoopClients",
+    "batch_tally",
+    "check_bound",
+    "failure_metrics",
+    "gym_grpo_advantage",
+]
 
 # The failure policy's counts each sample carries as verl's reward_extra_info: the same keys on every sample (verl's
 # worker takes the first sample's keys for the whole chunk), numbers only (verl's validation metrics average them).
@@ -172,7 +180,8 @@ class GymAgentLoop(AgentLoopBase):
             if k != "excluded" or attempt == self.failures.retries:
                 break
             tally.retried += 1
-        tally.ended(result, k)
+        index = (kwargs.get("extra_info") or {}).get("index")
+        tally.ended(result, k, f"dataset row {index}" if index is not None else None)
         counts = tally.metrics()
         self.last_row = result
         self._record(result, kwargs, reward_of(result, self.failures))
@@ -200,7 +209,8 @@ class GymAgentLoop(AgentLoopBase):
                 "gym_error_class": result.get("error_class"),
                 "gym_failure_attribution": result.get("failure_attribution"),
                 "gym_retried": tally.retried,
-                "gym_tally": counts,  # every attempt's (retries too): what failure_metrics sums
+                "gym_tally": tally.plain(),  # every attempt's (retries too): what failure_metrics sums
+                "gym_max_excluded": self.failures.max_excluded,  # the step's bound (GymAgentLoopManager)
                 # verl's own per-sample channel: its batch columns and dumps, its validation metrics
                 "reward_extra_info": {key: counts.get(key, 0.0) for key in SAMPLE_COUNTS},
             },
@@ -263,16 +273,29 @@ def gym_grpo_advantage(
     return adv, adv
 
 
-def failure_metrics(batch: Any) -> dict[str, float]:
-    """The failure policy's counts of a verl batch (the ``gym_tally`` each ``GymAgentLoop`` sample carries in its
-    ``non_tensor_batch``), summed: ``gym_runtime/rollouts``, ``policy_failures``, ``retried``, ``excluded``, and
-    ``failed/<attribution>`` and ``failed/<class>`` over every attempt, as TRL's adapters log them."""
+def batch_tally(batch: Any) -> Tally:
+    """The failure policy's counts of a verl batch: the ``gym_tally`` each ``GymAgentLoop`` sample carries in its
+    ``non_tensor_batch`` (or a mapping of such columns), summed."""
     fields: Mapping[str, Any] = getattr(batch, "non_tensor_batch", batch)
-    out = {key: 0.0 for key in SAMPLE_COUNTS}
-    for counts in fields.get("gym_tally", []):
-        for key, n in (counts or {}).items():
-            out[key] = out.get(key, 0.0) + float(n)
-    return out
+    tally = Tally()
+    for plain in fields.get("gym_tally", []):
+        tally.add(Tally.of_plain(plain or {}))
+    return tally
+
+
+def failure_metrics(batch: Any) -> dict[str, float]:
+    """``batch_tally``'s counts as TRL's adapters log them: ``gym_runtime/rollouts``, ``policy_failures``,
+    ``retried``, ``excluded``, and ``failed/<attribution>`` and ``failed/<class>`` over every attempt."""
+    return {**{key: 0.0 for key in SAMPLE_COUNTS}, **batch_tally(batch).metrics()}
+
+
+def check_bound(batch: Any) -> None:
+    """More than ``max_excluded`` (the loops' failure policy) of a generated batch's rollouts excluded: one
+    ``ClientError`` line naming the tasks and classes, as TRL's adapters stop a call or a step."""
+    fields: Mapping[str, Any] = getattr(batch, "non_tensor_batch", batch)
+    bounds = [float(b) for b in fields.get("gym_max_excluded", []) if b is not None]
+    if bounds:
+        batch_tally(batch).check(FailurePolicy(max_excluded=min(bounds)), "verl's generated batch")
 
 
 class GymAgentLoopManager(AgentLoopManager):
@@ -284,6 +307,7 @@ class GymAgentLoopManager(AgentLoopManager):
     reaches them otherwise (docs/trainer.md#verl)."""
 
     def _performance_metrics(self, metrics: list[list[dict[str, str]]], output: Any) -> dict[str, float]:
+        check_bound(output)  # a systematic failure stops the step in one line (the loops' max_excluded)
         timing: dict[str, float] = super()._performance_metrics(metrics, output)
         timing.update(failure_metrics(output))
         return timing

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.trainers.world import TOOL_CALL, need, spans, world
@@ -123,7 +124,8 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     import torch
     from verl.trainer.ppo import core_algos
 
-    from gym_runtime.trainers.verl import failure_metrics
+    from gym_runtime.errors import ClientError
+    from gym_runtime.trainers.verl import check_bound, failure_metrics
 
     w = world(tmp_path, rows=3)
     w.rows[0]["fixed_reward"] = 1.0
@@ -155,6 +157,11 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     assert not torch.allclose(padded[0], kept[0], atol=1e-4)
     batch = {k: [o.extra_fields[k] for o in outputs] for k in outputs[0].extra_fields if k.startswith("gym_")}
     metrics = failure_metrics(batch)
+    with pytest.raises(ClientError) as bound:  # 1 of 3 excluded, past max_excluded 0.25: one line, the step stops
+        check_bound(batch)
+    said = str(bound.value)
+    assert "\n" not in said and "1 of 3 rollouts" in said and "verify_error 2" in said and "(verify_error)" in said
+    check_bound({**batch, "gym_max_excluded": [0.5] * 3})  # within a looser bound
     assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/retried"] == 1.0
     assert metrics["gym_runtime/failed/environment"] == 2.0  # both attempts of the excluded one
     assert metrics["gym_runtime/failed/verify_error"] == 2.0 and metrics["gym_runtime/rollouts"] == 3.0
