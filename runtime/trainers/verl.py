@@ -32,7 +32,8 @@ logged metrics (verl 0.9.1): ``reward_extra_info`` becomes its validation metric
 excluded/mean@N``...) in both trainers and the training batch's columns; a training step's counts come through
 ``GymAgentLoopManager`` (the legacy trainer, ``trainer.use_v1: false``: ``timing_s/gym_runtime/*``). The v1
 trainer takes no generation figure into a training step's metrics but its replay buffer's (``failure_metrics``
-sums a batch's ``gym_tally`` for a custom sampler).
+sums a batch's ``gym_tally`` for a custom sampler). ``GymAgentLoopManager`` also bounds a generated batch: more
+than the loops' ``max_excluded`` excluded is one ``ClientError`` line (``check_bound``).
 
 verl's agent loop config names it::
 
