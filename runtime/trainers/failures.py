@@ -115,12 +115,6 @@ def advantages(rewards: Sequence[float | None], *, by_std: bool = True) -> list[
     return out
 
 
-_TALLY_FIELDS = frozenset(
-    {"rollouts", "policy_failures", "retried", "excluded", "refilled_groups", "by_attribution", "by_class"}
-    | {"excluded_tasks"}
-)
-
-
 @dataclass
 class Tally:
     """What the failure policy did (per call or step, and in all): counts by kind, attribution and class, and the
@@ -169,8 +163,24 @@ class Tally:
 
     @classmethod
     def of_plain(cls, data: dict[str, Any]) -> Tally:
-        counts = {k: Counter(v) if isinstance(v, dict) else int(v) for k, v in data.items() if k in _TALLY_FIELDS}
-        return cls(**counts)
+        def count(key: str) -> int:
+            value = data.get(key)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        def counter(key: str) -> Counter[str]:
+            value = data.get(key)
+            return Counter({str(k): int(n) for k, n in value.items()}) if isinstance(value, dict) else Counter()
+
+        return cls(
+            rollouts=count("rollouts"),
+            policy_failures=count("policy_failures"),
+            retried=count("retried"),
+            excluded=count("excluded"),
+            refilled_groups=count("refilled_groups"),
+            by_attribution=counter("by_attribution"),
+            by_class=counter("by_class"),
+            excluded_tasks=counter("excluded_tasks"),
+        )
 
     def add(self, other: Tally) -> None:
         for name in ("rollouts", "policy_failures", "retried", "excluded", "refilled_groups"):
