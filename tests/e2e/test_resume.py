@@ -6,7 +6,8 @@ its own in the session's one container. An agent worker killed at turn k is rede
 and its next attempt takes up the checkpoint: the row says ``resumed_from_turn`` = k, every tool's side effect
 happened once, in the same container, and the token ids run on across the kill. With its resource worker killed
 too, the session is restored from the environment's snapshot (or, for one without, the rollout restarts), as the
-row says. A kill while a tool call runs: that call runs once. The checkpoint never outlives its row.
+row says; so it is when the node of both is lost (the two in one process, killed at once). A kill while a tool
+call runs: that call runs once. The checkpoint never outlives its row.
 """
 
 from __future__ import annotations
@@ -105,6 +106,34 @@ def test_a_resource_worker_killed_too_is_restored_from_its_snapshot_or_restarts(
         else:
             assert (row["resumed_how"], row["resumed_from_turn"]) == ("restarted", 0)
         assert_once_each(row)  # in the container the rollout ended in: each step once
+        assert_contiguous(row)
+        assert stored_checkpoint(server.url) is None
+    finally:
+        run.close()
+
+
+def test_a_lost_node_its_agent_and_resource_workers_at_once_resumes_from_the_snapshot(
+    server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    """A node lost: the agent worker and the resource worker it ran beside (one process, as one node's ``start``)
+    SIGKILLed together, the bus and the sandbox pool elsewhere. The checkpoint is on the bus, not on the node:
+    a peer node takes the rollout up from it, its session restored from the environment's snapshot."""
+    run = Run(tmp_path, server.url, write_config(tmp_path, box_pool, restorable=True))
+    node = ["agents.agent", "resources.env"]
+    try:
+        for only in (f"sandboxes.{box_pool}", "models.policy"):
+            run.pool.start(only, only)
+        run.pool.start("node", node)
+        run.publish()
+        wait_until(lambda: turn_stored(server.url) >= KILL_AT, timeout=120)
+        run.pool.kill("node")
+        cp = stored_checkpoint(server.url)
+        assert cp is not None and cp.turn < STEPS
+        run.pool.start("node#2", node)
+        row = run.row()
+        assert (row["resumed_how"], row["resumed_from_turn"]) == ("restored", cp.turn)
+        assert row["provenance"]["attempt"] == 2
+        assert_once_each(row)  # each step once, the steps before the loss carried by the snapshot
         assert_contiguous(row)
         assert stored_checkpoint(server.url) is None
     finally:
