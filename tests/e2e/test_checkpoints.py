@@ -26,9 +26,14 @@ from tests.helpers import ROWS, WEATHER, cli, write_jsonl
 from tests.pools import Pool
 
 
-def config(tmp: Path, checkpoint: str, **agent: Any) -> Path:
+def config(tmp: Path, checkpoint: str, delay_s: float = 0.0, ttl_s: float | None = None, **agent: Any) -> Path:
+    """Weather's config with the agent's ``checkpoint`` mode (and ``agent``'s keys), the scripted model taking
+    ``delay_s`` a call, and the checkpoints' TTL (``ttl_s``)."""
     raw = yaml.safe_load(WEATHER.read_text())
     raw["agents"]["weather_agent"].update(checkpoint=checkpoint, **agent)
+    raw["models"]["policy"]["delay_s"] = delay_s
+    if ttl_s is not None:
+        raw["jetstream"] = {"checkpoint_ttl_s": ttl_s}
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -65,20 +70,15 @@ async def test_short_rollouts_write_none_under_auto_and_none_outlives_its_row(
 async def test_a_cancelled_rollouts_checkpoint_goes_with_its_failure_row(nats_server, tmp_path: Path) -> None:
     """A batch cancelled while a checkpointed rollout runs: its failure row is stored, and its checkpoint
     deleted with it (not left to the bucket's TTL)."""
-    raw = yaml.safe_load(config(tmp_path, "every_turn").read_text())
-    raw["models"]["policy"]["delay_s"] = 2.0  # its second model turn runs while the batch is cancelled
-    path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = config(tmp_path, "every_turn", delay_s=2.0)  # its second model turn runs while the batch is cancelled
     async with Client(path, nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         kv = await checkpoints_kv(client.bus, 3600.0)
         key = Subjects.checkpoint_key("weather_agent", batch.batch, 0, 0)
         with anyio.fail_after(60):
-            while await kv.get(key) is None:  # its first turn is checkpointed: the rollout is mid-way
-                await anyio.sleep(0.05)
+            await wait_for_key(kv, key, present=True)  # its first turn is checkpointed: the rollout is mid-way
             await batch.cancel()  # iteration ends now; the rollout stops and stores its failure row
-            while await kv.get(key) is not None:  # ... and its checkpoint goes with it
-                await anyio.sleep(0.05)
+            await wait_for_key(kv, key, present=False)  # ... and its checkpoint goes with it
         stored = await client.bus.subject_count(
             client.bus.subjects.results_stream("weather_agent"), client.bus.subjects.batch_results(batch.batch)
         )
@@ -88,10 +88,8 @@ async def test_a_cancelled_rollouts_checkpoint_goes_with_its_failure_row(nats_se
 async def test_a_failed_rollouts_checkpoint_goes_with_its_failure_row(nats_server, tmp_path: Path) -> None:
     """A rollout that checkpointed its first turn, then ran past ``timeout_s`` on its last attempt: its failure
     row (with the partial trajectory) is stored, and its checkpoint deleted with it, not left to the TTL."""
-    path = config(tmp_path, "every_turn", timeout_s=5.0, max_attempts=1)
-    raw = yaml.safe_load(path.read_text())
-    raw["models"]["policy"]["delay_s"] = 3.0  # turn 1 ends at 3 s, is checkpointed; turn 2 would end at 6 s
-    path.write_text(yaml.safe_dump(raw))
+    # turn 1 ends at 3 s and is checkpointed; turn 2 would end at 6 s
+    path = config(tmp_path, "every_turn", delay_s=3.0, timeout_s=5.0, max_attempts=1)
     async with Client(path, nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         kv = await checkpoints_kv(client.bus, 3600.0)
@@ -110,11 +108,7 @@ async def test_a_checkpoint_whose_rollout_is_gone_is_aged_out_by_its_ttl(
 ) -> None:
     """The backstop: an agent worker SIGKILLed mid-rollout with no peer to take its task up leaves its checkpoint
     behind; ``jetstream.checkpoint_ttl_s`` (2 s here) removes it. Nothing deleted it: no delete marker is left."""
-    path = config(tmp_path, "every_turn", max_attempts=1)
-    raw = yaml.safe_load(path.read_text())
-    raw["models"]["policy"]["delay_s"] = 2.0
-    raw["jetstream"] = {"checkpoint_ttl_s": 2.0}
-    path.write_text(yaml.safe_dump(raw))
+    path = config(tmp_path, "every_turn", delay_s=2.0, ttl_s=2.0, max_attempts=1)
     pool = Pool(path, nats_server.url)
     tasks = write_jsonl(tmp_path / "tasks.jsonl", ROWS[:1])
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test-ttl")
