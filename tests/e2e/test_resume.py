@@ -158,32 +158,35 @@ def test_a_tool_call_in_flight_when_its_agent_dies_runs_once(
         run.close()
 
 
-def test_a_server_killed_and_restarted_mid_rollout_keeps_its_checkpoint_and_the_rollout_resumes(
+def test_a_server_killed_and_restarted_mid_batch_keeps_its_checkpoints_and_the_rollouts_resume(
     server: EmbeddedServer, box_pool: str, tmp_path: Path
 ) -> None:
-    """The checkpoint is on the server's disk: SIGKILL nats-server, and the agent worker while it is down, start
-    both again: the rollout resumes where its stored checkpoint says, its row complete. A tool call whose
-    sandbox exec was in flight as the bus went down may run again: the exec's answer was lost, not recorded."""
+    """The checkpoints are on the server's disk: SIGKILL nats-server mid-batch (two long rollouts running), and
+    the agent worker while it is down, start both again: each rollout resumes where its stored checkpoint says,
+    every row complete. A tool call whose sandbox exec was in flight as the bus went down may run again: the
+    exec's answer was lost, not recorded."""
     run = Run(tmp_path, server.url, write_config(tmp_path, box_pool))
     try:
         run.start_workers(box_pool)
-        run.publish(collect=False)
-        wait_until(lambda: turn_stored(server.url) >= KILL_AT, timeout=120)
+        run.publish(collect=False, repeats=2)
+        wait_until(lambda: min(turn_stored(server.url, r) for r in (0, 1)) >= KILL_AT, timeout=120)
         server.kill()  # SIGKILL: the store dir stays
         run.pool.kill("agents.agent")
         server.start()  # same port, same store
-        cp = stored_checkpoint(server.url)
-        assert cp is not None and cp.turn >= KILL_AT
+        cps = [stored_checkpoint(server.url, r) for r in (0, 1)]
+        assert all(cp is not None and cp.turn >= KILL_AT for cp in cps), cps
         run.pool.start("agents.agent#2", "agents.agent")
         run.collect()
-        row = run.row()
-        assert row["resumed_from_turn"] == cp.turn  # the one stored before the kill
-        assert row["resumed_how"] == "reattached"  # the resource worker reconnected, holding the session
-        counts = row["counts"]
-        assert sorted(counts) == [f"step_{i:02d}" for i in range(STEPS)], counts
-        # at most the call in flight as the server died ran again: its sandbox exec ran, its answer was lost with
-        # the bus, so its tool raised (worker_lost) and recorded no reply (docs/operations.md#resume-at-the-last-turn)
-        assert sum(counts.values()) <= STEPS + 1, counts
-        assert stored_checkpoint(server.url) is None
+        for row, cp in zip(run.rows(2), cps, strict=True):
+            assert cp is not None
+            assert row["resumed_from_turn"] == cp.turn  # the one stored before the kill
+            assert row["resumed_how"] == "reattached"  # the resource worker reconnected, holding the session
+            counts = row["counts"]
+            assert sorted(counts) == [f"step_{i:02d}" for i in range(STEPS)], counts
+            # at most the call in flight as the server died ran again: its sandbox exec ran, its answer was lost
+            # with the bus, so its tool raised (worker_lost) and recorded no reply
+            # (docs/operations.md#resume-at-the-last-turn)
+            assert sum(counts.values()) <= STEPS + 1, counts
+        assert [stored_checkpoint(server.url, r) for r in (0, 1)] == [None, None]
     finally:
         run.close()
