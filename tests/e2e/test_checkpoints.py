@@ -103,12 +103,14 @@ async def test_a_failed_rollouts_checkpoint_goes_with_its_failure_row(nats_serve
         assert info.state.messages == 1  # deleted (its delete marker), not aged out
 
 
-async def test_a_checkpoint_whose_rollout_is_gone_is_aged_out_by_its_ttl(
-    nats_server: EmbeddedServer, tmp_path: Path
+@pytest.mark.parametrize("by", ["ttl", "purge"])
+async def test_a_checkpoint_whose_rollout_is_gone_goes_by_its_ttl_or_purge(
+    nats_server: EmbeddedServer, tmp_path: Path, by: str
 ) -> None:
-    """The backstop: an agent worker SIGKILLed mid-rollout with no peer to take its task up leaves its checkpoint
-    behind; ``jetstream.checkpoint_ttl_s`` (2 s here) removes it. Nothing deleted it: no delete marker is left."""
-    path = config(tmp_path, "every_turn", delay_s=2.0, ttl_s=2.0, max_attempts=1)
+    """The backstops: an agent worker SIGKILLed mid-rollout with no peer to take its task up leaves its checkpoint
+    behind; ``jetstream.checkpoint_ttl_s`` (2 s here) ages it out (nothing deleted it: no delete marker is left),
+    and ``gym-runtime purge`` of its batch removes it at once (the TTL an hour)."""
+    path = config(tmp_path, "every_turn", delay_s=2.0, ttl_s=2.0 if by == "ttl" else 3600.0, max_attempts=1)
     pool = Pool(path, nats_server.url)
     tasks = write_jsonl(tmp_path / "tasks.jsonl", ROWS[:1])
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test-ttl")
@@ -124,10 +126,14 @@ async def test_a_checkpoint_whose_rollout_is_gone_is_aged_out_by_its_ttl(
         with anyio.fail_after(60):
             await wait_for_key(kv, key, present=True)
         await anyio.to_thread.run_sync(pool.kill, "agents.weather_agent")  # the rollout is gone: nobody deletes it
+        if by == "purge":
+            res = await anyio.to_thread.run_sync(lambda: cli("purge", "--batch", "b1", "--nats", nats_server.url))
+            assert res.returncode == 0, res.stderr
+            assert await kv.get(key) is None  # gone once purge returns
         with anyio.fail_after(30):
             await wait_for_key(kv, key, present=False)
         info = await bus.js.stream_info(kv_stream(bus.subjects.checkpoints_bucket))
-        assert info.state.messages == 0  # aged out, not deleted
+        assert info.state.messages == 0  # aged out or purged, not deleted
     finally:
         await bus.close()
         await anyio.to_thread.run_sync(pool.stop_all)
