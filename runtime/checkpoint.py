@@ -10,8 +10,9 @@ would grow it by every turn of every long rollout, and a resume would read back 
 A write is off the critical path: it is put while the rollout goes on (the next write, and the attempt's end,
 wait for it); only the tool calls of a turn wait for that turn's checkpoint to be stored, so a resume replays
 the calls the model made, never samples new ones. A resume reads only what the server stored. The delete that
-goes with the row is sent without waiting for the server's ack (one round trip a rollout less: a delete the
-server never got, e.g. one sent during a leader election, is the TTL's to age out).
+goes with the row is sent without waiting for the server's ack, as the task's own ack right after it is (one
+round trip a rollout less; a delete the server never got, e.g. one sent during a leader election, is the TTL's
+to age out, and a read right after it may still see the key).
 """
 
 from __future__ import annotations
