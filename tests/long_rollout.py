@@ -22,7 +22,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
 from tests.envs.long_boxed import task
 from tests.helpers import cli, read_jsonl, write_jsonl
-from tests.pools import Pool, start_collect
+from tests.pools import Pool, start_collect, wait_until
 
 BATCH = "r1"
 
@@ -90,6 +90,12 @@ def stored_checkpoint(url: str, rollout: int = 0) -> Checkpoint | None:
         return msgspec.msgpack.decode(raw, type=Checkpoint) if raw else None
 
     return anyio.run(read)
+
+
+def checkpoint_gone(url: str, rollout: int = 0) -> None:
+    """Wait until the rollout's checkpoint is deleted: its delete follows its row, unacknowledged, so a reader of
+    the row may still see the key for a moment."""
+    wait_until(lambda: stored_checkpoint(url, rollout) is None, timeout=10)
 
 
 def turn_stored(url: str, rollout: int = 0) -> int:
