@@ -1,11 +1,11 @@
 """Elastic by backlog on a real local Ray cluster (three raylets): the agents start at ``min: 0``, a batch's backlog
 makes the scaler add actors up to ``max``, the batch completes with every row once, and once idle the agents are
-drained back to 0. (Ray's autoscaler adding nodes for them is not under test here: ``AutoscalingCluster``, Ray's
-fake multi-node provider, runs ``ray stop --force``, which ends every Ray process of the machine's user, other
-sessions' included; the scaler's ``request_resources`` call runs, and a cluster without an autoscaler ignores it.)"""
+drained back to 0; the same on a ``server --secure`` bus, the scaler with the publisher's credentials. (Ray's
+autoscaler adding nodes for them: ``test_autoscaling``.)"""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +14,12 @@ from typing import Any
 
 import pytest
 
+from gym_runtime.errors import AuthError, UserError
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import ensure_auth_dir
 from tests.cluster import tasks_file
+from tests.helpers import node_dir, secured_server
 from tests.on_ray.cluster import collect, local_cluster, need_ray, once_each, publish, write_config
 
 ray = need_ray()
@@ -71,3 +75,61 @@ def test_agents_scale_from_0_to_n_under_a_backlog_and_back_to_0_when_idle_with_e
             time.sleep(0.2)
         done.set()
         watcher.join()
+
+
+def test_elastic_agents_scale_on_a_secured_bus_the_scaler_with_the_publishers_credentials(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """``server --secure``: the workers connect with their roles' credentials, the scaler with the publisher's
+    (the queues' counts are the publisher's grant); no credential of a role it does not use (no admin)."""
+    config = write_config(
+        tmp_path,
+        concurrency=4,
+        ray={
+            "idle_s": 2,
+            "roles": {
+                "agents.agent": {"num_cpus": 0.5, "min": 0, "max": 2},
+                "models.policy": {"num_cpus": 0.5},
+                "resources.env": {"num_cpus": 0.5},
+            },
+        },
+    )
+    with secured_server(tmp_path) as (srv, auth):
+        node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
+        with OnRay(str(config), nats=srv.url, auth=ClientAuth(node)) as placed:
+            pools = placed.pools
+            assert pools is not None and pools.count("agents", "agent") == 0
+            publish(config, srv.url, tasks_file(tmp_path, 12), "s1", auth=node)
+            rows = collect(srv.url, "s1", tmp_path / "out.jsonl", timeout=90, auth=node)
+            once_each(rows, 12)
+            deadline = time.monotonic() + 120
+            while pools.count("agents", "agent") != 0:  # idle: drained back to min over the secured bus
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+
+def test_a_secured_bus_without_the_publishers_credential_is_one_line_before_ray_is_asked(tmp_path: Path) -> None:
+    config = write_config(tmp_path, ray={"roles": {"agents.agent": {"min": 0, "max": 2}}})
+    auth = ensure_auth_dir(tmp_path / "auth")
+    node = node_dir(auth, tmp_path / "node", "agent", "model", "resource")
+    with pytest.raises(AuthError, match=r"no publisher.creds \(nor admin.creds\)"):
+        OnRay(str(config), nats="tls://127.0.0.1:4222", auth=ClientAuth(node))
+    (tmp_path / "head").mkdir()
+    head = write_config(tmp_path / "head", ray={"nats": "head"})
+    with pytest.raises(UserError, match="ray.nats: head runs nats-server without --secure"):
+        OnRay(str(head), auth=ClientAuth(node))
+
+
+def test_a_scaler_the_secured_bus_refuses_is_one_line_at_start(cluster: Any, tmp_path: Path) -> None:
+    """A publisher.creds the server does not know (another server's): ``OnRay`` (``start --ray``) ends with the
+    refusal's line, not with elastic pools that never scale."""
+    config = write_config(tmp_path, ray={"roles": {"agents.agent": {"min": 0, "max": 2}}})
+    with secured_server(tmp_path) as (srv, auth):
+        node = node_dir(auth, tmp_path / "node", "agent")
+        stale = ensure_auth_dir(tmp_path / "other")
+        shutil.copy(stale / "publisher.creds", node / "publisher.creds")
+        t0 = time.monotonic()
+        said = r"the scaler \(as publisher, .*publisher.creds\): .*Authorization"
+        with pytest.raises(UserError, match=said) as refused:
+            OnRay(str(config), nats=srv.url, only=["agents"], auth=ClientAuth(node)).__enter__()
+        assert "\n" not in str(refused.value) and time.monotonic() - t0 < 30, str(refused.value)
