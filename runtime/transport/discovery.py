@@ -72,19 +72,30 @@ async def discover(
     ``until(answers so far)`` holds (a caller that knows whom it expects waits for them, not for a window a
     loaded machine can overrun). An answer that claims a role and name other than the lane it came in is
     dropped: on a secured bus only that entry's pool may answer there, so no pool can pass itself off as
-    another's workers (a model replica a pause would wait for, say)."""
-    out: list[dict[str, Any]] = []
+    another's workers (a model replica a pause would wait for, say).
+
+    A caller with ``until`` asks again while it waits (after 1, 2, 4… seconds): a request and its answers
+    travel at most once on the bus, and one answer lost (a worker's connection busy or reconnecting as the
+    request passed) must not read as a missing worker. Each worker counts once, with its latest answer."""
+    found: dict[str, dict[str, Any]] = {}
 
     def each(subject: str, data: bytes) -> bool:
         w = _worker(bus, subject, data)
         if w is None:  # dropped: the answers so far are as they were
             return False
-        out.append(w)
-        return until is not None and until(out)
+        found[f"{w['role']}.{w['name']}.{w.get('worker', '')}"] = w
+        return until is not None and until(list(found.values()))
 
-    await bus.scatter(bus.subjects.status, wait_s=wait_s, until=each)
-    out.sort(key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
-    return out
+    deadline = time.monotonic() + wait_s
+    ask_again_s = 1.0
+    while True:
+        left = deadline - time.monotonic()
+        window = left if until is None else min(left, ask_again_s)
+        await bus.scatter(bus.subjects.status, wait_s=max(window, 0.0), until=each)
+        if until is None or until(list(found.values())) or window >= left:
+            break
+        ask_again_s *= 2
+    return sorted(found.values(), key=lambda w: (w.get("role", ""), w.get("name", ""), w.get("worker", "")))
 
 
 async def namespaces_with_workers(bus: Bus, namespaces: list[str], *, wait_s: float = 0.5) -> list[str]:

@@ -38,3 +38,26 @@ async def test_discovery_waits_until_the_expected_workers_answered_and_no_longer
         assert await serving(bus, "agent", {"a"}, wait_s=60) == {"a"}
         assert time.monotonic() - t0 < 30
         assert await serving(bus, "model", {"policy"}, wait_s=0.2) == set()  # the forged answer is not believed
+
+
+async def test_an_answer_lost_once_is_asked_for_again_within_the_window() -> None:
+    """Core NATS carries a request and its answers at most once: a worker whose answer to the first round is lost
+    (its connection busy or reconnecting as the request passed) is found by the next round, within the window,
+    and counted once however many rounds it answered."""
+    async with MemoryTransport() as bus:
+        await register(bus, "agent", "a", "w1", counters)
+        heard: list[str] = []
+
+        async def late(msg: Delivery) -> None:  # the resource worker: its first answer never arrives
+            heard.append(msg.subject)
+            if len(heard) > 1:
+                body = {"namespace": bus.ns, "role": "resource", "name": "r", "worker": "w2"}
+                assert msg.reply is not None
+                await bus.publish_raw(answer(msg.reply, lane("resource", "r")), json.dumps(body).encode())
+
+        await bus.subscribe(bus.subjects.status, late)
+        t0 = time.monotonic()
+        both = await discover(bus, wait_s=60, until=lambda ws: {w["name"] for w in ws} >= {"a", "r"})
+        assert time.monotonic() - t0 < 30
+        assert [(w["role"], w["name"], w["worker"]) for w in both] == [("agent", "a", "w1"), ("resource", "r", "w2")]
+        assert len(heard) >= 2
