@@ -73,7 +73,9 @@ def autoscaling_cluster(head: dict[str, float], node: dict[str, float], max_node
     Not ``AutoscalingCluster`` itself: it runs ``ray stop --force`` (every Ray process of the machine's user,
     other test runs' clusters too) and reads an ``example.yaml`` the wheel does not ship. Here the head is
     ``Cluster``'s, on its own temp dir and GCS port (the provider's nodes join it there, not on 6379), and at
-    the end every process under that temp dir is ended (the provider's raylets outlive the monitor)."""
+    the end every process under that temp dir is ended (the provider's raylets outlive the monitor). Autoscaler v2
+    (``RAY_enable_autoscaler_v2=1``) is not usable so: its monitor fills this config from that missing
+    ``example.yaml`` and exits (``FileNotFoundError`` in the head's ``monitor.err``)."""
     ray = need_ray()
     from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
     from ray.cluster_utils import Cluster
