@@ -72,6 +72,8 @@ def on_ray(args: argparse.Namespace) -> int:
     cfg = cli.load(args)
     resolve_config(cfg)  # the plugins' option checks: a bad option is one line now, not in every actor
     passthrough = ["--log-level", args.log_level] + (["--trace-file", args.trace_file] if args.trace_file else [])
+    if args.metrics_port is not None:  # each actor's worker on P, P+1, ... (on its own node), at this address
+        passthrough += ["--metrics-host", args.metrics_host]
     where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
     # --auth-dir or $GYM_AUTH_DIR: the workers get its path (the same on every node), the scaler its publisher.creds
     auth = cli.client_auth(args)
