@@ -171,6 +171,17 @@ def write_config(tmp: Path, *, delay_s: float = 0.0, ray: dict[str, Any] | None 
     return path
 
 
+def elastic_agents(tmp: Path, *, cpus: float, high: int, delay_s: float = 0.0, **ray: Any) -> Path:
+    """The weather world with its agents elastic from 0 to ``high`` (4 slots a replica, ``cpus`` CPUs an actor),
+    the model and the environment one actor of half a CPU each, a surplus agent drained after 2 s idle."""
+    roles = {
+        "agents.agent": {"num_cpus": cpus, "min": 0, "max": high},
+        "models.policy": {"num_cpus": 0.5},
+        "resources.env": {"num_cpus": 0.5},
+    }
+    return write_config(tmp, delay_s=delay_s, concurrency=4, ray={"idle_s": 2, "roles": roles, **ray})
+
+
 def publish(config: Path, url: str, tasks: Path, batch: str, auth: Path | None = None) -> None:
     """``publish`` (``auth``: a secured bus's publisher node directory)."""
     creds = ["--auth-dir", str(auth)] if auth else []

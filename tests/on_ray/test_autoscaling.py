@@ -22,11 +22,11 @@ from tests.on_ray.cluster import (
     alive_nodes,
     autoscaling_cluster,
     collect,
+    elastic_agents,
     need_ray,
     once_each,
     publish,
     results_stored,
-    write_config,
 )
 
 ray = need_ray()
@@ -56,20 +56,7 @@ HALF, ONE = (("CPU", 0.5),), (("CPU", 1),)
 def test_a_backlog_makes_ray_add_nodes_for_new_agents_that_serve_it_and_idle_ends_them(
     cluster: Any, tmp_path: Path
 ) -> None:
-    config = write_config(
-        tmp_path,
-        delay_s=0.2,
-        concurrency=4,
-        ray={
-            "idle_s": 2,
-            "placement_timeout_s": 45,
-            "roles": {
-                "agents.agent": {"num_cpus": 1, "min": 0, "max": 2},
-                "models.policy": {"num_cpus": 0.5},
-                "resources.env": {"num_cpus": 0.5},
-            },
-        },
-    )
+    config = elastic_agents(tmp_path, cpus=1, high=2, delay_s=0.2, placement_timeout_s=45)
     head = alive_nodes()
     assert len(head) == 1
     with (

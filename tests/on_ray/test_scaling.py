@@ -20,7 +20,7 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from tests.cluster import tasks_file
 from tests.helpers import node_dir, secured_server
-from tests.on_ray.cluster import collect, local_cluster, need_ray, once_each, publish, write_config
+from tests.on_ray.cluster import collect, elastic_agents, local_cluster, need_ray, once_each, publish, write_config
 
 ray = need_ray()
 from gym_runtime.placement.on_ray import OnRay  # noqa: E402  (after the skip: it imports ray)
@@ -37,19 +37,7 @@ def cluster() -> Iterator[Any]:
 def test_agents_scale_from_0_to_n_under_a_backlog_and_back_to_0_when_idle_with_every_row_once(
     cluster: Any, tmp_path: Path
 ) -> None:
-    config = write_config(
-        tmp_path,
-        delay_s=0.1,
-        concurrency=4,
-        ray={
-            "idle_s": 2,
-            "roles": {
-                "agents.agent": {"num_cpus": 0.5, "min": 0, "max": 3},
-                "models.policy": {"num_cpus": 0.5},
-                "resources.env": {"num_cpus": 0.5},
-            },
-        },
-    )
+    config = elastic_agents(tmp_path, cpus=0.5, high=3, delay_s=0.1)
     with EmbeddedServer(store_dir=str(tmp_path / "store")) as srv, OnRay(str(config), nats=srv.url) as placed:
         pools = placed.pools
         assert pools is not None and pools.count("agents", "agent") == 0
@@ -82,18 +70,7 @@ def test_elastic_agents_scale_on_a_secured_bus_the_scaler_with_the_publishers_cr
 ) -> None:
     """``server --secure``: the workers connect with their roles' credentials, the scaler with the publisher's
     (the queues' counts are the publisher's grant); no credential of a role it does not use (no admin)."""
-    config = write_config(
-        tmp_path,
-        concurrency=4,
-        ray={
-            "idle_s": 2,
-            "roles": {
-                "agents.agent": {"num_cpus": 0.5, "min": 0, "max": 2},
-                "models.policy": {"num_cpus": 0.5},
-                "resources.env": {"num_cpus": 0.5},
-            },
-        },
-    )
+    config = elastic_agents(tmp_path, cpus=0.5, high=2)
     with secured_server(tmp_path) as (srv, auth):
         node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
         with OnRay(str(config), nats=srv.url, auth=ClientAuth(node)) as placed:
