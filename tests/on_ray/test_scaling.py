@@ -5,7 +5,11 @@ autoscaler adding nodes for them: ``test_autoscaling``.)"""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +23,7 @@ from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.security import ensure_auth_dir
 from tests.cluster import tasks_file
-from tests.helpers import node_dir, secured_server
+from tests.helpers import REPO, node_dir, secured_server
 from tests.on_ray.cluster import collect, elastic_agents, local_cluster, need_ray, once_each, publish, write_config
 
 ray = need_ray()
@@ -110,3 +114,26 @@ def test_a_scaler_the_secured_bus_refuses_is_one_line_at_start(cluster: Any, tmp
         with pytest.raises(UserError, match=said) as refused:
             OnRay(str(config), nats=srv.url, only=["agents"], auth=ClientAuth(node)).__enter__()
         assert "\n" not in str(refused.value) and time.monotonic() - t0 < 30, str(refused.value)
+
+
+def test_start_ray_takes_the_secured_bus_credentials_from_gym_auth_dir(cluster: Any, tmp_path: Path) -> None:
+    """The command as a user runs it: ``$GYM_AUTH_DIR`` (not ``--auth-dir``) on ``start --ray``'s node only; its
+    workers, on nodes whose environment has no such variable, and its scaler both connect with credentials."""
+    config = elastic_agents(tmp_path, cpus=0.5, high=2)
+    with secured_server(tmp_path) as (srv, auth):
+        node = node_dir(auth, tmp_path / "node", "publisher", "agent", "model", "resource")
+        argv = [sys.executable, "-m", "gym_runtime.cli", "start", str(config), "--nats", srv.url]
+        env = {**os.environ, "GYM_AUTH_DIR": str(node)}
+        workers = subprocess.Popen(
+            [*argv, "--ray", cluster.address], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+        )  # fmt: skip
+        try:
+            assert workers.stdout is not None
+            line = workers.stdout.readline()
+            assert line.startswith("workers ready on Ray (2 actors)"), line + (workers.stderr.read() or "")
+            publish(config, srv.url, tasks_file(tmp_path, 8), "e1", auth=node)
+            once_each(collect(srv.url, "e1", tmp_path / "out.jsonl", timeout=90, auth=node), 8)  # agents from 0
+        finally:
+            workers.send_signal(signal.SIGTERM)
+            assert workers.wait(120) == 0, workers.stderr.read() if workers.stderr else ""
