@@ -87,6 +87,7 @@ class OnRay:
         self._scaler_thread: threading.Thread | None = None
         self._scaler_connected = threading.Event()  # its first connection made or refused (``_scaler_error``)
         self._scaler_error: Exception | None = None
+        self._placed = threading.Event()  # every role's first actors are placed: the scaler takes over
         self.scaler: Scaler | None = None
         self.pools: RolePools | None = None
         self.url: str | list[str] = ""
@@ -122,14 +123,15 @@ class OnRay:
             drain_timeout_s=self._drain_timeout_s,
         )
         self.scaler = Scaler(cfg, self.pools)
-        self.pools.start({(r, n): self.scaler.bounds(r, n)[0] for r, n in self.pairs})
-        if any(self.pools.role(r, n).elastic for r, n in self.pairs):
+        if any(self.pools.role(r, n).elastic for r, n in self.pairs):  # its bus first: a refusal before any actor
             self._scaler_thread = threading.Thread(target=self._scale, daemon=True, name="gym-ray-scaler")
             self._scaler_thread.start()
             self._scaler_connected.wait()
             if self._scaler_error is not None:  # its bus refused it (credentials, TLS): a line now, not a quiet pool
                 who = f"as publisher, {self.auth.creds('publisher')}" if self.auth is not None else "no credentials"
                 raise UserError(f"the scaler ({who}): {self._scaler_error}")
+        self.pools.start({(r, n): self.scaler.bounds(r, n)[0] for r, n in self.pairs})
+        self._placed.set()
 
     def _scale(self) -> None:
         """The scaler's own event loop (the Ray calls it makes block: each in a worker thread of it)."""
@@ -151,6 +153,10 @@ class OnRay:
             finally:
                 self._scaler_connected.set()
             try:
+                while not self._placed.is_set():  # the roles' first actors, placed by ``_open``
+                    if self._stop.is_set():
+                        return
+                    await anyio.sleep(0.1)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.scaler.run, bus, self.pairs)
                     while not self._stop.is_set():

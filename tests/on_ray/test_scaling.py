@@ -101,19 +101,29 @@ def test_a_secured_bus_without_the_publishers_credential_is_one_line_before_ray_
         OnRay(str(head), auth=ClientAuth(node))
 
 
-def test_a_scaler_the_secured_bus_refuses_is_one_line_at_start(cluster: Any, tmp_path: Path) -> None:
-    """A publisher.creds the server does not know (another server's): ``OnRay`` (``start --ray``) ends with the
-    refusal's line, not with elastic pools that never scale."""
+def test_a_scaler_the_secured_bus_refuses_is_one_line_before_any_actor_is_placed(cluster: Any, tmp_path: Path) -> None:
+    """A publisher.creds the server does not know (another server's), or none at all: ``OnRay`` (``start --ray``)
+    ends with the refusal's line before it places an actor (whose worker would wait for the bus), not with elastic
+    pools that never scale."""
     config = write_config(tmp_path, ray={"roles": {"agents.agent": {"min": 0, "max": 2}}})
     with secured_server(tmp_path) as (srv, auth):
-        node = node_dir(auth, tmp_path / "node", "agent")
+        node = node_dir(auth, tmp_path / "node", "agent", "model", "resource")
         stale = ensure_auth_dir(tmp_path / "other")
         shutil.copy(stale / "publisher.creds", node / "publisher.creds")
-        t0 = time.monotonic()
-        said = r"the scaler \(as publisher, .*publisher.creds\): .*Authorization"
-        with pytest.raises(UserError, match=said) as refused:
-            OnRay(str(config), nats=srv.url, only=["agents"], auth=ClientAuth(node)).__enter__()
-        assert "\n" not in str(refused.value) and time.monotonic() - t0 < 30, str(refused.value)
+        for creds, said in [
+            (ClientAuth(node), r"the scaler \(as publisher, .*publisher.creds\): .*Authorization"),
+            (None, r"the scaler \(no credentials\): .*requires TLS and credentials.*--auth-dir"),
+        ]:
+            t0, before = time.monotonic(), worker_actors()
+            with pytest.raises(UserError, match=said) as refused:
+                OnRay(str(config), nats=srv.url, auth=creds).__enter__()
+            assert "\n" not in str(refused.value) and time.monotonic() - t0 < 30, str(refused.value)
+            assert worker_actors() == before  # none asked of Ray (the model's and environment's included)
+
+
+def worker_actors() -> int:
+    """The worker actors this Ray cluster has ever had (alive or dead: the GCS's table)."""
+    return sum(1 for a in ray._private.state.actors().values() if a["ActorClassName"].endswith("WorkerProcess"))
 
 
 def test_start_ray_takes_the_secured_bus_credentials_from_gym_auth_dir(cluster: Any, tmp_path: Path) -> None:
