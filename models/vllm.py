@@ -446,7 +446,8 @@ class VLLMModel:
             partial = Partial(prompt_token_ids=prompt, state={"text": "", "tries": 0})
         prompt = partial.prompt_token_ids
         ids, lps = list(partial.generation_token_ids), list(partial.generation_log_probs)
-        state = dict(partial.state or {"text": "", "tries": 0})
+        # no state: a generation another worker made (a checkpoint's), continued here as an interrupted one is
+        state = dict(partial.state or {"text": partial.text, "tries": 1 if ids else 0})
         text = [str(state.get("text") or "")]
         if stop.is_set():
             return partial
@@ -489,7 +490,13 @@ class VLLMModel:
         if finish is None:
             if stop.is_set():
                 state["text"] = "".join(text)
-                return Partial(prompt_token_ids=prompt, generation_token_ids=ids, generation_log_probs=lps, state=state)
+                return Partial(
+                    prompt_token_ids=prompt,
+                    generation_token_ids=ids,
+                    generation_log_probs=lps,
+                    state=state,
+                    text=state["text"],
+                )
             raise ModelError("completion stream ended without a finish_reason", retryable=True)
         full = "".join(text)
         if state["tries"] > 1:  # continued: decode all ids at once (a character may straddle the cut)

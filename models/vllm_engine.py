@@ -419,12 +419,15 @@ class VLLMEngineModel:
         logprobs so far come back as a ``Partial``; continuing it sends prompt ids + generated ids."""
         if not self.can_interrupt:
             return await self.generate(params, rollout_key=rollout_key)
-        if partial is None:
+        if partial is None or partial.state is None:  # no state: a checkpoint's generation, continued here
             prepared = await self._prepare(params)
             if prepared is None:
                 return incomplete_response(params, model=self.cfg.model or "")
             body, prompt, sampling = prepared
-            partial = Partial(prompt_token_ids=prompt, state=(body, sampling, 0))
+            if partial is None:
+                partial = Partial(prompt_token_ids=prompt, state=(body, sampling, 0))
+            else:
+                partial = msgspec.structs.replace(partial, state=(body, sampling, 1))
         body, sampling, tries = partial.state
         prompt, done = partial.prompt_token_ids, list(partial.generation_token_ids)
         lps = list(partial.generation_log_probs)
@@ -464,6 +467,7 @@ class VLLMEngineModel:
                     generation_token_ids=gen,
                     generation_log_probs=lps,
                     state=(body, sampling, tries + 1),
+                    text=self._tokenizer.decode(gen, skip_special_tokens=True),  # a cut's message (cut_response)
                 )
             raise ModelError("vllm_engine: the engine returned no output", retryable=True)
         if tries or done:  # continued: decode every generated id at once (a character may straddle the cut)

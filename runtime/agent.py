@@ -18,7 +18,7 @@ from typing import Any, Protocol, Unpack
 import anyio
 import msgspec
 
-from gym_runtime.checkpoint import Checkpointer
+from gym_runtime.checkpoint import GENERATING_S, Checkpointer
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import (
@@ -28,6 +28,7 @@ from gym_runtime.messages import (
     CreateParams,
     FunctionCall,
     FunctionCallOutput,
+    GenerationProgress,
     Item,
     ModelRequest,
     Response,
@@ -46,11 +47,12 @@ from gym_runtime.resource import RESUME_ALIVE, RESUME_RESTORE
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.spec import SandboxAsk
 from gym_runtime.transport.bus import Bus
-from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.model_calls import PROGRESS_STREAM, call_model, cut_at
 from gym_runtime.transport.rpc import NoResponders, pauses_counted
 from gym_runtime.transport.subjects import Subjects
 
 TOOL_TIMEOUT_S = 300.0
+_progress_decoder = msgspec.msgpack.Decoder(GenerationProgress)
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
 
 
@@ -282,6 +284,7 @@ class AgentContext:
         model_timeout_s: Callable[[str], float],
         model_fingerprint: Callable[[str], str | None] | None = None,
         model_liveness_s: Callable[[str], float | None] | None = None,
+        cuttable: frozenset[str] = frozenset(),
     ) -> None:
         self._bus = bus
         self.task = task
@@ -290,6 +293,7 @@ class AgentContext:
         self._model_timeout_s = model_timeout_s
         self._model_fingerprint = model_fingerprint
         self._model_liveness_s = model_liveness_s
+        self._cuttable = cuttable  # models whose generations stop at the rollout's deadline, their tokens kept
         # Policy versions that served this rollout's model calls: [min, max] (None: none stamped).
         self.policy_versions: list[int] | None = None
         # The rollout's ledger: what its model and tool calls used (the row's ``cost``), the model entry of each
@@ -305,6 +309,9 @@ class AgentContext:
         self._usage = Usage()
         self._last: Response | None = None
         self.generating_since: float | None = None  # the policy's model call in flight: its start
+        self.cut: Response | None = None  # the policy's generation the rollout's deadline stopped: its tokens so far
+        self.continuing: GenerationProgress | None = None  # a checkpoint's generation: the next policy call goes on
+        self._progressing = False  # the policy's call in flight sends its tokens so far (``_on_progress``)
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
         # When the runtime cancels this rollout (``timeout_s`` after the context was
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
@@ -340,22 +347,24 @@ class AgentContext:
         """Seconds left before the runtime cancels this rollout (``timeout_s``)."""
         return self.deadline - time.monotonic()
 
-    def checkpoint(self, trajectory: Trajectory, phase: str) -> bool:
+    def checkpoint(self, trajectory: Trajectory, phase: str, generating: GenerationProgress | None = None) -> bool:
         """Write the rollout's checkpoint now when its mode says one is due (``checkpoint``): its trajectory so
-        far, turn, cost and the handles of its sessions. In the background; True when one was asked."""
+        far, turn, cost and the handles of its sessions; ``generating``: the next turn's generation so far (its
+        turn answered, that generation still running). In the background; True when one was asked."""
         box = self.checkpoints
         if box is None or trajectory._last is None:
             return False
         elapsed = self.config.timeout_s - self.remaining()
-        if not box.due(trajectory.steps, elapsed):
+        turn = trajectory.steps - (generating is not None)  # a generation in flight is not a turn made yet
+        if not box.due(turn, elapsed):
             return False
         last = trajectory._last
         partial = msgspec.structs.replace(last, output=list(trajectory.outputs), usage=trajectory.usage)
         partial.status = "incomplete"  # the shape of a failure row's partial trajectory
         box.write(
             Checkpoint(
-                turn=trajectory.steps,
-                phase="generated" if phase == "generated" else "answered",
+                turn=turn,
+                phase="generated" if phase == "generated" and generating is None else "answered",
                 response=partial,
                 last_status=last.status,
                 last_from=trajectory._from,
@@ -365,14 +374,35 @@ class AgentContext:
                 elapsed_s=max(0.0, elapsed),
                 sessions=[h for h in (s.handle() for s in self.sessions) if h is not None],
                 attempt=self.task_attempt,
+                generating=generating,
             )
         )
         return True
 
+    def _progress_s(self) -> float | None:
+        """How often the policy's generation in flight sends its tokens so far, for the checkpoint to keep them
+        (None: it is not checkpointed: no checkpoints, no completed turn yet, or a model that cannot stop)."""
+        traj = self.trajectory
+        if self.checkpoints is None or traj is None or traj._last is None:
+            return None
+        return GENERATING_S
+
+    def _on_progress(self, stream: int, data: bytes) -> None:
+        """The generation in flight sent its tokens so far: checkpoint them (a resumed attempt continues them)."""
+        traj = self.trajectory
+        if stream != PROGRESS_STREAM or traj is None or not self._progressing:
+            return  # late: its call answered already (a checkpoint of the turn after it may be written)
+        try:
+            progress = _progress_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        self.checkpoint(traj, "answered", generating=progress)
+
     def resume_from(self, cp: Checkpoint, how: str) -> None:
         """Take up a checkpoint's ledger: its cost, turns and policy versions (counted once: this attempt adds
-        only its own calls), and the rest of its clock."""
+        only its own calls), the rest of its clock, and the generation it was making (continued by the next)."""
         self.resumed_how, self.resumed_from_turn = how, cp.turn
+        self.continuing = cp.generating
         tools = sum(isinstance(i, FunctionCallOutput) for i in cp.response.output)
         self.calls_from = [len(cp.turns), tools]  # what earlier attempts made (``explain``)
         self.cost.merge(cp.cost)  # its sessions add their tool time to this one
@@ -389,8 +419,14 @@ class AgentContext:
     async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
         name = model or self.config.model
         started = time.perf_counter()
-        if name == self.config.model:
+        policy = name == self.config.model
+        cuttable = policy and name in self._cuttable  # its generation can be stopped and continued
+        progress_s = self._progress_s() if cuttable else None
+        continuing = None
+        if policy:
             self.generating_since = started  # a failure while it runs charges its time to the policy (``attribution``)
+            continuing, self.continuing = self.continuing, None
+            self._progressing = progress_s is not None
         reply = await call_model(
             self._bus,
             name,
@@ -398,12 +434,17 @@ class AgentContext:
                 params=params,
                 rollout_key=self.rollout_key,
                 fingerprint=self._model_fingerprint(name) if self._model_fingerprint else None,
+                # the policy's generation stops as the rollout runs out, its tokens kept (``generation_cut``)
+                cut_at=cut_at(self.remaining(), self.config.timeout_s) if cuttable else None,
+                progress_s=progress_s,
+                continue_from=continuing,
             ),
             timeout=self._model_timeout_s(name),
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
             wait_s=max(0.0, self.remaining()),  # queued behind other rollouts' calls: as long as the rollout may
+            on_output=self._on_progress if progress_s is not None else None,
         )
-        self.generating_since = None
+        self.generating_since, self._progressing = None, False
         v = reply.policy_version
         if v is not None:
             last = v if reply.policy_version_last is None else reply.policy_version_last
@@ -411,29 +452,41 @@ class AgentContext:
             self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
         self.cost.add_call(name, reply.response.usage, reply.took_ms, reply.response)
         self.calls.model(started, reply.response.usage)
-        if name == self.config.model:  # the policy's turns (not a user simulator's)
-            self._generated.extend(reply.response.output)
+        if policy:  # the policy's turns (not a user simulator's)
+            if reply.cut:
+                self.cut = reply.response
+            else:
+                self._generated.extend(reply.response.output)
+                self._last = reply.response
             self._usage.add(reply.response.usage)
-            self._last = reply.response
         self.turns.append(name if v is None else f"{name}@{v}")
         if reply.worker and reply.worker not in self.model_workers:
             self.model_workers.append(reply.worker)
+        if reply.cut:  # stopped at the rollout's deadline: the rollout ends as its clock would have ended it
+            raise Failure("timeout", f"rollout exceeded timeout_s={self.config.timeout_s:g}")
         return reply.response
 
     def partial(self) -> Response | None:
         """The trajectory so far as one ``Response`` (status ``incomplete``): what a failure row keeps of the policy's
-        turns, with their token ids, logprobs and policy versions; None before the first model turn. A turn the
-        failure cut short is not in it (its call never answered): the completed turns are."""
-        last = self._last
+        turns, with their token ids, logprobs and policy versions; None before the first model turn. A generation
+        the rollout's deadline stopped (``cut``) ends it, its item ``status: "incomplete"`` and the response's
+        ``incomplete_details`` saying ``cut``; any other turn the failure cut short is not in it (its call never
+        answered): the completed turns are."""
+        cut = self.cut if self.cut is not None and _generated_any(self.cut) else None
+        last = self._last or cut
         if last is None:
             return None
-        items = self.trajectory.outputs if self.trajectory is not None else self._generated
+        items = list(self.trajectory.outputs if self.trajectory is not None else self._generated)
+        details: dict[str, Any] = {"reason": "failed"}
+        if cut is not None:
+            items.extend(cut.output)
+            details["cut"] = True
         return msgspec.structs.replace(
             last,
-            output=list(items),
+            output=items,
             usage=msgspec.structs.replace(self._usage),
             status="incomplete",
-            incomplete_details={"reason": "failed"},
+            incomplete_details=details,
         )
 
     async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
@@ -555,6 +608,11 @@ class Trajectory:
     def response(self) -> Response:
         assert self._last is not None, "no model turn yet"
         return msgspec.structs.replace(self._last, output=self.outputs, usage=self.usage)
+
+
+def _generated_any(response: Response) -> bool:
+    """A cut generation that made at least one token (one cut before its first token adds nothing to a row)."""
+    return any(getattr(item, "generation_token_ids", None) for item in response.output)
 
 
 def _call_id(turn: int, index: int, call: FunctionCall) -> str:

@@ -31,6 +31,10 @@ log = logs.get("gym.checkpoint")
 # nothing (no write, no delete), a longer one loses at most one turn to a dead worker.
 AUTO_TURNS = 4
 AUTO_S = 60.0
+# A policy generation longer than this sends its tokens so far this often (an adapter that can stop one: ``vllm``
+# with ``interruptible: true``, ``vllm_engine``), each kept in a checkpoint when one is due: a worker killed
+# mid-generation loses at most this much of it. A shorter generation sends nothing.
+GENERATING_S = 2.0
 
 Mode = Literal["auto", "every_turn", "off"]
 _decoder = msgspec.msgpack.Decoder(Checkpoint)

@@ -520,10 +520,32 @@ class AttemptRetried(_Msg, tag="attempt.nak.v1", kw_only=True):
 AttemptRecord = AttemptStart | AttemptRetried
 
 
+class GenerationProgress(Struct, kw_only=True, omit_defaults=True):
+    """A generation's tokens so far: sent to its caller while it runs (``ModelRequest.progress_s``), kept in the
+    rollout's checkpoint, and continued by a resumed attempt (``ModelRequest.continue_from``): its prompt ids are
+    the prompt, its ids and logprobs kept, its ``[start, end, version]`` ranges carried on."""
+
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int] = []
+    generation_log_probs: list[float] = []
+    policy_version_ranges: list[list[int]] = []
+    text: str = ""  # the adapter's text of those ids, where it has it
+
+
 class ModelRequest(_Msg, tag="model.req.v1"):
     params: CreateParams
     rollout_key: str | None = None  # affinity: later turns may prefer one replica
     fingerprint: str | None = None  # the model config entry the caller expects (isolation)
+    # When the caller's rollout ends (epoch seconds, a little before its deadline): an adapter that can stop a
+    # generation stops it then and answers what it generated so far (``ModelResponse.cut``); None: never cut.
+    # A wire change: a reader before it ignores the field and generates until done (docs/changelog.md)
+    cut_at: float | None = None
+    # Send the generation's tokens so far to the caller this often (``GenerationProgress`` as output stream 3), so
+    # its rollout's checkpoint keeps them; an adapter that cannot stop a generation sends none. A wire change too
+    progress_s: float | None = None
+    # Continue this generation (a checkpoint's, its agent killed mid-generation) instead of starting one: its
+    # prompt ids are the prompt, its tokens kept (an adapter that cannot continue one generates it whole)
+    continue_from: GenerationProgress | None = None
 
 
 class ModelResponse(_Msg, tag="model.resp.v1"):
@@ -533,6 +555,9 @@ class ModelResponse(_Msg, tag="model.resp.v1"):
     policy_version_last: int | None = None
     worker: str | None = None  # the model worker that generated it (provenance)
     took_ms: int = 0  # the generation's time on that worker (cost), not the call's wait in a queue
+    # the generation was stopped at the request's ``cut_at``: ``response`` holds its tokens so far (its item
+    # ``status: "incomplete"``), not a finished turn; the caller's rollout has run out of time
+    cut: bool = False
 
 
 class SeedRequest(_Msg, tag="seed.v1"):
@@ -620,6 +645,8 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     sessions: list[SessionHandle] = field(default_factory=list)
     attempt: int = 1
     worker: str = ""  # the agent worker that wrote it
+    # the next turn's generation so far (its tokens streamed while it ran): a resumed attempt continues it
+    generating: GenerationProgress | None = None
 
 
 ErrorClass = Literal[
@@ -743,6 +770,10 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     key: str = ""
 
 
+# An exec's outcome: the fields of an author's ``ExecResult`` (``sandboxes.spec``), which a reply carries as they are
+EXEC_FIELDS = ("exit_code", "stdout", "stderr", "truncated", "timed_out", "duration_s")
+
+
 class SandboxReply(_Msg, tag="sbx.reply.v1"):
     sandbox: str = ""
     process: str = ""  # spawn: the background process's id
@@ -765,16 +796,8 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:
-        """An exec's reply from its result (a backend's or an author's ``ExecResult``: the same fields)."""
-        return cls(
-            sandbox=sandbox,
-            exit_code=r.exit_code,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            truncated=r.truncated,
-            timed_out=r.timed_out,
-            duration_s=r.duration_s,
-        )
+        """An exec's reply from its result (a backend's or an author's ``ExecResult``: its ``EXEC_FIELDS``)."""
+        return cls(sandbox=sandbox, **{f: getattr(r, f) for f in EXEC_FIELDS})
 
 
 Envelope = (
@@ -812,8 +835,10 @@ __all__ = [
     "ErrorClass",
     "ErrorInfo",
     "ErrorReply",
+    "EXEC_FIELDS",
     "FunctionCall",
     "FunctionCallOutput",
+    "GenerationProgress",
     "Item",
     "KNOWN_ITEM_TYPES",
     "Message",

@@ -22,13 +22,16 @@ The ``models.NAME`` entry stays flat: the worker keys (``WORKER_KEYS``) belong t
 from __future__ import annotations
 
 import re
+import time
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
+from uuid import uuid4
 
 import msgspec
 
+from gym_runtime.chat import make_response
 from gym_runtime.errors import UserError
-from gym_runtime.messages import CreateParams, Response
+from gym_runtime.messages import CreateParams, Response, Usage, assistant_message
 from gym_runtime.plugins import load_plugin
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "WrittenOptions",
     "adapter_module",
     "check_adapter",
+    "cut_response",
     "interrupt_problem",
     "interruptible",
     "load_adapter",
@@ -69,6 +73,29 @@ class Partial(msgspec.Struct, kw_only=True):
     generation_token_ids: list[int] = msgspec.field(default_factory=list)
     generation_log_probs: list[float] = msgspec.field(default_factory=list)
     state: Any = None  # the adapter's own (the request it continues, text so far)
+    text: str = ""  # the text of the generated ids so far, where the adapter has it (a cut generation's message)
+
+
+def cut_response(params: CreateParams, partial: Partial, *, model: str) -> Response:
+    """A generation stopped at its rollout's deadline as a ``Response``: one assistant message of its raw text so
+    far (tool calls unparsed: a half-written call is no call), ``status: "incomplete"``, carrying the ids and
+    logprobs generated so far, so a failure row keeps them (``ModelResponse.cut``)."""
+    message = assistant_message(partial.text)
+    message.status = "incomplete"
+    message.prompt_token_ids = list(partial.prompt_token_ids)
+    message.generation_token_ids = list(partial.generation_token_ids)
+    message.generation_log_probs = list(partial.generation_log_probs)
+    prompt, gen = len(partial.prompt_token_ids), len(partial.generation_token_ids)
+    return make_response(
+        params,
+        id=f"resp_{uuid4().hex}",
+        created_at=time.time(),
+        model=model or params.model or "",
+        output=[message],
+        status="incomplete",
+        incomplete_details={"reason": "cut"},
+        usage=Usage(input_tokens=prompt, output_tokens=gen, total_tokens=prompt + gen),
+    )
 
 
 class InterruptibleAdapter(ModelAdapter, Protocol):

@@ -101,6 +101,18 @@ class ToolArgumentsError(ValueError):
     """The model's arguments do not fit the tool; the text is fed back to the model."""
 
 
+def decode_arguments(name: str, arguments: str | bytes) -> dict[str, Any]:
+    """A tool call's arguments as the JSON object NeMo Gym's servers read (``json.loads``; blank: ``{}``), or a
+    ``ToolArgumentsError`` naming the tool: for a ``call_tool`` of an author's own and ``@tool``'s lenient mode."""
+    try:
+        raw = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as e:
+        raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ToolArgumentsError(f"arguments of {name!r} must be a JSON object, not {type(raw).__name__}")
+    return raw
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     name: str
@@ -152,12 +164,7 @@ class ToolSpec:
     def _parse_lenient(self, arguments: bytes) -> dict[str, Any]:
         import pydantic
 
-        try:
-            raw = msgspec.json.decode(arguments)
-        except msgspec.DecodeError as e:
-            raise ToolArgumentsError(f"arguments for {self.name!r} are not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError(f"arguments of {self.name!r} must be a JSON object, not {type(raw).__name__}")
+        raw = decode_arguments(self.name, arguments)
         try:
             assert self.lenient is not None
             model = self.lenient().model_validate(raw)

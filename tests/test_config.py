@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from gym_runtime.client import Client
-from gym_runtime.config import load_config, redact, resolve_config, resolve_models
+from gym_runtime.config import Config, ResolvedConfig, load_config, redact, resolve_config, resolve_models
 from gym_runtime.errors import ClientError, ConfigError
 from tests.helpers import REPO, cli
 
@@ -298,6 +298,9 @@ def test_resolving_returns_a_frozen_value_and_leaves_the_loaded_config_as_it_was
         resolved.fingerprints[("model", "policy")] = "x"  # type: ignore[index]
     # what workers read on every task, set apart once: the sections no holder can change, the namespace
     assert resolved.namespace == cfg.namespace and resolved.jetstream == cfg.jetstream
+    assert resolved.reward_bound == cfg.reward_bound
+    # every key of the config is set apart but ``ray``, which ``start --ray`` reads of the loaded config
+    assert set(Config.__struct_fields__) - set(ResolvedConfig.__struct_fields__) == {"ray"}
     assert resolved.agents["weather_agent"] is resolved.config.agents["weather_agent"]
     # every key read where it is held (``resolved.gateway``), never ``resolved.config.gateway``
     assert (resolved.nats, resolved.gateway, resolved.base_dir, resolved.source) == (

@@ -9,10 +9,12 @@ tool reads (pyproject.toml's ``[tool.setuptools.package-dir]``, through the edit
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import grimp
@@ -22,9 +24,9 @@ import gym_runtime
 from gym_runtime import errors, jail
 from gym_runtime import sandbox as old
 from gym_runtime.cli.scaffold import ScaffoldError
+from gym_runtime.config.nemo_gym import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
 from gym_runtime.data.sources import PrepareError
-from gym_runtime.nemo_gym.config import NemoConfigError
 from gym_runtime.ops.nats_server import ServerError
 from gym_runtime.transport.connect import ServerUnreachable
 from gym_runtime.transport.jetstream import JetStreamSetupError
@@ -90,9 +92,15 @@ def test_no_modules_import_each_other_round_a_circle() -> None:
     assert circles(graph, {m for m in graph.modules if m.startswith("gym_runtime")}) == []
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """A file's tree, parsed once for every test here that reads it."""
+    return ast.parse(path.read_text())
+
+
 def _hidden_imports(path: Path) -> list[str]:
     found = []
-    for fn in ast.walk(ast.parse(path.read_text())):
+    for fn in ast.walk(_parsed(path)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
@@ -101,6 +109,33 @@ def _hidden_imports(path: Path) -> list[str]:
             elif isinstance(node, ast.Import) and any(a.name.startswith("gym_runtime") for a in node.names):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno} {fn.name}")
     return found
+
+
+def _functions(body: list[ast.stmt]) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions defined in ``body``, nested ones included (statements only: an expression holds none)."""
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield stmt
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list):
+                yield from _functions(inner)
+
+
+LONG_FUNCTION = 110  # lines, ``def`` to its last line (issue 64 item 7: none this long)
+
+
+def test_no_function_is_110_lines_or_longer() -> None:
+    """A function a reader takes in at once: none of ``LONG_FUNCTION`` lines or more (a nested function or class
+    counts in the one around it) in the runtime, the agents, the adapters and the environments, their tests
+    included; a longer one is cut into named steps (``AgentWorker._run_task`` 120 -> 40 lines)."""
+    functions = [
+        (f"{path.relative_to(REPO)}:{fn.lineno} {fn.name}", (fn.end_lineno or fn.lineno) - fn.lineno + 1)
+        for folder in FOLDERS
+        for path in sorted(folder.rglob("*.py"))
+        for fn in _functions(_parsed(path).body)
+    ]
+    assert [f"{where} ({lines} lines)" for where, lines in functions if lines >= LONG_FUNCTION] == []
 
 
 def test_no_gym_runtime_import_hides_inside_a_function_outside_the_cli() -> None:

@@ -10,8 +10,10 @@ import uuid
 import pytest
 
 from gym_runtime.errors import Failure
-from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.messages import EXEC_FIELDS, SandboxReply
+from gym_runtime.sandboxes.client import Sandboxes, _result
 from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.spec import ExecResult
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import MAX_PROCESSES
 from tests.test_sandbox_worker import fleet
@@ -40,3 +42,11 @@ async def test_a_missing_program_the_read_only_root_and_the_process_cap_say_what
             with pytest.raises(Failure) as e:
                 await box.spawn(["sleep", "300"])
             assert "wait for or kill one first" in str(e.value), e.value
+
+
+def test_an_exec_reply_carries_every_field_of_its_result() -> None:
+    """``SandboxReply.of_exec`` copies ``EXEC_FIELDS`` and the client reads them back: a field added to the
+    author's ``ExecResult`` and not to the reply would be lost on the way."""
+    assert ExecResult.__struct_fields__ == EXEC_FIELDS
+    r = ExecResult(exit_code=3, stdout=b"o", stderr=b"e", truncated=True, timed_out=True, duration_s=1.5)
+    assert _result(SandboxReply.of_exec("box", r)) == r

@@ -14,7 +14,9 @@ import pydantic
 import pytest
 
 from gym_runtime.errors import UserError
-from gym_runtime.resource import Resource, ToolArgumentsError, tool
+from gym_runtime.resource import Resource, ToolArgumentsError, decode_arguments, tool
+from gym_runtime.resources.math_advanced_calculations import MathAdvancedCalculations
+from gym_runtime.resources.workplace_assistant import WorkplaceAssistant
 
 
 class NemoGymRequest(pydantic.BaseModel):  # how NeMo Gym declares a tool's body
@@ -133,6 +135,24 @@ async def test_strict_stays_the_default(arguments: str, message: str) -> None:
 @pytest.mark.parametrize(("arguments", "message"), [("[1]", "must be a JSON object"), ('{"city": ', "not valid JSON")])
 async def test_nemo_gym_mode_refuses_non_objects_and_bad_json(arguments: str, message: str) -> None:
     with pytest.raises(ToolArgumentsError, match=message):
+        await Lenient().call_tool("forecast", arguments)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ("[1]", "arguments of 'add' must be a JSON object, not list"),
+        ('{"a": ', "arguments for 'add' are not valid JSON"),
+    ],
+)
+async def test_hand_written_call_tools_refuse_as_the_nemo_gym_mode_does(arguments: str, message: str) -> None:
+    """Environments that read their arguments themselves (``decode_arguments``) say what ``@tool``'s
+    ``nemo_gym`` mode says, in the same words; blank arguments are ``{}`` in all of them."""
+    assert decode_arguments("add", " ") == {} and decode_arguments("add", b'{"a": 1}') == {"a": 1}
+    for call in (MathAdvancedCalculations().call_tool, WorkplaceAssistant().call_tool):
+        with pytest.raises(ToolArgumentsError, match=message):
+            await call("add", arguments)
+    with pytest.raises(ToolArgumentsError, match=message.replace("'add'", "'forecast'")):
         await Lenient().call_tool("forecast", arguments)
 
 

@@ -29,7 +29,7 @@ from gym_runtime.messages import (
     message_text,
     parse_items,
 )
-from gym_runtime.model import Partial, load_adapter, model_config
+from gym_runtime.model import Partial, cut_response, load_adapter, model_config
 from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
@@ -747,10 +747,10 @@ class _StreamingEngine(_FakeEngine):
         self.aborted.append(request_id)
 
 
-async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+async def stopped_at_seven(answer: str) -> tuple[Any, _StreamingEngine, Partial]:
+    """A ``vllm_engine`` model on a streaming fake engine, its first generation stopped after 7 tokens."""
     from gym_runtime.models.vllm_engine import VLLMEngineModel
 
-    answer = "It is cold in sf today."
     engine = _StreamingEngine(answer)
     engine.pause_at = 7
     model = VLLMEngineModel(VLLMEngineOptions(model="tiny", return_token_ids=True), engine=engine)
@@ -766,6 +766,12 @@ async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_i
         await engine.reached.wait()  # 7 tokens out, the engine still generating
         stop.set()
     (partial,) = got
+    return model, engine, partial
+
+
+async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_ids() -> None:
+    answer = "It is cold in sf today."
+    model, engine, partial = await stopped_at_seven(answer)
     assert isinstance(partial, Partial) and partial.generation_token_ids == engine.answer[:7]
     assert len(engine.aborted) == 1  # the engine's abort
     engine.pause_at, engine.weights = None, 1  # the weights were updated meanwhile
@@ -774,6 +780,30 @@ async def test_vllm_engine_interrupt_aborts_the_request_and_continues_from_the_i
     assert g == engine.answer and p == partial.prompt_token_ids  # contiguous: every token once
     assert engine.calls[1][0] == p + engine.answer[:7]  # the continuation's prompt: ids, not text
     assert lp[:7] == partial.generation_log_probs and all(x <= -1.25 for x in lp[7:])  # by the new weights
+    assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
+
+
+async def test_vllm_engine_cut_keeps_its_text_and_a_checkpoints_generation_continues_from_its_ids() -> None:
+    """A generation stopped at its rollout's deadline becomes one incomplete message of its ids and text
+    (``cut_response``); a checkpoint's generation, with no adapter state (its worker died), continues from its ids."""
+    answer = "It is cold in sf today."
+    model, engine, partial = await stopped_at_seven(answer)
+    assert partial.text == answer[:7]
+    (item,) = cut_response(weather_params(), partial, model="tiny").output
+    p, g, lp = fields(item)
+    assert item.status == "incomplete" and message_text(item) == answer[:7]  # type: ignore[arg-type]
+    assert (p, g, lp) == (partial.prompt_token_ids, engine.answer[:7], partial.generation_log_probs)
+    engine.pause_at = None
+    stored = Partial(  # as a checkpoint keeps it: ids, logprobs, text; no adapter state
+        prompt_token_ids=partial.prompt_token_ids,
+        generation_token_ids=partial.generation_token_ids,
+        generation_log_probs=partial.generation_log_probs,
+        text=partial.text,
+    )
+    r = await model.generate_until(weather_params(), rollout_key=None, stop=anyio.Event(), partial=stored)
+    p, g, lp = fields(r.output[-1])
+    assert g == engine.answer and p == partial.prompt_token_ids and lp[:7] == partial.generation_log_probs
+    assert engine.calls[-1][0] == p + engine.answer[:7]  # continued: prompt ids + the kept ids
     assert message_text(r.output[-1]) == answer  # type: ignore[arg-type]
 
 

@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.messages import FunctionCallOutput, Response
-from gym_runtime.resource import Resource, ToolArgumentsError, tool
+from gym_runtime.resource import Resource, ToolArgumentsError, decode_arguments, tool
 
 
 # The altered calculators. Plain functions with NeMo Gym's parameter names, so a call
@@ -185,12 +185,7 @@ class MathAdvancedCalculations(_CalculatorTools, Resource):
         fn = _CALCULATORS.get(name)
         if fn is None:
             return json.dumps({"detail": "Function not found"})
-        try:
-            raw = json.loads(arguments or "{}")
-        except ValueError as e:
-            raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError(f"arguments for {name!r} must be a JSON object")
+        raw = decode_arguments(name, arguments)
         kwargs = {k: _lax_float(k, raw[k]) for k in _REQUEST_FIELDS if raw.get(k) is not None}
         try:
             result = fn(**kwargs)

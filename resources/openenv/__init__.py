@@ -63,7 +63,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.gymnasium import Action as PolicyTurn
 from gym_runtime.gymnasium import GymResource, Step
 from gym_runtime.messages import Response
-from gym_runtime.resource import ToolArgumentsError, Verdict, parse_options, run_blocking
+from gym_runtime.resource import ToolArgumentsError, Verdict, decode_arguments, parse_options, run_blocking
 
 __all__ = ["OpenEnvResource", "Options", "action_tool", "mcp_tools"]
 
@@ -363,13 +363,7 @@ class OpenEnvResource(GymResource):
         if name != self.opts.tool and not mcp:
             known = ", ".join(sorted({self.opts.tool, *(self.mcp_names or ())}))
             raise ToolArgumentsError(f"unknown tool {name!r}; available tools: {known}")
-        try:
-            raw = json.loads(arguments or "{}")
-        except json.JSONDecodeError as e:
-            raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError(f"arguments of {name!r} must be a JSON object")
-        reward, done, obs = await self._act(raw, mcp=name if mcp else None)
+        reward, done, obs = await self._act(decode_arguments(name, arguments), mcp=name if mcp else None)
         if mcp:
             return _tool_output(name, obs)
         return json.dumps({"observation": obs, "reward": reward, "done": done})

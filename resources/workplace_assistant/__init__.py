@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.messages import FunctionCall, Response
-from gym_runtime.resource import Resource, ToolArgumentsError, tool
+from gym_runtime.resource import Resource, decode_arguments, tool
 
 from .workbench import OPERATIONS, READ_ONLY, Workbench, same_state
 
@@ -56,18 +56,6 @@ def _jsonable(value: Any) -> Any:
 
 def encode_output(result: Any) -> str:
     return json.dumps({"output": _jsonable(result)}, ensure_ascii=False, separators=(",", ":"))
-
-
-def _arguments(name: str, arguments: str | bytes) -> dict[str, Any]:
-    if isinstance(arguments, bytes):
-        arguments = arguments.decode()
-    try:
-        raw = json.loads(arguments) if arguments.strip() else {}
-    except ValueError as e:
-        raise ToolArgumentsError(f"arguments for {name!r} are not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ToolArgumentsError(f"arguments for {name!r} must be a JSON object")
-    return raw
 
 
 # NeMo Gym's tool classes; a TypeError names the method as ``EmailTool.send_email()``.
@@ -144,7 +132,7 @@ class WorkplaceAssistant(Resource):
         passes them); state-changing ones get them as written, as NeMo Gym's verify
         replays them, so the session ends in the state NeMo Gym grades.
         """
-        kwargs = _arguments(name, arguments)
+        kwargs = decode_arguments(name, arguments)
         if self.bench is None:
             self.bench = Workbench()
         if name in READ_ONLY:

@@ -235,14 +235,12 @@ def server_url(args: argparse.Namespace, cfg: Config) -> Iterator[str | list[str
 NATS_ENV = "GYM_NATS"
 
 
-def nats_option(p: argparse.ArgumentParser, what: str) -> None:
-    """``--nats`` for a command with no config: ``GYM_NATS`` stands in for it (the deploy files set it)."""
+def bus_options(p: argparse.ArgumentParser, what: str) -> None:
+    """How a command with no config reaches the bus (``need_url``, ``client_auth``): ``--nats`` (``GYM_NATS``
+    stands in for it: the deploy files set it), ``--namespace`` (the config's otherwise) and ``--auth-dir``."""
     p.add_argument("--nats", help=f"{what} (default: ${NATS_ENV})")
-
-
-def namespace_option(p: argparse.ArgumentParser) -> None:
-    """``--namespace`` for a command with no config (the config's ``namespace`` otherwise)."""
     p.add_argument("--namespace", default="gym", help="the config's namespace (default: gym)")
+    auth_option(p)
 
 
 def need_url(args: argparse.Namespace, cfg: Config | None) -> str | list[str]:

@@ -13,9 +13,8 @@ from gym_runtime.observability import progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="wait for a batch's results and write JSONL + sidecars")
     p.add_argument("--batch", required=True, help="the batch id `publish` printed")
-    cli.nats_option(p, "NATS URL the batch was published to")
+    cli.bus_options(p, "NATS URL the batch was published to")
     p.add_argument("-o", "--output", required=True, help="output rollouts JSONL")
-    cli.namespace_option(p)
     p.add_argument(
         "--wait",
         type=float,
@@ -39,7 +38,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     progress.add_arguments(p)
     cli.log_level_option(p)
-    cli.auth_option(p)
 
 
 NO_WORKER_CHECK_S = 5.0

@@ -23,11 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "rollout", metavar="ROLLOUT", type=cli.non_negative_int, nargs="?", help="rollout index (default: every repeat)"
     )
-    cli.nats_option(p, "NATS URL(s), comma-separated")
-    cli.namespace_option(p)
+    cli.bus_options(p, "NATS URL(s), comma-separated")
     p.add_argument("--json", action="store_true", help="print the records as JSON instead of text")
     cli.log_level_option(p)
-    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -24,8 +24,7 @@ ROLE_NAMES = {"agents": "agent", "models": "model", "resources": "resource"}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("health", help="liveness/readiness check: exit 0 healthy, 1 not")
-    cli.nats_option(p, "NATS URL(s), comma-separated")
-    cli.namespace_option(p)
+    cli.bus_options(p, "NATS URL(s), comma-separated")
     p.add_argument("--monitor", metavar="URL", help="also check the server's /healthz, e.g. http://127.0.0.1:8222")
     p.add_argument(
         "--role",
@@ -39,7 +38,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("GYM_LOG_LEVEL", "error"),
         help="log level of the JSON logs on stderr (default: error; env GYM_LOG_LEVEL)",
     )
-    cli.auth_option(p)
 
 
 def _role(spec: str | None) -> tuple[str, str | None] | None:

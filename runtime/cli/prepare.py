@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.config.nemo_gym import data_only_overrides, is_nemo_gym
     from gym_runtime.data.prepare import (
         InvalidRows,
         Options,
@@ -43,7 +44,6 @@ def main(args: argparse.Namespace) -> int:
         write,
     )
     from gym_runtime.data.sources import PrepareError, parse_source
-    from gym_runtime.nemo_gym.config import data_only_overrides, is_nemo_gym
     from gym_runtime.plugins import config_path
 
     paths = [config_path(c) for c in args.config]

@@ -19,10 +19,8 @@ from gym_runtime.observability.tracing import Telemetry
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("purge", help="delete a batch's stored results and manifest")
     p.add_argument("--batch", required=True, action="append", help="batch id (repeatable)")
-    cli.nats_option(p, "NATS URL(s), comma-separated")
-    cli.namespace_option(p)
+    cli.bus_options(p, "NATS URL(s), comma-separated")
     cli.log_level_option(p)
-    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,8 +14,7 @@ from gym_runtime.observability.tracing import Telemetry
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="workers per role and replica, queue depths, recent rollouts/s")
-    cli.nats_option(p, "NATS URL of the running system")
-    cli.namespace_option(p)
+    cli.bus_options(p, "NATS URL of the running system")
     p.add_argument("--batch", metavar="ID", help="one batch: done, failed, pending, rate and ETA")
     p.add_argument(
         "--watch",
@@ -25,7 +24,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch refresh period (default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cli.log_level_option(p)
-    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:

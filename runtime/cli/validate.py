@@ -20,8 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gym_runtime.config.nemo_gym import data_only_overrides
     from gym_runtime.data.validation import validate_files
-    from gym_runtime.nemo_gym.config import data_only_overrides
 
     args.overrides = data_only_overrides(args.config) + args.overrides  # no model is called here
     cfg = cli.load(args)

@@ -23,8 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "files", metavar="FILE", nargs="*", help="rollouts JSONL (its _failures.jsonl beside it is read too)"
     )
     p.add_argument("--batch", help="also follow this batch on the bus as its results are stored (with --nats)")
-    cli.nats_option(p, "the bus of --batch")
-    cli.namespace_option(p)
+    cli.bus_options(p, "the bus of --batch")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: loopback only)")
     p.add_argument(
         "--no-token",
@@ -51,7 +50,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --export: the rollouts table's filters, as its URL's query string (e.g. 'failure=any&run=0')",
     )
     cli.log_level_option(p)
-    cli.auth_option(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,10 +23,10 @@ import msgspec
 import msgspec.inspect
 import yaml
 
+from gym_runtime.config.nemo_gym import NemoConfigError, convert_file, is_nemo_gym
 from gym_runtime.config.schema import AgentConfig, Config, ResourceConfig, SandboxConfig, check_name
 from gym_runtime.errors import ConfigError
 from gym_runtime.model import WORKER_KEYS, ModelConfig, WrittenOptions, written_model_config
-from gym_runtime.nemo_gym.config import NemoConfigError, convert_file, is_nemo_gym
 from gym_runtime.plugins import use_config_dir
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
@@ -77,7 +77,7 @@ def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid YAML: {' '.join(str(e).split())}{rows}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
-    if is_nemo_gym(raw):  # NeMo Gym's shape → our raw dict, then on as usual (nemo_gym/config.py)
+    if is_nemo_gym(raw):  # NeMo Gym's shape → our raw dict, then on as usual (config/nemo_gym.py)
         try:
             raw = convert_file(p, raw)
         except NemoConfigError as e:

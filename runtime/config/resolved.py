@@ -52,7 +52,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     printed, checked rows against and kept beside the output). Each of its keys is set apart once too, so a
     holder reads ``resolved.gateway``, never ``resolved.config.gateway``: ``namespace``, ``nats``, ``jetstream``,
     ``gateway``, the ``models``, ``resources``, ``agents`` and ``sandboxes`` entries (read-only mappings nobody
-    holding the resolved config can change), ``pricing``, ``base_dir`` and ``source``.
+    holding the resolved config can change), ``pricing``, ``reward_bound``, ``base_dir`` and ``source``.
     ``agent_modules``: each agent entry's module (a hosted one's: ``gym_runtime.nemo_gym.hosting.agent``); ``hosting``:
     what the workers use of hosting (``gym_runtime.nemo_gym.hosting.resource``), when a resource is hosted or an agent
     module runs in verifiers' own built environment (its ``verifiers_version``). Both loaded by name, as
@@ -75,6 +75,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     agents: Mapping[str, AgentConfig]
     sandboxes: Mapping[str, SandboxConfig]
     pricing: PricingConfig | None
+    reward_bound: float  # the largest |reward| a row may carry
     base_dir: str  # relative paths in the config resolve here
     source: str  # the file(s) errors found later name
 
@@ -168,6 +169,7 @@ def _resolved(
         agents=MappingProxyType(config.agents),
         sandboxes=MappingProxyType(config.sandboxes),
         pricing=config.pricing,
+        reward_bound=config.reward_bound,
         base_dir=config.base_dir,
         source=config.source,
     )

@@ -34,10 +34,10 @@ from typing import Any
 import msgspec
 
 from gym_runtime.config import Config
+from gym_runtime.config import nemo_gym as nemo_config
 from gym_runtime.data.sources import PrepareError, Source, read_source
 from gym_runtime.data.validation import AGENT_REF_TYPE, Report, TaskChecker, check_rows
 from gym_runtime.errors import UserError
-from gym_runtime.nemo_gym import config as nemo_config
 
 
 class InvalidRows(UserError):

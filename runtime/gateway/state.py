@@ -70,11 +70,11 @@ class Gateway:
         self.port = port
         self.agents = list(client.config.agents)
         self.started = time.time()
-        self.max_rows = client.config.config.gateway.aggregate_metrics_max_rows
+        self.max_rows = client.config.gateway.aggregate_metrics_max_rows
         self._aggregating = anyio.CapacityLimiter(1)  # each may hold a core for seconds
         self.env_names = environment_server_names(client)
         self.env_ports = dict(env_ports or {})  # agent -> its Environment Server's port
-        self.limits = client.config.config.gateway.environment_servers
+        self.limits = client.config.gateway.environment_servers
         n = self.limits.max_concurrent_episodes
         self.admission = {a: asyncio.Semaphore(n) for a in self.agents} if n is not None else {}
         self.config_yaml = yaml.safe_dump(self.global_config(), sort_keys=False)

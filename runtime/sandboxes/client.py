@@ -249,7 +249,7 @@ def _command(argv: list[str], r: SandboxReply, took_s: float) -> SandboxCommand:
 
 
 def _result(r: SandboxReply) -> ExecResult:
-    """An exec's reply as its author sees it (``SandboxReply.of_exec`` the other way: the same fields)."""
+    """An exec's reply as its author sees it (``SandboxReply.of_exec`` the other way: ``EXEC_FIELDS``)."""
     return ExecResult(**{f: getattr(r, f) for f in ExecResult.__struct_fields__})
 
 

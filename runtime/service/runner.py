@@ -573,7 +573,7 @@ async def reverify_batch(
                 on_row=on_row,
                 task_fields=fields,
                 grader=functools.partial(grader_identity, config.model_fingerprints()),
-                reward_bound=config.config.reward_bound,
+                reward_bound=config.reward_bound,
             )
             tg.cancel_scope.cancel()
     finally:

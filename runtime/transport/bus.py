@@ -46,6 +46,7 @@ from gym_runtime.transport.headers import (
     EXPIRES_HEADER,
     MSG_ID_HEADER,
     OUTPUT_HEADER,
+    OUTPUT_STREAMS,
     PAUSE_HEADER,
     PROGRESS_HEADER,
     REPLY_HEADER,
@@ -280,7 +281,7 @@ class Bus:
                     if call is not None and not call.fut.done():
                         call.alive(time.monotonic())
                         if call.on_output is not None:  # an author's callback: never run in the reader itself
-                            stream = 2 if headers[OUTPUT_HEADER] == "2" else 1
+                            stream = OUTPUT_STREAMS.get(headers[OUTPUT_HEADER], 1)
                             asyncio.get_running_loop().call_soon(call.on_output, stream, msg.data)
                     return
                 if headers and PAUSE_HEADER in headers:
@@ -444,6 +445,7 @@ class Bus:
         op: str,
         liveness_s: float | None = None,
         wait_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> Any:
         """A call to a worker with a free slot right now over core NATS, else through the work queue.
 
@@ -453,12 +455,15 @@ class Bus:
         mid-call is not a failed call — the call goes to the queue, as a
         redelivery would. Errors of the call itself come back as they are. ``timeout`` bounds the
         call once a worker has it; a queued call may wait up to ``wait_s`` for one (``queued_request``).
+        ``on_output``: as ``request``'s, either way.
         """
         now = time.monotonic()
         deadline = now + timeout
         if self._direct_skip.get(direct, 0.0) <= now:
             try:
-                return await self.request(direct, payload, timeout=timeout, op=op, liveness_s=liveness_s)
+                return await self.request(
+                    direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
+                )
             except Busy:
                 self._direct_skip[direct] = time.monotonic() + DIRECT_BUSY_S
             except NoResponders:
@@ -472,7 +477,7 @@ class Bus:
             raise Failure(
                 ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
             )
-        return await self.queued_request(queued, payload, timeout=left, op=op, wait_s=wait_s)
+        return await self.queued_request(queued, payload, timeout=left, op=op, wait_s=wait_s, on_output=on_output)
 
     async def queued_request(
         self,
@@ -483,23 +488,23 @@ class Bus:
         op: str,
         msg_id: str | None = None,
         wait_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> Any:
         """Publish a request onto a JetStream work queue and wait for the core-NATS reply.
 
         ``timeout`` counts from when a worker takes the request (its ``taken``); until then the request
         may wait in the queue up to ``wait_s`` (default ``timeout``): behind other callers' work it is
         queued, not lost. A worker that takes it after that does not run it (``Serving.expired``)."""
+        kw: dict[str, Any] = {"msg_id": msg_id, "wait_s": wait_s, "on_output": on_output}
         if not self.telemetry.recording:
-            return await self._call(subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id, wait_s=wait_s)
+            return await self._call(subject, payload, timeout=timeout, op=op, queued=True, **kw)
         with self.telemetry.span(
             f"publish {subject}",
             kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject, "gym.op": op},
         ) as span:
             try:
-                return await self._call(
-                    subject, payload, timeout=timeout, op=op, queued=True, msg_id=msg_id, wait_s=wait_s
-                )
+                return await self._call(subject, payload, timeout=timeout, op=op, queued=True, **kw)
             except Failure as e:
                 span.set_status(StatusCode.ERROR, e.info.message)
                 raise

@@ -17,6 +17,8 @@ PROGRESS_HEADER = "Gym-Progress"  # "still working": keeps a caller's liveness t
 PAUSE_HEADER = "Gym-Paused"
 # a part of the handler's output as it is produced, before the reply ("1" stdout, "2" stderr; the body: its bytes)
 OUTPUT_HEADER = "Gym-Output"
+# its values: an exec's stdout (1) and stderr (2); a generation's tokens so far (3: ``messages.GenerationProgress``)
+OUTPUT_STREAMS = {"1": 1, "2": 2, "3": 3}
 BUSY_HEADER = "Gym-Busy"  # "no free slot here": a direct call goes to the work queue instead
 EXPIRES_HEADER = "Gym-Expires"  # a queued request's caller stops waiting for a worker then (epoch seconds)
 # a control message as the runtime sends it: liveness beacons, pause, resume, cancel ("1"). A direct get's answer

@@ -7,9 +7,22 @@ live above the transport (agents, resources) and reach both through :func:`call_
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from gym_runtime.messages import ModelRequest, ModelResponse
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import Timings
+
+PROGRESS_STREAM = 3  # the output stream (``Bus.send_output``) a generation's tokens so far reach its caller on
+CUT_MARGIN_S = 1.0  # a generation is cut this long before its rollout's deadline: its answer is back before it
+
+
+def cut_at(remaining_s: float, timeout_s: float) -> float:
+    """When the policy's generation in a rollout with ``remaining_s`` left (of ``timeout_s``) is stopped and
+    answered with its tokens so far (``ModelRequest.cut_at``), in epoch seconds: the queue's expiry is epoch
+    seconds too, read by a model worker on another node on its own clock."""
+    return time.time() + max(0.0, remaining_s - min(CUT_MARGIN_S, timeout_s / 4))
 
 
 def direct_patience(ack_wait_s: float, timings: Timings) -> float:
@@ -26,11 +39,13 @@ async def call_model(
     timeout: float,
     liveness_s: float | None = None,
     wait_s: float | None = None,
+    on_output: Callable[[int, bytes], None] | None = None,
 ) -> ModelResponse:
     """One model call as agents and resources make it: direct to a replica with a free slot, else queued.
 
     ``timeout`` bounds the call once a replica has it; queued behind other calls it may wait up to
-    ``wait_s`` (an agent passes its rollout's remaining time) for a replica to take it."""
+    ``wait_s`` (an agent passes its rollout's remaining time) for a replica to take it. ``on_output``: given
+    what the worker sends before its answer (a generation's tokens so far: ``ModelRequest.progress_s``)."""
     return await bus.direct_or_queued(  # type: ignore[no-any-return]
         bus.subjects.model_direct(model),
         bus.subjects.model_queue(model),
@@ -39,4 +54,5 @@ async def call_model(
         op=f"generate {model}",
         liveness_s=liveness_s,
         wait_s=wait_s,
+        on_output=on_output,
     )

@@ -58,6 +58,7 @@ from gym_runtime.transport.rpc import ON_PAUSE
 from gym_runtime.workers.attempts import AttemptRecords
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView
+from gym_runtime.workers.generation_cut import cuttable_models
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
 
 log = logs.get("gym.agent")
@@ -177,13 +178,14 @@ class AgentWorker:
         self._model_fps = view.model_fingerprints
         self._concurrency = {m: c.concurrency for m, c in config.models.items()}  # a GPU-hour's share (pricing)
         self.pricing = config.pricing
-        self.reward_bound = config.config.reward_bound
+        self.reward_bound = config.reward_bound
         self.runtime_version = _runtime_version()
         self._model_patience = {m: direct_patience(c.ack_wait_s, bus.timings) for m, c in config.models.items()}
         self.control = ControlView(bus, on_cancel=self._stop_batch)
         self._running: dict[str, set[anyio.CancelScope]] = {}  # batch -> its rollouts running here
         self.records = AttemptRecords(bus, name)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
+        self._cuttable = cuttable_models(config)  # its policy's generations stop at the deadline, tokens kept
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -400,6 +402,7 @@ class AgentWorker:
             model_timeout_s=self._model_timeout,
             model_fingerprint=self._model_fps.get,
             model_liveness_s=self._model_patience.get,
+            cuttable=self._cuttable,
         )
         ctx.task_attempt = attempt
         if (box := await self._checkpoints(task, attempt)) is not None:

@@ -32,7 +32,7 @@ from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
 from gym_runtime.nemo_gym.hosting.asgi import beside_main
 from gym_runtime.nemo_gym.hosting.env import in_hosted_env
-from gym_runtime.nemo_gym.hosting.host import called_reply, hosted_class
+from gym_runtime.nemo_gym.hosting.host import ServerHost, called_reply, hosted_class
 from gym_runtime.observability import logs
 from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import (
@@ -386,8 +386,8 @@ async def serve(fd: int, running_fd: int) -> None:
     sandboxes = WorkerSandboxes(frames)
     try:
         if start.nemo_gym:  # a hosted NeMo Gym server, on its built environment's Python
-            names = start.model_names, start.resource_names
-            cls = hosted_class(start.nemo_gym, start.entry, dict(start.options), *names)
+            host = ServerHost(start.nemo_gym, start.entry, start.options, start.model_names, start.resource_names)
+            cls = hosted_class(host)
             cls.host.resources_via = resources.call  # type: ignore[attr-defined]
             cls.host.sandboxes_via = sandboxes.call  # type: ignore[attr-defined]
         else:

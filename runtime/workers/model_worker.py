@@ -37,6 +37,7 @@ from gym_runtime.model import (
     ModelAdapter,
     Partial,
     check_adapter,
+    cut_response,
     interruptible,
     load_adapter,
 )
@@ -45,8 +46,10 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER, sent_as_control
 from gym_runtime.transport.interface import Puller
+from gym_runtime.transport.model_calls import PROGRESS_STREAM
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Flight, Pausable
+from gym_runtime.workers.generation_cut import CutClock, continued, progress_body
 
 log = logs.get("gym.model")
 ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
@@ -80,6 +83,7 @@ class ModelWorker:
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
+        self.cut = 0  # generations stopped at their rollout's deadline (``ModelRequest.cut_at``), their tokens kept
         self.fingerprint = config.fingerprints[("model", name)]
         self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
@@ -200,6 +204,7 @@ class ModelWorker:
             "held": self.gate.held,
             "stopped": self.stopped,
             "regenerated": self.regenerated,
+            "cut": self.cut,
         }
 
     async def drain(self) -> None:
@@ -223,7 +228,7 @@ class ModelWorker:
             reply_to = msg.headers.get(REPLY_HEADER) if msg.headers else None
             if reply_to:
                 await self.bus.taken(reply_to)
-            response, ranges, started = await self._until_done(req)
+            response, ranges, started, cut = await self._until_done(req)
         finally:
             running.release()
         version = ranges[0][2] if ranges else None
@@ -264,19 +269,31 @@ class ModelWorker:
             policy_version_last=ranges[-1][2] if ranges else None,
             worker=self.worker_id,
             took_ms=round(1000 * took),
+            cut=cut,
         )
 
-    async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float]:
+    async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float, bool]:
         """Run the call through the gate until it completes: a pause that stops it (``interrupt``: the tokens
         so far are kept and the next try continues from them; ``abort``: they are dropped) makes it wait
         for the resume and go again, so the caller still gets one response. Returns the response, the
-        ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), and
-        when its last try started."""
+        ``[start, end, version]`` ranges of its generated tokens (empty when no version was ever set), when
+        its last try started, and whether it was cut at the request's ``cut_at`` (the response then holds
+        the tokens so far: ``cut_response``)."""
+        if not self.can_stop or (req.cut_at is None and req.progress_s is None):
+            return await self._tries(req, None)
+        with CutClock(req.cut_at, req.progress_s) as clock:
+            return await self._tries(req, clock)
+
+    async def _tries(self, req: ModelRequest, clock: CutClock | None) -> tuple[Response, list[list[int]], float, bool]:
         partial: Partial | None = None
         ranges: list[list[int]] = []  # over partial's tokens, one per interrupted try
         can_stop = self.can_stop
+        if can_stop and req.continue_from is not None:  # a checkpoint's generation: its tokens kept, continued
+            partial, ranges = continued(req.continue_from)
         while True:
             flight = await self.gate.enter()
+            if clock is not None:
+                clock.watch(flight)
             started = time.perf_counter()
             out: Response | Partial | None = None
             try:
@@ -291,12 +308,24 @@ class ModelWorker:
             except ModelError as e:
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
+                if clock is not None:
+                    clock.watch(None)
                 self.gate.exit(flight)
             if isinstance(out, Response):
                 if version is not None:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
-                return out, (ranges if version is not None else []), started
+                return out, (ranges if version is not None else []), started, False
+            if clock is not None and clock.fired and out is not None:  # the rollout's deadline: the tokens so far
+                _extend(ranges, partial, out, version)
+                self.cut += 1
+                model = getattr(self.cfg.options, "model", None) or self.name
+                return cut_response(req.params, out, model=model), ranges, started, True
+            if clock is not None and out is not None and clock.progressed(flight):  # the tokens so far, then on
+                _extend(ranges, partial, out, version)
+                partial = out
+                await self.bus.send_output(PROGRESS_STREAM, progress_body(out, ranges))
+                continue
             if not flight.stopped:  # an adapter's bug: it would be called again and again
                 raise Failure("model_error", f"adapter {self.cfg.adapter!r} stopped a generation nobody stopped")
             # stopped by a pause: keep the tokens (interrupt) or drop them (abort), then wait for the resume
@@ -306,9 +335,7 @@ class ModelWorker:
                 self.regenerated += len(dropped.generation_token_ids) if dropped is not None else 0
                 partial, ranges = None, []
                 continue
-            done = len(partial.generation_token_ids) if partial else 0
-            if version is not None and len(out.generation_token_ids) > done:
-                ranges.append([done, len(out.generation_token_ids), version])
+            _extend(ranges, partial, out, version)
             partial = out
 
     async def _cancellable(self, flight: Flight, req: ModelRequest) -> Response | None:
@@ -362,6 +389,13 @@ class ModelWorker:
             await self.puller.release(msg)
         await msg.ack()
         self.served += 1
+
+
+def _extend(ranges: list[list[int]], partial: Partial | None, out: Partial, version: int | None) -> None:
+    """Add the ``[start, end, version]`` range of the tokens ``out`` has past ``partial``'s (its try's own)."""
+    done = len(partial.generation_token_ids) if partial else 0
+    if version is not None and len(out.generation_token_ids) > done:
+        ranges.append([done, len(out.generation_token_ids), version])
 
 
 def _generated(response: Response, partial: Partial | None) -> int:

@@ -221,7 +221,8 @@ class ResourceWorker:
             return
         if cfg.hosted:  # isolation: none: in this process, which runs in the server's built environment
             # its calls by name to the config's models and other resources go over this worker's bus
-            self.cls = hosting.hosted_class(cfg.nemo_gym, name, dict(cfg.options), model_names, resource_names, bus)
+            host = hosting.ServerHost(cfg.nemo_gym, name, cfg.options, model_names, resource_names, bus)
+            self.cls = hosting.hosted_class(host)
             self.code = hosting.identity(cfg.nemo_gym, None)
         else:
             self.cls = load_resource_class(cfg.server, where, entry=name)

@@ -37,9 +37,9 @@ async def drive(server: str, rollouts: int, concurrency: int, profile: str | Non
     import msgspec
 
     from gym_runtime.messages import Response
-    from gym_runtime.nemo_gym.hosting.host import hosted_class
+    from gym_runtime.nemo_gym.hosting.host import ServerHost, hosted_class
 
-    cls = hosted_class(server, "env", {}, [], [], None)
+    cls = hosted_class(ServerHost(server, "env", {}, []))
     print(f"hosting code: {Path(sys.modules[hosted_class.__module__].__file__ or '').resolve()}", file=sys.stderr)
     await cls.setup({})
     rows = [json.loads(line) for line in Path("data/example.jsonl").read_text().splitlines() if line.strip()]

@@ -7,7 +7,8 @@ higher layer (import-linter's own check, counted rather than failed: its ``ignor
 A circle is a set of modules that reach each other through their imports (a strongly connected component of
 more than one module), ``if TYPE_CHECKING:`` imports included, as they are arrows a reader follows too. A
 package and its own submodule count: ``config/__init__.py`` importing ``config.fingerprints``, which imports
-``gym_runtime.config`` back, is a circle. Used for issue 53's closing note.
+``gym_runtime.config`` back, is a circle. Used for issue 53's closing note. Last, the circles between rooms: the
+same with each top-level package folded into one node (issue 64 item 7).
 """
 
 from __future__ import annotations
@@ -103,6 +104,14 @@ def main() -> int:
         print(f"  {line}")
     print(f"circles: {len(found)}")
     for comp in found:
+        print(f"  {' <-> '.join(comp)}")
+    rooms = sorted(graph.find_children("gym_runtime"))
+    for room in rooms:  # each top-level package folded into one node: the rooms a reader walks between
+        if graph.find_children(room):
+            graph.squash_module(room)
+    between = circles(graph, set(rooms))
+    print(f"circles between rooms (top-level modules and packages, {len(rooms)}): {len(between)}")
+    for comp in between:
         print(f"  {' <-> '.join(comp)}")
     return 0
 

@@ -253,10 +253,10 @@ def test_nemo_gym_config_of_an_unported_server_runs_unchanged(catalogue: Path, t
 TOOLS_PROBE = r"""
 import asyncio, json, os, sys
 from gym_runtime.observability import logs
-from gym_runtime.nemo_gym.hosting.host import hosted_class
+from gym_runtime.nemo_gym.hosting.host import ServerHost, hosted_class
 
 async def main():
-    cls = hosted_class(sys.argv[1], "env", {}, [], [], None)
+    cls = hosted_class(ServerHost(sys.argv[1], "env", {}, []))
     await cls.setup({})
     host = cls.host
     built = host.app.openapi_schema is not None

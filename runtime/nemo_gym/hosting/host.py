@@ -892,16 +892,10 @@ class HostedGymResource(_Hosted, GymResource):
         return await super().call_operation(op, arguments)
 
 
-def hosted_class(
-    server: str,
-    name: str,
-    options: dict[str, Any],
-    model_names: list[str],
-    resource_names: Iterable[str] = (),
-    bus: Bus | None = None,
-) -> type[Resource]:
-    """The Resource class of a hosted server for one worker (its host is built by ``setup``); its calls
-    to ``model_names`` and ``resource_names`` by name go over ``bus``."""
+def hosted_class(host: ServerHost) -> type[Resource]:
+    """The Resource class of a hosted server for one worker (``host``, built by its ``setup``); the host's
+    calls to its ``model_names`` and ``resource_names`` by name go over its ``bus``."""
+    server, name = host.server, host.name
     try:
         import nemo_gym  # noqa: F401
     except ImportError:
@@ -909,7 +903,6 @@ def hosted_class(
             f"resources.{name}: the hosted NeMo Gym server {server!r} runs in its built environment, which "
             "`gym-runtime start`/`run` start its workers in (this command runs workers in its own process)"
         ) from None
-    host = ServerHost(server, name, options, model_names, resource_names, bus)
     host.prepare()
     base: type[Resource] = HostedGymResource if host.gymnasium else HostedResource
     return type(f"Hosted_{Path(server).name}", (base,), {"host": host, "__module__": __name__})

@@ -12,10 +12,19 @@ from pathlib import Path
 
 from gym_runtime.nemo_gym.hosting.env import HOSTED_ENV, HostedEnv, ensure_verifiers, nemo_gym_version
 from gym_runtime.nemo_gym.hosting.env import ensure as env
-from gym_runtime.nemo_gym.hosting.host import CalledSessions, hosted_class
+from gym_runtime.nemo_gym.hosting.host import CalledSessions, ServerHost, hosted_class
 from gym_runtime.plugins import tree_hash
 
-__all__ = ["HOSTED_ENV", "CalledSessions", "HostedEnv", "ensure_verifiers", "env", "hosted_class", "identity"]
+__all__ = [
+    "HOSTED_ENV",
+    "CalledSessions",
+    "HostedEnv",
+    "ServerHost",
+    "ensure_verifiers",
+    "env",
+    "hosted_class",
+    "identity",
+]
 
 
 def identity(server: str, server_dir: str | None) -> str:

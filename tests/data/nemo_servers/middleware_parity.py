@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from gym_runtime.nemo_gym.hosting.asgi import Jar, request
-from gym_runtime.nemo_gym.hosting.host import hosted_class
+from gym_runtime.nemo_gym.hosting.host import ServerHost, hosted_class
 
 CASES = [
     ("/boom", b'{"n": 3}'),
@@ -41,7 +41,7 @@ async def answers(app: Any) -> dict[str, Any]:
 
 
 async def main(where: str) -> None:
-    cls = hosted_class(where, "env", {}, [], [], None)
+    cls = hosted_class(ServerHost(where, "env", {}, []))
     await cls.setup({})
     host = cls.host  # type: ignore[attr-defined]
     ours = await host.loop.run(answers(host.app))
