@@ -454,9 +454,10 @@ class ResourceWorker:
         counting = _counting(self._book(inst)[0])
         try:
             reply = await call_with(inst, req)
-            if req.snapshot and (snap := getattr(inst, "snapshot", None)) is not None:
+            # the base's snapshot is None: an environment that does not define its own is not asked
+            if req.snapshot and getattr(type(inst), "snapshot", Resource.snapshot) is not Resource.snapshot:
                 try:
-                    reply.snapshot = await snap()
+                    reply.snapshot = await inst.snapshot()
                 except Exception as e:  # noqa: BLE001 - the environment's bug costs a restore, not the call
                     log.warning("snapshot.failed", error=repr(e))
             return reply

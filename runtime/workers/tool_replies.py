@@ -8,9 +8,8 @@ session (the oldest forgotten first): a turn's calls are replayed only by the ne
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-
-import anyio
 
 from gym_runtime.messages import ToolReply
 
@@ -22,7 +21,7 @@ class ToolReplies:
 
     def __init__(self) -> None:
         self._done: dict[str, ToolReply] = {}
-        self._running: dict[str, anyio.Event] = {}
+        self._running: dict[str, asyncio.Event] = {}
 
     async def once(self, call_id: str, run: Callable[[], Awaitable[ToolReply]]) -> ToolReply:
         """The reply to ``call_id``: the first one given, else the one still running's, else ``run``'s (a call
@@ -35,7 +34,7 @@ class ToolReplies:
             if running is None:
                 break
             await running.wait()  # the first one's reply, once it ends (or, if it raised, run it now)
-        self._running[call_id] = ended = anyio.Event()
+        self._running[call_id] = ended = asyncio.Event()  # asyncio's: anyio's costs a backend lookup
         try:
             reply = await run()
             self._done[call_id] = reply
