@@ -57,7 +57,7 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.agent import AgentContext, Outcome
+from gym_runtime.agent import AgentContext, Outcome, in_repeat
 from gym_runtime.chat import chat_body_to_params, chat_to_items, response_to_chat
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
@@ -401,6 +401,22 @@ def _outcome(state: Any, model: str, rubric: Any) -> Outcome:
 # ----------------------------------------------------------------------------- agent
 
 
+def _by_rollout(client: Any) -> Any:
+    """``client`` whose model calls are each the call of one repeat of a group (``AgentContext.repeat``): verifiers
+    hands every call its rollout's ``state``, and the group's rollouts are told apart by it (in the order of their
+    first call: the repeats of one task are alike), so a failed group's rows each keep their own turns and cost."""
+    inner = client.get_response
+    repeats: dict[int, int] = {}
+
+    async def get_response(*args: Any, state: Any = None, **kwargs: Any) -> Any:
+        repeat = repeats.setdefault(id(state), len(repeats)) if state is not None else None
+        with in_repeat(repeat):
+            return await inner(*args, state=state, **kwargs)
+
+    client.get_response = get_response
+    return client
+
+
 async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
     options = check_options(ctx.config.options)
     env = load_environment(options)
@@ -411,7 +427,7 @@ async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
     client_obj = _openai_client(calls)
     from verifiers.legacy.clients import OpenAIChatCompletionsClient
 
-    client = OpenAIChatCompletionsClient(client_obj)
+    client = _by_rollout(OpenAIChatCompletionsClient(client_obj))
     notes: list[tuple[ErrorClass, str]] = []
     token = _NOTES.set(notes)
     try:

@@ -351,13 +351,20 @@ def _episode_rows(episode: Any, routes: dict[str, _Route], model: str) -> list[O
 # ----------------------------------------------------------------------------- agent
 
 
+async def _episode(served: Any, task: Any, ctx: AgentContext, model: str, repeat: int) -> Any:
+    """One independent episode, as the group's repeat ``repeat``: its calls are its own (a failed group's rows each
+    keep their repeat's turns and cost). An episode of K traces judged together is one, its calls no repeat's."""
+    with ctx.repeat(repeat):
+        return await served.episode(task, ctx, model)
+
+
 async def _run(ctx: AgentContext, size: int) -> list[Outcome]:
     options = check_options(ctx.config.options)
     served = await _serving(options)
     task = served.task(ctx.row, ctx.task.task_index)
     model = options.model_name or ctx.config.model
     if served.single:  # independent episodes, as verifiers' -r
-        done = await asyncio.gather(*(served.episode(task, ctx, model) for _ in range(max(size, 1))))
+        done = await asyncio.gather(*(_episode(served, task, ctx, model, i) for i in range(max(size, 1))))
         return [o for ep, routes in done for o in _episode_rows(ep, routes, model)]
     episode, routes = await served.episode(task, ctx, model)  # one episode: its traces judged together
     out = _episode_rows(episode, routes, model)

@@ -13,7 +13,8 @@ import base64
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, Protocol, Unpack
 
 import anyio
@@ -59,6 +60,77 @@ _progress_decoder = msgspec.msgpack.Decoder(GenerationProgress)
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
 
 
+# The repeat of a group task whose calls run in this context (``in_repeat``): None outside any (a single rollout, or
+# a group's shared calls, e.g. a rubric's judge over all its repeats).
+_REPEAT: ContextVar[int | None] = ContextVar("gym_repeat", default=None)
+
+
+@contextlib.contextmanager
+def in_repeat(index: int | None) -> Iterator[None]:
+    """The model and tool calls made inside (and in the tasks started inside) are repeat ``index``'s of a group task
+    (0 to size - 1): a ``run_group`` that runs its repeats concurrently says which is which, so a failed group's
+    every row keeps its own repeat's trajectory so far and cost (``AgentContext.repeat`` is the same)."""
+    token = _REPEAT.set(index)
+    try:
+        yield
+    finally:
+        _REPEAT.reset(token)
+
+
+def current_repeat() -> int | None:
+    """The repeat ``in_repeat`` named for this context (a guest's model call carries it to the worker)."""
+    return _REPEAT.get()
+
+
+def _widened(versions: list[int] | None, first: int, last: int) -> list[int]:
+    """Policy versions ``[min, max]`` with a call's ``[first, last]`` added."""
+    return [min(versions[0], first), max(versions[1], last)] if versions else [first, last]
+
+
+class Turns:
+    """What the policy produced in one rollout, or one repeat of a group task, and what its calls used: a failure
+    row's trajectory so far (``partial``), its policy versions and its cost."""
+
+    __slots__ = ("cost", "items", "usage", "last", "cut", "policy_versions", "trajectory")
+
+    def __init__(self) -> None:
+        self.cost = Cost()
+        self.items: list[Item] = []  # every model turn's items in order (where no ``Trajectory`` keeps them)
+        self.usage = Usage()
+        self.last: Response | None = None
+        self.cut: Response | None = None  # the generation the rollout's deadline stopped: its tokens so far
+        self.policy_versions: list[int] | None = None
+        self.trajectory: Trajectory | None = None  # the agent's, where it keeps one (its tool outputs too)
+
+    def generated(self, response: Response, *, cut: bool = False) -> None:
+        if cut:
+            self.cut = response
+        else:
+            self.items.extend(response.output)
+            self.last = response
+        self.usage.add(response.usage)
+
+    def partial(self) -> Response | None:
+        """The trajectory so far as one ``Response`` (status ``incomplete``), None before the first model turn; a
+        generation the rollout's deadline stopped (one that made a token) ends it (``incomplete_details.cut``)."""
+        cut = self.cut if self.cut is not None and _generated_any(self.cut) else None
+        last = self.last or cut
+        if last is None:
+            return None
+        items = list(self.trajectory.outputs if self.trajectory is not None else self.items)
+        details: dict[str, Any] = {"reason": "failed"}
+        if cut is not None:
+            items.extend(cut.output)
+            details["cut"] = True
+        return msgspec.structs.replace(
+            last,
+            output=items,
+            usage=msgspec.structs.replace(self.usage),
+            status="incomplete",
+            incomplete_details=details,
+        )
+
+
 class Outcome(msgspec.Struct, kw_only=True):
     """What an agent returns: the whole-trajectory response and its verification."""
 
@@ -90,6 +162,7 @@ class Session:
         "_check",
         "_indices",
         "_cost",
+        "_also",
         "_calls",
         "resource",
         "snapshot",
@@ -108,12 +181,14 @@ class Session:
         cost: Cost | None = None,
         calls: Calls | None = None,
         resource: str = "",
+        also: Cost | None = None,
     ) -> None:
         self._bus = bus
         self.resource = resource  # the environment's name (a checkpoint's handle of it)
         self.snapshot: bytes | None = None  # the environment's last snapshot (``Resource.snapshot``), if asked
         self.held: HeldSandboxes | None = None  # the session's sandboxes at that snapshot, and their lease
         self._cost = cost  # the rollout's: its tool calls' time is added there
+        self._also = also  # ... and to its repeat's, for a group task's (``in_repeat``)
         self._calls = calls  # ... and each call's start and time
         self._check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self._absent_grace_s = absent_grace_s
@@ -233,6 +308,8 @@ class Session:
                     ms = round(1000 * (time.perf_counter() - started))
                     # less its waits for a sandbox lease (the row's sandbox_wait_s): waiting is not tool time
                     self._cost.tool_ms += max(0, ms - round(1000 * paused.total()))
+                    if self._also is not None:
+                        self._also.tool_ms += max(0, ms - round(1000 * paused.total()))
                     if self._calls is not None:
                         self._calls.tool(started, ms)
 
@@ -319,14 +396,11 @@ class AgentContext:
         self.turns: list[str] = []
         self.model_workers: list[str] = []
         self.calls = Calls()  # each call's start, time and tokens (``explain``)
-        # what the policy produced so far, kept for a failure row (``partial``): the agent's ``Trajectory`` where it
-        # keeps one (its tool outputs too), else every model turn's items in order
-        self.trajectory: Trajectory | None = None
-        self._generated: list[Item] = []
-        self._usage = Usage()
-        self._last: Response | None = None
+        # what the policy produced so far, kept for a failure row (``partial``); a group task's per repeat too
+        # (``in_repeat``; None: the calls made outside any repeat)
+        self._turns = Turns()
+        self.repeats: dict[int | None, Turns] = {}
         self.generating_since: float | None = None  # the policy's model call in flight: its start
-        self.cut: Response | None = None  # the policy's generation the rollout's deadline stopped: its tokens so far
         self.continuing: GenerationProgress | None = None  # a checkpoint's generation: the next policy call goes on
         self._progressing = False  # the policy's call in flight sends its tokens so far (``_on_progress``)
         self.rollout_key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
@@ -353,6 +427,29 @@ class AgentContext:
         self.sessions: list[Session] = []  # the sessions it opened (a checkpoint's handles)
         self.task_attempt = 1  # the delivery this attempt is (set by the worker)
         self.calls_from: list[int] | None = None  # a resumed attempt's: model and tool calls made before it
+
+    repeat = staticmethod(in_repeat)  # ``with ctx.repeat(i):`` in a ``run_group``: what is repeat i's
+
+    def _repeat_turns(self) -> Turns | None:
+        """The ledger of the repeat this context runs (``in_repeat``) of a group task; None for a single rollout."""
+        if self.task.group <= 1:
+            return None
+        index = _REPEAT.get()
+        turns = self.repeats.get(index)
+        if turns is None:
+            turns = self.repeats[index] = Turns()
+        return turns
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The agent's ``Trajectory``, where it keeps one (``keep``: its ``generate`` hands it over)."""
+        return self._turns.trajectory
+
+    def keep(self, trajectory: Trajectory) -> None:
+        """A failure row keeps ``trajectory`` (its tool outputs too) as the rollout's (or its repeat's) so far."""
+        self._turns.trajectory = trajectory
+        if (turns := self._repeat_turns()) is not None:
+            turns.trajectory = trajectory
 
     def sandbox(self, image: str | None = None, **ask: Unpack[SandboxAsk]) -> Any:
         """A sandbox of the agent's pool (``agents.NAME.sandbox``) for this rollout: ``async with
@@ -467,20 +564,21 @@ class AgentContext:
             on_output=self._on_progress if progress_s is not None else None,
         )
         self.generating_since, self._progressing = None, False
+        repeat = self._repeat_turns()
         v = reply.policy_version
         if v is not None:
             last = v if reply.policy_version_last is None else reply.policy_version_last
-            pv = self.policy_versions
-            self.policy_versions = [min(pv[0], v), max(pv[1], last)] if pv else [v, last]
+            self.policy_versions = _widened(self.policy_versions, v, last)
+            if repeat is not None:
+                repeat.policy_versions = _widened(repeat.policy_versions, v, last)
         self.cost.add_call(name, reply.response.usage, reply.took_ms, reply.response)
+        if repeat is not None:
+            repeat.cost.add_call(name, reply.response.usage, reply.took_ms, reply.response)
         self.calls.model(started, reply.response.usage)
-        if policy:  # the policy's turns (not a user simulator's)
-            if reply.cut:
-                self.cut = reply.response
-            else:
-                self._generated.extend(reply.response.output)
-                self._last = reply.response
-            self._usage.add(reply.response.usage)
+        if policy:  # the policy's turns (not a user simulator's); one the rollout's deadline stopped: ``cut``
+            self._turns.generated(reply.response, cut=reply.cut)
+            if repeat is not None:
+                repeat.generated(reply.response, cut=reply.cut)
         self.turns.append(name if v is None else f"{name}@{v}")
         if reply.worker and reply.worker not in self.model_workers:
             self.model_workers.append(reply.worker)
@@ -488,28 +586,17 @@ class AgentContext:
             raise Failure("timeout", f"rollout exceeded timeout_s={self.config.timeout_s:g}")
         return reply.response
 
-    def partial(self) -> Response | None:
+    def partial(self, repeat: int | None = None) -> Response | None:
         """The trajectory so far as one ``Response`` (status ``incomplete``): what a failure row keeps of the policy's
         turns, with their token ids, logprobs and policy versions; None before the first model turn. A generation
         the rollout's deadline stopped (``cut``) ends it, its item ``status: "incomplete"`` and the response's
         ``incomplete_details`` saying ``cut``; any other turn the failure cut short is not in it (its call never
-        answered): the completed turns are."""
-        cut = self.cut if self.cut is not None and _generated_any(self.cut) else None
-        last = self._last or cut
-        if last is None:
-            return None
-        items = list(self.trajectory.outputs if self.trajectory is not None else self._generated)
-        details: dict[str, Any] = {"reason": "failed"}
-        if cut is not None:
-            items.extend(cut.output)
-            details["cut"] = True
-        return msgspec.structs.replace(
-            last,
-            output=items,
-            usage=msgspec.structs.replace(self._usage),
-            status="incomplete",
-            incomplete_details=details,
-        )
+        answered): the completed turns are. ``repeat``: a group task's repeat's own (``in_repeat``; None where its
+        agent did not say which calls were whose)."""
+        if repeat is None:
+            return self._turns.partial()
+        turns = self.repeats.get(repeat)
+        return turns.partial() if turns is not None else None
 
     async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
         """Open a session on the named resource (default: the agent's); use ``async with``. ``row`` seeds
@@ -529,6 +616,7 @@ class AgentContext:
             cost=self.cost,
             calls=self.calls,
             resource=name,
+            also=turns.cost if (turns := self._repeat_turns()) is not None else None,
         )
         self.sessions.append(session)
         return session
@@ -562,7 +650,7 @@ class Trajectory:
         self._from = 0  # where the last generation's items start in ``outputs``
 
     async def generate(self, ctx: AgentContext) -> Response:
-        ctx.trajectory = self  # a failure row keeps it (``AgentContext.partial``)
+        ctx.keep(self)  # a failure row keeps it (``AgentContext.partial``)
         self.steps += 1
         self.params.input = self.prompt + self.outputs
         resp = await ctx.generate(self.params)
@@ -673,4 +761,4 @@ class AgentFn(Protocol):
     def __call__(self, ctx: AgentContext) -> Awaitable[Outcome]: ...
 
 
-__all__ = ["AgentContext", "AgentFn", "Outcome", "Session", "Trajectory"]
+__all__ = ["AgentContext", "AgentFn", "Outcome", "Session", "Trajectory", "Turns", "current_repeat", "in_repeat"]

@@ -9,7 +9,10 @@ would grow it by every turn of every long rollout, and a resume would read back 
 
 A write is off the critical path: it is put while the rollout goes on (the next write, and the attempt's end,
 wait for it); only the tool calls of a turn wait for that turn's checkpoint to be stored, so a resume replays
-the calls the model made, never samples new ones. A resume reads only what the server stored.
+the calls the model made, never samples new ones. A resume reads only what the server stored. The delete that
+goes with the row is sent without waiting for the server's ack, as the task's own ack right after it is (one
+round trip a rollout less; a delete the server never got, e.g. one sent during a leader election, is the TTL's
+to age out, and a read right after it may still see the key).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ AUTO_S = 60.0
 GENERATING_S = 2.0
 
 Mode = Literal["auto", "every_turn", "off"]
-_decoder = msgspec.msgpack.Decoder(Checkpoint)
+_encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Checkpoint)
 KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
+_DELETE = {KV_OPERATION: DELETE}
 
 
 async def checkpoints_kv(bus: Bus, ttl_s: float) -> KeyValue:
@@ -73,7 +77,7 @@ class Checkpointer:
 
     def write(self, cp: Checkpoint) -> None:
         """Put ``cp`` in the background, after the write before it (so the last one asked is the one kept)."""
-        body = msgspec.msgpack.encode(cp)
+        body = _encoder.encode(cp)
         self.written = True
         self._pending = asyncio.ensure_future(self._put(self._pending, body))
 
@@ -116,12 +120,12 @@ class Checkpointer:
 
     async def remove(self) -> None:
         """Delete the rollout's checkpoint (its row or failure row is stored, or its batch cancelled): after
-        any write still in flight, so none lands after it."""
+        any write still in flight, so none lands after it; sent, not acknowledged (the TTL is the backstop)."""
         if not self.written:
             return
         await self.settled()
         try:
-            await self._bus.store(self._subject, b"", {KV_OPERATION: DELETE})
+            await self._bus.publish_raw(self._subject, b"", headers=_DELETE)
         except Exception as e:  # noqa: BLE001 - the bucket's TTL removes it later
             self._bus.warn_limited("checkpoint.not_deleted", f"{type(e).__name__}: {e}", subject=self.key)
         self.written = False

@@ -348,6 +348,7 @@ class RolloutResult(_Msg, tag="result.v1"):
     # ``response``, status ``incomplete``): on every repeat's row (older readers ignore both)
     time_split: TimeSplit | None = None
     partial: Response | None = None
+    policy_versions: list[int] | None = None  # the policy versions of the calls in ``partial`` ([min, max])
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -259,6 +260,14 @@ def secured_server(
         yield srv, auth
     finally:
         srv.stop()
+
+
+def node_dir(src: Path, dst: Path, *roles: str) -> Path:
+    """What one node holds: the CA certificate and only its roles' seeds."""
+    dst.mkdir()
+    for name in ("ca.pem", *(f"{r}.creds" for r in roles)):
+        shutil.copy(src / name, dst / name)
+    return dst
 
 
 async def connect_as(srv: EmbeddedServer, auth: Path, role: str, pool: str | None = None) -> Bus:

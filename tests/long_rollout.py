@@ -28,7 +28,6 @@ from tests.helpers import cli, read_jsonl, write_jsonl
 from tests.pools import Pool, start_collect, wait_until
 
 BATCH = "r1"
-KEY = Subjects.checkpoint_key("agent", BATCH, 0, 0)
 
 
 def new_pool(socket: str) -> str:
@@ -99,13 +98,14 @@ def write_config(
     return path
 
 
-def stored_checkpoint(url: str) -> Checkpoint | None:
-    """The rollout's checkpoint as the server holds it now (None: none)."""
+def stored_checkpoint(url: str, rollout: int = 0) -> Checkpoint | None:
+    """The rollout's checkpoint (the task's ``rollout``-th repeat) as the server holds it now (None: none)."""
 
     async def read() -> Checkpoint | None:
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-resume")
         try:
-            raw = await (await bus.kv(bus.subjects.checkpoints_bucket)).get(KEY)
+            key = Subjects.checkpoint_key("agent", BATCH, 0, rollout)
+            raw = await (await bus.kv(bus.subjects.checkpoints_bucket)).get(key)
         finally:
             await bus.close()
         return msgspec.msgpack.decode(raw, type=Checkpoint) if raw else None
@@ -113,8 +113,14 @@ def stored_checkpoint(url: str) -> Checkpoint | None:
     return anyio.run(read)
 
 
-def turn_stored(url: str) -> int:
-    cp = stored_checkpoint(url)
+def checkpoint_gone(url: str, rollout: int = 0) -> None:
+    """Wait until the rollout's checkpoint is deleted: its delete follows its row, unacknowledged, so a reader of
+    the row may still see the key for a moment."""
+    wait_until(lambda: stored_checkpoint(url, rollout) is None, timeout=10)
+
+
+def turn_stored(url: str, rollout: int = 0) -> int:
+    cp = stored_checkpoint(url, rollout)
     return cp.turn if cp is not None else -1
 
 
@@ -127,17 +133,18 @@ class Run:
         self.out = tmp / "out.jsonl"
         self.collector: subprocess.Popen[str] | None = None
         self.published = 0.0
-        self.rows = [task()]  # what ``publish`` publishes: the long environment's one task
+        self.tasks = [task()]  # what ``publish`` publishes: the long environment's one task
 
     def start_workers(self, sandbox_pool: str | None) -> None:
         pools = (f"sandboxes.{sandbox_pool}",) if sandbox_pool else ()
         for only in (*pools, "models.policy", "resources.env", "agents.agent"):
             self.pool.start(only, only)
 
-    def publish(self, *, collect: bool = True) -> None:
-        tasks = write_jsonl(self.tmp / "tasks.jsonl", self.rows)
+    def publish(self, *, collect: bool = True, repeats: int = 1) -> None:
+        tasks = write_jsonl(self.tmp / "tasks.jsonl", self.tasks)
         self.published = time.monotonic()
-        res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, "--batch", BATCH)
+        batch = ["--batch", BATCH, "--repeats", str(repeats)]
+        res = cli("publish", str(self.config), "-i", str(tasks), "--nats", self.url, *batch)
         assert res.returncode == 0, res.stderr
         if collect:
             self.collect()
@@ -164,12 +171,16 @@ class Run:
         return cp
 
     def row(self) -> dict[str, Any]:
+        (row,) = self.rows(1)
+        return row
+
+    def rows(self, n: int) -> list[dict[str, Any]]:
+        """The batch's ``n`` rows, once ``collect`` has them all (none failed), by rollout."""
         assert self.collector is not None
         stdout, stderr = self.collector.communicate(timeout=240)
         assert self.collector.returncode == 0, stderr[-3000:]
-        assert "1 rows, 0 failed" in stdout, (stdout, read_jsonl(self.out))
-        (row,) = read_jsonl(self.out)
-        return row
+        assert f"{n} rows, 0 failed" in stdout, (stdout, read_jsonl(self.out))
+        return sorted(read_jsonl(self.out), key=lambda r: r["_ng_rollout_index"])
 
     def close(self) -> None:
         if self.collector is not None and self.collector.poll() is None:

@@ -84,7 +84,9 @@ class Pool:
         self.config, self.url = config, url
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, key: str, only: str) -> subprocess.Popen[str]:
+    def start(self, key: str, only: str | list[str]) -> subprocess.Popen[str]:
+        """One process running ``only`` (several: a node's workers in one process, lost together)."""
+        roles = [x for role in ([only] if isinstance(only, str) else only) for x in ("--only", role)]
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -94,8 +96,7 @@ class Pool:
                 str(self.config),
                 "--nats",
                 self.url,
-                "--only",
-                only,
+                *roles,
                 "--replicas",
                 "1",
                 "--in-process",

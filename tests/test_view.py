@@ -298,6 +298,25 @@ def test_a_failure_rows_trajectory_shows_its_class_message_and_task(tmp_path: Pa
         )
 
 
+def test_a_failure_rows_trajectory_says_who_caused_it_and_shows_the_policys_turns(tmp_path: Path) -> None:
+    """Issue 66: view shows a failure row's attribution, and its partial trajectory (what the policy produced
+    before the failure) as the trajectory, saying it is partial."""
+    failed = failure(1, 0, "timeout", "rollout exceeded timeout_s=3")
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "stalling on purpose"}]}
+    failed.update(
+        failure_attribution="policy",
+        partial=True,
+        response={"id": "r", "output": [said], "status": "incomplete"},
+        time_split={"total_ms": 3000, "tools_ms": 2900},
+    )
+    path = write(tmp_path / "out.jsonl", [row(0, 0, 1.0)], [failed])
+    for s in serve(str(path)):
+        status, _, body = s.get("/rollout/0/1/0")
+        assert status == 200
+        assert b'id="attribution"' in body and b"the policy" in body, body[:3000]
+        assert b"stalling on purpose" in body and b"before it failed" in body
+
+
 def test_run_keeps_the_attempts_manifest_and_config_beside_its_output_without_secrets(tmp_path: Path) -> None:
     """``run``'s bus goes with it: the attempt records, the manifest and the config are kept in sidecars (the
     model entry's key, from the environment, replaced) and the trajectory page lists the attempts."""

@@ -72,10 +72,12 @@ def on_ray(args: argparse.Namespace) -> int:
     cfg = cli.load(args)
     resolve_config(cfg)  # the plugins' option checks: a bad option is one line now, not in every actor
     passthrough = ["--log-level", args.log_level] + (["--trace-file", args.trace_file] if args.trace_file else [])
-    if args.auth_dir:  # a path, never a secret; the workers find the role seeds there (on every node)
-        passthrough += ["--auth-dir", str(args.auth_dir)]
+    if args.metrics_port is not None:  # each actor's worker on P, P+1, ... (on its own node), at this address
+        passthrough += ["--metrics-host", args.metrics_host]
     where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
-    placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, **where)
+    # --auth-dir or $GYM_AUTH_DIR: the workers get its path (the same on every node), the scaler its publisher.creds
+    auth = cli.client_auth(args)
+    placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, auth=auth, **where)
 
     if cfg.ray.nats == "config" or args.nats:  # the workers' bus, waited for once (one line if unreachable)
         from gym_runtime.service.loop import run_async

@@ -67,6 +67,8 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
     if res.partial is not None:  # what the policy produced before the failure: a policy failure is trained on
         row["response"] = msgspec.to_builtins(res.partial)
         row["partial"] = True
+    if res.policy_versions is not None:  # as a scored row carries them: which policy made those turns
+        row["policy_versions"] = res.policy_versions
     if res.cost is not None:  # what the attempt used before it failed
         row["cost"] = msgspec.to_builtins(res.cost)
     return row

@@ -21,6 +21,7 @@ from gym_runtime.config import Config, load_config
 from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.placement.pools import Replica, RolePools, head_nats
 from gym_runtime.placement.scaler import Scaler
 from gym_runtime.service.loop import run_async
@@ -39,7 +40,10 @@ class OnRay:
             ...  # publish batches (Client, publish/collect) on placed.url
 
     ``only``: ``ROLE`` or ``ROLE.NAME`` entries (default every role); ``nats``: the bus URL (default the config's,
-    or the head node's actor under ``ray.nats: head``); ``passthrough``: more worker flags (``--log-level``...).
+    or the head node's actor under ``ray.nats: head``); ``passthrough``: more worker flags (``--log-level``...);
+    ``auth``: a ``server --secure`` bus's credentials (``--auth-dir``, the same path on every node): each worker
+    connects with its role's (or its entry's pool credential), the scaler with the publisher's, whose grants hold
+    the work queues' counts it scales on (``admin.creds`` serves too).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class OnRay:
         metrics_port: int | None = None,
         drain_timeout_s: float = 90.0,
         cfg: Config | None = None,
+        auth: ClientAuth | None = None,
     ) -> None:
         self.configs = [config] if isinstance(config, str) else list(config)
         self.cfg = cfg or load_config(list(self.configs), overrides)
@@ -63,13 +68,26 @@ class OnRay:
             role, _, name = key.partition(".")
             if name not in getattr(self.cfg, role):
                 raise UserError(f"ray.roles: {key!r} names no entry of the config's {role}")
+        if auth is not None and self.cfg.ray.nats == "head" and not nats:
+            raise UserError(
+                "ray.nats: head runs nats-server without --secure: for a secured bus run `gym-runtime server "
+                "--secure DIR` yourself and set ray.nats: config (its URL in --nats or the config's nats)"
+            )
+        self.auth = auth
+        elastic = [k for r, n in self.pairs if (k := self.cfg.ray.roles.get(f"{r}.{n}")) and k.elastic]
+        if auth is not None and elastic:
+            auth.creds("publisher")  # the scaler's, checked now: a missing file is one line, not a dead scaler
         self._nats, self._nats_handle = nats, None
         overrides_flags = [x for o in overrides or [] for x in ("--set", o)]
-        self._passthrough = overrides_flags + (passthrough or ["--log-level", "warning"])
+        auth_flags = ["--auth-dir", str(auth.auth_dir)] if auth is not None else []  # a path, never a secret
+        self._passthrough = overrides_flags + (passthrough or ["--log-level", "warning"]) + auth_flags
         self._metrics_port, self._drain_timeout_s = metrics_port, drain_timeout_s
         self._inited = False
         self._stop = threading.Event()
         self._scaler_thread: threading.Thread | None = None
+        self._scaler_connected = threading.Event()  # its first connection made or refused (``_scaler_error``)
+        self._scaler_error: Exception | None = None
+        self._placed = threading.Event()  # every role's first actors are placed: the scaler takes over
         self.scaler: Scaler | None = None
         self.pools: RolePools | None = None
         self.url: str | list[str] = ""
@@ -105,18 +123,40 @@ class OnRay:
             drain_timeout_s=self._drain_timeout_s,
         )
         self.scaler = Scaler(cfg, self.pools)
-        self.pools.start({(r, n): self.scaler.bounds(r, n)[0] for r, n in self.pairs})
-        if any(self.pools.role(r, n).elastic for r, n in self.pairs):
+        if any(self.pools.role(r, n).elastic for r, n in self.pairs):  # its bus first: a refusal before any actor
             self._scaler_thread = threading.Thread(target=self._scale, daemon=True, name="gym-ray-scaler")
             self._scaler_thread.start()
+            self._scaler_connected.wait()
+            if self._scaler_error is not None:  # its bus refused it (credentials, TLS): a line now, not a quiet pool
+                who = f"as publisher, {self.auth.creds('publisher')}" if self.auth is not None else "no credentials"
+                raise UserError(f"the scaler ({who}): {self._scaler_error}")
+        self.pools.start({(r, n): self.scaler.bounds(r, n)[0] for r, n in self.pairs})
+        self._placed.set()
 
     def _scale(self) -> None:
         """The scaler's own event loop (the Ray calls it makes block: each in a worker thread of it)."""
 
         async def main() -> None:
             assert self.scaler is not None
-            bus = await Bus.connect(self.url, namespace=self.cfg.namespace, telemetry=Telemetry(), name="gym-scaler")
             try:
+                bus = await Bus.connect(
+                    self.url,
+                    namespace=self.cfg.namespace,
+                    telemetry=Telemetry(),
+                    name="gym-scaler",
+                    auth=self.auth,
+                    role="publisher" if self.auth is not None else None,
+                )
+            except Exception as e:
+                self._scaler_error = e
+                return
+            finally:
+                self._scaler_connected.set()
+            try:
+                while not self._placed.is_set():  # the roles' first actors, placed by ``_open``
+                    if self._stop.is_set():
+                        return
+                    await anyio.sleep(0.1)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.scaler.run, bus, self.pairs)
                     while not self._stop.is_set():

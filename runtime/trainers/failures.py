@@ -148,6 +148,40 @@ class Tally:
             name = task or f"task {row.get('_ng_task_index')}"
             self.excluded_tasks[f"{name} ({row.get('error_class')})"] += 1
 
+    def plain(self) -> dict[str, Any]:
+        """As plain data (a verl sample's ``gym_tally``, carried through verl's batch); ``of_plain`` reads it."""
+        return {
+            "rollouts": self.rollouts,
+            "policy_failures": self.policy_failures,
+            "retried": self.retried,
+            "excluded": self.excluded,
+            "refilled_groups": self.refilled_groups,
+            "by_attribution": dict(self.by_attribution),
+            "by_class": dict(self.by_class),
+            "excluded_tasks": dict(self.excluded_tasks),
+        }
+
+    @classmethod
+    def of_plain(cls, data: dict[str, Any]) -> Tally:
+        def count(key: str) -> int:
+            value = data.get(key)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        def counter(key: str) -> Counter[str]:
+            value = data.get(key)
+            return Counter({str(k): int(n) for k, n in value.items()}) if isinstance(value, dict) else Counter()
+
+        return cls(
+            rollouts=count("rollouts"),
+            policy_failures=count("policy_failures"),
+            retried=count("retried"),
+            excluded=count("excluded"),
+            refilled_groups=count("refilled_groups"),
+            by_attribution=counter("by_attribution"),
+            by_class=counter("by_class"),
+            excluded_tasks=counter("excluded_tasks"),
+        )
+
     def add(self, other: Tally) -> None:
         for name in ("rollouts", "policy_failures", "retried", "excluded", "refilled_groups"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -26,8 +26,14 @@ gathers its loops without ``return_exceptions``: one raise fails the whole step)
   path is not used: it fails a group for one member.)
 
 Each output's ``extra_fields`` say what happened (``gym_failure``: scored, policy or excluded; ``gym_error_class``;
-``gym_failure_attribution``; ``gym_retried``): verl puts them in the batch's ``non_tensor_batch``, and
-``failure_metrics(batch)`` turns them into the ``gym_runtime/*`` counts to add to verl's metrics.
+``gym_failure_attribution``; ``gym_retried``; ``gym_tally``: the counts of every attempt), and its
+``reward_extra_info`` holds the ``gym_runtime/*`` counts (``SAMPLE_COUNTS``) as numbers. Where they reach verl's
+logged metrics (verl 0.9.1): ``reward_extra_info`` becomes its validation metrics (``val-aux/<source>/gym_runtime/
+excluded/mean@N``...) in both trainers and the training batch's columns; a training step's counts come through
+``GymAgentLoopManager`` (the legacy trainer, ``trainer.use_v1: false``: ``timing_s/gym_runtime/*``). The v1
+trainer takes no generation figure into a training step's metrics but its replay buffer's (``failure_metrics``
+sums a batch's ``gym_tally`` for a custom sampler). ``GymAgentLoopManager`` also bounds a generated batch: more
+than the loops' ``max_excluded`` excluded is one ``ClientError`` line (``check_bound``).
 
 verl's agent loop config names it::
 
@@ -51,6 +57,7 @@ import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
+    AgentLoopManager,
     AgentLoopMetrics,
     AgentLoopOutput,
     _agent_loop_registry,
@@ -65,7 +72,27 @@ from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, rewa
 from gym_runtime.trainers.rows import masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
 
-__all__ = ["GymAgentLoop", "LoopClients", "failure_metrics", "gym_grpo_advantage"]
+__all__ = [
+    "GymAgentLoop",
+    "GymAgentLoopManager",
+    "LoopClients",
+    "batch_tally",
+    "check_bound",
+    "failure_metrics",
+    "gym_grpo_advantage",
+]
+
+# The failure policy's counts each sample carries as verl's reward_extra_info: the same keys on every sample (verl's
+# worker takes the first sample's keys for the whole chunk), numbers only (verl's validation metrics average them).
+SAMPLE_COUNTS = (
+    "gym_runtime/rollouts",
+    "gym_runtime/policy_failures",
+    "gym_runtime/retried",
+    "gym_runtime/excluded",
+    "gym_runtime/failed/policy",
+    "gym_runtime/failed/environment",
+    "gym_runtime/failed/infrastructure",
+)
 
 
 class LoopClients:
@@ -154,7 +181,9 @@ class GymAgentLoop(AgentLoopBase):
             if k != "excluded" or attempt == self.failures.retries:
                 break
             tally.retried += 1
-        tally.ended(result, k)
+        index = (kwargs.get("extra_info") or {}).get("index")
+        tally.ended(result, k, f"dataset row {index}" if index is not None else None)
+        counts = tally.metrics()
         self.last_row = result
         self._record(result, kwargs, reward_of(result, self.failures))
         self.tally = tally
@@ -181,6 +210,10 @@ class GymAgentLoop(AgentLoopBase):
                 "gym_error_class": result.get("error_class"),
                 "gym_failure_attribution": result.get("failure_attribution"),
                 "gym_retried": tally.retried,
+                "gym_tally": tally.plain(),  # every attempt's (retries too): what failure_metrics sums
+                "gym_max_excluded": self.failures.max_excluded,  # the step's bound (GymAgentLoopManager)
+                # verl's own per-sample channel: its batch columns and dumps, its validation metrics
+                "reward_extra_info": {key: counts.get(key, 0.0) for key in SAMPLE_COUNTS},
             },
         )
 
@@ -241,20 +274,44 @@ def gym_grpo_advantage(
     return adv, adv
 
 
-def failure_metrics(batch: Any) -> dict[str, float]:
-    """The failure policy's counts of a verl batch (its ``non_tensor_batch``'s ``gym_*`` fields), as
-    ``gym_runtime/*`` metrics to add to verl's (verl 0.9.1 logs no agent loop field of its own)."""
+def batch_tally(batch: Any) -> Tally:
+    """The failure policy's counts of a verl batch: the ``gym_tally`` each ``GymAgentLoop`` sample carries in its
+    ``non_tensor_batch`` (or a mapping of such columns), summed."""
     fields: Mapping[str, Any] = getattr(batch, "non_tensor_batch", batch)
-    kinds = list(fields.get("gym_failure", []))
-    out = {
-        "gym_runtime/rollouts": float(len(kinds)),
-        "gym_runtime/policy_failures": float(sum(k == "policy" for k in kinds)),
-        "gym_runtime/excluded": float(sum(k == "excluded" for k in kinds)),
-        "gym_runtime/retried": float(sum(int(n or 0) for n in fields.get("gym_retried", []))),
-    }
-    for who in ("policy", "environment", "infrastructure"):
-        out[f"gym_runtime/failed/{who}"] = float(sum(a == who for a in fields.get("gym_failure_attribution", [])))
-    return out
+    tally = Tally()
+    for plain in fields.get("gym_tally", []):
+        tally.add(Tally.of_plain(plain or {}))
+    return tally
+
+
+def failure_metrics(batch: Any) -> dict[str, float]:
+    """``batch_tally``'s counts as TRL's adapters log them: ``gym_runtime/rollouts``, ``policy_failures``,
+    ``retried``, ``excluded``, and ``failed/<attribution>`` and ``failed/<class>`` over every attempt."""
+    return {**{key: 0.0 for key in SAMPLE_COUNTS}, **batch_tally(batch).metrics()}
+
+
+def check_bound(batch: Any) -> None:
+    """More than ``max_excluded`` (the loops' failure policy) of a generated batch's rollouts excluded: one
+    ``ClientError`` line naming the tasks and classes, as TRL's adapters stop a call or a step."""
+    fields: Mapping[str, Any] = getattr(batch, "non_tensor_batch", batch)
+    bounds = [float(b) for b in fields.get("gym_max_excluded", []) if b is not None]
+    if bounds:
+        batch_tally(batch).check(FailurePolicy(max_excluded=min(bounds)), "verl's generated batch")
+
+
+class GymAgentLoopManager(AgentLoopManager):
+    """verl's ``AgentLoopManager`` with the failure policy's counts of each generated batch in its metrics:
+    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class:
+    gym_runtime.trainers.verl.GymAgentLoopManager``. The manager's timing dict (what ``_performance_metrics``
+    returns, ``meta_info["timing"]``) is the one place verl 0.9.1's trainer takes a generation's own figures into the
+    step's logged metrics (as ``timing_s/<key>``: ``timing_s/gym_runtime/excluded``...); no agent loop field
+    reaches them otherwise (docs/trainer.md#verl)."""
+
+    def _performance_metrics(self, metrics: list[list[dict[str, str]]], output: Any) -> dict[str, float]:
+        check_bound(output)  # a systematic failure stops the step in one line (the loops' max_excluded)
+        timing: dict[str, float] = super()._performance_metrics(metrics, output)
+        timing.update(failure_metrics(output))
+        return timing
 
 
 if _CONFIGURED is not None:

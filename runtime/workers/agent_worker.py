@@ -40,6 +40,7 @@ from gym_runtime.messages import (
     Cost,
     ErrorInfo,
     Provenance,
+    Response,
     RolloutResult,
     RolloutTask,
     SandboxCommand,
@@ -429,9 +430,8 @@ class AgentWorker:
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
                 await box.settled()
         if isinstance(ended, Failure):
-            failures = _failures(
-                task, attempt, ended.info, self._spent(ctx), ctx.calls.log, ctx.sandboxes.commands, ctx
-            )
+            costs = self._failure_costs(ctx, task)
+            failures = _failures(task, attempt, ended.info, costs, ctx.calls.log, ctx.sandboxes.commands, ctx)
             return failures, box
         return self._results(ctx, task, attempt, ended), box
 
@@ -544,7 +544,7 @@ class AgentWorker:
                     reward_bound=self.reward_bound,
                 )
             except Failure as e:  # a field that would replace one of the runtime's row keys, a reward past its bound
-                return _failures(task, attempt, e.info, spent, ctx.calls.log, None, ctx)
+                return _failures(task, attempt, e.info, self._failure_costs(ctx, task, spent), ctx.calls.log, None, ctx)
             results.append(
                 _result(
                     task,
@@ -617,10 +617,28 @@ class AgentWorker:
             return outcomes
         return [await self.fn(ctx)]
 
-    def _spent(self, ctx: AgentContext) -> Cost | None:
-        """What a rollout used (its sandboxes' time and the estimate added); None when it used nothing."""
-        cost = ctx.cost
-        if ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
+    def _failure_costs(self, ctx: AgentContext, task: RolloutTask, whole: Cost | None = None) -> list[Cost | None]:
+        """A failed attempt's cost on each repeat's row: a single rollout's all; a group task's, each repeat's own
+        calls (its agent said which were whose: ``in_repeat``) and, on its first, the calls made outside any
+        repeat and its sandboxes' time (their sum is what the attempt used). A group whose agent did not say: all
+        on its first row (``whole`` where the caller has it already), as a successful group's rows carry it."""
+        size = max(task.group, 1)
+        if size == 1 or not any(k is not None for k in ctx.repeats):
+            return [whole if whole is not None else self._spent(ctx), *([None] * (size - 1))]
+        costs: list[Cost | None] = []
+        for j in range(size):
+            cost = Cost()
+            for key in (j, None) if j == 0 else (j,):
+                if (turns := ctx.repeats.get(key)) is not None:
+                    cost.merge(turns.cost)
+            costs.append(self._spent(ctx, cost, sandboxes=j == 0))
+        return costs
+
+    def _spent(self, ctx: AgentContext, cost: Cost | None = None, *, sandboxes: bool = True) -> Cost | None:
+        """What a rollout used (``cost``: a part of it; its sandboxes' time and the estimate added); None when it
+        used nothing."""
+        cost = ctx.cost if cost is None else cost
+        if sandboxes and ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
             cost.sandbox_ms += counted_ms(ctx.sandboxes.exec_s)
             cost.sandbox_cpu_ms += counted_ms(ctx.sandboxes.cpu_s)
         if not cost.models and not cost.tool_ms and not cost.sandbox_ms and not cost.sandbox_cpu_ms:
@@ -802,18 +820,19 @@ def _failures(
     task: RolloutTask,
     attempt: int,
     info: ErrorInfo,
-    cost: Cost | None = None,
+    costs: list[Cost | None] | None = None,
     calls: list[list[int]] | None = None,
     commands: list[SandboxCommand] | None = None,
     ctx: AgentContext | None = None,
 ) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
-    function, its cells and their tuple kept alive for the whole rollout); ``cost``, ``calls`` and ``commands``:
-    what the attempt used before it failed, on the first repeat's row. An attempt that ran (``ctx``) adds, on every
-    repeat's row, where its time went (``time_split``: its failure attribution) and, for a single rollout, the
-    policy's trajectory so far (``partial``; a group task's turns are one ledger of all its repeats: none)."""
+    function, its cells and their tuple kept alive for the whole rollout); ``costs``: each repeat's cost
+    (``AgentWorker._failure_costs``); ``calls`` and ``commands``: the attempt's, on the first repeat's row. An
+    attempt that ran (``ctx``) adds, on every repeat's row, where its time went (``time_split``: its failure
+    attribution) and the policy's trajectory so far with its policy versions (``partial``): a group task's, each
+    repeat's own where its agent said which calls were whose (``in_repeat``), else none."""
     split = _time_split(ctx) if ctx is not None else None
-    partial = ctx.partial() if ctx is not None and task.group <= 1 else None
+    first = task.rollout_index
     return [
         _result(
             task,
@@ -821,14 +840,28 @@ def _failures(
             attempt,
             error=info,
             input_row=task.row,
-            cost=cost if i == task.rollout_index else None,
-            calls=calls or None if i == task.rollout_index else None,
-            commands=commands or None if i == task.rollout_index else None,
+            cost=costs[i - first] if costs else None,
+            calls=calls or None if i == first else None,
+            commands=commands or None if i == first else None,
             time_split=split,
-            partial=partial,
+            partial=_partial(ctx, task, i - first) if ctx is not None else None,
+            policy_versions=_versions(ctx, task, i - first) if ctx is not None else None,
         )
-        for i in range(task.rollout_index, task.rollout_index + max(task.group, 1))
+        for i in range(first, first + max(task.group, 1))
     ]
+
+
+def _partial(ctx: AgentContext, task: RolloutTask, j: int) -> Response | None:
+    """Repeat ``j``'s trajectory so far: a single rollout's whole, a group's repeat's own (``in_repeat``)."""
+    return ctx.partial() if task.group <= 1 else ctx.partial(j)
+
+
+def _versions(ctx: AgentContext, task: RolloutTask, j: int) -> list[int] | None:
+    """The policy versions of repeat ``j``'s calls so far (``[min, max]``), as its ``partial`` holds them."""
+    if task.group <= 1:
+        return ctx.policy_versions
+    turns = ctx.repeats.get(j)
+    return turns.policy_versions if turns is not None else None
 
 
 def _time_split(ctx: AgentContext) -> TimeSplit:

@@ -43,6 +43,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from gym_runtime.agent import in_repeat
 from gym_runtime.errors import Failure, UserError, in_entry
 from gym_runtime.messages import ErrorInfo, Response, SandboxReply
 from gym_runtime.observability import logs
@@ -287,7 +288,7 @@ class Guest:
         if origin is not None:
             origin.waiting += 1
         try:
-            with attached(origin.trace) if origin is not None else contextlib.nullcontext():
+            with attached(origin.trace) if origin is not None else contextlib.nullcontext(), in_repeat(req.repeat):
                 response = await models.generate(req.params, model=req.model)
             reply = Generated(id=req.id, response=response)
         except Failure as e:

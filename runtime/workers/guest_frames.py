@@ -145,6 +145,7 @@ class Generate(msgspec.Struct, tag=True):
     model: str
     params: CreateParams
     call: int = 0
+    repeat: int | None = None  # the group task's repeat whose call it is (``agent.in_repeat`` in the guest)
 
 
 class CallResource(msgspec.Struct, tag=True):

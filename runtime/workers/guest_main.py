@@ -26,7 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 import anyio
 import msgspec
 
-from gym_runtime.agent import AgentContext
+from gym_runtime.agent import AgentContext, current_repeat
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
@@ -109,8 +109,10 @@ class WorkerModels(_Asks[Generated]):
     """``Resource.models`` in a guest: each model call goes to the worker, which makes it over its bus."""
 
     async def generate(self, params: CreateParams, *, model: str) -> Response:
-        call = ENV_CALL.get()
-        reply = await self._ask(lambda call_id: Generate(id=call_id, model=model, params=params, call=call))
+        call, repeat = ENV_CALL.get(), current_repeat()
+        reply = await self._ask(
+            lambda call_id: Generate(id=call_id, model=model, params=params, call=call, repeat=repeat)
+        )
         if reply.error is not None:
             raise Failure(reply.error)
         assert reply.response is not None

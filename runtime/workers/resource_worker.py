@@ -139,7 +139,11 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
         return ToolReply(output=output, done=inst.episode_done)
     except ToolArgumentsError as e:
         return ToolReply(output=f"Error: {e}", is_error=True)
-    except Failure:
+    except Failure as e:
+        if e.info.error_class == "timeout":  # only the rollout's own clock times it out (the agent worker's): a
+            # tool's timeout is the environment's, never a share of the rollout's time to charge the policy with
+            message = f"tool {req.name!r} raised a timeout of its own: {e.info.message}"
+            raise Failure("tool_error", message, retryable=e.info.retryable) from None
         raise
     except Exception as e:
         log.warning("tool.failed", tool=req.name, error=repr(e))
@@ -461,9 +465,10 @@ class ResourceWorker:
         counting = _counting(self._book(inst)[0])
         try:
             reply = await call_with(inst, req)
-            if req.snapshot and (snap := getattr(inst, "snapshot", None)) is not None:
+            # the base's snapshot is None: an environment that does not define its own is not asked
+            if req.snapshot and getattr(type(inst), "snapshot", Resource.snapshot) is not Resource.snapshot:
                 try:
-                    reply.snapshot = await snap()
+                    reply.snapshot = await inst.snapshot()
                 except Exception as e:  # noqa: BLE001 - the environment's bug costs a restore, not the call
                     log.warning("snapshot.failed", error=repr(e))
                 lease = self._book(inst)[1]

@@ -9,10 +9,9 @@ worker keeps one per sandbox for the execs a rollout's agent runs under its tool
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
-
-import anyio
 
 REPLIES_PER_SESSION = 64
 R = TypeVar("R")
@@ -23,7 +22,7 @@ class ToolReplies(Generic[R]):
 
     def __init__(self) -> None:
         self._done: dict[str, R] = {}
-        self._running: dict[str, anyio.Event] = {}
+        self._running: dict[str, asyncio.Event] = {}
 
     async def once(self, call_id: str, run: Callable[[], Awaitable[R]]) -> R:
         """The reply to ``call_id``: the first one given, else the one still running's, else ``run``'s (a call
@@ -36,7 +35,7 @@ class ToolReplies(Generic[R]):
             if running is None:
                 break
             await running.wait()  # the first one's reply, once it ends (or, if it raised, run it now)
-        self._running[call_id] = ended = anyio.Event()
+        self._running[call_id] = ended = asyncio.Event()  # asyncio's: anyio's costs a backend lookup
         try:
             reply = await run()
             self._done[call_id] = reply

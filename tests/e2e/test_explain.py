@@ -22,8 +22,7 @@ from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import run_batch
 from gym_runtime.transport.subjects import Subjects
-from tests.e2e.test_secured_bus import node_dir
-from tests.helpers import REPO, cli, read_jsonl
+from tests.helpers import REPO, cli, node_dir, read_jsonl
 from tests.pools import BeaconWatch, Pool, start_collect, tasks_file, wait_until, write_config
 from tests.test_view import serve
 

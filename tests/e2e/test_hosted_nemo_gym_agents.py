@@ -391,6 +391,32 @@ def test_group_repeats_reach_a_cohort_scoring_server_together(catalogue: Path, t
     assert [r["reward"] for r in rows] == [1.0] * (2 * k)
 
 
+def test_a_failed_group_gives_every_repeat_its_own_turns_and_cost(catalogue: Path, tmp_path: Path) -> None:
+    """Issue 66: a hosted agent's group task (K concurrent `/run` calls of simple_agent) one of whose repeats'
+    verify raises fails as a whole; each repeat's failure row keeps its own turns so far (the tool call and the
+    answer its `/run` made, `partial`), its attribution and its own cost (two model calls, one tool call), where
+    the group's calls all sat on its first row with no trajectory on any."""
+    k = 3
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"type": "function", "name": "get_weather", "parameters": weather, "strict": True}]
+    params = {"input": "weather in city 0?", "tools": tools}
+    data = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": params, "fail_index": 1}])
+    agent = {"nemo_gym": "simple_agent", "model": "policy", "resource": "env", "max_steps": 4, "max_attempts": 1}
+    cfg = write_config(tmp_path / "config.yaml", {"ng": {**agent, "group_repeats": True}}, server="tests.envs.cohort")
+    out = tmp_path / "out.jsonl"
+    r = cli("run", str(cfg), "-i", str(data), "-o", str(out), "--repeats", str(k), timeout=600)
+    failures = sorted(read_jsonl(tmp_path / "out_failures.jsonl"), key=lambda f: f["_ng_rollout_index"])
+    assert [f["_ng_rollout_index"] for f in failures] == list(range(k)), r.stderr[-3000:]
+    for f in failures:
+        assert f["error_class"] == "verify_error" and f["failure_attribution"] == "environment", f
+        assert f["partial"] is True and f["response"]["status"] == "incomplete"
+        types = [i["type"] for i in f["response"]["output"]]
+        assert types == ["function_call", "message"], types  # its own two turns, not the group's six
+        cost = f["cost"]
+        assert cost["models"]["policy"]["calls"] == 2 and cost["tool_ms"] >= 0, cost
+    assert sum(f["cost"]["models"]["policy"]["calls"] for f in failures) == 2 * k
+
+
 def test_a_group_whose_worker_is_killed_mid_group_ends_with_k_rows_from_one_run(
     catalogue: Path, nats_server: Any, tmp_path: Path
 ) -> None:

@@ -6,7 +6,8 @@ its own in the session's one container. An agent worker killed at turn k is rede
 and its next attempt takes up the checkpoint: the row says ``resumed_from_turn`` = k, every tool's side effect
 happened once, in the same container, and the token ids run on across the kill. With its resource worker killed
 too, the session is restored from the environment's snapshot (or, for one without, the rollout restarts), as the
-row says. A kill while a tool call runs: that call runs once. The checkpoint never outlives its row.
+row says; so it is when the node of both is lost (the two in one process, killed at once). A kill while a tool
+call runs: that call runs once. The checkpoint never outlives its row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.docker import docker_socket
 from tests.envs.long_boxed import STEPS
 from tests.helpers import cli
-from tests.long_rollout import BATCH, Run, new_pool, stored_checkpoint, tool_outputs, turn_stored, write_config
+from tests.long_rollout import (
+    BATCH,
+    Run,
+    checkpoint_gone,
+    new_pool,
+    stored_checkpoint,
+    tool_outputs,
+    turn_stored,
+    write_config,
+)
 from tests.pools import wait_until
 
 KILL_AT = 12  # the agent worker is killed once a checkpoint at this turn or later is stored
@@ -72,7 +82,7 @@ def test_an_agent_worker_killed_at_turn_k_resumes_there_in_the_same_container(
         containers = {o["container"] for o in tool_outputs(row)}
         assert containers == {row["container"]}, containers  # one container, before and after the kill
         assert_contiguous(row)
-        assert stored_checkpoint(server.url) is None  # the checkpoint went with its row
+        checkpoint_gone(server.url)  # the checkpoint went with its row
         # explain: the resumed attempt's calls numbered as the rollout's turns, its first tool the replayed one
         res = cli("explain", BATCH, "0", "0", "--nats", server.url)
         assert res.returncode == 0, res.stderr
@@ -106,7 +116,35 @@ def test_a_resource_worker_killed_too_is_restored_from_its_snapshot_or_restarts(
             assert (row["resumed_how"], row["resumed_from_turn"]) == ("restarted", 0)
         assert_once_each(row)  # in the container the rollout ended in: each step once
         assert_contiguous(row)
-        assert stored_checkpoint(server.url) is None
+        checkpoint_gone(server.url)
+    finally:
+        run.close()
+
+
+def test_a_lost_node_its_agent_and_resource_workers_at_once_resumes_from_the_snapshot(
+    server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    """A node lost: the agent worker and the resource worker it ran beside (one process, as one node's ``start``)
+    SIGKILLed together, the bus and the sandbox pool elsewhere. The checkpoint is on the bus, not on the node:
+    a peer node takes the rollout up from it, its session restored from the environment's snapshot."""
+    run = Run(tmp_path, server.url, write_config(tmp_path, box_pool, restorable=True))
+    node = ["agents.agent", "resources.env"]
+    try:
+        for only in (f"sandboxes.{box_pool}", "models.policy"):
+            run.pool.start(only, only)
+        run.pool.start("node", node)
+        run.publish()
+        wait_until(lambda: turn_stored(server.url) >= KILL_AT, timeout=120)
+        run.pool.kill("node")
+        cp = stored_checkpoint(server.url)
+        assert cp is not None and cp.turn < STEPS
+        run.pool.start("node#2", node)
+        row = run.row()
+        assert (row["resumed_how"], row["resumed_from_turn"]) == ("restored", cp.turn)
+        assert row["provenance"]["attempt"] == 2
+        assert_once_each(row)  # each step once, the steps before the loss carried by the snapshot
+        assert_contiguous(row)
+        checkpoint_gone(server.url)
     finally:
         run.close()
 
@@ -124,37 +162,41 @@ def test_a_tool_call_in_flight_when_its_agent_dies_runs_once(
         row = run.row()
         assert (row["resumed_how"], row["resumed_from_turn"]) == ("reattached", KILL_AT + 1)
         assert_once_each(row)  # the slow step too: answered from its first run, never run again
-        assert stored_checkpoint(server.url) is None
+        checkpoint_gone(server.url)
     finally:
         run.close()
 
 
-def test_a_server_killed_and_restarted_mid_rollout_keeps_its_checkpoint_and_the_rollout_resumes(
+def test_a_server_killed_and_restarted_mid_batch_keeps_its_checkpoints_and_the_rollouts_resume(
     server: EmbeddedServer, box_pool: str, tmp_path: Path
 ) -> None:
-    """The checkpoint is on the server's disk: SIGKILL nats-server, and the agent worker while it is down, start
-    both again: the rollout resumes where its stored checkpoint says, its row complete. A tool call whose
-    sandbox exec was in flight as the bus went down may run again: the exec's answer was lost, not recorded."""
+    """The checkpoints are on the server's disk: SIGKILL nats-server mid-batch (two long rollouts running), and
+    the agent worker while it is down, start both again: each rollout resumes where its stored checkpoint says,
+    every row complete. A tool call whose sandbox exec was in flight as the bus went down may run again: the
+    exec's answer was lost, not recorded."""
     run = Run(tmp_path, server.url, write_config(tmp_path, box_pool))
     try:
         run.start_workers(box_pool)
-        run.publish(collect=False)
-        wait_until(lambda: turn_stored(server.url) >= KILL_AT, timeout=120)
+        run.publish(collect=False, repeats=2)
+        wait_until(lambda: min(turn_stored(server.url, r) for r in (0, 1)) >= KILL_AT, timeout=120)
         server.kill()  # SIGKILL: the store dir stays
         run.pool.kill("agents.agent")
         server.start()  # same port, same store
-        cp = stored_checkpoint(server.url)
-        assert cp is not None and cp.turn >= KILL_AT
+        cps = [stored_checkpoint(server.url, r) for r in (0, 1)]
+        assert all(cp is not None and cp.turn >= KILL_AT for cp in cps), cps
         run.pool.start("agents.agent#2", "agents.agent")
         run.collect()
-        row = run.row()
-        assert row["resumed_from_turn"] == cp.turn  # the one stored before the kill
-        assert row["resumed_how"] == "reattached"  # the resource worker reconnected, holding the session
-        counts = row["counts"]
-        assert sorted(counts) == [f"step_{i:02d}" for i in range(STEPS)], counts
-        # at most the call in flight as the server died ran again: its sandbox exec ran, its answer was lost with
-        # the bus, so its tool raised (worker_lost) and recorded no reply (docs/operations.md#resume-at-the-last-turn)
-        assert sum(counts.values()) <= STEPS + 1, counts
-        assert stored_checkpoint(server.url) is None
+        for row, cp in zip(run.rows(2), cps, strict=True):
+            assert cp is not None
+            assert row["resumed_from_turn"] == cp.turn  # the one stored before the kill
+            assert row["resumed_how"] == "reattached"  # the resource worker reconnected, holding the session
+            counts = row["counts"]
+            assert sorted(counts) == [f"step_{i:02d}" for i in range(STEPS)], counts
+            # at most the call in flight as the server died ran again: its sandbox exec ran, its answer was lost
+            # with the bus, so its tool raised (worker_lost) and recorded no reply
+            # (docs/operations.md#resume-at-the-last-turn)
+            assert sum(counts.values()) <= STEPS + 1, counts
+        for r in (0, 1):
+            checkpoint_gone(server.url, r)
     finally:
         run.close()

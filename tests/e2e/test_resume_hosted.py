@@ -123,10 +123,10 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
         entries, task = _harbor()
         (pool,) = entries["sandboxes"]
         run = Run(tmp_path, nats_server.url, _config(tmp_path, entries["env"], entries["sandboxes"]))
-        run.rows = [task]
+        run.tasks = [task]
     else:
         run = Run(tmp_path, nats_server.url, _config(tmp_path, resource))
-        run.rows = [row()]
+        run.tasks = [row()]
     try:
         run.start(pool)
 
@@ -149,7 +149,7 @@ def test_a_hosted_kinds_session_on_a_live_worker_is_reattached(
             items = row_out["response"]["output"]
             (inc,) = [json.loads(i["arguments"]) for i in items if i.get("name") == "increment_counter"]
             last = json.loads(next(i for i in reversed(items) if i["type"] == "function_call_output")["output"])
-            assert last["count"] == run.rows[0]["initial_count"] + inc["count"], (last, inc)
+            assert last["count"] == run.tasks[0]["initial_count"] + inc["count"], (last, inc)
         assert stored_checkpoint(nats_server.url) is None
     finally:
         run.close()

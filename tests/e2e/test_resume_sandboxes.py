@@ -110,7 +110,7 @@ def test_a_session_restored_after_its_resource_worker_died_reattaches_to_its_con
     1 s a turn), on a task of ``STEPS_HERE`` steps."""
     cfg = write_config(tmp_path, box_pool, restorable=True, delay_s=1.0)
     run = Run(tmp_path, nats_server.url, cfg)
-    run.rows = [task(STEPS_HERE)]
+    run.tasks = [task(STEPS_HERE)]
     try:
         run.start(box_pool)
         cp = run.kill_agent_after(lambda cp: cp.turn >= 3 and cp.phase == "answered")

@@ -30,18 +30,10 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import ServerUnreachable, connect
 from gym_runtime.transport.jetstream import message_count
 from gym_runtime.transport.subjects import Subjects
-from tests.helpers import COMPAT, REPO, cli, read_jsonl, read_until, write_jsonl
+from tests.helpers import COMPAT, REPO, cli, node_dir, read_jsonl, read_until, write_jsonl
 
 JUDGE_CFG = "resources/equivalence_llm_judge/config.yaml"
 JUDGE_DATA = REPO / "resources/equivalence_llm_judge/data/example.jsonl"
-
-
-def node_dir(src: Path, dst: Path, *roles: str) -> Path:
-    """What one node holds: the CA certificate and only its roles' seeds."""
-    dst.mkdir()
-    for name in ("ca.pem", *(f"{r}.creds" for r in roles)):
-        shutil.copy(src / name, dst / name)
-    return dst
 
 
 def test_auth_dir_is_written_once_then_reused(tmp_path: Path) -> None:

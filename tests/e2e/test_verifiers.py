@@ -170,6 +170,35 @@ def test_foreign_failures_are_failure_rows(kind: str, error_class: str, says: st
         assert f["error_class"] == error_class and says in f["error"], f
 
 
+@pytest.mark.parametrize("isolation", ["process", "none"])
+def test_a_failed_groups_every_row_keeps_its_own_repeats_turns_and_cost(isolation: str, tmp_path: Path) -> None:
+    """Issue 66: a group task (group_repeats, verifiers' run_group) whose rubric raises after each repeat's three
+    turns: every repeat's failure row carries its own trajectory so far (its three turns with their token ids and
+    logprobs, ``partial``), its attribution and its own cost (three calls), not the group's nine on its first row
+    and nothing on the others; in the agent's guest process (the model calls cross to the worker) and in the
+    worker itself."""
+    work = _workdir(tmp_path)
+    k = 3
+    extra = ", group_repeats: true" + ("" if isolation == "process" else ", isolation: none")
+    with StubOpenAI(emulator=make_emulator()) as stub:
+        res = _run_ours(work, stub.base_url, "multi_raises", ROWS[:2], repeats=k, extra=extra)
+    failures = read_jsonl(work / "out_failures.jsonl")
+    assert len(failures) == 2 * k, res.stderr[-3000:]
+    by_slot = sorted(failures, key=lambda f: (f["_ng_task_index"], f["_ng_rollout_index"]))
+    assert [(f["_ng_task_index"], f["_ng_rollout_index"]) for f in by_slot] == [
+        (t, i) for t in range(2) for i in range(k)
+    ]
+    for f in by_slot:
+        assert f["error_class"] == "verify_error" and f["failure_attribution"] == "environment", f
+        assert f["partial"] is True and f["response"]["status"] == "incomplete"
+        turns = [i for i in f["response"]["output"] if "generation_token_ids" in i]
+        assert len(turns) == 3, f["response"]["output"]  # its own three turns, not the group's nine
+        for item in turns:
+            assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) > 0
+        assert f["cost"]["models"]["policy"]["calls"] == 3, f.get("cost")
+        assert f["response"]["usage"]["output_tokens"] == sum(len(i["generation_token_ids"]) for i in turns)
+
+
 def test_group_rubric_scores_all_repeats_together_across_two_processes(tmp_path: Path) -> None:
     """A rubric with a group reward function: each task's K repeats reach one agent as one group task
     (group_repeats), so the group function sees all K completions (its value carries the group size),

@@ -237,6 +237,27 @@ def test_a_raising_reward_is_a_verify_error_row(layer: Any, tmp_path: Path) -> N
     assert all(tr[0] == 0 for traces in theirs for tr in traces)  # verifiers' own: not scored
 
 
+def test_a_failed_groups_every_row_keeps_its_own_episodes_turns_and_cost(layer: Any, tmp_path: Path) -> None:
+    """Issue 66: a group task (group_repeats) of independent episodes whose reward raises: each repeat's
+    `verify_error` row keeps its own episode's turns so far (`partial`, token ids) and its own cost, its model calls
+    made in the guest and crossing to the worker as that repeat's (before: no partial, all calls on the first)."""
+    work = _workdir(tmp_path)
+    env_cfg = _env("raises")
+    rows = [{"responses_create_params": {"input": []}, "verifiers": {"index": 0}}]
+    with StubOpenAI(emulator=tool_policy_emulator()) as stub:
+        res = _run_ours(work, _config(stub.base_url, {"vf": _vf04(env_cfg, ", group_repeats: true")}), rows, repeats=3)
+    failures = sorted(read_jsonl(work / "out_failures.jsonl"), key=lambda f: f["_ng_rollout_index"])
+    assert [f["_ng_rollout_index"] for f in failures] == [0, 1, 2], res.stderr[-3000:]
+    calls = []
+    for f in failures:
+        assert f["error_class"] == "verify_error" and f["partial"] is True, f
+        turns = [i for i in f["response"]["output"] if "generation_token_ids" in i]
+        assert turns, f["response"]
+        calls.append(f["cost"]["models"]["policy"]["calls"])
+        assert calls[-1] == len(turns)  # its own episode's calls only
+    assert len(set(calls)) == 1  # alike episodes: each row its own share, not the group's all on the first
+
+
 def test_verifiers_04_beside_03_in_one_config(layer: Any, tmp_path: Path) -> None:
     """One config, one run: a 0.3.x environment (agents.verifiers_env, in our own environment) and a 0.4 taskset
     (agents.verifiers_v1, its guest on verifiers 0.4's built interpreter); each row scored by its own. The run

@@ -7,7 +7,8 @@ it saw. So a row's ``cohort`` field shows whether the repeats reached it togethe
 
 A row with ``hold_file`` is not held in a cohort: while that file exists, its last repeat
 (``_ng_rollout_index == hold_index``) writes ``hold_file + ".held"`` and blocks (a worker can be
-killed mid-group); every row says whether the file existed when it was scored (``first_run``).
+killed mid-group); every row says whether the file existed when it was scored (``first_run``). The
+repeat ``fail_index`` of a row's task raises in its verify (the group fails after its siblings were scored).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Cohort(Resource):
         return {"city": city, "weather_description": "cold"}
 
     async def verify(self, task: dict[str, Any], response: Response) -> Verdict:
+        if task.get("_ng_rollout_index") == task.get("fail_index", -1):
+            raise RuntimeError("this repeat's verify broke")
         hold = task.get("hold_file")
         if hold:
             first_run = os.path.exists(hold)

@@ -9,7 +9,8 @@ agent under. Issue 66's: ``stall_s`` makes ``draw_word`` take that long (a polic
 ``timeout_s`` out: a policy failure); ``fixed_reward`` is the reward whatever was said (a task the policy always gets
 right, or never does); ``explode_rollout: N`` makes the verify of rollout N (``_ng_rollout_index``) raise;
 ``reward_given`` is returned as the reward (1e200: beyond any bound); ``rewards_by_rollout`` gives rollout N the
-N-th reward of the list.
+N-th reward of the list; ``forge_class`` makes ``draw_word`` raise a ``Failure`` of that class at once (an
+environment forging its own failure: a ``timeout``, which only the rollout's clock may be).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from gym_runtime.errors import Failure
 from gym_runtime.messages import Message, Response
 from gym_runtime.resource import Resource, Verdict, tool
 
@@ -27,12 +29,14 @@ WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "forest"
 
 class SayWord(Resource):
     def __init__(self) -> None:
+        self.forged: str | None = None
         self.word = ""
         self.drawn = 0
         self.stall_s = 0.0
         self.wait_s = 0.0
 
     async def seed(self, task: dict[str, Any]) -> None:
+        self.forged = task.get("forge_class")  # draw_word raises a Failure of this class: a forged failure
         self.word = str(task.get("word", WORDS[0]))
         self.stall_s = float(task.get("stall_s", 0.0))
         self.wait_s = float(task.get("wait_s", 0.0))
@@ -41,6 +45,8 @@ class SayWord(Resource):
     async def draw_word(self) -> str:
         """Draw the word to say."""
         self.drawn += 1
+        if self.forged:
+            raise Failure(self.forged, "the rollout ran out of time (says the environment)")
         await anyio.sleep(self.stall_s)
         return f"say {self.word}"
 

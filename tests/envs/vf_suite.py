@@ -3,7 +3,7 @@
 ``vf.load_environment("tests.envs.vf_suite", kind=...)`` picks one: ``single`` (a
 single-turn env with a rubric), ``tool`` (a ToolEnv), ``multi`` (a MultiTurnEnv whose
 user answers twice), ``group`` (a rubric with a group reward function), ``raises`` /
-``not_number`` / ``hangs`` (a reward function that fails in that way), ``setup_raises``,
+``multi_raises`` / ``not_number`` / ``hangs`` (a reward function that fails in that way), ``setup_raises``,
 ``columns`` (a reward function that takes a dataset column by name), ``env_group`` (an EnvGroup of
 three children with their own rubrics, one of whose reward function raises), ``gil_hog`` (a reward function
 that runs a grader's kind of regex over the model's answer: quadratic on repeated ``\\(``, and Python's ``re``
@@ -122,6 +122,8 @@ def load_environment(kind: str = "single") -> vf.Environment:
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[exact, rank_in_group]))
     if kind == "raises":
         return vf.SingleTurnEnv(dataset=_dataset(), rubric=vf.Rubric(funcs=[broken]))
+    if kind == "multi_raises":  # three model turns, then a reward function that raises
+        return TwoQuestions(dataset=_dataset(), rubric=vf.Rubric(funcs=[broken]), max_turns=5)
     if kind == "not_number":
 
         def words(completion: Any, **kwargs: Any) -> Any:

@@ -6,6 +6,7 @@ The bus is a real nats-server outside Ray (``ray.nats: config``); the policy is 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port, port_taken
 from tests.cluster import tasks_file
 from tests.helpers import REPO, cli, read_jsonl
 from tests.on_ray.cluster import (
@@ -33,6 +34,7 @@ from tests.on_ray.cluster import (
     restarted,
     write_config,
 )
+from tests.test_sandbox_metrics import labels, scrape
 
 ray = need_ray()
 from gym_runtime.placement.on_ray import OnRay  # noqa: E402  (after the skip: it imports ray)
@@ -77,7 +79,8 @@ def test_a_batch_runs_with_every_role_placed_as_ray_actors(cluster: Any, nats: s
         replicas=2,
         ray={"roles": {"models.policy": {"num_cpus": 0.5}, "resources.env": {"num_cpus": 0.5, "memory_mb": 64}}},
     )
-    with OnRay(str(config), nats=nats) as placed:
+    base = metrics_ports(4)
+    with OnRay(str(config), nats=nats, metrics_port=base) as placed:
         actors = placed.actors
         assert sorted(r.spec for r in actors) == ["agents.agent", "agents.agent", "models.policy", "resources.env"]
         on = ray.get([r.handle.node.remote() for r in actors])  # each replica a live Ray actor, where Ray put it
@@ -86,6 +89,21 @@ def test_a_batch_runs_with_every_role_placed_as_ray_actors(cluster: Any, nats: s
         assert len({r.pid for r in actors}) == 4  # one worker process each
         publish(config, nats, tasks_file(tmp_path, 40), "b1")
         once_each(collect(nats, "b1", tmp_path / "out.jsonl"), 40)
+        # the same metrics as `start`'s: each actor's worker on --metrics-port, from the given port up
+        roles = {r.spec: labels(scrape(base + r.index), "target_info")[0]["gym_role"] for r in actors}
+        assert roles == {"agents.agent": "agent", "models.policy": "model", "resources.env": "resource"}
+        rollouts = [
+            labels(scrape(base + r.index), "gym_rollouts_completed_total") for r in actors if r.spec == "agents.agent"
+        ]
+        assert all(rollouts), rollouts  # both agents' workers served rollouts, each counted on its own endpoint
+
+
+def metrics_ports(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports (each actor's worker takes the next one)."""
+    while True:
+        base = random.SystemRandom().randrange(10_000, 30_000)
+        if not any(port_taken("127.0.0.1", base + i) for i in range(n)):
+            return base
 
 
 def test_a_worker_that_dies_mid_batch_is_restarted_by_ray_and_every_row_comes_once(

@@ -86,6 +86,7 @@ def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_shari
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     w = world(tmp_path, rows=2 * PER_ACTOR, tool_bias=5.0)  # the tiny policy calls the tool often
+    w.rows[-1]["explode"] = True  # its verify raises: excluded (issue 66), counted into verl's logged metrics
     model_dir = tmp_path / "policy"  # the world's tiny policy and tokenizer, saved for the actors to load
     w.model.save_pretrained(model_dir)
     w.tokenizer.save_pretrained(model_dir)
@@ -101,7 +102,8 @@ def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_shari
         w.config.write_text(yaml.safe_dump(cfg))
         loops = tmp_path / "agent_loops.yaml"  # how a verl user registers an agent loop with its options
         entry = {"name": "gym_runtime", "_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
-        loops.write_text(yaml.safe_dump([{**entry, "gym_config": str(w.config), "nats": srv.url}]))
+        options = {"gym_config": str(w.config), "nats": srv.url, "failures": {"retries": 0}}
+        loops.write_text(yaml.safe_dump([{**entry, **options}]))
         config = verl_config(tmp_path, model_dir, loops)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
         assert len(nodes) == 2
@@ -124,5 +126,20 @@ def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_shari
         assert (
             results_stored(srv, namespace=cfg["namespace"]) == 2 * PER_ACTOR
         )  # every rollout of both actors stored on the one bus
+        # verl's AgentLoopManager.generate_sequences on its workers' outputs, with GymAgentLoopManager's own
+        # _performance_metrics (agent_loop_manager_class), then the step's logged names (compute_timing_metrics)
+        from verl import DataProto
+        from verl.trainer.ppo.metric_utils import compute_timing_metrics
+
+        from gym_runtime.trainers.verl import GymAgentLoopManager
+
+        output = DataProto.concat(outputs)
+        per_sample = [o.meta_info.pop("metrics") for o in outputs]
+        timing = GymAgentLoopManager._performance_metrics(object.__new__(GymAgentLoopManager), per_sample, output)
+        logged = compute_timing_metrics(output, {"step": 1.0, **timing})
+        assert logged["timing_s/gym_runtime/rollouts"] == 2 * PER_ACTOR
+        assert logged["timing_s/gym_runtime/excluded"] == 1 and logged["timing_s/gym_runtime/failed/environment"] == 1
+        assert logged["timing_s/gym_runtime/failed/verify_error"] == 1
+        assert output.non_tensor_batch["gym_runtime/excluded"].tolist() == [0.0] * (2 * PER_ACTOR - 1) + [1.0]
         for a in actors:
             ray.kill(a)

@@ -177,3 +177,31 @@ def test_a_1e200_reward_neither_stops_the_worker_nor_yields_nan(tmp_path: Path) 
         samples.append(worker.rollout_buffer.get_nowait())
     assert samples and all(math.isfinite(s.advantage) and math.isfinite(s.metrics["reward"]) for s in samples)
     assert all(abs(s.metrics["reward"]) <= 1.0 for s in samples)
+
+
+def test_a_stalling_policy_is_scored_in_the_async_worker_not_dropped(tmp_path: Path) -> None:
+    """Issue 66's red team under TRL's async trainer: a policy that stalls on its hard task (its tool call runs the
+    rollout's ``timeout_s`` out) gets samples of that task all the same, its generated tokens at reward 0 (a policy
+    failure), where the worker dropped every group with a failure (0 of 34 samples from the stalled task)."""
+    from gym_runtime.trainers.failures import FailurePolicy
+
+    w = world(tmp_path, rows=2, tool_bias=20.0, timeout_s=4.0)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1].update(fixed_reward=0.0, stall_s=600.0)
+    with SyncClient(w.config) as client:
+        worker = started_worker(client, w, failures=FailurePolicy(retries=0))
+        try:
+            deadline = time.monotonic() + 120
+            while worker.totals.policy_failures < 2:
+                assert time.monotonic() < deadline, f"no stalled group: {worker.totals}"
+                assert not worker._future.done(), worker._future.exception()  # type: ignore[union-attr]
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+    assert worker.totals.excluded == 0 and worker.totals.by_attribution["policy"] >= 2
+    samples = []
+    while not worker.rollout_buffer.empty():
+        samples.append(worker.rollout_buffer.get_nowait())
+    stalls = [s for s in samples if s.metrics["gym_policy_failure"] == 1.0]
+    assert len(stalls) >= 2 and all(s.metrics["reward"] == 0.0 for s in stalls)
+    assert all(1 in s.completion_mask.tolist() for s in stalls)  # the tokens it generated, trained on

@@ -39,6 +39,17 @@ def step(tmp_path: Path, stall: bool) -> tuple[list[Any], dict[str, list[Any]], 
     return logged, out, rows
 
 
+def trained(w: Any, tmp_path: Path, failures: FailurePolicy, *, batch: int, generations: int) -> tuple[Any, ...]:
+    """One GRPO step on ``w``'s rows: the trainer, and what the one rollout call got (prompts, outputs, rows)."""
+    with SyncClient(w.config) as client:
+        rollouts = TRLRollouts(client, w.rows, failures=failures)
+        calls = Recorder(rollouts)
+        trainer = grpo(w, calls, rollouts.dataset(), tmp_path, steps=1, batch=batch, generations=generations)
+        trainer.train()
+    ((_, prompts, out, rows),) = calls.calls
+    return trainer, prompts, out, rows
+
+
 def test_a_stalling_policy_gets_the_honest_policys_step_rewards(tmp_path: Path) -> None:
     honest_logs, honest, _ = step(tmp_path / "honest", stall=False)
     stalled_logs, stalled, rows = step(tmp_path / "stalled", stall=True)
@@ -59,12 +70,8 @@ def test_an_excluded_member_is_unscorable_in_trl_while_the_rest_of_its_group_tra
     w = world(tmp_path, rows=2)
     w.rows[0].update(rewards_by_rollout=[1.0, 0.0, 0.0, 1.0], explode_rollout=1)  # rollout 1's verify raises
     w.rows[1]["rewards_by_rollout"] = [1.0, 0.0, 1.0, 0.0]
-    with SyncClient(w.config) as client:
-        rollouts = TRLRollouts(client, w.rows, failures=FailurePolicy(retries=0, max_excluded=0.25))
-        calls = Recorder(rollouts)
-        trainer = grpo(w, calls, rollouts.dataset(), tmp_path, steps=1, batch=8, generations=4)
-        trainer.train()
-    ((_, prompts, out, rows),) = calls.calls
+    failures = FailurePolicy(retries=0, max_excluded=0.25)
+    trainer, prompts, out, rows = trained(w, tmp_path, failures, batch=8, generations=4)
     first = [i for i in range(8) if prompts[i][0]["gym_row"] == 0]
     excluded = next(i for i in first if rows[i].get("error_class"))
     assert rows[excluded]["failure_attribution"] == "environment" and rows[excluded]["_ng_rollout_index"] == 1
@@ -103,3 +110,25 @@ def test_a_refilled_group_carries_its_own_rows_columns_to_a_second_reward_functi
     assert [r["word"] for r in rows] == [w.rows[1]["word"]] * 4  # row 0's group was replaced by row 1's
     assert seen == [r["word"] for r in rows]  # before: row 0's word for the refill's completions
     assert env_reward(gym_reward=out["gym_reward"]) == out["gym_reward"]
+
+
+def test_a_1e200_reward_never_reaches_trl(tmp_path: Path) -> None:
+    """The reward bound end to end (issue 66): an environment answering 1e200 (which TRL's float32 would hold as
+    ``inf``) gives a ``verify_error`` row, excluded: ``gym_reward`` None in TRL, advantage 0, and the step's logged
+    reward and loss finite, from the other group's rewards alone."""
+    w = world(tmp_path, rows=2)
+    w.rows[0]["reward_given"] = 1e200
+    w.rows[1]["rewards_by_rollout"] = [1.0, 0.0]
+    trainer, prompts, out, rows = trained(
+        w, tmp_path, FailurePolicy(retries=0, max_excluded=0.5), batch=4, generations=2
+    )
+    bounded = [i for i in range(4) if prompts[i][0]["gym_row"] == 0]
+    for i in bounded:
+        assert rows[i]["error_class"] == "verify_error" and "1e+200" in rows[i]["error"], rows[i]
+        assert out["gym_reward"][i] is None and out["gym_excluded"][i] is True
+    assert sorted(r for r in out["gym_reward"] if r is not None) == [0.0, 1.0]
+    advantages = list(trainer._logs["advantages"])
+    assert all(advantages[i] == 0.0 for i in bounded) and all(math.isfinite(a) for a in advantages)
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert logged[0]["reward"] == pytest.approx(0.5) and math.isfinite(logged[0]["loss"])
+    assert logged[0]["gym_runtime/excluded"] == 2.0

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.trainers.world import TOOL_CALL, need, spans, world
@@ -123,7 +124,8 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     import torch
     from verl.trainer.ppo import core_algos
 
-    from gym_runtime.trainers.verl import failure_metrics
+    from gym_runtime.errors import ClientError
+    from gym_runtime.trainers.verl import check_bound, failure_metrics
 
     w = world(tmp_path, rows=3)
     w.rows[0]["fixed_reward"] = 1.0
@@ -155,4 +157,71 @@ async def test_an_excluded_member_never_enters_verls_group_statistics(tmp_path: 
     assert not torch.allclose(padded[0], kept[0], atol=1e-4)
     batch = {k: [o.extra_fields[k] for o in outputs] for k in outputs[0].extra_fields if k.startswith("gym_")}
     metrics = failure_metrics(batch)
-    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/failed/environment"] == 1.0
+    with pytest.raises(ClientError) as bound:  # 1 of 3 excluded, past max_excluded 0.25: one line, the step stops
+        check_bound(batch)
+    said = str(bound.value)
+    assert "\n" not in said and "1 of 3 rollouts" in said and "verify_error 2" in said and "(verify_error)" in said
+    check_bound({**batch, "gym_max_excluded": [0.5] * 3})  # within a looser bound
+    assert metrics["gym_runtime/excluded"] == 1.0 and metrics["gym_runtime/retried"] == 1.0
+    assert metrics["gym_runtime/failed/environment"] == 2.0  # both attempts of the excluded one
+    assert metrics["gym_runtime/failed/verify_error"] == 2.0 and metrics["gym_runtime/rollouts"] == 3.0
+
+
+async def test_the_failure_counts_reach_verls_validation_metrics(tmp_path: Path) -> None:
+    """Issue 66: each sample's counts are verl's ``reward_extra_info`` (numbers, the same keys on every sample, as
+    verl's worker stacks them), which verl 0.9.1's trainers turn into logged validation metrics with
+    ``process_validation_metrics``: a step's share of excluded, retried and scored policy failures."""
+    from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+    w = world(tmp_path, rows=2)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1]["explode"] = True  # retried once, then excluded
+    server = served_by_verl(w)
+    outputs = []
+    for r in w.rows:
+        loop = agent_loop(w, server, failures={"retries": 1})
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+    infos = [o.extra_fields["reward_extra_info"] for o in outputs]
+    assert [sorted(i) for i in infos] == [sorted(infos[0])] * 2  # one key set: verl takes the first sample's
+    columns = {key: [i[key] for i in infos] for key in infos[0]}
+    logged = process_validation_metrics(["gym", "gym"], ["a", "b"], columns)["gym"]
+    assert logged["gym_runtime/excluded"]["mean@1"] == 0.5  # one of the two samples
+    assert logged["gym_runtime/retried"]["mean@1"] == 0.5
+    assert logged["gym_runtime/failed/environment"]["mean@1"] == 1.0  # two attempts over two samples
+    assert logged["gym_runtime/policy_failures"]["mean@1"] == 0.0
+
+
+async def test_a_stalling_policy_is_scored_in_verl_like_a_wrong_answer(tmp_path: Path) -> None:
+    """Issue 66's red team under verl: a policy that stalls on its hard task (its tool call runs the rollout's
+    ``timeout_s`` out) is a policy failure, scored ``policy_failure_reward`` on the tokens it generated (mask 1),
+    so ``gym_grpo`` takes it into its group's statistics like an honest wrong answer: the stall buys nothing."""
+    import numpy as np
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    w = world(tmp_path, rows=2, tool_bias=20.0, timeout_s=4.0)
+    w.rows[0]["fixed_reward"] = 1.0
+    w.rows[1].update(fixed_reward=0.0, stall_s=600.0)  # the hard task: its tool never answers in time
+    server = served_by_verl(w)
+    outputs, rows = [], []
+    for r in w.rows:
+        loop = agent_loop(w, server)
+        outputs.append(await loop.run({"temperature": 1.0}, extra_info={"gym_row": r}))
+        rows.append(loop.last_row)
+    stalled = outputs[1]
+    assert rows[1]["error_class"] == "timeout" and rows[1]["failure_attribution"] == "policy", rows[1]
+    assert stalled.extra_fields["gym_failure"] == "policy" and stalled.reward_score == 0.0
+    generated = [t for item in rows[1]["response"]["output"] for t in item.get("generation_token_ids", [])]
+    assert generated and stalled.response_ids == generated  # the tokens it generated (the tool call), trained on
+    assert set(stalled.response_mask) == {1}
+    assert stalled.extra_fields["reward_extra_info"]["gym_runtime/policy_failures"] == 1.0
+    width = max(len(o.response_ids) for o in outputs)
+    mask, rewards = torch.zeros(2, width), torch.zeros(2, width)
+    for i, o in enumerate(outputs):
+        mask[i, : len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.float32)
+        rewards[i, len(o.response_ids) - 1] = o.reward_score
+    gym_grpo = core_algos.get_adv_estimator_fn("gym_grpo")
+    adv, _ = gym_grpo(token_level_rewards=rewards, response_mask=mask, index=np.array(["g", "g"], dtype=object))
+    honest, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g", "g"], dtype=object))
+    assert torch.allclose(adv, honest, atol=1e-4)  # as verl's GRPO scores an honest 0 beside a 1
+    assert adv[1][mask[1] > 0].max() < 0  # the stall's own tokens pushed down

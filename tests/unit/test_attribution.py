@@ -5,7 +5,9 @@ bound the trainer adapters share (items 3, 4)."""
 from __future__ import annotations
 
 import math
+import re
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,21 @@ def test_every_error_class_has_an_attribution() -> None:
     assert attribute("worker_lost") == attribute("model_error") == attribute("sandbox_unavailable") == "infrastructure"
     assert attribute("storage_full") == attribute("lost") == "infrastructure"
     assert attribute("some_newer_class") == "infrastructure"
+
+
+def test_the_docs_table_maps_every_error_class_as_the_rule_does() -> None:
+    """docs/trainer.md's attribution table names every ErrorClass once, with the attribution BY_CLASS gives it."""
+    text = (Path(__file__).parents[2] / "docs/trainer.md").read_text()
+    table = text.split("| `error_class` | attribution | why |", 1)[1].split("\n\n", 1)[0]
+    documented: dict[str, str] = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for name in re.findall(r"`(\w+)`", cells[0]):
+            assert name not in documented, name
+            documented[name] = cells[1]
+    assert set(documented) == set(typing.get_args(ErrorClass))
+    for name, who in documented.items():
+        assert who == (BY_CLASS[name] if name != "timeout" else "split by `time_split`"), name  # type: ignore[index]
 
 
 def test_a_timeout_goes_where_its_time_went_and_a_tie_to_the_policy() -> None:

@@ -56,7 +56,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from gym_runtime.agent import AgentContext, Outcome, Session
+from gym_runtime.agent import AgentContext, Outcome, Session, current_repeat, in_repeat
 from gym_runtime.config import AgentConfig
 from gym_runtime.data.rowkeys import own_fields
 from gym_runtime.errors import Failure, UserError
@@ -99,11 +99,12 @@ def _parsed(arguments: str) -> Any:
 class _Rollout:
     """One rollout's routing state: its context, its resource session, what the resource answered."""
 
-    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns", "passthrough", "calls")
+    __slots__ = ("ctx", "row", "session", "verdict", "error", "turns", "passthrough", "calls", "repeat")
 
     def __init__(self, ctx: AgentContext, row: dict[str, Any], session: Session) -> None:
         self.ctx = ctx
         self.row = row  # the body of its /run (a group's repeat carries its own indices)
+        self.repeat = current_repeat()  # a group's repeat: its calls are its own (its failure row's partial, cost)
         self.session = session
         self.verdict: VerifyReply | None = None
         self.error: BaseException | None = None
@@ -240,7 +241,8 @@ class AgentHost:
         async def one(i: int) -> None:
             row = {**ctx.row, "_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index + i}
             try:
-                outcomes[i] = await self._run_one(ctx, row)
+                with ctx.repeat(i):  # its calls are its own: a failed group's rows each keep their repeat's
+                    outcomes[i] = await self._run_one(ctx, row)
             except Exception as e:
                 errors.append(e)
 
@@ -294,12 +296,14 @@ class AgentHost:
         return await on_loop(self.bus_loop, self._on_bus(rollout, server_name, url_path, body))
 
     async def _on_bus(self, rollout: _Rollout, server_name: str, url_path: str, body: Any) -> _Reply:
-        """A call to a model or the resource, on the bus loop (the rollout's context and session live there)."""
+        """A call to a model or the resource, on the bus loop (the rollout's context and session live there), as its
+        repeat's (a task of its own there: the repeat ``run_group`` named is set again)."""
         try:
-            if server_name in self.model_names:
-                return await self._model(rollout, server_name, url_path, body)
-            if server_name == self.cfg.resource:
-                return await self._resource(rollout, url_path, body)
+            with in_repeat(rollout.repeat):
+                if server_name in self.model_names:
+                    return await self._model(rollout, server_name, url_path, body)
+                if server_name == self.cfg.resource:
+                    return await self._resource(rollout, url_path, body)
         except Exception as e:  # our error class, re-raised by run() after the handler answers
             rollout.error = e
             raise
