@@ -140,8 +140,10 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
     except ToolArgumentsError as e:
         return ToolReply(output=f"Error: {e}", is_error=True)
     except Failure as e:
-        if e.info.error_class == "timeout":  # only the rollout's own clock times it out (the agent worker's): a
-            # tool's timeout is the environment's, never a share of the rollout's time to charge the policy with
+        if e.info.error_class == "timeout" and not isinstance(e, GuestFailure):
+            # only the runtime's clocks time a call out (the rollout's ``timeout_s``, a guest's ``call_timeout_s``,
+            # whose tool time the rule splits: a hanging tool is the policy's); a timeout the environment's own code
+            # raises is its own error, never a share of the rollout's time to charge the policy with
             message = f"tool {req.name!r} raised a timeout of its own: {e.info.message}"
             raise Failure("tool_error", message, retryable=e.info.retryable) from None
         raise
