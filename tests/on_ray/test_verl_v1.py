@@ -30,7 +30,8 @@ ray = need_ray()
 verl = need("verl", "GYM_REQUIRE_VERL")
 tq = need("transfer_queue", "GYM_REQUIRE_VERL")
 
-SAMPLER = {"path": "pkg://gym_runtime.trainers.verl_v1", "name": "GymReplayBuffer"}
+# trainer.v1.sampler.custom_sampler per v1 trainer mode (docs/trainer.md)
+SAMPLERS = {"sync": "GymReplayBuffer", "colocate_async": "GymReplayBufferAsync"}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,10 @@ def submit(worker: Any, rows: list[dict[str, Any]], step: int) -> None:
     ray.get(worker.generate_sequences.remote(batch), timeout=60)
 
 
-def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", sorted(SAMPLERS))
+def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(
+    cluster: Any, tmp_path: Path, mode: str
+) -> None:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
@@ -108,11 +112,13 @@ def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(cluster:
         )
         config = verl_config(tmp_path, model_dir, loops)
         config.actor_rollout_ref.rollout.n = 2  # a group of two per prompt
-        config.trainer.v1.sampler.custom_sampler = OmegaConf.create(SAMPLER)
+        config.trainer.v1.trainer_mode = mode
+        sampler = {"path": "pkg://gym_runtime.trainers.verl_v1", "name": SAMPLERS[mode]}
+        config.trainer.v1.sampler.custom_sampler = OmegaConf.create(sampler)
         worker = AgentLoopWorkerTQ.options(num_cpus=1).remote(config, SavedTinyServer(model_dir, w.tool_token))
         try:
             # the replay buffer as the v1 trainer builds it from its config (the custom sampler)
-            trainer = types.SimpleNamespace(config=config, trainer_mode="sync", _add_prompts_to_generate=None)
+            trainer = types.SimpleNamespace(config=config, trainer_mode=mode, _add_prompts_to_generate=None)
             replay_buffer = PPOTrainer._build_replay_buffer(trainer)  # type: ignore[arg-type]
             replay_buffer.poll_interval = 0.2
             submit(worker, w.rows[:2], step=1)
