@@ -30,16 +30,26 @@ ray = need_ray()
 verl = need("verl", "GYM_REQUIRE_VERL")
 tq = need("transfer_queue", "GYM_REQUIRE_VERL")
 
-# trainer.v1.sampler.custom_sampler per v1 trainer mode (docs/trainer.md)
+# the sampler class per v1 trainer mode (docs/trainer.md names GymReplayBufferAsync for the async ones)
 SAMPLERS = {"sync": "GymReplayBuffer", "colocate_async": "GymReplayBufferAsync"}
+
+
+def documented_sampler() -> dict[str, Any]:
+    """docs/trainer.md's ``trainer.v1.sampler.custom_sampler``, as written there."""
+    page = (REPO / "docs/trainer.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```yaml\n")[1:]]
+    (block,) = [b for b in blocks if "custom_sampler" in b]
+    sampler: dict[str, Any] = yaml.safe_load(block)["trainer"]["v1"]["sampler"]["custom_sampler"]
+    return sampler
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     # the actor imports the test double (tests.on_ray.verl_double) by name, as verl's actors import its classes
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    # TransferQueue's controller and storage unit take a CPU each, verl's worker one
-    with local_cluster([{"num_cpus": 0}, {"num_cpus": 4}]) as c:
+    # TransferQueue's controller and storage unit take a CPU each, verl's worker one. One node: TransferQueue places
+    # its storage units round-robin over every alive node, a node without CPUs too (where they cannot start)
+    with local_cluster([{"num_cpus": 4}]) as c:
         from omegaconf import OmegaConf
 
         tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
@@ -113,7 +123,8 @@ def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(
         config = verl_config(tmp_path, model_dir, loops)
         config.actor_rollout_ref.rollout.n = 2  # a group of two per prompt
         config.trainer.v1.trainer_mode = mode
-        sampler = {"path": "pkg://gym_runtime.trainers.verl_v1", "name": SAMPLERS[mode]}
+        sampler = {**documented_sampler(), "name": SAMPLERS[mode]}
+        assert documented_sampler()["name"] == SAMPLERS["sync"]
         config.trainer.v1.sampler.custom_sampler = OmegaConf.create(sampler)
         worker = AgentLoopWorkerTQ.options(num_cpus=1).remote(config, SavedTinyServer(model_dir, w.tool_token))
         try:
