@@ -22,7 +22,7 @@ import yaml
 from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.helpers import REPO
 from tests.on_ray.cluster import local_cluster, need_ray
-from tests.on_ray.test_verl_actors import verl_config
+from tests.on_ray.test_verl_actors import served_in_actors, verl_config
 from tests.on_ray.verl_double import SavedTinyServer
 from tests.trainers.world import need, world
 
@@ -103,18 +103,8 @@ def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(
     w.rows[0]["fixed_reward"] = 1.0
     w.rows[1]["explode"] = True  # every verify raises: excluded (both of its group's members)
     w.rows[2]["explode"] = True  # the next step's one prompt: all excluded, past the bound
-    model_dir = tmp_path / "policy"
-    w.model.save_pretrained(model_dir)
-    w.tokenizer.save_pretrained(model_dir)
     with EmbeddedServer(store_dir=str(tmp_path / "store"), http_port=0) as srv:
-        cfg = yaml.safe_load(w.config.read_text())
-        cfg["models"]["policy"] = {
-            "adapter": "verl_server",
-            "live": "policy",
-            "max_new_tokens": 4,
-            "stop_token_ids": [w.tool_token],
-        }
-        w.config.write_text(yaml.safe_dump(cfg))
+        model_dir, _ = served_in_actors(w, tmp_path, srv.url)
         loops = tmp_path / "agent_loops.yaml"
         options = {"gym_config": str(w.config), "nats": srv.url, "failures": {"retries": 0, "max_excluded": 0.5}}
         loops.write_text(
