@@ -23,11 +23,12 @@ v1 needs anyway; ``gym_runtime.trainers.verl`` does not.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
+from gym_runtime.errors import ClientError
 from gym_runtime.trainers.verl import check_bound, failure_metrics
 
 __all__ = ["GymReplayBuffer", "GymReplayBufferAsync", "step_metrics"]
@@ -56,18 +57,36 @@ def step_metrics(batch: Any) -> dict[str, float]:
     return {f"{prefix}/{key}/total": value for key, value in failure_metrics(fields).items()}
 
 
-class GymReplayBuffer(ReplayBuffer):
-    """verl's sync replay buffer, its sampled batch's failure counts in the step's metrics (``step_metrics``)."""
+class _FailureCounts:
+    """What both samplers add to verl's: the trainer mode checked (verl builds whichever class the config names, in
+    any mode), and ``step_metrics`` of each sampled batch beside verl's own metrics."""
+
+    sync: ClassVar[bool]
+
+    def __init__(self, trainer_mode: str, *args: Any, **kwargs: Any) -> None:
+        if (trainer_mode == "sync") != self.sync:
+            name = "GymReplayBuffer" if trainer_mode == "sync" else "GymReplayBufferAsync"
+            raise ClientError(
+                f"trainer.v1.trainer_mode: {trainer_mode} needs trainer.v1.sampler.custom_sampler.name: {name} "
+                "(gym_runtime.trainers.verl_v1)"
+            )
+        verl_buffer: Any = super()  # verl's ReplayBuffer or ReplayBufferAsync, after this class in the MRO
+        verl_buffer.__init__(trainer_mode, *args, **kwargs)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
-        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        verl_buffer: Any = super()
+        batch, metrics = verl_buffer.sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         return batch, {**metrics, **step_metrics(batch)}
 
 
-class GymReplayBufferAsync(ReplayBufferAsync):
+class GymReplayBuffer(_FailureCounts, ReplayBuffer):
+    """verl's sync replay buffer, its sampled batch's failure counts in the step's metrics (``step_metrics``)."""
+
+    sync = True
+
+
+class GymReplayBufferAsync(_FailureCounts, ReplayBufferAsync):
     """verl's async replay buffer (``colocate_async``, ``separate_async``), its sampled batch's failure counts in the
     step's metrics (``step_metrics``)."""
 
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
-        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
-        return batch, {**metrics, **step_metrics(batch)}
+    sync = False

@@ -145,3 +145,26 @@ def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(
             assert "\n" not in said and "2 of 2 rollouts" in said and "verify_error" in said
         finally:
             ray.kill(worker)
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_a_sampler_of_the_other_trainer_mode_is_one_line_naming_the_right_one(mode: str) -> None:
+    """verl builds whichever sampler class the config names, in any trainer mode: the sync one under an async
+    trainer would sample with the wrong semantics, silently."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from gym_runtime.errors import ClientError
+
+    config = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    config.trainer.v1.trainer_mode = mode
+    right = SAMPLERS["sync"] if mode == "sync" else SAMPLERS["colocate_async"]
+    wrong = SAMPLERS["colocate_async"] if mode == "sync" else SAMPLERS["sync"]
+    config.trainer.v1.sampler.custom_sampler = OmegaConf.create({**documented_sampler(), "name": wrong})
+    trainer = types.SimpleNamespace(config=config, trainer_mode=mode, _add_prompts_to_generate=None)
+    with pytest.raises(ClientError) as said:
+        PPOTrainer._build_replay_buffer(trainer)  # type: ignore[arg-type]
+    needs = f"trainer.v1.trainer_mode: {mode} needs trainer.v1.sampler.custom_sampler.name: {right}"
+    assert str(said.value) == f"{needs} (gym_runtime.trainers.verl_v1)"
+    config.trainer.v1.sampler.custom_sampler.name = right
+    assert type(PPOTrainer._build_replay_buffer(trainer)).__name__ == right  # type: ignore[arg-type]
