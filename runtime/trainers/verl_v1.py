@@ -9,7 +9,9 @@ the one place a v1 step takes figures of its generation: no agent loop manager's
 own samplers plus, for the batch they hand the step, ``failure_metrics`` of its samples' ``gym_tally`` as
 ``training/gym_runtime/<count>/total`` (``total``: verl's ``MetricsAggregator`` sums such a name over a step's
 ``parameter_sync_step`` samples, where it would average a bare count), and the failure bound (``check_bound``: more
-than the loops' ``max_excluded`` excluded is one ``ClientError`` line). verl's config names it::
+than the loops' ``max_excluded`` excluded is one ``ClientError`` line). The class must match the trainer mode
+(verl builds whichever the config names): the other one is one ``ClientError`` line naming it. verl's config names
+it::
 
     trainer:
       v1:
