@@ -30,10 +30,10 @@ Each output's ``extra_fields`` say what happened (``gym_failure``: scored, polic
 ``reward_extra_info`` holds the ``gym_runtime/*`` counts (``SAMPLE_COUNTS``) as numbers. Where they reach verl's
 logged metrics (verl 0.9.1): ``reward_extra_info`` becomes its validation metrics (``val-aux/<source>/gym_runtime/
 excluded/mean@N``...) in both trainers and the training batch's columns; a training step's counts come through
-``GymAgentLoopManager`` (the legacy trainer, ``trainer.use_v1: false``: ``timing_s/gym_runtime/*``). The v1
-trainer takes no generation figure into a training step's metrics but its replay buffer's (``failure_metrics``
-sums a batch's ``gym_tally`` for a custom sampler). ``GymAgentLoopManager`` also bounds a generated batch: more
-than the loops' ``max_excluded`` excluded is one ``ClientError`` line (``check_bound``).
+``GymAgentLoopManager`` in the legacy trainer (``trainer.use_v1: false``: ``timing_s/gym_runtime/*``) and through
+``gym_runtime.trainers.verl_v1.GymReplayBuffer`` in the v1 trainer (verl's default, which runs this loop unchanged in
+its ``AgentLoopWorkerTQ``: ``training/gym_runtime/*/total``). Each also bounds its batch: more than the loops'
+``max_excluded`` excluded is one ``ClientError`` line (``check_bound``).
 
 verl's agent loop config names it::
 
@@ -303,9 +303,9 @@ class GymAgentLoopManager(AgentLoopManager):
     """verl's ``AgentLoopManager`` with the failure policy's counts of each generated batch in its metrics:
     ``actor_rollout_ref.rollout.agent.agent_loop_manager_class:
     gym_runtime.trainers.verl.GymAgentLoopManager``. The manager's timing dict (what ``_performance_metrics``
-    returns, ``meta_info["timing"]``) is the one place verl 0.9.1's trainer takes a generation's own figures into the
-    step's logged metrics (as ``timing_s/<key>``: ``timing_s/gym_runtime/excluded``...); no agent loop field
-    reaches them otherwise (docs/trainer.md#verl)."""
+    returns, ``meta_info["timing"]``) is the one place verl 0.9.1's legacy trainer takes a generation's own figures
+    into the step's logged metrics (as ``timing_s/<key>``: ``timing_s/gym_runtime/excluded``...); no agent loop
+    field reaches them otherwise. The v1 trainer: ``gym_runtime.trainers.verl_v1``."""
 
     def _performance_metrics(self, metrics: list[list[dict[str, str]]], output: Any) -> dict[str, float]:
         check_bound(output)  # a systematic failure stops the step in one line (the loops' max_excluded)

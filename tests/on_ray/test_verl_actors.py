@@ -58,6 +58,24 @@ def verl_config(tmp: Path, model_dir: Path, loops: Path) -> Any:
     return cfg
 
 
+def served_in_actors(w: Any, tmp: Path, nats: str) -> tuple[Path, dict[str, Any]]:
+    """The world's tiny policy and tokenizer saved for the actors to load, and its config (returned) with the bus
+    every actor reaches and the policy served by verl (the ``verl_server`` adapter)."""
+    model_dir = tmp / "policy"
+    w.model.save_pretrained(model_dir)
+    w.tokenizer.save_pretrained(model_dir)
+    cfg = yaml.safe_load(w.config.read_text())
+    cfg["nats"] = nats
+    cfg["models"]["policy"] = {
+        "adapter": "verl_server",
+        "live": "policy",
+        "max_new_tokens": 4,
+        "stop_token_ids": [w.tool_token],
+    }
+    w.config.write_text(yaml.safe_dump(cfg))
+    return model_dir, cfg
+
+
 def batch(rows: list[dict[str, Any]]) -> Any:
     import numpy as np
     from verl import DataProto
@@ -87,19 +105,8 @@ def test_the_gym_runtime_agent_loop_runs_in_verls_agent_loop_worker_actors_shari
 
     w = world(tmp_path, rows=2 * PER_ACTOR, tool_bias=5.0)  # the tiny policy calls the tool often
     w.rows[-1]["explode"] = True  # its verify raises: excluded (issue 66), counted into verl's logged metrics
-    model_dir = tmp_path / "policy"  # the world's tiny policy and tokenizer, saved for the actors to load
-    w.model.save_pretrained(model_dir)
-    w.tokenizer.save_pretrained(model_dir)
     with EmbeddedServer(store_dir=str(tmp_path / "store"), http_port=0) as srv:
-        cfg = yaml.safe_load(w.config.read_text())
-        cfg["nats"] = srv.url  # one bus every actor reaches
-        cfg["models"]["policy"] = {
-            "adapter": "verl_server",
-            "live": "policy",
-            "max_new_tokens": 4,
-            "stop_token_ids": [w.tool_token],
-        }
-        w.config.write_text(yaml.safe_dump(cfg))
+        model_dir, cfg = served_in_actors(w, tmp_path, srv.url)
         loops = tmp_path / "agent_loops.yaml"  # how a verl user registers an agent loop with its options
         entry = {"name": "gym_runtime", "_target_": "gym_runtime.trainers.verl.GymAgentLoop"}
         options = {"gym_config": str(w.config), "nats": srv.url, "failures": {"retries": 0}}
