@@ -22,8 +22,7 @@ import yaml
 from gym_runtime.ops.nats_server import EmbeddedServer
 from tests.helpers import REPO
 from tests.on_ray.cluster import local_cluster, need_ray
-from tests.on_ray.test_verl_actors import served_in_actors, verl_config
-from tests.on_ray.verl_double import SavedTinyServer
+from tests.on_ray.verl_double import SavedTinyServer, served_in_actors, verl_config
 from tests.trainers.world import need, world
 
 ray = need_ray()
