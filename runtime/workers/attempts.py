@@ -22,6 +22,7 @@ from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 
 RECORDS_PER_MESSAGE = 256  # a batch's records in one stored message, at most
+LAST_SEND_S = 3.0  # how long a stopping worker tries to store the records it still holds
 
 log = logs.get("gym.agent")
 
@@ -61,8 +62,10 @@ class AttemptRecords:
                 await self._wake.wait()
                 self._wake.clear()
                 await self.send()
-        finally:
-            with anyio.CancelScope(shield=True):
+        finally:  # the records still held, sent on the way out, for a bounded time: a stopping worker whose
+            # server is gone would retry each for the bus's store_retry_s (20 s) and overrun its supervisor's
+            # grace (srun's 32 s, Compose's 10 s) to be killed; those records are lost either way
+            with anyio.move_on_after(LAST_SEND_S, shield=True):
                 await self.send()
 
     async def send(self) -> None:
