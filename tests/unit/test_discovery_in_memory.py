@@ -18,15 +18,20 @@ def counters() -> dict[str, Any]:
     return {"in_flight": 0}
 
 
+async def answer_as(bus: MemoryTransport, msg: Delivery, in_lane: tuple[str, str], **claims: str) -> None:
+    """A discovery answer into ``in_lane`` (role, name) claiming ``claims`` (role, name, worker)."""
+    assert msg.reply is not None
+    body = {"namespace": bus.ns, **claims}
+    await bus.publish_raw(answer(msg.reply, lane(*in_lane)), json.dumps(body).encode())
+
+
 async def test_discovery_waits_until_the_expected_workers_answered_and_no_longer() -> None:
     async with MemoryTransport() as bus:
         await register(bus, "agent", "a", "w1", counters)
         await register(bus, "resource", "r", "w2", counters)
 
         async def forge(msg: Delivery) -> None:  # a pool answering in its own lane, claiming to be a model replica
-            body = {"namespace": bus.ns, "role": "model", "name": "policy", "worker": "ghost"}
-            assert msg.reply is not None
-            await bus.publish_raw(answer(msg.reply, lane("agent", "a")), json.dumps(body).encode())
+            await answer_as(bus, msg, ("agent", "a"), role="model", name="policy", worker="ghost")
 
         await bus.subscribe(bus.subjects.status, forge)
         t0 = time.monotonic()
@@ -51,9 +56,7 @@ async def test_an_answer_lost_once_is_asked_for_again_within_the_window() -> Non
         async def late(msg: Delivery) -> None:  # the resource worker: its first answer never arrives
             heard.append(msg.subject)
             if len(heard) > 1:
-                body = {"namespace": bus.ns, "role": "resource", "name": "r", "worker": "w2"}
-                assert msg.reply is not None
-                await bus.publish_raw(answer(msg.reply, lane("resource", "r")), json.dumps(body).encode())
+                await answer_as(bus, msg, ("resource", "r"), role="resource", name="r", worker="w2")
 
         await bus.subscribe(bus.subjects.status, late)
         t0 = time.monotonic()
