@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from gym_runtime.agent import Session
@@ -217,3 +218,21 @@ async def test_on_an_unsecured_bus_the_worker_still_refuses_a_caller_that_did_no
     finally:
         for b in buses:
             await b.close()
+
+
+async def test_a_checkpoints_bucket_made_by_an_earlier_version_is_given_direct_gets(nats_server) -> None:
+    """A bucket an earlier version made (no direct gets: every read went to its leader by a message get) is
+    given them by the first agent worker that makes sure of it, and a checkpoint stored before is read back."""
+    bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="t")
+    bucket = bus.subjects.checkpoints_bucket
+    key = Subjects.checkpoint_key("weather_agent", "b1", 0, 0)
+    cp = Checkpoint(turn=4, phase="answered", response=Response(id="r", created_at=0.0, output=[]))
+    try:
+        old = await bus.js.create_key_value(bucket=bucket, history=1)  # as an earlier version made it
+        await old.put(key, msgspec.msgpack.encode(cp))
+        assert not (await bus.js.stream_info(f"KV_{bucket}")).config.allow_direct
+        await checkpoints_kv(bus, 3600.0)
+        assert (await bus.js.stream_info(f"KV_{bucket}")).config.allow_direct
+        assert await Checkpointer(bus, key, "every_turn").read() == cp
+    finally:
+        await bus.close()
