@@ -381,6 +381,7 @@ class AgentContext:
         model_fingerprint: Callable[[str], str | None] | None = None,
         model_liveness_s: Callable[[str], float | None] | None = None,
         cuttable: frozenset[str] = frozenset(),
+        affine: frozenset[str] = frozenset(),
     ) -> None:
         self._bus = bus
         self.task = task
@@ -390,6 +391,10 @@ class AgentContext:
         self._model_fingerprint = model_fingerprint
         self._model_liveness_s = model_liveness_s
         self._cuttable = cuttable  # models whose generations stop at the rollout's deadline, their tokens kept
+        # models whose later turns go first to the replica of the rollout's last turn (``ModelConfig.affinity``),
+        # and that replica per model: the rollout's own memory is the routing (``transport.model_calls``)
+        self._affine = affine
+        self.last_replica: dict[str, str] = {}
         # Policy versions that served this rollout's model calls: [min, max] (None: none stamped).
         self.policy_versions: list[int] | None = None
         # The rollout's ledger: what its model and tool calls used (the row's ``cost``), the model entry of each
@@ -564,7 +569,10 @@ class AgentContext:
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
             wait_s=max(0.0, self.remaining()),  # queued behind other rollouts' calls: as long as the rollout may
             on_output=self._on_progress if progress_s is not None else None,
+            replica=self.last_replica.get(name),
         )
+        if reply.worker and name in self._affine:
+            self.last_replica[name] = reply.worker
         self.generating_since, self._progressing = None, False
         repeat = self._repeat_turns()
         v = reply.policy_version

@@ -222,6 +222,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 64  # generations in flight per worker
     replicas: int = 1
     ack_wait_s: float = 30.0  # a request whose worker went silent this long goes to another replica
+    # a rollout's later turns go first to the replica that served its last turn (its prefix cache), only while
+    # that replica has a free slot at once: never a wait (docs/models.md, "Cache-aware routing")
+    affinity: bool = True
     options: AdapterOptions = msgspec.field(default_factory=AdapterOptions)
 
     def redacted(self) -> dict[str, Any]:

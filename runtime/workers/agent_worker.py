@@ -187,6 +187,7 @@ class AgentWorker:
         self.records = AttemptRecords(bus, name)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
         self._cuttable = cuttable_models(config)  # its policy's generations stop at the deadline, tokens kept
+        self._affine = frozenset(m for m, c in config.models.items() if c.affinity)  # cache-aware routing
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -404,6 +405,7 @@ class AgentWorker:
             model_fingerprint=self._model_fps.get,
             model_liveness_s=self._model_patience.get,
             cuttable=self._cuttable,
+            affine=self._affine,
         )
         ctx.task_attempt = attempt
         if (box := await self._checkpoints(task, attempt)) is not None:
