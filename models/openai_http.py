@@ -12,7 +12,7 @@ Shared by the ``openai`` and ``vllm`` adapters so that both fail the same way:
 * **Several base URLs** (``base_url: [a, b, ...]``): a rollout's calls (same
   ``rollout_key``) go to the endpoint its key ranks first by rendezvous hashing
   (``rendezvous``), for the prefix cache, while that endpoint is healthy, has a
-  free slot and is within ``affinity_load`` times the mean load (consistent
+  free slot and is within ``endpoint_load`` times the mean load (consistent
   hashing with bounded loads), else to the next in its ranking: every
   model-worker process in front of the same endpoints ranks them alike, so they
   agree without shared state. A call without a key goes to the least loaded
@@ -91,11 +91,11 @@ class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     extra_body: dict[str, Any] = msgspec.field(default_factory=dict)  # merged into every request body
     # a rollout keeps its replica while that one's calls in flight stay within this times the mean (and it has a
     # free slot): 1.0 spreads evenly and moves more rollouts, larger keeps more caches; 0: no affinity
-    affinity_load: float = 1.25
+    endpoint_load: float = 1.25
 
     def __post_init__(self) -> None:
-        if self.affinity_load != 0 and self.affinity_load < 1:
-            raise ValueError(f"affinity_load: {self.affinity_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
+        if self.endpoint_load != 0 and self.endpoint_load < 1:
+            raise ValueError(f"endpoint_load: {self.endpoint_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
 
     def call_budget_s(self) -> float:
         return self.timeout_s * (self.max_retries + 1)
@@ -557,10 +557,10 @@ class EndpointPool:
         healthy = [i for i in candidates if eps[i].healthy]
         if not healthy:  # everything is cooling down: try the one that comes back first
             return min(candidates, key=lambda i: eps[i].down_until)
-        if rollout_key is not None and self.cfg.affinity_load:
+        if rollout_key is not None and self.cfg.endpoint_load:
             ranked = rendezvous(rollout_key, [ep.url for ep in eps])
             # consistent hashing with bounded loads: at most ceil(c * (calls in flight + this one) / endpoints)
-            bound = math.ceil(self.cfg.affinity_load * (sum(ep.in_flight for ep in eps) + 1) / len(eps))
+            bound = math.ceil(self.cfg.endpoint_load * (sum(ep.in_flight for ep in eps) + 1) / len(eps))
             for i in ranked:
                 ep = eps[i]
                 if i in healthy and ep.in_flight < min(bound, ep.limiter.window):

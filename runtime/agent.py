@@ -50,6 +50,7 @@ from gym_runtime.messages import (
 from gym_runtime.resource import RESUME_ALIVE, RESUME_RESTORE, RESUME_RESTORE_HELD
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.spec import SandboxAsk
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import PROGRESS_STREAM, call_model, cut_at
 from gym_runtime.transport.rpc import NoResponders, pauses_counted
@@ -381,7 +382,7 @@ class AgentContext:
         model_fingerprint: Callable[[str], str | None] | None = None,
         model_liveness_s: Callable[[str], float | None] | None = None,
         cuttable: frozenset[str] = frozenset(),
-        affine: frozenset[str] = frozenset(),
+        affinity: Affinity | None = None,
     ) -> None:
         self._bus = bus
         self.task = task
@@ -391,10 +392,9 @@ class AgentContext:
         self._model_fingerprint = model_fingerprint
         self._model_liveness_s = model_liveness_s
         self._cuttable = cuttable  # models whose generations stop at the rollout's deadline, their tokens kept
-        # models whose later turns go first to the replica of the rollout's last turn (``ModelConfig.affinity``),
-        # and that replica per model: the rollout's own memory is the routing (``transport.model_calls``)
-        self._affine = affine
-        self.last_replica: dict[str, str] = {}
+        # the agent process's rollouts by the replica of their last turn: a later turn goes there first
+        # (``ModelConfig.affinity_load``; None: any replica)
+        self._affinity = affinity
         # Policy versions that served this rollout's model calls: [min, max] (None: none stamped).
         self.policy_versions: list[int] | None = None
         # The rollout's ledger: what its model and tool calls used (the row's ``cost``), the model entry of each
@@ -553,6 +553,7 @@ class AgentContext:
             self.generating_since = started  # a failure while it runs charges its time to the policy (``attribution``)
             continuing, self.continuing = self.continuing, None
             self._progressing = progress_s is not None
+        replica, route = self._affinity.choose(name, self.rollout_key) if self._affinity else (None, "")
         reply = await call_model(
             self._bus,
             name,
@@ -569,10 +570,11 @@ class AgentContext:
             liveness_s=self._model_liveness_s(name) if self._model_liveness_s else None,
             wait_s=max(0.0, self.remaining()),  # queued behind other rollouts' calls: as long as the rollout may
             on_output=self._on_progress if progress_s is not None else None,
-            replica=self.last_replica.get(name),
+            replica=replica,
+            route=route,
         )
-        if reply.worker and name in self._affine:
-            self.last_replica[name] = reply.worker
+        if self._affinity is not None:
+            self._affinity.served(name, self.rollout_key, reply.worker)
         self.generating_since, self._progressing = None, False
         repeat = self._repeat_turns()
         v = reply.policy_version

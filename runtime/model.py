@@ -223,9 +223,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: int = 1
     ack_wait_s: float = 30.0  # a request whose worker went silent this long goes to another replica
     # a rollout's later turns go first to the replica that served its last turn (its prefix cache), only while
-    # that replica has a free slot at once: never a wait (docs/models.md, "Cache-aware routing")
-    affinity: bool = True
+    # that replica has a free slot at once (never a wait) and holds at most this times the mean of the caller's
+    # rollouts (docs/models.md, "Cache-aware routing"); 0: no affinity
+    affinity_load: float = 1.15
     options: AdapterOptions = msgspec.field(default_factory=AdapterOptions)
+
+    def __post_init__(self) -> None:
+        if self.affinity_load != 0 and self.affinity_load < 1:
+            raise ValueError(f"affinity_load: {self.affinity_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
 
     def redacted(self) -> dict[str, Any]:
         """The flat config entry, secrets replaced (what ``config.redact`` prints)."""

@@ -53,18 +53,20 @@ async def call_model(
     wait_s: float | None = None,
     on_output: Callable[[int, bytes], None] | None = None,
     replica: str | None = None,
+    route: str = "affine",
 ) -> ModelResponse:
     """One model call as agents and resources make it: direct to a replica with a free slot, else queued.
 
     ``timeout`` bounds the call once a replica has it; queued behind other calls it may wait up to
     ``wait_s`` (an agent passes its rollout's remaining time) for a replica to take it. ``on_output``: given
     what the worker sends before its answer (a generation's tokens so far: ``ModelRequest.progress_s``).
-    ``replica``: the worker that served the rollout's last turn, tried first (one round trip, never a wait)."""
+    ``replica``: a worker to try first (one round trip, never a wait): the one that served the rollout's last
+    turn (``route`` ``affine``), or one a caller chose for load (``load``: ``transport.affinity``)."""
     if replica is not None:
         deadline = time.monotonic() + timeout
         why, answer = await bus.try_direct(
             bus.subjects.model_replica(model, replica),
-            msgspec.structs.replace(request, route="affine"),
+            msgspec.structs.replace(request, route=route),
             timeout=timeout,
             op=f"generate {model}",
             liveness_s=liveness_s,

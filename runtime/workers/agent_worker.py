@@ -49,6 +49,7 @@ from gym_runtime.messages import (
     counted_ms,
 )
 from gym_runtime.observability import logs
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller
@@ -187,7 +188,7 @@ class AgentWorker:
         self.records = AttemptRecords(bus, name)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
         self._cuttable = cuttable_models(config)  # its policy's generations stop at the deadline, tokens kept
-        self._affine = frozenset(m for m, c in config.models.items() if c.affinity)  # cache-aware routing
+        self._affinity = Affinity({m: c.affinity_load for m, c in config.models.items()})  # cache-aware routing
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -405,7 +406,7 @@ class AgentWorker:
             model_fingerprint=self._model_fps.get,
             model_liveness_s=self._model_patience.get,
             cuttable=self._cuttable,
-            affine=self._affine,
+            affinity=self._affinity,
         )
         ctx.task_attempt = attempt
         if (box := await self._checkpoints(task, attempt)) is not None:
@@ -427,6 +428,7 @@ class AgentWorker:
                 ctx.sandboxes.let_go()
             else:
                 await _release(ctx)
+            self._affinity.ended(ctx.rollout_key)  # its replicas hold one rollout fewer of ours
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
