@@ -34,7 +34,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.workers.model_worker import ModelWorker
-from tests.helpers import REPO, ROWS, put_batch
+from tests.helpers import REPO, ROWS, put_batch, resolved
 from tests.stub_openai import StubOpenAI
 from tests.test_model_calls import serving, until
 
@@ -239,3 +239,15 @@ def started(config: Path, url: str) -> Iterator[subprocess.Popen[str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+async def test_a_rollouts_later_turns_reach_their_replica_on_a_secured_bus(buses: dict[str, Bus]) -> None:
+    """The agent role may call a replica by name and the model role serve its own subject (permissions)."""
+    worker = ModelWorker(buses["model"], "policy", resolved(models={"policy": scripted(concurrency=4)}))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with anyio.fail_after(8):  # under the bus's liveness (10 s): a refused publish would wait that long
+            turns = await rollout(buses["agent"], 3)
+        tg.cancel_scope.cancel()
+    assert {r.worker for r in turns} == {worker.worker_id}
+    assert worker.routed == {"affine": 2, "load": 0, "moved": 0}
