@@ -143,8 +143,8 @@ class Guard:
         if names_this_server(value, self.hosts, sockname(request)):
             return None
         return (
-            f"Host {value!r} is not a name and port this gateway serves (give the name with --hostname NAME; "
-            "the port is the one connected to)"
+            f"Host {value!r} is not a name this gateway serves (give it with --hostname NAME; a port it names "
+            "must be the one connected to)"
         )
 
     def authorised(self, request: web.Request) -> bool:
