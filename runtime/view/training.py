@@ -46,7 +46,7 @@ class _Cost(msgspec.Struct):
 
 
 class _Train(msgspec.Struct):
-    """What a page of this module reads of a row (an integer beyond 64 bits: read by ``_lenient``)."""
+    """What a page of this module reads of a row (an integer of any size included: msgspec keeps it whole)."""
 
     train_step: int | None = None
     train_group: int | str | None = None
@@ -62,8 +62,8 @@ _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(_Train)}
 
 
 def _lenient(line: bytes) -> _Train:
-    """A row whose fields are of other types, or integers beyond 64 bits (or not a row at all): what fits, kept;
-    a training field's integer of any size kept as written."""
+    """A row whose fields are of other types, or that holds ``NaN`` or ``Infinity`` (or not a row at all): what
+    fits, kept."""
     out = _Train()
     try:
         value = json.loads(line)
@@ -73,12 +73,10 @@ def _lenient(line: bytes) -> _Train:
         return out
     for key, f in _FIELDS.items():
         if key in value:
-            v = value[key]
             try:
-                setattr(out, f.name, msgspec.convert(v, f.type))
+                setattr(out, f.name, msgspec.convert(value[key], f.type))
             except msgspec.ValidationError:
-                if isinstance(v, int) and not isinstance(v, bool) and key.startswith("train_"):
-                    setattr(out, f.name, str(v) if key == "train_group" else v)
+                pass
     return out
 
 
