@@ -32,7 +32,11 @@ def task(tool: dict[str, Any], places: dict[str, str]) -> dict[str, Any]:
 
 CRASH = {
     "name": "crash",
-    "parameters": {"type": "object", "properties": {"how": {"type": "string", "enum": ["die", "live"]}}},
+    "parameters": {
+        "type": "object",
+        "properties": {"how": {"type": "string", "enum": ["die", "live"]}},
+        "required": ["how"],
+    },
 }
 HOLD = {"name": "hold", "parameters": {"type": "object", "properties": {}}}
 
