@@ -37,7 +37,7 @@ class ClassRecord(NamedTuple):
     environment: bool = False  # environment code may raise it as its own (any other class it raises is recast)
 
 
-_ADMISSION = "admission"
+_ADMISSION: Stage = "admission"
 CLASSES: dict[ErrorClass, ClassRecord] = {
     # the rollout's clock ran out: split by where its time went (docs/trainer.md)
     "timeout": ClassRecord(None, "agent_timeout", False, "agent"),
