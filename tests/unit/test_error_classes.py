@@ -8,11 +8,14 @@ import re
 import typing
 from pathlib import Path
 
+import pytest
+
 from gym_runtime.data.attribution import attribute
 from gym_runtime.data.error_classes import CLASSES, as_environments
 from gym_runtime.errors import Failure, observed
 from gym_runtime.gateway import episodes
-from gym_runtime.messages import ErrorClass
+from gym_runtime.messages import ErrorClass, SandboxReply
+from gym_runtime.sandboxes.client import _Waiting
 
 DOCS = Path(__file__).parents[2] / "docs"
 
@@ -61,3 +64,12 @@ def test_a_class_environment_code_chose_is_its_own_and_the_runtimes_finding_keep
     assert as_environments(seen, "verify_error", "verify") is seen
     invalid = Failure("invalid_task", "cannot be graded")
     assert as_environments(invalid, "verify_error", "verify") is invalid
+
+
+def test_a_sandbox_pool_with_no_lease_is_the_runtimes_finding_wherever_environment_code_passes_it_on() -> None:
+    waiting = _Waiting("box")
+    waiting.since -= 10.0  # no lease released for 10 s, past the pool's lease_wait_s
+    with pytest.raises(Failure) as e:
+        waiting.saw(SandboxReply(full=True, address="w1", released=0, lease_wait_s=1.0))
+    assert e.value.info.error_class == "sandbox_unavailable" and e.value.observed
+    assert as_environments(e.value, "tool_error", "tool 'x'") is e.value
