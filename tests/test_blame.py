@@ -4,12 +4,12 @@ Environment code that raises a ``Failure`` of any class from ``seed``, a tool or
 rollout's time split would charge to the policy, a ``worker_lost`` or ``cancelled`` kept out of training) has raised
 its own ``tool_error`` or ``verify_error``, its message kept, in its worker's process and in a guest process alike;
 a failure the runtime saw itself (a judge's model that failed) keeps its class wherever the environment passes it
-on. A tool call whose input kills the guest is a retryable ``worker_lost`` the first time and, when the same call
-of the same rollout kills it again, an ``input_crash``: the policy's, not retried; another session lost with the
-guest stays ``worker_lost``, the infrastructure's.
+on. A tool call (or a verify's answer) that kills the guest is a retryable ``worker_lost`` the first time and,
+when the same call of the same rollout kills it again, an ``input_crash``: the policy's, not retried; another
+session lost with the guest stays ``worker_lost``, the infrastructure's.
 
 Real nats-server, real resource and model workers (``tests.envs.broken_model``: the LLM's double, always failing),
-the guest a real child process killed by the tool's input.
+the guest a real child process killed by the tool's input or the answer it verifies.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ import anyio
 from gym_runtime.config import ResourceConfig
 from gym_runtime.data.attribution import attribute
 from gym_runtime.errors import Failure
-from gym_runtime.messages import ErrorClass, SeedReply, SeedRequest, ToolCall, ToolReply, VerifyRequest
+from gym_runtime.messages import (
+    ErrorClass,
+    SeedReply,
+    SeedRequest,
+    ToolCall,
+    ToolReply,
+    VerifyReply,
+    VerifyRequest,
+)
 from gym_runtime.model import model_config
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
@@ -154,3 +162,22 @@ async def test_a_tool_call_that_kills_its_guest_twice_is_the_policys_and_a_sessi
         assert isinstance(alive, SeedReply)
         lives = await tool(bus, alive, "crash", json.dumps({"how": "live"}))
         assert isinstance(lives, ToolReply) and lives.output == "alive", lives
+
+
+async def test_an_answer_that_kills_its_verifiers_guest_twice_is_the_policys(bus: Bus) -> None:
+    row = {**ROWS[0], "_ng_task_index": 0, "_ng_rollout_index": 0, "crash_verify": True}
+
+    async def verify(answer: str, attempt: int) -> Any:
+        opened = await seed(bus, row)
+        assert isinstance(opened, SeedReply), opened
+        response = text_response(answer, id=f"attempt-{attempt}")  # each attempt's own ids
+        req = VerifyRequest(session=opened.session, row=row, response=response, close=True)
+        return await outcome(bus.request(opened.address + ".verify", req, timeout=60, op="verify"))
+
+    async with serving(bus, "process"):
+        first = await verify("I die", 1)
+        assert first[0] == "worker_lost" and first[2] is True and "died running this verify call" in first[1], first
+        second = await verify("I die", 2)
+        assert second[0] == "input_crash" and second[2] is False and "the policy's answer" in second[1], second
+        third = await verify("I live", 3)
+        assert isinstance(third, VerifyReply) and third.reward == 1.0, third

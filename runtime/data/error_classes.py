@@ -73,8 +73,9 @@ CLASSES: dict[ErrorClass, ClassRecord] = {
     "storage_full": ClassRecord("infrastructure", "persistence_failed", False, None),
     # no sandbox lease within lease_wait_s (a seed, a tool or the agent's own ctx.sandbox may wait for one)
     "sandbox_unavailable": ClassRecord("infrastructure", "provider_unavailable", False, None),
-    # the policy's tool call killed the environment's guest process on its attempt and again on the one retry it
-    # cost (the same rollout, tool and arguments): the policy's input, scored (``workers.crashes``)
+    # the policy's input (a tool call's arguments, its answer to verify) killed the environment's guest process on
+    # its attempt and again on the one retry it cost (the same rollout and input): the policy's, scored
+    # (``workers.crashes``)
     "input_crash": ClassRecord("policy", "gym_runtime:input_crash", True, "agent"),
 }
 

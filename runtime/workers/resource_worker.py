@@ -64,7 +64,7 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers.crashes import Crashes
+from gym_runtime.workers.crashes import Crashes, answer_digest
 from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
 from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
@@ -477,14 +477,7 @@ class ResourceWorker:
             try:
                 reply = await call_with(inst, req)
             except GuestCrash as e:  # its guest died running this call: the second time, its input's doing
-                rollout = cast(GuestSession, inst).rollout
-                if self.crashes.again(rollout, req.name, req.arguments):
-                    raise Failure(
-                        "input_crash",
-                        f"tool {req.name!r}: these arguments killed the environment's guest process again, as on an"
-                        f" earlier attempt of this rollout ({e.info.message})",
-                    ) from None
-                raise
+                raise self.crashes.charge(e, cast(GuestSession, inst).rollout, req.name, req.arguments) from None
             # the base's snapshot is None: an environment that does not define its own is not asked
             if req.snapshot and getattr(type(inst), "snapshot", Resource.snapshot) is not Resource.snapshot:
                 try:
@@ -505,10 +498,10 @@ class ResourceWorker:
         if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
             self.sessions.pop(req.session)
             inst.close_on_verify = True
-            return self._served(inst, await verify_with(inst, req.row, req.response))
+            return self._served(inst, await self._verified(inst, req))
         counting = _counting(self._book(inst)[0])
         try:
-            verdict = await verify_with(inst, req.row, req.response)
+            verdict = await self._verified(inst, req)
             if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
@@ -516,6 +509,13 @@ class ResourceWorker:
         finally:
             _counted(counting)
         return self._served(inst, verdict)
+
+    async def _verified(self, inst: Resource, req: VerifyRequest) -> VerifyReply:
+        """A session's verify (``verify_with``); the policy's answer that killed its guest again is its own."""
+        try:
+            return await verify_with(inst, req.row, req.response)
+        except GuestCrash as e:
+            raise self.crashes.charge(e, cast(GuestSession, inst).rollout, "", answer_digest(req.response)) from None
 
     async def _stateless_verify(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         if not self.bus.telemetry.meters.enabled:

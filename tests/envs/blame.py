@@ -7,7 +7,7 @@ fails) and pass its failure on: a failure the runtime saw itself. ``crash(how)``
 own process (SIGKILL), once ``hold``'s file (the row's ``holding``) exists when the row names one, touching the row's
 ``release`` first: a tool call whose input crashes its guest (``isolation: process``). ``hold`` touches ``holding``
 and waits until ``release`` exists: a call of another session in flight in the same guest when it dies, served on
-its retry.
+its retry. ``crash_verify`` makes a verify kill its own process when the policy's answer says "die".
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Literal
 import anyio
 
 from gym_runtime.errors import Failure
-from gym_runtime.messages import Response, create_params
+from gym_runtime.messages import Response, create_params, output_text
 from gym_runtime.resource import Resource, tool
 
 
@@ -64,6 +64,8 @@ class Blame(Resource):
         return "released"
 
     async def verify(self, task: dict[str, Any], response: Response) -> float:
+        if task.get("crash_verify") and "die" in output_text(response.output):  # the policy's answer kills it
+            os.kill(os.getpid(), signal.SIGKILL)
         await self._step("verify")
         return 1.0
 
