@@ -322,9 +322,10 @@ class Guest:
             if origin is not None and e.observed:
                 origin.seen.append(e.info)
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
-            reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+            info = ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}")
+            reply = Generated(id=req.id, error=info)
             if origin is not None:  # the worker's own model client failed: the runtime's finding
-                origin.seen.append(reply.error)  # type: ignore[arg-type]
+                origin.seen.append(info)
         finally:
             self.outbound -= 1
             if origin is not None:
