@@ -38,6 +38,7 @@ from gym_runtime.messages import (
 from gym_runtime.model import model_config
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import ROWS, resolved
@@ -74,7 +75,9 @@ async def seed(bus: Bus, row: dict[str, Any]) -> Any:
 
 async def tool(bus: Bus, opened: SeedReply, name: str, arguments: str = "{}") -> Any:
     call = ToolCall(opened.session, name, arguments)
-    return await outcome(bus.request(opened.address + ".tool", call, timeout=60, op="tool"))
+    return await outcome(
+        bus.request(Subjects.session_call(opened.address, "tool", bus.caller), call, timeout=60, op="tool")
+    )
 
 
 async def failed_at(bus: Bus, where: str, row: dict[str, Any]) -> Any:
@@ -86,7 +89,9 @@ async def failed_at(bus: Bus, where: str, row: dict[str, Any]) -> Any:
     if where == "tool":
         return await tool(bus, opened, "act")
     req = VerifyRequest(session=opened.session, row=row, response=text_response("x"), close=True)
-    return await outcome(bus.request(opened.address + ".verify", req, timeout=60, op="verify"))
+    return await outcome(
+        bus.request(Subjects.session_call(opened.address, "verify", bus.caller), req, timeout=60, op="verify")
+    )
 
 
 async def test_every_class_environment_code_raises_is_its_own_and_what_the_runtime_saw_keeps_its_class(
@@ -172,7 +177,9 @@ async def test_an_answer_that_kills_its_verifiers_guest_twice_is_the_policys(bus
         assert isinstance(opened, SeedReply), opened
         response = text_response(answer, id=f"attempt-{attempt}")  # each attempt's own ids
         req = VerifyRequest(session=opened.session, row=row, response=response, close=True)
-        return await outcome(bus.request(opened.address + ".verify", req, timeout=60, op="verify"))
+        return await outcome(
+            bus.request(Subjects.session_call(opened.address, "verify", bus.caller), req, timeout=60, op="verify")
+        )
 
     async with serving(bus, "process"):
         first = await verify("I die", 1)
