@@ -702,6 +702,9 @@ ErrorClass = Literal[
     # a sandbox pool released no lease for its ``lease_wait_s`` while the rollout waited for one (a wire change:
     # older readers refuse a row of this class, docs/changelog.md)
     "sandbox_unavailable",
+    # the policy's input (a tool call, its answer to verify) killed the environment's guest process twice: on its
+    # attempt and on the one retry it cost (a wire change, as sandbox_unavailable was: older readers refuse it)
+    "input_crash",
 ]
 
 
