@@ -13,8 +13,7 @@ in the stream of kept tasks too, with its first repeat (``data.republish`` reads
 from __future__ import annotations
 
 import asyncio
-import difflib
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ import msgspec
 from opentelemetry.trace import SpanKind
 
 from gym_runtime.data.batches import Owners
-from gym_runtime.errors import InputError, StorageFull, UserError
-from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
+from gym_runtime.data.routing import Router
+from gym_runtime.errors import InputError, StorageFull
+from gym_runtime.messages import RolloutTask, RowCheck
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_kept_stream, task_msg_id
 from gym_runtime.transport.tasks import TaskSet
@@ -98,52 +98,12 @@ def _row_lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
             yield lineno, line
 
 
-def check_agent_flag(agent: str | None, agents: Iterable[str]) -> None:
-    """``--agent NAME`` names an agent of the config: said once, with the nearest name, before any row is read."""
-    names = list(agents)
-    if agent is None or agent in names:
-        return
-    near = difflib.get_close_matches(agent, names, n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]}?" if near else ""
-    raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(names)}){hint}")
-
-
-def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) -> str:
-    """``--agent`` if given, else the row's ``agent_ref.name`` (which must be an agent of the config)."""
-    ref = row.get("agent_ref")
-    if isinstance(ref, dict) and ref.get("name") and default is None:
-        name = ref["name"]
-        if name in agents:
-            return str(name)
-        hint = f"; pass --agent {agents[0]} to run such rows with it" if len(agents) == 1 else "; pass --agent NAME"
-        raise UserError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)}){hint}")
-    if default is not None:
-        check_agent_flag(default, agents)
-        return default
-    if len(agents) == 1:
-        return agents[0]
-    raise UserError(f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent")
-
-
 def _bad_utf8(line: bytes) -> str:
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as e:
         return f"byte 0x{line[e.start]:02x} at column {e.start + 1}"
     return "invalid UTF-8"
-
-
-def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
-    """Validate one input row; returns the agent it goes to, or raises ``ValueError`` saying why."""
-    if not isinstance(row, dict):
-        raise UserError(f"a row must be a JSON object, got {type(row).__name__}")
-    if "responses_create_params" not in row:
-        raise UserError("missing required field 'responses_create_params'")
-    try:
-        create_params(row["responses_create_params"])
-    except ItemError as e:
-        raise UserError(str(e)) from None
-    return choose_agent(row, agents, agent)
 
 
 # where a command's rows may come from instead (`run` takes a bundled environment's example rows by its name)
@@ -157,17 +117,21 @@ def not_rows_hint(path: Path) -> str:
     return ""
 
 
+Check = Callable[[Any], tuple[str | None, list[str]]]  # a decoded row -> (its agent or None, its problems)
+
+
 def validate(
     path: str | Path,
     agents: list[str],
     *,
     agent: str | None = None,
     limit: int | None = None,
-    each: Callable[[str, Any], None] | None = None,
+    check: Check | None = None,
 ) -> Plan:
-    """The rows of a JSONL file decoded and routed to their agents (``InputError`` listing every problem);
-    ``each(where, row)`` sees each row that routes, in the same read (``validation.plan_publish``)."""
-    check_agent_flag(agent, agents)
+    """The rows of a JSONL file decoded and routed to their agents, each once, in one read (``InputError`` listing
+    every problem). ``check``: what a row must pass, its route included (``validation.plan_publish``'s checks
+    its environment too); by default the router's (``routing.Router``)."""
+    check = check or Router(agents, agent).check
     p = Path(path)
     if not p.is_file():
         raise InputError([f"{p}: file not found; give -i the path of a JSONL file of task rows{BUNDLED_ROWS}"])
@@ -188,14 +152,10 @@ def validate(
         except RecursionError:
             problems.append(f"{where}: nesting too deep (objects/arrays nested hundreds of levels)")
             continue
-        try:
-            name = check_row(row, agents, agent)
-        except ValueError as e:
-            problems.append(f"{where}: {e}")
-            continue
-        owners.add(name)
-        if each is not None:
-            each(where, row)
+        name, found = check(row)
+        problems += [f"{where}: {p}" for p in found]
+        if name is not None and not found:
+            owners.add(name)
     if problems:
         raise InputError(problems)
     if n == 0:
@@ -221,7 +181,8 @@ async def publish_tasks(
     admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
     held: Callable[[RolloutTask], None] | None = None,
 ) -> int:
-    """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks (``publish_rows``)."""
+    """Publish rows × repeats (laid out ``aabbcc``), each to the agent its check found (``plan.owners``: not
+    routed again); returns the number of tasks (``publish_rows``)."""
     rows = (row for _, row in iter_rows(plan.path, limit))
     return await publish_rows(
         bus,
@@ -238,6 +199,7 @@ async def publish_tasks(
         keep=keep,
         admit=admit,
         held=held,
+        routes=plan.owners.each(),
     )
 
 
@@ -250,12 +212,15 @@ def row_tasks(
     repeats: int = 1,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     grouped: Callable[[str], bool] = lambda _agent: False,
-    routes: Sequence[str] | None = None,
+    routes: Iterable[str] | None = None,
 ) -> Iterator[RolloutTask]:
     """The tasks of rows × repeats in publish order (``aabbcc``; a grouped agent's repeats: one group task).
-    ``routes``: each row's agent, as a check of the rows found it (``validation.CheckedRows``); else chosen here."""
+    ``routes``: each row's agent in row order, as a check of the rows found it (``validation.CheckedRows``,
+    ``Plan.owners``); else routed here (``routing.Router``)."""
+    router = Router(agents, agent) if routes is None else None
+    route = iter(routes or ())
     for index, row in enumerate(rows):
-        name = routes[index] if routes is not None else choose_agent(row, agents, agent)
+        name = router.agent_of(row) if router is not None else next(route)
         group = repeats if repeats > 1 and grouped(name) else 0
         fields = task_fields(name)
         for r in range(1 if group else repeats):
@@ -301,7 +266,7 @@ async def publish_rows(
     keep: bool = False,
     admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
     held: Callable[[RolloutTask], None] | None = None,
-    routes: Sequence[str] | None = None,
+    routes: Iterable[str] | None = None,
 ) -> int:
     """Publish validated rows × repeats (``routes``: each row's agent, as their check found it: ``row_tasks``);
     ``task_fields(agent)`` adds trainer fields to each task. Into streams

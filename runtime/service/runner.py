@@ -25,13 +25,14 @@ from gym_runtime.config import Config, ResolvedConfig, redact
 from gym_runtime.config.fingerprints import grader_identity
 from gym_runtime.data.batches import Manifest, new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, check_agent_flag, validate
+from gym_runtime.data.inputs import Plan, validate
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
     reverify_file,
     validate_rollouts,
 )
+from gym_runtime.data.routing import check_agent_flag
 from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError, in_entry
 from gym_runtime.observability import logs

@@ -44,7 +44,7 @@ def test_one_pass_gives_each_rows_route_and_the_tasks_are_laid_out_from_it(monke
     assert checked.routes == ["b", "a", "b"] and len(checks) == len(rows)
     assert [(s, e, a) for s, e, a in checked.owners().ranges()] == [(0, 1, "b"), (1, 2, "a"), (2, 3, "b")]
     # the tasks carry the routes the check found: rows without agent_ref in a two-agent config route nowhere by
-    # themselves (``choose_agent`` would refuse them), so these tasks prove nothing routed the rows again
+    # themselves (``routing.Router`` would refuse them), so these tasks prove nothing routed the rows again
     bare = [_row(), _row()]
     tasks = list(row_tasks(bare, batch="b1", agents=["a", "b"], repeats=2, routes=["b", "a"]))
     assert [(t.task_index, t.rollout_index, t.agent) for t in tasks] == [
