@@ -13,10 +13,10 @@ in the stream of kept tasks too, with its first repeat (``data.republish`` reads
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -163,13 +163,22 @@ def validate(
     return Plan(path=p, count=n, owners=owners)
 
 
+class Gate(Protocol):
+    """A budget's admission (``service.budget.BudgetedPublish``): ``admit(task, stored)`` is asked for each task in
+    publish order before it is sent (``stored``: sent by an earlier run of this publish, only counted); once it
+    answers False, that task and every later one are not published but handed to ``held``."""
+
+    async def admit(self, task: RolloutTask, stored: bool) -> bool: ...
+
+    def held(self, task: RolloutTask) -> None: ...
+
+
 async def publish_tasks(
     bus: Bus,
     plan: Plan,
     *,
     batch: str,
     agents: list[str],
-    agent: str | None = None,
     repeats: int = 1,
     limit: int | None = None,
     in_flight: int = 256,
@@ -178,8 +187,7 @@ async def publish_tasks(
     grouped: Callable[[str], bool] = lambda _agent: False,
     mark: Watermark | None = None,
     keep: bool = False,
-    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
-    held: Callable[[RolloutTask], None] | None = None,
+    gate: Gate | None = None,
 ) -> int:
     """Publish rows × repeats (laid out ``aabbcc``), each to the agent its check found (``plan.owners``: not
     routed again); returns the number of tasks (``publish_rows``)."""
@@ -189,7 +197,6 @@ async def publish_tasks(
         rows,
         batch=batch,
         agents=agents,
-        agent=agent,
         repeats=repeats,
         in_flight=in_flight,
         task_fields=task_fields,
@@ -197,8 +204,7 @@ async def publish_tasks(
         on_sent=on_sent,
         mark=mark,
         keep=keep,
-        admit=admit,
-        held=held,
+        gate=gate,
         routes=plan.owners.each(),
     )
 
@@ -250,6 +256,82 @@ async def publish_task(bus: Bus, task: RolloutTask, *, keep: bool = False) -> No
         await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
 
 
+class _Window:
+    """The publishes in flight: at most ``in_flight`` wait for their stream ack at once; the first that fails
+    (after ``Bus.js_publish``'s own retries) stops the rest. Each publish is a plain task (``TaskSet``) and the
+    window an ``asyncio.Semaphore``, which does not yield while a permit is free, so the publishes of one turn
+    leave in one socket write (10,000 tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU
+    each, 1.07 -> 0.34 s). ``mark``: kept up to date as the acks come; ``on_sent``: after each task sent."""
+
+    def __init__(
+        self, bus: Bus, in_flight: int, mark: Watermark, *, keep: bool, on_sent: Callable[[], None] | None
+    ) -> None:
+        self.bus, self.in_flight, self.mark, self.keep, self.on_sent = bus, in_flight, mark, keep, on_sent
+        self.limiter = asyncio.Semaphore(in_flight)
+        self.failed: list[Exception] = []
+        self.sent = 0  # tasks sent, those stored by an earlier run included
+        self.stored = 0  # tasks this run stored
+
+    async def send(self, tasks: TaskSet, task: RolloutTask) -> bool:
+        """Send ``task`` (skipped, counted as sent, when an earlier run stored it); False once one failed."""
+        await self.limiter.acquire()
+        if self.failed:
+            self.limiter.release()
+            return False
+        ordinal = self.mark.take()
+        self.sent += 1
+        if ordinal is None:  # stored by an earlier run of this publish
+            self.limiter.release()
+            if self.on_sent is not None:
+                self.on_sent()
+            return True
+        tasks.spawn(self._publish, task, ordinal)
+        return True
+
+    async def _publish(self, task: RolloutTask, ordinal: int) -> None:
+        try:
+            await publish_task(self.bus, task, keep=self.keep)
+            self.stored += 1
+            self.mark.stored(ordinal)
+            if self.on_sent is not None:
+                self.on_sent()
+        except Exception as e:
+            self.failed.append(e)
+        finally:
+            self.limiter.release()
+
+    async def drain(self) -> None:
+        """Until every publish has its ack (or failed)."""
+        for _ in range(self.in_flight):
+            await self.limiter.acquire()
+
+    def raise_failure(self, batch: str) -> None:
+        if not self.failed:
+            return
+        if isinstance(self.failed[0], StorageFull):  # say what is in: nothing half-published silently
+            raise StorageFull(
+                f"{self.failed[0]}; {self.mark.start + self.stored} tasks of batch {batch} were stored before it "
+                "(publishing the same batch id again adds only the rest)"
+            ) from None
+        raise self.failed[0]
+
+
+class _Admitted:
+    """A gate's answers in publish order: once it says no, that task and every later one are held back."""
+
+    def __init__(self, gate: Gate | None) -> None:
+        self.gate = gate
+        self.stopped = False
+
+    async def __call__(self, task: RolloutTask, stored: bool) -> bool:
+        if self.gate is None:
+            return True
+        self.stopped = self.stopped or not await self.gate.admit(task, stored)
+        if self.stopped:
+            self.gate.held(task)
+        return not self.stopped
+
+
 async def publish_rows(
     bus: Bus,
     rows: Iterable[dict[str, Any]],
@@ -264,96 +346,42 @@ async def publish_rows(
     on_sent: Callable[[], None] | None = None,
     mark: Watermark | None = None,
     keep: bool = False,
-    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
-    held: Callable[[RolloutTask], None] | None = None,
+    gate: Gate | None = None,
     routes: Iterable[str] | None = None,
 ) -> int:
-    """Publish validated rows × repeats (``routes``: each row's agent, as their check found it: ``row_tasks``);
-    ``task_fields(agent)`` adds trainer fields to each task. Into streams
-    its caller ensured (``ensure_streams``: ``publish_batch`` does, and a ``Client`` as it starts), once.
-
-    ``admit(task, stored)``: asked for each task in publish order before it is sent (``stored``: sent by an
-    earlier run of this publish, only counted); once it answers False, that task and every later one are
-    not published but handed to ``held`` (a budget's admission: ``gym_runtime.admission.Budget``).
+    """Publish validated rows × repeats into streams its caller ensured (``ensure_streams``: ``publish_batch``
+    does, and a ``Client`` as it starts), once; returns the number of tasks sent. Three steps, one per concern:
+    the tasks laid out (``row_tasks``: ``routes``, ``task_fields``, ``grouped``), each asked of the ``gate``
+    (``Gate``: a budget's admission), then sent through the window of publishes in flight (``_Window``:
+    ``in_flight``, ``mark``, ``on_sent``).
 
     ``keep``: each task's body is stored in the stream of kept tasks too, with its first repeat (the same bytes;
     a large body's blob is shared); that repeat counts as stored, in ``mark`` too, only once both are, so a
-    batch is ``published`` only with every task's body kept.
-
-    ``mark``: the tasks before ``mark.start`` (in publish order) are stored already and are skipped
-    (counted as sent); the publish keeps ``mark`` up to date as its acks come.
-
-    For an agent that takes groups (``grouped(agent)``, its ``group_repeats``), a row's repeats
-    are one group task (``RolloutTask.group``), counted as one task.
-
-    At most ``in_flight`` publishes wait for their stream ack at once; the first that fails
-    (after ``Bus.js_publish``'s own retries) stops the rest and is raised. Each publish is a
-    plain task (``TaskSet``) and the window an ``asyncio.Semaphore``, which does not yield
-    while a permit is free, so the publishes of one turn leave in one socket write (10,000
-    tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU each, 1.07 -> 0.34 s).
+    batch is ``published`` only with every task's body kept. ``mark``: the tasks before ``mark.start`` (in
+    publish order) are stored already and are skipped (counted as sent).
     """
     if keep:
         await ensure_kept_stream(bus)
-    limiter = asyncio.Semaphore(in_flight)
-    failed: list[Exception] = []
-    sent = 0
-    stored = 0
     mark = mark or Watermark()
-
-    async def send(task: RolloutTask, ordinal: int) -> None:
-        nonlocal stored
-        try:
-            await publish_task(bus, task, keep=keep)
-            stored += 1
-            mark.stored(ordinal)
-            if on_sent is not None:
-                on_sent()
-        except Exception as e:
-            failed.append(e)
-        finally:
-            limiter.release()
-
+    window = _Window(bus, in_flight, mark, keep=keep, on_sent=on_sent)
+    admitted = _Admitted(gate)
+    laid_out = row_tasks(
+        rows,
+        batch=batch,
+        agents=agents,
+        agent=agent,
+        repeats=repeats,
+        task_fields=task_fields,
+        grouped=grouped,
+        routes=routes,
+    )
     async with anyio.create_task_group() as tg:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
-        stopped = False
-        for task in row_tasks(
-            rows,
-            batch=batch,
-            agents=agents,
-            agent=agent,
-            repeats=repeats,
-            task_fields=task_fields,
-            grouped=grouped,
-            routes=routes,
-        ):
-            if admit is not None and not stopped:
-                stopped = not await admit(task, mark.skips())
-            if stopped:
-                if held is not None:
-                    held(task)
-                continue
-            await limiter.acquire()
-            if failed:
-                limiter.release()
+        for task in laid_out:
+            if await admitted(task, mark.skips()) and not await window.send(tasks, task):
                 break
-            ordinal = mark.take()
-            if ordinal is None:  # stored by an earlier run of this publish
-                limiter.release()
-                sent += 1
-                if on_sent is not None:
-                    on_sent()
-                continue
-            tasks.spawn(send, task, ordinal)
-            sent += 1
-        for _ in range(in_flight):  # every publish has its ack (or failed)
-            await limiter.acquire()
+        await window.drain()
         tg.cancel_scope.cancel()
-    if failed:
-        if isinstance(failed[0], StorageFull):  # say what is in: nothing half-published silently
-            raise StorageFull(
-                f"{failed[0]}; {mark.start + stored} tasks of batch {batch} were stored before it (publishing the same "
-                "batch id again adds only the rest)"
-            ) from None
-        raise failed[0]
-    return sent
+    window.raise_failure(batch)
+    return window.sent
