@@ -284,6 +284,8 @@ OLD_PATHS = {
     **{f"gym_runtime.sandbox:Sandbox{c}": f"gym_runtime.jail:Jail{c}" for c in ("Runner", "Session", "Error")},
     **{f"gym_runtime.sandbox:Sandbox{c}": f"gym_runtime.jail:Jail{c}" for c in ("Exited", "Timeout", "BodyTooLarge")},
     "gym_runtime.sandbox:SandboxCgroup": "gym_runtime.jail.cgroups:JailCgroup",
+    "gym_runtime.trainers.tiny_policy": "gym_runtime.rigs.tiny_policy",
+    "gym_runtime.trainers.trl_cpu": "gym_runtime.rigs.trl_cpu",
 }
 
 
