@@ -15,7 +15,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import CodeType, ModuleType
 from typing import Any
 
@@ -34,7 +34,7 @@ def warn(old: str, new: str, *, stacklevel: int = 2) -> None:
     )
 
 
-def moved_names(module: str, names: dict[str, tuple[object, str]]) -> Callable[[str], Any]:
+def moved_names(module: str, names: Mapping[str, tuple[object, str]]) -> Callable[[str], Any]:
     """A module's ``__getattr__`` (PEP 562) serving its old names: ``names`` maps each to (the object, its new
     path); the first use of each warns, and the name is then bound in the module (no warning again)."""
 
