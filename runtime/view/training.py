@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.data.rowkeys import TrainFields
 from gym_runtime.view import index as index_mod
 from gym_runtime.view.numbers import mean, spread
 from gym_runtime.view.runs import Part, Ref, Run, passed
@@ -45,11 +46,10 @@ class _Cost(msgspec.Struct):
     models: dict[str, _ModelOut] = {}
 
 
-class _Train(msgspec.Struct):
-    """What a page of this module reads of a row (an integer of any size included: msgspec keeps it whole)."""
+class _Train(TrainFields, kw_only=True):
+    """What a page of this module reads of a row: the training keys (``rowkeys.TrainFields``), their numbers of
+    any size as written (10**400 is no float: msgspec keeps an integer whole), and these."""
 
-    train_step: int | None = None
-    train_group: int | str | None = None
     train_reward: int | float | None = None
     train_advantage: int | float | None = None
     failure_attribution: str | None = None
