@@ -12,6 +12,7 @@ import math
 import tempfile
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,10 +312,13 @@ class Summary:
     histograms: list[Histogram] = field(default_factory=list)
     slowest: list[tuple[Ref, int]] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    pass_over: str = "task"  # what pass@k pools: an agent's "task", or a training run's "group"
 
 
-def summarize(run: Run, slowest: int = 10) -> Summary:
-    s = Summary(run)
+def summarize(run: Run, slowest: int = 10, groups_of: Mapping[Ref, int] | None = None) -> Summary:
+    """``groups_of``: a training run's groups (``training.Training.of``): pass@k pools each group's rollouts (one
+    dataset row at one step), not every row sharing a task index, which each trainer call numbers from 0."""
+    s = Summary(run, pass_over="task" if groups_of is None else "group")
     rewards: dict[tuple[str, str], list[float]] = defaultdict(list)
     groups: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     classes: Counter[str] = Counter()
@@ -338,7 +342,7 @@ def summarize(run: Run, slowest: int = 10) -> Summary:
                     total += r
                     counted += 1
                     rewards[(agent, run.env_label(ix, i))].append(r)
-            g = groups[(agent, ix.task[i])]
+            g = groups[(agent, ix.task[i]) if groups_of is None else ("", groups_of[Ref(run.id, p, i)])]
             g[0] += 1
             g[1] += passed(r) and fc < 0
             s.tokens += ix.tokens[i]

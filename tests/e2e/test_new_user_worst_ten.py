@@ -17,6 +17,12 @@ EXAMPLE = REPO / "resources/weather/data/example.jsonl"
 RUN = REPO / "tests" / "data" / "train_run"
 
 
+def train_rows(tmp_path: Path) -> str:
+    """The training run's rows, copied (``view`` keeps its index beside the file it reads)."""
+    (tmp_path / "train_rows.jsonl").write_bytes((RUN / "train_rows.jsonl").read_bytes())
+    return str(tmp_path / "train_rows.jsonl")
+
+
 def one_line(res: subprocess.CompletedProcess[str], *fragments: str) -> str:
     """The user's mistake said in one line (JSON log lines aside), exit 2, no traceback; that line."""
     assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
@@ -81,3 +87,70 @@ def test_a_negative_checkpoint_ttl_is_refused_at_config_time(tmp_path: Path) -> 
     zero = cli("run", "weather", "-o", str(out), "--set", "jetstream.checkpoint_ttl_s=0", "--quiet")
     assert zero.returncode == 0, zero.stderr  # 0: kept until deleted, as the bucket's TTL of 0 says
     assert len([json.loads(x) for x in out.read_text().splitlines()]) == 5
+
+
+# ------------------------------------------------------------------ 3. a training run's headline, per group
+
+
+def test_a_training_runs_headline_pass_at_k_is_over_its_groups_not_rows_sharing_a_task_index(tmp_path: Path) -> None:
+    """The run's 48 rows: 6 steps of two groups of 4, each step's tasks numbered 0 and 1 by its trainer call. Pooled
+    by task index, pass@24 was 100% (a pass somewhere in 24 rows of different prompts and steps); over its 12
+    groups, pass@4 is the share of groups with a pass among their 4."""
+    res = cli("view", train_rows(tmp_path), "--export", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "b" / "index.html").read_text()
+    assert 'pass@1 10.4%, pass@4 41.7% <span class="note">over groups</span>' in page, page
+    assert "pass@24" not in page
+    assert "each one dataset row at one step" in page
+
+
+# ------------------------------------------------------------------ 5, 6. a bundle: where it goes, what it holds
+
+
+def test_an_export_into_a_folder_of_the_users_files_is_refused_and_a_bundle_replaces_its_own(tmp_path: Path) -> None:
+    rows = train_rows(tmp_path)
+    mine = tmp_path / "site"
+    mine.mkdir()
+    (mine / "index.html").write_text("my page\n")
+    refused = cli("view", rows, "--export", str(mine))
+    one_line(refused, f"--export {mine}: a folder holding other files (index.html)", "--force")
+    assert (mine / "index.html").read_text() == "my page\n" and sorted(p.name for p in mine.iterdir()) == ["index.html"]
+    forced = cli("view", rows, "--export", str(mine), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "Runs" in (mine / "index.html").read_text()
+    # a bundle written again (another filter) replaces its own files: none of the first one's pages is left behind
+    bundle = tmp_path / "bundle"
+    first = cli("view", rows, "--export", str(bundle), "--filter", "failure=any")
+    assert first.returncode == 0, first.stderr
+    assert (bundle / "rollout-0-0-18.html").is_file()
+    again = cli("view", rows, "--export", str(bundle), "--filter", "failure=none&run=0")
+    assert again.returncode == 0, again.stderr
+    assert not (bundle / "rollout-0-0-18.html").exists() and (bundle / "rollout-0-0-0.html").is_file()
+    (bundle / "notes.txt").write_text("the user's\n")  # a bundle folder the user added to is written again
+    assert cli("view", rows, "--export", str(bundle)).returncode == 0
+    assert (bundle / "notes.txt").read_text() == "the user's\n"
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("failure=anyy", "no failure 'anyy' in these rows; did you mean 'any'? give one of any, none, verify_error"),
+        ("run=5", "no run 5; the runs given are 0"),
+        ("agent=nosuch", "no agent 'nosuch' in these rows"),
+        ("failur=any", "no filter 'failur'; did you mean 'failure'?"),
+        ("sort=rewrd", "no sort 'rewrd'; give one of order, reward"),
+    ],
+)
+def test_a_bundle_filter_that_matches_nothing_that_exists_is_one_line(given: str, fix: str, tmp_path: Path) -> None:
+    res = cli("view", train_rows(tmp_path), "--export", str(tmp_path / "b"), "--filter", given)
+    one_line(res, f"--filter {given!r}: {fix}")
+    assert not (tmp_path / "b").exists()  # no empty bundle
+
+
+def test_a_filtered_bundles_table_is_linked_from_its_pages(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    res = cli("view", train_rows(tmp_path), "--export", str(out), "--filter", "failure=any")
+    assert res.returncode == 0, res.stderr
+    for page in ("index.html", "rollout-0-0-18.html", "group-0-4.html", "steps-0.html"):
+        assert '<a href="rollouts.html" id="nav-rollouts">' in (out / page).read_text(), page
+    assert "rollout-0-0-18.html" in (out / "rollouts.html").read_text()
