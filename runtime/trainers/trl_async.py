@@ -40,6 +40,7 @@ from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
+from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.step_fill import StepFill
@@ -62,6 +63,7 @@ class GymRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over a ``SyncClient``: ``rollout_buffer`` and ``metrics_queue`` are
     ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``)."""
 
+    @checked
     def __init__(
         self,
         client: SyncClient,
@@ -77,8 +79,15 @@ class GymRolloutWorker:
         rows_path: str | None = None,
         token_budget: int | None = None,
     ) -> None:
-        if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
-            raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
+        for name, value, least in (
+            ("num_generations", num_generations, 1),
+            ("groups_in_flight", groups_in_flight, 1),
+            ("max_staleness", max_staleness, 0),
+            ("batch_size", batch_size, 1),
+            ("token_budget", 1 if token_budget is None else token_budget, 1),
+        ):
+            count(name, value, least)
+        failures = failure_policy(failures)
         check_agent(list(client.client.config.agents), agent)
         self.client = client
         self.index = RowIndex(rows)
@@ -92,7 +101,7 @@ class GymRolloutWorker:
         self.metrics_queue: queue.Queue[Any] = queue.Queue()
         self.model_version = 0
         self.counts = AsyncCounts()
-        self.failures = failures or FailurePolicy()
+        self.failures = failures
         self.totals = Tally()  # the failure policy's counts, all groups
         self._step = Tally()  # since the last full step's worth (``batch_size`` rollouts): the bound's window
         # ``token_budget``: the trainer's (AsyncGRPOConfig), to say when TRL would drop a sample as too long
