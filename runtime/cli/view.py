@@ -84,6 +84,7 @@ def main(args: argparse.Namespace) -> int:
     access = Access.resolve(args.host, token=not args.no_token)
     decode = tokenizer(args)
     runs = open_runs(args.files)
+    fits(args, decode, runs)
 
     def ready(port: int) -> None:
         print(f"gym-runtime view: {access.url(port)}", flush=True)
@@ -99,6 +100,16 @@ def tokenizer(args: argparse.Namespace) -> Any:
     from gym_runtime.view.tokens import load_tokenizer
 
     return load_tokenizer(args.tokenizer) if args.tokenizer else None
+
+
+def fits(args: argparse.Namespace, decode: Any, runs: Any) -> None:
+    """``--tokenizer`` checked against the rows (``view.runs.tokenizer_misfit``): one of another model is one line."""
+    from gym_runtime.view.runs import tokenizer_misfit
+
+    if decode is not None:
+        wrong = tokenizer_misfit(decode, runs)
+        if wrong:
+            raise UserError(f"--tokenizer {args.tokenizer}: {wrong}")
 
 
 def export(args: argparse.Namespace) -> int:
@@ -117,6 +128,7 @@ def export(args: argparse.Namespace) -> int:
     q = query(args.filter)
     decode = tokenizer(args)
     runs = open_runs(args.files)
+    fits(args, decode, runs)
     check_filter(args.filter, q, runs)
     out.mkdir(parents=True, exist_ok=True)
     written = asyncio.run(Bundle(View(runs, decode=decode), out, q, replaces).write())

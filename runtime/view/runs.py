@@ -466,3 +466,40 @@ def choices(runs: Runs) -> dict[str, list[str]]:
                 if label:
                     out["env"].add(label)
     return {k: sorted(v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------ ``--tokenizer`` against the rows
+
+
+def tokenizer_misfit(tok: Any, runs: Runs) -> str | None:
+    """Why ``tok`` (``tokens.Loaded``) is not the tokenizer of ``runs``' rows, or None: the first generations that
+    wrote text (``tokens.TURNS_CHECKED``), decoded and compared with the text the rows hold."""
+    from gym_runtime.view import tokens
+
+    turns: list[tuple[str, str, list[Any]]] = []
+    models: list[str] = []
+    for run in runs.runs:
+        config = run.batch.get("config") if isinstance(run.batch, dict) else None
+        entries = config.get("models") if isinstance(config, dict) else None
+        for name, e in (entries or {}).items() if isinstance(entries, dict) else ():
+            if isinstance(e, dict) and isinstance(e.get("model"), str):
+                models.append(f"{name}: {e['model']}")
+        for p, part in enumerate(run.parts):
+            for i in range(len(part.ix)):
+                if len(turns) >= tokens.TURNS_CHECKED:
+                    break
+                try:
+                    row = json.loads(runs.raw(Ref(run.id, p, i)))
+                except (ValueError, OSError, RecursionError):
+                    continue
+                if isinstance(row, dict):
+                    turns += [(f"{part.shown}, row {i + 1}", text, ids) for text, ids in tokens.turns_said(row)]
+    wrong = tokens.misfit(tok, turns[: tokens.TURNS_CHECKED])
+    if wrong is None:
+        return None
+    where, text, decoded = wrong
+    model = f" (the run's model entry {', '.join(models)})" if models else ""
+    return (
+        f"decodes these rows' tokens into other words ({where}: the row says {text[:60]!r}, this tokenizer reads "
+        f"{decoded[:60]!r}): give the tokenizer of the model that wrote them{model}, or leave --tokenizer out"
+    )

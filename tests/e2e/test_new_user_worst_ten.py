@@ -154,3 +154,37 @@ def test_a_filtered_bundles_table_is_linked_from_its_pages(tmp_path: Path) -> No
     for page in ("index.html", "rollout-0-0-18.html", "group-0-4.html", "steps-0.html"):
         assert '<a href="rollouts.html" id="nav-rollouts">' in (out / page).read_text(), page
     assert "rollout-0-0-18.html" in (out / "rollouts.html").read_text()
+
+
+# ------------------------------------------------------------------ 7. a tokenizer of another model
+
+
+def other_model_tokenizer(tmp_path: Path) -> Path:
+    """The run's tokenizer with its words' ids rotated by three: a tokenizer of another vocabulary, as loadable."""
+    doc = json.loads((RUN / "tokenizer" / "tokenizer.json").read_text())
+    vocab = doc["model"]["vocab"]
+    words = sorted((w for w in vocab if vocab[w] >= 9), key=vocab.__getitem__)  # the words (0-8: specials, roles)
+    ids = [vocab[w] for w in words]
+    vocab.update(zip(words, ids[3:] + ids[:3], strict=True))
+    out = tmp_path / "other" / "tokenizer.json"
+    out.parent.mkdir()
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_a_tokenizer_of_another_model_is_one_line_and_the_runs_own_is_taken(tmp_path: Path) -> None:
+    rows = train_rows(tmp_path)
+    other = other_model_tokenizer(tmp_path)
+    res = cli("view", rows, "--tokenizer", str(other), "--export", str(tmp_path / "b"))
+    one_line(
+        res,
+        f"--tokenizer {other}: decodes these rows' tokens into other words",
+        "the row says 'stone ', this tokenizer reads 'ok ",
+        "give the tokenizer of the model that wrote them",
+    )
+    assert not (tmp_path / "b").exists()
+    served = cli("view", rows, "--tokenizer", str(other), "--port", "0")  # served: refused before it listens
+    one_line(served, "decodes these rows' tokens into other words")
+    good = cli("view", rows, "--tokenizer", str(RUN / "tokenizer"), "--export", str(tmp_path / "b"))
+    assert good.returncode == 0, good.stderr
+    assert "stone" in (tmp_path / "b" / "tokens-0-0-1.html").read_text()
