@@ -25,6 +25,7 @@ half-stepped weights), registered as the ``live`` model; ``pause`` is the client
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,7 @@ from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.sync_client import SyncClient
+from gym_runtime.trainers import trl_cpu
 from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
@@ -57,6 +59,19 @@ class AsyncCounts:
     failed_groups: int = 0  # left with no sample: every member excluded (or scored but without tokens)
     stale_groups: int = 0  # finished too old to use: dropped
     cancelled_groups: int = 0  # cancelled in flight (too stale to use)
+
+
+def _starting_trainer(worker: Any) -> Any:
+    """The trainer that is starting ``worker`` (TRL's protocol hands the worker no trainer: its train-begin callback,
+    which holds the trainer as ``_trainer``, calls ``start``), or None (started some other way)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        for candidate in (owner, getattr(owner, "_trainer", None)):
+            if candidate is not None and getattr(candidate, "rollout_worker", None) is worker:
+                return candidate
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 class GymRolloutWorker:
@@ -89,6 +104,8 @@ class GymRolloutWorker:
             count(name, value, least)
         failures = failure_policy(failures)
         check_agent(list(client.client.config.agents), agent)
+        if trl_cpu.where_needed():  # the recipe's one slip on a machine without CUDA, taken out of its hands
+            log.info("trainer.cpu_attention", why="torch has no CUDA: TRL's tree attention in plain torch")
         self.client = client
         self.index = RowIndex(rows)
         self.sample = sample
@@ -119,8 +136,21 @@ class GymRolloutWorker:
     # ------------------------------------------------------------------------------------------ the protocol
 
     def start(self) -> None:
+        self._check_trainer(_starting_trainer(self))
         self.last_sample_at = time.monotonic()
         self._future = self.client.spawn(self._produce)
+
+    def _check_trainer(self, trainer: Any) -> None:
+        """The trainer's group size and staleness bound against the worker's: TRL counts a group of its own
+        ``num_generations`` where the worker hands over groups of its own, so a mismatch trains on, unsaid."""
+        args = getattr(trainer, "args", None)
+        for name in ("num_generations", "max_staleness"):
+            theirs, ours = getattr(args, name, None), getattr(self, name)
+            if isinstance(theirs, int) and theirs != ours:
+                raise ClientError(
+                    f"AsyncGRPOConfig({name}={theirs}) and GymRolloutWorker({name}={ours}) differ: give both the same "
+                    f"{name}"
+                )
 
     def stop(self) -> None:
         self._stop.set()
