@@ -65,11 +65,16 @@ def _starting_trainer(worker: Any) -> Any:
     """The trainer that is starting ``worker`` (TRL's protocol hands the worker no trainer: its train-begin callback,
     which holds the trainer as ``_trainer``, calls ``start``), or None (started some other way)."""
     frame = sys._getframe(1)
-    while frame is not None:
+    for _ in range(12):  # (TRL's callback is two frames up; a worker started by hand finds none)
+        if frame is None:
+            break
         owner = frame.f_locals.get("self")
-        for candidate in (owner, getattr(owner, "_trainer", None)):
-            if candidate is not None and getattr(candidate, "rollout_worker", None) is worker:
-                return candidate
+        try:
+            for candidate in (owner, getattr(owner, "_trainer", None)):
+                if candidate is not None and getattr(candidate, "rollout_worker", None) is worker:
+                    return candidate
+        except Exception:  # an object whose attributes cannot be read: not the trainer
+            pass
         frame = frame.f_back  # type: ignore[assignment]
     return None
 
