@@ -127,7 +127,7 @@ def export(args: argparse.Namespace) -> int:
     replaces = prepare(out, args.force)
     q = query(args.filter)
     decode = tokenizer(args)
-    runs = open_runs(args.files)
+    runs = open_runs(args.files, shared=True)  # a bundle names files by their base names
     fits(args, decode, runs)
     check_filter(args.filter, q, runs)
     out.mkdir(parents=True, exist_ok=True)
