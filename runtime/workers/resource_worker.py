@@ -1,7 +1,8 @@
 """Hosts a Resource class on the bus: sessions are actors pinned to this worker.
 
 ``{ns}.res.{name}.seed.{role}.{pool}`` (queue group) creates a session here for that caller and answers with
-this worker's address; ``{address}.tool|verify|close`` reach the session;
+this worker's address; ``{address}.tool|verify|close.{role}.{pool}`` reach the session, answered only for the
+caller that seeded it;
 ``{ns}.res.{name}.verify`` (queue group) verifies without a session (re-verify).
 If this worker dies, calls to its address get "no responders" at once, so a
 rollout fails fast and is redelivered instead of hanging. Idle sessions are
@@ -271,7 +272,9 @@ class ResourceWorker:
                     queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
                 ),
-                await self.bus.serve(tg, Subjects.session_op(self.address, "*"), self._session_op, concurrency=conc),
+                await self.bus.serve(
+                    tg, Subjects.session_call(self.address, "*", "*.*"), self._session_op, concurrency=conc
+                ),
                 await self.bus.serve(
                     tg,
                     self.bus.subjects.stateless_verify(self.name),
@@ -381,16 +384,15 @@ class ResourceWorker:
             _counted(counting)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
-        for old in self.sessions.open(
-            sid, inst, self.bus.subjects.seed_caller(msg.subject)
-        ):  # the caller's least recently used, past its limit
+        caller = self.bus.subjects.seed_caller(msg.subject)  # the only one its operations are answered for
+        for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
             await _close(old)
         result = None
         if req.then is not None:
             try:
-                result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg)
+                result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg, caller)
             except Exception:
                 opened = self.sessions.pop(sid)  # the caller never learns this session
                 if opened is not None:
@@ -404,7 +406,18 @@ class ResourceWorker:
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         return inst
 
-    async def _session_op(self, req: Any, msg: Delivery) -> Any:
+    async def _session_op(self, req: Any, msg: Delivery, caller: str | None = None) -> Any:
+        """Every operation on a session is dispatched here (a seed's first one too: ``caller``, its seed's; else
+        the caller its subject names, ``Subjects.session_call``), and answered only for the caller that seeded
+        the session. On a secured bus the server lets each pool name only itself; on another bus the caller is
+        what the message says (a check in depth: a client that names another caller passes it). Refused as a
+        session not held here is: no answer tells a session that exists from one that does not."""
+        if caller is None:
+            caller = self.bus.subjects.session_caller(msg.subject)
+        sid = getattr(req, "session", None)
+        if sid and self.sessions.caller(sid) not in (None, caller):
+            self.bus.count_junk(self.address, "session operations by a caller that did not seed it (refused)")
+            raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
             return await self._session_op_inner(req, msg)
         started = time.perf_counter()
