@@ -76,7 +76,7 @@ def on_ray(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:  # each actor's worker on P, P+1, ... (on its own node), at this address
         passthrough += ["--metrics-host", args.metrics_host]
     where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
-    # --auth-dir or $GYM_AUTH_DIR: the workers get its path (the same on every node), the scaler its publisher.creds
+    # --auth-dir or $GYM_AUTH_DIR, on this node: each actor is handed its entry's credential, the scaler publisher's
     auth = cli.client_auth(args)
     placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, auth=auth, **where)
 

@@ -61,6 +61,7 @@ def _templates() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%" if math.isfinite(v) else number(v)
     env.filters["money"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e12 else number(v)
     env.filters["signed"] = _signed
+    env.filters["advantage"] = _advantage
     env.globals["as_text"] = as_text
     env.globals["task_name"] = task_name
     env.globals["query"] = lambda base, **kw: (
@@ -87,6 +88,13 @@ def number(v: Any) -> str:
     if math.isinf(v) or abs(v) >= 1e6 or 0 < abs(v) < 1e-4:
         return f"{v:.6g}"
     return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def _advantage(v: Any) -> str:
+    """An advantage, its sign shown; one beyond the usual range as ``number`` writes it."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and (v == 0 or 1e-4 <= abs(v) < 1e6):
+        return f"{v:+.3f}"
+    return number(v)
 
 
 def _signed(v: float, pct: bool = False) -> str:
