@@ -22,6 +22,7 @@ Anything else that escapes a command is a bug: the CLI says so, prints the trace
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from gym_runtime.messages import ErrorClass, ErrorInfo
@@ -38,6 +39,8 @@ __all__ = [
     "RolloutFailed",
     "StorageFull",
     "UserError",
+    "did_you_mean",
+    "nearest",
 ]
 
 
@@ -77,6 +80,21 @@ class StorageFull(Failure, UserError):
 
     def __str__(self) -> str:
         return self.info.message
+
+
+def nearest(word: str, names: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The name of ``names`` nearest ``word`` (difflib's ratio at least ``cutoff``), if any: the one rule a
+    message suggests a spelling by."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(names), n=1, cutoff=cutoff)
+    return near[0] if near else None
+
+
+def did_you_mean(word: str, names: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """``"; did you mean NAME?"`` for ``nearest(word, names)``, else ``""``."""
+    near = nearest(word, names, cutoff=cutoff)
+    return f"; did you mean {near}?" if near else ""
 
 
 class ConfigError(UserError):

@@ -410,7 +410,8 @@ def budget_exit(stats: Any, out: str, budget: Any, batch: str, *, kept: bool = T
 
 
 def port_number(text: str) -> int:
-    value = _whole(text, "a port number")
+    """argparse type: a TCP port, 0 to 65535 (0: any free one, where the command takes it)."""
+    value = _whole(text, "a port number, 0 to 65535 (e.g. 8765)")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
     return value
