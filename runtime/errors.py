@@ -41,6 +41,7 @@ __all__ = [
     "UserError",
     "did_you_mean",
     "nearest",
+    "port_in_use",
 ]
 
 
@@ -95,6 +96,23 @@ def did_you_mean(word: str, names: Iterable[str], *, cutoff: float = 0.6) -> str
     """``"; did you mean NAME?"`` for ``nearest(word, names)``, else ``""``."""
     near = nearest(word, names, cutoff=cutoff)
     return f"; did you mean {near}?" if near else ""
+
+
+def port_in_use(host: str, port: int, flag: str = "", *, zero: bool = False) -> str:
+    """The words for ``host:port`` held by another process, with a port that is free now to give instead
+    (``flag``: the option that takes it; ``zero``: it also takes 0, any free one): the one rule every listener
+    (``server``, ``gateway``, ``view``, ``--metrics-port``) says a taken port by."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+        except OSError:  # not an address of this machine: a free port of loopback still says what to do
+            s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    give = f"{flag} {free}" if flag else str(free)
+    also = f", or {flag} 0 for any free one" if zero and flag else ""
+    return f"{host}:{port} is already in use (another server running?): give a free port, e.g. {give}{also}"
 
 
 class ConfigError(UserError):

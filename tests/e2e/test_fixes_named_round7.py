@@ -8,6 +8,7 @@ for the slowest, not the sum.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -247,3 +248,26 @@ def test_purge_and_view_of_a_batch_not_in_the_namespace_say_where_it_is(
         ],
         folder,
     )
+
+
+def test_a_listener_on_a_taken_port_names_a_free_one(folder: Callable[[str], Path]) -> None:
+    """A second `server`, `gateway`, `view` or `--metrics-port` on a port another process holds."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = str(s.getsockname()[1])
+        free = "give a free port, e.g. "
+        run_cases(
+            [
+                ("server", ["server", "--port", port, "--store-dir", "{t}/js"], [free + "--port "], {}),
+                ("gateway", ["gateway", "weather", "--port", port], [free + "--port ", "or --port 0"], {}),
+                ("view", ["view", "{t}/runs/a.jsonl", "--port", port], [free + "--port ", "or --port 0"], {}),
+                (
+                    "metrics",
+                    ["run", "weather", "-o", "{t}/o.jsonl", "--metrics-port", port],
+                    [free + "--metrics-port "],
+                    {},
+                ),
+            ],
+            folder,
+        )
