@@ -146,7 +146,12 @@ async def test_bad_requests_get_clear_http_errors(gateway) -> None:
         async with http.post(f"{head}/run", json={"input": "hi"}) as r:
             assert r.status == 422 and "responses_create_params" in (await r.json())["detail"]
         async with http.post(f"{head}/run", data=b"{not json", headers={"Content-Type": "application/json"}) as r:
-            assert r.status == 422
+            # issue 75: the shape it expected, not only that it is not JSON
+            detail = (await r.json())["detail"]
+            assert r.status == 422 and "not JSON" in detail, detail
+            assert 'expected a JSON object: {"responses_create_params": {"input": [{"role": "user"' in detail, detail
+        async with http.post(f"{head}/run", json=["a", "list"]) as r:
+            assert r.status == 422 and '{"responses_create_params": {"input"' in (await r.json())["detail"]
         async with http.post(f"{head}/aggregate_metrics", json=[1]) as r:
             assert r.status == 422
 
