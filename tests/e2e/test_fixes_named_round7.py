@@ -271,3 +271,15 @@ def test_a_listener_on_a_taken_port_names_a_free_one(folder: Callable[[str], Pat
             ],
             folder,
         )
+
+
+def test_reverify_of_rows_another_environment_made_names_that_one(tmp_path: Path) -> None:
+    made = cli("run", "math", "-o", str(tmp_path / "math.jsonl"), "--quiet")
+    assert made.returncode in (0, 1), made.stderr  # (the scripted policy's answers may fail math's checks)
+    res = cli("reverify", "weather", "-i", str(tmp_path / "math.jsonl"), "-o", str(tmp_path / "r.jsonl"))
+    one_line_naming(
+        res,
+        ["these rows' provenance.env", "names the bundled environment 'math'", "gym-runtime reverify math -i"],
+        "reverify-other-env",
+    )
+    assert not (tmp_path / "r.jsonl").exists()  # refused before any row was re-graded
