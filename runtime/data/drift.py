@@ -37,13 +37,13 @@ class Drift:
                 key = (what, was, now or "none")
                 self.changed[key] = self.changed.get(key, 0) + 1
 
-    def lines(self, where: str) -> list[str]:
-        """One warning line per difference, naming what changed (``where``: the environment's entry)."""
+    def lines(self, where: str, fix: str = "") -> list[str]:
+        """One warning line per difference, naming what changed (``where``: the environment's entry; ``fix``: what
+        the command's user may do about other environment code, said after it)."""
         return [
             f"warning: drift: the {what} of {where} differs from the one these rows were made with "
-            f"({was} -> {now}, {n} row{'s' if n != 1 else ''}): rewards may differ for that reason; if another "
-            f"environment made these rows (their provenance.{'env' if what == 'environment code' else 'grader'}), "
-            "reverify them with that environment's config"
+            f"({was} -> {now}, {n} row{'s' if n != 1 else ''}): rewards may differ for that reason"
+            + (fix if what == "environment code" else "")
             for (what, was, now), n in sorted(self.changed.items())
         ]
 
