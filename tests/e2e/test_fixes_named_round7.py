@@ -20,6 +20,7 @@ import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
 from tests.helpers import REPO, WEATHER, cli
+from tests.stub_openai import StubOpenAI
 
 ROWS = REPO / "resources/weather/data/example.jsonl"
 DEAD = f"nats://127.0.0.1:{free_port()}"  # a port nothing listens on
@@ -283,3 +284,25 @@ def test_reverify_of_rows_another_environment_made_names_that_one(tmp_path: Path
         "reverify-other-env",
     )
     assert not (tmp_path / "r.jsonl").exists()  # refused before any row was re-graded
+
+
+def test_a_model_url_that_answers_404_is_refused_at_start_naming_the_api_path(tmp_path: Path) -> None:
+    """vLLM's API is under /v1: a base_url without it (or with the route pasted in) answers 404 to every call. The
+    start-up check finds the API at /v1 and says so, before anything is published (the vLLM double serves it)."""
+    with StubOpenAI() as stub:
+        origin = stub.base_url.removesuffix("/v1")
+        for case, url in (("no-v1", origin), ("route-pasted", f"{stub.base_url}/chat/completions")):
+            res = cli(
+                "run",
+                "weather",
+                "-o",
+                str(tmp_path / f"{case}.jsonl"),
+                "--set",
+                "models.policy.adapter=openai",
+                "--set",
+                f"models.policy.base_url={url}",
+                "--set",
+                "models.policy.model=tiny",
+            )
+            one_line_naming(res, [f"{url} answers 404", f"set base_url: {stub.base_url}"], case)
+            assert not (tmp_path / f"{case}.jsonl").exists()
