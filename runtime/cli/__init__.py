@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         EXIT_USAGE,
         check_output,
         err,
+        interrupted_line,
         log_level_of,
         quiet_stdout,
         refuse_argv_secrets,
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # classified below; SystemExit is re-raised
         causes = leaves(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in causes):
-            err("interrupted")
+            err(interrupted_line())
             return EXIT_INTERRUPTED
         if any(isinstance(e, SystemExit) for e in causes):
             raise

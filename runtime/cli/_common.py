@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,24 @@ if TYPE_CHECKING:
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+_kept: list[Callable[[], str]] = []  # what the running command has kept so far (``when_interrupted``)
+
+
+def when_interrupted(kept: Callable[[], str]) -> None:
+    """Say ``kept()`` after "interrupted" if Ctrl-C stops the command from now on: what it has kept so far (its
+    rows, where) and how to go on. A command sets it once its work starts."""
+    _kept[:] = [kept]
+
+
+def interrupted_line() -> str:
+    """The one line a command stopped by Ctrl-C ends with (exit 130)."""
+    try:
+        said = _kept[0]() if _kept else ""
+    except Exception:  # noqa: BLE001 - the line about an interrupt must not fail on the state it reads
+        said = ""
+    return f"interrupted: {said}" if said else "interrupted"
 
 
 def plural(n: int, noun: str) -> str:

@@ -54,6 +54,12 @@ def main(args: argparse.Namespace) -> int:
             hosted_processes(args, cfg, url, cli.client_auth(args), hosted) if hosted else contextlib.nullcontext(),
             progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker,
         ):
+            cli.when_interrupted(
+                lambda: (
+                    f"{args.output} holds the rows re-verified so far, in input order ({tracker.done} of {rows} "
+                    "done; it is not complete): run reverify again for the whole file"
+                )
+            )
             auth = cli.client_auth(args)
             report = run_async(
                 lambda: reverify_batch(

@@ -239,6 +239,9 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=log,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                # a terminal's Ctrl-C goes to its foreground process group: the server is not of it, so it outlives
+                # the workers that still use it and is stopped by its owner after them (``stop``), or with it
+                start_new_session=True,
             )
         finally:
             log.close()

@@ -8,9 +8,12 @@ for the slowest, not the sum.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +22,7 @@ import pytest
 import yaml
 
 from gym_runtime.ops.nats_server import EmbeddedServer, free_port
-from tests.helpers import REPO, WEATHER, cli
+from tests.helpers import REPO, WEATHER, as_from_a_terminal, cli, read_until
 from tests.stub_openai import StubOpenAI
 
 ROWS = REPO / "resources/weather/data/example.jsonl"
@@ -306,3 +309,55 @@ def test_a_model_url_that_answers_404_is_refused_at_start_naming_the_api_path(tm
             )
             one_line_naming(res, [f"{url} answers 404", f"set base_url: {stub.base_url}"], case)
             assert not (tmp_path / f"{case}.jsonl").exists()
+
+
+def test_ctrl_c_on_a_per_role_run_is_one_line_saying_what_was_kept(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches its whole foreground process group: the run, its role processes and (before)
+    the embedded nats-server, which died first, so that the children logged its loss as JSON ``nats.error`` lines
+    before the run's own line. The server is its owner's to stop now; the one line says what was kept, where."""
+    out, store = tmp_path / "o.jsonl", tmp_path / "store"
+    argv = ["run", "weather", "-o", str(out), "--processes", "per-role", "--repeats", "50", "--store-dir", str(store)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *argv, "--set", "models.policy.delay_s=1"],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=as_from_a_terminal,
+        start_new_session=True,  # its own group, as a terminal's job is
+    )
+    spool = Path(f"{out}.partial")
+    deadline = time.monotonic() + 120
+    while not (spool.exists() and spool.stat().st_size > 0):  # rollouts are arriving
+        assert proc.poll() is None and time.monotonic() < deadline, "no rollout arrived"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    said = [line for line in err.splitlines() if line.strip() and not line.startswith("run: ")]  # progress aside
+    assert len(said) == 1, err  # no nats.error line before it
+    assert said[0].startswith("gym-runtime: error: interrupted: "), said
+    assert f"kept in the store {store} as batch " in said[0] and "run the same command with --batch " in said[0]
+
+
+def test_ctrl_c_on_collect_says_the_file_was_not_written_and_the_results_stay(elsewhere: str, tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    argv = ["collect", "--batch", "b1", "--namespace", "exp", "--nats", elsewhere, "-o", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", *argv],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=as_from_a_terminal,
+    )
+    assert proc.stderr is not None
+    seen, said = read_until(proc.stderr, "no worker serves agent", 120)  # it is collecting (and waits: no worker)
+    assert seen, said
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gym-runtime: error: interrupted: 0 of 5 rows were read;"), last
+    assert f"{out} is written whole when every row is in, so it was not written" in last, last
+    assert "run the same collect again" in last and not out.exists()
