@@ -101,7 +101,10 @@ class TrainPages:
                 "href": self.view._href(m.ref),
                 "tokens": tokens_href(m.ref),
                 "m": m,
-                "advantage": None if math.isnan(m.advantage) else m.advantage,
+                # a failure row's reward is none, not a number; an excluded member is handed none and has no
+                # advantage (TRL's 0 is its placeholder): both shown as none
+                "reward": None if math.isnan(m.reward) else m.reward,
+                "advantage": None if math.isnan(m.advantage) or not m.scored else m.advantage,
                 "handed": None if math.isnan(m.handed) else m.handed,
             }
             for m in g.members
