@@ -156,6 +156,7 @@ def charts(t: Training) -> list[plots.Chart]:
             x,
             "reward",
             [("mean reward", [(s.step, s.mean or 0.0, s.std) for s in scored])],
+            floor=min([0.0, *(r for s in scored for r in s.rewards)]),  # rewards of 0 and up: no band below 0
         ),
         plots.lines(
             "plot-pass",
@@ -207,6 +208,7 @@ def charts(t: Training) -> list[plots.Chart]:
             x,
             "tokens",
             [("length", lengths)],
+            floor=0.0,
         )
     )
     return out
