@@ -90,15 +90,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def other_env(args: argparse.Namespace, resource: str, entry: Any) -> None:
-    """Rows another bundled environment made (their ``provenance.env`` is its code) are refused before any work:
-    re-graded here, every reward would be this environment's verdict on another one's task."""
+    """Rows another bundled environment made (their ``provenance.env`` is its code), re-graded by a bundled one,
+    are refused before any work: every reward would be this environment's verdict on another one's task."""
     from gym_runtime.data.atif import is_atif_file
     from gym_runtime.data.drift import made_by
+    from gym_runtime.plugins import bundled_environments
 
-    if entry.hosted or is_atif_file(Path(args.input)):
-        return
-    found = made_by(args.input)
     ours = entry.server.removeprefix("gym_runtime.").removeprefix("resources.")
+    if entry.hosted or ours not in bundled_environments() or is_atif_file(Path(args.input)):
+        return  # (a user's own environment may be a copy of a bundled one: its rows' drift is only warned of)
+    found = made_by(args.input)
     if found is None or found[0] == ours:
         return
     name, identity = found
