@@ -134,7 +134,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         line = one_error_line(view(str(path), "--port", str(port)))
-    assert f"--port {port}: already in use" in line
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in line and "give a free port, e.g. --port " in line
 
 
 class Served:

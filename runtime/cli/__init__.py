@@ -114,7 +114,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     if extras:
         from gym_runtime.cli._usage import unrecognized
 
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         command = sub.choices[args.command]
         command.error(unrecognized(command, args.command, extras))
     return args

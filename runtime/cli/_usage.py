@@ -15,10 +15,8 @@ from gym_runtime.errors import did_you_mean
 def unrecognized(command: argparse.ArgumentParser, name: str, extras: list[str]) -> str:
     """The line for ``extras`` (what ``parse_known_args`` left of the command ``name``'s argv): the first
     unknown option if there is one (a value after it is its value), else the first stray word."""
-    options = sorted(
-        {s for a in command._actions for s in a.option_strings if s.startswith("--")}  # noqa: SLF001 - argparse's own table
-    )
-    takes_config = any(a.dest == "config" for a in command._actions)  # noqa: SLF001
+    options = sorted({s for a in command._actions for s in a.option_strings if s.startswith("--")})
+    takes_config = any(a.dest == "config" for a in command._actions)
     on_bus = "--namespace" in options
     flag = next((e.partition("=")[0] for e in extras if e.startswith("--")), None)
     if flag is None:

@@ -195,7 +195,7 @@ def find_tasks(path: str | Path) -> list[Task]:
     if (root / "task.toml").is_file():
         return [load_task(root)]
     if not root.is_dir():
-        raise UserError(f"{root}: no such directory (a Harbor task or a directory of them: {TASK_LAYOUT})")
+        raise UserError(f"{root}: no such directory; {TASK_LAYOUT}")
     found = [d for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
     for d in found:
         _own(d)  # a task of the dataset that is a link out of it is refused as its files are

@@ -278,7 +278,8 @@ def test_parity_harbor_names_a_mistyped_path_before_the_engine(tmp_path: Path) -
         res = cli("parity", "--harbor", str(typo), env={"DOCKER_HOST": host}, timeout=60)
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip().splitlines() == [
-            f"gym-runtime: error: {typo}: no such directory (a Harbor task or a directory of them)"
+            f"gym-runtime: error: {typo}: no such directory; give a task folder (task.toml, instruction.md, "
+            "environment/Dockerfile, tests/test.sh; solution/solve.sh for parity) or a folder of them"
         ], host
 
 
