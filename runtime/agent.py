@@ -148,7 +148,8 @@ class Session:
 
     Nothing is sent when the session is opened: its first operation travels with
     the seed request to the resource's queue group, and the reply names the worker
-    that now owns the session; later operations go straight to that worker.
+    that now owns the session; later operations go straight to that worker, each
+    naming this bus's caller (the worker answers only the caller that seeded it).
     """
 
     __slots__ = (
@@ -215,7 +216,7 @@ class Session:
                     return reply.result
         seed = self._seed
         return await self._bus.request(
-            Subjects.session_op(seed.address, kind),
+            Subjects.session_call(seed.address, kind, self._bus.caller),
             msgspec.structs.replace(first, session=seed.session),
             timeout=timeout,
             op=op,
@@ -291,7 +292,8 @@ class Session:
         """Close the session a checkpoint names without taking it up (its rollout starts over): its worker
         need not keep it until its ``session_ttl_s``."""
         with contextlib.suppress(Exception):  # best-effort, as ``close``: the worker reaps idle sessions
-            await self._bus.publish(Subjects.session_op(handle.address, "close"), CloseSession(session=handle.session))
+            close = CloseSession(session=handle.session)
+            await self._bus.publish(Subjects.session_call(handle.address, "close", self._bus.caller), close)
 
     async def operate(self, op: str, arguments: str, *, timeout: float = TOOL_TIMEOUT_S) -> ToolReply:
         """One of the runtime's own session operations (``gym.reset``, ``gym.step``, ...), never a model's call."""
@@ -332,7 +334,7 @@ class Session:
             return  # never opened on any worker
         try:
             close = CloseSession(session=self._seed.session)
-            await self._bus.publish(Subjects.session_op(self._seed.address, "close"), close)
+            await self._bus.publish(Subjects.session_call(self._seed.address, "close", self._bus.caller), close)
         except Exception:  # closing is best-effort; the worker reaps idle sessions
             pass
 

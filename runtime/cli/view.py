@@ -109,7 +109,7 @@ def export(args: argparse.Namespace) -> int:
         raise UserError(f"--export {args.export}: not a folder")
     q = query(args.filter)
     decode = tokenizer(args)
-    runs = open_runs(args.files)
+    runs = open_runs(args.files, shared=True)  # a bundle names files by their base names
     out.mkdir(parents=True, exist_ok=True)
     written = asyncio.run(Bundle(View(runs, decode=decode), out, q).write())
     size = sum(written.values())

@@ -53,7 +53,7 @@ class Part:
                 return False
             self.ix, self.notice = (
                 index_mod.Builder(0, 0).ix,
-                f"removed while viewed: {self.path}: no such file ({e.strerror})",
+                f"removed while viewed: {self.shown}: no such file ({e.strerror})",
             )
             return True
         if (st.st_size, st.st_mtime_ns) == (self.ix.size, self.ix.mtime_ns):
@@ -178,8 +178,11 @@ def _not_a_file(path: Path) -> str:
     )
 
 
-def open_runs(paths: list[str]) -> Runs:
-    """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed."""
+def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
+    """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed.
+
+    ``shared``: the pages go into a bundle to share (``--export``), so they name each file by its base name (two
+    of one name by their place on the command line) and hold no path of this machine."""
     runs: list[Run] = []
     out = Runs(runs)
     labels = [Path(p).name for p in paths]
@@ -192,26 +195,40 @@ def open_runs(paths: list[str]) -> Runs:
                 else f"{arg}: {_not_a_file(path)}"
             )
         not_rollouts(path)
+        label = labels[n] if labels.count(labels[n]) == 1 else f"{labels[n]} (file {n + 1})" if shared else str(path)
         if is_atif_file(path):
             if out.scratch is None:
                 out.scratch = tempfile.TemporaryDirectory(prefix="gym-view-atif-")
             rows = Path(out.scratch.name) / f"{n}.jsonl"
             docs = read_atif(path)
             rows.write_bytes(b"".join(json.dumps(from_atif(doc, i)).encode() + b"\n" for i, doc in enumerate(docs)))
-            part = Part(rows, index_mod.load(rows), failures=False, shown=str(path), follows=False)
-            runs.append(Run(n, labels[n], path, [part]))
+            shown = path.name if shared else str(path)
+            part = Part(rows, index_mod.load(rows), failures=False, shown=shown, follows=False)
+            runs.append(Run(n, label, path, [part]))
             continue
         parts = [Part(path, index_mod.load(path), failures=path.name.endswith("_failures.jsonl"))]
         failures, metrics_path = sidecar_paths(path)
         if failures != path and failures.is_file():
             parts.append(Part(failures, index_mod.load(failures), failures=True))
-        label = labels[n] if labels.count(labels[n]) == 1 else str(path)
-        run = Run(n, label, path, parts, _json_file(metrics_path), _json_file(batch_path(path)))
+        if shared:
+            for part in parts:
+                part.shown = part.path.name
+        batch = _json_file(batch_path(path))
+        if shared:
+            _names_only(batch)
+        run = Run(n, label, path, parts, _json_file(metrics_path), batch)
         run.resources = _resources(run.batch)
         if attempts_path(path).is_file():
             run.attempts = Attempts(attempts_path(path))
         runs.append(run)
     return out
+
+
+def _names_only(batch: Any) -> None:
+    """A batch sidecar's input file by its base name (what the runs page shows of it), for a bundle."""
+    manifest = batch.get("manifest") if isinstance(batch, dict) else None
+    if isinstance(manifest, dict) and isinstance(manifest.get("input"), str):
+        manifest["input"] = Path(manifest["input"]).name
 
 
 SIDECARS = {  # a file name's ending -> what it is, and the rollouts file beside it

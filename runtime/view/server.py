@@ -29,7 +29,7 @@ from gym_runtime.view.access import Access
 from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
-from gym_runtime.view.train_pages import TrainPages
+from gym_runtime.view.train_pages import TrainPages, rollout_href
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
 CSP = (
@@ -61,6 +61,7 @@ def _templates() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%" if math.isfinite(v) else number(v)
     env.filters["money"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e12 else number(v)
     env.filters["signed"] = _signed
+    env.filters["advantage"] = _advantage
     env.globals["as_text"] = as_text
     env.globals["task_name"] = task_name
     env.globals["query"] = lambda base, **kw: (
@@ -87,6 +88,13 @@ def number(v: Any) -> str:
     if math.isinf(v) or abs(v) >= 1e6 or 0 < abs(v) < 1e-4:
         return f"{v:.6g}"
     return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def _advantage(v: Any) -> str:
+    """An advantage, its sign shown; one beyond the usual range as ``number`` writes it."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and (v == 0 or 1e-4 <= abs(v) < 1e6):
+        return f"{v:+.3f}"
+    return number(v)
 
 
 def _signed(v: float, pct: bool = False) -> str:
@@ -173,7 +181,7 @@ class View:
     async def runs_page(self, request: web.Request) -> web.Response:
         refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
         return self.render(
-            "runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh, train=self.train.summary
+            "runs.html", summaries=self.summaries, row=self.row_meta, refresh=refresh, train=self.train.summary
         )
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
@@ -194,7 +202,7 @@ class View:
             args=args,
             total=len(found),
             pages=pages,
-            rows=[self._row_meta(r) for r in shown],
+            rows=[self.row_meta(r) for r in shown],
             choices=self.choices,
             sorts=list(runs_mod.SORTS),
         )
@@ -204,7 +212,7 @@ class View:
         ref = self.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
         if ref is None:
             raise web.HTTPNotFound()
-        meta = self._row_meta(ref)
+        meta = self.row_meta(ref)
         problem = self.runs.part(ref).ix.unreadable.get(ref.line)
         if problem is None:
             try:
@@ -244,20 +252,16 @@ class View:
         shown = (
             [p for p in d.pairs if every or p.flip or p.delta or p.changed or p.failure_a != p.failure_b] if d else []
         )
-        return self.render("diff.html", a=a, b=b, d=d, every=every, shown=shown, problem=problem, href=self._href)
+        return self.render("diff.html", a=a, b=b, d=d, every=every, shown=shown, problem=problem, href=rollout_href)
 
-    @staticmethod
-    def _href(ref: Ref) -> str:
-        return f"/rollout/{ref.run}/{ref.part}/{ref.line}"
-
-    def _row_meta(self, ref: Ref) -> dict[str, Any]:
+    def row_meta(self, ref: Ref) -> dict[str, Any]:
         """A row's index fields, as the tables show them."""
         part = self.runs.part(ref)
         ix = part.ix
         i = ref.line
         pv = (ix.pv_min[i], ix.pv_max[i]) if ix.pv_min[i] >= 0 else None
         return {
-            "href": self._href(ref),
+            "href": rollout_href(ref),
             "run": self.runs.runs[ref.run].label,
             "file": Path(part.shown).name,
             "task": ix.task[i] if ix.task[i] >= 0 else None,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from gym_runtime.view import plots
-from gym_runtime.view.runs import Ref
+from gym_runtime.view.numbers import mean, spread
+from gym_runtime.view.runs import Ref, Runs
 from gym_runtime.view.tokens import Decode, token_view
 from gym_runtime.view.training import Training, TrainingViews, neighbours
 
@@ -29,6 +30,10 @@ KEYS = [  # (key, what, link name): the trajectory page's keyboard links, in thi
 ]
 
 
+def rollout_href(ref: Ref) -> str:
+    return f"/rollout/{ref.run}/{ref.part}/{ref.line}"
+
+
 def group_href(run: int, n: int) -> str:
     return f"/group/{run}/{n}"
 
@@ -41,10 +46,21 @@ def steps_href(run: int) -> str:
     return f"/steps/{run}"
 
 
-class TrainPages:
-    """The pages over ``view``'s runs (a ``server.View``); ``decode``: ``--tokenizer``'s (None: token ids shown)."""
+class Pages(Protocol):
+    """What these pages take of the view they are part of (``server.View``): its runs, a row's index fields as
+    the tables show them, and its page renderer (templates, headers)."""
 
-    def __init__(self, view: Any, decode: Decode | None = None) -> None:
+    runs: Runs
+
+    def row_meta(self, ref: Ref) -> dict[str, Any]: ...
+
+    def render(self, name: str, **context: Any) -> web.Response: ...
+
+
+class TrainPages:
+    """The pages over ``view``'s runs; ``decode``: ``--tokenizer``'s (None: token ids shown)."""
+
+    def __init__(self, view: Pages, decode: Decode | None = None) -> None:
         self.view = view
         self.decode = decode
         self.trainings = TrainingViews()
@@ -67,13 +83,13 @@ class TrainPages:
         page the rollout links open (``rollout``: trajectories, ``tokens``: token views)."""
         t = self.training(ref.run)
         near = neighbours(t, ref)
-        href = self.view._href if to == "rollout" else tokens_href
+        href = rollout_href if to == "rollout" else tokens_href
         out = [(key, what, href(near[name]) if near.get(name) is not None else None) for key, what, name in KEYS]  # type: ignore[arg-type]
         out.append(("u", "its group", group_href(ref.run, t.of[ref])))
         if to == "rollout":
             out.append(("v", "its tokens", tokens_href(ref)))
         else:
-            out.append(("r", "its trajectory", self.view._href(ref)))
+            out.append(("r", "its trajectory", rollout_href(ref)))
         return out
 
     def summary(self, run: int) -> dict[str, Any]:
@@ -98,21 +114,21 @@ class TrainPages:
         g = t.groups[n]
         members = [
             {
-                "href": self.view._href(m.ref),
+                "href": rollout_href(m.ref),
                 "tokens": tokens_href(m.ref),
                 "m": m,
                 # a failure row's reward is none, not a number; an excluded member is handed none and has no
                 # advantage (TRL's 0 is its placeholder): both shown as none
                 "reward": None if math.isnan(m.reward) else m.reward,
-                "advantage": None if math.isnan(m.advantage) or not m.scored else m.advantage,
-                "handed": None if math.isnan(m.handed) else m.handed,
+                "advantage": m.advantage if m.scored else None,
+                "handed": m.handed,
             }
             for m in g.members
         ]
         keys = [
             ("g", "next group", group_href(run, n + 1) if n + 1 < len(t.groups) else None),
             ("G", "previous group", group_href(run, n - 1) if n > 0 else None),
-            ("j", "first rollout", self.view._href(g.members[0].ref) if g.members else None),
+            ("j", "first rollout", rollout_href(g.members[0].ref) if g.members else None),
         ]
         return self.view.render(
             "group.html", run=t.run, g=g, members=members, training=t.training, keys=keys, steps=steps_href(run)
@@ -130,7 +146,7 @@ class TrainPages:
         tv = token_view(row if isinstance(row, dict) else {}, self.decode)
         return self.view.render(
             "tokens.html",
-            meta=self.view._row_meta(ref),
+            meta=self.view.row_meta(ref),
             tv=tv,
             keys=self.keys(ref, to="tokens"),
             decoded=self.decode is not None,
@@ -176,10 +192,11 @@ def charts(t: Training) -> list[plots.Chart]:
     moved: list[tuple[float, int]] = []
     tasks = sorted({task for s in scored for task in s.tasks})
     for task in tasks:
-        seen = [sum(s.tasks[task]) / len(s.tasks[task]) for s in scored if s.tasks.get(task)]
+        seen = [mean(s.tasks[task]) or 0.0 for s in scored if s.tasks.get(task)]
         if len(seen) >= 2:
-            moved.append((abs(seen[-1] - seen[0]), task))
-    top = [task for _, task in sorted(moved, key=lambda m: (-m[0], m[1]))[:MOVED]]
+            moved.append((abs(seen[-1] / 2 - seen[0] / 2), task))  # (halved: -1e308 to 1e308 stays finite)
+    top = [task for _, task in sorted(moved, key=lambda m: (-m[0] if not math.isnan(m[0]) else math.inf, m[1]))]
+    top = top[:MOVED]
     out.append(
         plots.lines(
             "plot-tasks",
@@ -189,18 +206,13 @@ def charts(t: Training) -> list[plots.Chart]:
             [
                 (
                     f"task {task}",
-                    [(s.step, sum(s.tasks[task]) / len(s.tasks[task]), 0.0) for s in scored if s.tasks.get(task)],
+                    [(s.step, mean(s.tasks[task]) or 0.0, 0.0) for s in scored if s.tasks.get(task)],
                 )
                 for task in top
             ],
         )
     )
-    lengths = []
-    for s in steps:
-        if s.lengths:
-            mean = sum(s.lengths) / len(s.lengths)
-            sd = math.sqrt(sum((v - mean) ** 2 for v in s.lengths) / len(s.lengths))
-            lengths.append((s.step, mean, sd))
+    lengths = [(s.step, mean(s.lengths) or 0.0, spread(s.lengths)) for s in steps if s.lengths]
     out.append(
         plots.lines(
             "plot-length",
