@@ -410,11 +410,11 @@ class AgentContext:
         # built, on ``time.monotonic()``'s clock). Agents that can end early with a
         # valid result (e.g. a conversation) check ``remaining()`` between steps.
         self.deadline = time.monotonic() + config.timeout_s
-        # the rollout's sandboxes: one lease (this rollout), ended by the worker when the rollout ends
+        # the rollout's sandboxes: one lease (a random secret; a resumed attempt's: its checkpoint's), ended by the
+        # worker when the rollout ends
         self.sandboxes = Sandboxes(
             bus,
             config.sandbox,
-            lease=self.rollout_key,
             deadline=time.time() + config.timeout_s,
             where=f"agents.{task.agent}",
             absent_grace_s=config.absent_grace_s,
@@ -460,7 +460,7 @@ class AgentContext:
         A resumed attempt is handed the sandbox its rollout held with the same keywords (reattached: the same
         container, its files intact), where its checkpoint names one."""
         if self.resumed is not None and self.resumed.sandboxes:
-            self.sandboxes.take_up(self.resumed.sandboxes)
+            self.sandboxes.take_up(self.resumed.sandboxes, self.resumed.sandbox_lease)
         return self.sandboxes.sandbox(image, **ask)
 
     def remaining(self) -> float:
@@ -494,7 +494,8 @@ class AgentContext:
                 elapsed_s=max(0.0, elapsed),
                 sessions=[h for h in (s.handle() for s in self.sessions) if h is not None],
                 attempt=self.task_attempt,
-                sandboxes=self.sandboxes.handles(),
+                sandboxes=(handles := self.sandboxes.handles()),
+                sandbox_lease=self.sandboxes.lease if handles else "",
                 generating=generating,
             )
         )
@@ -712,7 +713,7 @@ class Trajectory:
             # containers as the snapshot left them (an answered turn's), else it starts from fresh ones
             handle = msgspec.structs.replace(handle, held=None)
         if cp.sandboxes:
-            ctx.sandboxes.take_up(cp.sandboxes)
+            ctx.sandboxes.take_up(cp.sandboxes, cp.sandbox_lease)
         boxes = await ctx.sandboxes.reattach()  # all of them, or none (one is gone: the rollout starts over)
         if not boxes:
             how = "restarted"

@@ -24,6 +24,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.security import POOL_ROLES
 from gym_runtime.placement.pools import Replica, RolePools, head_nats
+from gym_runtime.placement.ray_reach import reach, refused
 from gym_runtime.placement.scaler import Scaler
 from gym_runtime.service.loop import run_async
 from gym_runtime.service.runner import selected
@@ -93,7 +94,11 @@ class OnRay:
 
     def __enter__(self) -> OnRay:
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+            reach(self.address)  # a dead address, a head that wants a token: one line, in seconds
+            try:
+                ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+            except ConnectionError as e:
+                raise refused(self.address, e) from None
             self._inited = True
         try:
             self._open()

@@ -12,6 +12,7 @@ import math
 import tempfile
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,10 +342,13 @@ class Summary:
     histograms: list[Histogram] = field(default_factory=list)
     slowest: list[tuple[Ref, int]] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    pass_over: str = "task"  # what pass@k pools: an agent's "task", or a training run's "group"
 
 
-def summarize(run: Run, slowest: int = 10) -> Summary:
-    s = Summary(run)
+def summarize(run: Run, slowest: int = 10, groups_of: Mapping[Ref, int] | None = None) -> Summary:
+    """``groups_of``: a training run's groups (``training.Training.of``): pass@k pools each group's rollouts (one
+    dataset row at one step), not every row sharing a task index, which each trainer call numbers from 0."""
+    s = Summary(run, pass_over="task" if groups_of is None else "group")
     rewards: dict[tuple[str, str], list[float]] = defaultdict(list)
     groups: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     classes: Counter[str] = Counter()
@@ -368,7 +372,7 @@ def summarize(run: Run, slowest: int = 10) -> Summary:
                     total += r
                     counted += 1
                     rewards[(agent, run.env_label(ix, i))].append(r)
-            g = groups[(agent, ix.task[i])]
+            g = groups[(agent, ix.task[i]) if groups_of is None else ("", groups_of[Ref(run.id, p, i)])]
             g[0] += 1
             g[1] += passed(r) and fc < 0
             s.tokens += ix.tokens[i]
@@ -492,3 +496,40 @@ def choices(runs: Runs) -> dict[str, list[str]]:
                 if label:
                     out["env"].add(label)
     return {k: sorted(v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------ ``--tokenizer`` against the rows
+
+
+def tokenizer_misfit(tok: Any, runs: Runs) -> str | None:
+    """Why ``tok`` (``tokens.Loaded``) is not the tokenizer of ``runs``' rows, or None: the first generations that
+    wrote text (``tokens.TURNS_CHECKED``), decoded and compared with the text the rows hold."""
+    from gym_runtime.view import tokens
+
+    turns: list[tuple[str, str, list[Any]]] = []
+    models: list[str] = []
+    for run in runs.runs:
+        config = run.batch.get("config") if isinstance(run.batch, dict) else None
+        entries = config.get("models") if isinstance(config, dict) else None
+        for name, e in (entries or {}).items() if isinstance(entries, dict) else ():
+            if isinstance(e, dict) and isinstance(e.get("model"), str):
+                models.append(f"{name}: {e['model']}")
+        for p, part in enumerate(run.parts):
+            for i in range(len(part.ix)):
+                if len(turns) >= tokens.TURNS_CHECKED:
+                    break
+                try:
+                    row = json.loads(runs.raw(Ref(run.id, p, i)))
+                except (ValueError, OSError, RecursionError):
+                    continue
+                if isinstance(row, dict):
+                    turns += [(f"{part.shown}, row {i + 1}", text, ids) for text, ids in tokens.turns_said(row)]
+    wrong = tokens.misfit(tok, turns[: tokens.TURNS_CHECKED])
+    if wrong is None:
+        return None
+    where, text, decoded = wrong
+    model = f" (the run's model entry {', '.join(models)})" if models else ""
+    return (
+        f"decodes these rows' tokens into other words ({where}: the row says {text[:60]!r}, this tokenizer reads "
+        f"{decoded[:60]!r}): give the tokenizer of the model that wrote them{model}, or leave --tokenizer out"
+    )

@@ -120,9 +120,9 @@ class View:
         self.env = _templates()
         self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
+        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
         for r in runs.runs:
             self._summary(r)
-        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
 
     @property
     def live(self) -> bool:
@@ -132,7 +132,11 @@ class View:
         """A run's summary: a file's computed once (again when it changed), a live batch's on each page."""
         kept = self._summaries.get(run.id)
         if run.live is not None or kept is None or kept[0] != run.generation:
-            kept = self._summaries[run.id] = (run.generation, runs_mod.summarize(run))
+            t = self.train.trainings.of(run)  # a training run's pass@k is over its groups
+            kept = self._summaries[run.id] = (
+                run.generation,
+                runs_mod.summarize(run, groups_of=t.of if t.training else None),
+            )
         return kept[1]
 
     @property

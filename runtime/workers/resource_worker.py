@@ -333,12 +333,12 @@ class ResourceWorker:
         """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
         self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
-    def _lease(self, key: str = "") -> Sandboxes:
-        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``)."""
+    def _lease(self, session: str = "") -> Sandboxes:
+        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``). Its
+        secret is random (``sandboxes.leases``), never derived from ``session`` (a guest's id, which it knows)."""
         lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
-            lease=f"{self.name}:{(key or os.urandom(6).hex())[:12]}",
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )
