@@ -105,6 +105,19 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ("max_steps: 8}", "max_steps: 8, sandbox: box, ack_wait_s: 60}\nsandboxes: {box: {lease_grace_s: 30}}"),
             "sandboxes.box.lease_grace_s (30) must exceed agents.weather_agent.ack_wait_s (60)",
         ),
+        (  # issue 75: a pool the agent's environment leases in must outlive a redelivery too
+            ("replicas: 2}", "replicas: 2, sandbox: box}\nsandboxes: {box: {lease_grace_s: 30}}"),
+            "sandboxes.box.lease_grace_s (30) must exceed agents.weather_agent.ack_wait_s (",
+        ),
+        (  # issue 75: an entry ray.roles names that the config has not is said with the ones it has
+            ("namespace: gym", "namespace: gym\nray: {roles: {agents.weather_agnt: {num_cpus: 1}}}"),
+            "ray.roles: 'agents.weather_agnt' names no entry of the config's agents; did you mean "
+            "agents.weather_agent? (its entries: models.policy, resources.weather, agents.weather_agent)",
+        ),
+        (
+            ("namespace: gym", "namespace: gym\nray: {nats: heed}"),
+            "ray.nats: Invalid enum value 'heed' (one of: config, head)",
+        ),
         (
             ("namespace: gym", "namespace: gym\nsandboxes: {box: {backend: lxc}}"),
             "sandboxes.box.backend: Invalid enum value 'lxc'",

@@ -40,6 +40,7 @@ from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
+    NoKeysError,
     NoStreamResponseError,
     NotFoundError,
     ServiceUnavailableError,
@@ -804,6 +805,15 @@ async def purge_subject(bus: Connection, stream: str, subject: str, *, count: bo
     except NotFoundError:
         return 0
     return sum((before.state.subjects or {}).values()) if before and before.state.subjects else 0
+
+
+async def kv_keys(bus: Connection, bucket: str) -> list[str]:
+    """The keys ``bucket`` holds now (deleted and purged ones left out); none when it does not exist."""
+    try:
+        kv = await bus.js.key_value(bucket)
+        return sorted(await kv.keys())
+    except (BucketNotFoundError, NoKeysError):
+        return []
 
 
 async def delete_key(bus: Connection, bucket: str, key: str) -> bool:

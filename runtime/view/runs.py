@@ -166,6 +166,19 @@ class Runs:
                 run.generation += 1
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a folder (or another non-file) is not what the command reads, and the files in it that are."""
+    if not path.is_dir():
+        return "not a file; give a rollouts JSONL (what `run` or `collect` wrote with -o) or an ATIF file"
+    sidecars = ("_failures.jsonl", "_attempts.jsonl", "_aggregate_metrics.json", "_batch.json")
+    found = sorted(str(f) for f in path.iterdir() if f.suffix in (".jsonl", ".json") and not f.name.endswith(sidecars))
+    inside = f", e.g. {' '.join(found[:3])}" if found else f" (none in {path})"
+    return (
+        "a folder, not a file: give the rollouts JSONL files (what `run` or `collect` wrote with -o) or ATIF "
+        f"files in it{inside}"
+    )
+
+
 def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
     """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed.
 
@@ -180,7 +193,7 @@ def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
             raise UserError(
                 f"{arg}: no such file; give a rollouts JSONL (what `run` or `collect` wrote with -o) or an ATIF file"
                 if not path.exists()
-                else f"{arg}: not a file"
+                else f"{arg}: {_not_a_file(path)}"
             )
         not_rollouts(path)
         label = labels[n] if labels.count(labels[n]) == 1 else f"{labels[n]} (file {n + 1})" if shared else str(path)
