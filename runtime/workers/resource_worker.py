@@ -10,8 +10,6 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import sys
 import time
@@ -34,7 +32,9 @@ from gym_runtime.messages import (
     HeldSandboxes,
     ModelRequest,
     Response,
-    Restore,
+    RestoreSession,
+    ResumeReply,
+    ResumeSession,
     SeedReply,
     SeedRequest,
     Served,
@@ -47,9 +47,6 @@ from gym_runtime.messages import (
 from gym_runtime.observability import logs
 from gym_runtime.plugins import code_identity
 from gym_runtime.resource import (
-    RESUME_ALIVE,
-    RESUME_RESTORE,
-    RESUME_RESTORE_HELD,
     Resource,
     ToolArgumentsError,
     Verdict,
@@ -69,7 +66,6 @@ from gym_runtime.workers.sessions import Sessions, config_callers
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
-_restore_decoder = msgspec.msgpack.Decoder(Restore)
 
 
 class BusModels:
@@ -417,8 +413,6 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            if req.protocol and req.name in (RESUME_ALIVE, RESUME_RESTORE, RESUME_RESTORE_HELD):
-                return await self._resume_op(inst, req)
             if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
                 replies = self._replies.get(req.session)
                 if replies is None:
@@ -429,6 +423,8 @@ class ResourceWorker:
             if req.close:
                 self._replies.pop(req.session or "", None)
             return await self._verify(req, msg)
+        if isinstance(req, (ResumeSession, RestoreSession)):
+            return await self._resume(req)
         if isinstance(req, CloseSession):
             self._replies.pop(req.session, None)
             closing = self.sessions.pop(req.session)
@@ -437,29 +433,28 @@ class ResourceWorker:
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
-    async def _resume_op(self, inst: Resource, req: ToolCall) -> ToolReply:
-        """A resumed rollout's: its session is still held here (``_session`` found it), or a fresh session set
-        back to its snapshot (``Resource.restore``)."""
-        if req.name == RESUME_ALIVE:
-            return ToolReply(output="alive")
+    async def _resume(self, req: ResumeSession | RestoreSession) -> ResumeReply:
+        """A resumed rollout's own messages (never tool calls): its session is still held here (``_session`` finds
+        it, else ``worker_lost``), or a fresh session (the restore rode its seed) set back to its snapshot
+        (``Resource.restore``), taking up the sandboxes held at it by their lease."""
+        inst = self._session(req.session)
+        if isinstance(req, ResumeSession):
+            return ResumeReply(ok=True)
         restore = getattr(inst, "restore", None)
         if restore is None:  # a guest's session (its code in another process): none
-            return ToolReply(output="this environment cannot restore a snapshot", is_error=True)
+            return ResumeReply(ok=False, reason="this environment cannot restore a snapshot")
         try:
-            snapshot = base64.b64decode(req.arguments, validate=True)
-            if req.name == RESUME_RESTORE_HELD:  # the dead session's sandboxes, taken up by their lease as it asks
-                asked = _restore_decoder.decode(snapshot)
-                snapshot, lease = asked.snapshot, self._book(inst)[1]
-                if isinstance(lease, Sandboxes):
-                    lease.lease = asked.held.lease
-                    lease.take_up(asked.held.sandboxes)
-            await restore(snapshot)
-        except (NotImplementedError, binascii.Error, msgspec.DecodeError, msgspec.ValidationError) as e:
-            return ToolReply(output=str(e), is_error=True)
+            lease = self._book(inst)[1]
+            if req.held is not None and isinstance(lease, Sandboxes):  # the dead session's sandboxes, by their lease
+                lease.lease = req.held.lease
+                lease.take_up(req.held.sandboxes)
+            await restore(req.snapshot)
+        except NotImplementedError as e:
+            return ResumeReply(ok=False, reason=str(e) or "this environment cannot restore a snapshot")
         except Exception as e:  # a snapshot it cannot take back: the rollout starts over
             log.warning("restore.failed", error=repr(e))
-            return ToolReply(output=f"restore raised {type(e).__name__}: {e}", is_error=True)
-        return ToolReply(output="restored")
+            return ResumeReply(ok=False, reason=f"restore raised {type(e).__name__}: {e}")
+        return ResumeReply(ok=True)
 
     async def _tool(self, inst: Resource, req: ToolCall) -> ToolReply:
         """One tool call or operation of a session (``call_with``), counted for it, with the environment's
