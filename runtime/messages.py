@@ -566,6 +566,9 @@ class SeedRequest(_Msg, tag="seed.v1"):
     # The session's first operation, run right after seeding: one round trip fewer per rollout.
     then: ToolCall | VerifyRequest | RestoreSession | None = None
     check: RowCheck | None = None  # check the row first (RolloutTask.check); a bad one is invalid_task
+    # the rollout the session is for (``batch:task:rollout``): its sandboxes' lease is bound to it and to the caller,
+    # so a restore takes up only sandboxes this environment leased to that rollout of that caller
+    rollout: str = ""
 
 
 class SeedReply(_Msg, tag="seed.reply.v1"):

@@ -50,6 +50,7 @@ class SessionLink:
         "indices",
         "check",
         "absent_grace_s",
+        "rollout",
         "ledger",
         "also",
         "seed",
@@ -66,6 +67,7 @@ class SessionLink:
         row: dict[str, Any],
         *,
         absent_grace_s: float = 0.0,
+        rollout: str = "",
         check: RowCheck | None = None,
         indices: dict[str, int] | None = None,
         ledger: Ledger | None = None,
@@ -80,6 +82,7 @@ class SessionLink:
         self.row = {**self.indices, **row} if self.indices else row
         self.check = check  # the row is checked by the resource worker at seed time (RolloutTask.check)
         self.absent_grace_s = absent_grace_s
+        self.rollout = rollout  # the rollout's key, sent with the seed: its sandboxes' lease is bound to it
         self.ledger = ledger
         self.also = also
         self.seed: SeedReply | None = None
@@ -108,7 +111,7 @@ class SessionLink:
         waits = 0
         while True:
             try:
-                request = SeedRequest(row=self.row, then=first, check=self.check)
+                request = SeedRequest(row=self.row, then=first, check=self.check, rollout=self.rollout)
                 return await self.port.seed(self.resource, request, timeout=timeout, op=op)
             except NoResponders:
                 delay = ABSENT_BACKOFF_S[min(waits, len(ABSENT_BACKOFF_S) - 1)]

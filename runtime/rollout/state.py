@@ -190,6 +190,7 @@ class Rollout(Generic[C]):
             resource,
             task.row if row is None else row,
             absent_grace_s=self.config.absent_grace_s,
+            rollout=self.rollout_key,
             check=task.check,
             # a group's repeat (``row``) carries its own indices; the task's row gets the task's
             indices=None

@@ -10,6 +10,7 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -162,6 +163,21 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
+
+
+def leased_to(caller: str, rollout: str) -> str:
+    """What a session's sandbox lease is bound to: the rollout it serves and the caller that seeded it (the caller
+    a secured server checks in the seed's subject), as a digest; "" for a session of no rollout (never adopted)."""
+    if not rollout:
+        return ""
+    return hashlib.blake2b(f"{caller}\0{rollout}".encode(), digest_size=12).hexdigest()
+
+
+def same_holder(own: str, named: str) -> bool:
+    """Whether a restore may take up the sandboxes leased under ``named``: this environment leased them to the same
+    rollout of the same caller as the fresh session's own lease ``own`` (``{entry}:{leased_to}:{random}``)."""
+    mine, theirs = own.split(":"), named.split(":")
+    return len(mine) == len(theirs) == 3 and mine[1] != "" and mine[:2] == theirs[:2]
 
 
 async def _close(inst: Resource) -> None:
@@ -321,12 +337,15 @@ class ResourceWorker:
         """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
         self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
-    def _lease(self, key: str = "") -> Sandboxes:
-        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``)."""
+    def _lease(self, key: str = "", bound: str = "") -> Sandboxes:
+        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``);
+        ``bound``: the rollout and caller it is leased to (``leased_to``), which a restore must name again."""
         lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
-            lease=f"{self.name}:{(key or os.urandom(6).hex())[:12]}",
+            lease=f"{self.name}:{bound}:{os.urandom(6).hex()}"
+            if bound
+            else f"{self.name}:{(key or os.urandom(6).hex())[:12]}",
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )
@@ -334,13 +353,13 @@ class ResourceWorker:
         lease.on_acquire = self.bus.pause_caller
         return lease
 
-    def _new(self) -> Resource:
+    def _new(self, bound: str = "") -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
             # with its own BusModels, as below: the judge calls its code makes in the guest are its rollout's cost
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field, BusModels(self.bus)))
         inst = self.cls()
         inst.models = models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
-        inst.sandboxes = lease = self._lease()
+        inst.sandboxes = lease = self._lease(bound=bound)
         try:  # its ledger, kept apart from the instance (dropped with it)
             weakref.finalize(inst, self._books.pop, id(inst), None)
         except TypeError:  # an instance that takes no weak reference: its own attributes are read
@@ -365,7 +384,8 @@ class ResourceWorker:
             problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
-        inst = self._new()
+        caller = self.bus.subjects.seed_caller(msg.subject)
+        inst = self._new(leased_to(caller, req.rollout))
         counting = _counting(self._book(inst)[0])
         try:
             await inst.seed(req.row)
@@ -377,9 +397,7 @@ class ResourceWorker:
             _counted(counting)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
-        for old in self.sessions.open(
-            sid, inst, self.bus.subjects.seed_caller(msg.subject)
-        ):  # the caller's least recently used, past its limit
+        for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
             await _close(old)
@@ -443,11 +461,16 @@ class ResourceWorker:
         restore = getattr(inst, "restore", None)
         if restore is None:  # a guest's session (its code in another process): none
             return ResumeReply(ok=False, reason="this environment cannot restore a snapshot")
+        lease = self._book(inst)[1]
+        if req.held is not None and isinstance(lease, Sandboxes):  # the dead session's sandboxes, by their lease
+            if not same_holder(lease.lease, req.held.lease):
+                log.warning("restore.refused", resource=self.name, why="sandboxes leased to another rollout or caller")
+                return ResumeReply(
+                    ok=False, reason="the sandboxes named were not leased to this rollout of this caller"
+                )
+            lease.lease = req.held.lease
+            lease.take_up(req.held.sandboxes)
         try:
-            lease = self._book(inst)[1]
-            if req.held is not None and isinstance(lease, Sandboxes):  # the dead session's sandboxes, by their lease
-                lease.lease = req.held.lease
-                lease.take_up(req.held.sandboxes)
             await restore(req.snapshot)
         except NotImplementedError as e:
             return ResumeReply(ok=False, reason=str(e) or "this environment cannot restore a snapshot")
