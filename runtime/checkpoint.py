@@ -1,15 +1,10 @@
-"""Moved: a rollout's checkpoints are the rollout's room's (``gym_runtime.rollout.checkpoint``). This old path
-warns once and is removed in 0.2."""
+"""Deprecated, removed in gym-runtime 0.2.0 (``gym_runtime.moved.REMOVED_IN``): a rollout's checkpoints under their
+old path (the module moved into the rollout's room, ``gym_runtime.rollout.checkpoint``). Importing it warns once."""
 
-import warnings
+from gym_runtime.moved import warn
+from gym_runtime.rollout import checkpoint
+from gym_runtime.rollout.checkpoint import *  # noqa: F403 (the module's public names: one list, checkpoint.__all__)
 
-from gym_runtime.rollout.checkpoint import *  # noqa: F403
-from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, GENERATING_S, Checkpointer, Mode, checkpoints_kv
+__all__ = checkpoint.__all__
 
-warnings.warn(
-    "gym_runtime.checkpoint moved to gym_runtime.rollout.checkpoint (the old path is removed in 0.2)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-
-__all__ = ["AUTO_S", "AUTO_TURNS", "GENERATING_S", "Checkpointer", "Mode", "checkpoints_kv"]
+warn(__name__, "gym_runtime.rollout.checkpoint")

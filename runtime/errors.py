@@ -22,7 +22,7 @@ Anything else that escapes a command is a bug: the CLI says so, prints the trace
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from gym_runtime.messages import ErrorClass, ErrorInfo
 
@@ -38,6 +38,7 @@ __all__ = [
     "RolloutFailed",
     "StorageFull",
     "UserError",
+    "observed",
 ]
 
 
@@ -52,7 +53,13 @@ class Failure(GymError):
     (``Failure("tool_error", "...", retryable=False)``), and raised by the bus when
     the other side answered with one or was lost (``Failure(info)``), so one
     exception crosses any number of hops unchanged.
+
+    ``observed``: the runtime saw this failure itself (a peer's answer over the bus, a worker or guest lost, one of
+    its clocks), rather than environment code raising it; only such a failure keeps a class that environment
+    code may not raise as its own (``data.error_classes``). Set where the runtime raises it (``observed``).
     """
+
+    observed = False
 
     def __init__(self, error: ErrorClass | ErrorInfo, message: str = "", *, retryable: bool = False) -> None:
         info = (
@@ -64,6 +71,15 @@ class Failure(GymError):
         self.info = info
 
 
+F = TypeVar("F", bound=Failure)
+
+
+def observed(e: F) -> F:
+    """``e``, marked as the runtime's own finding (``Failure.observed``)."""
+    e.observed = True
+    return e
+
+
 class UserError(GymError, ValueError):
     """A mistake the user can fix (config, input, credentials, a command's values): one line, exit 2."""
 
@@ -71,6 +87,8 @@ class UserError(GymError, ValueError):
 class StorageFull(Failure, UserError):
     """A stream refused a store: it is at its size limit. A worker turns it into a ``storage_full``
     failure row; a command prints it as one line (exit 2). The message names the key that raises it."""
+
+    observed = True  # the stream's refusal, never an environment's
 
     def __init__(self, message: str) -> None:
         super().__init__("storage_full", message)

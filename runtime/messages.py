@@ -377,7 +377,7 @@ class Cost(Struct, kw_only=True, omit_defaults=True, gc=False):
     models: dict[str, ModelCost] = {}
     tool_ms: int = 0
     sandbox_ms: int = 0  # wall time of the rollout's sandbox execs (the fleet's: its own and its environment's)
-    # CPU time its sandboxes used, where counted: a code sandbox's cgroup (``gym_runtime.sandbox``) at each run's
+    # CPU time its sandboxes used, where counted: a code sandbox's cgroup (``gym_runtime.jail``) at each run's
     # end, a fleet sandbox's engine stats at its release; ``pricing.cpu_hour`` charges it instead of the wall time
     sandbox_cpu_ms: int = 0
     # the size of its stored result (the ``RolloutResult`` body as stored, a large one's blob; headers and subject
@@ -722,6 +722,9 @@ ErrorClass = Literal[
     # a sandbox pool released no lease for its ``lease_wait_s`` while the rollout waited for one (a wire change:
     # older readers refuse a row of this class, docs/changelog.md)
     "sandbox_unavailable",
+    # the policy's input (a tool call, its answer to verify) killed the environment's guest process twice: on its
+    # attempt and on the one retry it cost (a wire change, as sandbox_unavailable was: older readers refuse it)
+    "input_crash",
 ]
 
 

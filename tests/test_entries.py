@@ -19,6 +19,7 @@ from gym_runtime.config import ResourceConfig
 from gym_runtime.messages import SeedReply, SeedRequest, VerifyReply, VerifyRequest
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import resolved
 
@@ -65,7 +66,7 @@ async def _verify(bus: Bus, entry: str, row: dict[str, Any], answer: str) -> flo
     assert isinstance(seeded, SeedReply)
     response = text_response(answer)
     reply = await bus.request(
-        seeded.address + ".verify",
+        Subjects.session_call(seeded.address, "verify", bus.caller),
         VerifyRequest(session=seeded.session, row=row, response=response, close=True),
         timeout=30,
         op="verify",

@@ -24,6 +24,7 @@ from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply, Ve
 from gym_runtime.model import model_config
 from gym_runtime.testing import text_response
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import ROWS, resolved
@@ -62,11 +63,15 @@ async def everything(bus: Bus) -> list[Any]:
     sid, at = opened.session, opened.address
 
     async def tool(name: str, arguments: str) -> Any:
-        return await outcome(bus.request(at + ".tool", ToolCall(sid, name, arguments), timeout=30, op="tool"))
+        return await outcome(
+            bus.request(
+                Subjects.session_call(at, "tool", bus.caller), ToolCall(sid, name, arguments), timeout=30, op="tool"
+            )
+        )
 
     async def verify(**extra: Any) -> Any:
         req = VerifyRequest(session=sid, row={**ROWS[0], **extra}, response=text_response("42"))
-        return await outcome(bus.request(at + ".verify", req, timeout=30, op="verify"))
+        return await outcome(bus.request(Subjects.session_call(at, "verify", bus.caller), req, timeout=30, op="verify"))
 
     return [
         await tool("get_weather", json.dumps({"city": "Oslo"})),
@@ -131,23 +136,27 @@ async def test_a_stuck_guest_is_stopped_and_the_next_serves(bus: Bus) -> None:
             results[key] = await outcome(bus.request(subject, req, timeout=30, op=key))
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call, "hog", hog.address + ".verify", hog_verify)
+            tg.start_soon(call, "hog", Subjects.session_call(hog.address, "verify", bus.caller), hog_verify)
             with anyio.fail_after(10):
                 while not guest.running:  # until the guest is stuck in the hog's verify
                     await anyio.sleep(0.01)
-            tg.start_soon(call, "bystander", bystander.address + ".tool", waits)
+            tg.start_soon(call, "bystander", Subjects.session_call(bystander.address, "tool", bus.caller), waits)
         assert results["hog"][0] == "timeout" and "call_timeout_s=2" in results["hog"][1], results
         assert results["bystander"][0] == "worker_lost" and results["bystander"][2] is True, results
         with anyio.fail_after(60):
             while guest.restarts < 1:  # the stopped guest is reaped and its sessions dropped
                 await anyio.sleep(0.01)
         assert hog.session not in worker.sessions and bystander.session not in worker.sessions  # gone with it
-        lost = await outcome(bus.request(bystander.address + ".tool", waits, timeout=30, op="tool"))
+        lost = await outcome(
+            bus.request(Subjects.session_call(bystander.address, "tool", bus.caller), waits, timeout=30, op="tool")
+        )
         assert lost[0] == "worker_lost" and lost[2] is True
         fresh = await seed(bus, ROWS[2])
         assert isinstance(fresh, SeedReply)
         again = ToolCall(fresh.session, "get_weather", json.dumps({"city": "Rome"}))
-        served = await bus.request(fresh.address + ".tool", again, timeout=30, op="tool")
+        served = await bus.request(
+            Subjects.session_call(fresh.address, "tool", bus.caller), again, timeout=30, op="tool"
+        )
         assert isinstance(served, ToolReply) and "Rome" in served.output
         assert guest.restarts == 1 and guest.pid != first_pid
 
@@ -159,6 +168,8 @@ async def test_a_verify_waiting_on_its_judge_past_call_timeout_s_is_not_stopped(
         opened = await seed(bus, ROWS[0])
         assert isinstance(opened, SeedReply)
         req = VerifyRequest(session=opened.session, row={**ROWS[0], "judge": "judge"}, response=text_response("42"))
-        judged = await outcome(bus.request(opened.address + ".verify", req, timeout=30, op="verify"))
+        judged = await outcome(
+            bus.request(Subjects.session_call(opened.address, "verify", bus.caller), req, timeout=30, op="verify")
+        )
         assert isinstance(judged, VerifyReply) and judged.fields["judge_said"], judged
         assert worker.guest is not None and worker.guest.restarts == 0

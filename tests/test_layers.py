@@ -11,18 +11,20 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import json
 import subprocess
 import sys
 import tomllib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grimp
 import pytest
 
 import gym_runtime
-from gym_runtime import errors, jail
-from gym_runtime import sandbox as old
+from gym_runtime import errors, jail, moved
 from gym_runtime.cli.scaffold import ScaffoldError
 from gym_runtime.config.nemo_gym import NemoConfigError
 from gym_runtime.data.prepare import InvalidRows
@@ -240,9 +242,20 @@ def test_a_bug_that_raises_valueerror_is_an_internal_error_not_a_user_mistake() 
     assert "internal error" in res.stderr and "ValueError: a bug" in res.stderr
 
 
+def _old(path: str) -> Any:
+    """What an old path (``module`` or ``module:name``) gives, its deprecation warning expected (or given before,
+    in this process: each warns once)."""
+    module, _, name = path.partition(":")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        found = importlib.import_module(module)
+        return getattr(found, name) if name else found
+
+
 def test_the_jails_old_path_still_serves_plugins() -> None:
     """``gym_runtime.sandbox`` was the graded-program jail's package (beside ``gym_runtime.sandboxes``, the
     container fleet); an environment that imports its names from there gets the jail's own."""
+    old = _old("gym_runtime.sandbox")
     assert set(jail.__all__) <= set(old.__all__)
     assert all(getattr(old, name) is getattr(jail, name) for name in jail.__all__)
 
@@ -253,9 +266,28 @@ def test_the_jails_classes_keep_their_old_names_in_the_old_path() -> None:
     classes = {**{name: getattr(jail, name) for name in jail.__all__}, "JailCgroup": jail.cgroups.JailCgroup}
     jails = [name for name in classes if name.startswith("Jail")]
     assert len(jails) == 7  # Runner, Session, Error, Exited, Timeout, BodyTooLarge, Cgroup
-    assert all(getattr(old, "Sandbox" + name.removeprefix("Jail")) is classes[name] for name in jails)
-    assert {"Sandbox" + name.removeprefix("Jail") for name in jails} <= set(old.__all__)
+    assert all(_old("gym_runtime.sandbox:Sandbox" + name.removeprefix("Jail")) is classes[name] for name in jails)
+    assert {"Sandbox" + name.removeprefix("Jail") for name in jails} <= set(_old("gym_runtime.sandbox").__all__)
     assert not [n for n in jail.__all__ if n.startswith("Sandbox")]
+
+
+# Each old path a config, plugin or trainer may still name -> its new path (docs/changelog.md lists them)
+OLD_PATHS = {
+    **{f"gym_runtime.hosting.{m}": f"gym_runtime.nemo_gym.hosting.{m}" for m in ("agent", "asgi", "env", "host")},
+    **{f"gym_runtime.hosting.{m}": f"gym_runtime.nemo_gym.hosting.{m}" for m in ("middleware", "resource")},
+    "gym_runtime.hosting.server_client": "gym_runtime.nemo_gym.hosting.server_client",
+    "gym_runtime.hosting.catalogue": "gym_runtime.nemo_gym.catalogue",
+    "gym_runtime.hosting.parity": "gym_runtime.nemo_gym.parity",
+    "gym_runtime.hosting.harbor": "gym_runtime.harbor.hosting",
+    "gym_runtime.sync_client:SyncClient": "gym_runtime.client.sync:SyncClient",
+    "gym_runtime.sandbox:JailRunner": "gym_runtime.jail:JailRunner",
+    **{f"gym_runtime.sandbox:Sandbox{c}": f"gym_runtime.jail:Jail{c}" for c in ("Runner", "Session", "Error")},
+    **{f"gym_runtime.sandbox:Sandbox{c}": f"gym_runtime.jail:Jail{c}" for c in ("Exited", "Timeout", "BodyTooLarge")},
+    "gym_runtime.sandbox:SandboxCgroup": "gym_runtime.jail.cgroups:JailCgroup",
+    "gym_runtime.trainers.tiny_policy": "gym_runtime.rigs.tiny_policy",
+    "gym_runtime.trainers.trl_cpu": "gym_runtime.rigs.trl_cpu",
+    "gym_runtime.checkpoint:Checkpointer": "gym_runtime.rollout.checkpoint:Checkpointer",
+}
 
 
 def test_moved_modules_keep_their_documented_import_paths() -> None:
@@ -266,16 +298,70 @@ def test_moved_modules_keep_their_documented_import_paths() -> None:
         module, _, name = path.partition(":")
         return getattr(importlib.import_module(module), name) if name else importlib.import_module(module)
 
-    same = {
-        "gym_runtime.hosting.agent": "gym_runtime.nemo_gym.hosting.agent",
-        "gym_runtime.hosting.resource": "gym_runtime.nemo_gym.hosting.resource",
-        "gym_runtime.hosting.parity": "gym_runtime.nemo_gym.parity",
-        "gym_runtime.hosting.harbor": "gym_runtime.harbor.hosting",
+    current = {
         "gym_runtime.harbor:find_tasks": "gym_runtime.harbor.tasks:find_tasks",
         "gym_runtime.harbor:parse_rewards": "gym_runtime.harbor.tasks:parse_rewards",
-        "gym_runtime.sync_client:SyncClient": "gym_runtime.client.sync:SyncClient",
         "gym_runtime:SyncClient": "gym_runtime.client.sync:SyncClient",
         "gym_runtime.client:BatchHandle": "gym_runtime.client.batch:BatchHandle",
-        "gym_runtime.sandbox:SandboxRunner": "gym_runtime.jail:JailRunner",
     }
-    assert [old for old, new in same.items() if at(old) is not at(new)] == []
+    assert [old for old, new in current.items() if at(old) is not at(new)] == []
+    assert [old for old, new in OLD_PATHS.items() if _old(old) is not at(new)] == []
+
+
+# In a fresh interpreter (each path warns once per process): every old path, used twice, says one
+# DeprecationWarning naming its new path and the release that removes it; `python -m` of an old module path too.
+_WARNS_ONCE = """
+import importlib, json, sys, warnings
+said = {}
+for old in json.loads(sys.argv[1]):
+    module, _, name = old.partition(":")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            found = importlib.import_module(module)
+            if name:
+                getattr(found, name)
+    said[old] = [str(w.message) for w in caught if w.category is DeprecationWarning]
+print(json.dumps(said))
+"""
+
+
+def test_each_old_path_warns_once_naming_its_new_path_and_its_end() -> None:
+    """Issue 74: the kept paths have an end. A path's first use warns (``DeprecationWarning``, its new path and
+    ``moved.REMOVED_IN`` named); its second is silent; ``python -m gym_runtime.hosting.harbor`` still runs."""
+    olds = [o for o in OLD_PATHS if not o.startswith("gym_runtime.sandbox:Sandbox")]
+    names = [o for o in OLD_PATHS if o.startswith("gym_runtime.sandbox:Sandbox")]
+    res = subprocess.run(
+        [sys.executable, "-c", _WARNS_ONCE, json.dumps(olds)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    said = json.loads(res.stdout)
+    wrong = {}
+    for old in olds:
+        module = old.partition(":")[0]
+        new = OLD_PATHS[old].partition(":")[0]
+        if len(said[old]) != 1 or not (
+            module in said[old][0] and new in said[old][0] and moved.REMOVED_IN in said[old][0]
+        ):
+            wrong[old] = said[old]
+    # the old class names: after the module's own warning (above), each name warns once more, naming its new name
+    res = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import gym_runtime.sandbox\n" + _WARNS_ONCE, json.dumps(names)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    for old, messages in json.loads(res.stdout).items():
+        new = OLD_PATHS[old].replace(":", ".")
+        if len(messages) != 1 or not (new in messages[0] and moved.REMOVED_IN in messages[0]):
+            wrong[old] = messages
+    assert wrong == {}
+    run = subprocess.run(
+        [sys.executable, "-W", "always", "-m", "gym_runtime.hosting.harbor", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "usage:" in run.stdout, run.stderr
+    assert "DeprecationWarning: gym_runtime.hosting.harbor is deprecated: use gym_runtime.harbor.hosting" in run.stderr

@@ -20,6 +20,7 @@ from gym_runtime.config import ResourceConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import RowCheck, SeedReply, SeedRequest, ToolCall, ToolReply
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import ROWS, resolved
 
@@ -55,14 +56,24 @@ async def test_a_session_lives_on_the_worker_that_seeded_it(bus: Bus) -> None:
         reply = await seed(bus, row=ROWS[0], then=weather_call())
         assert reply.address == worker.address and reply.session in worker.sessions
         assert isinstance(reply.result, ToolReply) and "Paris" in reply.result.output
-        again = await bus.request(reply.address + ".tool", weather_call(reply.session, "Oslo"), timeout=10, op="tool")
+        again = await bus.request(
+            Subjects.session_call(reply.address, "tool", bus.caller),
+            weather_call(reply.session, "Oslo"),
+            timeout=10,
+            op="tool",
+        )
         assert isinstance(again, ToolReply) and "Oslo" in again.output
 
 
 async def test_a_call_for_a_session_not_held_here_is_worker_lost(bus: Bus) -> None:
     async with serving(bus) as worker:
         with pytest.raises(Failure) as e:
-            await bus.request(worker.address + ".tool", weather_call("no-such-session"), timeout=10, op="tool")
+            await bus.request(
+                Subjects.session_call(worker.address, "tool", bus.caller),
+                weather_call("no-such-session"),
+                timeout=10,
+                op="tool",
+            )
         assert e.value.info.error_class == "worker_lost" and e.value.info.retryable
 
 

@@ -144,13 +144,39 @@ USES = [
         of("agent", "a") | of("resource", "caller") | {"publisher"},
         of("resource", "env_a"),
     ),
+    # a session's operations name their caller in the subject, as seeds do: each pool only its own (the worker
+    # answers a session only for the caller that seeded it), a role-wide credential any of its role
     Use(
         "session",
-        s.session_op(s.session("env_a", "w1"), "tool"),
-        of("agent", "a") | of("resource", "caller"),
+        s.session_call(s.session("env_a", "w1"), "tool", "agent.a"),
+        of("agent", "a"),
         of("resource", "env_a"),
     ),
-    Use("session_op", s.session_op(s.session("env_b", "w1"), "close"), of("agent", "b"), of("resource", "env_b")),
+    Use(
+        "session_call",
+        s.session_call(s.session("env_a", "w1"), "verify", "agent._"),
+        {"agent"},
+        of("resource", "env_a"),
+    ),
+    Use(
+        "session_call", s.session_call(s.session("env_a", "w1"), "tool", "agent.b"), {"agent"}, of("resource", "env_a")
+    ),
+    Use(
+        "session_call",
+        s.session_call(s.session("env_a", "w1"), "tool", "resource.caller"),
+        of("resource", "caller"),
+        of("resource", "env_a"),
+    ),
+    Use(
+        "session_call",
+        s.session_call(s.session("env_b", "w1"), "close", "agent.b"),
+        of("agent", "b"),
+        of("resource", "env_b"),
+    ),
+    Use(
+        "session_call", s.session_call(s.session("env_b", "w1"), "close", "agent.a"), {"agent"}, of("resource", "env_b")
+    ),
+    Use("session_op", s.session_op(s.session("env_b", "w1"), "close"), set(), of("resource", "env_b")),  # names none
     Use("resource", s.resource("env_a"), set(), of("resource", "env_a")),
     # sandboxes: the agents and environments whose entry names pool "box" create there and drive what they hold
     Use("sandbox_create", s.sandbox_create("box"), BOX_USERS, of("sandbox", "box")),
@@ -209,7 +235,26 @@ USES = [
     Use("kv_key", sj.kv_key(s.control_bucket, "anything.else"), set(), set()),
     # a rollout's checkpoint: its agent pool's own to write; only agents read the bucket (a forged one steers)
     Use("checkpoint_key", sj.kv_key(s.checkpoints_bucket, s.checkpoint_key("a", "b1", 0, 0)), of("agent", "a"), set()),
-    Use("msg_get", sj.msg_get(sj.kv_stream(s.checkpoints_bucket)), AGENTS, set()),
+    # ... and to read back, by a last-by-subject direct get of its own keys only: no pool lists or reads another's
+    Use(
+        "direct_get",
+        sj.direct_get(
+            sj.kv_stream(s.checkpoints_bucket), sj.kv_key(s.checkpoints_bucket, s.checkpoint_key("a", "b1", 0, 0))
+        ),
+        of("agent", "a"),
+        set(),
+    ),
+    Use(
+        "direct_get",
+        sj.direct_get(
+            sj.kv_stream(s.checkpoints_bucket), sj.kv_key(s.checkpoints_bucket, s.checkpoint_key("b", "b1", 0, 0))
+        ),
+        of("agent", "b"),
+        set(),
+    ),
+    Use("direct_get", sj.direct_get(sj.kv_stream(s.checkpoints_bucket)), set(), set()),
+    Use("msg_get", sj.msg_get(sj.kv_stream(s.checkpoints_bucket)), set(), set()),
+    Use("stream_info", sj.stream_info(sj.kv_stream(s.checkpoints_bucket)), set(), set()),
     Use(
         "kv_stream",
         sj.direct_get(sj.kv_stream(s.control_bucket), f"$KV.{s.control_bucket}.x"),
@@ -255,7 +300,7 @@ NAMES_ONLY = {
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
     "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
-    "caller_of", "seed_caller",
+    "caller_of", "seed_caller", "session_caller",
     "ack_fields", "ack_reply",  # a delivery's count, sequence and time in its ack subject (and the in-memory double's)
     "every_namespace_tasks", "namespace_of",  # which namespaces a server holds (a hint naming --namespace)
 }  # fmt: skip

@@ -172,9 +172,9 @@ class HarborResource(Resource):
             timeout_s=cfg.timeout_sec,
             env=cfg.env,
         )
-        if r.timed_out:
+        if r.timed_out:  # its own limit, not the runtime's clock: the environment's (docs/trainer.md)
             raise Failure(
-                "timeout",
+                "verify_error",
                 f"harbor task {self.task.name}: tests/test.sh ran past its [verifier] timeout_sec={cfg.timeout_sec:g}"
                 " (Harbor's VerifierTimeoutError)",
             )

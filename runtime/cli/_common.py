@@ -375,7 +375,7 @@ def budget_value(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def budgeted(budget: Any, cfg: Config) -> Any:
+def budgeted(budget: Any, cfg: Config, *, repeats: int) -> Any:
     """``--budget``'s gate for ``run_batch``, or None; a budget in money needs ``pricing`` (exit 2)."""
     if budget is None:
         return None
@@ -386,7 +386,7 @@ def budgeted(budget: Any, cfg: Config) -> Any:
         )
     from gym_runtime.service.budget import BudgetedPublish
 
-    return BudgetedPublish(budget, 1, cfg.pricing.currency if cfg.pricing else None)
+    return BudgetedPublish(budget, repeats, cfg.pricing.currency if cfg.pricing else None)
 
 
 def budget_exit(stats: Any, out: str, budget: Any, batch: str, *, kept: bool = True) -> int:

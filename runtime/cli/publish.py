@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("the config names no agents")
     # the rows routed and checked against their environments (what `validate` checks), before connecting
     plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
-    budget = cli.budgeted(args.budget, cfg)
+    budget = cli.budgeted(args.budget, cfg, repeats=args.repeats)
     if budget is not None and args.batch is None:  # its reader of the results needs the id up front
         args.batch = uuid.uuid4().hex[:12]
     cli.reach(url)  # the rows and flags are checked first: a mistake there is said without waiting for a server
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
                     return await publish()
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(budget.watch, bus, args.batch)
-                    manifest = await publish(admit=budget.admit, held=budget.held)
+                    manifest = await publish(gate=budget)
                     tg.cancel_scope.cancel()
                 return manifest
             finally:

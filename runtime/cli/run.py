@@ -212,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
     from gym_runtime.ops.nats_server import free_port
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import batch_pairs, run_batch
+    from gym_runtime.service.runner import RunHooks, batch_pairs, run_batch
 
     cfg = cli.load(args)
     note = None if progress.options_from(args).quiet else cli.say  # what a slow step waits for (not with --quiet)
@@ -234,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
     # the rows routed and checked against their environments (what `validate` checks), before anything starts
     with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
         plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
-    budget = cli.budgeted(args.budget, cfg)
+    budget = cli.budgeted(args.budget, cfg, repeats=args.repeats)
     # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
     run_async(lambda: ensure_config_images(cfg, note=cli.say))
     # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
@@ -282,15 +282,13 @@ def main(args: argparse.Namespace) -> int:
                         repeats=args.repeats,
                         limit=args.limit,
                         batch=args.batch,
-                        on_progress=tracker,
-                        on_result=tracker.result,
+                        hooks=RunHooks(on_progress=tracker, on_result=tracker.result, note=note),
                         auth=auth,
                         start_local_workers=groups is None,
                         plan=plan,
                         elsewhere=frozenset((s.split(".", 1)[0], s.split(".", 1)[1]) for s in hosted),
                         check_workers=not ours,
                         budget=budget,
-                        note=note,
                     )
                 )
     finally:

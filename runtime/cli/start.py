@@ -15,6 +15,7 @@ from gym_runtime.harbor.hosting import ensure_config_images
 from gym_runtime.nemo_gym.hosting.asgi import ForwardedSignals, beside_main
 from gym_runtime.nemo_gym.hosting.env import HOSTED_ENV, HostedEnv, in_hosted_env
 from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
+from gym_runtime.service.ready import say_ready
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,7 +89,7 @@ def on_ray(args: argparse.Namespace) -> int:
             return cli.EXIT_INTERRUPTED if stopped_by == signal.SIGINT else 0
 
     def ready(actors: int) -> None:
-        print(f"workers ready on Ray ({actors} actors)", flush=True)
+        say_ready(sys.stdout, f" on Ray ({actors} actors)")
 
     try:
         return serve_on_ray(placed, ready=ready)
@@ -138,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
                     only=args.only,
                     telemetry=telemetry,
                     replicas=args.replicas,
-                    ready=lambda: print("workers ready", file=ready_out, flush=True),
+                    ready=lambda: say_ready(ready_out),
                     auth=auth,
                     note=None if args.log_level == "error" else cli.say,  # a slow start named (not under --quiet)
                     verdict_said_by_caller=args.verdicts_said_by_caller,

@@ -56,9 +56,10 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``agent_modules``: each agent entry's module (a hosted one's: ``gym_runtime.nemo_gym.hosting.agent``); ``hosting``:
     what the workers use of hosting (``gym_runtime.nemo_gym.hosting.resource``), when a resource is hosted or an agent
     module runs in verifiers' own built environment (its ``verifiers_version``). Both loaded by name, as
-    plugins are, so that the workers import nothing from ``gym_runtime.nemo_gym.hosting``; empty when resolved for
-    publishing only (``plugins`` False). ``fingerprints`` and ``fields``: each entry's, by (role, name) as
-    workers register (``config.fingerprints``)."""
+    plugins are, so that the workers in a worker process import nothing from ``gym_runtime.nemo_gym.hosting`` (the
+    guest process's entry, ``workers.guest_main``, which runs a hosted server's code itself in its built environment,
+    is the one that does); empty when resolved for publishing only (``plugins`` False). ``fingerprints`` and
+    ``fields``: each entry's, by (role, name) as workers register (``config.fingerprints``)."""
 
     config: Config
     plugins: bool

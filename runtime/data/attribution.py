@@ -15,34 +15,16 @@ learn (stall on hard tasks, never be scored on them).
 
 from __future__ import annotations
 
-from typing import Literal
-
+from gym_runtime.data.error_classes import CLASSES, Attribution
 from gym_runtime.messages import ErrorClass, RolloutResult, TimeSplit
 
 __all__ = ["ATTRIBUTIONS", "BY_CLASS", "Attribution", "attribute", "attribution_text", "timeout_shares"]
 
-Attribution = Literal["policy", "environment", "infrastructure"]
 ATTRIBUTIONS: tuple[Attribution, ...] = ("policy", "environment", "infrastructure")
 
-# Every ErrorClass but ``timeout`` (split by its time): the class names its cause. The docs' table is this one.
-BY_CLASS: dict[ErrorClass, Attribution] = {
-    "model_error": "infrastructure",  # the model server answered an error (down, overloaded, refused the request)
-    "tool_error": "environment",  # a tool's session could not be served (not a tool's exception: that is shown)
-    "verify_error": "environment",  # the verifier raised, or answered what no row may hold (a runtime key, a reward)
-    "worker_lost": "infrastructure",  # the worker or its guest died (killed, out of memory, node gone)
-    "invalid_task": "environment",  # the task row cannot be run (the data's, or the agent's refusal of it)
-    "internal": "environment",  # the agent's own code crashed (the harness, not the policy's answer)
-    "config_mismatch": "infrastructure",  # workers and publisher run different configs
-    "cancelled": "infrastructure",  # the trainer cancelled the batch: never trained on
-    "budget": "infrastructure",  # the batch's budget ran out before it started
-    "stale": "infrastructure",  # the policy moved on past max_staleness before it started
-    "busy": "infrastructure",  # no free slot (never in a row)
-    "integrity": "infrastructure",  # a stored body or result was tampered with or lost
-    "lost": "infrastructure",  # no result was stored and nothing runs it any more
-    "terminated": "infrastructure",  # an older name of lost
-    "storage_full": "infrastructure",  # a stream was at its size limit
-    "sandbox_unavailable": "infrastructure",  # no sandbox lease within lease_wait_s
-}
+# Every ErrorClass but ``timeout`` (split by its time): the class names its cause (``error_classes.CLASSES``, whose
+# comments say why). The docs' table is this one.
+BY_CLASS: dict[ErrorClass, Attribution] = {c: r.attribution for c, r in CLASSES.items() if r.attribution is not None}
 _BY_NAME: dict[str, Attribution] = {str(k): v for k, v in BY_CLASS.items()}  # any string: a newer class too
 
 

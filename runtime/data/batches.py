@@ -52,6 +52,12 @@ class Owners(msgspec.Struct, kw_only=True):
             yield start, end, self.names[self.runs[i]]
             start = end
 
+    def each(self) -> Iterator[str]:
+        """Each task's agent, in task order."""
+        for start, end, agent in self.ranges():
+            for _ in range(end - start):
+                yield agent
+
     @property
     def tasks(self) -> int:
         return sum(self.runs[1::2])

@@ -13,19 +13,19 @@ in the stream of kept tasks too, with its first repeat (``data.republish`` reads
 from __future__ import annotations
 
 import asyncio
-import difflib
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 from opentelemetry.trace import SpanKind
 
 from gym_runtime.data.batches import Owners
-from gym_runtime.errors import InputError, StorageFull, UserError
-from gym_runtime.messages import ItemError, RolloutTask, RowCheck, create_params
+from gym_runtime.data.routing import Router
+from gym_runtime.errors import InputError, StorageFull
+from gym_runtime.messages import RolloutTask, RowCheck
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_kept_stream, task_msg_id
 from gym_runtime.transport.tasks import TaskSet
@@ -98,52 +98,12 @@ def _row_lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
             yield lineno, line
 
 
-def check_agent_flag(agent: str | None, agents: Iterable[str]) -> None:
-    """``--agent NAME`` names an agent of the config: said once, with the nearest name, before any row is read."""
-    names = list(agents)
-    if agent is None or agent in names:
-        return
-    near = difflib.get_close_matches(agent, names, n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]}?" if near else ""
-    raise UserError(f"--agent {agent!r} is not an agent of this config ({', '.join(names)}){hint}")
-
-
-def choose_agent(row: dict[str, Any], agents: list[str], default: str | None) -> str:
-    """``--agent`` if given, else the row's ``agent_ref.name`` (which must be an agent of the config)."""
-    ref = row.get("agent_ref")
-    if isinstance(ref, dict) and ref.get("name") and default is None:
-        name = ref["name"]
-        if name in agents:
-            return str(name)
-        hint = f"; pass --agent {agents[0]} to run such rows with it" if len(agents) == 1 else "; pass --agent NAME"
-        raise UserError(f"agent_ref.name {name!r} is not an agent of this config ({', '.join(agents)}){hint}")
-    if default is not None:
-        check_agent_flag(default, agents)
-        return default
-    if len(agents) == 1:
-        return agents[0]
-    raise UserError(f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent")
-
-
 def _bad_utf8(line: bytes) -> str:
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as e:
         return f"byte 0x{line[e.start]:02x} at column {e.start + 1}"
     return "invalid UTF-8"
-
-
-def check_row(row: Any, agents: list[str], agent: str | None = None) -> str:
-    """Validate one input row; returns the agent it goes to, or raises ``ValueError`` saying why."""
-    if not isinstance(row, dict):
-        raise UserError(f"a row must be a JSON object, got {type(row).__name__}")
-    if "responses_create_params" not in row:
-        raise UserError("missing required field 'responses_create_params'")
-    try:
-        create_params(row["responses_create_params"])
-    except ItemError as e:
-        raise UserError(str(e)) from None
-    return choose_agent(row, agents, agent)
 
 
 # where a command's rows may come from instead (`run` takes a bundled environment's example rows by its name)
@@ -157,17 +117,21 @@ def not_rows_hint(path: Path) -> str:
     return ""
 
 
+Check = Callable[[Any], tuple[str | None, list[str]]]  # a decoded row -> (its agent or None, its problems)
+
+
 def validate(
     path: str | Path,
     agents: list[str],
     *,
     agent: str | None = None,
     limit: int | None = None,
-    each: Callable[[str, Any], None] | None = None,
+    check: Check | None = None,
 ) -> Plan:
-    """The rows of a JSONL file decoded and routed to their agents (``InputError`` listing every problem);
-    ``each(where, row)`` sees each row that routes, in the same read (``validation.plan_publish``)."""
-    check_agent_flag(agent, agents)
+    """The rows of a JSONL file decoded and routed to their agents, each once, in one read (``InputError`` listing
+    every problem). ``check``: what a row must pass, its route included (``validation.plan_publish``'s checks
+    its environment too); by default the router's (``routing.Router``)."""
+    check = check or Router(agents, agent).check
     p = Path(path)
     if not p.is_file():
         raise InputError([f"{p}: file not found; give -i the path of a JSONL file of task rows{BUNDLED_ROWS}"])
@@ -188,19 +152,25 @@ def validate(
         except RecursionError:
             problems.append(f"{where}: nesting too deep (objects/arrays nested hundreds of levels)")
             continue
-        try:
-            name = check_row(row, agents, agent)
-        except ValueError as e:
-            problems.append(f"{where}: {e}")
-            continue
-        owners.add(name)
-        if each is not None:
-            each(where, row)
+        name, found = check(row)
+        problems += [f"{where}: {p}" for p in found]
+        if name is not None and not found:
+            owners.add(name)
     if problems:
         raise InputError(problems)
     if n == 0:
         raise InputError([f"{p}: no rows"])
     return Plan(path=p, count=n, owners=owners)
+
+
+class Gate(Protocol):
+    """A budget's admission (``service.budget.BudgetedPublish``): ``admit(task, stored)`` is asked for each task in
+    publish order before it is sent (``stored``: sent by an earlier run of this publish, only counted); once it
+    answers False, that task and every later one are not published but handed to ``held``."""
+
+    async def admit(self, task: RolloutTask, stored: bool) -> bool: ...
+
+    def held(self, task: RolloutTask) -> None: ...
 
 
 async def publish_tasks(
@@ -209,7 +179,6 @@ async def publish_tasks(
     *,
     batch: str,
     agents: list[str],
-    agent: str | None = None,
     repeats: int = 1,
     limit: int | None = None,
     in_flight: int = 256,
@@ -218,17 +187,16 @@ async def publish_tasks(
     grouped: Callable[[str], bool] = lambda _agent: False,
     mark: Watermark | None = None,
     keep: bool = False,
-    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
-    held: Callable[[RolloutTask], None] | None = None,
+    gate: Gate | None = None,
 ) -> int:
-    """Publish rows × repeats (laid out ``aabbcc``); returns the number of tasks (``publish_rows``)."""
+    """Publish rows × repeats (laid out ``aabbcc``), each to the agent its check found (``plan.owners``: not
+    routed again); returns the number of tasks (``publish_rows``)."""
     rows = (row for _, row in iter_rows(plan.path, limit))
     return await publish_rows(
         bus,
         rows,
         batch=batch,
         agents=agents,
-        agent=agent,
         repeats=repeats,
         in_flight=in_flight,
         task_fields=task_fields,
@@ -236,8 +204,8 @@ async def publish_tasks(
         on_sent=on_sent,
         mark=mark,
         keep=keep,
-        admit=admit,
-        held=held,
+        gate=gate,
+        routes=plan.owners.each(),
     )
 
 
@@ -250,12 +218,15 @@ def row_tasks(
     repeats: int = 1,
     task_fields: Callable[[str], dict[str, Any]] = lambda _agent: {},
     grouped: Callable[[str], bool] = lambda _agent: False,
-    routes: Sequence[str] | None = None,
+    routes: Iterable[str] | None = None,
 ) -> Iterator[RolloutTask]:
     """The tasks of rows × repeats in publish order (``aabbcc``; a grouped agent's repeats: one group task).
-    ``routes``: each row's agent, as a check of the rows found it (``validation.CheckedRows``); else chosen here."""
+    ``routes``: each row's agent in row order, as a check of the rows found it (``validation.CheckedRows``,
+    ``Plan.owners``); else routed here (``routing.Router``)."""
+    router = Router(agents, agent) if routes is None else None
+    route = iter(routes or ())
     for index, row in enumerate(rows):
-        name = routes[index] if routes is not None else choose_agent(row, agents, agent)
+        name = router.agent_of(row) if router is not None else next(route)
         group = repeats if repeats > 1 and grouped(name) else 0
         fields = task_fields(name)
         for r in range(1 if group else repeats):
@@ -285,6 +256,82 @@ async def publish_task(bus: Bus, task: RolloutTask, *, keep: bool = False) -> No
         await bus.js_publish(subject, task, msg_id=msg_id, keep=kept)
 
 
+class _Window:
+    """The publishes in flight: at most ``in_flight`` wait for their stream ack at once; the first that fails
+    (after ``Bus.js_publish``'s own retries) stops the rest. Each publish is a plain task (``TaskSet``) and the
+    window an ``asyncio.Semaphore``, which does not yield while a permit is free, so the publishes of one turn
+    leave in one socket write (10,000 tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU
+    each, 1.07 -> 0.34 s). ``mark``: kept up to date as the acks come; ``on_sent``: after each task sent."""
+
+    def __init__(
+        self, bus: Bus, in_flight: int, mark: Watermark, *, keep: bool, on_sent: Callable[[], None] | None
+    ) -> None:
+        self.bus, self.in_flight, self.mark, self.keep, self.on_sent = bus, in_flight, mark, keep, on_sent
+        self.limiter = asyncio.Semaphore(in_flight)
+        self.failed: list[Exception] = []
+        self.sent = 0  # tasks sent, those stored by an earlier run included
+        self.stored = 0  # tasks this run stored
+
+    async def send(self, tasks: TaskSet, task: RolloutTask) -> bool:
+        """Send ``task`` (skipped, counted as sent, when an earlier run stored it); False once one failed."""
+        await self.limiter.acquire()
+        if self.failed:
+            self.limiter.release()
+            return False
+        ordinal = self.mark.take()
+        self.sent += 1
+        if ordinal is None:  # stored by an earlier run of this publish
+            self.limiter.release()
+            if self.on_sent is not None:
+                self.on_sent()
+            return True
+        tasks.spawn(self._publish, task, ordinal)
+        return True
+
+    async def _publish(self, task: RolloutTask, ordinal: int) -> None:
+        try:
+            await publish_task(self.bus, task, keep=self.keep)
+            self.stored += 1
+            self.mark.stored(ordinal)
+            if self.on_sent is not None:
+                self.on_sent()
+        except Exception as e:
+            self.failed.append(e)
+        finally:
+            self.limiter.release()
+
+    async def drain(self) -> None:
+        """Until every publish has its ack (or failed)."""
+        for _ in range(self.in_flight):
+            await self.limiter.acquire()
+
+    def raise_failure(self, batch: str) -> None:
+        if not self.failed:
+            return
+        if isinstance(self.failed[0], StorageFull):  # say what is in: nothing half-published silently
+            raise StorageFull(
+                f"{self.failed[0]}; {self.mark.start + self.stored} tasks of batch {batch} were stored before it "
+                "(publishing the same batch id again adds only the rest)"
+            ) from None
+        raise self.failed[0]
+
+
+class _Admitted:
+    """A gate's answers in publish order: once it says no, that task and every later one are held back."""
+
+    def __init__(self, gate: Gate | None) -> None:
+        self.gate = gate
+        self.stopped = False
+
+    async def __call__(self, task: RolloutTask, stored: bool) -> bool:
+        if self.gate is None:
+            return True
+        self.stopped = self.stopped or not await self.gate.admit(task, stored)
+        if self.stopped:
+            self.gate.held(task)
+        return not self.stopped
+
+
 async def publish_rows(
     bus: Bus,
     rows: Iterable[dict[str, Any]],
@@ -299,96 +346,42 @@ async def publish_rows(
     on_sent: Callable[[], None] | None = None,
     mark: Watermark | None = None,
     keep: bool = False,
-    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
-    held: Callable[[RolloutTask], None] | None = None,
-    routes: Sequence[str] | None = None,
+    gate: Gate | None = None,
+    routes: Iterable[str] | None = None,
 ) -> int:
-    """Publish validated rows × repeats (``routes``: each row's agent, as their check found it: ``row_tasks``);
-    ``task_fields(agent)`` adds trainer fields to each task. Into streams
-    its caller ensured (``ensure_streams``: ``publish_batch`` does, and a ``Client`` as it starts), once.
-
-    ``admit(task, stored)``: asked for each task in publish order before it is sent (``stored``: sent by an
-    earlier run of this publish, only counted); once it answers False, that task and every later one are
-    not published but handed to ``held`` (a budget's admission: ``gym_runtime.admission.Budget``).
+    """Publish validated rows × repeats into streams its caller ensured (``ensure_streams``: ``publish_batch``
+    does, and a ``Client`` as it starts), once; returns the number of tasks sent. Three steps, one per concern:
+    the tasks laid out (``row_tasks``: ``routes``, ``task_fields``, ``grouped``), each asked of the ``gate``
+    (``Gate``: a budget's admission), then sent through the window of publishes in flight (``_Window``:
+    ``in_flight``, ``mark``, ``on_sent``).
 
     ``keep``: each task's body is stored in the stream of kept tasks too, with its first repeat (the same bytes;
     a large body's blob is shared); that repeat counts as stored, in ``mark`` too, only once both are, so a
-    batch is ``published`` only with every task's body kept.
-
-    ``mark``: the tasks before ``mark.start`` (in publish order) are stored already and are skipped
-    (counted as sent); the publish keeps ``mark`` up to date as its acks come.
-
-    For an agent that takes groups (``grouped(agent)``, its ``group_repeats``), a row's repeats
-    are one group task (``RolloutTask.group``), counted as one task.
-
-    At most ``in_flight`` publishes wait for their stream ack at once; the first that fails
-    (after ``Bus.js_publish``'s own retries) stops the rest and is raised. Each publish is a
-    plain task (``TaskSet``) and the window an ``asyncio.Semaphore``, which does not yield
-    while a permit is free, so the publishes of one turn leave in one socket write (10,000
-    tasks, with anyio's task group and semaphore before: 100 -> 33 us of CPU each, 1.07 -> 0.34 s).
+    batch is ``published`` only with every task's body kept. ``mark``: the tasks before ``mark.start`` (in
+    publish order) are stored already and are skipped (counted as sent).
     """
     if keep:
         await ensure_kept_stream(bus)
-    limiter = asyncio.Semaphore(in_flight)
-    failed: list[Exception] = []
-    sent = 0
-    stored = 0
     mark = mark or Watermark()
-
-    async def send(task: RolloutTask, ordinal: int) -> None:
-        nonlocal stored
-        try:
-            await publish_task(bus, task, keep=keep)
-            stored += 1
-            mark.stored(ordinal)
-            if on_sent is not None:
-                on_sent()
-        except Exception as e:
-            failed.append(e)
-        finally:
-            limiter.release()
-
+    window = _Window(bus, in_flight, mark, keep=keep, on_sent=on_sent)
+    admitted = _Admitted(gate)
+    laid_out = row_tasks(
+        rows,
+        batch=batch,
+        agents=agents,
+        agent=agent,
+        repeats=repeats,
+        task_fields=task_fields,
+        grouped=grouped,
+        routes=routes,
+    )
     async with anyio.create_task_group() as tg:
         tasks = TaskSet()
         tg.start_soon(tasks.guard)
-        stopped = False
-        for task in row_tasks(
-            rows,
-            batch=batch,
-            agents=agents,
-            agent=agent,
-            repeats=repeats,
-            task_fields=task_fields,
-            grouped=grouped,
-            routes=routes,
-        ):
-            if admit is not None and not stopped:
-                stopped = not await admit(task, mark.skips())
-            if stopped:
-                if held is not None:
-                    held(task)
-                continue
-            await limiter.acquire()
-            if failed:
-                limiter.release()
+        for task in laid_out:
+            if await admitted(task, mark.skips()) and not await window.send(tasks, task):
                 break
-            ordinal = mark.take()
-            if ordinal is None:  # stored by an earlier run of this publish
-                limiter.release()
-                sent += 1
-                if on_sent is not None:
-                    on_sent()
-                continue
-            tasks.spawn(send, task, ordinal)
-            sent += 1
-        for _ in range(in_flight):  # every publish has its ack (or failed)
-            await limiter.acquire()
+        await window.drain()
         tg.cancel_scope.cancel()
-    if failed:
-        if isinstance(failed[0], StorageFull):  # say what is in: nothing half-published silently
-            raise StorageFull(
-                f"{failed[0]}; {mark.start + stored} tasks of batch {batch} were stored before it (publishing the same "
-                "batch id again adds only the rest)"
-            ) from None
-        raise failed[0]
-    return sent
+    window.raise_failure(batch)
+    return window.sent

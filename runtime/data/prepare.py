@@ -35,8 +35,9 @@ import msgspec
 
 from gym_runtime.config import Config
 from gym_runtime.config import nemo_gym as nemo_config
+from gym_runtime.data.routing import AGENT_REF_TYPE
 from gym_runtime.data.sources import PrepareError, Source, read_source
-from gym_runtime.data.validation import AGENT_REF_TYPE, Report, TaskChecker, check_rows
+from gym_runtime.data.validation import Report, TaskChecker, check_rows
 from gym_runtime.errors import UserError
 
 

@@ -48,8 +48,21 @@ RUNTIME_KEYS = frozenset(
 # rows, and no reader takes either for a failure: a failure is ``error_class``, which the runtime owns.
 SHARED_FAILURE_KEYS = frozenset({"error", "partial"})
 DEFAULT_REWARD_BOUND = 1e6  # the config's ``reward_bound``: far inside float32 (TRL casts rewards to it)
-# what a trainer adapter adds to a row it handed the trainer (``trainers.train_rows``): runtime-owned too
-TRAIN_KEYS = frozenset({"train_step", "train_group", "train_reward", "train_advantage", "train_total_reward"})
+
+
+class TrainFields(msgspec.Struct, kw_only=True):
+    """What a trainer adapter adds to a row it handed the trainer, one training row a line (``trainers.train_rows``
+    writes them, ``view``'s training pages read them): runtime-owned keys too (``TRAIN_KEYS``). The one spelling
+    of the training-rows format."""
+
+    train_step: int | None = None  # the trainer's step, or the policy version, that consumed the row
+    train_group: int | str | None = None  # the group's number in the run: its members share it
+    train_reward: float | None = None  # the environment reward handed over (None: kept out of the group's figures)
+    train_advantage: float | None = None  # read back from the trainer where it computes it (None: it does not say)
+    train_total_reward: float | None = None
+
+
+TRAIN_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(TrainFields))
 RUNTIME_KEYS = RUNTIME_KEYS | TRAIN_KEYS
 _MISSING = object()
 

@@ -1,9 +1,9 @@
 """Check task rows against the environment each one routes to, before any rollout runs.
 
-A row is routed to an agent of the config (its ``agent_ref.name``, ``--agent``, or
-the only agent), and through the agent to its resource class. The row is then
-checked for what that environment needs: valid ``responses_create_params``, the
-task fields the class declares (``Resource.task_fields``, a msgspec Struct, plus
+A row is checked and routed to an agent of the config by the one row router
+(``routing.Router``: its ``agent_ref.name``, ``--agent``, or the only agent), and
+through the agent to its resource class. The row is then checked for what that
+environment needs: the task fields the class declares (``Resource.task_fields``, a msgspec Struct, plus
 its ``check_task``), and tools the class really has. Every problem is reported,
 not only the first, so a dataset is fixed in one pass.
 """
@@ -21,13 +21,12 @@ import msgspec
 
 from gym_runtime.config import Config
 from gym_runtime.data.batches import Owners
-from gym_runtime.data.inputs import Plan, check_agent_flag, validate
+from gym_runtime.data.inputs import Plan, validate
+from gym_runtime.data.routing import Router
 from gym_runtime.data.sources import parse_source, read_jsonl, read_source
 from gym_runtime.errors import InputError
-from gym_runtime.messages import ItemError, RowCheck, create_params
+from gym_runtime.messages import RowCheck
 from gym_runtime.resource import Resource, config_resource_class
-
-AGENT_REF_TYPE = "responses_api_agents"  # NeMo Gym's agent_ref.type
 
 
 @dataclass(slots=True)
@@ -63,9 +62,8 @@ class TaskChecker:
         reads from the call), for every environment, as a class's ``row_tools = "any"`` says for its own.
         ``importable_only``: an environment this process cannot import (it is installed on the worker nodes
         only) is not checked here; without it, that is an error (``validate``)."""
-        check_agent_flag(agent, cfg.agents)
+        self.router = Router(cfg.agents, agent)  # (``agent`` checked here, once)
         self.cfg = cfg
-        self.agent = agent
         self.any_tools = any_tools
         self.classes: dict[str, type[Resource] | None] = {}
         for name, a in cfg.agents.items():
@@ -79,49 +77,15 @@ class TaskChecker:
                     raise
                 self.classes[name] = None
 
-    def route(self, row: dict[str, Any]) -> tuple[str | None, list[str]]:
-        """The agent a row goes to, or the problems that stop it from going anywhere."""
-        agents = list(self.cfg.agents)
-        ref = row.get("agent_ref")
-        if ref is not None:
-            if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
-                return None, ["agent_ref must be an object with a string 'name'"]
-            if ref.get("type", AGENT_REF_TYPE) != AGENT_REF_TYPE:
-                return None, [f"agent_ref.type must be {AGENT_REF_TYPE!r}, got {ref.get('type')!r}"]
-            if self.agent is None:
-                if ref["name"] not in self.cfg.agents:
-                    return None, [
-                        f"agent_ref.name {ref['name']!r} is not an agent of this config ({', '.join(agents)})"
-                    ]
-                return ref["name"], []
-        if self.agent is not None:
-            return self.agent, []
-        if len(agents) == 1:
-            return agents[0], []
-        if not agents:
-            return None, ["the config has no agents"]
-        return None, [f"row names no agent_ref and the config has several agents ({', '.join(agents)}); pass --agent"]
-
     def check(self, row: Any) -> tuple[str | None, list[str]]:
-        """(agent, problems) for one decoded row."""
-        if not isinstance(row, dict):
-            return None, [f"a row must be a JSON object, got {type(row).__name__}"]
-        problems: list[str] = []
-        params = row.get("responses_create_params")
-        if params is None:
-            problems.append("missing required field 'responses_create_params'")
-        else:
-            try:
-                create_params(params)
-            except (ItemError, ValueError) as e:
-                problems.append(str(e))
-        agent, routing = self.route(row)
-        problems += routing
+        """(agent, problems) for one decoded row: the router's checks and route, then its environment's."""
+        agent, problems = self.router.check(row)
         if agent is None:
             return None, problems
         cls = self.classes[agent]
         if cls is None:  # not importable here: its workers check what it needs
             return agent, problems
+        params = row.get("responses_create_params")
         problems += row_problems(cls, self.cfg.agents[agent].resource, row, params, any_tools=self.any_tools)
         return agent, problems
 
@@ -207,25 +171,15 @@ def plan_publish(
     cfg: Config, path: str | Path, *, agent: str | None = None, limit: int | None = None, any_tools: bool = False
 ) -> Plan:
     """What ``run`` and ``publish`` will send from a JSONL file, checked before anything starts, in one read:
-    each row decoded and routed to its agent (``inputs.validate``), then checked against its environment as
-    ``check_before_publish`` checks. ``InputError``: the rows that do not decode or route, else every other
-    problem."""
+    each row decoded (``inputs.validate``), checked and routed once, as ``check_before_publish`` checks
+    (``InputError`` listing every problem)."""
     checker = _publish_checker(cfg, agent, any_tools)
-    report = Report()
-    plan = validate(
-        path, list(cfg.agents), agent=agent, limit=limit, each=lambda at, row: _check_one(checker, at, row, report)
-    )
-    if report.problems:
-        raise InputError(report.problems)
+    plan = validate(path, list(cfg.agents), agent=agent, limit=limit, check=checker.check)
     return dataclasses.replace(plan, seed_checks=_seed_checks(checker, any_tools))
 
 
 def _publish_checker(cfg: Config, agent: str | None, any_tools: bool) -> TaskChecker:
     return TaskChecker(cfg, agent=agent, any_tools=any_tools, importable_only=True)
-
-
-def _check_one(checker: TaskChecker, where: str, row: Any, report: Report) -> None:
-    check_rows(checker, ((where, row),), report)
 
 
 def _seed_checks(checker: TaskChecker, any_tools: bool) -> dict[str, RowCheck]:

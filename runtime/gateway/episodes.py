@@ -6,17 +6,19 @@ NeMo Gym 0.7 collects every rollout through an Environment Server's ``/run``. A 
 request (``nemo_gym/episode_types.py``: ``episode_id`` + ``task``) and is answered with an episode response
 holding a ``result`` or an ``EpisodeFailure``. Written from those models' fields, not their code.
 
-Our failure classes map onto NeMo Gym's failure kinds (``nemo_gym/failure_kinds.py``) in ``FAILURES``; a
-class with no counterpart gets the namespaced kind ``gym_runtime:<class>``, which that module provides for
-"something the shared vocabulary should not grow a name for".
+Our failure classes map onto NeMo Gym's failure kinds (``nemo_gym/failure_kinds.py``) as their one record says
+(``data.error_classes``); a class with no counterpart gets the namespaced kind ``gym_runtime:<class>``, which that
+module provides for "something the shared vocabulary should not grow a name for".
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
+
+from gym_runtime.data.error_classes import CLASSES, Stage
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
@@ -24,8 +26,6 @@ MAX_REASON = 2000  # EpisodeFailure.failure_reason's max_length
 ENVIRONMENT_SERVER_FAILED = "environment_server_failed"  # the collector's class for an Environment Server's failure
 # keys the collector writes itself and refuses in an Environment Server's result
 _COLLECTOR_KEYS = ("ng_trajectory", "ng_model_call_capture", "ng_perf")
-
-Stage = Literal["admission", "seed", "agent", "verification", "cleanup"]
 
 
 class EpisodeId(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -63,26 +63,10 @@ class EpisodeFailure(msgspec.Struct, omit_defaults=True):
     stage: Stage | None = None
 
 
-# error class -> (failure kind, terminal, stage). Terminal: a new attempt would fail the same way.
+# error class -> (failure kind, terminal, stage), read from the one record of each class (``data.error_classes``),
+# plus the gateway's own: the task was not acknowledged by the bus in time (PublishTimeout)
 FAILURES: dict[str, tuple[str, bool, Stage | None]] = {
-    "timeout": ("agent_timeout", False, "agent"),
-    "model_error": ("agent_run_error", False, "agent"),
-    "tool_error": ("agent_run_error", False, "agent"),
-    "verify_error": ("verifier_error", False, "verification"),
-    "worker_lost": ("session_lost", False, None),
-    "invalid_task": ("agent_request_failed", True, "seed"),
-    "internal": ("agent_run_error", True, "agent"),
-    "cancelled": ("cancelled", False, "admission"),
-    "integrity": ("persistence_failed", False, None),
-    "storage_full": ("persistence_failed", False, None),
-    "lost": ("kill_shaped", False, None),
-    "terminated": ("kill_shaped", False, None),
-    # no counterpart in NeMo Gym's vocabulary: namespaced, as failure_kinds.py provides
-    "config_mismatch": ("gym_runtime:config_mismatch", True, "admission"),
-    "budget": ("gym_runtime:budget", False, "admission"),
-    "stale": ("gym_runtime:stale", False, "admission"),
-    "busy": ("gym_runtime:busy", False, "admission"),
-    # the gateway's own: the task was not acknowledged by the bus in time (PublishTimeout)
+    **{c: (r.kind, r.terminal, r.stage) for c, r in CLASSES.items()},
     "publish_timeout": ("transport_timeout", False, "admission"),
 }
 

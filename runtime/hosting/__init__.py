@@ -1,37 +1,24 @@
-"""Kept for configs and plugins: the old path of NeMo Gym's hosting (now ``gym_runtime.nemo_gym.hosting``, its
-parity ``gym_runtime.nemo_gym.parity``) and of Harbor's image builder (now ``gym_runtime.harbor.hosting``).
+"""Deprecated, removed in gym-runtime 0.2.0 (``gym_runtime.moved.REMOVED_IN``): the old path of NeMo Gym's hosting
+(now ``gym_runtime.nemo_gym.hosting``, its parity and catalogue ``gym_runtime.nemo_gym.parity``/``.catalogue``) and
+of Harbor's image builder (now ``gym_runtime.harbor.hosting``).
 
 ``import gym_runtime.hosting.agent`` (a saved config's hosted agent) and ``python -m gym_runtime.hosting.harbor``
-find the moved modules: each old name is bound to its module in ``sys.modules`` when this package loads, so an
-old path and the new one are the same module, not a copy. New code imports the new paths. Not
-``sandbox_provider``: it imports NeMo Gym itself, so it loads only in a hosted server's environment, which finds
-it by the package's entry point (its new path; an environment is rebuilt when the entry points change).
+find the moved modules: the first import of an old name warns (``DeprecationWarning``, naming the new path) and
+binds it to the moved module itself in ``sys.modules``, not a copy. Nothing is imported until an old name is
+asked for. New code imports the new paths. Not ``sandbox_provider``: it imports NeMo Gym itself, so it loads only
+in a hosted server's environment, which finds it by the package's entry point (its new path).
 """
 
-import sys
+from gym_runtime.moved import MovedModules
 
-from gym_runtime.harbor import hosting as harbor
-from gym_runtime.nemo_gym import catalogue, parity
-from gym_runtime.nemo_gym.hosting import (
-    agent,
-    asgi,
-    env,
-    host,
-    middleware,
-    resource,
-    server_client,
-)
-
+_HOSTING = "gym_runtime.nemo_gym.hosting"
 MOVED = {
-    "agent": agent,
-    "asgi": asgi,
-    "catalogue": catalogue,
-    "env": env,
-    "harbor": harbor,
-    "host": host,
-    "middleware": middleware,
-    "parity": parity,
-    "resource": resource,
-    "server_client": server_client,
+    **{name: f"{_HOSTING}.{name}" for name in ("agent", "asgi", "env", "host", "middleware", "resource")},
+    "server_client": f"{_HOSTING}.server_client",
+    "catalogue": "gym_runtime.nemo_gym.catalogue",
+    "parity": "gym_runtime.nemo_gym.parity",
+    "harbor": "gym_runtime.harbor.hosting",
 }
-sys.modules.update({f"{__name__}.{name}": module for name, module in MOVED.items()})
+_finder = MovedModules(__name__, MOVED)
+_finder.install()
+__getattr__ = _finder.getattr  # ``gym_runtime.hosting.agent`` as an attribute: imported and warned about as above

@@ -3,7 +3,8 @@
 A jail, not a sandbox: one process (namespaces, seccomp, Landlock, a cgroup) around one graded program on
 this host, as nsjail and firejail are; the sandboxes (``gym_runtime.sandboxes``) are the container fleet that
 environments lease through the bus. Until this name, the two were ``sandbox/`` and ``sandboxes/``;
-``gym_runtime.sandbox`` still re-exports this package's names for plugins that import them from there.
+``gym_runtime.sandbox`` still re-exports this package's names for plugins that import them from there, with a
+warning, until 0.2.0.
 
 ``code_gen`` (a program against unit tests) and ``swe``'s local backend (a
 repository and a shell) both run untrusted code here; neither imports the other.

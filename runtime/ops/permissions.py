@@ -165,10 +165,12 @@ def _agent(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         # the count of a rollout's failed attempts (its pool's own keys: worker losses are the rest)
         sj.kv_key(s.control_bucket, s.failed_keys(mine)),
         s.agent_attempts(mine),  # each attempt's record of itself (its pool's own), read by explain
-        # its rollouts' checkpoints (its pool's own keys), read back by a redelivered attempt: no other role
-        # reads or writes them (a forged one would steer a rollout)
+        # its rollouts' checkpoints (its pool's own keys), written, and read back by a redelivered attempt by a
+        # last-by-subject direct get of its own keys: no stream info (its subjects filter lists every key), no
+        # get by sequence or by a subject in the body, so no other role or pool lists, reads or writes them (a
+        # read one hands over a session's id and address, a forged one would steer a rollout)
         sj.kv_key(s.checkpoints_bucket, s.checkpoint_keys(mine)),
-        *_read_kv(s.checkpoints_bucket),
+        sj.direct_get(sj.kv_stream(s.checkpoints_bucket), sj.kv_key(s.checkpoints_bucket, s.checkpoint_keys(mine))),
         *_pull(s, "task", pool),
         sj.lane_replies(sj.lane("agent", mine)),  # status answers
     ]
@@ -225,13 +227,14 @@ _ROLE_GRANTS: dict[str, Callable[[Subjects, Reach, str | None], _Grant]] = {
 
 
 def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> list[str]:
-    """Calling environments ``envs`` as ``role`` (one ``pool`` of it): seeds only as itself (the caller a
-    worker bounds sessions by is in the subject: ``Subjects.seed``; a role-wide credential may be any pool of its
-    role, as it may do what each does), then its sessions' operations and stateless verifies."""
+    """Calling environments ``envs`` as ``role`` (one ``pool`` of it): seeds and session operations only as
+    itself (the caller is in the subject: ``Subjects.seed``, ``Subjects.session_call``; a worker bounds sessions
+    by it, and answers a session only for the caller that seeded it; a role-wide credential may be any pool of
+    its role, as it may do what each does), and stateless verifies."""
     me = sj.caller_of(role, pool or "*")
     out = []
     for env in envs:
-        out += [s.seed(env, me), s.session_op(s.session(env, "*"), "*"), s.stateless_verify(env)]
+        out += [s.seed(env, me), s.session_call(s.session(env, "*"), "*", me), s.stateless_verify(env)]
     return out
 
 

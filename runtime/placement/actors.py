@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 
+from gym_runtime.service.ready import read_ready
 from gym_runtime.service.supervisor import term_with_parent
 
 __all__ = ["NotReady", "WorkerProcess"]
@@ -82,7 +83,7 @@ class WorkerProcess:
 
     def _read_ready(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
-        if "ready" in proc.stdout.readline():
+        if read_ready(proc.stdout):
             self._ready.set()
         self._answered.set()
         for _ in proc.stdout:  # keep its pipe drained

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from gym_runtime.config import Config
 from gym_runtime.transport.bus import Bus
 
-__all__ = ["Demand", "agents_using", "read", "wanted"]
+__all__ = ["Decision", "Demand", "agents_using", "decide", "read", "wanted"]
+
+PINNED = ("resources", "sandboxes")  # roles whose sessions stay on the replica that opened them
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,38 @@ class Demand:
 def wanted(demand: Demand, low: int, high: int) -> int:
     """The replicas a role should have: its demand's, within [low, high]."""
     return max(low, min(high, demand.replicas()))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a role's scaler does at one interval: ``ask`` replicas told to Ray's autoscaler, ``add`` or
+    ``remove`` (the newest drained first) now, and ``surplus_since`` carried to the next interval."""
+
+    want: int
+    ask: int
+    add: int = 0
+    remove: int = 0
+    surplus_since: float | None = None
+
+
+def decide(
+    role: str, demand: Demand, have: int, low: int, high: int, *, surplus_since: float | None, now: float, idle_s: float
+) -> Decision:
+    """The scaler's whole rule for a role that has ``have`` replicas, read at ``now`` (monotonic seconds):
+    more are added at once; fewer only once the surplus lasted ``idle_s`` (``surplus_since``: when it began, from
+    the last decision); a resource or sandbox pool with work asked (its sessions pinned to their replicas) never
+    scales down and keeps asking Ray for what it has."""
+    want = wanted(demand, low, high)
+    pinned = role in PINNED and demand.asked > 0
+    ask = max(want, have) if pinned else want
+    if want > have:
+        return Decision(want, ask, add=want - have)
+    if want < have and not pinned:
+        since = now if surplus_since is None else surplus_since
+        if now - since >= idle_s:
+            return Decision(want, ask, remove=have - want)
+        return Decision(want, ask, surplus_since=since)
+    return Decision(want, ask)
 
 
 def agents_using(cfg: Config, role: str, name: str) -> list[str]:

@@ -1,12 +1,13 @@
 """Each elastic role's replicas kept at what its backlog asks for (``ray.roles.ROLE.NAME.min``/``max``).
 
-Every ``ray.scale_interval_s`` a role reads its demand (``backlog.read``) and wants ``ceil(asked / slots)``
-replicas within [min, max]. More are added at once (each placed and ready before it counts); fewer only after
-the surplus lasted ``ray.idle_s``, and then the newest are drained first (SIGTERM: an agent finishes or hands
-back what it holds) before Ray ends them. The demand counts in-flight rollouts, so a pool never scales below
-what they hold; a resource or sandbox pool, whose sessions are pinned to the replica that opened them, only
-scales down when none of its agents has a task left. The whole cluster's wish is told to Ray's autoscaler
-(``request_resources``: one bundle per wanted actor), so it adds nodes before the actors wait on them.
+Every ``ray.scale_interval_s`` a role reads its demand (``backlog.read``) and does what ``backlog.decide`` says
+(the whole rule, a pure function): ``ceil(asked / slots)`` replicas within [min, max]. More are added at once
+(each placed and ready before it counts); fewer only after the surplus lasted ``ray.idle_s``, and then the newest
+are drained first (SIGTERM: an agent finishes or hands back what it holds) before Ray ends them. The demand
+counts in-flight rollouts, so a pool never scales below what they hold; a resource or sandbox pool, whose
+sessions are pinned to the replica that opened them, only scales down when none of its agents has a task left.
+The whole cluster's wish is told to Ray's autoscaler (``request_resources``: one bundle per wanted actor), so it
+adds nodes before the actors wait on them.
 
 ``min: 0`` and the agents' ``absent_grace_s`` (60 s): a role is asked for as soon as its agents' tasks are stored
 (``backlog``), so it is scaled up within the grace; absence is not made aware of the scaler. Keep
@@ -65,30 +66,35 @@ class Scaler:
         said: str | None = None
         while True:
             demand = (await backlog.read(self.bus, self.cfg, [(role, name)]))[role, name]
-            want, have = backlog.wanted(demand, low, high), self.pools.count(role, name)
-            pinned = role in ("resources", "sandboxes") and demand.asked > 0
-            self.wanted[role, name] = max(want, have) if pinned else want
+            have = self.pools.count(role, name)
+            step = backlog.decide(
+                role,
+                demand,
+                have,
+                low,
+                high,
+                surplus_since=surplus_since,
+                now=time.monotonic(),
+                idle_s=self.cfg.ray.idle_s,
+            )
+            surplus_since = step.surplus_since
+            self.wanted[role, name] = step.ask
             self._tell_ray()
-            if want > have:
-                surplus_since = None
-                log.info("scale.up", role=f"{role}.{name}", have=have, want=want, asked=demand.asked)
+            at = {"role": f"{role}.{name}", "have": have, "want": step.want, "asked": demand.asked}
+            if step.add:
+                log.info("scale.up", **at)
                 try:
-                    await anyio.to_thread.run_sync(self.pools.add, role, name, want - have)
+                    await anyio.to_thread.run_sync(self.pools.add, role, name, step.add)
                     said = None
                 except PlacementError as e:
                     if str(e) != said:  # said once, not every interval
                         log.warning("scale.not_placed", role=f"{role}.{name}", reason=str(e))
                         said = str(e)
                 self._changed(role, name)
-            elif want < have and not pinned:
-                surplus_since = surplus_since or time.monotonic()
-                if time.monotonic() - surplus_since >= self.cfg.ray.idle_s:
-                    log.info("scale.down", role=f"{role}.{name}", have=have, want=want, asked=demand.asked)
-                    await anyio.to_thread.run_sync(self.pools.remove, role, name, have - want)
-                    surplus_since = None
-                    self._changed(role, name)
-            else:
-                surplus_since = None
+            elif step.remove:
+                log.info("scale.down", **at)
+                await anyio.to_thread.run_sync(self.pools.remove, role, name, step.remove)
+                self._changed(role, name)
             await anyio.sleep(self.cfg.ray.scale_interval_s)
 
     def _changed(self, role: str, name: str) -> None:

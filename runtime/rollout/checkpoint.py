@@ -9,7 +9,9 @@ would grow it by every turn of every long rollout, and a resume would read back 
 
 A write is off the critical path: it is put while the rollout goes on (the next write, and the attempt's end,
 wait for it); only the tool calls of a turn wait for that turn's checkpoint to be stored, so a resume replays
-the calls the model made, never samples new ones. A resume reads only what the server stored. The delete that
+the calls the model made, never samples new ones. A resume reads only what the server stored, and only its own
+pool's: a key starts with its agent pool's name (``Subjects.checkpoint_key``) and each pool may read its own keys
+only, each by a last-by-subject direct get (a checkpoint names its sessions and sandboxes). The delete that
 goes with the row is sent without waiting for the server's ack, as the task's own ack right after it is (one
 round trip a rollout less; a delete the server never got, e.g. one sent during a leader election, is the TTL's
 to age out, and a read right after it may still see the key).
@@ -27,7 +29,9 @@ from gym_runtime.observability import logs
 from gym_runtime.rollout.ledger import Ledger, TrajectoryState
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.interface import KeyValue
-from gym_runtime.transport.subjects import kv_key
+from gym_runtime.transport.subjects import kv_key, kv_stream
+
+__all__ = ["AUTO_S", "AUTO_TURNS", "GENERATING_S", "Checkpointer", "Mode", "checkpoints_kv", "holding"]
 
 log = logs.get("gym.checkpoint")
 
@@ -43,6 +47,7 @@ GENERATING_S = 2.0
 Mode = Literal["auto", "every_turn", "off"]
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Checkpoint)
 KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
+_GONE = (DELETE, "PURGE")
 _DELETE = {KV_OPERATION: DELETE}
 
 
@@ -80,9 +85,10 @@ def holding(
 
 
 async def checkpoints_kv(bus: Bus, ttl_s: float) -> KeyValue:
-    """The checkpoints bucket, made on first use with its TTL (a secured server's: by ``provision``): an agent
-    worker makes sure of it once, as it starts; its rollouts then write their keys as stored publishes."""
-    return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s)
+    """The checkpoints bucket, made on first use with its TTL and direct gets (a secured server's: by
+    ``provision``): an agent worker makes sure of it once, as it starts; its rollouts then write their keys as
+    stored publishes, and read them back by direct gets."""
+    return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s, direct=True)
 
 
 class Checkpointer:
@@ -90,14 +96,14 @@ class Checkpointer:
     attempt, deleted with the row (``remove``). A write is the bus's own stored publish to the key's subject
     (nats-py's KV put costs a request machinery and a bucket lookup per rollout)."""
 
-    __slots__ = ("_bus", "key", "mode", "_bucket", "_subject", "_pending", "written", "stored", "_ok")
+    __slots__ = ("_bus", "key", "mode", "_stream", "_subject", "_pending", "written", "stored", "_ok")
 
     def __init__(self, bus: Bus, key: str, mode: Mode) -> None:
         self._bus = bus
         self.key = key
         self.mode = mode
-        self._bucket = bus.subjects.checkpoints_bucket
-        self._subject = kv_key(self._bucket, key)
+        bucket = bus.subjects.checkpoints_bucket
+        self._stream, self._subject = kv_stream(bucket), kv_key(bucket, key)
         self._pending: asyncio.Task[None] | None = None
         self.written = False  # a write was asked (so the key may exist: ``remove`` deletes it)
         self.stored = 0  # checkpoints the server acknowledged
@@ -134,16 +140,18 @@ class Checkpointer:
         return self._ok
 
     async def read(self) -> Checkpoint | None:
-        """The checkpoint stored under the key (None: none, or one that cannot be read: the rollout starts over).
-        Read from the stream's leader (a KV get; the bucket allows no direct gets, which a replica behind it
-        could answer with an older checkpoint): once per redelivered attempt."""
+        """The checkpoint stored under the key (None: none, or one that cannot be read: the rollout starts over):
+        once per redelivered attempt, by a last-by-subject direct get of the key, the one read of the bucket the
+        pool's credential allows. With replicas, a follower may answer (as for any direct get): one behind its
+        leader by more than the time from the last write to this read would answer the checkpoint before it."""
         try:
-            raw = await (await self._bus.kv(self._bucket)).get(self.key)
+            stored = await self._bus.last_stored(self._stream, self._subject)
         except Exception as e:  # noqa: BLE001 - no checkpoint to read: the attempt starts over, as without one
             log.warning("checkpoint.unreadable", key=self.key, error=str(e))
             return None
-        if not raw:
+        if stored is None or not stored.data or (stored.headers or {}).get(KV_OPERATION) in _GONE:
             return None
+        raw = stored.data
         try:
             cp = _decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:

@@ -58,7 +58,8 @@ class Port(Protocol):
 
 class BusPort:
     """A worker's: model calls direct to a replica or queued (``call_model``), sessions on the environment's
-    workers (a seed to its queue group as this bus's caller, then the worker that holds the session)."""
+    workers (a seed to its queue group as this bus's caller, then each operation to the worker that holds the
+    session, naming that caller: the worker answers only the caller that seeded it)."""
 
     __slots__ = ("bus",)
 
@@ -85,11 +86,13 @@ class BusPort:
         return reply
 
     async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str) -> Any:
-        return await self.bus.request(Subjects.session_op(address, kind), message, timeout=timeout, op=op)
+        subject = Subjects.session_call(address, kind, self.bus.caller)  # the worker answers only its seeder
+        return await self.bus.request(subject, message, timeout=timeout, op=op)
 
     async def close(self, address: str, session: str) -> None:
         with contextlib.suppress(Exception):  # best-effort: the worker reaps idle sessions
-            await self.bus.publish(Subjects.session_op(address, "close"), CloseSession(session=session))
+            close = CloseSession(session=session)
+            await self.bus.publish(Subjects.session_call(address, "close", self.bus.caller), close)
 
 
 class LocalSession(Protocol):

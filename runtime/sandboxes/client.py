@@ -40,7 +40,7 @@ from typing import Any, Literal, Unpack
 import anyio
 import msgspec
 
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, observed
 from gym_runtime.messages import (
     COMMAND_HEAD,
     SandboxCall,
@@ -316,10 +316,12 @@ class _Waiting:
             self.released[full.address] = full.released
             self.since = now
         if full.lease_wait_s and now - self.since > full.lease_wait_s:
-            raise Failure(
-                "sandbox_unavailable",
-                f"sandbox pool {self.pool!r} released no lease for lease_wait_s={full.lease_wait_s:g}: its workers "
-                "are full and none of their sandboxes ended (see `gym-runtime status`)",
+            raise observed(  # the runtime's finding: environment code that passes it on does not make it its own
+                Failure(
+                    "sandbox_unavailable",
+                    f"sandbox pool {self.pool!r} released no lease for lease_wait_s={full.lease_wait_s:g}: its "
+                    "workers are full and none of their sandboxes ended (see `gym-runtime status`)",
+                )
             )
 
 

@@ -20,7 +20,7 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.batches import Manifest, get_manifest, new_manifest, other_namespaces, put_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, Watermark, publish_tasks, validate
+from gym_runtime.data.inputs import Gate, Plan, Watermark, publish_tasks, validate
 from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.messages import RolloutTask
@@ -112,6 +112,22 @@ def _same_batch(a: Manifest, b: Manifest) -> bool:
     return (a.input, a.repeats, a.expected, a.owners) == (b.input, b.repeats, b.expected, b.owners)
 
 
+class _HeldFrom:
+    """A gate that records where it first held a task back, in publish order (the manifest's ``held_from``)."""
+
+    def __init__(self, gate: Gate, repeats: int) -> None:
+        self.gate, self.repeats = gate, repeats
+        self.first = -1
+
+    async def admit(self, task: RolloutTask, stored: bool) -> bool:
+        return await self.gate.admit(task, stored)
+
+    def held(self, task: RolloutTask) -> None:
+        if self.first < 0:
+            self.first = task.task_index * self.repeats + (0 if task.group else task.rollout_index)
+        self.gate.held(task)
+
+
 async def publish_batch(
     bus: Bus,
     config: ResolvedConfig,
@@ -124,14 +140,13 @@ async def publish_batch(
     plan: Plan | None = None,
     on_sent: Callable[[], None] | None = None,
     check_workers: bool = True,
-    admit: Callable[[RolloutTask, bool], Awaitable[bool]] | None = None,
-    held: Callable[[RolloutTask], None] | None = None,
+    gate: Gate | None = None,
 ) -> Manifest:
     """Validate every row (unless ``plan`` says it was done), check the live workers serve this config
     (``check_workers``), record the manifest, publish rows × repeats.
 
-    ``admit``/``held``: a budget's admission (``publish_rows``); tasks it holds back are not published, and
-    the batch is then not ``published``: a run of it again goes on from the first of them."""
+    ``gate``: a budget's admission (``inputs.Gate``); tasks it holds back are not published, and the batch
+    records the first of them (``held_from``): a run of it again goes on from there."""
     agents = list(config.agents)
     if not agents:
         raise UserError("the config names no agents")
@@ -166,35 +181,27 @@ async def publish_batch(
     fps: dict[str, dict[str, Any]] = {a: {"fingerprint": config.fingerprints[("agent", a)]} for a in agents}
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
-    held_from: list[int] = []
-
-    def hold(task: RolloutTask) -> None:
-        if not held_from:
-            held_from.append(task.task_index * manifest.repeats + (0 if task.group else task.rollout_index))
-        if held is not None:
-            held(task)
-
+    recorded = _HeldFrom(gate, manifest.repeats) if gate is not None else None
     publish = functools.partial(
         publish_tasks,
         bus,
         plan,
         batch=manifest.batch,
         agents=agents,
-        agent=agent,
         repeats=repeats,
         limit=limit,
         on_sent=on_sent,
         task_fields=fps.__getitem__,
         grouped=lambda a: config.agents[a].group_repeats,
         keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
-        admit=admit,
-        held=hold if admit is not None else None,
+        gate=recorded,
     )
     manifest = await _checkpointed(bus, manifest, publish)
     # every task that will be is published (a reader may settle lost slots; the held back get budget rows)
-    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from[0] if held_from else -1)
-    if held_from:
-        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from[0], why="budget")
+    held_from = recorded.first if recorded is not None else -1
+    manifest = msgspec.structs.replace(manifest, published=True, held_from=held_from)
+    if held_from >= 0:
+        log.info("batch.held_back", batch=manifest.batch, rollouts=manifest.expected - held_from, why="budget")
     await put_manifest(bus, manifest)
     log.info("batch.published", batch=manifest.batch, expected=manifest.expected)
     return manifest

@@ -24,7 +24,6 @@ class BudgetedPublish:
         self.admission = Admission(budget)
         self.repeats = max(1, repeats)
         self.currency = currency
-        self.collector: Collector | None = None
         self.held_back = 0  # rollouts never started
         self._seen: set[int] = set()  # slots whose result was read
         self._charged: set[int] = set()  # slots counted in flight
@@ -80,11 +79,28 @@ class BudgetedPublish:
         return f"{n:,.0f} tokens" if self.budget.tokens else f"{n:.4f} {self.currency or ''}".rstrip()
 
     def held(self, task: RolloutTask) -> None:
+        """Counted (``publish``: a reader of the batch writes their rows, from ``held_from``; ``run``: its
+        collector, with ``not_started`` as the reason)."""
         self.held_back += len(self._slots(task))
-        if self.collector is None:  # ``publish``: a reader of the batch writes their rows (``held_from``)
-            return
-        self.collector.hold_back(
-            task,
-            f"not started: the batch's budget was spent ({self.spent_line()}); run the batch again with a "
-            "larger budget to run it",
+
+    def not_started(self) -> str:
+        """Why a held-back task's failure row says it never ran."""
+        return (
+            f"not started: the batch's budget was spent ({self.spent_line()}); run the batch again with a larger "
+            "budget to run it"
         )
+
+
+class HeldInCollector:
+    """``run``'s gate (``inputs.Gate``): the budget's admission, each task it holds back given its ``budget``
+    failure row by the run's collector."""
+
+    def __init__(self, budget: BudgetedPublish, collector: Collector) -> None:
+        self.budget, self.collector = budget, collector
+
+    async def admit(self, task: RolloutTask, stored: bool) -> bool:
+        return await self.budget.admit(task, stored)
+
+    def held(self, task: RolloutTask) -> None:
+        self.budget.held(task)
+        self.collector.hold_back(task, self.budget.not_started())

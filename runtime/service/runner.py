@@ -25,13 +25,14 @@ from gym_runtime.config import Config, ResolvedConfig, redact
 from gym_runtime.config.fingerprints import grader_identity
 from gym_runtime.data.batches import Manifest, new_manifest
 from gym_runtime.data.collector import Collector, CollectStats
-from gym_runtime.data.inputs import Plan, check_agent_flag, validate
+from gym_runtime.data.inputs import Plan, validate
 from gym_runtime.data.reverify import (
     ReverifyReport,
     load_tasks,
     reverify_file,
     validate_rollouts,
 )
+from gym_runtime.data.routing import check_agent_flag
 from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError, in_entry
 from gym_runtime.observability import logs
@@ -39,7 +40,7 @@ from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
 from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
-from gym_runtime.service.budget import BudgetedPublish
+from gym_runtime.service.budget import BudgetedPublish, HeldInCollector
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
@@ -364,6 +365,17 @@ class RunResult:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class RunHooks:
+    """What a run tells its caller as it goes, each optional: ``on_progress(done, expected)`` and
+    ``on_result(ok, reward)`` (a progress display), ``note``: where a slow worker start is named
+    (``start_workers``)."""
+
+    on_progress: Callable[[int, int], None] | None = None
+    on_result: Callable[[bool, float | None], None] | None = None
+    note: Callable[[str], None] | None = None
+
+
 async def run_batch(
     config: ResolvedConfig,
     url: str | list[str],
@@ -375,29 +387,25 @@ async def run_batch(
     repeats: int = 1,
     limit: int | None = None,
     batch: str | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    on_result: Callable[[bool, float | None], None] | None = None,
-    start_local_workers: bool = True,
+    hooks: RunHooks = RunHooks(),
     auth: Any = None,
     plan: Plan | None = None,
+    start_local_workers: bool = True,
     elsewhere: frozenset[tuple[str, str]] = frozenset(),
     check_workers: bool = True,
     budget: BudgetedPublish | None = None,
-    note: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Start workers, publish, collect; everything over NATS. Bad input fails before any work.
 
     ``plan``: the input already validated (``inputs.validate``) with these arguments; ``elsewhere``:
     (role, name) workers that run in child processes of their own (hosted NeMo Gym servers); ``check_workers``:
     look for live workers of another config before publishing (not needed on a server this run started);
-    ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``);
-    ``note``: where a slow worker start is named (``start_workers``)."""
+    ``budget``: tasks start only while it has room, the rest get ``budget`` failure rows (``service.budget``)."""
     t0 = time.perf_counter()
     if not config.agents:
         raise UserError("the config names no agents")
     # fail fast, before connecting
     plan = plan or validate(input_path, list(config.agents), agent=agent, limit=limit)
-    expected = plan.count * repeats
     batch = batch or uuid.uuid4().hex[:12]
     pairs = [p for p in batch_pairs(config, plan) if p not in elsewhere] if start_local_workers else []
     buses = await open_buses(
@@ -413,29 +421,20 @@ async def run_batch(
     try:
         await _preflight(bus, config, plan, pairs, check_workers=check_workers, local=start_local_workers)
         async with anyio.create_task_group() as tg:
-            workers = await _start_local(tg, buses, config, pairs, telemetry, note)
+            workers = await _start_local(tg, buses, config, pairs, telemetry, hooks.note)
             ready_s = time.perf_counter() - t0
-            log.info(
-                "batch.start",
-                batch=batch,
-                rows=plan.count,
-                repeats=repeats,
-                expected=expected,
-                agents=plan.agents,
-                out=str(out),
-            )
             manifest = new_manifest(batch, plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve()))
+            log.info("batch.start", batch=batch, rows=plan.count, repeats=repeats, expected=manifest.expected,
+                     agents=plan.agents, out=str(out))  # fmt: skip
             collector = Collector(
                 bus,
                 manifest,
                 out,
-                on_progress=on_progress,
-                on_result=on_result,
+                on_progress=hooks.on_progress,
+                on_result=hooks.on_result,
                 on_stored=budget.stored if budget is not None else None,
                 keep_attempts=True,
             )
-            if budget is not None:
-                budget.repeats, budget.collector = repeats, collector
             publish = functools.partial(
                 publish_batch,
                 bus,
@@ -447,8 +446,7 @@ async def run_batch(
                 batch=batch,
                 plan=plan,
                 check_workers=False,  # checked above
-                admit=budget.admit if budget is not None else None,
-                held=budget.held if budget is not None else None,
+                gate=HeldInCollector(budget, collector) if budget is not None else None,
             )
             stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
@@ -458,16 +456,9 @@ async def run_batch(
         with anyio.CancelScope(shield=True):
             await close_buses(buses)
     elapsed = time.perf_counter() - t0
-    log.info(
-        "batch.end",
-        batch=batch,
-        rows=stats.rows,
-        failed=stats.failures,
-        mean_reward=stats.mean_reward,
-        elapsed_s=round(elapsed, 3),
-        out=str(out),
-    )
-    return RunResult(batch=batch, tasks=expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
+    log.info("batch.end", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward,
+             elapsed_s=round(elapsed, 3), out=str(out))  # fmt: skip
+    return RunResult(batch=batch, tasks=manifest.expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
 
 
 async def _preflight(

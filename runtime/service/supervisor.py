@@ -30,6 +30,7 @@ import anyio
 
 from gym_runtime.errors import ClientError
 from gym_runtime.observability import logs
+from gym_runtime.service.ready import read_ready, say_ready
 
 log = logs.get("gym.supervisor")
 
@@ -179,8 +180,7 @@ class Child:
         proc = self.proc
 
         def read() -> None:
-            line = proc.stdout.readline() if proc.stdout else ""
-            self.ready = "ready" in line
+            self.ready = read_ready(proc.stdout) if proc.stdout else False
             if self.ready:
                 took = round(time.monotonic() - self.started_at, 3)
                 forked = isinstance(proc, Forked)
@@ -313,7 +313,7 @@ def run_pool(children: list[Child], *, ready_timeout: float = 60.0, drain_timeou
     try:
         try:
             start_ready(children, ready_timeout, stopping)
-            print(f"workers ready ({len(children)} processes)", flush=True)
+            say_ready(sys.stdout, f" ({len(children)} processes)")
         except Stopped:
             log.info("workers.stopped", before="ready")
         except NotStarted as e:
@@ -390,7 +390,7 @@ class StartProcess:
     async def open(
         cls, config_path: str, url: str | list[str], *, auth_dir: str | Path | None, replicas: int | None
     ) -> StartProcess:
-        """Start it and return once it printed "workers ready" (a ``ClientError`` after 120 s)."""
+        """Start it and return once it printed the ready line (``ready.say_ready``) (a ``ClientError`` after 120 s)."""
         argv = [sys.executable, "-m", "gym_runtime.cli", "start", config_path, "--nats"]
         argv.append(url if isinstance(url, str) else ",".join(url))
         if auth_dir is not None:
@@ -401,8 +401,7 @@ class StartProcess:
         started = cls(proc, config_path)
         assert proc.stdout is not None
         with anyio.move_on_after(120):
-            line = await anyio.to_thread.run_sync(proc.stdout.readline)
-            if line.startswith(b"workers ready"):
+            if await anyio.to_thread.run_sync(read_ready, proc.stdout):
                 return started
         await started.close()
         raise ClientError(

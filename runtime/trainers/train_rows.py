@@ -2,12 +2,13 @@
 goes (``rows_path=`` on ``TRLRollouts``, ``GymRolloutWorker`` and ``GymAgentLoop``), so ``gym-runtime view`` reads
 it while it grows.
 
-Each line is the rollout's row as ``collect`` writes it (a failure row as the sidecar has it) plus the keys below
-(``rowkeys.TRAIN_KEYS``): ``train_step`` (the trainer's step, or the policy version, that consumed it),
-``train_group`` (the group's number in this run: its members share it), ``train_reward`` (the environment reward the
-adapter handed over: None for a member kept out of the group's statistics), ``train_advantage`` and
-``train_total_reward`` (read back from the trainer where it computes them after the rollouts return; None where it
-does not say). A line is flushed when written: a reader sees whole lines only (a torn last line is its to skip).
+Each line is the rollout's row as ``collect`` writes it (a failure row as the sidecar has it) plus the keys of
+``rowkeys.TrainFields``, the format's one spelling, which ``view`` reads too: ``train_step`` (the trainer's step,
+or the policy version, that consumed it), ``train_group`` (the group's number in this run: its members share it),
+``train_reward`` (the environment reward the adapter handed over: None for a member kept out of the group's
+statistics), ``train_advantage`` and ``train_total_reward`` (read back from the trainer where it computes them
+after the rollouts return; None where it does not say). A line is flushed when written: a reader sees whole
+lines only (a torn last line is its to skip).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+
+from gym_runtime.data.rowkeys import TrainFields
 
 __all__ = ["TrainRowsWriter", "advantages_from_logs"]
 
@@ -60,13 +63,14 @@ class TrainRowsWriter:
         advantage: float | None = None,
         total: float | None = None,
     ) -> None:
-        out = dict(row)
-        out["train_step"] = step
-        out["train_group"] = group
-        out["train_reward"] = _number(reward)
-        out["train_advantage"] = _number(advantage)
-        out["train_total_reward"] = _number(total)
-        line = _enc.encode(out) + b"\n"
+        train = TrainFields(
+            train_step=step,
+            train_group=group,
+            train_reward=_number(reward),
+            train_advantage=_number(advantage),
+            train_total_reward=_number(total),
+        )
+        line = _enc.encode({**row, **msgspec.structs.asdict(train)}) + b"\n"
         with self._lock:
             if self._file is not None:
                 self._file.write(line)

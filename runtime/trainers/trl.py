@@ -38,11 +38,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_runtime.client.sync import SyncBatch, SyncClient
 from gym_runtime.data.rowkeys import is_runtime_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
-from gym_runtime.sync_client import SyncBatch, SyncClient
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
 from gym_runtime.trainers.train_rows import TRLTrainRows

@@ -36,10 +36,10 @@ import anyio
 import anyio.abc
 
 from gym_runtime.client import BatchHandle
+from gym_runtime.client.sync import SyncClient
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
-from gym_runtime.sync_client import SyncClient
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.step_fill import StepFill

@@ -32,7 +32,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, observed
 from gym_runtime.messages import ErrorInfo, ErrorReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
@@ -391,18 +391,22 @@ class Bus:
         else:
             call.watch(loop, subject, op, timeout, liveness or self.timings.liveness_s)
         try:
-            data = await self.encode(payload, headers, stored=queued)  # a queued call may wait long for a worker
-            if queued:
-                call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
-            if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
-                await self.store(subject, data, headers)  # drop); a publish lost in a leader election is retried
-            else:
-                await self.wire.publish(subject, data, reply=reply_to, headers=headers)
-            msg = await fut
-        finally:
-            call.stop()
-            self._replies.pop(reply_to, None)
-        return await self._unwrap(msg, subject)
+            try:
+                data = await self.encode(payload, headers, stored=queued)  # a queued call may wait long for a worker
+                if queued:
+                    call.resend = (subject, data, {k: v for k, v in headers.items() if k != MSG_ID_HEADER})
+                if queued:  # stored with the stream's ack: a full queue refuses it (StorageFull, never a silent
+                    await self.store(subject, data, headers)  # drop); a publish lost in a leader election is retried
+                else:
+                    await self.wire.publish(subject, data, reply=reply_to, headers=headers)
+                msg = await fut
+            finally:
+                call.stop()
+                self._replies.pop(reply_to, None)
+            return await self._unwrap(msg, subject)
+        except Failure as e:  # a peer's answer, a worker lost, a clock: the runtime saw it (``Failure.observed``)
+            observed(e)
+            raise
 
     async def request(
         self,
@@ -474,8 +478,10 @@ class Bus:
                 log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Failure(
-                ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
+            raise observed(
+                Failure(
+                    ErrorInfo(error_class="timeout", message=f"no reply to {op} within {timeout:g}s", retryable=True)
+                )
             )
         return await self.queued_request(queued, payload, timeout=left, op=op, wait_s=wait_s, on_output=on_output)
 
@@ -593,10 +599,10 @@ class Bus:
     async def ensure_attempts_stream(self) -> None:
         await self.wire.ensure_stream("attempts")
 
-    async def kv(self, bucket: str, *, ttl_s: float = 0.0) -> KeyValue:
+    async def kv(self, bucket: str, *, ttl_s: float = 0.0, direct: bool = False) -> KeyValue:
         """The KV bucket, made on first use (``jetstream.kv_bucket``; ``ttl_s``: its keys' age limit, made with
-        it), its calls retried as a stored publish."""
-        return await self.wire.kv(bucket, within_s=self._timings.store_retry_s, ttl_s=ttl_s)
+        it; ``direct``: its keys read by direct gets), its calls retried as a stored publish."""
+        return await self.wire.kv(bucket, within_s=self._timings.store_retry_s, ttl_s=ttl_s, direct=direct)
 
     async def last_stored(self, stream: str, subject: str) -> Delivery | None:
         """A last-by-subject direct get (``jetstream.last_message``)."""

@@ -44,6 +44,7 @@ from nats.js.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
+from nats.js.kv import KeyValue
 
 from gym_runtime.errors import StorageFull, UserError
 from gym_runtime.observability import logs
@@ -734,16 +735,34 @@ class KV:
         await retrying(lambda: self._kv.delete(key), what="kv delete", within_s=self._within_s)
 
 
-async def kv_bucket(bus: Connection, bucket: str, *, within_s: float = API_RETRY_S, ttl_s: float = 0.0) -> KV:
+async def kv_bucket(
+    bus: Connection, bucket: str, *, within_s: float = API_RETRY_S, ttl_s: float = 0.0, direct: bool = False
+) -> KV:
     """The bucket, created on first use (history 1; ``ttl_s``: a key not written for that long is dropped, 0:
-    never); its calls retried for ``within_s`` (``KV``)."""
+    never); its calls retried for ``within_s`` (``KV``). ``direct``: its keys are read by last-by-subject direct
+    gets, the one read a permission can scope to a key prefix (one made without them is given them); on a
+    ``--secure`` bus the admin provisions it and a pool, which may not read the bucket's info (it lists every
+    key), finds it by name."""
     replicas, _ = settings(bus)
 
     async def open_or_create() -> KV:
+        if direct and bus.secured:
+            try:
+                await bus.js.find_stream_name_by_subject(kv_key(bucket, "probe"))
+            except NotFoundError:
+                raise BucketNotFoundError from None
+            kv = KeyValue(name=bucket, stream=kv_stream(bucket), pre=kv_key(bucket, ""), js=bus.js, direct=True)
+            return KV(kv, within_s)
         try:
-            return KV(await bus.js.key_value(bucket), within_s)
+            kv = await bus.js.key_value(bucket)
+            if direct and not (info := await bus.js.stream_info(kv_stream(bucket))).config.allow_direct:
+                info.config.allow_direct = True  # made by an earlier version, its keys read from its leader only
+                await bus.js.update_stream(info.config)
+                kv = await bus.js.key_value(bucket)
+            return KV(kv, within_s)
         except BucketNotFoundError:
             cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES, ttl=ttl_s or None)
+            cfg.direct = direct or None
             while True:
                 try:
                     return KV(await bus.js.create_key_value(cfg), within_s)

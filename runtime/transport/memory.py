@@ -462,7 +462,12 @@ class MemoryWire:
         """A direct get (``subjects.direct_get``: the last message on its subject, headers as stored, else a
         ``Status: 404``), or the first answer of a responder."""
         if subject.startswith(_DIRECT_GET):
-            s = self.broker.last(subject[len(_DIRECT_GET) :].partition(".")[2])
+            stored = subject[len(_DIRECT_GET) :].partition(".")[2]
+            if (kv := kv_parts(stored)) is not None:  # a KV key's value (a checkpoint)
+                value = self.broker.kv.get(kv[0], {}).get(kv[1])
+                if value is not None:
+                    return MemoryMessage(stored, value, {})
+            s = self.broker.last(stored)
             if s is None:
                 return MemoryMessage(subject, b"", {"Status": "404", "Description": "Message Not Found"})
             return MemoryMessage(s.subject, s.data, dict(s.headers))
@@ -512,7 +517,9 @@ class MemoryWire:
         self.streams.add(stream)
         return MemoryReader(self.broker, (stream, consumer), subject, handle)
 
-    async def kv(self, bucket: str, *, within_s: float, ttl_s: float = 0.0) -> KeyValue:  # no ages here
+    async def kv(  # no ages here; a key's direct get reads it (``request``)
+        self, bucket: str, *, within_s: float, ttl_s: float = 0.0, direct: bool = False
+    ) -> KeyValue:
         return MemoryKV(self.broker.kv.setdefault(bucket, {}))
 
     async def subject_count(self, stream: str, subjects: str) -> int:

@@ -488,13 +488,28 @@ class Subjects:
         return f"{self.ns}.res.{resource}.verify"
 
     def session(self, resource: str, worker: str) -> str:
-        """The address of the worker that holds a session (its ops go to ``session_op``)."""
+        """The address of the worker that holds a session (its ops go to ``session_call``)."""
         return f"{self.ns}.res.{resource}.{worker}"
 
     @staticmethod
     def session_op(address: str, op: str) -> str:
-        """One operation on a session: ``tool``, ``verify`` or ``close`` (``*``: every one)."""
+        """One operation on a sandbox a worker holds (``sandbox_worker``; ``*``: every one)."""
         return f"{address}.{op}"
+
+    @staticmethod
+    def session_call(address: str, op: str, caller: str) -> str:
+        """One operation on an environment's session (``tool``, ``verify`` or ``close``; ``*``: every one) as
+        ``caller`` (``caller_of``; ``*.*`` for the worker's subscription, ``agent.*`` for a role-wide credential's
+        permission). The caller is in the subject, as a seed's is (``seed``), so a secured server lets each pool
+        send only its own: the worker answers a session only for the caller that seeded it."""
+        return f"{address}.{op}.{caller}"
+
+    def session_caller(self, subject: str) -> str:
+        """The caller a session operation's subject names (``session_call``), '' for another subject."""
+        t = subject.split(".")
+        if len(t) == 7 and t[0] == self.ns and t[1] == "res":
+            return f"{t[5]}.{t[6]}"
+        return ""
 
     def resource(self, resource: str) -> str:
         """Every subject of one environment (what an agent or a calling environment may publish to)."""

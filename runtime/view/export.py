@@ -22,6 +22,7 @@ from aiohttp.test_utils import make_mocked_request
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.runs import PAGE, Query
+from gym_runtime.view.train_pages import group_href, rollout_href, steps_href, tokens_href
 
 META_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; font-src 'none'; "
@@ -106,11 +107,11 @@ class Bundle:
         urls = ["/"] + [f"/rollouts?{urlencode(args | {'page': n})}" for n in range(1, pages + 1)]
         groups: set[tuple[int, int]] = set()
         for ref in found:
-            urls += [self.view._href(ref), f"/tokens/{ref.run}/{ref.part}/{ref.line}"]
+            urls += [rollout_href(ref), tokens_href(ref)]
             t = self.view.train.training(ref.run)
             groups.add((ref.run, t.of[ref]))
-        urls += [f"/group/{run}/{n}" for run, n in sorted(groups)]
-        urls += [f"/steps/{r.id}" for r in runs.runs]
+        urls += [group_href(run, n) for run, n in sorted(groups)]
+        urls += [steps_href(r.id) for r in runs.runs]
         shown = {name for u in urls if (name := _file(u, self.q)) is not None}
         shown |= {f"static/{name}" for name in self.view_static()}
         (self.out / "static").mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from gym_runtime.view.access import Access
 from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
-from gym_runtime.view.train_pages import TrainPages
+from gym_runtime.view.train_pages import TrainPages, rollout_href
 from gym_runtime.view.trajectory import as_text, attempt_rows, kept_attempt, trajectory
 
 CSP = (
@@ -173,7 +173,7 @@ class View:
     async def runs_page(self, request: web.Request) -> web.Response:
         refresh = any(r.live is not None and not r.live.done for r in self.runs.runs)
         return self.render(
-            "runs.html", summaries=self.summaries, row=self._row_meta, refresh=refresh, train=self.train.summary
+            "runs.html", summaries=self.summaries, row=self.row_meta, refresh=refresh, train=self.train.summary
         )
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
@@ -194,7 +194,7 @@ class View:
             args=args,
             total=len(found),
             pages=pages,
-            rows=[self._row_meta(r) for r in shown],
+            rows=[self.row_meta(r) for r in shown],
             choices=self.choices,
             sorts=list(runs_mod.SORTS),
         )
@@ -204,7 +204,7 @@ class View:
         ref = self.runs.get(int(m["run"]), int(m["part"]), int(m["line"]))
         if ref is None:
             raise web.HTTPNotFound()
-        meta = self._row_meta(ref)
+        meta = self.row_meta(ref)
         problem = self.runs.part(ref).ix.unreadable.get(ref.line)
         if problem is None:
             try:
@@ -244,20 +244,16 @@ class View:
         shown = (
             [p for p in d.pairs if every or p.flip or p.delta or p.changed or p.failure_a != p.failure_b] if d else []
         )
-        return self.render("diff.html", a=a, b=b, d=d, every=every, shown=shown, problem=problem, href=self._href)
+        return self.render("diff.html", a=a, b=b, d=d, every=every, shown=shown, problem=problem, href=rollout_href)
 
-    @staticmethod
-    def _href(ref: Ref) -> str:
-        return f"/rollout/{ref.run}/{ref.part}/{ref.line}"
-
-    def _row_meta(self, ref: Ref) -> dict[str, Any]:
+    def row_meta(self, ref: Ref) -> dict[str, Any]:
         """A row's index fields, as the tables show them."""
         part = self.runs.part(ref)
         ix = part.ix
         i = ref.line
         pv = (ix.pv_min[i], ix.pv_max[i]) if ix.pv_min[i] >= 0 else None
         return {
-            "href": self._href(ref),
+            "href": rollout_href(ref),
             "run": self.runs.runs[ref.run].label,
             "file": Path(part.shown).name,
             "task": ix.task[i] if ix.task[i] >= 0 else None,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from gym_runtime.view import plots
-from gym_runtime.view.runs import Ref
+from gym_runtime.view.runs import Ref, Runs
 from gym_runtime.view.tokens import Decode, token_view
 from gym_runtime.view.training import Training, TrainingViews, neighbours
 
@@ -29,6 +29,10 @@ KEYS = [  # (key, what, link name): the trajectory page's keyboard links, in thi
 ]
 
 
+def rollout_href(ref: Ref) -> str:
+    return f"/rollout/{ref.run}/{ref.part}/{ref.line}"
+
+
 def group_href(run: int, n: int) -> str:
     return f"/group/{run}/{n}"
 
@@ -41,10 +45,21 @@ def steps_href(run: int) -> str:
     return f"/steps/{run}"
 
 
-class TrainPages:
-    """The pages over ``view``'s runs (a ``server.View``); ``decode``: ``--tokenizer``'s (None: token ids shown)."""
+class Pages(Protocol):
+    """What these pages take of the view they are part of (``server.View``): its runs, a row's index fields as
+    the tables show them, and its page renderer (templates, headers)."""
 
-    def __init__(self, view: Any, decode: Decode | None = None) -> None:
+    runs: Runs
+
+    def row_meta(self, ref: Ref) -> dict[str, Any]: ...
+
+    def render(self, name: str, **context: Any) -> web.Response: ...
+
+
+class TrainPages:
+    """The pages over ``view``'s runs; ``decode``: ``--tokenizer``'s (None: token ids shown)."""
+
+    def __init__(self, view: Pages, decode: Decode | None = None) -> None:
         self.view = view
         self.decode = decode
         self.trainings = TrainingViews()
@@ -67,13 +82,13 @@ class TrainPages:
         page the rollout links open (``rollout``: trajectories, ``tokens``: token views)."""
         t = self.training(ref.run)
         near = neighbours(t, ref)
-        href = self.view._href if to == "rollout" else tokens_href
+        href = rollout_href if to == "rollout" else tokens_href
         out = [(key, what, href(near[name]) if near.get(name) is not None else None) for key, what, name in KEYS]  # type: ignore[arg-type]
         out.append(("u", "its group", group_href(ref.run, t.of[ref])))
         if to == "rollout":
             out.append(("v", "its tokens", tokens_href(ref)))
         else:
-            out.append(("r", "its trajectory", self.view._href(ref)))
+            out.append(("r", "its trajectory", rollout_href(ref)))
         return out
 
     def summary(self, run: int) -> dict[str, Any]:
@@ -98,7 +113,7 @@ class TrainPages:
         g = t.groups[n]
         members = [
             {
-                "href": self.view._href(m.ref),
+                "href": rollout_href(m.ref),
                 "tokens": tokens_href(m.ref),
                 "m": m,
                 "advantage": None if math.isnan(m.advantage) else m.advantage,
@@ -109,7 +124,7 @@ class TrainPages:
         keys = [
             ("g", "next group", group_href(run, n + 1) if n + 1 < len(t.groups) else None),
             ("G", "previous group", group_href(run, n - 1) if n > 0 else None),
-            ("j", "first rollout", self.view._href(g.members[0].ref) if g.members else None),
+            ("j", "first rollout", rollout_href(g.members[0].ref) if g.members else None),
         ]
         return self.view.render(
             "group.html", run=t.run, g=g, members=members, training=t.training, keys=keys, steps=steps_href(run)
@@ -127,7 +142,7 @@ class TrainPages:
         tv = token_view(row if isinstance(row, dict) else {}, self.decode)
         return self.view.render(
             "tokens.html",
-            meta=self.view._row_meta(ref),
+            meta=self.view.row_meta(ref),
             tv=tv,
             keys=self.keys(ref, to="tokens"),
             decoded=self.decode is not None,

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from gym_runtime.data.rowkeys import TrainFields
 from gym_runtime.view import index as index_mod
 from gym_runtime.view.runs import Part, Ref, Run, passed
 
@@ -40,13 +41,9 @@ class _Cost(msgspec.Struct):
     models: dict[str, _ModelOut] = {}
 
 
-class _Train(msgspec.Struct):
-    """What a page of this module reads of a row."""
+class _Train(TrainFields, kw_only=True):
+    """What a page of this module reads of a row: the training keys (``rowkeys.TrainFields``) and these."""
 
-    train_step: int | None = None
-    train_group: int | str | None = None
-    train_reward: float | None = None
-    train_advantage: float | None = None
     failure_attribution: str | None = None
     response: _Response | None = None
     cost: _Cost | None = None

@@ -44,12 +44,13 @@ import anyio.abc
 import msgspec
 
 from gym_runtime.agent import in_repeat
-from gym_runtime.errors import Failure, UserError, in_entry
+from gym_runtime.errors import Failure, UserError, in_entry, observed
 from gym_runtime.messages import ErrorInfo, Response, SandboxReply
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import attached, current_context
 from gym_runtime.resource import ModelClient, ToolArgumentsError, Verdict
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
+from gym_runtime.workers.crashes import rollout_digest
 from gym_runtime.workers.guest_frames import (
     GUEST_LOG_LEVEL,
     Called,
@@ -72,7 +73,7 @@ from gym_runtime.workers.guest_frames import (
     Verify,
 )
 
-__all__ = ["Guest", "GuestError", "GuestFailure", "GuestSession", "ResourceCalls"]
+__all__ = ["Guest", "GuestCrash", "GuestError", "GuestFailure", "GuestSession", "ResourceCalls"]
 
 log = logs.get("gym.resource")
 
@@ -95,15 +96,24 @@ class GuestFailure(Failure):
     """The guest, not the environment's code, ended the call: it overran (``timeout``) or its process was lost
     (``worker_lost``, retryable). The worker passes it on as it is, never as the environment's own error."""
 
+    observed = True  # the runtime's finding: the worker's clock, or the guest's process gone
+
+
+class GuestCrash(GuestFailure):
+    """The guest process died by itself while it ran this call, and no other (``Page.calls``): a retryable
+    ``worker_lost`` the first time; the resource worker charges the same call's second crash to its input
+    (``workers.crashes``)."""
+
 
 class GuestError(Exception):
     """An exception of the environment's code in the guest; its subclasses carry the original type's name, so
     the messages rows show (``verify raised ValueError: ...``) read as they do in process."""
 
 
-def _rebuilt(r: Raised) -> BaseException:
+def _rebuilt(r: Raised, seen: list[ErrorInfo]) -> BaseException:
     if r.kind == "failure" and r.info is not None:
-        return Failure(r.info)
+        # a failure this worker handed the call's code (a model call's, a sandbox's) is still the runtime's finding
+        return observed(Failure(r.info)) if r.info in seen else Failure(r.info)
     if r.kind == "arguments":
         return ToolArgumentsError(r.message)
     error: BaseException = type(r.type_name, (GuestError,), {})(r.message)
@@ -124,7 +134,18 @@ class _Child:
 class _Call:
     """A call sent to a guest and not answered yet."""
 
-    __slots__ = ("answer", "generation", "deadline", "what", "trace", "models", "session_models", "waiting")
+    __slots__ = (
+        "answer",
+        "generation",
+        "deadline",
+        "what",
+        "session",
+        "trace",
+        "models",
+        "session_models",
+        "waiting",
+        "seen",
+    )
 
     def __init__(
         self,
@@ -134,12 +155,15 @@ class _Call:
         what: str,
         models: ModelClient | None,
         session_models: ModelClient | None = None,
+        session: str = "",
     ) -> None:
         self.answer = answer
         self.generation = generation
         self.deadline = deadline
         self.trace = current_context()  # the caller's span: the guest's model calls for this call go under it
         self.what = what
+        self.session = session  # the guest session it runs in (its sandbox operations name it)
+        self.seen: list[ErrorInfo] = []  # the runtime's failures this worker handed its code (``_rebuilt``)
         self.models = models  # who makes this call's model calls (a rollout's context); None: the guest's client
         # a resource session's own client (``GuestSession.models``): its judges' calls are its rollout's cost
         self.session_models = session_models
@@ -209,13 +233,15 @@ class Guest:
                 self._ready.set()
                 if generation == 1:
                     task_status.started()
+                died = False
                 try:
                     await self._read(child, tg)
+                    died = True  # its socket closed: the guest ended by itself, or was killed (``child.lost``)
                 finally:
                     with anyio.CancelScope(shield=True):
                         self._ready = anyio.Event()
                         await self._stop(child)
-                        self._lose(child)
+                        self._lose(child, died)
                         self.on_lost(child.generation)
                         await self._release(child.generation)
                 self.restarts += 1
@@ -293,8 +319,13 @@ class Guest:
             reply = Generated(id=req.id, response=response)
         except Failure as e:
             reply = Generated(id=req.id, error=e.info)
+            if origin is not None and e.observed:
+                origin.seen.append(e.info)
         except Exception as e:  # noqa: BLE001 - the guest's judge sees a failed model call, as in process
-            reply = Generated(id=req.id, error=ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}"))
+            info = ErrorInfo(error_class="model_error", message=f"{type(e).__name__}: {e}")
+            reply = Generated(id=req.id, error=info)
+            if origin is not None:  # the worker's own model client failed: the runtime's finding
+                origin.seen.append(info)
         finally:
             self.outbound -= 1
             if origin is not None:
@@ -336,6 +367,10 @@ class Guest:
             reply = SandboxDone(id=req.id, reply=await self._sandbox_reply(req))
         except Failure as e:
             reply = SandboxDone(id=req.id, error=e.info)
+            if e.observed:  # the fleet's, seen by the runtime: still so if the server's code passes it on
+                for call in self._waiting.values():
+                    if call.session == req.session:
+                        call.seen.append(e.info)
         except Exception as e:  # noqa: BLE001 - the server's provider raises it, as a provider's client would
             info = ErrorInfo(error_class="tool_error", message=f"{type(e).__name__}: {e}")
             reply = SandboxDone(id=req.id, error=info)
@@ -380,12 +415,19 @@ class Guest:
         if ended:  # sessions still open when their guest went (lost, or its worker stopping)
             log.info("guest.leases_ended", entry=self.where, sessions=len(ended))
 
-    def _lose(self, child: _Child) -> None:
-        """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault)."""
+    def _lose(self, child: _Child, died: bool = False) -> None:
+        """Every call still waiting on ``child``: a retryable ``worker_lost`` (they were not at fault). ``died``: the
+        guest ended by itself (not stopped by this worker); the one call it died running, when the page names one,
+        gets a ``GuestCrash``."""
         why = child.lost or f"the guest process exited (code {child.process.returncode})"
-        for call in list(self._waiting.values()):
+        running = child.page.calls() if died and not child.lost else set()
+        for call_id, call in list(self._waiting.items()):
             if call.generation == child.generation and not call.answer.done():
-                call.answer.set_exception(GuestFailure("worker_lost", f"{self.where}: {why}", retryable=True))
+                if running == {call_id}:
+                    message = f"{self.where}: its guest process died running this {call.what} call ({why})"
+                    call.answer.set_exception(GuestCrash("worker_lost", message, retryable=True))
+                else:
+                    call.answer.set_exception(GuestFailure("worker_lost", f"{self.where}: {why}", retryable=True))
 
     async def _stop(self, child: _Child) -> None:
         """End ``child``: close its socket (it runs its teardown and exits), kill it if it does not."""
@@ -437,8 +479,8 @@ class Guest:
         msg = make(call_id)
         answer: asyncio.Future[Done | Raised] = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.call_timeout_s
-        self._waiting[call_id] = _Call(
-            answer, child.generation, deadline, type(msg).__name__.lower(), models, session_models
+        waiting = self._waiting[call_id] = _Call(
+            answer, child.generation, deadline, type(msg).__name__.lower(), models, session_models, msg.session
         )
         try:
             try:
@@ -449,7 +491,7 @@ class Guest:
         finally:
             self._waiting.pop(call_id, None)
         if isinstance(reply, Raised):
-            raise _rebuilt(reply)
+            raise _rebuilt(reply, waiting.seen)
         return reply, child.generation
 
     async def _watch(self) -> None:
@@ -547,6 +589,7 @@ class GuestSession:
         "lease",
         "episode_done",
         "models",
+        "rollout",
     )
 
     def __init__(self, guest: Guest, answer_field: str | None, models: ModelClient | None = None) -> None:
@@ -560,6 +603,7 @@ class GuestSession:
         self.close_on_verify = False  # the worker dropped it: the guest closes it once verified (one message)
         self.episode_done = False  # the session's Resource.episode_done, as its last tool call left it
         self.sandboxes: Sandboxes | _NoLease = _NoLease()
+        self.rollout = b""  # which rollout it serves, once seeded (``crashes.rollout_digest``)
         if guest.leases is not None:
             self.lease = self.sandboxes = guest.leases(self.session)
             guest.sessions[self.session] = self
@@ -582,6 +626,7 @@ class GuestSession:
                 await self.lease.close_all()
 
     async def seed(self, row: dict[str, Any]) -> None:
+        self.rollout = rollout_digest(row)
         try:
             _, self.generation = await self._guest.call(
                 lambda i: Seed(id=i, session=self.session, row=row), None, session_models=self.models

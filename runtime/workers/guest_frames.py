@@ -74,6 +74,15 @@ class Page:
         if _PAIR.unpack_from(self._m, self._at(tid)) == (tid, call_id):
             _PAIR.pack_into(self._m, self._at(tid), 0, 0)
 
+    def calls(self) -> set[int]:
+        """Every call the page names as running (its loop's and its threads'): read once the guest has died, the
+        call it died running (one), or none it can tell."""
+        running = {self.loop()}
+        for slot in range(self.SLOTS):
+            running.add(int(_PAIR.unpack_from(self._m, _ONE.size + slot * _PAIR.size)[1]))
+        running.discard(0)
+        return running
+
     def thread(self, tid: int) -> int:
         """The call thread ``tid`` runs (0: none, or its slot was taken by another thread's)."""
         held, call_id = _PAIR.unpack_from(self._m, self._at(tid))

@@ -1,7 +1,8 @@
 """Hosts a Resource class on the bus: sessions are actors pinned to this worker.
 
 ``{ns}.res.{name}.seed.{role}.{pool}`` (queue group) creates a session here for that caller and answers with
-this worker's address; ``{address}.tool|verify|close`` reach the session;
+this worker's address; ``{address}.tool|verify|close.{role}.{pool}`` reach the session, answered only for the
+caller that seeded it;
 ``{ns}.res.{name}.verify`` (queue group) verifies without a session (re-verify).
 If this worker dies, calls to its address get "no responders" at once, so a
 rollout fails fast and is redelivered instead of hanging. Idle sessions are
@@ -23,6 +24,7 @@ import anyio
 import msgspec
 
 from gym_runtime.config import ResolvedConfig
+from gym_runtime.data.error_classes import as_environments
 from gym_runtime.data.validation import row_problems
 from gym_runtime.errors import Failure, UserError
 from gym_runtime.jail import CPU_SINK
@@ -61,7 +63,8 @@ from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers.guest import Guest, GuestFailure, GuestSession
+from gym_runtime.workers.crashes import Crashes, answer_digest
+from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
 from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
 from gym_runtime.workers.tool_replies import ToolReplies
@@ -137,13 +140,13 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
     except ToolArgumentsError as e:
         return ToolReply(output=f"Error: {e}", is_error=True)
     except Failure as e:
-        if e.info.error_class == "timeout" and not isinstance(e, GuestFailure):
-            # only the runtime's clocks time a call out (the rollout's ``timeout_s``, a guest's ``call_timeout_s``,
-            # whose tool time the rule splits: a hanging tool is the policy's); a timeout the environment's own code
-            # raises is its own error, never a share of the rollout's time to charge the policy with
-            message = f"tool {req.name!r} raised a timeout of its own: {e.info.message}"
-            raise Failure("tool_error", message, retryable=e.info.retryable) from None
-        raise
+        # who is blamed is the runtime's finding: a class the environment's code chose (a ``timeout`` that the
+        # rollout's time split would charge to the policy, a ``worker_lost`` kept out of training) is its own
+        # ``tool_error``; what the runtime saw itself (a guest's ``call_timeout_s``, a lost worker) stays as it is
+        own = as_environments(e, "tool_error", f"tool {req.name!r}")
+        if own is e:
+            raise
+        raise own from None
     except Exception as e:
         log.warning("tool.failed", tool=req.name, error=repr(e))
         return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
@@ -152,12 +155,14 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
 async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
     try:
         out = await inst.verify(row, response)
-    except GuestFailure:  # its guest process ended the call (overran, or lost): not the verifier's error
-        raise
-    except Exception as exc:
-        # a row verify cannot grade, or a verifier past its own time limit (a Harbor task's test.sh): as raised
-        if isinstance(exc, Failure) and exc.info.error_class in ("invalid_task", "timeout"):
+    except Failure as e:
+        # its guest ended the call (overran, or lost), a judge's model failed, a row verify cannot grade: as they
+        # are; any other class the verifier raised is its own ``verify_error`` (``data.error_classes``)
+        own = as_environments(e, "verify_error", "verify")
+        if own is e:
             raise
+        raise own from None
+    except Exception as exc:
         # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
         raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
     if isinstance(out, Verdict):
@@ -209,6 +214,7 @@ class ResourceWorker:
         self.seeded = 0  # sessions opened here (status, tests)
         self.evicted = 0  # sessions closed because max_sessions were open
         self.models = BusModels(bus)
+        self.crashes = Crashes()  # the tool calls that killed this worker's guest (``workers.crashes``)
         self._books: dict[int, _Book] = {}  # native sessions' ledgers, by ``id`` of their instance (``_book``)
         self._replies: dict[str, ToolReplies[ToolReply]] = {}  # sessions' tool replies by call id (``ToolCall.id``)
         self.guest: Guest | None = None
@@ -283,7 +289,9 @@ class ResourceWorker:
                     queue=self.bus.subjects.resource_group(self.name),
                     concurrency=conc,
                 ),
-                await self.bus.serve(tg, Subjects.session_op(self.address, "*"), self._session_op, concurrency=conc),
+                await self.bus.serve(
+                    tg, Subjects.session_call(self.address, "*", "*.*"), self._session_op, concurrency=conc
+                ),
                 await self.bus.serve(
                     tg,
                     self.bus.subjects.stateless_verify(self.name),
@@ -384,13 +392,16 @@ class ResourceWorker:
             problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
-        caller = self.bus.subjects.seed_caller(msg.subject)
+        caller = self.bus.subjects.seed_caller(msg.subject)  # the only one its operations are answered for
         inst = self._new(leased_to(caller, req.rollout))
         counting = _counting(self._book(inst)[0])
         try:
             await inst.seed(req.row)
-        except GuestFailure:
-            raise
+        except Failure as e:  # as a tool's: the runtime's findings as they are, any other class the seed's own
+            own = as_environments(e, "tool_error", "seed")
+            if own is e:
+                raise
+            raise own from None
         except Exception as exc:
             raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
         finally:
@@ -404,7 +415,7 @@ class ResourceWorker:
         result = None
         if req.then is not None:
             try:
-                result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg)
+                result = await self._session_op(msgspec.structs.replace(req.then, session=sid), msg, caller)
             except Exception:
                 opened = self.sessions.pop(sid)  # the caller never learns this session
                 if opened is not None:
@@ -418,7 +429,18 @@ class ResourceWorker:
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         return inst
 
-    async def _session_op(self, req: Any, msg: Delivery) -> Any:
+    async def _session_op(self, req: Any, msg: Delivery, caller: str | None = None) -> Any:
+        """Every operation on a session is dispatched here (a seed's first one too: ``caller``, its seed's; else
+        the caller its subject names, ``Subjects.session_call``), and answered only for the caller that seeded
+        the session. On a secured bus the server lets each pool name only itself; on another bus the caller is
+        what the message says (a check in depth: a client that names another caller passes it). Refused as a
+        session not held here is: no answer tells a session that exists from one that does not."""
+        if caller is None:
+            caller = self.bus.subjects.session_caller(msg.subject)
+        sid = getattr(req, "session", None)
+        if sid and self.sessions.caller(sid) not in (None, caller):
+            self.bus.count_junk(self.address, "session operations by a caller that did not seed it (refused)")
+            raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
             return await self._session_op_inner(req, msg)
         started = time.perf_counter()
@@ -484,7 +506,10 @@ class ResourceWorker:
         snapshot after it when asked (a snapshot that raises is none: the rollout restarts if it must)."""
         counting = _counting(self._book(inst)[0])
         try:
-            reply = await call_with(inst, req)
+            try:
+                reply = await call_with(inst, req)
+            except GuestCrash as e:  # its guest died running this call: the second time, its input's doing
+                raise self.crashes.charge(e, cast(GuestSession, inst).rollout, req.name, req.arguments) from None
             # the base's snapshot is None: an environment that does not define its own is not asked
             if req.snapshot and getattr(type(inst), "snapshot", Resource.snapshot) is not Resource.snapshot:
                 try:
@@ -505,10 +530,10 @@ class ResourceWorker:
         if req.close and isinstance(inst, GuestSession):  # one message: its guest closes it once verified
             self.sessions.pop(req.session)
             inst.close_on_verify = True
-            return self._served(inst, await verify_with(inst, req.row, req.response))
+            return self._served(inst, await self._verified(inst, req))
         counting = _counting(self._book(inst)[0])
         try:
-            verdict = await verify_with(inst, req.row, req.response)
+            verdict = await self._verified(inst, req)
             if req.close:  # before the verdict is sent: what its closing counts (its sandboxes) is in it
                 closing = self.sessions.pop(req.session)
                 if closing is not None:
@@ -516,6 +541,13 @@ class ResourceWorker:
         finally:
             _counted(counting)
         return self._served(inst, verdict)
+
+    async def _verified(self, inst: Resource, req: VerifyRequest) -> VerifyReply:
+        """A session's verify (``verify_with``); the policy's answer that killed its guest again is its own."""
+        try:
+            return await verify_with(inst, req.row, req.response)
+        except GuestCrash as e:
+            raise self.crashes.charge(e, cast(GuestSession, inst).rollout, "", answer_digest(req.response)) from None
 
     async def _stateless_verify(self, req: VerifyRequest, msg: Delivery) -> VerifyReply:
         if not self.bus.telemetry.meters.enabled:

@@ -8,7 +8,8 @@ allows each pool only its own; the reply subject is the publisher's choice, so i
 the pools a config can have count as callers (``agent.NAME`` for its agents, ``resource.NAME`` for its
 environments calling one another, ``_`` for a role-wide credential); every other name (a role-wide
 credential's made-up pools, an unsecured bus's clients) shares one table, so made-up names cannot multiply
-the sessions a worker holds.
+the sessions a worker holds. Each session keeps the caller that seeded it (``caller``): its worker answers its
+operations only for that caller.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Sessions(Generic[T]):
         self.limit = max(1, limit)
         self._callers = callers
         self._tables: dict[str, dict[str, tuple[T, float]]] = {}
-        self._owner: dict[str, str] = {}  # session id -> its caller's table
+        self._owner: dict[str, str] = {}  # session id -> the caller that seeded it (its table: ``_table``)
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -47,33 +48,40 @@ class Sessions(Generic[T]):
     def __contains__(self, sid: object) -> bool:
         return sid in self._owner
 
+    def _table(self, caller: str) -> str:
+        return caller if caller in self._callers else OTHERS
+
     def open(self, sid: str, session: T, caller: str) -> list[T]:
         """Hold a new session for ``caller``; returns the sessions it pushed out (to be closed)."""
-        key = caller if caller in self._callers else OTHERS
-        table = self._tables.setdefault(key, {})
+        table = self._tables.setdefault(self._table(caller), {})
         evicted = []
         while len(table) >= self.limit:
             old = next(iter(table))
             evicted.append(table.pop(old)[0])
             del self._owner[old]
         table[sid] = (session, time.monotonic())
-        self._owner[sid] = key
+        self._owner[sid] = caller
         return evicted
+
+    def caller(self, sid: str) -> str | None:
+        """The caller that seeded the session (None: it is not held here)."""
+        return self._owner.get(sid)
 
     def use(self, sid: str) -> T | None:
         """The session, now its caller's most recently used; None when it is not held here."""
-        key = self._owner.get(sid)
-        if key is None:
+        caller = self._owner.get(sid)
+        if caller is None:
             return None
-        table = self._tables[key]
+        table = self._tables[self._table(caller)]
         session, _ = table.pop(sid)
         table[sid] = (session, time.monotonic())
         return session
 
     def pop(self, sid: str) -> T | None:
-        key = self._owner.pop(sid, None)
-        if key is None:
+        caller = self._owner.pop(sid, None)
+        if caller is None:
             return None
+        key = self._table(caller)
         table = self._tables[key]
         session = table.pop(sid)[0]
         if not table:

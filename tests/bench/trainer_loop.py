@@ -6,7 +6,7 @@ rollouts (``--generations`` per prompt). Synchronous (``gym_runtime.trainers.trl
 ``rollout_func`` way): it asks for the step's rollouts, waits for them, then trains. Asynchronous
 (``gym_runtime.trainers.trl_async.GymRolloutWorker``): rollouts run while it trains, and it takes the step's
 samples from the buffer (``max_staleness`` 1, admission ``batch_size`` = the batch). The policy is the same in
-both: ``runtime/trainers/tiny_policy.py``'s model generating in process (``adapter: transformers``), on the say-word
+both: ``runtime/rigs/tiny_policy.py``'s model generating in process (``adapter: transformers``), on the say-word
 tool environment, real workers on an embedded nats-server. Needs torch and transformers (the ``trl`` extra).
 
     python tests/bench/trainer_loop.py --steps 10 --train-s 1.0

@@ -3,7 +3,7 @@ and say back what it returned.
 
 The environment is ``tests/envs/say_word.py``: the tool ``draw_word`` returns one of 8 words (the row's), the reward
 is 1 when the tool was called and the last message names the word, so a policy that calls the tool and then says
-a random one of the 8 words scores 1/8. The policy is ``runtime/trainers/tiny_policy.py``'s random 2-layer Qwen2 shape
+a random one of the 8 words scores 1/8. The policy is ``runtime/rigs/tiny_policy.py``'s random 2-layer Qwen2 shape
 and word-level tokenizer (built here, no hub), generating in this process with the weights being trained
 (``adapter: transformers``, ``live: policy``); tool calls are Hermes blocks
 (``<tool_call>{"name": "draw_word", "arguments": {}}</tool_call>``, one token of this tokenizer). Real nats-server

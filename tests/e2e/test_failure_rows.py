@@ -2,7 +2,8 @@
 tool that runs its rollout's ``timeout_s`` out gets, on every repeat's row, ``failure_attribution: policy``, the
 attempt's ``time_split`` and its turns so far as ``response`` (status ``incomplete``) with ``partial: true``, as
 the client yields it; a verifier that raises is the environment's, and so is a tool that raises a timeout of its
-own (an environment forging a failure the rollout's time split could charge to the policy).
+own (an environment forging a failure the rollout's time split could charge to the policy), and so is whatever
+class a tool or verifier raises (issue 73: a ``worker_lost``, a ``timeout``, a ``cancelled``).
 
 Real nats-server, real workers; the scripted policy is the LLM's double (it calls every offered tool first)."""
 
@@ -39,7 +40,8 @@ async def test_every_repeats_failure_row_says_who_caused_it_and_keeps_the_policy
     nats_server, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path)
-    tasks = [task(stall_s=300.0), task(explode=True), task(), task(forge_class="timeout")]
+    forged = [task(forge_class="worker_lost"), task(forge_verify="timeout"), task(forge_verify="cancelled")]
+    tasks = [task(stall_s=300.0), task(explode=True), task(), task(forge_class="timeout"), *forged]
     async with Client(config, nats=nats_server.url, workers=["models.policy", "agents.agent", "resources.env"]) as c:
         await c.set_policy_version(7)  # the model worker stamps it on every call: the rows carry it
         batch = await c.submit(tasks, repeats=2)
@@ -66,3 +68,13 @@ async def test_every_repeats_failure_row_says_who_caused_it_and_keeps_the_policy
         assert row["failure_attribution"] == "environment", (row["error_class"], row["failure_attribution"])
         assert row["error_class"] == "tool_error", row
         assert "raised a timeout of its own" in row["error"] and "says the environment" in row["error"]
+    # issue 73: whatever class environment code raises is its own (a tool's worker_lost would have been kept out of
+    # training; a verifier's timeout on a correct answer charged to the policy or the infrastructure by a few ms)
+    for index, own, said in (
+        (4, "tool_error", "environment"),
+        (5, "verify_error", "verifier"),
+        (6, "verify_error", "verifier"),
+    ):
+        for row in by_task[index]:
+            assert (row["error_class"], row["failure_attribution"]) == (own, "environment"), row
+            assert f"says the {said}" in row["error"], row

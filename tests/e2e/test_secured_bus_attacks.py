@@ -599,7 +599,9 @@ async def test_replayed_seed_requests_cannot_pile_up_sessions(nats_server) -> No
                 )
                 if i % 4 == 0:  # the honest rollout keeps using its session meanwhile
                     call = ToolCall(session=honest.session, name="get_weather", arguments='{"city": "Paris"}')
-                    reply = await bus.request(f"{honest.address}.tool", call, timeout=10.0, op="tool")
+                    reply = await bus.request(
+                        Subjects.session_call(honest.address, "tool", bus.caller), call, timeout=10.0, op="tool"
+                    )
                     assert isinstance(reply, ToolReply)
             assert len(worker.sessions) <= 8 and worker.evicted >= 53
             assert honest.session in worker.sessions  # in use, so never the least recently used

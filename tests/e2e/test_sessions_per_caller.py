@@ -22,6 +22,7 @@ from gym_runtime.messages import SeedReply, SeedRequest, ToolCall, ToolReply
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.helpers import ROWS, pool_bus, resolved, secured_server
 
@@ -83,7 +84,8 @@ async def still_open(bus: Bus, sessions: list[SeedReply]) -> int:
     alive = 0
     for s in sessions:
         try:
-            reply = await bus.request(f"{s.address}.tool", call(s.session), timeout=10, op="tool")
+            subject = Subjects.session_call(s.address, "tool", bus.caller)
+            reply = await bus.request(subject, call(s.session), timeout=10, op="tool")
         except Failure as e:
             assert e.info.error_class == "worker_lost"
             continue

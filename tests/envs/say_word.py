@@ -10,7 +10,8 @@ agent under. Issue 66's: ``stall_s`` makes ``draw_word`` take that long (a polic
 right, or never does); ``explode_rollout: N`` makes the verify of rollout N (``_ng_rollout_index``) raise;
 ``reward_given`` is returned as the reward (1e200: beyond any bound); ``rewards_by_rollout`` gives rollout N the
 N-th reward of the list; ``forge_class`` makes ``draw_word`` raise a ``Failure`` of that class at once (an
-environment forging its own failure: a ``timeout``, which only the rollout's clock may be).
+environment forging its own failure: a ``timeout``, which only the rollout's clock may be). Issue 73's:
+``forge_verify`` makes ``verify`` raise a ``Failure`` of that class (a verifier choosing who is blamed).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class SayWord(Resource):
         if task.get("verifying"):
             open(task["verifying"], "a").close()
         await anyio.sleep(float(task.get("verify_delay_s", 0.0)))
+        if task.get("forge_verify"):
+            raise Failure(task["forge_verify"], "the answer ran out of time (says the verifier)")
         marker = task.get("explode_once")
         exploding = task.get("explode_rollout")
         if exploding is not None and task.get("_ng_rollout_index") == exploding:

@@ -2,7 +2,7 @@
 
 TRL's synchronous ``GRPOTrainer`` with ``gym_runtime.trainers.trl`` and the ``transformers`` adapter generating in
 process, in bf16 on CUDA: a random-init Qwen2 of ~0.5B parameters (Qwen2.5-0.5B's shape: hidden 896, 24 layers,
-intermediate 4864, its 151,936-row embedding; the word-level tokenizer of ``runtime/trainers/tiny_policy.py`` uses its
+intermediate 4864, its 151,936-row embedding; the word-level tokenizer of ``runtime/rigs/tiny_policy.py`` uses its
 first rows), the say-word tool environment (``tests/envs/say_word.py``), real workers on an embedded nats-server.
 It first prints what the machine has, then each step's time, and at the end steps/s, rollouts/s and peak GPU memory.
 Sized for well under 8 minutes: ``--steps 10`` of 16 rollouts (2 prompts x 8 generations), 16 new tokens a turn.

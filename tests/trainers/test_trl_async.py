@@ -1,7 +1,7 @@
 """TRL's asynchronous GRPO (``trl.experimental.async_grpo``, real trl on CPU) fed by ``gym_runtime.trainers.
 trl_async``: real nats-server and workers, the policy a copy of the trainer's model that the ``transformers``
 adapter serves in process. TRL's FlashAttention-3 kernel (CUDA, from the hub) is the one part replaced: by a
-plain-torch varlen attention (``gym_runtime.trainers.trl_cpu``, shipped for that)."""
+plain-torch varlen attention (``gym_runtime.rigs.trl_cpu``, shipped for that)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def trainer_of(w: World, tmp_path: Path, client: SyncClient, **worker: Any) -> t
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-    from gym_runtime.trainers.trl_cpu import use_cpu_attention
+    from gym_runtime.rigs.trl_cpu import use_cpu_attention
 
     use_cpu_attention()
     path = tmp_path / "model"

@@ -5,7 +5,7 @@ workers, generating through the ``verl_server`` adapter.
 What is not run here (no GPU, no Ray cluster): verl's ``AgentLoopWorker`` Ray actor and ``AgentLoopManager``, its
 vLLM/SGLang rollout replicas behind ``LLMServerClient``, and its PPO/GRPO trainer. verl's server handle is the one
 test double: ``TinyServer``, whose ``generate`` has ``LLMServerClient.generate``'s signature and answers verl's
-``TokenOutput`` from the tiny policy (``runtime/trainers/tiny_policy.py``) sampled in process."""
+``TokenOutput`` from the tiny policy (``runtime/rigs/tiny_policy.py``) sampled in process."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The trainer tests' world: TRL (or a skip), the tiny policy, the say-word environment's config and rows.
 
-The policy is ``gym_runtime.trainers.tiny_policy``'s random 2-layer model, generating in this process through the
+The policy is ``gym_runtime.rigs.tiny_policy``'s random 2-layer model, generating in this process through the
 ``transformers`` adapter's ``live: policy`` entry; the environment is ``tests.envs.say_word`` (a tool that draws
 the row's word, the reward for saying it). Every row has the same prompt text and its own word: a trainer that
 confused two rows would score a rollout against the wrong word.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gym_runtime.trainers.tiny_policy import build, tool_call_text
+from gym_runtime.rigs.tiny_policy import build, tool_call_text
 from tests.envs.say_word import WORDS
 
 PROMPT = "say the word"

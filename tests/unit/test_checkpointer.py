@@ -4,13 +4,7 @@ the 60th second, ``every_turn`` always, ``off`` never."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
-import pytest
-
 from gym_runtime.messages import Checkpoint, Response
-from gym_runtime.rollout import checkpoint as room_checkpoint
 from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv
 from gym_runtime.testing import MemoryTransport
 
@@ -38,12 +32,3 @@ def test_when_each_mode_writes() -> None:
     assert [auto.due(t, 1.0) for t in (1, AUTO_TURNS - 1, AUTO_TURNS)] == [False, False, True]
     assert auto.due(1, AUTO_S)
     assert every.due(1, 0.0) and not off.due(99, 1e6)
-
-
-def test_the_checkpoints_old_path_warns_and_is_the_new_one() -> None:
-    """``gym_runtime.checkpoint`` moved into the rollout's room (issue 74 item 1): its old path still serves, with
-    a ``DeprecationWarning`` naming the new one."""
-    sys.modules.pop("gym_runtime.checkpoint", None)
-    with pytest.warns(DeprecationWarning, match="gym_runtime.rollout.checkpoint"):
-        old = importlib.import_module("gym_runtime.checkpoint")
-    assert old.Checkpointer is room_checkpoint.Checkpointer and old.checkpoints_kv is room_checkpoint.checkpoints_kv

@@ -52,7 +52,7 @@ async def test_resume_and_restore_are_typed_messages_with_their_own_handler() ->
         async with Session(bus, "env", ROW) as s:
             assert (await s.call("echo", '{"text": "a"}')).output == "a"
             assert s.id is not None
-            subject = Subjects.session_op(worker.address, "resume")
+            subject = Subjects.session_call(worker.address, "resume", bus.caller)
             alive = await bus.request(subject, ResumeSession(session=s.id), timeout=10, op="resume")
             assert alive == ResumeReply(ok=True)
             with pytest.raises(Failure) as gone:  # a session the worker does not hold: lost

@@ -34,6 +34,7 @@ from gym_runtime.messages import (
 from gym_runtime.testing import MemoryBroker, MemoryTransport, text_response
 from gym_runtime.transport.jetstream import task_msg_id
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.control import send_pause, send_resume
 from gym_runtime.workers.model_worker import ModelWorker
@@ -67,11 +68,18 @@ async def test_a_resource_worker_seeds_a_session_runs_its_tool_and_verifies_it()
                 )
                 assert isinstance(seed, SeedReply) and seed.address == worker.address
                 assert seed.session in worker.sessions
-                tool = await bus.request(seed.address + ".tool", weather_call(seed.session), timeout=10, op="tool")
+                tool = await bus.request(
+                    Subjects.session_call(seed.address, "tool", bus.caller),
+                    weather_call(seed.session),
+                    timeout=10,
+                    op="tool",
+                )
                 assert isinstance(tool, ToolReply) and "Paris" in tool.output
                 answer = text_response("It is sunny in Paris.")
                 verify = VerifyRequest(session=seed.session, row=ROWS[0], response=answer, close=True)
-                verdict = await bus.request(seed.address + ".verify", verify, timeout=10, op="verify")
+                verdict = await bus.request(
+                    Subjects.session_call(seed.address, "verify", bus.caller), verify, timeout=10, op="verify"
+                )
                 assert isinstance(verdict, VerifyReply) and verdict.reward == 1.0
                 assert verdict.served is not None  # who verified it (the ledger's provenance)
                 assert seed.session not in worker.sessions  # closed with the verify
@@ -85,7 +93,12 @@ async def test_a_call_for_a_session_not_held_is_a_typed_worker_lost_error() -> N
         with anyio.fail_after(10):
             async with running(worker):
                 with pytest.raises(Failure) as e:
-                    await bus.request(worker.address + ".tool", weather_call("gone"), timeout=10, op="tool")
+                    await bus.request(
+                        Subjects.session_call(worker.address, "tool", bus.caller),
+                        weather_call("gone"),
+                        timeout=10,
+                        op="tool",
+                    )
     assert e.value.info.error_class == "worker_lost" and e.value.info.retryable
 
 

@@ -2,7 +2,8 @@
 an agent worker's for an agent module that runs in verifiers' own built environment (``ensure_verifiers``).
 
 ``resolve_config`` loads this module by name (``config.HOSTED_RESOURCE_MODULE``), as it loads agent modules,
-and hands it to the workers in the ``ResolvedConfig``: the workers import nothing from ``gym_runtime.hosting``.
+and hands it to the workers in the ``ResolvedConfig``: the workers import nothing from
+``gym_runtime.nemo_gym.hosting`` but the guest process's entry (``workers.guest_main``), which runs the server.
 """
 
 from __future__ import annotations
