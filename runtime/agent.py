@@ -154,9 +154,8 @@ class AgentContext:
         deadline: float,
     ) -> AgentContext:
         """A worker's: its calls over ``bus``, its sandboxes in the agent's pool under the rollout's lease."""
-        key = f"{task.batch}:{task.task_index}:{task.rollout_index}"
-        where, grace = f"agents.{task.agent}", config.absent_grace_s
-        boxes = Sandboxes(bus, config.sandbox, lease=key, deadline=deadline, where=where, absent_grace_s=grace)
+        where, grace = f"agents.{task.agent}", config.absent_grace_s  # its lease: a fresh secret (``sandboxes.leases``)
+        boxes = Sandboxes(bus, config.sandbox, deadline=deadline, where=where, absent_grace_s=grace)
         return cls(Rollout(BusPort(bus), task, config, models, boxes))
 
     repeat = staticmethod(in_repeat)  # ``with ctx.repeat(i):`` in a ``run_group``: what is repeat i's
@@ -197,7 +196,7 @@ class AgentContext:
         container, its files intact), where its checkpoint names one."""
         resumed, boxes = self.rollout.resumed, self.rollout.sandboxes
         if resumed is not None and resumed.sandboxes:
-            boxes.take_up(resumed.sandboxes)
+            boxes.take_up(resumed.sandboxes, resumed.sandbox_lease)
         return boxes.sandbox(image, **ask)
 
     def remaining(self) -> float:

@@ -696,8 +696,10 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     sessions: list[SessionHandle] = field(default_factory=list)
     attempt: int = 1
     worker: str = ""  # the agent worker that wrote it
-    # the agent's own sandboxes (``ctx.sandbox``) open at the checkpoint: a resumed attempt reattaches to them
+    # the agent's own sandboxes (``ctx.sandbox``) open at the checkpoint: a resumed attempt reattaches to them under
+    # their lease (the secret each operation proves: only the rollout's agent pool reads its checkpoint)
     sandboxes: list[SandboxHandle] = field(default_factory=list)
+    sandbox_lease: str = ""
     # the next turn's generation so far (its tokens streamed while it ran): a resumed attempt continues it
     generating: GenerationProgress | None = None
 
@@ -805,10 +807,10 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SandboxCall(_Msg, tag="sbx.call.v1"):
-    """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (the
-    rollout) and when it ends; ``exec``/``write``/``read``/``close`` and a background ``process``'s
-    ``spawn``/``poll``/``wait``/``kill`` and ``restart`` (every process ended, the files kept) go to the worker that
-    holds ``sandbox``."""
+    """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (a random
+    secret: ``sandboxes.leases``) and when it ends; ``exec``/``write``/``read``/``close`` and a background
+    ``process``'s ``spawn``/``poll``/``wait``/``kill`` and ``restart`` (every process ended, the files kept) go to
+    the worker that holds ``sandbox``, each carrying that lease: the worker refuses one that does not prove it."""
 
     op: Literal[
         "create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill", "restart", "renew",

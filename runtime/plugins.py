@@ -79,9 +79,44 @@ def load_plugin(kind: str, name: str, where: str = "", *, hint: str = "") -> Mod
             near = difflib.get_close_matches(bare, names, n=1, cutoff=0.75)
             near_hint = f"; did you mean {near[0]!r}?" if near else f" (bundled: {', '.join(names)}; or a module path)"
             raise UserError(f"{at}no such {kind} module {name!r}{near_hint}") from None
-        raise UserError(f"{at}cannot import {name!r}: {e}{hint}") from None
+        raise UserError(_import_failed(at, name, e, hint)) from None
     except ImportError as e:
-        raise UserError(f"{at}cannot import {name!r}: {e}{hint}") from None
+        raise UserError(_import_failed(at, name, e, hint)) from None
+    except SyntaxError as e:  # (IndentationError and TabError too): the user's file, not ours
+        where_in = f"{e.filename}:{e.lineno}: " if e.filename else ""
+        raise UserError(
+            f"{at}{where_in}{type(e).__name__}: {e.msg} in the {kind} module {name!r}: fix the code there"
+        ) from None
+    except Exception as e:  # raised by the module's own code as it was imported
+        raise UserError(
+            f"{at}{_raised_at(e)}{type(e).__name__}: {e} (raised while importing the {kind} module {name!r}): "
+            "fix the code there"
+        ) from None
+
+
+_OURS = Path(__file__).resolve().parent  # gym_runtime's own package folder
+
+
+def _raised_at(e: BaseException) -> str:
+    """``FILE:LINE: `` of the deepest frame of ``e``'s traceback that is a file (not the import machinery)."""
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith("<"):
+            found = f"{code.co_filename}:{tb.tb_lineno}: "
+        tb = tb.tb_next
+    return found
+
+
+def _import_failed(at: str, name: str, e: ImportError, hint: str) -> str:
+    """An import that failed inside an existing module: where, in whose code, and what to do. ``hint`` (the
+    extra to install) is for gym-runtime's own modules; a user's module is told to install or fix the import."""
+    here = _raised_at(e)
+    if not here or Path(here.rsplit(":", 2)[0]).resolve().is_relative_to(_OURS):
+        return f"{at}cannot import {name!r}: {e}{hint}"
+    missing = f"install {e.name!r}, or " if isinstance(e, ModuleNotFoundError) and e.name else ""
+    return f"{at}{here}cannot import {name!r}: {e}: {missing}fix that import"
 
 
 def import_plugin(path: str, kind: str | None = None) -> ModuleType:

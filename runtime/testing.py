@@ -324,7 +324,7 @@ class AgentEnvironment:
                 self._set_up = True
         index, config = len(self.contexts), self.config
         task = RolloutTask(batch="local", task_index=index, rollout_index=rollout, agent="agent", row=row, group=group)
-        boxes = Sandboxes(None, "", lease=f"local:{index}:{rollout}", where="AgentEnvironment")
+        boxes = Sandboxes(None, "", where="AgentEnvironment")
         room = Rollout(
             LocalPort(self._generate, self._open), task, config, Models(lambda _model: config.timeout_s), boxes
         )

@@ -12,6 +12,7 @@ import pytest
 from gym_runtime.config import SandboxConfig, SandboxLimits
 from gym_runtime.errors import ConfigError, Failure
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.leases import lease_tag
 from gym_runtime.sandboxes.reaper import DEAD_AFTER_S
 from gym_runtime.transport.bus import Bus
 from gym_runtime.workers.sandbox_worker import SandboxWorker
@@ -47,7 +48,7 @@ async def test_a_daytona_pool_serves_the_api_and_reaps_through_the_providers_lab
                 [(sid, made)] = [(k, v) for k, v in double.sandboxes.items() if k not in ("orphan", "other")]
                 asked = made["body"]
                 assert asked["networkBlockAll"] is True and asked["snapshot"] == "python-3.12"
-                assert asked["memory"] == 2 and made["labels"]["gym-runtime.lease"] == "b:1:0"
+                assert asked["memory"] == 2 and made["labels"]["gym-runtime.lease"] == lease_tag("b:1:0")
                 assert made["labels"]["gym-runtime.owner"] == worker.worker_id
             assert sid not in double.sandboxes  # closed with the block
             deadline = time.monotonic() + DEAD_AFTER_S + 10

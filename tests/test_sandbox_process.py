@@ -90,7 +90,9 @@ async def test_each_try_of_one_create_gets_the_one_sandbox_made_for_it(bus: Bus)
 
     async def create(key: str) -> SandboxReply:
         call = SandboxCall(op="create", spec=SandboxSpec(), lease="b:0:0", key=key)
-        reply: SandboxReply = await bus.request(bus.subjects.sandbox_create("proc"), call, timeout=30, op="create")
+        reply: SandboxReply = await bus.request(
+            bus.subjects.sandbox_create("proc", bus.caller), call, timeout=30, op="create"
+        )
         return reply
 
     async with anyio.create_task_group() as tg:

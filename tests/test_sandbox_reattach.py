@@ -81,7 +81,7 @@ async def test_an_older_holder_that_never_renews_is_not_judged_by_the_grace(
         await worker(lease_grace_s=2, idle_ttl_s=600, reap_interval_s=0.5)
         create = SandboxCall(op="create", spec=SandboxSpec(), lease="b1:2:0", key="k1")
         reply: SandboxReply = await bus.request(
-            bus.subjects.sandbox_create(pool), create, timeout=120, op="sandbox.create"
+            bus.subjects.sandbox_create(pool, bus.caller), create, timeout=120, op="sandbox.create"
         )
         assert reply.renew_s == 0.5 and reply.sandbox
         await asyncio.sleep(4)  # twice the grace, with no renewal

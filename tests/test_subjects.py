@@ -53,6 +53,7 @@ AGENTS = {c for c in CREDS if c.startswith("agent")}
 MODELS = {c for c in CREDS if c.startswith("model")}
 RESOURCES = {c for c in CREDS if c.startswith("resource")}
 BOX_USERS = {"agent", "agent.a", "resource", "resource.caller"}  # the config's users of sandbox pool "box"
+BOX = {"sandbox", "sandbox.box"}  # the workers of sandbox pool "box"
 
 
 def of(role: str, *pools: str) -> set[str]:
@@ -176,15 +177,32 @@ USES = [
     Use(
         "session_call", s.session_call(s.session("env_b", "w1"), "close", "agent.a"), {"agent"}, of("resource", "env_b")
     ),
-    Use("session_op", s.session_op(s.session("env_b", "w1"), "close"), set(), of("resource", "env_b")),  # names none
     Use("resource", s.resource("env_a"), set(), of("resource", "env_a")),
     # sandboxes: the agents and environments whose entry names pool "box" create there and drive what they hold
-    Use("sandbox_create", s.sandbox_create("box"), BOX_USERS, of("sandbox", "box")),
-    Use("sandbox_create", s.sandbox_create("other"), set(), of("sandbox", "other")),
+    # ... each only as itself (the caller in the subject: a sandbox serves only the caller that created it), so no
+    # pool drives another's sandbox even with its id and lease (a role-wide credential may act as any of its pools)
+    Use("sandbox_create", s.sandbox_create("box", "agent.a"), of("agent", "a"), of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("box", "agent.b"), {"agent"}, of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("box", "resource.caller"), of("resource", "caller"), of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("box", "resource.env_a"), {"resource"}, of("sandbox", "box")),
+    Use("sandbox_create", s.sandbox_create("other", "agent.a"), set(), of("sandbox", "other")),
+    Use("sandbox_create", s.sandbox_create("box", "*.*"), set(), of("sandbox", "box")),
     Use("sandbox_present", s.sandbox_present("box"), BOX_USERS, of("sandbox", "box")),
     Use("sandbox_present", s.sandbox_present("other"), set(), of("sandbox", "other")),
-    Use("sandbox_worker", s.session_op(s.sandbox_worker("box", "w1"), "exec"), BOX_USERS, of("sandbox", "box")),
-    Use("sandbox_worker", s.session_op(s.sandbox_worker("other", "w1"), "exec"), set(), of("sandbox", "other")),
+    *(
+        Use("sandbox_op", s.sandbox_op(s.sandbox_worker("box", "w1"), op, "agent.a"), of("agent", "a"), BOX)
+        for op in ("exec", "close", "attach", "renew")
+    ),
+    Use("sandbox_op", s.sandbox_op(s.sandbox_worker("box", "w1"), "exec", "agent.b"), {"agent"}, BOX),
+    Use(
+        "sandbox_op",
+        s.sandbox_op(s.sandbox_worker("box", "w1"), "read", "resource.caller"),
+        of("resource", "caller"),
+        BOX,
+    ),
+    Use("sandbox_op", s.sandbox_op(s.sandbox_worker("box", "w1"), "read", "_._"), set(), BOX),
+    Use("sandbox_op", s.sandbox_op(s.sandbox_worker("other", "w1"), "exec", "agent.a"), set(), of("sandbox", "other")),
+    Use("sandbox_worker", s.sandbox_op(s.sandbox_worker("box", "w1"), "*", "*.*"), set(), BOX),
     Use("sandboxes", s.sandboxes("box"), set(), of("sandbox", "box")),
     Use("live", s.live("sandbox", "box"), of("sandbox", "box"), of("sandbox", "box")),
     Use("reply", sj.reply(AGENT_A, sj.lane("sandbox", "box"), 5), of("sandbox", "box"), of("agent", "a")),
@@ -300,7 +318,8 @@ NAMES_ONLY = {
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",
     "result_parts", "kind", "callee_lane",
     "stored", "jetstream_api",  # what the JS account exports to the users' account (ops.permissions.accounts)
-    "caller_of", "seed_caller", "session_caller",
+    "caller_of", "seed_caller", "session_caller", "sandbox_caller",
+    "sandbox_calls",  # a pattern of the permissions: the sandbox rows check it
     "ack_fields", "ack_reply",  # a delivery's count, sequence and time in its ack subject (and the in-memory double's)
     "every_namespace_tasks", "namespace_of",  # which namespaces a server holds (a hint naming --namespace)
 }  # fmt: skip

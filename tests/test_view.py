@@ -245,6 +245,20 @@ def test_on_loopback_another_host_name_is_refused(served: Served) -> None:
     assert served.get("/", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
+def test_on_loopback_a_host_naming_another_port_is_refused_cookie_and_all(served: Served) -> None:
+    """Host names a server by name and port (issue 73): with the valid cookie, ``127.0.0.1:<another port>`` is
+    refused, 421 as the gateway does (one rule: ``ops.hosts``)."""
+    port = int(served.base.rsplit(":", 1)[1])
+    other = port + 1 if port < 65535 else port - 1
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
+        assert served.get("/rollouts", headers={"Host": host})[0] == 200, host
+    for host in (f"127.0.0.1:{other}", f"localhost:{other}", f"[::1]:{other}", f"evil.example:{port}"):
+        status, _, body = served.get("/rollouts", headers={"Host": host})
+        assert status == 421 and b"weather" not in body, (host, status)
+    for host in ("127.0.0.1:99999", f"127.0.0.1:{port}@evil.example", f"::1:{port}", f"[::1]evil:{port}"):
+        assert served.get("/rollouts", headers={"Host": host})[0] == 421, host
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 def test_every_request_needs_the_printed_token_loopback_included(tmp_path: Path, host: str) -> None:
     """On a shared login or GPU node, loopback is every local user: a ``curl`` with no token reads nothing."""

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import REPO, cli
-from tests.test_view import serve
+from tests.test_view import Served, serve
 
 RUN = Path(__file__).resolve().parent / "data" / "train_run"
 
@@ -72,3 +76,93 @@ def test_tokenizer_and_export_mistakes_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     onto = cli("view", rows, "--export", str(tmp_path / "file"))
     assert onto.returncode == 2 and "not a folder" in onto.stderr
+
+
+BIG = 1234567890123456789012345678901234567890  # 40 digits: beyond int64, within a float's range
+HUGE = 10**400  # beyond a float's range
+
+
+def any_number_rows(path: Path) -> Path:
+    """The first two steps of the training run, their training fields holding every number a JSON writer can
+    write: ±1e308, 10**400, 40-digit integers, NaN and the infinities (Python's json writes them as written)."""
+    rows = [json.loads(line) for line in (RUN / "train_rows.jsonl").read_bytes().splitlines()[:16]]
+    odd: list[dict[str, Any]] = [
+        {"train_reward": 1e308, "train_advantage": -1e308},
+        {"train_reward": -1e308, "train_advantage": 1e308},
+        {"train_reward": HUGE, "train_advantage": -HUGE},
+        {"train_reward": BIG, "train_advantage": BIG},
+        {"train_reward": math.nan, "train_advantage": math.inf},
+        {"train_reward": math.inf, "train_advantage": -math.inf},
+        {"train_reward": -math.inf, "train_advantage": math.nan},
+        {"train_group": BIG},
+        {"reward": 1e308, "train_reward": 1e308},
+        {"reward": -1e308, "train_reward": -1e308},
+        {"reward": HUGE, "train_step": BIG},
+        {"cost": {"models": {"policy": {"output_tokens": BIG}}}, "train_reward": math.nan},
+        {"cost": {"models": {"policy": {"output_tokens": 2**63 - 1}}}},
+        {"cost": {"models": {"policy": {"output_tokens": 2**63 - 1}}}},
+        {"reward": math.inf, "train_step": 10**15},
+        {"reward": math.nan, "train_advantage": 1e-320},
+    ]
+    for r, changes in zip(rows, odd, strict=True):
+        r.update(changes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_training_fields_holding_any_number_are_served_and_exported_without_the_exporters_paths(
+    tmp_path: Path,
+) -> None:
+    """Issue 73: the step and group pages answered 500 (``OverflowError`` in their statistics) on ±1e308, 10**400
+    or 40-digit values, and ``--export`` wrote the rows file's absolute path into ``index.html``. Every page now
+    answers 200 with each value shown as written (or "not a number"), and the bundle names the file by its base
+    name, with no token and no variable of the exporter's environment."""
+    path = any_number_rows(tmp_path / "rows" / "train_rows.jsonl")
+    for site in serve(str(path)):
+
+        def page(url: str, site: Served = site) -> str:
+            status, _, body = site.get(url)
+            assert status == 200, (url, status, body[:2000])
+            return body.decode()
+
+        runs = page("/")
+        groups = [f"/group/0/{n}" for n in range(16) if site.get(f"/group/0/{n}")[0] != 404]
+        assert len(groups) >= 4, groups
+        shown = "".join(page(g) for g in groups)
+        for value in ("1e+308", "-1e+308", "1e+400", "-1e+400", "1.23456e+39", "not a number", "inf", "-inf"):
+            assert value in shown, value
+        assert "1e-320" in shown or "9.99989e-321" in shown
+        steps = page("/steps/0")
+        assert "1.23456e+39" in steps or str(BIG) in steps  # the 40-digit step, as written
+        for n in range(16):
+            page(f"/rollout/0/0/{n}")
+            page(f"/tokens/0/0/{n}")
+        assert "16 rollouts" in page("/rollouts") and "16" in runs
+        token = site.token
+    secret = "sk-exporters-environment-0123456789"
+    out = tmp_path / "bundle"
+    exported = subprocess.run(
+        [sys.executable, "-m", "gym_runtime.cli", "view", str(path), "--export", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "GYM_EXPORT_TEST_SECRET": secret},
+        timeout=300,
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert (out / "index.html").is_file() and len(files) > 30
+    index = (out / "index.html").read_text()
+    assert "train_rows.jsonl" in index  # the file, by its base name
+    leaks = {
+        "the rows file's folder": str(path.parent).encode(),
+        "the exporter's working folder": str(tmp_path).encode(),
+        "the exporter's home": str(Path.home()).encode() + b"/",
+        "the live view's token": token.encode(),
+        "a variable of the exporter's environment": secret.encode(),
+    }
+    found = [(what, p.name) for p in files for what, needle in leaks.items() if needle in p.read_bytes()]
+    assert found == []
+    bundled = "".join(p.read_text() for p in files if p.name.startswith("group-"))
+    assert all(value in bundled for value in ("1e+308", "1e+400", "1.23456e+39", "not a number")), bundled[:2000]

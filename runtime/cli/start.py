@@ -69,6 +69,7 @@ def on_ray(args: argparse.Namespace) -> int:
         raise UserError(f"--ray {args.ray} needs Ray: pip install 'gym-runtime[ray]' (the ray extra)")
     from gym_runtime.placement.on_ray import OnRay, serve_on_ray
     from gym_runtime.placement.pools import PlacementError
+    from gym_runtime.placement.ray_reach import reach
 
     cfg = cli.load(args)
     resolve_config(cfg)  # the plugins' option checks: a bad option is one line now, not in every actor
@@ -76,9 +77,10 @@ def on_ray(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:  # each actor's worker on P, P+1, ... (on its own node), at this address
         passthrough += ["--metrics-host", args.metrics_host]
     where = {"address": args.ray, "nats": args.nats, "only": args.only, "metrics_port": args.metrics_port}
-    # --auth-dir or $GYM_AUTH_DIR: the workers get its path (the same on every node), the scaler its publisher.creds
+    # --auth-dir or $GYM_AUTH_DIR, on this node: each actor is handed its entry's credential, the scaler publisher's
     auth = cli.client_auth(args)
     placed = OnRay(args.config, overrides=args.overrides, passthrough=passthrough, cfg=cfg, auth=auth, **where)
+    reach(args.ray)  # the Ray head first: a wrong address or a wanted token is one line before the bus is waited for
 
     if cfg.ray.nats == "config" or args.nats:  # the workers' bus, waited for once (one line if unreachable)
         from gym_runtime.service.loop import run_async

@@ -44,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="write the pages as files that open with no server (a bundle to share) into DIR, then exit",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --export: write into a folder that holds other files (by default only a new or empty folder, or "
+        "one a previous export wrote)",
+    )
+    p.add_argument(
         "--filter",
         metavar="QUERY",
         default="",
@@ -69,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
         return export(args)
     if args.filter:
         raise UserError("--filter goes with --export (the served table takes its filters from its form)")
+    if args.force:
+        raise UserError("--force goes with --export (a served view writes nothing)")
     follow = None
     if args.batch:  # a dead bus: one line, before all else
         url = reach(need_url(args, None), query=True)
@@ -76,6 +84,7 @@ def main(args: argparse.Namespace) -> int:
     access = Access.resolve(args.host, token=not args.no_token)
     decode = tokenizer(args)
     runs = open_runs(args.files)
+    fits(args, decode, runs)
 
     def ready(port: int) -> None:
         print(f"gym-runtime view: {access.url(port)}", flush=True)
@@ -93,25 +102,36 @@ def tokenizer(args: argparse.Namespace) -> Any:
     return load_tokenizer(args.tokenizer) if args.tokenizer else None
 
 
+def fits(args: argparse.Namespace, decode: Any, runs: Any) -> None:
+    """``--tokenizer`` checked against the rows (``view.runs.tokenizer_misfit``): one of another model is one line."""
+    from gym_runtime.view.runs import tokenizer_misfit
+
+    if decode is not None:
+        wrong = tokenizer_misfit(decode, runs)
+        if wrong:
+            raise UserError(f"--tokenizer {args.tokenizer}: {wrong}")
+
+
 def export(args: argparse.Namespace) -> int:
     """``--export DIR``: the pages written as files (``view.export``), then a line saying what and where."""
     import asyncio
     from pathlib import Path
 
-    from gym_runtime.view.export import Bundle, query
+    from gym_runtime.view.export import Bundle, check_filter, prepare, query
     from gym_runtime.view.runs import open_runs
     from gym_runtime.view.server import View
 
     if args.batch:
         raise UserError("--export writes files given, not a live --batch (collect it first, then export the file)")
     out = Path(args.export)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--export {args.export}: not a folder")
+    replaces = prepare(out, args.force)
     q = query(args.filter)
     decode = tokenizer(args)
-    runs = open_runs(args.files)
+    runs = open_runs(args.files, shared=True)  # a bundle names files by their base names
+    fits(args, decode, runs)
+    check_filter(args.filter, q, runs)
     out.mkdir(parents=True, exist_ok=True)
-    written = asyncio.run(Bundle(View(runs, decode=decode), out, q).write())
+    written = asyncio.run(Bundle(View(runs, decode=decode), out, q, replaces).write())
     size = sum(written.values())
     print(f"gym-runtime view: wrote {len(written)} files, {size / 1e6:.1f} MB: open {out / 'index.html'}", flush=True)
     return 0

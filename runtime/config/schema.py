@@ -231,6 +231,7 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     attempts_max_bytes: int | str | None = None  # {NS}_ATTEMPTS: each attempt's record (explain); the oldest go first
     # {NS}_CHECKPOINTS: a rollout's checkpoint not replaced for this long is dropped (the backstop: each is
     # deleted with its row, a failure row, a cancel and ``purge``); longer than a turn of the longest rollout
+    # (0: never aged out; a negative value is refused)
     checkpoint_ttl_s: float = 6 * 3600.0
     blob_bytes_in_flight: int | str = "128MB"  # per process: large bodies held at once (more wait their turn)
     # How long a large body of a call or reply (not a stored task's or result's, which live as long as their
@@ -250,6 +251,11 @@ class JetStreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"jetstream.replicas: {self.replicas} must be between 1 and 5")
         if self.max_age_s < 0:
             raise ConfigError("jetstream.max_age_s: must be >= 0 (0 keeps messages forever)")
+        if not self.checkpoint_ttl_s >= 0:  # a negative TTL would turn resume off without a word
+            raise ConfigError(
+                f"jetstream.checkpoint_ttl_s: {self.checkpoint_ttl_s!r} must be >= 0 seconds"
+                " (longer than the longest rollout's turn, e.g. 21600; 0 keeps checkpoints until deleted)"
+            )
         if not 0 <= self.max_republish <= 100:
             raise ConfigError(f"jetstream.max_republish: {self.max_republish} must be between 0 and 100")
         if not self.blob_ttl_s >= 1:

@@ -4,9 +4,10 @@ A page open in the operator's browser can send "simple" requests to any address,
 preflight: a ``text/plain`` POST with its own body, carrying an ``Origin`` header, or, through a name it
 rebinds to the gateway's address, with that name as ``Host``. So every app of the gateway, before any handler:
 
-* refuses a ``Host`` that is not one it serves (421): the address it is bound to, the address the connection
-  came in on, ``localhost`` and the loopback addresses, and the names given with ``--hostname`` (the first of
-  which it advertises in ``/global_config_dict_yaml`` and ``/server_instances``);
+* refuses a ``Host`` that is not one it serves (421), by name and port (``ops.hosts``, the rule ``view`` keeps):
+  the address it is bound to, the address the connection came in on, ``localhost`` and the loopback addresses,
+  and the names given with ``--hostname`` (the first of which it advertises in ``/global_config_dict_yaml`` and
+  ``/server_instances``), and, when it names a port, the port the connection came in on;
 * refuses a request carrying an ``Origin`` not given with ``--allow-origin`` (none by default: 403); an allowed
   origin gets CORS answers, its preflights included;
 * wants ``Authorization: Bearer TOKEN`` (the control token: ``--token-file``) on ``/pause`` and ``/resume``
@@ -36,12 +37,12 @@ from aiohttp import web
 
 from gym_runtime.errors import UserError
 from gym_runtime.gateway.replies import json_reply
+from gym_runtime.ops.hosts import LOOPBACK_NAMES, names_this_server, normal, sockname
 
 CONTROL_PATHS = frozenset({"/pause", "/resume"})  # the gateway's own: the token always
 OPEN_PATHS = frozenset({"/"})  # liveness: no token even with --require-token
 TOKEN_HEADER = "Authorization"  # "Bearer TOKEN"
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _CORS_HEADERS = "Authorization, Content-Type, traceparent"
 _DNS_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", re.IGNORECASE)
 
@@ -99,36 +100,6 @@ def _make_token(path: Path) -> None:
         os.unlink(tmp)
 
 
-def _normal(name: str) -> str:
-    """A host name lowercased, an IP address in its one spelling (an IPv4-mapped IPv6 as its IPv4)."""
-    name = name.lower()
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        return name
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
-
-
-@functools.lru_cache(maxsize=256)  # a trainer sends one or two values, each request: parsed once
-def host_name(value: str) -> str | None:
-    """The name a ``Host`` header names (port and IPv6 brackets off, normalised), or None when malformed."""
-    if value.startswith("["):
-        name, sep, rest = value[1:].partition("]")
-        if not sep:
-            return None
-        try:
-            ipaddress.IPv6Address(name)
-        except ValueError:
-            return None
-    else:
-        name, sep, port = value.partition(":")
-        rest = sep + port
-    if rest and not (rest[:1] == ":" and rest[1:].isdigit() and int(rest[1:]) <= 65535):
-        return None
-    return _normal(name) if name else None
-
-
 def check_hostname(value: str) -> str:
     """A ``--hostname`` value: a DNS name or an IP address (one line and exit 2 otherwise)."""
     name = value[1:-1] if value.startswith("[") and value.endswith("]") else value
@@ -163,19 +134,18 @@ class Guard:
         if wildcard and not access.hostnames:  # 0.0.0.0 reaches nothing from another node: this host's name does
             local.append(socket.gethostname())
         self.advertised = (access.hostnames or tuple(local))[0]
-        self.hosts = frozenset(_normal(h) for h in (*LOOPBACK_NAMES, *local, *access.hostnames))
+        self.hosts = frozenset(normal(h) for h in (*LOOPBACK_NAMES, *local, *access.hostnames))
         self.origins = frozenset(o.lower() for o in access.origins)
         self._token = access.token.encode()
 
     def host_refused(self, request: web.Request) -> str | None:
         value = request.headers.get("Host", "")
-        name = host_name(value)
-        if name is not None and name in self.hosts:
+        if names_this_server(value, self.hosts, sockname(request)):
             return None
-        sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
-        if name is not None and sock and name == _normal(sock[0]):  # the address the caller connected to
-            return None
-        return f"Host {value!r} is not a name this gateway serves (give it with --hostname NAME)"
+        return (
+            f"Host {value!r} is not a name this gateway serves (give it with --hostname NAME; a port it names "
+            "must be the one connected to)"
+        )
 
     def authorised(self, request: web.Request) -> bool:
         scheme, _, given = request.headers.get(TOKEN_HEADER, "").partition(" ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,23 @@ class ClientAuth:
             f"command runs; copy it from the server's --secure directory"
         )
 
+    def own(self, role: str, pool: str | None) -> Path:
+        """The one credential a worker of one entry needs: its pool's, else its role's, never ``admin.creds``
+        (what ``start --ray`` hands that entry's actors, and nothing else of this directory)."""
+        p = self.pool_creds(role, pool) or creds_path(self.auth_dir, role)
+        if not p.is_file():
+            raise AuthError(
+                f"--auth-dir {self.auth_dir}: no {role}.creds (nor {role}.{pool}.creds) for the {role} workers; an "
+                f"actor is never handed admin.creds: copy {role}.creds from the server's --secure directory"
+            )
+        check_seed(p)
+        return p
+
+    def entry_files(self, role: str, pool: str | None) -> dict[str, bytes]:
+        """The files of a directory holding only what one entry's worker needs: the CA and its credential."""
+        seed = self.own(role, pool)
+        return {CA_CERT: (self.auth_dir / CA_CERT).read_bytes(), seed.name: seed.read_bytes()}
+
     def connect_options(self, role: str, pool: str | None = None) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``: TLS trusting only the cluster CA, the pool's nkey when
         this node holds one (its inbox then the pool's own), else the role's."""
@@ -79,3 +97,16 @@ class ClientAuth:
             "nkeys_seed": str(scoped or self.creds(role)),
             "inbox_prefix": inbox_prefix(role, pool if scoped else None),
         }
+
+
+def private_auth_dir(files: dict[str, bytes]) -> Path:
+    """A new directory only this user reads (0700, each file 0600) holding ``files`` (``entry_files``): a worker's
+    ``--auth-dir`` on a node that holds no other credential of the cluster."""
+    d = Path(tempfile.mkdtemp(prefix="gym-auth-"))
+    for name, data in files.items():
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"not a file name: {name!r}")
+        fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return d

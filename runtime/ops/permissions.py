@@ -155,8 +155,7 @@ def _agent(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
     mine = pool or "*"
     envs = reach.environments("agent", pool)
     calls = [s.all_resources] if envs is None else _calls(s, envs, "agent", pool)
-    boxes = reach.sandbox_pools("agent", pool)
-    calls += [s.all_sandboxes] if boxes is None else [s.sandboxes(p) for p in boxes]
+    calls += _sandbox_calls(s, reach, "agent", pool)
     pub = [
         s.agent_results(mine),
         *_models(s),
@@ -211,7 +210,7 @@ def _resource(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
     # come into its own inbox, as any call's), and the sandbox pool it uses
     mine = pool or "*"
     pub = [*_models(s), *_calls(s, reach.environments("resource", pool) or (), "resource", pool)]
-    pub += [s.sandboxes(p) for p in reach.sandbox_pools("resource", pool) or ()]
+    pub += _sandbox_calls(s, reach, "resource", pool)
     # replies (and keepalives) only into calls made to this environment, and status answers
     pub.append(sj.lane_replies(sj.lane("resource", mine)))
     return pub, [s.status, s.resource(mine)], []
@@ -236,6 +235,17 @@ def _calls(s: Subjects, envs: Iterable[str], role: str, pool: str | None) -> lis
     for env in envs:
         out += [s.seed(env, me), s.session_call(s.session(env, "*"), "*", me), s.stateless_verify(env)]
     return out
+
+
+def _sandbox_calls(s: Subjects, reach: Reach, role: str, pool: str | None) -> list[str]:
+    """Using the sandbox pools ``role``'s entry names (none given for agents: every pool) only as itself: the
+    caller is in each create's and operation's subject, and a sandbox serves only the caller that created it
+    (with its lease), so a pool that read another's sandbox id and lease still cannot drive it."""
+    me = sj.caller_of(role, pool or "*")
+    boxes = reach.sandbox_pools(role, pool)
+    if boxes is None and role != "agent":
+        boxes = []
+    return [x for p in (["*"] if boxes is None else boxes) for x in s.sandbox_calls(p, me)]
 
 
 def _read_results(s: Subjects, reach: Reach) -> list[str]:

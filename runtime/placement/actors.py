@@ -13,17 +13,25 @@ worker process keeps none of its state. The actor only holds Ray's resources for
 
 A worker that exits before it is ready (a user mistake: exit 2, one line) is not restarted: ``ready`` says
 why, with the last line it wrote, and the pool removes the actor.
+
+On a secured bus the actor is handed its entry's files alone (the CA and its role's or pool's credential, never
+``admin.creds`` nor another role's), writes them into a directory of its own (0700) and points its worker there:
+no ``--auth-dir`` of the operator's, no ``$GYM_AUTH_DIR``, reaches the worker. The directory goes when the worker
+does.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 
+from gym_runtime.ops.credentials import private_auth_dir
+from gym_runtime.ops.security import AUTH_DIR_ENV
 from gym_runtime.service.ready import read_ready
 from gym_runtime.service.supervisor import term_with_parent
 
@@ -46,10 +54,13 @@ class WorkerProcess:
     """Made a Ray actor by ``pools`` (``ray.remote(**options)(WorkerProcess)``, threaded: ``stop`` can come while
     ``ready`` waits)."""
 
-    def __init__(self, argv: list[str], cwd: str, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str], creds: dict[str, bytes] | None = None) -> None:
         os.chdir(cwd)  # the actor's own process: the config's relative paths as the driver sees them
-        self._argv = argv
-        self._env = {**os.environ, **env}
+        self._auth_dir = str(private_auth_dir(creds)) if creds else None
+        self._argv = argv + (["--auth-dir", self._auth_dir] if self._auth_dir else [])
+        self._env = {
+            k: v for k, v in {**os.environ, **env}.items() if k != AUTH_DIR_ENV
+        }  # (a node's would name every role's)
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._answered = threading.Event()  # the first line is in, or the worker exited before it
@@ -77,9 +88,15 @@ class WorkerProcess:
         threading.Thread(target=self._relay_stderr, args=(proc,), daemon=True).start()
         code = proc.wait()
         self._answered.set()
+        self._forget_creds()
         if self._ready.is_set() and not self._stopping.is_set():
             print(f"gym-runtime: worker exited with code {code}; the actor exits for Ray to restart it", flush=True)
             os._exit(1)  # died on its own: the actor goes with it, and Ray restarts both
+
+    def _forget_creds(self) -> None:
+        """The worker is gone: so is the directory that held its credential."""
+        if self._auth_dir is not None:
+            shutil.rmtree(self._auth_dir, ignore_errors=True)
 
     def _read_ready(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
@@ -127,3 +144,5 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+        finally:
+            self._forget_creds()  # (before the actor is killed: its keeper thread may not get to it)

@@ -22,7 +22,9 @@ from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.ops.security import POOL_ROLES
 from gym_runtime.placement.pools import Replica, RolePools, head_nats
+from gym_runtime.placement.ray_reach import reach, refused
 from gym_runtime.placement.scaler import Scaler
 from gym_runtime.service.loop import run_async
 from gym_runtime.service.runner import selected
@@ -41,9 +43,9 @@ class OnRay:
 
     ``only``: ``ROLE`` or ``ROLE.NAME`` entries (default every role); ``nats``: the bus URL (default the config's,
     or the head node's actor under ``ray.nats: head``); ``passthrough``: more worker flags (``--log-level``...);
-    ``auth``: a ``server --secure`` bus's credentials (``--auth-dir``, the same path on every node): each worker
-    connects with its role's (or its entry's pool credential), the scaler with the publisher's, whose grants hold
-    the work queues' counts it scales on (``admin.creds`` serves too).
+    ``auth``: a ``server --secure`` bus's credentials, on this node only: each actor is handed its entry's pool
+    credential or its role's and nothing else (never ``admin.creds``), the scaler here connects with the
+    publisher's, whose grants hold the work queues' counts it scales on (``admin.creds`` serves too).
     """
 
     def __init__(
@@ -77,10 +79,12 @@ class OnRay:
         elastic = [k for r, n in self.pairs if (k := self.cfg.ray.roles.get(f"{r}.{n}")) and k.elastic]
         if auth is not None and elastic:
             auth.creds("publisher")  # the scaler's, checked now: a missing file is one line, not a dead scaler
+        if auth is not None:  # each entry's own credential (its actors get nothing else), checked now too
+            for role, name in self.pairs:
+                auth.own(POOL_ROLES[role], name)
         self._nats, self._nats_handle = nats, None
         overrides_flags = [x for o in overrides or [] for x in ("--set", o)]
-        auth_flags = ["--auth-dir", str(auth.auth_dir)] if auth is not None else []  # a path, never a secret
-        self._passthrough = overrides_flags + (passthrough or ["--log-level", "warning"]) + auth_flags
+        self._passthrough = overrides_flags + (passthrough or ["--log-level", "warning"])
         self._metrics_port, self._drain_timeout_s = metrics_port, drain_timeout_s
         self._inited = False
         self._stop = threading.Event()
@@ -94,7 +98,11 @@ class OnRay:
 
     def __enter__(self) -> OnRay:
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+            reach(self.address)  # a dead address, a head that wants a token: one line, in seconds
+            try:
+                ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+            except ConnectionError as e:
+                raise refused(self.address, e) from None
             self._inited = True
         try:
             self._open()
@@ -121,6 +129,7 @@ class OnRay:
             self._passthrough,
             metrics_port=self._metrics_port,
             drain_timeout_s=self._drain_timeout_s,
+            auth=self.auth,
         )
         self.scaler = Scaler(cfg, self.pools)
         if any(self.pools.role(r, n).elastic for r, n in self.pairs):  # its bus first: a refusal before any actor

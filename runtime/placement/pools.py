@@ -29,7 +29,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from gym_runtime.config import Config, RayRole
 from gym_runtime.errors import UserError
 from gym_runtime.observability import logs
+from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.ops.security import POOL_ROLES
 from gym_runtime.placement.actors import NotReady, WorkerProcess
 from gym_runtime.service.supervisor import child_argv
 
@@ -114,7 +116,8 @@ def not_placed(spec: str, role: RayRole, timeout_s: float) -> PlacementError:
 class RolePools:
     """The actors of every selected role. ``passthrough``: the worker's flags (``--set``, ``--log-level``, ...);
     ``url``: the bus, in the worker's argv only when the user gave it (a URL in the config may hold
-    credentials: the worker reads it from the config itself)."""
+    credentials: the worker reads it from the config itself); ``auth``: a secured bus's credentials on this
+    (the operator's) node, of which each actor is handed only its entry's (``ClientAuth.entry_files``)."""
 
     configs: list[str]
     cfg: Config
@@ -122,6 +125,7 @@ class RolePools:
     passthrough: list[str]
     metrics_port: int | None = None
     drain_timeout_s: float = 90.0
+    auth: ClientAuth | None = None
     replicas: dict[tuple[str, str], list[Replica]] = field(default_factory=dict)
     _index: itertools.count[int] = field(default_factory=itertools.count)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -146,7 +150,8 @@ class RolePools:
             options["resources"] = dict(r.resources)
         if r.memory_mb:
             options["memory"] = r.memory_mb * 1024 * 1024
-        handle = ray.remote(**options)(WorkerProcess).remote(argv, os.getcwd(), env)
+        creds = self.auth.entry_files(POOL_ROLES[role], name) if self.auth is not None else None
+        handle = ray.remote(**options)(WorkerProcess).remote(argv, os.getcwd(), env, creds)
         return Replica(spec, handle, index)
 
     def add(self, role: str, name: str, k: int) -> list[Replica]:

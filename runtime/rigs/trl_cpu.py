@@ -1,4 +1,5 @@
-"""TRL's asynchronous GRPO on a machine without CUDA: ``use_cpu_attention()`` before building the trainer.
+"""TRL's asynchronous GRPO on a machine without CUDA: ``use_cpu_attention()`` before building the trainer (a
+``GymRolloutWorker`` calls it as it is built where CUDA is not available: ``where_needed``).
 
 ``AsyncGRPOTrainer`` computes its tree attention with FlashAttention-3 (a CUDA kernel fetched from the hub); here it
 is replaced by a plain-torch varlen attention with the same arguments and result (causal, aligned to the bottom
@@ -8,7 +9,7 @@ right as flash-attn aligns a query segment shorter than its keys), so the traine
 
 from __future__ import annotations
 
-__all__ = ["flash_attn_varlen_func", "use_cpu_attention"]
+__all__ = ["flash_attn_varlen_func", "use_cpu_attention", "where_needed"]
 
 import math
 from types import SimpleNamespace
@@ -57,3 +58,17 @@ def use_cpu_attention() -> None:
     packing._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
     # TRL's MFU metric asks CUDA for the device's name at construction; on CPU there is none
     async_grpo_trainer.get_peak_flops_per_device = lambda *args, **kwargs: 1e12
+
+
+def where_needed() -> bool:
+    """``use_cpu_attention()`` when torch has no CUDA and TRL's asynchronous GRPO is installed (without it, building
+    ``AsyncGRPOTrainer`` on such a machine raises "Torch not compiled with CUDA enabled"); whether it did."""
+    try:
+        import torch
+        from trl.experimental.async_grpo import async_grpo_trainer  # noqa: F401
+    except ImportError:
+        return False
+    if torch.cuda.is_available():
+        return False
+    use_cpu_attention()
+    return True

@@ -65,7 +65,7 @@ async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) ->
         # containers as the snapshot left them (an answered turn's), else it starts from fresh ones
         handle = msgspec.structs.replace(handle, held=None)
     if cp.sandboxes:
-        rollout.sandboxes.take_up(cp.sandboxes)
+        rollout.sandboxes.take_up(cp.sandboxes, cp.sandbox_lease)
     boxes = await rollout.sandboxes.reattach()  # all of them, or none (one is gone: the rollout starts over)
     if not boxes:
         how = "restarted"

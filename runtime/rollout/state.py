@@ -163,6 +163,7 @@ class Rollout(Generic[C]):
         sessions = [h for h in (s.handle() for s in self.sessions) if h is not None]
         cp = holding(traj, self.ledger, turn, phase, elapsed, sessions, self.sandboxes.handles(), generating)
         cp.attempt = self.attempt
+        cp.sandbox_lease = self.sandboxes.lease if cp.sandboxes else ""  # the secret a resumed attempt proves
         box.write(cp)
         return True
 

@@ -32,7 +32,7 @@ class Owned(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     owner: str  # the sandbox worker's id
-    lease: str  # the rollout's key
+    lease: str  # its lease's tag (``leases.lease_tag``: never the lease itself), or "warm"
     pool: str
     expires: float = 0.0  # when the lease ends (unix time; 0: unknown)
     running: bool = True  # False: its processes ended (exited, dead): provably nobody's any more

@@ -1,14 +1,15 @@
 """The author's side of the fleet: ``async with ctx.sandbox(image=...) as box`` and ``box.exec(...)``.
 
 Every call travels over the bus: ``create`` to the pool's queue group (whichever worker has room), then
-``exec``/``write``/``read``/``close`` to the worker that holds the container, as resource sessions are
-pinned. A rollout's sandboxes share one lease (its key and deadline): ``Sandboxes.close_all`` ends them
-when the rollout ends, whatever way. While it holds any, the holder says it is alive to their workers every
-``renew_s`` (``renew``); one that dies leaves them under their lease for the pool's ``lease_grace_s``, where a
-resumed attempt of the same rollout reattaches to them (``Sandboxes.reattach``: same containers, files intact),
-then to the pool's reaper. No author touches Docker or NATS. A sandbox's CPU time comes back with its close
-(``cpu_s``, where its backend counts it): an agent's rollout closes its lease before its row is built, so the row
-has it all.
+``exec``/``write``/``read``/``close`` to the worker that holds the container, as resource sessions are pinned. A
+rollout's sandboxes share one lease (a random secret, and its deadline): every call carries it and names this
+connection's caller, and the worker serves a sandbox to nobody else (``sandboxes.leases``: an id alone, as a
+checkpoint names it, is no key). ``Sandboxes.close_all`` ends them when the rollout ends, whatever way. While it
+holds any, the holder says it is alive to their workers every ``renew_s`` (``renew``); one that dies leaves them
+under their lease for the pool's ``lease_grace_s``, where a resumed attempt of the same rollout reattaches to them
+(``Sandboxes.reattach``: same containers, files intact), then to the pool's reaper. No author touches Docker or
+NATS. A sandbox's CPU time comes back with its close (``cpu_s``, where its backend counts it): an agent's rollout
+closes its lease before its row is built, so the row has it all.
 
 Output as it comes: ``box.exec(cmd, on_output=cb)`` calls ``cb("stdout" | "stderr", data)`` (a function or a
 coroutine function) with each part while the command runs, in order, then returns the ``ExecResult`` as
@@ -49,6 +50,7 @@ from gym_runtime.messages import (
     SandboxReply,
     SandboxSpec,
 )
+from gym_runtime.sandboxes.leases import new_lease
 from gym_runtime.sandboxes.spec import ExecResult, SandboxAsk
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.rpc import NoResponders
@@ -89,7 +91,7 @@ class Sandbox:
         bus = self._owner._bus
         with bus.telemetry.span(f"sandbox.{call.op}", attributes=self._attributes()) as span:
             reply: SandboxReply = await bus.request(
-                Subjects.session_op(self._address, call.op),
+                Subjects.sandbox_op(self._address, call.op, bus.caller),
                 call,
                 timeout=timeout,
                 op=f"sandbox.{call.op}",
@@ -124,7 +126,13 @@ class Sandbox:
         ``id``: a tool call's id, the same on every attempt of its turn (``Trajectory.call_id``): the sandbox runs
         it once, and answers it again with that run's result (a replayed one streams nothing)."""
         call = SandboxCall(
-            op="exec", sandbox=self.id, argv=_argv(cmd), timeout_s=timeout_s, stream=bool(on_output), id=id
+            op="exec",
+            sandbox=self.id,
+            lease=self._owner.lease,
+            argv=_argv(cmd),
+            timeout_s=timeout_s,
+            stream=bool(on_output),
+            id=id,
         )
         timeout = (timeout_s or self._owner.exec_timeout_s) + OP_SLACK_S
         started = time.monotonic()
@@ -166,24 +174,27 @@ class Sandbox:
     async def spawn(self, cmd: str | list[str]) -> Process:
         """Start ``cmd`` in the background (a server, a long build): it runs until it ends, is killed, or the
         sandbox closes. Its stdout and stderr are each capped by the pool's ``max_output``."""
-        r = await self._op(SandboxCall(op="spawn", sandbox=self.id, argv=_argv(cmd)), CREATE_TIMEOUT_S)
+        call = SandboxCall(op="spawn", sandbox=self.id, lease=self._owner.lease, argv=_argv(cmd))
+        r = await self._op(call, CREATE_TIMEOUT_S)
         return Process(self, r.process)
 
     async def write(self, path: str, data: bytes | str) -> None:
         """Write a file (a relative path: under ``/work``), its directories made as needed."""
         body = data.encode() if isinstance(data, str) else bytes(data)
-        await self._op(SandboxCall(op="write", sandbox=self.id, path=path, data=body), CREATE_TIMEOUT_S)
+        call = SandboxCall(op="write", sandbox=self.id, lease=self._owner.lease, path=path, data=body)
+        await self._op(call, CREATE_TIMEOUT_S)
 
     async def read(self, path: str) -> bytes:
         """A file's bytes (at most the pool's ``max_output``: a larger file is an error)."""
-        return (await self._op(SandboxCall(op="read", sandbox=self.id, path=path), CREATE_TIMEOUT_S)).data
+        call = SandboxCall(op="read", sandbox=self.id, lease=self._owner.lease, path=path)
+        return (await self._op(call, CREATE_TIMEOUT_S)).data
 
     async def restart(self) -> None:
         """End every process in the sandbox, whatever started it (``spawn``, a command's ``setsid`` or double
         fork, a fork loop), and keep its files: the image's file system as it was left (a ``rootfs: writable``
         pool's); a read-only pool's tmpfs paths (``/work``, ``/tmp``, ``/root``) start empty again. What a verify
         in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
-        await self._op(SandboxCall(op="restart", sandbox=self.id), CREATE_TIMEOUT_S)
+        await self._op(SandboxCall(op="restart", sandbox=self.id, lease=self._owner.lease), CREATE_TIMEOUT_S)
 
     async def close(self) -> None:
         if self.closed:
@@ -202,12 +213,12 @@ class Sandbox:
         close sent while the server was down fails at the reconnect (``worker_lost``). So a given-back rollout's
         lease ends within seconds, not at the pool's ``idle_ttl_s``. None: no answer (its worker is gone: the
         reaper and the idle timeout remove what is left)."""
-        bus, call = self._owner._bus, SandboxCall(op="close", sandbox=self.id)
+        bus, call = self._owner._bus, SandboxCall(op="close", sandbox=self.id, lease=self._owner.lease)
         started, absent, tries = time.monotonic(), 0.0, 0
         while True:
             try:
                 reply: SandboxReply = await bus.request(
-                    Subjects.session_op(self._address, "close"), call, timeout=60, op="sandbox.close"
+                    Subjects.sandbox_op(self._address, "close", bus.caller), call, timeout=60, op="sandbox.close"
                 )
                 return reply
             except NoResponders:  # its worker is gone, or not subscribed again yet after a reconnect
@@ -238,7 +249,9 @@ class Process:
         self.box, self.id = box, pid
 
     async def _ask(self, op: Literal["poll", "wait", "kill"], timeout_s: float | None = None) -> ExecResult:
-        call = SandboxCall(op=op, sandbox=self.box.id, process=self.id, timeout_s=timeout_s)
+        call = SandboxCall(
+            op=op, sandbox=self.box.id, lease=self.box._owner.lease, process=self.id, timeout_s=timeout_s
+        )
         timeout = (timeout_s or self.box._owner.exec_timeout_s) + OP_SLACK_S
         return _result(await self.box._op(call, timeout))
 
@@ -326,14 +339,15 @@ class _Waiting:
 
 
 class Sandboxes:
-    """The sandboxes of one lease (a rollout, or an environment's session) in one pool."""
+    """The sandboxes of one lease (a rollout, or an environment's session) in one pool. ``lease``: the secret every
+    call proves (``sandboxes.leases``); None, a fresh one (a resumed attempt's is the one its checkpoint kept)."""
 
     def __init__(
         self,
         bus: Bus | None,
         pool: str,
         *,
-        lease: str,
+        lease: str | None = None,
         deadline: float = 0.0,
         where: str = "",
         exec_timeout_s: float = 600.0,
@@ -341,7 +355,7 @@ class Sandboxes:
     ) -> None:
         self._bus: Any = bus
         self.pool = pool
-        self.lease = lease
+        self.lease = new_lease() if lease is None else lease  # a resumed attempt's: the one its checkpoint kept
         self.deadline = deadline  # unix time the lease ends (0: the pool's max_lease_s)
         self.where = where  # the config key that names the pool (for the error when there is none)
         self.exec_timeout_s = exec_timeout_s
@@ -463,7 +477,7 @@ class Sandboxes:
             for box in list(self._open.values()):
                 call = SandboxCall(op="renew", sandbox=box.id, lease=self.lease)
                 try:
-                    await self._bus.publish(Subjects.session_op(box._address, "renew"), call)
+                    await self._bus.publish(Subjects.sandbox_op(box._address, "renew", self._bus.caller), call)
                 except Exception:  # noqa: BLE001 - disconnected meanwhile: the next round says it again
                     pass
 
@@ -486,11 +500,13 @@ class Sandboxes:
         """The sandboxes of this lease still open, as a checkpoint keeps them."""
         return [box.handle() for box in self._open.values()] if self._open else []
 
-    def take_up(self, handles: list[SandboxHandle]) -> None:
+    def take_up(self, handles: list[SandboxHandle], lease: str | None = None) -> None:
         """A resumed attempt: the sandboxes its rollout held at its checkpoint, reattached at its first create or
-        its ``reattach``, whichever comes first."""
+        its ``reattach``, whichever comes first, under ``lease`` (the one the checkpoint kept; None: this one's)."""
         if self._reattached is None and self._resumable is None:
             self._resumable = [h for h in handles if h.pool == self.pool]
+            if lease:
+                self.lease = lease
 
     async def reattach(self) -> bool:
         """Take up every sandbox ``take_up`` named, at the worker that holds it under this lease (``attach``): each
@@ -513,7 +529,10 @@ class Sandboxes:
             call = SandboxCall(op="attach", sandbox=h.sandbox, lease=self.lease, expires=expires)
             try:
                 reply: SandboxReply = await self._bus.request(
-                    Subjects.session_op(h.address, "attach"), call, timeout=ATTACH_TIMEOUT_S, op="sandbox.attach"
+                    Subjects.sandbox_op(h.address, "attach", self._bus.caller),
+                    call,
+                    timeout=ATTACH_TIMEOUT_S,
+                    op="sandbox.attach",
                 )
             except Exception:  # noqa: BLE001 - its worker is gone, or no longer holds it: none is reattached
                 for box in boxes:
@@ -544,7 +563,10 @@ class Sandboxes:
             call = SandboxCall(op="create", spec=spec, lease=self.lease, expires=expires, key=key, renews=True)
             try:
                 reply: SandboxReply = await self._bus.request(
-                    subjects.sandbox_create(self.pool), call, timeout=CREATE_TIMEOUT_S, op="sandbox.create"
+                    subjects.sandbox_create(self.pool, self._bus.caller),
+                    call,
+                    timeout=CREATE_TIMEOUT_S,
+                    op="sandbox.create",
                 )
                 if not reply.full:
                     return reply

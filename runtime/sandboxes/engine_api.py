@@ -9,8 +9,8 @@ Every container is made safe by construction, whatever the spec asks:
   and these machines' root file system is ext4), charged to the container's memory as they fill;
 - cpu (``NanoCpus``), memory (swap off) and pids limits, all capabilities dropped but the few a shell
   needs, ``no-new-privileges``, an init that reaps orphans;
-- labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (the rollout), ``gym-runtime.pool``
-  and ``gym-runtime.expires`` (when the lease ends), which the reaper reads;
+- labels ``gym-runtime.owner`` (the worker), ``gym-runtime.lease`` (its lease's tag, never the lease),
+  ``gym-runtime.pool`` and ``gym-runtime.expires`` (when the lease ends), which the reaper reads;
 - a main process that ends the container unless its worker renews it (``KEEPER``), and ``AutoRemove``: a
   container whose worker died (SIGKILLed with its node or its bus) is gone within ``orphan_after_s`` by itself,
   whatever else runs on the engine.

@@ -17,6 +17,7 @@ Every failure row says who caused it (``failure_attribution``, the runtime's rul
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -35,7 +36,23 @@ __all__ = ["FailurePolicy", "Kind", "Tally", "advantages", "has_tokens", "kind",
 Kind = Literal["scored", "policy", "excluded"]
 
 
-class FailurePolicy(msgspec.Struct, kw_only=True, frozen=True):
+class _Named(msgspec.StructMeta):
+    """``FailurePolicy(...)`` with a field it does not have: one line with the nearest field, not a bare
+    ``TypeError`` (a Struct cannot define ``__init__``: its class's call is where the names are seen)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        fields = cls.__struct_fields__
+        if args:
+            raise ClientError(f"{cls.__name__} takes its fields by name, e.g. {cls.__name__}(retries=1)")
+        for key in kwargs:
+            if key not in fields:
+                near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+                fix = f"did you mean {near[0]!r}? " if near else ""
+                raise ClientError(f"{cls.__name__} has no field {key!r}; {fix}its fields are {', '.join(fields)}")
+        return super().__call__(**kwargs)
+
+
+class FailurePolicy(msgspec.Struct, kw_only=True, frozen=True, metaclass=_Named):
     """What the trainer adapters do with failure rows (the same object for all three)."""
 
     policy_failure_reward: float = 0.0  # a policy failure's reward (its tokens trained on, mask 1)
@@ -47,6 +64,16 @@ class FailurePolicy(msgspec.Struct, kw_only=True, frozen=True):
     refill: bool = False
 
     def __post_init__(self) -> None:
+        for name, kinds, what in (
+            ("retries", int, "a whole number"),
+            ("max_excluded", (int, float), "a number"),
+            ("policy_failure_reward", (int, float), "a number"),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ClientError(f"FailurePolicy: {name} is {what}, got {value!r}")
+        if not isinstance(self.refill, bool):
+            raise ClientError(f"FailurePolicy: refill is True or False, got {self.refill!r}")
         if self.retries < 0:
             raise ClientError(f"FailurePolicy: retries is >= 0, got {self.retries}")
         if not 0.0 <= self.max_excluded <= 1.0:

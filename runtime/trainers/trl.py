@@ -43,6 +43,7 @@ from gym_runtime.data.rowkeys import is_runtime_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
+from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
 from gym_runtime.trainers.train_rows import TRLTrainRows
@@ -101,6 +102,7 @@ class TRLRollouts:
     (``train_rows``).
     """
 
+    @checked
     def __init__(
         self,
         client: SyncClient,
@@ -112,6 +114,8 @@ class TRLRollouts:
         max_staleness: int | None = None,
         rows_path: str | None = None,
     ) -> None:
+        self.failures = failure_policy(failures)
+        self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
         config = client.client.config
         check_agent(list(config.agents), agent)
         check_live(config.models, live)
@@ -119,8 +123,6 @@ class TRLRollouts:
         self.index = RowIndex(rows)
         self.agent = agent
         self.live = live
-        self.failures = failures or FailurePolicy()
-        self.max_staleness = max_staleness
         self.counts = Tally()  # the last call's
         self.totals = Tally()  # all calls'
         self.last_rows: list[dict[str, Any]] = []  # the last call's rows, in TRL's order (failure rows included)

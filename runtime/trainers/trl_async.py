@@ -25,6 +25,7 @@ half-stepped weights), registered as the ``live`` model; ``pause`` is the client
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,8 @@ from gym_runtime.client.sync import SyncClient
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
+from gym_runtime.rigs import trl_cpu
+from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.step_fill import StepFill
@@ -58,10 +61,29 @@ class AsyncCounts:
     cancelled_groups: int = 0  # cancelled in flight (too stale to use)
 
 
+def _starting_trainer(worker: Any) -> Any:
+    """The trainer that is starting ``worker`` (TRL's protocol hands the worker no trainer: its train-begin callback,
+    which holds the trainer as ``_trainer``, calls ``start``), or None (started some other way)."""
+    frame = sys._getframe(1)
+    for _ in range(12):  # (TRL's callback is two frames up; a worker started by hand finds none)
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        try:
+            for candidate in (owner, getattr(owner, "_trainer", None)):
+                if candidate is not None and getattr(candidate, "rollout_worker", None) is worker:
+                    return candidate
+        except Exception:  # an object whose attributes cannot be read: not the trainer
+            pass
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
 class GymRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over a ``SyncClient``: ``rollout_buffer`` and ``metrics_queue`` are
     ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``)."""
 
+    @checked
     def __init__(
         self,
         client: SyncClient,
@@ -77,9 +99,18 @@ class GymRolloutWorker:
         rows_path: str | None = None,
         token_budget: int | None = None,
     ) -> None:
-        if num_generations < 1 or groups_in_flight < 1 or max_staleness < 0:
-            raise ClientError("num_generations and groups_in_flight are >= 1, max_staleness >= 0")
+        for name, value, least in (
+            ("num_generations", num_generations, 1),
+            ("groups_in_flight", groups_in_flight, 1),
+            ("max_staleness", max_staleness, 0),
+            ("batch_size", batch_size, 1),
+            ("token_budget", 1 if token_budget is None else token_budget, 1),
+        ):
+            count(name, value, least)
+        failures = failure_policy(failures)
         check_agent(list(client.client.config.agents), agent)
+        if trl_cpu.where_needed():  # the recipe's one slip on a machine without CUDA, taken out of its hands
+            log.info("trainer.cpu_attention", why="torch has no CUDA: TRL's tree attention in plain torch")
         self.client = client
         self.index = RowIndex(rows)
         self.sample = sample
@@ -92,7 +123,7 @@ class GymRolloutWorker:
         self.metrics_queue: queue.Queue[Any] = queue.Queue()
         self.model_version = 0
         self.counts = AsyncCounts()
-        self.failures = failures or FailurePolicy()
+        self.failures = failures
         self.totals = Tally()  # the failure policy's counts, all groups
         self._step = Tally()  # since the last full step's worth (``batch_size`` rollouts): the bound's window
         # ``token_budget``: the trainer's (AsyncGRPOConfig), to say when TRL would drop a sample as too long
@@ -110,8 +141,21 @@ class GymRolloutWorker:
     # ------------------------------------------------------------------------------------------ the protocol
 
     def start(self) -> None:
+        self._check_trainer(_starting_trainer(self))
         self.last_sample_at = time.monotonic()
         self._future = self.client.spawn(self._produce)
+
+    def _check_trainer(self, trainer: Any) -> None:
+        """The trainer's group size and staleness bound against the worker's: TRL counts a group of its own
+        ``num_generations`` where the worker hands over groups of its own, so a mismatch trains on, unsaid."""
+        args = getattr(trainer, "args", None)
+        for name in ("num_generations", "max_staleness"):
+            theirs, ours = getattr(args, name, None), getattr(self, name)
+            if isinstance(theirs, int) and theirs != ours:
+                raise ClientError(
+                    f"AsyncGRPOConfig({name}={theirs}) and GymRolloutWorker({name}={ours}) differ: give both the same "
+                    f"{name}"
+                )
 
     def stop(self) -> None:
         self._stop.set()

@@ -492,11 +492,6 @@ class Subjects:
         return f"{self.ns}.res.{resource}.{worker}"
 
     @staticmethod
-    def session_op(address: str, op: str) -> str:
-        """One operation on a sandbox a worker holds (``sandbox_worker``; ``*``: every one)."""
-        return f"{address}.{op}"
-
-    @staticmethod
     def session_call(address: str, op: str, caller: str) -> str:
         """One operation on an environment's session (``tool``, ``verify`` or ``close``; ``*``: every one) as
         ``caller`` (``caller_of``; ``*.*`` for the worker's subscription, ``agent.*`` for a role-wide credential's
@@ -526,9 +521,11 @@ class Subjects:
 
     # -- sandboxes (containers the sandbox workers hold for rollouts)
 
-    def sandbox_create(self, pool: str) -> str:
-        """Creating a sandbox (a queue group of the pool's workers; the reply names the worker that holds it)."""
-        return f"{self.ns}.sbx.{pool}.create"
+    def sandbox_create(self, pool: str, caller: str) -> str:
+        """Creating a sandbox (a queue group of the pool's workers; the reply names the worker that holds it), as
+        ``caller`` (``caller_of``; ``*.*`` for the workers' subscription). The caller is in the subject, which the
+        server checks (each pool may publish only its own, as a seed's), and the sandbox is bound to it."""
+        return f"{self.ns}.sbx.{pool}.create.{caller}"
 
     def sandbox_present(self, pool: str) -> str:
         """Is any worker of the pool there (a queue group; answered even when full): a create nobody took
@@ -536,12 +533,31 @@ class Subjects:
         return f"{self.ns}.sbx.{pool}.present"
 
     def sandbox_worker(self, pool: str, worker: str) -> str:
-        """The address of the sandbox worker that holds a sandbox (its ops go to ``session_op``:
-        ``exec``, ``write``, ``read``, ``close``; ``*``: every one)."""
+        """The address of the sandbox worker that holds a sandbox (its ops go to ``sandbox_op``)."""
         return f"{self.ns}.sbx.{pool}.{worker}"
 
+    @staticmethod
+    def sandbox_op(address: str, op: str, caller: str) -> str:
+        """One operation on a sandbox (``exec``, ``write``, ``read``, ``close``, ...; ``*``: every one) as ``caller``
+        (``caller_of``; ``*.*``: any), which must be the one that created it, as its lease must be its lease."""
+        return f"{address}.{op}.{caller}"
+
+    def sandbox_caller(self, subject: str) -> str:
+        """The caller a create's or an operation's subject names (``sandbox_create``, ``sandbox_op``), '' for
+        another subject."""
+        t = subject.split(".")
+        if len(t) in (6, 7) and t[0] == self.ns and t[1] == "sbx" and (len(t) == 7 or t[3] == "create"):
+            return f"{t[-2]}.{t[-1]}"
+        return ""
+
+    def sandbox_calls(self, pool: str, caller: str) -> list[str]:
+        """What ``caller`` (``caller_of``; ``agent.*`` for a role-wide credential) may publish to use sandbox
+        ``pool`` (``*``: every pool): creates and operations as itself, and the pool's presence."""
+        ops = self.sandbox_op(self.sandbox_worker(pool, "*"), "*", caller)
+        return [self.sandbox_create(pool, caller), self.sandbox_present(pool), ops]
+
     def sandboxes(self, pool: str) -> str:
-        """Every subject of one sandbox pool (what an agent or environment that uses it may publish to)."""
+        """Every subject of one sandbox pool (what its workers subscribe to)."""
         return f"{self.ns}.sbx.{pool}.>"
 
     @property

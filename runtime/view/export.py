@@ -10,6 +10,7 @@ Content-Security-Policy as a ``<meta http-equiv>`` (less ``frame-ancestors``, wh
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import re
 from pathlib import Path
@@ -32,12 +33,68 @@ _HREF = re.compile(rb'(href|src)="([^"]*)"')
 _FORM = re.compile(rb"<form\b.*?</form>", re.S)
 
 
+MARK = ".gym-runtime-bundle"  # a bundle's own list of the files it wrote: a later export may replace them
+_KEYS = [f.encode_name for f in msgspec.structs.fields(Query) if f.name != "page"]
+
+
 def query(text: str) -> Query:
     """``--filter``: the rollouts table's query string, as its URL shows it (``failure=any&run=0``)."""
+    pairs = dict(parse_qsl(text.lstrip("?"), keep_blank_values=True))
+    for key in pairs:
+        if key not in _KEYS:
+            near = difflib.get_close_matches(key, _KEYS, n=1, cutoff=0.5)
+            fix = f"did you mean {near[0]!r}?" if near else f"the table's filters are {', '.join(_KEYS)}"
+            raise UserError(f"--filter {text!r}: no filter {key!r}; {fix}")
     try:
-        return msgspec.convert(dict(parse_qsl(text.lstrip("?"))), Query, strict=False)
+        return msgspec.convert(pairs, Query, strict=False)
     except msgspec.ValidationError as e:
         raise UserError(f"--filter {text!r}: {e} (the table's query string, e.g. 'failure=any&run=0')") from None
+
+
+def check_filter(text: str, q: Query, runs: runs_mod.Runs) -> None:
+    """Each value of ``--filter`` against the values the rows have: a typo is one line naming those, never an
+    empty bundle."""
+    n = len(runs.runs)
+    if q.run is not None and not 0 <= q.run < n:
+        raise UserError(f"--filter {text!r}: no run {q.run}; the runs given are {', '.join(map(str, range(n)))}")
+    if q.sort not in runs_mod.SORTS:
+        raise UserError(f"--filter {text!r}: no sort {q.sort!r}; give one of {', '.join(runs_mod.SORTS)}")
+    have = runs_mod.choices(runs)
+    for key, value, extra in (("agent", q.agent, []), ("env", q.env, []), ("failure", q.failure, ["any", "none"])):
+        allowed = extra + have[key]
+        if value and value not in allowed:
+            near = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            listed = ", ".join(allowed) or "(none)"
+            raise UserError(f"--filter {text!r}: no {key} {value!r} in these rows; {hint}give one of {listed}")
+
+
+def prepare(out: Path, force: bool) -> list[str]:
+    """``--export DIR`` made ready: a new or empty folder, or one a previous export wrote (its files, listed in its
+    ``MARK``, are what this export replaces: returned); a folder holding anything else is refused, unless
+    ``force`` (then only the files of the same names are written over)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--export {out}: not a folder; give a new or empty folder")
+    if not out.is_dir() or force:
+        return []
+    held = sorted(p.name for p in out.iterdir())
+    if not held:
+        return []
+    try:
+        listed = msgspec.json.decode((out / MARK).read_bytes(), type=list[str])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise UserError(
+            f"--export {out}: a folder holding other files ({shown}), not a bundle `view --export` wrote; give a new "
+            "or empty folder, or --force to write the bundle over them"
+        ) from None
+    return [name for name in listed if _ours(out, name)]
+
+
+def _ours(out: Path, name: str) -> bool:
+    """A name a bundle writes (``page.html``, ``static/x``), inside ``out``: never a path elsewhere."""
+    parts = name.split("/")
+    return len(parts) <= 2 and all(p and p not in (".", "..") for p in parts) and (out / name).is_file()
 
 
 def _file(url: str, table: Query) -> str | None:
@@ -55,7 +112,7 @@ def _file(url: str, table: Query) -> str | None:
         except msgspec.ValidationError:
             return None
         page, q.page = q.page, table.page
-        if q != table:
+        if q != table and parts.query:  # (the nav's bare link: the bundle's one table, whatever its filter)
             return None
         return "rollouts.html" if page == 1 else f"rollouts-{page}.html"
     for prefix in ("/rollout/", "/tokens/", "/group/", "/steps/"):
@@ -68,10 +125,11 @@ def _file(url: str, table: Query) -> str | None:
 class Bundle:
     """One export: the pages asked for, rendered through ``view`` (a ``server.View``)."""
 
-    def __init__(self, view: Any, out: Path, q: Query) -> None:
+    def __init__(self, view: Any, out: Path, q: Query, replaces: list[str] | None = None) -> None:
         self.view = view
         self.out = out
         self.q = q
+        self.replaces = replaces or []  # a previous bundle's files (``prepare``): removed before this one is written
         q.page = 1
         self.app = view.app()
         self.written: dict[str, int] = {}  # file -> bytes
@@ -114,6 +172,8 @@ class Bundle:
         urls += [steps_href(r.id) for r in runs.runs]
         shown = {name for u in urls if (name := _file(u, self.q)) is not None}
         shown |= {f"static/{name}" for name in self.view_static()}
+        for name in self.replaces:
+            (self.out / name).unlink(missing_ok=True)
         (self.out / "static").mkdir(parents=True, exist_ok=True)
         for name in self.view_static():
             data = (importlib.resources.files("gym_runtime.view") / "static" / name).read_bytes()
@@ -122,6 +182,7 @@ class Bundle:
             name = _file(url, self.q)
             assert name is not None, url
             self._put(name, self._relative(await self._get(url), shown))
+        (self.out / MARK).write_bytes(msgspec.json.encode(sorted(self.written)))
         return self.written
 
     @staticmethod

@@ -209,16 +209,16 @@ class Builder:
         ix = self.ix
         ix.offsets.append(offset)
         ix.lengths.append(len(line))
-        ix.task.append(r.task if r.task is not None else -1)
-        ix.rollout.append(r.rollout if r.rollout is not None else -1)
+        ix.task.append(_i64(r.task) if r.task is not None else -1)
+        ix.rollout.append(_i64(r.rollout) if r.rollout is not None else -1)
         ix.agent.append(self._id(r.agent_ref.name if r.agent_ref else None))
         env = r.resources_server_ref.name if r.resources_server_ref else None
         ix.env.append(self._id(env or (r.provenance.env if r.provenance else None)))
         ix.error_class.append(self._id(r.error_class))
         ix.reward.append(float(r.reward) if r.reward is not None else math.nan)
         pv = r.policy_versions or []
-        ix.pv_min.append(min(pv) if pv else -1)
-        ix.pv_max.append(max(pv) if pv else -1)
+        ix.pv_min.append(_i64(min(pv)) if pv else -1)
+        ix.pv_max.append(_i64(max(pv)) if pv else -1)
         c = r.cost
         if c is None:
             ix.busy_ms.append(0)
@@ -227,13 +227,18 @@ class Builder:
             ix.currency.append(-1)
         else:
             models = c.models.values()
-            ix.busy_ms.append(sum(m.call_ms for m in models) + c.tool_ms + c.sandbox_ms)
-            ix.tokens.append(sum(m.input_tokens + m.output_tokens for m in models))
+            ix.busy_ms.append(_i64(sum(m.call_ms for m in models) + c.tool_ms + c.sandbox_ms))
+            ix.tokens.append(_i64(sum(m.input_tokens + m.output_tokens for m in models)))
             ix.cost.append(c.estimated_cost if c.estimated_cost is not None else math.nan)
             ix.currency.append(self._id(c.currency))
         parts = provenance_parts(r.provenance)
         ix.provenance.append(self._id(msgspec.json.encode(parts, order="sorted").decode()) if parts else -1)
         ix.prompt.append(_prompt(r))
+
+
+def _i64(v: int) -> int:
+    """An integer column's entry: a 40-digit count or id (JSON has no bound) held at the index's 64-bit edge."""
+    return max(-(2**63), min(v, 2**63 - 1))
 
 
 def read_row(line: bytes, where: str) -> _Row:

@@ -1,5 +1,9 @@
 """The steps page's plots as numbers for an SVG template (no script): axes with labelled ticks, lines with a spread
-band, stacked bars; each point carries the ``<title>`` text a browser shows on hover. Nothing here is HTML."""
+band, stacked bars; each point carries the ``<title>`` text a browser shows on hover. Nothing here is HTML.
+
+Any number may come (±1e308, the infinities, NaN): the frame is drawn over the finite ones, every coordinate is
+computed halved so that no difference overflows, and a point that cannot be drawn is named in ``unplotted``
+(its value as text) instead."""
 
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ class Chart:
     lines: list[Line] = field(default_factory=list)
     bars: list[Bar] = field(default_factory=list)
     legend: list[tuple[str, str]] = field(default_factory=list)  # (label, colour)
+    unplotted: list[str] = field(default_factory=list)  # the points with no place on the plot (a value not finite)
     width: int = W
     height: int = H
     left: int = LEFT
@@ -74,7 +79,7 @@ def _nice(lo: float, hi: float) -> tuple[float, float]:
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.3g}"
+    return "not a number" if math.isnan(v) else f"{v:.3g}"
 
 
 class Frame:
@@ -90,15 +95,16 @@ class Frame:
         return LEFT + (v - self.x0) / span * (W - LEFT - RIGHT) if self.x1 != self.x0 else (LEFT + W - RIGHT) / 2
 
     def y(self, v: float) -> float:
-        return (H - BOTTOM) - (v - self.lo) / (self.hi - self.lo) * (H - BOTTOM - TOP)
+        if not math.isfinite(v):  # a band's edge beyond a float (1e308 + 1e308): at the frame's edge
+            v = self.hi if v > 0 else self.lo
+        # halved: from -1e308 to 1e308 is beyond a float, half of it is not
+        return (H - BOTTOM) - (v / 2 - self.lo / 2) / (self.hi / 2 - self.lo / 2) * (H - BOTTOM - TOP)
 
     def ticks(self, chart: Chart) -> None:
         step = max(1, math.ceil(len(self.xs) / 10))
         chart.xticks = [Tick(self.x(v), str(v)) for v in self.xs[::step]]
-        chart.yticks = [
-            Tick(self.y(self.lo + k * (self.hi - self.lo) / 4), _fmt(self.lo + k * (self.hi - self.lo) / 4))
-            for k in range(5)
-        ]
+        at = [self.lo * (1 - k / 4) + self.hi * (k / 4) for k in range(5)]
+        chart.yticks = [Tick(self.y(v), _fmt(v)) for v in at]
 
 
 def lines(
@@ -113,13 +119,18 @@ def lines(
     """Lines over steps, each point ``(step, value, spread)``: a band of ± spread drawn where it is above 0."""
     chart = Chart(id, title, xlabel, ylabel)
     xs = sorted({x for _, pts in series for x, _, _ in pts})
-    values = [v + s for _, pts in series for _, v, s in pts] + [v - s for _, pts in series for _, v, s in pts]
+    drawn = [[(x, v, s if math.isfinite(s) else 0.0) for x, v, s in pts if math.isfinite(v)] for _, pts in series]
+    values = [b for pts in drawn for _, v, s in pts for b in (v + s, v - s) if math.isfinite(b)]
+    values += [v for pts in drawn for _, v, _ in pts]
     frame = Frame(xs, min(values, default=0.0), max(values, default=1.0))
     frame.ticks(chart)
-    for k, (label, pts) in enumerate(series):
+    for k, ((label, every), pts) in enumerate(zip(series, drawn, strict=True)):
         colour = COLOURS[k % len(COLOURS)]
+        chart.unplotted += [f"{label}, {xlabel} {x}: {_fmt(v)}{unit}" for x, v, _ in every if not math.isfinite(v)]
+        spreads = {x: s for x, _, s in every}
         points = [
-            Point(frame.x(x), frame.y(v), f"{label}, {xlabel} {x}: {_fmt(v)}{unit} (± {_fmt(s)})") for x, v, s in pts
+            Point(frame.x(x), frame.y(v), f"{label}, {xlabel} {x}: {_fmt(v)}{unit} (± {_fmt(spreads[x])})")
+            for x, v, _ in pts
         ]
         band = ""
         if any(s > 0 for _, _, s in pts):

@@ -12,6 +12,7 @@ import math
 import tempfile
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ class Part:
                 return False
             self.ix, self.notice = (
                 index_mod.Builder(0, 0).ix,
-                f"removed while viewed: {self.path}: no such file ({e.strerror})",
+                f"removed while viewed: {self.shown}: no such file ({e.strerror})",
             )
             return True
         if (st.st_size, st.st_mtime_ns) == (self.ix.size, self.ix.mtime_ns):
@@ -165,8 +166,11 @@ class Runs:
                 run.generation += 1
 
 
-def open_runs(paths: list[str]) -> Runs:
-    """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed."""
+def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
+    """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed.
+
+    ``shared``: the pages go into a bundle to share (``--export``), so they name each file by its base name (two
+    of one name by their place on the command line) and hold no path of this machine."""
     runs: list[Run] = []
     out = Runs(runs)
     labels = [Path(p).name for p in paths]
@@ -179,26 +183,40 @@ def open_runs(paths: list[str]) -> Runs:
                 else f"{arg}: not a file"
             )
         not_rollouts(path)
+        label = labels[n] if labels.count(labels[n]) == 1 else f"{labels[n]} (file {n + 1})" if shared else str(path)
         if is_atif_file(path):
             if out.scratch is None:
                 out.scratch = tempfile.TemporaryDirectory(prefix="gym-view-atif-")
             rows = Path(out.scratch.name) / f"{n}.jsonl"
             docs = read_atif(path)
             rows.write_bytes(b"".join(json.dumps(from_atif(doc, i)).encode() + b"\n" for i, doc in enumerate(docs)))
-            part = Part(rows, index_mod.load(rows), failures=False, shown=str(path), follows=False)
-            runs.append(Run(n, labels[n], path, [part]))
+            shown = path.name if shared else str(path)
+            part = Part(rows, index_mod.load(rows), failures=False, shown=shown, follows=False)
+            runs.append(Run(n, label, path, [part]))
             continue
         parts = [Part(path, index_mod.load(path), failures=path.name.endswith("_failures.jsonl"))]
         failures, metrics_path = sidecar_paths(path)
         if failures != path and failures.is_file():
             parts.append(Part(failures, index_mod.load(failures), failures=True))
-        label = labels[n] if labels.count(labels[n]) == 1 else str(path)
-        run = Run(n, label, path, parts, _json_file(metrics_path), _json_file(batch_path(path)))
+        if shared:
+            for part in parts:
+                part.shown = part.path.name
+        batch = _json_file(batch_path(path))
+        if shared:
+            _names_only(batch)
+        run = Run(n, label, path, parts, _json_file(metrics_path), batch)
         run.resources = _resources(run.batch)
         if attempts_path(path).is_file():
             run.attempts = Attempts(attempts_path(path))
         runs.append(run)
     return out
+
+
+def _names_only(batch: Any) -> None:
+    """A batch sidecar's input file by its base name (what the runs page shows of it), for a bundle."""
+    manifest = batch.get("manifest") if isinstance(batch, dict) else None
+    if isinstance(manifest, dict) and isinstance(manifest.get("input"), str):
+        manifest["input"] = Path(manifest["input"]).name
 
 
 SIDECARS = {  # a file name's ending -> what it is, and the rollouts file beside it
@@ -311,10 +329,13 @@ class Summary:
     histograms: list[Histogram] = field(default_factory=list)
     slowest: list[tuple[Ref, int]] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    pass_over: str = "task"  # what pass@k pools: an agent's "task", or a training run's "group"
 
 
-def summarize(run: Run, slowest: int = 10) -> Summary:
-    s = Summary(run)
+def summarize(run: Run, slowest: int = 10, groups_of: Mapping[Ref, int] | None = None) -> Summary:
+    """``groups_of``: a training run's groups (``training.Training.of``): pass@k pools each group's rollouts (one
+    dataset row at one step), not every row sharing a task index, which each trainer call numbers from 0."""
+    s = Summary(run, pass_over="task" if groups_of is None else "group")
     rewards: dict[tuple[str, str], list[float]] = defaultdict(list)
     groups: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     classes: Counter[str] = Counter()
@@ -338,7 +359,7 @@ def summarize(run: Run, slowest: int = 10) -> Summary:
                     total += r
                     counted += 1
                     rewards[(agent, run.env_label(ix, i))].append(r)
-            g = groups[(agent, ix.task[i])]
+            g = groups[(agent, ix.task[i]) if groups_of is None else ("", groups_of[Ref(run.id, p, i)])]
             g[0] += 1
             g[1] += passed(r) and fc < 0
             s.tokens += ix.tokens[i]
@@ -462,3 +483,40 @@ def choices(runs: Runs) -> dict[str, list[str]]:
                 if label:
                     out["env"].add(label)
     return {k: sorted(v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------ ``--tokenizer`` against the rows
+
+
+def tokenizer_misfit(tok: Any, runs: Runs) -> str | None:
+    """Why ``tok`` (``tokens.Loaded``) is not the tokenizer of ``runs``' rows, or None: the first generations that
+    wrote text (``tokens.TURNS_CHECKED``), decoded and compared with the text the rows hold."""
+    from gym_runtime.view import tokens
+
+    turns: list[tuple[str, str, list[Any]]] = []
+    models: list[str] = []
+    for run in runs.runs:
+        config = run.batch.get("config") if isinstance(run.batch, dict) else None
+        entries = config.get("models") if isinstance(config, dict) else None
+        for name, e in (entries or {}).items() if isinstance(entries, dict) else ():
+            if isinstance(e, dict) and isinstance(e.get("model"), str):
+                models.append(f"{name}: {e['model']}")
+        for p, part in enumerate(run.parts):
+            for i in range(len(part.ix)):
+                if len(turns) >= tokens.TURNS_CHECKED:
+                    break
+                try:
+                    row = json.loads(runs.raw(Ref(run.id, p, i)))
+                except (ValueError, OSError, RecursionError):
+                    continue
+                if isinstance(row, dict):
+                    turns += [(f"{part.shown}, row {i + 1}", text, ids) for text, ids in tokens.turns_said(row)]
+    wrong = tokens.misfit(tok, turns[: tokens.TURNS_CHECKED])
+    if wrong is None:
+        return None
+    where, text, decoded = wrong
+    model = f" (the run's model entry {', '.join(models)})" if models else ""
+    return (
+        f"decodes these rows' tokens into other words ({where}: the row says {text[:60]!r}, this tokenizer reads "
+        f"{decoded[:60]!r}): give the tokenizer of the model that wrote them{model}, or leave --tokenizer out"
+    )

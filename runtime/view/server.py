@@ -61,6 +61,7 @@ def _templates() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%" if math.isfinite(v) else number(v)
     env.filters["money"] = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) < 1e12 else number(v)
     env.filters["signed"] = _signed
+    env.filters["advantage"] = _advantage
     env.globals["as_text"] = as_text
     env.globals["task_name"] = task_name
     env.globals["query"] = lambda base, **kw: (
@@ -89,6 +90,13 @@ def number(v: Any) -> str:
     return f"{v:.3f}".rstrip("0").rstrip(".")
 
 
+def _advantage(v: Any) -> str:
+    """An advantage, its sign shown; one beyond the usual range as ``number`` writes it."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and (v == 0 or 1e-4 <= abs(v) < 1e6):
+        return f"{v:+.3f}"
+    return number(v)
+
+
 def _signed(v: float, pct: bool = False) -> str:
     """A difference, its sign shown: points for a rate."""
     if not math.isfinite(v):
@@ -112,9 +120,9 @@ class View:
         self.env = _templates()
         self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
+        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
         for r in runs.runs:
             self._summary(r)
-        self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
 
     @property
     def live(self) -> bool:
@@ -124,7 +132,11 @@ class View:
         """A run's summary: a file's computed once (again when it changed), a live batch's on each page."""
         kept = self._summaries.get(run.id)
         if run.live is not None or kept is None or kept[0] != run.generation:
-            kept = self._summaries[run.id] = (run.generation, runs_mod.summarize(run))
+            t = self.train.trainings.of(run)  # a training run's pass@k is over its groups
+            kept = self._summaries[run.id] = (
+                run.generation,
+                runs_mod.summarize(run, groups_of=t.of if t.training else None),
+            )
         return kept[1]
 
     @property

@@ -155,12 +155,61 @@ def load_tokenizer(path: str) -> Decode:
         tok = tokenizers.Tokenizer.from_file(str(file))
     except Exception as e:
         raise UserError(f"--tokenizer {path}: not a tokenizer file ({e})") from None
+    return Loaded(tok)
 
-    def decode(tid: int) -> str:
-        piece = tok.id_to_token(tid)
+
+class Loaded:
+    """A loaded tokenizer: called with one id, its text (the token view's); ``text`` decodes a whole generation."""
+
+    def __init__(self, tok: Any) -> None:
+        self._tok = tok
+        self._size = tok.get_vocab_size(with_added_tokens=True)
+
+    def __call__(self, tid: int) -> str:
+        piece = self._tok.id_to_token(tid)
         if piece is None:
             return "\ufffd"
-        out: str = tok.decode([tid], skip_special_tokens=False)
+        out: str = self._tok.decode([tid], skip_special_tokens=False)
         return out or piece
 
-    return decode
+    def text(self, ids: list[Any]) -> str:
+        """``ids`` decoded as the model server decodes a generation (special tokens skipped); an id the tokenizer
+        does not have is U+FFFD."""
+        known = [t for t in ids if isinstance(t, int) and 0 <= t < self._size]
+        out: str = self._tok.decode(known, skip_special_tokens=True)
+        return out + "\ufffd" * (len(ids) - len(known))
+
+
+TURNS_CHECKED = 20  # generations compared before the first page is served
+
+
+def turns_said(row: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """Each generation of ``row`` that wrote text: (the text its messages hold, its generated ids). The ids of a turn
+    ride on its last item; the messages before it are what the model server decoded them into."""
+    response = row.get("response")
+    output = response.get("output") if isinstance(response, dict) else None
+    out: list[tuple[str, list[Any]]] = []
+    said: list[str] = []
+    for item in output if isinstance(output, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message" and isinstance(item.get("content"), list):
+            said += [c["text"] for c in item["content"] if isinstance(c, dict) and isinstance(c.get("text"), str)]
+        if "generation_token_ids" in item:
+            text, said = "".join(said), []
+            ids = _ints(item.get("generation_token_ids"))
+            if text.strip() and ids:
+                out.append((text, ids))
+    return out
+
+
+def misfit(tok: Loaded, turns: list[tuple[str, str, list[Any]]]) -> tuple[str, str, str] | None:
+    """Whether ``tok`` decodes the rows' generations into the words the rows hold (``turns``: where, text, ids):
+    None if most do (a model server's tool parser may take some text out), else the first that does not: (where,
+    the row's text, the decoded text)."""
+    bad = []
+    for where, text, ids in turns:
+        decoded = tok.text(ids)
+        if "".join(text.split()) not in "".join(decoded.split()):
+            bad.append((where, text, decoded))
+    return bad[0] if bad and 2 * len(bad) > len(turns) else None

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gym_runtime.view import plots
+from gym_runtime.view.numbers import mean, spread
 from gym_runtime.view.runs import Ref, Runs
 from gym_runtime.view.tokens import Decode, token_view
 from gym_runtime.view.training import Training, TrainingViews, neighbours
@@ -116,8 +117,8 @@ class TrainPages:
                 "href": rollout_href(m.ref),
                 "tokens": tokens_href(m.ref),
                 "m": m,
-                "advantage": None if math.isnan(m.advantage) else m.advantage,
-                "handed": None if math.isnan(m.handed) else m.handed,
+                "advantage": m.advantage,
+                "handed": m.handed,
             }
             for m in g.members
         ]
@@ -187,10 +188,11 @@ def charts(t: Training) -> list[plots.Chart]:
     moved: list[tuple[float, int]] = []
     tasks = sorted({task for s in scored for task in s.tasks})
     for task in tasks:
-        seen = [sum(s.tasks[task]) / len(s.tasks[task]) for s in scored if s.tasks.get(task)]
+        seen = [mean(s.tasks[task]) or 0.0 for s in scored if s.tasks.get(task)]
         if len(seen) >= 2:
-            moved.append((abs(seen[-1] - seen[0]), task))
-    top = [task for _, task in sorted(moved, key=lambda m: (-m[0], m[1]))[:MOVED]]
+            moved.append((abs(seen[-1] / 2 - seen[0] / 2), task))  # (halved: -1e308 to 1e308 stays finite)
+    top = [task for _, task in sorted(moved, key=lambda m: (-m[0] if not math.isnan(m[0]) else math.inf, m[1]))]
+    top = top[:MOVED]
     out.append(
         plots.lines(
             "plot-tasks",
@@ -200,18 +202,13 @@ def charts(t: Training) -> list[plots.Chart]:
             [
                 (
                     f"task {task}",
-                    [(s.step, sum(s.tasks[task]) / len(s.tasks[task]), 0.0) for s in scored if s.tasks.get(task)],
+                    [(s.step, mean(s.tasks[task]) or 0.0, 0.0) for s in scored if s.tasks.get(task)],
                 )
                 for task in top
             ],
         )
     )
-    lengths = []
-    for s in steps:
-        if s.lengths:
-            mean = sum(s.lengths) / len(s.lengths)
-            sd = math.sqrt(sum((v - mean) ** 2 for v in s.lengths) / len(s.lengths))
-            lengths.append((s.step, mean, sd))
+    lengths = [(s.step, mean(s.lengths) or 0.0, spread(s.lengths)) for s in steps if s.lengths]
     out.append(
         plots.lines(
             "plot-length",

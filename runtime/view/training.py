@@ -5,6 +5,10 @@ the plots draw.
 A rollouts file with no training keys is grouped by (agent, task) and stepped by policy version, so a plain
 ``run``'s output has group pages too. A part's training columns are read in one pass beside its index (only the few
 keys below are decoded; the rest of a row is skipped) and read again when the file has grown.
+
+A training field may hold any number a JSON writer writes (±1e308, 10**400, a 40-digit integer, NaN, the
+infinities): each is kept as written for its page, and the statistics (``numbers``) take it as a float, never
+overflowing, so a page shows "inf" or "not a number" where a mean cannot be had, and never fails.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import msgspec
 
 from gym_runtime.data.rowkeys import TrainFields
 from gym_runtime.view import index as index_mod
+from gym_runtime.view.numbers import mean, spread
 from gym_runtime.view.runs import Part, Ref, Run, passed
 
 UNATTRIBUTED = "unattributed"  # a failure row written before rows carried ``failure_attribution``
@@ -42,8 +47,11 @@ class _Cost(msgspec.Struct):
 
 
 class _Train(TrainFields, kw_only=True):
-    """What a page of this module reads of a row: the training keys (``rowkeys.TrainFields``) and these."""
+    """What a page of this module reads of a row: the training keys (``rowkeys.TrainFields``), their numbers of
+    any size as written (10**400 is no float: msgspec keeps an integer whole), and these."""
 
+    train_reward: int | float | None = None
+    train_advantage: int | float | None = None
     failure_attribution: str | None = None
     response: _Response | None = None
     cost: _Cost | None = None
@@ -54,7 +62,8 @@ _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(_Train)}
 
 
 def _lenient(line: bytes) -> _Train:
-    """A row whose fields are of other types (or not a row at all): what fits, kept."""
+    """A row whose fields are of other types, or that holds ``NaN`` or ``Infinity`` (or not a row at all): what
+    fits, kept."""
     out = _Train()
     try:
         value = json.loads(line)
@@ -79,10 +88,6 @@ def _length(t: _Train) -> int:
     return 0
 
 
-def _finite(v: float | None) -> float:
-    return float(v) if v is not None and math.isfinite(v) else math.nan
-
-
 @dataclass
 class TrainColumns:
     """One part's training columns, one entry per line of its index."""
@@ -90,10 +95,8 @@ class TrainColumns:
     size: int
     step: list[int] = field(default_factory=list)  # -1: none
     group: list[str | None] = field(default_factory=list)
-    reward: list[float] = field(
-        default_factory=list
-    )  # the handed-over reward; NaN: none (excluded, or not a training row)
-    advantage: list[float] = field(default_factory=list)  # NaN: none
+    reward: list[float | None] = field(default_factory=list)  # handed over, as written; None: none (excluded)
+    advantage: list[float | None] = field(default_factory=list)  # as written; None: none
     attribution: list[str] = field(default_factory=list)  # "" none
     length: list[int] = field(default_factory=list)  # generated tokens
     training: bool = False  # any line has a train_group
@@ -107,7 +110,7 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
         size = path.stat().st_size
     except OSError:  # removed while viewed (the runs page says so): no column to read
         size = -1
-    cols = TrainColumns(size, [-1] * n, [None] * n, [math.nan] * n, [math.nan] * n, [""] * n, [0] * n)
+    cols = TrainColumns(size, [-1] * n, [None] * n, [None] * n, [None] * n, [""] * n, [0] * n)
     for _, offset, line in index_mod.lines(path) if size >= 0 else ():
         i = at.get(offset)
         if i is None:
@@ -120,8 +123,8 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
         if t.train_group is not None:
             cols.group[i] = str(t.train_group)
             cols.training = True
-        cols.reward[i] = _finite(t.train_reward)
-        cols.advantage[i] = _finite(t.train_advantage)
+        cols.reward[i] = t.train_reward
+        cols.advantage[i] = t.train_advantage
         cols.attribution[i] = t.failure_attribution if isinstance(t.failure_attribution, str) else ""
         cols.length[i] = _length(t)
     return cols
@@ -134,8 +137,8 @@ class Member:
     rollout: int | None
     step: int | None
     reward: float  # NaN: none
-    handed: float  # the reward handed to the trainer (NaN: excluded, or none)
-    advantage: float
+    handed: float | None  # the reward handed to the trainer, as written (None: excluded, or none)
+    advantage: float | None  # as written (None: none)
     length: int
     failure: str  # the class, "" a row
     attribution: str
@@ -152,21 +155,17 @@ class Group:
 
     @property
     def scored(self) -> list[float]:
-        return [m.handed if not math.isnan(m.handed) else m.reward for m in self.members if m.scored]
+        return [m.handed if m.handed is not None else m.reward for m in self.members if m.scored]
 
     @property
     def mean(self) -> float | None:
-        s = self.scored
-        return sum(s) / len(s) if s else None
+        return mean(self.scored)
 
     @property
     def spread(self) -> float | None:
         """The population standard deviation of the scored rewards (None: fewer than two)."""
         s = self.scored
-        if len(s) < 2:
-            return None
-        m = sum(s) / len(s)
-        return math.sqrt(sum((x - m) ** 2 for x in s) / len(s))
+        return spread(s) if len(s) >= 2 else None
 
     @property
     def zero_spread(self) -> bool:
@@ -183,14 +182,11 @@ class Step:
 
     @property
     def mean(self) -> float | None:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+        return mean(self.rewards)
 
     @property
     def std(self) -> float:
-        if len(self.rewards) < 2:
-            return 0.0
-        m = sum(self.rewards) / len(self.rewards)
-        return math.sqrt(sum((x - m) ** 2 for x in self.rewards) / len(self.rewards))
+        return spread(self.rewards) if len(self.rewards) >= 2 else 0.0
 
     @property
     def pass_rate(self) -> float | None:
@@ -263,7 +259,7 @@ def build(run: Run, cols: list[TrainColumns]) -> Training:
             step = c.step[i] if c.step[i] >= 0 else (ix.pv_max[i] if ix.pv_max[i] >= 0 else None)
             if training:
                 key: tuple[Any, ...] = ("g", c.group[i]) if c.group[i] is not None else ("t", ix.agent[i], task, step)
-                scored = not math.isnan(c.reward[i])
+                scored = c.reward[i] is not None
             else:
                 key = ("t", ix.name(ix.agent[i]), task)
                 scored = not failure and not math.isnan(ix.reward[i])

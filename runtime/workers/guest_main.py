@@ -328,7 +328,7 @@ class GuestPort:
 def guest_context(task: RolloutTask, config: AgentConfig, remaining_s: float, models: WorkerModels) -> AgentContext:
     """A rollout's ``AgentContext`` in a guest: the production context on a ``GuestPort``, on the worker's clock."""
     where = f"agents.{task.agent} (in a guest process: set isolation: none)"
-    boxes = Sandboxes(None, "", lease=task.batch, where=where)
+    boxes = Sandboxes(None, "", where=where)
     room = state.Rollout(GuestPort(models, task.agent), task, config, state.Models(lambda _name: 0.0), boxes)
     room.deadline = time.monotonic() + remaining_s
     return AgentContext(room)

@@ -58,6 +58,7 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.leases import new_lease
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -180,9 +181,9 @@ def leased_to(caller: str, rollout: str) -> str:
 
 def same_holder(own: str, named: str) -> bool:
     """Whether a restore may take up the sandboxes leased under ``named``: this environment leased them to the same
-    rollout of the same caller as the fresh session's own lease ``own`` (``{entry}:{leased_to}:{random}``)."""
+    rollout of the same caller as the fresh session's own lease ``own`` (``{leased_to}:{secret}``)."""
     mine, theirs = own.split(":"), named.split(":")
-    return len(mine) == len(theirs) == 3 and mine[1] != "" and mine[:2] == theirs[:2]
+    return len(mine) == len(theirs) == 2 and mine[0] != "" and mine[0] == theirs[0]
 
 
 async def _close(inst: Resource) -> None:
@@ -345,15 +346,15 @@ class ResourceWorker:
         """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
         self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
-    def _lease(self, key: str = "", bound: str = "") -> Sandboxes:
-        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``);
-        ``bound``: the rollout and caller it is leased to (``leased_to``), which a restore must name again."""
+    def _lease(self, session: str = "", bound: str = "") -> Sandboxes:
+        """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``). Its
+        secret is random (``sandboxes.leases``), never derived from ``session`` (a guest's id, which it knows);
+        ``bound``: the rollout and caller it is leased to (``leased_to``), said before the secret, which a restore
+        must name again (``same_holder``)."""
         lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
-            lease=f"{self.name}:{bound}:{os.urandom(6).hex()}"
-            if bound
-            else f"{self.name}:{(key or os.urandom(6).hex())[:12]}",
+            lease=f"{bound}:{new_lease()}" if bound else None,
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )

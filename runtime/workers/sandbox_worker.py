@@ -1,14 +1,17 @@
 """Hosts a pool's sandboxes on the bus: the fourth worker role (``gym-runtime start --only sandboxes.NAME``).
 
-``{ns}.sbx.{pool}.create`` (queue group) starts a container here and answers with this worker's address;
-``{address}.exec|write|read|close`` reach it, so a sandbox is pinned to the worker that holds it, as a
-resource session is. If this worker dies, calls to its address get "no responders" at once (the rollout
-fails retryably and is redelivered with fresh sandboxes) and its containers are reaped by the pool's
-other or next worker (``sandboxes.reaper``). A sandbox's lease ends when its holder closes it, at the
-lease's end, after ``idle_ttl_s`` unused, or ``lease_grace_s`` after its holder fell silent: a holder says it is
-alive every ``renew_s`` (``renew``), so one SIGKILLed leaves its sandboxes for that grace, in which a resumed
-attempt of its rollout reattaches to them by their lease (``attach``), files and all. An exec carrying an id
-(``SandboxCall.id``: a rollout's tool call, the same on every attempt of its turn) is run once per sandbox.
+``{ns}.sbx.{pool}.create.{caller}`` (queue group) starts a container here and answers with this worker's address;
+``{address}.{op}.{caller}`` (exec, write, read, close, ...) reach it, so a sandbox is pinned to the worker that
+holds it, as a resource session is. Every operation proves the sandbox's lease and comes from the caller that
+created it (the caller is in the subject, which a secured server checks; ``sandboxes.leases``); anything else is
+answered as an id nobody holds is, so an id read from a checkpoint is no key to the sandbox. If this worker dies,
+calls to its address get "no responders" at once (the rollout fails retryably and is redelivered with fresh
+sandboxes) and its containers are reaped by the pool's other or next worker (``sandboxes.reaper``). A sandbox's
+lease ends when its holder closes it, at the lease's end, after ``idle_ttl_s`` unused, or ``lease_grace_s`` after
+its holder fell silent: a holder says it is alive every ``renew_s`` (``renew``), so one SIGKILLed leaves its
+sandboxes for that grace, in which a resumed attempt of its rollout reattaches to them by their lease (``attach``),
+files and all. An exec carrying an id (``SandboxCall.id``: a rollout's tool call, the same on every attempt of its
+turn) is run once per sandbox.
 
 Scheduling (docs/sandboxes.md, "Scheduling"): a worker is subscribed to the create subject only while it
 has room (placement by free capacity: a full worker takes no create); its room is ``capacity`` and its
@@ -44,6 +47,7 @@ from gym_runtime.sandboxes.engine_api import EngineBackend, renew_every
 from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket
 from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import base_here
+from gym_runtime.sandboxes.leases import lease_tag, proves
 from gym_runtime.sandboxes.process import ProcessBackend
 from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, beacons
 from gym_runtime.transport.bus import Bus
@@ -65,7 +69,8 @@ RENEW_MAX_S = 30.0  # a holder says it is alive at least this often (a quarter o
 
 
 class Held(msgspec.Struct, kw_only=True):
-    lease: str
+    lease: str  # the secret every operation on it proves (``sandboxes.leases``); never logged
+    caller: str = ""  # who created it (``subjects.caller_of``, from the create's subject): the only one served
     expires: float  # unix time
     used: float  # time.monotonic() of the last operation's end
     busy: int = 0  # operations running now (a long exec is not idleness)
@@ -165,7 +170,7 @@ class SandboxWorker:
                 tg.start_soon(beacons, self.bus, s.live("sandbox", self.name), self.peers)
                 self._subs = [
                     await self.bus.serve(
-                        tg, Subjects.session_op(self.address, "*"), self._op, default_error="tool_error"
+                        tg, Subjects.sandbox_op(self.address, "*", "*.*"), self._op, default_error="tool_error"
                     ),
                     await self.bus.serve(
                         tg, s.sandbox_present(self.name), self._present, queue=s.sandbox_group(self.name)
@@ -271,7 +276,7 @@ class SandboxWorker:
         if want and self._create_sub is None:
             s = self.bus.subjects
             self._create_sub = await self.bus.serve(
-                self._tg, s.sandbox_create(self.name), self._create, queue=s.sandbox_group(self.name),
+                self._tg, s.sandbox_create(self.name, "*.*"), self._create, queue=s.sandbox_group(self.name),
                 default_error="tool_error",
             )  # fmt: skip
         elif not want and self._create_sub is not None:
@@ -399,22 +404,25 @@ class SandboxWorker:
     async def _create(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         if req.op != "create" or req.spec is None:
             raise Failure("internal", f"expected a create, got {req.op}")
+        caller = self.bus.subjects.sandbox_caller(msg.subject)
         if not req.key:  # an older caller's: no try of it is recognised
-            return await self._make(req)
+            return await self._make(req, caller)
         while (under_way := self.making.get(req.key)) is not None:
             await under_way.wait()
-        made = next(((sid, h) for sid, h in self.held.items() if h.key == req.key), None)
+        made = next(
+            ((sid, h) for sid, h in self.held.items() if h.key == req.key and self._serves(h, req, caller)), None
+        )
         if made is not None:  # its reply was lost (a reconnect): the same sandbox, not a second one held
             sid, held = made
             held.used = time.monotonic()
             return SandboxReply(sandbox=sid, address=self.address, image=held.image, renew_s=self.renew_s)
         self.making[req.key] = anyio.Event()
         try:
-            return await self._make(req)
+            return await self._make(req, caller)
         finally:
             self.making.pop(req.key).set()
 
-    async def _make(self, req: SandboxCall) -> SandboxReply:
+    async def _make(self, req: SandboxCall, caller: str) -> SandboxReply:
         assert req.spec is not None
         started = time.perf_counter()
         spec = self.resolve(req.spec)
@@ -426,7 +434,9 @@ class SandboxWorker:
         warm = None if self._draining else self._take_warm(spec)
         if warm is not None:  # a warm one: no engine call at all
             sid, image_id = warm
-            self.held[sid] = held = Held(lease=req.lease, expires=expires, used=time.monotonic(), key=req.key)
+            self.held[sid] = held = Held(
+                lease=req.lease, caller=caller, expires=expires, used=time.monotonic(), key=req.key
+            )
             held.image, held.heard = image_id, held.used if req.renews else 0.0
             self.warm_hits += 1
             self.changed()  # refill
@@ -446,9 +456,15 @@ class SandboxWorker:
         try:
             with anyio.CancelScope(shield=True), self._span("create", image=spec.image) as span:
                 # held (and so removed at stop) even if the worker is stopping
-                sid = await self.backend.create(spec, owner=self.worker_id, lease=req.lease, expires=expires)
+                tag = lease_tag(req.lease)  # the container's label: never the lease itself
+                sid = await self.backend.create(spec, owner=self.worker_id, lease=tag, expires=expires)
                 held = Held(
-                    lease=req.lease, expires=expires, used=time.monotonic(), restartable=spec.restartable, key=req.key
+                    lease=req.lease,
+                    caller=caller,
+                    expires=expires,
+                    used=time.monotonic(),
+                    restartable=spec.restartable,
+                    key=req.key,
                 )
                 held.heard = held.used if req.renews else 0.0
                 self.held[sid] = held
@@ -472,12 +488,22 @@ class SandboxWorker:
     def _acquired(self, started: float, *, warm: bool) -> None:
         self.bus.telemetry.meters.sandbox_acquired(self.name, time.perf_counter() - started, warm=warm)
 
+    @staticmethod
+    def _serves(held: Held, req: SandboxCall, caller: str) -> bool:
+        """Whether ``req`` (from ``caller``) proves the lease that holds the sandbox, and comes from the caller that
+        created it."""
+        return proves(held.lease, req.lease) and held.caller == caller
+
     async def _op(self, req: SandboxCall, msg: Delivery) -> SandboxReply:
         held = self.held.get(req.sandbox)
-        if held is None or (req.op == "attach" and held.lease != req.lease):
-            if req.op == "close":  # closed already (idle, reaped): done all the same
-                return SandboxReply(sandbox=req.sandbox)
-            raise Failure("tool_error", f"sandbox {req.sandbox[:12]} is not held by worker {self.worker_id}")
+        if held is None or not self._serves(held, req, self.bus.subjects.sandbox_caller(msg.subject)):
+            # one answer for an id not held here (closed, ended, never made) and for one held under another lease
+            # or by another caller: it says nothing of whether the id exists
+            raise Failure(
+                "tool_error",
+                f"sandbox {req.sandbox[:12]} is not held by worker {self.worker_id} under this lease (it ended, "
+                "or it is not this lease's)",
+            )
         assert self.backend is not None
         if req.op in ("renew", "attach"):  # its holder is alive (a resumed attempt's, for attach)
             held.heard = time.monotonic()
@@ -522,7 +548,7 @@ class SandboxWorker:
         if req.expires:
             held.expires = max(held.expires, min(req.expires, now + self.cfg.max_lease_s))
         held.used = time.monotonic()
-        log.info("sandbox.reattached", sandbox=req.sandbox[:12], lease=held.lease)
+        log.info("sandbox.reattached", sandbox=req.sandbox[:12], lease=lease_tag(held.lease))
         return SandboxReply(sandbox=req.sandbox, address=self.address, image=held.image, renew_s=self.renew_s)
 
     async def _cpu_s(self, sid: str) -> float | None:
@@ -675,8 +701,9 @@ class SandboxWorker:
             await anyio.sleep(self.cfg.reap_interval_s)
 
     def _ended(self) -> list[tuple[str, str, str]]:
-        """This worker's sandboxes whose lease is over, and why: its end passed, unused for ``idle_ttl_s``, or its
-        holder silent for ``lease_grace_s`` since it was last heard or used (none while an operation runs)."""
+        """This worker's sandboxes whose lease is over, why, and the lease's tag (``lease_tag``: what a log names):
+        its end passed, unused for ``idle_ttl_s``, or its holder silent for ``lease_grace_s`` since it was last
+        heard or used (none while an operation runs)."""
         mono, now = time.monotonic(), time.time()
         idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
         ended = []
@@ -684,11 +711,11 @@ class SandboxWorker:
             if h.busy or sid.startswith("creating-"):
                 continue
             if h.expires < now:  # a warm container's label names no lease of its own: its worker ends the one given
-                ended.append((sid, "sandbox.lease_ended", h.lease))
+                ended.append((sid, "sandbox.lease_ended", lease_tag(h.lease)))
             elif h.used < idle_since:
-                ended.append((sid, "sandbox.idle", h.lease))
+                ended.append((sid, "sandbox.idle", lease_tag(h.lease)))
             elif h.heard and max(h.heard, h.used) < silent_since:
-                ended.append((sid, "sandbox.holder_gone", h.lease))
+                ended.append((sid, "sandbox.holder_gone", lease_tag(h.lease)))
         return ended
 
     async def _renew_loop(self) -> None:

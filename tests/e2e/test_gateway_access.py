@@ -71,7 +71,7 @@ async def raw(port: int, lines: list[str], body: bytes = b"") -> tuple[int, byte
 def served_hosts(port: int) -> list[str]:
     return [
         f"127.0.0.1:{port}",
-        "127.0.0.1",
+        "127.0.0.1",  # no port: what a TLS proxy in front passes on, taken by its name
         f"localhost:{port}",
         "localhost",
         f"LOCALHOST:{port}",  # host names are case-insensitive
@@ -84,6 +84,7 @@ def served_hosts(port: int) -> list[str]:
 
 
 def refused_hosts(port: int) -> list[str]:
+    other = port + 1 if port < 65535 else port - 1
     return [
         "evil.example",
         f"evil.example:{port}",
@@ -99,6 +100,9 @@ def refused_hosts(port: int) -> list[str]:
         f"0.0.0.0:{port}",
         f"10.1.2.3:{port}",  # an address this connection did not come in on
         "127.0.0.1:99999",
+        f"127.0.0.1:{other}",  # another port: another server's Host (issue 73)
+        f"localhost:{other}",
+        f"[::1]:{other}",
         "127.0.0.1:abc",
         f"127.0.0.1:{port}@evil.example",
         "",
@@ -140,8 +144,9 @@ async def test_a_name_given_with_hostname_is_served_and_advertised(nats_server) 
                 assert status == 200, host
             status, _ = await raw(g.env, ["GET / HTTP/1.1", f"Host: head.example:{g.env}"])
             assert status == 200
-            status, _ = await raw(g.head, ["GET / HTTP/1.1", "Host: other.example"])
-            assert status == 421
+            for host in ("other.example", f"other.example:{g.head}", f"head.example:{g.env}"):
+                status, _ = await raw(g.head, ["GET / HTTP/1.1", f"Host: {host}"])
+                assert status == 421, host
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"{g.url()}/global_config_dict_yaml") as r:
                     cfg = yaml.safe_load(json.loads(await r.text()))

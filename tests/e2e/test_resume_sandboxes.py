@@ -49,6 +49,7 @@ def test_a_resumed_rollout_reattaches_to_the_agents_own_container(
         cp = run.kill_agent_after(lambda cp: cp.turn >= KILL_AT)
         assert cp.turn < STEPS
         (held,) = cp.sandboxes  # the agent's own container, by its lease
+        assert len(bytes.fromhex(cp.sandbox_lease)) == 16  # a random secret, not the rollout's key (issue 73)
         assert containers(box_pool) == [held.sandbox]
         run.pool.start("agents.agent#2", "agents.agent")
         row = run.row()
