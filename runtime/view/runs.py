@@ -24,6 +24,7 @@ from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
 from gym_runtime.view import index as index_mod
+from gym_runtime.view import tokens
 from gym_runtime.view.index import Index
 
 PASS = 1.0  # a rollout passes with a reward of at least this (pass@k, the diff's flips)
@@ -504,8 +505,6 @@ def choices(runs: Runs) -> dict[str, list[str]]:
 def tokenizer_misfit(tok: Any, runs: Runs) -> str | None:
     """Why ``tok`` (``tokens.Loaded``) is not the tokenizer of ``runs``' rows, or None: the first generations that
     wrote text (``tokens.TURNS_CHECKED``), decoded and compared with the text the rows hold."""
-    from gym_runtime.view import tokens
-
     turns: list[tuple[str, str, list[Any]]] = []
     models: list[str] = []
     for run in runs.runs:
