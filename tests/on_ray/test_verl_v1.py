@@ -87,20 +87,7 @@ def submit(worker: Any, rows: list[dict[str, Any]], step: int) -> None:
     ray.get(worker.generate_sequences.remote(batch), timeout=60)
 
 
-# colocate_async: on a verl venv built afresh on 2026-11-28 (same pins) its first generate_sequences never answers
-# (ray.get's 60 s) on this stop's main and on the last landed main alike, while sync passes: skipped until it is
-# understood (the changelog and the stop's note say so); the sampler class check below still runs both modes
-MODES = [
-    pytest.param(
-        m, marks=pytest.mark.skip(reason="colocate_async hangs in a freshly built verl venv: under investigation")
-    )
-    if m == "colocate_async"
-    else m
-    for m in sorted(SAMPLERS)
-]
-
-
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", sorted(SAMPLERS))
 def test_every_failure_count_reaches_a_v1_training_steps_logged_metrics(
     cluster: Any, tmp_path: Path, mode: str
 ) -> None:
