@@ -46,6 +46,7 @@ import math
 import random
 import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -537,6 +538,13 @@ class EndpointPool:
                 return f"{ep.url} did not answer within {wait_s} s"
             if status in (401, 403):
                 return f"{ep.url} refused the credentials (HTTP {status} on GET /models): check api_key"
+            if status == 404:  # no API at this path: the usual slip is base_url without (or past) its /v1
+                there = await self._api_at(ep, wait_s)
+                if there is not None:
+                    return (
+                        f"{ep.url} answers 404 (no OpenAI-compatible API at that path: every call would fail), "
+                        f"but {there} serves one: set base_url: {there}"
+                    )
             if status != 200 or not model:
                 continue
             try:
@@ -546,6 +554,20 @@ class EndpointPool:
             if served and model not in served:
                 return f"{ep.url} does not serve model {model!r} (it serves: {', '.join(served[:5])})"
         return None
+
+    @staticmethod
+    async def _api_at(ep: Endpoint, wait_s: float) -> str | None:
+        """The server's ``/v1`` when it lists models there (its ``GET /v1/models`` answers 200) and ``ep`` is not
+        it, else None: a base URL that probes to nothing there is not judged (a double answers any GET 404)."""
+        parts = urllib.parse.urlsplit(ep.url)
+        there = f"{parts.scheme}://{parts.netloc}/v1"
+        if there == ep.url or ep.http is None:
+            return None
+        try:
+            status, _ = await ep.http.get(f"{there}/models", ep.probe_headers(), timeout_s=wait_s)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        return there if status == 200 else None
 
     # ------------------------------------------------------------- replica choice
 

@@ -108,6 +108,9 @@ Options = msgspec.defstruct(
         *TOKEN_FIELDS,
     ],
     bases=(AdapterOptions,),
+    # the engine's automatic prefix caching (on unless engine_args turn it off): a rollout's turns gain by
+    # returning to this replica (``ModelConfig.affinity_load``)
+    namespace={"holds_prefix_cache": lambda self: self.engine_args.get("enable_prefix_caching") is not False},
     module=__name__,
     kw_only=True,
     forbid_unknown_fields=True,

@@ -22,6 +22,7 @@ Anything else that escapes a command is a bug: the CLI says so, prints the trace
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from gym_runtime.messages import ErrorClass, ErrorInfo
@@ -38,7 +39,10 @@ __all__ = [
     "RolloutFailed",
     "StorageFull",
     "UserError",
+    "did_you_mean",
+    "nearest",
     "observed",
+    "port_in_use",
 ]
 
 
@@ -95,6 +99,38 @@ class StorageFull(Failure, UserError):
 
     def __str__(self) -> str:
         return self.info.message
+
+
+def nearest(word: str, names: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The name of ``names`` nearest ``word`` (difflib's ratio at least ``cutoff``), if any: the one rule a
+    message suggests a spelling by."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(names), n=1, cutoff=cutoff)
+    return near[0] if near else None
+
+
+def did_you_mean(word: str, names: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """``"; did you mean NAME?"`` for ``nearest(word, names)``, else ``""``."""
+    near = nearest(word, names, cutoff=cutoff)
+    return f"; did you mean {near}?" if near else ""
+
+
+def port_in_use(host: str, port: int, flag: str = "", *, zero: bool = False) -> str:
+    """The words for ``host:port`` held by another process, with a port that is free now to give instead
+    (``flag``: the option that takes it; ``zero``: it also takes 0, any free one): the one rule every listener
+    (``server``, ``gateway``, ``view``, ``--metrics-port``) says a taken port by."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+        except OSError:  # not an address of this machine: a free port of loopback still says what to do
+            s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    give = f"{flag} {free}" if flag else str(free)
+    also = f", or {flag} 0 for any free one" if zero and flag else ""
+    return f"{host}:{port} is already in use (another server running?): give a free port, e.g. {give}{also}"
 
 
 class ConfigError(UserError):

@@ -567,14 +567,17 @@ class ModelResponse(_Msg, tag="model.resp.v1"):
 class SeedRequest(_Msg, tag="seed.v1"):
     row: dict[str, Any]
     # The session's first operation, run right after seeding: one round trip fewer per rollout.
-    then: ToolCall | VerifyRequest | None = None
+    then: ToolCall | VerifyRequest | RestoreSession | None = None
     check: RowCheck | None = None  # check the row first (RolloutTask.check); a bad one is invalid_task
+    # the rollout the session is for (``batch:task:rollout``): its sandboxes' lease is bound to it and to the caller,
+    # so a restore takes up only sandboxes this environment leased to that rollout of that caller
+    rollout: str = ""
 
 
 class SeedReply(_Msg, tag="seed.reply.v1"):
     session: str
     address: str  # subject prefix of the worker that owns the session
-    result: ToolReply | VerifyReply | None = None  # the reply to ``then``
+    result: ToolReply | VerifyReply | ResumeReply | None = None  # the reply to ``then``
 
 
 class ToolCall(_Msg, tag="tool.v1"):
@@ -624,18 +627,35 @@ class CloseSession(_Msg, tag="close.v1"):
 
 class HeldSandboxes(Struct, kw_only=True, omit_defaults=True):
     """An environment session's sandboxes at its last snapshot, and their lease: a fresh session restored from the
-    snapshot takes them up by that lease (``RESUME_RESTORE_HELD``), files and all, while the pool still keeps them
+    snapshot takes them up by that lease (``RestoreSession``), files and all, while the pool still keeps them
     (its ``lease_grace_s`` after their holder, the dead resource worker, fell silent)."""
 
     lease: str
     sandboxes: list[SandboxHandle]
 
 
-class Restore(Struct, kw_only=True, omit_defaults=True):
-    """``RESUME_RESTORE_HELD``'s arguments (msgpack, then base64): the snapshot and the sandboxes to take up."""
+class ResumeSession(_Msg, tag="resume.v1"):
+    """A resumed rollout asks the worker its checkpoint names whether it still holds the session (its own handler
+    on that worker, never a tool call): ``ResumeReply.ok`` it does, and the rollout reattaches to it."""
 
+    session: str
+
+
+class RestoreSession(_Msg, tag="restore.v1"):
+    """A fresh session (this rides its seed) set back to a checkpoint's ``snapshot`` (``Resource.restore``), taking
+    up the sandboxes ``held`` at it by their lease where that lease is the restored rollout's own."""
+
+    session: str
     snapshot: bytes
-    held: HeldSandboxes
+    held: HeldSandboxes | None = None
+
+
+class ResumeReply(_Msg, tag="resume.reply.v1"):
+    """``ok``: the session is held (``ResumeSession``) or set back (``RestoreSession``); else ``reason`` says why
+    not, and the rollout restarts clean."""
+
+    ok: bool
+    reason: str = ""
 
 
 class SessionHandle(Struct, kw_only=True, omit_defaults=True):
@@ -865,6 +885,9 @@ Envelope = (
     | VerifyRequest
     | VerifyReply
     | CloseSession
+    | ResumeSession
+    | RestoreSession
+    | ResumeReply
     | ErrorReply
     | PolicyVersion
     | PauseModel
@@ -902,6 +925,9 @@ __all__ = [
     "Reasoning",
     "Response",
     "RolloutResult",
+    "RestoreSession",
+    "ResumeReply",
+    "ResumeSession",
     "RolloutTask",
     "RowCheck",
     "SeedReply",

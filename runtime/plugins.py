@@ -26,13 +26,14 @@ import hashlib
 import importlib
 import importlib.resources
 import importlib.util
+import pkgutil
 import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from gym_runtime.errors import UserError
+from gym_runtime.errors import UserError, nearest
 
 BUNDLED_PREFIXES = ("resources.", "agents.", "models.")
 
@@ -78,6 +79,9 @@ def load_plugin(kind: str, name: str, where: str = "", *, hint: str = "") -> Mod
             bare = name.removeprefix(f"{FOLDERS[kind]}.")
             near = difflib.get_close_matches(bare, names, n=1, cutoff=0.75)
             near_hint = f"; did you mean {near[0]!r}?" if near else f" (bundled: {', '.join(names)}; or a module path)"
+            sibling = None if near else _sibling(name)
+            if sibling:  # a typo in the last part of the user's own module path: its package is there
+                near_hint = f"; did you mean {sibling!r}?"
             raise UserError(f"{at}no such {kind} module {name!r}{near_hint}") from None
         raise UserError(_import_failed(at, name, e, hint)) from None
     except ImportError as e:
@@ -117,6 +121,23 @@ def _import_failed(at: str, name: str, e: ImportError, hint: str) -> str:
         return f"{at}cannot import {name!r}: {e}{hint}"
     missing = f"install {e.name!r}, or " if isinstance(e, ModuleNotFoundError) and e.name else ""
     return f"{at}{here}cannot import {name!r}: {e}: {missing}fix that import"
+
+
+def _sibling(name: str) -> str | None:
+    """For ``pkg.modul`` whose package ``pkg`` imports: the module of ``pkg`` nearest ``modul``
+    (``my_agents.run_code`` for ``my_agents.run_cod``), if any."""
+    parent, _, leaf = name.rpartition(".")
+    if not parent:
+        return None
+    try:
+        package = importlib.import_module(parent)
+    except Exception:  # noqa: BLE001 - no such package (or a broken one): nothing to suggest from it
+        return None
+    where = getattr(package, "__path__", None)
+    if where is None:
+        return None
+    near = nearest(leaf, [m.name for m in pkgutil.iter_modules(where)])
+    return f"{parent}.{near}" if near else None
 
 
 def import_plugin(path: str, kind: str | None = None) -> ModuleType:
@@ -186,10 +207,21 @@ def config_path(arg: str) -> Path:
         return path
     bundled = importlib.resources.files("gym_runtime.resources") / arg / "config.yaml"
     if bundled.is_file():
-        return Path(str(bundled))
+        return shown_path(Path(str(bundled)))
     near = difflib.get_close_matches(arg, bundled_environments(), n=1)
     hint = f"did you mean {near[0]!r}? " if near else ""
     raise UserError(f"{arg}: no such config file, nor a bundled environment ({hint}bundled: {names})")
+
+
+def shown_path(path: Path) -> Path:
+    """A bundled file's path as its messages name it: the file itself (an editable install's copy under
+    ``build/__editable__…`` is a link to it), relative to the working directory when it lies below it
+    (``resources/weather/config.yaml`` in a clone)."""
+    real = path.resolve()
+    try:
+        return real.relative_to(Path.cwd())
+    except ValueError:
+        return real
 
 
 def example_input(config: Path) -> Path | None:

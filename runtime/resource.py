@@ -54,11 +54,6 @@ _TOOL_MARK = "__gym_tool__"
 # The runtime's own session operations (``gym.reset``, ``gym.step``, ``nemo_gym.http``) are named under these;
 # they travel as operations (``Session.operate``), never as a model's tool call, and no tool may be named so.
 OPERATION_PREFIXES = ("gym.", "nemo_gym.")
-# The resource worker's own operations for a resumed rollout (never the environment's): whether the session is
-# still held there; a fresh session set back to a snapshot (``Resource.restore``)
-RESUME_ALIVE = "gym.resume.alive"
-RESUME_RESTORE = "gym.resume.restore"
-RESUME_RESTORE_HELD = "gym.resume.restore_held"  # the same, taking up the dead session's sandboxes by their lease
 
 ArgumentMode = Literal["strict", "nemo_gym"]
 ARGUMENT_MODES: tuple[str, ...] = ("strict", "nemo_gym")

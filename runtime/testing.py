@@ -17,11 +17,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
 
-from gym_runtime.agent import AgentContext, AgentFn, Outcome, Session
+from gym_runtime.agent import AgentContext, AgentFn, Outcome
 from gym_runtime.config import AgentConfig
 from gym_runtime.data.reverify import parse_response
 from gym_runtime.data.validation import row_problems
@@ -31,18 +31,22 @@ from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
     Item,
+    ModelResponse,
     Reasoning,
     Response,
+    RestoreSession,
+    ResumeReply,
     RolloutTask,
-    SeedReply,
     ToolCall,
-    VerifyReply,
     VerifyRequest,
     assistant_message,
 )
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.plugins import load_plugin
 from gym_runtime.resource import ModelClient, Resource, Verdict
+from gym_runtime.rollout.port import LocalPort
+from gym_runtime.rollout.state import Models, Rollout
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.memory import MemoryBroker, MemoryMessage, MemoryWire, subject_matches
 from gym_runtime.transport.rpc import Timings
@@ -253,7 +257,8 @@ class AgentEnvironment:
     The rows are checked as ``validate`` checks them (task fields, tools of the environment); a tool call and a
     verify behave as a resource worker's (``workers.resource_worker.call_with``, ``verify_with``: a tool's bug is
     shown to the model, a verifier's raises ``Failure("verify_error")``). ``contexts`` keeps each rollout's
-    ``AgentContext``: its ``turns``, ``cost`` and ``calls``, as a row's would be."""
+    ``AgentContext``: the production one on an in-process port (``rollout.port.LocalPort``), so its ``turns``,
+    ``cost``, ``calls``, ``policy_versions`` and ``partial()`` are what a worker's row would hold."""
 
     def __init__(
         self,
@@ -264,9 +269,12 @@ class AgentEnvironment:
         options: dict[str, Any] | None = None,
         judge: ModelClient | None = None,
         config: dict[str, Any] | None = None,
+        policy_version: int | None = None,
     ) -> None:
-        fn = load_plugin("agent", agent, "agent").run if isinstance(agent, str) else agent
-        self.run_agent: AgentFn = fn.run if isinstance(fn, ModuleType) else fn
+        module = load_plugin("agent", agent, "agent") if isinstance(agent, str) else agent
+        self.run_agent: AgentFn = module.run if isinstance(module, ModuleType) else module
+        self._run_group = getattr(module, "run_group", None)  # a group task's (``run_group(ctx, size)``)
+        self.policy_version = policy_version  # stamped on each policy call, as a trainer's set version would be
         self.resource = resource
         self.policy = policy
         self.judge = judge
@@ -280,8 +288,31 @@ class AgentEnvironment:
         self.contexts: list[AgentContext] = []
         self._set_up = False
 
+    def _open(self, resource: str) -> _InProcess:
+        """A session of the environment's class, in this process."""
+        if self.resource is None:
+            raise UserError("this agent opened a session: give AgentEnvironment the environment's class")
+        inst = self.resource()
+        if self.judge is not None:
+            inst.models = self.judge
+        return _InProcess(inst)
+
     async def run(self, row: dict[str, Any], *, rollout: int = 0) -> Outcome:
         """One rollout of ``row`` (its ``rollout``-th repeat), within the agent's ``timeout_s``."""
+        ctx = await self._context(row, rollout, 0)
+        with anyio.fail_after(self.config.timeout_s):
+            return await self.run_agent(ctx)
+
+    async def run_group(self, row: dict[str, Any], size: int) -> list[Outcome]:
+        """A group task of ``size`` repeats of ``row`` (the agent's ``run_group``), within its ``timeout_s``."""
+        if self._run_group is None:
+            raise UserError("this agent cannot run group tasks (its module has no run_group)")
+        ctx = await self._context(row, 0, size)
+        with anyio.fail_after(self.config.timeout_s):
+            return list(await self._run_group(ctx, size))
+
+    async def _context(self, row: dict[str, Any], rollout: int, group: int) -> AgentContext:
+        """The production context of one task of ``row``, on an in-process port (kept in ``contexts``)."""
         if self.resource is not None:
             problems = row_problems(
                 self.resource, self.resource.__name__, row, row.get("responses_create_params"), any_tools=False
@@ -291,80 +322,53 @@ class AgentEnvironment:
             if not self._set_up:
                 await self.resource.setup(self.options)
                 self._set_up = True
-        task = RolloutTask(batch="local", task_index=len(self.contexts), rollout_index=rollout, agent="agent", row=row)
-        ctx = _LocalContext(self, task)
+        index, config = len(self.contexts), self.config
+        task = RolloutTask(batch="local", task_index=index, rollout_index=rollout, agent="agent", row=row, group=group)
+        boxes = Sandboxes(None, "", where="AgentEnvironment")
+        room = Rollout(
+            LocalPort(self._generate, self._open), task, config, Models(lambda _model: config.timeout_s), boxes
+        )
+        ctx = AgentContext(room)
         self.contexts.append(ctx)
-        with anyio.fail_after(self.config.timeout_s):
-            return await self.run_agent(ctx)
+        return ctx
 
-
-class _LocalContext(AgentContext):
-    """An ``AgentContext`` whose model turns and sessions are this process's (``AgentEnvironment``): the base
-    class's bus is never reached, as ``generate`` and ``open_session`` are the two places it would be."""
-
-    def __init__(self, env: AgentEnvironment, task: RolloutTask) -> None:
-        config = env.config
-        super().__init__(cast(Bus, None), task, config, model_timeout_s=lambda _model: config.timeout_s)
-        self._env = env
-
-    async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
-        name = model or self.config.model
+    async def _generate(self, params: CreateParams, model: str) -> ModelResponse:
+        """A model turn of ``policy``: the policy's stamped with ``policy_version``, as a model worker stamps it."""
         started = time.perf_counter()
-        response = await self._env.policy.generate(params, model=name)
-        self.cost.add_call(name, response.usage, round(1000 * (time.perf_counter() - started)), response)
-        self.calls.model(started, response.usage)
-        self.turns.append(name)
-        return response
-
-    async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Session:
-        cls = self._env.resource
-        if cls is None:
-            raise UserError("this agent opened a session: give AgentEnvironment the environment's class")
-        indices = None if row is not None else {"_ng_task_index": self.task.task_index, "_ng_rollout_index": 0}
-        return _LocalSession(cls(), self._env.judge, self.row if row is None else row, indices, self)
+        response = await self.policy.generate(params, model=model)
+        version = self.policy_version if model == self.config.model else None
+        took = round(1000 * (time.perf_counter() - started))
+        return ModelResponse(response=response, policy_version=version, took_ms=took)
 
 
-class _LocalSession(Session):
-    """A ``Session`` on an environment instance of this process: seeded with the row at its first operation, as
-    a resource worker seeds it, then each tool call and the verify made on it directly."""
+class _InProcess:
+    """One environment session of ``AgentEnvironment`` (a ``rollout.port.LocalSession``): an instance of this process,
+    each tool call and verify answered as a resource worker answers them (``call_with``, ``verify_with``); a resume
+    finds it held (a restore: its ``restore``), as a worker that still holds it would."""
 
-    __slots__ = ("_inst",)
+    def __init__(self, inst: Resource) -> None:
+        self.inst = inst
 
-    def __init__(
-        self,
-        inst: Resource,
-        judge: ModelClient | None,
-        row: dict[str, Any],
-        indices: dict[str, int] | None,
-        ctx: AgentContext,
-    ) -> None:
-        super().__init__(cast(Bus, None), "", row, indices=indices, cost=ctx.cost, calls=ctx.calls)
-        if judge is not None:
-            inst.models = judge
-        self._inst = inst
+    async def seed(self, row: dict[str, Any]) -> None:
+        await self.inst.seed(row)
 
-    async def _op(self, first: ToolCall | VerifyRequest, kind: str, *, timeout: float, op: str) -> Any:
-        async with self._lock:
-            if self._seed is None:
-                await self._inst.seed(self._row)
-                self._seed = SeedReply(session="local", address="local")
-        with anyio.fail_after(timeout):
-            if isinstance(first, ToolCall):
-                return await call_with(self._inst, first)
-            reply: VerifyReply = await verify_with(self._inst, first.row, first.response)
-        if first.close:
-            await self.close()
-        return reply
+    async def run(self, message: Any) -> Any:
+        if isinstance(message, ToolCall):
+            return await call_with(self.inst, message)
+        if isinstance(message, VerifyRequest):
+            return await verify_with(self.inst, message.row, message.response)
+        if isinstance(message, RestoreSession):
+            restore = getattr(self.inst, "restore", None)
+            if restore is None:
+                return ResumeReply(ok=False, reason="this environment cannot restore a snapshot")
+            await restore(message.snapshot)
+        return ResumeReply(ok=True)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._seed is not None:
-            try:
-                await self._inst.close()
-            finally:
-                await self._inst.sandboxes.close_all()
+        try:
+            await self.inst.close()
+        finally:
+            await self.inst.sandboxes.close_all()
 
 
 # ---------------------------------------------------------------------------------------------------------

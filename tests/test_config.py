@@ -105,6 +105,19 @@ def test_set_overrides_any_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ("max_steps: 8}", "max_steps: 8, sandbox: box, ack_wait_s: 60}\nsandboxes: {box: {lease_grace_s: 30}}"),
             "sandboxes.box.lease_grace_s (30) must exceed agents.weather_agent.ack_wait_s (60)",
         ),
+        (  # issue 75: a pool the agent's environment leases in must outlive a redelivery too
+            ("replicas: 2}", "replicas: 2, sandbox: box}\nsandboxes: {box: {lease_grace_s: 30}}"),
+            "sandboxes.box.lease_grace_s (30) must exceed agents.weather_agent.ack_wait_s (",
+        ),
+        (  # issue 75: an entry ray.roles names that the config has not is said with the ones it has
+            ("namespace: gym", "namespace: gym\nray: {roles: {agents.weather_agnt: {num_cpus: 1}}}"),
+            "ray.roles: 'agents.weather_agnt' names no entry of the config's agents; did you mean "
+            "agents.weather_agent? (its entries: models.policy, resources.weather, agents.weather_agent)",
+        ),
+        (
+            ("namespace: gym", "namespace: gym\nray: {nats: heed}"),
+            "ray.nats: Invalid enum value 'heed' (one of: config, head)",
+        ),
         (
             ("namespace: gym", "namespace: gym\nsandboxes: {box: {backend: lxc}}"),
             "sandboxes.box.backend: Invalid enum value 'lxc'",
@@ -217,7 +230,7 @@ def test_loading_a_bundled_config_imports_no_plugin(config: Path) -> None:
 
 def test_loading_imports_no_plugin_even_a_missing_or_broken_one(tmp_path: Path) -> None:
     """A config naming modules that do not exist or raise on import loads (it is data); resolving it is
-    where they are imported: the missing one named in one line, as loading named it before."""
+    where they are imported: the missing one and the broken one each named in one line."""
     (tmp_path / "boom").mkdir()
     (tmp_path / "boom" / "__init__.py").write_text("raise RuntimeError('a plugin was imported')\n")
     entries = {
@@ -231,7 +244,9 @@ def test_loading_imports_no_plugin_even_a_missing_or_broken_one(tmp_path: Path) 
             f"agents:\n  a: {{agent: {agent}, model: policy, resource: env, options: {{user_model: policy}}}}\n"
         )
     imported, resolved = loaded_plugins(tmp_path / "broken.yaml", cwd=tmp_path)
-    assert imported == [] and resolved == "error: RuntimeError: a plugin was imported"
+    assert imported == [] and resolved.startswith("error: ConfigError: ")
+    # the user's own module raising at import is their error, named by entry, file and line (issue 75 point 4)
+    assert "models.policy.adapter" in resolved and "boom/__init__.py:1: RuntimeError: a plugin was imported" in resolved
     imported, resolved = loaded_plugins(tmp_path / "missing.yaml", cwd=tmp_path)
     assert imported == []
     assert resolved.startswith("error: ConfigError: ") and "no such adapter module 'nosuch.adapter'" in resolved

@@ -184,10 +184,12 @@ def test_unrelated_runs_are_refused_and_other_agents_or_environments_warned(tmp_
         out = cli("diff", str(x), str(y))
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and "no task in common: task 0's input differs" in lines[0]
+        assert "give the outputs of two runs of the same input file" in lines[0], lines  # issue 75: how to pair
     atif = tmp_path / "trajectory.json"
     atif.write_text(json.dumps(FOREIGN, indent=2))
     out = cli("diff", str(weather), str(atif))
     assert out.returncode == 2 and "no task in common" in out.stderr and "Traceback" not in out.stderr
+    assert "another tool's pair by their order in the file (the n-th is task n)" in out.stderr, out.stderr
     other = write(tmp_path / "other.jsonl", [row(t, 0, 0.0, agent="other_agent", env="ffeeddccbbaa") for t in range(5)])
     out = cli("diff", str(weather), str(other))
     assert out.returncode == 0, out.stderr

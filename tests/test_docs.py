@@ -204,3 +204,15 @@ def test_the_inputs_the_deploy_recipes_name_are_in_the_repository() -> None:
     for name in named:
         rows = (REPO / "deploy" / "work" / name).read_text().splitlines()
         assert rows and all(json.loads(r)["responses_create_params"]["input"] for r in rows), name
+
+
+def test_the_readmes_distributed_example_and_the_async_recipe_write_under_runs() -> None:
+    """Issue 75: what a documented path writes goes under the clone's runs/ (git ignores it), not its root."""
+    assert "/runs/" in (REPO / ".gitignore").read_text().split()
+    readme = "\n".join(body for _, body in code_blocks(README.read_text(), "## Run distributed"))
+    outputs = re.findall(r"-o (\S+)", readme)
+    assert outputs and all(o.startswith("runs/") for o in outputs), outputs
+    page = (REPO / "docs/trainer.md").read_text()
+    recipe = "\n".join(body for _, body in code_blocks(page, "## Recipe: TRL asynchronous GRPO"))
+    written = re.findall(r'(?:save_for_rows\(|output_dir=|SyncClient\()"([^"]+)"', recipe)
+    assert len(written) == 3 and all(w.startswith("runs/") for w in written), written

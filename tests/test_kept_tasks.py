@@ -6,13 +6,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gym_runtime.checkpoint import checkpoints_kv
 from gym_runtime.config import resolve_config
 from gym_runtime.data.batches import Manifest, purge_batch
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.data.republish import kept_task
 from gym_runtime.errors import UserError
 from gym_runtime.messages import RolloutResult
+from gym_runtime.rollout.checkpoint import checkpoints_kv
 from gym_runtime.service.runner import publish_batch
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.jetstream import ensure_streams, subject_count, task_id_slots, task_msg_id

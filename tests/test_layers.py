@@ -286,6 +286,7 @@ OLD_PATHS = {
     "gym_runtime.sandbox:SandboxCgroup": "gym_runtime.jail.cgroups:JailCgroup",
     "gym_runtime.trainers.tiny_policy": "gym_runtime.rigs.tiny_policy",
     "gym_runtime.trainers.trl_cpu": "gym_runtime.rigs.trl_cpu",
+    "gym_runtime.checkpoint:Checkpointer": "gym_runtime.rollout.checkpoint:Checkpointer",
 }
 
 

@@ -30,17 +30,21 @@ from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, pars
 from gym_runtime.model import ModelConfig, model_config
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.model_worker import ModelWorker
 from tests.helpers import REPO, ROWS, put_batch, resolved
 from tests.stub_openai import StubOpenAI
 from tests.test_model_calls import serving, until
 
 
-def scripted(*, concurrency: int, delay_s: float = 0.0) -> ModelConfig:
-    return model_config({"adapter": "scripted", "concurrency": concurrency, "delay_s": delay_s})
+def scripted(*, concurrency: int, delay_s: float = 0.0, prefix_cache: bool = True) -> ModelConfig:
+    """The scripted double, routed as an engine with a prefix cache (``prefix_cache``) unless told otherwise."""
+    entry = {"adapter": "scripted", "concurrency": concurrency, "delay_s": delay_s, "prefix_cache": prefix_cache}
+    return model_config(entry)
 
 
 def request(text: str = "weather in sf?") -> ModelRequest:
@@ -138,7 +142,15 @@ async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: B
     cfg = config_from_dict(
         {
             "namespace": "gym",
-            "models": {"policy": {"adapter": "scripted", "concurrency": 4, "replicas": 4, "delay_s": 0.01}},
+            "models": {
+                "policy": {
+                    "adapter": "scripted",
+                    "concurrency": 4,
+                    "replicas": 4,
+                    "delay_s": 0.01,
+                    "prefix_cache": True,
+                }
+            },
             "resources": {"env": {"server": "resources.weather"}},
             "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 32}},
             "base_dir": str(REPO),
@@ -185,9 +197,10 @@ async def test_two_model_worker_processes_send_a_rollout_to_the_same_endpoint(
     nats_server: EmbeddedServer, bus: Bus, tmp_path: Path
 ) -> None:
     """Two ``start`` processes of one ``vllm`` entry in front of 3 endpoints (stub vLLM servers): each rollout's
-    turns, sent alternately to one process and the other as rollouts run in no fixed order, reach one endpoint
+    turns, taken by whichever process the queue group picks as rollouts run in no fixed order, reach one endpoint
     (before: each process kept its own rollout -> endpoint map, filled by least load in the order it saw them,
-    so a rollout's turns split between endpoints)."""
+    so a rollout's turns split between endpoints). The endpoints hold the cache, so the processes themselves are
+    not routed to (``holds_prefix_cache``): the endpoint's choice is agreed instead."""
     with contextlib.ExitStack() as stack:
         stubs = [stack.enter_context(StubOpenAI()) for _ in range(3)]
         urls = ", ".join(s.base_url for s in stubs)
@@ -198,15 +211,16 @@ async def test_two_model_worker_processes_send_a_rollout_to_the_same_endpoint(
         )
         procs = [stack.enter_context(started(config, nats_server.url)) for _ in range(2)]
         assert len(procs) == 2
-        found = await discover(bus, until=lambda ws: len([w for w in ws if w.get("role") == "model"]) >= 2)
-        ids = [w["worker"] for w in found if w.get("role") == "model"]
+        await discover(bus, until=lambda ws: len([w for w in ws if w.get("role") == "model"]) >= 2)
         order = list(range(24))
-        for turn in range(4):  # each turn to the other process (by its own subject), the rollouts in another order
+        served: dict[int, set[str]] = {}  # rollout -> the processes that took its turns
+        for turn in range(4):  # the rollouts in another order each turn, each call to either process
             random.Random(turn).shuffle(order)
             for k in order:
                 params = CreateParams(input=parse_items(f"rollout {k} turn {turn}"))
                 req = ModelRequest(params=params, rollout_key=f"b:{k}:0")
-                await call_model(bus, "policy", req, timeout=30, replica=ids[turn % 2])
+                served.setdefault(k, set()).add((await call_model(bus, "policy", req, timeout=30)).worker or "")
+        assert any(len(ws) == 2 for ws in served.values())  # both processes took turns of one rollout
         where: dict[int, set[int]] = {}
         for i, stub in enumerate(stubs):
             for r in stub.requests:
@@ -251,3 +265,49 @@ async def test_a_rollouts_later_turns_reach_their_replica_on_a_secured_bus(buses
         tg.cancel_scope.cancel()
     assert {r.worker for r in turns} == {worker.worker_id}
     assert worker.routed == {"affine": 2, "load": 0, "moved": 0}
+
+
+def test_only_models_whose_replicas_hold_a_prefix_cache_are_routed() -> None:
+    """An in-process engine's replicas hold the cache (routed unless its prefix caching is off); the scripted
+    double and an HTTP adapter's workers do not (the endpoints hold it, chosen by the adapter): not routed."""
+    engine = {"adapter": "vllm_engine", "model": "tiny"}
+    assert model_config(engine).routed_load() == ModelConfig().affinity_load
+    assert model_config({**engine, "engine_args": {"enable_prefix_caching": False}}).routed_load() == 0
+    assert model_config({**engine, "affinity_load": 0}).routed_load() == 0
+    assert model_config({"adapter": "vllm", "model": "tiny", "base_url": "http://127.0.0.1:1/v1"}).routed_load() == 0
+    assert model_config({"adapter": "scripted"}).routed_load() == 0
+    assert Affinity.of({"policy": 0.0}) is None
+
+
+async def test_a_model_without_a_prefix_cache_costs_nothing_to_route(bus: Bus, tmp_path: Path) -> None:
+    """Weather rollouts through the real agent worker on the scripted model (no cache): no call carries a
+    route, no replica serves a subject of its own, the agent worker keeps no affinity (before: every later
+    turn went to its replica's own subject, at a cost in instructions per rollout and nothing gained)."""
+    n = 8
+    cfg = config_from_dict(
+        {
+            "namespace": "gym",
+            "models": {"policy": {"adapter": "scripted", "concurrency": 4, "replicas": 2}},
+            "resources": {"env": {"server": "resources.weather"}},
+            "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 8}},
+            "base_dir": str(REPO),
+        }
+    )
+    workers = make_workers(bus, resolve_config(cfg), selected(cfg, None))
+    models = [w for w in workers if isinstance(w, ModelWorker)]
+    agents = [w for w in workers if isinstance(w, AgentWorker)]
+    assert agents and all(a._models.affinity is None for a in agents)
+    out = tmp_path / "out.jsonl"
+    async with anyio.create_task_group() as tg:
+        await start_workers(tg, workers)
+        for w in models:
+            own = bus.subjects.model_replica("policy", w.worker_id)
+            assert (await bus.try_direct(own, request(), timeout=10, op="generate policy"))[0] == "absent"
+        await publish_rows(bus, [ROWS[i % len(ROWS)] for i in range(n)], batch="b", agents=["agent"])
+        with anyio.fail_after(120):
+            stats = await Collector(bus, await put_batch(bus, "b", n, agent="agent"), out).run()
+        await drain(workers, timeout=5)
+        tg.cancel_scope.cancel()
+    assert (stats.rows, stats.failures) == (n, 0)
+    assert sum(w.served for w in models) == 2 * n
+    assert [sum(w.routed.values()) for w in models] == [0, 0]

@@ -104,6 +104,26 @@ async def test_defaults_start_on_a_small_disk_and_an_explicit_limit_it_cannot_ho
             await bus.close()
 
 
+async def test_streams_made_after_a_default_that_took_most_of_the_store_still_start(tmp_path: Path) -> None:
+    """The task stream's default (2 GiB) fits a 2.2 GiB store whole and leaves ~200 MiB for every stream after
+    it: each of those is lowered below the usual 64 MiB floor rather than refused, and the run starts (CI's disk
+    once had this little free: ``run`` stopped at the kept stream)."""
+    with small_server(tmp_path, (2 << 30) + (200 << 20)) as srv:
+        bus = await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name="t")
+        try:
+            await jetstream.ensure_streams(bus, ["quiz_agent", "repair_agent"])
+            await jetstream.ensure_kept_stream(bus)
+            await jetstream.ensure_attempts_stream(bus)
+            for role in ("agent", "env"):
+                await jetstream.ensure_blob_stream(bus, role)
+            limits = await _limits(bus)
+            assert bus.subjects.kept_stream in limits, limits
+            assert all(size >= 1 << 20 for size in limits.values()), limits
+            assert sum(limits.values()) <= (2 << 30) + (200 << 20), limits
+        finally:
+            await bus.close()
+
+
 async def test_a_default_a_cluster_cannot_place_is_lowered_and_an_explicit_one_is_one_line(tmp_path: Path) -> None:
     """A cluster refuses a limit no node can reserve with "no suitable peers for placement" (400, 10005), not a
     single server's err_code: the Compose recipe failed so on the kept stream's default on a fuller disk. A

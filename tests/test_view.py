@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -133,7 +134,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         line = one_error_line(view(str(path), "--port", str(port)))
-    assert f"--port {port}: already in use" in line
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in line and "give a free port, e.g. --port " in line
 
 
 class Served:
@@ -458,3 +459,22 @@ def test_environments_by_name_tools_folded_and_runs_named_as_given(tmp_path: Pat
         assert "weather_agent / weather" in runs and "other_agent / elsewhere" in runs and "a1b2c3d4e5f6" not in runs
         assert "1 rollout" in s.get("/rollouts?env=elsewhere")[2].decode()
         assert "<option>weather</option>" in s.get("/rollouts")[2].decode()
+
+
+def test_a_groups_failure_rows_and_excluded_members_show_none_not_not_a_number(tmp_path: Path) -> None:
+    """Issue 75: a failure row's reward is null and an excluded member (handed none) has no advantage: the group
+    page says none ("–"), not "not a number" nor TRL's placeholder 0 as if it were an advantage."""
+    plain = write(tmp_path / "out.jsonl", [row(0, 0, 1.0)], [failure(7, 0), failure(7, 1, "sandbox")])
+    scored = row(1, 0, 1.0) | {"train_step": 0, "train_group": 5, "train_reward": 1.0, "train_advantage": 0.5}
+    excluded = failure(1, 1, "sandbox") | {"train_step": 0, "train_group": 5, "train_advantage": 0.0}
+    train = write(tmp_path / "train.jsonl", [scored], [excluded | {"failure_attribution": "infrastructure"}])
+    for path, group in ((plain, "group-0-1.html"), (train, "group-0-0.html")):
+        out = tmp_path / f"bundle-{path.stem}"
+        res = cli("view", str(path), "--export", str(out))
+        assert res.returncode == 0, res.stderr
+        page = (out / group).read_text()
+        assert "not a number" not in page, page
+        cells = re.findall(r'<td class="num(?: adv)?">([^<]*)</td>', page)
+        assert cells.count("–") >= 2, cells  # (both rewards; the excluded member's reward, handed and advantage)
+        if path == train:
+            assert "+0.500" in cells and "+0.000" not in cells, cells

@@ -293,5 +293,6 @@ def test_live_mode_with_a_dead_bus_or_no_such_batch_is_one_error_line(nats_serve
     assert len(lines) == 1 and "error: cannot reach a NATS server at nats://127.0.0.1:9" in lines[0], dead.stderr
     absent = cli("view", "--batch", "nope", "--nats", nats_server.url, "--port", "0")
     assert absent.returncode == 2 and absent.stderr.strip().splitlines() == [
-        "gym-runtime: error: --batch nope: no such batch in namespace 'gym' (published here?)"
+        "gym-runtime: error: --batch nope: no batch 'nope' in namespace 'gym' (published here? purged?); "
+        "namespace 'gym' holds no batch; --namespace NAME reads another namespace"
     ], absent.stderr

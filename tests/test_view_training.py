@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,28 @@ def test_training_fields_holding_any_number_are_served_and_exported_without_the_
     assert found == []
     bundled = "".join(p.read_text() for p in files if p.name.startswith("group-"))
     assert all(value in bundled for value in ("1e+308", "1e+400", "1.23456e+39", "not a number")), bundled[:2000]
+
+
+def test_the_plots_ticks_are_round_and_the_reward_band_stays_above_the_reward_floor(tmp_path: Path) -> None:
+    """Issue 75: the y axis is labelled at round values (a 1, 2, 2.5 or 5 times a power of ten step, not 0.0947), and
+    the reward's spread band never goes below 0, the least reward these rows have (a training run's rows)."""
+    rows = tmp_path / "train_rows.jsonl"
+    rows.write_bytes((REPO / "tests/data/train_run/train_rows.jsonl").read_bytes())
+    res = cli("view", str(rows), "--export", str(tmp_path / "bundle"))
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "bundle" / "steps-0.html").read_text()
+    for plot in ("plot-reward", "plot-pass", "plot-failures", "plot-length"):
+        fig = re.search(rf'<figure class="plot" id="{plot}">(.*?)</figure>', page, re.S)
+        assert fig is not None, plot
+        labels = [float(x) for x in re.findall(r'text-anchor="end">([^<]*)', fig.group(1))]
+        step = labels[1] - labels[0]
+        mantissa = step / 10 ** math.floor(math.log10(step))
+        assert any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5)), (plot, labels)
+        assert all(math.isclose(v / step, round(v / step), abs_tol=1e-9) for v in labels), (plot, labels)
+        if plot == "plot-reward":
+            grid = [float(y) for y in re.findall(r'<line class="grid"[^>]*y1="([^"]*)"', fig.group(1))]
+            zero = grid[labels.index(0.0)]  # (SVG's y grows downward: below 0 is a larger y)
+            band = re.findall(r'<polygon class="band" points="([^"]*)"', fig.group(1))
+            assert band, fig.group(1)[:500]
+            ys = [float(p.split(",")[1]) for p in band[0].split()]
+            assert max(ys) <= zero + 0.05, (ys, zero)

@@ -107,6 +107,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, with what a command does not take said as what it should have been
+    (``_usage.unrecognized``), by that command's parser."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        from gym_runtime.cli._usage import unrecognized
+
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = sub.choices[args.command]
+        command.error(unrecognized(command, args.command, extras))
+    return args
+
+
 def leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) ExceptionGroups, in order; cancellations dropped when others exist."""
     if isinstance(exc, BaseExceptionGroup):
@@ -130,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         EXIT_USAGE,
         check_output,
         err,
+        interrupted_line,
         log_level_of,
         quiet_stdout,
         refuse_argv_secrets,
@@ -141,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     command = command_named(argv)
-    args = build_parser(command).parse_args(argv)
+    args = parse(build_parser(command), argv)
     if hasattr(args, "log_level"):
         args.log_level = log_level_of(args)  # resolved once: children started with it get the same
     from gym_runtime.observability import logs  # structlog: after parsing (`--help` and a usage error need none)
@@ -155,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # classified below; SystemExit is re-raised
         causes = leaves(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in causes):
-            err("interrupted")
+            err(interrupted_line())
             return EXIT_INTERRUPTED
         if any(isinstance(e, SystemExit) for e in causes):
             raise

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,24 @@ if TYPE_CHECKING:
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+_kept: list[Callable[[], str]] = []  # what the running command has kept so far (``when_interrupted``)
+
+
+def when_interrupted(kept: Callable[[], str]) -> None:
+    """Say ``kept()`` after "interrupted" if Ctrl-C stops the command from now on: what it has kept so far (its
+    rows, where) and how to go on. A command sets it once its work starts."""
+    _kept[:] = [kept]
+
+
+def interrupted_line() -> str:
+    """The one line a command stopped by Ctrl-C ends with (exit 130)."""
+    try:
+        said = _kept[0]() if _kept else ""
+    except Exception:  # noqa: BLE001 - the line about an interrupt must not fail on the state it reads
+        said = ""
+    return f"interrupted: {said}" if said else "interrupted"
 
 
 def plural(n: int, noun: str) -> str:
@@ -410,7 +428,8 @@ def budget_exit(stats: Any, out: str, budget: Any, batch: str, *, kept: bool = T
 
 
 def port_number(text: str) -> int:
-    value = _whole(text, "a port number")
+    """argparse type: a TCP port, 0 to 65535 (0: any free one, where the command takes it)."""
+    value = _whole(text, "a port number, 0 to 65535 (e.g. 8765)")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
     return value

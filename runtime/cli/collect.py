@@ -81,6 +81,13 @@ def main(args: argparse.Namespace) -> int:
     cli.reach(url)
     telemetry = Telemetry(service="gym-runtime.collect")
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
+        cli.when_interrupted(
+            lambda: (
+                (f"{tracker.done} of {tracker.total} rows were read" if tracker.done else "no row was read yet")
+                + f"; {args.output} is written whole when every row is in, so it was not written; the batch's results "
+                "stay on the bus: run the same collect again to write it"
+            )
+        )
 
         async def go() -> Any:
             bus = await Bus.connect(

@@ -93,7 +93,7 @@ def render(manifest: Any, h: Any) -> list[str]:
                 if how != "restarted"
                 else "  restarted: its checkpoint's session could be neither reattached nor restored"
             )
-        lines += _calls(calls or [], row, models, since or [0, 0])
+        lines += _calls(calls or [], row or _trajectory(a, h), models, since or [0, 0])
         if a.retried is not None:
             e = a.retried.error
             lines.append(f"  given back at {_when(a.retried.at)}: {e.error_class}: {e.message} (runs again)")
@@ -120,6 +120,21 @@ def render(manifest: Any, h: Any) -> list[str]:
         lines.append(f"  slot settled as {h.kept.error.error_class}: {h.kept.error.message}")
         lines.append(f"  caused by: {attribution_text(h.kept)}")
     return lines
+
+
+def _trajectory(a: Any, h: Any) -> dict[str, Any] | None:
+    """Where an attempt that stored no row finds its calls' names: its failure row's partial trajectory, else the
+    slot's row when a later attempt resumed this one's trajectory (its calls, replayed there, are that row's
+    first ones); None when neither holds them (a restarted rollout's calls are another trajectory's)."""
+    import msgspec
+
+    partial = next((r.partial for r in a.results if getattr(r, "partial", None) is not None), None)
+    if partial is not None:
+        return {"response": msgspec.to_builtins(partial)}
+    kept = h.kept.row if h.kept is not None else None
+    if isinstance(kept, dict) and kept.get("resumed_how") in ("reattached", "restored"):
+        return kept
+    return None
 
 
 def _why(h: Any, n: int) -> str:

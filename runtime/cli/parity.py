@@ -29,7 +29,7 @@ from gym_runtime.harbor.hosting import ensure_images, harbor_config, image_optio
 from gym_runtime.nemo_gym.catalogue import EXPLAINED, NO_JUDGE_CALL, recordings
 from gym_runtime.nemo_gym.hosting.env import ensure
 from gym_runtime.nemo_gym.parity import compare, parity_config, read_rows
-from gym_runtime.sandboxes.engine_http import Engine, EngineError, socket_of
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_fix, socket_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -130,7 +130,7 @@ def harbor_main(args: argparse.Namespace) -> int:
         raise UserError(f"--timeout {args.timeout:g}: give the seconds one command may run (> 0)")
     host = os.environ.get("DOCKER_HOST")
     if not host:
-        raise UserError('parity --harbor: DOCKER_HOST is not set (eval "$(bash .ci/docker.sh start)")')
+        raise UserError(f"parity --harbor: DOCKER_HOST is not set: {engine_fix('docker')}")
     try:
         socket = socket_of(host)
     except EngineError as e:
@@ -141,7 +141,9 @@ def harbor_main(args: argparse.Namespace) -> int:
             try:
                 await engine.ping()
             except EngineError as e:
-                raise UserError(f"parity --harbor: the container engine does not answer: {e}") from None
+                raise UserError(
+                    f"parity --harbor: the container engine does not answer: {e}; {engine_fix('docker')}"
+                ) from None
             await ensure_images(engine, tasks, opts, note=lambda line: print(line, file=sys.stderr))
 
     anyio.run(build)

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from gym_runtime.cli import _common as cli
-from gym_runtime.data.batches import get_manifest
+from gym_runtime.data.batches import get_manifest, other_namespaces
 from gym_runtime.observability.tracing import Telemetry
 
 
@@ -39,19 +39,23 @@ def main(args: argparse.Namespace) -> int:
             done = []
             for b in args.batch:
                 known = await get_manifest(bus, b) is not None
-                done.append((b, known, await purge_batch(bus, b)))
+                removed = await purge_batch(bus, b)
+                # nothing here: where else it is, as `collect` and `explain` say it
+                elsewhere = "" if known or removed else await other_namespaces(bus, b)
+                done.append((b, known, removed, elsewhere))
             return done
         finally:
             await bus.close()
 
     unknown = []
-    for batch, known, removed in run_async(go):
+    for batch, known, removed, elsewhere in run_async(go):
         if known or removed:
             print(f"batch {batch}: purged {cli.plural(removed, 'result')}")
         else:
-            unknown.append(batch)
-    if unknown:  # a mistyped id, or one purged before: said, not "purged 0 results"
-        names = ", ".join(repr(b) for b in unknown)
-        cli.err(f"no batch {names} in namespace {args.namespace!r} (nothing stored under it; purged already?)")
+            unknown.append((batch, elsewhere))
+    if unknown:  # a mistyped id, one purged before, or another namespace's: said, not "purged 0 results"
+        names = ", ".join(repr(b) for b, _ in unknown)
+        where = "; ".join(dict.fromkeys(e for _, e in unknown))
+        cli.err(f"no batch {names} in namespace {args.namespace!r} (nothing stored under it; purged already?); {where}")
         return cli.EXIT_USAGE
     return 0

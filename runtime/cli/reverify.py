@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
+from typing import Any
 
 from gym_runtime.cli import _common as cli
 from gym_runtime.config import load_config, resolve_config
+from gym_runtime.errors import UserError
 from gym_runtime.observability import progress
 from gym_runtime.plugins import config_path
 
@@ -39,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
     rows = validate_rollouts(args.input)
     resource = resource_for(resolved, args.agent)
     entry = cfg.resources[resource]
+    other_env(args, resource, entry)
     # a hosted NeMo Gym server verifies in its built environment (built now if missing): in its worker's guest
     # (isolation: process, the default; the worker here), or in a worker child on that environment (none)
     env = hosted_env(entry.nemo_gym) if entry.hosted else None
@@ -50,6 +54,12 @@ def main(args: argparse.Namespace) -> int:
             hosted_processes(args, cfg, url, cli.client_auth(args), hosted) if hosted else contextlib.nullcontext(),
             progress.Tracker("reverify", progress.options_from(args), total=rows) as tracker,
         ):
+            cli.when_interrupted(
+                lambda: (
+                    f"{args.output} holds the rows re-verified so far, in input order ({tracker.done} of {rows} "
+                    "done; it is not complete): run reverify again for the whole file"
+                )
+            )
             auth = cli.client_auth(args)
             report = run_async(
                 lambda: reverify_batch(
@@ -77,3 +87,24 @@ def main(args: argparse.Namespace) -> int:
         cli.err(f"{cli.plural(report.failed, 'row')} could not be re-verified; see {sidecar_paths(args.output)[0]}")
         return cli.EXIT_FAILURES
     return 0
+
+
+def other_env(args: argparse.Namespace, resource: str, entry: Any) -> None:
+    """Rows another bundled environment made (their ``provenance.env`` is its code), re-graded by a bundled one,
+    are refused before any work: every reward would be this environment's verdict on another one's task."""
+    from gym_runtime.data.atif import is_atif_file
+    from gym_runtime.data.drift import made_by
+    from gym_runtime.plugins import bundled_environments
+
+    ours = entry.server.removeprefix("gym_runtime.").removeprefix("resources.")
+    if entry.hosted or ours not in bundled_environments() or is_atif_file(Path(args.input)):
+        return  # (a user's own environment may be a copy of a bundled one: its rows' drift is only warned of)
+    found = made_by(args.input)
+    if found is None or found[0] == ours:
+        return
+    name, identity = found
+    raise UserError(
+        f"{args.input}: these rows' provenance.env ({identity}) names the bundled environment {name!r}, not "
+        f"resources.{resource} ({entry.server}): reverify them with that environment's config, e.g. "
+        f"gym-runtime reverify {name} -i {args.input} -o {args.output}"
+    )

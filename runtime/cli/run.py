@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,6 +216,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.runner import RunHooks, batch_pairs, run_batch
 
     cfg = cli.load(args)
+    args.batch = args.batch or uuid.uuid4().hex[:12]  # named now: an interrupted run says which batch to resume
     note = None if progress.options_from(args).quiet else cli.say  # what a slow step waits for (not with --quiet)
     with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
         resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
@@ -271,6 +273,7 @@ def main(args: argparse.Namespace) -> int:
                 hosted_processes(args, cfg, url, auth, hosted) if hosted else contextlib.nullcontext(),
                 progress.Tracker("run", progress.options_from(args)) as tracker,
             ):
+                cli.when_interrupted(lambda: run_kept(args, tracker, embedded))
                 result = run_async(
                     lambda: run_batch(
                         resolved,
@@ -299,3 +302,19 @@ def main(args: argparse.Namespace) -> int:
             result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir)
         )
     return cli.failures_exit(result.stats, args.output)
+
+
+def run_kept(args: argparse.Namespace, tracker: progress.Tracker, embedded: bool) -> str:
+    """What an interrupted ``run`` has kept: -o is written whole when the batch ends, so the rollouts done are
+    on the bus, or nowhere when this run's own embedded server kept no store."""
+    done = f"{tracker.done} of {tracker.total} rollouts were done" if tracker.total else "no rollout was done yet"
+    if embedded and not args.store_dir:
+        return (
+            f"{done}; {args.output} is written whole when a batch ends, and this run's embedded server kept nothing "
+            f"of it: run again (with --store-dir DIR, an interrupted batch resumes with the same --batch)"
+        )
+    where = f"in the store {args.store_dir}" if args.store_dir else "on the bus"
+    return (
+        f"{done}; what the batch holds is kept {where} as batch {args.batch} ({args.output} is written whole "
+        f"when a batch ends): run the same command with --batch {args.batch} to finish it"
+    )

@@ -200,6 +200,7 @@ def build(args: argparse.Namespace) -> EmbeddedServer:
         namespaces=args.namespaces or ["gym"],
         reach=Reach.of(cfg),
         jetstream=provision_settings(args, cfg, nodes) if args.secure else None,
+        port_flags={"client": "--port", "cluster": "--cluster-port", "monitoring": "--http-port"},
     )
 
 

@@ -31,7 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve with no access token: every user of this machine (beyond loopback: anyone who can reach "
         "--host) reads every row (default: a token in the printed URL, then a cookie)",
     )
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
+    p.add_argument(
+        "--port", type=cli.port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)"
+    )
     p.add_argument(
         "--tokenizer",
         metavar="PATH",
@@ -67,8 +69,6 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.view.runs import open_runs
     from gym_runtime.view.serving import Follow, serve
 
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port {args.port}: not a port (0 to 65535)")
     if not args.files and not args.batch:
         raise UserError("view needs a rollouts FILE, or --batch B --nats URL")
     if args.export is not None:

@@ -45,6 +45,7 @@ from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.plugins import config_path
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
@@ -94,7 +95,8 @@ class Client:
             if in_process and not config.plugins:
                 raise ClientError("workers in this process need resolve_config(config), not resolve_models(config)")
             self.config = config
-        else:
+        else:  # a path, or a bundled environment's name, as `run` takes them (a wrong one names the bundled)
+            config = config_path(str(config))
             resolve = resolve_config if in_process else resolve_models
             self.config = resolve(load_config(config))
         self.config_path = None if isinstance(config, ResolvedConfig) else str(Path(config).resolve())

@@ -25,7 +25,7 @@ import yaml
 
 from gym_runtime.config.nemo_gym import NemoConfigError, convert_file, is_nemo_gym
 from gym_runtime.config.schema import AgentConfig, Config, ResourceConfig, SandboxConfig, check_name
-from gym_runtime.errors import ConfigError
+from gym_runtime.errors import ConfigError, did_you_mean
 from gym_runtime.model import WORKER_KEYS, ModelConfig, WrittenOptions, written_model_config
 from gym_runtime.plugins import use_config_dir
 
@@ -411,22 +411,26 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
         cfg = msgspec.convert({k: v for k, v in raw.items() if k not in _SECTIONS}, Config, strict=False)
     except msgspec.ValidationError as e:
         text = readable(str(e))
+        if "Invalid enum value" in text:  # say which values it takes (ray.nats, jetstream.storage ...)
+            text += _choices(Config, text.partition(":")[0])
         raise ConfigError(f"{source}: {text.lstrip(': ')}{file_key_hint(raw, '', text)}") from None
     cfg.models, cfg.resources, cfg.agents = sections["models"], sections["resources"], sections["agents"]
     cfg.sandboxes = sections["sandboxes"]
     cfg.source = source
+    _check_ray_roles(cfg, source)
     users = [("agents", n, a.sandbox) for n, a in cfg.agents.items()]
     for section, name, pool in users + [("resources", n, r.sandbox) for n, r in cfg.resources.items()]:
         if pool and pool not in cfg.sandboxes:
             raise ConfigError(f"{source}: {section}.{name}.sandbox: no sandbox pool named {pool!r} under sandboxes")
     for name, a in cfg.agents.items():  # a dead worker's task comes back after ack_wait_s: its sandboxes must wait
-        grace = cfg.sandboxes[a.sandbox].lease_grace_s if a.sandbox else None
-        if grace is not None and a.checkpoint != "off" and grace <= a.ack_wait_s:
-            raise ConfigError(
-                f"{source}: sandboxes.{a.sandbox}.lease_grace_s ({grace:g}) must exceed agents.{name}.ack_wait_s "
-                f"({a.ack_wait_s:g}): a dead worker's rollout comes back after ack_wait_s and would find its "
-                f"sandboxes gone (raise lease_grace_s, e.g. to {max(300, 2 * a.ack_wait_s):g})"
-            )
+        for pool in _pools_of(cfg, a):
+            grace = cfg.sandboxes[pool].lease_grace_s
+            if grace is not None and a.checkpoint != "off" and grace <= a.ack_wait_s:
+                raise ConfigError(
+                    f"{source}: sandboxes.{pool}.lease_grace_s ({grace:g}) must exceed agents.{name}.ack_wait_s "
+                    f"({a.ack_wait_s:g}): a dead worker's rollout comes back after ack_wait_s and would find its "
+                    f"sandboxes gone (raise lease_grace_s, e.g. to {max(300, 2 * a.ack_wait_s):g})"
+                )
     for name, a in cfg.agents.items():
         if a.model not in cfg.models:
             raise ConfigError(f"{source}: agents.{name}.model: no model named {a.model!r} under models")
@@ -443,6 +447,28 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> Config:
             if other not in cfg.resources or other == name:
                 raise ConfigError(f"{source}: resources.{name}.calls: {other!r} is not another entry under resources")
     return cfg
+
+
+def _pools_of(cfg: Config, agent: AgentConfig) -> list[str]:
+    """The sandbox pools an agent's rollouts hold leases in: its own, its environment's and those of the
+    environments that environment calls (each lease must outlive the rollout's redelivery)."""
+    envs = [agent.resource] if agent.resource in cfg.resources else []
+    envs += [other for env in envs for other in cfg.resources[env].calls if other in cfg.resources]
+    pools = [agent.sandbox, *(cfg.resources[env].sandbox for env in envs)]
+    return list(dict.fromkeys(p for p in pools if p))
+
+
+def _check_ray_roles(cfg: Config, source: str) -> None:
+    """Each ``ray.roles`` key names an entry of the config (``ROLE.NAME``, the role checked by its schema); a
+    wrong one is said at load, with the entries it could name."""
+    entries = [f"{section}.{name}" for section in _SECTIONS for name in getattr(cfg, section)]
+    for key in cfg.ray.roles:
+        if key not in entries:
+            role = key.partition(".")[0]
+            raise ConfigError(
+                f"{source}: ray.roles: {key!r} names no entry of the config's {role}{did_you_mean(key, entries)} "
+                f"(its entries: {', '.join(entries)})"
+            )
 
 
 def file_key_hint(raw: dict[str, Any], prefix: str, text: str, options_of: OptionsOf | None = None) -> str:

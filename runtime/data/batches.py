@@ -189,6 +189,21 @@ async def other_namespaces(bus: Connection, batch: str | None = None) -> str:
     return "; ".join(f"namespace {ns!r} {held}: add --namespace {ns}" for ns in others)
 
 
+async def no_such_batch(bus: Connection, batch: str, *, shown: int = 10) -> str:
+    """The line for a ``batch`` this namespace has no manifest of: the batches it has (by name, ``shown`` of
+    them), and where else ``batch`` is (``other_namespaces``). A secured bus's roles may not list a bucket:
+    there, only where to look."""
+    names = [] if bus.secured else await jetstream.kv_keys(bus, bus.subjects.batches_bucket)
+    ns = bus.subjects.ns
+    held = (
+        f"its batches: {', '.join(names[:shown])}{f' … ({len(names)})' if len(names) > shown else ''}"
+        if names
+        else f"namespace {ns!r} holds no batch"
+    )
+    where = await other_namespaces(bus, batch)
+    return f"no batch {batch!r} in namespace {ns!r} (published here? purged?); {held}; {where}"
+
+
 async def purge_batch(bus: Connection, batch: str) -> int:
     """Remove a batch's results, kept tasks, attempt records, rollouts' checkpoints and manifest; returns how many
     results were removed.

@@ -67,7 +67,8 @@ class ReverifyReport:
             )
         for k, n in sorted(self.field_changes.items()):
             out.append(f"  field {k!r} changed in {n} rows")
-        out.extend(self.drift.lines(f"resources.{self.resource}"))
+        fix = "; if another environment made these rows (their provenance.env), reverify them with its config"
+        out.extend(self.drift.lines(f"resources.{self.resource}", fix))
         if self.changed and self.lacking and not self.joined:
             counts = ", ".join(f"{k!r} in {n}" for k, n in sorted(self.lacking.items()))
             out.append(

@@ -19,7 +19,7 @@ from aiohttp import web
 from gym_runtime.errors import ClientError, PublishTimeout, RolloutFailed
 from gym_runtime.gateway import episodes
 from gym_runtime.gateway.episodes import EpisodeFailure
-from gym_runtime.gateway.replies import decoded, invalid_episode, json_reply, run_reply, server_error
+from gym_runtime.gateway.replies import TASK_ROW, decoded, invalid_episode, json_reply, run_reply, server_error
 from gym_runtime.gateway.state import Gateway, liveness
 
 
@@ -46,9 +46,9 @@ class EnvironmentServer:
 
     async def run(self, request: web.Request) -> web.Response:
         """A flat row or an episode request, failures typed."""
-        body = decoded(await request.read())
+        body = decoded(await request.read(), f"{TASK_ROW}, or an episode request")
         if not isinstance(body, dict):
-            return json_reply({"detail": "the body must be a JSON object: a task row or an episode request"}, 422)
+            return json_reply({"detail": f"the body must be a JSON object: {TASK_ROW}, or an episode request"}, 422)
         episode: episodes.EpisodeRequest | None = None
         if episodes.is_episode_request(body):
             try:

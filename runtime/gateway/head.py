@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gym_runtime.errors import ClientError, PublishTimeout, RolloutFailed
-from gym_runtime.gateway.replies import decoded, json_reply, refusal, run_reply
+from gym_runtime.gateway.replies import TASK_ROW, decoded, json_reply, refusal, run_reply
 from gym_runtime.gateway.state import Gateway, liveness
 
 
@@ -37,9 +37,9 @@ class HeadServer:
         return json_reply(self.gateway.server_instances())
 
     async def run(self, request: web.Request) -> web.Response:
-        row = decoded(await request.read())
+        row = decoded(await request.read(), TASK_ROW)
         if not isinstance(row, dict):
-            return json_reply({"detail": "the body must be a JSON object (a task row)"}, 422)
+            return json_reply({"detail": f"the body must be a JSON object: {TASK_ROW}"}, 422)
         agent = self.gateway.agent_of(row)
         try:
             with self.gateway.traced(request.headers):

@@ -21,13 +21,19 @@ def refusal(error: type[web.HTTPException], detail: str, **headers: str) -> web.
     return error(text=_enc.encode({"detail": detail}).decode(), content_type="application/json", headers=headers)
 
 
-def decoded(raw: bytes) -> Any:
-    """A request's JSON body, or FastAPI's 422 for one that is not JSON, not UTF-8 or nested too deep."""
+# what a ``/run`` body is, said by every refusal of one (NeMo Gym's row, as the JSONL files of task rows hold it)
+TASK_ROW = '{"responses_create_params": {"input": [{"role": "user", "content": "..."}]}, ...} (a task row)'
+
+
+def decoded(raw: bytes, expected: str = "") -> Any:
+    """A request's JSON body, or FastAPI's 422 for one that is not JSON, not UTF-8 or nested too deep (saying
+    the ``expected`` shape, when given)."""
     try:
         return _dec.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
         what = "nested too deep" if isinstance(e, RecursionError) else f"not JSON: {e}"
-        raise refusal(web.HTTPUnprocessableEntity, f"body is {what}") from None
+        shape = f"; expected a JSON object: {expected}" if expected else ""
+        raise refusal(web.HTTPUnprocessableEntity, f"body is {what}{shape}") from None
 
 
 def invalid_episode(message: str) -> web.Response:

@@ -3,11 +3,13 @@ shared state; stop them together."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 
 from aiohttp import web
 
 from gym_runtime.client import Client
+from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.gateway.access import Access
 from gym_runtime.gateway.environment import EnvironmentServer
 from gym_runtime.gateway.head import HeadServer
@@ -53,7 +55,13 @@ async def start(
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             served.runners.append(runner)
-            await web.TCPSite(runner, host, p, backlog=4096).start()
+            try:
+                await web.TCPSite(runner, host, p, backlog=4096).start()
+            except OSError as e:  # a second gateway, or another server, on the port: one line naming a free one
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                flag = "--port" if p == port else "--environment-port"
+                raise UserError(f"{flag} {p}: {port_in_use(host, p, flag, zero=True)}") from None
     except BaseException:
         await served.cleanup()
         raise

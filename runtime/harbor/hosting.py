@@ -37,7 +37,7 @@ from gym_runtime.harbor.tasks import (
     resolve_base,
     task_context,
 )
-from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket, socket_of
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_fix, engine_socket, socket_of
 from gym_runtime.sandboxes.images import base_here, ensure_base
 
 BASE = "base"
@@ -180,7 +180,9 @@ async def _engine(pool: SandboxConfig, where: str) -> AsyncIterator[Engine]:
         try:
             await engine.ping()
         except EngineError as e:
-            raise ConfigError(f"{where}: the {pool.backend} engine does not answer: {e}") from None
+            raise ConfigError(
+                f"{where}: the {pool.backend} engine does not answer: {e}; {engine_fix(pool.backend, where)}"
+            ) from None
         yield engine
 
 

@@ -165,6 +165,12 @@ def check_own(root: Path) -> None:
                     _own(Path(where, entry))
 
 
+TASK_LAYOUT = (
+    "give a task folder (task.toml, instruction.md, environment/Dockerfile, tests/test.sh; solution/solve.sh for "
+    "parity) or a folder of them"
+)
+
+
 def load_task(path: str | Path) -> Task:
     """One task directory; a missing or malformed file, a link or a special file is one line naming it
     (``UserError``), before anything of it is read."""
@@ -189,13 +195,13 @@ def find_tasks(path: str | Path) -> list[Task]:
     if (root / "task.toml").is_file():
         return [load_task(root)]
     if not root.is_dir():
-        raise UserError(f"{root}: no such directory (a Harbor task or a directory of them)")
+        raise UserError(f"{root}: no such directory; {TASK_LAYOUT}")
     found = [d for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
     for d in found:
         _own(d)  # a task of the dataset that is a link out of it is refused as its files are
     tasks = [load_task(d) for d in found]
     if not tasks:
-        raise UserError(f"{root}: holds no Harbor task (no */task.toml)")
+        raise UserError(f"{root}: holds no Harbor task (no */task.toml): {TASK_LAYOUT}")
     return tasks
 
 

@@ -32,13 +32,14 @@ processes serves theirs merged with its own on its one port (``MergedMetrics``).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
-from gym_runtime.errors import UserError
+from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.observability import logs
 
 log = logs.get("gym.meters")
@@ -345,6 +346,8 @@ def start(
         try:
             server, thread = start_http_server(port, addr=host, registry=served)
         except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(f"--metrics-port {port}: {port_in_use(host, port, '--metrics-port')}") from None
             raise UserError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
 
         def close_http() -> None:

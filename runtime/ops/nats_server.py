@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gym_runtime.config import JetStreamConfig
-from gym_runtime.errors import UserError
+from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.ops import permissions, security
 from gym_runtime.ops.provision import Provisioner, provision_blocking
 
@@ -138,6 +138,8 @@ class EmbeddedServer:
     http_host: str = "127.0.0.1"
     extra_blocks: list[str] = field(default_factory=list)  # more config text (e.g. TLS, accounts)
     cluster_options: list[str] = field(default_factory=list)  # lines inside ``cluster {}`` (e.g. route TLS)
+    # how its user names each port ("client", "cluster", "monitoring": `server`'s flags), for a taken one's line
+    port_flags: dict[str, str] = field(default_factory=dict)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _provisioner: Provisioner | None = field(default=None, init=False, repr=False)
@@ -170,7 +172,7 @@ class EmbeddedServer:
             wanted.append(("monitoring", self.http_host, self.http_port))
         for what, host, port in wanted:
             if port and port_taken(host, port):
-                raise ServerError(f"{what} port {host}:{port} is already in use (another server running?)")
+                raise ServerError(f"{what} port {port_in_use(host, port, self.port_flags.get(what, ''))}")
 
     def config_blocks(self) -> list[str]:
         """The nats-server.conf, one block per concern; extend by appending blocks."""
@@ -237,6 +239,9 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=log,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                # a terminal's Ctrl-C goes to its foreground process group: the server is not of it, so it outlives
+                # the workers that still use it and is stopped by its owner after them (``stop``), or with it
+                start_new_session=True,
             )
         finally:
             log.close()

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import anyio
 
-from gym_runtime.checkpoint import checkpoints_kv
 from gym_runtime.config import JetStreamConfig
 from gym_runtime.data import batches
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.rollout.checkpoint import checkpoints_kv
 from gym_runtime.service.loop import run_async
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus

@@ -66,10 +66,6 @@ class OnRay:
         self.cfg = cfg or load_config(list(self.configs), overrides)
         self.address = address
         self.pairs = selected(self.cfg, only)
-        for key in self.cfg.ray.roles:  # a config mistake: said before Ray is asked for anything
-            role, _, name = key.partition(".")
-            if name not in getattr(self.cfg, role):
-                raise UserError(f"ray.roles: {key!r} names no entry of the config's {role}")
         if auth is not None and self.cfg.ray.nats == "head" and not nats:
             raise UserError(
                 "ray.nats: head runs nats-server without --secure: for a secured bus run `gym-runtime server "

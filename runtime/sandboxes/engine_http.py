@@ -129,9 +129,21 @@ def engine_socket(backend: str, engine: str, where: str) -> str:
     if backend == "docker":
         host = os.environ.get("DOCKER_HOST", "")
         if not host:
-            raise ConfigError(f"{where}.engine: not set and DOCKER_HOST is empty: name the Docker engine's socket")
+            raise ConfigError(f"{where}.engine: not set and DOCKER_HOST is empty: {engine_fix(backend, where)}")
         return socket_of(host)
     return socket_of(os.environ.get("CONTAINER_HOST", "") or PODMAN_SOCKET)
+
+
+def engine_fix(backend: str, where: str = "") -> str:
+    """What to do when a pool's engine is not named or does not answer: the one sentence every such message
+    ends with (the sandbox worker, the Harbor image builder, ``parity --harbor``)."""
+    if backend == "podman":
+        return "start podman's API service (podman system service), or point CONTAINER_HOST at its socket"
+    key = f" (or {where}.engine)" if where else ""
+    return (
+        'start an engine (in a clone: eval "$(bash .ci/docker.sh start)") or point DOCKER_HOST at a running '
+        f"one's socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock{key}"
+    )
 
 
 class Engine:

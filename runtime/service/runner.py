@@ -34,7 +34,7 @@ from gym_runtime.data.reverify import (
 )
 from gym_runtime.data.routing import check_agent_flag
 from gym_runtime.data.sidecars import write_batch_sidecars
-from gym_runtime.errors import ConfigError, UserError, in_entry
+from gym_runtime.errors import ConfigError, UserError, did_you_mean, in_entry, nearest
 from gym_runtime.observability import logs
 from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
@@ -77,11 +77,17 @@ def selected(config: Config | ResolvedConfig, only: list[str] | None) -> list[tu
     for spec in only:
         role, _, name = spec.partition(".")
         if role not in SECTIONS:
-            raise UserError(f"--only {spec!r}: role must be one of {', '.join(SECTIONS)}")
+            near = nearest(role, SECTIONS)
+            also = f"; did you mean --only {near}.{name}?" if near and name else ""
+            raise UserError(f"--only {spec!r}: role must be one of {', '.join(SECTIONS)}{also}")
         names = getattr(config, role)
         if name and name not in names:
             entry = "sandbox pool" if role == "sandboxes" else role[:-1]
-            raise UserError(f"--only {spec!r}: no {entry} named {name!r} in the config")
+            have = ", ".join(f"{role}.{n}" for n in names) or f"none: the config has no {role}"
+            raise UserError(
+                f"--only {spec!r}: no {entry} named {name!r} in the config{did_you_mean(name, names)} "
+                f"(its {role}: {have})"
+            )
         out.extend((role, n) for n in ([name] if name else names))
     return out
 

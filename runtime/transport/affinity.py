@@ -23,6 +23,11 @@ class Affinity:
         self._held: dict[str, dict[str, int]] = {}  # model -> replica -> running rollouts whose last turn it had
         self._first: dict[str, set[str]] = {}  # model -> rollouts whose first turn is out (not yet anywhere)
 
+    @classmethod
+    def of(cls, load: dict[str, float]) -> Affinity | None:
+        """One for the models with a bound (``load`` > 0), or None where none has one: no call is routed."""
+        return cls(load) if any(c > 0 for c in load.values()) else None
+
     def choose(self, model: str, rollout: str) -> tuple[str | None, str]:
         """The replica to try first and why (``affine``: the rollout's own; ``load``: it holds more than its
         share, this one the fewest), or ``(None, "")``: a first turn, or a model without affinity."""

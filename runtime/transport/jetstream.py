@@ -40,6 +40,7 @@ from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
+    NoKeysError,
     NoStreamResponseError,
     NotFoundError,
     ServiceUnavailableError,
@@ -54,6 +55,7 @@ from gym_runtime.transport.limits import (
     KV_MAX_BYTES,
     KV_MIN_BYTES,
     MIN_DEFAULT_BYTES,
+    MIN_STARVED_BYTES,
     STREAM_LIMITS,
     parse_size,
     size_text,
@@ -584,13 +586,18 @@ async def _lower(bus: Connection, cfg: StreamConfig, size: Limit) -> None:
     accepted it)."""
     assert cfg.max_bytes is not None
     created = cfg.max_bytes
-    cfg.max_bytes = max(MIN_DEFAULT_BYTES, created // 2)
+    # halved down to the usual floor, and below it once the streams before it left less (they are many)
+    cfg.max_bytes = max(MIN_DEFAULT_BYTES if created >= 2 * MIN_DEFAULT_BYTES else MIN_STARVED_BYTES, created // 2)
     try:
         await bus.js.update_stream(cfg)
     except APIError as e:
         if not _no_storage(e):
             raise
         cfg.max_bytes = created
+    _said_lowered(cfg, size)
+
+
+def _said_lowered(cfg: StreamConfig, size: Limit) -> None:
     log.warning(
         "stream.limit_lowered",
         stream=cfg.name,
@@ -602,10 +609,14 @@ async def _lower(bus: Connection, cfg: StreamConfig, size: Limit) -> None:
 
 
 def _smaller_default(cfg: StreamConfig, size: Limit, e: APIError) -> bool:
-    """Halve a default limit the server cannot reserve (not one the user set); False at the floor."""
+    """Halve a default limit the server cannot reserve (not one the user set); False at the floor.
+
+    The floor is ``MIN_STARVED_BYTES``, not ``MIN_DEFAULT_BYTES``: a default that fits whole may leave less
+    than that for the streams after it, which then start small (said in ``stream.limit_lowered``; full, a
+    stream names its key) rather than stop the run."""
     if not _no_storage(e) or size.explicit or cfg.max_bytes is None:
         return False
-    if cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
+    if cfg.max_bytes // 2 < MIN_STARVED_BYTES:
         return False
     cfg.max_bytes //= 2
     return True
@@ -804,6 +815,15 @@ async def purge_subject(bus: Connection, stream: str, subject: str, *, count: bo
     except NotFoundError:
         return 0
     return sum((before.state.subjects or {}).values()) if before and before.state.subjects else 0
+
+
+async def kv_keys(bus: Connection, bucket: str) -> list[str]:
+    """The keys ``bucket`` holds now (deleted and purged ones left out); none when it does not exist."""
+    try:
+        kv = await bus.js.key_value(bucket)
+        return sorted(await kv.keys())
+    except (BucketNotFoundError, NoKeysError):
+        return []
 
 
 async def delete_key(bus: Connection, bucket: str, key: str) -> bool:

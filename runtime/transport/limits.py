@@ -56,6 +56,8 @@ STREAM_LIMITS: dict[str, int] = {
 KV_MAX_BYTES = 256 << 20  # the manifest and control buckets (a manifest is a few hundred bytes); on a
 KV_MIN_BYTES = 1 << 20  # small disk, quartered down to this
 MIN_DEFAULT_BYTES = 64 << 20
+# a default below MIN_DEFAULT_BYTES when the streams before it left less (``jetstream._smaller_default``)
+MIN_STARVED_BYTES = 1 << 20
 # The task and result streams' default duplicate window (``jetstream.duplicate_window_s``): it covers a
 # publish retried after a lost ack (``Bus.js_publish`` gives up after 20 s); readers drop later duplicates.
 DUPLICATE_WINDOW_S = 120.0

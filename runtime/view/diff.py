@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_runtime.data.atif import is_atif_file
 from gym_runtime.errors import UserError
 from gym_runtime.view.index import read_line
 from gym_runtime.view.runs import Ref, Run, Runs, passed
@@ -270,6 +271,21 @@ def _envs(run: Run) -> set[str]:
     return {run.env_label(part.ix, i) for part in run.parts for i in range(len(part.ix))} - {""}
 
 
+def _how_to_pair(a: Run, b: Run) -> str:
+    """What to give ``diff`` instead of two runs with no pair: runs of one input file (and, for an ATIF file of
+    another tool, what its trajectories pair by)."""
+    how = (
+        "diff pairs rows by task and rollout index with the same input: give the outputs of two runs of the same "
+        "input file (run or collect over the same -i)"
+    )
+    if any(is_atif_file(r.path) for r in (a, b)):
+        how += (
+            "; an ATIF file's trajectories keep the task index `gym-runtime export` wrote, and another tool's pair "
+            "by their order in the file (the n-th is task n): export both from runs of the same tasks, in one order"
+        )
+    return how
+
+
 def diff(a: Run, b: Run, provenance: Any) -> Diff:
     """``a`` and ``b`` paired by the module's rule; ``provenance(ref)``: the provenance parts of a row. No pair
     is the user's mistake."""
@@ -288,7 +304,7 @@ def diff(a: Run, b: Run, provenance: Any) -> Diff:
         if other:
             t = other[0][-2]
             why = f"no task in common: task {t}'s input differs ({len(other)} rows at the same index hold other tasks)"
-        raise UserError(f"{a.path} and {b.path} have {why}; diff compares two runs of the same tasks")
+        raise UserError(f"{a.path} and {b.path} have {why}; {_how_to_pair(a, b)}")
     pairs = []
     counts = {REUSE: 0, REGRADE: 0, RERUN: 0}
     for key in common:

@@ -78,6 +78,18 @@ def _nice(lo: float, hi: float) -> tuple[float, float]:
     return lo, hi
 
 
+def round_ticks(lo: float, hi: float, most: int = 6, *, whole: bool = False) -> list[float]:
+    """Round values (1, 2, 2.5 or 5 times a power of ten apart; ``whole``: at least 1, for counts) from at or below
+    ``lo`` to at or above ``hi``, at most ``most`` of them: an axis labelled 0, 0.1, 0.2, not 0.0947, 0.119."""
+    raw = (hi - lo) / (most - 1)
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+    if whole:
+        step = max(1.0, float(math.ceil(step)))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(k * step, 12) + 0.0 for k in range(first, last + 1)]  # (+ 0.0: no "-0")
+
+
 def _fmt(v: float) -> str:
     return "not a number" if math.isnan(v) else f"{v:.3g}"
 
@@ -85,9 +97,16 @@ def _fmt(v: float) -> str:
 class Frame:
     """Maps data to the plot area."""
 
-    def __init__(self, xs: list[int], lo: float, hi: float) -> None:
+    def __init__(self, xs: list[int], lo: float, hi: float, *, whole: bool = False) -> None:
         self.xs = xs
         self.lo, self.hi = _nice(lo, hi)
+        if math.isfinite(self.hi - self.lo):  # the y axis spans its round ticks
+            values = round_ticks(self.lo, self.hi, whole=whole)
+            self.lo, self.hi = values[0], values[-1]
+            self.labels = [(v, f"{v:g}") for v in values]
+        else:  # a span beyond a float (-1e308 to 1e308): five ticks, each as it is
+            at = [self.lo * (1 - k / 4) + self.hi * (k / 4) for k in range(5)]
+            self.labels = [(v, _fmt(v)) for v in at]
         self.x0, self.x1 = (min(xs), max(xs)) if xs else (0, 1)
 
     def x(self, v: float) -> float:
@@ -103,8 +122,7 @@ class Frame:
     def ticks(self, chart: Chart) -> None:
         step = max(1, math.ceil(len(self.xs) / 10))
         chart.xticks = [Tick(self.x(v), str(v)) for v in self.xs[::step]]
-        at = [self.lo * (1 - k / 4) + self.hi * (k / 4) for k in range(5)]
-        chart.yticks = [Tick(self.y(v), _fmt(v)) for v in at]
+        chart.yticks = [Tick(self.y(v), label) for v, label in self.labels]
 
 
 def lines(
@@ -115,12 +133,18 @@ def lines(
     series: list[tuple[str, list[tuple[int, float, float]]]],
     *,
     unit: str = "",
+    floor: float | None = None,
 ) -> Chart:
-    """Lines over steps, each point ``(step, value, spread)``: a band of ± spread drawn where it is above 0."""
+    """Lines over steps, each point ``(step, value, spread)``: a band of ± spread drawn where it is above 0, never
+    below ``floor`` (the least value there can be: a reward's, a length's 0)."""
     chart = Chart(id, title, xlabel, ylabel)
     xs = sorted({x for _, pts in series for x, _, _ in pts})
+
+    def low(v: float, s: float) -> float:
+        return v - s if floor is None else max(floor, v - s)
+
     drawn = [[(x, v, s if math.isfinite(s) else 0.0) for x, v, s in pts if math.isfinite(v)] for _, pts in series]
-    values = [b for pts in drawn for _, v, s in pts for b in (v + s, v - s) if math.isfinite(b)]
+    values = [b for pts in drawn for _, v, s in pts for b in (v + s, low(v, s)) if math.isfinite(b)]
     values += [v for pts in drawn for _, v, _ in pts]
     frame = Frame(xs, min(values, default=0.0), max(values, default=1.0))
     frame.ticks(chart)
@@ -135,7 +159,7 @@ def lines(
         band = ""
         if any(s > 0 for _, _, s in pts):
             upper = [f"{frame.x(x):.1f},{frame.y(v + s):.1f}" for x, v, s in pts]
-            lower = [f"{frame.x(x):.1f},{frame.y(v - s):.1f}" for x, v, s in reversed(pts)]
+            lower = [f"{frame.x(x):.1f},{frame.y(low(v, s)):.1f}" for x, v, s in reversed(pts)]
             band = " ".join(upper + lower)
         chart.lines.append(Line(label, colour, points, band))
         chart.legend.append((label, colour))
@@ -148,7 +172,7 @@ def stacked(id: str, title: str, xlabel: str, ylabel: str, counts: dict[int, dic
     xs = sorted(counts)
     kinds = sorted({k for c in counts.values() for k in c})
     top = max((sum(c.values()) for c in counts.values()), default=0)
-    frame = Frame(xs, 0.0, float(max(top, 1)))
+    frame = Frame(xs, 0.0, float(max(top, 1)), whole=True)
     frame.ticks(chart)
     colours = {k: COLOURS[(n + 1) % len(COLOURS)] for n, k in enumerate(kinds)}
     width = max(2.0, min(24.0, (W - LEFT - RIGHT) / max(1, len(xs)) * 0.7))

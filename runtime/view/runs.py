@@ -24,6 +24,7 @@ from gym_runtime.data.collector import sidecar_paths
 from gym_runtime.data.sidecars import attempts_path, batch_path
 from gym_runtime.errors import UserError
 from gym_runtime.view import index as index_mod
+from gym_runtime.view import tokens
 from gym_runtime.view.index import Index
 
 PASS = 1.0  # a rollout passes with a reward of at least this (pass@k, the diff's flips)
@@ -166,6 +167,19 @@ class Runs:
                 run.generation += 1
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a folder (or another non-file) is not what the command reads, and the files in it that are."""
+    if not path.is_dir():
+        return "not a file; give a rollouts JSONL (what `run` or `collect` wrote with -o) or an ATIF file"
+    sidecars = ("_failures.jsonl", "_attempts.jsonl", "_aggregate_metrics.json", "_batch.json")
+    found = sorted(str(f) for f in path.iterdir() if f.suffix in (".jsonl", ".json") and not f.name.endswith(sidecars))
+    inside = f", e.g. {' '.join(found[:3])}" if found else f" (none in {path})"
+    return (
+        "a folder, not a file: give the rollouts JSONL files (what `run` or `collect` wrote with -o) or ATIF "
+        f"files in it{inside}"
+    )
+
+
 def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
     """Each file given, with its ``_failures.jsonl`` beside it (when it is not that file itself), indexed.
 
@@ -180,7 +194,7 @@ def open_runs(paths: list[str], *, shared: bool = False) -> Runs:
             raise UserError(
                 f"{arg}: no such file; give a rollouts JSONL (what `run` or `collect` wrote with -o) or an ATIF file"
                 if not path.exists()
-                else f"{arg}: not a file"
+                else f"{arg}: {_not_a_file(path)}"
             )
         not_rollouts(path)
         label = labels[n] if labels.count(labels[n]) == 1 else f"{labels[n]} (file {n + 1})" if shared else str(path)
@@ -491,8 +505,6 @@ def choices(runs: Runs) -> dict[str, list[str]]:
 def tokenizer_misfit(tok: Any, runs: Runs) -> str | None:
     """Why ``tok`` (``tokens.Loaded``) is not the tokenizer of ``runs``' rows, or None: the first generations that
     wrote text (``tokens.TURNS_CHECKED``), decoded and compared with the text the rows hold."""
-    from gym_runtime.view import tokens
-
     turns: list[tuple[str, str, list[Any]]] = []
     models: list[str] = []
     for run in runs.runs:

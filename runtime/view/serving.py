@@ -17,8 +17,8 @@ import anyio
 import msgspec
 from aiohttp import web
 
-from gym_runtime.data.batches import get_manifest
-from gym_runtime.errors import UserError
+from gym_runtime.data.batches import get_manifest, no_such_batch
+from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.transport.bus import Bus
@@ -66,7 +66,7 @@ async def _serve_pages(view: View, access: Access, port: int, ready: Callable[[i
     except OSError as e:
         await runner.cleanup()
         if e.errno == errno.EADDRINUSE:
-            raise UserError(f"--port {port}: already in use on {access.host} (choose another, or 0)") from None
+            raise UserError(f"--port {port}: {port_in_use(access.host, port, '--port', zero=True)}") from None
         raise UserError(f"--host {access.host} --port {port}: cannot serve there ({e.strerror or e})") from None
     try:
         ready(runner.addresses[0][1])
@@ -89,6 +89,6 @@ async def _open_live(stack: contextlib.AsyncExitStack, follow: Follow, run_id: i
     stack.push_async_callback(bus.close)
     manifest = await get_manifest(bus, follow.batch)
     if manifest is None:
-        raise UserError(f"--batch {follow.batch}: no such batch in namespace {follow.namespace!r} (published here?)")
+        raise UserError(f"--batch {follow.batch}: {await no_such_batch(bus, follow.batch)}")
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="gym-view-"))
     return Live(manifest, Path(folder) / f"{follow.batch}.jsonl", run_id), bus

@@ -117,7 +117,10 @@ class TrainPages:
                 "href": rollout_href(m.ref),
                 "tokens": tokens_href(m.ref),
                 "m": m,
-                "advantage": m.advantage,
+                # a failure row's reward is none, not a number; an excluded member is handed none and has no
+                # advantage (TRL's 0 is its placeholder): both shown as none
+                "reward": None if math.isnan(m.reward) else m.reward,
+                "advantage": m.advantage if m.scored else None,
                 "handed": m.handed,
             }
             for m in g.members
@@ -169,6 +172,7 @@ def charts(t: Training) -> list[plots.Chart]:
             x,
             "reward",
             [("mean reward", [(s.step, s.mean or 0.0, s.std) for s in scored])],
+            floor=min([0.0, *(r for s in scored for r in s.rewards)]),  # rewards of 0 and up: no band below 0
         ),
         plots.lines(
             "plot-pass",
@@ -216,6 +220,7 @@ def charts(t: Training) -> list[plots.Chart]:
             x,
             "tokens",
             [("length", lengths)],
+            floor=0.0,
         )
     )
     return out

@@ -29,7 +29,6 @@ import msgspec
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_runtime.agent import AgentContext, AgentFn, Outcome
-from gym_runtime.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.config.fingerprints import grader_identity
 from gym_runtime.data.rowkeys import DEFAULT_REWARD_BOUND, bounded_reward, own_fields, policy_prompt
@@ -40,7 +39,6 @@ from gym_runtime.messages import (
     Cost,
     ErrorInfo,
     Provenance,
-    Response,
     RolloutResult,
     RolloutTask,
     SandboxCommand,
@@ -49,6 +47,8 @@ from gym_runtime.messages import (
     counted_ms,
 )
 from gym_runtime.observability import logs
+from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
+from gym_runtime.rollout.state import Models, Rollout
 from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
@@ -187,8 +187,17 @@ class AgentWorker:
         self._running: dict[str, set[anyio.CancelScope]] = {}  # batch -> its rollouts running here
         self.records = AttemptRecords(bus, name)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
-        self._cuttable = cuttable_models(config)  # its policy's generations stop at the deadline, tokens kept
-        self._affinity = Affinity({m: c.affinity_load for m, c in config.models.items()})  # cache-aware routing
+        # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call,
+        # whether the policy's generations stop at the deadline, tokens kept
+        # whether the policy's generations stop at the deadline, tokens kept; and the replica of each rollout's last
+        # turn, for the models whose replicas hold a prefix cache (``ModelConfig.routed_load``)
+        self._models = Models(
+            self._model_timeout,
+            self._model_fps.get,
+            self._model_patience.get,
+            cuttable_models(config),
+            Affinity.of({m: c.routed_load() for m, c in config.models.items()}),
+        )
 
     def _model_timeout(self, model: str) -> float:
         m = self.config.models.get(model)
@@ -398,46 +407,39 @@ class AgentWorker:
         lost = attempt - 1 - failed
         if lost > self.cfg.max_worker_losses:
             return _failures(task, attempt, self._lost_too_often(lost)), await self._checkpoints(task, attempt, True)
-        ctx = AgentContext(
-            self.bus,
-            task,
-            self.cfg,
-            model_timeout_s=self._model_timeout,
-            model_fingerprint=self._model_fps.get,
-            model_liveness_s=self._model_patience.get,
-            cuttable=self._cuttable,
-            affinity=self._affinity,
-        )
-        ctx.task_attempt = attempt
+        ctx = AgentContext.on_bus(self.bus, task, self.cfg, self._models, deadline=time.time() + self.cfg.timeout_s)
+        room = ctx.rollout
+        room.attempt = attempt
         if (box := await self._checkpoints(task, attempt)) is not None:
-            ctx.checkpoints = box
-            ctx.sandboxes.defer_close = True  # given back, its sandboxes may be left to its next attempt
-            ctx.resumed = await box.read() if attempt > 1 else None
+            room.checkpoints = box
+            room.sandboxes.defer_close = True  # given back, its sandboxes may be left to its next attempt
+            room.resumed = await box.read() if attempt > 1 else None
         retrying = False
         try:
             ended = await self._attempt(ctx, task, size)
             if isinstance(ended, Failure) and (delay := await self._retry_delay(ended, failed, key)) is not None:
                 retrying = True
-                self._given_back(task, attempt, ended.info, ctx)
+                self._given_back(task, attempt, ended.info, room)
                 await msg.nak(delay=delay)
                 return None
         finally:  # the rollout ended, whichever way: so does its sandboxes' lease, before its rows are built
             # (each sandbox's CPU is read as it is removed, so the row's cost has it); given back with a checkpoint
             # naming them, they are left for the pool's lease_grace_s: its next attempt reattaches to them
-            if retrying and box is not None and box.written and ctx.sandboxes.held():
-                ctx.sandboxes.let_go()
+            if retrying and box is not None and box.written and room.sandboxes.held():
+                room.sandboxes.let_go()
             else:
-                await _release(ctx)
-            self._affinity.ended(ctx.rollout_key)  # its replicas hold one rollout fewer of ours
+                await _release(room)
+            if (affinity := self._models.affinity) is not None:
+                affinity.ended(room.rollout_key)  # its replicas hold one rollout fewer of ours
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
                 await box.settled()
         if isinstance(ended, Failure):
-            costs = self._failure_costs(ctx, task)
-            failures = _failures(task, attempt, ended.info, costs, ctx.calls.log, ctx.sandboxes.commands, ctx)
+            costs = self._failure_costs(room, task)
+            failures = _failures(task, attempt, ended.info, costs, room.ledger.calls.log, room.sandboxes.commands, room)
             return failures, box
-        return self._results(ctx, task, attempt, ended), box
+        return self._results(room, task, attempt, ended), box
 
     async def _checkpoints(self, task: RolloutTask, attempt: int, forget: bool = False) -> Checkpointer | None:
         """The rollout's checkpoints (None: its agent writes none, or a group task: its repeats run as one);
@@ -482,16 +484,16 @@ class AgentWorker:
     async def _attempt(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome] | Failure:
         """Run the agent once under its clock (``timeout_s``, paused while sandboxes are acquired) and its
         batch's cancel: its outcomes, or the ``Failure`` that ended it (a crash is an ``internal`` one)."""
-        timeout_s = self.cfg.timeout_s
-        if ctx.resumed is not None:  # a resumed attempt gets the rest of the rollout's timeout_s (never more)
-            timeout_s = max(0.0, timeout_s - ctx.resumed.elapsed_s)
-            ctx.deadline = time.monotonic() + timeout_s
+        timeout_s, room = self.cfg.timeout_s, ctx.rollout
+        if room.resumed is not None:  # a resumed attempt gets the rest of the rollout's timeout_s (never more)
+            timeout_s = max(0.0, timeout_s - room.resumed.elapsed_s)
+            room.deadline = time.monotonic() + timeout_s
         try:
             async with asyncio.timeout(timeout_s) as clock:  # asyncio's own: cheaper than anyio's
                 # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
-                ctx.sandboxes.on_acquire = paused = _Paused(ctx, clock)
-                if ctx.resumed is not None:  # restarted from turn 0 after all: the whole timeout_s again
-                    ctx.on_restart = functools.partial(_fresh_clock, ctx, clock, self.cfg.timeout_s)
+                room.sandboxes.on_acquire = paused = _Paused(room, clock)
+                if room.resumed is not None:  # restarted from turn 0 after all: the whole timeout_s again
+                    room.on_restart = functools.partial(_fresh_clock, room, clock, self.cfg.timeout_s)
                 # and so does an environment's, inside a call this rollout made (its handler says so)
                 pausing = ON_PAUSE.set(paused.in_call)
                 try:
@@ -527,28 +529,29 @@ class AgentWorker:
         return None
 
     def _results(
-        self, ctx: AgentContext, task: RolloutTask, attempt: int, outcomes: list[Outcome]
+        self, room: Rollout[Any], task: RolloutTask, attempt: int, outcomes: list[Outcome]
     ) -> list[RolloutResult]:
         """A row for each repeat; a group's calls are one ledger: its first repeat's row carries the agent's side."""
         results = []
         first, spent = task.rollout_index, None
         for i, outcome in zip(range(first, first + len(outcomes)), outcomes, strict=True):
             each = msgspec.structs.replace(task, rollout_index=i, group=0) if len(outcomes) > 1 else task
-            cost, prov = self._ledger(ctx, attempt, outcome.verdict, whole=i == first)
+            cost, prov = self._ledger(room, attempt, outcome.verdict, whole=i == first)
             spent = cost if i == first else spent
             try:
-                resumed = (ctx.resumed_from_turn, ctx.resumed_how) if ctx.resumed_how else None
+                resumed = (room.resumed_from_turn, room.resumed_how) if room.resumed_how else None
                 row = build_row(
                     each,
                     outcome,
-                    policy_versions=ctx.policy_versions,
+                    policy_versions=room.ledger.policy_versions,
                     cost=cost,
                     provenance=prov,
                     resumed=resumed,
                     reward_bound=self.reward_bound,
                 )
             except Failure as e:  # a field that would replace one of the runtime's row keys, a reward past its bound
-                return _failures(task, attempt, e.info, self._failure_costs(ctx, task, spent), ctx.calls.log, None, ctx)
+                costs = self._failure_costs(room, task, spent)
+                return _failures(task, attempt, e.info, costs, room.ledger.calls.log, None, room)
             results.append(
                 _result(
                     task,
@@ -556,25 +559,25 @@ class AgentWorker:
                     attempt,
                     row=row,
                     answer_field=outcome.verdict.answer_field,
-                    calls=ctx.calls.log if i == first and ctx.calls.log else None,
-                    calls_from=ctx.calls_from if i == first else None,
-                    commands=ctx.sandboxes.commands if i == first and ctx.sandboxes.commands else None,
+                    calls=room.ledger.calls.log if i == first and room.ledger.calls.log else None,
+                    calls_from=room.ledger.from_ if i == first else None,
+                    commands=room.sandboxes.commands if i == first and room.sandboxes.commands else None,
                 )
             )
-        self._sandbox_wait(ctx, results)
+        self._sandbox_wait(room, results)
         return results
 
-    def _sandbox_wait(self, ctx: AgentContext, results: list[RolloutResult]) -> None:
+    def _sandbox_wait(self, room: Rollout[Any], results: list[RolloutResult]) -> None:
         """The time its sandboxes (its own, and its environment's) waited for a lease (not counted against
         timeout_s), on its rows and under the pool waited for: the agent's own, else its environment's."""
-        box = ctx.sandboxes.on_acquire
-        if not (ctx.sandboxes.asked or (isinstance(box, _Paused) and box.waits_in_calls)):
+        box = room.sandboxes.on_acquire
+        if not (room.sandboxes.asked or (isinstance(box, _Paused) and box.waits_in_calls)):
             return
-        waited = ctx.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
+        waited = room.sandboxes.waited_s + (box.waited_in_calls if isinstance(box, _Paused) else 0.0)
         for r in results:
             r.row["sandbox_wait_s"] = round(waited, 3)  # type: ignore[index]
         env = self.config.resources.get(self.cfg.resource or "")
-        pool = ctx.sandboxes.pool or (env.sandbox if env is not None else "")
+        pool = room.sandboxes.pool or (env.sandbox if env is not None else "")
         self.bus.telemetry.meters.sandbox_waited(pool, waited)
 
     @contextlib.contextmanager
@@ -597,7 +600,7 @@ class AgentWorker:
         for scope in self._running.get(batch, ()):
             scope.cancel()
 
-    def _given_back(self, task: RolloutTask, attempt: int, info: ErrorInfo, ctx: AgentContext) -> None:
+    def _given_back(self, task: RolloutTask, attempt: int, info: ErrorInfo, room: Rollout[Any]) -> None:
         """An attempt nak'd for another: its record says why, with the calls it made."""
         retried = AttemptRetried(
             task_index=task.task_index,
@@ -606,7 +609,7 @@ class AgentWorker:
             attempt=attempt,
             worker=self.worker_id,
             error=info,
-            calls=ctx.calls.log,
+            calls=room.ledger.calls.log,
             at=time.time(),
         )
         self.records.add(task.batch, retried)
@@ -621,30 +624,30 @@ class AgentWorker:
             return outcomes
         return [await self.fn(ctx)]
 
-    def _failure_costs(self, ctx: AgentContext, task: RolloutTask, whole: Cost | None = None) -> list[Cost | None]:
+    def _failure_costs(self, room: Rollout[Any], task: RolloutTask, whole: Cost | None = None) -> list[Cost | None]:
         """A failed attempt's cost on each repeat's row: a single rollout's all; a group task's, each repeat's own
         calls (its agent said which were whose: ``in_repeat``) and, on its first, the calls made outside any
         repeat and its sandboxes' time (their sum is what the attempt used). A group whose agent did not say: all
         on its first row (``whole`` where the caller has it already), as a successful group's rows carry it."""
         size = max(task.group, 1)
-        if size == 1 or not any(k is not None for k in ctx.repeats):
-            return [whole if whole is not None else self._spent(ctx), *([None] * (size - 1))]
+        if size == 1 or not any(k is not None for k in room.ledger.repeats):
+            return [whole if whole is not None else self._spent(room), *([None] * (size - 1))]
         costs: list[Cost | None] = []
         for j in range(size):
             cost = Cost()
             for key in (j, None) if j == 0 else (j,):
-                if (turns := ctx.repeats.get(key)) is not None:
+                if (turns := room.ledger.repeats.get(key)) is not None:
                     cost.merge(turns.cost)
-            costs.append(self._spent(ctx, cost, sandboxes=j == 0))
+            costs.append(self._spent(room, cost, sandboxes=j == 0))
         return costs
 
-    def _spent(self, ctx: AgentContext, cost: Cost | None = None, *, sandboxes: bool = True) -> Cost | None:
+    def _spent(self, room: Rollout[Any], cost: Cost | None = None, *, sandboxes: bool = True) -> Cost | None:
         """What a rollout used (``cost``: a part of it; its sandboxes' time and the estimate added); None when it
         used nothing."""
-        cost = ctx.cost if cost is None else cost
-        if sandboxes and ctx.sandboxes.asked:  # (added to its environment's, merged from the verdict)
-            cost.sandbox_ms += counted_ms(ctx.sandboxes.exec_s)
-            cost.sandbox_cpu_ms += counted_ms(ctx.sandboxes.cpu_s)
+        cost = room.ledger.cost if cost is None else cost
+        if sandboxes and room.sandboxes.asked:  # (added to its environment's, merged from the verdict)
+            cost.sandbox_ms += counted_ms(room.sandboxes.exec_s)
+            cost.sandbox_cpu_ms += counted_ms(room.sandboxes.cpu_s)
         if not cost.models and not cost.tool_ms and not cost.sandbox_ms and not cost.sandbox_cpu_ms:
             return None
         if self.pricing is not None:
@@ -653,14 +656,14 @@ class AgentWorker:
         return cost
 
     def _ledger(
-        self, ctx: AgentContext, attempt: int, verdict: VerifyReply, *, whole: bool
+        self, room: Rollout[Any], attempt: int, verdict: VerifyReply, *, whole: bool
     ) -> tuple[Cost | None, Provenance]:
         """A row's ``cost`` and ``provenance``: the agent's calls (``whole``: all of them; a group's later repeats
         none, its first carries them) plus the verifying session's own model calls (judges)."""
         served = verdict.served
         if whole:
-            ctx.cost.merge(served.cost if served else None)
-            cost = self._spent(ctx)
+            room.ledger.cost.merge(served.cost if served else None)
+            cost = self._spent(room)
         elif served is not None and served.cost is not None:
             cost = msgspec.structs.replace(served.cost)
             if self.pricing is not None:
@@ -670,11 +673,11 @@ class AgentWorker:
         workers = {"agent": [self.worker_id]}
         if served is not None and served.worker:
             workers["resource"] = [served.worker]
-        if ctx.model_workers:
-            workers["model"] = ctx.model_workers
+        if room.ledger.model_workers:
+            workers["model"] = room.ledger.model_workers
         # the agent's sandboxes' images, then those of the environment's session, each (name, id) once
         ran = dict.fromkeys(
-            zip([i or f"{ctx.sandboxes.pool}:default" for i in ctx.sandboxes.images], ctx.sandboxes.image_ids)
+            zip([i or f"{room.sandboxes.pool}:default" for i in room.sandboxes.images], room.sandboxes.image_ids)
         )
         if served is not None:
             ran.update(dict.fromkeys(zip(served.images, served.image_ids)))
@@ -684,7 +687,7 @@ class AgentWorker:
             parts=self.parts,
             env=served.code or None if served else None,
             grader=grader_identity(self._model_fps, served.cost if served else None),
-            turns=ctx.turns,
+            turns=room.ledger.turns,
             images=[name for name, _ in ran],
             image_ids=short_ids([content for _, content in ran]),
             attempt=attempt,
@@ -752,8 +755,8 @@ class _Paused:
     """A rollout's clock stopped while it acquires sandboxes (several at once: while any is acquiring), then
     moved on by the time that took."""
 
-    def __init__(self, ctx: AgentContext, clock: asyncio.Timeout) -> None:
-        self.ctx, self.clock = ctx, clock
+    def __init__(self, room: Rollout[Any], clock: asyncio.Timeout) -> None:
+        self.room, self.clock = room, clock
         self.acquiring = 0
         self.end: float | None = None  # the rollout's end before the pause (the loop's clock)
         self.since = 0.0  # when the pause began (time.monotonic)
@@ -772,7 +775,7 @@ class _Paused:
             paused = time.monotonic() - self.since
             if self.end is not None:
                 self.clock.reschedule(self.end + paused)
-            self.ctx.deadline += paused
+            self.room.deadline += paused
 
     def in_call(self, took: float | None) -> None:
         """An environment's acquisition inside a call of this rollout (``ON_PAUSE``): the same pause."""
@@ -783,10 +786,10 @@ class _Paused:
         self(took)
 
 
-def _fresh_clock(ctx: AgentContext, clock: asyncio.Timeout, timeout_s: float) -> None:
+def _fresh_clock(room: Rollout[Any], clock: asyncio.Timeout, timeout_s: float) -> None:
     """A resumed attempt that restarts gets the whole ``timeout_s`` from now."""
     clock.reschedule(asyncio.get_running_loop().time() + timeout_s)
-    ctx.deadline = time.monotonic() + timeout_s
+    room.deadline = time.monotonic() + timeout_s
 
 
 def _runtime_version() -> str:
@@ -804,13 +807,13 @@ def short_ids(ids: list[str]) -> list[str]:
     return [i.removeprefix("sha256:")[:12] for i in ids]
 
 
-async def _release(ctx: AgentContext) -> None:
+async def _release(room: Rollout[Any]) -> None:
     """End the rollout's lease: before its row is built (each sandbox's CPU is read as it is removed, so the
     row's cost has it) and in the rollout's ``finally``, whichever way it ended. A shielded cancel scope only
     where a sandbox is held: on every rollout it cost ~30 k instructions (tests/bench/instructions.py)."""
-    if ctx.sandboxes.held():
+    if room.sandboxes.held():
         with anyio.CancelScope(shield=True):
-            await ctx.sandboxes.close_all()
+            await room.sandboxes.close_all()
 
 
 def _result(task: RolloutTask, i: int, attempt: int, **fields: Any) -> RolloutResult:
@@ -827,15 +830,16 @@ def _failures(
     costs: list[Cost | None] | None = None,
     calls: list[list[int]] | None = None,
     commands: list[SandboxCommand] | None = None,
-    ctx: AgentContext | None = None,
+    room: Rollout[Any] | None = None,
 ) -> list[RolloutResult]:
     """A failure row for each repeat the task carries (a module function: a closure per rollout was a
     function, its cells and their tuple kept alive for the whole rollout); ``costs``: each repeat's cost
     (``AgentWorker._failure_costs``); ``calls`` and ``commands``: the attempt's, on the first repeat's row. An
-    attempt that ran (``ctx``) adds, on every repeat's row, where its time went (``time_split``: its failure
+    attempt that ran (``room``) adds, on every repeat's row, where its time went (``time_split``: its failure
     attribution) and the policy's trajectory so far with its policy versions (``partial``): a group task's, each
     repeat's own where its agent said which calls were whose (``in_repeat``), else none."""
-    split = _time_split(ctx) if ctx is not None else None
+    split = _time_split(room) if room is not None else None
+    ledger = room.ledger if room is not None else None
     first = task.rollout_index
     return [
         _result(
@@ -848,33 +852,21 @@ def _failures(
             calls=calls or None if i == first else None,
             commands=commands or None if i == first else None,
             time_split=split,
-            partial=_partial(ctx, task, i - first) if ctx is not None else None,
-            policy_versions=_versions(ctx, task, i - first) if ctx is not None else None,
+            partial=ledger.partial(None if task.group <= 1 else i - first) if ledger is not None else None,
+            policy_versions=ledger.versions(None if task.group <= 1 else i - first) if ledger is not None else None,
         )
         for i in range(first, first + max(task.group, 1))
     ]
 
 
-def _partial(ctx: AgentContext, task: RolloutTask, j: int) -> Response | None:
-    """Repeat ``j``'s trajectory so far: a single rollout's whole, a group's repeat's own (``in_repeat``)."""
-    return ctx.partial() if task.group <= 1 else ctx.partial(j)
-
-
-def _versions(ctx: AgentContext, task: RolloutTask, j: int) -> list[int] | None:
-    """The policy versions of repeat ``j``'s calls so far (``[min, max]``), as its ``partial`` holds them."""
-    if task.group <= 1:
-        return ctx.policy_versions
-    turns = ctx.repeats.get(j)
-    return turns.policy_versions if turns is not None else None
-
-
-def _time_split(ctx: AgentContext) -> TimeSplit:
+def _time_split(room: Rollout[Any]) -> TimeSplit:
     """Where an attempt's time went (``data.attribution``): its model calls' generation (the model workers'
     ``call_ms``) and the rest of their round trips, its tool calls and its own sandboxes' commands."""
-    total = max(0, ctx.calls.ms() - counted_ms(ctx.sandboxes.waited_s))  # a lease's wait stops the clock
-    generating = sum(m.call_ms for m in ctx.cost.models.values())
-    waits = max(0, sum(c[1] for c in ctx.calls.log if len(c) == 4) - generating)
-    if ctx.generating_since is not None:  # the policy's call the failure cut: generating or queued, no one can
-        generating += counted_ms(time.perf_counter() - ctx.generating_since)  # tell; the policy's (docs/trainer.md)
-    tools = ctx.cost.tool_ms + counted_ms(ctx.sandboxes.exec_s)
+    ledger, boxes = room.ledger, room.sandboxes
+    total = max(0, ledger.calls.ms() - counted_ms(boxes.waited_s))  # a lease's wait stops the clock
+    generating = sum(m.call_ms for m in ledger.cost.models.values())
+    waits = max(0, sum(c[1] for c in ledger.calls.log if len(c) == 4) - generating)
+    if room.generating_since is not None:  # the policy's call the failure cut: generating or queued, no one can
+        generating += counted_ms(time.perf_counter() - room.generating_since)  # tell; the policy's (docs/trainer.md)
+    tools = ledger.cost.tool_ms + counted_ms(boxes.exec_s)
     return TimeSplit(total_ms=total, generating_ms=generating, model_wait_ms=waits, tools_ms=tools)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
 from types import ModuleType
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -29,7 +29,16 @@ import msgspec
 from gym_runtime.agent import AgentContext, current_repeat
 from gym_runtime.config import AgentConfig
 from gym_runtime.errors import Failure, UserError
-from gym_runtime.messages import CreateParams, ErrorInfo, Response, RolloutTask, SandboxCall, SandboxReply
+from gym_runtime.messages import (
+    CreateParams,
+    ErrorInfo,
+    ModelRequest,
+    ModelResponse,
+    Response,
+    RolloutTask,
+    SandboxCall,
+    SandboxReply,
+)
 from gym_runtime.nemo_gym.hosting.asgi import beside_main
 from gym_runtime.nemo_gym.hosting.env import in_hosted_env
 from gym_runtime.nemo_gym.hosting.host import ServerHost, called_reply, hosted_class
@@ -45,6 +54,8 @@ from gym_runtime.resource import (
     load_resource_class,
     note_thread_call,
 )
+from gym_runtime.rollout import state
+from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.workers.guest_frames import (
     GUEST_LOG_LEVEL,
     Called,
@@ -288,27 +299,39 @@ class Guest:
         return Done(id=msg.id, verdict=verdict)
 
 
-class GuestContext(AgentContext):
-    """A rollout's ``AgentContext`` in a guest: its model calls go to the worker, which makes them with the rollout's
-    own context there (routing, token ids, policy versions, its trace); the guest has no bus, so no resource
-    sessions or sandboxes (an agent that opens them runs with ``isolation: none``)."""
+class GuestPort:
+    """A rollout's port in a guest: its model calls go to the worker, which makes them with the rollout's own context
+    there (routing, token ids, policy versions, its ledger and trace); the guest has no bus, so no resource sessions
+    (an agent that opens them runs with ``isolation: none``)."""
 
-    def __init__(self, task: RolloutTask, config: AgentConfig, remaining_s: float, models: WorkerModels) -> None:
-        super().__init__(cast(Any, None), task, config, model_timeout_s=lambda name: 0.0)
-        self.deadline = time.monotonic() + remaining_s
-        self._models = models
+    def __init__(self, models: WorkerModels, agent: str) -> None:
+        self._models, self._agent = models, agent
 
-    async def generate(self, params: CreateParams, *, model: str | None = None) -> Response:
-        return await self._models.generate(params, model=model or "")
+    async def model(self, name: str, request: ModelRequest, **_: Any) -> ModelResponse:
+        return ModelResponse(response=await self._models.generate(request.params, model=name))
 
-    def _no_bus(self, what: str) -> Failure:
-        return Failure("invalid_task", f"agents.{self.task.agent}: {what} in a guest process (set isolation: none)")
+    def _no_bus(self) -> Failure:
+        return Failure(
+            "invalid_task", f"agents.{self._agent}: no resource sessions in a guest process (set isolation: none)"
+        )
 
-    async def open_session(self, resource: str | None = None, *, row: dict[str, Any] | None = None) -> Any:
-        raise self._no_bus("no resource sessions")
+    async def seed(self, resource: str, request: Any, **_: Any) -> Any:
+        raise self._no_bus()
 
-    def sandbox(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._no_bus("no sandboxes")
+    async def operate(self, address: str, kind: str, message: Any, **_: Any) -> Any:
+        raise self._no_bus()
+
+    async def close(self, address: str, session: str) -> None:
+        return None
+
+
+def guest_context(task: RolloutTask, config: AgentConfig, remaining_s: float, models: WorkerModels) -> AgentContext:
+    """A rollout's ``AgentContext`` in a guest: the production context on a ``GuestPort``, on the worker's clock."""
+    where = f"agents.{task.agent} (in a guest process: set isolation: none)"
+    boxes = Sandboxes(None, "", where=where)
+    room = state.Rollout(GuestPort(models, task.agent), task, config, state.Models(lambda _name: 0.0), boxes)
+    room.deadline = time.monotonic() + remaining_s
+    return AgentContext(room)
 
 
 class AgentGuest(Guest):
@@ -334,7 +357,7 @@ class AgentGuest(Guest):
             return Done(id=msg.id)
         if not isinstance(msg, Rollout):
             raise Failure("internal", f"an agent's guest has no sessions ({type(msg).__name__})")
-        ctx = GuestContext(msg.task, self.config, msg.remaining_s, self.models)
+        ctx = guest_context(msg.task, self.config, msg.remaining_s, self.models)
         if msg.size:
             outcomes = list(await self.module.run_group(ctx, msg.size))
         else:

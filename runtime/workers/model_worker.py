@@ -9,7 +9,8 @@ Two ways in, one set of slots:
   call to the work queue instead (``Bus.direct_or_queued``).
 * **affine** (``{ns}.call.model.{name}.{worker}``, core NATS, this replica's own): a rollout's later
   turns, sent to the replica that served its last turn (its prefix cache), admitted exactly as direct calls
-  are: only with a free slot at once (``transport.model_calls``).
+  are: only with a free slot at once (``transport.model_calls``). Served only where the adapter's replicas
+  hold a prefix cache (``ModelConfig.routed_load``).
 * **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
   carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
   when it takes the request (the call's timeout counts from then, not from its wait
@@ -128,16 +129,19 @@ class ModelWorker:
                 default_error="model_error",
                 attributes=self.span_attributes,
             )
-            mine = await self.bus.serve_direct(
-                tg,
-                self.bus.subjects.model_replica(self.name, self.worker_id),
-                self._generate,
-                queue="",
-                admit=self._admit,
-                done=self._direct_done,
-                default_error="model_error",
-                attributes=self.span_attributes,
-            )
+            subs = [direct]
+            if self.cfg.routed_load():  # its prefix cache: a rollout's later turns come to it by name
+                mine = await self.bus.serve_direct(
+                    tg,
+                    self.bus.subjects.model_replica(self.name, self.worker_id),
+                    self._generate,
+                    queue="",
+                    admit=self._admit,
+                    done=self._direct_done,
+                    default_error="model_error",
+                    attributes=self.span_attributes,
+                )
+                subs.append(mine)
             # ready means the server routes direct calls here: a call sent on another connection before the
             # server read this SUB finds no responders and skips every direct try for DIRECT_ABSENT_S
             await self.bus.flush()
@@ -153,7 +157,7 @@ class ModelWorker:
                 )
             finally:
                 with anyio.CancelScope(shield=True):
-                    for sub in (direct, mine):
+                    for sub in subs:
                         with contextlib.suppress(Exception):  # a closed connection has no subscription left
                             await sub.unsubscribe()
                     await self.adapter.aclose()
@@ -238,7 +242,7 @@ class ModelWorker:
                     "with the same config and --set values, or give each experiment its own `namespace`"
                 ),
             )
-        if req.route in self.routed:
+        if req.route is not None and req.route in self.routed:
             self.routed[req.route] += 1
         running = self.running  # `concurrency` bounds generations, however the calls arrived
         await running.acquire()

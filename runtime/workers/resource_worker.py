@@ -11,8 +11,7 @@ closed after ``session_ttl_s`` so a dead agent cannot leak them.
 
 from __future__ import annotations
 
-import base64
-import binascii
+import hashlib
 import os
 import sys
 import time
@@ -36,7 +35,9 @@ from gym_runtime.messages import (
     HeldSandboxes,
     ModelRequest,
     Response,
-    Restore,
+    RestoreSession,
+    ResumeReply,
+    ResumeSession,
     SeedReply,
     SeedRequest,
     Served,
@@ -49,9 +50,6 @@ from gym_runtime.messages import (
 from gym_runtime.observability import logs
 from gym_runtime.plugins import code_identity
 from gym_runtime.resource import (
-    RESUME_ALIVE,
-    RESUME_RESTORE,
-    RESUME_RESTORE_HELD,
     Resource,
     ToolArgumentsError,
     Verdict,
@@ -60,6 +58,7 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.leases import new_lease
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -72,7 +71,6 @@ from gym_runtime.workers.sessions import Sessions, config_callers
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
-_restore_decoder = msgspec.msgpack.Decoder(Restore)
 
 
 class BusModels:
@@ -171,6 +169,21 @@ async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> Ver
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
+
+
+def leased_to(caller: str, rollout: str) -> str:
+    """What a session's sandbox lease is bound to: the rollout it serves and the caller that seeded it (the caller
+    a secured server checks in the seed's subject), as a digest; "" for a session of no rollout (never adopted)."""
+    if not rollout:
+        return ""
+    return hashlib.blake2b(f"{caller}\0{rollout}".encode(), digest_size=12).hexdigest()
+
+
+def same_holder(own: str, named: str) -> bool:
+    """Whether a restore may take up the sandboxes leased under ``named``: this environment leased them to the same
+    rollout of the same caller as the fresh session's own lease ``own`` (``{leased_to}:{secret}``)."""
+    mine, theirs = own.split(":"), named.split(":")
+    return len(mine) == len(theirs) == 2 and mine[0] != "" and mine[0] == theirs[0]
 
 
 async def _close(inst: Resource) -> None:
@@ -333,12 +346,15 @@ class ResourceWorker:
         """A guest process is gone, and the sessions that lived in it: later calls to them are worker_lost."""
         self.sessions.pop_where(lambda inst: getattr(inst, "generation", None) == generation)
 
-    def _lease(self, session: str = "") -> Sandboxes:
+    def _lease(self, session: str = "", bound: str = "") -> Sandboxes:
         """A session's lease on the entry's sandbox pool: its sandboxes end with it (or at ``session_ttl_s``). Its
-        secret is random (``sandboxes.leases``), never derived from ``session`` (a guest's id, which it knows)."""
+        secret is random (``sandboxes.leases``), never derived from ``session`` (a guest's id, which it knows);
+        ``bound``: the rollout and caller it is leased to (``leased_to``), said before the secret, which a restore
+        must name again (``same_holder``)."""
         lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
+            lease=f"{bound}:{new_lease()}" if bound else None,
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )
@@ -346,13 +362,13 @@ class ResourceWorker:
         lease.on_acquire = self.bus.pause_caller
         return lease
 
-    def _new(self) -> Resource:
+    def _new(self, bound: str = "") -> Resource:
         if self.guest is not None:  # duck-typed: the methods of a session this worker calls, run in the guest
             # with its own BusModels, as below: the judge calls its code makes in the guest are its rollout's cost
             return cast(Resource, GuestSession(self.guest, self.cls.answer_field, BusModels(self.bus)))
         inst = self.cls()
         inst.models = models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
-        inst.sandboxes = lease = self._lease()
+        inst.sandboxes = lease = self._lease(bound=bound)
         try:  # its ledger, kept apart from the instance (dropped with it)
             weakref.finalize(inst, self._books.pop, id(inst), None)
         except TypeError:  # an instance that takes no weak reference: its own attributes are read
@@ -377,7 +393,8 @@ class ResourceWorker:
             problems = row_problems(self.cls, self.name, req.row, params, any_tools=req.check.any_tools)
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
-        inst = self._new()
+        caller = self.bus.subjects.seed_caller(msg.subject)  # the only one its operations are answered for
+        inst = self._new(leased_to(caller, req.rollout))
         counting = _counting(self._book(inst)[0])
         try:
             await inst.seed(req.row)
@@ -392,7 +409,6 @@ class ResourceWorker:
             _counted(counting)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
-        caller = self.bus.subjects.seed_caller(msg.subject)  # the only one its operations are answered for
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
             self.evicted += 1
             self.bus.count_junk(self.address, "sessions over max_sessions (least recently used closed)")
@@ -438,8 +454,6 @@ class ResourceWorker:
     async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
-            if req.protocol and req.name in (RESUME_ALIVE, RESUME_RESTORE, RESUME_RESTORE_HELD):
-                return await self._resume_op(inst, req)
             if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
                 replies = self._replies.get(req.session)
                 if replies is None:
@@ -450,6 +464,8 @@ class ResourceWorker:
             if req.close:
                 self._replies.pop(req.session or "", None)
             return await self._verify(req, msg)
+        if isinstance(req, (ResumeSession, RestoreSession)):
+            return await self._resume(req)
         if isinstance(req, CloseSession):
             self._replies.pop(req.session, None)
             closing = self.sessions.pop(req.session)
@@ -458,29 +474,33 @@ class ResourceWorker:
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
-    async def _resume_op(self, inst: Resource, req: ToolCall) -> ToolReply:
-        """A resumed rollout's: its session is still held here (``_session`` found it), or a fresh session set
-        back to its snapshot (``Resource.restore``)."""
-        if req.name == RESUME_ALIVE:
-            return ToolReply(output="alive")
+    async def _resume(self, req: ResumeSession | RestoreSession) -> ResumeReply:
+        """A resumed rollout's own messages (never tool calls): its session is still held here (``_session`` finds
+        it, else ``worker_lost``), or a fresh session (the restore rode its seed) set back to its snapshot
+        (``Resource.restore``), taking up the sandboxes held at it by their lease."""
+        inst = self._session(req.session)
+        if isinstance(req, ResumeSession):
+            return ResumeReply(ok=True)
         restore = getattr(inst, "restore", None)
         if restore is None:  # a guest's session (its code in another process): none
-            return ToolReply(output="this environment cannot restore a snapshot", is_error=True)
+            return ResumeReply(ok=False, reason="this environment cannot restore a snapshot")
+        lease = self._book(inst)[1]
+        if req.held is not None and isinstance(lease, Sandboxes):  # the dead session's sandboxes, by their lease
+            if not same_holder(lease.lease, req.held.lease):
+                log.warning("restore.refused", resource=self.name, why="sandboxes leased to another rollout or caller")
+                return ResumeReply(
+                    ok=False, reason="the sandboxes named were not leased to this rollout of this caller"
+                )
+            lease.lease = req.held.lease
+            lease.take_up(req.held.sandboxes)
         try:
-            snapshot = base64.b64decode(req.arguments, validate=True)
-            if req.name == RESUME_RESTORE_HELD:  # the dead session's sandboxes, taken up by their lease as it asks
-                asked = _restore_decoder.decode(snapshot)
-                snapshot, lease = asked.snapshot, self._book(inst)[1]
-                if isinstance(lease, Sandboxes):
-                    lease.lease = asked.held.lease
-                    lease.take_up(asked.held.sandboxes)
-            await restore(snapshot)
-        except (NotImplementedError, binascii.Error, msgspec.DecodeError, msgspec.ValidationError) as e:
-            return ToolReply(output=str(e), is_error=True)
+            await restore(req.snapshot)
+        except NotImplementedError as e:
+            return ResumeReply(ok=False, reason=str(e) or "this environment cannot restore a snapshot")
         except Exception as e:  # a snapshot it cannot take back: the rollout starts over
             log.warning("restore.failed", error=repr(e))
-            return ToolReply(output=f"restore raised {type(e).__name__}: {e}", is_error=True)
-        return ToolReply(output="restored")
+            return ResumeReply(ok=False, reason=f"restore raised {type(e).__name__}: {e}")
+        return ResumeReply(ok=True)
 
     async def _tool(self, inst: Resource, req: ToolCall) -> ToolReply:
         """One tool call or operation of a session (``call_with``), counted for it, with the environment's

@@ -44,7 +44,7 @@ from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Background, Resolved, unsupported
 from gym_runtime.sandboxes.daytona import DaytonaBackend
 from gym_runtime.sandboxes.engine_api import EngineBackend, renew_every
-from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_socket
+from gym_runtime.sandboxes.engine_http import Engine, EngineError, engine_fix, engine_socket
 from gym_runtime.sandboxes.forward import Forward
 from gym_runtime.sandboxes.images import base_here
 from gym_runtime.sandboxes.leases import lease_tag, proves
@@ -103,7 +103,9 @@ async def open_backend(cfg: SandboxConfig, pool: str, namespace: str) -> tuple[B
         try:
             await engine.ping()
         except EngineError as e:
-            raise ConfigError(f"{where}: the {cfg.backend} engine does not answer: {e}") from None
+            raise ConfigError(
+                f"{where}: the {cfg.backend} engine does not answer: {e}; {engine_fix(cfg.backend, where)}"
+            ) from None
         image = await base_here(engine, where, cfg.backend) if cfg.image == "base" else cfg.image
         for ref in [image, *cfg.images, *cfg.warm_images]:
             if not await engine.image_exists(ref):

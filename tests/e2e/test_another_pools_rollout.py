@@ -164,12 +164,12 @@ async def test_another_agent_pool_cannot_drive_verify_or_close_a_session_it_did_
     attempt would is not a reattach, and no tool call, verify or close it sends is answered. The owner's session
     is untouched: it still answers its tool calls, and its verify."""
     async with weather_pool(pooled) as (worker, honest, thief):
-        mine = Session(honest, honest.subjects.seed("weather", honest.caller), ROWS[0], resource="weather")
+        mine = Session(honest, "weather", ROWS[0])
         assert "Paris" in (await mine.call("get_weather", PARIS)).output
         handle = mine.handle()
         assert handle is not None and handle.session in worker.sessions
 
-        theirs = Session(thief, thief.subjects.seed("weather", thief.caller), ROWS[0], resource="weather")
+        theirs = Session(thief, "weather", ROWS[0])
         assert await theirs.resume(handle) == "restarted"  # before: "reattached", and its calls ran in it
         assert theirs.id != handle.session
         await theirs.close()
@@ -198,11 +198,11 @@ async def test_on_an_unsecured_bus_the_worker_still_refuses_a_caller_that_did_no
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)
-            mine = Session(honest, honest.subjects.seed("weather", honest.caller), ROWS[0], resource="weather")
+            mine = Session(honest, "weather", ROWS[0])
             assert "Paris" in (await mine.call("get_weather", PARIS)).output
             handle = mine.handle()
             assert handle is not None
-            theirs = Session(thief, thief.subjects.seed("weather", thief.caller), ROWS[0], resource="weather")
+            theirs = Session(thief, "weather", ROWS[0])
             assert await theirs.resume(handle) == "restarted"
             await theirs.close()
             own = f".{thief.caller}"

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gym_runtime import Client
-from gym_runtime.checkpoint import checkpoints_kv
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.rollout.checkpoint import checkpoints_kv
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects, kv_stream
 from tests.helpers import ROWS, WEATHER, cli, write_jsonl

@@ -46,9 +46,11 @@ def test_server_with_its_port_taken_exits_2_with_one_line(tmp_path: Path) -> Non
         res = cli("server", "--port", str(port), "--store-dir", str(tmp_path / "js"), timeout=30)
     assert res.returncode == 2
     assert res.stdout == ""
-    assert res.stderr.strip().splitlines() == [
-        f"gym-runtime: error: client port 127.0.0.1:{port} is already in use (another server running?)"
-    ]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"gym-runtime: error: client port 127.0.0.1:{port} is already in use (another server running?): give a "
+        "free port, e.g. --port "
+    ), lines
 
 
 def test_routes_without_cluster_is_a_usage_error() -> None:
@@ -276,7 +278,8 @@ def test_parity_harbor_names_a_mistyped_path_before_the_engine(tmp_path: Path) -
         res = cli("parity", "--harbor", str(typo), env={"DOCKER_HOST": host}, timeout=60)
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip().splitlines() == [
-            f"gym-runtime: error: {typo}: no such directory (a Harbor task or a directory of them)"
+            f"gym-runtime: error: {typo}: no such directory; give a task folder (task.toml, instruction.md, "
+            "environment/Dockerfile, tests/test.sh; solution/solve.sh for parity) or a folder of them"
         ], host
 
 

@@ -230,8 +230,8 @@ def test_calls_grant_publish_rights_only_towards_the_named_environments() -> Non
         allowed = permissions("resource", ["gym"], pool, Reach(resources=given or {}))["publish"]["allow"]
         return {s for s in allowed if s.startswith("gym.res.")}
 
-    def towards(env: str, caller: str) -> set[str]:  # seeds as itself, its sessions' operations, stateless verifies
-        return {f"gym.res.{env}.seed.{caller}", f"gym.res.{env}.*.*", f"gym.res.{env}.verify"}
+    def towards(env: str, caller: str) -> set[str]:  # seeds and its sessions' operations as itself, stateless verifies
+        return {f"gym.res.{env}.seed.{caller}", f"gym.res.{env}.*.*.{caller}", f"gym.res.{env}.verify"}
 
     assert res_publish("caller", calls) == towards("counter", "resource.caller")
     assert res_publish("counter", calls) == set()

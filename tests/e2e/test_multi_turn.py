@@ -23,7 +23,7 @@ import yaml
 from gym_runtime.config import Config, config_from_dict, resolve_config
 from gym_runtime.errors import ConfigError
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.service.runner import RunResult, make_workers, run_batch, selected, start_workers
+from gym_runtime.service.runner import RunHooks, RunResult, make_workers, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from tests.helpers import COMPAT, REPO, prompt_key, read_jsonl, write_jsonl
 
@@ -443,7 +443,7 @@ async def test_killed_user_simulator_worker_loses_no_rollout(nats_server, tmp_pa
                     MTG_DATA,
                     out,
                     repeats=repeats,
-                    on_progress=lambda done, total: progress.append(done),
+                    hooks=RunHooks(on_progress=lambda done, total: progress.append(done)),
                 )
 
             tg.start_soon(batch)

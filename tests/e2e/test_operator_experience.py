@@ -481,7 +481,8 @@ def test_metrics_port_in_use_is_a_user_error_and_the_default_address_is_loopback
             str(port),
         )
     # loopback unless asked (--metrics-host), like `server`: the default address is the one it names
-    assert_user_error(res, f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}")
+    assert_user_error(res, f"--metrics-port {port}: 127.0.0.1:{port} is already in use")
+    assert "give a free port, e.g. --metrics-port " in res.stderr, res.stderr  # issue 75: and which to give
 
 
 # ------------------------------------------------------------------------------------------- spans, logs

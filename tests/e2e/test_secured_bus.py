@@ -8,10 +8,12 @@ the real CLI in subprocesses, each node holding only its own roles' files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -459,10 +461,9 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
     from gym_runtime.ops.permissions import route_tls, server_config
 
     auth, other = ensure_auth_dir(tmp_path / "auth"), ensure_auth_dir(tmp_path / "other")
-    ports = {n: (free_port(), free_port()) for n in ("a", "b", "c")}
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
 
-    def node(name: str, d: Path, peer: str) -> str:
+    def node(name: str, d: Path, peer: str, ports: dict[str, tuple[int, int]]) -> str:
         client, route = ports[name]
         conf = tmp_path / f"{name}.conf"
         cluster = {
@@ -476,12 +477,34 @@ def test_routes_between_nodes_are_tls_authenticated_by_the_cluster_ca(tmp_path: 
             + server_config(d, ["gym"])
             + f"cluster: {json.dumps(cluster)}\n"
         )
-        procs.append(
-            subprocess.Popen([find_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            procs.append(subprocess.Popen([find_binary(), "-c", str(conf)], stdout=log, stderr=log))
         return f"nats://127.0.0.1:{client}"
 
-    url_a, url_b, url_c = node("a", auth, "b"), node("b", auth, "a"), node("c", other, "a")
+    def listening(proc: subprocess.Popen[bytes], url: str, name: str) -> bool:
+        """Whether the node came up (False: it lost a port picked free to another process, and is retried)."""
+        port = int(url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+                return True
+            time.sleep(0.05)
+        log = (tmp_path / f"{name}.log").read_text(errors="replace")
+        assert "address already in use" in log, f"node {name} did not start:\n{log[-2000:]}"
+        return False
+
+    for _ in range(5):
+        ports = {n: (free_port(), free_port()) for n in ("a", "b", "c")}
+        urls = node("a", auth, "b", ports), node("b", auth, "a", ports), node("c", other, "a", ports)
+        if all(listening(p, u, n) for p, u, n in zip(procs, urls, "abc", strict=True)):
+            break
+        for p in procs:
+            p.kill()
+            p.wait()
+        procs.clear()
+    else:
+        pytest.fail("five tries of free ports were each taken by another process before the nodes bound them")
+    url_a, url_b, url_c = urls
 
     async def check() -> None:
         nc_a = await connect(url_a, name="a", initial_timeout=10, options=ClientAuth(auth).connect_options("admin"))

@@ -22,7 +22,6 @@ import msgspec
 import nats.errors
 import pytest
 
-from gym_runtime.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.config import ResourceConfig, load_config, resolve_config
 from gym_runtime.data.batches import Manifest
 from gym_runtime.data.collector import Collector
@@ -42,6 +41,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
+from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.service.runner import make_workers, publish_batch, run_batch, selected, start_workers
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover

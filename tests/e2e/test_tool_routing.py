@@ -58,7 +58,7 @@ def arguments(name: str) -> str:
 
 async def test_a_native_environment_answers_every_protocol_name_as_an_unknown_tool(bus: Bus) -> None:
     async with serving(bus, "weather", ResourceConfig(server="resources.weather")):
-        async with Session(bus, bus.subjects.seed("weather", bus.caller), ROWS[0]) as s:
+        async with Session(bus, "weather", ROWS[0]) as s:
             for name in PROTOCOL:
                 reply = await s.call(name, arguments(name))
                 assert reply.is_error and reply.output == f"Error: unknown tool {name!r}; available tools: get_weather"
@@ -70,7 +70,7 @@ async def test_a_policy_cannot_drive_a_gymnasium_episode(bus: Bus) -> None:
     are unknown tools; the agent's own env_reset/env_step (operations) drive the episode."""
     row = {"responses_create_params": {"input": "count"}, "stop_at": 1}
     async with serving(bus, "countdown", ResourceConfig(server="tests.envs.countdown")):
-        async with Session(bus, bus.subjects.seed("countdown", bus.caller), row) as s:
+        async with Session(bus, "countdown", row) as s:
             for name in ("gym.reset", "gym.step", "nemo_gym.http"):
                 reply = await s.call(name, arguments(name))
                 assert reply.is_error and reply.output.startswith(
@@ -85,9 +85,7 @@ async def test_a_policy_cannot_drive_a_gymnasium_episode(bus: Bus) -> None:
 async def test_a_policy_cannot_drive_an_openenv_episode(bus: Bus) -> None:
     cfg = ResourceConfig(server="resources.openenv", options={"env": "tests.envs.openenv_counter:CountEnv"})
     async with serving(bus, "counter", cfg):
-        async with Session(
-            bus, bus.subjects.seed("counter", bus.caller), {"responses_create_params": {"input": "add"}}
-        ) as s:
+        async with Session(bus, "counter", {"responses_create_params": {"input": "add"}}) as s:
             for name in ("gym.reset", "gym.step", "nemo_gym.http"):
                 reply = await s.call(name, arguments(name))
                 assert reply.is_error and reply.output == f"Error: unknown tool {name!r}; available tools: step"

@@ -84,7 +84,9 @@ def submit(worker: Any, rows: list[dict[str, Any]], step: int) -> None:
     tu.assign_non_tensor_data(batch, "global_steps", step)
     tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in rows]
     tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
-    ray.get(worker.generate_sequences.remote(batch), timeout=60)
+    # the first call of a module also starts the actor's imports (torch, verl, TransferQueue's client): over 60 s on
+    # the 2-core machine at load 7-15, where both modes timed out while first; a hang still fails, in 5 minutes
+    ray.get(worker.generate_sequences.remote(batch), timeout=300)
 
 
 @pytest.mark.parametrize("mode", sorted(SAMPLERS))

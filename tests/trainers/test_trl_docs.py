@@ -60,13 +60,15 @@ def test_the_async_trl_recipe_runs_as_written(tmp_path: Path, monkeypatch: pytes
     the bundled weather rows, the tiny policy the package builds, the CPU attention the package ships."""
     need("trl.experimental.async_grpo")
     page = (REPO / "docs/trainer.md").read_text()
-    (tmp_path / "trl_weather.yaml").write_text(block(page, ASYNC, "yaml"))
+    (tmp_path / "runs").mkdir()  # what the recipe writes goes under the clone's runs/ (git ignores it)
+    (tmp_path / "runs/trl_weather.yaml").write_text(block(page, ASYNC, "yaml"))
     (tmp_path / "resources").symlink_to(REPO / "resources")  # the clone's root: its bundled rows where the page reads
     monkeypatch.chdir(tmp_path)
     env: dict[str, Any] = {}
     exec(compile(block(page, ASYNC, "python"), "docs/trainer.md", "exec"), env)
     trainer, worker, transfer = env["trainer"], env["worker"], env["transfer"]
     assert trainer.state.global_step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["resources", "runs"]  # nothing in the clone's root
     assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
     assert transfer.version == 3  # the first sync, then one per step
     counts = worker.counts
@@ -86,7 +88,8 @@ def run_recipe_with(tmp_path: Path, **changes: tuple[str, str]) -> tuple[subproc
     for old, new in changes.values():
         assert old in code, old
         code = code.replace(old, new)
-    (tmp_path / "trl_weather.yaml").write_text(block(page, ASYNC, "yaml"))
+    (tmp_path / "runs").mkdir()  # what the recipe writes goes under the clone's runs/ (git ignores it)
+    (tmp_path / "runs/trl_weather.yaml").write_text(block(page, ASYNC, "yaml"))
     (tmp_path / "resources").symlink_to(REPO / "resources")
     (tmp_path / "train.py").write_text(code)
     t0 = time.monotonic()

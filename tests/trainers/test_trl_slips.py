@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.trainers.test_trl_docs import run_recipe_with
 from tests.trainers.world import need
 
-need("trl")
+need("trl")  # before the recipe helpers: their module skips on import without TRL, an ImportError here
+
+from tests.trainers.test_trl_docs import run_recipe_with  # noqa: E402
 
 CPU_LINE = (
     "    use_cpu_attention()  # TRL's attention kernel (FlashAttention-3) is CUDA-only: a plain-torch one instead\n"

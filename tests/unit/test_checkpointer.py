@@ -4,8 +4,8 @@ the 60th second, ``every_turn`` always, ``off`` never."""
 
 from __future__ import annotations
 
-from gym_runtime.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv
 from gym_runtime.messages import Checkpoint, Response
+from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv
 from gym_runtime.testing import MemoryTransport
 
 

@@ -157,7 +157,7 @@ async def test_sandbox_dies_with_a_killed_resource_worker(nats_server, tmp_path:
     bus = await Bus.connect(nats_server.url, namespace="gym", telemetry=Telemetry(), name="test")
     try:
         assert worker.stdout is not None and "ready" in worker.stdout.readline()
-        session = Session(bus, bus.subjects.seed("swe", bus.caller), task())
+        session = Session(bus, "swe", task())
         assert "ok" in (await session.call("bash", '{"command": "echo ok"}')).output
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: session.call("bash", '{"command": "sleep 1000"}', timeout=60))

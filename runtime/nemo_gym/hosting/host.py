@@ -673,7 +673,7 @@ class CalledSessions:
             # no session yet: a fresh one, seeded with the row (a verify's: seeded then verified, as reverify does)
             token = f"{server_name}.{os.urandom(8).hex()}"
             seed_row = row if path in ("/seed_session", "/verify") else {}
-            session = Session(self.bus, self.bus.subjects.seed(server_name, self.bus.caller), seed_row)
+            session = Session(self.bus, server_name, seed_row)
             self.sessions[token] = session
             while len(self.sessions) > MAX_CALLED_SESSIONS:  # seeded but never verified: the oldest goes
                 await self.sessions.pop(next(iter(self.sessions))).close()
