@@ -27,8 +27,11 @@ from gym_runtime.config import config_from_dict, resolve_config
 from gym_runtime.data.collector import Collector
 from gym_runtime.data.inputs import publish_rows
 from gym_runtime.messages import CreateParams, ModelRequest, ModelResponse, parse_items
-from gym_runtime.model import ModelConfig, model_config
-from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.model import ModelConfig, load_adapter, model_config
+from gym_runtime.observability import meters
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer, free_port
+from gym_runtime.ops.status import gather, render
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
@@ -39,6 +42,7 @@ from gym_runtime.workers.model_worker import ModelWorker
 from tests.helpers import REPO, ROWS, put_batch, resolved
 from tests.stub_openai import StubOpenAI
 from tests.test_model_calls import serving, until
+from tests.test_sandbox_metrics import labels, scrape
 
 
 def scripted(*, concurrency: int, delay_s: float = 0.0, prefix_cache: bool = True) -> ModelConfig:
@@ -311,3 +315,56 @@ async def test_a_model_without_a_prefix_cache_costs_nothing_to_route(bus: Bus, t
     assert (stats.rows, stats.failures) == (n, 0)
     assert sum(w.served for w in models) == 2 * n
     assert [sum(w.routed.values()) for w in models] == [0, 0]
+
+
+class Cached:
+    """The scripted double reporting prefix-cache counters as ``vllm_engine`` does (its engine's, here fixed)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def generate(self, params: CreateParams, *, rollout_key: str | None = None) -> Any:
+        return await self.inner.generate(params, rollout_key=rollout_key)
+
+    def prefix_cache(self) -> dict[str, int]:
+        return {"hits": 150, "queries": 300}
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_status_and_metrics_show_the_routes_and_the_engines_prefix_cache(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    """A replica's calls by route and its engine's prefix-cache hits and queries: in ``status`` and in the
+    Prometheus metrics (``gym_model_routed_total``, ``gym_model_prefix_cache_total``)."""
+    port = free_port()
+    tel = Telemetry(meters=meters.start(service="gym-runtime.test", role="start", port=port))
+    wbus = await Bus.connect(nats_server.url, namespace="gym", telemetry=tel, name="model")
+    cfg = scripted(concurrency=4)
+    worker = ModelWorker(wbus, "policy", resolved(models={"policy": cfg}), adapter=Cached(load_adapter(cfg)))
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            await rollout(bus, 3)
+            shown = render(await gather(bus))  # what `gym-runtime status` prints
+            lines = await anyio.to_thread.run_sync(scrape, port)
+            tg.cancel_scope.cancel()
+    finally:
+        await wbus.close()
+        tel.shutdown()
+    assert "routed affine 67%, load 0%, moved 0% of 3 calls; prefix cache hits 50% of 300 prompt tokens" in shown
+    routed = {
+        d["gym_route"]: line.rsplit(" ", 1)[1]
+        for line in lines
+        if line.startswith("gym_model_routed_total{")
+        for d in labels([line], "gym_model_routed_total")
+    }
+    assert routed == {"affine": "2.0", "load": "0.0", "moved": "0.0"}, routed
+    cache = {
+        d["gym_kind"]: line.rsplit(" ", 1)[1]
+        for line in lines
+        if line.startswith("gym_model_prefix_cache_total{")
+        for d in labels([line], "gym_model_prefix_cache_total")
+    }
+    assert cache == {"hits": "150.0", "queries": "300.0"}, cache

@@ -191,7 +191,12 @@ def routed_text(ws: list[dict[str, Any]]) -> str:
     routed = {r: sum((w.get("routed") or {}).get(r, 0) for w in ws) for r in ("affine", "load", "moved")}
     if not served:
         return ""
-    return "; routed " + ", ".join(f"{r} {100 * n / served:.0f}%" for r, n in routed.items()) + f" of {served} calls"
+    text = "; routed " + ", ".join(f"{r} {100 * n / served:.0f}%" for r, n in routed.items()) + f" of {served} calls"
+    hits = sum((w.get("prefix_cache") or {}).get("hits", 0) for w in ws)
+    queries = sum((w.get("prefix_cache") or {}).get("queries", 0) for w in ws)
+    if queries:  # the engine's own counters, where it reports them (``vllm_engine``)
+        text += f"; prefix cache hits {100 * hits / queries:.0f}% of {queries} prompt tokens"
+    return text
 
 
 def render(report: dict[str, Any]) -> str:
@@ -224,7 +229,16 @@ def render(report: dict[str, Any]) -> str:
             extra = ", ".join(
                 f"{k}={'-' if v is None else v}"
                 for k, v in w.items()
-                if k not in ("role", "name", "namespace", "worker", "fields", "routed")  # fields: publish's check
+                if k
+                not in (
+                    "role",
+                    "name",
+                    "namespace",
+                    "worker",
+                    "fields",
+                    "routed",
+                    "prefix_cache",
+                )  # fields: publish's check
             )
             lines.append(f"    {w.get('worker')}: {extra}")
     lines += ["", "queues:"]

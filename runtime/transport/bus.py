@@ -80,6 +80,7 @@ from gym_runtime.transport.subjects import (
 from gym_runtime.transport.wire import NatsWire
 
 log = logs.get("gym.bus")
+_NO_SKIP = (0.0, "")  # a direct subject not skipped: asked (``Bus._direct_skip``)
 
 
 _pub_ack = msgspec.json.Decoder(PubAck)
@@ -462,12 +463,15 @@ class Bus:
         call once a worker has it; a queued call may wait up to ``wait_s`` for one (``queued_request``).
         ``on_output``: as ``request``'s, either way.
         """
-        deadline = time.monotonic() + timeout
-        why, answer = await self.try_direct(
-            direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
-        )
-        if why == "answered":
-            return answer
+        now = time.monotonic()
+        deadline = now + timeout
+        if self._direct_skip.get(direct, _NO_SKIP)[0] <= now:  # inline, not ``try_direct``: the hot path
+            try:
+                return await self.request(
+                    direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
+                )
+            except (Busy, NoResponders, Failure) as e:
+                self._not_direct(direct, e)
         left = deadline - time.monotonic()
         if left <= 0:
             raise observed(
@@ -491,24 +495,29 @@ class Bus:
         ``busy`` (no free slot), ``absent`` (nobody serves it) or ``lost`` (its worker went silent mid-call); busy
         or absent a moment ago it is not asked again (``DIRECT_BUSY_S``, ``DIRECT_ABSENT_S``) and that is the
         answer. Errors of the call itself come back as they are."""
-        until, why = self._direct_skip.get(direct, (0.0, ""))
+        until, why = self._direct_skip.get(direct, _NO_SKIP)
         if until > time.monotonic():
             return why, None
         try:
             return "answered", await self.request(
                 direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
             )
-        except Busy:
+        except (Busy, NoResponders, Failure) as e:
+            return self._not_direct(direct, e), None
+
+    def _not_direct(self, direct: str, e: Exception) -> str:
+        """Why a direct try did not answer (``busy``, ``absent``, ``lost``), the subject skipped a while where it
+        was busy or absent; a failure of the call itself is raised again."""
+        if isinstance(e, Busy):
             self._direct_skip[direct] = (time.monotonic() + DIRECT_BUSY_S, "busy")
-            return "busy", None
-        except NoResponders:
+            return "busy"
+        if isinstance(e, NoResponders):
             self._direct_skip[direct] = (time.monotonic() + DIRECT_ABSENT_S, "absent")
-            return "absent", None
-        except Failure as e:
-            if e.info.error_class != "worker_lost":
-                raise
-            log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
-            return "lost", None
+            return "absent"
+        if not isinstance(e, Failure) or e.info.error_class != "worker_lost":
+            raise e
+        log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
+        return "lost"
 
     async def queued_request(
         self,

@@ -188,7 +188,6 @@ class AgentWorker:
         self.records = AttemptRecords(bus, name)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
         # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call,
-        # whether the policy's generations stop at the deadline, tokens kept
         # whether the policy's generations stop at the deadline, tokens kept; and the replica of each rollout's last
         # turn, for the models whose replicas hold a prefix cache (``ModelConfig.routed_load``)
         self._models = Models(

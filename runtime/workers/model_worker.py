@@ -227,6 +227,7 @@ class ModelWorker:
             "regenerated": self.regenerated,
             "cut": self.cut,
             "routed": dict(self.routed),
+            "prefix_cache": cache() if (cache := getattr(self.adapter, "prefix_cache", None)) else {},
         }
 
     async def drain(self) -> None:

@@ -6,8 +6,8 @@ its end; a call hits the leading blocks the replica still holds (an LRU of ``--c
 replica), pays ``--prefill-us`` per token it misses (a sleep: the replica's prefill), then stores the prompt's
 blocks. Its answer is the ``scripted`` double's.
 
-The calls go through the real routing code (``call_model``, carrying the replica of the rollout's last
-turn as ``AgentContext.generate`` does), a real nats-server and real model workers (one per replica, in this
+The calls go through the real routing code (an agent worker's ``BusPort`` with its ``Affinity``: the replica
+of the rollout's last turn first), a real nats-server and real model workers (one per replica, in this
 process). Each rollout has a shared system prompt (``--system`` tokens), then ``--turns`` turns whose
 prompt is the one before plus its answer plus a new user message (``--grow`` tokens): the history grows each
 turn. Measured per replica count (2, 4, 64):
@@ -40,9 +40,9 @@ from gym_runtime.messages import CreateParams, Message, ModelRequest, Response, 
 from gym_runtime.model import ModelConfig, model_config  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
+from gym_runtime.rollout.port import BusPort  # noqa: E402
 from gym_runtime.transport.affinity import Affinity  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
-from gym_runtime.transport.model_calls import call_model  # noqa: E402
 from gym_runtime.workers.model_worker import ModelWorker  # noqa: E402
 from models.scripted import ScriptedModel  # noqa: E402
 from tests.helpers import resolved  # noqa: E402
@@ -113,7 +113,9 @@ def prompt_tokens(params: CreateParams) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def replicas(url: str, n: int, *, affinity: bool, args: argparse.Namespace) -> AsyncIterator[list[ModelWorker]]:
-    cfg = model_config({"adapter": "scripted", "concurrency": args.slots})
+    # the stand-in engine holds a prefix cache: routed as vllm_engine's replicas are (``holds_prefix_cache``)
+    load = args.load if affinity else 0.0
+    cfg = model_config({"adapter": "scripted", "concurrency": args.slots, "prefix_cache": True, "affinity_load": load})
     ideal = BlockCache(None)
     async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
         workers = []
@@ -128,8 +130,8 @@ async def replicas(url: str, n: int, *, affinity: bool, args: argparse.Namespace
         tg.cancel_scope.cancel()
 
 
-async def rollout(bus: Bus, k: int, args: argparse.Namespace, affinity: Affinity, system: str) -> float:
-    """One rollout's turns, routed as ``AgentContext.generate`` routes them (``affinity``: the agent process's)."""
+async def rollout(port: BusPort, k: int, args: argparse.Namespace, system: str) -> float:
+    """One rollout's turns through an agent worker's port (``port.affinity``: the agent process's routing)."""
     started = time.perf_counter()
     history = [{"role": "system", "content": system}]
     key = f"b:{k}:0"
@@ -137,12 +139,11 @@ async def rollout(bus: Bus, k: int, args: argparse.Namespace, affinity: Affinity
         words = " ".join(f"r{k}t{turn}w{i}" for i in range(args.grow))
         history.append({"role": "user", "content": words})
         req = ModelRequest(params=CreateParams(input=parse_items(history)), rollout_key=key)
-        replica, route = affinity.choose("policy", key)
-        reply = await call_model(bus, "policy", req, timeout=120, replica=replica, route=route)
-        affinity.served("policy", key, reply.worker)
+        await port.model("policy", req, timeout=120, liveness_s=None, wait_s=120, on_output=None)
         answer = " ".join(f"r{k}t{turn}a{i}" for i in range(args.answer))  # the model's answer, as long as said
         history.append({"role": "assistant", "content": answer})
-    affinity.ended(key)
+    if port.affinity is not None:
+        port.affinity.ended(key)
     return time.perf_counter() - started
 
 
@@ -151,11 +152,11 @@ async def measure(url: str, n: int, *, affinity: bool, args: argparse.Namespace)
     async with replicas(url, n, affinity=affinity, args=args) as workers:
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="agent")
         times: list[float] = []
-        routing = Affinity({"policy": args.load if affinity else 0.0})
+        port = BusPort(bus, Affinity.of({"policy": args.load if affinity else 0.0}))
         try:
 
             async def one(k: int) -> None:
-                times.append(await rollout(bus, k, args, routing, system))
+                times.append(await rollout(port, k, args, system))
 
             async with anyio.create_task_group() as tg:
                 for k in range(n * args.rollouts_per_replica):
