@@ -121,7 +121,7 @@ def test_picks_are_distinct_and_the_sampler_favours_learnable_tasks() -> None:
     assert seen["learnable"] / sum(seen.values()) > 0.6, seen
     assert min(seen.values()) > 0, seen  # the others are still tried
     m = sampler.metrics()
-    assert m["sampler/zero_spread_share_all"] < 0.5 and m["sampler/signal"] > 0
+    assert m["gym_runtime/sampler/zero_spread_share_all"] < 0.5 and m["gym_runtime/sampler/signal"] > 0
 
 
 def test_task_keys_are_stable_and_a_bad_config_is_one_line() -> None:

@@ -160,12 +160,12 @@ class TaskSampler:
         w, self.window = self.window, SamplerWindow()
         t = self.totals
         return {
-            "sampler/zero_spread_share": w.zero_spread / w.groups if w.groups else 0.0,
-            "sampler/zero_spread_share_all": t.zero_spread / t.groups if t.groups else 0.0,
-            "sampler/groups": float(w.groups),
-            "sampler/picked": float(w.picked),
-            "sampler/revisited": float(w.revisited),
-            "sampler/skipped_low_signal": float(w.skipped_low_signal),
-            "sampler/signal": sum(w.signal) / len(w.signal) if w.signal else 0.0,
-            "sampler/env_failure_only_tasks": float(len(self._reported)),
+            "gym_runtime/sampler/zero_spread_share": w.zero_spread / w.groups if w.groups else 0.0,
+            "gym_runtime/sampler/zero_spread_share_all": t.zero_spread / t.groups if t.groups else 0.0,
+            "gym_runtime/sampler/groups": float(w.groups),
+            "gym_runtime/sampler/picked": float(w.picked),
+            "gym_runtime/sampler/revisited": float(w.revisited),
+            "gym_runtime/sampler/skipped_low_signal": float(w.skipped_low_signal),
+            "gym_runtime/sampler/signal": sum(w.signal) / len(w.signal) if w.signal else 0.0,
+            "gym_runtime/sampler/env_failure_only_tasks": float(len(self._reported)),
         }
