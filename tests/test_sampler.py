@@ -71,8 +71,10 @@ def test_cost_divides_the_signal() -> None:
     cheap = observe(TaskStats(), [{**scored(r), "cost": cost} for r in (1.0, 0.0, 1.0, 0.0)], "tokens")
     dear_cost = {"models": {"policy": {"output_tokens": 100}}}
     dear = observe(TaskStats(), [{**scored(r), "cost": dear_cost} for r in (1.0, 0.0, 1.0, 0.0)], "tokens")
-    w = weights([cheap, dear], SamplerConfig(score="learnability", floor=0.0, cost="tokens"))
+    w = weights([cheap, dear], SamplerConfig(score="learnability", floor=0.0, cost="tokens", sharpness=1))
     assert w[0] == pytest.approx(10 * w[1])
+    sharp = weights([cheap, dear], SamplerConfig(score="learnability", floor=0.0, cost="tokens", sharpness=2))
+    assert sharp[0] == pytest.approx(100 * sharp[1])
 
 
 def test_uniform_is_the_default_and_picks_every_task_alike() -> None:

@@ -5,7 +5,8 @@ whole generation. Each task keeps a Beta posterior of its pass rate (a scored ro
 share of a pass; a policy failure is a fail; an environment or infrastructure failure is no outcome at all, only
 counted, so a broken environment never makes a task look hard). A task's expected signal is its posterior mean
 of p(1-p) (learnability: 1/4 at p = 1/2, 0 for a task always or never solved); divided by its cost (rollouts,
-generated tokens, sandbox seconds or the row's estimated cost) it weighs the task. A floor keeps every task a
+generated tokens, sandbox seconds or the row's estimated cost) and raised to ``sharpness`` (how strongly the best
+tasks are preferred) it weighs the task. A floor keeps every task a
 minimum chance, and a task not picked for ``revisit_after`` picks is picked again outright, so a task that
 becomes learnable is found again. ``score: uniform`` (the default) is uniform sampling without replacement.
 """
@@ -46,12 +47,15 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     floor: float = 0.1  # the share of picks spread uniformly over every task (exploration), 0..1
     revisit_after: int = 0  # a task not picked for this many picks is picked again (0: 4 x the number of tasks)
     cost: CostMeasure = "rollouts"  # what a rollout costs: 1, its generated tokens, sandbox seconds, or its cost
+    sharpness: float = 4.0  # the weight is (signal per cost) to this power: 1 proportional, more: the best first
     prior: tuple[float, float] = (1.0, 1.0)  # Beta(passes, fails) before any outcome
     run: str = "default"  # whose statistics: two runs in one namespace keep their own (the same run: shared)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.floor <= 1.0:
             raise ValueError(f"sampler floor {self.floor}: give a share between 0 and 1 (0.1 keeps 10% uniform)")
+        if not 0.0 < self.sharpness <= 32.0:
+            raise ValueError(f"sampler sharpness {self.sharpness}: give a power above 0 and at most 32 (4 by default)")
         if self.revisit_after < 0:
             raise ValueError(f"sampler revisit_after {self.revisit_after}: give 0 (the default) or a positive count")
         if len(self.prior) != 2 or min(self.prior) <= 0:
@@ -142,7 +146,8 @@ def signal(stats: TaskStats, prior: tuple[float, float] = (1.0, 1.0)) -> float:
 
 
 def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:
-    """Each task's chance of being picked next: signal per unit of mean cost, normalised, mixed with the floor."""
+    """Each task's chance of being picked next: signal per unit of mean cost to the power ``sharpness``,
+    normalised, mixed with the floor."""
     n = len(stats)
     if n == 0:
         return []
@@ -154,6 +159,8 @@ def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:
     for s in stats:
         per = s.cost / s.rollouts if s.rollouts and s.cost > 0 else typical
         raw.append(signal(s, config.prior) / max(per, 1e-9))
+    top = max(raw)
+    raw = [(r / top) ** config.sharpness if top > 0 else 0.0 for r in raw]  # scaled first: no underflow
     total = sum(raw)
     if total <= 0:
         return [1.0 / n] * n

@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--floor", type=float, default=0.1)
+    p.add_argument("--sharpness", type=float, default=4.0)
     p.add_argument("--threshold", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the run's figures as one JSON line")
@@ -65,7 +66,7 @@ def main() -> None:
                 control.should_training_stop = True
 
     with SyncClient(w.config) as client:
-        config = {"score": args.score, "floor": args.floor, "run": f"bench{args.seed}"}
+        config = {"score": args.score, "floor": args.floor, "sharpness": args.sharpness, "run": f"bench{args.seed}"}
         sampler = TaskSampler.open_sync(client, rows, config, seed=args.seed, store=False)
         rollouts = TRLRollouts(client, rows, sampler=sampler)
 
@@ -106,6 +107,7 @@ def main() -> None:
     last = learnable[-20:]
     result = {
         "score": args.score,
+        "sharpness": args.sharpness,
         "seed": args.seed,
         "steps": trainer.state.global_step,
         "seconds": round(time.monotonic() - started),
