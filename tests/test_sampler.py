@@ -64,6 +64,13 @@ def test_environment_failures_are_not_taken_for_hard() -> None:
     assert signal(broken) == signal(TaskStats())  # as unknown as before: not a task the policy fails
     mixed = observe(TaskStats(), [scored(1.0), failed("worker_lost"), scored(0.0)])
     assert (mixed.outcomes, mixed.env_failures, mixed.zero_spread) == (2, 1, 0)
+    sampler = TaskSampler([{"t": 0}, {"t": 1}], LEARN, None)  # the broken task is named once, not taken for hard
+    sampler.saw(0, [failed("verify_error")] * 4)
+    sampler.saw(0, [failed("verify_error")] * 4)
+    sampler.saw(1, [scored(0.0)] * 4)
+    m = sampler.metrics()
+    assert m["gym_runtime/sampler/env_failure_only_tasks"] == 1 and m["gym_runtime/sampler/groups"] == 1
+    assert sampler.estimate(0) > sampler.estimate(1)
 
 
 def test_cost_divides_the_signal() -> None:
@@ -166,3 +173,11 @@ async def test_statistics_survive_a_restart_and_runs_stay_apart(tmp_path: Path) 
             await bus.close()
     assert again.stats == first.stats and again.clock == first.clock == 2
     assert all(s == TaskStats() for s in other.stats) and other.clock == 0
+
+
+async def test_on_a_secured_bus_the_publisher_keeps_the_statistics(buses: dict[str, Bus]) -> None:
+    """``server --secure``: the bucket is provisioned by the admin; the publisher (a trainer) reads and writes it."""
+    rows = [{"q": "a"}, {"q": "b"}]
+    first = await _learned(buses["publisher"], "run1", rows)
+    again = await TaskSampler.open(buses["publisher"], rows, {"score": "learnability", "run": "run1"})
+    assert again.stats == first.stats and sum(s.outcomes for s in again.stats) == 8

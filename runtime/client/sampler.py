@@ -84,7 +84,13 @@ class TaskSampler:
         memory only). ``client``: a ``Client`` (or its ``Bus``)."""
         cfg = sampler_config(config)
         bus = client if isinstance(client, Bus) else client.bus
-        kept = await SamplerStore.open(bus, cfg.run) if store else None
+        try:
+            kept = await SamplerStore.open(bus, cfg.run) if store else None
+        except Exception as e:  # a secured bus provisioned by an older version: no bucket, and no right to make it
+            raise ClientError(
+                f"sampler: the bucket {bus.subjects.sampler_bucket} cannot be opened ({type(e).__name__}: {e}); on a "
+                "secured bus the admin makes it (restart `gym-runtime server --secure`), or give store=False"
+            ) from None
         sampler = cls(rows, cfg, kept, seed=seed)
         if kept is not None:
             found = await kept.load(sampler.keys)

@@ -17,9 +17,14 @@ from gym_runtime.data.sampling import TaskStats
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.interface import KeyValue
 
-__all__ = ["SamplerStore"]
+__all__ = ["SamplerStore", "sampler_kv"]
 
 _decode = msgspec.json.Decoder(TaskStats).decode
+
+
+async def sampler_kv(bus: Bus) -> KeyValue:
+    """The bucket, made on first use (under ``server --secure``, by the admin's ``provision``: no other role may)."""
+    return await bus.kv(bus.subjects.sampler_bucket)
 
 
 class SamplerStore:
@@ -32,7 +37,7 @@ class SamplerStore:
 
     @classmethod
     async def open(cls, bus: Bus, run: str) -> SamplerStore:
-        return cls(await bus.kv(bus.subjects.sampler_bucket), bus, run)
+        return cls(await sampler_kv(bus), bus, run)
 
     def _key(self, task: str) -> str:
         return self._bus.subjects.sampler_key(self.run, task)
