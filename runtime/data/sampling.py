@@ -177,7 +177,8 @@ def choose(stats: Sequence[TaskStats], k: int, config: SamplerConfig, rng: rando
     due = sorted((s.last_pick, i) for i, s in enumerate(stats) if clock - s.last_pick >= after)  # never: -1
     picked = [i for _, i in due[:k]] if config.score != "uniform" else []
     revisited = len(picked)
-    left = [i for i in range(n) if i not in set(picked)]
+    taken = set(picked)
+    left = [i for i in range(n) if i not in taken]
     while len(picked) < k:
         i = rng.choices(left, weights=[w[j] for j in left])[0]
         picked.append(i)
