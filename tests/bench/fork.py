@@ -47,7 +47,8 @@ from gym_runtime.transport.jetstream import ensure_streams  # noqa: E402
 from gym_runtime.workers.sandbox_worker import SandboxWorker  # noqa: E402
 
 SETUP = (
-    "set -e; mkdir -p /work; cp -r /usr/lib/python3.11 /work/pkg; cd /work/pkg; rm -rf test idlelib tkinter lib2to3/tests; "
+    "set -e; mkdir -p /work; cp -r /usr/lib/python3.11 /work/pkg; cd /work/pkg; "
+    "rm -rf test idlelib tkinter lib2to3/tests; "
     "find . -name __pycache__ -prune -exec rm -rf {} +; "
     'for i in $(seq "$1"); do python3 -m compileall -q -f -j 1 -o 0 -o 1 -o 2 . >/dev/null; done; '
     "python3 -c 'import sys; sys.path.insert(0, \".\"); import json, email, asyncio' && du -sm /work | cut -f1"
