@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -25,6 +26,16 @@ from gym_runtime.workers.sandbox_worker import SandboxWorker
 from tests.test_sandbox_worker import fleet, pool, wait_for
 
 __all__ = ["pool"]  # the fixture
+
+
+@pytest.fixture
+async def swept(engine: Engine, pool: str) -> AsyncIterator[None]:
+    """After the test, whatever it asserted: no fork image of its pool left in the shared engine."""
+    yield
+    for image in await fork_images(engine, pool):
+        for c in await engine.containers({POOL: f"gym.{pool}"}):
+            await engine.remove(c["Id"])
+        await engine.remove_image(image)
 
 
 def holder(bus: Bus, pool: str) -> Sandboxes:
@@ -59,7 +70,7 @@ async def check_isolation(parent: Sandbox, kids: list[Sandbox], path: str) -> No
 
 
 async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_own_lease(
-    bus: Bus, engine: Engine, base_image: str, pool: str
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
         w = await worker(capacity=8)
@@ -96,7 +107,7 @@ async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_ow
 
 
 async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy(
-    bus: Bus, engine: Engine, base_image: str, pool: str
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
         await worker(capacity=8, rootfs="writable")
@@ -117,7 +128,7 @@ async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_co
 
 
 async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
-    bus: Bus, engine: Engine, base_image: str, pool: str
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
         await worker(capacity=8, rootfs="writable", lease_grace_s=2, reap_interval_s=0.3)
@@ -138,7 +149,7 @@ async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
 
 
 async def test_a_stopping_worker_leaves_no_copy_and_no_image(
-    bus: Bus, engine: Engine, base_image: str, pool: str
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
         w = await worker(capacity=8, rootfs="writable")
@@ -151,7 +162,7 @@ async def test_a_stopping_worker_leaves_no_copy_and_no_image(
 
 
 async def test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing(
-    bus: Bus, engine: Engine, base_image: str, pool: str
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
         w = await worker(capacity=3, lease_wait_s=600)  # a wait for a lease would outlast the test
