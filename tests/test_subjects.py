@@ -254,6 +254,9 @@ USES = [
     Use("cancelled_key", sj.kv_key(s.control_bucket, s.cancelled_key("b1")), {"publisher"}, set()),
     Use("manifest_key", sj.kv_key(s.batches_bucket, s.manifest_key("b1")), {"publisher"}, set()),
     Use("kv_key", sj.kv_key(s.control_bucket, "anything.else"), set(), set()),
+    # the task sampler's statistics: the trainer's (the publisher) to read and write, no worker's
+    Use("sampler_key", sj.kv_key(s.sampler_bucket, s.sampler_key("run1", "abc")), {"publisher"}, set()),
+    Use("msg_get", sj.msg_get(sj.kv_stream(s.sampler_bucket)), {"publisher"}, set()),
     # a rollout's checkpoint: its agent pool's own to write; only agents read the bucket (a forged one steers)
     Use("checkpoint_key", sj.kv_key(s.checkpoints_bucket, s.checkpoint_key("a", "b1", 0, 0)), of("agent", "a"), set()),
     # ... and to read back, by a last-by-subject direct get of its own keys only: no pool lists or reads another's
@@ -311,7 +314,7 @@ USES = [
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
     "tasks_stream", "model_stream", "blob_stream", "kept_stream", "attempts_stream", "batches_bucket", "control_bucket",
-    "checkpoints_bucket", "checkpoint_keys", "kv_parts",
+    "checkpoints_bucket", "sampler_bucket", "checkpoint_keys", "kv_parts",
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
     "all_attempts",

@@ -132,8 +132,9 @@ def _publisher(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         s.resume("*"),
         s.cancel("*"),
         sj.kv_key(batches, ">"),
+        sj.kv_key(s.sampler_bucket, ">"),  # the task sampler's statistics (``data.sampler_store``)
         *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
-        *_read_kv(batches, control),
+        *_read_kv(batches, control, s.sampler_bucket),
         *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream)),
         *_read_results(s, reach),
         s.status,  # status: every worker answers into its own lane of this user's inbox

@@ -370,6 +370,12 @@ class Subjects:
         return f"{self._base}_CHECKPOINTS"
 
     @property
+    def sampler_bucket(self) -> str:
+        """The KV bucket of the task sampler's per-task statistics (``data.sampling``): the publisher's, one key per
+        run and task, so a restarted trainer, or another one of the same run, picks up where it was."""
+        return f"{self._base}_SAMPLER"
+
+    @property
     def stored(self) -> list[str]:
         """Every subject a stream of this namespace stores (the streams', the KV buckets' and the kept bodies'):
         what a secured server's APP account publishes into the JS account, which holds JetStream."""
@@ -383,6 +389,7 @@ class Subjects:
             kv_key(self.batches_bucket, ">"),
             kv_key(self.control_bucket, ">"),
             kv_key(self.checkpoints_bucket, ">"),
+            kv_key(self.sampler_bucket, ">"),
         ]
 
     def stream(self, kind: str) -> str:
@@ -709,6 +716,11 @@ class Subjects:
     @staticmethod
     def checkpoint_keys(agent: str) -> str:
         return f"{agent}.>"
+
+    @staticmethod
+    def sampler_key(run: str, task: str) -> str:
+        """A task's statistics in the sampler bucket, per run (``SamplerConfig.run``): two runs stay apart."""
+        return f"{run}.{task}"
 
     @staticmethod
     def manifest_key(batch: str) -> str:
