@@ -93,22 +93,22 @@ async def test_a_rollouts_turns_stay_on_one_replica_while_it_has_a_free_slot(
 async def test_a_full_replica_sends_the_turn_elsewhere_at_once_and_the_affinity_moves(
     nats_server: EmbeddedServer, bus: Bus
 ) -> None:
-    """The rollout's replica has its one slot held by a 30 s call: the next turn goes to the other replica at
+    """The rollout's replica has its one slot held by a 120 s call: the next turn goes to the other replica at
     once (not after the slow call), its later turns stay there."""
     async with replicas(nats_server.url, 2, scripted(concurrency=1)) as (a, b):
         first = await call_model(bus, "policy", request(), timeout=30)
         home = a if first.worker == a.worker_id else b
         other = b if home is a else a
-        home.adapter._delay = 30.0  # type: ignore[attr-defined]  # its next call holds its one slot
+        home.adapter._delay = 120.0  # type: ignore[attr-defined]  # its next call holds its one slot
 
         async def held() -> bool:
             return home.running.locked()
 
         async with anyio.create_task_group() as tg:
             slow = msgspec.structs.replace(request(), rollout_key="slow")
-            tg.start_soon(lambda: call_model(bus, "policy", slow, timeout=60, replica=home.worker_id))
+            tg.start_soon(lambda: call_model(bus, "policy", slow, timeout=300, replica=home.worker_id))
             await until(held)
-            with anyio.fail_after(20):  # far under the slow call's 30 s
+            with anyio.fail_after(60):  # far under the slow call's 120 s
                 turns = await rollout(bus, 3, replica=home.worker_id)
             tg.cancel_scope.cancel()
         assert [r.worker for r in turns] == [other.worker_id] * 3
@@ -131,11 +131,14 @@ async def test_a_draining_replica_sends_its_rollouts_elsewhere(nats_server: Embe
         assert home.puller is not None
         home.puller.stop_pulling()  # as ``drain`` starts: no new work
         turns = await rollout(bus, 2, replica=home.worker_id)
-        # not sent to the draining replica's own subject: it answered busy and the call went on at once (a pull
-        # request it had out before the drain may still hand it the queued call, as with any queued call)
+        # not sent to the draining replica's own subject: it answered busy and the call went on at once, counted
+        # as sent elsewhere for load
         assert home.routed["affine"] == 0
-        assert home.routed["load"] + other.routed["load"] == 1
-        assert turns[1].worker == turns[0].worker  # the affinity moved with the call
+        assert home.routed["load"] + other.routed["load"] >= 1
+        # a pull request it had out before the drain may still hand it the queued call, as with any queued call;
+        # taken by the other replica, the affinity moved with it
+        if turns[0].worker == other.worker_id:
+            assert turns[1].worker == other.worker_id and other.routed["affine"] == 1
 
 
 async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: Bus, tmp_path: Path) -> None:
