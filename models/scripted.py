@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import msgspec
@@ -143,7 +143,8 @@ def _string(schema: dict[str, Any], root: dict[str, Any], depth: int) -> str:
     return text
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[float]:
+    """A JSON number (a bool is not one)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
