@@ -287,15 +287,19 @@ class AgentWorker:
         except Exception as e:  # a poison message: nothing to retry; its batch gets a failure row if it names one
             await self._undecodable(msg, e)
             return
-        attrs = {
-            "messaging.system": "nats",
-            "messaging.destination.name": msg.subject,
-            "gym.batch": task.batch,
-            "gym.task_index": task.task_index,
-            "gym.rollout_index": task.rollout_index,
-            "gym.attempt": attempt,
-        }
         tel = self.bus.telemetry
+        attrs = (  # without an exporter no span is made: none is built
+            {
+                "messaging.system": "nats",
+                "messaging.destination.name": msg.subject,
+                "gym.batch": task.batch,
+                "gym.task_index": task.task_index,
+                "gym.rollout_index": task.rollout_index,
+                "gym.attempt": attempt,
+            }
+            if tel.recording
+            else None
+        )
         meters = tel.meters
         if meters.enabled:
             stored = msg.enqueued_at  # when JetStream stored the task
