@@ -101,10 +101,10 @@ def _place(
     if stage.startswith("queued_") and component.startswith("models."):
         model = component.split(".", 1)[1]
         if ("model", model) not in serving:
-            silent = [p for p, s in gone.items() if s["component"] == component]
-            named = f" (its calls went silent on process {', '.join(silent)})" if silent else ""
+            went = [p for p, s in gone.items() if s["component"] == component]
+            named = f" (its calls went silent on process {', '.join(went)})" if went else ""
             e["late"] = f"queued for model {model}, which no replica that answers serves{named}"
-            e["look_at"] = f"{component} process {silent[0]}" if silent else component
+            e["look_at"] = f"{component} process {went[0]}" if went else component
         return
     bound, silent = e.get("silent_bound_s"), e.get("silent_s")
     if bound is None or silent is None or silent <= bound:

@@ -75,11 +75,11 @@ class Rollouts:
             }
             if r.group > 1:
                 entry["group"] = r.group
-            call = by_rollout.get(pause)
+            waiting_on = by_rollout.get(pause)
             if getattr(pause, "acquiring", 0):
                 entry.update(stage="sandbox_wait", what="waiting for a sandbox lease", for_s=now - pause.since)
-            elif call is not None:
-                entry.update(self._call(call, now))
+            elif waiting_on is not None:
+                entry.update(self._call(waiting_on, now))
             else:
                 entry.update(stage="agent", what="in the agent's own code (no call out)", for_s=now - r.t0)
             entry["for_s"] = round(entry["for_s"], 1)
