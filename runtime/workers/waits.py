@@ -47,11 +47,12 @@ class Rollouts:
         """What a discovery asking ``WAITS`` gets: each running rollout where it waits now (the longest waits
         first), and the processes calls went silent on lately (gone from the calls: moved elsewhere or failed)."""
         now = time.monotonic()
+        for subject in [s for s, (_, at) in went_silent.items() if now - at >= SILENT_KEPT_S]:
+            del went_silent[subject]  # forgotten: a process silent that long ago is someone else's by now
         silent = []
         for subject, (by, at) in went_silent.items():
-            if now - at < SILENT_KEPT_S:
-                _, what, component = classify(self.subjects, subject)
-                silent.append({"process": by, "what": what, "component": component, "ago_s": round(now - at, 1)})
+            _, what, component = classify(self.subjects, subject)
+            silent.append({"process": by, "what": what, "component": component, "ago_s": round(now - at, 1)})
         return {"waits": self.waits(calls), "went_silent": silent}
 
     def waits(self, calls: list[Pending]) -> list[dict[str, Any]]:
