@@ -147,3 +147,37 @@ async def wait_async(holds: Any, within: float, seen: dict[str, Any]) -> None:
                 await anyio.sleep(0.2)
     except TimeoutError:
         raise AssertionError(render(seen["r"]) if "r" in seen else "no report") from None
+
+
+async def test_why_counts_the_tasks_a_frozen_agent_worker_holds(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    """A frozen agent worker answers nothing: its rollouts are the tasks its queue handed out that no answering
+    worker holds, said as such within 30 s (the queue hands them out again after the agent's ack_wait_s)."""
+    cfg = config(tmp_path, delay_s=25.0)
+    pool = Pool(cfg, nats_server.url)
+    pool.start("model", "models.policy")
+    pool.start("env", "resources.env")
+    agent = pool.start("agent", "agents.agent")
+    frozen = False
+    try:
+        publish(cfg, nats_server.url, tasks_file(tmp_path, 2), "b3")
+        seen: dict[str, Any] = {}
+
+        async def running() -> bool:
+            seen["r"] = r = await report(nats_server.url)
+            return r["in_flight"] == 4  # 2 tasks x 2 repeats, the agent's 4 slots
+
+        async def counted() -> bool:
+            seen["r"] = r = await report(nats_server.url)
+            return any(u.startswith("4 task(s) of agent agent held by workers that did not answer") for u in
+                       r["unanswered"])  # fmt: skip
+
+        await wait_async(running, 60, seen)
+        assert not seen["r"]["unanswered"], render(seen["r"])
+        agent.send_signal(signal.SIGSTOP)
+        frozen, t0 = True, time.monotonic()
+        await wait_async(counted, DETECT_S, seen)
+        print(f"frozen agent worker's tasks counted after {time.monotonic() - t0:.1f}s")
+    finally:
+        if frozen:
+            agent.send_signal(signal.SIGCONT)
+        pool.stop_all()
