@@ -16,6 +16,9 @@ Instruments (Prometheus names in brackets):
 - ``gym.reward`` [``gym_reward``], a histogram by ``gym.agent`` (sum / count = mean reward)
 - ``gym.inflight`` / ``gym.slots`` [``gym_inflight``, ``gym_slots``] by ``gym.role`` and
   ``gym.name``: work in progress and capacity per worker kind; ``gym.sessions`` for resources
+- ``gym.wait.oldest`` [``gym_wait_oldest_seconds``] by ``gym.name`` (the agent) and ``gym.stage`` (``generating``,
+  ``tool``, ``verify``, ``sandbox_wait``, ``agent``, ...): the longest a running rollout has been in its stage
+  (``gym-runtime why`` lists each)
 - ``gym.queue.pending`` / ``gym.queue.ack_pending`` by ``gym.consumer``: the queue lag of
   each work-queue consumer (messages not yet delivered / delivered but not acked)
 - sandbox pools, by ``gym.name`` (the pool): ``gym.sandbox.live`` and ``gym.sandbox.warm`` (gauges:
@@ -133,6 +136,8 @@ class Meters:
              "rollouts / model calls in progress per worker kind"),
             ("gauge", "gym.slots", self._observe_slots, "{slot}", "concurrency slots per worker kind"),
             ("gauge", "gym.sessions", self._observe_sessions, "{session}", "open resource sessions"),
+            ("gauge", "gym.wait.oldest", self._observe_oldest_wait, "s",
+             "the longest a running rollout has waited in its current stage, per agent and stage (why)"),
             *[(kind, f"gym.sandbox.{k}", self._observe_sandbox(k), "{sandbox}", what) for kind, k, what in sandbox],
             ("gauge", "gym.queue.pending", self._observe_queue("pending"), "{message}",
              "messages waiting in a work queue, per consumer"),
@@ -258,6 +263,15 @@ class Meters:
 
     def _observe_sessions(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("sessions")
+
+    def _observe_oldest_wait(self, _: CallbackOptions) -> list[Observation]:
+        oldest: dict[tuple[str, str], float] = {}
+        for _role, name, worker in self._workers:
+            waits = getattr(worker, "waits", None)
+            for e in waits()["waits"] if waits is not None else ():
+                key = (name, e["stage"])
+                oldest[key] = max(oldest.get(key, 0.0), e["for_s"])
+        return [Observation(v, {"gym.name": n, "gym.stage": st}) for (n, st), v in oldest.items()]
 
     def _observe_sandbox(self, key: str) -> Any:
         def observe(_: CallbackOptions) -> list[Observation]:

@@ -113,6 +113,8 @@ class Bus:
             conn = self._nats = NatsWire(conn, self.subjects)
         self.wire: Wire = conn
         self._replies: dict[str, Pending] = {}
+        # a subject -> the process a call to it last went silent on (its keepalives' tag), and when: ``why``
+        self.went_silent: dict[str, tuple[str, float]] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
@@ -277,6 +279,7 @@ class Bus:
                     call = replies.get(msg.subject)
                     if call is not None:
                         call.alive(time.monotonic())
+                        call.by = headers[PROGRESS_HEADER]  # who has it (``Keepalives.tag``): ``why`` names it
                     return
                 if headers and OUTPUT_HEADER in headers:  # a sign of life too
                     call = replies.get(msg.subject)
@@ -346,6 +349,10 @@ class Bus:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def calls_in_flight(self) -> list[Pending]:
+        """The calls this connection waits on now (read by ``why``: where each rollout is), at the time of asking."""
+        return [c for c in self._replies.values() if not c.fut.done()]
+
     def fail_pending(self, reason: str) -> None:
         """Fail every core call in flight as retryable: its responder may never have got it."""
         for key, call in list(self._replies.items()):
@@ -408,6 +415,8 @@ class Bus:
             return await self._unwrap(msg, subject)
         except Failure as e:  # a peer's answer, a worker lost, a clock: the runtime saw it (``Failure.observed``)
             observed(e)
+            if call.by and e.info.error_class == "worker_lost":  # who went silent on it, for ``why`` to name
+                self.went_silent[subject] = (call.by, time.monotonic())
             raise
 
     async def request(
@@ -648,10 +657,15 @@ class Bus:
         await self.wire.flush()
 
     async def scatter(
-        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
+        self,
+        subject: str,
+        *,
+        wait_s: float,
+        until: Callable[[str, bytes], bool] | None = None,
+        ask: bytes = b"",
     ) -> list[tuple[str, bytes]]:
-        """Send an empty request to every subscriber of ``subject`` and gather the raw answers for ``wait_s``
-        seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
+        """Send a request (``ask``, empty by default) to every subscriber of ``subject`` and gather the raw answers
+        for ``wait_s`` seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
         subject it came on: each responder answers into its own lane under the request's reply root
         (``answer``), which on a secured bus only it may publish into."""
         root = self.wire.new_inbox()
@@ -665,7 +679,7 @@ class Bus:
 
         sub = await self.wire.subscribe(answers(root), cb=on_answer)
         try:
-            await self.wire.publish(subject, b"", reply=root)
+            await self.wire.publish(subject, ask, reply=root)
             await self.wire.flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(enough.wait(), wait_s)

@@ -223,6 +223,7 @@ class ModelWorker:
             "direct": self.direct,
             "expired": self.expired,
             "held": self.gate.held,
+            "paused": not self.gate.is_open,  # for a weight update (``why`` says so of the calls it holds)
             "stopped": self.stopped,
             "regenerated": self.regenerated,
             "cut": self.cut,
