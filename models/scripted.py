@@ -287,9 +287,15 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     # (one made-up id per word, each turn's prompt the turns before it and then what came since), so trainer
     # adapters run on it (``tests/bench/instructions.py --with-trl-adapter``).
     token_ids: bool = False
+    # Route as if each replica held a prefix cache (``affinity_load``): for tests and benchmarks of the routing,
+    # whose stand-in engines keep one; the scripted model itself has none, so by default nothing is routed.
+    prefix_cache: bool = False
 
     def call_budget_s(self) -> float:
         return self.budget_s
+
+    def holds_prefix_cache(self) -> bool:
+        return self.prefix_cache
 
 
 class ScriptedModel:

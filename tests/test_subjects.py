@@ -126,6 +126,9 @@ USES = [
     Use("model_queue", s.model_queue("m"), AGENTS | RESOURCES, set()),
     Use("model_direct", s.model_direct("m"), AGENTS | RESOURCES, of("model", "m")),
     Use("model_direct", s.model_direct("n"), AGENTS | RESOURCES, of("model", "n")),
+    # ... and to one replica by name (a rollout's next turn, to the replica that holds its prefix)
+    Use("model_replica", s.model_replica("m", "w1"), AGENTS | RESOURCES, of("model", "m")),
+    Use("model_replica", s.model_replica("n", "w1"), AGENTS | RESOURCES, of("model", "n")),
     Use("consumer_create", sj.consumer_create(s.model_stream, "model_m", s.model_queue("m")), of("model", "m"), set()),
     Use("pull_next", sj.pull_next(s.model_stream, "model_m"), of("model", "m"), set()),
     Use("acks", f"$JS.ACK.{s.model_stream}.model_m.{ACK}", of("model", "m"), set()),

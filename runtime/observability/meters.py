@@ -128,6 +128,10 @@ class Meters:
              "rollouts that ended as a failure row, by error class"),
             ("counter", "gym.model.tokens", self._observe_tokens, "{token}",
              "model tokens in (prompt) and out (completion)"),
+            ("counter", "gym.model.routed", self._observe_routed, "{call}",
+             "model calls served per model by how they were routed (affine, load, moved: docs/models.md)"),
+            ("counter", "gym.model.prefix_cache", self._observe_prefix_cache, "{token}",
+             "prompt tokens the engine looked up in its prefix cache (queries) and found there (hits), per model"),
             ("gauge", "gym.inflight", self._observe_inflight, "{item}",
              "rollouts / model calls in progress per worker kind"),
             ("gauge", "gym.slots", self._observe_slots, "{slot}", "concurrency slots per worker kind"),
@@ -237,6 +241,22 @@ class Meters:
 
     def _observe_inflight(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("in_flight")
+
+    def _observe_routed(self, _: CallbackOptions) -> list[Observation]:
+        totals: dict[tuple[str, str], int] = {}
+        for role, name, worker in self._workers:
+            routed = worker.stats().get("routed") if role == "model" else None
+            for route, n in (routed or {}).items():
+                totals[(name, route)] = totals.get((name, route), 0) + n
+        return [Observation(v, {"gym.model": m, "gym.route": r}) for (m, r), v in totals.items()]
+
+    def _observe_prefix_cache(self, _: CallbackOptions) -> list[Observation]:
+        totals: dict[tuple[str, str], int] = {}
+        for role, name, worker in self._workers:
+            cache = worker.stats().get("prefix_cache") if role == "model" else None
+            for kind, n in (cache or {}).items():
+                totals[(name, kind)] = totals.get((name, kind), 0) + n
+        return [Observation(v, {"gym.model": m, "gym.kind": k}) for (m, k), v in totals.items()]
 
     def _observe_slots(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("slots")

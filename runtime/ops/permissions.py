@@ -112,7 +112,8 @@ _Grant = tuple[list[str], list[str], list[str]]  # what a role may publish, subs
 
 
 def _models(s: Subjects) -> list[str]:
-    return [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
+    # queued and direct model calls, and direct to one replica (a rollout's next turn, to its prefix)
+    return [s.model_queue("*"), s.model_direct("*"), s.model_replica("*", "*")]
 
 
 def _control_news(s: Subjects) -> list[str]:
@@ -191,6 +192,7 @@ def _model(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         s.status,
         *_control_news(s),
         s.model_direct(mine),  # direct calls (core NATS) while a slot is free
+        s.model_replica(mine, "*"),  # ... and those sent to this replica by name (its rollouts' later turns)
         s.pause(mine),
         s.resume(mine),
         s.live("model", mine),

@@ -469,6 +469,11 @@ class Subjects:
         """Direct (core) calls to a replica with a free slot: outside the model stream's subjects."""
         return f"{self.ns}.call.model.{model}"
 
+    def model_replica(self, model: str, worker: str) -> str:
+        """Direct calls to one replica (``worker``: its id, a rollout's last turn's ``ModelResponse.worker``): a
+        rollout's next turn tries the replica that holds its prefix first (``model_calls.call_model``)."""
+        return f"{self.ns}.call.model.{model}.{worker}"
+
     def model_group(self, model: str) -> str:
         """The queue group of a model's replicas on its direct subject."""
         return f"model.{model}"

@@ -49,6 +49,7 @@ from gym_runtime.messages import (
 from gym_runtime.observability import logs
 from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.rollout.state import Models, Rollout
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller
@@ -188,10 +189,15 @@ class AgentWorker:
         self.records = AttemptRecords(bus, name)
         self.rollouts = Rollouts(bus.subjects, bus.timings.keepalive_s)  # where each waits (``why``)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
-        # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call, and
-        # whether the policy's generations stop at the deadline, tokens kept
+        # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call,
+        # whether the policy's generations stop at the deadline, tokens kept; and the replica of each rollout's last
+        # turn, for the models whose replicas hold a prefix cache (``ModelConfig.routed_load``)
         self._models = Models(
-            self._model_timeout, self._model_fps.get, self._model_patience.get, cuttable_models(config)
+            self._model_timeout,
+            self._model_fps.get,
+            self._model_patience.get,
+            cuttable_models(config),
+            Affinity.of({m: c.routed_load() for m, c in config.models.items()}),
         )
 
     def _model_timeout(self, model: str) -> float:
@@ -432,6 +438,8 @@ class AgentWorker:
                 room.sandboxes.let_go()
             else:
                 await _release(room)
+            if (affinity := self._models.affinity) is not None:
+                affinity.ended(room.rollout_key)  # its replicas hold one rollout fewer of ours
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
