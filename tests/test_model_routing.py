@@ -141,6 +141,33 @@ async def test_a_draining_replica_sends_its_rollouts_elsewhere(nats_server: Embe
             assert turns[1].worker == other.worker_id and other.routed["affine"] == 1
 
 
+async def test_a_replica_added_mid_batch_takes_new_rollouts_at_once(nats_server: EmbeddedServer, bus: Bus) -> None:
+    """Rollouts under way on replica a keep it; a replica b added meanwhile takes new rollouts from their first
+    turn (no affinity holds a new rollout), and keeps their later turns."""
+    async with serving(nats_server.url, scripted(concurrency=16)) as a:
+        started = [await rollout(bus, 2) for _ in range(4)]
+        assert {r.worker for turns in started for r in turns} == {a.worker_id}
+        async with serving(nats_server.url, scripted(concurrency=16)) as b:
+            old: list[list[ModelResponse]] = []
+            new: list[list[ModelResponse]] = []
+
+            async def go_on(replica: str) -> None:
+                old.append(await rollout(bus, 3, replica=replica))
+
+            async def fresh() -> None:
+                new.append(await rollout(bus, 3))
+
+            async with anyio.create_task_group() as tg:
+                for turns in started:
+                    tg.start_soon(go_on, turns[-1].worker)
+                for _ in range(16):
+                    tg.start_soon(fresh)
+        assert {r.worker for turns in old for r in turns} == {a.worker_id}  # under way: their cache stays theirs
+        on_b = [turns for turns in new if turns[0].worker == b.worker_id]
+        assert on_b, "the added replica took none of 16 new rollouts"  # at random: 1 time in 65,536
+        assert all({r.worker for r in turns} == {b.worker_id} for turns in on_b)
+
+
 async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: Bus, tmp_path: Path) -> None:
     """96 weather rollouts (two model turns each), 32 at once through the real agent worker, on 4 replicas of 4
     slots (more rollouts than slots, as in training): no replica served more than 1.25x the mean of the prompt
