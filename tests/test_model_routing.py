@@ -177,9 +177,11 @@ async def test_a_replica_added_mid_batch_takes_new_rollouts_at_once(nats_server:
 
 
 async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: Bus, tmp_path: Path) -> None:
-    """96 weather rollouts (two model turns each), 32 at once through the real agent worker, on 4 replicas of 4
-    slots (more rollouts than slots, as in training): no replica served more than 1.25x the mean of the prompt
-    tokens, and most rows' turns stayed on one replica (at random 1 in 4: ~24 of 96; moved only when full)."""
+    """96 weather rollouts (two model turns each), 12 at once through the real agent worker, on 4 replicas of 4
+    slots: no replica served more than 1.25x the mean of the prompt tokens, and most rows' turns stayed on one
+    replica (at random 1 in 4: ~24 of 96; moved only when full). With more rollouts at once than slots (32), a
+    turn's replica is full so often that how many stay (28-50 of 96 in 8 runs) cannot be told from chance well
+    enough for a test; the balance at that load is the simulated benchmark's (``tests/bench/prefix_routing.py``)."""
     n = 96
     cfg = config_from_dict(
         {
@@ -194,7 +196,7 @@ async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: B
                 }
             },
             "resources": {"env": {"server": "resources.weather"}},
-            "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 32}},
+            "agents": {"agent": {"agent": "agents.simple", "model": "policy", "resource": "env", "concurrency": 12}},
             "base_dir": str(REPO),
         }
     )
@@ -215,7 +217,7 @@ async def test_load_stays_within_a_quarter_of_the_mean_over_many_rollouts(bus: B
     assert (stats.rows, stats.failures) == (n, 0)
     rows = [msgspec.json.decode(line) for line in out.read_text().splitlines()]
     on_one = sum(len(r["provenance"]["workers"]["model"]) == 1 for r in rows)
-    assert on_one >= 40, on_one  # random: 24 +- 4
+    assert on_one >= 60, on_one  # at random 24 +- 4; routed, 79-88 in 8 runs at load 5
     mean = statistics.mean(tokens.values())
     assert max(tokens.values()) <= 1.25 * mean, tokens
 
