@@ -290,6 +290,41 @@ def reach(url: str | list[str], *, query: bool = False) -> str | list[str]:
     return url
 
 
+def watched_query(args: argparse.Namespace, service: str, body: Callable[[Any], Any]) -> int:
+    """A query command on a live bus (``status``, ``why``): ``--interval`` checked, the server reached, a
+    publisher's connection for ``body(bus)``, closed after it; Ctrl-C ends a ``--watch`` with exit 0."""
+    if args.interval <= 0:
+        raise UserError(f"--interval {args.interval:g}: must be positive (seconds between refreshes)")
+    url = reach(need_url(args, None), query=True)
+    auth = client_auth(args)
+
+    async def go() -> None:
+        from gym_runtime.observability.tracing import Telemetry
+        from gym_runtime.transport.bus import Bus
+
+        bus = await Bus.connect(
+            url,
+            namespace=args.namespace,
+            telemetry=Telemetry(service=f"gym-runtime.{service}"),
+            name=f"gym-{service}",
+            auth=auth,
+            role="publisher",
+        )
+        try:
+            await body(bus)
+        finally:
+            await bus.close()
+
+    from gym_runtime.service.loop import run_async
+
+    try:
+        run_async(go)
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise
+    return 0
+
+
 class StatusLine:
     """A notice on a terminal until the next output replaces it: the user sees why a query waits, and
     afterwards only its result or its one error line."""

@@ -8,8 +8,6 @@ import sys
 from typing import Any
 
 from gym_runtime.cli import _common as cli
-from gym_runtime.errors import UserError
-from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,37 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
+    async def body(bus: Any) -> None:
+        await (_batch(bus, args) if args.batch else _overview(bus, args))
 
-    url = cli.reach(cli.need_url(args, None), query=True)
-    if args.interval <= 0:
-        raise UserError("--interval must be positive")
-    auth = cli.client_auth(args)
-
-    async def go() -> None:
-        bus = await Bus.connect(
-            url,
-            namespace=args.namespace,
-            telemetry=Telemetry(service="gym-runtime.status"),
-            name="gym-status",
-            auth=auth,
-            role="publisher",
-        )
-        try:
-            if args.batch:
-                await _batch(bus, args)
-            else:
-                await _overview(bus, args)
-        finally:
-            await bus.close()
-
-    try:
-        run_async(go)
-    except KeyboardInterrupt:
-        if not args.watch:
-            raise
-    return 0
+    return cli.watched_query(args, "status", body)
 
 
 async def _overview(bus: Any, args: argparse.Namespace) -> None:

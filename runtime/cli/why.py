@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from gym_runtime.cli import _common as cli
-from gym_runtime.errors import UserError
-from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,39 +22,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gym_runtime.ops.why import gather, render
-    from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
-
-    url = cli.reach(cli.need_url(args, None), query=True)
-    if args.interval <= 0:
-        raise UserError(f"--interval {args.interval:g}: must be positive (seconds between refreshes)")
-    auth = cli.client_auth(args)
-
-    async def go() -> None:
+    async def body(bus: Any) -> None:
         import anyio
 
-        bus = await Bus.connect(
-            url,
-            namespace=args.namespace,
-            telemetry=Telemetry(service="gym-runtime.why"),
-            name="gym-why",
-            auth=auth,
-            role="publisher",
-        )
-        try:
-            while True:
-                report = await gather(bus, batch=args.batch)
-                print(json.dumps(report) if args.json else render(report), flush=True)
-                if not args.watch:
-                    return
-                await anyio.sleep(max(0.0, args.interval - 1.0))  # gather itself listens for a second
-        finally:
-            await bus.close()
+        from gym_runtime.ops.why import gather, render
 
-    try:
-        run_async(go)
-    except KeyboardInterrupt:
-        if not args.watch:
-            raise
-    return 0
+        while True:
+            report = await gather(bus, batch=args.batch)
+            print(json.dumps(report) if args.json else render(report), flush=True)
+            if not args.watch:
+                return
+            await anyio.sleep(max(0.0, args.interval - 1.0))  # gather itself listens for a second
+
+    return cli.watched_query(args, "why", body)
