@@ -706,6 +706,16 @@ class Subjects:
         return f"{agent}.>"
 
     @staticmethod
+    def checkpoint_part(key: str, part: int) -> str:
+        """Part ``part`` of a rollout's checkpoint (``rollout.checkpoint``: a turn's share), under its key."""
+        return f"{key}.{part}"
+
+    @staticmethod
+    def batch_checkpoints(batch: str) -> str:
+        """Every key of a batch's rollouts' checkpoints, each part and a whole one the previous version wrote."""
+        return f"*.{_kv_batch(batch)}.>"
+
+    @staticmethod
     def manifest_key(batch: str) -> str:
         """A batch's manifest in the batches bucket."""
         return batch
