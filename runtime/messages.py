@@ -825,12 +825,13 @@ class SandboxSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
 class SandboxCall(_Msg, tag="sbx.call.v1"):
     """One operation of the sandbox fleet. ``create`` goes to a pool's queue group and names the lease (a random
     secret: ``sandboxes.leases``) and when it ends; ``exec``/``write``/``read``/``close`` and a background
-    ``process``'s ``spawn``/``poll``/``wait``/``kill`` and ``restart`` (every process ended, the files kept) go to
-    the worker that holds ``sandbox``, each carrying that lease: the worker refuses one that does not prove it."""
+    ``process``'s ``spawn``/``poll``/``wait``/``kill``, ``restart`` (every process ended, the files kept) and
+    ``fork`` (copies of it, one per lease in ``leases``) go to the worker that holds ``sandbox``, each carrying
+    that lease: the worker refuses one that does not prove it."""
 
     op: Literal[
         "create", "exec", "write", "read", "close", "present", "spawn", "poll", "wait", "kill", "restart", "renew",
-        "attach",
+        "attach", "fork",
     ]  # fmt: skip
     sandbox: str = ""
     spec: SandboxSpec | None = None
@@ -851,6 +852,8 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     # exec: the same on every attempt of a rollout's turn (``Trajectory.call_id``): the worker answers an id it ran
     # before with that first reply, and one still running with its reply once it ends (never run twice)
     id: str = ""
+    # fork: the leases of the copies to make, one each (random secrets, as a create's ``lease``; never logged)
+    leases: list[str] = []
 
 
 # An exec's outcome: the fields of an author's ``ExecResult`` (``sandboxes.spec``), which a reply carries as they are
@@ -879,6 +882,7 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     # create, attach: how often the holder says it is alive (``renew``); a sandbox whose holder falls silent is
     # kept for the pool's ``lease_grace_s``, for a resumed attempt to reattach to, then removed (0: never asked)
     renew_s: float = 0.0
+    forked: list[str] = []  # fork: the copies' ids, in the order of the call's ``leases``
 
     @classmethod
     def of_exec(cls, sandbox: str, r: Any) -> SandboxReply:

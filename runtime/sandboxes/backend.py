@@ -90,6 +90,11 @@ class Backend(Protocol):
         """End every process of the sandbox, its files kept (``Capabilities.restart``); how many it ended."""
         ...
 
+    async def fork(self, sid: str, spec: Resolved, *, owner: str, leases: list[str], expires: float) -> list[str]:
+        """Copies of sandbox ``sid`` (``Capabilities.fork``): one new sandbox per lease tag in ``leases``, in that
+        order, made as ``spec`` with ``sid``'s files; all or none (what each backend copies: docs/sandboxes.md)."""
+        ...
+
     async def close(self, sid: str) -> None:
         """Remove the sandbox (and all it wrote); no error when it is gone already."""
         ...

@@ -196,6 +196,29 @@ class Sandbox:
         in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
         await self._op(SandboxCall(op="restart", sandbox=self.id, lease=self._owner.lease), CREATE_TIMEOUT_S)
 
+    async def fork(self, n: int = 1, *, into: list[Sandboxes] | None = None) -> list[Sandbox]:
+        """``n`` new sandboxes with this one's files as they are now (what each backend copies: docs/sandboxes.md),
+        each under its own lease: ``into``'s (one ``Sandboxes`` per copy, of this pool and bus: a rollout's, whose
+        end closes it), else a fresh one each (the caller closes them). A write in one is never seen by another,
+        nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once."""
+        owner = self._owner
+        holders = into if into is not None else [owner.sibling() for _ in range(n)]
+        if len(holders) != n or not n:
+            raise ValueError(f"fork({n}) needs n >= 1 and one Sandboxes per copy in into (got {len(holders)})")
+        if any(h.pool != owner.pool or h._bus is not owner._bus for h in holders):
+            raise ValueError("fork: every Sandboxes in into must be of this sandbox's pool and bus")
+        expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
+        call = SandboxCall(
+            op="fork", sandbox=self.id, lease=owner.lease, leases=[h.lease for h in holders], expires=expires
+        )
+        reply = await self._op(call, CREATE_TIMEOUT_S)
+        boxes = []
+        for holder, sid in zip(holders, reply.forked, strict=True):
+            box = Sandbox(holder, sid, reply.address, self.spec)
+            holder._hold(box, reply)
+            boxes.append(box)
+        return boxes
+
     async def close(self) -> None:
         if self.closed:
             return
@@ -384,6 +407,17 @@ class Sandboxes:
         # a rollout that writes checkpoints: a sandbox whose ``async with`` a retryable failure leaves stays open for
         # the worker to end or leave to the next attempt (``let_go``), which resumes from the checkpoint
         self.defer_close = False
+
+    def sibling(self) -> Sandboxes:
+        """A new lease in the same pool, with this one's deadline and limits (a fork's copy's, by default)."""
+        return Sandboxes(
+            self._bus,
+            self.pool,
+            deadline=self.deadline,
+            where=self.where,
+            exec_timeout_s=self.exec_timeout_s,
+            absent_grace_s=self.absent_grace_s,
+        )
 
     @property
     def asked(self) -> int:

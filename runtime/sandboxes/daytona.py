@@ -104,6 +104,9 @@ class DaytonaBackend:
     async def restart(self, sid: str) -> int:
         raise unsupported(self.name, "restart", "restart (ending every process, the files kept)")
 
+    async def fork(self, sid: str, spec: Resolved, *, owner: str, leases: list[str], expires: float) -> list[str]:
+        raise unsupported(self.name, "fork", "fork (copies of a sandbox)")
+
     async def write(self, sid: str, path: str, data: bytes) -> None:
         form = aiohttp.FormData()
         form.add_field("file", data, filename=os.path.basename(path) or "file")

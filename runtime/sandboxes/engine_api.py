@@ -44,6 +44,7 @@ import anyio.abc
 from gym_runtime.errors import Failure
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
+from gym_runtime.sandboxes.engine_fork import EngineForks
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
@@ -107,7 +108,9 @@ def renew_every(orphan_after_s: float) -> float:
 class EngineBackend:
     """Containers of one pool on one engine (Docker or Podman's compatible service)."""
 
-    capabilities = Capabilities(exec=True, file_transfer=True, images=True, background=True, stream=True, restart=True)
+    capabilities = Capabilities(
+        exec=True, file_transfer=True, images=True, background=True, stream=True, restart=True, fork=True
+    )
 
     def __init__(
         self,
@@ -125,6 +128,7 @@ class EngineBackend:
         self.writable = writable  # the pool's ``rootfs: writable``: the image's file system, writable and uncapped
         self.orphan_after_s = orphan_after_s  # a container not renewed this long ends by itself (KEEPER)
         self.warm_max_s = warm_max_s  # the hard deadline of a container made with no lease end (a warm one)
+        self.forks = EngineForks(engine, pool, (POOL, tuple(p.lstrip("/") for p in WRITABLE)))
 
     def _window_s(self) -> int:
         return keeper_window(self.orphan_after_s)
@@ -291,8 +295,17 @@ class EngineBackend:
             raise Failure("tool_error", f"sandbox {sid[:12]}: {left} its restart")
         return len(before)
 
+    async def fork(self, sid: str, spec: Resolved, *, owner: str, leases: list[str], expires: float) -> list[str]:
+        """Copies of ``sid`` (``engine_fork``), one per lease tag, made as ``spec``."""
+        return await self.forks.fork(self, sid, spec, owner=owner, tags=leases, expires=expires)
+
     async def close(self, sid: str) -> None:
         await self.engine.remove(sid)
+        await self.forks.released(sid)
+
+    async def sweep_images(self) -> int:
+        """Temporary fork images no container uses any more (``EngineForks.sweep``)."""
+        return await self.forks.sweep()
 
     async def image_id(self, sid: str) -> str:
         """The container's ``Image``: the Id of the image it was created from, whatever its name points at now."""

@@ -276,6 +276,31 @@ class Engine:
         except aiohttp.ClientError as e:
             raise EngineError(f"the engine at {self.socket_path} cannot be reached: {e}") from e
 
+    async def commit(self, cid: str, labels: dict[str, str]) -> str:
+        """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id."""
+        out = await self._call(
+            "POST", "/commit", params={"container": cid, "pause": "true"}, body={"Labels": labels}, timeout_s=600
+        )
+        return str(out["Id"])
+
+    async def images(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The images carrying these labels."""
+        want = [f"{k}={v}" for k, v in labels.items()]
+        out: list[dict[str, Any]] = await self._call(
+            "GET", "/images/json", params={"filters": json.dumps({"label": want})}
+        )
+        return out
+
+    async def remove_image(self, ref: str) -> bool:
+        """Remove an image; False: a container still uses it (the engine refuses), or it is gone already."""
+        try:
+            await self._call("DELETE", f"/images/{quote(ref, safe='')}", params={"noprune": "false"})
+        except EngineError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
     # ---------------------------------------------------------------- containers
 
     async def create(self, body: dict[str, Any], name: str | None = None) -> str:

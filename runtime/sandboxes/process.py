@@ -3,7 +3,8 @@ seccomp, Landlock, a cgroup) for machines without a container engine.
 
 One sandboxed child per sandbox, serving ``process_payload``. It has no image: commands run on the host's
 own (read-only) file system in a private tmpfs working directory, so ``SandboxSpec.image`` is ignored
-(``Capabilities.images`` is False). A child dies with its worker (PDEATHSIG), so nothing outlives a
+(``Capabilities.images`` is False). A fork copies that directory (as a tar, through the payload) into new ones;
+processes are not copied. A child dies with its worker (PDEATHSIG), so nothing outlives a
 SIGKILLed worker and ``list_owned`` has nothing to reap.
 """
 
@@ -25,7 +26,7 @@ SESSION_S = 24 * 3600.0  # the child's own wall clock; a lease ends long before
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(exec=True, file_transfer=True, images=False)
+    capabilities = Capabilities(exec=True, file_transfer=True, images=False, fork=True)
 
     def __init__(self, *, pool: str, max_parallel: int = 1024) -> None:
         self.pool = pool
@@ -88,6 +89,21 @@ class ProcessBackend:
 
     async def restart(self, sid: str) -> int:
         raise unsupported(self.name, "restart", "restart (ending every process, the files kept)")
+
+    async def fork(self, sid: str, spec: Resolved, *, owner: str, leases: list[str], expires: float) -> list[str]:
+        """New sandboxes holding a copy of ``sid``'s working directory; all or none."""
+        cap = spec.disk_mb << 20
+        files = (await self._call(sid, {"op": "pack", "max": cap}, cap))[1]
+        children: list[str] = []
+        try:
+            for _ in leases:
+                children.append(await self.create(spec, owner=owner, lease="", expires=expires))
+                await self._call(children[-1], {"op": "unpack", "data": files.decode("latin-1")}, 0)
+        except BaseException:
+            for child in children:
+                await self.close(child)
+            raise
+        return children
 
     async def write(self, sid: str, path: str, data: bytes) -> None:
         await self._call(sid, {"op": "write", "path": path, "data": data.decode("latin-1")}, 0)

@@ -8,11 +8,15 @@ Standard library only. ``main(channel)`` serves requests until the parent closes
   "stdout": len}`` with stdout then stderr as the message's body.
 - ``{"op": "write", "path": p, "data": s}`` (the bytes as a latin-1 string): write a file.
 - ``{"op": "read", "path": p, "max": n}``: the file's bytes as the body (an error past ``n``).
+- ``{"op": "pack", "max": n}``: the working directory as a tar (the body; an error past ``n``), for a fork;
+  ``{"op": "unpack", "data": s}``: such a tar (latin-1) unpacked into this one's.
 """
 
+import io
 import os
 import signal
 import subprocess
+import tarfile
 import time
 
 
@@ -86,6 +90,31 @@ def _path(rel):
     return full
 
 
+def _pack(cap):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(".", recursive=True)
+    if buf.tell() > cap:
+        raise ValueError(f"the working directory is larger than {cap} bytes (the pool's disk_mb)")
+    return buf.getvalue()
+
+
+def _safe(member, path):
+    """tarfile's ``data`` filter (nothing outside the working directory, whatever the tar says), the files' own
+    permission bits kept: the commands run under another uid than ours (see ``main``)."""
+    safe = tarfile.data_filter(member, path)
+    return None if safe is None else safe.replace(mode=member.mode & 0o777, deep=False)
+
+
+def _unpack(data):
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(".", filter=_safe)
+        else:
+            tar.extractall(".")
+    os.chmod(os.getcwd(), 0o777)
+
+
 def main(channel):
     # as root the sandbox runs us under a random uid with file-system uid 0 for this process only: the
     # commands we start lose it at execve, so the working directory must be open to them (it is ours alone)
@@ -114,6 +143,11 @@ def main(channel):
                 if len(data) > int(req["max"]):
                     raise ValueError(f"{req['path']} is larger than {req['max']} bytes (the pool's max_output)")
                 channel.send({"ok": True}, data)
+            elif op == "pack":
+                channel.send({"ok": True}, _pack(int(req["max"])))
+            elif op == "unpack":
+                _unpack(req["data"].encode("latin-1"))
+                channel.send({"ok": True})
             else:
                 channel.send({"error": f"unknown op {op!r}"})
         except Exception as e:

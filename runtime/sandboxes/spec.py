@@ -40,6 +40,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     restart: bool = False  # every process ended, the files kept (``box.restart``: before a verify in the same box)
     network: bool = False  # never, on these machines
     images: bool = True  # False: the host's own file system (the process backend)
+    fork: bool = False  # a held sandbox copied into new ones, its files kept (``box.fork``; docs/sandboxes.md)
 
 
 class ExecResult(msgspec.Struct, kw_only=True, omit_defaults=True):

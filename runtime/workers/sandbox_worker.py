@@ -38,7 +38,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from gym_runtime.config import SandboxConfig
-from gym_runtime.errors import ConfigError, Failure
+from gym_runtime.errors import ConfigError, Failure, observed
 from gym_runtime.messages import SandboxCall, SandboxReply, SandboxSpec
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Backend, Background, Resolved, unsupported
@@ -78,6 +78,7 @@ class Held(msgspec.Struct, kw_only=True):
     key: str = ""  # the create's key (``SandboxCall.key``): a try of the same create gets this sandbox
     image: str = ""  # its image's content id, as the create answered it
     heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
+    spec: Resolved | None = None  # what it was made as (a fork's copies are made so too)
 
 
 async def _drain(sub: Any) -> None:
@@ -437,7 +438,7 @@ class SandboxWorker:
         if warm is not None:  # a warm one: no engine call at all
             sid, image_id = warm
             self.held[sid] = held = Held(
-                lease=req.lease, caller=caller, expires=expires, used=time.monotonic(), key=req.key
+                lease=req.lease, caller=caller, expires=expires, used=time.monotonic(), key=req.key, spec=spec
             )
             held.image, held.heard = image_id, held.used if req.renews else 0.0
             self.warm_hits += 1
@@ -467,6 +468,7 @@ class SandboxWorker:
                     used=time.monotonic(),
                     restartable=spec.restartable,
                     key=req.key,
+                    spec=spec,
                 )
                 held.heard = held.used if req.renews else 0.0
                 self.held[sid] = held
@@ -530,6 +532,8 @@ class SandboxWorker:
                 return await self._process(req, held)
             if req.op == "restart":
                 return await self._restart(req.sandbox, held)
+            if req.op == "fork":
+                return await self._fork(req, held)
             if req.op == "write":
                 with self._span("write", sid=req.sandbox):
                     await self.backend.write(req.sandbox, req.path, req.data)
@@ -542,6 +546,62 @@ class SandboxWorker:
         finally:
             held.busy -= 1
             held.used = time.monotonic()
+
+    async def _fork(self, req: SandboxCall, held: Held) -> SandboxReply:
+        """Copies of a held sandbox, one per lease the call names, held here for the same caller (each under its
+        own lease, limits and expiry; ``Backend.fork``). They count against this worker's room: a fork past it
+        is refused at once (``sandbox_unavailable``), never waited on, since the parent holds this worker."""
+        assert self.backend is not None
+        where, n = f"sandboxes.{self.name}", len(req.leases)
+        if not self.backend.capabilities.fork:
+            raise unsupported(self.backend.name, "fork", "fork (copies of a sandbox)", where=where)
+        if not n or not all(req.leases) or len(set(req.leases)) != n:
+            raise Failure("tool_error", f"{where}: a fork names one distinct lease per copy")
+        while self.room() < n and self.warm and not self._draining:  # idle warm ones make room
+            await self._remove(self._pop_warm())
+        if self.room() < n or self._draining or held.spec is None:
+            self.full_replies += 1
+            raise observed(
+                Failure(
+                    "sandbox_unavailable",
+                    f"{where}: forking sandbox {req.sandbox[:12]} into {n} needs {n} free sandboxes on its worker, "
+                    f"which has {self.room()} (capacity {self.cfg.capacity}, max_live {self.cfg.max_live})",
+                )
+            )
+        now = time.time()
+        expires = min(req.expires or now + self.cfg.max_lease_s, now + self.cfg.max_lease_s)
+        slots = [f"creating-{uuid.uuid4().hex}" for _ in range(n)]  # counted before the engine answers
+        for slot in slots:
+            self.held[slot] = Held(lease="", expires=expires, used=time.monotonic(), busy=1)
+        self.changed()
+        try:
+            with anyio.CancelScope(shield=True), self._span("fork", sid=req.sandbox) as span:
+                tags = [lease_tag(lease) for lease in req.leases]
+                kids = await self.backend.fork(
+                    req.sandbox, held.spec, owner=self.worker_id, leases=tags, expires=expires
+                )
+                mono = time.monotonic()
+                for kid, lease in zip(kids, req.leases, strict=True):
+                    self.held[kid] = Held(
+                        lease=lease,
+                        caller=held.caller,
+                        expires=expires,
+                        used=mono,
+                        heard=mono,
+                        restartable=held.restartable,
+                        image=held.image,  # what the parent's image was: the copies' provenance
+                        spec=held.spec,
+                    )
+                span.set_attribute("gym.sandbox.forked", n)
+        finally:
+            for slot in slots:
+                self.held.pop(slot, None)
+            self.changed()
+        self.created += n
+        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease))
+        return SandboxReply(
+            sandbox=req.sandbox, forked=kids, address=self.address, image=held.image, renew_s=self.renew_s
+        )
 
     def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
         """A resumed attempt of the rollout that holds ``held`` takes it up (the same lease): its lease ends at the
@@ -694,6 +754,9 @@ class SandboxWorker:
                     self._forget_warm(sid)
                     self.warm_id.pop(sid, None)
                     await self._remove(sid)
+                sweep_images = getattr(self.backend, "sweep_images", None)  # forks' images left by a dead worker
+                if sweep_images is not None:
+                    await sweep_images()
                 for sid, why, lease in self._ended():
                     log.info(why, sandbox=sid[:12], lease=lease)
                     await self._remove(sid)

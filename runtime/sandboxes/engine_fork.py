@@ -1,0 +1,142 @@
+"""Forking a container (``Capabilities.fork`` of the ``docker`` and ``podman`` backends): N new containers with
+the parent's files, each made as any other (``EngineBackend.create``: its own lease label, limits, keeper and
+``--network none``), so the reaper and the pool's quota treat them as any other.
+
+What is copied is where a container's files live. A read-only pool's writable paths (``/work``, ``/tmp``,
+``/root``) are tmpfs mounts, which ``docker commit`` does not see: they are read from the parent as one tar
+stream and unpacked into each child (the image itself is the parent's, unchanged). A ``rootfs: writable`` pool's
+files are in the container's own layer: the parent is committed (paused for the moment of the commit) to a
+temporary image the children are created from, removed as soon as its last child is (``released``), or by a
+later sweep (``sweep``) where its worker died first. Running processes and memory are not copied (no CRIU): a
+child starts with its keeper only, as a fresh container does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+from gym_runtime.errors import Failure
+from gym_runtime.observability import logs
+from gym_runtime.sandboxes.backend import Resolved
+from gym_runtime.sandboxes.engine_http import Engine, EngineError
+
+if TYPE_CHECKING:
+    from gym_runtime.sandboxes.engine_api import EngineBackend
+
+log = logs.get("gym.sandbox")
+
+FORK_OF = "gym-runtime.fork-of"  # a temporary image's label: the container it was committed from
+IMAGE_GRACE_S = 300.0  # a fork image no container uses is swept only this long after its commit (a fork under way)
+COPY_TIMEOUT_S = 600.0
+TAR_SLACK = 1 << 20  # the tar stream's headers beyond the files themselves
+
+
+class EngineForks:
+    """One backend's forks: the temporary images it committed and the children that use each."""
+
+    def __init__(self, engine: Engine, pool: str, labels: tuple[str, tuple[str, ...]]) -> None:
+        self.engine, self.pool = engine, pool
+        self.pool_label, self.copied = labels  # the pool's label key; the tmpfs paths a fork copies, as tar names
+        self.users: dict[str, set[str]] = {}  # a temporary image -> its children still there
+        self.image_of: dict[str, str] = {}  # a child -> its temporary image
+
+    async def fork(
+        self, backend: EngineBackend, sid: str, spec: Resolved, *, owner: str, tags: list[str], expires: float
+    ) -> list[str]:
+        """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none."""
+        image = ""
+        if backend.writable:
+            image = await self._commit(sid)
+            spec = msgspec.structs.replace(spec, image=image)
+        files: list[bytes] = []
+        packed = anyio.Event()
+        children: list[str] = [""] * len(tags)
+
+        async def pack() -> None:
+            files.append(await self._pack(sid, spec))
+            packed.set()
+
+        async def one(i: int) -> None:  # created while the parent's files are read: the two overlap
+            cid = children[i] = await backend.create(spec, owner=owner, lease=tags[i], expires=expires)
+            if not backend.writable:
+                await packed.wait()
+                await self._unpack(cid, files[0])
+
+        try:
+            with anyio.CancelScope(shield=True):  # every child made is either handed out or removed here
+                async with anyio.create_task_group() as tg:
+                    if not backend.writable:
+                        tg.start_soon(pack)
+                    for i in range(len(tags)):
+                        tg.start_soon(one, i)
+        except BaseException as e:
+            for cid in children:
+                if cid:
+                    await self.engine.remove(cid)
+            if image:
+                await self.engine.remove_image(image)
+            failed = e.exceptions[0] if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1 else e
+            raise failed from None
+        if image:
+            self.users[image] = set(children)
+            self.image_of.update(dict.fromkeys(children, image))
+        return children
+
+    async def _commit(self, sid: str) -> str:
+        try:
+            return await self.engine.commit(sid, {self.pool_label: self.pool, FORK_OF: sid[:12]})
+        except EngineError as e:
+            raise Failure("tool_error", f"forking sandbox {sid[:12]} failed (commit): {e}", retryable=True) from e
+
+    async def _pack(self, sid: str, spec: Resolved) -> bytes:
+        """The parent's tmpfs paths as one tar stream (bounded by their size limits)."""
+        cap = len(self.copied) * (spec.disk_mb << 20) + TAR_SLACK
+        argv = ["tar", "-C", "/", "-cf", "-", *self.copied]
+        try:
+            out = await self.engine.exec(sid, argv, timeout_s=COPY_TIMEOUT_S, max_output=cap)
+        except EngineError as e:
+            raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: {e}", retryable=True) from e
+        # tar's 1: a file changed while it was read (a process of the parent still writing): copied as it was then
+        if out.exit_code not in (0, 1) or out.truncated:
+            why = out.stderr.decode(errors="replace").strip()[:500] or f"exit {out.exit_code}"
+            raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: its image needs tar ({why})")
+        return out.stdout
+
+    async def _unpack(self, cid: str, files: bytes) -> None:
+        argv = ["tar", "-C", "/", "-xpf", "-"]
+        out = await self.engine.exec(cid, argv, stdin=files, timeout_s=COPY_TIMEOUT_S, max_output=4096)
+        if out.exit_code != 0:
+            why = out.stderr.decode(errors="replace").strip()[:500]
+            raise Failure("tool_error", f"copying files into a forked sandbox failed: {why}")
+
+    async def released(self, cid: str) -> None:
+        """Child ``cid`` was removed: its temporary image too, if no other child uses it."""
+        image = self.image_of.pop(cid, "")
+        users = self.users.get(image)
+        if users is None:
+            return
+        users.discard(cid)
+        if not users:
+            del self.users[image]
+            if not await self.engine.remove_image(image):
+                log.info("sandbox.fork_image_kept", image=image[:19])  # a sweep tries again
+
+    async def sweep(self, now: float | None = None) -> int:
+        """Remove the pool's temporary images that no container uses (their worker died, or a removal failed),
+        once older than ``IMAGE_GRACE_S``; how many went. One a container still uses is refused by the engine."""
+        now = time.time() if now is None else now
+        gone = 0
+        for img in await self.engine.images({self.pool_label: self.pool}):
+            labels = img.get("Labels") or {}
+            if FORK_OF not in labels or img["Id"] in self.users:
+                continue
+            if now - float(img.get("Created") or 0) < IMAGE_GRACE_S:
+                continue
+            if await self.engine.remove_image(img["Id"]):
+                gone += 1
+                log.info("sandbox.fork_image_swept", image=img["Id"][:19])
+        return gone

@@ -1,0 +1,224 @@
+"""Forking a held sandbox (issue 78 items 1 and 6), on a real nats-server, a real Docker engine and the process
+backend, in process: copies with the parent's files, each under its own lease, limits and ``--network none``; a
+write in one is seen by no other nor by the parent (nor the parent's later writes by them); they count against the
+pool's quota (a fork past it is ``sandbox_unavailable`` at once, not a wait); and nothing is left behind: no copy,
+no temporary image, whether the copies are closed, their holder falls silent, or the worker stops."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from gym_runtime.config import SandboxConfig
+from gym_runtime.errors import Failure
+from gym_runtime.messages import SandboxSpec
+from gym_runtime.sandboxes.client import Sandbox, Sandboxes
+from gym_runtime.sandboxes.engine_api import LEASE, POOL
+from gym_runtime.sandboxes.engine_fork import FORK_OF, IMAGE_GRACE_S, EngineForks
+from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.sandboxes.leases import lease_tag
+from gym_runtime.transport.bus import Bus
+from gym_runtime.workers.sandbox_worker import SandboxWorker
+from tests.test_sandbox_worker import fleet, pool, wait_for
+
+__all__ = ["pool"]  # the fixture
+
+
+@pytest.fixture
+async def swept(engine: Engine, pool: str) -> AsyncIterator[None]:
+    """After the test, whatever it asserted: no fork image of its pool left in the shared engine."""
+    yield
+    for image in await fork_images(engine, pool):
+        for c in await engine.containers({POOL: f"gym.{pool}"}):
+            await engine.remove(c["Id"])
+        await engine.remove_image(image)
+
+
+def holder(bus: Bus, pool: str) -> Sandboxes:
+    return Sandboxes(bus, pool, deadline=time.time() + 300)
+
+
+async def containers(engine: Engine, pool: str) -> list[str]:
+    return sorted(c["Id"] for c in await engine.containers({POOL: f"gym.{pool}"}))
+
+
+async def fork_images(engine: Engine, pool: str) -> list[str]:
+    return [i["Id"] for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
+
+
+async def cat(box: Sandbox, path: str) -> str:
+    r = await box.exec(f"cat {path} 2>/dev/null || echo -")
+    return r.stdout.decode().strip()
+
+
+async def check_isolation(parent: Sandbox, kids: list[Sandbox], path: str) -> None:
+    """Each copy has the parent's file as it was at the fork; a write in any is seen by no other."""
+    for kid in kids:
+        assert await cat(kid, path) == "set-up"
+    await parent.exec(f"echo later > {path}")  # the parent's later write
+    for i, kid in enumerate(kids):
+        await kid.exec(f"echo kid{i} > {path}; echo kid{i} > {path}.mine")
+    assert await cat(parent, path) == "later" and await cat(parent, f"{path}.mine") == "-"
+    for i, kid in enumerate(kids):
+        assert await cat(kid, path) == f"kid{i}"
+        others = [await cat(kid, f"{path}.mine") for kid in kids]
+        assert others == [f"kid{j}" for j in range(len(kids))]
+
+
+async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_own_lease(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(capacity=8)
+        parent_lease = holder(bus, pool)
+        parent = await parent_lease.create(SandboxSpec(memory_mb=256))
+        await parent.exec("mkdir -p build && echo set-up > build/out && echo tmp > /tmp/t && echo home > /root/h")
+        owners = [holder(bus, pool) for _ in range(3)]
+        kids = await parent.fork(3, into=owners)
+        assert [k._owner for k in kids] == owners and len({k.id for k in kids} | {parent.id}) == 4
+        assert w.stats()["sandboxes"] == 4
+        r = await kids[0].exec("cat /tmp/t /root/h; pwd")  # every writable path, the same working directory
+        assert r.stdout == b"tmp\nhome\n/work\n"
+        await check_isolation(parent, kids, "build/out")
+        for kid, owner in zip(kids, owners, strict=True):  # as any sandbox: its limits, no network, its lease's label
+            info = await engine.inspect(kid.id)
+            assert info["HostConfig"]["NetworkMode"] == "none" and info["HostConfig"]["Memory"] == 256 << 20
+            assert info["Config"]["Labels"][LEASE] == lease_tag(owner.lease)
+            assert info["Image"] == (await engine.inspect(parent.id))["Image"]  # no image was made for them
+        # a copy is served under its own lease only: the parent's lease does not reach it, nor a copy's the parent
+        stolen = Sandbox(parent_lease, kids[0].id, kids[0]._address, kids[0].spec)
+        with pytest.raises(Failure, match="not held by worker"):
+            await stolen.exec("true")
+        with pytest.raises(Failure, match="not held by worker"):
+            await Sandbox(owners[1], parent.id, parent._address, parent.spec).exec("true")
+        # a fork by default: a fresh lease per copy
+        [extra] = await kids[1].fork()
+        assert extra._owner.lease not in {o.lease for o in owners} | {parent_lease.lease}
+        assert await cat(extra, "build/out") == "kid1"
+        await extra.close()
+        for owner in [*owners, parent_lease]:
+            await owner.close_all()
+        assert await containers(engine, pool) == []
+        assert w.stats()["sandboxes"] == 0
+
+
+async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    async with fleet(bus, engine, pool) as worker:
+        await worker(capacity=8, rootfs="writable")
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        await parent.exec("mkdir -p /opt/pkg && echo set-up > /opt/pkg/out")
+        owners = [holder(bus, pool) for _ in range(2)]
+        kids = await parent.fork(2, into=owners)
+        [image] = await fork_images(engine, pool)
+        assert {(await engine.inspect(k.id))["Image"] for k in kids} == {image}
+        await check_isolation(parent, kids, "/opt/pkg/out")
+        await owners[0].close_all()
+        assert await fork_images(engine, pool) == [image]  # the other copy still uses it
+        await owners[1].close_all()
+        assert await fork_images(engine, pool) == []
+        await parents.close_all()
+        assert await containers(engine, pool) == []
+
+
+async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    async with fleet(bus, engine, pool) as worker:
+        await worker(capacity=8, rootfs="writable", lease_grace_s=2, reap_interval_s=0.3)
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        await parent.exec("echo x > /etc/forked")
+        owners = [holder(bus, pool) for _ in range(2)]
+        await parent.fork(2, into=owners)
+        assert len(await fork_images(engine, pool)) == 1
+        for owner in owners:
+            owner.let_go()  # their rollout died: no renewals, no close
+
+        async def only_parent() -> bool:
+            return await containers(engine, pool) == [parent.id] and await fork_images(engine, pool) == []
+
+        await wait_for(only_parent, timeout=60)
+        await parents.close_all()
+
+
+async def test_a_stopping_worker_leaves_no_copy_and_no_image(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(capacity=8, rootfs="writable")
+        parent = await holder(bus, pool).create(SandboxSpec())
+        await parent.fork(3)
+        assert len(await containers(engine, pool)) == 4 and len(await fork_images(engine, pool)) == 1
+        assert w.stats()["sandboxes"] == 4
+    # the fleet's block cancelled the worker: it removed what it held (its own clean-up, before the fixture's)
+    assert await fork_images(engine, pool) == []
+
+
+async def test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(capacity=3, lease_wait_s=600)  # a wait for a lease would outlast the test
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        started = time.monotonic()
+        with pytest.raises(Failure) as refused:
+            await parent.fork(3)
+        assert refused.value.info.error_class == "sandbox_unavailable"
+        assert "needs 3 free sandboxes on its worker, which has 2" in refused.value.info.message
+        assert time.monotonic() - started < 60  # answered, not waited (lease_wait_s is 600)
+        assert await containers(engine, pool) == [parent.id] and w.stats()["sandboxes"] == 1
+        assert len(await parent.fork(2)) == 2  # within it: made
+        await parents.close_all()
+
+
+async def test_a_sweep_removes_fork_images_no_container_uses(engine: Engine, base_image: str, pool: str) -> None:
+    """A worker that died between its fork and its copies' removal leaves an image: a later sweep removes it
+    once no container uses it (and not while one does, nor while it is young: a fork under way)."""
+    label = f"gym.{pool}"
+    body = {"Image": base_image, "Cmd": ["sleep", "600"], "NetworkDisabled": True, "Labels": {POOL: label}}
+    body["HostConfig"] = {"NetworkMode": "none"}
+    cid = await engine.create(body)
+    image = await engine.commit(cid, {POOL: label, FORK_OF: cid[:12]})
+    user = await engine.create({**body, "Image": image})
+    forks = EngineForks(engine, label, (POOL, ("work",)))
+    try:
+        assert await forks.sweep() == 0  # young
+        later = time.time() + IMAGE_GRACE_S + 1
+        assert await forks.sweep(now=later) == 0  # a container uses it
+        await engine.remove(user)
+        assert await forks.sweep(now=later) == 1
+        assert await fork_images(engine, pool) == []
+    finally:
+        for c in (cid, user):
+            await engine.remove(c)
+        await engine.remove_image(image)
+
+
+async def test_the_process_backend_forks_by_copying_its_working_directory(bus: Bus) -> None:
+    name = f"p{secrets.token_hex(4)}"
+    worker = SandboxWorker(bus, name, SandboxConfig(backend="process", capacity=4))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        parents = holder(bus, name)
+        parent = await parents.create(SandboxSpec(memory_mb=128))
+        await parent.write("build/out", "set-up\n")
+        await parent.exec("chmod +x build; printf '#!/bin/sh\\necho ran\\n' > build/run.sh; chmod +x build/run.sh")
+        owners = [holder(bus, name) for _ in range(2)]
+        kids = await parent.fork(2, into=owners)
+        assert (await kids[0].exec("./build/run.sh")).stdout == b"ran\n"  # modes kept
+        await check_isolation(parent, kids, "build/out")
+        with pytest.raises(Failure) as refused:
+            await parent.fork(2)  # 3 held, capacity 4
+        assert refused.value.info.error_class == "sandbox_unavailable"
+        for owner in [*owners, parents]:
+            await owner.close_all()
+        assert worker.stats()["sandboxes"] == 0
+        tg.cancel_scope.cancel()
