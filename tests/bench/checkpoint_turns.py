@@ -2,8 +2,10 @@
 ``checkpoint: off``, ``auto`` and ``every_turn`` (issue 74, item 6).
 
 Each rollout is the simple agent on ``tests/envs/many_steps.py`` (one tool call a turn, in a session of the
-resource worker, then an answer: ``turns`` + 1 model turns), the scripted model (a TEST DOUBLE for the LLM) at zero
-latency, every role in one process on an embedded nats-server. Each figure is counted by valgrind (as
+resource worker; ``max_steps`` stops it at ``turns``), the scripted model (a TEST DOUBLE for the LLM) at zero
+latency, every role in one process on an embedded nats-server. Every task offers the same tools (as many as the
+longest rollout's turns) and the environment keeps no snapshot, so a turn of a short rollout and one of a long
+rollout carry the same, but for the trajectory so far. Each figure is counted by valgrind (as
 ``instructions.py`` does: our Python process, nats-server not counted) as the difference of a run of ``--large``
 and one of ``--small`` rollouts, divided by the rollouts between them and by their turns: start-up cancels out.
 Only the agent worker writes checkpoints, so what a mode adds over ``off`` is the agent worker's.
@@ -34,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def config(turns: int, n: int, mode: str) -> dict[str, Any]:
+    """``n`` rollouts at once, each stopped at ``turns`` model turns, checkpointed by ``mode``."""
     return {
         "namespace": "bench",
         "models": {"policy": {"adapter": "scripted", "concurrency": 64}},
@@ -45,6 +48,7 @@ def config(turns: int, n: int, mode: str) -> dict[str, Any]:
                 "resource": "env",
                 "concurrency": n,
                 "timeout_s": 3600,
+                "max_steps": turns,
                 "checkpoint": mode,
             }
         },
@@ -52,7 +56,7 @@ def config(turns: int, n: int, mode: str) -> dict[str, Any]:
     }
 
 
-def one_run(turns: int, n: int, mode: str) -> None:
+def one_run(turns: int, n: int, mode: str, tools: int) -> None:
     """The measured workload (run under valgrind): ``n`` rollouts of ``turns`` turns, every role in this process."""
     sys.path.insert(0, str(REPO))
     from gym_runtime.cli._gc import tune_gc
@@ -69,7 +73,7 @@ def one_run(turns: int, n: int, mode: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         rows = tmp / "tasks.jsonl"
-        rows.write_text("".join(json.dumps(task(turns)) + "\n" for _ in range(n)))
+        rows.write_text("".join(json.dumps(task(turns, tools)) + "\n" for _ in range(n)))
         with EmbeddedServer(store_dir=str(tmp / "js")) as srv:
             cfg = resolve_config(config_from_dict(config(turns, n, mode)))
             res = run_async(
@@ -80,7 +84,7 @@ def one_run(turns: int, n: int, mode: str) -> None:
         assert all(r["reward"] == 1.0 for r in got), [r.get("reward") for r in got]
 
 
-def instructions(turns: int, n: int, mode: str) -> int:
+def instructions(turns: int, n: int, mode: str, tools: int) -> int:
     proc = subprocess.run(
         [
             "valgrind",
@@ -95,6 +99,7 @@ def instructions(turns: int, n: int, mode: str) -> int:
             str(turns),
             str(n),
             mode,
+            str(tools),
         ],
         capture_output=True,
         text=True,
@@ -113,10 +118,10 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["off", "auto", "every_turn"])
     ap.add_argument("--small", type=int, default=2, help="rollouts in the first run")
     ap.add_argument("--large", type=int, default=6, help="rollouts in the second run")
-    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: the run valgrind measures
+    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
-        one_run(int(args.one[0]), int(args.one[1]), args.one[2])
+        one_run(int(args.one[0]), int(args.one[1]), args.one[2], int(args.one[3]))
         return
     if shutil.which("valgrind") is None:
         sys.exit("checkpoint_turns.py needs valgrind on PATH (apt-get install valgrind)")
@@ -127,7 +132,8 @@ def main() -> None:
     print("| ---: | --- | ---: | ---: |")
     for turns in args.turns:
         for mode in args.modes:
-            small, large = instructions(turns, args.small, mode), instructions(turns, args.large, mode)
+            tools = max(args.turns)  # every task offers the same tools
+            small, large = instructions(turns, args.small, mode, tools), instructions(turns, args.large, mode, tools)
             per_rollout[turns, mode] = (large - small) / (args.large - args.small)
             per_turn = per_rollout[turns, mode] / turns
             off = per_rollout.get((turns, "off"))

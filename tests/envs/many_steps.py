@@ -1,10 +1,11 @@
 """A long multi-turn environment of plain Python, as an outside one looks to the runtime
 (tests/bench/checkpoint_turns.py, tests/e2e/test_incremental_checkpoints.py).
 
-It offers up to ``STEPS`` tools, ``step_000`` ... (a task offers the first ``steps`` of them with
+It offers up to ``STEPS`` tools, ``step_000`` ... (a task offers the first ``tools`` of them with
 ``parallel_tool_calls: false``, so the scripted policy, a TEST DOUBLE for the LLM, calls one a turn: a rollout of
-``steps`` + 1 model turns). Each answers its name and how many steps ran so far; ``verify`` rewards a session in
-which every offered step ran exactly once. ``snapshot``/``restore`` keep the count of each step.
+``tools`` + 1 model turns, or ``max_steps`` where the agent stops sooner). Each answers its name and how many steps
+ran so far; ``verify`` rewards a session in which the task's ``steps`` ran, each exactly once. With the option
+``restorable``, ``snapshot``/``restore`` keep the count of each step (a snapshot that grows by a step a turn).
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ def step_name(i: int) -> str:
     return f"step_{i:03d}"
 
 
-def task(steps: int, **fields: Any) -> dict[str, Any]:
-    """A task offering the first ``steps`` tools, one a turn."""
-    tools = [
+def task(steps: int, tools: int | None = None, **fields: Any) -> dict[str, Any]:
+    """A task of ``steps`` steps, one a turn, offering the first ``tools`` tools (default: ``steps``; more where the
+    agent's ``max_steps`` stops it at ``steps``)."""
+    offered = [
         {"type": "function", "name": step_name(i), "parameters": {"type": "object", "properties": {}}}
-        for i in range(steps)
+        for i in range(steps if tools is None else tools)
     ]
     return {
         "responses_create_params": {
             "input": [{"role": "user", "content": "run every step"}],
-            "tools": tools,
+            "tools": offered,
             "parallel_tool_calls": False,
         },
         "steps": steps,
@@ -52,9 +54,11 @@ class ManySteps(Resource):
         return Verdict(reward=1.0 if once else 0.0, fields={"counts": self.counts})
 
     async def snapshot(self) -> bytes | None:
-        return json.dumps(self.counts).encode()
+        return json.dumps(self.counts).encode() if self.options.get("restorable") else None
 
     async def restore(self, data: bytes) -> None:
+        if not self.options.get("restorable"):
+            raise NotImplementedError("not restorable")
         self.counts = json.loads(data)
 
 
