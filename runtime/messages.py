@@ -709,7 +709,7 @@ class CheckpointPart(Struct, kw_only=True, omit_defaults=True):
     number: part 1 holds the trajectory from its start, each next part what its turn added (a turn's later write
     replaces its part), so a late turn's write costs what an early one's does. Read in order, the parts' items and
     turns are the checkpoint's; the last part's ``head`` is the rest of it (a ``Checkpoint`` encoded, its
-    ``response.output`` and ``turns`` left empty)."""
+    ``turns`` left empty and its ``response`` in ``response``, that response's output left empty)."""
 
     rollout: str  # the rollout's key: a part under another rollout's key is not read
     chain: str  # the parts written after one part 1 share its chain: a part of another chain ends the read
@@ -718,6 +718,9 @@ class CheckpointPart(Struct, kw_only=True, omit_defaults=True):
     turns_start: int = 0  # where its ``turns`` start in the checkpoint's
     turns: list[str] = field(default_factory=list)
     head: bytes
+    # its ``head``'s ``response`` (the last generation, its output left to the parts), encoded apart: the same for
+    # each write of a turn, encoded once a turn (an offered tool list can be most of a checkpoint)
+    response: bytes = b""
 
 
 ErrorClass = Literal[

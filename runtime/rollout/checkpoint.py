@@ -34,11 +34,19 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
-from gym_runtime.messages import Checkpoint, CheckpointPart, GenerationProgress, Item, SandboxHandle, SessionHandle
+from gym_runtime.messages import (
+    Checkpoint,
+    CheckpointPart,
+    GenerationProgress,
+    Item,
+    Response,
+    SandboxHandle,
+    SessionHandle,
+)
 from gym_runtime.observability import logs
 from gym_runtime.rollout.ledger import Ledger, TrajectoryState
 from gym_runtime.transport.bus import Bus
@@ -62,6 +70,8 @@ GENERATING_S = 2.0
 Mode = Literal["auto", "every_turn", "off"]
 _encoder = msgspec.msgpack.Encoder()
 _checkpoint, _part = msgspec.msgpack.Decoder(Checkpoint), msgspec.msgpack.Decoder(CheckpointPart)
+_response = msgspec.msgpack.Decoder(Response)
+_APART = Response(id="", created_at=0.0)  # a head's response: the part holds it (``CheckpointPart.response``)
 KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
 _GONE = (DELETE, "PURGE")
 _DELETE = {KV_OPERATION: DELETE}
@@ -148,6 +158,7 @@ class Checkpointer:
         "_asked",
         "extent",
         "_whole",
+        "_response",
     )
 
     def __init__(self, bus: Bus, key: str, mode: Mode) -> None:
@@ -164,6 +175,9 @@ class Checkpointer:
         self._asked: _Asked | None = None
         self.extent = 0  # the highest part written or seen (``remove`` deletes parts 1 to it)
         self._whole = False  # a whole checkpoint under the key itself, the previous version's, was read
+        # the last generation the last write held, its usage then and its response encoded (the turn's next write
+        # holds the same: encoded once)
+        self._response: tuple[Response, Any, bytes] | None = None
 
     def _subject(self, part: int) -> str:
         names = self._bus.subjects
@@ -175,22 +189,36 @@ class Checkpointer:
             return True
         return self.mode == "auto" and (turn >= AUTO_TURNS or elapsed_s >= AUTO_S)
 
-    def write(self, cp: Checkpoint, items: list[Item], turns: list[str]) -> None:
+    def write(self, cp: Checkpoint, items: list[Item], turns: list[str], last: Response | None = None) -> None:
         """Put ``cp`` with the trajectory's ``items`` and the ledger's ``turns`` so far, in the background, after
         the write before it (so the last one asked is the one kept): only what was added since the last write
-        stored is sent (``cp``'s own items and turns are left empty: ``holding``)."""
+        stored is sent (``cp``'s own items and turns are left empty: ``holding``). ``last``: the generation
+        ``cp.response`` was made of (the same as the last write's, with the same usage: not encoded again)."""
+        response = self._encoded(cp.response, last)
+        cp.response = _APART
         head = _encoder.encode(cp)  # now: its cost and handles go on changing
         n, t = len(items), len(turns)
         asked, self._asked = self._asked, (items, n, items[n - 1] if n else None, turns, t)
         whole = asked is None or not _appended(asked, items, n, turns, t)  # else written whole again: part 1
         self.written = True
-        self._pending = asyncio.ensure_future(self._put(self._pending, cp.turn, head, items, n, turns, t, whole))
+        put = self._put(self._pending, cp.turn, (head, response), items, n, turns, t, whole)
+        self._pending = asyncio.ensure_future(put)
+
+    def _encoded(self, response: Response, last: Response | None) -> bytes:
+        """``response`` encoded, or as the last write encoded it when made of the same generation ``last``."""
+        was = self._response
+        if last is not None and was is not None and was[0] is last and was[1] == response.usage:
+            return was[2]
+        body = _encoder.encode(response)
+        usage = response.usage
+        self._response = None if last is None else (last, usage and msgspec.structs.replace(usage), body)
+        return body
 
     async def _put(
         self,
         before: asyncio.Task[None] | None,
         turn: int,
-        head: bytes,
+        head: tuple[bytes, bytes],
         items: list[Item],
         n: int,
         turns: list[str],
@@ -214,7 +242,8 @@ class Checkpointer:
                 items=items[start:n],
                 turns_start=turns_start,
                 turns=turns[turns_start:t],
-                head=head,
+                head=head[0],
+                response=head[1],
             )
         )
         self.extent = max(self.extent, part)
@@ -257,7 +286,7 @@ class Checkpointer:
     async def _read(self) -> Checkpoint | None:
         items: list[Item] = []
         turns: list[str] = []
-        heads: list[tuple[bytes, int, int]] = []  # each good part's head, and the items and turns up to its end
+        heads: list[tuple[CheckpointPart, int, int]] = []  # each good part, and the items and turns up to its end
         last: CheckpointPart | None = None
         part = 0
         while (raw := await self._get(part + 1)) is not None:
@@ -269,14 +298,15 @@ class Checkpointer:
                 continue
             items.extend(p.items)
             turns.extend(p.turns)
-            heads.append((p.head, len(items), len(turns)))
+            heads.append((p, len(items), len(turns)))
             last = p
         if part == 0:
             return self._read_whole(await self._get(0))
         self.written = True  # parts to delete with the row
-        for head, n, t in reversed(heads):  # the last good part whose head reads (each names its turn)
+        for p, n, t in reversed(heads):  # the last good part whose head reads (each names its turn)
             try:
-                cp = _checkpoint.decode(head)
+                cp = _checkpoint.decode(p.head)
+                cp.response = _response.decode(p.response)
             except _UNREADABLE as e:
                 log.warning("checkpoint.unreadable", key=self.key, error=str(e))
                 continue

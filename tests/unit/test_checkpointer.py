@@ -10,7 +10,15 @@ from typing import Any
 
 import msgspec
 
-from gym_runtime.messages import Checkpoint, CheckpointPart, FunctionCall, FunctionCallOutput, Item, Response
+from gym_runtime.messages import (
+    Checkpoint,
+    CheckpointPart,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Response,
+    Usage,
+)
 from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv
 from gym_runtime.testing import MemoryTransport
 from gym_runtime.transport.subjects import kv_key
@@ -84,6 +92,24 @@ async def test_a_turns_second_write_replaces_its_part() -> None:
     assert await box.settled()
     assert sorted(kv(bus)) == [f"{KEY}.1", f"{KEY}.2"]
     assert await Checkpointer(bus, KEY, "every_turn").read() == r.whole(2)
+
+
+async def test_a_turns_generation_is_encoded_once_and_again_when_it_changed() -> None:
+    bus = MemoryTransport()
+    box, r = Checkpointer(bus, KEY, "every_turn"), Rollout()
+    last = Response(id="gen-1", created_at=1.0, usage=Usage(input_tokens=3, output_tokens=1, total_tokens=4))
+    r.turn(1)
+    for phase, tokens in (("generated", 1), ("answered", 1), ("answered", 9)):  # the last: its usage moved on
+        cp = checkpoint(1)
+        cp.phase = phase  # type: ignore[assignment]
+        cp.response = msgspec.structs.replace(last, usage=Usage(input_tokens=3, output_tokens=tokens))
+        box.write(cp, r.items, r.turns, last)
+    assert await box.settled()
+    got = await Checkpointer(bus, KEY, "every_turn").read()
+    assert (
+        got is not None and got.response.id == "gen-1" and got.response.usage == Usage(input_tokens=3, output_tokens=9)
+    )
+    assert got.response.output == r.items
 
 
 async def test_a_trajectory_not_appended_to_is_written_whole_again() -> None:
