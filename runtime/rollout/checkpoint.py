@@ -195,8 +195,7 @@ class Checkpointer:
         stored is sent (``cp``'s own items and turns are left empty: ``holding``). ``last``: the generation
         ``cp.response`` was made of (the same as the last write's, with the same usage: not encoded again)."""
         response = self._encoded(cp.response, last)
-        cp.response = _APART
-        head = _encoder.encode(cp)  # now: its cost and handles go on changing
+        head = _encoder.encode(msgspec.structs.replace(cp, response=_APART))  # now: its cost and handles change
         n, t = len(items), len(turns)
         asked, self._asked = self._asked, (items, n, items[n - 1] if n else None, turns, t)
         whole = asked is None or not _appended(asked, items, n, turns, t)  # else written whole again: part 1
