@@ -9,10 +9,14 @@ Shared by the ``openai`` and ``vllm`` adapters so that both fail the same way:
   ``retryable=False``. When every attempt fails the ``ModelError`` names the
   last failure, the endpoint and the number of attempts. ``cfg.timeout_s`` bounds
   each attempt (all HTTP calls of the attempt together).
-* **Several base URLs** (``base_url: [a, b, ...]``): each call goes to the least
-  loaded healthy endpoint (fewest requests in flight); later calls of a rollout
-  (same ``rollout_key``) prefer the endpoint that served its first call, for the
-  prefix cache. An endpoint that fails (connection error, timeout, 5xx) is
+* **Several base URLs** (``base_url: [a, b, ...]``): a rollout's calls (same
+  ``rollout_key``) go to the endpoint its key ranks first by rendezvous hashing
+  (``rendezvous``), for the prefix cache, while that endpoint is healthy, has a
+  free slot and is within ``endpoint_load`` times the mean load (consistent
+  hashing with bounded loads), else to the next in its ranking: every
+  model-worker process in front of the same endpoints ranks them alike, so they
+  agree without shared state. A call without a key goes to the least loaded
+  healthy endpoint (fewest requests in flight). An endpoint that fails (connection error, timeout, 5xx) is
   skipped for a cooldown that doubles with each consecutive failure
   (``cfg.replica_cooldown_s``); a retry goes to another endpoint when there is
   one; when all are cooling down the least recently failed one is tried anyway.
@@ -37,6 +41,8 @@ client. The API key is scrubbed from every error message this module produces.
 from __future__ import annotations
 
 import collections
+import hashlib
+import math
 import random
 import re
 import time
@@ -66,7 +72,6 @@ RETRY_LOG_S = 30.0  # one endpoint's retries are logged at most this often (with
 PROBE_TIMEOUT_S = 10.0  # a start-up probe of an endpoint (``EndpointPool.probe``) waits at most this long
 MAX_RETRY_AFTER_S = 60.0
 MAX_COOLDOWN_S = 60.0
-AFFINITY_SIZE = 200_000  # rollouts remembered for replica affinity (LRU)
 
 
 class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
@@ -76,8 +81,7 @@ class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     secret_fields: ClassVar[tuple[str, ...]] = ("api_key", "headers")
 
     model: str | None = None  # the served model (overrides the request's)
-    # One URL, or several replicas of one model (least-loaded choice,
-    # later turns of a rollout prefer the replica of its first turn).
+    # One URL, or several replicas of one model (a rollout's calls to one replica by its key, bounded by load).
     base_url: str | list[str] | None = None
     api_key: str | None = None
     timeout_s: float = 120.0  # bounds each attempt
@@ -86,6 +90,13 @@ class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     replica_cooldown_s: float = 5.0  # a failing replica is skipped this long (doubling)
     headers: dict[str, str] = msgspec.field(default_factory=dict)  # extra HTTP headers
     extra_body: dict[str, Any] = msgspec.field(default_factory=dict)  # merged into every request body
+    # a rollout keeps its replica while that one's calls in flight stay within this times the mean (and it has a
+    # free slot): 1.0 spreads evenly and moves more rollouts, larger keeps more caches; 0: no affinity
+    endpoint_load: float = 1.25
+
+    def __post_init__(self) -> None:
+        if self.endpoint_load != 0 and self.endpoint_load < 1:
+            raise ValueError(f"endpoint_load: {self.endpoint_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
 
     def call_budget_s(self) -> float:
         return self.timeout_s * (self.max_retries + 1)
@@ -454,6 +465,17 @@ async def _client_post(client: openai.AsyncOpenAI, path: str, body: dict[str, An
         raise HTTPUnreachable(str(e)) from None
 
 
+def rendezvous(key: str, urls: list[str]) -> list[int]:
+    """The endpoints' indexes, best first, for ``key`` (highest random weight): each process ranks alike, and an
+    endpoint added or removed moves only the keys it ranks first."""
+    k = key.encode()
+    return sorted(
+        range(len(urls)),
+        key=lambda i: hashlib.blake2b(k + b"\0" + urls[i].encode(), digest_size=8).digest(),
+        reverse=True,
+    )
+
+
 def base_urls(cfg: HTTPOptions) -> list[str]:
     urls = cfg.base_url if isinstance(cfg.base_url, list) else [cfg.base_url] if cfg.base_url else []
     return [u for u in urls if u]
@@ -474,8 +496,10 @@ class EndpointPool:
         self.cfg = cfg
         self.endpoints = endpoints
         self._secret = secret if secret and secret != "EMPTY" else None
-        self._affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._rr = 0
+        # calls with a rollout key by where they went: its first-ranked endpoint, or further down its ranking as
+        # the first was over the load bound or full ("load"), or down/failed ("moved")
+        self.routed = {"affine": 0, "load": 0, "moved": 0}
         self._retries_logged: dict[str, tuple[float, int]] = {}  # endpoint -> (last logged, retries since)
 
     def scrub(self, text: str) -> str:
@@ -553,29 +577,23 @@ class EndpointPool:
             return 0
         candidates = [i for i in range(len(eps)) if i not in exclude] or list(range(len(eps)))
         healthy = [i for i in candidates if eps[i].healthy]
-        if rollout_key is not None:
-            pinned = self._affinity.get(rollout_key)
-            if pinned is not None and pinned in healthy:
-                self._affinity.move_to_end(rollout_key)
-                return pinned
         if not healthy:  # everything is cooling down: try the one that comes back first
             return min(candidates, key=lambda i: eps[i].down_until)
+        if rollout_key is not None and self.cfg.endpoint_load:
+            ranked = rendezvous(rollout_key, [ep.url for ep in eps])
+            # consistent hashing with bounded loads: at most ceil(c * (calls in flight + this one) / endpoints)
+            bound = math.ceil(self.cfg.endpoint_load * (sum(ep.in_flight for ep in eps) + 1) / len(eps))
+            for i in ranked:
+                ep = eps[i]
+                if i in healthy and ep.in_flight < min(bound, ep.limiter.window):
+                    first = ranked[0]
+                    why = "affine" if i == first else "moved" if first not in healthy else "load"
+                    self.routed[why] += 1
+                    return i
         self._rr += 1
         n = len(eps)
         # least loaded (relative to its window); ties broken round-robin
         return min(healthy, key=lambda i: (eps[i].in_flight / eps[i].limiter.window, (i - self._rr) % n))
-
-    def _remember(self, rollout_key: str | None, index: int) -> None:
-        if rollout_key is None or len(self.endpoints) == 1:
-            return
-        if self._affinity.get(rollout_key) != index:
-            self._affinity[rollout_key] = index
-        self._affinity.move_to_end(rollout_key)
-        while len(self._affinity) > AFFINITY_SIZE:
-            self._affinity.popitem(last=False)
-
-    def forget(self, rollout_key: str) -> None:
-        self._affinity.pop(rollout_key, None)
 
     # --------------------------------------------------------------- retry loop
 
@@ -631,7 +649,6 @@ class EndpointPool:
                 ep.mark_ok()
                 ep.limiter.on_success()
                 ep.served += 1
-                self._remember(rollout_key, index)
                 return result
             finally:
                 ep.in_flight -= 1

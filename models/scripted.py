@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeGuard
 
 import anyio
 import msgspec
@@ -93,81 +94,113 @@ def example_value(schema: Any, root: dict[str, Any] | None = None, depth: int = 
                     return example_value(branch, root, depth + 1)
             return None
     if schema.get("allOf"):
-        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
-        for part in schema["allOf"]:
-            if isinstance(part, dict) and "$ref" in part:
-                part = _resolve_ref(part["$ref"], root)
-            if isinstance(part, dict):
-                for k, v in part.items():
-                    if k in ("properties",) and k in merged:
-                        merged[k] = {**merged[k], **v}
-                    elif k == "required" and k in merged:
-                        merged[k] = [*merged[k], *v]
-                    else:
-                        merged.setdefault(k, v)
-        return example_value(merged, root, depth + 1)
+        return example_value(_merged(schema, root), root, depth + 1)
+    kind = _kind(schema)
+    if kind is None:
+        return _WORD  # unconstrained: any JSON value is valid
+    make = _BY_KIND.get(kind)
+    return make(schema, root, depth) if make else _WORD
 
+
+def _merged(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``allOf`` parts merged in (properties and required lists joined)."""
+    merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+    for part in schema["allOf"]:
+        if isinstance(part, dict) and "$ref" in part:
+            part = _resolve_ref(part["$ref"], root)
+        if isinstance(part, dict):
+            for k, v in part.items():
+                if k in ("properties",) and k in merged:
+                    merged[k] = {**merged[k], **v}
+                elif k == "required" and k in merged:
+                    merged[k] = [*merged[k], *v]
+                else:
+                    merged.setdefault(k, v)
+    return merged
+
+
+def _kind(schema: dict[str, Any]) -> str | None:
+    """The schema's type (the first non-null of a list; guessed from its keys where unsaid), None: unconstrained."""
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         if "properties" in schema:
-            kind = "object"
-        elif "items" in schema or "prefixItems" in schema:
-            kind = "array"
-        else:
-            return _WORD  # unconstrained: any JSON value is valid
+            return "object"
+        if "items" in schema or "prefixItems" in schema:
+            return "array"
+    return kind
 
-    if kind == "string":
-        fmt = schema.get("format")
-        text = _STRING_FORMATS.get(fmt, _WORD) if isinstance(fmt, str) else _WORD
-        lo, hi = schema.get("minLength"), schema.get("maxLength")
-        if isinstance(lo, int) and len(text) < lo:
-            text = text + "x" * (lo - len(text))
-        if isinstance(hi, int) and len(text) > hi:
-            text = text[:hi]
-        return text
-    if kind in ("integer", "number"):
-        lo = schema.get("minimum")
-        xlo = schema.get("exclusiveMinimum")
-        hi = schema.get("maximum")
-        xhi = schema.get("exclusiveMaximum")
-        value: float = 1
-        if isinstance(lo, (int, float)) and not isinstance(lo, bool):
-            value = lo
-        elif isinstance(xlo, (int, float)) and not isinstance(xlo, bool):
-            value = xlo + 1
-        if isinstance(hi, (int, float)) and not isinstance(hi, bool) and value > hi:
-            value = hi
-        elif isinstance(xhi, (int, float)) and not isinstance(xhi, bool) and value >= xhi:
-            value = xhi - 1
-        if kind == "integer":
-            return int(value) if float(value).is_integer() else int(value) + 1
-        return float(value)
-    if kind == "boolean":
-        return True
-    if kind == "null":
-        return None
-    if kind == "array":
-        prefix = schema.get("prefixItems")
-        if isinstance(prefix, list) and prefix:
-            return [example_value(s, root, depth + 1) for s in prefix]
-        lo, hi = schema.get("minItems"), schema.get("maxItems")
-        n = max(1, lo) if isinstance(lo, int) else 1
-        if isinstance(hi, int):
-            n = min(n, hi)
-        items = schema.get("items", {})
-        return [example_value(items, root, depth + 1) for _ in range(n)]
-    if kind == "object":
-        props = schema.get("properties") or {}
-        wanted = list(schema.get("required") or [])
-        if schema.get("additionalProperties") is False:
-            wanted += [p for p in props if p not in wanted]
-        return {
-            name: example_value(props.get(name, {}), root, depth + 1)
-            for name in dict.fromkeys(wanted)  # dedupe, keep order
-        }
-    return _WORD
+
+def _string(schema: dict[str, Any], root: dict[str, Any], depth: int) -> str:
+    fmt = schema.get("format")
+    text = _STRING_FORMATS.get(fmt, _WORD) if isinstance(fmt, str) else _WORD
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(lo, int) and len(text) < lo:
+        text = text + "x" * (lo - len(text))
+    if isinstance(hi, int) and len(text) > hi:
+        text = text[:hi]
+    return text
+
+
+def _is_number(x: Any) -> TypeGuard[float]:
+    """A JSON number (a bool is not one)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _bounded(schema: dict[str, Any]) -> float:
+    """1, moved inside the schema's ``minimum``/``maximum`` (exclusive or not)."""
+    lo, xlo = schema.get("minimum"), schema.get("exclusiveMinimum")
+    hi, xhi = schema.get("maximum"), schema.get("exclusiveMaximum")
+    value: float = 1
+    if _is_number(lo):
+        value = lo
+    elif _is_number(xlo):
+        value = xlo + 1
+    if _is_number(hi) and value > hi:
+        value = hi
+    elif _is_number(xhi) and value >= xhi:
+        value = xhi - 1
+    return value
+
+
+def _integer(schema: dict[str, Any], root: dict[str, Any], depth: int) -> int:
+    value = _bounded(schema)
+    return int(value) if float(value).is_integer() else int(value) + 1
+
+
+def _array(schema: dict[str, Any], root: dict[str, Any], depth: int) -> list[Any]:
+    prefix = schema.get("prefixItems")
+    if isinstance(prefix, list) and prefix:
+        return [example_value(s, root, depth + 1) for s in prefix]
+    lo, hi = schema.get("minItems"), schema.get("maxItems")
+    n = max(1, lo) if isinstance(lo, int) else 1
+    if isinstance(hi, int):
+        n = min(n, hi)
+    items = schema.get("items", {})
+    return [example_value(items, root, depth + 1) for _ in range(n)]
+
+
+def _object(schema: dict[str, Any], root: dict[str, Any], depth: int) -> dict[str, Any]:
+    props = schema.get("properties") or {}
+    wanted = list(schema.get("required") or [])
+    if schema.get("additionalProperties") is False:
+        wanted += [p for p in props if p not in wanted]
+    return {
+        name: example_value(props.get(name, {}), root, depth + 1)
+        for name in dict.fromkeys(wanted)  # dedupe, keep order
+    }
+
+
+_BY_KIND: dict[str, Callable[[dict[str, Any], dict[str, Any], int], Any]] = {
+    "string": _string,
+    "integer": _integer,
+    "number": lambda schema, root, depth: float(_bounded(schema)),
+    "boolean": lambda schema, root, depth: True,
+    "null": lambda schema, root, depth: None,
+    "array": _array,
+    "object": _object,
+}
 
 
 def example_arguments(parameters: Any) -> str:
@@ -254,9 +287,15 @@ class Options(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     # (one made-up id per word, each turn's prompt the turns before it and then what came since), so trainer
     # adapters run on it (``tests/bench/instructions.py --with-trl-adapter``).
     token_ids: bool = False
+    # Route as if each replica held a prefix cache (``affinity_load``): for tests and benchmarks of the routing,
+    # whose stand-in engines keep one; the scripted model itself has none, so by default nothing is routed.
+    prefix_cache: bool = False
 
     def call_budget_s(self) -> float:
         return self.budget_s
+
+    def holds_prefix_cache(self) -> bool:
+        return self.prefix_cache
 
 
 class ScriptedModel:

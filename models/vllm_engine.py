@@ -108,6 +108,9 @@ Options = msgspec.defstruct(
         *TOKEN_FIELDS,
     ],
     bases=(AdapterOptions,),
+    # the engine's automatic prefix caching (on unless engine_args turn it off): a rollout's turns gain by
+    # returning to this replica (``ModelConfig.affinity_load``)
+    namespace={"holds_prefix_cache": lambda self: self.engine_args.get("enable_prefix_caching") is not False},
     module=__name__,
     kw_only=True,
     forbid_unknown_fields=True,
@@ -207,6 +210,7 @@ class VLLMEngineModel:
         self._lock = anyio.Lock()
         self._tool_parser: Any = None
         self._reasoning_parser: Any = None
+        self.cache = CacheCounts()  # the engine's own prefix-cache counters (its scheduler's stats)
 
     def __repr__(self) -> str:
         return f"VLLMEngineModel(model={self.cfg.model!r})"
@@ -229,7 +233,7 @@ class VLLMEngineModel:
                 own_ipc_dir()
                 args = AsyncEngineArgs(model=self.cfg.model, **self.cfg.engine_args)
                 try:
-                    self._engine = AsyncLLM.from_engine_args(args)
+                    self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[self.cache.logger_factory()])
                 except (RuntimeError, ValueError) as e:
                     if not on_cpu:
                         raise
@@ -498,6 +502,11 @@ class VLLMEngineModel:
             sampling["structured_outputs"] = StructuredOutputsParams(**guided)
         return SamplingParams(logprobs=0 if self.cfg.return_token_ids else None, **sampling)
 
+    def prefix_cache(self) -> dict[str, int]:
+        """The engine's prefix-cache hits and queries in tokens, summed since it started (the model worker's
+        ``stats``; none until it has scheduled a call)."""
+        return self.cache.counts()
+
     async def aclose(self) -> None:
         engine, self._engine = self._engine, None
         shutdown = getattr(engine, "shutdown", None)
@@ -505,6 +514,41 @@ class VLLMEngineModel:
             result = shutdown()
             if inspect.isawaitable(result):
                 await result
+
+
+class CacheCounts:
+    """Prefix-cache hits and queries (prompt tokens found in the cache, and looked up) as the engine's scheduler
+    counts them (``PrefixCacheStats``), gathered by a stat logger the engine is built with: vLLM's own numbers,
+    the ones its ``vllm:prefix_cache_hits`` / ``_queries`` metrics export."""
+
+    __slots__ = ("hits", "queries")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.queries = 0
+
+    def counts(self) -> dict[str, int]:
+        return {"hits": self.hits, "queries": self.queries} if self.queries else {}
+
+    def logger_factory(self) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        counts = self
+
+        class Counted(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+                stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if stats is not None:
+                    counts.hits += int(stats.hits)
+                    counts.queries += int(stats.queries)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Counted
 
 
 def _logprobs(out: Any, gen: list[int]) -> list[float]:

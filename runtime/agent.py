@@ -156,7 +156,7 @@ class AgentContext:
         """A worker's: its calls over ``bus``, its sandboxes in the agent's pool under the rollout's lease."""
         where, grace = f"agents.{task.agent}", config.absent_grace_s  # its lease: a fresh secret (``sandboxes.leases``)
         boxes = Sandboxes(bus, config.sandbox, deadline=deadline, where=where, absent_grace_s=grace)
-        return cls(Rollout(BusPort(bus), task, config, models, boxes))
+        return cls(Rollout(BusPort(bus, models.affinity), task, config, models, boxes))
 
     repeat = staticmethod(in_repeat)  # ``with ctx.repeat(i):`` in a ``run_group``: what is repeat i's
 

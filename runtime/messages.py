@@ -547,6 +547,9 @@ class ModelRequest(_Msg, tag="model.req.v1"):
     # Continue this generation (a checkpoint's, its agent killed mid-generation) instead of starting one: its
     # prompt ids are the prompt, its tokens kept (an adapter that cannot continue one generates it whole)
     continue_from: GenerationProgress | None = None
+    # How the call was routed (``model_calls.ROUTES``): ``affine`` sent to the replica of the rollout's last turn,
+    # ``load`` that replica had no free slot, ``moved`` it was gone; None: no earlier turn. The worker counts them
+    route: str | None = None
 
 
 class ModelResponse(_Msg, tag="model.resp.v1"):

@@ -151,6 +151,12 @@ class AdapterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         (an agent waits this long, plus the worker's ``ack_wait_s``, for an answer)."""
         return 480.0
 
+    def holds_prefix_cache(self) -> bool:
+        """Whether a replica (one model worker) keeps earlier calls' prefixes in its own cache, so a rollout's
+        later turns gain by returning to it (``affinity_load``): an in-process engine's. An HTTP adapter's cache is
+        its endpoints', chosen by the adapter itself; a test double has none."""
+        return False
+
     def redacted(self) -> dict[str, Any]:
         """The options as builtins with every secret replaced, safe to print."""
         return {k: _hide(v) if self._secret(k) else msgspec.to_builtins(v) for k, v in self._pairs()}
@@ -222,7 +228,21 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 64  # generations in flight per worker
     replicas: int = 1
     ack_wait_s: float = 30.0  # a request whose worker went silent this long goes to another replica
+    # a rollout's later turns go first to the replica that served its last turn (its prefix cache), only while
+    # that replica has a free slot at once (never a wait) and holds at most this times the mean of the caller's
+    # rollouts (docs/models.md, "Cache-aware routing"); 0: no affinity. Only where the adapter's replicas hold a
+    # prefix cache (``AdapterOptions.holds_prefix_cache``; ``routed_load``)
+    affinity_load: float = 1.15
     options: AdapterOptions = msgspec.field(default_factory=AdapterOptions)
+
+    def __post_init__(self) -> None:
+        if self.affinity_load != 0 and self.affinity_load < 1:
+            raise ValueError(f"affinity_load: {self.affinity_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
+
+    def routed_load(self) -> float:
+        """``affinity_load`` where it applies (the adapter's replicas hold a prefix cache), else 0: no routing at
+        all, no subject of the replica's own, nothing per call."""
+        return self.affinity_load if self.options.holds_prefix_cache() else 0.0
 
     def redacted(self) -> dict[str, Any]:
         """The flat config entry, secrets replaced (what ``config.redact`` prints)."""

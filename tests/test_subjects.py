@@ -126,6 +126,9 @@ USES = [
     Use("model_queue", s.model_queue("m"), AGENTS | RESOURCES, set()),
     Use("model_direct", s.model_direct("m"), AGENTS | RESOURCES, of("model", "m")),
     Use("model_direct", s.model_direct("n"), AGENTS | RESOURCES, of("model", "n")),
+    # ... and to one replica by name (a rollout's next turn, to the replica that holds its prefix)
+    Use("model_replica", s.model_replica("m", "w1"), AGENTS | RESOURCES, of("model", "m")),
+    Use("model_replica", s.model_replica("n", "w1"), AGENTS | RESOURCES, of("model", "n")),
     Use("consumer_create", sj.consumer_create(s.model_stream, "model_m", s.model_queue("m")), of("model", "m"), set()),
     Use("pull_next", sj.pull_next(s.model_stream, "model_m"), of("model", "m"), set()),
     Use("acks", f"$JS.ACK.{s.model_stream}.model_m.{ACK}", of("model", "m"), set()),
@@ -251,6 +254,9 @@ USES = [
     Use("cancelled_key", sj.kv_key(s.control_bucket, s.cancelled_key("b1")), {"publisher"}, set()),
     Use("manifest_key", sj.kv_key(s.batches_bucket, s.manifest_key("b1")), {"publisher"}, set()),
     Use("kv_key", sj.kv_key(s.control_bucket, "anything.else"), set(), set()),
+    # the task sampler's statistics: the trainer's (the publisher) to read and write, no worker's
+    Use("sampler_key", sj.kv_key(s.sampler_bucket, s.sampler_key("run1", "abc")), {"publisher"}, set()),
+    Use("msg_get", sj.msg_get(sj.kv_stream(s.sampler_bucket)), {"publisher"}, set()),
     # a rollout's checkpoint: its agent pool's own to write; only agents read the bucket (a forged one steers)
     Use("checkpoint_key", sj.kv_key(s.checkpoints_bucket, s.checkpoint_key("a", "b1", 0, 0)), of("agent", "a"), set()),
     # ... and to read back, by a last-by-subject direct get of its own keys only: no pool lists or reads another's
@@ -308,7 +314,7 @@ USES = [
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
     "tasks_stream", "model_stream", "blob_stream", "kept_stream", "attempts_stream", "batches_bucket", "control_bucket",
-    "checkpoints_bucket", "checkpoint_keys", "kv_parts", "checkpoint_part", "batch_checkpoints",
+    "checkpoints_bucket", "sampler_bucket", "checkpoint_keys", "kv_parts", "checkpoint_part", "batch_checkpoints",
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
     "all_attempts",

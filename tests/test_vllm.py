@@ -30,6 +30,7 @@ from gym_runtime.messages import (
     parse_items,
 )
 from gym_runtime.model import Partial, cut_response, load_adapter, model_config
+from gym_runtime.models.openai_http import rendezvous
 from gym_runtime.models.tokens import parse_hermes_tool_calls
 from gym_runtime.models.vllm import Options as VLLMOptions
 from gym_runtime.models.vllm import VLLMModel
@@ -542,36 +543,34 @@ async def test_context_length_is_an_incomplete_response_not_a_failure(stub: Stub
 # ===================================================================== replicas
 
 
-async def test_replicas_least_loaded_affinity_and_failover() -> None:
+async def test_replicas_rendezvous_affinity_bounded_load_and_failover() -> None:
     with StubOpenAI(latency_s=0.05) as a, StubOpenAI(latency_s=0.05) as b:
         model = VLLMModel(cfg([a, b], return_token_ids=False, replica_cooldown_s=30))
-        # least loaded: concurrent first turns spread over both replicas
-        async with anyio.create_task_group() as tg:
-            for k in range(8):
-                tg.start_soon(lambda k=k: model.generate(weather_params(), rollout_key=f"b:{k}:0"))
-        assert len(a.requests) == 4 and len(b.requests) == 4
-        # affinity: later turns of each rollout go where its first turn went
-        before_a = len(a.requests)
+        urls = [ep.url for ep in model.pool.endpoints]
+        # a rollout's calls go to the endpoint its key ranks first: any process in front of them ranks alike
         for k in range(8):
-            await model.generate(weather_params(), rollout_key=f"b:{k}:0")
-        assert len(a.requests) - before_a == 4
-        pinned = model.pool._affinity["b:0:0"]
-        target = [a, b][pinned]
-        other = [a, b][1 - pinned]
-        n_t, n_o = len(target.requests), len(other.requests)
+            for _ in range(2):
+                await model.generate(weather_params(), rollout_key=f"b:{k}:0")
+        firsts = [rendezvous(f"b:{k}:0", urls)[0] for k in range(8)]
+        assert (len(a.requests), len(b.requests)) == (2 * firsts.count(0), 2 * firsts.count(1))
+        # 8 calls at once whose keys all rank `a` first: a holds at most ceil(1.25 x 8 / 2) = 5, b takes the rest
+        same = [k for k in range(200) if rendezvous(f"c:{k}", urls)[0] == 0][:8]
+        n_a, n_b = len(a.requests), len(b.requests)
+        async with anyio.create_task_group() as tg:
+            for k in same:
+                tg.start_soon(lambda k=k: model.generate(weather_params(), rollout_key=f"c:{k}"))
+        assert (len(a.requests) - n_a, len(b.requests) - n_b) == (5, 3)
+        assert model.pool.routed["load"] == 3
+        # failover: the key's endpoint fails -> the call goes to the other at once, and stays while it cools down
+        key = f"c:{same[0]}"
+        a.handler = lambda req: StubReply(status=503)
+        n_b = len(b.requests)
+        r = await model.generate(weather_params(), rollout_key=key)
+        assert r.status == "completed" and len(b.requests) == n_b + 1
+        n_a = len(a.requests)
         for _ in range(3):
-            await model.generate(weather_params(), rollout_key="b:0:0")
-        assert len(target.requests) == n_t + 3 and len(other.requests) == n_o
-        # failover: the pinned replica fails → the call goes to the other, at once
-        target.handler = lambda req: StubReply(status=503)
-        r = await model.generate(weather_params(), rollout_key="b:0:0")
-        assert r.status == "completed" and len(other.requests) == n_o + 1
-        # ... and it is skipped (cooling down) for later calls, affinity moves over
-        n_t = len(target.requests)
-        for _ in range(3):
-            await model.generate(weather_params(), rollout_key="b:0:0")
-        await model.generate(weather_params(), rollout_key="b:new:0")
-        assert len(target.requests) == n_t
+            await model.generate(weather_params(), rollout_key=key)
+        assert len(a.requests) == n_a and model.pool.routed["moved"] >= 3
         await model.aclose()
 
 

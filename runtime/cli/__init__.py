@@ -28,6 +28,7 @@ COMMAND_NAMES = (
     "collect",
     "reverify",
     "status",
+    "why",
     "server",
     "gateway",
     "purge",

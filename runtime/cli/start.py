@@ -127,7 +127,8 @@ def main(args: argparse.Namespace) -> int:
     # hosted NeMo Gym servers run in their built environments: built (or found) now, before any worker starts
     here = in_hosted_env()
     hosted = {} if here else {f"{r}.{n}": env for r, n in pairs if (env := _hosted_env(cfg, r, n)) is not None}
-    if (args.in_process or sum(replicas.values()) == 1) and not hosted:
+    # one worker too is a child of the pool, so a worker that dies is restarted (--in-process: the pool's child)
+    if args.in_process and not hosted:
         ready_out = sys.stdout
         if here:  # hosted server code prints freely: only our ready line goes to the supervisor's pipe
             sys.stdout = sys.stderr

@@ -36,6 +36,8 @@ _DEPLOYMENT = frozenset(
         "max_attempts",
         "max_worker_losses",
         "session_ttl_s",
+        "affinity_load",
+        "endpoint_load",
     }
 )
 

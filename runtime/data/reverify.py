@@ -57,6 +57,30 @@ class ReverifyReport:
     drift: Drift = field(default_factory=Drift)  # rows made with another environment or grader
     resource: str = ""
 
+    def lacks(self, task: dict[str, Any], task_fields: tuple[str, ...]) -> None:
+        """Count the fields the environment reads that ``task`` lacks."""
+        for name in task_fields:
+            if name not in task:
+                self.lacking[name] = self.lacking.get(name, 0) + 1
+
+    def redone(self, row: dict[str, Any], reward: float, fields: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with its new ``reward`` and ``fields``, counted into the report (changes, sums)."""
+        before = row.get("reward")
+        new_row = dict(row)
+        new_row["reward"] = reward
+        for k, v in fields.items():
+            if k in row and row[k] != v:
+                self.field_changes[k] = self.field_changes.get(k, 0) + 1
+            new_row[k] = v
+        if isinstance(before, (int, float)):
+            delta = abs(float(before) - reward)
+            self.sum_before += float(before)
+            self.sum_abs_delta += delta
+            self.max_abs_delta = max(self.max_abs_delta, delta)
+            self.changed += delta > 1e-9
+        self.sum_after += reward
+        return new_row
+
     def lines(self) -> list[str]:
         done = self.rows - self.failed
         out = [f"{self.rows} rows re-verified, {self.failed} failed, {self.changed} rewards changed"]
@@ -77,6 +101,17 @@ class ReverifyReport:
                 "(joined by input messages)"
             )
         return out
+
+
+def task_of(row: dict[str, Any], tasks: dict[str, dict[str, Any]] | None, where: str) -> dict[str, Any]:
+    """A rollout row's task fields (its outputs dropped), joined with its task row from ``tasks`` where given."""
+    task = {k: v for k, v in row.items() if k not in _OUTPUT_FIELDS}
+    if tasks is None:
+        return task
+    joined = tasks.get(prompt_key(row.get("responses_create_params")))
+    if joined is None:
+        raise UserError(f"{where}: no task row in --tasks has this rollout's input messages")
+    return {**joined, **task}
 
 
 def parse_response(raw: Any, where: str) -> Response:
@@ -205,15 +240,8 @@ async def reverify_file(
                 where = f"{src}:{lineno}"
                 try:
                     response = parse_response(row.get("response"), where)
-                    task = {k: v for k, v in row.items() if k not in _OUTPUT_FIELDS}
-                    if tasks is not None:
-                        joined = tasks.get(prompt_key(row.get("responses_create_params")))
-                        if joined is None:
-                            raise UserError(f"{where}: no task row in --tasks has this rollout's input messages")
-                        task = {**joined, **task}
-                    for name in task_fields:
-                        if name not in task:
-                            report.lacking[name] = report.lacking.get(name, 0) + 1
+                    task = task_of(row, tasks, where)
+                    report.lacks(task, task_fields)
                     reply: VerifyReply = await bus.request(
                         subject,
                         VerifyRequest(session=None, row=task, response=response),
@@ -236,21 +264,7 @@ async def reverify_file(
                     served.code or None if served else None,
                     grader(served.cost if served else None) if grader else None,
                 )
-                before = row.get("reward")
-                new_row = dict(row)
-                new_row["reward"] = reward
-                for k, v in fields.items():
-                    if k in row and row[k] != v:
-                        report.field_changes[k] = report.field_changes.get(k, 0) + 1
-                    new_row[k] = v
-                if isinstance(before, (int, float)):
-                    delta = abs(float(before) - reward)
-                    report.sum_before += float(before)
-                    report.sum_abs_delta += delta
-                    report.max_abs_delta = max(report.max_abs_delta, delta)
-                    report.changed += delta > 1e-9
-                report.sum_after += reward
-                results[index] = (_encoder.encode(new_row), True)
+                results[index] = (_encoder.encode(report.redone(row, reward, fields)), True)
                 if on_row is not None:
                     on_row(True, reward)
             finally:

@@ -16,6 +16,9 @@ Instruments (Prometheus names in brackets):
 - ``gym.reward`` [``gym_reward``], a histogram by ``gym.agent`` (sum / count = mean reward)
 - ``gym.inflight`` / ``gym.slots`` [``gym_inflight``, ``gym_slots``] by ``gym.role`` and
   ``gym.name``: work in progress and capacity per worker kind; ``gym.sessions`` for resources
+- ``gym.wait.oldest`` [``gym_wait_oldest_seconds``] by ``gym.name`` (the agent) and ``gym.stage`` (``generating``,
+  ``tool``, ``verify``, ``sandbox_wait``, ``agent``, ...): the longest a running rollout has been in its stage
+  (``gym-runtime why`` lists each)
 - ``gym.queue.pending`` / ``gym.queue.ack_pending`` by ``gym.consumer``: the queue lag of
   each work-queue consumer (messages not yet delivered / delivered but not acked)
 - sandbox pools, by ``gym.name`` (the pool): ``gym.sandbox.live`` and ``gym.sandbox.warm`` (gauges:
@@ -125,10 +128,16 @@ class Meters:
              "rollouts that ended as a failure row, by error class"),
             ("counter", "gym.model.tokens", self._observe_tokens, "{token}",
              "model tokens in (prompt) and out (completion)"),
+            ("counter", "gym.model.routed", self._observe_routed, "{call}",
+             "model calls served per model by how they were routed (affine, load, moved: docs/models.md)"),
+            ("counter", "gym.model.prefix_cache", self._observe_prefix_cache, "{token}",
+             "prompt tokens the engine looked up in its prefix cache (queries) and found there (hits), per model"),
             ("gauge", "gym.inflight", self._observe_inflight, "{item}",
              "rollouts / model calls in progress per worker kind"),
             ("gauge", "gym.slots", self._observe_slots, "{slot}", "concurrency slots per worker kind"),
             ("gauge", "gym.sessions", self._observe_sessions, "{session}", "open resource sessions"),
+            ("gauge", "gym.wait.oldest", self._observe_oldest_wait, "s",
+             "the longest a running rollout has waited in its current stage, per agent and stage (why)"),
             *[(kind, f"gym.sandbox.{k}", self._observe_sandbox(k), "{sandbox}", what) for kind, k, what in sandbox],
             ("gauge", "gym.queue.pending", self._observe_queue("pending"), "{message}",
              "messages waiting in a work queue, per consumer"),
@@ -233,11 +242,36 @@ class Meters:
     def _observe_inflight(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("in_flight")
 
+    def _observe_routed(self, _: CallbackOptions) -> list[Observation]:
+        totals: dict[tuple[str, str], int] = {}
+        for role, name, worker in self._workers:
+            routed = worker.stats().get("routed") if role == "model" else None
+            for route, n in (routed or {}).items():
+                totals[(name, route)] = totals.get((name, route), 0) + n
+        return [Observation(v, {"gym.model": m, "gym.route": r}) for (m, r), v in totals.items()]
+
+    def _observe_prefix_cache(self, _: CallbackOptions) -> list[Observation]:
+        totals: dict[tuple[str, str], int] = {}
+        for role, name, worker in self._workers:
+            cache = worker.stats().get("prefix_cache") if role == "model" else None
+            for kind, n in (cache or {}).items():
+                totals[(name, kind)] = totals.get((name, kind), 0) + n
+        return [Observation(v, {"gym.model": m, "gym.kind": k}) for (m, k), v in totals.items()]
+
     def _observe_slots(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("slots")
 
     def _observe_sessions(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("sessions")
+
+    def _observe_oldest_wait(self, _: CallbackOptions) -> list[Observation]:
+        oldest: dict[tuple[str, str], float] = {}
+        for _role, name, worker in self._workers:
+            waits = getattr(worker, "waits", None)
+            for e in waits()["waits"] if waits is not None else ():
+                key = (name, e["stage"])
+                oldest[key] = max(oldest.get(key, 0.0), e["for_s"])
+        return [Observation(v, {"gym.name": n, "gym.stage": st}) for (n, st), v in oldest.items()]
 
     def _observe_sandbox(self, key: str) -> Any:
         def observe(_: CallbackOptions) -> list[Observation]:

@@ -112,7 +112,8 @@ _Grant = tuple[list[str], list[str], list[str]]  # what a role may publish, subs
 
 
 def _models(s: Subjects) -> list[str]:
-    return [s.model_queue("*"), s.model_direct("*")]  # queued and direct model calls
+    # queued and direct model calls, and direct to one replica (a rollout's next turn, to its prefix)
+    return [s.model_queue("*"), s.model_direct("*"), s.model_replica("*", "*")]
 
 
 def _control_news(s: Subjects) -> list[str]:
@@ -131,8 +132,9 @@ def _publisher(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         s.resume("*"),
         s.cancel("*"),
         sj.kv_key(batches, ">"),
+        sj.kv_key(s.sampler_bucket, ">"),  # the task sampler's statistics (``data.sampler_store``)
         *(sj.kv_key(control, k("*")) for k in (s.version_key, s.paused_key, s.cancelled_key)),
-        *_read_kv(batches, control),
+        *_read_kv(batches, control, s.sampler_bucket),
         *(sj.consumer_list(x) for x in (s.tasks_stream, s.model_stream)),
         *_read_results(s, reach),
         s.status,  # status: every worker answers into its own lane of this user's inbox
@@ -190,6 +192,7 @@ def _model(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
         s.status,
         *_control_news(s),
         s.model_direct(mine),  # direct calls (core NATS) while a slot is free
+        s.model_replica(mine, "*"),  # ... and those sent to this replica by name (its rollouts' later turns)
         s.pause(mine),
         s.resume(mine),
         s.live("model", mine),

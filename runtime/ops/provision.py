@@ -20,6 +20,7 @@ import anyio
 
 from gym_runtime.config import JetStreamConfig
 from gym_runtime.data import batches
+from gym_runtime.data.sampler_store import sampler_kv
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.rollout.checkpoint import checkpoints_kv
@@ -40,7 +41,7 @@ async def provision(
     waiting: Callable[[str], None] | None = None,
     agents: list[str] | None = None,
 ) -> None:
-    """As admin, create each namespace's streams, batch and control KV buckets and blob store (idempotent).
+    """As admin, create each namespace's streams, batch, control and sampler KV buckets and blob store (idempotent).
 
     ``settings``: the run's ``jetstream:`` block (None: one replica, the default limits). ``agents``: the
     config's agents, each given a results stream of its own (None: no config, one stream for every agent's,
@@ -63,6 +64,7 @@ async def provision(
                     await jetstream.provision_results(b, agents)  # a stream per agent (None: one shared)
                     await batches._kv(b)  # the manifest bucket, created on first use
                     await control.control_kv(b)  # the trainer's policy versions, pauses, cancelled batches
+                    await sampler_kv(b)  # the task sampler's statistics (the publisher's)
                     # rollouts' checkpoints (resume at the last turn), aged out by the run's checkpoint_ttl_s
                     await checkpoints_kv(b, (settings or JetStreamConfig()).checkpoint_ttl_s)
                     await jetstream.ensure_kept_stream(b)  # each published task's body until its batch is purged

@@ -184,6 +184,21 @@ def _duration(seconds: float) -> str:
     return f"{s}s" if s < 60 else (f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m")
 
 
+def routed_text(ws: list[dict[str, Any]]) -> str:
+    """A model's replicas' calls by route (``ModelWorker.routed``): the share of those served that went to the
+    replica of their rollout's last turn, or elsewhere as it was full or gone; empty before any."""
+    served = sum(w.get("served") or 0 for w in ws)
+    routed = {r: sum((w.get("routed") or {}).get(r, 0) for w in ws) for r in ("affine", "load", "moved")}
+    if not served:
+        return ""
+    text = "; routed " + ", ".join(f"{r} {100 * n / served:.0f}%" for r, n in routed.items()) + f" of {served} calls"
+    hits = sum((w.get("prefix_cache") or {}).get("hits", 0) for w in ws)
+    queries = sum((w.get("prefix_cache") or {}).get("queries", 0) for w in ws)
+    if queries:  # the engine's own counters, where it reports them (``vllm_engine``)
+        text += f"; prefix cache hits {100 * hits / queries:.0f}% of {queries} prompt tokens"
+    return text
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [
         f"namespace {report['namespace']}: {report['results_stored']} results stored, "
@@ -207,12 +222,23 @@ def render(report: dict[str, Any]) -> str:
             hits, made = sum(w.get("warm_hits") or 0 for w in ws), sum(w.get("created") or 0 for w in ws)
             of = f" of max_live {quota}" if quota else ""
             pool = f"; {live} live{of}, {warm} warm, {hits} warm hits, {made} created"
+        if role == "model":  # cache-aware routing: how the calls the replicas served were routed
+            pool = routed_text(ws)
         lines.append(f"  {role} {name}: {len(ws)} replica(s){pool}")
         for w in ws:
             extra = ", ".join(
                 f"{k}={'-' if v is None else v}"
                 for k, v in w.items()
-                if k not in ("role", "name", "namespace", "worker", "fields")  # fields: for publish's check
+                if k
+                not in (
+                    "role",
+                    "name",
+                    "namespace",
+                    "worker",
+                    "fields",
+                    "routed",
+                    "prefix_cache",
+                )  # fields: publish's check
             )
             lines.append(f"    {w.get('worker')}: {extra}")
     lines += ["", "queues:"]

@@ -25,6 +25,7 @@ from gym_runtime.messages import (
     SeedReply,
     SeedRequest,
 )
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.subjects import Subjects
@@ -57,14 +58,17 @@ class Port(Protocol):
 
 
 class BusPort:
-    """A worker's: model calls direct to a replica or queued (``call_model``), sessions on the environment's
-    workers (a seed to its queue group as this bus's caller, then each operation to the worker that holds the
-    session, naming that caller: the worker answers only the caller that seeded it)."""
+    """A worker's: model calls direct to a replica or queued (``call_model``), a rollout's later turns first to
+    the replica of its last turn where the model routes by affinity (``transport.affinity``; ``affinity``: the
+    worker's, None where no model does), sessions on the environment's workers (a seed to its queue group as this
+    bus's caller, then each operation to the worker that holds the session, naming that caller: the worker answers
+    only the caller that seeded it)."""
 
-    __slots__ = ("bus",)
+    __slots__ = ("bus", "affinity")
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, affinity: Affinity | None = None) -> None:
         self.bus = bus
+        self.affinity = affinity
 
     async def model(
         self,
@@ -76,9 +80,26 @@ class BusPort:
         wait_s: float,
         on_output: OnOutput | None,
     ) -> ModelResponse:
-        return await call_model(
-            self.bus, name, request, timeout=timeout, liveness_s=liveness_s, wait_s=wait_s, on_output=on_output
+        affinity = self.affinity
+        if affinity is None or name not in affinity.load:  # no prefix cache to return to: nothing more per call
+            return await call_model(
+                self.bus, name, request, timeout=timeout, liveness_s=liveness_s, wait_s=wait_s, on_output=on_output
+            )
+        key = request.rollout_key or ""
+        replica, route = affinity.choose(name, key)
+        reply = await call_model(
+            self.bus,
+            name,
+            request,
+            timeout=timeout,
+            liveness_s=liveness_s,
+            wait_s=wait_s,
+            on_output=on_output,
+            replica=replica,
+            route=route,
         )
+        affinity.served(name, key, reply.worker)
+        return reply
 
     async def seed(self, resource: str, request: SeedRequest, *, timeout: float, op: str) -> SeedReply:
         subject = self.bus.subjects.seed(resource, self.bus.caller)

@@ -26,6 +26,7 @@ from gym_runtime.rollout.ledger import Ledger, TrajectoryState
 from gym_runtime.rollout.port import Port
 from gym_runtime.rollout.session import SessionLink
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.model_calls import PROGRESS_STREAM, cut_at
 
 _progress_decoder = msgspec.msgpack.Decoder(GenerationProgress)
@@ -47,9 +48,10 @@ C = TypeVar("C", bound=Settings)
 
 class Models:
     """What the rollout's model calls need to know of each model, from the worker's config: the call's timeout, the
-    model entry's fingerprint and liveness, and the models whose generations stop at the rollout's deadline."""
+    model entry's fingerprint and liveness, the models whose generations stop at the rollout's deadline, and the
+    worker's rollouts by the replica of their last turn (``transport.affinity``; None: no model routes so)."""
 
-    __slots__ = ("timeout_s", "fingerprint", "liveness_s", "cuttable")
+    __slots__ = ("timeout_s", "fingerprint", "liveness_s", "cuttable", "affinity")
 
     def __init__(
         self,
@@ -57,11 +59,13 @@ class Models:
         fingerprint: Callable[[str], str | None] | None = None,
         liveness_s: Callable[[str], float | None] | None = None,
         cuttable: frozenset[str] = frozenset(),
+        affinity: Affinity | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.fingerprint = fingerprint or (lambda _name: None)
         self.liveness_s = liveness_s or (lambda _name: None)
         self.cuttable = cuttable
+        self.affinity = affinity
 
 
 class Rollout(Generic[C]):

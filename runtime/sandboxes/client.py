@@ -363,7 +363,8 @@ class _Waiting:
 
 class Sandboxes:
     """The sandboxes of one lease (a rollout, or an environment's session) in one pool. ``lease``: the secret every
-    call proves (``sandboxes.leases``); None, a fresh one (a resumed attempt's is the one its checkpoint kept)."""
+    call proves (``sandboxes.leases``); None, a fresh one, drawn when first read (a rollout that opens no sandbox
+    draws none), ``bound`` said before it (a resumed attempt's is the one its checkpoint kept)."""
 
     def __init__(
         self,
@@ -371,6 +372,7 @@ class Sandboxes:
         pool: str,
         *,
         lease: str | None = None,
+        bound: str = "",
         deadline: float = 0.0,
         where: str = "",
         exec_timeout_s: float = 600.0,
@@ -378,7 +380,8 @@ class Sandboxes:
     ) -> None:
         self._bus: Any = bus
         self.pool = pool
-        self.lease = new_lease() if lease is None else lease  # a resumed attempt's: the one its checkpoint kept
+        self._lease = lease  # a resumed attempt's: the one its checkpoint kept; None: drawn when first read
+        self._bound = bound
         self.deadline = deadline  # unix time the lease ends (0: the pool's max_lease_s)
         self.where = where  # the config key that names the pool (for the error when there is none)
         self.exec_timeout_s = exec_timeout_s
@@ -418,6 +421,18 @@ class Sandboxes:
             exec_timeout_s=self.exec_timeout_s,
             absent_grace_s=self.absent_grace_s,
         )
+
+    @property
+    def lease(self) -> str:
+        """The secret every operation proves: random (``new_lease``), ``bound`` and a colon before it where one was
+        given, drawn once, on first use."""
+        if self._lease is None:
+            self._lease = f"{self._bound}:{new_lease()}" if self._bound else new_lease()
+        return self._lease
+
+    @lease.setter
+    def lease(self, lease: str) -> None:
+        self._lease = lease
 
     @property
     def asked(self) -> int:

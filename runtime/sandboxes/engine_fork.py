@@ -14,7 +14,7 @@ child starts with its keeper only, as a fresh container does.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import msgspec
@@ -24,8 +24,15 @@ from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Resolved
 from gym_runtime.sandboxes.engine_http import Engine, EngineError
 
-if TYPE_CHECKING:
-    from gym_runtime.sandboxes.engine_api import EngineBackend
+
+class EngineBackend(Protocol):
+    """What a fork needs of its backend (``engine_api.EngineBackend``): whether its root is writable, and its
+    ``create`` (a child is made as any other sandbox)."""
+
+    writable: bool
+
+    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str: ...
+
 
 log = logs.get("gym.sandbox")
 

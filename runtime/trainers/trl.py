@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncBatch, SyncClient
 from gym_runtime.data.rowkeys import is_runtime_key
 from gym_runtime.errors import ClientError
@@ -48,7 +49,7 @@ from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens
 from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
 from gym_runtime.trainers.train_rows import TRLTrainRows
 
-__all__ = ["FailurePolicy", "TRLRollouts", "env_reward", "excluding"]
+__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
@@ -113,6 +114,7 @@ class TRLRollouts:
         failures: FailurePolicy | None = None,
         max_staleness: int | None = None,
         rows_path: str | None = None,
+        sampler: TaskSampler | None = None,
     ) -> None:
         self.failures = failure_policy(failures)
         self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
@@ -127,6 +129,29 @@ class TRLRollouts:
         self.totals = Tally()  # all calls'
         self.last_rows: list[dict[str, Any]] = []  # the last call's rows, in TRL's order (failure rows included)
         self.train_rows = TRLTrainRows(rows_path) if rows_path is not None else None
+        if sampler is not None and len(sampler.keys) != len(self.index.rows):
+            raise ClientError(f"sampler: made for {len(sampler.keys)} rows, the trainer's dataset has {len(rows)}")
+        self.sampler = sampler  # learns from every group; ``use_sampler`` makes it choose TRL's prompts too
+
+    def use_sampler(self, trainer: Any) -> None:
+        """TRL's train sampler replaced by ``TaskRepeats``: each generation batch's prompts chosen by ``sampler``
+        (in TRL's ``RepeatSampler`` order, so each prompt still gets its own ``num_generations`` completions).
+        Call it after building the trainer, before ``trainer.train()``."""
+        if self.sampler is None:
+            raise ClientError("use_sampler: give TRLRollouts(..., sampler=TaskSampler...) first")
+        sampler = self.sampler
+
+        def train_sampler(dataset: Any = None) -> TaskRepeats:
+            data = trainer.train_dataset if dataset is None else dataset
+            return TaskRepeats(
+                sampler,
+                size=len(data),
+                mini_repeat_count=trainer.num_generations,
+                batch_size=trainer.args.generation_batch_size // trainer.num_generations,
+                repeat_count=trainer.num_iterations * trainer.args.steps_per_generation,
+            )
+
+        trainer._get_train_sampler = train_sampler
 
     def dataset(self) -> list[dict[str, Any]]:
         """The trainer's dataset (``datasets.Dataset.from_list``): one prompt per row, carrying its row."""
@@ -151,6 +176,10 @@ class TRLRollouts:
             for r, k in zip(g.rows, g.kinds, strict=True):
                 self.counts.ended(r, k, f"dataset row {g.row}")
         self.totals.add(self.counts)
+        if (sampler := self.sampler) is not None:  # every group's final rows (retries in), stored in the KV
+            for g in groups:
+                sampler.saw(g.row, g.rows)
+            self._guard(lambda: self.client.spawn(sampler.flush).result())
         self._log(trainer)
         self.counts.check(self.failures, "rollout_func")
         out = self._output(groups, trainer)
@@ -293,13 +322,42 @@ class TRLRollouts:
         return out
 
     def _log(self, trainer: Any) -> None:
-        c = self.counts
-        log.info("trainer.rollouts", **c.metrics())
+        c = self.counts.metrics()
+        if self.sampler is not None:
+            c.update(self.sampler.metrics())
+        log.info("trainer.rollouts", **c)
         metrics = getattr(trainer, "_metrics", None)  # TRL averages these into its logs at each logging step
         if metrics is not None:
             train = metrics["train"]
-            for k, v in c.metrics().items():
+            for k, v in c.items():
                 train[k].append(v)
+
+
+class TaskRepeats:
+    """TRL's train sampler with its prompts chosen by a ``TaskSampler``: TRL's ``RepeatSampler`` order (a chunk of
+    ``batch_size`` distinct prompts, each ``mini_repeat_count`` times in a row, the chunk ``repeat_count`` times),
+    each chunk picked when the dataloader reaches it, so from what the groups before it taught."""
+
+    def __init__(
+        self, sampler: TaskSampler, *, size: int, mini_repeat_count: int, batch_size: int, repeat_count: int
+    ) -> None:
+        if batch_size > size:
+            raise ClientError(f"sampler: a generation batch of {batch_size} prompts needs as many rows ({size} given)")
+        self.sampler = sampler
+        self.size = size
+        self.mini_repeat_count = mini_repeat_count
+        self.batch_size = batch_size
+        self.repeat_count = repeat_count
+
+    def __iter__(self) -> Any:
+        for _ in range(self.size // self.batch_size):
+            chunk = self.sampler.pick(self.batch_size)
+            for _ in range(self.repeat_count):
+                for index in chunk:
+                    yield from [index] * self.mini_repeat_count
+
+    def __len__(self) -> int:
+        return (self.size // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
 
 
 def _column(name: str) -> bool:

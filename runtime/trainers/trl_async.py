@@ -37,6 +37,7 @@ import anyio
 import anyio.abc
 
 from gym_runtime.client import BatchHandle
+from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncClient
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
@@ -98,6 +99,7 @@ class GymRolloutWorker:
         failures: FailurePolicy | None = None,
         rows_path: str | None = None,
         token_budget: int | None = None,
+        sampler: TaskSampler | None = None,
     ) -> None:
         for name, value, least in (
             ("num_generations", num_generations, 1),
@@ -137,6 +139,9 @@ class GymRolloutWorker:
         self._group_id = 0
         # the rows handed over, with the advantage given them (``train_rows``); an excluded member's with reward None
         self.train_rows = TrainRowsWriter(rows_path) if rows_path is not None else None
+        if sampler is not None and len(sampler.keys) != len(self.index.rows):
+            raise ClientError(f"sampler: made for {len(sampler.keys)} rows, the worker has {len(rows)}")
+        self.sampler = sampler  # picks each next group's row and learns from it (None: the rows in turn)
 
     # ------------------------------------------------------------------------------------------ the protocol
 
@@ -187,7 +192,8 @@ class GymRolloutWorker:
             self._tg = tg
             while not self._stop.is_set():
                 await room.acquire()
-                tg.start_soon(self._group, order % len(self.index.rows), room)
+                row = self.sampler.pick(1)[0] if self.sampler is not None else order % len(self.index.rows)
+                tg.start_soon(self._group, row, room)
                 order += 1
         if self.fault is not None:  # the bound: one line, as TRL's check_health shows it
             raise self.fault
@@ -223,6 +229,9 @@ class GymRolloutWorker:
             return
         await handle.consumed(handle.delivered - handle.consumed_rows)  # room for the next groups
         rows, kinds = await self._retried(row, rows)
+        if self.sampler is not None:  # the group's final rows, whatever happens to its samples next
+            await self.sampler.observe(row, rows)
+            self.metrics_queue.put_nowait(self.sampler.metrics())
         made = min((int(r["policy_versions"][0]) for r in rows if r.get("policy_versions")), default=None)
         if made is not None and self.model_version - made > self.max_staleness:
             self.counts.stale_groups += 1

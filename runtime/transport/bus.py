@@ -80,6 +80,7 @@ from gym_runtime.transport.subjects import (
 from gym_runtime.transport.wire import NatsWire
 
 log = logs.get("gym.bus")
+_NO_SKIP = (0.0, "")  # a direct subject not skipped: asked (``Bus._direct_skip``)
 
 
 _pub_ack = msgspec.json.Decoder(PubAck)
@@ -112,11 +113,14 @@ class Bus:
             conn = self._nats = NatsWire(conn, self.subjects)
         self.wire: Wire = conn
         self._replies: dict[str, Pending] = {}
+        # a subject -> the process a call to it last went silent on (its keepalives' tag), and when: ``why``
+        self.went_silent: dict[str, tuple[str, float]] = {}
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
         self._background: set[asyncio.Future[None]] = set()  # resends after a reconnect
-        self._direct_skip: dict[str, float] = {}  # direct subject -> use the queue until (monotonic)
+        # direct subject -> use the queue until (monotonic), and why ("busy", "absent")
+        self._direct_skip: dict[str, tuple[float, str]] = {}
         self.store_retries = 0  # stored publishes sent again for a missing ack (``store``)
         # the parts: bodies (large ones by reference, stored with this bus's acked publish) and serving
         self.blobs = Blobs(self.wire, self.codec, self.store)
@@ -275,6 +279,7 @@ class Bus:
                     call = replies.get(msg.subject)
                     if call is not None:
                         call.alive(time.monotonic())
+                        call.by = headers[PROGRESS_HEADER]  # who has it (``Keepalives.tag``): ``why`` names it
                     return
                 if headers and OUTPUT_HEADER in headers:  # a sign of life too
                     call = replies.get(msg.subject)
@@ -344,6 +349,10 @@ class Bus:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def calls_in_flight(self) -> list[Pending]:
+        """The calls this connection waits on now (read by ``why``: where each rollout is), at the time of asking."""
+        return [c for c in self._replies.values() if not c.fut.done()]
+
     def fail_pending(self, reason: str) -> None:
         """Fail every core call in flight as retryable: its responder may never have got it."""
         for key, call in list(self._replies.items()):
@@ -406,6 +415,8 @@ class Bus:
             return await self._unwrap(msg, subject)
         except Failure as e:  # a peer's answer, a worker lost, a clock: the runtime saw it (``Failure.observed``)
             observed(e)
+            if call.by and e.info.error_class == "worker_lost":  # who went silent on it, for ``why`` to name
+                self.went_silent[subject] = (call.by, time.monotonic())
             raise
 
     async def request(
@@ -463,19 +474,13 @@ class Bus:
         """
         now = time.monotonic()
         deadline = now + timeout
-        if self._direct_skip.get(direct, 0.0) <= now:
+        if self._direct_skip.get(direct, _NO_SKIP)[0] <= now:  # inline, not ``try_direct``: the hot path
             try:
                 return await self.request(
                     direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
                 )
-            except Busy:
-                self._direct_skip[direct] = time.monotonic() + DIRECT_BUSY_S
-            except NoResponders:
-                self._direct_skip[direct] = time.monotonic() + DIRECT_ABSENT_S
-            except Failure as e:
-                if e.info.error_class != "worker_lost":
-                    raise
-                log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
+            except (Busy, NoResponders, Failure) as e:
+                self._not_direct(direct, e)
         left = deadline - time.monotonic()
         if left <= 0:
             raise observed(
@@ -484,6 +489,44 @@ class Bus:
                 )
             )
         return await self.queued_request(queued, payload, timeout=left, op=op, wait_s=wait_s, on_output=on_output)
+
+    async def try_direct(
+        self,
+        direct: str,
+        payload: Any,
+        *,
+        timeout: float,
+        op: str,
+        liveness_s: float | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ) -> tuple[str, Any]:
+        """One direct try (``direct_or_queued``'s first step): ``("answered", reply)``, else why not and None:
+        ``busy`` (no free slot), ``absent`` (nobody serves it) or ``lost`` (its worker went silent mid-call); busy
+        or absent a moment ago it is not asked again (``DIRECT_BUSY_S``, ``DIRECT_ABSENT_S``) and that is the
+        answer. Errors of the call itself come back as they are."""
+        until, why = self._direct_skip.get(direct, _NO_SKIP)
+        if until > time.monotonic():
+            return why, None
+        try:
+            return "answered", await self.request(
+                direct, payload, timeout=timeout, op=op, liveness_s=liveness_s, on_output=on_output
+            )
+        except (Busy, NoResponders, Failure) as e:
+            return self._not_direct(direct, e), None
+
+    def _not_direct(self, direct: str, e: Exception) -> str:
+        """Why a direct try did not answer (``busy``, ``absent``, ``lost``), the subject skipped a while where it
+        was busy or absent; a failure of the call itself is raised again."""
+        if isinstance(e, Busy):
+            self._direct_skip[direct] = (time.monotonic() + DIRECT_BUSY_S, "busy")
+            return "busy"
+        if isinstance(e, NoResponders):
+            self._direct_skip[direct] = (time.monotonic() + DIRECT_ABSENT_S, "absent")
+            return "absent"
+        if not isinstance(e, Failure) or e.info.error_class != "worker_lost":
+            raise e
+        log.info("direct_call.lost", subject=direct, error=e.info.message, then="queue")
+        return "lost"
 
     async def queued_request(
         self,
@@ -614,10 +657,15 @@ class Bus:
         await self.wire.flush()
 
     async def scatter(
-        self, subject: str, *, wait_s: float, until: Callable[[str, bytes], bool] | None = None
+        self,
+        subject: str,
+        *,
+        wait_s: float,
+        until: Callable[[str, bytes], bool] | None = None,
+        ask: bytes = b"",
     ) -> list[tuple[str, bytes]]:
-        """Send an empty request to every subscriber of ``subject`` and gather the raw answers for ``wait_s``
-        seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
+        """Send a request (``ask``, empty by default) to every subscriber of ``subject`` and gather the raw answers
+        for ``wait_s`` seconds (or until ``until(subject, data)`` says an answer was the last one needed), each with the
         subject it came on: each responder answers into its own lane under the request's reply root
         (``answer``), which on a secured bus only it may publish into."""
         root = self.wire.new_inbox()
@@ -631,7 +679,7 @@ class Bus:
 
         sub = await self.wire.subscribe(answers(root), cb=on_answer)
         try:
-            await self.wire.publish(subject, b"", reply=root)
+            await self.wire.publish(subject, ask, reply=root)
             await self.wire.flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(enough.wait(), wait_s)

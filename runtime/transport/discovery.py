@@ -1,8 +1,9 @@
 """Worker discovery and live stats on the namespace's own subject (``Subjects.status``).
 
 Every worker subscribes to ``{ns}.status``; a request there (``gym-runtime status``, the client's checks)
-is answered by each live worker with what it serves (namespace, role, config name, worker id,
-fingerprint) and its live counters, in one round, into its own reply lane (``subjects.answer``): a
+is answered by each live worker with what it serves (namespace, role, config name, worker id, process,
+fingerprint) and its live counters (asked ``WAITS``: where each piece of its work waits, for ``why``), in
+one round, into its own reply lane (``subjects.answer``): a
 secured bus lets a worker publish into no other, so no answer can be borrowed to publish elsewhere
 (NATS micro services answer into whatever reply subject a request names, which needs the server's
 ``allow_responses``). No registry, nothing to keep in sync.
@@ -18,7 +19,10 @@ from typing import Any
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Subscription
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects, answer, lane
+
+WAITS = b"waits"  # a discovery that asks each worker where its work waits too (``register``'s ``waits``)
 
 
 class Registration:
@@ -40,13 +44,21 @@ async def register(
     *,
     fingerprint: str | None = None,
     fields: dict[str, str] | None = None,
+    waits: Callable[[], dict[str, Any]] | None = None,
 ) -> Registration:
     """Announce a worker until ``stop()``.
 
     ``fingerprint`` (of the config entry served) lets publishers see workers of another config, and
-    ``fields`` (each config key's digest) which keys differ.
+    ``fields`` (each config key's digest) which keys differ. ``waits``: where the work it holds waits now,
+    added to the answer of a discovery that asks for them (``WAITS``: ``gym-runtime why``) and no other.
     """
-    meta: dict[str, Any] = {"namespace": bus.ns, "role": role, "name": name, "worker": worker_id}
+    meta: dict[str, Any] = {
+        "namespace": bus.ns,
+        "role": role,
+        "name": name,
+        "worker": worker_id,
+        "process": process_tag(),  # as its keepalives name it: a caller's silent call is matched to it
+    }
     if fingerprint:
         meta["fingerprint"] = fingerprint
     if fields:
@@ -58,6 +70,8 @@ async def register(
         if not msg.reply:
             return
         body = {**meta, **stats(), "uptime_s": round(time.time() - started, 1)}
+        if waits is not None and msg.data == WAITS:
+            body.update(waits())
         await bus.publish_raw(answer(msg.reply, mine), json.dumps(body).encode())
 
     sub = await bus.subscribe(bus.subjects.status, on_request)
@@ -66,7 +80,11 @@ async def register(
 
 
 async def discover(
-    bus: Bus, *, wait_s: float = 0.5, until: Callable[[list[dict[str, Any]]], bool] | None = None
+    bus: Bus,
+    *,
+    wait_s: float = 0.5,
+    until: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ask: bytes = b"",
 ) -> list[dict[str, Any]]:
     """Every live worker of this namespace with its counters: the answers gathered for ``wait_s``, or until
     ``until(answers so far)`` holds (a caller that knows whom it expects waits for them, not for a window a
@@ -91,7 +109,7 @@ async def discover(
     while True:
         left = deadline - time.monotonic()
         window = left if until is None else min(left, ask_again_s)
-        await bus.scatter(bus.subjects.status, wait_s=max(window, 0.0), until=each)
+        await bus.scatter(bus.subjects.status, wait_s=max(window, 0.0), until=each, ask=ask)
         if until is None or until(list(found.values())) or window >= left:
             break
         ask_again_s *= 2

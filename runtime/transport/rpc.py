@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import socket
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
@@ -122,6 +124,8 @@ class Pending:
     __slots__ = (
         "fut",
         "seen",
+        "started",
+        "by",
         "resend",
         "_timer",
         "_liveness",
@@ -141,6 +145,8 @@ class Pending:
     def __init__(self, fut: asyncio.Future[Message], seen: float) -> None:
         self.fut = fut
         self.seen = seen
+        self.started = seen
+        self.by = ""  # the process that said it has the call (its keepalives' ``Keepalives.tag``), once one did
         self.on_pause = ON_PAUSE.get()
         self.on_output: Callable[[int, bytes], None] | None = None  # the handler's output as it comes (streamed)
         self._pauses = 0  # the handler's waits for a lease now under way
@@ -173,6 +179,24 @@ class Pending:
         self._deadline = self.seen + patience
         first = patience if liveness is None else min(patience, liveness)
         self._timer = loop.call_later(first, self._check, loop)
+
+    @property
+    def subject(self) -> str:
+        return self._subject
+
+    @property
+    def queued(self) -> bool:
+        """A work-queue call (watched by the queue's redelivery, not by keepalives)."""
+        return self._queued is not None
+
+    @property
+    def taken(self) -> bool:
+        return self._taken
+
+    @property
+    def paused_now(self) -> bool:
+        """Its handler waits for a sandbox lease right now."""
+        return self._pauses > 0
 
     def alive(self, now: float) -> None:
         """A sign of life from the worker: a core call's liveness restarts; a queued call was taken
@@ -276,16 +300,23 @@ async def courtesy(sent: Coroutine[Any, Any, None]) -> None:
         await sent
 
 
+def process_tag() -> str:
+    """How a serving process names itself in its keepalives: ``node/pid``, what an operator needs to find a
+    frozen one (``gym-runtime why``); read once per connection (a forked worker has its own pid)."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
 class Keepalives:
     """Tells each core-request caller whose request a server is still working on, every ``every_s`` (up to half of
     it late), that it still is: one timer for all of a server's calls, armed only while some run, where a timer
     each was made and cancelled per call (most calls end before their first beat)."""
 
-    __slots__ = ("_publish", "every_s", "_running", "_ids", "_timer", "_sending")
+    __slots__ = ("_publish", "every_s", "tag", "_running", "_ids", "_timer", "_sending")
 
-    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], every_s: float) -> None:
+    def __init__(self, publish: Callable[..., Coroutine[Any, Any, None]], every_s: float, tag: str = "1") -> None:
         self._publish = publish  # a wire's core publish
         self.every_s = every_s
+        self.tag = tag  # what each beat says: the process beating (``process_tag``), so a caller can name it
         self._running: dict[int, list[Any]] = {}  # a call's key -> [its reply subject, when its next beat is due]
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -309,7 +340,7 @@ class Keepalives:
         for call in self._running.values():
             if call[1] <= now:
                 call[1] = now + self.every_s
-                task = loop.create_task(courtesy(self._publish(call[0], b"", headers={PROGRESS_HEADER: "1"})))
+                task = loop.create_task(courtesy(self._publish(call[0], b"", headers={PROGRESS_HEADER: self.tag})))
                 self._sending.add(task)
                 task.add_done_callback(self._sending.discard)
         self._timer = loop.call_later(self.every_s / 2, self._tick) if self._running else None

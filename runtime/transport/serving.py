@@ -31,7 +31,7 @@ from gym_runtime.transport.headers import (
     PROGRESS_HEADER,
 )
 from gym_runtime.transport.interface import Handler, Subscription, Wire, inline
-from gym_runtime.transport.rpc import Keepalives, Timings, courtesy, error_info, traced
+from gym_runtime.transport.rpc import Keepalives, Timings, courtesy, error_info, process_tag, traced
 from gym_runtime.transport.tasks import TaskSet
 
 _UNSET: Any = object()  # "no body decoded yet" (None is a body)
@@ -90,7 +90,7 @@ class Serving:
     @timings.setter
     def timings(self, timings: Timings) -> None:
         self._timings = timings
-        self.keepalives = Keepalives(self.wire.publish, timings.keepalive_s)
+        self.keepalives = Keepalives(self.wire.publish, timings.keepalive_s, process_tag())
 
     async def reply(self, subject: str | None, payload: Any, *, error: bool = False) -> None:
         if not subject:
@@ -194,7 +194,7 @@ class Serving:
         """Tell a queued request's caller that a worker has it: its timeout counts from now, not from
         when it was queued (``Bus.queued_request``)."""
         if reply_to:
-            await self.wire.publish(reply_to, b"", headers={PROGRESS_HEADER: "1"})
+            await self.wire.publish(reply_to, b"", headers={PROGRESS_HEADER: self.keepalives.tag})
 
     async def busy(self, msg: Delivery) -> None:
         """Answer a request at once with "no free slot" (``Busy`` at the caller); nothing ran. A connection that

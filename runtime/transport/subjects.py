@@ -370,6 +370,12 @@ class Subjects:
         return f"{self._base}_CHECKPOINTS"
 
     @property
+    def sampler_bucket(self) -> str:
+        """The KV bucket of the task sampler's per-task statistics (``data.sampling``): the publisher's, one key per
+        run and task, so a restarted trainer, or another one of the same run, picks up where it was."""
+        return f"{self._base}_SAMPLER"
+
+    @property
     def stored(self) -> list[str]:
         """Every subject a stream of this namespace stores (the streams', the KV buckets' and the kept bodies'):
         what a secured server's APP account publishes into the JS account, which holds JetStream."""
@@ -383,6 +389,7 @@ class Subjects:
             kv_key(self.batches_bucket, ">"),
             kv_key(self.control_bucket, ">"),
             kv_key(self.checkpoints_bucket, ">"),
+            kv_key(self.sampler_bucket, ">"),
         ]
 
     def stream(self, kind: str) -> str:
@@ -461,6 +468,11 @@ class Subjects:
     def model_direct(self, model: str) -> str:
         """Direct (core) calls to a replica with a free slot: outside the model stream's subjects."""
         return f"{self.ns}.call.model.{model}"
+
+    def model_replica(self, model: str, worker: str) -> str:
+        """Direct calls to one replica (``worker``: its id, a rollout's last turn's ``ModelResponse.worker``): a
+        rollout's next turn tries the replica that holds its prefix first (``model_calls.call_model``)."""
+        return f"{self.ns}.call.model.{model}.{worker}"
 
     def model_group(self, model: str) -> str:
         """The queue group of a model's replicas on its direct subject."""
@@ -714,6 +726,11 @@ class Subjects:
     def batch_checkpoints(batch: str) -> str:
         """Every key of a batch's rollouts' checkpoints, each part and a whole one the previous version wrote."""
         return f"*.{_kv_batch(batch)}.>"
+
+    @staticmethod
+    def sampler_key(run: str, task: str) -> str:
+        """A task's statistics in the sampler bucket, per run (``SamplerConfig.run``): two runs stay apart."""
+        return f"{run}.{task}"
 
     @staticmethod
     def manifest_key(batch: str) -> str:

@@ -49,6 +49,7 @@ from gym_runtime.messages import (
 from gym_runtime.observability import logs
 from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.rollout.state import Models, Rollout
+from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.interface import Puller
@@ -61,6 +62,7 @@ from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView
 from gym_runtime.workers.generation_cut import cuttable_models
 from gym_runtime.workers.guest_agent import GuestAgent, is_lost
+from gym_runtime.workers.waits import Rollouts, Running
 
 log = logs.get("gym.agent")
 
@@ -185,11 +187,17 @@ class AgentWorker:
         self.control = ControlView(bus, on_cancel=self._stop_batch)
         self._running: dict[str, set[anyio.CancelScope]] = {}  # batch -> its rollouts running here
         self.records = AttemptRecords(bus, name)
+        self.rollouts = Rollouts(bus.subjects, bus.timings.keepalive_s)  # where each waits (``why``)
         self._checkpoint_ttl_s = config.jetstream.checkpoint_ttl_s
-        # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call, and
-        # whether the policy's generations stop at the deadline, tokens kept
+        # what its rollouts' model calls need of each model: timeout, fingerprint, patience on a direct call,
+        # whether the policy's generations stop at the deadline, tokens kept; and the replica of each rollout's last
+        # turn, for the models whose replicas hold a prefix cache (``ModelConfig.routed_load``)
         self._models = Models(
-            self._model_timeout, self._model_fps.get, self._model_patience.get, cuttable_models(config)
+            self._model_timeout,
+            self._model_fps.get,
+            self._model_patience.get,
+            cuttable_models(config),
+            Affinity.of({m: c.routed_load() for m, c in config.models.items()}),
         )
 
     def _model_timeout(self, model: str) -> float:
@@ -273,6 +281,10 @@ class AgentWorker:
             "mean_rollout_ms": round(1000 * self.busy_s / done, 2) if done else None,
         }
 
+    def waits(self) -> dict[str, Any]:
+        """Where each rollout running here waits now (``gym-runtime why``), read only when asked."""
+        return self.rollouts.report(self.bus.calls_in_flight(), self.bus.went_silent)
+
     async def drain(self) -> None:
         await drain_puller(self.puller)
 
@@ -287,15 +299,19 @@ class AgentWorker:
         except Exception as e:  # a poison message: nothing to retry; its batch gets a failure row if it names one
             await self._undecodable(msg, e)
             return
-        attrs = {
-            "messaging.system": "nats",
-            "messaging.destination.name": msg.subject,
-            "gym.batch": task.batch,
-            "gym.task_index": task.task_index,
-            "gym.rollout_index": task.rollout_index,
-            "gym.attempt": attempt,
-        }
         tel = self.bus.telemetry
+        attrs = (  # without an exporter no span is made: none is built
+            {
+                "messaging.system": "nats",
+                "messaging.destination.name": msg.subject,
+                "gym.batch": task.batch,
+                "gym.task_index": task.task_index,
+                "gym.rollout_index": task.rollout_index,
+                "gym.attempt": attempt,
+            }
+            if tel.recording
+            else None
+        )
         meters = tel.meters
         if meters.enabled:
             stored = msg.enqueued_at  # when JetStream stored the task
@@ -422,6 +438,8 @@ class AgentWorker:
                 room.sandboxes.let_go()
             else:
                 await _release(room)
+            if (affinity := self._models.affinity) is not None:
+                affinity.ended(room.rollout_key)  # its replicas hold one rollout fewer of ours
             if failed and not retrying:  # finished: its count of failed attempts is not needed again
                 await self.control.count_failed(key, 0)
             if box is not None:  # a nak'd attempt's writes stored before the next attempt reads them
@@ -475,7 +493,8 @@ class AgentWorker:
     async def _attempt(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome] | Failure:
         """Run the agent once under its clock (``timeout_s``, paused while sandboxes are acquired) and its
         batch's cancel: its outcomes, or the ``Failure`` that ended it (a crash is an ``internal`` one)."""
-        timeout_s, room = self.cfg.timeout_s, ctx.rollout
+        timeout_s, room, live = self.cfg.timeout_s, ctx.rollout, self.rollouts.live
+        paused: _Paused | None = None
         if room.resumed is not None:  # a resumed attempt gets the rest of the rollout's timeout_s (never more)
             timeout_s = max(0.0, timeout_s - room.resumed.elapsed_s)
             room.deadline = time.monotonic() + timeout_s
@@ -483,6 +502,7 @@ class AgentWorker:
             async with asyncio.timeout(timeout_s) as clock:  # asyncio's own: cheaper than anyio's
                 # acquiring a sandbox (waiting for a lease, the create) does not count against timeout_s
                 room.sandboxes.on_acquire = paused = _Paused(room, clock)
+                live[paused] = Running(task, room.attempt)
                 if room.resumed is not None:  # restarted from turn 0 after all: the whole timeout_s again
                     room.on_restart = functools.partial(_fresh_clock, room, clock, self.cfg.timeout_s)
                 # and so does an environment's, inside a call this rollout made (its handler says so)
@@ -499,6 +519,8 @@ class AgentWorker:
         except Exception as e:
             log.error("rollout.crashed", error=repr(e), exc_info=e)
             return Failure("internal", f"{type(e).__name__}: {e}")
+        finally:
+            live.pop(paused, None)
         if stopped.cancelled_caught:
             self.skipped += size
             return Failure("cancelled", f"batch {task.batch} was cancelled while it ran")

@@ -63,7 +63,14 @@ async def serve_pulled(
     started, pull until cancelled, then withdraw both. ``ready`` adds fields to the ready log line."""
     bus, name, worker_id = worker.bus, worker.name, worker.worker_id
     svc = await register(
-        bus, role, name, worker_id, worker.stats, fingerprint=worker.fingerprint, fields=dict(worker.fields)
+        bus,
+        role,
+        name,
+        worker_id,
+        worker.stats,
+        fingerprint=worker.fingerprint,
+        fields=dict(worker.fields),
+        waits=getattr(worker, "waits", None),  # an agent's rollouts, each where it waits (``why``)
     )
     bus.telemetry.meters.track(role, name, worker)
     log.info(f"{role}.ready", **{role: name}, worker=worker_id, **ready)

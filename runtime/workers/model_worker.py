@@ -7,6 +7,10 @@ Two ways in, one set of slots:
   subject — one round trip, nothing stored. With no free slot (or paused, or
   draining) the worker answers ``busy`` at once and the caller publishes the
   call to the work queue instead (``Bus.direct_or_queued``).
+* **affine** (``{ns}.call.model.{name}.{worker}``, core NATS, this replica's own): a rollout's later
+  turns, sent to the replica that served its last turn (its prefix cache), admitted exactly as direct calls
+  are: only with a free slot at once (``transport.model_calls``). Served only where the adapter's replicas
+  hold a prefix cache (``ModelConfig.routed_load``).
 * **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
   carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
   when it takes the request (the call's timeout counts from then, not from its wait
@@ -46,7 +50,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.headers import REPLY_HEADER, sent_as_control
 from gym_runtime.transport.interface import Puller
-from gym_runtime.transport.model_calls import PROGRESS_STREAM
+from gym_runtime.transport.model_calls import PROGRESS_STREAM, ROUTES
 from gym_runtime.workers.base import drain_puller, serve_pulled
 from gym_runtime.workers.control import ControlView, Flight, Pausable
 from gym_runtime.workers.generation_cut import CutClock, continued, progress_body
@@ -84,6 +88,9 @@ class ModelWorker:
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
         self.cut = 0  # generations stopped at their rollout's deadline (``ModelRequest.cut_at``), their tokens kept
+        # calls served by how they were routed (``ModelRequest.route``): to this replica as its rollout's last turn
+        # was here, or here as that replica was full ("load") or gone ("moved"); the rest had no earlier turn
+        self.routed = dict.fromkeys(ROUTES, 0)
         self.fingerprint = config.fingerprints[("model", name)]
         self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
@@ -122,6 +129,19 @@ class ModelWorker:
                 default_error="model_error",
                 attributes=self.span_attributes,
             )
+            subs = [direct]
+            if self.cfg.routed_load():  # its prefix cache: a rollout's later turns come to it by name
+                mine = await self.bus.serve_direct(
+                    tg,
+                    self.bus.subjects.model_replica(self.name, self.worker_id),
+                    self._generate,
+                    queue="",
+                    admit=self._admit,
+                    done=self._direct_done,
+                    default_error="model_error",
+                    attributes=self.span_attributes,
+                )
+                subs.append(mine)
             # ready means the server routes direct calls here: a call sent on another connection before the
             # server read this SUB finds no responders and skips every direct try for DIRECT_ABSENT_S
             await self.bus.flush()
@@ -137,8 +157,9 @@ class ModelWorker:
                 )
             finally:
                 with anyio.CancelScope(shield=True):
-                    with contextlib.suppress(Exception):  # a closed connection has no subscription left
-                        await direct.unsubscribe()
+                    for sub in subs:
+                        with contextlib.suppress(Exception):  # a closed connection has no subscription left
+                            await sub.unsubscribe()
                     await self.adapter.aclose()
                 tg.cancel_scope.cancel()
 
@@ -202,9 +223,12 @@ class ModelWorker:
             "direct": self.direct,
             "expired": self.expired,
             "held": self.gate.held,
+            "paused": not self.gate.is_open,  # for a weight update (``why`` says so of the calls it holds)
             "stopped": self.stopped,
             "regenerated": self.regenerated,
             "cut": self.cut,
+            "routed": dict(self.routed),
+            "prefix_cache": cache() if (cache := getattr(self.adapter, "prefix_cache", None)) else {},
         }
 
     async def drain(self) -> None:
@@ -220,6 +244,8 @@ class ModelWorker:
                     "with the same config and --set values, or give each experiment its own `namespace`"
                 ),
             )
+        if req.route is not None and req.route in self.routed:
+            self.routed[req.route] += 1
         running = self.running  # `concurrency` bounds generations, however the calls arrived
         await running.acquire()
         try:

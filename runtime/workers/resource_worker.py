@@ -58,7 +58,6 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
-from gym_runtime.sandboxes.leases import new_lease
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -354,7 +353,7 @@ class ResourceWorker:
         lease = Sandboxes(
             self.bus,
             self.cfg.sandbox,
-            lease=f"{bound}:{new_lease()}" if bound else None,
+            bound=bound,
             deadline=time.time() + self.cfg.session_ttl_s,
             where=f"resources.{self.name}",
         )

@@ -109,7 +109,11 @@ def one_run(n: int, args: argparse.Namespace) -> None:
             trl_steps(n, args.concurrency, sets, Path(d), args.train_rows)
             return
         alongside = follow_live if args.with_viewer else None
-        overhead.one_process(n, args.concurrency, Path(d), sets, mock, secure=args.secure, alongside=alongside)
+        # no RSS sampler: a thread of this process that wakes every 50 ms would add instructions per rollout that grow
+        # with the run's wall time (valgrind's slowdown times the machine's load), none of them the runtime's
+        overhead.one_process(
+            n, args.concurrency, Path(d), sets, mock, secure=args.secure, alongside=alongside, sample_rss=False
+        )
 
 
 def workload_flags(args: argparse.Namespace) -> list[str]:

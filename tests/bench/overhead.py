@@ -64,7 +64,8 @@ DATA = REPO / "resources/weather/data/example.jsonl"
 
 
 class Sampler:
-    """Samples RSS of a set of processes; reports the peak of their sum."""
+    """Samples RSS of a set of processes every 50 ms; reports the peak of their sum. No processes: no sampling
+    thread (``instructions.py``: its samples would be counted as the rollouts' instructions)."""
 
     def __init__(self, procs: list[psutil.Process]) -> None:
         self.procs = procs
@@ -84,12 +85,14 @@ class Sampler:
             self._stop.wait(0.05)
 
     def __enter__(self) -> Sampler:
-        self._t.start()
+        if self.procs:
+            self._t.start()
         return self
 
     def __exit__(self, *a: object) -> None:
         self._stop.set()
-        self._t.join()
+        if self.procs:
+            self._t.join()
 
 
 def cpu_of(procs: list[psutil.Process]) -> float:
@@ -212,10 +215,11 @@ def one_process(
     metrics: bool = False,
     secure: bool = False,
     alongside: Callable[[str, str], Awaitable[None]] | None = None,
+    sample_rss: bool = True,
 ) -> dict[str, float]:
     """``secure``: a ``--secure`` server (TLS, nkeys, per-role permissions) and one connection per role.
     ``alongside(url, batch)``: run with the batch in the same process (``instructions.py --with-viewer``), and
-    waited for."""
+    waited for. ``sample_rss``: False, no peak RSS (``rss_mb`` 0) and no sampling thread in this process."""
     from gym_runtime.ops.credentials import ClientAuth
 
     auth_dir = tmp / "auth" if secure else None
@@ -234,7 +238,7 @@ def one_process(
 
         profiler = Profiler(async_mode="disabled")
         profiler.start()
-    with Sampler([me, server]) as sampler:
+    with Sampler([me, server] if sample_rss else []) as sampler:
         tel = bench_telemetry(metrics)
         batch = f"bench{os.getpid()}"
 

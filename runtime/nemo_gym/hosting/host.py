@@ -48,7 +48,11 @@ loop and back.
   out as before. A synchronous client waits for the bus loop from the server's loop or a
   thread of its own alike (gdpval calls its sync ``OpenAI`` in ``asyncio.to_thread``). No
   port is opened for this, and the ``.invalid`` domain never resolves, so a client none of
-  this reaches fails instead of reaching the network;
+  this reaches fails instead of reaching the network. The patches are the process's, not
+  scoped to the server's clients: its code builds those itself (``openai.AsyncOpenAI`` in a
+  verify, ``requests.post`` at setup) and takes no transport from us; they divert only
+  requests to those ``.invalid`` hosts, and under ``isolation: process`` the process runs
+  only that server;
 * calls to another resources server of the config by name (``server_client.post(NAME,
   path)``) reach that server's workers over the bus as a session of ours: ``/seed_session``
   opens it, its reply carries a cookie naming it, so the calls that send that cookie back

@@ -1,0 +1,129 @@
+"""Uniform sampling against the task sampler (issue 79) on a task set of mixed difficulty, with the learning
+example's policy and trainer (``trl_learns.py``: TRL's GRPO through gym-runtime's real workers, the tiny CPU policy,
+``tests/envs/say_word.py``).
+
+The rows: a third always solved (``fixed_reward: 1``), a third never (``fixed_reward: 0``), a third learnable (say
+the drawn word: a random policy that calls the tool scores 1/8). Prints, per run, the share of groups with zero
+reward spread, the rollouts (and generated tokens) until the learnable tasks' mean reward over their last 20
+groups reaches ``--threshold``, and the learnable tasks' last-20-groups mean at the end.
+
+    python tests/bench/sampler_learns.py --score uniform --seed 0 --steps 300
+    python tests/bench/sampler_learns.py --score learnability --seed 0 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gym_runtime import SyncClient
+from gym_runtime.client.sampler import TaskSampler
+from gym_runtime.trainers.trl import TRLRollouts
+from tests.trainers.world import grpo, world
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--score", choices=["uniform", "learnability"], default="learnability")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--rows", type=int, default=24)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--floor", type=float, default=0.1)
+    p.add_argument("--sharpness", type=float, default=4.0)
+    p.add_argument("--threshold", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="append the run's figures as one JSON line")
+    args = p.parse_args()
+    import transformers
+    from transformers import TrainerCallback
+
+    transformers.logging.set_verbosity_error()
+    tmp = Path(tempfile.mkdtemp(prefix="sampler-learns-"))
+    w = world(tmp, rows=args.rows, max_new_tokens=3, seed=args.seed, tool_bias=2.0)
+    kinds = ["solved", "impossible", "learnable"]
+    rows = []
+    for i, row in enumerate(w.rows):
+        kind = kinds[i % 3]
+        fixed = {"solved": {"fixed_reward": 1.0}, "impossible": {"fixed_reward": 0.0}}.get(kind, {})
+        rows.append({**row, "kind": kind, **fixed})
+    started = time.monotonic()
+    groups = zero = rollouts_run = tokens = 0
+    learnable: list[float] = []  # each learnable group's mean reward
+    reached: dict[str, int] | None = None
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, _args, state, control, **_kw):  # type: ignore[no-untyped-def]
+            if time.monotonic() - started > args.minutes * 60:
+                control.should_training_stop = True
+
+    with SyncClient(w.config) as client:
+        config = {"score": args.score, "floor": args.floor, "sharpness": args.sharpness, "run": f"bench{args.seed}"}
+        sampler = TaskSampler.open_sync(client, rows, config, seed=args.seed, store=False)
+        rollouts = TRLRollouts(client, rows, sampler=sampler)
+
+        def rollout_func(prompts, trainer):  # type: ignore[no-untyped-def]
+            nonlocal groups, zero, rollouts_run, tokens, reached
+            out = rollouts(prompts, trainer)
+            got = rollouts.last_rows
+            for k in range(0, len(got), args.generations):
+                group = got[k : k + args.generations]
+                rewards = [float(r.get("reward", 0.0)) for r in group]
+                groups += 1
+                zero += max(rewards) == min(rewards)
+                rollouts_run += len(group)
+                tokens += sum(len(c) for c in out["completion_ids"][k : k + args.generations])
+                if group[0]["kind"] == "learnable":
+                    learnable.append(sum(rewards) / len(rewards))
+            last = learnable[-20:]
+            mean = sum(last) / len(last) if last else 0.0
+            if reached is None and len(last) == 20 and mean >= args.threshold:
+                reached = {"rollouts": rollouts_run, "tokens": tokens, "step": trainer.state.global_step}
+            return out
+
+        trainer = grpo(
+            w,
+            rollout_func,
+            rollouts.dataset(),
+            tmp,
+            steps=args.steps,
+            batch=args.batch,
+            generations=args.generations,
+            learning_rate=args.lr,
+            disable_tqdm=True,
+        )
+        if args.score != "uniform":
+            rollouts.use_sampler(trainer)
+        trainer.add_callback(Stop())
+        trainer.train()
+    last = learnable[-20:]
+    result = {
+        "score": args.score,
+        "sharpness": args.sharpness,
+        "seed": args.seed,
+        "steps": trainer.state.global_step,
+        "seconds": round(time.monotonic() - started),
+        "groups": groups,
+        "zero_spread_share": round(zero / max(1, groups), 3),
+        "rollouts": rollouts_run,
+        "tokens": tokens,
+        "learnable_groups": len(learnable),
+        "learnable_last20": round(sum(last) / max(1, len(last)), 3),
+        "reached": reached,
+    }
+    print(json.dumps(result), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

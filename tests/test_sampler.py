@@ -1,0 +1,183 @@
+"""The task sampler (issue 79): estimates from known outcomes, exploration that starves no task, failures of the
+environment not counted as hard, and its statistics durable in a real nats-server's KV, per run."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym_runtime.client.sampler import TaskSampler, sampler_config
+from gym_runtime.data.sampling import SamplerConfig, TaskStats, choose, observe, outcome, signal, task_key, weights
+from gym_runtime.errors import ClientError
+from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.ops.nats_server import EmbeddedServer
+from gym_runtime.transport.bus import Bus
+
+LEARN = SamplerConfig(score="learnability", floor=0.1)
+
+
+def scored(reward: float) -> dict[str, Any]:
+    return {"reward": reward, "response": {"output": []}}
+
+
+def failed(error_class: str, attribution: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"error_class": error_class}
+    if attribution:
+        row["failure_attribution"] = attribution
+    return row
+
+
+def test_outcomes_count_policy_failures_and_not_environment_ones() -> None:
+    assert outcome(scored(1.0)) == 1.0 and outcome(scored(0.0)) == 0.0
+    assert outcome(scored(7.0)) == 1.0 and outcome(scored(-2.0)) == 0.0  # clipped to a share of a pass
+    assert outcome(failed("timeout", "policy")) == 0.0  # the policy's failure is a fail
+    assert outcome(failed("input_crash")) == 0.0
+    for cls in ("verify_error", "tool_error", "worker_lost", "model_error", "sandbox_unavailable"):
+        assert outcome(failed(cls)) is None, cls  # no outcome: the task is not harder for it
+
+
+def test_estimates_from_known_outcomes() -> None:
+    s = TaskStats()
+    assert signal(s) == pytest.approx(1 / 6)  # Beta(1, 1): E[p(1-p)]
+    always = observe(s, [scored(1.0)] * 8)
+    never = observe(s, [scored(0.0)] * 8)
+    half = observe(s, [scored(1.0)] * 4 + [scored(0.0)] * 4)
+    assert (always.passes, always.outcomes, always.groups, always.zero_spread) == (8, 8, 1, 1)
+    assert (half.zero_spread, never.zero_spread) == (0, 1)
+    # Beta(9, 1): 9 / (10 * 11); Beta(5, 5): 25 / (10 * 11)
+    assert signal(always) == pytest.approx(9 / 110) and signal(never) == pytest.approx(9 / 110)
+    assert signal(half) == pytest.approx(25 / 110)
+    for _ in range(20):  # more evidence of a solved task: its signal goes to 0
+        always = observe(always, [scored(1.0)] * 8)
+    assert signal(always) < 0.01 < signal(half)
+    w = weights([always, half, never], LEARN)
+    assert sum(w) == pytest.approx(1.0) and w[1] > 0.5 and min(w) >= LEARN.floor / 3
+
+
+def test_environment_failures_are_not_taken_for_hard() -> None:
+    broken = observe(TaskStats(), [failed("verify_error")] * 8)
+    assert (broken.outcomes, broken.env_failures, broken.groups, broken.rollouts) == (0, 8, 0, 8)
+    assert signal(broken) == signal(TaskStats())  # as unknown as before: not a task the policy fails
+    mixed = observe(TaskStats(), [scored(1.0), failed("worker_lost"), scored(0.0)])
+    assert (mixed.outcomes, mixed.env_failures, mixed.zero_spread) == (2, 1, 0)
+    sampler = TaskSampler([{"t": 0}, {"t": 1}], LEARN, None)  # the broken task is named once, not taken for hard
+    sampler.saw(0, [failed("verify_error")] * 4)
+    sampler.saw(0, [failed("verify_error")] * 4)
+    sampler.saw(1, [scored(0.0)] * 4)
+    m = sampler.metrics()
+    assert m["gym_runtime/sampler/env_failure_only_tasks"] == 1 and m["gym_runtime/sampler/groups"] == 1
+    assert sampler.estimate(0) > sampler.estimate(1)
+
+
+def test_cost_divides_the_signal() -> None:
+    cost = {"models": {"policy": {"output_tokens": 10}}}
+    cheap = observe(TaskStats(), [{**scored(r), "cost": cost} for r in (1.0, 0.0, 1.0, 0.0)], "tokens")
+    dear_cost = {"models": {"policy": {"output_tokens": 100}}}
+    dear = observe(TaskStats(), [{**scored(r), "cost": dear_cost} for r in (1.0, 0.0, 1.0, 0.0)], "tokens")
+    w = weights([cheap, dear], SamplerConfig(score="learnability", floor=0.0, cost="tokens", sharpness=1))
+    assert w[0] == pytest.approx(10 * w[1])
+    sharp = weights([cheap, dear], SamplerConfig(score="learnability", floor=0.0, cost="tokens", sharpness=2))
+    assert sharp[0] == pytest.approx(100 * sharp[1])
+
+
+def test_uniform_is_the_default_and_picks_every_task_alike() -> None:
+    assert SamplerConfig().score == "uniform"
+    stats = [observe(TaskStats(), [scored(1.0)] * 8)] * 3 + [TaskStats()]
+    rng = random.Random(0)
+    counts = Counter(i for _ in range(4000) for i in choose(stats, 1, SamplerConfig(), rng, 0).tasks)
+    assert all(900 < counts[i] < 1100 for i in range(4)), counts
+
+
+def test_exploration_never_starves_a_task() -> None:
+    """A task with no signal at all (solved 1000 times) keeps the floor's share of picks, and is picked again
+    outright when not picked for ``revisit_after`` picks."""
+    solved = TaskStats(passes=1000, outcomes=1000, groups=125, zero_spread=125)
+    learnable = TaskStats(passes=50, outcomes=100, groups=12)
+    stats = [solved] + [learnable] * 9
+    rng = random.Random(1)
+    no_revisit = SamplerConfig(score="learnability", floor=0.2, revisit_after=10**9)
+    n = sum(0 in choose(stats, 1, no_revisit, rng, 0).tasks for _ in range(5000))
+    assert n / 5000 == pytest.approx(0.2 / 10, abs=0.01)  # the floor's share, spread over 10 tasks
+    # the revisit: with no floor, the solved task still comes back every revisit_after picks
+    cfg = SamplerConfig(score="learnability", floor=0.0, revisit_after=20)
+    sampler = TaskSampler([{"t": i} for i in range(10)], cfg, None)
+    sampler.stats = list(stats)
+    picks = [sampler.pick(1)[0] for _ in range(200)]
+    at = [i for i, t in enumerate(picks) if t == 0]
+    gaps = [b - a for a, b in zip([-1, *at], at)]
+    assert len(gaps) >= 9 and max(gaps) <= 21, gaps
+
+
+def test_picks_are_distinct_and_the_sampler_favours_learnable_tasks() -> None:
+    """On a mixed set (a third solved, a third impossible, a third learnable), once it has seen a few groups,
+    the sampler picks the learnable third far more often than uniform would."""
+    rows = [{"kind": k, "n": i} for k in ("solved", "impossible", "learnable") for i in range(4)]
+    sampler = TaskSampler(rows, LEARN, None, seed=3)
+    rng = random.Random(4)
+    seen = Counter()
+    for step in range(200):
+        picked = sampler.pick(4)
+        assert len(set(picked)) == 4
+        for i in picked:
+            p = {"solved": 1.0, "impossible": 0.0, "learnable": 0.5}[rows[i]["kind"]]
+            sampler.saw(i, [scored(float(rng.random() < p)) for _ in range(8)])
+            if step >= 50:
+                seen[rows[i]["kind"]] += 1
+    assert seen["learnable"] / sum(seen.values()) > 0.6, seen
+    assert min(seen.values()) > 0, seen  # the others are still tried
+    m = sampler.metrics()
+    assert m["gym_runtime/sampler/zero_spread_share_all"] < 0.5 and m["gym_runtime/sampler/signal"] > 0
+
+
+def test_task_keys_are_stable_and_a_bad_config_is_one_line() -> None:
+    assert task_key({"a": 1, "b": [2]}) == task_key({"b": [2], "a": 1}) != task_key({"a": 2, "b": [2]})
+    assert task_key({"a": 1}) == task_key({"a": 1, "_ng_task_index": 5})
+    with pytest.raises(ClientError, match="floor 2"):
+        sampler_config({"score": "learnability", "floor": 2})
+    with pytest.raises(ClientError, match="run"):
+        sampler_config({"run": "a.b"})
+    with pytest.raises(ClientError, match="scor"):
+        sampler_config({"scor": "uniform"})
+
+
+async def _learned(bus: Bus, run: str, rows: list[dict[str, Any]]) -> TaskSampler:
+    sampler = await TaskSampler.open(bus, rows, {"score": "learnability", "run": run})
+    for i in sampler.pick(2):
+        await sampler.observe(i, [scored(1.0)] * 3 + [scored(0.0)])
+    return sampler
+
+
+async def test_statistics_survive_a_restart_and_runs_stay_apart(tmp_path: Path) -> None:
+    """A real nats-server, stopped and started again on its store: the same run reads back what it learned (and
+    its revisit clock); another run in the same namespace starts afresh; the same run shares."""
+    rows = [{"q": "a"}, {"q": "b"}, {"q": "c"}]
+    store = str(tmp_path / "js")
+    with EmbeddedServer(store_dir=store, sync="always") as srv:
+        bus = await Bus.connect(srv.url, namespace="gym", name="test-sampler", telemetry=Telemetry())
+        try:
+            first = await _learned(bus, "run1", rows)
+        finally:
+            await bus.close()
+    learned = {i: s for i, s in enumerate(first.stats) if s.outcomes}
+    assert len(learned) == 2 and all(s.passes == 3 and s.outcomes == 4 for s in learned.values())
+    with EmbeddedServer(store_dir=store, sync="always") as srv:
+        bus = await Bus.connect(srv.url, namespace="gym", name="test-sampler", telemetry=Telemetry())
+        try:
+            again = await TaskSampler.open(bus, rows, {"score": "learnability", "run": "run1"})
+            other = await TaskSampler.open(bus, rows, {"score": "learnability", "run": "run2"})
+        finally:
+            await bus.close()
+    assert again.stats == first.stats and again.clock == first.clock == 2
+    assert all(s == TaskStats() for s in other.stats) and other.clock == 0
+
+
+async def test_on_a_secured_bus_the_publisher_keeps_the_statistics(buses: dict[str, Bus]) -> None:
+    """``server --secure``: the bucket is provisioned by the admin; the publisher (a trainer) reads and writes it."""
+    rows = [{"q": "a"}, {"q": "b"}]
+    first = await _learned(buses["publisher"], "run1", rows)
+    again = await TaskSampler.open(buses["publisher"], rows, {"score": "learnability", "run": "run1"})
+    assert again.stats == first.stats and sum(s.outcomes for s in again.stats) == 8
