@@ -707,6 +707,25 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     generating: GenerationProgress | None = None
 
 
+class CheckpointPart(Struct, kw_only=True, omit_defaults=True):
+    """One turn's share of a rollout's checkpoint (``rollout.checkpoint``), under the rollout's key and the part's
+    number: part 1 holds the trajectory from its start, each next part what its turn added (a turn's later write
+    replaces its part), so a late turn's write costs what an early one's does. Read in order, the parts' items and
+    turns are the checkpoint's; the last part's ``head`` is the rest of it (a ``Checkpoint`` encoded, its
+    ``turns`` left empty and its ``response`` in ``response``, that response's output left empty)."""
+
+    rollout: str  # the rollout's key: a part under another rollout's key is not read
+    chain: str  # the parts written after one part 1 share its chain: a part of another chain ends the read
+    start: int = 0  # where its items start in the trajectory (the parts before it hold that many)
+    items: list[Item] = field(default_factory=list)
+    turns_start: int = 0  # where its ``turns`` start in the checkpoint's
+    turns: list[str] = field(default_factory=list)
+    head: bytes
+    # its ``head``'s ``response`` (the last generation, its output left to the parts), encoded apart: the same for
+    # each write of a turn, encoded once a turn (an offered tool list can be most of a checkpoint)
+    response: bytes = b""
+
+
 ErrorClass = Literal[
     "timeout",
     "model_error",
@@ -907,6 +926,7 @@ __all__ = [
     "AttemptRetried",
     "AttemptStart",
     "Checkpoint",
+    "CheckpointPart",
     "CloseSession",
     "Cost",
     "counted_ms",

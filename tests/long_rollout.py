@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import yaml
 
 from gym_runtime.messages import Checkpoint
 from gym_runtime.observability.tracing import Telemetry
+from gym_runtime.rollout.checkpoint import Checkpointer
 from gym_runtime.sandboxes.engine_api import POOL as POOL_LABEL
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.images import ensure_base
@@ -103,12 +103,10 @@ def stored_checkpoint(url: str, rollout: int = 0) -> Checkpoint | None:
 
     async def read() -> Checkpoint | None:
         bus = await Bus.connect(url, namespace="gym", telemetry=Telemetry(), name="test-resume")
-        try:
-            key = Subjects.checkpoint_key("agent", BATCH, 0, rollout)
-            raw = await (await bus.kv(bus.subjects.checkpoints_bucket)).get(key)
+        try:  # its parts read in order, as a redelivered attempt reads them
+            return await Checkpointer(bus, Subjects.checkpoint_key("agent", BATCH, 0, rollout), "every_turn").read()
         finally:
             await bus.close()
-        return msgspec.msgpack.decode(raw, type=Checkpoint) if raw else None
 
     return anyio.run(read)
 

@@ -61,11 +61,14 @@ async def test_purge_removes_the_batchs_checkpoints_and_only_them(bus: Bus) -> N
     """A purged batch leaves no rollout's checkpoint behind (issue 69): a batch id a key cannot hold too."""
     kv = await checkpoints_kv(bus, 3600.0)
     keys = {b: s.checkpoint_key("agent", b, 1, 0) for b in ("a", "b", "a:b+c/d")}
-    for key in keys.values():
+    for key in keys.values():  # a whole one, as the previous version wrote, and a part of one
         await kv.put(key, b"checkpoint")
+        await kv.put(s.checkpoint_part(key, 3), b"part")
     await purge_batch(bus, "a")
     await purge_batch(bus, "a:b+c/d")
     assert [await kv.get(keys[b]) for b in ("a", "b", "a:b+c/d")] == [None, b"checkpoint", None]
+    parts = [await kv.get(s.checkpoint_part(keys[b], 3)) for b in ("a", "b", "a:b+c/d")]
+    assert parts == [None, b"part", None]
 
 
 async def test_max_republish_0_keeps_nothing(bus: Bus) -> None:

@@ -314,7 +314,7 @@ USES = [
 # functions whose value is a name inside subjects, not a subject (covered by the uses above), or a reading of one
 NAMES_ONLY = {
     "tasks_stream", "model_stream", "blob_stream", "kept_stream", "attempts_stream", "batches_bucket", "control_bucket",
-    "checkpoints_bucket", "sampler_bucket", "checkpoint_keys", "kv_parts",
+    "checkpoints_bucket", "sampler_bucket", "checkpoint_keys", "kv_parts", "checkpoint_part", "batch_checkpoints",
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
     "all_attempts",

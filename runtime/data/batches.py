@@ -218,7 +218,7 @@ async def purge_batch(bus: Connection, batch: str) -> int:
     await jetstream.purge_subject(bus, names.kept_stream, names.kept(batch, "*"), count=False)
     await jetstream.purge_subject(bus, names.attempts_stream, names.attempt("*", batch), count=False)
     checkpoints = names.checkpoints_bucket  # its rollouts' checkpoints (resume): none outlives its batch
-    every = kv_key(checkpoints, names.checkpoint_key("*", batch, "*", "*"))
+    every = kv_key(checkpoints, names.batch_checkpoints(batch))
     await jetstream.purge_subject(bus, kv_stream(checkpoints), every, count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
     return removed

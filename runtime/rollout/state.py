@@ -168,7 +168,7 @@ class Rollout(Generic[C]):
         cp = holding(traj, self.ledger, turn, phase, elapsed, sessions, self.sandboxes.handles(), generating)
         cp.attempt = self.attempt
         cp.sandbox_lease = self.sandboxes.lease if cp.sandboxes else ""  # the secret a resumed attempt proves
-        box.write(cp)
+        box.write(cp, traj.outputs, self.ledger.turns, traj.last)  # a part: what was added since the last write
         return True
 
     def resume_from(self, cp: Checkpoint, how: str) -> None:

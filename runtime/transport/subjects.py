@@ -718,6 +718,16 @@ class Subjects:
         return f"{agent}.>"
 
     @staticmethod
+    def checkpoint_part(key: str, part: int) -> str:
+        """Part ``part`` of a rollout's checkpoint (``rollout.checkpoint``: a turn's share), under its key."""
+        return f"{key}.{part}"
+
+    @staticmethod
+    def batch_checkpoints(batch: str) -> str:
+        """Every key of a batch's rollouts' checkpoints, each part and a whole one the previous version wrote."""
+        return f"*.{_kv_batch(batch)}.>"
+
+    @staticmethod
     def sampler_key(run: str, task: str) -> str:
         """A task's statistics in the sampler bucket, per run (``SamplerConfig.run``): two runs stay apart."""
         return f"{run}.{task}"

@@ -77,13 +77,13 @@ async def test_another_agent_pool_can_neither_list_nor_read_a_rollouts_checkpoin
     secret = "5e55a1d0f0ca1c0ffee0000000000042"  # the session id a reader of the checkpoint would take
     key = Subjects.checkpoint_key("weather_agent", "b1", 3, 0)
     bucket = Subjects("gym").checkpoints_bucket
-    stream, subject = f"KV_{bucket}", f"$KV.{bucket}.{key}"
+    stream, subject = f"KV_{bucket}", f"$KV.{bucket}.{Subjects.checkpoint_part(key, 1)}"  # where its turn is kept
     handle = SessionHandle(resource="weather", session=secret, address="gym.res.weather.w1")
     cp = Checkpoint(turn=7, phase="answered", response=Response(id="r", created_at=0.0, output=[]), sessions=[handle])
     try:
         await checkpoints_kv(mine, 3600.0)
         box = Checkpointer(mine, key, "every_turn")
-        box.write(cp)
+        box.write(cp, [], [])
         assert await box.settled()
         assert await box.read() == cp  # the owner's read
         api = "$JS.API"

@@ -39,6 +39,11 @@ def config(tmp: Path, checkpoint: str, delay_s: float = 0.0, ttl_s: float | None
     return path
 
 
+def part_1(agent: str, batch: str, task_index: int, rollout_index: int) -> str:
+    """The key of a rollout's checkpoint's first part (a weather rollout's only one: its one turn with a call)."""
+    return Subjects.checkpoint_part(Subjects.checkpoint_key(agent, batch, task_index, rollout_index), 1)
+
+
 async def wait_for_key(kv: Any, key: str, present: bool) -> None:
     """Until the key is there (``present``) or gone: each read asks the server."""
     while (await kv.get(key) is not None) != present:
@@ -56,7 +61,7 @@ async def test_short_rollouts_write_none_under_auto_and_none_outlives_its_row(
         assert [r["reward"] for r in rows] == [1.0] * len(ROWS) * 2
         assert not any("resumed_how" in r for r in rows)  # first attempts: nothing resumed
         kv = await checkpoints_kv(client.bus, 3600.0)
-        keys = [Subjects.checkpoint_key("weather_agent", batch.batch, t, k) for t in range(len(ROWS)) for k in (0, 1)]
+        keys = [part_1("weather_agent", batch.batch, t, k) for t in range(len(ROWS)) for k in (0, 1)]
         with anyio.fail_after(30):  # each deleted once its row is stored (before its task's ack): none left behind
             for key in keys:
                 await wait_for_key(kv, key, present=False)
@@ -74,7 +79,7 @@ async def test_a_cancelled_rollouts_checkpoint_goes_with_its_failure_row(nats_se
     async with Client(path, nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         kv = await checkpoints_kv(client.bus, 3600.0)
-        key = Subjects.checkpoint_key("weather_agent", batch.batch, 0, 0)
+        key = part_1("weather_agent", batch.batch, 0, 0)
         with anyio.fail_after(60):
             await wait_for_key(kv, key, present=True)  # its first turn is checkpointed: the rollout is mid-way
             await batch.cancel()  # iteration ends now; the rollout stops and stores its failure row
@@ -93,7 +98,7 @@ async def test_a_failed_rollouts_checkpoint_goes_with_its_failure_row(nats_serve
     async with Client(path, nats=nats_server.url) as client:
         batch = await client.submit(ROWS[:1])
         kv = await checkpoints_kv(client.bus, 3600.0)
-        key = Subjects.checkpoint_key("weather_agent", batch.batch, 0, 0)
+        key = part_1("weather_agent", batch.batch, 0, 0)
         with anyio.fail_after(60):
             await wait_for_key(kv, key, present=True)  # checkpointed mid-way
             (row,) = await batch.gather()
@@ -122,7 +127,7 @@ async def test_a_checkpoint_whose_rollout_is_gone_goes_by_its_ttl_or_purge(
         )
         assert res.returncode == 0, res.stderr
         kv = await bus.kv(bus.subjects.checkpoints_bucket)
-        key = Subjects.checkpoint_key("weather_agent", "b1", 0, 0)
+        key = part_1("weather_agent", "b1", 0, 0)
         with anyio.fail_after(60):
             await wait_for_key(kv, key, present=True)
         await anyio.to_thread.run_sync(pool.kill, "agents.weather_agent")  # the rollout is gone: nobody deletes it

@@ -296,14 +296,15 @@ async def test_a_rollouts_checkpoint_is_its_agent_pools_alone_to_write_and_read(
     try:
         await checkpoints_kv(mine, 3600.0)  # provisioned: looked up
         box = Checkpointer(mine, key, "every_turn")
-        box.write(cp)
+        box.write(cp, [], [])
         assert await box.settled()
         assert await box.read() == cp
+        part = Subjects.checkpoint_part(key, 1)  # where its turn is kept
         for thief in thieves.values():
             with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):  # refused: no answer
-                await thief.nc.request(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}", b"", timeout=1.0)
+                await thief.nc.request(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{part}", b"", timeout=1.0)
             with pytest.raises(nats.errors.TimeoutError):  # refused by the server: no ack comes back
-                await thief.js.publish(f"$KV.{bucket}.{key}", msgspec.msgpack.encode(cp), timeout=1.0)
+                await thief.js.publish(f"$KV.{bucket}.{part}", msgspec.msgpack.encode(cp), timeout=1.0)
         assert await box.read() == cp  # unchanged
         await box.remove()  # its row is stored: the checkpoint goes (its delete sent as the task's ack is: unacked)
         with anyio.fail_after(10):
