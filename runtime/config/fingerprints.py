@@ -38,6 +38,8 @@ _DEPLOYMENT = frozenset(
         "session_ttl_s",
         "affinity_load",
         "endpoint_load",
+        "stall_s",
+        "out_after",
     }
 )
 
