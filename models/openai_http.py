@@ -164,7 +164,7 @@ class AllOut(ModelError):
     """Every endpoint of a model is out of service: calls fail at once, naming each endpoint and why."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, retryable=False)
+        super().__init__(message, retryable=False, out_of_service=True)
 
 
 def is_context_overflow(err: HTTPStatusError, body: dict[str, Any]) -> bool:
@@ -390,8 +390,9 @@ class Endpoint:
         self.heard = 0.0  # when it last answered anything (or its calls in flight began): ``EndpointPool.watch``
         self.out: str | None = None  # why it is out of service; None: in service
         self.silent = False  # out as it answered nothing (probed back by GET), else by errors (a trial call)
-        self.back_at = 0.0  # silent: when it is next probed (out for errors: one trial call after ``down_until``)
+        self.back_at = 0.0  # when it is next probed (silent) or given one trial call (errors)
         self.trial = False  # its trial call is in flight
+        self.trials_failed = 0
         self.probing = False
         self.attempts: set[anyio.CancelScope] = set()  # its calls in flight, cancelled when it is taken out
 
@@ -407,7 +408,7 @@ class Endpoint:
 
     def trial_due(self, now: float) -> bool:
         """Out for its errors, its cooldown over and no trial call in flight: one call may go to it."""
-        return self.out is not None and not self.silent and not self.trial and now >= self.down_until
+        return self.out is not None and not self.silent and not self.trial and now >= self.back_at
 
     def mark_failed(self, base_cooldown_s: float) -> None:
         self.failures += 1
@@ -651,19 +652,19 @@ class EndpointPool:
     # ------------------------------------------------------- out of service, back in
 
     def _take_out(self, ep: Endpoint, cause: str, *, silent: bool, wait_s: float) -> None:
-        """Out of service: no calls go to it (its calls in flight move now), said once in one line."""
+        """Out of service: no calls go to it (a silent one's calls in flight move now), said once in one line."""
         ep.out = self.scrub(cause)[:1000]
         ep.silent = silent
         ep.back_at = time.monotonic() + wait_s
-        moved = len(ep.attempts)
-        for scope in list(ep.attempts):
+        moved = len(ep.attempts) if silent else 0  # calls waiting on a silent one move; a failing one answers
+        for scope in list(ep.attempts) if silent else []:
             scope.cancel()
-        back = f"probed every {PROBE_EVERY_S:g} s" if silent else f"one call let through in {wait_s:.1f} s, doubling"
+        back = f"probed every {PROBE_EVERY_S:g} s" if silent else f"one call let through in {wait_s:g} s, doubling"
         log.warning("model.endpoint_out", endpoint=ep.url, cause=ep.out, calls_moved=moved, back_in=back)
 
     def _back(self, ep: Endpoint, how: str) -> None:
         was = ep.out
-        ep.out, ep.silent, ep.trial = None, False, False
+        ep.out, ep.silent, ep.trial, ep.trials_failed = None, False, False, 0
         ep.failures, ep.down_until = 0, 0.0
         ep.heard = time.monotonic()
         log.warning("model.endpoint_back", endpoint=ep.url, was=was, by=how)
@@ -799,7 +800,7 @@ class EndpointPool:
                     ep.trial = False
 
             if replica_fault:
-                self._failed(ep, failure)
+                self._failed(ep, failure, trial=trial)
                 tried.add(index)
             if attempt + 1 >= attempts:
                 raise ModelError(
@@ -819,14 +820,17 @@ class EndpointPool:
                 await anyio.sleep(backoff)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _failed(self, ep: Endpoint, failure: str) -> None:
-        """A call failed for the endpoint's fault: it cools down (doubling with each failure in a row, its trial
-        calls' too) and is out of service after ``out_after`` in a row."""
-        ep.mark_failed(self.cfg.replica_cooldown_s)
-        if ep.out is None and ep.failures >= self.cfg.out_after:
-            wait_s = ep.down_until - time.monotonic()
+    def _failed(self, ep: Endpoint, failure: str, *, trial: bool) -> None:
+        """A call failed for the endpoint's fault: it cools down, and is out of service after ``out_after`` in a
+        row; out, one trial call goes to it after ``replica_cooldown_s``, doubling with each that fails."""
+        cfg = self.cfg
+        ep.mark_failed(cfg.replica_cooldown_s)
+        if ep.out is None and ep.failures >= cfg.out_after:
             cause = f"{ep.failures} calls failed in a row, the last: {failure}"
-            self._take_out(ep, cause, silent=False, wait_s=wait_s)
+            self._take_out(ep, cause, silent=False, wait_s=cfg.replica_cooldown_s)
+        elif trial and ep.out is not None and not ep.silent:
+            ep.trials_failed += 1
+            ep.back_at = time.monotonic() + min(cfg.replica_cooldown_s * 2**ep.trials_failed, MAX_COOLDOWN_S)
 
     async def aclose(self) -> None:
         for task in [self._watcher, *self._probes]:

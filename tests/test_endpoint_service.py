@@ -73,12 +73,12 @@ async def test_an_endpoint_failing_every_call_is_out_after_out_after_and_a_trial
     ep = model.pool.endpoints[0]
     assert posts(a) == 3 and ep.out is not None, (posts(a), ep.out)
     assert "3 calls failed in a row" in ep.out and "HTTP 500" in ep.out
-    ep.down_until = time.monotonic() + 60  # its trial far off: nothing goes to it
+    ep.back_at = time.monotonic() + 60  # its trial far off: nothing goes to it
     for key in keys[10:20]:
         await generate(model, key)
     assert posts(a) == 3 and posts(b) == 13
     a.handler = None  # it serves again: the trial call, once its cooldown is over, brings it back
-    ep.down_until = time.monotonic()
+    ep.back_at = time.monotonic()
     for key in keys[20:30]:
         await generate(model, key)
     assert ep.out is None and posts(a) == 13, posts(a)  # back: its rollouts return to it
@@ -92,10 +92,10 @@ async def test_a_failed_trial_keeps_it_out_a_cooldown_longer(two: Any) -> None:
     a.handler = lambda req: FAIL
     await fail_until_out(model, a, keys[:10])
     ep = model.pool.endpoints[0]
-    ep.down_until = time.monotonic()
+    ep.back_at = time.monotonic()
     await generate(model, keys[10])  # its trial: fails, answered by b
     assert posts(a) == 4 and ep.out is not None
-    assert ep.down_until - time.monotonic() > 0.2 * 2**2  # its cooldown doubled again
+    assert ep.back_at - time.monotonic() > 0.2 * 1.5  # the next trial a cooldown later, doubled
     await model.aclose()
 
 
@@ -108,7 +108,7 @@ async def test_with_every_endpoint_out_a_call_fails_at_once_naming_each(two: Any
             await generate(model, f"r{k}")
     assert all(ep.out is not None for ep in model.pool.endpoints)
     for ep in model.pool.endpoints:
-        ep.down_until = time.monotonic() + 60  # no trial due
+        ep.back_at = time.monotonic() + 60  # no trial due
     before = posts(a) + posts(b)
     t0 = time.perf_counter()
     with pytest.raises(AllOut) as e:

@@ -94,6 +94,10 @@ class ModelWorker:
         self.fingerprint = config.fingerprints[("model", name)]
         self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
+        # every endpoint of the adapter out of service, as its last call said (``ModelError.out_of_service``);
+        # None again once a call succeeds. A ``run`` stops its batch on it (``service.runner``)
+        self.out_of_service: str | None = None
+        self.went_out = anyio.Event()  # set the first time ``out_of_service`` is
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
@@ -219,6 +223,7 @@ class ModelWorker:
             "in_flight": p.busy if p else 0,
             "slots": self.cfg.concurrency,
             "endpoint_problem": self.endpoint_problem,
+            "out_of_service": self.out_of_service,
             "served": self.served,
             "direct": self.direct,
             "expired": self.expired,
@@ -332,12 +337,17 @@ class ModelWorker:
                 else:
                     out = await self._cancellable(flight, req)
             except ModelError as e:
+                if e.out_of_service and self.out_of_service is None:
+                    log.warning("model.out_of_service", model=self.name, worker=self.worker_id, cause=str(e))
+                    self.went_out.set()
+                self.out_of_service = str(e) if e.out_of_service else self.out_of_service
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
                 if clock is not None:
                     clock.watch(None)
                 self.gate.exit(flight)
             if isinstance(out, Response):
+                self.out_of_service = None
                 if version is not None:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])

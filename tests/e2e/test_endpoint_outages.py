@@ -25,12 +25,14 @@ from tests.helpers import REPO, WEATHER, read_jsonl
 
 ROWS = WEATHER.parent / "data/example.jsonl"
 LONG_TIMEOUT_S = 600  # a long generation's bound: what a hang must not wait for
+IN_FLIGHT = 16  # rollouts at once (``run --concurrency``) where the run is to stop
 
 
 class Stub:
     """The emulator in its own process (``python tests/stub_openai.py``), so it can be stopped with a signal."""
 
     def __init__(self, *flags: str) -> None:
+        self.flags = flags
         self.proc = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "stub_openai.py"), "--text", "It is cold.", *flags],
             stdout=subprocess.PIPE, text=True,
@@ -38,6 +40,17 @@ class Stub:
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         assert self.url.startswith("http://"), self.url
+
+    def restart(self, *flags: str) -> None:
+        """The same port served again with other flags (a server fixed, or broken, and started again)."""
+        port = self.url.split(":")[2].split("/")[0]
+        self.close()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "stub_openai.py"), "--text", "It is cold.", "--port", port, *flags],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == self.url
 
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)
@@ -73,11 +86,11 @@ def runs() -> Iterator[list[Run]]:
 class Run:
     """``gym-runtime run`` in its own process; its stderr read as it comes, each line with when it came."""
 
-    def __init__(self, cfg: Path, rows: Path, out: Path) -> None:
+    def __init__(self, cfg: Path, rows: Path, out: Path, *flags: str) -> None:
         self.out = out
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(rows), "-o", str(out)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "gym_runtime.cli", "run", str(cfg), "-i", str(rows), "-o", str(out), *flags],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -107,10 +120,10 @@ class Run:
     def rows(self) -> list[dict[str, object]]:
         return read_jsonl(self.out) if self.out.exists() else []
 
-    def finish(self, within: float) -> tuple[int, str]:
-        out, _ = self.proc.communicate(timeout=within)
-        self._reader.join(10)
-        return self.proc.returncode, out
+    def finish(self, within: float) -> int:
+        code = self.proc.wait(timeout=within)
+        self._reader.join(30)  # every line read (the reader owns stderr)
+        return code
 
     def stderr(self) -> str:
         return "\n".join(line for _, line in self.lines)[-4000:]
@@ -181,7 +194,7 @@ def test_a_hung_endpoint_is_found_its_calls_moved_and_probed_back_in(
     until(lambda: run.events("model.endpoint_back"), timeout=120, what=lambda: f"probed back: {run.stderr()}")
     [(back_at, back)] = run.events("model.endpoint_back")
     assert back["endpoint"] == a.url, back
-    code, _ = run.finish(within=300)
+    code = run.finish(within=300)
     assert code == 0, run.stderr()
     rows = run.rows()
     once_each(rows, n)
@@ -200,7 +213,78 @@ def test_a_slow_endpoint_that_answers_probes_is_never_taken_out(
     n = 12
     run = Run(config(tmp_path, [slow.url, fast.url], stall_s=5, concurrency=4), many_rows(tmp_path, n), tmp_path / "o")
     runs.append(run)
-    code, _ = run.finish(within=600)
+    code = run.finish(within=600)
     assert code == 0, run.stderr()
     once_each(run.rows(), n)
     assert not run.events("model.endpoint_out"), run.stderr()
+
+
+def failures(out: Path) -> list[dict[str, object]]:
+    path = out.with_name(out.stem + "_failures.jsonl")
+    return read_jsonl(path) if path.exists() else []
+
+
+def test_an_endpoint_answering_only_500s_is_taken_out_and_back_in(
+    stubs: list[Stub], runs: list[Run], tmp_path: Path
+) -> None:
+    """One replica restarted mid-batch as a server that answers 500 to every generation (it still lists its
+    models): out after ``out_after`` failed calls, named in one line; its calls answered by the other; fixed and
+    started again, one trial call brings it back. Every row once, none failed."""
+    a, b = Stub("--latency", "0.5"), Stub("--latency", "0.5")
+    stubs += [a, b]
+    n = 400
+    out = tmp_path / "out.jsonl"
+    run = Run(config(tmp_path, [a.url, b.url], replica_cooldown_s=2), many_rows(tmp_path, n), out)
+    runs.append(run)
+    until(lambda: run.done() >= 5, timeout=240, what=lambda: f"rollouts before the fault: {run.stderr()}")
+    a.restart("--latency", "0.5", "--status", "500")
+    broken_at = time.monotonic()
+    until(lambda: run.events("model.endpoint_out"), timeout=120, what=lambda: f"the errors named: {run.stderr()}")
+    [(found_at, said)] = run.events("model.endpoint_out")
+    assert said["endpoint"] == a.url and "calls failed in a row" in str(said["cause"]), said
+    assert found_at - broken_at < 30, f"found {found_at - broken_at:.1f} s after the fault"
+    a.restart("--latency", "0.5")
+    fixed_at = time.monotonic()
+    until(lambda: run.events("model.endpoint_back"), timeout=120, what=lambda: f"back in: {run.stderr()}")
+    [(back_at, back)] = run.events("model.endpoint_back")
+    assert back["endpoint"] == a.url, back
+    code = run.finish(within=300)
+    assert code == 0, run.stderr()
+    once_each(run.rows(), n)
+    assert not failures(out)
+    assert len(run.events("model.endpoint_out")) == 1, run.stderr()
+    print(f"found {found_at - broken_at:.1f} s after the fault, back {back_at - fixed_at:.1f} s after the fix")
+
+
+def test_with_every_endpoint_answering_500s_the_run_stops_with_one_line(
+    stubs: list[Stub], runs: list[Run], tmp_path: Path
+) -> None:
+    """Both replicas answer 500 to every generation: each is out after ``out_after`` failed calls, and the run
+    stops its batch at once with one line naming both and their errors, instead of failing 400 rollouts in
+    turn: those in flight then fail on the model, the rest are cancelled. Every row once, each attributed to
+    infrastructure."""
+    a, b = Stub("--status", "500"), Stub("--status", "500")
+    stubs += [a, b]
+    n = 400
+    out = tmp_path / "out.jsonl"
+    t0 = time.monotonic()
+    run = Run(config(tmp_path, [a.url, b.url]), many_rows(tmp_path, n), out, "--concurrency", str(IN_FLIGHT))
+    runs.append(run)
+    code = run.finish(within=300)
+    took = time.monotonic() - t0
+    assert code == 1, run.stderr()
+    last = [line for _, line in run.lines if line.strip()][-1]
+    assert last.startswith("gym-runtime: error: model 'policy': every endpoint is out of service ("), last
+    assert a.url in last and b.url in last and last.count("HTTP 500") == 2, last
+    errors = [line for _, line in run.lines if line.startswith("gym-runtime: error")]
+    assert errors == [last], errors
+    rows, failed = run.rows(), failures(out)
+    assert not rows
+    keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in failed]
+    assert len(keys) == n and len(set(keys)) == n, (len(keys), len(set(keys)))
+    classes = {str(r.get("error_class")) for r in failed}
+    assert classes <= {"model_error", "cancelled"}, classes
+    on_model = [r for r in failed if r.get("error_class") == "model_error"]
+    assert len(on_model) <= 2 * IN_FLIGHT, f"{len(on_model)} rollouts failed on the model before the run stopped"
+    assert {r.get("failure_attribution") for r in failed} == {"infrastructure"}, failed[0]
+    print(f"stopped after {took:.1f} s; {len(on_model)} rollouts failed on the model, the rest cancelled")
