@@ -11,7 +11,9 @@ Two ways in, one set of slots:
   turns, sent to the replica that served its last turn (its prefix cache), admitted exactly as direct calls
   are: only with a free slot at once (``transport.model_calls``). Served only where the adapter's replicas
   hold a prefix cache (``ModelConfig.routed_load``).
-* **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
+* **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot; one a pull request sent while a slot was
+  free delivers after direct calls took every slot is nak'd back to the queue at once (``_handle``), for a
+  replica with a free slot, not held behind a long generation. Each request
   carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
   when it takes the request (the call's timeout counts from then, not from its wait
   in the queue), the answer goes back on core NATS and the request is acked only
@@ -85,6 +87,7 @@ class ModelWorker:
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
+        self.handed_back = 0  # queued calls nak'd back to the queue: delivered while every slot was held
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
         self.cut = 0  # generations stopped at their rollout's deadline (``ModelRequest.cut_at``), their tokens kept
@@ -101,7 +104,8 @@ class ModelWorker:
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
-        # still deliver): it waits here, so no more than `concurrency` generations ever run.
+        # still deliver): it goes back to the queue (``_handle``), or, taken by a race, waits here, so no more
+        # than `concurrency` generations ever run.
         # asyncio's: taking a free slot does not yield (anyio's does, once per call), so a fast
         # model's call finishes in the turn it starts; see Serving.serve_direct
         self.running = asyncio.Semaphore(max(1, cfg.concurrency))
@@ -227,6 +231,7 @@ class ModelWorker:
             "served": self.served,
             "direct": self.direct,
             "expired": self.expired,
+            "handed_back": self.handed_back,
             "held": self.gate.held,
             "paused": not self.gate.is_open,  # for a weight update (``why`` says so of the calls it holds)
             "stopped": self.stopped,
@@ -409,6 +414,14 @@ class ModelWorker:
             if self.puller is not None:
                 await self.puller.release(msg)
             await msg.ack()
+            return
+        if self.running.locked() and self.gate.is_open:
+            # every slot is held by direct calls taken after the pull request that delivered this one went out:
+            # back to the queue at once, for a replica with a free slot, rather than behind a long generation here
+            self.handed_back += 1
+            if self.puller is not None:
+                await self.puller.release(msg)
+            await msg.nak()
             return
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None
