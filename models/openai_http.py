@@ -645,6 +645,10 @@ class EndpointPool:
         # least loaded (relative to its window); ties broken round-robin
         return min(healthy, key=lambda i: (eps[i].in_flight / eps[i].limiter.window, (i - self._rr) % n))
 
+    def endpoints_out(self) -> dict[str, str]:
+        """The endpoints out of service now, each with why (``ModelWorker.stats``: ``why`` and ``status`` show it)."""
+        return {ep.url: ep.out for ep in self.endpoints if ep.out is not None}
+
     def all_out(self) -> AllOut:
         said = "; ".join(f"{ep.url}: {ep.out}" for ep in self.endpoints)
         return AllOut(self.scrub(f"every endpoint is out of service ({said})"[:2000]))

@@ -239,6 +239,8 @@ class ModelWorker:
             "cut": self.cut,
             "routed": dict(self.routed),
             "prefix_cache": cache() if (cache := getattr(self.adapter, "prefix_cache", None)) else {},
+            # an HTTP adapter's endpoints out of service, each with why (``why`` names them)
+            "endpoints_out": out() if (out := getattr(self.adapter, "endpoints_out", None)) else {},
         }
 
     async def drain(self) -> None:
