@@ -40,6 +40,8 @@ RUNTIME_KEYS = frozenset(
         "time_split",  # where a failed attempt's time went (what a timeout's attribution reads)
         "resumed_from_turn",  # an attempt that took up its rollout's checkpoint: at which turn, and how
         "resumed_how",
+        "branch_of",  # a branch (``Client.branch``): its parent rollout's key and the turn it branched at
+        "branch_turn",
     }
 )
 # A failure row's keys that NeMo Gym's own verifiers also answer on scored rows, so no merge site may refuse them: the
