@@ -47,6 +47,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.plugins import config_path
+from gym_runtime.rollout.branch import kept_s, parse_point
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
@@ -57,18 +58,6 @@ from gym_runtime.transport.rpc import JS_PUBLISH_RETRY_S, Timings
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
-
-
-def _branch_point(parent: str, turn: int) -> BranchPoint:
-    """``parent`` (``"batch:task_index:rollout_index"``) and ``turn`` as a branch point, or the ``ClientError``
-    naming the value and its spelling."""
-    batch, _, rest = parent.rpartition(":")
-    batch, _, task = batch.rpartition(":")
-    if not (batch and task.isdigit() and rest.isdigit()):
-        raise ClientError(f"parent {parent!r} is not a rollout key: write it 'batch:task_index:rollout_index'")
-    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 1:
-        raise ClientError(f"turn must be a model turn >= 1, got {turn!r}")
-    return BranchPoint(batch=batch, task_index=int(task), rollout_index=int(rest), turn=turn)
 
 
 log = logs.get("gym.client")
@@ -325,16 +314,10 @@ class Client:
         return fields
 
     def _kept_s(self, keep_checkpoints_s: float | None) -> float:
-        """``keep_checkpoints_s`` checked: > 0, and within the bucket's own age limit (``checkpoint_ttl_s``)."""
-        if keep_checkpoints_s is None:
-            return 0.0
-        cap = self.config.jetstream.checkpoint_ttl_s
-        if not keep_checkpoints_s > 0 or (cap and keep_checkpoints_s > cap):
-            raise ClientError(
-                f"keep_checkpoints_s must be > 0 and at most jetstream.checkpoint_ttl_s={cap:g} (the bucket's own "
-                f"age limit), got {keep_checkpoints_s!r}"
-            )
-        return float(keep_checkpoints_s)
+        try:
+            return kept_s(keep_checkpoints_s, self.config.jetstream.checkpoint_ttl_s)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
 
     def _version_for(self, policy_version: int | None, max_staleness: int | None) -> int | None:
         version = self.policy_version if policy_version is None else policy_version
@@ -460,7 +443,10 @@ class Client:
         (none kept, expired, another pool's, an environment that cannot snapshot) is each row's ``invalid_task``
         failure naming why. ``keep_checkpoints_s`` keeps the branches' own checkpoints, to branch them again.
         """
-        point = _branch_point(parent, turn)
+        try:
+            point = parse_point(parent, turn)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
         if m < 1:
             raise ClientError(f"m must be at least 1 (the continuations to run), got {m}")
         kept = ("responses_create_params", "agent_ref")  # its prompt, and the agent that ran it (its route)

@@ -13,9 +13,34 @@ name, never a key). A branch point that cannot be taken up is one ``invalid_task
 from __future__ import annotations
 
 from gym_runtime.errors import Failure
-from gym_runtime.messages import Checkpoint, RolloutTask
+from gym_runtime.messages import BranchPoint, Checkpoint, RolloutTask
 from gym_runtime.rollout.checkpoint import Checkpointer
 from gym_runtime.transport.bus import Bus
+
+
+def parse_point(parent: str, turn: int) -> BranchPoint:
+    """``parent`` (``"batch:task_index:rollout_index"``, a row's ``branch_of``) and ``turn`` as a branch point; a
+    ``ValueError`` naming the value and its spelling (the client's and ``publish``'s one check)."""
+    batch, _, rest = parent.rpartition(":")
+    batch, _, task = batch.rpartition(":")
+    if not (batch and task.isdigit() and rest.isdigit()):
+        raise ValueError(f"parent {parent!r} is not a rollout key: write it 'batch:task_index:rollout_index'")
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 1:
+        raise ValueError(f"turn must be a model turn >= 1, got {turn!r}")
+    return BranchPoint(batch=batch, task_index=int(task), rollout_index=int(rest), turn=turn)
+
+
+def kept_s(value: float | None, cap_s: float) -> float:
+    """``keep_checkpoints_s`` checked (0.0: not kept): > 0, and within the bucket's own age limit ``cap_s``
+    (``jetstream.checkpoint_ttl_s``, 0: none); a ``ValueError`` naming both."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or (cap_s and value > cap_s):
+        raise ValueError(
+            f"keep_checkpoints_s must be > 0 and at most jetstream.checkpoint_ttl_s={cap_s:g} (the bucket's own age "
+            f"limit), got {value!r}"
+        )
+    return float(value)
 
 
 async def branch_point(bus: Bus, task: RolloutTask) -> Checkpoint:

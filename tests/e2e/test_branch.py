@@ -11,6 +11,7 @@ by a sibling). Only the parent's own agent pool branches it; a branch point none
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ from gym_runtime.errors import ClientError
 from gym_runtime.rollout.checkpoint import checkpoints_kv
 from gym_runtime.transport.subjects import Subjects
 from tests.envs.many_steps import task
+from tests.helpers import cli, write_jsonl
 
 STEPS = 6  # model turns with a tool call each, then a last one that answers
 AT = 3  # the branch point: after the third turn's call was answered
 KEEP_S = 600.0
+DEAD = "nats://127.0.0.1:1"  # no server: a flag's mistake is said before one is reached
 
 
 def config(tmp: Path) -> Path:
@@ -149,3 +152,40 @@ async def test_kept_checkpoints_go_by_their_ttl(nats_server, tmp_path: Path) -> 
                     await anyio.sleep(0.1)
         (r,) = await branches(client, row, key, 1)
         assert r["error_class"] == "invalid_task" and "no checkpoint" in r["error"], r
+
+
+async def test_publish_keeps_and_branches_a_rollout(nats_server, tmp_path: Path) -> None:
+    """``publish --keep-checkpoints`` keeps a rollout for branching, ``publish --branch B:T:R --turn K --repeats M``
+    branches it (its one row the input); a mistake in the flags is one line and exit 2, said before connecting."""
+    path = config(tmp_path)
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", [{**task(STEPS), "agent_ref": {"name": "a"}}])
+    for flags, says in [
+        (["--branch", "b:0:0"], "--branch b:0:0 needs --turn K"),
+        (["--branch", "b:x:0", "--turn", "2"], "--branch: parent 'b:x:0' is not a rollout key"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints: keep_checkpoints_s must be > 0"),
+    ]:
+        res = await anyio.to_thread.run_sync(
+            lambda f=flags: cli("publish", str(path), "-i", str(tasks), "--nats", DEAD, *f)
+        )
+        assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+        assert says in res.stderr, res.stderr
+    async with Client(path, nats=nats_server.url):  # the workers
+
+        def publish(*flags: str) -> None:
+            res = cli("publish", str(path), "-i", str(tasks), "--nats", nats_server.url, *flags)
+            assert res.returncode == 0, res.stderr
+
+        def collect(batch: str) -> list[dict[str, Any]]:
+            out = tmp_path / f"{batch}.jsonl"
+            res = cli("collect", "--batch", batch, "--nats", nats_server.url, "-o", str(out), "--no-progress")
+            assert res.returncode == 0, res.stderr
+            return [json.loads(line) for line in out.read_text().splitlines()]
+
+        await anyio.to_thread.run_sync(lambda: publish("--batch", "p", "--keep-checkpoints", "600"))
+        (row,) = await anyio.to_thread.run_sync(lambda: collect("p"))
+        assert row["reward"] == 1.0, row
+        await anyio.to_thread.run_sync(
+            lambda: publish("--batch", "q", "--branch", "p:0:0", "--turn", "2", "--repeats", "2")
+        )
+        rows = await anyio.to_thread.run_sync(lambda: collect("q"))
+    assert sorted((r["branch_of"], r["branch_turn"], r["reward"]) for r in rows) == [("p:0:0", 2, 1.0)] * 2, rows
