@@ -46,13 +46,24 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
-from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
+from gym_runtime.trainers.rows import (
+    RowIndex,
+    TokenSequence,
+    branched,
+    check_agent,
+    check_live,
+    components,
+    masked,
+    runs,
+    sequence,
+)
 from gym_runtime.trainers.train_rows import TRLTrainRows
 
 __all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
+BRANCH_KEEP_S = 600.0  # ``branch_at``: how long a group's parent is kept for its branches (and their retries)
 _TRL_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
@@ -84,6 +95,7 @@ class _Group:
 
     row: int
     size: int
+    parent: str = ""  # ``branch_at``: the rollout its members branch from (``batch:task:rollout``)
     rows: list[dict[str, Any]] = field(default_factory=list)
     kinds: list[Kind] = field(default_factory=list)
 
@@ -100,7 +112,9 @@ class TRLRollouts:
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
     (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``;
     ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
-    (``train_rows``).
+    (``train_rows``); ``branch_at``: each group a tree (``_run_branched``): one rollout of its row, then the rest of
+    the group branched from it at that model turn, so every member shares the prefix and TRL's advantages are
+    computed among the continuations (the prefix is each member's prompt).
     """
 
     @checked
@@ -115,8 +129,10 @@ class TRLRollouts:
         max_staleness: int | None = None,
         rows_path: str | None = None,
         sampler: TaskSampler | None = None,
+        branch_at: int | None = None,
     ) -> None:
         self.failures = failure_policy(failures)
+        self.branch_at = None if branch_at is None else count("branch_at", branch_at, 1)
         self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
         config = client.client.config
         check_agent(list(config.agents), agent)
@@ -235,6 +251,9 @@ class TRLRollouts:
     def _run(self, groups: list[_Group]) -> None:
         """Each group's rollouts, then its excluded members again (new tasks), up to ``retries`` rounds, all
         groups at once."""
+        if self.branch_at is not None:
+            self._run_branched(groups)
+            return
         sizes = [g.size for g in groups]
         got = self._gather(self._submit(groups, sizes), sizes)
         for i, g in enumerate(groups):
@@ -250,6 +269,63 @@ class TRLRollouts:
                 for slot, row in zip(groups[i].excluded, rows, strict=True):
                     groups[i].rows[slot] = row
                     groups[i].kinds[slot] = self._saw(row)
+
+    def _run_branched(self, groups: list[_Group]) -> None:
+        """``branch_at``: one rollout of each group's row, its checkpoints kept (``BRANCH_KEEP_S``), then ``size - 1``
+        branches of it at turn ``branch_at`` (``Client.branch``): the parent and its branches are the group, one
+        prefix and ``size`` continuations of it. An excluded member is branched again from the same parent, up to
+        ``retries`` rounds (a parent that never reached the turn with a tool call leaves its branches excluded)."""
+        rows = [self.index.rows[g.row] for g in groups]
+        keep = min(BRANCH_KEEP_S, self.client.client.config.jetstream.checkpoint_ttl_s or BRANCH_KEEP_S)
+        batch = self._guard(
+            lambda: self.client.submit(
+                rows, agent=self.agent, max_staleness=self.max_staleness, keep_checkpoints_s=keep
+            )
+        )
+        for i, (g, p) in enumerate(zip(groups, self._guard(batch.gather), strict=True)):
+            g.parent, g.rows, g.kinds = f"{batch.batch}:{i}:0", [p], [self._saw(p)]
+        self._branches(groups, [g.size - 1 for g in groups])
+        for _ in range(self.failures.retries):
+            sizes = [len(g.excluded) for g in groups]
+            if not any(sizes):
+                return
+            self.counts.retried += sum(sizes)
+            self._branches(groups, sizes, again=True)
+
+    def _branches(self, groups: list[_Group], sizes: list[int], *, again: bool = False) -> None:
+        """``sizes[i]`` branches of each group's parent, added to the group (``again``: in its excluded slots)."""
+        submitted = [
+            (g, self._guard(lambda g=g, n=n: self.client.branch(self.index.rows[g.row], **self._point(g), m=n)))
+            for g, n in zip(groups, sizes, strict=True)
+            if n
+        ]
+        for g, batch in submitted:
+            got = self._guard(batch.gather)
+            slots = g.excluded if again else list(range(len(g.rows), len(g.rows) + len(got)))
+            for slot, row in zip(slots, got, strict=True):
+                if slot == len(g.rows):
+                    g.rows.append(row)
+                    g.kinds.append(self._saw(row))
+                else:
+                    g.rows[slot], g.kinds[slot] = row, self._saw(row)
+
+    def _point(self, g: _Group) -> dict[str, Any]:
+        return {
+            "parent": g.parent,
+            "turn": self.branch_at,
+            "agent": self.agent,
+            "max_staleness": self.max_staleness,
+        }
+
+    def _sequence(self, row: dict[str, Any]) -> TokenSequence | None:
+        """What TRL trains on of a row: its sequence (``branch_at``: past the branch point; None: a row with no
+        turn after it, masked as an excluded one is)."""
+        if self.branch_at is None:
+            return sequence(row)
+        try:
+            return branched(row, self.branch_at)
+        except ClientError:
+            return None
 
     def _saw(self, row: dict[str, Any]) -> Kind:
         k = self.counts.saw(row)
@@ -299,10 +375,13 @@ class TRLRollouts:
         parts: list[dict[str, float]] = []
         excluded: list[bool] = []
         for g in groups:
-            own = next((sequence(r) for r, k in zip(g.rows, g.kinds, strict=True) if has_tokens(r)), None)
-            for r, k in zip(g.rows, g.kinds, strict=True):
+            seqs = [self._sequence(r) if k != "excluded" and has_tokens(r) else None for r, k in zip(g.rows, g.kinds)]
+            own = next((s for s in seqs if s is not None), None)
+            if self.branch_at is not None and len({tuple(s.prompt_ids) for s in seqs if s is not None}) > 1:
+                raise ClientError(f"rollout_func: the branches of dataset row {g.row} do not share their prefix")
+            for r, k, s in zip(g.rows, g.kinds, seqs, strict=True):
                 tok = getattr(trainer, "processing_class", None)
-                seq = sequence(r) if k != "excluded" and has_tokens(r) else masked(own, self.index.rows[g.row], tok)
+                seq = s if s is not None else masked(own, self.index.rows[g.row], tok)
                 out["prompt_ids"].append(seq.prompt_ids)
                 out["completion_ids"].append(seq.completion_ids)
                 out["logprobs"].append(seq.logprobs)
