@@ -26,6 +26,7 @@ from gym_runtime.data.jsonlines import TOO_DEEP
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.access import Access
+from gym_runtime.view.branches import Branches
 from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
@@ -121,6 +122,7 @@ class View:
         self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
         self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
+        self.branches = Branches(runs)  # each rollout's branches, for its page's tree
         for r in runs.runs:
             self._summary(r)
 
@@ -228,7 +230,16 @@ class View:
                 if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
                     records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
                 keys = self.train.keys(ref)
-                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=keys)
+                tree = self.branches.tree(ref, row, meta["task"], meta["rollout"])
+                return self.render(
+                    "trajectory.html",
+                    meta=meta,
+                    t=trajectory(row),
+                    attempts=records,
+                    keys=keys,
+                    tree=tree,
+                    href=rollout_href,
+                )
             except RecursionError:
                 problem = f"line {ref.line + 1} of the rows indexed: {TOO_DEEP}"
             except (OSError, ValueError, TypeError) as e:  # changed between its index and this read
