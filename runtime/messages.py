@@ -369,6 +369,8 @@ class RolloutResult(_Msg, tag="result.v1"):
     time_split: TimeSplit | None = None
     partial: Response | None = None
     policy_versions: list[int] | None = None  # the policy versions of the calls in ``partial`` ([min, max])
+    # a branch's failure (``RolloutTask.branch``): its row names the parent and turn as a scored branch's does
+    branch: BranchPoint | None = None
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)

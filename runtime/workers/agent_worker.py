@@ -892,6 +892,7 @@ def _failures(
             time_split=split,
             partial=ledger.partial(None if task.group <= 1 else i - first) if ledger is not None else None,
             policy_versions=ledger.versions(None if task.group <= 1 else i - first) if ledger is not None else None,
+            branch=task.branch,
         )
         for i in range(first, first + max(task.group, 1))
     ]

@@ -92,7 +92,7 @@ async def test_a_rollout_is_branched_only_by_its_own_agent_pool(nats_server, tmp
         key, row = await parent(client)
         stolen = await branches(client, row, key, 2, agent="b")
         for r in stolen:
-            assert r["error_class"] == "invalid_task", r
+            assert r["error_class"] == "invalid_task" and (r["branch_of"], r["branch_turn"]) == (key, AT), r
             assert f"no checkpoint of rollout {key} at turn {AT} is kept for agent b" in r["error"], r["error"]
             assert "counts" not in r  # never ran in a session restored from a's snapshot
         own = await branches(client, row, key, 2, agent="a")
