@@ -22,7 +22,7 @@ import yaml
 
 from gym_runtime import Client
 from gym_runtime.errors import ClientError
-from gym_runtime.rollout.checkpoint import checkpoints_kv
+from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.transport.subjects import Subjects
 from tests.docker import docker_socket
 from tests.envs.long_boxed import task as boxed_task
@@ -216,3 +216,26 @@ async def test_a_rollout_whose_session_held_sandboxes_is_refused_by_name(nats_se
         assert row["reward"] == 1.0, row
         (r,) = await branches(client, row, f"{handle.batch}:0:0", 1, turn=2)
     assert r["error_class"] == "invalid_task" and "held sandboxes" in r["error"], r
+
+
+async def test_a_live_rollout_is_branched_while_it_runs(nats_server, tmp_path: Path) -> None:
+    """The parent still running (the policy slowed to 1 s a call: 4 s of turns left after the branch point): once its turn-``AT`` part is stored, a branch
+    of it runs and ends while the parent goes on in its own session; both score (each step once in each)."""
+    path = config(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["models"]["policy"]["delay_s"] = 1.0
+    path.write_text(yaml.safe_dump(raw))
+    async with Client(path, nats=nats_server.url) as client:
+        handle = await client.submit([task(STEPS)], agent="a", keep_checkpoints_s=KEEP_S)
+        key = Subjects.checkpoint_key("a", handle.batch, 0, 0)
+        with anyio.fail_after(120):
+            while await Checkpointer(client.bus, key, "off").at_turn(AT) is None:
+                await anyio.sleep(0.05)
+        parent_row = task(STEPS) | {"agent_ref": {"name": "a"}}
+        assert not handle.done  # still running
+        branch = await client.branch(parent_row, parent=f"{handle.batch}:0:0", turn=AT, m=1)
+        with anyio.fail_after(120):
+            (row,) = await branch.gather()
+            (parent,) = await handle.gather()
+        assert row["reward"] == 1.0 and row["branch_turn"] == AT, row
+        assert parent["reward"] == 1.0 and set(parent["counts"].values()) == {1}, parent["counts"]
