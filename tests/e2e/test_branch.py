@@ -219,8 +219,9 @@ async def test_a_rollout_whose_session_held_sandboxes_is_refused_by_name(nats_se
 
 
 async def test_a_live_rollout_is_branched_while_it_runs(nats_server, tmp_path: Path) -> None:
-    """The parent still running (the policy slowed to 1 s a call: 4 s of turns left after the branch point): once its turn-``AT`` part is stored, a branch
-    of it runs and ends while the parent goes on in its own session; both score (each step once in each)."""
+    """The parent still running (the policy slowed to 1 s a call: 4 s of turns left after the branch point):
+    once its turn-``AT`` part is stored, a branch of it runs and ends while the parent goes on in its own session;
+    both score (each step once in each)."""
     path = config(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["models"]["policy"]["delay_s"] = 1.0
