@@ -48,8 +48,9 @@ from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
 from gym_runtime.trainers.train_rows import TRLTrainRows
+from gym_runtime.trainers.waiting import StepWait, WaitPolicy, wait_policy, watched
 
-__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "env_reward", "excluding"]
+__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "WaitPolicy", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
@@ -100,7 +101,8 @@ class TRLRollouts:
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
     (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``;
     ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
-    (``train_rows``).
+    (``train_rows``); ``waits``: how long a call waits for its rollouts (``trainers.waiting.WaitPolicy``: a line
+    naming what the slowest wait on after ``say_after_s``, the call failed with it at ``bound_s``).
     """
 
     @checked
@@ -115,8 +117,11 @@ class TRLRollouts:
         max_staleness: int | None = None,
         rows_path: str | None = None,
         sampler: TaskSampler | None = None,
+        waits: WaitPolicy | None = None,
     ) -> None:
         self.failures = failure_policy(failures)
+        self.waits = wait_policy(waits)
+        self._watch = StepWait(self.waits)  # the call's wait for its rollouts: every round's, retries' and refills'
         self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
         config = client.client.config
         check_agent(list(config.agents), agent)
@@ -168,6 +173,7 @@ class TRLRollouts:
         found = [self.index.find(p) for p in prompts]  # every prompt's row, before anything is submitted
         self._sync(trainer)
         self.counts = Tally()
+        self._watch = StepWait(self.waits)
         groups = [_Group(row, size) for row, size in runs(found)]
         self._run(groups)
         if self.failures.refill:
@@ -223,10 +229,23 @@ class TRLRollouts:
         return batches
 
     def _gather(self, submitted: list[tuple[SyncBatch, list[int]]], sizes: list[int]) -> dict[int, list[Any]]:
-        """Each group's rows of one round (``aabb`` order within a batch)."""
+        """Each group's rows of one round (``aabb`` order within a batch), the wait said and bounded (``waits``)."""
+        handles = [batch.handle for batch, _ in submitted]
+
+        async def every() -> list[list[dict[str, Any]]]:
+            return [await h.gather() for h in handles]
+
+        async def cancel() -> None:
+            for h in handles:
+                await h.cancel()
+
+        bus = self.client.client.bus
+        wait = functools.partial(
+            watched, every, bus=bus, watch=self._watch, batches=lambda: {h.batch for h in handles}, cancel=cancel
+        )
+        gathered = self._guard(lambda: self.client.spawn(wait).result())
         out: dict[int, list[Any]] = {}
-        for batch, members in submitted:
-            rows = self._guard(batch.gather)
+        for (_, members), rows in zip(submitted, gathered, strict=True):
             n = sizes[members[0]]
             for k, i in enumerate(members):
                 out[i] = rows[k * n : (k + 1) * n]
