@@ -41,6 +41,7 @@ from typing import Any
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncBatch, SyncClient
 from gym_runtime.data.rowkeys import is_runtime_key
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
@@ -190,7 +191,8 @@ class TRLRollouts:
         self.counts.check(self.failures, "rollout_func")
         out = self._output(groups, trainer)
         if self.train_rows is not None:  # each member's row as handed over (a failure row for a failed one)
-            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer)
+            tasks = [task_key(self.index.rows[g.row]) for g in groups]  # the sampler's keys: view follows tasks by them
+            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer, tasks)
         return out
 
     def _sync(self, trainer: Any) -> None:

@@ -39,6 +39,7 @@ import anyio.abc
 from gym_runtime.client import BatchHandle
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncClient
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
@@ -259,7 +260,7 @@ class GymRolloutWorker:
         if made is not None and self.model_version - made > self.max_staleness:
             self.counts.stale_groups += 1
             return
-        samples = self._samples(rows, kinds, made if made is not None else self.model_version)
+        samples = self._samples(rows, kinds, made if made is not None else self.model_version, row)
         if not samples:
             self.counts.failed_groups += 1
             log.info("trainer.group_left_out", row=row, errors=[r.get("error_class") for r in rows])
@@ -308,7 +309,7 @@ class GymRolloutWorker:
                 log.info("trainer.group_cancelled", batch=handle.batch, submitted_at=submitted_at)
                 await handle.cancel()
 
-    def _samples(self, rows: list[dict[str, Any]], kinds: list[Kind], version: int) -> list[Any]:
+    def _samples(self, rows: list[dict[str, Any]], kinds: list[Kind], version: int, task: int) -> list[Any]:
         """The group's samples: each scored member and each policy failure with tokens, its advantage over the
         members not excluded (``failures.advantages``: no overflow, no NaN); the excluded are in no statistic."""
         import numpy as np
@@ -319,11 +320,12 @@ class GymRolloutWorker:
         self._group_id += 1
         out = []
         g = self.train_rows.group() if self.train_rows is not None else 0
+        key = task_key(self.index.rows[task])  # the sampler's key of the group's dataset row
         for row, k, reward, adv in zip(rows, kinds, rewards, advs, strict=True):
             if self.train_rows is not None:  # every member, an excluded one with reward None
                 given = adv if reward is not None else None
                 self.train_rows.write(
-                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward
+                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward, task=key
                 )
             if reward is None or not has_tokens(row):
                 continue

@@ -71,6 +71,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from gym_runtime.client import Client
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
@@ -200,7 +201,7 @@ class GymAgentLoop(AgentLoopBase):
         tally.ended(result, k, f"dataset row {index}" if index is not None else None)
         counts = tally.metrics()
         self.last_row = result
-        self._record(result, kwargs, reward_of(result, self.failures))
+        self._record(result, kwargs, reward_of(result, self.failures), task_key(row))
         self.tally = tally
         reward = reward_of(result, self.failures)
         if k != "excluded" and has_tokens(result):
@@ -232,7 +233,7 @@ class GymAgentLoop(AgentLoopBase):
             },
         )
 
-    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None) -> None:
+    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None, task: str) -> None:
         """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
         by its ``n`` rollouts), its step the policy version that made it (verl passes no step to a loop), and no
         advantage: verl computes it in the driver after every loop returned, where no loop reads it. An excluded
@@ -243,7 +244,7 @@ class GymAgentLoop(AgentLoopBase):
         uid = kwargs.get("uid")
         writer = LOOP_CLIENTS.rows(self.rows_path)
         group = str(uid) if uid is not None else writer.group()
-        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward)
+        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward, task=task)
         writer.flush()
 
 
