@@ -62,6 +62,7 @@ class TrainFields(msgspec.Struct, kw_only=True):
     train_reward: float | None = None  # the environment reward handed over (None: kept out of the group's figures)
     train_advantage: float | None = None  # read back from the trainer where it computes it (None: it does not say)
     train_total_reward: float | None = None
+    train_task: str | None = None  # the task's sampler key (``data.sampling.task_key`` of its dataset row)
 
 
 TRAIN_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(TrainFields))

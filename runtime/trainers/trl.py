@@ -41,6 +41,7 @@ from typing import Any
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncBatch, SyncClient
 from gym_runtime.data.rowkeys import is_runtime_key
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
@@ -58,8 +59,9 @@ from gym_runtime.trainers.rows import (
     sequence,
 )
 from gym_runtime.trainers.train_rows import TRLTrainRows
+from gym_runtime.trainers.waiting import StepWait, WaitPolicy, wait_policy, watched
 
-__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "env_reward", "excluding"]
+__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "WaitPolicy", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
@@ -114,7 +116,9 @@ class TRLRollouts:
     ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
     (``train_rows``); ``branch_at``: each group a tree (``_run_branched``): one rollout of its row, then the rest of
     the group branched from it at that model turn, so every member shares the prefix and TRL's advantages are
-    computed among the continuations (the prefix is each member's prompt).
+    computed among the continuations (the prefix is each member's prompt); ``waits``: how long a call waits for its
+    rollouts (``trainers.waiting.WaitPolicy``: a line naming what the slowest wait on after ``say_after_s``, the call
+    failed with it at ``bound_s``).
     """
 
     @checked
@@ -130,9 +134,12 @@ class TRLRollouts:
         rows_path: str | None = None,
         sampler: TaskSampler | None = None,
         branch_at: int | None = None,
+        waits: WaitPolicy | None = None,
     ) -> None:
         self.failures = failure_policy(failures)
         self.branch_at = None if branch_at is None else count("branch_at", branch_at, 1)
+        self.waits = wait_policy(waits)
+        self._watch = StepWait(self.waits)  # the call's wait for its rollouts: every round's, retries' and refills'
         self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
         config = client.client.config
         check_agent(list(config.agents), agent)
@@ -184,6 +191,7 @@ class TRLRollouts:
         found = [self.index.find(p) for p in prompts]  # every prompt's row, before anything is submitted
         self._sync(trainer)
         self.counts = Tally()
+        self._watch = StepWait(self.waits)
         groups = [_Group(row, size) for row, size in runs(found)]
         self._run(groups)
         if self.failures.refill:
@@ -200,7 +208,8 @@ class TRLRollouts:
         self.counts.check(self.failures, "rollout_func")
         out = self._output(groups, trainer)
         if self.train_rows is not None:  # each member's row as handed over (a failure row for a failed one)
-            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer)
+            tasks = [task_key(self.index.rows[g.row]) for g in groups]  # the sampler's keys: view follows tasks by them
+            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer, tasks)
         return out
 
     def _sync(self, trainer: Any) -> None:
@@ -239,10 +248,23 @@ class TRLRollouts:
         return batches
 
     def _gather(self, submitted: list[tuple[SyncBatch, list[int]]], sizes: list[int]) -> dict[int, list[Any]]:
-        """Each group's rows of one round (``aabb`` order within a batch)."""
+        """Each group's rows of one round (``aabb`` order within a batch), the wait said and bounded (``waits``)."""
+        handles = [batch.handle for batch, _ in submitted]
+
+        async def every() -> list[list[dict[str, Any]]]:
+            return [await h.gather() for h in handles]
+
+        async def cancel() -> None:
+            for h in handles:
+                await h.cancel()
+
+        bus = self.client.client.bus
+        wait = functools.partial(
+            watched, every, bus=bus, watch=self._watch, batches=lambda: {h.batch for h in handles}, cancel=cancel
+        )
+        gathered = self._guard(lambda: self.client.spawn(wait).result())
         out: dict[int, list[Any]] = {}
-        for batch, members in submitted:
-            rows = self._guard(batch.gather)
+        for (_, members), rows in zip(submitted, gathered, strict=True):
             n = sizes[members[0]]
             for k, i in enumerate(members):
                 out[i] = rows[k * n : (k + 1) * n]

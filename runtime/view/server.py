@@ -47,6 +47,7 @@ HEADERS = {
 STATIC = {"view.css": "text/css", "train.css": "text/css", "keys.js": "text/javascript"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NO_WAITS = "this view follows no batch on a bus: `gym-runtime view --batch B --nats URL` shows where its rollouts wait"
 
 
 def _templates() -> jinja2.Environment:
@@ -115,10 +116,19 @@ def page(html: str, status: int = 200) -> web.Response:
 class View:
     """The pages over ``runs``, answered only as ``access`` allows."""
 
-    def __init__(self, runs: Runs, access: Access | None = None, *, decode: Decode | None = None) -> None:
+    def __init__(
+        self,
+        runs: Runs,
+        access: Access | None = None,
+        *,
+        decode: Decode | None = None,
+        waits: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    ) -> None:
         self.runs = runs
         self.access = access
         self.env = _templates()
+        self.waits = waits  # live mode: ``why``'s report of the followed batch, read on each /waits page
+        self.env.globals["waits_live"] = waits is not None
         self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
         self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
@@ -158,6 +168,7 @@ class View:
         app.router.add_get("/rollouts", self.rollouts_page)
         app.router.add_get("/rollout/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.rollout_page)
         app.router.add_get("/diff", self.diff_page)
+        app.router.add_get("/waits", self.waits_page)
         self.train.routes(app)
         app.router.add_get("/static/{name}", self.static)
         return app
@@ -189,6 +200,14 @@ class View:
         return self.render(
             "runs.html", summaries=self.summaries, row=self.row_meta, refresh=refresh, train=self.train.summary
         )
+
+    async def waits_page(self, request: web.Request) -> web.Response:
+        """Live mode: where every in-flight rollout of the followed batch waits now, the oldest first, the waits
+        past their bound flagged with the component to look at (what ``gym-runtime why --batch`` prints)."""
+        if self.waits is None:
+            html = self.env.get_template("waits.html").render(runs=self.runs.runs, report=None, problem=NO_WAITS)
+            return page(html, status=404)
+        return self.render("waits.html", report=await self.waits(), problem=None)
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
