@@ -9,6 +9,11 @@ files are in the container's own layer: the parent is committed (paused for the 
 temporary image the children are created from, removed as soon as its last child is (``released``), or by a
 later sweep (``sweep``) where its worker died first. Running processes and memory are not copied (no CRIU): a
 child starts with its keeper only, as a fresh container does.
+
+A parent forked again with its files unchanged (a task's template, forked once per repeat: ``seed_once``) is not
+read again: the tar of its last fork is kept (``Packed``) with a digest of its files' names, sizes, times, modes
+and owners, read first by one cheap command; the digest matches, the kept tar is unpacked. The tar goes with the
+parent, or when more parents are kept than ``KEPT_PACKS``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ FORK_OF = "gym-runtime.fork-of"  # a temporary image's label: the container it w
 IMAGE_GRACE_S = 300.0  # a fork image no container uses is swept only this long after its commit (a fork under way)
 COPY_TIMEOUT_S = 600.0
 TAR_SLACK = 1 << 20  # the tar stream's headers beyond the files themselves
+KEPT_PACKS = 8  # parents whose last tar is kept (each at most the pool's disk_mb per copied path)
+# what tells a parent's files unchanged since its last fork: every entry's name, size, times, mode, owner and link,
+# as a digest (a file written, made, removed, or chmodded changes it); GNU find's -printf (the base image's)
+DIGEST = "cd / && find {paths} -printf '%p %s %T@ %C@ %m %U %G %l\\n' 2>/dev/null | md5sum"
+
+
+class Packed:
+    """A parent's last tar and the digest of its files when it was read."""
+
+    __slots__ = ("digest", "files")
+
+    def __init__(self, digest: str, files: bytes) -> None:
+        self.digest, self.files = digest, files
 
 
 class EngineForks:
@@ -50,6 +68,9 @@ class EngineForks:
         self.pool_label, self.copied = labels  # the pool's label key; the tmpfs paths a fork copies, as tar names
         self.users: dict[str, set[str]] = {}  # a temporary image -> its children still there
         self.image_of: dict[str, str] = {}  # a child -> its temporary image
+        self.packed: dict[str, Packed] = {}  # a parent -> its last tar (``_files``), oldest first
+        self._packing: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
+        self.reads = 0  # parents' files read (a tar), not kept ones reused (tests)
 
     async def fork(
         self, backend: EngineBackend, sid: str, spec: Resolved, *, owner: str, tags: list[str], expires: float
@@ -64,7 +85,7 @@ class EngineForks:
         children: list[str] = [""] * len(tags)
 
         async def pack() -> None:
-            files.append(await self._pack(sid, spec))
+            files.append(await self._files(sid, spec))
             packed.set()
 
         async def one(i: int) -> None:  # created while the parent's files are read: the two overlap
@@ -99,10 +120,39 @@ class EngineForks:
         except EngineError as e:
             raise Failure("tool_error", f"forking sandbox {sid[:12]} failed (commit): {e}", retryable=True) from e
 
-    async def _pack(self, sid: str, spec: Resolved) -> bytes:
-        """The parent's tmpfs paths as one tar stream (bounded by their size limits)."""
+    async def _files(self, sid: str, spec: Resolved) -> bytes:
+        """The parent's tmpfs paths as one tar: the one kept from its last fork where its files are unchanged."""
+        lock = self._packing.setdefault(sid, anyio.Lock())
+        async with lock:
+            kept = self.packed.get(sid)
+            if kept is not None and await self._digest(sid) == kept.digest:
+                self.packed[sid] = self.packed.pop(sid)  # the most recently used
+                return kept.files
+            digest, files = await self._pack(sid, spec)
+            self.reads += 1
+            self.packed.pop(sid, None)
+            if digest:
+                self.packed[sid] = Packed(digest, files)
+                while len(self.packed) > KEPT_PACKS:
+                    del self.packed[next(iter(self.packed))]
+            return files
+
+    async def _digest(self, sid: str) -> str:
+        """The digest of the parent's files now (``DIGEST``); "" where it cannot be read (never equal to a kept one)."""
+        argv = ["sh", "-c", DIGEST.format(paths=" ".join(self.copied))]
+        try:
+            out = await self.engine.exec(sid, argv, timeout_s=COPY_TIMEOUT_S, max_output=4096)
+        except EngineError:
+            return ""
+        digest = out.stdout.decode(errors="replace").strip()
+        return digest if out.exit_code == 0 and digest else ""
+
+    async def _pack(self, sid: str, spec: Resolved) -> tuple[str, bytes]:
+        """The digest of the parent's files, then its tmpfs paths as one tar stream (bounded by their size
+        limits); one command: the digest on stderr, read before the tar."""
         cap = len(self.copied) * (spec.disk_mb << 20) + TAR_SLACK
-        argv = ["tar", "-C", "/", "-cf", "-", *self.copied]
+        script = DIGEST.format(paths=" ".join(self.copied)) + ' >&2; exec tar -C / -cf - "$@"'
+        argv = ["sh", "-c", script, "pack", *self.copied]
         try:
             out = await self.engine.exec(sid, argv, timeout_s=COPY_TIMEOUT_S, max_output=cap)
         except EngineError as e:
@@ -111,7 +161,9 @@ class EngineForks:
         if out.exit_code not in (0, 1) or out.truncated:
             why = out.stderr.decode(errors="replace").strip()[:500] or f"exit {out.exit_code}"
             raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: its image needs tar ({why})")
-        return out.stdout
+        first = out.stderr.decode(errors="replace").partition("\n")[0].strip()
+        # a tar that found a file changed while it read it copied it as it was: not kept (the digest is older)
+        return (first if out.exit_code == 0 and first.endswith(" -") else ""), out.stdout
 
     async def _unpack(self, cid: str, files: bytes) -> None:
         argv = ["tar", "-C", "/", "-xpf", "-"]
@@ -121,7 +173,10 @@ class EngineForks:
             raise Failure("tool_error", f"copying files into a forked sandbox failed: {why}")
 
     async def released(self, cid: str) -> None:
-        """Child ``cid`` was removed: its temporary image too, if no other child uses it."""
+        """Container ``cid`` was removed: its kept tar goes; a child's temporary image too, if no other child uses
+        it."""
+        self.packed.pop(cid, None)
+        self._packing.pop(cid, None)
         image = self.image_of.pop(cid, "")
         users = self.users.get(image)
         if users is None:
