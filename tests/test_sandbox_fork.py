@@ -144,6 +144,26 @@ async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_alwa
     assert await containers(engine, pool) == []
 
 
+async def test_a_group_unpacks_the_parents_tar_as_it_is_read_byte_for_byte(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    """Copies fed the parent's tar as it comes (many parts: a few MB), three at once: each has every byte."""
+    async with fleet(bus, engine, pool) as worker:
+        await worker(capacity=8)
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        made = "head -c 6000000 /dev/urandom > big && mkdir -p d && for i in $(seq 200); do echo $i > d/$i; done"
+        await parent.exec(made)
+        sums = "md5sum big d/* | md5sum"
+        want = (await parent.exec(sums)).stdout
+        kids = await parent.fork(3)
+        assert [(await k.exec(sums)).stdout for k in kids] == [want] * 3
+        for k in kids:
+            await k._owner.close_all()
+        await parents.close_all()
+    assert await containers(engine, pool) == []
+
+
 async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy(
     bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:

@@ -1,7 +1,7 @@
 """A sandbox environment that can be set up once for its group (``seed_once``: issue 78 item 2).
 
 Its ``seed`` is the set-up: it opens the session's sandbox and builds the task's files in it (``built``, then
-``slow_s`` of its options slept there, a stand-in for a dependency install; noted in the ``seeds`` file of its
+the ``setup`` command of its options, e.g. a build: tests/bench/fork.py; noted in the ``seeds`` file of its
 options). ``bump`` counts in a file of that sandbox; ``verify`` rewards a session whose sandbox has the task's build
 and a count of exactly 1: a repeat that saw another's bump (a sandbox shared, not forked) scores 0. Its snapshot is
 the task's name; ``restore`` opens the session's sandbox again: with ``seed_once``, the fork of the template's.
@@ -32,8 +32,8 @@ class SeededBox(Resource):
         note_seed(self.options, task["name"])
         self.name = task["name"]
         self.box = await self.sandbox()
-        slow = float(self.options.get("slow_s", 0))
-        r = await self.box.exec(f"echo built-{self.name} > built && sleep {slow}", timeout_s=slow + 60)
+        setup = self.options.get("setup", "true")
+        r = await self.box.exec(f"echo built-{self.name} > built && {setup}", timeout_s=3600)
         if r.exit_code != 0:
             raise RuntimeError(f"set-up failed: {r.stderr.decode()}")
 
