@@ -17,7 +17,7 @@ import yaml
 from gym_runtime.client import Client
 from gym_runtime.config import load_config, resolve_config
 from gym_runtime.config.resolved import ResolvedConfig
-from gym_runtime.errors import UserError
+from gym_runtime.errors import ConfigError, UserError
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_http import Engine
@@ -166,3 +166,9 @@ def test_an_environment_that_cannot_snapshot_is_one_line_naming_the_key(tmp_path
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "resources.env.seed_once" in lines[0] and "snapshot" in lines[0], out.stderr
+
+
+def test_a_hosted_nemo_gym_server_with_seed_once_is_refused_as_the_config_loads(tmp_path: Path) -> None:
+    path = config(tmp_path, {"nemo_gym": "mcqa", "seed_once": True})
+    with pytest.raises(ConfigError, match=r"resources\.env: seed_once: a hosted NeMo Gym server"):
+        load_config(path)
