@@ -139,6 +139,21 @@ async def test_a_sandbox_batch_is_the_same_set_up_once_with_forked_sandboxes_and
     assert await left() == [] and await fork_images(engine, pool) == []
 
 
+async def test_repeats_wait_for_room_to_fork_on_a_full_worker(
+    tmp_path: Path, nats_server: EmbeddedServer, engine: Engine, base_image: str, pool: str
+) -> None:
+    """A worker with room for the template and two forks: the other repeats' forks wait for a rollout's sandbox to
+    go (a fork is refused at once where a create would wait), and every row is scored, none ``sandbox_unavailable``."""
+    sandboxes = {pool: {"engine": f"unix://{engine.socket_path}", "capacity": 3}}
+    env = {"server": "tests.envs.seeded_box", "sandbox": pool, "seed_once": True, "options": {"setup": "true"}}
+    cfg = resolve_config(load_config(config(tmp_path, env, sandboxes)))
+    async with Client(cfg, nats=nats_server.url) as client:
+        batch = await client.submit([seeded_box.task("a")], repeats=6)
+        with anyio.fail_after(240):
+            rows = await batch.gather()
+    assert [(r.get("error_class"), r["reward"]) for r in rows] == [(None, 1.0)] * 6, rows
+
+
 async def test_a_failed_seed_fails_every_repeat_of_its_task_typed(tmp_path: Path, nats_server: EmbeddedServer) -> None:
     """The one seed raises: each repeat's row is the environment's ``tool_error`` naming it, none a hang."""
     env = {"server": "tests.envs.seeded_ledger", "seed_once": True, "options": {"seeds": str(tmp_path / "nope")}}

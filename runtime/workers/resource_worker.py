@@ -68,7 +68,7 @@ from gym_runtime.workers.crashes import Crashes, answer_digest
 from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
 from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
-from gym_runtime.workers.templates import Template, Templates, task_key
+from gym_runtime.workers.templates import Template, Templates, fork_for, task_key
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
@@ -472,7 +472,7 @@ class ResourceWorker:
             if isinstance(parents, Sandboxes) and isinstance(lease, Sandboxes) and parents.held():
                 forked: list[Any] = []
                 for box in parents.held():
-                    forked += await box.fork(1, into=[lease])
+                    forked += await fork_for(box, lease)
                 lease.adopt(forked)
             counting = _counting(self._book(inst)[0])
             try:

@@ -13,6 +13,7 @@ repeat), its row less the repeat's index, and the caller: two pools never share 
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -25,6 +26,8 @@ from gym_runtime.errors import Failure
 T = TypeVar("T")
 
 WAIT_S = 1800.0  # the longest a repeat waits for its task's seed (a set-up of many minutes, on a loaded node)
+FORK_WAIT_S = 600.0  # the longest a repeat waits for room on the worker that holds its template's sandbox
+FORK_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # waits (jittered) between its forks while that worker is full
 REPEAT_FIELD = "_ng_rollout_index"  # the one field of a row that tells its task's repeats apart
 
 
@@ -123,3 +126,25 @@ class Templates(Generic[T]):
         out = [t.session for t in self._by_key.values() if t.session is not None]
         self._by_key.clear()
         return out
+
+
+async def fork_for(box: Any, into: Any, wait_s: float = FORK_WAIT_S) -> list[Any]:
+    """A repeat's fork of a template's sandbox ``box`` into its lease ``into`` (a ``Sandboxes``). A worker with no
+    room refuses a fork at once (``sandbox_unavailable``): a repeat waits for room instead, as a create waits for a
+    lease (its rollout's clock stopped meanwhile, ``on_acquire``), at most ``wait_s``."""
+    started, tries = time.monotonic(), 0
+    if into.on_acquire is not None:
+        into.on_acquire(None)
+    try:
+        while True:
+            try:
+                forked: list[Any] = await box.fork(1, into=[into])
+                return forked
+            except Failure as e:
+                if e.info.error_class != "sandbox_unavailable" or time.monotonic() - started > wait_s:
+                    raise
+            await anyio.sleep(FORK_BACKOFF_S[min(tries, len(FORK_BACKOFF_S) - 1)] * random.uniform(0.5, 1.5))
+            tries += 1
+    finally:
+        if into.on_acquire is not None:
+            into.on_acquire(time.monotonic() - started)
