@@ -84,8 +84,9 @@ class Pool:
         self.config, self.url = config, url
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, key: str, only: str | list[str]) -> subprocess.Popen[str]:
-        """One process running ``only`` (several: a node's workers in one process, lost together)."""
+    def start(self, key: str, only: str | list[str], log: Path | None = None) -> subprocess.Popen[str]:
+        """One process running ``only`` (several: a node's workers in one process, lost together); its log lines
+        to the file ``log`` where given."""
         roles = [x for role in ([only] if isinstance(only, str) else only) for x in ("--only", role)]
         p = subprocess.Popen(
             [
@@ -103,7 +104,7 @@ class Pool:
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if log is None else log.open("a"),
             text=True,
         )
         assert p.stdout is not None
