@@ -29,6 +29,7 @@ from gym_runtime.config import JetStreamConfig
 from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.ops import permissions, security
 from gym_runtime.ops.provision import Provisioner, provision_blocking
+from gym_runtime.transport.connect import PING_INTERVAL_S, PING_MAX
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 MAX_LOG_BYTES = 16 * 1024 * 1024
@@ -145,8 +146,8 @@ class EmbeddedServer:
     # still gets a share of its queue groups' requests (a resource's seeds, a sandbox pool's creates), each lost
     # to the bus's liveness window; dropped within 15-20 s, it gets none. A live client answers a ping from its
     # read loop, so one whose loop stalls for 15 s under load is dropped too (and reconnects).
-    ping_interval_s: int = 5
-    ping_max: int = 3
+    ping_interval_s: int = PING_INTERVAL_S
+    ping_max: int = PING_MAX
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _provisioner: Provisioner | None = field(default=None, init=False, repr=False)
