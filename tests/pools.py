@@ -88,6 +88,7 @@ class Pool:
         """One process running ``only`` (several: a node's workers in one process, lost together); its log lines
         to the file ``log`` where given."""
         roles = [x for role in ([only] if isinstance(only, str) else only) for x in ("--only", role)]
+        err = log or self.config.parent / f"pool-{key}.stderr"  # quoted when the worker never says ready
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -104,12 +105,12 @@ class Pool:
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if log is None else log.open("a"),
+            stderr=err.open("w"),
             text=True,
         )
         assert p.stdout is not None
         line = p.stdout.readline()
-        assert "ready" in line, f"{only} did not start: {line!r}"
+        assert "ready" in line, f"{only} did not start: {line!r}; its stderr ends:\n{err.read_text()[-2000:]}"
         self.procs[key] = p
         return p
 
