@@ -63,6 +63,7 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.crashes import Crashes, answer_digest
 from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
@@ -210,6 +211,7 @@ class ResourceWorker:
         hosting: Any = config.hosting  # gym_runtime.nemo_gym.hosting.resource, loaded by name when a resource is hosted
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
+        self.process = process_tag()  # named in each seed's reply: a session call it leaves unanswered names it
         # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's
         self.sessions: Sessions[Resource] = Sessions(cfg.max_sessions, config_callers(agent_names, resource_names))
         self._subs: list[Any] = []
@@ -426,7 +428,7 @@ class ResourceWorker:
                 if opened is not None:
                     await _close(opened)
                 raise
-        return SeedReply(session=sid, address=self.address, result=result)
+        return SeedReply(session=sid, address=self.address, result=result, by=self.process)
 
     async def _seeded(self, inst: Resource, row: dict[str, Any]) -> None:
         """``inst``'s seed, a failure of it typed as the environment's."""
