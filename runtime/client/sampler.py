@@ -127,7 +127,7 @@ class TaskSampler:
     def saw(self, task: int, rows: Sequence[dict[str, Any]]) -> None:
         """Count one group of ``task``'s rows (kept in memory until ``flush``)."""
         before = self.stats[task]
-        after = observe(before, rows, self.config.cost)
+        after = observe(before, rows, self.config.cost, self.config.half_life)
         self.stats[task] = after
         self._dirty.add(task)
         if after.groups > before.groups:
