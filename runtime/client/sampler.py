@@ -66,6 +66,7 @@ class TaskSampler:
             raise ClientError("sampler: no task rows to choose from")
         self.config = config
         self.keys = [task_key(r) for r in rows]
+        self.position = {key: i for i, key in reversed(list(enumerate(self.keys)))}  # a task's first position
         self.stats = [TaskStats() for _ in rows]
         self.store = store
         self.rng = random.Random(seed)
