@@ -13,7 +13,17 @@ import msgspec
 import pytest
 
 from gym_runtime.client.sampler import TaskSampler, sampler_config
-from gym_runtime.data.sampling import SamplerConfig, TaskStats, choose, observe, outcome, signal, task_key, weights
+from gym_runtime.data.sampling import (
+    SamplerConfig,
+    TaskStats,
+    choose,
+    observe,
+    outcome,
+    signal,
+    task_key,
+    weights,
+    zero_spread_chance,
+)
 from gym_runtime.errors import ClientError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -183,6 +193,30 @@ def test_picks_are_distinct_and_the_sampler_favours_learnable_tasks() -> None:
     assert min(seen.values()) > 0, seen  # the others are still tried
     m = sampler.metrics()
     assert m["gym_runtime/sampler/zero_spread_share_all"] < 0.5 and m["gym_runtime/sampler/signal"] > 0
+
+
+def test_the_metrics_say_the_zero_spread_share_expected_before_and_after_the_choice() -> None:
+    """``zero_spread_expected_uniform``: the share of groups with no spread uniform picks would give, by the
+    estimates (before); ``zero_spread_expected_picked``: the share the sampler's picks are expected to give (after)."""
+    assert zero_spread_chance(TaskStats(), 8) == pytest.approx(2 / 9)  # Beta(1, 1): E[p^8 + (1-p)^8]
+    solved = observe(TaskStats(), [scored(1.0)] * 8)
+    assert zero_spread_chance(solved, 8) == pytest.approx(9 / 17, abs=1e-4)  # Beta(9, 1): E[p^8] = 9/17, and ~0
+    assert zero_spread_chance(observe(TaskStats(), [scored(1.0)] * 800), 8) > 0.98
+    rows = [{"kind": k, "n": i} for k in ("solved", "impossible", "learnable") for i in range(4)]
+    sampler = TaskSampler(rows, LEARN, None, seed=3)
+    for i, row in enumerate(rows):  # every task seen twice: the solved and impossible ones certain enough
+        p = {"solved": 1.0, "impossible": 0.0, "learnable": 0.5}[row["kind"]]
+        for _ in range(3):
+            sampler.saw(i, [scored(p)] * 4 + [scored(p if p != 0.5 else 0.0)] * 2 + [scored(min(1.0, 2 * p))] * 2)
+    sampler.metrics()
+    for _ in range(20):
+        sampler.pick(4)
+    m = sampler.metrics()
+    before, after = (
+        m["gym_runtime/sampler/zero_spread_expected_uniform"],
+        m["gym_runtime/sampler/zero_spread_expected_picked"],
+    )
+    assert 0.4 < before < 0.8 and after < 0.5 * before, m  # two thirds of the set teach nothing; the picks avoid it
 
 
 def test_task_keys_are_stable_and_a_bad_config_is_one_line() -> None:

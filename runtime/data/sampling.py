@@ -37,6 +37,7 @@ __all__ = [
     "signal",
     "task_key",
     "weights",
+    "zero_spread_chance",
 ]
 
 CostMeasure = Literal["rollouts", "tokens", "sandbox_s", "cost"]
@@ -158,6 +159,18 @@ def signal(stats: TaskStats, prior: tuple[float, float] = (1.0, 1.0)) -> float:
     a = prior[0] + stats.passes
     b = prior[1] + stats.outcomes - stats.passes
     return a * b / ((a + b) * (a + b + 1))
+
+
+def zero_spread_chance(stats: TaskStats, n: int, prior: tuple[float, float] = (1.0, 1.0)) -> float:
+    """The chance, under the posterior, that a group of ``n`` of this task is all passes or all fails:
+    E[p^n] + E[(1-p)^n] under Beta(a, b) (a product: E[p^n] = prod (a+k)/(a+b+k), k < n)."""
+    a = prior[0] + stats.passes
+    b = prior[1] + stats.outcomes - stats.passes
+    all_pass = all_fail = 1.0
+    for k in range(n):
+        all_pass *= (a + k) / (a + b + k)
+        all_fail *= (b + k) / (a + b + k)
+    return all_pass + all_fail
 
 
 def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:
