@@ -60,9 +60,12 @@ def judge(
         if role == "agent":  # delivered to a worker and not acked, beyond what the answering workers hold
             missing = int(c["ack_pending"]) - in_flight.get(name, 0)
             if missing > 0 and batch is None:
+                peers = [p for p, g in gone.items() if g["component"] == f"agents.{name}"]
+                named = f" (found silent by its peers: process {', '.join(peers)})" if peers else ""
                 held_elsewhere.append(
-                    f"{missing} task(s) of agent {name} held by workers that did not answer (frozen or gone; the "
-                    f"queue hands them out again after its ack_wait_s), or being stored"
+                    f"{missing} task(s) of agent {name} held by workers that did not answer{named} (frozen or gone; "
+                    f"their peers hand them out again within seconds, else the queue after its ack_wait_s), or "
+                    f"being stored"
                 )
     late = [e for e in rollouts if e.get("late")]
     silent = [

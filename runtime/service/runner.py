@@ -38,7 +38,7 @@ from gym_runtime.errors import ConfigError, UserError, did_you_mean, in_entry, n
 from gym_runtime.observability import logs
 from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
+from gym_runtime.resource import check_requires, check_seed_once, config_resource_class, load_resource_class
 from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
 from gym_runtime.service.budget import BudgetedPublish, HeldInCollector
 from gym_runtime.transport.bus import Bus
@@ -259,8 +259,11 @@ def check_resources(config: ResolvedConfig, pairs: list[tuple[str, str]]) -> Non
     import (a typo) or lacks its verifier package would otherwise say nothing until the server answers."""
     for role, name in pairs:
         if role == "resources" and not config.resources[name].hosted:  # a hosted one: its environment's check
-            where = f"resources.{name}.server"
-            check_requires(load_resource_class(config.resources[name].server, where), where)
+            where, rcfg = f"resources.{name}.server", config.resources[name]
+            cls = load_resource_class(rcfg.server, where)
+            check_requires(cls, where)
+            if rcfg.seed_once:
+                check_seed_once(cls, rcfg.isolation or cls.isolation, f"resources.{name}.seed_once")
 
 
 async def wait_for_server(url: str | list[str]) -> int | None:

@@ -317,3 +317,17 @@ def test_verls_dataloader_follows_the_task_sampler_and_each_prompt_is_its_rows(t
     assert verl_tasks.active() is dataset.sampler
     with pytest.raises(ClientError, match="dataloader_num_workers: 8"):
         create_rl_dataset(config.train_files, OmegaConf.merge(config, {"dataloader_num_workers": 8}), w.tokenizer, None)
+
+
+async def test_a_loop_with_no_model_worker_fails_verls_step_at_its_bound_naming_it(tmp_path: Path) -> None:
+    from gym_runtime.errors import ClientError
+
+    w = world(tmp_path, rows=1)
+    server = served_by_verl(w)
+    # the agents and the environment run in the actor; nothing serves the policy (issue 77 item 3)
+    loop = agent_loop(w, server, workers=["agents.agent", "resources.env"], waits={"say_after_s": 2, "bound_s": 8})
+    with pytest.raises(ClientError) as e:
+        await loop.run({"temperature": 1.0}, extra_info={"gym_row": w.rows[0]})
+    text = str(e.value)
+    assert "look at models.policy" in text and "gave up at WaitPolicy(bound_s=8)" in text and "\n" not in text, text
+    assert not server.requests
