@@ -356,6 +356,8 @@ async def serve(
                 async for signum in signals:
                     stopped.append(signum)
                     log.info("workers.draining")
+                    for b in buses.values():
+                        b.stopping = True
                     await drain(workers, online=lambda: any(b.nc.is_connected for b in buses.values()))
                     log.info("workers.stopped")
                     break

@@ -82,6 +82,7 @@ from gym_runtime.transport.wire import NatsWire
 
 log = logs.get("gym.bus")
 _NO_SKIP = (0.0, "")  # a direct subject not skipped: asked (``Bus._direct_skip``)
+SAY_AGAIN_S = 300.0  # a silent process (or component) is told the operator once in this long, not per failed call
 
 
 _pub_ack = msgspec.json.Decoder(PubAck)
@@ -116,6 +117,10 @@ class Bus:
         self._replies: dict[str, Pending] = {}
         # a subject -> the process a call to it last went silent on (its keepalives' tag), and when: ``why``
         self.went_silent: dict[str, tuple[str, float]] = {}
+        # the processes (or, never heard from, components) told the operator of, and when: said again after SAY_AGAIN_S
+        self._said_silent: dict[str, float] = {}
+        # set by the process's stop (a signal): its peers stop too, and their silence then is no news to say
+        self.stopping = False
         self._reply_prefix: str | None = None
         self._reply_seq = itertools.count()
         self.caller = caller_of(None, None)  # who this connection calls as (``subjects.caller_of``)
@@ -352,12 +357,14 @@ class Bus:
 
     def _went_silent(self, subject: str, by: str) -> None:
         """A core call's responder stopped answering: kept for ``why`` to name, and told the operator in one line,
-        once per process (a frozen one fails every call it had)."""
-        new = not any(p == by for p, _ in self.went_silent.values()) if by else True
+        once per process (a frozen one fails every call it had; one never heard from, once per component), and not
+        while this process stops (Ctrl-C stops its peers too: one line says so)."""
         if by:
             self.went_silent[subject] = (by, time.monotonic())
-        if new:
-            _, what, component = classify(self.subjects, subject)
+        _, what, component = classify(self.subjects, subject)
+        key, now = by or component, time.monotonic()
+        if now - self._said_silent.get(key, -SAY_AGAIN_S) >= SAY_AGAIN_S and not self.stopping:
+            self._said_silent[key] = now
             log.warning(
                 "worker.silent",
                 component=component,
