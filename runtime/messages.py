@@ -287,6 +287,26 @@ class RolloutTask(_Msg, tag="task.v1"):
     # Published after its batch was cancelled (admission held it back until then): its worker writes the
     # ``cancelled`` row without running it, however late the cancel message reaches that worker
     cancelled: bool = False
+    # A branch (``Client.branch``): this rollout goes on from another rollout's checkpoint at a turn, its session
+    # restored from the snapshot kept there, sampling its own turns from it (its row names the parent and turn)
+    branch: BranchPoint | None = None
+    # Keep this rollout's checkpoint, a part per turn, for this many seconds from each write (not deleted with its
+    # row): a later ``Client.branch`` may branch it at any of its turns. 0: deleted with the row.
+    keep_checkpoints_s: float = 0.0
+
+
+class BranchPoint(Struct, kw_only=True, omit_defaults=True):
+    """The rollout a branch goes on from and the model turn it branches at (``RolloutTask.branch``). Its
+    checkpoint is read under the branch's own agent pool's keys: a rollout of another pool is never found."""
+
+    batch: str
+    task_index: int
+    rollout_index: int
+    turn: int
+
+    def parent(self) -> str:
+        """The parent's rollout key (``Rollout.rollout_key``), as a branch's row names it (``branch_of``)."""
+        return f"{self.batch}:{self.task_index}:{self.rollout_index}"
 
 
 class RowCheck(Struct, kw_only=True, omit_defaults=True):
@@ -349,6 +369,8 @@ class RolloutResult(_Msg, tag="result.v1"):
     time_split: TimeSplit | None = None
     partial: Response | None = None
     policy_versions: list[int] | None = None  # the policy versions of the calls in ``partial`` ([min, max])
+    # a branch's failure (``RolloutTask.branch``): its row names the parent and turn as a scored branch's does
+    branch: BranchPoint | None = None
 
 
 # ------------------------------------------------------------------ the ledger (cost, provenance)
@@ -931,6 +953,7 @@ __all__ = [
     "AttemptRecord",
     "AttemptRetried",
     "AttemptStart",
+    "BranchPoint",
     "Checkpoint",
     "CheckpointPart",
     "CloseSession",

@@ -87,6 +87,7 @@ class Pool:
     def start(self, key: str, only: str | list[str]) -> subprocess.Popen[str]:
         """One process running ``only`` (several: a node's workers in one process, lost together)."""
         roles = [x for role in ([only] if isinstance(only, str) else only) for x in ("--only", role)]
+        err = self.config.parent / f"pool-{key}.stderr"  # quoted when the worker never says ready
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -103,12 +104,12 @@ class Pool:
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err.open("w"),
             text=True,
         )
         assert p.stdout is not None
         line = p.stdout.readline()
-        assert "ready" in line, f"{only} did not start: {line!r}"
+        assert "ready" in line, f"{only} did not start: {line!r}; its stderr ends:\n{err.read_text()[-2000:]}"
         self.procs[key] = p
         return p
 

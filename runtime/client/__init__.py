@@ -38,14 +38,16 @@ from gym_runtime.data.batches import new_manifest, put_manifest
 from gym_runtime.data.inputs import publish_rows, row_tasks
 from gym_runtime.data.intake import Intake
 from gym_runtime.data.reader import BatchReader
+from gym_runtime.data.rowkeys import is_runtime_key
 from gym_runtime.data.validation import CheckedRows, check_before_publish
 from gym_runtime.errors import AuthError, ClientError, InputError, PublishTimeout, RolloutFailed, UserError
-from gym_runtime.messages import RolloutResult, RolloutTask, RowCheck
+from gym_runtime.messages import BranchPoint, RolloutResult, RolloutTask, RowCheck
 from gym_runtime.observability import logs
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.plugins import config_path
+from gym_runtime.rollout.branch import kept_s, parse_point
 from gym_runtime.service.runner import drain, make_workers, selected, start_workers
 from gym_runtime.service.supervisor import StartProcess
 from gym_runtime.transport.bus import Bus
@@ -56,6 +58,7 @@ from gym_runtime.transport.rpc import JS_PUBLISH_RETRY_S, Timings
 from gym_runtime.workers import control
 
 __all__ = ["BatchHandle", "Client"]
+
 
 log = logs.get("gym.client")
 CLUSTER_CHECK_S = 5.0  # how often a client looks for workers of another config that started after it
@@ -291,7 +294,12 @@ class Client:
             raise ClientError(str(e)) from None
 
     def _task_fields(
-        self, policy_version: int | None, max_staleness: int | None, checks: dict[str, RowCheck] | None = None
+        self,
+        policy_version: int | None,
+        max_staleness: int | None,
+        checks: dict[str, RowCheck] | None = None,
+        branch: BranchPoint | None = None,
+        keep_s: float = 0.0,
     ) -> Any:
         def fields(agent: str) -> dict[str, Any]:
             return {
@@ -299,9 +307,17 @@ class Client:
                 "max_staleness": max_staleness,
                 "fingerprint": self._fps.get(("agent", agent)),
                 "check": (checks or {}).get(agent),
+                "branch": branch,
+                "keep_checkpoints_s": keep_s,
             }
 
         return fields
+
+    def _kept_s(self, keep_checkpoints_s: float | None) -> float:
+        try:
+            return kept_s(keep_checkpoints_s, self.config.jetstream.checkpoint_ttl_s)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
 
     def _version_for(self, policy_version: int | None, max_staleness: int | None) -> int | None:
         version = self.policy_version if policy_version is None else policy_version
@@ -325,6 +341,8 @@ class Client:
         batch_size: int | None = None,
         group_staleness: str = "member",
         budget: float | str | None = None,
+        keep_checkpoints_s: float | None = None,
+        _branch: BranchPoint | None = None,
     ) -> BatchHandle:
         """Publish rows × ``repeats`` as one batch; returns its handle at once.
 
@@ -347,8 +365,12 @@ class Client:
         (each rollout in flight at the mean cost of those finished; one at a time until the first finishes)
         stays within it (``gym_runtime.admission.Budget``); once spent, the rest are never started and their
         rows are ``budget`` failure rows (``handle.budget_stopped`` counts them).
+
+        ``keep_checkpoints_s``: keep each rollout's checkpoint, a part per turn, this long from each write (not
+        deleted with its row), so ``branch`` may branch it at any turn that made tool calls.
         """
         self._raise_mismatch()
+        keep_s = self._kept_s(keep_checkpoints_s)
         gate = self._admitter.budget(budget)
         rows = list(rows)
         if repeats < 1:
@@ -380,8 +402,9 @@ class Client:
             "agent": agent,
             "routes": checked.routes,
             "repeats": repeats,
-            "task_fields": self._task_fields(version, max_staleness, checked.seed_checks),
-            "grouped": lambda a: self.config.agents[a].group_repeats,
+            "task_fields": self._task_fields(version, max_staleness, checked.seed_checks, _branch, keep_s),
+            # a branch point's continuations run each on its own (a group task writes no checkpoint to branch)
+            "grouped": lambda a: _branch is None and self.config.agents[a].group_repeats,
         }
         if batch_size is not None or gate is not None:
             handle.budget = gate
@@ -393,6 +416,52 @@ class Client:
             await publish_rows(self.bus, rows, **layout, keep=manifest.max_republish > 0)
             await put_manifest(self.bus, msgspec.structs.replace(manifest, published=True))  # collect may settle it
         return handle
+
+    async def branch(
+        self,
+        row: dict[str, Any],
+        *,
+        parent: str,
+        turn: int,
+        m: int,
+        agent: str | None = None,
+        batch: str | None = None,
+        any_tools: bool = False,
+        keep_checkpoints_s: float | None = None,
+        policy_version: int | None = None,
+        max_staleness: int | None = None,
+    ) -> BatchHandle:
+        """Branch rollout ``parent`` (``"batch:task_index:rollout_index"``, as a branch's row spells it in
+        ``branch_of``) at model turn ``turn`` into ``m`` continuations: one batch of one task, ``row`` (the parent's
+        input row; a finished parent's row does too, the runtime's keys but its prompt and ``agent_ref`` dropped),
+        its ``m`` rows one group.
+
+        Each continuation takes the parent's trajectory up to that turn (the same items and token ids), a session
+        of its own restored from the environment's snapshot kept there, and samples its own turns from it; its row
+        names ``branch_of`` and ``branch_turn``. The parent must have been submitted with ``keep_checkpoints_s``
+        (finished or still running) and be run by the same agent pool: a branch point that cannot be taken up
+        (none kept, expired, another pool's, an environment that cannot snapshot) is each row's ``invalid_task``
+        failure naming why. ``keep_checkpoints_s`` keeps the branches' own checkpoints, to branch them again.
+        """
+        try:
+            point = parse_point(parent, turn)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
+        if m < 1:
+            raise ClientError(f"m must be at least 1 (the continuations to run), got {m}")
+        kept = ("responses_create_params", "agent_ref")  # its prompt, and the agent that ran it (its route)
+        task_row = {k: v for k, v in row.items() if k in kept or not is_runtime_key(k)}
+        return await self.submit(
+            [task_row],
+            repeats=m,
+            agent=agent,
+            batch=batch,
+            any_tools=any_tools,
+            keep_checkpoints_s=keep_checkpoints_s,
+            policy_version=policy_version,
+            max_staleness=max_staleness,
+            _branch=point,
+        )
 
     @contextlib.contextmanager
     def _acked(self, call: str, what: str) -> Iterator[None]:

@@ -71,6 +71,9 @@ class SyncClient:
         rows = list(rows)
         return SyncBatch(self._portal, self._portal.call(partial(self.client.submit, rows, **kwargs)))
 
+    def branch(self, row: dict[str, Any], **kwargs: Any) -> SyncBatch:
+        return SyncBatch(self._portal, self._portal.call(partial(self.client.branch, row, **kwargs)))
+
     def run(self, row: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._portal.call(partial(self.client.run, row, **kwargs))
 

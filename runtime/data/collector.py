@@ -71,6 +71,8 @@ def failure_row(res: RolloutResult) -> dict[str, Any]:
         row["policy_versions"] = res.policy_versions
     if res.cost is not None:  # what the attempt used before it failed
         row["cost"] = msgspec.to_builtins(res.cost)
+    if res.branch is not None:  # a branch's: its parent and turn, as its scored row would say
+        row["branch_of"], row["branch_turn"] = res.branch.parent(), res.branch.turn
     return row
 
 

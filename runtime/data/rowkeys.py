@@ -40,6 +40,8 @@ RUNTIME_KEYS = frozenset(
         "time_split",  # where a failed attempt's time went (what a timeout's attribution reads)
         "resumed_from_turn",  # an attempt that took up its rollout's checkpoint: at which turn, and how
         "resumed_how",
+        "branch_of",  # a branch (``Client.branch``): its parent rollout's key and the turn it branched at
+        "branch_turn",
     }
 )
 # A failure row's keys that NeMo Gym's own verifiers also answer on scored rows, so no merge site may refuse them: the
@@ -60,6 +62,7 @@ class TrainFields(msgspec.Struct, kw_only=True):
     train_reward: float | None = None  # the environment reward handed over (None: kept out of the group's figures)
     train_advantage: float | None = None  # read back from the trainer where it computes it (None: it does not say)
     train_total_reward: float | None = None
+    train_task: str | None = None  # the task's sampler key (``data.sampling.task_key`` of its dataset row)
 
 
 TRAIN_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(TrainFields))

@@ -33,6 +33,7 @@ list for the edit to be kept.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from typing import Any, Literal
 
@@ -75,6 +76,7 @@ _APART = Response(id="", created_at=0.0)  # a head's response: the part holds it
 KV_OPERATION, DELETE = "KV-Operation", "DEL"  # a KV key's delete marker, as nats-py's KV writes it (its get: None)
 _GONE = (DELETE, "PURGE")
 _DELETE = {KV_OPERATION: DELETE}
+TTL_HEADER = "Nats-TTL"  # a message's own age limit (the bucket allows them: ``checkpoints_kv``)
 _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError)
 
 
@@ -118,7 +120,7 @@ async def checkpoints_kv(bus: Bus, ttl_s: float) -> KeyValue:
     """The checkpoints bucket, made on first use with its TTL and direct gets (a secured server's: by
     ``provision``): an agent worker makes sure of it once, as it starts; its rollouts then write their keys as
     stored publishes, and read them back by direct gets."""
-    return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s, direct=True)
+    return await bus.kv(bus.subjects.checkpoints_bucket, ttl_s=ttl_s, direct=True, msg_ttl=True)
 
 
 _Asked = tuple[list[Item], int, "Item | None", list[str], int]
@@ -161,10 +163,14 @@ class Checkpointer:
         "extent",
         "_whole",
         "_response",
+        "_headers",
     )
 
-    def __init__(self, bus: Bus, key: str, mode: Mode) -> None:
+    def __init__(self, bus: Bus, key: str, mode: Mode, keep_s: float = 0.0) -> None:
         self._bus = bus
+        # kept for branching (``RolloutTask.keep_checkpoints_s``): each part lives ``keep_s`` from its write (the
+        # server's per-message TTL), and the row does not delete it
+        self._headers = {TTL_HEADER: f"{max(1, math.ceil(keep_s))}s"} if keep_s > 0 else {}
         self.key = key
         self.mode = mode
         self._stream = kv_stream(bus.subjects.checkpoints_bucket)
@@ -249,7 +255,7 @@ class Checkpointer:
         )
         self.extent = max(self.extent, part)
         try:
-            await self._bus.store(self._subject(part), body, {})
+            await self._bus.store(self._subject(part), body, self._headers)
         except Exception as e:  # noqa: BLE001 - a checkpoint not stored costs a resume, never the rollout
             self._ok, self._chain = False, None  # the next write starts a new chain: part 1, whole
             self._bus.warn_limited("checkpoint.not_stored", f"{type(e).__name__}: {e}", subject=self.key)
@@ -272,6 +278,15 @@ class Checkpointer:
             return None
         return stored.data
 
+    async def at_turn(self, turn: int) -> Checkpoint | None:
+        """The checkpoint stored at model turn ``turn`` with its calls answered, where its parts are still kept
+        (a branch point: ``rollout.branch``); None: none such (never kept, expired, or a turn without calls)."""
+        try:
+            return await self._read(turn)
+        except Exception as e:  # noqa: BLE001 - no such checkpoint: said as the branch's own error
+            log.warning("checkpoint.unreadable", key=self.key, error=str(e))
+            return None
+
     async def read(self) -> Checkpoint | None:
         """The checkpoint stored under the key (None: none, or one that cannot be read: the rollout starts over):
         once per redelivered attempt, its parts in order by last-by-subject direct gets of their keys, the one read
@@ -284,7 +299,7 @@ class Checkpointer:
             log.warning("checkpoint.unreadable", key=self.key, error=str(e))
             return None
 
-    async def _read(self) -> Checkpoint | None:
+    async def _read(self, turn: int | None = None) -> Checkpoint | None:
         items: list[Item] = []
         turns: list[str] = []
         heads: list[tuple[CheckpointPart, int, int]] = []  # each good part, and the items and turns up to its end
@@ -302,7 +317,7 @@ class Checkpointer:
             heads.append((p, len(items), len(turns)))
             last = p
         if part == 0:
-            return self._read_whole(await self._get(0))
+            return None if turn is not None else self._read_whole(await self._get(0))
         self.written = True  # parts to delete with the row
         for p, n, t in reversed(heads):  # the last good part whose head reads (each names its turn)
             try:
@@ -311,6 +326,10 @@ class Checkpointer:
             except _UNREADABLE as e:
                 log.warning("checkpoint.unreadable", key=self.key, error=str(e))
                 continue
+            if turn is not None:  # that turn's, its calls answered (a branch samples its next generation anew)
+                if cp.turn != turn or cp.phase != "answered":
+                    continue
+                cp.generating = None
             if cp.last_from <= n:
                 cp.response.output, cp.turns = items[:n], turns[:t]
                 return cp

@@ -14,7 +14,8 @@ import hashlib
 
 import msgspec
 
-from gym_runtime.messages import FunctionCall, Response, Usage
+from gym_runtime.errors import Failure
+from gym_runtime.messages import Checkpoint, FunctionCall, Response, Usage
 from gym_runtime.rollout.ledger import TrajectoryState
 from gym_runtime.rollout.session import SessionLink
 from gym_runtime.rollout.state import Rollout
@@ -54,11 +55,46 @@ def tool_call_id(turn: int, index: int, call: FunctionCall) -> str:
 async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) -> Response | None:
     """Take up a redelivered attempt's checkpoint (``rollout.resumed``), if any: the agent's own sandboxes
     reattached (each handed to the create that asks for it again), its session reattached or restored (else the
-    rollout starts over, in fresh sandboxes) and its trajectory, turn and ledger. Returns the last generation when
+    rollout starts over, in fresh sandboxes) and its trajectory, turn and ledger; a branch's (``rollout.branching``)
+    is another rollout's checkpoint, its session restored in a fresh one (``_branch``). Returns the last generation when
     its tool calls are still to run (each answered once: ``call_id``), else None."""
     cp = rollout.resumed
     if cp is None:
         return None
+    if rollout.branching:
+        await _branch(link, cp)
+        how = "branched"
+    else:
+        took = await _resume(rollout, link, cp)
+        if took is None:
+            return None
+        how = took
+    rollout.resume_from(cp, how)
+    if cp.offered_tools and traj.offered is not None:  # the generation's tools were the trajectory's own
+        cp.response.tools = traj.offered
+    traj.outputs = list(cp.response.output)
+    traj.usage = cp.response.usage or Usage()
+    traj.steps = cp.turn
+    traj.last = msgspec.structs.replace(cp.response, status=cp.last_status)
+    if cp.phase != "generated":
+        return None
+    traj.last_from, traj.checkpointed = cp.last_from, True  # its calls replayed under their ids
+    return msgspec.structs.replace(traj.last, output=traj.outputs[cp.last_from :])
+
+
+async def _branch(link: SessionLink, cp: Checkpoint) -> None:
+    """A branch's session: a fresh one of its own, restored from the snapshot at its branch point
+    (``branch.branch_point`` made sure there is one); one that cannot be restored fails the branch."""
+    handle = next((h for h in cp.sessions if h.resource == link.resource), None)
+    if handle is None:
+        return
+    reply = await link.restore(handle)
+    if not reply.ok:
+        raise Failure("invalid_task", f"branch: {link.resource} could not restore its snapshot: {reply.reason}")
+
+
+async def _resume(rollout: Rollout, link: SessionLink, cp: Checkpoint) -> str | None:
+    """How a redelivered attempt took up its own checkpoint (None: it restarted)."""
     handle = next((h for h in cp.sessions if h.resource == link.resource), None)
     if handle is not None and handle.held is not None and cp.phase == "generated":
         # its calls may have run in the session's containers after the snapshot: a restore takes up only
@@ -79,14 +115,4 @@ async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) ->
         await rollout.sandboxes.drop_reattached()
         rollout.restarted()
         return None
-    rollout.resume_from(cp, how)
-    if cp.offered_tools and traj.offered is not None:  # the generation's tools were the trajectory's own
-        cp.response.tools = traj.offered
-    traj.outputs = list(cp.response.output)
-    traj.usage = cp.response.usage or Usage()
-    traj.steps = cp.turn
-    traj.last = msgspec.structs.replace(cp.response, status=cp.last_status)
-    if cp.phase != "generated":
-        return None
-    traj.last_from, traj.checkpointed = cp.last_from, True  # its calls replayed under their ids
-    return msgspec.structs.replace(traj.last, output=traj.outputs[cp.last_from :])
+    return how

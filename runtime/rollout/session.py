@@ -164,18 +164,25 @@ class SessionLink:
         except (NoResponders, Failure):  # its worker is gone, or no longer holds it
             pass
         self.seed = None
-        if handle.snapshot is not None:
-            ask = RestoreSession(session="", snapshot=handle.snapshot, held=handle.held)
-            try:
-                restored: ResumeReply = await self.op(ask, "resume", timeout=RESTORE_S, op="restore")
-            except Failure as e:  # e.g. a worker of an older version, which knows no such message
-                restored = ResumeReply(ok=False, reason=e.info.message)
-            if restored.ok:
-                self.snapshot, self.held = handle.snapshot, handle.held
-                return "restored"
-            await self.close()  # it could not be set back: a fresh one below
-            self.closed, self.seed = False, None
+        if handle.snapshot is not None and (await self.restore(handle)).ok:
+            return "restored"
         return "restarted"
+
+    async def restore(self, handle: SessionHandle) -> ResumeReply:
+        """A fresh session of this rollout's (seeded with its row, bound to its key) set back to the snapshot
+        ``handle`` names (a resume whose worker lost the session; a branch: ``rollout.branch``). Not ok: the
+        session it opened is closed, and the next operation seeds a fresh one."""
+        ask = RestoreSession(session="", snapshot=handle.snapshot or b"", held=handle.held)
+        try:
+            restored: ResumeReply = await self.op(ask, "resume", timeout=RESTORE_S, op="restore")
+        except Failure as e:  # e.g. a worker of an older version, which knows no such message
+            restored = ResumeReply(ok=False, reason=e.info.message)
+        if restored.ok:
+            self.snapshot, self.held = handle.snapshot, handle.held
+            return restored
+        await self.close()  # it could not be set back
+        self.closed, self.seed = False, None
+        return restored
 
     async def abandon(self, handle: SessionHandle) -> None:
         """Close the session a checkpoint names without taking it up (its rollout starts over): its worker

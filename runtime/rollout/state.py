@@ -93,6 +93,8 @@ class Rollout(Generic[C]):
         self.resumed: Checkpoint | None = None
         self.resumed_how: str | None = None
         self.resumed_from_turn = 0
+        # ``resumed`` is another rollout's checkpoint (``rollout.branch``): its sessions are restored, never reattached
+        self.branching = False
         self.on_restart: Callable[[], None] | None = None  # the worker's: a restarted attempt gets a fresh clock
         self.attempt = 1  # the delivery this attempt is (set by the worker)
 

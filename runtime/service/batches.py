@@ -23,7 +23,7 @@ from gym_runtime.data.collector import Collector, CollectStats
 from gym_runtime.data.inputs import Gate, Plan, Watermark, publish_tasks, validate
 from gym_runtime.data.sidecars import write_batch_sidecars
 from gym_runtime.errors import ConfigError, UserError
-from gym_runtime.messages import RolloutTask
+from gym_runtime.messages import BranchPoint, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.discovery import discover
@@ -141,12 +141,16 @@ async def publish_batch(
     on_sent: Callable[[], None] | None = None,
     check_workers: bool = True,
     gate: Gate | None = None,
+    keep_checkpoints_s: float = 0.0,
+    branch: BranchPoint | None = None,
 ) -> Manifest:
     """Validate every row (unless ``plan`` says it was done), check the live workers serve this config
     (``check_workers``), record the manifest, publish rows × repeats.
 
     ``gate``: a budget's admission (``inputs.Gate``); tasks it holds back are not published, and the batch
-    records the first of them (``held_from``): a run of it again goes on from there."""
+    records the first of them (``held_from``): a run of it again goes on from there. ``keep_checkpoints_s`` and
+    ``branch``: each task's (``RolloutTask``): kept for branching, or a branch of another rollout (its repeats run
+    each on its own)."""
     agents = list(config.agents)
     if not agents:
         raise UserError("the config names no agents")
@@ -178,7 +182,14 @@ async def publish_batch(
         agents=manifest.agents,
         skip=manifest.stored,
     )
-    fps: dict[str, dict[str, Any]] = {a: {"fingerprint": config.fingerprints[("agent", a)]} for a in agents}
+    fps: dict[str, dict[str, Any]] = {
+        a: {
+            "fingerprint": config.fingerprints[("agent", a)],
+            "keep_checkpoints_s": keep_checkpoints_s,
+            "branch": branch,
+        }
+        for a in agents
+    }
     for a, check in plan.seed_checks.items():  # rows this process could not check: their workers will
         fps[a]["check"] = check
     recorded = _HeldFrom(gate, manifest.repeats) if gate is not None else None
@@ -192,7 +203,7 @@ async def publish_batch(
         limit=limit,
         on_sent=on_sent,
         task_fields=fps.__getitem__,
-        grouped=lambda a: config.agents[a].group_repeats,
+        grouped=lambda a: branch is None and config.agents[a].group_repeats,
         keep=manifest.max_republish > 0,  # the bodies a reader publishes again (data.republish)
         gate=recorded,
     )

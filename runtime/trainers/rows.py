@@ -24,6 +24,7 @@ __all__ = [
     "ROW_KEY",
     "RowIndex",
     "TokenSequence",
+    "branched",
     "check_agent",
     "check_live",
     "components",
@@ -83,6 +84,27 @@ def sequence(row: dict[str, Any]) -> TokenSequence:
             "model entry (the transformers adapter has it on)"
         )
     return TokenSequence(prompt, completion, mask, lps, versions)
+
+
+def branched(row: dict[str, Any], turn: int) -> TokenSequence:
+    """A row's sequence split at model turn ``turn`` (a branch point, ``Client.branch``): its prompt is everything up
+    to the next generation's (the task's prompt, turns 1 to ``turn``, their tool outputs: the prefix a branch point's
+    rows share), its completion the rest; ``ClientError`` when the row has no generation after that turn."""
+    seq = sequence(row)
+    gens = [i for i in (row.get("response") or {}).get("output", []) if "generation_token_ids" in i]
+    if len(gens) <= turn:
+        raise ClientError(
+            f"row of task {row.get('_ng_task_index')}: {len(gens)} model turns, none after the branch point {turn}"
+        )
+    cut = len(gens[turn]["prompt_token_ids"]) - len(seq.prompt_ids)
+    done = sum(1 for g in gens[:turn] if g.get("policy_version") is not None)
+    return TokenSequence(
+        seq.prompt_ids + seq.completion_ids[:cut],
+        seq.completion_ids[cut:],
+        seq.env_mask[cut:],
+        seq.logprobs[cut:],
+        seq.policy_versions[done:],
+    )
 
 
 def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:

@@ -7,8 +7,9 @@ Each line is the rollout's row as ``collect`` writes it (a failure row as the si
 or the policy version, that consumed it), ``train_group`` (the group's number in this run: its members share it),
 ``train_reward`` (the environment reward the adapter handed over: None for a member kept out of the group's
 statistics), ``train_advantage`` and ``train_total_reward`` (read back from the trainer where it computes them
-after the rollouts return; None where it does not say). A line is flushed when written: a reader sees whole
-lines only (a torn last line is its to skip).
+after the rollouts return; None where it does not say), ``train_task`` (the task's key, the one the task sampler
+keeps its statistics under: ``view``'s task pages follow a task across steps by it). A line is flushed when
+written: a reader sees whole lines only (a torn last line is its to skip).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class TrainRowsWriter:
         reward: float | None,
         advantage: float | None = None,
         total: float | None = None,
+        task: str | None = None,
     ) -> None:
         train = TrainFields(
             train_step=step,
@@ -69,6 +71,7 @@ class TrainRowsWriter:
             train_reward=_number(reward),
             train_advantage=_number(advantage),
             train_total_reward=_number(total),
+            train_task=task,
         )
         line = _enc.encode({**row, **msgspec.structs.asdict(train)}) + b"\n"
         with self._lock:
@@ -120,20 +123,28 @@ class TRLTrainRows:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.writer = TrainRowsWriter(path)
-        self._held: list[tuple[dict[str, Any], int | None, int, float | None]] = []
+        self._held: list[tuple[dict[str, Any], int | None, int, float | None, str | None]] = []
         self._trainer: Any = None
         self._hooked = False
 
-    def hold(self, groups: Sequence[Sequence[dict[str, Any]]], rewards: Sequence[Any], trainer: Any) -> None:
-        """One call's rows, group by group in TRL's order, with the reward handed over for each."""
+    def hold(
+        self,
+        groups: Sequence[Sequence[dict[str, Any]]],
+        rewards: Sequence[Any],
+        trainer: Any,
+        tasks: Sequence[str | None] | None = None,
+    ) -> None:
+        """One call's rows, group by group in TRL's order, with the reward handed over for each (``tasks``: each
+        group's task key)."""
         self.flush()
         step = getattr(getattr(trainer, "state", None), "global_step", None)
         self._trainer = trainer
         k = 0
-        for members in groups:
+        for n, members in enumerate(groups):
             g = self.writer.group()
+            task = tasks[n] if tasks is not None else None
             for row in members:
-                self._held.append((row, step if isinstance(step, int) else None, g, _number(rewards[k])))
+                self._held.append((row, step if isinstance(step, int) else None, g, _number(rewards[k]), task))
                 k += 1
         if not self._hooked and trainer is not None and hasattr(trainer, "add_callback"):
             self._hooked = True
@@ -146,9 +157,9 @@ class TRLTrainRows:
         if not held:
             return
         back = advantages_from_logs(self._trainer, len(held)) if self._trainer is not None else None
-        for i, (row, step, group, reward) in enumerate(held):
+        for i, (row, step, group, reward, task) in enumerate(held):
             adv, total = (back[0][i], back[1][i]) if back is not None else (None, None)
-            self.writer.write(row, step=step, group=group, reward=reward, advantage=adv, total=total)
+            self.writer.write(row, step=step, group=group, reward=reward, advantage=adv, total=total, task=task)
         self.writer.flush()
 
     def close(self) -> None:

@@ -41,18 +41,31 @@ from typing import Any
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncBatch, SyncClient
 from gym_runtime.data.rowkeys import is_runtime_key
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.trainers.arguments import checked, count, failure_policy
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
-from gym_runtime.trainers.rows import RowIndex, check_agent, check_live, components, masked, runs, sequence
+from gym_runtime.trainers.rows import (
+    RowIndex,
+    TokenSequence,
+    branched,
+    check_agent,
+    check_live,
+    components,
+    masked,
+    runs,
+    sequence,
+)
 from gym_runtime.trainers.train_rows import TRLTrainRows
+from gym_runtime.trainers.waiting import StepWait, WaitPolicy, wait_policy, watched
 
-__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "env_reward", "excluding"]
+__all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "WaitPolicy", "env_reward", "excluding"]
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
+BRANCH_KEEP_S = 600.0  # ``branch_at``: how long a group's parent is kept for its branches (and their retries)
 _TRL_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
@@ -84,6 +97,7 @@ class _Group:
 
     row: int
     size: int
+    parent: str = ""  # ``branch_at``: the rollout its members branch from (``batch:task:rollout``)
     rows: list[dict[str, Any]] = field(default_factory=list)
     kinds: list[Kind] = field(default_factory=list)
 
@@ -100,7 +114,11 @@ class TRLRollouts:
     ``live``: the name of the ``transformers`` adapter entry's ``live`` model to register ``trainer.model`` under
     (None: the policy is served elsewhere); ``failures``: the failure policy; ``max_staleness``: passed to ``submit``;
     ``rows_path``: a file the rows handed to TRL are appended to, with their step, group, reward and TRL's advantage
-    (``train_rows``).
+    (``train_rows``); ``branch_at``: each group a tree (``_run_branched``): one rollout of its row, then the rest of
+    the group branched from it at that model turn, so every member shares the prefix and TRL's advantages are
+    computed among the continuations (the prefix is each member's prompt); ``waits``: how long a call waits for its
+    rollouts (``trainers.waiting.WaitPolicy``: a line naming what the slowest wait on after ``say_after_s``, the call
+    failed with it at ``bound_s``).
     """
 
     @checked
@@ -115,8 +133,13 @@ class TRLRollouts:
         max_staleness: int | None = None,
         rows_path: str | None = None,
         sampler: TaskSampler | None = None,
+        branch_at: int | None = None,
+        waits: WaitPolicy | None = None,
     ) -> None:
         self.failures = failure_policy(failures)
+        self.branch_at = None if branch_at is None else count("branch_at", branch_at, 1)
+        self.waits = wait_policy(waits)
+        self._watch = StepWait(self.waits)  # the call's wait for its rollouts: every round's, retries' and refills'
         self.max_staleness = None if max_staleness is None else count("max_staleness", max_staleness, 0)
         config = client.client.config
         check_agent(list(config.agents), agent)
@@ -168,6 +191,7 @@ class TRLRollouts:
         found = [self.index.find(p) for p in prompts]  # every prompt's row, before anything is submitted
         self._sync(trainer)
         self.counts = Tally()
+        self._watch = StepWait(self.waits)
         groups = [_Group(row, size) for row, size in runs(found)]
         self._run(groups)
         if self.failures.refill:
@@ -184,7 +208,8 @@ class TRLRollouts:
         self.counts.check(self.failures, "rollout_func")
         out = self._output(groups, trainer)
         if self.train_rows is not None:  # each member's row as handed over (a failure row for a failed one)
-            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer)
+            tasks = [task_key(self.index.rows[g.row]) for g in groups]  # the sampler's keys: view follows tasks by them
+            self.train_rows.hold([g.rows for g in groups], out["gym_reward"], trainer, tasks)
         return out
 
     def _sync(self, trainer: Any) -> None:
@@ -223,10 +248,23 @@ class TRLRollouts:
         return batches
 
     def _gather(self, submitted: list[tuple[SyncBatch, list[int]]], sizes: list[int]) -> dict[int, list[Any]]:
-        """Each group's rows of one round (``aabb`` order within a batch)."""
+        """Each group's rows of one round (``aabb`` order within a batch), the wait said and bounded (``waits``)."""
+        handles = [batch.handle for batch, _ in submitted]
+
+        async def every() -> list[list[dict[str, Any]]]:
+            return [await h.gather() for h in handles]
+
+        async def cancel() -> None:
+            for h in handles:
+                await h.cancel()
+
+        bus = self.client.client.bus
+        wait = functools.partial(
+            watched, every, bus=bus, watch=self._watch, batches=lambda: {h.batch for h in handles}, cancel=cancel
+        )
+        gathered = self._guard(lambda: self.client.spawn(wait).result())
         out: dict[int, list[Any]] = {}
-        for batch, members in submitted:
-            rows = self._guard(batch.gather)
+        for (_, members), rows in zip(submitted, gathered, strict=True):
             n = sizes[members[0]]
             for k, i in enumerate(members):
                 out[i] = rows[k * n : (k + 1) * n]
@@ -235,6 +273,9 @@ class TRLRollouts:
     def _run(self, groups: list[_Group]) -> None:
         """Each group's rollouts, then its excluded members again (new tasks), up to ``retries`` rounds, all
         groups at once."""
+        if self.branch_at is not None:
+            self._run_branched(groups)
+            return
         sizes = [g.size for g in groups]
         got = self._gather(self._submit(groups, sizes), sizes)
         for i, g in enumerate(groups):
@@ -250,6 +291,63 @@ class TRLRollouts:
                 for slot, row in zip(groups[i].excluded, rows, strict=True):
                     groups[i].rows[slot] = row
                     groups[i].kinds[slot] = self._saw(row)
+
+    def _run_branched(self, groups: list[_Group]) -> None:
+        """``branch_at``: one rollout of each group's row, its checkpoints kept (``BRANCH_KEEP_S``), then ``size - 1``
+        branches of it at turn ``branch_at`` (``Client.branch``): the parent and its branches are the group, one
+        prefix and ``size`` continuations of it. An excluded member is branched again from the same parent, up to
+        ``retries`` rounds (a parent that never reached the turn with a tool call leaves its branches excluded)."""
+        rows = [self.index.rows[g.row] for g in groups]
+        keep = min(BRANCH_KEEP_S, self.client.client.config.jetstream.checkpoint_ttl_s or BRANCH_KEEP_S)
+        batch = self._guard(
+            lambda: self.client.submit(
+                rows, agent=self.agent, max_staleness=self.max_staleness, keep_checkpoints_s=keep
+            )
+        )
+        for i, (g, p) in enumerate(zip(groups, self._guard(batch.gather), strict=True)):
+            g.parent, g.rows, g.kinds = f"{batch.batch}:{i}:0", [p], [self._saw(p)]
+        self._branches(groups, [g.size - 1 for g in groups])
+        for _ in range(self.failures.retries):
+            sizes = [len(g.excluded) for g in groups]
+            if not any(sizes):
+                return
+            self.counts.retried += sum(sizes)
+            self._branches(groups, sizes, again=True)
+
+    def _branches(self, groups: list[_Group], sizes: list[int], *, again: bool = False) -> None:
+        """``sizes[i]`` branches of each group's parent, added to the group (``again``: in its excluded slots)."""
+        submitted = [
+            (g, self._guard(lambda g=g, n=n: self.client.branch(self.index.rows[g.row], **self._point(g), m=n)))
+            for g, n in zip(groups, sizes, strict=True)
+            if n
+        ]
+        for g, batch in submitted:
+            got = self._guard(batch.gather)
+            slots = g.excluded if again else list(range(len(g.rows), len(g.rows) + len(got)))
+            for slot, row in zip(slots, got, strict=True):
+                if slot == len(g.rows):
+                    g.rows.append(row)
+                    g.kinds.append(self._saw(row))
+                else:
+                    g.rows[slot], g.kinds[slot] = row, self._saw(row)
+
+    def _point(self, g: _Group) -> dict[str, Any]:
+        return {
+            "parent": g.parent,
+            "turn": self.branch_at,
+            "agent": self.agent,
+            "max_staleness": self.max_staleness,
+        }
+
+    def _sequence(self, row: dict[str, Any]) -> TokenSequence | None:
+        """What TRL trains on of a row: its sequence (``branch_at``: past the branch point; None: a row with no
+        turn after it, masked as an excluded one is)."""
+        if self.branch_at is None:
+            return sequence(row)
+        try:
+            return branched(row, self.branch_at)
+        except ClientError:
+            return None
 
     def _saw(self, row: dict[str, Any]) -> Kind:
         k = self.counts.saw(row)
@@ -299,10 +397,13 @@ class TRLRollouts:
         parts: list[dict[str, float]] = []
         excluded: list[bool] = []
         for g in groups:
-            own = next((sequence(r) for r, k in zip(g.rows, g.kinds, strict=True) if has_tokens(r)), None)
-            for r, k in zip(g.rows, g.kinds, strict=True):
+            seqs = [self._sequence(r) if k != "excluded" and has_tokens(r) else None for r, k in zip(g.rows, g.kinds)]
+            own = next((s for s in seqs if s is not None), None)
+            if self.branch_at is not None and len({tuple(s.prompt_ids) for s in seqs if s is not None}) > 1:
+                raise ClientError(f"rollout_func: the branches of dataset row {g.row} do not share their prefix")
+            for r, k, s in zip(g.rows, g.kinds, seqs, strict=True):
                 tok = getattr(trainer, "processing_class", None)
-                seq = sequence(r) if k != "excluded" and has_tokens(r) else masked(own, self.index.rows[g.row], tok)
+                seq = s if s is not None else masked(own, self.index.rows[g.row], tok)
                 out["prompt_ids"].append(seq.prompt_ids)
                 out["completion_ids"].append(seq.completion_ids)
                 out["logprobs"].append(seq.logprobs)

@@ -39,6 +39,7 @@ import anyio.abc
 from gym_runtime.client import BatchHandle
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncClient
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
@@ -48,6 +49,7 @@ from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.step_fill import StepFill
 from gym_runtime.trainers.train_rows import TrainRowsWriter
+from gym_runtime.trainers.waiting import StepWait, WaitPolicy, explain, log_line, wait_policy
 
 __all__ = ["AsyncCounts", "GymRolloutWorker", "GymWeightTransfer"]
 
@@ -82,7 +84,9 @@ def _starting_trainer(worker: Any) -> Any:
 
 class GymRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over a ``SyncClient``: ``rollout_buffer`` and ``metrics_queue`` are
-    ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``)."""
+    ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``); ``waits``
+    (``trainers.waiting.WaitPolicy``): the trainer's wait for samples, counted from the last one handed over, said
+    in one line after ``say_after_s`` and failed with it at ``bound_s`` (TRL's ``check_health`` raises it)."""
 
     @checked
     def __init__(
@@ -100,6 +104,7 @@ class GymRolloutWorker:
         rows_path: str | None = None,
         token_budget: int | None = None,
         sampler: TaskSampler | None = None,
+        waits: WaitPolicy | None = None,
     ) -> None:
         for name, value, least in (
             ("num_generations", num_generations, 1),
@@ -131,6 +136,8 @@ class GymRolloutWorker:
         # ``token_budget``: the trainer's (AsyncGRPOConfig), to say when TRL would drop a sample as too long
         self.fill = StepFill(batch_size=batch_size, max_staleness=max_staleness, token_budget=token_budget)
         self.last_sample_at = time.monotonic()
+        # the trainer's wait for samples (since the last handed over): said and bounded, checked by check_health
+        self.watch = StepWait(wait_policy(waits))
         self._running: dict[str, tuple[BatchHandle, int]] = {}  # batch -> (its handle, the version it was submitted at)
         self._stop = threading.Event()
         self._future: Future[Any] | None = None
@@ -148,6 +155,7 @@ class GymRolloutWorker:
     def start(self) -> None:
         self._check_trainer(_starting_trainer(self))
         self.last_sample_at = time.monotonic()
+        self.watch.restart()
         self._future = self.client.spawn(self._produce)
 
     def _check_trainer(self, trainer: Any) -> None:
@@ -180,8 +188,24 @@ class GymRolloutWorker:
         future = self._future
         if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
             raise RuntimeError(f"the gym-runtime rollout worker stopped: {future.exception()}")
-        if time.monotonic() - self.last_sample_at > stale_after_s:
-            raise RuntimeError(f"the gym-runtime rollout worker produced nothing for {stale_after_s:g} s")
+        due = self.watch.due()
+        stale = time.monotonic() - self.last_sample_at > stale_after_s
+        if due is None and not stale:
+            return
+        said = self._explain()  # what the slowest rollouts wait on (about a second: ``why``'s discovery)
+        if due == "fail":
+            said = self.watch.failing(said)
+            log_line(said)
+            raise ClientError(said)
+        if stale:  # TRL's own bound (heartbeat_stale_after_s) came first: it says why too
+            raise RuntimeError(f"the gym-runtime rollout worker produced nothing for {stale_after_s:g} s: {said}")
+        log_line(said)
+        self.watch.said()
+
+    def _explain(self) -> str:
+        batches = {handle.batch for handle, _ in list(self._running.values())} or None  # None: retries alone run
+        bus = self.client.client.bus
+        return self.client.spawn(explain, bus, batches, self.watch.waited()).result()
 
     # ------------------------------------------------------------------------------------------ the producer
 
@@ -236,7 +260,7 @@ class GymRolloutWorker:
         if made is not None and self.model_version - made > self.max_staleness:
             self.counts.stale_groups += 1
             return
-        samples = self._samples(rows, kinds, made if made is not None else self.model_version)
+        samples = self._samples(rows, kinds, made if made is not None else self.model_version, row)
         if not samples:
             self.counts.failed_groups += 1
             log.info("trainer.group_left_out", row=row, errors=[r.get("error_class") for r in rows])
@@ -246,6 +270,7 @@ class GymRolloutWorker:
             self.rollout_buffer.put_nowait(s)
         self.counts.groups += 1
         self.last_sample_at = time.monotonic()
+        self.watch.restart()
 
     async def _retried(self, row: int, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Kind]]:
         """The group's rows with its environment and infrastructure failures run again (new tasks, ``retries``
@@ -284,7 +309,7 @@ class GymRolloutWorker:
                 log.info("trainer.group_cancelled", batch=handle.batch, submitted_at=submitted_at)
                 await handle.cancel()
 
-    def _samples(self, rows: list[dict[str, Any]], kinds: list[Kind], version: int) -> list[Any]:
+    def _samples(self, rows: list[dict[str, Any]], kinds: list[Kind], version: int, task: int) -> list[Any]:
         """The group's samples: each scored member and each policy failure with tokens, its advantage over the
         members not excluded (``failures.advantages``: no overflow, no NaN); the excluded are in no statistic."""
         import numpy as np
@@ -295,11 +320,12 @@ class GymRolloutWorker:
         self._group_id += 1
         out = []
         g = self.train_rows.group() if self.train_rows is not None else 0
+        key = task_key(self.index.rows[task])  # the sampler's key of the group's dataset row
         for row, k, reward, adv in zip(rows, kinds, rewards, advs, strict=True):
             if self.train_rows is not None:  # every member, an excluded one with reward None
                 given = adv if reward is not None else None
                 self.train_rows.write(
-                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward
+                    row, step=self.model_version, group=g, reward=reward, advantage=given, total=reward, task=key
                 )
             if reward is None or not has_tokens(row):
                 continue

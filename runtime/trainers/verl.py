@@ -35,6 +35,10 @@ excluded/mean@N``...) in both trainers and the training batch's columns; a train
 its ``AgentLoopWorkerTQ``: ``training/gym_runtime/*/total``). Each also bounds its batch: more than the loops'
 ``max_excluded`` excluded is one ``ClientError`` line (``check_bound``).
 
+A loop's wait for its rollout is said and bounded (``waits``: ``trainers.waiting.WaitPolicy``, the TRL adapters'):
+after ``say_after_s`` one line per actor names what the slowest rollouts wait on; at ``bound_s`` the loop raises
+that line as a ``ClientError``, which fails verl's step rather than leaving it waiting forever.
+
 verl's agent loop config names it::
 
     - name: gym_runtime
@@ -42,6 +46,7 @@ verl's agent loop config names it::
       gym_config: my_env/config.yaml
       nats: nats://head:4222
       failures: {policy_failure_reward: 0.0, retries: 2}
+      waits: {say_after_s: 60, bound_s: 3600}
 """
 
 from __future__ import annotations
@@ -66,11 +71,13 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from gym_runtime.client import Client
+from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
+from gym_runtime.trainers.waiting import Once, StepWait, WaitPolicy, wait_policy, watched
 
 __all__ = [
     "GymAgentLoop",
@@ -124,6 +131,8 @@ class LoopClients:
 
 # The actor process's clients: the one place agent loops of one process share their workers.
 LOOP_CLIENTS = LoopClients()
+# The actor's loops wait for one step: one line says why for them all
+SAID = Once()
 
 
 # verl's AgentLoopWorker reads the agent loop config (``gym_config``, ``nats``...) into its registry before the first
@@ -146,6 +155,7 @@ class GymAgentLoop(AgentLoopBase):
         live: str = "policy",
         failures: FailurePolicy | Mapping[str, Any] | None = None,
         rows_path: str | None = None,
+        waits: WaitPolicy | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -162,6 +172,7 @@ class GymAgentLoop(AgentLoopBase):
         self.last_row: dict[str, Any] | None = None
         self.tally = Tally()  # the last run's counts
         self.rows_path = rows_path
+        self.waits = wait_policy(dict(waits) if isinstance(waits, Mapping) else waits)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = (kwargs.get("extra_info") or {}).get("gym_row")
@@ -172,9 +183,14 @@ class GymAgentLoop(AgentLoopBase):
         LIVE_MODELS.register(self.live, self.server_manager, self.tokenizer)
         client = await LOOP_CLIENTS.get(self.gym_config, self.nats, self.workers)
         tally = Tally()
+        watch = StepWait(self.waits)  # the whole wait, retries in: said, and bounded
+
+        async def one() -> dict[str, Any]:
+            return await client.run(row, agent=self.agent)
+
         for attempt in range(self.failures.retries + 1):  # an excluded rollout runs again, each time a new task
-            try:
-                result = await client.run(row, agent=self.agent)
+            try:  # every loop's rollout is in the client's one run batch: the line reads the namespace's
+                result = await watched(one, bus=client.bus, watch=watch, batches=lambda: None, once=SAID)
             except RolloutFailed as e:
                 result = e.row
             k = tally.saw(result)
@@ -185,7 +201,7 @@ class GymAgentLoop(AgentLoopBase):
         tally.ended(result, k, f"dataset row {index}" if index is not None else None)
         counts = tally.metrics()
         self.last_row = result
-        self._record(result, kwargs, reward_of(result, self.failures))
+        self._record(result, kwargs, reward_of(result, self.failures), task_key(row))
         self.tally = tally
         reward = reward_of(result, self.failures)
         if k != "excluded" and has_tokens(result):
@@ -217,7 +233,7 @@ class GymAgentLoop(AgentLoopBase):
             },
         )
 
-    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None) -> None:
+    def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None, task: str) -> None:
         """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
         by its ``n`` rollouts), its step the policy version that made it (verl passes no step to a loop), and no
         advantage: verl computes it in the driver after every loop returned, where no loop reads it. An excluded
@@ -228,7 +244,7 @@ class GymAgentLoop(AgentLoopBase):
         uid = kwargs.get("uid")
         writer = LOOP_CLIENTS.rows(self.rows_path)
         group = str(uid) if uid is not None else writer.group()
-        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward)
+        writer.write(row, step=max(versions) if versions else None, group=group, reward=reward, task=task)
         writer.flush()
 
 

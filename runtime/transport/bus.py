@@ -642,10 +642,13 @@ class Bus:
     async def ensure_attempts_stream(self) -> None:
         await self.wire.ensure_stream("attempts")
 
-    async def kv(self, bucket: str, *, ttl_s: float = 0.0, direct: bool = False) -> KeyValue:
+    async def kv(self, bucket: str, *, ttl_s: float = 0.0, direct: bool = False, msg_ttl: bool = False) -> KeyValue:
         """The KV bucket, made on first use (``jetstream.kv_bucket``; ``ttl_s``: its keys' age limit, made with
-        it; ``direct``: its keys read by direct gets), its calls retried as a stored publish."""
-        return await self.wire.kv(bucket, within_s=self._timings.store_retry_s, ttl_s=ttl_s, direct=direct)
+        it; ``direct``: its keys read by direct gets; ``msg_ttl``: a write may set its own age, ``Nats-TTL``), its
+        calls retried as a stored publish."""
+        return await self.wire.kv(
+            bucket, within_s=self._timings.store_retry_s, ttl_s=ttl_s, direct=direct, msg_ttl=msg_ttl
+        )
 
     async def last_stored(self, stream: str, subject: str) -> Delivery | None:
         """A last-by-subject direct get (``jetstream.last_message``)."""

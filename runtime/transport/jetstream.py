@@ -747,13 +747,20 @@ class KV:
 
 
 async def kv_bucket(
-    bus: Connection, bucket: str, *, within_s: float = API_RETRY_S, ttl_s: float = 0.0, direct: bool = False
+    bus: Connection,
+    bucket: str,
+    *,
+    within_s: float = API_RETRY_S,
+    ttl_s: float = 0.0,
+    direct: bool = False,
+    msg_ttl: bool = False,
 ) -> KV:
     """The bucket, created on first use (history 1; ``ttl_s``: a key not written for that long is dropped, 0:
     never); its calls retried for ``within_s`` (``KV``). ``direct``: its keys are read by last-by-subject direct
     gets, the one read a permission can scope to a key prefix (one made without them is given them); on a
     ``--secure`` bus the admin provisions it and a pool, which may not read the bucket's info (it lists every
-    key), finds it by name."""
+    key), finds it by name. ``msg_ttl``: a write may set its own age limit (``Nats-TTL``: the checkpoints a caller
+    keeps for branching), given to one made without it as ``direct`` is."""
     replicas, _ = settings(bus)
 
     async def open_or_create() -> KV:
@@ -766,17 +773,26 @@ async def kv_bucket(
             return KV(kv, within_s)
         try:
             kv = await bus.js.key_value(bucket)
-            if direct and not (info := await bus.js.stream_info(kv_stream(bucket))).config.allow_direct:
-                info.config.allow_direct = True  # made by an earlier version, its keys read from its leader only
-                await bus.js.update_stream(info.config)
-                kv = await bus.js.key_value(bucket)
+            if direct or msg_ttl:
+                info = await bus.js.stream_info(kv_stream(bucket))
+                wanted = (direct and not info.config.allow_direct, msg_ttl and not info.config.allow_msg_ttl)
+                if any(wanted):  # made by an earlier version (its keys read from its leader only, no own ages)
+                    info.config.allow_direct = info.config.allow_direct or direct
+                    info.config.allow_msg_ttl = info.config.allow_msg_ttl or msg_ttl
+                    await bus.js.update_stream(info.config)
+                    kv = await bus.js.key_value(bucket)
             return KV(kv, within_s)
         except BucketNotFoundError:
             cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES, ttl=ttl_s or None)
             cfg.direct = direct or None
             while True:
                 try:
-                    return KV(await bus.js.create_key_value(cfg), within_s)
+                    made = KV(await bus.js.create_key_value(cfg), within_s)
+                    if msg_ttl:  # nats-py's bucket config has no such key: the stream is given it once made
+                        info = await bus.js.stream_info(kv_stream(bucket))
+                        info.config.allow_msg_ttl = True
+                        await bus.js.update_stream(info.config)
+                    return made
                 except APIError as e:
                     if isinstance(e, ServiceUnavailableError):
                         raise  # a leader election: retried

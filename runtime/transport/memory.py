@@ -518,7 +518,7 @@ class MemoryWire:
         return MemoryReader(self.broker, (stream, consumer), subject, handle)
 
     async def kv(  # no ages here; a key's direct get reads it (``request``)
-        self, bucket: str, *, within_s: float, ttl_s: float = 0.0, direct: bool = False
+        self, bucket: str, *, within_s: float, ttl_s: float = 0.0, direct: bool = False, msg_ttl: bool = False
     ) -> KeyValue:
         return MemoryKV(self.broker.kv.setdefault(bucket, {}))
 

@@ -71,10 +71,12 @@ class NatsWire:
         """An acked reader of ``subject`` in ``stream`` from the start (``readers.open_reader``)."""
         return await open_reader(self, stream, consumer, subject, handle)
 
-    async def kv(self, bucket: str, *, within_s: float, ttl_s: float = 0.0, direct: bool = False) -> KeyValue:
+    async def kv(
+        self, bucket: str, *, within_s: float, ttl_s: float = 0.0, direct: bool = False, msg_ttl: bool = False
+    ) -> KeyValue:
         """The KV bucket, made on first use (``jetstream.kv_bucket``; ``ttl_s``: its keys' age limit, 0: none;
-        ``direct``: its keys read by last-by-subject direct gets)."""
-        return await streams.kv_bucket(self, bucket, within_s=within_s, ttl_s=ttl_s, direct=direct)
+        ``direct``: its keys read by last-by-subject direct gets; ``msg_ttl``: a write may set its own age)."""
+        return await streams.kv_bucket(self, bucket, within_s=within_s, ttl_s=ttl_s, direct=direct, msg_ttl=msg_ttl)
 
     async def subject_count(self, stream: str, subjects: str) -> int:
         return await streams.subject_count(self, stream, subjects)

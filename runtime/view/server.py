@@ -26,6 +26,7 @@ from gym_runtime.data.jsonlines import TOO_DEEP
 from gym_runtime.errors import UserError
 from gym_runtime.view import runs as runs_mod
 from gym_runtime.view.access import Access
+from gym_runtime.view.branches import Branches
 from gym_runtime.view.diff import compare, task_name
 from gym_runtime.view.runs import PAGE, Query, Ref, Runs
 from gym_runtime.view.tokens import Decode
@@ -46,6 +47,7 @@ HEADERS = {
 STATIC = {"view.css": "text/css", "train.css": "text/css", "keys.js": "text/javascript"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NO_WAITS = "this view follows no batch on a bus: `gym-runtime view --batch B --nats URL` shows where its rollouts wait"
 
 
 def _templates() -> jinja2.Environment:
@@ -114,13 +116,23 @@ def page(html: str, status: int = 200) -> web.Response:
 class View:
     """The pages over ``runs``, answered only as ``access`` allows."""
 
-    def __init__(self, runs: Runs, access: Access | None = None, *, decode: Decode | None = None) -> None:
+    def __init__(
+        self,
+        runs: Runs,
+        access: Access | None = None,
+        *,
+        decode: Decode | None = None,
+        waits: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    ) -> None:
         self.runs = runs
         self.access = access
         self.env = _templates()
+        self.waits = waits  # live mode: ``why``'s report of the followed batch, read on each /waits page
+        self.env.globals["waits_live"] = waits is not None
         self._summaries: dict[int, tuple[int, runs_mod.Summary]] = {}  # run -> (its generation, its summary)
         self._choices: tuple[tuple[int, ...], dict[str, list[str]]] | None = None
         self.train = TrainPages(self, decode)  # groups, tokens, plots, keyboard links
+        self.branches = Branches(runs)  # each rollout's branches, for its page's tree
         for r in runs.runs:
             self._summary(r)
 
@@ -156,6 +168,7 @@ class View:
         app.router.add_get("/rollouts", self.rollouts_page)
         app.router.add_get("/rollout/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.rollout_page)
         app.router.add_get("/diff", self.diff_page)
+        app.router.add_get("/waits", self.waits_page)
         self.train.routes(app)
         app.router.add_get("/static/{name}", self.static)
         return app
@@ -187,6 +200,14 @@ class View:
         return self.render(
             "runs.html", summaries=self.summaries, row=self.row_meta, refresh=refresh, train=self.train.summary
         )
+
+    async def waits_page(self, request: web.Request) -> web.Response:
+        """Live mode: where every in-flight rollout of the followed batch waits now, the oldest first, the waits
+        past their bound flagged with the component to look at (what ``gym-runtime why --batch`` prints)."""
+        if self.waits is None:
+            html = self.env.get_template("waits.html").render(runs=self.runs.runs, report=None, problem=NO_WAITS)
+            return page(html, status=404)
+        return self.render("waits.html", report=await self.waits(), problem=None)
 
     async def rollouts_page(self, request: web.Request) -> web.Response:
         try:
@@ -228,7 +249,16 @@ class View:
                 if run.attempts is not None and meta["task"] is not None and meta["rollout"] is not None:
                     records = attempt_rows(run.attempts.of(meta["task"], meta["rollout"]), kept_attempt(row))
                 keys = self.train.keys(ref)
-                return self.render("trajectory.html", meta=meta, t=trajectory(row), attempts=records, keys=keys)
+                tree = self.branches.tree(ref, row, meta["task"], meta["rollout"])
+                return self.render(
+                    "trajectory.html",
+                    meta=meta,
+                    t=trajectory(row),
+                    attempts=records,
+                    keys=keys,
+                    tree=tree,
+                    href=rollout_href,
+                )
             except RecursionError:
                 problem = f"line {ref.line + 1} of the rows indexed: {TOO_DEEP}"
             except (OSError, ValueError, TypeError) as e:  # changed between its index and this read

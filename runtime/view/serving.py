@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from gym_runtime.data.batches import get_manifest, no_such_batch
 from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.credentials import ClientAuth
+from gym_runtime.ops.why import gather
 from gym_runtime.transport.bus import Bus
 from gym_runtime.view.access import Access
 from gym_runtime.view.live import Live
@@ -54,7 +56,8 @@ async def serve(
             if live is not None:
                 runs.runs.append(live[0].run)
                 tg.start_soon(live[0].follow, live[1])
-            await _serve_pages(View(runs, access, decode=decode), access, port, ready)
+            waits = functools.partial(gather, live[1], batch=live[0].manifest.batch, wait_s=0.5) if live else None
+            await _serve_pages(View(runs, access, decode=decode, waits=waits), access, port, ready)
 
 
 async def _serve_pages(view: View, access: Access, port: int, ready: Callable[[int], None]) -> None:

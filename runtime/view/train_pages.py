@@ -2,7 +2,8 @@
 keyboard links every row page carries (``static/keys.js`` follows them; it inserts nothing).
 
 Addresses are integers, as the other pages' are: ``/group/RUN/N`` (the run's N-th group), ``/tokens/RUN/PART/LINE``,
-``/steps/RUN``.
+``/steps/RUN``; a training run's tasks (by the sampler's key its rows carry, ``train_task``): ``/tasks/RUN``, which
+the sampler favoured, and ``/task/RUN/KEY``, one task's pass rate over steps.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def tokens_href(ref: Ref) -> str:
     return f"/tokens/{ref.run}/{ref.part}/{ref.line}"
 
 
+def tasks_href(run: int) -> str:
+    return f"/tasks/{run}"
+
+
+def task_href(run: int, key: str) -> str:
+    return f"/task/{run}/{key}"
+
+
 def steps_href(run: int) -> str:
     return f"/steps/{run}"
 
@@ -69,6 +78,8 @@ class TrainPages:
         app.router.add_get("/group/{run:\\d+}/{n:\\d+}", self.group_page)
         app.router.add_get("/tokens/{run:\\d+}/{part:\\d+}/{line:\\d+}", self.tokens_page)
         app.router.add_get("/steps/{run:\\d+}", self.steps_page)
+        app.router.add_get("/tasks/{run:\\d+}", self.tasks_page)
+        app.router.add_get("/task/{run:\\d+}/{key:[0-9a-f]{1,64}}", self.task_page)
 
     def training(self, run: int) -> Training:
         runs = self.view.runs.runs
@@ -102,6 +113,7 @@ class TrainPages:
             "zero": len(zero),
             "listed": [(group_href(run, g.n), g.label, g.step, len(g.members), g.mean) for g in zero[:LISTED]],
             "steps": steps_href(run) if len(t.steps) > 1 or t.training else None,
+            "tasks": tasks_href(run) if t.tasks else None,
         }
 
     # ------------------------------------------------------------------ the pages
@@ -156,6 +168,52 @@ class TrainPages:
         run = int(request.match_info["run"])
         t = self.training(run)
         return self.view.render("steps.html", run=t.run, charts=charts(t), t=t)
+
+    async def tasks_page(self, request: web.Request) -> web.Response:
+        """Which tasks the sampler favoured: each task's groups against a uniform share, the most picked first,
+        with its estimated signal (the sampler's rule over its outcomes) and its pass rate step by step."""
+        run = int(request.match_info["run"])
+        t = self.training(run)
+        picks = sum(len(line.groups) for line in t.tasks.values())
+        uniform = picks / len(t.tasks) if t.tasks else 0.0
+        lines = sorted(t.tasks.values(), key=lambda line: (-len(line.groups), line.key))
+        shown = [
+            {
+                "href": task_href(run, line.key),
+                "first": rollout_href(line.first),
+                "line": line,
+                "picked": len(line.groups),
+                "favoured": len(line.groups) / uniform if uniform else None,
+                "history": line.history(),
+            }
+            for line in lines
+        ]
+        return self.view.render("tasks.html", run=t.run, tasks=shown, picks=picks, steps=steps_href(run))
+
+    async def task_page(self, request: web.Request) -> web.Response:
+        run, key = int(request.match_info["run"]), request.match_info["key"]
+        t = self.training(run)
+        line = t.tasks.get(key)
+        if line is None:
+            raise web.HTTPNotFound()
+        history = line.history()
+        chart = plots.lines(
+            "plot-task",
+            f"Pass rate of task {key} per step (reward ≥ 1)",
+            "step",
+            "pass rate",
+            [("pass rate", [(s, rate, 0.0) for s, rate in history])],
+            floor=0.0,
+        )
+        return self.view.render(
+            "task.html",
+            run=t.run,
+            line=line,
+            history=history,
+            chart=chart,
+            first=rollout_href(line.first),
+            tasks=tasks_href(run),
+        )
 
 
 def charts(t: Training) -> list[plots.Chart]:

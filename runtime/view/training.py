@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from gym_runtime.data.rowkeys import TrainFields
+from gym_runtime.data.sampling import TaskStats, outcome, signal
 from gym_runtime.view import index as index_mod
 from gym_runtime.view.numbers import mean, spread
 from gym_runtime.view.runs import Part, Ref, Run, passed
@@ -100,6 +101,7 @@ class TrainColumns:
     attribution: list[str] = field(default_factory=list)  # "" none
     length: list[int] = field(default_factory=list)  # generated tokens
     training: bool = False  # any line has a train_group
+    task: list[str | None] = field(default_factory=list)  # the task's sampler key (``train_task``); None: none
 
 
 def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
@@ -110,7 +112,7 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
         size = path.stat().st_size
     except OSError:  # removed while viewed (the runs page says so): no column to read
         size = -1
-    cols = TrainColumns(size, [-1] * n, [None] * n, [None] * n, [None] * n, [""] * n, [0] * n)
+    cols = TrainColumns(size, [-1] * n, [None] * n, [None] * n, [None] * n, [""] * n, [0] * n, task=[None] * n)
     for _, offset, line in index_mod.lines(path) if size >= 0 else ():
         i = at.get(offset)
         if i is None:
@@ -127,6 +129,7 @@ def read_columns(path: Path, ix: index_mod.Index) -> TrainColumns:
         cols.advantage[i] = t.train_advantage
         cols.attribution[i] = t.failure_attribution if isinstance(t.failure_attribution, str) else ""
         cols.length[i] = _length(t)
+        cols.task[i] = t.train_task if isinstance(t.train_task, str) else None
     return cols
 
 
@@ -194,6 +197,39 @@ class Step:
 
 
 @dataclass
+class TaskLine:
+    """One task of a training run (its sampler key): the groups it was picked for, its outcomes step by step, and
+    the sampler's estimate of its signal from them (``data.sampling``'s rule, the one the sampler keeps in the KV)."""
+
+    key: str
+    first: Ref  # its first rollout (what the task is)
+    groups: set[int] = field(default_factory=set)
+    steps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # step -> scored rewards
+    stats: TaskStats = field(default_factory=TaskStats)
+
+    def see(self, m: Member, group: int) -> None:
+        self.groups.add(group)
+        row = {"error_class": m.failure, "failure_attribution": m.attribution} if m.failure else {"reward": m.reward}
+        got = outcome(row)
+        self.stats.rollouts += 1
+        if got is None:
+            self.stats.env_failures += 1
+        else:
+            self.stats.outcomes += 1
+            self.stats.passes += got
+        if m.step is not None and not m.failure and not math.isnan(m.reward):
+            self.steps[m.step].append(m.reward)
+
+    @property
+    def signal(self) -> float:
+        return signal(self.stats)
+
+    def history(self) -> list[tuple[int, float]]:
+        """(step, pass rate) for each step it has scored rows at."""
+        return [(s, sum(passed(r) for r in rs) / len(rs)) for s, rs in sorted(self.steps.items()) if rs]
+
+
+@dataclass
 class Training:
     """One run's groups and steps (``training``: its rows carry a trainer's keys)."""
 
@@ -205,6 +241,7 @@ class Training:
     order: list[Ref]  # every row in file order (keyboard navigation)
     members: dict[Ref, Member] = field(default_factory=dict)
     position: dict[Ref, int] = field(default_factory=dict)
+    tasks: dict[str, TaskLine] = field(default_factory=dict)  # by sampler key (rows that carry ``train_task``)
 
     @property
     def zero_spread(self) -> list[Group]:
@@ -249,6 +286,7 @@ def build(run: Run, cols: list[TrainColumns]) -> Training:
     of: dict[Ref, int] = {}
     steps: dict[int, Step] = {}
     order: list[Ref] = []
+    tasks: dict[str, TaskLine] = {}
     for p, (part, c) in enumerate(zip(run.parts, cols, strict=True)):
         ix = part.ix
         for i in range(len(ix)):
@@ -284,6 +322,12 @@ def build(run: Run, cols: list[TrainColumns]) -> Training:
             )
             groups[n].members.append(m)
             of[ref] = n
+            key_of_task = c.task[i]
+            if key_of_task is not None:
+                line = tasks.get(key_of_task)
+                if line is None:
+                    line = tasks[key_of_task] = TaskLine(key_of_task, ref)
+                line.see(m, n)
             if step is None:
                 continue
             s = steps.get(step)
@@ -298,7 +342,7 @@ def build(run: Run, cols: list[TrainColumns]) -> Training:
             s.lengths.append(c.length[i])
     members = {m.ref: m for g in groups for m in g.members}
     position = {ref: k for k, ref in enumerate(order)}
-    return Training(run, training, groups, of, [steps[k] for k in sorted(steps)], order, members, position)
+    return Training(run, training, groups, of, [steps[k] for k in sorted(steps)], order, members, position, tasks)
 
 
 def neighbours(t: Training, ref: Ref) -> dict[str, Ref | None]:

@@ -47,6 +47,7 @@ from gym_runtime.messages import (
     counted_ms,
 )
 from gym_runtime.observability import logs
+from gym_runtime.rollout.branch import branch_point
 from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.rollout.state import Models, Rollout
 from gym_runtime.transport.affinity import Affinity
@@ -90,7 +91,8 @@ def build_row(
 
     ``policy_versions`` ([min, max] over the rollout's model calls) is added once a trainer set a version;
     ``cost`` and ``provenance`` are gym-runtime's own keys (docs/rows.md), and so are ``resumed_from_turn`` and
-    ``resumed_how`` (``resumed``: an attempt that took up a checkpoint). A field of the environment's or the
+    ``resumed_how`` (``resumed``: an attempt that took up a checkpoint), and ``branch_of`` and ``branch_turn`` (a
+    branch's). A field of the environment's or the
     agent's naming a runtime key raises ``Failure("verify_error")`` unless it only echoes it (``rowkeys``), and so
     does a reward that is not finite or beyond ``reward_bound`` (``rowkeys.bounded_reward``).
     """
@@ -111,6 +113,8 @@ def build_row(
         runtime["provenance"] = provenance
     if resumed is not None:
         runtime["resumed_from_turn"], runtime["resumed_how"] = resumed
+    if task.branch is not None:  # a branch (``rollout.branch``): its parent rollout and the turn it branched at
+        runtime["branch_of"], runtime["branch_turn"] = task.branch.parent(), task.branch.turn
     runtime["_ng_task_index"] = task.task_index
     runtime["_ng_rollout_index"] = task.rollout_index
     runtime["agent_ref"] = {**(ref if isinstance(ref, dict) else {"type": "responses_api_agents"}), "name": task.agent}
@@ -233,8 +237,9 @@ class AgentWorker:
             await self.control.start(tg)
             await self.bus.ensure_results_stream(self.name)  # its own: results are stored there before a task is acked
             await self.bus.ensure_attempts_stream()  # each attempt's record of itself (explain)
-            if self.cfg.checkpoint != "off":  # its rollouts' checkpoints (resume at the last turn)
-                await self._checkpoints_bucket()
+            # its rollouts' checkpoints (resume at the last turn), under ``off`` too: a task may ask to keep its own
+            # (``keep_checkpoints_s``) or branch another's
+            await self._checkpoints_bucket()
             tg.start_soon(self.records.run)
             self.puller = await self.bus.work_queue(
                 "task",
@@ -335,7 +340,8 @@ class AgentWorker:
                         await self.puller.release(msg)  # the next task starts while this one is stored
                     for result in results:
                         await self._store(task, result)
-                    if checkpoints is not None:  # its row (or failure row) is stored: its checkpoint goes
+                    # its row (or failure row) is stored: its checkpoint goes, unless kept for branching (its TTL's)
+                    if checkpoints is not None and not task.keep_checkpoints_s:
                         await checkpoints.remove()
                     await msg.ack()
                     self.completed += len(results)
@@ -425,7 +431,7 @@ class AgentWorker:
             room.resumed = await box.read() if attempt > 1 else None
         retrying = False
         try:
-            ended = await self._attempt(ctx, task, size)
+            ended = await self._branched(ctx, task, size) if task.branch else await self._attempt(ctx, task, size)
             if isinstance(ended, Failure) and (delay := await self._retry_delay(ended, failed, key)) is not None:
                 retrying = True
                 self._given_back(task, attempt, ended.info, room)
@@ -450,13 +456,31 @@ class AgentWorker:
             return failures, box
         return self._results(room, task, attempt, ended), box
 
+    async def _branched(self, ctx: AgentContext, task: RolloutTask, size: int) -> list[Outcome] | Failure:
+        """A branch's attempt (``rollout.branch``): from its branch point (its own checkpoint where an earlier
+        attempt wrote one), else the ``Failure`` saying why it cannot branch."""
+        room = ctx.rollout
+        if room.resumed is None:
+            try:
+                room.resumed = await branch_point(self.bus, task)
+            except Failure as e:
+                return e
+            room.branching = True
+        ended = await self._attempt(ctx, task, size)
+        if room.branching and room.resumed_how != "branched" and not isinstance(ended, Failure):
+            return Failure("invalid_task", f"branch: agent {self.cfg.agent} does not take up checkpoints (resume)")
+        return ended
+
     async def _checkpoints(self, task: RolloutTask, attempt: int, forget: bool = False) -> Checkpointer | None:
         """The rollout's checkpoints (None: its agent writes none, or a group task: its repeats run as one);
-        ``forget``: a task ended before it ran (its row deletes what an earlier attempt wrote)."""
-        if self.cfg.checkpoint == "off" or task.group > 1 or (forget and attempt == 1):
+        ``forget``: a task ended before it ran (its row deletes what an earlier attempt wrote). A rollout kept
+        for branching (``keep_checkpoints_s``) is checkpointed every turn, whatever its agent's mode."""
+        keep = task.keep_checkpoints_s
+        if (self.cfg.checkpoint == "off" and not keep) or task.group > 1 or (forget and attempt == 1):
             return None
         key = self.bus.subjects.checkpoint_key(task.agent, task.batch, task.task_index, task.rollout_index)
-        box = Checkpointer(self.bus, key, "every_turn" if self.cfg.checkpoint == "every_turn" else "auto")
+        every = self.cfg.checkpoint == "every_turn" or keep > 0
+        box = Checkpointer(self.bus, key, "every_turn" if every else "auto", keep)
         box.written = forget  # an earlier attempt's may be there
         return box
 
@@ -552,7 +576,8 @@ class AgentWorker:
             cost, prov = self._ledger(room, attempt, outcome.verdict, whole=i == first)
             spent = cost if i == first else spent
             try:
-                resumed = (room.resumed_from_turn, room.resumed_how) if room.resumed_how else None
+                how = room.resumed_how  # a branch's row names its parent instead (``branch_of``)
+                resumed = (room.resumed_from_turn, how) if how is not None and how != "branched" else None
                 row = build_row(
                     each,
                     outcome,
@@ -867,6 +892,7 @@ def _failures(
             time_split=split,
             partial=ledger.partial(None if task.group <= 1 else i - first) if ledger is not None else None,
             policy_versions=ledger.versions(None if task.group <= 1 else i - first) if ledger is not None else None,
+            branch=task.branch,
         )
         for i in range(first, first + max(task.group, 1))
     ]

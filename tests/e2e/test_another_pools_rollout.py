@@ -21,7 +21,6 @@ import msgspec
 import pytest
 
 from gym_runtime.agent import Session
-from gym_runtime.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.config import AgentConfig, ResourceConfig
 from gym_runtime.messages import (
     Checkpoint,
@@ -36,6 +35,7 @@ from gym_runtime.messages import (
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.permissions import Reach
+from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.resource_worker import ResourceWorker

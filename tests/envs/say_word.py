@@ -11,11 +11,13 @@ right, or never does); ``explode_rollout: N`` makes the verify of rollout N (``_
 ``reward_given`` is returned as the reward (1e200: beyond any bound); ``rewards_by_rollout`` gives rollout N the
 N-th reward of the list; ``forge_class`` makes ``draw_word`` raise a ``Failure`` of that class at once (an
 environment forging its own failure: a ``timeout``, which only the rollout's clock may be). Issue 73's:
-``forge_verify`` makes ``verify`` raise a ``Failure`` of that class (a verifier choosing who is blamed).
+``forge_verify`` makes ``verify`` raise a ``Failure`` of that class (a verifier choosing who is blamed). Issue 78's:
+``snapshot``/``restore`` keep the word and the draws (a rollout branched after its draw still scores).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -84,3 +86,10 @@ class SayWord(Resource):
                 said = content if isinstance(content, str) else " ".join(str(p.get("text", "")) for p in content)
         said_it = self.drawn > 0 and self.word in said.split()  # drawn first: a guess scores 1/8 at best
         return Verdict(reward=float(said_it), fields={"said_word": float(said_it), "tool_calls": float(self.drawn)})
+
+    async def snapshot(self) -> bytes | None:
+        return json.dumps({"word": self.word, "drawn": self.drawn}).encode()
+
+    async def restore(self, data: bytes) -> None:
+        state = json.loads(data)
+        self.word, self.drawn = str(state["word"]), int(state["drawn"])

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gym_runtime import SyncClient
+from gym_runtime.data.sampling import task_key
 from gym_runtime.trainers.failures import FailurePolicy
 from gym_runtime.trainers.rows import sequence
 from gym_runtime.trainers.trl import TRLRollouts
@@ -60,6 +61,7 @@ def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Pa
     assert seen_at_call == [k * BATCH for k in range(STEPS)]
     rows = lines(path)
     assert len(rows) == STEPS * BATCH
+    keys = {task_key(r) for r in w.rows}
     assert [r["train_step"] for r in rows] == [s for s in range(STEPS) for _ in range(BATCH)]
     groups: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
@@ -69,6 +71,8 @@ def test_a_grpo_run_writes_its_rows_with_trls_advantages_as_it_goes(tmp_path: Pa
     failed: list[dict[str, Any]] = []
     for members in groups.values():
         assert len(members) == GENERATIONS and len({m["_ng_task_index"] for m in members}) == 1
+        # the group's task by the sampler's key of its dataset row (view's task pages follow it across steps)
+        assert len({m["train_task"] for m in members}) == 1 and members[0]["train_task"] in keys
         rewards = [m.get("reward") for m in members]  # (an excluded failure: handed over as None)
         assert [m["train_reward"] for m in members] == rewards  # the environment's reward, as handed over
         assert [m["train_total_reward"] for m in members] == rewards  # TRL's total: env_reward alone

@@ -225,3 +225,17 @@ async def test_a_stalling_policy_is_scored_in_verl_like_a_wrong_answer(tmp_path:
     honest, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g", "g"], dtype=object))
     assert torch.allclose(adv, honest, atol=1e-4)  # as verl's GRPO scores an honest 0 beside a 1
     assert adv[1][mask[1] > 0].max() < 0  # the stall's own tokens pushed down
+
+
+async def test_a_loop_with_no_model_worker_fails_verls_step_at_its_bound_naming_it(tmp_path: Path) -> None:
+    from gym_runtime.errors import ClientError
+
+    w = world(tmp_path, rows=1)
+    server = served_by_verl(w)
+    # the agents and the environment run in the actor; nothing serves the policy (issue 77 item 3)
+    loop = agent_loop(w, server, workers=["agents.agent", "resources.env"], waits={"say_after_s": 2, "bound_s": 8})
+    with pytest.raises(ClientError) as e:
+        await loop.run({"temperature": 1.0}, extra_info={"gym_row": w.rows[0]})
+    text = str(e.value)
+    assert "look at models.policy" in text and "gave up at WaitPolicy(bound_s=8)" in text and "\n" not in text, text
+    assert not server.requests
