@@ -603,6 +603,7 @@ class SeedReply(_Msg, tag="seed.reply.v1"):
     session: str
     address: str  # subject prefix of the worker that owns the session
     result: ToolReply | VerifyReply | ResumeReply | None = None  # the reply to ``then``
+    by: str = ""  # the worker's process (``node/pid``): a session call it leaves unanswered names it (``why``)
 
 
 class ToolCall(_Msg, tag="tool.v1"):

@@ -433,6 +433,19 @@ def check_requires(cls: type[Resource], where: str) -> None:
         raise UserError(f"{where}: {cls.__module__!r} needs {', '.join(missing)} (not installed{hint})")
 
 
+def check_seed_once(cls: type[Resource], isolation: str, where: str) -> None:
+    """A UserError where ``resources.NAME.seed_once`` is asked of an environment whose sessions cannot be copied:
+    one that defines no ``snapshot`` and ``restore`` of its own, or whose code runs in a guest process."""
+    own = [m for m in ("snapshot", "restore") if getattr(cls, m, None) is getattr(Resource, m)]
+    if own:
+        raise UserError(
+            f"{where}: {cls.__name__} cannot snapshot its sessions (it defines no {' or '.join(own)}): "
+            "remove seed_once, or give it snapshot and restore (docs/sandboxes.md#set-up-once-for-the-group)"
+        )
+    if isolation != "none":
+        raise UserError(f"{where}: needs isolation: none (a guest process's sessions are not restored here)")
+
+
 def _bundled_hint(module_path: str) -> str:
     bundled = module_path.startswith(("resources.", "gym_runtime.resources.")) or "." not in module_path
     return " (the bundled environments' verifier packages: pip install 'gym-runtime[envs]')" if bundled else ""

@@ -84,10 +84,11 @@ class Pool:
         self.config, self.url = config, url
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, key: str, only: str | list[str]) -> subprocess.Popen[str]:
-        """One process running ``only`` (several: a node's workers in one process, lost together)."""
+    def start(self, key: str, only: str | list[str], log: Path | None = None) -> subprocess.Popen[str]:
+        """One process running ``only`` (several: a node's workers in one process, lost together); its log lines
+        to the file ``log`` where given."""
         roles = [x for role in ([only] if isinstance(only, str) else only) for x in ("--only", role)]
-        err = self.config.parent / f"pool-{key}.stderr"  # quoted when the worker never says ready
+        err = log or self.config.parent / f"pool-{key}.stderr"  # quoted when the worker never says ready
         p = subprocess.Popen(
             [
                 sys.executable,

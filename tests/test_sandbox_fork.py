@@ -106,6 +106,64 @@ async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_ow
         assert w.stats()["sandboxes"] == 0
 
 
+async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_always_seen(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    """A task's template forked once per repeat (``seed_once``): its files are read once while they stay as they
+    were; any change since (a write of the same size at once, a new file, a chmod) is read again, never the old."""
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(capacity=8)
+        assert w.backend is not None
+        forks: EngineForks = w.backend.forks  # type: ignore[attr-defined]
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        await parent.exec("echo aaaa > f && mkdir d && echo x > d/g")
+        kids: list[Sandbox] = []
+
+        async def fork_one() -> None:
+            kids.extend(await parent.fork())
+
+        async with anyio.create_task_group() as tg:  # a group's forks at once: one read between them
+            for _ in range(3):
+                tg.start_soon(fork_one)
+        assert forks.reads == 1
+        [kid] = await parent.fork()
+        assert forks.reads == 1 and [await cat(k, "f") for k in [*kids, kid]] == ["aaaa"] * 4
+        for k in [*kids, kid]:
+            await k.close()
+        changes = ["echo bbbb > f", "echo y > d/h", "chmod 600 d/g", "rm d/h"]
+        for i, change in enumerate(changes):
+            await parent.exec(change)
+            [kid] = await parent.fork()
+            assert forks.reads == 2 + i, change
+            r = await kid.exec("cat f; ls d; stat -c %a d/g")
+            assert r.stdout == (await parent.exec("cat f; ls d; stat -c %a d/g")).stdout, change
+            await kid.close()
+        await parents.close_all()
+        assert parent.id not in forks.packed  # its tar went with it
+    assert await containers(engine, pool) == []
+
+
+async def test_a_group_unpacks_the_parents_tar_as_it_is_read_byte_for_byte(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    """Copies fed the parent's tar as it comes (many parts: a few MB), three at once: each has every byte."""
+    async with fleet(bus, engine, pool) as worker:
+        await worker(capacity=8)
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec())
+        made = "head -c 6000000 /dev/urandom > big && mkdir -p d && for i in $(seq 200); do echo $i > d/$i; done"
+        await parent.exec(made)
+        sums = "md5sum big d/* | md5sum"
+        want = (await parent.exec(sums)).stdout
+        kids = await parent.fork(3)
+        assert [(await k.exec(sums)).stdout for k in kids] == [want] * 3
+        for k in kids:
+            await k._owner.close_all()
+        await parents.close_all()
+    assert await containers(engine, pool) == []
+
+
 async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy(
     bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:

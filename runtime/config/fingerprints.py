@@ -36,8 +36,12 @@ _DEPLOYMENT = frozenset(
         "max_attempts",
         "max_worker_losses",
         "session_ttl_s",
+        "seed_once",  # how sessions are set up, not what serves them
+        "seed_once_idle_s",
         "affinity_load",
         "endpoint_load",
+        "stall_s",
+        "out_after",
     }
 )
 

@@ -46,10 +46,20 @@ class ResourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # call's rollout is a ``timeout`` row and the other sessions of that guest run again. Keep it under the
     # agents' timeout_s (and a tool call's 300 s), so that those sessions' rollouts have time left to rerun.
     call_timeout_s: float = 120.0
+    # Set up once for the group (docs/sandboxes.md#set-up-once-for-the-group): ``seed`` runs once per task on a
+    # worker, and each repeat's session is restored from its ``snapshot`` with forks of its sandboxes; for
+    # environments that define ``snapshot`` and ``restore`` (checked as a worker starts). A task's template is
+    # closed once no repeat took it for ``seed_once_idle_s``.
+    seed_once: bool = False
+    seed_once_idle_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.call_timeout_s <= 0:
             raise ValueError("call_timeout_s must be > 0")
+        if self.seed_once_idle_s <= 0:
+            raise ValueError("seed_once_idle_s must be > 0")
+        if self.seed_once and self.nemo_gym:
+            raise ValueError("seed_once: a hosted NeMo Gym server's sessions cannot be snapshotted; remove seed_once")
         if bool(self.server) == bool(self.nemo_gym):
             raise ValueError("give exactly one of server (a gym-runtime Resource module) or nemo_gym (a hosted server)")
 

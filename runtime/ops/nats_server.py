@@ -29,6 +29,7 @@ from gym_runtime.config import JetStreamConfig
 from gym_runtime.errors import UserError, port_in_use
 from gym_runtime.ops import permissions, security
 from gym_runtime.ops.provision import Provisioner, provision_blocking
+from gym_runtime.transport.connect import PING_INTERVAL_S, PING_MAX
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 MAX_LOG_BYTES = 16 * 1024 * 1024
@@ -140,6 +141,13 @@ class EmbeddedServer:
     cluster_options: list[str] = field(default_factory=list)  # lines inside ``cluster {}`` (e.g. route TLS)
     # how its user names each port ("client", "cluster", "monitoring": `server`'s flags), for a taken one's line
     port_flags: dict[str, str] = field(default_factory=dict)
+    # A client that answers none of the server's pings for ``(ping_max + 1) * ping_interval_s`` is dropped (NATS's
+    # default: 2 min x 2). A frozen worker (SIGSTOP, a stuck event loop) keeps its subscriptions until then and
+    # still gets a share of its queue groups' requests (a resource's seeds, a sandbox pool's creates), each lost
+    # to the bus's liveness window; dropped within 15-20 s, it gets none. A live client answers a ping from its
+    # read loop, so one whose loop stalls for 15 s under load is dropped too (and reconnects).
+    ping_interval_s: int = PING_INTERVAL_S
+    ping_max: int = PING_MAX
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _provisioner: Provisioner | None = field(default=None, init=False, repr=False)
@@ -180,6 +188,8 @@ class EmbeddedServer:
         blocks = [
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
+            f"ping_interval: {self.ping_interval_s}",
+            f"ping_max: {self.ping_max}",
             f'jetstream {{ store_dir: "{self.store_dir}"'
             + (f", max_file_store: {self.max_store}" if self.max_store else "")
             + (", sync_interval: always" if self.sync == "always" and self._tmp is None else "")

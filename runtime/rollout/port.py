@@ -52,7 +52,7 @@ class Port(Protocol):
 
     async def seed(self, resource: str, request: SeedRequest, *, timeout: float, op: str) -> SeedReply: ...
 
-    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str) -> Any: ...
+    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str, by: str = "") -> Any: ...
 
     async def close(self, address: str, session: str) -> None: ...
 
@@ -106,9 +106,9 @@ class BusPort:
         reply: SeedReply = await self.bus.request(subject, request, timeout=timeout, op=op)
         return reply
 
-    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str) -> Any:
+    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str, by: str = "") -> Any:
         subject = Subjects.session_call(address, kind, self.bus.caller)  # the worker answers only its seeder
-        return await self.bus.request(subject, message, timeout=timeout, op=op)
+        return await self.bus.request(subject, message, timeout=timeout, op=op, by=by)
 
     async def close(self, address: str, session: str) -> None:
         with contextlib.suppress(Exception):  # best-effort: the worker reaps idle sessions
@@ -164,7 +164,7 @@ class LocalPort:
             result = await self.operate("local", "", then, timeout=timeout, op=op)
         return SeedReply(session=sid, address="local", result=result)
 
-    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str) -> Any:
+    async def operate(self, address: str, kind: str, message: Any, *, timeout: float, op: str, by: str = "") -> Any:
         sid = message.session
         inst = self.sessions.get(sid)
         if inst is None:

@@ -35,6 +35,7 @@ from gym_runtime.transport.rpc import NoResponders, pauses_counted
 
 ABSENT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # waits between seeds while a resource has no worker
 RESUME_S = 30.0  # a resume's question to the worker that held the session
+RESTORE_TRIES = 3  # a restore whose seed a silent worker took is asked again (``restore``)
 RESTORE_S = 300.0  # a restore (its sandboxes taken up, the environment set back), as long as a tool call may take
 
 
@@ -101,7 +102,7 @@ class SessionLink:
                     return reply.result
         seed = self.seed
         message = msgspec.structs.replace(first, session=seed.session)
-        return await self.port.operate(seed.address, kind, message, timeout=timeout, op=op)
+        return await self.port.operate(seed.address, kind, message, timeout=timeout, op=op, by=seed.by)
 
     async def _first(self, first: Any, *, timeout: float, op: str) -> SeedReply:
         """The seed request; while no worker serves the resource at all (a pool restarting),
@@ -173,10 +174,16 @@ class SessionLink:
         ``handle`` names (a resume whose worker lost the session; a branch: ``rollout.branch``). Not ok: the
         session it opened is closed, and the next operation seeds a fresh one."""
         ask = RestoreSession(session="", snapshot=handle.snapshot or b"", held=handle.held)
-        try:
-            restored: ResumeReply = await self.op(ask, "resume", timeout=RESTORE_S, op="restore")
-        except Failure as e:  # e.g. a worker of an older version, which knows no such message
-            restored = ResumeReply(ok=False, reason=e.info.message)
+        for tries in range(1, RESTORE_TRIES + 1):
+            try:
+                restored: ResumeReply = await self.op(ask, "resume", timeout=RESTORE_S, op="restore")
+                break
+            except Failure as e:  # e.g. a worker of an older version, which knows no such message
+                restored = ResumeReply(ok=False, reason=e.info.message)
+                # a seed taken by a frozen worker (the one that held the session, until the server drops it) is
+                # lost, not refused: the snapshot is still good, so ask again (another worker takes it)
+                if e.info.error_class != "worker_lost" or tries == RESTORE_TRIES:
+                    break
         if restored.ok:
             self.snapshot, self.held = handle.snapshot, handle.held
             return restored

@@ -557,6 +557,12 @@ class Sandboxes:
             if lease:
                 self.lease = lease
 
+    def adopt(self, boxes: list[Sandbox]) -> None:
+        """``boxes`` (this lease's already, e.g. forks of a task's template) are handed to the first creates that
+        ask for their specs, as reattached ones are: an environment that opens its sandbox in ``restore`` or
+        later finds its files there."""
+        self._adoptable.extend(boxes)
+
     async def reattach(self) -> bool:
         """Take up every sandbox ``take_up`` named, at the worker that holds it under this lease (``attach``): each
         is handed to the first create that asks for its spec again, with its files. All or none: where one is gone

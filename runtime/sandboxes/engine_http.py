@@ -14,7 +14,7 @@ import os
 import signal
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -411,15 +411,18 @@ class Engine:
         env: list[str] | None = None,
         workdir: str | None = None,
         on_output: OnOutput | None = None,
+        feed: AsyncIterable[bytes] | None = None,
     ) -> ExecOutput:
         """Run ``argv`` in the container; keep at most ``max_output`` bytes of each stream (the rest is
         read and dropped, never held); past ``timeout_s`` the command is killed (exit_code None).
-        ``on_output``: given each part kept, as it is read (nothing past the cap)."""
+        ``on_output``: given each part kept, as it is read (nothing past the cap). ``feed``: its input as it
+        comes, instead of ``stdin`` (for a command that writes little before its input ends, as ``tar -x``)."""
         started = time.monotonic()
-        eid = await self.exec_create(cid, argv, stdin=stdin is not None, env=env, workdir=workdir)
+        takes = stdin is not None or feed is not None
+        eid = await self.exec_create(cid, argv, stdin=takes, env=env, workdir=workdir)
         out = Capture(max_output)
         with anyio.move_on_after(timeout_s) as scope:
-            async for stream, chunk in self.exec_stream(eid, stdin):
+            async for stream, chunk in self.exec_stream(eid, stdin, feed=feed):
                 part = out.add(stream, chunk)
                 if part and on_output is not None:
                     await on_output(stream, part)
@@ -479,11 +482,16 @@ class Engine:
             pass
 
     async def exec_stream(
-        self, eid: str, stdin: bytes | None, started: Callable[[], None] | None = None
+        self,
+        eid: str,
+        stdin: bytes | None,
+        started: Callable[[], None] | None = None,
+        *,
+        feed: AsyncIterable[bytes] | None = None,
     ) -> AsyncIterator[tuple[int, bytes]]:
-        """Start an exec on a hijacked connection: send ``stdin`` and close our side, then yield the
-        multiplexed frames (stream 1 stdout, 2 stderr) until the command ends. ``started``: called once the
-        engine has started it."""
+        """Start an exec on a hijacked connection: send ``stdin`` (or each part of ``feed`` as it comes) and close
+        our side, then yield the multiplexed frames (stream 1 stdout, 2 stderr) until the command ends.
+        ``started``: called once the engine has started it."""
         payload = json.dumps({"Detach": False, "Tty": False}).encode()
         request = (
             f"POST {API}/exec/{eid}/start HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
@@ -501,7 +509,11 @@ class Engine:
                 raise EngineError(f"exec start: {head.decode(errors='replace').splitlines()[0]}")
             if started is not None:
                 started()
-            if stdin is not None:
+            if feed is not None:
+                async for part in feed:
+                    await sock.send(part)
+                await sock.send_eof()
+            elif stdin is not None:
                 if stdin:
                     await sock.send(stdin)
                 await sock.send_eof()

@@ -38,7 +38,7 @@ from gym_runtime.errors import ConfigError, UserError, did_you_mean, in_entry, n
 from gym_runtime.observability import logs
 from gym_runtime.observability.progress import Heartbeat
 from gym_runtime.observability.tracing import Telemetry
-from gym_runtime.resource import check_requires, config_resource_class, load_resource_class
+from gym_runtime.resource import check_requires, check_seed_once, config_resource_class, load_resource_class
 from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
 from gym_runtime.service.budget import BudgetedPublish, HeldInCollector
 from gym_runtime.transport.bus import Bus
@@ -46,6 +46,7 @@ from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
+from gym_runtime.workers.control import cancel_batch
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.sandbox_worker import SandboxWorker
@@ -259,8 +260,11 @@ def check_resources(config: ResolvedConfig, pairs: list[tuple[str, str]]) -> Non
     import (a typo) or lacks its verifier package would otherwise say nothing until the server answers."""
     for role, name in pairs:
         if role == "resources" and not config.resources[name].hosted:  # a hosted one: its environment's check
-            where = f"resources.{name}.server"
-            check_requires(load_resource_class(config.resources[name].server, where), where)
+            where, rcfg = f"resources.{name}.server", config.resources[name]
+            cls = load_resource_class(rcfg.server, where)
+            check_requires(cls, where)
+            if rcfg.seed_once:
+                check_seed_once(cls, rcfg.isolation or cls.isolation, f"resources.{name}.seed_once")
 
 
 async def wait_for_server(url: str | list[str]) -> int | None:
@@ -369,6 +373,7 @@ class RunResult:
     stats: CollectStats
     ready_s: float
     elapsed_s: float
+    stopped: str | None = None  # why the batch was stopped before its end (``stop_when_out_of_service``)
 
 
 @dataclass(frozen=True)
@@ -454,6 +459,10 @@ async def run_batch(
                 check_workers=False,  # checked above
                 gate=HeldInCollector(budget, collector) if budget is not None else None,
             )
+            stopped: list[str] = []
+            models = [w for w in workers if isinstance(w, ModelWorker)]
+            if models:
+                tg.start_soon(stop_when_out_of_service, bus, batch, models, stopped)
             stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
@@ -464,7 +473,32 @@ async def run_batch(
     elapsed = time.perf_counter() - t0
     log.info("batch.end", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward,
              elapsed_s=round(elapsed, 3), out=str(out))  # fmt: skip
-    return RunResult(batch=batch, tasks=manifest.expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
+    return RunResult(
+        batch=batch,
+        tasks=manifest.expected,
+        stats=stats,
+        ready_s=ready_s,
+        elapsed_s=elapsed,
+        stopped=stopped[0] if stopped else None,
+    )
+
+
+async def stop_when_out_of_service(bus: Bus, batch: str, models: list[ModelWorker], stopped: list[str]) -> None:
+    """Cancel the batch once a model of this run has no endpoint in service (``ModelWorker.out_of_service``):
+    its tasks not started end as ``cancelled`` rows, so every row still comes once, rather than each rollout
+    failing in turn on endpoints that are out. Why is put in ``stopped``, for the command's one line."""
+    async with anyio.create_task_group() as tg:
+
+        async def watch(w: ModelWorker) -> None:
+            await w.went_out.wait()
+            if not stopped:
+                stopped.append(f"model {w.name!r}: {w.out_of_service}")
+                log.warning("batch.stopped", batch=batch, model=w.name, cause=w.out_of_service)
+                await cancel_batch(bus, batch)
+            tg.cancel_scope.cancel()
+
+        for w in models:
+            tg.start_soon(watch, w)
 
 
 async def _preflight(

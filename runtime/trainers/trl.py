@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gym_runtime.client.sampler import TaskSampler
 from gym_runtime.client.sync import SyncBatch, SyncClient
@@ -248,8 +248,18 @@ class TRLRollouts:
         return batches
 
     def _gather(self, submitted: list[tuple[SyncBatch, list[int]]], sizes: list[int]) -> dict[int, list[Any]]:
-        """Each group's rows of one round (``aabb`` order within a batch), the wait said and bounded (``waits``)."""
-        handles = [batch.handle for batch, _ in submitted]
+        """Each group's rows of one round (``aabb`` order within a batch)."""
+        gathered = self._wait_for([batch for batch, _ in submitted])
+        out: dict[int, list[Any]] = {}
+        for (_, members), rows in zip(submitted, gathered, strict=True):
+            n = sizes[members[0]]
+            for k, i in enumerate(members):
+                out[i] = rows[k * n : (k + 1) * n]
+        return out
+
+    def _wait_for(self, batches: list[SyncBatch]) -> list[list[dict[str, Any]]]:
+        """Every batch's rows, the wait said and bounded (``waits``): the one way this call waits for rollouts."""
+        handles = [batch.handle for batch in batches]
 
         async def every() -> list[list[dict[str, Any]]]:
             return [await h.gather() for h in handles]
@@ -262,13 +272,7 @@ class TRLRollouts:
         wait = functools.partial(
             watched, every, bus=bus, watch=self._watch, batches=lambda: {h.batch for h in handles}, cancel=cancel
         )
-        gathered = self._guard(lambda: self.client.spawn(wait).result())
-        out: dict[int, list[Any]] = {}
-        for (_, members), rows in zip(submitted, gathered, strict=True):
-            n = sizes[members[0]]
-            for k, i in enumerate(members):
-                out[i] = rows[k * n : (k + 1) * n]
-        return out
+        return cast(list[list[dict[str, Any]]], self._guard(lambda: self.client.spawn(wait).result()))
 
     def _run(self, groups: list[_Group]) -> None:
         """Each group's rollouts, then its excluded members again (new tasks), up to ``retries`` rounds, all
@@ -304,7 +308,7 @@ class TRLRollouts:
                 rows, agent=self.agent, max_staleness=self.max_staleness, keep_checkpoints_s=keep
             )
         )
-        for i, (g, p) in enumerate(zip(groups, self._guard(batch.gather), strict=True)):
+        for i, (g, p) in enumerate(zip(groups, self._wait_for([batch])[0], strict=True)):
             g.parent, g.rows, g.kinds = f"{batch.batch}:{i}:0", [p], [self._saw(p)]
         self._branches(groups, [g.size - 1 for g in groups])
         for _ in range(self.failures.retries):
@@ -321,8 +325,7 @@ class TRLRollouts:
             for g, n in zip(groups, sizes, strict=True)
             if n
         ]
-        for g, batch in submitted:
-            got = self._guard(batch.gather)
+        for (g, _), got in zip(submitted, self._wait_for([batch for _, batch in submitted]), strict=True):
             slots = g.excluded if again else list(range(len(g.rows), len(g.rows) + len(got)))
             for slot, row in zip(slots, got, strict=True):
                 if slot == len(g.rows):

@@ -74,6 +74,7 @@ from gym_runtime.transport.subjects import (
     blob_space,
     caller,
     caller_of,
+    classify,
     direct_get,
     reply,
 )
@@ -349,6 +350,23 @@ class Bus:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _went_silent(self, subject: str, by: str) -> None:
+        """A core call's responder stopped answering: kept for ``why`` to name, and told the operator in one line,
+        once per process (a frozen one fails every call it had)."""
+        new = not any(p == by for p, _ in self.went_silent.values()) if by else True
+        if by:
+            self.went_silent[subject] = (by, time.monotonic())
+        if new:
+            _, what, component = classify(self.subjects, subject)
+            log.warning(
+                "worker.silent",
+                component=component,
+                process=by or "unknown (it never answered)",
+                call=what,
+                fix=f"gym-runtime why names what waits on it; look at {component}"
+                + (f" process {by} (frozen? `kill -CONT`, or kill it: its peers take its work)" if by else ""),
+            )
+
     def calls_in_flight(self) -> list[Pending]:
         """The calls this connection waits on now (read by ``why``: where each rollout is), at the time of asking."""
         return [c for c in self._replies.values() if not c.fut.done()]
@@ -375,6 +393,7 @@ class Bus:
         liveness: float | None = None,
         wait_s: float | None = None,
         on_output: Callable[[int, bytes], None] | None = None,
+        by: str = "",
     ) -> Any:
         prefix = self._reply_prefix or await self._ensure_reply_sub()
         # the callee's lane: on a secured bus only the callee may answer into it
@@ -383,6 +402,7 @@ class Bus:
         fut: asyncio.Future[Message] = loop.create_future()
         call = Pending(fut, time.monotonic())
         call.on_output = on_output
+        call.by = by  # the process the callee said it is (a session's worker), until a keepalive says
         self._replies[reply_to] = call
         headers: dict[str, str] = {}
         self.telemetry.inject(headers)
@@ -415,8 +435,8 @@ class Bus:
             return await self._unwrap(msg, subject)
         except Failure as e:  # a peer's answer, a worker lost, a clock: the runtime saw it (``Failure.observed``)
             observed(e)
-            if call.by and e.info.error_class == "worker_lost":  # who went silent on it, for ``why`` to name
-                self.went_silent[subject] = (call.by, time.monotonic())
+            if e.info.error_class == "worker_lost" and not queued:
+                self._went_silent(subject, call.by)
             raise
 
     async def request(
@@ -428,13 +448,16 @@ class Bus:
         op: str,
         liveness_s: float | None = None,
         on_output: Callable[[int, bytes], None] | None = None,
+        by: str = "",
     ) -> Any:
         """Core request-reply with a CLIENT span; typed errors come back as ``Failure``.
 
         ``liveness_s`` (default ``timings.liveness_s``): how long the responder may stay silent (no reply,
         no keepalive) before the call fails as retryable ``worker_lost``. ``on_output``: called with each part
-        of output the handler sends before its reply (``send_output``: stream 1 or 2, its bytes), in order."""
-        kw: dict[str, Any] = {"liveness": liveness_s, "on_output": on_output}
+        of output the handler sends before its reply (``send_output``: stream 1 or 2, its bytes), in order.
+        ``by``: the process the callee said it is (``process_tag``), so a callee that goes silent before its
+        first keepalive is named too."""
+        kw: dict[str, Any] = {"liveness": liveness_s, "on_output": on_output, "by": by}
         if not self.telemetry.recording:  # no span to open or mark: the caller's context is current already
             return await self._call(subject, payload, timeout=timeout, op=op, queued=False, msg_id=None, **kw)
         with self.telemetry.span(

@@ -34,6 +34,11 @@ log = logs.get("gym.bus")
 
 
 ATTEMPT_S = 30.0  # a service's connect attempt that has not succeeded by then starts over with a fresh client
+# Pings, both ways: a client leaves a server that answers none for (PING_MAX + 1) x PING_INTERVAL_S (a frozen node
+# of a cluster: the client moves to a live one), and ``EmbeddedServer`` drops a client that answers none as soon
+# (a frozen worker leaves its queue groups). NATS's default, 2 min x 2, kept either for 4-6 min.
+PING_INTERVAL_S = 5
+PING_MAX = 3
 
 
 def _quiet_ssl_eof() -> None:
@@ -506,6 +511,10 @@ async def connect(
                     disconnected_cb=on_disconnect,
                     reconnected_cb=reconnected,
                     pending_size=64 * 1024 * 1024,
+                    # a server that answers no ping for 15-20 s is left for another of the cluster (nats-py's
+                    # default, 2 min x 2, kept a client on a frozen node for 4-6 min)
+                    ping_interval=PING_INTERVAL_S,
+                    max_outstanding_pings=PING_MAX,
                     **(options or {}),
                 )
             break

@@ -30,6 +30,7 @@ from gym_runtime.transport.delivery import Delivery, Message
 from gym_runtime.transport.headers import CONTROL, sent_as_control
 from gym_runtime.transport.interface import Connection, inline
 from gym_runtime.transport.jetstream import ensure_consumer, ensure_streams
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import pull_next
 from gym_runtime.transport.tasks import TaskSet
 
@@ -42,6 +43,7 @@ LIVE_S = 1.0  # a work-queue worker says which messages it holds this often: one
 LIVE_SOON_S = 0.1  # ... and this soon after it took new ones (at most 10 beacons a second, whatever the load)
 DEAD_S = 3.5  # a peer silent this long is dead: its messages are nak'd on its behalf (redelivered at once)
 FULL_EVERY = 10  # every FULL_EVERY * LIVE_S a beacon lists everything held (a peer that joined late learns it)
+LOST_KEPT_S = 300.0  # how long a peer's process found silent is still named (``gym-runtime why``)
 
 
 class Beacon(msgspec.Struct, array_like=True):
@@ -81,6 +83,7 @@ async def work_queue_puller(
         handle=handle,
         heartbeat_s=ack_wait / 3,
         liveness=names.live(kind, name),
+        component=f"{kind}s.{name}" if kind != "task" else f"agents.{name}",
     )
 
 
@@ -142,8 +145,10 @@ class PullWorker:
         inline: bool = False,
         recreate: Callable[[], Awaitable[None]] | None = None,
         liveness: str | None = None,
+        component: str = "",
     ) -> None:
         self.bus = bus
+        self.component = component or consumer  # what the operator is told to look at (``agents.NAME``)
         self.stream = stream
         self.consumer = consumer
         self.slots = max(1, slots)
@@ -159,7 +164,9 @@ class PullWorker:
         # worker liveness on a pool subject: a peer that falls silent has its messages nak'd by the others,
         # so they are redelivered within seconds instead of after ack_wait (no per-message traffic)
         self.liveness = liveness
-        self._me = uuid.uuid4().hex[:12]
+        # ``id@node/pid``: a peer that finds this worker silent names its process (``why``, the operator's line)
+        self._me = f"{uuid.uuid4().hex[:12]}@{process_tag()}"
+        self.lost: dict[str, tuple[float, int]] = {}  # peers' processes found silent lately: (when, nak'd)
         self._held: dict[str, None] = {}  # ack subjects of the messages this worker holds
         self._added: list[str] = []
         self._news: anyio.Event | None = None  # set when a message is taken: its beacon goes out now, not later
@@ -392,11 +399,26 @@ class PullWorker:
                 if now - seen < DEAD_S:
                     continue
                 del self._peers[worker]
-                if held:
-                    log.info("pull.peer_lost", consumer=self.consumer, peer=worker, redelivered=len(held))
+                self._peer_lost(worker, len(held), now)
                 for ack in held:  # every peer may do this; a second nak of one delivery changes nothing
                     await nc.publish(ack, b"-NAK")
                 self.nakked_for_peers += len(held)
+
+    def _peer_lost(self, worker: str, held: int, now: float) -> None:
+        """A peer silent past ``DEAD_S``: kept for ``why`` and, if it held work, told in one line naming it."""
+        process = worker.partition("@")[2] or worker
+        for old in [p for p, (at, _) in self.lost.items() if now - at >= LOST_KEPT_S]:
+            del self.lost[old]
+        self.lost[process] = (now, held)
+        if held:
+            log.warning(
+                "worker.silent",
+                component=self.component,
+                process=process,
+                redelivered=held,
+                fix=f"its {held} message(s) go to the live workers now; look at {self.component} process {process} "
+                "(frozen? `kill -CONT`, or kill it)",
+            )
 
     async def _heartbeats(self) -> None:
         while True:

@@ -761,3 +761,29 @@ class Subjects:
         if len(t) > 2 and t[0] == self.ns:
             return f"{t[1]}.{t[2]}"  # {ns}.model.{m}, {ns}.res.{r}.seed, {ns}.res.{r}.{worker}.{op}
         return "x.x"
+
+
+def classify(names: Subjects, subject: str) -> tuple[str, str, str]:
+    """(stage, what, component) of a call by its subject (``Subjects``' layouts)."""
+    t = subject.split(".")
+    if len(t) >= 4 and t[1] == "call" and t[2] == "model":
+        return "generating", f"generating on model {t[3]}", f"models.{t[3]}"
+    if len(t) == 3 and t[1] == "model":
+        return "generating", f"generating on model {t[2]}", f"models.{t[2]}"
+    if len(t) >= 4 and t[1] == "res":
+        env = t[2]
+        if t[3] == "seed":
+            return "session", f"opening a session of environment {env}", f"resources.{env}"
+        if t[3] == "verify":
+            return "verify", f"in verify of environment {env}", f"resources.{env}"
+        op = t[4] if len(t) > 4 else "?"
+        stage = {"tool": "tool", "verify": "verify"}.get(op, "session")
+        what = {"tool": "in a tool", "verify": "in verify"}.get(op, op)
+        return stage, f"{what} of environment {env} on worker {t[3]}", f"resources.{env}"
+    if len(t) >= 4 and t[1] == "sbx":
+        pool = t[2]
+        if t[3] == "create":
+            return "sandbox_wait", f"waiting for a sandbox of pool {pool}", f"sandboxes.{pool}"
+        op = t[4] if len(t) > 4 else "?"
+        return "sandbox", f"sandbox {op} in pool {pool} on worker {t[3]}", f"sandboxes.{pool}"
+    return "call", f"a call to {subject}", subject

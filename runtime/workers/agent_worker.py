@@ -288,7 +288,8 @@ class AgentWorker:
 
     def waits(self) -> dict[str, Any]:
         """Where each rollout running here waits now (``gym-runtime why``), read only when asked."""
-        return self.rollouts.report(self.bus.calls_in_flight(), self.bus.went_silent)
+        lost = getattr(self.puller, "lost", None)  # a bus in memory has no peers to lose
+        return self.rollouts.report(self.bus.calls_in_flight(), self.bus.went_silent, lost, f"agents.{self.name}")
 
     async def drain(self) -> None:
         await drain_puller(self.puller)

@@ -80,6 +80,7 @@ log = logs.get("gym.resource")
 GUEST_MODULE = "gym_runtime.workers.guest_main"
 Call = Seed | Tool | Verify | Close | Rollout
 WATCH_S = 0.25  # how often calls are checked against their deadline
+STOPPED_S = 5.0  # a guest stopped (SIGSTOP: state T) this long, with calls waiting, is killed and started again
 START_WAIT_S = 120.0  # a call waits this long (or call_timeout_s if longer) for a restarting guest's setup
 STOP_GRACE_S = 5.0  # a stopping worker's guest gets this long to run its teardown before it is killed
 SANDBOX_EXEC = "sandbox.exec"  # the runtime's operation on a session: a command in a sandbox its server holds
@@ -129,6 +130,7 @@ class _Child:
         self.page = page
         self.generation = generation
         self.lost = ""  # why the worker killed it ("" while it is alive or when it died by itself)
+        self.stopped_since: float | None = None  # when it was first seen stopped (``_watch``), while it stays so
 
 
 class _Call:
@@ -503,6 +505,31 @@ class Guest:
             for call_id, call in list(self._waiting.items()):
                 if call.deadline <= now and not call.answer.done() and not (call.models is not None and call.waiting):
                     self._overran(call_id, call)
+            child = self._child
+            if child is not None and self._waiting and not child.lost:
+                self._if_stopped(child, now)
+
+    def _if_stopped(self, child: _Child, now: float) -> None:
+        """A guest stopped (``T`` in ``/proc``: SIGSTOP, a debugger) runs no call, however long ``call_timeout_s``:
+        past ``STOPPED_S`` it is killed and started again, its calls ``worker_lost`` (none was at fault)."""
+        if not _stopped(child.process.pid):
+            child.stopped_since = None
+            return
+        if child.stopped_since is None:
+            child.stopped_since = now
+            return
+        if now - child.stopped_since < STOPPED_S:
+            return
+        process = f"{socket.gethostname()}/{child.process.pid}"
+        log.warning(
+            "worker.silent",
+            component=self.where,
+            process=process,
+            call=f"its guest process was stopped for {STOPPED_S:g}s with {len(self._waiting)} call(s) waiting",
+            fix="the guest is killed and started again; its calls' rollouts run again",
+        )
+        self._kill(child, f"its guest process {process} was stopped for {STOPPED_S:g}s (SIGSTOP?)")
+        self._lose(child)
 
     def _overran(self, call_id: int, call: _Call) -> None:
         """``call_id``'s time is up: stop its guest, and fail the call at fault as ``timeout`` (module docstring)."""
@@ -545,6 +572,15 @@ def stuck_in(pid: int, page: Page, samples: int = 5) -> int:
         if i + 1 < samples:
             time.sleep(0.002)
     return max(seen, key=seen.__getitem__) if seen else 0
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal or traced (``T``/``t`` in ``/proc``; False without ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[-1].split()[:1] in (["T"], ["t"])
+    except OSError:
+        return False
 
 
 def _running_threads(pid: int) -> list[int]:

@@ -54,6 +54,7 @@ from gym_runtime.resource import (
     ToolArgumentsError,
     Verdict,
     check_requires,
+    check_seed_once,
     load_resource_class,
     replay_calls,
 )
@@ -62,11 +63,13 @@ from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.crashes import Crashes, answer_digest
 from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
 from gym_runtime.workers.guest_frames import Start
 from gym_runtime.workers.sessions import Sessions, config_callers
+from gym_runtime.workers.templates import Template, Templates, fork_for, task_key
 from gym_runtime.workers.tool_replies import ToolReplies
 
 log = logs.get("gym.resource")
@@ -208,6 +211,7 @@ class ResourceWorker:
         hosting: Any = config.hosting  # gym_runtime.nemo_gym.hosting.resource, loaded by name when a resource is hosted
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.session(name, self.worker_id)
+        self.process = process_tag()  # named in each seed's reply: a session call it leaves unanswered names it
         # max_sessions per caller: one pool's flood of seeds closes its own sessions, not another's
         self.sessions: Sessions[Resource] = Sessions(cfg.max_sessions, config_callers(agent_names, resource_names))
         self._subs: list[Any] = []
@@ -218,6 +222,8 @@ class ResourceWorker:
         self._books: dict[int, _Book] = {}  # native sessions' ledgers, by ``id`` of their instance (``_book``)
         self._replies: dict[str, ToolReplies[ToolReply]] = {}  # sessions' tool replies by call id (``ToolCall.id``)
         self.guest: Guest | None = None
+        # seed_once: each task's seeded session, which its repeats start from (``workers.templates``)
+        self.templates: Templates[Resource] = Templates(cfg.seed_once_idle_s)
         self.called: Any = None  # a hosted server's sessions on other resources (hosting's CalledSessions)
         if cfg.hosted and hosting is None:  # a bug: resolve_models (publishing) loads no plugin
             raise TypeError(f"resources.{name}: a hosted server's workers need resolve_config, not resolve_models")
@@ -260,6 +266,8 @@ class ResourceWorker:
         isolation = "none" if cfg.hosted else (cfg.isolation or self.cls.isolation)
         if isolation == "process" and cfg.sandbox:  # its sandbox client lives on the bus, not in the guest
             raise UserError(f"resources.{name}: isolation: process with a sandbox pool is not supported yet")
+        if cfg.seed_once:
+            check_seed_once(self.cls, isolation, f"resources.{name}.seed_once")
         if isolation == "process":
             start = Start(server=cfg.server, entry=name, options=dict(cfg.options))
             self.guest = Guest(start, self.models, cfg.call_timeout_s, on_lost=self._guest_lost)
@@ -303,6 +311,8 @@ class ResourceWorker:
             ]
             await self.bus.flush()
             tg.start_soon(self._reap)
+            if self.cfg.seed_once:
+                tg.start_soon(self._reap_templates)
             svc = await register(
                 self.bus,
                 "resource",
@@ -325,12 +335,14 @@ class ResourceWorker:
                     if self.called is not None:  # its sessions on other resources servers
                         await self.called.close_all()
                     if self.guest is None:  # a guest closes its sessions and tears down when it stops
-                        for inst in self.sessions.pop_all():
+                        for inst in [*self.sessions.pop_all(), *self.templates.pop_all()]:
                             await _close(inst)
                         await self.cls.teardown()
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"sessions": len(self.sessions), "seeded": self.seeded}
+        if self.cfg.seed_once:
+            out["templates"] = len(self.templates)
         if self.guest is not None:
             out["guest_restarts"] = self.guest.restarts
         return out
@@ -393,19 +405,14 @@ class ResourceWorker:
             if problems:
                 raise Failure("invalid_task", "; ".join(problems))
         caller = self.bus.subjects.seed_caller(msg.subject)  # the only one its operations are answered for
-        inst = self._new(leased_to(caller, req.rollout))
-        counting = _counting(self._book(inst)[0])
-        try:
-            await inst.seed(req.row)
-        except Failure as e:  # as a tool's: the runtime's findings as they are, any other class the seed's own
-            own = as_environments(e, "tool_error", "seed")
-            if own is e:
-                raise
-            raise own from None
-        except Exception as exc:
-            raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
-        finally:
-            _counted(counting)
+        bound = leased_to(caller, req.rollout)
+        # a resumed attempt's restore sets its session back itself: seeded as without seed_once
+        key = task_key(caller, req.rollout, req.row) if self.cfg.seed_once else None
+        if key is None or isinstance(req.then, RestoreSession):
+            inst = self._new(bound)
+            await self._seeded(inst, req.row)
+        else:
+            inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
@@ -421,7 +428,71 @@ class ResourceWorker:
                 if opened is not None:
                     await _close(opened)
                 raise
-        return SeedReply(session=sid, address=self.address, result=result)
+        return SeedReply(session=sid, address=self.address, result=result, by=self.process)
+
+    async def _seeded(self, inst: Resource, row: dict[str, Any]) -> None:
+        """``inst``'s seed, a failure of it typed as the environment's."""
+        counting = _counting(self._book(inst)[0])
+        try:
+            await inst.seed(row)
+        except Failure as e:  # as a tool's: the runtime's findings as they are, any other class the seed's own
+            own = as_environments(e, "tool_error", "seed")
+            if own is e:
+                raise
+            raise own from None
+        except Exception as exc:
+            raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            _counted(counting)
+
+    async def _template(self, row: dict[str, Any]) -> tuple[Resource, bytes]:
+        """A task's template (seed_once): a session seeded with its row, and its snapshot. Its sandboxes are leased
+        to no rollout; they end with it (``Templates.idle``, the worker's stop), else at its ``session_ttl_s``."""
+        inst = self._new()
+        try:
+            await self._seeded(inst, row)
+            try:
+                snap = await inst.snapshot()
+            except Exception as exc:
+                raise Failure("tool_error", f"snapshot after seed raised {type(exc).__name__}: {exc}") from exc
+            if snap is None:
+                raise Failure("tool_error", "seed_once: snapshot() after seed returned None (nothing to restore)")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _close(inst)
+            raise
+        return inst, snap
+
+    async def _from(self, tpl: Template[Resource], bound: str) -> Resource:
+        """A repeat's session: fresh, holding forks of the template's sandboxes (each handed to the first create
+        that asks for its spec, as a restore's reattached ones are), set back to its snapshot."""
+        assert tpl.session is not None
+        inst = self._new(bound)
+        try:
+            parents = self._book(tpl.session)[1]
+            lease = self._book(inst)[1]
+            if isinstance(parents, Sandboxes) and isinstance(lease, Sandboxes) and parents.held():
+                forked: list[Any] = []
+                for box in parents.held():
+                    forked += await fork_for(box, lease)
+                lease.adopt(forked)
+            counting = _counting(self._book(inst)[0])
+            try:
+                await inst.restore(tpl.snapshot)
+            except Failure as e:
+                own = as_environments(e, "tool_error", "restore")
+                if own is e:
+                    raise
+                raise own from None
+            except Exception as exc:
+                raise Failure("tool_error", f"restore (seed_once) raised {type(exc).__name__}: {exc}") from exc
+            finally:
+                _counted(counting)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _close(inst)
+            raise
+        return inst
 
     def _session(self, sid: str) -> Resource:
         inst = self.sessions.use(sid)
@@ -601,3 +672,10 @@ class ResourceWorker:
                 await _close(inst)
             for sid in [s for s in self._replies if s not in self.sessions]:  # sessions closed any other way
                 del self._replies[sid]
+
+    async def _reap_templates(self) -> None:
+        """Close the templates no repeat took for ``seed_once_idle_s`` (their group is done)."""
+        while True:
+            await anyio.sleep(min(30.0, max(0.2, self.cfg.seed_once_idle_s / 4)))
+            for inst in self.templates.idle():
+                await _close(inst)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from gym_runtime.transport.rpc import Pending
-from gym_runtime.transport.subjects import Subjects
+from gym_runtime.transport.subjects import Subjects, classify
 
 SILENT_BEATS = 1.5  # a core call with no keepalive for this many keepalive periods (sent every one, up to half late)
 SILENT_KEPT_S = 300.0  # how long a process a call went silent on is still named (``Rollouts.report``)
@@ -43,9 +43,16 @@ class Rollouts:
         self.keepalive_s = keepalive_s
         self.live: dict[Any, Running] = {}
 
-    def report(self, calls: list[Pending], went_silent: dict[str, tuple[str, float]]) -> dict[str, Any]:
+    def report(
+        self,
+        calls: list[Pending],
+        went_silent: dict[str, tuple[str, float]],
+        peers_lost: dict[str, tuple[float, int]] | None = None,
+        component: str = "",
+    ) -> dict[str, Any]:
         """What a discovery asking ``WAITS`` gets: each running rollout where it waits now (the longest waits
-        first), and the processes calls went silent on lately (gone from the calls: moved elsewhere or failed)."""
+        first), the processes calls went silent on lately (gone from the calls: moved elsewhere or failed), and
+        the peers of this worker's own pool found silent (``PullWorker.lost``: their tasks nak'd for the others)."""
         now = time.monotonic()
         for subject in [s for s, (_, at) in went_silent.items() if now - at >= SILENT_KEPT_S]:
             del went_silent[subject]  # forgotten: a process silent that long ago is someone else's by now
@@ -53,6 +60,9 @@ class Rollouts:
         for subject, (by, at) in went_silent.items():
             _, what, component = classify(self.subjects, subject)
             silent.append({"process": by, "what": what, "component": component, "ago_s": round(now - at, 1)})
+        for process, (at, held) in (peers_lost or {}).items():
+            what = f"a peer agent worker holding {held} task(s), handed to the live workers"
+            silent.append({"process": process, "what": what, "component": component, "ago_s": round(now - at, 1)})
         return {"waits": self.waits(calls), "went_silent": silent}
 
     def waits(self, calls: list[Pending]) -> list[dict[str, Any]]:
@@ -101,29 +111,3 @@ class Rollouts:
         if call.paused_now:
             e["what"] += " (its handler waits for a sandbox lease)"
         return e
-
-
-def classify(names: Subjects, subject: str) -> tuple[str, str, str]:
-    """(stage, what, component) of a call by its subject (``Subjects``' layouts)."""
-    t = subject.split(".")
-    if len(t) >= 4 and t[1] == "call" and t[2] == "model":
-        return "generating", f"generating on model {t[3]}", f"models.{t[3]}"
-    if len(t) == 3 and t[1] == "model":
-        return "generating", f"generating on model {t[2]}", f"models.{t[2]}"
-    if len(t) >= 4 and t[1] == "res":
-        env = t[2]
-        if t[3] == "seed":
-            return "session", f"opening a session of environment {env}", f"resources.{env}"
-        if t[3] == "verify":
-            return "verify", f"in verify of environment {env}", f"resources.{env}"
-        op = t[4] if len(t) > 4 else "?"
-        stage = {"tool": "tool", "verify": "verify"}.get(op, "session")
-        what = {"tool": "in a tool", "verify": "in verify"}.get(op, op)
-        return stage, f"{what} of environment {env} on worker {t[3]}", f"resources.{env}"
-    if len(t) >= 4 and t[1] == "sbx":
-        pool = t[2]
-        if t[3] == "create":
-            return "sandbox_wait", f"waiting for a sandbox of pool {pool}", f"sandboxes.{pool}"
-        op = t[4] if len(t) > 4 else "?"
-        return "sandbox", f"sandbox {op} in pool {pool} on worker {t[3]}", f"sandboxes.{pool}"
-    return "call", f"a call to {subject}", subject

@@ -16,6 +16,13 @@ sandbox-seconds (the seconds each sandbox was held until then, summed). Then for
 ``--latency`` forks of one child each, one after another, from a set-up sandbox (the child answering an exec),
 against ``--latency`` cold creates (``ctx.sandbox()``, answering an exec) on the same engine. The load average
 is printed in the header: wall times on a shared machine move with it. Not a CI test.
+
+``--parts`` picks what runs (default all): ``group`` (the two above), ``fork`` (the first alone), ``latency``, and
+``seed_once``: the same
+set-up as a task's ``seed`` (``tests/envs/seeded_box.py`` with ``resources.env.seed_once``), a batch of one task
+with ``--group`` repeats run end to end (the scripted policy, a TEST DOUBLE for the LLM; agent, environment and
+sandbox workers in this process): with ``seed_once`` (seeded once, each repeat restored into a fork of its
+sandbox) against without (each repeat seeds its own), wall time from submit to the group's last row, and seeds.
 """
 
 from __future__ import annotations
@@ -23,18 +30,22 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import anyio
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gym_runtime.config import SandboxConfig, SandboxLimits  # noqa: E402
+from gym_runtime.client import Client  # noqa: E402
+from gym_runtime.config import SandboxConfig, SandboxLimits, load_config, resolve_config  # noqa: E402
 from gym_runtime.messages import SandboxSpec  # noqa: E402
 from gym_runtime.observability.tracing import Telemetry  # noqa: E402
 from gym_runtime.ops.nats_server import EmbeddedServer  # noqa: E402
@@ -45,6 +56,7 @@ from gym_runtime.sandboxes.images import ensure_base  # noqa: E402
 from gym_runtime.transport.bus import Bus  # noqa: E402
 from gym_runtime.transport.jetstream import ensure_streams  # noqa: E402
 from gym_runtime.workers.sandbox_worker import SandboxWorker  # noqa: E402
+from tests.envs.seeded_box import task as box_task  # noqa: E402
 
 SETUP = (
     "set -e; mkdir -p /work; cp -r /usr/lib/python3.11 /work/pkg; cd /work/pkg; "
@@ -159,11 +171,47 @@ async def latencies(bus: Bus, pool: str, n: int, rounds: int) -> tuple[list[floa
     return fork_s, cold_s
 
 
+async def seed_once_batch(url: str, sock: str, group: int, rounds: int, once: bool) -> tuple[float, int, list[float]]:
+    """One task's ``group`` repeats through every worker, ``seed_once`` or not: wall s from submit to the last row,
+    how many seeds ran, the rewards."""
+    pool = f"once{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        seeds = Path(tmp) / "seeds"
+        setup = f"sh -c {shlex.quote(SETUP)} setup {rounds} >/dev/null"
+        env = {"server": "tests.envs.seeded_box", "sandbox": pool, "seed_once": once, "concurrency": 4 * group}
+        env["options"] = {"seeds": str(seeds), "setup": setup}
+        limits = {"disk_mb": 256, "timeout_s": 3600, "memory_mb": 1024}
+        cfg = {
+            "namespace": "gym",
+            "models": {"policy": {"adapter": "scripted", "concurrency": 4 * group}},
+            "sandboxes": {pool: {"engine": f"unix://{sock}", "capacity": 4 * group, "limits": limits}},
+            "resources": {"env": env},
+            "agents": {
+                "agent": {
+                    "agent": "agents.simple",
+                    "model": "policy",
+                    "resource": "env",
+                    "timeout_s": 3600,
+                    "concurrency": 4 * group,
+                }
+            },
+        }
+        path = Path(tmp) / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        async with Client(resolve_config(load_config(path)), nats=url) as client:
+            started = time.monotonic()
+            batch = await client.submit([box_task("pkg")], repeats=group)
+            rows = await batch.gather()
+            wall = time.monotonic() - started
+        return wall, len(seeds.read_text().split()), [r.get("reward", -1.0) for r in rows]
+
+
 def template_spec() -> SandboxSpec:
     return SandboxSpec(timeout_s=3600)
 
 
 async def main(args: argparse.Namespace) -> None:
+    parts = set(args.parts.split(","))
     sock = socket_of(os.environ.get("DOCKER_HOST") or "")
     tmp = f"/tmp/gym-bench-fork-{uuid.uuid4().hex[:6]}"
     srv = EmbeddedServer(store_dir=f"{tmp}/js", sync="interval")
@@ -185,23 +233,40 @@ async def main(args: argparse.Namespace) -> None:
                 one_s = await set_up(box, args.rounds)
                 size = (await box.exec("du -sm /work | cut -f1")).stdout.decode().strip()
                 await solo.close_all()
-                print(f"one set-up alone: {one_s:.1f} s ({size} MB in /work)")
-                f_wall, f_sbx, fork_s = await forked(bus, pool, args.group, args.rounds)
-                print(f"load average now: {os.getloadavg()[0]:.1f}")
-                s_wall, s_sbx = await eight_set_ups(bus, pool, args.group, args.rounds)
-                print(f"load average now: {os.getloadavg()[0]:.1f}")
-                fork_lat, cold_lat = await latencies(bus, pool, args.latency, args.rounds)
+                print(f"one set-up alone: {one_s:.1f} s ({size} MB in /work)", flush=True)
+                if "fork" in parts and "group" not in parts:
+                    f_wall, f_sbx, fork_s = await forked(bus, pool, args.group, args.rounds)
+                    print(f"group of {args.group} forked: ready in {f_wall:.1f} s ({f_wall / one_s:.2f} x one set-up)")
+                    print(f"the fork of {args.group} itself: {fork_s:.2f} s ({fork_s / args.group:.2f} s per child)")
+                    print(f"load average now: {os.getloadavg()[0]:.1f}", flush=True)
+                if "group" in parts:
+                    f_wall, f_sbx, fork_s = await forked(bus, pool, args.group, args.rounds)
+                    print(f"load average now: {os.getloadavg()[0]:.1f}")
+                    s_wall, s_sbx = await eight_set_ups(bus, pool, args.group, args.rounds)
+                    print(f"load average now: {os.getloadavg()[0]:.1f}")
+                    print(f"\ngroup of {args.group}, to its first turn      wall s   sandbox-s   x one set-up")
+                    print(f"forked (1 set-up + fork)          {f_wall:8.1f}  {f_sbx:9.1f}   {f_wall / one_s:6.2f}")
+                    eight = f"set up {args.group} times"
+                    print(f"{eight:34}{s_wall:8.1f}  {s_sbx:9.1f}   {s_wall / one_s:6.2f}")
+                    print(f"the fork of {args.group} itself: {fork_s:.2f} s ({fork_s / args.group:.2f} s per child)")
+                if "latency" in parts:
+                    fork_lat, cold_lat = await latencies(bus, pool, args.latency, args.rounds)
+                    print(f"\nper child ({args.latency} each)     p50 s   p99 s")
+                    print(f"fork of one child      {pct(fork_lat, 50):6.2f}  {pct(fork_lat, 99):6.2f}")
+                    print(f"cold create            {pct(cold_lat, 50):6.2f}  {pct(cold_lat, 99):6.2f}")
+                    print(f"(means: fork {statistics.mean(fork_lat):.2f} s, cold {statistics.mean(cold_lat):.2f} s)")
+                    print(f"load average now: {os.getloadavg()[0]:.1f}", flush=True)
+                if "seed_once" in parts:
+                    print(f"\na batch of 1 task x {args.group}, submit to last row   wall s   x one set-up   seeds")
+                    for once in (True, False):
+                        wall, seeds, rewards = await seed_once_batch(srv.url, sock, args.group, args.rounds, once)
+                        assert rewards == [1.0] * args.group, rewards
+                        what = "seed_once (seeded once, forked)" if once else f"without (seeded {args.group} times)"
+                        print(f"{what:40} {wall:8.1f}   {wall / one_s:12.2f}   {seeds:5}", flush=True)
+                        print(f"load average now: {os.getloadavg()[0]:.1f}", flush=True)
                 tg.cancel_scope.cancel()
             await bus.close()
             left = await engine.containers({POOL: f"gym.{pool}"})
-            print(f"\ngroup of {args.group}, to its first turn      wall s   sandbox-s   x one set-up")
-            print(f"forked (1 set-up + fork)          {f_wall:8.1f}  {f_sbx:9.1f}   {f_wall / one_s:6.2f}")
-            print(f"set up {args.group} times                    {s_wall:8.1f}  {s_sbx:9.1f}   {s_wall / one_s:6.2f}")
-            print(f"the fork of {args.group} itself: {fork_s:.2f} s ({fork_s / args.group:.2f} s per child)")
-            print(f"\nper child ({args.latency} each)     p50 s   p99 s")
-            print(f"fork of one child      {pct(fork_lat, 50):6.2f}  {pct(fork_lat, 99):6.2f}")
-            print(f"cold create            {pct(cold_lat, 50):6.2f}  {pct(cold_lat, 99):6.2f}")
-            print(f"(means: fork {statistics.mean(fork_lat):.2f} s, cold {statistics.mean(cold_lat):.2f} s)")
             print(f"containers left: {len(left)}; load average at end: {os.getloadavg()[0]:.1f}")
     finally:
         srv.stop()
@@ -212,5 +277,6 @@ if __name__ == "__main__":
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3, help="compile rounds of the set-up")
     p.add_argument("--latency", type=int, default=20, help="forks and cold creates timed one by one")
+    p.add_argument("--parts", default="group,latency,seed_once", help="what runs: group, fork, latency, seed_once")
     p.add_argument("--rootfs", choices=["read-only", "writable"], default="read-only", help="the pool's rootfs")
     anyio.run(main, p.parse_args())

@@ -9,6 +9,8 @@ task×repeat, and rollouts must complete again within seconds of the kill.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -242,3 +244,73 @@ def test_a_command_whose_jetstream_stops_answering_ends_in_one_line(cluster: Loc
     said = "gym-runtime: error: JetStream stopped answering (JetStream system temporarily unavailable)"
     assert lines[-1].startswith(said), res.stderr
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+
+
+def test_a_frozen_node_its_clients_move_to_a_live_one_and_nothing_is_lost_or_doubled(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A node frozen (SIGSTOP: its sockets open, answering nothing) mid-batch, leading the results, tasks and
+    model-call streams, with a pool of every role on it: the other nodes elect new leaders, its clients answer
+    no ping for 15-20 s and move to a live node, and the batch ends with every row once (issue 77)."""
+    n_tasks = 300
+    config = write_config(tmp_path, agent_concurrency=16, delay_s=0.1)
+    cluster.create_streams()
+    leader = cluster.stream_leader("GYM_RESULTS_agent")
+    assert leader is not None
+    victim = cluster.node(leader)
+    for stream in ("GYM_TASKS", "GYM_MODEL"):
+        cluster.move_leader(stream, leader)
+    other = next(n for n in cluster.nodes if n is not victim)
+    procs: list[subprocess.Popen[str]] = []
+    frozen = False
+    try:
+        procs.append(start_worker(config, victim.url, "agents.agent"))
+        procs.append(start_worker(config, other.url, "agents.agent"))
+        procs.append(start_worker(config, victim.url, "resources.env"))
+        procs.append(start_worker(config, victim.url, "models.policy"))
+        res = cli("publish", str(config), "-i", str(tasks_file(tmp_path, n_tasks)), "--nats", other.url,
+                  "--batch", "frozen", "--repeats", str(REPEATS))  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        out = tmp_path / "out.jsonl"
+        deadline = time.monotonic() + 60
+        while result_count(cluster) < 60:
+            assert time.monotonic() < deadline, "the batch did not get going"
+            time.sleep(0.1)
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGSTOP)
+        frozen, frozen_at = True, time.monotonic()
+        survivors = [n for n in cluster.nodes if n is not victim]
+
+        def stored() -> int:  # as the live nodes say (the frozen one answers nothing)
+            counts = [0]
+            for n in survivors:
+                for acc in monitor(n, "/jsz?streams=true").get("account_details") or []:
+                    counts += [int(x["state"]["messages"]) for x in acc.get("stream_detail") or []
+                               if x.get("name") == "GYM_RESULTS_agent"]  # fmt: skip
+            return max(counts)
+
+        before = stored()
+        resumed = None
+        while time.monotonic() - frozen_at < 90:
+            if stored() > before + 20:
+                resumed = time.monotonic() - frozen_at
+                break
+            time.sleep(0.2)
+        assert resumed is not None and resumed < 60.0, f"no rollouts completed for 60 s after {leader} froze"
+        collector = subprocess.Popen(
+            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "frozen", "--nats", other.url,
+             "-o", str(out), "--no-progress"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        stdout, stderr = collector.communicate(timeout=240)
+        assert collector.returncode == 0, stderr[-2000:]
+        assert f"{n_tasks * REPEATS} rows, 0 failed" in stdout, stdout
+        rows = read_jsonl(out)
+        keys = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+        assert keys == [(t, k) for t in range(n_tasks) for k in range(REPEATS)]
+        print(f"froze {leader} at {before} results; rollouts completing again after {resumed:.1f} s; batch done "
+              f"{time.monotonic() - frozen_at:.1f} s after")  # fmt: skip
+    finally:
+        if frozen and victim.pid is not None:
+            os.kill(victim.pid, signal.SIGCONT)
+        stop(procs)

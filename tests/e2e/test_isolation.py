@@ -14,6 +14,7 @@ child of it), agent and model workers in this process. The scripted policy is th
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,36 @@ def test_a_hosted_nemo_gym_verify_that_holds_the_gil_times_out_alone(tmp_path: P
     by_task = {row["_ng_task_index"]: row for row in [*read_jsonl(tmp_path / "out.jsonl"), *failures]}
     assert r.returncode == 1, r.stderr[-2000:]  # one failure row
     assert_only_the_hog_failed(by_task)
+
+
+async def test_a_frozen_guest_is_restarted_within_seconds_not_after_call_timeout_s(nats_server, tmp_path: Path) -> None:
+    """SIGSTOP of the guest while sessions live in it (issue 77): no call of it ends until ``call_timeout_s``
+    (120 s by default), so the worker kills a guest it finds stopped for 5 s and starts another; the rollouts it
+    held run again as new attempts: every row scored, the batch done within 60 s of the freeze."""
+    config = write_config(tmp_path, {"server": "tests.envs.gil_hog", "isolation": "process"}, delay_s=0.3)
+    worker = start_worker(config, nats_server.url, "resources.env")
+    frozen = None
+    try:
+        (first,) = guests(worker.pid)
+        async with Client(config, nats=nats_server.url, workers=["models.policy", "agents.agent"]) as client:
+            batch = await client.submit(rows(3 * N))
+            got = []
+            with anyio.fail_after(150):
+                async for row in batch:
+                    got.append(row)
+                    if len(got) == 4:  # sessions of the other rollouts are open in the guest now
+                        first.send_signal(signal.SIGSTOP)
+                        frozen, t0 = first, time.monotonic()
+            took = time.monotonic() - t0
+        (second,) = guests(worker.pid)
+    finally:
+        if frozen is not None and frozen.is_running():
+            frozen.send_signal(signal.SIGCONT)
+        stop([worker])
+    assert second.pid != first.pid
+    assert len(got) == 3 * N
+    failures = [r for r in got if "error_class" in r]
+    assert not failures, failures[:3]
+    assert all(r["reward"] == 1.0 for r in got)
+    assert took < 60.0, took
+    print(f"frozen guest: batch done {took:.1f}s after the freeze")

@@ -10,6 +10,7 @@ container either, with no worker started again.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -194,3 +195,35 @@ def test_a_whole_cluster_sigkilled_leaves_no_container_without_any_worker_starti
 async def _remove(cid: str) -> None:
     async with Engine(docker_socket()) as e:
         await e.remove(cid)
+
+
+def test_a_frozen_sandbox_worker_its_calls_fail_over_and_every_row_arrives_once(
+    server: EmbeddedServer, box_pool: str, tmp_path: Path
+) -> None:
+    """One of two sandbox workers frozen (SIGSTOP) mid-batch (issue 77): a call in flight on it fails as
+    ``worker_lost`` after the bus's 10 s liveness window (its rollout runs again), the server drops it within
+    20 s so no create lands on it again, and the batch ends with every row once, each scored."""
+    config = write_config(tmp_path, box_pool)
+    pool = Pool(config, server.url)
+    frozen = None
+    try:
+        for only in (f"sandboxes.{box_pool}", "models.policy", "resources.env", "agents.agent"):
+            pool.start(only, only)
+        frozen = pool.start("sandboxes#2", f"sandboxes.{box_pool}")
+        out = tmp_path / "out.jsonl"
+        publish(config, server.url, tasks_file(tmp_path, N_TASKS), "b1")
+        collector = start_collect(server.url, "b1", out)
+        wait_until(lambda: results_stored(server.url) >= 1, timeout=90)
+        frozen.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        stdout, stderr = collector.communicate(timeout=240)
+        took = time.monotonic() - t0
+        assert collector.returncode == 0, stderr
+        assert f"{N_TASKS * REPEATS} rows, 0 failed" in stdout
+        rows = assert_exactly_once(out, N_TASKS)
+        assert all(r["reward"] == 1.0 for r in rows)
+        print(f"frozen sandbox worker: batch done {took:.1f}s after the freeze")
+    finally:
+        if frozen is not None:
+            frozen.send_signal(signal.SIGCONT)
+        pool.stop_all()

@@ -1,0 +1,98 @@
+"""The gray-failure matrix, once: each component frozen mid-batch (SIGSTOP of its real process), and how long until
+it was found and worked around (issue 77).
+
+Each row is the e2e test that freezes that component (real nats-server, real worker processes, the scripted
+policy as the LLM), run on its own with ``pytest -s``; the test asserts its own bounds (found within 30 s,
+worked around within 60 s, every row once) and prints what it measured, which this script reads back into one
+table. A row whose test is not in this tree (another branch's) is skipped; one that fails says so.
+
+    python tests/bench/chaos.py [--only NAME[,NAME...]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    test: str  # file::name
+    found: str  # a regex whose group 1 is the seconds until found (named), or "" when the test measures none
+    recovered: str  # ... until worked around (calls moved, the batch going again or done)
+    what: str  # what "recovered" measures
+
+
+E2E = "tests/e2e/"
+MATRIX = [
+    Row("model worker", E2E + "test_why.py::test_why_names_a_frozen_model_worker_within_30_s",
+        r"frozen model worker named after ([\d.]+)s", "", "-"),
+    Row("model replica (2)",
+        E2E + "test_why.py::test_a_frozen_model_replicas_calls_move_to_the_other_and_every_row_arrives_once",
+        "", r"done ([\d.]+)s after the freeze", "batch of 12 done"),
+    Row("resource worker",
+        E2E + "test_frozen_components.py::test_a_frozen_resource_workers_sessions_resume_on_the_other",
+        r"named ([\d.]+)s", r"calls moved ([\d.]+)s", "no call waits on it"),
+    Row("agent worker",
+        E2E + "test_frozen_components.py::test_a_frozen_agent_worker_is_named_and_its_tasks_redelivered",
+        r"named ([\d.]+)s", r"batch done ([\d.]+)s", "batch of 8 done"),
+    Row("guest",
+        E2E + "test_isolation.py::test_a_frozen_guest_is_restarted_within_seconds_not_after_call_timeout_s",
+        "", r"batch done ([\d.]+)s after the freeze", "batch of 36 done"),
+    Row("NATS node (of 3)",
+        E2E + "test_cluster.py::test_a_frozen_node_its_clients_move_to_a_live_one_and_nothing_is_lost_or_doubled",
+        "", r"completing again after ([\d.]+) s", "rollouts completing again"),
+]  # fmt: skip
+
+
+def run(row: Row) -> tuple[str, str, str, float]:
+    """(found, recovered, outcome, wall s) of one row's test."""
+    path = row.test.split("::", 1)[0]
+    test = row.test.split("::", 1)[1]
+    if not (REPO / path).exists() or test not in (REPO / path).read_text():
+        return "-", "-", "not in this tree", 0.0
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:randomly", row.test],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    wall = time.monotonic() - t0
+    out = res.stdout + res.stderr
+
+    def pick(pattern: str) -> str:
+        m = re.search(pattern, out) if pattern else None
+        return f"{float(m.group(1)):.1f}" if m else "-"
+
+    return pick(row.found), pick(row.recovered), "pass" if res.returncode == 0 else "FAIL", wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="comma-separated row names (default: every row)")
+    args = ap.parse_args()
+    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
+    rows = [r for r in MATRIX if not wanted or r.name in wanted]
+    load = os.getloadavg()[0]
+    print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
+    print("| component frozen (SIGSTOP) | found s | worked around s | measured as | test | wall s |")
+    print("| --- | ---: | ---: | --- | --- | ---: |")
+    for row in rows:
+        found, recovered, outcome, wall = run(row)
+        print(f"| {row.name} | {found} | {recovered} | {row.what} | {outcome} | {wall:.0f} |", flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
