@@ -584,6 +584,9 @@ class ModelResponse(_Msg, tag="model.resp.v1"):
     # the generation was stopped at the request's ``cut_at``: ``response`` holds its tokens so far (its item
     # ``status: "incomplete"``), not a finished turn; the caller's rollout has run out of time
     cut: bool = False
+    # ``response.tools`` are the request's ``params.tools`` as asked (the adapter echoed the very tools it was
+    # given): the caller may hold its own list in their place, and a checkpoint need not keep them (``holding``)
+    tools_asked: bool = False
 
 
 class SeedRequest(_Msg, tag="seed.v1"):
@@ -728,6 +731,9 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     sandbox_lease: str = ""
     # the next turn's generation so far (its tokens streamed while it ran): a resumed attempt continues it
     generating: GenerationProgress | None = None
+    # ``response.tools`` were the tools the trajectory offers (its ``params.tools``), left out: a resumed attempt
+    # takes them from its own task's (an offered tool list can be most of a checkpoint, written each turn)
+    offered_tools: bool = False
 
 
 class CheckpointPart(Struct, kw_only=True, omit_defaults=True):

@@ -305,7 +305,7 @@ def watched_query(args: argparse.Namespace, service: str, body: Callable[[Any], 
         bus = await Bus.connect(
             url,
             namespace=args.namespace,
-            telemetry=Telemetry(service=f"gym-runtime.{service}"),
+            telemetry=Telemetry(),
             name=f"gym-{service}",
             auth=auth,
             role="publisher",

@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         auth.creds("admin")
     cli.check_output(args.output)
     cli.reach(url)
-    telemetry = Telemetry(service="gym-runtime.collect")
+    telemetry = Telemetry()
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
         cli.when_interrupted(
             lambda: (

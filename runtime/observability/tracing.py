@@ -176,13 +176,7 @@ def _valid_traceparent(tp: str | None) -> str | None:
 class Telemetry:
     """Tracer plus header propagation for one process."""
 
-    def __init__(
-        self,
-        provider: TracerProvider | None = None,
-        *,
-        service: str = "gym-runtime",
-        meters: Meters | None = None,
-    ) -> None:
+    def __init__(self, provider: TracerProvider | None = None, *, meters: Meters | None = None) -> None:
         # Without an exporter nothing is recorded and no span is made (messages carry their caller's
         # context, or a fresh one), so there is no provider either.
         self.recording = provider is not None
@@ -209,7 +203,7 @@ class Telemetry:
 
             exporters.append(OTLPSpanExporter())
         if not exporters:
-            return cls(service=service, meters=meters)
+            return cls(meters=meters)
         from opentelemetry.sdk.resources import Resource as OtelResource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -223,7 +217,7 @@ class Telemetry:
         )
         for e in exporters:
             provider.add_span_processor(BatchSpanProcessor(e, schedule_delay_millis=200))
-        return cls(provider, service=service, meters=meters)
+        return cls(provider, meters=meters)
 
     def span(
         self,

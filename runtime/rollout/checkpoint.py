@@ -97,7 +97,8 @@ def holding(
     left to the parts."""
     last = traj.last
     assert last is not None
-    partial = msgspec.structs.replace(last, output=[], usage=traj.usage)
+    offered = last.tools is traj.offered and bool(last.tools)  # the trajectory's own tools: left out, taken up
+    partial = msgspec.structs.replace(last, output=[], usage=traj.usage, tools=[] if offered else last.tools)
     partial.status = "incomplete"  # the shape of a failure row's partial trajectory
     return Checkpoint(
         turn=turn,
@@ -111,6 +112,7 @@ def holding(
         sessions=sessions,
         sandboxes=sandboxes,
         generating=generating,
+        offered_tools=offered,
     )
 
 

@@ -48,11 +48,25 @@ class TrajectoryState:
     """An agent's growing trajectory (``agent.Trajectory`` is its face): the prompt, every item so far, the usage
     summed over turns, the turns made, and where the last generation stands for a checkpoint (``rollout.resume``)."""
 
-    __slots__ = ("params", "prompt", "outputs", "usage", "steps", "last", "checkpointed", "unsettled", "last_from")
+    __slots__ = (
+        "params",
+        "prompt",
+        "offered",
+        "outputs",
+        "usage",
+        "steps",
+        "last",
+        "checkpointed",
+        "unsettled",
+        "last_from",
+    )
 
     def __init__(self, params: Any) -> None:
         self.params = params
         self.prompt = params.input
+        # the tools it was made with: a generation that echoes this very list leaves it out of its checkpoint (a
+        # resumed attempt's trajectory is made with the same); an agent that changes its tools gives a new list
+        self.offered: list[Any] | None = getattr(params, "tools", None)
         self.outputs: list[Item] = []
         self.usage = Usage()
         self.steps = 0

@@ -70,6 +70,8 @@ async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) ->
             return None
         how = took
     rollout.resume_from(cp, how)
+    if cp.offered_tools and traj.offered is not None:  # the generation's tools were the trajectory's own
+        cp.response.tools = traj.offered
     traj.outputs = list(cp.response.output)
     traj.usage = cp.response.usage or Usage()
     traj.steps = cp.turn

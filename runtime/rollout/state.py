@@ -120,6 +120,8 @@ class Rollout(Generic[C]):
             request.continue_from, self.continuing = self.continuing, None
             self._progressing = progress_s is not None
         reply = await self._call(name, request)  # failing, its start stays: the failure row's time split reads it
+        if reply.tools_asked and params.tools is not None:  # the very tools asked: held once (``holding``)
+            reply.response.tools = params.tools
         self.generating_since, self._progressing = None, False
         self.ledger.model_call(name, reply, started, policy=policy)
         if reply.cut:  # stopped at the rollout's deadline: the rollout ends as its clock would have ended it

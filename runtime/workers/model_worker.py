@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import time
 import uuid
 from typing import Any
@@ -59,6 +60,14 @@ from gym_runtime.workers.generation_cut import CutClock, continued, progress_bod
 
 log = logs.get("gym.model")
 ENDPOINT_RECHECK_S = 30.0  # a worker whose endpoint cannot serve asks again this often (it may come up)
+
+
+def _as_asked(echoed: list[Any], asked: list[Any] | None) -> bool:
+    """Whether a response's tools are the very tools its request offered (an adapter echoes them as given): by
+    identity, so a caller learns it without comparing what can be hundreds of tools."""
+    return asked is not None and (
+        echoed is asked or (len(echoed) == len(asked) and all(map(operator.is_, echoed, asked)))
+    )
 
 
 class ModelWorker:
@@ -308,6 +317,7 @@ class ModelWorker:
             worker=self.worker_id,
             took_ms=round(1000 * took),
             cut=cut,
+            tools_asked=_as_asked(response.tools, req.params.tools),
         )
 
     async def _until_done(self, req: ModelRequest) -> tuple[Response, list[list[int]], float, bool]:

@@ -16,6 +16,7 @@ instructions of turns 31 to 200 alone: the 200-turn rollouts' less the 30-turn o
 whose turns hold more cost more per turn in every mode (each model call carries the whole trajectory so far).
 
     python tests/bench/checkpoint_turns.py [--turns 30 200] [--modes off auto every_turn] [--small 2] [--large 6]
+        [--tools N]  # the tools each task offers (default: the longest rollout's turns: 200)
 
 Needs ``valgrind`` on PATH. A run takes a few minutes.
 """
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["off", "auto", "every_turn"])
     ap.add_argument("--small", type=int, default=2, help="rollouts in the first run")
     ap.add_argument("--large", type=int, default=6, help="rollouts in the second run")
+    ap.add_argument("--tools", type=int, help="tools every task offers (default: the longest rollout's turns)")
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)  # internal: the run valgrind measures
     args = ap.parse_args()
     if args.one is not None:
@@ -132,7 +134,7 @@ def main() -> None:
     print("| ---: | --- | ---: | ---: |")
     for turns in args.turns:
         for mode in args.modes:
-            tools = max(args.turns)  # every task offers the same tools
+            tools = args.tools or max(args.turns)  # every task offers the same tools
             small, large = instructions(turns, args.small, mode, tools), instructions(turns, args.large, mode, tools)
             per_rollout[turns, mode] = (large - small) / (args.large - args.small)
             per_turn = per_rollout[turns, mode] / turns

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import yaml
 
 from gym_runtime import Client
+from gym_runtime.messages import Checkpoint, CheckpointPart, Response
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.rollout.checkpoint import checkpoints_kv
@@ -106,6 +108,29 @@ async def test_a_failed_rollouts_checkpoint_goes_with_its_failure_row(nats_serve
             await wait_for_key(kv, key, present=False)  # gone with its failure row (deleted once it is stored)
         info = await client.bus.js.stream_info(kv_stream(client.bus.subjects.checkpoints_bucket))
         assert info.state.messages == 1  # deleted (its delete marker), not aged out
+
+
+async def test_a_checkpoint_leaves_out_the_tools_its_trajectory_offers(nats_server, tmp_path: Path) -> None:
+    """A generation echoes the tools it was offered, the same each turn (hundreds of them can be most of a turn's
+    checkpoint): the model worker says they are the very ones asked, and the checkpoint leaves the trajectory's
+    own out (a resumed attempt takes its task's); the row still has them."""
+    path = config(tmp_path, "every_turn", delay_s=2.0)  # turn 2 runs for 2 s after turn 1 is checkpointed
+    async with Client(path, nats=nats_server.url) as client:
+        batch = await client.submit(ROWS[:1])
+        kv = await checkpoints_kv(client.bus, 3600.0)
+        key = part_1("weather_agent", batch.batch, 0, 0)
+        with anyio.fail_after(60):
+            await wait_for_key(kv, key, present=True)
+            raw = await kv.get(key)
+            (row,) = await batch.gather()
+    assert raw is not None
+    part = msgspec.msgpack.decode(raw, type=CheckpointPart)
+    head = msgspec.msgpack.decode(part.head, type=Checkpoint)
+    response = msgspec.msgpack.decode(part.response, type=Response)
+    offered = ROWS[0]["responses_create_params"]["tools"]
+    assert offered and head.offered_tools and response.tools == []
+    assert b"additionalProperties" not in raw  # the offered tool's schema: nowhere in the part
+    assert row["reward"] == 1.0 and row["response"]["tools"] == offered
 
 
 @pytest.mark.parametrize("by", ["ttl", "purge"])

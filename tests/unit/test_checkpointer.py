@@ -13,13 +13,15 @@ import msgspec
 from gym_runtime.messages import (
     Checkpoint,
     CheckpointPart,
+    CreateParams,
     FunctionCall,
     FunctionCallOutput,
     Item,
     Response,
     Usage,
 )
-from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv
+from gym_runtime.rollout.checkpoint import AUTO_S, AUTO_TURNS, Checkpointer, checkpoints_kv, holding
+from gym_runtime.rollout.ledger import Ledger, TrajectoryState
 from gym_runtime.testing import MemoryTransport
 from gym_runtime.transport.subjects import kv_key
 
@@ -110,6 +112,29 @@ async def test_a_turns_generation_is_encoded_once_and_again_when_it_changed() ->
         got is not None and got.response.id == "gen-1" and got.response.usage == Usage(input_tokens=3, output_tokens=9)
     )
     assert got.response.output == r.items
+
+
+async def test_a_generation_echoing_its_trajectorys_own_tools_is_written_without_them() -> None:
+    """The generation's tools are the trajectory's own list (the model worker said they were the ones asked): left
+    out of every write, said so (``offered_tools``); a generation with other tools keeps them, even equal ones."""
+    tools = [{"type": "function", "name": f"step_{i:03d}", "parameters": {"type": "object"}} for i in range(200)]
+    traj = TrajectoryState(CreateParams(input=[], tools=tools))
+    r = Rollout()
+    r.turn(1)
+    traj.outputs = r.items
+    sizes = {}
+    for own, echoed in (("own", traj.offered), ("equal", [dict(t) for t in tools])):
+        bus = MemoryTransport()
+        box = Checkpointer(bus, KEY, "every_turn")
+        traj.last = Response(id="gen-1", created_at=1.0, tools=echoed or [])
+        cp = holding(traj, Ledger(), 1, "answered", 1.0, [], [], None)
+        assert cp.offered_tools is (own == "own") and cp.response.tools == ([] if own == "own" else tools)
+        box.write(cp, r.items, r.turns, traj.last)
+        assert await box.settled()
+        got = await Checkpointer(bus, KEY, "every_turn").read()
+        assert got is not None and got.offered_tools is (own == "own")
+        sizes[own] = len(kv(bus)[f"{KEY}.1"])
+    assert sizes["equal"] - sizes["own"] >= len(msgspec.msgpack.encode(tools)) - 32, sizes  # the tools, once less
 
 
 async def test_a_trajectory_not_appended_to_is_written_whole_again() -> None:
