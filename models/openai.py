@@ -299,6 +299,9 @@ class OpenAIModel:
         """Why the endpoint cannot serve this model (the model worker asks once at start), or None."""
         return await self.pool.probe(self._model)
 
+    def endpoints_out(self) -> dict[str, str]:
+        return self.pool.endpoints_out()
+
     async def aclose(self) -> None:
         await self.pool.aclose()
 

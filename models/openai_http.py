@@ -20,6 +20,15 @@ Shared by the ``openai`` and ``vllm`` adapters so that both fail the same way:
   skipped for a cooldown that doubles with each consecutive failure
   (``cfg.replica_cooldown_s``); a retry goes to another endpoint when there is
   one; when all are cooling down the least recently failed one is tried anyway.
+* **Out of service, probed back in** (``EndpointPool.watch``): an endpoint with calls in flight that
+  answers nothing for ``stall_s`` is asked ``GET /models``; no answer within ``PROBE_TIMEOUT_S`` (a server
+  that accepts and never answers, a stopped process) takes it out of service: its calls in flight move to
+  another endpoint at once (not after ``timeout_s``, which may be minutes for a long generation) and a probe
+  every ``PROBE_EVERY_S`` brings it back when it answers. A slow generation on a server that answers probes
+  (or streams) is never taken out. ``out_after`` failed calls in a row (5xx, timeouts, refused connections)
+  take it out too; then one call is let through after a cooldown (doubling), and its success brings it back.
+  Each change is one log line naming the URL. With every endpoint out a call fails at once (``AllOut``:
+  which endpoints, which errors) instead of trying them again and again.
 * **Rate-limit aware concurrency** per endpoint (``AdaptiveLimiter``): at most
   ``concurrency`` requests in flight (the worker's); a 429 halves that window and pauses new
   requests until the server's ``Retry-After``; successes grow it back by one per
@@ -40,6 +49,7 @@ client. The API key is scrubbed from every error message this module produces.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import math
@@ -72,6 +82,7 @@ RETRY_LOG_S = 30.0  # one endpoint's retries are logged at most this often (with
 PROBE_TIMEOUT_S = 10.0  # a start-up probe of an endpoint (``EndpointPool.probe``) waits at most this long
 MAX_RETRY_AFTER_S = 60.0
 MAX_COOLDOWN_S = 60.0
+PROBE_EVERY_S = 5.0  # an endpoint out of service for silence is probed this often
 
 
 class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
@@ -93,10 +104,18 @@ class HTTPOptions(AdapterOptions, kw_only=True, forbid_unknown_fields=True):
     # a rollout keeps its replica while that one's calls in flight stay within this times the mean (and it has a
     # free slot): 1.0 spreads evenly and moves more rollouts, larger keeps more caches; 0: no affinity
     endpoint_load: float = 1.25
+    # an endpoint with calls in flight that answers nothing this long is probed (GET /models), and taken out of
+    # service when the probe is not answered either; 0: only ``timeout_s`` bounds a silent endpoint
+    stall_s: float = 10.0
+    out_after: int = 5  # failed calls in a row that take an endpoint out of service (probed back in)
 
     def __post_init__(self) -> None:
         if self.endpoint_load != 0 and self.endpoint_load < 1:
             raise ValueError(f"endpoint_load: {self.endpoint_load!r} must be 0 (off) or at least 1 (e.g. 1.25)")
+        if self.stall_s < 0:
+            raise ValueError(f"stall_s: {self.stall_s!r} must be 0 (off) or more seconds (e.g. 10)")
+        if self.out_after < 1:
+            raise ValueError(f"out_after: {self.out_after!r} must be at least 1 (e.g. 5)")
 
     def call_budget_s(self) -> float:
         return self.timeout_s * (self.max_retries + 1)
@@ -139,6 +158,13 @@ class HTTPTimeout(Exception):
 
 class HTTPUnreachable(Exception):
     """The endpoint could not be reached or dropped the connection."""
+
+
+class AllOut(ModelError):
+    """Every endpoint of a model is out of service: calls fail at once, naming each endpoint and why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False, out_of_service=True)
 
 
 def is_context_overflow(err: HTTPStatusError, body: dict[str, Any]) -> bool:
@@ -361,6 +387,14 @@ class Endpoint:
         self.served = 0
         self.failures = 0
         self.down_until = 0.0
+        self.heard = 0.0  # when it last answered anything (or its calls in flight began): ``EndpointPool.watch``
+        self.out: str | None = None  # why it is out of service; None: in service
+        self.silent = False  # out as it answered nothing (probed back by GET), else by errors (a trial call)
+        self.back_at = 0.0  # when it is next probed (silent) or given one trial call (errors)
+        self.trial = False  # its trial call is in flight
+        self.trials_failed = 0
+        self.probing = False
+        self.attempts: set[anyio.CancelScope] = set()  # its calls in flight, cancelled when it is taken out
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, in_flight={self.in_flight}, failures={self.failures})"
@@ -370,7 +404,11 @@ class Endpoint:
 
     @property
     def healthy(self) -> bool:
-        return self.down_until <= time.monotonic()
+        return self.out is None and self.down_until <= time.monotonic()
+
+    def trial_due(self, now: float) -> bool:
+        """Out for its errors, its cooldown over and no trial call in flight: one call may go to it."""
+        return self.out is not None and not self.silent and not self.trial and now >= self.back_at
 
     def mark_failed(self, base_cooldown_s: float) -> None:
         self.failures += 1
@@ -432,6 +470,7 @@ class Endpoint:
                         event = _decoder.decode(data)
                     except msgspec.DecodeError:
                         raise ModelError(f"{url} streamed an event that is not JSON", retryable=True) from None
+                    self.heard = time.monotonic()  # a generation streaming is alive, however long it runs
                     if isinstance(event, dict) and "error" in event and "choices" not in event:
                         raise ModelError(f"{url} streamed an error: {event['error']}"[:1000], retryable=True)
                     yield event
@@ -501,6 +540,8 @@ class EndpointPool:
         # the first was over the load bound or full ("load"), or down/failed ("moved")
         self.routed = {"affine": 0, "load": 0, "moved": 0}
         self._retries_logged: dict[str, tuple[float, int]] = {}  # endpoint -> (last logged, retries since)
+        self._watcher: asyncio.Task[None] | None = None  # ``watch``, while calls are in flight or endpoints out
+        self._probes: set[asyncio.Task[None]] = set()
 
     def scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
@@ -573,9 +614,18 @@ class EndpointPool:
 
     def choose(self, rollout_key: str | None, exclude: set[int]) -> int:
         eps = self.endpoints
+        now = time.monotonic()
+        for i, ep in enumerate(eps):  # an endpoint out for its errors gets one call now and then: it may be back
+            if ep.out is not None and i not in exclude and ep.trial_due(now):
+                return i
         if len(eps) == 1:
+            if eps[0].out is not None:
+                raise self.all_out()
             return 0
-        candidates = [i for i in range(len(eps)) if i not in exclude] or list(range(len(eps)))
+        candidates = [i for i in range(len(eps)) if i not in exclude and eps[i].out is None]
+        candidates = candidates or [i for i in range(len(eps)) if eps[i].out is None]
+        if not candidates:
+            raise self.all_out()
         healthy = [i for i in candidates if eps[i].healthy]
         if not healthy:  # everything is cooling down: try the one that comes back first
             return min(candidates, key=lambda i: eps[i].down_until)
@@ -594,6 +644,85 @@ class EndpointPool:
         n = len(eps)
         # least loaded (relative to its window); ties broken round-robin
         return min(healthy, key=lambda i: (eps[i].in_flight / eps[i].limiter.window, (i - self._rr) % n))
+
+    def endpoints_out(self) -> dict[str, str]:
+        """The endpoints out of service now, each with why (``ModelWorker.stats``: ``why`` and ``status`` show it)."""
+        return {ep.url: ep.out for ep in self.endpoints if ep.out is not None}
+
+    def all_out(self) -> AllOut:
+        said = "; ".join(f"{ep.url}: {ep.out}" for ep in self.endpoints)
+        return AllOut(self.scrub(f"every endpoint is out of service ({said})"[:2000]))
+
+    # ------------------------------------------------------- out of service, back in
+
+    def _take_out(self, ep: Endpoint, cause: str, *, silent: bool, wait_s: float) -> None:
+        """Out of service: no calls go to it (a silent one's calls in flight move now), said once in one line."""
+        ep.out = self.scrub(cause)[:1000]
+        ep.silent = silent
+        ep.back_at = time.monotonic() + wait_s
+        moved = len(ep.attempts) if silent else 0  # calls waiting on a silent one move; a failing one answers
+        for scope in list(ep.attempts) if silent else []:
+            scope.cancel()
+        back = f"probed every {PROBE_EVERY_S:g} s" if silent else f"one call let through in {wait_s:g} s, doubling"
+        log.warning("model.endpoint_out", endpoint=ep.url, cause=ep.out, calls_moved=moved, back_in=back)
+
+    def _back(self, ep: Endpoint, how: str) -> None:
+        was = ep.out
+        ep.out, ep.silent, ep.trial, ep.trials_failed = None, False, False, 0
+        ep.failures, ep.down_until = 0, 0.0
+        ep.heard = time.monotonic()
+        log.warning("model.endpoint_back", endpoint=ep.url, was=was, by=how)
+
+    def _watch_started(self) -> None:
+        """Start the watch of silent endpoints if it is not running (it ends when nothing is in flight or out)."""
+        if self._watcher is None and self.cfg.stall_s and any(ep.http is not None for ep in self.endpoints):
+            self._watcher = asyncio.get_running_loop().create_task(self.watch())
+
+    async def watch(self) -> None:
+        """Probe each endpoint that answered nothing for ``stall_s`` while calls waited on it, and each one out
+        of service for its silence, every ``PROBE_EVERY_S``: a probe not answered takes it out, one answered
+        brings it back. Probes run apart (one silent endpoint does not hold up another's)."""
+        stall = self.cfg.stall_s
+        tick = min(stall / 4, 2.5)
+        try:
+            while any(ep.in_flight or ep.out is not None for ep in self.endpoints):
+                await anyio.sleep(tick)
+                now = time.monotonic()
+                for ep in self.endpoints:
+                    if ep.http is None or ep.probing:
+                        continue
+                    quiet = now - ep.heard
+                    if (ep.out is None and ep.in_flight and quiet > stall) or (ep.silent and now >= ep.back_at):
+                        ep.probing = True
+                        task = asyncio.get_running_loop().create_task(self._probe(ep, quiet))
+                        self._probes.add(task)
+                        task.add_done_callback(self._probes.discard)
+        finally:
+            self._watcher = None
+
+    async def _probe(self, ep: Endpoint, quiet: float) -> None:
+        assert ep.http is not None
+        wait_s = min(self.cfg.timeout_s, PROBE_TIMEOUT_S)
+        try:
+            await ep.http.get(f"{ep.url}/models", ep.probe_headers(), timeout_s=wait_s)
+            answered = True
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            answered = False
+        finally:
+            ep.probing = False
+        if answered:
+            ep.heard = time.monotonic()
+            if ep.silent:
+                self._back(ep, "answered a probe (GET /models)")
+        elif ep.out is None:
+            if ep.in_flight:
+                cause = (
+                    f"answered nothing for {quiet:.0f} s with {ep.in_flight} calls in flight, "
+                    f"nor GET /models within {wait_s:g} s"
+                )
+                self._take_out(ep, cause, silent=True, wait_s=PROBE_EVERY_S)
+        else:
+            ep.back_at = time.monotonic() + PROBE_EVERY_S
 
     # --------------------------------------------------------------- retry loop
 
@@ -617,15 +746,25 @@ class EndpointPool:
         for attempt in range(attempts):
             index = self.choose(rollout_key, tried)
             ep = self.endpoints[index]
+            trial = ep.out is not None  # out for its errors: this call is its trial
+            ep.trial = ep.trial or trial
             wait: float | None = None
             failure: str
             replica_fault = True
             await ep.limiter.acquire()
+            if not ep.in_flight:  # its silence is counted from now, not from its last answer long ago
+                ep.heard = time.monotonic()
             ep.in_flight += 1
+            scope = anyio.CancelScope(deadline=anyio.current_time() + cfg.timeout_s)
+            ep.attempts.add(scope)
+            self._watch_started()
             try:
-                with anyio.fail_after(cfg.timeout_s):
+                with scope:
                     result = await attempt_fn(ep)
+                if scope.cancelled_caught:
+                    raise TimeoutError
             except HTTPStatusError as e:
+                ep.heard = time.monotonic()
                 status = e.status_code
                 failure = self.scrub(f"HTTP {status} from {ep.url} ({what}): {e.message}"[:1000])
                 if status == 429:
@@ -637,7 +776,11 @@ class EndpointPool:
                 else:
                     wait = retry_after(e.headers)
             except (HTTPTimeout, TimeoutError):
-                failure = f"timed out after {cfg.timeout_s}s waiting for {ep.url} ({what})"
+                if ep.out is not None and ep.silent:  # taken out while this call waited: it moves at once
+                    failure = f"{ep.url} is out of service ({ep.out})"
+                    replica_fault = False
+                else:
+                    failure = f"timed out after {cfg.timeout_s}s waiting for {ep.url} ({what})"
             except HTTPUnreachable as e:
                 failure = self.scrub(f"cannot reach {ep.url} ({what}): {e}")
             except ModelError as e:
@@ -646,16 +789,22 @@ class EndpointPool:
                 failure = self.scrub(str(e))
                 replica_fault = False
             else:
+                ep.heard = time.monotonic()
+                if ep.out is not None and trial:
+                    self._back(ep, "a call succeeded")
                 ep.mark_ok()
                 ep.limiter.on_success()
                 ep.served += 1
                 return result
             finally:
+                ep.attempts.discard(scope)
                 ep.in_flight -= 1
                 ep.limiter.release()
+                if trial:
+                    ep.trial = False
 
             if replica_fault:
-                ep.mark_failed(cfg.replica_cooldown_s)
+                self._failed(ep, failure, trial=trial)
                 tried.add(index)
             if attempt + 1 >= attempts:
                 raise ModelError(
@@ -666,14 +815,31 @@ class EndpointPool:
             backoff *= 0.5 + random.random() / 2  # jitter: concurrent rollouts spread out
             if wait is not None:
                 backoff = max(backoff, wait)
-            elif replica_fault and any(e.healthy for i, e in enumerate(self.endpoints) if i not in tried):
+            elif (replica_fault or ep.out is not None) and any(
+                e.healthy for i, e in enumerate(self.endpoints) if i not in tried
+            ):
                 backoff = 0.0  # another replica is up: fail over at once
             self._log_retry(ep.url, failure)
             if backoff:
                 await anyio.sleep(backoff)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _failed(self, ep: Endpoint, failure: str, *, trial: bool) -> None:
+        """A call failed for the endpoint's fault: it cools down, and is out of service after ``out_after`` in a
+        row; out, one trial call goes to it after ``replica_cooldown_s``, doubling with each that fails."""
+        cfg = self.cfg
+        ep.mark_failed(cfg.replica_cooldown_s)
+        if ep.out is None and ep.failures >= cfg.out_after:
+            cause = f"{ep.failures} calls failed in a row, the last: {failure}"
+            self._take_out(ep, cause, silent=False, wait_s=cfg.replica_cooldown_s)
+        elif trial and ep.out is not None and not ep.silent:
+            ep.trials_failed += 1
+            ep.back_at = time.monotonic() + min(cfg.replica_cooldown_s * 2**ep.trials_failed, MAX_COOLDOWN_S)
+
     async def aclose(self) -> None:
+        for task in [self._watcher, *self._probes]:
+            if task is not None:
+                task.cancel()
         for ep in self.endpoints:
             if ep.client is not None:
                 await ep.client.close()

@@ -528,6 +528,9 @@ class VLLMModel:
         """Why the servers cannot serve this model (the model worker asks once at start), or None."""
         return await self.pool.probe(self._model)
 
+    def endpoints_out(self) -> dict[str, str]:
+        return self.pool.endpoints_out()
+
     async def aclose(self) -> None:
         await self.pool.aclose()
 

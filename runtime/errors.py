@@ -161,11 +161,14 @@ class AuthError(UserError):
 
 
 class ModelError(GymError):
-    """A generation failed. ``retryable`` says whether another attempt may succeed."""
+    """A generation failed. ``retryable`` says whether another attempt may succeed; ``out_of_service``: the
+    adapter has no endpoint in service (each taken out for its silence or errors), so every call fails alike
+    until a probe brings one back (a ``run`` stops its batch on it)."""
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, out_of_service: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.out_of_service = out_of_service
 
 
 class ClientError(GymError):

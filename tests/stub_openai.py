@@ -1204,10 +1204,17 @@ class StubOpenAI:
 
 
 async def serve_async(
-    emulator: VLLMEmulator, port: int = 0, *, latency_s: float = 0.0, ready: Callable[[int], None] | None = None
+    emulator: VLLMEmulator,
+    port: int = 0,
+    *,
+    latency_s: float = 0.0,
+    ready: Callable[[int], None] | None = None,
+    status: int | None = None,
 ) -> None:
     """The emulator behind a small asyncio HTTP/1.1 keep-alive server (benchmarks: no
-    thread per connection). GET/POST with Content-Length bodies only."""
+    thread per connection). GET/POST with Content-Length bodies only. ``latency_s`` delays each
+    generation (a POST), not a GET (a server that generates slowly still lists its models at once);
+    ``status``: every POST is answered with it (a server that stays up and fails every call)."""
     import asyncio
 
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -1225,13 +1232,15 @@ async def serve_async(
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = None
-                status, out = emulator.handle(method, path, body)
-                if latency_s:
+                code, out = emulator.handle(method, path, body)
+                if method == "POST" and status is not None:
+                    code, out = status, error_body(status, "Internal Server Error")
+                if latency_s and method == "POST":
                     await asyncio.sleep(latency_s)
                 data = b"" if out is None else json.dumps(out).encode()
                 writer.write(
                     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                    % (status, b"OK" if status < 400 else b"Error", len(data))
+                    % (code, b"OK" if code < 400 else b"Error", len(data))
                     + data
                 )
                 await writer.drain()
@@ -1253,7 +1262,8 @@ def main() -> None:  # pragma: no cover - benchmark helper
 
     ap = argparse.ArgumentParser(description="Serve the vLLM emulator (test double) on 127.0.0.1.")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--latency", type=float, default=0.0, help="seconds added to every reply")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds added to every generation (POST)")
+    ap.add_argument("--status", type=int, default=None, help="answer every POST with this HTTP status")
     ap.add_argument("--text", default="Hello!", help="what every generation says")
     ap.add_argument("--threaded", action="store_true", help="the threaded server the tests use")
     args = ap.parse_args()
@@ -1272,7 +1282,11 @@ def main() -> None:  # pragma: no cover - benchmark helper
         pass
     asyncio.run(
         serve_async(
-            em, args.port, latency_s=args.latency, ready=lambda port: print(f"http://127.0.0.1:{port}/v1", flush=True)
+            em,
+            args.port,
+            latency_s=args.latency,
+            status=args.status,
+            ready=lambda port: print(f"http://127.0.0.1:{port}/v1", flush=True),
         )
     )
 

@@ -16,6 +16,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,23 +105,65 @@ async def test_a_full_replica_sends_the_turn_elsewhere_at_once_and_the_affinity_
         async def held() -> bool:
             return home.running.locked()
 
-        async def no_pull_out() -> bool:
-            # a pull request the replica sent while its slot was free still delivers once its slot is taken
-            # (``PullWorker.take_slot``): a queued turn it pulled would wait there behind the slow call. That is
-            # the queue's trade-off, not routing's: the test routes once the replica has none out (~3 s).
-            assert home.puller is not None
-            return home.puller.credits == 0
-
         async with anyio.create_task_group() as tg:
             slow = msgspec.structs.replace(request(), rollout_key="slow")
             tg.start_soon(lambda: call_model(bus, "policy", slow, timeout=300, replica=home.worker_id))
+            # a pull request it sent while its slot was free may still deliver the queued turn: handed back to the
+            # queue (``test_a_queued_call_delivered_to_a_full_replica_goes_back_to_the_queue``), not held
             await until(held)
-            await until(no_pull_out)
             with anyio.fail_after(60):  # far under the slow call's 120 s
                 turns = await rollout(bus, 3, replica=home.worker_id)
             tg.cancel_scope.cancel()
         assert [r.worker for r in turns] == [other.worker_id] * 3
         assert other.routed["load"] == 1 and other.routed["affine"] == 2
+
+
+async def test_a_queued_call_delivered_to_a_full_replica_goes_back_to_the_queue(
+    nats_server: EmbeddedServer, bus: Bus
+) -> None:
+    """The queue's trade-off: a pull request a replica sent while its slot was free delivers a queued call after a
+    direct 120 s call took that slot. The call is nak'd back to the queue at once and served by a replica with a
+    free slot, not held behind the long generation."""
+    async with serving(nats_server.url, scripted(concurrency=1)) as home:
+        puller = home.puller
+        assert puller is not None
+        puller.expires_s, puller._expires_ns = 120.0, int(120e9)  # its pull requests live long: the window is wide
+
+        async def long_pull_out() -> bool:
+            return bool(puller._requests) and puller._requests.oldest_expires_at() > time.monotonic() + 30
+
+        await until(long_pull_out)
+        home.adapter._delay = 120.0  # type: ignore[attr-defined]  # its next call holds its one slot
+        async with anyio.create_task_group() as tg:
+            slow = msgspec.structs.replace(request(), rollout_key="slow")
+            tg.start_soon(lambda: call_model(bus, "policy", slow, timeout=300, replica=home.worker_id))
+
+            async def held() -> bool:
+                return home.running.locked()
+
+            await until(held)
+            assert puller.credits == 1  # the pull request sent while the slot was free is still out
+            replies: list[ModelResponse] = []
+
+            async def queued() -> None:  # home answers its direct try busy: it goes to the queue, and to home
+                replies.append(await call_model(bus, "policy", request(), timeout=300))
+
+            tg.start_soon(queued)
+
+            async def delivered_to_home() -> bool:
+                return puller.credits == 0
+
+            await until(delivered_to_home)
+            with anyio.fail_after(60):  # far under the slow call's 120 s
+                async with serving(nats_server.url, scripted(concurrency=1)) as other:
+                    await until(lambda: _true(replies), within=60)
+            tg.cancel_scope.cancel()
+        assert [r.worker for r in replies] == [other.worker_id]
+        assert home.handed_back >= 1
+
+
+async def _true(items: list[Any]) -> bool:
+    return bool(items)
 
 
 async def test_a_gone_replica_loses_only_its_rollouts_affinity(nats_server: EmbeddedServer, bus: Bus) -> None:

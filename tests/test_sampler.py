@@ -3,15 +3,27 @@ environment not counted as hard, and its statistics durable in a real nats-serve
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gym_runtime.client.sampler import TaskSampler, sampler_config
-from gym_runtime.data.sampling import SamplerConfig, TaskStats, choose, observe, outcome, signal, task_key, weights
+from gym_runtime.data.sampling import (
+    SamplerConfig,
+    TaskStats,
+    choose,
+    observe,
+    outcome,
+    signal,
+    task_key,
+    weights,
+    zero_spread_chance,
+)
 from gym_runtime.errors import ClientError
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -56,6 +68,56 @@ def test_estimates_from_known_outcomes() -> None:
     assert signal(always) < 0.01 < signal(half)
     w = weights([always, half, never], LEARN)
     assert sum(w) == pytest.approx(1.0) and w[1] > 0.5 and min(w) >= LEARN.floor / 3
+
+
+def test_old_outcomes_decay_so_a_learned_task_is_left_and_a_new_learnable_one_found() -> None:
+    """With ``half_life`` an outcome counts half after that many later outcomes of its task: a task learnable for
+    50 groups and then solved 4 times in a row is no longer favoured, and one impossible for 50 groups that starts
+    being solved half the time is found again within a few groups. Without decay both keep their old look."""
+    half = [scored(1.0)] * 4 + [scored(0.0)] * 4
+    fresh = TaskStats()
+    for _ in range(6):
+        fresh = observe(fresh, half)  # a task learnable now
+    for cfg in (SamplerConfig(score="learnability", half_life=0), SamplerConfig(score="learnability")):
+        learned, found = TaskStats(), TaskStats()
+        for _ in range(50):
+            learned = observe(learned, half, half_life=cfg.half_life)
+            found = observe(found, [scored(0.0)] * 8, half_life=cfg.half_life)
+        for _ in range(4):
+            learned = observe(learned, [scored(1.0)] * 8, half_life=cfg.half_life)
+            found = observe(found, half, half_life=cfg.half_life)
+        w = weights([learned, found, fresh], msgspec.structs.replace(cfg, floor=0.0))
+        if cfg.half_life == 0:  # the whole history: the learned task still looks learnable, the new one not
+            assert signal(learned) > 0.2 and signal(found) < 0.1 and w[0] > 0.3 > w[1]
+        else:
+            assert signal(learned) < 0.15 < 0.2 < signal(found), (signal(learned), signal(found))
+            assert w[0] < 0.05 and w[1] > 0.3, w
+    # the kept counts are bounded: about half_life / ln 2 outcomes at most, whatever the history
+    never = TaskStats()
+    for _ in range(1000):
+        never = observe(never, [scored(0.0)] * 8, half_life=16)
+    assert 16 / math.log(2) < never.outcomes < 16 / math.log(2) + 8 and never.passes == 0
+    assert never.groups == 1000 and never.zero_spread == 1000  # the metrics' counts are not decayed
+
+
+def test_decay_never_starves_a_hopeless_task() -> None:
+    """A task never solved in 8,000 outcomes keeps its floor share, and with decay a posterior that is not
+    certain of it (its signal bounded below), so it is tried again."""
+    never = TaskStats()
+    for _ in range(1000):
+        never = observe(never, [scored(0.0)] * 8, half_life=LEARN.half_life)
+    assert signal(never) > 0.015
+    learnable = TaskStats(passes=20, outcomes=40, groups=5)
+    stats = [never] + [learnable] * 9
+    rng = random.Random(2)
+    cfg = msgspec.structs.replace(LEARN, revisit_after=10**9)
+    n = sum(0 in choose(stats, 1, cfg, rng, 0).tasks for _ in range(5000))
+    assert n / 5000 >= cfg.floor / 10 * 0.8
+
+
+def test_a_bad_half_life_is_one_line() -> None:
+    with pytest.raises(ClientError, match="half_life -1"):
+        sampler_config({"score": "learnability", "half_life": -1})
 
 
 def test_environment_failures_are_not_taken_for_hard() -> None:
@@ -133,6 +195,30 @@ def test_picks_are_distinct_and_the_sampler_favours_learnable_tasks() -> None:
     assert m["gym_runtime/sampler/zero_spread_share_all"] < 0.5 and m["gym_runtime/sampler/signal"] > 0
 
 
+def test_the_metrics_say_the_zero_spread_share_expected_before_and_after_the_choice() -> None:
+    """``zero_spread_expected_uniform``: the share of groups with no spread uniform picks would give, by the
+    estimates (before); ``zero_spread_expected_picked``: the share the sampler's picks are expected to give (after)."""
+    assert zero_spread_chance(TaskStats(), 8) == pytest.approx(2 / 9)  # Beta(1, 1): E[p^8 + (1-p)^8]
+    solved = observe(TaskStats(), [scored(1.0)] * 8)
+    assert zero_spread_chance(solved, 8) == pytest.approx(9 / 17, abs=1e-4)  # Beta(9, 1): E[p^8] = 9/17, and ~0
+    assert zero_spread_chance(observe(TaskStats(), [scored(1.0)] * 800), 8) > 0.98
+    rows = [{"kind": k, "n": i} for k in ("solved", "impossible", "learnable") for i in range(4)]
+    sampler = TaskSampler(rows, LEARN, None, seed=3)
+    for i, row in enumerate(rows):  # every task seen twice: the solved and impossible ones certain enough
+        p = {"solved": 1.0, "impossible": 0.0, "learnable": 0.5}[row["kind"]]
+        for _ in range(3):
+            sampler.saw(i, [scored(p)] * 4 + [scored(p if p != 0.5 else 0.0)] * 2 + [scored(min(1.0, 2 * p))] * 2)
+    sampler.metrics()
+    for _ in range(20):
+        sampler.pick(4)
+    m = sampler.metrics()
+    before, after = (
+        m["gym_runtime/sampler/zero_spread_expected_uniform"],
+        m["gym_runtime/sampler/zero_spread_expected_picked"],
+    )
+    assert 0.4 < before < 0.8 and after < 0.5 * before, m  # two thirds of the set teach nothing; the picks avoid it
+
+
 def test_task_keys_are_stable_and_a_bad_config_is_one_line() -> None:
     assert task_key({"a": 1, "b": [2]}) == task_key({"b": [2], "a": 1}) != task_key({"a": 2, "b": [2]})
     assert task_key({"a": 1}) == task_key({"a": 1, "_ng_task_index": 5})
@@ -147,13 +233,15 @@ def test_task_keys_are_stable_and_a_bad_config_is_one_line() -> None:
 async def _learned(bus: Bus, run: str, rows: list[dict[str, Any]]) -> TaskSampler:
     sampler = await TaskSampler.open(bus, rows, {"score": "learnability", "run": run})
     for i in sampler.pick(2):
-        await sampler.observe(i, [scored(1.0)] * 3 + [scored(0.0)])
+        for _ in range(2):  # the second group fades the first: the record holds fractions
+            await sampler.observe(i, [scored(1.0)] * 3 + [scored(0.0)])
     return sampler
 
 
 async def test_statistics_survive_a_restart_and_runs_stay_apart(tmp_path: Path) -> None:
-    """A real nats-server, stopped and started again on its store: the same run reads back what it learned (and
-    its revisit clock); another run in the same namespace starts afresh; the same run shares."""
+    """A real nats-server, stopped and started again on its store: the same run reads back what it learned (its
+    faded counts exactly, and its revisit clock); another run in the same namespace starts afresh; the same run
+    shares."""
     rows = [{"q": "a"}, {"q": "b"}, {"q": "c"}]
     store = str(tmp_path / "js")
     with EmbeddedServer(store_dir=store, sync="always") as srv:
@@ -163,7 +251,9 @@ async def test_statistics_survive_a_restart_and_runs_stay_apart(tmp_path: Path) 
         finally:
             await bus.close()
     learned = {i: s for i, s in enumerate(first.stats) if s.outcomes}
-    assert len(learned) == 2 and all(s.passes == 3 and s.outcomes == 4 for s in learned.values())
+    fade = 0.5 ** (4 / 16)  # the default half_life: 16 outcomes
+    assert len(learned) == 2 and all(s.groups == 2 and s.rollouts == 8 for s in learned.values())
+    assert all(s.passes == 3 * fade + 3 and s.outcomes == 4 * fade + 4 for s in learned.values())
     with EmbeddedServer(store_dir=store, sync="always") as srv:
         bus = await Bus.connect(srv.url, namespace="gym", name="test-sampler", telemetry=Telemetry())
         try:
@@ -180,4 +270,4 @@ async def test_on_a_secured_bus_the_publisher_keeps_the_statistics(buses: dict[s
     rows = [{"q": "a"}, {"q": "b"}]
     first = await _learned(buses["publisher"], "run1", rows)
     again = await TaskSampler.open(buses["publisher"], rows, {"score": "learnability", "run": "run1"})
-    assert again.stats == first.stats and sum(s.outcomes for s in again.stats) == 8
+    assert again.stats == first.stats and sum(s.groups for s in again.stats) == 4

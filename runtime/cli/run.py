@@ -297,6 +297,9 @@ def main(args: argparse.Namespace) -> int:
     finally:
         tel.shutdown()
     cli.print_stats(result.batch, result.stats, args.output, elapsed_s=result.elapsed_s)
+    if result.stopped is not None:  # every endpoint of a model out of service: one line, not a row each
+        cli.err(f"{result.stopped}; the batch was stopped, its rollouts not run are cancelled rows ({args.output})")
+        return cli.EXIT_FAILURES
     if result.stats.budget:
         return cli.budget_exit(
             result.stats, args.output, budget, result.batch, kept=not embedded or bool(args.store_dir)

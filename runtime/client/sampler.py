@@ -22,7 +22,16 @@ from typing import Any
 import msgspec
 
 from gym_runtime.data.sampler_store import SamplerStore
-from gym_runtime.data.sampling import SamplerConfig, TaskStats, choose, observe, signal, task_key
+from gym_runtime.data.sampling import (
+    SamplerConfig,
+    TaskStats,
+    choose,
+    observe,
+    outcome,
+    signal,
+    task_key,
+    zero_spread_chance,
+)
 from gym_runtime.errors import ClientError
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
@@ -54,6 +63,8 @@ class SamplerWindow:
     revisited: int = 0
     skipped_low_signal: int = 0
     signal: list[float] = field(default_factory=list)
+    zero_uniform: list[float] = field(default_factory=list)  # the expected zero-spread share of uniform picks
+    zero_picked: list[float] = field(default_factory=list)  # ... and of the picks made
 
 
 class TaskSampler:
@@ -66,10 +77,12 @@ class TaskSampler:
             raise ClientError("sampler: no task rows to choose from")
         self.config = config
         self.keys = [task_key(r) for r in rows]
+        self.position = {key: i for i, key in reversed(list(enumerate(self.keys)))}  # a task's first position
         self.stats = [TaskStats() for _ in rows]
         self.store = store
         self.rng = random.Random(seed)
         self.clock = 0  # tasks picked so far (the revisit clock)
+        self.group_size = 8  # the last group's size: what the expected zero-spread shares are of
         self.window = SamplerWindow()
         self.totals = SamplerWindow()
         self._dirty: set[int] = set()
@@ -122,12 +135,19 @@ class TaskSampler:
             w.revisited += got.revisited
             w.skipped_low_signal += got.skipped_low_signal
             w.signal.append(got.signal)
+        if self.config.score != "uniform" and got.tasks:  # uniform: the two are the same, and not worth a pass
+            chance = [zero_spread_chance(s, self.group_size, self.config.prior) for s in self.stats]
+            for w in (self.window, self.totals):
+                w.zero_uniform.append(sum(chance) / len(chance))
+                w.zero_picked.append(sum(chance[i] for i in got.tasks) / len(got.tasks))
         return got.tasks
 
     def saw(self, task: int, rows: Sequence[dict[str, Any]]) -> None:
         """Count one group of ``task``'s rows (kept in memory until ``flush``)."""
         before = self.stats[task]
-        after = observe(before, rows, self.config.cost)
+        counted = sum(1 for r in rows if outcome(r) is not None)
+        self.group_size = counted or self.group_size
+        after = observe(before, rows, self.config.cost, self.config.half_life)
         self.stats[task] = after
         self._dirty.add(task)
         if after.groups > before.groups:
@@ -173,5 +193,11 @@ class TaskSampler:
             "gym_runtime/sampler/revisited": float(w.revisited),
             "gym_runtime/sampler/skipped_low_signal": float(w.skipped_low_signal),
             "gym_runtime/sampler/signal": sum(w.signal) / len(w.signal) if w.signal else 0.0,
+            "gym_runtime/sampler/zero_spread_expected_uniform": _mean(w.zero_uniform),
+            "gym_runtime/sampler/zero_spread_expected_picked": _mean(w.zero_picked),
             "gym_runtime/sampler/env_failure_only_tasks": float(len(self._reported)),
         }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -40,6 +40,8 @@ _DEPLOYMENT = frozenset(
         "seed_once_idle_s",
         "affinity_load",
         "endpoint_load",
+        "stall_s",
+        "out_after",
     }
 )
 

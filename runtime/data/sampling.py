@@ -6,9 +6,11 @@ share of a pass; a policy failure is a fail; an environment or infrastructure fa
 counted, so a broken environment never makes a task look hard). A task's expected signal is its posterior mean
 of p(1-p) (learnability: 1/4 at p = 1/2, 0 for a task always or never solved); divided by its cost (rollouts,
 generated tokens, sandbox seconds or the row's estimated cost) and raised to ``sharpness`` (how strongly the best
-tasks are preferred) it weighs the task. A floor keeps every task a
-minimum chance, and a task not picked for ``revisit_after`` picks is picked again outright, so a task that
-becomes learnable is found again. ``score: uniform`` (the default) is uniform sampling without replacement.
+tasks are preferred) it weighs the task. Old outcomes fade: each counts half after ``half_life`` later outcomes
+of its task, so a task the policy has learned stops looking learnable, one that starts being solved is seen to,
+and no record grows so certain that new outcomes cannot move it. A floor keeps every task a minimum chance, and a
+task not picked for ``revisit_after`` picks is picked again outright, so a task that becomes learnable is found
+again. ``score: uniform`` (the default) is uniform sampling without replacement.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "signal",
     "task_key",
     "weights",
+    "zero_spread_chance",
 ]
 
 CostMeasure = Literal["rollouts", "tokens", "sandbox_s", "cost"]
@@ -49,6 +52,7 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cost: CostMeasure = "rollouts"  # what a rollout costs: 1, its generated tokens, sandbox seconds, or its cost
     sharpness: float = 4.0  # the weight is (signal per cost) to this power: 1 proportional, more: the best first
     prior: tuple[float, float] = (1.0, 1.0)  # Beta(passes, fails) before any outcome
+    half_life: float = 16.0  # an outcome counts half after this many later outcomes of its task (0: never fades)
     run: str = "default"  # whose statistics: two runs in one namespace keep their own (the same run: shared)
 
     def __post_init__(self) -> None:
@@ -56,6 +60,10 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sampler floor {self.floor}: give a share between 0 and 1 (0.1 keeps 10% uniform)")
         if not 0.0 < self.sharpness <= 32.0:
             raise ValueError(f"sampler sharpness {self.sharpness}: give a power above 0 and at most 32 (4 by default)")
+        if not (self.half_life == 0 or 1.0 <= self.half_life < math.inf):
+            raise ValueError(
+                f"sampler half_life {self.half_life}: give 0 (keep every outcome) or at least 1 outcome (16 by default)"
+            )
         if self.revisit_after < 0:
             raise ValueError(f"sampler revisit_after {self.revisit_after}: give 0 (the default) or a positive count")
         if len(self.prior) != 2 or min(self.prior) <= 0:
@@ -67,8 +75,8 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TaskStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One task's record (the KV value): outcomes, failures kept out of them, groups and their spread, cost."""
 
-    passes: float = 0.0  # sum of clipped rewards of scored rows (and 0 per policy failure)
-    outcomes: int = 0  # scored rows and policy failures
+    passes: float = 0.0  # sum of clipped rewards of scored rows (and 0 per policy failure), faded by half_life
+    outcomes: float = 0.0  # scored rows and policy failures, faded alike (the Beta posterior's evidence)
     env_failures: int = 0  # environment and infrastructure failures: not outcomes
     groups: int = 0
     zero_spread: int = 0  # groups whose outcomes all had the same reward
@@ -118,8 +126,12 @@ def row_cost(row: Mapping[str, Any], measure: CostMeasure) -> float:
     return float(cost.get("estimated_cost") or 0.0)
 
 
-def observe(stats: TaskStats, rows: Sequence[Mapping[str, Any]], measure: CostMeasure = "rollouts") -> TaskStats:
-    """``stats`` with one group's rows counted (a new record: the stored one is replaced whole)."""
+def observe(
+    stats: TaskStats, rows: Sequence[Mapping[str, Any]], measure: CostMeasure = "rollouts", half_life: float = 0.0
+) -> TaskStats:
+    """``stats`` with one group's rows counted (a new record: the stored one is replaced whole); with
+    ``half_life`` the earlier outcomes first fade by half per ``half_life`` new ones (the counts of groups, spread
+    and cost do not: they are what happened)."""
     out = msgspec.structs.replace(stats)
     got = []
     for row in rows:
@@ -131,6 +143,10 @@ def observe(stats: TaskStats, rows: Sequence[Mapping[str, Any]], measure: CostMe
         else:
             got.append(o)
     if got:
+        if half_life > 0:
+            fade = 0.5 ** (len(got) / half_life)
+            out.passes *= fade
+            out.outcomes *= fade
         out.passes += sum(got)
         out.outcomes += len(got)
         out.groups += 1
@@ -143,6 +159,18 @@ def signal(stats: TaskStats, prior: tuple[float, float] = (1.0, 1.0)) -> float:
     a = prior[0] + stats.passes
     b = prior[1] + stats.outcomes - stats.passes
     return a * b / ((a + b) * (a + b + 1))
+
+
+def zero_spread_chance(stats: TaskStats, n: int, prior: tuple[float, float] = (1.0, 1.0)) -> float:
+    """The chance, under the posterior, that a group of ``n`` of this task is all passes or all fails:
+    E[p^n] + E[(1-p)^n] under Beta(a, b) (a product: E[p^n] = prod (a+k)/(a+b+k), k < n)."""
+    a = prior[0] + stats.passes
+    b = prior[1] + stats.outcomes - stats.passes
+    all_pass = all_fail = 1.0
+    for k in range(n):
+        all_pass *= (a + k) / (a + b + k)
+        all_fail *= (b + k) / (a + b + k)
+    return all_pass + all_fail
 
 
 def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:

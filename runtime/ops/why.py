@@ -5,7 +5,8 @@ agent worker's rollouts where they are (``workers.waits``), and every worker's p
 is what a silent call's keepalives named; the work queues' consumers say what waits for an agent worker and
 what is held by one that did not answer. A wait past its bound is flagged with the component to look at: a
 core call whose handler sent no keepalive for ``silence_bound`` (its process named, and whether it answered),
-a queued call for a model no replica serves, rollouts held by agent workers that no longer answer.
+a queued call for a model no replica serves, rollouts held by agent workers that no longer answer, a model's
+HTTP endpoint out of service (its adapter took it out: hung, or failing every call).
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def judge(
                     f"being stored"
                 )
     late = [e for e in rollouts if e.get("late")]
+    out = {  # a model's HTTP endpoints out of service, as its workers' adapters say (hung, or failing every call)
+        f"models.{w['name']} endpoint {url}": cause
+        for w in workers
+        if w.get("role") == "model"
+        for url, cause in (w.get("endpoints_out") or {}).items()
+    }
     silent = [
         f"{s['component']} process {p}: a call ({s['what']}) went silent on it {s['ago_s']:g}s ago and it does not "
         "answer status (frozen, or gone)"
@@ -78,8 +85,11 @@ def judge(
         "batch": batch,
         "in_flight": len(rollouts),
         "late": len(late),
-        "look_at": sorted({e["look_at"] for e in late} | {f"{s['component']} process {p}" for p, s in gone.items()}),
+        "look_at": sorted(
+            {e["look_at"] for e in late} | {f"{s['component']} process {p}" for p, s in gone.items()} | set(out)
+        ),
         "silent": silent,
+        "out_of_service": [f"{where}: {cause}" for where, cause in sorted(out.items())],
         "rollouts": rollouts,
         "queues": queues,
         "unanswered": held_elsewhere,
@@ -137,6 +147,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"         {e['late']}")
     for line in report["silent"]:
         lines.append(f"  silent: {line}")
+    for line in report.get("out_of_service") or []:
+        lines.append(f"  out of service: {line}")
     for q in report["queues"]:
         lines.append(f"  queued: {q}")
     for u in report["unanswered"]:

@@ -46,6 +46,7 @@ from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
 from gym_runtime.workers.agent_worker import AgentWorker
 from gym_runtime.workers.base import Worker
+from gym_runtime.workers.control import cancel_batch
 from gym_runtime.workers.model_worker import ModelWorker
 from gym_runtime.workers.resource_worker import ResourceWorker
 from gym_runtime.workers.sandbox_worker import SandboxWorker
@@ -372,6 +373,7 @@ class RunResult:
     stats: CollectStats
     ready_s: float
     elapsed_s: float
+    stopped: str | None = None  # why the batch was stopped before its end (``stop_when_out_of_service``)
 
 
 @dataclass(frozen=True)
@@ -457,6 +459,10 @@ async def run_batch(
                 check_workers=False,  # checked above
                 gate=HeldInCollector(budget, collector) if budget is not None else None,
             )
+            stopped: list[str] = []
+            models = [w for w in workers if isinstance(w, ModelWorker)]
+            if models:
+                tg.start_soon(stop_when_out_of_service, bus, batch, models, stopped)
             stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
@@ -467,7 +473,32 @@ async def run_batch(
     elapsed = time.perf_counter() - t0
     log.info("batch.end", batch=batch, rows=stats.rows, failed=stats.failures, mean_reward=stats.mean_reward,
              elapsed_s=round(elapsed, 3), out=str(out))  # fmt: skip
-    return RunResult(batch=batch, tasks=manifest.expected, stats=stats, ready_s=ready_s, elapsed_s=elapsed)
+    return RunResult(
+        batch=batch,
+        tasks=manifest.expected,
+        stats=stats,
+        ready_s=ready_s,
+        elapsed_s=elapsed,
+        stopped=stopped[0] if stopped else None,
+    )
+
+
+async def stop_when_out_of_service(bus: Bus, batch: str, models: list[ModelWorker], stopped: list[str]) -> None:
+    """Cancel the batch once a model of this run has no endpoint in service (``ModelWorker.out_of_service``):
+    its tasks not started end as ``cancelled`` rows, so every row still comes once, rather than each rollout
+    failing in turn on endpoints that are out. Why is put in ``stopped``, for the command's one line."""
+    async with anyio.create_task_group() as tg:
+
+        async def watch(w: ModelWorker) -> None:
+            await w.went_out.wait()
+            if not stopped:
+                stopped.append(f"model {w.name!r}: {w.out_of_service}")
+                log.warning("batch.stopped", batch=batch, model=w.name, cause=w.out_of_service)
+                await cancel_batch(bus, batch)
+            tg.cancel_scope.cancel()
+
+        for w in models:
+            tg.start_soon(watch, w)
 
 
 async def _preflight(

@@ -77,6 +77,7 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
+from gym_runtime.trainers.verl_tasks import observe_batch, sample_fields
 from gym_runtime.trainers.waiting import Once, StepWait, WaitPolicy, wait_policy, watched
 
 __all__ = [
@@ -228,6 +229,7 @@ class GymAgentLoop(AgentLoopBase):
                 "gym_retried": tally.retried,
                 "gym_tally": tally.plain(),  # every attempt's (retries too): what failure_metrics sums
                 "gym_max_excluded": self.failures.max_excluded,  # the step's bound (GymAgentLoopManager)
+                **sample_fields(row, result),  # gym_task, gym_outcome: what the task sampler counts (verl_tasks)
                 # verl's own per-sample channel: its batch columns and dumps, its validation metrics
                 "reward_extra_info": {key: counts.get(key, 0.0) for key in SAMPLE_COUNTS},
             },
@@ -327,6 +329,7 @@ class GymAgentLoopManager(AgentLoopManager):
         check_bound(output)  # a systematic failure stops the step in one line (the loops' max_excluded)
         timing: dict[str, float] = super()._performance_metrics(metrics, output)
         timing.update(failure_metrics(output))
+        timing.update(observe_batch(getattr(output, "non_tensor_batch", output)))  # the task sampler's (verl_tasks)
         return timing
 
 

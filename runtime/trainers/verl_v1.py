@@ -32,11 +32,12 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from gym_runtime.errors import ClientError
 from gym_runtime.trainers.verl import check_bound, failure_metrics
+from gym_runtime.trainers.verl_tasks import observe_batch
 
 __all__ = ["GymReplayBuffer", "GymReplayBufferAsync", "step_metrics"]
 
 # the fields of a GymAgentLoop output the counts and the bound read (verl's TransferQueue stores extra_fields whole)
-_FIELDS = ("gym_tally", "gym_max_excluded")
+_FIELDS = ("gym_tally", "gym_max_excluded", "gym_task", "gym_outcome")
 
 
 def step_metrics(batch: Any) -> dict[str, float]:
@@ -56,7 +57,10 @@ def step_metrics(batch: Any) -> dict[str, float]:
         return {}
     check_bound(fields)
     prefix = "training" if batch.partition_id == "train" else "validation"
-    return {f"{prefix}/{key}/total": value for key, value in failure_metrics(fields).items()}
+    out = {f"{prefix}/{key}/total": value for key, value in failure_metrics(fields).items()}
+    if batch.partition_id == "train":  # the task sampler's outcomes (GymTaskDataset), and its metrics
+        out.update({f"training/{key}": value for key, value in observe_batch(fields).items()})
+    return out
 
 
 class _FailureCounts:

@@ -11,7 +11,9 @@ Two ways in, one set of slots:
   turns, sent to the replica that served its last turn (its prefix cache), admitted exactly as direct calls
   are: only with a free slot at once (``transport.model_calls``). Served only where the adapter's replicas
   hold a prefix cache (``ModelConfig.routed_load``).
-* **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot. Each request
+* **queued** (``{ns}.model.{name}``, JetStream): pulled by free slot; one a pull request sent while a slot was
+  free delivers after direct calls took every slot is nak'd back to the queue at once (``_handle``), for a
+  replica with a free slot, not held behind a long generation. Each request
   carries its reply subject in the ``Gym-Reply`` header; the worker tells the caller
   when it takes the request (the call's timeout counts from then, not from its wait
   in the queue), the answer goes back on core NATS and the request is acked only
@@ -85,6 +87,7 @@ class ModelWorker:
         self.served = 0
         self.direct = 0  # of them, calls that came straight (not through the work queue)
         self.expired = 0  # queued calls not run: taken after their callers had stopped waiting
+        self.handed_back = 0  # queued calls nak'd back to the queue: delivered while every slot was held
         self.stopped = 0  # tries stopped by a pause (interrupt, abort) and made again after the resume
         self.regenerated = 0  # generated tokens dropped by an abort (made again after the resume)
         self.cut = 0  # generations stopped at their rollout's deadline (``ModelRequest.cut_at``), their tokens kept
@@ -94,10 +97,15 @@ class ModelWorker:
         self.fingerprint = config.fingerprints[("model", name)]
         self.fields = config.fields[("model", name)]
         self.endpoint_problem: str | None = None  # why the adapter's endpoint cannot serve (``_check_endpoint``)
+        # every endpoint of the adapter out of service, as its last call said (``ModelError.out_of_service``);
+        # None again once a call succeeds. A ``run`` stops its batch on it (``service.runner``)
+        self.out_of_service: str | None = None
+        self.went_out = anyio.Event()  # set the first time ``out_of_service`` is
         self.control = ControlView(bus)
         self.gate = Pausable()  # trainer pause/resume (weight sync without failed calls)
         # A pulled call may arrive while direct calls hold every slot (pull requests already out
-        # still deliver): it waits here, so no more than `concurrency` generations ever run.
+        # still deliver): it goes back to the queue (``_handle``), or, taken by a race, waits here, so no more
+        # than `concurrency` generations ever run.
         # asyncio's: taking a free slot does not yield (anyio's does, once per call), so a fast
         # model's call finishes in the turn it starts; see Serving.serve_direct
         self.running = asyncio.Semaphore(max(1, cfg.concurrency))
@@ -219,9 +227,11 @@ class ModelWorker:
             "in_flight": p.busy if p else 0,
             "slots": self.cfg.concurrency,
             "endpoint_problem": self.endpoint_problem,
+            "out_of_service": self.out_of_service,
             "served": self.served,
             "direct": self.direct,
             "expired": self.expired,
+            "handed_back": self.handed_back,
             "held": self.gate.held,
             "paused": not self.gate.is_open,  # for a weight update (``why`` says so of the calls it holds)
             "stopped": self.stopped,
@@ -229,6 +239,8 @@ class ModelWorker:
             "cut": self.cut,
             "routed": dict(self.routed),
             "prefix_cache": cache() if (cache := getattr(self.adapter, "prefix_cache", None)) else {},
+            # an HTTP adapter's endpoints out of service, each with why (``why`` names them)
+            "endpoints_out": out() if (out := getattr(self.adapter, "endpoints_out", None)) else {},
         }
 
     async def drain(self) -> None:
@@ -332,12 +344,17 @@ class ModelWorker:
                 else:
                     out = await self._cancellable(flight, req)
             except ModelError as e:
+                if e.out_of_service and self.out_of_service is None:
+                    log.warning("model.out_of_service", model=self.name, worker=self.worker_id, cause=str(e))
+                    self.went_out.set()
+                self.out_of_service = str(e) if e.out_of_service else self.out_of_service
                 raise Failure("model_error", str(e), retryable=e.retryable) from e
             finally:
                 if clock is not None:
                     clock.watch(None)
                 self.gate.exit(flight)
             if isinstance(out, Response):
+                self.out_of_service = None
                 if version is not None:
                     done = ranges[-1][1] if ranges else 0
                     ranges.append([done, max(done, _generated(out, partial)), version])
@@ -399,6 +416,14 @@ class ModelWorker:
             if self.puller is not None:
                 await self.puller.release(msg)
             await msg.ack()
+            return
+        if self.running.locked() and self.gate.is_open:
+            # every slot is held by direct calls taken after the pull request that delivered this one went out:
+            # back to the queue at once, for a replica with a free slot, rather than behind a long generation here
+            self.handed_back += 1
+            if self.puller is not None:
+                await self.puller.release(msg)
+            await msg.nak()
             return
         meters = self.bus.telemetry.meters
         stored = msg.enqueued_at if meters.enabled else None

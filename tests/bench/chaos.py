@@ -54,6 +54,18 @@ MATRIX = [
     Row("NATS node (of 3)",
         E2E + "test_cluster.py::test_a_frozen_node_its_clients_move_to_a_live_one_and_nothing_is_lost_or_doubled",
         "", r"completing again after ([\d.]+) s", "rollouts completing again"),
+    Row("sandbox worker (needs Docker)",
+        E2E + "test_sandboxes.py::test_a_frozen_sandbox_worker_its_calls_fail_over_and_every_row_arrives_once",
+        "", r"batch done ([\d.]+)s after the freeze", "batch done"),
+    Row("model endpoint hangs (1 of 2)",
+        E2E + "test_endpoint_outages.py::test_a_hung_endpoint_is_found_its_calls_moved_and_probed_back_in",
+        r"found ([\d.]+) s", r"rows again by ([\d.]+) s", "rows arriving again"),
+    Row("model endpoint answers 500s (1 of 2)",
+        E2E + "test_endpoint_outages.py::test_an_endpoint_answering_only_500s_is_taken_out_and_back_in",
+        r"found ([\d.]+) s after the fault", "", "-"),
+    Row("every endpoint answers 500s",
+        E2E + "test_endpoint_outages.py::test_with_every_endpoint_answering_500s_the_run_stops_with_one_line",
+        "", r"stopped after ([\d.]+) s", "the run stopped, one line"),
 ]  # fmt: skip
 
 
@@ -89,7 +101,7 @@ def main() -> None:
     rows = [r for r in MATRIX if not wanted or r.name in wanted]
     load = os.getloadavg()[0]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
-    print("| component frozen (SIGSTOP) | found s | worked around s | measured as | test | wall s |")
+    print("| component (SIGSTOP, or the fault named) | found s | worked around s | measured as | test | wall s |")
     print("| --- | ---: | ---: | --- | --- | ---: |")
     for row in rows:
         found, recovered, outcome, wall = run(row)

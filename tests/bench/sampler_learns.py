@@ -39,6 +39,10 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--floor", type=float, default=0.1)
     p.add_argument("--sharpness", type=float, default=4.0)
+    p.add_argument(
+        "--revisit-after", type=int, default=0, help="picks before an unpicked task is retried (0: 4 x rows)"
+    )
+    p.add_argument("--half-life", type=float, default=16.0, help="outcomes until an old one counts half (0: never)")
     p.add_argument("--threshold", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the run's figures as one JSON line")
@@ -66,7 +70,14 @@ def main() -> None:
                 control.should_training_stop = True
 
     with SyncClient(w.config) as client:
-        config = {"score": args.score, "floor": args.floor, "sharpness": args.sharpness, "run": f"bench{args.seed}"}
+        config = {
+            "score": args.score,
+            "floor": args.floor,
+            "sharpness": args.sharpness,
+            "half_life": args.half_life,
+            "revisit_after": args.revisit_after,
+            "run": f"bench{args.seed}",
+        }
         sampler = TaskSampler.open_sync(client, rows, config, seed=args.seed, store=False)
         rollouts = TRLRollouts(client, rows, sampler=sampler)
 
@@ -108,6 +119,9 @@ def main() -> None:
     result = {
         "score": args.score,
         "sharpness": args.sharpness,
+        "half_life": args.half_life,
+        "floor": args.floor,
+        "revisit_after": args.revisit_after,
         "seed": args.seed,
         "steps": trainer.state.global_step,
         "seconds": round(time.monotonic() - started),

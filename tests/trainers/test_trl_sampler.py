@@ -57,7 +57,7 @@ def test_trls_train_sampler_picks_the_tasks_that_teach_and_keeps_each_prompts_co
         picked.update(rows[p[0]["gym_row"]]["kind"] for p in prompts[::4])
     later = sum(picked.values())
     assert picked["learnable"] / later > 0.5, picked  # uniform: a third
-    assert sampler.totals.groups == 2 * len(calls) and sum(s.outcomes for s in sampler.stats) == 8 * len(calls)
+    assert sampler.totals.groups == 2 * len(calls) and sum(s.rollouts for s in sampler.stats) == 8 * len(calls)
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert logged and all("gym_runtime/sampler/zero_spread_share" in h for h in logged)
 

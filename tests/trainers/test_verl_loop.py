@@ -111,6 +111,11 @@ async def test_the_gym_runtime_agent_loop_gives_verl_its_output(tmp_path: Path) 
     train = [json.loads(line) for line in written.read_text().splitlines()]
     assert [t["train_group"] for t in train] == ["prompt-0", "prompt-0", "prompt-1", "prompt-1"]
     assert [t["train_reward"] for t in train] == [out.reward_score for out in outputs]
+    from gym_runtime.data.sampling import task_key
+
+    for out, r, row in zip(outputs, w.rows, rows, strict=True):  # what the task sampler counts (verl_tasks)
+        assert out.extra_fields["gym_task"] == task_key(r)
+        assert out.extra_fields["gym_outcome"]["reward"] == row["reward"]
     for t in train:  # no advantage (verl computes it in the driver); the step: the row's policy version, if any
         assert t["train_advantage"] is None
         assert t["train_step"] == (max(t["policy_versions"]) if t.get("policy_versions") else None)
@@ -225,6 +230,93 @@ async def test_a_stalling_policy_is_scored_in_verl_like_a_wrong_answer(tmp_path:
     honest, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g", "g"], dtype=object))
     assert torch.allclose(adv, honest, atol=1e-4)  # as verl's GRPO scores an honest 0 beside a 1
     assert adv[1][mask[1] > 0].max() < 0  # the stall's own tokens pushed down
+
+
+def _verl_data(tmp_path: Path, rows: list[dict[str, Any]], name: str) -> str:
+    """A parquet file as verl reads one: the prompt's messages, the task row in ``extra_info.gym_row``."""
+    import datasets
+
+    data = [
+        {
+            "data_source": "gym",
+            "prompt": [{"role": "user", "content": f"say the word {r['word']} ({r['kind']})"}],
+            "extra_info": {"index": i, "gym_row": json.dumps(r)},
+        }
+        for i, r in enumerate(rows)
+    ]
+    path = str(tmp_path / name)
+    datasets.Dataset.from_list(data).to_parquet(path)
+    return path
+
+
+def test_verls_dataloader_follows_the_task_sampler_and_each_prompt_is_its_rows(tmp_path: Path) -> None:
+    """Issue 79: verl 0.9.1 takes no sampler class from its config, but both trainers take the dataset's
+    (``data.custom_cls``). ``GymTaskDataset`` in verl's own dataloader, built as its trainers build it
+    (``create_rl_dataset``, ``create_rl_sampler``, ``StatefulDataLoader``, ``collate_fn``): the batches follow the
+    sampler, each sample's prompt is its own row's, the outcomes counted through ``observe_batch`` (as the agent loop
+    manager and the v1 replay buffer call it) move the picks to the learnable third, and its metrics come back. The
+    validation set is read as verl's; worker processes are one line."""
+    from omegaconf import OmegaConf
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from gym_runtime.data.sampling import task_key
+    from gym_runtime.errors import ClientError
+    from gym_runtime.trainers import verl_tasks
+
+    w = world(tmp_path, rows=1)
+    kinds = ["solved", "impossible", "learnable"]
+    rows = [{"word": f"w{i}", "kind": kinds[i % 3]} for i in range(12)]
+    train, val = _verl_data(tmp_path, rows, "train.parquet"), _verl_data(tmp_path, rows[:3], "val.parquet")
+    config = OmegaConf.create(
+        {
+            "train_files": [train],
+            "val_files": [val],
+            "train_batch_size": 4,
+            "dataloader_num_workers": 0,
+            "shuffle": True,
+            "seed": 1,
+            "cache_dir": str(tmp_path / "cache"),
+            "filter_overlong_prompts": False,
+            "custom_cls": {"path": "pkg://gym_runtime.trainers.verl_tasks", "name": "GymTaskDataset"},
+            "gym_sampler": {"score": "learnability", "floor": 0.0},
+        }
+    )
+    dataset = create_rl_dataset(config.train_files, config, w.tokenizer, None)
+    assert isinstance(dataset, verl_tasks.GymTaskDataset) and verl_tasks.active() is dataset.sampler
+    loader = StatefulDataLoader(
+        dataset=dataset,
+        batch_size=4,
+        num_workers=0,
+        drop_last=True,
+        collate_fn=collate_fn,
+        sampler=create_rl_sampler(config, dataset),
+    )
+    picked: list[str] = []
+    reward = {"solved": lambda k: 1.0, "impossible": lambda k: 0.0, "learnable": lambda k: float(k % 2)}
+    metrics: dict[str, float] = {}
+    for _ in range(5):  # verl's dataloader runs out after an epoch: 3 batches of 4 each time
+        for batch in loader:
+            fields: dict[str, list[Any]] = {"gym_task": [], "gym_outcome": []}
+            for info, prompt in zip(batch["extra_info"], batch["raw_prompt"], strict=True):
+                row = json.loads(info["gym_row"])
+                assert prompt[0]["content"] == f"say the word {row['word']} ({row['kind']})"  # its own prompt
+                picked.append(row["kind"])
+                for k in range(4):  # the sample's n rollouts, as the agent loops return them
+                    fields["gym_task"].append(task_key(row))
+                    fields["gym_outcome"].append({"reward": reward[row["kind"]](k)})
+            assert len({json.dumps(i["gym_row"]) for i in batch["extra_info"]}) == 4  # distinct tasks in a batch
+            metrics = verl_tasks.observe_batch(fields)
+    assert len(picked) == 60
+    late = picked[24:]
+    assert late.count("learnable") / len(late) > 0.6, picked  # uniform: a third
+    assert metrics["gym_runtime/sampler/groups"] == 4 and "gym_runtime/sampler/zero_spread_share" in metrics
+    validation = create_rl_dataset(config.val_files, config, w.tokenizer, None)
+    assert validation.sampler is None and json.loads(validation[2]["extra_info"]["gym_row"]) == rows[2]
+    assert verl_tasks.active() is dataset.sampler
+    with pytest.raises(ClientError, match="dataloader_num_workers: 8"):
+        create_rl_dataset(config.train_files, OmegaConf.merge(config, {"dataloader_num_workers": 8}), w.tokenizer, None)
 
 
 async def test_a_loop_with_no_model_worker_fails_verls_step_at_its_bound_naming_it(tmp_path: Path) -> None:

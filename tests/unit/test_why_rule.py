@@ -66,3 +66,11 @@ def test_subjects_name_their_stage() -> None:
     assert classify(s, verify)[0] == "verify"
     assert classify(s, s.sandbox_create("box", "agent.a"))[0] == "sandbox_wait"
     assert classify(s, Subjects.sandbox_op(s.sandbox_worker("box", "s1"), "exec", "agent.a"))[0] == "sandbox"
+
+
+def test_an_endpoint_out_of_service_is_named_with_why() -> None:
+    cause = "answered nothing for 12 s with 3 calls in flight, nor GET /models within 10 s"
+    model = {**MODEL, "endpoints_out": {"http://gpu1:8000/v1": cause}}
+    r = judge([agent(generating(silent_s=1.0)), model], [], batch=None, ns="gym")
+    assert r["look_at"] == ["models.policy endpoint http://gpu1:8000/v1"]
+    assert f"  out of service: models.policy endpoint http://gpu1:8000/v1: {cause}" in render(r).splitlines()
