@@ -109,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
                         on_progress=tracker,
                         on_result=tracker.result,
                         max_republish=args.max_republish,
+                        on_note=lambda line: print(f"gym-runtime: note: {line}", file=sys.stderr, flush=True),
                     )
                 finally:
                     watcher.cancel()

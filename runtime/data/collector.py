@@ -31,6 +31,7 @@ from gym_runtime.data.durable import sync_paths
 from gym_runtime.data.intake import is_ok, replaces
 from gym_runtime.data.reader import BatchReader, budget_slots
 from gym_runtime.data.sidecars import AttemptsSpool
+from gym_runtime.data.writers import holder, open_spool
 from gym_runtime.messages import RolloutResult, RolloutTask
 from gym_runtime.observability import logs
 from gym_runtime.transport.bus import Bus
@@ -114,10 +115,12 @@ class Collector:
         max_republish: int | None = None,
         on_stored: Callable[[RolloutResult], None] | None = None,
         keep_attempts: bool = False,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         """``max_republish``: rounds of publishing again the tasks of slots whose results were lost (None: the
         manifest's); ``on_stored``: each slot's first stored result (what a budget counts); ``keep_attempts``:
-        write each result read to the attempts sidecar (``data.sidecars.write_batch_sidecars`` ends it)."""
+        write each result read to the attempts sidecar (``data.sidecars.write_batch_sidecars`` ends it); ``on_note``:
+        the one line saying another collector writes the same output (default: a log warning)."""
         self.bus = bus
         self.batch = manifest.batch
         self.out = Path(out)
@@ -127,6 +130,8 @@ class Collector:
         self.on_stored = on_stored
         self.failures_path, self.metrics_path = sidecar_paths(self.out)
         self.spool_path = Path(str(self.out) + ".partial")
+        self._own = ""  # the suffix of this collector's files when another holds the usual names (``data.writers``)
+        self.on_note = on_note or (lambda line: log.warning("collect.shared_output", out=str(out), note=line))
         # Where each task×repeat's line sits in the spool: flat arrays at task * repeats + rollout
         # (20 bytes a row), so a 100k-row batch costs ~2 MB of index, not rows.
         self.repeats = max(1, manifest.repeats)
@@ -152,7 +157,18 @@ class Collector:
         """
         self.out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self.spool_path.open("wb") as spool:
+            opened, self._own = open_spool(self.spool_path)
+            if self._own:
+                who = holder(self.spool_path)
+                self.spool_path = Path(f"{self.spool_path}{self._own}")
+                if self.attempts is not None:
+                    self.attempts.own(self._own)
+                self.on_note(
+                    f"another collect{f' ({who})' if who else ''} is writing {self.out}: this one writes it too, "
+                    "from the results on the bus (each writes every row once; the last to finish puts the file in "
+                    "place)"
+                )
+            with opened as spool:
                 self._spool = spool
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.reader.run)
@@ -166,7 +182,7 @@ class Collector:
             # interrupted (Ctrl-C) or failed: the spool holds results in arrival order with no index, so
             # nothing can resume from it; it goes, and -o is only ever written whole
             self._stop.set()
-            for leftover in (self.spool_path, Path(f"{self.out}.tmp"), Path(f"{self.failures_path}.tmp")):
+            for leftover in (self.spool_path, *self._tmp_paths()):
                 leftover.unlink(missing_ok=True)
             if self.attempts is not None:
                 self.attempts.discard()
@@ -224,12 +240,20 @@ class Collector:
         if self._count >= self.expected:
             self._done.set()
 
+    def _tmp_paths(self) -> tuple[Path, Path, Path]:
+        """Where the output, failures and metrics are written before each is renamed into place."""
+        own = self._own
+        return (
+            Path(f"{self.out}.tmp{own}"),
+            Path(f"{self.failures_path}.tmp{own}"),
+            Path(f"{self.metrics_path}.tmp{own}"),
+        )
+
     def _finalize(self) -> None:
         """Rewrite the spool in task×repeat order, then the metrics; runs in a thread (file I/O, pass@k for
         every k up to the repeats: seconds at 4,000 repeats), which an interrupt does not wait for."""
         metrics = MetricsAccumulator(answer_field=self._answer_field)
-        tmp_out = Path(str(self.out) + ".tmp")
-        tmp_fail = Path(str(self.failures_path) + ".tmp")
+        tmp_out, tmp_fail, tmp_metrics = self._tmp_paths()
         with self.spool_path.open("rb") as spool, tmp_out.open("wb") as out, tmp_fail.open("wb") as fail:
             for slot in range(self.expected):
                 if slot % 4096 == 0 and self._stop.is_set():
@@ -251,7 +275,8 @@ class Collector:
         else:
             tmp_fail.unlink()
             self.failures_path.unlink(missing_ok=True)
-        self.stats.metrics = metrics.write_json(self.metrics_path)
+        self.stats.metrics = metrics.write_json(tmp_metrics)
+        os.replace(tmp_metrics, self.metrics_path)  # whole: another collector of this output may write it too
         self.spool_path.unlink(missing_ok=True)
         # acknowledged means on disk: the command exits 0 (and may purge the batch's results) only after this
         sync_paths((self.out, self.failures_path, self.metrics_path))

@@ -85,6 +85,10 @@ class AttemptsSpool:
         )
         self._file.write(_enc.encode(n) + b"\n")
 
+    def own(self, suffix: str) -> None:
+        """Write through a name of this collector's own (``data.writers``: another writes the same output)."""
+        self.partial = self.partial.with_name(self.partial.name + suffix)
+
     def discard(self) -> None:
         if self._opened is not None:
             self._opened.close()
@@ -128,6 +132,6 @@ async def write_batch_sidecars(
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")  # this process's own: another collect may write it too
     tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -262,6 +262,7 @@ async def collect_batch(
     on_progress: Callable[[int, int], None] | None = None,
     on_result: Callable[[bool, float | None], None] | None = None,
     max_republish: int | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> CollectStats:
     manifest = await get_manifest(bus, batch, wait_s=wait_s)
     if manifest is None:
@@ -279,6 +280,7 @@ async def collect_batch(
         on_result=on_result,
         max_republish=max_republish,
         keep_attempts=True,
+        on_note=on_note,
     )
     stats = await collector.run()
     await write_batch_sidecars(bus, batch, out, collector.attempts)

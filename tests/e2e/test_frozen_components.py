@@ -13,12 +13,15 @@ from typing import Any
 
 import yaml
 
+from gym_runtime.data.batches import Manifest, put_manifest
+from gym_runtime.messages import RolloutResult
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.ops.why import gather, render
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.jetstream import ensure_streams
 from tests.envs.many_steps import task
-from tests.helpers import write_jsonl
+from tests.helpers import eventually, read_until, write_jsonl
 from tests.pools import Pool, assert_exactly_once, publish, start_collect, wait_until
 
 DETECT_S = 30.0  # the issue's bounds: found within 30 s, worked around within 60 s
@@ -190,3 +193,64 @@ async def test_a_frozen_agent_worker_is_named_and_its_tasks_redelivered(
         if stopped:
             frozen_one.send_signal(signal.SIGCONT)
         pool.stop_all()
+
+
+async def test_a_frozen_collector_named_and_both_collects_write_every_row_once(
+    nats_server: EmbeddedServer, bus: Bus, tmp_path: Path
+) -> None:
+    """A collector is a reader of the stored results (nothing is taken from the stream for it, nothing is
+    acknowledged before its file is on disk), so a frozen one holds nothing back: a second ``collect`` of the
+    same output says in one line that the first is stopped, and writes every row once; the first, resumed,
+    writes the same file. Before, both wrote one spool (``OUT.partial``): the second truncated the first's and
+    removed it when done, so the resumed one failed (its rows read from a file that was gone) or, still
+    writing beside the second, wrote rows of the other's bytes."""
+    n, batch = 24, "fc"
+    await ensure_streams(bus, ["agent"])
+    await put_manifest(bus, Manifest(batch=batch, expected=n, tasks=n, repeats=1, agents={"agent": n}, input="-"))
+
+    async def store(indexes: range) -> None:  # results as a batch's agent workers store them
+        for i in indexes:
+            row = {"task_id": i, "reward": 1.0, "_ng_task_index": i, "_ng_rollout_index": 0}
+            res = RolloutResult(batch=batch, task_index=i, rollout_index=0, agent="agent", row=row)
+            await bus.js_publish(bus.subjects.result("agent", batch), res, msg_id=f"{batch}:{i}:0")
+
+    out = tmp_path / "out.jsonl"
+    await store(range(8))
+    first = start_collect(nats_server.url, batch, out)
+    stopped = False
+    try:
+        stream = await bus.ensure_results_stream("agent")
+
+        async def has_read_them() -> bool:  # its consumer was handed what is stored so far: mid-batch
+            infos = await bus.js.consumers_info(stream)
+            return any(i.name.startswith("collect_") and i.delivered.stream_seq >= 8 for i in infos)
+
+        await wait_async(has_read_them, 60, {})
+        first.send_signal(signal.SIGSTOP)
+        stopped, t0 = True, time.monotonic()
+        await store(range(8, 16))  # the batch goes on while it is frozen
+        second = start_collect(nats_server.url, batch, out)
+        found, said = read_until(second.stderr, f"pid {first.pid}", timeout=DETECT_S)  # type: ignore[arg-type]
+        assert found and "stopped" in said, said
+        named = time.monotonic() - t0
+        await store(range(16, n))
+        await eventually(lambda: second.poll() is not None, within=RECOVER_S)
+        done = time.monotonic() - t0
+        assert second.returncode == 0, said + (second.stderr.read() if second.stderr else "")
+        written = out.read_bytes()
+        assert_exactly_once(out, n, 1)
+        first.send_signal(signal.SIGCONT)
+        stopped = False
+        await eventually(lambda: first.poll() is not None, within=RECOVER_S)
+        assert first.returncode == 0, first.stderr.read() if first.stderr else ""
+        assert_exactly_once(out, n, 1)
+        assert out.read_bytes() == written  # the same rows, whichever finished last
+        assert not list(tmp_path.glob("*.partial*")) and not list(tmp_path.glob("*.tmp*"))  # no spool left
+        print(f"frozen collector: named {named:.1f}s, batch written by the second {done:.1f}s after the freeze")
+    finally:
+        for p in (first, locals().get("second")):
+            if p is not None and p.poll() is None:
+                if stopped and p is first:
+                    p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
