@@ -648,7 +648,12 @@ async def ensure_consumer(bus: Connection, stream: str, durable: str, subject: s
     await retrying(ensure, what=f"consumer {durable}")
 
 
-READER_ACK_WAIT_S = 600.0  # an acking reader acks what it handled at least this often (else it is sent again)
+# An acking reader acks what it handled every few seconds (``data.reader.TICK_S``); what was delivered and not
+# acked this long after is sent again. Deliveries lost with a dropped connection (a reader frozen, or its loop
+# blocked, past the server's ping window: the server drops it, and what it had sent it is gone) come back only
+# then: at 600 s a resumed ``collect`` sat 10 min without a row, silent. A redelivery of a handled result is
+# taken once (``data.reader``'s slots).
+READER_ACK_WAIT_S = 60.0
 READER_MAX_ACK_PENDING = 16_384  # handled in order and acked every few hundred: never reached by a live reader
 
 
