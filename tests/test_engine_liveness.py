@@ -7,7 +7,11 @@ does: the kernel still accepts on its socket); the live one is the shared test e
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
+import socket as socketlib
+import subprocess
 import tempfile
 import time
 import uuid
@@ -20,7 +24,10 @@ import pytest
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import PING_S, STALL_S, Engine
+from tests.helpers import eventually
 from tests.test_sandbox_engine import spec
+
+DOCKERD = "/usr/sbin/dockerd"
 
 
 @pytest.fixture
@@ -69,3 +76,60 @@ async def test_a_long_quiet_exec_on_a_live_engine_is_not_cut_off(engine: Engine,
         assert r.duration_s >= quiet_s
     finally:
         await backend.close(sid)
+
+
+@pytest.fixture
+async def private_dockerd() -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A dockerd of this test's own (started as ``.ci/docker.sh`` starts the shared one, no image in it), to
+    freeze: the shared engine is never stopped. Its socket and process; stopped by its PID at the end."""
+    if not os.path.exists(DOCKERD) or os.geteuid() != 0:
+        pytest.skip(f"{DOCKERD} (run as root) is needed for a private engine to freeze")
+    where = Path(tempfile.mkdtemp(prefix="gym-dockerd-", dir="/tmp"))
+    sock = str(where / "docker.sock")
+    argv = [DOCKERD, "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false"]
+    argv += ["--data-root", str(where / "root"), "--exec-root", str(where / "exec")]
+    argv += ["--pidfile", str(where / "dockerd.pid"), "-H", f"unix://{sock}"]
+    with open(where / "dockerd.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        await eventually(lambda: _pings(sock), within=60)
+        yield sock, proc
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _pings(sock: str) -> bool:
+    try:
+        with socketlib.socket(socketlib.AF_UNIX) as s:
+            s.settimeout(2)
+            s.connect(sock)
+            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: engine\r\n\r\n")
+            return s.recv(64).split(b" ", 2)[1:2] == [b"200"]
+    except OSError:
+        return False
+
+
+async def test_a_frozen_dockerd_fails_a_create_sandbox_unavailable_within_seconds(
+    private_dockerd: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    sock, proc = private_dockerd
+    async with Engine(sock) as engine:
+        backend = EngineBackend(engine, name="docker", pool=f"test{uuid.uuid4().hex[:8]}")
+        with pytest.raises(Failure) as live:  # alive: the image is missing, said at once
+            await backend.create(spec("gym-missing:image"), owner="w1", lease="b:0:0")
+        assert live.value.info.error_class == "tool_error", live.value.info
+        proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with anyio.fail_after(60), pytest.raises(Failure) as got:  # before: the create's 120 s engine timeout
+            await backend.create(spec("gym-missing:image"), owner="w1", lease="b:0:0")
+        took = time.monotonic() - started
+    assert got.value.info.error_class == "sandbox_unavailable", got.value.info
+    assert sock in got.value.info.message, got.value.info.message
+    assert took < STALL_S + PING_S + 15, took

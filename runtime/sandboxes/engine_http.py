@@ -241,17 +241,22 @@ class Engine:
                     tg.cancel_scope.cancel()
                     return
 
+        failed: list[Exception] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
             try:
                 yield
+            except Exception as e:  # the body's own failure, raised below as itself (not in an ExceptionGroup)
+                failed.append(e)
             finally:
                 tg.cancel_scope.cancel()
         if silent:
             raise EngineUnavailable(
-                f"the engine at {self.socket_path} does not answer (no answer to a ping within {PING_S:g} s after "
-                f"{what} waited {silent[0] - PING_S:.0f} s): it is stopped or frozen"
+                f"the engine at {self.socket_path} does not answer: {what} waited {silent[0]:.0f} s and a ping got "
+                f"no answer within {PING_S:g} s (the engine is stopped or frozen)"
             )
+        if failed:
+            raise failed[0]
 
     # ---------------------------------------------------------------- engine and images
 
