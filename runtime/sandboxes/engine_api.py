@@ -219,12 +219,14 @@ class EngineBackend:
         except EngineError as e:
             if e.status == 404:
                 raise Failure("tool_error", f"sandbox image {spec.image!r} is not in the {self.name} engine") from e
-            raise _unavailable(e) or Failure("tool_error", f"creating a sandbox failed: {e}", retryable=True) from e
+            if (unavailable := _unavailable(e)) is not None:
+                raise unavailable from e
+            raise Failure("tool_error", f"creating a sandbox failed: {e}", retryable=True) from e
         try:
             await self.engine.start(cid)
         except EngineError as e:
-            if isinstance(e, EngineUnavailable):
-                raise _unavailable(e) from e
+            if (unavailable := _unavailable(e)) is not None:
+                raise unavailable from e
             await self.engine.remove(cid)
             raise Failure("tool_error", f"starting a sandbox failed: {e}", retryable=True) from e
         return cid
