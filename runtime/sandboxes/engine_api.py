@@ -41,11 +41,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from gym_runtime.errors import Failure
+from gym_runtime.errors import Failure, observed
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
 from gym_runtime.sandboxes.engine_fork import EngineForks
-from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError
+from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError, EngineUnavailable
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 log = logs.get("gym.sandbox")
@@ -219,10 +219,14 @@ class EngineBackend:
         except EngineError as e:
             if e.status == 404:
                 raise Failure("tool_error", f"sandbox image {spec.image!r} is not in the {self.name} engine") from e
+            if (unavailable := _unavailable(e)) is not None:
+                raise unavailable from e
             raise Failure("tool_error", f"creating a sandbox failed: {e}", retryable=True) from e
         try:
             await self.engine.start(cid)
         except EngineError as e:
+            if (unavailable := _unavailable(e)) is not None:
+                raise unavailable from e
             await self.engine.remove(cid)
             raise Failure("tool_error", f"starting a sandbox failed: {e}", retryable=True) from e
         return cid
@@ -394,7 +398,16 @@ class EngineProcess:
             await self.engine.kill_exec(self.eid, group=True)
 
 
+def _unavailable(e: EngineError) -> Failure | None:
+    """A stopped or frozen engine's failure: the runtime's own finding, the pool unavailable (no sandbox at fault)."""
+    if not isinstance(e, EngineUnavailable):
+        return None
+    return observed(Failure("sandbox_unavailable", str(e), retryable=True))
+
+
 def _gone(e: EngineError, sid: str) -> Failure:
+    if (unavailable := _unavailable(e)) is not None:
+        return unavailable
     if e.status in (404, 409):  # removed (reaped), or no longer running (e.g. killed with its pids)
         return Failure("tool_error", f"sandbox {sid[:12]} is gone: {e}")
     return Failure("tool_error", f"the engine failed: {e}", retryable=True)

@@ -9,6 +9,7 @@ with its stdin and a capped output, needs the raw hijacked connection, written h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import struct
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import quote, urlencode
 
 import aiohttp
@@ -27,6 +28,11 @@ from gym_runtime.errors import ConfigError
 from gym_runtime.sandboxes.spec import OnOutput
 
 API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
+# a call that has waited STALL_S has the engine pinged (again every STALL_S); no answer within PING_S: the engine
+# is frozen or stopped, and the call fails now instead of at its own timeout (120 s; a create, an exec's stream).
+# A slow call on a live engine (a long exec, an import) is never cut off: the engine answers its pings.
+STALL_S = 10.0
+PING_S = 5.0
 
 
 class EngineError(RuntimeError):
@@ -35,6 +41,11 @@ class EngineError(RuntimeError):
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be reached, or does not answer a ping while a call waits on it (a stopped or frozen
+    ``dockerd``): the pool's sandboxes are unavailable (``sandbox_unavailable``), no sandbox is at fault."""
 
 
 class ExecOutput(msgspec.Struct, kw_only=True):
@@ -184,21 +195,68 @@ class Engine:
         if body is not None:
             data, headers = json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
         try:
-            async with self._session.request(
-                method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as r:
-                got = await r.read()
-                if r.status >= 400:
-                    try:
-                        msg = json.loads(got).get("message", got.decode(errors="replace"))
-                    except ValueError:
-                        msg = got.decode(errors="replace")
-                    raise EngineError(f"{method} {path}: {r.status} {msg}", r.status)
-                if not raw and r.content_type == "application/json" and got:
-                    return json.loads(got)
-                return got
+            async with self.watched(f"{method} {path}"):
+                async with self._session.request(
+                    method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                ) as r:
+                    got = await r.read()
+                    if r.status >= 400:
+                        try:
+                            msg = json.loads(got).get("message", got.decode(errors="replace"))
+                        except ValueError:
+                            msg = got.decode(errors="replace")
+                        raise EngineError(f"{method} {path}: {r.status} {msg}", r.status)
+                    if not raw and r.content_type == "application/json" and got:
+                        return json.loads(got)
+                    return got
         except aiohttp.ClientError as e:
-            raise EngineError(f"the engine at {self.socket_path} cannot be reached: {e}") from e
+            self._unreachable(e)
+
+    def _unreachable(self, e: BaseException) -> NoReturn:
+        raise EngineUnavailable(f"the engine at {self.socket_path} cannot be reached: {e}") from e
+
+    async def _answers(self) -> bool:
+        """Whether the engine answers ``GET /_ping`` within ``PING_S`` (on a connection of its own)."""
+        assert self._session is not None
+        try:
+            with anyio.fail_after(PING_S):
+                async with self._session.get(f"http://engine{API}/_ping") as r:
+                    await r.read()
+                    return r.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    @contextlib.asynccontextmanager
+    async def watched(self, what: str) -> AsyncIterator[None]:
+        """Run the body while the engine is pinged every ``STALL_S``; one it does not answer ends the body with
+        ``EngineUnavailable`` naming the call and the engine's socket."""
+        silent: list[float] = []
+
+        async def watch() -> None:
+            started = time.monotonic()
+            while True:
+                await anyio.sleep(STALL_S)
+                if not await self._answers():
+                    silent.append(time.monotonic() - started)
+                    tg.cancel_scope.cancel()
+                    return
+
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            try:
+                yield
+            except Exception as e:  # the body's own failure, raised below as itself (not in an ExceptionGroup)
+                failed.append(e)
+            finally:
+                tg.cancel_scope.cancel()
+        if silent:
+            raise EngineUnavailable(
+                f"the engine at {self.socket_path} does not answer: {what} waited {silent[0]:.0f} s and a ping got "
+                f"no answer within {PING_S:g} s (the engine is stopped or frozen)"
+            )
+        if failed:
+            raise failed[0]
 
     # ---------------------------------------------------------------- engine and images
 
@@ -274,7 +332,7 @@ class Engine:
                         _build_line(tag, line, on_step)
                 _build_line(tag, rest, on_step)
         except aiohttp.ClientError as e:
-            raise EngineError(f"the engine at {self.socket_path} cannot be reached: {e}") from e
+            self._unreachable(e)
 
     async def commit(self, cid: str, labels: dict[str, str]) -> str:
         """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id."""
@@ -422,10 +480,11 @@ class Engine:
         eid = await self.exec_create(cid, argv, stdin=takes, env=env, workdir=workdir)
         out = Capture(max_output)
         with anyio.move_on_after(timeout_s) as scope:
-            async for stream, chunk in self.exec_stream(eid, stdin, feed=feed):
-                part = out.add(stream, chunk)
-                if part and on_output is not None:
-                    await on_output(stream, part)
+            async with self.watched(f"exec {argv[0]!r}"):
+                async for stream, chunk in self.exec_stream(eid, stdin, feed=feed):
+                    part = out.add(stream, chunk)
+                    if part and on_output is not None:
+                        await on_output(stream, part)
         timed_out = scope.cancelled_caught
         if timed_out:
             await self.kill_exec(eid)
