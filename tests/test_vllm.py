@@ -590,7 +590,8 @@ async def test_dead_replica_is_skipped() -> None:
             r = await model.generate(weather_params(), rollout_key=f"r{k}")
             assert r.status == "completed"
         assert len(live.requests) == 4
-        assert model.pool.endpoints[0].failures == 1  # tried once, then skipped
+        # tried, then skipped: not once per call (a trial call after ``replica_cooldown_s`` may come on a slow machine)
+        assert 1 <= model.pool.endpoints[0].failures < 4
         await model.aclose()
 
 
