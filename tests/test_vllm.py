@@ -586,12 +586,13 @@ async def test_dead_replica_is_skipped() -> None:
                 base_url=[dead, live.base_url], model="tiny", max_retries=2, retry_backoff_s=0.001, timeout_s=2.0
             )
         )
-        for k in range(4):
+        for k in range(8):
             r = await model.generate(weather_params(), rollout_key=f"r{k}")
             assert r.status == "completed"
-        assert len(live.requests) == 4
-        # tried, then skipped: not once per call (a trial call after ``replica_cooldown_s`` may come on a slow machine)
-        assert 1 <= model.pool.endpoints[0].failures < 4
+        assert len(live.requests) == 8
+        # skipped once it failed, not tried for each of the ~4 keys that hash to it (0 when none did; a trial call
+        # after ``replica_cooldown_s`` may come on a slow machine)
+        assert model.pool.endpoints[0].failures <= 2
         await model.aclose()
 
 
