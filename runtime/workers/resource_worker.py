@@ -17,6 +17,8 @@ import sys
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import Token
 from typing import Any, cast
 
@@ -26,7 +28,7 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.error_classes import as_environments
 from gym_runtime.data.validation import row_problems
-from gym_runtime.errors import Failure, UserError
+from gym_runtime.errors import ErrorClass, Failure, UserError
 from gym_runtime.jail import CPU_SINK
 from gym_runtime.messages import (
     CloseSession,
@@ -155,19 +157,27 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
         return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
 
 
-async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
+@contextmanager
+def environment_code(own: ErrorClass, where: str, *, retryable: bool = False) -> Iterator[None]:
+    """Environment code at ``where`` (a seed, a restore, verify) fails as the environment's: a ``Failure`` stays as
+    it is where the runtime found it (its guest overran or was lost) or the environment may raise its class (a
+    judge's model failed, a row verify cannot grade); another class becomes ``own`` naming it
+    (``data.error_classes``), and so does any other exception."""
     try:
-        out = await inst.verify(row, response)
+        yield
     except Failure as e:
-        # its guest ended the call (overran, or lost), a judge's model failed, a row verify cannot grade: as they
-        # are; any other class the verifier raised is its own ``verify_error`` (``data.error_classes``)
-        own = as_environments(e, "verify_error", "verify")
-        if own is e:
+        typed = as_environments(e, own, where)
+        if typed is e:
             raise
-        raise own from None
+        raise typed from None
     except Exception as exc:
-        # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
-        raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
+        raise Failure(own, f"{where} raised {type(exc).__name__}: {exc}", retryable=retryable) from exc
+
+
+async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
+    # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
+    with environment_code("verify_error", "verify", retryable=True):
+        out = await inst.verify(row, response)
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
@@ -434,14 +444,8 @@ class ResourceWorker:
         """``inst``'s seed, a failure of it typed as the environment's."""
         counting = _counting(self._book(inst)[0])
         try:
-            await inst.seed(row)
-        except Failure as e:  # as a tool's: the runtime's findings as they are, any other class the seed's own
-            own = as_environments(e, "tool_error", "seed")
-            if own is e:
-                raise
-            raise own from None
-        except Exception as exc:
-            raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+            with environment_code("tool_error", "seed"):  # as a tool's failure is typed
+                await inst.seed(row)
         finally:
             _counted(counting)
 
@@ -478,14 +482,8 @@ class ResourceWorker:
                 lease.adopt(forked)
             counting = _counting(self._book(inst)[0])
             try:
-                await inst.restore(tpl.snapshot)
-            except Failure as e:
-                own = as_environments(e, "tool_error", "restore")
-                if own is e:
-                    raise
-                raise own from None
-            except Exception as exc:
-                raise Failure("tool_error", f"restore (seed_once) raised {type(exc).__name__}: {exc}") from exc
+                with environment_code("tool_error", "restore (seed_once)"):
+                    await inst.restore(tpl.snapshot)
             finally:
                 _counted(counting)
         except BaseException:
