@@ -47,6 +47,7 @@ verl's agent loop config names it::
       nats: nats://head:4222
       failures: {policy_failure_reward: 0.0, retries: 2}
       waits: {say_after_s: 60, bound_s: 3600}
+      branch_at: 2  # optional: each prompt's n samples one rollout and n - 1 branches of it at turn 2 (verl_branch)
 """
 
 from __future__ import annotations
