@@ -276,7 +276,9 @@ class GymAgentLoop(AgentLoopBase):
                 result, k = await self._attempts(
                     lambda: parent_rollout(client, row, self.agent, ran), client, tally, watch
                 )
-                point = group.point = Point(ran[-1], turn, result, cut(result, turn) if has_tokens(result) else None)
+                point = Point(ran[-1], turn, result, cut(result, turn) if has_tokens(result) else None)
+                self._fits(point.seq, uid)  # too long a prefix: its branches fail at once, none is run
+                group.point = point
                 group.ready.set()
             else:
                 point = await group.wait()
@@ -284,14 +286,19 @@ class GymAgentLoop(AgentLoopBase):
                     lambda: branch(client, row, point.parent, turn, self.agent), client, tally, watch
                 )
         seq = self._sequence(result, k, row, point)
-        limit = self.rollout_config.get("prompt_length") if hasattr(self.rollout_config, "get") else None
-        if isinstance(limit, int) and len(seq.prompt_ids) > limit:
-            raise ClientError(
-                f"branch_at={turn}: the prefix of uid {uid} is {len(seq.prompt_ids)} tokens, past "
-                f"actor_rollout_ref.rollout.prompt_length={limit} (data.max_prompt_length): raise it to hold the "
-                f"task's prompt and {turn} turns with their tool outputs"
-            )
+        self._fits(seq, uid)
         return result, k, seq, {"gym_branch_of": None if parent else point.parent}
+
+    def _fits(self, seq: TokenSequence | None, uid: Any) -> None:
+        """A branch group's prefix (its prompt ids) within verl's ``prompt_length``: verl pads prompts to it and
+        cannot stack a longer one; one ``ClientError`` line naming it, rather than cutting the prefix."""
+        limit = self.rollout_config.get("prompt_length") if hasattr(self.rollout_config, "get") else None
+        if seq is not None and isinstance(limit, int) and len(seq.prompt_ids) > limit:
+            raise ClientError(
+                f"branch_at={self.branch_at}: the prefix of uid {uid} is {len(seq.prompt_ids)} tokens, past "
+                f"actor_rollout_ref.rollout.prompt_length={limit} (data.max_prompt_length): raise it to hold the "
+                f"task's prompt and {self.branch_at} turns with their tool outputs"
+            )
 
     def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None, task: str) -> None:
         """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared

@@ -196,3 +196,18 @@ async def test_a_step_that_would_split_a_prompts_samples_between_workers_stops_a
     )
     config.data.train_batch_size = 3
     GymAgentLoopManager(config, None)  # without branch_at: as before
+
+
+async def test_a_prefix_longer_than_verls_prompt_length_is_one_line_naming_it(tmp_path: Path) -> None:
+    """verl pads every prompt to ``rollout.prompt_length`` and cannot stack a longer one: a group whose prefix (the
+    task's prompt and turn 1) does not fit fails the step in one line naming the key, rather than being cut."""
+    from gym_runtime.errors import ClientError
+    from tests.trainers.test_verl_loop import agent_loop
+
+    w = world(tmp_path, rows=1, tool_bias=20.0)
+    loop = agent_loop(w, served_by_verl(w), branch_at=1, failures={"retries": 0})
+    loop.rollout_config.prompt_length = 8
+    with pytest.raises(ClientError) as e:
+        await loop.run({"temperature": 1.0}, extra_info={"gym_row": w.rows[0]}, uid="prompt-0")
+    said = str(e.value)
+    assert "\n" not in said and "actor_rollout_ref.rollout.prompt_length=8" in said and "uid prompt-0" in said, said
