@@ -45,6 +45,8 @@ class Point:
 
 @dataclass
 class _Group:
+    """One uid's group in this process: its branch point once the parent has it (``ready``), or the parent's error."""
+
     ready: anyio.Event = field(default_factory=anyio.Event)
     point: Point | None = None
     error: BaseException | None = None
