@@ -15,14 +15,8 @@ from gym_runtime.resources.math_advanced_calculations import (
     MathAdvancedCalculations,
     solution_of,
 )
-from tests.differential import (
-    compat_dir,
-    differential_cases,
-    new_session,
-    read_jsonl,
-    recorded_response,
-    replay_tool_calls,
-)
+from gym_runtime.testing import new_session, read_jsonl, recorded_response, replay_tool_calls
+from tests.differential import compat_dir, differential_cases
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 
