@@ -31,6 +31,7 @@ from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
     Item,
+    Message,
     ModelResponse,
     Reasoning,
     Response,
@@ -147,13 +148,20 @@ def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
     return (out.reward, out.fields) if isinstance(out, Verdict) else (float(out), {})
 
 
-def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:
+def text_response(*texts: str, reasoning: str | None = None, refusal: str | None = None, id: str = "r") -> Response:
     """A response of one assistant message per text (``output_text`` parts), after one
-    reasoning item with a ``summary_text`` when ``reasoning`` is given."""
+    reasoning item with a ``summary_text`` when ``reasoning`` is given. A ``refusal`` part opens
+    the last message when ``refusal`` is given: what a reader of the answer's text must skip,
+    like the reasoning, while joining the messages' ``output_text`` parts."""
     output: list[Item] = []
     if reasoning is not None:
         output.append(Reasoning(summary=[{"type": "summary_text", "text": reasoning}]))
     output += [assistant_message(t) for t in texts]
+    if refusal is not None and texts:
+        last = texts[-1]
+        output[-1] = Message(
+            role="assistant", content=[{"type": "refusal", "refusal": refusal}, {"type": "output_text", "text": last}]
+        )
     return Response(id=id, created_at=0.0, output=output)
 
 
