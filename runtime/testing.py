@@ -2,10 +2,10 @@
 
 An environment's tests open a session and verify (``new_session``, ``verify_once``, ``text_response``), often
 against rollouts recorded elsewhere (NeMo Gym's): join rollout rows with their task rows by input messages
-(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls and check the
-reward comes out the same (``reverify_rollouts``). With the one test double environments need
-(``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are unit-tested on
-(``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
+(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls (a whole file's:
+``replay_rollouts``) and check the reward comes out the same (``reverify_rollouts``). With the one test double
+environments need (``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are
+unit-tested on (``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
 (``tests/compat``) keep their helpers beside them, in ``tests/differential.py``.
 """
 
@@ -68,6 +68,7 @@ __all__ = [
     "new_session",
     "read_jsonl",
     "recorded_response",
+    "replay_rollouts",
     "replay_tool_calls",
     "reverify_rollouts",
     "split_verdict",
@@ -119,6 +120,15 @@ async def replay_tool_calls(inst: Resource, response: Response) -> int:
     recorded = {i.call_id: i.output for i in response.output if isinstance(i, FunctionCallOutput)}
     assert produced == recorded
     return len(produced)
+
+
+async def replay_rollouts(cls: type[Resource], rollouts_path: str | Path) -> int:
+    """``replay_tool_calls`` for each recorded rollout in the file, each in a new session of ``cls``: for
+    rollouts recorded without their task rows (nothing to verify). Returns how many calls were replayed."""
+    count = 0
+    for rollout in read_jsonl(rollouts_path):
+        count += await replay_tool_calls(await new_session(cls), recorded_response(rollout["response"]))
+    return count
 
 
 async def reverify_rollouts(
