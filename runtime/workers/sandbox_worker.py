@@ -53,6 +53,7 @@ from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, 
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.tool_replies import ToolReplies
 
@@ -132,6 +133,7 @@ class SandboxWorker:
         self.cfg = cfg
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.sandbox_worker(name, self.worker_id)
+        self.process = process_tag()  # named in each reply that hands out a sandbox: a call it leaves silent names it
         self.held: dict[str, Held] = {}
         self.making: dict[str, anyio.Event] = {}  # creates under way, by key: a second try waits for the first
         self.replies: dict[str, ToolReplies[SandboxReply]] = {}  # by sandbox: its execs' replies by call id
@@ -418,7 +420,9 @@ class SandboxWorker:
         if made is not None:  # its reply was lost (a reconnect): the same sandbox, not a second one held
             sid, held = made
             held.used = time.monotonic()
-            return SandboxReply(sandbox=sid, address=self.address, image=held.image, renew_s=self.renew_s)
+            return SandboxReply(
+                sandbox=sid, address=self.address, by=self.process, image=held.image, renew_s=self.renew_s
+            )
         self.making[req.key] = anyio.Event()
         try:
             return await self._make(req, caller)
@@ -445,7 +449,9 @@ class SandboxWorker:
             self.changed()  # refill
             self._acquired(started, warm=True)
             trace.get_current_span().set_attributes({"gym.sandbox.id": sid[:12], "gym.sandbox.warm": True})
-            return SandboxReply(sandbox=sid, address=self.address, warm=True, image=image_id, renew_s=self.renew_s)
+            return SandboxReply(
+                sandbox=sid, address=self.address, by=self.process, warm=True, image=image_id, renew_s=self.renew_s
+            )
         if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
             await self._remove(self._pop_warm())
         if self.room() <= 0 or self._draining:
@@ -478,7 +484,7 @@ class SandboxWorker:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
-        return SandboxReply(sandbox=sid, address=self.address, image=image_id, renew_s=self.renew_s)
+        return SandboxReply(sandbox=sid, address=self.address, by=self.process, image=image_id, renew_s=self.renew_s)
 
     def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
         """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
@@ -600,7 +606,12 @@ class SandboxWorker:
         self.created += n
         log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease))
         return SandboxReply(
-            sandbox=req.sandbox, forked=kids, address=self.address, image=held.image, renew_s=self.renew_s
+            sandbox=req.sandbox,
+            forked=kids,
+            address=self.address,
+            by=self.process,
+            image=held.image,
+            renew_s=self.renew_s,
         )
 
     def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
@@ -611,7 +622,9 @@ class SandboxWorker:
             held.expires = max(held.expires, min(req.expires, now + self.cfg.max_lease_s))
         held.used = time.monotonic()
         log.info("sandbox.reattached", sandbox=req.sandbox[:12], lease=lease_tag(held.lease))
-        return SandboxReply(sandbox=req.sandbox, address=self.address, image=held.image, renew_s=self.renew_s)
+        return SandboxReply(
+            sandbox=req.sandbox, address=self.address, by=self.process, image=held.image, renew_s=self.renew_s
+        )
 
     async def _cpu_s(self, sid: str) -> float | None:
         """The CPU seconds a sandbox used, read just before its release (its holder's cost); None: unknown."""
@@ -689,6 +702,9 @@ class SandboxWorker:
             await proc.kill()
             with anyio.move_on_after(KILL_WAIT_S):
                 await proc.done.wait()
+        if proc.failure is not None:  # its engine stopped answering: said typed, not an output that never ends
+            del procs[req.process]
+            raise proc.failure
         r = proc.result()
         if req.op != "poll":
             if proc.done.is_set():
