@@ -899,6 +899,7 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     sandbox: str = ""
     process: str = ""  # spawn: the background process's id
     address: str = ""  # create: where this sandbox's operations go
+    by: str = ""  # create, attach, fork: the worker's process (``node/pid``): a call left silent names it
     exit_code: int | None = None
     stdout: bytes = b""
     stderr: bytes = b""

@@ -74,8 +74,9 @@ ATTACH_TIMEOUT_S = 30.0  # a resumed attempt's ask to take up a sandbox its roll
 class Sandbox:
     """One sandbox (a container on one sandbox worker). Close it, or let its rollout's end do so."""
 
-    def __init__(self, owner: Sandboxes, sid: str, address: str, spec: SandboxSpec) -> None:
+    def __init__(self, owner: Sandboxes, sid: str, address: str, spec: SandboxSpec, by: str = "") -> None:
         self._owner, self.id, self._address, self.spec = owner, sid, address, spec
+        self._by = by  # its worker's process, as it said (a call it leaves silent names it before any keepalive)
         self.closed = False
 
     def handle(self) -> SandboxHandle:
@@ -96,6 +97,7 @@ class Sandbox:
                 timeout=timeout,
                 op=f"sandbox.{call.op}",
                 on_output=None if on_output is None else lambda stream, data: on_output((stream, data)),
+                by=self._by,
             )
             if call.op == "exec":
                 span.set_attributes(
@@ -214,7 +216,7 @@ class Sandbox:
         reply = await self._op(call, CREATE_TIMEOUT_S)
         boxes = []
         for holder, sid in zip(holders, reply.forked, strict=True):
-            box = Sandbox(holder, sid, reply.address, self.spec)
+            box = Sandbox(holder, sid, reply.address, self.spec, reply.by)
             holder._hold(box, reply)
             boxes.append(box)
         return boxes
@@ -490,7 +492,7 @@ class Sandboxes:
                     self.on_acquire(took)
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
-        box = Sandbox(self, reply.sandbox, reply.address, spec)
+        box = Sandbox(self, reply.sandbox, reply.address, spec, reply.by)
         self._hold(box, reply)
         return box
 
@@ -593,7 +595,7 @@ class Sandboxes:
                 for box in boxes:
                     await box.close()
                 return False
-            box = Sandbox(self, h.sandbox, h.address, h.spec)
+            box = Sandbox(self, h.sandbox, h.address, h.spec, reply.by)
             self._hold(box, reply)
             boxes.append(box)
         self._adoptable = boxes
