@@ -279,6 +279,7 @@ class AgentWorker:
         return {
             "in_flight": p.busy if p else 0,
             "slots": self.cfg.concurrency,
+            "model": self.cfg.model,  # which model its rollouts call (a batch stops when it is out: ``outage``)
             "completed": done,
             "failed": self.failed,
             "retried": self.retried,
