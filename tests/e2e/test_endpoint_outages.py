@@ -291,6 +291,29 @@ def test_with_every_endpoint_answering_500s_the_run_stops_with_one_line(
     print(f"stopped after {took:.1f} s; {len(on_model)} rollouts failed on the model, the rest cancelled")
 
 
+def test_with_every_endpoint_out_a_run_with_worker_children_stops_with_one_line(
+    stubs: list[Stub], runs: list[Run], tmp_path: Path
+) -> None:
+    """As above, the model workers in ``run``'s children (``--processes per-role``, what ``auto`` picks for a large
+    batch on several cores): the run reads their status answers (every 2 s) and stops the batch in one line. Before, only a
+    model worker in ``run``'s own process stopped it: here each of the 1,500 rollouts failed on the model in turn."""
+    a, b = Stub("--status", "500"), Stub("--status", "500")
+    stubs += [a, b]
+    n = 1500
+    out = tmp_path / "out.jsonl"
+    run = Run(config(tmp_path, [a.url, b.url]), many_rows(tmp_path, n), out, "--concurrency", str(IN_FLIGHT),
+              "--processes", "per-role")  # fmt: skip
+    runs.append(run)
+    assert run.finish(within=300) == 1, run.stderr()
+    errors = [line for _, line in run.lines if line.startswith("gym-runtime: error")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("gym-runtime: error: model 'policy': every endpoint is out of service ("), errors
+    failed = failures(out)
+    once_each(failed, n)
+    classes = {str(r.get("error_class")) for r in failed}
+    assert classes <= {"model_error", "cancelled"} and "cancelled" in classes, classes
+
+
 def test_with_every_endpoint_out_a_collect_of_start_ed_workers_stops_the_batch_and_says_they_keep_running(
     stubs: list[Stub], nats_server: EmbeddedServer, tmp_path: Path
 ) -> None:
