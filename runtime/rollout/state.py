@@ -207,6 +207,7 @@ class Rollout(Generic[C]):
             else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
             ledger=self.ledger,
             also=repeat.cost if repeat is not None else None,
+            keep_s=task.keep_checkpoints_s,
         )
         self.sessions.append(link)
         return link

@@ -196,20 +196,25 @@ class Sandbox:
         in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
         await self._op(SandboxCall(op="restart", sandbox=self.id, lease=self._owner.lease), CREATE_TIMEOUT_S)
 
-    async def fork(self, n: int = 1, *, into: list[Sandboxes] | None = None) -> list[Sandbox]:
+    async def fork(self, n: int = 1, *, into: list[Sandboxes] | None = None, park: bool = False) -> list[Sandbox]:
         """``n`` new sandboxes with this one's files as they are now (what each backend copies: docs/sandboxes.md),
         each under its own lease: ``into``'s (one ``Sandboxes`` per copy, of this pool and bus: a rollout's, whose
         end closes it), else a fresh one each (the caller closes them). A write in one is never seen by another,
-        nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once."""
+        nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once.
+        ``park``: the copies are kept unused until their lease's deadline (``into``'s), then removed by their
+        worker (a branch point's copy, ``workers.resource_worker``): their holder need not renew or close them."""
         owner = self._owner
         holders = into if into is not None else [owner.sibling() for _ in range(n)]
         if len(holders) != n or not n:
             raise ValueError(f"fork({n}) needs n >= 1 and one Sandboxes per copy in into (got {len(holders)})")
         if any(h.pool != owner.pool or h._bus is not owner._bus for h in holders):
             raise ValueError("fork: every Sandboxes in into must be of this sandbox's pool and bus")
-        expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
+        if park:  # kept until the copies' own deadline, not the parent's
+            expires = max(h.deadline for h in holders)
+        else:
+            expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
         call = SandboxCall(
-            op="fork", sandbox=self.id, lease=owner.lease, leases=[h.lease for h in holders], expires=expires
+            op="fork", sandbox=self.id, lease=owner.lease, leases=[h.lease for h in holders], expires=expires, park=park
         )
         reply = await self._op(call, CREATE_TIMEOUT_S)
         boxes = []
@@ -433,6 +438,11 @@ class Sandboxes:
     @lease.setter
     def lease(self, lease: str) -> None:
         self._lease = lease
+
+    @property
+    def bound(self) -> str:
+        """What the lease is bound to (said before its secret), "" for none."""
+        return self._bound
 
     @property
     def asked(self) -> int:

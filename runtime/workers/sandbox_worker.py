@@ -79,6 +79,7 @@ class Held(msgspec.Struct, kw_only=True):
     image: str = ""  # its image's content id, as the create answered it
     heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
     spec: Resolved | None = None  # what it was made as (a fork's copies are made so too)
+    parked: bool = False  # a fork's parked copy (``SandboxCall.park``): it ends at ``expires`` only
 
 
 async def _drain(sub: Any) -> None:
@@ -587,7 +588,8 @@ class SandboxWorker:
                         caller=held.caller,
                         expires=expires,
                         used=mono,
-                        heard=mono,
+                        heard=0.0 if req.park else mono,
+                        parked=req.park,
                         restartable=held.restartable,
                         image=held.image,  # what the parent's image was: the copies' provenance
                         spec=held.spec,
@@ -598,7 +600,7 @@ class SandboxWorker:
                 self.held.pop(slot, None)
             self.changed()
         self.created += n
-        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease))
+        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease), parked=req.park)
         return SandboxReply(
             sandbox=req.sandbox, forked=kids, address=self.address, image=held.image, renew_s=self.renew_s
         )
@@ -768,7 +770,7 @@ class SandboxWorker:
     def _ended(self) -> list[tuple[str, str, str]]:
         """This worker's sandboxes whose lease is over, why, and the lease's tag (``lease_tag``: what a log names):
         its end passed, unused for ``idle_ttl_s``, or its holder silent for ``lease_grace_s`` since it was last
-        heard or used (none while an operation runs)."""
+        heard or used (none while an operation runs; a parked copy: only its end)."""
         mono, now = time.monotonic(), time.time()
         idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
         ended = []
@@ -777,6 +779,8 @@ class SandboxWorker:
                 continue
             if h.expires < now:  # a warm container's label names no lease of its own: its worker ends the one given
                 ended.append((sid, "sandbox.lease_ended", lease_tag(h.lease)))
+            elif h.parked:  # a copy kept for branching: unused until a branch forks it, ended at its expiry only
+                continue
             elif h.used < idle_since:
                 ended.append((sid, "sandbox.idle", lease_tag(h.lease)))
             elif h.heard and max(h.heard, h.used) < silent_since:

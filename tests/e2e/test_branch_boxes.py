@@ -1,0 +1,147 @@
+"""Branch at turn k a rollout whose session holds a sandbox (issue 78, item 3): real nats-server, real Docker, every
+worker in this process (``Client``), the simple agent on ``tests/envs/long_boxed.py`` with ``restorable: files`` (its
+snapshot is its counts only: a restored session's files are those of the container it is handed) and the scripted
+policy (a TEST DOUBLE for the LLM), which calls the steps in order, one a turn.
+
+Each step bumps a counter file in the session's container and ``verify`` reads every counter back from it, so a
+branch's counts say where its files came from: a step of the prefix at 1 is the copy kept at the branch point, a
+step after it at 2 is the parent's later write (or a sibling's) seen. The copies kept per turn are parked
+containers of the pool (counted against its capacity): they go at their keep's end, a branch whose fork finds no
+room is ``sandbox_unavailable`` at once, and a turn whose copy found no room is refused by name.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+
+from gym_runtime import Client
+from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.engine_api import POOL
+from gym_runtime.sandboxes.engine_fork import FORK_OF
+from gym_runtime.sandboxes.engine_http import Engine
+from tests.docker import docker_socket
+from tests.envs.long_boxed import step_name, task
+from tests.long_rollout import containers, new_pool, remove_containers
+
+STEPS = 3  # model turns with a step each (one container write a turn), then one that answers
+KEEP_S = 600.0
+
+
+@pytest.fixture
+def pool() -> Any:
+    """A pool of its own on the shared engine; whatever a failed test left of it is removed after."""
+    name = new_pool(docker_socket())
+    yield name
+    remove_containers(name)
+
+
+def config(tmp: Path, pool: str, capacity: int = 8, **sandbox: Any) -> Path:
+    agent = {"agent": "agents.simple", "model": "policy", "resource": "env", "timeout_s": 120, "concurrency": 4}
+    raw: dict[str, Any] = {
+        "namespace": "gym",
+        "models": {"policy": {"adapter": "scripted", "token_ids": True, "concurrency": 8}},
+        "sandboxes": {
+            pool: {
+                "backend": "docker",
+                "capacity": capacity,
+                "limits": {"memory_mb": 128, "pids": 64},
+                "reap_interval_s": 1.0,
+                **sandbox,
+            }
+        },
+        "resources": {"env": {"server": "tests.envs.long_boxed", "sandbox": pool, "options": {"restorable": "files"}}},
+        "agents": {"a": agent, "b": agent},
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+async def parent(client: Client, keep_s: float = KEEP_S) -> tuple[str, dict[str, Any]]:
+    handle = await client.submit([task(STEPS)], agent="a", keep_checkpoints_s=keep_s)
+    with anyio.fail_after(120):
+        (row,) = await handle.gather()
+    assert row["reward"] == 1.0 and row["counts"] == all_once(STEPS), row
+    return f"{handle.batch}:0:0", row
+
+
+async def branches(client: Client, row: dict[str, Any], key: str, turn: int, m: int, agent: str = "a") -> list[Any]:
+    handle = await client.branch(row, parent=key, turn=turn, m=m, agent=agent)
+    with anyio.fail_after(120):
+        return sorted(await handle.gather(), key=lambda r: r["_ng_rollout_index"])
+
+
+def all_once(steps: int) -> dict[str, int]:
+    return {step_name(i): 1 for i in range(steps)}
+
+
+async def live(pool: str) -> int:
+    return len(await anyio.to_thread.run_sync(containers, pool))
+
+
+async def settles(pool: str, n: int) -> None:
+    """The pool holds ``n`` containers (a closed one's removal may still be under way)."""
+    with anyio.fail_after(60):
+        while await live(pool) != n:
+            await anyio.sleep(0.1)
+
+
+async def test_a_branch_has_the_files_of_its_turn_and_its_own_writes(nats_server, tmp_path: Path, pool: str) -> None:
+    """The prefix's files are there (from the copy kept at turn 2), the parent's later write is not, nor a
+    sibling's: every step counts 1 in each branch's container, each container its own. Another agent pool that names
+    the rollout finds nothing, and forks nothing."""
+    async with Client(config(tmp_path, pool), nats=nats_server.url) as client:
+        key, row = await parent(client)
+        await settles(pool, STEPS)  # a copy per turn with a call, kept; the parent's own container closed
+        parked = STEPS
+        stolen = await branches(client, row, key, 2, 1, agent="b")
+        assert stolen[0]["error_class"] == "invalid_task" and "no checkpoint" in stolen[0]["error"], stolen
+        assert await live(pool) == parked  # nothing forked for it
+        rows = await branches(client, row, key, 2, 2)
+    for r in rows:
+        assert r["reward"] == 1.0 and r["branch_turn"] == 2, r
+        assert r["counts"] == all_once(STEPS), r["counts"]  # 2: a later write of the parent's, or a sibling's
+    assert len({row["sandbox"], *(r["sandbox"] for r in rows)}) == 3  # a container of its own each
+
+
+async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, tmp_path: Path, pool: str) -> None:
+    async with Client(config(tmp_path, pool), nats=nats_server.url) as client:
+        key, row = await parent(client, keep_s=2.0)
+        with anyio.fail_after(60):  # each copy 2 s from its turn: removed by its worker's reaper
+            while await live(pool):
+                await anyio.sleep(0.2)
+        (r,) = await branches(client, row, key, 2, 1)
+        assert r["error_class"] == "invalid_task", r  # its checkpoint or its copy went too
+        async with Engine(docker_socket()) as engine:
+            images = [i for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
+        assert not images and not await live(pool)
+
+
+async def test_a_branch_past_the_pools_room_is_sandbox_unavailable_at_once(
+    nats_server, tmp_path: Path, pool: str
+) -> None:
+    """Capacity 3, one sandbox held by the test: the parent's container and its turn-1 copy fill it, so its turn-2
+    copy is not kept (the rollout goes on) and a branch there is refused by name. With a second one held, a branch
+    at turn 1 finds no room for its fork: ``sandbox_unavailable``, not a wait; with both closed it runs."""
+    async with Client(config(tmp_path, pool, capacity=3), nats=nats_server.url) as client:
+        held = [Sandboxes(client.bus, pool, deadline=time.time() + 300) for _ in range(2)]
+        await held[0].sandbox()
+        key, row = await parent(client)
+        await settles(pool, 2)  # the test's, and the turn-1 copy
+        (unkept,) = await branches(client, row, key, 2, 1)
+        assert unkept["error_class"] == "invalid_task" and "no copy of the sandboxes" in unkept["error"], unkept
+        await held[1].sandbox()
+        started = time.monotonic()
+        (full,) = await branches(client, row, key, 1, 1)
+        assert full["error_class"] == "sandbox_unavailable", full
+        assert time.monotonic() - started < 60  # refused, never waited on
+        for h in held:
+            await h.close_all()
+        (ok,) = await branches(client, row, key, 1, 1)
+    assert ok["reward"] == 1.0 and ok["counts"] == all_once(STEPS), ok
