@@ -112,8 +112,9 @@ async def test_a_branch_has_the_files_of_its_turn_and_its_own_writes(nats_server
 
 async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, tmp_path: Path, pool: str) -> None:
     async with Client(config(tmp_path, pool), nats=nats_server.url) as client:
-        key, row = await parent(client, keep_s=2.0)
-        with anyio.fail_after(60):  # each copy 2 s from its turn: removed by its worker's reaper
+        key, row = await parent(client, keep_s=10.0)
+        assert await live(pool) > 0  # the last turns' copies, kept 10 s from their turns
+        with anyio.fail_after(60):  # then removed by their worker's reaper
             while await live(pool):
                 await anyio.sleep(0.2)
         (r,) = await branches(client, row, key, 2, 1)
