@@ -902,6 +902,8 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     # fork: the copies are parked (a rollout's sandboxes at a turn, kept for branching): unused and unrenewed until
     # ``expires``, never ended as idle or for a silent holder; they count against the pool's quota
     park: bool = False
+    # fork, parked: the batch of the rollout the copies are kept for (``Subjects.purged``: removed when it is purged)
+    batch: str = ""
 
 
 # An exec's outcome: the fields of an author's ``ExecResult`` (``sandboxes.spec``), which a reply carries as they are

@@ -196,13 +196,16 @@ class Sandbox:
         in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
         await self._op(SandboxCall(op="restart", sandbox=self.id, lease=self._owner.lease), CREATE_TIMEOUT_S)
 
-    async def fork(self, n: int = 1, *, into: list[Sandboxes] | None = None, park: bool = False) -> list[Sandbox]:
+    async def fork(
+        self, n: int = 1, *, into: list[Sandboxes] | None = None, park: bool = False, batch: str = ""
+    ) -> list[Sandbox]:
         """``n`` new sandboxes with this one's files as they are now (what each backend copies: docs/sandboxes.md),
         each under its own lease: ``into``'s (one ``Sandboxes`` per copy, of this pool and bus: a rollout's, whose
         end closes it), else a fresh one each (the caller closes them). A write in one is never seen by another,
         nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once.
         ``park``: the copies are kept unused until their lease's deadline (``into``'s), then removed by their
-        worker (a branch point's copy, ``workers.resource_worker``): their holder need not renew or close them."""
+        worker (a branch point's copy, ``workers.kept_boxes``): their holder need not renew or close them; ``batch``:
+        theirs go when it is purged."""
         owner = self._owner
         holders = into if into is not None else [owner.sibling() for _ in range(n)]
         if len(holders) != n or not n:
@@ -214,7 +217,13 @@ class Sandbox:
         else:
             expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
         call = SandboxCall(
-            op="fork", sandbox=self.id, lease=owner.lease, leases=[h.lease for h in holders], expires=expires, park=park
+            op="fork",
+            sandbox=self.id,
+            lease=owner.lease,
+            leases=[h.lease for h in holders],
+            expires=expires,
+            park=park,
+            batch=batch if park else "",
         )
         reply = await self._op(call, CREATE_TIMEOUT_S)
         boxes = []
@@ -389,6 +398,7 @@ class Sandboxes:
         self._bound = bound
         self.deadline = deadline  # unix time the lease ends (0: the pool's max_lease_s)
         self.where = where  # the config key that names the pool (for the error when there is none)
+        self.rollout = ""  # the rollout key it serves, where its holder knows it (a branch point's copies: their batch)
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}

@@ -3,11 +3,11 @@
 A rollout kept for branching (``RolloutTask.keep_checkpoints_s``) asks, with its turn's snapshot, for a copy of its
 session's sandboxes as they are then (``ToolCall.keep_s``): each is forked once into a *parked* copy (``park``:
 unused, unrenewed, never ended as idle; removed by its worker at its lease's end, the keep's time capped by the
-pool's ``max_lease_s``), under a lease of its own bound to the same rollout and caller as the session's. The
-snapshot's later turns never touch it, so it is the sandbox as it was at that turn, whatever the parent does next.
-A branch at that turn forks its own sandboxes from the copy (``fork_kept``), never the parent's live ones: each of
-its M continuations gets files of its own. The copies count against the pool's quota while kept (a container each,
-each turn): a copy that finds no room is not kept, and a branch at that turn is refused by name.
+pool's ``max_lease_s``, or when its batch is purged), under a lease of its own bound to the same rollout and caller
+as the session's. The snapshot's later turns never touch it: it is the sandbox as it was at that turn, whatever the
+parent does next. A branch at that turn forks its own sandboxes from the copy (``fork_kept``), never the parent's
+live ones: each of its M continuations gets files of its own. The copies count against the pool's quota while kept
+(a container each, each turn): a copy that finds no room is not kept, and a branch at that turn is refused by name.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ async def keep(lease: Sandboxes, keep_s: float) -> HeldSandboxes | None:
     """A parked copy of each sandbox ``lease`` holds, kept ``keep_s`` (their worker's ``max_lease_s`` at most), under
     one new lease bound as ``lease`` is; None where one could not be made (no room: the others made are closed)."""
     copies = Sandboxes(lease._bus, lease.pool, bound=lease.bound, deadline=time.time() + keep_s, where=lease.where)
+    batch = lease.rollout.rsplit(":", 2)[0] if lease.rollout.count(":") >= 2 else ""
     try:
         for box in lease.held():
-            await box.fork(1, into=[copies], park=True)
+            await box.fork(1, into=[copies], park=True, batch=batch)
     except Failure as e:
         log.warning("sandbox.not_kept", pool=lease.pool, error=e.info.message)
         with anyio.CancelScope(shield=True):

@@ -414,6 +414,8 @@ class ResourceWorker:
             await self._seeded(inst, req.row)
         else:
             inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
+        if isinstance(lease := self._book(inst)[1], Sandboxes):
+            lease.rollout = req.rollout  # the batch its branch points' copies go with (``kept_boxes``)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit

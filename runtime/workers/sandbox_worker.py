@@ -53,6 +53,7 @@ from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, 
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
+from gym_runtime.transport.headers import sent_as_control
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.tool_replies import ToolReplies
 
@@ -79,7 +80,8 @@ class Held(msgspec.Struct, kw_only=True):
     image: str = ""  # its image's content id, as the create answered it
     heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
     spec: Resolved | None = None  # what it was made as (a fork's copies are made so too)
-    parked: bool = False  # a fork's parked copy (``SandboxCall.park``): it ends at ``expires`` only
+    parked: bool = False  # a fork's parked copy (``SandboxCall.park``): it ends at ``expires`` (or its batch's purge)
+    batch: str = ""  # a parked copy's: the batch of the rollout it was kept for
 
 
 async def _drain(sub: Any) -> None:
@@ -179,6 +181,7 @@ class SandboxWorker:
                     await self.bus.serve(
                         tg, s.sandbox_present(self.name), self._present, queue=s.sandbox_group(self.name)
                     ),
+                    await self.bus.subscribe(s.purged("*"), self._purged),
                 ]
                 if self.cfg.max_live:  # hear the pool's other workers before taking a share of its quota
                     await anyio.sleep(1.5 * BEACON_S)
@@ -590,6 +593,7 @@ class SandboxWorker:
                         used=mono,
                         heard=0.0 if req.park else mono,
                         parked=req.park,
+                        batch=req.batch,
                         restartable=held.restartable,
                         image=held.image,  # what the parent's image was: the copies' provenance
                         spec=held.spec,
@@ -604,6 +608,15 @@ class SandboxWorker:
         return SandboxReply(
             sandbox=req.sandbox, forked=kids, address=self.address, image=held.image, renew_s=self.renew_s
         )
+
+    async def _purged(self, msg: Delivery) -> None:
+        """A batch was purged (``Subjects.purged``): the copies parked for branching its rollouts go with it."""
+        batch = self.bus.subjects.purged_batch(msg.subject)
+        if not batch or not sent_as_control(msg.headers):  # a server's answer borrowed into the subject: not a purge
+            return
+        for sid in [sid for sid, h in self.held.items() if h.parked and h.batch == batch]:
+            log.info("sandbox.purged", sandbox=sid[:12], batch=batch)
+            await self._remove(sid)
 
     def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
         """A resumed attempt of the rollout that holds ``held`` takes it up (the same lease): its lease ends at the

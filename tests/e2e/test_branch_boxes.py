@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gym_runtime import Client
+from gym_runtime.data.batches import purge_batch
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_fork import FORK_OF
@@ -122,6 +123,16 @@ async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, t
         async with Engine(docker_socket()) as engine:
             images = [i for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
         assert not images and not await live(pool)
+
+
+async def test_a_purged_batch_takes_its_copies_with_it(nats_server, tmp_path: Path, pool: str) -> None:
+    async with Client(config(tmp_path, pool), nats=nats_server.url) as client:
+        key, row = await parent(client)
+        await settles(pool, STEPS)
+        await purge_batch(client.bus, key.split(":")[0])
+        await settles(pool, 0)  # long before their keep's end
+        (r,) = await branches(client, row, key, 2, 1)
+    assert r["error_class"] == "invalid_task", r
 
 
 async def test_a_branch_past_the_pools_room_is_sandbox_unavailable_at_once(
