@@ -22,10 +22,12 @@ import yaml
 
 from gym_runtime import Client
 from gym_runtime.data.batches import purge_batch
+from gym_runtime.rollout.checkpoint import Checkpointer
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL
 from gym_runtime.sandboxes.engine_fork import FORK_OF
 from gym_runtime.sandboxes.engine_http import Engine
+from gym_runtime.transport.subjects import Subjects
 from tests.docker import docker_socket
 from tests.envs.long_boxed import step_name, task
 from tests.long_rollout import containers, new_pool, remove_containers
@@ -42,11 +44,11 @@ def pool() -> Any:
     remove_containers(name)
 
 
-def config(tmp: Path, pool: str, capacity: int = 8, **sandbox: Any) -> Path:
+def config(tmp: Path, pool: str, capacity: int = 8, delay_s: float = 0.0, **sandbox: Any) -> Path:
     agent = {"agent": "agents.simple", "model": "policy", "resource": "env", "timeout_s": 120, "concurrency": 4}
     raw: dict[str, Any] = {
         "namespace": "gym",
-        "models": {"policy": {"adapter": "scripted", "token_ids": True, "concurrency": 8}},
+        "models": {"policy": {"adapter": "scripted", "token_ids": True, "concurrency": 8, "delay_s": delay_s}},
         "sandboxes": {
             pool: {
                 "backend": "docker",
@@ -109,6 +111,39 @@ async def test_a_branch_has_the_files_of_its_turn_and_its_own_writes(nats_server
         assert r["reward"] == 1.0 and r["branch_turn"] == 2, r
         assert r["counts"] == all_once(STEPS), r["counts"]  # 2: a later write of the parent's, or a sibling's
     assert len({row["sandbox"], *(r["sandbox"] for r in rows)}) == 3  # a container of its own each
+
+
+async def test_a_live_rollout_is_branched_at_a_turn_it_made(nats_server, tmp_path: Path, pool: str) -> None:
+    """The parent still running (1 s a policy call): once its turn-2 checkpoint is stored, a branch there runs in
+    a fork of that turn's copy while the parent goes on writing in its own container; neither sees the other's."""
+    async with Client(config(tmp_path, pool, delay_s=1.0), nats=nats_server.url) as client:
+        handle = await client.submit([task(STEPS)], agent="a", keep_checkpoints_s=KEEP_S)
+        cp_key = Subjects.checkpoint_key("a", handle.batch, 0, 0)
+        with anyio.fail_after(120):
+            while await Checkpointer(client.bus, cp_key, "off").at_turn(2) is None:
+                await anyio.sleep(0.05)
+        assert not handle.done  # still running
+        (r,) = await branches(client, task(STEPS) | {"agent_ref": {"name": "a"}}, f"{handle.batch}:0:0", 2, 1)
+        with anyio.fail_after(120):
+            (row,) = await handle.gather()
+    assert r["reward"] == 1.0 and r["counts"] == all_once(STEPS), r
+    assert row["reward"] == 1.0 and row["counts"] == all_once(STEPS), row
+
+
+async def test_the_agents_own_sandboxes_are_refused_by_name(nats_server, tmp_path: Path, pool: str) -> None:
+    """A rollout whose agent held a sandbox of its own (``ctx.sandbox`` in the agent: not copied per turn)."""
+    path = config(tmp_path, pool)
+    raw = yaml.safe_load(path.read_text())
+    raw["resources"]["env"] = {"server": "tests.envs.agent_boxed"}
+    raw["agents"]["a"].update(agent="tests.envs.agent_boxed", sandbox=pool)
+    path.write_text(yaml.safe_dump(raw))
+    async with Client(path, nats=nats_server.url) as client:
+        handle = await client.submit([task(STEPS)], agent="a", keep_checkpoints_s=KEEP_S)
+        with anyio.fail_after(120):
+            (row,) = await handle.gather()
+        assert row["reward"] == 1.0, row
+        (r,) = await branches(client, row, f"{handle.batch}:0:0", 2, 1)
+    assert r["error_class"] == "invalid_task" and "sandboxes of the agent's own" in r["error"], r
 
 
 async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, tmp_path: Path, pool: str) -> None:
