@@ -22,6 +22,7 @@ import yaml
 
 from gym_runtime import Client
 from gym_runtime.data.batches import purge_batch
+from gym_runtime.messages import CloseSession, RestoreSession, ResumeReply, SeedReply, SeedRequest
 from gym_runtime.rollout.checkpoint import Checkpointer
 from gym_runtime.sandboxes.client import Sandboxes
 from gym_runtime.sandboxes.engine_api import POOL
@@ -111,6 +112,37 @@ async def test_a_branch_has_the_files_of_its_turn_and_its_own_writes(nats_server
         assert r["reward"] == 1.0 and r["branch_turn"] == 2, r
         assert r["counts"] == all_once(STEPS), r["counts"]  # 2: a later write of the parent's, or a sibling's
     assert len({row["sandbox"], *(r["sandbox"] for r in rows)}) == 3  # a container of its own each
+
+
+async def test_kept_copies_are_forked_only_for_their_rollout_and_caller(nats_server, tmp_path: Path, pool: str) -> None:
+    """The attack in depth: a seed whose restore names the copies kept at a's turn 2 (their lease read from a's
+    checkpoint, which only a's pool reads) as another caller's branch, or as a branch of another rollout, is
+    refused and forks nothing; from the caller that seeded the parent, as a branch of it, it forks one copy."""
+    async with Client(config(tmp_path, pool), nats=nats_server.url) as client:
+        key, row = await parent(client)
+        await settles(pool, STEPS)
+        batch = key.split(":")[0]
+        cp = await Checkpointer(client.bus, Subjects.checkpoint_key("a", batch, 0, 0), "off").at_turn(2)
+        assert cp is not None and cp.sessions[0].kept is not None
+        kept, snap = cp.sessions[0].kept, cp.sessions[0].snapshot or b""
+
+        async def restore(caller: str, parent: str) -> ResumeReply:
+            ask = RestoreSession(session="", snapshot=snap, kept=kept, branch_of=parent)
+            seed = SeedRequest(row=task(STEPS), then=ask, rollout="x:0:0")
+            subject = client.bus.subjects.seed("env", caller)
+            reply: SeedReply = await client.bus.request(subject, seed, timeout=60, op="seed")
+            assert isinstance(reply.result, ResumeReply)
+            close = CloseSession(session=reply.session)  # its session closed: its sandboxes with it
+            await client.bus.publish(Subjects.session_call(reply.address, "close", caller), close)
+            return reply.result
+
+        own = client.bus.caller  # the caller that seeded the parent's session (one connection here: unsecured)
+        for caller, named in [("agent.b", key), (own, f"{batch}:0:1")]:
+            refused = await restore(caller, named)
+            assert not refused.ok and "not kept for that rollout of this caller" in refused.reason, refused
+        assert await live(pool) == STEPS  # nothing forked
+        assert (await restore(own, key)).ok
+        await settles(pool, STEPS)  # its fork went with its session
 
 
 async def test_a_live_rollout_is_branched_at_a_turn_it_made(nats_server, tmp_path: Path, pool: str) -> None:
