@@ -744,6 +744,9 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     # ``response.tools`` were the tools the trajectory offers (its ``params.tools``), left out: a resumed attempt
     # takes them from its own task's (an offered tool list can be most of a checkpoint, written each turn)
     offered_tools: bool = False
+    # kept for branching (``keep_checkpoints_s``), an answered turn's: copies of the agent's own sandboxes as the turn
+    # ended (``sandboxes.kept``), which a branch at the turn forks its own from (never ``sandboxes``, the live ones)
+    kept: HeldSandboxes | None = None
 
 
 class CheckpointPart(Struct, kw_only=True, omit_defaults=True):

@@ -222,7 +222,7 @@ async def purge_batch(bus: Connection, batch: str) -> int:
     every = kv_key(checkpoints, names.batch_checkpoints(batch))
     await jetstream.purge_subject(bus, kv_stream(checkpoints), every, count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
-    # the sandboxes kept for branching its rollouts (parked copies, ``workers.kept_boxes``) go too
+    # the sandboxes kept for branching its rollouts (parked copies, ``sandboxes.kept``) go too
     await bus.nc.publish(names.purged(batch), b"", headers=CONTROL)
     await bus.nc.flush()
     return removed

@@ -10,9 +10,9 @@ branched by its own pool only, and an id naming another pool's rollout finds not
 name, never a key). A branch point that cannot be taken up is one ``invalid_task`` failure naming why.
 
 A session's sandboxes are kept per turn too: a copy of each, made as the turn's snapshot is taken
-(``workers.kept_boxes``); a branch forks its own from that copy, so it sees the files as they were at its turn, not
-the parent's later writes, and never a sibling's. The agent's own sandboxes (``ctx.sandbox``) are not copied: a
-rollout that held one at the turn is refused by name.
+(``sandboxes.kept``); a branch forks its own from that copy, so it sees the files as they were at its turn, not
+the parent's later writes, and never a sibling's; the agent's own (``ctx.sandbox`` in the agent) likewise, kept with
+the turn's checkpoint (``Checkpoint.kept``).
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ async def branch_point(bus: Bus, task: RolloutTask) -> Checkpoint:
             "keep_checkpoints_s (its parts live that long from each write), branch a turn that made tool calls, "
             "and branch it from its own agent pool",
         )
-    if cp.sandboxes:
+    if cp.sandboxes and cp.kept is None:
         raise Failure(
             "invalid_task",
-            f"branch: {where} held sandboxes of the agent's own (ctx.sandbox): branching their state at a turn is "
-            "not supported yet; open them in the environment's session, whose sandboxes are kept per turn",
+            f"branch: {where}: no copy of the agent's own sandboxes (ctx.sandbox) was kept at that turn (its pool had "
+            "no room for one: the copies kept count against its max_live and capacity)",
         )
     if unkept := [h.resource for h in cp.sessions if h.held is not None and h.kept is None]:
         raise Failure(

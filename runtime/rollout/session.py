@@ -93,7 +93,7 @@ class SessionLink:
         self.snapshot: bytes | None = None  # the environment's last snapshot (``Resource.snapshot``), if asked
         self.held: HeldSandboxes | None = None  # the session's sandboxes at that snapshot, and their lease
         # a rollout kept for branching (``keep_checkpoints_s``): its snapshots ask for copies of its sandboxes, kept
-        # that long (``workers.kept_boxes``), and the last ones made
+        # that long (``sandboxes.kept``), and the last ones made
         self.keep_s = keep_s
         self.kept: HeldSandboxes | None = None
         self.closed = False

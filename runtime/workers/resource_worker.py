@@ -59,13 +59,13 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.kept import keep as keep_copies
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
 from gym_runtime.transport.model_calls import call_model
 from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
-from gym_runtime.workers import kept_boxes
 from gym_runtime.workers.crashes import Crashes, answer_digest
 from gym_runtime.workers.guest import Guest, GuestCrash, GuestFailure, GuestSession
 from gym_runtime.workers.guest_frames import Start
@@ -415,7 +415,7 @@ class ResourceWorker:
         else:
             inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
         if isinstance(lease := self._book(inst)[1], Sandboxes):
-            lease.rollout = req.rollout  # the batch its branch points' copies go with (``kept_boxes``)
+            lease.rollout = req.rollout  # the batch its branch points' copies go with (``sandboxes.kept``)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
@@ -571,7 +571,7 @@ class ResourceWorker:
             if not req.branch_of or req.kept.lease.partition(":")[0] != leased_to(caller, req.branch_of):
                 log.warning("restore.refused", resource=self.name, why="copies kept for another rollout or caller")
                 return ResumeReply(ok=False, reason="the sandboxes named were not kept for that rollout of this caller")
-            await kept_boxes.fork_kept(req.kept, lease)
+            await lease.fork_kept(req.kept)
         try:
             await restore(req.snapshot)
         except NotImplementedError as e:
@@ -599,8 +599,8 @@ class ResourceWorker:
                 lease = self._book(inst)[1]
                 if reply.snapshot is not None and isinstance(lease, Sandboxes) and lease.held():
                     reply.held = HeldSandboxes(lease=lease.lease, sandboxes=lease.handles())
-                    if req.keep_s > 0:  # a branch point: the sandboxes as they are now, copied (``kept_boxes``)
-                        reply.kept = await kept_boxes.keep(lease, req.keep_s)
+                    if req.keep_s > 0:  # a branch point: the sandboxes as they are now, copied (``sandboxes.kept``)
+                        reply.kept = await keep_copies(lease, req.keep_s)
             return reply
         finally:
             _counted(counting)

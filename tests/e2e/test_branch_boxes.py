@@ -162,20 +162,22 @@ async def test_a_live_rollout_is_branched_at_a_turn_it_made(nats_server, tmp_pat
     assert row["reward"] == 1.0 and row["counts"] == all_once(STEPS), row
 
 
-async def test_the_agents_own_sandboxes_are_refused_by_name(nats_server, tmp_path: Path, pool: str) -> None:
-    """A rollout whose agent held a sandbox of its own (``ctx.sandbox`` in the agent: not copied per turn)."""
+async def test_the_agents_own_sandbox_is_kept_per_turn_too(nats_server, tmp_path: Path, pool: str) -> None:
+    """A rollout whose agent runs the steps in a sandbox of its own (``ctx.sandbox`` in the agent,
+    ``tests/envs/agent_boxed.py``): its copies are kept with each turn's checkpoint, and a branch's container is a
+    fork of turn 2's: the prefix's files there, the parent's later ones not, a sibling's not."""
     path = config(tmp_path, pool)
     raw = yaml.safe_load(path.read_text())
     raw["resources"]["env"] = {"server": "tests.envs.agent_boxed"}
     raw["agents"]["a"].update(agent="tests.envs.agent_boxed", sandbox=pool)
     path.write_text(yaml.safe_dump(raw))
     async with Client(path, nats=nats_server.url) as client:
-        handle = await client.submit([task(STEPS)], agent="a", keep_checkpoints_s=KEEP_S)
-        with anyio.fail_after(120):
-            (row,) = await handle.gather()
-        assert row["reward"] == 1.0, row
-        (r,) = await branches(client, row, f"{handle.batch}:0:0", 2, 1)
-    assert r["error_class"] == "invalid_task" and "sandboxes of the agent's own" in r["error"], r
+        key, row = await parent(client)
+        await settles(pool, STEPS)  # a copy a turn with a call; the agent's own container closed
+        rows = await branches(client, row, key, 2, 2)
+    for r in rows:
+        assert r["reward"] == 1.0 and r["counts"] == all_once(STEPS), r
+    assert len({row["container"], *(r["container"] for r in rows)}) == 3
 
 
 async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, tmp_path: Path, pool: str) -> None:
