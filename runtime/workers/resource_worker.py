@@ -414,7 +414,7 @@ class ResourceWorker:
             await self._seeded(inst, req.row)
         else:
             inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
-        if isinstance(lease := self._book(inst)[1], Sandboxes):
+        if self.cfg.sandbox and isinstance(lease := self._book(inst)[1], Sandboxes):
             lease.rollout = req.rollout  # the batch its branch points' copies go with (``sandboxes.kept``)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
