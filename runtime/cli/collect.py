@@ -72,7 +72,6 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
     from gym_runtime.service.outage import Out, stop_when_out
-    from gym_runtime.transport.bus import Bus
 
     url = cli.need_url(args, None)
     auth = cli.client_auth(args)
@@ -92,10 +91,7 @@ def main(args: argparse.Namespace) -> int:
         )
 
         async def go() -> Any:
-            bus = await Bus.connect(
-                url, namespace=args.namespace, telemetry=telemetry, name="gym-collect", auth=auth, role="publisher"
-            )
-            try:
+            async with cli.connected(args, url, "collect", auth=auth, telemetry=telemetry) as bus:
                 import asyncio
 
                 watcher = asyncio.ensure_future(watch_agents(bus, args.batch))  # errors here stay plain
@@ -126,21 +122,11 @@ def main(args: argparse.Namespace) -> int:
                     if auth is None:
                         await purge_batch(bus, args.batch)
                     else:  # the publisher role may not purge a stream: the admin's credentials do
-                        admin = await Bus.connect(
-                            url,
-                            namespace=args.namespace,
-                            telemetry=telemetry,
-                            name="gym-purge",
-                            auth=auth,
-                            role="admin",
-                        )
-                        try:
+                        async with cli.connected(
+                            args, url, "purge", auth=auth, role="admin", telemetry=telemetry
+                        ) as admin:
                             await purge_batch(admin, args.batch)
-                        finally:
-                            await admin.close()
                 return stats
-            finally:
-                await bus.close()
 
         stats = run_async(go)
     cli.print_stats(args.batch, stats, args.output)

@@ -853,6 +853,7 @@ async def _release(room: Rollout[Any]) -> None:
     where a sandbox is held: on every rollout it cost ~30 k instructions (tests/bench/instructions.py)."""
     if room.sandboxes.held():
         with anyio.CancelScope(shield=True):
+            await room.copied()  # a turn's copies still being made (kept for branching) first
             await room.sandboxes.close_all()
 
 

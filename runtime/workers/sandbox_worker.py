@@ -53,6 +53,7 @@ from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, 
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
+from gym_runtime.transport.headers import sent_as_control
 from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.tool_replies import ToolReplies
@@ -80,6 +81,8 @@ class Held(msgspec.Struct, kw_only=True):
     image: str = ""  # its image's content id, as the create answered it
     heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
     spec: Resolved | None = None  # what it was made as (a fork's copies are made so too)
+    parked: bool = False  # a fork's parked copy (``SandboxCall.park``): it ends at ``expires`` (or its batch's purge)
+    batch: str = ""  # a parked copy's: the batch of the rollout it was kept for
 
 
 async def _drain(sub: Any) -> None:
@@ -180,6 +183,7 @@ class SandboxWorker:
                     await self.bus.serve(
                         tg, s.sandbox_present(self.name), self._present, queue=s.sandbox_group(self.name)
                     ),
+                    await self.bus.subscribe(s.purged("*"), self._purged),
                 ]
                 if self.cfg.max_live:  # hear the pool's other workers before taking a share of its quota
                     await anyio.sleep(1.5 * BEACON_S)
@@ -593,7 +597,9 @@ class SandboxWorker:
                         caller=held.caller,
                         expires=expires,
                         used=mono,
-                        heard=mono,
+                        heard=0.0 if req.park else mono,
+                        parked=req.park,
+                        batch=req.batch,
                         restartable=held.restartable,
                         image=held.image,  # what the parent's image was: the copies' provenance
                         spec=held.spec,
@@ -604,7 +610,7 @@ class SandboxWorker:
                 self.held.pop(slot, None)
             self.changed()
         self.created += n
-        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease))
+        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease), parked=req.park)
         return SandboxReply(
             sandbox=req.sandbox,
             forked=kids,
@@ -613,6 +619,15 @@ class SandboxWorker:
             image=held.image,
             renew_s=self.renew_s,
         )
+
+    async def _purged(self, msg: Delivery) -> None:
+        """A batch was purged (``Subjects.purged``): the copies parked for branching its rollouts go with it."""
+        batch = self.bus.subjects.purged_batch(msg.subject)
+        if not batch or not sent_as_control(msg.headers):  # a server's answer borrowed into the subject: not a purge
+            return
+        for sid in [sid for sid, h in self.held.items() if h.parked and h.batch == batch]:
+            log.info("sandbox.purged", sandbox=sid[:12], batch=batch)
+            await self._remove(sid)
 
     def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
         """A resumed attempt of the rollout that holds ``held`` takes it up (the same lease): its lease ends at the
@@ -784,7 +799,7 @@ class SandboxWorker:
     def _ended(self) -> list[tuple[str, str, str]]:
         """This worker's sandboxes whose lease is over, why, and the lease's tag (``lease_tag``: what a log names):
         its end passed, unused for ``idle_ttl_s``, or its holder silent for ``lease_grace_s`` since it was last
-        heard or used (none while an operation runs)."""
+        heard or used (none while an operation runs; a parked copy: only its end)."""
         mono, now = time.monotonic(), time.time()
         idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
         ended = []
@@ -793,6 +808,8 @@ class SandboxWorker:
                 continue
             if h.expires < now:  # a warm container's label names no lease of its own: its worker ends the one given
                 ended.append((sid, "sandbox.lease_ended", lease_tag(h.lease)))
+            elif h.parked:  # a copy kept for branching: unused until a branch forks it, ended at its expiry only
+                continue
             elif h.used < idle_since:
                 ended.append((sid, "sandbox.idle", lease_tag(h.lease)))
             elif h.heard and max(h.heard, h.used) < silent_since:
