@@ -71,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
+    from gym_runtime.service.outage import Out, stop_when_out
 
     url = cli.need_url(args, None)
     auth = cli.client_auth(args)
@@ -79,6 +80,7 @@ def main(args: argparse.Namespace) -> int:
     cli.check_output(args.output)
     cli.reach(url)
     telemetry = Telemetry()
+    stopped: list[Out] = []
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
         cli.when_interrupted(
             lambda: (
@@ -96,6 +98,8 @@ def main(args: argparse.Namespace) -> int:
                 # a notice, not the collect: its own error is dropped whenever it ends (a cancel can be lost to
                 # an answer in the same step), and the collect's outcome says what went wrong
                 watcher.add_done_callback(lambda t: t.cancelled() or t.exception())
+                stopper = asyncio.ensure_future(stop_when_out(bus, args.batch))  # a model with no endpoint in service
+                stopper.add_done_callback(lambda t: t.cancelled() or t.exception())
                 try:
                     stats = await collect_batch(
                         bus,
@@ -109,6 +113,9 @@ def main(args: argparse.Namespace) -> int:
                     )
                 finally:
                     watcher.cancel()
+                    stopper.cancel()
+                if stopper.done() and not stopper.cancelled() and stopper.exception() is None:
+                    stopped.append(stopper.result())
                 if args.purge:  # only now: the file and sidecars are on disk
                     from gym_runtime.data.batches import purge_batch
 
@@ -123,4 +130,13 @@ def main(args: argparse.Namespace) -> int:
 
         stats = run_async(go)
     cli.print_stats(args.batch, stats, args.output)
+    if stopped:  # one line, not a failure row each; the workers are `start`'s, not this command's to stop
+        o = stopped[0]
+        cli.err(
+            f"model {o.model!r}: {o.cause}; the batch was stopped, its rollouts not run are cancelled rows "
+            f"({args.output}). Its model workers keep running (process {', '.join(o.processes)}), taking each "
+            "endpoint back in once it answers: stop them with Ctrl-C (or SIGTERM) to the `gym-runtime start` that "
+            "runs them"
+        )
+        return cli.EXIT_FAILURES
     return cli.failures_exit(stats, args.output)

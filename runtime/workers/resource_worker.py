@@ -61,6 +61,7 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.kept import keep as keep_copies
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -423,6 +424,8 @@ class ResourceWorker:
             await self._seeded(inst, req.row)
         else:
             inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
+        if self.cfg.sandbox and isinstance(lease := self._book(inst)[1], Sandboxes):
+            lease.rollout = req.rollout  # the batch its branch points' copies go with (``sandboxes.kept``)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
@@ -511,15 +514,15 @@ class ResourceWorker:
             self.bus.count_junk(self.address, "session operations by a caller that did not seed it (refused)")
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
-            return await self._session_op_inner(req, msg)
+            return await self._session_op_inner(req, msg, caller)
         started = time.perf_counter()
         try:
-            return await self._session_op_inner(req, msg)
+            return await self._session_op_inner(req, msg, caller)
         finally:
             stage = "tool_call" if isinstance(req, ToolCall) else "verify"
             self.bus.telemetry.meters.stage_time(stage, self.name, time.perf_counter() - started)
 
-    async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
+    async def _session_op_inner(self, req: Any, msg: Delivery, caller: str) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
             if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
@@ -533,7 +536,7 @@ class ResourceWorker:
                 self._replies.pop(req.session or "", None)
             return await self._verify(req, msg)
         if isinstance(req, (ResumeSession, RestoreSession)):
-            return await self._resume(req)
+            return await self._resume(req, caller)
         if isinstance(req, CloseSession):
             self._replies.pop(req.session, None)
             closing = self.sessions.pop(req.session)
@@ -542,10 +545,11 @@ class ResourceWorker:
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
-    async def _resume(self, req: ResumeSession | RestoreSession) -> ResumeReply:
+    async def _resume(self, req: ResumeSession | RestoreSession, caller: str) -> ResumeReply:
         """A resumed rollout's own messages (never tool calls): its session is still held here (``_session`` finds
         it, else ``worker_lost``), or a fresh session (the restore rode its seed) set back to its snapshot
-        (``Resource.restore``), taking up the sandboxes held at it by their lease."""
+        (``Resource.restore``), taking up the sandboxes held at it by their lease; a branch's, holding forks of the
+        copies kept at its branch point where they were leased to its parent rollout of the same ``caller``."""
         inst = self._session(req.session)
         if isinstance(req, ResumeSession):
             return ResumeReply(ok=True)
@@ -561,6 +565,11 @@ class ResourceWorker:
                 )
             lease.lease = req.held.lease
             lease.take_up(req.held.sandboxes)
+        if req.kept is not None and isinstance(lease, Sandboxes):  # a branch's: its own forks of the copies
+            if not req.branch_of or req.kept.lease.partition(":")[0] != leased_to(caller, req.branch_of):
+                log.warning("restore.refused", resource=self.name, why="copies kept for another rollout or caller")
+                return ResumeReply(ok=False, reason="the sandboxes named were not kept for that rollout of this caller")
+            await lease.fork_kept(req.kept)
         try:
             await restore(req.snapshot)
         except NotImplementedError as e:
@@ -588,6 +597,8 @@ class ResourceWorker:
                 lease = self._book(inst)[1]
                 if reply.snapshot is not None and isinstance(lease, Sandboxes) and lease.held():
                     reply.held = HeldSandboxes(lease=lease.lease, sandboxes=lease.handles())
+                    if req.keep_s > 0:  # a branch point: the sandboxes as they are now, copied (``sandboxes.kept``)
+                        reply.kept = await keep_copies(lease, req.keep_s)
             return reply
         finally:
             _counted(counting)
