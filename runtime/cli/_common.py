@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gym_runtime.errors import UserError
 from gym_runtime.ops.secrets import check_argv_secret
@@ -548,3 +548,18 @@ def telemetry(
         children=children,
     )
     return Telemetry.from_options(trace_file=getattr(args, "trace_file", None), service=service, meters=m)
+
+
+class BatchFiles(TypedDict):
+    """The keywords ``run_batch`` and ``reverify_batch`` share, taken from the flags both commands share."""
+
+    input_path: str
+    out: str
+    telemetry: Telemetry
+    agent: str | None
+
+
+def batch_files(args: argparse.Namespace, tel: Telemetry) -> BatchFiles:
+    """``--input``, ``--output`` and ``--agent`` (with the command's telemetry) as the batch functions' keywords:
+    one mapping for `run` and `reverify`, so a flag added to both reaches both batches the same way."""
+    return BatchFiles(input_path=args.input, out=args.output, telemetry=tel, agent=args.agent)

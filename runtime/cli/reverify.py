@@ -65,10 +65,7 @@ def main(args: argparse.Namespace) -> int:
                 lambda: reverify_batch(
                     resolved,
                     url,
-                    input_path=args.input,
-                    out=args.output,
-                    telemetry=tel,
-                    agent=args.agent,
+                    **cli.batch_files(args, tel),
                     replicas=args.replicas,
                     in_flight=args.concurrency,
                     tasks_path=args.tasks,

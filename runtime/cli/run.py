@@ -296,10 +296,7 @@ def main(args: argparse.Namespace) -> int:
                     lambda: run_batch(
                         resolved,
                         url,
-                        input_path=args.input,
-                        out=args.output,
-                        telemetry=tel,
-                        agent=args.agent,
+                        **cli.batch_files(args, tel),
                         repeats=args.repeats,
                         limit=args.limit,
                         batch=args.batch,
