@@ -148,6 +148,7 @@ def main() -> None:
         "seconds": round(time.monotonic() - started),
         "groups": groups,
         "skip_below": args.skip_below,
+        "window": args.window,
         "stopped": trainer.state.global_step < args.steps,
         "zero_spread_share": round(zero / max(1, groups), 3),  # of the groups generated
         "zero_spread_share_whole": round((zero + missing) / max(1, groups + missing), 3),  # not generated: no spread
@@ -163,6 +164,7 @@ def main() -> None:
         "rollouts": rollouts_run,
         "tokens": tokens,
         "learnable_groups": len(learnable),
+        "top_task_share": round(max(st.groups for st in sampler.stats) / max(1, groups), 3),  # the most-run task's
         "learnable_last20": round(sum(last) / max(1, len(last)), 3),
         "reached": reached,
     }
