@@ -1,10 +1,10 @@
 """The task sampler's figure for docs/benchmarks.md, from ``sampler_learns.py --out`` lines (matplotlib needed).
 
-    python tests/bench/sampler_plot.py runs.jsonl docs/images/sampler_zero_spread.png
+    python tests/bench/sampler_plot.py runs.jsonl docs/images/sampler_zero_spread.png [SKIP_BELOW]
 
 Two panels over training steps, one line per run (uniform grey, the sampler coloured by seed): the share of groups
 with zero reward spread per window, and the learnable tasks' mean reward per window. A stopped run's line ends
-where it stopped.
+where it stopped. With ``SKIP_BELOW``, only the sampler's runs with that ``skip_below``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+    if len(sys.argv) > 3:
+        runs = [r for r in runs if r["score"] == "uniform" or r["skip_below"] == float(sys.argv[3])]
     fig, (zero, learn) = plt.subplots(1, 2, figsize=(11, 4))
     colours = ["tab:blue", "tab:orange", "tab:green"]
     for run in runs:
