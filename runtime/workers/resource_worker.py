@@ -117,7 +117,7 @@ class _Book:
     __slots__ = ("inst", "models", "lease")
 
     def __init__(
-        self, inst: Resource, models: BusModels, lease: Sandboxes, gone: Callable[[weakref.ref[Resource]], None]
+        self, inst: Resource, models: BusModels, lease: Sandboxes, gone: Callable[[weakref.ref[Resource]], object]
     ) -> None:
         self.inst = weakref.ref(inst, gone)  # ``gone``: the instance was collected (its book is dropped)
         self.models = models
