@@ -2,7 +2,8 @@
 backend, in process: copies with the parent's files, each under its own lease, limits and ``--network none``; a
 write in one is seen by no other nor by the parent (nor the parent's later writes by them); they count against the
 pool's quota (a fork past it is ``sandbox_unavailable`` at once, not a wait); and nothing is left behind: no copy,
-no temporary image, whether the copies are closed, their holder falls silent, or the worker stops."""
+no temporary image, no snapshot volume, whether the copies are closed, their holder falls silent, or the worker
+stops."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
 from gym_runtime.sandboxes.engine_api import LEASE, POOL
-from gym_runtime.sandboxes.engine_fork import FORK_OF, IMAGE_GRACE_S, EngineForks
+from gym_runtime.sandboxes.engine_fork import FORK_DIR, FORK_OF, IMAGE_GRACE_S, VOLUME_PREFIX, EngineForks
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.leases import lease_tag
 from gym_runtime.transport.bus import Bus
@@ -30,12 +31,16 @@ __all__ = ["pool"]  # the fixture
 
 @pytest.fixture
 async def swept(engine: Engine, pool: str) -> AsyncIterator[None]:
-    """After the test, whatever it asserted: no fork image of its pool left in the shared engine."""
+    """After the test, whatever it asserted: no fork image or snapshot of its pool left in the shared engine."""
     yield
-    for image in await fork_images(engine, pool):
+    left = await fork_images(engine, pool), await fork_volumes(engine, pool)
+    if left[0] or left[1]:
         for c in await engine.containers({POOL: f"gym.{pool}"}):
             await engine.remove(c["Id"])
+    for image in left[0]:
         await engine.remove_image(image)
+    for volume in left[1]:
+        await engine.remove_volume(volume)
 
 
 def holder(bus: Bus, pool: str) -> Sandboxes:
@@ -48,6 +53,11 @@ async def containers(engine: Engine, pool: str) -> list[str]:
 
 async def fork_images(engine: Engine, pool: str) -> list[str]:
     return [i["Id"] for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
+
+
+async def fork_volumes(engine: Engine, pool: str) -> list[str]:
+    """A read-only pool's snapshots (``engine_fork``): the volumes its forks' copies copy from."""
+    return [v["Name"] for v in await engine.volumes({POOL: f"gym.{pool}"}) if FORK_OF in (v.get("Labels") or {})]
 
 
 async def cat(box: Sandbox, path: str) -> str:
@@ -103,7 +113,46 @@ async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_ow
         for owner in [*owners, parent_lease]:
             await owner.close_all()
         assert await containers(engine, pool) == []
+        assert await fork_volumes(engine, pool) == []
         assert w.stats()["sandboxes"] == 0
+
+
+async def test_a_read_only_pools_copies_copy_one_snapshot_that_goes_with_the_last_of_them_and_their_parent(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+) -> None:
+    """The engine unpacks the parent's files once, into a volume of its own (a snapshot); each copy mounts it
+    read-only and copies it into its own tmpfs paths. No copy can change it (nor, so, another copy's files); it goes
+    once neither a copy uses it nor its parent keeps it (for the next fork)."""
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(capacity=8)
+        assert w.backend is not None
+        forks: EngineForks = w.backend.forks  # type: ignore[attr-defined]
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec(memory_mb=256))
+        await parent.exec("echo set-up > out && mkdir -p d && echo deep > d/f && chmod 640 d/f")
+        owners = [holder(bus, pool) for _ in range(2)]
+        kids = await parent.fork(2, into=owners)
+        [snapshot] = await fork_volumes(engine, pool)
+        for kid in kids:
+            mounts = (await engine.inspect(kid.id))["Mounts"]
+            assert [(m["Name"], m["Destination"], m["RW"]) for m in mounts] == [(snapshot, FORK_DIR, False)]
+            r = await kid.exec(f"stat -c %a d/f; cat out; echo x > {FORK_DIR}/work/out; echo x > {FORK_DIR}/new")
+            assert r.stdout == b"640\nset-up\n" and r.stderr.count(b"Read-only file system") == 2, r
+        assert await engine.containers({POOL: f"gym.{pool}", LEASE: ""}) == []  # its holder: gone
+        await owners[0].close_all()
+        assert await fork_volumes(engine, pool) == [snapshot]  # the other copy uses it
+        await owners[1].close_all()
+        assert await fork_volumes(engine, pool) == [snapshot]  # its parent keeps it for its next fork
+        assert forks.kept[parent.id].volume == snapshot
+        await engine.remove_volume(snapshot)  # gone behind the worker's back (no copy uses it)
+        with pytest.raises(Failure, match="the snapshot has no work"):  # (the engine made an empty one of its name)
+            await parent.fork()
+        assert snapshot not in [v["Name"] for v in await engine.volumes({})]  # that one went with the failure
+        [again] = await parent.fork()  # read again
+        assert await cat(again, "out") == "set-up" and forks.reads == 2
+        await again.close()
+        await parents.close_all()
+        assert await fork_volumes(engine, pool) == [] and forks.kept == {} and forks.users == {}
 
 
 async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_always_seen(
@@ -139,15 +188,16 @@ async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_alwa
             r = await kid.exec("cat f; ls d; stat -c %a d/g")
             assert r.stdout == (await parent.exec("cat f; ls d; stat -c %a d/g")).stdout, change
             await kid.close()
+        assert len(await fork_volumes(engine, pool)) == 1  # the snapshots of the changes before the last: gone
         await parents.close_all()
-        assert parent.id not in forks.packed  # its tar went with it
-    assert await containers(engine, pool) == []
+        assert parent.id not in forks.kept  # its snapshot went with it
+    assert await containers(engine, pool) == [] and await fork_volumes(engine, pool) == []
 
 
-async def test_a_group_unpacks_the_parents_tar_as_it_is_read_byte_for_byte(
+async def test_a_group_of_copies_has_every_byte_of_the_parents_files(
     bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
 ) -> None:
-    """Copies fed the parent's tar as it comes (many parts: a few MB), three at once: each has every byte."""
+    """The parent's tar read in many parts (a few MB) into its snapshot, three copies at once: each has every byte."""
     async with fleet(bus, engine, pool) as worker:
         await worker(capacity=8)
         parents = holder(bus, pool)
@@ -206,17 +256,20 @@ async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
         await parents.close_all()
 
 
-async def test_a_stopping_worker_leaves_no_copy_and_no_image(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+@pytest.mark.parametrize("rootfs", ["writable", "read-only"])
+async def test_a_stopping_worker_leaves_no_copy_no_image_and_no_snapshot(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, rootfs: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        w = await worker(capacity=8, rootfs="writable")
+        w = await worker(capacity=8, rootfs=rootfs)
         parent = await holder(bus, pool).create(SandboxSpec())
+        await parent.exec("echo x > f")
         await parent.fork(3)
-        assert len(await containers(engine, pool)) == 4 and len(await fork_images(engine, pool)) == 1
+        made = await fork_images(engine, pool) + await fork_volumes(engine, pool)
+        assert len(await containers(engine, pool)) == 4 and len(made) == 1
         assert w.stats()["sandboxes"] == 4
     # the fleet's block cancelled the worker: it removed what it held (its own clean-up, before the fixture's)
-    assert await fork_images(engine, pool) == []
+    assert await fork_images(engine, pool) == [] and await fork_volumes(engine, pool) == []
 
 
 async def test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing(
@@ -258,6 +311,34 @@ async def test_a_sweep_removes_fork_images_no_container_uses(engine: Engine, bas
         for c in (cid, user):
             await engine.remove(c)
         await engine.remove_image(image)
+
+
+async def test_a_sweep_removes_a_snapshot_once_its_parent_is_gone_and_no_container_uses_it(
+    engine: Engine, base_image: str, pool: str
+) -> None:
+    """A worker that died leaves its parents' snapshots: a later sweep removes one once its parent is gone (while
+    it is there, a live worker may keep it for its next fork), no container uses it, and it is not young."""
+    label = f"gym.{pool}"
+    body = {"Image": base_image, "Cmd": ["sleep", "600"], "NetworkDisabled": True, "Labels": {POOL: label}}
+    body["HostConfig"] = {"NetworkMode": "none"}
+    parent = await engine.create(body)
+    volume = await engine.create_volume(f"{VOLUME_PREFIX}{secrets.token_hex(8)}", {POOL: label, FORK_OF: parent})
+    mount = {"Type": "volume", "Source": volume, "Target": FORK_DIR, "ReadOnly": True}
+    user = await engine.create({**body, "HostConfig": {"NetworkMode": "none", "Mounts": [mount]}})
+    forks = EngineForks(engine, label, (POOL, ("work",)))
+    later = time.time() + IMAGE_GRACE_S + 1
+    try:
+        assert await forks.sweep(now=later) == 0  # its parent is there
+        await engine.remove(parent)
+        assert await forks.sweep() == 0  # young
+        assert await forks.sweep(now=later) == 0  # a container uses it
+        await engine.remove(user)
+        assert await forks.sweep(now=later) == 1
+        assert await fork_volumes(engine, pool) == []
+    finally:
+        for c in (parent, user):
+            await engine.remove(c)
+        await engine.remove_volume(volume)
 
 
 async def test_the_process_backend_forks_by_copying_its_working_directory(bus: Bus) -> None:

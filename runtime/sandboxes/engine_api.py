@@ -44,7 +44,7 @@ import anyio.abc
 from gym_runtime.errors import Failure, observed
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.engine_fork import EngineForks
+from gym_runtime.sandboxes.engine_fork import COPY_TIMEOUT_S, FORK_DIR, HOLDER_DIR, EngineForks
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError, EngineUnavailable
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
@@ -133,7 +133,9 @@ class EngineBackend:
     def _window_s(self) -> int:
         return keeper_window(self.orphan_after_s)
 
-    def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
+    def container_body(
+        self, spec: Resolved, *, owner: str, lease: str, expires: float, snapshot: str = ""
+    ) -> dict[str, object]:
         mem = spec.memory_mb << 20
         nproc = _NPROC
         if self.name == "podman" and not 0 <= nproc <= PODMAN_NPROC:
@@ -175,7 +177,10 @@ class EngineBackend:
                     {"Name": "nproc", "Soft": nproc, "Hard": nproc},
                 ],
                 "Binds": [],
-                "Mounts": [],
+                # a fork's copy: the snapshot it copies its files from (``engine_fork``), read-only
+                "Mounts": [{"Type": "volume", "Source": snapshot, "Target": FORK_DIR, "ReadOnly": True}]
+                if snapshot
+                else [],
                 "Privileged": False,
             },
         }
@@ -208,12 +213,31 @@ class EngineBackend:
         except EngineError as e:
             raise _gone(e, sid) from e
 
-    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
+    def holder_body(self, spec: Resolved, volume: str, *, owner: str) -> dict[str, object]:
+        """A container that never runs, through which the engine unpacks a fork's snapshot into its volume
+        (``engine_fork``): labelled as the pool's (the reaper removes one its worker left), nothing else."""
+        return {
+            "Image": spec.image,
+            "Cmd": ["true"],
+            "NetworkDisabled": True,
+            "Labels": {OWNER: owner, LEASE: "", POOL: self.pool, EXPIRES: f"{time.time() + COPY_TIMEOUT_S:.0f}"},
+            "HostConfig": {
+                "NetworkMode": "none",
+                "ReadonlyRootfs": True,
+                "CapDrop": ["ALL"],
+                "Mounts": [{"Type": "volume", "Source": volume, "Target": HOLDER_DIR}],
+            },
+        }
+
+    async def create(
+        self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
+    ) -> str:
+        """A running container of ``spec`` (``snapshot``: a fork's copy, the volume it copies from)."""
         expires = time.time() + 3600 if expires is None else expires
         # a warm one (no lease yet) is labelled past any lease it can be given (``warm_max_s``): a reaper that
         # never heard its worker removes it after that, as any container whose lease has ended
         expires = expires or time.time() + self.warm_max_s
-        body = self.container_body(spec, owner=owner, lease=lease, expires=expires)
+        body = self.container_body(spec, owner=owner, lease=lease, expires=expires, snapshot=snapshot)
         try:
             cid = await self.engine.create(body, name=f"gym-{self.pool}-{uuid.uuid4().hex[:12]}")
         except EngineError as e:
@@ -308,7 +332,7 @@ class EngineBackend:
         await self.forks.released(sid)
 
     async def sweep_images(self) -> int:
-        """Temporary fork images no container uses any more (``EngineForks.sweep``)."""
+        """Temporary fork images and snapshots no container uses any more (``EngineForks.sweep``)."""
         return await self.forks.sweep()
 
     async def image_id(self, sid: str) -> str:

@@ -15,7 +15,7 @@ import os
 import signal
 import struct
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlencode
@@ -359,6 +359,41 @@ class Engine:
             raise
         return True
 
+    # ---------------------------------------------------------------- volumes
+
+    async def create_volume(self, name: str, labels: dict[str, str]) -> str:
+        """A named volume of the engine's ``local`` driver (a directory of its own); its name."""
+        out = await self._call("POST", "/volumes/create", body={"Name": name, "Labels": labels})
+        return str(out["Name"])
+
+    async def volumes(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The volumes carrying these labels (``Name``, ``CreatedAt``, ``Labels``)."""
+        want = [f"{k}={v}" for k, v in labels.items()]
+        out = await self._call("GET", "/volumes", params={"filters": json.dumps({"label": want})})
+        return list(out.get("Volumes") or [])
+
+    async def remove_volume(self, name: str) -> bool:
+        """Remove a volume; False: a container still uses it (the engine refuses), or it is gone already."""
+        try:
+            await self._call("DELETE", f"/volumes/{quote(name, safe='')}")
+        except EngineError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def put_archive(self, cid: str, path: str, data: AsyncIterable[bytes]) -> None:
+        """Unpack a tar stream (sent as it comes) at ``path`` of a container (``docker cp``: the engine unpacks it,
+        chrooted into the container's file system); a container with a read-only root takes it into a volume."""
+        await self._call(
+            "PUT",
+            f"/containers/{cid}/archive",
+            params={"path": path},
+            data=data,
+            headers={"Content-Type": "application/x-tar"},
+            timeout_s=600,
+        )
+
     # ---------------------------------------------------------------- containers
 
     async def create(self, body: dict[str, Any], name: str | None = None) -> str:
@@ -547,7 +582,7 @@ class Engine:
         started: Callable[[], None] | None = None,
         *,
         feed: AsyncIterable[bytes] | None = None,
-    ) -> AsyncIterator[tuple[int, bytes]]:
+    ) -> AsyncGenerator[tuple[int, bytes]]:
         """Start an exec on a hijacked connection: send ``stdin`` (or each part of ``feed`` as it comes) and close
         our side, then yield the multiplexed frames (stream 1 stdout, 2 stderr) until the command ends.
         ``started``: called once the engine has started it."""
