@@ -44,7 +44,7 @@ import anyio.abc
 from gym_runtime.errors import Failure, observed
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.engine_fork import COPY_TIMEOUT_S, FORK_DIR, HOLDER_DIR, EngineForks
+from gym_runtime.sandboxes.engine_fork import FORK_DIR, HOLDER_DIR, EngineForks
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError, EngineUnavailable
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
@@ -213,21 +213,19 @@ class EngineBackend:
         except EngineError as e:
             raise _gone(e, sid) from e
 
-    def holder_body(self, spec: Resolved, volume: str, *, owner: str) -> dict[str, object]:
-        """A container that never runs, through which the engine unpacks a fork's snapshot into its volume
-        (``engine_fork``): labelled as the pool's (the reaper removes one its worker left), nothing else."""
-        return {
-            "Image": spec.image,
-            "Cmd": ["true"],
-            "NetworkDisabled": True,
-            "Labels": {OWNER: owner, LEASE: "", POOL: self.pool, EXPIRES: f"{time.time() + COPY_TIMEOUT_S:.0f}"},
-            "HostConfig": {
-                "NetworkMode": "none",
-                "ReadonlyRootfs": True,
-                "CapDrop": ["ALL"],
-                "Mounts": [{"Type": "volume", "Source": volume, "Target": HOLDER_DIR}],
-            },
-        }
+    def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, object]:
+        """The container that holds a fork's snapshot (``engine_fork``): it keeps its tmpfs volume mounted (so its
+        files) until ``until`` at the latest, and does nothing else; labelled as the pool's containers are (the
+        reaper removes one its worker left), made safe as they are."""
+        body = self.container_body(spec, owner=owner, lease="", expires=until)
+        body["Cmd"] = ["sleep", f"{max(1, until - time.time()):.0f}"]
+        body["OpenStdin"] = False
+        body["Labels"].pop(ORPHAN, None)  # type: ignore[attr-defined]
+        host: dict[str, object] = body["HostConfig"]  # type: ignore[assignment]
+        host["Tmpfs"] = dict([CGROUP_FS])
+        host["Mounts"] = [{"Type": "volume", "Source": volume, "Target": HOLDER_DIR}]
+        host["AutoRemove"] = self.expiring  # ended (its deadline): gone (Podman's: reaped at its label's end)
+        return body
 
     async def create(
         self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""

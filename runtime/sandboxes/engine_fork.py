@@ -52,7 +52,7 @@ class EngineBackend(Protocol):
         self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
     ) -> str: ...
 
-    def holder_body(self, spec: Resolved, volume: str, *, owner: str) -> dict[str, Any]: ...
+    def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, Any]: ...
 
 
 log = logs.get("gym.sandbox")
@@ -60,6 +60,7 @@ log = logs.get("gym.sandbox")
 FORK_OF = "gym-runtime.fork-of"  # a temporary image's or snapshot's label: the container it was made from
 FORK_DIR = "/.gym-fork"  # where a read-only pool's copy sees its snapshot (read-only): the files it was forked with
 HOLDER_DIR = "/snapshot"  # where a holder mounts the snapshot it fills
+HOLD_S = 3600.0  # a snapshot's holder ends with its fork's copies' leases, at most this long after the fork
 VOLUME_PREFIX = "gym-fork-"
 IMAGE_GRACE_S = 300.0  # a fork image or snapshot no container uses is swept only this long after it was made
 COPY_TIMEOUT_S = 600.0
@@ -80,10 +81,11 @@ class Snapshot:
     """A parent's files at a fork, in volume ``volume``: the digest of its files when its read began ("": not to be
     used again), and how its fill ended (``ready``: once filled; raises how it failed)."""
 
-    __slots__ = ("volume", "digest", "done", "failed", "_ended")
+    __slots__ = ("volume", "digest", "holder", "done", "failed", "_ended")
 
     def __init__(self, volume: str) -> None:
         self.volume, self.digest = volume, ""
+        self.holder = ""  # the container that keeps its tmpfs mounted (``_fill``)
         self.done = False
         self.failed: Failure | None = None
         self._ended = anyio.Event()
@@ -108,16 +110,27 @@ class EngineForks:
         self.users: dict[str, set[str]] = {}  # an image or snapshot volume -> its children (and forks under way)
         self.used: dict[str, str] = {}  # a child -> its image or snapshot volume
         self.kept: dict[str, Snapshot] = {}  # a parent -> its last snapshot, oldest first
+        self.holders: dict[str, str] = {}  # a snapshot's volume -> its holder
         self._reading: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
         self.reads = 0  # parents' files read (a snapshot filled), not kept ones reused (tests)
 
     async def fork(
-        self, backend: EngineBackend, sid: str, spec: Resolved, *, owner: str, tags: list[str], expires: float
+        self,
+        backend: EngineBackend,
+        sid: str,
+        spec: Resolved,
+        *,
+        owner: str,
+        tags: list[str],
+        expires: float,
+        fresh: bool = False,
     ) -> list[str]:
-        """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none."""
+        """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none. ``fresh``: read the
+        parent's files, whatever snapshot it keeps."""
         made = ""  # what the children are made from: a temporary image, or the snapshot they copy
         snap: Snapshot | None = None
-        fill = False
+        how = ""  # a snapshot's: "fill" (new: filled here), "check" (kept: checked here), "share" (filling)
+        changed = False  # a kept snapshot's parent changed since: these children are made again, from a new one
         token = f"forking-{uuid.uuid4().hex}"  # holds the snapshot for this fork until its children do
         children: list[str] = [""] * len(tags)
 
@@ -141,25 +154,35 @@ class EngineForks:
                     made = await self._commit(sid)
                     spec = msgspec.structs.replace(spec, image=made)
                 else:
-                    snap, fill = await self._snapshot(sid, token)
+                    snap, how = await self._snapshot(sid, token, fresh, spec.disk_mb)
                     made = snap.volume
+
+                async def check(kept: Snapshot) -> None:  # while the children are made from it (the usual case)
+                    nonlocal changed
+                    changed = await self._digest(sid) != kept.digest or not await self._holding(kept)
+
                 async with anyio.create_task_group() as tg:
-                    if snap is not None and fill:
-                        tg.start_soon(self._fill, backend, sid, spec, snap, owner)  # its failure: ``snap.ready``'s
+                    if snap is not None and how == "fill":  # its failure: ``snap.ready``'s
+                        tg.start_soon(self._fill, backend, sid, spec, snap, owner, expires)
+                    elif snap is not None and how == "check":
+                        tg.start_soon(check, snap)
                     for i in range(len(tags)):
                         tg.start_soon(one, i)
             except Exception as e:
                 errors.append(e)
-            if errors:
+            if errors or changed:
                 for cid in children:
                     if cid:
                         await self.engine.remove(cid)
                 if snap is not None and self.kept.get(sid) is snap:
-                    del self.kept[sid]  # read again next time (it failed, or its volume went)
+                    del self.kept[sid]  # read again next time (it failed, its volume went, or its parent changed)
                 if made:
                     self.users.get(made, set()).discard(token)
                     await self._release(made)
-                raise errors[0]
+                if not changed:
+                    raise errors[0]
+        if changed:
+            return await self.fork(backend, sid, spec, owner=owner, tags=tags, expires=expires, fresh=True)
         users = self.users.setdefault(made, set())
         users.discard(token)
         users.update(children)
@@ -172,24 +195,23 @@ class EngineForks:
         except EngineError as e:
             raise Failure("tool_error", f"forking sandbox {sid[:12]} failed (commit): {e}", retryable=True) from e
 
-    async def _snapshot(self, sid: str, token: str) -> tuple[Snapshot, bool]:
-        """The parent's snapshot for a fork, held for it by ``token``, and whether the caller fills it (``_fill``):
-        the one kept from its last fork where its files are unchanged since, or the one filling now (forks at once
-        share it), else a new one (its volume made here)."""
+    async def _snapshot(self, sid: str, token: str, fresh: bool, disk_mb: int) -> tuple[Snapshot, str]:
+        """The parent's snapshot for a fork, held for it by ``token``, and what the fork does with it: the one kept
+        from its last fork ("check": whether its files are unchanged since, while the children are made from it),
+        the one filling now ("share": forks at once share it), else a new one ("fill", its volume made here)."""
         lock = self._reading.setdefault(sid, anyio.Lock())
         evicted: list[Snapshot] = []
         async with lock:
             kept = self.kept.get(sid)
-            if kept is not None and (
-                not kept.done or (kept.failed is None and kept.digest and await self._digest(sid) == kept.digest)
-            ):
+            if kept is not None and not fresh and (not kept.done or (kept.failed is None and kept.digest)):
                 self.kept[sid] = self.kept.pop(sid)  # the most recently used
                 self.users.setdefault(kept.volume, set()).add(token)
-                return kept, False
+                return kept, "check" if kept.done else "share"
             self.reads += 1
             snap = Snapshot(f"{VOLUME_PREFIX}{uuid.uuid4().hex[:20]}")
+            tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": f"size={len(self.copied) * disk_mb}m,nosuid,nodev"}
             try:
-                await self.engine.create_volume(snap.volume, {self.pool_label: self.pool, FORK_OF: sid})
+                await self.engine.create_volume(snap.volume, {self.pool_label: self.pool, FORK_OF: sid}, tmpfs)
             except EngineError as e:
                 raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: {e}", retryable=True) from e
             self.users.setdefault(snap.volume, set()).add(token)
@@ -200,7 +222,14 @@ class EngineForks:
                 evicted.append(self.kept.pop(next(iter(self.kept))))
         for old in evicted:
             await self._release(old.volume)
-        return snap, True
+        return snap, "fill"
+
+    async def _holding(self, snap: Snapshot) -> bool:
+        """Whether a snapshot's holder still runs (so its tmpfs, its files, is there)."""
+        try:
+            return bool(((await self.engine.inspect(snap.holder)).get("State") or {}).get("Running"))
+        except EngineError:
+            return False
 
     async def _digest(self, sid: str) -> str:
         """The digest of the parent's files now (``DIGEST``); "" where it cannot be read (never equal to a kept one)."""
@@ -212,9 +241,12 @@ class EngineForks:
         digest = out.stdout.decode(errors="replace").strip()
         return digest if out.exit_code == 0 and digest else ""
 
-    async def _fill(self, backend: EngineBackend, sid: str, spec: Resolved, snap: Snapshot, owner: str) -> None:
-        """Read the digest of the parent's files, then its tmpfs paths as one tar stream (bounded by their size
-        limits), unpacked by the engine into the snapshot's volume as it comes; one command: the digest on stderr,
+    async def _fill(
+        self, backend: EngineBackend, sid: str, spec: Resolved, snap: Snapshot, owner: str, expires: float
+    ) -> None:
+        """Start the snapshot's holder (its tmpfs volume mounted while it runs: until the copies' leases end, at
+        most), then read the digest of the parent's files and its tmpfs paths as one tar stream (bounded by their
+        size limits), unpacked by the engine into the snapshot as it comes; one command: the digest on stderr,
         before the tar. Its digest kept where it read cleanly; never raises: a failure ends the snapshot (its children's
         ``Snapshot.ready`` raises it)."""
         cap = len(self.copied) * (spec.disk_mb << 20) + TAR_SLACK
@@ -222,7 +254,7 @@ class EngineForks:
         argv = ["sh", "-c", script, "pack", *self.copied]
         size, over, err = 0, False, bytearray()
         failed: Failure | None = None
-        holder = eid = ""
+        eid = ""
 
         async def tar() -> AsyncIterator[bytes]:
             nonlocal size, over
@@ -238,7 +270,12 @@ class EngineForks:
                         yield chunk
 
         try:
-            holder = await self.engine.create(backend.holder_body(spec, snap.volume, owner=owner))
+            until = min(expires, time.time() + HOLD_S)
+            holder = snap.holder = await self.engine.create(
+                backend.holder_body(spec, snap.volume, owner=owner, until=until)
+            )
+            self.holders[snap.volume] = holder
+            await self.engine.start(holder)
             eid = await self.engine.exec_create(sid, argv)
             put: EngineError | None = None
             with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
@@ -271,9 +308,6 @@ class EngineForks:
             raise
         finally:
             snap.end(failed)
-            if holder:
-                with anyio.CancelScope(shield=True):
-                    await self.engine.remove(holder)
 
     async def _copy(self, cid: str) -> None:
         """A child's copy of its snapshot into its own tmpfs paths (``COPY``)."""
@@ -301,6 +335,8 @@ class EngineForks:
             return
         self.users.pop(made, None)
         if made.startswith(VOLUME_PREFIX):
+            if holder := self.holders.pop(made, ""):
+                await self.engine.remove(holder)
             gone = await self.engine.remove_volume(made)
         else:
             gone = await self.engine.remove_image(made)

@@ -361,9 +361,13 @@ class Engine:
 
     # ---------------------------------------------------------------- volumes
 
-    async def create_volume(self, name: str, labels: dict[str, str]) -> str:
-        """A named volume of the engine's ``local`` driver (a directory of its own); its name."""
-        out = await self._call("POST", "/volumes/create", body={"Name": name, "Labels": labels})
+    async def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str:
+        """A named volume of the engine's ``local`` driver (``options``: its mount's, e.g. a tmpfs, mounted while a
+        running container uses it); its name."""
+        body: dict[str, Any] = {"Name": name, "Labels": labels}
+        if options:
+            body["DriverOpts"] = options
+        out = await self._call("POST", "/volumes/create", body=body)
         return str(out["Name"])
 
     async def volumes(self, labels: dict[str, str]) -> list[dict[str, Any]]:
