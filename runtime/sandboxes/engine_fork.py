@@ -47,6 +47,7 @@ class EngineBackend(Protocol):
     (a child is made as any other sandbox) and the body of a snapshot's ``holder``."""
 
     writable: bool
+    name: str  # docker | podman
 
     async def create(
         self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
@@ -115,22 +116,12 @@ class EngineForks:
         self.reads = 0  # parents' files read (a snapshot filled), not kept ones reused (tests)
 
     async def fork(
-        self,
-        backend: EngineBackend,
-        sid: str,
-        spec: Resolved,
-        *,
-        owner: str,
-        tags: list[str],
-        expires: float,
-        fresh: bool = False,
+        self, backend: EngineBackend, sid: str, spec: Resolved, *, owner: str, tags: list[str], expires: float
     ) -> list[str]:
-        """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none. ``fresh``: read the
-        parent's files, whatever snapshot it keeps."""
+        """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none."""
         made = ""  # what the children are made from: a temporary image, or the snapshot they copy
         snap: Snapshot | None = None
-        how = ""  # a snapshot's: "fill" (new: filled here), "check" (kept: checked here), "share" (filling)
-        changed = False  # a kept snapshot's parent changed since: these children are made again, from a new one
+        fill = False
         token = f"forking-{uuid.uuid4().hex}"  # holds the snapshot for this fork until its children do
         children: list[str] = [""] * len(tags)
 
@@ -154,35 +145,25 @@ class EngineForks:
                     made = await self._commit(sid)
                     spec = msgspec.structs.replace(spec, image=made)
                 else:
-                    snap, how = await self._snapshot(sid, token, fresh, spec.disk_mb)
+                    snap, fill = await self._snapshot(sid, token, self._tmpfs(backend, spec))
                     made = snap.volume
-
-                async def check(kept: Snapshot) -> None:  # while the children are made from it (the usual case)
-                    nonlocal changed
-                    changed = await self._digest(sid) != kept.digest or not await self._holding(kept)
-
                 async with anyio.create_task_group() as tg:
-                    if snap is not None and how == "fill":  # its failure: ``snap.ready``'s
+                    if snap is not None and fill:  # its failure: ``snap.ready``'s
                         tg.start_soon(self._fill, backend, sid, spec, snap, owner, expires)
-                    elif snap is not None and how == "check":
-                        tg.start_soon(check, snap)
                     for i in range(len(tags)):
                         tg.start_soon(one, i)
             except Exception as e:
                 errors.append(e)
-            if errors or changed:
+            if errors:
                 for cid in children:
                     if cid:
                         await self.engine.remove(cid)
                 if snap is not None and self.kept.get(sid) is snap:
-                    del self.kept[sid]  # read again next time (it failed, its volume went, or its parent changed)
+                    del self.kept[sid]  # read again next time (it failed, or its volume went)
                 if made:
                     self.users.get(made, set()).discard(token)
                     await self._release(made)
-                if not changed:
-                    raise errors[0]
-        if changed:
-            return await self.fork(backend, sid, spec, owner=owner, tags=tags, expires=expires, fresh=True)
+                raise errors[0]
         users = self.users.setdefault(made, set())
         users.discard(token)
         users.update(children)
@@ -195,21 +176,28 @@ class EngineForks:
         except EngineError as e:
             raise Failure("tool_error", f"forking sandbox {sid[:12]} failed (commit): {e}", retryable=True) from e
 
-    async def _snapshot(self, sid: str, token: str, fresh: bool, disk_mb: int) -> tuple[Snapshot, str]:
-        """The parent's snapshot for a fork, held for it by ``token``, and what the fork does with it: the one kept
-        from its last fork ("check": whether its files are unchanged since, while the children are made from it),
-        the one filling now ("share": forks at once share it), else a new one ("fill", its volume made here)."""
+    def _tmpfs(self, backend: EngineBackend, spec: Resolved) -> dict[str, str] | None:
+        """A snapshot's volume: on Docker a tmpfs (as large as the paths it copies may be), which its holder keeps
+        mounted; None on Podman: a directory on the engine's disk, its holder never run (Podman 4.3 here left a
+        tmpfs volume mounted after its last user ended, then failed to remove it: "device or resource busy")."""
+        if backend.name != "docker":
+            return None
+        return {"type": "tmpfs", "device": "tmpfs", "o": f"size={len(self.copied) * spec.disk_mb}m,nosuid,nodev"}
+
+    async def _snapshot(self, sid: str, token: str, tmpfs: dict[str, str] | None) -> tuple[Snapshot, bool]:
+        """The parent's snapshot for a fork, held for it by ``token``, and whether the caller fills it (``_fill``):
+        the one kept from its last fork where its files are unchanged since (and still there), or the one filling
+        now (forks at once share it), else a new one (its volume made here)."""
         lock = self._reading.setdefault(sid, anyio.Lock())
         evicted: list[Snapshot] = []
         async with lock:
             kept = self.kept.get(sid)
-            if kept is not None and not fresh and (not kept.done or (kept.failed is None and kept.digest)):
+            if kept is not None and (not kept.done or (kept.failed is None and await self._unchanged(sid, kept))):
                 self.kept[sid] = self.kept.pop(sid)  # the most recently used
                 self.users.setdefault(kept.volume, set()).add(token)
-                return kept, "check" if kept.done else "share"
+                return kept, False
             self.reads += 1
             snap = Snapshot(f"{VOLUME_PREFIX}{uuid.uuid4().hex[:20]}")
-            tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": f"size={len(self.copied) * disk_mb}m,nosuid,nodev"}
             try:
                 await self.engine.create_volume(snap.volume, {self.pool_label: self.pool, FORK_OF: sid}, tmpfs)
             except EngineError as e:
@@ -222,10 +210,15 @@ class EngineForks:
                 evicted.append(self.kept.pop(next(iter(self.kept))))
         for old in evicted:
             await self._release(old.volume)
-        return snap, "fill"
+        return snap, True
 
-    async def _holding(self, snap: Snapshot) -> bool:
-        """Whether a snapshot's holder still runs (so its tmpfs, its files, is there)."""
+    async def _unchanged(self, sid: str, snap: Snapshot) -> bool:
+        """Whether a kept snapshot still has the parent's files: their digest is the one it was read with, and it is
+        still there (a tmpfs's holder still runs; one on disk has none)."""
+        if not snap.digest or await self._digest(sid) != snap.digest:
+            return False
+        if snap.volume not in self.holders:
+            return True
         try:
             return bool(((await self.engine.inspect(snap.holder)).get("State") or {}).get("Running"))
         except EngineError:
@@ -254,7 +247,8 @@ class EngineForks:
         argv = ["sh", "-c", script, "pack", *self.copied]
         size, over, err = 0, False, bytearray()
         failed: Failure | None = None
-        eid = ""
+        eid = holder = ""
+        memory = False
 
         async def tar() -> AsyncIterator[bytes]:
             nonlocal size, over
@@ -274,8 +268,9 @@ class EngineForks:
             holder = snap.holder = await self.engine.create(
                 backend.holder_body(spec, snap.volume, owner=owner, until=until)
             )
-            self.holders[snap.volume] = holder
-            await self.engine.start(holder)
+            if memory := backend.name == "docker":  # a tmpfs: held mounted while the holder runs
+                self.holders[snap.volume] = holder
+                await self.engine.start(holder)
             eid = await self.engine.exec_create(sid, argv)
             put: EngineError | None = None
             with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
@@ -308,6 +303,9 @@ class EngineForks:
             raise
         finally:
             snap.end(failed)
+            if holder and not memory:  # its files are on the engine's disk: it served the unpack alone
+                with anyio.CancelScope(shield=True):
+                    await self.engine.remove(holder)
 
     async def _copy(self, cid: str) -> None:
         """A child's copy of its snapshot into its own tmpfs paths (``COPY``)."""

@@ -335,11 +335,12 @@ class Engine:
             self._unreachable(e)
 
     async def commit(self, cid: str, labels: dict[str, str]) -> str:
-        """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id."""
-        out = await self._call(
-            "POST", "/commit", params={"container": cid, "pause": "true"}, body={"Labels": labels}, timeout_s=600
-        )
-        return str(out["Id"])
+        """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id. The
+        labels go as ``LABEL`` changes too: Podman's compatible service ignores the body's (4.3)."""
+        query = [("container", cid), ("pause", "true"), *(("changes", f"LABEL {k}={v}") for k, v in labels.items())]
+        out = await self._call("POST", f"/commit?{urlencode(query)}", body={"Labels": labels}, timeout_s=600)
+        image = str(out["Id"])
+        return image if ":" in image else f"sha256:{image}"  # Podman's bare id, which its DELETE refuses
 
     async def images(self, labels: dict[str, str]) -> list[dict[str, Any]]:
         """The images carrying these labels."""
