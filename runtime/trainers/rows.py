@@ -21,9 +21,11 @@ from typing import Any
 from gym_runtime.errors import ClientError
 
 __all__ = [
+    "BRANCH_KEEP_S",
     "ROW_KEY",
     "RowIndex",
     "TokenSequence",
+    "branch_keep_s",
     "branched",
     "check_agent",
     "check_live",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 ROW_KEY = "gym_row"  # the key on a dataset prompt's messages that names its row
+BRANCH_KEEP_S = 600.0  # ``branch_at``: how long a group's parent is kept for its branches (and their retries)
 
 
 @dataclass
@@ -105,6 +108,12 @@ def branched(row: dict[str, Any], turn: int) -> TokenSequence:
         seq.logprobs[cut:],
         seq.policy_versions[done:],
     )
+
+
+def branch_keep_s(checkpoint_ttl_s: float) -> float:
+    """How long a trainer keeps a group's parent checkpoints for its branches: ``BRANCH_KEEP_S``, within the
+    config's ``jetstream.checkpoint_ttl_s`` (0: no cap)."""
+    return min(BRANCH_KEEP_S, checkpoint_ttl_s or BRANCH_KEEP_S)
 
 
 def prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:

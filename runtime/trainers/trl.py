@@ -50,6 +50,7 @@ from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens
 from gym_runtime.trainers.rows import (
     RowIndex,
     TokenSequence,
+    branch_keep_s,
     branched,
     check_agent,
     check_live,
@@ -65,7 +66,6 @@ __all__ = ["FailurePolicy", "TRLRollouts", "TaskRepeats", "WaitPolicy", "env_rew
 
 log = logs.get("gym.trainers.trl")
 # what TRL passes its reward functions itself: a refill's columns never take these names
-BRANCH_KEEP_S = 600.0  # ``branch_at``: how long a group's parent is kept for its branches (and their retries)
 _TRL_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
@@ -302,7 +302,7 @@ class TRLRollouts:
         prefix and ``size`` continuations of it. An excluded member is branched again from the same parent, up to
         ``retries`` rounds (a parent that never reached the turn with a tool call leaves its branches excluded)."""
         rows = [self.index.rows[g.row] for g in groups]
-        keep = min(BRANCH_KEEP_S, self.client.client.config.jetstream.checkpoint_ttl_s or BRANCH_KEEP_S)
+        keep = branch_keep_s(self.client.client.config.jetstream.checkpoint_ttl_s)
         batch = self._guard(
             lambda: self.client.submit(
                 rows, agent=self.agent, max_staleness=self.max_staleness, keep_checkpoints_s=keep

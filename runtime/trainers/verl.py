@@ -47,19 +47,21 @@ verl's agent loop config names it::
       nats: nats://head:4222
       failures: {policy_failure_reward: 0.0, retries: 2}
       waits: {say_after_s: 60, bound_s: 3600}
+      branch_at: 2  # optional: each prompt's n samples one rollout and n - 1 branches of it at turn 2 (verl_branch)
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 import msgspec
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopManager,
@@ -69,14 +71,17 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 from verl.trainer.ppo.core_algos import register_adv_est
+from verl.utils.import_utils import resolve_config_path
 
 from gym_runtime.client import Client
 from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError, RolloutFailed
 from gym_runtime.live_models import LIVE_MODELS
-from gym_runtime.trainers.failures import FailurePolicy, Tally, has_tokens, reward_of
-from gym_runtime.trainers.rows import masked, sequence
+from gym_runtime.trainers.arguments import count
+from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
+from gym_runtime.trainers.rows import TokenSequence, masked, sequence
 from gym_runtime.trainers.train_rows import TrainRowsWriter
+from gym_runtime.trainers.verl_branch import BRANCH_GROUPS, Point, branch, check_workers, cut, parent_rollout
 from gym_runtime.trainers.verl_tasks import observe_batch, sample_fields
 from gym_runtime.trainers.waiting import Once, StepWait, WaitPolicy, wait_policy, watched
 
@@ -157,6 +162,7 @@ class GymAgentLoop(AgentLoopBase):
         failures: FailurePolicy | Mapping[str, Any] | None = None,
         rows_path: str | None = None,
         waits: WaitPolicy | Mapping[str, Any] | None = None,
+        branch_at: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -174,6 +180,7 @@ class GymAgentLoop(AgentLoopBase):
         self.tally = Tally()  # the last run's counts
         self.rows_path = rows_path
         self.waits = wait_policy(dict(waits) if isinstance(waits, Mapping) else waits)
+        self.branch_at = None if branch_at is None else count("branch_at", branch_at, 1)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = (kwargs.get("extra_info") or {}).get("gym_row")
@@ -185,19 +192,12 @@ class GymAgentLoop(AgentLoopBase):
         client = await LOOP_CLIENTS.get(self.gym_config, self.nats, self.workers)
         tally = Tally()
         watch = StepWait(self.waits)  # the whole wait, retries in: said, and bounded
-
-        async def one() -> dict[str, Any]:
-            return await client.run(row, agent=self.agent)
-
-        for attempt in range(self.failures.retries + 1):  # an excluded rollout runs again, each time a new task
-            try:  # every loop's rollout is in the client's one run batch: the line reads the namespace's
-                result = await watched(one, bus=client.bus, watch=watch, batches=lambda: None, once=SAID)
-            except RolloutFailed as e:
-                result = e.row
-            k = tally.saw(result)
-            if k != "excluded" or attempt == self.failures.retries:
-                break
-            tally.retried += 1
+        branched: dict[str, Any] = {}  # branch_at: the group's fields
+        if self.branch_at is None:
+            result, k = await self._attempts(lambda: client.run(row, agent=self.agent), client, tally, watch)
+            seq = self._sequence(result, k, row)
+        else:
+            result, k, seq, branched = await self._branched(client, row, kwargs.get("uid"), tally, watch)
         index = (kwargs.get("extra_info") or {}).get("index")
         tally.ended(result, k, f"dataset row {index}" if index is not None else None)
         counts = tally.metrics()
@@ -205,13 +205,6 @@ class GymAgentLoop(AgentLoopBase):
         self._record(result, kwargs, reward_of(result, self.failures), task_key(row))
         self.tally = tally
         reward = reward_of(result, self.failures)
-        if k != "excluded" and has_tokens(result):
-            seq = sequence(result)
-        elif k == "policy":  # scored with nothing generated: one end-of-sequence token carries its cost
-            seq = masked(None, row, self.tokenizer)
-            seq.env_mask = [1]
-        else:
-            seq = masked(None, row, self.tokenizer)
         turns = sum(1 for item in (result.get("response") or {}).get("output", []) if "generation_token_ids" in item)
         return AgentLoopOutput(
             prompt_ids=seq.prompt_ids,
@@ -232,8 +225,80 @@ class GymAgentLoop(AgentLoopBase):
                 **sample_fields(row, result),  # gym_task, gym_outcome: what the task sampler counts (verl_tasks)
                 # verl's own per-sample channel: its batch columns and dumps, its validation metrics
                 "reward_extra_info": {key: counts.get(key, 0.0) for key in SAMPLE_COUNTS},
+                **branched,
             },
         )
+
+    async def _attempts(
+        self, one: Callable[[], Awaitable[dict[str, Any]]], client: Client, tally: Tally, watch: StepWait
+    ) -> tuple[dict[str, Any], Kind]:
+        """``one()`` until its row is not excluded, ``retries`` more times at most (each a new task)."""
+        for attempt in range(self.failures.retries + 1):
+            try:  # every loop's rollout is in the client's one run batch: the line reads the namespace's
+                result = await watched(one, bus=client.bus, watch=watch, batches=lambda: None, once=SAID)
+            except RolloutFailed as e:
+                result = e.row
+            k = tally.saw(result)
+            if k != "excluded" or attempt == self.failures.retries:
+                break
+            tally.retried += 1
+        return result, k
+
+    def _sequence(
+        self, result: dict[str, Any], k: Kind, row: dict[str, Any], point: Point | None = None
+    ) -> TokenSequence:
+        """What verl trains on of ``result`` (``point``: cut at its branch point): its tokens; else one token, mask
+        0 (a policy failure's: mask 1, its cost lands on something), its prompt the group's prefix if known."""
+        own = None
+        if k != "excluded" and has_tokens(result):
+            own = sequence(result) if point is None else cut(result, point.turn)
+        if own is not None:
+            if point is not None and point.seq is not None and own.prompt_ids != point.seq.prompt_ids:
+                raise ClientError(f"branch_at: a branch of rollout {point.parent} does not share its prefix")
+            return own
+        seq = masked(point.seq if point is not None else None, row, self.tokenizer)
+        if k == "policy":  # scored with nothing generated: one token carries its cost
+            seq.env_mask = [1]
+        return seq
+
+    async def _branched(
+        self, client: Client, row: dict[str, Any], uid: Any, tally: Tally, watch: StepWait
+    ) -> tuple[dict[str, Any], Kind, TokenSequence, dict[str, Any]]:
+        """``branch_at``: this sample as a member of its uid's group (``verl_branch``): the parent's rollout, or a
+        continuation of it; its sequence cut at the branch point, and the group's fields."""
+        turn = self.branch_at
+        assert turn is not None
+        if uid is None:
+            raise ClientError("branch_at: a gym_runtime agent loop sample needs verl's uid (its prompt's group)")
+        with BRANCH_GROUPS.joined(str(uid)) as (group, parent):
+            if parent:
+                ran: list[str] = []
+                result, k = await self._attempts(
+                    lambda: parent_rollout(client, row, self.agent, ran), client, tally, watch
+                )
+                point = Point(ran[-1], turn, result, cut(result, turn) if has_tokens(result) else None)
+                self._fits(point.seq, uid)  # too long a prefix: its branches fail at once, none is run
+                group.point = point
+                group.ready.set()
+            else:
+                point = await group.wait()
+                result, k = await self._attempts(
+                    lambda: branch(client, row, point.parent, turn, self.agent), client, tally, watch
+                )
+        seq = self._sequence(result, k, row, point)
+        self._fits(seq, uid)
+        return result, k, seq, {"gym_branch_of": None if parent else point.parent}
+
+    def _fits(self, seq: TokenSequence | None, uid: Any) -> None:
+        """A branch group's prefix (its prompt ids) within verl's ``prompt_length``: verl pads prompts to it and
+        cannot stack a longer one; one ``ClientError`` line naming it, rather than cutting the prefix."""
+        limit = self.rollout_config.get("prompt_length") if hasattr(self.rollout_config, "get") else None
+        if seq is not None and isinstance(limit, int) and len(seq.prompt_ids) > limit:
+            raise ClientError(
+                f"branch_at={self.branch_at}: the prefix of uid {uid} is {len(seq.prompt_ids)} tokens, past "
+                f"actor_rollout_ref.rollout.prompt_length={limit} (data.max_prompt_length): raise it to hold the "
+                f"task's prompt and {self.branch_at} turns with their tool outputs"
+            )
 
     def _record(self, row: dict[str, Any], kwargs: dict[str, Any], reward: float | None, task: str) -> None:
         """The row in the training rows file (``rows_path``): its group is verl's ``uid`` (the sample's prompt, shared
@@ -324,6 +389,13 @@ class GymAgentLoopManager(AgentLoopManager):
     returns, ``meta_info["timing"]``) is the one place verl 0.9.1's legacy trainer takes a generation's own figures
     into the step's logged metrics (as ``timing_s/<key>``: ``timing_s/gym_runtime/excluded``...); no agent loop
     field reaches them otherwise. The v1 trainer: ``gym_runtime.trainers.verl_v1``."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        agent = self.rollout_config.agent  # branch_at: each prompt's samples in one worker
+        path = agent.get("agent_loop_config_path")
+        entries = OmegaConf.load(resolve_config_path(path)) if path else []
+        check_workers(entries, config.data.get("gen_batch_size") or config.data.train_batch_size, agent.num_workers)
 
     def _performance_metrics(self, metrics: list[list[dict[str, str]]], output: Any) -> dict[str, float]:
         check_bound(output)  # a systematic failure stops the step in one line (the loops' max_excluded)
