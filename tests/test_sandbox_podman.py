@@ -1,7 +1,7 @@
 """The ``podman`` backend against a real Podman engine (its Docker-compatible API, ``tests/podman.py``): the
 engine backend's core cases (round trips, limits, isolation) as ``tests/test_sandbox_engine.py`` runs them
-on Docker, the forks of ``tests/test_sandbox_fork.py`` (files, isolation, snapshots and images, clean-up), and a
-pool of ``backend: podman`` over the bus (a warm container, a cold one, files, removal)."""
+on Docker, and a pool of ``backend: podman`` over the bus (a warm container, a cold one, files, removal). Forks:
+``tests/test_sandbox_podman_fork.py``."""
 
 from __future__ import annotations
 
@@ -22,18 +22,6 @@ from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this 
     test_limits_memory_pids_wall_clock_output_disk,
     test_no_network_no_engine_socket_no_host_mounts,
     test_the_cgroup_file_system_is_read_only,
-)
-from tests.test_sandbox_fork import (  # noqa: F401  (forks: the same cases, here; ``swept``: their fixture)
-    swept,
-    test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_own_lease,
-    test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing,
-    test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_always_seen,
-    test_a_read_only_pools_copies_copy_one_snapshot_that_goes_with_the_last_of_them_and_their_parent,
-    test_a_stopping_worker_leaves_no_copy_no_image_and_no_snapshot,
-    test_a_sweep_removes_a_snapshot_once_its_parent_is_gone_and_no_container_uses_it,
-    test_a_sweep_removes_fork_images_no_container_uses,
-    test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy,
-    test_copies_whose_holder_falls_silent_are_reaped_with_their_image,
 )
 from tests.test_sandbox_processes import (  # noqa: F401  (background processes and streamed output, here)
     test_a_command_printing_forever_sends_its_capped_output_and_the_worker_serves_others,

@@ -33,6 +33,9 @@ API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
 # A slow call on a live engine (a long exec, an import) is never cut off: the engine answers its pings.
 STALL_S = 10.0
 PING_S = 5.0
+REMOVE_TRIES = 3  # a forced removal Podman failed with one of REMOVE_AGAIN is tried again (``Engine.remove``)
+REMOVE_AGAIN = ("could not be stopped", "device or resource busy")
+REMOVE_PAUSE_S = 1.0
 
 
 class EngineError(RuntimeError):
@@ -409,15 +412,23 @@ class Engine:
         await self._call("POST", f"/containers/{cid}/start")
 
     async def remove(self, cid: str) -> bool:
-        """Kill and remove a container with its anonymous volumes; False: it was not there."""
-        try:
-            await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
-        except EngineError as e:
-            # 409 "removal ... already in progress": it ended by itself and the engine is removing it (AutoRemove)
-            if e.status == 404 or (e.status == 409 and "in progress" in str(e)):
-                return False
-            raise
-        return True
+        """Kill and remove a container with its anonymous volumes; False: it was not there. Podman's (4.3 here)
+        forced removal of a running container fails now and then ("could not be stopped: timed out waiting for file
+        .../exits/ID", or its ``shm`` "device or resource busy") with the container stopped meanwhile: tried again,
+        up to ``REMOVE_TRIES`` times in all."""
+        for tries_left in range(REMOVE_TRIES - 1, -1, -1):
+            try:
+                await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+            except EngineError as e:
+                # 409 "removal ... already in progress": it ended by itself and the engine is removing it (AutoRemove)
+                if e.status == 404 or (e.status == 409 and "in progress" in str(e)):
+                    return False
+                if tries_left and e.status == 500 and any(w in str(e) for w in REMOVE_AGAIN):
+                    await anyio.sleep(REMOVE_PAUSE_S)
+                    continue
+                raise
+            return True
+        return True  # (not reached: the last try returns or raises)
 
     async def signal(self, cid: str, name: str) -> bool:
         """Send signal ``name`` (``WINCH``) to a container's main process; False: it is gone or not running."""
