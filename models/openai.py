@@ -59,6 +59,7 @@ from gym_runtime.models.openai_http import (
     EndpointPool,
     HTTPOptions,
     PlainHTTP,
+    PooledModel,
     base_urls,
     post_object,
 )
@@ -251,7 +252,7 @@ def make_pool(cfg: HTTPOptions, *, concurrency: int) -> EndpointPool:
     return EndpointPool(cfg, endpoints, secret=key)
 
 
-class OpenAIModel:
+class OpenAIModel(PooledModel):
     """Generation through an OpenAI-compatible HTTP endpoint (OpenAI, Azure, vLLM, ...).
 
     ``cfg.model`` names the served model (it overrides ``params.model``);
@@ -294,16 +295,6 @@ class OpenAIModel:
         if self.cfg.api == "chat":
             return chat_completion_to_response(data, params)
         return responses_json_to_response(data, params)
-
-    async def check(self) -> str | None:
-        """Why the endpoint cannot serve this model (the model worker asks once at start), or None."""
-        return await self.pool.probe(self._model)
-
-    def endpoints_out(self) -> dict[str, str]:
-        return self.pool.endpoints_out()
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
 
 
 create = OpenAIModel

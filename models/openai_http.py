@@ -845,3 +845,21 @@ class EndpointPool:
                 await ep.client.close()
             if ep.http is not None:
                 await ep.http.aclose()
+
+
+class PooledModel:
+    """The face an adapter over an ``EndpointPool`` shows the model worker: whether its endpoints serve the model,
+    which are out, closing; the pool's answers."""
+
+    pool: EndpointPool
+    _model: str | None
+
+    async def check(self) -> str | None:
+        """Why the endpoints cannot serve this model (the model worker asks once at start), or None."""
+        return await self.pool.probe(self._model)
+
+    def endpoints_out(self) -> dict[str, str]:
+        return self.pool.endpoints_out()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()

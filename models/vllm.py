@@ -90,6 +90,7 @@ from gym_runtime.models.openai_http import (
     Endpoint,
     HTTPOptions,
     HTTPStatusError,
+    PooledModel,
     base_urls,
     is_context_overflow,
     post_object,
@@ -263,7 +264,7 @@ def _think_to_reasoning_field(messages: list[dict[str, Any]]) -> None:
             m["reasoning"] = m["reasoning_content"] = spans[0]
 
 
-class VLLMModel:
+class VLLMModel(PooledModel):
     """Generation through one or more vLLM OpenAI-compatible servers (see the module doc)."""
 
     def __init__(self, cfg: Any, *, concurrency: int = 64, base_dir: str | None = None) -> None:
@@ -523,16 +524,6 @@ class VLLMModel:
         model = {"model": self._model} if self._model else {}
         data = await self._post(ep, "/detokenize", {**model, "tokens": ids}, root=True)
         return str(data.get("prompt") or "")
-
-    async def check(self) -> str | None:
-        """Why the servers cannot serve this model (the model worker asks once at start), or None."""
-        return await self.pool.probe(self._model)
-
-    def endpoints_out(self) -> dict[str, str]:
-        return self.pool.endpoints_out()
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
 
 
 create = VLLMModel

@@ -195,7 +195,10 @@ class AgentContext:
         A resumed attempt is handed the sandbox its rollout held with the same keywords (reattached: the same
         container, its files intact), where its checkpoint names one."""
         resumed, boxes = self.rollout.resumed, self.rollout.sandboxes
-        if resumed is not None and resumed.sandboxes:
+        if resumed is not None and self.rollout.branching:  # another rollout's: forks of the copies kept at its turn
+            if resumed.kept is not None:
+                boxes.branch_from(resumed.kept)
+        elif resumed is not None and resumed.sandboxes:
             boxes.take_up(resumed.sandboxes, resumed.sandbox_lease)
         return boxes.sandbox(image, **ask)
 

@@ -619,6 +619,9 @@ class ToolCall(_Msg, tag="tool.v1"):
     # Ask for the environment's snapshot after this call (the last of a turn that is checkpointed): an
     # environment with ``Resource.snapshot`` answers it in ``ToolReply.snapshot``; any other ignores it.
     snapshot: bool = False
+    # With ``snapshot``, in a rollout kept for branching (``RolloutTask.keep_checkpoints_s``): keep a copy of the
+    # session's sandboxes as they are now, unused, for this long (``ToolReply.kept``: the turn's branch point)
+    keep_s: float = 0.0
 
 
 class ToolReply(_Msg, tag="tool.reply.v1"):
@@ -628,6 +631,8 @@ class ToolReply(_Msg, tag="tool.reply.v1"):
     snapshot: bytes | None = None  # the session's ``Resource.snapshot()`` when the call asked for it
     # with a snapshot: the session's sandboxes and their lease, for a restored session to reattach to by that lease
     held: HeldSandboxes | None = None
+    # with a snapshot asked ``keep_s``: the copies of the session's sandboxes kept as they were at it (none: no room)
+    kept: HeldSandboxes | None = None
 
 
 class VerifyRequest(_Msg, tag="verify.v1"):
@@ -669,11 +674,15 @@ class ResumeSession(_Msg, tag="resume.v1"):
 
 class RestoreSession(_Msg, tag="restore.v1"):
     """A fresh session (this rides its seed) set back to a checkpoint's ``snapshot`` (``Resource.restore``), taking
-    up the sandboxes ``held`` at it by their lease where that lease is the restored rollout's own."""
+    up the sandboxes ``held`` at it by their lease where that lease is the restored rollout's own. A branch's
+    (``branch_of``: its parent rollout's key) holds forks of the copies ``kept`` at its branch point instead, where
+    they were leased to that rollout of the same caller."""
 
     session: str
     snapshot: bytes
     held: HeldSandboxes | None = None
+    kept: HeldSandboxes | None = None
+    branch_of: str = ""
 
 
 class ResumeReply(_Msg, tag="resume.reply.v1"):
@@ -693,6 +702,7 @@ class SessionHandle(Struct, kw_only=True, omit_defaults=True):
     address: str  # the subject prefix of the worker that holds it
     snapshot: bytes | None = None
     held: HeldSandboxes | None = None  # its sandboxes at that snapshot (a restore reattaches to them)
+    kept: HeldSandboxes | None = None  # copies of them kept at that snapshot for branching (a branch forks them)
 
 
 class SandboxHandle(Struct, kw_only=True, omit_defaults=True):
@@ -734,6 +744,9 @@ class Checkpoint(Struct, kw_only=True, omit_defaults=True):
     # ``response.tools`` were the tools the trajectory offers (its ``params.tools``), left out: a resumed attempt
     # takes them from its own task's (an offered tool list can be most of a checkpoint, written each turn)
     offered_tools: bool = False
+    # kept for branching (``keep_checkpoints_s``), an answered turn's: copies of the agent's own sandboxes as the turn
+    # ended (``sandboxes.kept``), which a branch at the turn forks its own from (never ``sandboxes``, the live ones)
+    kept: HeldSandboxes | None = None
 
 
 class CheckpointPart(Struct, kw_only=True, omit_defaults=True):
@@ -889,6 +902,11 @@ class SandboxCall(_Msg, tag="sbx.call.v1"):
     id: str = ""
     # fork: the leases of the copies to make, one each (random secrets, as a create's ``lease``; never logged)
     leases: list[str] = []
+    # fork: the copies are parked (a rollout's sandboxes at a turn, kept for branching): unused and unrenewed until
+    # ``expires``, never ended as idle or for a silent holder; they count against the pool's quota
+    park: bool = False
+    # fork, parked: the batch of the rollout the copies are kept for (``Subjects.purged``: removed when it is purged)
+    batch: str = ""
 
 
 # An exec's outcome: the fields of an author's ``ExecResult`` (``sandboxes.spec``), which a reply carries as they are
@@ -899,6 +917,7 @@ class SandboxReply(_Msg, tag="sbx.reply.v1"):
     sandbox: str = ""
     process: str = ""  # spawn: the background process's id
     address: str = ""  # create: where this sandbox's operations go
+    by: str = ""  # create, attach, fork: the worker's process (``node/pid``): a call left silent names it
     exit_code: int | None = None
     stdout: bytes = b""
     stderr: bytes = b""

@@ -2,6 +2,8 @@
 
 The hung engine is a real unix socket that accepts connections and never answers (what a SIGSTOPped ``dockerd``
 does: the kernel still accepts on its socket); the live one is the shared test engine (``.ci/docker.sh start``).
+A background process's stream is frozen mid-run through a socket in front of the live engine that stops passing
+bytes (the shared engine itself is never stopped).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import PING_S, STALL_S, Engine
+from tests.docker import docker_socket
 from tests.helpers import eventually
 from tests.test_sandbox_engine import spec
 
@@ -133,3 +136,98 @@ async def test_a_frozen_dockerd_fails_a_create_sandbox_unavailable_within_second
     assert got.value.info.error_class == "sandbox_unavailable", got.value.info
     assert sock in got.value.info.message, got.value.info.message
     assert took < STALL_S + PING_S + 15, took
+    print(f"frozen dockerd: the create failed sandbox_unavailable {took:.1f}s after the freeze")
+
+
+class FreezableEngine:
+    """A unix socket in front of the live engine that passes bytes both ways until ``frozen``; frozen, it accepts
+    connections and reads nothing more on, answers nothing (what a SIGSTOPped ``dockerd``'s socket does)."""
+
+    def __init__(self, target: str, path: str) -> None:
+        self.target, self.path = target, path
+        self.thawed = asyncio.Event()
+        self.thawed.set()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.thawed.wait()
+        up_reader, up_writer = await asyncio.open_unix_connection(self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    await self.thawed.wait()  # frozen: what came is held, nothing is passed on
+                    dst.write(data)
+                    await dst.drain()
+                if dst.can_write_eof():
+                    dst.write_eof()  # half-closed, as the client did (an exec's input ended)
+            except OSError:
+                pass
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+            writer.close()
+
+
+@pytest.fixture
+async def freezable_engine() -> AsyncIterator[FreezableEngine]:
+    target = docker_socket()
+    where = Path(tempfile.mkdtemp(prefix="gym-freeze-", dir="/tmp"))
+    proxy = FreezableEngine(target, str(where / "engine.sock"))
+    server = await asyncio.start_unix_server(proxy.serve, proxy.path)
+    try:
+        yield proxy
+    finally:
+        proxy.thawed.set()
+        server.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def test_a_background_process_whose_engine_freezes_fails_sandbox_unavailable_within_seconds(
+    engine: Engine, base_image: str, freezable_engine: FreezableEngine
+) -> None:
+    """Issue 77: a background process (``box.spawn``) read through an engine that then stops answering ended only
+    when its lease did (its stream silent, unwatched); now its engine's pings bound it, and it ends typed."""
+    pool = f"test{uuid.uuid4().hex[:8]}"
+    live = EngineBackend(engine, name="docker", pool=pool)
+    sid = await live.create(spec(base_image), owner="w1", lease="b:0:0")
+    try:
+        async with Engine(freezable_engine.path) as via:
+            proc = EngineBackend(via, name="docker", pool=pool).spawn(
+                sid, ["sh", "-c", "echo started; exec sleep 300"], timeout_s=600, max_output=1024
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(proc.run)
+                await eventually(lambda: b"started" in proc.result().stdout, within=60)
+                freezable_engine.thawed.clear()
+                started = time.monotonic()
+                with anyio.fail_after(60):  # before: the stream waited, silent, for the command's 300 s
+                    await proc.done.wait()
+                took = time.monotonic() - started
+                freezable_engine.thawed.set()
+        assert proc.failure is not None, proc.result()
+        assert proc.failure.info.error_class == "sandbox_unavailable", proc.failure.info
+        said = proc.failure.info.message
+        assert freezable_engine.path in said and "background process 'sh'" in said and "\n" not in said, said
+        assert took < STALL_S + PING_S + 15, took
+        print(f"frozen engine: a background process's read failed sandbox_unavailable {took:.1f}s after the freeze")
+    finally:
+        await live.close(sid)
+
+
+async def test_a_long_quiet_background_process_on_a_live_engine_is_not_cut_off(engine: Engine, base_image: str) -> None:
+    backend = EngineBackend(engine, name="docker", pool=f"test{uuid.uuid4().hex[:8]}")
+    sid = await backend.create(spec(base_image), owner="w1", lease="b:0:0")
+    try:
+        quiet_s = STALL_S + PING_S + 2  # no output past a ping's whole window: only the pings say it is alive
+        proc = backend.spawn(sid, ["sleep", f"{quiet_s:g}"], timeout_s=quiet_s + 60, max_output=1024)
+        async with anyio.create_task_group() as tg:
+            await tg.start(proc.run)
+            with anyio.fail_after(quiet_s + 60):
+                await proc.done.wait()
+        r = proc.result()
+        assert proc.failure is None and r.exit_code == 0, (proc.failure, r)
+        assert r.duration_s >= quiet_s
+    finally:
+        await backend.close(sid)

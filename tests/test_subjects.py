@@ -244,6 +244,8 @@ USES = [
     Use("policy_version", s.policy_version("*"), set(), AGENTS | MODELS),
     Use("cancel", s.cancel("b1"), {"publisher"}, AGENTS | MODELS),
     Use("cancel", s.cancel("*"), set(), AGENTS | MODELS),
+    # a purge (the admin's) said to every sandbox worker: the copies kept for branching the batch go with it
+    Use("purged", s.purged("b1"), set(), {"sandbox", "sandbox.box", "sandbox.other"}),
     Use("pause", s.pause("m"), {"publisher"}, of("model", "m")),
     Use("resume", s.resume("m"), {"publisher"}, of("model", "m")),
     Use("status", s.status, {"publisher"}, WORKERS),
@@ -318,7 +320,7 @@ NAMES_ONLY = {
     "role_blobs", "blob_probe", "blob_space", "blob_role", "legacy_blob_stream",
     "stream", "stream_subjects", "all_tasks", "all_results", "all_model_queues", "all_blobs", "all_kept",
     "all_attempts",
-    "all_resources", "all_sandboxes", "sandbox_group",
+    "all_resources", "all_sandboxes", "sandbox_group", "purged_batch",
     "batch_tasks",  # a filter of stream info (how many of a batch's tasks are queued)
     "agent_results",  # a pattern of the permissions: the result rows check it
     "durable", "queue_filter", "model_group", "resource_group", "failed_keys", "lane",

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gym_runtime.config import Config
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.ops.credentials import ClientAuth
+    from gym_runtime.transport.bus import Bus
 
 EXIT_FAILURES = 1
 EXIT_USAGE = 2
@@ -290,6 +291,35 @@ def reach(url: str | list[str], *, query: bool = False) -> str | list[str]:
     return url
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    args: argparse.Namespace,
+    url: str | list[str],
+    service: str,
+    *,
+    auth: ClientAuth | None,
+    role: str = "publisher",
+    telemetry: Telemetry | None = None,
+    **options: Any,
+) -> AsyncIterator[Bus]:
+    """A command's connection to the bus, closed after it: ``gym-{service}`` in ``--namespace``, as ``role`` with
+    ``auth`` (``client_auth``, read before the event loop starts, so a missing credentials file is one line)."""
+    from gym_runtime.observability.tracing import Telemetry
+    from gym_runtime.transport.bus import Bus
+
+    bus = await Bus.connect(
+        url,
+        namespace=args.namespace,
+        telemetry=Telemetry() if telemetry is None else telemetry,
+        name=f"gym-{service}",
+        auth=auth,
+        role=role,
+        **options,
+    )
+    async with bus:
+        yield bus
+
+
 def watched_query(args: argparse.Namespace, service: str, body: Callable[[Any], Any]) -> int:
     """A query command on a live bus (``status``, ``why``): ``--interval`` checked, the server reached, a
     publisher's connection for ``body(bus)``, closed after it; Ctrl-C ends a ``--watch`` with exit 0."""
@@ -299,21 +329,8 @@ def watched_query(args: argparse.Namespace, service: str, body: Callable[[Any], 
     auth = client_auth(args)
 
     async def go() -> None:
-        from gym_runtime.observability.tracing import Telemetry
-        from gym_runtime.transport.bus import Bus
-
-        bus = await Bus.connect(
-            url,
-            namespace=args.namespace,
-            telemetry=Telemetry(),
-            name=f"gym-{service}",
-            auth=auth,
-            role="publisher",
-        )
-        try:
+        async with connected(args, url, service, auth=auth) as bus:
             await body(bus)
-        finally:
-            await bus.close()
 
     from gym_runtime.service.loop import run_async
 

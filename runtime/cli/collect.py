@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
+    from gym_runtime.service.outage import Out, stop_when_out
 
     url = cli.need_url(args, None)
     auth = cli.client_auth(args)
@@ -80,6 +80,7 @@ def main(args: argparse.Namespace) -> int:
     cli.check_output(args.output)
     cli.reach(url)
     telemetry = Telemetry()
+    stopped: list[Out] = []
     with progress.Tracker(f"collect {args.batch}", progress.options_from(args)) as tracker:
         cli.when_interrupted(
             lambda: (
@@ -90,16 +91,15 @@ def main(args: argparse.Namespace) -> int:
         )
 
         async def go() -> Any:
-            bus = await Bus.connect(
-                url, namespace=args.namespace, telemetry=telemetry, name="gym-collect", auth=auth, role="publisher"
-            )
-            try:
+            async with cli.connected(args, url, "collect", auth=auth, telemetry=telemetry) as bus:
                 import asyncio
 
                 watcher = asyncio.ensure_future(watch_agents(bus, args.batch))  # errors here stay plain
                 # a notice, not the collect: its own error is dropped whenever it ends (a cancel can be lost to
                 # an answer in the same step), and the collect's outcome says what went wrong
                 watcher.add_done_callback(lambda t: t.cancelled() or t.exception())
+                stopper = asyncio.ensure_future(stop_when_out(bus, args.batch))  # a model with no endpoint in service
+                stopper.add_done_callback(lambda t: t.cancelled() or t.exception())
                 try:
                     stats = await collect_batch(
                         bus,
@@ -113,28 +113,30 @@ def main(args: argparse.Namespace) -> int:
                     )
                 finally:
                     watcher.cancel()
+                    stopper.cancel()
+                if stopper.done() and not stopper.cancelled() and stopper.exception() is None:
+                    stopped.append(stopper.result())
                 if args.purge:  # only now: the file and sidecars are on disk
                     from gym_runtime.data.batches import purge_batch
 
                     if auth is None:
                         await purge_batch(bus, args.batch)
                     else:  # the publisher role may not purge a stream: the admin's credentials do
-                        admin = await Bus.connect(
-                            url,
-                            namespace=args.namespace,
-                            telemetry=telemetry,
-                            name="gym-purge",
-                            auth=auth,
-                            role="admin",
-                        )
-                        try:
+                        async with cli.connected(
+                            args, url, "purge", auth=auth, role="admin", telemetry=telemetry
+                        ) as admin:
                             await purge_batch(admin, args.batch)
-                        finally:
-                            await admin.close()
                 return stats
-            finally:
-                await bus.close()
 
         stats = run_async(go)
     cli.print_stats(args.batch, stats, args.output)
+    if stopped:  # one line, not a failure row each; the workers are `start`'s, not this command's to stop
+        o = stopped[0]
+        cli.err(
+            f"model {o.model!r}: {o.cause}; the batch was stopped, its rollouts not run are cancelled rows "
+            f"({args.output}). Its model workers keep running (process {', '.join(o.processes)}), taking each "
+            "endpoint back in once it answers: stop them with Ctrl-C (or SIGTERM) to the `gym-runtime start` that "
+            "runs them"
+        )
+        return cli.EXIT_FAILURES
     return cli.failures_exit(stats, args.output)

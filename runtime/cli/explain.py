@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from gym_runtime.cli import _common as cli
-from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,19 +33,13 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.cli._common import reach
     from gym_runtime.data.history import histories
     from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
 
     url = reach(cli.need_url(args, None), query=True)
     auth = cli.client_auth(args)
 
     async def go() -> Any:
-        bus = await Bus.connect(
-            url, namespace=args.namespace, telemetry=Telemetry(), name="gym-explain", auth=auth, role="publisher"
-        )
-        try:
+        async with cli.connected(args, url, "explain", auth=auth) as bus:
             return await histories(bus, args.batch, args.task, args.rollout)
-        finally:
-            await bus.close()
 
     manifest, found = run_async(go)
     if args.json:

@@ -16,7 +16,6 @@ from typing import Any
 
 from gym_runtime.cli import _common as cli
 from gym_runtime.errors import UserError
-from gym_runtime.observability.tracing import Telemetry
 
 EXIT_UNHEALTHY = 1
 ROLE_NAMES = {"agents": "agent", "models": "model", "resources": "resource"}
@@ -54,7 +53,6 @@ def _role(spec: str | None) -> tuple[str, str | None] | None:
 
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
     from gym_runtime.transport.connect import JetStreamNotReady, NotProvisioned, ServerUnreachable
     from gym_runtime.transport.discovery import discover
     from gym_runtime.transport.subjects import js_info
@@ -72,16 +70,7 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_UNHEALTHY
 
     async def go() -> str | None:
-        bus = await Bus.connect(
-            url,
-            namespace=args.namespace,
-            telemetry=Telemetry(),
-            name="gym-health",
-            initial_timeout=args.timeout,
-            auth=cli.client_auth(args),
-            role="publisher",
-        )
-        try:
+        async with cli.connected(args, url, "health", auth=cli.client_auth(args), initial_timeout=args.timeout) as bus:
             try:
                 await bus.raw_request(js_info(), b"", timeout=args.timeout)
             except Exception as e:
@@ -92,8 +81,6 @@ def main(args: argparse.Namespace) -> int:
                 if n < args.min_workers:
                     return f"{args.role}: {n} worker(s) registered, need {args.min_workers}"
             return None
-        finally:
-            await bus.close()
 
     try:
         problem = run_async(go)

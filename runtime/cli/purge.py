@@ -13,7 +13,6 @@ from typing import Any
 
 from gym_runtime.cli import _common as cli
 from gym_runtime.data.batches import get_manifest, other_namespaces
-from gym_runtime.observability.tracing import Telemetry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,26 +25,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from gym_runtime.data.batches import purge_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.transport.bus import Bus
 
     url = cli.reach(cli.need_url(args, None), query=True)
     auth = cli.client_auth(args)  # on a `server --secure` bus purging is the admin's (admin.creds)
 
     async def go() -> Any:
-        bus = await Bus.connect(
-            url, namespace=args.namespace, telemetry=Telemetry(), name="gym-purge", auth=auth, role="admin"
-        )
-        try:
-            done = []
+        done = []
+        async with cli.connected(args, url, "purge", auth=auth, role="admin") as bus:
             for b in args.batch:
                 known = await get_manifest(bus, b) is not None
                 removed = await purge_batch(bus, b)
                 # nothing here: where else it is, as `collect` and `explain` say it
                 elsewhere = "" if known or removed else await other_namespaces(bus, b)
                 done.append((b, known, removed, elsewhere))
-            return done
-        finally:
-            await bus.close()
+        return done
 
     unknown = []
     for batch, known, removed, elsewhere in run_async(go):

@@ -38,6 +38,8 @@ from gym_runtime.observability import progress
 from gym_runtime.plugins import example_input
 
 if TYPE_CHECKING:
+    from gym_runtime.config import Config, ResolvedConfig
+    from gym_runtime.data.inputs import Plan
     from gym_runtime.nemo_gym.hosting.env import HostedEnv
 
 
@@ -206,42 +208,27 @@ def hosted_processes(
         yield
 
 
-def main(args: argparse.Namespace) -> int:
-    from gym_runtime.config import resolve_config
-    from gym_runtime.data.validation import plan_publish
-    from gym_runtime.harbor.hosting import ensure_config_images
-    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
-    from gym_runtime.ops.nats_server import free_port
-    from gym_runtime.service.loop import run_async
-    from gym_runtime.service.runner import RunHooks, batch_pairs, run_batch
+def input_or_example(args: argparse.Namespace, cfg: Config) -> str:
+    """``--input``, or the example input of a bundled environment the config names (``run weather``)."""
+    if args.input is not None:
+        return str(args.input)
+    bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
+    example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
+    if example is None:
+        raise UserError("run: --input is required (only a bundled environment's name has a default input)")
+    return str(example)
 
-    cfg = cli.load(args)
-    args.batch = args.batch or uuid.uuid4().hex[:12]  # named now: an interrupted run says which batch to resume
-    note = None if progress.options_from(args).quiet else cli.say  # what a slow step waits for (not with --quiet)
-    with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
-        resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
-    embedded = (args.nats or cfg.nats) == "embedded"
-    if args.store_dir and not embedded:
-        raise UserError("--store-dir is the embedded server's store: with --nats (or the config's `nats` URL) that "
-                        "server keeps its own; drop --store-dir")  # fmt: skip
-    if args.input is None:
-        bundled = len(args.config) == 1 and not Path(args.config[0]).exists()  # a bundled environment's name
-        example = example_input(Path(cfg.base_dir) / "config.yaml") if bundled else None
-        if example is None:
-            raise UserError("run: --input is required (only a bundled environment's name has a default input)")
-        args.input = str(example)
-    cli.check_output(args.output, source=args.input)
-    if not cfg.agents:
-        raise UserError("the config names no agents")
-    # the rows routed and checked against their environments (what `validate` checks), before anything starts
-    with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
-        plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
-    budget = cli.budgeted(args.budget, cfg, repeats=args.repeats)
-    # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
-    run_async(lambda: ensure_config_images(cfg, note=cli.say))
-    # hosted NeMo Gym servers: their environments built (or found) now. A server in a guest (isolation: process,
-    # the default) has its worker here like any other, its guest on the environment's interpreter; one with
-    # isolation: none, and a hosted agent, have their worker in a child process on that interpreter
+
+def hosted_environments(
+    cfg: Config, resolved: ResolvedConfig, plan: Plan
+) -> tuple[dict[str, HostedEnv], dict[str, HostedEnv]]:
+    """Hosted NeMo Gym servers' environments, built (or found) now: ``guests``, the servers in a guest
+    (``isolation: process``, the default), whose worker runs here like any other, its guest on the environment's
+    interpreter; and, by role spec, those whose worker runs in a child process on that interpreter (a server with
+    ``isolation: none``, a hosted agent the rows go to)."""
+    from gym_runtime.nemo_gym.hosting.env import ensure as hosted_env
+    from gym_runtime.service.runner import batch_pairs
+
     guests = {n: hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted and r.isolation != "none"}
     hosted = {
         f"resources.{n}": hosted_env(r.nemo_gym) for n, r in cfg.resources.items() if r.hosted and n not in guests
@@ -253,6 +240,37 @@ def main(args: argparse.Namespace) -> int:
             if role == "agents" and cfg.agents[n].hosted
         }
     )
+    return guests, hosted
+
+
+def main(args: argparse.Namespace) -> int:
+    from gym_runtime.config import resolve_config
+    from gym_runtime.data.validation import plan_publish
+    from gym_runtime.harbor.hosting import ensure_config_images
+    from gym_runtime.ops.nats_server import free_port
+    from gym_runtime.service.loop import run_async
+    from gym_runtime.service.runner import RunHooks, run_batch
+
+    cfg = cli.load(args)
+    args.batch = args.batch or uuid.uuid4().hex[:12]  # named now: an interrupted run says which batch to resume
+    note = None if progress.options_from(args).quiet else cli.say  # what a slow step waits for (not with --quiet)
+    with progress.Heartbeat(note, "loading the config's agents, environments and model adapters"):
+        resolved = resolve_config(cfg)  # the plugins' option checks, before anything starts
+    embedded = (args.nats or cfg.nats) == "embedded"
+    if args.store_dir and not embedded:
+        raise UserError("--store-dir is the embedded server's store: with --nats (or the config's `nats` URL) that "
+                        "server keeps its own; drop --store-dir")  # fmt: skip
+    args.input = input_or_example(args, cfg)
+    cli.check_output(args.output, source=args.input)
+    if not cfg.agents:
+        raise UserError("the config names no agents")
+    # the rows routed and checked against their environments (what `validate` checks), before anything starts
+    with progress.Heartbeat(note, f"checking {args.input}'s rows against their environments"):
+        plan = plan_publish(cfg, args.input, agent=args.agent, limit=args.limit, any_tools=args.any_tools)
+    budget = cli.budgeted(args.budget, cfg, repeats=args.repeats)
+    # Harbor tasks' images: built now where the pools' engines lack them (progress on stderr), before anything starts
+    run_async(lambda: ensure_config_images(cfg, note=cli.say))
+    guests, hosted = hosted_environments(cfg, resolved, plan)
     # with a hosted server the other workers run in this process, as before: a hosted server's start (its guest's)
     # may take minutes under load, past a worker child's ready timeout
     groups = None if hosted or guests else worker_groups(args, cfg, plan.count * args.repeats)

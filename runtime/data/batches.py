@@ -18,6 +18,7 @@ import msgspec
 
 from gym_runtime.transport import jetstream
 from gym_runtime.transport.bus import Bus
+from gym_runtime.transport.headers import CONTROL
 from gym_runtime.transport.interface import Connection, KeyValue
 from gym_runtime.transport.subjects import kv_key, kv_stream
 
@@ -205,8 +206,8 @@ async def no_such_batch(bus: Connection, batch: str, *, shown: int = 10) -> str:
 
 
 async def purge_batch(bus: Connection, batch: str) -> int:
-    """Remove a batch's results, kept tasks, attempt records, rollouts' checkpoints and manifest; returns how many
-    results were removed.
+    """Remove a batch's results, kept tasks, attempt records, rollouts' checkpoints (and the sandboxes kept with them)
+    and manifest; returns how many results were removed.
 
     Never automatic: only ``gym-runtime purge`` or ``collect --purge`` (after the
     file is written) call it, so a rerun ``collect`` of a kept batch always works.
@@ -221,4 +222,7 @@ async def purge_batch(bus: Connection, batch: str) -> int:
     every = kv_key(checkpoints, names.batch_checkpoints(batch))
     await jetstream.purge_subject(bus, kv_stream(checkpoints), every, count=False)
     await jetstream.delete_key(bus, names.batches_bucket, names.manifest_key(batch))
+    # the sandboxes kept for branching its rollouts (parked copies, ``sandboxes.kept``) go too
+    await bus.nc.publish(names.purged(batch), b"", headers=CONTROL)
+    await bus.nc.flush()
     return removed

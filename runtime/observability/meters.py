@@ -128,9 +128,9 @@ class Meters:
              "rollouts that ended as a failure row, by error class"),
             ("counter", "gym.model.tokens", self._observe_tokens, "{token}",
              "model tokens in (prompt) and out (completion)"),
-            ("counter", "gym.model.routed", self._observe_routed, "{call}",
+            ("counter", "gym.model.routed", self._observe_per_model("routed", "gym.route"), "{call}",
              "model calls served per model by how they were routed (affine, load, moved: docs/models.md)"),
-            ("counter", "gym.model.prefix_cache", self._observe_prefix_cache, "{token}",
+            ("counter", "gym.model.prefix_cache", self._observe_per_model("prefix_cache", "gym.kind"), "{token}",
              "prompt tokens the engine looked up in its prefix cache (queries) and found there (hits), per model"),
             ("gauge", "gym.inflight", self._observe_inflight, "{item}",
              "rollouts / model calls in progress per worker kind"),
@@ -242,21 +242,19 @@ class Meters:
     def _observe_inflight(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("in_flight")
 
-    def _observe_routed(self, _: CallbackOptions) -> list[Observation]:
-        totals: dict[tuple[str, str], int] = {}
-        for role, name, worker in self._workers:
-            routed = worker.stats().get("routed") if role == "model" else None
-            for route, n in (routed or {}).items():
-                totals[(name, route)] = totals.get((name, route), 0) + n
-        return [Observation(v, {"gym.model": m, "gym.route": r}) for (m, r), v in totals.items()]
+    def _observe_per_model(self, key: str, label: str) -> Any:
+        """A model worker's ``stats()[key]`` (a count per ``label`` value: a route, a prefix-cache kind) summed
+        per model."""
 
-    def _observe_prefix_cache(self, _: CallbackOptions) -> list[Observation]:
-        totals: dict[tuple[str, str], int] = {}
-        for role, name, worker in self._workers:
-            cache = worker.stats().get("prefix_cache") if role == "model" else None
-            for kind, n in (cache or {}).items():
-                totals[(name, kind)] = totals.get((name, kind), 0) + n
-        return [Observation(v, {"gym.model": m, "gym.kind": k}) for (m, k), v in totals.items()]
+        def observe(_: CallbackOptions) -> list[Observation]:
+            totals: dict[tuple[str, str], int] = {}
+            for role, name, worker in self._workers:
+                counts = worker.stats().get(key) if role == "model" else None
+                for value, n in (counts or {}).items():
+                    totals[(name, value)] = totals.get((name, value), 0) + n
+            return [Observation(n, {"gym.model": m, label: v}) for (m, v), n in totals.items()]
+
+        return observe
 
     def _observe_slots(self, _: CallbackOptions) -> list[Observation]:
         return self._sum("slots")

@@ -205,7 +205,8 @@ def _sandbox(s: Subjects, reach: Reach, pool: str | None) -> _Grant:
     # into its own lane; its pool's liveness beacons (peers reap a dead worker's containers)
     mine = pool or "*"
     pub = [sj.lane_replies(sj.lane("sandbox", mine)), s.live("sandbox", mine)]
-    return pub, [s.status, s.sandboxes(mine), s.live("sandbox", mine)], []
+    # and purges: the copies it keeps for branching a purged batch's rollouts go with it
+    return pub, [s.status, s.sandboxes(mine), s.live("sandbox", mine), s.purged("*")], []
 
 
 def _resource(s: Subjects, reach: Reach, pool: str | None) -> _Grant:

@@ -8,6 +8,11 @@ capped by ``jetstream.checkpoint_ttl_s``), and not deleted with its row. The bra
 branch's own agent pool's keys (``Subjects.checkpoint_key``), the one prefix its credential may read: a rollout is
 branched by its own pool only, and an id naming another pool's rollout finds nothing (issue 73's rule: an id is a
 name, never a key). A branch point that cannot be taken up is one ``invalid_task`` failure naming why.
+
+A session's sandboxes are kept per turn too: a copy of each, made as the turn's snapshot is taken
+(``sandboxes.kept``); a branch forks its own from that copy, so it sees the files as they were at its turn, not
+the parent's later writes, and never a sibling's; the agent's own (``ctx.sandbox`` in the agent) likewise, kept with
+the turn's checkpoint (``Checkpoint.kept``).
 """
 
 from __future__ import annotations
@@ -58,11 +63,17 @@ async def branch_point(bus: Bus, task: RolloutTask) -> Checkpoint:
             "keep_checkpoints_s (its parts live that long from each write), branch a turn that made tool calls, "
             "and branch it from its own agent pool",
         )
-    if cp.sandboxes or any(h.held is not None for h in cp.sessions):
+    if cp.sandboxes and cp.kept is None:
         raise Failure(
             "invalid_task",
-            f"branch: {where} held sandboxes (the agent's own, or its session's): branching their state at a "
-            "turn is not supported yet; branch rollouts whose state is the environment's snapshot",
+            f"branch: {where}: no copy of the agent's own sandboxes (ctx.sandbox) was kept at that turn (its pool had "
+            "no room for one: the copies kept count against its max_live and capacity)",
+        )
+    if unkept := [h.resource for h in cp.sessions if h.held is not None and h.kept is None]:
+        raise Failure(
+            "invalid_task",
+            f"branch: {where}: no copy of the sandboxes of the session of {', '.join(unkept)} was kept at that turn "
+            "(its pool had no room for one: the copies kept count against its max_live and capacity)",
         )
     if bare := [h.resource for h in cp.sessions if h.snapshot is None]:
         raise Failure(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+from collections.abc import Awaitable
 from typing import Any, Literal
 
 import msgspec
@@ -43,6 +44,7 @@ from gym_runtime.messages import (
     Checkpoint,
     CheckpointPart,
     GenerationProgress,
+    HeldSandboxes,
     Item,
     Response,
     SandboxHandle,
@@ -197,18 +199,27 @@ class Checkpointer:
             return True
         return self.mode == "auto" and (turn >= AUTO_TURNS or elapsed_s >= AUTO_S)
 
-    def write(self, cp: Checkpoint, items: list[Item], turns: list[str], last: Response | None = None) -> None:
+    def write(
+        self,
+        cp: Checkpoint,
+        items: list[Item],
+        turns: list[str],
+        last: Response | None = None,
+        kept: Awaitable[HeldSandboxes | None] | None = None,
+    ) -> None:
         """Put ``cp`` with the trajectory's ``items`` and the ledger's ``turns`` so far, in the background, after
         the write before it (so the last one asked is the one kept): only what was added since the last write
         stored is sent (``cp``'s own items and turns are left empty: ``holding``). ``last``: the generation
-        ``cp.response`` was made of (the same as the last write's, with the same usage: not encoded again)."""
+        ``cp.response`` was made of (the same as the last write's, with the same usage: not encoded again).
+        ``kept``: the copies of the agent's own sandboxes being made for branching (``sandboxes.kept``), put in
+        ``cp.kept`` once made: this write (and those after it) waits for them."""
         response = self._encoded(cp.response, last)
         head = _encoder.encode(msgspec.structs.replace(cp, response=_APART))  # now: its cost and handles change
         n, t = len(items), len(turns)
         asked, self._asked = self._asked, (items, n, items[n - 1] if n else None, turns, t)
         whole = asked is None or not _appended(asked, items, n, turns, t)  # else written whole again: part 1
         self.written = True
-        put = self._put(self._pending, cp.turn, (head, response), items, n, turns, t, whole)
+        put = self._put(self._pending, cp.turn, (head, response), items, n, turns, t, whole, kept)
         self._pending = asyncio.ensure_future(put)
 
     def _encoded(self, response: Response, last: Response | None) -> bytes:
@@ -231,9 +242,16 @@ class Checkpointer:
         turns: list[str],
         t: int,
         whole: bool,
+        kept: Awaitable[HeldSandboxes | None] | None = None,
     ) -> None:
         if before is not None:
             await before  # never raises (below)
+        if kept is not None:  # the head as encoded when asked (its cost then), with the copies made since
+            try:
+                copies = await kept
+            except Exception:  # noqa: BLE001 - no copies: the turn is kept without them (a branch there is refused)
+                copies = None
+            head = (_encoder.encode(msgspec.structs.replace(_checkpoint.decode(head[0]), kept=copies)), head[1])
         chain = self._chain
         if chain is None or whole:  # the first write, or the parts before it are not all stored: part 1
             chain, part, start, turns_start = _Chain(), 1, 0, 0

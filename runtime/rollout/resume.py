@@ -62,7 +62,8 @@ async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) ->
     if cp is None:
         return None
     if rollout.branching:
-        await _branch(link, cp)
+        assert rollout.task.branch is not None
+        await _branch(link, cp, rollout.task.branch.parent())
         how = "branched"
     else:
         took = await _resume(rollout, link, cp)
@@ -82,13 +83,14 @@ async def take_up(rollout: Rollout, traj: TrajectoryState, link: SessionLink) ->
     return msgspec.structs.replace(traj.last, output=traj.outputs[cp.last_from :])
 
 
-async def _branch(link: SessionLink, cp: Checkpoint) -> None:
+async def _branch(link: SessionLink, cp: Checkpoint, parent: str) -> None:
     """A branch's session: a fresh one of its own, restored from the snapshot at its branch point
-    (``branch.branch_point`` made sure there is one); one that cannot be restored fails the branch."""
+    (``branch.branch_point`` made sure there is one), holding forks of the sandboxes kept there; one that cannot be
+    restored fails the branch."""
     handle = next((h for h in cp.sessions if h.resource == link.resource), None)
     if handle is None:
         return
-    reply = await link.restore(handle)
+    reply = await link.restore(handle, branch_of=parent)
     if not reply.ok:
         raise Failure("invalid_task", f"branch: {link.resource} could not restore its snapshot: {reply.reason}")
 

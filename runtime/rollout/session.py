@@ -57,6 +57,8 @@ class SessionLink:
         "seed",
         "snapshot",
         "held",
+        "kept",
+        "keep_s",
         "closed",
         "_lock",
     )
@@ -73,6 +75,7 @@ class SessionLink:
         indices: dict[str, int] | None = None,
         ledger: Ledger | None = None,
         also: Cost | None = None,
+        keep_s: float = 0.0,
     ) -> None:
         self.port = port
         self.resource = resource  # the environment's name (a checkpoint's handle of it)
@@ -89,6 +92,10 @@ class SessionLink:
         self.seed: SeedReply | None = None
         self.snapshot: bytes | None = None  # the environment's last snapshot (``Resource.snapshot``), if asked
         self.held: HeldSandboxes | None = None  # the session's sandboxes at that snapshot, and their lease
+        # a rollout kept for branching (``keep_checkpoints_s``): its snapshots ask for copies of its sandboxes, kept
+        # that long (``sandboxes.kept``), and the last ones made
+        self.keep_s = keep_s
+        self.kept: HeldSandboxes | None = None
         self.closed = False
         self._lock = asyncio.Lock()
 
@@ -124,6 +131,8 @@ class SessionLink:
     async def tool(self, call: ToolCall, timeout: float, op: str) -> ToolReply:
         """A tool call or operation, its round trip booked (less its waits for a sandbox lease: the row's
         ``sandbox_wait_s``; waiting is not tool time)."""
+        if call.snapshot and self.keep_s:
+            call.keep_s = self.keep_s
         started = time.perf_counter()
         with pauses_counted() as paused:
             try:
@@ -133,7 +142,7 @@ class SessionLink:
                     ms = round(1000 * (time.perf_counter() - started))
                     self.ledger.tool_call(started, max(0, ms - round(1000 * paused.total())), self.also)
         if call.snapshot and reply.snapshot is not None:
-            self.snapshot, self.held = reply.snapshot, reply.held
+            self.snapshot, self.held, self.kept = reply.snapshot, reply.held, reply.kept
         return reply
 
     async def close(self) -> None:
@@ -149,7 +158,12 @@ class SessionLink:
         if seed is None or self.closed:
             return None
         return SessionHandle(
-            resource=self.resource, session=seed.session, address=seed.address, snapshot=self.snapshot, held=self.held
+            resource=self.resource,
+            session=seed.session,
+            address=seed.address,
+            snapshot=self.snapshot,
+            held=self.held,
+            kept=self.kept,
         )
 
     async def resume(self, handle: SessionHandle) -> str:
@@ -169,23 +183,30 @@ class SessionLink:
             return "restored"
         return "restarted"
 
-    async def restore(self, handle: SessionHandle) -> ResumeReply:
+    async def restore(self, handle: SessionHandle, branch_of: str = "") -> ResumeReply:
         """A fresh session of this rollout's (seeded with its row, bound to its key) set back to the snapshot
-        ``handle`` names (a resume whose worker lost the session; a branch: ``rollout.branch``). Not ok: the
-        session it opened is closed, and the next operation seeds a fresh one."""
-        ask = RestoreSession(session="", snapshot=handle.snapshot or b"", held=handle.held)
+        ``handle`` names (a resume whose worker lost the session; a branch of the rollout ``branch_of``:
+        ``rollout.branch``, holding forks of the sandboxes kept there, never the parent's own). Not ok: the session it
+        opened is closed, and the next operation seeds a fresh one. A branch whose forks find no room in their pool
+        raises ``sandbox_unavailable``."""
+        if branch_of:
+            ask = RestoreSession(session="", snapshot=handle.snapshot or b"", kept=handle.kept, branch_of=branch_of)
+        else:
+            ask = RestoreSession(session="", snapshot=handle.snapshot or b"", held=handle.held)
         for tries in range(1, RESTORE_TRIES + 1):
             try:
                 restored: ResumeReply = await self.op(ask, "resume", timeout=RESTORE_S, op="restore")
                 break
             except Failure as e:  # e.g. a worker of an older version, which knows no such message
+                if branch_of and e.info.error_class in ("sandbox_unavailable", "invalid_task"):
+                    raise  # a branch's forks found no room, or no copy: said as they are
                 restored = ResumeReply(ok=False, reason=e.info.message)
                 # a seed taken by a frozen worker (the one that held the session, until the server drops it) is
                 # lost, not refused: the snapshot is still good, so ask again (another worker takes it)
                 if e.info.error_class != "worker_lost" or tries == RESTORE_TRIES:
                     break
         if restored.ok:
-            self.snapshot, self.held = handle.snapshot, handle.held
+            self.snapshot, self.held = handle.snapshot, None if branch_of else handle.held
             return restored
         await self.close()  # it could not be set back
         self.closed, self.seed = False, None

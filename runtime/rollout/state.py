@@ -5,6 +5,7 @@ face to the agent's author; the agent worker reads its books from here.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -16,6 +17,7 @@ from gym_runtime.messages import (
     Checkpoint,
     CreateParams,
     GenerationProgress,
+    HeldSandboxes,
     ModelRequest,
     ModelResponse,
     Response,
@@ -26,6 +28,7 @@ from gym_runtime.rollout.ledger import Ledger, TrajectoryState
 from gym_runtime.rollout.port import Port
 from gym_runtime.rollout.session import SessionLink
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.kept import keep
 from gym_runtime.transport.affinity import Affinity
 from gym_runtime.transport.model_calls import PROGRESS_STREAM, cut_at
 
@@ -83,6 +86,7 @@ class Rollout(Generic[C]):
         # clock; a resumed attempt's: the rest of it)
         self.deadline = time.monotonic() + config.timeout_s
         self.sandboxes = sandboxes  # one lease (this rollout), ended by the worker when the rollout ends
+        sandboxes.rollout = self.rollout_key  # the batch the copies kept for branching go with (``sandboxes.kept``)
         self.sessions: list[SessionLink] = []  # the sessions it opened (a checkpoint's handles)
         self.generating_since: float | None = None  # the policy's model call in flight: its start
         self.continuing: GenerationProgress | None = None  # a checkpoint's generation: the next policy call goes on
@@ -96,6 +100,8 @@ class Rollout(Generic[C]):
         # ``resumed`` is another rollout's checkpoint (``rollout.branch``): its sessions are restored, never reattached
         self.branching = False
         self.on_restart: Callable[[], None] | None = None  # the worker's: a restarted attempt gets a fresh clock
+        # kept for branching: the copies of its own sandboxes made at a turn (``_kept_at``), by turn
+        self._kept: tuple[int, asyncio.Future[HeldSandboxes | None]] | None = None
         self.attempt = 1  # the delivery this attempt is (set by the worker)
 
     def remaining(self) -> float:
@@ -172,8 +178,26 @@ class Rollout(Generic[C]):
         cp = holding(traj, self.ledger, turn, phase, elapsed, sessions, self.sandboxes.handles(), generating)
         cp.attempt = self.attempt
         cp.sandbox_lease = self.sandboxes.lease if cp.sandboxes else ""  # the secret a resumed attempt proves
-        box.write(cp, traj.outputs, self.ledger.turns, traj.last)  # a part: what was added since the last write
+        kept = self._kept_at(turn, cp) if self.task.keep_checkpoints_s and cp.phase == "answered" else None
+        box.write(cp, traj.outputs, self.ledger.turns, traj.last, kept)  # a part: what was added since the last write
         return True
+
+    async def copied(self) -> None:
+        """Wait for the copies of its own sandboxes still being made (``_kept_at``): its sandboxes are not closed
+        under them."""
+        if self._kept is not None and not self._kept[1].done():
+            await asyncio.wait([self._kept[1]])
+
+    def _kept_at(self, turn: int, cp: Checkpoint) -> asyncio.Future[HeldSandboxes | None] | None:
+        """Copies of the agent's own sandboxes as turn ``turn`` ended, for branching (``sandboxes.kept``): made once a
+        turn, in the background (the turn's checkpoint waits for them; the next turn's calls wait for that), the
+        same for the turn's later writes (its next generation's tokens so far). None: it holds none."""
+        if not cp.sandboxes:
+            return None
+        if self._kept is None or self._kept[0] != turn:
+            self._kept = (turn, asyncio.ensure_future(keep(self.sandboxes, self.task.keep_checkpoints_s)))
+            self.sandboxes.copying = self._kept[1]  # a sandbox closed meanwhile waits for it
+        return self._kept[1]
 
     def resume_from(self, cp: Checkpoint, how: str) -> None:
         """Take up a checkpoint's ledger (``Ledger.resume_from``) and the generation it was making (continued by
@@ -207,6 +231,7 @@ class Rollout(Generic[C]):
             else {"_ng_task_index": task.task_index, "_ng_rollout_index": task.rollout_index},
             ledger=self.ledger,
             also=repeat.cost if repeat is not None else None,
+            keep_s=task.keep_checkpoints_s,
         )
         self.sessions.append(link)
         return link

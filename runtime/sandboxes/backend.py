@@ -43,6 +43,7 @@ class Background(Protocol):
     as long as it runs; its output capped as an exec's is. It dies with its sandbox."""
 
     done: anyio.Event
+    failure: Failure | None  # set when it ended because its backend stopped answering (its caller is told this)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Start the command, report it started, then read its output until it ends (never raises after)."""

@@ -44,6 +44,7 @@ import msgspec
 from gym_runtime.errors import Failure, observed
 from gym_runtime.messages import (
     COMMAND_HEAD,
+    HeldSandboxes,
     SandboxCall,
     SandboxCommand,
     SandboxHandle,
@@ -74,8 +75,9 @@ ATTACH_TIMEOUT_S = 30.0  # a resumed attempt's ask to take up a sandbox its roll
 class Sandbox:
     """One sandbox (a container on one sandbox worker). Close it, or let its rollout's end do so."""
 
-    def __init__(self, owner: Sandboxes, sid: str, address: str, spec: SandboxSpec) -> None:
+    def __init__(self, owner: Sandboxes, sid: str, address: str, spec: SandboxSpec, by: str = "") -> None:
         self._owner, self.id, self._address, self.spec = owner, sid, address, spec
+        self._by = by  # its worker's process, as it said (a call it leaves silent names it before any keepalive)
         self.closed = False
 
     def handle(self) -> SandboxHandle:
@@ -96,6 +98,7 @@ class Sandbox:
                 timeout=timeout,
                 op=f"sandbox.{call.op}",
                 on_output=None if on_output is None else lambda stream, data: on_output((stream, data)),
+                by=self._by,
             )
             if call.op == "exec":
                 span.set_attributes(
@@ -196,25 +199,39 @@ class Sandbox:
         in the policy's own sandbox does first, so nothing the policy started is left to touch it."""
         await self._op(SandboxCall(op="restart", sandbox=self.id, lease=self._owner.lease), CREATE_TIMEOUT_S)
 
-    async def fork(self, n: int = 1, *, into: list[Sandboxes] | None = None) -> list[Sandbox]:
+    async def fork(
+        self, n: int = 1, *, into: list[Sandboxes] | None = None, park: bool = False, batch: str = ""
+    ) -> list[Sandbox]:
         """``n`` new sandboxes with this one's files as they are now (what each backend copies: docs/sandboxes.md),
         each under its own lease: ``into``'s (one ``Sandboxes`` per copy, of this pool and bus: a rollout's, whose
         end closes it), else a fresh one each (the caller closes them). A write in one is never seen by another,
-        nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once."""
+        nor by this one. They count against the pool's quota: past it, ``sandbox_unavailable`` at once.
+        ``park``: the copies are kept unused until their lease's deadline (``into``'s), then removed by their
+        worker (a branch point's copy, ``sandboxes.kept``): their holder need not renew or close them; ``batch``:
+        theirs go when it is purged."""
         owner = self._owner
         holders = into if into is not None else [owner.sibling() for _ in range(n)]
         if len(holders) != n or not n:
             raise ValueError(f"fork({n}) needs n >= 1 and one Sandboxes per copy in into (got {len(holders)})")
         if any(h.pool != owner.pool or h._bus is not owner._bus for h in holders):
             raise ValueError("fork: every Sandboxes in into must be of this sandbox's pool and bus")
-        expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
+        if park:  # kept until the copies' own deadline, not the parent's
+            expires = max(h.deadline for h in holders)
+        else:
+            expires = owner.deadline + LEASE_SLACK_S if owner.deadline else 0.0
         call = SandboxCall(
-            op="fork", sandbox=self.id, lease=owner.lease, leases=[h.lease for h in holders], expires=expires
+            op="fork",
+            sandbox=self.id,
+            lease=owner.lease,
+            leases=[h.lease for h in holders],
+            expires=expires,
+            park=park,
+            batch=batch if park else "",
         )
         reply = await self._op(call, CREATE_TIMEOUT_S)
         boxes = []
         for holder, sid in zip(holders, reply.forked, strict=True):
-            box = Sandbox(holder, sid, reply.address, self.spec)
+            box = Sandbox(holder, sid, reply.address, self.spec, reply.by)
             holder._hold(box, reply)
             boxes.append(box)
         return boxes
@@ -222,6 +239,9 @@ class Sandbox:
     async def close(self) -> None:
         if self.closed:
             return
+        copying = self._owner.copying
+        if copying is not None and not copying.done():  # its copy for branching is being made: not closed under it
+            await asyncio.wait([copying])
         self.closed = True
         self._owner._forget(self.id)
         with self._owner._bus.telemetry.span("sandbox.close", attributes=self._attributes()):
@@ -384,6 +404,8 @@ class Sandboxes:
         self._bound = bound
         self.deadline = deadline  # unix time the lease ends (0: the pool's max_lease_s)
         self.where = where  # the config key that names the pool (for the error when there is none)
+        self.rollout = ""  # the rollout key it serves, where its holder knows it (a branch point's copies: their batch)
+        self.copying: asyncio.Future[Any] | None = None  # copies of its sandboxes being made (``sandboxes.kept``)
         self.exec_timeout_s = exec_timeout_s
         self.absent_grace_s = absent_grace_s
         self._open: dict[str, Sandbox] = {}
@@ -407,6 +429,8 @@ class Sandboxes:
         self._reattached: bool | None = None
         self._reattaching: asyncio.Lock | None = None
         self._adoptable: list[Sandbox] = []
+        # a branch's: the copies kept at its branch point, forked into this lease at its first create (``branch_from``)
+        self._kept: HeldSandboxes | None = None
         # a rollout that writes checkpoints: a sandbox whose ``async with`` a retryable failure leaves stays open for
         # the worker to end or leave to the next attempt (``let_go``), which resumes from the checkpoint
         self.defer_close = False
@@ -433,6 +457,11 @@ class Sandboxes:
     @lease.setter
     def lease(self, lease: str) -> None:
         self._lease = lease
+
+    @property
+    def bound(self) -> str:
+        """What the lease is bound to (said before its secret), "" for none."""
+        return self._bound
 
     @property
     def asked(self) -> int:
@@ -469,6 +498,9 @@ class Sandboxes:
             raise Failure("tool_error", f"no sandbox pool: set {where}.sandbox to a sandboxes entry")
         if self._resumable is not None:
             await self.reattach()
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            await self.fork_kept(kept)
         adopted = next((b for b in self._adoptable if b.spec == spec), None)
         if adopted is not None:  # the container this rollout held before its worker died, files and all
             self._adoptable.remove(adopted)
@@ -490,7 +522,7 @@ class Sandboxes:
                     self.on_acquire(took)
             span.set_attributes({"gym.sandbox.id": reply.sandbox[:12], "gym.sandbox.warm": reply.warm})
             span.set_attribute("gym.sandbox.wait_s", round(took, 6))
-        box = Sandbox(self, reply.sandbox, reply.address, spec)
+        box = Sandbox(self, reply.sandbox, reply.address, spec, reply.by)
         self._hold(box, reply)
         return box
 
@@ -557,6 +589,33 @@ class Sandboxes:
             if lease:
                 self.lease = lease
 
+    def branch_from(self, kept: HeldSandboxes) -> None:
+        """A branch: the copies its rollout's parent kept at the branch point (``sandboxes.kept``), forked into this
+        lease at its first create (``fork_kept``)."""
+        self._kept = kept
+
+    async def fork_kept(self, kept: HeldSandboxes) -> None:
+        """A branch's own sandboxes: a fork of each copy ``kept`` at its branch point (proving their lease) into this
+        lease, each handed to the first create that asks for its spec (as reattached ones are). A pool with no room
+        for them is ``sandbox_unavailable`` at once (never waited on); a copy gone (its keep ended) is
+        ``invalid_task``."""
+        parked = Sandboxes(self._bus, self.pool, lease=kept.lease, where=self.where)
+        forked: list[Sandbox] = []
+        for h in kept.sandboxes:
+            if h.pool != self.pool:
+                continue  # not this lease's pool: nothing here can hold it
+            try:
+                forked += await Sandbox(parked, h.sandbox, h.address, h.spec).fork(1, into=[self])
+            except Failure as e:
+                if e.info.error_class == "sandbox_unavailable":
+                    raise
+                raise Failure(
+                    "invalid_task",
+                    f"branch: the copy of sandbox {h.sandbox[:12]} kept at the branch point cannot be forked "
+                    f"({e.info.message}): it is kept keep_checkpoints_s from its turn, at most its pool's max_lease_s",
+                ) from None
+        self.adopt(forked)
+
     def adopt(self, boxes: list[Sandbox]) -> None:
         """``boxes`` (this lease's already, e.g. forks of a task's template) are handed to the first creates that
         ask for their specs, as reattached ones are: an environment that opens its sandbox in ``restore`` or
@@ -593,7 +652,7 @@ class Sandboxes:
                 for box in boxes:
                     await box.close()
                 return False
-            box = Sandbox(self, h.sandbox, h.address, h.spec)
+            box = Sandbox(self, h.sandbox, h.address, h.spec, reply.by)
             self._hold(box, reply)
             boxes.append(box)
         self._adoptable = boxes

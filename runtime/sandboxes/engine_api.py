@@ -371,7 +371,10 @@ class EngineBackend:
 
 
 class EngineProcess:
-    """A background command: an exec instance read for as long as it runs (``Background``)."""
+    """A background command: an exec instance read for as long as it runs (``Background``). Its stream is watched
+    as an exec's is (``Engine.watched``): a quiet command on a live engine runs on (the engine answers its pings),
+    but an engine that stops answering ends the read within ``STALL_S + PING_S`` with ``failure`` set
+    (``sandbox_unavailable``), instead of a stream that waits, silent, until the lease ends."""
 
     def __init__(self, engine: Engine, cid: str, argv: list[str], max_output: int) -> None:
         self.engine, self.cid, self.argv = engine, cid, argv
@@ -379,6 +382,7 @@ class EngineProcess:
         self.done = anyio.Event()
         self.eid = ""
         self.exit_code: int | None = None
+        self.failure: Failure | None = None  # its engine stopped answering while it ran: what its caller is told
         self._started = time.monotonic()
         self._ended: float | None = None
 
@@ -392,12 +396,15 @@ class EngineProcess:
 
         try:
             self.eid = await self.engine.exec_create(self.cid, self.argv)
-            async for stream, chunk in self.engine.exec_stream(self.eid, None, started):
-                self.out.add(stream, chunk)
+            command = self.argv[4] if self.argv[:1] == ["timeout"] and len(self.argv) > 4 else self.argv[0]
+            async with self.engine.watched(f"the background process {command!r}"):
+                async for stream, chunk in self.engine.exec_stream(self.eid, None, started):
+                    self.out.add(stream, chunk)
             self.exit_code = (await self.engine.exec_info(self.eid)).get("ExitCode")
         except EngineError as e:
             if not running:
                 raise _gone(e, self.cid) from e
+            self.failure = _unavailable(e)
         except Exception:  # its container went (the stream broke): it ended with it, exit code unknown
             if not running:
                 raise

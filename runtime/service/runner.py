@@ -41,6 +41,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, check_seed_once, config_resource_class, load_resource_class
 from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
 from gym_runtime.service.budget import BudgetedPublish, HeldInCollector
+from gym_runtime.service.outage import stop_when_out
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
@@ -465,6 +466,8 @@ async def run_batch(
             models = [w for w in workers if isinstance(w, ModelWorker)]
             if models:
                 tg.start_soon(stop_when_out_of_service, bus, batch, models, stopped)
+            elif not start_local_workers:  # in worker children: their status answers say it (``outage``)
+                tg.start_soon(_stop_when_out_on_bus, bus, batch, stopped)
             stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
@@ -501,6 +504,11 @@ async def stop_when_out_of_service(bus: Bus, batch: str, models: list[ModelWorke
 
         for w in models:
             tg.start_soon(watch, w)
+
+
+async def _stop_when_out_on_bus(bus: Bus, batch: str, stopped: list[str]) -> None:
+    out = await stop_when_out(bus, batch)
+    stopped.append(f"model {out.model!r}: {out.cause}")
 
 
 async def _preflight(

@@ -480,11 +480,16 @@ async def connect(
             log.warning("nats.error", error=_reason(e, secured=secured), client=name, servers=shown)
 
     async def on_disconnect() -> None:
+        state.setdefault("lost_at", time.monotonic())  # the first of this outage's (nats-py may say it again)
         if throttle("disconnected"):
             log.info("nats.disconnected", client=name)
 
     async def reconnected() -> None:
-        log.info("nats.reconnected", client=name)
+        # a warning, once per reconnect: a command at warning level showed the loss (``nats.error``) and never
+        # that its connection came back
+        lost_at = state.pop("lost_at", None)
+        down = {} if lost_at is None else {"after_s": round(time.monotonic() - lost_at, 1)}
+        log.warning("nats.reconnected", client=name, servers=shown, **down)
         if on_reconnect is not None:
             await on_reconnect()
 

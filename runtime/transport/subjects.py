@@ -683,6 +683,16 @@ class Subjects:
     def cancel(self, batch: str) -> str:
         return f"{self.ns}.ctl.batch.{batch}.cancel"
 
+    def purged(self, batch: str) -> str:
+        """Said by ``purge`` (a control message, no body): the sandbox workers remove the copies kept for branching
+        the batch's rollouts (``SandboxCall.batch``); ``*``: every batch, as they listen."""
+        return f"{self.ns}.ctl.batch.{batch}.purged"
+
+    def purged_batch(self, subject: str) -> str:
+        """The batch a ``purged`` subject names ("" for another subject)."""
+        head, tail = f"{self.ns}.ctl.batch.", ".purged"
+        return subject[len(head) : -len(tail)] if subject.startswith(head) and subject.endswith(tail) else ""
+
     # keys of the control bucket (a KV key allows fewer characters than a batch id: those are hashed)
 
     @staticmethod

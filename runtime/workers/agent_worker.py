@@ -279,6 +279,7 @@ class AgentWorker:
         return {
             "in_flight": p.busy if p else 0,
             "slots": self.cfg.concurrency,
+            "model": self.cfg.model,  # which model its rollouts call (a batch stops when it is out: ``outage``)
             "completed": done,
             "failed": self.failed,
             "retried": self.retried,
@@ -852,6 +853,7 @@ async def _release(room: Rollout[Any]) -> None:
     where a sandbox is held: on every rollout it cost ~30 k instructions (tests/bench/instructions.py)."""
     if room.sandboxes.held():
         with anyio.CancelScope(shield=True):
+            await room.copied()  # a turn's copies still being made (kept for branching) first
             await room.sandboxes.close_all()
 
 

@@ -17,6 +17,8 @@ import sys
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import Token
 from typing import Any, cast
 
@@ -26,7 +28,7 @@ import msgspec
 from gym_runtime.config import ResolvedConfig
 from gym_runtime.data.error_classes import as_environments
 from gym_runtime.data.validation import row_problems
-from gym_runtime.errors import Failure, UserError
+from gym_runtime.errors import ErrorClass, Failure, UserError
 from gym_runtime.jail import CPU_SINK
 from gym_runtime.messages import (
     CloseSession,
@@ -59,6 +61,7 @@ from gym_runtime.resource import (
     replay_calls,
 )
 from gym_runtime.sandboxes.client import Sandboxes
+from gym_runtime.sandboxes.kept import keep as keep_copies
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
@@ -155,19 +158,27 @@ async def call_with(inst: Resource, req: ToolCall) -> ToolReply:
         return ToolReply(output=f"Error: tool {req.name!r} failed: {type(e).__name__}: {e}", is_error=True)
 
 
-async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
+@contextmanager
+def environment_code(own: ErrorClass, where: str, *, retryable: bool = False) -> Iterator[None]:
+    """Environment code at ``where`` (a seed, a restore, verify) fails as the environment's: a ``Failure`` stays as
+    it is where the runtime found it (its guest overran or was lost) or the environment may raise its class (a
+    judge's model failed, a row verify cannot grade); another class becomes ``own`` naming it
+    (``data.error_classes``), and so does any other exception."""
     try:
-        out = await inst.verify(row, response)
+        yield
     except Failure as e:
-        # its guest ended the call (overran, or lost), a judge's model failed, a row verify cannot grade: as they
-        # are; any other class the verifier raised is its own ``verify_error`` (``data.error_classes``)
-        own = as_environments(e, "verify_error", "verify")
-        if own is e:
+        typed = as_environments(e, own, where)
+        if typed is e:
             raise
-        raise own from None
+        raise typed from None
     except Exception as exc:
-        # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
-        raise Failure("verify_error", f"verify raised {type(exc).__name__}: {exc}", retryable=True) from exc
+        raise Failure(own, f"{where} raised {type(exc).__name__}: {exc}", retryable=retryable) from exc
+
+
+async def verify_with(inst: Resource, row: dict[str, Any], response: Any) -> VerifyReply:
+    # retryable: a flaky verifier gets the task's remaining attempts, then a failure row
+    with environment_code("verify_error", "verify", retryable=True):
+        out = await inst.verify(row, response)
     if isinstance(out, Verdict):
         return VerifyReply(reward=float(out.reward), fields=out.fields, answer_field=inst.answer_field)
     return VerifyReply(reward=float(out), answer_field=inst.answer_field)
@@ -413,6 +424,8 @@ class ResourceWorker:
             await self._seeded(inst, req.row)
         else:
             inst = await self.templates.use(key, lambda: self._template(req.row), lambda t: self._from(t, bound))
+        if self.cfg.sandbox and isinstance(lease := self._book(inst)[1], Sandboxes):
+            lease.rollout = req.rollout  # the batch its branch points' copies go with (``sandboxes.kept``)
         sid = os.urandom(16).hex()  # as random as a uuid4's hex, in one call
         self.seeded += 1
         for old in self.sessions.open(sid, inst, caller):  # the caller's least recently used, past its limit
@@ -434,14 +447,8 @@ class ResourceWorker:
         """``inst``'s seed, a failure of it typed as the environment's."""
         counting = _counting(self._book(inst)[0])
         try:
-            await inst.seed(row)
-        except Failure as e:  # as a tool's: the runtime's findings as they are, any other class the seed's own
-            own = as_environments(e, "tool_error", "seed")
-            if own is e:
-                raise
-            raise own from None
-        except Exception as exc:
-            raise Failure("tool_error", f"seed raised {type(exc).__name__}: {exc}") from exc
+            with environment_code("tool_error", "seed"):  # as a tool's failure is typed
+                await inst.seed(row)
         finally:
             _counted(counting)
 
@@ -478,14 +485,8 @@ class ResourceWorker:
                 lease.adopt(forked)
             counting = _counting(self._book(inst)[0])
             try:
-                await inst.restore(tpl.snapshot)
-            except Failure as e:
-                own = as_environments(e, "tool_error", "restore")
-                if own is e:
-                    raise
-                raise own from None
-            except Exception as exc:
-                raise Failure("tool_error", f"restore (seed_once) raised {type(exc).__name__}: {exc}") from exc
+                with environment_code("tool_error", "restore (seed_once)"):
+                    await inst.restore(tpl.snapshot)
             finally:
                 _counted(counting)
         except BaseException:
@@ -513,15 +514,15 @@ class ResourceWorker:
             self.bus.count_junk(self.address, "session operations by a caller that did not seed it (refused)")
             raise Failure("worker_lost", f"session {sid} is not on worker {self.worker_id}", retryable=True)
         if not self.bus.telemetry.meters.enabled or not isinstance(req, (ToolCall, VerifyRequest)):
-            return await self._session_op_inner(req, msg)
+            return await self._session_op_inner(req, msg, caller)
         started = time.perf_counter()
         try:
-            return await self._session_op_inner(req, msg)
+            return await self._session_op_inner(req, msg, caller)
         finally:
             stage = "tool_call" if isinstance(req, ToolCall) else "verify"
             self.bus.telemetry.meters.stage_time(stage, self.name, time.perf_counter() - started)
 
-    async def _session_op_inner(self, req: Any, msg: Delivery) -> Any:
+    async def _session_op_inner(self, req: Any, msg: Delivery, caller: str) -> Any:
         if isinstance(req, ToolCall):
             inst = self._session(req.session)
             if req.id:  # the same on every attempt of its turn: answered once (``ToolReplies``)
@@ -535,7 +536,7 @@ class ResourceWorker:
                 self._replies.pop(req.session or "", None)
             return await self._verify(req, msg)
         if isinstance(req, (ResumeSession, RestoreSession)):
-            return await self._resume(req)
+            return await self._resume(req, caller)
         if isinstance(req, CloseSession):
             self._replies.pop(req.session, None)
             closing = self.sessions.pop(req.session)
@@ -544,10 +545,11 @@ class ResourceWorker:
             return None
         raise Failure("internal", f"unexpected message {type(req).__name__} on {msg.subject}")
 
-    async def _resume(self, req: ResumeSession | RestoreSession) -> ResumeReply:
+    async def _resume(self, req: ResumeSession | RestoreSession, caller: str) -> ResumeReply:
         """A resumed rollout's own messages (never tool calls): its session is still held here (``_session`` finds
         it, else ``worker_lost``), or a fresh session (the restore rode its seed) set back to its snapshot
-        (``Resource.restore``), taking up the sandboxes held at it by their lease."""
+        (``Resource.restore``), taking up the sandboxes held at it by their lease; a branch's, holding forks of the
+        copies kept at its branch point where they were leased to its parent rollout of the same ``caller``."""
         inst = self._session(req.session)
         if isinstance(req, ResumeSession):
             return ResumeReply(ok=True)
@@ -563,6 +565,11 @@ class ResourceWorker:
                 )
             lease.lease = req.held.lease
             lease.take_up(req.held.sandboxes)
+        if req.kept is not None and isinstance(lease, Sandboxes):  # a branch's: its own forks of the copies
+            if not req.branch_of or req.kept.lease.partition(":")[0] != leased_to(caller, req.branch_of):
+                log.warning("restore.refused", resource=self.name, why="copies kept for another rollout or caller")
+                return ResumeReply(ok=False, reason="the sandboxes named were not kept for that rollout of this caller")
+            await lease.fork_kept(req.kept)
         try:
             await restore(req.snapshot)
         except NotImplementedError as e:
@@ -590,6 +597,8 @@ class ResourceWorker:
                 lease = self._book(inst)[1]
                 if reply.snapshot is not None and isinstance(lease, Sandboxes) and lease.held():
                     reply.held = HeldSandboxes(lease=lease.lease, sandboxes=lease.handles())
+                    if req.keep_s > 0:  # a branch point: the sandboxes as they are now, copied (``sandboxes.kept``)
+                        reply.kept = await keep_copies(lease, req.keep_s)
             return reply
         finally:
             _counted(counting)

@@ -53,6 +53,8 @@ from gym_runtime.sandboxes.reaper import BEACON_S, DEAD_AFTER_S, Peers, Reaper, 
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.delivery import Delivery
 from gym_runtime.transport.discovery import register
+from gym_runtime.transport.headers import sent_as_control
+from gym_runtime.transport.rpc import process_tag
 from gym_runtime.transport.subjects import Subjects
 from gym_runtime.workers.tool_replies import ToolReplies
 
@@ -79,6 +81,8 @@ class Held(msgspec.Struct, kw_only=True):
     image: str = ""  # its image's content id, as the create answered it
     heard: float = 0.0  # time.monotonic() its holder last said it is alive (``renew``); 0: it never did
     spec: Resolved | None = None  # what it was made as (a fork's copies are made so too)
+    parked: bool = False  # a fork's parked copy (``SandboxCall.park``): it ends at ``expires`` (or its batch's purge)
+    batch: str = ""  # a parked copy's: the batch of the rollout it was kept for
 
 
 async def _drain(sub: Any) -> None:
@@ -132,6 +136,7 @@ class SandboxWorker:
         self.cfg = cfg
         self.worker_id = uuid.uuid4().hex[:12]
         self.address = bus.subjects.sandbox_worker(name, self.worker_id)
+        self.process = process_tag()  # named in each reply that hands out a sandbox: a call it leaves silent names it
         self.held: dict[str, Held] = {}
         self.making: dict[str, anyio.Event] = {}  # creates under way, by key: a second try waits for the first
         self.replies: dict[str, ToolReplies[SandboxReply]] = {}  # by sandbox: its execs' replies by call id
@@ -178,6 +183,7 @@ class SandboxWorker:
                     await self.bus.serve(
                         tg, s.sandbox_present(self.name), self._present, queue=s.sandbox_group(self.name)
                     ),
+                    await self.bus.subscribe(s.purged("*"), self._purged),
                 ]
                 if self.cfg.max_live:  # hear the pool's other workers before taking a share of its quota
                     await anyio.sleep(1.5 * BEACON_S)
@@ -418,7 +424,9 @@ class SandboxWorker:
         if made is not None:  # its reply was lost (a reconnect): the same sandbox, not a second one held
             sid, held = made
             held.used = time.monotonic()
-            return SandboxReply(sandbox=sid, address=self.address, image=held.image, renew_s=self.renew_s)
+            return SandboxReply(
+                sandbox=sid, address=self.address, by=self.process, image=held.image, renew_s=self.renew_s
+            )
         self.making[req.key] = anyio.Event()
         try:
             return await self._make(req, caller)
@@ -445,7 +453,9 @@ class SandboxWorker:
             self.changed()  # refill
             self._acquired(started, warm=True)
             trace.get_current_span().set_attributes({"gym.sandbox.id": sid[:12], "gym.sandbox.warm": True})
-            return SandboxReply(sandbox=sid, address=self.address, warm=True, image=image_id, renew_s=self.renew_s)
+            return SandboxReply(
+                sandbox=sid, address=self.address, by=self.process, warm=True, image=image_id, renew_s=self.renew_s
+            )
         if self.room() <= 0 and self.warm and not self._draining:  # make room: an idle warm one goes
             await self._remove(self._pop_warm())
         if self.room() <= 0 or self._draining:
@@ -478,7 +488,7 @@ class SandboxWorker:
             self.held.pop(sid_tmp, None)
         self.created += 1
         self._acquired(started, warm=False)
-        return SandboxReply(sandbox=sid, address=self.address, image=image_id, renew_s=self.renew_s)
+        return SandboxReply(sandbox=sid, address=self.address, by=self.process, image=image_id, renew_s=self.renew_s)
 
     def _span(self, op: str, *, sid: str = "", image: str = "") -> AbstractContextManager[Span]:
         """The engine's part of an operation (``sandbox.engine.OP``), a child of the call's CONSUMER span."""
@@ -587,7 +597,9 @@ class SandboxWorker:
                         caller=held.caller,
                         expires=expires,
                         used=mono,
-                        heard=mono,
+                        heard=0.0 if req.park else mono,
+                        parked=req.park,
+                        batch=req.batch,
                         restartable=held.restartable,
                         image=held.image,  # what the parent's image was: the copies' provenance
                         spec=held.spec,
@@ -598,10 +610,24 @@ class SandboxWorker:
                 self.held.pop(slot, None)
             self.changed()
         self.created += n
-        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease))
+        log.info("sandbox.forked", sandbox=req.sandbox[:12], copies=n, lease=lease_tag(held.lease), parked=req.park)
         return SandboxReply(
-            sandbox=req.sandbox, forked=kids, address=self.address, image=held.image, renew_s=self.renew_s
+            sandbox=req.sandbox,
+            forked=kids,
+            address=self.address,
+            by=self.process,
+            image=held.image,
+            renew_s=self.renew_s,
         )
+
+    async def _purged(self, msg: Delivery) -> None:
+        """A batch was purged (``Subjects.purged``): the copies parked for branching its rollouts go with it."""
+        batch = self.bus.subjects.purged_batch(msg.subject)
+        if not batch or not sent_as_control(msg.headers):  # a server's answer borrowed into the subject: not a purge
+            return
+        for sid in [sid for sid, h in self.held.items() if h.parked and h.batch == batch]:
+            log.info("sandbox.purged", sandbox=sid[:12], batch=batch)
+            await self._remove(sid)
 
     def _attach(self, req: SandboxCall, held: Held) -> SandboxReply:
         """A resumed attempt of the rollout that holds ``held`` takes it up (the same lease): its lease ends at the
@@ -611,7 +637,9 @@ class SandboxWorker:
             held.expires = max(held.expires, min(req.expires, now + self.cfg.max_lease_s))
         held.used = time.monotonic()
         log.info("sandbox.reattached", sandbox=req.sandbox[:12], lease=lease_tag(held.lease))
-        return SandboxReply(sandbox=req.sandbox, address=self.address, image=held.image, renew_s=self.renew_s)
+        return SandboxReply(
+            sandbox=req.sandbox, address=self.address, by=self.process, image=held.image, renew_s=self.renew_s
+        )
 
     async def _cpu_s(self, sid: str) -> float | None:
         """The CPU seconds a sandbox used, read just before its release (its holder's cost); None: unknown."""
@@ -689,6 +717,9 @@ class SandboxWorker:
             await proc.kill()
             with anyio.move_on_after(KILL_WAIT_S):
                 await proc.done.wait()
+        if proc.failure is not None:  # its engine stopped answering: said typed, not an output that never ends
+            del procs[req.process]
+            raise proc.failure
         r = proc.result()
         if req.op != "poll":
             if proc.done.is_set():
@@ -768,7 +799,7 @@ class SandboxWorker:
     def _ended(self) -> list[tuple[str, str, str]]:
         """This worker's sandboxes whose lease is over, why, and the lease's tag (``lease_tag``: what a log names):
         its end passed, unused for ``idle_ttl_s``, or its holder silent for ``lease_grace_s`` since it was last
-        heard or used (none while an operation runs)."""
+        heard or used (none while an operation runs; a parked copy: only its end)."""
         mono, now = time.monotonic(), time.time()
         idle_since, silent_since = mono - self.cfg.idle_ttl_s, mono - self.cfg.lease_grace_s
         ended = []
@@ -777,6 +808,8 @@ class SandboxWorker:
                 continue
             if h.expires < now:  # a warm container's label names no lease of its own: its worker ends the one given
                 ended.append((sid, "sandbox.lease_ended", lease_tag(h.lease)))
+            elif h.parked:  # a copy kept for branching: unused until a branch forks it, ended at its expiry only
+                continue
             elif h.used < idle_since:
                 ended.append((sid, "sandbox.idle", lease_tag(h.lease)))
             elif h.heard and max(h.heard, h.used) < silent_since:

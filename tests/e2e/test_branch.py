@@ -6,8 +6,8 @@ A parent submitted with ``keep_checkpoints_s`` keeps its checkpoint, a part per 
 turn k restores a session of its own from the snapshot kept at k and runs the rest: its reward is 1 only when every
 step ran exactly once in its session (the prefix's steps carried by the restore, its own run once there, none seen
 by a sibling). Only the parent's own agent pool branches it; a branch point none can take up is one
-``invalid_task`` row naming why (one whose session held Docker sandboxes at the turn too: branching their state is
-not supported yet); the kept parts go by their TTL.
+``invalid_task`` row naming why; the kept parts go by their TTL. A rollout whose session holds sandboxes:
+tests/e2e/test_branch_boxes.py.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ from gym_runtime import Client
 from gym_runtime.errors import ClientError
 from gym_runtime.rollout.checkpoint import Checkpointer, checkpoints_kv
 from gym_runtime.transport.subjects import Subjects
-from tests.docker import docker_socket
-from tests.envs.long_boxed import task as boxed_task
 from tests.envs.many_steps import task
 from tests.helpers import cli, write_jsonl
-from tests.long_rollout import new_pool
 
 STEPS = 6  # model turns with a tool call each, then a last one that answers
 AT = 3  # the branch point: after the third turn's call was answered
@@ -193,29 +190,6 @@ async def test_publish_keeps_and_branches_a_rollout(nats_server, tmp_path: Path)
         )
         rows = await anyio.to_thread.run_sync(lambda: collect("q"))
     assert sorted((r["branch_of"], r["branch_turn"], r["reward"]) for r in rows) == [("p:0:0", 2, 1.0)] * 2, rows
-
-
-async def test_a_rollout_whose_session_held_sandboxes_is_refused_by_name(nats_server, tmp_path: Path) -> None:
-    """Branching sandbox state at a turn is not supported yet: a rollout whose session held containers at the
-    branch point (``tests/envs/long_boxed.py``, restorable, on Docker) is refused in one line, never restored into
-    the parent's containers (which M branches would then share)."""
-    pool = await anyio.to_thread.run_sync(new_pool, docker_socket())  # its base image built first
-    raw = {
-        "namespace": "gym",
-        "models": {"policy": {"adapter": "scripted", "token_ids": True}},
-        "sandboxes": {pool: {"backend": "docker", "capacity": 4, "limits": {"memory_mb": 128, "pids": 64}}},
-        "resources": {"env": {"server": "tests.envs.long_boxed", "sandbox": pool, "options": {"restorable": True}}},
-        "agents": {"a": {"agent": "agents.simple", "model": "policy", "resource": "env", "timeout_s": 120}},
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    async with Client(path, nats=nats_server.url) as client:
-        handle = await client.submit([boxed_task(3)], keep_checkpoints_s=KEEP_S)
-        with anyio.fail_after(120):
-            (row,) = await handle.gather()
-        assert row["reward"] == 1.0, row
-        (r,) = await branches(client, row, f"{handle.batch}:0:0", 1, turn=2)
-    assert r["error_class"] == "invalid_task" and "held sandboxes" in r["error"], r
 
 
 async def test_a_live_rollout_is_branched_while_it_runs(nats_server, tmp_path: Path) -> None:

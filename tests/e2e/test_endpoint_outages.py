@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, WEATHER, read_jsonl
+from gym_runtime.ops.nats_server import EmbeddedServer
+from tests.helpers import REPO, WEATHER, cli, read_jsonl
 
 ROWS = WEATHER.parent / "data/example.jsonl"
 LONG_TIMEOUT_S = 600  # a long generation's bound: what a hang must not wait for
@@ -288,3 +289,78 @@ def test_with_every_endpoint_answering_500s_the_run_stops_with_one_line(
     assert len(on_model) <= 2 * IN_FLIGHT, f"{len(on_model)} rollouts failed on the model before the run stopped"
     assert {r.get("failure_attribution") for r in failed} == {"infrastructure"}, failed[0]
     print(f"stopped after {took:.1f} s; {len(on_model)} rollouts failed on the model, the rest cancelled")
+
+
+def test_with_every_endpoint_out_a_run_with_worker_children_stops_with_one_line(
+    stubs: list[Stub], runs: list[Run], tmp_path: Path
+) -> None:
+    """As above, the model workers in ``run``'s children (``--processes per-role``, what ``auto`` picks for a large
+    batch on several cores): the run reads their status answers (every 2 s) and stops the batch in one line.
+    Before, only a model worker in ``run``'s own process stopped it: here each of the 1,500 rollouts failed on the
+    model in turn."""
+    a, b = Stub("--status", "500"), Stub("--status", "500")
+    stubs += [a, b]
+    n = 1500
+    out = tmp_path / "out.jsonl"
+    run = Run(config(tmp_path, [a.url, b.url]), many_rows(tmp_path, n), out, "--concurrency", str(IN_FLIGHT),
+              "--processes", "per-role")  # fmt: skip
+    runs.append(run)
+    assert run.finish(within=300) == 1, run.stderr()
+    errors = [line for _, line in run.lines if line.startswith("gym-runtime: error")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("gym-runtime: error: model 'policy': every endpoint is out of service ("), errors
+    failed = failures(out)
+    once_each(failed, n)
+    classes = {str(r.get("error_class")) for r in failed}
+    assert classes <= {"model_error", "cancelled"} and "cancelled" in classes, classes
+
+
+def test_with_every_endpoint_out_a_collect_of_start_ed_workers_stops_the_batch_and_says_they_keep_running(
+    stubs: list[Stub], nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """``publish`` against workers ``start`` runs, both replicas answering 500 to every generation: ``collect``
+    (the command that waits on the batch) stops it once the model's workers say every endpoint is out, in one
+    line that names them and says the workers keep running (``start``'s, not its own to stop) and how to stop
+    them. Before, each rollout failed in turn on the model: a ``model_error`` row each, no line, no stop."""
+    a, b = Stub("--status", "500"), Stub("--status", "500")
+    stubs += [a, b]
+    n = 1000
+    cfg, out = config(tmp_path, [a.url, b.url]), tmp_path / "out.jsonl"
+    start = subprocess.Popen(
+        [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--in-process"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert start.stdout is not None and "ready" in start.stdout.readline()
+        t0 = time.monotonic()
+        collect = subprocess.Popen(  # waiting on the batch as it is published (`publish ... && collect` may come late)
+            [sys.executable, "-m", "gym_runtime.cli", "collect", "--batch", "out1", "--nats", nats_server.url,
+             "-o", str(out), "--no-progress", "--wait", "120"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        published = cli("publish", str(cfg), "-i", str(many_rows(tmp_path, n)), "--nats", nats_server.url,
+                        "--batch", "out1", timeout=300)  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        _, stderr = collect.communicate(timeout=300)
+        took = time.monotonic() - t0
+        assert collect.returncode == 1, stderr[-3000:]
+        errors = [line for line in stderr.splitlines() if line.startswith("gym-runtime: error")]
+        assert len(errors) == 1, stderr[-3000:]
+        line = errors[0]
+        assert line.startswith("gym-runtime: error: model 'policy': every endpoint is out of service ("), line
+        assert a.url in line and b.url in line and "the batch was stopped" in line, line
+        assert f"keep running (process {os.uname().nodename}/{start.pid})" in line and "gym-runtime start" in line
+        failed = failures(out)
+        once_each(failed, n)
+        classes = {str(r.get("error_class")) for r in failed}
+        assert classes <= {"model_error", "cancelled"} and "cancelled" in classes, classes
+        assert start.poll() is None  # as the line says: they keep running
+        on_model = sum(r.get("error_class") == "model_error" for r in failed)
+        print(f"collect stopped the batch {took:.1f} s after the publish began; {on_model} of {n} failed on the model")
+    finally:
+        start.send_signal(signal.SIGTERM)
+        try:
+            start.wait(60)
+        except subprocess.TimeoutExpired:
+            start.kill()
+            start.wait()

@@ -73,6 +73,10 @@ def test_long_lived_collector_returns_to_full_speed_after_a_server_restart(tmp_p
         # before the fix: ~5 rows/s, i.e. ~10 minutes for these rows; a fresh collect takes ~1 s. The bound is a
         # fifth of the broken time, so it still catches the bug and leaves a loaded machine 100x a quiet one's time
         assert took < 120.0, f"{N_RESULTS - 130} results took {took:.1f}s to collect after the restart"
+        # the loss was said at warning level, and so is the connection's return: one line, not one per message
+        # (before: an info line, so a command at warning level said it lost its server and never that it came back)
+        back = [line for line in stderr.splitlines() if "nats.reconnected" in line]
+        assert len(back) == 1 and "warning" in back[0].lower(), stderr[-3000:]
     finally:
         if collector is not None and collector.poll() is None:
             collector.kill()

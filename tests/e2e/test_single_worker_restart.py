@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gym_runtime.ops.nats_server import EmbeddedServer
@@ -35,6 +36,7 @@ def test_a_single_worker_killed_is_restarted(nats_server: EmbeddedServer, tmp_pa
         pid = int(str(found[0]["process"]).rsplit("/", 1)[1])
         assert pid != proc.pid  # the worker is a child of `start`, not `start` itself
         os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
         again: dict[str, list[dict[str, object]]] = {}
 
         def restarted() -> bool:
@@ -43,6 +45,7 @@ def test_a_single_worker_killed_is_restarted(nats_server: EmbeddedServer, tmp_pa
 
         wait_until(restarted, timeout=90)
         assert proc.poll() is None  # `start` itself runs on
+        print(f"single worker killed: restarted {time.monotonic() - killed_at:.1f}s after the kill")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -5,7 +5,9 @@ scripted policy, a TEST DOUBLE for the LLM, calls one a turn: a rollout of ``STE
 bumps a counter file of its own in the session's one container and answers the container's name and the count:
 a side effect run twice counts 2. ``verify`` reads every counter back from the container.
 
-Options: ``restorable`` (``snapshot``/``restore``: the counts, written into a restored session's new container),
+Options: ``restorable`` (``snapshot``/``restore``: the counts, written into a restored session's new container;
+``"files"``: the counts only, the files left to the container the restored session holds: a branch's fork of the
+copy kept at its turn, tests/e2e/test_branch_boxes.py),
 ``slow_step``/``slow_s``/``marker`` (that step sleeps ``slow_s`` in its container after touching ``marker`` on
 this host: a test kills the agent while the call runs).
 """
@@ -78,6 +80,8 @@ class LongBoxed(Resource):
             raise NotImplementedError("not restorable")
         self.counts = json.loads(data)
         box = await self._box()
+        if self.options["restorable"] == "files":  # its files are the sandbox's it was handed
+            return
         for name, n in self.counts.items():  # the state it had, in its new container (not a tool's side effect)
             await box.write(name, f"{n}\n")
 
