@@ -19,7 +19,7 @@ from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
-from gym_runtime.sandboxes.engine_api import LEASE, POOL
+from gym_runtime.sandboxes.engine_api import HOLDER, LEASE, POOL
 from gym_runtime.sandboxes.engine_fork import FORK_DIR, FORK_OF, IMAGE_GRACE_S, VOLUME_PREFIX, EngineForks
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.leases import lease_tag
@@ -41,7 +41,7 @@ async def swept(engine: Engine, pool: str) -> AsyncIterator[None]:
     yield
     left = await fork_images(engine, pool), await fork_volumes(engine, pool)
     if left[0] or left[1]:
-        for c in await engine.containers({POOL: f"gym.{pool}"}):
+        for c in await engine.containers({POOL: f"gym.{pool}"}) + await holders(engine, pool):
             await engine.remove(c["Id"])
     for image in left[0]:
         await engine.remove_image(image)
@@ -67,9 +67,8 @@ async def fork_volumes(engine: Engine, pool: str) -> list[str]:
 
 
 async def holders(engine: Engine, pool: str) -> list[dict[str, Any]]:
-    """The pool's containers held for no lease: snapshots' holders (filtered here: Podman's ``label=key=`` is any
-    value)."""
-    return [c for c in await engine.containers({POOL: f"gym.{pool}"}) if c["Labels"].get(LEASE) == ""]
+    """The pool's snapshots' holders (not the pool's containers: no sandbox)."""
+    return await engine.containers({HOLDER: f"gym.{pool}"})
 
 
 async def cat(box: Sandbox, path: str) -> str:
@@ -288,10 +287,12 @@ async def test_a_stopping_worker_leaves_no_copy_no_image_and_no_snapshot(
         await parent.fork(3)
         made = await fork_images(engine, pool) + await fork_volumes(engine, pool)
         held = 1 if rootfs == "read-only" and backend_name == "docker" else 0  # a snapshot's holder (Docker's)
-        assert len(await containers(engine, pool)) == 4 + held and len(made) == 1
+        assert len(await containers(engine, pool)) == 4 and len(await holders(engine, pool)) == held
+        assert len(made) == 1
         assert w.stats()["sandboxes"] == 4
     # the fleet's block cancelled the worker: it removed what it held (its own clean-up, before the fixture's)
     assert await fork_images(engine, pool) == [] and await fork_volumes(engine, pool) == []
+    assert await holders(engine, pool) == []
 
 
 async def test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing(

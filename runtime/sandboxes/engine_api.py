@@ -51,6 +51,7 @@ from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
+HOLDER = "gym-runtime.holds-for"  # a fork snapshot's holder (``holder_body``): the pool it holds one for
 ORPHAN = "gym-runtime.orphan-after"  # the container ends this many seconds after its last renewal (KEEPER)
 RENEW_SIGNAL = "WINCH"  # ignored by default: a renewal before the keeper's trap is set is lost, never fatal
 LEASE_GRACE_S = 60.0  # the keeper's hard deadline past the lease's end (the worker removes it at the end itself)
@@ -215,12 +216,13 @@ class EngineBackend:
 
     def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, object]:
         """The container that holds a fork's snapshot (``engine_fork``): it keeps its tmpfs volume mounted (so its
-        files) until ``until`` at the latest, and does nothing else; labelled as the pool's containers are (the
-        reaper removes one its worker left), made safe as they are."""
+        files) until ``until`` at the latest, and does nothing else; made safe as the pool's containers are."""
         body = self.container_body(spec, owner=owner, lease="", expires=until)
         body["Cmd"] = ["sleep", f"{max(1, until - time.time()):.0f}"]
         body["OpenStdin"] = False
-        body["Labels"].pop(ORPHAN, None)  # type: ignore[attr-defined]
+        # not the pool's label: no sandbox, so none of its listings' (the reaper's, a test's count); it ends by
+        # itself at ``until`` (Docker's AutoRemove), or goes with its snapshot
+        body["Labels"] = {HOLDER: self.pool, OWNER: owner}
         host: dict[str, object] = body["HostConfig"]  # type: ignore[assignment]
         host["Tmpfs"] = dict([CGROUP_FS])
         host["Mounts"] = [{"Type": "volume", "Source": volume, "Target": HOLDER_DIR}]
