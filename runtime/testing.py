@@ -2,10 +2,10 @@
 
 An environment's tests open a session and verify (``new_session``, ``verify_once``, ``text_response``), often
 against rollouts recorded elsewhere (NeMo Gym's): join rollout rows with their task rows by input messages
-(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls and check the
-reward comes out the same (``reverify_rollouts``). With the one test double environments need
-(``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are unit-tested on
-(``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
+(``joined_rollouts``), turn a recorded ``response`` into a ``Response``, replay its tool calls (a whole file's:
+``replay_rollouts``) and check the reward comes out the same (``reverify_rollouts``). With the one test double
+environments need (``ScriptedJudge``, standing in for an LLM judge), and the in-memory transport workers are
+unit-tested on (``MemoryTransport``). This repository's own differential tests against its copy of NeMo Gym's data
 (``tests/compat``) keep their helpers beside them, in ``tests/differential.py``.
 """
 
@@ -31,6 +31,7 @@ from gym_runtime.messages import (
     FunctionCall,
     FunctionCallOutput,
     Item,
+    Message,
     ModelResponse,
     Reasoning,
     Response,
@@ -67,6 +68,7 @@ __all__ = [
     "new_session",
     "read_jsonl",
     "recorded_response",
+    "replay_rollouts",
     "replay_tool_calls",
     "reverify_rollouts",
     "split_verdict",
@@ -120,6 +122,15 @@ async def replay_tool_calls(inst: Resource, response: Response) -> int:
     return len(produced)
 
 
+async def replay_rollouts(cls: type[Resource], rollouts_path: str | Path) -> int:
+    """``replay_tool_calls`` for each recorded rollout in the file, each in a new session of ``cls``: for
+    rollouts recorded without their task rows (nothing to verify). Returns how many calls were replayed."""
+    count = 0
+    for rollout in read_jsonl(rollouts_path):
+        count += await replay_tool_calls(await new_session(cls), recorded_response(rollout["response"]))
+    return count
+
+
 async def reverify_rollouts(
     cls: type[R], pairs: list[tuple[dict[str, Any], dict[str, Any]]], fields: Iterable[str] | None = None
 ) -> list[tuple[R, int]]:
@@ -147,13 +158,20 @@ def split_verdict(out: float | Verdict) -> tuple[float, dict[str, Any]]:
     return (out.reward, out.fields) if isinstance(out, Verdict) else (float(out), {})
 
 
-def text_response(*texts: str, reasoning: str | None = None, id: str = "r") -> Response:
+def text_response(*texts: str, reasoning: str | None = None, refusal: str | None = None, id: str = "r") -> Response:
     """A response of one assistant message per text (``output_text`` parts), after one
-    reasoning item with a ``summary_text`` when ``reasoning`` is given."""
+    reasoning item with a ``summary_text`` when ``reasoning`` is given. A ``refusal`` part opens
+    the last message when ``refusal`` is given: what a reader of the answer's text must skip,
+    like the reasoning, while joining the messages' ``output_text`` parts."""
     output: list[Item] = []
     if reasoning is not None:
         output.append(Reasoning(summary=[{"type": "summary_text", "text": reasoning}]))
     output += [assistant_message(t) for t in texts]
+    if refusal is not None and texts:
+        last = texts[-1]
+        output[-1] = Message(
+            role="assistant", content=[{"type": "refusal", "refusal": refusal}, {"type": "output_text", "text": last}]
+        )
     return Response(id=id, created_at=0.0, output=output)
 
 

@@ -16,6 +16,7 @@ from gym_runtime.client.sampler import TaskSampler, sampler_config
 from gym_runtime.data.sampling import (
     SamplerConfig,
     TaskStats,
+    cannot_teach,
     choose,
     observe,
     outcome,
@@ -113,6 +114,83 @@ def test_decay_never_starves_a_hopeless_task() -> None:
     cfg = msgspec.structs.replace(LEARN, revisit_after=10**9)
     n = sum(0 in choose(stats, 1, cfg, rng, 0).tasks for _ in range(5000))
     assert n / 5000 >= cfg.floor / 10 * 0.8
+
+
+SKIP = SamplerConfig(score="learnability", floor=0.1, skip_below=0.05)
+
+
+def _settled(reward: float, groups: int = 6) -> TaskStats:
+    """A task that gave ``reward`` to every rollout of its last ``groups`` groups of 8 (faded as the sampler does)."""
+    s = TaskStats()
+    for _ in range(groups):
+        s = observe(s, [scored(reward)] * 8, half_life=SKIP.half_life)
+    return s
+
+
+def test_a_task_that_cannot_teach_is_skipped_but_for_the_floor() -> None:
+    """``skip_below``: a task solved (or failed) in every recent outcome gets the floor's share of picks alone and
+    is not revisited; a task learnable at a 1-in-8 pass rate, or never seen, or failed in just two groups, is not
+    skipped. Without it the revisits alone give each such task a pick every ``revisit_after`` picks."""
+    solved, impossible = _settled(1.0), _settled(0.0)
+    one_in_8 = observe(TaskStats(), [scored(1.0)] + [scored(0.0)] * 7, half_life=SKIP.half_life)
+    unlucky = _settled(0.0, groups=2)  # a 1-in-8 task's two all-wrong groups (12% of the time): not yet hopeless
+    assert cannot_teach([solved, impossible, one_in_8, unlucky, TaskStats()], SKIP) == [True, True, False, False, False]
+    assert cannot_teach([solved], msgspec.structs.replace(SKIP, skip_below=0.0)) == [False]  # off by default
+    stats = [solved] * 8 + [impossible] * 8 + [one_in_8] * 8
+    dead = {"skip": 0, "no skip": 0}
+    for name, cfg in (("skip", SKIP), ("no skip", msgspec.structs.replace(SKIP, skip_below=0.0))):
+        sampler = TaskSampler([{"t": i} for i in range(24)], cfg, None, seed=5)
+        sampler.stats = list(stats)
+        for _ in range(2000):
+            dead[name] += sum(1 for i in sampler.pick(2) if i < 16)
+        assert not sampler.exhausted
+    # the floor's share: 10% of 4000 picks spread over 24 tasks, 16 of them dead: about 267 (the revisits: 16 in
+    # every 96 picks, about 667 more)
+    assert 180 < dead["skip"] < 360 and dead["no skip"] > 700, dead
+    m = sampler.metrics()
+    assert m["gym_runtime/sampler/skipped_cannot_teach"] == 0  # without skip_below nothing is skipped for it
+
+
+def test_no_task_that_can_teach_is_said_once_and_a_task_that_becomes_learnable_is_found_again(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Every task solved or failed lately: the set is exhausted (the property, ``Pick.exhausted``, the metric, and
+    one ``sampler.exhausted`` line naming the run), picks go on at the floor's exploration (uniform); when one task
+    starts passing half the time the floor finds it, the set is no longer exhausted, and the picks move to it."""
+    cfg = msgspec.structs.replace(SKIP, run="exp7")
+    rows = [{"t": i} for i in range(12)]
+    sampler = TaskSampler(rows, cfg, None, seed=6)
+    sampler.stats = [_settled(1.0) if i % 2 else _settled(0.0) for i in range(12)]
+    assert sampler.exhausted
+    picks = Counter(i for _ in range(600) for i in sampler.pick(2))
+    assert len(picks) == 12 and min(picks.values()) > 50  # uniform over the whole set: no task starved
+    m = sampler.metrics()
+    assert m["gym_runtime/sampler/exhausted"] == 1 and m["gym_runtime/sampler/exhausted_picks"] == 1200
+    assert m["gym_runtime/sampler/cannot_teach_tasks"] == 12
+    logged = "".join(capfd.readouterr())
+    assert logged.count("sampler.exhausted") == 1 and "exp7" in logged, logged
+    # task 4 becomes learnable: it is found at the floor's rate, and then favoured
+    found = None
+    for step in range(2000):
+        for i in sampler.pick(2):
+            p = 0.5 if i == 4 else float(i % 2)
+            sampler.saw(i, [scored(1.0 if k < 8 * p else 0.0) for k in range(8)])
+            if i == 4 and found is None:
+                found = step
+        if found is not None and step > found + 10:
+            break
+    assert found is not None and not sampler.exhausted
+    sampler.metrics()
+    later = Counter(i for _ in range(100) for i in sampler.pick(1))
+    assert later[4] > 80, later
+    assert sampler.metrics()["gym_runtime/sampler/exhausted"] == 0
+
+
+def test_skipping_needs_a_floor_and_a_signal_below_a_quarter() -> None:
+    with pytest.raises(ClientError, match="skip_below 0.05 with floor 0"):
+        sampler_config({"score": "learnability", "skip_below": 0.05, "floor": 0})
+    with pytest.raises(ClientError, match="skip_below 0.3"):
+        sampler_config({"score": "learnability", "skip_below": 0.3})
 
 
 def test_a_bad_half_life_is_one_line() -> None:

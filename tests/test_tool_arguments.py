@@ -8,6 +8,7 @@ server writes its request bodies (``class Req(BaseModel): ...``): our
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pydantic
@@ -217,3 +218,36 @@ def test_validators_built_once_serve_every_call() -> None:
     Lenient.build_validators()
     spec = Lenient.tools["forecast"]
     assert spec.lenient is not None and spec.lenient() is spec.lenient()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"city": "SF", "days": 2}',
+        b'{"a": 1, "a": 2}',  # the last of a repeated key
+        '{"a": 123456789012345678901234567890}',
+        '{"a": 1e400, "b": NaN, "c": -Infinity}',  # Python's json only
+        '{"a": "\\ud800"}',  # a lone surrogate, escaped
+        '{"a": "\ud800"}',  # and raw in a str
+        b'\xef\xbb\xbf{"a": 1}',  # a UTF-8 BOM (json.loads takes bytes with one)
+        '{"a": 1e5, "b": 1e-400, "c": -0.0, "d": "\\u0000"}',
+        '\r\n {"a":\r\n[1, {"b": null}]} ',
+        '{"\\u00e9": "\x7f"}',
+        '{"city": "SF"} x',  # refused alike
+        '{"a": "x\ny"}',
+        "{'city': 'SF'}",
+        '{"a": 01}',
+    ],
+)
+def test_arguments_decode_as_json_loads_does(text: str | bytes) -> None:
+    """msgspec reads the arguments where it can; what it refuses, ``json.loads`` answers: the same value (its
+    type too) or the same refusal, for NeMo Gym's servers read them with ``json.loads``."""
+    try:
+        want: Any = json.loads(text)
+    except ValueError as e:
+        with pytest.raises(ToolArgumentsError, match=re.escape(f"not valid JSON: {e}")):
+            decode_arguments("t", text)
+        return
+    got = decode_arguments("t", text)
+    assert repr(got) == repr(want)  # nan != nan: compared as written
+    assert [type(v) for v in got.values()] == [type(v) for v in want.values()]

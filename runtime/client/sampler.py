@@ -9,7 +9,9 @@
 
 Decisions are ``data.sampling``'s (pure); statistics are kept per run in the bus's KV (``data.sampler_store``), so a
 restarted trainer resumes them. ``metrics()`` gives the share of zero-spread groups, the tasks skipped and why, and
-the estimated signal, since its last call (what the trainer adapters log).
+the estimated signal, since its last call (what the trainer adapters log). With ``skip_below``, ``exhausted`` says
+that no task of the set can teach (said once in a ``sampler.exhausted`` line naming the run): one's own loop ends
+there (``if sampler.exhausted: break``), TRL's adapter ends the training run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gym_runtime.data.sampler_store import SamplerStore
 from gym_runtime.data.sampling import (
     SamplerConfig,
     TaskStats,
+    cannot_teach,
     choose,
     observe,
     outcome,
@@ -62,6 +65,8 @@ class SamplerWindow:
     picked: int = 0
     revisited: int = 0
     skipped_low_signal: int = 0
+    skipped_cannot_teach: int = 0
+    exhausted_picks: int = 0  # picks made when no task could teach (the floor's exploration alone)
     signal: list[float] = field(default_factory=list)
     zero_uniform: list[float] = field(default_factory=list)  # the expected zero-spread share of uniform picks
     zero_picked: list[float] = field(default_factory=list)  # ... and of the picks made
@@ -87,6 +92,7 @@ class TaskSampler:
         self.totals = SamplerWindow()
         self._dirty: set[int] = set()
         self._reported: set[int] = set()  # tasks named in the environment-failure line already
+        self._said_exhausted = False  # the exhausted line is said once per time the set runs out
 
     @classmethod
     async def open(
@@ -134,13 +140,38 @@ class TaskSampler:
             w.picked += len(got.tasks)
             w.revisited += got.revisited
             w.skipped_low_signal += got.skipped_low_signal
+            w.skipped_cannot_teach += got.skipped_cannot_teach
+            w.exhausted_picks += len(got.tasks) if got.exhausted else 0
             w.signal.append(got.signal)
+        self._say_exhausted(got.exhausted)
         if self.config.score != "uniform" and got.tasks:  # uniform: the two are the same, and not worth a pass
             chance = [zero_spread_chance(s, self.group_size, self.config.prior) for s in self.stats]
             for w in (self.window, self.totals):
                 w.zero_uniform.append(sum(chance) / len(chance))
                 w.zero_picked.append(sum(chance[i] for i in got.tasks) / len(got.tasks))
         return got.tasks
+
+    @property
+    def exhausted(self) -> bool:
+        """No task of the set can teach now (each one's expected signal below ``skip_below``; never without it)."""
+        if self.config.score == "uniform" or self.config.skip_below <= 0:
+            return False
+        out = all(cannot_teach(self.stats, self.config))
+        self._say_exhausted(out)
+        return out
+
+    def _say_exhausted(self, now: bool) -> None:
+        """The ``sampler.exhausted`` line, once each time the set runs out of tasks that teach."""
+        if now and not self._said_exhausted:
+            log.warning(
+                "sampler.exhausted",
+                run=self.config.run,
+                tasks=len(self.stats),
+                skip_below=self.config.skip_below,
+                then="no task of the set can teach (each one solved or failed every time, lately): stop the run, "
+                "or give new tasks; picks go on at the floor's exploration alone",
+            )
+        self._said_exhausted = now
 
     def saw(self, task: int, rows: Sequence[dict[str, Any]]) -> None:
         """Count one group of ``task``'s rows (kept in memory until ``flush``)."""
@@ -192,6 +223,10 @@ class TaskSampler:
             "gym_runtime/sampler/picked": float(w.picked),
             "gym_runtime/sampler/revisited": float(w.revisited),
             "gym_runtime/sampler/skipped_low_signal": float(w.skipped_low_signal),
+            "gym_runtime/sampler/skipped_cannot_teach": float(w.skipped_cannot_teach),
+            "gym_runtime/sampler/cannot_teach_tasks": float(sum(cannot_teach(self.stats, self.config))),
+            "gym_runtime/sampler/exhausted": float(self.exhausted),
+            "gym_runtime/sampler/exhausted_picks": float(w.exhausted_picks),
             "gym_runtime/sampler/signal": sum(w.signal) / len(w.signal) if w.signal else 0.0,
             "gym_runtime/sampler/zero_spread_expected_uniform": _mean(w.zero_uniform),
             "gym_runtime/sampler/zero_spread_expected_picked": _mean(w.zero_picked),

@@ -196,6 +196,9 @@ def _describe(values: list[float]) -> dict[str, float]:
     n = len(values)
     if n == 0:
         return {}
+    if n == 1:  # (a task of one rollout: each of its stats is its value)
+        v = values[0]
+        return {"mean": math.fsum(values), "max": v, "min": v, "median": v, "std": 0.0}  # (fsum: -0.0's mean is 0.0)
     ordered = sorted(values)
     mean = math.fsum(ordered) / n
     mid = n // 2
@@ -337,7 +340,7 @@ class MetricsAccumulator:
             return
         numbers: dict[str, float] = {}
         for key, value in row.items():
-            if key.startswith("_ng_"):
+            if not isinstance(value, (int, float)) or key.startswith("_ng_"):  # (bool is an int)
                 continue
             number = _as_number(value)
             if number is not None:

@@ -11,6 +11,12 @@ of its task, so a task the policy has learned stops looking learnable, one that 
 and no record grows so certain that new outcomes cannot move it. A floor keeps every task a minimum chance, and a
 task not picked for ``revisit_after`` picks is picked again outright, so a task that becomes learnable is found
 again. ``score: uniform`` (the default) is uniform sampling without replacement.
+
+What cannot teach is skipped (``skip_below``, off by default): a task whose expected signal is below it (its pass
+rate, by the faded evidence and its uncertainty, near 0 or 1) gets no weight beyond the floor and is not revisited,
+so only the floor's exploration spends on it (and finds it again should it become learnable: its record moves only
+when it is run). When no task of the set can teach the set is *exhausted*: the picks are the floor's (uniform) and
+the caller is told (``Pick.exhausted``), so a trainer can stop rather than train on groups with no advantage.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ __all__ = [
     "Pick",
     "SamplerConfig",
     "TaskStats",
+    "cannot_teach",
     "choose",
     "observe",
     "outcome",
@@ -54,6 +61,9 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prior: tuple[float, float] = (1.0, 1.0)  # Beta(passes, fails) before any outcome
     half_life: float = 16.0  # an outcome counts half after this many later outcomes of its task (0: never fades)
     run: str = "default"  # whose statistics: two runs in one namespace keep their own (the same run: shared)
+    skip_below: float = (
+        0.0  # a task whose expected signal is below this cannot teach: skipped but for the floor (0: off)
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.floor <= 1.0:
@@ -68,6 +78,16 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sampler revisit_after {self.revisit_after}: give 0 (the default) or a positive count")
         if len(self.prior) != 2 or min(self.prior) <= 0:
             raise ValueError(f"sampler prior {self.prior}: give two positive numbers (1, 1 is uniform)")
+        if not 0.0 <= self.skip_below < 0.25:
+            raise ValueError(
+                f"sampler skip_below {self.skip_below}: give an expected signal from 0 (off) to below 0.25 (the most "
+                "p(1-p) can be; 0.05 skips a task solved, or failed, about 19 times in 20)"
+            )
+        if self.skip_below > 0 and self.floor <= 0:
+            raise ValueError(
+                f"sampler skip_below {self.skip_below} with floor 0: a skipped task would never be tried again; give "
+                "a floor above 0 (0.1 keeps 10% uniform)"
+            )
         if not self.run or not all(c.isalnum() or c in "-_" for c in self.run):
             raise ValueError(f"sampler run {self.run!r}: give letters, digits, '-' and '_' only")
 
@@ -92,6 +112,8 @@ class Pick(msgspec.Struct, kw_only=True):
     revisited: int = 0  # picked because not seen for revisit_after picks
     signal: float = 0.0  # mean expected signal of the picked tasks
     skipped_low_signal: int = 0  # tasks whose weight was below a uniform share that were not picked
+    skipped_cannot_teach: int = 0  # tasks whose expected signal was below skip_below that were not picked
+    exhausted: bool = False  # no task could teach: the picks were the floor's exploration alone
 
 
 def task_key(row: Mapping[str, Any]) -> str:
@@ -173,9 +195,17 @@ def zero_spread_chance(stats: TaskStats, n: int, prior: tuple[float, float] = (1
     return all_pass + all_fail
 
 
+def cannot_teach(stats: Sequence[TaskStats], config: SamplerConfig) -> list[bool]:
+    """Per task: its expected signal is below ``skip_below`` (all False when skipping is off, or uniform)."""
+    if config.score == "uniform" or config.skip_below <= 0:
+        return [False] * len(stats)
+    return [signal(s, config.prior) < config.skip_below for s in stats]
+
+
 def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:
     """Each task's chance of being picked next: signal per unit of mean cost to the power ``sharpness``,
-    normalised, mixed with the floor."""
+    normalised, mixed with the floor; a task that cannot teach has the floor's share alone (every task's, uniform,
+    when none can)."""
     n = len(stats)
     if n == 0:
         return []
@@ -183,10 +213,11 @@ def weights(stats: Sequence[TaskStats], config: SamplerConfig) -> list[float]:
         return [1.0 / n] * n
     costs = [s.cost / s.rollouts for s in stats if s.rollouts and s.cost > 0]
     typical = sum(costs) / len(costs) if costs else 1.0  # a task not yet measured costs the mean
+    skipped = cannot_teach(stats, config)
     raw = []
-    for s in stats:
+    for s, skip in zip(stats, skipped, strict=True):
         per = s.cost / s.rollouts if s.rollouts and s.cost > 0 else typical
-        raw.append(signal(s, config.prior) / max(per, 1e-9))
+        raw.append(0.0 if skip else signal(s, config.prior) / max(per, 1e-9))
     top = max(raw)
     raw = [(r / top) ** config.sharpness if top > 0 else 0.0 for r in raw]  # scaled first: no underflow
     total = sum(raw)
@@ -201,8 +232,11 @@ def choose(stats: Sequence[TaskStats], k: int, config: SamplerConfig, rng: rando
     n = len(stats)
     k = min(k, n)
     w = weights(stats, config)
+    skip = cannot_teach(stats, config)
     after = config.revisit_after or 4 * n
-    due = sorted((s.last_pick, i) for i, s in enumerate(stats) if clock - s.last_pick >= after)  # never: -1
+    due = sorted(  # never picked: -1; one that cannot teach is left to the floor
+        (s.last_pick, i) for i, s in enumerate(stats) if clock - s.last_pick >= after and not skip[i]
+    )
     picked = [i for _, i in due[:k]] if config.score != "uniform" else []
     revisited = len(picked)
     taken = set(picked)
@@ -212,5 +246,12 @@ def choose(stats: Sequence[TaskStats], k: int, config: SamplerConfig, rng: rando
         picked.append(i)
         left.remove(i)
     share = sum(signal(stats[i], config.prior) for i in picked) / max(1, len(picked))
-    low = sum(1 for i in left if w[i] < 1.0 / n) if config.score != "uniform" else 0
-    return Pick(tasks=picked, revisited=revisited, signal=share, skipped_low_signal=low)
+    low = sum(1 for i in left if w[i] < 1.0 / n and not skip[i]) if config.score != "uniform" else 0
+    return Pick(
+        tasks=picked,
+        revisited=revisited,
+        signal=share,
+        skipped_low_signal=low,
+        skipped_cannot_teach=sum(1 for i in left if skip[i]),
+        exhausted=all(skip) and config.skip_below > 0 and config.score != "uniform",
+    )

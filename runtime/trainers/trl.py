@@ -156,13 +156,17 @@ class TRLRollouts:
             raise ClientError(f"sampler: made for {len(sampler.keys)} rows, the trainer's dataset has {len(rows)}")
         self.sampler = sampler  # learns from every group; ``use_sampler`` makes it choose TRL's prompts too
 
-    def use_sampler(self, trainer: Any) -> None:
+    def use_sampler(self, trainer: Any, *, stop_when_exhausted: bool = True) -> None:
         """TRL's train sampler replaced by ``TaskRepeats``: each generation batch's prompts chosen by ``sampler``
         (in TRL's ``RepeatSampler`` order, so each prompt still gets its own ``num_generations`` completions).
-        Call it after building the trainer, before ``trainer.train()``."""
+        With the sampler's ``skip_below``, training ends at the first step after which no task can teach
+        (``stop_when_exhausted=False``: it goes on at the floor's exploration). Call it after building the trainer,
+        before ``trainer.train()``."""
         if self.sampler is None:
             raise ClientError("use_sampler: give TRLRollouts(..., sampler=TaskSampler...) first")
         sampler = self.sampler
+        if stop_when_exhausted and sampler.config.skip_below > 0:
+            trainer.add_callback(_stop_when_exhausted(sampler))
 
         def train_sampler(dataset: Any = None) -> TaskRepeats:
             data = trainer.train_dataset if dataset is None else dataset
@@ -435,6 +439,23 @@ class TRLRollouts:
             train = metrics["train"]
             for k, v in c.items():
                 train[k].append(v)
+
+
+def _stop_when_exhausted(sampler: TaskSampler) -> Any:
+    """A ``TrainerCallback`` ending training after a step that left no task able to teach: the next step's
+    groups, all of them without spread, would give no advantage (and no gradient) for their generation's cost."""
+    from transformers import TrainerCallback
+
+    class StopWhenExhausted(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if sampler.exhausted:
+                log.warning(
+                    "trainer.stopped", step=state.global_step, why="sampler exhausted: no task of the set can teach"
+                )
+                control.should_training_stop = True
+            return control
+
+    return StopWhenExhausted()
 
 
 class TaskRepeats:

@@ -14,7 +14,7 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
@@ -67,13 +67,20 @@ class PausedTime:
     messages; overlapping waits counted once, on this side's clock): what a call's own time leaves out (a tool
     call's ``cost.tool_ms``: the wait is ``sandbox_wait_s``, not tool time). Passed on to the caller's clock."""
 
-    __slots__ = ("outer", "waits", "since", "seconds")
+    __slots__ = ("outer", "waits", "since", "seconds", "_token")
 
     def __init__(self, outer: Callable[[float | None], None] | None) -> None:
         self.outer = outer
         self.waits = 0  # waits under way now
         self.since = 0.0
         self.seconds = 0.0  # ended stretches of waiting
+
+    def __enter__(self) -> PausedTime:
+        self._token = ON_PAUSE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ON_PAUSE.reset(self._token)
 
     def __call__(self, took: float | None) -> None:
         now = time.monotonic()
@@ -92,15 +99,10 @@ class PausedTime:
         return self.seconds + (time.monotonic() - self.since if self.waits else 0.0)
 
 
-@contextlib.contextmanager
-def pauses_counted() -> Iterator[PausedTime]:
-    """Count the lease waits of the calls made inside (``PausedTime``), the caller's own clock told as before."""
-    counted = PausedTime(ON_PAUSE.get())
-    token = ON_PAUSE.set(counted)
-    try:
-        yield counted
-    finally:
-        ON_PAUSE.reset(token)
+def pauses_counted() -> PausedTime:
+    """Count the lease waits of the calls made in a ``with`` block (``PausedTime``), the caller's own clock told as
+    before (a slotted scope, not a generator's: a tool call's four calls fewer)."""
+    return PausedTime(ON_PAUSE.get())
 
 
 DIRECT_ABSENT_S = 1.0  # after "nobody serves direct calls here", use the queue this long before asking again

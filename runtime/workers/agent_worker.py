@@ -12,14 +12,12 @@ every worker that takes it ends as a ``worker_lost`` row.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
@@ -533,10 +531,12 @@ class AgentWorker:
                     room.on_restart = functools.partial(_fresh_clock, room, clock, self.cfg.timeout_s)
                 # and so does an environment's, inside a call this rollout made (its handler says so)
                 pausing = ON_PAUSE.set(paused.in_call)
+                stopped = self._cancellable(task.batch)
                 try:
-                    with self._cancellable(task.batch) as stopped:
+                    with stopped:
                         outcomes = await self._outcomes(ctx, task, size)
                 finally:
+                    self._ended(task.batch, stopped)
                     ON_PAUSE.reset(pausing)
         except TimeoutError:
             return Failure("timeout", f"rollout exceeded timeout_s={self.cfg.timeout_s:g}")
@@ -620,21 +620,21 @@ class AgentWorker:
         pool = room.sandboxes.pool or (env.sandbox if env is not None else "")
         self.bus.telemetry.meters.sandbox_waited(pool, waited)
 
-    @contextlib.contextmanager
-    def _cancellable(self, batch: str) -> Iterator[anyio.CancelScope]:
-        """A rollout of ``batch`` that stops when the trainer cancels the batch (``BatchHandle.cancel``)."""
+    def _cancellable(self, batch: str) -> anyio.CancelScope:
+        """The scope of a rollout of ``batch`` that stops when the trainer cancels the batch (``BatchHandle.cancel``),
+        run under it and then handed to ``_ended`` (two calls, where a context manager's were seven a rollout)."""
         scope = anyio.CancelScope()
-        running = self._running.setdefault(batch, set())
-        running.add(scope)
+        self._running.setdefault(batch, set()).add(scope)
         if self.control.known_cancelled(batch):  # cancelled between the start check and now
             scope.cancel()
-        try:
-            with scope:
-                yield scope
-        finally:
+        return scope
+
+    def _ended(self, batch: str, scope: anyio.CancelScope) -> None:
+        running = self._running.get(batch)
+        if running is not None:
             running.discard(scope)
             if not running:
-                self._running.pop(batch, None)
+                del self._running[batch]
 
     def _stop_batch(self, batch: str) -> None:
         for scope in self._running.get(batch, ()):

@@ -177,6 +177,7 @@ class Pausable:
     def __init__(self) -> None:
         self._open = anyio.Event()
         self._open.set()
+        self._is_open = True  # ``_open``'s state, read per call without the Event's two calls
         self._idle: anyio.Event | None = None  # made by a pause that waits for the calls in flight
         self.flights: set[Flight] = set()
         self.held = 0
@@ -188,10 +189,10 @@ class Pausable:
     @property
     def is_open(self) -> bool:
         """Not paused: a call entering now runs at once."""
-        return self._open.is_set()
+        return self._is_open
 
     async def enter(self) -> Flight:
-        if not self._open.is_set():
+        if not self._is_open:
             self.held += 1
             try:
                 await self._open.wait()
@@ -210,8 +211,9 @@ class Pausable:
     async def pause(self, mode: str = "drain", *, cancel: bool = False) -> int:
         """Close the gate; stop the calls in flight unless draining (``cancel``: cancel them too, for an
         adapter that cannot stop by itself); return how many were stopped once none is in flight."""
-        if self._open.is_set():
+        if self._is_open:
             self._open = anyio.Event()
+            self._is_open = False
         stopped = 0
         if mode != "drain":
             for f in self.flights:
@@ -224,6 +226,7 @@ class Pausable:
         return stopped
 
     def resume(self) -> None:
+        self._is_open = True
         self._open.set()
 
 

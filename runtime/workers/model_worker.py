@@ -286,8 +286,8 @@ class ModelWorker:
             meters.stage_time("model_call", self.name, took)
             if usage is not None:
                 meters.model_tokens(self.name, usage.input_tokens, usage.output_tokens)
-        span = trace.get_current_span()
-        if span.is_recording():  # OTel GenAI semantic conventions
+        span = trace.get_current_span() if self.bus.telemetry.recording else None  # no exporter: no span of ours
+        if span is not None and span.is_recording():  # OTel GenAI semantic conventions
             adapter, opts = self.cfg.adapter, self.cfg.options
             model = getattr(opts, "model", None) or self.name  # options differ per adapter
             span.set_attributes(

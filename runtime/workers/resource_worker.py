@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import Token
 from typing import Any, cast
@@ -118,8 +118,10 @@ class _Book:
 
     __slots__ = ("inst", "models", "lease")
 
-    def __init__(self, inst: Resource, models: BusModels, lease: Sandboxes) -> None:
-        self.inst = weakref.ref(inst)
+    def __init__(
+        self, inst: Resource, models: BusModels, lease: Sandboxes, gone: Callable[[weakref.ref[Resource]], object]
+    ) -> None:
+        self.inst = weakref.ref(inst, gone)  # ``gone``: the instance was collected (its book is dropped)
         self.models = models
         self.lease = lease
 
@@ -391,11 +393,12 @@ class ResourceWorker:
         inst = self.cls()
         inst.models = models = BusModels(self.bus)  # its own: the session's model calls are its rollout's cost
         inst.sandboxes = lease = self._lease(bound=bound)
-        try:  # its ledger, kept apart from the instance (dropped with it)
-            weakref.finalize(inst, self._books.pop, id(inst), None)
+        key, books = id(inst), self._books
+        try:  # its ledger, kept apart from the instance, dropped with it (a weak reference's callback: what
+            # ``weakref.finalize`` did, with none of its registry)
+            books[key] = _Book(inst, models, lease, lambda _ref: books.pop(key, None))
         except TypeError:  # an instance that takes no weak reference: its own attributes are read
-            return inst
-        self._books[id(inst)] = _Book(inst, models, lease)
+            pass
         return inst
 
     def _book(self, inst: Resource) -> tuple[Any, Any]:

@@ -43,6 +43,11 @@ def main() -> None:
         "--revisit-after", type=int, default=0, help="picks before an unpicked task is retried (0: 4 x rows)"
     )
     p.add_argument("--half-life", type=float, default=16.0, help="outcomes until an old one counts half (0: never)")
+    p.add_argument(
+        "--skip-below", type=float, default=0.0, help="the sampler skips tasks whose expected signal is below this"
+    )
+    p.add_argument("--go-on", action="store_true", help="with --skip-below: go on when no task can teach (no stop)")
+    p.add_argument("--window", type=int, default=50, help="steps per window of the per-window figures")
     p.add_argument("--threshold", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the run's figures as one JSON line")
@@ -62,6 +67,7 @@ def main() -> None:
     started = time.monotonic()
     groups = zero = rollouts_run = tokens = 0
     learnable: list[float] = []  # each learnable group's mean reward
+    learnable_at: list[float] = []  # per step: the mean reward of its learnable groups (none: not counted)
     reached: dict[str, int] | None = None
 
     class Stop(TrainerCallback):
@@ -76,6 +82,7 @@ def main() -> None:
             "sharpness": args.sharpness,
             "half_life": args.half_life,
             "revisit_after": args.revisit_after,
+            "skip_below": args.skip_below,
             "run": f"bench{args.seed}",
         }
         sampler = TaskSampler.open_sync(client, rows, config, seed=args.seed, store=False)
@@ -94,6 +101,12 @@ def main() -> None:
                 tokens += sum(len(c) for c in out["completion_ids"][k : k + args.generations])
                 if group[0]["kind"] == "learnable":
                     learnable.append(sum(rewards) / len(rewards))
+            step = [
+                sum(float(r.get("reward", 0.0)) for r in got[k : k + args.generations]) / args.generations
+                for k in range(0, len(got), args.generations)
+                if got[k]["kind"] == "learnable"
+            ]
+            learnable_at.append(sum(step) / len(step) if step else float("nan"))
             last = learnable[-20:]
             mean = sum(last) / len(last) if last else 0.0
             if reached is None and len(last) == 20 and mean >= args.threshold:
@@ -112,10 +125,18 @@ def main() -> None:
             disable_tqdm=True,
         )
         if args.score != "uniform":
-            rollouts.use_sampler(trainer)
+            rollouts.use_sampler(trainer, stop_when_exhausted=not args.go_on)
         trainer.add_callback(Stop())
         trainer.train()
     last = learnable[-20:]
+    per_step = args.batch // args.generations
+    missing = (args.steps - trainer.state.global_step) * per_step  # groups a stopped run did not generate
+    windows: dict[int, dict[str, list[float]]] = {}
+    for h in trainer.state.log_history:
+        if "frac_reward_zero_std" in h:
+            w = windows.setdefault((int(h["step"]) - 1) // args.window, {"zero": [], "entropy": []})
+            w["zero"].append(float(h["frac_reward_zero_std"]))
+            w["entropy"].append(float(h.get("entropy", 0.0)))
     result = {
         "score": args.score,
         "sharpness": args.sharpness,
@@ -126,10 +147,24 @@ def main() -> None:
         "steps": trainer.state.global_step,
         "seconds": round(time.monotonic() - started),
         "groups": groups,
-        "zero_spread_share": round(zero / max(1, groups), 3),
+        "skip_below": args.skip_below,
+        "window": args.window,
+        "stopped": trainer.state.global_step < args.steps,
+        "zero_spread_share": round(zero / max(1, groups), 3),  # of the groups generated
+        "zero_spread_share_whole": round((zero + missing) / max(1, groups + missing), 3),  # not generated: no spread
+        "zero_by_window": [round(sum(w["zero"]) / len(w["zero"]), 2) for _, w in sorted(windows.items())],
+        "entropy_by_window": [round(sum(w["entropy"]) / len(w["entropy"]), 2) for _, w in sorted(windows.items())],
+        "learnable_by_window": [
+            round(sum(ms) / len(ms), 2) if ms else None
+            for ms in (
+                [m for m in learnable_at[k : k + args.window] if m == m]
+                for k in range(0, len(learnable_at), args.window)
+            )
+        ],  # the learnable groups' mean reward per window (None: none in it)
         "rollouts": rollouts_run,
         "tokens": tokens,
         "learnable_groups": len(learnable),
+        "top_task_share": round(max(st.groups for st in sampler.stats) / max(1, groups), 3),  # the most-run task's
         "learnable_last20": round(sum(last) / max(1, len(last)), 3),
         "reached": reached,
     }

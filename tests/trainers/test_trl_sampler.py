@@ -98,3 +98,31 @@ def test_the_async_worker_picks_its_groups_by_the_sampler(tmp_path: Path) -> Non
     while not worker.metrics_queue.empty():
         metrics.append(worker.metrics_queue.get_nowait())
     assert any("gym_runtime/sampler/signal" in m for m in metrics)
+
+
+def test_trl_ends_the_run_when_no_task_can_teach(tmp_path: Path) -> None:
+    """Every row solved or failed every time: with ``skip_below`` the sampler is exhausted once each task's few
+    groups have shown it, and TRL's run ends at that step (its logs say so) rather than generating the 40 steps'
+    groups, none of which could have an advantage."""
+    from gym_runtime.trainers.trl import TRLRollouts
+
+    w = world(tmp_path, rows=4)
+    rows = [{**row, "n": i, "fixed_reward": float(i % 2)} for i, row in enumerate(w.rows)]
+    calls = 0
+    with SyncClient(w.config) as client:
+        config = {"score": "learnability", "floor": 0.1, "skip_below": 0.08}
+        sampler = TaskSampler.open_sync(client, rows, config, seed=0, store=False)
+        rollouts = TRLRollouts(client, rows, sampler=sampler)
+
+        def counted(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+            nonlocal calls
+            calls += 1
+            return rollouts(prompts, trainer)
+
+        trainer = grpo(w, counted, rollouts.dataset(), tmp_path, steps=40, batch=8, generations=4)
+        rollouts.use_sampler(trainer)
+        trainer.train()
+    assert sampler.exhausted and 6 <= trainer.state.global_step < 20, trainer.state.global_step
+    assert calls == trainer.state.global_step  # nothing generated after the step that exhausted the set
+    logged = [h for h in trainer.state.log_history if "gym_runtime/sampler/exhausted" in h]
+    assert logged[-1]["gym_runtime/sampler/exhausted"] == 1 and logged[0]["gym_runtime/sampler/exhausted"] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ CORPUS_URL = "https://offline.gym-runtime.invalid/wiki/"
 
 def compat() -> Path:
     return differential.compat_dir("nemo_gym", "google_search")
+
+
+def google_search_cli(
+    command: str, rows: str | Path, out: Path, *more: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``gym-runtime <command>`` on this environment's config, ``rows`` in, ``out`` out."""
+    return cli(command, "resources/google_search/config.yaml", "-i", str(rows), *more, "-o", str(out), timeout=timeout)
 
 
 def pairs() -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -55,15 +63,8 @@ async def test_recorded_backend_reproduces_every_recorded_tool_output_exactly() 
 
 def test_reverify_cli_reproduces_recorded_rewards(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    res = cli(
-        "reverify",
-        "resources/google_search/config.yaml",
-        "-i",
-        str(compat() / "example_rollouts.jsonl"),
-        "--tasks",
-        str(compat() / "example.jsonl"),
-        "-o",
-        str(out),
+    res = google_search_cli(
+        "reverify", compat() / "example_rollouts.jsonl", out, "--tasks", str(compat() / "example.jsonl")
     )
     assert res.returncode == 0, res.stderr
     assert "5 rows re-verified, 0 failed, 0 rewards changed" in res.stdout
@@ -102,15 +103,7 @@ async def test_replay_end_to_end_with_recorded_tool_outputs(nats_server, tmp_pat
 
 def test_run_cli_offline_on_the_bundled_example(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    res = cli(
-        "run",
-        "resources/google_search/config.yaml",
-        "-i",
-        "resources/google_search/data/example.jsonl",
-        "-o",
-        str(out),
-        timeout=300,
-    )
+    res = google_search_cli("run", "resources/google_search/data/example.jsonl", out, timeout=300)
     assert res.returncode == 0, res.stderr
     rows = read_jsonl(out)
     assert len(rows) == 5

@@ -15,14 +15,8 @@ from gym_runtime.resources.math_advanced_calculations import (
     MathAdvancedCalculations,
     solution_of,
 )
-from tests.differential import (
-    compat_dir,
-    differential_cases,
-    new_session,
-    read_jsonl,
-    recorded_response,
-    replay_tool_calls,
-)
+from gym_runtime.testing import new_session, read_jsonl, recorded_response, replay_rollouts
+from tests.differential import compat_dir, differential_cases
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 
@@ -68,11 +62,8 @@ async def test_differential_trajectories_replayed_through_our_tools_give_the_rec
 
 async def test_recorded_rollouts_tool_outputs_are_reproduced_exactly() -> None:
     """NeMo Gym's recorded rollouts (other tasks, no ground truth): every tool output matches bit for bit."""
-    count = 0
-    for rollout in read_jsonl(compat_dir("nemo_gym", "math_advanced_calculations", "example_rollouts.jsonl")):
-        inst = await new_session(MathAdvancedCalculations)
-        count += await replay_tool_calls(inst, recorded_response(rollout["response"]))
-    assert count >= 5
+    rollouts = compat_dir("nemo_gym", "math_advanced_calculations", "example_rollouts.jsonl")
+    assert await replay_rollouts(MathAdvancedCalculations, rollouts) >= 5
 
 
 @pytest.mark.parametrize(

@@ -15,14 +15,8 @@ from gym_runtime.messages import (
     output_text,
 )
 from gym_runtime.resources.mcqa import MCQA, grade
-from tests.differential import (
-    COMPAT,
-    example_rollouts,
-    recorded_response,
-    reverify_differential,
-    text_response,
-    verify_once,
-)
+from gym_runtime.testing import recorded_response, text_response, verify_once
+from tests.differential import COMPAT, example_rollouts, reverify_differential
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "mcqa"

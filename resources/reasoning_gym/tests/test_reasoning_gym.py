@@ -9,10 +9,6 @@ from typing import Any
 import pytest
 
 from gym_runtime.messages import (
-    Message,
-    Reasoning,
-    Response,
-    assistant_message,
     output_text,
 )
 from gym_runtime.resources.reasoning_gym import (
@@ -92,18 +88,7 @@ def test_extract_answer(text: str, extracted: str) -> None:
 
 
 def test_only_message_output_text_is_read() -> None:
-    response = Response(
-        id="r",
-        created_at=0.0,
-        output=[
-            Reasoning(summary=[{"type": "summary_text", "text": "<answer>wrong</answer>"}]),
-            assistant_message("<answer>3"),
-            Message(
-                role="assistant",
-                content=[{"type": "refusal", "refusal": "x"}, {"type": "output_text", "text": "0</answer>"}],
-            ),
-        ],
-    )
+    response = text_response("<answer>3", "0</answer>", reasoning="<answer>wrong</answer>", refusal="x")
     assert output_text(response.output) == "<answer>30</answer>"
     assert extract_answer(output_text(response.output)) == "30"
 

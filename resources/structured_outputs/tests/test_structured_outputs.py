@@ -11,8 +11,6 @@ import pytest
 from gym_runtime.config import load_config
 from gym_runtime.messages import (
     FunctionCall,
-    Message,
-    Reasoning,
     Response,
     assistant_message,
     output_text,
@@ -25,13 +23,8 @@ from gym_runtime.resources.structured_outputs import (
     strictify,
     tool_payload,
 )
-from tests.differential import (
-    COMPAT,
-    differential_cases,
-    read_jsonl,
-    recorded_response,
-    verify_once,
-)
+from gym_runtime.testing import read_jsonl, recorded_response, text_response, verify_once
+from tests.differential import COMPAT, differential_cases
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 NEMO = COMPAT / "nemo_gym" / "structured_outputs"
@@ -117,26 +110,20 @@ def test_text_formats(schema_type: str, text: str, expected: str | None) -> None
     assert error_type(evaluate_text(schema_type, PERSON, text)) == expected
 
 
+def obj(**properties: Any) -> dict[str, Any]:
+    """An object schema of these properties: a type's name (or names) or a whole schema each."""
+    return {
+        "type": "object",
+        "properties": {k: v if isinstance(v, dict) else {"type": v} for k, v in properties.items()},
+    }
+
+
 def test_xml_coercion_and_list_unwrapping() -> None:
     schema = json.dumps({"type": "object", "properties": {"person": json.loads(PERSON)}})
     xml = "<person><name>Ada</name><age>36</age><email/><tags><t>math</t><t>poetry</t></tags></person>"
     assert evaluate_text("xml", schema, xml) == (1.0, None, None)  # <email/> is null, which the schema allows
-    nullable = json.dumps(
-        {
-            "type": "object",
-            "properties": {
-                "person": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string"},
-                        "age": {"type": "integer"},
-                        "ok": {"type": "boolean"},
-                        "tags": {"type": "array", "items": {}},
-                    },
-                }
-            },
-        }
-    )
+    person = obj(name="string", age="integer", ok="boolean", tags={"type": "array", "items": {}})
+    nullable = json.dumps(obj(person=person))
     one = "<person><name/><age>36</age><ok>TRUE</ok><tags><t>math</t></tags></person>"
     assert evaluate_text("xml", nullable, one) == (1.0, None, None)  # empty string, int, bool, one-item list
     assert error_type(evaluate_text("xml", nullable, one, False)) == "validation_error"  # no coercion
@@ -147,18 +134,7 @@ def test_xml_coercion_and_list_unwrapping() -> None:
 
 def test_csv_cells_are_coerced() -> None:
     schema = json.dumps(
-        {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "pop": {"type": "integer"},
-                    "capital": {"type": "boolean"},
-                    "area": {"type": ["number", "null"]},
-                },
-            },
-        }
+        {"type": "array", "items": obj(city="string", pop="integer", capital="boolean", area=["number", "null"])}
     )
     assert evaluate_text("csv", schema, "city,pop,capital,area\nParis,2100000,true,105.4\nLyon,500000,0,\n") == (
         1.0,
@@ -191,17 +167,7 @@ def test_strictify_walks_objects_but_not_lists() -> None:
 
 
 def test_answer_text_joins_output_text_parts_of_all_messages() -> None:
-    response = Response(
-        id="r",
-        created_at=0.0,
-        output=[
-            Reasoning(summary=[{"type": "summary_text", "text": "{}"}]),
-            assistant_message('{"name": "Ad'),
-            Message(
-                role="assistant", content=[{"type": "refusal", "refusal": "no"}, {"type": "output_text", "text": 'a"}'}]
-            ),
-        ],
-    )
+    response = text_response('{"name": "Ad', 'a"}', reasoning="{}", refusal="no")
     assert output_text(response.output) == '{"name": "Ada"}'
 
 

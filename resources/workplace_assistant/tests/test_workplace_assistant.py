@@ -17,14 +17,8 @@ from gym_runtime.resources.workplace_assistant.workbench import (
     Workbench,
     _initial,
 )
-from tests.differential import (
-    compat_dir,
-    differential_cases,
-    new_session,
-    read_jsonl,
-    recorded_response,
-    replay_tool_calls,
-)
+from gym_runtime.testing import new_session, read_jsonl, recorded_response, replay_rollouts
+from tests.differential import compat_dir, differential_cases
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 
@@ -93,11 +87,8 @@ async def test_unseeded_verify_rebuilds_the_state_from_the_response_like_nemo_gy
 
 async def test_recorded_rollouts_tool_outputs_are_reproduced_byte_for_byte() -> None:
     """NeMo Gym's recorded rollouts (other tasks than example.jsonl): our answers are its answers, as text."""
-    count = 0
-    for rollout in read_jsonl(compat_dir("nemo_gym", "workplace_assistant", "example_rollouts.jsonl")):
-        inst = await new_session(WorkplaceAssistant)
-        count += await replay_tool_calls(inst, recorded_response(rollout["response"]))
-    assert count >= 6
+    rollouts = compat_dir("nemo_gym", "workplace_assistant", "example_rollouts.jsonl")
+    assert await replay_rollouts(WorkplaceAssistant, rollouts) >= 6
 
 
 REPLY = call("email_reply_email", email_id="00000057", body="Thanks for the update - I will get back to you tomorrow.")
