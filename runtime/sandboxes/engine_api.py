@@ -369,7 +369,10 @@ class EngineBackend:
         return state in ("running", "paused", "restarting", "created", None)
 
     async def aclose(self) -> None:
-        await self.engine.close()
+        try:
+            await self.forks.close()  # after its worker removed what it held: the snapshots it made go too
+        finally:
+            await self.engine.close()
 
 
 class EngineProcess:

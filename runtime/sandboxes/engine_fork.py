@@ -112,6 +112,7 @@ class EngineForks:
         self.used: dict[str, str] = {}  # a child -> its image or snapshot volume
         self.kept: dict[str, Snapshot] = {}  # a parent -> its last snapshot, oldest first
         self.holders: dict[str, str] = {}  # a snapshot's volume -> its holder
+        self.made: set[str] = set()  # the snapshots' volumes it made (``close``)
         self._reading: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
         self.reads = 0  # parents' files read (a snapshot filled), not kept ones reused (tests)
 
@@ -200,6 +201,7 @@ class EngineForks:
             snap = Snapshot(f"{VOLUME_PREFIX}{uuid.uuid4().hex[:20]}")
             try:
                 await self.engine.create_volume(snap.volume, {self.pool_label: self.pool, FORK_OF: sid}, tmpfs)
+                self.made.add(snap.volume)
             except EngineError as e:
                 raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: {e}", retryable=True) from e
             self.users.setdefault(snap.volume, set()).add(token)
@@ -336,10 +338,22 @@ class EngineForks:
             if holder := self.holders.pop(made, ""):
                 await self.engine.remove(holder)
             gone = await self.engine.remove_volume(made)
+            if gone:
+                self.made.discard(made)
         else:
             gone = await self.engine.remove_image(made)
         if not gone:
             log.info("sandbox.fork_image_kept", image=made[:27])  # a sweep tries again
+
+    async def close(self) -> None:
+        """Its worker stops (what it held removed): remove every snapshot it made that is still there and no container
+        uses (one a removal refused while a copy's removal was under way), and their holders."""
+        for volume, holder in list(self.holders.items()):
+            await self.engine.remove(holder)
+            del self.holders[volume]
+        for volume in sorted(self.made):
+            await self.engine.remove_volume(volume)
+        self.made.clear()
 
     async def sweep(self, now: float | None = None) -> int:
         """Remove the pool's temporary images and snapshots that no container uses (their worker died, or a removal
