@@ -2,13 +2,15 @@
 backend, in process: copies with the parent's files, each under its own lease, limits and ``--network none``; a
 write in one is seen by no other nor by the parent (nor the parent's later writes by them); they count against the
 pool's quota (a fork past it is ``sandbox_unavailable`` at once, not a wait); and nothing is left behind: no copy,
-no temporary image, whether the copies are closed, their holder falls silent, or the worker stops."""
+no temporary image, no snapshot volume, whether the copies are closed, their holder falls silent, or the worker
+stops."""
 
 from __future__ import annotations
 
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -17,8 +19,8 @@ from gym_runtime.config import SandboxConfig
 from gym_runtime.errors import Failure
 from gym_runtime.messages import SandboxSpec
 from gym_runtime.sandboxes.client import Sandbox, Sandboxes
-from gym_runtime.sandboxes.engine_api import LEASE, POOL
-from gym_runtime.sandboxes.engine_fork import FORK_OF, IMAGE_GRACE_S, EngineForks
+from gym_runtime.sandboxes.engine_api import HOLDER, LEASE, POOL
+from gym_runtime.sandboxes.engine_fork import FORK_DIR, FORK_OF, IMAGE_GRACE_S, VOLUME_PREFIX, EngineForks
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.sandboxes.leases import lease_tag
 from gym_runtime.transport.bus import Bus
@@ -29,13 +31,22 @@ __all__ = ["pool"]  # the fixture
 
 
 @pytest.fixture
+def backend_name() -> str:  # tests/test_sandbox_podman.py runs these tests on Podman
+    return "docker"
+
+
+@pytest.fixture
 async def swept(engine: Engine, pool: str) -> AsyncIterator[None]:
-    """After the test, whatever it asserted: no fork image of its pool left in the shared engine."""
+    """After the test, whatever it asserted: no fork image or snapshot of its pool left in the shared engine."""
     yield
-    for image in await fork_images(engine, pool):
-        for c in await engine.containers({POOL: f"gym.{pool}"}):
+    left = await fork_images(engine, pool), await fork_volumes(engine, pool)
+    if left[0] or left[1]:
+        for c in await engine.containers({POOL: f"gym.{pool}"}) + await holders(engine, pool):
             await engine.remove(c["Id"])
+    for image in left[0]:
         await engine.remove_image(image)
+    for volume in left[1]:
+        await engine.remove_volume(volume)
 
 
 def holder(bus: Bus, pool: str) -> Sandboxes:
@@ -48,6 +59,16 @@ async def containers(engine: Engine, pool: str) -> list[str]:
 
 async def fork_images(engine: Engine, pool: str) -> list[str]:
     return [i["Id"] for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
+
+
+async def fork_volumes(engine: Engine, pool: str) -> list[str]:
+    """A read-only pool's snapshots (``engine_fork``): the volumes its forks' copies copy from."""
+    return [v["Name"] for v in await engine.volumes({POOL: f"gym.{pool}"}) if FORK_OF in (v.get("Labels") or {})]
+
+
+async def holders(engine: Engine, pool: str) -> list[dict[str, Any]]:
+    """The pool's snapshots' holders (not the pool's containers: no sandbox)."""
+    return await engine.containers({HOLDER: f"gym.{pool}"})
 
 
 async def cat(box: Sandbox, path: str) -> str:
@@ -70,10 +91,10 @@ async def check_isolation(parent: Sandbox, kids: list[Sandbox], path: str) -> No
 
 
 async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_own_lease(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        w = await worker(capacity=8)
+        w = await worker(backend=backend_name, capacity=8)
         parent_lease = holder(bus, pool)
         parent = await parent_lease.create(SandboxSpec(memory_mb=256))
         await parent.exec("mkdir -p build && echo set-up > build/out && echo tmp > /tmp/t && echo home > /root/h")
@@ -103,16 +124,64 @@ async def test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_ow
         for owner in [*owners, parent_lease]:
             await owner.close_all()
         assert await containers(engine, pool) == []
+        assert await fork_volumes(engine, pool) == []
         assert w.stats()["sandboxes"] == 0
 
 
+async def test_a_read_only_pools_copies_copy_one_snapshot_that_goes_with_the_last_of_them_and_their_parent(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
+) -> None:
+    """The engine unpacks the parent's files once, into a tmpfs volume of its own (a snapshot, which a container
+    holds mounted); each copy mounts it read-only and copies it into its own tmpfs paths. No copy can change it (nor,
+    so, another copy's files); it goes once neither a copy uses it nor its parent keeps it (for the next fork), and
+    one whose holder ended is read again."""
+    async with fleet(bus, engine, pool) as worker:
+        w = await worker(backend=backend_name, capacity=8)
+        assert w.backend is not None
+        forks: EngineForks = w.backend.forks  # type: ignore[attr-defined]
+        parents = holder(bus, pool)
+        parent = await parents.create(SandboxSpec(memory_mb=256))
+        await parent.exec("echo set-up > out && mkdir -p d && echo deep > d/f && chmod 640 d/f")
+        owners = [holder(bus, pool) for _ in range(2)]
+        kids = await parent.fork(2, into=owners)
+        [snapshot] = await fork_volumes(engine, pool)
+        for kid in kids:
+            mounts = (await engine.inspect(kid.id))["Mounts"]
+            assert [(m["Name"], m["Destination"], m["RW"]) for m in mounts] == [(snapshot, FORK_DIR, False)]
+            r = await kid.exec(f"stat -c %a d/f; cat out; echo x > {FORK_DIR}/work/out; echo x > {FORK_DIR}/new")
+            assert r.stdout == b"640\nset-up\n" and r.stderr.count(b"Read-only file system") == 2, r
+        held = await holders(engine, pool)
+        if backend_name == "podman":  # its snapshot on the engine's disk: its holder served the unpack alone
+            assert held == [] and forks.holders == {}
+        else:  # a tmpfs, held mounted
+            assert [c["Id"] for c in held] == [forks.holders[snapshot]] and w.stats()["sandboxes"] == 3
+        await owners[0].close_all()
+        assert await fork_volumes(engine, pool) == [snapshot]  # the other copy uses it
+        await owners[1].close_all()
+        assert await fork_volumes(engine, pool) == [snapshot]  # its parent keeps it for its next fork
+        [kid] = await parent.fork()
+        assert forks.reads == 1 and await cat(kid, "out") == "set-up"
+        await kid.close()
+        if held:
+            await engine.remove(held[0]["Id"])  # its holder ended (its tmpfs, the files, with it)
+        else:
+            await parent.exec("touch out")  # (Podman's has no holder to end: a change reads it again)
+        [kid] = await parent.fork()  # read again
+        assert forks.reads == 2 and await cat(kid, "out") == "set-up"
+        await kid.close()
+        assert len(await fork_volumes(engine, pool)) == 1  # the one before: gone
+        await parents.close_all()
+        assert await fork_volumes(engine, pool) == [] and forks.kept == {} and forks.users == {}
+        assert await holders(engine, pool) == []
+
+
 async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_always_seen(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
     """A task's template forked once per repeat (``seed_once``): its files are read once while they stay as they
     were; any change since (a write of the same size at once, a new file, a chmod) is read again, never the old."""
     async with fleet(bus, engine, pool) as worker:
-        w = await worker(capacity=8)
+        w = await worker(backend=backend_name, capacity=8)
         assert w.backend is not None
         forks: EngineForks = w.backend.forks  # type: ignore[attr-defined]
         parents = holder(bus, pool)
@@ -139,17 +208,18 @@ async def test_a_parent_forked_again_unchanged_is_read_once_and_a_change_is_alwa
             r = await kid.exec("cat f; ls d; stat -c %a d/g")
             assert r.stdout == (await parent.exec("cat f; ls d; stat -c %a d/g")).stdout, change
             await kid.close()
+        assert len(await fork_volumes(engine, pool)) == 1  # the snapshots of the changes before the last: gone
         await parents.close_all()
-        assert parent.id not in forks.packed  # its tar went with it
-    assert await containers(engine, pool) == []
+        assert parent.id not in forks.kept  # its snapshot went with it
+    assert await containers(engine, pool) == [] and await fork_volumes(engine, pool) == []
 
 
-async def test_a_group_unpacks_the_parents_tar_as_it_is_read_byte_for_byte(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+async def test_a_group_of_copies_has_every_byte_of_the_parents_files(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
-    """Copies fed the parent's tar as it comes (many parts: a few MB), three at once: each has every byte."""
+    """The parent's tar read in many parts (a few MB) into its snapshot, three copies at once: each has every byte."""
     async with fleet(bus, engine, pool) as worker:
-        await worker(capacity=8)
+        await worker(backend=backend_name, capacity=8)
         parents = holder(bus, pool)
         parent = await parents.create(SandboxSpec())
         made = "head -c 6000000 /dev/urandom > big && mkdir -p d && for i in $(seq 200); do echo $i > d/$i; done"
@@ -165,10 +235,10 @@ async def test_a_group_unpacks_the_parents_tar_as_it_is_read_byte_for_byte(
 
 
 async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        await worker(capacity=8, rootfs="writable")
+        await worker(backend=backend_name, capacity=8, rootfs="writable")
         parents = holder(bus, pool)
         parent = await parents.create(SandboxSpec())
         await parent.exec("mkdir -p /opt/pkg && echo set-up > /opt/pkg/out")
@@ -186,10 +256,10 @@ async def test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_co
 
 
 async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        await worker(capacity=8, rootfs="writable", lease_grace_s=2, reap_interval_s=0.3)
+        await worker(backend=backend_name, capacity=8, rootfs="writable", lease_grace_s=2, reap_interval_s=0.3)
         parents = holder(bus, pool)
         parent = await parents.create(SandboxSpec())
         await parent.exec("echo x > /etc/forked")
@@ -206,24 +276,32 @@ async def test_copies_whose_holder_falls_silent_are_reaped_with_their_image(
         await parents.close_all()
 
 
-async def test_a_stopping_worker_leaves_no_copy_and_no_image(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+@pytest.mark.parametrize("rootfs", ["writable", "read-only"])
+async def test_a_stopping_worker_leaves_no_copy_no_image_and_no_snapshot(
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str, rootfs: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        w = await worker(capacity=8, rootfs="writable")
+        w = await worker(backend=backend_name, capacity=8, rootfs=rootfs)
         parent = await holder(bus, pool).create(SandboxSpec())
+        await parent.exec("echo x > f")
         await parent.fork(3)
-        assert len(await containers(engine, pool)) == 4 and len(await fork_images(engine, pool)) == 1
+        made = await fork_images(engine, pool) + await fork_volumes(engine, pool)
+        held = 1 if rootfs == "read-only" and backend_name == "docker" else 0  # a snapshot's holder (Docker's)
+        assert len(await containers(engine, pool)) == 4 and len(await holders(engine, pool)) == held
+        assert len(made) == 1
         assert w.stats()["sandboxes"] == 4
     # the fleet's block cancelled the worker: it removed what it held (its own clean-up, before the fixture's)
-    assert await fork_images(engine, pool) == []
+    assert await fork_images(engine, pool) == [] and await fork_volumes(engine, pool) == []
+    assert await holders(engine, pool) == []
 
 
 async def test_a_fork_past_the_quota_is_sandbox_unavailable_at_once_and_makes_nothing(
-    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None
+    bus: Bus, engine: Engine, base_image: str, pool: str, swept: None, backend_name: str
 ) -> None:
     async with fleet(bus, engine, pool) as worker:
-        w = await worker(capacity=3, lease_wait_s=600)  # a wait for a lease would outlast the test
+        w = await worker(
+            backend=backend_name, capacity=3, lease_wait_s=600
+        )  # a wait for a lease would outlast the test
         parents = holder(bus, pool)
         parent = await parents.create(SandboxSpec())
         started = time.monotonic()
@@ -258,6 +336,34 @@ async def test_a_sweep_removes_fork_images_no_container_uses(engine: Engine, bas
         for c in (cid, user):
             await engine.remove(c)
         await engine.remove_image(image)
+
+
+async def test_a_sweep_removes_a_snapshot_once_its_parent_is_gone_and_no_container_uses_it(
+    engine: Engine, base_image: str, pool: str
+) -> None:
+    """A worker that died leaves its parents' snapshots: a later sweep removes one once its parent is gone (while
+    it is there, a live worker may keep it for its next fork), no container uses it, and it is not young."""
+    label = f"gym.{pool}"
+    body = {"Image": base_image, "Cmd": ["sleep", "600"], "NetworkDisabled": True, "Labels": {POOL: label}}
+    body["HostConfig"] = {"NetworkMode": "none"}
+    parent = await engine.create(body)
+    volume = await engine.create_volume(f"{VOLUME_PREFIX}{secrets.token_hex(8)}", {POOL: label, FORK_OF: parent})
+    mount = {"Type": "volume", "Source": volume, "Target": FORK_DIR, "ReadOnly": True}
+    user = await engine.create({**body, "HostConfig": {"NetworkMode": "none", "Mounts": [mount]}})
+    forks = EngineForks(engine, label, (POOL, ("work",)))
+    later = time.time() + IMAGE_GRACE_S + 1
+    try:
+        assert await forks.sweep(now=later) == 0  # its parent is there
+        await engine.remove(parent)
+        assert await forks.sweep() == 0  # young
+        assert await forks.sweep(now=later) == 0  # a container uses it
+        await engine.remove(user)
+        assert await forks.sweep(now=later) == 1
+        assert await fork_volumes(engine, pool) == []
+    finally:
+        for c in (parent, user):
+            await engine.remove(c)
+        await engine.remove_volume(volume)
 
 
 async def test_the_process_backend_forks_by_copying_its_working_directory(bus: Bus) -> None:

@@ -1,6 +1,7 @@
 """The ``podman`` backend against a real Podman engine (its Docker-compatible API, ``tests/podman.py``): the
 engine backend's core cases (round trips, limits, isolation) as ``tests/test_sandbox_engine.py`` runs them
-on Docker, and a pool of ``backend: podman`` over the bus (a warm container, a cold one, files, removal)."""
+on Docker, and a pool of ``backend: podman`` over the bus (a warm container, a cold one, files, removal). Forks:
+``tests/test_sandbox_podman_fork.py``."""
 
 from __future__ import annotations
 

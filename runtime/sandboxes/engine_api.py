@@ -44,13 +44,14 @@ import anyio.abc
 from gym_runtime.errors import Failure, observed
 from gym_runtime.observability import logs
 from gym_runtime.sandboxes.backend import Owned, Resolved
-from gym_runtime.sandboxes.engine_fork import EngineForks
+from gym_runtime.sandboxes.engine_fork import FORK_DIR, HOLDER_DIR, EngineForks
 from gym_runtime.sandboxes.engine_http import Capture, Engine, EngineError, EngineUnavailable
 from gym_runtime.sandboxes.spec import Capabilities, ExecResult, OnOutput
 
 log = logs.get("gym.sandbox")
 
 OWNER, LEASE, POOL, EXPIRES = "gym-runtime.owner", "gym-runtime.lease", "gym-runtime.pool", "gym-runtime.expires"
+HOLDER = "gym-runtime.holds-for"  # a fork snapshot's holder (``holder_body``): the pool it holds one for
 ORPHAN = "gym-runtime.orphan-after"  # the container ends this many seconds after its last renewal (KEEPER)
 RENEW_SIGNAL = "WINCH"  # ignored by default: a renewal before the keeper's trap is set is lost, never fatal
 LEASE_GRACE_S = 60.0  # the keeper's hard deadline past the lease's end (the worker removes it at the end itself)
@@ -133,7 +134,9 @@ class EngineBackend:
     def _window_s(self) -> int:
         return keeper_window(self.orphan_after_s)
 
-    def container_body(self, spec: Resolved, *, owner: str, lease: str, expires: float) -> dict[str, object]:
+    def container_body(
+        self, spec: Resolved, *, owner: str, lease: str, expires: float, snapshot: str = ""
+    ) -> dict[str, object]:
         mem = spec.memory_mb << 20
         nproc = _NPROC
         if self.name == "podman" and not 0 <= nproc <= PODMAN_NPROC:
@@ -175,7 +178,10 @@ class EngineBackend:
                     {"Name": "nproc", "Soft": nproc, "Hard": nproc},
                 ],
                 "Binds": [],
-                "Mounts": [],
+                # a fork's copy: the snapshot it copies its files from (``engine_fork``), read-only
+                "Mounts": [{"Type": "volume", "Source": snapshot, "Target": FORK_DIR, "ReadOnly": True}]
+                if snapshot
+                else [],
                 "Privileged": False,
             },
         }
@@ -208,12 +214,30 @@ class EngineBackend:
         except EngineError as e:
             raise _gone(e, sid) from e
 
-    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str:
+    def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, object]:
+        """The container that holds a fork's snapshot (``engine_fork``): it keeps its tmpfs volume mounted (so its
+        files) until ``until`` at the latest, and does nothing else; made safe as the pool's containers are."""
+        body = self.container_body(spec, owner=owner, lease="", expires=until)
+        body["Cmd"] = ["sleep", f"{max(1, until - time.time()):.0f}"]
+        body["OpenStdin"] = False
+        # not the pool's label: no sandbox, so none of its listings' (the reaper's, a test's count); it ends by
+        # itself at ``until`` (Docker's AutoRemove), or goes with its snapshot
+        body["Labels"] = {HOLDER: self.pool, OWNER: owner}
+        host: dict[str, object] = body["HostConfig"]  # type: ignore[assignment]
+        host["Tmpfs"] = dict([CGROUP_FS])
+        host["Mounts"] = [{"Type": "volume", "Source": volume, "Target": HOLDER_DIR}]
+        host["AutoRemove"] = self.expiring  # ended (its deadline): gone (Podman's: reaped at its label's end)
+        return body
+
+    async def create(
+        self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
+    ) -> str:
+        """A running container of ``spec`` (``snapshot``: a fork's copy, the volume it copies from)."""
         expires = time.time() + 3600 if expires is None else expires
         # a warm one (no lease yet) is labelled past any lease it can be given (``warm_max_s``): a reaper that
         # never heard its worker removes it after that, as any container whose lease has ended
         expires = expires or time.time() + self.warm_max_s
-        body = self.container_body(spec, owner=owner, lease=lease, expires=expires)
+        body = self.container_body(spec, owner=owner, lease=lease, expires=expires, snapshot=snapshot)
         try:
             cid = await self.engine.create(body, name=f"gym-{self.pool}-{uuid.uuid4().hex[:12]}")
         except EngineError as e:
@@ -308,7 +332,7 @@ class EngineBackend:
         await self.forks.released(sid)
 
     async def sweep_images(self) -> int:
-        """Temporary fork images no container uses any more (``EngineForks.sweep``)."""
+        """Temporary fork images and snapshots no container uses any more (``EngineForks.sweep``)."""
         return await self.forks.sweep()
 
     async def image_id(self, sid: str) -> str:
@@ -345,7 +369,10 @@ class EngineBackend:
         return state in ("running", "paused", "restarting", "created", None)
 
     async def aclose(self) -> None:
-        await self.engine.close()
+        try:
+            await self.forks.close()  # after its worker removed what it held: the snapshots it made go too
+        finally:
+            await self.engine.close()
 
 
 class EngineProcess:

@@ -4,24 +4,34 @@ the parent's files, each made as any other (``EngineBackend.create``: its own le
 
 What is copied is where a container's files live. A read-only pool's writable paths (``/work``, ``/tmp``,
 ``/root``) are tmpfs mounts, which ``docker commit`` and the engine's archive API do not see: they are read from
-the parent as one tar stream and unpacked into each child as it comes (``Tar``: each child's ``tar -x`` is fed the
-parts read so far, then the rest as they arrive; the image itself is the parent's, unchanged). A ``rootfs:
-writable`` pool's files are in the container's own layer: the parent is committed (paused for the moment of the
-commit) to a temporary image the children are created from, removed as soon as its last child is (``released``),
-or by a later sweep (``sweep``) where its worker died first. Running processes and memory are not copied (no CRIU): a
-child starts with its keeper only, as a fresh container does.
+the parent as one tar stream (an exec), which the engine unpacks as it comes into a volume of its own (its archive
+API, through a container that never runs: ``holder``), the parent's files at the fork: its *snapshot*. Each child
+is created with the snapshot mounted read-only at ``FORK_DIR`` and copies it into its own tmpfs paths (a local
+``tar | tar`` in the child, charged to the child's memory as any write there). Why not the tar stream into each
+child, as before: feeding 52 MB through the engine's exec stream cost a child about 3x the CPU of a local copy
+(the engine's own copies of the stream), most of a fork on a loaded machine. The image itself is the parent's,
+unchanged.
 
-A parent forked again with its files unchanged (a task's template, forked once per repeat: ``seed_once``) is not
-read again: the tar of its last fork is kept (``Packed``) with a digest of its files' names, sizes, times, modes
-and owners, read first by one cheap command; the digest matches, the kept tar is unpacked. The tar goes with the
-parent, or when more parents are kept than ``KEPT_PACKS``.
+A snapshot is used again while its parent's files are unchanged (a task's template forked once per repeat:
+``seed_once``): a digest of the files' names, sizes, times, modes and owners is read first (one cheap command) and
+where it matches the snapshot's, nothing is read. A snapshot goes (its volume removed) once it is neither kept (its
+parent gone or changed, or more than ``KEPT`` parents kept) nor used by a child; one a dead worker left, once its
+parent is gone and no container uses it (``sweep``).
+
+A ``rootfs: writable`` pool's files are in the container's own layer: the parent is committed (paused for the
+moment of the commit) to a temporary image the children are created from, removed as soon as its last child is
+(``released``), or by a later sweep (``sweep``) where its worker died first. Running processes and memory are not
+copied (no CRIU): a child starts with its keeper only, as a fresh container does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -33,128 +43,132 @@ from gym_runtime.sandboxes.engine_http import Engine, EngineError
 
 
 class EngineBackend(Protocol):
-    """What a fork needs of its backend (``engine_api.EngineBackend``): whether its root is writable, and its
-    ``create`` (a child is made as any other sandbox)."""
+    """What a fork needs of its backend (``engine_api.EngineBackend``): whether its root is writable, its ``create``
+    (a child is made as any other sandbox) and the body of a snapshot's ``holder``."""
 
     writable: bool
+    name: str  # docker | podman
 
-    async def create(self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None) -> str: ...
+    async def create(
+        self, spec: Resolved, *, owner: str, lease: str, expires: float | None = None, snapshot: str = ""
+    ) -> str: ...
+
+    def holder_body(self, spec: Resolved, volume: str, *, owner: str, until: float) -> dict[str, Any]: ...
 
 
 log = logs.get("gym.sandbox")
 
-FORK_OF = "gym-runtime.fork-of"  # a temporary image's label: the container it was committed from
-IMAGE_GRACE_S = 300.0  # a fork image no container uses is swept only this long after its commit (a fork under way)
+FORK_OF = "gym-runtime.fork-of"  # a temporary image's or snapshot's label: the container it was made from
+FORK_DIR = "/.gym-fork"  # where a read-only pool's copy sees its snapshot (read-only): the files it was forked with
+HOLDER_DIR = "/snapshot"  # where a holder mounts the snapshot it fills
+HOLD_S = 3600.0  # a snapshot's holder ends with its fork's copies' leases, at most this long after the fork
+VOLUME_PREFIX = "gym-fork-"
+IMAGE_GRACE_S = 300.0  # a fork image or snapshot no container uses is swept only this long after it was made
 COPY_TIMEOUT_S = 600.0
 TAR_SLACK = 1 << 20  # the tar stream's headers beyond the files themselves
-KEPT_PACKS = 8  # parents whose last tar is kept (each at most the pool's disk_mb per copied path)
+KEPT = 8  # parents whose last snapshot is kept (each at most the pool's disk_mb per copied path, on the engine's disk)
 # what tells a parent's files unchanged since its last fork: every entry's name, size, times, mode, owner and link,
 # as a digest (a file written, made, removed, or chmodded changes it); GNU find's -printf (the base image's)
 DIGEST = "cd / && find {paths} -printf '%p %s %T@ %C@ %m %U %G %l\\n' 2>/dev/null | md5sum"
+# a child's copy of its snapshot (argv: the copied paths); a snapshot without them (its volume gone, and the engine
+# made an empty one of that name) fails the fork, never leaves a copy without its files
+COPY = (
+    f'cd {FORK_DIR} && for p in "$@"; do [ -d "$p" ] || {{ echo "the snapshot has no $p" >&2; exit 3; }}; done; '
+    'tar -cf - "$@" | tar -C / -xpf -'
+)
 
 
-class Tar:
-    """A parent's tar as it is read: its parts so far, whole once ``end`` is called; any number of children read
-    it at once (``parts``), from its start, while it is still read (a failed read fails them too)."""
+class Snapshot:
+    """A parent's files at a fork, in volume ``volume``: the digest of its files when its read began ("": not to be
+    used again), and how its fill ended (``ready``: once filled; raises how it failed)."""
 
-    __slots__ = ("chunks", "done", "failed", "_more")
+    __slots__ = ("volume", "digest", "holder", "done", "failed", "_ended")
 
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+    def __init__(self, volume: str) -> None:
+        self.volume, self.digest = volume, ""
+        self.holder = ""  # the container that keeps its tmpfs mounted (``_fill``)
         self.done = False
         self.failed: Failure | None = None
-        self._more = anyio.Event()
-
-    def add(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
-        self._wake()
+        self._ended = anyio.Event()
 
     def end(self, failed: Failure | None = None) -> None:
         self.done, self.failed = True, failed
-        self._wake()
+        self._ended.set()
 
-    def _wake(self) -> None:
-        self._more.set()
-        self._more = anyio.Event()
-
-    async def parts(self) -> AsyncIterator[bytes]:
-        i = 0
-        while True:
-            more = self._more
-            while i < len(self.chunks):
-                yield self.chunks[i]
-                i += 1
-            if self.done:
-                if self.failed is not None:
-                    raise self.failed
-                return
-            await more.wait()
-
-
-class Packed:
-    """A parent's last tar (or the one being read), and the digest of its files when its read began."""
-
-    __slots__ = ("digest", "tar")
-
-    def __init__(self, digest: str, tar: Tar) -> None:
-        self.digest, self.tar = digest, tar
+    async def ready(self) -> None:
+        await self._ended.wait()
+        if self.failed is not None:
+            raise self.failed
 
 
 class EngineForks:
-    """One backend's forks: the temporary images it committed and the children that use each."""
+    """One backend's forks: the temporary images and snapshots it made, the children that use each, and the
+    snapshot each parent keeps."""
 
     def __init__(self, engine: Engine, pool: str, labels: tuple[str, tuple[str, ...]]) -> None:
         self.engine, self.pool = engine, pool
         self.pool_label, self.copied = labels  # the pool's label key; the tmpfs paths a fork copies, as tar names
-        self.users: dict[str, set[str]] = {}  # a temporary image -> its children still there
-        self.image_of: dict[str, str] = {}  # a child -> its temporary image
-        self.packed: dict[str, Packed] = {}  # a parent -> its last tar (``_files``), oldest first
-        self._packing: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
-        self.reads = 0  # parents' files read (a tar), not kept ones reused (tests)
+        self.users: dict[str, set[str]] = {}  # an image or snapshot volume -> its children (and forks under way)
+        self.used: dict[str, str] = {}  # a child -> its image or snapshot volume
+        self.kept: dict[str, Snapshot] = {}  # a parent -> its last snapshot, oldest first
+        self.holders: dict[str, str] = {}  # a snapshot's volume -> its holder
+        self.made: set[str] = set()  # the snapshots' volumes it made (``close``)
+        self._reading: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
+        self.reads = 0  # parents' files read (a snapshot filled), not kept ones reused (tests)
 
     async def fork(
         self, backend: EngineBackend, sid: str, spec: Resolved, *, owner: str, tags: list[str], expires: float
     ) -> list[str]:
         """``len(tags)`` children of ``sid`` (one per lease tag, in order); all or none."""
-        image = ""
-        if backend.writable:
-            image = await self._commit(sid)
-            spec = msgspec.structs.replace(spec, image=image)
-        tars: list[Tar] = []
-        found = anyio.Event()
+        made = ""  # what the children are made from: a temporary image, or the snapshot they copy
+        snap: Snapshot | None = None
+        fill = False
+        token = f"forking-{uuid.uuid4().hex}"  # holds the snapshot for this fork until its children do
         children: list[str] = [""] * len(tags)
 
-        async def pack() -> None:
-            tar, read = await self._files(sid)
-            tars.append(tar)
-            found.set()
-            if read:
-                await self._pack(sid, spec, tar)
+        errors: list[Exception] = []  # each task's own, so none cancels another mid-create (a child then unknown)
 
-        async def one(i: int) -> None:  # created while the parent's files are read, and unpacked as they come
-            cid = children[i] = await backend.create(spec, owner=owner, lease=tags[i], expires=expires)
-            if not backend.writable:
-                await found.wait()
-                await self._unpack(cid, tars[0])
+        async def one(i: int) -> None:
+            try:
+                volume = snap.volume if snap is not None else ""
+                cid = children[i] = await backend.create(
+                    spec, owner=owner, lease=tags[i], expires=expires, snapshot=volume
+                )
+                if snap is not None:  # created while the snapshot fills; copied once it is whole
+                    await snap.ready()
+                    await self._copy(cid)
+            except Exception as e:
+                errors.append(e)
 
-        try:
-            with anyio.CancelScope(shield=True):  # every child made is either handed out or removed here
+        with anyio.CancelScope(shield=True):  # every child made is either handed out or removed here
+            try:
+                if backend.writable:
+                    made = await self._commit(sid)
+                    spec = msgspec.structs.replace(spec, image=made)
+                else:
+                    snap, fill = await self._snapshot(sid, token, self._tmpfs(backend, spec))
+                    made = snap.volume
                 async with anyio.create_task_group() as tg:
-                    if not backend.writable:
-                        tg.start_soon(pack)
+                    if snap is not None and fill:  # its failure: ``snap.ready``'s
+                        tg.start_soon(self._fill, backend, sid, spec, snap, owner, expires)
                     for i in range(len(tags)):
                         tg.start_soon(one, i)
-        except BaseException as e:
-            for cid in children:
-                if cid:
-                    await self.engine.remove(cid)
-            if image:
-                await self.engine.remove_image(image)
-            failed = e.exceptions[0] if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1 else e
-            raise failed from None
-        if image:
-            self.users[image] = set(children)
-            self.image_of.update(dict.fromkeys(children, image))
+            except Exception as e:
+                errors.append(e)
+            if errors:
+                for cid in children:
+                    if cid:
+                        await self.engine.remove(cid)
+                if snap is not None and self.kept.get(sid) is snap:
+                    del self.kept[sid]  # read again next time (it failed, or its volume went)
+                if made:
+                    self.users.get(made, set()).discard(token)
+                    await self._release(made)
+                raise errors[0]
+        users = self.users.setdefault(made, set())
+        users.discard(token)
+        users.update(children)
+        self.used.update(dict.fromkeys(children, made))
         return children
 
     async def _commit(self, sid: str) -> str:
@@ -163,24 +177,54 @@ class EngineForks:
         except EngineError as e:
             raise Failure("tool_error", f"forking sandbox {sid[:12]} failed (commit): {e}", retryable=True) from e
 
-    async def _files(self, sid: str) -> tuple[Tar, bool]:
-        """The parent's tmpfs paths as one tar, and whether the caller reads it (``_pack``): the one kept from its
-        last fork where its files are unchanged since, or the one being read now (forks at once share it)."""
-        lock = self._packing.setdefault(sid, anyio.Lock())
+    def _tmpfs(self, backend: EngineBackend, spec: Resolved) -> dict[str, str] | None:
+        """A snapshot's volume: on Docker a tmpfs (as large as the paths it copies may be), which its holder keeps
+        mounted; None on Podman: a directory on the engine's disk, its holder never run (Podman 4.3 here left a
+        tmpfs volume mounted after its last user ended, then failed to remove it: "device or resource busy")."""
+        if backend.name != "docker":
+            return None
+        return {"type": "tmpfs", "device": "tmpfs", "o": f"size={len(self.copied) * spec.disk_mb}m,nosuid,nodev"}
+
+    async def _snapshot(self, sid: str, token: str, tmpfs: dict[str, str] | None) -> tuple[Snapshot, bool]:
+        """The parent's snapshot for a fork, held for it by ``token``, and whether the caller fills it (``_fill``):
+        the one kept from its last fork where its files are unchanged since (and still there), or the one filling
+        now (forks at once share it), else a new one (its volume made here)."""
+        lock = self._reading.setdefault(sid, anyio.Lock())
+        evicted: list[Snapshot] = []
         async with lock:
-            kept = self.packed.get(sid)
-            if kept is not None and (
-                not kept.tar.done or (kept.tar.failed is None and await self._digest(sid) == kept.digest)
-            ):
-                self.packed[sid] = self.packed.pop(sid)  # the most recently used
-                return kept.tar, False
+            kept = self.kept.get(sid)
+            if kept is not None and (not kept.done or (kept.failed is None and await self._unchanged(sid, kept))):
+                self.kept[sid] = self.kept.pop(sid)  # the most recently used
+                self.users.setdefault(kept.volume, set()).add(token)
+                return kept, False
             self.reads += 1
-            tar = Tar()
-            self.packed.pop(sid, None)
-            self.packed[sid] = Packed("", tar)
-            while len(self.packed) > KEPT_PACKS:
-                del self.packed[next(iter(self.packed))]
-            return tar, True
+            snap = Snapshot(f"{VOLUME_PREFIX}{uuid.uuid4().hex[:20]}")
+            try:
+                await self.engine.create_volume(snap.volume, {self.pool_label: self.pool, FORK_OF: sid}, tmpfs)
+                self.made.add(snap.volume)
+            except EngineError as e:
+                raise Failure("tool_error", f"forking sandbox {sid[:12]} failed: {e}", retryable=True) from e
+            self.users.setdefault(snap.volume, set()).add(token)
+            if (old := self.kept.pop(sid, None)) is not None:
+                evicted.append(old)
+            self.kept[sid] = snap
+            while len(self.kept) > KEPT:
+                evicted.append(self.kept.pop(next(iter(self.kept))))
+        for old in evicted:
+            await self._release(old.volume)
+        return snap, True
+
+    async def _unchanged(self, sid: str, snap: Snapshot) -> bool:
+        """Whether a kept snapshot still has the parent's files: their digest is the one it was read with, and it is
+        still there (a tmpfs's holder still runs; one on disk has none)."""
+        if not snap.digest or await self._digest(sid) != snap.digest:
+            return False
+        if snap.volume not in self.holders:
+            return True
+        try:
+            return bool(((await self.engine.inspect(snap.holder)).get("State") or {}).get("Running"))
+        except EngineError:
+            return False
 
     async def _digest(self, sid: str) -> str:
         """The digest of the parent's files now (``DIGEST``); "" where it cannot be read (never equal to a kept one)."""
@@ -192,85 +236,133 @@ class EngineForks:
         digest = out.stdout.decode(errors="replace").strip()
         return digest if out.exit_code == 0 and digest else ""
 
-    async def _pack(self, sid: str, spec: Resolved, tar: Tar) -> None:
-        """Read the digest of the parent's files, then its tmpfs paths as one tar stream into ``tar`` (bounded by
-        their size limits); one command: the digest on stderr, before the tar. Kept (``packed``) with that digest
-        where it read cleanly; else dropped once whole."""
+    async def _fill(
+        self, backend: EngineBackend, sid: str, spec: Resolved, snap: Snapshot, owner: str, expires: float
+    ) -> None:
+        """Start the snapshot's holder (its tmpfs volume mounted while it runs: until the copies' leases end, at
+        most), then read the digest of the parent's files and its tmpfs paths as one tar stream (bounded by their
+        size limits), unpacked by the engine into the snapshot as it comes; one command: the digest on stderr,
+        before the tar. Its digest kept where it read cleanly; never raises: a failure ends the snapshot (its children's
+        ``Snapshot.ready`` raises it)."""
         cap = len(self.copied) * (spec.disk_mb << 20) + TAR_SLACK
         script = DIGEST.format(paths=" ".join(self.copied)) + ' >&2; exec tar -C / -cf - "$@"'
         argv = ["sh", "-c", script, "pack", *self.copied]
-        size, err = 0, bytearray()
+        size, over, err = 0, False, bytearray()
         failed: Failure | None = None
-        digest = ""
-        try:
-            eid = await self.engine.exec_create(sid, argv)
-            with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
-                async for stream, chunk in self.engine.exec_stream(eid, None):
+        eid = holder = ""
+        memory = False
+
+        async def tar() -> AsyncIterator[bytes]:
+            nonlocal size, over
+            async with contextlib.aclosing(self.engine.exec_stream(eid, None)) as frames:
+                async for stream, chunk in frames:
                     if stream != 1:
-                        err += chunk[: max(0, 4096 - len(err))]
-                    elif size + len(chunk) <= cap:  # stdout is kept by ``tar`` alone, as it comes
-                        size += len(chunk)
-                        tar.add(chunk)
+                        err.extend(chunk[: max(0, 4096 - len(err))])
+                    elif size + len(chunk) > cap:
+                        over = True  # the engine gets a cut tar (and fails it); the fork fails below
+                        return
                     else:
-                        size = cap + 1
-                        break
-            if scope.cancelled_caught:
+                        size += len(chunk)
+                        yield chunk
+
+        try:
+            until = min(expires, time.time() + HOLD_S)
+            holder = snap.holder = await self.engine.create(
+                backend.holder_body(spec, snap.volume, owner=owner, until=until)
+            )
+            if memory := backend.name == "docker":  # a tmpfs: held mounted while the holder runs
+                self.holders[snap.volume] = holder
+                await self.engine.start(holder)
+            eid = await self.engine.exec_create(sid, argv)
+            put: EngineError | None = None
+            with anyio.move_on_after(COPY_TIMEOUT_S) as scope:
+                try:
+                    await self.engine.put_archive(holder, HOLDER_DIR, tar())
+                except EngineError as e:
+                    put = e
+            if scope.cancelled_caught or over:
                 await self.engine.kill_exec(eid)
-            code = (await self.engine.exec_info(eid)).get("ExitCode")
+            code = None if over or scope.cancelled_caught else (await self.engine.exec_info(eid)).get("ExitCode")
             # tar's 1: a file changed while it was read (a process of the parent still writing): copied as it was
-            if code not in (0, 1) or size > cap:
-                why = err.decode(errors="replace").strip()[:500] or f"exit {code}"
-                if size > cap:
-                    why = f"over {cap} bytes"
+            if over:
+                failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: its files are over {cap} bytes")
+            elif scope.cancelled_caught:
+                failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: not read in {COPY_TIMEOUT_S:g} s")
+            elif code not in (0, 1):
+                lines = err.decode(errors="replace").strip().splitlines()
+                why = "\n".join(lines[1:] if lines and lines[0].endswith(" -") else lines)[:500] or f"exit {code}"
                 failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: its image needs tar ({why})")
+            elif put is not None:
+                failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: {put}", retryable=True)
             else:
                 first = err.decode(errors="replace").partition("\n")[0].strip()
-                # a file changed while tar read it: copied as it was, not kept (the digest is older)
-                digest = first if code == 0 and first.endswith(" -") else ""
-        except EngineError as e:
+                # a file changed while tar read it: copied as it was, not used again (the digest is older)
+                snap.digest = first if code == 0 and first.endswith(" -") else ""
+        except Exception as e:  # the engine's (EngineError), or anything else: the snapshot fails, never the group
             failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: {e}", retryable=True)
         except BaseException:
             failed = Failure("tool_error", f"forking sandbox {sid[:12]} failed: its read was cancelled")
             raise
         finally:
-            kept = self.packed.get(sid)
-            if kept is not None and kept.tar is tar:
-                if digest:
-                    kept.digest = digest
-                else:
-                    del self.packed[sid]
-            tar.end(failed)
-        if failed is not None:
-            raise failed
+            snap.end(failed)
+            if holder and not memory:  # its files are on the engine's disk: it served the unpack alone
+                with anyio.CancelScope(shield=True):
+                    await self.engine.remove(holder)
 
-    async def _unpack(self, cid: str, tar: Tar) -> None:
-        argv = ["tar", "-C", "/", "-xpf", "-"]
-        out = await self.engine.exec(cid, argv, feed=tar.parts(), timeout_s=COPY_TIMEOUT_S, max_output=4096)
+    async def _copy(self, cid: str) -> None:
+        """A child's copy of its snapshot into its own tmpfs paths (``COPY``)."""
+        argv = ["sh", "-c", COPY, "copy", *self.copied]
+        out = await self.engine.exec(cid, argv, timeout_s=COPY_TIMEOUT_S, max_output=4096)
         if out.exit_code != 0:
-            why = out.stderr.decode(errors="replace").strip()[:500]
+            why = out.stderr.decode(errors="replace").strip()[:500] or f"exit {out.exit_code}"
             raise Failure("tool_error", f"copying files into a forked sandbox failed: {why}")
 
     async def released(self, cid: str) -> None:
-        """Container ``cid`` was removed: its kept tar goes; a child's temporary image too, if no other child uses
-        it."""
-        self.packed.pop(cid, None)
-        self._packing.pop(cid, None)
-        image = self.image_of.pop(cid, "")
-        users = self.users.get(image)
-        if users is None:
+        """Container ``cid`` was removed: its kept snapshot goes, and the image or snapshot it used if nothing else
+        uses it."""
+        self._reading.pop(cid, None)
+        snap = self.kept.pop(cid, None)
+        made = self.used.pop(cid, "")
+        if made:
+            self.users.get(made, set()).discard(cid)
+            await self._release(made)
+        if snap is not None:
+            await self._release(snap.volume)
+
+    async def _release(self, made: str) -> None:
+        """Remove a temporary image or snapshot that no child (nor fork under way) uses and no parent keeps."""
+        if self.users.get(made) or any(s.volume == made for s in self.kept.values()):
             return
-        users.discard(cid)
-        if not users:
-            del self.users[image]
-            if not await self.engine.remove_image(image):
-                log.info("sandbox.fork_image_kept", image=image[:19])  # a sweep tries again
+        self.users.pop(made, None)
+        if made.startswith(VOLUME_PREFIX):
+            if holder := self.holders.pop(made, ""):
+                await self.engine.remove(holder)
+            gone = await self.engine.remove_volume(made)
+            if gone:
+                self.made.discard(made)
+        else:
+            gone = await self.engine.remove_image(made)
+        if not gone:
+            log.info("sandbox.fork_image_kept", image=made[:27])  # a sweep tries again
+
+    async def close(self) -> None:
+        """Its worker stops (what it held removed): remove every snapshot it made that is still there and no container
+        uses (one a removal refused while a copy's removal was under way), and their holders."""
+        for volume, holder in list(self.holders.items()):
+            await self.engine.remove(holder)
+            del self.holders[volume]
+        for volume in sorted(self.made):
+            await self.engine.remove_volume(volume)
+        self.made.clear()
 
     async def sweep(self, now: float | None = None) -> int:
-        """Remove the pool's temporary images that no container uses (their worker died, or a removal failed),
-        once older than ``IMAGE_GRACE_S``; how many went. One a container still uses is refused by the engine."""
+        """Remove the pool's temporary images and snapshots that no container uses (their worker died, or a removal
+        failed), once older than ``IMAGE_GRACE_S`` (a snapshot: once its parent is gone too, as no live worker
+        keeps it then); how many went. One a container still uses is refused by the engine."""
         now = time.time() if now is None else now
         gone = 0
-        for img in await self.engine.images({self.pool_label: self.pool}):
+        mine = {self.pool_label: self.pool}
+        for img in await self.engine.images(mine):
             labels = img.get("Labels") or {}
             if FORK_OF not in labels or img["Id"] in self.users:
                 continue
@@ -279,4 +371,31 @@ class EngineForks:
             if await self.engine.remove_image(img["Id"]):
                 gone += 1
                 log.info("sandbox.fork_image_swept", image=img["Id"][:19])
+        volumes = [v for v in await self.engine.volumes(mine) if FORK_OF in (v.get("Labels") or {})]
+        if not volumes:
+            return gone
+        there = {c["Id"] for c in await self.engine.containers({self.pool_label: self.pool})}
+        kept = {s.volume for s in self.kept.values()}
+        for v in volumes:
+            name = v["Name"]
+            if name in self.users or name in kept or v["Labels"][FORK_OF] in there:
+                continue
+            if now - _created(v.get("CreatedAt")) < IMAGE_GRACE_S:
+                continue
+            if await self.engine.remove_volume(name):
+                gone += 1
+                log.info("sandbox.fork_snapshot_swept", volume=name)
         return gone
+
+
+def _created(stamp: object) -> float:
+    """A volume's ``CreatedAt`` (RFC 3339; Podman's with nanoseconds) in unix seconds; 0 where it cannot be read."""
+    text = str(stamp or "").replace("Z", "+00:00")
+    head, dot, rest = text.partition(".")
+    if dot:  # at most microseconds for fromisoformat
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0

@@ -15,7 +15,7 @@ import os
 import signal
 import struct
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlencode
@@ -33,6 +33,9 @@ API = "/v1.41"  # Docker 20.10's; Podman's compat service accepts it
 # A slow call on a live engine (a long exec, an import) is never cut off: the engine answers its pings.
 STALL_S = 10.0
 PING_S = 5.0
+REMOVE_TRIES = 3  # a forced removal Podman failed with one of REMOVE_AGAIN is tried again (``Engine.remove``)
+REMOVE_AGAIN = ("could not be stopped", "device or resource busy")
+REMOVE_PAUSE_S = 1.0
 
 
 class EngineError(RuntimeError):
@@ -335,11 +338,12 @@ class Engine:
             self._unreachable(e)
 
     async def commit(self, cid: str, labels: dict[str, str]) -> str:
-        """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id."""
-        out = await self._call(
-            "POST", "/commit", params={"container": cid, "pause": "true"}, body={"Labels": labels}, timeout_s=600
-        )
-        return str(out["Id"])
+        """``docker commit``: a container's file system (not its tmpfs mounts) as a new untagged image; its id. The
+        labels go as ``LABEL`` changes too: Podman's compatible service ignores the body's (4.3)."""
+        query = [("container", cid), ("pause", "true"), *(("changes", f"LABEL {k}={v}") for k, v in labels.items())]
+        out = await self._call("POST", f"/commit?{urlencode(query)}", body={"Labels": labels}, timeout_s=600)
+        image = str(out["Id"])
+        return image if ":" in image else f"sha256:{image}"  # Podman's bare id, which its DELETE refuses
 
     async def images(self, labels: dict[str, str]) -> list[dict[str, Any]]:
         """The images carrying these labels."""
@@ -359,6 +363,45 @@ class Engine:
             raise
         return True
 
+    # ---------------------------------------------------------------- volumes
+
+    async def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str:
+        """A named volume of the engine's ``local`` driver (``options``: its mount's, e.g. a tmpfs, mounted while a
+        running container uses it); its name."""
+        body: dict[str, Any] = {"Name": name, "Labels": labels}
+        if options:
+            body["DriverOpts"] = options
+        out = await self._call("POST", "/volumes/create", body=body)
+        return str(out["Name"])
+
+    async def volumes(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The volumes carrying these labels (``Name``, ``CreatedAt``, ``Labels``)."""
+        want = [f"{k}={v}" for k, v in labels.items()]
+        out = await self._call("GET", "/volumes", params={"filters": json.dumps({"label": want})})
+        return list(out.get("Volumes") or [])
+
+    async def remove_volume(self, name: str) -> bool:
+        """Remove a volume; False: a container still uses it (the engine refuses), or it is gone already."""
+        try:
+            await self._call("DELETE", f"/volumes/{quote(name, safe='')}")
+        except EngineError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def put_archive(self, cid: str, path: str, data: AsyncIterable[bytes]) -> None:
+        """Unpack a tar stream (sent as it comes) at ``path`` of a container (``docker cp``: the engine unpacks it,
+        chrooted into the container's file system); a container with a read-only root takes it into a volume."""
+        await self._call(
+            "PUT",
+            f"/containers/{cid}/archive",
+            params={"path": path},
+            data=data,
+            headers={"Content-Type": "application/x-tar"},
+            timeout_s=600,
+        )
+
     # ---------------------------------------------------------------- containers
 
     async def create(self, body: dict[str, Any], name: str | None = None) -> str:
@@ -369,15 +412,23 @@ class Engine:
         await self._call("POST", f"/containers/{cid}/start")
 
     async def remove(self, cid: str) -> bool:
-        """Kill and remove a container with its anonymous volumes; False: it was not there."""
-        try:
-            await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
-        except EngineError as e:
-            # 409 "removal ... already in progress": it ended by itself and the engine is removing it (AutoRemove)
-            if e.status == 404 or (e.status == 409 and "in progress" in str(e)):
-                return False
-            raise
-        return True
+        """Kill and remove a container with its anonymous volumes; False: it was not there. Podman's (4.3 here)
+        forced removal of a running container fails now and then ("could not be stopped: timed out waiting for file
+        .../exits/ID", or its ``shm`` "device or resource busy") with the container stopped meanwhile: tried again,
+        up to ``REMOVE_TRIES`` times in all."""
+        for tries_left in range(REMOVE_TRIES - 1, -1, -1):
+            try:
+                await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+            except EngineError as e:
+                # 409 "removal ... already in progress": it ended by itself and the engine is removing it (AutoRemove)
+                if e.status == 404 or (e.status == 409 and "in progress" in str(e)):
+                    return False
+                if tries_left and e.status == 500 and any(w in str(e) for w in REMOVE_AGAIN):
+                    await anyio.sleep(REMOVE_PAUSE_S)
+                    continue
+                raise
+            return True
+        return True  # (not reached: the last try returns or raises)
 
     async def signal(self, cid: str, name: str) -> bool:
         """Send signal ``name`` (``WINCH``) to a container's main process; False: it is gone or not running."""
@@ -547,7 +598,7 @@ class Engine:
         started: Callable[[], None] | None = None,
         *,
         feed: AsyncIterable[bytes] | None = None,
-    ) -> AsyncIterator[tuple[int, bytes]]:
+    ) -> AsyncGenerator[tuple[int, bytes]]:
         """Start an exec on a hijacked connection: send ``stdin`` (or each part of ``feed`` as it comes) and close
         our side, then yield the multiplexed frames (stream 1 stdout, 2 stderr) until the command ends.
         ``started``: called once the engine has started it."""
