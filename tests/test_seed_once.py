@@ -24,7 +24,7 @@ from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.workers.resource_worker import ResourceWorker
 from tests.envs import seeded_box, seeded_ledger
 from tests.helpers import cli, eventually
-from tests.test_sandbox_fork import fork_images
+from tests.test_sandbox_fork import fork_images, fork_volumes
 from tests.test_sandbox_worker import pool
 
 __all__ = ["pool"]  # the fixture
@@ -137,6 +137,7 @@ async def test_a_sandbox_batch_is_the_same_set_up_once_with_forked_sandboxes_and
     env = {"server": "tests.envs.seeded_box", "sandbox": pool}
     await both_ways(tmp_path, nats_server.url, env, tasks, left, sandboxes=sandboxes)
     assert await left() == [] and await fork_images(engine, pool) == []
+    assert await fork_volumes(engine, pool) == []  # the templates' snapshots too
 
 
 async def test_repeats_wait_for_room_to_fork_on_a_full_worker(

@@ -65,6 +65,7 @@ HOLD_S = 3600.0  # a snapshot's holder ends with its fork's copies' leases, at m
 VOLUME_PREFIX = "gym-fork-"
 IMAGE_GRACE_S = 300.0  # a fork image or snapshot no container uses is swept only this long after it was made
 COPY_TIMEOUT_S = 600.0
+RELEASE_WAIT_S = 60.0  # a stopping worker waits this long at most for the releases under way (``close``)
 TAR_SLACK = 1 << 20  # the tar stream's headers beyond the files themselves
 KEPT = 8  # parents whose last snapshot is kept (each at most the pool's disk_mb per copied path, on the engine's disk)
 # what tells a parent's files unchanged since its last fork: every entry's name, size, times, mode, owner and link,
@@ -114,6 +115,8 @@ class EngineForks:
         self.holders: dict[str, str] = {}  # a snapshot's volume -> its holder
         self.made: set[str] = set()  # the snapshots' volumes it made (``close``)
         self._reading: dict[str, anyio.Lock] = {}  # a parent -> one read of it at a time (a group's forks share it)
+        self._releasing = 0  # ``released`` calls under way, and an event set when none is (``close``)
+        self._quiet: anyio.Event | None = None
         self.reads = 0  # parents' files read (a snapshot filled), not kept ones reused (tests)
 
     async def fork(
@@ -319,15 +322,25 @@ class EngineForks:
 
     async def released(self, cid: str) -> None:
         """Container ``cid`` was removed: its kept snapshot goes, and the image or snapshot it used if nothing else
-        uses it."""
-        self._reading.pop(cid, None)
-        snap = self.kept.pop(cid, None)
-        made = self.used.pop(cid, "")
-        if made:
-            self.users.get(made, set()).discard(cid)
-            await self._release(made)
-        if snap is not None:
-            await self._release(snap.volume)
+        uses it. Shielded: a caller cancelled mid-way (its worker stopping) would leave a snapshot's holder running
+        once it is no longer listed, its volume in use past ``close``; ``close`` waits for releases under way."""
+        with anyio.CancelScope(shield=True):
+            if not self._releasing:
+                self._quiet = anyio.Event()
+            self._releasing += 1
+            try:
+                self._reading.pop(cid, None)
+                snap = self.kept.pop(cid, None)
+                made = self.used.pop(cid, "")
+                if made:
+                    self.users.get(made, set()).discard(cid)
+                    await self._release(made)
+                if snap is not None:
+                    await self._release(snap.volume)
+            finally:
+                self._releasing -= 1
+                if not self._releasing and self._quiet is not None:
+                    self._quiet.set()
 
     async def _release(self, made: str) -> None:
         """Remove a temporary image or snapshot that no child (nor fork under way) uses and no parent keeps."""
@@ -335,11 +348,7 @@ class EngineForks:
             return
         self.users.pop(made, None)
         if made.startswith(VOLUME_PREFIX):
-            if holder := self.holders.pop(made, ""):
-                await self.engine.remove(holder)
-            gone = await self.engine.remove_volume(made)
-            if gone:
-                self.made.discard(made)
+            gone = await self._drop(made)
         else:
             gone = await self.engine.remove_image(made)
         if not gone:
@@ -347,13 +356,35 @@ class EngineForks:
 
     async def close(self) -> None:
         """Its worker stops (what it held removed): remove every snapshot it made that is still there and no container
-        uses (one a removal refused while a copy's removal was under way), and their holders."""
-        for volume, holder in list(self.holders.items()):
-            await self.engine.remove(holder)
-            del self.holders[volume]
-        for volume in sorted(self.made):
-            await self.engine.remove_volume(volume)
+        uses (one a removal refused while a copy's removal was under way), and their holders; releases under way
+        (``released``) end first, bounded."""
+        if self._releasing and self._quiet is not None:
+            with anyio.move_on_after(RELEASE_WAIT_S):
+                await self._quiet.wait()
+        for volume in sorted(self.made | set(self.holders)):
+            await self._drop(volume)
         self.made.clear()
+
+    async def _drop(self, volume: str) -> bool:
+        """Remove a snapshot's volume and its holder; whether it went. One the engine refuses (in use) is tried again
+        once whatever still mounts it is gone: a holder or a copy whose removal is under way (ended by its deadline,
+        or its remover cancelled mid-call: the stopping worker's subscriptions cancel their handlers), which no
+        container of a live lease can be (the snapshot has no users left)."""
+        if holder := self.holders.get(volume, ""):
+            await self.engine.remove(holder)
+            self.holders.pop(volume, None)  # listed until removed: ``close`` tries one whose removal failed again
+        gone = await self.engine.remove_volume(volume)
+        if not gone:
+            try:
+                users = await self.engine.using(volume)
+                for cid in users:
+                    await self.engine.gone(cid)
+                gone = bool(users) and await self.engine.remove_volume(volume)
+            except EngineError as e:  # a sweep tries again
+                log.warning("sandbox.fork_snapshot_kept", volume=volume, error=str(e))
+        if gone:
+            self.made.discard(volume)
+        return gone
 
     async def sweep(self, now: float | None = None) -> int:
         """Remove the pool's temporary images and snapshots that no container uses (their worker died, or a removal

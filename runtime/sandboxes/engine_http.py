@@ -503,6 +503,27 @@ class Engine:
         )
         return out
 
+    async def using(self, volume: str) -> list[str]:
+        """The ids of the containers (running or not, or being removed) that mount volume ``volume``."""
+        out = await self._call(
+            "GET", "/containers/json", params={"all": "true", "filters": json.dumps({"volume": [volume]})}
+        )
+        return [c["Id"] for c in out]
+
+    async def gone(self, cid: str, *, within: float = 60.0) -> bool:
+        """Remove a container and wait until it is gone, its removal under way elsewhere too (Docker's AutoRemove at
+        its end, or a removal whose caller was cancelled mid-call: ``remove`` answers at once then); whether it went
+        within ``within`` seconds."""
+        await self.remove(cid)
+        with anyio.move_on_after(within):
+            try:
+                await self._call("POST", f"/containers/{cid}/wait", params={"condition": "removed"}, timeout_s=within)
+            except EngineError as e:
+                if e.status != 404:  # 404: gone already
+                    raise
+            return True
+        return False
+
     async def inspect(self, cid: str) -> dict[str, Any]:
         out: dict[str, Any] = await self._call("GET", f"/containers/{cid}/json")
         return out

@@ -32,6 +32,7 @@ from gym_runtime.transport.subjects import Subjects
 from tests.docker import docker_socket
 from tests.envs.long_boxed import step_name, task
 from tests.long_rollout import containers, new_pool, remove_containers
+from tests.test_sandbox_fork import fork_volumes
 
 STEPS = 3  # model turns with a step each (one container write a turn), then one that answers
 KEEP_S = 600.0
@@ -87,6 +88,12 @@ def all_once(steps: int) -> dict[str, int]:
 
 async def live(pool: str) -> int:
     return len(await anyio.to_thread.run_sync(containers, pool))
+
+
+async def snapshots(pool: str) -> list[str]:
+    """The pool's fork snapshots (``engine_fork``'s volumes) on the engine now."""
+    async with Engine(docker_socket()) as engine:
+        return await fork_volumes(engine, pool)
 
 
 async def settles(pool: str, n: int) -> None:
@@ -192,6 +199,7 @@ async def test_the_copies_go_at_their_keeps_end_and_leave_nothing(nats_server, t
         async with Engine(docker_socket()) as engine:
             images = [i for i in await engine.images({POOL: f"gym.{pool}"}) if FORK_OF in (i.get("Labels") or {})]
         assert not images and not await live(pool)
+    assert await snapshots(pool) == []  # nor a snapshot its forks copied from, once its worker stopped
 
 
 async def test_a_purged_batch_takes_its_copies_with_it(nats_server, tmp_path: Path, pool: str) -> None:
@@ -202,6 +210,7 @@ async def test_a_purged_batch_takes_its_copies_with_it(nats_server, tmp_path: Pa
         await settles(pool, 0)  # long before their keep's end
         (r,) = await branches(client, row, key, 2, 1)
     assert r["error_class"] == "invalid_task", r
+    assert await snapshots(pool) == []  # nor a snapshot its forks copied from, once its worker stopped
 
 
 async def test_a_branch_past_the_pools_room_is_sandbox_unavailable_at_once(
