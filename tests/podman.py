@@ -9,11 +9,13 @@ imported once per machine.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -43,6 +45,25 @@ runroot = "{store}/run"
 """
 
 
+def podman_store() -> Path:
+    return Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
+
+
+@contextmanager
+def store_to_ourselves() -> Iterator[Path]:
+    """The tests' Podman store, held by one Podman service of this machine's test runs at a time (an flock on it,
+    waited for). Services side by side on one store flaked under load: containers shown as "not running" to the
+    other service, image listings and restarts failing mid-removal; one at a time, they do not meet."""
+    store = podman_store()
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / ".tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield store
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _unavailable(reason: str) -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
@@ -55,8 +76,11 @@ def podman_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not os.path.exists(PODMAN) or not shutil.which("runc"):
         _unavailable(f"{PODMAN} or runc is not installed")
     here = tmp_path_factory.mktemp("podman")
-    store = Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
-    store.mkdir(parents=True, exist_ok=True)
+    with store_to_ourselves() as store:
+        yield from _service(here, store)
+
+
+def _service(here: Path, store: Path) -> Iterator[str]:
     (here / "tmp").mkdir()
     (here / "containers.conf").write_text(CONTAINERS_CONF.format(dir=here))
     (here / "storage.conf").write_text(STORAGE_CONF.format(store=store))

@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     from gym_runtime.observability.tracing import Telemetry
     from gym_runtime.service.batches import collect_batch
     from gym_runtime.service.loop import run_async
-    from gym_runtime.service.outage import Out, stop_when_out
+    from gym_runtime.service.outage import Nudge, Out, stop_when_out
 
     url = cli.need_url(args, None)
     auth = cli.client_auth(args)
@@ -98,7 +98,14 @@ def main(args: argparse.Namespace) -> int:
                 # a notice, not the collect: its own error is dropped whenever it ends (a cancel can be lost to
                 # an answer in the same step), and the collect's outcome says what went wrong
                 watcher.add_done_callback(lambda t: t.cancelled() or t.exception())
-                stopper = asyncio.ensure_future(stop_when_out(bus, args.batch))  # a model with no endpoint in service
+                failed = Nudge()  # a failure row: look at the models at once
+
+                def on_result(ok: bool, reward: float | None) -> None:
+                    tracker.result(ok, reward)
+                    if not ok:
+                        failed.poke()
+
+                stopper = asyncio.ensure_future(stop_when_out(bus, args.batch, nudge=failed))  # a model all out
                 stopper.add_done_callback(lambda t: t.cancelled() or t.exception())
                 try:
                     stats = await collect_batch(
@@ -107,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
                         args.output,
                         wait_s=args.wait,
                         on_progress=tracker,
-                        on_result=tracker.result,
+                        on_result=on_result,
                         max_republish=args.max_republish,
                         on_note=lambda line: print(f"gym-runtime: note: {line}", file=sys.stderr, flush=True),
                     )

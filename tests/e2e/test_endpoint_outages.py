@@ -324,7 +324,7 @@ def test_with_every_endpoint_out_a_collect_of_start_ed_workers_stops_the_batch_a
     them. Before, each rollout failed in turn on the model: a ``model_error`` row each, no line, no stop."""
     a, b = Stub("--status", "500"), Stub("--status", "500")
     stubs += [a, b]
-    n = 1000
+    n = 2000  # at 1,000 and a look every 2 s all had failed before one (quiet machine); looking at once: 417-773
     cfg, out = config(tmp_path, [a.url, b.url]), tmp_path / "out.jsonl"
     start = subprocess.Popen(
         [sys.executable, "-m", "gym_runtime.cli", "start", str(cfg), "--nats", nats_server.url, "--in-process"],

@@ -24,7 +24,7 @@ import yaml
 from gym_runtime.ops.nats_server import free_port
 from tests.docker import docker_socket
 from tests.helpers import REPO, read_jsonl
-from tests.podman import CONTAINERS_CONF, PODMAN, STORAGE_CONF
+from tests.podman import CONTAINERS_CONF, PODMAN, STORAGE_CONF, store_to_ourselves
 from tests.slurm import NODES, REQUIRE_ENV, Cluster, local_slurm, missing
 
 SBATCH = REPO / "deploy/slurm/gym-runtime.sbatch"
@@ -189,7 +189,10 @@ def test_the_recipe_starts_a_podman_sandbox_pool_with_a_podman_service_per_node(
     conf = tmp_path / "podman"
     (conf / "tmp").mkdir(parents=True)
     (conf / "containers.conf").write_text(CONTAINERS_CONF.format(dir=conf))
-    store = Path(os.environ.get("GYM_PODMAN_DIR", "/var/tmp/gym-runtime-podman"))
-    (conf / "storage.conf").write_text(STORAGE_CONF.format(store=store))
-    confs = {"CONTAINERS_CONF": str(conf / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf")}
-    run_box_pool(slurm, tmp_path, "podman", GYM_PODMAN="1", **confs)
+    with store_to_ourselves() as store:  # the nodes' services are the only ones on the store meanwhile
+        (conf / "storage.conf").write_text(STORAGE_CONF.format(store=store))
+        confs = {
+            "CONTAINERS_CONF": str(conf / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"),
+        }
+        run_box_pool(slurm, tmp_path, "podman", GYM_PODMAN="1", **confs)
