@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -135,3 +136,27 @@ async def podman_engine(podman_socket: str) -> AsyncIterator[Engine]:
 @pytest.fixture
 async def podman_base(podman_engine: Engine) -> str:
     return await ensure_base(podman_engine)
+
+
+# The Docker cases' fixtures, here on Podman: a module that runs them imports these four (the conftest does not,
+# so the Docker modules keep theirs).
+
+
+@pytest.fixture
+def engine(podman_engine: Engine) -> Engine:  # the Docker tests' engine, here Podman's
+    return podman_engine
+
+
+@pytest.fixture
+def base_image(podman_base: str) -> str:
+    return podman_base
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"p{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def backend_name() -> str:
+    return "podman"

@@ -17,6 +17,7 @@ from gym_runtime.sandboxes.engine_api import POOL, EngineBackend
 from gym_runtime.sandboxes.engine_http import Engine
 from gym_runtime.transport.bus import Bus
 from tests.envs.cpu_burn import BURN_S, program
+from tests.podman import backend_name, base_image, engine, pool  # noqa: F401  (the Docker cases' fixtures, on Podman)
 from tests.test_sandbox_engine import (  # noqa: F401  (the same cases, on this module's engine)
     test_exec_round_trip_and_files,
     test_limits_memory_pids_wall_clock_output_disk,
@@ -33,26 +34,6 @@ from tests.test_sandbox_worker import fleet, wait_for
 
 
 @pytest.fixture
-def engine(podman_engine: Engine) -> Engine:  # the Docker tests' engine, here Podman's
-    return podman_engine
-
-
-@pytest.fixture
-def base_image(podman_base: str) -> str:
-    return podman_base
-
-
-@pytest.fixture
-def pool() -> str:
-    return f"p{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def backend_name() -> str:
-    return "podman"
-
-
-@pytest.fixture
 async def backend(podman_engine: Engine) -> AsyncIterator[EngineBackend]:
     b = EngineBackend(podman_engine, name="podman", pool=f"test{uuid.uuid4().hex[:8]}")
     try:
@@ -62,8 +43,12 @@ async def backend(podman_engine: Engine) -> AsyncIterator[EngineBackend]:
             await b.close(c.id)
 
 
-async def test_a_podman_pool_over_the_bus(bus: Bus, podman_engine: Engine, podman_base: str) -> None:
-    pool = f"p{uuid.uuid4().hex[:8]}"
+async def test_a_podman_pool_over_the_bus(
+    bus: Bus,
+    podman_engine: Engine,
+    podman_base: str,
+    pool: str,  # noqa: F811  (the fixture)
+) -> None:
     async with fleet(bus, podman_engine, pool) as worker:
         w = await worker(backend="podman", warm=1, limits=SandboxLimits(memory_mb=128, timeout_s=30))
 

@@ -9,11 +9,7 @@ apart, on the tests' shared Podman store."""
 
 from __future__ import annotations
 
-import uuid
-
-import pytest
-
-from gym_runtime.sandboxes.engine_http import Engine
+from tests.podman import backend_name, base_image, engine, pool  # noqa: F401  (the Docker cases' fixtures, on Podman)
 from tests.test_sandbox_fork import (  # noqa: F401  (the same cases, on this module's engine; ``swept``: theirs)
     swept,
     test_a_fork_copies_the_files_into_isolated_sandboxes_each_under_its_own_lease,
@@ -25,23 +21,3 @@ from tests.test_sandbox_fork import (  # noqa: F401  (the same cases, on this mo
     test_a_writable_pools_fork_commits_an_image_that_goes_with_its_last_copy,
     test_copies_whose_holder_falls_silent_are_reaped_with_their_image,
 )
-
-
-@pytest.fixture
-def engine(podman_engine: Engine) -> Engine:  # the Docker tests' engine, here Podman's
-    return podman_engine
-
-
-@pytest.fixture
-def base_image(podman_base: str) -> str:
-    return podman_base
-
-
-@pytest.fixture
-def pool() -> str:
-    return f"p{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def backend_name() -> str:
-    return "podman"
