@@ -99,12 +99,6 @@ def main(args: argparse.Namespace) -> int:
                 # an answer in the same step), and the collect's outcome says what went wrong
                 watcher.add_done_callback(lambda t: t.cancelled() or t.exception())
                 failed = Nudge()  # a failure row: look at the models at once
-
-                def on_result(ok: bool, reward: float | None) -> None:
-                    tracker.result(ok, reward)
-                    if not ok:
-                        failed.poke()
-
                 stopper = asyncio.ensure_future(stop_when_out(bus, args.batch, nudge=failed))  # a model all out
                 stopper.add_done_callback(lambda t: t.cancelled() or t.exception())
                 try:
@@ -114,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
                         args.output,
                         wait_s=args.wait,
                         on_progress=tracker,
-                        on_result=on_result,
+                        on_result=failed.on_failure(tracker.result),
                         max_republish=args.max_republish,
                         on_note=lambda line: print(f"gym-runtime: note: {line}", file=sys.stderr, flush=True),
                     )

@@ -98,12 +98,16 @@ def _row_lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
             yield lineno, line
 
 
-def _bad_utf8(line: bytes) -> str:
+def _bad_utf8(line: bytes) -> str | None:
+    """Where ``line`` stops being UTF-8 (None: it is UTF-8). msgspec says only "Invalid UTF-8" (0.23 on, as a
+    ``DecodeError``; before, a ``UnicodeDecodeError``): the byte and column are what a user looks for."""
+    if line.isascii():
+        return None
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as e:
         return f"byte 0x{line[e.start]:02x} at column {e.start + 1}"
-    return "invalid UTF-8"
+    return None
 
 
 # where a command's rows may come from instead (`run` takes a bundled environment's example rows by its name)
@@ -143,11 +147,11 @@ def validate(
         where = f"{p}:{lineno}"
         try:
             row = _decoder.decode(line)
-        except msgspec.DecodeError as e:
-            problems.append(f"{where}: not valid JSON ({e}){not_rows_hint(p) if lineno == 1 else ''}")
-            continue
-        except UnicodeDecodeError:
-            problems.append(f"{where}: not UTF-8 text ({_bad_utf8(line)})")
+        except (msgspec.DecodeError, UnicodeDecodeError) as e:
+            if (bad := _bad_utf8(line)) is not None:
+                problems.append(f"{where}: not UTF-8 text ({bad})")
+            else:
+                problems.append(f"{where}: not valid JSON ({e}){not_rows_hint(p) if lineno == 1 else ''}")
             continue
         except RecursionError:
             problems.append(f"{where}: nesting too deep (objects/arrays nested hundreds of levels)")

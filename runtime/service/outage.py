@@ -9,6 +9,7 @@ run become ``cancelled`` rows, each row still once) rather than each rollout fai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,15 +37,29 @@ class Out:
 
 
 class Nudge:
-    """ "Look again now", from a callback of the caller's (``collect``: a failure row came in): the watch's next look
-    is at once rather than ``every_s`` later. On a quiet machine a model with every endpoint out fails a thousand
-    rollouts within the two seconds between looks, and the batch ended as a failure row each, with no line."""
+    """ "Look again now", from a callback of the caller's (a failure row came in: ``collect``, and ``run`` with its
+    workers in children): the watch's next look is at once rather than ``every_s`` later. On a quiet machine a
+    model with every endpoint out fails a thousand rollouts within the two seconds between looks, and the batch
+    ended as a failure row each, with no line."""
 
     def __init__(self) -> None:
         self._event = anyio.Event()
 
     def poke(self) -> None:
         self._event.set()
+
+    def on_failure(
+        self, on_result: Callable[[bool, float | None], None] | None
+    ) -> Callable[[bool, float | None], None]:
+        """A collector's ``on_result`` (``ok``, ``reward``) that also pokes on a failure row."""
+
+        def on(ok: bool, reward: float | None) -> None:
+            if on_result is not None:
+                on_result(ok, reward)
+            if not ok:
+                self.poke()
+
+        return on
 
     async def wait(self, within_s: float) -> None:
         with anyio.move_on_after(within_s):

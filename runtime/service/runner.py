@@ -41,7 +41,7 @@ from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.resource import check_requires, check_seed_once, config_resource_class, load_resource_class
 from gym_runtime.service.batches import check_live_workers, check_model_endpoints, publish_batch, refuse_unusable
 from gym_runtime.service.budget import BudgetedPublish, HeldInCollector
-from gym_runtime.service.outage import stop_when_out
+from gym_runtime.service.outage import Nudge, stop_when_out
 from gym_runtime.transport.bus import Bus
 from gym_runtime.transport.connect import server_list, wait_reachable
 from gym_runtime.transport.jetstream import ensure_streams, watch_queues
@@ -440,12 +440,13 @@ async def run_batch(
             manifest = new_manifest(batch, plan.owners, repeats=repeats, input_path=str(Path(input_path).resolve()))
             log.info("batch.start", batch=batch, rows=plan.count, repeats=repeats, expected=manifest.expected,
                      agents=plan.agents, out=str(out))  # fmt: skip
+            failed = Nudge()  # a failure row: the watch on the bus looks at the models at once
             collector = Collector(
                 bus,
                 manifest,
                 out,
                 on_progress=hooks.on_progress,
-                on_result=hooks.on_result,
+                on_result=failed.on_failure(hooks.on_result),
                 on_stored=budget.stored if budget is not None else None,
                 keep_attempts=True,
             )
@@ -467,7 +468,7 @@ async def run_batch(
             if models:
                 tg.start_soon(stop_when_out_of_service, bus, batch, models, stopped)
             elif not start_local_workers:  # in worker children: their status answers say it (``outage``)
-                tg.start_soon(_stop_when_out_on_bus, bus, batch, stopped)
+                tg.start_soon(_stop_when_out_on_bus, bus, batch, stopped, failed)
             stats = await _publish_and_collect(tg, collector, publish)
             await write_batch_sidecars(bus, batch, out, collector.attempts, config=redact(config.config))
             await drain(workers, timeout=5.0)
@@ -506,8 +507,8 @@ async def stop_when_out_of_service(bus: Bus, batch: str, models: list[ModelWorke
             tg.start_soon(watch, w)
 
 
-async def _stop_when_out_on_bus(bus: Bus, batch: str, stopped: list[str]) -> None:
-    out = await stop_when_out(bus, batch)
+async def _stop_when_out_on_bus(bus: Bus, batch: str, stopped: list[str], nudge: Nudge) -> None:
+    out = await stop_when_out(bus, batch, nudge=nudge)
     stopped.append(f"model {out.model!r}: {out.cause}")
 
 
