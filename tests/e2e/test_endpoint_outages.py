@@ -295,9 +295,9 @@ def test_with_every_endpoint_out_a_run_with_worker_children_stops_with_one_line(
     stubs: list[Stub], runs: list[Run], tmp_path: Path
 ) -> None:
     """As above, the model workers in ``run``'s children (``--processes per-role``, what ``auto`` picks for a large
-    batch on several cores): the run reads their status answers (every 2 s, and at once on a failure row) and stops the batch in one line.
-    Before, only a model worker in ``run``'s own process stopped it: here each of the 1,500 rollouts failed on the
-    model in turn."""
+    batch on several cores): the run reads their status answers (every 2 s, and at once on a failure row) and stops
+    the batch in one line. Before, only a model worker in ``run``'s own process stopped it: here each of the 1,500
+    rollouts failed on the model in turn; with the look every 2 s alone, all 1,500 failed between two looks."""
     a, b = Stub("--status", "500"), Stub("--status", "500")
     stubs += [a, b]
     n = 1500
