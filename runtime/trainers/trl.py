@@ -46,6 +46,7 @@ from gym_runtime.errors import ClientError
 from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.trainers.arguments import checked, count, failure_policy
+from gym_runtime.trainers.exhausted import stop_callback, stops
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, has_tokens, reward_of
 from gym_runtime.trainers.rows import (
     RowIndex,
@@ -165,8 +166,8 @@ class TRLRollouts:
         if self.sampler is None:
             raise ClientError("use_sampler: give TRLRollouts(..., sampler=TaskSampler...) first")
         sampler = self.sampler
-        if stop_when_exhausted and sampler.config.skip_below > 0:
-            trainer.add_callback(_stop_when_exhausted(sampler))
+        if stops(sampler, stop_when_exhausted):
+            trainer.add_callback(stop_callback(sampler, "trl"))
 
         def train_sampler(dataset: Any = None) -> TaskRepeats:
             data = trainer.train_dataset if dataset is None else dataset
@@ -439,23 +440,6 @@ class TRLRollouts:
             train = metrics["train"]
             for k, v in c.items():
                 train[k].append(v)
-
-
-def _stop_when_exhausted(sampler: TaskSampler) -> Any:
-    """A ``TrainerCallback`` ending training after a step that left no task able to teach: the next step's
-    groups, all of them without spread, would give no advantage (and no gradient) for their generation's cost."""
-    from transformers import TrainerCallback
-
-    class StopWhenExhausted(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if sampler.exhausted:
-                log.warning(
-                    "trainer.stopped", step=state.global_step, why="sampler exhausted: no task of the set can teach"
-                )
-                control.should_training_stop = True
-            return control
-
-    return StopWhenExhausted()
 
 
 class TaskRepeats:

@@ -45,6 +45,7 @@ from gym_runtime.live_models import LIVE_MODELS
 from gym_runtime.observability import logs
 from gym_runtime.rigs import trl_cpu
 from gym_runtime.trainers.arguments import checked, count, failure_policy
+from gym_runtime.trainers.exhausted import stop_callback, stops
 from gym_runtime.trainers.failures import FailurePolicy, Kind, Tally, advantages, has_tokens, reward_of, std
 from gym_runtime.trainers.rows import RowIndex, check_agent, sequence
 from gym_runtime.trainers.step_fill import StepFill
@@ -86,7 +87,10 @@ class GymRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over a ``SyncClient``: ``rollout_buffer`` and ``metrics_queue`` are
     ``queue.Queue``s; ``sample`` is TRL's ``RolloutSample`` class (``trl.experimental.async_grpo``); ``waits``
     (``trainers.waiting.WaitPolicy``): the trainer's wait for samples, counted from the last one handed over, said
-    in one line after ``say_after_s`` and failed with it at ``bound_s`` (TRL's ``check_health`` raises it)."""
+    in one line after ``say_after_s`` and failed with it at ``bound_s`` (TRL's ``check_health`` raises it). With a
+    ``sampler`` whose ``skip_below`` is set, the trainer that starts the worker ends its run at the end of the step
+    after which no task can teach (one ``trainer.stopped`` line naming the sampler's run; ``stop_when_exhausted=False``:
+    it goes on at the floor's exploration); the worker generates until then, so that step can fill."""
 
     @checked
     def __init__(
@@ -105,6 +109,7 @@ class GymRolloutWorker:
         token_budget: int | None = None,
         sampler: TaskSampler | None = None,
         waits: WaitPolicy | None = None,
+        stop_when_exhausted: bool = True,
     ) -> None:
         for name, value, least in (
             ("num_generations", num_generations, 1),
@@ -149,11 +154,18 @@ class GymRolloutWorker:
         if sampler is not None and len(sampler.keys) != len(self.index.rows):
             raise ClientError(f"sampler: made for {len(sampler.keys)} rows, the worker has {len(rows)}")
         self.sampler = sampler  # picks each next group's row and learns from it (None: the rows in turn)
+        self.stop_when_exhausted = stop_when_exhausted  # with skip_below: the trainer's run ends when none can teach
+        self._stopping: Any = None  # the callback that ends it, once added to the starting trainer
 
     # ------------------------------------------------------------------------------------------ the protocol
 
     def start(self) -> None:
-        self._check_trainer(_starting_trainer(self))
+        trainer = _starting_trainer(self)
+        self._check_trainer(trainer)
+        if trainer is not None and self._stopping is None and stops(self.sampler, self.stop_when_exhausted):
+            assert self.sampler is not None
+            self._stopping = stop_callback(self.sampler, "trl_async")
+            trainer.add_callback(self._stopping)  # TRL's step ends check it: the run ends at the exhausting step
         self.last_sample_at = time.monotonic()
         self.watch.restart()
         self._future = self.client.spawn(self._produce)

@@ -19,7 +19,9 @@ from tests.trainers.world import World, need, world
 need("trl")
 
 
-def trainer_of(w: World, tmp_path: Path, client: SyncClient, **worker: Any) -> tuple[Any, GymRolloutWorker, Any]:
+def trainer_of(
+    w: World, tmp_path: Path, client: SyncClient, steps: int = 3, **worker: Any
+) -> tuple[Any, GymRolloutWorker, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -39,7 +41,7 @@ def trainer_of(w: World, tmp_path: Path, client: SyncClient, **worker: Any) -> t
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=4,
         num_generations=2,
-        max_steps=3,
+        max_steps=steps,
         max_staleness=1,
         token_budget=40,  # a packed row of about two samples (CPU: small steps)
         logging_steps=1,

@@ -4,10 +4,13 @@ fixed (a third always solved, a third never, a third with spread), so which task
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gym_runtime import SyncClient
 from gym_runtime.client.sampler import TaskSampler
@@ -126,3 +129,26 @@ def test_trl_ends_the_run_when_no_task_can_teach(tmp_path: Path) -> None:
     assert calls == trainer.state.global_step  # nothing generated after the step that exhausted the set
     logged = [h for h in trainer.state.log_history if "gym_runtime/sampler/exhausted" in h]
     assert logged[-1]["gym_runtime/sampler/exhausted"] == 1 and logged[0]["gym_runtime/sampler/exhausted"] == 0
+
+
+def test_async_trl_ends_the_run_when_no_task_can_teach(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The async trainer likewise: the worker's sampler exhausted once each task's few groups have shown it solved
+    or failed every time, TRL's ``AsyncGRPOTrainer`` ends at that step (one ``trainer.stopped`` line naming the
+    sampler's run) rather than training its 30 steps on groups with no advantage. ``stop_when_exhausted=False``
+    keeps the old way (not run here: it is the 30 steps)."""
+    need("trl.experimental.async_grpo.async_rollout_worker")
+    from tests.trainers.test_trl_async import trainer_of
+
+    w = world(tmp_path, rows=4)
+    w = dataclasses.replace(w, rows=[{**row, "n": i, "fixed_reward": float(i % 2)} for i, row in enumerate(w.rows)])
+    with SyncClient(w.config) as client:
+        config = {"score": "learnability", "floor": 0.1, "skip_below": 0.08, "run": "exp9"}
+        sampler = TaskSampler.open_sync(client, w.rows, config, seed=0, store=False)
+        trainer, rollouts, _ = trainer_of(w, tmp_path, client, steps=30, sampler=sampler)
+        try:
+            trainer.train()
+        finally:
+            rollouts.stop()
+    assert sampler.exhausted and 1 <= trainer.state.global_step < 30, trainer.state.global_step
+    stopped = [r.getMessage() for r in caplog.records if "trainer.stopped" in r.getMessage()]
+    assert len(stopped) == 1 and "exp9" in stopped[0] and "trl_async" in stopped[0], stopped
