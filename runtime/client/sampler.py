@@ -11,7 +11,7 @@ Decisions are ``data.sampling``'s (pure); statistics are kept per run in the bus
 restarted trainer resumes them. ``metrics()`` gives the share of zero-spread groups, the tasks skipped and why, and
 the estimated signal, since its last call (what the trainer adapters log). With ``skip_below``, ``exhausted`` says
 that no task of the set can teach (said once in a ``sampler.exhausted`` line naming the run): one's own loop ends
-there (``if sampler.exhausted: break``), TRL's adapter ends the training run.
+there (``if sampler.exhausted: break``), the trainer adapters end the training run (``trainers.exhausted``).
 """
 
 from __future__ import annotations

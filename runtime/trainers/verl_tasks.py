@@ -16,6 +16,17 @@ counts them and returns the sampler's metrics (``gym_runtime/sampler/*``) for th
 run in that process (``data.dataloader_num_workers: 0``: a worker process would pick from a copy that never sees an
 outcome). The statistics live in that process's memory: not shared with other trainers nor kept across a restart
 (verl's checkpoint does not carry them), unlike ``TaskSampler.open``'s.
+
+With ``skip_below``, the run ends when no task of the set can teach (``trainers.exhausted``; ``gym_sampler:
+{stop_when_exhausted: false}`` goes on at the floor's exploration), each trainer as its loop allows. The legacy
+trainer iterates ``for epoch: for batch in train_dataloader`` and returns when its epochs are done: the dataset ends
+the dataloader (``StopIteration`` at the next batch's first read, torch's end of data), so the epoch ends before
+that batch is generated and each later epoch ends at once. v1 refetches once on ``StopIteration`` and fails on a
+second, so there the dataset never ends: ``GymReplayBuffer``, which counts each step's outcomes, brings the
+trainer's ``total_training_steps`` (the bound its loop checks before each step) down to the step that exhausted
+the set. verl hands its replay buffer the trainer's ``_add_prompts_to_generate``: that method's trainer is the one.
+Neither saves a checkpoint or validates at that end (verl does both only at the last step it planned, and at
+``save_freq``/``test_freq``).
 """
 
 from __future__ import annotations
@@ -29,15 +40,35 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from gym_runtime.client.sampler import TaskSampler, sampler_config
 from gym_runtime.data.sampling import task_key
 from gym_runtime.errors import ClientError
+from gym_runtime.trainers.exhausted import say_stopped, stops
 
-__all__ = ["GymTaskDataset", "active", "observe_batch"]
+__all__ = ["GymTaskDataset", "active", "end_at_step", "observe_batch"]
 
-_ACTIVE: list[TaskSampler] = []  # the train dataset's sampler in this process (the last one built)
+_ACTIVE: list[GymTaskDataset] = []  # the train dataset with a sampler in this process (the last one built)
+_BY_STEPS: list[Any] = []  # v1's trainer, when its replay buffer is ours: the run ends by its steps, not the data
 
 
 def active() -> TaskSampler | None:
     """The sampler the train ``GymTaskDataset`` of this process picks by (None: no such dataset here)."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    return _ACTIVE[-1].sampler if _ACTIVE else None
+
+
+def ends_by_steps(trainer: Any) -> None:
+    """v1: ``trainer`` (None: not known) ends the run by its steps (``end_at_step``); the dataset never ends."""
+    _BY_STEPS[:] = [trainer]
+
+
+def end_at_step(step: int) -> None:
+    """v1, after a step's outcomes were counted: the set exhausted, the trainer's run ends after ``step``."""
+    dataset = _ACTIVE[-1] if _ACTIVE else None
+    trainer = _BY_STEPS[-1] if _BY_STEPS else None
+    if dataset is None or trainer is None or not dataset.stops or dataset.said_stop:
+        return
+    assert dataset.sampler is not None
+    if dataset.sampler.exhausted and isinstance(getattr(trainer, "total_training_steps", None), int):
+        dataset.said_stop = True
+        trainer.total_training_steps = min(trainer.total_training_steps, step)
+        say_stopped(dataset.sampler, "verl_v1", step=step)
 
 
 def gym_row(extra_info: Any) -> dict[str, Any]:
@@ -57,6 +88,8 @@ class GymTaskDataset(RLHFDataset):
     def __init__(self, data_files: Any, tokenizer: Any, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(data_files, tokenizer, config, *args, **kwargs)
         self.sampler: TaskSampler | None = None
+        self.stops = False  # the run ends when no task can teach (with skip_below; stop_when_exhausted: false, not)
+        self.said_stop = False
         self._queue: list[int] = []
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         train = config.get("train_files")
@@ -64,7 +97,11 @@ class GymTaskDataset(RLHFDataset):
             [train] if isinstance(train, str) else list(train or [])
         ):  # the validation set: read as verl reads it
             return
-        cfg = sampler_config(dict(config.get("gym_sampler") or {}))
+        knobs = dict(config.get("gym_sampler") or {})
+        stop_when_exhausted = knobs.pop("stop_when_exhausted", True)
+        if not isinstance(stop_when_exhausted, bool):
+            raise ClientError(f"data.gym_sampler.stop_when_exhausted: {stop_when_exhausted!r}: give true or false")
+        cfg = sampler_config(knobs)
         if cfg.score == "uniform":
             return
         workers = config.get("dataloader_num_workers", 0)
@@ -76,12 +113,18 @@ class GymTaskDataset(RLHFDataset):
         rows = [gym_row(info) for info in self.dataframe["extra_info"]]
         self.batch = int(config.get("gen_batch_size") or config.get("train_batch_size") or 1)
         self.sampler = TaskSampler(rows, cfg, None, seed=int(config.get("seed") or 0))
-        _ACTIVE[:] = [self.sampler]
+        self.stops = stops(self.sampler, stop_when_exhausted)
+        _ACTIVE[:] = [self]
 
     def __getitem__(self, item: int) -> Any:
         if self.sampler is None:
             return super().__getitem__(item)
         if not self._queue:  # a batch's worth of distinct tasks, picked when the dataloader reaches it
+            if self.stops and not _BY_STEPS and self.sampler.exhausted:
+                if not self.said_stop:
+                    self.said_stop = True
+                    say_stopped(self.sampler, "verl", picks=self.sampler.clock)
+                raise StopIteration  # torch's end of data: verl's epoch ends before the batch is generated
             self._queue = self.sampler.pick(self.batch)
         return super().__getitem__(self._queue.pop(0))
 

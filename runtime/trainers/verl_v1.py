@@ -32,7 +32,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from gym_runtime.errors import ClientError
 from gym_runtime.trainers.verl import check_bound, failure_metrics
-from gym_runtime.trainers.verl_tasks import observe_batch
+from gym_runtime.trainers.verl_tasks import end_at_step, ends_by_steps, observe_batch
 
 __all__ = ["GymReplayBuffer", "GymReplayBufferAsync", "step_metrics"]
 
@@ -78,11 +78,16 @@ class _FailureCounts:
             )
         verl_buffer: Any = super()  # verl's ReplayBuffer or ReplayBufferAsync, after this class in the MRO
         verl_buffer.__init__(trainer_mode, *args, **kwargs)
+        # the trainer (its _add_prompts_to_generate's): with the task sampler, the run ends by its steps (verl_tasks)
+        ends_by_steps(getattr(kwargs.get("refill_fn"), "__self__", None))
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
         verl_buffer: Any = super()
         batch, metrics = verl_buffer.sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
-        return batch, {**metrics, **step_metrics(batch)}
+        counted = step_metrics(batch)  # the step's outcomes counted into the task sampler
+        if partition_id == "train":
+            end_at_step(global_steps)  # nothing left to teach: this step is the run's last
+        return batch, {**metrics, **counted}
 
 
 class GymReplayBuffer(_FailureCounts, ReplayBuffer):

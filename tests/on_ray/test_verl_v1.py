@@ -169,3 +169,41 @@ def test_a_sampler_of_the_other_trainer_mode_is_one_line_naming_the_right_one(mo
     assert str(said.value) == f"{needs} (gym_runtime.trainers.verl_v1)"
     config.trainer.v1.sampler.custom_sampler.name = right
     assert type(PPOTrainer._build_replay_buffer(trainer)).__name__ == right  # type: ignore[arg-type]
+
+
+def test_a_v1_run_ends_at_the_step_that_left_nothing_to_teach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 79 under v1: its loop refetches once when the dataloader ends and fails on a second end, so there the
+    dataset never ends the data; ``GymReplayBuffer``, which counts each step's outcomes, brings the trainer's
+    ``total_training_steps`` (what v1's ``fit`` checks before each step) down to the step after which no task can
+    teach, with one ``trainer.stopped`` line naming the run. The trainer is a real ``PPOTrainerSync`` (its replay buffer
+    built as its ``__init__`` builds it); verl's own ``ReplayBuffer.sample`` (TransferQueue: the cluster test above
+    runs it) hands back an empty batch, the step's outcomes counted as ``step_metrics`` counts them."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from gym_runtime.trainers import verl_tasks
+    from tests.trainers.test_verl_loop import _dead_set, _legacy_fit
+
+    monkeypatch.setattr(verl_tasks, "_BY_STEPS", [], raising=False)
+    config = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    config.trainer.v1.trainer_mode = "sync"
+    config.trainer.v1.sampler.custom_sampler = OmegaConf.create(documented_sampler())
+    trainer = PPOTrainerSync.__new__(PPOTrainerSync)  # what v1's fit reads of it: its replay buffer and its steps
+    trainer.config, trainer.trainer_mode = config, "sync"
+    trainer.replay_buffer = trainer._build_replay_buffer()
+    trainer.total_training_steps = 100
+    monkeypatch.setattr(ReplayBuffer, "sample", lambda *a, **kw: (types.SimpleNamespace(keys=[]), {}))
+    _, loader = _dead_set(tmp_path / "data")  # built after the replay buffer, as v1 builds them
+    trainer.global_steps = 1
+    while trainer.global_steps <= trainer.total_training_steps:  # v1's fit, one step a batch of the dataloader
+        assert _legacy_fit(loader, epochs=1)[0] == 3  # the data never ends under v1
+        trainer.replay_buffer.sample(global_steps=trainer.global_steps, partition_id="train", batch_size=4)
+        trainer.global_steps += 1
+    assert verl_tasks.active() is not None and verl_tasks.active().exhausted  # type: ignore[union-attr]
+    assert trainer.total_training_steps == trainer.global_steps - 1 < 20, trainer.total_training_steps
+    out, err = capfd.readouterr()
+    stopped = [line for line in (caplog.text + out + err).splitlines() if "trainer.stopped" in line]
+    assert len(stopped) == 1 and "verl7" in stopped[0] and "verl_v1" in stopped[0], stopped

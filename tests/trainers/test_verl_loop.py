@@ -319,6 +319,86 @@ def test_verls_dataloader_follows_the_task_sampler_and_each_prompt_is_its_rows(t
         create_rl_dataset(config.train_files, OmegaConf.merge(config, {"dataloader_num_workers": 8}), w.tokenizer, None)
 
 
+def _dead_set(tmp_path: Path, **knobs: Any) -> tuple[Any, Any]:
+    """12 rows, half always solved and half never, in ``GymTaskDataset`` with ``skip_below`` and verl's dataloader
+    as its trainers build it (``create_rl_dataset``, ``create_rl_sampler``, ``StatefulDataLoader``)."""
+    from omegaconf import OmegaConf
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    tmp_path.mkdir()
+    w = world(tmp_path, rows=1)
+    rows = [{"word": f"w{i}", "kind": ("solved", "impossible")[i % 2]} for i in range(12)]
+    sampler = {"score": "learnability", "floor": 0.1, "skip_below": 0.08, "run": "verl7", **knobs}
+    config = OmegaConf.create(
+        {
+            "train_files": [_verl_data(tmp_path, rows, "train.parquet")],
+            "train_batch_size": 4,
+            "dataloader_num_workers": 0,
+            "shuffle": True,
+            "seed": 1,
+            "cache_dir": str(tmp_path / "cache"),
+            "filter_overlong_prompts": False,
+            "custom_cls": {"path": "pkg://gym_runtime.trainers.verl_tasks", "name": "GymTaskDataset"},
+            "gym_sampler": sampler,
+        }
+    )
+    dataset = create_rl_dataset(config.train_files, config, w.tokenizer, None)
+    loader = StatefulDataLoader(
+        dataset, batch_size=4, num_workers=0, drop_last=True, collate_fn=collate_fn,
+        sampler=create_rl_sampler(config, dataset),
+    )  # fmt: skip
+    return dataset, loader
+
+
+def _legacy_fit(loader: Any, epochs: int) -> list[int]:
+    """verl's legacy trainer's loop (``RayPPOTrainer.fit``: ``for epoch ...: for batch_dict in train_dataloader``),
+    each batch's outcomes counted as its agent loop manager counts them; the batches each epoch took."""
+    from gym_runtime.data.sampling import task_key
+    from gym_runtime.trainers import verl_tasks
+
+    taken = []
+    for _ in range(epochs):
+        taken.append(0)
+        for batch in loader:
+            taken[-1] += 1
+            fields: dict[str, list[Any]] = {"gym_task": [], "gym_outcome": []}
+            for info in batch["extra_info"]:
+                row = json.loads(info["gym_row"])
+                for _ in range(4):  # the prompt's n = 4 rollouts
+                    fields["gym_task"].append(task_key(row))
+                    fields["gym_outcome"].append({"reward": 1.0 if row["kind"] == "solved" else 0.0})
+            verl_tasks.observe_batch(fields)
+    return taken
+
+
+def test_verls_run_ends_when_no_task_can_teach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 79: with ``skip_below``, once every task was solved or failed every time lately, ``GymTaskDataset``
+    ends verl's dataloader before the next batch is generated: the legacy trainer's epoch ends there and each later
+    one at once, so its ``fit`` returns (one ``trainer.stopped`` line naming the run) rather than generating its 20
+    epochs of groups with no advantage. ``stop_when_exhausted: false`` goes on at the floor's exploration."""
+    from gym_runtime.errors import ClientError
+    from gym_runtime.trainers import verl_tasks
+
+    monkeypatch.setattr(
+        verl_tasks, "_BY_STEPS", [], raising=False
+    )  # no v1 replay buffer in this process: the legacy trainer
+    dataset, loader = _dead_set(tmp_path / "stops")
+    taken = _legacy_fit(loader, epochs=20)
+    assert dataset.sampler.exhausted
+    assert 0 < sum(taken) < 30 and taken[-10:] == [0] * 10, taken  # without the stop: 3 batches every epoch
+    out, err = capfd.readouterr()  # structlog's own lines, or stdlib logging's once a client configured it
+    stopped = [line for line in (caplog.text + out + err).splitlines() if "trainer.stopped" in line]
+    assert len(stopped) == 1 and "verl7" in stopped[0], stopped
+    _, loader = _dead_set(tmp_path / "goes_on", stop_when_exhausted=False)
+    assert _legacy_fit(loader, epochs=20) == [3] * 20
+    with pytest.raises(ClientError, match="stop_when_exhausted: 'no'"):
+        _dead_set(tmp_path / "bad", stop_when_exhausted="no")
+
+
 async def test_a_loop_with_no_model_worker_fails_verls_step_at_its_bound_naming_it(tmp_path: Path) -> None:
     from gym_runtime.errors import ClientError
 
