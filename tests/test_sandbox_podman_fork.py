@@ -1,11 +1,11 @@
 """Forks on a real Podman engine (``tests/podman.py``): ``tests/test_sandbox_fork.py``'s engine cases (files,
-isolation, snapshots and the writable pool's image, quota, clean-up and sweeps), as it runs them on Docker.
+isolation, snapshots and their reuse, the writable pool's image, quota, clean-up and sweeps), as it runs them on
+Docker.
 
-A module of its own, so a Podman service of its own (the fixture's scope): run after
-``tests/test_sandbox_podman.py``'s cases in one service, they met containers that Podman showed as not running
-("can only create exec sessions on running containers") in some runs here, not run apart. Not here: the reuse
-of an unchanged parent's snapshot (engine-independent; on Docker), whose three forks at once met that even run
-apart, on the tests' shared Podman store."""
+A module of its own, so a Podman service of its own (the fixture's scope). The containers Podman once showed here
+as not running ("can only create exec sessions on running containers"), which had kept the reuse of an unchanged
+parent's snapshot out of this module, were the tests' store refreshed by a Podman process whose temporary
+directory a pytest run had deleted (``tests/podman.py``; the last test here checks it)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from tests.test_sandbox_fork import (  # noqa: F401  (the same cases, on this mo
 
 
 async def test_podmans_temporary_directory_is_the_stores_own_where_no_pytest_run_deletes_it(
-    engine: Engine,
-    base_image: str,
-    pool: str,  # noqa: F811  (the fixtures imported above)
+    engine: Engine,  # noqa: F811  (the fixtures imported above)
+    base_image: str,  # noqa: F811
+    pool: str,  # noqa: F811
 ) -> None:
     """What a stopping container's ``podman container cleanup`` is given as its temporary directory (its conmon's
     exit command) is the store's (``tests/podman.py``): one under pytest's ``/tmp/pytest-of-*``, which the store's

@@ -194,9 +194,10 @@ class EngineBackend:
 
     @property
     def expiring(self) -> bool:
-        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: on the
-        tests' shared Podman store a container ending by itself set off a state refresh that showed others as
-        ``created``, and AutoRemove raced forced removals); its containers are reaped as before."""
+        """Whether its containers end by themselves (``KEEPER``): Docker's. Not yet Podman's (untested: a container
+        ending by itself on the tests' store set off a state refresh that showed others as ``created``, since found
+        to be that store's temporary directory deleted under it (``tests/podman.py``), and AutoRemove raced forced
+        removals); its containers are reaped as before."""
         return self.name == "docker"
 
     def _main(self, expires: float) -> list[str]:
