@@ -79,10 +79,12 @@ KEPT = 8  # parents whose last snapshot is kept (each at most the pool's disk_mb
 # as a digest (a file written, made, removed, or chmodded changes it); GNU find's -printf (the base image's)
 DIGEST = "cd / && find {paths} -printf '%p %s %T@ %C@ %m %U %G %l\\n' 2>/dev/null | md5sum"
 # a child's copy of its snapshot (argv: the copied paths); a snapshot without them (its volume gone, and the engine
-# made an empty one of that name) fails the fork, never leaves a copy without its files
+# made an empty one of that name) fails the fork, never leaves a copy without its files. GNU tar's in records of
+# 1 MiB (``-b 2048``; its default is 10 KiB): a fifth less CPU for 52 MB (other tars, e.g. BusyBox's, have no -b)
 COPY = (
     f'cd {FORK_DIR} && for p in "$@"; do [ -d "$p" ] || {{ echo "the snapshot has no $p" >&2; exit 3; }}; done; '
-    'tar -cf - "$@" | tar -C / -xpf -'
+    'b=; case "$(tar --version 2>/dev/null)" in *GNU*) b="-b 2048";; esac; '
+    'tar $b -cf - "$@" | tar $b -C / -xpf -'
 )
 COPIED = "gym-runtime: copied"  # what a copy's main process says once its files are copied (``ENTRY``)
 # a copy's main process (argv: the copied paths as one word, then its own main process): its snapshot copied
