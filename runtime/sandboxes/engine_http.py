@@ -347,12 +347,19 @@ class Engine:
         return image if ":" in image else f"sha256:{image}"  # Podman's bare id, which its DELETE refuses
 
     async def images(self, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """The images carrying these labels."""
+        """The images carrying these labels. Podman (4.3 here) fails a listing that meets an image being removed
+        ("image not known", 500): listed again, up to ``REMOVE_TRIES`` times in all."""
         want = [f"{k}={v}" for k, v in labels.items()]
-        out: list[dict[str, Any]] = await self._call(
-            "GET", "/images/json", params={"filters": json.dumps({"label": want})}
-        )
-        return out
+        for tries_left in range(REMOVE_TRIES - 1, -1, -1):
+            try:
+                out: list[dict[str, Any]] = await self._call(
+                    "GET", "/images/json", params={"filters": json.dumps({"label": want})}
+                )
+                return out
+            except EngineError as e:
+                if not (tries_left and e.status == 500 and "image not known" in str(e)):
+                    raise
+        return []  # (not reached: the last try returns or raises)
 
     async def remove_image(self, ref: str) -> bool:
         """Remove an image; False: a container still uses it (the engine refuses), or it is gone already."""
