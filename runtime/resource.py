@@ -398,7 +398,25 @@ def encode_tool_output(result: Any) -> str:
         return result
     if isinstance(result, (bytes, bytearray)):
         return bytes(result).decode()
-    return json.dumps(msgspec.to_builtins(result))
+    return _json_text(msgspec.to_builtins(result))
+
+
+# ``json.dumps``'s own C encoder with its defaults (ASCII, ", " and ": ", NaN allowed), built once: ``json.dumps``
+# builds one per call, half of a small tool output's cost (23 k instructions, 11 k here). No cycle check: a value
+# ``msgspec.to_builtins`` made has no cycle.
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # None where Python was built without _json
+_ENCODE: Any = (
+    _C_ENCODER(
+        None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+    if _C_ENCODER is not None
+    else None
+)
+
+
+def _json_text(value: Any) -> str:
+    """``json.dumps(value)``, byte for byte."""
+    return "".join(_ENCODE(value, 0)) if _ENCODE is not None else json.dumps(value)
 
 
 def load_resource_class(module_path: str, where: str, entry: str | None = None) -> type[Resource]:

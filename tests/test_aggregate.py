@@ -407,3 +407,47 @@ def test_costs_are_totalled_per_agent_with_failed_rollouts_apart():
     lines = summary_lines(a)
     assert "  cost: policy 5 calls, 150 in / 15 out tokens; tools 0.01 s; estimated 0.75 USD" in lines
     assert any(line.startswith("  cost of 1 failed rollouts: policy 1 calls") for line in lines), lines
+
+
+def _varied_rows() -> list[dict]:
+    """Rows with each shape ``add`` reads differently: a bool reward, extra numbers, a usage count of None, a
+    response that is null or a number, an answer that is a string or None, no agent, a task key that is a string,
+    a ``cost`` that is a dict or not, numbers in many tasks of several rollouts."""
+    rows = []
+    for i in range(120):
+        row = _row("agent_a" if i % 4 else "agent_b", i // 3, i % 3, [0.0, 1.0, 0.5][i % 3] if i % 7 else True)
+        row["response"] = {
+            "id": f"resp_{i}",
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "é" * i}]}],
+            "usage": {"input_tokens": i, "output_tokens": None if i % 17 == 0 else 3, "input_tokens_details": {}},
+        }
+        row["cost"] = {"models": {"policy": {"calls": 2, "input_tokens": i}}, "tool_ms": i} if i % 31 else "bad"
+        if i % 5 == 0:
+            row["latency_s"], row["flag"] = i * 1.5, i % 2 == 0
+        if i % 11 == 0:
+            row["response"] = None
+        if i % 13 == 0:
+            row["response"] = 3
+        if i % 19 == 0:
+            row["extracted_answer"] = "x" if i % 2 else None
+        if i % 23 == 0:
+            del row["agent_ref"]
+        if i % 29 == 0:
+            row["_ng_task_index"] = f"t{i}"
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("answer_field", [None, "extracted_answer", "reward", "response"])
+def test_a_line_counts_as_its_decoded_row(tmp_path: Path, answer_field: str | None) -> None:
+    """``add_line`` (the collector's: only the values the metrics read are built) writes the same metrics file,
+    byte for byte, as ``add`` of each whole decoded row."""
+    whole, lines = MetricsAccumulator(answer_field=answer_field), MetricsAccumulator(answer_field=answer_field)
+    for row in _varied_rows():
+        line = json.dumps(row, ensure_ascii=False).encode()
+        whole.add(json.loads(line))
+        lines.add_line(line)
+    whole.write_json(tmp_path / "whole.json")
+    lines.write_json(tmp_path / "lines.json")
+    assert lines.rows_skipped == whole.rows_skipped > 0
+    assert (tmp_path / "lines.json").read_bytes() == (tmp_path / "whole.json").read_bytes()

@@ -8,14 +8,16 @@ server writes its request bodies (``class Req(BaseModel): ...``): our
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
+import msgspec
 import pydantic
 import pytest
 
 from gym_runtime.errors import UserError
-from gym_runtime.resource import Resource, ToolArgumentsError, decode_arguments, tool
+from gym_runtime.resource import Resource, ToolArgumentsError, decode_arguments, encode_tool_output, tool
 from gym_runtime.resources.math_advanced_calculations import MathAdvancedCalculations
 from gym_runtime.resources.workplace_assistant import WorkplaceAssistant
 
@@ -251,3 +253,22 @@ def test_arguments_decode_as_json_loads_does(text: str | bytes) -> None:
     got = decode_arguments("t", text)
     assert repr(got) == repr(want)  # nan != nan: compared as written
     assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+
+
+def test_a_tool_output_is_json_dumps_of_its_builtins_byte_for_byte() -> None:
+    """``encode_tool_output`` writes with json's C encoder built once: the text ``json.dumps`` writes (ASCII
+    escapes, ", " and ": ", NaN and Infinity, non-string keys)."""
+    values = [
+        {"city": "SF", "weather_description": "The weather in SF is cold."},
+        {"é": "ü\u2028\ud800", "n": [1, 2.5, 1e16, -0.0, math.nan, math.inf, None, True, False, 10**30]},
+        [],
+        {},
+        7,
+        1.5,
+        None,
+        [{"a": {"b": [[]]}}],
+        {1: "int key", 2.5: "float key", False: "bool key", None: "null key"},
+    ]
+    for value in values:
+        assert encode_tool_output(value) == json.dumps(msgspec.to_builtins(value))
+    assert encode_tool_output("as it is") == "as it is"

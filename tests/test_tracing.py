@@ -12,6 +12,7 @@ from pathlib import Path
 import nats
 
 from gym_runtime.config import load_config, resolve_config
+from gym_runtime.observability import tracing
 from gym_runtime.observability.tracing import Telemetry
 from gym_runtime.ops.nats_server import EmbeddedServer
 from gym_runtime.service.runner import run_batch
@@ -80,3 +81,22 @@ def test_malformed_or_invalid_traceparent_is_not_carried_on() -> None:
     ):
         fresh = carried_on(tel, bad)  # a trace of its own
         assert len(fresh) == 55 and "0af7651916cd43dd8448eb211c80319c" not in fresh, (bad, fresh)
+
+
+def test_a_header_checked_again_gets_the_same_answer_and_the_checks_kept_are_bounded() -> None:
+    """A rollout's messages carry one ``traceparent``, checked once and remembered (``tracing._CHECKED``): each
+    answer is the first one's, and no more than ``CHECKED_KEPT`` headers are kept, however many come."""
+    tel = Telemetry()
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    bad = "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for _ in range(3):
+        assert tel.extract({"traceparent": good}) == good
+        assert tel.extract({"traceparent": good.upper()}) == good
+        assert tel.extract({"traceparent": bad}) is None
+    for i in range(tracing.CHECKED_KEPT + 10):
+        assert (
+            tel.extract({"traceparent": f"00-{i + 1:032x}-b7ad6b7169203331-01"})
+            == f"00-{i + 1:032x}-b7ad6b7169203331-01"
+        )
+    assert len(tracing._CHECKED) <= tracing.CHECKED_KEPT
+    assert tel.extract({"traceparent": good.upper()}) == good and tel.extract({"traceparent": bad}) is None

@@ -98,6 +98,21 @@ _USAGE_TOKEN_FIELDS = frozenset({"input_tokens", "output_tokens", "total_tokens"
 _NO_ANSWER = "no_answer"
 _VARIANCE_SUFFIXES = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
 _NAN = float("nan")
+_to_json = json.JSONEncoder().encode  # ``json.dumps`` with its defaults, less its call's own steps (once per task)
+# ``add_line``: a JSON line's top-level values left undecoded until ``add`` would read them
+_raw_row = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_NUMBER_STARTS = frozenset(b"-0123456789tf")  # a JSON number's or boolean's first byte (a bool counts: 0/1)
+_ALWAYS_READ = frozenset({"agent_ref", "cost", "_ng_task_index", "_ng_rollout_index"})
+
+
+class _Usage(msgspec.Struct):
+    """The one part of a row's ``response`` the metrics read (the rest is skipped, not built)."""
+
+    usage: Any = None
+
+
+_usage_dec = msgspec.json.Decoder(_Usage)
+_any_dec = msgspec.json.Decoder()
 
 
 def _as_number(value: Any) -> float | None:
@@ -212,11 +227,25 @@ def _describe(values: list[float]) -> dict[str, float]:
     return out
 
 
-def _put_stats(target: dict[str, Any], field: str, values: list[float]) -> None:
+def _stat_keys(field: str) -> tuple[str, ...]:
+    """``field``'s stat names, in ``_STAT_NAMES`` order (``mean/reward``, ...)."""
+    return tuple(f"{stat}/{field}" for stat in _STAT_NAMES)
+
+
+def _put_stats(target: dict[str, Any], field: str, values: list[float], keys: tuple[str, ...] | None = None) -> None:
+    """``values``' stats into ``target`` under ``keys`` (``_stat_keys(field)``: a caller that puts one field's
+    stats for every task names them once)."""
+    keys = keys or _stat_keys(field)
+    if len(values) == 1:  # a task of one rollout, as ``_describe`` has it, without its dict
+        v = values[0]
+        target[keys[0]] = math.fsum(values)
+        target[keys[1]] = target[keys[2]] = target[keys[3]] = v
+        target[keys[4]] = 0.0
+        return
     stats = _describe(values)
-    for stat in _STAT_NAMES:
+    for stat, key in zip(_STAT_NAMES, keys):
         if stat in stats:
-            target[f"{stat}/{field}"] = stats[stat]
+            target[key] = stats[stat]
 
 
 def _pct_mean(values: list[float]) -> float:
@@ -332,6 +361,29 @@ class MetricsAccumulator:
             totals = self._costs[name] = CostTotals()
         totals.add(cost, failed)
 
+    def add_line(self, line: bytes) -> None:
+        """``add`` of a row given as its JSON line, building only the values ``add`` reads: its numbers,
+        ``agent_ref``, ``cost``, the indices, the answer field and ``response.usage``. The rest (the prompt, the
+        response's output: most of a row's bytes) is skipped, not built; the metrics are the same."""
+        try:
+            raw = _raw_row.decode(line)
+        except msgspec.ValidationError:  # not an object: as ``add`` takes the whole row
+            self.add(msgspec.json.decode(line))
+            return
+        answer_field, decode = self.answer_field, _any_dec.decode
+        row: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in _ALWAYS_READ or key == answer_field:
+                row[key] = decode(value)
+            elif key == "response":
+                try:
+                    row[key] = {"usage": _usage_dec.decode(value).usage}
+                except msgspec.ValidationError:  # not an object: taken whole, as ``add`` reads it
+                    row[key] = decode(value)
+            elif memoryview(value)[0] in _NUMBER_STARTS:
+                row[key] = decode(value)
+        self.add(row)
+
     def add(self, row: dict[str, Any]) -> None:
         agent_ref = row.get("agent_ref")
         agent_name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
@@ -384,7 +436,7 @@ class MetricsAccumulator:
                 head = json.dumps(entry, indent=2)[:-2]  # reopen the object to append the list
                 f.write(("," if n else "") + "\n" + head + ',\n  "group_level_metrics": [')
                 for i, g in enumerate(groups):
-                    f.write(("," if i else "") + "\n    " + json.dumps(g))
+                    f.write(("," if i else "") + "\n    " + _to_json(g))
                 f.write("\n  ]\n}")
             f.write("\n]\n")
         return summary
@@ -456,11 +508,12 @@ def _task_entries(
     agent: _AgentColumns, labels: list[Any], task_rows: list[list[int]], fields: list[str]
 ) -> Iterator[dict[str, Any]]:
     """Per-task stats, one task at a time (a batch of 100k tasks never sits in memory as dicts)."""
+    columns = [(field, agent.columns[field], _stat_keys(field)) for field in fields]
+    isnan = math.isnan
     for label, rows in zip(labels, task_rows):
         entry: dict[str, Any] = {"_ng_task_index": label, "num_rollouts": len(rows)}
-        for field in fields:
-            column = agent.columns[field]
-            _put_stats(entry, field, [column[i] for i in rows if not math.isnan(column[i])])
+        for field, column, keys in columns:
+            _put_stats(entry, field, [column[i] for i in rows if not isnan(column[i])], keys)
         yield entry
 
 

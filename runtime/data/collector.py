@@ -264,7 +264,7 @@ class Collector:
                 (out if ok else fail).write(line)  # not line + b"\n": a copy of a row that may be 90 MB
                 (out if ok else fail).write(b"\n")
                 if ok:
-                    metrics.add(_json_dec.decode(line))
+                    metrics.add_line(line)  # its metrics' values only: the row was decoded when it came
                 elif b'"cost":' in line:  # a failed rollout's cost, totalled apart
                     metrics.add_cost(_json_dec.decode(line), failed=True)
         if self._stop.is_set():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
+from contextvars import ContextVar
 from typing import Any
 
 # structlog imports rich, where it is installed, for its console renderer's tracebacks. Ours never reach that
@@ -21,7 +22,7 @@ if _HIDE_RICH:
     sys.modules["rich"] = None  # type: ignore[assignment]  # None in sys.modules: `import rich` is ImportError
 try:
     import structlog
-    from structlog.contextvars import bind_contextvars, reset_contextvars
+    from structlog.contextvars import bind_contextvars
 finally:
     if _HIDE_RICH:
         del sys.modules["rich"]
@@ -36,6 +37,18 @@ def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[s
     return event
 
 
+# each key's own ContextVar, structlog's (what ``bind_contextvars`` sets and ``merge_contextvars`` reads), taken
+# from the token of its first binding: a scope then sets it at once, without the name's formatting and lookup
+_VARS: dict[str, ContextVar[Any]] = {}
+
+
+def _var(key: str) -> ContextVar[Any]:
+    token = bind_contextvars(**{key: None})[key]
+    token.var.reset(token)
+    _VARS[key] = token.var
+    return token.var
+
+
 class _Bound:
     __slots__ = ("_kw", "_tokens")
 
@@ -43,10 +56,12 @@ class _Bound:
         self._kw = kw
 
     def __enter__(self) -> None:
-        self._tokens = bind_contextvars(**self._kw)
+        known = _VARS
+        self._tokens = [(known.get(k) or _var(k)).set(v) for k, v in self._kw.items()]
 
     def __exit__(self, *exc: object) -> None:
-        reset_contextvars(**self._tokens)
+        for token in self._tokens:
+            token.var.reset(token)
 
 
 def bound(**kw: Any) -> _Bound:

@@ -250,8 +250,9 @@ class PullWorker:
                 if self.liveness is not None:
                     self._held[msg.reply] = None
                     self._added.append(msg.reply)
-                    if self._news is not None:
+                    if self._news is not None:  # the beacon loop waits on it: wake it once (it makes the next)
                         self._news.set()
+                        self._news = None
                 return delivery
 
             def spawned(msg: Message) -> None:  # each delivery's handler in a task, started as the message is read
