@@ -364,3 +364,23 @@ def with_late_reads(cwd: Path, code: str) -> str:
     res = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
+
+
+def freeze(pid: int, within_s: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it shows as stopped: ``kill`` returns before they all are
+    (some of nats-server's 8 threads were not yet in 77 of 200 tries here; a dockerd under load answered a request
+    sent right after), so that nothing the test sends next can be served."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within_s
+    while not all(_thread_state(t) == "T" for t in Path(f"/proc/{pid}/task").glob("*/stat")):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {within_s} s of SIGSTOP"
+        time.sleep(0.001)
+
+
+def _thread_state(stat: Path) -> str:
+    """A thread's state letter in ``/proc/PID/task/TID/stat`` (``T``: stopped by a signal; one that has ended since
+    it was listed runs no more either)."""
+    try:
+        return stat.read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "T"

@@ -27,7 +27,7 @@ from gym_runtime.errors import Failure
 from gym_runtime.sandboxes.engine_api import EngineBackend
 from gym_runtime.sandboxes.engine_http import PING_S, STALL_S, Engine
 from tests.docker import docker_socket
-from tests.helpers import eventually
+from tests.helpers import eventually, freeze
 from tests.test_sandbox_engine import spec
 
 DOCKERD = "/usr/sbin/dockerd"
@@ -128,7 +128,7 @@ async def test_a_frozen_dockerd_fails_a_create_sandbox_unavailable_within_second
         with pytest.raises(Failure) as live:  # alive: the image is missing, said at once
             await backend.create(spec("gym-missing:image"), owner="w1", lease="b:0:0")
         assert live.value.info.error_class == "tool_error", live.value.info
-        proc.send_signal(signal.SIGSTOP)
+        freeze(proc.pid)  # every thread stopped: a request sent right after a kill was answered under load
         started = time.monotonic()
         with anyio.fail_after(60), pytest.raises(Failure) as got:  # before: the create's 120 s engine timeout
             await backend.create(spec("gym-missing:image"), owner="w1", lease="b:0:0")

@@ -12,10 +12,8 @@ import asyncio
 import io
 import os
 import signal
-import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -25,36 +23,21 @@ import pytest
 from gym_runtime import Client, PublishTimeout
 from gym_runtime.gateway import GATEWAY, start
 from gym_runtime.ops.nats_server import EmbeddedServer
-from tests.helpers import ROWS, eventually, weather
+from tests.helpers import ROWS, eventually, freeze, weather
 
 T = TypeVar("T")
 
 
 @contextmanager
 def stopped(server: EmbeddedServer) -> Iterator[None]:
-    """The server frozen (it reads and answers nothing) until the block ends. ``kill`` returns before every
-    thread shows as stopped (right after it, some of nats-server's 8 threads were not yet in 77 of 200 tries
-    here): the block starts once all of them are, so that nothing the test sends next can be served."""
+    """The server frozen (it reads and answers nothing) until the block ends (``freeze``: once every thread of it
+    is stopped)."""
     assert server.pid is not None
-    pid = server.pid
-    os.kill(pid, signal.SIGSTOP)
+    freeze(server.pid)
     try:
-        deadline = time.monotonic() + 10
-        while not all(_state(t) == "T" for t in Path(f"/proc/{pid}/task").glob("*/stat")):
-            assert time.monotonic() < deadline, "nats-server did not stop within 10 s of SIGSTOP"
-            time.sleep(0.001)
         yield
     finally:
         os.kill(server.pid, signal.SIGCONT)
-
-
-def _state(stat: Path) -> str:
-    """A thread's state letter in ``/proc/PID/task/TID/stat`` (``T``: stopped by a signal; one that has
-    ended since it was listed runs no more either)."""
-    try:
-        return stat.read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return "T"
 
 
 async def within(aw: Awaitable[T], seconds: float = 120.0) -> T:
