@@ -232,6 +232,21 @@ async def test_a_stalling_policy_is_scored_in_verl_like_a_wrong_answer(tmp_path:
     assert adv[1][mask[1] > 0].max() < 0  # the stall's own tokens pushed down
 
 
+def _sampled_data(tmp_path: Path, train: str, sampler: dict[str, Any]) -> dict[str, Any]:
+    """verl's ``data`` config for ``GymTaskDataset`` over ``train`` with ``gym_sampler`` set to ``sampler``."""
+    return {
+        "train_files": [train],
+        "train_batch_size": 4,
+        "dataloader_num_workers": 0,
+        "shuffle": True,
+        "seed": 1,
+        "cache_dir": str(tmp_path / "cache"),
+        "filter_overlong_prompts": False,
+        "custom_cls": {"path": "pkg://gym_runtime.trainers.verl_tasks", "name": "GymTaskDataset"},
+        "gym_sampler": sampler,
+    }
+
+
 def _verl_data(tmp_path: Path, rows: list[dict[str, Any]], name: str) -> str:
     """A parquet file as verl reads one: the prompt's messages, the task row in ``extra_info.gym_row``."""
     import datasets
@@ -270,18 +285,7 @@ def test_verls_dataloader_follows_the_task_sampler_and_each_prompt_is_its_rows(t
     rows = [{"word": f"w{i}", "kind": kinds[i % 3]} for i in range(12)]
     train, val = _verl_data(tmp_path, rows, "train.parquet"), _verl_data(tmp_path, rows[:3], "val.parquet")
     config = OmegaConf.create(
-        {
-            "train_files": [train],
-            "val_files": [val],
-            "train_batch_size": 4,
-            "dataloader_num_workers": 0,
-            "shuffle": True,
-            "seed": 1,
-            "cache_dir": str(tmp_path / "cache"),
-            "filter_overlong_prompts": False,
-            "custom_cls": {"path": "pkg://gym_runtime.trainers.verl_tasks", "name": "GymTaskDataset"},
-            "gym_sampler": {"score": "learnability", "floor": 0.0},
-        }
+        {**_sampled_data(tmp_path, train, {"score": "learnability", "floor": 0.0}), "val_files": [val]}
     )
     dataset = create_rl_dataset(config.train_files, config, w.tokenizer, None)
     assert isinstance(dataset, verl_tasks.GymTaskDataset) and verl_tasks.active() is dataset.sampler
@@ -331,19 +335,7 @@ def _dead_set(tmp_path: Path, **knobs: Any) -> tuple[Any, Any]:
     w = world(tmp_path, rows=1)
     rows = [{"word": f"w{i}", "kind": ("solved", "impossible")[i % 2]} for i in range(12)]
     sampler = {"score": "learnability", "floor": 0.1, "skip_below": 0.08, "run": "verl7", **knobs}
-    config = OmegaConf.create(
-        {
-            "train_files": [_verl_data(tmp_path, rows, "train.parquet")],
-            "train_batch_size": 4,
-            "dataloader_num_workers": 0,
-            "shuffle": True,
-            "seed": 1,
-            "cache_dir": str(tmp_path / "cache"),
-            "filter_overlong_prompts": False,
-            "custom_cls": {"path": "pkg://gym_runtime.trainers.verl_tasks", "name": "GymTaskDataset"},
-            "gym_sampler": sampler,
-        }
-    )
+    config = OmegaConf.create(_sampled_data(tmp_path, _verl_data(tmp_path, rows, "train.parquet"), sampler))
     dataset = create_rl_dataset(config.train_files, config, w.tokenizer, None)
     loader = StatefulDataLoader(
         dataset, batch_size=4, num_workers=0, drop_last=True, collate_fn=collate_fn,
