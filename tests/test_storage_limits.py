@@ -7,6 +7,7 @@ subprocesses; the scripted policy is the only double.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,49 @@ async def test_streams_made_after_a_default_that_took_most_of_the_store_still_st
             assert sum(limits.values()) <= (2 << 30) + (200 << 20), limits
         finally:
             await bus.close()
+
+
+async def test_streams_made_at_once_by_many_writers_on_a_store_too_small_for_their_defaults_all_start(
+    tmp_path: Path,
+) -> None:
+    """Each agent's worker, the reader and the publisher make their streams at the same moment, each on its own
+    connection. nats-server checks each against the reservations as they were, so together they may be accepted
+    beyond what it holds; it then refuses every new stream and every update. CI's ``run`` of six agents once
+    stopped so ("cannot reserve jetstream.kept_max_bytes"). And defaults that fit whole may leave too little for
+    a stream made later: it takes room from a mostly empty one. Limits a user set are never lowered."""
+    store = (30 << 30) + (300 << 20)  # 3/4 of the 40.4 GB CI's disk had free: less than the defaults below
+    agents = [f"agent{i}" for i in range(8)]
+    with small_server(tmp_path, store) as srv:
+        buses = [await Bus.connect(srv.url, namespace="gym", telemetry=Telemetry(), name=f"t{i}") for i in range(12)]
+        try:
+            async with anyio.create_task_group() as tg:
+                for i, agent in enumerate(agents):
+                    tg.start_soon(jetstream.ensure_results_stream, buses[i], agent)
+                tg.start_soon(jetstream.ensure_streams, buses[8])
+                tg.start_soon(jetstream.ensure_kept_stream, buses[9])
+                tg.start_soon(jetstream.ensure_attempts_stream, buses[10])
+                for role in ("agent", "env", "model"):
+                    tg.start_soon(jetstream.ensure_blob_stream, buses[11], role)
+                tg.start_soon(batches._kv, buses[11])
+            # later, one at a time: more agents than the store holds at even the smallest default
+            late = [f"late{i}" for i in range(12)]
+            for agent in late:
+                await jetstream.ensure_results_stream(buses[0], agent)
+            mine = Bus(buses[0].nc, namespace="gym", telemetry=buses[0].telemetry)
+            mine.jetstream_config = config_from_dict({"jetstream": {"results_max_bytes": "3MB"}}).jetstream
+            await jetstream.ensure_results_stream(mine, "set_by_user")
+            await jetstream.ensure_results_stream(buses[1], "after_it")
+            s = buses[0].subjects
+            names = [s.results_stream(a) for a in [*agents, *late, "set_by_user", "after_it"]]
+            names += [s.tasks_stream, s.model_stream, s.kept_stream, s.attempts_stream, "KV_GYM_BATCHES"]
+            limits = {n: ((await jetstream.stream_config(buses[0], n)) or {}).get("max_bytes", 0) for n in names}
+            assert all(size >= 1 << 20 for size in limits.values()), limits
+            assert limits[s.results_stream("set_by_user")] == 3 << 20, limits
+            account = json.loads((await buses[0].nc.request("$JS.API.INFO", b"", timeout=10)).data)
+            assert account["reserved_storage"] <= store, (account["reserved_storage"] - store, limits)
+        finally:
+            for b in buses:
+                await b.close()
 
 
 async def test_a_default_a_cluster_cannot_place_is_lowered_and_an_explicit_one_is_one_line(tmp_path: Path) -> None:

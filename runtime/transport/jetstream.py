@@ -14,6 +14,7 @@ the difference), so a client with default settings never downgrades a cluster's.
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -555,6 +556,8 @@ async def stream_full(bus: Connection, stream: str) -> bool:
 
 
 async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size: Limit) -> None:
+    if not size.explicit:  # marked, so that a stream refused room later may lower it (``_make_room``)
+        cfg.metadata = {**(cfg.metadata or {}), DEFAULT_LIMIT: "default"}
     try:
         assert cfg.name is not None
         info = await bus.js.stream_info(cfg.name)
@@ -562,6 +565,7 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
         if have != replicas:
             log.warning("stream.replicas_differ", stream=cfg.name, existing=have, configured=replicas)
     except NotFoundError:
+        room_again = time.monotonic() + ROOM_WAIT_S
         while True:
             try:
                 await bus.js.add_stream(cfg)
@@ -570,31 +574,58 @@ async def _ensure_stream(bus: Connection, cfg: StreamConfig, replicas: int, size
                     raise  # a leader election: retried
                 if replicas > 1 and "peer offline" in (e.description or ""):  # a node is down: retried
                     raise PeerOffline(str(_setup_error(f"stream {cfg.name}", replicas, e, size.key))) from None
-                if not (isinstance(e, BadRequestError) and "already in use" in str(e)):  # made by another first
-                    if _smaller_default(cfg, size, e):  # no room for it (a single server's or a cluster's refusal)
-                        continue
-                    raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
-            if cfg.max_bytes != size.max_bytes and cfg.max_bytes is not None:
-                await _lower(bus, cfg, size)  # the server holds less than twice this
-            return
+                if isinstance(e, BadRequestError) and "already in use" in str(e):
+                    return  # made by another first
+                if _smaller_default(cfg, size, e):  # no room for it (a single server's or a cluster's refusal)
+                    continue
+                if _no_storage(e) and not size.explicit and time.monotonic() < room_again:
+                    if not await _make_room(bus, cfg.name):  # none to lower: perhaps one made beside it is
+                        await anyio.sleep(0.2)  # lowering itself just now
+                    cfg.max_bytes = size.max_bytes
+                    continue
+                raise _setup_error(f"stream {cfg.name}", replicas, e, size.key) from None
+            if size.explicit or await _settle(bus, cfg, size, take_back=time.monotonic() < room_again):
+                return
+            # made again at half the size, after a random pause: two streams taken back at once do not
+            # take the same room again together
+            await anyio.sleep(random.uniform(0.01, 0.2))
+            cfg.max_bytes = max(MIN_STARVED_BYTES, (cfg.max_bytes or size.max_bytes) // 2)
 
 
-async def _lower(bus: Connection, cfg: StreamConfig, size: Limit) -> None:
-    """Halve a just-created stream's lowered default, so the streams after it fit too. A cluster places a
-    stream by its peers' last reported reservations and may accept one beyond what they hold; its replicas
-    then refuse any update, and the stream keeps the limit it was created with (it works: nats-server
-    accepted it)."""
-    assert cfg.max_bytes is not None
-    created = cfg.max_bytes
-    # halved down to the usual floor, and below it once the streams before it left less (they are many)
-    cfg.max_bytes = max(MIN_DEFAULT_BYTES if created >= 2 * MIN_DEFAULT_BYTES else MIN_STARVED_BYTES, created // 2)
+async def _settle(bus: Connection, cfg: StreamConfig, size: Limit, *, take_back: bool) -> bool:
+    """Check that a just-made stream with a default limit fits, and leave room for the streams after it;
+    False when it was taken back, to be made again smaller.
+
+    A default that fits whole stays whole; one that was halved to fit is halved once more, so the streams
+    after it fit too. Streams made at the same moment (a worker per agent, the reader, the publisher) may
+    all be accepted beyond what the server holds (each is checked against the others' reservations as they
+    were); the server then refuses every update and every new stream until one is deleted. The one made
+    last sees it first, here, and is taken back while it is still empty. A cluster places a stream by its
+    peers' last reported reservations and may accept one beyond what they hold; its replicas then refuse any
+    update, and the stream keeps the limit it was made with (it works: nats-server accepted it)."""
+    assert cfg.max_bytes is not None and cfg.name is not None
+    made = cfg.max_bytes
+    floor = MIN_DEFAULT_BYTES if made >= 2 * MIN_DEFAULT_BYTES else MIN_STARVED_BYTES
+    cfg.max_bytes = made if made == size.max_bytes else max(floor, made // 2)
     try:
         await bus.js.update_stream(cfg)
     except APIError as e:
-        if not _no_storage(e):
-            raise
-        cfg.max_bytes = created
-    _said_lowered(cfg, size)
+        cfg.max_bytes = made
+        if take_back and _no_storage(e) and (cfg.num_replicas or 1) == 1 and await _take_back(bus, cfg.name):
+            return False
+    if cfg.max_bytes != size.max_bytes:
+        _said_lowered(cfg, size)
+    return True
+
+
+async def _take_back(bus: Connection, stream: str) -> bool:
+    """Delete ``stream`` just made, if nothing was written to it nor read from it yet."""
+    info = await bus.js.stream_info(stream)
+    if info.state.messages or info.state.consumer_count:
+        return False
+    await bus.js.delete_stream(stream)
+    log.info("stream.taken_back", stream=stream, why="the server accepted it beyond what it holds")
+    return True
 
 
 def _said_lowered(cfg: StreamConfig, size: Limit) -> None:
@@ -606,6 +637,55 @@ def _said_lowered(cfg: StreamConfig, size: Limit) -> None:
         why="the server cannot reserve the default on its disk",
         key=size.key,
     )
+
+
+DEFAULT_LIMIT = "gym-runtime.max_bytes"  # a stream's metadata key: "default" when no user set its limit
+
+
+async def _make_room(bus: Connection, refused: str | None) -> bool:
+    """Halve the largest default limit among this namespace's mostly empty streams, so that ``refused`` fits.
+
+    Defaults that fit whole are kept whole; made at the same moment (a worker per agent, the reader, the
+    publisher) they can fill the store, and the server may accept a few beyond it. A stream then refused even
+    at the floor takes room from them, never from a limit a user set or from another namespace's streams.
+    False when none could give any."""
+    names = bus.subjects
+    infos = [i for n in await _stream_names(bus, f"{names.ns}.>") if (i := await stream_info(bus, n)) is not None]
+    givers = sorted(
+        (
+            i
+            for i in infos
+            if (i.config.metadata or {}).get(DEFAULT_LIMIT) == "default"
+            and (i.config.max_bytes or 0) >= 2 * MIN_STARVED_BYTES
+            and i.state.bytes <= (i.config.max_bytes or 0) // 4
+        ),
+        key=lambda i: i.config.max_bytes or 0,
+        reverse=True,
+    )
+    for info in givers:
+        cfg = info.config
+        assert cfg.max_bytes is not None
+        was = cfg.max_bytes
+        cfg.max_bytes = was // 2
+        while cfg.max_bytes >= max(MIN_STARVED_BYTES, 2 * info.state.bytes):  # still half empty once lowered
+            try:
+                await bus.js.update_stream(cfg)
+            except APIError as e:
+                if not _no_storage(e):
+                    break  # a cluster's replicas refuse a lower limit they placed by: try the next
+                cfg.max_bytes //= 2  # the server accepted more than it holds (streams made at once): lower more
+                continue
+            log.warning(
+                "stream.limit_lowered", stream=cfg.name, max_bytes=cfg.max_bytes, was=was, why=f"room for {refused}"
+            )
+            return True
+    return False
+
+
+# How long a default refused even at MIN_STARVED_BYTES is tried again from the top. Streams made at the same moment
+# by other writers (each agent's worker, the reader, the publisher) each reserve what fits, then halve it: until
+# they do, the room looks taken. A server that is truly too small is then said in one line.
+ROOM_WAIT_S = 10.0
 
 
 def _smaller_default(cfg: StreamConfig, size: Limit, e: APIError) -> bool:
@@ -790,6 +870,7 @@ async def kv_bucket(
         except BucketNotFoundError:
             cfg = KeyValueConfig(bucket=bucket, history=1, replicas=replicas, max_bytes=KV_MAX_BYTES, ttl=ttl_s or None)
             cfg.direct = direct or None
+            room_again = time.monotonic() + ROOM_WAIT_S
             while True:
                 try:
                     made = KV(await bus.js.create_key_value(cfg), within_s)
@@ -803,6 +884,11 @@ async def kv_bucket(
                         raise  # a leader election: retried
                     if _no_storage(e) and cfg.max_bytes and cfg.max_bytes > KV_MIN_BYTES:
                         cfg.max_bytes //= 4  # a small disk: manifests are small
+                        continue
+                    if _no_storage(e) and time.monotonic() < room_again:  # as a stream's default (_ensure_stream)
+                        if not await _make_room(bus, kv_stream(bucket)):
+                            await anyio.sleep(0.2)
+                        cfg.max_bytes = KV_MAX_BYTES
                         continue
                     raise _setup_error(f"bucket {bucket}", replicas, e) from None
 
